@@ -1,0 +1,200 @@
+/* The tape walk, gradient accumulation and gradient-ready hooks.
+ *
+ * Note [Tape]
+ * An op records one node (tensor/internal.h) in the context of its
+ * output; nodes are linked newest first, which is a topological order:
+ * every input of a node was made before it. nb_backward(loss) walks from
+ * loss's node towards older nodes twice:
+ *  1. mark: a node is needed when its output is the loss or an input of a
+ *     needed node; for each leaf, count the needed (node, input) uses;
+ *  2. run: for each needed node whose output received a gradient, call its
+ *     backward function, then decrement the use count of its leaf inputs.
+ *     A leaf whose count reaches zero has its final gradient: its
+ *     gradient-ready hooks run right then, before older nodes run.
+ * Counting in pass 1 rather than during forward means a parameter that was
+ * also used outside the loss's graph (a metric, say) still gets its hooks.
+ * All nodes of the graph must be in one context's tape; a graph that spans
+ * contexts is rejected with a message naming the op. */
+#include <string.h>
+
+#include "tensor/internal.h"
+
+struct nb_hook {
+    nb_grad_hook_fn fn;
+    void *user;
+    nb_hook *next;
+};
+
+static _Thread_local bool grad_disabled;
+static _Thread_local uint64_t bw_counter;
+
+bool nb_grad_enabled(void) { return !grad_disabled; }
+
+bool nb_set_grad_enabled(bool enabled) {
+    bool prev = !grad_disabled;
+    grad_disabled = !enabled;
+    return prev;
+}
+
+bool nb__needs_grad(int n, nb_tensor *const *inputs) {
+    if (grad_disabled) return false;
+    for (int i = 0; i < n; i++)
+        if (inputs[i] && inputs[i]->requires_grad) return true;
+    return false;
+}
+
+nb_node *nb__record(nb_ctx *ctx, const char *op, nb_backward_fn backward, nb_tensor *out, int n,
+                    nb_tensor *const *inputs) {
+    if (!nb__needs_grad(n, inputs)) return NULL;
+    nb_node *node = nb__ctx_meta(ctx, sizeof *node);
+    node->op = op;
+    node->backward = backward;
+    node->out = out;
+    node->n_in = n;
+    node->in = nb__ctx_meta(ctx, sizeof(nb_tensor *) * (size_t)(n > 0 ? n : 1));
+    memcpy(node->in, inputs, sizeof(nb_tensor *) * (size_t)n);
+    out->node = node;
+    out->requires_grad = true;
+    nb__ctx_push_node(ctx, node);
+    return node;
+}
+
+nb_tensor *nb__sum_to(nb_ctx *ctx, nb_tensor *g, int ndim, const int64_t *shape) {
+    if (g->ndim == ndim) {
+        bool same = true;
+        for (int d = 0; d < ndim; d++) same &= g->shape[d] == shape[d];
+        if (same) return g;
+    }
+    nb_tensor *out = nb_zeros(ctx, g->dtype, ndim, shape);
+    /* out seen with g's shape: zero strides on the broadcast dims; the
+     * sequential add accumulates every element that maps to one place. */
+    int64_t st[NB_MAX_DIMS];
+    nb__broadcast_strides(out, g->ndim, g->shape, st);
+    nb_tensor *view = nb__view(ctx, out, g->ndim, g->shape, st, out->data);
+    nb__cpu_binary(NB_B_ADD, view, view, g);
+    return out;
+}
+
+void nb__accum_grad(nb_ctx *ctx, nb_tensor *t, nb_tensor *g) {
+    if (!t->requires_grad) return;
+    g = nb__sum_to(ctx, g, t->ndim, t->shape);
+    if (g->dtype != t->dtype) {
+        nb_tensor *c = nb__empty(ctx, t->dtype, g->ndim, g->shape);
+        nb__cpu_copy(c, g);
+        g = c;
+    }
+    if (t->node == NULL) {
+        if (!t->grad) t->grad = nb_zeros(t->ctx, t->dtype, t->ndim, t->shape);
+        nb__cpu_binary(NB_B_ADD, t->grad, t->grad, g);
+        t->bw_seen = true;
+        return;
+    }
+    if (!t->grad) {
+        t->grad = nb__empty(ctx, t->dtype, t->ndim, t->shape);
+        nb__cpu_copy(t->grad, g);
+    } else {
+        nb__cpu_binary(NB_B_ADD, t->grad, t->grad, g);
+    }
+}
+
+static void fire_hooks(nb_tensor *leaf) {
+    for (nb_hook *h = leaf->hooks; h; h = h->next) h->fn(leaf, h->user);
+}
+
+static void leaf_used(nb_tensor *x, uint64_t id) {
+    if (x->bw_id != id) {
+        x->bw_id = id;
+        x->bw_pending = 0;
+        x->bw_seen = false;
+    }
+    x->bw_pending++;
+}
+
+void nb_backward_with(nb_tensor *out, nb_tensor *grad_out) {
+    NB_CHECK(out->requires_grad,
+             "nb_backward: tensor of shape %s does not require grad (no input of the ops that made "
+             "it requires grad, or it was made with grad mode off)", nb_shape_str(out));
+    NB_CHECK(nb_same_shape(out, grad_out), "nb_backward: gradient of shape %s for a tensor of shape %s",
+             nb_shape_str(grad_out), nb_shape_str(out));
+    bool prev = nb_set_grad_enabled(false);
+    uint64_t id = ++bw_counter;
+    if (out->node == NULL) { /* a leaf: its gradient is the seed */
+        leaf_used(out, id);
+        nb__accum_grad(out->ctx, out, grad_out);
+        fire_hooks(out);
+        nb_set_grad_enabled(prev);
+        return;
+    }
+    nb_node *start = out->node;
+    nb_ctx *ctx = start->ctx;
+    start->bw_id = id;
+    for (nb_node *n = start; n; n = n->prev) {
+        if (n->bw_id != id) continue;
+        n->out->grad = NULL;
+        for (int i = 0; i < n->n_in; i++) {
+            nb_tensor *x = n->in[i];
+            if (!x || !x->requires_grad) continue;
+            if (x->node) {
+                NB_CHECK(x->node->ctx == ctx,
+                         "nb_backward: the graph uses a tensor made by %s in another context; "
+                         "build the whole forward pass in one context", x->node->op);
+                x->node->bw_id = id;
+            } else {
+                leaf_used(x, id);
+            }
+        }
+    }
+    out->grad = nb__empty(ctx, out->dtype, out->ndim, out->shape);
+    nb__cpu_copy(out->grad, grad_out);
+    for (nb_node *n = start; n; n = n->prev) {
+        if (n->bw_id != id) continue;
+        if (n->out->grad) n->backward(ctx, n, n->out->grad);
+        for (int i = 0; i < n->n_in; i++) {
+            nb_tensor *x = n->in[i];
+            if (!x || !x->requires_grad || x->node) continue;
+            if (--x->bw_pending == 0 && x->bw_seen) fire_hooks(x);
+        }
+        n->bw_id = 0;
+    }
+    nb_set_grad_enabled(prev);
+}
+
+void nb_backward(nb_tensor *loss) {
+    NB_CHECK(nb_numel(loss) == 1,
+             "nb_backward: the loss must have one element, got shape %s (use nb_backward_with to "
+             "pass a gradient)", nb_shape_str(loss));
+    NB_CHECK(loss->dtype == NB_F32 || loss->dtype == NB_F64,
+             "nb_backward: the loss must be f32 or f64, got %s", nb_dtype_name(loss->dtype));
+    nb_tensor seed = {0};
+    seed.dtype = NB_F64;
+    seed.device = nb_cpu();
+    seed.ndim = loss->ndim;
+    memcpy(seed.shape, loss->shape, sizeof seed.shape);
+    double one = 1.0;
+    seed.data = &one; /* all strides 0: every index reads the one value */
+    nb_backward_with(loss, &seed);
+}
+
+void nb_add_grad_hook(nb_tensor *leaf, nb_grad_hook_fn fn, void *user) {
+    NB_CHECK(fn, "nb_add_grad_hook: NULL hook");
+    NB_CHECK(leaf->node == NULL, "nb_add_grad_hook: tensor %s is not a leaf (made by %s)",
+             nb_shape_str(leaf), leaf->node ? leaf->node->op : "");
+    nb_hook *h = nb__ctx_meta(leaf->ctx, sizeof *h);
+    h->fn = fn;
+    h->user = user;
+    nb_hook **p = &leaf->hooks;
+    while (*p) p = &(*p)->next;
+    *p = h;
+}
+
+void nb_zero_grad(nb_tensor *t) {
+    if (t->grad) nb_fill_(t->grad, 0.0);
+}
+
+void nb_set_grad(nb_tensor *t, nb_tensor *grad) {
+    NB_CHECK(grad == NULL || (nb_same_shape(t, grad) && t->dtype == grad->dtype),
+             "nb_set_grad: gradient %s %s does not match tensor %s %s",
+             grad ? nb_dtype_name(grad->dtype) : "", grad ? nb_shape_str(grad) : "",
+             nb_dtype_name(t->dtype), nb_shape_str(t));
+    t->grad = grad;
+}

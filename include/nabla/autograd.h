@@ -1,0 +1,74 @@
+/* Reverse-mode autograd on a tape (Note [Tape] in autograd/backward.c).
+ *
+ * Under grad mode, an op whose input requires grad appends a node to the
+ * tape of the context it writes to. nb_backward() walks that tape in
+ * reverse. Gradients of leaves accumulate (+=) until zeroed; gradients of
+ * other tensors are rewritten by each backward. When a leaf's gradient is
+ * final within a backward pass, its gradient-ready hooks run, before the
+ * tape nodes that come earlier are processed. */
+#ifndef NABLA_AUTOGRAD_H
+#define NABLA_AUTOGRAD_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "nabla/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Backpropagates from a one-element tensor (seed 1). */
+void nb_backward(nb_tensor *loss);
+/* Backpropagates from any tensor with the given seed gradient (same shape). */
+void nb_backward_with(nb_tensor *out, nb_tensor *grad_out);
+
+/* Grad mode is per thread and on by default. */
+bool nb_grad_enabled(void);
+bool nb_set_grad_enabled(bool enabled); /* returns the previous mode */
+/* Scope helpers: bool prev = nb_no_grad_begin(); ...; nb_no_grad_end(prev); */
+static inline bool nb_no_grad_begin(void) { return nb_set_grad_enabled(false); }
+static inline void nb_no_grad_end(bool previous) { nb_set_grad_enabled(previous); }
+
+/* A view of x's storage that does not require grad. */
+nb_tensor *nb_detach(nb_ctx *ctx, nb_tensor *x);
+
+/* Gradient-ready hook: called with the leaf whose ->grad is now final for
+ * this backward pass. Hooks run in registration order, on the thread that
+ * called nb_backward. The hook record lives in the leaf's context. */
+typedef void (*nb_grad_hook_fn)(nb_tensor *leaf, void *user);
+void nb_add_grad_hook(nb_tensor *leaf, nb_grad_hook_fn fn, void *user);
+
+/* Zeroes the gradient in place (keeps the buffer); no-op without one. */
+void nb_zero_grad(nb_tensor *t);
+/* Makes `grad` (same shape and dtype, any context) the gradient buffer of
+ * leaf t; later backwards accumulate into it. DDP uses this to place
+ * gradients in bucket memory. */
+void nb_set_grad(nb_tensor *t, nb_tensor *grad);
+
+/* ---- gradient check against float64 central differences ----
+ * fn builds an output from the inputs in ctx; the check compares the
+ * analytic gradient of sum(out * R), R a fixed random tensor, with
+ * (f(x + eps) - f(x - eps)) / (2 eps) element by element, for every input
+ * that requires grad (those must be f64). */
+typedef nb_tensor *(*nb_gradcheck_fn)(nb_ctx *ctx, nb_tensor *const *inputs, void *user);
+
+typedef struct nb_gradcheck_result {
+    bool ok;
+    double max_abs_err;  /* worst |analytic - numeric| */
+    int worst_input;     /* which input */
+    int64_t worst_index; /* row-major element index in that input */
+    double analytic, numeric;
+    char message[256];   /* human-readable summary */
+} nb_gradcheck_result;
+
+/* eps 0 -> 1e-6, atol 0 -> 1e-5, rtol 0 -> 1e-4; an element fails when
+ * |a - n| > atol + rtol * |n|. */
+nb_gradcheck_result nb_gradcheck(nb_gradcheck_fn fn, void *user, int n_inputs,
+                                 nb_tensor *const *inputs, double eps, double atol,
+                                 double rtol);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,53 @@
+/* Element types and devices. bf16 and f16 are storage types on the CPU:
+ * they can be created, cast and copied, and math on them needs a cast to f32
+ * (CUDA computes on them directly). */
+#ifndef NABLA_DTYPE_H
+#define NABLA_DTYPE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum nb_dtype {
+    NB_F32 = 0,
+    NB_F64,
+    NB_BF16,
+    NB_F16,
+    NB_I32,
+    NB_I64,
+    NB_DTYPE_COUNT
+} nb_dtype;
+
+size_t nb_dtype_size(nb_dtype dtype);
+const char *nb_dtype_name(nb_dtype dtype); /* "f32", "bf16", ... */
+bool nb_dtype_is_float(nb_dtype dtype);    /* f32, f64, bf16, f16 */
+
+/* Round-to-nearest-even conversions; NaN stays NaN, overflow gives inf. */
+uint16_t nb_f32_to_bf16(float x);
+float nb_bf16_to_f32(uint16_t x);
+uint16_t nb_f32_to_f16(float x);
+float nb_f16_to_f32(uint16_t x);
+
+typedef enum nb_device_type { NB_DEVICE_CPU = 0, NB_DEVICE_CUDA = 1 } nb_device_type;
+
+typedef struct nb_device {
+    nb_device_type type;
+    int index; /* CUDA ordinal; 0 for the CPU */
+} nb_device;
+
+static inline nb_device nb_cpu(void) { nb_device d = {NB_DEVICE_CPU, 0}; return d; }
+static inline nb_device nb_cuda(int index) { nb_device d = {NB_DEVICE_CUDA, index}; return d; }
+static inline bool nb_device_eq(nb_device a, nb_device b) {
+    return a.type == b.type && a.index == b.index;
+}
+/* "cpu" or "cuda:1", in a static thread-local buffer. */
+const char *nb_device_name(nb_device device);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,17 @@
+/* nabla: data-parallel deep learning in C. The umbrella header. */
+#ifndef NABLA_NABLA_H
+#define NABLA_NABLA_H
+
+#define NABLA_VERSION_MAJOR 0
+#define NABLA_VERSION_MINOR 1
+#define NABLA_VERSION_PATCH 0
+
+#include "nabla/error.h"
+#include "nabla/dtype.h"
+#include "nabla/context.h"
+#include "nabla/random.h"
+#include "nabla/tensor.h"
+#include "nabla/ops.h"
+#include "nabla/autograd.h"
+
+#endif

@@ -1,0 +1,137 @@
+/* Differentiable operations. Every op takes the context that receives its
+ * output (and, under grad mode, its tape node) first, checks its inputs
+ * (shapes, dtypes, devices) and aborts with a message naming the op and the
+ * shapes when they are wrong. Inputs may be non-contiguous views. Math ops
+ * need f32 or f64 on the CPU.
+ *
+ * Letters in shape comments: N batch, C channels/classes, H/W height/width,
+ * L any leading dims, (..) any shape. */
+#ifndef NABLA_OPS_H
+#define NABLA_OPS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "nabla/random.h"
+#include "nabla/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- elementwise, with NumPy broadcasting ---- */
+nb_tensor *nb_add(nb_ctx *ctx, nb_tensor *a, nb_tensor *b);
+nb_tensor *nb_sub(nb_ctx *ctx, nb_tensor *a, nb_tensor *b);
+nb_tensor *nb_mul(nb_ctx *ctx, nb_tensor *a, nb_tensor *b);
+nb_tensor *nb_div(nb_ctx *ctx, nb_tensor *a, nb_tensor *b);
+nb_tensor *nb_add_scalar(nb_ctx *ctx, nb_tensor *a, double s);
+nb_tensor *nb_sub_scalar(nb_ctx *ctx, nb_tensor *a, double s);
+nb_tensor *nb_mul_scalar(nb_ctx *ctx, nb_tensor *a, double s);
+nb_tensor *nb_div_scalar(nb_ctx *ctx, nb_tensor *a, double s);
+nb_tensor *nb_neg(nb_ctx *ctx, nb_tensor *a);
+nb_tensor *nb_pow(nb_ctx *ctx, nb_tensor *a, double exponent);
+nb_tensor *nb_exp(nb_ctx *ctx, nb_tensor *a);
+nb_tensor *nb_log(nb_ctx *ctx, nb_tensor *a);
+nb_tensor *nb_sqrt(nb_ctx *ctx, nb_tensor *a);
+nb_tensor *nb_rsqrt(nb_ctx *ctx, nb_tensor *a);
+nb_tensor *nb_abs(nb_ctx *ctx, nb_tensor *a);
+nb_tensor *nb_tanh(nb_ctx *ctx, nb_tensor *a);
+nb_tensor *nb_sigmoid(nb_ctx *ctx, nb_tensor *a);
+nb_tensor *nb_relu(nb_ctx *ctx, nb_tensor *a);
+
+typedef enum nb_gelu_approx { NB_GELU_EXACT = 0, NB_GELU_TANH = 1 } nb_gelu_approx;
+nb_tensor *nb_gelu(nb_ctx *ctx, nb_tensor *a, nb_gelu_approx approx);
+
+/* where(cond, a, b): a where cond != 0, else b; all three broadcast. cond
+ * may have any dtype and gets no gradient. */
+nb_tensor *nb_where(nb_ctx *ctx, nb_tensor *cond, nb_tensor *a, nb_tensor *b);
+/* x with `value` where mask != 0; mask broadcasts to x. */
+nb_tensor *nb_masked_fill(nb_ctx *ctx, nb_tensor *x, nb_tensor *mask, double value);
+
+/* ---- matrix products (OpenBLAS on the CPU) ---- */
+/* a (.., M, K) @ b (.., K, N) -> (.., M, N); 1-D operands are not
+ * promoted; batch dims broadcast. */
+nb_tensor *nb_matmul(nb_ctx *ctx, nb_tensor *a, nb_tensor *b);
+/* Same with op(a) = a^T when trans_a (swap the last two dims, no copy). */
+nb_tensor *nb_matmul_t(nb_ctx *ctx, nb_tensor *a, nb_tensor *b, bool trans_a, bool trans_b);
+
+/* ---- reductions ----
+ * `axes` lists `naxes` dims (negative allowed); naxes = 0 reduces all. */
+nb_tensor *nb_sum(nb_ctx *ctx, nb_tensor *x, int naxes, const int *axes, bool keepdim);
+nb_tensor *nb_mean(nb_ctx *ctx, nb_tensor *x, int naxes, const int *axes, bool keepdim);
+/* Gradient goes to the first maximum in each reduced group. */
+nb_tensor *nb_max(nb_ctx *ctx, nb_tensor *x, int naxes, const int *axes, bool keepdim);
+/* Variance with divisor (n - correction): 1 unbiased, 0 biased. */
+nb_tensor *nb_var(nb_ctx *ctx, nb_tensor *x, int naxes, const int *axes, int correction,
+                  bool keepdim);
+nb_tensor *nb_sum_all(nb_ctx *ctx, nb_tensor *x);
+nb_tensor *nb_mean_all(nb_ctx *ctx, nb_tensor *x);
+
+/* ---- softmax and losses ---- */
+nb_tensor *nb_softmax(nb_ctx *ctx, nb_tensor *x, int axis);
+nb_tensor *nb_log_softmax(nb_ctx *ctx, nb_tensor *x, int axis);
+
+typedef struct nb_cross_entropy_opts {
+    int64_t ignore_index;   /* targets equal to it count for nothing; default -100 */
+    double label_smoothing; /* in [0, 1] */
+} nb_cross_entropy_opts;
+#define NB_CROSS_ENTROPY_DEFAULTS ((nb_cross_entropy_opts){-100, 0.0})
+/* logits (N, C), targets (N) of i32/i64 class indices; mean over the
+ * targets not ignored. opts NULL: the defaults. */
+nb_tensor *nb_cross_entropy(nb_ctx *ctx, nb_tensor *logits, nb_tensor *targets,
+                            const nb_cross_entropy_opts *opts);
+/* mean((pred - target)^2); same shapes. */
+nb_tensor *nb_mse_loss(nb_ctx *ctx, nb_tensor *pred, nb_tensor *target);
+/* mean(max(x,0) - x*y + log(1 + exp(-|x|))); same shapes; y gets no gradient. */
+nb_tensor *nb_bce_with_logits(nb_ctx *ctx, nb_tensor *logits, nb_tensor *targets);
+
+/* ---- layers' math ---- */
+/* weight (V, C), indices (..) of i32/i64 -> (.., C). */
+nb_tensor *nb_embedding(nb_ctx *ctx, nb_tensor *weight, nb_tensor *indices);
+/* Normalises over the last `norm_ndim` dims; weight and bias have those
+ * dims' shape or are NULL. */
+nb_tensor *nb_layer_norm(nb_ctx *ctx, nb_tensor *x, int norm_ndim, nb_tensor *weight,
+                         nb_tensor *bias, double eps);
+/* x (N, C, ..). Training: batch statistics; running_mean/var (C) updated
+ * in place when given (momentum; the running variance is unbiased).
+ * Eval: running statistics. weight, bias (C) or NULL. */
+nb_tensor *nb_batch_norm(nb_ctx *ctx, nb_tensor *x, nb_tensor *weight, nb_tensor *bias,
+                         nb_tensor *running_mean, nb_tensor *running_var, bool training,
+                         double momentum, double eps);
+
+typedef struct nb_conv2d_opts {
+    int stride[2];
+    int padding[2];
+    int dilation[2];
+} nb_conv2d_opts;
+#define NB_CONV2D_DEFAULTS ((nb_conv2d_opts){{1, 1}, {0, 0}, {1, 1}})
+/* x (N, C, H, W), weight (O, C, KH, KW), bias (O) or NULL -> (N, O, OH, OW). */
+nb_tensor *nb_conv2d(nb_ctx *ctx, nb_tensor *x, nb_tensor *weight, nb_tensor *bias,
+                     const nb_conv2d_opts *opts);
+
+typedef struct nb_pool2d_opts {
+    int kernel[2];
+    int stride[2]; /* 0: the kernel size */
+    int padding[2];
+} nb_pool2d_opts;
+/* x (N, C, H, W). Max pooling ignores padding; average pooling counts
+ * padded zeros (PyTorch's count_include_pad=True). */
+nb_tensor *nb_max_pool2d(nb_ctx *ctx, nb_tensor *x, const nb_pool2d_opts *opts);
+nb_tensor *nb_avg_pool2d(nb_ctx *ctx, nb_tensor *x, const nb_pool2d_opts *opts);
+
+/* Zeroes each element with probability p and scales the rest by 1/(1-p).
+ * The mask is a function of (rng, element index); see Note [Random streams].
+ * When !training or p == 0 it returns x. rng NULL: the default generator. */
+nb_tensor *nb_dropout(nb_ctx *ctx, nb_tensor *x, double p, bool training, nb_rng *rng);
+
+/* ---- joining and splitting ---- */
+nb_tensor *nb_concat(nb_ctx *ctx, int n, nb_tensor *const *xs, int axis);
+nb_tensor *nb_stack(nb_ctx *ctx, int n, nb_tensor *const *xs, int axis);
+/* Splits along `axis` into n pieces of sizes[i] (views), written to out[i]. */
+void nb_split(nb_ctx *ctx, nb_tensor *x, int n, const int64_t *sizes, int axis,
+              nb_tensor **out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,308 @@
+/* CPU elementwise engine: unary, binary, where and copy/cast over any
+ * strides, with broadcasting through zero strides.
+ *
+ * An iterator collapses dimensions that are contiguous for every operand,
+ * so a contiguous operation becomes one flat loop; the inner loop has a
+ * unit-stride branch that the compiler can vectorise. f32 math is done in
+ * float, f64 math in double. */
+#include <math.h>
+#include <string.h>
+
+#include "tensor/internal.h"
+
+#define MAXOPS 4
+
+typedef struct iter {
+    int ndim, nops;
+    int64_t shape[NB_MAX_DIMS];
+    char *ptr[MAXOPS];
+    int64_t st[MAXOPS][NB_MAX_DIMS]; /* bytes */
+} iter;
+
+typedef void (*inner_fn)(int64_t n, char **p, const int64_t *st, const void *arg);
+
+/* out must have the iteration shape; inputs are broadcast to it. */
+static void iter_init(iter *it, const nb_tensor *out, int nin, const nb_tensor *const *in) {
+    it->ndim = out->ndim;
+    it->nops = nin + 1;
+    memcpy(it->shape, out->shape, sizeof it->shape);
+    it->ptr[0] = out->data;
+    for (int d = 0; d < out->ndim; d++) it->st[0][d] = out->strides[d] * (int64_t)nb_dtype_size(out->dtype);
+    for (int k = 0; k < nin; k++) {
+        int64_t st[NB_MAX_DIMS];
+        nb__broadcast_strides(in[k], out->ndim, out->shape, st);
+        it->ptr[k + 1] = in[k]->data;
+        for (int d = 0; d < out->ndim; d++) it->st[k + 1][d] = st[d] * (int64_t)nb_dtype_size(in[k]->dtype);
+    }
+    /* drop size-1 dims, then merge a dim into the next when contiguous for all */
+    int nd = 0;
+    for (int d = 0; d < it->ndim; d++) {
+        if (it->shape[d] == 1) continue;
+        it->shape[nd] = it->shape[d];
+        for (int k = 0; k < it->nops; k++) it->st[k][nd] = it->st[k][d];
+        nd++;
+    }
+    if (nd == 0) {
+        it->ndim = 1;
+        it->shape[0] = 1;
+        for (int k = 0; k < it->nops; k++) it->st[k][0] = 0;
+        return;
+    }
+    int m = 0;
+    for (int d = 1; d < nd; d++) {
+        bool ok = true;
+        for (int k = 0; k < it->nops; k++)
+            if (it->st[k][m] != it->st[k][d] * it->shape[d]) ok = false;
+        if (ok) {
+            it->shape[m] *= it->shape[d];
+            for (int k = 0; k < it->nops; k++) it->st[k][m] = it->st[k][d];
+        } else {
+            m++;
+            it->shape[m] = it->shape[d];
+            for (int k = 0; k < it->nops; k++) it->st[k][m] = it->st[k][d];
+        }
+    }
+    it->ndim = m + 1;
+}
+
+static void iter_run(iter *it, inner_fn fn, const void *arg) {
+    for (int d = 0; d < it->ndim; d++)
+        if (it->shape[d] == 0) return;
+    int last = it->ndim - 1;
+    int64_t idx[NB_MAX_DIMS] = {0};
+    char *p[MAXOPS];
+    int64_t inner_st[MAXOPS];
+    for (int k = 0; k < it->nops; k++) inner_st[k] = it->st[k][last];
+    for (;;) {
+        for (int k = 0; k < it->nops; k++) {
+            char *q = it->ptr[k];
+            for (int d = 0; d < last; d++) q += idx[d] * it->st[k][d];
+            p[k] = q;
+        }
+        fn(it->shape[last], p, inner_st, arg);
+        int d = last - 1;
+        while (d >= 0 && ++idx[d] == it->shape[d]) idx[d--] = 0;
+        if (d < 0) break;
+    }
+}
+
+/* ---- unary ---- */
+typedef struct unary_arg {
+    nb__unary_op op;
+    double s;
+} unary_arg;
+
+#define SQRT_2_OVER_PI 0.7978845608028654
+#define INV_SQRT_2 0.7071067811865476
+#define INV_SQRT_2PI 0.3989422804014327
+
+#define UNARY_CASES(T, EXP, LOG, SQRT, TANH, ERF, POW, FABS)                                  \
+    case NB_U_NEG: LOOP(-x); break;                                                          \
+    case NB_U_EXP: LOOP(EXP(x)); break;                                                      \
+    case NB_U_LOG: LOOP(LOG(x)); break;                                                      \
+    case NB_U_SQRT: LOOP(SQRT(x)); break;                                                    \
+    case NB_U_RSQRT: LOOP((T)1 / SQRT(x)); break;                                            \
+    case NB_U_RECIP: LOOP((T)1 / x); break;                                                  \
+    case NB_U_ABS: LOOP(FABS(x)); break;                                                     \
+    case NB_U_SIGN: LOOP((T)((x > 0) - (x < 0))); break;                                     \
+    case NB_U_TANH: LOOP(TANH(x)); break;                                                    \
+    case NB_U_SIGMOID:                                                                       \
+        LOOP(x >= 0 ? (T)1 / ((T)1 + EXP(-x)) : EXP(x) / ((T)1 + EXP(x))); break;            \
+    case NB_U_RELU: LOOP(x > 0 ? x : (T)0); break;                                           \
+    case NB_U_RELU_MASK: LOOP(x > 0 ? (T)1 : (T)0); break;                                   \
+    case NB_U_GELU: LOOP((T)0.5 * x * ((T)1 + ERF(x * (T)INV_SQRT_2))); break;               \
+    case NB_U_GELU_TANH:                                                                     \
+        LOOP((T)0.5 * x * ((T)1 + TANH((T)SQRT_2_OVER_PI * (x + (T)0.044715 * x * x * x))));  \
+        break;                                                                               \
+    case NB_U_GELU_GRAD:                                                                     \
+        LOOP((T)0.5 * ((T)1 + ERF(x * (T)INV_SQRT_2)) +                                      \
+             x * (T)INV_SQRT_2PI * EXP((T)-0.5 * x * x));                                    \
+        break;                                                                               \
+    case NB_U_GELU_TANH_GRAD:                                                                \
+        LOOP(gelu_tanh_grad_##T(x)); break;                                                  \
+    case NB_U_POW: LOOP(POW(x, s)); break;                                                   \
+    case NB_U_ADD_S: LOOP(x + s); break;                                                     \
+    case NB_U_MUL_S: LOOP(x * s); break;
+
+static inline float gelu_tanh_grad_float(float x) {
+    float k = (float)SQRT_2_OVER_PI, c = 0.044715f;
+    float t = tanhf(k * (x + c * x * x * x));
+    return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * k * (1.0f + 3.0f * c * x * x);
+}
+static inline double gelu_tanh_grad_double(double x) {
+    double k = SQRT_2_OVER_PI, c = 0.044715;
+    double t = tanh(k * (x + c * x * x * x));
+    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k * (1.0 + 3.0 * c * x * x);
+}
+
+static void unary_f32(int64_t n, char **p, const int64_t *st, const void *varg) {
+    const unary_arg *arg = varg;
+    float s = (float)arg->s;
+    bool unit = st[0] == 4 && st[1] == 4;
+#define LOOP(EXPR)                                                                           \
+    if (unit) {                                                                              \
+        float *o = (float *)p[0];                                                            \
+        const float *a = (const float *)p[1];                                                \
+        for (int64_t i = 0; i < n; i++) { float x = a[i]; o[i] = (EXPR); }                   \
+    } else {                                                                                 \
+        for (int64_t i = 0; i < n; i++) {                                                    \
+            float x = *(const float *)(p[1] + i * st[1]);                                    \
+            *(float *)(p[0] + i * st[0]) = (EXPR);                                           \
+        }                                                                                    \
+    }
+    switch (arg->op) { UNARY_CASES(float, expf, logf, sqrtf, tanhf, erff, powf, fabsf) }
+#undef LOOP
+}
+
+static void unary_f64(int64_t n, char **p, const int64_t *st, const void *varg) {
+    const unary_arg *arg = varg;
+    double s = arg->s;
+    bool unit = st[0] == 8 && st[1] == 8;
+#define LOOP(EXPR)                                                                           \
+    if (unit) {                                                                              \
+        double *o = (double *)p[0];                                                          \
+        const double *a = (const double *)p[1];                                              \
+        for (int64_t i = 0; i < n; i++) { double x = a[i]; o[i] = (EXPR); }                  \
+    } else {                                                                                 \
+        for (int64_t i = 0; i < n; i++) {                                                    \
+            double x = *(const double *)(p[1] + i * st[1]);                                  \
+            *(double *)(p[0] + i * st[0]) = (EXPR);                                          \
+        }                                                                                    \
+    }
+    switch (arg->op) { UNARY_CASES(double, exp, log, sqrt, tanh, erf, pow, fabs) }
+#undef LOOP
+}
+
+void nb__cpu_unary(nb__unary_op op, nb_tensor *out, const nb_tensor *a, double s) {
+    iter it;
+    iter_init(&it, out, 1, &a);
+    unary_arg arg = {op, s};
+    if (out->dtype == NB_F32) iter_run(&it, unary_f32, &arg);
+    else if (out->dtype == NB_F64) iter_run(&it, unary_f64, &arg);
+    else NB_ABORT("elementwise op: dtype %s has no CPU math", nb_dtype_name(out->dtype));
+}
+
+/* ---- binary ---- */
+#define BINARY_BODY(T)                                                                       \
+    nb__binary_op op = *(const nb__binary_op *)varg;                                         \
+    const int64_t sz = (int64_t)sizeof(T);                                                   \
+    if (st[0] == sz && st[1] == sz && st[2] == sz) {                                         \
+        T *o = (T *)p[0];                                                                    \
+        const T *a = (const T *)p[1], *b = (const T *)p[2];                                  \
+        switch (op) {                                                                        \
+        case NB_B_ADD: for (int64_t i = 0; i < n; i++) o[i] = a[i] + b[i]; break;            \
+        case NB_B_SUB: for (int64_t i = 0; i < n; i++) o[i] = a[i] - b[i]; break;            \
+        case NB_B_MUL: for (int64_t i = 0; i < n; i++) o[i] = a[i] * b[i]; break;            \
+        case NB_B_DIV: for (int64_t i = 0; i < n; i++) o[i] = a[i] / b[i]; break;            \
+        }                                                                                    \
+        return;                                                                              \
+    }                                                                                        \
+    for (int64_t i = 0; i < n; i++) {                                                        \
+        T x = *(const T *)(p[1] + i * st[1]), y = *(const T *)(p[2] + i * st[2]), r = 0;     \
+        switch (op) {                                                                        \
+        case NB_B_ADD: r = x + y; break;                                                     \
+        case NB_B_SUB: r = x - y; break;                                                     \
+        case NB_B_MUL: r = x * y; break;                                                     \
+        case NB_B_DIV: r = x / y; break;                                                     \
+        }                                                                                    \
+        *(T *)(p[0] + i * st[0]) = r;                                                        \
+    }
+
+static void binary_f32(int64_t n, char **p, const int64_t *st, const void *varg) { BINARY_BODY(float) }
+static void binary_f64(int64_t n, char **p, const int64_t *st, const void *varg) { BINARY_BODY(double) }
+static void binary_i32(int64_t n, char **p, const int64_t *st, const void *varg) { BINARY_BODY(int32_t) }
+static void binary_i64(int64_t n, char **p, const int64_t *st, const void *varg) { BINARY_BODY(int64_t) }
+
+void nb__cpu_binary(nb__binary_op op, nb_tensor *out, const nb_tensor *a, const nb_tensor *b) {
+    const nb_tensor *in[2] = {a, b};
+    iter it;
+    iter_init(&it, out, 2, in);
+    switch (out->dtype) {
+    case NB_F32: iter_run(&it, binary_f32, &op); break;
+    case NB_F64: iter_run(&it, binary_f64, &op); break;
+    case NB_I32: iter_run(&it, binary_i32, &op); break;
+    case NB_I64: iter_run(&it, binary_i64, &op); break;
+    default: NB_ABORT("elementwise op: dtype %s has no CPU math", nb_dtype_name(out->dtype));
+    }
+}
+
+/* ---- where ---- */
+typedef struct where_arg {
+    nb_dtype cond_dtype;
+    size_t size;
+} where_arg;
+
+static void where_inner(int64_t n, char **p, const int64_t *st, const void *varg) {
+    const where_arg *arg = varg;
+    for (int64_t i = 0; i < n; i++) {
+        bool c = nb__load(p[1] + i * st[1], arg->cond_dtype) != 0;
+        memcpy(p[0] + i * st[0], c ? p[2] + i * st[2] : p[3] + i * st[3], arg->size);
+    }
+}
+
+void nb__cpu_where(nb_tensor *out, const nb_tensor *cond, const nb_tensor *a, const nb_tensor *b) {
+    const nb_tensor *in[3] = {cond, a, b};
+    iter it;
+    iter_init(&it, out, 3, in);
+    where_arg arg = {cond->dtype, nb_dtype_size(out->dtype)};
+    iter_run(&it, where_inner, &arg);
+}
+
+/* ---- copy and cast ---- */
+typedef struct copy_arg {
+    nb_dtype dst, src;
+} copy_arg;
+
+static void copy_same(int64_t n, char **p, const int64_t *st, const void *varg) {
+    const copy_arg *arg = varg;
+    int64_t sz = (int64_t)nb_dtype_size(arg->dst);
+    if (st[0] == sz && st[1] == sz) {
+        memmove(p[0], p[1], (size_t)(n * sz));
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) memcpy(p[0] + i * st[0], p[1] + i * st[1], (size_t)sz);
+}
+
+static void copy_cast(int64_t n, char **p, const int64_t *st, const void *varg) {
+    const copy_arg *arg = varg;
+    if (arg->src == NB_F32 && arg->dst == NB_BF16) {
+        for (int64_t i = 0; i < n; i++)
+            *(uint16_t *)(p[0] + i * st[0]) = nb_f32_to_bf16(*(const float *)(p[1] + i * st[1]));
+        return;
+    }
+    if (arg->src == NB_BF16 && arg->dst == NB_F32) {
+        for (int64_t i = 0; i < n; i++)
+            *(float *)(p[0] + i * st[0]) = nb_bf16_to_f32(*(const uint16_t *)(p[1] + i * st[1]));
+        return;
+    }
+    if (arg->src == NB_I64 && arg->dst == NB_I32) {
+        for (int64_t i = 0; i < n; i++)
+            *(int32_t *)(p[0] + i * st[0]) = (int32_t)*(const int64_t *)(p[1] + i * st[1]);
+        return;
+    }
+    for (int64_t i = 0; i < n; i++)
+        nb__store(p[0] + i * st[0], arg->dst, nb__load(p[1] + i * st[1], arg->src));
+}
+
+void nb__cpu_copy(nb_tensor *dst, const nb_tensor *src) {
+    iter it;
+    iter_init(&it, dst, 1, &src);
+    copy_arg arg = {dst->dtype, src->dtype};
+    iter_run(&it, dst->dtype == src->dtype ? copy_same : copy_cast, &arg);
+}
+
+/* ---- unrecorded helpers for backward functions ---- */
+nb_tensor *nb__unary(nb_ctx *ctx, nb__unary_op op, nb_tensor *a, double s) {
+    nb_tensor *out = nb__empty(ctx, a->dtype, a->ndim, a->shape);
+    nb__cpu_unary(op, out, a, s);
+    return out;
+}
+
+nb_tensor *nb__binary(nb_ctx *ctx, nb__binary_op op, nb_tensor *a, nb_tensor *b) {
+    int64_t shape[NB_MAX_DIMS];
+    int nd = nb__broadcast_shape("elementwise op", a, b, shape);
+    nb__check_same_dtype("elementwise op", a, b);
+    nb_tensor *out = nb__empty(ctx, a->dtype, nd, shape);
+    nb__cpu_binary(op, out, a, b);
+    return out;
+}

@@ -1,0 +1,50 @@
+/* Status codes, the thread-local last-error message and nb_abort. */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "nabla/error.h"
+
+static _Thread_local char last_error[1024];
+
+static nb_abort_handler abort_handler;
+static void *abort_user;
+
+const char *nb_status_str(nb_status status) {
+    switch (status) {
+#define NB__STATUS_CASE(name, value, text) \
+    case name:                             \
+        return text;
+        NB_STATUS_TABLE(NB__STATUS_CASE)
+#undef NB__STATUS_CASE
+    }
+    return "unknown status";
+}
+
+const char *nb_last_error(void) { return last_error; }
+
+nb_status nb_set_error(nb_status status, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+nb_abort_handler nb_set_abort_handler(nb_abort_handler handler, void *user) {
+    nb_abort_handler prev = abort_handler;
+    abort_handler = handler;
+    abort_user = user;
+    return prev;
+}
+
+_Noreturn void nb_abort(const char *file, int line, const char *fmt, ...) {
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (abort_handler) abort_handler(file, line, msg, abort_user);
+    fprintf(stderr, "nabla: %s\n  (at %s:%d)\n", msg, file, line);
+    fflush(stderr);
+    abort();
+}

@@ -1,0 +1,118 @@
+/* Internal interface shared by the op front ends, the CPU kernels and
+ * autograd. Not installed.
+ *
+ * An op front end: checks its inputs (NB_CHECK, naming the op and shapes),
+ * allocates its output with nb__empty(), runs a kernel, and, when
+ * nb__needs_grad() says so, records a node with nb__record(). A backward
+ * function runs with grad mode off, computes the gradient of each input
+ * that requires grad (usually with other ops) and hands it to
+ * nb__accum_grad(), which reduces broadcast dims away. */
+#ifndef NABLA_TENSOR_INTERNAL_H
+#define NABLA_TENSOR_INTERNAL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "nabla/nabla.h"
+
+typedef void (*nb_backward_fn)(nb_ctx *ctx, nb_node *node, nb_tensor *grad_out);
+
+#define NB_NODE_SAVED 4
+#define NB_NODE_PARAMS 8
+
+/* Note [Tape]: nodes are made in the context of their output and linked
+ * newest-first through `prev`; that order is a topological order. */
+struct nb_node {
+    const char *op;        /* "nb_matmul": for messages */
+    nb_backward_fn backward;
+    nb_tensor *out;
+    int n_in;
+    nb_tensor **in;        /* inputs, in the op's argument order */
+    nb_tensor *saved[NB_NODE_SAVED]; /* extra tensors kept for backward */
+    double f[NB_NODE_PARAMS];        /* scalar parameters */
+    int64_t i[NB_NODE_PARAMS];       /* integer parameters */
+    void *extra;           /* anything else, allocated in the context */
+    nb_node *prev;         /* the node recorded before this one */
+    nb_ctx *ctx;
+    uint64_t bw_id;        /* backward pass that marked it needed */
+};
+
+/* ---- contexts ---- */
+/* Newest node of the context's tape, and a link hook for nb__record. */
+nb_node *nb__ctx_tape(nb_ctx *ctx);
+void nb__ctx_push_node(nb_ctx *ctx, nb_node *node);
+/* Host memory for metadata (tensor structs, nodes), from the context's arena. */
+void *nb__ctx_meta(nb_ctx *ctx, size_t bytes);
+
+/* ---- tensors ---- */
+/* A contiguous tensor, uninitialised. */
+nb_tensor *nb__empty(nb_ctx *ctx, nb_dtype dtype, int ndim, const int64_t *shape);
+/* A tensor struct that views `src`'s storage with a new shape, strides and
+ * data pointer (no node recorded). */
+nb_tensor *nb__view(nb_ctx *ctx, nb_tensor *src, int ndim, const int64_t *shape,
+                    const int64_t *strides, void *data);
+/* x if contiguous, else a contiguous copy (no node recorded). */
+nb_tensor *nb__contig(nb_ctx *ctx, nb_tensor *x);
+void nb__contig_strides(int ndim, const int64_t *shape, int64_t *strides);
+int64_t nb__numel_shape(int ndim, const int64_t *shape);
+
+/* Element access by raw pointer, converting to and from double. */
+double nb__load(const void *p, nb_dtype dtype);
+void nb__store(void *p, nb_dtype dtype, double v);
+
+/* ---- checks (abort naming `op`) ---- */
+void nb__check_float(const char *op, const nb_tensor *t);  /* f32/f64 for math */
+void nb__check_same_dtype(const char *op, const nb_tensor *a, const nb_tensor *b);
+void nb__check_index_dtype(const char *op, const nb_tensor *t); /* i32/i64 */
+void nb__check_ctx(const char *op, nb_ctx *ctx, const nb_tensor *t); /* same device */
+void nb__check_cpu(const char *op, const nb_tensor *t); /* for not-yet-ported kernels */
+
+/* Broadcast shape of a and b into out (returns its ndim); aborts naming op. */
+int nb__broadcast_shape(const char *op, const nb_tensor *a, const nb_tensor *b,
+                        int64_t *out_shape);
+/* Strides of t seen as `ndim`-dim `shape` (broadcast dims get stride 0). */
+void nb__broadcast_strides(const nb_tensor *t, int ndim, const int64_t *shape,
+                           int64_t *strides);
+
+/* ---- autograd ---- */
+bool nb__needs_grad(int n, nb_tensor *const *inputs);
+/* Records a node for out (sets out->node, out->requires_grad) and returns
+ * it, or returns NULL when grad mode is off or no input requires grad. */
+nb_node *nb__record(nb_ctx *ctx, const char *op, nb_backward_fn backward, nb_tensor *out,
+                    int n, nb_tensor *const *inputs);
+/* Adds g into t's gradient for this backward pass; g may have broadcast
+ * dims that t lacks (they are summed away). Ignores t without requires_grad. */
+void nb__accum_grad(nb_ctx *ctx, nb_tensor *t, nb_tensor *g);
+/* Sums g down to `shape` (the inverse of broadcasting). */
+nb_tensor *nb__sum_to(nb_ctx *ctx, nb_tensor *g, int ndim, const int64_t *shape);
+
+/* ---- elementwise engine (tensor/cpu/elementwise.c) ---- */
+typedef enum nb__unary_op {
+    NB_U_NEG, NB_U_EXP, NB_U_LOG, NB_U_SQRT, NB_U_RSQRT, NB_U_ABS, NB_U_TANH,
+    NB_U_SIGMOID, NB_U_RELU, NB_U_GELU, NB_U_GELU_TANH, NB_U_POW, NB_U_ADD_S,
+    NB_U_MUL_S, NB_U_SIGN, NB_U_RELU_MASK, NB_U_GELU_GRAD, NB_U_GELU_TANH_GRAD,
+    NB_U_RECIP
+} nb__unary_op;
+typedef enum nb__binary_op { NB_B_ADD, NB_B_SUB, NB_B_MUL, NB_B_DIV } nb__binary_op;
+
+/* out (contiguous, shape of out) = op(a) with a broadcast to out's shape.
+ * s is the scalar of POW/ADD_S/MUL_S. */
+void nb__cpu_unary(nb__unary_op op, nb_tensor *out, const nb_tensor *a, double s);
+/* out = a op b, with a and b broadcast to out's shape (out may alias
+ * neither unless it is exactly the same tensor layout). */
+void nb__cpu_binary(nb__binary_op op, nb_tensor *out, const nb_tensor *a, const nb_tensor *b);
+/* out = cond != 0 ? a : b, broadcast. */
+void nb__cpu_where(nb_tensor *out, const nb_tensor *cond, const nb_tensor *a,
+                   const nb_tensor *b);
+/* dst (any strides) = src broadcast to dst's shape, with dtype conversion. */
+void nb__cpu_copy(nb_tensor *dst, const nb_tensor *src);
+
+/* Kernel-level (unrecorded) elementwise ops for backward functions and
+ * optimizers: fresh contiguous result in ctx. */
+nb_tensor *nb__unary(nb_ctx *ctx, nb__unary_op op, nb_tensor *a, double s);
+nb_tensor *nb__binary(nb_ctx *ctx, nb__binary_op op, nb_tensor *a, nb_tensor *b);
+
+/* ---- shape strings ---- */
+const char *nb__shape_str_n(int ndim, const int64_t *shape);
+
+#endif

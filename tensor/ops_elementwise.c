@@ -1,0 +1,196 @@
+/* Elementwise ops: front ends (checks, broadcasting, dispatch) and their
+ * backward functions. The CPU kernels are in tensor/cpu/elementwise.c. */
+#include "tensor/internal.h"
+
+/* ---- binary ---- */
+static nb_tensor *binary(nb_ctx *ctx, const char *name, nb__binary_op op, nb_tensor *a,
+                         nb_tensor *b, nb_backward_fn bw) {
+    nb__check_ctx(name, ctx, a);
+    nb__check_same_dtype(name, a, b);
+    NB_CHECK(a->dtype != NB_BF16 && a->dtype != NB_F16,
+             "%s: dtype %s is a storage type on the CPU; nb_cast to f32 first (shapes %s, %s)", name,
+             nb_dtype_name(a->dtype), nb_shape_str(a), nb_shape_str(b));
+    int64_t shape[NB_MAX_DIMS];
+    int nd = nb__broadcast_shape(name, a, b, shape);
+    nb_tensor *out = nb__empty(ctx, a->dtype, nd, shape);
+    nb__cpu_binary(op, out, a, b);
+    nb_tensor *in[2] = {a, b};
+    nb__record(ctx, name, bw, out, 2, in);
+    return out;
+}
+
+static void add_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) {
+    nb__accum_grad(ctx, n->in[0], g);
+    nb__accum_grad(ctx, n->in[1], g);
+}
+
+static void sub_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) {
+    nb__accum_grad(ctx, n->in[0], g);
+    if (n->in[1]->requires_grad) nb__accum_grad(ctx, n->in[1], nb__unary(ctx, NB_U_NEG, g, 0));
+}
+
+static void mul_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) {
+    if (n->in[0]->requires_grad) nb__accum_grad(ctx, n->in[0], nb__binary(ctx, NB_B_MUL, g, n->in[1]));
+    if (n->in[1]->requires_grad) nb__accum_grad(ctx, n->in[1], nb__binary(ctx, NB_B_MUL, g, n->in[0]));
+}
+
+static void div_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) {
+    nb_tensor *a = n->in[0], *b = n->in[1];
+    nb_tensor *gb = nb__binary(ctx, NB_B_DIV, g, b); /* g / b */
+    if (a->requires_grad) nb__accum_grad(ctx, a, gb);
+    if (b->requires_grad) { /* -g a / b^2 = -(g / b) * out */
+        nb_tensor *t = nb__binary(ctx, NB_B_MUL, gb, n->out);
+        nb__accum_grad(ctx, b, nb__unary(ctx, NB_U_NEG, t, 0));
+    }
+}
+
+nb_tensor *nb_add(nb_ctx *ctx, nb_tensor *a, nb_tensor *b) { return binary(ctx, "nb_add", NB_B_ADD, a, b, add_backward); }
+nb_tensor *nb_sub(nb_ctx *ctx, nb_tensor *a, nb_tensor *b) { return binary(ctx, "nb_sub", NB_B_SUB, a, b, sub_backward); }
+nb_tensor *nb_mul(nb_ctx *ctx, nb_tensor *a, nb_tensor *b) { return binary(ctx, "nb_mul", NB_B_MUL, a, b, mul_backward); }
+nb_tensor *nb_div(nb_ctx *ctx, nb_tensor *a, nb_tensor *b) { return binary(ctx, "nb_div", NB_B_DIV, a, b, div_backward); }
+
+/* ---- unary ---- */
+static nb_tensor *unary(nb_ctx *ctx, const char *name, nb__unary_op op, nb_tensor *a, double s,
+                        nb_backward_fn bw) {
+    nb__check_ctx(name, ctx, a);
+    nb__check_float(name, a);
+    nb_tensor *out = nb__empty(ctx, a->dtype, a->ndim, a->shape);
+    nb__cpu_unary(op, out, a, s);
+    nb_node *n = nb__record(ctx, name, bw, out, 1, &a);
+    if (n) n->f[0] = s;
+    return out;
+}
+
+static void pass_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) { nb__accum_grad(ctx, n->in[0], g); }
+
+static void scale_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) {
+    nb__accum_grad(ctx, n->in[0], nb__unary(ctx, NB_U_MUL_S, g, n->f[0]));
+}
+
+static void neg_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) {
+    nb__accum_grad(ctx, n->in[0], nb__unary(ctx, NB_U_NEG, g, 0));
+}
+
+/* g * f(x) for a derivative f computed from the input */
+static void grad_times_unary_of_input(nb_ctx *ctx, nb_node *n, nb_tensor *g, nb__unary_op f, double s) {
+    nb_tensor *d = nb__unary(ctx, f, n->in[0], s);
+    nb__accum_grad(ctx, n->in[0], nb__binary(ctx, NB_B_MUL, g, d));
+}
+
+static void pow_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) {
+    double p = n->f[0];
+    nb_tensor *d = nb__unary(ctx, NB_U_POW, n->in[0], p - 1.0);
+    d = nb__unary(ctx, NB_U_MUL_S, d, p);
+    nb__accum_grad(ctx, n->in[0], nb__binary(ctx, NB_B_MUL, g, d));
+}
+
+static void exp_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) {
+    nb__accum_grad(ctx, n->in[0], nb__binary(ctx, NB_B_MUL, g, n->out));
+}
+
+static void log_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) {
+    nb__accum_grad(ctx, n->in[0], nb__binary(ctx, NB_B_DIV, g, n->in[0]));
+}
+
+static void sqrt_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) { /* g / (2 sqrt x) */
+    nb_tensor *t = nb__binary(ctx, NB_B_DIV, g, n->out);
+    nb__accum_grad(ctx, n->in[0], nb__unary(ctx, NB_U_MUL_S, t, 0.5));
+}
+
+static void rsqrt_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) { /* -g/2 * out^3 */
+    nb_tensor *c = nb__unary(ctx, NB_U_POW, n->out, 3.0);
+    c = nb__unary(ctx, NB_U_MUL_S, c, -0.5);
+    nb__accum_grad(ctx, n->in[0], nb__binary(ctx, NB_B_MUL, g, c));
+}
+
+static void abs_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) { grad_times_unary_of_input(ctx, n, g, NB_U_SIGN, 0); }
+static void relu_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) { grad_times_unary_of_input(ctx, n, g, NB_U_RELU_MASK, 0); }
+static void gelu_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) { grad_times_unary_of_input(ctx, n, g, NB_U_GELU_GRAD, 0); }
+static void gelu_tanh_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) {
+    grad_times_unary_of_input(ctx, n, g, NB_U_GELU_TANH_GRAD, 0);
+}
+
+static void tanh_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) { /* g (1 - out^2) */
+    nb_tensor *sq = nb__binary(ctx, NB_B_MUL, n->out, n->out);
+    nb_tensor *d = nb__unary(ctx, NB_U_ADD_S, nb__unary(ctx, NB_U_NEG, sq, 0), 1.0);
+    nb__accum_grad(ctx, n->in[0], nb__binary(ctx, NB_B_MUL, g, d));
+}
+
+static void sigmoid_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) { /* g out (1 - out) */
+    nb_tensor *one_minus = nb__unary(ctx, NB_U_ADD_S, nb__unary(ctx, NB_U_NEG, n->out, 0), 1.0);
+    nb_tensor *d = nb__binary(ctx, NB_B_MUL, n->out, one_minus);
+    nb__accum_grad(ctx, n->in[0], nb__binary(ctx, NB_B_MUL, g, d));
+}
+
+nb_tensor *nb_add_scalar(nb_ctx *ctx, nb_tensor *a, double s) { return unary(ctx, "nb_add_scalar", NB_U_ADD_S, a, s, pass_backward); }
+nb_tensor *nb_sub_scalar(nb_ctx *ctx, nb_tensor *a, double s) { return unary(ctx, "nb_sub_scalar", NB_U_ADD_S, a, -s, pass_backward); }
+nb_tensor *nb_mul_scalar(nb_ctx *ctx, nb_tensor *a, double s) { return unary(ctx, "nb_mul_scalar", NB_U_MUL_S, a, s, scale_backward); }
+nb_tensor *nb_div_scalar(nb_ctx *ctx, nb_tensor *a, double s) {
+    NB_CHECK(s != 0, "nb_div_scalar: division by zero (tensor %s)", nb_shape_str(a));
+    return unary(ctx, "nb_div_scalar", NB_U_MUL_S, a, 1.0 / s, scale_backward);
+}
+nb_tensor *nb_neg(nb_ctx *ctx, nb_tensor *a) { return unary(ctx, "nb_neg", NB_U_NEG, a, 0, neg_backward); }
+nb_tensor *nb_pow(nb_ctx *ctx, nb_tensor *a, double p) { return unary(ctx, "nb_pow", NB_U_POW, a, p, pow_backward); }
+nb_tensor *nb_exp(nb_ctx *ctx, nb_tensor *a) { return unary(ctx, "nb_exp", NB_U_EXP, a, 0, exp_backward); }
+nb_tensor *nb_log(nb_ctx *ctx, nb_tensor *a) { return unary(ctx, "nb_log", NB_U_LOG, a, 0, log_backward); }
+nb_tensor *nb_sqrt(nb_ctx *ctx, nb_tensor *a) { return unary(ctx, "nb_sqrt", NB_U_SQRT, a, 0, sqrt_backward); }
+nb_tensor *nb_rsqrt(nb_ctx *ctx, nb_tensor *a) { return unary(ctx, "nb_rsqrt", NB_U_RSQRT, a, 0, rsqrt_backward); }
+nb_tensor *nb_abs(nb_ctx *ctx, nb_tensor *a) { return unary(ctx, "nb_abs", NB_U_ABS, a, 0, abs_backward); }
+nb_tensor *nb_tanh(nb_ctx *ctx, nb_tensor *a) { return unary(ctx, "nb_tanh", NB_U_TANH, a, 0, tanh_backward); }
+nb_tensor *nb_sigmoid(nb_ctx *ctx, nb_tensor *a) { return unary(ctx, "nb_sigmoid", NB_U_SIGMOID, a, 0, sigmoid_backward); }
+nb_tensor *nb_relu(nb_ctx *ctx, nb_tensor *a) { return unary(ctx, "nb_relu", NB_U_RELU, a, 0, relu_backward); }
+nb_tensor *nb_gelu(nb_ctx *ctx, nb_tensor *a, nb_gelu_approx approx) {
+    NB_CHECK(approx == NB_GELU_EXACT || approx == NB_GELU_TANH, "nb_gelu: unknown approximation %d", (int)approx);
+    if (approx == NB_GELU_TANH) return unary(ctx, "nb_gelu", NB_U_GELU_TANH, a, 0, gelu_tanh_backward);
+    return unary(ctx, "nb_gelu", NB_U_GELU, a, 0, gelu_backward);
+}
+
+/* ---- where / masked fill ---- */
+static void where_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) {
+    nb_tensor *cond = n->saved[0], *a = n->in[0], *b = n->in[1];
+    nb_tensor *zero = nb_zeros(ctx, g->dtype, 0, NULL);
+    if (a->requires_grad) {
+        nb_tensor *ga = nb__empty(ctx, g->dtype, g->ndim, g->shape);
+        nb__cpu_where(ga, cond, g, zero);
+        nb__accum_grad(ctx, a, ga);
+    }
+    if (b->requires_grad) {
+        nb_tensor *gb = nb__empty(ctx, g->dtype, g->ndim, g->shape);
+        nb__cpu_where(gb, cond, zero, g);
+        nb__accum_grad(ctx, b, gb);
+    }
+}
+
+static nb_tensor *where_impl(nb_ctx *ctx, const char *name, nb_tensor *cond, nb_tensor *a,
+                             nb_tensor *b) {
+    nb__check_ctx(name, ctx, a);
+    nb__check_ctx(name, ctx, cond);
+    nb__check_same_dtype(name, a, b);
+    int64_t s1[NB_MAX_DIMS], shape[NB_MAX_DIMS];
+    int nd1 = nb__broadcast_shape(name, cond, a, s1);
+    nb_tensor tmp = {0};
+    tmp.ndim = nd1;
+    for (int d = 0; d < nd1; d++) tmp.shape[d] = s1[d];
+    int nd = nb__broadcast_shape(name, &tmp, b, shape);
+    nb_tensor *out = nb__empty(ctx, a->dtype, nd, shape);
+    nb__cpu_where(out, cond, a, b);
+    nb_tensor *in[2] = {a, b};
+    nb_node *n = nb__record(ctx, name, where_backward, out, 2, in);
+    if (n) n->saved[0] = cond;
+    return out;
+}
+
+nb_tensor *nb_where(nb_ctx *ctx, nb_tensor *cond, nb_tensor *a, nb_tensor *b) {
+    return where_impl(ctx, "nb_where", cond, a, b);
+}
+
+nb_tensor *nb_masked_fill(nb_ctx *ctx, nb_tensor *x, nb_tensor *mask, double value) {
+    nb__check_ctx("nb_masked_fill", ctx, x);
+    int64_t shape[NB_MAX_DIMS];
+    int nd = nb__broadcast_shape("nb_masked_fill", mask, x, shape);
+    NB_CHECK(nd == x->ndim && nb__numel_shape(nd, shape) == nb_numel(x),
+             "nb_masked_fill: mask %s does not broadcast to the input's shape %s", nb_shape_str(mask),
+             nb_shape_str(x));
+    nb_tensor *fill = nb_full(ctx, x->dtype, 0, NULL, value);
+    return where_impl(ctx, "nb_masked_fill", mask, fill, x);
+}

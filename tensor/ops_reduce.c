@@ -1,0 +1,236 @@
+/* Reductions along axes: sum, mean, max, var.
+ *
+ * The front end moves the reduced axes last (a permuted view made
+ * contiguous), so every kernel reduces rows of `inner` consecutive
+ * elements; f32 rows accumulate in double. */
+#include <math.h>
+#include <string.h>
+
+#include "tensor/internal.h"
+
+typedef struct plan {
+    int ndim;                  /* of x */
+    bool reduced[NB_MAX_DIMS];
+    int perm[NB_MAX_DIMS];     /* kept dims, then reduced dims */
+    int64_t outer, inner;
+    int out_ndim;
+    int64_t out_shape[NB_MAX_DIMS];
+    int64_t keep_shape[NB_MAX_DIMS]; /* x's shape with reduced dims set to 1 */
+} plan;
+
+static void make_plan(const char *op, const nb_tensor *x, int naxes, const int *axes, bool keepdim,
+                      plan *p) {
+    memset(p, 0, sizeof *p);
+    p->ndim = x->ndim;
+    NB_CHECK(naxes >= 0 && naxes <= x->ndim && (naxes == 0 || axes),
+             "%s: %d axes given for a tensor of shape %s", op, naxes, nb_shape_str(x));
+    for (int i = 0; i < naxes; i++) {
+        int d = nb_normalize_dim(op, axes[i], x->ndim);
+        NB_CHECK(!p->reduced[d], "%s: axis %d given twice for shape %s", op, axes[i], nb_shape_str(x));
+        p->reduced[d] = true;
+    }
+    if (naxes == 0)
+        for (int d = 0; d < x->ndim; d++) p->reduced[d] = true;
+    int k = 0;
+    p->outer = p->inner = 1;
+    for (int d = 0; d < x->ndim; d++)
+        if (!p->reduced[d]) {
+            p->perm[k++] = d;
+            p->outer *= x->shape[d];
+        }
+    for (int d = 0; d < x->ndim; d++)
+        if (p->reduced[d]) {
+            p->perm[k++] = d;
+            p->inner *= x->shape[d];
+        }
+    for (int d = 0; d < x->ndim; d++) {
+        p->keep_shape[d] = p->reduced[d] ? 1 : x->shape[d];
+        if (keepdim) p->out_shape[p->out_ndim++] = p->keep_shape[d];
+        else if (!p->reduced[d]) p->out_shape[p->out_ndim++] = x->shape[d];
+    }
+}
+
+/* x with reduced dims last, contiguous */
+static nb_tensor *rows_of(nb_ctx *ctx, nb_tensor *x, const plan *p) {
+    int64_t shape[NB_MAX_DIMS], strides[NB_MAX_DIMS];
+    for (int d = 0; d < x->ndim; d++) {
+        shape[d] = x->shape[p->perm[d]];
+        strides[d] = x->strides[p->perm[d]];
+    }
+    nb_tensor *v = nb__view(ctx, x, x->ndim, shape, strides, x->data);
+    return nb__contig(ctx, v);
+}
+
+/* g (output shape) seen with x's shape through zero strides */
+static nb_tensor *expand_grad(nb_ctx *ctx, nb_tensor *g, const nb_tensor *x, const plan *p) {
+    g = nb__contig(ctx, g);
+    int64_t st[NB_MAX_DIMS], kst[NB_MAX_DIMS];
+    nb__contig_strides(x->ndim, p->keep_shape, kst);
+    for (int d = 0; d < x->ndim; d++) st[d] = p->reduced[d] ? 0 : kst[d];
+    return nb__view(ctx, g, x->ndim, x->shape, st, g->data);
+}
+
+static plan *save_plan(nb_ctx *ctx, nb_node *n, const plan *p) {
+    plan *s = nb__ctx_meta(ctx, sizeof *s);
+    *s = *p;
+    n->extra = s;
+    return s;
+}
+
+/* ---- sum and mean ---- */
+#define ROW_LOOP(T, P, ...)                                                       \
+    do {                                                                          \
+        const T *src = rows->data;                                                \
+        T *dst = out->data;                                                       \
+        for (int64_t o = 0; o < (P)->outer; o++) {                                \
+            const T *r = src + o * (P)->inner;                                    \
+            __VA_ARGS__                                                           \
+        }                                                                         \
+    } while (0)
+
+static void sum_kernel(nb_tensor *out, const nb_tensor *rows, const plan *p, double scale) {
+    if (out->dtype == NB_F32)
+        ROW_LOOP(float, p, {
+            double acc = 0;
+            for (int64_t i = 0; i < p->inner; i++) acc += r[i];
+            dst[o] = (float)(acc * scale);
+        });
+    else
+        ROW_LOOP(double, p, {
+            double acc = 0;
+            for (int64_t i = 0; i < p->inner; i++) acc += r[i];
+            dst[o] = acc * scale;
+        });
+}
+
+static void sum_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) {
+    nb_tensor *x = n->in[0];
+    const plan *p = n->extra;
+    nb_tensor *ge = expand_grad(ctx, g, x, p);
+    if (n->f[0] != 1.0) ge = nb__unary(ctx, NB_U_MUL_S, ge, n->f[0]);
+    nb__accum_grad(ctx, x, ge);
+}
+
+static nb_tensor *sum_impl(nb_ctx *ctx, const char *op, nb_tensor *x, int naxes, const int *axes,
+                           bool keepdim, bool mean) {
+    nb__check_ctx(op, ctx, x);
+    nb__check_float(op, x);
+    plan p;
+    make_plan(op, x, naxes, axes, keepdim, &p);
+    double scale = mean ? (p.inner > 0 ? 1.0 / (double)p.inner : NAN) : 1.0;
+    nb_tensor *rows = rows_of(ctx, x, &p);
+    nb_tensor *out = nb__empty(ctx, x->dtype, p.out_ndim, p.out_shape);
+    sum_kernel(out, rows, &p, scale);
+    nb_node *n = nb__record(ctx, op, sum_backward, out, 1, &x);
+    if (n) {
+        save_plan(ctx, n, &p);
+        n->f[0] = scale;
+    }
+    return out;
+}
+
+nb_tensor *nb_sum(nb_ctx *ctx, nb_tensor *x, int naxes, const int *axes, bool keepdim) {
+    return sum_impl(ctx, "nb_sum", x, naxes, axes, keepdim, false);
+}
+nb_tensor *nb_mean(nb_ctx *ctx, nb_tensor *x, int naxes, const int *axes, bool keepdim) {
+    return sum_impl(ctx, "nb_mean", x, naxes, axes, keepdim, true);
+}
+nb_tensor *nb_sum_all(nb_ctx *ctx, nb_tensor *x) { return nb_sum(ctx, x, 0, NULL, false); }
+nb_tensor *nb_mean_all(nb_ctx *ctx, nb_tensor *x) { return nb_mean(ctx, x, 0, NULL, false); }
+
+/* ---- max ---- */
+static void max_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) {
+    nb_tensor *x = n->in[0];
+    const plan *p = n->extra;
+    const int64_t *arg = n->saved[0]->data;
+    int64_t pshape[NB_MAX_DIMS], pstrides[NB_MAX_DIMS], strides[NB_MAX_DIMS];
+    for (int d = 0; d < x->ndim; d++) pshape[d] = x->shape[p->perm[d]];
+    nb__contig_strides(x->ndim, pshape, pstrides);
+    nb_tensor *gp = nb_zeros(ctx, x->dtype, x->ndim, pshape);
+    nb_tensor *gc = nb__contig(ctx, g);
+    for (int64_t o = 0; o < p->outer; o++) {
+        double v = nb__load((char *)gc->data + o * (int64_t)nb_dtype_size(g->dtype), g->dtype);
+        nb__store((char *)gp->data + (o * p->inner + arg[o]) * (int64_t)nb_dtype_size(x->dtype), x->dtype, v);
+    }
+    for (int d = 0; d < x->ndim; d++) strides[p->perm[d]] = pstrides[d];
+    nb__accum_grad(ctx, x, nb__view(ctx, gp, x->ndim, x->shape, strides, gp->data));
+}
+
+nb_tensor *nb_max(nb_ctx *ctx, nb_tensor *x, int naxes, const int *axes, bool keepdim) {
+    const char *op = "nb_max";
+    nb__check_ctx(op, ctx, x);
+    nb__check_float(op, x);
+    plan p;
+    make_plan(op, x, naxes, axes, keepdim, &p);
+    NB_CHECK(p.inner > 0 || p.outer == 0, "nb_max: cannot reduce an empty dimension of %s", nb_shape_str(x));
+    nb_tensor *rows = rows_of(ctx, x, &p);
+    nb_tensor *out = nb__empty(ctx, x->dtype, p.out_ndim, p.out_shape);
+    nb_tensor *arg = nb__empty(ctx, NB_I64, 1, &p.outer);
+    int64_t *a = arg->data;
+    const plan *pp = &p;
+#define MAX_BODY(T)                                                               \
+    ROW_LOOP(T, pp, {                                                                 \
+        int64_t best = 0;                                                         \
+        for (int64_t i = 1; i < pp->inner; i++)                                   \
+            if (r[i] > r[best] || (isnan(r[i]) && !isnan(r[best]))) best = i;     \
+        a[o] = best;                                                              \
+        dst[o] = r[best];                                                         \
+    })
+    if (x->dtype == NB_F32) MAX_BODY(float);
+    else MAX_BODY(double);
+#undef MAX_BODY
+    nb_node *n = nb__record(ctx, op, max_backward, out, 1, &x);
+    if (n) {
+        save_plan(ctx, n, &p);
+        n->saved[0] = arg;
+    }
+    return out;
+}
+
+/* ---- var ---- */
+static void var_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) {
+    /* d var / dx = 2 (x - mean) / (n - correction) */
+    nb_tensor *x = n->in[0];
+    const plan *p = n->extra;
+    nb_tensor *mean = n->saved[0]; /* keep_shape */
+    nb_tensor *d = nb__binary(ctx, NB_B_SUB, x, mean);
+    nb_tensor *ge = expand_grad(ctx, g, x, p);
+    nb_tensor *r = nb__binary(ctx, NB_B_MUL, d, ge);
+    nb__accum_grad(ctx, x, nb__unary(ctx, NB_U_MUL_S, r, n->f[0]));
+}
+
+nb_tensor *nb_var(nb_ctx *ctx, nb_tensor *x, int naxes, const int *axes, int correction, bool keepdim) {
+    const char *op = "nb_var";
+    nb__check_ctx(op, ctx, x);
+    nb__check_float(op, x);
+    NB_CHECK(correction >= 0, "nb_var: negative correction %d", correction);
+    plan p;
+    make_plan(op, x, naxes, axes, keepdim, &p);
+    nb_tensor *rows = rows_of(ctx, x, &p);
+    nb_tensor *out = nb__empty(ctx, x->dtype, p.out_ndim, p.out_shape);
+    nb_tensor *mean = nb__empty(ctx, x->dtype, x->ndim, p.keep_shape);
+    double denom = (double)(p.inner - correction);
+    const plan *pp = &p;
+#define VAR_BODY(T)                                                               \
+    do {                                                                          \
+        T *m = mean->data;                                                        \
+        ROW_LOOP(T, pp, {                                                             \
+            double s = 0, ss = 0;                                                 \
+            for (int64_t i = 0; i < pp->inner; i++) s += r[i];                    \
+            double mu = s / (double)pp->inner;                                    \
+            for (int64_t i = 0; i < pp->inner; i++) ss += (r[i] - mu) * (r[i] - mu); \
+            m[o] = (T)mu;                                                         \
+            dst[o] = (T)(denom > 0 ? ss / denom : NAN);                           \
+        });                                                                       \
+    } while (0)
+    if (x->dtype == NB_F32) VAR_BODY(float);
+    else VAR_BODY(double);
+#undef VAR_BODY
+    nb_node *n = nb__record(ctx, op, var_backward, out, 1, &x);
+    if (n) {
+        save_plan(ctx, n, &p);
+        n->saved[0] = mean;
+        n->f[0] = denom > 0 ? 2.0 / denom : NAN;
+    }
+    return out;
+}

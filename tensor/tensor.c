@@ -1,0 +1,401 @@
+/* Tensor creation, element access, checks and broadcasting helpers. Views
+ * live in tensor/view.c, printing in tensor/print.c. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tensor/internal.h"
+
+/* ---- facts ---- */
+int64_t nb__numel_shape(int ndim, const int64_t *shape) {
+    int64_t n = 1;
+    for (int d = 0; d < ndim; d++) n *= shape[d];
+    return n;
+}
+
+int64_t nb_numel(const nb_tensor *t) { return nb__numel_shape(t->ndim, t->shape); }
+
+void nb__contig_strides(int ndim, const int64_t *shape, int64_t *strides) {
+    int64_t s = 1;
+    for (int d = ndim - 1; d >= 0; d--) {
+        strides[d] = s;
+        s *= shape[d] > 0 ? shape[d] : 1;
+    }
+}
+
+bool nb_is_contiguous(const nb_tensor *t) {
+    int64_t s = 1;
+    for (int d = t->ndim - 1; d >= 0; d--) {
+        if (t->shape[d] != 1 && t->strides[d] != s) return false;
+        s *= t->shape[d];
+    }
+    return true;
+}
+
+bool nb_is_leaf(const nb_tensor *t) { return t->requires_grad && t->node == NULL; }
+
+bool nb_same_shape(const nb_tensor *a, const nb_tensor *b) {
+    if (a->ndim != b->ndim) return false;
+    for (int d = 0; d < a->ndim; d++)
+        if (a->shape[d] != b->shape[d]) return false;
+    return true;
+}
+
+const char *nb__shape_str_n(int ndim, const int64_t *shape) {
+    static _Thread_local char bufs[8][128];
+    static _Thread_local int next;
+    char *b = bufs[next++ & 7];
+    size_t n = 0;
+    n += (size_t)snprintf(b + n, 128 - n, "(");
+    for (int d = 0; d < ndim && n < 120; d++)
+        n += (size_t)snprintf(b + n, 128 - n, d ? ", %lld" : "%lld", (long long)shape[d]);
+    snprintf(b + n, 128 - n, "%s)", ndim == 1 ? "," : "");
+    return b;
+}
+
+const char *nb_shape_str(const nb_tensor *t) { return nb__shape_str_n(t->ndim, t->shape); }
+
+int nb_normalize_dim(const char *op, int dim, int ndim) {
+    int d = dim < 0 ? dim + ndim : dim;
+    NB_CHECK(d >= 0 && d < ndim, "%s: dimension %d out of range for a %d-d tensor", op, dim, ndim);
+    return d;
+}
+
+/* ---- checks ---- */
+void nb__check_float(const char *op, const nb_tensor *t) {
+    NB_CHECK(t->dtype == NB_F32 || t->dtype == NB_F64,
+             "%s: dtype %s is not supported here (need f32 or f64%s), tensor of shape %s", op,
+             nb_dtype_name(t->dtype),
+             (t->dtype == NB_BF16 || t->dtype == NB_F16) ? "; bf16/f16 are storage types on the "
+                                                          "CPU: nb_cast to f32 first"
+                                                        : "",
+             nb_shape_str(t));
+}
+
+void nb__check_same_dtype(const char *op, const nb_tensor *a, const nb_tensor *b) {
+    NB_CHECK(a->dtype == b->dtype, "%s: dtypes differ: %s %s vs %s %s", op, nb_dtype_name(a->dtype),
+             nb_shape_str(a), nb_dtype_name(b->dtype), nb_shape_str(b));
+    NB_CHECK(nb_device_eq(a->device, b->device), "%s: devices differ: %s vs %s", op,
+             nb_device_name(a->device), nb_device_name(b->device));
+}
+
+void nb__check_index_dtype(const char *op, const nb_tensor *t) {
+    NB_CHECK(t->dtype == NB_I32 || t->dtype == NB_I64,
+             "%s: indices must be i32 or i64, got %s of shape %s", op, nb_dtype_name(t->dtype),
+             nb_shape_str(t));
+}
+
+void nb__check_ctx(const char *op, nb_ctx *ctx, const nb_tensor *t) {
+    NB_CHECK(nb_device_eq(nb_ctx_device(ctx), t->device),
+             "%s: tensor of shape %s is on %s but the context is on %s", op, nb_shape_str(t),
+             nb_device_name(t->device), nb_device_name(nb_ctx_device(ctx)));
+}
+
+void nb__check_cpu(const char *op, const nb_tensor *t) {
+    NB_CHECK(t->device.type == NB_DEVICE_CPU, "%s: not implemented for %s tensors", op,
+             nb_device_name(t->device));
+}
+
+int nb__broadcast_shape(const char *op, const nb_tensor *a, const nb_tensor *b, int64_t *out) {
+    int nd = a->ndim > b->ndim ? a->ndim : b->ndim;
+    for (int i = 0; i < nd; i++) {
+        int da = a->ndim - nd + i, db = b->ndim - nd + i;
+        int64_t sa = da >= 0 ? a->shape[da] : 1, sb = db >= 0 ? b->shape[db] : 1;
+        NB_CHECK(sa == sb || sa == 1 || sb == 1,
+                 "%s: shapes %s and %s cannot be broadcast (dimension %d: %lld vs %lld)", op,
+                 nb_shape_str(a), nb_shape_str(b), i, (long long)sa, (long long)sb);
+        out[i] = sa == 1 ? sb : sa;
+    }
+    return nd;
+}
+
+void nb__broadcast_strides(const nb_tensor *t, int ndim, const int64_t *shape, int64_t *strides) {
+    NB_CHECK(t->ndim <= ndim, "broadcast: tensor %s has more dims than target %s",
+             nb_shape_str(t), nb__shape_str_n(ndim, shape));
+    for (int i = 0; i < ndim; i++) {
+        int d = t->ndim - ndim + i;
+        if (d < 0) {
+            strides[i] = 0;
+            continue;
+        }
+        NB_CHECK(t->shape[d] == shape[i] || t->shape[d] == 1,
+                 "broadcast: shape %s does not broadcast to %s", nb_shape_str(t),
+                 nb__shape_str_n(ndim, shape));
+        strides[i] = (t->shape[d] == 1 && shape[i] != 1) ? 0 : t->strides[d];
+    }
+}
+
+/* ---- element access ---- */
+double nb__load(const void *p, nb_dtype dtype) {
+    switch (dtype) {
+    case NB_F32: return *(const float *)p;
+    case NB_F64: return *(const double *)p;
+    case NB_BF16: return nb_bf16_to_f32(*(const uint16_t *)p);
+    case NB_F16: return nb_f16_to_f32(*(const uint16_t *)p);
+    case NB_I32: return *(const int32_t *)p;
+    case NB_I64: return (double)*(const int64_t *)p;
+    default: NB_ABORT("invalid dtype %d", (int)dtype);
+    }
+}
+
+void nb__store(void *p, nb_dtype dtype, double v) {
+    switch (dtype) {
+    case NB_F32: *(float *)p = (float)v; break;
+    case NB_F64: *(double *)p = v; break;
+    case NB_BF16: *(uint16_t *)p = nb_f32_to_bf16((float)v); break;
+    case NB_F16: *(uint16_t *)p = nb_f32_to_f16((float)v); break;
+    case NB_I32: *(int32_t *)p = (int32_t)v; break;
+    case NB_I64: *(int64_t *)p = (int64_t)v; break;
+    default: NB_ABORT("invalid dtype %d", (int)dtype);
+    }
+}
+
+/* ---- creation ---- */
+static void check_shape(const char *op, int ndim, const int64_t *shape) {
+    NB_CHECK(ndim >= 0 && ndim <= NB_MAX_DIMS, "%s: %d dimensions requested; at most %d", op, ndim,
+             NB_MAX_DIMS);
+    for (int d = 0; d < ndim; d++)
+        NB_CHECK(shape[d] >= 0, "%s: negative size in shape %s", op, nb__shape_str_n(ndim, shape));
+}
+
+nb_tensor *nb__empty(nb_ctx *ctx, nb_dtype dtype, int ndim, const int64_t *shape) {
+    check_shape("nb_empty", ndim, shape);
+    nb_tensor *t = nb__ctx_meta(ctx, sizeof *t);
+    t->dtype = dtype;
+    t->device = nb_ctx_device(ctx);
+    t->ndim = ndim;
+    for (int d = 0; d < ndim; d++) t->shape[d] = shape[d];
+    nb__contig_strides(ndim, t->shape, t->strides);
+    t->ctx = ctx;
+    size_t bytes = (size_t)nb__numel_shape(ndim, shape) * nb_dtype_size(dtype);
+    t->data = nb_ctx_alloc(ctx, bytes, 0);
+    return t;
+}
+
+nb_tensor *nb__view(nb_ctx *ctx, nb_tensor *src, int ndim, const int64_t *shape,
+                    const int64_t *strides, void *data) {
+    nb_tensor *t = nb__ctx_meta(ctx, sizeof *t);
+    t->dtype = src->dtype;
+    t->device = src->device;
+    t->ndim = ndim;
+    for (int d = 0; d < ndim; d++) {
+        t->shape[d] = shape[d];
+        t->strides[d] = strides[d];
+    }
+    t->data = data;
+    t->base = src->base ? src->base : src;
+    t->ctx = ctx;
+    return t;
+}
+
+nb_tensor *nb_empty(nb_ctx *ctx, nb_dtype dtype, int ndim, const int64_t *shape) {
+    return nb__empty(ctx, dtype, ndim, shape);
+}
+
+nb_tensor *nb_full(nb_ctx *ctx, nb_dtype dtype, int ndim, const int64_t *shape, double value) {
+    nb_tensor *t = nb__empty(ctx, dtype, ndim, shape);
+    nb_fill_(t, value);
+    return t;
+}
+
+nb_tensor *nb_zeros(nb_ctx *ctx, nb_dtype dtype, int ndim, const int64_t *shape) {
+    nb_tensor *t = nb__empty(ctx, dtype, ndim, shape);
+    memset(t->data, 0, (size_t)nb_numel(t) * nb_dtype_size(dtype));
+    return t;
+}
+
+nb_tensor *nb_ones(nb_ctx *ctx, nb_dtype dtype, int ndim, const int64_t *shape) {
+    return nb_full(ctx, dtype, ndim, shape, 1.0);
+}
+
+nb_tensor *nb_scalar(nb_ctx *ctx, nb_dtype dtype, double value) {
+    return nb_full(ctx, dtype, 0, NULL, value);
+}
+
+nb_tensor *nb_zeros_like(nb_ctx *ctx, const nb_tensor *t) {
+    return nb_zeros(ctx, t->dtype, t->ndim, t->shape);
+}
+
+nb_tensor *nb_empty_like(nb_ctx *ctx, const nb_tensor *t) {
+    return nb__empty(ctx, t->dtype, t->ndim, t->shape);
+}
+
+nb_tensor *nb_arange(nb_ctx *ctx, nb_dtype dtype, double start, double stop, double step) {
+    NB_CHECK(step != 0 && isfinite(start) && isfinite(stop) && isfinite(step),
+             "nb_arange: bad range start=%g stop=%g step=%g", start, stop, step);
+    double count = ceil((stop - start) / step);
+    int64_t n = count > 0 ? (int64_t)count : 0;
+    nb_tensor *t = nb__empty(ctx, dtype, 1, &n);
+    size_t sz = nb_dtype_size(dtype);
+    for (int64_t i = 0; i < n; i++) nb__store((char *)t->data + i * (int64_t)sz, dtype, start + (double)i * step);
+    return t;
+}
+
+nb_tensor *nb_from_host(nb_ctx *ctx, nb_dtype dtype, int ndim, const int64_t *shape,
+                        const void *src) {
+    nb_tensor *t = nb__empty(ctx, dtype, ndim, shape);
+    size_t bytes = (size_t)nb_numel(t) * nb_dtype_size(dtype);
+    NB_CHECK(src || bytes == 0, "nb_from_host: NULL source for shape %s", nb_shape_str(t));
+    if (bytes) memcpy(t->data, src, bytes);
+    return t;
+}
+
+/* Note [Random streams] in tensor/random.c defines these mappings. */
+static void fill_uniform(nb_tensor *t, double low, double high, nb_rng *rng) {
+    int64_t n = nb_numel(t);
+    size_t sz = nb_dtype_size(t->dtype);
+    uint32_t r[4];
+    for (int64_t i = 0; i < n; i++) {
+        if ((i & 3) == 0) nb_philox4x32(rng->seed, rng->offset + (uint64_t)(i >> 2), r);
+        double u = nb_u32_to_unit(r[i & 3]);
+        nb__store((char *)t->data + i * (int64_t)sz, t->dtype, low + (high - low) * u);
+    }
+    rng->offset += (uint64_t)((n + 3) / 4);
+}
+
+static void fill_normal(nb_tensor *t, double mean, double std, nb_rng *rng) {
+    int64_t n = nb_numel(t);
+    size_t sz = nb_dtype_size(t->dtype);
+    uint32_t r[4];
+    double radius = 0, theta = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if ((i & 1) == 0) {
+            nb_philox4x32(rng->seed, rng->offset + (uint64_t)(i >> 1), r);
+            double u1 = ((double)r[0] + 1.0) * (1.0 / 4294967296.0);
+            double u2 = (double)r[1] * (1.0 / 4294967296.0);
+            radius = sqrt(-2.0 * log(u1));
+            theta = 6.283185307179586 * u2; /* 2 pi */
+        }
+        double z = (i & 1) ? radius * sin(theta) : radius * cos(theta);
+        nb__store((char *)t->data + i * (int64_t)sz, t->dtype, mean + std * z);
+    }
+    rng->offset += (uint64_t)((n + 1) / 2);
+}
+
+nb_tensor *nb_rand_uniform(nb_ctx *ctx, nb_dtype dtype, int ndim, const int64_t *shape,
+                           double low, double high, nb_rng *rng) {
+    NB_CHECK(nb_dtype_is_float(dtype), "nb_rand_uniform: dtype %s is not a float type",
+             nb_dtype_name(dtype));
+    nb_tensor *t = nb__empty(ctx, dtype, ndim, shape);
+    fill_uniform(t, low, high, rng ? rng : nb_rng_default());
+    return t;
+}
+
+nb_tensor *nb_rand_normal(nb_ctx *ctx, nb_dtype dtype, int ndim, const int64_t *shape,
+                          double mean, double std, nb_rng *rng) {
+    NB_CHECK(nb_dtype_is_float(dtype), "nb_rand_normal: dtype %s is not a float type",
+             nb_dtype_name(dtype));
+    nb_tensor *t = nb__empty(ctx, dtype, ndim, shape);
+    fill_normal(t, mean, std, rng ? rng : nb_rng_default());
+    return t;
+}
+
+/* ---- reading ---- */
+static void check_host(const char *op, const nb_tensor *t) {
+    NB_CHECK(t->device.type == NB_DEVICE_CPU, "%s: tensor of shape %s is on %s; copy it to the "
+             "CPU first", op, nb_shape_str(t), nb_device_name(t->device));
+}
+
+void nb_to_host(const nb_tensor *t, void *dst) {
+    check_host("nb_to_host", t);
+    nb_tensor d = *t;
+    d.data = dst;
+    nb__contig_strides(d.ndim, d.shape, d.strides);
+    nb__cpu_copy(&d, t);
+}
+
+void nb_to_host_f64(const nb_tensor *t, double *dst) {
+    check_host("nb_to_host_f64", t);
+    nb_tensor d = *t;
+    d.dtype = NB_F64;
+    d.data = dst;
+    nb__contig_strides(d.ndim, d.shape, d.strides);
+    nb__cpu_copy(&d, t);
+}
+
+static char *element_ptr(const char *op, const nb_tensor *t, const int64_t *index) {
+    check_host(op, t);
+    int64_t off = 0;
+    for (int d = 0; d < t->ndim; d++) {
+        NB_CHECK(index[d] >= 0 && index[d] < t->shape[d],
+                 "%s: index %lld out of range for dimension %d of shape %s", op,
+                 (long long)index[d], d, nb_shape_str(t));
+        off += index[d] * t->strides[d];
+    }
+    return (char *)t->data + off * (int64_t)nb_dtype_size(t->dtype);
+}
+
+double nb_get(const nb_tensor *t, const int64_t *index) {
+    return nb__load(element_ptr("nb_get", t, index), t->dtype);
+}
+
+void nb_set(nb_tensor *t, const int64_t *index, double value) {
+    nb__store(element_ptr("nb_set", t, index), t->dtype, value);
+}
+
+double nb_item(const nb_tensor *t) {
+    NB_CHECK(nb_numel(t) == 1, "nb_item: tensor of shape %s has %lld elements, not 1",
+             nb_shape_str(t), (long long)nb_numel(t));
+    int64_t zero[NB_MAX_DIMS] = {0};
+    return nb_get(t, zero);
+}
+
+/* ---- in place ---- */
+void nb_fill_(nb_tensor *t, double value) {
+    check_host("nb_fill_", t);
+    nb_tensor s = {0};
+    s.dtype = t->dtype;
+    s.device = t->device;
+    char buf[8];
+    nb__store(buf, t->dtype, value);
+    s.data = buf;
+    nb__cpu_copy(t, &s);
+}
+
+void nb_copy_(nb_tensor *dst, const nb_tensor *src) {
+    NB_CHECK(nb_same_shape(dst, src), "nb_copy_: shapes differ: %s vs %s", nb_shape_str(dst),
+             nb_shape_str(src));
+    check_host("nb_copy_", dst);
+    nb__cpu_copy(dst, src);
+}
+
+void nb_axpy_(nb_tensor *y, double alpha, const nb_tensor *x) {
+    NB_CHECK(nb_same_shape(y, x), "nb_axpy_: shapes differ: %s vs %s", nb_shape_str(y),
+             nb_shape_str(x));
+    nb__check_same_dtype("nb_axpy_", y, x);
+    nb__check_float("nb_axpy_", y);
+    int64_t n = nb_numel(y);
+    if (nb_is_contiguous(y) && nb_is_contiguous(x)) {
+        if (y->dtype == NB_F32) {
+            float *py = y->data, a = (float)alpha;
+            const float *px = x->data;
+            for (int64_t i = 0; i < n; i++) py[i] += a * px[i];
+        } else {
+            double *py = y->data;
+            const double *px = x->data;
+            for (int64_t i = 0; i < n; i++) py[i] += alpha * px[i];
+        }
+        return;
+    }
+    nb_ctx *tmp = nb_ctx_new(nb_cpu(), (size_t)n * nb_dtype_size(x->dtype) + 4096);
+    nb_tensor *sx = nb__empty(tmp, x->dtype, x->ndim, x->shape);
+    nb__cpu_unary(NB_U_MUL_S, sx, x, alpha);
+    nb__cpu_binary(NB_B_ADD, y, y, sx);
+    nb_ctx_free(tmp);
+}
+
+void nb_scale_(nb_tensor *t, double alpha) {
+    nb__check_float("nb_scale_", t);
+    nb__cpu_unary(NB_U_MUL_S, t, t, alpha);
+}
+
+void nb_set_name(nb_tensor *t, const char *name) {
+    if (!name) {
+        t->name = NULL;
+        return;
+    }
+    size_t n = strlen(name) + 1;
+    char *s = nb__ctx_meta(t->ctx, n);
+    memcpy(s, name, n);
+    t->name = s;
+}

@@ -1,0 +1,62 @@
+/* Shared test helpers (see testutil.h). */
+#include "testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+jmp_buf nbt_jmp;
+volatile int nbt_abort_armed;
+char nbt_abort_msg[1024];
+
+static void test_abort_handler(const char *file, int line, const char *message, void *user) {
+    (void)user;
+    snprintf(nbt_abort_msg, sizeof nbt_abort_msg, "%s", message);
+    if (nbt_abort_armed) longjmp(nbt_jmp, 1);
+    ck_abort_msg("unexpected nabla abort at %s:%d: %s", file, line, message);
+}
+
+nb_tensor *nbt_randn(nb_ctx *ctx, nb_dtype dtype, int ndim, const int64_t *shape, uint64_t seed) {
+    nb_rng rng = nb_rng_make(seed);
+    return nb_rand_normal(ctx, dtype, ndim, shape, 0.0, 1.0, &rng);
+}
+
+nb_tensor *nbt_randn_leaf(nb_ctx *ctx, nb_dtype dtype, int ndim, const int64_t *shape, uint64_t seed) {
+    nb_tensor *t = nbt_randn(ctx, dtype, ndim, shape, seed);
+    nb_set_requires_grad(t, true);
+    return t;
+}
+
+void nbt_assert_close(const nb_tensor *t, const double *expect, double atol, double rtol) {
+    int64_t n = nb_numel(t);
+    double *v = malloc(sizeof(double) * (size_t)(n ? n : 1));
+    nb_to_host_f64(t, v);
+    for (int64_t i = 0; i < n; i++) {
+        double tol = atol + rtol * fabs(expect[i]);
+        if (!(fabs(v[i] - expect[i]) <= tol)) {
+            double got = v[i];
+            free(v);
+            ck_abort_msg("element %lld of %s: got %.10g, expected %.10g (tol %.3g)", (long long)i,
+                         nb_shape_str(t), got, expect[i], tol);
+        }
+    }
+    free(v);
+}
+
+void nbt_assert_tensors_close(const nb_tensor *a, const nb_tensor *b, double atol, double rtol) {
+    ck_assert_msg(nb_same_shape(a, b), "shapes differ: %s vs %s", nb_shape_str(a), nb_shape_str(b));
+    int64_t n = nb_numel(b);
+    double *e = malloc(sizeof(double) * (size_t)(n ? n : 1));
+    nb_to_host_f64(b, e);
+    nbt_assert_close(a, e, atol, rtol);
+    free(e);
+}
+
+int nbt_run(Suite *s) {
+    nb_set_abort_handler(test_abort_handler, NULL);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}

@@ -1,0 +1,55 @@
+/* Shared test helpers for the Check suites.
+ *
+ * nbt_main() installs an abort handler: inside NBT_EXPECT_ABORT it
+ * longjmps back so the message can be asserted; anywhere else it fails the
+ * current test with the message (instead of killing the runner). */
+#ifndef NABLA_TESTUTIL_H
+#define NABLA_TESTUTIL_H
+
+#include <check.h>
+#include <setjmp.h>
+#include <string.h>
+
+#include "nabla/nabla.h"
+
+extern jmp_buf nbt_jmp;
+extern volatile int nbt_abort_armed;
+extern char nbt_abort_msg[1024];
+
+/* Runs `stmt`, which must abort with a message containing `substr`. */
+#define NBT_EXPECT_ABORT(stmt, substr)                                                    \
+    do {                                                                                  \
+        nbt_abort_armed = 1;                                                              \
+        nbt_abort_msg[0] = 0;                                                             \
+        if (setjmp(nbt_jmp) == 0) {                                                       \
+            stmt;                                                                         \
+            nbt_abort_armed = 0;                                                          \
+            ck_abort_msg("expected an abort containing \"%s\" from: %s", substr, #stmt);  \
+        }                                                                                 \
+        nbt_abort_armed = 0;                                                              \
+        ck_assert_msg(strstr(nbt_abort_msg, substr) != NULL,                              \
+                      "abort message \"%s\" lacks \"%s\"", nbt_abort_msg, substr);        \
+    } while (0)
+
+/* Gradient check with the defaults; fails the test with the worst element. */
+#define NBT_GRADCHECK(fn, user, n, inputs)                                                \
+    do {                                                                                  \
+        nb_gradcheck_result nbt_r_ = nb_gradcheck((fn), (user), (n), (inputs), 0, 0, 0);  \
+        ck_assert_msg(nbt_r_.ok, "%s", nbt_r_.message);                                   \
+    } while (0)
+
+/* Normal(0, 1) random tensor of any float dtype, from its own seed. */
+nb_tensor *nbt_randn(nb_ctx *ctx, nb_dtype dtype, int ndim, const int64_t *shape, uint64_t seed);
+/* Same, made to require grad (a leaf). */
+nb_tensor *nbt_randn_leaf(nb_ctx *ctx, nb_dtype dtype, int ndim, const int64_t *shape, uint64_t seed);
+
+/* Asserts |t[i] - expect[i]| <= atol + rtol |expect[i]| for every element
+ * (row-major order), reporting the first failing index. */
+void nbt_assert_close(const nb_tensor *t, const double *expect, double atol, double rtol);
+/* Same between two tensors of equal shape. */
+void nbt_assert_tensors_close(const nb_tensor *a, const nb_tensor *b, double atol, double rtol);
+
+/* Runs one suite with CK_NORMAL output; returns the process exit code. */
+int nbt_run(Suite *s);
+
+#endif
