@@ -1,0 +1,262 @@
+/* Autograd: the tape walk, accumulation, grad mode, detach, the timing of
+ * gradient-ready hooks, cross-context graphs, and gradcheck itself. */
+#include <math.h>
+
+#include "testutil.h"
+
+START_TEST(test_simple_chain) {
+    /* y = sum((a * b + a)^2): dy/da = 2 (ab + a)(b + 1), dy/db = 2 (ab + a) a */
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *a = nb_from_host(ctx, NB_F64, NB_SHAPE(3), (double[]){1, 2, -1});
+    nb_tensor *b = nb_from_host(ctx, NB_F64, NB_SHAPE(3), (double[]){0.5, -1, 3});
+    nb_set_requires_grad(a, true);
+    nb_set_requires_grad(b, true);
+    nb_tensor *y = nb_sum_all(ctx, nb_pow(ctx, nb_add(ctx, nb_mul(ctx, a, b), a), 2));
+    ck_assert(y->requires_grad);
+    ck_assert_ptr_nonnull(y->node);
+    nb_backward(y);
+    double ga[3], gb[3], av[3] = {1, 2, -1}, bv[3] = {0.5, -1, 3};
+    for (int i = 0; i < 3; i++) {
+        double u = av[i] * bv[i] + av[i];
+        ga[i] = 2 * u * (bv[i] + 1);
+        gb[i] = 2 * u * av[i];
+    }
+    nbt_assert_close(a->grad, ga, 1e-12, 1e-12);
+    nbt_assert_close(b->grad, gb, 1e-12, 1e-12);
+    /* a second backward accumulates into leaves */
+    nb_tensor *y2 = nb_sum_all(ctx, nb_mul(ctx, a, b));
+    nb_backward(y2);
+    for (int i = 0; i < 3; i++) ga[i] += bv[i];
+    nbt_assert_close(a->grad, ga, 1e-12, 1e-12);
+    nb_zero_grad(a);
+    double zero[3] = {0};
+    nbt_assert_close(a->grad, zero, 0, 0);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+START_TEST(test_reused_intermediate) {
+    /* z = x * x used twice: y = sum(z + z * z) -> dy/dx = (1 + 2 z) 2x */
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *x = nb_from_host(ctx, NB_F64, NB_SHAPE(2), (double[]){1.5, -0.5});
+    nb_set_requires_grad(x, true);
+    nb_tensor *z = nb_mul(ctx, x, x);
+    nb_backward(nb_sum_all(ctx, nb_add(ctx, z, nb_mul(ctx, z, z))));
+    double e[2];
+    double xv[2] = {1.5, -0.5};
+    for (int i = 0; i < 2; i++) e[i] = (1 + 2 * xv[i] * xv[i]) * 2 * xv[i];
+    nbt_assert_close(x->grad, e, 1e-12, 1e-12);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+START_TEST(test_no_grad_and_detach) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *x = nbt_randn_leaf(ctx, NB_F32, NB_SHAPE(4), 1);
+    ck_assert(nb_grad_enabled());
+    bool prev = nb_no_grad_begin();
+    nb_tensor *y = nb_mul(ctx, x, x);
+    nb_no_grad_end(prev);
+    ck_assert(!y->requires_grad);
+    ck_assert_ptr_null(y->node);
+    ck_assert(nb_grad_enabled());
+    NBT_EXPECT_ABORT(nb_backward(nb_sum_all(ctx, y)), "does not require grad");
+    nb_tensor *d = nb_detach(ctx, x);
+    ck_assert(!d->requires_grad);
+    ck_assert_ptr_eq(d->data, x->data);
+    /* gradient flows only through the non-detached factor */
+    nb_backward(nb_sum_all(ctx, nb_mul(ctx, x, d)));
+    nbt_assert_tensors_close(x->grad, x, 0, 0);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+START_TEST(test_errors) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *x = nbt_randn_leaf(ctx, NB_F32, NB_SHAPE(2, 3), 1);
+    NBT_EXPECT_ABORT(nb_backward(nb_mul(ctx, x, x)), "one element, got shape (2, 3)");
+    nb_tensor *i = nb_zeros(ctx, NB_I64, NB_SHAPE(2));
+    NBT_EXPECT_ABORT(nb_set_requires_grad(i, true), "only float tensors");
+    nb_tensor *y = nb_mul(ctx, x, x);
+    NBT_EXPECT_ABORT(nb_add_grad_hook(y, NULL, NULL), "NULL hook");
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+START_TEST(test_cross_context_graph_rejected) {
+    nb_ctx *c1 = nb_ctx_new(nb_cpu(), 0), *c2 = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *x = nbt_randn_leaf(c1, NB_F32, NB_SHAPE(3), 1);
+    nb_tensor *h = nb_exp(c1, x);
+    nb_tensor *loss = nb_sum_all(c2, h);
+    NBT_EXPECT_ABORT(nb_backward(loss), "another context");
+    nb_ctx_free(c1);
+    nb_ctx_free(c2);
+}
+END_TEST
+
+/* ---- hooks ---- */
+typedef struct hook_log {
+    int calls[4];
+    int order[8];
+    int n;
+    nb_tensor *w1;
+    bool w1_grad_was_null;
+} hook_log;
+
+static hook_log *g_log;
+
+static void hook0(nb_tensor *t, void *u) {
+    hook_log *l = u;
+    l->calls[0]++;
+    l->order[l->n++] = 0;
+}
+static void hook1(nb_tensor *t, void *u) {
+    hook_log *l = u;
+    l->calls[1]++;
+    l->order[l->n++] = 1;
+    /* the later layer's weight is ready before the earlier layer's backward ran */
+    l->w1_grad_was_null = l->w1->grad == NULL;
+}
+static void hook1b(nb_tensor *t, void *u) {
+    hook_log *l = u;
+    l->calls[2]++;
+    l->order[l->n++] = 2;
+}
+
+START_TEST(test_hooks_fire_once_and_early) {
+    nb_ctx *params = nb_ctx_new(nb_cpu(), 0), *ctx = nb_ctx_new(nb_cpu(), 0);
+    hook_log log = {0};
+    g_log = &log;
+    nb_tensor *w0 = nbt_randn_leaf(params, NB_F64, NB_SHAPE(4), 1); /* first layer */
+    nb_tensor *w1 = nbt_randn_leaf(params, NB_F64, NB_SHAPE(4), 2); /* second layer */
+    log.w1 = w0;
+    nb_add_grad_hook(w0, hook0, &log);
+    nb_add_grad_hook(w1, hook1, &log);
+    nb_add_grad_hook(w1, hook1b, &log);
+    nb_tensor *x = nbt_randn(ctx, NB_F64, NB_SHAPE(4), 3);
+    /* w0 is used twice (two tape uses), w1 once, after w0 */
+    nb_tensor *h = nb_tanh(ctx, nb_add(ctx, nb_mul(ctx, x, w0), w0));
+    nb_tensor *loss = nb_sum_all(ctx, nb_mul(ctx, h, w1));
+    /* a use outside the loss's graph must not hold back the hook */
+    nb_tensor *metric = nb_sum_all(ctx, nb_mul(ctx, w0, w0));
+    (void)metric;
+    nb_backward(loss);
+    ck_assert_int_eq(log.calls[0], 1);
+    ck_assert_int_eq(log.calls[1], 1);
+    ck_assert_int_eq(log.calls[2], 1);
+    ck_assert_int_eq(log.n, 3);
+    ck_assert_int_eq(log.order[0], 1); /* w1 first, in registration order */
+    ck_assert_int_eq(log.order[1], 2);
+    ck_assert_int_eq(log.order[2], 0);
+    ck_assert(log.w1_grad_was_null);
+    /* next step: again once each */
+    nb_ctx_reset(ctx);
+    log.n = 0;
+    x = nbt_randn(ctx, NB_F64, NB_SHAPE(4), 4);
+    loss = nb_sum_all(ctx, nb_mul(ctx, nb_mul(ctx, x, w0), w1));
+    nb_backward(loss);
+    ck_assert_int_eq(log.calls[0], 2);
+    ck_assert_int_eq(log.calls[1], 2);
+    /* a leaf that gets no gradient in a pass gets no hook call */
+    nb_ctx_reset(ctx);
+    loss = nb_sum_all(ctx, nb_exp(ctx, w1));
+    nb_backward(loss);
+    ck_assert_int_eq(log.calls[0], 2);
+    ck_assert_int_eq(log.calls[1], 3);
+    nb_ctx_free(ctx);
+    nb_ctx_free(params);
+}
+END_TEST
+
+START_TEST(test_cast_backward) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *x = nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(3), 1);
+    nb_tensor *y = nb_cast(ctx, nb_mul_scalar(ctx, nb_cast(ctx, x, NB_F32), 2), NB_F64);
+    nb_backward(nb_sum_all(ctx, y));
+    ck_assert_int_eq(x->grad->dtype, NB_F64);
+    double e[3] = {2, 2, 2};
+    nbt_assert_close(x->grad, e, 0, 0);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+START_TEST(test_set_grad_buffer) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *w = nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(2, 2), 1);
+    nb_tensor *bucket = nb_zeros(ctx, NB_F64, NB_SHAPE(6));
+    nb_tensor *view = nb_reshape(ctx, nb_narrow(ctx, bucket, 0, 1, 4), NB_SHAPE(2, 2));
+    nb_set_grad(w, view);
+    nb_backward(nb_sum_all(ctx, nb_mul_scalar(ctx, w, 3)));
+    double e[6] = {0, 3, 3, 3, 3, 0};
+    nbt_assert_close(bucket, e, 0, 0);
+    NBT_EXPECT_ABORT(nb_set_grad(w, bucket), "does not match");
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+static nb_tensor *wrong_grad_fn(nb_ctx *ctx, nb_tensor *const *in, void *u) {
+    /* forward is x^2, but the tape says the derivative of 2.1 x^2 (via a detached scale) */
+    nb_tensor *x = in[0];
+    nb_tensor *sq = nb_mul(ctx, x, x);
+    nb_tensor *extra = nb_mul_scalar(ctx, nb_mul(ctx, x, nb_detach(ctx, x)), 0.1);
+    nb_tensor *extra_no_value = nb_sub(ctx, extra, nb_detach(ctx, extra));
+    return nb_add(ctx, sq, extra_no_value);
+}
+
+static nb_tensor *right_fn(nb_ctx *ctx, nb_tensor *const *in, void *u) { return nb_mul(ctx, in[0], in[0]); }
+
+START_TEST(test_gradcheck_catches_wrong_gradients) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *x = nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(5), 1);
+    nb_gradcheck_result ok = nb_gradcheck(right_fn, NULL, 1, &x, 0, 0, 0);
+    ck_assert_msg(ok.ok, "%s", ok.message);
+    nb_gradcheck_result bad = nb_gradcheck(wrong_grad_fn, NULL, 1, &x, 0, 0, 0);
+    ck_assert(!bad.ok);
+    ck_assert_int_eq(bad.worst_input, 0);
+    ck_assert(bad.worst_index >= 0 && bad.worst_index < 5);
+    ck_assert(strstr(bad.message, "FAILED") != NULL);
+    nb_tensor *f = nbt_randn_leaf(ctx, NB_F32, NB_SHAPE(5), 1);
+    NBT_EXPECT_ABORT(nb_gradcheck(right_fn, NULL, 1, &f, 0, 0, 0), "gradcheck needs f64");
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+static nb_tensor *views_fn(nb_ctx *ctx, nb_tensor *const *in, void *u) {
+    /* every view op in one graph */
+    nb_tensor *x = in[0];                                      /* (2, 3, 4) */
+    nb_tensor *t = nb_transpose(ctx, x, 0, 2);                 /* (4, 3, 2) */
+    nb_tensor *s = nb_slice(ctx, t, 0, 1, 4, 2);               /* (2, 3, 2) */
+    nb_tensor *r = nb_reshape(ctx, s, NB_SHAPE(3, 4));         /* copies */
+    nb_tensor *sel = nb_select(ctx, x, 1, 2);                  /* (2, 4) */
+    nb_tensor *p = nb_permute(ctx, sel, (int[]){1, 0});        /* (4, 2) */
+    nb_tensor *e = nb_expand(ctx, nb_unsqueeze(ctx, nb_narrow(ctx, p, 1, 1, 1), 0), NB_SHAPE(3, 4, 1));
+    nb_tensor *q = nb_squeeze(ctx, e, 2);                      /* (3, 4) */
+    nb_tensor *c = nb_cast(ctx, nb_clone(ctx, q), NB_F64);
+    return nb_add(ctx, nb_mul(ctx, r, r), nb_mul(ctx, q, c));
+}
+
+START_TEST(test_gradcheck_views) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *x = nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(2, 3, 4), 9);
+    nb_gradcheck_result r = nb_gradcheck(views_fn, NULL, 1, &x, 1e-6, 1e-4, 1e-3);
+    ck_assert_msg(r.ok, "%s", r.message);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+int main(void) {
+    Suite *s = suite_create("autograd");
+    TCase *tc = tcase_create("core");
+    tcase_add_test(tc, test_simple_chain);
+    tcase_add_test(tc, test_reused_intermediate);
+    tcase_add_test(tc, test_no_grad_and_detach);
+    tcase_add_test(tc, test_errors);
+    tcase_add_test(tc, test_cross_context_graph_rejected);
+    tcase_add_test(tc, test_hooks_fire_once_and_early);
+    tcase_add_test(tc, test_cast_backward);
+    tcase_add_test(tc, test_set_grad_buffer);
+    tcase_add_test(tc, test_gradcheck_catches_wrong_gradients);
+    tcase_add_test(tc, test_gradcheck_views);
+    suite_add_tcase(s, tc);
+    return nbt_run(s);
+}
