@@ -65,6 +65,16 @@ nb_tensor *nb__sum_to(nb_ctx *ctx, nb_tensor *g, int ndim, const int64_t *shape)
         for (int d = 0; d < ndim; d++) same &= g->shape[d] == shape[d];
         if (same) return g;
     }
+    if (g->ndim < ndim) { /* g lacks leading size-1 dims of the target */
+        int64_t gs[NB_MAX_DIMS], gst[NB_MAX_DIMS];
+        int pad = ndim - g->ndim;
+        for (int d = 0; d < ndim; d++) {
+            gs[d] = d < pad ? 1 : g->shape[d - pad];
+            gst[d] = d < pad ? 0 : g->strides[d - pad];
+        }
+        g = nb__view(ctx, g, ndim, gs, gst, g->data);
+        return nb__sum_to(ctx, g, ndim, shape);
+    }
     nb_tensor *out = nb_zeros(ctx, g->dtype, ndim, shape);
     /* out seen with g's shape: zero strides on the broadcast dims; the
      * sequential add accumulates every element that maps to one place. */

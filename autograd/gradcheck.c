@@ -48,6 +48,10 @@ nb_gradcheck_result nb_gradcheck(nb_gradcheck_fn fn, void *user, int n_inputs, n
         NB_CHECK(!inputs[i]->requires_grad || inputs[i]->dtype == NB_F64,
                  "nb_gradcheck: input %d (%s) requires grad but is %s; gradcheck needs f64", i,
                  nb_shape_str(inputs[i]), nb_dtype_name(inputs[i]->dtype));
+    for (int i = 0; i < n_inputs; i++)
+        NB_CHECK(inputs[i]->node == NULL,
+                 "nb_gradcheck: input %d (%s) was made by %s; pass leaves and apply views inside fn",
+                 i, nb_shape_str(inputs[i]), inputs[i]->node ? inputs[i]->node->op : "");
     nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0), *scratch = nb_ctx_new(nb_cpu(), 0);
     for (int i = 0; i < n_inputs; i++)
         if (inputs[i]->requires_grad) nb_zero_grad(inputs[i]);

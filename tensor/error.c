@@ -37,7 +37,7 @@ nb_abort_handler nb_set_abort_handler(nb_abort_handler handler, void *user) {
     return prev;
 }
 
-_Noreturn void nb_abort(const char *file, int line, const char *fmt, ...) {
+NB_NORETURN void nb_abort(const char *file, int line, const char *fmt, ...) {
     char msg[1024];
     va_list ap;
     va_start(ap, fmt);

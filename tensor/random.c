@@ -6,7 +6,8 @@
  *   normal:  Box-Muller on lanes 0,1 of philox(seed, offset + i / 2):
  *            u1 = (x0 + 1) * 2^-32 (never 0), u2 = x1 * 2^-32,
  *            r = sqrt(-2 ln u1); element i even -> r cos(2 pi u2), odd -> r sin(2 pi u2);
- *   dropout: element i kept when its uniform (as above) >= p.
+ *   dropout: element i kept when its uniform (as above), compared as a double,
+ *            is >= p (a CUDA kernel must compare in double too).
  * Afterwards the offset advances by ceil(n/4) (uniform, dropout) or
  * ceil(n/2) (normal). CUDA kernels compute the same function. */
 #include "nabla/random.h"

@@ -55,7 +55,12 @@ typedef void (*nb_abort_handler)(const char *file, int line, const char *message
  * returns the previous one. */
 nb_abort_handler nb_set_abort_handler(nb_abort_handler handler, void *user);
 
-_Noreturn void nb_abort(const char *file, int line, const char *fmt, ...)
+#ifdef __cplusplus
+#define NB_NORETURN [[noreturn]]
+#else
+#define NB_NORETURN _Noreturn
+#endif
+NB_NORETURN void nb_abort(const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
 #define NB_ABORT(...) nb_abort(__FILE__, __LINE__, __VA_ARGS__)

@@ -77,7 +77,9 @@ typedef struct nb_cross_entropy_opts {
 } nb_cross_entropy_opts;
 #define NB_CROSS_ENTROPY_DEFAULTS ((nb_cross_entropy_opts){-100, 0.0})
 /* logits (N, C), targets (N) of i32/i64 class indices; mean over the
- * targets not ignored. opts NULL: the defaults. */
+ * targets not ignored (all ignored: NaN, as 0/0, with a zero gradient).
+ * Label smoothing eps: (1 - eps) (-log p_target) + eps/C sum_c (-log p_c).
+ * opts NULL: the defaults. */
 nb_tensor *nb_cross_entropy(nb_ctx *ctx, nb_tensor *logits, nb_tensor *targets,
                             const nb_cross_entropy_opts *opts);
 /* mean((pred - target)^2); same shapes. */
@@ -92,7 +94,8 @@ nb_tensor *nb_embedding(nb_ctx *ctx, nb_tensor *weight, nb_tensor *indices);
  * dims' shape or are NULL. */
 nb_tensor *nb_layer_norm(nb_ctx *ctx, nb_tensor *x, int norm_ndim, nb_tensor *weight,
                          nb_tensor *bias, double eps);
-/* x (N, C, ..). Training: batch statistics; running_mean/var (C) updated
+/* x (N, C, ..). Training: batch statistics (needs more than one value per
+ * channel); running_mean/var (C), both or neither, updated
  * in place when given (momentum; the running variance is unbiased).
  * Eval: running statistics. weight, bias (C) or NULL. */
 nb_tensor *nb_batch_norm(nb_ctx *ctx, nb_tensor *x, nb_tensor *weight, nb_tensor *bias,

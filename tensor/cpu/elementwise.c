@@ -96,7 +96,7 @@ typedef struct unary_arg {
 #define INV_SQRT_2 0.7071067811865476
 #define INV_SQRT_2PI 0.3989422804014327
 
-#define UNARY_CASES(T, EXP, LOG, SQRT, TANH, ERF, POW, FABS)                                  \
+#define UNARY_CASES(T, EXP, LOG, SQRT, TANH, ERF, POW, FABS, GTANH)                            \
     case NB_U_NEG: LOOP(-x); break;                                                          \
     case NB_U_EXP: LOOP(EXP(x)); break;                                                      \
     case NB_U_LOG: LOOP(LOG(x)); break;                                                      \
@@ -112,7 +112,7 @@ typedef struct unary_arg {
     case NB_U_RELU_MASK: LOOP(x > 0 ? (T)1 : (T)0); break;                                   \
     case NB_U_GELU: LOOP((T)0.5 * x * ((T)1 + ERF(x * (T)INV_SQRT_2))); break;               \
     case NB_U_GELU_TANH:                                                                     \
-        LOOP((T)0.5 * x * ((T)1 + TANH((T)SQRT_2_OVER_PI * (x + (T)0.044715 * x * x * x))));  \
+        LOOP((T)0.5 * x * ((T)1 + GTANH((T)SQRT_2_OVER_PI * (x + (T)0.044715 * x * x * x)))); \
         break;                                                                               \
     case NB_U_GELU_GRAD:                                                                     \
         LOOP((T)0.5 * ((T)1 + ERF(x * (T)INV_SQRT_2)) +                                      \
@@ -124,9 +124,13 @@ typedef struct unary_arg {
     case NB_U_ADD_S: LOOP(x + s); break;                                                     \
     case NB_U_MUL_S: LOOP(x * s); break;
 
+/* tanh through one expf: several times faster than tanhf, and accurate to
+ * about 1e-7 absolute, which is all GELU's 0.5 x (1 + t) needs. */
+static inline float tanh_via_exp(float u) { return 1.0f - 2.0f / (1.0f + expf(2.0f * u)); }
+
 static inline float gelu_tanh_grad_float(float x) {
     float k = (float)SQRT_2_OVER_PI, c = 0.044715f;
-    float t = tanhf(k * (x + c * x * x * x));
+    float t = tanh_via_exp(k * (x + c * x * x * x));
     return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * k * (1.0f + 3.0f * c * x * x);
 }
 static inline double gelu_tanh_grad_double(double x) {
@@ -150,7 +154,7 @@ static void unary_f32(int64_t n, char **p, const int64_t *st, const void *varg) 
             *(float *)(p[0] + i * st[0]) = (EXPR);                                           \
         }                                                                                    \
     }
-    switch (arg->op) { UNARY_CASES(float, expf, logf, sqrtf, tanhf, erff, powf, fabsf) }
+    switch (arg->op) { UNARY_CASES(float, expf, logf, sqrtf, tanhf, erff, powf, fabsf, tanh_via_exp) }
 #undef LOOP
 }
 
@@ -169,7 +173,7 @@ static void unary_f64(int64_t n, char **p, const int64_t *st, const void *varg) 
             *(double *)(p[0] + i * st[0]) = (EXPR);                                          \
         }                                                                                    \
     }
-    switch (arg->op) { UNARY_CASES(double, exp, log, sqrt, tanh, erf, pow, fabs) }
+    switch (arg->op) { UNARY_CASES(double, exp, log, sqrt, tanh, erf, pow, fabs, tanh) }
 #undef LOOP
 }
 

@@ -1,0 +1,93 @@
+# The front door: `make demo`, `make test`. CMake does the real work; this
+# file installs what the build needs (Debian packages) and names the usual
+# commands. Run `make help` for the list.
+
+BUILD_DIR      ?= build
+ASAN_BUILD_DIR ?= build-asan
+BUILD_TYPE     ?= Release
+CMAKE_ARGS     ?=
+PREFIX         ?= /usr/local
+JOBS           ?= $(shell nproc 2>/dev/null || echo 2)
+CTEST_JOBS     ?= 2
+CTEST_ARGS     ?=
+
+# What `deps` makes sure is installed. The CUDA toolkit, cuDNN and NCCL are
+# not Debian packages here; CMake finds them when present (see README).
+DEB_PACKAGES ?= cmake pkg-config gcc g++ make check libsubunit-dev \
+                libopenblas-dev libgloo-dev python3
+
+CTEST := ctest --output-on-failure --no-tests=error -j$(CTEST_JOBS) $(CTEST_ARGS)
+
+.PHONY: all help deps build test test-asan demo bench install clean
+
+all: build
+
+help:
+	@echo "make deps       install the Debian packages the build needs (apt-get, only what is missing)"
+	@echo "make build      configure (once) and build into $(BUILD_DIR)/"
+	@echo "make test       build, then run every test with ctest"
+	@echo "make test-asan  the same with AddressSanitizer + UBSan, in $(ASAN_BUILD_DIR)/"
+	@echo "make demo       build, then train the demo MLP ($(BUILD_DIR)/bin/demo_mlp)"
+	@echo "make bench      build, then run every benchmark ($(BUILD_DIR)/bin/bench_*)"
+	@echo "make install    install the library, headers, CMake and pkg-config files to PREFIX=$(PREFIX)"
+	@echo "make clean      remove $(BUILD_DIR)/ and $(ASAN_BUILD_DIR)/"
+	@echo "Variables: BUILD_DIR BUILD_TYPE CMAKE_ARGS (e.g. -DNABLA_CUDA=OFF) PREFIX JOBS CTEST_JOBS CTEST_ARGS"
+
+# Installs only what dpkg does not already list as installed, so that the
+# common case costs no network and needs no root.
+deps:
+	@missing=""; \
+	for p in $(DEB_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' "$$p" 2>/dev/null | grep -q "install ok installed" \
+	    || missing="$$missing $$p"; \
+	done; \
+	if [ -z "$$missing" ]; then echo "deps: all packages present"; exit 0; fi; \
+	echo "deps: missing:$$missing"; \
+	sudo=""; \
+	if [ "$$(id -u)" -ne 0 ]; then \
+	  if command -v sudo >/dev/null 2>&1; then sudo="sudo -n"; \
+	  else echo "deps: not root and no sudo; install:$$missing" >&2; exit 1; fi; \
+	fi; \
+	$$sudo env DEBIAN_FRONTEND=noninteractive apt-get update </dev/null && \
+	$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$missing </dev/null
+
+# Configures when $(1) has no build system yet, or when CMAKE_ARGS asks for
+# a change; otherwise `cmake --build` re-runs CMake by itself when
+# CMakeLists.txt or the set of source files changes.
+configure = \
+	if [ -n "$(strip $(CMAKE_ARGS))" ] || { [ ! -f $(1)/Makefile ] && [ ! -f $(1)/build.ninja ]; }; then \
+	  echo "cmake -S . -B $(1) $(2) $(CMAKE_ARGS)"; \
+	  cmake -S . -B $(1) $(2) $(CMAKE_ARGS); \
+	fi
+
+build: deps
+	@$(call configure,$(BUILD_DIR),-DCMAKE_BUILD_TYPE=$(BUILD_TYPE))
+	cmake --build $(BUILD_DIR) -j$(JOBS)
+
+test: build
+	$(CTEST) --test-dir $(BUILD_DIR)
+
+test-asan: deps
+	@$(call configure,$(ASAN_BUILD_DIR),-DCMAKE_BUILD_TYPE=Debug -DNABLA_SANITIZE=ON)
+	cmake --build $(ASAN_BUILD_DIR) -j$(JOBS)
+	$(CTEST) --test-dir $(ASAN_BUILD_DIR)
+
+demo: build
+	@test -x $(BUILD_DIR)/bin/demo_mlp || \
+	  { echo "demo: $(BUILD_DIR)/bin/demo_mlp was not built (examples/demo_mlp.c missing?)" >&2; exit 1; }
+	$(BUILD_DIR)/bin/demo_mlp
+
+bench: build
+	@set -e; found=0; \
+	for b in $(BUILD_DIR)/bin/bench_*; do \
+	  [ -x "$$b" ] || continue; found=1; \
+	  echo "== $$b"; "$$b"; \
+	done; \
+	[ $$found -eq 1 ] || echo "bench: no benchmarks built yet (benchmarks/bench_*.c)"
+
+install: build
+	cmake --install $(BUILD_DIR) --prefix $(PREFIX)
+	@if [ "$$(id -u)" -eq 0 ] && command -v ldconfig >/dev/null 2>&1; then ldconfig; fi
+
+clean:
+	rm -rf $(BUILD_DIR) $(ASAN_BUILD_DIR)

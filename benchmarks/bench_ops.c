@@ -1,0 +1,267 @@
+/* CPU op benchmarks, printed as one table:
+ *  - matmul GFLOP/s of nb_matmul against cblas_sgemm called directly on
+ *    the same buffers (square sizes and a transformer MLP shape, where
+ *    nb_matmul gets a (B, T, C) input and BLAS the flat (B*T, C) matrix);
+ *  - elementwise GB/s of nb_add and nb_gelu, counting bytes read + written;
+ *  - the fixed cost of one tiny op (nb_add on 4 elements) with grad mode
+ *    off and with an input that requires grad (dispatch + tape node), the
+ *    step context reset after every call as a training loop does.
+ * Each figure is the best of a few rounds that each repeat the call for a
+ * share of a time budget; the whole program takes well under 30 s.
+ * `--quick` runs tiny sizes (a smoke check). Exits 1 if nb_matmul and
+ * cblas_sgemm disagree. */
+#include <cblas.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <nabla/nabla.h>
+
+typedef struct bench_cfg {
+    bool quick;
+    double budget_s; /* per measured function */
+} bench_cfg;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+typedef void (*bench_fn)(void *arg);
+
+/* Seconds per call, averaged over batches of calls that together run for
+ * at least `budget_s`. */
+static double time_per_call(bench_fn fn, void *arg, double budget_s) {
+    long calls = 0, batch = 1;
+    double start = now_s(), elapsed = 0;
+    while (elapsed < budget_s) {
+        for (long i = 0; i < batch; i++) fn(arg);
+        calls += batch;
+        elapsed = now_s() - start;
+        if (elapsed < budget_s / 8) batch *= 2;
+    }
+    return elapsed / (double)calls;
+}
+
+#define ROUNDS 3
+
+/* Best of ROUNDS interleaved rounds for each of n functions, after one
+ * warm-up call each: interleaving keeps a change in machine load from
+ * favouring one side of a comparison. */
+static void time_best(int n, const bench_fn *fns, void *arg, double budget_s, double *best) {
+    for (int i = 0; i < n; i++) {
+        fns[i](arg);
+        best[i] = INFINITY;
+    }
+    for (int r = 0; r < ROUNDS; r++)
+        for (int i = 0; i < n; i++) {
+            double t = time_per_call(fns[i], arg, budget_s / ROUNDS);
+            if (t < best[i]) best[i] = t;
+        }
+}
+
+static const char *fmt_time(double s, char *buf, size_t n) {
+    if (s < 1e-6) snprintf(buf, n, "%.1f ns", s * 1e9);
+    else if (s < 1e-3) snprintf(buf, n, "%.2f us", s * 1e6);
+    else if (s < 1.0) snprintf(buf, n, "%.2f ms", s * 1e3);
+    else snprintf(buf, n, "%.3f s", s);
+    return buf;
+}
+
+#define ROW_FMT "%-34s %-24s %11s %16s %16s %9s"
+
+/* One table line, without trailing blanks. */
+static void print_row(const char *c0, const char *c1, const char *c2, const char *c3,
+                      const char *c4, const char *c5) {
+    char line[256];
+    int n = snprintf(line, sizeof line, ROW_FMT, c0, c1, c2, c3, c4, c5);
+    if (n > (int)sizeof line - 1) n = (int)sizeof line - 1;
+    while (n > 0 && (line[n - 1] == ' ' || line[n - 1] == '\n')) line[--n] = 0;
+    puts(line);
+}
+
+static void row(const char *name, const char *shape, double t, const char *rate, const char *ref,
+                const char *ratio) {
+    char tb[32];
+    print_row(name, shape, fmt_time(t, tb, sizeof tb), rate, ref, ratio);
+}
+
+/* ---- matmul ---- */
+
+typedef struct mm_arg {
+    nb_ctx *step;
+    nb_tensor *a, *b, *out;
+    bool tb;
+    int m, n, k; /* the flat GEMM */
+    float *c;    /* cblas output */
+} mm_arg;
+
+static void run_nb_matmul(void *p) {
+    mm_arg *a = p;
+    nb_ctx_reset(a->step);
+    a->out = nb_matmul_t(a->step, a->a, a->b, false, a->tb);
+}
+
+static void run_cblas(void *p) {
+    mm_arg *a = p;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, a->tb ? CblasTrans : CblasNoTrans, a->m, a->n, a->k, 1.0f,
+                a->a->data, a->k, a->b->data, a->tb ? a->k : a->n, 0.0f, a->c, a->n);
+}
+
+/* Returns false when the two results disagree. */
+static bool bench_matmul(const bench_cfg *cfg, nb_ctx *pers, nb_ctx *step, const char *name,
+                         int nda, const int64_t *sa, int64_t k, int64_t n, bool tb) {
+    nb_rng rng = nb_rng_make(7);
+    nb_tensor *a = nb_rand_normal(pers, NB_F32, nda, sa, 0, 1, &rng);
+    nb_tensor *b = tb ? nb_rand_normal(pers, NB_F32, 2, (int64_t[]){n, k}, 0, 1, &rng)
+                      : nb_rand_normal(pers, NB_F32, 2, (int64_t[]){k, n}, 0, 1, &rng);
+    int64_t m = nb_numel(a) / k;
+    mm_arg arg = {step, a, b, NULL, tb, (int)m, (int)n, (int)k, malloc(sizeof(float) * (size_t)(m * n))};
+    double t[2];
+    time_best(2, (bench_fn[]){run_nb_matmul, run_cblas}, &arg, cfg->budget_s, t);
+    double t_nb = t[0], t_bl = t[1];
+
+    run_nb_matmul(&arg);
+    run_cblas(&arg);
+    const float *o = arg.out->data;
+    double worst = 0;
+    for (int64_t i = 0; i < m * n; i++) {
+        double d = fabs((double)o[i] - (double)arg.c[i]) / (1.0 + fabs((double)arg.c[i]));
+        if (d > worst) worst = d;
+    }
+    free(arg.c);
+
+    double flop = 2.0 * (double)m * (double)n * (double)k;
+    char shape[64], rate[32], ref[32], ratio[16];
+    if (nda == 2)
+        snprintf(shape, sizeof shape, "%lldx%lld @ %lldx%lld%s", (long long)m, (long long)k,
+                 (long long)(tb ? n : k), (long long)(tb ? k : n), tb ? "^T" : "");
+    else
+        snprintf(shape, sizeof shape, "%lldx%lldx%lld @ %lldx%lld%s", (long long)sa[0],
+                 (long long)sa[1], (long long)sa[2], (long long)(tb ? n : k),
+                 (long long)(tb ? k : n), tb ? "^T" : "");
+    snprintf(rate, sizeof rate, "%.1f GFLOP/s", flop / t_nb * 1e-9);
+    snprintf(ref, sizeof ref, "%.1f GFLOP/s", flop / t_bl * 1e-9);
+    snprintf(ratio, sizeof ratio, "%.2fx", t_bl / t_nb);
+    row(name, shape, t_nb, rate, ref, ratio);
+    if (worst > 1e-4) {
+        fprintf(stderr, "bench_ops: nb_matmul and cblas_sgemm differ on %s (relative %.3g)\n",
+                shape, worst);
+        return false;
+    }
+    return true;
+}
+
+/* ---- elementwise ---- */
+
+typedef struct ew_arg {
+    nb_ctx *step;
+    nb_tensor *x, *y;
+} ew_arg;
+
+static void run_add(void *p) {
+    ew_arg *a = p;
+    nb_ctx_reset(a->step);
+    nb_add(a->step, a->x, a->y);
+}
+
+static void run_gelu(void *p) {
+    ew_arg *a = p;
+    nb_ctx_reset(a->step);
+    nb_gelu(a->step, a->x, NB_GELU_TANH);
+}
+
+static void run_gelu_exact(void *p) {
+    ew_arg *a = p;
+    nb_ctx_reset(a->step);
+    nb_gelu(a->step, a->x, NB_GELU_EXACT);
+}
+
+static void bench_elementwise(const bench_cfg *cfg, nb_ctx *pers, nb_ctx *step, int64_t numel) {
+    nb_rng rng = nb_rng_make(11);
+    ew_arg arg = {step, nb_rand_normal(pers, NB_F32, 1, &numel, 0, 1, &rng),
+                  nb_rand_normal(pers, NB_F32, 1, &numel, 0, 1, &rng)};
+    struct { const char *name; bench_fn fn; int tensors; } cases[] = {
+        {"nb_add f32 (2 reads, 1 write)", run_add, 3},
+        {"nb_gelu f32 tanh (1 read, 1 write)", run_gelu, 2},
+        {"nb_gelu f32 exact", run_gelu_exact, 2},
+    };
+    char shape[32], rate[32];
+    snprintf(shape, sizeof shape, "%lld", (long long)numel);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        double t;
+        time_best(1, &cases[i].fn, &arg, cfg->budget_s, &t);
+        double bytes = (double)cases[i].tensors * (double)numel * sizeof(float);
+        snprintf(rate, sizeof rate, "%.2f GB/s", bytes / t * 1e-9);
+        row(cases[i].name, shape, t, rate, "", "");
+    }
+}
+
+/* ---- fixed cost ---- */
+
+static void run_reset(void *p) { nb_ctx_reset(((ew_arg *)p)->step); }
+
+static void bench_fixed_cost(const bench_cfg *cfg, nb_ctx *pers, nb_ctx *step) {
+    ew_arg plain = {step, nb_ones(pers, NB_F32, 1, (int64_t[]){4}), nb_ones(pers, NB_F32, 1, (int64_t[]){4})};
+    ew_arg leaf = {step, nb_ones(pers, NB_F32, 1, (int64_t[]){4}), plain.y};
+    nb_set_requires_grad(leaf.x, true);
+
+    bool prev = nb_set_grad_enabled(false);
+    double t_off, t_grad, t_reset;
+    time_best(1, (bench_fn[]){run_add}, &plain, cfg->budget_s, &t_off);
+    time_best(1, (bench_fn[]){run_reset}, &plain, cfg->budget_s, &t_reset);
+    nb_set_grad_enabled(true);
+    time_best(1, (bench_fn[]){run_add}, &leaf, cfg->budget_s, &t_grad);
+    nb_set_grad_enabled(prev);
+
+    row("nb_add, grad mode off", "4", t_off, "", "", "");
+    row("nb_add, requires-grad input", "4", t_grad, "", "", "");
+    row("  (of which nb_ctx_reset)", "-", t_reset, "", "", "");
+}
+
+int main(int argc, char **argv) {
+    bench_cfg cfg = {false, 0.3};
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--quick") == 0) {
+            cfg.quick = true;
+            cfg.budget_s = 0.01;
+        } else {
+            fprintf(stderr, "usage: %s [--quick]\n", argv[0]);
+            return 2;
+        }
+    }
+    nb_ctx *pers = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
+
+    printf("nabla bench_ops: CPU, %ld cores online, OpenBLAS %d threads, f32%s\n",
+           sysconf(_SC_NPROCESSORS_ONLN), openblas_get_num_threads(), cfg.quick ? " (--quick sizes)" : "");
+    print_row("benchmark", "shape", "time/call", "nabla", "cblas_sgemm", "nb speed");
+    print_row("---------", "-----", "---------", "-----", "-----------", "--------");
+
+    bool ok = true;
+    static const int64_t full[] = {64, 256, 512, 1024}, quick[] = {8, 32};
+    const int64_t *sizes = cfg.quick ? quick : full;
+    int nsizes = cfg.quick ? 2 : 4;
+    for (int i = 0; i < nsizes; i++) {
+        int64_t s = sizes[i];
+        ok &= bench_matmul(&cfg, pers, step, "nb_matmul", 2, (int64_t[]){s, s}, s, s, false);
+    }
+    /* GPT-2 small MLP: (B, T, C) @ (C, 4C), and the weight stored (4C, C) */
+    int64_t B = cfg.quick ? 2 : 8, T = cfg.quick ? 16 : 128, C = cfg.quick ? 32 : 768;
+    int64_t x_shape[3] = {B, T, C};
+    ok &= bench_matmul(&cfg, pers, step, "nb_matmul (B,T,C) x (C,4C)", 3, x_shape, C, 4 * C, false);
+    ok &= bench_matmul(&cfg, pers, step, "nb_matmul_t (B,T,C) x (4C,C)^T", 3, x_shape, C, 4 * C, true);
+    nb_ctx_reset(pers);
+
+    bench_elementwise(&cfg, pers, step, cfg.quick ? (int64_t)1 << 16 : (int64_t)1 << 24);
+    nb_ctx_reset(pers);
+
+    bench_fixed_cost(&cfg, pers, step);
+
+    nb_ctx_free(step);
+    nb_ctx_free(pers);
+    return ok ? 0 : 1;
+}

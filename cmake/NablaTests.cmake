@@ -1,0 +1,89 @@
+# Test discovery. Every tests/test_*.c is one Check executable in
+# ${CMAKE_BINARY_DIR}/tests, linked with tests/testutil.c (when present), the
+# static library and Check; every tests/*.py runs under python3. All run from
+# the build directory. Labels: unit, or gpu for tests/test_cuda_*.c.
+# Exit code 77 means "skipped" (e.g. no GPU).
+
+file(GLOB NABLA_TEST_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/tests/test_*.c)
+file(GLOB NABLA_PY_TESTS CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/tests/*.py)
+
+set(NABLA_TEST_ENVIRONMENT
+  CK_DEFAULT_TIMEOUT=120
+  NABLA_SOURCE_DIR=${PROJECT_SOURCE_DIR}
+  NABLA_BINARY_DIR=${CMAKE_BINARY_DIR}
+  NABLA_BIN_DIR=${CMAKE_BINARY_DIR}/bin)
+if(NABLA_SANITIZE)
+  # The CUDA runtime maps memory where ASan keeps its shadow gap.
+  list(APPEND NABLA_TEST_ENVIRONMENT
+    ASAN_OPTIONS=protect_shadow_gap=0:detect_stack_use_after_return=1
+    UBSAN_OPTIONS=print_stacktrace=1)
+endif()
+
+set(NABLA_TESTS "")
+if(NABLA_TEST_SOURCES)
+  if(PKG_CONFIG_FOUND)
+    pkg_check_modules(NABLA_CHECK QUIET IMPORTED_TARGET check)
+  endif()
+  if(NOT NABLA_CHECK_FOUND)
+    message(FATAL_ERROR
+      "The Check unit-test library was not found (pkg-config module check).\n"
+      "On Debian or Ubuntu install the packages check, libsubunit-dev and pkg-config "
+      "(`make deps` does it), or configure with -DNABLA_BUILD_TESTS=OFF.")
+  endif()
+
+  # A glob, so that the build notices when testutil.c appears.
+  file(GLOB _testutil CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/tests/testutil.c)
+  if(_testutil)
+    add_library(nabla_testutil STATIC ${_testutil})
+    target_link_libraries(nabla_testutil PUBLIC nabla nabla_internal PkgConfig::NABLA_CHECK)
+    target_include_directories(nabla_testutil PUBLIC ${PROJECT_SOURCE_DIR}/tests)
+    set_target_properties(nabla_testutil PROPERTIES LINKER_LANGUAGE ${NABLA_LINKER_LANGUAGE})
+    nabla_own_flags(nabla_testutil)
+  endif()
+
+  foreach(_src ${NABLA_TEST_SOURCES})
+    get_filename_component(_name ${_src} NAME_WE)
+    add_executable(${_name} ${_src})
+    set_target_properties(${_name} PROPERTIES
+      RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests
+      LINKER_LANGUAGE ${NABLA_LINKER_LANGUAGE})
+    if(TARGET nabla_testutil)
+      target_link_libraries(${_name} PRIVATE nabla_testutil)
+    endif()
+    target_link_libraries(${_name} PRIVATE nabla nabla_internal PkgConfig::NABLA_CHECK)
+    target_include_directories(${_name} PRIVATE ${PROJECT_SOURCE_DIR}/tests)
+    target_compile_definitions(${_name} PRIVATE
+      NABLA_SOURCE_DIR="${PROJECT_SOURCE_DIR}" NABLA_BINARY_DIR="${CMAKE_BINARY_DIR}")
+    nabla_own_flags(${_name})
+
+    if(_name MATCHES "^test_cuda_")
+      set(_label gpu)
+    else()
+      set(_label unit)
+    endif()
+    add_test(NAME ${_name} COMMAND ${_name} WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
+    set_tests_properties(${_name} PROPERTIES
+      LABELS ${_label} TIMEOUT 300 SKIP_RETURN_CODE 77
+      ENVIRONMENT "${NABLA_TEST_ENVIRONMENT}")
+    list(APPEND NABLA_TESTS ${_name})
+  endforeach()
+endif()
+
+if(NABLA_PY_TESTS)
+  find_program(NABLA_PYTHON3 NAMES python3)
+  if(NOT NABLA_PYTHON3)
+    message(WARNING "python3 not found: tests/*.py are not registered")
+  else()
+    foreach(_src ${NABLA_PY_TESTS})
+      get_filename_component(_file ${_src} NAME)
+      if(_file MATCHES "^_")  # __init__.py, _helpers.py: modules, not tests
+        continue()
+      endif()
+      add_test(NAME ${_file} COMMAND ${NABLA_PYTHON3} ${_src} WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
+      set_tests_properties(${_file} PROPERTIES
+        LABELS unit TIMEOUT 300 SKIP_RETURN_CODE 77
+        ENVIRONMENT "${NABLA_TEST_ENVIRONMENT}")
+      list(APPEND NABLA_TESTS ${_file})
+    endforeach()
+  endif()
+endif()

@@ -1,0 +1,23 @@
+/* CPU kernel of nb_matmul: batched, broadcast GEMM through OpenBLAS cblas
+ * on strided operands, without copies when BLAS can read them as they are.
+ *
+ * Letters: L batch dims, M and N output rows and columns, K inner size. */
+#ifndef NABLA_TENSOR_CPU_MATMUL_H
+#define NABLA_TENSOR_CPU_MATMUL_H
+
+#include <stdbool.h>
+
+#include "nabla/tensor.h"
+
+/* True when BLAS can read the last two dims of t in place: unit stride in
+ * one of them and a leading dimension that fits an int in the other. */
+bool nb__cpu_gemm_readable(const nb_tensor *t);
+
+/* out (L, M, N), contiguous = op(a) (La, M, K) @ op(b) (Lb, K, N), where
+ * La and Lb broadcast to L and op() swaps the last two dims when the flag
+ * is set. a and b are readable (above) and have out's dtype, f32 or f64;
+ * M, N and K fit an int. K = 0 gives zeros. */
+void nb__cpu_matmul(nb_tensor *out, const nb_tensor *a, const nb_tensor *b, bool trans_a,
+                    bool trans_b);
+
+#endif

@@ -1,0 +1,204 @@
+/* CPU kernels for layer norm and batch norm (see norm.h).
+ *
+ * Statistics are computed in double with two passes (mean, then the mean
+ * of squared deviations), which stays accurate when |mean| >> std.
+ *
+ * Backward, with xhat = (x - mean) rstd, dxhat = g w and means over the
+ * normalised group of m elements:
+ *   dx = rstd (dxhat - mean(dxhat) - xhat mean(dxhat xhat))
+ *   dw = sum over the other dims of g xhat,   db = sum of g.
+ * Batch norm in eval mode uses fixed statistics: dx = g w invstd. */
+#include <math.h>
+
+#include "tensor/cpu/norm.h"
+#include "tensor/internal.h"
+
+/* ---- layer norm ---- */
+#define DEFINE_LAYER_NORM(T)                                                                \
+    static void layer_norm_##T(T *y, double *mean, double *rstd, const T *x, const T *w,       \
+                               const T *b, int64_t m, int64_t d, double eps) {              \
+        for (int64_t i = 0; i < m; i++) {                                                   \
+            const T *xr = x + i * d;                                                        \
+            T *yr = y + i * d;                                                              \
+            double s = 0, v = 0;                                                            \
+            for (int64_t j = 0; j < d; j++) s += xr[j];                                     \
+            double mu = s / (double)d;                                                      \
+            for (int64_t j = 0; j < d; j++) {                                               \
+                double t = (double)xr[j] - mu;                                              \
+                v += t * t;                                                                 \
+            }                                                                               \
+            double r = 1.0 / sqrt(v / (double)d + eps);                                     \
+            mean[i] = mu;                                                                   \
+            rstd[i] = r;                                                                    \
+            T tm = (T)mu, tr = (T)r;                                                        \
+            for (int64_t j = 0; j < d; j++) {                                               \
+                T h = (xr[j] - tm) * tr;                                                    \
+                if (w) h *= w[j];                                                           \
+                if (b) h += b[j];                                                           \
+                yr[j] = h;                                                                  \
+            }                                                                               \
+        }                                                                                   \
+    }                                                                                       \
+    static void layer_norm_backward_##T(T *dx, double *ws, const T *g, const T *x,            \
+                                        const double *mean, const double *rstd, const T *w,  \
+                                        int64_t m, int64_t d, bool want_wb) {               \
+        for (int64_t i = 0; i < m; i++) {                                                   \
+            const T *xr = x + i * d, *gr = g + i * d;                                       \
+            double mu = mean[i], r = rstd[i], sa = 0, sb = 0;                               \
+            for (int64_t j = 0; j < d; j++) {                                               \
+                double h = ((double)xr[j] - mu) * r;                                        \
+                double dh = (double)gr[j] * (w ? (double)w[j] : 1.0);                       \
+                sa += dh;                                                                   \
+                sb += dh * h;                                                               \
+                if (want_wb) {                                                              \
+                    ws[j] += (double)gr[j] * h;                                             \
+                    ws[d + j] += (double)gr[j];                                             \
+                }                                                                           \
+            }                                                                               \
+            if (!dx) continue;                                                              \
+            sa /= (double)d;                                                                \
+            sb /= (double)d;                                                                \
+            T *dr = dx + i * d;                                                             \
+            for (int64_t j = 0; j < d; j++) {                                               \
+                double h = ((double)xr[j] - mu) * r;                                        \
+                double dh = (double)gr[j] * (w ? (double)w[j] : 1.0);                       \
+                dr[j] = (T)(r * (dh - sa - h * sb));                                        \
+            }                                                                               \
+        }                                                                                   \
+    }
+
+DEFINE_LAYER_NORM(float)
+DEFINE_LAYER_NORM(double)
+
+static const void *data_or_null(const nb_tensor *t) { return t ? t->data : NULL; }
+
+void nb__cpu_layer_norm(nb_tensor *y, nb_tensor *mean, nb_tensor *rstd, const nb_tensor *x,
+                        const nb_tensor *w, const nb_tensor *b, int64_t m, int64_t d, double eps) {
+    if (x->dtype == NB_F32)
+        layer_norm_float(y->data, mean->data, rstd->data, x->data, data_or_null(w),
+                         data_or_null(b), m, d, eps);
+    else
+        layer_norm_double(y->data, mean->data, rstd->data, x->data, data_or_null(w),
+                          data_or_null(b), m, d, eps);
+}
+
+void nb__cpu_layer_norm_backward(nb_tensor *dx, nb_tensor *dw, nb_tensor *db, double *ws,
+                                 const nb_tensor *g, const nb_tensor *x, const nb_tensor *mean,
+                                 const nb_tensor *rstd, const nb_tensor *w, int64_t m, int64_t d) {
+    bool want_wb = dw || db;
+    for (int64_t j = 0; want_wb && j < 2 * d; j++) ws[j] = 0;
+    if (x->dtype == NB_F32)
+        layer_norm_backward_float(dx ? dx->data : NULL, ws, g->data, x->data, mean->data,
+                                  rstd->data, data_or_null(w), m, d, want_wb);
+    else
+        layer_norm_backward_double(dx ? dx->data : NULL, ws, g->data, x->data, mean->data,
+                                   rstd->data, data_or_null(w), m, d, want_wb);
+    size_t es = nb_dtype_size(x->dtype);
+    for (int64_t j = 0; j < d; j++) {
+        if (dw) nb__store((char *)dw->data + j * (int64_t)es, dw->dtype, ws[j]);
+        if (db) nb__store((char *)db->data + j * (int64_t)es, db->dtype, ws[d + j]);
+    }
+}
+
+/* ---- batch norm ---- */
+#define DEFINE_BATCH_NORM(T)                                                                \
+    static void batch_norm_stats_##T(double *mean, double *var, const T *x, int64_t n,         \
+                                     int64_t c, int64_t s) {                                \
+        double cnt = (double)(n * s);                                                       \
+        for (int64_t ch = 0; ch < c; ch++) {                                                \
+            double acc = 0, v = 0;                                                          \
+            for (int64_t i = 0; i < n; i++) {                                               \
+                const T *p = x + (i * c + ch) * s;                                          \
+                for (int64_t k = 0; k < s; k++) acc += p[k];                                \
+            }                                                                               \
+            double mu = acc / cnt;                                                          \
+            for (int64_t i = 0; i < n; i++) {                                               \
+                const T *p = x + (i * c + ch) * s;                                          \
+                for (int64_t k = 0; k < s; k++) {                                           \
+                    double t = (double)p[k] - mu;                                           \
+                    v += t * t;                                                             \
+                }                                                                           \
+            }                                                                               \
+            mean[ch] = mu;                                                                  \
+            var[ch] = v / cnt;                                                              \
+        }                                                                                   \
+    }                                                                                       \
+    static void batch_norm_##T(T *y, const T *x, const double *mean, const double *invstd,     \
+                               const T *w, const T *b, int64_t n, int64_t c, int64_t s) {   \
+        for (int64_t ch = 0; ch < c; ch++) {                                                \
+            double sc = invstd[ch] * (w ? (double)w[ch] : 1.0);                             \
+            double sh = (b ? (double)b[ch] : 0.0) - mean[ch] * sc;                          \
+            T tsc = (T)sc, tsh = (T)sh;                                                     \
+            for (int64_t i = 0; i < n; i++) {                                               \
+                const T *p = x + (i * c + ch) * s;                                          \
+                T *q = y + (i * c + ch) * s;                                                \
+                for (int64_t k = 0; k < s; k++) q[k] = p[k] * tsc + tsh;                    \
+            }                                                                               \
+        }                                                                                   \
+    }                                                                                       \
+    static void batch_norm_backward_##T(T *dx, T *dw, T *db, const T *g, const T *x,           \
+                                        const double *mean, const double *invstd,           \
+                                        const T *w, bool training, int64_t n, int64_t c,    \
+                                        int64_t s) {                                        \
+        double cnt = (double)(n * s);                                                       \
+        for (int64_t ch = 0; ch < c; ch++) {                                                \
+            double mu = mean[ch], r = invstd[ch], sg = 0, sgh = 0;                          \
+            double wc = w ? (double)w[ch] : 1.0;                                            \
+            for (int64_t i = 0; i < n; i++) {                                               \
+                const T *p = x + (i * c + ch) * s, *q = g + (i * c + ch) * s;               \
+                for (int64_t k = 0; k < s; k++) {                                           \
+                    sg += q[k];                                                             \
+                    sgh += (double)q[k] * ((double)p[k] - mu);                              \
+                }                                                                           \
+            }                                                                               \
+            sgh *= r;                                                                       \
+            if (dw) dw[ch] = (T)sgh;                                                        \
+            if (db) db[ch] = (T)sg;                                                         \
+            if (!dx) continue;                                                              \
+            double k1 = wc * r, mg = training ? sg / cnt : 0, mgh = training ? sgh / cnt : 0; \
+            for (int64_t i = 0; i < n; i++) {                                               \
+                const T *p = x + (i * c + ch) * s, *q = g + (i * c + ch) * s;               \
+                T *o = dx + (i * c + ch) * s;                                               \
+                for (int64_t k = 0; k < s; k++) {                                           \
+                    double h = ((double)p[k] - mu) * r;                                     \
+                    o[k] = (T)(k1 * ((double)q[k] - mg - h * mgh));                         \
+                }                                                                           \
+            }                                                                               \
+        }                                                                                   \
+    }
+
+DEFINE_BATCH_NORM(float)
+DEFINE_BATCH_NORM(double)
+
+void nb__cpu_batch_norm_stats(nb_tensor *mean, nb_tensor *var, const nb_tensor *x, int64_t n,
+                              int64_t c, int64_t s) {
+    if (x->dtype == NB_F32)
+        batch_norm_stats_float(mean->data, var->data, x->data, n, c, s);
+    else
+        batch_norm_stats_double(mean->data, var->data, x->data, n, c, s);
+}
+
+void nb__cpu_batch_norm(nb_tensor *y, const nb_tensor *x, const nb_tensor *mean,
+                        const nb_tensor *invstd, const nb_tensor *w, const nb_tensor *b, int64_t n,
+                        int64_t c, int64_t s) {
+    if (x->dtype == NB_F32)
+        batch_norm_float(y->data, x->data, mean->data, invstd->data, data_or_null(w),
+                         data_or_null(b), n, c, s);
+    else
+        batch_norm_double(y->data, x->data, mean->data, invstd->data, data_or_null(w),
+                          data_or_null(b), n, c, s);
+}
+
+void nb__cpu_batch_norm_backward(nb_tensor *dx, nb_tensor *dw, nb_tensor *db, const nb_tensor *g,
+                                 const nb_tensor *x, const nb_tensor *mean,
+                                 const nb_tensor *invstd, const nb_tensor *w, bool training,
+                                 int64_t n, int64_t c, int64_t s) {
+    if (x->dtype == NB_F32)
+        batch_norm_backward_float(dx ? dx->data : NULL, dw ? dw->data : NULL,
+                                  db ? db->data : NULL, g->data, x->data, mean->data,
+                                  invstd->data, data_or_null(w), training, n, c, s);
+    else
+        batch_norm_backward_double(dx ? dx->data : NULL, dw ? dw->data : NULL,
+                                   db ? db->data : NULL, g->data, x->data, mean->data,
+                                   invstd->data, data_or_null(w), training, n, c, s);
+}

@@ -1,0 +1,38 @@
+/* CPU kernels for layer norm and batch norm (tensor/ops_norm.c).
+ *
+ * Tensors are contiguous; x, y, g, dx, weights and biases share one dtype
+ * (f32 or f64); the saved statistics (mean, rstd/invstd) are f64.
+ * Layer norm sees x as (M, D): M rows normalised over D elements.
+ * Batch norm sees x as (N, C, S): statistics per channel over N and S. */
+#ifndef NABLA_TENSOR_CPU_NORM_H
+#define NABLA_TENSOR_CPU_NORM_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "nabla/tensor.h"
+
+/* y = (x - mean) rstd w + b per row, with the biased variance; writes
+ * mean and rstd (M). w, b (D) or NULL. */
+void nb__cpu_layer_norm(nb_tensor *y, nb_tensor *mean, nb_tensor *rstd, const nb_tensor *x,
+                        const nb_tensor *w, const nb_tensor *b, int64_t m, int64_t d, double eps);
+/* Any of dx (M, D), dw (D), db (D) may be NULL. ws: 2 D doubles of scratch. */
+void nb__cpu_layer_norm_backward(nb_tensor *dx, nb_tensor *dw, nb_tensor *db, double *ws,
+                                 const nb_tensor *g, const nb_tensor *x, const nb_tensor *mean,
+                                 const nb_tensor *rstd, const nb_tensor *w, int64_t m, int64_t d);
+
+/* Per-channel mean and biased variance (C) of x. */
+void nb__cpu_batch_norm_stats(nb_tensor *mean, nb_tensor *var, const nb_tensor *x, int64_t n,
+                              int64_t c, int64_t s);
+/* y = (x - mean[c]) invstd[c] w[c] + b[c]; w, b (C) or NULL. */
+void nb__cpu_batch_norm(nb_tensor *y, const nb_tensor *x, const nb_tensor *mean,
+                        const nb_tensor *invstd, const nb_tensor *w, const nb_tensor *b, int64_t n,
+                        int64_t c, int64_t s);
+/* Any of dx, dw (C), db (C) may be NULL. training: mean and invstd are the
+ * batch's, so dx goes through them; otherwise they are constants. */
+void nb__cpu_batch_norm_backward(nb_tensor *dx, nb_tensor *dw, nb_tensor *db, const nb_tensor *g,
+                                 const nb_tensor *x, const nb_tensor *mean,
+                                 const nb_tensor *invstd, const nb_tensor *w, bool training,
+                                 int64_t n, int64_t c, int64_t s);
+
+#endif

@@ -1,0 +1,38 @@
+/* CPU kernels of the softmax family: softmax, log-softmax and the fused
+ * cross-entropy (tensor/ops_softmax.c, tensor/ops_loss.c).
+ *
+ * All tensors are contiguous f32 or f64 of one dtype. A softmax input is
+ * seen as (O, K, I): O the dims before the axis, K the axis, I the dims
+ * after it. Cross-entropy takes logits (N, C) and targets (N) of i32/i64
+ * that the front end has checked to be in [0, C) or the ignore index. */
+#ifndef NABLA_TENSOR_CPU_SOFTMAX_H
+#define NABLA_TENSOR_CPU_SOFTMAX_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "nabla/tensor.h"
+
+/* y = softmax(x) or log_softmax(x) along K. */
+void nb__cpu_softmax(nb_tensor *y, const nb_tensor *x, int64_t outer, int64_t k, int64_t inner,
+                     bool take_log);
+/* dx from the output y and its gradient g:
+ * softmax: dx = y (g - sum_K g y); log-softmax: dx = g - exp(y) sum_K g. */
+void nb__cpu_softmax_backward(nb_tensor *dx, const nb_tensor *y, const nb_tensor *g,
+                              int64_t outer, int64_t k, int64_t inner, bool take_log);
+
+/* Class index of row i of targets (i32 or i64). */
+int64_t nb__cpu_target_at(const nb_tensor *targets, int64_t i);
+
+/* Writes lse (N) = log sum_c exp(logits[i, c]) for every row and returns
+ * the sum over rows whose target is not ignore_index of
+ * (1 - eps) (lse - x[t]) + eps (lse - mean_c x[c]). */
+double nb__cpu_cross_entropy(nb_tensor *lse, const nb_tensor *logits, const nb_tensor *targets,
+                             int64_t ignore_index, double eps);
+/* dlogits[i, c] = scale (exp(x[i, c] - lse[i]) - eps / C - (1 - eps) [c = t_i])
+ * for rows not ignored, 0 for ignored rows. */
+void nb__cpu_cross_entropy_backward(nb_tensor *dlogits, const nb_tensor *logits,
+                                    const nb_tensor *lse, const nb_tensor *targets,
+                                    int64_t ignore_index, double eps, double scale);
+
+#endif

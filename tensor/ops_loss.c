@@ -1,0 +1,150 @@
+/* Losses, each reduced to a 0-d mean: cross-entropy (fused log-softmax and
+ * negative log-likelihood, kernel in tensor/cpu/softmax.c), mean squared
+ * error and binary cross-entropy on logits (small kernels here).
+ *
+ * Cross-entropy follows PyTorch: targets equal to ignore_index count for
+ * nothing, neither in the sum nor in the divisor, so a batch whose targets
+ * are all ignored has the mean 0/0 = NaN (and zero gradient). With label
+ * smoothing eps the target distribution is (1 - eps) one-hot + eps / C. */
+#include <math.h>
+
+#include "tensor/cpu/softmax.h"
+#include "tensor/internal.h"
+
+/* A 0-d tensor of `dtype` holding v. */
+static nb_tensor *scalar_out(nb_ctx *ctx, nb_dtype dtype, double v) {
+    nb_tensor *out = nb__empty(ctx, dtype, 0, NULL);
+    nb__store(out->data, dtype, v);
+    return out;
+}
+
+/* ---- cross-entropy ---- */
+static void cross_entropy_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) {
+    nb_tensor *logits = n->saved[0], *targets = n->saved[1], *lse = n->saved[2];
+    double count = n->f[0], scale = count > 0 ? nb_item(g) / count : 0;
+    nb_tensor *dx = nb__empty(ctx, logits->dtype, logits->ndim, logits->shape);
+    nb__cpu_cross_entropy_backward(dx, logits, lse, targets, n->i[0], n->f[1], scale);
+    nb__accum_grad(ctx, n->in[0], dx);
+}
+
+nb_tensor *nb_cross_entropy(nb_ctx *ctx, nb_tensor *logits, nb_tensor *targets,
+                            const nb_cross_entropy_opts *opts) {
+    const char *op = "nb_cross_entropy";
+    nb_cross_entropy_opts o = opts ? *opts : NB_CROSS_ENTROPY_DEFAULTS;
+    nb__check_ctx(op, ctx, logits);
+    nb__check_ctx(op, ctx, targets);
+    nb__check_float(op, logits);
+    NB_CHECK(targets->dtype == NB_I32 || targets->dtype == NB_I64,
+             "%s: targets must be i32 or i64 class indices, got %s of shape %s", op,
+             nb_dtype_name(targets->dtype), nb_shape_str(targets));
+    NB_CHECK(logits->ndim == 2, "%s: logits must be (N, C), got shape %s", op, nb_shape_str(logits));
+    NB_CHECK(targets->ndim == 1 && targets->shape[0] == logits->shape[0],
+             "%s: targets must be (N) for logits (N, C), got targets %s for logits %s", op,
+             nb_shape_str(targets), nb_shape_str(logits));
+    NB_CHECK(o.label_smoothing >= 0 && o.label_smoothing <= 1,
+             "%s: label_smoothing must be in [0, 1], got %g", op, o.label_smoothing);
+    int64_t n = logits->shape[0], c = logits->shape[1];
+    nb_tensor *tc = nb__contig(ctx, targets);
+    int64_t count = 0;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t t = nb__cpu_target_at(tc, i);
+        if (t == o.ignore_index) continue;
+        NB_CHECK(t >= 0 && t < c,
+                 "%s: target %lld at position %lld is out of range for %lld classes (valid: 0..%lld, "
+                 "or ignore_index %lld); logits %s",
+                 op, (long long)t, (long long)i, (long long)c, (long long)(c - 1),
+                 (long long)o.ignore_index, nb_shape_str(logits));
+        count++;
+    }
+    nb_tensor *xc = nb__contig(ctx, logits);
+    nb_tensor *lse = nb__empty(ctx, logits->dtype, 1, &n);
+    double total = nb__cpu_cross_entropy(lse, xc, tc, o.ignore_index, o.label_smoothing);
+    nb_tensor *out = scalar_out(ctx, logits->dtype, total / (double)count);
+    nb_node *node = nb__record(ctx, op, cross_entropy_backward, out, 1, &logits);
+    if (node) {
+        node->saved[0] = xc;
+        node->saved[1] = tc;
+        node->saved[2] = lse;
+        node->f[0] = (double)count;
+        node->f[1] = o.label_smoothing;
+        node->i[0] = o.ignore_index;
+    }
+    return out;
+}
+
+/* ---- elementwise losses: shared checks and reduction ---- */
+static void check_pair(const char *op, nb_ctx *ctx, const nb_tensor *a, const nb_tensor *b,
+                       const char *aname, const char *bname) {
+    nb__check_ctx(op, ctx, a);
+    nb__check_ctx(op, ctx, b);
+    nb__check_float(op, a);
+    NB_CHECK(nb_same_shape(a, b), "%s: %s %s and %s %s must have the same shape", op, aname,
+             nb_shape_str(a), bname, nb_shape_str(b));
+    nb__check_same_dtype(op, a, b);
+}
+
+typedef enum pair_loss { LOSS_MSE, LOSS_BCE } pair_loss;
+
+/* sum over elements of the loss term, in double; a and b contiguous */
+#define DEFINE_PAIR_SUM(T, LOG1P, EXP, FABS)                                                \
+    static double pair_sum_##T(pair_loss kind, const T *a, const T *b, int64_t n) {          \
+        double s = 0;                                                                       \
+        if (kind == LOSS_MSE) {                                                             \
+            for (int64_t i = 0; i < n; i++) {                                               \
+                double d = (double)a[i] - (double)b[i];                                     \
+                s += d * d;                                                                 \
+            }                                                                               \
+        } else {                                                                            \
+            for (int64_t i = 0; i < n; i++) {                                               \
+                T x = a[i];                                                                 \
+                s += (double)((x > 0 ? x : (T)0) - x * b[i] + LOG1P(EXP(-FABS(x))));         \
+            }                                                                               \
+        }                                                                                   \
+        return s;                                                                           \
+    }
+
+DEFINE_PAIR_SUM(float, log1pf, expf, fabsf)
+DEFINE_PAIR_SUM(double, log1p, exp, fabs)
+
+static nb_tensor *pair_loss_forward(nb_ctx *ctx, pair_loss kind, nb_tensor *a, nb_tensor *b) {
+    nb_tensor *ac = nb__contig(ctx, a), *bc = nb__contig(ctx, b);
+    int64_t n = nb_numel(a);
+    double s = a->dtype == NB_F32 ? pair_sum_float(kind, ac->data, bc->data, n)
+                                  : pair_sum_double(kind, ac->data, bc->data, n);
+    return scalar_out(ctx, a->dtype, s / (double)n);
+}
+
+/* ---- mean squared error ---- */
+static void mse_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) {
+    nb_tensor *pred = n->in[0], *target = n->in[1];
+    double scale = 2.0 * nb_item(g) / (double)nb_numel(pred);
+    nb_tensor *d = nb__unary(ctx, NB_U_MUL_S, nb__binary(ctx, NB_B_SUB, pred, target), scale);
+    nb__accum_grad(ctx, pred, d);
+    if (target->requires_grad) nb__accum_grad(ctx, target, nb__unary(ctx, NB_U_NEG, d, 0));
+}
+
+nb_tensor *nb_mse_loss(nb_ctx *ctx, nb_tensor *pred, nb_tensor *target) {
+    check_pair("nb_mse_loss", ctx, pred, target, "pred", "target");
+    nb_tensor *out = pair_loss_forward(ctx, LOSS_MSE, pred, target);
+    nb_tensor *in[2] = {pred, target};
+    nb__record(ctx, "nb_mse_loss", mse_backward, out, 2, in);
+    return out;
+}
+
+/* ---- binary cross-entropy on logits ----
+ * max(x, 0) - x y + log1p(exp(-|x|)) equals -[y log s(x) + (1 - y) log(1 - s(x))]
+ * without overflow; its derivative in x is s(x) - y. */
+static void bce_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) {
+    nb_tensor *x = n->in[0], *y = n->saved[0];
+    double scale = nb_item(g) / (double)nb_numel(x);
+    nb_tensor *d = nb__binary(ctx, NB_B_SUB, nb__unary(ctx, NB_U_SIGMOID, x, 0), y);
+    nb__accum_grad(ctx, x, nb__unary(ctx, NB_U_MUL_S, d, scale));
+}
+
+nb_tensor *nb_bce_with_logits(nb_ctx *ctx, nb_tensor *logits, nb_tensor *targets) {
+    check_pair("nb_bce_with_logits", ctx, logits, targets, "logits", "targets");
+    nb_tensor *out = pair_loss_forward(ctx, LOSS_BCE, logits, targets);
+    nb_node *n = nb__record(ctx, "nb_bce_with_logits", bce_backward, out, 1, &logits);
+    if (n) n->saved[0] = targets;
+    return out;
+}

@@ -1,0 +1,108 @@
+/* nb_matmul and nb_matmul_t: front end (checks, batch broadcasting,
+ * dispatch) and backward. The CPU kernel is in tensor/cpu/matmul.c.
+ *
+ * Letters: L batch dims, M and N output rows and columns, K inner size;
+ * op(x) is x with its last two dims swapped when its flag is set.
+ *
+ * Backward of C = op(A) @ op(B): dop(A) = dC @ op(B)^T, dop(B) = op(A)^T @ dC,
+ * each written as one nb_matmul_t whose flags give the gradient directly
+ * in A's or B's own layout (dA = op(B) @ dC^T when A was transposed, and
+ * so on), then summed over the batch dims that the input broadcast. When B
+ * is one matrix for the whole batch, its gradient is a single GEMM over the
+ * batch folded into the rows instead of a batch of products and a sum. */
+#include <limits.h>
+
+#include "tensor/cpu/matmul.h"
+#include "tensor/internal.h"
+
+static void matmul_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g);
+
+static nb_tensor *matmul_impl(nb_ctx *ctx, const char *name, nb_tensor *a, nb_tensor *b, bool ta,
+                              bool tb) {
+    nb__check_ctx(name, ctx, a);
+    nb__check_ctx(name, ctx, b);
+    const char *sfx_a = ta ? "^T" : "", *sfx_b = tb ? "^T" : "";
+    NB_CHECK(a->ndim >= 2 && b->ndim >= 2,
+             "%s: operands need at least 2 dims (1-D operands are not promoted), got %s%s @ %s%s",
+             name, nb_shape_str(a), sfx_a, nb_shape_str(b), sfx_b);
+    nb__check_same_dtype(name, a, b);
+    nb__check_float(name, a);
+    nb__check_cpu(name, a);
+    int na = a->ndim, nbn = b->ndim;
+    int64_t m = a->shape[na - (ta ? 1 : 2)], ka = a->shape[na - (ta ? 2 : 1)];
+    int64_t kb = b->shape[nbn - (tb ? 1 : 2)], n = b->shape[nbn - (tb ? 2 : 1)];
+    NB_CHECK(ka == kb, "%s: inner dimensions differ: %s%s @ %s%s", name, nb_shape_str(a), sfx_a,
+             nb_shape_str(b), sfx_b);
+    NB_CHECK(m <= INT_MAX && n <= INT_MAX && ka <= INT_MAX,
+             "%s: %s%s @ %s%s has a matrix dimension beyond what BLAS takes (%d)", name,
+             nb_shape_str(a), sfx_a, nb_shape_str(b), sfx_b, INT_MAX);
+
+    int nd = na > nbn ? na : nbn, nbd = nd - 2;
+    int64_t shape[NB_MAX_DIMS];
+    for (int i = 0; i < nbd; i++) {
+        int da = na - 2 - nbd + i, db = nbn - 2 - nbd + i;
+        int64_t sa = da >= 0 ? a->shape[da] : 1, sb = db >= 0 ? b->shape[db] : 1;
+        NB_CHECK(sa == sb || sa == 1 || sb == 1,
+                 "%s: batch dimensions do not broadcast: %s%s @ %s%s (batch dim %d: %lld vs %lld)",
+                 name, nb_shape_str(a), sfx_a, nb_shape_str(b), sfx_b, i, (long long)sa,
+                 (long long)sb);
+        shape[i] = sa == 1 ? sb : sa;
+    }
+    shape[nbd] = m;
+    shape[nbd + 1] = n;
+
+    nb_tensor *out = nb__empty(ctx, a->dtype, nd, shape);
+    nb_tensor *ca = nb__cpu_gemm_readable(a) ? a : nb__contig(ctx, a);
+    nb_tensor *cb = nb__cpu_gemm_readable(b) ? b : nb__contig(ctx, b);
+    nb__cpu_matmul(out, ca, cb, ta, tb);
+
+    nb_tensor *in[2] = {a, b};
+    nb_node *node = nb__record(ctx, name, matmul_backward, out, 2, in);
+    if (node) {
+        node->i[0] = ta;
+        node->i[1] = tb;
+    }
+    return out;
+}
+
+nb_tensor *nb_matmul(nb_ctx *ctx, nb_tensor *a, nb_tensor *b) {
+    return matmul_impl(ctx, "nb_matmul", a, b, false, false);
+}
+
+nb_tensor *nb_matmul_t(nb_ctx *ctx, nb_tensor *a, nb_tensor *b, bool trans_a, bool trans_b) {
+    return matmul_impl(ctx, "nb_matmul_t", a, b, trans_a, trans_b);
+}
+
+static int64_t batch_numel(const nb_tensor *t) { return nb__numel_shape(t->ndim - 2, t->shape); }
+
+/* op(x) flattened to (rows, cols) over its batch dims; copies when the
+ * view cannot express it. */
+static nb_tensor *flat_op(nb_ctx *ctx, nb_tensor *x, bool trans, int64_t rows, int64_t cols) {
+    if (trans) x = nb_transpose(ctx, x, -1, -2);
+    return nb_reshape(ctx, x, 2, (int64_t[]){rows, cols});
+}
+
+/* Runs with grad mode off (Note [Tape]), so the ops below record nothing. */
+static void matmul_backward(nb_ctx *ctx, nb_node *node, nb_tensor *g) {
+    nb_tensor *a = node->in[0], *b = node->in[1];
+    bool ta = node->i[0] != 0, tb = node->i[1] != 0;
+    if (a->requires_grad) {
+        nb_tensor *ga = ta ? nb_matmul_t(ctx, b, g, tb, true) : nb_matmul_t(ctx, g, b, false, !tb);
+        nb__accum_grad(ctx, a, ga);
+    }
+    if (b->requires_grad) {
+        nb_tensor *gb;
+        int64_t batch = batch_numel(g);
+        if (batch > 1 && batch_numel(b) == 1) {
+            int64_t m = g->shape[g->ndim - 2], n = g->shape[g->ndim - 1];
+            int64_t k = a->shape[a->ndim - (ta ? 2 : 1)];
+            nb_tensor *fa = flat_op(ctx, a, ta, batch * m, k);
+            nb_tensor *fg = flat_op(ctx, g, false, batch * m, n);
+            gb = tb ? nb_matmul_t(ctx, fg, fa, true, false) : nb_matmul_t(ctx, fa, fg, true, false);
+            gb = nb_reshape(ctx, gb, b->ndim, b->shape);
+        } else {
+            gb = tb ? nb_matmul_t(ctx, g, a, true, ta) : nb_matmul_t(ctx, a, g, !ta, false);
+        }
+        nb__accum_grad(ctx, b, gb);
+    }
+}

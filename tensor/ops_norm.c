@@ -1,0 +1,179 @@
+/* Layer norm and batch norm: front ends (checks, running statistics) and
+ * backward; fused kernels in tensor/cpu/norm.c.
+ *
+ * Both normalise with the biased variance, as PyTorch does. Batch norm in
+ * training mode also updates the running statistics in place, outside
+ * autograd: running = (1 - momentum) running + momentum stat, where the
+ * variance stat is the unbiased one (n / (n - 1) times the biased). The
+ * statistics used by forward are saved (f64) so that backward does not
+ * depend on later changes to the running buffers. */
+#include <math.h>
+
+#include "tensor/cpu/norm.h"
+#include "tensor/internal.h"
+
+static nb_tensor *contig_or_null(nb_ctx *ctx, nb_tensor *t) { return t ? nb__contig(ctx, t) : NULL; }
+
+static bool wants_grad(const nb_tensor *t) { return t && t->requires_grad; }
+
+/* ---- layer norm ---- */
+static void layer_norm_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) {
+    nb_tensor *x = n->in[0], *w = n->in[1], *b = n->in[2];
+    nb_tensor *xc = n->saved[0], *mean = n->saved[1], *rstd = n->saved[2], *wc = n->saved[3];
+    int64_t m = n->i[0], d = n->i[1];
+    g = nb__contig(ctx, g);
+    nb_tensor *dx = wants_grad(x) ? nb__empty(ctx, x->dtype, x->ndim, x->shape) : NULL;
+    nb_tensor *dw = wants_grad(w) ? nb__empty(ctx, w->dtype, w->ndim, w->shape) : NULL;
+    nb_tensor *db = wants_grad(b) ? nb__empty(ctx, b->dtype, b->ndim, b->shape) : NULL;
+    double *ws = (dw || db) ? nb_ctx_alloc(ctx, 2 * (size_t)d * sizeof(double), 0) : NULL;
+    nb__cpu_layer_norm_backward(dx, dw, db, ws, g, xc, mean, rstd, wc, m, d);
+    if (dx) nb__accum_grad(ctx, x, dx);
+    if (dw) nb__accum_grad(ctx, w, dw);
+    if (db) nb__accum_grad(ctx, b, db);
+}
+
+static void check_layer_norm_param(const char *name, const nb_tensor *p, const nb_tensor *x,
+                                   int norm_ndim, nb_ctx *ctx) {
+    if (!p) return;
+    nb__check_ctx("nb_layer_norm", ctx, p);
+    const int64_t *dims = x->shape + x->ndim - norm_ndim;
+    bool ok = p->ndim == norm_ndim;
+    for (int k = 0; ok && k < norm_ndim; k++) ok = p->shape[k] == dims[k];
+    NB_CHECK(ok, "nb_layer_norm: %s has shape %s but the normalised dims of input %s are %s", name,
+             nb_shape_str(p), nb_shape_str(x), nb__shape_str_n(norm_ndim, dims));
+    NB_CHECK(p->dtype == x->dtype, "nb_layer_norm: %s is %s but the input is %s", name,
+             nb_dtype_name(p->dtype), nb_dtype_name(x->dtype));
+}
+
+nb_tensor *nb_layer_norm(nb_ctx *ctx, nb_tensor *x, int norm_ndim, nb_tensor *weight,
+                         nb_tensor *bias, double eps) {
+    const char *op = "nb_layer_norm";
+    nb__check_ctx(op, ctx, x);
+    nb__check_float(op, x);
+    NB_CHECK(norm_ndim >= 1 && norm_ndim <= x->ndim,
+             "%s: norm_ndim %d out of range for input %s (need 1..%d)", op, norm_ndim,
+             nb_shape_str(x), x->ndim);
+    NB_CHECK(eps >= 0, "%s: eps must be >= 0, got %g", op, eps);
+    check_layer_norm_param("weight", weight, x, norm_ndim, ctx);
+    check_layer_norm_param("bias", bias, x, norm_ndim, ctx);
+    int lead = x->ndim - norm_ndim;
+    int64_t m = nb__numel_shape(lead, x->shape);
+    int64_t d = nb__numel_shape(norm_ndim, x->shape + lead);
+    nb_tensor *xc = nb__contig(ctx, x), *wc = contig_or_null(ctx, weight);
+    nb_tensor *bc = contig_or_null(ctx, bias);
+    nb_tensor *y = nb__empty(ctx, x->dtype, x->ndim, x->shape);
+    nb_tensor *mean = nb__empty(ctx, NB_F64, 1, &m), *rstd = nb__empty(ctx, NB_F64, 1, &m);
+    nb__cpu_layer_norm(y, mean, rstd, xc, wc, bc, m, d, eps);
+    nb_tensor *in[3] = {x, weight, bias};
+    nb_node *n = nb__record(ctx, op, layer_norm_backward, y, 3, in);
+    if (n) {
+        n->saved[0] = xc;
+        n->saved[1] = mean;
+        n->saved[2] = rstd;
+        n->saved[3] = wc;
+        n->i[0] = m;
+        n->i[1] = d;
+    }
+    return y;
+}
+
+/* ---- batch norm ---- */
+static void batch_norm_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) {
+    nb_tensor *x = n->in[0], *w = n->in[1], *b = n->in[2];
+    nb_tensor *xc = n->saved[0], *mean = n->saved[1], *invstd = n->saved[2], *wc = n->saved[3];
+    g = nb__contig(ctx, g);
+    nb_tensor *dx = wants_grad(x) ? nb__empty(ctx, x->dtype, x->ndim, x->shape) : NULL;
+    nb_tensor *dw = wants_grad(w) ? nb__empty(ctx, w->dtype, w->ndim, w->shape) : NULL;
+    nb_tensor *db = wants_grad(b) ? nb__empty(ctx, b->dtype, b->ndim, b->shape) : NULL;
+    nb__cpu_batch_norm_backward(dx, dw, db, g, xc, mean, invstd, wc, n->i[3] != 0, n->i[0],
+                                n->i[1], n->i[2]);
+    if (dx) nb__accum_grad(ctx, x, dx);
+    if (dw) nb__accum_grad(ctx, w, dw);
+    if (db) nb__accum_grad(ctx, b, db);
+}
+
+/* weight/bias: x's dtype; running stats: any of f32/f64. All (C). */
+static void check_channel_param(nb_ctx *ctx, const char *name, const nb_tensor *p,
+                                const nb_tensor *x, bool same_dtype) {
+    if (!p) return;
+    nb__check_ctx("nb_batch_norm", ctx, p);
+    NB_CHECK(p->ndim == 1 && p->shape[0] == x->shape[1],
+             "nb_batch_norm: %s has shape %s but the input %s has %lld channels", name,
+             nb_shape_str(p), nb_shape_str(x), (long long)x->shape[1]);
+    if (same_dtype)
+        NB_CHECK(p->dtype == x->dtype, "nb_batch_norm: %s is %s but the input is %s", name,
+                 nb_dtype_name(p->dtype), nb_dtype_name(x->dtype));
+    else
+        NB_CHECK(p->dtype == NB_F32 || p->dtype == NB_F64,
+                 "nb_batch_norm: %s must be f32 or f64, got %s", name, nb_dtype_name(p->dtype));
+}
+
+/* element i of a 1-d tensor of any strides */
+static void *elem(const nb_tensor *t, int64_t i) {
+    return (char *)t->data + i * t->strides[0] * (int64_t)nb_dtype_size(t->dtype);
+}
+
+nb_tensor *nb_batch_norm(nb_ctx *ctx, nb_tensor *x, nb_tensor *weight, nb_tensor *bias,
+                         nb_tensor *running_mean, nb_tensor *running_var, bool training,
+                         double momentum, double eps) {
+    const char *op = "nb_batch_norm";
+    nb__check_ctx(op, ctx, x);
+    nb__check_float(op, x);
+    NB_CHECK(x->ndim >= 2, "%s: input must be (N, C, ..), got shape %s", op, nb_shape_str(x));
+    check_channel_param(ctx, "weight", weight, x, true);
+    check_channel_param(ctx, "bias", bias, x, true);
+    check_channel_param(ctx, "running_mean", running_mean, x, false);
+    check_channel_param(ctx, "running_var", running_var, x, false);
+    NB_CHECK((running_mean == NULL) == (running_var == NULL),
+             "%s: running_mean and running_var must both be given or both be NULL", op);
+    NB_CHECK(training || running_mean,
+             "%s: eval mode (training = false) needs running_mean and running_var; input %s", op,
+             nb_shape_str(x));
+    NB_CHECK(eps >= 0, "%s: eps must be >= 0, got %g", op, eps);
+    NB_CHECK(momentum >= 0 && momentum <= 1, "%s: momentum must be in [0, 1], got %g", op, momentum);
+    int64_t n = x->shape[0], c = x->shape[1], s = nb__numel_shape(x->ndim - 2, x->shape + 2);
+    NB_CHECK(!training || n * s > 1,
+             "%s: training needs more than one value per channel, got input %s", op, nb_shape_str(x));
+
+    nb_tensor *xc = nb__contig(ctx, x), *wc = contig_or_null(ctx, weight);
+    nb_tensor *bc = contig_or_null(ctx, bias);
+    nb_tensor *mean = nb__empty(ctx, NB_F64, 1, &c), *invstd = nb__empty(ctx, NB_F64, 1, &c);
+    double *mu = mean->data, *is = invstd->data;
+    if (training) {
+        nb__cpu_batch_norm_stats(mean, invstd, xc, n, c, s); /* invstd holds the variance */
+        double unbias = (double)(n * s) / (double)(n * s - 1);
+        for (int64_t k = 0; k < c; k++) {
+            if (running_mean) {
+                void *pm = elem(running_mean, k);
+                void *pv = elem(running_var, k);
+                double rm = nb__load(pm, running_mean->dtype), rv = nb__load(pv, running_var->dtype);
+                nb__store(pm, running_mean->dtype, (1 - momentum) * rm + momentum * mu[k]);
+                nb__store(pv, running_var->dtype, (1 - momentum) * rv + momentum * is[k] * unbias);
+            }
+            is[k] = 1.0 / sqrt(is[k] + eps);
+        }
+    } else {
+        for (int64_t k = 0; k < c; k++) {
+            mu[k] = nb__load(elem(running_mean, k),
+                             running_mean->dtype);
+            double rv = nb__load(elem(running_var, k),
+                                 running_var->dtype);
+            is[k] = 1.0 / sqrt(rv + eps);
+        }
+    }
+    nb_tensor *y = nb__empty(ctx, x->dtype, x->ndim, x->shape);
+    nb__cpu_batch_norm(y, xc, mean, invstd, wc, bc, n, c, s);
+    nb_tensor *in[3] = {x, weight, bias};
+    nb_node *node = nb__record(ctx, op, batch_norm_backward, y, 3, in);
+    if (node) {
+        node->saved[0] = xc;
+        node->saved[1] = mean;
+        node->saved[2] = invstd;
+        node->saved[3] = wc;
+        node->i[0] = n;
+        node->i[1] = c;
+        node->i[2] = s;
+        node->i[3] = training;
+    }
+    return y;
+}

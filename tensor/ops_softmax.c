@@ -1,0 +1,44 @@
+/* Softmax and log-softmax along one axis: front ends and backward.
+ *
+ * The input is made contiguous and seen as (O, K, I), K the axis; the
+ * kernels (tensor/cpu/softmax.c) subtract each row's maximum, so large
+ * logits do not overflow. Backward uses only the output:
+ * softmax dx = y (g - sum_K g y), log-softmax dx = g - exp(y) sum_K g. */
+#include "tensor/cpu/softmax.h"
+#include "tensor/internal.h"
+
+static void softmax_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) {
+    nb_tensor *y = n->out;
+    g = nb__contig(ctx, g);
+    nb_tensor *dx = nb__empty(ctx, y->dtype, y->ndim, y->shape);
+    nb__cpu_softmax_backward(dx, y, g, n->i[0], n->i[1], n->i[2], n->i[3] != 0);
+    nb__accum_grad(ctx, n->in[0], dx);
+}
+
+static nb_tensor *softmax_impl(nb_ctx *ctx, const char *op, nb_tensor *x, int axis,
+                               bool take_log) {
+    nb__check_ctx(op, ctx, x);
+    nb__check_float(op, x);
+    int d = nb_normalize_dim(op, axis, x->ndim);
+    int64_t outer = nb__numel_shape(d, x->shape), k = x->shape[d];
+    int64_t inner = nb__numel_shape(x->ndim - d - 1, x->shape + d + 1);
+    nb_tensor *xc = nb__contig(ctx, x);
+    nb_tensor *y = nb__empty(ctx, x->dtype, x->ndim, x->shape);
+    nb__cpu_softmax(y, xc, outer, k, inner, take_log);
+    nb_node *n = nb__record(ctx, op, softmax_backward, y, 1, &x);
+    if (n) {
+        n->i[0] = outer;
+        n->i[1] = k;
+        n->i[2] = inner;
+        n->i[3] = take_log;
+    }
+    return y;
+}
+
+nb_tensor *nb_softmax(nb_ctx *ctx, nb_tensor *x, int axis) {
+    return softmax_impl(ctx, "nb_softmax", x, axis, false);
+}
+
+nb_tensor *nb_log_softmax(nb_ctx *ctx, nb_tensor *x, int axis) {
+    return softmax_impl(ctx, "nb_log_softmax", x, axis, true);
+}

@@ -1,0 +1,300 @@
+/* Tests of nb_conv2d: forward against a naive 7-loop reference in double
+ * for several (stride, padding, dilation) settings, f32 against the f64
+ * reference, gradient checks for input, weight and bias, non-contiguous
+ * operands, and the error messages. */
+#include <math.h>
+#include <stdlib.h>
+
+#include "testutil.h"
+
+typedef struct geom {
+    int64_t n, c, h, w, o, kh, kw;
+    nb_conv2d_opts opts;
+} geom;
+
+static int64_t ref_out(int64_t in, int64_t k, int s, int p, int d) {
+    return (in + 2 * p - d * (k - 1) - 1) / s + 1;
+}
+
+/* out (N, O, OH, OW), computed in double straight from the definition */
+static double *ref_conv(const geom *g, const double *x, const double *w, const double *b,
+                        int64_t *oh_out, int64_t *ow_out) {
+    const nb_conv2d_opts *o = &g->opts;
+    int64_t OH = ref_out(g->h, g->kh, o->stride[0], o->padding[0], o->dilation[0]);
+    int64_t OW = ref_out(g->w, g->kw, o->stride[1], o->padding[1], o->dilation[1]);
+    double *out = calloc((size_t)(g->n * g->o * OH * OW), sizeof(double));
+    for (int64_t n = 0; n < g->n; n++)
+        for (int64_t oc = 0; oc < g->o; oc++)
+            for (int64_t oh = 0; oh < OH; oh++)
+                for (int64_t ow = 0; ow < OW; ow++) {
+                    double s = b ? b[oc] : 0.0;
+                    for (int64_t c = 0; c < g->c; c++)
+                        for (int64_t i = 0; i < g->kh; i++)
+                            for (int64_t j = 0; j < g->kw; j++) {
+                                int64_t ih = oh * o->stride[0] - o->padding[0] + i * o->dilation[0];
+                                int64_t iw = ow * o->stride[1] - o->padding[1] + j * o->dilation[1];
+                                if (ih < 0 || ih >= g->h || iw < 0 || iw >= g->w) continue;
+                                s += x[((n * g->c + c) * g->h + ih) * g->w + iw] *
+                                     w[((oc * g->c + c) * g->kh + i) * g->kw + j];
+                            }
+                    out[((n * g->o + oc) * OH + oh) * OW + ow] = s;
+                }
+    *oh_out = OH;
+    *ow_out = OW;
+    return out;
+}
+
+static double *host(const nb_tensor *t) {
+    double *v = malloc(sizeof(double) * (size_t)nb_numel(t));
+    nb_to_host_f64(t, v);
+    return v;
+}
+
+/* Runs nb_conv2d in dtype dt (inputs made in f64 and cast) and compares
+ * with the reference. */
+static void check_forward(const geom *g, bool with_bias, nb_dtype dt, double tol) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *x = nbt_randn(ctx, NB_F64, 4, (int64_t[]){g->n, g->c, g->h, g->w}, 1);
+    nb_tensor *w = nbt_randn(ctx, NB_F64, 4, (int64_t[]){g->o, g->c, g->kh, g->kw}, 2);
+    nb_tensor *b = with_bias ? nbt_randn(ctx, NB_F64, 1, (int64_t[]){g->o}, 3) : NULL;
+    double *xh = host(x), *wh = host(w), *bh = b ? host(b) : NULL;
+    int64_t OH, OW;
+    double *ref = ref_conv(g, xh, wh, bh, &OH, &OW);
+    nb_tensor *y = nb_conv2d(ctx, nb_cast(ctx, x, dt), nb_cast(ctx, w, dt),
+                             b ? nb_cast(ctx, b, dt) : NULL, &g->opts);
+    ck_assert_int_eq(y->dtype, dt);
+    ck_assert_int_eq(y->ndim, 4);
+    ck_assert_int_eq(y->shape[0], g->n);
+    ck_assert_int_eq(y->shape[1], g->o);
+    ck_assert_int_eq(y->shape[2], OH);
+    ck_assert_int_eq(y->shape[3], OW);
+    nbt_assert_close(y, ref, tol, tol);
+    free(ref);
+    free(xh);
+    free(wh);
+    free(bh);
+    nb_ctx_free(ctx);
+}
+
+#define OPTS(s0, s1, p0, p1, d0, d1) ((nb_conv2d_opts){{s0, s1}, {p0, p1}, {d0, d1}})
+
+static const nb_conv2d_opts combos[] = {
+    OPTS(1, 1, 0, 0, 1, 1), OPTS(2, 1, 1, 2, 1, 1), OPTS(1, 2, 2, 1, 2, 1),
+    OPTS(3, 2, 0, 1, 1, 2), OPTS(2, 2, 1, 1, 2, 2), OPTS(1, 1, 3, 0, 1, 3),
+};
+#define NCOMBOS ((int)(sizeof combos / sizeof combos[0]))
+
+START_TEST(test_forward_f64) {
+    for (int k = 0; k < NCOMBOS; k++) {
+        geom g = {2, 3, 9, 8, 4, 3, 2, combos[k]};
+        check_forward(&g, true, NB_F64, 1e-12);
+        check_forward(&g, false, NB_F64, 1e-12);
+    }
+}
+END_TEST
+
+START_TEST(test_forward_shapes) {
+    /* 1x1 kernels (the no-im2col path and a strided one), a kernel as large
+     * as the padded input, a single channel, batch of one */
+    geom gs[] = {
+        {3, 5, 4, 6, 7, 1, 1, OPTS(1, 1, 0, 0, 1, 1)},
+        {2, 3, 5, 5, 2, 1, 1, OPTS(2, 2, 0, 0, 1, 1)},
+        {2, 3, 5, 5, 2, 1, 1, OPTS(1, 1, 1, 1, 1, 1)},
+        {1, 2, 4, 3, 3, 6, 5, OPTS(1, 1, 1, 1, 1, 1)},
+        {1, 1, 6, 7, 1, 3, 3, OPTS(2, 3, 1, 0, 1, 1)},
+    };
+    for (size_t k = 0; k < sizeof gs / sizeof gs[0]; k++) {
+        check_forward(&gs[k], true, NB_F64, 1e-12);
+        check_forward(&gs[k], false, NB_F64, 1e-12);
+    }
+}
+END_TEST
+
+START_TEST(test_forward_f32) {
+    for (int k = 0; k < NCOMBOS; k++) {
+        geom g = {2, 3, 9, 8, 4, 3, 2, combos[k]};
+        check_forward(&g, true, NB_F32, 1e-4);
+    }
+    geom g1 = {2, 4, 5, 5, 3, 1, 1, OPTS(1, 1, 0, 0, 1, 1)};
+    check_forward(&g1, false, NB_F32, 1e-4);
+}
+END_TEST
+
+START_TEST(test_default_opts) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *x = nbt_randn(ctx, NB_F64, 4, (int64_t[]){1, 2, 5, 4}, 4);
+    nb_tensor *w = nbt_randn(ctx, NB_F64, 4, (int64_t[]){3, 2, 2, 2}, 5);
+    nb_conv2d_opts def = NB_CONV2D_DEFAULTS;
+    nbt_assert_tensors_close(nb_conv2d(ctx, x, w, NULL, NULL), nb_conv2d(ctx, x, w, NULL, &def), 0,
+                             0);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+/* ---- gradients ---- */
+typedef struct conv_case {
+    nb_conv2d_opts opts;
+    bool transpose_x; /* inputs[0] is (N, C, W, H); convolve its transpose */
+} conv_case;
+
+static nb_tensor *conv_fn(nb_ctx *ctx, nb_tensor *const *in, void *user) {
+    const conv_case *cc = user;
+    nb_tensor *x = cc->transpose_x ? nb_transpose(ctx, in[0], 2, 3) : in[0];
+    return nb_conv2d(ctx, x, in[1], in[2], &cc->opts);
+}
+
+static nb_tensor *conv_fn_nobias(nb_ctx *ctx, nb_tensor *const *in, void *user) {
+    const conv_case *cc = user;
+    return nb_conv2d(ctx, in[0], in[1], NULL, &cc->opts);
+}
+
+START_TEST(test_gradcheck) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    for (int k = 0; k < NCOMBOS; k++) {
+        conv_case cc = {combos[k], false};
+        nb_tensor *in[3] = {
+            nbt_randn_leaf(ctx, NB_F64, 4, (int64_t[]){2, 2, 6, 5}, 10 + (uint64_t)k),
+            nbt_randn_leaf(ctx, NB_F64, 4, (int64_t[]){3, 2, 3, 2}, 20 + (uint64_t)k),
+            nbt_randn_leaf(ctx, NB_F64, 1, (int64_t[]){3}, 30 + (uint64_t)k),
+        };
+        NBT_GRADCHECK(conv_fn, &cc, 3, in);
+        NBT_GRADCHECK(conv_fn_nobias, &cc, 2, in);
+    }
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+START_TEST(test_gradcheck_pointwise) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    conv_case cc = {OPTS(1, 1, 0, 0, 1, 1), false};
+    nb_tensor *in[3] = {
+        nbt_randn_leaf(ctx, NB_F64, 4, (int64_t[]){2, 3, 3, 4}, 40),
+        nbt_randn_leaf(ctx, NB_F64, 4, (int64_t[]){2, 3, 1, 1}, 41),
+        nbt_randn_leaf(ctx, NB_F64, 1, (int64_t[]){2}, 42),
+    };
+    NBT_GRADCHECK(conv_fn, &cc, 3, in);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+START_TEST(test_gradcheck_partial) {
+    /* only one of the operands requires grad at a time */
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    conv_case cc = {OPTS(2, 1, 1, 1, 1, 2), false};
+    for (int which = 0; which < 3; which++) {
+        nb_tensor *in[3] = {
+            nbt_randn(ctx, NB_F64, 4, (int64_t[]){2, 2, 5, 6}, 50),
+            nbt_randn(ctx, NB_F64, 4, (int64_t[]){2, 2, 3, 2}, 51),
+            nbt_randn(ctx, NB_F64, 1, (int64_t[]){2}, 52),
+        };
+        nb_set_requires_grad(in[which], true);
+        NBT_GRADCHECK(conv_fn, &cc, 3, in);
+    }
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+START_TEST(test_non_contiguous) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    conv_case cc = {OPTS(1, 2, 1, 0, 1, 1), true};
+    /* x stored as (N, C, W, H); weight a strided slice of a larger tensor */
+    nb_tensor *xt = nbt_randn_leaf(ctx, NB_F64, 4, (int64_t[]){2, 2, 5, 6}, 60);
+    nb_tensor *wbig = nbt_randn(ctx, NB_F64, 4, (int64_t[]){6, 2, 3, 2}, 61);
+    nb_tensor *w = nb_slice(ctx, wbig, 0, 0, 6, 2);
+    ck_assert(!nb_is_contiguous(w));
+    nb_tensor *x = nb_transpose(ctx, xt, 2, 3);
+    ck_assert(!nb_is_contiguous(x));
+    nb_tensor *y = nb_conv2d(ctx, x, w, NULL, &cc.opts);
+
+    geom g = {2, 2, 6, 5, 3, 3, 2, cc.opts};
+    double *xh = host(x), *wh = host(w);
+    int64_t OH, OW;
+    double *ref = ref_conv(&g, xh, wh, NULL, &OH, &OW);
+    nbt_assert_close(y, ref, 1e-12, 1e-12);
+    free(ref);
+    free(xh);
+    free(wh);
+
+    nb_tensor *in[3] = {xt, nbt_randn_leaf(ctx, NB_F64, 4, (int64_t[]){3, 2, 3, 2}, 62),
+                        nbt_randn_leaf(ctx, NB_F64, 1, (int64_t[]){3}, 63)};
+    NBT_GRADCHECK(conv_fn, &cc, 3, in);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+START_TEST(test_backward_accumulates) {
+    /* the weight gradient sums over images: a batch of two equals the sum of
+     * two batches of one */
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_conv2d_opts o = OPTS(1, 1, 1, 1, 1, 1);
+    nb_tensor *x = nbt_randn(ctx, NB_F64, 4, (int64_t[]){2, 2, 4, 4}, 70);
+    nb_tensor *w = nbt_randn_leaf(ctx, NB_F64, 4, (int64_t[]){3, 2, 3, 3}, 71);
+    nb_tensor *b = nbt_randn_leaf(ctx, NB_F64, 1, (int64_t[]){3}, 72);
+    nb_backward(nb_sum_all(ctx, nb_conv2d(ctx, x, w, b, &o)));
+    nb_tensor *gw_batch = nb_clone(ctx, w->grad), *gb_batch = nb_clone(ctx, b->grad);
+    nb_zero_grad(w);
+    nb_zero_grad(b);
+    for (int64_t i = 0; i < 2; i++)
+        nb_backward(nb_sum_all(ctx, nb_conv2d(ctx, nb_narrow(ctx, x, 0, i, 1), w, b, &o)));
+    nbt_assert_tensors_close(w->grad, gw_batch, 1e-12, 1e-12);
+    nbt_assert_tensors_close(b->grad, gb_batch, 1e-12, 1e-12);
+    /* bias gradient of sum(y) is N * OH * OW */
+    double expect_b[3] = {2 * 16, 2 * 16, 2 * 16};
+    nbt_assert_close(gb_batch, expect_b, 0, 0);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+/* ---- errors ---- */
+START_TEST(test_errors) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *x = nb_zeros(ctx, NB_F32, NB_SHAPE(2, 3, 8, 8));
+    nb_tensor *w = nb_zeros(ctx, NB_F32, NB_SHAPE(16, 4, 3, 3));
+    NBT_EXPECT_ABORT(nb_conv2d(ctx, x, w, NULL, NULL),
+                     "nb_conv2d: input has 3 channels but weight (16, 4, 3, 3) expects 4");
+    nb_tensor *w3 = nb_zeros(ctx, NB_F32, NB_SHAPE(16, 3, 3, 3));
+    NBT_EXPECT_ABORT(nb_conv2d(ctx, nb_zeros(ctx, NB_F32, NB_SHAPE(3, 8, 8)), w3, NULL, NULL),
+                     "nb_conv2d: input must be 4-D (N, C, H, W), got shape (3, 8, 8)");
+    NBT_EXPECT_ABORT(nb_conv2d(ctx, x, nb_zeros(ctx, NB_F32, NB_SHAPE(16, 3, 3)), NULL, NULL),
+                     "nb_conv2d: weight must be 4-D");
+    nb_tensor *small = nb_zeros(ctx, NB_F32, NB_SHAPE(1, 3, 2, 8));
+    NBT_EXPECT_ABORT(nb_conv2d(ctx, small, w3, NULL, NULL),
+                     "nb_conv2d: output size is not positive");
+    nb_conv2d_opts dil = OPTS(1, 1, 0, 0, 4, 1); /* effective kernel 9 > 8 */
+    NBT_EXPECT_ABORT(nb_conv2d(ctx, x, w3, NULL, &dil), "output size is not positive");
+    nb_conv2d_opts s0 = OPTS(0, 1, 0, 0, 1, 1);
+    NBT_EXPECT_ABORT(nb_conv2d(ctx, x, w3, NULL, &s0),
+                     "nb_conv2d: stride must be positive, got (0, 1)");
+    nb_conv2d_opts d0 = OPTS(1, 1, 0, 0, 1, -1);
+    NBT_EXPECT_ABORT(nb_conv2d(ctx, x, w3, NULL, &d0),
+                     "nb_conv2d: dilation must be positive, got (1, -1)");
+    nb_conv2d_opts pn = OPTS(1, 1, -1, 0, 1, 1);
+    NBT_EXPECT_ABORT(nb_conv2d(ctx, x, w3, NULL, &pn), "nb_conv2d: padding must be non-negative");
+    NBT_EXPECT_ABORT(nb_conv2d(ctx, x, w3, nb_zeros(ctx, NB_F32, NB_SHAPE(15)), NULL),
+                     "nb_conv2d: bias (15,) does not match weight (16, 3, 3, 3)");
+    NBT_EXPECT_ABORT(nb_conv2d(ctx, x, nb_zeros(ctx, NB_F64, NB_SHAPE(16, 3, 3, 3)), NULL, NULL),
+                     "nb_conv2d: dtypes differ");
+    NBT_EXPECT_ABORT(nb_conv2d(ctx, nb_zeros(ctx, NB_I32, NB_SHAPE(2, 3, 8, 8)), w3, NULL, NULL),
+                     "nb_conv2d: dtype i32 is not supported");
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+static Suite *conv_suite(void) {
+    Suite *s = suite_create("conv");
+    TCase *tc = tcase_create("conv2d");
+    tcase_add_test(tc, test_forward_f64);
+    tcase_add_test(tc, test_forward_shapes);
+    tcase_add_test(tc, test_forward_f32);
+    tcase_add_test(tc, test_default_opts);
+    tcase_add_test(tc, test_gradcheck);
+    tcase_add_test(tc, test_gradcheck_pointwise);
+    tcase_add_test(tc, test_gradcheck_partial);
+    tcase_add_test(tc, test_non_contiguous);
+    tcase_add_test(tc, test_backward_accumulates);
+    tcase_add_test(tc, test_errors);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) { return nbt_run(conv_suite()); }

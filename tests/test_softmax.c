@@ -1,0 +1,223 @@
+/* Softmax and log-softmax: values against a naive double reference on
+ * several axes (including one wider than the kernel's column tile and a
+ * non-contiguous input), rows summing to one, stability for large logits,
+ * gradchecks and error messages. */
+#include <math.h>
+
+#include "testutil.h"
+
+#define MAXN 1024
+
+/* Reference along `axis` of a row-major array of `shape`, in double. */
+static void ref_softmax(double *out, const double *x, int ndim, const int64_t *shape, int axis,
+                        bool take_log) {
+    int64_t strides[NB_MAX_DIMS], n = 1;
+    for (int d = ndim - 1; d >= 0; d--) {
+        strides[d] = n;
+        n *= shape[d];
+    }
+    for (int64_t e = 0; e < n; e++) {
+        /* the first element of e's row along axis */
+        int64_t idx = (e / strides[axis]) % shape[axis];
+        int64_t base = e - idx * strides[axis];
+        double mx = -INFINITY, s = 0;
+        for (int64_t k = 0; k < shape[axis]; k++) mx = fmax(mx, x[base + k * strides[axis]]);
+        for (int64_t k = 0; k < shape[axis]; k++) s += exp(x[base + k * strides[axis]] - mx);
+        out[e] = take_log ? x[e] - mx - log(s) : exp(x[e] - mx) / s;
+    }
+}
+
+static void check_against_ref(nb_tensor *x, int axis, bool take_log) {
+    nb_ctx *ctx = x->ctx;
+    static double xv[MAXN], e[MAXN];
+    int64_t n = nb_numel(x);
+    ck_assert(n <= MAXN);
+    nb_to_host_f64(x, xv);
+    int d = axis < 0 ? axis + x->ndim : axis;
+    ref_softmax(e, xv, x->ndim, x->shape, d, take_log);
+    nb_tensor *y = take_log ? nb_log_softmax(ctx, x, axis) : nb_softmax(ctx, x, axis);
+    ck_assert(y->dtype == x->dtype && nb_same_shape(y, x));
+    bool f32 = x->dtype == NB_F32;
+    nbt_assert_close(y, e, f32 ? 1e-6 : 1e-14, f32 ? 1e-5 : 1e-12);
+}
+
+START_TEST(test_values_axes) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    static const int64_t shapes[][3] = {{3, 5, 1}, {2, 3, 4}, {2, 3, 70}};
+    static const int ndims[] = {2, 3, 3};
+    for (int si = 0; si < 3; si++) {
+        for (int axis = -ndims[si]; axis < ndims[si]; axis++) {
+            for (int dti = 0; dti < 2; dti++) {
+                nb_tensor *x = nbt_randn(ctx, dti ? NB_F32 : NB_F64, ndims[si], shapes[si],
+                                         (uint64_t)(100 + si * 10 + axis));
+                nb_tensor *x3 = nb_mul_scalar(ctx, x, 3.0);
+                check_against_ref(x3, axis, false);
+                check_against_ref(x3, axis, true);
+            }
+        }
+    }
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+START_TEST(test_rows_sum_to_one) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *x = nbt_randn(ctx, NB_F32, NB_SHAPE(4, 6, 5), 7);
+    nb_tensor *y = nb_softmax(ctx, x, 1);
+    double v[120];
+    nb_to_host_f64(y, v);
+    for (int a = 0; a < 4; a++)
+        for (int c = 0; c < 5; c++) {
+            double s = 0;
+            for (int b = 0; b < 6; b++) {
+                double p = v[(a * 6 + b) * 5 + c];
+                ck_assert(p > 0 && p < 1);
+                s += p;
+            }
+            ck_assert_msg(fabs(s - 1) < 1e-6, "sum %g", s);
+        }
+    /* exp(log_softmax) is softmax */
+    nb_tensor *ly = nb_exp(ctx, nb_log_softmax(ctx, x, 1));
+    nbt_assert_tensors_close(ly, y, 1e-6, 1e-5);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+START_TEST(test_non_contiguous) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *base = nbt_randn(ctx, NB_F64, NB_SHAPE(5, 4, 3), 11);
+    nb_tensor *xt = nb_transpose(ctx, base, 0, 2);             /* (3, 4, 5) */
+    nb_tensor *xs = nb_slice(ctx, base, 1, 0, 4, 2);            /* (5, 2, 3) */
+    ck_assert(!nb_is_contiguous(xt) && !nb_is_contiguous(xs));
+    for (int axis = 0; axis < 3; axis++) {
+        check_against_ref(xt, axis, false);
+        check_against_ref(xt, axis, true);
+        check_against_ref(xs, axis, false);
+        check_against_ref(xs, axis, true);
+    }
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+START_TEST(test_large_logits) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    float xv[6] = {1000.0f, 1001.0f, 1002.0f, -1000.0f, -1001.0f, -3000.0f};
+    nb_tensor *x = nb_from_host(ctx, NB_F32, NB_SHAPE(2, 3), xv);
+    /* closed forms: softmax(0, 1, 2) and softmax(0, -1, -2000) */
+    double z = 1 + exp(1.0) + exp(2.0), z2 = 1 + exp(-1.0);
+    double e[6] = {1 / z, exp(1.0) / z, exp(2.0) / z, 1 / z2, exp(-1.0) / z2, 0};
+    nbt_assert_close(nb_softmax(ctx, x, 1), e, 1e-7, 1e-6);
+    double le[6] = {-log(z), 1 - log(z), 2 - log(z), -log(z2), -1 - log(z2), -2000 - log(z2)};
+    nbt_assert_close(nb_log_softmax(ctx, x, 1), le, 1e-4, 1e-6);
+    /* column-wise (tiled) path too */
+    nb_tensor *xt = nb_transpose(ctx, x, 0, 1);
+    double et[6] = {e[0], e[3], e[1], e[4], e[2], e[5]};
+    nbt_assert_close(nb_softmax(ctx, nb_contiguous(ctx, xt), 0), et, 1e-7, 1e-6);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+typedef struct sm_case {
+    int axis;
+    bool take_log;
+    bool transpose;
+} sm_case;
+
+static nb_tensor *sm_fn(nb_ctx *ctx, nb_tensor *const *in, void *user) {
+    const sm_case *c = user;
+    nb_tensor *x = in[0];
+    if (c->transpose) x = nb_transpose(ctx, x, 0, x->ndim - 1);
+    return c->take_log ? nb_log_softmax(ctx, x, c->axis) : nb_softmax(ctx, x, c->axis);
+}
+
+START_TEST(test_gradcheck) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    static const int64_t shapes[][3] = {{3, 4, 0}, {2, 3, 4}};
+    static const int ndims[] = {2, 3};
+    for (int si = 0; si < 2; si++)
+        for (int axis = 0; axis < ndims[si]; axis++)
+            for (int lg = 0; lg < 2; lg++)
+                for (int tr = 0; tr < 2; tr++) {
+                    sm_case c = {axis, lg != 0, tr != 0};
+                    nb_tensor *x = nbt_randn_leaf(ctx, NB_F64, ndims[si], shapes[si],
+                                                  (uint64_t)(200 + si * 10 + axis));
+                    NBT_GRADCHECK(sm_fn, &c, 1, &x);
+                }
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+/* The analytic gradient equals the closed form for a one-hot seed. */
+START_TEST(test_backward_closed_form) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *x = nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(1, 4), 3);
+    nb_tensor *y = nb_softmax(ctx, x, 1);
+    double yv[4];
+    nb_to_host_f64(y, yv);
+    nb_backward(nb_select(ctx, y, 1, 2)); /* d y2 / d xj = y2 ([j = 2] - yj) */
+    double e[4];
+    for (int j = 0; j < 4; j++) e[j] = yv[2] * ((j == 2) - yv[j]);
+    nbt_assert_close(x->grad, e, 1e-14, 1e-12);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+/* Leaves x64 (f64) and x32 (the same values in f32). */
+static void twin_leaves(nb_ctx *ctx, int ndim, const int64_t *shape, uint64_t seed, nb_tensor **x64,
+                        nb_tensor **x32) {
+    *x64 = nbt_randn(ctx, NB_F64, ndim, shape, seed);
+    *x32 = nb_cast(ctx, *x64, NB_F32);
+    nb_set_requires_grad(*x64, true);
+    nb_set_requires_grad(*x32, true);
+}
+
+/* sum(y * r) with r a fixed random tensor of y's shape and dtype */
+static nb_tensor *weighted_sum(nb_ctx *ctx, nb_tensor *y) {
+    nb_tensor *r = nb_cast(ctx, nbt_randn(ctx, NB_F64, y->ndim, y->shape, 999), y->dtype);
+    return nb_sum_all(ctx, nb_mul(ctx, y, r));
+}
+
+/* The f32 backward kernels agree with the f64 ones. */
+START_TEST(test_f32_backward) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    for (int axis = 0; axis < 3; axis++)
+        for (int lg = 0; lg < 2; lg++) {
+            nb_tensor *x64, *x32;
+            twin_leaves(ctx, NB_SHAPE(3, 4, 5), 300 + axis, &x64, &x32);
+            nb_tensor *(*f)(nb_ctx *, nb_tensor *, int) = lg ? nb_log_softmax : nb_softmax;
+            nb_backward(weighted_sum(ctx, f(ctx, x64, axis)));
+            nb_backward(weighted_sum(ctx, f(ctx, x32, axis)));
+            nbt_assert_tensors_close(x32->grad, x64->grad, 1e-5, 1e-4);
+        }
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+START_TEST(test_errors) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *x = nb_zeros(ctx, NB_F32, NB_SHAPE(2, 3));
+    NBT_EXPECT_ABORT(nb_softmax(ctx, x, 2), "nb_softmax: dimension 2 out of range");
+    NBT_EXPECT_ABORT(nb_log_softmax(ctx, x, -3), "nb_log_softmax: dimension -3 out of range");
+    nb_tensor *xi = nb_zeros(ctx, NB_I32, NB_SHAPE(2, 3));
+    NBT_EXPECT_ABORT(nb_softmax(ctx, xi, 1), "nb_softmax: dtype i32");
+    NBT_EXPECT_ABORT(nb_log_softmax(ctx, xi, 1), "nb_log_softmax: dtype i32");
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+static Suite *suite(void) {
+    Suite *s = suite_create("softmax");
+    TCase *tc = tcase_create("core");
+    tcase_add_test(tc, test_values_axes);
+    tcase_add_test(tc, test_rows_sum_to_one);
+    tcase_add_test(tc, test_non_contiguous);
+    tcase_add_test(tc, test_large_logits);
+    tcase_add_test(tc, test_gradcheck);
+    tcase_add_test(tc, test_backward_closed_form);
+    tcase_add_test(tc, test_f32_backward);
+    tcase_add_test(tc, test_errors);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) { return nbt_run(suite()); }
