@@ -1,4 +1,4 @@
-/* nb_fprint: a PyTorch-like rendering for debugging. Dimensions longer than
+/* nb_tensor_fprint: a PyTorch-like rendering for debugging. Dimensions longer than
  * 2 * EDGE + 1 show their first and last EDGE entries around "..." once the
  * tensor has more than SUMMARIZE elements. Floats use fixed notation with
  * 4 decimals unless their magnitudes call for scientific notation. */
@@ -92,8 +92,8 @@ static void emit(pstate *s, int d, int64_t *idx, int indent) {
     fputc(']', s->f);
 }
 
-void nb_fprint(FILE *f, const nb_tensor *t) {
-    NB_CHECK(t->device.type == NB_DEVICE_CPU, "nb_fprint: tensor of shape %s is on %s; copy it to the CPU first",
+void nb_tensor_fprint(FILE *f, const nb_tensor *t) {
+    NB_CHECK(t->device.type == NB_DEVICE_CPU, "nb_tensor_fprint: tensor of shape %s is on %s; copy it to the CPU first",
              nb_shape_str(t), nb_device_name(t->device));
     pstate s = {f, t, nb_numel(t) > SUMMARIZE, false, nb_dtype_is_float(t->dtype), 1};
     int64_t idx[NB_MAX_DIMS] = {0};
@@ -118,4 +118,4 @@ void nb_fprint(FILE *f, const nb_tensor *t) {
     fputs(")\n", f);
 }
 
-void nb_print(const nb_tensor *t) { nb_fprint(stdout, t); }
+void nb_tensor_print(const nb_tensor *t) { nb_tensor_fprint(stdout, t); }

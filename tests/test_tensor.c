@@ -212,13 +212,13 @@ START_TEST(test_print) {
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
     nb_tensor *x = nb_from_host(ctx, NB_F32, NB_SHAPE(2, 2), (float[]){1, -2.5f, 3, 4});
-    nb_fprint(f, x);
+    nb_tensor_fprint(f, x);
     fflush(f);
     ck_assert_str_eq(buf, "tensor([[ 1.0000, -2.5000],\n        [ 3.0000,  4.0000]], dtype=f32, shape=(2, 2))\n");
     fclose(f);
     free(buf);
     f = open_memstream(&buf, &len);
-    nb_fprint(f, nb_arange(ctx, NB_I64, 0, 2000, 1));
+    nb_tensor_fprint(f, nb_arange(ctx, NB_I64, 0, 2000, 1));
     fflush(f);
     ck_assert_str_eq(buf, "tensor([   0,    1,    2, ..., 1997, 1998, 1999], dtype=i64, shape=(2000,))\n");
     fclose(f);

@@ -124,8 +124,8 @@ void nb_set_requires_grad(nb_tensor *t, bool requires_grad);
 /* ---- printing ---- */
 /* PyTorch-style: tensor([[...]], dtype=f32, shape=(2, 3)); long
  * dimensions are abbreviated with "...". */
-void nb_fprint(FILE *f, const nb_tensor *t);
-void nb_print(const nb_tensor *t);
+void nb_tensor_fprint(FILE *f, const nb_tensor *t);
+void nb_tensor_print(const nb_tensor *t);
 
 /* Negative dims count from the end; aborts naming `op` when out of range. */
 int nb_normalize_dim(const char *op, int dim, int ndim);
