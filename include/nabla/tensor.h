@@ -46,6 +46,13 @@ struct nb_tensor {
     bool bw_seen;
 };
 
+/* A tensor with a PyTorch-style dotted name ("blocks.0.attn.qkv.weight"):
+ * the unit of state dicts, optimizer state and checkpoints. */
+typedef struct nb_named_tensor {
+    const char *name;
+    nb_tensor *tensor;
+} nb_named_tensor;
+
 /* Shape literal: nb_zeros(ctx, NB_F32, NB_SHAPE(2, 3)). */
 #define NB_SHAPE(...)                                                       \
     (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), (int64_t[]){__VA_ARGS__}
