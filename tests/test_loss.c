@@ -140,21 +140,12 @@ START_TEST(test_ce_gradcheck) {
 }
 END_TEST
 
-/* Leaves x64 (f64) and x32 (the same values in f32). */
-static void twin_leaves(nb_ctx *ctx, int ndim, const int64_t *shape, uint64_t seed, nb_tensor **x64,
-                        nb_tensor **x32) {
-    *x64 = nbt_randn(ctx, NB_F64, ndim, shape, seed);
-    *x32 = nb_cast(ctx, *x64, NB_F32);
-    nb_set_requires_grad(*x64, true);
-    nb_set_requires_grad(*x32, true);
-}
-
 START_TEST(test_f32_backward) {
     nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
     nb_tensor *t = nb_from_host(ctx, NB_I64, NB_SHAPE(4), (int64_t[]){2, -100, 0, 4});
     nb_cross_entropy_opts o = {-100, 0.1};
     nb_tensor *x64, *x32;
-    twin_leaves(ctx, NB_SHAPE(4, 5), 400, &x64, &x32);
+    nbt_twin_leaves(ctx, NB_SHAPE(4, 5), 400, &x64, &x32);
     nb_backward(nb_cross_entropy(ctx, x64, t, &o));
     nb_backward(nb_cross_entropy(ctx, x32, t, &o));
     nbt_assert_tensors_close(x32->grad, x64->grad, 1e-6, 1e-5);

@@ -294,21 +294,6 @@ START_TEST(test_batch_norm_gradcheck) {
 }
 END_TEST
 
-/* Leaves x64 (f64) and x32 (the same values in f32). */
-static void twin_leaves(nb_ctx *ctx, int ndim, const int64_t *shape, uint64_t seed, nb_tensor **x64,
-                        nb_tensor **x32) {
-    *x64 = nbt_randn(ctx, NB_F64, ndim, shape, seed);
-    *x32 = nb_cast(ctx, *x64, NB_F32);
-    nb_set_requires_grad(*x64, true);
-    nb_set_requires_grad(*x32, true);
-}
-
-/* sum(y * r) with r a fixed random tensor of y's shape and dtype */
-static nb_tensor *weighted_sum(nb_ctx *ctx, nb_tensor *y) {
-    nb_tensor *r = nb_cast(ctx, nbt_randn(ctx, NB_F64, y->ndim, y->shape, 999), y->dtype);
-    return nb_sum_all(ctx, nb_mul(ctx, y, r));
-}
-
 /* The f32 backward kernels agree with the f64 ones (x, weight, bias). */
 START_TEST(test_f32_backward) {
     nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
@@ -316,9 +301,9 @@ START_TEST(test_f32_backward) {
     nb_tensor *rm = nb_zeros(ctx, NB_F64, 1, &c), *rv = nb_ones(ctx, NB_F64, 1, &c);
     for (int k = 0; k < 3; k++) {
         nb_tensor *x64, *x32, *w64, *w32, *b64, *b32;
-        twin_leaves(ctx, NB_SHAPE(4, 3, 2, 3), 500 + k, &x64, &x32);
-        twin_leaves(ctx, 1, &c, 510 + k, &w64, &w32);
-        twin_leaves(ctx, 1, &c, 520 + k, &b64, &b32);
+        nbt_twin_leaves(ctx, NB_SHAPE(4, 3, 2, 3), 500 + k, &x64, &x32);
+        nbt_twin_leaves(ctx, 1, &c, 510 + k, &w64, &w32);
+        nbt_twin_leaves(ctx, 1, &c, 520 + k, &b64, &b32);
         nb_tensor *y64, *y32;
         if (k == 0) {
             nb_tensor *w2 = nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(2, 3), 530);
@@ -326,14 +311,14 @@ START_TEST(test_f32_backward) {
             nb_set_requires_grad(w2f, true);
             y64 = nb_layer_norm(ctx, x64, 2, w2, NULL, 1e-5);
             y32 = nb_layer_norm(ctx, x32, 2, w2f, NULL, 1e-5);
-            nb_backward(weighted_sum(ctx, y64));
-            nb_backward(weighted_sum(ctx, y32));
+            nb_backward(nbt_weighted_sum(ctx, y64));
+            nb_backward(nbt_weighted_sum(ctx, y32));
             nbt_assert_tensors_close(w2f->grad, w2->grad, 1e-5, 1e-4);
         } else {
             y64 = nb_batch_norm(ctx, x64, w64, b64, rm, rv, k == 1, 0.1, 1e-5);
             y32 = nb_batch_norm(ctx, x32, w32, b32, rm, rv, k == 1, 0.1, 1e-5);
-            nb_backward(weighted_sum(ctx, y64));
-            nb_backward(weighted_sum(ctx, y32));
+            nb_backward(nbt_weighted_sum(ctx, y64));
+            nb_backward(nbt_weighted_sum(ctx, y32));
             nbt_assert_tensors_close(w32->grad, w64->grad, 1e-5, 1e-4);
             nbt_assert_tensors_close(b32->grad, b64->grad, 1e-5, 1e-4);
         }

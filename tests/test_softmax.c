@@ -162,31 +162,16 @@ START_TEST(test_backward_closed_form) {
 }
 END_TEST
 
-/* Leaves x64 (f64) and x32 (the same values in f32). */
-static void twin_leaves(nb_ctx *ctx, int ndim, const int64_t *shape, uint64_t seed, nb_tensor **x64,
-                        nb_tensor **x32) {
-    *x64 = nbt_randn(ctx, NB_F64, ndim, shape, seed);
-    *x32 = nb_cast(ctx, *x64, NB_F32);
-    nb_set_requires_grad(*x64, true);
-    nb_set_requires_grad(*x32, true);
-}
-
-/* sum(y * r) with r a fixed random tensor of y's shape and dtype */
-static nb_tensor *weighted_sum(nb_ctx *ctx, nb_tensor *y) {
-    nb_tensor *r = nb_cast(ctx, nbt_randn(ctx, NB_F64, y->ndim, y->shape, 999), y->dtype);
-    return nb_sum_all(ctx, nb_mul(ctx, y, r));
-}
-
 /* The f32 backward kernels agree with the f64 ones. */
 START_TEST(test_f32_backward) {
     nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
     for (int axis = 0; axis < 3; axis++)
         for (int lg = 0; lg < 2; lg++) {
             nb_tensor *x64, *x32;
-            twin_leaves(ctx, NB_SHAPE(3, 4, 5), 300 + axis, &x64, &x32);
+            nbt_twin_leaves(ctx, NB_SHAPE(3, 4, 5), 300 + axis, &x64, &x32);
             nb_tensor *(*f)(nb_ctx *, nb_tensor *, int) = lg ? nb_log_softmax : nb_softmax;
-            nb_backward(weighted_sum(ctx, f(ctx, x64, axis)));
-            nb_backward(weighted_sum(ctx, f(ctx, x32, axis)));
+            nb_backward(nbt_weighted_sum(ctx, f(ctx, x64, axis)));
+            nb_backward(nbt_weighted_sum(ctx, f(ctx, x32, axis)));
             nbt_assert_tensors_close(x32->grad, x64->grad, 1e-5, 1e-4);
         }
     nb_ctx_free(ctx);

@@ -27,6 +27,19 @@ nb_tensor *nbt_randn_leaf(nb_ctx *ctx, nb_dtype dtype, int ndim, const int64_t *
     return t;
 }
 
+void nbt_twin_leaves(nb_ctx *ctx, int ndim, const int64_t *shape, uint64_t seed, nb_tensor **x64,
+                     nb_tensor **x32) {
+    *x64 = nbt_randn(ctx, NB_F64, ndim, shape, seed);
+    *x32 = nb_cast(ctx, *x64, NB_F32);
+    nb_set_requires_grad(*x64, true);
+    nb_set_requires_grad(*x32, true);
+}
+
+nb_tensor *nbt_weighted_sum(nb_ctx *ctx, nb_tensor *y) {
+    nb_tensor *r = nb_cast(ctx, nbt_randn(ctx, NB_F64, y->ndim, y->shape, 999), y->dtype);
+    return nb_sum_all(ctx, nb_mul(ctx, y, r));
+}
+
 void nbt_assert_close(const nb_tensor *t, const double *expect, double atol, double rtol) {
     int64_t n = nb_numel(t);
     double *v = malloc(sizeof(double) * (size_t)(n ? n : 1));

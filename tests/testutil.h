@@ -43,6 +43,13 @@ nb_tensor *nbt_randn(nb_ctx *ctx, nb_dtype dtype, int ndim, const int64_t *shape
 /* Same, made to require grad (a leaf). */
 nb_tensor *nbt_randn_leaf(nb_ctx *ctx, nb_dtype dtype, int ndim, const int64_t *shape, uint64_t seed);
 
+/* The same normal values as an f64 leaf and an f32 leaf (f32 vs f64 checks). */
+void nbt_twin_leaves(nb_ctx *ctx, int ndim, const int64_t *shape, uint64_t seed, nb_tensor **x64,
+                     nb_tensor **x32);
+/* sum(y * r), r a fixed random tensor of y's shape and dtype: a scalar that
+ * weighs every element of y differently. */
+nb_tensor *nbt_weighted_sum(nb_ctx *ctx, nb_tensor *y);
+
 /* Asserts |t[i] - expect[i]| <= atol + rtol |expect[i]| for every element
  * (row-major order), reporting the first failing index. */
 void nbt_assert_close(const nb_tensor *t, const double *expect, double atol, double rtol);
