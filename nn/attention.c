@@ -20,6 +20,7 @@
 typedef struct attention {
     int64_t c;
     int h;
+    nb_dtype dtype;
     nb_module *c_attn, *c_proj, *attn_dropout, *resid_dropout;
 } attention;
 
@@ -45,6 +46,7 @@ static nb_tensor *attn_forward(nb_module *m, nb_ctx *ctx, nb_tensor *x) {
     NB_CHECK(x->ndim == 3 && x->shape[2] == a->c,
              "CausalSelfAttention: input %s must be (N, T, %lld)", nb_shape_str(x),
              (long long)a->c);
+    nb__nn_check_input_dtype("CausalSelfAttention", x, a->dtype);
     int64_t n = x->shape[0], t = x->shape[1], c = a->c, d = c / a->h;
     nb_tensor *qkv = nb_module_forward(a->c_attn, ctx, x); /* (N, T, 3C) */
     nb_tensor *parts[3];
@@ -80,6 +82,7 @@ nb_module *nb_causal_self_attention_new(nb_ctx *ctx, nb_dtype dtype, int64_t n_e
     attention *a = m->self;
     a->c = n_embd;
     a->h = n_head;
+    a->dtype = dtype;
     a->c_attn = nb_module_add(m, "c_attn", nb_linear_new(ctx, dtype, n_embd, 3 * n_embd, o.bias, rng));
     a->c_proj = nb_module_add(m, "c_proj", nb_linear_new(ctx, dtype, n_embd, n_embd, o.bias, rng));
     a->attn_dropout =
