@@ -380,6 +380,32 @@ START_TEST(test_docs_example_runs) {
 }
 END_TEST
 
+static char *read_file(const char *path) {
+    FILE *f = fopen(path, "rb");
+    ck_assert_msg(f != NULL, "cannot open %s", path);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n + 1);
+    ck_assert(fread(buf, 1, (size_t)n, f) == (size_t)n);
+    buf[n] = 0;
+    fclose(f);
+    return buf;
+}
+
+/* docs/modules.md shows examples/custom_module.c verbatim, from its first #include on. */
+START_TEST(test_docs_show_example) {
+    char *doc = read_file(NABLA_SOURCE_DIR "/docs/modules.md");
+    char *ex = read_file(NABLA_SOURCE_DIR "/examples/custom_module.c");
+    const char *body = strstr(ex, "#include <stdio.h>");
+    ck_assert_ptr_nonnull(body);
+    ck_assert_msg(strstr(doc, body) != NULL,
+                  "docs/modules.md no longer shows examples/custom_module.c verbatim");
+    free(doc);
+    free(ex);
+}
+END_TEST
+
 START_TEST(test_registration_errors) {
     nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
     nb_module *m = nb_module_new(ctx, &net_type);
@@ -628,6 +654,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_print);
     tcase_add_test(tc, test_custom_module);
     tcase_add_test(tc, test_docs_example_runs);
+    tcase_add_test(tc, test_docs_show_example);
     tcase_add_test(tc, test_registration_errors);
     tcase_add_test(tc, test_constructor_errors);
     tcase_add_test(tc, test_init_schemes);
