@@ -74,7 +74,7 @@ bool nb_module_is_training(const nb_module *m);
 int nb_module_num_children(const nb_module *m);
 nb_module *nb_module_child_at(const nb_module *m, int i);
 const char *nb_module_child_name_at(const nb_module *m, int i);
-/* A descendant by dotted path ("blocks.0.attn"), or NULL. */
+/* A descendant by dotted path ("blocks.0.attn"; "" is m itself), or NULL. */
 nb_module *nb_module_child(nb_module *m, const char *path);
 
 /* ---- parameters and state ----
