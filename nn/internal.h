@@ -1,0 +1,52 @@
+/* Internal interface of nn/: the module struct (Note [Modules] in
+ * nn/module.c), the name cache of nn/state.c and checks shared by the
+ * layers. Not installed. */
+#ifndef NABLA_NN_INTERNAL_H
+#define NABLA_NN_INTERNAL_H
+
+#include <stdio.h>
+
+#include "nabla/nn.h"
+#include "tensor/internal.h"
+
+/* Longest dotted name, terminator included. */
+#define NB__NAME_MAX 512
+
+typedef struct nb__slot {
+    const char *name; /* copied into the module's context */
+    void *ptr;        /* nb_tensor * or nb_module * */
+} nb__slot;
+
+typedef struct nb__slots {
+    nb__slot *v;
+    int n, cap;
+} nb__slots;
+
+typedef enum nb__list { NB__LIST_PARAMS, NB__LIST_BUFFERS, NB__LIST_STATE, NB__LIST_COUNT } nb__list;
+
+struct nb_module {
+    const nb_module_type *type;
+    nb_ctx *ctx;
+    void *self;
+    bool training;
+    nb__slots params, buffers, children; /* registration order */
+    /* Flattened (name, tensor) lists relative to this module, rebuilt when
+     * the subtree's registration count differs from cache_key. */
+    int64_t cache_key;
+    nb_named_tensor *cache[NB__LIST_COUNT];
+    int cache_n[NB__LIST_COUNT];
+};
+
+/* The entry named `name` (len bytes, not terminated) or NULL. */
+void *nb__slots_find(const nb__slots *s, const char *name, size_t len);
+/* The cached list `which` of m, brought up to date. */
+const nb_named_tensor *nb__module_cached(nb_module *m, nb__list which, int *n);
+
+/* ---- checks shared by layer constructors and forwards ---- */
+/* dtype must be f32 or f64 (what layers compute in on the CPU). */
+void nb__nn_check_dtype(const char *fn, nb_dtype dtype);
+/* x must have the parameters' dtype: "Linear: input is f32 but the layer's
+ * parameters are f64". */
+void nb__nn_check_input_dtype(const char *layer, const nb_tensor *x, nb_dtype dtype);
+
+#endif

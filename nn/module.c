@@ -1,0 +1,242 @@
+/* The module tree: creation, registration of children, parameters and
+ * buffers, training mode, single-input forward, moving between devices.
+ * Iteration over names is in nn/state.c, printing in nn/print.c.
+ *
+ * Note [Modules]
+ * A module is an opaque handle plus a vtable (nb_module_type: name, size of
+ * its own state, forward, describe) and a zeroed state block that the
+ * module's functions reach with nb_module_self(m, &type), a checked
+ * downcast. We chose this over a public header struct that user structs
+ * embed: the tree's bookkeeping (lists, caches, mode) stays private and can
+ * change, a wrong downcast is caught with a message instead of corrupting
+ * memory, and a new module kind is two declarations (a struct, a static
+ * type) with no casts. Layers whose forward takes one tensor put it in the
+ * vtable, so containers (Sequential) and user code call any of them through
+ * nb_module_forward; the others (losses, a user's block with a mask) expose
+ * a function of their own.
+ *
+ * Everything lives in the context given at construction: the module
+ * struct, its state, the registration arrays (grown by doubling; the old
+ * array is left to the arena) and copies of the names. There is no
+ * nb_module_free: freeing the context frees the model.
+ *
+ * Parameters and buffers are registered as tensor pointers, and the tensor
+ * structs are never replaced: nb_module_to moves storage under the same
+ * struct, so a layer's own `weight` field, an optimizer's list and a DDP
+ * bucket all keep pointing at the live parameter. */
+#include <string.h>
+
+#include "nn/internal.h"
+
+static void *arena_copy(nb_ctx *ctx, const void *src, size_t bytes) {
+    void *p = nb__ctx_meta(ctx, bytes ? bytes : 1);
+    if (bytes) memcpy(p, src, bytes);
+    return p;
+}
+
+static void slots_push(nb_ctx *ctx, nb__slots *s, const char *name, void *ptr) {
+    if (s->n == s->cap) {
+        int cap = s->cap ? 2 * s->cap : 4;
+        nb__slot *v = nb__ctx_meta(ctx, (size_t)cap * sizeof *v);
+        if (s->n) memcpy(v, s->v, (size_t)s->n * sizeof *v);
+        s->v = v;
+        s->cap = cap;
+    }
+    s->v[s->n].name = arena_copy(ctx, name, strlen(name) + 1);
+    s->v[s->n].ptr = ptr;
+    s->n++;
+}
+
+void *nb__slots_find(const nb__slots *s, const char *name, size_t len) {
+    for (int i = 0; i < s->n; i++)
+        if (strlen(s->v[i].name) == len && memcmp(s->v[i].name, name, len) == 0) return s->v[i].ptr;
+    return NULL;
+}
+
+nb_module *nb_module_new(nb_ctx *ctx, const nb_module_type *type) {
+    NB_CHECK(ctx, "nb_module_new: ctx is NULL");
+    NB_CHECK(type && type->name, "nb_module_new: the module type needs a name");
+    nb_module *m = nb__ctx_meta(ctx, sizeof *m);
+    memset(m, 0, sizeof *m);
+    m->type = type;
+    m->ctx = ctx;
+    m->training = true;
+    m->cache_key = -1;
+    if (type->self_size) {
+        m->self = nb__ctx_meta(ctx, type->self_size);
+        memset(m->self, 0, type->self_size);
+    }
+    return m;
+}
+
+void *nb_module_self(nb_module *m, const nb_module_type *type) {
+    NB_CHECK(m, "nb_module_self: module is NULL (expected a %s)", type->name);
+    NB_CHECK(m->type == type, "nb_module_self: the module is a %s, not a %s", m->type->name,
+             type->name);
+    return m->self;
+}
+
+bool nb_module_is(const nb_module *m, const nb_module_type *type) { return m && m->type == type; }
+const char *nb_module_type_name(const nb_module *m) { return m->type->name; }
+nb_ctx *nb_module_ctx(const nb_module *m) { return m->ctx; }
+
+/* A new name must be valid and free in m. */
+static void check_name(const char *fn, const nb_module *m, const char *name) {
+    NB_CHECK(name && name[0], "%s: empty name in a %s", fn, m->type->name);
+    NB_CHECK(!strchr(name, '.'), "%s: name \"%s\" contains '.' (dots separate levels of the tree)",
+             fn, name);
+    size_t len = strlen(name);
+    const char *kind = nb__slots_find(&m->params, name, len)    ? "parameter"
+                       : nb__slots_find(&m->buffers, name, len) ? "buffer"
+                       : nb__slots_find(&m->children, name, len) ? "child module"
+                                                                  : NULL;
+    NB_CHECK(!kind, "%s: the %s already has a %s named \"%s\"", fn, m->type->name, kind, name);
+}
+
+static bool contains(const nb_module *root, const nb_module *m) {
+    if (root == m) return true;
+    for (int i = 0; i < root->children.n; i++)
+        if (contains(root->children.v[i].ptr, m)) return true;
+    return false;
+}
+
+nb_module *nb_module_add(nb_module *m, const char *name, nb_module *child) {
+    NB_CHECK(child, "nb_module_add: child \"%s\" of the %s is NULL", name ? name : "",
+             m->type->name);
+    check_name("nb_module_add", m, name);
+    NB_CHECK(!contains(child, m),
+             "nb_module_add: adding the %s as \"%s\" of the %s would make a cycle",
+             child->type->name, name, m->type->name);
+    slots_push(m->ctx, &m->children, name, child);
+    return child;
+}
+
+nb_module *nb_module_append(nb_module *m, nb_module *child) {
+    char name[16];
+    snprintf(name, sizeof name, "%d", m->children.n);
+    return nb_module_add(m, name, child);
+}
+
+nb_tensor *nb_module_add_param(nb_module *m, const char *name, nb_tensor *t) {
+    NB_CHECK(t, "nb_module_add_param: tensor \"%s\" of the %s is NULL", name ? name : "",
+             m->type->name);
+    check_name("nb_module_add_param", m, name);
+    NB_CHECK(nb_dtype_is_float(t->dtype), "nb_module_add_param: \"%s\" has dtype %s; parameters "
+             "need a float dtype", name, nb_dtype_name(t->dtype));
+    NB_CHECK(!t->node, "nb_module_add_param: \"%s\" %s was made by an op; a parameter must be a "
+             "leaf (make it with grad mode off, or nb_detach it)", name, nb_shape_str(t));
+    nb_set_requires_grad(t, true);
+    if (!t->name) nb_set_name(t, name);
+    slots_push(m->ctx, &m->params, name, t);
+    return t;
+}
+
+nb_tensor *nb_module_add_buffer(nb_module *m, const char *name, nb_tensor *t) {
+    NB_CHECK(t, "nb_module_add_buffer: tensor \"%s\" of the %s is NULL", name ? name : "",
+             m->type->name);
+    check_name("nb_module_add_buffer", m, name);
+    NB_CHECK(!t->requires_grad, "nb_module_add_buffer: \"%s\" %s requires grad; buffers are not "
+             "trained (register it with nb_module_add_param)", name, nb_shape_str(t));
+    if (!t->name) nb_set_name(t, name);
+    slots_push(m->ctx, &m->buffers, name, t);
+    return t;
+}
+
+nb_tensor *nb_module_forward(nb_module *m, nb_ctx *ctx, nb_tensor *x) {
+    NB_CHECK(m, "nb_module_forward: module is NULL");
+    NB_CHECK(m->type->forward, "nb_module_forward: a %s has no single-input forward; call its "
+             "own forward function", m->type->name);
+    NB_CHECK(x, "nb_module_forward: input to the %s is NULL", m->type->name);
+    return m->type->forward(m, ctx, x);
+}
+
+void nb_module_train(nb_module *m, bool training) {
+    m->training = training;
+    for (int i = 0; i < m->children.n; i++) nb_module_train(m->children.v[i].ptr, training);
+}
+
+void nb_module_eval(nb_module *m) { nb_module_train(m, false); }
+bool nb_module_is_training(const nb_module *m) { return m->training; }
+
+int nb_module_num_children(const nb_module *m) { return m->children.n; }
+
+nb_module *nb_module_child_at(const nb_module *m, int i) {
+    NB_CHECK(i >= 0 && i < m->children.n, "nb_module_child_at: index %d out of range for a %s "
+             "with %d children", i, m->type->name, m->children.n);
+    return m->children.v[i].ptr;
+}
+
+const char *nb_module_child_name_at(const nb_module *m, int i) {
+    NB_CHECK(i >= 0 && i < m->children.n, "nb_module_child_name_at: index %d out of range for a "
+             "%s with %d children", i, m->type->name, m->children.n);
+    return m->children.v[i].name;
+}
+
+nb_module *nb_module_child(nb_module *m, const char *path) {
+    while (m && *path) {
+        const char *dot = strchr(path, '.');
+        size_t len = dot ? (size_t)(dot - path) : strlen(path);
+        m = nb__slots_find(&m->children, path, len);
+        path += len + (dot ? 1 : 0);
+        if (dot && !*path) return NULL; /* trailing dot */
+    }
+    return m;
+}
+
+nb_tensor *nb_module_find(nb_module *m, const char *name) {
+    const char *last = strrchr(name, '.');
+    if (last) {
+        size_t plen = (size_t)(last - name);
+        char path[NB__NAME_MAX];
+        if (plen == 0 || plen >= sizeof path) return NULL;
+        memcpy(path, name, plen);
+        path[plen] = 0;
+        m = nb_module_child(m, path);
+        if (!m) return NULL;
+        name = last + 1;
+    }
+    size_t len = strlen(name);
+    nb_tensor *t = nb__slots_find(&m->params, name, len);
+    return t ? t : nb__slots_find(&m->buffers, name, len);
+}
+
+void nb_module_zero_grad(nb_module *m) {
+    int n;
+    const nb_named_tensor *p = nb__module_cached(m, NB__LIST_PARAMS, &n);
+    for (int i = 0; i < n; i++) nb_zero_grad(p[i].tensor);
+}
+
+nb_status nb_module_to(nb_module *m, nb_ctx *ctx) {
+    NB_CHECK(m && ctx, "nb_module_to: module and context must not be NULL");
+    nb_device dev = nb_ctx_device(ctx);
+    int n, np;
+    const nb_named_tensor *s = nb__module_cached(m, NB__LIST_STATE, &n);
+    const nb_named_tensor *p = nb__module_cached(m, NB__LIST_PARAMS, &np);
+    for (int i = 0; i < n; i++) {
+        const nb_tensor *t = s[i].tensor;
+        if (nb_device_eq(t->device, dev)) continue;
+        /* Copying between devices comes with the CUDA backend; until then
+         * every such move is refused before anything is changed. */
+        bool param = false;
+        for (int k = 0; k < np && !param; k++) param = p[k].tensor == t;
+        char from[32];
+        snprintf(from, sizeof from, "%s", nb_device_name(t->device));
+        return nb_set_error(NB_ERR_UNSUPPORTED,
+                            "nb_module_to: cannot move %s \"%s\" %s from %s to %s: this build has "
+                            "no copy between devices (it comes with the CUDA backend)",
+                            param ? "parameter" : "buffer", s[i].name, nb_shape_str(t),
+                            from, nb_device_name(dev));
+    }
+    return NB_OK;
+}
+
+void nb__nn_check_dtype(const char *fn, nb_dtype dtype) {
+    NB_CHECK(dtype == NB_F32 || dtype == NB_F64,
+             "%s: dtype %s; layers compute in f32 or f64 (f64 for gradient checks)", fn,
+             (unsigned)dtype < NB_DTYPE_COUNT ? nb_dtype_name(dtype) : "(invalid)");
+}
+
+void nb__nn_check_input_dtype(const char *layer, const nb_tensor *x, nb_dtype dtype) {
+    NB_CHECK(x->dtype == dtype, "%s: input %s is %s but the layer's parameters are %s", layer,
+             nb_shape_str(x), nb_dtype_name(x->dtype), nb_dtype_name(dtype));
+}
