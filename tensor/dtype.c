@@ -27,9 +27,11 @@ const char *nb_dtype_name(nb_dtype d) {
 bool nb_dtype_is_float(nb_dtype d) { check_dtype(d); return dtype_info[d].is_float; }
 
 const char *nb_device_name(nb_device device) {
-    static _Thread_local char buf[32];
+    static _Thread_local char bufs[4][32];
+    static _Thread_local unsigned next;
     if (device.type == NB_DEVICE_CPU) return "cpu";
-    snprintf(buf, sizeof buf, "cuda:%d", device.index);
+    char *buf = bufs[next++ & 3];
+    snprintf(buf, sizeof bufs[0], "cuda:%d", device.index);
     return buf;
 }
 

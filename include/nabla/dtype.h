@@ -44,7 +44,8 @@ static inline nb_device nb_cuda(int index) { nb_device d = {NB_DEVICE_CUDA, inde
 static inline bool nb_device_eq(nb_device a, nb_device b) {
     return a.type == b.type && a.index == b.index;
 }
-/* "cpu" or "cuda:1", in a static thread-local buffer. */
+/* "cpu" or "cuda:1", in a thread-local buffer (four in rotation, so a few
+ * calls can share one printf). */
 const char *nb_device_name(nb_device device);
 
 #ifdef __cplusplus
