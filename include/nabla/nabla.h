@@ -13,5 +13,7 @@
 #include "nabla/tensor.h"
 #include "nabla/ops.h"
 #include "nabla/autograd.h"
+#include "nabla/optim.h"
+#include "nabla/checkpoint.h"
 
 #endif
