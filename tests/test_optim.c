@@ -210,6 +210,28 @@ START_TEST(test_adam_reference) {
 }
 END_TEST
 
+START_TEST(test_adam_moment_exact_at_beta1_zero) {
+    /* lerp(m, g, 1) is exactly g in the form the library uses (PyTorch's);
+     * m + 1 * (g - m) would round */
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *p = leaf_with_grad(ctx, NB_F32, 64, 1);
+    nb_optim_hparams h = NB_ADAM_DEFAULTS;
+    h.beta1 = 0;
+    nb_named_tensor np = {"p", p};
+    nb_optim *opt = nb_optim_new(NB_OPTIM_ADAM, &np, 1, &h);
+    int n;
+    const nb_named_tensor *st = nb_optim_state(opt, &n);
+    ck_assert_str_eq(st[7].name, "optim.state.p.exp_avg");
+    for (int t = 1; t <= 4; t++) {
+        for (int i = 0; i < 64; i++) set1(p->grad, i, 1e3 * grad_at(t, i) + 1e-3 * i);
+        nb_optim_step(opt);
+        ck_assert(memcmp(st[7].tensor->data, p->grad->data, 64 * sizeof(float)) == 0);
+    }
+    nb_optim_free(opt);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
 START_TEST(test_skips_params_without_grad) {
     nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
     nb_tensor *a = leaf_with_grad(ctx, NB_F64, N, 1);
@@ -622,6 +644,7 @@ int main(void) {
     tcase_add_test(tc, test_sgd_reference);
     tcase_add_test(tc, test_adam_closed_form);
     tcase_add_test(tc, test_adam_reference);
+    tcase_add_test(tc, test_adam_moment_exact_at_beta1_zero);
     tcase_add_test(tc, test_skips_params_without_grad);
     tcase_add_test(tc, test_zero_grad_keeps_buffers);
     tcase_add_test(tc, test_param_groups);
