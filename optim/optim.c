@@ -299,7 +299,13 @@ void nb_optim_step(nb_optim *opt) {
 
 void nb_optim_zero_grad(nb_optim *opt) {
     NB_CHECK(opt, "nb_optim_zero_grad: NULL optimizer");
-    for (int i = 0; i < opt->n_params; i++) nb_zero_grad(opt->params[i].param);
+    for (int i = 0; i < opt->n_params; i++) {
+        nb_tensor *g = opt->params[i].param->grad;
+        if (g && nb_is_contiguous(g) && g->device.type == NB_DEVICE_CPU)
+            memset(g->data, 0, (size_t)nb_numel(g) * nb_dtype_size(g->dtype)); /* 0.0 is all zeros */
+        else
+            nb_zero_grad(opt->params[i].param);
+    }
 }
 
 /* ---- access ---- */

@@ -583,8 +583,8 @@ START_TEST(test_clip_grad_norm) {
 END_TEST
 
 START_TEST(test_clip_accumulates_in_double) {
-    /* 2^20 f32 values of 1e-3: a float accumulator drifts, a double one
-     * matches sqrt(n) * x to ~1e-16 relative */
+    /* 2^20 f32 values of 1e-3: a float accumulator is off by more than
+     * 1e-5 relative, a double one by less than n * 2^-53 ~ 1e-10 */
     nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
     int64_t n = 1 << 20;
     nb_tensor *p = nbt_randn_leaf(ctx, NB_F32, 1, &n, 1);
@@ -593,7 +593,7 @@ START_TEST(test_clip_accumulates_in_double) {
     double x = (double)1e-3f;
     double expect = sqrt((double)n * x * x);
     double norm = nb_clip_grad_norm(&np, 1, 1e9, 2.0);
-    ck_assert_msg(fabs(norm - expect) <= 1e-14 * expect, "norm %.17g expected %.17g", norm, expect);
+    ck_assert_msg(fabs(norm - expect) <= 1e-10 * expect, "norm %.17g expected %.17g", norm, expect);
     nb_ctx_free(ctx);
 }
 END_TEST
