@@ -209,27 +209,36 @@ static int cmp_named(const void *a, const void *b) {
                   (*(const nb_named_tensor *const *)b)->name);
 }
 
+void nb__checkpoint_check_targets(const char *who, const nb_named_tensor *tensors, int n,
+                                  void *free_on_abort) {
+    NB_CHECK(n >= 0 && (n == 0 || tensors), "%s: bad tensor list (n = %d)", who, n);
+    for (int i = 0; i < n; i++)
+        if (!tensors[i].name || !tensors[i].tensor) {
+            free(free_on_abort);
+            NB_ABORT("%s: entry %d has a NULL name or tensor", who, i);
+        }
+    if (n < 2) return;
+    const nb_named_tensor **sorted = malloc(sizeof *sorted * (size_t)n);
+    NB_CHECK(sorted, "%s: out of memory", who);
+    for (int i = 0; i < n; i++) sorted[i] = &tensors[i];
+    qsort(sorted, (size_t)n, sizeof *sorted, cmp_named);
+    char dup[96] = "";
+    for (int i = 1; i < n && !dup[0]; i++)
+        if (strcmp(sorted[i - 1]->name, sorted[i]->name) == 0)
+            nb__st_quote(sorted[i]->name, dup, sizeof dup);
+    free(sorted);
+    if (dup[0]) {
+        free(free_on_abort);
+        NB_ABORT("%s: two tensors are named \"%s\"", who, dup);
+    }
+}
+
 nb_status nb__checkpoint_read_strict(nb_checkpoint *ck, const nb_named_tensor *tensors, int n,
                                      const char *ignore_prefix) {
-    NB_CHECK(ck && n >= 0 && (n == 0 || tensors), "nb_checkpoint_load: bad arguments (n = %d)", n);
-    const nb_named_tensor **sorted = malloc(sizeof *sorted * (size_t)(n ? n : 1));
+    NB_CHECK(ck, "nb_checkpoint_load: NULL checkpoint");
+    nb__checkpoint_check_targets("nb_checkpoint_load", tensors, n, NULL);
     bool *used = calloc((size_t)(ck->h.n ? ck->h.n : 1), 1);
-    NB_CHECK(sorted && used, "nb_checkpoint_load: out of memory");
-    for (int i = 0; i < n; i++) {
-        NB_CHECK(tensors[i].name && tensors[i].tensor, "nb_checkpoint_load: entry %d has a NULL "
-                 "name or tensor", i);
-        sorted[i] = &tensors[i];
-    }
-    qsort(sorted, (size_t)n, sizeof *sorted, cmp_named);
-    for (int i = 1; i < n; i++)
-        if (strcmp(sorted[i - 1]->name, sorted[i]->name) == 0) {
-            char q[96];
-            nb__st_quote(sorted[i]->name, q, sizeof q);
-            free(sorted);
-            free(used);
-            NB_ABORT("nb_checkpoint_load: two tensors are named \"%s\"", q);
-        }
-    free(sorted);
+    NB_CHECK(used, "nb_checkpoint_load: out of memory");
 
     nb_strbuf missing = {0}, unexpected = {0}, mismatch = {0};
     int n_missing = 0, n_unexpected = 0, n_mismatch = 0;
@@ -287,6 +296,7 @@ nb_status nb_checkpoint_read_strict(nb_checkpoint *ck, const nb_named_tensor *te
 }
 
 nb_status nb_checkpoint_load(const char *path, const nb_named_tensor *tensors, int n) {
+    nb__checkpoint_check_targets("nb_checkpoint_load", tensors, n, NULL); /* before opening */
     nb_checkpoint *ck;
     nb_status st = nb_checkpoint_open(path, &ck);
     if (st != NB_OK) return st;

@@ -36,6 +36,12 @@ int nb__st_find(const nb__st_header *h, const char *name);
 nb_status nb__checkpoint_read_strict(nb_checkpoint *ck, const nb_named_tensor *tensors, int n,
                                      const char *ignore_prefix);
 
+/* Aborts (naming `who`) on a NULL name or tensor, or two equal names,
+ * after freeing free_on_abort (the caller's allocation, or NULL), so that
+ * a test that recovers from the abort leaks nothing. */
+void nb__checkpoint_check_targets(const char *who, const nb_named_tensor *tensors, int n,
+                                  void *free_on_abort);
+
 /* "F32", "BF16", ...: the format's dtype names. */
 const char *nb__st_dtype_name(nb_dtype dtype);
 

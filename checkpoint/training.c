@@ -125,17 +125,19 @@ nb_status nb_checkpoint_load_training(const char *path, const nb_named_tensor *m
     NB_CHECK(path && state, "nb_checkpoint_load_training: NULL argument");
     NB_CHECK(n_model >= 0 && (n_model == 0 || model),
              "nb_checkpoint_load_training: bad model list (n_model = %d)", n_model);
+    int n;
+    nb_named_tensor *all = join(model, n_model, opt, &n);
+    nb__checkpoint_check_targets("nb_checkpoint_load_training", all, n, all);
     nb_checkpoint *ck;
     nb_status st = nb_checkpoint_open(path, &ck);
-    if (st != NB_OK) return st;
+    if (st != NB_OK) {
+        free(all);
+        return st;
+    }
     nb_train_state s = {0};
     st = read_meta(ck, opt, &s);
-    if (st == NB_OK) {
-        int n;
-        nb_named_tensor *all = join(model, n_model, opt, &n);
-        st = nb__checkpoint_read_strict(ck, all, n, opt ? NULL : "optim.");
-        free(all);
-    }
+    if (st == NB_OK) st = nb__checkpoint_read_strict(ck, all, n, opt ? NULL : "optim.");
+    free(all);
     nb_checkpoint_close(ck);
     if (st == NB_OK && opt) {
         st = nb_optim_state_validate(opt);

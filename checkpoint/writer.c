@@ -63,35 +63,26 @@ static int cmp_str_ptr(const void *a, const void *b) {
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
-/* Aborts when two of the n strings are equal. */
-static void check_unique(const char *const *names, int n, const char *what) {
-    if (n < 2) return;
-    const char **v = malloc(sizeof *v * (size_t)n);
-    NB_CHECK(v, "nb_checkpoint_save: out of memory");
-    memcpy(v, names, sizeof *v * (size_t)n);
-    qsort(v, (size_t)n, sizeof *v, cmp_str_ptr);
-    for (int i = 1; i < n; i++)
-        if (strcmp(v[i - 1], v[i]) == 0) {
-            char q[96];
-            nb__st_quote(v[i], q, sizeof q);
-            free(v);
-            NB_ABORT("nb_checkpoint_save: two %s are named \"%s\"", what, q);
-        }
-    free(v);
+/* Sorts names[0, n) and copies one that appears twice into dup (quoted),
+ * or leaves dup empty. */
+static void find_duplicate(const char **names, int n, char *dup, size_t cap) {
+    dup[0] = 0;
+    qsort(names, (size_t)n, sizeof *names, cmp_str_ptr);
+    for (int i = 1; i < n && !dup[0]; i++)
+        if (strcmp(names[i - 1], names[i]) == 0) nb__st_quote(names[i], dup, cap);
 }
 
+/* Argument checks; every abort happens with nothing allocated. */
 static void check_args(const char *path, const nb_named_tensor *tensors, int n, const nb_kv *meta,
                        int n_meta) {
     NB_CHECK(path && path[0], "nb_checkpoint_save: no path given");
     NB_CHECK(n >= 0 && (n == 0 || tensors), "nb_checkpoint_save: bad tensor list (n = %d)", n);
     NB_CHECK(n_meta >= 0 && (n_meta == 0 || meta), "nb_checkpoint_save: bad metadata list "
              "(n_meta = %d)", n_meta);
-    const char **names = malloc(sizeof *names * (size_t)(n + n_meta + 1));
-    NB_CHECK(names, "nb_checkpoint_save: out of memory");
+    char q[96];
     for (int i = 0; i < n; i++) {
         const char *name = tensors[i].name;
         NB_CHECK(name, "nb_checkpoint_save: tensor %d has no name", i);
-        char q[96];
         NB_CHECK(nb__utf8_valid(name, strlen(name)), "nb_checkpoint_save: tensor name \"%s\" is "
                  "not valid UTF-8", nb__st_quote(name, q, sizeof q));
         NB_CHECK(strcmp(name, "__metadata__") != 0, "nb_checkpoint_save: \"__metadata__\" is "
@@ -101,20 +92,24 @@ static void check_args(const char *path, const nb_named_tensor *tensors, int n, 
         NB_CHECK(tensors[i].tensor->device.type == NB_DEVICE_CPU, "nb_checkpoint_save: tensor "
                  "\"%s\" is on %s; copy it to the CPU first", nb__st_quote(name, q, sizeof q),
                  nb_device_name(tensors[i].tensor->device));
-        names[i] = name;
     }
-    check_unique(names, n, "tensors");
     for (int i = 0; i < n_meta; i++) {
         const char *k = meta[i].key, *v = meta[i].value;
         NB_CHECK(k && v, "nb_checkpoint_save: metadata entry %d has a NULL key or value", i);
-        char q[96];
         NB_CHECK(nb__utf8_valid(k, strlen(k)) && nb__utf8_valid(v, strlen(v)),
                  "nb_checkpoint_save: metadata \"%s\" is not valid UTF-8",
                  nb__st_quote(k, q, sizeof q));
-        names[i] = k;
     }
-    check_unique(names, n_meta, "metadata entries");
+    const char **names = malloc(sizeof *names * (size_t)(n > n_meta ? n : n_meta) + 1);
+    NB_CHECK(names, "nb_checkpoint_save: out of memory");
+    char dup_tensor[96], dup_meta[96];
+    for (int i = 0; i < n; i++) names[i] = tensors[i].name;
+    find_duplicate(names, n, dup_tensor, sizeof dup_tensor);
+    for (int i = 0; i < n_meta; i++) names[i] = meta[i].key;
+    find_duplicate(names, n_meta, dup_meta, sizeof dup_meta);
     free(names);
+    NB_CHECK(!dup_tensor[0], "nb_checkpoint_save: two tensors are named \"%s\"", dup_tensor);
+    NB_CHECK(!dup_meta[0], "nb_checkpoint_save: two metadata entries are named \"%s\"", dup_meta);
 }
 
 static uint64_t tensor_bytes(const nb_tensor *t) {

@@ -83,13 +83,12 @@ static const char *copy_str(nb_ctx *ctx, const char *a, const char *b, const cha
 }
 
 static int cmp_name(const void *a, const void *b) {
-    return strcmp((*(const nb__optim_param *const *)a)->name,
-                  (*(const nb__optim_param *const *)b)->name);
+    return strcmp(((const nb_named_tensor *)a)->name, ((const nb_named_tensor *)b)->name);
 }
 
 static int cmp_tensor(const void *a, const void *b) {
-    const nb_tensor *x = (*(const nb__optim_param *const *)a)->param;
-    const nb_tensor *y = (*(const nb__optim_param *const *)b)->param;
+    const nb_tensor *x = ((const nb_named_tensor *)a)->tensor;
+    const nb_tensor *y = ((const nb_named_tensor *)b)->tensor;
     return x < y ? -1 : x > y;
 }
 
@@ -110,31 +109,33 @@ static void check_param(const char *who, const nb_named_tensor *nt, int group, i
              who, nt->name, nb_device_name(t->device));
 }
 
-/* Rejects a name or a tensor that appears twice, over all groups. */
-static void check_unique(const char *who, nb_optim *opt) {
-    int n = opt->n_params;
-    nb__optim_param **v = malloc(sizeof *v * (size_t)n);
+/* Rejects a name or a tensor that appears twice, over all groups; aborts
+ * with nothing allocated. */
+static void check_unique(const char *who, int n_groups, const nb_param_group *groups, int total) {
+    nb_named_tensor *v = malloc(sizeof *v * (size_t)total);
     NB_CHECK(v, "%s: out of memory", who);
-    for (int i = 0; i < n; i++) v[i] = &opt->params[i];
-    qsort(v, (size_t)n, sizeof *v, cmp_name);
-    for (int i = 1; i < n; i++)
-        if (strcmp(v[i - 1]->name, v[i]->name) == 0) {
-            char name[128];
-            snprintf(name, sizeof name, "%s", v[i]->name);
-            free(v);
-            NB_ABORT("%s: two parameters are named \"%s\"", who, name);
-        }
-    qsort(v, (size_t)n, sizeof *v, cmp_tensor);
-    for (int i = 1; i < n; i++)
-        if (v[i - 1]->param == v[i]->param) {
-            char a[128], b[128];
-            snprintf(a, sizeof a, "%s", v[i - 1]->name);
-            snprintf(b, sizeof b, "%s", v[i]->name);
-            free(v);
-            NB_ABORT("%s: \"%s\" and \"%s\" are the same tensor; a parameter may appear in only "
-                     "one group, once", who, a, b);
+    int k = 0;
+    for (int g = 0; g < n_groups; g++)
+        for (int i = 0; i < groups[g].n; i++) v[k++] = groups[g].params[i];
+    char a[128] = "", b[128] = "";
+    qsort(v, (size_t)total, sizeof *v, cmp_name);
+    for (int i = 1; i < total && !a[0]; i++)
+        if (strcmp(v[i - 1].name, v[i].name) == 0) snprintf(a, sizeof a, "%s", v[i].name);
+    if (a[0]) {
+        free(v);
+        NB_ABORT("%s: two parameters are named \"%s\"", who, a);
+    }
+    qsort(v, (size_t)total, sizeof *v, cmp_tensor);
+    for (int i = 1; i < total && !a[0]; i++)
+        if (v[i - 1].tensor == v[i].tensor) {
+            /* name order, so the message does not depend on addresses */
+            bool swap = strcmp(v[i - 1].name, v[i].name) > 0;
+            snprintf(a, sizeof a, "%s", v[i - 1 + swap].name);
+            snprintf(b, sizeof b, "%s", v[i - swap].name);
         }
     free(v);
+    NB_CHECK(!a[0], "%s: \"%s\" and \"%s\" are the same tensor; a parameter may appear in only "
+             "one group, once", who, a, b);
 }
 
 static void add_state(nb_optim *opt, const char *name, nb_tensor *t) {
@@ -164,6 +165,7 @@ nb_optim *nb_optim_new_groups(nb_optim_kind kind, int n_groups, const nb_param_g
         for (int i = 0; i < groups[g].n; i++) check_param(who, &groups[g].params[i], g, i);
     }
     NB_CHECK(total > 0, "%s: the optimizer got an empty parameter list", who);
+    check_unique(who, n_groups, groups, total);
 
     nb_device dev = nb_cpu();
     for (int g = 0; g < n_groups; g++)
@@ -200,7 +202,6 @@ nb_optim *nb_optim_new_groups(nb_optim_kind kind, int n_groups, const nb_param_g
             p->group = g;
         }
     }
-    check_unique(who, opt);
 
     /* state: optim.step, the groups' hyperparameters, then per parameter */
     int per_param = kind == NB_OPTIM_SGD ? 2 : 3;
