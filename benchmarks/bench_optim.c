@@ -12,6 +12,7 @@
  *   SGD + momentum  read p, g, buf;  write p, buf         20
  *   SGD             read p, g;       write p              12
  *   clip (clips)    read g (norm);   read + write g       12
+ *   clip (norm)     read g                                 4
  *   zero_grad       write g                                4
  *   axpy            read y, x;       write y              12
  * Each figure is the best of a few timed repetitions after one warm-up
@@ -33,11 +34,14 @@ static double now_s(void) {
 
 typedef void (*bench_fn)(void *arg);
 
-/* Best time of `reps` calls after one warm-up call. */
-static double best_of(bench_fn fn, void *arg, int reps) {
+/* Best time of `reps` calls after one warm-up call; `prep` (may be NULL)
+ * runs untimed before each call. */
+static double best_of_prep(bench_fn fn, bench_fn prep, void *arg, int reps) {
+    if (prep) prep(arg);
     fn(arg);
     double best = INFINITY;
     for (int r = 0; r < reps; r++) {
+        if (prep) prep(arg);
         double t0 = now_s();
         fn(arg);
         double t = now_s() - t0;
@@ -45,6 +49,8 @@ static double best_of(bench_fn fn, void *arg, int reps) {
     }
     return best;
 }
+
+static double best_of(bench_fn fn, void *arg, int reps) { return best_of_prep(fn, NULL, arg, reps); }
 
 static const char *fmt_time(double s, char *buf, size_t n) {
     if (s < 1e-3) snprintf(buf, n, "%.1f us", s * 1e6);
@@ -89,7 +95,7 @@ static void run_axpy(void *p) {
 typedef struct step_arg {
     nb_optim *opt;
     nb_named_tensor *params;
-    double max_norm;
+    double max_norm, norm_type;
 } step_arg;
 
 static void run_step(void *p) { nb_optim_step(((step_arg *)p)->opt); }
@@ -97,9 +103,15 @@ static void run_zero(void *p) { nb_optim_zero_grad(((step_arg *)p)->opt); }
 
 static void run_clip(void *p) {
     step_arg *s = p;
-    /* After the warm-up call the norm sits just below max_norm, and
-     * max_norm / (norm + 1e-6) stays just below 1: every call clips. */
-    nb_clip_grad_norm(s->params, 1, s->max_norm, 2.0);
+    nb_clip_grad_norm(s->params, 1, s->max_norm, s->norm_type);
+}
+
+/* Before each clip: the gradient back to 0.01 everywhere, so every call
+ * finds the norm above max_norm and scales. */
+static void refill_grad(void *p) {
+    nb_tensor *g = ((step_arg *)p)->params->tensor->grad;
+    float *x = g->data;
+    for (int64_t i = 0, n = nb_numel(g); i < n; i++) x[i] = 0.01f;
 }
 
 static void bench_size(int64_t n, int reps) {
@@ -131,11 +143,16 @@ static void bench_size(int64_t n, int reps) {
         h.momentum = cases[i].momentum;
         h.lr = 1e-6; /* keep the parameters from drifting far over the repetitions */
         nb_optim *opt = nb_optim_new(cases[i].kind, &named, 1, &h);
-        step_arg sa = {opt, &named, 0};
+        step_arg sa = {opt, &named, 0, 2.0};
         row(cases[i].name, n, cases[i].bytes, best_of(run_step, &sa, reps));
         if (i == 0) {
-            step_arg ca = {opt, &named, 0.5 * 0.01 * sqrt((double)n)};
-            row("clip_grad_norm (clips)", n, 12, best_of(run_clip, &ca, reps));
+            step_arg ca = {opt, &named, 0.5 * 0.01 * sqrt((double)n), 2.0};
+            row("clip_grad_norm (clips)", n, 12, best_of_prep(run_clip, refill_grad, &ca, reps));
+            ca.max_norm = INFINITY;
+            row("clip_grad_norm (norm only)", n, 4, best_of(run_clip, &ca, reps));
+            ca.max_norm = 0.5 * 0.01;
+            ca.norm_type = INFINITY;
+            row("clip_grad_norm inf (clips)", n, 12, best_of_prep(run_clip, refill_grad, &ca, reps));
             row("zero_grad", n, 4, best_of(run_zero, &sa, reps));
         }
         nb_optim_free(opt);
