@@ -10,6 +10,7 @@ PREFIX         ?= /usr/local
 JOBS           ?= $(shell nproc 2>/dev/null || echo 2)
 CTEST_JOBS     ?= 2
 CTEST_ARGS     ?=
+FUZZ_SECONDS   ?= 60
 
 # What `deps` makes sure is installed. The CUDA toolkit, cuDNN and NCCL are
 # not Debian packages here; CMake finds them when present (see README).
@@ -18,7 +19,7 @@ DEB_PACKAGES ?= cmake pkg-config gcc g++ make check libsubunit-dev \
 
 CTEST := ctest --output-on-failure --no-tests=error -j$(CTEST_JOBS) $(CTEST_ARGS)
 
-.PHONY: all help deps build test test-asan demo bench install clean
+.PHONY: all help deps build test test-asan demo bench fuzz install clean
 
 all: build
 
@@ -29,9 +30,10 @@ help:
 	@echo "make test-asan  the same with AddressSanitizer + UBSan, in $(ASAN_BUILD_DIR)/"
 	@echo "make demo       build, then train the demo MLP ($(BUILD_DIR)/bin/demo_mlp)"
 	@echo "make bench      build, then run every benchmark ($(BUILD_DIR)/bin/bench_*)"
+	@echo "make fuzz       build and run every fuzz/fuzz_*.c for FUZZ_SECONDS=$(FUZZ_SECONDS) s each (clang, libFuzzer)"
 	@echo "make install    install the library, headers, CMake and pkg-config files to PREFIX=$(PREFIX)"
 	@echo "make clean      remove $(BUILD_DIR)/ and $(ASAN_BUILD_DIR)/"
-	@echo "Variables: BUILD_DIR BUILD_TYPE CMAKE_ARGS (e.g. -DNABLA_CUDA=OFF) PREFIX JOBS CTEST_JOBS CTEST_ARGS"
+	@echo "Variables: BUILD_DIR BUILD_TYPE CMAKE_ARGS (e.g. -DNABLA_CUDA=OFF) PREFIX JOBS CTEST_JOBS CTEST_ARGS FUZZ_SECONDS"
 
 # Installs only what dpkg does not already list as installed, so that the
 # common case costs no network and needs no root.
@@ -84,6 +86,10 @@ bench: build
 	  echo "== $$b"; "$$b"; \
 	done; \
 	[ $$found -eq 1 ] || echo "bench: no benchmarks built yet (benchmarks/bench_*.c)"
+
+# Not part of `make test`: libFuzzer runs take minutes. See fuzz/README.md.
+fuzz:
+	fuzz/run.sh $(FUZZ_SECONDS)
 
 install: build
 	cmake --install $(BUILD_DIR) --prefix $(PREFIX)

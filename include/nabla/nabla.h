@@ -14,5 +14,7 @@
 #include "nabla/ops.h"
 #include "nabla/autograd.h"
 #include "nabla/nn.h"
+#include "nabla/optim.h"
+#include "nabla/checkpoint.h"
 
 #endif

@@ -1,0 +1,152 @@
+/* Training checkpoints: model tensors, optimizer state and the loop's
+ * position (step, epoch, data position, RNG) in one safetensors file.
+ *
+ * The loop's position is metadata, as decimal strings, under fixed keys
+ * (docs/checkpoints.md lists them); "format": "pt" marks the tensors as
+ * PyTorch-style for tools that look at it. Loading checks and parses all
+ * metadata before any tensor is read, so a file with bad metadata leaves
+ * the model and optimizer untouched. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "checkpoint/safetensors.h"
+#include "nabla/nabla.h"
+#include "tensor/internal.h"
+
+#define STR2(x) #x
+#define STR(x) STR2(x)
+#define NABLA_VERSION_STRING \
+    STR(NABLA_VERSION_MAJOR) "." STR(NABLA_VERSION_MINOR) "." STR(NABLA_VERSION_PATCH)
+
+static const char *reserved[] = {"format", "nabla_version", "step", "epoch", "data_position",
+                                 "rng_seed", "rng_offset", "optimizer"};
+#define N_RESERVED (int)(sizeof reserved / sizeof reserved[0])
+
+/* model then the optimizer's state, in one malloc'ed array */
+static nb_named_tensor *join(const nb_named_tensor *model, int n_model, nb_optim *opt, int *n) {
+    int n_state = 0;
+    const nb_named_tensor *state = opt ? nb_optim_state(opt, &n_state) : NULL;
+    nb_named_tensor *all = malloc(sizeof *all * (size_t)(n_model + n_state + 1));
+    NB_CHECK(all, "nb_checkpoint: out of memory");
+    if (n_model) memcpy(all, model, sizeof *all * (size_t)n_model);
+    if (n_state) memcpy(all + n_model, state, sizeof *all * (size_t)n_state);
+    *n = n_model + n_state;
+    return all;
+}
+
+nb_status nb_checkpoint_save_training(const char *path, const nb_named_tensor *model,
+                                      int n_model, nb_optim *opt, const nb_train_state *state,
+                                      const nb_kv *extra, int n_extra) {
+    NB_CHECK(state, "nb_checkpoint_save_training: NULL state");
+    NB_CHECK(n_model >= 0 && (n_model == 0 || model) && n_extra >= 0 && (n_extra == 0 || extra),
+             "nb_checkpoint_save_training: bad arguments (n_model = %d, n_extra = %d)", n_model,
+             n_extra);
+    for (int i = 0; i < n_extra; i++)
+        for (int r = 0; r < N_RESERVED; r++)
+            NB_CHECK(!extra[i].key || strcmp(extra[i].key, reserved[r]) != 0,
+                     "nb_checkpoint_save_training: extra metadata key \"%s\" is reserved",
+                     reserved[r]);
+    char num[5][32];
+    snprintf(num[0], sizeof num[0], "%lld", (long long)state->step);
+    snprintf(num[1], sizeof num[1], "%lld", (long long)state->epoch);
+    snprintf(num[2], sizeof num[2], "%lld", (long long)state->data_position);
+    snprintf(num[3], sizeof num[3], "%llu", (unsigned long long)state->rng.seed);
+    snprintf(num[4], sizeof num[4], "%llu", (unsigned long long)state->rng.offset);
+    nb_kv fixed[N_RESERVED] = {
+        {"format", "pt"},          {"nabla_version", NABLA_VERSION_STRING},
+        {"step", num[0]},          {"epoch", num[1]},
+        {"data_position", num[2]}, {"rng_seed", num[3]},
+        {"rng_offset", num[4]},    {"optimizer", opt ? nb_optim_kind_name(nb_optim_get_kind(opt)) : "none"},
+    };
+    nb_kv *meta = malloc(sizeof *meta * (size_t)(N_RESERVED + n_extra));
+    NB_CHECK(meta, "nb_checkpoint_save_training: out of memory");
+    memcpy(meta, fixed, sizeof fixed);
+    if (n_extra) memcpy(meta + N_RESERVED, extra, sizeof *meta * (size_t)n_extra);
+    int n;
+    nb_named_tensor *all = join(model, n_model, opt, &n);
+    nb_status st = nb_checkpoint_save(path, all, n, meta, N_RESERVED + n_extra);
+    free(all);
+    free(meta);
+    return st;
+}
+
+/* Strict decimal: optional '-', digits, nothing else, in range. */
+static bool parse_int(const char *s, bool allow_negative, int64_t *i, uint64_t *u) {
+    const char *p = s;
+    bool neg = false;
+    if (*p == '-' && allow_negative) neg = true, p++;
+    if (*p < '0' || *p > '9') return false;
+    uint64_t v = 0;
+    for (; *p; p++) {
+        if (*p < '0' || *p > '9') return false;
+        uint64_t d = (uint64_t)(*p - '0');
+        if (v > (UINT64_MAX - d) / 10) return false;
+        v = v * 10 + d;
+    }
+    if (u) {
+        *u = v;
+        return true;
+    }
+    if (v > (uint64_t)INT64_MAX + (neg ? 1 : 0)) return false;
+    *i = neg ? (v == (uint64_t)INT64_MAX + 1 ? INT64_MIN : -(int64_t)v) : (int64_t)v;
+    return true;
+}
+
+static nb_status read_meta(nb_checkpoint *ck, nb_optim *opt, nb_train_state *out) {
+    const char *path = nb_checkpoint_path(ck);
+    const char *keys[] = {"step", "epoch", "data_position", "rng_seed", "rng_offset", "optimizer"};
+    for (int k = 0; k < 6; k++)
+        if (!nb_checkpoint_meta(ck, keys[k]))
+            return nb_set_error(NB_ERR_FORMAT, "%s: not a training checkpoint: metadata key "
+                                "\"%s\" is missing, nothing was read", path, keys[k]);
+    int64_t *ints[] = {&out->step, &out->epoch, &out->data_position};
+    for (int k = 0; k < 3; k++)
+        if (!parse_int(nb_checkpoint_meta(ck, keys[k]), true, ints[k], NULL) || *ints[k] < 0)
+            return nb_set_error(NB_ERR_FORMAT, "%s: metadata \"%s\" = \"%s\" is not a "
+                                "non-negative integer, nothing was read", path, keys[k],
+                                nb_checkpoint_meta(ck, keys[k]));
+    uint64_t *uints[] = {&out->rng.seed, &out->rng.offset};
+    for (int k = 0; k < 2; k++)
+        if (!parse_int(nb_checkpoint_meta(ck, keys[3 + k]), false, NULL, uints[k]))
+            return nb_set_error(NB_ERR_FORMAT, "%s: metadata \"%s\" = \"%s\" is not an unsigned "
+                                "64-bit integer, nothing was read", path, keys[3 + k],
+                                nb_checkpoint_meta(ck, keys[3 + k]));
+    const char *kind = nb_checkpoint_meta(ck, "optimizer");
+    if (opt && strcmp(kind, nb_optim_kind_name(nb_optim_get_kind(opt))) != 0)
+        return nb_set_error(NB_ERR_MISMATCH, "%s: the checkpoint holds optimizer state of kind "
+                            "\"%s\" but the optimizer is %s, nothing was read", path, kind,
+                            nb_optim_kind_name(nb_optim_get_kind(opt)));
+    return NB_OK;
+}
+
+nb_status nb_checkpoint_load_training(const char *path, const nb_named_tensor *model,
+                                      int n_model, nb_optim *opt, nb_train_state *state) {
+    NB_CHECK(path && state, "nb_checkpoint_load_training: NULL argument");
+    NB_CHECK(n_model >= 0 && (n_model == 0 || model),
+             "nb_checkpoint_load_training: bad model list (n_model = %d)", n_model);
+    int n;
+    nb_named_tensor *all = join(model, n_model, opt, &n);
+    nb__checkpoint_check_targets("nb_checkpoint_load_training", all, n, all);
+    nb_checkpoint *ck;
+    nb_status st = nb_checkpoint_open(path, &ck);
+    if (st != NB_OK) {
+        free(all);
+        return st;
+    }
+    nb_train_state s = {0};
+    st = read_meta(ck, opt, &s);
+    if (st == NB_OK) st = nb__checkpoint_read_strict(ck, all, n, opt ? NULL : "optim.");
+    free(all);
+    nb_checkpoint_close(ck);
+    if (st == NB_OK && opt) {
+        st = nb_optim_state_validate(opt);
+        if (st != NB_OK) {
+            char msg[768];
+            snprintf(msg, sizeof msg, "%s", nb_last_error());
+            st = nb_set_error(st, "%s: %s", path, msg);
+        }
+    }
+    if (st == NB_OK) *state = s;
+    return st;
+}

@@ -1,0 +1,161 @@
+/* Optimizers (SGD, Adam, AdamW with PyTorch's update rules), parameter
+ * groups, learning-rate schedules and gradient-norm clipping.
+ *
+ * An optimizer is an opaque handle over named parameters (nb_named_tensor:
+ * the names key its state in checkpoints). Its state (moments, momentum
+ * buffers, step counts, each group's hyperparameters) lives in a
+ * persistent context of its own and is exported as named tensors, so that
+ * it goes into the same checkpoint as the model (include/nabla/checkpoint.h).
+ *
+ * Each nb_optim_step() updates every parameter that has a gradient, one
+ * pass over its memory; parameters whose ->grad is NULL are skipped, as
+ * PyTorch skips parameters whose .grad is None. nb_optim_zero_grad() fills
+ * gradients with zeros and keeps their buffers (a parameter that once had
+ * a gradient is therefore updated by every later step, as in PyTorch with
+ * zero_grad(set_to_none=False)). docs/optim.md has the exact update rules. */
+#ifndef NABLA_OPTIM_H
+#define NABLA_OPTIM_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "nabla/error.h"
+#include "nabla/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct nb_optim nb_optim;
+
+typedef enum nb_optim_kind { NB_OPTIM_SGD = 0, NB_OPTIM_ADAM, NB_OPTIM_ADAMW } nb_optim_kind;
+
+/* "sgd", "adam", "adamw". */
+const char *nb_optim_kind_name(nb_optim_kind kind);
+
+/* Hyperparameters of one parameter group. Fields that do not apply to the
+ * optimizer's kind are ignored. */
+typedef struct nb_optim_hparams {
+    double lr;
+    /* SGD and Adam: L2 penalty, wd * p added to the gradient.
+     * AdamW: decoupled decay, p *= 1 - lr * wd before the Adam update. */
+    double weight_decay;
+    double momentum;  /* SGD, >= 0 */
+    double dampening; /* SGD */
+    bool nesterov;    /* SGD: needs momentum > 0 and dampening 0 */
+    double beta1;     /* Adam, AdamW: in [0, 1) */
+    double beta2;     /* Adam, AdamW: in [0, 1) */
+    double eps;       /* Adam, AdamW: added outside the square root, >= 0 */
+} nb_optim_hparams;
+
+/* PyTorch's defaults. */
+#define NB_SGD_DEFAULTS ((nb_optim_hparams){.lr = 1e-3})
+#define NB_ADAM_DEFAULTS ((nb_optim_hparams){.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8})
+#define NB_ADAMW_DEFAULTS                                                   \
+    ((nb_optim_hparams){.lr = 1e-3, .weight_decay = 1e-2, .beta1 = 0.9, .beta2 = 0.999,   \
+                        .eps = 1e-8})
+
+typedef struct nb_param_group {
+    const nb_named_tensor *params;
+    int n;
+    nb_optim_hparams h;
+} nb_param_group;
+
+/* An optimizer over n_groups groups (copied: the arrays need not outlive
+ * the call). Every parameter must be a leaf that requires grad, f32 or
+ * f64, contiguous, with a unique non-empty name, in exactly one group;
+ * groups may be empty but not all of them. Aborts with a message naming
+ * the parameter or hyperparameter otherwise. */
+nb_optim *nb_optim_new_groups(nb_optim_kind kind, int n_groups, const nb_param_group *groups);
+/* One group. */
+nb_optim *nb_optim_new(nb_optim_kind kind, const nb_named_tensor *params, int n,
+                       const nb_optim_hparams *h);
+void nb_optim_free(nb_optim *opt); /* NULL is fine */
+
+/* The usual two groups: group 0 holds the parameters with ndim >= 2
+ * (weight matrices, embeddings, kernels) with h's weight decay; group 1
+ * holds those with ndim < 2 (biases, norm weights) with weight decay 0.
+ * `scratch` receives the n parameters reordered (group 0 first) and must
+ * live until the groups are passed to nb_optim_new_groups. */
+void nb_optim_split_decay(const nb_named_tensor *params, int n, const nb_optim_hparams *h,
+                          nb_named_tensor *scratch, nb_param_group out[2]);
+
+/* One update of every parameter that has a gradient. */
+void nb_optim_step(nb_optim *opt);
+/* Zeroes the gradient of every parameter (buffers are kept). */
+void nb_optim_zero_grad(nb_optim *opt);
+
+nb_optim_kind nb_optim_get_kind(const nb_optim *opt);
+int nb_optim_group_count(const nb_optim *opt);
+int nb_optim_param_count(const nb_optim *opt);
+/* Number of nb_optim_step calls so far (restored from checkpoints). */
+int64_t nb_optim_step_count(const nb_optim *opt);
+nb_optim_hparams nb_optim_group_hparams(const nb_optim *opt, int group);
+double nb_optim_lr(const nb_optim *opt, int group);
+void nb_optim_set_lr(nb_optim *opt, int group, double lr);
+void nb_optim_set_lr_all(nb_optim *opt, double lr);
+void nb_optim_set_weight_decay(nb_optim *opt, int group, double weight_decay);
+
+/* ---- state, for checkpoints ----
+ * Named views of the optimizer's whole state, in its own context (valid
+ * until nb_optim_free); *n receives the count. Names:
+ *   optim.step                           i64 scalar, nb_optim_step calls
+ *   optim.group.<g>.<hparam>             f64 scalars: lr, weight_decay, and
+ *                                        momentum, dampening, nesterov (SGD)
+ *                                        or beta1, beta2, eps (Adam, AdamW)
+ *   optim.state.<param>.step             i64 scalar, updates of that parameter
+ *   optim.state.<param>.exp_avg          Adam, AdamW: first moment
+ *   optim.state.<param>.exp_avg_sq       Adam, AdamW: second moment
+ *   optim.state.<param>.momentum_buffer  SGD with momentum
+ * Loading a checkpoint writes into these tensors, hyperparameters
+ * included (as PyTorch's load_state_dict does); call
+ * nb_optim_state_validate afterwards (nb_checkpoint_load_training does). */
+const nb_named_tensor *nb_optim_state(nb_optim *opt, int *n);
+/* NB_ERR_FORMAT, with a message naming the value, when loaded state is out
+ * of range (negative step count or learning rate, beta outside [0, 1),
+ * nesterov neither 0 nor 1, ...). */
+nb_status nb_optim_state_validate(nb_optim *opt);
+
+/* ---- gradient clipping ----
+ * Total norm of the gradients of params (those with a gradient), over all
+ * of them as one vector, computed in double; norm_type is 2.0 or INFINITY.
+ * When the norm exceeds max_norm, every gradient is scaled by
+ * max_norm / (norm + 1e-6). When the norm is inf or NaN the gradients are
+ * left untouched and the non-finite norm is returned, so the caller can
+ * skip the step (PyTorch would scale them by NaN). */
+double nb_clip_grad_norm(const nb_named_tensor *params, int n, double max_norm,
+                         double norm_type);
+/* The same over all parameters of an optimizer. */
+double nb_optim_clip_grad_norm(nb_optim *opt, double max_norm, double norm_type);
+
+/* ---- learning-rate schedules ----
+ * A schedule is a pure function of the step (the 0-based index of the
+ * update about to be made), so resuming from a checkpoint gives the same
+ * rates. With warmup W > 0, steps 0 .. W-1 ramp linearly:
+ * lr * (step + 1) / W. After warmup, with t = step - W:
+ *   constant: lr
+ *   step:     lr * gamma^floor(t / step_size)            (PyTorch's StepLR)
+ *   cosine:   min_lr + (lr - min_lr) (1 + cos(pi t / (total - W))) / 2,
+ *             and min_lr from step `total` on. */
+typedef enum nb_lr_kind { NB_LR_CONSTANT = 0, NB_LR_STEP, NB_LR_COSINE } nb_lr_kind;
+
+typedef struct nb_lr_schedule {
+    nb_lr_kind kind;
+    double lr;            /* peak / base rate */
+    int64_t warmup_steps; /* 0: none */
+    int64_t step_size;    /* STEP */
+    double gamma;         /* STEP */
+    int64_t total_steps;  /* COSINE: step at which min_lr is reached */
+    double min_lr;        /* COSINE */
+} nb_lr_schedule;
+
+nb_lr_schedule nb_lr_constant(double lr, int64_t warmup_steps);
+nb_lr_schedule nb_lr_step_decay(double lr, int64_t warmup_steps, int64_t step_size, double gamma);
+nb_lr_schedule nb_lr_cosine(double lr, int64_t warmup_steps, int64_t total_steps, double min_lr);
+/* The rate at `step` (>= 0). */
+double nb_lr_schedule_at(const nb_lr_schedule *s, int64_t step);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,57 @@
+/* The optimizer's private layout, shared by the files of optim/. Not installed. */
+#ifndef NABLA_OPTIM_INTERNAL_H
+#define NABLA_OPTIM_INTERNAL_H
+
+#include "nabla/optim.h"
+#include "tensor/internal.h"
+
+/* A group's hyperparameters, in this order, are the elements of one f64
+ * tensor of the optimizer's context (so checkpoints restore them). */
+enum {
+    NB__HP_LR,
+    NB__HP_WEIGHT_DECAY,
+    NB__HP_MOMENTUM,
+    NB__HP_DAMPENING,
+    NB__HP_NESTEROV,
+    NB__HP_BETA1,
+    NB__HP_BETA2,
+    NB__HP_EPS,
+    NB__HP_COUNT
+};
+
+typedef struct nb__optim_param {
+    nb_tensor *param;
+    const char *name;
+    int group;
+    nb_tensor *step;            /* i64 scalar: updates of this parameter */
+    nb_tensor *exp_avg;         /* Adam, AdamW */
+    nb_tensor *exp_avg_sq;      /* Adam, AdamW */
+    nb_tensor *momentum_buffer; /* SGD with momentum */
+} nb__optim_param;
+
+struct nb_optim {
+    nb_optim_kind kind;
+    nb_ctx *ctx; /* owns everything below */
+    int n_params, n_groups;
+    nb__optim_param *params;
+    nb_tensor **group_hp; /* n_groups f64 tensors of NB__HP_COUNT elements */
+    nb_tensor *step_count; /* i64 scalar */
+    nb_named_tensor *state;
+    int n_state;
+};
+
+static inline double *nb__optim_hp(const nb_optim *opt, int group) {
+    return (double *)opt->group_hp[group]->data;
+}
+
+/* Checks hyperparameters; NULL when valid, else a message in buf. */
+const char *nb__optim_check_hparams(nb_optim_kind kind, const double *hp, char *buf, size_t n);
+
+/* One update of one parameter; `step` counts this update (>= 1). SGD's
+ * buf is NULL without momentum. */
+void nb__sgd_update(nb_tensor *p, const nb_tensor *g, nb_tensor *buf, int64_t step,
+                    const double *hp);
+void nb__adam_update(nb_tensor *p, const nb_tensor *g, nb_tensor *m, nb_tensor *v, int64_t step,
+                     const double *hp, bool decoupled);
+
+#endif

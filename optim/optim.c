@@ -1,0 +1,398 @@
+/* The optimizer handle: construction and checks, parameter groups, the
+ * step loop, zero_grad, hyperparameter access, and the state exported for
+ * checkpoints. The update rules themselves live in optim/sgd.c and
+ * optim/adam.c.
+ *
+ * State is allocated eagerly, zero-filled, at construction (moments and
+ * momentum buffers have their parameter's shape and dtype), with a
+ * per-parameter step count of 0. A step count of 0 plays the role of
+ * PyTorch's "no state yet": SGD takes it to mean "initialise the momentum
+ * buffer with the gradient", and a checkpoint taken before a parameter's
+ * first update restores exactly that. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "optim/internal.h"
+
+const char *nb_optim_kind_name(nb_optim_kind kind) {
+    switch (kind) {
+    case NB_OPTIM_SGD: return "sgd";
+    case NB_OPTIM_ADAM: return "adam";
+    case NB_OPTIM_ADAMW: return "adamw";
+    }
+    return "unknown";
+}
+
+static const char *hp_names[NB__HP_COUNT] = {
+    [NB__HP_LR] = "lr",           [NB__HP_WEIGHT_DECAY] = "weight_decay",
+    [NB__HP_MOMENTUM] = "momentum", [NB__HP_DAMPENING] = "dampening",
+    [NB__HP_NESTEROV] = "nesterov", [NB__HP_BETA1] = "beta1",
+    [NB__HP_BETA2] = "beta2",     [NB__HP_EPS] = "eps",
+};
+
+static bool hp_applies(nb_optim_kind kind, int k) {
+    if (k == NB__HP_LR || k == NB__HP_WEIGHT_DECAY) return true;
+    bool sgd_only = k == NB__HP_MOMENTUM || k == NB__HP_DAMPENING || k == NB__HP_NESTEROV;
+    return (kind == NB_OPTIM_SGD) == sgd_only;
+}
+
+const char *nb__optim_check_hparams(nb_optim_kind kind, const double *hp, char *buf, size_t n) {
+    double lr = hp[NB__HP_LR], wd = hp[NB__HP_WEIGHT_DECAY];
+    if (!(isfinite(lr) && lr >= 0)) return snprintf(buf, n, "lr = %g must be finite and >= 0", lr), buf;
+    if (!(isfinite(wd) && wd >= 0))
+        return snprintf(buf, n, "weight_decay = %g must be finite and >= 0", wd), buf;
+    if (kind == NB_OPTIM_SGD) {
+        double mom = hp[NB__HP_MOMENTUM], damp = hp[NB__HP_DAMPENING], nest = hp[NB__HP_NESTEROV];
+        if (!(isfinite(mom) && mom >= 0))
+            return snprintf(buf, n, "momentum = %g must be finite and >= 0", mom), buf;
+        if (!isfinite(damp)) return snprintf(buf, n, "dampening = %g must be finite", damp), buf;
+        if (nest != 0 && nest != 1) return snprintf(buf, n, "nesterov = %g must be 0 or 1", nest), buf;
+        if (nest == 1 && (mom <= 0 || damp != 0))
+            return snprintf(buf, n, "nesterov momentum needs momentum > 0 and dampening 0 "
+                            "(momentum = %g, dampening = %g)", mom, damp), buf;
+        return NULL;
+    }
+    for (int k = NB__HP_BETA1; k <= NB__HP_BETA2; k++)
+        if (!(hp[k] >= 0 && hp[k] < 1))
+            return snprintf(buf, n, "%s = %g must be in [0, 1)", hp_names[k], hp[k]), buf;
+    if (!(isfinite(hp[NB__HP_EPS]) && hp[NB__HP_EPS] >= 0))
+        return snprintf(buf, n, "eps = %g must be finite and >= 0", hp[NB__HP_EPS]), buf;
+    return NULL;
+}
+
+static void hp_from_struct(const nb_optim_hparams *h, double *hp) {
+    hp[NB__HP_LR] = h->lr;
+    hp[NB__HP_WEIGHT_DECAY] = h->weight_decay;
+    hp[NB__HP_MOMENTUM] = h->momentum;
+    hp[NB__HP_DAMPENING] = h->dampening;
+    hp[NB__HP_NESTEROV] = h->nesterov ? 1 : 0;
+    hp[NB__HP_BETA1] = h->beta1;
+    hp[NB__HP_BETA2] = h->beta2;
+    hp[NB__HP_EPS] = h->eps;
+}
+
+static const char *copy_str(nb_ctx *ctx, const char *a, const char *b, const char *c) {
+    size_t na = strlen(a), nb = strlen(b), nc = strlen(c);
+    char *s = nb__ctx_meta(ctx, na + nb + nc + 1);
+    memcpy(s, a, na);
+    memcpy(s + na, b, nb);
+    memcpy(s + na + nb, c, nc + 1);
+    return s;
+}
+
+static int cmp_name(const void *a, const void *b) {
+    return strcmp(((const nb_named_tensor *)a)->name, ((const nb_named_tensor *)b)->name);
+}
+
+static int cmp_tensor(const void *a, const void *b) {
+    const nb_tensor *x = ((const nb_named_tensor *)a)->tensor;
+    const nb_tensor *y = ((const nb_named_tensor *)b)->tensor;
+    return x < y ? -1 : x > y;
+}
+
+static void check_param(const char *who, const nb_named_tensor *nt, int group, int index) {
+    NB_CHECK(nt->name && nt->name[0], "%s: parameter %d of group %d has no name (names key the "
+             "optimizer state in checkpoints)", who, index, group);
+    const nb_tensor *t = nt->tensor;
+    NB_CHECK(t, "%s: parameter \"%s\" is NULL", who, nt->name);
+    NB_CHECK(nb_is_leaf(t), "%s: parameter \"%s\" %s is not a leaf that requires grad%s", who,
+             nt->name, nb_shape_str(t), t->node ? " (it was made by an op)" : "");
+    NB_CHECK(t->dtype == NB_F32 || t->dtype == NB_F64,
+             "%s: parameter \"%s\" has dtype %s; optimizers update f32 or f64 parameters", who,
+             nt->name, nb_dtype_name(t->dtype));
+    NB_CHECK(nb_is_contiguous(t), "%s: parameter \"%s\" %s is not contiguous", who, nt->name,
+             nb_shape_str(t));
+    NB_CHECK(t->device.type == NB_DEVICE_CPU,
+             "%s: parameter \"%s\" is on %s; the optimizer kernels of this build run on the CPU",
+             who, nt->name, nb_device_name(t->device));
+}
+
+/* Rejects a name or a tensor that appears twice, over all groups; aborts
+ * with nothing allocated. */
+static void check_unique(const char *who, int n_groups, const nb_param_group *groups, int total) {
+    nb_named_tensor *v = malloc(sizeof *v * (size_t)total);
+    NB_CHECK(v, "%s: out of memory", who);
+    int k = 0;
+    for (int g = 0; g < n_groups; g++)
+        for (int i = 0; i < groups[g].n; i++) v[k++] = groups[g].params[i];
+    char a[128] = "", b[128] = "";
+    qsort(v, (size_t)total, sizeof *v, cmp_name);
+    for (int i = 1; i < total && !a[0]; i++)
+        if (strcmp(v[i - 1].name, v[i].name) == 0) snprintf(a, sizeof a, "%s", v[i].name);
+    if (a[0]) {
+        free(v);
+        NB_ABORT("%s: two parameters are named \"%s\"", who, a);
+    }
+    qsort(v, (size_t)total, sizeof *v, cmp_tensor);
+    for (int i = 1; i < total && !a[0]; i++)
+        if (v[i - 1].tensor == v[i].tensor) {
+            /* name order, so the message does not depend on addresses */
+            bool swap = strcmp(v[i - 1].name, v[i].name) > 0;
+            snprintf(a, sizeof a, "%s", v[i - 1 + swap].name);
+            snprintf(b, sizeof b, "%s", v[i - swap].name);
+        }
+    free(v);
+    NB_CHECK(!a[0], "%s: \"%s\" and \"%s\" are the same tensor; a parameter may appear in only "
+             "one group, once", who, a, b);
+}
+
+static void add_state(nb_optim *opt, const char *name, nb_tensor *t) {
+    opt->state[opt->n_state].name = name;
+    opt->state[opt->n_state].tensor = t;
+    opt->n_state++;
+}
+
+nb_optim *nb_optim_new_groups(nb_optim_kind kind, int n_groups, const nb_param_group *groups) {
+    const char *who = "nb_optim_new";
+    NB_CHECK(kind == NB_OPTIM_SGD || kind == NB_OPTIM_ADAM || kind == NB_OPTIM_ADAMW,
+             "%s: unknown optimizer kind %d", who, (int)kind);
+    NB_CHECK(n_groups > 0 && groups, "%s: %d parameter groups given; need at least one", who,
+             n_groups);
+    int total = 0;
+    for (int g = 0; g < n_groups; g++) {
+        NB_CHECK(groups[g].n >= 0 && (groups[g].n == 0 || groups[g].params),
+                 "%s: group %d has %d parameters and params %p", who, g, groups[g].n,
+                 (const void *)groups[g].params);
+        NB_CHECK(groups[g].n <= INT32_MAX - total, "%s: too many parameters", who);
+        total += groups[g].n;
+        double hp[NB__HP_COUNT];
+        hp_from_struct(&groups[g].h, hp);
+        char msg[256];
+        const char *bad = nb__optim_check_hparams(kind, hp, msg, sizeof msg);
+        NB_CHECK(!bad, "%s (%s): group %d: %s", who, nb_optim_kind_name(kind), g, bad);
+        for (int i = 0; i < groups[g].n; i++) check_param(who, &groups[g].params[i], g, i);
+    }
+    NB_CHECK(total > 0, "%s: the optimizer got an empty parameter list", who);
+    check_unique(who, n_groups, groups, total);
+
+    nb_device dev = nb_cpu();
+    for (int g = 0; g < n_groups; g++)
+        if (groups[g].n > 0) {
+            dev = groups[g].params[0].tensor->device;
+            break;
+        }
+    size_t bytes = 4096;
+    for (int g = 0; g < n_groups; g++)
+        for (int i = 0; i < groups[g].n; i++) {
+            const nb_tensor *t = groups[g].params[i].tensor;
+            NB_CHECK(nb_device_eq(t->device, dev), "%s: parameter \"%s\" is on %s, others on %s",
+                     who, groups[g].params[i].name, nb_device_name(t->device),
+                     nb_device_name(dev));
+            bytes += 2 * ((size_t)nb_numel(t) * nb_dtype_size(t->dtype) + 128) + 256;
+        }
+
+    nb_optim *opt = calloc(1, sizeof *opt);
+    NB_CHECK(opt, "%s: out of memory", who);
+    opt->kind = kind;
+    opt->ctx = nb_ctx_new(dev, bytes);
+    opt->n_groups = n_groups;
+    opt->n_params = total;
+    opt->params = nb__ctx_meta(opt->ctx, sizeof *opt->params * (size_t)total);
+    opt->group_hp = nb__ctx_meta(opt->ctx, sizeof *opt->group_hp * (size_t)n_groups);
+    int k = 0;
+    for (int g = 0; g < n_groups; g++) {
+        opt->group_hp[g] = nb_zeros(opt->ctx, NB_F64, NB_SHAPE(NB__HP_COUNT));
+        hp_from_struct(&groups[g].h, nb__optim_hp(opt, g));
+        for (int i = 0; i < groups[g].n; i++, k++) {
+            nb__optim_param *p = &opt->params[k];
+            p->param = groups[g].params[i].tensor;
+            p->name = copy_str(opt->ctx, groups[g].params[i].name, "", "");
+            p->group = g;
+        }
+    }
+
+    /* state: optim.step, the groups' hyperparameters, then per parameter */
+    int per_param = kind == NB_OPTIM_SGD ? 2 : 3;
+    opt->state = nb__ctx_meta(opt->ctx, sizeof *opt->state *
+                              (size_t)(1 + NB__HP_COUNT * n_groups + per_param * total));
+    opt->step_count = nb_zeros(opt->ctx, NB_I64, 0, NULL);
+    add_state(opt, "optim.step", opt->step_count);
+    for (int g = 0; g < n_groups; g++) {
+        char prefix[48];
+        snprintf(prefix, sizeof prefix, "optim.group.%d.", g);
+        for (int h = 0; h < NB__HP_COUNT; h++) {
+            if (!hp_applies(kind, h)) continue;
+            nb_tensor *v = nb__view(opt->ctx, opt->group_hp[g], 0, NULL, NULL,
+                                    nb__optim_hp(opt, g) + h);
+            add_state(opt, copy_str(opt->ctx, prefix, hp_names[h], ""), v);
+        }
+    }
+    for (int i = 0; i < total; i++) {
+        nb__optim_param *p = &opt->params[i];
+        const char *prefix = copy_str(opt->ctx, "optim.state.", p->name, ".");
+        p->step = nb_zeros(opt->ctx, NB_I64, 0, NULL);
+        add_state(opt, copy_str(opt->ctx, prefix, "step", ""), p->step);
+        if (kind == NB_OPTIM_SGD) {
+            if (nb__optim_hp(opt, p->group)[NB__HP_MOMENTUM] != 0) {
+                p->momentum_buffer = nb_zeros_like(opt->ctx, p->param);
+                add_state(opt, copy_str(opt->ctx, prefix, "momentum_buffer", ""),
+                          p->momentum_buffer);
+            }
+        } else {
+            p->exp_avg = nb_zeros_like(opt->ctx, p->param);
+            p->exp_avg_sq = nb_zeros_like(opt->ctx, p->param);
+            add_state(opt, copy_str(opt->ctx, prefix, "exp_avg", ""), p->exp_avg);
+            add_state(opt, copy_str(opt->ctx, prefix, "exp_avg_sq", ""), p->exp_avg_sq);
+        }
+    }
+    return opt;
+}
+
+nb_optim *nb_optim_new(nb_optim_kind kind, const nb_named_tensor *params, int n,
+                       const nb_optim_hparams *h) {
+    NB_CHECK(h, "nb_optim_new: NULL hyperparameters (use e.g. &NB_ADAMW_DEFAULTS)");
+    nb_param_group g = {params, n, *h};
+    return nb_optim_new_groups(kind, 1, &g);
+}
+
+void nb_optim_free(nb_optim *opt) {
+    if (!opt) return;
+    nb_ctx_free(opt->ctx);
+    free(opt);
+}
+
+void nb_optim_split_decay(const nb_named_tensor *params, int n, const nb_optim_hparams *h,
+                          nb_named_tensor *scratch, nb_param_group out[2]) {
+    NB_CHECK(n >= 0 && (n == 0 || (params && scratch)) && h && out,
+             "nb_optim_split_decay: bad arguments (n = %d)", n);
+    int k = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        out[pass].params = scratch + k;
+        out[pass].h = *h;
+        int start = k;
+        for (int i = 0; i < n; i++) {
+            NB_CHECK(params[i].tensor, "nb_optim_split_decay: parameter %d (\"%s\") is NULL", i,
+                     params[i].name ? params[i].name : "");
+            bool matrix = params[i].tensor->ndim >= 2;
+            if (matrix == (pass == 0)) scratch[k++] = params[i];
+        }
+        out[pass].n = k - start;
+    }
+    out[1].h.weight_decay = 0;
+}
+
+/* ---- stepping ---- */
+void nb_optim_step(nb_optim *opt) {
+    NB_CHECK(opt, "nb_optim_step: NULL optimizer");
+    ++*(int64_t *)opt->step_count->data;
+    for (int i = 0; i < opt->n_params; i++) {
+        nb__optim_param *p = &opt->params[i];
+        const nb_tensor *g = p->param->grad;
+        if (!g) continue;
+        NB_CHECK(nb_same_shape(g, p->param) && g->dtype == p->param->dtype,
+                 "nb_optim_step: gradient of \"%s\" is %s %s, parameter is %s %s", p->name,
+                 nb_dtype_name(g->dtype), nb_shape_str(g), nb_dtype_name(p->param->dtype),
+                 nb_shape_str(p->param));
+        NB_CHECK(nb_is_contiguous(g) && g->device.type == NB_DEVICE_CPU,
+                 "nb_optim_step: gradient of \"%s\" %s must be a contiguous CPU tensor", p->name,
+                 nb_shape_str(g));
+        int64_t step = ++*(int64_t *)p->step->data;
+        const double *hp = nb__optim_hp(opt, p->group);
+        if (opt->kind == NB_OPTIM_SGD)
+            nb__sgd_update(p->param, g, p->momentum_buffer, step, hp);
+        else
+            nb__adam_update(p->param, g, p->exp_avg, p->exp_avg_sq, step, hp,
+                            opt->kind == NB_OPTIM_ADAMW);
+    }
+}
+
+void nb_optim_zero_grad(nb_optim *opt) {
+    NB_CHECK(opt, "nb_optim_zero_grad: NULL optimizer");
+    for (int i = 0; i < opt->n_params; i++) {
+        nb_tensor *g = opt->params[i].param->grad;
+        if (g && nb_is_contiguous(g) && g->device.type == NB_DEVICE_CPU)
+            memset(g->data, 0, (size_t)nb_numel(g) * nb_dtype_size(g->dtype)); /* 0.0 is all zeros */
+        else
+            nb_zero_grad(opt->params[i].param);
+    }
+}
+
+/* ---- access ---- */
+static void check_group(const char *who, const nb_optim *opt, int group) {
+    NB_CHECK(opt, "%s: NULL optimizer", who);
+    NB_CHECK(group >= 0 && group < opt->n_groups, "%s: group %d out of range (the optimizer has %d)",
+             who, group, opt->n_groups);
+}
+
+nb_optim_kind nb_optim_get_kind(const nb_optim *opt) { return opt->kind; }
+int nb_optim_group_count(const nb_optim *opt) { return opt->n_groups; }
+int nb_optim_param_count(const nb_optim *opt) { return opt->n_params; }
+int64_t nb_optim_step_count(const nb_optim *opt) { return *(const int64_t *)opt->step_count->data; }
+
+nb_optim_hparams nb_optim_group_hparams(const nb_optim *opt, int group) {
+    check_group("nb_optim_group_hparams", opt, group);
+    const double *hp = nb__optim_hp(opt, group);
+    nb_optim_hparams h = {
+        .lr = hp[NB__HP_LR],
+        .weight_decay = hp[NB__HP_WEIGHT_DECAY],
+        .momentum = hp[NB__HP_MOMENTUM],
+        .dampening = hp[NB__HP_DAMPENING],
+        .nesterov = hp[NB__HP_NESTEROV] != 0,
+        .beta1 = hp[NB__HP_BETA1],
+        .beta2 = hp[NB__HP_BETA2],
+        .eps = hp[NB__HP_EPS],
+    };
+    return h;
+}
+
+double nb_optim_lr(const nb_optim *opt, int group) {
+    check_group("nb_optim_lr", opt, group);
+    return nb__optim_hp(opt, group)[NB__HP_LR];
+}
+
+void nb_optim_set_lr(nb_optim *opt, int group, double lr) {
+    check_group("nb_optim_set_lr", opt, group);
+    NB_CHECK(isfinite(lr) && lr >= 0, "nb_optim_set_lr: lr = %g must be finite and >= 0", lr);
+    nb__optim_hp(opt, group)[NB__HP_LR] = lr;
+}
+
+void nb_optim_set_lr_all(nb_optim *opt, double lr) {
+    NB_CHECK(opt, "nb_optim_set_lr_all: NULL optimizer");
+    for (int g = 0; g < opt->n_groups; g++) nb_optim_set_lr(opt, g, lr);
+}
+
+void nb_optim_set_weight_decay(nb_optim *opt, int group, double weight_decay) {
+    check_group("nb_optim_set_weight_decay", opt, group);
+    NB_CHECK(isfinite(weight_decay) && weight_decay >= 0,
+             "nb_optim_set_weight_decay: weight_decay = %g must be finite and >= 0", weight_decay);
+    nb__optim_hp(opt, group)[NB__HP_WEIGHT_DECAY] = weight_decay;
+}
+
+/* ---- state ---- */
+const nb_named_tensor *nb_optim_state(nb_optim *opt, int *n) {
+    NB_CHECK(opt && n, "nb_optim_state: NULL argument");
+    *n = opt->n_state;
+    return opt->state;
+}
+
+nb_status nb_optim_state_validate(nb_optim *opt) {
+    NB_CHECK(opt, "nb_optim_state_validate: NULL optimizer");
+    if (nb_optim_step_count(opt) < 0)
+        return nb_set_error(NB_ERR_FORMAT, "optimizer state: optim.step = %lld is negative",
+                            (long long)nb_optim_step_count(opt));
+    for (int g = 0; g < opt->n_groups; g++) {
+        char msg[256];
+        const char *bad = nb__optim_check_hparams(opt->kind, nb__optim_hp(opt, g), msg, sizeof msg);
+        if (bad)
+            return nb_set_error(NB_ERR_FORMAT, "optimizer state (%s): optim.group.%d: %s",
+                                nb_optim_kind_name(opt->kind), g, bad);
+        if (opt->kind == NB_OPTIM_SGD && nb__optim_hp(opt, g)[NB__HP_MOMENTUM] != 0)
+            for (int i = 0; i < opt->n_params; i++)
+                if (opt->params[i].group == g && !opt->params[i].momentum_buffer)
+                    return nb_set_error(NB_ERR_MISMATCH,
+                                        "optimizer state: optim.group.%d.momentum = %g, but the "
+                                        "optimizer was made without momentum and has no "
+                                        "momentum buffer for \"%s\"",
+                                        g, nb__optim_hp(opt, g)[NB__HP_MOMENTUM],
+                                        opt->params[i].name);
+    }
+    for (int i = 0; i < opt->n_params; i++) {
+        int64_t s = *(const int64_t *)opt->params[i].step->data;
+        if (s < 0)
+            return nb_set_error(NB_ERR_FORMAT, "optimizer state: optim.state.%s.step = %lld is "
+                                "negative", opt->params[i].name, (long long)s);
+    }
+    return NB_OK;
+}

@@ -1,0 +1,660 @@
+/* Optimizers, parameter groups, schedules and clipping.
+ *
+ * Updates are checked two ways: against closed forms (a constant gradient
+ * makes SGD's momentum a geometric series and Adam's step lr g/(|g|+eps))
+ * and against a textbook recurrence written here in double with varying
+ * gradients (m_hat / (sqrt(v_hat) + eps) rather than the library's
+ * factored form). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "tensor/internal.h"
+#include "testutil.h"
+
+#define N 6
+
+/* A 1-D f64 or f32 leaf of n elements with a zero gradient buffer. */
+static nb_tensor *leaf_with_grad(nb_ctx *ctx, nb_dtype dtype, int64_t n, uint64_t seed) {
+    nb_tensor *p = nbt_randn_leaf(ctx, dtype, 1, &n, seed);
+    nb_set_grad(p, nb_zeros_like(ctx, p));
+    return p;
+}
+
+static double get1(const nb_tensor *t, int64_t i) { return nb_get(t, &i); }
+static void set1(nb_tensor *t, int64_t i, double v) { nb_set(t, &i, v); }
+
+/* gradient at step t (1-based) of element i, the same in every test */
+static double grad_at(int t, int64_t i) { return sin(0.9 * (double)i + 0.7 * t) + 0.1 * (double)i; }
+
+/* ---- SGD ---- */
+typedef struct sgd_case {
+    double lr, momentum, dampening, wd;
+    bool nesterov;
+} sgd_case;
+
+/* p_T after T steps with constant gradient c, from the closed forms. */
+static double sgd_closed_form(sgd_case k, double p0, double c, int T) {
+    double mu = k.momentum, p = p0;
+    if (k.wd != 0) { /* plain SGD with L2: p_t = r p_{t-1} - lr c */
+        double r = 1 - k.lr * k.wd;
+        return pow(r, T) * p0 - k.lr * c * (1 - pow(r, T)) / (1 - r);
+    }
+    for (int t = 1; t <= T; t++) {
+        /* buf_t = mu^(t-1) c + (1 - dampening) c (1 - mu^(t-1)) / (1 - mu) */
+        double buf = mu == 0 ? c
+                             : pow(mu, t - 1) * c +
+                                   (1 - k.dampening) * c * (1 - pow(mu, t - 1)) / (1 - mu);
+        double d = k.nesterov ? c + mu * buf : buf;
+        p -= k.lr * d;
+    }
+    return p;
+}
+
+START_TEST(test_sgd_closed_form) {
+    sgd_case cases[] = {
+        {0.1, 0, 0, 0, false},    {0.05, 0.9, 0, 0, false}, {0.05, 0.8, 0.3, 0, false},
+        {0.05, 0.9, 0, 0, true},  {0.1, 0, 0, 0.2, false},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+        nb_tensor *p = leaf_with_grad(ctx, NB_F64, N, 10 + k);
+        double p0[N], c[N];
+        for (int i = 0; i < N; i++) {
+            p0[i] = get1(p, i);
+            c[i] = 0.5 - 0.3 * i;
+            set1(p->grad, i, c[i]);
+        }
+        nb_optim_hparams h = NB_SGD_DEFAULTS;
+        h.lr = cases[k].lr;
+        h.momentum = cases[k].momentum;
+        h.dampening = cases[k].dampening;
+        h.weight_decay = cases[k].wd;
+        h.nesterov = cases[k].nesterov;
+        nb_named_tensor np = {"p", p};
+        nb_optim *opt = nb_optim_new(NB_OPTIM_SGD, &np, 1, &h);
+        const int T = 7;
+        for (int t = 0; t < T; t++) nb_optim_step(opt);
+        double expect[N];
+        for (int i = 0; i < N; i++) expect[i] = sgd_closed_form(cases[k], p0[i], c[i], T);
+        nbt_assert_close(p, expect, 1e-13, 1e-12);
+        ck_assert_int_eq(nb_optim_step_count(opt), T);
+        nb_optim_free(opt);
+        nb_ctx_free(ctx);
+    }
+}
+END_TEST
+
+/* Textbook SGD in double with the gradients of grad_at. */
+static void sgd_reference(sgd_case k, double *p, int n, int T) {
+    double buf[N] = {0};
+    for (int t = 1; t <= T; t++)
+        for (int i = 0; i < n; i++) {
+            double d = grad_at(t, i) + k.wd * p[i];
+            if (k.momentum != 0) {
+                buf[i] = t == 1 ? d : k.momentum * buf[i] + (1 - k.dampening) * d;
+                d = k.nesterov ? d + k.momentum * buf[i] : buf[i];
+            }
+            p[i] -= k.lr * d;
+        }
+}
+
+START_TEST(test_sgd_reference) {
+    sgd_case cases[] = {{0.1, 0.9, 0.1, 0.01, false}, {0.03, 0.95, 0, 0.05, true},
+                        {0.2, 0, 0, 0.1, false}};
+    nb_dtype dtypes[] = {NB_F64, NB_F32};
+    for (size_t k = 0; k < 3; k++)
+        for (int di = 0; di < 2; di++) {
+            nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+            nb_tensor *p = leaf_with_grad(ctx, dtypes[di], N, 20 + k);
+            double ref[N];
+            for (int i = 0; i < N; i++) ref[i] = get1(p, i);
+            nb_optim_hparams h = {.lr = cases[k].lr, .momentum = cases[k].momentum,
+                                  .dampening = cases[k].dampening,
+                                  .weight_decay = cases[k].wd, .nesterov = cases[k].nesterov};
+            nb_named_tensor np = {"p", p};
+            nb_optim *opt = nb_optim_new(NB_OPTIM_SGD, &np, 1, &h);
+            const int T = 6;
+            for (int t = 1; t <= T; t++) {
+                for (int i = 0; i < N; i++) set1(p->grad, i, grad_at(t, i));
+                nb_optim_step(opt);
+            }
+            sgd_reference(cases[k], ref, N, T);
+            if (dtypes[di] == NB_F64) nbt_assert_close(p, ref, 1e-13, 1e-12);
+            else nbt_assert_close(p, ref, 1e-5, 1e-5);
+            nb_optim_free(opt);
+            nb_ctx_free(ctx);
+        }
+}
+END_TEST
+
+/* ---- Adam, AdamW ---- */
+START_TEST(test_adam_closed_form) {
+    /* constant g: m_hat = g and sqrt(v_hat) = |g| exactly, so every step
+     * moves p by lr g / (|g| + eps); AdamW first shrinks p by r = 1 - lr wd. */
+    for (int decoupled = 0; decoupled < 2; decoupled++) {
+        nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+        nb_tensor *p = leaf_with_grad(ctx, NB_F64, N, 30);
+        double p0[N], g[N];
+        for (int i = 0; i < N; i++) {
+            p0[i] = get1(p, i);
+            g[i] = (i % 2 ? -1.0 : 1.0) * (0.25 + i); /* mixed signs, |g| >> eps */
+            set1(p->grad, i, g[i]);
+        }
+        nb_optim_hparams h = decoupled ? NB_ADAMW_DEFAULTS : NB_ADAM_DEFAULTS;
+        h.lr = 0.01;
+        h.eps = 1e-3; /* large enough to matter */
+        if (decoupled) h.weight_decay = 0.5;
+        nb_named_tensor np = {"p", p};
+        nb_optim *opt = nb_optim_new(decoupled ? NB_OPTIM_ADAMW : NB_OPTIM_ADAM, &np, 1, &h);
+        const int T = 5;
+        for (int t = 0; t < T; t++) nb_optim_step(opt);
+        double expect[N];
+        for (int i = 0; i < N; i++) {
+            double a = h.lr * g[i] / (fabs(g[i]) + h.eps);
+            double r = 1 - h.lr * h.weight_decay;
+            expect[i] = decoupled ? pow(r, T) * p0[i] - a * (1 - pow(r, T)) / (1 - r)
+                                  : p0[i] - T * a;
+        }
+        nbt_assert_close(p, expect, 1e-12, 1e-12);
+        nb_optim_free(opt);
+        nb_ctx_free(ctx);
+    }
+}
+END_TEST
+
+static void adam_reference(const nb_optim_hparams *h, bool decoupled, double *p, int n, int T) {
+    double m[N] = {0}, v[N] = {0};
+    for (int t = 1; t <= T; t++)
+        for (int i = 0; i < n; i++) {
+            double g = grad_at(t, i);
+            if (decoupled) p[i] -= h->lr * h->weight_decay * p[i];
+            else g += h->weight_decay * p[i];
+            m[i] = h->beta1 * m[i] + (1 - h->beta1) * g;
+            v[i] = h->beta2 * v[i] + (1 - h->beta2) * g * g;
+            double mhat = m[i] / (1 - pow(h->beta1, t)), vhat = v[i] / (1 - pow(h->beta2, t));
+            p[i] -= h->lr * mhat / (sqrt(vhat) + h->eps);
+        }
+}
+
+START_TEST(test_adam_reference) {
+    nb_dtype dtypes[] = {NB_F64, NB_F32};
+    for (int decoupled = 0; decoupled < 2; decoupled++)
+        for (int di = 0; di < 2; di++)
+            for (int variant = 0; variant < 2; variant++) {
+                nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+                nb_tensor *p = leaf_with_grad(ctx, dtypes[di], N, 40 + variant);
+                double ref[N];
+                for (int i = 0; i < N; i++) ref[i] = get1(p, i);
+                nb_optim_hparams h = decoupled ? NB_ADAMW_DEFAULTS : NB_ADAM_DEFAULTS;
+                h.lr = 0.02;
+                h.weight_decay = 0.1;
+                if (variant) { /* beta1 >= 0.5 exercises the other lerp branch */
+                    h.beta1 = 0.3;
+                    h.beta2 = 0.9;
+                    h.eps = 1e-4;
+                }
+                nb_named_tensor np = {"p", p};
+                nb_optim *opt = nb_optim_new(decoupled ? NB_OPTIM_ADAMW : NB_OPTIM_ADAM, &np, 1, &h);
+                const int T = 8;
+                for (int t = 1; t <= T; t++) {
+                    for (int i = 0; i < N; i++) set1(p->grad, i, grad_at(t, i));
+                    nb_optim_step(opt);
+                }
+                adam_reference(&h, decoupled, ref, N, T);
+                if (dtypes[di] == NB_F64) nbt_assert_close(p, ref, 1e-13, 1e-12);
+                else nbt_assert_close(p, ref, 2e-6, 2e-6);
+                nb_optim_free(opt);
+                nb_ctx_free(ctx);
+            }
+}
+END_TEST
+
+START_TEST(test_adam_moment_exact_at_beta1_zero) {
+    /* lerp(m, g, 1) is exactly g in the form the library uses (PyTorch's);
+     * m + 1 * (g - m) would round */
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *p = leaf_with_grad(ctx, NB_F32, 64, 1);
+    nb_optim_hparams h = NB_ADAM_DEFAULTS;
+    h.beta1 = 0;
+    nb_named_tensor np = {"p", p};
+    nb_optim *opt = nb_optim_new(NB_OPTIM_ADAM, &np, 1, &h);
+    int n;
+    const nb_named_tensor *st = nb_optim_state(opt, &n);
+    ck_assert_str_eq(st[7].name, "optim.state.p.exp_avg");
+    for (int t = 1; t <= 4; t++) {
+        for (int i = 0; i < 64; i++) set1(p->grad, i, 1e3 * grad_at(t, i) + 1e-3 * i);
+        nb_optim_step(opt);
+        ck_assert(memcmp(st[7].tensor->data, p->grad->data, 64 * sizeof(float)) == 0);
+    }
+    nb_optim_free(opt);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+START_TEST(test_skips_params_without_grad) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *a = leaf_with_grad(ctx, NB_F64, N, 1);
+    int64_t n = N;
+    nb_tensor *b = nbt_randn_leaf(ctx, NB_F64, 1, &n, 2); /* never gets a gradient */
+    for (int i = 0; i < N; i++) set1(a->grad, i, 1.0);
+    double b0[N];
+    nb_to_host(b, b0);
+    nb_named_tensor ps[] = {{"a", a}, {"b", b}};
+    nb_optim *opt = nb_optim_new(NB_OPTIM_ADAMW, ps, 2, &NB_ADAMW_DEFAULTS);
+    nb_optim_step(opt);
+    nb_optim_step(opt);
+    nbt_assert_close(b, b0, 0, 0); /* untouched, not even decayed */
+    int ns;
+    const nb_named_tensor *st = nb_optim_state(opt, &ns);
+    for (int i = 0; i < ns; i++) {
+        if (strcmp(st[i].name, "optim.state.a.step") == 0) ck_assert_int_eq(nb_item(st[i].tensor), 2);
+        if (strcmp(st[i].name, "optim.state.b.step") == 0) ck_assert_int_eq(nb_item(st[i].tensor), 0);
+    }
+    nb_optim_free(opt);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+START_TEST(test_zero_grad_keeps_buffers) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *a = leaf_with_grad(ctx, NB_F32, N, 1);
+    nb_tensor *grad = a->grad;
+    for (int i = 0; i < N; i++) set1(a->grad, i, 3.0);
+    nb_named_tensor np = {"a", a};
+    nb_optim *opt = nb_optim_new(NB_OPTIM_SGD, &np, 1, &NB_SGD_DEFAULTS);
+    nb_optim_zero_grad(opt);
+    ck_assert_ptr_eq(a->grad, grad);
+    double zero[N] = {0};
+    nbt_assert_close(a->grad, zero, 0, 0);
+    nb_optim_free(opt);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+START_TEST(test_param_groups) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *w = nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(2, 3), 1);
+    nb_tensor *bias = nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(3), 2);
+    nb_tensor *norm = nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(3), 3);
+    nb_tensor *emb = nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(4, 3), 4);
+    nb_named_tensor ps[] = {{"fc.weight", w}, {"fc.bias", bias}, {"ln.weight", norm},
+                            {"emb.weight", emb}};
+    nb_tensor *all[] = {w, bias, norm, emb};
+    double before[4][12];
+    for (int k = 0; k < 4; k++) {
+        nb_set_grad(all[k], nb_ones(ctx, NB_F64, all[k]->ndim, all[k]->shape));
+        nb_to_host(all[k], before[k]);
+    }
+    nb_optim_hparams h = {.lr = 0.1, .weight_decay = 0.5};
+    nb_named_tensor scratch[4];
+    nb_param_group groups[2];
+    nb_optim_split_decay(ps, 4, &h, scratch, groups);
+    ck_assert_int_eq(groups[0].n, 2);
+    ck_assert_int_eq(groups[1].n, 2);
+    ck_assert_str_eq(groups[0].params[0].name, "fc.weight");
+    ck_assert_str_eq(groups[0].params[1].name, "emb.weight");
+    ck_assert_str_eq(groups[1].params[0].name, "fc.bias");
+    ck_assert_str_eq(groups[1].params[1].name, "ln.weight");
+    ck_assert(groups[0].h.weight_decay == 0.5 && groups[1].h.weight_decay == 0);
+    ck_assert(groups[0].h.lr == 0.1 && groups[1].h.lr == 0.1);
+    nb_optim *opt = nb_optim_new_groups(NB_OPTIM_SGD, 2, groups);
+    memset(scratch, 0, sizeof scratch); /* the optimizer keeps its own copy */
+    ck_assert_int_eq(nb_optim_group_count(opt), 2);
+    ck_assert_int_eq(nb_optim_param_count(opt), 4);
+    nb_optim_set_lr(opt, 1, 0.01);
+    ck_assert(nb_optim_lr(opt, 0) == 0.1 && nb_optim_lr(opt, 1) == 0.01);
+    ck_assert(nb_optim_group_hparams(opt, 0).weight_decay == 0.5);
+    nb_optim_step(opt);
+    /* decayed group: p - 0.1 (1 + 0.5 p); the other: p - 0.01 */
+    for (int k = 0; k < 4; k++) {
+        bool matrix = all[k]->ndim == 2;
+        double expect[12];
+        for (int64_t i = 0; i < nb_numel(all[k]); i++)
+            expect[i] = matrix ? before[k][i] - 0.1 * (1 + 0.5 * before[k][i]) : before[k][i] - 0.01;
+        nbt_assert_close(all[k], expect, 1e-15, 1e-15);
+    }
+    nb_optim_set_lr_all(opt, 0.5);
+    nb_optim_set_weight_decay(opt, 0, 0.25);
+    ck_assert(nb_optim_lr(opt, 1) == 0.5 && nb_optim_group_hparams(opt, 0).weight_decay == 0.25);
+    NBT_EXPECT_ABORT(nb_optim_set_lr(opt, 2, 0.1), "nb_optim_set_lr: group 2 out of range (the "
+                     "optimizer has 2)");
+    NBT_EXPECT_ABORT(nb_optim_set_lr(opt, 0, -1), "nb_optim_set_lr: lr = -1 must be finite and >= 0");
+    NBT_EXPECT_ABORT(nb_optim_set_weight_decay(opt, 0, NAN), "weight_decay = nan");
+    nb_optim_free(opt);
+    /* an empty group is fine as long as some group has parameters */
+    nb_param_group only_vectors[2] = {{NULL, 0, h}, {ps + 1, 2, h}};
+    opt = nb_optim_new_groups(NB_OPTIM_ADAM, 2, only_vectors);
+    ck_assert_int_eq(nb_optim_param_count(opt), 2);
+    nb_optim_free(opt);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+START_TEST(test_construction_errors) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *a = leaf_with_grad(ctx, NB_F32, 3, 1);
+    nb_tensor *b = leaf_with_grad(ctx, NB_F32, 3, 2);
+    nb_tensor *not_leaf = nb_mul(ctx, a, b);
+    nb_tensor *frozen = nb_zeros(ctx, NB_F32, NB_SHAPE(3));
+    nb_tensor *half = nb_zeros(ctx, NB_BF16, NB_SHAPE(3));
+    nb_set_requires_grad(half, true);
+    /* a leaf with transposed strides (only internal code makes such a thing) */
+    nb_tensor *base = nbt_randn(ctx, NB_F32, NB_SHAPE(2, 3), 3);
+    nb_tensor *strided = nb__view(ctx, base, 2, (int64_t[]){3, 2}, (int64_t[]){1, 3}, base->data);
+    nb_set_requires_grad(strided, true);
+    nb_optim_hparams sgd = NB_SGD_DEFAULTS, adam = NB_ADAM_DEFAULTS;
+
+    nb_named_tensor dup_name[] = {{"w", a}, {"w", b}};
+    NBT_EXPECT_ABORT(nb_optim_new(NB_OPTIM_SGD, dup_name, 2, &sgd), "two parameters are named \"w\"");
+    nb_named_tensor dup_tensor[] = {{"a", a}, {"also_a", a}};
+    NBT_EXPECT_ABORT(nb_optim_new(NB_OPTIM_SGD, dup_tensor, 2, &sgd),
+                     "\"a\" and \"also_a\" are the same tensor");
+    nb_named_tensor bad[] = {{"x", not_leaf}};
+    NBT_EXPECT_ABORT(nb_optim_new(NB_OPTIM_SGD, bad, 1, &sgd),
+                     "parameter \"x\" (3,) is not a leaf that requires grad (it was made by an op)");
+    bad[0].tensor = frozen;
+    NBT_EXPECT_ABORT(nb_optim_new(NB_OPTIM_SGD, bad, 1, &sgd), "is not a leaf that requires grad");
+    bad[0].tensor = half;
+    NBT_EXPECT_ABORT(nb_optim_new(NB_OPTIM_SGD, bad, 1, &sgd),
+                     "parameter \"x\" has dtype bf16; optimizers update f32 or f64 parameters");
+    bad[0].tensor = strided;
+    NBT_EXPECT_ABORT(nb_optim_new(NB_OPTIM_SGD, bad, 1, &sgd), "parameter \"x\" (3, 2) is not contiguous");
+    nb_named_tensor unnamed[] = {{NULL, a}};
+    NBT_EXPECT_ABORT(nb_optim_new(NB_OPTIM_SGD, unnamed, 1, &sgd), "parameter 0 of group 0 has no name");
+    NBT_EXPECT_ABORT(nb_optim_new(NB_OPTIM_SGD, NULL, 0, &sgd), "empty parameter list");
+    NBT_EXPECT_ABORT(nb_optim_new(NB_OPTIM_SGD, dup_name, 1, NULL), "NULL hyperparameters");
+
+    nb_named_tensor ok[] = {{"a", a}};
+    nb_optim_hparams h = sgd;
+    h.lr = -0.1;
+    NBT_EXPECT_ABORT(nb_optim_new(NB_OPTIM_SGD, ok, 1, &h), "nb_optim_new (sgd): group 0: lr = -0.1 "
+                     "must be finite and >= 0");
+    h = sgd;
+    h.nesterov = true;
+    NBT_EXPECT_ABORT(nb_optim_new(NB_OPTIM_SGD, ok, 1, &h), "nesterov momentum needs momentum > 0 "
+                     "and dampening 0 (momentum = 0, dampening = 0)");
+    h.momentum = 0.9;
+    h.dampening = 0.1;
+    NBT_EXPECT_ABORT(nb_optim_new(NB_OPTIM_SGD, ok, 1, &h), "(momentum = 0.9, dampening = 0.1)");
+    h = sgd;
+    h.momentum = -1;
+    NBT_EXPECT_ABORT(nb_optim_new(NB_OPTIM_SGD, ok, 1, &h), "momentum = -1 must be finite and >= 0");
+    h = adam;
+    h.beta1 = 1.0;
+    NBT_EXPECT_ABORT(nb_optim_new(NB_OPTIM_ADAM, ok, 1, &h), "nb_optim_new (adam): group 0: beta1 = "
+                     "1 must be in [0, 1)");
+    h = adam;
+    h.beta2 = -0.5;
+    NBT_EXPECT_ABORT(nb_optim_new(NB_OPTIM_ADAMW, ok, 1, &h), "beta2 = -0.5 must be in [0, 1)");
+    h = adam;
+    h.eps = -1e-8;
+    NBT_EXPECT_ABORT(nb_optim_new(NB_OPTIM_ADAM, ok, 1, &h), "eps = -1e-08 must be finite and >= 0");
+    h = adam;
+    h.weight_decay = INFINITY;
+    NBT_EXPECT_ABORT(nb_optim_new(NB_OPTIM_ADAM, ok, 1, &h), "weight_decay = inf must be finite");
+    NBT_EXPECT_ABORT(nb_optim_new((nb_optim_kind)7, ok, 1, &adam), "unknown optimizer kind 7");
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+START_TEST(test_state_export) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *w = leaf_with_grad(ctx, NB_F64, 4, 1);
+    nb_tensor *b = leaf_with_grad(ctx, NB_F64, 2, 2);
+    nb_named_tensor ps[] = {{"w", w}, {"b", b}};
+    for (int i = 0; i < 4; i++) set1(w->grad, i, 2.0);
+    nb_optim *opt = nb_optim_new(NB_OPTIM_ADAMW, ps, 2, &NB_ADAMW_DEFAULTS);
+    int n;
+    const nb_named_tensor *st = nb_optim_state(opt, &n);
+    const char *names[] = {"optim.step",           "optim.group.0.lr",
+                           "optim.group.0.weight_decay", "optim.group.0.beta1",
+                           "optim.group.0.beta2",  "optim.group.0.eps",
+                           "optim.state.w.step",   "optim.state.w.exp_avg",
+                           "optim.state.w.exp_avg_sq", "optim.state.b.step",
+                           "optim.state.b.exp_avg", "optim.state.b.exp_avg_sq"};
+    ck_assert_int_eq(n, 12);
+    for (int i = 0; i < n; i++) ck_assert_str_eq(st[i].name, names[i]);
+    ck_assert(nb_item(st[1].tensor) == 1e-3 && nb_item(st[2].tensor) == 1e-2);
+    ck_assert(st[1].tensor->ndim == 0 && st[1].tensor->dtype == NB_F64);
+    ck_assert(st[0].tensor->dtype == NB_I64 && st[6].tensor->dtype == NB_I64);
+    nb_optim_step(opt);
+    ck_assert_int_eq(nb_item(st[0].tensor), 1);
+    ck_assert_int_eq(nb_item(st[6].tensor), 1);
+    double m[4] = {0.2, 0.2, 0.2, 0.2}, v[4];
+    for (int i = 0; i < 4; i++) v[i] = 0.001 * 4.0;
+    nbt_assert_close(st[7].tensor, m, 1e-15, 1e-15);
+    nbt_assert_close(st[8].tensor, v, 1e-15, 1e-12);
+    /* writing through the views is what loading does */
+    nb_fill_(st[1].tensor, 0.25);
+    ck_assert(nb_optim_lr(opt, 0) == 0.25);
+    ck_assert_int_eq(nb_optim_state_validate(opt), NB_OK);
+    nb_fill_(st[3].tensor, 1.5);
+    ck_assert_int_eq(nb_optim_state_validate(opt), NB_ERR_FORMAT);
+    ck_assert_str_eq(nb_last_error(), "optimizer state (adamw): optim.group.0: beta1 = 1.5 must be "
+                     "in [0, 1)");
+    nb_fill_(st[3].tensor, 0.9);
+    nb_fill_(st[9].tensor, -3);
+    ck_assert_int_eq(nb_optim_state_validate(opt), NB_ERR_FORMAT);
+    ck_assert_str_eq(nb_last_error(), "optimizer state: optim.state.b.step = -3 is negative");
+    nb_optim_free(opt);
+
+    /* SGD: momentum buffers only with momentum; nesterov stored as 0 or 1 */
+    opt = nb_optim_new(NB_OPTIM_SGD, ps, 2, &NB_SGD_DEFAULTS);
+    st = nb_optim_state(opt, &n);
+    const char *plain[] = {"optim.step", "optim.group.0.lr", "optim.group.0.weight_decay",
+                           "optim.group.0.momentum", "optim.group.0.dampening",
+                           "optim.group.0.nesterov", "optim.state.w.step", "optim.state.b.step"};
+    ck_assert_int_eq(n, 8);
+    for (int i = 0; i < n; i++) ck_assert_str_eq(st[i].name, plain[i]);
+    nb_fill_(st[5].tensor, 0.5);
+    ck_assert_int_eq(nb_optim_state_validate(opt), NB_ERR_FORMAT);
+    ck_assert_str_eq(nb_last_error(), "optimizer state (sgd): optim.group.0: nesterov = 0.5 must be "
+                     "0 or 1");
+    nb_fill_(st[5].tensor, 0);
+    nb_fill_(st[3].tensor, 0.9); /* momentum without buffers */
+    ck_assert_int_eq(nb_optim_state_validate(opt), NB_ERR_MISMATCH);
+    ck_assert(strstr(nb_last_error(), "has no momentum buffer for \"w\""));
+    nb_optim_free(opt);
+    nb_optim_hparams h = NB_SGD_DEFAULTS;
+    h.momentum = 0.9;
+    opt = nb_optim_new(NB_OPTIM_SGD, ps, 2, &h);
+    st = nb_optim_state(opt, &n);
+    ck_assert_int_eq(n, 10);
+    ck_assert_str_eq(st[7].name, "optim.state.w.momentum_buffer");
+    ck_assert_str_eq(st[9].name, "optim.state.b.momentum_buffer");
+    nb_optim_free(opt);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+/* ---- schedules ---- */
+START_TEST(test_schedules) {
+    nb_lr_schedule c = nb_lr_constant(0.5, 10);
+    ck_assert(nb_lr_schedule_at(&c, 0) == 0.05);   /* warmup start: lr / W */
+    ck_assert(nb_lr_schedule_at(&c, 4) == 0.25);
+    ck_assert(nb_lr_schedule_at(&c, 9) == 0.5);    /* warmup end */
+    ck_assert(nb_lr_schedule_at(&c, 10) == 0.5);
+    ck_assert(nb_lr_schedule_at(&c, 1000000) == 0.5);
+    nb_lr_schedule none = nb_lr_constant(0.5, 0);
+    ck_assert(nb_lr_schedule_at(&none, 0) == 0.5);
+
+    nb_lr_schedule s = nb_lr_step_decay(1.0, 0, 3, 0.5);
+    double want_s[] = {1, 1, 1, 0.5, 0.5, 0.5, 0.25, 0.25, 0.25, 0.125};
+    for (int i = 0; i < 10; i++) ck_assert(nb_lr_schedule_at(&s, i) == want_s[i]);
+    s.warmup_steps = 2; /* decay counts from the end of warmup */
+    ck_assert(nb_lr_schedule_at(&s, 0) == 0.5);
+    ck_assert(nb_lr_schedule_at(&s, 1) == 1.0);
+    ck_assert(nb_lr_schedule_at(&s, 4) == 1.0);
+    ck_assert(nb_lr_schedule_at(&s, 5) == 0.5);
+
+    nb_lr_schedule k = nb_lr_cosine(1.0, 10, 110, 0.1);
+    ck_assert(nb_lr_schedule_at(&k, 0) == 0.1);
+    ck_assert(nb_lr_schedule_at(&k, 9) == 1.0);
+    ck_assert(nb_lr_schedule_at(&k, 10) == 1.0);                       /* cosine start */
+    ck_assert(fabs(nb_lr_schedule_at(&k, 60) - 0.55) < 1e-15);        /* midpoint */
+    ck_assert(fabs(nb_lr_schedule_at(&k, 35) - (0.1 + 0.45 * (1 + sqrt(0.5)))) < 1e-15);
+    ck_assert(fabs(nb_lr_schedule_at(&k, 109) - (0.1 + 0.45 * (1 + cos(3.14159265358979323846 * 0.99)))) < 1e-15);
+    ck_assert(nb_lr_schedule_at(&k, 110) == 0.1); /* end */
+    ck_assert(nb_lr_schedule_at(&k, 5000) == 0.1);
+    /* pure: the same answer in any order */
+    double forward[120];
+    for (int i = 0; i < 120; i++) forward[i] = nb_lr_schedule_at(&k, i);
+    for (int i = 119; i >= 0; i--) ck_assert(nb_lr_schedule_at(&k, i) == forward[i]);
+    nb_lr_schedule k0 = nb_lr_cosine(1.0, 0, 100, 0.0);
+    ck_assert(nb_lr_schedule_at(&k0, 0) == 1.0);
+    ck_assert(fabs(nb_lr_schedule_at(&k0, 50) - 0.5) < 1e-15);
+    ck_assert(nb_lr_schedule_at(&k0, 100) == 0.0);
+
+    nb_lr_schedule bad = nb_lr_cosine(1.0, 10, 5, 0.0);
+    NBT_EXPECT_ABORT(nb_lr_schedule_at(&bad, 20), "cosine schedule with total_steps = 5 < "
+                     "warmup_steps = 10");
+    bad = nb_lr_cosine(1.0, 0, 5, 2.0);
+    NBT_EXPECT_ABORT(nb_lr_schedule_at(&bad, 1), "min_lr = 2 must be in [0, lr = 1]");
+    bad = nb_lr_step_decay(1.0, 0, 0, 0.5);
+    NBT_EXPECT_ABORT(nb_lr_schedule_at(&bad, 1), "step decay needs step_size > 0, got 0");
+    NBT_EXPECT_ABORT(nb_lr_schedule_at(&c, -1), "nb_lr_schedule_at: step -1 is negative");
+    bad = nb_lr_constant(-1, 0);
+    NBT_EXPECT_ABORT(nb_lr_schedule_at(&bad, 0), "lr = -1 must be finite and >= 0");
+}
+END_TEST
+
+/* ---- clipping ---- */
+START_TEST(test_clip_grad_norm) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *a = leaf_with_grad(ctx, NB_F64, 2, 1);
+    nb_tensor *b = leaf_with_grad(ctx, NB_F32, 1, 2);
+    int64_t one = 1;
+    nb_tensor *c = nbt_randn_leaf(ctx, NB_F32, 1, &one, 3); /* no gradient: ignored */
+    nb_named_tensor ps[] = {{"a", a}, {"b", b}, {"c", c}};
+    set1(a->grad, 0, 3);
+    set1(a->grad, 1, -4);
+    set1(b->grad, 0, 12);
+    /* below the limit: untouched, bit for bit */
+    ck_assert(nb_clip_grad_norm(ps, 3, 20.0, 2.0) == 13.0);
+    nbt_assert_close(a->grad, (double[]){3, -4}, 0, 0);
+    nbt_assert_close(b->grad, (double[]){12}, 0, 0);
+    /* above: scaled by max / (norm + 1e-6) */
+    ck_assert(nb_clip_grad_norm(ps, 3, 6.5, 2.0) == 13.0);
+    double k = 6.5 / (13.0 + 1e-6);
+    nbt_assert_close(a->grad, (double[]){3 * k, -4 * k}, 1e-15, 1e-15);
+    nbt_assert_close(b->grad, (double[]){12 * k}, 0, 1e-7);
+    /* the inf-norm */
+    set1(a->grad, 0, 3);
+    set1(a->grad, 1, -4);
+    set1(b->grad, 0, 12);
+    ck_assert(nb_clip_grad_norm(ps, 3, 6.0, INFINITY) == 12.0);
+    k = 6.0 / (12.0 + 1e-6);
+    nbt_assert_close(a->grad, (double[]){3 * k, -4 * k}, 1e-15, 1e-15);
+    /* through the optimizer: the same */
+    set1(a->grad, 0, 3);
+    set1(a->grad, 1, -4);
+    set1(b->grad, 0, 12);
+    nb_optim *opt = nb_optim_new(NB_OPTIM_SGD, ps, 3, &NB_SGD_DEFAULTS);
+    ck_assert(nb_optim_clip_grad_norm(opt, 100.0, 2.0) == 13.0);
+    nb_optim_free(opt);
+
+    /* non-finite norms leave the gradients as they were */
+    set1(a->grad, 0, INFINITY);
+    ck_assert(isinf(nb_clip_grad_norm(ps, 3, 1.0, 2.0)));
+    ck_assert(isinf(nb_clip_grad_norm(ps, 3, 1.0, INFINITY)));
+    ck_assert(get1(a->grad, 1) == -4 && get1(b->grad, 0) == 12);
+    set1(a->grad, 0, NAN);
+    ck_assert(isnan(nb_clip_grad_norm(ps, 3, 1.0, 2.0)));
+    ck_assert(isnan(nb_clip_grad_norm(ps, 3, 1.0, INFINITY)));
+    ck_assert(get1(a->grad, 1) == -4 && get1(b->grad, 0) == 12);
+    set1(a->grad, 0, -INFINITY);
+    set1(b->grad, 0, NAN);
+    ck_assert(isnan(nb_clip_grad_norm(ps, 3, 1.0, 2.0)));
+
+    /* f64 squares that overflow: the norm is still exact */
+    set1(a->grad, 0, 3e200);
+    set1(a->grad, 1, 4e200);
+    set1(b->grad, 0, 0);
+    double norm = nb_clip_grad_norm(ps, 2, 1.0, 2.0);
+    ck_assert_msg(fabs(norm - 5e200) <= 1e-15 * 5e200, "norm %g", norm);
+    nbt_assert_close(a->grad, (double[]){0.6, 0.8}, 1e-15, 1e-12);
+
+    NBT_EXPECT_ABORT(nb_clip_grad_norm(ps, 3, 1.0, 1.0), "nb_clip_grad_norm: norm_type = 1; "
+                     "supported are 2 and INFINITY");
+    NBT_EXPECT_ABORT(nb_clip_grad_norm(ps, 3, -1.0, 2.0), "max_norm = -1 must be >= 0");
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+START_TEST(test_clip_accumulates_in_double) {
+    /* 2^20 f32 values of 1e-3: a float accumulator is off by more than
+     * 1e-5 relative, a double one by less than n * 2^-53 ~ 1e-10 */
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    int64_t n = 1 << 20;
+    nb_tensor *p = nbt_randn_leaf(ctx, NB_F32, 1, &n, 1);
+    nb_set_grad(p, nb_full(ctx, NB_F32, 1, &n, 1e-3));
+    nb_named_tensor np = {"p", p};
+    double x = (double)1e-3f;
+    double expect = sqrt((double)n * x * x);
+    double norm = nb_clip_grad_norm(&np, 1, 1e9, 2.0);
+    ck_assert_msg(fabs(norm - expect) <= 1e-10 * expect, "norm %.17g expected %.17g", norm, expect);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+START_TEST(test_training_decreases_loss) {
+    /* a least-squares problem: every optimizer must make progress */
+    nb_optim_kind kinds[] = {NB_OPTIM_SGD, NB_OPTIM_ADAM, NB_OPTIM_ADAMW};
+    for (int k = 0; k < 3; k++) {
+        nb_ctx *params = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
+        nb_tensor *w = nbt_randn_leaf(params, NB_F32, NB_SHAPE(4, 1), 1);
+        nb_tensor *x = nbt_randn(params, NB_F32, NB_SHAPE(32, 4), 2);
+        nb_tensor *y = nb_matmul(params, x, nbt_randn(params, NB_F32, NB_SHAPE(4, 1), 3));
+        nb_named_tensor np = {"w", w};
+        nb_optim_hparams h = k == 0 ? NB_SGD_DEFAULTS : k == 1 ? NB_ADAM_DEFAULTS : NB_ADAMW_DEFAULTS;
+        h.lr = k == 0 ? 0.05 : 0.05;
+        h.momentum = k == 0 ? 0.9 : 0;
+        nb_optim *opt = nb_optim_new(kinds[k], &np, 1, &h);
+        double first = 0, last = 0;
+        for (int it = 0; it < 100; it++) {
+            nb_ctx_reset(step);
+            nb_tensor *loss = nb_mse_loss(step, nb_matmul(step, x, w), y);
+            nb_optim_zero_grad(opt);
+            nb_backward(loss);
+            nb_optim_step(opt);
+            last = nb_item(loss);
+            if (it == 0) first = last;
+        }
+        ck_assert_msg(last < 0.05 * first, "%s: loss %g -> %g", nb_optim_kind_name(kinds[k]), first,
+                      last);
+        nb_optim_free(opt);
+        nb_ctx_free(step);
+        nb_ctx_free(params);
+    }
+}
+END_TEST
+
+START_TEST(test_kind_names) {
+    ck_assert_str_eq(nb_optim_kind_name(NB_OPTIM_SGD), "sgd");
+    ck_assert_str_eq(nb_optim_kind_name(NB_OPTIM_ADAM), "adam");
+    ck_assert_str_eq(nb_optim_kind_name(NB_OPTIM_ADAMW), "adamw");
+}
+END_TEST
+
+int main(void) {
+    Suite *s = suite_create("optim");
+    TCase *tc = tcase_create("core");
+    tcase_add_test(tc, test_sgd_closed_form);
+    tcase_add_test(tc, test_sgd_reference);
+    tcase_add_test(tc, test_adam_closed_form);
+    tcase_add_test(tc, test_adam_reference);
+    tcase_add_test(tc, test_adam_moment_exact_at_beta1_zero);
+    tcase_add_test(tc, test_skips_params_without_grad);
+    tcase_add_test(tc, test_zero_grad_keeps_buffers);
+    tcase_add_test(tc, test_param_groups);
+    tcase_add_test(tc, test_construction_errors);
+    tcase_add_test(tc, test_state_export);
+    tcase_add_test(tc, test_schedules);
+    tcase_add_test(tc, test_clip_grad_norm);
+    tcase_add_test(tc, test_clip_accumulates_in_double);
+    tcase_add_test(tc, test_training_decreases_loss);
+    tcase_add_test(tc, test_kind_names);
+    suite_add_tcase(s, tc);
+    return nbt_run(s);
+}
