@@ -197,6 +197,40 @@ void nb_add_grad_hook(nb_tensor *leaf, nb_grad_hook_fn fn, void *user) {
     *p = h;
 }
 
+bool nb_remove_grad_hook(nb_tensor *leaf, nb_grad_hook_fn fn, void *user) {
+    for (nb_hook **p = &leaf->hooks; *p; p = &(*p)->next)
+        if ((*p)->fn == fn && (*p)->user == user) {
+            *p = (*p)->next; /* the record stays in the context's arena */
+            return true;
+        }
+    return false;
+}
+
+void nb__graph_leaves(nb_tensor *root, void (*fn)(nb_tensor *leaf, void *user), void *user) {
+    if (!root->requires_grad) return;
+    if (!root->node) {
+        fn(root, user);
+        return;
+    }
+    uint64_t id = ++bw_counter;
+    nb_node *start = root->node;
+    start->bw_id = id;
+    for (nb_node *n = start; n; n = n->prev) {
+        if (n->bw_id != id) continue;
+        for (int i = 0; i < n->n_in; i++) {
+            nb_tensor *x = n->in[i];
+            if (!x || !x->requires_grad) continue;
+            if (x->node) {
+                if (x->node->ctx == start->ctx) x->node->bw_id = id;
+            } else {
+                fn(x, user);
+            }
+        }
+    }
+    for (nb_node *n = start; n; n = n->prev)
+        if (n->bw_id == id) n->bw_id = 0;
+}
+
 void nb_zero_grad(nb_tensor *t) {
     if (t->grad) nb_fill_(t->grad, 0.0);
 }

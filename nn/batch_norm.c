@@ -16,6 +16,8 @@ typedef struct batch_norm {
     nb_tensor *weight, *bias;          /* (C) or NULL */
     nb_tensor *running_mean, *running_var; /* (C) or NULL */
     nb_tensor *num_batches_tracked;    /* i64, 0-d, or NULL */
+    nb__batch_norm_fn impl;            /* NULL: nb_batch_norm; set by conversion to SyncBatchNorm */
+    void *impl_user;
 } batch_norm;
 
 static void bn_describe(nb_module *m, char *buf, size_t size) {
@@ -34,12 +36,17 @@ static const nb_module_type bn1d_type = {"BatchNorm1d", sizeof(batch_norm), bn_f
                                          bn_describe};
 static const nb_module_type bn2d_type = {"BatchNorm2d", sizeof(batch_norm), bn_forward,
                                          bn_describe};
+static const nb_module_type sync_bn_type = {"SyncBatchNorm", sizeof(batch_norm), bn_forward,
+                                            bn_describe};
 
 /* 1d: x (N, C) or (N, C, L); 2d: x (N, C, H, W) */
 static nb_tensor *bn_forward(nb_module *m, nb_ctx *ctx, nb_tensor *x) {
     batch_norm *b = m->self;
     const char *name = m->type->name;
-    if (b->spatial == 1)
+    if (b->spatial == 0)
+        NB_CHECK(x->ndim >= 2 && x->shape[1] == b->c, "%s: input %s must be (N, %lld, ...)", name,
+                 nb_shape_str(x), (long long)b->c);
+    else if (b->spatial == 1)
         NB_CHECK((x->ndim == 2 || x->ndim == 3) && x->shape[1] == b->c,
                  "%s: input %s must be (N, %lld) or (N, %lld, L)", name, nb_shape_str(x),
                  (long long)b->c, (long long)b->c);
@@ -56,6 +63,9 @@ static nb_tensor *bn_forward(nb_module *m, nb_ctx *ctx, nb_tensor *x) {
     }
     if (momentum < 0) momentum = 0; /* cumulative, in a mode that updates nothing */
     bool use_batch = m->training || !track;
+    if (b->impl)
+        return b->impl(ctx, b->impl_user, x, b->weight, b->bias, track ? b->running_mean : NULL,
+                       track ? b->running_var : NULL, use_batch, momentum, b->o.eps);
     return nb_batch_norm(ctx, x, b->weight, b->bias, track ? b->running_mean : NULL,
                          track ? b->running_var : NULL, use_batch, momentum, b->o.eps);
 }
@@ -95,4 +105,14 @@ nb_module *nb_batch_norm1d_new(nb_ctx *ctx, nb_dtype dtype, int64_t num_features
 nb_module *nb_batch_norm2d_new(nb_ctx *ctx, nb_dtype dtype, int64_t num_features,
                                const nb_batch_norm_opts *opts) {
     return bn_new(&bn2d_type, "nb_batch_norm2d_new", 2, ctx, dtype, num_features, opts);
+}
+
+bool nb__batch_norm_convert(nb_module *m, nb__batch_norm_fn impl, void *user) {
+    if (m->type != &bn1d_type && m->type != &bn2d_type) return false;
+    batch_norm *b = m->self;
+    b->impl = impl;
+    b->impl_user = user;
+    b->spatial = 0; /* SyncBatchNorm takes (N, C, ...) of any rank, like PyTorch's */
+    m->type = &sync_bn_type;
+    return true;
 }

@@ -49,4 +49,13 @@ void nb__nn_check_dtype(const char *fn, nb_dtype dtype);
  * parameters are f64". */
 void nb__nn_check_input_dtype(const char *layer, const nb_tensor *x, nb_dtype dtype);
 
+/* ---- SyncBatchNorm conversion (distributed/sync_batch_norm.c) ---- */
+typedef nb_tensor *(*nb__batch_norm_fn)(nb_ctx *ctx, void *user, nb_tensor *x, nb_tensor *weight,
+                                         nb_tensor *bias, nb_tensor *running_mean,
+                                         nb_tensor *running_var, bool training, double momentum,
+                                         double eps);
+/* Turns a BatchNorm1d/2d into a "SyncBatchNorm" whose math is impl(user,
+ * ...), keeping its tensors; false (and nothing done) for other modules. */
+bool nb__batch_norm_convert(nb_module *m, nb__batch_norm_fn impl, void *user);
+
 #endif

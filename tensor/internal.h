@@ -83,6 +83,9 @@ nb_node *nb__record(nb_ctx *ctx, const char *op, nb_backward_fn backward, nb_ten
 /* Adds g into t's gradient for this backward pass; g may have broadcast
  * dims that t lacks (they are summed away). Ignores t without requires_grad. */
 void nb__accum_grad(nb_ctx *ctx, nb_tensor *t, nb_tensor *g);
+/* Calls fn for each leaf requiring grad that a backward from root would
+ * reach (a leaf may be reported more than once). */
+void nb__graph_leaves(nb_tensor *root, void (*fn)(nb_tensor *leaf, void *user), void *user);
 /* Sums g down to `shape` (the inverse of broadcasting). */
 nb_tensor *nb__sum_to(nb_ctx *ctx, nb_tensor *g, int ndim, const int64_t *shape);
 

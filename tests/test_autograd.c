@@ -2,6 +2,7 @@
  * gradient-ready hooks, cross-context graphs, and gradcheck itself. */
 #include <math.h>
 
+#include "tensor/internal.h"
 #include "testutil.h"
 
 START_TEST(test_simple_chain) {
@@ -180,6 +181,53 @@ START_TEST(test_cast_backward) {
 }
 END_TEST
 
+static int removed_calls;
+static void counting_hook(nb_tensor *t, void *u) { removed_calls += (int)(intptr_t)u; }
+
+START_TEST(test_remove_hook) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *w = nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(3), 1);
+    nb_add_grad_hook(w, counting_hook, (void *)1);
+    nb_add_grad_hook(w, counting_hook, (void *)10);
+    nb_backward(nb_sum_all(ctx, w));
+    ck_assert_int_eq(removed_calls, 11);
+    ck_assert(nb_remove_grad_hook(w, counting_hook, (void *)1));
+    ck_assert(!nb_remove_grad_hook(w, counting_hook, (void *)1));
+    nb_backward(nb_sum_all(ctx, w));
+    ck_assert_int_eq(removed_calls, 21);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+static void count_leaf(nb_tensor *leaf, void *u) {
+    nb_tensor **seen = u;
+    for (int i = 0; i < 4; i++)
+        if (!seen[i] || seen[i] == leaf) {
+            seen[i] = leaf;
+            return;
+        }
+}
+
+START_TEST(test_graph_leaves) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *a = nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(3), 1);
+    nb_tensor *b = nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(3), 2);
+    nb_tensor *unused = nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(3), 3);
+    nb_tensor *side = nb_exp(ctx, unused); /* on the tape, not in the loss's graph */
+    (void)side;
+    nb_tensor *loss = nb_sum_all(ctx, nb_mul(ctx, nb_tanh(ctx, a), b));
+    nb_tensor *seen[4] = {NULL};
+    nb__graph_leaves(loss, count_leaf, seen);
+    ck_assert(seen[0] != NULL && seen[1] != NULL && seen[2] == NULL);
+    ck_assert((seen[0] == a && seen[1] == b) || (seen[0] == b && seen[1] == a));
+    /* the walk leaves the tape ready for a real backward */
+    nb_backward(loss);
+    ck_assert_ptr_nonnull(a->grad);
+    ck_assert_ptr_null(unused->grad);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
 START_TEST(test_set_grad_buffer) {
     nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
     nb_tensor *w = nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(2, 2), 1);
@@ -254,6 +302,8 @@ int main(void) {
     tcase_add_test(tc, test_cross_context_graph_rejected);
     tcase_add_test(tc, test_hooks_fire_once_and_early);
     tcase_add_test(tc, test_cast_backward);
+    tcase_add_test(tc, test_remove_hook);
+    tcase_add_test(tc, test_graph_leaves);
     tcase_add_test(tc, test_set_grad_buffer);
     tcase_add_test(tc, test_gradcheck_catches_wrong_gradients);
     tcase_add_test(tc, test_gradcheck_views);

@@ -38,6 +38,8 @@ nb_tensor *nb_detach(nb_ctx *ctx, nb_tensor *x);
  * called nb_backward. The hook record lives in the leaf's context. */
 typedef void (*nb_grad_hook_fn)(nb_tensor *leaf, void *user);
 void nb_add_grad_hook(nb_tensor *leaf, nb_grad_hook_fn fn, void *user);
+/* Unregisters the hook added with the same (fn, user); false if none. */
+bool nb_remove_grad_hook(nb_tensor *leaf, nb_grad_hook_fn fn, void *user);
 
 /* Zeroes the gradient in place (keeps the buffer); no-op without one. */
 void nb_zero_grad(nb_tensor *t);
