@@ -13,5 +13,8 @@
 #include "nabla/tensor.h"
 #include "nabla/ops.h"
 #include "nabla/autograd.h"
+#include "nabla/dataset.h"
+#include "nabla/sampler.h"
+#include "nabla/loader.h"
 
 #endif
