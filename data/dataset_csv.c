@@ -188,7 +188,7 @@ static nb_status check_label(const parser *ps, const table *t, const field *f, n
     if (v == floor(v) && fabs(v) <= lim) return NB_OK;
     char name[300];
     return nb_set_error(NB_ERR_FORMAT, "%s:%lld:%lld: field %d%s: label %.*s is not an integer "
-                        "(a %s class index)", ps->path, (long long)ps->line,
+                        "(label_dtype %s)", ps->path, (long long)ps->line,
                         (long long)f->column, t->label_col + 1,
                         col_name(t, t->label_col, name, sizeof name),
                         (int)(f->end - f->start), f->start, nb_dtype_name(dtype));

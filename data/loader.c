@@ -123,28 +123,37 @@ static void *worker_main(void *arg) {
 
 /* The index list of `epoch`, checked against the dataset (caller's thread,
  * no lock held: a check may abort). */
-static int64_t *epoch_list(nb_loader *l, int64_t epoch, int64_t *len) {
-    nb_sampler_set_epoch(l->sampler, epoch);
-    int64_t n = nb_sampler_len(l->sampler), ds_len = nb_dataset_len(l->ds);
+static int64_t *epoch_list(const nb_dataset *ds, nb_sampler *sampler, int64_t epoch,
+                           int64_t *len) {
+    nb_sampler_set_epoch(sampler, epoch);
+    int64_t n = nb_sampler_len(sampler), ds_len = nb_dataset_len(ds);
     int64_t *list = malloc(sizeof *list * (size_t)(n ? n : 1));
     NB_CHECK(list, "nb_loader: out of memory for an epoch of %lld indices", (long long)n);
-    nb_sampler_indices(l->sampler, list);
+    nb_sampler_indices(sampler, list);
     for (int64_t i = 0; i < n; i++)
         if (list[i] < 0 || list[i] >= ds_len) {
             int64_t bad = list[i];
             free(list);
             NB_ABORT("nb_loader: the sampler gave index %lld (position %lld of epoch %lld) for "
                      "a %s dataset of %lld samples", (long long)bad, (long long)i,
-                     (long long)epoch, nb_dataset_name(l->ds), (long long)ds_len);
+                     (long long)epoch, nb_dataset_name(ds), (long long)ds_len);
         }
     *len = n;
     return list;
 }
 
+static void set_list(nb_loader *l, int64_t *list, int64_t len) {
+    l->list = list;
+    l->list_len = len;
+    l->n_batches = nb_batch_count(len, l->batch_size, l->drop_last);
+    l->list_valid = true;
+}
+
 /* Moves to (epoch, batch): Note [Loader pipeline]. */
 static void restart(nb_loader *l, int64_t epoch, int64_t batch) {
     int64_t *fresh = NULL, fresh_len = 0;
-    if (!l->list_valid || epoch != l->epoch) fresh = epoch_list(l, epoch, &fresh_len);
+    if (!l->list_valid || epoch != l->epoch)
+        fresh = epoch_list(l->ds, l->sampler, epoch, &fresh_len);
     int64_t *old = NULL;
     if (l->n_threads) {
         pthread_mutex_lock(&l->mu);
@@ -155,10 +164,7 @@ static void restart(nb_loader *l, int64_t epoch, int64_t batch) {
     }
     if (fresh) {
         old = l->list;
-        l->list = fresh;
-        l->list_len = fresh_len;
-        l->n_batches = nb_batch_count(fresh_len, l->batch_size, l->drop_last);
-        l->list_valid = true;
+        set_list(l, fresh, fresh_len);
     }
     l->epoch = epoch;
     l->consumed = l->next_claim = batch < l->n_batches ? batch : l->n_batches;
@@ -252,8 +258,23 @@ nb_status nb_loader_new(nb_loader **out, nb_dataset *ds, const nb_loader_options
                             "devices (pinned buffers, asynchronous host-to-device copies) are "
                             "not implemented yet; load to the CPU and copy",
                             nb_device_name(opts->device));
+    /* The first epoch's order is checked before anything is allocated. */
+    nb_sampler *sampler = opts->sampler;
+    if (!sampler) {
+        int64_t n = nb_dataset_len(ds);
+        sampler = opts->shuffle ? nb_sampler_random(n, opts->seed) : nb_sampler_sequential(n);
+    }
+    int64_t epoch = nb_sampler_epoch(sampler), len;
+    int64_t *list = epoch_list(ds, sampler, epoch, &len);
     nb_loader *l = calloc(1, sizeof *l);
-    if (!l) return nb_set_error(NB_ERR_NOMEM, "nb_loader_new: out of memory");
+    if (!l) {
+        free(list);
+        if (!opts->sampler) nb_sampler_free(sampler);
+        return nb_set_error(NB_ERR_NOMEM, "nb_loader_new: out of memory");
+    }
+    l->sampler = sampler;
+    l->own_sampler = !opts->sampler;
+    l->epoch = epoch;
     l->ds = nb_dataset_retain(ds);
     l->batch_size = opts->batch_size;
     l->drop_last = opts->drop_last;
@@ -263,13 +284,7 @@ nb_status nb_loader_new(nb_loader **out, nb_dataset *ds, const nb_loader_options
     l->tgt_bytes = nb_field_bytes(&l->tgt);
     l->device = opts->device;
     l->n_workers = opts->num_workers;
-    if (opts->sampler) {
-        l->sampler = opts->sampler;
-    } else {
-        int64_t n = nb_dataset_len(ds);
-        l->sampler = opts->shuffle ? nb_sampler_random(n, opts->seed) : nb_sampler_sequential(n);
-        l->own_sampler = true;
-    }
+    set_list(l, list, len);
     if (l->n_workers > 0) {
         nb_status st = start_workers(l, opts->prefetch_batches);
         if (st != NB_OK) {
@@ -277,7 +292,7 @@ nb_status nb_loader_new(nb_loader **out, nb_dataset *ds, const nb_loader_options
             return st;
         }
     }
-    restart(l, nb_sampler_epoch(l->sampler), 0);
+    restart(l, epoch, 0);
     *out = l;
     return NB_OK;
 }
