@@ -514,6 +514,12 @@ START_TEST(test_split) {
     }
     for (int j = 0; j < 569; j++) ck_assert_int_eq(hits[j], 1);
     free(hits);
+    nb_dataset *tr15, *te15; /* 0.15 * 569 = 85.35: rounded to the nearest count */
+    nb_dataset_split(ds, 0.15, 1, &tr15, &te15);
+    ck_assert_int_eq(nb_dataset_len(te15), 85);
+    ck_assert_int_eq(nb_dataset_len(tr15), 484);
+    nb_dataset_free(tr15);
+    nb_dataset_free(te15);
     /* the same seed gives the same split, another seed another */
     nb_dataset *train2, *test2, *train3, *test3;
     nb_dataset_split(ds, 0.2, 1234, &train2, &test2);
