@@ -113,7 +113,7 @@ static void *worker_main(void *arg) {
             s->status = st;
             s->failed_index = failed;
             s->state = SLOT_READY;
-            pthread_cond_broadcast(&l->ready_cv);
+            pthread_cond_signal(&l->ready_cv); /* only the caller waits there */
         }
         if (l->busy == 0) pthread_cond_broadcast(&l->idle_cv);
     }
@@ -371,7 +371,7 @@ nb_status nb_loader_next(nb_loader *l, nb_ctx *ctx, nb_batch *batch) {
     pthread_mutex_lock(&l->mu);
     s->state = SLOT_FREE;
     l->consumed++;
-    pthread_cond_broadcast(&l->work_cv);
+    pthread_cond_signal(&l->work_cv); /* one more batch may be claimed: one worker */
     pthread_mutex_unlock(&l->mu);
     return NB_OK;
 }
