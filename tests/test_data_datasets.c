@@ -645,6 +645,34 @@ START_TEST(test_standardize) {
 }
 END_TEST
 
+/* ---- the documentation's example ---- */
+
+static char *slurp(const char *path) {
+    FILE *f = fopen(path, "rb");
+    ck_assert_msg(f != NULL, "cannot open %s", path);
+    char *buf = malloc(1 << 20);
+    size_t n = fread(buf, 1, (1 << 20) - 1, f);
+    buf[n] = 0;
+    fclose(f);
+    return buf;
+}
+
+/* docs/data.md quotes the dataset part of examples/custom_dataset.c
+ * verbatim; the example is compiled, so the quote must stay in step. */
+START_TEST(test_docs_quote_the_compiled_example) {
+    char *doc = slurp(NABLA_SOURCE_DIR "/docs/data.md");
+    char *ex = slurp(NABLA_SOURCE_DIR "/examples/custom_dataset.c");
+    char *start = strstr(ex, "typedef struct line_data"), *end = strstr(ex, "int main(void)");
+    ck_assert(start && end && end > start);
+    while (end > start && (end[-1] == '\n' || end[-1] == ' ')) end--;
+    *end = 0;
+    ck_assert_msg(strstr(doc, start) != NULL, "docs/data.md no longer quotes the dataset code of "
+                  "examples/custom_dataset.c verbatim");
+    free(doc);
+    free(ex);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("data_datasets");
     TCase *tc = tcase_create("datasets");
@@ -658,6 +686,7 @@ int main(void) {
     tcase_add_test(tc, test_text);
     tcase_add_test(tc, test_split);
     tcase_add_test(tc, test_standardize);
+    tcase_add_test(tc, test_docs_quote_the_compiled_example);
     suite_add_tcase(s, tc);
     return nbt_run(s);
 }
