@@ -53,7 +53,7 @@ typedef struct nb_loader_options {
     int num_workers;      /* 0: batches are made by the caller's thread */
     int prefetch_batches; /* queue capacity with workers; 0: 2 per worker */
     nb_device device;     /* where batches go; zero-initialised: the CPU */
-    bool pin_memory;      /* page-locked queue buffers (CUDA targets) */
+    bool pin_memory;      /* page-locked queue buffers for CUDA targets; no effect on the CPU */
 } nb_loader_options;
 
 typedef struct nb_batch {
