@@ -16,5 +16,8 @@
 #include "nabla/nn.h"
 #include "nabla/optim.h"
 #include "nabla/checkpoint.h"
+#include "nabla/dataset.h"
+#include "nabla/sampler.h"
+#include "nabla/loader.h"
 
 #endif

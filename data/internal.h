@@ -1,0 +1,36 @@
+/* Internal interface shared by the files of data/. Not installed. */
+#ifndef NABLA_DATA_INTERNAL_H
+#define NABLA_DATA_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "nabla/dataset.h"
+#include "nabla/loader.h"
+#include "nabla/sampler.h"
+
+/* A uniformly random permutation of 0..n-1, a pure function of (n, seed):
+ * Note [Permutations] in data/randperm.c. */
+void nb__randperm(int64_t *out, int64_t n, uint64_t seed);
+
+/* The whole file into a malloc'ed buffer (one extra byte, set to 0, after
+ * the end). NB_ERR_IO naming the path on failure. */
+nb_status nb__read_file(const char *path, char **data, size_t *size);
+
+/* ds's `self` when it was made with vtable `vt`, else NULL. */
+void *nb__dataset_self(const nb_dataset *ds, const nb_dataset_vtable *vt);
+
+/* Sample `index` without the range check (the loader checks every index
+ * of an epoch once, on the caller's thread). */
+nb_status nb__dataset_get(const nb_dataset *ds, int64_t index, void *input, void *target);
+
+/* Aborts naming `op` unless `f` is a valid field. */
+void nb__check_field(const char *op, const char *which, const nb_field *f);
+
+/* Windows of seq_len + 1 tokens starting every `stride` tokens in a stream
+ * of n tokens (each window gives x = its first T, y = its last T). */
+static inline int64_t nb__window_count(int64_t n, int64_t seq_len, int64_t stride) {
+    return n >= seq_len + 1 ? (n - seq_len - 1) / stride + 1 : 0;
+}
+
+#endif

@@ -1,0 +1,377 @@
+/* The dataloader: a batch order per epoch, worker threads that assemble
+ * batches into a ring of slots, and the caller's thread that takes them in
+ * order and copies them into its context.
+ *
+ * Note [Loader pipeline]
+ * The epoch's index list is computed on the caller's thread (from the
+ * sampler at the loader's epoch) and checked against the dataset length
+ * there. Batch k may be claimed by any worker once every batch before
+ * k - Q has been taken (Q = number of slots); it is assembled in slot
+ * k % Q, which that rule guarantees is free. The caller waits for slot
+ * `consumed % Q` to hold batch `consumed`, so batches come out in batch
+ * order whatever the number of workers or their timing, and each batch's
+ * bytes are those of the same gets in the same order: identical output
+ * for 0, 1 or N workers. A seek (or the start of a new epoch) bumps a
+ * generation number, stops new claims, waits for the workers in flight
+ * (`busy`) to finish, frees every slot, and only then swaps the index
+ * list, since workers read it without the lock. Results of an older
+ * generation are dropped. The loader itself is driven by one thread. */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "data/internal.h"
+
+typedef enum slot_state { SLOT_FREE, SLOT_FILLING, SLOT_READY } slot_state;
+
+typedef struct slot {
+    slot_state state;
+    int64_t batch, size;
+    char *inputs, *targets;
+    nb_status status;
+    int64_t failed_index;
+    char message[1024];
+} slot;
+
+struct nb_loader {
+    nb_dataset *ds;
+    nb_sampler *sampler;
+    bool own_sampler;
+    int64_t batch_size;
+    bool drop_last;
+    nb_field in, tgt;
+    size_t in_bytes, tgt_bytes;
+    nb_device device;
+
+    /* position and the epoch's order */
+    int64_t epoch, consumed, n_batches;
+    int64_t *list, list_len;
+    bool list_valid;
+
+    /* workers (n_workers == 0: none, no slots) */
+    int n_workers, n_threads, n_slots;
+    pthread_t *threads;
+    slot *slots;
+    pthread_mutex_t mu;
+    pthread_cond_t work_cv, ready_cv, idle_cv;
+    int64_t next_claim;
+    int busy;
+    uint64_t gen;
+    bool active, stop, sync_ready;
+};
+
+static int64_t batch_len(const nb_loader *l, int64_t k) {
+    int64_t size = l->list_len - k * l->batch_size;
+    return size < l->batch_size ? size : l->batch_size;
+}
+
+/* The gets of one batch into contiguous buffers; on failure the dataset
+ * index and the get's message. */
+static nb_status fill_batch(const nb_loader *l, const int64_t *idx, int64_t size, char *inputs,
+                            char *targets, int64_t *failed, char *msg, size_t msg_size) {
+    nb_set_error(NB_OK, "%s", "");
+    for (int64_t i = 0; i < size; i++) {
+        nb_status st = nb__dataset_get(l->ds, idx[i], inputs + (size_t)i * l->in_bytes,
+                                       targets + (size_t)i * l->tgt_bytes);
+        if (st != NB_OK) {
+            *failed = idx[i];
+            const char *m = nb_last_error();
+            snprintf(msg, msg_size, "%s", m[0] ? m : nb_status_str(st));
+            return st;
+        }
+    }
+    return NB_OK;
+}
+
+static bool claimable(const nb_loader *l) {
+    return l->active && l->next_claim < l->n_batches && l->next_claim < l->consumed + l->n_slots;
+}
+
+static void *worker_main(void *arg) {
+    nb_loader *l = arg;
+    pthread_mutex_lock(&l->mu);
+    for (;;) {
+        while (!l->stop && !claimable(l)) pthread_cond_wait(&l->work_cv, &l->mu);
+        if (l->stop) break;
+        int64_t k = l->next_claim++;
+        slot *s = &l->slots[k % l->n_slots];
+        s->state = SLOT_FILLING;
+        s->batch = k;
+        s->size = batch_len(l, k);
+        uint64_t gen = l->gen;
+        l->busy++;
+        const int64_t *idx = l->list + k * l->batch_size;
+        pthread_mutex_unlock(&l->mu);
+
+        int64_t failed = -1;
+        nb_status st = fill_batch(l, idx, s->size, s->inputs, s->targets, &failed, s->message,
+                                  sizeof s->message);
+
+        pthread_mutex_lock(&l->mu);
+        l->busy--;
+        if (gen == l->gen) {
+            s->status = st;
+            s->failed_index = failed;
+            s->state = SLOT_READY;
+            pthread_cond_signal(&l->ready_cv); /* only the caller waits there */
+        }
+        if (l->busy == 0) pthread_cond_broadcast(&l->idle_cv);
+    }
+    pthread_mutex_unlock(&l->mu);
+    return NULL;
+}
+
+/* The index list of `epoch`, checked against the dataset (caller's thread,
+ * no lock held: a check may abort). */
+static int64_t *epoch_list(const nb_dataset *ds, nb_sampler *sampler, int64_t epoch,
+                           int64_t *len) {
+    nb_sampler_set_epoch(sampler, epoch);
+    int64_t n = nb_sampler_len(sampler), ds_len = nb_dataset_len(ds);
+    int64_t *list = malloc(sizeof *list * (size_t)(n ? n : 1));
+    NB_CHECK(list, "nb_loader: out of memory for an epoch of %lld indices", (long long)n);
+    nb_sampler_indices(sampler, list);
+    for (int64_t i = 0; i < n; i++)
+        if (list[i] < 0 || list[i] >= ds_len) {
+            int64_t bad = list[i];
+            free(list);
+            NB_ABORT("nb_loader: the sampler gave index %lld (position %lld of epoch %lld) for "
+                     "a %s dataset of %lld samples", (long long)bad, (long long)i,
+                     (long long)epoch, nb_dataset_name(ds), (long long)ds_len);
+        }
+    *len = n;
+    return list;
+}
+
+static void set_list(nb_loader *l, int64_t *list, int64_t len) {
+    l->list = list;
+    l->list_len = len;
+    l->n_batches = nb_batch_count(len, l->batch_size, l->drop_last);
+    l->list_valid = true;
+}
+
+/* Moves to (epoch, batch): Note [Loader pipeline]. */
+static void restart(nb_loader *l, int64_t epoch, int64_t batch) {
+    int64_t *fresh = NULL, fresh_len = 0;
+    if (!l->list_valid || epoch != l->epoch)
+        fresh = epoch_list(l->ds, l->sampler, epoch, &fresh_len);
+    int64_t *old = NULL;
+    if (l->n_threads) {
+        pthread_mutex_lock(&l->mu);
+        l->gen++;
+        l->active = false;
+        while (l->busy > 0) pthread_cond_wait(&l->idle_cv, &l->mu);
+        for (int i = 0; i < l->n_slots; i++) l->slots[i].state = SLOT_FREE;
+    }
+    if (fresh) {
+        old = l->list;
+        set_list(l, fresh, fresh_len);
+    }
+    l->epoch = epoch;
+    l->consumed = l->next_claim = batch < l->n_batches ? batch : l->n_batches;
+    if (l->n_threads) {
+        l->active = true;
+        pthread_cond_broadcast(&l->work_cv);
+        pthread_mutex_unlock(&l->mu);
+    }
+    free(old);
+}
+
+static void stop_workers(nb_loader *l) {
+    if (!l->n_threads) return;
+    pthread_mutex_lock(&l->mu);
+    l->stop = true;
+    pthread_cond_broadcast(&l->work_cv);
+    pthread_mutex_unlock(&l->mu);
+    for (int i = 0; i < l->n_threads; i++) pthread_join(l->threads[i], NULL);
+    l->n_threads = 0;
+}
+
+void nb_loader_free(nb_loader *l) {
+    if (!l) return;
+    stop_workers(l);
+    if (l->sync_ready) {
+        pthread_mutex_destroy(&l->mu);
+        pthread_cond_destroy(&l->work_cv);
+        pthread_cond_destroy(&l->ready_cv);
+        pthread_cond_destroy(&l->idle_cv);
+    }
+    if (l->slots)
+        for (int i = 0; i < l->n_slots; i++) {
+            free(l->slots[i].inputs);
+            free(l->slots[i].targets);
+        }
+    free(l->slots);
+    free(l->threads);
+    free(l->list);
+    if (l->own_sampler) nb_sampler_free(l->sampler);
+    nb_dataset_free(l->ds);
+    free(l);
+}
+
+static void *alloc_buffer(size_t bytes) {
+    size_t rounded = (bytes + 63) / 64 * 64;
+    return aligned_alloc(64, rounded ? rounded : 64);
+}
+
+static nb_status start_workers(nb_loader *l, int prefetch) {
+    l->n_slots = prefetch > 0 ? prefetch : 2 * l->n_workers;
+    l->slots = calloc((size_t)l->n_slots, sizeof *l->slots);
+    l->threads = calloc((size_t)l->n_workers, sizeof *l->threads);
+    if (!l->slots || !l->threads)
+        return nb_set_error(NB_ERR_NOMEM, "nb_loader_new: out of memory for %d workers",
+                            l->n_workers);
+    for (int i = 0; i < l->n_slots; i++) {
+        l->slots[i].inputs = alloc_buffer((size_t)l->batch_size * l->in_bytes);
+        l->slots[i].targets = alloc_buffer((size_t)l->batch_size * l->tgt_bytes);
+        if (!l->slots[i].inputs || !l->slots[i].targets)
+            return nb_set_error(NB_ERR_NOMEM, "nb_loader_new: out of memory for %d batch "
+                                "buffers of %lld samples", l->n_slots, (long long)l->batch_size);
+    }
+    if (pthread_mutex_init(&l->mu, NULL) || pthread_cond_init(&l->work_cv, NULL) ||
+        pthread_cond_init(&l->ready_cv, NULL) || pthread_cond_init(&l->idle_cv, NULL))
+        return nb_set_error(NB_ERR_INTERNAL, "nb_loader_new: cannot initialise a mutex or "
+                            "condition variable");
+    l->sync_ready = true;
+    for (int i = 0; i < l->n_workers; i++) {
+        int rc = pthread_create(&l->threads[i], NULL, worker_main, l);
+        if (rc != 0)
+            return nb_set_error(NB_ERR_INTERNAL, "nb_loader_new: cannot start worker %d of %d: "
+                                "%s", i, l->n_workers, strerror(rc));
+        l->n_threads++;
+    }
+    return NB_OK;
+}
+
+nb_status nb_loader_new(nb_loader **out, nb_dataset *ds, const nb_loader_options *opts) {
+    *out = NULL;
+    NB_CHECK(ds && opts, "nb_loader_new: dataset and options are required");
+    NB_CHECK(opts->batch_size > 0, "nb_loader_new: batch_size %lld must be > 0",
+             (long long)opts->batch_size);
+    NB_CHECK(opts->num_workers >= 0, "nb_loader_new: num_workers %d must be >= 0",
+             opts->num_workers);
+    NB_CHECK(opts->prefetch_batches >= 0, "nb_loader_new: prefetch_batches %d must be >= 0",
+             opts->prefetch_batches);
+    NB_CHECK(!(opts->sampler && opts->shuffle), "nb_loader_new: shuffle is for the loader's own "
+             "sampler; with a sampler given, make that sampler shuffle");
+    if (opts->device.type != NB_DEVICE_CPU)
+        return nb_set_error(NB_ERR_UNSUPPORTED, "nb_loader_new: device %s: batches on CUDA "
+                            "devices (pinned buffers, asynchronous host-to-device copies) are "
+                            "not implemented yet; load to the CPU and copy",
+                            nb_device_name(opts->device));
+    /* The first epoch's order is checked before anything is allocated. */
+    nb_sampler *sampler = opts->sampler;
+    if (!sampler) {
+        int64_t n = nb_dataset_len(ds);
+        sampler = opts->shuffle ? nb_sampler_random(n, opts->seed) : nb_sampler_sequential(n);
+    }
+    int64_t epoch = nb_sampler_epoch(sampler), len;
+    int64_t *list = epoch_list(ds, sampler, epoch, &len);
+    nb_loader *l = calloc(1, sizeof *l);
+    if (!l) {
+        free(list);
+        if (!opts->sampler) nb_sampler_free(sampler);
+        return nb_set_error(NB_ERR_NOMEM, "nb_loader_new: out of memory");
+    }
+    l->sampler = sampler;
+    l->own_sampler = !opts->sampler;
+    l->epoch = epoch;
+    l->ds = nb_dataset_retain(ds);
+    l->batch_size = opts->batch_size;
+    l->drop_last = opts->drop_last;
+    l->in = nb_dataset_input(ds);
+    l->tgt = nb_dataset_target(ds);
+    l->in_bytes = nb_field_bytes(&l->in);
+    l->tgt_bytes = nb_field_bytes(&l->tgt);
+    l->device = opts->device;
+    l->n_workers = opts->num_workers;
+    set_list(l, list, len);
+    if (l->n_workers > 0) {
+        nb_status st = start_workers(l, opts->prefetch_batches);
+        if (st != NB_OK) {
+            nb_loader_free(l);
+            return st;
+        }
+    }
+    restart(l, epoch, 0);
+    *out = l;
+    return NB_OK;
+}
+
+int64_t nb_loader_len(const nb_loader *l) { return l->n_batches; }
+
+void nb_loader_position(const nb_loader *l, int64_t *epoch, int64_t *batch) {
+    if (epoch) *epoch = l->epoch;
+    if (batch) *batch = l->consumed;
+}
+
+void nb_loader_seek(nb_loader *l, int64_t epoch, int64_t batch) {
+    NB_CHECK(batch >= 0 && batch <= l->n_batches, "nb_loader_seek: batch %lld is not in [0, %lld] "
+             "(batches per epoch)", (long long)batch, (long long)l->n_batches);
+    if (epoch == l->epoch && batch == l->consumed) return;
+    restart(l, epoch, batch);
+}
+
+void nb_loader_set_epoch(nb_loader *l, int64_t epoch) {
+    if (epoch != l->epoch) restart(l, epoch, 0);
+}
+
+static nb_status batch_error(const nb_loader *l, nb_status st, int64_t failed, const char *msg) {
+    return nb_set_error(st, "nb_loader_next: sample %lld (batch %lld of epoch %lld, %s dataset): "
+                        "%s", (long long)failed, (long long)l->consumed, (long long)l->epoch,
+                        nb_dataset_name(l->ds), msg);
+}
+
+/* The batch's tensors and index copy in ctx. */
+static void make_batch(const nb_loader *l, nb_ctx *ctx, int64_t size, nb_batch *b) {
+    int64_t shape[NB_MAX_DIMS];
+    shape[0] = size;
+    for (int d = 0; d < l->in.ndim; d++) shape[1 + d] = l->in.shape[d];
+    b->inputs = nb_empty(ctx, l->in.dtype, 1 + l->in.ndim, shape);
+    for (int d = 0; d < l->tgt.ndim; d++) shape[1 + d] = l->tgt.shape[d];
+    b->targets = nb_empty(ctx, l->tgt.dtype, 1 + l->tgt.ndim, shape);
+    b->indices = nb_ctx_alloc(ctx, sizeof(int64_t) * (size_t)size, 0);
+    memcpy(b->indices, l->list + l->consumed * l->batch_size, sizeof(int64_t) * (size_t)size);
+    b->size = size;
+    b->epoch = l->epoch;
+    b->index = l->consumed;
+}
+
+nb_status nb_loader_next(nb_loader *l, nb_ctx *ctx, nb_batch *batch) {
+    NB_CHECK(nb_device_eq(nb_ctx_device(ctx), l->device), "nb_loader_next: context on %s, "
+             "the loader makes batches on %s", nb_device_name(nb_ctx_device(ctx)),
+             nb_device_name(l->device));
+    memset(batch, 0, sizeof *batch);
+    if (l->consumed >= l->n_batches) {
+        batch->epoch = l->epoch;
+        batch->index = l->consumed;
+        restart(l, l->epoch + 1, 0);
+        return NB_OK;
+    }
+    int64_t k = l->consumed, size = batch_len(l, k);
+    if (l->n_threads == 0) {
+        char msg[1024];
+        int64_t failed = -1;
+        nb_batch b;
+        make_batch(l, ctx, size, &b);
+        nb_status st = fill_batch(l, l->list + k * l->batch_size, size, b.inputs->data,
+                                  b.targets->data, &failed, msg, sizeof msg);
+        if (st != NB_OK) return batch_error(l, st, failed, msg);
+        *batch = b;
+        l->consumed++;
+        return NB_OK;
+    }
+    slot *s = &l->slots[k % l->n_slots];
+    pthread_mutex_lock(&l->mu);
+    while (!(s->state == SLOT_READY && s->batch == k)) pthread_cond_wait(&l->ready_cv, &l->mu);
+    pthread_mutex_unlock(&l->mu);
+    if (s->status != NB_OK) return batch_error(l, s->status, s->failed_index, s->message);
+    make_batch(l, ctx, size, batch);
+    memcpy(batch->inputs->data, s->inputs, (size_t)size * l->in_bytes);
+    memcpy(batch->targets->data, s->targets, (size_t)size * l->tgt_bytes);
+    pthread_mutex_lock(&l->mu);
+    s->state = SLOT_FREE;
+    l->consumed++;
+    pthread_cond_signal(&l->work_cv); /* one more batch may be claimed: one worker */
+    pthread_mutex_unlock(&l->mu);
+    return NB_OK;
+}

@@ -1,0 +1,94 @@
+/* The dataloader: batches of a dataset, in a sampler's order, collated into
+ * contiguous tensors, fetched by worker threads ahead of use.
+ *
+ * Each call to nb_loader_next returns the next batch as two new tensors in
+ * the caller's context, inputs (b, input shape...) and targets (b, target
+ * shape...), b = batch_size except perhaps the last batch of an epoch.
+ * They live as long as that context (until its reset), like any tensor.
+ *
+ * Order: batch k of epoch e holds the samples the batch sampler puts there,
+ * whatever the number of workers; with workers, batches are assembled in
+ * loader-owned buffers (a bounded queue of prefetch_batches) and copied
+ * into the context when the caller takes them.
+ *
+ * Position: (epoch, batch) = the epoch being read and how many of its
+ * batches the caller has taken. Saving it and calling nb_loader_seek with
+ * it in a new process gives exactly the batches the first process would
+ * have seen next. When an epoch's batches are exhausted, nb_loader_next
+ * reports the end once and the position moves to (epoch + 1, 0).
+ *
+ * Errors: a failing get in a worker reaches the caller of nb_loader_next
+ * as that status, with a message naming the sample index. The loader does
+ * not move past a failed batch; nb_loader_seek can skip it.
+ *
+ * Devices: the batch tensors are made on the context's device, which must
+ * be the loader's `device`. This build has no CUDA backend yet:
+ * nb_loader_new refuses a CUDA device with NB_ERR_UNSUPPORTED. With CUDA,
+ * the queue buffers become pinned host memory (pin_memory) and the copy
+ * into the context an asynchronous host-to-device copy. */
+#ifndef NABLA_LOADER_H
+#define NABLA_LOADER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "nabla/context.h"
+#include "nabla/dataset.h"
+#include "nabla/error.h"
+#include "nabla/sampler.h"
+#include "nabla/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct nb_loader nb_loader;
+
+typedef struct nb_loader_options {
+    int64_t batch_size;   /* > 0 */
+    bool drop_last;       /* drop the epoch's last batch when it is short */
+    nb_sampler *sampler;  /* borrowed; NULL: sequential, or random when shuffle */
+    bool shuffle;         /* only without a sampler */
+    uint64_t seed;        /* for shuffle */
+    int num_workers;      /* 0: batches are made by the caller's thread */
+    int prefetch_batches; /* queue capacity with workers; 0: 2 per worker */
+    nb_device device;     /* where batches go; zero-initialised: the CPU */
+    bool pin_memory;      /* page-locked queue buffers for CUDA targets; no effect on the CPU */
+} nb_loader_options;
+
+typedef struct nb_batch {
+    nb_tensor *inputs;  /* (b, ...); NULL at the end of an epoch */
+    nb_tensor *targets; /* (b, ...) */
+    int64_t size;       /* b; 0 at the end of an epoch */
+    int64_t epoch;      /* position of this batch */
+    int64_t index;
+    int64_t *indices;   /* the b dataset indices, in the same context */
+} nb_batch;
+
+/* `ds` is retained; a given sampler is borrowed (it must outlive the
+ * loader, and the loader sets its epoch). The position starts at
+ * (nb_sampler_epoch(sampler) or 0, 0). Errors: a CUDA device
+ * (NB_ERR_UNSUPPORTED), threads or memory that cannot be had
+ * (NB_ERR_INTERNAL, NB_ERR_NOMEM). */
+nb_status nb_loader_new(nb_loader **out, nb_dataset *ds, const nb_loader_options *opts);
+/* Stops and joins every worker, whatever state they are in. NULL is fine. */
+void nb_loader_free(nb_loader *l);
+
+/* The next batch into `ctx`, or the end of the epoch (batch->inputs NULL,
+ * NB_OK). On error, the status of the failing get and a message
+ * "nb_loader_next: sample I (batch K of epoch E): ..." */
+nb_status nb_loader_next(nb_loader *l, nb_ctx *ctx, nb_batch *batch);
+
+int64_t nb_loader_len(const nb_loader *l); /* batches per epoch */
+void nb_loader_position(const nb_loader *l, int64_t *epoch, int64_t *batch);
+/* Continues from (epoch, batch), 0 <= batch <= len; work prefetched for
+ * another position is dropped. Seeking to the current position keeps it. */
+void nb_loader_seek(nb_loader *l, int64_t epoch, int64_t batch);
+/* Starts epoch `epoch` at its first batch, unless the position is already
+ * in that epoch (so that a resumed run's epoch loop may call it). */
+void nb_loader_set_epoch(nb_loader *l, int64_t epoch);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
