@@ -20,5 +20,6 @@
 #include "nabla/sampler.h"
 #include "nabla/loader.h"
 #include "nabla/models.h"
+#include "nabla/monitor.h"
 
 #endif
