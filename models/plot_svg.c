@@ -155,11 +155,35 @@ nb_status nb_plot_svg(const char *path, const nb_plot_series *series, int n_seri
         if (series[s].n == 1 && isfinite(series[s].x[0]) && isfinite(series[s].y[0]))
             fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"2.5\" fill=\"%s\"/>\n", PX(series[s].x[0]),
                     PY(o.log_y ? log10(series[s].y[0]) : series[s].y[0]), c);
-        /* legend entry, top right inside the frame */
-        double ly = top + 14 + 16 * s, lx = left + pw - 150;
+    }
+    /* the legend, over a white panel at the right: at the top, the middle
+     * or the bottom, wherever the curves pass least (segments sampled) */
+    double box_h = 16 * n_series + 6, box_x = left + pw - 156;
+    double tops[3] = {top + 4, top + (ph - box_h) / 2, top + ph - box_h - 4};
+    int64_t hits[3] = {0, 0, 0};
+    for (int s = 0; s < n_series; s++)
+        for (int64_t i = 0; i + 1 < series[s].n; i++) {
+            double x0 = series[s].x[i], y0 = series[s].y[i], x1 = series[s].x[i + 1], y1 = series[s].y[i + 1];
+            if (!isfinite(x0 + y0 + x1 + y1) || (o.log_y && (y0 <= 0 || y1 <= 0))) continue;
+            for (int k = 0; k <= 8; k++) {
+                double t = k / 8.0, px = PX(x0 + t * (x1 - x0));
+                double py = PY(o.log_y ? log10(y0) + t * (log10(y1) - log10(y0)) : y0 + t * (y1 - y0));
+                for (int b = 0; b < 3; b++)
+                    hits[b] += px >= box_x - 4 && py >= tops[b] - 4 && py <= tops[b] + box_h + 4;
+            }
+        }
+    int best = 0;
+    for (int b = 1; b < 3; b++)
+        if (hits[b] < hits[best]) best = b;
+    double box_top = tops[best];
+    if (n_series > 0)
+        fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"148\" height=\"%.0f\" fill=\"white\" "
+                   "fill-opacity=\"0.85\" stroke=\"#ccc\"/>\n", box_x, box_top, box_h);
+    for (int s = 0; s < n_series; s++) {
+        double ly = box_top + 16 + 16 * s, lx = left + pw - 150;
         fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" "
                    "stroke-width=\"2.5\"/>\n<text x=\"%.1f\" y=\"%.1f\">", lx, ly - 4, lx + 22, ly - 4,
-                c, lx + 28, ly);
+                colours[s % 8], lx + 28, ly);
         put_text(f, series[s].label ? series[s].label : "");
         fputs("</text>\n", f);
     }

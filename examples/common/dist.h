@@ -1,0 +1,49 @@
+/* The distributed side of the training programs, kept in these few
+ * functions: joining the run (nbrun, torchrun, mpirun or srun set the
+ * environment), wrapping the model in DDP (with SyncBatchNorm on request),
+ * forward and backward through the wrapper, sums over ranks for exact
+ * metrics, and leaving the run. In a world of one every call is the plain
+ * single-process equivalent. */
+#ifndef NABLA_EXAMPLES_DIST_H
+#define NABLA_EXAMPLES_DIST_H
+
+#include <stdbool.h>
+
+#include <nabla/nabla.h>
+
+#if defined(__has_include)
+#if __has_include(<nabla/ddp.h>)
+#include <nabla/ddp.h>
+#define RUN_HAVE_DDP 1
+#endif
+#endif
+#ifndef RUN_HAVE_DDP
+#define RUN_HAVE_DDP 0
+typedef struct nb_pg nb_pg;
+typedef struct nb_ddp nb_ddp;
+#endif
+
+typedef struct run_dist {
+    int rank, world_size, local_rank;
+    nb_pg *pg;
+    nb_ddp *ddp;
+    nb_module *model;
+} run_dist;
+
+/* Joins the run the environment describes. */
+nb_status run_dist_init(run_dist *d);
+/* Wraps `model` for data-parallel training (a collective: every rank calls
+ * it); first converts its BatchNorms to SyncBatchNorm when sync_bn. */
+nb_status run_dist_wrap(run_dist *d, nb_module *model, bool sync_bn);
+/* The model's forward (through DDP, which broadcasts buffers first). */
+nb_tensor *run_dist_forward(run_dist *d, nb_ctx *ctx, nb_tensor *x);
+/* Backward with gradients averaged over ranks (or only accumulated
+ * locally while no_sync is on). */
+nb_status run_dist_backward(run_dist *d, nb_tensor *loss);
+void run_dist_set_no_sync(run_dist *d, bool no_sync);
+/* v[0..n) = its sum over ranks. */
+nb_status run_dist_sum(run_dist *d, double *v, int n);
+/* Unwraps and leaves the run; the first failure, if any. */
+nb_status run_dist_finish(run_dist *d);
+
+#endif

@@ -1,0 +1,552 @@
+/* train_gpt: trains a GPT language model, on one process or on N under a
+ * launcher (`nbrun --nproc-per-node N train_gpt ...`, torchrun, mpirun,
+ * srun) with the distributed sampler and DDP.
+ *
+ * Data: character-level text (default: the shipped Austen novels; each
+ * distinct byte is a token) or, with --data, token shards in llm.c's
+ * format. Training windows are the first part of the data, the held-out
+ * windows the last --val-fraction (or --val-data). AdamW with the usual two
+ * parameter groups (no decay on biases and LayerNorm weights), linear
+ * warmup then cosine decay, gradient accumulation, global-norm clipping.
+ * Only rank 0 prints, writes the metrics log and the plot, and saves
+ * checkpoints (atomically); every rank loads on --resume and continues
+ * exactly where the checkpoint left off: the same batches, learning rates
+ * and dropout masks as a run that never stopped. At the end rank 0 prints a
+ * sample drawn from the model. docs/examples.md describes every flag. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include <nabla/nabla.h>
+
+#include "common/cli.h"
+#include "common/dist.h"
+
+typedef struct args {
+    const char *text, *data, *val_data;
+    double val_fraction;
+    int64_t vocab_size;
+    int64_t layers, heads, width;
+    double dropout;
+    int64_t batch_size, seq_len, steps, stop_at, warmup, grad_accum;
+    double lr, min_lr, weight_decay, beta1, beta2, clip;
+    int64_t eval_interval, eval_windows, log_interval;
+    const char *ckpt_dir;
+    int64_t ckpt_interval;
+    bool resume;
+    int64_t seed, sample_len, top_k;
+    double temperature;
+    const char *prompt, *metrics, *plot, *progress;
+} args;
+
+/* Everything the training loop touches. */
+typedef struct run {
+    args a;
+    run_dist d;
+    bool is_text;
+    int vocab;
+    uint8_t bytes[256]; /* text: the byte of each token id */
+    nb_dataset *train, *val;
+    nb_sampler *train_sampler, *eval_sampler;
+    nb_loader *train_loader, *eval_loader;
+    nb_ctx *params, *step_ctx;
+    nb_module *model;
+    nb_named_tensor *state;
+    int n_state;
+    nb_optim *opt;
+    nb_lr_schedule sched;
+    uint64_t dropout_seed;
+    int64_t step, tokens_per_step;
+    double elapsed0; /* seconds of training before a resume */
+    nb_progress *progress;
+    nb_metrics_log *log;
+    char ckpt_path[4096], plot_path[4096];
+} run;
+
+static int fail(const run *r, const char *what) {
+    fprintf(stderr, "train_gpt (rank %d): %s: %s\n", r->d.rank, what, nb_last_error());
+    return 1;
+}
+
+#define TRY(r, call, what)                                                  \
+    do {                                                                    \
+        if ((call) != NB_OK) return fail((r), (what));                      \
+    } while (0)
+
+/* mkdir -p */
+static nb_status make_dirs(const char *path) {
+    char buf[4096];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *p = buf + 1;; p++) {
+        if (*p == '/' || *p == 0) {
+            char c = *p;
+            *p = 0;
+            if (mkdir(buf, 0777) != 0 && errno != EEXIST)
+                return nb_set_error(NB_ERR_IO, "cannot create directory \"%s\": %s", buf, strerror(errno));
+            *p = c;
+            if (!c) break;
+        }
+    }
+    return NB_OK;
+}
+
+/* mkdir -p of the directory part of a file path */
+static nb_status make_parent_dirs(const char *file) {
+    const char *slash = strrchr(file, '/');
+    if (!slash || slash == file) return NB_OK;
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%.*s", (int)(slash - file), file);
+    return make_dirs(dir);
+}
+
+/* ------------------------------------------------------------------ data */
+/* Windows [begin, end) of `all` as their own dataset. */
+static nb_dataset *window_range(nb_dataset *all, int64_t begin, int64_t end) {
+    int64_t n = end - begin;
+    int64_t *idx = malloc((size_t)n * sizeof *idx);
+    for (int64_t i = 0; i < n; i++) idx[i] = begin + i;
+    nb_dataset *ds = nb_dataset_subset(all, idx, n);
+    free(idx);
+    return ds;
+}
+
+static nb_status open_data(run *r) {
+    const args *a = &r->a;
+    nb_dataset *all;
+    nb_status s;
+    if (a->data) {
+        s = nb_dataset_open_tokens(&all, a->data, a->seq_len, 0);
+        if (s != NB_OK) return s;
+        r->vocab = (int)a->vocab_size;
+    } else {
+        s = nb_dataset_open_text(&all, a->text, a->seq_len, 0, NB_TEXT_COMPACT);
+        if (s != NB_OK) return s;
+        r->vocab = nb_dataset_text_vocab(all, r->bytes);
+        r->is_text = true;
+    }
+    int64_t n = nb_dataset_len(all);
+    if (a->val_data) {
+        r->train = nb_dataset_retain(all);
+        s = nb_dataset_open_tokens(&r->val, a->val_data, a->seq_len, 0);
+    } else {
+        int64_t n_val = (int64_t)llround((double)n * a->val_fraction);
+        if (n_val < 1) n_val = 1;
+        if (n_val >= n) {
+            nb_dataset_free(all);
+            return nb_set_error(NB_ERR_INVALID, "%lld windows of %lld tokens: too few to hold out "
+                                "a fraction %g", (long long)n, (long long)a->seq_len, a->val_fraction);
+        }
+        r->train = window_range(all, 0, n - n_val);
+        r->val = window_range(all, n - n_val, n);
+    }
+    nb_dataset_free(all);
+    if (s != NB_OK) return s;
+
+    int64_t n_train = nb_dataset_len(r->train);
+    if (n_train / r->d.world_size < a->batch_size)
+        return nb_set_error(NB_ERR_INVALID, "%lld training windows are too few for batch %lld on "
+                            "%d processes", (long long)n_train, (long long)a->batch_size,
+                            r->d.world_size);
+    nb_distributed_options o = {r->d.world_size, r->d.rank, true, (uint64_t)a->seed, true};
+    r->train_sampler = nb_sampler_distributed(n_train, &o);
+    nb_loader_options lo = {.batch_size = a->batch_size, .drop_last = true, .sampler = r->train_sampler};
+    s = nb_loader_new(&r->train_loader, r->train, &lo);
+    if (s != NB_OK) return s;
+
+    /* evaluation: eval_windows spread over the held-out windows, each
+     * evaluated by exactly one rank */
+    int64_t n_val = nb_dataset_len(r->val), n_eval = a->eval_windows;
+    if (n_eval <= 0 || n_eval > n_val) n_eval = n_val;
+    int64_t *idx = malloc((size_t)n_eval * sizeof *idx);
+    for (int64_t i = 0; i < n_eval; i++) idx[i] = i * n_val / n_eval;
+    nb_dataset *eval = nb_dataset_subset(r->val, idx, n_eval);
+    free(idx);
+    r->eval_sampler = nb_sampler_shard(n_eval, r->d.world_size, r->d.rank);
+    nb_loader_options eo = {.batch_size = a->batch_size, .sampler = r->eval_sampler};
+    s = nb_loader_new(&r->eval_loader, eval, &eo);
+    nb_dataset_free(eval);
+    return s;
+}
+
+/* The next training batch, moving to the next epoch at the end of one. */
+static nb_status next_batch(run *r, nb_batch *b) {
+    for (int tries = 0; tries < 2; tries++) {
+        nb_status s = nb_loader_next(r->train_loader, r->step_ctx, b);
+        if (s != NB_OK || b->inputs) return s;
+    }
+    return nb_set_error(NB_ERR_INTERNAL, "the training loader gave an empty epoch");
+}
+
+/* Mean next-token loss over the evaluation windows, the same on every rank. */
+static nb_status evaluate(run *r, double *loss) {
+    nb_metric_sums sums;
+    nb_metric_sums_init(&sums, 1);
+    nb_module_eval(r->model);
+    bool prev = nb_no_grad_begin();
+    nb_loader_seek(r->eval_loader, 0, 0);
+    nb_status s;
+    for (;;) {
+        nb_ctx_reset(r->step_ctx);
+        nb_batch b;
+        s = nb_loader_next(r->eval_loader, r->step_ctx, &b);
+        if (s != NB_OK || !b.inputs) break;
+        double l = nb_item(nb_gpt_loss(r->step_ctx, nb_gpt_forward(r->model, r->step_ctx, b.inputs),
+                                       b.targets));
+        nb_metric_sums_add(&sums, (double[]){l * (double)b.size}, b.size);
+    }
+    nb_no_grad_end(prev);
+    nb_module_train(r->model, true);
+    if (s == NB_OK) s = run_dist_sum(&r->d, nb_metric_sums_data(&sums), nb_metric_sums_size(&sums));
+    *loss = nb_metric_sums_mean(&sums, 0);
+    return s;
+}
+
+/* ------------------------------------------------------------ checkpoints */
+typedef struct meta_buf {
+    char v[16][64];
+    nb_kv kv[16];
+    int n;
+} meta_buf;
+
+static void meta_add(meta_buf *m, const char *key, const char *fmt, long long value) {
+    snprintf(m->v[m->n], sizeof m->v[0], fmt, value);
+    m->kv[m->n] = (nb_kv){key, m->v[m->n]};
+    m->n++;
+}
+
+/* What a checkpoint must agree on with the run that resumes from it. */
+static void run_meta(const run *r, meta_buf *m) {
+    const args *a = &r->a;
+    m->n = 0;
+    meta_add(m, "vocab_size", "%lld", r->vocab);
+    meta_add(m, "block_size", "%lld", a->seq_len);
+    meta_add(m, "n_layer", "%lld", a->layers);
+    meta_add(m, "n_head", "%lld", a->heads);
+    meta_add(m, "n_embd", "%lld", a->width);
+    meta_add(m, "world_size", "%lld", r->d.world_size);
+    meta_add(m, "batch_size", "%lld", a->batch_size);
+    meta_add(m, "grad_accum", "%lld", a->grad_accum);
+    meta_add(m, "seed", "%lld", a->seed);
+}
+
+static nb_status save_checkpoint(run *r, int64_t steps_done, int64_t epoch, int64_t position) {
+    meta_buf m;
+    run_meta(r, &m);
+    char elapsed[64];
+    snprintf(elapsed, sizeof elapsed, "%.3f", r->log ? nb_metrics_log_time(r->log) : 0.0);
+    m.kv[m.n++] = (nb_kv){"program", "train_gpt"};
+    m.kv[m.n++] = (nb_kv){"data", r->a.data ? r->a.data : r->a.text};
+    m.kv[m.n++] = (nb_kv){"elapsed_s", elapsed};
+    nb_train_state st = {steps_done, epoch, position, *nb_gpt_dropout_rng(r->model)};
+    nb_status s = make_dirs(r->a.ckpt_dir);
+    if (s == NB_OK) s = nb_checkpoint_save_training(r->ckpt_path, r->state, r->n_state, r->opt, &st, m.kv, m.n);
+    return s;
+}
+
+static nb_status load_checkpoint(run *r) {
+    nb_checkpoint *ck;
+    nb_status s = nb_checkpoint_open(r->ckpt_path, &ck);
+    if (s != NB_OK) return s;
+    meta_buf m;
+    run_meta(r, &m);
+    for (int i = 0; i < m.n && s == NB_OK; i++) {
+        const char *have = nb_checkpoint_meta(ck, m.kv[i].key);
+        if (!have || strcmp(have, m.kv[i].value))
+            s = nb_set_error(NB_ERR_MISMATCH, "%s was written with %s %s, this run has %s (resume "
+                             "with the same settings)", r->ckpt_path, m.kv[i].key,
+                             have ? have : "(none)", m.kv[i].value);
+    }
+    const char *elapsed = nb_checkpoint_meta(ck, "elapsed_s");
+    r->elapsed0 = elapsed ? atof(elapsed) : 0;
+    nb_checkpoint_close(ck);
+    if (s != NB_OK) return s;
+    nb_train_state st;
+    s = nb_checkpoint_load_training(r->ckpt_path, r->state, r->n_state, r->opt, &st);
+    if (s != NB_OK) return s;
+    r->step = st.step;
+    nb_loader_seek(r->train_loader, st.epoch, st.data_position);
+    /* every rank draws its own masks; all are at the same offset */
+    *nb_gpt_dropout_rng(r->model) = (nb_rng){r->dropout_seed, st.rng.offset};
+    return NB_OK;
+}
+
+/* ------------------------------------------------------------- sampling */
+static nb_status print_sample(run *r) {
+    const args *a = &r->a;
+    int64_t n_prompt = 0, total;
+    int64_t *tok = NULL;
+    if (r->is_text) {
+        int id_of[256];
+        for (int i = 0; i < 256; i++) id_of[i] = -1;
+        for (int i = 0; i < r->vocab; i++) id_of[r->bytes[i]] = i;
+        size_t len = strlen(a->prompt);
+        total = (int64_t)len + a->sample_len;
+        tok = malloc((size_t)(total > 0 ? total : 1) * sizeof *tok);
+        for (size_t i = 0; i < len; i++) {
+            int id = id_of[(unsigned char)a->prompt[i]];
+            if (id < 0) {
+                free(tok);
+                return nb_set_error(NB_ERR_INVALID, "--prompt: character '%c' does not occur in the "
+                                    "training text", a->prompt[i]);
+            }
+            tok[n_prompt++] = id;
+        }
+    } else {
+        total = 1 + a->sample_len;
+        tok = malloc((size_t)total * sizeof *tok);
+        tok[n_prompt++] = r->vocab > 50256 ? 50256 : 0; /* GPT-2's <|endoftext|> */
+    }
+    if (n_prompt == 0) {
+        free(tok);
+        return nb_set_error(NB_ERR_INVALID, "--prompt is empty");
+    }
+    nb_sample_opts so = {a->temperature, (int)a->top_k};
+    nb_rng rng = nb_rng_make((uint64_t)a->seed);
+    nb_gpt_generate(r->model, r->step_ctx, tok, n_prompt, total, &so, &rng);
+    nb_progress_printf(r->progress, "sample (%lld %s, temperature %g):\n--------",
+                       (long long)a->sample_len, r->is_text ? "characters" : "tokens", a->temperature);
+    if (r->is_text) {
+        char *text = malloc((size_t)total + 1);
+        for (int64_t i = 0; i < total; i++) text[i] = (char)r->bytes[tok[i]];
+        text[total] = 0;
+        nb_progress_printf(r->progress, "%s\n--------", text);
+        free(text);
+    } else {
+        for (int64_t i = 0; i < total; i++) printf("%lld%c", (long long)tok[i], i + 1 < total ? ' ' : '\n');
+        nb_progress_printf(r->progress, "--------");
+    }
+    free(tok);
+    return NB_OK;
+}
+
+/* ------------------------------------------------------------------ main */
+static bool check_args(const args *a) {
+    const char *bad = NULL;
+    if (a->layers < 1 || a->heads < 1 || a->width < 1 || a->width % a->heads) bad = "--width must be a positive multiple of --heads, with --layers >= 1";
+    else if (a->batch_size < 1 || a->seq_len < 1 || a->steps < 1 || a->grad_accum < 1) bad = "--batch-size, --seq-len, --steps and --grad-accum must be >= 1";
+    else if (!(a->lr > 0) || a->min_lr < 0 || a->warmup < 0 || a->weight_decay < 0 || a->clip < 0) bad = "--lr must be > 0; --min-lr, --warmup, --weight-decay and --clip >= 0";
+    else if (!(a->val_fraction > 0 && a->val_fraction < 1)) bad = "--val-fraction must be in (0, 1)";
+    else if (a->dropout < 0 || a->dropout >= 1) bad = "--dropout must be in [0, 1)";
+    else if (a->resume && !a->ckpt_dir) bad = "--resume needs --ckpt-dir";
+    else if (a->eval_interval < 0 || a->ckpt_interval < 0 || a->log_interval < 1 || a->sample_len < 0) bad = "--eval-interval, --ckpt-interval, --sample-len must be >= 0 and --log-interval >= 1";
+    else if (a->data && a->vocab_size < 2) bad = "--vocab-size must be >= 2";
+    if (bad) fprintf(stderr, "train_gpt: %s\n", bad);
+    return !bad;
+}
+
+static nb_progress_mode progress_mode(const char *s, bool *ok) {
+    *ok = true;
+    if (!strcmp(s, "auto")) return NB_PROGRESS_AUTO;
+    if (!strcmp(s, "line")) return NB_PROGRESS_LINE;
+    if (!strcmp(s, "plain")) return NB_PROGRESS_PLAIN;
+    if (!strcmp(s, "off")) return NB_PROGRESS_OFF;
+    *ok = false;
+    return NB_PROGRESS_OFF;
+}
+
+int main(int argc, char **argv) {
+    static run r;
+    args *a = &r.a;
+    *a = (args){.text = NABLA_SOURCE_DIR "/examples/datasets/austen.txt", .val_fraction = 0.1,
+                .vocab_size = 50257, .layers = 4, .heads = 4, .width = 128, .batch_size = 16,
+                .seq_len = 64, .steps = 2000, .warmup = 100, .grad_accum = 1, .lr = 3e-3,
+                .min_lr = -1, .weight_decay = 0.1, .beta1 = 0.9, .beta2 = 0.99, .clip = 1.0,
+                .eval_interval = 250, .eval_windows = 256, .log_interval = 10, .seed = 1337,
+                .sample_len = 300, .temperature = 0.8, .prompt = "\n", .progress = "auto"};
+    cli_flag flags[] = {
+        {"text", CLI_STRING, &a->text, "character-level training text"},
+        {"data", CLI_STRING, &a->data, "llm.c token shards (file or glob) instead of --text"},
+        {"val-data", CLI_STRING, &a->val_data, "held-out token shards (default: the last --val-fraction)"},
+        {"val-fraction", CLI_DOUBLE, &a->val_fraction, "share of the windows held out for evaluation"},
+        {"vocab-size", CLI_INT, &a->vocab_size, "vocabulary of --data (above every token id)"},
+        {"layers", CLI_INT, &a->layers, "transformer blocks"},
+        {"heads", CLI_INT, &a->heads, "attention heads"},
+        {"width", CLI_INT, &a->width, "embedding width (a multiple of --heads)"},
+        {"dropout", CLI_DOUBLE, &a->dropout, "dropout probability"},
+        {"batch-size", CLI_INT, &a->batch_size, "sequences per process per micro-step"},
+        {"seq-len", CLI_INT, &a->seq_len, "tokens per sequence (the model's block size)"},
+        {"steps", CLI_INT, &a->steps, "optimizer steps (the schedule's length)"},
+        {"stop-at", CLI_INT, &a->stop_at, "stop after this step, saving a checkpoint (0: --steps)"},
+        {"lr", CLI_DOUBLE, &a->lr, "peak learning rate"},
+        {"min-lr", CLI_DOUBLE, &a->min_lr, "final learning rate of the cosine decay (negative: lr / 10)"},
+        {"warmup", CLI_INT, &a->warmup, "linear warmup steps"},
+        {"weight-decay", CLI_DOUBLE, &a->weight_decay, "AdamW decay of weight matrices and embeddings"},
+        {"beta1", CLI_DOUBLE, &a->beta1, "AdamW beta1"},
+        {"beta2", CLI_DOUBLE, &a->beta2, "AdamW beta2"},
+        {"grad-accum", CLI_INT, &a->grad_accum, "micro-steps per optimizer step"},
+        {"clip", CLI_DOUBLE, &a->clip, "gradient-norm clipping threshold (0: off)"},
+        {"eval-interval", CLI_INT, &a->eval_interval, "steps between evaluations (0: only at the end)"},
+        {"eval-windows", CLI_INT, &a->eval_windows, "held-out windows per evaluation (0: all)"},
+        {"log-interval", CLI_INT, &a->log_interval, "steps between log lines and metrics records"},
+        {"ckpt-dir", CLI_STRING, &a->ckpt_dir, "directory for ckpt.safetensors"},
+        {"ckpt-interval", CLI_INT, &a->ckpt_interval, "steps between checkpoints (0: only at the end)"},
+        {"resume", CLI_BOOL, &a->resume, "continue from --ckpt-dir/ckpt.safetensors"},
+        {"seed", CLI_INT, &a->seed, "initialisation, data order, dropout and sampling"},
+        {"sample-len", CLI_INT, &a->sample_len, "tokens to generate at the end (0: none)"},
+        {"temperature", CLI_DOUBLE, &a->temperature, "sampling temperature (0: greedy)"},
+        {"top-k", CLI_INT, &a->top_k, "sample among the k most likely tokens (0: all)"},
+        {"prompt", CLI_STRING, &a->prompt, "text the sample continues (--text only)"},
+        {"metrics", CLI_STRING, &a->metrics, "JSON-lines metrics file"},
+        {"plot", CLI_STRING, &a->plot, "SVG loss plot (default: --metrics with .svg)"},
+        {"progress", CLI_STRING, &a->progress, "auto, line, plain or off"},
+    };
+    int nf = (int)(sizeof flags / sizeof flags[0]);
+    int rc = cli_parse(argc, argv, "train_gpt", "Trains a GPT language model (see docs/examples.md).",
+                       flags, nf);
+    if (rc) return rc == 1 ? 0 : 2;
+    bool mode_ok;
+    nb_progress_mode mode = progress_mode(a->progress, &mode_ok);
+    if (!mode_ok) {
+        fprintf(stderr, "train_gpt: --progress must be auto, line, plain or off\n");
+        return 2;
+    }
+    if (a->min_lr < 0) a->min_lr = a->lr / 10;
+    if (!check_args(a)) return 2;
+    int64_t stop = a->stop_at > 0 && a->stop_at < a->steps ? a->stop_at : a->steps;
+
+    TRY(&r, run_dist_init(&r.d), "joining the run");
+    bool lead = r.d.rank == 0;
+    TRY(&r, open_data(&r), "data");
+    r.params = nb_ctx_new(nb_cpu(), 0);
+    r.step_ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_gpt_config cfg = {r.vocab, a->seq_len, (int)a->layers, (int)a->heads, a->width, a->dropout};
+    nb_rng init = nb_rng_make((uint64_t)a->seed);
+    r.model = nb_gpt_new(r.params, NB_F32, &cfg, &init);
+    r.dropout_seed = (uint64_t)a->seed * 0x9E3779B97F4A7C15ull + 1 + (uint64_t)r.d.rank;
+    *nb_gpt_dropout_rng(r.model) = nb_rng_make(r.dropout_seed);
+    r.n_state = nb_module_state(r.model, NULL, 0);
+    r.state = malloc((size_t)r.n_state * sizeof *r.state);
+    nb_module_state(r.model, r.state, r.n_state);
+
+    int n_params = nb_module_named_parameters(r.model, NULL, 0);
+    nb_named_tensor *params = malloc((size_t)n_params * sizeof *params), *scratch = malloc((size_t)n_params * sizeof *scratch);
+    nb_module_named_parameters(r.model, params, n_params);
+    nb_optim_hparams h = NB_ADAMW_DEFAULTS;
+    h.lr = a->lr, h.weight_decay = a->weight_decay, h.beta1 = a->beta1, h.beta2 = a->beta2;
+    nb_param_group groups[2];
+    nb_optim_split_decay(params, n_params, &h, scratch, groups);
+    r.opt = nb_optim_new_groups(NB_OPTIM_ADAMW, 2, groups);
+    r.sched = nb_lr_cosine(a->lr, a->warmup, a->steps, a->min_lr);
+
+    if (a->ckpt_dir) snprintf(r.ckpt_path, sizeof r.ckpt_path, "%s/ckpt.safetensors", a->ckpt_dir);
+    if (a->resume) TRY(&r, load_checkpoint(&r), "resuming");
+    TRY(&r, run_dist_wrap(&r.d, r.model, false), "DDP");
+
+    r.tokens_per_step = a->batch_size * a->seq_len * a->grad_accum * r.d.world_size;
+    nb_progress_opts po = {lead ? mode : NB_PROGRESS_OFF, "tok", a->log_interval, 0};
+    r.progress = nb_progress_new(stdout, r.step, stop, &po);
+    if (lead && a->metrics) {
+        TRY(&r, make_parent_dirs(a->metrics), "metrics");
+        TRY(&r, nb_metrics_log_open(&r.log, a->metrics, a->resume, r.elapsed0), "metrics");
+    }
+    if (a->plot) snprintf(r.plot_path, sizeof r.plot_path, "%s", a->plot);
+    else if (a->metrics) {
+        const char *dot = strrchr(a->metrics, '.'), *slash = strrchr(a->metrics, '/');
+        int keep = dot && (!slash || dot > slash) ? (int)(dot - a->metrics) : (int)strlen(a->metrics);
+        snprintf(r.plot_path, sizeof r.plot_path, "%.*s.svg", keep, a->metrics);
+    }
+
+    nb_progress_printf(r.progress, "train_gpt: GPT with %lld layers, %lld heads, width %lld: %.2fM "
+                       "parameters; vocabulary %d (%s)", (long long)a->layers, (long long)a->heads,
+                       (long long)a->width, (double)nb_module_num_params(r.model) / 1e6, r.vocab,
+                       r.is_text ? "the characters of the text" : "token shards");
+    nb_progress_printf(r.progress, "data: %lld training and %lld held-out windows of %lld tokens "
+                       "from %s", (long long)nb_dataset_len(r.train), (long long)nb_dataset_len(r.val),
+                       (long long)a->seq_len, a->data ? a->data : a->text);
+    nb_progress_printf(r.progress, "%d process%s%s, batch %lld x %lld tokens x %lld accumulation "
+                       "= %lld tokens per step; steps %lld..%lld of %lld%s",
+                       r.d.world_size, r.d.world_size > 1 ? "es" : "",
+                       RUN_HAVE_DDP ? " (DDP)" : "", (long long)a->batch_size, (long long)a->seq_len,
+                       (long long)a->grad_accum * r.d.world_size, (long long)r.tokens_per_step,
+                       (long long)r.step + 1, (long long)stop, (long long)a->steps,
+                       a->resume ? " (resumed)" : "");
+
+    double val_loss = NAN, loss_sum = 0; /* loss_sum: since the last metrics record */
+    int64_t evaluated_at = -1, loss_count = 0;
+    for (; r.step < stop; r.step++) {
+        nb_optim_set_lr_all(r.opt, nb_lr_schedule_at(&r.sched, r.step));
+        double loss = 0;
+        for (int64_t micro = 0; micro < a->grad_accum; micro++) {
+            nb_ctx_reset(r.step_ctx);
+            nb_batch b;
+            TRY(&r, next_batch(&r, &b), "data");
+            run_dist_set_no_sync(&r.d, micro + 1 < a->grad_accum);
+            nb_tensor *l = nb_gpt_loss(r.step_ctx, run_dist_forward(&r.d, r.step_ctx, b.inputs), b.targets);
+            loss += nb_item(l) / (double)a->grad_accum;
+            if (a->grad_accum > 1) l = nb_mul_scalar(r.step_ctx, l, 1.0 / (double)a->grad_accum);
+            TRY(&r, run_dist_backward(&r.d, l), "backward");
+        }
+        double norm = nb_optim_clip_grad_norm(r.opt, a->clip > 0 ? a->clip : INFINITY, 2.0);
+        if (isfinite(norm)) nb_optim_step(r.opt);
+        else nb_progress_printf(r.progress, "step %lld: gradient norm %g, step skipped", (long long)r.step + 1, norm);
+        nb_optim_zero_grad(r.opt);
+        TRY(&r, run_dist_sum(&r.d, &loss, 1), "all-reduce");
+        loss /= r.d.world_size;
+        int64_t done = r.step + 1;
+        nb_progress_update(r.progress, done, loss, r.tokens_per_step);
+        loss_sum += loss, loss_count++;
+        if (r.log && (done % a->log_interval == 0 || done == stop)) {
+            TRY(&r, nb_metrics_log_write(r.log, "train", done, (nb_metric_value[]){
+                {"loss", loss_sum / (double)loss_count}, {"lr", nb_lr_schedule_at(&r.sched, r.step)},
+                {"grad_norm", norm}, {"tokens", (double)done * (double)r.tokens_per_step}}, 4), "metrics");
+            loss_sum = 0, loss_count = 0;
+        }
+        if ((a->eval_interval > 0 && done % a->eval_interval == 0) || done == stop) {
+            TRY(&r, evaluate(&r, &val_loss), "evaluation");
+            evaluated_at = done;
+            nb_progress_printf(r.progress, "step %lld: train loss %.4f, val loss %.4f", (long long)done, loss, val_loss);
+            if (r.log) TRY(&r, nb_metrics_log_write(r.log, "eval", done, (nb_metric_value[]){{"val_loss", val_loss}}, 1), "metrics");
+        }
+        bool save = a->ckpt_dir && ((a->ckpt_interval > 0 && done % a->ckpt_interval == 0) || done == stop);
+        if (save && lead) {
+            int64_t epoch, position;
+            nb_loader_position(r.train_loader, &epoch, &position);
+            TRY(&r, save_checkpoint(&r, done, epoch, position), "checkpoint");
+        }
+    }
+    nb_progress_free(r.progress);
+    nb_progress_opts po2 = {lead ? NB_PROGRESS_PLAIN : NB_PROGRESS_OFF, NULL, 1, 0};
+    r.progress = nb_progress_new(stdout, 0, 0, &po2);
+    if (evaluated_at != stop && stop > 0) {
+        TRY(&r, evaluate(&r, &val_loss), "evaluation");
+        nb_progress_printf(r.progress, "val loss %.4f", val_loss);
+    }
+    if (lead && a->sample_len > 0 && stop == a->steps) TRY(&r, print_sample(&r), "sampling");
+    if (r.log) {
+        nb_metrics_log_close(r.log);
+        r.log = NULL;
+        if (lead && r.plot_path[0]) {
+            double *x[2], *y[2];
+            int64_t n[2];
+            TRY(&r, nb_metrics_log_read(a->metrics, "train", "step", "loss", &x[0], &y[0], &n[0]), "plot");
+            TRY(&r, nb_metrics_log_read(a->metrics, "eval", "step", "val_loss", &x[1], &y[1], &n[1]), "plot");
+            nb_plot_series s[2] = {{"train loss", x[0], y[0], n[0]}, {"val loss", x[1], y[1], n[1]}};
+            nb_plot_opts o = {"train_gpt: loss per token (nats)", "step", "loss", 0, 0, false};
+            TRY(&r, make_parent_dirs(r.plot_path), "plot");
+            TRY(&r, nb_plot_svg(r.plot_path, s, 2, &o), "plot");
+            for (int i = 0; i < 2; i++) free(x[i]), free(y[i]);
+        }
+    }
+    if (a->ckpt_dir) nb_progress_printf(r.progress, "checkpoint: %s (step %lld)", r.ckpt_path, (long long)stop);
+    if (a->metrics) nb_progress_printf(r.progress, "metrics:    %s", a->metrics);
+    if (r.plot_path[0] && a->metrics) nb_progress_printf(r.progress, "plot:       %s", r.plot_path);
+    nb_progress_free(r.progress);
+
+    TRY(&r, run_dist_finish(&r.d), "shutting down");
+    nb_optim_free(r.opt);
+    nb_loader_free(r.train_loader);
+    nb_loader_free(r.eval_loader);
+    nb_sampler_free(r.train_sampler);
+    nb_sampler_free(r.eval_sampler);
+    nb_dataset_free(r.train);
+    nb_dataset_free(r.val);
+    nb_ctx_free(r.step_ctx);
+    nb_ctx_free(r.params);
+    free(r.state);
+    free(params);
+    free(scratch);
+    return 0;
+}
