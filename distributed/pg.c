@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <netdb.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -451,7 +452,34 @@ static void local_address(const char *master, char *out, size_t len) {
     freeaddrinfo(res);
 }
 
-nb_status nb__pg_start_backend(nb_pg *pg, const char *prefix) {
+/* Note [SIGPIPE]: Gloo writes to its sockets with write(2), which raises
+ * SIGPIPE once a peer has died, and SIGPIPE's default action would kill
+ * this process before the failure could be reported. Rather than change
+ * the process's disposition, the threads that run Gloo code block it:
+ * Gloo's event-loop thread (it inherits the mask of the thread that makes
+ * the device), each group's worker (likewise), and the caller while it
+ * connects or frees; a SIGPIPE raised on the caller meanwhile is discarded
+ * before its mask is restored, and the write fails with EPIPE instead. */
+static void sigpipe_block(sigset_t *old) {
+    sigset_t s;
+    sigemptyset(&s);
+    sigaddset(&s, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &s, old);
+}
+
+static void sigpipe_restore(const sigset_t *old) {
+    if (!sigismember(old, SIGPIPE)) {
+        sigset_t s, pending;
+        sigemptyset(&s);
+        sigaddset(&s, SIGPIPE);
+        struct timespec zero = {0, 0};
+        while (sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE) && sigtimedwait(&s, NULL, &zero) > 0) {
+        }
+    }
+    pthread_sigmask(SIG_SETMASK, old, NULL);
+}
+
+static nb_status start_backend(nb_pg *pg, const char *prefix) {
     nb_pg *root = pg->root;
     if (pg->backend == NB_PG_GLOO) {
         nb_status st;
@@ -472,6 +500,14 @@ nb_status nb__pg_start_backend(nb_pg *pg, const char *prefix) {
     }
     nb_status st = nb__nccl_init(&pg->nccl, root->store_main, prefix, pg->rank, pg->size,
                                  pg->device.index, &pg->agree_buf);
+    return st;
+}
+
+nb_status nb__pg_start_backend(nb_pg *pg, const char *prefix) {
+    sigset_t old;
+    sigpipe_block(&old);
+    nb_status st = start_backend(pg, prefix);
+    sigpipe_restore(&old);
     return st;
 }
 
@@ -547,6 +583,8 @@ static nb_status start_store(nb_pg *pg, int *port) {
 }
 
 static void free_group(nb_pg *pg) {
+    sigset_t old;
+    sigpipe_block(&old);
     if (pg->gloo) nb__gloo_free(pg->gloo);
     if (pg->nccl) nb__nccl_free(pg->nccl);
     nb_store_close(pg->store_worker);
@@ -556,6 +594,7 @@ static void free_group(nb_pg *pg) {
         nb_store_server_stop(pg->server);
         if (pg->gloo_dev) nb__gloo_dev_free(pg->gloo_dev);
     }
+    sigpipe_restore(&old);
     pthread_mutex_destroy(&pg->mu);
     pthread_cond_destroy(&pg->cond);
     pthread_mutex_destroy(&pg->watch_mu);
@@ -626,8 +665,11 @@ static nb_status exit_handshake(nb_pg *pg) {
         st = nb_store_get(pg->store_main, "nb/exit/done", pg->timeout_s, &v, NULL);
         free(v);
     }
-    if (st != NB_OK)
-        return nb_set_error(st, "nb_pg_free: the run did not shut down cleanly: %s", nb_last_error());
+    if (st != NB_OK) {
+        char why[NB__MSG_LEN];
+        snprintf(why, sizeof why, "%s", nb_last_error());
+        return nb_set_error(st, "nb_pg_free: the run did not shut down cleanly: %s", why);
+    }
     return NB_OK;
 }
 

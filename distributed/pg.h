@@ -43,9 +43,9 @@ struct nb_pg {
     nb_store *store_monitor;  /* diagnostics and abort polls, under monitor_mu */
     pthread_mutex_t monitor_mu;
     nb__gloo_dev *gloo_dev;
-    int n_children, n_groups_made;
 
     /* Every group. */
+    int n_children, n_groups_made; /* subgroups alive / ever made from this one */
     nb_store *store_worker;   /* fingerprints: the Gloo worker, or the NCCL issuing thread */
     nb__gloo *gloo;
     nb__nccl *nccl;

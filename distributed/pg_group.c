@@ -1,12 +1,13 @@
 /* Subgroups: nb_pg_new_group.
  *
  * Every rank of the parent calls it with the same list; each call takes
- * the next number from the world group's counter, so the k-th group made
- * gets the same name ("world.g<k>", nested: "world.g1.g3") on every rank
- * without talking. Non-members return at once. Members publish the list
- * they were given and compare before connecting, so that ranks passing
- * different lists get an error naming them instead of a hang in the
- * transport's set-up. */
+ * the next number from the parent's counter, so the k-th group made from a
+ * parent gets the same name ("world.g<k>", nested: "world.g1.g3") on
+ * every rank without talking. Non-members return at once. Members publish the list
+ * they were given under their rank in the parent, and compare it with the
+ * lists of the ranks on their own list before connecting, so that a rank
+ * whose list differs from its would-be partners' gets an error naming
+ * both lists instead of a hang in the transport's set-up. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,8 +24,8 @@ static char *list_text(const int *ranks, int n) {
     return s;
 }
 
-/* Waits for every member's list and compares it with ours. */
-static nb_status check_lists(nb_pg *pg, const char *name, const char *mine, int me, int n) {
+/* Waits for the lists of the ranks on ours and compares them with ours. */
+static nb_status check_lists(nb_pg *pg, const char *name, const int *ranks, const char *mine, int n) {
     nb_store *store = pg->root->store_main;
     char **keys = malloc((size_t)n * sizeof *keys);
     char **vals = calloc((size_t)n, sizeof *vals);
@@ -32,7 +33,7 @@ static nb_status check_lists(nb_pg *pg, const char *name, const char *mine, int 
     NB_CHECK(keys && vals && buf, "nb_pg_new_group: out of memory");
     for (int i = 0; i < n; i++) {
         keys[i] = buf + (size_t)i * 96;
-        snprintf(keys[i], 96, "nb/group/%s/%d", name, i);
+        snprintf(keys[i], 96, "nb/group/%s/%d", name, ranks[i]);
     }
     nb_status st = NB_OK;
     for (int i = 0; i < n && st == NB_OK; i += NB_STORE_MAX_KEYS) {
@@ -41,15 +42,16 @@ static nb_status check_lists(nb_pg *pg, const char *name, const char *mine, int 
         if (st == NB_OK) st = nb__store_mget(store, (const char *const *)keys + i, m, vals + i);
     }
     if (st != NB_OK) {
-        st = nb_set_error(st, "nb_pg_new_group: not every member of group '%s' arrived: %s", name,
-                          nb_last_error());
+        char why[NB__MSG_LEN];
+        snprintf(why, sizeof why, "%s", nb_last_error());
+        st = nb_set_error(st, "nb_pg_new_group: not every member of group '%s' arrived: %s", name, why);
     } else {
         for (int i = 0; i < n; i++) {
             if (vals[i] && strcmp(vals[i], mine) != 0) {
                 st = nb_set_error(NB_ERR_MISMATCH,
                                   "nb_pg_new_group: ranks disagree on the members of group '%s': "
-                                  "member %d was given %s, member %d was given %s",
-                                  name, i, vals[i], me, mine);
+                                  "rank %d was given %s, rank %d was given %s",
+                                  name, ranks[i], vals[i], pg->rank, mine);
                 break;
             }
         }
@@ -75,7 +77,7 @@ nb_status nb_pg_new_group(nb_pg *pg, const int *ranks, int n, nb_pg **out) {
     }
     *out = NULL;
     nb_pg *root = pg->root;
-    int k = ++root->n_groups_made;
+    int k = ++pg->n_groups_made;
     int me = -1;
     for (int i = 0; i < n; i++)
         if (ranks[i] == pg->rank) me = i;
@@ -86,9 +88,9 @@ nb_status nb_pg_new_group(nb_pg *pg, const int *ranks, int n, nb_pg **out) {
     NB_CHECK(name_len < (int)sizeof name, "%s: subgroups nested too deep (name '%s.g%d')", fn, pg->name, k);
     char *mine = list_text(ranks, n);
     char key[96];
-    snprintf(key, sizeof key, "nb/group/%s/%d", name, me);
+    snprintf(key, sizeof key, "nb/group/%s/%d", name, pg->rank);
     nb_status st = nb_store_set(root->store_main, key, mine, strlen(mine));
-    if (st == NB_OK) st = check_lists(pg, name, mine, me, n);
+    if (st == NB_OK) st = check_lists(pg, name, ranks, mine, n);
     free(mine);
     if (st != NB_OK) return st;
 
