@@ -606,8 +606,8 @@ static void free_group(nb_pg *pg) {
 nb_status nb_pg_init_env(nb_pg **out, const nb_dist_env *env, const nb_pg_options *opts) {
     NB_CHECK(out != NULL && env != NULL, "nb_pg_init: NULL argument");
     *out = NULL;
-    nb_pg_backend backend;
-    double timeout;
+    nb_pg_backend backend = NB_PG_GLOO;
+    double timeout = 0;
     nb_status st = resolve_options(opts, &backend, &timeout);
     if (st != NB_OK) return st;
     nb_pg *pg = nb__pg_alloc(NULL, NULL, env->rank, env->world_size);
