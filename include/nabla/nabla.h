@@ -13,5 +13,6 @@
 #include "nabla/tensor.h"
 #include "nabla/ops.h"
 #include "nabla/autograd.h"
+#include "nabla/dist.h"
 
 #endif
