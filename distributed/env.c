@@ -169,6 +169,19 @@ nb_status nb_dist_env_read(nb_dist_env *e) {
                             "nb_dist_env_read: MASTER_PORT=0 with %d processes: the other ranks "
                             "cannot learn which port rank 0 picks (nbrun passes the real port)",
                             e->world_size);
+    e->store_port = e->master_port;
+    const char *agent = env("TORCHELASTIC_USE_AGENT_STORE");
+    if (agent && strcmp(agent, "True") == 0 && e->master_port > 0) e->store_port = e->master_port + 1;
+    const char *sp = env("NABLA_STORE_PORT");
+    if (sp) {
+        st = parse_int("NABLA_STORE_PORT", sp, 1, 65535, &e->store_port);
+        if (st != NB_OK) return st;
+    }
+    if (e->store_port > 65535)
+        return nb_set_error(NB_ERR_INVALID,
+                            "nb_dist_env_read: MASTER_PORT=%d leaves no port for nabla's store next "
+                            "to torchrun's; set NABLA_STORE_PORT",
+                            e->master_port);
     read_run_id(e);
     return NB_OK;
 }

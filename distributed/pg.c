@@ -562,7 +562,7 @@ static nb_status resolve_options(const nb_pg_options *opts, nb_pg_backend *backe
 
 static nb_status start_store(nb_pg *pg, int *port) {
     const nb_dist_env *e = &pg->env;
-    *port = e->master_port;
+    *port = e->store_port;
     if (e->rank != 0) return NB_OK;
     const char *fd_s = getenv("NABLA_STORE_FD");
     nb_status st;
@@ -575,7 +575,7 @@ static nb_status start_store(nb_pg *pg, int *port) {
         unsetenv("NABLA_STORE_FD"); /* it is ours now; children must not see it */
     } else {
         const char *host = is_loopback(e->master_addr) ? e->master_addr : "0.0.0.0";
-        st = nb_store_server_start(&pg->server, host, e->master_port, e->run_id);
+        st = nb_store_server_start(&pg->server, host, e->store_port, e->run_id);
     }
     if (st != NB_OK) return st;
     *port = nb_store_server_port(pg->server);

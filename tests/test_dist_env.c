@@ -15,7 +15,8 @@ static void clear_env(void) {
                            "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_PROCID",
                            "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_TASKS_PER_NODE",
                            "SLURM_JOB_ID", "SLURM_STEP_ID", "NABLA_RUN_ID", "TORCHELASTIC_RUN_ID",
-                           "PMIX_NAMESPACE", "NABLA_PG_TIMEOUT", "NABLA_STORE_FD"};
+                           "PMIX_NAMESPACE", "NABLA_PG_TIMEOUT", "NABLA_STORE_FD", "NABLA_STORE_PORT",
+                           "TORCHELASTIC_USE_AGENT_STORE"};
     for (unsigned i = 0; i < sizeof names / sizeof names[0]; i++) unsetenv(names[i]);
 }
 
@@ -61,6 +62,21 @@ START_TEST(test_torchrun) {
     ck_assert_int_eq(e.local_world_size, 4);
     ck_assert_str_eq(e.master_addr, "10.1.2.3");
     ck_assert_int_eq(e.master_port, 29500);
+    ck_assert_int_eq(e.store_port, 29500);
+    /* torchrun's agent keeps its own store on MASTER_PORT */
+    setenv("TORCHELASTIC_USE_AGENT_STORE", "True", 1);
+    ck_assert_int_eq(nb_dist_env_read(&e), NB_OK);
+    ck_assert_int_eq(e.store_port, 29501);
+    setenv("NABLA_STORE_PORT", "4000", 1);
+    ck_assert_int_eq(nb_dist_env_read(&e), NB_OK);
+    ck_assert_int_eq(e.store_port, 4000);
+    setenv("NABLA_STORE_PORT", "0", 1);
+    expect_error("NABLA_STORE_PORT='0' is not an integer in [1, 65535]");
+    unsetenv("NABLA_STORE_PORT");
+    setenv("MASTER_PORT", "65535", 1);
+    expect_error("MASTER_PORT=65535 leaves no port for nabla's store next to torchrun's; set NABLA_STORE_PORT");
+    unsetenv("TORCHELASTIC_USE_AGENT_STORE");
+    setenv("MASTER_PORT", "29500", 1);
     /* torchrun's names win over the others */
     setenv("OMPI_COMM_WORLD_RANK", "0", 1);
     setenv("SLURM_PROCID", "0", 1);

@@ -372,6 +372,7 @@ static void spawn(child *c, const options *o, const char *run_id, int store_fd, 
         setenv_int("MASTER_PORT", port);
         setenv("NABLA_RUN_ID", run_id, 1);
         unsetenv("NABLA_STORE_FD");
+        unsetenv("NABLA_STORE_PORT"); /* the store is on MASTER_PORT */
         if (store_fd >= 0 && c->rank == 0) {
             int flags = fcntl(store_fd, F_GETFD);
             fcntl(store_fd, F_SETFD, flags & ~FD_CLOEXEC);
@@ -472,7 +473,6 @@ static int exit_code(int status) {
 
 int main(int argc, char **argv) {
     options o = parse_options(argc, argv);
-    int world = o.nproc * o.nnodes;
 
     int store_fd = -1, port = o.port;
     if (o.node_rank == 0) store_fd = open_store_socket(o.addr, &port);
@@ -511,7 +511,6 @@ int main(int argc, char **argv) {
         spawn(&kids[i], &o, run_id, store_fd, port);
     }
     if (store_fd >= 0) close(store_fd); /* rank 0 owns it now */
-    (void)world;
 
     int first = -1;          /* index of the first child that failed */
     int interrupted = 0;     /* signal that stopped nbrun */

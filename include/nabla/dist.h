@@ -38,6 +38,10 @@ typedef struct nb_dist_env {
     int local_rank, local_world_size;
     char master_addr[256];
     int master_port;     /* 0 only for a world of one */
+    /* Where rank 0 serves nabla's store: $NABLA_STORE_PORT, else
+     * MASTER_PORT + 1 under torchrun (whose own store holds MASTER_PORT,
+     * TORCHELASTIC_USE_AGENT_STORE=True), else MASTER_PORT. */
+    int store_port;
     char run_id[128];    /* NABLA_RUN_ID, TORCHELASTIC_RUN_ID, SLURM_JOB_ID[.SLURM_STEP_ID], or "default" */
     const char *source;  /* "torchrun", "OpenMPI", "Slurm" or "none" */
 } nb_dist_env;
