@@ -19,5 +19,6 @@
 #include "nabla/dataset.h"
 #include "nabla/sampler.h"
 #include "nabla/loader.h"
+#include "nabla/dist.h"
 
 #endif
