@@ -31,6 +31,20 @@ foreach(_np 2 3 4)
   list(APPEND NABLA_TESTS ${_name})
 endforeach()
 
+# DDP and SyncBatchNorm: equivalence with one process, at 2 and 3 ranks.
+if(TARGET test_ddp)
+  foreach(_np 2 3)
+    set(_name test_ddp_np${_np})
+    add_test(NAME ${_name}
+      COMMAND $<TARGET_FILE:nbrun> --nproc-per-node ${_np} --master-port 0 $<TARGET_FILE:test_ddp>
+      WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
+    set_tests_properties(${_name} PROPERTIES
+      LABELS "unit;multiproc" TIMEOUT 180 SKIP_RETURN_CODE 77
+      ENVIRONMENT "${NABLA_TEST_ENVIRONMENT};NABLA_PG_TIMEOUT=60")
+    list(APPEND NABLA_TESTS ${_name})
+  endforeach()
+endif()
+
 foreach(_t test_dist_failures test_nbrun)
   if(TEST ${_t})
     set_property(TEST ${_t} APPEND PROPERTY LABELS multiproc)

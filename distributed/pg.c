@@ -53,6 +53,15 @@ int nb_pg_global_rank(const nb_pg *pg, int group_rank) {
     return pg->global[group_rank];
 }
 
+void nb_work_times(const nb_work *work, double *issued, double *started, double *finished) {
+    NB_CHECK(work, "nb_work_times: NULL work");
+    pthread_mutex_lock(&work->pg->mu);
+    if (issued) *issued = work->t_issue;
+    if (started) *started = work->t_start;
+    if (finished) *finished = work->state == NB__W_DONE ? work->t_end : 0;
+    pthread_mutex_unlock(&work->pg->mu);
+}
+
 uint64_t nb_work_seq(const nb_work *w) { return w->coll.seq; }
 
 static char *dup_str(const char *s) {
@@ -76,6 +85,7 @@ void nb__work_put(nb_work *w) {
 /* With pg->mu held: w is finished; unlink it and start the next one's clock. */
 static void finish_locked(nb_pg *pg, nb_work *w, nb_status st, const char *msg) {
     w->state = NB__W_DONE;
+    w->t_end = nb__now();
     w->status = st;
     if (st != NB_OK && !w->msg) w->msg = dup_str(msg);
     nb_work **pp = &pg->q_head;

@@ -23,6 +23,7 @@ struct nb_work {
     nb_status status;
     char *msg;            /* failure message, malloc'd */
     double t_issue, t_start; /* t_start: when it became the group's oldest unfinished work */
+    double t_end;            /* when it finished (0 while unfinished) */
     nb_work *next;        /* the group's queue, issue order */
     nb__nccl_work *nccl;
 };

@@ -198,6 +198,10 @@ nb_status nb_work_test(nb_work *work, bool *done);
 void nb_work_free(nb_work *work);
 /* nb_work_wait, then nb_work_free. */
 nb_status nb_work_finish(nb_work *work);
+/* When the collective was issued, began running (became the oldest work of
+ * its group) and finished (0 while unfinished), on CLOCK_MONOTONIC in
+ * seconds. For NCCL these are host-side times. Any pointer may be NULL. */
+void nb_work_times(const nb_work *work, double *issued, double *started, double *finished);
 /* The collective's sequence number in its group (1, 2, ...). */
 uint64_t nb_work_seq(const nb_work *work);
 
