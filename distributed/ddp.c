@@ -86,7 +86,8 @@ struct nb_ddp {
     bool in_backward, no_sync, rebuilt, synced_once;
     /* the last synchronised step */
     double fwd_start, bw_start, bw_end;
-    nb_ddp_bucket_time *times; /* n_buckets, relative to bw_end */
+    nb_ddp_bucket_time *times;      /* n_buckets, being measured (malloc'd) */
+    nb_ddp_bucket_time *stat_times; /* the last step's, relative to bw_end (malloc'd) */
     nb_ddp_step_stats stats;
     trace_step trace[MAX_TRACE_STEPS];
     int n_trace;
@@ -187,7 +188,8 @@ static void assign_buckets(nb_ddp *d, const int *order) {
             nb_set_grad(t, view);
         }
     }
-    d->times = nb__ctx_meta(d->ctx, sizeof(nb_ddp_bucket_time) * (size_t)(nb ? nb : 1));
+    free(d->times);
+    d->times = xcalloc((size_t)nb, sizeof(nb_ddp_bucket_time));
     nb_ctx_free(old);
 }
 
@@ -353,6 +355,8 @@ static void free_arrays(nb_ddp *d) {
     free(d->ready);
     free(d->ready_order);
     free(d->slot);
+    free(d->times);
+    free(d->stat_times);
     for (int i = 0; i < d->n_trace; i++) free(d->trace[i].b);
 }
 
@@ -498,7 +502,9 @@ static void record_stats(nb_ddp *d, double done) {
     nb_ddp_step_stats *s = &d->stats;
     memset(s, 0, sizeof *s);
     s->n_buckets = d->n_buckets;
-    s->buckets = d->times;
+    free(d->stat_times);
+    d->stat_times = xcalloc((size_t)d->n_buckets, sizeof(nb_ddp_bucket_time));
+    s->buckets = d->stat_times;
     s->backward_s = d->bw_end - d->bw_start;
     s->wait_s = done - d->bw_end;
     double hidden = 0;
@@ -521,10 +527,11 @@ static void record_stats(nb_ddp *d, double done) {
         ts->b = xcalloc((size_t)d->n_buckets, sizeof *ts->b);
         memcpy(ts->b, d->times, sizeof *ts->b * (size_t)d->n_buckets);
     }
-    for (int b = 0; b < d->n_buckets; b++) { /* make them relative to the end of backward */
-        d->times[b].launch -= d->bw_end;
-        d->times[b].start -= d->bw_end;
-        d->times[b].finish -= d->bw_end;
+    for (int b = 0; b < d->n_buckets; b++) { /* relative to the end of backward */
+        d->stat_times[b] = d->times[b];
+        d->stat_times[b].launch -= d->bw_end;
+        d->stat_times[b].start -= d->bw_end;
+        d->stat_times[b].finish -= d->bw_end;
     }
 }
 

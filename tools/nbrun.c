@@ -59,6 +59,8 @@ static const char *usage_text =
     "each process gets:\n"
     "  RANK, WORLD_SIZE        global rank (node-rank * N + local rank) and N * K\n"
     "  LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK (the node rank)\n"
+    "  OMP_NUM_THREADS=1 and OPENBLAS_NUM_THREADS=1 when several ranks share the node\n"
+    "  and the variable is not already set\n"
     "  MASTER_ADDR, MASTER_PORT (the real port when 0 was asked for)\n"
     "  NABLA_RUN_ID            the run's id ($NABLA_RUN_ID if set; else random on one\n"
     "                          node, master-addr:port on several); the store refuses\n"
@@ -372,6 +374,13 @@ static void spawn(child *c, const options *o, const char *run_id, int store_fd, 
         setenv("MASTER_ADDR", o->addr, 1);
         setenv_int("MASTER_PORT", port);
         setenv("NABLA_RUN_ID", run_id, 1);
+        /* Note: several ranks on one machine each running a full-width BLAS
+         * thread pool oversubscribe the cores; like torchrun, default to one
+         * thread per rank unless the user chose. */
+        if (o->nproc > 1) {
+            setenv("OMP_NUM_THREADS", "1", 0);
+            setenv("OPENBLAS_NUM_THREADS", "1", 0);
+        }
         unsetenv("NABLA_STORE_FD");
         unsetenv("NABLA_STORE_PORT"); /* the store is on MASTER_PORT */
         if (store_fd >= 0 && c->rank == 0) {
