@@ -20,5 +20,6 @@
 #include "nabla/sampler.h"
 #include "nabla/loader.h"
 #include "nabla/dist.h"
+#include "nabla/ddp.h"
 
 #endif
