@@ -19,6 +19,8 @@
 #include "nabla/dataset.h"
 #include "nabla/sampler.h"
 #include "nabla/loader.h"
+#include "nabla/dist.h"
+#include "nabla/ddp.h"
 #include "nabla/models.h"
 #include "nabla/monitor.h"
 

@@ -1,0 +1,52 @@
+# Multi-process tests of distributed/: included by NablaTests.cmake after
+# the Check suites are registered.
+#
+# test_dist_collectives runs once alone (a world of one, registered with
+# the other suites) and here under nbrun with 2, 3 and 4 ranks, labelled
+# multiproc as well as unit. test_dist_failures and test_nbrun drive nbrun
+# and tests/dist/dist_scenario themselves; they get the multiproc label too.
+# Ports: nbrun picks a free one per run (--master-port 0), so parallel ctest
+# runs do not collide; everything stays on 127.0.0.1.
+
+if(NOT TARGET test_dist_collectives)
+  return()
+endif()
+
+add_executable(dist_scenario ${PROJECT_SOURCE_DIR}/tests/dist/dist_scenario.c)
+target_link_libraries(dist_scenario PRIVATE nabla)
+set_target_properties(dist_scenario PROPERTIES
+  RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests
+  LINKER_LANGUAGE ${NABLA_LINKER_LANGUAGE})
+target_compile_definitions(dist_scenario PRIVATE ${NABLA_C_DEFINES})
+nabla_own_flags(dist_scenario)
+
+foreach(_np 2 3 4)
+  set(_name test_dist_collectives_np${_np})
+  add_test(NAME ${_name}
+    COMMAND $<TARGET_FILE:nbrun> --nproc-per-node ${_np} --master-port 0 $<TARGET_FILE:test_dist_collectives>
+    WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
+  set_tests_properties(${_name} PROPERTIES
+    LABELS "unit;multiproc" TIMEOUT 120 SKIP_RETURN_CODE 77
+    ENVIRONMENT "${NABLA_TEST_ENVIRONMENT};NABLA_PG_TIMEOUT=60")
+  list(APPEND NABLA_TESTS ${_name})
+endforeach()
+
+# DDP and SyncBatchNorm: equivalence with one process, at 2 and 3 ranks.
+if(TARGET test_ddp)
+  foreach(_np 2 3)
+    set(_name test_ddp_np${_np})
+    add_test(NAME ${_name}
+      COMMAND $<TARGET_FILE:nbrun> --nproc-per-node ${_np} --master-port 0 $<TARGET_FILE:test_ddp>
+      WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
+    set_tests_properties(${_name} PROPERTIES
+      LABELS "unit;multiproc" TIMEOUT 180 SKIP_RETURN_CODE 77
+      ENVIRONMENT "${NABLA_TEST_ENVIRONMENT};NABLA_PG_TIMEOUT=60")
+    list(APPEND NABLA_TESTS ${_name})
+  endforeach()
+endif()
+
+foreach(_t test_dist_failures test_nbrun)
+  if(TEST ${_t})
+    set_property(TEST ${_t} APPEND PROPERTY LABELS multiproc)
+  endif()
+endforeach()

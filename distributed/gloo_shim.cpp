@@ -1,0 +1,237 @@
+/* The Gloo backend: a thin C++ layer over Debian's libgloo (0.5, 2022
+ * API), the only C++ in nabla. C calls it through distributed/internal.h;
+ * no exception crosses that line: each entry point catches and returns an
+ * nb_status with the transport's words in nb_last_error().
+ *
+ * Gloo's rendezvous goes through nabla's store (StoreAdapter), so there is
+ * one store per run. All-reduce, broadcast, all-gather and barrier are
+ * Gloo's own; Gloo reduces through a callback given the element size, so
+ * bf16 and f16 travel as 16-bit values and nb__reduce_into combines them
+ * in f32. This Gloo has no reduce-scatter with the new-style options, so
+ * reduce_scatter is a ring over Gloo's unbound buffers: R - 1 steps, each
+ * sending one chunk to the right neighbour and reducing one from the
+ * left; after them rank r holds chunk r summed over all ranks. Tags are the
+ * collective's sequence number. */
+#include <chrono>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/types.h>
+
+#include "distributed/internal.h"
+
+struct nb__gloo_dev {
+    std::shared_ptr<gloo::transport::Device> dev;
+};
+
+struct nb__gloo {
+    std::shared_ptr<gloo::rendezvous::Context> ctx;
+    std::chrono::milliseconds timeout{0};
+    std::vector<unsigned char> work, tmp; /* reduce-scatter scratch */
+};
+
+namespace {
+
+/* Slot prefix for nabla's own ring; Gloo's collectives use 0x01-0x08. */
+constexpr uint8_t kReduceScatterSlot = 0x31;
+
+nb_status fail(nb_status st, const char *where, const std::exception &e) {
+    return nb_set_error(st, "Gloo %s: %s", where, e.what());
+}
+
+/* Gloo's store interface over an nb_store connection, keys under a prefix. */
+class StoreAdapter : public gloo::rendezvous::Store {
+  public:
+    StoreAdapter(nb_store *s, std::string prefix, double timeout_s)
+        : s_(s), prefix_(std::move(prefix)), timeout_s_(timeout_s) {}
+
+    void set(const std::string &key, const std::vector<char> &data) override {
+        check(nb_store_set(s_, (prefix_ + key).c_str(), data.data(), data.size()));
+    }
+
+    std::vector<char> get(const std::string &key) override {
+        void *v = nullptr;
+        size_t n = 0;
+        check(nb_store_get(s_, (prefix_ + key).c_str(), timeout_s_, &v, &n));
+        std::vector<char> out(static_cast<char *>(v), static_cast<char *>(v) + n);
+        free(v);
+        return out;
+    }
+
+    void wait(const std::vector<std::string> &keys) override { wait(keys, ms(timeout_s_)); }
+
+    void wait(const std::vector<std::string> &keys, const std::chrono::milliseconds &timeout) override {
+        std::vector<std::string> full;
+        std::vector<const char *> ptrs;
+        for (const auto &k : keys) full.push_back(prefix_ + k);
+        for (const auto &k : full) ptrs.push_back(k.c_str());
+        double t = timeout.count() > 0 ? timeout.count() / 1000.0 : timeout_s_;
+        if (!ptrs.empty()) check(nb_store_wait(s_, ptrs.data(), static_cast<int>(ptrs.size()), t));
+    }
+
+    static std::chrono::milliseconds ms(double s) {
+        return std::chrono::milliseconds(static_cast<long long>(s * 1000.0));
+    }
+
+  private:
+    static void check(nb_status st) {
+        if (st != NB_OK) throw gloo::IoException(nb_last_error());
+    }
+    nb_store *s_;
+    std::string prefix_;
+    double timeout_s_;
+};
+
+template <typename T>
+void allreduce_typed(nb__gloo *g, const nb__coll *c) {
+    gloo::AllreduceOptions opts(g->ctx);
+    opts.setOutput(static_cast<T *>(c->out), static_cast<size_t>(c->count));
+    nb_dtype dtype = c->dtype;
+    nb_reduce_op op = c->op;
+    opts.setReduceFunction([dtype, op](void *out, const void *a, const void *b, size_t n) {
+        if (out != a) std::memmove(out, a, n * sizeof(T));
+        nb__reduce_into(dtype, op, out, b, n);
+    });
+    opts.setTag(static_cast<uint32_t>(c->seq));
+    opts.setTimeout(g->timeout);
+    gloo::allreduce(opts);
+}
+
+void allreduce(nb__gloo *g, const nb__coll *c) {
+    switch (c->dtype) {
+    case NB_F32: allreduce_typed<float>(g, c); break;
+    case NB_F64: allreduce_typed<double>(g, c); break;
+    case NB_I32: allreduce_typed<int32_t>(g, c); break;
+    case NB_I64: allreduce_typed<int64_t>(g, c); break;
+    case NB_BF16:
+    case NB_F16: allreduce_typed<uint16_t>(g, c); break;
+    default: throw gloo::Exception("unsupported dtype");
+    }
+}
+
+void broadcast(nb__gloo *g, const nb__coll *c) {
+    gloo::BroadcastOptions opts(g->ctx);
+    size_t bytes = static_cast<size_t>(c->count) * nb_dtype_size(c->dtype);
+    opts.setOutput(static_cast<unsigned char *>(c->out), bytes);
+    opts.setRoot(c->root);
+    opts.setTag(static_cast<uint32_t>(c->seq));
+    opts.setTimeout(g->timeout);
+    gloo::broadcast(opts);
+}
+
+void allgather(nb__gloo *g, const nb__coll *c) {
+    gloo::AllgatherOptions opts(g->ctx);
+    size_t bytes = static_cast<size_t>(c->count) * nb_dtype_size(c->dtype);
+    opts.setInput(static_cast<unsigned char *>(const_cast<void *>(c->in)), bytes);
+    opts.setOutput(static_cast<unsigned char *>(c->out), bytes * static_cast<size_t>(g->ctx->size));
+    opts.setTag(static_cast<uint32_t>(c->seq));
+    opts.setTimeout(g->timeout);
+    gloo::allgather(opts);
+}
+
+void barrier(nb__gloo *g, const nb__coll *c) {
+    gloo::BarrierOptions opts(g->ctx);
+    opts.setTag(static_cast<uint32_t>(c->seq));
+    opts.setTimeout(g->timeout);
+    gloo::barrier(opts);
+}
+
+void reduce_scatter(nb__gloo *g, const nb__coll *c) {
+    const int R = g->ctx->size, r = g->ctx->rank;
+    const size_t n = static_cast<size_t>(c->count);
+    const size_t chunk = n * nb_dtype_size(c->dtype);
+    if (R == 1) {
+        std::memcpy(c->out, c->in, chunk);
+        return;
+    }
+    g->work.resize(chunk * static_cast<size_t>(R));
+    g->tmp.resize(chunk);
+    std::memcpy(g->work.data(), c->in, g->work.size());
+    auto wbuf = g->ctx->createUnboundBuffer(g->work.data(), g->work.size());
+    auto tbuf = g->ctx->createUnboundBuffer(g->tmp.data(), chunk);
+    const int right = (r + 1) % R, left = (r + R - 1) % R;
+    const uint64_t slot = gloo::Slot::build(kReduceScatterSlot, static_cast<uint32_t>(c->seq));
+    for (int step = 0; step < R - 1; step++) {
+        const size_t send_chunk = static_cast<size_t>((r - step - 1 + 2 * R) % R);
+        const size_t recv_chunk = static_cast<size_t>((r - step - 2 + 2 * R) % R);
+        tbuf->recv(left, slot, 0, chunk);
+        wbuf->send(right, slot, send_chunk * chunk, chunk);
+        if (!tbuf->waitRecv(g->timeout)) throw gloo::IoException("reduce_scatter: receive aborted");
+        nb__reduce_into(c->dtype, c->op, g->work.data() + recv_chunk * chunk, g->tmp.data(), n);
+        if (!wbuf->waitSend(g->timeout)) throw gloo::IoException("reduce_scatter: send aborted");
+    }
+    std::memcpy(c->out, g->work.data() + static_cast<size_t>(r) * chunk, chunk);
+}
+
+} // namespace
+
+extern "C" {
+
+nb_status nb__gloo_dev_new(nb__gloo_dev **out, const char *hostname, const char *iface) {
+    *out = nullptr;
+    try {
+        gloo::transport::tcp::attr attr;
+        if (iface && *iface) attr.iface = iface;
+        else attr.hostname = hostname;
+        auto *d = new nb__gloo_dev;
+        d->dev = gloo::transport::tcp::CreateDevice(attr);
+        *out = d;
+        return NB_OK;
+    } catch (const std::exception &e) {
+        return nb_set_error(NB_ERR_NETWORK, "nb_pg_init: cannot open a Gloo TCP device on %s: %s",
+                            iface && *iface ? iface : hostname, e.what());
+    }
+}
+
+void nb__gloo_dev_free(nb__gloo_dev *dev) { delete dev; }
+
+nb_status nb__gloo_connect(nb__gloo **out, nb__gloo_dev *dev, nb_store *store, const char *prefix,
+                           int rank, int size, double timeout_s) {
+    *out = nullptr;
+    auto *g = new nb__gloo;
+    try {
+        g->timeout = StoreAdapter::ms(timeout_s);
+        g->ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
+        g->ctx->setTimeout(g->timeout);
+        StoreAdapter adapter(store, prefix, timeout_s);
+        g->ctx->connectFullMesh(adapter, dev->dev);
+        *out = g;
+        return NB_OK;
+    } catch (const std::exception &e) {
+        std::string what = e.what();
+        delete g;
+        return nb_set_error(NB_ERR_NETWORK, "nb_pg_init: Gloo could not connect rank %d of %d: %s",
+                            rank, size, what.c_str());
+    }
+}
+
+void nb__gloo_free(nb__gloo *g) { delete g; }
+
+nb_status nb__gloo_run(nb__gloo *g, const nb__coll *c) {
+    try {
+        switch (c->kind) {
+        case NB__ALL_REDUCE: allreduce(g, c); break;
+        case NB__BROADCAST: broadcast(g, c); break;
+        case NB__ALL_GATHER: allgather(g, c); break;
+        case NB__REDUCE_SCATTER: reduce_scatter(g, c); break;
+        case NB__BARRIER: barrier(g, c); break;
+        }
+        return NB_OK;
+    } catch (const std::exception &e) {
+        bool timed_out = std::strstr(e.what(), "Timed out") != nullptr;
+        return fail(timed_out ? NB_ERR_TIMEOUT : NB_ERR_NETWORK, nb__coll_name(c->kind), e);
+    }
+}
+
+} // extern "C"

@@ -1,0 +1,210 @@
+/* Internal interface of distributed/: the store's wire format and
+ * table, the description of one collective, and the backends' entry
+ * points. Not installed. Also compiled as C++ by the Gloo shim and by the
+ * fuzzer, so it holds declarations only. */
+#ifndef NABLA_DISTRIBUTED_INTERNAL_H
+#define NABLA_DISTRIBUTED_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "nabla/dist.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+double nb__now(void); /* monotonic seconds */
+void nb__sleep(double seconds);
+
+/* ------------------------------------------------ store wire format */
+
+enum nb__store_op {
+    NB__OP_HELLO = 1,
+    NB__OP_SET,
+    NB__OP_SET_QUIET, /* like SET, no reply */
+    NB__OP_GET,
+    NB__OP_WAIT,
+    NB__OP_ADD,
+    NB__OP_CAS,
+    NB__OP_DELETE,
+    NB__OP_MGET,      /* several keys, never waits */
+    NB__OP_BYE
+};
+
+enum nb__store_reply {
+    NB__R_OK = 0,
+    NB__R_VALUE,      /* bytes */
+    NB__R_INT,        /* i64 */
+    NB__R_VALUES,     /* u32 n, then n x (u8 present, bytes) */
+    NB__R_NOT_FOUND,
+    NB__R_TIMEOUT,    /* bytes: which keys were missing */
+    NB__R_ABORTED,    /* bytes: why the run was aborted */
+    NB__R_ERROR       /* bytes: message */
+};
+
+#define NB__STORE_MAGIC 0x3153424eu /* "NBS1" little-endian */
+/* The key the server sets when a rank's connection drops. */
+#define NB__STORE_ABORT_KEY "nb/abort"
+
+typedef struct nb__bytes {
+    const uint8_t *p;
+    uint32_t n;
+} nb__bytes;
+
+/* A parsed request; byte fields point into the frame. */
+typedef struct nb__store_req {
+    int op;
+    nb__bytes key, value, expected, run_id;
+    bool has_expected;
+    int64_t num;        /* ADD: delta; GET/WAIT: timeout in ms; HELLO: rank */
+    uint32_t magic;     /* HELLO */
+    uint32_t nkeys;     /* WAIT, MGET */
+    nb__bytes keys[NB_STORE_MAX_KEYS];
+} nb__store_req;
+
+/* A growable byte buffer for building messages. */
+typedef struct nb__buf {
+    uint8_t *p;
+    size_t n, cap;
+} nb__buf;
+
+void nb__buf_free(nb__buf *b);
+void nb__buf_u8(nb__buf *b, uint8_t v);
+void nb__buf_u32(nb__buf *b, uint32_t v);
+void nb__buf_i64(nb__buf *b, int64_t v);
+void nb__buf_bytes(nb__buf *b, const void *p, size_t n);
+/* Starts a frame (reserves its length; returns where it starts) / fills
+ * in its length. */
+size_t nb__buf_frame_begin(nb__buf *b);
+void nb__buf_frame_end(nb__buf *b, size_t start);
+
+/* Length of the frame body announced by the 4 bytes at `p`. */
+uint32_t nb__store_frame_len(const uint8_t *p);
+/* Parses one frame body. NB_ERR_FORMAT with a reason in `why` (>= 128
+ * bytes) for anything malformed: unknown op, truncated or oversized
+ * field, trailing bytes, too many keys. */
+nb_status nb__store_parse_request(const uint8_t *body, size_t len, nb__store_req *req, char *why,
+                                  size_t why_len);
+
+/* A reader over a reply body (client side). */
+typedef struct nb__reader {
+    const uint8_t *p;
+    size_t n, off;
+    bool bad;
+} nb__reader;
+uint8_t nb__rd_u8(nb__reader *r);
+uint32_t nb__rd_u32(nb__reader *r);
+int64_t nb__rd_i64(nb__reader *r);
+nb__bytes nb__rd_bytes(nb__reader *r);
+
+/* ------------------------------------------------ store table */
+
+/* The key-value table and the execution of requests that never wait;
+ * store_kv.c. Shared by the server and the fuzzer. */
+typedef struct nb__kv nb__kv;
+nb__kv *nb__kv_new(void);
+void nb__kv_free(nb__kv *kv);
+/* NULL when absent. */
+const nb__bytes *nb__kv_find(const nb__kv *kv, const uint8_t *key, uint32_t klen);
+void nb__kv_set(nb__kv *kv, const uint8_t *key, uint32_t klen, const uint8_t *val, uint32_t vlen);
+bool nb__kv_delete(nb__kv *kv, const uint8_t *key, uint32_t klen);
+size_t nb__kv_count(const nb__kv *kv);
+/* Executes SET, ADD, CAS, DELETE, MGET, and GET/WAIT when their keys are
+ * present, appending the reply frame to `out`. Returns false when the
+ * request must wait (GET/WAIT with a key missing; nothing appended). */
+bool nb__kv_apply(nb__kv *kv, const nb__store_req *req, nb__buf *out);
+/* Appends a reply frame with a status and an optional text. */
+void nb__store_reply_text(nb__buf *out, int status, const char *text);
+
+/* Client extras: a SET without a reply (fingerprints, off the critical
+ * path); a non-blocking get of several keys (values[i] malloc'd or NULL);
+ * where the connection goes. */
+nb_status nb__store_set_quiet(nb_store *s, const char *key, const void *value, size_t len);
+nb_status nb__store_mget(nb_store *s, const char *const *keys, int n, char **values);
+const char *nb__store_host(const nb_store *s);
+int nb__store_port(const nb_store *s);
+
+/* Adopts an already listening socket (nbrun passes one, NABLA_STORE_FD). */
+nb_status nb__store_server_adopt(nb_store_server **out, int listen_fd, const char *run_id);
+
+/* ------------------------------------------------ collectives */
+
+typedef enum nb__coll_kind {
+    NB__ALL_REDUCE = 0,
+    NB__BROADCAST,
+    NB__ALL_GATHER,
+    NB__REDUCE_SCATTER,
+    NB__BARRIER
+} nb__coll_kind;
+
+/* One collective as issued. `count` is elements per rank: the tensor's
+ * for all-reduce and broadcast, the input's for all-gather, the output's
+ * for reduce-scatter. */
+typedef struct nb__coll {
+    nb__coll_kind kind;
+    nb_reduce_op op;
+    nb_dtype dtype;
+    int64_t count;
+    int root;
+    void *out;
+    const void *in;   /* all-gather, reduce-scatter */
+    uint64_t seq;
+} nb__coll;
+
+const char *nb__coll_name(nb__coll_kind kind);   /* "all_reduce" */
+const char *nb__reduce_name(nb_reduce_op op);    /* "sum" */
+/* "all_reduce(sum, f32, count=1000)": the fingerprint ranks compare. */
+void nb__coll_fingerprint(const nb__coll *c, char *buf, size_t len);
+
+/* Elementwise reduction of n elements: acc = acc op x; 16-bit floats
+ * through f32. Used by the Gloo shim (as its reduce function) and for
+ * local work. */
+void nb__reduce_into(nb_dtype dtype, nb_reduce_op op, void *acc, const void *x, size_t n);
+/* Divides n elements by `d` (the avg of an all-reduce). */
+void nb__scale_down(nb_dtype dtype, void *x, size_t n, double d);
+
+/* ------------------------------------------------ Gloo shim (gloo_shim.cpp) */
+
+typedef struct nb__gloo_dev nb__gloo_dev;
+typedef struct nb__gloo nb__gloo;
+
+/* A TCP device on `hostname` (an address of this host the others can
+ * reach) or, when `iface` is non-empty, on that interface. */
+nb_status nb__gloo_dev_new(nb__gloo_dev **out, const char *hostname, const char *iface);
+void nb__gloo_dev_free(nb__gloo_dev *dev);
+/* Connects the full mesh of `size` ranks through `store` under `prefix`. */
+nb_status nb__gloo_connect(nb__gloo **out, nb__gloo_dev *dev, nb_store *store, const char *prefix,
+                           int rank, int size, double timeout_s);
+void nb__gloo_free(nb__gloo *g);
+/* Runs one collective to completion (blocking); the error names what the
+ * transport said. */
+nb_status nb__gloo_run(nb__gloo *g, const nb__coll *c);
+
+/* ------------------------------------------------ NCCL (pg_nccl.c) */
+
+typedef struct nb__nccl nb__nccl;
+typedef struct nb__nccl_work nb__nccl_work;
+/* Also allocates 4 bytes of device memory for nb_pg_agree (*agree_buf,
+ * freed with the communicator). */
+nb_status nb__nccl_init(nb__nccl **out, nb_store *store, const char *prefix, int rank, int size,
+                        int device, void **agree_buf);
+void nb__nccl_free(nb__nccl *n);
+/* Enqueues on the communication stream after the compute stream's work. */
+nb_status nb__nccl_launch(nb__nccl *n, const nb__coll *c, nb__nccl_work **work);
+/* 1 done, 0 running, or a failure status. */
+int nb__nccl_query(nb__nccl *n, nb__nccl_work *work);
+void nb__nccl_work_free(nb__nccl_work *work);
+/* Aborts the communicator (kills its kernels) after a failure. */
+void nb__nccl_abort(nb__nccl *n);
+/* Counts visible GPUs (0 without CUDA) and makes `device` current. */
+int nb__cuda_device_count(void);
+nb_status nb__cuda_set_device(int device);
+/* cudaMemcpy in whichever direction the pointers say. */
+nb_status nb__cuda_copy(void *dst, const void *src, size_t bytes);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,712 @@
+/* Process groups: set-up from the environment, the collectives' front
+ * ends (argument checks, sequence numbers), the per-group queue and its
+ * Gloo worker thread, waits with the watchdog of Note [Hang diagnostics]
+ * (pg_diag.c), and shut-down.
+ *
+ * Gloo calls block, so each group runs its collectives on one background
+ * thread, strictly in issue order (every rank must see the same order);
+ * the caller's thread only enqueues and, in nb_work_wait, watches. NCCL
+ * calls are asynchronous already: they are enqueued on the group's stream
+ * from the issuing thread, and waits poll their completion events. Either
+ * way the group keeps its unfinished works in issue order, and only the
+ * oldest is watched: a later one cannot finish before it. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <netdb.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "distributed/pg.h"
+
+#define SLICE_S 0.05         /* how often a waiting thread wakes to watch */
+#define POLL_AFTER_S 0.5     /* a collective this old gets abort polls... */
+#define DESYNC_AFTER_S 1.0   /* ...and, this old, fingerprint comparisons */
+#define POLL_EVERY_S 0.5
+
+/* ---------------------------------------------------------------- basics */
+
+const char *nb_pg_backend_name(nb_pg_backend backend) {
+    switch (backend) {
+    case NB_PG_AUTO: return "auto";
+    case NB_PG_GLOO: return "gloo";
+    case NB_PG_NCCL: return "nccl";
+    }
+    return "?";
+}
+
+int nb_pg_rank(const nb_pg *pg) { return pg->rank; }
+int nb_pg_size(const nb_pg *pg) { return pg->size; }
+nb_pg_backend nb_pg_backend_of(const nb_pg *pg) { return pg->backend; }
+nb_device nb_pg_device(const nb_pg *pg) { return pg->device; }
+const nb_dist_env *nb_pg_env(const nb_pg *pg) { return &pg->root->env; }
+nb_store *nb_pg_store(nb_pg *pg) { return pg->root->store_main; }
+
+int nb_pg_global_rank(const nb_pg *pg, int group_rank) {
+    NB_CHECK(pg != NULL, "nb_pg_global_rank: process group is NULL");
+    NB_CHECK(group_rank >= 0 && group_rank < pg->size,
+             "nb_pg_global_rank: rank %d is outside the group of %d", group_rank, pg->size);
+    return pg->global[group_rank];
+}
+
+void nb_work_times(const nb_work *work, double *issued, double *started, double *finished) {
+    NB_CHECK(work, "nb_work_times: NULL work");
+    pthread_mutex_lock(&work->pg->mu);
+    if (issued) *issued = work->t_issue;
+    if (started) *started = work->t_start;
+    if (finished) *finished = work->state == NB__W_DONE ? work->t_end : 0;
+    pthread_mutex_unlock(&work->pg->mu);
+}
+
+uint64_t nb_work_seq(const nb_work *w) { return w->coll.seq; }
+
+static char *dup_str(const char *s) {
+    size_t n = strlen(s) + 1;
+    char *p = malloc(n);
+    NB_CHECK(p != NULL, "nb_pg: out of memory");
+    memcpy(p, s, n);
+    return p;
+}
+
+/* ------------------------------------------------------------ work queue */
+
+void nb__work_put(nb_work *w) {
+    if (__atomic_sub_fetch(&w->refs, 1, __ATOMIC_ACQ_REL) == 0) {
+        free(w->msg);
+        if (w->nccl) nb__nccl_work_free(w->nccl);
+        free(w);
+    }
+}
+
+/* With pg->mu held: w is finished; unlink it and start the next one's clock. */
+static void finish_locked(nb_pg *pg, nb_work *w, nb_status st, const char *msg) {
+    w->state = NB__W_DONE;
+    w->t_end = nb__now();
+    w->status = st;
+    if (st != NB_OK && !w->msg) w->msg = dup_str(msg);
+    nb_work **pp = &pg->q_head;
+    while (*pp && *pp != w) pp = &(*pp)->next;
+    if (*pp) {
+        *pp = w->next;
+        if (pg->q_tail == w) {
+            pg->q_tail = NULL;
+            for (nb_work *x = pg->q_head; x; x = x->next) pg->q_tail = x;
+        }
+        w->next = NULL;
+        if (pg->q_head) {
+            double now = nb__now();
+            if (pg->q_head->t_start < now) pg->q_head->t_start = now;
+        }
+        pthread_cond_broadcast(&pg->cond);
+        nb__work_put(w); /* the group's reference */
+    }
+}
+
+void nb__pg_fail(nb_pg *pg, nb_work *w, nb_status st, const char *what) {
+    pthread_mutex_lock(&pg->mu);
+    bool already = pg->broken != NB_OK;
+    pthread_mutex_unlock(&pg->mu);
+    if (already) return;
+    char msg[NB__MSG_LEN];
+    nb__diag_explain(pg, w, what, msg, sizeof msg);
+    pthread_mutex_lock(&pg->mu);
+    bool first = pg->broken == NB_OK;
+    if (first) {
+        pg->broken = st;
+        snprintf(pg->broken_msg, sizeof pg->broken_msg, "%s", msg);
+    }
+    pthread_cond_broadcast(&pg->cond);
+    pthread_mutex_unlock(&pg->mu);
+    if (first && pg->nccl) nb__nccl_abort(pg->nccl);
+}
+
+/* ---------------------------------------------------------- Gloo worker */
+
+static nb_status run_gloo(nb_pg *pg, nb_work *w, char *what, size_t len) {
+    const nb__coll *c = &w->coll;
+    nb__diag_record(pg, w);
+    if (c->count == 0 && c->kind != NB__BARRIER) return NB_OK;
+    nb_status st = nb__gloo_run(pg->gloo, c);
+    if (st == NB_OK) {
+        if (c->op == NB_REDUCE_AVG && (c->kind == NB__ALL_REDUCE || c->kind == NB__REDUCE_SCATTER))
+            nb__scale_down(c->dtype, c->out, (size_t)c->count, (double)pg->size);
+        return NB_OK;
+    }
+    if (st == NB_ERR_TIMEOUT)
+        snprintf(what, len, "did not complete within %.1f s (the transport timed out: %s)", pg->timeout_s,
+                 nb_last_error());
+    else
+        snprintf(what, len, "failed in the transport (%s)", nb_last_error());
+    return st;
+}
+
+static void *gloo_worker(void *arg) {
+    nb_pg *pg = arg;
+    char what[NB__MSG_LEN];
+    pthread_mutex_lock(&pg->mu);
+    for (;;) {
+        nb_work *w = pg->q_head;
+        while (w && w->state != NB__W_QUEUED) w = w->next;
+        if (!w) {
+            if (pg->stopping) break;
+            pthread_cond_wait(&pg->cond, &pg->mu);
+            continue;
+        }
+        w->state = NB__W_RUNNING;
+        nb_status st = pg->broken;
+        pthread_mutex_unlock(&pg->mu);
+        if (st == NB_OK) {
+            st = run_gloo(pg, w, what, sizeof what);
+            if (st != NB_OK) nb__pg_fail(pg, w, st, what);
+        }
+        pthread_mutex_lock(&pg->mu);
+        if (st != NB_OK) st = pg->broken;
+        finish_locked(pg, w, st, pg->broken_msg);
+    }
+    pthread_mutex_unlock(&pg->mu);
+    return NULL;
+}
+
+/* ------------------------------------------------------------ NCCL progress */
+
+/* Finishes the works whose events have fired, oldest first. */
+static void nccl_progress(nb_pg *pg) {
+    pthread_mutex_lock(&pg->mu);
+    while (pg->q_head && pg->broken == NB_OK) {
+        nb_work *w = pg->q_head;
+        int r = w->nccl ? nb__nccl_query(pg->nccl, w->nccl) : 1;
+        if (r == 0) break;
+        if (r == 1) {
+            finish_locked(pg, w, NB_OK, "");
+            continue;
+        }
+        __atomic_add_fetch(&w->refs, 1, __ATOMIC_ACQ_REL);
+        char what[NB__MSG_LEN];
+        snprintf(what, sizeof what, "failed in the transport (%s)", nb_last_error());
+        pthread_mutex_unlock(&pg->mu);
+        nb__pg_fail(pg, w, (nb_status)r, what);
+        nb__work_put(w);
+        pthread_mutex_lock(&pg->mu);
+    }
+    pthread_mutex_unlock(&pg->mu);
+}
+
+/* ---------------------------------------------------------------- watchdog */
+
+/* Times out, or fails early (abort, desync), the group's oldest work. */
+static void watchdog(nb_pg *pg) {
+    if (pthread_mutex_trylock(&pg->watch_mu) != 0) return;
+    double now = nb__now();
+    pthread_mutex_lock(&pg->mu);
+    nb_work *h = pg->broken == NB_OK ? pg->q_head : NULL;
+    if (h) __atomic_add_fetch(&h->refs, 1, __ATOMIC_ACQ_REL);
+    double age = h ? now - h->t_start : 0;
+    bool due = now >= pg->next_poll;
+    pthread_mutex_unlock(&pg->mu);
+    if (h) {
+        char what[NB__MSG_LEN];
+        if (age > pg->timeout_s) {
+            snprintf(what, sizeof what, "did not complete within %.1f s", pg->timeout_s);
+            nb__pg_fail(pg, h, NB_ERR_TIMEOUT, what);
+        } else if (age > POLL_AFTER_S && due) {
+            pg->next_poll = now + POLL_EVERY_S;
+            nb_status st = nb__diag_check(pg, h, age > DESYNC_AFTER_S, what, sizeof what);
+            if (st != NB_OK) nb__pg_fail(pg, h, st, what);
+        }
+        nb__work_put(h);
+    }
+    pthread_mutex_unlock(&pg->watch_mu);
+}
+
+/* One round of waiting: a slice of sleep, progress, the watchdog. With
+ * pg->mu held on entry and exit. */
+static void wait_round(nb_pg *pg, double *pause) {
+    if (pg->nccl) {
+        pthread_mutex_unlock(&pg->mu);
+        nb__sleep(*pause);
+        *pause = *pause * 2 > 1e-3 ? 1e-3 : *pause * 2;
+        nccl_progress(pg);
+    } else {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += (long)(SLICE_S * 1e9);
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&pg->cond, &pg->mu, &ts);
+        pthread_mutex_unlock(&pg->mu);
+    }
+    watchdog(pg);
+    pthread_mutex_lock(&pg->mu);
+}
+
+/* ------------------------------------------------------------ work handles */
+
+static nb_status work_result(nb_work *w, bool *done) {
+    nb_pg *pg = w->pg;
+    *done = true;
+    if (w->state == NB__W_DONE) {
+        if (w->status != NB_OK) return nb_set_error(w->status, "%s", w->msg ? w->msg : "");
+        return NB_OK;
+    }
+    if (pg->broken != NB_OK) return nb_set_error(pg->broken, "%s", pg->broken_msg);
+    *done = false;
+    return NB_OK;
+}
+
+nb_status nb_work_wait(nb_work *w) {
+    NB_CHECK(w != NULL, "nb_work_wait: work is NULL");
+    nb_pg *pg = w->pg;
+    double pause = 2e-5;
+    bool done;
+    if (pg->nccl) nccl_progress(pg);
+    pthread_mutex_lock(&pg->mu);
+    nb_status st = work_result(w, &done);
+    while (!done) {
+        wait_round(pg, &pause);
+        st = work_result(w, &done);
+    }
+    pthread_mutex_unlock(&pg->mu);
+    return st;
+}
+
+nb_status nb_work_test(nb_work *w, bool *done) {
+    NB_CHECK(w != NULL && done != NULL, "nb_work_test: NULL argument");
+    nb_pg *pg = w->pg;
+    if (pg->nccl) nccl_progress(pg);
+    watchdog(pg);
+    pthread_mutex_lock(&pg->mu);
+    nb_status st = work_result(w, done);
+    pthread_mutex_unlock(&pg->mu);
+    return st;
+}
+
+void nb_work_free(nb_work *w) {
+    if (w) nb__work_put(w);
+}
+
+nb_status nb_work_finish(nb_work *w) {
+    nb_status st = nb_work_wait(w);
+    nb_work_free(w);
+    return st;
+}
+
+/* ------------------------------------------------------------------ issue */
+
+static nb_work *issue(nb_pg *pg, const nb__coll *c) {
+    nb_work *w = calloc(1, sizeof *w);
+    NB_CHECK(w != NULL, "nb_pg: out of memory for a work handle");
+    w->pg = pg;
+    w->coll = *c;
+    w->refs = 2;
+    pthread_mutex_lock(&pg->mu);
+    w->coll.seq = ++pg->seq;
+    nb__coll_fingerprint(&w->coll, w->fingerprint, sizeof w->fingerprint);
+    w->t_issue = w->t_start = nb__now();
+    if (pg->broken != NB_OK) {
+        w->state = NB__W_DONE;
+        w->status = pg->broken;
+        w->msg = dup_str(pg->broken_msg);
+        w->refs = 1;
+        pthread_mutex_unlock(&pg->mu);
+        return w;
+    }
+    if (pg->q_tail) pg->q_tail->next = w;
+    else pg->q_head = w;
+    pg->q_tail = w;
+    if (pg->gloo) pthread_cond_broadcast(&pg->cond);
+    if (pg->nccl) w->state = NB__W_RUNNING;
+    pthread_mutex_unlock(&pg->mu);
+
+    if (pg->nccl) {
+        nb__diag_record(pg, w);
+        nb_status st = NB_OK;
+        if (c->count > 0 || c->kind == NB__BARRIER) st = nb__nccl_launch(pg->nccl, &w->coll, &w->nccl);
+        if (st != NB_OK) {
+            char what[NB__MSG_LEN];
+            snprintf(what, sizeof what, "could not be launched (%s)", nb_last_error());
+            nb__pg_fail(pg, w, st, what);
+            pthread_mutex_lock(&pg->mu);
+            finish_locked(pg, w, pg->broken, pg->broken_msg);
+            pthread_mutex_unlock(&pg->mu);
+        }
+    }
+    return w;
+}
+
+static bool dtype_ok(nb_dtype d) {
+    return d == NB_F32 || d == NB_F64 || d == NB_BF16 || d == NB_F16 || d == NB_I32 || d == NB_I64;
+}
+
+static void check_tensor(const char *fn, const nb_pg *pg, const nb_tensor *t, const char *what) {
+    NB_CHECK(pg != NULL, "%s: process group is NULL (is this rank a member of the subgroup?)", fn);
+    NB_CHECK(t != NULL, "%s: %s is NULL", fn, what);
+    NB_CHECK(nb_is_contiguous(t), "%s: %s must be contiguous (shape %s)", fn, what, nb_shape_str(t));
+    NB_CHECK(nb_device_eq(t->device, pg->device),
+             "%s: %s is on %s but the group's %s backend works on %s tensors", fn, what,
+             nb_device_name(t->device), nb_pg_backend_name(pg->backend), nb_device_name(pg->device));
+    NB_CHECK(dtype_ok(t->dtype), "%s: dtype %s of %s is not supported by collectives", fn,
+             nb_dtype_name(t->dtype), what);
+}
+
+static void check_op(const char *fn, nb_reduce_op op, nb_dtype dtype) {
+    NB_CHECK(op >= NB_REDUCE_SUM && op <= NB_REDUCE_MAX, "%s: unknown reduction %d", fn, (int)op);
+    NB_CHECK(op != NB_REDUCE_AVG || nb_dtype_is_float(dtype),
+             "%s: avg needs a floating dtype, got %s (sum, then divide as you see fit)", fn,
+             nb_dtype_name(dtype));
+}
+
+nb_work *nb_pg_all_reduce(nb_pg *pg, nb_tensor *t, nb_reduce_op op) {
+    const char *fn = "nb_pg_all_reduce";
+    check_tensor(fn, pg, t, "tensor");
+    check_op(fn, op, t->dtype);
+    nb__coll c = {NB__ALL_REDUCE, op, t->dtype, nb_numel(t), 0, t->data, NULL, 0};
+    return issue(pg, &c);
+}
+
+nb_work *nb_pg_broadcast(nb_pg *pg, nb_tensor *t, int root) {
+    const char *fn = "nb_pg_broadcast";
+    check_tensor(fn, pg, t, "tensor");
+    NB_CHECK(root >= 0 && root < pg->size, "%s: root %d is outside the group of %d ranks", fn, root,
+             pg->size);
+    nb__coll c = {NB__BROADCAST, NB_REDUCE_SUM, t->dtype, nb_numel(t), root, t->data, NULL, 0};
+    return issue(pg, &c);
+}
+
+nb_work *nb_pg_all_gather(nb_pg *pg, nb_tensor *out, const nb_tensor *in) {
+    const char *fn = "nb_pg_all_gather";
+    check_tensor(fn, pg, out, "out");
+    check_tensor(fn, pg, in, "in");
+    NB_CHECK(out->dtype == in->dtype, "%s: out is %s but in is %s", fn, nb_dtype_name(out->dtype),
+             nb_dtype_name(in->dtype));
+    NB_CHECK(nb_numel(out) == (int64_t)pg->size * nb_numel(in),
+             "%s: out %s has %" PRId64 " elements but %d ranks x in %s make %" PRId64, fn,
+             nb_shape_str(out), nb_numel(out), pg->size, nb_shape_str(in),
+             (int64_t)pg->size * nb_numel(in));
+    nb__coll c = {NB__ALL_GATHER, NB_REDUCE_SUM, in->dtype, nb_numel(in), 0, out->data, in->data, 0};
+    return issue(pg, &c);
+}
+
+nb_work *nb_pg_reduce_scatter(nb_pg *pg, nb_tensor *out, const nb_tensor *in, nb_reduce_op op) {
+    const char *fn = "nb_pg_reduce_scatter";
+    check_tensor(fn, pg, out, "out");
+    check_tensor(fn, pg, in, "in");
+    NB_CHECK(out->dtype == in->dtype, "%s: out is %s but in is %s", fn, nb_dtype_name(out->dtype),
+             nb_dtype_name(in->dtype));
+    check_op(fn, op, in->dtype);
+    NB_CHECK(nb_numel(in) == (int64_t)pg->size * nb_numel(out),
+             "%s: in %s has %" PRId64 " elements but %d ranks x out %s make %" PRId64, fn,
+             nb_shape_str(in), nb_numel(in), pg->size, nb_shape_str(out),
+             (int64_t)pg->size * nb_numel(out));
+    nb__coll c = {NB__REDUCE_SCATTER, op, in->dtype, nb_numel(out), 0, out->data, in->data, 0};
+    return issue(pg, &c);
+}
+
+nb_work *nb_pg_barrier(nb_pg *pg) {
+    NB_CHECK(pg != NULL, "nb_pg_barrier: process group is NULL (is this rank a member of the subgroup?)");
+    nb__coll c = {NB__BARRIER, NB_REDUCE_SUM, NB_I32, 0, 0, NULL, NULL, 0};
+    return issue(pg, &c);
+}
+
+nb_status nb_pg_agree(nb_pg *pg, bool flag, bool *any, bool *all) {
+    NB_CHECK(pg != NULL, "nb_pg_agree: process group is NULL (is this rank a member of the subgroup?)");
+    int32_t votes = flag ? 1 : 0;
+    void *buf = &votes;
+    nb_status st = NB_OK;
+    if (pg->nccl) {
+        buf = pg->agree_buf;
+        st = nb__cuda_copy(buf, &votes, sizeof votes);
+        if (st != NB_OK) return st;
+    }
+    nb__coll c = {NB__ALL_REDUCE, NB_REDUCE_SUM, NB_I32, 1, 0, buf, NULL, 0};
+    st = nb_work_finish(issue(pg, &c));
+    if (st == NB_OK && pg->nccl) st = nb__cuda_copy(&votes, buf, sizeof votes);
+    if (st != NB_OK) return st;
+    if (any) *any = votes > 0;
+    if (all) *all = votes == pg->size;
+    return NB_OK;
+}
+
+/* ---------------------------------------------------------------- set-up */
+
+static bool is_loopback(const char *addr) {
+    return strncmp(addr, "127.", 4) == 0 || strcmp(addr, "localhost") == 0 || strcmp(addr, "::1") == 0;
+}
+
+/* An address of this host that reaches `master` (the source address the
+ * kernel would pick); what the Gloo device listens on. */
+static void local_address(const char *master, char *out, size_t len) {
+    snprintf(out, len, "127.0.0.1");
+    if (is_loopback(master)) return;
+    struct addrinfo hints, *res = NULL;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_DGRAM;
+    if (getaddrinfo(master, "9", &hints, &res) != 0) return;
+    int fd = socket(res->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
+        struct sockaddr_storage ss;
+        socklen_t sl = sizeof ss;
+        if (getsockname(fd, (struct sockaddr *)&ss, &sl) == 0) {
+            const void *a = ss.ss_family == AF_INET6 ? (const void *)&((struct sockaddr_in6 *)&ss)->sin6_addr
+                                                     : (const void *)&((struct sockaddr_in *)&ss)->sin_addr;
+            inet_ntop(ss.ss_family, a, out, (socklen_t)len);
+        }
+    }
+    if (fd >= 0) close(fd);
+    freeaddrinfo(res);
+}
+
+/* Note [SIGPIPE]: Gloo writes to its sockets with write(2), which raises
+ * SIGPIPE once a peer has died, and SIGPIPE's default action would kill
+ * this process before the failure could be reported. Rather than change
+ * the process's disposition, the threads that run Gloo code block it:
+ * Gloo's event-loop thread (it inherits the mask of the thread that makes
+ * the device), each group's worker (likewise), and the caller while it
+ * connects or frees; a SIGPIPE raised on the caller meanwhile is discarded
+ * before its mask is restored, and the write fails with EPIPE instead. */
+static void sigpipe_block(sigset_t *old) {
+    sigset_t s;
+    sigemptyset(&s);
+    sigaddset(&s, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &s, old);
+}
+
+static void sigpipe_restore(const sigset_t *old) {
+    if (!sigismember(old, SIGPIPE)) {
+        sigset_t s, pending;
+        sigemptyset(&s);
+        sigaddset(&s, SIGPIPE);
+        struct timespec zero = {0, 0};
+        while (sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE) && sigtimedwait(&s, NULL, &zero) > 0) {
+        }
+    }
+    pthread_sigmask(SIG_SETMASK, old, NULL);
+}
+
+static nb_status start_backend(nb_pg *pg, const char *prefix) {
+    nb_pg *root = pg->root;
+    if (pg->backend == NB_PG_GLOO) {
+        nb_status st;
+        if (!root->gloo_dev) {
+            char host[256];
+            local_address(root->env.master_addr, host, sizeof host);
+            const char *iface = getenv("NABLA_SOCKET_IFNAME");
+            st = nb__gloo_dev_new(&root->gloo_dev, host, iface ? iface : "");
+            if (st != NB_OK) return st;
+        }
+        st = nb__gloo_connect(&pg->gloo, root->gloo_dev, root->store_main, prefix, pg->rank, pg->size,
+                              pg->timeout_s);
+        if (st != NB_OK) return st;
+        if (pthread_create(&pg->worker, NULL, gloo_worker, pg) != 0)
+            return nb_set_error(NB_ERR_INTERNAL, "nb_pg_init: cannot start the group's worker thread");
+        pg->worker_started = true;
+        return NB_OK;
+    }
+    nb_status st = nb__nccl_init(&pg->nccl, root->store_main, prefix, pg->rank, pg->size,
+                                 pg->device.index, &pg->agree_buf);
+    return st;
+}
+
+nb_status nb__pg_start_backend(nb_pg *pg, const char *prefix) {
+    sigset_t old;
+    sigpipe_block(&old);
+    nb_status st = start_backend(pg, prefix);
+    sigpipe_restore(&old);
+    return st;
+}
+
+/* Fresh group struct with its locks; the caller fills in the rest. */
+nb_pg *nb__pg_alloc(nb_pg *root, nb_pg *parent, int rank, int size) {
+    nb_pg *pg = calloc(1, sizeof *pg);
+    NB_CHECK(pg != NULL, "nb_pg: out of memory");
+    pg->global = calloc((size_t)size, sizeof *pg->global);
+    NB_CHECK(pg->global != NULL, "nb_pg: out of memory");
+    pg->root = root ? root : pg;
+    pg->parent = parent;
+    pg->rank = rank;
+    pg->size = size;
+    pthread_mutex_init(&pg->mu, NULL);
+    pthread_cond_init(&pg->cond, NULL);
+    pthread_mutex_init(&pg->watch_mu, NULL);
+    pthread_mutex_init(&pg->monitor_mu, NULL);
+    return pg;
+}
+
+static nb_status resolve_options(const nb_pg_options *opts, nb_pg_backend *backend, double *timeout) {
+    nb_pg_options d = {NB_PG_AUTO, 0};
+    if (!opts) opts = &d;
+    NB_CHECK(opts->backend >= NB_PG_AUTO && opts->backend <= NB_PG_NCCL,
+             "nb_pg_init: unknown backend %d", (int)opts->backend);
+    NB_CHECK(opts->timeout_s >= 0, "nb_pg_init: timeout %g s must be >= 0", opts->timeout_s);
+    *timeout = opts->timeout_s;
+    if (*timeout == 0) {
+        *timeout = 300;
+        const char *v = getenv("NABLA_PG_TIMEOUT");
+        if (v && *v) {
+            char *end;
+            double t = strtod(v, &end);
+            if (end == v || *end != 0 || !(t > 0))
+                return nb_set_error(NB_ERR_INVALID,
+                                    "nb_pg_init: NABLA_PG_TIMEOUT='%s' is not a positive number of seconds", v);
+            *timeout = t;
+        }
+    }
+    *backend = opts->backend;
+    if (*backend == NB_PG_AUTO) *backend = nb__cuda_device_count() > 0 ? NB_PG_NCCL : NB_PG_GLOO;
+    if (*backend == NB_PG_GLOO && !NABLA_HAVE_GLOO)
+        return nb_set_error(NB_ERR_UNSUPPORTED,
+                            "nb_pg_init: the gloo backend is not in this build (install libgloo-dev "
+                            "and g++, and reconfigure)");
+    if (*backend == NB_PG_NCCL && !NABLA_HAVE_CUDA)
+        return nb_set_error(NB_ERR_UNSUPPORTED,
+                            "nb_pg_init: the nccl backend is not in this build (configure with "
+                            "CUDA, cuDNN and NCCL present)");
+    return NB_OK;
+}
+
+static nb_status start_store(nb_pg *pg, int *port) {
+    const nb_dist_env *e = &pg->env;
+    *port = e->store_port;
+    if (e->rank != 0) return NB_OK;
+    const char *fd_s = getenv("NABLA_STORE_FD");
+    nb_status st;
+    if (fd_s && *fd_s) {
+        char *end;
+        long fd = strtol(fd_s, &end, 10);
+        if (end == fd_s || *end != 0 || fd < 0)
+            return nb_set_error(NB_ERR_INVALID, "nb_pg_init: NABLA_STORE_FD='%s' is not a descriptor", fd_s);
+        st = nb__store_server_adopt(&pg->server, (int)fd, e->run_id);
+        unsetenv("NABLA_STORE_FD"); /* it is ours now; children must not see it */
+    } else {
+        const char *host = is_loopback(e->master_addr) ? e->master_addr : "0.0.0.0";
+        st = nb_store_server_start(&pg->server, host, e->store_port, e->run_id);
+    }
+    if (st != NB_OK) return st;
+    *port = nb_store_server_port(pg->server);
+    return NB_OK;
+}
+
+static void free_group(nb_pg *pg) {
+    sigset_t old;
+    sigpipe_block(&old);
+    if (pg->gloo) nb__gloo_free(pg->gloo);
+    if (pg->nccl) nb__nccl_free(pg->nccl);
+    nb_store_close(pg->store_worker);
+    if (pg->root == pg) {
+        nb_store_close(pg->store_monitor);
+        nb_store_close(pg->store_main);
+        nb_store_server_stop(pg->server);
+        if (pg->gloo_dev) nb__gloo_dev_free(pg->gloo_dev);
+    }
+    sigpipe_restore(&old);
+    pthread_mutex_destroy(&pg->mu);
+    pthread_cond_destroy(&pg->cond);
+    pthread_mutex_destroy(&pg->watch_mu);
+    pthread_mutex_destroy(&pg->monitor_mu);
+    free(pg->global);
+    free(pg);
+}
+
+nb_status nb_pg_init_env(nb_pg **out, const nb_dist_env *env, const nb_pg_options *opts) {
+    NB_CHECK(out != NULL && env != NULL, "nb_pg_init: NULL argument");
+    *out = NULL;
+    nb_pg_backend backend = NB_PG_GLOO;
+    double timeout = 0;
+    nb_status st = resolve_options(opts, &backend, &timeout);
+    if (st != NB_OK) return st;
+    nb_pg *pg = nb__pg_alloc(NULL, NULL, env->rank, env->world_size);
+    snprintf(pg->name, sizeof pg->name, "world");
+    for (int r = 0; r < pg->size; r++) pg->global[r] = r;
+    pg->env = *env;
+    pg->backend = backend;
+    pg->timeout_s = timeout;
+    st = nb_dist_select_device(env, backend == NB_PG_NCCL, &pg->device);
+    int port = 0;
+    if (st == NB_OK) st = start_store(pg, &port);
+    const char *host = env->master_addr;
+    if (st == NB_OK) st = nb_store_connect(&pg->store_main, host, port, env->run_id, env->rank, timeout);
+    if (st == NB_OK) st = nb_store_connect(&pg->store_monitor, host, port, env->run_id, -1, timeout);
+    if (st == NB_OK) st = nb_store_connect(&pg->store_worker, host, port, env->run_id, -1, timeout);
+    if (st == NB_OK) {
+        char prefix[64];
+        snprintf(prefix, sizeof prefix, "nb/%s/world/", nb_pg_backend_name(backend));
+        st = nb__pg_start_backend(pg, prefix);
+    }
+    if (st != NB_OK) {
+        char msg[NB__MSG_LEN];
+        snprintf(msg, sizeof msg, "%s", nb_last_error());
+        if (pg->worker_started) {
+            pg->stopping = true;
+            pthread_cond_broadcast(&pg->cond);
+            pthread_join(pg->worker, NULL);
+        }
+        free_group(pg);
+        return nb_set_error(st, "%s", msg);
+    }
+    *out = pg;
+    return NB_OK;
+}
+
+nb_status nb_pg_init(nb_pg **out, const nb_pg_options *opts) {
+    NB_CHECK(out != NULL, "nb_pg_init: out is NULL");
+    *out = NULL;
+    nb_dist_env env;
+    nb_status st = nb_dist_env_read(&env);
+    if (st != NB_OK) return st;
+    return nb_pg_init_env(out, &env, opts);
+}
+
+/* ---------------------------------------------------------------- shut-down */
+
+/* Every rank counts itself out; the last one sets nb/exit/done, which
+ * rank 0 waits for before it stops serving the store. */
+static nb_status exit_handshake(nb_pg *pg) {
+    int64_t n = 0;
+    nb_status st = nb_store_add(pg->store_main, "nb/exit", 1, &n);
+    if (st == NB_OK && n == pg->size) st = nb_store_set(pg->store_main, "nb/exit/done", "1", 1);
+    if (st == NB_OK && pg->rank == 0) {
+        void *v = NULL;
+        st = nb_store_get(pg->store_main, "nb/exit/done", pg->timeout_s, &v, NULL);
+        free(v);
+    }
+    if (st != NB_OK) {
+        char why[NB__MSG_LEN];
+        snprintf(why, sizeof why, "%s", nb_last_error());
+        return nb_set_error(st, "nb_pg_free: the run did not shut down cleanly: %s", why);
+    }
+    return NB_OK;
+}
+
+nb_status nb_pg_free(nb_pg *pg) {
+    if (!pg) return NB_OK;
+    NB_CHECK(pg->n_children == 0, "nb_pg_free: group '%s' still has %d subgroup%s; free them first",
+             pg->name, pg->n_children, pg->n_children == 1 ? "" : "s");
+    double pause = 2e-5;
+    pthread_mutex_lock(&pg->mu);
+    while (pg->q_head && pg->broken == NB_OK) wait_round(pg, &pause);
+    pg->stopping = true;
+    pthread_cond_broadcast(&pg->cond);
+    pthread_mutex_unlock(&pg->mu);
+    /* A worker blocked in a failed collective returns at Gloo's own timeout. */
+    if (pg->worker_started) pthread_join(pg->worker, NULL);
+    pthread_mutex_lock(&pg->mu);
+    while (pg->q_head) finish_locked(pg, pg->q_head, pg->broken, pg->broken_msg);
+    nb_status st = pg->broken;
+    char msg[NB__MSG_LEN];
+    snprintf(msg, sizeof msg, "%s", pg->broken_msg);
+    pthread_mutex_unlock(&pg->mu);
+    if (pg->parent) pg->parent->n_children--;
+    if (pg->root == pg && st == NB_OK) {
+        st = exit_handshake(pg);
+        snprintf(msg, sizeof msg, "%s", nb_last_error());
+    }
+    free_group(pg);
+    if (st != NB_OK) return nb_set_error(st, "%s", msg);
+    return NB_OK;
+}

@@ -1,0 +1,87 @@
+/* The process group's and the work handle's insides, shared by pg.c
+ * (lifecycle, issue, worker, waits), pg_diag.c (hang diagnostics) and
+ * pg_group.c (subgroups). Not installed. */
+#ifndef NABLA_DISTRIBUTED_PG_H
+#define NABLA_DISTRIBUTED_PG_H
+
+#include <pthread.h>
+
+#include "distributed/internal.h"
+
+/* Fingerprints are kept in a ring of this many slots per rank and group. */
+#define NB__FP_SLOTS 16
+#define NB__MSG_LEN 2048
+
+typedef enum { NB__W_QUEUED = 0, NB__W_RUNNING, NB__W_DONE } nb__work_state;
+
+struct nb_work {
+    nb_pg *pg;
+    nb__coll coll;
+    char fingerprint[160];
+    int refs;             /* the user's, plus the group's while unfinished */
+    nb__work_state state;
+    nb_status status;
+    char *msg;            /* failure message, malloc'd */
+    double t_issue, t_start; /* t_start: when it became the group's oldest unfinished work */
+    double t_end;            /* when it finished (0 while unfinished) */
+    nb_work *next;        /* the group's queue, issue order */
+    nb__nccl_work *nccl;
+};
+
+struct nb_pg {
+    nb_pg *root, *parent;
+    char name[64];        /* "world", "world.g1", ... */
+    int rank, size;
+    int *global;          /* world rank of each member */
+    nb_pg_backend backend;
+    nb_device device;
+    double timeout_s;
+    nb_dist_env env;
+
+    /* World group only (children use root's). */
+    nb_store_server *server;
+    nb_store *store_main;     /* the user's thread: setup, new_group, user keys */
+    nb_store *store_monitor;  /* diagnostics and abort polls, under monitor_mu */
+    pthread_mutex_t monitor_mu;
+    nb__gloo_dev *gloo_dev;
+
+    /* Every group. */
+    int n_children, n_groups_made; /* subgroups alive / ever made from this one */
+    nb_store *store_worker;   /* fingerprints: the Gloo worker, or the NCCL issuing thread */
+    nb__gloo *gloo;
+    nb__nccl *nccl;
+    void *agree_buf;          /* NCCL: 4 bytes of device memory for nb_pg_agree */
+
+    pthread_mutex_t mu;       /* everything below */
+    pthread_cond_t cond;
+    pthread_t worker;
+    bool worker_started, stopping;
+    nb_work *q_head, *q_tail; /* unfinished works, issue order */
+    uint64_t seq;
+    nb_status broken;         /* NB_OK until a collective fails */
+    char broken_msg[NB__MSG_LEN];
+
+    pthread_mutex_t watch_mu; /* one watchdog at a time */
+    double next_poll;
+};
+
+/* pg.c */
+void nb__work_put(nb_work *w);
+/* Marks the group broken by `w` (first failure wins), with a diagnosis;
+ * wakes every waiter. */
+void nb__pg_fail(nb_pg *pg, nb_work *w, nb_status st, const char *what);
+nb_status nb__pg_start_backend(nb_pg *pg, const char *prefix);
+nb_pg *nb__pg_alloc(nb_pg *root, nb_pg *parent, int rank, int size);
+
+/* pg_diag.c */
+/* Publishes w's fingerprint (the moment it starts on this rank). */
+void nb__diag_record(nb_pg *pg, const nb_work *w);
+/* Writes the diagnosis of w's failure: `what` happened, plus who did not
+ * arrive or arrived with another collective, and any abort reason. */
+void nb__diag_explain(nb_pg *pg, const nb_work *w, const char *what, char *out, size_t len);
+/* Quick checks while w runs: has the run been aborted, or did some rank
+ * arrive at w's sequence number with another collective? Fills `what`
+ * and returns the status to fail with, or NB_OK. */
+nb_status nb__diag_check(nb_pg *pg, const nb_work *w, bool check_desync, char *what, size_t len);
+
+#endif

@@ -1,0 +1,272 @@
+/* Hang diagnostics: fingerprints in the store, and the messages that name
+ * the ranks at fault.
+ *
+ * Note [Hang diagnostics]
+ * Every collective of a group gets a sequence number (1, 2, ... in issue
+ * order, the same on every rank when the program is right) and a
+ * fingerprint: op, reduction, dtype, count, root. When a collective
+ * starts on a rank, that rank publishes "<seq> <fingerprint>" under
+ * nb/fp/<group>/<rank>/<seq mod 16> with a SET that expects no reply, so
+ * the collective does not wait for the store. Nothing else is exchanged
+ * while collectives complete in time.
+ *
+ * While a rank waits on a collective that has run for more than half a
+ * second, the waiting thread polls the store every half second:
+ *   - NB__STORE_ABORT_KEY set (the server saw a rank's connection drop):
+ *     fail now, naming that rank (a dead peer is noticed within a second,
+ *     not at the timeout);
+ *   - after a second, some rank published this sequence number with a
+ *     different fingerprint: fail now with both fingerprints (a desync
+ *     never completes, so there is no point waiting for the timeout).
+ * At the timeout (measured from when the collective became the group's
+ * oldest unfinished one on this rank) it fails, naming the ranks whose
+ * slot does not hold this sequence number yet: they did not arrive, and
+ * their newest slot says where they are. A failure inside the transport
+ * (Gloo's or NCCL's own error) gets the same diagnosis appended, since
+ * "connection closed by peer" alone does not say which rank died.
+ *
+ * After the first failure the group is broken: the failure's message is
+ * the answer to every later wait on it. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "distributed/pg.h"
+
+static void fp_key(const nb_pg *pg, int rank, uint64_t seq, char *key, size_t len) {
+    snprintf(key, len, "nb/fp/%s/%d/%u", pg->name, rank, (unsigned)(seq % NB__FP_SLOTS));
+}
+
+void nb__diag_record(nb_pg *pg, const nb_work *w) {
+    char key[160], val[256];
+    fp_key(pg, pg->rank, w->coll.seq, key, sizeof key);
+    int n = snprintf(val, sizeof val, "%" PRIu64 " %s", w->coll.seq, w->fingerprint);
+    /* A store that is gone is reported by the waits; the record is best effort. */
+    nb__store_set_quiet(pg->store_worker, key, val, (size_t)n);
+}
+
+/* MGET on the monitor connection, in chunks of NB_STORE_MAX_KEYS. */
+static nb_status monitor_mget(nb_pg *pg, char **keys, int n, char **values) {
+    nb_pg *root = pg->root;
+    nb_status st = NB_OK;
+    pthread_mutex_lock(&root->monitor_mu);
+    for (int i = 0; i < n && st == NB_OK; i += NB_STORE_MAX_KEYS) {
+        int m = n - i < NB_STORE_MAX_KEYS ? n - i : NB_STORE_MAX_KEYS;
+        st = nb__store_mget(root->store_monitor, (const char *const *)keys + i, m, values + i);
+    }
+    pthread_mutex_unlock(&root->monitor_mu);
+    return st;
+}
+
+/* The abort reason, or NULL (malloc'd). *err gets the store's failure. */
+static char *abort_reason(nb_pg *pg, nb_status *err) {
+    char *key = (char *)NB__STORE_ABORT_KEY, *val = NULL;
+    *err = monitor_mget(pg, &key, 1, &val);
+    return val;
+}
+
+typedef struct slot {
+    bool present;
+    uint64_t seq;
+    const char *fp; /* points into the value */
+} slot;
+
+static slot parse_slot(const char *v) {
+    slot s = {false, 0, ""};
+    if (!v) return s;
+    char *end;
+    s.seq = strtoull(v, &end, 10);
+    if (end == v || *end != ' ') return s;
+    s.present = true;
+    s.fp = end + 1;
+    return s;
+}
+
+/* Fetches every member's slot for `seq`; values[] are the raw strings. */
+static nb_status fetch_slots(nb_pg *pg, uint64_t seq, char **values) {
+    int n = pg->size;
+    char **keys = malloc((size_t)n * sizeof *keys);
+    char *buf = malloc((size_t)n * 160);
+    NB_CHECK(keys && buf, "nb_pg: out of memory for diagnostics");
+    for (int r = 0; r < n; r++) {
+        keys[r] = buf + (size_t)r * 160;
+        fp_key(pg, r, seq, keys[r], 160);
+    }
+    nb_status st = monitor_mget(pg, keys, n, values);
+    free(buf);
+    free(keys);
+    return st;
+}
+
+/* " (world rank 5)" for a subgroup member, "" in the world group. */
+static void world_note(const nb_pg *pg, int r, char *buf, size_t len) {
+    if (pg->parent && pg->global[r] != r) snprintf(buf, len, " (world rank %d)", pg->global[r]);
+    else buf[0] = 0;
+}
+
+/* Appends "rank 2" or "ranks 0, 1, 3" for the members flagged in `sel`. */
+static void append_ranks(const nb_pg *pg, const bool *sel, char *out, size_t len) {
+    int count = 0;
+    for (int r = 0; r < pg->size; r++) count += sel[r];
+    size_t used = strlen(out);
+    used += (size_t)snprintf(out + used, used < len ? len - used : 0, "%s", count == 1 ? "rank " : "ranks ");
+    int listed = 0;
+    for (int r = 0; r < pg->size && used < len; r++) {
+        if (!sel[r]) continue;
+        if (listed == 16) {
+            snprintf(out + used, len - used, " and %d more", count - listed);
+            return;
+        }
+        char note[48];
+        world_note(pg, r, note, sizeof note);
+        used += (size_t)snprintf(out + used, len - used, "%s%d%s", listed ? ", " : "", r, note);
+        listed++;
+    }
+}
+
+#define APPEND(...)                                                                    \
+    do {                                                                               \
+        size_t u_ = strlen(out);                                                       \
+        if (u_ < len) snprintf(out + u_, len - u_, __VA_ARGS__);                       \
+    } while (0)
+
+/* Where a rank that did not arrive is: the newest of its slots. */
+static void describe_absent(nb_pg *pg, int r, char *out, size_t len) {
+    char *keys[NB__FP_SLOTS], *vals[NB__FP_SLOTS], buf[NB__FP_SLOTS][160];
+    for (int k = 0; k < NB__FP_SLOTS; k++) {
+        keys[k] = buf[k];
+        snprintf(buf[k], sizeof buf[k], "nb/fp/%s/%d/%d", pg->name, r, k);
+    }
+    if (monitor_mget(pg, keys, NB__FP_SLOTS, vals) != NB_OK) return;
+    slot best = {false, 0, ""};
+    int best_k = -1;
+    for (int k = 0; k < NB__FP_SLOTS; k++) {
+        slot s = parse_slot(vals[k]);
+        if (s.present && (!best.present || s.seq > best.seq)) {
+            best = s;
+            best_k = k;
+        }
+    }
+    if (best_k < 0) APPEND(" (it has not started any collective on this group)");
+    else APPEND(" (its last collective on this group was #%" PRIu64 " %s)", best.seq, best.fp);
+    for (int k = 0; k < NB__FP_SLOTS; k++) free(vals[k]);
+}
+
+void nb__diag_explain(nb_pg *pg, const nb_work *w, const char *what, char *out, size_t len) {
+    uint64_t seq = w->coll.seq;
+    snprintf(out, len, "nb_pg_%s: collective #%" PRIu64 " %s on group '%s' (rank %d of %d) %s",
+             nb__coll_name(w->coll.kind), seq, w->fingerprint, pg->name, pg->rank, pg->size, what);
+
+    nb_status err;
+    char *reason = abort_reason(pg, &err);
+    if (!reason && err == NB_OK && strstr(what, "transport")) {
+        /* A dead peer shows in the transport and in the store at about the
+         * same moment; give the store a second to say which rank it was. */
+        for (int i = 0; i < 10 && !reason && err == NB_OK; i++) {
+            nb__sleep(0.1);
+            reason = abort_reason(pg, &err);
+        }
+    }
+    if (err != NB_OK) {
+        APPEND("; the store is unreachable too (%s)", nb_last_error());
+        return;
+    }
+    if (reason) APPEND("; the run was aborted: %s", reason);
+    free(reason);
+
+    int n = pg->size;
+    char **vals = calloc((size_t)n, sizeof *vals);
+    bool *sel = calloc((size_t)n, sizeof *sel);
+    bool *seen = calloc((size_t)n, sizeof *seen);
+    NB_CHECK(vals && sel && seen, "nb_pg: out of memory for diagnostics");
+    if (fetch_slots(pg, seq, vals) != NB_OK) {
+        APPEND("; cannot read the other ranks' fingerprints (%s)", nb_last_error());
+        goto done;
+    }
+    /* Ranks that arrived, grouped by fingerprint; first the groups that
+     * disagree with this rank. */
+    bool disagree = false;
+    for (int r = 0; r < n; r++) {
+        slot s = parse_slot(vals[r]);
+        if (s.present && s.seq == seq && strcmp(s.fp, w->fingerprint) != 0) disagree = true;
+    }
+    if (disagree) {
+        APPEND("; ranks disagree on collective #%" PRIu64 ":", seq);
+        bool first = true;
+        for (int r = 0; r < n; r++) {
+            slot s = parse_slot(vals[r]);
+            if (seen[r] || !s.present || s.seq != seq) continue;
+            memset(sel, 0, (size_t)n * sizeof *sel);
+            for (int q = r; q < n; q++) {
+                slot t = parse_slot(vals[q]);
+                if (!seen[q] && t.present && t.seq == seq && strcmp(t.fp, s.fp) == 0) sel[q] = seen[q] = true;
+            }
+            APPEND("%s ", first ? "" : ";");
+            append_ranks(pg, sel, out, len);
+            APPEND(" issued %s", s.fp);
+            first = false;
+        }
+    }
+    int absent = 0, described = 0;
+    for (int r = 0; r < n; r++) {
+        slot s = parse_slot(vals[r]);
+        if (s.present && s.seq >= seq) continue;
+        absent++;
+        if (described < 8) {
+            char note[48];
+            world_note(pg, r, note, sizeof note);
+            APPEND("; rank %d%s did not arrive", r, note);
+            describe_absent(pg, r, out, len);
+            described++;
+        }
+    }
+    if (absent > described) APPEND("; %d more ranks did not arrive", absent - described);
+    if (!disagree && absent == 0)
+        APPEND("; every rank arrived at it with the same fingerprint");
+    else if (!disagree && absent < n) {
+        memset(sel, 0, (size_t)n * sizeof *sel);
+        for (int r = 0; r < n; r++) {
+            slot s = parse_slot(vals[r]);
+            sel[r] = s.present && s.seq == seq;
+        }
+        APPEND("; arrived: ");
+        append_ranks(pg, sel, out, len);
+    }
+done:
+    for (int r = 0; r < n; r++) free(vals[r]);
+    free(vals);
+    free(sel);
+    free(seen);
+}
+
+nb_status nb__diag_check(nb_pg *pg, const nb_work *w, bool check_desync, char *what, size_t len) {
+    nb_status err;
+    char *reason = abort_reason(pg, &err);
+    if (err != NB_OK) {
+        snprintf(what, len, "could not complete: the store is unreachable (%s)", nb_last_error());
+        return NB_ERR_CLOSED;
+    }
+    if (reason) {
+        free(reason);
+        snprintf(what, len, "could not complete");
+        return NB_ERR_CLOSED;
+    }
+    if (!check_desync) return NB_OK;
+    int n = pg->size;
+    char **vals = calloc((size_t)n, sizeof *vals);
+    NB_CHECK(vals != NULL, "nb_pg: out of memory for diagnostics");
+    nb_status st = NB_OK;
+    if (fetch_slots(pg, w->coll.seq, vals) == NB_OK) {
+        for (int r = 0; r < n; r++) {
+            slot s = parse_slot(vals[r]);
+            if (s.present && s.seq == w->coll.seq && strcmp(s.fp, w->fingerprint) != 0) {
+                snprintf(what, len, "cannot complete");
+                st = NB_ERR_MISMATCH;
+            }
+        }
+    }
+    for (int r = 0; r < n; r++) free(vals[r]);
+    free(vals);
+    return st;
+}

@@ -1,0 +1,267 @@
+/* The NCCL backend (CUDA tensors), and the few CUDA runtime calls the
+ * distributed code needs. Plain C against nccl.h and cuda_runtime.h;
+ * without CUDA in the build, stubs that report "not in this build".
+ *
+ * Each group has a communicator and its own non-blocking communication
+ * stream. A collective is ordered after the work already queued on the
+ * compute stream by an event (the compute stream waits for nothing; no
+ * device-wide sync), enqueued on the communication stream, and followed
+ * by a completion event that waits poll (nb__nccl_query). Until nabla's
+ * CUDA backend lands with its own stream, the compute stream is the
+ * legacy default stream (0). The unique id travels through the store.
+ * After a failure (timeout, dead peer) the communicator is aborted, which
+ * stops its kernels. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "distributed/internal.h"
+
+#if NABLA_HAVE_CUDA
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#define COMPUTE_STREAM ((cudaStream_t)0)
+
+struct nb__nccl {
+    ncclComm_t comm;
+    cudaStream_t stream;
+    int device;
+    void *agree_buf;
+    bool aborted;
+};
+
+struct nb__nccl_work {
+    cudaEvent_t done;
+};
+
+/* Every CUDA and NCCL call goes through these two. */
+#define CUDA_TRY(call)                                                                            \
+    do {                                                                                          \
+        cudaError_t e_ = (call);                                                                  \
+        if (e_ != cudaSuccess)                                                                    \
+            return nb_set_error(NB_ERR_INTERNAL, "%s failed: %s (%s:%d)", #call,                  \
+                                cudaGetErrorString(e_), __FILE__, __LINE__);                      \
+    } while (0)
+#define NCCL_TRY(call)                                                                            \
+    do {                                                                                          \
+        ncclResult_t r_ = (call);                                                                 \
+        if (r_ != ncclSuccess)                                                                    \
+            return nb_set_error(NB_ERR_NETWORK, "%s failed: %s (%s)", #call, ncclGetErrorString(r_), \
+                                ncclGetLastError(NULL));                                          \
+    } while (0)
+
+int nb__cuda_device_count(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError(); /* no driver or no device: clear the sticky error */
+        return 0;
+    }
+    return n;
+}
+
+nb_status nb__cuda_set_device(int device) {
+    CUDA_TRY(cudaSetDevice(device));
+    return NB_OK;
+}
+
+nb_status nb__cuda_copy(void *dst, const void *src, size_t bytes) {
+    CUDA_TRY(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
+    return NB_OK;
+}
+
+static ncclDataType_t nccl_dtype(nb_dtype d) {
+    switch (d) {
+    case NB_F32: return ncclFloat32;
+    case NB_F64: return ncclFloat64;
+    case NB_BF16: return ncclBfloat16;
+    case NB_F16: return ncclFloat16;
+    case NB_I32: return ncclInt32;
+    case NB_I64: return ncclInt64;
+    default: break;
+    }
+    NB_ABORT("nb_pg (nccl): dtype %s has no NCCL type", nb_dtype_name(d));
+}
+
+static ncclRedOp_t nccl_op(nb_reduce_op op) {
+    switch (op) {
+    case NB_REDUCE_SUM: return ncclSum;
+    case NB_REDUCE_AVG: return ncclAvg;
+    case NB_REDUCE_MIN: return ncclMin;
+    case NB_REDUCE_MAX: return ncclMax;
+    }
+    return ncclSum;
+}
+
+static nb_status init_comm(nb__nccl *n, nb_store *store, const char *prefix, int rank, int size) {
+    char key[160];
+    snprintf(key, sizeof key, "%suid", prefix);
+    ncclUniqueId id;
+    if (rank == 0) {
+        NCCL_TRY(ncclGetUniqueId(&id));
+        nb_status st = nb_store_set(store, key, &id, sizeof id);
+        if (st != NB_OK) return st;
+    } else {
+        void *v = NULL;
+        size_t len = 0;
+        nb_status st = nb_store_get(store, key, -1, &v, &len);
+        if (st != NB_OK) return st;
+        if (len != sizeof id) {
+            free(v);
+            return nb_set_error(NB_ERR_MISMATCH,
+                                "nb_pg_init: NCCL unique id under '%s' has %zu bytes, expected %zu "
+                                "(ranks built against different NCCL versions?)",
+                                key, len, sizeof id);
+        }
+        memcpy(&id, v, sizeof id);
+        free(v);
+    }
+    NCCL_TRY(ncclCommInitRank(&n->comm, size, id, rank));
+    return NB_OK;
+}
+
+nb_status nb__nccl_init(nb__nccl **out, nb_store *store, const char *prefix, int rank, int size,
+                        int device, void **agree_buf) {
+    *out = NULL;
+    nb__nccl *n = calloc(1, sizeof *n);
+    NB_CHECK(n != NULL, "nb_pg_init: out of memory");
+    n->device = device;
+    nb_status st = nb__cuda_set_device(device);
+    if (st == NB_OK && cudaStreamCreateWithFlags(&n->stream, cudaStreamNonBlocking) != cudaSuccess)
+        st = nb_set_error(NB_ERR_INTERNAL, "nb_pg_init: cannot create the communication stream: %s",
+                          cudaGetErrorString(cudaGetLastError()));
+    if (st == NB_OK && cudaMalloc(&n->agree_buf, 16) != cudaSuccess)
+        st = nb_set_error(NB_ERR_NOMEM, "nb_pg_init: cannot allocate 16 bytes of device memory: %s",
+                          cudaGetErrorString(cudaGetLastError()));
+    if (st == NB_OK) st = init_comm(n, store, prefix, rank, size);
+    if (st != NB_OK) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", nb_last_error());
+        if (n->agree_buf) cudaFree(n->agree_buf);
+        if (n->stream) cudaStreamDestroy(n->stream);
+        free(n);
+        return nb_set_error(st, "nb_pg_init (nccl, rank %d of %d, cuda:%d): %s", rank, size, device, msg);
+    }
+    *agree_buf = n->agree_buf;
+    *out = n;
+    return NB_OK;
+}
+
+void nb__nccl_free(nb__nccl *n) {
+    if (!n) return;
+    cudaSetDevice(n->device);
+    if (n->aborted) {
+        /* ncclCommAbort already released the communicator */
+    } else {
+        cudaStreamSynchronize(n->stream);
+        ncclCommDestroy(n->comm);
+    }
+    cudaFree(n->agree_buf);
+    cudaStreamDestroy(n->stream);
+    free(n);
+}
+
+void nb__nccl_abort(nb__nccl *n) {
+    if (n->aborted) return;
+    n->aborted = true;
+    ncclCommAbort(n->comm);
+}
+
+static nb_status enqueue(nb__nccl *n, const nb__coll *c) {
+    int size;
+    NCCL_TRY(ncclCommCount(n->comm, &size));
+    size_t count = (size_t)c->count;
+    ncclDataType_t dt = nccl_dtype(c->dtype);
+    switch (c->kind) {
+    case NB__ALL_REDUCE:
+        NCCL_TRY(ncclAllReduce(c->out, c->out, count, dt, nccl_op(c->op), n->comm, n->stream));
+        break;
+    case NB__BROADCAST:
+        NCCL_TRY(ncclBroadcast(c->out, c->out, count, dt, c->root, n->comm, n->stream));
+        break;
+    case NB__ALL_GATHER:
+        NCCL_TRY(ncclAllGather(c->in, c->out, count, dt, n->comm, n->stream));
+        break;
+    case NB__REDUCE_SCATTER:
+        NCCL_TRY(ncclReduceScatter(c->in, c->out, count, dt, nccl_op(c->op), n->comm, n->stream));
+        break;
+    case NB__BARRIER:
+        /* NCCL has no barrier: an all-reduce of one element stands in. */
+        NCCL_TRY(ncclAllReduce(n->agree_buf, (char *)n->agree_buf + 8, 1, ncclInt32, ncclSum, n->comm,
+                               n->stream));
+        break;
+    }
+    (void)size;
+    return NB_OK;
+}
+
+nb_status nb__nccl_launch(nb__nccl *n, const nb__coll *c, nb__nccl_work **work) {
+    *work = NULL;
+    CUDA_TRY(cudaSetDevice(n->device));
+    cudaEvent_t ready;
+    CUDA_TRY(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+    CUDA_TRY(cudaEventRecord(ready, COMPUTE_STREAM));
+    CUDA_TRY(cudaStreamWaitEvent(n->stream, ready, 0));
+    cudaEventDestroy(ready);
+    nb_status st = enqueue(n, c);
+    if (st != NB_OK) return st;
+    nb__nccl_work *w = calloc(1, sizeof *w);
+    NB_CHECK(w != NULL, "nb_pg (nccl): out of memory");
+    if (cudaEventCreateWithFlags(&w->done, cudaEventDisableTiming) != cudaSuccess ||
+        cudaEventRecord(w->done, n->stream) != cudaSuccess) {
+        free(w);
+        return nb_set_error(NB_ERR_INTERNAL, "nb_pg (nccl): cannot record the completion event: %s",
+                            cudaGetErrorString(cudaGetLastError()));
+    }
+    *work = w;
+    return NB_OK;
+}
+
+int nb__nccl_query(nb__nccl *n, nb__nccl_work *w) {
+    cudaError_t e = cudaEventQuery(w->done);
+    if (e == cudaSuccess) return 1;
+    if (e != cudaErrorNotReady)
+        return nb_set_error(NB_ERR_INTERNAL, "CUDA: %s", cudaGetErrorString(e));
+    ncclResult_t async;
+    if (ncclCommGetAsyncError(n->comm, &async) == ncclSuccess && async != ncclSuccess &&
+        async != ncclInProgress)
+        return nb_set_error(NB_ERR_NETWORK, "NCCL: %s (%s)", ncclGetErrorString(async),
+                            ncclGetLastError(n->comm));
+    return 0;
+}
+
+void nb__nccl_work_free(nb__nccl_work *w) {
+    if (!w) return;
+    cudaEventDestroy(w->done);
+    free(w);
+}
+
+#else /* !NABLA_HAVE_CUDA */
+
+static nb_status no_cuda(const char *fn) {
+    return nb_set_error(NB_ERR_UNSUPPORTED, "%s: nabla was built without CUDA", fn);
+}
+
+int nb__cuda_device_count(void) { return 0; }
+nb_status nb__cuda_set_device(int device) { (void)device; return no_cuda("nb__cuda_set_device"); }
+nb_status nb__cuda_copy(void *dst, const void *src, size_t bytes) {
+    (void)dst, (void)src, (void)bytes;
+    return no_cuda("nb__cuda_copy");
+}
+nb_status nb__nccl_init(nb__nccl **out, nb_store *store, const char *prefix, int rank, int size,
+                        int device, void **agree_buf) {
+    (void)store, (void)prefix, (void)rank, (void)size, (void)device, (void)agree_buf;
+    *out = NULL;
+    return no_cuda("nb_pg_init");
+}
+void nb__nccl_free(nb__nccl *n) { (void)n; }
+void nb__nccl_abort(nb__nccl *n) { (void)n; }
+nb_status nb__nccl_launch(nb__nccl *n, const nb__coll *c, nb__nccl_work **work) {
+    (void)n, (void)c;
+    *work = NULL;
+    return no_cuda("nb_pg (nccl)");
+}
+int nb__nccl_query(nb__nccl *n, nb__nccl_work *w) { (void)n, (void)w; return 1; }
+void nb__nccl_work_free(nb__nccl_work *w) { (void)w; }
+
+#endif

@@ -1,0 +1,490 @@
+/* The store client: one blocking TCP connection per nb_store.
+ *
+ * Every call sends one frame and reads one reply (SET_QUIET reads none).
+ * The server answers a GET or WAIT by its own deadline, so the client's
+ * read deadline is that timeout plus a margin; running past it means the
+ * server's host is unreachable. Once the connection is lost every later
+ * call fails at once with the same story. */
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "distributed/internal.h"
+
+#define REPLY_MARGIN_S 30.0
+
+struct nb_store {
+    int fd;
+    char host[256];
+    int port;
+    double timeout_s;
+    bool lost;
+    nb__buf out;
+    uint8_t *reply;
+    size_t reply_cap, reply_len;
+};
+
+static void check_key(const char *fn, const char *key) {
+    NB_CHECK(key != NULL, "%s: key is NULL", fn);
+    size_t n = strlen(key);
+    NB_CHECK(n > 0 && n <= NB_STORE_MAX_KEY, "%s: key length %zu is outside [1, %d]", fn, n,
+             NB_STORE_MAX_KEY);
+}
+
+static void check_value(const char *fn, const void *value, size_t len) {
+    NB_CHECK(value != NULL || len == 0, "%s: value is NULL with length %zu", fn, len);
+    NB_CHECK(len <= NB_STORE_MAX_VALUE, "%s: value of %zu bytes exceeds NB_STORE_MAX_VALUE (%u)", fn,
+             len, NB_STORE_MAX_VALUE);
+}
+
+static nb_status lost(nb_store *s, const char *fn, const char *what) {
+    s->lost = true;
+    return nb_set_error(NB_ERR_CLOSED,
+                        "%s: lost the connection to the store at %s:%d (%s); the process that "
+                        "serves it (rank 0) has probably exited",
+                        fn, s->host, s->port, what);
+}
+
+/* Waits until fd is ready for `events` or the deadline passes. */
+static int wait_fd(int fd, short events, double deadline) {
+    for (;;) {
+        double left = deadline - nb__now();
+        if (left <= 0) return 0;
+        struct pollfd p = {fd, events, 0};
+        int ms = left > 1e6 ? 1000000000 : (int)(left * 1000) + 1;
+        int rc = poll(&p, 1, ms);
+        if (rc > 0) return 1;
+        if (rc < 0 && errno != EINTR) return -1;
+    }
+}
+
+static nb_status send_all(nb_store *s, const char *fn, const uint8_t *p, size_t n, double deadline) {
+    while (n > 0) {
+        ssize_t put = send(s->fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (put > 0) {
+            p += put;
+            n -= (size_t)put;
+            continue;
+        }
+        if (put < 0 && errno == EINTR) continue;
+        if (put < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            int rc = wait_fd(s->fd, POLLOUT, deadline);
+            if (rc == 0)
+                return nb_set_error(NB_ERR_TIMEOUT, "%s: the store at %s:%d takes no data (timed out)",
+                                    fn, s->host, s->port);
+            if (rc > 0) continue;
+        }
+        return lost(s, fn, strerror(errno));
+    }
+    return NB_OK;
+}
+
+static nb_status recv_all(nb_store *s, const char *fn, uint8_t *p, size_t n, double deadline) {
+    while (n > 0) {
+        ssize_t got = recv(s->fd, p, n, MSG_DONTWAIT);
+        if (got > 0) {
+            p += got;
+            n -= (size_t)got;
+            continue;
+        }
+        if (got == 0) return lost(s, fn, "closed by the server");
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            int rc = wait_fd(s->fd, POLLIN, deadline);
+            if (rc == 0)
+                return nb_set_error(NB_ERR_TIMEOUT,
+                                    "%s: no reply from the store at %s:%d (its host unreachable?)", fn,
+                                    s->host, s->port);
+            if (rc > 0) continue;
+        }
+        return lost(s, fn, strerror(errno));
+    }
+    return NB_OK;
+}
+
+/* Sends s->out (one frame); unless `quiet`, reads the reply into
+ * s->reply and returns its status byte through *status. */
+static nb_status roundtrip(nb_store *s, const char *fn, double wait_s, bool quiet, int *status) {
+    if (s->lost)
+        return nb_set_error(NB_ERR_CLOSED, "%s: the connection to the store at %s:%d was lost earlier",
+                            fn, s->host, s->port);
+    double deadline = nb__now() + wait_s + REPLY_MARGIN_S;
+    nb_status st = send_all(s, fn, s->out.p, s->out.n, deadline);
+    s->out.n = 0;
+    if (st != NB_OK || quiet) return st;
+    uint8_t hdr[4];
+    st = recv_all(s, fn, hdr, 4, deadline);
+    if (st != NB_OK) return st;
+    uint32_t len = nb__store_frame_len(hdr);
+    if (len == 0 || len > NB_STORE_MAX_MESSAGE) return lost(s, fn, "malformed reply");
+    if (len > s->reply_cap) {
+        uint8_t *p = realloc(s->reply, len);
+        NB_CHECK(p != NULL, "%s: out of memory for a reply of %u bytes", fn, len);
+        s->reply = p;
+        s->reply_cap = len;
+    }
+    st = recv_all(s, fn, s->reply, len, deadline);
+    if (st != NB_OK) return st;
+    s->reply_len = len;
+    *status = s->reply[0];
+    return NB_OK;
+}
+
+static nb__reader reply_reader(const nb_store *s) {
+    nb__reader r = {s->reply, s->reply_len, 1, false};
+    return r;
+}
+
+/* The failure a reply status stands for, with its text. */
+static nb_status reply_error(nb_store *s, const char *fn, const char *key, int status) {
+    nb__reader r = reply_reader(s);
+    nb__bytes text = status == NB__R_NOT_FOUND ? (nb__bytes){NULL, 0} : nb__rd_bytes(&r);
+    int tn = (int)text.n;
+    const char *tp = text.p ? (const char *)text.p : "";
+    switch (status) {
+    case NB__R_ABORTED:
+        return nb_set_error(NB_ERR_CLOSED, "%s: the run was aborted: %.*s", fn, tn, tp);
+    case NB__R_TIMEOUT:
+        return nb_set_error(NB_ERR_TIMEOUT, "%s: timed out waiting for keys (%.*s)", fn, tn, tp);
+    case NB__R_NOT_FOUND:
+        return nb_set_error(NB_ERR_NOT_FOUND, "%s: key '%s' is not in the store", fn, key ? key : "");
+    case NB__R_ERROR:
+        return nb_set_error(NB_ERR_INVALID, "%s: the store refused: %.*s", fn, tn, tp);
+    default:
+        return lost(s, fn, "unexpected reply");
+    }
+}
+
+static nb_status hello(nb_store *s, const char *run_id, int rank, double deadline) {
+    size_t f = nb__buf_frame_begin(&s->out);
+    nb__buf_u8(&s->out, NB__OP_HELLO);
+    nb__buf_u32(&s->out, NB__STORE_MAGIC);
+    nb__buf_bytes(&s->out, run_id, strlen(run_id));
+    nb__buf_i64(&s->out, rank);
+    nb__buf_frame_end(&s->out, f);
+    int status;
+    nb_status st = roundtrip(s, "nb_store_connect", deadline - nb__now(), false, &status);
+    if (st != NB_OK) return st;
+    if (status == NB__R_OK) return NB_OK;
+    nb__reader r = reply_reader(s);
+    nb__bytes text = nb__rd_bytes(&r);
+    return nb_set_error(NB_ERR_MISMATCH, "nb_store_connect: the store at %s:%d refused rank %d: %.*s",
+                        s->host, s->port, rank, (int)text.n, text.p ? (const char *)text.p : "");
+}
+
+/* One connection attempt to any address of host:port; -1 and errno set. */
+static int try_connect(struct addrinfo *res, double deadline) {
+    int err = ECONNREFUSED;
+    for (struct addrinfo *a = res; a; a = a->ai_next) {
+        int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
+        if (fd < 0) {
+            err = errno;
+            continue;
+        }
+        int rc = connect(fd, a->ai_addr, a->ai_addrlen);
+        if (rc != 0 && errno == EINPROGRESS) {
+            if (wait_fd(fd, POLLOUT, deadline) > 0) {
+                int soerr = 0;
+                socklen_t sl = sizeof soerr;
+                getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl);
+                rc = soerr ? -1 : 0;
+                errno = soerr;
+            } else {
+                errno = ETIMEDOUT;
+            }
+        }
+        if (rc == 0) {
+            int one = 1;
+            setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+            return fd;
+        }
+        err = errno;
+        close(fd);
+    }
+    errno = err;
+    return -1;
+}
+
+nb_status nb_store_connect(nb_store **out, const char *host, int port, const char *run_id,
+                           int rank, double timeout_s) {
+    *out = NULL;
+    NB_CHECK(host != NULL && *host, "nb_store_connect: host is empty");
+    NB_CHECK(port > 0 && port <= 65535, "nb_store_connect: port %d out of range [1, 65535]", port);
+    NB_CHECK(timeout_s > 0, "nb_store_connect: timeout %g s must be positive", timeout_s);
+    NB_CHECK(rank >= -1, "nb_store_connect: rank %d must be >= -1", rank);
+    if (!run_id) run_id = "default";
+    NB_CHECK(strlen(run_id) <= 127, "nb_store_connect: run id longer than 127 bytes");
+    struct addrinfo hints, *res = NULL;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    char port_s[16];
+    snprintf(port_s, sizeof port_s, "%d", port);
+    double deadline = nb__now() + timeout_s;
+    int rc, tries = 0;
+    /* DNS may not know the master yet when a cluster starts. */
+    while ((rc = getaddrinfo(host, port_s, &hints, &res)) != 0) {
+        if (rc != EAI_AGAIN || nb__now() > deadline)
+            return nb_set_error(NB_ERR_NETWORK, "nb_store_connect: cannot resolve '%s': %s", host,
+                                gai_strerror(rc));
+        nb__sleep(0.1);
+    }
+    int fd = -1;
+    double pause = 0.01;
+    while ((fd = try_connect(res, deadline)) < 0) {
+        int err = errno;
+        tries++;
+        if (nb__now() + pause > deadline) {
+            freeaddrinfo(res);
+            return nb_set_error(NB_ERR_TIMEOUT,
+                                "nb_store_connect: no store at %s:%d after %.1f s and %d attempts "
+                                "(last: %s); is rank 0 running, and are MASTER_ADDR and MASTER_PORT "
+                                "right?",
+                                host, port, timeout_s, tries, strerror(err));
+        }
+        nb__sleep(pause);
+        pause = pause * 2 > 0.25 ? 0.25 : pause * 2;
+    }
+    freeaddrinfo(res);
+    nb_store *s = calloc(1, sizeof *s);
+    NB_CHECK(s != NULL, "nb_store_connect: out of memory");
+    s->fd = fd;
+    snprintf(s->host, sizeof s->host, "%s", host);
+    s->port = port;
+    s->timeout_s = timeout_s;
+    nb_status st = hello(s, run_id, rank, deadline);
+    if (st != NB_OK) {
+        close(s->fd);
+        nb__buf_free(&s->out);
+        free(s->reply);
+        free(s);
+        return st;
+    }
+    *out = s;
+    return NB_OK;
+}
+
+void nb_store_close(nb_store *s) {
+    if (!s) return;
+    if (!s->lost) {
+        size_t f = nb__buf_frame_begin(&s->out);
+        nb__buf_u8(&s->out, NB__OP_BYE);
+        nb__buf_frame_end(&s->out, f);
+        int status;
+        /* A goodbye that fails has nothing left to report to. */
+        char keep[1024];
+        snprintf(keep, sizeof keep, "%s", nb_last_error());
+        if (roundtrip(s, "nb_store_close", 5.0 - REPLY_MARGIN_S, false, &status) != NB_OK)
+            nb_set_error(NB_OK, "%s", keep);
+    }
+    close(s->fd);
+    nb__buf_free(&s->out);
+    free(s->reply);
+    free(s);
+}
+
+static void put_key_frame(nb_store *s, int op, const char *key) {
+    nb__buf_u8(&s->out, (uint8_t)op);
+    nb__buf_bytes(&s->out, key, strlen(key));
+}
+
+static nb_status set_common(nb_store *s, const char *fn, const char *key, const void *value,
+                            size_t len, bool quiet) {
+    NB_CHECK(s != NULL, "%s: store is NULL", fn);
+    check_key(fn, key);
+    check_value(fn, value, len);
+    size_t f = nb__buf_frame_begin(&s->out);
+    put_key_frame(s, quiet ? NB__OP_SET_QUIET : NB__OP_SET, key);
+    nb__buf_bytes(&s->out, value, len);
+    nb__buf_frame_end(&s->out, f);
+    int status = NB__R_OK;
+    nb_status st = roundtrip(s, fn, 0, quiet, &status);
+    if (st != NB_OK) return st;
+    return status == NB__R_OK ? NB_OK : reply_error(s, fn, key, status);
+}
+
+nb_status nb_store_set(nb_store *s, const char *key, const void *value, size_t len) {
+    return set_common(s, "nb_store_set", key, value, len, false);
+}
+
+nb_status nb__store_set_quiet(nb_store *s, const char *key, const void *value, size_t len) {
+    return set_common(s, "nb_store_set", key, value, len, true);
+}
+
+static double effective_timeout(const nb_store *s, double timeout_s) {
+    return timeout_s < 0 ? s->timeout_s : timeout_s;
+}
+
+static int64_t to_ms(double seconds) {
+    if (seconds <= 0) return 0;
+    double ms = seconds * 1000.0;
+    return ms > 1e15 ? (int64_t)1e15 : (int64_t)ms + (ms > (double)(int64_t)ms ? 1 : 0);
+}
+
+/* Copies bytes into a fresh NUL-terminated buffer. */
+static void *dup_bytes(nb__bytes b) {
+    char *p = malloc((size_t)b.n + 1);
+    NB_CHECK(p != NULL, "nb_store: out of memory for a value of %u bytes", b.n);
+    if (b.n) memcpy(p, b.p, b.n);
+    p[b.n] = 0;
+    return p;
+}
+
+nb_status nb_store_get(nb_store *s, const char *key, double timeout_s, void **value, size_t *len) {
+    const char *fn = "nb_store_get";
+    NB_CHECK(s != NULL && value != NULL, "%s: store or value pointer is NULL", fn);
+    check_key(fn, key);
+    *value = NULL;
+    if (len) *len = 0;
+    double t = effective_timeout(s, timeout_s);
+    size_t f = nb__buf_frame_begin(&s->out);
+    put_key_frame(s, NB__OP_GET, key);
+    nb__buf_i64(&s->out, to_ms(t));
+    nb__buf_frame_end(&s->out, f);
+    int status;
+    nb_status st = roundtrip(s, fn, t, false, &status);
+    if (st != NB_OK) return st;
+    if (status == NB__R_TIMEOUT)
+        return nb_set_error(NB_ERR_TIMEOUT, "%s: key '%s' did not appear within %.1f s", fn, key, t);
+    if (status != NB__R_VALUE) return reply_error(s, fn, key, status);
+    nb__reader r = reply_reader(s);
+    nb__bytes v = nb__rd_bytes(&r);
+    if (r.bad) return lost(s, fn, "malformed reply");
+    *value = dup_bytes(v);
+    if (len) *len = v.n;
+    return NB_OK;
+}
+
+nb_status nb_store_wait(nb_store *s, const char *const *keys, int n, double timeout_s) {
+    const char *fn = "nb_store_wait";
+    NB_CHECK(s != NULL && keys != NULL, "%s: store or keys is NULL", fn);
+    NB_CHECK(n >= 1 && n <= NB_STORE_MAX_KEYS, "%s: %d keys is outside [1, %d]", fn, n,
+             NB_STORE_MAX_KEYS);
+    double t = effective_timeout(s, timeout_s);
+    size_t f = nb__buf_frame_begin(&s->out);
+    nb__buf_u8(&s->out, NB__OP_WAIT);
+    nb__buf_u32(&s->out, (uint32_t)n);
+    for (int i = 0; i < n; i++) {
+        check_key(fn, keys[i]);
+        nb__buf_bytes(&s->out, keys[i], strlen(keys[i]));
+    }
+    nb__buf_i64(&s->out, to_ms(t));
+    nb__buf_frame_end(&s->out, f);
+    if (s->out.n > NB_STORE_MAX_MESSAGE) {
+        s->out.n = 0;
+        NB_ABORT("%s: %d keys do not fit in one message", fn, n);
+    }
+    int status;
+    nb_status st = roundtrip(s, fn, t, false, &status);
+    if (st != NB_OK) return st;
+    if (status == NB__R_TIMEOUT) {
+        nb__reader r = reply_reader(s);
+        nb__bytes text = nb__rd_bytes(&r);
+        return nb_set_error(NB_ERR_TIMEOUT, "%s: timed out after %.1f s (%.*s)", fn, t, (int)text.n,
+                            text.p ? (const char *)text.p : "");
+    }
+    return status == NB__R_OK ? NB_OK : reply_error(s, fn, NULL, status);
+}
+
+nb_status nb_store_add(nb_store *s, const char *key, int64_t delta, int64_t *result) {
+    const char *fn = "nb_store_add";
+    NB_CHECK(s != NULL, "%s: store is NULL", fn);
+    check_key(fn, key);
+    size_t f = nb__buf_frame_begin(&s->out);
+    put_key_frame(s, NB__OP_ADD, key);
+    nb__buf_i64(&s->out, delta);
+    nb__buf_frame_end(&s->out, f);
+    int status;
+    nb_status st = roundtrip(s, fn, 0, false, &status);
+    if (st != NB_OK) return st;
+    if (status != NB__R_INT) return reply_error(s, fn, key, status);
+    nb__reader r = reply_reader(s);
+    int64_t v = nb__rd_i64(&r);
+    if (r.bad) return lost(s, fn, "malformed reply");
+    if (result) *result = v;
+    return NB_OK;
+}
+
+nb_status nb_store_compare_set(nb_store *s, const char *key, const void *expected,
+                               size_t expected_len, const void *desired, size_t desired_len,
+                               void **current, size_t *current_len) {
+    const char *fn = "nb_store_compare_set";
+    NB_CHECK(s != NULL, "%s: store is NULL", fn);
+    check_key(fn, key);
+    if (expected) check_value(fn, expected, expected_len);
+    check_value(fn, desired, desired_len);
+    if (current) *current = NULL;
+    if (current_len) *current_len = 0;
+    size_t f = nb__buf_frame_begin(&s->out);
+    put_key_frame(s, NB__OP_CAS, key);
+    nb__buf_u8(&s->out, expected != NULL);
+    nb__buf_bytes(&s->out, expected, expected ? expected_len : 0);
+    nb__buf_bytes(&s->out, desired, desired_len);
+    nb__buf_frame_end(&s->out, f);
+    int status;
+    nb_status st = roundtrip(s, fn, 0, false, &status);
+    if (st != NB_OK) return st;
+    if (status == NB__R_NOT_FOUND) return NB_OK; /* absent afterwards: *current stays NULL */
+    if (status != NB__R_VALUE) return reply_error(s, fn, key, status);
+    nb__reader r = reply_reader(s);
+    nb__bytes v = nb__rd_bytes(&r);
+    if (r.bad) return lost(s, fn, "malformed reply");
+    if (current) *current = dup_bytes(v);
+    if (current_len) *current_len = v.n;
+    return NB_OK;
+}
+
+nb_status nb_store_delete(nb_store *s, const char *key, bool *existed) {
+    const char *fn = "nb_store_delete";
+    NB_CHECK(s != NULL, "%s: store is NULL", fn);
+    check_key(fn, key);
+    size_t f = nb__buf_frame_begin(&s->out);
+    put_key_frame(s, NB__OP_DELETE, key);
+    nb__buf_frame_end(&s->out, f);
+    int status;
+    nb_status st = roundtrip(s, fn, 0, false, &status);
+    if (st != NB_OK) return st;
+    if (status != NB__R_INT) return reply_error(s, fn, key, status);
+    nb__reader r = reply_reader(s);
+    int64_t v = nb__rd_i64(&r);
+    if (existed) *existed = v != 0;
+    return NB_OK;
+}
+
+nb_status nb__store_mget(nb_store *s, const char *const *keys, int n, char **values) {
+    const char *fn = "nb_store_mget";
+    size_t f = nb__buf_frame_begin(&s->out);
+    nb__buf_u8(&s->out, NB__OP_MGET);
+    nb__buf_u32(&s->out, (uint32_t)n);
+    for (int i = 0; i < n; i++) {
+        check_key(fn, keys[i]);
+        nb__buf_bytes(&s->out, keys[i], strlen(keys[i]));
+    }
+    nb__buf_frame_end(&s->out, f);
+    for (int i = 0; i < n; i++) values[i] = NULL;
+    int status;
+    nb_status st = roundtrip(s, fn, 0, false, &status);
+    if (st != NB_OK) return st;
+    if (status != NB__R_VALUES) return reply_error(s, fn, NULL, status);
+    nb__reader r = reply_reader(s);
+    uint32_t m = nb__rd_u32(&r);
+    if (r.bad || m != (uint32_t)n) return lost(s, fn, "malformed reply");
+    for (int i = 0; i < n; i++) {
+        bool present = nb__rd_u8(&r) != 0;
+        nb__bytes v = nb__rd_bytes(&r);
+        if (r.bad) return lost(s, fn, "malformed reply");
+        if (present) values[i] = dup_bytes(v);
+    }
+    return NB_OK;
+}
+
+const char *nb__store_host(const nb_store *s) { return s->host; }
+int nb__store_port(const nb_store *s) { return s->port; }

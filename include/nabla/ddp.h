@@ -1,0 +1,133 @@
+/* Data-parallel training: the DDP wrapper and SyncBatchNorm.
+ *
+ * nb_ddp wraps a module on every rank of a process group. Gradients live in
+ * buckets (flat buffers, one per group of parameters); each parameter's
+ * ->grad is a view into its bucket. As backward makes a parameter's
+ * gradient final, its gradient-ready hook marks it; a bucket whose
+ * parameters are all ready is all-reduced at once, on the group's
+ * background thread (Gloo) or communication stream (NCCL), while backward
+ * goes on with earlier layers. nb_ddp_backward() waits for the last bucket
+ * and leaves every gradient averaged over the ranks. See docs/ddp.md. */
+#ifndef NABLA_DDP_H
+#define NABLA_DDP_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+
+#include "nabla/dist.h"
+#include "nabla/nn.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct nb_ddp nb_ddp;
+
+typedef enum nb_ddp_comm_hook {
+    NB_DDP_HOOK_ALLREDUCE = 0, /* average in the gradients' dtype */
+    NB_DDP_HOOK_BF16 = 1,      /* send bf16 (half the bytes), average, widen back */
+} nb_ddp_comm_hook;
+
+typedef struct nb_ddp_options {
+    size_t first_bucket_bytes; /* 0: 1 MiB */
+    size_t bucket_cap_bytes;   /* 0: 25 MiB */
+    /* Parameters that get no gradient in a step are reduced as they are
+     * (zeros after zero_grad). Without it, such a parameter is an error. */
+    bool find_unused_parameters;
+    /* Rank 0's buffers (BatchNorm running stats) are broadcast before each
+     * forward made through nb_ddp_forward / nb_ddp_pre_forward. */
+    bool broadcast_buffers;
+    nb_ddp_comm_hook comm_hook;
+    /* Keep each step's timeline for nb_ddp_write_trace. */
+    bool record_timeline;
+} nb_ddp_options;
+
+#define NB_DDP_DEFAULTS ((nb_ddp_options){0, 0, false, true, NB_DDP_HOOK_ALLREDUCE, false})
+
+/* Checks that every rank has the same parameters (count, names, dtypes,
+ * shapes), broadcasts parameters and buffers from rank 0, and places the
+ * gradients of the parameters that require grad in bucket memory owned by
+ * the wrapper. Collective: every rank of `pg` calls it. A mismatch returns
+ * NB_ERR_MISMATCH on every rank, naming the first differing parameter and
+ * the ranks. */
+nb_status nb_ddp_new(nb_ddp **out, nb_module *model, nb_pg *pg, const nb_ddp_options *opts);
+/* Gives the gradients back their own memory (values kept) and frees the
+ * wrapper. NULL is fine. */
+void nb_ddp_free(nb_ddp *ddp);
+
+nb_module *nb_ddp_module(nb_ddp *ddp);
+
+/* Broadcasts buffers from rank 0 when broadcast_buffers is set (a
+ * collective); programs whose modules take several inputs call it before
+ * their forward. */
+nb_status nb_ddp_pre_forward(nb_ddp *ddp);
+/* nb_ddp_pre_forward, then nb_module_forward. Aborts if the broadcast fails
+ * (the failure is in nb_last_error()); use the two calls to handle it. */
+nb_tensor *nb_ddp_forward(nb_ddp *ddp, nb_ctx *ctx, nb_tensor *x);
+
+/* Runs backward from `loss` with bucketed, overlapped all-reduce and
+ * returns once every gradient holds the average over ranks. Use it in place
+ * of nb_backward. In a no_sync step it is nb_backward: gradients only
+ * accumulate locally. NB_ERR_INVALID when a parameter got no gradient and
+ * find_unused_parameters is off (the message names it; the buckets are
+ * still reduced so that other ranks do not hang); a communication failure
+ * is returned as is. */
+nb_status nb_ddp_backward(nb_ddp *ddp, nb_tensor *loss);
+
+/* Gradient accumulation: while on, nb_ddp_backward communicates nothing;
+ * the first backward after turning it off reduces the accumulated sums. */
+void nb_ddp_set_no_sync(nb_ddp *ddp, bool no_sync);
+
+/* ---- buckets and measured overlap ---- */
+int nb_ddp_num_buckets(const nb_ddp *ddp);
+/* Parameter indices (in nb_module_named_parameters order, counting only
+ * those that require grad) of bucket b, in bucket order; returns the count,
+ * writes at most cap. */
+int nb_ddp_bucket_params(const nb_ddp *ddp, int b, int *out, int cap);
+bool nb_ddp_buckets_rebuilt(const nb_ddp *ddp);
+
+typedef struct nb_ddp_bucket_time {
+    double launch;   /* seconds, relative to the end of backward (negative: before it) */
+    double start;    /* when the collective began running */
+    double finish;   /* when it completed */
+    size_t bytes;    /* sent per rank */
+} nb_ddp_bucket_time;
+
+typedef struct nb_ddp_step_stats {
+    int n_buckets;
+    const nb_ddp_bucket_time *buckets; /* valid until the next backward */
+    double backward_s;        /* backward's duration (nb_backward alone) */
+    double wait_s;            /* time spent waiting for buckets after backward */
+    double comm_s;            /* sum of the buckets' running times */
+    double hidden_fraction;   /* share of comm_s that ran before backward ended */
+    int launched_before_end;  /* buckets launched before backward ended */
+} nb_ddp_step_stats;
+
+/* The last synchronised step's figures. */
+nb_ddp_step_stats nb_ddp_last_stats(const nb_ddp *ddp);
+
+/* Chrome trace JSON (opens in Perfetto / chrome://tracing) of the steps
+ * recorded so far (record_timeline): forward, backward and each bucket's
+ * all-reduce on their own tracks, process = rank. */
+nb_status nb_ddp_write_trace(const nb_ddp *ddp, const char *path);
+
+/* ---- SyncBatchNorm ---- */
+/* Batch norm whose training statistics are those of the whole global
+ * batch: per-channel (count, sum, sum of squares) are all-reduced in f64,
+ * so ranks may have different batch sizes; backward all-reduces (sum dy,
+ * sum dy * xhat). Eval mode uses the running statistics and communicates
+ * nothing. Weight and bias gradients stay local (DDP averages them). */
+nb_tensor *nb_sync_batch_norm(nb_ctx *ctx, nb_pg *pg, nb_tensor *x, nb_tensor *weight,
+                              nb_tensor *bias, nb_tensor *running_mean, nb_tensor *running_var,
+                              bool training, double momentum, double eps);
+
+/* Replaces every BatchNorm1d/2d in the tree by a SyncBatchNorm over `pg`
+ * that keeps the same parameter and buffer tensors (and names). Returns the
+ * number replaced. */
+int nb_convert_sync_batchnorm(nb_module *model, nb_pg *pg);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

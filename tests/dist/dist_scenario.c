@@ -1,0 +1,73 @@
+/* Helper of tests/test_dist_failures.c: one rank of a run that goes wrong
+ * on purpose. `dist_scenario NAME`, started by nbrun (or by the test
+ * itself) with 3 ranks. Every rank makes the world group and does one
+ * good all-reduce (collective #1); then:
+ *
+ *   absent   rank 2 never issues collective #2 (it sleeps), the others
+ *            all-reduce and time out (NABLA_PG_TIMEOUT)
+ *   desync   rank 0 broadcasts where the others all-reduce
+ *   exit3    rank 1 writes to stderr and exits with 3; the others all-reduce
+ *   killed   rank 1 kills itself (SIGKILL); the others all-reduce
+ *   store    rank 0, which serves the store, kills itself; the others all-reduce
+ *
+ * A rank whose collective fails prints "rank R: <status>: <message>" to
+ * stderr and exits 1; one that succeeds exits 0. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "nabla/nabla.h"
+#include "nabla/dist.h"
+
+static nb_ctx *ctx;
+
+/* A failing rank leaves without nb_pg_free: its group is broken anyway. */
+static int report(int rank, nb_status st) {
+    fprintf(stderr, "rank %d: %s: %s\n", rank, nb_status_str(st), nb_last_error());
+    nb_ctx_free(ctx);
+    return 1;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 2) {
+        fprintf(stderr, "usage: dist_scenario absent|desync|exit3|killed|store\n");
+        return 2;
+    }
+    const char *what = argv[1];
+    nb_pg *pg;
+    nb_pg_options opts = {NB_PG_GLOO, 0};
+    nb_status st = nb_pg_init(&pg, &opts);
+    if (st != NB_OK) {
+        fprintf(stderr, "nb_pg_init: %s\n", nb_last_error());
+        return st == NB_ERR_UNSUPPORTED ? 77 : 1;
+    }
+    int rank = nb_pg_rank(pg);
+    ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *t = nb_ones(ctx, NB_F32, NB_SHAPE(8));
+    st = nb_work_finish(nb_pg_all_reduce(pg, t, NB_REDUCE_SUM));
+    if (st != NB_OK) return report(rank, st);
+
+    if (strcmp(what, "absent") == 0 && rank == 2) {
+        sleep(30);
+        nb_ctx_free(ctx);
+        return 0;
+    }
+    if (strcmp(what, "exit3") == 0 && rank == 1) {
+        fprintf(stderr, "rank 1 gives up: no data in shard 1\n");
+        nb_ctx_free(ctx);
+        return 3;
+    }
+    if ((strcmp(what, "killed") == 0 && rank == 1) || (strcmp(what, "store") == 0 && rank == 0))
+        raise(SIGKILL);
+
+    if (strcmp(what, "desync") == 0 && rank == 0) st = nb_work_finish(nb_pg_broadcast(pg, t, 0));
+    else st = nb_work_finish(nb_pg_all_reduce(pg, t, NB_REDUCE_SUM));
+    if (st != NB_OK) return report(rank, st);
+    printf("rank %d: collective #2 completed\n", rank);
+    st = nb_pg_free(pg);
+    if (st != NB_OK) return report(rank, st);
+    nb_ctx_free(ctx);
+    return 0;
+}

@@ -1,0 +1,504 @@
+/* DDP and SyncBatchNorm, on R ranks over Gloo (CTest runs this suite under
+ * nbrun with 2 and 3 ranks, and alone as a world of one).
+ *
+ * The reference for every equivalence is computed on each rank by a plain
+ * single-process run over the whole global batch: same initial parameters
+ * (same seed), nb_backward instead of nb_ddp_backward, ordinary BatchNorm
+ * instead of SyncBatchNorm. Rank r's shard of a global batch is rows
+ * [offset(r), offset(r) + size(r)). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "nabla/ddp.h"
+#include "testutil.h"
+
+static nb_pg *world;
+static int R, me;
+
+#define F_IN 6
+#define N_CLASSES 3
+
+/* ---- data and models ---- */
+
+/* Global batch: x (n, F_IN) normal, y (n) in [0, N_CLASSES). */
+static void make_batch(nb_ctx *ctx, int64_t n, uint64_t seed, nb_tensor **x, nb_tensor **y) {
+    nb_rng rng = nb_rng_make(seed);
+    *x = nb_rand_normal(ctx, NB_F64, NB_SHAPE(n, F_IN), 0, 1, &rng);
+    int64_t *lab = malloc(sizeof *lab * (size_t)n);
+    for (int64_t i = 0; i < n; i++) lab[i] = (i * 7 + (int64_t)seed) % N_CLASSES;
+    *y = nb_from_host(ctx, NB_I64, NB_SHAPE(n), lab);
+    free(lab);
+}
+
+static nb_tensor *shard(nb_ctx *ctx, nb_tensor *t, int64_t start, int64_t len) {
+    return nb_contiguous(ctx, nb_narrow(ctx, t, 0, start, len));
+}
+
+static nb_module *mlp(nb_ctx *ctx, nb_dtype dt, int64_t hidden) {
+    nb_rng rng = nb_rng_make(7);
+    nb_module *c[3] = {nb_linear_new(ctx, dt, F_IN, hidden, true, &rng), nb_tanh_new(ctx),
+                       nb_linear_new(ctx, dt, hidden, N_CLASSES, true, &rng)};
+    return nb_sequential_new(ctx, 3, c);
+}
+
+static nb_optim *adamw_for(nb_module *m) {
+    int n = nb_module_named_parameters(m, NULL, 0);
+    nb_named_tensor *p = malloc(sizeof *p * (size_t)n);
+    nb_module_named_parameters(m, p, n);
+    nb_optim_hparams h = NB_ADAMW_DEFAULTS;
+    h.lr = 0.01;
+    nb_optim *o = nb_optim_new(NB_OPTIM_ADAMW, p, n, &h);
+    free(p);
+    return o;
+}
+
+/* Every tensor of m's state equals rank 0's, bit for bit. */
+static void assert_same_on_all_ranks(nb_module *m) {
+    int n = nb_module_state(m, NULL, 0);
+    nb_named_tensor *s = malloc(sizeof *s * (size_t)n);
+    nb_module_state(m, s, n);
+    nb_ctx *tmp = nb_ctx_new(nb_cpu(), 0);
+    for (int i = 0; i < n; i++) {
+        nb_tensor *c = nb_clone(tmp, s[i].tensor);
+        ck_assert_int_eq(nb_work_finish(nb_pg_broadcast(world, c, 0)), NB_OK);
+        size_t bytes = (size_t)nb_numel(c) * nb_dtype_size(c->dtype);
+        ck_assert_msg(memcmp(c->data, s[i].tensor->data, bytes) == 0, "rank %d: %s differs from rank 0",
+                      me, s[i].name);
+    }
+    nb_ctx_free(tmp);
+    free(s);
+}
+
+/* Every state tensor of a within rtol (relative to the largest magnitude) of b's. */
+static void assert_models_close(nb_module *a, nb_module *b, double rtol) {
+    int n = nb_module_state(a, NULL, 0);
+    ck_assert_int_eq(n, nb_module_state(b, NULL, 0));
+    nb_named_tensor *sa = malloc(sizeof *sa * (size_t)n), *sb = malloc(sizeof *sb * (size_t)n);
+    nb_module_state(a, sa, n);
+    nb_module_state(b, sb, n);
+    for (int i = 0; i < n; i++) {
+        ck_assert_str_eq(sa[i].name, sb[i].name);
+        int64_t k = nb_numel(sa[i].tensor);
+        double *va = malloc(sizeof(double) * (size_t)k), *vb = malloc(sizeof(double) * (size_t)k);
+        nb_to_host_f64(sa[i].tensor, va);
+        nb_to_host_f64(sb[i].tensor, vb);
+        double scale = 0;
+        for (int64_t j = 0; j < k; j++) scale = fmax(scale, fabs(vb[j]));
+        for (int64_t j = 0; j < k; j++)
+            ck_assert_msg(fabs(va[j] - vb[j]) <= rtol * fmax(scale, 1e-12), "%s[%lld]: %.12g vs %.12g",
+                          sa[i].name, (long long)j, va[j], vb[j]);
+        free(va);
+        free(vb);
+    }
+    free(sa);
+    free(sb);
+}
+
+/* ---- equivalence: MLP ---- */
+
+START_TEST(test_mlp_equivalence) {
+    const int64_t B = 4;
+    nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
+    nb_module *model = mlp(pctx, NB_F64, 16), *ref = mlp(pctx, NB_F64, 16);
+    nb_ddp_options o = NB_DDP_DEFAULTS;
+    o.first_bucket_bytes = 256; /* several buckets even for this small model */
+    o.bucket_cap_bytes = 512;
+    nb_ddp *ddp;
+    ck_assert_int_eq(nb_ddp_new(&ddp, model, world, &o), NB_OK);
+    if (R > 1) ck_assert_int_gt(nb_ddp_num_buckets(ddp), 1);
+    nb_optim *opt = adamw_for(model), *ropt = adamw_for(ref);
+    for (int it = 0; it < 5; it++) {
+        nb_ctx_reset(step);
+        nb_tensor *x, *y;
+        make_batch(step, R * B, 100 + it, &x, &y);
+        nb_tensor *loss = nb_cross_entropy(step, nb_ddp_forward(ddp, step, shard(step, x, me * B, B)),
+                                           shard(step, y, me * B, B), NULL);
+        ck_assert_int_eq(nb_ddp_backward(ddp, loss), NB_OK);
+        nb_optim_step(opt);
+        nb_optim_zero_grad(opt);
+        nb_backward(nb_cross_entropy(step, nb_module_forward(ref, step, x), y, NULL));
+        nb_optim_step(ropt);
+        nb_optim_zero_grad(ropt);
+        assert_same_on_all_ranks(model);
+    }
+    assert_models_close(model, ref, 1e-9);
+    if (R > 1) ck_assert(nb_ddp_buckets_rebuilt(ddp));
+    nb_ddp_free(ddp);
+    nb_optim_free(opt);
+    nb_optim_free(ropt);
+    nb_ctx_free(step);
+    nb_ctx_free(pctx);
+}
+END_TEST
+
+/* ---- equivalence: CNN with SyncBatchNorm ---- */
+
+static nb_module *cnn(nb_ctx *ctx) {
+    nb_rng rng = nb_rng_make(11);
+    nb_conv2d_opts co = NB_CONV2D_DEFAULTS;
+    co.padding[0] = co.padding[1] = 1;
+    nb_module *c[6] = {nb_conv2d_new(ctx, NB_F64, 1, 4, 3, 3, &co, false, &rng),
+                       nb_batch_norm2d_new(ctx, NB_F64, 4, NULL),
+                       nb_relu_new(ctx),
+                       nb_global_avg_pool2d_new(ctx),
+                       nb_flatten_new(ctx, 1, -1),
+                       nb_linear_new(ctx, NB_F64, 4, N_CLASSES, true, &rng)};
+    return nb_sequential_new(ctx, 6, c);
+}
+
+START_TEST(test_cnn_sync_bn_equivalence) {
+    const int64_t B = 3;
+    nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
+    nb_module *model = cnn(pctx), *ref = cnn(pctx);
+    ck_assert_int_eq(nb_convert_sync_batchnorm(model, world), 1);
+    ck_assert_str_eq(nb_module_type_name(nb_module_child(model, "1")), "SyncBatchNorm");
+    ck_assert_ptr_nonnull(nb_module_find(model, "1.running_var"));
+    nb_ddp *ddp;
+    ck_assert_int_eq(nb_ddp_new(&ddp, model, world, NULL), NB_OK);
+    nb_optim *opt = adamw_for(model), *ropt = adamw_for(ref);
+    for (int it = 0; it < 5; it++) {
+        nb_ctx_reset(step);
+        nb_rng rng = nb_rng_make(200 + (uint64_t)it);
+        nb_tensor *x = nb_rand_normal(step, NB_F64, NB_SHAPE(R * B, 1, 5, 5), 0.5, 2, &rng);
+        nb_tensor *y = nb_from_host(step, NB_I64, NB_SHAPE(R * B), (int64_t[]){0, 1, 2, 1, 0, 2, 2, 1, 0, 0, 1, 2});
+        nb_tensor *loss = nb_cross_entropy(step, nb_ddp_forward(ddp, step, shard(step, x, me * B, B)),
+                                           shard(step, y, me * B, B), NULL);
+        ck_assert_int_eq(nb_ddp_backward(ddp, loss), NB_OK);
+        nb_optim_step(opt);
+        nb_optim_zero_grad(opt);
+        nb_backward(nb_cross_entropy(step, nb_module_forward(ref, step, x), y, NULL));
+        nb_optim_step(ropt);
+        nb_optim_zero_grad(ropt);
+        assert_same_on_all_ranks(model);
+    }
+    assert_models_close(model, ref, 1e-9); /* parameters and running statistics */
+    nb_ddp_free(ddp);
+    nb_optim_free(opt);
+    nb_optim_free(ropt);
+    nb_ctx_free(step);
+    nb_ctx_free(pctx);
+}
+END_TEST
+
+/* ---- SyncBatchNorm alone, unequal batches ---- */
+
+START_TEST(test_sync_bn_unequal_batches) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    const int64_t C = 3;
+    int64_t total = 0, offset = 0;
+    for (int r = 0; r < R; r++) {
+        if (r == me) offset = total;
+        total += r + 2; /* rank r holds r + 2 samples */
+    }
+    int64_t mine = me + 2;
+    nb_rng rng = nb_rng_make(5);
+    nb_tensor *xg = nb_rand_normal(ctx, NB_F64, NB_SHAPE(total, C, 2), 1, 3, &rng);
+    nb_tensor *wr = nb_rand_normal(ctx, NB_F64, NB_SHAPE(total, C, 2), 0, 1, &rng); /* loss weights */
+    nb_tensor *w = nb_from_host(ctx, NB_F64, NB_SHAPE(C), (double[]){1.5, -0.5, 2});
+    nb_tensor *b = nb_from_host(ctx, NB_F64, NB_SHAPE(C), (double[]){0.1, 0.2, -0.3});
+    nb_tensor *w2 = nb_clone(ctx, w), *b2 = nb_clone(ctx, b);
+    nb_set_requires_grad(w, true);
+    nb_set_requires_grad(b, true);
+    nb_set_requires_grad(w2, true);
+    nb_set_requires_grad(b2, true);
+    nb_tensor *rm = nb_zeros(ctx, NB_F64, NB_SHAPE(C)), *rv = nb_ones(ctx, NB_F64, NB_SHAPE(C));
+    nb_tensor *rm2 = nb_zeros(ctx, NB_F64, NB_SHAPE(C)), *rv2 = nb_ones(ctx, NB_F64, NB_SHAPE(C));
+    /* reference: the concatenated batch on one process */
+    nb_tensor *xr = nb_clone(ctx, xg);
+    nb_set_requires_grad(xr, true);
+    nb_tensor *yr = nb_batch_norm(ctx, xr, w2, b2, rm2, rv2, true, 0.1, 1e-5);
+    nb_backward(nb_sum_all(ctx, nb_mul(ctx, yr, wr)));
+    /* this rank's shard through SyncBatchNorm */
+    nb_tensor *x = shard(ctx, xg, offset, mine);
+    nb_set_requires_grad(x, true);
+    nb_tensor *y = nb_sync_batch_norm(ctx, world, x, w, b, rm, rv, true, 0.1, 1e-5);
+    nb_backward(nb_sum_all(ctx, nb_mul(ctx, y, shard(ctx, wr, offset, mine))));
+    nbt_assert_tensors_close(y, nb_narrow(ctx, yr, 0, offset, mine), 1e-12, 1e-10);
+    nbt_assert_tensors_close(rm, rm2, 1e-12, 1e-10);
+    nbt_assert_tensors_close(rv, rv2, 1e-12, 1e-10);
+    nbt_assert_tensors_close(x->grad, nb_narrow(ctx, xr->grad, 0, offset, mine), 1e-12, 1e-9);
+    /* weight and bias gradients are local: their sum over ranks is the reference */
+    ck_assert_int_eq(nb_work_finish(nb_pg_all_reduce(world, w->grad, NB_REDUCE_SUM)), NB_OK);
+    ck_assert_int_eq(nb_work_finish(nb_pg_all_reduce(world, b->grad, NB_REDUCE_SUM)), NB_OK);
+    nbt_assert_tensors_close(w->grad, w2->grad, 1e-12, 1e-9);
+    nbt_assert_tensors_close(b->grad, b2->grad, 1e-12, 1e-9);
+    /* eval mode: running statistics, no communication (so ranks may differ in count) */
+    nb_tensor *ye = nb_sync_batch_norm(ctx, world, x, w, b, rm, rv, false, 0.1, 1e-5);
+    nb_tensor *ye2 = nb_batch_norm(ctx, x, w, b, rm, rv, false, 0.1, 1e-5);
+    nbt_assert_tensors_close(ye, ye2, 0, 0);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+/* ---- no_sync ---- */
+
+START_TEST(test_no_sync_accumulation) {
+    const int64_t B = 2, K = 3;
+    nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
+    nb_module *model = mlp(pctx, NB_F64, 8), *ref = mlp(pctx, NB_F64, 8);
+    nb_ddp *ddp;
+    ck_assert_int_eq(nb_ddp_new(&ddp, model, world, NULL), NB_OK);
+    nb_tensor *x, *y;
+    make_batch(step, R * B * K, 300, &x, &y);
+    for (int k = 0; k < K; k++) { /* micro-batch k: rows [(k R + me) B, +B) */
+        nb_ddp_set_no_sync(ddp, k < K - 1);
+        int64_t start = ((int64_t)k * R + me) * B;
+        nb_tensor *loss = nb_cross_entropy(step, nb_ddp_forward(ddp, step, shard(step, x, start, B)),
+                                           shard(step, y, start, B), NULL);
+        ck_assert_int_eq(nb_ddp_backward(ddp, nb_div_scalar(step, loss, (double)K)), NB_OK);
+    }
+    nb_backward(nb_cross_entropy(step, nb_module_forward(ref, step, x), y, NULL));
+    int n = nb_module_named_parameters(model, NULL, 0);
+    nb_named_tensor p[8], q[8];
+    ck_assert_int_le(n, 8);
+    nb_module_named_parameters(model, p, n);
+    nb_module_named_parameters(ref, q, n);
+    for (int i = 0; i < n; i++) nbt_assert_tensors_close(p[i].tensor->grad, q[i].tensor->grad, 1e-13, 1e-10);
+    nb_ddp_free(ddp);
+    nb_ctx_free(step);
+    nb_ctx_free(pctx);
+}
+END_TEST
+
+/* ---- unused parameters ---- */
+
+START_TEST(test_unused_parameters) {
+    nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
+    for (int find = 0; find < 2; find++) {
+        nb_module *root = nb_module_list_new(pctx);
+        nb_rng rng = nb_rng_make(3);
+        nb_module *a = nb_module_add(root, "a", nb_linear_new(pctx, NB_F64, F_IN, N_CLASSES, true, &rng));
+        nb_module *skip = nb_module_add(root, "skipped", nb_linear_new(pctx, NB_F64, F_IN, N_CLASSES, true, &rng));
+        nb_ddp_options o = NB_DDP_DEFAULTS;
+        o.find_unused_parameters = find;
+        nb_ddp *ddp;
+        ck_assert_int_eq(nb_ddp_new(&ddp, root, world, &o), NB_OK);
+        for (int it = 0; it < 2; it++) {
+            nb_ctx_reset(step);
+            nb_tensor *x, *y;
+            make_batch(step, 4, 400 + (uint64_t)it, &x, &y);
+            /* step 0 uses both branches, step 1 skips one */
+            nb_tensor *logits = nb_module_forward(a, step, x);
+            if (it == 0) logits = nb_add(step, logits, nb_module_forward(skip, step, x));
+            nb_status st = nb_ddp_backward(ddp, nb_cross_entropy(step, logits, y, NULL));
+            if (it == 0 || find || R == 1) {
+                ck_assert_msg(st == NB_OK, "%s", nb_last_error());
+            } else {
+                ck_assert_int_eq(st, NB_ERR_INVALID);
+                ck_assert_msg(strstr(nb_last_error(), "parameter skipped.weight") != NULL, "%s", nb_last_error());
+                ck_assert(strstr(nb_last_error(), "find_unused_parameters") != NULL);
+            }
+            nb_module_zero_grad(root);
+        }
+        nb_ddp_free(ddp);
+    }
+    nb_ctx_free(step);
+    nb_ctx_free(pctx);
+}
+END_TEST
+
+/* ---- bucket rebuild ---- */
+
+START_TEST(test_bucket_rebuild_agrees) {
+    if (R == 1) return; /* no buckets at world size 1 */
+    nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
+    nb_rng rng = nb_rng_make(9);
+    /* registered second-layer-first, so registration order != execution order */
+    nb_module *root = nb_module_list_new(pctx);
+    nb_module *l2 = nb_module_add(root, "second", nb_linear_new(pctx, NB_F64, 16, N_CLASSES, true, &rng));
+    nb_module *l1 = nb_module_add(root, "first", nb_linear_new(pctx, NB_F64, F_IN, 16, true, &rng));
+    nb_ddp_options o = NB_DDP_DEFAULTS;
+    o.first_bucket_bytes = o.bucket_cap_bytes = 8; /* one parameter per bucket */
+    nb_ddp *ddp;
+    ck_assert_int_eq(nb_ddp_new(&ddp, root, world, &o), NB_OK);
+    ck_assert_int_eq(nb_ddp_num_buckets(ddp), 4);
+    int idx[4];
+    nb_ddp_bucket_params(ddp, 0, idx, 4);
+    ck_assert_int_eq(idx[0], 3); /* reverse registration: first.bias */
+    nb_tensor *x, *y;
+    make_batch(step, 4, 500, &x, &y);
+    nb_tensor *h = nb_tanh(step, nb_module_forward(l1, step, x));
+    ck_assert_int_eq(nb_ddp_backward(ddp, nb_cross_entropy(step, nb_module_forward(l2, step, h), y, NULL)), NB_OK);
+    ck_assert(nb_ddp_buckets_rebuilt(ddp));
+    /* now the execution order: second's gradients are ready first */
+    int64_t assign[4];
+    for (int b = 0; b < 4; b++) {
+        ck_assert_int_eq(nb_ddp_bucket_params(ddp, b, idx, 1), 1);
+        assign[b] = idx[0];
+    }
+    ck_assert(assign[0] == 0 || assign[0] == 1); /* second.weight or second.bias */
+    ck_assert(assign[3] == 2 || assign[3] == 3);
+    nb_tensor *a = nb_from_host(step, NB_I64, NB_SHAPE(4), assign), *a0 = nb_clone(step, a);
+    ck_assert_int_eq(nb_work_finish(nb_pg_broadcast(world, a0, 0)), NB_OK);
+    nbt_assert_tensors_close(a, a0, 0, 0);
+    nb_ddp_free(ddp);
+    nb_ctx_free(step);
+    nb_ctx_free(pctx);
+}
+END_TEST
+
+/* ---- overlap and the trace ---- */
+
+START_TEST(test_overlap_recorded) {
+    if (R == 1) return;
+    nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
+    nb_rng rng = nb_rng_make(13);
+    enum { L = 6 };
+    const int64_t W = 192;
+    nb_module *c[2 * L];
+    for (int l = 0; l < L; l++) {
+        c[2 * l] = nb_linear_new(pctx, NB_F32, l == 0 ? F_IN : W, W, true, &rng);
+        c[2 * l + 1] = nb_gelu_new(pctx, NB_GELU_EXACT);
+    }
+    nb_module *model = nb_sequential_new(pctx, 2 * L, c);
+    nb_ddp_options o = NB_DDP_DEFAULTS;
+    o.first_bucket_bytes = 64 << 10;
+    o.bucket_cap_bytes = 64 << 10;
+    o.record_timeline = true;
+    nb_ddp *ddp;
+    ck_assert_int_eq(nb_ddp_new(&ddp, model, world, &o), NB_OK);
+    int best = 0;
+    for (int it = 0; it < 3; it++) {
+        nb_ctx_reset(step);
+        nb_tensor *x = nb_cast(step, nbt_randn(step, NB_F64, NB_SHAPE(512, F_IN), 600 + it), NB_F32);
+        nb_tensor *out = nb_ddp_forward(ddp, step, x);
+        ck_assert_int_eq(nb_ddp_backward(ddp, nb_mean_all(step, nb_mul(step, out, out))), NB_OK);
+        nb_ddp_step_stats s = nb_ddp_last_stats(ddp);
+        ck_assert_int_eq(s.n_buckets, nb_ddp_num_buckets(ddp));
+        ck_assert_int_gt(s.n_buckets, 2);
+        for (int b = 0; b < s.n_buckets; b++) {
+            ck_assert(s.buckets[b].launch <= s.buckets[b].start + 1e-9);
+            ck_assert(s.buckets[b].start <= s.buckets[b].finish);
+            ck_assert(s.buckets[b].finish <= s.wait_s + 1e-6);
+        }
+        ck_assert(s.hidden_fraction >= 0 && s.hidden_fraction <= 1);
+        if (s.launched_before_end > best) best = s.launched_before_end;
+        nb_module_zero_grad(model);
+    }
+    ck_assert_msg(best >= 1, "no bucket was launched before backward ended");
+    char path[64];
+    snprintf(path, sizeof path, "ddp_trace_rank%d_of%d.json", me, R);
+    ck_assert_int_eq(nb_ddp_write_trace(ddp, path), NB_OK);
+    FILE *f = fopen(path, "r");
+    ck_assert_ptr_nonnull(f);
+    char buf[8192];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = 0;
+    fclose(f);
+    remove(path);
+    ck_assert(strstr(buf, "\"traceEvents\"") && strstr(buf, "\"backward\"") && strstr(buf, "all-reduce bucket 0"));
+    nb_ddp_free(ddp);
+    nb_ctx_free(step);
+    nb_ctx_free(pctx);
+}
+END_TEST
+
+/* ---- bf16 compression ---- */
+
+START_TEST(test_bf16_hook) {
+    nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
+    nb_module *model = mlp(pctx, NB_F32, 8), *ref = mlp(pctx, NB_F32, 8);
+    nb_ddp_options o = NB_DDP_DEFAULTS;
+    o.comm_hook = NB_DDP_HOOK_BF16;
+    nb_ddp *ddp;
+    ck_assert_int_eq(nb_ddp_new(&ddp, model, world, &o), NB_OK);
+    nb_tensor *x, *y;
+    make_batch(step, R * 4, 700, &x, &y);
+    nb_tensor *xf = nb_cast(step, x, NB_F32);
+    nb_tensor *loss = nb_cross_entropy(step, nb_module_forward(model, step, shard(step, xf, me * 4, 4)),
+                                       shard(step, y, me * 4, 4), NULL);
+    ck_assert_int_eq(nb_ddp_backward(ddp, loss), NB_OK);
+    nb_backward(nb_cross_entropy(step, nb_module_forward(ref, step, xf), y, NULL));
+    nb_named_tensor p[4], q[4];
+    nb_module_named_parameters(model, p, 4);
+    nb_module_named_parameters(ref, q, 4);
+    for (int i = 0; i < 4; i++) nbt_assert_tensors_close(p[i].tensor->grad, q[i].tensor->grad, 2e-3, 1e-2);
+    nb_ddp_free(ddp);
+    nb_ctx_free(step);
+    nb_ctx_free(pctx);
+}
+END_TEST
+
+/* ---- construction ---- */
+
+START_TEST(test_mismatch_named) {
+    if (R == 1) return;
+    nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0);
+    nb_module *model = mlp(pctx, NB_F64, me == R - 1 ? 12 : 16); /* the last rank differs */
+    nb_ddp *ddp = NULL;
+    ck_assert_int_eq(nb_ddp_new(&ddp, model, world, NULL), NB_ERR_MISMATCH);
+    ck_assert_ptr_null(ddp);
+    char expect[160];
+    snprintf(expect, sizeof expect, "differ at parameter 0: rank 0 has \"0.weight f64 (16, 6)\", rank %d has "
+             "\"0.weight f64 (12, 6)\"", R - 1);
+    ck_assert_msg(strstr(nb_last_error(), expect) != NULL, "%s", nb_last_error());
+    nb_ctx_free(pctx);
+}
+END_TEST
+
+START_TEST(test_gradients_are_bucket_views) {
+    nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
+    nb_module *model = mlp(pctx, NB_F64, 8);
+    nb_ddp *ddp;
+    ck_assert_int_eq(nb_ddp_new(&ddp, model, world, NULL), NB_OK);
+    nb_named_tensor p[4];
+    nb_module_named_parameters(model, p, 4);
+    if (R > 1) {
+        /* all four in one bucket: their gradients are consecutive slices of one buffer */
+        ck_assert_int_eq(nb_ddp_num_buckets(ddp), 1);
+        for (int i = 0; i < 3; i++)
+            ck_assert_ptr_eq((char *)p[i + 1].tensor->grad->data + nb_numel(p[i + 1].tensor) * 8,
+                             p[i].tensor->grad->data);
+    } else {
+        ck_assert_int_eq(nb_ddp_num_buckets(ddp), 0); /* world size 1: nothing */
+    }
+    nb_ddp_free(ddp);
+    /* freed: the gradients have memory of their own again, values kept */
+    for (int i = 0; i < 4; i++) ck_assert(p[i].tensor->grad == NULL || p[i].tensor->grad->ctx == pctx);
+    nb_ctx_free(step);
+    nb_ctx_free(pctx);
+}
+END_TEST
+
+static Suite *suite(void) {
+    Suite *s = suite_create("ddp");
+    TCase *tc = tcase_create("ddp");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_mlp_equivalence);
+    tcase_add_test(tc, test_cnn_sync_bn_equivalence);
+    tcase_add_test(tc, test_sync_bn_unequal_batches);
+    tcase_add_test(tc, test_no_sync_accumulation);
+    tcase_add_test(tc, test_unused_parameters);
+    tcase_add_test(tc, test_bucket_rebuild_agrees);
+    tcase_add_test(tc, test_overlap_recorded);
+    tcase_add_test(tc, test_bf16_hook);
+    tcase_add_test(tc, test_mismatch_named);
+    tcase_add_test(tc, test_gradients_are_bucket_views);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) {
+    setenv("CK_FORK", "no", 1); /* the ranks share one world group across tests */
+    nb_pg_options opts = {NB_PG_GLOO, 0};
+    nb_status st = nb_pg_init(&world, &opts);
+    if (st == NB_ERR_UNSUPPORTED) {
+        fprintf(stderr, "skipped: %s\n", nb_last_error());
+        return 77;
+    }
+    if (st != NB_OK) {
+        fprintf(stderr, "nb_pg_init: %s\n", nb_last_error());
+        return 1;
+    }
+    R = nb_pg_size(world);
+    me = nb_pg_rank(world);
+    int rc = nbt_run(suite());
+    st = nb_pg_free(world);
+    if (st != NB_OK) {
+        fprintf(stderr, "nb_pg_free: %s\n", nb_last_error());
+        rc = 1;
+    }
+    return rc;
+}

@@ -1,0 +1,371 @@
+/* Process groups over Gloo: every collective, dtype and reduction against
+ * closed forms, zero and odd counts, async handles, barrier, agree,
+ * subgroups, and the argument checks.
+ *
+ * Every rank runs this same suite (CTest starts it under nbrun with 2, 3
+ * and 4 ranks, and alone as a world of one), in CK_NOFORK mode: the
+ * tests share the world group made in main, and every rank issues the
+ * same collectives in the same order. Rank r's element i is value(r, i),
+ * chosen so that sums over up to 4 ranks are exact in every dtype. */
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "nabla/dist.h"
+#include "testutil.h"
+
+static nb_pg *world;
+static int R, me;
+
+static const nb_dtype dtypes[] = {NB_F32, NB_F64, NB_BF16, NB_F16, NB_I32, NB_I64};
+#define N_DTYPES 6
+
+static double value(nb_dtype dt, int r, int64_t i) {
+    switch (dt) {
+    case NB_F32:
+    case NB_F64: return (r + 1) * 0.5 + (double)(i % 13) - 6;
+    case NB_BF16:
+    case NB_F16: return (r + 1) + (double)(i % 5) - 2;
+    case NB_I32: return (r + 1) * 1000003.0 + (double)(i * 7) - (double)(i % 3) * 100000;
+    case NB_I64: return (double)((int64_t)(r + 1) << 40) + (double)i;
+    default: return 0;
+    }
+}
+
+/* A rank's input: value(r, i) for i < n, in dtype. */
+static nb_tensor *input(nb_ctx *ctx, nb_dtype dt, int r, int64_t n, int64_t offset) {
+    double *v = malloc((size_t)(n ? n : 1) * sizeof *v);
+    for (int64_t i = 0; i < n; i++) v[i] = value(dt, r, offset + i);
+    nb_tensor *t64 = nb_from_host(ctx, NB_F64, NB_SHAPE(n), v);
+    free(v);
+    return dt == NB_F64 ? t64 : nb_cast(ctx, t64, dt);
+}
+
+/* What op over all ranks of value(., i) is, rounded as the dtype stores it. */
+static double expected(nb_dtype dt, nb_reduce_op op, int64_t i) {
+    double acc = value(dt, 0, i);
+    for (int r = 1; r < R; r++) {
+        double x = value(dt, r, i);
+        if (op == NB_REDUCE_SUM || op == NB_REDUCE_AVG) acc += x;
+        else if (op == NB_REDUCE_MIN) acc = x < acc ? x : acc;
+        else acc = x > acc ? x : acc;
+    }
+    if (op == NB_REDUCE_AVG) {
+        if (dt == NB_BF16) return nb_bf16_to_f32(nb_f32_to_bf16((float)(acc / R)));
+        if (dt == NB_F16) return nb_f16_to_f32(nb_f32_to_f16((float)(acc / R)));
+        if (dt == NB_F32) return (float)(acc / R);
+        return acc / R;
+    }
+    return acc;
+}
+
+static const char *op_name(nb_reduce_op op) {
+    static const char *names[] = {"sum", "avg", "min", "max"};
+    return names[op];
+}
+
+static void check_ok(nb_status st) { ck_assert_msg(st == NB_OK, "status %d: %s", st, nb_last_error()); }
+
+static void assert_expected(const nb_tensor *t, nb_dtype dt, nb_reduce_op op, int64_t offset,
+                            const char *what) {
+    int64_t n = nb_numel(t);
+    double *got = malloc((size_t)(n ? n : 1) * sizeof *got);
+    nb_to_host_f64(t, got);
+    for (int64_t i = 0; i < n; i++) {
+        double want = expected(dt, op, offset + i);
+        ck_assert_msg(got[i] == want, "%s %s %s count %" PRId64 ": element %" PRId64 " is %.17g, want %.17g",
+                      what, nb_dtype_name(dt), op_name(op), n, i, got[i], want);
+    }
+    free(got);
+}
+
+START_TEST(test_all_reduce) {
+    const int64_t counts[] = {0, 1, 7, 1001, 40001};
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    for (int d = 0; d < N_DTYPES; d++) {
+        for (int op = NB_REDUCE_SUM; op <= NB_REDUCE_MAX; op++) {
+            if (op == NB_REDUCE_AVG && !nb_dtype_is_float(dtypes[d])) continue;
+            for (int c = 0; c < 5; c++) {
+                nb_tensor *t = input(ctx, dtypes[d], me, counts[c], 0);
+                check_ok(nb_work_finish(nb_pg_all_reduce(world, t, (nb_reduce_op)op)));
+                assert_expected(t, dtypes[d], (nb_reduce_op)op, 0, "all_reduce");
+            }
+            nb_ctx_reset(ctx);
+        }
+    }
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+START_TEST(test_broadcast) {
+    const int64_t counts[] = {0, 13, 40001};
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    for (int d = 0; d < N_DTYPES; d++) {
+        for (int root = 0; root < R; root += (R > 1 ? R - 1 : 1)) {
+            for (int c = 0; c < 3; c++) {
+                nb_tensor *t = input(ctx, dtypes[d], me, counts[c], 0);
+                check_ok(nb_work_finish(nb_pg_broadcast(world, t, root)));
+                double *got = malloc((size_t)(counts[c] + 1) * sizeof *got);
+                nb_to_host_f64(t, got);
+                for (int64_t i = 0; i < counts[c]; i++)
+                    ck_assert_msg(got[i] == value(dtypes[d], root, i), "broadcast %s root %d: element %" PRId64,
+                                  nb_dtype_name(dtypes[d]), root, i);
+                free(got);
+            }
+            nb_ctx_reset(ctx);
+        }
+    }
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+START_TEST(test_all_gather) {
+    const int64_t counts[] = {0, 3, 10001};
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    for (int d = 0; d < N_DTYPES; d++) {
+        for (int c = 0; c < 3; c++) {
+            int64_t n = counts[c];
+            nb_tensor *in = input(ctx, dtypes[d], me, n, 0);
+            nb_tensor *out = nb_full(ctx, dtypes[d], NB_SHAPE((int64_t)R * n), -1);
+            check_ok(nb_work_finish(nb_pg_all_gather(world, out, in)));
+            double *got = malloc((size_t)(R * n + 1) * sizeof *got);
+            nb_to_host_f64(out, got);
+            for (int r = 0; r < R; r++)
+                for (int64_t i = 0; i < n; i++)
+                    ck_assert_msg(got[r * n + i] == value(dtypes[d], r, i),
+                                  "all_gather %s count %" PRId64 ": rank %d's element %" PRId64,
+                                  nb_dtype_name(dtypes[d]), n, r, i);
+            free(got);
+        }
+        nb_ctx_reset(ctx);
+    }
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+START_TEST(test_reduce_scatter) {
+    const int64_t counts[] = {0, 1, 5, 1001};
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    for (int d = 0; d < N_DTYPES; d++) {
+        for (int op = NB_REDUCE_SUM; op <= NB_REDUCE_MAX; op++) {
+            if (op == NB_REDUCE_AVG && !nb_dtype_is_float(dtypes[d])) continue;
+            for (int c = 0; c < 4; c++) {
+                int64_t n = counts[c];
+                nb_tensor *in = input(ctx, dtypes[d], me, (int64_t)R * n, 0);
+                nb_tensor *out = nb_full(ctx, dtypes[d], NB_SHAPE(n), -1);
+                check_ok(nb_work_finish(nb_pg_reduce_scatter(world, out, in, (nb_reduce_op)op)));
+                assert_expected(out, dtypes[d], (nb_reduce_op)op, (int64_t)me * n, "reduce_scatter");
+            }
+            nb_ctx_reset(ctx);
+        }
+    }
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+/* No rank leaves a barrier before every rank has entered it: each rank
+ * writes a key before its barrier, and finds everyone's key after it. */
+START_TEST(test_barrier) {
+    nb_store *store = nb_pg_store(world);
+    for (int round = 0; round < 3; round++) {
+        char key[64];
+        snprintf(key, sizeof key, "test/barrier/%d/%d", round, me);
+        check_ok(nb_store_set(store, key, "x", 1));
+        check_ok(nb_work_finish(nb_pg_barrier(world)));
+        for (int r = 0; r < R; r++) {
+            snprintf(key, sizeof key, "test/barrier/%d/%d", round, r);
+            void *v = NULL;
+            nb_status st = nb_store_get(store, key, 0, &v, NULL);
+            ck_assert_msg(st == NB_OK, "round %d: rank %d passed the barrier before rank %d entered it", round, me, r);
+            free(v);
+        }
+    }
+}
+END_TEST
+
+/* Ten collectives in flight at once, waited for in reverse order. */
+START_TEST(test_async_in_order) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *t[10];
+    nb_work *w[10];
+    for (int k = 0; k < 10; k++) {
+        t[k] = nb_full(ctx, NB_F64, NB_SHAPE(257), k + me);
+        w[k] = nb_pg_all_reduce(world, t[k], NB_REDUCE_SUM);
+        if (k) ck_assert_uint_eq(nb_work_seq(w[k]), nb_work_seq(w[k - 1]) + 1);
+    }
+    bool done = false;
+    while (!done) check_ok(nb_work_test(w[9], &done));
+    for (int k = 9; k >= 0; k--) {
+        check_ok(nb_work_wait(w[k]));
+        check_ok(nb_work_test(w[k], &done));
+        ck_assert(done);
+        nb_work_free(w[k]);
+        double want = 0;
+        for (int r = 0; r < R; r++) want += k + r;
+        ck_assert_double_eq(nb_get(t[k], (int64_t[]){256}), want);
+    }
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+START_TEST(test_agree) {
+    bool any = false, all = true;
+    check_ok(nb_pg_agree(world, me == R - 1, &any, &all));
+    ck_assert(any);
+    ck_assert(all == (R == 1));
+    check_ok(nb_pg_agree(world, true, &any, &all));
+    ck_assert(any && all);
+    check_ok(nb_pg_agree(world, false, &any, NULL));
+    ck_assert(!any);
+}
+END_TEST
+
+START_TEST(test_subgroups) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    /* {R-1, 0}, in that order: world rank R-1 is rank 0 of the group. */
+    int pair[2] = {R - 1, 0};
+    int n_pair = R > 1 ? 2 : 1;
+    nb_pg *g = NULL;
+    check_ok(nb_pg_new_group(world, pair, n_pair, &g));
+    bool member = me == R - 1 || me == 0;
+    ck_assert(member == (g != NULL));
+    /* the odd world ranks */
+    int odd[2] = {1, 3};
+    int n_odd = R > 3 ? 2 : R > 1 ? 1 : 0;
+    nb_pg *o = NULL;
+    if (n_odd) check_ok(nb_pg_new_group(world, odd, n_odd, &o));
+    ck_assert((o != NULL) == (me % 2 == 1));
+
+    if (g) {
+        ck_assert_int_eq(nb_pg_size(g), n_pair);
+        ck_assert_int_eq(nb_pg_rank(g), me == R - 1 ? 0 : 1);
+        ck_assert_int_eq(nb_pg_global_rank(g, 0), R - 1);
+        nb_tensor *t = nb_full(ctx, NB_I64, NB_SHAPE(3), me + 1);
+        check_ok(nb_work_finish(nb_pg_all_reduce(g, t, NB_REDUCE_SUM)));
+        ck_assert_double_eq(nb_get(t, (int64_t[]){2}), R > 1 ? R + 1 : 1);
+        nb_tensor *b = nb_full(ctx, NB_F32, NB_SHAPE(5), me);
+        check_ok(nb_work_finish(nb_pg_broadcast(g, b, 0))); /* group rank 0 = world rank R-1 */
+        ck_assert_double_eq(nb_get(b, (int64_t[]){4}), R - 1);
+    }
+    /* a world collective between the subgroups' */
+    nb_tensor *w = nb_full(ctx, NB_F32, NB_SHAPE(2), 1);
+    check_ok(nb_work_finish(nb_pg_all_reduce(world, w, NB_REDUCE_SUM)));
+    ck_assert_double_eq(nb_get(w, (int64_t[]){0}), R);
+    if (o) {
+        nb_tensor *t = nb_full(ctx, NB_F64, NB_SHAPE(4), me);
+        check_ok(nb_work_finish(nb_pg_all_reduce(o, t, NB_REDUCE_MAX)));
+        ck_assert_double_eq(nb_get(t, (int64_t[]){0}), n_odd == 2 ? 3 : 1);
+    }
+    /* a subgroup of a subgroup: group rank 1 of g is world rank 0 */
+    if (g) {
+        nb_pg *gg = NULL;
+        int one[1] = {n_pair - 1};
+        check_ok(nb_pg_new_group(g, one, 1, &gg));
+        ck_assert((gg != NULL) == (me == 0));
+        if (gg) {
+            ck_assert_int_eq(nb_pg_global_rank(gg, 0), 0);
+            nb_tensor *t = nb_full(ctx, NB_F32, NB_SHAPE(1), 5);
+            check_ok(nb_work_finish(nb_pg_all_reduce(gg, t, NB_REDUCE_SUM)));
+            ck_assert_double_eq(nb_item(t), 5);
+            NBT_EXPECT_ABORT(nb_pg_free(g), "still has 1 subgroup");
+            check_ok(nb_pg_free(gg));
+        }
+        check_ok(nb_pg_free(g));
+    }
+    check_ok(nb_pg_free(o));
+    /* non-members may not issue on the group they did not get */
+    NBT_EXPECT_ABORT(nb_pg_barrier(NULL), "is this rank a member of the subgroup?");
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+/* Ranks 0 and 1 agree on {0, 1}; rank 2 says {0, 2}: rank 2 learns that
+ * rank 0 was given another list. */
+START_TEST(test_subgroup_mismatch) {
+    if (R != 3) return;
+    int a[2] = {0, 1}, b[2] = {0, 2};
+    nb_pg *g = NULL;
+    nb_status st = nb_pg_new_group(world, me == 2 ? b : a, 2, &g);
+    if (me == 2) {
+        ck_assert_int_eq(st, NB_ERR_MISMATCH);
+        ck_assert_ptr_null(g);
+        ck_assert_msg(strstr(nb_last_error(), "rank 0 was given [0, 1], rank 2 was given [0, 2]"), "%s",
+                      nb_last_error());
+    } else {
+        check_ok(st);
+        ck_assert_ptr_nonnull(g);
+        check_ok(nb_work_finish(nb_pg_barrier(g)));
+        check_ok(nb_pg_free(g));
+    }
+}
+END_TEST
+
+START_TEST(test_argument_checks) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *m = nb_zeros(ctx, NB_F32, NB_SHAPE(2, 3));
+    nb_tensor *mt = nb_transpose(ctx, m, 0, 1);
+    NBT_EXPECT_ABORT(nb_pg_all_reduce(world, mt, NB_REDUCE_SUM), "nb_pg_all_reduce: tensor must be contiguous (shape (3, 2))");
+    nb_tensor *i = nb_zeros(ctx, NB_I32, NB_SHAPE(4));
+    NBT_EXPECT_ABORT(nb_pg_all_reduce(world, i, NB_REDUCE_AVG), "avg needs a floating dtype, got i32");
+    NBT_EXPECT_ABORT(nb_pg_broadcast(world, m, R), "root");
+    nb_tensor *small = nb_zeros(ctx, NB_F32, NB_SHAPE(R * 3 + 1));
+    nb_tensor *three = nb_zeros(ctx, NB_F32, NB_SHAPE(3));
+    NBT_EXPECT_ABORT(nb_pg_all_gather(world, small, three), "nb_pg_all_gather: out (");
+    NBT_EXPECT_ABORT(nb_pg_reduce_scatter(world, three, small, NB_REDUCE_SUM), "nb_pg_reduce_scatter: in (");
+    nb_tensor *d = nb_zeros(ctx, NB_F64, NB_SHAPE(R * 3));
+    NBT_EXPECT_ABORT(nb_pg_all_gather(world, d, three), "out is f64 but in is f32");
+    nb_tensor fake = *three;
+    fake.device = nb_cuda(0);
+    NBT_EXPECT_ABORT(nb_pg_all_reduce(world, &fake, NB_REDUCE_SUM),
+                     "tensor is on cuda:0 but the group's gloo backend works on cpu tensors");
+    int dup[2] = {0, 0};
+    nb_pg *g;
+    NBT_EXPECT_ABORT(nb_pg_new_group(world, dup, 2, &g), R > 1 ? "rank 0 is listed twice" : "2 ranks for a subgroup");
+    int out_of_range[1] = {R};
+    NBT_EXPECT_ABORT(nb_pg_new_group(world, out_of_range, 1, &g), "outside the group");
+    /* none of these took a sequence number: the next collective still matches */
+    check_ok(nb_work_finish(nb_pg_barrier(world)));
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+static Suite *suite(void) {
+    Suite *s = suite_create("dist_collectives");
+    TCase *tc = tcase_create("gloo");
+    tcase_add_test(tc, test_all_reduce);
+    tcase_add_test(tc, test_broadcast);
+    tcase_add_test(tc, test_all_gather);
+    tcase_add_test(tc, test_reduce_scatter);
+    tcase_add_test(tc, test_barrier);
+    tcase_add_test(tc, test_async_in_order);
+    tcase_add_test(tc, test_agree);
+    tcase_add_test(tc, test_subgroups);
+    tcase_add_test(tc, test_subgroup_mismatch);
+    tcase_add_test(tc, test_argument_checks);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) {
+    setenv("CK_FORK", "no", 1); /* the ranks share one world group across tests */
+    nb_pg_options opts = {NB_PG_GLOO, 0};
+    nb_status st = nb_pg_init(&world, &opts);
+    if (st == NB_ERR_UNSUPPORTED) {
+        fprintf(stderr, "skipped: %s\n", nb_last_error());
+        return 77;
+    }
+    if (st != NB_OK) {
+        fprintf(stderr, "nb_pg_init: %s\n", nb_last_error());
+        return 1;
+    }
+    R = nb_pg_size(world);
+    me = nb_pg_rank(world);
+    int rc = nbt_run(suite());
+    st = nb_pg_free(world);
+    if (st != NB_OK) {
+        fprintf(stderr, "nb_pg_free: %s\n", nb_last_error());
+        rc = 1;
+    }
+    return rc;
+}

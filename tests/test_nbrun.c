@@ -1,0 +1,264 @@
+/* The launcher: flags and usage errors, the environment each rank gets,
+ * rank-prefixed lines that never mix, failure propagation (first failing
+ * rank's exit code, its stderr printed last, TERM then KILL), Ctrl-C, and
+ * children dying with nbrun. The ranks are small sh scripts. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dist/proc.h"
+#include "testutil.h"
+
+static char nbrun_path[4096];
+
+#define EXPECT_IN(text, needle) \
+    ck_assert_msg(strstr((text), (needle)) != NULL, "expected \"%s\" in:\n%s", (needle), (text))
+
+/* nbrun with up to 8 arguments, then `sh -c script`. */
+static void run(nbt_proc *p, const char *env0, const char *const *args, const char *script) {
+    static char *argv[16];
+    int n = 0;
+    argv[n++] = nbrun_path;
+    for (int i = 0; args && args[i]; i++) argv[n++] = (char *)args[i];
+    if (script) {
+        argv[n++] = "sh";
+        argv[n++] = "-c";
+        argv[n++] = (char *)script;
+    }
+    argv[n] = NULL;
+    memset(p, 0, sizeof *p);
+    p->argv = argv;
+    p->env[0] = env0;
+    p->pass_fd = -1;
+    nbt_proc_start(p);
+}
+
+START_TEST(test_help) {
+    nbt_proc p;
+    const char *a[] = {"--help", NULL};
+    run(&p, NULL, a, NULL);
+    nbt_proc_wait_all(&p, 1, 30);
+    ck_assert_int_eq(p.code, 0);
+    const char *words[] = {"--nproc-per-node N|gpu", "--nnodes K", "--node-rank i", "--master-addr A",
+                           "--master-port P", "[rank R] ", "SIGTERM", "SIGKILL", "NBRUN_GRACE",
+                           "PR_SET_PDEATHSIG", "Ctrl-C", "exit status", "LOCAL_WORLD_SIZE", "NABLA_RUN_ID"};
+    for (unsigned i = 0; i < sizeof words / sizeof words[0]; i++) EXPECT_IN(p.out, words[i]);
+    nbt_proc_free(&p);
+}
+END_TEST
+
+static void usage_error(const char *env0, const char *const *args, const char *script, const char *msg) {
+    nbt_proc p;
+    run(&p, env0, args, script);
+    nbt_proc_wait_all(&p, 1, 30);
+    ck_assert_msg(p.code == 2, "exit %d for %s", p.code, msg);
+    EXPECT_IN(p.err, msg);
+    nbt_proc_free(&p);
+}
+
+START_TEST(test_usage_errors) {
+    usage_error(NULL, NULL, NULL, "nbrun: no program to run");
+    const char *a1[] = {"--nproc-per-node", "0", NULL};
+    usage_error(NULL, a1, "true", "--nproc-per-node expects an integer in [1, 4096], got '0'");
+    const char *a2[] = {"--bogus", NULL};
+    usage_error(NULL, a2, "true", "unknown option '--bogus'");
+    const char *a3[] = {"--nnodes", "2", NULL};
+    usage_error(NULL, a3, "true", "--master-addr is required with --nnodes 2");
+    const char *a4[] = {"--nnodes=2", "--master-addr=10.0.0.1", "--master-port=0", NULL};
+    usage_error(NULL, a4, "true", "--master-port must be a fixed port with --nnodes 2");
+    const char *a5[] = {"--nnodes", "2", "--node-rank", "2", "--master-addr", "h", "--master-port", "1", NULL};
+    usage_error(NULL, a5, "true", "--node-rank 2 must be below --nnodes 2");
+    const char *a6[] = {"--nproc-per-node", "gpu", NULL};
+    usage_error("CUDA_VISIBLE_DEVICES=", a6, "true", "--nproc-per-node gpu: no GPU found");
+}
+END_TEST
+
+START_TEST(test_environment_and_prefixes) {
+    nbt_proc p;
+    const char *a[] = {"--nproc-per-node", "3", NULL};
+    run(&p, NULL, a,
+        "echo \"env $RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $GROUP_RANK $MASTER_ADDR "
+        "${NABLA_STORE_FD:-nofd} $NABLA_RUN_ID $MASTER_PORT\"; echo \"to stderr $RANK\" >&2; printf \"no newline $RANK\"");
+    nbt_proc_wait_all(&p, 1, 30);
+    ck_assert_int_eq(p.code, 0);
+    char want[128], run_id[128] = "", port[16] = "";
+    for (int r = 0; r < 3; r++) {
+        snprintf(want, sizeof want, "[rank %d] env %d 3 %d 3 0 127.0.0.1 ", r, r, r);
+        const char *line = strstr(p.out, want);
+        ck_assert_msg(line != NULL, "no \"%s\" in:\n%s", want, p.out);
+        char fd[16], id[128], pt[16];
+        ck_assert_int_eq(sscanf(line + strlen(want), "%15s %127s %15s", fd, id, pt), 3);
+        /* only rank 0 gets the store's socket */
+        ck_assert_msg(r == 0 ? strcmp(fd, "nofd") != 0 : strcmp(fd, "nofd") == 0, "rank %d: fd %s", r, fd);
+        ck_assert_msg(strncmp(id, "nbrun-", 6) == 0, "run id %s", id);
+        if (r == 0) {
+            snprintf(run_id, sizeof run_id, "%s", id);
+            snprintf(port, sizeof port, "%s", pt);
+        }
+        ck_assert_str_eq(id, run_id); /* the same for every rank */
+        ck_assert_str_eq(pt, port);
+        ck_assert_int_gt(atoi(pt), 0); /* --master-port 0 became a real port */
+        snprintf(want, sizeof want, "[rank %d] to stderr %d\n", r, r);
+        EXPECT_IN(p.err, want);
+        snprintf(want, sizeof want, "[rank %d] no newline %d\n", r, r);
+        EXPECT_IN(p.out, want);
+    }
+    ck_assert(strstr(p.out, "to stderr") == NULL);
+    nbt_proc_free(&p);
+}
+END_TEST
+
+START_TEST(test_multinode_environment) {
+    nbt_proc p;
+    const char *a[] = {"--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "2",
+                       "--master-addr", "127.0.0.1", "--master-port", "29999", NULL};
+    run(&p, "NABLA_RUN_ID=my-run", a, "echo \"$RANK $WORLD_SIZE $LOCAL_RANK $GROUP_RANK $NABLA_RUN_ID $MASTER_PORT\"");
+    nbt_proc_wait_all(&p, 1, 30);
+    ck_assert_int_eq(p.code, 0);
+    EXPECT_IN(p.out, "[rank 2] 2 4 0 1 my-run 29999\n");
+    EXPECT_IN(p.out, "[rank 3] 3 4 1 1 my-run 29999\n");
+    nbt_proc_free(&p);
+}
+END_TEST
+
+/* Lines of concurrent ranks stay whole; a very long line is cut into
+ * prefixed pieces. */
+START_TEST(test_lines_never_mix) {
+    nbt_proc p;
+    const char *a[] = {"--nproc-per-node", "2", NULL};
+    run(&p, NULL, a,
+        "i=0; while [ $i -lt 2000 ]; do echo \"line $i of rank $RANK with some padding text\"; i=$((i+1)); done");
+    nbt_proc_wait_all(&p, 1, 60);
+    ck_assert_int_eq(p.code, 0);
+    int lines = 0;
+    for (char *s = p.out, *nl; (nl = strchr(s, '\n')) != NULL; s = nl + 1) {
+        *nl = 0;
+        int r1, i, r2;
+        ck_assert_msg(sscanf(s, "[rank %d] line %d of rank %d with some padding text", &r1, &i, &r2) == 3 && r1 == r2,
+                      "mangled line: %s", s);
+        lines++;
+    }
+    ck_assert_int_eq(lines, 4000);
+    nbt_proc_free(&p);
+
+    run(&p, NULL, NULL, "head -c 100000 /dev/zero | tr '\\0' a; echo");
+    nbt_proc_wait_all(&p, 1, 30);
+    ck_assert_int_eq(p.code, 0);
+    ck_assert_int_eq(nbt_count(p.out, "[rank 0] "), 2);
+    ck_assert_int_eq(p.out_len, 100000 + 2 * strlen("[rank 0] ") + 2);
+    nbt_proc_free(&p);
+}
+END_TEST
+
+START_TEST(test_first_failure_decides) {
+    nbt_proc p;
+    const char *a[] = {"--nproc-per-node", "3", NULL};
+    run(&p, NULL, a,
+        "if [ $RANK = 1 ]; then i=1; while [ $i -le 25 ]; do echo \"problem $i\" >&2; i=$((i+1)); done; exit 3; fi; "
+        "echo waiting; exec sleep 60");
+    nbt_proc_wait_all(&p, 1, 60);
+    ck_assert_msg(p.code == 3, "exit %d\n%s", p.code, p.err);
+    ck_assert_msg(p.seconds < 30, "took %.1f s: the sleeping ranks were not stopped", p.seconds);
+    EXPECT_IN(p.err, "nbrun: rank 1 (local rank 1, pid ");
+    EXPECT_IN(p.err, "failed first: exited with code 3; the other ranks were stopped\n"
+                     "nbrun: last 20 lines of rank 1's stderr:\n  [rank 1] problem 6\n");
+    char last[128];
+    ck_assert_str_eq(nbt_last_line(p.err, last, sizeof last), "  [rank 1] problem 25");
+    nbt_proc_free(&p);
+
+    /* killed by a signal: 128 + 9 */
+    run(&p, NULL, a, "if [ $RANK = 2 ]; then kill -9 $$; fi; exec sleep 60");
+    nbt_proc_wait_all(&p, 1, 60);
+    ck_assert_int_eq(p.code, 137);
+    EXPECT_IN(p.err, "nbrun: rank 2 (local rank 2, pid ");
+    EXPECT_IN(p.err, "failed first: was killed by signal 9");
+    EXPECT_IN(p.err, "nbrun: rank 2 wrote nothing to stderr");
+    nbt_proc_free(&p);
+
+    /* cannot start the program */
+    const char *b[] = {"/nonexistent/program", NULL};
+    run(&p, NULL, b, NULL);
+    nbt_proc_wait_all(&p, 1, 30);
+    ck_assert_int_eq(p.code, 127);
+    EXPECT_IN(p.err, "cannot run '/nonexistent/program'");
+    nbt_proc_free(&p);
+}
+END_TEST
+
+/* A rank that ignores SIGTERM gets SIGKILL after the grace period. */
+START_TEST(test_term_then_kill) {
+    nbt_proc p;
+    const char *a[] = {"--nproc-per-node", "2", NULL};
+    run(&p, "NBRUN_GRACE=0.5", a, "if [ $RANK = 1 ]; then sleep 0.2; exit 1; fi; trap '' TERM; exec sleep 60");
+    nbt_proc_wait_all(&p, 1, 60);
+    ck_assert_int_eq(p.code, 1);
+    ck_assert_msg(p.seconds < 30, "took %.1f s: SIGKILL did not follow", p.seconds);
+    nbt_proc_free(&p);
+}
+END_TEST
+
+START_TEST(test_interrupt_stops_all) {
+    nbt_proc p;
+    const char *a[] = {"--nproc-per-node", "2", NULL};
+    run(&p, NULL, a, "echo ready; exec sleep 60");
+    p.trigger = "ready";
+    p.trigger_count = 2;
+    p.trigger_signal = SIGINT;
+    nbt_proc_wait_all(&p, 1, 60);
+    ck_assert_msg(p.code == 130, "exit %d\n%s", p.code, p.err);
+    ck_assert_msg(p.seconds < 30, "took %.1f s to stop", p.seconds);
+    EXPECT_IN(p.err, "nbrun: stopped by signal 2 (Interrupt); all ranks were stopped");
+    nbt_proc_free(&p);
+}
+END_TEST
+
+static bool alive(int pid) {
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return false;
+    bool zombie = fgets(buf, sizeof buf, f) && strstr(buf, ") Z ") != NULL;
+    fclose(f);
+    return !zombie;
+}
+
+START_TEST(test_children_die_with_nbrun) {
+    nbt_proc p;
+    const char *a[] = {"--nproc-per-node", "2", NULL};
+    run(&p, NULL, a, "echo \"pid $$\"; exec sleep 60");
+    p.trigger = "pid ";
+    p.trigger_count = 2;
+    p.trigger_signal = SIGKILL;
+    nbt_proc_wait_all(&p, 1, 60);
+    ck_assert_int_eq(p.code, 137);
+    int pids[2], n = 0;
+    for (const char *s = p.out; (s = strstr(s, "pid ")) != NULL && n < 2; s += 4) pids[n++] = atoi(s + 4);
+    ck_assert_int_eq(n, 2);
+    double t0 = nbt_now();
+    while ((alive(pids[0]) || alive(pids[1])) && nbt_now() - t0 < 20) poll(NULL, 0, 20);
+    ck_assert_msg(!alive(pids[0]) && !alive(pids[1]), "ranks %d and %d outlived nbrun", pids[0], pids[1]);
+    nbt_proc_free(&p);
+}
+END_TEST
+
+static Suite *suite(void) {
+    Suite *s = suite_create("nbrun");
+    TCase *tc = tcase_create("launcher");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_help);
+    tcase_add_test(tc, test_usage_errors);
+    tcase_add_test(tc, test_environment_and_prefixes);
+    tcase_add_test(tc, test_multinode_environment);
+    tcase_add_test(tc, test_lines_never_mix);
+    tcase_add_test(tc, test_first_failure_decides);
+    tcase_add_test(tc, test_term_then_kill);
+    tcase_add_test(tc, test_interrupt_stops_all);
+    tcase_add_test(tc, test_children_die_with_nbrun);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) {
+    snprintf(nbrun_path, sizeof nbrun_path, "%s/bin/nbrun", NABLA_BINARY_DIR);
+    return nbt_run(suite());
+}

@@ -1,0 +1,644 @@
+/* nbrun: starts the processes of a distributed run on this node, like
+ * torchrun, and keeps their failures readable. `nbrun --help` is the
+ * user's manual; docs/distributed.md has more.
+ *
+ * One process, one poll() loop: over a signalfd (SIGCHLD, SIGINT, SIGTERM,
+ * SIGHUP) and two pipes per child, whose lines are copied out with a
+ * "[rank R] " prefix as they complete; the last lines of each child's
+ * stderr are kept in a ring. The first child that fails (non-zero exit or
+ * signal) decides nbrun's exit code; the others get SIGTERM, then SIGKILL
+ * after a grace period, sent to each child's process group so that what
+ * they started goes too. Every child asks the kernel for SIGKILL when
+ * nbrun dies (PR_SET_PDEATHSIG), so no rank outlives a killed launcher.
+ *
+ * On the node of rank 0, nbrun opens the store's listening socket itself
+ * and hands it to rank 0 (NABLA_STORE_FD); with --master-port 0 that is
+ * how a free port is picked without a race between choosing and binding. */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define LINE_MAX_BYTES 65536
+#define TAIL_LINES 20
+#define TAIL_LINE_BYTES 1000
+#define DRAIN_AFTER_EXIT_S 2.0
+
+static const char *usage_text =
+    "usage: nbrun [options] program [args...]\n"
+    "\n"
+    "Starts the processes of a distributed run on this node and supervises them.\n"
+    "\n"
+    "options (also --opt=value, and with underscores: --nproc_per_node):\n"
+    "  --nproc-per-node N|gpu  processes on this node (default 1); 'gpu': one per\n"
+    "                          visible GPU (nvidia-smi -L, limited by\n"
+    "                          CUDA_VISIBLE_DEVICES); no GPU is an error\n"
+    "  --nnodes K              nodes in the run (default 1); run nbrun once per node\n"
+    "  --node-rank i           this node's index, 0..K-1 (default 0)\n"
+    "  --master-addr A         where rank 0 serves the store (default 127.0.0.1;\n"
+    "                          required with --nnodes > 1)\n"
+    "  --master-port P         its port (default 0: a free port, one node only;\n"
+    "                          required with --nnodes > 1)\n"
+    "  -h, --help              this text\n"
+    "\n"
+    "each process gets:\n"
+    "  RANK, WORLD_SIZE        global rank (node-rank * N + local rank) and N * K\n"
+    "  LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK (the node rank)\n"
+    "  OMP_NUM_THREADS=1 and OPENBLAS_NUM_THREADS=1 when several ranks share the node\n"
+    "  and the variable is not already set\n"
+    "  MASTER_ADDR, MASTER_PORT (the real port when 0 was asked for)\n"
+    "  NABLA_RUN_ID            the run's id ($NABLA_RUN_ID if set; else random on one\n"
+    "                          node, master-addr:port on several); the store refuses\n"
+    "                          processes of another run\n"
+    "  NABLA_STORE_FD          (rank 0 only) the store's listening socket, opened by\n"
+    "                          nbrun on node 0\n"
+    "  stdin from /dev/null; each in its own process group (what a process leaves\n"
+    "  running in its group when it exits is killed)\n"
+    "\n"
+    "output: every line a process writes to stdout or stderr is copied to nbrun's\n"
+    "stdout or stderr, prefixed with \"[rank R] \" (a line is written when it ends,\n"
+    "so lines of different ranks never mix).\n"
+    "\n"
+    "failures: when a process exits with a non-zero code or is killed by a signal,\n"
+    "nbrun sends SIGTERM to the other processes (their whole process groups), then\n"
+    "SIGKILL to those still alive after a grace period ($NBRUN_GRACE seconds,\n"
+    "default 5). It then prints which rank failed first and how, followed by the\n"
+    "last " "20" " lines that rank wrote to stderr: the end of nbrun's output is where\n"
+    "the error is.\n"
+    "\n"
+    "Ctrl-C (SIGINT), SIGTERM or SIGHUP to nbrun stops every process the same way;\n"
+    "a second one kills them at once. If nbrun itself dies, the kernel kills the\n"
+    "processes (PR_SET_PDEATHSIG).\n"
+    "\n"
+    "exit status: 0 when every process exits with 0; otherwise the exit code of the\n"
+    "first process that failed (128 + N for signal N); 128 + N when nbrun was\n"
+    "stopped by signal N first; 2 for a usage error; 127 when the program cannot be\n"
+    "started.\n";
+
+typedef struct stream {
+    int fd;          /* -1 once closed */
+    char *buf;
+    size_t len;
+    bool is_err;
+} stream;
+
+typedef struct child {
+    int rank, local_rank;
+    pid_t pid;
+    bool running;
+    int status; /* from waitpid */
+    stream out, err;
+    char *tail[TAIL_LINES];
+    int tail_next, tail_count;
+} child;
+
+static child *kids;
+static int nkids;
+static int live;
+
+static void die_usage(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "nbrun: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n(see nbrun --help)\n");
+    va_end(ap);
+    exit(2);
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void write_all(int fd, const char *p, size_t n) {
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return; /* a closed stdout must not stop the supervision */
+        }
+        p += w;
+        n -= (size_t)w;
+    }
+}
+
+/* ------------------------------------------------------------- options */
+
+static long parse_long(const char *flag, const char *v, long lo, long hi) {
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || end == v || *end || x < lo || x > hi)
+        die_usage("%s expects an integer in [%ld, %ld], got '%s'", flag, lo, hi, v);
+    return x;
+}
+
+/* GPUs this process may use: nvidia-smi's list, limited by CUDA_VISIBLE_DEVICES. */
+static int count_gpus(char *why, size_t len) {
+    int smi = -1;
+    FILE *p = popen("nvidia-smi -L 2>/dev/null", "r");
+    if (p) {
+        char line[512];
+        int n = 0;
+        while (fgets(line, sizeof line, p))
+            if (strncmp(line, "GPU ", 4) == 0) n++;
+        int rc = pclose(p);
+        if (rc == 0) smi = n;
+    }
+    const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
+    int listed = -1;
+    if (cvd) {
+        listed = 0;
+        if (*cvd && strcmp(cvd, "-1") != 0) {
+            listed = 1;
+            for (const char *c = cvd; *c; c++) listed += *c == ',';
+        }
+    }
+    if (smi < 0 && listed < 0) {
+        snprintf(why, len, "nvidia-smi -L did not run (no NVIDIA driver?)");
+        return 0;
+    }
+    int n = smi < 0 ? listed : (listed < 0 || listed > smi ? smi : listed);
+    if (n == 0)
+        snprintf(why, len, "%s", listed == 0 ? "CUDA_VISIBLE_DEVICES hides every GPU"
+                                              : "nvidia-smi -L lists no GPU");
+    return n;
+}
+
+typedef struct options {
+    int nproc, nnodes, node_rank, port;
+    const char *addr;
+    char **argv;
+} options;
+
+static bool flag_is(const char *arg, const char *name, const char **value) {
+    /* name is "nproc-per-node"; accept --nproc-per-node, --nproc_per_node, =value */
+    if (strncmp(arg, "--", 2) != 0) return false;
+    arg += 2;
+    size_t i = 0;
+    for (; name[i]; i++) {
+        char a = arg[i], b = name[i];
+        if (a == '_') a = '-';
+        if (a != b) return false;
+    }
+    if (arg[i] == '=') {
+        *value = arg + i + 1;
+        return true;
+    }
+    if (arg[i] == 0) {
+        *value = NULL;
+        return true;
+    }
+    return false;
+}
+
+static options parse_options(int argc, char **argv) {
+    options o = {1, 1, 0, 0, NULL, NULL};
+    const char *nproc = "1";
+    bool port_given = false;
+    int i = 1;
+    for (; i < argc; i++) {
+        const char *a = argv[i], *v = NULL;
+        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+            fputs(usage_text, stdout);
+            exit(0);
+        }
+        if (strcmp(a, "--") == 0) {
+            i++;
+            break;
+        }
+        if (a[0] != '-') break;
+        const char *names[] = {"nproc-per-node", "nnodes", "node-rank", "master-addr", "master-port"};
+        int which = -1;
+        for (int k = 0; k < 5 && which < 0; k++)
+            if (flag_is(a, names[k], &v)) which = k;
+        if (which < 0) die_usage("unknown option '%s'", a);
+        if (!v) {
+            if (i + 1 >= argc) die_usage("%s needs a value", a);
+            v = argv[++i];
+        }
+        switch (which) {
+        case 0: nproc = v; break;
+        case 1: o.nnodes = (int)parse_long("--nnodes", v, 1, 1 << 20); break;
+        case 2: o.node_rank = (int)parse_long("--node-rank", v, 0, 1 << 20); break;
+        case 3: o.addr = v; break;
+        case 4:
+            o.port = (int)parse_long("--master-port", v, 0, 65535);
+            port_given = true;
+            break;
+        }
+    }
+    if (i >= argc) die_usage("no program to run");
+    o.argv = argv + i;
+    if (strcmp(nproc, "gpu") == 0) {
+        char why[256] = "";
+        o.nproc = count_gpus(why, sizeof why);
+        if (o.nproc == 0) {
+            fprintf(stderr, "nbrun: --nproc-per-node gpu: no GPU found (%s)\n", why);
+            exit(2);
+        }
+    } else {
+        o.nproc = (int)parse_long("--nproc-per-node", nproc, 1, 4096);
+    }
+    if (o.node_rank >= o.nnodes)
+        die_usage("--node-rank %d must be below --nnodes %d", o.node_rank, o.nnodes);
+    if (o.nnodes > 1 && !o.addr) die_usage("--master-addr is required with --nnodes %d", o.nnodes);
+    if (o.nnodes > 1 && (!port_given || o.port == 0))
+        die_usage("--master-port must be a fixed port with --nnodes %d (port 0 picks a free port "
+                  "on one node only)",
+                  o.nnodes);
+    if (!o.addr) o.addr = "127.0.0.1";
+    return o;
+}
+
+/* ------------------------------------------------------------ the store port */
+
+/* Listens on addr:port for rank 0's store; returns the fd and the port. */
+static int open_store_socket(const char *addr, int *port) {
+    bool loop = strncmp(addr, "127.", 4) == 0 || strcmp(addr, "localhost") == 0 || strcmp(addr, "::1") == 0;
+    const char *host = loop ? addr : NULL;
+    struct addrinfo hints, *res = NULL;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = host ? AF_UNSPEC : AF_INET;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE;
+    char ps[16];
+    snprintf(ps, sizeof ps, "%d", *port);
+    int rc = getaddrinfo(host, ps, &hints, &res);
+    if (rc != 0) {
+        fprintf(stderr, "nbrun: cannot resolve --master-addr %s: %s\n", addr, gai_strerror(rc));
+        exit(2);
+    }
+    int fd = -1, err = 0;
+    for (struct addrinfo *a = res; a && fd < 0; a = a->ai_next) {
+        fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+        if (fd < 0) {
+            err = errno;
+            continue;
+        }
+        int one = 1;
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, SOMAXCONN) != 0) {
+            err = errno;
+            close(fd);
+            fd = -1;
+        }
+    }
+    freeaddrinfo(res);
+    if (fd < 0) {
+        fprintf(stderr, "nbrun: cannot listen on %s:%d for the store: %s\n", loop ? addr : "0.0.0.0",
+                *port, strerror(err));
+        exit(2);
+    }
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    getsockname(fd, (struct sockaddr *)&ss, &sl);
+    *port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                           : ((struct sockaddr_in *)&ss)->sin_port);
+    return fd;
+}
+
+static void make_run_id(const options *o, char *id, size_t len) {
+    const char *given = getenv("NABLA_RUN_ID");
+    if (given && *given) {
+        snprintf(id, len, "%s", given);
+        return;
+    }
+    if (o->nnodes > 1) {
+        snprintf(id, len, "%s:%d", o->addr, o->port);
+        return;
+    }
+    unsigned long long r = (unsigned long long)getpid() ^ (unsigned long long)time(NULL) << 20;
+    int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        if (read(fd, &r, sizeof r) != (ssize_t)sizeof r) r ^= (unsigned long long)now_s();
+        close(fd);
+    }
+    snprintf(id, len, "nbrun-%016llx", r);
+}
+
+/* ------------------------------------------------------------ children */
+
+static void setenv_int(const char *name, int v) {
+    char s[32];
+    snprintf(s, sizeof s, "%d", v);
+    setenv(name, s, 1);
+}
+
+static void spawn(child *c, const options *o, const char *run_id, int store_fd, int port) {
+    int out[2], err[2];
+    if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) {
+        perror("nbrun: pipe");
+        exit(1);
+    }
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid < 0) {
+        perror("nbrun: fork");
+        exit(1);
+    }
+    if (pid == 0) {
+        setpgid(0, 0);
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent) _exit(1); /* nbrun died before prctl */
+        sigset_t none;
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
+        signal(SIGPIPE, SIG_DFL);
+        int devnull = open("/dev/null", O_RDONLY);
+        if (devnull >= 0) dup2(devnull, 0);
+        dup2(out[1], 1);
+        dup2(err[1], 2);
+        setenv_int("RANK", c->rank);
+        setenv_int("WORLD_SIZE", o->nproc * o->nnodes);
+        setenv_int("LOCAL_RANK", c->local_rank);
+        setenv_int("LOCAL_WORLD_SIZE", o->nproc);
+        setenv_int("GROUP_RANK", o->node_rank);
+        setenv("MASTER_ADDR", o->addr, 1);
+        setenv_int("MASTER_PORT", port);
+        setenv("NABLA_RUN_ID", run_id, 1);
+        /* Note: several ranks on one machine each running a full-width BLAS
+         * thread pool oversubscribe the cores; like torchrun, default to one
+         * thread per rank unless the user chose. */
+        if (o->nproc > 1) {
+            setenv("OMP_NUM_THREADS", "1", 0);
+            setenv("OPENBLAS_NUM_THREADS", "1", 0);
+        }
+        unsetenv("NABLA_STORE_FD");
+        unsetenv("NABLA_STORE_PORT"); /* the store is on MASTER_PORT */
+        if (store_fd >= 0 && c->rank == 0) {
+            int flags = fcntl(store_fd, F_GETFD);
+            fcntl(store_fd, F_SETFD, flags & ~FD_CLOEXEC);
+            setenv_int("NABLA_STORE_FD", store_fd);
+        }
+        execvp(o->argv[0], o->argv);
+        fprintf(stderr, "nbrun: cannot run '%s': %s\n", o->argv[0], strerror(errno));
+        _exit(127);
+    }
+    close(out[1]);
+    close(err[1]);
+    c->pid = pid;
+    c->running = true;
+    c->out = (stream){out[0], malloc(LINE_MAX_BYTES), 0, false};
+    c->err = (stream){err[0], malloc(LINE_MAX_BYTES), 0, true};
+    if (!c->out.buf || !c->err.buf) {
+        fprintf(stderr, "nbrun: out of memory\n");
+        exit(1);
+    }
+    fcntl(out[0], F_SETFL, O_NONBLOCK);
+    fcntl(err[0], F_SETFL, O_NONBLOCK);
+    live++;
+}
+
+static void keep_tail(child *c, const char *line, size_t n) {
+    if (n > TAIL_LINE_BYTES) n = TAIL_LINE_BYTES;
+    char *copy = malloc(n + 1);
+    if (!copy) return;
+    memcpy(copy, line, n);
+    copy[n] = 0;
+    free(c->tail[c->tail_next]);
+    c->tail[c->tail_next] = copy;
+    c->tail_next = (c->tail_next + 1) % TAIL_LINES;
+    if (c->tail_count < TAIL_LINES) c->tail_count++;
+}
+
+static void emit_line(child *c, stream *s, const char *line, size_t n) {
+    char prefix[32];
+    int pn = snprintf(prefix, sizeof prefix, "[rank %d] ", c->rank);
+    int fd = s->is_err ? 2 : 1;
+    /* One write per line keeps lines whole when stdout and stderr are the same pipe. */
+    char *buf = malloc((size_t)pn + n + 1);
+    if (!buf) return;
+    memcpy(buf, prefix, (size_t)pn);
+    memcpy(buf + pn, line, n);
+    buf[(size_t)pn + n] = '\n';
+    write_all(fd, buf, (size_t)pn + n + 1);
+    free(buf);
+    if (s->is_err) keep_tail(c, line, n);
+}
+
+/* Reads what is there; false at end of file. */
+static bool pump(child *c, stream *s) {
+    for (;;) {
+        if (s->len == LINE_MAX_BYTES) { /* a very long line: pass it on in pieces */
+            emit_line(c, s, s->buf, s->len);
+            s->len = 0;
+        }
+        ssize_t got = read(s->fd, s->buf + s->len, LINE_MAX_BYTES - s->len);
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
+        if (got <= 0) {
+            if (s->len) emit_line(c, s, s->buf, s->len);
+            s->len = 0;
+            close(s->fd);
+            s->fd = -1;
+            return false;
+        }
+        size_t start = 0, end = s->len + (size_t)got;
+        for (size_t i = s->len; i < end; i++) {
+            if (s->buf[i] == '\n') {
+                emit_line(c, s, s->buf + start, i - start);
+                start = i + 1;
+            }
+        }
+        memmove(s->buf, s->buf + start, end - start);
+        s->len = end - start;
+    }
+}
+
+static void signal_all(int sig) {
+    for (int i = 0; i < nkids; i++)
+        if (kids[i].running) kill(-kids[i].pid, sig);
+}
+
+static void describe_status(int status, char *buf, size_t len) {
+    if (WIFEXITED(status)) snprintf(buf, len, "exited with code %d", WEXITSTATUS(status));
+    else if (WIFSIGNALED(status))
+        snprintf(buf, len, "was killed by signal %d (%s)", WTERMSIG(status), strsignal(WTERMSIG(status)));
+    else snprintf(buf, len, "stopped (status %d)", status);
+}
+
+static int exit_code(int status) {
+    if (WIFEXITED(status)) return WEXITSTATUS(status);
+    if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+    return 1;
+}
+
+int main(int argc, char **argv) {
+    options o = parse_options(argc, argv);
+
+    int store_fd = -1, port = o.port;
+    if (o.node_rank == 0) store_fd = open_store_socket(o.addr, &port);
+    char run_id[128];
+    make_run_id(&o, run_id, sizeof run_id);
+
+    sigset_t mask;
+    sigemptyset(&mask);
+    sigaddset(&mask, SIGCHLD);
+    sigaddset(&mask, SIGINT);
+    sigaddset(&mask, SIGTERM);
+    sigaddset(&mask, SIGHUP);
+    sigprocmask(SIG_BLOCK, &mask, NULL);
+    int sfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
+    if (sfd < 0) {
+        perror("nbrun: signalfd");
+        return 1;
+    }
+    signal(SIGPIPE, SIG_IGN);
+
+    double grace = 5.0;
+    const char *g = getenv("NBRUN_GRACE");
+    if (g && *g) {
+        char *end;
+        double v = strtod(g, &end);
+        if (end == g || *end || v < 0) die_usage("NBRUN_GRACE='%s' is not a number of seconds", g);
+        grace = v;
+    }
+
+    nkids = o.nproc;
+    kids = calloc((size_t)nkids, sizeof *kids);
+    if (!kids) return 1;
+    for (int i = 0; i < nkids; i++) {
+        kids[i].rank = o.node_rank * o.nproc + i;
+        kids[i].local_rank = i;
+        spawn(&kids[i], &o, run_id, store_fd, port);
+    }
+    if (store_fd >= 0) close(store_fd); /* rank 0 owns it now */
+
+    int first = -1;          /* index of the first child that failed */
+    int interrupted = 0;     /* signal that stopped nbrun */
+    bool stopping = false;
+    double kill_at = 0, drain_until = 0;
+    struct pollfd *fds = calloc((size_t)(1 + 2 * nkids), sizeof *fds);
+    stream **who = calloc((size_t)(1 + 2 * nkids), sizeof *who);
+    child **owner = calloc((size_t)(1 + 2 * nkids), sizeof *owner);
+    if (!fds || !who || !owner) return 1;
+
+    for (;;) {
+        int n = 0;
+        fds[n++] = (struct pollfd){sfd, POLLIN, 0};
+        for (int i = 0; i < nkids; i++) {
+            stream *ss[2] = {&kids[i].out, &kids[i].err};
+            for (int k = 0; k < 2; k++) {
+                if (ss[k]->fd < 0) continue;
+                who[n] = ss[k];
+                owner[n] = &kids[i];
+                fds[n++] = (struct pollfd){ss[k]->fd, POLLIN, 0};
+            }
+        }
+        if (live == 0 && n == 1) break;
+        double now = now_s();
+        if (live == 0 && drain_until == 0) drain_until = now + DRAIN_AFTER_EXIT_S;
+        if (live == 0 && now >= drain_until) break; /* a grandchild holds a pipe open */
+        double wake = 1e9;
+        if (stopping && kill_at > now) wake = kill_at - now;
+        if (live == 0) wake = drain_until - now;
+        int ms = wake > 1e6 ? -1 : (int)(wake * 1000) + 1;
+        if (poll(fds, (nfds_t)n, ms) < 0 && errno != EINTR) {
+            perror("nbrun: poll");
+            break;
+        }
+        for (int i = 1; i < n; i++)
+            if (fds[i].revents) pump(owner[i], who[i]);
+        struct signalfd_siginfo si;
+        while (read(sfd, &si, sizeof si) == (ssize_t)sizeof si) {
+            if (si.ssi_signo == SIGCHLD) continue;
+            if (stopping && interrupted) { /* second interrupt: no more grace */
+                signal_all(SIGKILL);
+                continue;
+            }
+            if (!interrupted && first < 0) interrupted = (int)si.ssi_signo;
+            if (!stopping) {
+                stopping = true;
+                kill_at = now_s() + grace;
+                signal_all(SIGTERM);
+            }
+        }
+        int status;
+        pid_t pid;
+        while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+            for (int i = 0; i < nkids; i++) {
+                if (kids[i].pid != pid || !kids[i].running) continue;
+                kids[i].running = false;
+                kids[i].status = status;
+                live--;
+                /* Reap what it left in its process group along with it. */
+                kill(-pid, SIGKILL);
+                bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+                if (failed && first < 0 && !stopping) {
+                    first = i;
+                    stopping = true;
+                    kill_at = now_s() + grace;
+                    signal_all(SIGTERM);
+                }
+            }
+        }
+        if (stopping && live > 0 && now_s() >= kill_at) {
+            signal_all(SIGKILL);
+            kill_at = now_s() + 3600;
+        }
+    }
+
+    int code = 0;
+    char line[512];
+    if (first >= 0) {
+        child *c = &kids[first];
+        char how[128];
+        describe_status(c->status, how, sizeof how);
+        code = exit_code(c->status);
+        int others = 0;
+        for (int i = 0; i < nkids; i++) others += i != first;
+        int n = snprintf(line, sizeof line, "nbrun: rank %d (local rank %d, pid %d) failed first: %s%s\n",
+                         c->rank, c->local_rank, (int)c->pid, how,
+                         others ? "; the other ranks were stopped" : "");
+        write_all(2, line, (size_t)n);
+        if (c->tail_count == 0) {
+            n = snprintf(line, sizeof line, "nbrun: rank %d wrote nothing to stderr\n", c->rank);
+            write_all(2, line, (size_t)n);
+        } else {
+            n = snprintf(line, sizeof line, "nbrun: last %d line%s of rank %d's stderr:\n", c->tail_count,
+                         c->tail_count == 1 ? "" : "s", c->rank);
+            write_all(2, line, (size_t)n);
+            int start = (c->tail_next - c->tail_count + TAIL_LINES) % TAIL_LINES;
+            for (int k = 0; k < c->tail_count; k++) {
+                const char *t = c->tail[(start + k) % TAIL_LINES];
+                n = snprintf(line, sizeof line, "  [rank %d] ", c->rank);
+                write_all(2, line, (size_t)n);
+                write_all(2, t, strlen(t));
+                write_all(2, "\n", 1);
+            }
+        }
+    } else if (interrupted) {
+        code = 128 + interrupted;
+        int n = snprintf(line, sizeof line, "nbrun: stopped by signal %d (%s); all ranks were stopped\n",
+                         interrupted, strsignal(interrupted));
+        write_all(2, line, (size_t)n);
+    }
+    for (int i = 0; i < nkids; i++) {
+        free(kids[i].out.buf);
+        free(kids[i].err.buf);
+        for (int k = 0; k < TAIL_LINES; k++) free(kids[i].tail[k]);
+    }
+    free(kids);
+    free(fds);
+    free(who);
+    free(owner);
+    return code;
+}
