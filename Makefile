@@ -11,6 +11,7 @@ JOBS           ?= $(shell nproc 2>/dev/null || echo 2)
 CTEST_JOBS     ?= 2
 CTEST_ARGS     ?=
 FUZZ_SECONDS   ?= 60
+DEMO_ARGS      ?=
 
 # What `deps` makes sure is installed. The CUDA toolkit, cuDNN and NCCL are
 # not Debian packages here; CMake finds them when present (see README).
@@ -28,12 +29,13 @@ help:
 	@echo "make build      configure (once) and build into $(BUILD_DIR)/"
 	@echo "make test       build, then run every test with ctest"
 	@echo "make test-asan  the same with AddressSanitizer + UBSan, in $(ASAN_BUILD_DIR)/"
-	@echo "make demo       build, then train the demo MLP ($(BUILD_DIR)/bin/demo_mlp)"
+	@echo "make demo       build, then train a small GPT on the shipped text with DDP (2 CPU processes or every GPU)"
 	@echo "make bench      build, then run every benchmark ($(BUILD_DIR)/bin/bench_*)"
 	@echo "make fuzz       build and run every fuzz/fuzz_*.c for FUZZ_SECONDS=$(FUZZ_SECONDS) s each (clang, libFuzzer)"
 	@echo "make install    install the library, headers, CMake and pkg-config files to PREFIX=$(PREFIX)"
 	@echo "make clean      remove $(BUILD_DIR)/ and $(ASAN_BUILD_DIR)/"
 	@echo "Variables: BUILD_DIR BUILD_TYPE CMAKE_ARGS (e.g. -DNABLA_CUDA=OFF) PREFIX JOBS CTEST_JOBS CTEST_ARGS FUZZ_SECONDS"
+	@echo "           DEMO_ARGS (train_gpt flags for make demo, e.g. DEMO_ARGS=\"--steps 100\")"
 
 # Installs only what dpkg does not already list as installed, so that the
 # common case costs no network and needs no root.
@@ -74,10 +76,10 @@ test-asan: deps
 	cmake --build $(ASAN_BUILD_DIR) -j$(JOBS)
 	$(CTEST) --test-dir $(ASAN_BUILD_DIR)
 
+# examples/run_demo.sh picks the processes (every GPU, or 2 on the CPU) and
+# the settings; DEMO_ARGS adds or overrides train_gpt flags.
 demo: build
-	@test -x $(BUILD_DIR)/bin/demo_mlp || \
-	  { echo "demo: $(BUILD_DIR)/bin/demo_mlp was not built (examples/demo_mlp.c missing?)" >&2; exit 1; }
-	$(BUILD_DIR)/bin/demo_mlp
+	@examples/run_demo.sh $(BUILD_DIR) $(DEMO_ARGS)
 
 bench: build
 	@set -e; found=0; \

@@ -137,11 +137,12 @@ static nb_status open_data(run *r) {
      * number of full batches */
     nb_distributed_options o = {r->d.world_size, r->d.rank, true, (uint64_t)a->seed, true};
     r->train_sampler = nb_sampler_distributed(n_train, &o);
-    nb_loader_options lo = {.batch_size = a->batch_size, .drop_last = true, .sampler = r->train_sampler};
+    nb_loader_options lo = {.batch_size = a->batch_size, .drop_last = true, .sampler = r->train_sampler,
+                           .device = r->d.device};
     s = nb_loader_new(&r->train_loader, r->train, &lo);
     if (s != NB_OK) return s;
     r->test_sampler = nb_sampler_shard(nb_dataset_len(r->test), r->d.world_size, r->d.rank);
-    nb_loader_options eo = {.batch_size = 64, .sampler = r->test_sampler};
+    nb_loader_options eo = {.batch_size = 64, .sampler = r->test_sampler, .device = r->d.device};
     return nb_loader_new(&r->test_loader, r->test, &eo);
 }
 
@@ -320,8 +321,8 @@ int main(int argc, char **argv) {
     TRY(&r, run_dist_init(&r.d), "joining the run");
     bool lead = r.d.rank == 0;
     TRY(&r, open_data(&r), "data");
-    r.params = nb_ctx_new(nb_cpu(), 0);
-    r.step_ctx = nb_ctx_new(nb_cpu(), 0);
+    r.params = nb_ctx_new(r.d.device, 0);
+    r.step_ctx = nb_ctx_new(r.d.device, 0);
     nb_rng init = nb_rng_make((uint64_t)a->seed);
     nb_field in = nb_dataset_input(r.train);
     int64_t n_classes = 0; /* 1 + the largest training label */
@@ -365,7 +366,7 @@ int main(int argc, char **argv) {
                        (long long)nb_dataset_len(r.train), (long long)nb_dataset_len(r.test),
                        (long long)n_classes);
     nb_progress_printf(prog, "%d process%s%s, batch %lld per process, %lld steps per epoch, %s lr %g%s",
-                       r.d.world_size, r.d.world_size > 1 ? "es" : "", RUN_HAVE_DDP ? " (DDP)" : "",
+                       r.d.world_size, r.d.world_size > 1 ? "es" : "", r.d.ddp ? " with DDP" : "",
                        (long long)a->batch_size, (long long)per_epoch, a->optim, a->lr,
                        r.cnn && a->sync_bn ? ", SyncBatchNorm" : "");
 

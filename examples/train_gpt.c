@@ -40,6 +40,7 @@ typedef struct args {
     int64_t seed, sample_len, top_k;
     double temperature;
     const char *prompt, *metrics, *plot, *progress;
+    bool print_device;
 } args;
 
 /* Everything the training loop touches. */
@@ -152,7 +153,8 @@ static nb_status open_data(run *r) {
                             r->d.world_size);
     nb_distributed_options o = {r->d.world_size, r->d.rank, true, (uint64_t)a->seed, true};
     r->train_sampler = nb_sampler_distributed(n_train, &o);
-    nb_loader_options lo = {.batch_size = a->batch_size, .drop_last = true, .sampler = r->train_sampler};
+    nb_loader_options lo = {.batch_size = a->batch_size, .drop_last = true, .sampler = r->train_sampler,
+                           .device = r->d.device};
     s = nb_loader_new(&r->train_loader, r->train, &lo);
     if (s != NB_OK) return s;
 
@@ -165,7 +167,7 @@ static nb_status open_data(run *r) {
     nb_dataset *eval = nb_dataset_subset(r->val, idx, n_eval);
     free(idx);
     r->eval_sampler = nb_sampler_shard(n_eval, r->d.world_size, r->d.rank);
-    nb_loader_options eo = {.batch_size = a->batch_size, .sampler = r->eval_sampler};
+    nb_loader_options eo = {.batch_size = a->batch_size, .sampler = r->eval_sampler, .device = r->d.device};
     s = nb_loader_new(&r->eval_loader, eval, &eo);
     nb_dataset_free(eval);
     return s;
@@ -392,6 +394,7 @@ int main(int argc, char **argv) {
         {"metrics", CLI_STRING, &a->metrics, "JSON-lines metrics file"},
         {"plot", CLI_STRING, &a->plot, "SVG loss plot (default: --metrics with .svg)"},
         {"progress", CLI_STRING, &a->progress, "auto, line, plain or off"},
+        {"print-device", CLI_BOOL, &a->print_device, "print the device a rank would train on (cpu, cuda:N) and exit"},
     };
     int nf = (int)(sizeof flags / sizeof flags[0]);
     int rc = cli_parse(argc, argv, "train_gpt", "Trains a GPT language model (see docs/examples.md).",
@@ -408,10 +411,14 @@ int main(int argc, char **argv) {
     int64_t stop = a->stop_at > 0 && a->stop_at < a->steps ? a->stop_at : a->steps;
 
     TRY(&r, run_dist_init(&r.d), "joining the run");
+    if (a->print_device) {
+        printf("%s\n", nb_device_name(r.d.device));
+        return run_dist_finish(&r.d) == NB_OK ? 0 : 1;
+    }
     bool lead = r.d.rank == 0;
     TRY(&r, open_data(&r), "data");
-    r.params = nb_ctx_new(nb_cpu(), 0);
-    r.step_ctx = nb_ctx_new(nb_cpu(), 0);
+    r.params = nb_ctx_new(r.d.device, 0);
+    r.step_ctx = nb_ctx_new(r.d.device, 0);
     nb_gpt_config cfg = {r.vocab, a->seq_len, (int)a->layers, (int)a->heads, a->width, a->dropout};
     nb_rng init = nb_rng_make((uint64_t)a->seed);
     r.model = nb_gpt_new(r.params, NB_F32, &cfg, &init);
@@ -456,11 +463,11 @@ int main(int argc, char **argv) {
     nb_progress_printf(r.progress, "data: %lld training and %lld held-out windows of %lld tokens "
                        "from %s", (long long)nb_dataset_len(r.train), (long long)nb_dataset_len(r.val),
                        (long long)a->seq_len, a->data ? a->data : a->text);
-    nb_progress_printf(r.progress, "%d process%s%s, batch %lld x %lld tokens x %lld accumulation "
-                       "= %lld tokens per step; steps %lld..%lld of %lld%s",
-                       r.d.world_size, r.d.world_size > 1 ? "es" : "",
-                       RUN_HAVE_DDP ? " (DDP)" : "", (long long)a->batch_size, (long long)a->seq_len,
-                       (long long)a->grad_accum * r.d.world_size, (long long)r.tokens_per_step,
+    nb_progress_printf(r.progress, "%d process%s%s: batch %lld x %lld tokens per process, %lld "
+                       "micro-step%s per step = %lld tokens per step; steps %lld..%lld of %lld%s",
+                       r.d.world_size, r.d.world_size > 1 ? "es" : "", r.d.ddp ? " with DDP" : "",
+                       (long long)a->batch_size, (long long)a->seq_len, (long long)a->grad_accum,
+                       a->grad_accum > 1 ? "s" : "", (long long)r.tokens_per_step,
                        (long long)r.step + 1, (long long)stop, (long long)a->steps,
                        a->resume ? " (resumed)" : "");
 

@@ -1,40 +1,54 @@
 /* The distributed side of the training programs (see dist.h). Every rank
  * runs the same calls in the same order; anything that fails comes back as
  * a status with nb_last_error() set, and the program exits non-zero, which
- * makes the launcher stop the other ranks. */
+ * makes the launcher stop the other ranks (and their collectives fail fast
+ * with a message naming the rank that left). */
 #include "dist.h"
 
-#include <stdlib.h>
-
-#if RUN_HAVE_DDP
-
 nb_status run_dist_init(run_dist *d) {
-    *d = (run_dist){0};
-    nb_status s = nb_pg_init(&d->pg, NULL);
+    *d = (run_dist){0, 1, 0, nb_cpu(), NULL, NULL, NULL};
+    nb_dist_env env;
+    nb_status s = nb_dist_env_read(&env);
+    if (s != NB_OK) return s;
+    if (env.world_size == 1) {
+        /* a GPU when the build has CUDA and one is visible, else the CPU */
+        s = nb_dist_select_device(&env, true, &d->device);
+        if (s == NB_ERR_UNSUPPORTED) s = nb_dist_select_device(&env, false, &d->device);
+        return s;
+    }
+    s = nb_pg_init_env(&d->pg, &env, NULL);
     if (s != NB_OK) return s;
     d->rank = nb_pg_rank(d->pg);
     d->world_size = nb_pg_size(d->pg);
-    d->local_rank = nb_pg_env(d->pg)->local_rank;
+    d->local_rank = env.local_rank;
+    d->device = nb_pg_device(d->pg);
     return NB_OK;
 }
 
 nb_status run_dist_wrap(run_dist *d, nb_module *model, bool sync_bn) {
     d->model = model;
+    if (!d->pg) return NB_OK;
     if (sync_bn) nb_convert_sync_batchnorm(model, d->pg);
     nb_ddp_options o = NB_DDP_DEFAULTS;
     return nb_ddp_new(&d->ddp, model, d->pg, &o);
 }
 
 nb_tensor *run_dist_forward(run_dist *d, nb_ctx *ctx, nb_tensor *x) {
-    return nb_ddp_forward(d->ddp, ctx, x);
+    return d->ddp ? nb_ddp_forward(d->ddp, ctx, x) : nb_module_forward(d->model, ctx, x);
 }
 
-nb_status run_dist_backward(run_dist *d, nb_tensor *loss) { return nb_ddp_backward(d->ddp, loss); }
+nb_status run_dist_backward(run_dist *d, nb_tensor *loss) {
+    if (d->ddp) return nb_ddp_backward(d->ddp, loss);
+    nb_backward(loss);
+    return NB_OK;
+}
 
-void run_dist_set_no_sync(run_dist *d, bool no_sync) { nb_ddp_set_no_sync(d->ddp, no_sync); }
+void run_dist_set_no_sync(run_dist *d, bool no_sync) {
+    if (d->ddp) nb_ddp_set_no_sync(d->ddp, no_sync);
+}
 
 nb_status run_dist_sum(run_dist *d, double *v, int n) {
-    if (d->world_size == 1) return NB_OK;
+    if (!d->pg) return NB_OK;
     nb_ctx *ctx = nb_ctx_new(nb_pg_device(d->pg), 0);
     nb_tensor *t = nb_from_host(ctx, NB_F64, NB_SHAPE(n), v);
     nb_status s = nb_work_finish(nb_pg_all_reduce(d->pg, t, NB_REDUCE_SUM));
@@ -50,44 +64,3 @@ nb_status run_dist_finish(run_dist *d) {
     d->pg = NULL;
     return s;
 }
-
-#else /* until DDP is in the build: one process only */
-
-nb_status run_dist_init(run_dist *d) {
-    *d = (run_dist){0, 1, 0, NULL, NULL, NULL};
-    const char *ws = getenv("WORLD_SIZE");
-    if (ws && atoi(ws) > 1)
-        return nb_set_error(NB_ERR_UNSUPPORTED, "WORLD_SIZE is %s but this build has no DDP yet: "
-                            "run one process", ws);
-    return NB_OK;
-}
-
-nb_status run_dist_wrap(run_dist *d, nb_module *model, bool sync_bn) {
-    (void)sync_bn; /* one process: BatchNorm already sees the whole batch */
-    d->model = model;
-    return NB_OK;
-}
-
-nb_tensor *run_dist_forward(run_dist *d, nb_ctx *ctx, nb_tensor *x) {
-    return nb_module_forward(d->model, ctx, x);
-}
-
-nb_status run_dist_backward(run_dist *d, nb_tensor *loss) {
-    (void)d;
-    nb_backward(loss);
-    return NB_OK;
-}
-
-void run_dist_set_no_sync(run_dist *d, bool no_sync) { (void)d, (void)no_sync; }
-
-nb_status run_dist_sum(run_dist *d, double *v, int n) {
-    (void)d, (void)v, (void)n;
-    return NB_OK;
-}
-
-nb_status run_dist_finish(run_dist *d) {
-    (void)d;
-    return NB_OK;
-}
-
-#endif

@@ -2,8 +2,9 @@
  * functions: joining the run (nbrun, torchrun, mpirun or srun set the
  * environment), wrapping the model in DDP (with SyncBatchNorm on request),
  * forward and backward through the wrapper, sums over ranks for exact
- * metrics, and leaving the run. In a world of one every call is the plain
- * single-process equivalent. */
+ * metrics, and leaving the run. A world of one (no launcher) needs no
+ * process group: every call is then the plain single-process equivalent,
+ * and no socket is opened. */
 #ifndef NABLA_EXAMPLES_DIST_H
 #define NABLA_EXAMPLES_DIST_H
 
@@ -11,26 +12,16 @@
 
 #include <nabla/nabla.h>
 
-#if defined(__has_include)
-#if __has_include(<nabla/ddp.h>)
-#include <nabla/ddp.h>
-#define RUN_HAVE_DDP 1
-#endif
-#endif
-#ifndef RUN_HAVE_DDP
-#define RUN_HAVE_DDP 0
-typedef struct nb_pg nb_pg;
-typedef struct nb_ddp nb_ddp;
-#endif
-
 typedef struct run_dist {
     int rank, world_size, local_rank;
-    nb_pg *pg;
-    nb_ddp *ddp;
+    nb_device device; /* where this rank computes: cuda:LOCAL_RANK with a GPU build and GPUs, else the CPU */
+    nb_pg *pg;   /* NULL in a world of one */
+    nb_ddp *ddp; /* NULL in a world of one */
     nb_module *model;
 } run_dist;
 
-/* Joins the run the environment describes. */
+/* Joins the run the environment describes (a process group when it has
+ * more than one process). */
 nb_status run_dist_init(run_dist *d);
 /* Wraps `model` for data-parallel training (a collective: every rank calls
  * it); first converts its BatchNorms to SyncBatchNorm when sync_bn. */
@@ -43,7 +34,7 @@ nb_status run_dist_backward(run_dist *d, nb_tensor *loss);
 void run_dist_set_no_sync(run_dist *d, bool no_sync);
 /* v[0..n) = its sum over ranks. */
 nb_status run_dist_sum(run_dist *d, double *v, int n);
-/* Unwraps and leaves the run; the first failure, if any. */
+/* Unwraps and leaves the run (every rank calls it); the first failure. */
 nb_status run_dist_finish(run_dist *d);
 
 #endif

@@ -1,0 +1,75 @@
+"""Helpers for the tests that run the training programs (not a test: ctest
+skips files whose name starts with an underscore)."""
+import json
+import os
+import struct
+import subprocess
+import sys
+
+BUILD = os.environ.get("NABLA_BINARY_DIR", "build")
+BIN = os.environ.get("NABLA_BIN_DIR") or os.path.join(BUILD, "bin")
+SOURCE = os.environ.get("NABLA_SOURCE_DIR",
+                        os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def fail(msg):
+    print("FAIL: " + msg)
+    sys.exit(1)
+
+
+def run(args, nproc=1, expect_rc=0, timeout=240, env=None):
+    """Runs build/bin/args[0] with the rest of args, under nbrun with nproc
+    processes when nproc > 1. Returns (stdout, stderr); fails the test when
+    the exit status is not expect_rc."""
+    cmd = [os.path.join(BIN, args[0])] + list(args[1:])
+    if nproc > 1:
+        cmd = [os.path.join(BIN, "nbrun"), "--nproc-per-node", str(nproc), "--master-port", "0"] + cmd
+    e = dict(os.environ)
+    e.setdefault("NABLA_PG_TIMEOUT", "60")
+    e.setdefault("OPENBLAS_NUM_THREADS", "1")
+    if env:
+        e.update(env)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=e)
+    if p.returncode != expect_rc:
+        fail("%s exited with %d, expected %d\n--- stdout\n%s\n--- stderr\n%s"
+             % (" ".join(cmd), p.returncode, expect_rc, p.stdout[-3000:], p.stderr[-3000:]))
+    return p.stdout, p.stderr
+
+
+def read_safetensors(path):
+    """(header without metadata, metadata, data section bytes)"""
+    raw = open(path, "rb").read()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    meta = header.pop("__metadata__", {})
+    return header, meta, raw[8 + n:]
+
+
+def same_training_state(a, b):
+    """Checkpoints a and b hold the same tensors bit for bit and the same
+    metadata except the wall-clock time. Returns a reason or None."""
+    ha, ma, da = read_safetensors(a)
+    hb, mb, db = read_safetensors(b)
+    if ha != hb:
+        return "the tensor lists differ"
+    for name, e in ha.items():
+        begin, end = e["data_offsets"]
+        if da[begin:end] != db[begin:end]:
+            return "tensor %s differs" % name
+    ma.pop("elapsed_s", None)
+    mb.pop("elapsed_s", None)
+    if ma != mb:
+        return "metadata differ: %r vs %r" % (ma, mb)
+    return None
+
+
+def read_metrics(path):
+    return [json.loads(line) for line in open(path) if line.strip()]
+
+
+def check_svg(path, min_polylines=1):
+    import xml.etree.ElementTree as ET
+    root = ET.parse(path).getroot()
+    lines = [e for e in root.iter() if e.tag.endswith("polyline")]
+    if len(lines) < min_polylines:
+        fail("%s has %d polylines, expected at least %d" % (path, len(lines), min_polylines))
