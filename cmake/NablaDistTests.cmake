@@ -45,7 +45,7 @@ if(TARGET test_ddp)
   endforeach()
 endif()
 
-foreach(_t test_dist_failures test_nbrun)
+foreach(_t test_dist_failures test_nbrun test_train_gpt.py test_train_classifier.py test_demo.py)
   if(TEST ${_t})
     set_property(TEST ${_t} APPEND PROPERTY LABELS multiproc)
   endif()

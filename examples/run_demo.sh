@@ -39,4 +39,4 @@ echo "demo: $bin/nbrun --nproc-per-node $nproc $bin/train_gpt ..."
   --sample-len 300 --prompt "Elizabeth" \
   --ckpt-dir "$out" --metrics "$out/metrics.jsonl" --plot "$out/loss.svg" "$@"
 echo "demo: done. Open $out/loss.svg in a browser to see the loss curves;"
-echo "demo: resume with the same command plus --resume --steps N (N > the last step)."
+echo "demo: to train further from the checkpoint: make demo DEMO_ARGS=\"--resume --steps 1600\""

@@ -172,10 +172,11 @@ static double count_correct(const nb_tensor *logits, const nb_tensor *targets) {
 static nb_status evaluate(run *r, double *loss, double *accuracy, double *count) {
     nb_metric_sums sums;
     nb_metric_sums_init(&sums, 2);
+    nb_status s = run_dist_sync_buffers(&r->d);
+    if (s != NB_OK) return s;
     nb_module_eval(r->model);
     bool prev = nb_no_grad_begin();
     nb_loader_seek(r->test_loader, 0, 0);
-    nb_status s;
     for (;;) {
         nb_ctx_reset(r->step_ctx);
         nb_batch b;
@@ -262,7 +263,7 @@ int main(int argc, char **argv) {
         {"stop-at", CLI_INT, &a->stop_at, "stop after this epoch, saving a checkpoint (0: --epochs)"},
         {"batch-size", CLI_INT, &a->batch_size, "rows per process per step (0: 8 for mlp, 32 for cnn)"},
         {"optim", CLI_STRING, &a->optim, "sgd (with --momentum) or adam (default: sgd for mlp, adam for cnn)"},
-        {"lr", CLI_DOUBLE, &a->lr, "learning rate (0: 0.01 for sgd, 0.003 for adam)"},
+        {"lr", CLI_DOUBLE, &a->lr, "peak learning rate, cosine-decayed to 1/100 (0: 0.01 for sgd, 0.003 for adam)"},
         {"momentum", CLI_DOUBLE, &a->momentum, "sgd momentum"},
         {"weight-decay", CLI_DOUBLE, &a->weight_decay, "L2 penalty"},
         {"test-fraction", CLI_DOUBLE, &a->test_fraction, "share of the rows held out"},

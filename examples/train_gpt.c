@@ -33,7 +33,7 @@ typedef struct args {
     double dropout;
     int64_t batch_size, seq_len, steps, stop_at, warmup, grad_accum;
     double lr, min_lr, weight_decay, beta1, beta2, clip;
-    int64_t eval_interval, eval_windows, log_interval;
+    int64_t eval_interval, eval_windows, log_interval, metrics_interval;
     const char *ckpt_dir;
     int64_t ckpt_interval;
     bool resume;
@@ -186,10 +186,11 @@ static nb_status next_batch(run *r, nb_batch *b) {
 static nb_status evaluate(run *r, double *loss) {
     nb_metric_sums sums;
     nb_metric_sums_init(&sums, 1);
+    nb_status s = run_dist_sync_buffers(&r->d);
+    if (s != NB_OK) return s;
     nb_module_eval(r->model);
     bool prev = nb_no_grad_begin();
     nb_loader_seek(r->eval_loader, 0, 0);
-    nb_status s;
     for (;;) {
         nb_ctx_reset(r->step_ctx);
         nb_batch b;
@@ -333,7 +334,7 @@ static bool check_args(const args *a) {
     else if (!(a->val_fraction > 0 && a->val_fraction < 1)) bad = "--val-fraction must be in (0, 1)";
     else if (a->dropout < 0 || a->dropout >= 1) bad = "--dropout must be in [0, 1)";
     else if (a->resume && !a->ckpt_dir) bad = "--resume needs --ckpt-dir";
-    else if (a->eval_interval < 0 || a->ckpt_interval < 0 || a->log_interval < 1 || a->sample_len < 0) bad = "--eval-interval, --ckpt-interval, --sample-len must be >= 0 and --log-interval >= 1";
+    else if (a->eval_interval < 0 || a->ckpt_interval < 0 || a->log_interval < 1 || a->metrics_interval < 1 || a->sample_len < 0) bad = "--eval-interval, --ckpt-interval, --sample-len must be >= 0, --log-interval and --metrics-interval >= 1";
     else if (a->data && a->vocab_size < 2) bad = "--vocab-size must be >= 2";
     if (bad) fprintf(stderr, "train_gpt: %s\n", bad);
     return !bad;
@@ -356,7 +357,7 @@ int main(int argc, char **argv) {
                 .vocab_size = 50257, .layers = 4, .heads = 4, .width = 128, .batch_size = 16,
                 .seq_len = 64, .steps = 2000, .warmup = 100, .grad_accum = 1, .lr = 3e-3,
                 .min_lr = -1, .weight_decay = 0.1, .beta1 = 0.9, .beta2 = 0.99, .clip = 1.0,
-                .eval_interval = 250, .eval_windows = 256, .log_interval = 10, .seed = 1337,
+                .eval_interval = 250, .eval_windows = 256, .log_interval = 10, .metrics_interval = 10, .seed = 1337,
                 .sample_len = 300, .temperature = 0.8, .prompt = "\n", .progress = "auto"};
     cli_flag flags[] = {
         {"text", CLI_STRING, &a->text, "character-level training text"},
@@ -382,7 +383,8 @@ int main(int argc, char **argv) {
         {"clip", CLI_DOUBLE, &a->clip, "gradient-norm clipping threshold (0: off)"},
         {"eval-interval", CLI_INT, &a->eval_interval, "steps between evaluations (0: only at the end)"},
         {"eval-windows", CLI_INT, &a->eval_windows, "held-out windows per evaluation (0: all)"},
-        {"log-interval", CLI_INT, &a->log_interval, "steps between log lines and metrics records"},
+        {"log-interval", CLI_INT, &a->log_interval, "steps between progress lines when output is not a terminal"},
+        {"metrics-interval", CLI_INT, &a->metrics_interval, "steps between records in the metrics file"},
         {"ckpt-dir", CLI_STRING, &a->ckpt_dir, "directory for ckpt.safetensors"},
         {"ckpt-interval", CLI_INT, &a->ckpt_interval, "steps between checkpoints (0: only at the end)"},
         {"resume", CLI_BOOL, &a->resume, "continue from --ckpt-dir/ckpt.safetensors"},
@@ -495,7 +497,7 @@ int main(int argc, char **argv) {
         int64_t done = r.step + 1;
         nb_progress_update(r.progress, done, loss, r.tokens_per_step);
         loss_sum += loss, loss_count++;
-        if (r.log && (done % a->log_interval == 0 || done == stop)) {
+        if (r.log && (done % a->metrics_interval == 0 || done == stop)) {
             TRY(&r, nb_metrics_log_write(r.log, "train", done, (nb_metric_value[]){
                 {"loss", loss_sum / (double)loss_count}, {"lr", nb_lr_schedule_at(&r.sched, r.step)},
                 {"grad_norm", norm}, {"tokens", (double)done * (double)r.tokens_per_step}}, 4), "metrics");

@@ -57,15 +57,18 @@ nb_status nb_metrics_log_write(nb_metrics_log *log, const char *kind, int64_t st
                                const nb_metric_value *values, int n) {
     NB_CHECK(log && kind && (values || n == 0) && n >= 0,
              "nb_metrics_log_write: log, kind and values must be given");
+    for (int i = 0; i < n; i++) {
+        const char *k = values[i].name;
+        NB_CHECK(k && strcmp(k, "kind") && strcmp(k, "step") && strcmp(k, "time"),
+                 "nb_metrics_log_write: value %d is named \"%s\"; names must be given and not be "
+                 "kind, step or time", i, k ? k : "(null)");
+    }
     nb_strbuf b = {0};
     nb__strbuf_append(&b, "{\"kind\":", 8);
     nb__json_write_string(&b, kind, strlen(kind));
     nb__strbuf_printf(&b, ",\"step\":%lld,\"time\":%.3f", (long long)step, nb_metrics_log_time(log));
     for (int i = 0; i < n; i++) {
         const char *k = values[i].name;
-        NB_CHECK(k && strcmp(k, "kind") && strcmp(k, "step") && strcmp(k, "time"),
-                 "nb_metrics_log_write: value %d is named \"%s\"; names must be given and not be "
-                 "kind, step or time", i, k ? k : "(null)");
         nb__strbuf_append(&b, ",", 1);
         nb__json_write_string(&b, k, strlen(k));
         nb__strbuf_append(&b, ":", 1);
@@ -156,9 +159,9 @@ nb_status nb_metrics_log_read(const char *path, const char *kind, const char *x_
         }
         const nb_json *root = nb__json_root(doc);
         if (root->type != NB_JSON_OBJECT) {
-            nb__json_free(doc);
             s = nb_set_error(NB_ERR_FORMAT, "%s:%lld: a line must be a JSON object, found %s", path,
                              (long long)line, nb__json_type_name(root->type));
+            nb__json_free(doc);
             break;
         }
         const nb_json *k = nb__json_get(root, "kind");
@@ -184,7 +187,7 @@ nb_status nb_metrics_log_read(const char *path, const char *kind, const char *x_
         free(pts);
         return s;
     }
-    qsort(pts, (size_t)np, sizeof *pts, cmp_point);
+    if (np > 1) qsort(pts, (size_t)np, sizeof *pts, cmp_point);
     int64_t m = 0; /* keep the last line of each x */
     for (int64_t i = 0; i < np; i++) {
         if (m > 0 && pts[m - 1].x == pts[i].x) pts[m - 1] = pts[i];

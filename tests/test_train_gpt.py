@@ -27,7 +27,7 @@ from _programs import SOURCE, check_svg, fail, read_metrics, run, same_training_
 TEXT = os.path.join(SOURCE, "examples", "datasets", "austen.txt")
 SMALL = ["--layers", "2", "--heads", "2", "--width", "32", "--seq-len", "32", "--batch-size", "4",
          "--dropout", "0.1", "--grad-accum", "2", "--warmup", "4", "--eval-interval", "4",
-         "--eval-windows", "16", "--log-interval", "2", "--sample-len", "16", "--progress", "plain"]
+         "--eval-windows", "16", "--metrics-interval", "2", "--sample-len", "16", "--progress", "plain"]
 
 
 def unigram_entropy(data):
@@ -44,7 +44,7 @@ def test_learns(tmp):
     metrics = os.path.join(tmp, "learn", "metrics.jsonl")
     out, _ = run(["train_gpt", "--text", path, "--layers", "2", "--heads", "4", "--width", "64",
                   "--steps", "150", "--warmup", "20", "--lr", "3e-3", "--eval-interval", "75",
-                  "--eval-windows", "128", "--log-interval", "5", "--sample-len", "40",
+                  "--eval-windows", "128", "--metrics-interval", "5", "--sample-len", "40",
                   "--progress", "plain", "--metrics", metrics])
     rows = read_metrics(metrics)
     train = [r for r in rows if r["kind"] == "train"]

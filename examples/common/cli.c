@@ -17,9 +17,18 @@ static void print_default(FILE *f, const cli_flag *fl) {
     switch (fl->type) {
     case CLI_INT: fprintf(f, " (default %lld)", (long long)*(int64_t *)fl->value); break;
     case CLI_DOUBLE: fprintf(f, " (default %g)", *(double *)fl->value); break;
-    case CLI_STRING:
-        if (*(const char **)fl->value) fprintf(f, " (default %s)", *(const char **)fl->value);
+    case CLI_STRING: {
+        const char *v = *(const char **)fl->value;
+        if (!v) break;
+        fputs(" (default \"", f);
+        for (; *v; v++) {
+            if (*v == '\n') fputs("\\n", f);
+            else if (*v == '\t') fputs("\\t", f);
+            else fputc(*v, f);
+        }
+        fputs("\")", f);
         break;
+    }
     case CLI_BOOL: break;
     }
 }

@@ -47,6 +47,8 @@ void run_dist_set_no_sync(run_dist *d, bool no_sync) {
     if (d->ddp) nb_ddp_set_no_sync(d->ddp, no_sync);
 }
 
+nb_status run_dist_sync_buffers(run_dist *d) { return d->ddp ? nb_ddp_pre_forward(d->ddp) : NB_OK; }
+
 nb_status run_dist_sum(run_dist *d, double *v, int n) {
     if (!d->pg) return NB_OK;
     nb_ctx *ctx = nb_ctx_new(nb_pg_device(d->pg), 0);

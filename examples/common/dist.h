@@ -32,6 +32,10 @@ nb_tensor *run_dist_forward(run_dist *d, nb_ctx *ctx, nb_tensor *x);
  * locally while no_sync is on). */
 nb_status run_dist_backward(run_dist *d, nb_tensor *loss);
 void run_dist_set_no_sync(run_dist *d, bool no_sync);
+/* Gives every rank rank 0's buffers (BatchNorm running statistics): call
+ * it on every rank before evaluating, which bypasses DDP because ranks may
+ * evaluate different numbers of batches. */
+nb_status run_dist_sync_buffers(run_dist *d);
 /* v[0..n) = its sum over ranks. */
 nb_status run_dist_sum(run_dist *d, double *v, int n);
 /* Unwraps and leaves the run (every rank calls it); the first failure. */
