@@ -16,16 +16,15 @@
  * the number of processes. Rank 0 prints, logs metrics and saves a
  * checkpoint after every epoch; --resume continues from the epoch after
  * it on every rank. docs/examples.md describes every flag. */
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include <nabla/nabla.h>
 
 #include "common/cli.h"
+#include "common/files.h"
 #include "common/dist.h"
 
 typedef struct args {
@@ -61,30 +60,6 @@ static int fail(const run *r, const char *what) {
     do {                                                                    \
         if ((call) != NB_OK) return fail((r), (what));                      \
     } while (0)
-
-static nb_status make_dirs(const char *path) {
-    char buf[4096];
-    snprintf(buf, sizeof buf, "%s", path);
-    for (char *p = buf + 1;; p++) {
-        if (*p == '/' || *p == 0) {
-            char c = *p;
-            *p = 0;
-            if (mkdir(buf, 0777) != 0 && errno != EEXIST)
-                return nb_set_error(NB_ERR_IO, "cannot create directory \"%s\": %s", buf, strerror(errno));
-            *p = c;
-            if (!c) break;
-        }
-    }
-    return NB_OK;
-}
-
-static nb_status make_parent_dirs(const char *file) {
-    const char *slash = strrchr(file, '/');
-    if (!slash || slash == file) return NB_OK;
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%.*s", (int)(slash - file), file);
-    return make_dirs(dir);
-}
 
 /* "64,32" -> {64, 32}; the count, or -1 when malformed. */
 static int parse_list(const char *s, int64_t *out, int cap) {
@@ -217,7 +192,7 @@ static nb_status save_checkpoint(run *r, int64_t step, int64_t epochs_done) {
     run_meta(r, v, kv, &n);
     kv[n++] = (nb_kv){"program", "train_classifier"};
     nb_train_state st = {step, epochs_done, 0, nb_rng_make(0)};
-    nb_status s = make_dirs(r->a.ckpt_dir);
+    nb_status s = files_make_dirs(r->a.ckpt_dir);
     if (s == NB_OK) s = nb_checkpoint_save_training(r->ckpt_path, r->state, r->n_state, r->opt, &st, kv, n);
     return s;
 }
@@ -358,7 +333,7 @@ int main(int argc, char **argv) {
     nb_progress *prog = nb_progress_new(stdout, step, stop * per_epoch, &po);
     nb_metrics_log *log = NULL;
     if (lead && a->metrics) {
-        TRY(&r, make_parent_dirs(a->metrics), "metrics");
+        TRY(&r, files_make_parent_dirs(a->metrics), "metrics");
         TRY(&r, nb_metrics_log_open(&log, a->metrics, a->resume, 0), "metrics");
     }
     nb_progress_printf(prog, "train_classifier: %s with %lld parameters on %s: %lld training and %lld "
@@ -429,7 +404,7 @@ int main(int argc, char **argv) {
         for (int i = 0; i < 4; i++) s[i] = (nb_plot_series){labels[i], x[i], y[i], n[i]};
         nb_plot_opts o = {r.cnn ? "train_classifier --model cnn" : "train_classifier --model mlp",
                           "epoch", "loss / accuracy", 0, 0, false};
-        TRY(&r, make_parent_dirs(plot), "plot");
+        TRY(&r, files_make_parent_dirs(plot), "plot");
         TRY(&r, nb_plot_svg(plot, s, 4, &o), "plot");
         for (int i = 0; i < 4; i++) free(x[i]), free(y[i]);
         printf("metrics:    %s\nplot:       %s\n", a->metrics, plot);

@@ -13,16 +13,15 @@
  * exactly where the checkpoint left off: the same batches, learning rates
  * and dropout masks as a run that never stopped. At the end rank 0 prints a
  * sample drawn from the model. docs/examples.md describes every flag. */
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include <nabla/nabla.h>
 
 #include "common/cli.h"
+#include "common/files.h"
 #include "common/dist.h"
 
 typedef struct args {
@@ -76,32 +75,6 @@ static int fail(const run *r, const char *what) {
     do {                                                                    \
         if ((call) != NB_OK) return fail((r), (what));                      \
     } while (0)
-
-/* mkdir -p */
-static nb_status make_dirs(const char *path) {
-    char buf[4096];
-    snprintf(buf, sizeof buf, "%s", path);
-    for (char *p = buf + 1;; p++) {
-        if (*p == '/' || *p == 0) {
-            char c = *p;
-            *p = 0;
-            if (mkdir(buf, 0777) != 0 && errno != EEXIST)
-                return nb_set_error(NB_ERR_IO, "cannot create directory \"%s\": %s", buf, strerror(errno));
-            *p = c;
-            if (!c) break;
-        }
-    }
-    return NB_OK;
-}
-
-/* mkdir -p of the directory part of a file path */
-static nb_status make_parent_dirs(const char *file) {
-    const char *slash = strrchr(file, '/');
-    if (!slash || slash == file) return NB_OK;
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%.*s", (int)(slash - file), file);
-    return make_dirs(dir);
-}
 
 /* ------------------------------------------------------------------ data */
 /* Windows [begin, end) of `all` as their own dataset. */
@@ -244,7 +217,7 @@ static nb_status save_checkpoint(run *r, int64_t steps_done, int64_t epoch, int6
     m.kv[m.n++] = (nb_kv){"data", r->a.data ? r->a.data : r->a.text};
     m.kv[m.n++] = (nb_kv){"elapsed_s", elapsed};
     nb_train_state st = {steps_done, epoch, position, *nb_gpt_dropout_rng(r->model)};
-    nb_status s = make_dirs(r->a.ckpt_dir);
+    nb_status s = files_make_dirs(r->a.ckpt_dir);
     if (s == NB_OK) s = nb_checkpoint_save_training(r->ckpt_path, r->state, r->n_state, r->opt, &st, m.kv, m.n);
     return s;
 }
@@ -448,7 +421,7 @@ int main(int argc, char **argv) {
     nb_progress_opts po = {lead ? mode : NB_PROGRESS_OFF, "tok", a->log_interval, 0};
     r.progress = nb_progress_new(stdout, r.step, stop, &po);
     if (lead && a->metrics) {
-        TRY(&r, make_parent_dirs(a->metrics), "metrics");
+        TRY(&r, files_make_parent_dirs(a->metrics), "metrics");
         TRY(&r, nb_metrics_log_open(&r.log, a->metrics, a->resume, r.elapsed0), "metrics");
     }
     if (a->plot) snprintf(r.plot_path, sizeof r.plot_path, "%s", a->plot);
@@ -534,7 +507,7 @@ int main(int argc, char **argv) {
             TRY(&r, nb_metrics_log_read(a->metrics, "eval", "step", "val_loss", &x[1], &y[1], &n[1]), "plot");
             nb_plot_series s[2] = {{"train loss", x[0], y[0], n[0]}, {"val loss", x[1], y[1], n[1]}};
             nb_plot_opts o = {"train_gpt: loss per token (nats)", "step", "loss", 0, 0, false};
-            TRY(&r, make_parent_dirs(r.plot_path), "plot");
+            TRY(&r, files_make_parent_dirs(r.plot_path), "plot");
             TRY(&r, nb_plot_svg(r.plot_path, s, 2, &o), "plot");
             for (int i = 0; i < 2; i++) free(x[i]), free(y[i]);
         }
