@@ -6,17 +6,21 @@
 static void print_module(FILE *f, nb_module *m, int indent) {
     char desc[256] = "";
     if (m->type->describe) m->type->describe(m, desc, sizeof desc);
-    fprintf(f, "%s(%s", m->type->name, desc);
-    if (m->children.n) {
-        fputc('\n', f);
+    if (!m->children.n) {
+        fprintf(f, "%s(%s)", m->type->name, desc);
+        return;
+    }
+    /* with children, the configuration gets its own line, as in PyTorch */
+    fprintf(f, "%s(\n", m->type->name);
+    if (desc[0]) fprintf(f, "%*s%s\n", indent + 2, "", desc);
+    {
         for (int i = 0; i < m->children.n; i++) {
             fprintf(f, "%*s(%s): ", indent + 2, "", m->children.v[i].name);
             print_module(f, m->children.v[i].ptr, indent + 2);
             fputc('\n', f);
         }
-        fprintf(f, "%*s", indent, "");
+        fprintf(f, "%*s)", indent, "");
     }
-    fputc(')', f);
 }
 
 void nb_module_fprint(FILE *f, nb_module *m) {

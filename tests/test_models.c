@@ -181,7 +181,7 @@ START_TEST(test_gpt_print) {
     FILE *f = open_memstream(&buf, &len);
     nb_module_fprint(f, g);
     fclose(f);
-    ck_assert_msg(strstr(buf, "GPT(vocab_size=13, block_size=7, n_layer=1, n_head=2, n_embd=8, "
+    ck_assert_msg(strstr(buf, "GPT(\n  vocab_size=13, block_size=7, n_layer=1, n_head=2, n_embd=8, "
                               "dropout=0.1\n  (transformer): ModuleDict(\n    (wte): Embedding(13, 8)\n"),
                   "%s", buf);
     ck_assert_msg(strstr(buf, "(lm_head): LMHead(tied to transformer.wte.weight)"), "%s", buf);
