@@ -215,6 +215,8 @@ int main(int argc, char **argv) {
     int np = nb_module_named_parameters(model, NULL, 0);
     nb_named_tensor *p = calloc((size_t)np, sizeof *p);
     nb_module_named_parameters(model, p, np);
+    int64_t n_params = 0;
+    for (int i = 0; i < np; i++) n_params += nb_numel(p[i].tensor);
     nb_optim *opt = nb_optim_new(NB_OPTIM_ADAMW, p, np, &NB_ADAMW_DEFAULTS);
     nb_rng data = nb_rng_make(100 + (uint64_t)rank);
     double *t_step = calloc((size_t)steps * 4, sizeof(double)), *t_fwd = t_step + steps,
@@ -254,10 +256,10 @@ int main(int argc, char **argv) {
     double med = median(t_step, measured), per_s = (double)batch * (kind == GPT ? GPT_T : 1) * world / med;
     if (rank == 0 && machine) {
         printf("model=%s mode=%s world=%d batch=%lld ms=%.4f fwd=%.4f bwd=%.4f opt=%.4f per_s=%.1f unit=%s "
-               "hidden=%.4f\n",
+               "hidden=%.4f params=%lld\n",
                model_names[kind], ddp ? "ddp" : "no-ddp", world, (long long)batch, 1e3 * med,
                1e3 * median(t_fwd, measured), 1e3 * median(t_bwd, measured), 1e3 * median(t_opt, measured),
-               per_s, kind == GPT ? "tokens" : "samples", ddp && world > 1 ? hidden / measured : NAN);
+               per_s, kind == GPT ? "tokens" : "samples", ddp && world > 1 ? hidden / measured : NAN, (long long)n_params);
     } else if (rank == 0) {
         char hid[16] = "-", bws[16] = "-", ws[16] = "-";
         if (ddp && world > 1) {
