@@ -137,7 +137,7 @@ static int plot_scaling(const char *path, const char *svg) {
         double base = NAN;
         for (int j = 0; j < n; j++)
             if (!strcmp(rows[j].model, rows[i].model) && rows[j].world == 1) base = rows[j].per_s;
-        double eff = rows[i].per_s / base;
+        double eff = rows[i].per_s / (base * rows[i].world); /* 100%: N ranks do N times the work */
         char hid[16] = "-";
         if (rows[i].world > 1 && !isnan(rows[i].hidden)) snprintf(hid, sizeof hid, "%.0f%%", 100 * rows[i].hidden);
         printf("%-6s %6d %14.0f %10.0f%% %8s\n", rows[i].model, rows[i].world, rows[i].per_s, 100 * eff, hid);

@@ -4,7 +4,8 @@
 # (default 4), each rank its own batch. Runs bench_ddp --model M under nbrun
 # for each world size, then prints throughput over all ranks, efficiency
 # against world size 1 and the share of communication hidden behind
-# backward, and writes an SVG plot of the efficiency.
+# backward, and writes an SVG plot of the efficiency (throughput over N
+# ranks / N x throughput of 1 rank).
 #   benchmarks/run_scaling.sh [--max-world N] [--models "mlp cnn gpt"] [--out DIR] [bench_ddp args...]
 set -euo pipefail
 bin=${NABLA_BIN:-$(dirname "$0")/../build/bin}
@@ -18,6 +19,9 @@ while [ $# -gt 0 ]; do
   esac
 done
 mkdir -p "$out"
+# One BLAS thread per rank at every world size (nbrun sets it only for two
+# or more ranks), so that world size 1 is the same work on one core.
+export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1} OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 lines=$(mktemp "${TMPDIR:-/tmp}/nabla_scaling.XXXXXX")
 trap 'rm -f "$lines"' EXIT
 for m in $models; do
