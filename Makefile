@@ -20,7 +20,7 @@ DEB_PACKAGES ?= cmake pkg-config gcc g++ make check libsubunit-dev \
 
 CTEST := ctest --output-on-failure --no-tests=error -j$(CTEST_JOBS) $(CTEST_ARGS)
 
-.PHONY: all help deps build test test-asan demo bench fuzz install clean
+.PHONY: all help deps build test test-asan demo bench bench-torch fuzz install clean
 
 all: build
 
@@ -31,29 +31,35 @@ help:
 	@echo "make test-asan  the same with AddressSanitizer + UBSan, in $(ASAN_BUILD_DIR)/"
 	@echo "make demo       build, then train a small GPT on the shipped text with DDP (2 CPU processes or every GPU)"
 	@echo "make bench      build, then run every benchmark ($(BUILD_DIR)/bin/bench_*)"
+	@echo "make bench-torch  build, install python3-torch if missing, then time our training steps against PyTorch eager"
 	@echo "make fuzz       build and run every fuzz/fuzz_*.c for FUZZ_SECONDS=$(FUZZ_SECONDS) s each (clang, libFuzzer)"
 	@echo "make install    install the library, headers, CMake and pkg-config files to PREFIX=$(PREFIX)"
 	@echo "make clean      remove $(BUILD_DIR)/ and $(ASAN_BUILD_DIR)/"
 	@echo "Variables: BUILD_DIR BUILD_TYPE CMAKE_ARGS (e.g. -DNABLA_CUDA=OFF) PREFIX JOBS CTEST_JOBS CTEST_ARGS FUZZ_SECONDS"
+	@echo "           BENCH_TORCH_ARGS (benchmarks/compare_torch.py flags, e.g. --threads 2)"
 	@echo "           DEMO_ARGS (train_gpt flags for make demo, e.g. DEMO_ARGS=\"--steps 100\")"
 
 # Installs only what dpkg does not already list as installed, so that the
-# common case costs no network and needs no root.
-deps:
-	@missing=""; \
-	for p in $(DEB_PACKAGES); do \
+# common case costs no network and needs no root. $(1): packages, $(2): the
+# target's name for messages.
+install_debs = \
+	missing=""; \
+	for p in $(1); do \
 	  dpkg-query -W -f='$${Status}' "$$p" 2>/dev/null | grep -q "install ok installed" \
 	    || missing="$$missing $$p"; \
 	done; \
-	if [ -z "$$missing" ]; then echo "deps: all packages present"; exit 0; fi; \
-	echo "deps: missing:$$missing"; \
+	if [ -z "$$missing" ]; then echo "$(2): all packages present"; exit 0; fi; \
+	echo "$(2): missing:$$missing"; \
 	sudo=""; \
 	if [ "$$(id -u)" -ne 0 ]; then \
 	  if command -v sudo >/dev/null 2>&1; then sudo="sudo -n"; \
-	  else echo "deps: not root and no sudo; install:$$missing" >&2; exit 1; fi; \
+	  else echo "$(2): not root and no sudo; install:$$missing" >&2; exit 1; fi; \
 	fi; \
 	$$sudo env DEBIAN_FRONTEND=noninteractive apt-get update </dev/null && \
 	$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$missing </dev/null
+
+deps:
+	@$(call install_debs,$(DEB_PACKAGES),deps)
 
 # Configures when $(1) has no build system yet, or when CMAKE_ARGS asks for
 # a change; otherwise `cmake --build` re-runs CMake by itself when
@@ -88,6 +94,13 @@ bench: build
 	  echo "== $$b"; "$$b"; \
 	done; \
 	[ $$found -eq 1 ] || echo "bench: no benchmarks built yet (benchmarks/bench_*.c)"
+
+# Our training step against PyTorch eager's (Debian's python3-torch) on the
+# same models and batches; a benchmark, not a test. BENCH_TORCH_ARGS: flags of
+# benchmarks/compare_torch.py (e.g. --threads 2 --repeats 9).
+bench-torch: build
+	@$(call install_debs,python3-torch,bench-torch)
+	/usr/bin/python3 benchmarks/compare_torch.py $(BENCH_TORCH_ARGS)
 
 # Not part of `make test`: libFuzzer runs take minutes. See fuzz/README.md.
 fuzz:

@@ -1,22 +1,36 @@
-/* bench_ddp: DDP's cost and scaling on the CPU. Run it under nbrun; each
- * rank trains the same MLP on its own batch of `--batch` samples (weak
- * scaling) for `--steps` steps with AdamW, and rank 0 prints one table row:
- * world size, mode, milliseconds per step (median), samples per second
- * over all ranks, time in backward, time waiting for buckets after
- * backward, and the share of all-reduce time hidden behind backward.
+/* bench_ddp: training-step speed and DDP's cost and scaling on the CPU.
+ * Each rank trains one model on its own batch (weak scaling) for `--steps`
+ * steps with AdamW; rank 0 prints one table row: world size, mode,
+ * milliseconds per step (median), samples (or tokens) per second over all
+ * ranks, time in backward, time waiting for buckets after backward, and
+ * the share of all-reduce time hidden behind backward.
+ *
+ *   --model wide  an MLP of --layers Linear layers of --width (default; batch 64)
+ *   --model mlp   the bundled MLP classifier as train_classifier builds it:
+ *                 30 -> 64 -> 32 -> 2, batch 8
+ *   --model cnn   the bundled CNN on 8x8 digits: channels 16,32,64, 10
+ *                 classes, batch 32
+ *   --model gpt   train_gpt's character-level GPT: vocabulary 79, 4 layers,
+ *                 4 heads, width 128, batch 16 x 64 tokens
  *
  *   nbrun --nproc-per-node 1 build/bin/bench_ddp --no-ddp   (the baseline)
- *   nbrun --nproc-per-node 1 build/bin/bench_ddp             (DDP overhead at world size 1)
- *   nbrun --nproc-per-node 2 build/bin/bench_ddp             (and 4, ...)
+ *   nbrun --nproc-per-node 2 build/bin/bench_ddp --model gpt
+ *   build/bin/bench_ddp --no-ddp --model cnn --machine      (no launcher needed)
  *
- * benchmarks/run_ddp.sh runs that series and prints the table with the
- * efficiency against world size 1. */
+ * --machine prints one key=value line (with forward / backward / optimizer
+ * medians) for scripts instead of the row; --plot-scaling LINES SVG reads
+ * such lines (benchmarks/run_scaling.sh collects them), prints the scaling
+ * table with the efficiency against world size 1 and writes the plot.
+ * benchmarks/run_ddp.sh and run_scaling.sh run the series. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "nabla/ddp.h"
+#include "nabla/models.h"
+#include "nabla/monitor.h"
 #include "nabla/nabla.h"
 
 static double now_s(void) {
@@ -30,43 +44,169 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof(double), cmp_double);
+    return v[n / 2];
+}
+
+enum { WIDE, MLP, CNN, GPT };
+static const char *model_names[] = {"wide", "mlp", "cnn", "gpt"};
+#define GPT_VOCAB 79 /* distinct bytes of examples/datasets/austen.txt */
+#define GPT_T 64
+
+static nb_module *build(nb_ctx *ctx, int kind, int width, int layers, nb_rng *rng) {
+    switch (kind) {
+    case MLP: return nb_mlp_new(ctx, NB_F32, 30, 2, (int64_t[]){64, 32}, 2, rng);
+    case CNN: return nb_cnn_new(ctx, NB_F32, 1, 3, (int64_t[]){16, 32, 64}, 10, rng);
+    case GPT: {
+        nb_gpt_config cfg = {GPT_VOCAB, GPT_T, 4, 4, 128, 0.0};
+        return nb_gpt_new(ctx, NB_F32, &cfg, rng);
+    }
+    default: {
+        nb_module **c = calloc((size_t)(2 * layers), sizeof *c);
+        for (int l = 0; l < layers; l++) {
+            c[2 * l] = nb_linear_new(ctx, NB_F32, width, l == layers - 1 ? 10 : width, true, rng);
+            c[2 * l + 1] = nb_relu_new(ctx);
+        }
+        nb_module *m = nb_sequential_new(ctx, 2 * layers - 1, c);
+        free(c);
+        return m;
+    }
+    }
+}
+
+/* One batch of random inputs and labels in `step`. */
+static void make_batch(nb_ctx *step, int kind, int64_t batch, int width, int s, nb_rng *data,
+                       nb_tensor **x, nb_tensor **y) {
+    int64_t n_lab = kind == GPT ? batch * GPT_T : batch, n_cls = kind == MLP ? 2 : 10;
+    int64_t *lab = nb_ctx_alloc(step, sizeof(int64_t) * (size_t)n_lab, 0);
+    if (kind == GPT) {
+        int64_t *tok = nb_ctx_alloc(step, sizeof(int64_t) * (size_t)n_lab, 0);
+        for (int64_t i = 0; i < n_lab; i++) {
+            tok[i] = (i * 37 + s * 11 + (int64_t)data->seed) % GPT_VOCAB;
+            lab[i] = (i * 53 + s * 7) % GPT_VOCAB;
+        }
+        *x = nb_from_host(step, NB_I64, NB_SHAPE(batch, GPT_T), tok);
+        *y = nb_from_host(step, NB_I64, NB_SHAPE(batch, GPT_T), lab);
+        return;
+    }
+    for (int64_t i = 0; i < n_lab; i++) lab[i] = (i + s) % n_cls;
+    *y = nb_from_host(step, NB_I64, NB_SHAPE(batch), lab);
+    if (kind == MLP) *x = nb_rand_normal(step, NB_F32, NB_SHAPE(batch, 30), 0, 1, data);
+    else if (kind == CNN) *x = nb_rand_normal(step, NB_F32, NB_SHAPE(batch, 1, 8, 8), 0, 1, data);
+    else *x = nb_rand_normal(step, NB_F32, NB_SHAPE(batch, width), 0, 1, data);
+}
+
+#define MAX_ROWS 64
+typedef struct row {
+    char model[16];
+    int world;
+    double per_s, hidden;
+} row;
+
+/* Reads the --machine lines in `path`, prints the scaling table and writes
+ * throughput and efficiency against world size on one plot per measure. */
+static int plot_scaling(const char *path, const char *svg) {
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        fprintf(stderr, "bench_ddp: cannot open %s\n", path);
+        return 1;
+    }
+    row rows[MAX_ROWS];
+    int n = 0;
+    char line[512];
+    while (n < MAX_ROWS && fgets(line, sizeof line, f)) {
+        char *p = strstr(line, "model=");
+        if (!p || !strstr(line, "mode=ddp")) continue;
+        row *r = &rows[n];
+        char hid[32] = "";
+        char *w = strstr(p, "world="), *q = strstr(p, "per_s="), *h = strstr(p, "hidden=");
+        if (sscanf(p, "model=%15s", r->model) != 1 || !w || sscanf(w, "world=%d", &r->world) != 1 || !q ||
+            sscanf(q, "per_s=%lf", &r->per_s) != 1)
+            continue;
+        r->hidden = h && sscanf(h, "hidden=%31s", hid) == 1 ? atof(hid) : NAN;
+        n++;
+    }
+    fclose(f);
+    printf("%-6s %6s %14s %11s %8s\n", "model", "world", "throughput/s", "efficiency", "hidden");
+    nb_plot_series ser[8];
+    double xs[8][MAX_ROWS], ys[8][MAX_ROWS];
+    char names[8][16];
+    int ns = 0;
+    for (int i = 0; i < n; i++) {
+        double base = NAN;
+        for (int j = 0; j < n; j++)
+            if (!strcmp(rows[j].model, rows[i].model) && rows[j].world == 1) base = rows[j].per_s;
+        double eff = rows[i].per_s / (base * rows[i].world); /* 100%: N ranks do N times the work */
+        char hid[16] = "-";
+        if (rows[i].world > 1 && !isnan(rows[i].hidden)) snprintf(hid, sizeof hid, "%.0f%%", 100 * rows[i].hidden);
+        printf("%-6s %6d %14.0f %10.0f%% %8s\n", rows[i].model, rows[i].world, rows[i].per_s, 100 * eff, hid);
+        int s = 0;
+        while (s < ns && strcmp(names[s], rows[i].model)) s++;
+        if (s == ns) {
+            if (ns == 8) continue;
+            snprintf(names[ns], sizeof names[ns], "%.15s", rows[i].model);
+            ser[ns] = (nb_plot_series){names[ns], xs[ns], ys[ns], 0};
+            ns++;
+        }
+        xs[s][ser[s].n] = rows[i].world;
+        ys[s][ser[s].n++] = 100 * eff;
+    }
+    nb_plot_opts o = {"Weak scaling (each rank its own batch)", "world size",
+                      "efficiency vs world size 1 (%)", 0, 0, false};
+    if (nb_plot_svg(svg, ser, ns, &o) != NB_OK) {
+        fprintf(stderr, "bench_ddp: %s\n", nb_last_error());
+        return 1;
+    }
+    printf("plot: %s\n", svg);
+    return 0;
+}
+
 int main(int argc, char **argv) {
-    int steps = 30, width = 512, layers = 4, header = 0;
-    int64_t batch = 64;
+    int steps = 30, width = 512, layers = 4, header = 0, machine = 0, kind = WIDE;
+    int64_t batch = 0;
     bool use_ddp = true;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--no-ddp")) use_ddp = false;
         else if (!strcmp(argv[i], "--header")) header = 1;
+        else if (!strcmp(argv[i], "--machine")) machine = 1;
+        else if (!strcmp(argv[i], "--plot-scaling") && i + 2 < argc) return plot_scaling(argv[i + 1], argv[i + 2]);
         else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--batch") && i + 1 < argc) batch = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--width") && i + 1 < argc) width = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--layers") && i + 1 < argc) layers = atoi(argv[++i]);
-        else {
-            fprintf(stderr, "usage: %s [--no-ddp] [--steps N] [--batch B] [--width W] [--layers L] [--header]\n",
-                    argv[0]);
+        else if (!strcmp(argv[i], "--model") && i + 1 < argc) {
+            const char *m = argv[++i];
+            for (kind = 0; kind < 4 && strcmp(m, model_names[kind]); kind++) {}
+            if (kind == 4) {
+                fprintf(stderr, "bench_ddp: --model must be wide, mlp, cnn or gpt, not \"%s\"\n", m);
+                return 2;
+            }
+        } else {
+            fprintf(stderr, "usage: %s [--model wide|mlp|cnn|gpt] [--no-ddp] [--steps N] [--batch B] "
+                            "[--width W] [--layers L] [--header] [--machine]\n"
+                            "       %s --plot-scaling LINES SVG\n", argv[0], argv[0]);
             return 2;
         }
     }
+    if (steps < 1) steps = 1;
+    if (!batch) batch = kind == MLP ? 8 : kind == CNN ? 32 : kind == GPT ? 16 : 64;
     if (header) {
         printf("%-6s %-7s %10s %12s %11s %9s %8s\n", "world", "mode", "ms/step", "samples/s", "backward", "wait",
                "hidden");
         return 0;
     }
-    nb_pg *pg;
+    /* Without DDP no process group is needed, so the baseline runs with or without nbrun. */
+    nb_pg *pg = NULL;
     nb_pg_options po = {NB_PG_GLOO, 0};
-    if (nb_pg_init(&pg, &po) != NB_OK) {
+    if (use_ddp && nb_pg_init(&pg, &po) != NB_OK) {
         fprintf(stderr, "bench_ddp: %s\n", nb_last_error());
         return 1;
     }
-    int rank = nb_pg_rank(pg), world = nb_pg_size(pg);
+    int rank = pg ? nb_pg_rank(pg) : 0, world = pg ? nb_pg_size(pg) : 1;
     nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
     nb_rng rng = nb_rng_make(1);
-    nb_module **c = calloc((size_t)(2 * layers), sizeof *c);
-    for (int l = 0; l < layers; l++) {
-        c[2 * l] = nb_linear_new(pctx, NB_F32, width, l == layers - 1 ? 10 : width, true, &rng);
-        c[2 * l + 1] = nb_relu_new(pctx);
-    }
-    nb_module *model = nb_sequential_new(pctx, 2 * layers - 1, c);
+    nb_module *model = build(pctx, kind, width, layers, &rng);
     nb_ddp *ddp = NULL;
     if (use_ddp && nb_ddp_new(&ddp, model, pg, NULL) != NB_OK) {
         fprintf(stderr, "bench_ddp: %s\n", nb_last_error());
@@ -75,19 +215,21 @@ int main(int argc, char **argv) {
     int np = nb_module_named_parameters(model, NULL, 0);
     nb_named_tensor *p = calloc((size_t)np, sizeof *p);
     nb_module_named_parameters(model, p, np);
+    int64_t n_params = 0;
+    for (int i = 0; i < np; i++) n_params += nb_numel(p[i].tensor);
     nb_optim *opt = nb_optim_new(NB_OPTIM_ADAMW, p, np, &NB_ADAMW_DEFAULTS);
     nb_rng data = nb_rng_make(100 + (uint64_t)rank);
-    double *t_step = calloc((size_t)steps, sizeof(double)), bw = 0, wait = 0, hidden = 0;
+    double *t_step = calloc((size_t)steps * 4, sizeof(double)), *t_fwd = t_step + steps,
+           *t_bwd = t_fwd + steps, *t_opt = t_bwd + steps, bw = 0, wait = 0, hidden = 0;
     int measured = 0;
     for (int s = 0; s < steps + 3; s++) { /* 3 warm-up steps */
         nb_ctx_reset(step);
-        nb_tensor *x = nb_rand_normal(step, NB_F32, NB_SHAPE(batch, width), 0, 1, &data);
-        int64_t *lab = nb_ctx_alloc(step, sizeof(int64_t) * (size_t)batch, 0);
-        for (int64_t i = 0; i < batch; i++) lab[i] = (i + s) % 10;
-        nb_tensor *y = nb_from_host(step, NB_I64, NB_SHAPE(batch), lab);
+        nb_tensor *x, *y;
+        make_batch(step, kind, batch, width, s, &data, &x, &y);
         double t0 = now_s();
         nb_tensor *out = ddp ? nb_ddp_forward(ddp, step, x) : nb_module_forward(model, step, x);
-        nb_tensor *loss = nb_cross_entropy(step, out, y, NULL);
+        nb_tensor *loss = kind == GPT ? nb_gpt_loss(step, out, y) : nb_cross_entropy(step, out, y, NULL);
+        double tf = now_s();
         if (ddp) {
             if (nb_ddp_backward(ddp, loss) != NB_OK) {
                 fprintf(stderr, "bench_ddp: %s\n", nb_last_error());
@@ -96,10 +238,12 @@ int main(int argc, char **argv) {
         } else {
             nb_backward(loss);
         }
+        double tb = now_s();
         nb_optim_step(opt);
         nb_optim_zero_grad(opt);
         double t1 = now_s();
         if (s >= 3) {
+            t_fwd[measured] = tf - t0, t_bwd[measured] = tb - tf, t_opt[measured] = t1 - tb;
             t_step[measured++] = t1 - t0;
             if (ddp && world > 1) {
                 nb_ddp_step_stats st = nb_ddp_last_stats(ddp);
@@ -109,24 +253,28 @@ int main(int argc, char **argv) {
             }
         }
     }
-    qsort(t_step, (size_t)measured, sizeof(double), cmp_double);
-    double med = t_step[measured / 2];
-    if (rank == 0) {
+    double med = median(t_step, measured), per_s = (double)batch * (kind == GPT ? GPT_T : 1) * world / med;
+    if (rank == 0 && machine) {
+        printf("model=%s mode=%s world=%d batch=%lld ms=%.4f fwd=%.4f bwd=%.4f opt=%.4f per_s=%.1f unit=%s "
+               "hidden=%.4f params=%lld\n",
+               model_names[kind], ddp ? "ddp" : "no-ddp", world, (long long)batch, 1e3 * med,
+               1e3 * median(t_fwd, measured), 1e3 * median(t_bwd, measured), 1e3 * median(t_opt, measured),
+               per_s, kind == GPT ? "tokens" : "samples", ddp && world > 1 ? hidden / measured : NAN, (long long)n_params);
+    } else if (rank == 0) {
         char hid[16] = "-", bws[16] = "-", ws[16] = "-";
         if (ddp && world > 1) {
             snprintf(hid, sizeof hid, "%.0f%%", 100 * hidden / measured);
             snprintf(bws, sizeof bws, "%.2f ms", 1e3 * bw / measured);
             snprintf(ws, sizeof ws, "%.2f ms", 1e3 * wait / measured);
         }
-        printf("%-6d %-7s %10.2f %12.0f %11s %9s %8s\n", world, ddp ? "ddp" : "no-ddp", 1e3 * med,
-               (double)batch * world / med, bws, ws, hid);
+        printf("%-6d %-7s %10.2f %12.0f %11s %9s %8s\n", world, ddp ? "ddp" : "no-ddp", 1e3 * med, per_s, bws, ws,
+               hid);
     }
     nb_optim_free(opt);
     nb_ddp_free(ddp);
     free(p);
-    free(c);
     free(t_step);
     nb_ctx_free(step);
     nb_ctx_free(pctx);
-    return nb_pg_free(pg) == NB_OK ? 0 : 1;
+    return !pg || nb_pg_free(pg) == NB_OK ? 0 : 1;
 }
