@@ -26,6 +26,13 @@ try:
     import torch
     from torch import nn
 except ImportError:
+    # Debian's python3-torch lives under the system interpreter, which
+    # may not be the python3 first on PATH: try it once before skipping.
+    system = "/usr/bin/python3"
+    if os.path.exists(system) and os.path.realpath(sys.executable) != os.path.realpath(system) \
+            and not os.environ.get("NABLA_TORCH_REEXEC"):
+        os.environ["NABLA_TORCH_REEXEC"] = "1"
+        os.execv(system, [system] + sys.argv)
     print("torch not importable: skipped")
     sys.exit(77)
 
