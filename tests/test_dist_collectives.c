@@ -347,25 +347,11 @@ static Suite *suite(void) {
     return s;
 }
 
-int main(void) {
-    setenv("CK_FORK", "no", 1); /* the ranks share one world group across tests */
-    nb_pg_options opts = {NB_PG_GLOO, 0};
-    nb_status st = nb_pg_init(&world, &opts);
-    if (st == NB_ERR_UNSUPPORTED) {
-        fprintf(stderr, "skipped: %s\n", nb_last_error());
-        return 77;
-    }
-    if (st != NB_OK) {
-        fprintf(stderr, "nb_pg_init: %s\n", nb_last_error());
-        return 1;
-    }
+static Suite *setup(nb_pg *pg) {
+    world = pg;
     R = nb_pg_size(world);
     me = nb_pg_rank(world);
-    int rc = nbt_run(suite());
-    st = nb_pg_free(world);
-    if (st != NB_OK) {
-        fprintf(stderr, "nb_pg_free: %s\n", nb_last_error());
-        rc = 1;
-    }
-    return rc;
+    return suite();
 }
+
+int main(void) { return nbt_run_world(setup); }

@@ -5,6 +5,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "nabla/dist.h"
+
 jmp_buf nbt_jmp;
 volatile int nbt_abort_armed;
 char nbt_abort_msg[1024];
@@ -72,4 +74,26 @@ int nbt_run(Suite *s) {
     int failed = srunner_ntests_failed(sr);
     srunner_free(sr);
     return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
+
+int nbt_run_world(Suite *(*make_suite)(nb_pg *world)) {
+    setenv("CK_FORK", "no", 1);
+    nb_pg *world = NULL;
+    nb_pg_options opts = {NB_PG_GLOO, 0};
+    nb_status st = nb_pg_init(&world, &opts);
+    if (st == NB_ERR_UNSUPPORTED) {
+        fprintf(stderr, "skipped: %s\n", nb_last_error());
+        return 77;
+    }
+    if (st != NB_OK) {
+        fprintf(stderr, "nb_pg_init: %s\n", nb_last_error());
+        return 1;
+    }
+    int rc = nbt_run(make_suite(world));
+    st = nb_pg_free(world);
+    if (st != NB_OK) {
+        fprintf(stderr, "nb_pg_free: %s\n", nb_last_error());
+        rc = 1;
+    }
+    return rc;
 }

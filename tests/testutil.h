@@ -59,4 +59,11 @@ void nbt_assert_tensors_close(const nb_tensor *a, const nb_tensor *b, double ato
 /* Runs one suite with CK_NORMAL output; returns the process exit code. */
 int nbt_run(Suite *s);
 
+/* For suites that every rank runs under nbrun (or alone, as a world of
+ * one): makes the Gloo world group, calls make_suite(world), runs the
+ * suite in CK_NOFORK mode (the tests share the group), frees the group.
+ * Returns the exit code: 77 (skipped) in a build without Gloo. */
+typedef struct nb_pg nb_pg;
+int nbt_run_world(Suite *(*make_suite)(nb_pg *world));
+
 #endif
