@@ -16,6 +16,10 @@ extern "C" {
 #endif
 
 double nb__now(void); /* monotonic seconds */
+/* A listening TCP socket on host:port (host NULL: every IPv4 address; port
+ * 0: a free one), close-on-exec, SO_REUSEADDR. -1 on failure, with the
+ * getaddrinfo code in *gai_err or the errno in *sys_err. */
+int nb__tcp_listen(const char *host, int port, int *gai_err, int *sys_err);
 void nb__sleep(double seconds);
 
 /* ------------------------------------------------ store wire format */

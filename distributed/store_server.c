@@ -339,41 +339,49 @@ static nb_status finish_start(nb_store_server **out, nb_store_server *s, const c
     return NB_OK;
 }
 
-nb_status nb_store_server_start(nb_store_server **out, const char *host, int port,
-                                const char *run_id) {
-    *out = NULL;
-    NB_CHECK(port >= 0 && port <= 65535, "nb_store_server_start: port %d out of range", port);
+int nb__tcp_listen(const char *host, int port, int *gai_err, int *sys_err) {
     struct addrinfo hints, *res = NULL;
     memset(&hints, 0, sizeof hints);
-    hints.ai_family = AF_UNSPEC;
+    hints.ai_family = host ? AF_UNSPEC : AF_INET;
     hints.ai_socktype = SOCK_STREAM;
     hints.ai_flags = AI_PASSIVE;
     char port_s[16];
     snprintf(port_s, sizeof port_s, "%d", port);
-    const char *h = host && *host ? host : "0.0.0.0";
-    int rc = getaddrinfo(h, port_s, &hints, &res);
-    if (rc != 0)
-        return nb_set_error(NB_ERR_NETWORK, "nb_store_server_start: cannot resolve %s: %s", h,
-                            gai_strerror(rc));
-    int fd = -1, err = 0;
+    *gai_err = getaddrinfo(host, port_s, &hints, &res);
+    *sys_err = 0;
+    if (*gai_err != 0) return -1;
+    int fd = -1;
     for (struct addrinfo *a = res; a && fd < 0; a = a->ai_next) {
         fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
         if (fd < 0) {
-            err = errno;
+            *sys_err = errno;
             continue;
         }
         int one = 1;
         setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
         if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, SOMAXCONN) != 0) {
-            err = errno;
+            *sys_err = errno;
             close(fd);
             fd = -1;
         }
     }
     freeaddrinfo(res);
+    return fd;
+}
+
+nb_status nb_store_server_start(nb_store_server **out, const char *host, int port,
+                                const char *run_id) {
+    *out = NULL;
+    NB_CHECK(port >= 0 && port <= 65535, "nb_store_server_start: port %d out of range", port);
+    const char *h = host && *host ? host : NULL;
+    int gai = 0, err = 0;
+    int fd = nb__tcp_listen(h, port, &gai, &err);
+    if (fd < 0 && gai)
+        return nb_set_error(NB_ERR_NETWORK, "nb_store_server_start: cannot resolve %s: %s", h,
+                            gai_strerror(gai));
     if (fd < 0)
-        return nb_set_error(NB_ERR_NETWORK, "nb_store_server_start: cannot listen on %s:%d: %s", h,
-                            port, strerror(err));
+        return nb_set_error(NB_ERR_NETWORK, "nb_store_server_start: cannot listen on %s:%d: %s",
+                            h ? h : "0.0.0.0", port, strerror(err));
     nb_store_server *s = calloc(1, sizeof *s);
     NB_CHECK(s != NULL, "nb_store_server_start: out of memory");
     s->listen_fd = fd;

@@ -34,6 +34,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "distributed/internal.h"
+
 #define LINE_MAX_BYTES 65536
 #define TAIL_LINES 20
 #define TAIL_LINE_BYTES 1000
@@ -274,34 +276,12 @@ static options parse_options(int argc, char **argv) {
 static int open_store_socket(const char *addr, int *port) {
     bool loop = strncmp(addr, "127.", 4) == 0 || strcmp(addr, "localhost") == 0 || strcmp(addr, "::1") == 0;
     const char *host = loop ? addr : NULL;
-    struct addrinfo hints, *res = NULL;
-    memset(&hints, 0, sizeof hints);
-    hints.ai_family = host ? AF_UNSPEC : AF_INET;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_PASSIVE;
-    char ps[16];
-    snprintf(ps, sizeof ps, "%d", *port);
-    int rc = getaddrinfo(host, ps, &hints, &res);
-    if (rc != 0) {
-        fprintf(stderr, "nbrun: cannot resolve --master-addr %s: %s\n", addr, gai_strerror(rc));
+    int gai = 0, err = 0;
+    int fd = nb__tcp_listen(host, *port, &gai, &err);
+    if (fd < 0 && gai) {
+        fprintf(stderr, "nbrun: cannot resolve --master-addr %s: %s\n", addr, gai_strerror(gai));
         exit(2);
     }
-    int fd = -1, err = 0;
-    for (struct addrinfo *a = res; a && fd < 0; a = a->ai_next) {
-        fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
-        if (fd < 0) {
-            err = errno;
-            continue;
-        }
-        int one = 1;
-        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-        if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, SOMAXCONN) != 0) {
-            err = errno;
-            close(fd);
-            fd = -1;
-        }
-    }
-    freeaddrinfo(res);
     if (fd < 0) {
         fprintf(stderr, "nbrun: cannot listen on %s:%d for the store: %s\n", loop ? addr : "0.0.0.0",
                 *port, strerror(err));
