@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "nabla/dist.h"
+#include "tensor/cuda/cuda.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -202,11 +203,8 @@ int nb__nccl_query(nb__nccl *n, nb__nccl_work *work);
 void nb__nccl_work_free(nb__nccl_work *work);
 /* Aborts the communicator (kills its kernels) after a failure. */
 void nb__nccl_abort(nb__nccl *n);
-/* Counts visible GPUs (0 without CUDA) and makes `device` current. */
-int nb__cuda_device_count(void);
-nb_status nb__cuda_set_device(int device);
 /* cudaMemcpy in whichever direction the pointers say. */
-nb_status nb__cuda_copy(void *dst, const void *src, size_t bytes);
+nb_status nb__cuda_copy_bytes(void *dst, const void *src, size_t bytes);
 
 #ifdef __cplusplus
 }

@@ -420,12 +420,12 @@ nb_status nb_pg_agree(nb_pg *pg, bool flag, bool *any, bool *all) {
     nb_status st = NB_OK;
     if (pg->nccl) {
         buf = pg->agree_buf;
-        st = nb__cuda_copy(buf, &votes, sizeof votes);
+        st = nb__cuda_copy_bytes(buf, &votes, sizeof votes);
         if (st != NB_OK) return st;
     }
     nb__coll c = {NB__ALL_REDUCE, NB_REDUCE_SUM, NB_I32, 1, 0, buf, NULL, 0};
     st = nb_work_finish(issue(pg, &c));
-    if (st == NB_OK && pg->nccl) st = nb__cuda_copy(&votes, buf, sizeof votes);
+    if (st == NB_OK && pg->nccl) st = nb__cuda_copy_bytes(&votes, buf, sizeof votes);
     if (st != NB_OK) return st;
     if (any) *any = votes > 0;
     if (all) *all = votes == pg->size;

@@ -51,21 +51,7 @@ struct nb__nccl_work {
                                 ncclGetLastError(NULL));                                          \
     } while (0)
 
-int nb__cuda_device_count(void) {
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess) {
-        cudaGetLastError(); /* no driver or no device: clear the sticky error */
-        return 0;
-    }
-    return n;
-}
-
-nb_status nb__cuda_set_device(int device) {
-    CUDA_TRY(cudaSetDevice(device));
-    return NB_OK;
-}
-
-nb_status nb__cuda_copy(void *dst, const void *src, size_t bytes) {
+nb_status nb__cuda_copy_bytes(void *dst, const void *src, size_t bytes) {
     CUDA_TRY(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
     return NB_OK;
 }
@@ -242,11 +228,9 @@ static nb_status no_cuda(const char *fn) {
     return nb_set_error(NB_ERR_UNSUPPORTED, "%s: nabla was built without CUDA", fn);
 }
 
-int nb__cuda_device_count(void) { return 0; }
-nb_status nb__cuda_set_device(int device) { (void)device; return no_cuda("nb__cuda_set_device"); }
-nb_status nb__cuda_copy(void *dst, const void *src, size_t bytes) {
+nb_status nb__cuda_copy_bytes(void *dst, const void *src, size_t bytes) {
     (void)dst, (void)src, (void)bytes;
-    return no_cuda("nb__cuda_copy");
+    return no_cuda("nb__cuda_copy_bytes");
 }
 nb_status nb__nccl_init(nb__nccl **out, nb_store *store, const char *prefix, int rank, int size,
                         int device, void **agree_buf) {

@@ -115,6 +115,12 @@ void nb__cpu_copy(nb_tensor *dst, const nb_tensor *src);
 nb_tensor *nb__unary(nb_ctx *ctx, nb__unary_op op, nb_tensor *a, double s);
 nb_tensor *nb__binary(nb_ctx *ctx, nb__binary_op op, nb_tensor *a, nb_tensor *b);
 
+/* ---- pooling geometry (tensor/ops_pool.c) ---- */
+typedef struct nb__pool2d_geom {
+    int64_t planes, h, w, oh, ow; /* planes = N * C */
+    int64_t kh, kw, sh, sw, ph, pw;
+} nb__pool2d_geom;
+
 /* ---- shape strings ---- */
 const char *nb__shape_str_n(int ndim, const int64_t *shape);
 

@@ -12,10 +12,7 @@
 
 #include "tensor/internal.h"
 
-typedef struct pool_geom {
-    int64_t planes, h, w, oh, ow; /* planes = N * C */
-    int64_t kh, kw, sh, sw, ph, pw;
-} pool_geom;
+typedef nb__pool2d_geom pool_geom;
 
 #define DEFINE_POOL(T, S)                                                                     \
     static void max_fwd_##S(const pool_geom *g, T *out, int64_t *arg, const T *x) {           \
