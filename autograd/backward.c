@@ -75,13 +75,22 @@ nb_tensor *nb__sum_to(nb_ctx *ctx, nb_tensor *g, int ndim, const int64_t *shape)
         g = nb__view(ctx, g, ndim, gs, gst, g->data);
         return nb__sum_to(ctx, g, ndim, shape);
     }
+    if (nb__is_cuda(g)) {
+        /* CUDA kernels write each output element from one thread, so the
+         * aliasing trick below would race: reduce the broadcast dims. */
+        int axes[NB_MAX_DIMS], n = 0;
+        for (int d = 0; d < ndim; d++)
+            if (shape[d] == 1 && g->shape[d] != 1) axes[n++] = d;
+        nb_tensor *r = n ? nb_sum(ctx, g, n, axes, true) : g;
+        return nb_reshape(ctx, r, ndim, shape);
+    }
     nb_tensor *out = nb_zeros(ctx, g->dtype, ndim, shape);
     /* out seen with g's shape: zero strides on the broadcast dims; the
      * sequential add accumulates every element that maps to one place. */
     int64_t st[NB_MAX_DIMS];
     nb__broadcast_strides(out, g->ndim, g->shape, st);
     nb_tensor *view = nb__view(ctx, out, g->ndim, g->shape, st, out->data);
-    nb__cpu_binary(NB_B_ADD, view, view, g);
+    nb__run_binary(NB_B_ADD, view, view, g);
     return out;
 }
 
@@ -90,20 +99,20 @@ void nb__accum_grad(nb_ctx *ctx, nb_tensor *t, nb_tensor *g) {
     g = nb__sum_to(ctx, g, t->ndim, t->shape);
     if (g->dtype != t->dtype) {
         nb_tensor *c = nb__empty(ctx, t->dtype, g->ndim, g->shape);
-        nb__cpu_copy(c, g);
+        nb__run_copy(c, g);
         g = c;
     }
     if (t->node == NULL) {
         if (!t->grad) t->grad = nb_zeros(t->ctx, t->dtype, t->ndim, t->shape);
-        nb__cpu_binary(NB_B_ADD, t->grad, t->grad, g);
+        nb__run_binary(NB_B_ADD, t->grad, t->grad, g);
         t->bw_seen = true;
         return;
     }
     if (!t->grad) {
         t->grad = nb__empty(ctx, t->dtype, t->ndim, t->shape);
-        nb__cpu_copy(t->grad, g);
+        nb__run_copy(t->grad, g);
     } else {
-        nb__cpu_binary(NB_B_ADD, t->grad, t->grad, g);
+        nb__run_binary(NB_B_ADD, t->grad, t->grad, g);
     }
 }
 
@@ -155,7 +164,7 @@ void nb_backward_with(nb_tensor *out, nb_tensor *grad_out) {
         }
     }
     out->grad = nb__empty(ctx, out->dtype, out->ndim, out->shape);
-    nb__cpu_copy(out->grad, grad_out);
+    nb__run_copy(out->grad, grad_out);
     for (nb_node *n = start; n; n = n->prev) {
         if (n->bw_id != id) continue;
         if (n->out->grad) n->backward(ctx, n, n->out->grad);

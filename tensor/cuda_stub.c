@@ -486,4 +486,13 @@ void nb__cuda_sgd(int n, nb_tensor *const *p, nb_tensor *const *g, nb_tensor *co
     NO_CUDA("nb__cuda_sgd");
 }
 
+bool nb_cuda_available(void) { return false; }
+int nb_cuda_device_count(void) { return 0; }
+void nb_cuda_synchronize(nb_device device) {
+    nb_abort(__FILE__, __LINE__, "nb_cuda_synchronize: %s: nabla was built without CUDA",
+             nb_device_name(device));
+}
+void nb_cuda_set_allow_tf32(bool on) { (void)on; }
+bool nb_cuda_allow_tf32(void) { return false; }
+
 #endif

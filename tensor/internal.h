@@ -110,6 +110,14 @@ void nb__cpu_where(nb_tensor *out, const nb_tensor *cond, const nb_tensor *a,
 /* dst (any strides) = src broadcast to dst's shape, with dtype conversion. */
 void nb__cpu_copy(nb_tensor *dst, const nb_tensor *src);
 
+/* The same four, run by the backend of out's (dst's) device: the CPU
+ * engine above or its CUDA twin (tensor/cuda/cuda.h). */
+void nb__run_unary(nb__unary_op op, nb_tensor *out, const nb_tensor *a, double s);
+void nb__run_binary(nb__binary_op op, nb_tensor *out, const nb_tensor *a, const nb_tensor *b);
+void nb__run_where(nb_tensor *out, const nb_tensor *cond, const nb_tensor *a, const nb_tensor *b);
+void nb__run_copy(nb_tensor *dst, const nb_tensor *src);
+static inline bool nb__is_cuda(const nb_tensor *t) { return t->device.type == NB_DEVICE_CUDA; }
+
 /* Kernel-level (unrecorded) elementwise ops for backward functions and
  * optimizers: fresh contiguous result in ctx. */
 nb_tensor *nb__unary(nb_ctx *ctx, nb__unary_op op, nb_tensor *a, double s);

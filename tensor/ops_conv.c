@@ -3,10 +3,14 @@
  *
  * Output size per spatial dim: floor((H + 2p - d(k - 1) - 1) / s) + 1. The
  * backward recomputes the columns from the saved input instead of keeping
- * them, so memory stays at one image's columns. */
+ * them, so memory stays at one image's columns. On CUDA the kernels are
+ * cuDNN's. In a context whose compute dtype is bf16/f16 (CUDA), f32
+ * operands are cast to it, the convolution runs in it, and the result is
+ * cast back to f32 (all recorded). */
 #include <limits.h>
 
 #include "tensor/cpu/conv.h"
+#include "tensor/cuda/cuda.h"
 #include "tensor/internal.h"
 
 static void conv2d_backward(nb_ctx *ctx, nb_node *node, nb_tensor *g) {
@@ -18,9 +22,14 @@ static void conv2d_backward(nb_ctx *ctx, nb_node *node, nb_tensor *g) {
     nb_tensor *dx = x->requires_grad ? nb__empty(ctx, dt, 4, x->shape) : NULL;
     nb_tensor *dw = w->requires_grad ? nb__empty(ctx, dt, 4, w->shape) : NULL;
     nb_tensor *db = b && b->requires_grad ? nb__empty(ctx, dt, 1, b->shape) : NULL;
-    void *cols = nb_ctx_alloc(ctx, (size_t)nb__conv2d_cols_numel(geom) * nb_dtype_size(dt), 0);
-    nb__cpu_conv2d_backward(dt, geom, dx ? dx->data : NULL, dw ? dw->data : NULL,
-                            db ? db->data : NULL, g->data, xc->data, wc->data, cols);
+    if (nb__is_cuda(xc)) {
+        nb__cuda_conv2d_backward(ctx, dt, geom, dx ? dx->data : NULL, dw ? dw->data : NULL,
+                                 db ? db->data : NULL, g->data, xc->data, wc->data);
+    } else {
+        void *cols = nb_ctx_alloc(ctx, (size_t)nb__conv2d_cols_numel(geom) * nb_dtype_size(dt), 0);
+        nb__cpu_conv2d_backward(dt, geom, dx ? dx->data : NULL, dw ? dw->data : NULL,
+                                db ? db->data : NULL, g->data, xc->data, wc->data, cols);
+    }
     if (dx) nb__accum_grad(ctx, x, dx);
     if (dw) nb__accum_grad(ctx, w, dw);
     if (db) nb__accum_grad(ctx, b, db);
@@ -30,6 +39,14 @@ nb_tensor *nb_conv2d(nb_ctx *ctx, nb_tensor *x, nb_tensor *weight, nb_tensor *bi
                      const nb_conv2d_opts *opts) {
     const char *op = "nb_conv2d";
     nb_conv2d_opts o = opts ? *opts : NB_CONV2D_DEFAULTS;
+    nb_dtype cd = nb_ctx_compute_dtype(ctx);
+    if (cd != NB_F32 && x->dtype == NB_F32 && weight->dtype == NB_F32) {
+        nb__check_ctx(op, ctx, x);
+        nb__check_ctx(op, ctx, weight);
+        nb_tensor *y = nb_conv2d(ctx, nb_cast(ctx, x, cd), nb_cast(ctx, weight, cd),
+                                 bias && bias->dtype == NB_F32 ? nb_cast(ctx, bias, cd) : bias, &o);
+        return nb_cast(ctx, y, NB_F32);
+    }
     nb__check_ctx(op, ctx, x);
     nb__check_ctx(op, ctx, weight);
     nb__check_float(op, x);
@@ -89,8 +106,13 @@ nb_tensor *nb_conv2d(nb_ctx *ctx, nb_tensor *x, nb_tensor *weight, nb_tensor *bi
     nb_tensor *xc = nb__contig(ctx, x), *wc = nb__contig(ctx, weight);
     nb_tensor *bc = bias ? nb__contig(ctx, bias) : NULL;
     nb_tensor *out = nb__empty(ctx, x->dtype, 4, (int64_t[]){g->n, g->o, g->oh, g->ow});
-    void *cols = nb_ctx_alloc(ctx, (size_t)nb__conv2d_cols_numel(g) * nb_dtype_size(x->dtype), 0);
-    nb__cpu_conv2d_forward(x->dtype, g, out->data, xc->data, wc->data, bc ? bc->data : NULL, cols);
+    if (nb__is_cuda(x)) {
+        nb__cuda_conv2d_forward(ctx, x->dtype, g, out->data, xc->data, wc->data,
+                                bc ? bc->data : NULL);
+    } else {
+        void *cols = nb_ctx_alloc(ctx, (size_t)nb__conv2d_cols_numel(g) * nb_dtype_size(x->dtype), 0);
+        nb__cpu_conv2d_forward(x->dtype, g, out->data, xc->data, wc->data, bc ? bc->data : NULL, cols);
+    }
 
     nb_tensor *in[3] = {x, weight, bias};
     nb_node *node = nb__record(ctx, op, conv2d_backward, out, 3, in);

@@ -3,6 +3,7 @@
  * philox(seed, offset + i / 4), as nb_u32_to_unit, is >= p (compared in
  * double); the offset then advances by ceil(n / 4). The scaled mask
  * (1 / (1 - p) where kept, 0 elsewhere) is saved for backward. */
+#include "tensor/cuda/cuda.h"
 #include "tensor/internal.h"
 
 #define DEFINE_DROPOUT(T, S)                                                                  \
@@ -37,7 +38,8 @@ nb_tensor *nb_dropout(nb_ctx *ctx, nb_tensor *x, double p, bool training, nb_rng
     nb_tensor *out = nb__empty(ctx, x->dtype, x->ndim, x->shape);
     nb_tensor *mask = nb__needs_grad(1, &x) ? nb__empty(ctx, x->dtype, x->ndim, x->shape) : NULL;
     void *m = mask ? mask->data : NULL;
-    if (x->dtype == NB_F32) dropout_f32(n, out->data, m, xc->data, p, rng->seed, rng->offset);
+    if (nb__is_cuda(x)) nb__cuda_dropout(out, mask, xc, p, rng->seed, rng->offset);
+    else if (x->dtype == NB_F32) dropout_f32(n, out->data, m, xc->data, p, rng->seed, rng->offset);
     else dropout_f64(n, out->data, m, xc->data, p, rng->seed, rng->offset);
     rng->offset += (uint64_t)(n + 3) / 4;
     nb_node *node = nb__record(ctx, "nb_dropout", dropout_backward, out, 1, &x);

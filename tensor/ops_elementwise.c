@@ -13,7 +13,7 @@ static nb_tensor *binary(nb_ctx *ctx, const char *name, nb__binary_op op, nb_ten
     int64_t shape[NB_MAX_DIMS];
     int nd = nb__broadcast_shape(name, a, b, shape);
     nb_tensor *out = nb__empty(ctx, a->dtype, nd, shape);
-    nb__cpu_binary(op, out, a, b);
+    nb__run_binary(op, out, a, b);
     nb_tensor *in[2] = {a, b};
     nb__record(ctx, name, bw, out, 2, in);
     return out;
@@ -55,7 +55,7 @@ static nb_tensor *unary(nb_ctx *ctx, const char *name, nb__unary_op op, nb_tenso
     nb__check_ctx(name, ctx, a);
     nb__check_float(name, a);
     nb_tensor *out = nb__empty(ctx, a->dtype, a->ndim, a->shape);
-    nb__cpu_unary(op, out, a, s);
+    nb__run_unary(op, out, a, s);
     nb_node *n = nb__record(ctx, name, bw, out, 1, &a);
     if (n) n->f[0] = s;
     return out;
@@ -151,12 +151,12 @@ static void where_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) {
     nb_tensor *zero = nb_zeros(ctx, g->dtype, 0, NULL);
     if (a->requires_grad) {
         nb_tensor *ga = nb__empty(ctx, g->dtype, g->ndim, g->shape);
-        nb__cpu_where(ga, cond, g, zero);
+        nb__run_where(ga, cond, g, zero);
         nb__accum_grad(ctx, a, ga);
     }
     if (b->requires_grad) {
         nb_tensor *gb = nb__empty(ctx, g->dtype, g->ndim, g->shape);
-        nb__cpu_where(gb, cond, zero, g);
+        nb__run_where(gb, cond, zero, g);
         nb__accum_grad(ctx, b, gb);
     }
 }
@@ -173,7 +173,7 @@ static nb_tensor *where_impl(nb_ctx *ctx, const char *name, nb_tensor *cond, nb_
     for (int d = 0; d < nd1; d++) tmp.shape[d] = s1[d];
     int nd = nb__broadcast_shape(name, &tmp, b, shape);
     nb_tensor *out = nb__empty(ctx, a->dtype, nd, shape);
-    nb__cpu_where(out, cond, a, b);
+    nb__run_where(out, cond, a, b);
     nb_tensor *in[2] = {a, b};
     nb_node *n = nb__record(ctx, name, where_backward, out, 2, in);
     if (n) n->saved[0] = cond;

@@ -1,11 +1,15 @@
 /* nb_embedding: rows of a (V, C) table gathered by i32/i64 indices of any
  * shape, and its backward, which scatter-adds the output gradient into a
  * zero (V, C) gradient in row-major index order, so repeated indices
- * accumulate deterministically. The kernels are small and live here.
+ * accumulate deterministically. The CPU kernels are small and live here;
+ * on CUDA, indices are range-checked by the kernel (Note [Deferred device
+ * checks] in tensor/cuda/cuda.h) rather than here, which would need a
+ * host read.
  *
  * Letters: V rows (vocabulary), C columns, P index positions. */
 #include <string.h>
 
+#include "tensor/cuda/cuda.h"
 #include "tensor/internal.h"
 
 static int64_t index_at(const nb_tensor *idx, int64_t p) {
@@ -49,13 +53,19 @@ static void scatter_add_rows(nb_tensor *gw, const nb_tensor *g, const nb_tensor 
 
 static void embedding_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) {
     nb_tensor *w = n->in[0], *idx = n->saved[0];
-    nb_tensor *gw = nb_zeros(ctx, w->dtype, 2, w->shape);
     nb_tensor *cg = nb__contig(ctx, g);
     if (cg->dtype != w->dtype) {
         nb_tensor *cast = nb__empty(ctx, w->dtype, cg->ndim, cg->shape);
-        nb__cpu_copy(cast, cg);
+        nb__run_copy(cast, cg);
         cg = cast;
     }
+    if (nb__is_cuda(w)) {
+        nb_tensor *gw = nb__empty(ctx, w->dtype, 2, w->shape);
+        nb__cuda_embedding_backward(gw, cg, idx, nb_numel(idx));
+        nb__accum_grad(ctx, w, gw);
+        return;
+    }
+    nb_tensor *gw = nb_zeros(ctx, w->dtype, 2, w->shape);
     scatter_add_rows(gw, cg, idx, nb_numel(idx));
     nb__accum_grad(ctx, w, gw);
 }
@@ -67,14 +77,13 @@ nb_tensor *nb_embedding(nb_ctx *ctx, nb_tensor *weight, nb_tensor *indices) {
     NB_CHECK(weight->ndim == 2, "%s: weight must be 2-D (V, C), got %s", name, nb_shape_str(weight));
     nb__check_float(name, weight);
     nb__check_index_dtype(name, indices);
-    nb__check_cpu(name, weight);
     NB_CHECK(indices->ndim < NB_MAX_DIMS,
              "%s: indices %s have %d dims; the output would need %d, at most %d", name,
              nb_shape_str(indices), indices->ndim, indices->ndim + 1, NB_MAX_DIMS);
 
     nb_tensor *idx = nb__contig(ctx, indices);
     int64_t np = nb_numel(idx), v = weight->shape[0];
-    for (int64_t p = 0; p < np; p++) {
+    for (int64_t p = 0; !nb__is_cuda(idx) && p < np; p++) {
         int64_t r = index_at(idx, p);
         NB_CHECK(r >= 0 && r < v, "%s: index %lld at position %lld is out of range for %lld rows",
                  name, (long long)r, (long long)p, (long long)v);
@@ -84,7 +93,8 @@ nb_tensor *nb_embedding(nb_ctx *ctx, nb_tensor *weight, nb_tensor *indices) {
     memcpy(shape, indices->shape, sizeof(int64_t) * (size_t)indices->ndim);
     shape[indices->ndim] = weight->shape[1];
     nb_tensor *out = nb__empty(ctx, weight->dtype, indices->ndim + 1, shape);
-    gather_rows(out, weight, idx, np);
+    if (nb__is_cuda(weight)) nb__cuda_embedding(out, weight, idx, np);
+    else gather_rows(out, weight, idx, np);
 
     nb_node *n = nb__record(ctx, name, embedding_backward, out, 1, &weight);
     if (n) n->saved[0] = idx;

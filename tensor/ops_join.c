@@ -49,7 +49,7 @@ nb_tensor *nb_concat(nb_ctx *ctx, int n, nb_tensor *const *xs, int axis) {
         shape[ax] = xs[k]->shape[ax];
         char *data = (char *)out->data + (size_t)(off * out->strides[ax]) * esz;
         nb_tensor *slab = nb__view(ctx, out, out->ndim, shape, out->strides, data);
-        nb__cpu_copy(slab, xs[k]);
+        nb__run_copy(slab, xs[k]);
         off += shape[ax];
     }
     nb_node *node = nb__record(ctx, "nb_concat", concat_backward, out, n, xs);

@@ -5,10 +5,17 @@
  * Cross-entropy follows PyTorch: targets equal to ignore_index count for
  * nothing, neither in the sum nor in the divisor, so a batch whose targets
  * are all ignored has the mean 0/0 = NaN (and zero gradient). With label
- * smoothing eps the target distribution is (1 - eps) one-hot + eps / C. */
+ * smoothing eps the target distribution is (1 - eps) one-hot + eps / C.
+ *
+ * On CUDA nothing here reads device memory: the count of targets and the
+ * loss stay on the device, targets out of range are reported at the next
+ * synchronisation (Note [Deferred device checks] in tensor/cuda/cuda.h),
+ * and the backward functions scale by the 0-d output gradient as a
+ * tensor rather than through nb_item. */
 #include <math.h>
 
 #include "tensor/cpu/softmax.h"
+#include "tensor/cuda/cuda.h"
 #include "tensor/internal.h"
 
 /* A 0-d tensor of `dtype` holding v. */
@@ -21,6 +28,13 @@ static nb_tensor *scalar_out(nb_ctx *ctx, nb_dtype dtype, double v) {
 /* ---- cross-entropy ---- */
 static void cross_entropy_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) {
     nb_tensor *logits = n->saved[0], *targets = n->saved[1], *lse = n->saved[2];
+    if (nb__is_cuda(logits)) {
+        nb_tensor *dx = nb__empty(ctx, logits->dtype, logits->ndim, logits->shape);
+        nb__cuda_cross_entropy_backward(dx, logits, lse, targets, nb__contig(ctx, g), n->saved[3],
+                                        n->i[0], n->f[1]);
+        nb__accum_grad(ctx, n->in[0], dx);
+        return;
+    }
     double count = n->f[0], scale = count > 0 ? nb_item(g) / count : 0;
     nb_tensor *dx = nb__empty(ctx, logits->dtype, logits->ndim, logits->shape);
     nb__cpu_cross_entropy_backward(dx, logits, lse, targets, n->i[0], n->f[1], scale);
@@ -45,6 +59,24 @@ nb_tensor *nb_cross_entropy(nb_ctx *ctx, nb_tensor *logits, nb_tensor *targets,
              "%s: label_smoothing must be in [0, 1], got %g", op, o.label_smoothing);
     int64_t n = logits->shape[0], c = logits->shape[1];
     nb_tensor *tc = nb__contig(ctx, targets);
+    if (nb__is_cuda(logits)) {
+        nb_tensor *xc = nb__contig(ctx, logits);
+        bool half = logits->dtype == NB_BF16 || logits->dtype == NB_F16;
+        nb_tensor *lse = nb__empty(ctx, half ? NB_F32 : logits->dtype, 1, &n);
+        nb_tensor *cnt = nb__empty(ctx, NB_F32, 0, NULL);
+        nb_tensor *out = nb__empty(ctx, logits->dtype, 0, NULL);
+        nb__cuda_cross_entropy(out, lse, cnt, xc, tc, o.ignore_index, o.label_smoothing);
+        nb_node *node = nb__record(ctx, op, cross_entropy_backward, out, 1, &logits);
+        if (node) {
+            node->saved[0] = xc;
+            node->saved[1] = tc;
+            node->saved[2] = lse;
+            node->saved[3] = cnt;
+            node->f[1] = o.label_smoothing;
+            node->i[0] = o.ignore_index;
+        }
+        return out;
+    }
     int64_t count = 0;
     for (int64_t i = 0; i < n; i++) {
         int64_t t = nb__cpu_target_at(tc, i);
@@ -108,6 +140,11 @@ DEFINE_PAIR_SUM(double, log1p, exp, fabs)
 
 static nb_tensor *pair_loss_forward(nb_ctx *ctx, pair_loss kind, nb_tensor *a, nb_tensor *b) {
     nb_tensor *ac = nb__contig(ctx, a), *bc = nb__contig(ctx, b);
+    if (nb__is_cuda(a)) {
+        nb_tensor *out = nb__empty(ctx, a->dtype, 0, NULL);
+        nb__cuda_pair_loss(out, kind == LOSS_MSE ? 0 : 1, ac, bc);
+        return out;
+    }
     int64_t n = nb_numel(a);
     double s = a->dtype == NB_F32 ? pair_sum_float(kind, ac->data, bc->data, n)
                                   : pair_sum_double(kind, ac->data, bc->data, n);
@@ -117,8 +154,9 @@ static nb_tensor *pair_loss_forward(nb_ctx *ctx, pair_loss kind, nb_tensor *a, n
 /* ---- mean squared error ---- */
 static void mse_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) {
     nb_tensor *pred = n->in[0], *target = n->in[1];
-    double scale = 2.0 * nb_item(g) / (double)nb_numel(pred);
+    double scale = 2.0 / (double)nb_numel(pred);
     nb_tensor *d = nb__unary(ctx, NB_U_MUL_S, nb__binary(ctx, NB_B_SUB, pred, target), scale);
+    d = nb__binary(ctx, NB_B_MUL, d, g); /* g is 0-d: broadcast, no host read */
     nb__accum_grad(ctx, pred, d);
     if (target->requires_grad) nb__accum_grad(ctx, target, nb__unary(ctx, NB_U_NEG, d, 0));
 }
@@ -136,9 +174,10 @@ nb_tensor *nb_mse_loss(nb_ctx *ctx, nb_tensor *pred, nb_tensor *target) {
  * without overflow; its derivative in x is s(x) - y. */
 static void bce_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) {
     nb_tensor *x = n->in[0], *y = n->saved[0];
-    double scale = nb_item(g) / (double)nb_numel(x);
+    double scale = 1.0 / (double)nb_numel(x);
     nb_tensor *d = nb__binary(ctx, NB_B_SUB, nb__unary(ctx, NB_U_SIGMOID, x, 0), y);
-    nb__accum_grad(ctx, x, nb__unary(ctx, NB_U_MUL_S, d, scale));
+    d = nb__binary(ctx, NB_B_MUL, nb__unary(ctx, NB_U_MUL_S, d, scale), g);
+    nb__accum_grad(ctx, x, d);
 }
 
 nb_tensor *nb_bce_with_logits(nb_ctx *ctx, nb_tensor *logits, nb_tensor *targets) {

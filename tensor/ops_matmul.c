@@ -9,10 +9,17 @@
  * in A's or B's own layout (dA = op(B) @ dC^T when A was transposed, and
  * so on), then summed over the batch dims that the input broadcast. When B
  * is one matrix for the whole batch, its gradient is a single GEMM over the
- * batch folded into the rows instead of a batch of products and a sum. */
+ * batch folded into the rows instead of a batch of products and a sum.
+ *
+ * Mixed precision: in a context whose compute dtype is bf16 or f16
+ * (nb_ctx_set_compute_dtype, CUDA only) f32 operands are cast to it first
+ * (recorded casts, so gradients reach the f32 originals) and the product,
+ * accumulated in f32, comes out in f32. The backward's products run in
+ * the same context and so in the same precision. */
 #include <limits.h>
 
 #include "tensor/cpu/matmul.h"
+#include "tensor/cuda/cuda.h"
 #include "tensor/internal.h"
 
 static void matmul_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g);
@@ -25,9 +32,14 @@ static nb_tensor *matmul_impl(nb_ctx *ctx, const char *name, nb_tensor *a, nb_te
     NB_CHECK(a->ndim >= 2 && b->ndim >= 2,
              "%s: operands need at least 2 dims (1-D operands are not promoted), got %s%s @ %s%s",
              name, nb_shape_str(a), sfx_a, nb_shape_str(b), sfx_b);
+    nb_dtype cd = nb_ctx_compute_dtype(ctx);
+    bool mixed = cd != NB_F32;
+    if (mixed) {
+        if (a->dtype == NB_F32) a = nb_cast(ctx, a, cd);
+        if (b->dtype == NB_F32) b = nb_cast(ctx, b, cd);
+    }
     nb__check_same_dtype(name, a, b);
     nb__check_float(name, a);
-    nb__check_cpu(name, a);
     int na = a->ndim, nbn = b->ndim;
     int64_t m = a->shape[na - (ta ? 1 : 2)], ka = a->shape[na - (ta ? 2 : 1)];
     int64_t kb = b->shape[nbn - (tb ? 1 : 2)], n = b->shape[nbn - (tb ? 2 : 1)];
@@ -51,10 +63,16 @@ static nb_tensor *matmul_impl(nb_ctx *ctx, const char *name, nb_tensor *a, nb_te
     shape[nbd] = m;
     shape[nbd + 1] = n;
 
-    nb_tensor *out = nb__empty(ctx, a->dtype, nd, shape);
-    nb_tensor *ca = nb__cpu_gemm_readable(a) ? a : nb__contig(ctx, a);
-    nb_tensor *cb = nb__cpu_gemm_readable(b) ? b : nb__contig(ctx, b);
-    nb__cpu_matmul(out, ca, cb, ta, tb);
+    nb_tensor *out = nb__empty(ctx, mixed ? NB_F32 : a->dtype, nd, shape);
+    if (nb__is_cuda(a)) {
+        nb_tensor *ca = nb__cuda_gemm_readable(a) ? a : nb__contig(ctx, a);
+        nb_tensor *cb = nb__cuda_gemm_readable(b) ? b : nb__contig(ctx, b);
+        nb__cuda_matmul(out, ca, cb, ta, tb, NULL, false, NULL);
+    } else {
+        nb_tensor *ca = nb__cpu_gemm_readable(a) ? a : nb__contig(ctx, a);
+        nb_tensor *cb = nb__cpu_gemm_readable(b) ? b : nb__contig(ctx, b);
+        nb__cpu_matmul(out, ca, cb, ta, tb);
+    }
 
     nb_tensor *in[2] = {a, b};
     nb_node *node = nb__record(ctx, name, matmul_backward, out, 2, in);

@@ -5,11 +5,14 @@
  * training mode also updates the running statistics in place, outside
  * autograd: running = (1 - momentum) running + momentum stat, where the
  * variance stat is the unbiased one (n / (n - 1) times the biased). The
- * statistics used by forward are saved (f64) so that backward does not
- * depend on later changes to the running buffers. */
+ * statistics used by forward are saved (f64 on the CPU, f32 on CUDA) so
+ * that backward does not depend on later changes to the running buffers.
+ * On CUDA the whole batch norm, running statistics included, is one call
+ * into the backend (cuDNN): no host reads. */
 #include <math.h>
 
 #include "tensor/cpu/norm.h"
+#include "tensor/cuda/cuda.h"
 #include "tensor/internal.h"
 
 static nb_tensor *contig_or_null(nb_ctx *ctx, nb_tensor *t) { return t ? nb__contig(ctx, t) : NULL; }
@@ -25,8 +28,12 @@ static void layer_norm_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) {
     nb_tensor *dx = wants_grad(x) ? nb__empty(ctx, x->dtype, x->ndim, x->shape) : NULL;
     nb_tensor *dw = wants_grad(w) ? nb__empty(ctx, w->dtype, w->ndim, w->shape) : NULL;
     nb_tensor *db = wants_grad(b) ? nb__empty(ctx, b->dtype, b->ndim, b->shape) : NULL;
-    double *ws = (dw || db) ? nb_ctx_alloc(ctx, 2 * (size_t)d * sizeof(double), 0) : NULL;
-    nb__cpu_layer_norm_backward(dx, dw, db, ws, g, xc, mean, rstd, wc, m, d);
+    if (nb__is_cuda(xc)) {
+        nb__cuda_layer_norm_backward(dx, dw, db, g, xc, mean, rstd, wc, m, d);
+    } else {
+        double *ws = (dw || db) ? nb_ctx_alloc(ctx, 2 * (size_t)d * sizeof(double), 0) : NULL;
+        nb__cpu_layer_norm_backward(dx, dw, db, ws, g, xc, mean, rstd, wc, m, d);
+    }
     if (dx) nb__accum_grad(ctx, x, dx);
     if (dw) nb__accum_grad(ctx, w, dw);
     if (db) nb__accum_grad(ctx, b, db);
@@ -62,8 +69,10 @@ nb_tensor *nb_layer_norm(nb_ctx *ctx, nb_tensor *x, int norm_ndim, nb_tensor *we
     nb_tensor *xc = nb__contig(ctx, x), *wc = contig_or_null(ctx, weight);
     nb_tensor *bc = contig_or_null(ctx, bias);
     nb_tensor *y = nb__empty(ctx, x->dtype, x->ndim, x->shape);
-    nb_tensor *mean = nb__empty(ctx, NB_F64, 1, &m), *rstd = nb__empty(ctx, NB_F64, 1, &m);
-    nb__cpu_layer_norm(y, mean, rstd, xc, wc, bc, m, d, eps);
+    nb_dtype st = nb__is_cuda(x) ? NB_F32 : NB_F64;
+    nb_tensor *mean = nb__empty(ctx, st, 1, &m), *rstd = nb__empty(ctx, st, 1, &m);
+    if (nb__is_cuda(x)) nb__cuda_layer_norm(y, mean, rstd, xc, wc, bc, m, d, eps);
+    else nb__cpu_layer_norm(y, mean, rstd, xc, wc, bc, m, d, eps);
     nb_tensor *in[3] = {x, weight, bias};
     nb_node *n = nb__record(ctx, op, layer_norm_backward, y, 3, in);
     if (n) {
@@ -85,8 +94,12 @@ static void batch_norm_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) {
     nb_tensor *dx = wants_grad(x) ? nb__empty(ctx, x->dtype, x->ndim, x->shape) : NULL;
     nb_tensor *dw = wants_grad(w) ? nb__empty(ctx, w->dtype, w->ndim, w->shape) : NULL;
     nb_tensor *db = wants_grad(b) ? nb__empty(ctx, b->dtype, b->ndim, b->shape) : NULL;
-    nb__cpu_batch_norm_backward(dx, dw, db, g, xc, mean, invstd, wc, n->i[3] != 0, n->i[0],
-                                n->i[1], n->i[2]);
+    if (nb__is_cuda(xc))
+        nb__cuda_batch_norm_backward(dx, dw, db, g, xc, mean, invstd, wc, n->i[3] != 0, n->i[0],
+                                     n->i[1], n->i[2]);
+    else
+        nb__cpu_batch_norm_backward(dx, dw, db, g, xc, mean, invstd, wc, n->i[3] != 0, n->i[0],
+                                    n->i[1], n->i[2]);
     if (dx) nb__accum_grad(ctx, x, dx);
     if (dw) nb__accum_grad(ctx, w, dw);
     if (db) nb__accum_grad(ctx, b, db);
@@ -137,9 +150,14 @@ nb_tensor *nb_batch_norm(nb_ctx *ctx, nb_tensor *x, nb_tensor *weight, nb_tensor
 
     nb_tensor *xc = nb__contig(ctx, x), *wc = contig_or_null(ctx, weight);
     nb_tensor *bc = contig_or_null(ctx, bias);
-    nb_tensor *mean = nb__empty(ctx, NB_F64, 1, &c), *invstd = nb__empty(ctx, NB_F64, 1, &c);
+    nb_dtype st = nb__is_cuda(x) ? NB_F32 : NB_F64;
+    nb_tensor *mean = nb__empty(ctx, st, 1, &c), *invstd = nb__empty(ctx, st, 1, &c);
     double *mu = mean->data, *is = invstd->data;
-    if (training) {
+    nb_tensor *y = nb__empty(ctx, x->dtype, x->ndim, x->shape);
+    if (nb__is_cuda(x)) {
+        nb__cuda_batch_norm(y, mean, invstd, xc, wc, bc, running_mean, running_var, training,
+                            momentum, eps, n, c, s);
+    } else if (training) {
         nb__cpu_batch_norm_stats(mean, invstd, xc, n, c, s); /* invstd holds the variance */
         double unbias = (double)(n * s) / (double)(n * s - 1);
         for (int64_t k = 0; k < c; k++) {
@@ -161,8 +179,7 @@ nb_tensor *nb_batch_norm(nb_ctx *ctx, nb_tensor *x, nb_tensor *weight, nb_tensor
             is[k] = 1.0 / sqrt(rv + eps);
         }
     }
-    nb_tensor *y = nb__empty(ctx, x->dtype, x->ndim, x->shape);
-    nb__cpu_batch_norm(y, xc, mean, invstd, wc, bc, n, c, s);
+    if (!nb__is_cuda(x)) nb__cpu_batch_norm(y, xc, mean, invstd, wc, bc, n, c, s);
     nb_tensor *in[3] = {x, weight, bias};
     nb_node *node = nb__record(ctx, op, batch_norm_backward, y, 3, in);
     if (node) {

@@ -10,6 +10,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "tensor/cuda/cuda.h"
 #include "tensor/internal.h"
 
 typedef nb__pool2d_geom pool_geom;
@@ -125,7 +126,8 @@ static void max_pool_backward(nb_ctx *ctx, nb_node *node, nb_tensor *g) {
     g = nb__contig(ctx, g);
     nb_tensor *dx = nb__empty(ctx, x->dtype, 4, x->shape);
     const int64_t *arg = node->saved[0]->data;
-    if (x->dtype == NB_F32) max_bwd_f32(geom, dx->data, arg, g->data);
+    if (nb__is_cuda(x)) nb__cuda_max_pool2d_backward(dx, node->saved[0], g, geom);
+    else if (x->dtype == NB_F32) max_bwd_f32(geom, dx->data, arg, g->data);
     else max_bwd_f64(geom, dx->data, arg, g->data);
     nb__accum_grad(ctx, x, dx);
 }
@@ -136,7 +138,8 @@ nb_tensor *nb_max_pool2d(nb_ctx *ctx, nb_tensor *x, const nb_pool2d_opts *opts) 
     int64_t shape[4] = {x->shape[0], x->shape[1], g->oh, g->ow};
     nb_tensor *out = nb__empty(ctx, x->dtype, 4, shape);
     nb_tensor *arg = nb__empty(ctx, NB_I64, 4, shape);
-    if (x->dtype == NB_F32) max_fwd_f32(g, out->data, arg->data, xc->data);
+    if (nb__is_cuda(x)) nb__cuda_max_pool2d(out, arg, xc, g);
+    else if (x->dtype == NB_F32) max_fwd_f32(g, out->data, arg->data, xc->data);
     else max_fwd_f64(g, out->data, arg->data, xc->data);
     nb_node *node = nb__record(ctx, "nb_max_pool2d", max_pool_backward, out, 1, &x);
     if (node) {
@@ -151,7 +154,8 @@ static void avg_pool_backward(nb_ctx *ctx, nb_node *node, nb_tensor *g) {
     nb_tensor *x = node->in[0];
     g = nb__contig(ctx, g);
     nb_tensor *dx = nb__empty(ctx, x->dtype, 4, x->shape);
-    if (x->dtype == NB_F32) avg_bwd_f32(geom, dx->data, g->data);
+    if (nb__is_cuda(x)) nb__cuda_avg_pool2d_backward(dx, g, geom);
+    else if (x->dtype == NB_F32) avg_bwd_f32(geom, dx->data, g->data);
     else avg_bwd_f64(geom, dx->data, g->data);
     nb__accum_grad(ctx, x, dx);
 }
@@ -161,7 +165,8 @@ nb_tensor *nb_avg_pool2d(nb_ctx *ctx, nb_tensor *x, const nb_pool2d_opts *opts) 
     nb_tensor *xc = pool_setup(ctx, "nb_avg_pool2d", x, opts, g);
     int64_t shape[4] = {x->shape[0], x->shape[1], g->oh, g->ow};
     nb_tensor *out = nb__empty(ctx, x->dtype, 4, shape);
-    if (x->dtype == NB_F32) avg_fwd_f32(g, out->data, xc->data);
+    if (nb__is_cuda(x)) nb__cuda_avg_pool2d(out, xc, g);
+    else if (x->dtype == NB_F32) avg_fwd_f32(g, out->data, xc->data);
     else avg_fwd_f64(g, out->data, xc->data);
     nb_node *node = nb__record(ctx, "nb_avg_pool2d", avg_pool_backward, out, 1, &x);
     if (node) node->extra = g;

@@ -6,6 +6,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "tensor/cuda/cuda.h"
 #include "tensor/internal.h"
 
 typedef struct plan {
@@ -89,7 +90,8 @@ static plan *save_plan(nb_ctx *ctx, nb_node *n, const plan *p) {
     } while (0)
 
 static void sum_kernel(nb_tensor *out, const nb_tensor *rows, const plan *p, double scale) {
-    if (out->dtype == NB_F32)
+    if (nb__is_cuda(out)) nb__cuda_sum_rows(out, rows, p->outer, p->inner, scale);
+    else if (out->dtype == NB_F32)
         ROW_LOOP(float, p, {
             double acc = 0;
             for (int64_t i = 0; i < p->inner; i++) acc += r[i];
@@ -146,9 +148,15 @@ static void max_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) {
     int64_t pshape[NB_MAX_DIMS], pstrides[NB_MAX_DIMS], strides[NB_MAX_DIMS];
     for (int d = 0; d < x->ndim; d++) pshape[d] = x->shape[p->perm[d]];
     nb__contig_strides(x->ndim, pshape, pstrides);
-    nb_tensor *gp = nb_zeros(ctx, x->dtype, x->ndim, pshape);
     nb_tensor *gc = nb__contig(ctx, g);
-    for (int64_t o = 0; o < p->outer; o++) {
+    nb_tensor *gp;
+    if (nb__is_cuda(x)) {
+        gp = nb__empty(ctx, x->dtype, x->ndim, pshape);
+        nb__cuda_max_rows_backward(gp, n->saved[0], gc, p->outer, p->inner);
+    } else {
+        gp = nb_zeros(ctx, x->dtype, x->ndim, pshape);
+    }
+    for (int64_t o = 0; !nb__is_cuda(x) && o < p->outer; o++) {
         double v = nb__load((char *)gc->data + o * (int64_t)nb_dtype_size(g->dtype), g->dtype);
         nb__store((char *)gp->data + (o * p->inner + arg[o]) * (int64_t)nb_dtype_size(x->dtype), x->dtype, v);
     }
@@ -167,6 +175,7 @@ nb_tensor *nb_max(nb_ctx *ctx, nb_tensor *x, int naxes, const int *axes, bool ke
     nb_tensor *out = nb__empty(ctx, x->dtype, p.out_ndim, p.out_shape);
     nb_tensor *arg = nb__empty(ctx, NB_I64, 1, &p.outer);
     int64_t *a = arg->data;
+    if (nb__is_cuda(x)) nb__cuda_max_rows(out, arg, rows, p.outer, p.inner);
     const plan *pp = &p;
 #define MAX_BODY(T)                                                               \
     ROW_LOOP(T, pp, {                                                                 \
@@ -176,7 +185,8 @@ nb_tensor *nb_max(nb_ctx *ctx, nb_tensor *x, int naxes, const int *axes, bool ke
         a[o] = best;                                                              \
         dst[o] = r[best];                                                         \
     })
-    if (x->dtype == NB_F32) MAX_BODY(float);
+    if (nb__is_cuda(x)) (void)a;
+    else if (x->dtype == NB_F32) MAX_BODY(float);
     else MAX_BODY(double);
 #undef MAX_BODY
     nb_node *n = nb__record(ctx, op, max_backward, out, 1, &x);
@@ -223,7 +233,8 @@ nb_tensor *nb_var(nb_ctx *ctx, nb_tensor *x, int naxes, const int *axes, int cor
             dst[o] = (T)(denom > 0 ? ss / denom : NAN);                           \
         });                                                                       \
     } while (0)
-    if (x->dtype == NB_F32) VAR_BODY(float);
+    if (nb__is_cuda(x)) nb__cuda_var_rows(out, mean, rows, p.outer, p.inner, denom);
+    else if (x->dtype == NB_F32) VAR_BODY(float);
     else VAR_BODY(double);
 #undef VAR_BODY
     nb_node *n = nb__record(ctx, op, var_backward, out, 1, &x);

@@ -5,13 +5,15 @@
  * logits do not overflow. Backward uses only the output:
  * softmax dx = y (g - sum_K g y), log-softmax dx = g - exp(y) sum_K g. */
 #include "tensor/cpu/softmax.h"
+#include "tensor/cuda/cuda.h"
 #include "tensor/internal.h"
 
 static void softmax_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) {
     nb_tensor *y = n->out;
     g = nb__contig(ctx, g);
     nb_tensor *dx = nb__empty(ctx, y->dtype, y->ndim, y->shape);
-    nb__cpu_softmax_backward(dx, y, g, n->i[0], n->i[1], n->i[2], n->i[3] != 0);
+    if (nb__is_cuda(y)) nb__cuda_softmax_backward(dx, y, g, n->i[0], n->i[1], n->i[2], n->i[3] != 0);
+    else nb__cpu_softmax_backward(dx, y, g, n->i[0], n->i[1], n->i[2], n->i[3] != 0);
     nb__accum_grad(ctx, n->in[0], dx);
 }
 
@@ -24,7 +26,8 @@ static nb_tensor *softmax_impl(nb_ctx *ctx, const char *op, nb_tensor *x, int ax
     int64_t inner = nb__numel_shape(x->ndim - d - 1, x->shape + d + 1);
     nb_tensor *xc = nb__contig(ctx, x);
     nb_tensor *y = nb__empty(ctx, x->dtype, x->ndim, x->shape);
-    nb__cpu_softmax(y, xc, outer, k, inner, take_log);
+    if (nb__is_cuda(x)) nb__cuda_softmax(y, xc, outer, k, inner, take_log);
+    else nb__cpu_softmax(y, xc, outer, k, inner, take_log);
     nb_node *n = nb__record(ctx, op, softmax_backward, y, 1, &x);
     if (n) {
         n->i[0] = outer;

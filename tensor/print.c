@@ -4,6 +4,7 @@
  * 4 decimals unless their magnitudes call for scientific notation. */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "tensor/internal.h"
@@ -93,8 +94,19 @@ static void emit(pstate *s, int d, int64_t *idx, int indent) {
 }
 
 void nb_tensor_fprint(FILE *f, const nb_tensor *t) {
-    NB_CHECK(t->device.type == NB_DEVICE_CPU, "nb_tensor_fprint: tensor of shape %s is on %s; copy it to the CPU first",
-             nb_shape_str(t), nb_device_name(t->device));
+    const nb_tensor *orig = t;
+    nb_tensor host;
+    void *buf = NULL;
+    if (t->device.type != NB_DEVICE_CPU) { /* a contiguous host copy of the values */
+        buf = malloc((size_t)nb_numel(t) * nb_dtype_size(t->dtype) + 1);
+        NB_CHECK(buf, "nb_tensor_fprint: out of host memory for %s", nb_shape_str(t));
+        nb_to_host(t, buf);
+        host = *t;
+        host.device = nb_cpu();
+        host.data = buf;
+        nb__contig_strides(host.ndim, host.shape, host.strides);
+        t = &host;
+    }
     pstate s = {f, t, nb_numel(t) > SUMMARIZE, false, nb_dtype_is_float(t->dtype), 1};
     int64_t idx[NB_MAX_DIMS] = {0};
     const char *prefix = "tensor(";
@@ -112,10 +124,11 @@ void nb_tensor_fprint(FILE *f, const nb_tensor *t) {
         emit(&s, 0, idx, (int)strlen(prefix));
     }
     fprintf(f, ", dtype=%s, shape=%s", nb_dtype_name(t->dtype), nb_shape_str(t));
-    if (t->device.type != NB_DEVICE_CPU) fprintf(f, ", device=%s", nb_device_name(t->device));
+    if (orig->device.type != NB_DEVICE_CPU) fprintf(f, ", device=%s", nb_device_name(orig->device));
     if (t->name) fprintf(f, ", name=\"%s\"", t->name);
     if (t->requires_grad) fprintf(f, t->node ? ", grad_fn=%s" : ", requires_grad=true", t->node ? t->node->op : "");
     fputs(")\n", f);
+    free(buf);
 }
 
 void nb_tensor_print(const nb_tensor *t) { nb_tensor_fprint(stdout, t); }

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tensor/cuda/cuda.h"
 #include "tensor/internal.h"
 
 /* ---- facts ---- */
@@ -63,6 +64,7 @@ int nb_normalize_dim(const char *op, int dim, int ndim) {
 
 /* ---- checks ---- */
 void nb__check_float(const char *op, const nb_tensor *t) {
+    if (nb__is_cuda(t) && (t->dtype == NB_BF16 || t->dtype == NB_F16)) return;
     NB_CHECK(t->dtype == NB_F32 || t->dtype == NB_F64,
              "%s: dtype %s is not supported here (need f32 or f64%s), tensor of shape %s", op,
              nb_dtype_name(t->dtype),
@@ -169,7 +171,34 @@ nb_tensor *nb__empty(nb_ctx *ctx, nb_dtype dtype, int ndim, const int64_t *shape
     t->ctx = ctx;
     size_t bytes = (size_t)nb__numel_shape(ndim, shape) * nb_dtype_size(dtype);
     t->data = nb_ctx_alloc(ctx, bytes, 0);
+    if (nb__is_cuda(t) && nb__cuda_poison()) nb__cuda_memset(t->device.index, t->data, 0xff, bytes);
     return t;
+}
+
+/* ---- backend dispatch of the elementwise engine ---- */
+void nb__run_unary(nb__unary_op op, nb_tensor *out, const nb_tensor *a, double s) {
+    if (nb__is_cuda(out)) nb__cuda_unary(op, out, a, s);
+    else nb__cpu_unary(op, out, a, s);
+}
+
+void nb__run_binary(nb__binary_op op, nb_tensor *out, const nb_tensor *a, const nb_tensor *b) {
+    if (nb__is_cuda(out)) nb__cuda_binary(op, out, a, b);
+    else nb__cpu_binary(op, out, a, b);
+}
+
+void nb__run_where(nb_tensor *out, const nb_tensor *cond, const nb_tensor *a, const nb_tensor *b) {
+    if (nb__is_cuda(out)) nb__cuda_where(out, cond, a, b);
+    else nb__cpu_where(out, cond, a, b);
+}
+
+/* Between devices: through a contiguous host copy in dst's dtype. */
+static void copy_across(nb_tensor *dst, const nb_tensor *src);
+
+void nb__run_copy(nb_tensor *dst, const nb_tensor *src) {
+    bool dc = nb__is_cuda(dst), sc = nb__is_cuda(src);
+    if (dc && (sc || src->ndim == 0)) nb__cuda_copy(dst, src); /* a CPU 0-d src: a fill */
+    else if (!dc && !sc) nb__cpu_copy(dst, src);
+    else copy_across(dst, src);
 }
 
 nb_tensor *nb__view(nb_ctx *ctx, nb_tensor *src, int ndim, const int64_t *shape,
@@ -200,7 +229,9 @@ nb_tensor *nb_full(nb_ctx *ctx, nb_dtype dtype, int ndim, const int64_t *shape, 
 
 nb_tensor *nb_zeros(nb_ctx *ctx, nb_dtype dtype, int ndim, const int64_t *shape) {
     nb_tensor *t = nb__empty(ctx, dtype, ndim, shape);
-    memset(t->data, 0, (size_t)nb_numel(t) * nb_dtype_size(dtype));
+    size_t bytes = (size_t)nb_numel(t) * nb_dtype_size(dtype);
+    if (nb__is_cuda(t)) nb__cuda_memset(t->device.index, t->data, 0, bytes);
+    else memset(t->data, 0, bytes);
     return t;
 }
 
@@ -227,7 +258,13 @@ nb_tensor *nb_arange(nb_ctx *ctx, nb_dtype dtype, double start, double stop, dou
     int64_t n = count > 0 ? (int64_t)count : 0;
     nb_tensor *t = nb__empty(ctx, dtype, 1, &n);
     size_t sz = nb_dtype_size(dtype);
-    for (int64_t i = 0; i < n; i++) nb__store((char *)t->data + i * (int64_t)sz, dtype, start + (double)i * step);
+    char *host = nb__is_cuda(t) ? malloc((size_t)n * sz + 1) : t->data;
+    NB_CHECK(host, "nb_arange: out of host memory for %lld elements", (long long)n);
+    for (int64_t i = 0; i < n; i++) nb__store(host + i * (int64_t)sz, dtype, start + (double)i * step);
+    if (host != t->data) {
+        nb__cuda_memcpy_h2d(t->device.index, t->data, host, (size_t)n * sz);
+        free(host);
+    }
     return t;
 }
 
@@ -236,7 +273,8 @@ nb_tensor *nb_from_host(nb_ctx *ctx, nb_dtype dtype, int ndim, const int64_t *sh
     nb_tensor *t = nb__empty(ctx, dtype, ndim, shape);
     size_t bytes = (size_t)nb_numel(t) * nb_dtype_size(dtype);
     NB_CHECK(src || bytes == 0, "nb_from_host: NULL source for shape %s", nb_shape_str(t));
-    if (bytes) memcpy(t->data, src, bytes);
+    if (nb__is_cuda(t)) nb__cuda_memcpy_h2d(t->device.index, t->data, src, bytes);
+    else if (bytes) memcpy(t->data, src, bytes);
     return t;
 }
 
@@ -277,7 +315,13 @@ nb_tensor *nb_rand_uniform(nb_ctx *ctx, nb_dtype dtype, int ndim, const int64_t 
     NB_CHECK(nb_dtype_is_float(dtype), "nb_rand_uniform: dtype %s is not a float type",
              nb_dtype_name(dtype));
     nb_tensor *t = nb__empty(ctx, dtype, ndim, shape);
-    fill_uniform(t, low, high, rng ? rng : nb_rng_default());
+    if (!rng) rng = nb_rng_default();
+    if (nb__is_cuda(t)) {
+        nb__cuda_rand_uniform(t, low, high, rng->seed, rng->offset);
+        rng->offset += (uint64_t)((nb_numel(t) + 3) / 4);
+    } else {
+        fill_uniform(t, low, high, rng);
+    }
     return t;
 }
 
@@ -286,35 +330,100 @@ nb_tensor *nb_rand_normal(nb_ctx *ctx, nb_dtype dtype, int ndim, const int64_t *
     NB_CHECK(nb_dtype_is_float(dtype), "nb_rand_normal: dtype %s is not a float type",
              nb_dtype_name(dtype));
     nb_tensor *t = nb__empty(ctx, dtype, ndim, shape);
-    fill_normal(t, mean, std, rng ? rng : nb_rng_default());
+    if (!rng) rng = nb_rng_default();
+    if (nb__is_cuda(t)) {
+        nb__cuda_rand_normal(t, mean, std, rng->seed, rng->offset);
+        rng->offset += (uint64_t)((nb_numel(t) + 1) / 2);
+    } else {
+        fill_normal(t, mean, std, rng);
+    }
     return t;
 }
 
 /* ---- reading ---- */
-static void check_host(const char *op, const nb_tensor *t) {
-    NB_CHECK(t->device.type == NB_DEVICE_CPU, "%s: tensor of shape %s is on %s; copy it to the "
-             "CPU first", op, nb_shape_str(t), nb_device_name(t->device));
+/* A host tensor struct over `dst` with t's shape, contiguous, of `dtype`. */
+static nb_tensor host_view(const nb_tensor *t, nb_dtype dtype, void *dst) {
+    nb_tensor d = *t;
+    d.dtype = dtype;
+    d.device = nb_cpu();
+    d.data = dst;
+    d.base = NULL;
+    nb__contig_strides(d.ndim, d.shape, d.strides);
+    return d;
+}
+
+/* Device tensor t, contiguous in its own dtype, into host memory dst
+ * (waits for the device). */
+static void device_to_host(const nb_tensor *t, void *dst) {
+    size_t bytes = (size_t)nb_numel(t) * nb_dtype_size(t->dtype);
+    if (nb_is_contiguous(t)) {
+        nb__cuda_memcpy_d2h(t->device.index, dst, t->data, bytes);
+        return;
+    }
+    nb_ctx *tmp = nb_ctx_new(t->device, bytes + 64);
+    nb_tensor *c = nb__empty(tmp, t->dtype, t->ndim, t->shape);
+    nb__cuda_copy(c, t);
+    nb__cuda_memcpy_d2h(t->device.index, dst, c->data, bytes);
+    nb_ctx_free(tmp);
+}
+
+static void copy_across(nb_tensor *dst, const nb_tensor *src) {
+    int64_t n = nb_numel(dst);
+    size_t bytes = (size_t)n * nb_dtype_size(dst->dtype);
+    void *host = malloc(bytes ? bytes : 1);
+    NB_CHECK(host, "nb_copy_: out of host memory staging %zu bytes (%s to %s)", bytes,
+             nb_device_name(src->device), nb_device_name(dst->device));
+    nb_tensor h = host_view(dst, dst->dtype, host);
+    if (nb__is_cuda(src)) { /* device -> host */
+        size_t sbytes = (size_t)nb_numel(src) * nb_dtype_size(src->dtype);
+        void *raw = malloc(sbytes ? sbytes : 1);
+        NB_CHECK(raw, "nb_copy_: out of host memory staging %zu bytes", sbytes);
+        device_to_host(src, raw);
+        nb_tensor r = host_view(src, src->dtype, raw);
+        nb__cpu_copy(&h, &r);
+        free(raw);
+        nb__cpu_copy(dst, &h);
+    } else { /* host -> device */
+        nb__cpu_copy(&h, src);
+        if (nb_is_contiguous(dst)) {
+            nb__cuda_memcpy_h2d(dst->device.index, dst->data, host, bytes);
+        } else {
+            nb_ctx *tmp = nb_ctx_new(dst->device, bytes + 64);
+            nb_tensor *c = nb__empty(tmp, dst->dtype, dst->ndim, dst->shape);
+            nb__cuda_memcpy_h2d(dst->device.index, c->data, host, bytes);
+            nb__cuda_copy(dst, c);
+            nb__cuda_sync(dst->device.index); /* before tmp's memory goes */
+            nb_ctx_free(tmp);
+        }
+    }
+    free(host);
 }
 
 void nb_to_host(const nb_tensor *t, void *dst) {
-    check_host("nb_to_host", t);
-    nb_tensor d = *t;
-    d.data = dst;
-    nb__contig_strides(d.ndim, d.shape, d.strides);
+    if (nb__is_cuda(t)) {
+        device_to_host(t, dst);
+        return;
+    }
+    nb_tensor d = host_view(t, t->dtype, dst);
     nb__cpu_copy(&d, t);
 }
 
 void nb_to_host_f64(const nb_tensor *t, double *dst) {
-    check_host("nb_to_host_f64", t);
-    nb_tensor d = *t;
-    d.dtype = NB_F64;
-    d.data = dst;
-    nb__contig_strides(d.ndim, d.shape, d.strides);
+    nb_tensor d = host_view(t, NB_F64, dst);
+    if (nb__is_cuda(t)) {
+        size_t bytes = (size_t)nb_numel(t) * nb_dtype_size(t->dtype);
+        void *raw = malloc(bytes ? bytes : 1);
+        NB_CHECK(raw, "nb_to_host_f64: out of host memory for %zu bytes", bytes);
+        device_to_host(t, raw);
+        nb_tensor r = host_view(t, t->dtype, raw);
+        nb__cpu_copy(&d, &r);
+        free(raw);
+        return;
+    }
     nb__cpu_copy(&d, t);
 }
 
 static char *element_ptr(const char *op, const nb_tensor *t, const int64_t *index) {
-    check_host(op, t);
     int64_t off = 0;
     for (int d = 0; d < t->ndim; d++) {
         NB_CHECK(index[d] >= 0 && index[d] < t->shape[d],
@@ -326,11 +435,24 @@ static char *element_ptr(const char *op, const nb_tensor *t, const int64_t *inde
 }
 
 double nb_get(const nb_tensor *t, const int64_t *index) {
-    return nb__load(element_ptr("nb_get", t, index), t->dtype);
+    char *p = element_ptr("nb_get", t, index);
+    if (nb__is_cuda(t)) {
+        char buf[8];
+        nb__cuda_memcpy_d2h(t->device.index, buf, p, nb_dtype_size(t->dtype));
+        return nb__load(buf, t->dtype);
+    }
+    return nb__load(p, t->dtype);
 }
 
 void nb_set(nb_tensor *t, const int64_t *index, double value) {
-    nb__store(element_ptr("nb_set", t, index), t->dtype, value);
+    char *p = element_ptr("nb_set", t, index);
+    if (nb__is_cuda(t)) {
+        char buf[8];
+        nb__store(buf, t->dtype, value);
+        nb__cuda_memcpy_h2d(t->device.index, p, buf, nb_dtype_size(t->dtype));
+        return;
+    }
+    nb__store(p, t->dtype, value);
 }
 
 double nb_item(const nb_tensor *t) {
@@ -342,21 +464,20 @@ double nb_item(const nb_tensor *t) {
 
 /* ---- in place ---- */
 void nb_fill_(nb_tensor *t, double value) {
-    check_host("nb_fill_", t);
     nb_tensor s = {0};
     s.dtype = t->dtype;
     s.device = t->device;
     char buf[8];
     nb__store(buf, t->dtype, value);
     s.data = buf;
-    nb__cpu_copy(t, &s);
+    if (nb__is_cuda(t)) nb__cuda_copy(t, &s); /* a host 0-d source: a fill */
+    else nb__cpu_copy(t, &s);
 }
 
 void nb_copy_(nb_tensor *dst, const nb_tensor *src) {
     NB_CHECK(nb_same_shape(dst, src), "nb_copy_: shapes differ: %s vs %s", nb_shape_str(dst),
              nb_shape_str(src));
-    check_host("nb_copy_", dst);
-    nb__cpu_copy(dst, src);
+    nb__run_copy(dst, src);
 }
 
 void nb_axpy_(nb_tensor *y, double alpha, const nb_tensor *x) {
@@ -364,6 +485,10 @@ void nb_axpy_(nb_tensor *y, double alpha, const nb_tensor *x) {
              nb_shape_str(x));
     nb__check_same_dtype("nb_axpy_", y, x);
     nb__check_float("nb_axpy_", y);
+    if (nb__is_cuda(y)) {
+        nb__cuda_axpy(y, alpha, x);
+        return;
+    }
     int64_t n = nb_numel(y);
     if (nb_is_contiguous(y) && nb_is_contiguous(x)) {
         if (y->dtype == NB_F32) {
@@ -379,14 +504,14 @@ void nb_axpy_(nb_tensor *y, double alpha, const nb_tensor *x) {
     }
     nb_ctx *tmp = nb_ctx_new(nb_cpu(), (size_t)n * nb_dtype_size(x->dtype) + 4096);
     nb_tensor *sx = nb__empty(tmp, x->dtype, x->ndim, x->shape);
-    nb__cpu_unary(NB_U_MUL_S, sx, x, alpha);
-    nb__cpu_binary(NB_B_ADD, y, y, sx);
+    nb__run_unary(NB_U_MUL_S, sx, x, alpha);
+    nb__run_binary(NB_B_ADD, y, y, sx);
     nb_ctx_free(tmp);
 }
 
 void nb_scale_(nb_tensor *t, double alpha) {
     nb__check_float("nb_scale_", t);
-    nb__cpu_unary(NB_U_MUL_S, t, t, alpha);
+    nb__run_unary(NB_U_MUL_S, t, t, alpha);
 }
 
 void nb_set_name(nb_tensor *t, const char *name) {

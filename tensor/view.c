@@ -12,7 +12,7 @@ static void copy_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) { nb__accum_gra
 nb_tensor *nb_clone(nb_ctx *ctx, nb_tensor *x) {
     nb__check_ctx("nb_clone", ctx, x);
     nb_tensor *out = nb__empty(ctx, x->dtype, x->ndim, x->shape);
-    nb__cpu_copy(out, x);
+    nb__run_copy(out, x);
     nb__record(ctx, "nb_clone", copy_backward, out, 1, &x);
     return out;
 }
@@ -25,14 +25,43 @@ nb_tensor *nb_contiguous(nb_ctx *ctx, nb_tensor *x) {
 nb_tensor *nb__contig(nb_ctx *ctx, nb_tensor *x) {
     if (nb_is_contiguous(x)) return x;
     nb_tensor *out = nb__empty(ctx, x->dtype, x->ndim, x->shape);
-    nb__cpu_copy(out, x);
+    nb__run_copy(out, x);
+    return out;
+}
+
+/* The gradient goes back to x's device: into x's own (step) context when
+ * x was made by an op, else through a temporary context, so that nothing
+ * accumulates in a persistent one. */
+static void to_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) {
+    (void)ctx;
+    nb_tensor *x = n->in[0];
+    if (!x->requires_grad) return;
+    nb_ctx *tmp = NULL, *dst = x->ctx;
+    if (!x->node) {
+        size_t bytes = (size_t)nb_numel(g) * nb_dtype_size(x->dtype) + 4096;
+        dst = tmp = nb_ctx_new(x->device, bytes);
+    }
+    nb_tensor *gx = nb__empty(dst, x->dtype, g->ndim, g->shape);
+    nb__run_copy(gx, g);
+    nb__accum_grad(dst, x, gx);
+    if (tmp) {
+        if (nb__is_cuda(x)) nb_cuda_synchronize(x->device); /* before its memory goes */
+        nb_ctx_free(tmp);
+    }
+}
+
+nb_tensor *nb_to(nb_ctx *ctx, nb_tensor *x) {
+    if (nb_device_eq(nb_ctx_device(ctx), x->device)) return x;
+    nb_tensor *out = nb__empty(ctx, x->dtype, x->ndim, x->shape);
+    nb__run_copy(out, x);
+    if (nb_dtype_is_float(x->dtype)) nb__record(ctx, "nb_to", to_backward, out, 1, &x);
     return out;
 }
 
 nb_tensor *nb_cast(nb_ctx *ctx, nb_tensor *x, nb_dtype dtype) {
     nb__check_ctx("nb_cast", ctx, x);
     nb_tensor *out = nb__empty(ctx, dtype, x->ndim, x->shape);
-    nb__cpu_copy(out, x);
+    nb__run_copy(out, x);
     if (nb_dtype_is_float(dtype) && nb_dtype_is_float(x->dtype))
         nb__record(ctx, "nb_cast", copy_backward, out, 1, &x);
     return out;
@@ -166,7 +195,7 @@ static void slice_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) {
     nb_tensor *v;
     if (n->i[0] == 0) v = nb_slice(ctx, gx, (int)n->i[1], n->i[2], n->i[3], n->i[4]);
     else v = nb_select(ctx, gx, (int)n->i[1], n->i[2]);
-    nb__cpu_copy(v, g);
+    nb__run_copy(v, g);
     nb__accum_grad(ctx, x, gx);
 }
 

@@ -33,8 +33,15 @@ size_t nb_ctx_used(const nb_ctx *ctx);     /* bytes handed out since reset */
 size_t nb_ctx_peak(const nb_ctx *ctx);     /* largest nb_ctx_used() seen */
 size_t nb_ctx_reserved(const nb_ctx *ctx); /* bytes held from the system */
 
-/* Raw memory from the context's arena, aligned to 64 bytes, zero-filled
- * when `zero` is set. Never NULL: running out of memory is reported through
+/* The dtype that nb_matmul and nb_conv2d compute in for f32 inputs made
+ * in this context: NB_F32 (default), or NB_BF16 / NB_F16 on CUDA (inputs
+ * cast, recorded by autograd, products accumulated in f32, f32 results:
+ * mixed precision with f32 parameters and master weights). */
+void nb_ctx_set_compute_dtype(nb_ctx *ctx, nb_dtype dtype);
+nb_dtype nb_ctx_compute_dtype(const nb_ctx *ctx);
+
+/* Raw memory from the context's arena (device memory for a CUDA context),
+ * aligned to 64 bytes, zero-filled when `zero` is set. Never NULL: running out of memory is reported through
  * nb_abort with the context's usage. */
 void *nb_ctx_alloc(nb_ctx *ctx, size_t bytes, int zero);
 

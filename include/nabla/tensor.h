@@ -107,6 +107,9 @@ void nb_set(nb_tensor *t, const int64_t *index, double value);
 nb_tensor *nb_cast(nb_ctx *ctx, nb_tensor *x, nb_dtype dtype);
 nb_tensor *nb_contiguous(nb_ctx *ctx, nb_tensor *x); /* x itself if already contiguous */
 nb_tensor *nb_clone(nb_ctx *ctx, nb_tensor *x);      /* always a fresh copy */
+/* x on ctx's device (a copy; x itself when already there), same dtype;
+ * the gradient flows back to x's device. Copies from a GPU wait for it. */
+nb_tensor *nb_to(nb_ctx *ctx, nb_tensor *x);
 
 /* ---- views (share storage; recorded by autograd) ---- */
 /* One entry of `shape` may be -1. Copies when the strides do not allow a view. */

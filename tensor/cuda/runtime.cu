@@ -1,8 +1,38 @@
-/* The CUDA runtime layer (placeholder until the full runtime lands). */
-#include <cuda_runtime.h>
+/* The CUDA runtime layer: devices, per-device streams and library handles,
+ * device and pinned memory, copies, deferred fault reporting, and the
+ * public nb_cuda_* queries.
+ *
+ * Per-device state is made on first use and lives until the process ends
+ * (streams and handles are cheap to keep; destroying them at exit races
+ * with the driver's own teardown). Every op enqueues on its device's
+ * compute stream, a non-blocking stream, so nothing in the training path
+ * waits for the legacy default stream; the host waits only where it reads
+ * device memory. See Note [Deferred device checks] in tensor/cuda/cuda.h. */
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
 
+#include "nabla/cuda.h"
+#include "tensor/cuda/check.h"
 #include "tensor/cuda/cuda.h"
 
+#define NB_MAX_CUDA_DEVICES 64
+#define GEMM_WORKSPACE_BYTES (32u << 20)
+
+typedef struct dev_state {
+    bool ready;
+    cudaStream_t compute, copy;
+    cublasLtHandle_t lt;
+    cudnnHandle_t dnn;
+    void *gemm_ws;
+    nb__cuda_fault *fault_host, *fault_dev; /* mapped pinned memory */
+} dev_state;
+
+static dev_state devs[NB_MAX_CUDA_DEVICES];
+static pthread_mutex_t devs_lock = PTHREAD_MUTEX_INITIALIZER;
+static bool poison_on, tf32_on;
+
+/* ---- devices ---- */
 int nb__cuda_device_count(void) {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess) {
@@ -18,4 +48,221 @@ nb_status nb__cuda_set_device(int device) {
         return nb_set_error(NB_ERR_INTERNAL, "cudaSetDevice(%d) failed: %s", device,
                             cudaGetErrorString(e));
     return NB_OK;
+}
+
+static void check_fault(int device);
+
+static dev_state *state(const char *op, int device) {
+    NB_CHECK(device >= 0 && device < NB_MAX_CUDA_DEVICES, "%s: CUDA device %d is out of range",
+             op, device);
+    dev_state *d = &devs[device];
+    if (d->ready) return d;
+    pthread_mutex_lock(&devs_lock);
+    if (!d->ready) {
+        int n = nb__cuda_device_count();
+        if (device >= n) {
+            pthread_mutex_unlock(&devs_lock);
+            nb_abort(__FILE__, __LINE__, "%s: CUDA device %d does not exist (%d visible)", op,
+                     device, n);
+        }
+        NB_CUDA_CHECK(op, cudaSetDevice(device));
+        NB_CUDA_CHECK(op, cudaStreamCreateWithFlags(&d->compute, cudaStreamNonBlocking));
+        NB_CUDA_CHECK(op, cudaStreamCreateWithFlags(&d->copy, cudaStreamNonBlocking));
+        NB_CUDA_CHECK(op, cudaHostAlloc((void **)&d->fault_host, sizeof(nb__cuda_fault),
+                                        cudaHostAllocMapped));
+        memset(d->fault_host, 0, sizeof *d->fault_host);
+        NB_CUDA_CHECK(op, cudaHostGetDevicePointer((void **)&d->fault_dev, d->fault_host, 0));
+        d->ready = true;
+    }
+    pthread_mutex_unlock(&devs_lock);
+    return d;
+}
+
+void nb__cuda_use(const char *op, int device) {
+    state(op, device);
+    NB_CUDA_CHECK(op, cudaSetDevice(device));
+}
+
+/* ---- memory ---- */
+void *nb__cuda_malloc(int device, size_t bytes) {
+    nb__cuda_use("nb_ctx (device memory)", device);
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        size_t free_b = 0, total_b = 0;
+        cudaMemGetInfo(&free_b, &total_b);
+        nb_set_error(NB_ERR_NOMEM, "cudaMalloc of %zu bytes on cuda:%d failed: %s (%zu of %zu "
+                     "bytes free)", bytes, device, cudaGetErrorString(e), free_b, total_b);
+        return NULL;
+    }
+    return p;
+}
+
+void nb__cuda_free(int device, void *p) {
+    if (!p) return;
+    cudaSetDevice(device);
+    /* The arena frees only at reset/free, after the host has stopped
+     * enqueuing work that uses the block; cudaFree waits for the device. */
+    cudaFree(p);
+}
+
+void *nb__cuda_host_alloc(size_t bytes) {
+    void *p = NULL;
+    if (cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocPortable) != cudaSuccess) {
+        cudaGetLastError();
+        return NULL;
+    }
+    return p;
+}
+
+void nb__cuda_host_free(void *p) {
+    if (p) cudaFreeHost(p);
+}
+
+/* ---- streams and events ---- */
+nb__stream nb__cuda_compute_stream(int device) { return state("nb_cuda", device)->compute; }
+nb__stream nb__cuda_copy_stream(int device) { return state("nb_cuda", device)->copy; }
+
+nb__event nb__cuda_event_new(int device) {
+    nb__cuda_use("nb_cuda (event)", device);
+    cudaEvent_t e;
+    NB_CUDA_CHECK("nb_cuda (event)", cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    return e;
+}
+
+void nb__cuda_event_free(nb__event e) {
+    if (e) cudaEventDestroy(e);
+}
+
+void nb__cuda_event_record(nb__event e, nb__stream s) {
+    NB_CUDA_CHECK("nb_cuda (event)", cudaEventRecord(e, s));
+}
+
+void nb__cuda_stream_wait(nb__stream s, nb__event e) {
+    NB_CUDA_CHECK("nb_cuda (event)", cudaStreamWaitEvent(s, e, 0));
+}
+
+void nb__cuda_sync(int device) {
+    dev_state *d = state("nb_cuda_synchronize", device);
+    NB_CUDA_CHECK("nb_cuda_synchronize", cudaSetDevice(device));
+    NB_CUDA_CHECK("nb_cuda_synchronize", cudaStreamSynchronize(d->compute));
+    check_fault(device);
+}
+
+/* ---- copies ---- */
+void nb__cuda_memcpy_h2d(int device, void *dst, const void *src, size_t bytes) {
+    if (!bytes) return;
+    dev_state *d = state("nb_from_host", device);
+    NB_CUDA_CHECK("nb_from_host", cudaSetDevice(device));
+    NB_CUDA_CHECK("nb_from_host",
+                  cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, d->compute));
+    /* the source may be pageable memory the caller reuses at once */
+    NB_CUDA_CHECK("nb_from_host", cudaStreamSynchronize(d->compute));
+}
+
+void nb__cuda_memcpy_d2h(int device, void *dst, const void *src, size_t bytes) {
+    dev_state *d = state("nb_to_host", device);
+    NB_CUDA_CHECK("nb_to_host", cudaSetDevice(device));
+    if (bytes)
+        NB_CUDA_CHECK("nb_to_host",
+                      cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, d->compute));
+    NB_CUDA_CHECK("nb_to_host", cudaStreamSynchronize(d->compute));
+    check_fault(device);
+}
+
+void nb__cuda_memcpy_d2d(int device, void *dst, const void *src, size_t bytes) {
+    if (!bytes) return;
+    dev_state *d = state("nb_copy_", device);
+    NB_CUDA_CHECK("nb_copy_", cudaSetDevice(device));
+    NB_CUDA_CHECK("nb_copy_",
+                  cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, d->compute));
+}
+
+void nb__cuda_memset(int device, void *dst, int byte, size_t bytes) {
+    if (!bytes) return;
+    dev_state *d = state("nb_zeros", device);
+    NB_CUDA_CHECK("nb_zeros", cudaSetDevice(device));
+    NB_CUDA_CHECK("nb_zeros", cudaMemsetAsync(dst, byte, bytes, d->compute));
+}
+
+void nb__cuda_memcpy_h2d_async(int device, void *dst, const void *src, size_t bytes,
+                               nb__stream s) {
+    if (!bytes) return;
+    state("nb_loader (copy)", device);
+    NB_CUDA_CHECK("nb_loader (copy)", cudaSetDevice(device));
+    NB_CUDA_CHECK("nb_loader (copy)",
+                  cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s));
+}
+
+/* ---- library handles ---- */
+void *nb__cuda_cublaslt(int device) {
+    dev_state *d = state("nb_matmul", device);
+    if (!d->lt) {
+        NB_CUDA_CHECK("nb_matmul", cudaSetDevice(device));
+        NB_CUBLAS_CHECK("nb_matmul", cublasLtCreate(&d->lt));
+    }
+    return d->lt;
+}
+
+void *nb__cuda_gemm_workspace(int device, size_t *bytes) {
+    dev_state *d = state("nb_matmul", device);
+    if (!d->gemm_ws) {
+        NB_CUDA_CHECK("nb_matmul", cudaSetDevice(device));
+        NB_CUDA_CHECK("nb_matmul", cudaMalloc(&d->gemm_ws, GEMM_WORKSPACE_BYTES));
+    }
+    *bytes = GEMM_WORKSPACE_BYTES;
+    return d->gemm_ws;
+}
+
+void *nb__cuda_cudnn(int device) {
+    dev_state *d = state("nb_conv2d", device);
+    if (!d->dnn) {
+        NB_CUDA_CHECK("nb_conv2d", cudaSetDevice(device));
+        NB_CUDNN_CHECK("nb_conv2d", cudnnCreate(&d->dnn));
+        NB_CUDNN_CHECK("nb_conv2d", cudnnSetStream(d->dnn, d->compute));
+    }
+    return d->dnn;
+}
+
+/* ---- poisoning, TF32 ---- */
+void nb__cuda_set_poison(bool on) { poison_on = on; }
+bool nb__cuda_poison(void) { return poison_on; }
+bool nb__cuda_tf32(void) { return tf32_on; }
+
+/* ---- deferred faults ---- */
+nb__cuda_fault *nb__cuda_fault_slot(int device) { return state("nb_cuda", device)->fault_dev; }
+
+static void check_fault(int device) {
+    volatile nb__cuda_fault *f = devs[device].fault_host;
+    if (!f || f->code == NB__FAULT_NONE) return;
+    long long v = f->value, pos = f->position, lim = f->limit;
+    switch (f->code) {
+    case NB__FAULT_EMBEDDING_INDEX:
+        nb_abort(__FILE__, __LINE__,
+                 "nb_embedding (cuda:%d): index %lld at position %lld is out of range for %lld "
+                 "rows (found on the device; reported at the next synchronisation)",
+                 device, v, pos, lim);
+    case NB__FAULT_CROSS_ENTROPY_TARGET:
+        nb_abort(__FILE__, __LINE__,
+                 "nb_cross_entropy (cuda:%d): target %lld at position %lld is out of range for "
+                 "%lld classes (valid: 0..%lld, or ignore_index; found on the device; reported "
+                 "at the next synchronisation)",
+                 device, v, pos, lim, lim - 1);
+    default:
+        nb_abort(__FILE__, __LINE__, "cuda:%d: device fault %d (value %lld, position %lld)", device,
+                 f->code, v, pos);
+    }
+}
+
+/* ---- public ---- */
+bool nb_cuda_available(void) { return nb__cuda_device_count() > 0; }
+int nb_cuda_device_count(void) { return nb__cuda_device_count(); }
+void nb_cuda_set_allow_tf32(bool on) { tf32_on = on; }
+bool nb_cuda_allow_tf32(void) { return tf32_on; }
+
+void nb_cuda_synchronize(nb_device device) {
+    NB_CHECK(device.type == NB_DEVICE_CUDA, "nb_cuda_synchronize: %s is not a CUDA device",
+             nb_device_name(device));
+    nb__cuda_sync(device.index);
 }
