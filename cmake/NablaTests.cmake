@@ -31,8 +31,10 @@ if(NABLA_TEST_SOURCES)
       "(`make deps` does it), or configure with -DNABLA_BUILD_TESTS=OFF.")
   endif()
 
-  # A glob, so that the build notices when testutil.c appears.
-  file(GLOB _testutil CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/tests/testutil.c)
+  # A glob, so that the build notices when testutil.c appears. The CUDA
+  # parity harness (cuda_parity.c) goes in with it.
+  file(GLOB _testutil CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/tests/testutil.c
+       ${PROJECT_SOURCE_DIR}/tests/cuda_parity.c)
   if(_testutil)
     add_library(nabla_testutil STATIC ${_testutil})
     target_link_libraries(nabla_testutil PUBLIC nabla nabla_internal PkgConfig::NABLA_CHECK)

@@ -227,6 +227,32 @@ START_TEST(test_print) {
 }
 END_TEST
 
+/* The device-facing API on a machine (or build) without a GPU: the
+ * queries agree with each other, a CUDA context is refused with a message
+ * naming the device, the compute dtype is CUDA-only, and nb_to on the
+ * same device is the identity. */
+START_TEST(test_devices_without_gpu) {
+    ck_assert(nb_cuda_available() == (nb_cuda_device_count() > 0));
+    if (nb_cuda_device_count() == 0) {
+        NBT_EXPECT_ABORT(nb_ctx_new(nb_cuda(0), 0), "nb_ctx_new: device cuda:0");
+    }
+    NBT_EXPECT_ABORT(nb_ctx_new(nb_cuda(nb_cuda_device_count()), 0), "cuda:");
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    ck_assert_int_eq(nb_ctx_compute_dtype(ctx), NB_F32);
+    NBT_EXPECT_ABORT(nb_ctx_set_compute_dtype(ctx, NB_BF16), "needs a CUDA context");
+    NBT_EXPECT_ABORT(nb_ctx_set_compute_dtype(ctx, NB_I32), "not a compute dtype");
+    nb_ctx_set_compute_dtype(ctx, NB_F32);
+    nb_tensor *x = nb_arange(ctx, NB_F32, 0, 6, 1);
+    ck_assert_ptr_eq(nb_to(ctx, x), x);
+    nb_cuda_set_allow_tf32(true);
+    ck_assert(nb_cuda_allow_tf32() == (NABLA_HAVE_CUDA != 0));
+    nb_cuda_set_allow_tf32(false);
+    ck_assert(!nb_cuda_allow_tf32());
+    NBT_EXPECT_ABORT(nb_cuda_synchronize(nb_cpu()), "nb_cuda_synchronize");
+    nb_ctx_free(ctx);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("tensor");
     TCase *tc = tcase_create("core");
@@ -239,6 +265,7 @@ int main(void) {
     tcase_add_test(tc, test_random_streams);
     tcase_add_test(tc, test_philox_known_answer);
     tcase_add_test(tc, test_print);
+    tcase_add_test(tc, test_devices_without_gpu);
     suite_add_tcase(s, tc);
     return nbt_run(s);
 }
