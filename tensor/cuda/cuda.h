@@ -66,10 +66,12 @@ void nb__cuda_stream_wait(nb__stream s, nb__event e);
  * then reports a pending deferred fault (aborting with its message). */
 void nb__cuda_sync(int device);
 
-/* Copies on the compute stream. Host to device and device to host return
- * when the copy is done (device to host therefore waits for all queued
- * work, and checks deferred faults); device to device and memset do not
- * wait. Host memory may be pageable or pinned. */
+/* Copies on the compute stream. Host to device returns once the source
+ * may be reused (small copies are staged through pinned memory and do not
+ * wait for the device: Note [Staged uploads] in runtime.cu); device to host
+ * returns when the copy is done (so it waits for all queued work, and
+ * checks deferred faults); device to device and memset do not wait. Host
+ * memory may be pageable or pinned. */
 void nb__cuda_memcpy_h2d(int device, void *dst, const void *src, size_t bytes);
 void nb__cuda_memcpy_d2h(int device, void *dst, const void *src, size_t bytes);
 void nb__cuda_memcpy_d2d(int device, void *dst, const void *src, size_t bytes);

@@ -18,6 +18,21 @@
 
 #define NB_MAX_CUDA_DEVICES 64
 #define GEMM_WORKSPACE_BYTES (32u << 20)
+#define STAGE_SEGMENTS 16
+#define STAGE_SEGMENT_BYTES (256u << 10)
+
+/* Note [Staged uploads]: a small host-to-device copy (a causal mask made
+ * by nb_arange, a scalar from nb_set) should not stall the host until the
+ * device has drained its queue. It is copied into one segment of a ring
+ * of pinned host memory and sent from there asynchronously; the segment's
+ * event says when it may be reused (16 uploads later, long done in
+ * practice). Larger copies wait for their completion instead. */
+typedef struct stage_ring {
+    char *buf;
+    cudaEvent_t ev[STAGE_SEGMENTS];
+    bool used[STAGE_SEGMENTS];
+    int next;
+} stage_ring;
 
 typedef struct dev_state {
     bool ready;
@@ -26,6 +41,7 @@ typedef struct dev_state {
     cudnnHandle_t dnn;
     void *gemm_ws;
     nb__cuda_fault *fault_host, *fault_dev; /* mapped pinned memory */
+    stage_ring stage;
 } dev_state;
 
 static dev_state devs[NB_MAX_CUDA_DEVICES];
@@ -151,10 +167,39 @@ void nb__cuda_sync(int device) {
 }
 
 /* ---- copies ---- */
+/* Sends a small upload through the ring; false when it is too large or
+ * the ring cannot be had (then the caller copies synchronously). */
+static bool staged_upload(dev_state *d, void *dst, const void *src, size_t bytes) {
+    stage_ring *r = &d->stage;
+    if (bytes > STAGE_SEGMENT_BYTES) return false;
+    if (!r->buf) {
+        if (cudaHostAlloc((void **)&r->buf, (size_t)STAGE_SEGMENTS * STAGE_SEGMENT_BYTES,
+                          cudaHostAllocPortable) != cudaSuccess) {
+            cudaGetLastError();
+            r->buf = NULL;
+            return false;
+        }
+        for (int i = 0; i < STAGE_SEGMENTS; i++)
+            NB_CUDA_CHECK("nb_from_host",
+                          cudaEventCreateWithFlags(&r->ev[i], cudaEventDisableTiming));
+    }
+    int k = r->next;
+    r->next = (k + 1) % STAGE_SEGMENTS;
+    if (r->used[k]) NB_CUDA_CHECK("nb_from_host", cudaEventSynchronize(r->ev[k]));
+    char *seg = r->buf + (size_t)k * STAGE_SEGMENT_BYTES;
+    memcpy(seg, src, bytes);
+    NB_CUDA_CHECK("nb_from_host",
+                  cudaMemcpyAsync(dst, seg, bytes, cudaMemcpyHostToDevice, d->compute));
+    NB_CUDA_CHECK("nb_from_host", cudaEventRecord(r->ev[k], d->compute));
+    r->used[k] = true;
+    return true;
+}
+
 void nb__cuda_memcpy_h2d(int device, void *dst, const void *src, size_t bytes) {
     if (!bytes) return;
     dev_state *d = state("nb_from_host", device);
     NB_CUDA_CHECK("nb_from_host", cudaSetDevice(device));
+    if (staged_upload(d, dst, src, bytes)) return;
     NB_CUDA_CHECK("nb_from_host",
                   cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, d->compute));
     /* the source may be pageable memory the caller reuses at once */
