@@ -23,7 +23,7 @@
 #   then:                     benchmarks/gpu_session.sh --phase bench
 # test and bench build first when $BUILD_DIR has no build (a machine left idle
 # for 30 s is given back, and the next call starts bare). Every log and table
-# goes under $OUT/<phase>/ ($OUT: set by the device tool; else ./gpu-session-out),
+# goes under $OUT/<phase>/ ($OUT: set by the device tool; else ./build-gpu-out),
 # with one line per step in $OUT/summary.txt; the tables are printed last.
 set -uo pipefail
 
@@ -40,7 +40,7 @@ done
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT" || exit 1
-OUT=${OUT:-$ROOT/gpu-session-out}
+OUT=${OUT:-$ROOT/build-gpu-out}  # ignored by git, as every build-*/
 BUILD_DIR=${BUILD_DIR:-build-gpu}
 SANITIZE_BUDGET=${SANITIZE_BUDGET:-240}
 SANITIZE_TIMEOUT=${SANITIZE_TIMEOUT:-150}
