@@ -91,7 +91,8 @@ bench: build
 	@set -e; found=0; \
 	for b in $(BUILD_DIR)/bin/bench_*; do \
 	  [ -x "$$b" ] || continue; found=1; \
-	  echo "== $$b"; "$$b"; \
+	  echo "== $$b"; rc=0; "$$b" || rc=$$?; \
+	  if [ $$rc -eq 77 ]; then echo "(skipped: it needs a GPU)"; elif [ $$rc -ne 0 ]; then exit $$rc; fi; \
 	done; \
 	[ $$found -eq 1 ] || echo "bench: no benchmarks built yet (benchmarks/bench_*.c)"
 

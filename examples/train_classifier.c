@@ -15,7 +15,9 @@
  * correct-count sums are all-reduced, so the accuracy is the same whatever
  * the number of processes. Rank 0 prints, logs metrics and saves a
  * checkpoint after every epoch; --resume continues from the epoch after
- * it on every rank. docs/examples.md describes every flag. */
+ * it on every rank. --bf16 computes the matrix products and convolutions
+ * in bf16 on a GPU (f32 weights, f32 accumulation). docs/examples.md
+ * describes every flag. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,7 +33,7 @@ typedef struct args {
     const char *model, *data, *hidden, *channels, *optim;
     int64_t epochs, stop_at, batch_size, seed, split_seed;
     double lr, momentum, weight_decay, test_fraction;
-    bool sync_bn, resume;
+    bool sync_bn, resume, bf16;
     const char *ckpt_dir, *metrics, *plot, *progress;
 } args;
 
@@ -233,6 +235,7 @@ int main(int argc, char **argv) {
         {"data", CLI_STRING, &a->data, "CSV table, label in the last column (default: the model's shipped table)"},
         {"hidden", CLI_STRING, &a->hidden, "mlp: hidden layer widths"},
         {"channels", CLI_STRING, &a->channels, "cnn: channels of the conv-BatchNorm-ReLU blocks"},
+        {"bf16", CLI_BOOL, &a->bf16, "GPU only: matrix products and convolutions in bf16 (f32 weights, f32 accumulation)"},
         {"sync-bn", CLI_BOOL, &a->sync_bn, "cnn: BatchNorm statistics over all processes (SyncBatchNorm)"},
         {"epochs", CLI_INT, &a->epochs, "passes over the training rows (0: 20 for mlp, 15 for cnn)"},
         {"stop-at", CLI_INT, &a->stop_at, "stop after this epoch, saving a checkpoint (0: --epochs)"},
@@ -295,10 +298,19 @@ int main(int argc, char **argv) {
     int64_t stop = a->stop_at > 0 && a->stop_at < a->epochs ? a->stop_at : a->epochs;
 
     TRY(&r, run_dist_init(&r.d), "joining the run");
+    if (a->bf16 && r.d.device.type != NB_DEVICE_CUDA) {
+        fprintf(stderr, "train_classifier: --bf16 needs a GPU: bf16 matrix products are computed on "
+                        "CUDA devices only, and this run computes on %s (a build without CUDA, or no "
+                        "GPU visible)\n", nb_device_name(r.d.device));
+        run_dist_finish(&r.d);
+        return 2;
+    }
     bool lead = r.d.rank == 0;
     TRY(&r, open_data(&r), "data");
     r.params = nb_ctx_new(r.d.device, 0);
     r.step_ctx = nb_ctx_new(r.d.device, 0);
+    /* training and evaluation both run in step_ctx */
+    if (a->bf16) nb_ctx_set_compute_dtype(r.step_ctx, NB_BF16);
     nb_rng init = nb_rng_make((uint64_t)a->seed);
     nb_field in = nb_dataset_input(r.train);
     int64_t n_classes = 0; /* 1 + the largest training label */
@@ -337,10 +349,10 @@ int main(int argc, char **argv) {
         TRY(&r, nb_metrics_log_open(&log, a->metrics, a->resume, 0), "metrics");
     }
     nb_progress_printf(prog, "train_classifier: %s with %lld parameters on %s: %lld training and %lld "
-                       "test rows, %lld classes", r.cnn ? "CNN" : "MLP",
+                       "test rows, %lld classes; on %s%s", r.cnn ? "CNN" : "MLP",
                        (long long)nb_module_num_params(r.model), a->data,
                        (long long)nb_dataset_len(r.train), (long long)nb_dataset_len(r.test),
-                       (long long)n_classes);
+                       (long long)n_classes, nb_device_name(r.d.device), a->bf16 ? ", bf16" : "");
     nb_progress_printf(prog, "%d process%s%s, batch %lld per process, %lld steps per epoch, %s lr %g%s",
                        r.d.world_size, r.d.world_size > 1 ? "es" : "", r.d.ddp ? " with DDP" : "",
                        (long long)a->batch_size, (long long)per_epoch, a->optim, a->lr,

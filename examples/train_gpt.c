@@ -4,7 +4,9 @@
  *
  * Data: character-level text (default: the shipped Austen novels; each
  * distinct byte is a token) or, with --data, token shards in llm.c's
- * format. Training windows are the first part of the data, the held-out
+ * format, or with --synthetic random tokens (for benchmarks: no dataset
+ * needed). --bf16 computes the matrix products in bf16 on a GPU (f32
+ * weights, f32 accumulation). Training windows are the first part of the data, the held-out
  * windows the last --val-fraction (or --val-data). AdamW with the usual two
  * parameter groups (no decay on biases and LayerNorm weights), linear
  * warmup then cosine decay, gradient accumulation, global-norm clipping.
@@ -23,6 +25,7 @@
 #include "common/cli.h"
 #include "common/files.h"
 #include "common/dist.h"
+#include "common/synthetic.h"
 
 typedef struct args {
     const char *text, *data, *val_data;
@@ -39,7 +42,7 @@ typedef struct args {
     int64_t seed, sample_len, top_k;
     double temperature;
     const char *prompt, *metrics, *plot, *progress;
-    bool print_device;
+    bool print_device, bf16, synthetic;
 } args;
 
 /* Everything the training loop touches. */
@@ -77,6 +80,10 @@ static int fail(const run *r, const char *what) {
     } while (0)
 
 /* ------------------------------------------------------------------ data */
+static const char *data_name(const args *a) {
+    return a->synthetic ? "random tokens (--synthetic)" : a->data ? a->data : a->text;
+}
+
 /* Windows [begin, end) of `all` as their own dataset. */
 static nb_dataset *window_range(nb_dataset *all, int64_t begin, int64_t end) {
     int64_t n = end - begin;
@@ -91,7 +98,15 @@ static nb_status open_data(run *r) {
     const args *a = &r->a;
     nb_dataset *all;
     nb_status s;
-    if (a->data) {
+    if (a->synthetic) {
+        /* enough training windows for every step, plus the held-out share */
+        int64_t need = a->batch_size * r->d.world_size * a->grad_accum * a->steps;
+        if (need < a->batch_size * r->d.world_size + 1) need = a->batch_size * r->d.world_size + 1;
+        int64_t n_all = (int64_t)ceil((double)need / (1 - a->val_fraction)) + 1;
+        all = synthetic_tokens_new(n_all, a->seq_len, a->vocab_size, (uint64_t)a->seed);
+        r->vocab = (int)a->vocab_size;
+        s = NB_OK;
+    } else if (a->data) {
         s = nb_dataset_open_tokens(&all, a->data, a->seq_len, 0);
         if (s != NB_OK) return s;
         r->vocab = (int)a->vocab_size;
@@ -214,7 +229,7 @@ static nb_status save_checkpoint(run *r, int64_t steps_done, int64_t epoch, int6
     char elapsed[64];
     snprintf(elapsed, sizeof elapsed, "%.3f", r->log ? nb_metrics_log_time(r->log) : 0.0);
     m.kv[m.n++] = (nb_kv){"program", "train_gpt"};
-    m.kv[m.n++] = (nb_kv){"data", r->a.data ? r->a.data : r->a.text};
+    m.kv[m.n++] = (nb_kv){"data", data_name(&r->a)};
     m.kv[m.n++] = (nb_kv){"elapsed_s", elapsed};
     nb_train_state st = {steps_done, epoch, position, *nb_gpt_dropout_rng(r->model)};
     nb_status s = files_make_dirs(r->a.ckpt_dir);
@@ -308,7 +323,8 @@ static bool check_args(const args *a) {
     else if (a->dropout < 0 || a->dropout >= 1) bad = "--dropout must be in [0, 1)";
     else if (a->resume && !a->ckpt_dir) bad = "--resume needs --ckpt-dir";
     else if (a->eval_interval < 0 || a->ckpt_interval < 0 || a->log_interval < 1 || a->metrics_interval < 1 || a->sample_len < 0) bad = "--eval-interval, --ckpt-interval, --sample-len must be >= 0, --log-interval and --metrics-interval >= 1";
-    else if (a->data && a->vocab_size < 2) bad = "--vocab-size must be >= 2";
+    else if ((a->data || a->synthetic) && a->vocab_size < 2) bad = "--vocab-size must be >= 2";
+    else if (a->synthetic && (a->data || a->val_data)) bad = "--synthetic makes its own tokens: drop --data and --val-data";
     if (bad) fprintf(stderr, "train_gpt: %s\n", bad);
     return !bad;
 }
@@ -335,6 +351,7 @@ int main(int argc, char **argv) {
     cli_flag flags[] = {
         {"text", CLI_STRING, &a->text, "character-level training text"},
         {"data", CLI_STRING, &a->data, "llm.c token shards (file or glob) instead of --text"},
+        {"synthetic", CLI_BOOL, &a->synthetic, "random tokens of --vocab-size instead of --text or --data (benchmarks)"},
         {"val-data", CLI_STRING, &a->val_data, "held-out token shards (default: the last --val-fraction)"},
         {"val-fraction", CLI_DOUBLE, &a->val_fraction, "share of the windows held out for evaluation"},
         {"vocab-size", CLI_INT, &a->vocab_size, "vocabulary of --data (above every token id)"},
@@ -342,6 +359,7 @@ int main(int argc, char **argv) {
         {"heads", CLI_INT, &a->heads, "attention heads"},
         {"width", CLI_INT, &a->width, "embedding width (a multiple of --heads)"},
         {"dropout", CLI_DOUBLE, &a->dropout, "dropout probability"},
+        {"bf16", CLI_BOOL, &a->bf16, "GPU only: matrix products in bf16 (f32 weights, f32 accumulation)"},
         {"batch-size", CLI_INT, &a->batch_size, "sequences per process per micro-step"},
         {"seq-len", CLI_INT, &a->seq_len, "tokens per sequence (the model's block size)"},
         {"steps", CLI_INT, &a->steps, "optimizer steps (the schedule's length)"},
@@ -390,10 +408,19 @@ int main(int argc, char **argv) {
         printf("%s\n", nb_device_name(r.d.device));
         return run_dist_finish(&r.d) == NB_OK ? 0 : 1;
     }
+    if (a->bf16 && r.d.device.type != NB_DEVICE_CUDA) {
+        fprintf(stderr, "train_gpt: --bf16 needs a GPU: bf16 matrix products are computed on CUDA "
+                        "devices only, and this run computes on %s (a build without CUDA, or no GPU "
+                        "visible)\n", nb_device_name(r.d.device));
+        run_dist_finish(&r.d);
+        return 2;
+    }
     bool lead = r.d.rank == 0;
     TRY(&r, open_data(&r), "data");
     r.params = nb_ctx_new(r.d.device, 0);
     r.step_ctx = nb_ctx_new(r.d.device, 0);
+    /* forward, backward, evaluation and sampling all run in step_ctx */
+    if (a->bf16) nb_ctx_set_compute_dtype(r.step_ctx, NB_BF16);
     nb_gpt_config cfg = {r.vocab, a->seq_len, (int)a->layers, (int)a->heads, a->width, a->dropout};
     nb_rng init = nb_rng_make((uint64_t)a->seed);
     r.model = nb_gpt_new(r.params, NB_F32, &cfg, &init);
@@ -432,12 +459,13 @@ int main(int argc, char **argv) {
     }
 
     nb_progress_printf(r.progress, "train_gpt: GPT with %lld layers, %lld heads, width %lld: %.2fM "
-                       "parameters; vocabulary %d (%s)", (long long)a->layers, (long long)a->heads,
+                       "parameters; vocabulary %d (%s); on %s%s", (long long)a->layers, (long long)a->heads,
                        (long long)a->width, (double)nb_module_num_params(r.model) / 1e6, r.vocab,
-                       r.is_text ? "the characters of the text" : "token shards");
+                       r.is_text ? "the characters of the text" : a->synthetic ? "random tokens" : "token shards",
+                       nb_device_name(r.d.device), a->bf16 ? ", bf16 matrix products" : "");
     nb_progress_printf(r.progress, "data: %lld training and %lld held-out windows of %lld tokens "
                        "from %s", (long long)nb_dataset_len(r.train), (long long)nb_dataset_len(r.val),
-                       (long long)a->seq_len, a->data ? a->data : a->text);
+                       (long long)a->seq_len, data_name(a));
     nb_progress_printf(r.progress, "%d process%s%s: batch %lld x %lld tokens per process, %lld "
                        "micro-step%s per step = %lld tokens per step; steps %lld..%lld of %lld%s",
                        r.d.world_size, r.d.world_size > 1 ? "es" : "", r.d.ddp ? " with DDP" : "",

@@ -10,7 +10,8 @@
    process that resumes and runs 8 more, end with the same checkpoint bit
    for bit (model, AdamW state, dropout generator, data position) and the
    same metrics; on one process and on two under nbrun with DDP.
-3. Token shards in llm.c's format (--data) train too.
+3. Token shards in llm.c's format (--data) train too, and --synthetic
+   (random tokens, no dataset) runs with a first loss near ln V.
 4. Errors: a checkpoint from another world size is refused with a message;
    bad flags exit with status 2.
 """
@@ -98,6 +99,19 @@ def test_tokens(tmp):
     print("token shards: trained and sampled")
 
 
+def test_synthetic(tmp):
+    metrics = os.path.join(tmp, "synthetic.jsonl")
+    out, _ = run(["train_gpt", "--synthetic", "--vocab-size", "300"] + SMALL
+                 + ["--steps", "4", "--sample-len", "5", "--metrics", metrics])
+    first = read_metrics(metrics)[0]["loss"]
+    if "random tokens (--synthetic)" not in out or abs(first - math.log(300)) > 0.3:
+        fail("--synthetic: first loss %.3f, ln 300 = %.3f:\n%s" % (first, math.log(300), out))
+    _, err = run(["train_gpt", "--synthetic", "--data", "x.bin"], expect_rc=2)
+    if "--synthetic makes its own tokens" not in err:
+        fail("--synthetic with --data: " + err)
+    print("synthetic: random tokens, first loss %.3f (ln 300 = %.3f)" % (first, math.log(300)))
+
+
 def test_errors(tmp, ckpt_dir_2proc):
     _, err = run(["train_gpt"] + SMALL + ["--steps", "20", "--ckpt-dir", ckpt_dir_2proc, "--resume"],
                  expect_rc=1)
@@ -112,6 +126,11 @@ def test_errors(tmp, ckpt_dir_2proc):
     _, err = run(["train_gpt", "--data", os.path.join(tmp, "none_*.bin")], expect_rc=1)
     if "no token shard matches" not in err:
         fail("missing shards: " + err)
+    device, _ = run(["train_gpt", "--print-device"])
+    if device.strip() == "cpu":
+        _, err = run(["train_gpt", "--bf16", "--steps", "1"], expect_rc=2)
+        if "--bf16 needs a GPU" not in err:
+            fail("--bf16 on the CPU: " + err)
     print("errors: refused with messages")
 
 
@@ -121,6 +140,7 @@ def main():
         test_resume(tmp, 1)
         two = test_resume(tmp, 2)
         test_tokens(tmp)
+        test_synthetic(tmp)
         test_errors(tmp, two)
     print("ok")
 

@@ -1,0 +1,186 @@
+#!/usr/bin/env bash
+# Everything a session does with a lent GPU machine, in one script that fits
+# in one or two device calls of at most 10 minutes (docs/benchmarks.md):
+#
+#   probe  nvidia-smi, nvcc, CMake, PyTorch, compute-sanitizer, and where
+#          cuDNN and NCCL live (/usr/local/cuda, the system, or the Python
+#          environment's nvidia/* packages)
+#   build  Release build with NABLA_CUDA=ON and -Werror in $BUILD_DIR, for the
+#          GPU's own architecture only (faster to compile); NABLA_CUDA_EXTRA_ROOT
+#          points at the Python packages' cuDNN/NCCL when the toolkit has none
+#   test   ctest -L gpu; compute-sanitizer memcheck over every tests/test_cuda_*
+#          binary (within $SANITIZE_BUDGET seconds); short runs of train_gpt and
+#          train_classifier on the GPU, f32 and --bf16
+#   bench  bench_cuda and compare_torch_cuda.py (ours against PyTorch, op by
+#          op), gpt2_gpu.py (GPT-2 small bf16 training steps against PyTorch
+#          eager and torch.compile)
+#
+#   benchmarks/gpu_session.sh [--phase probe,build,test,bench|all]   (default all)
+#
+# The device call, from the project's root (Check and OpenBLAS come in .deps,
+# made here by ../shared/device/fetch-debs.sh .deps):
+#   carry [".deps"], command: benchmarks/gpu_session.sh --phase build,test
+#   then:                     benchmarks/gpu_session.sh --phase bench
+# test and bench build first when $BUILD_DIR has no build (a machine left idle
+# for 30 s is given back, and the next call starts bare). Every log and table
+# goes under $OUT/<phase>/ ($OUT: set by the device tool; else ./build-gpu-out),
+# with one line per step in $OUT/summary.txt; the tables are printed last.
+set -uo pipefail
+
+phases=all
+while [ $# -gt 0 ]; do
+  case $1 in
+    --phase) phases=${2:?--phase needs a value}; shift 2 ;;
+    --phase=*) phases=${1#--phase=}; shift ;;
+    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+    *) echo "gpu_session: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+[ "$phases" = all ] && phases=probe,build,test,bench
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT" || exit 1
+OUT=${OUT:-$ROOT/build-gpu-out}  # ignored by git, as every build-*/
+BUILD_DIR=${BUILD_DIR:-build-gpu}
+SANITIZE_BUDGET=${SANITIZE_BUDGET:-240}
+SANITIZE_TIMEOUT=${SANITIZE_TIMEOUT:-150}
+JOBS=${JOBS:-$(nproc)}
+mkdir -p "$OUT"
+SUMMARY=$OUT/summary.txt
+T0=$(date +%s)
+export PYTHONUNBUFFERED=1
+
+note() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$SUMMARY"; }
+# run NAME LOG CMD...: runs CMD with its output in LOG, notes the exit status
+run() {
+  local name=$1 log=$2; shift 2
+  local t rc=0
+  t=$(date +%s)
+  "$@" >"$log" 2>&1 || rc=$?
+  note "$name: exit $rc ($(( $(date +%s) - t ))s) -> ${log#$OUT/}"
+  return $rc
+}
+
+# ---------------------------------------------------------------- deps
+if [ -f .deps/unpack-debs.sh ]; then
+  # shellcheck disable=SC1091
+  source .deps/unpack-debs.sh >/dev/null
+else
+  note "no .deps/unpack-debs.sh: Check and OpenBLAS must be on the machine already (see docs/benchmarks.md)"
+fi
+
+# cuDNN and NCCL: the toolkit's or the system's, else the Python packages'
+find_prefix() { # header library: prints the prefix holding include/HEADER
+  local h=$1 d
+  for d in /usr/local/cuda /usr /usr/local; do
+    [ -f "$d/include/$h" ] && { echo "$d"; return; }
+  done
+  [ -f "/usr/include/x86_64-linux-gnu/$h" ] && { echo /usr; return; }
+  local site
+  site=$(python3 -c 'import site, sysconfig; print(" ".join(set(site.getsitepackages() + [sysconfig.get_paths()["purelib"]])))' 2>/dev/null)
+  for d in $site; do
+    local f
+    f=$(find "$d/nvidia" -maxdepth 4 -name "$h" -path '*/include/*' 2>/dev/null | head -1)
+    [ -n "$f" ] && { dirname "$(dirname "$f")"; return; }
+  done
+}
+CUDNN_PREFIX=$(find_prefix cudnn.h)
+NCCL_PREFIX=$(find_prefix nccl.h)
+extra=""
+for p in "$CUDNN_PREFIX" "$NCCL_PREFIX"; do
+  case $p in ""|/usr|/usr/local|/usr/local/cuda) ;; *)
+    extra=${extra:+$extra;}$p
+    for l in "$p/lib" "$p/lib64"; do [ -d "$l" ] && export LD_LIBRARY_PATH=$l${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}; done ;;
+  esac
+done
+export PATH=$PATH:/usr/local/cuda/bin
+SANITIZER=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
+
+# -------------------------------------------------------------- phases
+phase_probe() {
+  local d=$OUT/probe; mkdir -p "$d"
+  {
+    echo "== nvidia-smi"; nvidia-smi
+    nvidia-smi --query-gpu=name,compute_cap,memory.total,driver_version,clocks.sm,clocks.max.sm,power.limit --format=csv
+    echo "== nvcc"; command -v nvcc; nvcc --version
+    echo "== cmake"; cmake --version | head -1
+    echo "== python"; command -v python3; python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0))'
+    echo "== cuDNN prefix: ${CUDNN_PREFIX:-not found}; NCCL prefix: ${NCCL_PREFIX:-not found}"
+    ls "${CUDNN_PREFIX:-/nonexistent}"/lib*/libcudnn.so* "${NCCL_PREFIX:-/nonexistent}"/lib*/libnccl.so* 2>&1
+    python3 -c 'import nvidia, os; [print(p, sorted(os.listdir(p))) for p in nvidia.__path__]' 2>&1
+    echo "== compute-sanitizer: ${SANITIZER:-not found}"
+    echo "== cores: $(nproc), memory: $(free -g | awk '/Mem/{print $2}') GiB"
+  } >"$d/probe.txt" 2>&1
+  note "probe: $(nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader 2>/dev/null); nvcc $(nvcc --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\).*/\1/p'); cuDNN in ${CUDNN_PREFIX:-?}; NCCL in ${NCCL_PREFIX:-?}"
+}
+
+phase_build() {
+  local d=$OUT/build; mkdir -p "$d"
+  if [ ! -f "$BUILD_DIR/CMakeCache.txt" ]; then
+    local cc gen=()
+    cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')
+    command -v ninja >/dev/null && gen=(-G Ninja)
+    run configure "$d/configure.log" cmake -S . -B "$BUILD_DIR" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release \
+      -DNABLA_CUDA=ON -DNABLA_WERROR=ON ${cc:+-DCMAKE_CUDA_ARCHITECTURES=${cc}-real} \
+      ${extra:+"-DNABLA_CUDA_EXTRA_ROOT=$extra"} || { tail -30 "$d/configure.log"; return 1; }
+  fi
+  run build "$d/build.log" cmake --build "$BUILD_DIR" -j"$JOBS" || { grep -B2 -A8 -m5 'error' "$d/build.log"; tail -20 "$d/build.log"; return 1; }
+}
+
+ensure_built() { [ -x "$BUILD_DIR/bin/bench_cuda" ] || phase_build; }
+
+phase_test() {
+  local d=$OUT/test; mkdir -p "$d"
+  ensure_built || return 1
+  run "ctest -L gpu" "$d/ctest-gpu.log" ctest --test-dir "$BUILD_DIR" -L gpu --output-on-failure --timeout 300
+  grep -E "tests passed|Failed|\*\*\*|Not Run|Skipped" "$d/ctest-gpu.log" | tee -a "$SUMMARY"
+
+  local bin=$BUILD_DIR/bin
+  run "train_gpt f32 (cuda)" "$d/train_gpt_f32.log" "$bin/train_gpt" --layers 2 --heads 4 --width 128 \
+    --steps 60 --warmup 10 --eval-interval 30 --eval-windows 64 --sample-len 60 --progress plain
+  run "train_gpt --bf16 (cuda)" "$d/train_gpt_bf16.log" "$bin/train_gpt" --bf16 --layers 2 --heads 4 --width 128 \
+    --steps 60 --warmup 10 --eval-interval 30 --eval-windows 64 --sample-len 60 --progress plain
+  run "train_gpt --synthetic --bf16 GPT-2 small, 5 steps" "$d/train_gpt_gpt2.log" "$bin/train_gpt" --synthetic --bf16 \
+    --layers 12 --heads 12 --width 768 --seq-len 1024 --vocab-size 50304 --batch-size 8 --steps 5 \
+    --warmup 1 --eval-windows 8 --sample-len 8 --progress plain
+  run "train_classifier mlp (cuda)" "$d/train_mlp.log" "$bin/train_classifier" --model mlp --progress plain
+  run "train_classifier cnn --bf16 (cuda)" "$d/train_cnn_bf16.log" "$bin/train_classifier" --model cnn --bf16 \
+    --epochs 5 --progress plain
+  for f in "$d"/train_*.log; do echo "  $(basename "$f"): $(grep -E 'val loss|test accuracy' "$f" | tail -1)"; done | tee -a "$SUMMARY"
+
+  if [ -z "$SANITIZER" ]; then note "compute-sanitizer not found: memcheck skipped"; return 0; fi
+  local start t name rc
+  start=$(date +%s)
+  for t in "$BUILD_DIR"/tests/test_cuda_*; do
+    [ -x "$t" ] || continue
+    name=$(basename "$t")
+    if [ $(( $(date +%s) - start )) -gt "$SANITIZE_BUDGET" ]; then note "memcheck $name: not run (SANITIZE_BUDGET ${SANITIZE_BUDGET}s spent)"; continue; fi
+    rc=0
+    (cd "$BUILD_DIR" && timeout "$SANITIZE_TIMEOUT" "$SANITIZER" --tool memcheck --error-exitcode 99 \
+      --print-limit 20 "$(realpath "$t")") >"$d/memcheck-$name.log" 2>&1 || rc=$?
+    note "memcheck $name: exit $rc$( [ $rc = 124 ] && echo ' (timed out)')$( [ $rc = 99 ] && echo ' (MEMORY ERRORS)') $(grep -m1 'ERROR SUMMARY' "$d/memcheck-$name.log")"
+  done
+}
+
+phase_bench() {
+  local d=$OUT/bench; mkdir -p "$d"
+  ensure_built || return 1
+  local bin=$BUILD_DIR/bin
+  run bench_cuda "$d/bench_cuda.json" "$bin/bench_cuda" --json
+  run "compare_torch_cuda.py" "$d/compare_torch_cuda.txt" python3 benchmarks/compare_torch_cuda.py \
+    --ours "$d/bench_cuda.json" --out "$d/compare_torch_cuda.json"
+  run "bench_gpt2 --bf16" "$d/bench_gpt2_bf16.txt" "$bin/bench_gpt2" --bf16
+  run "gpt2_gpu.py" "$d/gpt2_gpu.txt" python3 benchmarks/gpt2_gpu.py --bin "$bin"
+  echo; cat "$d/compare_torch_cuda.txt"; echo; cat "$d/gpt2_gpu.txt"
+}
+
+status=0
+IFS=, read -ra list <<<"$phases"
+for p in "${list[@]}"; do
+  case $p in
+    probe|build|test|bench) note "== phase $p"; "phase_$p" || status=1 ;;
+    *) echo "gpu_session: unknown phase $p (probe, build, test, bench, all)" >&2; exit 2 ;;
+  esac
+done
+echo; echo "== summary ($OUT/summary.txt)"; cat "$SUMMARY"
+exit $status
