@@ -15,8 +15,11 @@
  *                        the output's context, then one warp per row
  *                        combines its S partials in order.
  * The layout and the order of every combine depend only on (O, I), so the
- * results are deterministic (no atomics). f32, bf16 and f16 accumulate in
- * f32, f64 in f64; losses and sums of squares accumulate in f64. */
+ * results are deterministic (no atomics). Sums (sum, mean, var, the
+ * losses, sums of squares) accumulate in f64 whatever the dtype, as the CPU
+ * does: on the GPUs we build for (sm_80, sm_90) f64 adds cost nothing next
+ * to the memory traffic, and a long f32 row then keeps the CPU's accuracy
+ * under cancellation. Max compares in the dtype (exact). */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <math.h>
@@ -213,23 +216,23 @@ template <class A> struct add_combine {
 };
 
 /* sum of the row's elements */
-template <class T> struct sum_r : add_combine<math_t<T>> {
-    typedef math_t<T> A;
+template <class T> struct sum_r : add_combine<double> {
+    typedef double A;
     const T *x;
     int64_t inner;
-    __device__ A identity() const { return (A)0; }
-    __device__ A item(int64_t row, int64_t j) const { return to_math(x[row * inner + j]); }
+    __device__ A identity() const { return 0.0; }
+    __device__ A item(int64_t row, int64_t j) const { return (double)to_math(x[row * inner + j]); }
 };
 
 /* sum of (x - mu[row])^2 */
-template <class T> struct sqdev_r : add_combine<math_t<T>> {
-    typedef math_t<T> A;
+template <class T> struct sqdev_r : add_combine<double> {
+    typedef double A;
     const T *x;
-    const A *mu;
+    const double *mu;
     int64_t inner;
-    __device__ A identity() const { return (A)0; }
+    __device__ A identity() const { return 0.0; }
     __device__ A item(int64_t row, int64_t j) const {
-        A d = to_math(x[row * inner + j]) - mu[row];
+        double d = (double)to_math(x[row * inner + j]) - mu[row];
         return d * d;
     }
 };
@@ -263,8 +266,8 @@ template <class T> struct max_r {
 template <class T> struct sum_fin {
     T *out;
     double scale;
-    __device__ void operator()(int64_t row, math_t<T> a) const {
-        out[row] = store_as<T>((double)a * scale);
+    __device__ void operator()(int64_t row, double a) const {
+        out[row] = store_as<T>(a * scale);
     }
 };
 
@@ -277,18 +280,18 @@ template <class T> struct max_fin {
     }
 };
 
-template <class C> struct mean_fin {
-    C *mu;
+struct mean_fin {
+    double *mu;
     int64_t inner;
-    __device__ void operator()(int64_t row, C a) const { mu[row] = a / (C)inner; }
+    __device__ void operator()(int64_t row, double a) const { mu[row] = a / (double)inner; }
 };
 
 template <class T> struct var_fin {
     T *out, *mean;
-    const math_t<T> *mu;
+    const double *mu;
     double denom;
-    __device__ void operator()(int64_t row, math_t<T> a) const {
-        out[row] = store_as<T>(denom > 0 ? (double)a / denom : (double)NAN);
+    __device__ void operator()(int64_t row, double a) const {
+        out[row] = store_as<T>(denom > 0 ? a / denom : (double)NAN);
         mean[row] = store_as<T>(mu[row]);
     }
 };
@@ -356,12 +359,11 @@ void nb__cuda_var_rows(nb_tensor *out, nb_tensor *mean, const nb_tensor *rows, i
     if (outer == 0) return;
     by_float_dtype(op, rows->dtype, [&](auto t) {
         typedef typename decltype(t)::type T;
-        typedef math_t<T> C;
-        C *mu = (C *)nb_ctx_alloc(out->ctx, (size_t)outer * sizeof(C), 0);
+        double *mu = (double *)nb_ctx_alloc(out->ctx, (size_t)outer * sizeof(double), 0);
         sum_r<T> r1;
         r1.x = (const T *)rows->data;
         r1.inner = inner;
-        run_rows(op, s, out->ctx, r1, mean_fin<C>{mu, inner}, outer, inner);
+        run_rows(op, s, out->ctx, r1, mean_fin{mu, inner}, outer, inner);
         sqdev_r<T> r2;
         r2.x = (const T *)rows->data;
         r2.mu = mu;
