@@ -324,14 +324,30 @@ void nb__cuda_max_rows(nb_tensor *out, nb_tensor *arg, const nb_tensor *rows, in
     });
 }
 
+/* Shape and strides of g, whose elements in row-major order are the O outputs. */
+typedef struct gview {
+    int nd;
+    int64_t size[NB_MAX_DIMS], st[NB_MAX_DIMS];
+} gview;
+
+// gp: (O, I) contiguous; g: O elements, any strides
 template <class T>
-static __global__ void max_backward_kernel(T *gp, const int64_t *arg, const T *g, int64_t outer,
-                                           int64_t inner) {
+static __global__ void max_backward_kernel(T *gp, const int64_t *arg, const T *g, gview gv,
+                                           int64_t outer, int64_t inner) {
     int64_t n = outer * inner;
     for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n;
          e += (int64_t)gridDim.x * blockDim.x) {
         int64_t o = e / inner;
-        gp[e] = e - o * inner == arg[o] ? g[o] : store_as<T>(0.0f);
+        if (e - o * inner != arg[o]) {
+            gp[e] = store_as<T>(0.0f);
+            continue;
+        }
+        int64_t off = 0, r = o;
+        for (int d = gv.nd - 1; d >= 0; d--) {
+            off += (r % gv.size[d]) * gv.st[d];
+            r /= gv.size[d];
+        }
+        gp[e] = g[off];
     }
 }
 
@@ -340,14 +356,20 @@ void nb__cuda_max_rows_backward(nb_tensor *gp, const nb_tensor *arg, const nb_te
     const char *op = "nb_max backward";
     cudaStream_t s = stream_for(op, gp);
     if (outer == 0 || inner == 0) return;
-    NB_CHECK(g->dtype == gp->dtype && nb_is_contiguous(g) && nb_numel(g) == outer,
-             "%s: g must be contiguous %s with %lld elements, got %s of shape %s", op,
+    NB_CHECK(g->dtype == gp->dtype && nb_numel(g) == outer,
+             "%s: g must be %s with %lld elements, got %s of shape %s", op,
              nb_dtype_name(gp->dtype), (long long)outer, nb_dtype_name(g->dtype),
              nb_shape_str(g));
+    gview gv;
+    gv.nd = g->ndim;
+    for (int d = 0; d < g->ndim; d++) {
+        gv.size[d] = g->shape[d];
+        gv.st[d] = g->strides[d];
+    }
     by_float_dtype(op, gp->dtype, [&](auto t) {
         typedef typename decltype(t)::type T;
         max_backward_kernel<T><<<grid_for(outer * inner, THREADS), THREADS, 0, s>>>(
-            (T *)gp->data, (const int64_t *)arg->data, (const T *)g->data, outer, inner);
+            (T *)gp->data, (const int64_t *)arg->data, (const T *)g->data, gv, outer, inner);
         NB_CUDA_CHECK_LAUNCH(op);
     });
 }
