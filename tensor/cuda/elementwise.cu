@@ -1,0 +1,501 @@
+/* CUDA elementwise engine: unary, binary, where, copy/cast (fills
+ * included) and axpy over any strides with broadcasting, computing the
+ * functions of tensor/cpu/elementwise.c.
+ *
+ * The host collapses dims as the CPU iterator does (size-1 dims dropped,
+ * dims contiguous for every operand merged; shape and element strides then
+ * travel by value in the launch). When one dim remains and every operand's
+ * stride is 0 or 1 (contiguous, or a broadcast scalar), a flat kernel runs;
+ * otherwise a strided kernel unravels each linear index over the collapsed
+ * shape, in 32-bit arithmetic when the element count allows.
+ *
+ * 16-bit types compute in f32, f64 in f64. Casts go through f32 between
+ * f32, bf16 and f16 and through f64 otherwise: that is what nb__load and
+ * nb__store do on the CPU (f32 -> f64 -> f32 is exact), so the results are
+ * the CPU's, i64 -> i32 included (a plain truncating cast on both). */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <type_traits>
+
+#include "tensor/cuda/check.h"
+#include "tensor/cuda/cuda.h"
+
+typedef __nv_bfloat16 bf16;
+typedef __half f16;
+
+#define THREADS 256
+#define MAX_BLOCKS 65535
+
+#define SQRT_2_OVER_PI 0.7978845608028654
+#define INV_SQRT_2 0.7071067811865476
+#define INV_SQRT_2PI 0.3989422804014327
+
+/* ------------------------------------------------------------ element types */
+template <class T> struct math_of { typedef T type; };
+template <> struct math_of<bf16> { typedef float type; };
+template <> struct math_of<f16> { typedef float type; };
+template <class T> using math_t = typename math_of<T>::type;
+
+template <class T> struct tag { typedef T type; };
+
+template <class T> static __device__ __forceinline__ T to_math(T v) { return v; }
+static __device__ __forceinline__ float to_math(bf16 v) { return __bfloat162float(v); }
+static __device__ __forceinline__ float to_math(f16 v) { return __half2float(v); }
+
+template <class T, class M> static __device__ __forceinline__ T store_as(M v) {
+    if constexpr (std::is_same_v<T, bf16>) return __float2bfloat16_rn((float)v);
+    else if constexpr (std::is_same_v<T, f16>) return __float2half_rn((float)v);
+    else return (T)v;
+}
+
+template <class T>
+constexpr bool is_f32_like = std::is_same_v<T, float> || std::is_same_v<T, bf16> ||
+                             std::is_same_v<T, f16>;
+
+template <class D, class S> static __device__ __forceinline__ D convert(S v) {
+    if constexpr (std::is_same_v<D, S>) return v;
+    else if constexpr (std::is_same_v<S, int64_t> && std::is_same_v<D, int32_t>) return (int32_t)v;
+    else if constexpr (is_f32_like<D> && is_f32_like<S>) return store_as<D>(to_math(v));
+    else return store_as<D>((double)to_math(v));
+}
+
+/* Calls fn(tag<T>{}) for the storage type T of dt (integers when INTS). */
+template <bool INTS, class Fn> static void by_dtype(const char *op, nb_dtype dt, Fn fn) {
+    switch (dt) {
+    case NB_F32: fn(tag<float>{}); return;
+    case NB_F64: fn(tag<double>{}); return;
+    case NB_BF16: fn(tag<bf16>{}); return;
+    case NB_F16: fn(tag<f16>{}); return;
+    default: break;
+    }
+    if constexpr (INTS) {
+        if (dt == NB_I32) { fn(tag<int32_t>{}); return; }
+        if (dt == NB_I64) { fn(tag<int64_t>{}); return; }
+    }
+    NB_ABORT("%s: dtype %s has no CUDA kernel", op, nb_dtype_name(dt));
+}
+
+/* ------------------------------------------------------------ geometry */
+/* Collapsed iteration shape and element strides of N operands (0: out). */
+template <int N> struct geom {
+    int nd;
+    int64_t size[NB_MAX_DIMS];
+    int64_t st[N][NB_MAX_DIMS];
+};
+
+/* Strides of t seen with `ndim` dims (right-aligned; size-1 dims and
+ * missing leading dims broadcast with stride 0). */
+static void bcast_strides(const nb_tensor *t, int ndim, int64_t *st) {
+    int shift = t->ndim - ndim;
+    for (int d = 0; d < ndim; d++) {
+        int td = d + shift;
+        st[d] = (td < 0 || t->shape[td] == 1) ? 0 : t->strides[td];
+    }
+}
+
+/* Fills g from out and its inputs as the CPU iterator does; returns the
+ * element count. */
+template <int N>
+static int64_t make_geom(geom<N> *g, const nb_tensor *out, const nb_tensor *const *in) {
+    int64_t st[N][NB_MAX_DIMS];
+    int64_t n = 1;
+    for (int d = 0; d < out->ndim; d++) {
+        st[0][d] = out->strides[d];
+        n *= out->shape[d];
+    }
+    for (int k = 1; k < N; k++) bcast_strides(in[k - 1], out->ndim, st[k]);
+    int nd = 0;
+    for (int d = 0; d < out->ndim; d++) {
+        if (out->shape[d] == 1) continue;
+        g->size[nd] = out->shape[d];
+        for (int k = 0; k < N; k++) g->st[k][nd] = st[k][d];
+        nd++;
+    }
+    if (nd == 0) {
+        g->nd = 1;
+        g->size[0] = 1;
+        for (int k = 0; k < N; k++) g->st[k][0] = 0;
+        return n;
+    }
+    int m = 0;
+    for (int d = 1; d < nd; d++) {
+        bool ok = true;
+        for (int k = 0; k < N; k++)
+            if (g->st[k][m] != g->st[k][d] * g->size[d]) ok = false;
+        if (ok) {
+            g->size[m] *= g->size[d];
+        } else {
+            m++;
+            g->size[m] = g->size[d];
+        }
+        for (int k = 0; k < N; k++) g->st[k][m] = g->st[k][d];
+    }
+    g->nd = m + 1;
+    return n;
+}
+
+template <int N> struct flat_st {
+    bool unit[N]; /* stride 1 (true) or 0 */
+};
+
+template <int N> static bool is_flat(const geom<N> *g, flat_st<N> *fs) {
+    if (g->nd != 1) return false;
+    for (int k = 0; k < N; k++) {
+        if (g->st[k][0] != 0 && g->st[k][0] != 1) return false;
+        fs->unit[k] = g->st[k][0] == 1;
+    }
+    return fs->unit[0] || g->size[0] == 1;
+}
+
+/* ------------------------------------------------------------ kernels */
+/* F: __device__ void operator()(const int64_t *off) const, off[k] the
+ * element offset of operand k. */
+template <int N, class F>
+static __global__ void flat_kernel(F f, int64_t n, flat_st<N> fs) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t off[N];
+#pragma unroll
+        for (int k = 0; k < N; k++) off[k] = fs.unit[k] ? i : 0;
+        f(off);
+    }
+}
+
+/* I: uint32_t when n <= INT32_MAX (then i + the grid's size never wraps), else int64_t. */
+template <int N, class I, class F>
+static __global__ void strided_kernel(F f, I n, geom<N> g) {
+    for (I i = blockIdx.x * (I)blockDim.x + threadIdx.x; i < n; i += (I)gridDim.x * blockDim.x) {
+        int64_t off[N];
+#pragma unroll
+        for (int k = 0; k < N; k++) off[k] = 0;
+        I r = i;
+        for (int d = g.nd - 1; d > 0; d--) {
+            I sz = (I)g.size[d];
+            I q = r / sz;
+            int64_t idx = (int64_t)(r - q * sz);
+            r = q;
+#pragma unroll
+            for (int k = 0; k < N; k++) off[k] += idx * g.st[k][d];
+        }
+#pragma unroll
+        for (int k = 0; k < N; k++) off[k] += (int64_t)r * g.st[k][0];
+        f(off);
+    }
+}
+
+template <int N, class F>
+static void launch(const char *op, cudaStream_t s, F f, int64_t n, const geom<N> &g) {
+    if (n == 0) return;
+    int blocks = (int)((n + THREADS - 1) / THREADS < MAX_BLOCKS ? (n + THREADS - 1) / THREADS
+                                                                 : MAX_BLOCKS);
+    flat_st<N> fs;
+    if (is_flat(&g, &fs))
+        flat_kernel<N><<<blocks, THREADS, 0, s>>>(f, n, fs);
+    else if (n <= INT32_MAX)
+        strided_kernel<N, uint32_t><<<blocks, THREADS, 0, s>>>(f, (uint32_t)n, g);
+    else
+        strided_kernel<N, int64_t><<<blocks, THREADS, 0, s>>>(f, n, g);
+    NB_CUDA_CHECK_LAUNCH(op);
+}
+
+static cudaStream_t stream_for(const char *op, const nb_tensor *t) {
+    nb__cuda_use(op, t->device.index);
+    return (cudaStream_t)nb__cuda_compute_stream(t->device.index);
+}
+
+/* ------------------------------------------------------------ unary */
+static __device__ __forceinline__ float m_exp(float x) { return expf(x); }
+static __device__ __forceinline__ double m_exp(double x) { return exp(x); }
+static __device__ __forceinline__ float m_log(float x) { return logf(x); }
+static __device__ __forceinline__ double m_log(double x) { return log(x); }
+static __device__ __forceinline__ float m_sqrt(float x) { return sqrtf(x); }
+static __device__ __forceinline__ double m_sqrt(double x) { return sqrt(x); }
+static __device__ __forceinline__ float m_tanh(float x) { return tanhf(x); }
+static __device__ __forceinline__ double m_tanh(double x) { return tanh(x); }
+static __device__ __forceinline__ float m_erf(float x) { return erff(x); }
+static __device__ __forceinline__ double m_erf(double x) { return erf(x); }
+static __device__ __forceinline__ float m_pow(float x, float s) { return powf(x, s); }
+static __device__ __forceinline__ double m_pow(double x, double s) { return pow(x, s); }
+static __device__ __forceinline__ float m_abs(float x) { return fabsf(x); }
+static __device__ __forceinline__ double m_abs(double x) { return fabs(x); }
+
+template <class C> static __device__ __forceinline__ C unary_math(int op, C x, C s) {
+    const C one = (C)1;
+    switch (op) {
+    case NB_U_NEG: return -x;
+    case NB_U_EXP: return m_exp(x);
+    case NB_U_LOG: return m_log(x);
+    case NB_U_SQRT: return m_sqrt(x);
+    case NB_U_RSQRT: return one / m_sqrt(x);
+    case NB_U_RECIP: return one / x;
+    case NB_U_ABS: return m_abs(x);
+    case NB_U_SIGN: return (C)((x > 0) - (x < 0));
+    case NB_U_TANH: return m_tanh(x);
+    case NB_U_SIGMOID: return x >= 0 ? one / (one + m_exp(-x)) : m_exp(x) / (one + m_exp(x));
+    case NB_U_RELU: return x > 0 ? x : (C)0;
+    case NB_U_RELU_MASK: return x > 0 ? one : (C)0;
+    case NB_U_GELU: return (C)0.5 * x * (one + m_erf(x * (C)INV_SQRT_2));
+    case NB_U_GELU_TANH:
+        return (C)0.5 * x * (one + m_tanh((C)SQRT_2_OVER_PI * (x + (C)0.044715 * x * x * x)));
+    case NB_U_GELU_GRAD:
+        return (C)0.5 * (one + m_erf(x * (C)INV_SQRT_2)) +
+               x * (C)INV_SQRT_2PI * m_exp((C)-0.5 * x * x);
+    case NB_U_GELU_TANH_GRAD: {
+        const C k = (C)SQRT_2_OVER_PI, c = (C)0.044715;
+        C t = m_tanh(k * (x + c * x * x * x));
+        return (C)0.5 * (one + t) + (C)0.5 * x * (one - t * t) * k * (one + (C)3 * c * x * x);
+    }
+    case NB_U_POW: return m_pow(x, s);
+    case NB_U_ADD_S: return x + s;
+    case NB_U_MUL_S: return x * s;
+    default: return x;
+    }
+}
+
+template <class T> struct unary_f {
+    T *o;
+    const T *a;
+    int op;
+    math_t<T> s;
+    __device__ void operator()(const int64_t *off) const {
+        o[off[0]] = store_as<T>(unary_math<math_t<T>>(op, to_math(a[off[1]]), s));
+    }
+};
+
+static const char *unary_name(nb__unary_op op) {
+    static const char *const names[] = {
+        "nb_neg", "nb_exp", "nb_log", "nb_sqrt", "nb_rsqrt", "nb_abs", "nb_tanh",
+        "nb_sigmoid", "nb_relu", "nb_gelu", "nb_gelu", "nb_pow", "nb_add_scalar",
+        "nb_mul_scalar", "sign", "relu backward", "nb_gelu backward", "nb_gelu backward",
+        "reciprocal"};
+    unsigned i = (unsigned)op;
+    return i < sizeof names / sizeof names[0] ? names[i] : "elementwise op";
+}
+
+void nb__cuda_unary(nb__unary_op op, nb_tensor *out, const nb_tensor *a, double s) {
+    const char *name = unary_name(op);
+    cudaStream_t st = stream_for(name, out);
+    geom<2> g;
+    int64_t n = make_geom<2>(&g, out, &a);
+    if (n == 0) return;
+    NB_CHECK(a->dtype == out->dtype, "%s: dtypes differ: out %s, input %s", name,
+             nb_dtype_name(out->dtype), nb_dtype_name(a->dtype));
+    by_dtype<false>(name, out->dtype, [&](auto t) {
+        typedef typename decltype(t)::type T;
+        unary_f<T> f{(T *)out->data, (const T *)a->data, (int)op, (math_t<T>)s};
+        launch<2>(name, st, f, n, g);
+    });
+}
+
+/* ------------------------------------------------------------ binary */
+template <class T> struct binary_f {
+    T *o;
+    const T *a, *b;
+    int op;
+    __device__ void operator()(const int64_t *off) const {
+        math_t<T> x = to_math(a[off[1]]), y = to_math(b[off[2]]), r;
+        switch (op) {
+        case NB_B_ADD: r = x + y; break;
+        case NB_B_SUB: r = x - y; break;
+        case NB_B_MUL: r = x * y; break;
+        default: r = x / y; break;
+        }
+        o[off[0]] = store_as<T>(r);
+    }
+};
+
+void nb__cuda_binary(nb__binary_op op, nb_tensor *out, const nb_tensor *a, const nb_tensor *b) {
+    static const char *const names[] = {"nb_add", "nb_sub", "nb_mul", "nb_div"};
+    const char *name = (unsigned)op < 4 ? names[op] : "elementwise op";
+    cudaStream_t st = stream_for(name, out);
+    const nb_tensor *in[2] = {a, b};
+    geom<3> g;
+    int64_t n = make_geom<3>(&g, out, in);
+    if (n == 0) return;
+    NB_CHECK(a->dtype == out->dtype && b->dtype == out->dtype,
+             "%s: dtypes differ: out %s, inputs %s and %s", name, nb_dtype_name(out->dtype),
+             nb_dtype_name(a->dtype), nb_dtype_name(b->dtype));
+    by_dtype<true>(name, out->dtype, [&](auto t) {
+        typedef typename decltype(t)::type T;
+        binary_f<T> f{(T *)out->data, (const T *)a->data, (const T *)b->data, (int)op};
+        launch<3>(name, st, f, n, g);
+    });
+}
+
+/* ------------------------------------------------------------ where */
+/* cond != 0 for any dtype (bf16/f16: -0 is zero, NaN is not). */
+static __device__ __forceinline__ bool nonzero(const void *p, int64_t i, int dt) {
+    switch (dt) {
+    case NB_F32: return ((const float *)p)[i] != 0;
+    case NB_F64: return ((const double *)p)[i] != 0;
+    case NB_BF16:
+    case NB_F16: return (((const uint16_t *)p)[i] & 0x7fffu) != 0;
+    case NB_I32: return ((const int32_t *)p)[i] != 0;
+    default: return ((const int64_t *)p)[i] != 0;
+    }
+}
+
+template <class U> struct where_f {
+    U *o;
+    const void *c;
+    const U *a, *b;
+    int cdt;
+    __device__ void operator()(const int64_t *off) const {
+        o[off[0]] = nonzero(c, off[1], cdt) ? a[off[2]] : b[off[3]];
+    }
+};
+
+void nb__cuda_where(nb_tensor *out, const nb_tensor *cond, const nb_tensor *a,
+                    const nb_tensor *b) {
+    const char *name = "nb_where";
+    cudaStream_t st = stream_for(name, out);
+    const nb_tensor *in[3] = {cond, a, b};
+    geom<4> g;
+    int64_t n = make_geom<4>(&g, out, in);
+    if (n == 0) return;
+    NB_CHECK(a->dtype == out->dtype && b->dtype == out->dtype,
+             "%s: dtypes differ: out %s, inputs %s and %s", name, nb_dtype_name(out->dtype),
+             nb_dtype_name(a->dtype), nb_dtype_name(b->dtype));
+    auto run = [&](auto t) {
+        typedef typename decltype(t)::type U;
+        where_f<U> f{(U *)out->data, cond->data, (const U *)a->data, (const U *)b->data,
+                     (int)cond->dtype};
+        launch<4>(name, st, f, n, g);
+    };
+    switch (nb_dtype_size(out->dtype)) {
+    case 2: run(tag<uint16_t>{}); break;
+    case 4: run(tag<uint32_t>{}); break;
+    default: run(tag<uint64_t>{}); break;
+    }
+}
+
+/* ------------------------------------------------------------ copy and fill */
+template <class D, class S> struct copy_f {
+    D *o;
+    const S *a;
+    __device__ void operator()(const int64_t *off) const { o[off[0]] = convert<D>(a[off[1]]); }
+};
+
+template <class U> struct fill_f {
+    U *o;
+    U v;
+    __device__ void operator()(const int64_t *off) const { o[off[0]] = v; }
+};
+
+static double host_load(const void *p, nb_dtype dt) {
+    switch (dt) {
+    case NB_F32: { float v; memcpy(&v, p, 4); return v; }
+    case NB_F64: { double v; memcpy(&v, p, 8); return v; }
+    case NB_BF16: { uint16_t v; memcpy(&v, p, 2); return nb_bf16_to_f32(v); }
+    case NB_F16: { uint16_t v; memcpy(&v, p, 2); return nb_f16_to_f32(v); }
+    case NB_I32: { int32_t v; memcpy(&v, p, 4); return v; }
+    default: { int64_t v; memcpy(&v, p, 8); return (double)v; }
+    }
+}
+
+/* *dst (8 bytes, dd) = the value at src (sd), converted as nb__cpu_copy does. */
+static void host_convert(uint64_t *dst, nb_dtype dd, const void *src, nb_dtype sd) {
+    *dst = 0;
+    if (dd == sd) {
+        memcpy(dst, src, nb_dtype_size(dd));
+        return;
+    }
+    if (sd == NB_I64 && dd == NB_I32) {
+        int64_t v;
+        memcpy(&v, src, 8);
+        int32_t r = (int32_t)v;
+        memcpy(dst, &r, 4);
+        return;
+    }
+    double v = host_load(src, sd);
+    switch (dd) {
+    case NB_F32: { float r = (float)v; memcpy(dst, &r, 4); break; }
+    case NB_F64: memcpy(dst, &v, 8); break;
+    case NB_BF16: { uint16_t r = nb_f32_to_bf16((float)v); memcpy(dst, &r, 2); break; }
+    case NB_F16: { uint16_t r = nb_f32_to_f16((float)v); memcpy(dst, &r, 2); break; }
+    case NB_I32: { int32_t r = (int32_t)v; memcpy(dst, &r, 4); break; }
+    default: { int64_t r = (int64_t)v; memcpy(dst, &r, 8); break; }
+    }
+}
+
+/* dst = one host value: src is a CPU tensor of one element. */
+static void fill_from_host(const char *name, cudaStream_t st, nb_tensor *dst,
+                           const nb_tensor *src) {
+    NB_CHECK(nb_numel(src) == 1,
+             "%s: a CPU source for a CUDA destination must hold one value, got shape %s", name,
+             nb_shape_str(src));
+    uint64_t bits;
+    host_convert(&bits, dst->dtype, src->data, src->dtype);
+    geom<1> g;
+    int64_t n = make_geom<1>(&g, dst, nullptr);
+    switch (nb_dtype_size(dst->dtype)) {
+    case 2: {
+        uint16_t v;
+        memcpy(&v, &bits, 2);
+        launch<1>(name, st, fill_f<uint16_t>{(uint16_t *)dst->data, v}, n, g);
+        break;
+    }
+    case 4: {
+        uint32_t v;
+        memcpy(&v, &bits, 4);
+        launch<1>(name, st, fill_f<uint32_t>{(uint32_t *)dst->data, v}, n, g);
+        break;
+    }
+    default:
+        launch<1>(name, st, fill_f<uint64_t>{(uint64_t *)dst->data, bits}, n, g);
+        break;
+    }
+}
+
+void nb__cuda_copy(nb_tensor *dst, const nb_tensor *src) {
+    const char *name = "nb_copy_";
+    cudaStream_t st = stream_for(name, dst);
+    if (nb_numel(dst) == 0) return;
+    if (src->device.type == NB_DEVICE_CPU) {
+        fill_from_host(name, st, dst, src);
+        return;
+    }
+    geom<2> g;
+    int64_t n = make_geom<2>(&g, dst, &src);
+    if (dst->dtype == src->dtype && g.nd == 1 && g.st[0][0] == 1 && g.st[1][0] == 1) {
+        NB_CUDA_CHECK(name, cudaMemcpyAsync(dst->data, src->data,
+                                            (size_t)n * nb_dtype_size(dst->dtype),
+                                            cudaMemcpyDeviceToDevice, st));
+        return;
+    }
+    by_dtype<true>(name, dst->dtype, [&](auto td) {
+        typedef typename decltype(td)::type D;
+        by_dtype<true>(name, src->dtype, [&](auto ts) {
+            typedef typename decltype(ts)::type S;
+            launch<2>(name, st, copy_f<D, S>{(D *)dst->data, (const S *)src->data}, n, g);
+        });
+    });
+}
+
+/* ------------------------------------------------------------ axpy */
+template <class T> struct axpy_f {
+    T *y;
+    const T *x;
+    math_t<T> alpha;
+    __device__ void operator()(const int64_t *off) const {
+        y[off[0]] = store_as<T>(to_math(y[off[0]]) + alpha * to_math(x[off[1]]));
+    }
+};
+
+void nb__cuda_axpy(nb_tensor *y, double alpha, const nb_tensor *x) {
+    const char *name = "nb_axpy_";
+    cudaStream_t st = stream_for(name, y);
+    geom<2> g;
+    int64_t n = make_geom<2>(&g, y, &x);
+    if (n == 0) return;
+    NB_CHECK(x->dtype == y->dtype, "%s: dtypes differ: y %s, x %s", name,
+             nb_dtype_name(y->dtype), nb_dtype_name(x->dtype));
+    by_dtype<false>(name, y->dtype, [&](auto t) {
+        typedef typename decltype(t)::type T;
+        axpy_f<T> f{(T *)y->data, (const T *)x->data, (math_t<T>)alpha};
+        launch<2>(name, st, f, n, g);
+    });
+}

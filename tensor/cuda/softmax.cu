@@ -1,0 +1,509 @@
+/* CUDA softmax family: softmax and log-softmax over (O, K, I) and their
+ * backward, and the fused cross-entropy over logits (N, C) with its
+ * backward; the functions of tensor/cpu/softmax.c (contracts in
+ * tensor/cuda/cuda.h).
+ *
+ * I = 1 (the axis is last): a group of threads per row, a warp (eight rows
+ * to a block) when K <= 1024, else a block of 512. Each thread keeps an
+ * online (max, sum of exp(x - max)) over its elements; the group merges
+ * them in a fixed order, so one pass over x finds both. I > 1: a block of
+ * 32 x 8 threads per tile of 32 adjacent columns of one o (coalesced
+ * reads), the eight rows of threads splitting K and merging through shared
+ * memory.
+ *
+ * Cross-entropy: one group per row writes lse, the row's loss (f64) and
+ * whether it counts into scratch; one block then sums them in a fixed
+ * order (deterministic, no atomics) into loss and count. A target outside
+ * [0, C) that is not ignore_index raises NB__FAULT_CROSS_ENTROPY_TARGET
+ * (Note [Deferred device checks] in cuda.h) and its row counts for nothing.
+ * 16-bit types compute in f32, f64 in f64. */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <math.h>
+#include <stdint.h>
+
+#include <type_traits>
+
+#include "tensor/cuda/check.h"
+#include "tensor/cuda/cuda.h"
+
+typedef __nv_bfloat16 bf16;
+typedef __half f16;
+
+#define FULL_MASK 0xffffffffu
+#define THREADS 256
+#define ROW_BLOCK 512  /* threads per row when K > 1024 */
+#define MAX_BLOCKS 65535
+
+/* ------------------------------------------------------------ element types */
+template <class T> struct math_of { typedef T type; };
+template <> struct math_of<bf16> { typedef float type; };
+template <> struct math_of<f16> { typedef float type; };
+template <class T> using math_t = typename math_of<T>::type;
+
+template <class T> struct tag { typedef T type; };
+
+template <class T> static __device__ __forceinline__ T to_math(T v) { return v; }
+static __device__ __forceinline__ float to_math(bf16 v) { return __bfloat162float(v); }
+static __device__ __forceinline__ float to_math(f16 v) { return __half2float(v); }
+
+template <class T, class M> static __device__ __forceinline__ T store_as(M v) {
+    if constexpr (std::is_same_v<T, bf16>) return __float2bfloat16_rn((float)v);
+    else if constexpr (std::is_same_v<T, f16>) return __float2half_rn((float)v);
+    else return (T)v;
+}
+
+static __device__ __forceinline__ double load_f64(const void *p, int64_t i, int dt) {
+    switch (dt) {
+    case NB_F32: return ((const float *)p)[i];
+    case NB_F64: return ((const double *)p)[i];
+    case NB_BF16: return __bfloat162float(((const bf16 *)p)[i]);
+    default: return __half2float(((const f16 *)p)[i]);
+    }
+}
+
+static __device__ __forceinline__ int64_t load_target(const void *p, int64_t i, int dt) {
+    return dt == NB_I32 ? (int64_t)((const int32_t *)p)[i] : ((const int64_t *)p)[i];
+}
+
+template <class Fn> static void by_float_dtype(const char *op, nb_dtype dt, Fn fn) {
+    switch (dt) {
+    case NB_F32: fn(tag<float>{}); return;
+    case NB_F64: fn(tag<double>{}); return;
+    case NB_BF16: fn(tag<bf16>{}); return;
+    case NB_F16: fn(tag<f16>{}); return;
+    default: break;
+    }
+    NB_ABORT("%s: dtype %s has no CUDA kernel", op, nb_dtype_name(dt));
+}
+
+static __device__ __forceinline__ float m_exp(float x) { return expf(x); }
+static __device__ __forceinline__ double m_exp(double x) { return exp(x); }
+static __device__ __forceinline__ float m_log(float x) { return logf(x); }
+static __device__ __forceinline__ double m_log(double x) { return log(x); }
+
+/* ------------------------------------------------------------ online max and sum */
+/* m = max of the elements seen, s = sum of exp(x - m); (-inf, 0) is empty. */
+template <class C> struct ms {
+    C m, s;
+};
+
+/* A -inf element adds nothing (exp(-inf - m) = 0 for finite m); a NaN
+ * makes s NaN, as on the CPU. */
+template <class C> static __device__ __forceinline__ void ms_add(ms<C> &a, C x) {
+    if (x > a.m) {
+        a.s = a.s * m_exp(a.m - x) + (C)1;
+        a.m = x;
+    } else if (x != (C)-INFINITY) {
+        a.s += m_exp(x - a.m);
+    }
+}
+
+template <class C> static __device__ __forceinline__ ms<C> combine(ms<C> a, ms<C> b) {
+    if (b.m > a.m) {
+        ms<C> t = a;
+        a = b;
+        b = t;
+    }
+    if (b.s != (C)0) a.s += b.s * m_exp(b.m - a.m);
+    return a;
+}
+
+/* Every element -inf: the CPU computes exp(-inf - (-inf)) = NaN. */
+template <class C> static __device__ __forceinline__ ms<C> ms_done(ms<C> a) {
+    if (a.m == (C)-INFINITY) a.s = (C)NAN;
+    return a;
+}
+
+static __device__ __forceinline__ float combine(float a, float b) { return a + b; }
+static __device__ __forceinline__ double combine(double a, double b) { return a + b; }
+
+static __device__ __forceinline__ float shfl_down(float v, int o) {
+    return __shfl_down_sync(FULL_MASK, v, o);
+}
+static __device__ __forceinline__ double shfl_down(double v, int o) {
+    return __shfl_down_sync(FULL_MASK, v, o);
+}
+template <class C> static __device__ __forceinline__ ms<C> shfl_down(ms<C> v, int o) {
+    return ms<C>{shfl_down(v.m, o), shfl_down(v.s, o)};
+}
+static __device__ __forceinline__ float shfl_0(float v) { return __shfl_sync(FULL_MASK, v, 0); }
+static __device__ __forceinline__ double shfl_0(double v) { return __shfl_sync(FULL_MASK, v, 0); }
+template <class C> static __device__ __forceinline__ ms<C> shfl_0(ms<C> v) {
+    return ms<C>{shfl_0(v.m), shfl_0(v.s)};
+}
+
+/* Cross-entropy's row state: online max and sum, and the sum of x. */
+template <class C> struct ce_st {
+    ms<C> e;
+    C sx;
+};
+template <class C> static __device__ __forceinline__ ce_st<C> combine(ce_st<C> a, ce_st<C> b) {
+    return ce_st<C>{combine(a.e, b.e), a.sx + b.sx};
+}
+template <class C> static __device__ __forceinline__ ce_st<C> shfl_down(ce_st<C> v, int o) {
+    return ce_st<C>{shfl_down(v.e, o), shfl_down(v.sx, o)};
+}
+template <class C> static __device__ __forceinline__ ce_st<C> shfl_0(ce_st<C> v) {
+    return ce_st<C>{shfl_0(v.e), shfl_0(v.sx)};
+}
+
+/* The merge of v over the blockDim.x threads of the row group (threadIdx.y
+ * picks the group), returned to every thread of it. A group wider than a
+ * warp is the whole block (blockDim.y = 1) and uses sm (>= 32 entries);
+ * every thread of the block must then call it. */
+template <class V> static __device__ V group_allreduce(V v, V *sm) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = combine(v, shfl_down(v, o));
+    if (blockDim.x == 32) return shfl_0(v);
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    if (lane == 0) sm[w] = v;
+    __syncthreads();
+    v = sm[0];
+    for (int q = 1; q < nw; q++) v = combine(v, sm[q]);
+    __syncthreads();
+    return v;
+}
+
+/* Launch shape for one group per row of k elements. */
+static void row_config(int64_t rows, int64_t k, dim3 *grid, dim3 *block) {
+    int64_t per_block = k <= 1024 ? THREADS / 32 : 1;
+    *block = k <= 1024 ? dim3(32, THREADS / 32) : dim3(ROW_BLOCK, 1);
+    int64_t b = (rows + per_block - 1) / per_block;
+    *grid = dim3((unsigned)(b > MAX_BLOCKS ? MAX_BLOCKS : b < 1 ? 1 : b));
+}
+
+static unsigned grid_for(int64_t units, int64_t per_block) {
+    int64_t b = (units + per_block - 1) / per_block;
+    return (unsigned)(b < 1 ? 1 : b > MAX_BLOCKS ? MAX_BLOCKS : b);
+}
+
+static cudaStream_t stream_for(const char *op, const nb_tensor *t) {
+    nb__cuda_use(op, t->device.index);
+    return (cudaStream_t)nb__cuda_compute_stream(t->device.index);
+}
+
+/* ------------------------------------------------------------ softmax forward */
+// x, y: (O * K) rows of K (I = 1)
+template <class T>
+static __global__ void softmax_rows_kernel(T *y, const T *x, int64_t rows, int64_t k,
+                                           bool take_log) {
+    typedef math_t<T> C;
+    __shared__ ms<C> sm[32];
+    for (int64_t row = blockIdx.x * (int64_t)blockDim.y + threadIdx.y; row < rows;
+         row += (int64_t)gridDim.x * blockDim.y) {
+        const T *xr = x + row * k;
+        T *yr = y + row * k;
+        ms<C> st{(C)-INFINITY, (C)0};
+        for (int64_t j = threadIdx.x; j < k; j += blockDim.x) ms_add(st, to_math(xr[j]));
+        st = ms_done(group_allreduce(st, sm));
+        if (take_log) {
+            C lse = st.m + m_log(st.s);
+            for (int64_t j = threadIdx.x; j < k; j += blockDim.x)
+                yr[j] = store_as<T>(to_math(xr[j]) - lse);
+        } else {
+            C inv = (C)1 / st.s;
+            for (int64_t j = threadIdx.x; j < k; j += blockDim.x)
+                yr[j] = store_as<T>(m_exp(to_math(xr[j]) - st.m) * inv);
+        }
+    }
+}
+
+// x, y: (O, K, I), I > 1; block (32, 8) per tile of 32 columns of one o
+template <class T>
+static __global__ void softmax_cols_kernel(T *y, const T *x, int64_t outer, int64_t k,
+                                           int64_t inner, bool take_log) {
+    typedef math_t<T> C;
+    __shared__ ms<C> sm[8][32];
+    int64_t tiles = (inner + 31) / 32;
+    for (int64_t t = blockIdx.x; t < outer * tiles; t += gridDim.x) {
+        int64_t o = t / tiles, i = (t - o * tiles) * 32 + threadIdx.x;
+        bool ok = i < inner;
+        const T *xc = x + o * k * inner + i;
+        T *yc = y + o * k * inner + i;
+        ms<C> st{(C)-INFINITY, (C)0};
+        if (ok)
+            for (int64_t j = threadIdx.y; j < k; j += blockDim.y) ms_add(st, to_math(xc[j * inner]));
+        sm[threadIdx.y][threadIdx.x] = st;
+        __syncthreads();
+        st = sm[0][threadIdx.x];
+        for (unsigned q = 1; q < blockDim.y; q++) st = combine(st, sm[q][threadIdx.x]);
+        __syncthreads();
+        st = ms_done(st);
+        if (!ok) continue;
+        if (take_log) {
+            C lse = st.m + m_log(st.s);
+            for (int64_t j = threadIdx.y; j < k; j += blockDim.y)
+                yc[j * inner] = store_as<T>(to_math(xc[j * inner]) - lse);
+        } else {
+            C inv = (C)1 / st.s;
+            for (int64_t j = threadIdx.y; j < k; j += blockDim.y)
+                yc[j * inner] = store_as<T>(m_exp(to_math(xc[j * inner]) - st.m) * inv);
+        }
+    }
+}
+
+void nb__cuda_softmax(nb_tensor *y, const nb_tensor *x, int64_t outer, int64_t k, int64_t inner,
+                      bool take_log) {
+    const char *op = take_log ? "nb_log_softmax" : "nb_softmax";
+    cudaStream_t s = stream_for(op, y);
+    if (outer == 0 || k == 0 || inner == 0) return;
+    by_float_dtype(op, x->dtype, [&](auto t) {
+        typedef typename decltype(t)::type T;
+        if (inner == 1) {
+            dim3 grid, block;
+            row_config(outer, k, &grid, &block);
+            softmax_rows_kernel<T><<<grid, block, 0, s>>>((T *)y->data, (const T *)x->data,
+                                                          outer, k, take_log);
+        } else {
+            softmax_cols_kernel<T><<<grid_for(outer * ((inner + 31) / 32), 1), dim3(32, 8), 0, s>>>(
+                (T *)y->data, (const T *)x->data, outer, k, inner, take_log);
+        }
+        NB_CUDA_CHECK_LAUNCH(op);
+    });
+}
+
+/* ------------------------------------------------------------ softmax backward */
+/* softmax: dx = y (g - sum_K g y); log-softmax: dx = g - exp(y) sum_K g. */
+template <class C> static __device__ __forceinline__ C bw_term(C g, C y, bool take_log) {
+    return take_log ? g : g * y;
+}
+template <class C> static __device__ __forceinline__ C bw_out(C g, C y, C r, bool take_log) {
+    return take_log ? g - m_exp(y) * r : y * (g - r);
+}
+
+template <class T>
+static __global__ void softmax_backward_rows_kernel(T *dx, const T *y, const T *g, int64_t rows,
+                                                    int64_t k, bool take_log) {
+    typedef math_t<T> C;
+    __shared__ C sm[32];
+    for (int64_t row = blockIdx.x * (int64_t)blockDim.y + threadIdx.y; row < rows;
+         row += (int64_t)gridDim.x * blockDim.y) {
+        const T *yr = y + row * k, *gr = g + row * k;
+        T *dr = dx + row * k;
+        C r = 0;
+        for (int64_t j = threadIdx.x; j < k; j += blockDim.x)
+            r += bw_term(to_math(gr[j]), to_math(yr[j]), take_log);
+        r = group_allreduce(r, sm);
+        for (int64_t j = threadIdx.x; j < k; j += blockDim.x)
+            dr[j] = store_as<T>(bw_out(to_math(gr[j]), to_math(yr[j]), r, take_log));
+    }
+}
+
+template <class T>
+static __global__ void softmax_backward_cols_kernel(T *dx, const T *y, const T *g, int64_t outer,
+                                                    int64_t k, int64_t inner, bool take_log) {
+    typedef math_t<T> C;
+    __shared__ C sm[8][32];
+    int64_t tiles = (inner + 31) / 32;
+    for (int64_t t = blockIdx.x; t < outer * tiles; t += gridDim.x) {
+        int64_t o = t / tiles, i = (t - o * tiles) * 32 + threadIdx.x;
+        bool ok = i < inner;
+        int64_t base = o * k * inner + i;
+        C r = 0;
+        if (ok)
+            for (int64_t j = threadIdx.y; j < k; j += blockDim.y)
+                r += bw_term(to_math(g[base + j * inner]), to_math(y[base + j * inner]), take_log);
+        sm[threadIdx.y][threadIdx.x] = r;
+        __syncthreads();
+        r = sm[0][threadIdx.x];
+        for (unsigned q = 1; q < blockDim.y; q++) r += sm[q][threadIdx.x];
+        __syncthreads();
+        if (!ok) continue;
+        for (int64_t j = threadIdx.y; j < k; j += blockDim.y) {
+            int64_t e = base + j * inner;
+            dx[e] = store_as<T>(bw_out(to_math(g[e]), to_math(y[e]), r, take_log));
+        }
+    }
+}
+
+void nb__cuda_softmax_backward(nb_tensor *dx, const nb_tensor *y, const nb_tensor *g,
+                               int64_t outer, int64_t k, int64_t inner, bool take_log) {
+    const char *op = take_log ? "nb_log_softmax backward" : "nb_softmax backward";
+    cudaStream_t s = stream_for(op, dx);
+    if (outer == 0 || k == 0 || inner == 0) return;
+    NB_CHECK(g->dtype == y->dtype && dx->dtype == y->dtype, "%s: dtypes differ: dx %s, y %s, g %s",
+             op, nb_dtype_name(dx->dtype), nb_dtype_name(y->dtype), nb_dtype_name(g->dtype));
+    by_float_dtype(op, y->dtype, [&](auto t) {
+        typedef typename decltype(t)::type T;
+        if (inner == 1) {
+            dim3 grid, block;
+            row_config(outer, k, &grid, &block);
+            softmax_backward_rows_kernel<T><<<grid, block, 0, s>>>(
+                (T *)dx->data, (const T *)y->data, (const T *)g->data, outer, k, take_log);
+        } else {
+            softmax_backward_cols_kernel<T>
+                <<<grid_for(outer * ((inner + 31) / 32), 1), dim3(32, 8), 0, s>>>(
+                    (T *)dx->data, (const T *)y->data, (const T *)g->data, outer, k, inner,
+                    take_log);
+        }
+        NB_CUDA_CHECK_LAUNCH(op);
+    });
+}
+
+/* ------------------------------------------------------------ cross-entropy */
+static __device__ void raise_target_fault(nb__cuda_fault *slot, int64_t t, int64_t pos,
+                                          int64_t classes) {
+    if (atomicCAS(&slot->code, NB__FAULT_NONE, NB__FAULT_CROSS_ENTROPY_TARGET) == NB__FAULT_NONE) {
+        slot->value = (long long)t;
+        slot->position = (long long)pos;
+        slot->limit = (long long)classes;
+        __threadfence_system();
+    }
+}
+
+// x: (N, C); lse: (N); row_loss, counted: (N) scratch
+template <class T>
+static __global__ void cross_entropy_rows_kernel(math_t<T> *lse, double *row_loss, int *counted,
+                                                 const T *x, const void *tg, int tdt,
+                                                 int64_t tstride, int64_t n, int64_t c,
+                                                 int64_t ignore, double eps,
+                                                 nb__cuda_fault *slot) {
+    typedef math_t<T> C;
+    __shared__ ce_st<C> sm[32];
+    for (int64_t row = blockIdx.x * (int64_t)blockDim.y + threadIdx.y; row < n;
+         row += (int64_t)gridDim.x * blockDim.y) {
+        const T *xr = x + row * c;
+        ce_st<C> st{{(C)-INFINITY, (C)0}, (C)0};
+        for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
+            C v = to_math(xr[j]);
+            ms_add(st.e, v);
+            st.sx += v;
+        }
+        st = group_allreduce(st, sm);
+        if (threadIdx.x != 0) continue;
+        st.e = ms_done(st.e);
+        C l = st.e.m + m_log(st.e.s);
+        lse[row] = l;
+        int64_t t = load_target(tg, row * tstride, tdt);
+        double loss = 0;
+        int cnt = 0;
+        if (t != ignore) {
+            if (t < 0 || t >= c) {
+                raise_target_fault(slot, t, row, c);
+            } else {
+                double nll = (double)l - (double)to_math(xr[t]);
+                loss = eps == 0 ? nll
+                                : (1 - eps) * nll + eps * ((double)l - (double)st.sx / (double)c);
+                cnt = 1;
+            }
+        }
+        row_loss[row] = loss;
+        counted[row] = cnt;
+    }
+}
+
+/* One block of 1024: loss = sum of row_loss / count, count = rows counted. */
+template <class T>
+static __global__ void cross_entropy_total_kernel(T *loss, float *count, const double *row_loss,
+                                                  const int *counted, int64_t n) {
+    __shared__ double sm[32];
+    __shared__ double smc[32];
+    double a = 0, k = 0;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+        a += row_loss[i];
+        k += counted[i];
+    }
+    a = group_allreduce(a, sm);
+    k = group_allreduce(k, smc);
+    if (threadIdx.x == 0) {
+        *loss = store_as<T>(a / k);
+        *count = (float)k;
+    }
+}
+
+void nb__cuda_cross_entropy(nb_tensor *loss, nb_tensor *lse, nb_tensor *count,
+                            const nb_tensor *logits, const nb_tensor *targets,
+                            int64_t ignore_index, double eps) {
+    const char *op = "nb_cross_entropy";
+    cudaStream_t s = stream_for(op, loss);
+    int64_t n = logits->shape[0], c = logits->shape[1];
+    NB_CHECK(logits->ndim == 2 && nb_is_contiguous(logits) && targets->ndim == 1 &&
+                 targets->shape[0] == n &&
+                 (targets->dtype == NB_I32 || targets->dtype == NB_I64) &&
+                 count->dtype == NB_F32,
+             "%s: expects contiguous logits (N, C), i32/i64 targets (N) and an f32 count; got "
+             "logits %s, targets %s %s, count %s",
+             op, nb_shape_str(logits), nb_dtype_name(targets->dtype), nb_shape_str(targets),
+             nb_dtype_name(count->dtype));
+    nb__cuda_fault *slot = nb__cuda_fault_slot(logits->device.index);
+    by_float_dtype(op, logits->dtype, [&](auto t) {
+        typedef typename decltype(t)::type T;
+        double *row_loss = nullptr;
+        int *counted = nullptr;
+        if (n > 0) {
+            row_loss = (double *)nb_ctx_alloc(loss->ctx, (size_t)n * sizeof(double), 0);
+            counted = (int *)nb_ctx_alloc(loss->ctx, (size_t)n * sizeof(int), 0);
+        }
+        if (n > 0 && c > 0) {
+            dim3 grid, block;
+            row_config(n, c, &grid, &block);
+            cross_entropy_rows_kernel<T><<<grid, block, 0, s>>>(
+                (math_t<T> *)lse->data, row_loss, counted, (const T *)logits->data,
+                targets->data, (int)targets->dtype, targets->strides[0], n, c, ignore_index,
+                eps, slot);
+            NB_CUDA_CHECK_LAUNCH(op);
+        } else if (n > 0) {
+            /* no classes: every target is out of range unless ignored; the
+             * front end rejects C = 0, so this is not reached in practice */
+            NB_ABORT("%s: logits %s have no classes", op, nb_shape_str(logits));
+        }
+        cross_entropy_total_kernel<T><<<1, 1024, 0, s>>>((T *)loss->data, (float *)count->data,
+                                                         row_loss, counted, n);
+        NB_CUDA_CHECK_LAUNCH(op);
+    });
+}
+
+// x, dx: (N, C) flat; I: uint32_t when N C <= INT32_MAX, else int64_t
+template <class T, class I>
+static __global__ void cross_entropy_backward_kernel(T *dx, const T *x, const math_t<T> *lse,
+                                                     const void *tg, int tdt, int64_t tstride,
+                                                     const void *g, int gdt, const float *count,
+                                                     I total, I c, int64_t ignore, double eps) {
+    typedef math_t<T> C;
+    double cnt = *count;
+    double scale = cnt > 0 ? load_f64(g, 0, gdt) / cnt : 0.0;
+    C sc = (C)scale, off = (C)(scale * eps / (double)c), on = (C)(scale * (1 - eps));
+    for (I e = blockIdx.x * (I)blockDim.x + threadIdx.x; e < total; e += (I)gridDim.x * blockDim.x) {
+        I row = e / c, j = e - row * c;
+        int64_t t = load_target(tg, (int64_t)row * tstride, tdt);
+        if (cnt <= 0 || t == ignore || t < 0 || t >= (int64_t)c) {
+            dx[e] = store_as<T>((C)0);
+            continue;
+        }
+        C v = sc * m_exp(to_math(x[e]) - lse[row]) - off;
+        if ((int64_t)j == t) v -= on;
+        dx[e] = store_as<T>(v);
+    }
+}
+
+void nb__cuda_cross_entropy_backward(nb_tensor *dlogits, const nb_tensor *logits,
+                                     const nb_tensor *lse, const nb_tensor *targets,
+                                     const nb_tensor *g, const nb_tensor *count,
+                                     int64_t ignore_index, double eps) {
+    const char *op = "nb_cross_entropy backward";
+    cudaStream_t s = stream_for(op, dlogits);
+    int64_t n = logits->shape[0], c = logits->shape[1], total = n * c;
+    if (total == 0) return;
+    NB_CHECK(nb_dtype_is_float(g->dtype) && count->dtype == NB_F32 &&
+                 dlogits->dtype == logits->dtype,
+             "%s: expects a float g, an f32 count and dlogits of the logits' dtype; got g %s, "
+             "count %s, dlogits %s, logits %s",
+             op, nb_dtype_name(g->dtype), nb_dtype_name(count->dtype),
+             nb_dtype_name(dlogits->dtype), nb_dtype_name(logits->dtype));
+    by_float_dtype(op, logits->dtype, [&](auto t) {
+        typedef typename decltype(t)::type T;
+        unsigned grid = grid_for(total, THREADS);
+        if (total <= INT32_MAX)
+            cross_entropy_backward_kernel<T, uint32_t><<<grid, THREADS, 0, s>>>(
+                (T *)dlogits->data, (const T *)logits->data, (const math_t<T> *)lse->data,
+                targets->data, (int)targets->dtype, targets->strides[0], g->data, (int)g->dtype,
+                (const float *)count->data, (uint32_t)total, (uint32_t)c, ignore_index, eps);
+        else
+            cross_entropy_backward_kernel<T, int64_t><<<grid, THREADS, 0, s>>>(
+                (T *)dlogits->data, (const T *)logits->data, (const math_t<T> *)lse->data,
+                targets->data, (int)targets->dtype, targets->strides[0], g->data, (int)g->dtype,
+                (const float *)count->data, total, c, ignore_index, eps);
+        NB_CUDA_CHECK_LAUNCH(op);
+    });
+}

@@ -1,0 +1,280 @@
+/* CUDA reductions and the softmax family against the CPU
+ * (tests/cuda_parity.h), through the public ops: sum, mean, max and var
+ * over various axes and row shapes (one thread, one warp, one block per
+ * row, and rows split across blocks), softmax and log-softmax on every
+ * axis (rows and column tiles), cross-entropy with ignore_index and label
+ * smoothing, mse and bce; the gradient norm of many tensors; and the
+ * deferred check of an out-of-range cross-entropy target. Skipped (77)
+ * without CUDA or a GPU. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "cuda_parity.h"
+
+static const nb_dtype float_dtypes[] = {NB_F32, NB_BF16, NB_F16, NB_F64};
+#define N_FLOAT_DTYPES 4
+
+/* ---- sum, mean, max, var ---- */
+typedef enum red_kind { R_SUM, R_MEAN, R_MAX, R_VAR } red_kind;
+static const char *const red_names[] = {"sum", "mean", "max", "var"};
+
+typedef struct red_case {
+    red_kind kind;
+    int naxes;
+    int axes[3];
+    bool keepdim;
+    int correction;
+} red_case;
+
+static nb_tensor *reduce_op(nb_ctx *ctx, nb_tensor *const *in, void *user) {
+    const red_case *c = user;
+    switch (c->kind) {
+    case R_SUM: return nb_sum(ctx, in[0], c->naxes, c->axes, c->keepdim);
+    case R_MEAN: return nb_mean(ctx, in[0], c->naxes, c->axes, c->keepdim);
+    case R_MAX: return nb_max(ctx, in[0], c->naxes, c->axes, c->keepdim);
+    default: return nb_var(ctx, in[0], c->naxes, c->axes, c->correction, c->keepdim);
+    }
+}
+
+typedef struct red_shape {
+    const char *name;
+    int ndim;
+    int64_t shape[3];
+    bool transposed;
+    int naxes;
+    int axes[3];
+    bool big; /* f32 and f64 only (the CPU reference is slow, bf16 has ties) */
+} red_shape;
+
+static const red_shape red_shapes[] = {
+    {"(7, 33, 5) axis 1", 3, {7, 33, 5}, false, 1, {1}, false},
+    {"(7, 33, 5) axes 0, 2", 3, {7, 33, 5}, false, 2, {0, 2}, false},
+    {"(7, 33, 5) axis -1", 3, {7, 33, 5}, false, 1, {-1}, false},
+    {"(7, 33, 5) all", 3, {7, 33, 5}, false, 0, {0}, false},
+    {"(1000, 3) axis 1: a thread per row", 2, {1000, 3}, false, 1, {1}, false},
+    {"(1000, 3) axis 0: a warp per row", 2, {1000, 3}, false, 1, {0}, false},
+    {"(5, 1) axis 1: rows of one", 2, {5, 1}, false, 1, {1}, false},
+    {"(33, 7) transposed axis 0", 2, {33, 7}, true, 1, {0}, false},
+    {"(3, 1500) axis 1: a block per row", 2, {3, 1500}, false, 1, {1}, false},
+    {"(300, 1100) axis 1: blocks over many rows", 2, {300, 1100}, false, 1, {1}, true},
+    {"(2, 70001) axis 1: split rows", 2, {2, 70001}, false, 1, {1}, true},
+    {"(200003) all: one split row", 1, {200003}, false, 0, {0}, true},
+};
+
+START_TEST(test_reductions) {
+    for (int kind = R_SUM; kind <= R_VAR; kind++)
+        for (size_t k = 0; k < sizeof red_shapes / sizeof red_shapes[0]; k++)
+            for (int d = 0; d < N_FLOAT_DTYPES; d++)
+                for (int keep = 0; keep < 2; keep++) {
+                    const red_shape *rs = &red_shapes[k];
+                    nb_dtype dt = float_dtypes[d];
+                    if (rs->big && (dt == NB_BF16 || dt == NB_F16 || keep)) continue;
+                    red_case c = {(red_kind)kind, rs->naxes, {rs->axes[0], rs->axes[1], rs->axes[2]},
+                                  keep == 1, kind == R_VAR ? 1 : 0};
+                    nbt_input in = {.dtype = dt, .ndim = rs->ndim, .transposed = rs->transposed};
+                    for (int i = 0; i < rs->ndim; i++) in.shape[i] = rs->shape[i];
+                    char name[160];
+                    snprintf(name, sizeof name, "%s %s %s%s", red_names[kind], rs->name,
+                             nb_dtype_name(dt), keep ? " keepdim" : "");
+                    nbt_parity(name, reduce_op, &c, 1, &in, NULL);
+                }
+}
+END_TEST
+
+START_TEST(test_var_corrections) {
+    /* correction 0, and a denominator <= 0 (NaN on both sides) */
+    for (int corr = 0; corr <= 2; corr += 2) {
+        red_case c = {R_VAR, 1, {1, 0, 0}, false, corr};
+        nbt_input in = {.dtype = NB_F32, .ndim = 2, .shape = {9, corr ? 2 : 40}};
+        nbt_parity_opts o = {.no_backward = corr != 0};
+        nbt_parity(corr ? "var with n - correction = 0" : "var correction 0", reduce_op, &c, 1,
+                   &in, &o);
+    }
+}
+END_TEST
+
+/* ---- softmax family ---- */
+typedef struct softmax_case {
+    bool take_log;
+    int axis;
+} softmax_case;
+
+static nb_tensor *softmax_op(nb_ctx *ctx, nb_tensor *const *in, void *user) {
+    const softmax_case *c = user;
+    return c->take_log ? nb_log_softmax(ctx, in[0], c->axis) : nb_softmax(ctx, in[0], c->axis);
+}
+
+START_TEST(test_softmax) {
+    static const struct {
+        int ndim;
+        int64_t shape[3];
+        bool transposed;
+        double scale;
+    } shapes[] = {
+        {3, {7, 33, 5}, false, 3},     {2, {64, 10}, false, 3},  {2, {4, 1500}, false, 3},
+        {3, {3, 2000, 2}, false, 3},   {2, {33, 7}, true, 3},    {2, {6, 1}, false, 3},
+        {2, {8, 100}, false, 20}, /* large logits */
+    };
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++)
+        for (int axis = -1; axis < shapes[k].ndim; axis++)
+            for (int d = 0; d < N_FLOAT_DTYPES; d++)
+                for (int lg = 0; lg < 2; lg++) {
+                    softmax_case c = {lg == 1, axis};
+                    nbt_input in = {.dtype = float_dtypes[d], .ndim = shapes[k].ndim,
+                                    .lo = -shapes[k].scale, .hi = shapes[k].scale,
+                                    .transposed = shapes[k].transposed};
+                    for (int i = 0; i < shapes[k].ndim; i++) in.shape[i] = shapes[k].shape[i];
+                    char name[128];
+                    snprintf(name, sizeof name, "%s shape #%zu axis %d %s",
+                             lg ? "log_softmax" : "softmax", k, axis,
+                             nb_dtype_name(float_dtypes[d]));
+                    nbt_parity(name, softmax_op, &c, 1, &in, NULL);
+                }
+}
+END_TEST
+
+typedef struct ce_case {
+    int64_t ignore;
+    double eps;
+} ce_case;
+
+static nb_tensor *ce_op(nb_ctx *ctx, nb_tensor *const *in, void *user) {
+    const ce_case *c = user;
+    nb_cross_entropy_opts o = {c->ignore, c->eps};
+    return nb_cross_entropy(ctx, in[0], in[1], &o);
+}
+
+START_TEST(test_cross_entropy) {
+    static const int64_t sizes[][2] = {{16, 10}, {33, 7}, {5, 1500}, {2, 3000}, {1, 1}};
+    static const ce_case cases[] = {{-100, 0.0}, {-100, 0.1}, {2, 0.25}, {-100, 1.0}};
+    static double tv[64];
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++)
+        for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
+            for (int d = 0; d < N_FLOAT_DTYPES; d++)
+                for (int ti = 0; ti < 2; ti++) {
+                    int64_t n = sizes[s][0], c = sizes[s][1];
+                    /* targets cycle through the classes; every third is the ignore index */
+                    for (int64_t i = 0; i < n; i++)
+                        tv[i] = i % 3 == 1 ? (double)cases[k].ignore : (double)((i * 7) % c);
+                    nbt_input in[2] = {
+                        {.dtype = float_dtypes[d], .ndim = 2, .shape = {n, c}, .lo = -4, .hi = 4,
+                         .transposed = ti == 1 && n > 1 && c > 1},
+                        {.dtype = ti ? NB_I32 : NB_I64, .ndim = 1, .shape = {n}, .values = tv},
+                    };
+                    char name[128];
+                    snprintf(name, sizeof name, "cross_entropy (%lld, %lld) ignore %lld eps %g %s %s",
+                             (long long)n, (long long)c, (long long)cases[k].ignore, cases[k].eps,
+                             nb_dtype_name(float_dtypes[d]), nb_dtype_name(in[1].dtype));
+                    nbt_parity(name, ce_op, (void *)&cases[k], 2, in, NULL);
+                }
+}
+END_TEST
+
+START_TEST(test_cross_entropy_all_ignored) {
+    /* 0/0: NaN loss on both sides, zero gradient */
+    static const double tv[4] = {-100, -100, -100, -100};
+    ce_case c = {-100, 0.0};
+    nbt_input in[2] = {{.dtype = NB_F32, .ndim = 2, .shape = {4, 6}},
+                       {.dtype = NB_I64, .ndim = 1, .shape = {4}, .values = tv}};
+    nbt_parity("cross_entropy all ignored", ce_op, &c, 2, in, NULL);
+}
+END_TEST
+
+static nb_tensor *pair_op(nb_ctx *ctx, nb_tensor *const *in, void *user) {
+    return *(const int *)user ? nb_bce_with_logits(ctx, in[0], in[1]) : nb_mse_loss(ctx, in[0], in[1]);
+}
+
+START_TEST(test_mse_bce) {
+    static const int kinds[] = {0, 1};
+    static const int64_t sizes[][2] = {{7, 33}, {1, 5}, {3, 100003}};
+    for (int kind = 0; kind < 2; kind++)
+        for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++)
+            for (int d = 0; d < N_FLOAT_DTYPES; d++)
+                for (int t = 0; t < 2; t++) {
+                    nb_dtype dt = float_dtypes[d];
+                    nbt_input in[2] = {
+                        {.dtype = dt, .ndim = 2, .shape = {sizes[s][0], sizes[s][1]}, .lo = -3,
+                         .hi = 3, .transposed = t == 1},
+                        /* bce targets are probabilities */
+                        {.dtype = dt, .ndim = 2, .shape = {sizes[s][0], sizes[s][1]},
+                         .lo = kind ? 0 : -3, .hi = kind ? 1 : 3},
+                    };
+                    char name[128];
+                    snprintf(name, sizeof name, "%s (%lld, %lld) %s%s", kind ? "bce" : "mse",
+                             (long long)sizes[s][0], (long long)sizes[s][1], nb_dtype_name(dt),
+                             t ? " transposed" : "");
+                    nbt_parity(name, pair_op, (void *)&kinds[kind], 2, in, NULL);
+                }
+}
+END_TEST
+
+/* ---- gradient norm (sum of squares of many tensors) ---- */
+START_TEST(test_grad_norm) {
+    /* 40 parameters (more than one launch's batch), sizes 1 .. 40000;
+     * loss = sum(p * p) / 2 makes each gradient equal to its parameter */
+    enum { NP = 40 };
+    nb_ctx *ctx = nb_ctx_new(nb_cuda(0), 0);
+    nb_named_tensor params[NP];
+    double expect = 0;
+    nb_tensor *loss = NULL;
+    for (int i = 0; i < NP; i++) {
+        int64_t n = i == 0 ? 1 : (int64_t)((i * 997) % 40000) + 1;
+        double *v = malloc(sizeof(double) * (size_t)n);
+        for (int64_t j = 0; j < n; j++) {
+            v[j] = sin((double)(j + 1) * (i + 1) * 0.37);
+            expect += v[j] * v[j];
+        }
+        nb_tensor *p = nb_from_host(ctx, NB_F64, 1, &n, v);
+        free(v);
+        nb_set_requires_grad(p, true);
+        params[i].name = "p";
+        params[i].tensor = p;
+        nb_tensor *term = nb_mul_scalar(ctx, nb_sum_all(ctx, nb_mul(ctx, p, p)), 0.5);
+        loss = loss ? nb_add(ctx, loss, term) : term;
+    }
+    nb_backward(loss);
+    double norm = nb_clip_grad_norm(params, NP, 1e30, 2.0);
+    ck_assert_msg(fabs(norm - sqrt(expect)) <= 1e-12 * sqrt(expect), "norm %.17g, expected %.17g",
+                  norm, sqrt(expect));
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+/* ---- deferred target check ---- */
+START_TEST(test_cross_entropy_bad_target) {
+    /* Runs last: the fault stays reported on the device afterwards. */
+    nb_ctx *ctx = nb_ctx_new(nb_cuda(0), 0);
+    static const float xv[4 * 5] = {0.5f, -1, 2, 0, 1, 1, 1, 1, 1, 1, 3, 2, 1, 0, -1, 0, 0, 0, 0, 0};
+    static const int64_t tv[4] = {0, 7, -100, 2};
+    nb_tensor *x = nb_from_host(ctx, NB_F32, NB_SHAPE(4, 5), xv);
+    nb_tensor *t = nb_from_host(ctx, NB_I64, NB_SHAPE(4), tv);
+    nb_tensor *loss = nb_cross_entropy(ctx, x, t, NULL);
+    NBT_EXPECT_ABORT(nb_cuda_synchronize(nb_cuda(0)), "nb_cross_entropy");
+    NBT_EXPECT_ABORT((void)nb_item(loss), "nb_cross_entropy");
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+static Suite *suite(void) {
+    Suite *s = suite_create("cuda_reduce");
+    TCase *tc = tcase_create("core");
+    tcase_set_timeout(tc, 600);
+    tcase_add_test(tc, test_reductions);
+    tcase_add_test(tc, test_var_corrections);
+    tcase_add_test(tc, test_softmax);
+    tcase_add_test(tc, test_cross_entropy);
+    tcase_add_test(tc, test_cross_entropy_all_ignored);
+    tcase_add_test(tc, test_mse_bce);
+    tcase_add_test(tc, test_grad_norm);
+    suite_add_tcase(s, tc);
+    TCase *faults = tcase_create("faults");
+    tcase_add_test(faults, test_cross_entropy_bad_target);
+    suite_add_tcase(s, faults);
+    return s;
+}
+
+int main(void) {
+    nbt_cuda_require();
+    return nbt_run(suite());
+}
