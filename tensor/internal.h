@@ -15,6 +15,10 @@
 
 #include "nabla/nabla.h"
 
+#ifdef __cplusplus
+extern "C" { /* the CUDA backend's .cu files include this header */
+#endif
+
 typedef void (*nb_backward_fn)(nb_ctx *ctx, nb_node *node, nb_tensor *grad_out);
 
 #define NB_NODE_SAVED 4
@@ -132,4 +136,7 @@ typedef struct nb__pool2d_geom {
 /* ---- shape strings ---- */
 const char *nb__shape_str_n(int ndim, const int64_t *shape);
 
+#ifdef __cplusplus
+}
+#endif
 #endif

@@ -9,6 +9,9 @@
 #include "tensor/cuda/cuda.h"
 
 void nbt_cuda_require(void) {
+    /* Check forks a child per test by default, and a child cannot use a
+     * CUDA context its parent initialised: run the tests in-process. */
+    setenv("CK_FORK", "no", 1);
     if (!NABLA_HAVE_CUDA) {
         printf("skipped: nabla was built without CUDA\n");
         exit(77);

@@ -101,8 +101,8 @@ bool nb__cuda_poison(void);
  * other fields); the host reads the slot at every synchronisation
  * (nb__cuda_sync, device-to-host copies, nb_cuda_synchronize) and aborts
  * with a message naming the op, the bad value, its position and the
- * valid range. The fault then stays reported: the results of that step
- * are garbage. */
+ * valid range (the slot is cleared first, so a test that catches the
+ * abort can go on). The results of that step are garbage. */
 typedef enum nb__cuda_fault_code {
     NB__FAULT_NONE = 0,
     NB__FAULT_EMBEDDING_INDEX = 1,  /* value = index, position, limit = rows */

@@ -282,7 +282,9 @@ static void check_fault(int device) {
     volatile nb__cuda_fault *f = devs[device].fault_host;
     if (!f || f->code == NB__FAULT_NONE) return;
     long long v = f->value, pos = f->position, lim = f->limit;
-    switch (f->code) {
+    int code = f->code;
+    f->code = NB__FAULT_NONE; /* reported once; a handler that recovers can go on */
+    switch (code) {
     case NB__FAULT_EMBEDDING_INDEX:
         nb_abort(__FILE__, __LINE__,
                  "nb_embedding (cuda:%d): index %lld at position %lld is out of range for %lld "
@@ -296,7 +298,7 @@ static void check_fault(int device) {
                  device, v, pos, lim, lim - 1);
     default:
         nb_abort(__FILE__, __LINE__, "cuda:%d: device fault %d (value %lld, position %lld)", device,
-                 f->code, v, pos);
+                 code, v, pos);
     }
 }
 
