@@ -155,10 +155,9 @@ static __global__ void layer_norm_dwdb_partial_kernel(
 
 // dw, db (D) or NULL = sums of pw, pb (chunks, D) over the chunks, in order
 template <typename T>
-static __global__ void layer_norm_dwdb_final_kernel(T *__restrict__ dw, T *__restrict__ db,
-                                                    const typename acc_type<T>::type *__restrict__ pw,
-                                                    const typename acc_type<T>::type *__restrict__ pb,
-                                                    int64_t chunks, int64_t d) {
+static __global__ void layer_norm_dwdb_final_kernel(
+    T *__restrict__ dw, T *__restrict__ db, const typename acc_type<T>::type *__restrict__ pw,
+    const typename acc_type<T>::type *__restrict__ pb, int64_t chunks, int64_t d) {
     typedef typename acc_type<T>::type A;
     for (int64_t col = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; col < d;
          col += (int64_t)gridDim.x * blockDim.x) {
