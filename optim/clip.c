@@ -7,11 +7,18 @@
  * large f64 values can: when the 2-norm comes out infinite while every
  * element is finite, it is computed again scaled by the largest magnitude.
  * A non-finite norm leaves the gradients untouched (see nabla/optim.h).
- * Gradients that are not contiguous are read through a double copy. */
+ * Gradients that are not contiguous are read through a double copy.
+ *
+ * On CUDA the 2-norm is one nb__cuda_sum_squares launch over all the
+ * gradients (f64 accumulation) and one host read; the infinity norm is the
+ * max of per-gradient maxima of |g| (op front ends, NaN counts as the
+ * maximum) and one host read; scaling uses nb_scale_. Temporaries go into
+ * a per-thread, per-device scratch context, reset at each use. */
 #include <math.h>
 #include <stdlib.h>
 
 #include "optim/internal.h"
+#include "tensor/cuda/cuda.h"
 
 typedef struct norm_acc {
     double sumsq; /* of values times `inv_scale` */
@@ -99,6 +106,58 @@ static void scale_grad(nb_tensor *g, double coef) {
     }
 }
 
+/* ---- CUDA ---- */
+enum { MAX_SCRATCH_DEVICES = 64 };
+
+nb_ctx *nb__optim_scratch(nb_device device) {
+    static _Thread_local nb_ctx *scratch[MAX_SCRATCH_DEVICES];
+    NB_CHECK(device.type == NB_DEVICE_CUDA && device.index >= 0 &&
+                 device.index < MAX_SCRATCH_DEVICES,
+             "nb__optim_scratch: device %s", nb_device_name(device));
+    nb_ctx **c = &scratch[device.index];
+    if (!*c) *c = nb_ctx_new(device, 1 << 16);
+    else nb_ctx_reset(*c);
+    return *c;
+}
+
+double nb__cuda_grads_sumsq(nb_ctx *sc, int k, nb_tensor *const *grads) {
+    if (k == 0) return 0.0;
+    nb_tensor *out = nb__empty(sc, NB_F64, 0, NULL);
+    nb__cuda_sum_squares(out, k, grads);
+    return nb_item(out);
+}
+
+/* max |g| over all grads (NaN when any is NaN), one host read */
+static double cuda_maxabs(nb_ctx *sc, int k, nb_tensor *const *grads) {
+    nb_tensor **m = nb__ctx_meta(sc, sizeof *m * (size_t)(k > 0 ? k : 1));
+    int nm = 0;
+    for (int i = 0; i < k; i++) {
+        if (nb_numel(grads[i]) == 0) continue;
+        nb_tensor *mi = nb_max(sc, nb_abs(sc, grads[i]), 0, NULL, false);
+        m[nm] = nb__empty(sc, NB_F64, 0, NULL);
+        nb_copy_(m[nm], mi);
+        nm++;
+    }
+    if (nm == 0) return 0.0;
+    return nb_item(nb_max(sc, nb_stack(sc, nm, m, 0), 0, NULL, false));
+}
+
+static double cuda_norm(nb_device dev, const nb_named_tensor *params, int n, bool l2) {
+    nb_ctx *sc = nb__optim_scratch(dev);
+    nb_tensor **gl = nb__ctx_meta(sc, sizeof *gl * (size_t)(n > 0 ? n : 1));
+    int k = 0;
+    for (int i = 0; i < n; i++)
+        if (params[i].tensor->grad) gl[k++] = nb__contig(sc, params[i].tensor->grad);
+    if (!l2) return cuda_maxabs(sc, k, gl);
+    double norm = sqrt(nb__cuda_grads_sumsq(sc, k, gl));
+    if (!isinf(norm)) return norm;
+    double maxabs = cuda_maxabs(sc, k, gl);
+    if (isnan(maxabs)) return NAN;
+    if (!isfinite(maxabs) || maxabs == 0) return norm;
+    for (int i = 0; i < k; i++) gl[i] = nb__unary(sc, NB_U_MUL_S, gl[i], 1.0 / maxabs);
+    return maxabs * sqrt(nb__cuda_grads_sumsq(sc, k, gl)); /* may still be inf */
+}
+
 double nb_clip_grad_norm(const nb_named_tensor *params, int n, double max_norm,
                          double norm_type) {
     NB_CHECK(n >= 0 && (n == 0 || params), "nb_clip_grad_norm: bad parameter list (n = %d)", n);
@@ -106,17 +165,25 @@ double nb_clip_grad_norm(const nb_named_tensor *params, int n, double max_norm,
              "nb_clip_grad_norm: norm_type = %g; supported are 2 and INFINITY", norm_type);
     NB_CHECK(max_norm >= 0 && !isnan(max_norm),
              "nb_clip_grad_norm: max_norm = %g must be >= 0", max_norm);
+    nb_device dev = nb_cpu();
+    bool first = true;
     for (int i = 0; i < n; i++) {
         const nb_tensor *t = params[i].tensor;
         NB_CHECK(t, "nb_clip_grad_norm: parameter %d is NULL", i);
         if (t->grad) {
             nb__check_float("nb_clip_grad_norm", t->grad);
-            nb__check_cpu("nb_clip_grad_norm", t->grad);
+            NB_CHECK(first || nb_device_eq(dev, t->grad->device),
+                     "nb_clip_grad_norm: gradients on %s and %s; all must be on one device",
+                     nb_device_name(dev), nb_device_name(t->grad->device));
+            dev = t->grad->device;
+            first = false;
         }
     }
     norm_acc a = {0, 1.0, 0, false};
     double norm;
-    if (norm_type == 2.0) {
+    if (dev.type == NB_DEVICE_CUDA) {
+        norm = cuda_norm(dev, params, n, norm_type == 2.0);
+    } else if (norm_type == 2.0) {
         for (int i = 0; i < n; i++)
             if (params[i].tensor->grad) accumulate(params[i].tensor->grad, true, &a);
         norm = sqrt(a.sumsq);

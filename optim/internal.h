@@ -31,7 +31,9 @@ typedef struct nb__optim_param {
 
 struct nb_optim {
     nb_optim_kind kind;
-    nb_ctx *ctx; /* owns everything below */
+    nb_ctx *ctx;      /* on the parameters' device: moments, momentum buffers */
+    nb_ctx *host_ctx; /* CPU (ctx itself for CPU parameters): step counts,
+                         hyperparameters, names, the state list */
     int n_params, n_groups;
     nb__optim_param *params;
     nb_tensor **group_hp; /* n_groups f64 tensors of NB__HP_COUNT elements */
@@ -53,5 +55,12 @@ void nb__sgd_update(nb_tensor *p, const nb_tensor *g, nb_tensor *buf, int64_t st
                     const double *hp);
 void nb__adam_update(nb_tensor *p, const nb_tensor *g, nb_tensor *m, nb_tensor *v, int64_t step,
                      const double *hp, bool decoupled);
+
+/* A CUDA context for temporaries on `device`, one per thread and device,
+ * reset at every call (what it held before is gone). */
+nb_ctx *nb__optim_scratch(nb_device device);
+/* Sum of squares of every element of grads (contiguous, on one CUDA
+ * device), in f64, read back to the host. */
+double nb__cuda_grads_sumsq(nb_ctx *scratch, int k, nb_tensor *const *grads);
 
 #endif

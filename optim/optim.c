@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "optim/internal.h"
+#include "tensor/cuda/cuda.h"
 
 const char *nb_optim_kind_name(nb_optim_kind kind) {
     switch (kind) {
@@ -104,9 +105,6 @@ static void check_param(const char *who, const nb_named_tensor *nt, int group, i
              nt->name, nb_dtype_name(t->dtype));
     NB_CHECK(nb_is_contiguous(t), "%s: parameter \"%s\" %s is not contiguous", who, nt->name,
              nb_shape_str(t));
-    NB_CHECK(t->device.type == NB_DEVICE_CPU,
-             "%s: parameter \"%s\" is on %s; the optimizer kernels of this build run on the CPU",
-             who, nt->name, nb_device_name(t->device));
 }
 
 /* Rejects a name or a tensor that appears twice, over all groups; aborts
@@ -187,54 +185,55 @@ nb_optim *nb_optim_new_groups(nb_optim_kind kind, int n_groups, const nb_param_g
     NB_CHECK(opt, "%s: out of memory", who);
     opt->kind = kind;
     opt->ctx = nb_ctx_new(dev, bytes);
+    opt->host_ctx = dev.type == NB_DEVICE_CPU ? opt->ctx : nb_ctx_new(nb_cpu(), 4096);
     opt->n_groups = n_groups;
     opt->n_params = total;
-    opt->params = nb__ctx_meta(opt->ctx, sizeof *opt->params * (size_t)total);
-    opt->group_hp = nb__ctx_meta(opt->ctx, sizeof *opt->group_hp * (size_t)n_groups);
+    opt->params = nb__ctx_meta(opt->host_ctx, sizeof *opt->params * (size_t)total);
+    opt->group_hp = nb__ctx_meta(opt->host_ctx, sizeof *opt->group_hp * (size_t)n_groups);
     int k = 0;
     for (int g = 0; g < n_groups; g++) {
-        opt->group_hp[g] = nb_zeros(opt->ctx, NB_F64, NB_SHAPE(NB__HP_COUNT));
+        opt->group_hp[g] = nb_zeros(opt->host_ctx, NB_F64, NB_SHAPE(NB__HP_COUNT));
         hp_from_struct(&groups[g].h, nb__optim_hp(opt, g));
         for (int i = 0; i < groups[g].n; i++, k++) {
             nb__optim_param *p = &opt->params[k];
             p->param = groups[g].params[i].tensor;
-            p->name = copy_str(opt->ctx, groups[g].params[i].name, "", "");
+            p->name = copy_str(opt->host_ctx, groups[g].params[i].name, "", "");
             p->group = g;
         }
     }
 
     /* state: optim.step, the groups' hyperparameters, then per parameter */
     int per_param = kind == NB_OPTIM_SGD ? 2 : 3;
-    opt->state = nb__ctx_meta(opt->ctx, sizeof *opt->state *
+    opt->state = nb__ctx_meta(opt->host_ctx, sizeof *opt->state *
                               (size_t)(1 + NB__HP_COUNT * n_groups + per_param * total));
-    opt->step_count = nb_zeros(opt->ctx, NB_I64, 0, NULL);
+    opt->step_count = nb_zeros(opt->host_ctx, NB_I64, 0, NULL);
     add_state(opt, "optim.step", opt->step_count);
     for (int g = 0; g < n_groups; g++) {
         char prefix[48];
         snprintf(prefix, sizeof prefix, "optim.group.%d.", g);
         for (int h = 0; h < NB__HP_COUNT; h++) {
             if (!hp_applies(kind, h)) continue;
-            nb_tensor *v = nb__view(opt->ctx, opt->group_hp[g], 0, NULL, NULL,
+            nb_tensor *v = nb__view(opt->host_ctx, opt->group_hp[g], 0, NULL, NULL,
                                     nb__optim_hp(opt, g) + h);
-            add_state(opt, copy_str(opt->ctx, prefix, hp_names[h], ""), v);
+            add_state(opt, copy_str(opt->host_ctx, prefix, hp_names[h], ""), v);
         }
     }
     for (int i = 0; i < total; i++) {
         nb__optim_param *p = &opt->params[i];
-        const char *prefix = copy_str(opt->ctx, "optim.state.", p->name, ".");
-        p->step = nb_zeros(opt->ctx, NB_I64, 0, NULL);
-        add_state(opt, copy_str(opt->ctx, prefix, "step", ""), p->step);
+        const char *prefix = copy_str(opt->host_ctx, "optim.state.", p->name, ".");
+        p->step = nb_zeros(opt->host_ctx, NB_I64, 0, NULL);
+        add_state(opt, copy_str(opt->host_ctx, prefix, "step", ""), p->step);
         if (kind == NB_OPTIM_SGD) {
             if (nb__optim_hp(opt, p->group)[NB__HP_MOMENTUM] != 0) {
                 p->momentum_buffer = nb_zeros_like(opt->ctx, p->param);
-                add_state(opt, copy_str(opt->ctx, prefix, "momentum_buffer", ""),
+                add_state(opt, copy_str(opt->host_ctx, prefix, "momentum_buffer", ""),
                           p->momentum_buffer);
             }
         } else {
             p->exp_avg = nb_zeros_like(opt->ctx, p->param);
             p->exp_avg_sq = nb_zeros_like(opt->ctx, p->param);
-            add_state(opt, copy_str(opt->ctx, prefix, "exp_avg", ""), p->exp_avg);
-            add_state(opt, copy_str(opt->ctx, prefix, "exp_avg_sq", ""), p->exp_avg_sq);
+            add_state(opt, copy_str(opt->host_ctx, prefix, "exp_avg", ""), p->exp_avg);
+            add_state(opt, copy_str(opt->host_ctx, prefix, "exp_avg_sq", ""), p->exp_avg_sq);
         }
     }
     return opt;
@@ -249,6 +248,7 @@ nb_optim *nb_optim_new(nb_optim_kind kind, const nb_named_tensor *params, int n,
 
 void nb_optim_free(nb_optim *opt) {
     if (!opt) return;
+    if (opt->host_ctx != opt->ctx) nb_ctx_free(opt->host_ctx);
     nb_ctx_free(opt->ctx);
     free(opt);
 }
@@ -274,20 +274,67 @@ void nb_optim_split_decay(const nb_named_tensor *params, int n, const nb_optim_h
 }
 
 /* ---- stepping ---- */
+static void check_grad(const nb__optim_param *p, const nb_tensor *g) {
+    NB_CHECK(nb_same_shape(g, p->param) && g->dtype == p->param->dtype,
+             "nb_optim_step: gradient of \"%s\" is %s %s, parameter is %s %s", p->name,
+             nb_dtype_name(g->dtype), nb_shape_str(g), nb_dtype_name(p->param->dtype),
+             nb_shape_str(p->param));
+    NB_CHECK(nb_is_contiguous(g) && nb_device_eq(g->device, p->param->device),
+             "nb_optim_step: gradient of \"%s\" %s must be contiguous and on the parameter's "
+             "device (%s); it is on %s", p->name, nb_shape_str(g),
+             nb_device_name(p->param->device), nb_device_name(g->device));
+}
+
+/* Note [CUDA optimizer step]: every parameter with a gradient, grouped by
+ * dtype, goes into one fused nb__cuda_adam / nb__cuda_sgd call. Step
+ * counts and hyperparameters stay in host memory (opt->host_ctx), so the
+ * step reads nothing back from the device. */
+static void step_cuda(nb_optim *opt) {
+    int n = opt->n_params;
+    nb_tensor **t = malloc(sizeof *t * 4 * (size_t)n);
+    int64_t *steps = malloc(sizeof *steps * (size_t)n);
+    const double **hp = malloc(sizeof *hp * (size_t)n);
+    NB_CHECK(t && steps && hp, "nb_optim_step: out of memory");
+    nb_tensor **ps = t, **gs = t + n, **as = t + 2 * n, **bs = t + 3 * n;
+    static const nb_dtype dtypes[2] = {NB_F32, NB_F64};
+    for (int pass = 0; pass < 2; pass++) {
+        int k = 0;
+        for (int i = 0; i < n; i++) {
+            nb__optim_param *p = &opt->params[i];
+            nb_tensor *g = p->param->grad;
+            if (!g || p->param->dtype != dtypes[pass]) continue;
+            check_grad(p, g);
+            steps[k] = ++*(int64_t *)p->step->data;
+            hp[k] = nb__optim_hp(opt, p->group);
+            ps[k] = p->param;
+            gs[k] = g;
+            as[k] = opt->kind == NB_OPTIM_SGD ? p->momentum_buffer : p->exp_avg;
+            bs[k] = p->exp_avg_sq;
+            k++;
+        }
+        if (k == 0) continue;
+        if (opt->kind == NB_OPTIM_SGD)
+            nb__cuda_sgd(k, ps, gs, as, steps, hp);
+        else
+            nb__cuda_adam(k, ps, gs, as, bs, steps, hp, opt->kind == NB_OPTIM_ADAMW);
+    }
+    free(t);
+    free(steps);
+    free(hp);
+}
+
 void nb_optim_step(nb_optim *opt) {
     NB_CHECK(opt, "nb_optim_step: NULL optimizer");
     ++*(int64_t *)opt->step_count->data;
+    if (nb_ctx_device(opt->ctx).type == NB_DEVICE_CUDA) {
+        step_cuda(opt);
+        return;
+    }
     for (int i = 0; i < opt->n_params; i++) {
         nb__optim_param *p = &opt->params[i];
         const nb_tensor *g = p->param->grad;
         if (!g) continue;
-        NB_CHECK(nb_same_shape(g, p->param) && g->dtype == p->param->dtype,
-                 "nb_optim_step: gradient of \"%s\" is %s %s, parameter is %s %s", p->name,
-                 nb_dtype_name(g->dtype), nb_shape_str(g), nb_dtype_name(p->param->dtype),
-                 nb_shape_str(p->param));
-        NB_CHECK(nb_is_contiguous(g) && g->device.type == NB_DEVICE_CPU,
-                 "nb_optim_step: gradient of \"%s\" %s must be a contiguous CPU tensor", p->name,
-                 nb_shape_str(g));
+        check_grad(p, g);
         int64_t step = ++*(int64_t *)p->step->data;
         const double *hp = nb__optim_hp(opt, p->group);
         if (opt->kind == NB_OPTIM_SGD)
@@ -302,10 +349,14 @@ void nb_optim_zero_grad(nb_optim *opt) {
     NB_CHECK(opt, "nb_optim_zero_grad: NULL optimizer");
     for (int i = 0; i < opt->n_params; i++) {
         nb_tensor *g = opt->params[i].param->grad;
-        if (g && nb_is_contiguous(g) && g->device.type == NB_DEVICE_CPU)
-            memset(g->data, 0, (size_t)nb_numel(g) * nb_dtype_size(g->dtype)); /* 0.0 is all zeros */
-        else
+        if (!g) continue;
+        size_t bytes = (size_t)nb_numel(g) * nb_dtype_size(g->dtype); /* 0.0 is all zeros */
+        if (!nb_is_contiguous(g) || bytes == 0)
             nb_zero_grad(opt->params[i].param);
+        else if (g->device.type == NB_DEVICE_CPU)
+            memset(g->data, 0, bytes);
+        else
+            nb__cuda_memset(g->device.index, g->data, 0, bytes);
     }
 }
 

@@ -630,6 +630,119 @@ START_TEST(test_training_decreases_loss) {
 }
 END_TEST
 
+/* ---- dynamic loss scaling ---- */
+/* A small least-squares model: loss = mean((x w + b - y)^2), in ctx. */
+static nb_tensor *scaler_model_loss(nb_ctx *ctx, nb_tensor *w, nb_tensor *b, nb_tensor *x,
+                                    nb_tensor *y) {
+    return nb_mse_loss(ctx, nb_add(ctx, nb_matmul(ctx, x, w), b), y);
+}
+
+START_TEST(test_grad_scaler_unscaled_equal_plain) {
+    nb_ctx *params = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *w = nbt_randn_leaf(params, NB_F32, NB_SHAPE(5, 3), 1);
+    nb_tensor *b = nbt_randn_leaf(params, NB_F32, NB_SHAPE(3), 2);
+    nb_tensor *x = nbt_randn(params, NB_F32, NB_SHAPE(8, 5), 3);
+    nb_tensor *y = nbt_randn(params, NB_F32, NB_SHAPE(8, 3), 4);
+    nb_named_tensor np[] = {{"w", w}, {"b", b}};
+    nb_optim *opt = nb_optim_new(NB_OPTIM_SGD, np, 2, &(nb_optim_hparams){.lr = 0.1});
+    nb_backward(scaler_model_loss(step, w, b, x, y));
+    float gw[15], gb[3];
+    nb_to_host(w->grad, gw);
+    nb_to_host(b->grad, gb);
+    nb_optim_zero_grad(opt);
+    nb_ctx_reset(step);
+
+    nb_grad_scaler *gs = nb_grad_scaler_new(65536.0, 2.0, 0.5, 2000);
+    ck_assert(nb_grad_scaler_get_scale(gs) == 65536.0);
+    nb_tensor *loss = scaler_model_loss(step, w, b, x, y);
+    nb_tensor *scaled = nb_grad_scaler_scale(gs, step, loss);
+    ck_assert(nb_item(scaled) == (double)(float)(nb_item(loss) * 65536.0));
+    nb_backward(scaled);
+    ck_assert(nb_get(w->grad, (int64_t[]){0, 0}) == 65536.0 * gw[0]);
+    nb_grad_scaler_unscale(gs, opt);
+    float uw[15], ub[3];
+    nb_to_host(w->grad, uw);
+    nb_to_host(b->grad, ub);
+    ck_assert(memcmp(uw, gw, sizeof gw) == 0 && memcmp(ub, gb, sizeof gb) == 0);
+    /* the step uses the unscaled gradients (not unscaled twice) */
+    float w0 = (float)nb_get(w, (int64_t[]){0, 0});
+    ck_assert(nb_grad_scaler_step(gs, opt));
+    ck_assert(nb_get(w, (int64_t[]){0, 0}) == (double)(w0 + -0.1f * gw[0]));
+    nb_grad_scaler_update(gs);
+    ck_assert(nb_grad_scaler_get_scale(gs) == 65536.0);
+    nb_grad_scaler_free(gs);
+    nb_optim_free(opt);
+    nb_ctx_free(step);
+    nb_ctx_free(params);
+}
+END_TEST
+
+START_TEST(test_grad_scaler_skip_growth_backoff) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *p = leaf_with_grad(ctx, NB_F32, N, 5);
+    nb_tensor *q = leaf_with_grad(ctx, NB_F64, 2, 6);
+    nb_named_tensor np[] = {{"p", p}, {"q", q}};
+    nb_optim *opt = nb_optim_new(NB_OPTIM_ADAM, np, 2, &NB_ADAM_DEFAULTS);
+    nb_grad_scaler *gs = nb_grad_scaler_new(1024.0, 2.0, 0.5, 3);
+    double before[N];
+    for (int i = 0; i < N; i++) before[i] = get1(p, i);
+    const double bad[] = {INFINITY, -INFINITY, NAN};
+    for (int k = 0; k < 3; k++) {
+        /* one non-finite element anywhere: no step, the scale backs off */
+        for (int i = 0; i < N; i++) set1(p->grad, i, 1024.0 * (i + 1));
+        set1(q->grad, 0, 1.0);
+        set1(q->grad, 1, 2.0);
+        if (k == 2) set1(q->grad, 1, bad[k]);
+        else set1(p->grad, 3, bad[k]);
+        ck_assert(!nb_grad_scaler_step(gs, opt));
+        nb_grad_scaler_update(gs);
+        ck_assert_msg(nb_grad_scaler_get_scale(gs) == 1024.0 / (2 << k), "scale %g",
+                      nb_grad_scaler_get_scale(gs));
+        nbt_assert_close(p, before, 0, 0);
+        ck_assert_int_eq(nb_optim_step_count(opt), 0);
+    }
+    /* finite steps: the scale grows after every 3 in a row, a skip resets the count */
+    double scale = 128.0;
+    set1(q->grad, 1, 2.0);
+    for (int t = 1; t <= 7; t++) {
+        for (int i = 0; i < N; i++) set1(p->grad, i, scale * 0.5);
+        ck_assert(nb_grad_scaler_step(gs, opt));
+        for (int i = 0; i < N; i++) ck_assert(get1(p->grad, i) == 0.5);
+        nb_grad_scaler_update(gs);
+        if (t % 3 == 0) scale *= 2;
+        ck_assert_msg(nb_grad_scaler_get_scale(gs) == scale, "step %d: scale %g, expected %g", t,
+                      nb_grad_scaler_get_scale(gs), scale);
+    }
+    ck_assert_int_eq(nb_optim_step_count(opt), 7);
+    for (int i = 0; i < N; i++) ck_assert(get1(p, i) != before[i]);
+    set1(p->grad, 0, NAN);
+    ck_assert(!nb_grad_scaler_step(gs, opt));
+    nb_grad_scaler_update(gs);
+    ck_assert(nb_grad_scaler_get_scale(gs) == scale / 2);
+    for (int t = 1; t <= 2; t++) {
+        set1(p->grad, 0, 1.0);
+        ck_assert(nb_grad_scaler_step(gs, opt));
+        nb_grad_scaler_update(gs);
+    }
+    ck_assert(nb_grad_scaler_get_scale(gs) == scale / 2); /* 2 of 3 since the skip */
+
+    /* misuse */
+    NBT_EXPECT_ABORT(nb_grad_scaler_update(gs), "no gradients were checked since the last update");
+    nb_grad_scaler_step(gs, opt);
+    NBT_EXPECT_ABORT(nb_grad_scaler_step(gs, opt), "called twice");
+    NBT_EXPECT_ABORT(nb_grad_scaler_unscale(gs, opt), "already stepped");
+    nb_grad_scaler_update(gs);
+    NBT_EXPECT_ABORT(nb_grad_scaler_new(0, 2, 0.5, 1), "init_scale = 0 must be finite and > 0");
+    NBT_EXPECT_ABORT(nb_grad_scaler_new(1, 1, 0.5, 1), "growth_factor = 1 must be finite and > 1");
+    NBT_EXPECT_ABORT(nb_grad_scaler_new(1, 2, 1, 1), "backoff_factor = 1 must be in (0, 1)");
+    NBT_EXPECT_ABORT(nb_grad_scaler_new(1, 2, 0.5, 0), "growth_interval = 0 must be >= 1");
+    nb_grad_scaler_free(gs);
+    nb_grad_scaler_free(NULL);
+    nb_optim_free(opt);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
 START_TEST(test_kind_names) {
     ck_assert_str_eq(nb_optim_kind_name(NB_OPTIM_SGD), "sgd");
     ck_assert_str_eq(nb_optim_kind_name(NB_OPTIM_ADAM), "adam");
@@ -654,6 +767,8 @@ int main(void) {
     tcase_add_test(tc, test_clip_grad_norm);
     tcase_add_test(tc, test_clip_accumulates_in_double);
     tcase_add_test(tc, test_training_decreases_loss);
+    tcase_add_test(tc, test_grad_scaler_unscaled_equal_plain);
+    tcase_add_test(tc, test_grad_scaler_skip_growth_backoff);
     tcase_add_test(tc, test_kind_names);
     suite_add_tcase(s, tc);
     return nbt_run(s);

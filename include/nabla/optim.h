@@ -128,6 +128,34 @@ double nb_clip_grad_norm(const nb_named_tensor *params, int n, double max_norm,
 /* The same over all parameters of an optimizer. */
 double nb_optim_clip_grad_norm(nb_optim *opt, double max_norm, double norm_type);
 
+/* ---- dynamic loss scaling (f16 training) ----
+ * PyTorch's GradScaler: multiply the loss by the scale before backward
+ * (nb_grad_scaler_scale); nb_grad_scaler_step divides every gradient of the
+ * optimizer's parameters by the scale in place, checks that all are
+ * finite (one reduction, one host read), and steps the optimizer only
+ * then; nb_grad_scaler_update then multiplies the scale by backoff_factor
+ * after a step with an inf or a NaN, or by growth_factor after
+ * growth_interval finite steps in a row. PyTorch's defaults: 65536.0, 2.0,
+ * 0.5, 2000. CPU and CUDA parameters. docs/optim.md has an example. */
+typedef struct nb_grad_scaler nb_grad_scaler;
+
+nb_grad_scaler *nb_grad_scaler_new(double init_scale, double growth_factor,
+                                   double backoff_factor, int64_t growth_interval);
+void nb_grad_scaler_free(nb_grad_scaler *s); /* NULL is fine */
+/* loss * scale, recorded by autograd (in ctx). */
+nb_tensor *nb_grad_scaler_scale(nb_grad_scaler *s, nb_ctx *ctx, nb_tensor *loss);
+/* Divides the gradients by the scale and checks them, without stepping
+ * (to clip unscaled gradients before nb_grad_scaler_step, which then does
+ * not unscale again). At most once between two updates. */
+void nb_grad_scaler_unscale(nb_grad_scaler *s, nb_optim *opt);
+/* Unscales (unless nb_grad_scaler_unscale did) and steps the optimizer
+ * when every gradient is finite; returns whether it stepped. Once between
+ * two updates. */
+bool nb_grad_scaler_step(nb_grad_scaler *s, nb_optim *opt);
+/* Adjusts the scale after nb_grad_scaler_step. */
+void nb_grad_scaler_update(nb_grad_scaler *s);
+double nb_grad_scaler_get_scale(const nb_grad_scaler *s);
+
 /* ---- learning-rate schedules ----
  * A schedule is a pure function of the step (the 0-based index of the
  * update about to be made), so resuming from a checkpoint gives the same

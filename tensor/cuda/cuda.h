@@ -237,8 +237,9 @@ void nb__cuda_avg_pool2d_backward(nb_tensor *dx, const nb_tensor *gout,
 
 /* ================================================ layer norm (layer_norm.cu)
  * Same contracts as tensor/cpu/norm.h except that mean and rstd are f32
- * (M); x, y, g, dx contiguous (M, D); w, b (D) or NULL; dw, db written
- * (not accumulated), deterministically. */
+ * (M), or f64 when x is f64 (f32 statistics would cost f64 backward its
+ * precision); x, y, g, dx contiguous (M, D); w, b (D) or NULL; dw, db
+ * written (not accumulated), deterministically. */
 void nb__cuda_layer_norm(nb_tensor *y, nb_tensor *mean, nb_tensor *rstd, const nb_tensor *x,
                          const nb_tensor *w, const nb_tensor *b, int64_t m, int64_t d,
                          double eps);

@@ -1,0 +1,146 @@
+/* Dynamic loss scaling for f16 training, with PyTorch's GradScaler
+ * semantics (docs/optim.md): the loss is multiplied by the scale before
+ * backward; before the optimizer step the gradients are divided by it in
+ * place and checked; a step whose gradients hold an inf or a NaN is
+ * skipped and the scale backs off; `interval` finite steps in a row grow
+ * it.
+ *
+ * The check is one pass and one host read: on the CPU a scan of the
+ * gradients, on CUDA one nb__cuda_sum_squares over all of them (f64
+ * accumulation), whose result is finite exactly when every element is,
+ * except for f64 gradients above ~1e154, whose squares overflow (they are
+ * then reported as not finite). */
+#include <math.h>
+#include <stdlib.h>
+
+#include "optim/internal.h"
+
+typedef enum scaler_stage { STAGE_READY = 0, STAGE_UNSCALED, STAGE_STEPPED } scaler_stage;
+
+struct nb_grad_scaler {
+    double scale, growth, backoff;
+    int64_t interval, growth_tracker;
+    scaler_stage stage;
+    bool found_inf;
+};
+
+nb_grad_scaler *nb_grad_scaler_new(double init_scale, double growth_factor,
+                                   double backoff_factor, int64_t growth_interval) {
+    const char *who = "nb_grad_scaler_new";
+    NB_CHECK(isfinite(init_scale) && init_scale > 0, "%s: init_scale = %g must be finite and > 0",
+             who, init_scale);
+    NB_CHECK(isfinite(growth_factor) && growth_factor > 1,
+             "%s: growth_factor = %g must be finite and > 1", who, growth_factor);
+    NB_CHECK(backoff_factor > 0 && backoff_factor < 1, "%s: backoff_factor = %g must be in (0, 1)",
+             who, backoff_factor);
+    NB_CHECK(growth_interval >= 1, "%s: growth_interval = %lld must be >= 1", who,
+             (long long)growth_interval);
+    nb_grad_scaler *s = calloc(1, sizeof *s);
+    NB_CHECK(s, "%s: out of memory", who);
+    s->scale = init_scale;
+    s->growth = growth_factor;
+    s->backoff = backoff_factor;
+    s->interval = growth_interval;
+    return s;
+}
+
+void nb_grad_scaler_free(nb_grad_scaler *s) { free(s); }
+
+double nb_grad_scaler_get_scale(const nb_grad_scaler *s) {
+    NB_CHECK(s, "nb_grad_scaler_get_scale: NULL scaler");
+    return s->scale;
+}
+
+nb_tensor *nb_grad_scaler_scale(nb_grad_scaler *s, nb_ctx *ctx, nb_tensor *loss) {
+    NB_CHECK(s && ctx && loss, "nb_grad_scaler_scale: NULL argument");
+    return nb_mul_scalar(ctx, loss, s->scale);
+}
+
+/* true when every element of the contiguous CPU float tensor is finite */
+static bool cpu_finite(const nb_tensor *g) {
+    int64_t n = nb_numel(g);
+    bool ok = true;
+    if (g->dtype == NB_F32) {
+        const float *x = g->data;
+        for (int64_t i = 0; i < n; i++) ok &= isfinite(x[i]) != 0;
+    } else if (g->dtype == NB_F64) {
+        const double *x = g->data;
+        for (int64_t i = 0; i < n; i++) ok &= isfinite(x[i]) != 0;
+    } else {
+        for (int64_t i = 0; i < n; i++)
+            ok &= isfinite(nb__load((const char *)g->data + i * (int64_t)nb_dtype_size(g->dtype),
+                                    g->dtype)) != 0;
+    }
+    return ok;
+}
+
+static bool grads_finite(nb_optim *opt) {
+    nb_device dev = nb_ctx_device(opt->ctx);
+    if (dev.type == NB_DEVICE_CPU) {
+        bool ok = true;
+        for (int i = 0; i < opt->n_params && ok; i++) {
+            nb_tensor *g = opt->params[i].param->grad;
+            if (!g) continue;
+            if (nb_is_contiguous(g)) {
+                ok = cpu_finite(g);
+            } else {
+                int64_t n = nb_numel(g);
+                double *copy = malloc(sizeof *copy * (size_t)(n > 0 ? n : 1));
+                NB_CHECK(copy, "nb_grad_scaler_step: out of memory");
+                nb_to_host_f64(g, copy);
+                for (int64_t k = 0; k < n; k++) ok &= isfinite(copy[k]) != 0;
+                free(copy);
+            }
+        }
+        return ok;
+    }
+    nb_ctx *sc = nb__optim_scratch(dev);
+    nb_tensor **gl = nb__ctx_meta(sc, sizeof *gl * (size_t)opt->n_params);
+    int k = 0;
+    for (int i = 0; i < opt->n_params; i++) {
+        nb_tensor *g = opt->params[i].param->grad;
+        if (g) gl[k++] = nb__contig(sc, g);
+    }
+    return isfinite(nb__cuda_grads_sumsq(sc, k, gl)) != 0;
+}
+
+void nb_grad_scaler_unscale(nb_grad_scaler *s, nb_optim *opt) {
+    NB_CHECK(s && opt, "nb_grad_scaler_unscale: NULL argument");
+    NB_CHECK(s->stage == STAGE_READY, "nb_grad_scaler_unscale: the gradients were already %s "
+             "since the last nb_grad_scaler_update", s->stage == STAGE_UNSCALED ? "unscaled"
+                                                                                 : "stepped");
+    double inv = 1.0 / s->scale;
+    for (int i = 0; i < opt->n_params; i++) {
+        nb_tensor *g = opt->params[i].param->grad;
+        if (g) nb_scale_(g, inv);
+    }
+    s->found_inf = !grads_finite(opt);
+    s->stage = STAGE_UNSCALED;
+}
+
+bool nb_grad_scaler_step(nb_grad_scaler *s, nb_optim *opt) {
+    NB_CHECK(s && opt, "nb_grad_scaler_step: NULL argument");
+    NB_CHECK(s->stage != STAGE_STEPPED,
+             "nb_grad_scaler_step: called twice without nb_grad_scaler_update in between");
+    if (s->stage == STAGE_READY) nb_grad_scaler_unscale(s, opt);
+    s->stage = STAGE_STEPPED;
+    if (s->found_inf) return false;
+    nb_optim_step(opt);
+    return true;
+}
+
+void nb_grad_scaler_update(nb_grad_scaler *s) {
+    NB_CHECK(s, "nb_grad_scaler_update: NULL scaler");
+    NB_CHECK(s->stage != STAGE_READY, "nb_grad_scaler_update: no gradients were checked since "
+             "the last update (call nb_grad_scaler_step first)");
+    if (s->found_inf) {
+        s->scale *= s->backoff;
+        s->growth_tracker = 0;
+    } else if (++s->growth_tracker >= s->interval) {
+        double grown = s->scale * s->growth;
+        if (isfinite(grown)) s->scale = grown;
+        s->growth_tracker = 0;
+    }
+    s->stage = STAGE_READY;
+    s->found_inf = false;
+}

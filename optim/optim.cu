@@ -1,0 +1,232 @@
+/* Adam/AdamW and SGD on CUDA: one fused launch over many parameters.
+ *
+ * The per-tensor descriptors (pointers, size, the step's scalars) travel
+ * by value as the kernel's parameter, up to MAX_TENSORS per launch (about
+ * 23 KiB: CUDA 12.1+ allows 32 KiB of parameters; CUDA 13, which this
+ * project builds with, needs a driver far newer than that). More
+ * parameters take one launch per MAX_TENSORS. Each tensor is cut into
+ * blocks of ELEMS elements; block b finds its tensor by binary search in
+ * the launch's cumulative block counts.
+ *
+ * The per-step scalars are computed on the host in double exactly as
+ * optim/adam.c and optim/sgd.c do (pow and sqrt included), then rounded
+ * to the parameter's dtype; the element updates use the same operations
+ * in the same order with the _rn intrinsics, which nvcc never contracts
+ * into FMAs (the CPU build has none either). So f32 and f64 results are
+ * the CPU's, bit for bit, as long as the CPU compiler does not contract
+ * (no -march with FMA, or -ffp-contract=off).
+ *
+ * Letters: n elements of a parameter. */
+#include <math.h>
+#include <stdlib.h>
+
+#include "optim/internal.h"
+#include "tensor/cuda/check.h"
+#include "tensor/cuda/cuda.h"
+
+enum { MAX_TENSORS = 192, THREADS = 256, ELEMS = 4 * THREADS };
+
+enum { F_FIRST = 1, F_NESTEROV = 2, F_DECAY = 4, F_SHRINK = 8 };
+
+typedef struct optim_desc {
+    void *p, *g, *a, *b; /* Adam: a = exp_avg, b = exp_avg_sq; SGD: a = momentum buffer or NULL */
+    int64_t n;
+    double s[8]; /* the step's scalars, in double; see the launchers */
+    int flags;
+    int pad;
+} optim_desc;
+
+typedef struct optim_batch {
+    int count;
+    int pad;
+    int64_t block_start[MAX_TENSORS + 1]; /* cumulative block counts */
+    optim_desc d[MAX_TENSORS];
+} optim_batch;
+
+/* ------------------------------------------------------------------ helpers */
+static __device__ __forceinline__ float add(float a, float b) { return __fadd_rn(a, b); }
+static __device__ __forceinline__ double add(double a, double b) { return __dadd_rn(a, b); }
+static __device__ __forceinline__ float sub(float a, float b) { return __fsub_rn(a, b); }
+static __device__ __forceinline__ double sub(double a, double b) { return __dsub_rn(a, b); }
+static __device__ __forceinline__ float mul(float a, float b) { return __fmul_rn(a, b); }
+static __device__ __forceinline__ double mul(double a, double b) { return __dmul_rn(a, b); }
+static __device__ __forceinline__ float div_(float a, float b) { return __fdiv_rn(a, b); }
+static __device__ __forceinline__ double div_(double a, double b) { return __ddiv_rn(a, b); }
+static __device__ __forceinline__ float sqrt_(float a) { return __fsqrt_rn(a); }
+static __device__ __forceinline__ double sqrt_(double a) { return __dsqrt_rn(a); }
+
+/* The tensor of block `b`: the last t with block_start[t] <= b. */
+static __device__ __forceinline__ int find_tensor(const optim_batch &batch, int64_t b) {
+    int lo = 0, hi = batch.count - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (batch.block_start[mid] <= b) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+/* ------------------------------------------------------------------ kernels */
+/* optim/adam.c's loop; s = {l2, shrink, w, beta2, c2, neg_step, bc2_sqrt, eps} */
+template <typename T> static __global__ void adam_kernel(const optim_batch batch) {
+    int t = find_tensor(batch, blockIdx.x);
+    const optim_desc &d = batch.d[t];
+    int64_t start = ((int64_t)blockIdx.x - batch.block_start[t]) * ELEMS;
+    int64_t end = start + ELEMS < d.n ? start + ELEMS : d.n;
+    T *p = (T *)d.p, *m = (T *)d.a, *v = (T *)d.b;
+    const T *g = (const T *)d.g;
+    const T l2 = (T)d.s[0], shrink = (T)d.s[1], w = (T)d.s[2], w1 = sub((T)1, w);
+    const bool lerp_lo = (double)w < 0.5, shrink_on = (d.flags & F_SHRINK) != 0;
+    const T beta2 = (T)d.s[3], c2 = (T)d.s[4], neg_step = (T)d.s[5], bc2_sqrt = (T)d.s[6];
+    const T eps = (T)d.s[7];
+    for (int64_t i = start + threadIdx.x; i < end; i += THREADS) {
+        T pi = p[i], gi = g[i], mo = m[i];
+        if (l2 != (T)0) gi = add(gi, mul(l2, pi));
+        if (shrink_on) pi = mul(pi, shrink);
+        T mi = lerp_lo ? add(mo, mul(w, sub(gi, mo))) : sub(gi, mul(sub(gi, mo), w1));
+        T vi = add(mul(v[i], beta2), mul(mul(c2, gi), gi));
+        T denom = add(div_(sqrt_(vi), bc2_sqrt), eps);
+        p[i] = add(pi, mul(neg_step, div_(mi, denom)));
+        m[i] = mi;
+        v[i] = vi;
+    }
+}
+
+/* optim/sgd.c's loop; s = {lr, wd, momentum, 1 - dampening} */
+template <typename T> static __global__ void sgd_kernel(const optim_batch batch) {
+    int t = find_tensor(batch, blockIdx.x);
+    const optim_desc &d = batch.d[t];
+    int64_t start = ((int64_t)blockIdx.x - batch.block_start[t]) * ELEMS;
+    int64_t end = start + ELEMS < d.n ? start + ELEMS : d.n;
+    T *p = (T *)d.p, *buf = (T *)d.a;
+    const T *g = (const T *)d.g;
+    const T lr = (T)d.s[0], wd = (T)d.s[1], mom = (T)d.s[2], keep = (T)d.s[3], neg_lr = -lr;
+    const bool first = (d.flags & F_FIRST) != 0, nesterov = (d.flags & F_NESTEROV) != 0;
+    const bool decay = (d.flags & F_DECAY) != 0;
+    for (int64_t i = start + threadIdx.x; i < end; i += THREADS) {
+        T pi = p[i];
+        T di = decay ? add(g[i], mul(wd, pi)) : g[i];
+        if (buf) {
+            T b = first ? di : add(mul(buf[i], mom), mul(keep, di));
+            buf[i] = b;
+            di = nesterov ? add(di, mul(mom, b)) : b;
+        }
+        p[i] = add(pi, mul(neg_lr, di));
+    }
+}
+
+/* ---------------------------------------------------------------- launchers */
+/* Launches kernel over descriptors [0, n) in batches of MAX_TENSORS. */
+template <typename T>
+static void launch_batches(const char *op, cudaStream_t s, bool adam, const optim_desc *desc,
+                           int n) {
+    optim_batch batch;
+    for (int first = 0; first < n; first += MAX_TENSORS) {
+        int count = n - first < MAX_TENSORS ? n - first : MAX_TENSORS;
+        batch.count = 0;
+        batch.pad = 0;
+        int64_t blocks = 0;
+        for (int k = 0; k < count; k++) {
+            const optim_desc *d = &desc[first + k];
+            if (d->n == 0) continue;
+            batch.d[batch.count] = *d;
+            batch.block_start[batch.count] = blocks;
+            blocks += (d->n + ELEMS - 1) / ELEMS;
+            batch.count++;
+        }
+        batch.block_start[batch.count] = blocks;
+        if (blocks == 0) continue;
+        NB_CHECK(blocks <= INT32_MAX, "%s: %lld blocks in one launch; too many elements", op,
+                 (long long)blocks);
+        if (adam) adam_kernel<T><<<(unsigned)blocks, THREADS, 0, s>>>(batch);
+        else sgd_kernel<T><<<(unsigned)blocks, THREADS, 0, s>>>(batch);
+        NB_CUDA_CHECK_LAUNCH(op);
+    }
+}
+
+static optim_desc *alloc_desc(const char *op, int n) {
+    optim_desc *d = (optim_desc *)calloc((size_t)(n > 0 ? n : 1), sizeof *d);
+    NB_CHECK(d, "%s: out of memory for %d descriptors", op, n);
+    return d;
+}
+
+static void check_params(const char *op, int n, nb_tensor *const *p, nb_tensor *const *g) {
+    for (int i = 0; i < n; i++) {
+        NB_CHECK(p[i]->dtype == p[0]->dtype && nb_device_eq(p[i]->device, p[0]->device),
+                 "%s: parameters %d (%s, %s) and 0 (%s, %s) differ in dtype or device", op, i,
+                 nb_dtype_name(p[i]->dtype), nb_device_name(p[i]->device),
+                 nb_dtype_name(p[0]->dtype), nb_device_name(p[0]->device));
+        NB_CHECK(g[i]->dtype == p[i]->dtype && nb_numel(g[i]) == nb_numel(p[i]),
+                 "%s: gradient %d is %s %s, its parameter %s %s", op, i,
+                 nb_dtype_name(g[i]->dtype), nb_shape_str(g[i]), nb_dtype_name(p[i]->dtype),
+                 nb_shape_str(p[i]));
+    }
+    NB_CHECK(p[0]->dtype == NB_F32 || p[0]->dtype == NB_F64,
+             "%s: parameters are %s; the CUDA optimizers update f32 or f64", op,
+             nb_dtype_name(p[0]->dtype));
+}
+
+/* ------------------------------------------------------------- entry points */
+void nb__cuda_adam(int n, nb_tensor *const *p, nb_tensor *const *g, nb_tensor *const *m,
+                   nb_tensor *const *v, const int64_t *steps, const double *const *hp,
+                   bool decoupled) {
+    const char *op = decoupled ? "nb_optim_step (adamw)" : "nb_optim_step (adam)";
+    if (n <= 0) return;
+    int dev = p[0]->device.index;
+    nb__cuda_use(op, dev);
+    check_params(op, n, p, g);
+    cudaStream_t s = nb__cuda_compute_stream(dev);
+    optim_desc *desc = alloc_desc(op, n);
+    for (int i = 0; i < n; i++) {
+        const double *h = hp[i];
+        double lr = h[NB__HP_LR], wd = h[NB__HP_WEIGHT_DECAY];
+        double b1 = h[NB__HP_BETA1], b2 = h[NB__HP_BETA2];
+        double bc1 = 1.0 - pow(b1, (double)steps[i]), bc2 = 1.0 - pow(b2, (double)steps[i]);
+        optim_desc *d = &desc[i];
+        d->p = p[i]->data;
+        d->g = g[i]->data;
+        d->a = m[i]->data;
+        d->b = v[i]->data;
+        d->n = nb_numel(p[i]);
+        d->s[0] = decoupled ? 0.0 : wd;
+        d->s[1] = 1.0 - lr * wd;
+        d->s[2] = 1.0 - b1;
+        d->s[3] = b2;
+        d->s[4] = 1.0 - b2;
+        d->s[5] = -(lr / bc1);
+        d->s[6] = sqrt(bc2);
+        d->s[7] = h[NB__HP_EPS];
+        d->flags = decoupled && wd != 0 ? F_SHRINK : 0;
+    }
+    if (p[0]->dtype == NB_F32) launch_batches<float>(op, s, true, desc, n);
+    else launch_batches<double>(op, s, true, desc, n);
+    free(desc);
+}
+
+void nb__cuda_sgd(int n, nb_tensor *const *p, nb_tensor *const *g, nb_tensor *const *buf,
+                  const int64_t *steps, const double *const *hp) {
+    const char *op = "nb_optim_step (sgd)";
+    if (n <= 0) return;
+    int dev = p[0]->device.index;
+    nb__cuda_use(op, dev);
+    check_params(op, n, p, g);
+    cudaStream_t s = nb__cuda_compute_stream(dev);
+    optim_desc *desc = alloc_desc(op, n);
+    for (int i = 0; i < n; i++) {
+        const double *h = hp[i];
+        optim_desc *d = &desc[i];
+        d->p = p[i]->data;
+        d->g = g[i]->data;
+        d->a = buf && buf[i] ? buf[i]->data : NULL;
+        d->n = nb_numel(p[i]);
+        d->s[0] = h[NB__HP_LR];
+        d->s[1] = h[NB__HP_WEIGHT_DECAY];
+        d->s[2] = h[NB__HP_MOMENTUM];
+        d->s[3] = 1.0 - h[NB__HP_DAMPENING];
+        d->flags = (steps[i] == 1 ? F_FIRST : 0) | (h[NB__HP_NESTEROV] != 0 ? F_NESTEROV : 0) |
+                   (h[NB__HP_WEIGHT_DECAY] != 0 ? F_DECAY : 0);
+    }
+    if (p[0]->dtype == NB_F32) launch_batches<float>(op, s, false, desc, n);
+    else launch_batches<double>(op, s, false, desc, n);
+    free(desc);
+}

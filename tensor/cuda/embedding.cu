@@ -1,0 +1,199 @@
+/* Embedding gather and its deterministic backward on CUDA (the CPU
+ * version is in tensor/ops_embedding.c).
+ *
+ * Forward copies rows (any dtype, raw bits); an index outside [0, V)
+ * writes a zero row and raises NB__FAULT_EMBEDDING_INDEX (Note [Deferred
+ * device checks] in tensor/cuda/cuda.h).
+ *
+ * Backward without atomics: the (index, position) pairs are sorted by
+ * index with CUB's radix sort, which is stable, so equal indices keep
+ * their positions in increasing order; out-of-range indices get the key V
+ * and sort last, where they are skipped. Then one warp per sorted entry
+ * that starts a run of equal keys sums that run's rows of g, in
+ * increasing position, into its row of gw (lanes over columns, one
+ * accumulator per column); rows no index hits were zeroed first. For f32
+ * this is the CPU's own sequence of additions, so the result is
+ * bit-identical to it; 16-bit gradients accumulate in f32.
+ *
+ * Letters: V rows of the table, C columns, P index positions. */
+#include <cub/device/device_radix_sort.cuh>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "tensor/cuda/check.h"
+#include "tensor/cuda/cuda.h"
+
+/* ------------------------------------------------------------------ helpers */
+template <typename T> struct acc_type { typedef float type; };
+template <> struct acc_type<double> { typedef double type; };
+
+static __device__ __forceinline__ float to_acc(float x) { return x; }
+static __device__ __forceinline__ double to_acc(double x) { return x; }
+static __device__ __forceinline__ float to_acc(__nv_bfloat16 x) { return __bfloat162float(x); }
+static __device__ __forceinline__ float to_acc(__half x) { return __half2float(x); }
+
+template <typename T>
+static __device__ __forceinline__ T from_acc(typename acc_type<T>::type x);
+template <> __device__ __forceinline__ float from_acc<float>(float x) { return x; }
+template <> __device__ __forceinline__ double from_acc<double>(double x) { return x; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_acc<__nv_bfloat16>(float x) {
+    return __float2bfloat16_rn(x);
+}
+template <> __device__ __forceinline__ __half from_acc<__half>(float x) {
+    return __float2half_rn(x);
+}
+
+static const int THREADS = 256;
+static const int WARPS = THREADS / 32;
+
+static unsigned grid_for(int64_t work, int per_block) {
+    int64_t b = (work + per_block - 1) / per_block;
+    return (unsigned)(b < 65536 ? b : 65536);
+}
+
+/* ------------------------------------------------------------------ kernels */
+// out (P, C) = w[idx[p]]; w (V, C) with strides (sv, sc); E: a type of the element's size
+template <typename E, typename I>
+static __global__ void embedding_kernel(E *__restrict__ out, const E *__restrict__ w,
+                                        const I *__restrict__ idx, int64_t np, int64_t v,
+                                        int64_t c, int64_t sv, int64_t sc,
+                                        nb__cuda_fault *fault) {
+    int64_t total = np * c;
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total;
+         e += (int64_t)gridDim.x * blockDim.x) {
+        int64_t p = e / c, j = e - p * c;
+        int64_t r = (int64_t)idx[p];
+        if (r >= 0 && r < v) {
+            out[e] = w[r * sv + j * sc];
+        } else {
+            out[e] = E(0);
+            if (j == 0 && atomicCAS(&fault->code, 0, (int)NB__FAULT_EMBEDDING_INDEX) == 0) {
+                fault->value = (long long)r;
+                fault->position = (long long)p;
+                fault->limit = (long long)v;
+                __threadfence_system();
+            }
+        }
+    }
+}
+
+// keys (P) = idx, or V when out of range; pos (P) = 0, 1, ...
+template <typename I>
+static __global__ void embedding_keys_kernel(uint64_t *__restrict__ keys, int32_t *__restrict__ pos,
+                                             const I *__restrict__ idx, int64_t np, int64_t v) {
+    for (int64_t p = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; p < np;
+         p += (int64_t)gridDim.x * blockDim.x) {
+        int64_t r = (int64_t)idx[p];
+        keys[p] = (uint64_t)(r >= 0 && r < v ? r : v);
+        pos[p] = (int32_t)p;
+    }
+}
+
+// gw (V, C) rows hit by some index = sums of g (P, C) rows by run of equal sorted keys
+template <typename T>
+static __global__ void embedding_backward_kernel(T *__restrict__ gw, const T *__restrict__ g,
+                                                 const uint64_t *__restrict__ keys,
+                                                 const int32_t *__restrict__ pos, int64_t np,
+                                                 int64_t v, int64_t c) {
+    typedef typename acc_type<T>::type A;
+    int lane = threadIdx.x & 31;
+    for (int64_t i = (int64_t)blockIdx.x * WARPS + (threadIdx.x >> 5); i < np;
+         i += (int64_t)gridDim.x * WARPS) {
+        uint64_t key = keys[i];
+        if (key >= (uint64_t)v || (i > 0 && keys[i - 1] == key)) continue;
+        int64_t end = i + 1;
+        while (end < np && keys[end] == key) end++;
+        T *dst = gw + (int64_t)key * c;
+        for (int64_t j = lane; j < c; j += 32) {
+            A acc = 0;
+            for (int64_t k = i; k < end; k++) acc += to_acc(g[(int64_t)pos[k] * c + j]);
+            dst[j] = from_acc<T>(acc);
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- launchers */
+template <typename E>
+static void launch_forward(cudaStream_t s, nb_tensor *out, const nb_tensor *w,
+                           const nb_tensor *idx, int64_t np, nb__cuda_fault *fault) {
+    int64_t v = w->shape[0], c = w->shape[1];
+    unsigned grid = grid_for(np * c, THREADS);
+    if (idx->dtype == NB_I32)
+        embedding_kernel<E, int32_t><<<grid, THREADS, 0, s>>>(
+            (E *)out->data, (const E *)w->data, (const int32_t *)idx->data, np, v, c,
+            w->strides[0], w->strides[1], fault);
+    else
+        embedding_kernel<E, int64_t><<<grid, THREADS, 0, s>>>(
+            (E *)out->data, (const E *)w->data, (const int64_t *)idx->data, np, v, c,
+            w->strides[0], w->strides[1], fault);
+}
+
+template <typename T>
+static void launch_backward(cudaStream_t s, nb_tensor *gw, const nb_tensor *g, const uint64_t *keys,
+                            const int32_t *pos, int64_t np) {
+    embedding_backward_kernel<T><<<grid_for(np, WARPS), THREADS, 0, s>>>(
+        (T *)gw->data, (const T *)g->data, keys, pos, np, gw->shape[0], gw->shape[1]);
+}
+
+/* ------------------------------------------------------------- entry points */
+void nb__cuda_embedding(nb_tensor *out, const nb_tensor *w, const nb_tensor *idx, int64_t np) {
+    const char *op = "nb_embedding";
+    int dev = w->device.index;
+    nb__cuda_use(op, dev);
+    if (np == 0 || w->shape[1] == 0) return;
+    cudaStream_t s = nb__cuda_compute_stream(dev);
+    nb__cuda_fault *fault = nb__cuda_fault_slot(dev);
+    switch (nb_dtype_size(w->dtype)) {
+    case 2: launch_forward<uint16_t>(s, out, w, idx, np, fault); break;
+    case 4: launch_forward<uint32_t>(s, out, w, idx, np, fault); break;
+    case 8: launch_forward<uint64_t>(s, out, w, idx, np, fault); break;
+    default: NB_ABORT("%s: unsupported dtype %s", op, nb_dtype_name(w->dtype));
+    }
+    NB_CUDA_CHECK_LAUNCH(op);
+}
+
+void nb__cuda_embedding_backward(nb_tensor *gw, const nb_tensor *g, const nb_tensor *idx,
+                                 int64_t np) {
+    const char *op = "nb_embedding (backward)";
+    int dev = gw->device.index;
+    nb__cuda_use(op, dev);
+    int64_t v = gw->shape[0], c = gw->shape[1];
+    if (v == 0 || c == 0) return;
+    cudaStream_t s = nb__cuda_compute_stream(dev);
+    size_t es = nb_dtype_size(gw->dtype);
+    NB_CUDA_CHECK(op, cudaMemsetAsync(gw->data, 0, (size_t)(v * c) * es, s));
+    if (np == 0) return;
+    NB_CHECK(np <= INT32_MAX, "%s: %lld index positions; at most %d are supported", op,
+             (long long)np, INT32_MAX);
+    int n = (int)np;
+    int end_bit = 1;
+    while (end_bit < 64 && ((uint64_t)v >> end_bit) != 0) end_bit++;
+
+    nb_ctx *ctx = gw->ctx;
+    uint64_t *keys_in = (uint64_t *)nb_ctx_alloc(ctx, 2 * (size_t)n * sizeof(uint64_t), 0);
+    uint64_t *keys_out = keys_in + n;
+    int32_t *pos_in = (int32_t *)nb_ctx_alloc(ctx, 2 * (size_t)n * sizeof(int32_t), 0);
+    int32_t *pos_out = pos_in + n;
+    size_t temp_bytes = 0;
+    NB_CUDA_CHECK(op, cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, keys_in, keys_out,
+                                                      pos_in, pos_out, n, 0, end_bit, s));
+    void *temp = nb_ctx_alloc(ctx, temp_bytes ? temp_bytes : 1, 0);
+
+    if (idx->dtype == NB_I32)
+        embedding_keys_kernel<int32_t><<<grid_for(np, THREADS), THREADS, 0, s>>>(
+            keys_in, pos_in, (const int32_t *)idx->data, np, v);
+    else
+        embedding_keys_kernel<int64_t><<<grid_for(np, THREADS), THREADS, 0, s>>>(
+            keys_in, pos_in, (const int64_t *)idx->data, np, v);
+    NB_CUDA_CHECK_LAUNCH(op);
+    NB_CUDA_CHECK(op, cub::DeviceRadixSort::SortPairs(temp, temp_bytes, keys_in, keys_out,
+                                                      pos_in, pos_out, n, 0, end_bit, s));
+    switch (gw->dtype) {
+    case NB_F32: launch_backward<float>(s, gw, g, keys_out, pos_out, np); break;
+    case NB_F64: launch_backward<double>(s, gw, g, keys_out, pos_out, np); break;
+    case NB_BF16: launch_backward<__nv_bfloat16>(s, gw, g, keys_out, pos_out, np); break;
+    case NB_F16: launch_backward<__half>(s, gw, g, keys_out, pos_out, np); break;
+    default: NB_ABORT("%s: dtype %s is not a float type", op, nb_dtype_name(gw->dtype));
+    }
+    NB_CUDA_CHECK_LAUNCH(op);
+}

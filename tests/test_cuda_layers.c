@@ -1,0 +1,275 @@
+/* CUDA against the CPU: layer norm (with and without weight and bias, f32,
+ * bf16, f64, one or two normalised dims, odd and large rows, transposed
+ * input), embedding (repeated indices, i32 and i64, transposed table,
+ * bitwise-deterministic backward equal to the CPU's for f32, out-of-range
+ * indices reported at synchronisation), dropout and the random fills
+ * (bit-identical to the CPU's for f32). Skipped (77) without CUDA or a GPU.
+ *
+ * The suite runs without fork (CUDA does not survive one); the
+ * out-of-range test leaves a fault reported on the device, so it runs last. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_parity.h"
+#include "testutil.h"
+
+/* include/nabla/cuda.h (the lead's public CUDA API); repeated so that this
+ * file compiles before that header lands. */
+void nb_cuda_synchronize(nb_device d);
+
+/* ---- helpers ---- */
+static nb_ctx *cpu_ctx(void) { return nb_ctx_new(nb_cpu(), 0); }
+static nb_ctx *gpu_ctx(void) { return nb_ctx_new(nb_cuda(0), 0); }
+
+/* a and b (any devices, any dtypes) hold the same values, bit for bit. */
+static void assert_bitwise(const char *what, const nb_tensor *a, const nb_tensor *b) {
+    ck_assert_msg(nb_numel(a) == nb_numel(b), "%s: %lld vs %lld elements", what,
+                  (long long)nb_numel(a), (long long)nb_numel(b));
+    double *va = nbt_values(a), *vb = nbt_values(b);
+    int64_t n = nb_numel(a), bad = -1;
+    for (int64_t i = 0; i < n && bad < 0; i++)
+        if (memcmp(&va[i], &vb[i], sizeof(double)) != 0 && !(isnan(va[i]) && isnan(vb[i])))
+            bad = i;
+    double x = bad >= 0 ? va[bad] : 0, y = bad >= 0 ? vb[bad] : 0;
+    free(va);
+    free(vb);
+    ck_assert_msg(bad < 0, "%s: element %lld differs: %.9g vs %.9g", what, (long long)bad, x, y);
+}
+
+/* ---- layer norm ---- */
+typedef struct ln_case {
+    int norm_ndim;
+    bool weight, bias;
+} ln_case;
+
+static nb_tensor *ln_op(nb_ctx *ctx, nb_tensor *const *in, void *user) {
+    const ln_case *c = user;
+    int k = 1;
+    nb_tensor *w = c->weight ? in[k++] : NULL;
+    nb_tensor *b = c->bias ? in[k++] : NULL;
+    return nb_layer_norm(ctx, in[0], c->norm_ndim, w, b, 1e-5);
+}
+
+static void ln_parity(const char *name, nb_dtype dt, int ndim, const int64_t *shape, ln_case c,
+                      bool transposed) {
+    nbt_input in[3] = {{0}};
+    int n = 0;
+    in[n].dtype = dt;
+    in[n].ndim = ndim;
+    memcpy(in[n].shape, shape, sizeof(int64_t) * (size_t)ndim);
+    in[n].lo = -2;
+    in[n].hi = 3; /* mean away from zero */
+    in[n].transposed = transposed;
+    n++;
+    for (int p = 0; p < 2; p++) {
+        if (!(p == 0 ? c.weight : c.bias)) continue;
+        in[n].dtype = dt;
+        in[n].ndim = c.norm_ndim;
+        memcpy(in[n].shape, shape + ndim - c.norm_ndim, sizeof(int64_t) * (size_t)c.norm_ndim);
+        in[n].lo = 0.5;
+        in[n].hi = 1.5;
+        n++;
+    }
+    nbt_parity(name, ln_op, &c, n, in, NULL);
+}
+
+START_TEST(test_layer_norm_parity) {
+    const ln_case full = {1, true, true}, none = {1, false, false}, w_only = {1, true, false};
+    const ln_case b_only = {1, false, true}, two = {2, true, true};
+    const nb_dtype dts[] = {NB_F32, NB_BF16, NB_F64};
+    for (int k = 0; k < 3; k++) {
+        nb_dtype dt = dts[k];
+        ln_parity("layer_norm (3, 5, 33)", dt, 3, (int64_t[]){3, 5, 33}, full, false);
+        ln_parity("layer_norm no affine (7, 64)", dt, 2, (int64_t[]){7, 64}, none, false);
+        ln_parity("layer_norm weight only (4, 7)", dt, 2, (int64_t[]){4, 7}, w_only, false);
+        ln_parity("layer_norm bias only (9, 31)", dt, 2, (int64_t[]){9, 31}, b_only, false);
+        ln_parity("layer_norm one row (1, 1037)", dt, 2, (int64_t[]){1, 1037}, full, false);
+        ln_parity("layer_norm d = 1 (5, 1)", dt, 2, (int64_t[]){5, 1}, full, false);
+        ln_parity("layer_norm two dims (3, 4, 5)", dt, 3, (int64_t[]){3, 4, 5}, two, false);
+        ln_parity("layer_norm transposed (33, 7)", dt, 2, (int64_t[]){33, 7}, full, true);
+    }
+    /* many rows: several row chunks in the dw/db reduction */
+    ln_parity("layer_norm (2500, 96)", NB_F32, 2, (int64_t[]){2500, 96}, full, false);
+    ln_parity("layer_norm (2, 1111, 40)", NB_BF16, 3, (int64_t[]){2, 1111, 40}, full, false);
+}
+END_TEST
+
+/* Backward twice on the same inputs: bitwise equal dx, dw, db. */
+START_TEST(test_layer_norm_backward_deterministic) {
+    nb_ctx *g = gpu_ctx();
+    int64_t m = 4099, d = 77;
+    nb_tensor *out[2][3];
+    nb_tensor *r = nb_rand_normal(g, NB_F32, NB_SHAPE(m, d), 0.0, 1.0, &(nb_rng){12, 0});
+    for (int run = 0; run < 2; run++) {
+        nb_tensor *xl = nb_rand_normal(g, NB_F32, NB_SHAPE(m, d), 1.0, 2.0, &(nb_rng){11, 0});
+        nb_set_requires_grad(xl, true);
+        nb_tensor *w = nb_rand_uniform(g, NB_F32, NB_SHAPE(d), 0.5, 1.5, &(nb_rng){14, 0});
+        nb_tensor *b = nb_rand_uniform(g, NB_F32, NB_SHAPE(d), -1, 1, &(nb_rng){15, 0});
+        nb_set_requires_grad(w, true);
+        nb_set_requires_grad(b, true);
+        nb_tensor *y = nb_layer_norm(g, xl, 1, w, b, 1e-5);
+        nb_backward(nb_sum_all(g, nb_mul(g, y, r)));
+        out[run][0] = xl->grad;
+        out[run][1] = w->grad;
+        out[run][2] = b->grad;
+    }
+    assert_bitwise("layer_norm dx", out[0][0], out[1][0]);
+    assert_bitwise("layer_norm dw", out[0][1], out[1][1]);
+    assert_bitwise("layer_norm db", out[0][2], out[1][2]);
+    nb_ctx_free(g);
+}
+END_TEST
+
+/* ---- embedding ---- */
+static nb_tensor *emb_op(nb_ctx *ctx, nb_tensor *const *in, void *user) {
+    (void)user;
+    return nb_embedding(ctx, in[0], in[1]);
+}
+
+START_TEST(test_embedding_parity) {
+    /* indices with many repeats: 40 positions over 6 rows of 37 */
+    double rep[40];
+    for (int i = 0; i < 40; i++) rep[i] = (double)((i * 7) % 6 + (i % 3 == 0 ? 30 : 0));
+    const nb_dtype dts[] = {NB_F32, NB_BF16, NB_F64};
+    const nb_dtype its[] = {NB_I64, NB_I32};
+    for (int k = 0; k < 3; k++)
+        for (int j = 0; j < 2; j++) {
+            nbt_input in[2] = {{.dtype = dts[k], .ndim = 2, .shape = {37, 19}},
+                               {.dtype = its[j], .ndim = 2, .shape = {5, 8}, .values = rep}};
+            nbt_parity("embedding repeated (37, 19)[(5, 8)]", emb_op, NULL, 2, in, NULL);
+            nbt_input rnd[2] = {{.dtype = dts[k], .ndim = 2, .shape = {1001, 33}},
+                                {.dtype = its[j], .ndim = 1, .shape = {777}, .lo = 0, .hi = 1001}};
+            nbt_parity("embedding random (1001, 33)[777]", emb_op, NULL, 2, rnd, NULL);
+            nbt_input tr[2] = {{.dtype = dts[k], .ndim = 2, .shape = {50, 7}, .transposed = true},
+                               {.dtype = its[j], .ndim = 1, .shape = {9}, .lo = 0, .hi = 50}};
+            nbt_parity("embedding transposed table (50, 7)[9]", emb_op, NULL, 2, tr, NULL);
+            nbt_input one[2] = {{.dtype = dts[k], .ndim = 2, .shape = {1, 1}},
+                                {.dtype = its[j], .ndim = 1, .shape = {3}, .lo = 0, .hi = 1}};
+            nbt_parity("embedding (1, 1)[3]", emb_op, NULL, 2, one, NULL);
+        }
+}
+END_TEST
+
+/* gw of a backward with many repeats, twice on CUDA and once on the CPU:
+ * all three bitwise equal (f32 sums in increasing position everywhere). */
+START_TEST(test_embedding_backward_bitwise) {
+    nb_ctx *c = cpu_ctx(), *g = gpu_ctx();
+    int64_t v = 50, ch = 129, np = 5000;
+    int64_t *idx = malloc(sizeof *idx * (size_t)np);
+    for (int64_t p = 0; p < np; p++) idx[p] = (p * 2654435761u >> 7) % 13 + (p % 97 == 0 ? 40 : 0);
+    nb_tensor *wc = nb_rand_normal(c, NB_F32, NB_SHAPE(v, ch), 0, 1, &(nb_rng){21, 0});
+    nb_tensor *rc = nb_rand_normal(c, NB_F32, NB_SHAPE(np, ch), 0, 1, &(nb_rng){22, 0});
+    nb_tensor *ic = nb_from_host(c, NB_I64, NB_SHAPE(np), idx);
+    nb_set_requires_grad(wc, true);
+    nb_backward(nb_sum_all(c, nb_mul(c, nb_embedding(c, wc, ic), rc)));
+    nb_tensor *gws[2];
+    for (int run = 0; run < 2; run++) {
+        nb_tensor *wg = nb_rand_normal(g, NB_F32, NB_SHAPE(v, ch), 0, 1, &(nb_rng){21, 0});
+        nb_tensor *rg = nb_rand_normal(g, NB_F32, NB_SHAPE(np, ch), 0, 1, &(nb_rng){22, 0});
+        nb_tensor *ig = nb_from_host(g, NB_I64, NB_SHAPE(np), idx);
+        nb_set_requires_grad(wg, true);
+        nb_backward(nb_sum_all(g, nb_mul(g, nb_embedding(g, wg, ig), rg)));
+        gws[run] = wg->grad;
+    }
+    assert_bitwise("embedding backward, two CUDA runs", gws[0], gws[1]);
+    assert_bitwise("embedding backward, CUDA vs CPU", gws[0], wc->grad);
+    free(idx);
+    nb_ctx_free(g);
+    nb_ctx_free(c);
+}
+END_TEST
+
+/* ---- dropout and random fills ---- */
+START_TEST(test_dropout_bitwise) {
+    nb_ctx *c = cpu_ctx(), *g = gpu_ctx();
+    const int64_t ns[] = {1, 7, 4099};
+    const double ps[] = {0.1, 0.5, 0.9, 1.0};
+    for (int a = 0; a < 3; a++)
+        for (int b = 0; b < 4; b++) {
+            int64_t n = ns[a];
+            nb_tensor *xc = nb_rand_normal(c, NB_F32, 1, &n, 0, 1, &(nb_rng){31, 0});
+            nb_tensor *xg = nb_rand_normal(g, NB_F32, 1, &n, 0, 1, &(nb_rng){31, 0});
+            assert_bitwise("dropout input", xc, xg);
+            nb_set_requires_grad(xc, true);
+            nb_set_requires_grad(xg, true);
+            nb_rng rc = {77, 5 + (uint64_t)a}, rg = rc;
+            nb_tensor *yc = nb_dropout(c, xc, ps[b], true, &rc);
+            nb_tensor *yg = nb_dropout(g, xg, ps[b], true, &rg);
+            ck_assert(rc.offset == rg.offset);
+            assert_bitwise("dropout output", yc, yg);
+            nb_backward(nb_sum_all(c, yc));
+            nb_backward(nb_sum_all(g, yg));
+            assert_bitwise("dropout mask (gradient)", xc->grad, xg->grad);
+            /* bf16: the same elements dropped */
+            nb_rng rb = {77, 5 + (uint64_t)a};
+            nb_tensor *yb = nb_dropout(g, nb_cast(g, xg, NB_BF16), ps[b], true, &rb);
+            double *vb = nbt_values(yb), *vc = nbt_values(yc);
+            for (int64_t i = 0; i < n; i++)
+                ck_assert_msg((vb[i] == 0) == (vc[i] == 0), "bf16 dropout element %lld: %g vs %g",
+                              (long long)i, vb[i], vc[i]);
+            free(vb);
+            free(vc);
+        }
+    nb_ctx_free(g);
+    nb_ctx_free(c);
+}
+END_TEST
+
+START_TEST(test_rand_fills_bitwise) {
+    nb_ctx *c = cpu_ctx(), *g = gpu_ctx();
+    const int64_t ns[] = {1, 2, 3, 5, 1001, 4099};
+    const nb_dtype exact[] = {NB_F32, NB_BF16, NB_F16};
+    for (int a = 0; a < 6; a++) {
+        int64_t n = ns[a];
+        for (int k = 0; k < 3; k++) {
+            nb_rng rc = {1234 + (uint64_t)a, 99}, rg = rc;
+            nb_tensor *uc = nb_rand_uniform(c, exact[k], 1, &n, -2, 3, &rc);
+            nb_tensor *ug = nb_rand_uniform(g, exact[k], 1, &n, -2, 3, &rg);
+            assert_bitwise("rand_uniform", uc, ug);
+            nb_tensor *zc = nb_rand_normal(c, exact[k], 1, &n, 0.5, 2, &rc);
+            nb_tensor *zg = nb_rand_normal(g, exact[k], 1, &n, 0.5, 2, &rg);
+            assert_bitwise("rand_normal", zc, zg);
+            ck_assert(rc.offset == rg.offset);
+        }
+        /* f64: uniform exact; normal within the last bits of CUDA's log/sin/cos */
+        nb_rng rc = {555, 0}, rg = rc;
+        assert_bitwise("rand_uniform f64", nb_rand_uniform(c, NB_F64, 1, &n, -1, 1, &rc),
+                       nb_rand_uniform(g, NB_F64, 1, &n, -1, 1, &rg));
+        nb_tensor *zc = nb_rand_normal(c, NB_F64, 1, &n, 0, 1, &rc);
+        nb_tensor *zg = nb_rand_normal(g, NB_F64, 1, &n, 0, 1, &rg);
+        nbt_assert_tensors_close(zg, zc, 1e-14, 1e-14);
+    }
+    nb_ctx_free(g);
+    nb_ctx_free(c);
+}
+END_TEST
+
+/* Last: the fault stays reported on the device. */
+START_TEST(test_embedding_index_out_of_range) {
+    nb_ctx *g = gpu_ctx();
+    nb_tensor *w = nb_rand_normal(g, NB_F32, NB_SHAPE(37, 4), 0, 1, &(nb_rng){41, 0});
+    int64_t idx[5] = {0, 3, 36, 37, 1};
+    nb_tensor *i = nb_from_host(g, NB_I64, NB_SHAPE(5), idx);
+    nb_embedding(g, w, i); /* deferred: no abort here */
+    NBT_EXPECT_ABORT(nb_cuda_synchronize(nb_cuda(0)), "nb_embedding");
+    nb_ctx_free(g);
+}
+END_TEST
+
+int main(void) {
+    nbt_cuda_require();
+    setenv("CK_FORK", "no", 1);
+    Suite *s = suite_create("cuda_layers");
+    TCase *tc = tcase_create("core");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, test_layer_norm_parity);
+    tcase_add_test(tc, test_layer_norm_backward_deterministic);
+    tcase_add_test(tc, test_embedding_parity);
+    tcase_add_test(tc, test_embedding_backward_bitwise);
+    tcase_add_test(tc, test_dropout_bitwise);
+    tcase_add_test(tc, test_rand_fills_bitwise);
+    tcase_add_test(tc, test_embedding_index_out_of_range);
+    suite_add_tcase(s, tc);
+    return nbt_run(s);
+}
