@@ -69,7 +69,7 @@ nb_tensor *nb_layer_norm(nb_ctx *ctx, nb_tensor *x, int norm_ndim, nb_tensor *we
     nb_tensor *xc = nb__contig(ctx, x), *wc = contig_or_null(ctx, weight);
     nb_tensor *bc = contig_or_null(ctx, bias);
     nb_tensor *y = nb__empty(ctx, x->dtype, x->ndim, x->shape);
-    nb_dtype st = nb__is_cuda(x) ? NB_F32 : NB_F64;
+    nb_dtype st = nb__is_cuda(x) && x->dtype != NB_F64 ? NB_F32 : NB_F64;
     nb_tensor *mean = nb__empty(ctx, st, 1, &m), *rstd = nb__empty(ctx, st, 1, &m);
     if (nb__is_cuda(x)) nb__cuda_layer_norm(y, mean, rstd, xc, wc, bc, m, d, eps);
     else nb__cpu_layer_norm(y, mean, rstd, xc, wc, bc, m, d, eps);

@@ -14,10 +14,6 @@
 #include "cuda_parity.h"
 #include "testutil.h"
 
-/* include/nabla/cuda.h (the lead's public CUDA API); repeated so that this
- * file compiles before that header lands. */
-void nb_cuda_synchronize(nb_device d);
-
 /* ---- helpers ---- */
 static nb_ctx *cpu_ctx(void) { return nb_ctx_new(nb_cpu(), 0); }
 static nb_ctx *gpu_ctx(void) { return nb_ctx_new(nb_cuda(0), 0); }
