@@ -5,7 +5,12 @@
  * The size of the file is taken once at open; the header is checked
  * against it before anything else is read, so a lying header can never
  * make us seek or read past the end. A file that shrinks while open gives
- * a short read, reported as NB_ERR_IO. */
+ * a short read, reported as NB_ERR_IO.
+ *
+ * A tensor on a CUDA device is read into a host buffer, converted there to
+ * its dtype, and copied to the device: straight into a contiguous tensor
+ * of the file's dtype, else through a scratch tensor of that device and
+ * nb_copy_, which takes any strides. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +18,7 @@
 #include <sys/stat.h>
 
 #include "checkpoint/safetensors.h"
+#include "tensor/cuda/cuda.h"
 #include "tensor/internal.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -143,6 +149,25 @@ static bool same_shape(const nb_checkpoint_entry *e, const nb_tensor *t) {
     return true;
 }
 
+/* dst (on a CUDA device, any strides) = src (host, contiguous, same shape). */
+static void to_device(nb_tensor *dst, const nb_tensor *src) {
+    int device = dst->device.index;
+    if (dst->dtype == src->dtype && nb_is_contiguous(dst)) {
+        nb__cuda_memcpy_h2d(device, dst->data, src->data,
+                            (size_t)nb_numel(dst) * nb_dtype_size(dst->dtype));
+        return;
+    }
+    nb_ctx *host = nb_ctx_new(nb_cpu(), 0);
+    nb_ctx *dev = nb_ctx_new(dst->device, 0);
+    nb_tensor *h = nb_empty(host, dst->dtype, dst->ndim, dst->shape);
+    nb_copy_(h, src);
+    nb_tensor *d = nb_from_host(dev, dst->dtype, dst->ndim, dst->shape, h->data);
+    nb_copy_(dst, d);
+    nb__cuda_sync(device); /* the copy is done before its source goes */
+    nb_ctx_free(dev);
+    nb_ctx_free(host);
+}
+
 static nb_status read_entry(nb_checkpoint *ck, const nb_checkpoint_entry *e, nb_tensor *dst) {
     if (e->nbytes == 0) return NB_OK;
     bool direct = dst->dtype == e->dtype && nb_is_contiguous(dst) &&
@@ -169,7 +194,8 @@ static nb_status read_entry(nb_checkpoint *ck, const nb_checkpoint_entry *e, nb_
         memcpy(src.shape, e->shape, sizeof src.shape);
         nb__contig_strides(src.ndim, src.shape, src.strides);
         src.data = buf;
-        nb_copy_(dst, &src);
+        if (dst->device.type == NB_DEVICE_CPU) nb_copy_(dst, &src);
+        else to_device(dst, &src);
         free(buf);
     }
     return NB_OK;

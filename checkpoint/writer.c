@@ -10,7 +10,10 @@
  * file. A crash mid-write can leave a stale "*.tmp.*" file behind, never a
  * half-written checkpoint under `path`. The header is padded with spaces
  * to a multiple of 8 bytes (with the length field), so the data section
- * starts 8-byte aligned, as the format's reference writer does. */
+ * starts 8-byte aligned, as the format's reference writer does.
+ *
+ * Tensors on a CUDA device (or not contiguous) are written through a host
+ * staging buffer filled by nb_to_host, which waits for the device. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdatomic.h>
@@ -89,9 +92,6 @@ static void check_args(const char *path, const nb_named_tensor *tensors, int n, 
                  "reserved and cannot name a tensor");
         NB_CHECK(tensors[i].tensor, "nb_checkpoint_save: tensor \"%s\" is NULL",
                  nb__st_quote(name, q, sizeof q));
-        NB_CHECK(tensors[i].tensor->device.type == NB_DEVICE_CPU, "nb_checkpoint_save: tensor "
-                 "\"%s\" is on %s; copy it to the CPU first", nb__st_quote(name, q, sizeof q),
-                 nb_device_name(tensors[i].tensor->device));
     }
     for (int i = 0; i < n_meta; i++) {
         const char *k = meta[i].key, *v = meta[i].value;
@@ -151,14 +151,15 @@ static bool build_header(nb_strbuf *b, const nb_named_tensor *tensors, int n, co
 static nb_status write_tensor(out_file *o, const nb_tensor *t, const char *path) {
     uint64_t bytes = tensor_bytes(t);
     if (bytes == 0) return NB_OK;
-    if (nb_is_contiguous(t)) {
+    if (nb_is_contiguous(t) && t->device.type == NB_DEVICE_CPU) {
         if (!write_bytes(o, t->data, (size_t)bytes)) goto io_error;
         return NB_OK;
     }
     void *buf = malloc((size_t)bytes);
     if (!buf)
         return nb_set_error(NB_ERR_NOMEM, "nb_checkpoint_save: %s: out of memory for a %llu-byte "
-                            "copy of a non-contiguous tensor", path, (unsigned long long)bytes);
+                            "host copy of a %s tensor", path, (unsigned long long)bytes,
+                            t->device.type == NB_DEVICE_CPU ? "non-contiguous" : "device");
     nb_to_host(t, buf);
     bool ok = write_bytes(o, buf, (size_t)bytes);
     free(buf);

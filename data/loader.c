@@ -15,12 +15,33 @@
  * generation number, stops new claims, waits for the workers in flight
  * (`busy`) to finish, frees every slot, and only then swaps the index
  * list, since workers read it without the lock. Results of an older
- * generation are dropped. The loader itself is driven by one thread. */
+ * generation are dropped. The loader itself is driven by one thread.
+ *
+ * Note [Loader to CUDA]
+ * With a CUDA device each slot also has a device buffer (in a context the
+ * loader owns) and two events. The worker that filled the slot's host
+ * buffer (pinned with pin_memory, else pageable) copies it to the device
+ * buffer with an asynchronous copy on the device's copy stream, after the
+ * slot's `consumed` event (the last reader of the device buffer), and
+ * records `copied`; so the copy of batch k overlaps the compute of the
+ * batches before it. nb_loader_next makes the compute stream wait for
+ * `copied`, copies the device buffer into the caller's tensors on the
+ * compute stream (device to device, so the caller's arena is only ever
+ * touched in compute-stream order), and records `consumed`. A worker
+ * waits on the host for `copied` before it refills the host buffer, so no
+ * copy ever reads a buffer being rewritten. Without workers the caller's
+ * thread does the same with one slot. The CPU path is unchanged. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "data/internal.h"
+#include "tensor/cuda/cuda.h"
+#include "tensor/internal.h"
+
+#if NABLA_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
 
 typedef enum slot_state { SLOT_FREE, SLOT_FILLING, SLOT_READY } slot_state;
 
@@ -31,6 +52,9 @@ typedef struct slot {
     nb_status status;
     int64_t failed_index;
     char message[1024];
+    /* CUDA (Note [Loader to CUDA]) */
+    void *d_inputs, *d_targets;
+    nb__event copied, consumed;
 } slot;
 
 struct nb_loader {
@@ -42,6 +66,9 @@ struct nb_loader {
     nb_field in, tgt;
     size_t in_bytes, tgt_bytes;
     nb_device device;
+    bool cuda, pinned;
+    nb_ctx *dctx;       /* the slots' device buffers */
+    slot stage;         /* CUDA without workers: the caller's one slot */
 
     /* position and the epoch's order */
     int64_t epoch, consumed, n_batches;
@@ -59,6 +86,8 @@ struct nb_loader {
     uint64_t gen;
     bool active, stop, sync_ready;
 };
+
+static void slot_release(nb_loader *l, slot *s);
 
 static int64_t batch_len(const nb_loader *l, int64_t k) {
     int64_t size = l->list_len - k * l->batch_size;
@@ -83,6 +112,30 @@ static nb_status fill_batch(const nb_loader *l, const int64_t *idx, int64_t size
     return NB_OK;
 }
 
+/* Blocks the calling thread until e has happened (nothing recorded: at once). */
+static void host_wait(nb__event e) {
+#if NABLA_HAVE_CUDA
+    cudaError_t rc = cudaEventSynchronize((cudaEvent_t)e);
+    NB_CHECK(rc == cudaSuccess, "nb_loader: waiting for a host-to-device copy failed: %s",
+             cudaGetErrorString(rc));
+#else
+    (void)e;
+#endif
+}
+
+/* The slot's host buffers -> its device buffers, on the copy stream. */
+static void stage_to_device(const nb_loader *l, slot *s, int64_t size) {
+    int dev = l->device.index;
+    nb__cuda_use("nb_loader", dev);
+    nb__stream cs = nb__cuda_copy_stream(dev);
+    nb__cuda_stream_wait(cs, s->consumed);
+    if (size > 0) {
+        nb__cuda_memcpy_h2d_async(dev, s->d_inputs, s->inputs, (size_t)size * l->in_bytes, cs);
+        nb__cuda_memcpy_h2d_async(dev, s->d_targets, s->targets, (size_t)size * l->tgt_bytes, cs);
+    }
+    nb__cuda_event_record(s->copied, cs);
+}
+
 static bool claimable(const nb_loader *l) {
     return l->active && l->next_claim < l->n_batches && l->next_claim < l->consumed + l->n_slots;
 }
@@ -104,8 +157,10 @@ static void *worker_main(void *arg) {
         pthread_mutex_unlock(&l->mu);
 
         int64_t failed = -1;
+        if (l->cuda) host_wait(s->copied);
         nb_status st = fill_batch(l, idx, s->size, s->inputs, s->targets, &failed, s->message,
                                   sizeof s->message);
+        if (l->cuda && st == NB_OK) stage_to_device(l, s, s->size);
 
         pthread_mutex_lock(&l->mu);
         l->busy--;
@@ -196,10 +251,9 @@ void nb_loader_free(nb_loader *l) {
         pthread_cond_destroy(&l->idle_cv);
     }
     if (l->slots)
-        for (int i = 0; i < l->n_slots; i++) {
-            free(l->slots[i].inputs);
-            free(l->slots[i].targets);
-        }
+        for (int i = 0; i < l->n_slots; i++) slot_release(l, &l->slots[i]);
+    slot_release(l, &l->stage);
+    nb_ctx_free(l->dctx);
     free(l->slots);
     free(l->threads);
     free(l->list);
@@ -213,6 +267,44 @@ static void *alloc_buffer(size_t bytes) {
     return aligned_alloc(64, rounded ? rounded : 64);
 }
 
+/* A slot's buffers (and, for CUDA, its device buffers and events). */
+static nb_status slot_init(nb_loader *l, slot *s) {
+    size_t in = (size_t)l->batch_size * l->in_bytes, tgt = (size_t)l->batch_size * l->tgt_bytes;
+    if (l->pinned) {
+        s->inputs = nb__cuda_host_alloc(in ? in : 64);
+        s->targets = nb__cuda_host_alloc(tgt ? tgt : 64);
+    } else {
+        s->inputs = alloc_buffer(in);
+        s->targets = alloc_buffer(tgt);
+    }
+    if (!s->inputs || !s->targets)
+        return nb_set_error(NB_ERR_NOMEM, "nb_loader_new: out of %smemory for batch buffers of "
+                            "%lld samples", l->pinned ? "pinned " : "", (long long)l->batch_size);
+    if (l->cuda) {
+        s->d_inputs = nb_ctx_alloc(l->dctx, in, 0);
+        s->d_targets = nb_ctx_alloc(l->dctx, tgt, 0);
+        s->copied = nb__cuda_event_new(l->device.index);
+        s->consumed = nb__cuda_event_new(l->device.index);
+    }
+    return NB_OK;
+}
+
+static void slot_release(nb_loader *l, slot *s) {
+    /* no copy may still read the host buffers or the device buffers */
+    if (s->copied) host_wait(s->copied);
+    if (s->consumed) host_wait(s->consumed);
+    if (l->pinned) {
+        if (s->inputs) nb__cuda_host_free(s->inputs);
+        if (s->targets) nb__cuda_host_free(s->targets);
+    } else {
+        free(s->inputs);
+        free(s->targets);
+    }
+    if (s->copied) nb__cuda_event_free(s->copied);
+    if (s->consumed) nb__cuda_event_free(s->consumed);
+    memset(s, 0, sizeof *s);
+}
+
 static nb_status start_workers(nb_loader *l, int prefetch) {
     l->n_slots = prefetch > 0 ? prefetch : 2 * l->n_workers;
     l->slots = calloc((size_t)l->n_slots, sizeof *l->slots);
@@ -221,11 +313,8 @@ static nb_status start_workers(nb_loader *l, int prefetch) {
         return nb_set_error(NB_ERR_NOMEM, "nb_loader_new: out of memory for %d workers",
                             l->n_workers);
     for (int i = 0; i < l->n_slots; i++) {
-        l->slots[i].inputs = alloc_buffer((size_t)l->batch_size * l->in_bytes);
-        l->slots[i].targets = alloc_buffer((size_t)l->batch_size * l->tgt_bytes);
-        if (!l->slots[i].inputs || !l->slots[i].targets)
-            return nb_set_error(NB_ERR_NOMEM, "nb_loader_new: out of memory for %d batch "
-                                "buffers of %lld samples", l->n_slots, (long long)l->batch_size);
+        nb_status st = slot_init(l, &l->slots[i]);
+        if (st != NB_OK) return st;
     }
     if (pthread_mutex_init(&l->mu, NULL) || pthread_cond_init(&l->work_cv, NULL) ||
         pthread_cond_init(&l->ready_cv, NULL) || pthread_cond_init(&l->idle_cv, NULL))
@@ -253,11 +342,15 @@ nb_status nb_loader_new(nb_loader **out, nb_dataset *ds, const nb_loader_options
              opts->prefetch_batches);
     NB_CHECK(!(opts->sampler && opts->shuffle), "nb_loader_new: shuffle is for the loader's own "
              "sampler; with a sampler given, make that sampler shuffle");
-    if (opts->device.type != NB_DEVICE_CPU)
-        return nb_set_error(NB_ERR_UNSUPPORTED, "nb_loader_new: device %s: batches on CUDA "
-                            "devices (pinned buffers, asynchronous host-to-device copies) are "
-                            "not implemented yet; load to the CPU and copy",
-                            nb_device_name(opts->device));
+    if (opts->device.type != NB_DEVICE_CPU) {
+        int n_dev = nb__cuda_device_count();
+        if (opts->device.type != NB_DEVICE_CUDA || opts->device.index < 0 ||
+            opts->device.index >= n_dev)
+            return nb_set_error(NB_ERR_UNSUPPORTED, "nb_loader_new: device %s is not available "
+                                "(%s)", nb_device_name(opts->device),
+                                NABLA_HAVE_CUDA ? "not a visible CUDA device"
+                                                : "this build has no CUDA");
+    }
     /* The first epoch's order is checked before anything is allocated. */
     nb_sampler *sampler = opts->sampler;
     if (!sampler) {
@@ -283,8 +376,24 @@ nb_status nb_loader_new(nb_loader **out, nb_dataset *ds, const nb_loader_options
     l->in_bytes = nb_field_bytes(&l->in);
     l->tgt_bytes = nb_field_bytes(&l->tgt);
     l->device = opts->device;
+    l->cuda = opts->device.type == NB_DEVICE_CUDA;
+    l->pinned = l->cuda && opts->pin_memory;
     l->n_workers = opts->num_workers;
     set_list(l, list, len);
+    if (l->cuda) {
+        int n_slots = l->n_workers > 0 ? (opts->prefetch_batches > 0 ? opts->prefetch_batches
+                                                                     : 2 * l->n_workers)
+                                       : 1;
+        l->dctx = nb_ctx_new(l->device, (size_t)n_slots * (size_t)l->batch_size *
+                                            (l->in_bytes + l->tgt_bytes) + 4096 * (size_t)n_slots);
+        if (l->n_workers == 0) {
+            nb_status st = slot_init(l, &l->stage);
+            if (st != NB_OK) {
+                nb_loader_free(l);
+                return st;
+            }
+        }
+    }
     if (l->n_workers > 0) {
         nb_status st = start_workers(l, opts->prefetch_batches);
         if (st != NB_OK) {
@@ -321,6 +430,20 @@ static nb_status batch_error(const nb_loader *l, nb_status st, int64_t failed, c
                         nb_dataset_name(l->ds), msg);
 }
 
+/* The slot's device buffers -> the batch's tensors, on the compute stream
+ * after the slot's copy (Note [Loader to CUDA]). */
+static void take_from_device(const nb_loader *l, slot *s, nb_batch *b, int64_t size) {
+    int dev = l->device.index;
+    nb__cuda_use("nb_loader_next", dev);
+    nb__stream compute = nb__cuda_compute_stream(dev);
+    nb__cuda_stream_wait(compute, s->copied);
+    if (size > 0) {
+        nb__cuda_memcpy_d2d(dev, b->inputs->data, s->d_inputs, (size_t)size * l->in_bytes);
+        nb__cuda_memcpy_d2d(dev, b->targets->data, s->d_targets, (size_t)size * l->tgt_bytes);
+    }
+    nb__cuda_event_record(s->consumed, compute);
+}
+
 /* The batch's tensors and index copy in ctx. */
 static void make_batch(const nb_loader *l, nb_ctx *ctx, int64_t size, nb_batch *b) {
     int64_t shape[NB_MAX_DIMS];
@@ -329,7 +452,8 @@ static void make_batch(const nb_loader *l, nb_ctx *ctx, int64_t size, nb_batch *
     b->inputs = nb_empty(ctx, l->in.dtype, 1 + l->in.ndim, shape);
     for (int d = 0; d < l->tgt.ndim; d++) shape[1 + d] = l->tgt.shape[d];
     b->targets = nb_empty(ctx, l->tgt.dtype, 1 + l->tgt.ndim, shape);
-    b->indices = nb_ctx_alloc(ctx, sizeof(int64_t) * (size_t)size, 0);
+    b->indices = l->cuda ? nb__ctx_meta(ctx, sizeof(int64_t) * (size_t)size)
+                         : nb_ctx_alloc(ctx, sizeof(int64_t) * (size_t)size, 0);
     memcpy(b->indices, l->list + l->consumed * l->batch_size, sizeof(int64_t) * (size_t)size);
     b->size = size;
     b->epoch = l->epoch;
@@ -348,6 +472,20 @@ nb_status nb_loader_next(nb_loader *l, nb_ctx *ctx, nb_batch *batch) {
         return NB_OK;
     }
     int64_t k = l->consumed, size = batch_len(l, k);
+    if (l->cuda && l->n_threads == 0) {
+        slot *s = &l->stage;
+        char msg[1024];
+        int64_t failed = -1;
+        host_wait(s->copied);
+        nb_status st = fill_batch(l, l->list + k * l->batch_size, size, s->inputs, s->targets,
+                                  &failed, msg, sizeof msg);
+        if (st != NB_OK) return batch_error(l, st, failed, msg);
+        stage_to_device(l, s, size);
+        make_batch(l, ctx, size, batch);
+        take_from_device(l, s, batch, size);
+        l->consumed++;
+        return NB_OK;
+    }
     if (l->n_threads == 0) {
         char msg[1024];
         int64_t failed = -1;
@@ -366,8 +504,12 @@ nb_status nb_loader_next(nb_loader *l, nb_ctx *ctx, nb_batch *batch) {
     pthread_mutex_unlock(&l->mu);
     if (s->status != NB_OK) return batch_error(l, s->status, s->failed_index, s->message);
     make_batch(l, ctx, size, batch);
-    memcpy(batch->inputs->data, s->inputs, (size_t)size * l->in_bytes);
-    memcpy(batch->targets->data, s->targets, (size_t)size * l->tgt_bytes);
+    if (l->cuda) {
+        take_from_device(l, s, batch, size);
+    } else {
+        memcpy(batch->inputs->data, s->inputs, (size_t)size * l->in_bytes);
+        memcpy(batch->targets->data, s->targets, (size_t)size * l->tgt_bytes);
+    }
     pthread_mutex_lock(&l->mu);
     s->state = SLOT_FREE;
     l->consumed++;

@@ -26,7 +26,22 @@
  * backward starts (their bucket slice is reduced as it is, zeros after
  * zero_grad). Without it, a parameter that never became ready is an error
  * naming it, but the remaining buckets are still launched so that the
- * other ranks' collectives complete instead of hanging. */
+ * other ranks' collectives complete instead of hanging.
+ *
+ * Note [DDP on CUDA]
+ * The bucket flats are made in a context of the process group's device
+ * (which every parameter is on), so on CUDA the gradients' views, the
+ * all-reduce (NB_REDUCE_AVG: NCCL averages) and the bf16 hook's casts
+ * (nb_copy_) all stay on the device; the host never reads gradient memory.
+ * Bookkeeping tensors (the rebuilt order) live in a CPU context and cross
+ * to the device only to be broadcast. Bucket times are host times: launch
+ * is when the host issued the all-reduce, finish when the host observed
+ * its completion event (nb_work_times), so on CUDA a bucket's finish can
+ * be later than the collective really ended on the device.
+ *
+ * A world of one needs no buckets; NABLA_DDP_FORCE_BUCKETS=1 builds them
+ * anyway (tests of the bucket machinery on one GPU: NCCL allows one rank
+ * per GPU). */
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -67,6 +82,7 @@ struct nb_ddp {
     nb_pg *pg;
     nb_ddp_options o;
     int rank, world;
+    bool bucketed;        /* world > 1, or forced (Note [DDP on CUDA]) */
     /* per parameter (those that require grad), malloc'd */
     int n;
     nb_named_tensor *p;
@@ -143,7 +159,7 @@ static void assign_buckets(nb_ddp *d, const int *order) {
     size_t first = d->o.first_bucket_bytes ? d->o.first_bucket_bytes : DEFAULT_FIRST_BUCKET;
     size_t cap = d->o.bucket_cap_bytes ? d->o.bucket_cap_bytes : DEFAULT_BUCKET_CAP;
     nb_ctx *old = d->ctx;
-    d->ctx = nb_ctx_new(nb_ctx_device(nb_module_ctx(d->model)), 0);
+    d->ctx = nb_ctx_new(nb_pg_device(d->pg), 0);
     d->buckets = nb__ctx_meta(d->ctx, sizeof(bucket) * (size_t)(d->n ? d->n : 1));
     int *members = nb__ctx_meta(d->ctx, sizeof(int) * (size_t)(d->n ? d->n : 1));
     int nb = 0;
@@ -390,7 +406,9 @@ nb_status nb_ddp_new(nb_ddp **out, nb_module *model, nb_pg *pg, const nb_ddp_opt
         free(d);
         return st;
     }
-    if (d->world > 1) { /* Note [Buckets]; world size 1 needs none of it */
+    const char *force = getenv("NABLA_DDP_FORCE_BUCKETS");
+    d->bucketed = d->world > 1 || (force && strcmp(force, "1") == 0);
+    if (d->bucketed) { /* Note [Buckets]; world size 1 needs none of it */
         d->own_grad = xcalloc((size_t)d->n, sizeof(nb_tensor *));
         d->refs = xcalloc((size_t)d->n, sizeof(hook_ref));
         d->bucket_of = xcalloc((size_t)d->n, sizeof(int));
@@ -418,7 +436,7 @@ void nb_ddp_free(nb_ddp *d) {
             nb_work_finish(d->buckets[b].work);
             d->buckets[b].work = NULL;
         }
-    if (d->world > 1) {
+    if (d->bucketed) {
         for (int i = 0; i < d->n; i++) {
             nb_tensor *t = d->p[i].tensor;
             nb_remove_grad_hook(t, grad_ready_hook, &d->refs[i]);
@@ -486,7 +504,16 @@ static nb_status rebuild_buckets(nb_ddp *d) {
         if (!seen[i]) o[k++] = i;
     free(seen);
     nb_status st = NB_OK;
-    if (nb_pg_device(d->pg).type == NB_DEVICE_CPU) st = nb_work_finish(nb_pg_broadcast(d->pg, ord, 0));
+    nb_device dev = nb_pg_device(d->pg);
+    if (dev.type == NB_DEVICE_CPU) {
+        st = nb_work_finish(nb_pg_broadcast(d->pg, ord, 0));
+    } else { /* through the device, back to the host */
+        nb_ctx *dctx = nb_ctx_new(dev, 0);
+        nb_tensor *dord = nb_from_host(dctx, NB_I64, 1, &n, o);
+        st = nb_work_finish(nb_pg_broadcast(d->pg, dord, 0));
+        if (st == NB_OK) nb_to_host(dord, o);
+        nb_ctx_free(dctx);
+    }
     if (st == NB_OK) {
         int *order = xcalloc((size_t)d->n, sizeof(int));
         for (int i = 0; i < d->n; i++) order[i] = (int)o[i];
@@ -536,7 +563,7 @@ static void record_stats(nb_ddp *d, double done) {
 }
 
 nb_status nb_ddp_backward(nb_ddp *d, nb_tensor *loss) {
-    if (d->world == 1 || d->no_sync) {
+    if (!d->bucketed || d->no_sync) {
         nb_backward(loss);
         return NB_OK;
     }

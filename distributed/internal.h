@@ -191,20 +191,22 @@ nb_status nb__gloo_run(nb__gloo *g, const nb__coll *c);
 
 typedef struct nb__nccl nb__nccl;
 typedef struct nb__nccl_work nb__nccl_work;
-/* Also allocates 4 bytes of device memory for nb_pg_agree (*agree_buf,
+/* Also allocates 16 bytes of device memory for nb_pg_agree (*agree_buf,
  * freed with the communicator). */
 nb_status nb__nccl_init(nb__nccl **out, nb_store *store, const char *prefix, int rank, int size,
                         int device, void **agree_buf);
 void nb__nccl_free(nb__nccl *n);
-/* Enqueues on the communication stream after the compute stream's work. */
+/* Enqueues on the communication stream after the compute stream's work
+ * (Note [NCCL streams] in pg_nccl.c). */
 nb_status nb__nccl_launch(nb__nccl *n, const nb__coll *c, nb__nccl_work **work);
 /* 1 done, 0 running, or a failure status. */
 int nb__nccl_query(nb__nccl *n, nb__nccl_work *work);
+/* Makes the compute stream wait for the work's completion, so that later
+ * kernels see its result (never blocks the host). */
+nb_status nb__nccl_work_order(nb__nccl_work *work);
 void nb__nccl_work_free(nb__nccl_work *work);
 /* Aborts the communicator (kills its kernels) after a failure. */
 void nb__nccl_abort(nb__nccl *n);
-/* cudaMemcpy in whichever direction the pointers say. */
-nb_status nb__cuda_copy_bytes(void *dst, const void *src, size_t bytes);
 
 #ifdef __cplusplus
 }

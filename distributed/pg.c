@@ -7,7 +7,8 @@
  * thread, strictly in issue order (every rank must see the same order);
  * the caller's thread only enqueues and, in nb_work_wait, watches. NCCL
  * calls are asynchronous already: they are enqueued on the group's stream
- * from the issuing thread, and waits poll their completion events. Either
+ * from the issuing thread; a wait orders the compute stream after the
+ * collective, then polls its completion event. Either
  * way the group keeps its unfinished works in issue order, and only the
  * oldest is watched: a later one cannot finish before it. */
 #include <arpa/inet.h>
@@ -264,6 +265,10 @@ nb_status nb_work_wait(nb_work *w) {
     nb_pg *pg = w->pg;
     double pause = 2e-5;
     bool done;
+    if (pg->nccl && w->nccl) { /* Note [NCCL streams] in pg_nccl.c */
+        nb_status st = nb__nccl_work_order(w->nccl);
+        if (st != NB_OK) return st;
+    }
     if (pg->nccl) nccl_progress(pg);
     pthread_mutex_lock(&pg->mu);
     nb_status st = work_result(w, &done);
@@ -420,12 +425,11 @@ nb_status nb_pg_agree(nb_pg *pg, bool flag, bool *any, bool *all) {
     nb_status st = NB_OK;
     if (pg->nccl) {
         buf = pg->agree_buf;
-        st = nb__cuda_copy_bytes(buf, &votes, sizeof votes);
-        if (st != NB_OK) return st;
+        nb__cuda_memcpy_h2d(pg->device.index, buf, &votes, sizeof votes);
     }
     nb__coll c = {NB__ALL_REDUCE, NB_REDUCE_SUM, NB_I32, 1, 0, buf, NULL, 0};
     st = nb_work_finish(issue(pg, &c));
-    if (st == NB_OK && pg->nccl) st = nb__cuda_copy_bytes(&votes, buf, sizeof votes);
+    if (st == NB_OK && pg->nccl) nb__cuda_memcpy_d2h(pg->device.index, &votes, buf, sizeof votes);
     if (st != NB_OK) return st;
     if (any) *any = votes > 0;
     if (all) *all = votes == pg->size;

@@ -2,15 +2,24 @@
  * distributed code needs. Plain C against nccl.h and cuda_runtime.h;
  * without CUDA in the build, stubs that report "not in this build".
  *
+ * Note [NCCL streams]
  * Each group has a communicator and its own non-blocking communication
  * stream. A collective is ordered after the work already queued on the
- * compute stream by an event (the compute stream waits for nothing; no
- * device-wide sync), enqueued on the communication stream, and followed
- * by a completion event that waits poll (nb__nccl_query). Until nabla's
- * CUDA backend lands with its own stream, the compute stream is the
- * legacy default stream (0). The unique id travels through the store.
- * After a failure (timeout, dead peer) the communicator is aborted, which
- * stops its kernels. */
+ * CUDA backend's compute stream (nb__cuda_compute_stream) by the group's
+ * `ready` event, recorded there and waited for by the communication stream
+ * (the compute stream waits for nothing; no device-wide sync); it is then
+ * enqueued on the communication stream and followed by a completion event.
+ * Completion events come from a small process-wide pool per device (they
+ * outlive neither the pool nor their work handle, and a work handle may be
+ * freed after its group), so steady-state collectives create no events.
+ * Waiting for a work (nb_work_wait) first makes the compute stream wait
+ * for the completion event, so kernels queued afterwards see the result
+ * whatever the host does, then polls the event from the host only to
+ * notice completion, timeouts and NCCL's asynchronous errors
+ * (nb__nccl_query). The unique id travels through the store. After a
+ * failure (timeout, dead peer) the communicator is aborted, which stops
+ * its kernels. */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,17 +30,20 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
-#define COMPUTE_STREAM ((cudaStream_t)0)
+#define POOL_KEEP 32 /* free completion events kept per device */
+#define POOL_DEVICES 64
 
 struct nb__nccl {
     ncclComm_t comm;
     cudaStream_t stream;
+    cudaEvent_t ready; /* compute stream -> communication stream, reused */
     int device;
     void *agree_buf;
     bool aborted;
 };
 
 struct nb__nccl_work {
+    int device;
     cudaEvent_t done;
 };
 
@@ -51,9 +63,35 @@ struct nb__nccl_work {
                                 ncclGetLastError(NULL));                                          \
     } while (0)
 
-nb_status nb__cuda_copy_bytes(void *dst, const void *src, size_t bytes) {
-    CUDA_TRY(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
+/* ---- the completion-event pool (Note [NCCL streams]) ---- */
+
+static pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER;
+static cudaEvent_t pool[POOL_DEVICES][POOL_KEEP];
+static int pool_n[POOL_DEVICES];
+
+/* A completion event of `device` (the current device). */
+static nb_status event_get(int device, cudaEvent_t *e) {
+    *e = NULL;
+    if (device >= 0 && device < POOL_DEVICES) {
+        pthread_mutex_lock(&pool_mu);
+        if (pool_n[device] > 0) *e = pool[device][--pool_n[device]];
+        pthread_mutex_unlock(&pool_mu);
+        if (*e) return NB_OK;
+    }
+    CUDA_TRY(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
     return NB_OK;
+}
+
+static void event_put(int device, cudaEvent_t e) {
+    if (!e) return;
+    if (device >= 0 && device < POOL_DEVICES) {
+        pthread_mutex_lock(&pool_mu);
+        bool kept = pool_n[device] < POOL_KEEP;
+        if (kept) pool[device][pool_n[device]++] = e;
+        pthread_mutex_unlock(&pool_mu);
+        if (kept) return;
+    }
+    cudaEventDestroy(e);
 }
 
 static ncclDataType_t nccl_dtype(nb_dtype d) {
@@ -116,14 +154,17 @@ nb_status nb__nccl_init(nb__nccl **out, nb_store *store, const char *prefix, int
     if (st == NB_OK && cudaStreamCreateWithFlags(&n->stream, cudaStreamNonBlocking) != cudaSuccess)
         st = nb_set_error(NB_ERR_INTERNAL, "nb_pg_init: cannot create the communication stream: %s",
                           cudaGetErrorString(cudaGetLastError()));
-    if (st == NB_OK && cudaMalloc(&n->agree_buf, 16) != cudaSuccess)
-        st = nb_set_error(NB_ERR_NOMEM, "nb_pg_init: cannot allocate 16 bytes of device memory: %s",
+    if (st == NB_OK && cudaEventCreateWithFlags(&n->ready, cudaEventDisableTiming) != cudaSuccess)
+        st = nb_set_error(NB_ERR_INTERNAL, "nb_pg_init: cannot create an event: %s",
                           cudaGetErrorString(cudaGetLastError()));
+    if (st == NB_OK && !(n->agree_buf = nb__cuda_malloc(device, 16)))
+        st = nb_set_error(NB_ERR_NOMEM, "nb_pg_init: cannot allocate 16 bytes of device memory");
     if (st == NB_OK) st = init_comm(n, store, prefix, rank, size);
     if (st != NB_OK) {
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", nb_last_error());
-        if (n->agree_buf) cudaFree(n->agree_buf);
+        if (n->agree_buf) nb__cuda_free(device, n->agree_buf);
+        if (n->ready) cudaEventDestroy(n->ready);
         if (n->stream) cudaStreamDestroy(n->stream);
         free(n);
         return nb_set_error(st, "nb_pg_init (nccl, rank %d of %d, cuda:%d): %s", rank, size, device, msg);
@@ -142,7 +183,8 @@ void nb__nccl_free(nb__nccl *n) {
         cudaStreamSynchronize(n->stream);
         ncclCommDestroy(n->comm);
     }
-    cudaFree(n->agree_buf);
+    nb__cuda_free(n->device, n->agree_buf);
+    cudaEventDestroy(n->ready);
     cudaStreamDestroy(n->stream);
     free(n);
 }
@@ -184,20 +226,21 @@ static nb_status enqueue(nb__nccl *n, const nb__coll *c) {
 nb_status nb__nccl_launch(nb__nccl *n, const nb__coll *c, nb__nccl_work **work) {
     *work = NULL;
     CUDA_TRY(cudaSetDevice(n->device));
-    cudaEvent_t ready;
-    CUDA_TRY(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
-    CUDA_TRY(cudaEventRecord(ready, COMPUTE_STREAM));
-    CUDA_TRY(cudaStreamWaitEvent(n->stream, ready, 0));
-    cudaEventDestroy(ready);
+    cudaStream_t compute = (cudaStream_t)nb__cuda_compute_stream(n->device);
+    CUDA_TRY(cudaEventRecord(n->ready, compute));
+    CUDA_TRY(cudaStreamWaitEvent(n->stream, n->ready, 0));
     nb_status st = enqueue(n, c);
     if (st != NB_OK) return st;
     nb__nccl_work *w = calloc(1, sizeof *w);
     NB_CHECK(w != NULL, "nb_pg (nccl): out of memory");
-    if (cudaEventCreateWithFlags(&w->done, cudaEventDisableTiming) != cudaSuccess ||
-        cudaEventRecord(w->done, n->stream) != cudaSuccess) {
-        free(w);
-        return nb_set_error(NB_ERR_INTERNAL, "nb_pg (nccl): cannot record the completion event: %s",
-                            cudaGetErrorString(cudaGetLastError()));
+    w->device = n->device;
+    st = event_get(n->device, &w->done);
+    if (st == NB_OK && cudaEventRecord(w->done, n->stream) != cudaSuccess)
+        st = nb_set_error(NB_ERR_INTERNAL, "nb_pg (nccl): cannot record the completion event: %s",
+                          cudaGetErrorString(cudaGetLastError()));
+    if (st != NB_OK) {
+        nb__nccl_work_free(w);
+        return st;
     }
     *work = w;
     return NB_OK;
@@ -216,9 +259,15 @@ int nb__nccl_query(nb__nccl *n, nb__nccl_work *w) {
     return 0;
 }
 
+nb_status nb__nccl_work_order(nb__nccl_work *w) {
+    CUDA_TRY(cudaSetDevice(w->device));
+    CUDA_TRY(cudaStreamWaitEvent((cudaStream_t)nb__cuda_compute_stream(w->device), w->done, 0));
+    return NB_OK;
+}
+
 void nb__nccl_work_free(nb__nccl_work *w) {
     if (!w) return;
-    cudaEventDestroy(w->done);
+    event_put(w->device, w->done);
     free(w);
 }
 
@@ -228,10 +277,6 @@ static nb_status no_cuda(const char *fn) {
     return nb_set_error(NB_ERR_UNSUPPORTED, "%s: nabla was built without CUDA", fn);
 }
 
-nb_status nb__cuda_copy_bytes(void *dst, const void *src, size_t bytes) {
-    (void)dst, (void)src, (void)bytes;
-    return no_cuda("nb__cuda_copy_bytes");
-}
 nb_status nb__nccl_init(nb__nccl **out, nb_store *store, const char *prefix, int rank, int size,
                         int device, void **agree_buf) {
     (void)store, (void)prefix, (void)rank, (void)size, (void)device, (void)agree_buf;
@@ -246,6 +291,7 @@ nb_status nb__nccl_launch(nb__nccl *n, const nb__coll *c, nb__nccl_work **work) 
     return no_cuda("nb_pg (nccl)");
 }
 int nb__nccl_query(nb__nccl *n, nb__nccl_work *w) { (void)n, (void)w; return 1; }
+nb_status nb__nccl_work_order(nb__nccl_work *w) { (void)w; return NB_OK; }
 void nb__nccl_work_free(nb__nccl_work *w) { (void)w; }
 
 #endif

@@ -24,6 +24,7 @@
  * structs are never replaced: nb_module_to moves storage under the same
  * struct, so a layer's own `weight` field, an optimizer's list and a DDP
  * bucket all keep pointing at the live parameter. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "nn/internal.h"
@@ -206,26 +207,40 @@ void nb_module_zero_grad(nb_module *m) {
     for (int i = 0; i < n; i++) nb_zero_grad(p[i].tensor);
 }
 
+/* t's storage moves into ctx: new contiguous storage on ctx's device, the
+ * values copied (through the host between devices), the struct kept. */
+static void move_tensor(nb_tensor *t, nb_ctx *ctx) {
+    nb_device dev = nb_ctx_device(ctx);
+    nb_tensor *fresh;
+    if (nb_device_eq(t->device, dev)) {
+        fresh = nb_empty(ctx, t->dtype, t->ndim, t->shape);
+        nb_copy_(fresh, t);
+    } else {
+        size_t bytes = (size_t)nb_numel(t) * nb_dtype_size(t->dtype);
+        void *buf = malloc(bytes ? bytes : 1);
+        NB_CHECK(buf, "nb_module_to: out of memory for a %zu-byte host copy of \"%s\" %s", bytes,
+                 t->name ? t->name : "", nb_shape_str(t));
+        nb_to_host(t, buf);
+        fresh = nb_from_host(ctx, t->dtype, t->ndim, t->shape, buf);
+        free(buf);
+    }
+    t->device = dev;
+    t->data = fresh->data;
+    memcpy(t->strides, fresh->strides, sizeof t->strides);
+    t->base = NULL;
+    t->ctx = ctx;
+    t->grad = NULL;
+}
+
 nb_status nb_module_to(nb_module *m, nb_ctx *ctx) {
     NB_CHECK(m && ctx, "nb_module_to: module and context must not be NULL");
-    nb_device dev = nb_ctx_device(ctx);
-    int n, np;
-    const nb_named_tensor *s = nb__module_cached(m, NB__LIST_STATE, &n);
-    const nb_named_tensor *p = nb__module_cached(m, NB__LIST_PARAMS, &np);
+    int n;
+    const nb_named_tensor *s = nb__module_cached(m, NB__LIST_STATE, &n); /* each tensor once */
     for (int i = 0; i < n; i++) {
-        const nb_tensor *t = s[i].tensor;
-        if (nb_device_eq(t->device, dev)) continue;
-        /* Copying between devices comes with the CUDA backend; until then
-         * every such move is refused before anything is changed. */
-        bool param = false;
-        for (int k = 0; k < np && !param; k++) param = p[k].tensor == t;
-        char from[32];
-        snprintf(from, sizeof from, "%s", nb_device_name(t->device));
-        return nb_set_error(NB_ERR_UNSUPPORTED,
-                            "nb_module_to: cannot move %s \"%s\" %s from %s to %s: this build has "
-                            "no copy between devices (it comes with the CUDA backend)",
-                            param ? "parameter" : "buffer", s[i].name, nb_shape_str(t),
-                            from, nb_device_name(dev));
+        nb_tensor *t = s[i].tensor;
+        NB_CHECK(!t->node, "nb_module_to: \"%s\" %s was made by an op; parameters and buffers "
+                 "must be leaves", s[i].name, nb_shape_str(t));
+        if (t->ctx != ctx) move_tensor(t, ctx);
     }
     return NB_OK;
 }

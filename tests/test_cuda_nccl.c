@@ -1,52 +1,34 @@
-/* The NCCL process group on one GPU, as a world of one: every collective
- * and the dtypes NCCL takes, zero counts, ordering after work queued on
- * the compute stream, agree, barrier, and the device check. Skipped (77)
- * without CUDA in the build or without a visible GPU.
- *
- * nabla has no CUDA contexts yet, so the tensors here are made by hand:
- * the public struct around cudaMalloc'd memory. */
+/* The NCCL process group on one GPU, as a world of one, with tensors of
+ * real CUDA contexts: every collective and the dtypes NCCL takes, zero
+ * counts, ordering after work queued on the compute stream, ordering of
+ * later compute after a wait, agree, barrier, and the device check.
+ * Skipped (77) without CUDA in the build or without a visible GPU. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda_parity.h"
 #include "distributed/internal.h"
 #include "testutil.h"
 
 #if NABLA_HAVE_CUDA
-#include <cuda_runtime.h>
 
 static nb_pg *pg;
+static nb_ctx *dev;
 
-static nb_tensor *dev_tensor(nb_dtype dt, int64_t n) {
-    nb_tensor *t = calloc(1, sizeof *t);
-    t->dtype = dt;
-    t->device = nb_pg_device(pg);
-    t->ndim = 1;
-    t->shape[0] = n;
-    t->strides[0] = 1;
-    ck_assert_int_eq(cudaMalloc(&t->data, (size_t)(n ? n : 1) * nb_dtype_size(dt)), cudaSuccess);
+/* f64 host values -> a (n) tensor of dtype dt on the GPU. */
+static nb_tensor *upload(nb_dtype dt, int64_t n, const double *v) {
+    nb_ctx *host = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *h = nb_cast(host, nb_from_host(host, NB_F64, 1, &n, v), dt);
+    nb_tensor *t = nb_from_host(dev, dt, 1, &n, h->data);
+    nb_ctx_free(host);
     return t;
 }
 
-static void dev_free(nb_tensor *t) {
-    cudaFree(t->data);
-    free(t);
-}
-
-/* Host values (as f64) <-> a device tensor of any dtype, through a CPU tensor. */
-static void upload(nb_tensor *t, const double *v) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
-    nb_tensor *h = nb_cast(ctx, nb_from_host(ctx, NB_F64, NB_SHAPE(t->shape[0]), v), t->dtype);
-    cudaMemcpy(t->data, h->data, (size_t)t->shape[0] * nb_dtype_size(t->dtype), cudaMemcpyHostToDevice);
-    nb_ctx_free(ctx);
-}
-
 static void download(const nb_tensor *t, double *v) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
-    nb_tensor *h = nb_empty(ctx, t->dtype, NB_SHAPE(t->shape[0]));
-    cudaMemcpy(h->data, t->data, (size_t)t->shape[0] * nb_dtype_size(t->dtype), cudaMemcpyDeviceToHost);
-    nb_to_host_f64(h, v);
-    nb_ctx_free(ctx);
+    double *got = nbt_values(t);
+    memcpy(v, got, sizeof(double) * (size_t)nb_numel(t));
+    free(got);
 }
 
 static void check_ok(nb_status st) { ck_assert_msg(st == NB_OK, "status %d: %s", st, nb_last_error()); }
@@ -60,53 +42,85 @@ START_TEST(test_world_of_one) {
     for (int d = 0; d < 6; d++) {
         for (int op = NB_REDUCE_SUM; op <= NB_REDUCE_MAX; op++) {
             if (op == NB_REDUCE_AVG && !nb_dtype_is_float(dts[d])) continue;
-            nb_tensor *t = dev_tensor(dts[d], 1001);
-            upload(t, v);
+            nb_tensor *t = upload(dts[d], 1001, v);
             check_ok(nb_work_finish(nb_pg_all_reduce(pg, t, (nb_reduce_op)op)));
             download(t, got);
             for (int i = 0; i < 1001; i++) ck_assert_double_eq(got[i], v[i]);
-            dev_free(t);
         }
-        nb_tensor *t = dev_tensor(dts[d], 1001), *o = dev_tensor(dts[d], 1001);
-        upload(t, v);
+        nb_tensor *t = upload(dts[d], 1001, v);
+        nb_tensor *o = nb_zeros(dev, dts[d], NB_SHAPE(1001));
         check_ok(nb_work_finish(nb_pg_broadcast(pg, t, 0)));
         check_ok(nb_work_finish(nb_pg_all_gather(pg, o, t)));
         download(o, got);
         for (int i = 0; i < 1001; i++) ck_assert_double_eq(got[i], v[i]);
+        nb_fill_(o, 0);
         check_ok(nb_work_finish(nb_pg_reduce_scatter(pg, o, t, NB_REDUCE_SUM)));
         download(o, got);
         for (int i = 0; i < 1001; i++) ck_assert_double_eq(got[i], v[i]);
-        dev_free(t);
-        dev_free(o);
+        nb_ctx_reset(dev);
     }
-    nb_tensor *z = dev_tensor(NB_F32, 0);
+    nb_tensor *z = nb_zeros(dev, NB_F32, NB_SHAPE(0));
     check_ok(nb_work_finish(nb_pg_all_reduce(pg, z, NB_REDUCE_SUM)));
-    dev_free(z);
     check_ok(nb_work_finish(nb_pg_barrier(pg)));
     bool any, all;
     check_ok(nb_pg_agree(pg, true, &any, &all));
     ck_assert(any && all);
+    check_ok(nb_pg_agree(pg, false, &any, &all));
+    ck_assert(!any && !all);
+    nb_ctx_reset(dev);
 }
 END_TEST
 
 /* A collective sees what the compute stream wrote before it was issued:
- * the input is filled with NaN patterns synchronously, then zeroed on the
- * compute stream (asynchronously), then gathered. */
-START_TEST(test_ordered_after_compute) {
-    const size_t n = 1 << 22;
-    nb_tensor *in = dev_tensor(NB_F32, (int64_t)n), *out = dev_tensor(NB_F32, (int64_t)n);
-    cudaMemset(in->data, 0xff, n * 4);
-    cudaMemset(out->data, 0xff, n * 4);
-    cudaMemsetAsync(in->data, 0, n * 4, 0);
+ * the input holds ones, is zeroed on the compute stream (asynchronously,
+ * behind a large fill that keeps the stream busy), then gathered; and an
+ * op issued after the wait sees the collective's result: the output is
+ * scaled on the compute stream right after nb_work_wait. */
+START_TEST(test_ordered_with_compute) {
+    const int64_t n = 1 << 22;
+    nb_tensor *busy = nb_zeros(dev, NB_F32, NB_SHAPE(1 << 26));
+    nb_tensor *in = nb_full(dev, NB_F32, 1, &n, 1.0), *out = nb_full(dev, NB_F32, 1, &n, 5.0);
+    nb__cuda_sync(0);
+    nb_fill_(busy, 3.0);
+    nb_fill_(in, 2.0);
     nb_work *w = nb_pg_all_gather(pg, out, in);
+    check_ok(nb_work_wait(w));
+    nb_work_free(w);
+    nb_scale_(out, 0.5);
+    float x[2] = {0, 0};
+    int64_t last = n - 1;
+    x[0] = (float)nb_get(out, &last);
+    int64_t first = 0;
+    x[1] = (float)nb_get(out, &first);
+    ck_assert_float_eq(x[0], 1.0f);
+    ck_assert_float_eq(x[1], 1.0f);
+    /* nb_work_test polls to completion just the same */
+    nb_fill_(in, 4.0);
+    w = nb_pg_all_reduce(pg, in, NB_REDUCE_SUM);
     bool done = false;
     while (!done) check_ok(nb_work_test(w, &done));
     nb_work_free(w);
-    float x = 1;
-    cudaMemcpy(&x, (float *)out->data + n - 1, 4, cudaMemcpyDeviceToHost);
-    ck_assert_float_eq(x, 0);
-    dev_free(in);
-    dev_free(out);
+    ck_assert_double_eq(nb_get(in, &last), 4.0);
+    nb_ctx_reset(dev);
+}
+END_TEST
+
+/* Many collectives in flight at once (more than the event pool keeps),
+ * freed in any order: each result is right. */
+START_TEST(test_many_in_flight) {
+    enum { K = 80 };
+    nb_tensor *t[K];
+    nb_work *w[K];
+    for (int k = 0; k < K; k++) {
+        t[k] = nb_full(dev, NB_F32, NB_SHAPE(33), (double)k);
+        w[k] = nb_pg_all_reduce(pg, t[k], NB_REDUCE_MAX);
+    }
+    for (int k = K - 1; k >= 0; k--) check_ok(nb_work_finish(w[k]));
+    for (int k = 0; k < K; k++) {
+        int64_t i = 32;
+        ck_assert_double_eq(nb_get(t[k], &i), (double)k);
+    }
+    nb_ctx_reset(dev);
 }
 END_TEST
 
@@ -119,10 +133,7 @@ START_TEST(test_device_check) {
 END_TEST
 
 int main(void) {
-    if (nb__cuda_device_count() == 0) {
-        fprintf(stderr, "skipped: no GPU visible\n");
-        return 77;
-    }
+    nbt_cuda_require();
     setenv("CK_FORK", "no", 1); /* one communicator for every test */
     nb_dist_env env;
     memset(&env, 0, sizeof env);
@@ -135,13 +146,17 @@ int main(void) {
         fprintf(stderr, "nb_pg_init: %s\n", nb_last_error());
         return 1;
     }
+    dev = nb_ctx_new(nb_cuda(0), 0);
     Suite *s = suite_create("cuda_nccl");
     TCase *tc = tcase_create("nccl");
+    tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_world_of_one);
-    tcase_add_test(tc, test_ordered_after_compute);
+    tcase_add_test(tc, test_ordered_with_compute);
+    tcase_add_test(tc, test_many_in_flight);
     tcase_add_test(tc, test_device_check);
     suite_add_tcase(s, tc);
     int rc = nbt_run(s);
+    nb_ctx_free(dev);
     if (nb_pg_free(pg) != NB_OK) {
         fprintf(stderr, "nb_pg_free: %s\n", nb_last_error());
         rc = 1;

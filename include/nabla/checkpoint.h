@@ -41,7 +41,7 @@ typedef struct nb_kv {
 } nb_kv;
 
 /* ---- whole files ---- */
-/* Writes the tensors (any strides, CPU) and metadata to `path` atomically.
+/* Writes the tensors (any strides, any device) and metadata to `path` atomically.
  * Names must be unique, valid UTF-8, and not "__metadata__"; metadata keys
  * unique. Returns NB_ERR_IO with the file and the failing call. */
 nb_status nb_checkpoint_save(const char *path, const nb_named_tensor *tensors, int n,

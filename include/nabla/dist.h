@@ -189,7 +189,9 @@ nb_status nb_pg_agree(nb_pg *pg, bool flag, bool *any, bool *all);
 /* Blocks until the work is done; NB_OK, or the failure (NB_ERR_TIMEOUT,
  * NB_ERR_MISMATCH, NB_ERR_CLOSED, NB_ERR_NETWORK) with the diagnosis in
  * nb_last_error(). After a failure the group is unusable: every later
- * collective fails with the same message. */
+ * collective fails with the same message. With NCCL it also makes the CUDA
+ * compute stream wait for the collective (no device-wide sync), so every
+ * op issued afterwards reads its result. */
 nb_status nb_work_wait(nb_work *work);
 /* Non-blocking: *done says whether the work finished; the status is its
  * result if it did (NB_OK while it runs). Also runs the hang checks. */

@@ -22,10 +22,14 @@
  * not move past a failed batch; nb_loader_seek can skip it.
  *
  * Devices: the batch tensors are made on the context's device, which must
- * be the loader's `device`. This build has no CUDA backend yet:
- * nb_loader_new refuses a CUDA device with NB_ERR_UNSUPPORTED. With CUDA,
- * the queue buffers become pinned host memory (pin_memory) and the copy
- * into the context an asynchronous host-to-device copy. */
+ * be the loader's `device`. For a CUDA device, batches are collated on the
+ * host (in pinned memory with pin_memory, else pageable), copied
+ * asynchronously on the device's copy stream into a ring of device
+ * buffers owned by the loader (the workers start the copy as soon as a
+ * batch is collated), and copied into the caller's context on the compute
+ * stream, which first waits for that copy: nb_loader_next does not block
+ * on the transfer, and the batch is ready for every op queued after it.
+ * Note [Loader to CUDA] in data/loader.c has the ordering. */
 #ifndef NABLA_LOADER_H
 #define NABLA_LOADER_H
 
@@ -53,7 +57,7 @@ typedef struct nb_loader_options {
     int num_workers;      /* 0: batches are made by the caller's thread */
     int prefetch_batches; /* queue capacity with workers; 0: 2 per worker */
     nb_device device;     /* where batches go; zero-initialised: the CPU */
-    bool pin_memory;      /* page-locked queue buffers for CUDA targets; no effect on the CPU */
+    bool pin_memory;      /* page-locked staging buffers for CUDA targets; no effect on the CPU */
 } nb_loader_options;
 
 typedef struct nb_batch {
@@ -67,8 +71,9 @@ typedef struct nb_batch {
 
 /* `ds` is retained; a given sampler is borrowed (it must outlive the
  * loader, and the loader sets its epoch). The position starts at
- * (nb_sampler_epoch(sampler) or 0, 0). Errors: a CUDA device
- * (NB_ERR_UNSUPPORTED), threads or memory that cannot be had
+ * (nb_sampler_epoch(sampler) or 0, 0). Errors: a device that is not there
+ * (a CUDA device in a build without CUDA, or not visible:
+ * NB_ERR_UNSUPPORTED), threads or memory that cannot be had
  * (NB_ERR_INTERNAL, NB_ERR_NOMEM). */
 nb_status nb_loader_new(nb_loader **out, nb_dataset *ds, const nb_loader_options *opts);
 /* Stops and joins every worker, whatever state they are in. NULL is fine. */

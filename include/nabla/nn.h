@@ -96,12 +96,15 @@ int64_t nb_module_num_params(nb_module *m);
 /* Zeroes every parameter's gradient in place. */
 void nb_module_zero_grad(nb_module *m);
 
-/* Moves every parameter and buffer to ctx's device, keeping each tensor's
- * identity (pointers held elsewhere stay valid), its name and
- * requires_grad; the copies are made in ctx. Tensors already on that
- * device stay where they are, so CPU to CPU does nothing. Returns
- * NB_ERR_UNSUPPORTED, naming the tensor, when a move between devices is
- * not possible in this build (no CUDA backend yet). */
+/* Moves every parameter and buffer of the tree into ctx: new contiguous
+ * storage on ctx's device (CPU to CPU included), the values copied, each
+ * tensor's identity kept (pointers held elsewhere, by the layers, an
+ * optimizer, stay valid: make the optimizer after the move, as its state
+ * is on the old device), its name, requires_grad and hooks kept; a tensor
+ * registered twice (tied weights) moves once and stays shared. Gradients
+ * are dropped (->grad NULL). Tensors already in ctx stay where they are.
+ * The module structs stay in their own context, which must outlive the
+ * model as before. Reads of device memory wait for the device. NB_OK. */
 nb_status nb_module_to(nb_module *m, nb_ctx *ctx);
 
 /* PyTorch-style: "Sequential(\n  (0): Linear(in_features=2, ...)\n)". */

@@ -1,0 +1,270 @@
+/* SyncBatchNorm's kernels (declared in distributed/sync_batch_norm_cuda.h;
+ * the front end and the all-reduces are in sync_batch_norm.c).
+ *
+ * Letters: x is (N, C, S) contiguous; M is the global count per channel.
+ * Per-channel sums use one block per channel (a grid-stride loop over
+ * channels), each thread summing a strided share of the channel's N S
+ * elements in f64, then a fixed-shape tree: the result does not depend on
+ * timing (no atomics), so a step is reproducible. Everything is computed
+ * in f64, the dtype of the statistics, as the CPU version does; 16-bit
+ * inputs are widened on load and rounded once on store. */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "distributed/sync_batch_norm_cuda.h"
+#include "tensor/cuda/check.h"
+#include "tensor/cuda/cuda.h"
+
+#define THREADS 256
+#define MAX_BLOCKS 65535
+
+static __device__ __forceinline__ double to_f64(float v) { return (double)v; }
+static __device__ __forceinline__ double to_f64(double v) { return v; }
+static __device__ __forceinline__ double to_f64(__nv_bfloat16 v) { return (double)__bfloat162float(v); }
+static __device__ __forceinline__ double to_f64(__half v) { return (double)__half2float(v); }
+
+template <typename T> static __device__ __forceinline__ T from_f64(double v);
+template <> __device__ __forceinline__ float from_f64<float>(double v) { return (float)v; }
+template <> __device__ __forceinline__ double from_f64<double>(double v) { return v; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f64<__nv_bfloat16>(double v) {
+    return __double2bfloat16(v);
+}
+template <> __device__ __forceinline__ __half from_f64<__half>(double v) { return __double2half(v); }
+
+/* Element i of a per-channel vector of dtype dt (f32, f64, bf16, f16). */
+static __device__ __forceinline__ double load_any(const void *p, int dt, int64_t i) {
+    switch (dt) {
+    case NB_F64: return ((const double *)p)[i];
+    case NB_BF16: return to_f64(((const __nv_bfloat16 *)p)[i]);
+    case NB_F16: return to_f64(((const __half *)p)[i]);
+    default: return (double)((const float *)p)[i];
+    }
+}
+
+/* Sum of v over the block (every thread gets it); `sh` holds 32 doubles. */
+static __device__ double block_sum(double v, double *sh) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    __syncthreads(); /* sh may still be read from the previous call */
+    if (lane == 0) sh[warp] = v;
+    __syncthreads();
+    int nwarps = (blockDim.x + 31) >> 5;
+    v = threadIdx.x < nwarps ? sh[threadIdx.x] : 0.0;
+    if (warp == 0)
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+    if (threadIdx.x == 0) sh[0] = v;
+    __syncthreads();
+    return sh[0];
+}
+
+// stats (3 C) = [count | sum | sum of squares]
+template <typename T>
+static __global__ void stats_kernel(double *stats, const T *x, int64_t n, int64_t c, int64_t s) {
+    __shared__ double sh[32];
+    const int64_t per = n * s;
+    for (int64_t ch = blockIdx.x; ch < c; ch += gridDim.x) {
+        double sum = 0, sq = 0;
+        for (int64_t i = threadIdx.x; i < per; i += blockDim.x) {
+            int64_t ni = i / s, k = i - ni * s;
+            double v = to_f64(x[(ni * c + ch) * s + k]);
+            sum += v;
+            sq += v * v;
+        }
+        sum = block_sum(sum, sh);
+        sq = block_sum(sq, sh);
+        if (threadIdx.x == 0) {
+            stats[ch] = (double)per;
+            stats[c + ch] = sum;
+            stats[2 * c + ch] = sq;
+        }
+    }
+}
+
+static __global__ void finalize_kernel(double *mean, double *invstd, const double *stats,
+                                       void *rm, int rm_dt, int64_t rm_stride, void *rv,
+                                       int rv_dt, int64_t rv_stride, double momentum, double eps,
+                                       int64_t c) {
+    for (int64_t ch = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; ch < c;
+         ch += (int64_t)gridDim.x * blockDim.x) {
+        double m = stats[ch];
+        double mu = stats[c + ch] / m;
+        double var = stats[2 * c + ch] / m - mu * mu;
+        if (var < 0) var = 0;
+        mean[ch] = mu;
+        invstd[ch] = 1.0 / sqrt(var + eps);
+        if (rm) {
+            double unbiased = m > 1 ? var * m / (m - 1) : nan("");
+            if (rm_dt == NB_F64) {
+                double *p = (double *)rm + ch * rm_stride;
+                *p = (1 - momentum) * *p + momentum * mu;
+            } else {
+                float *p = (float *)rm + ch * rm_stride;
+                *p = (float)((1 - momentum) * (double)*p + momentum * mu);
+            }
+            if (rv_dt == NB_F64) {
+                double *p = (double *)rv + ch * rv_stride;
+                *p = (1 - momentum) * *p + momentum * unbiased;
+            } else {
+                float *p = (float *)rv + ch * rv_stride;
+                *p = (float)((1 - momentum) * (double)*p + momentum * unbiased);
+            }
+        }
+    }
+}
+
+template <typename T>
+static __global__ void apply_kernel(T *y, const T *x, const double *mean, const double *invstd,
+                                    const void *w, int w_dt, const void *b, int b_dt,
+                                    int64_t total, int64_t c, int64_t s) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t ch = (i / s) % c;
+        double wv = w ? load_any(w, w_dt, ch) : 1.0, bv = b ? load_any(b, b_dt, ch) : 0.0;
+        y[i] = from_f64<T>((to_f64(x[i]) - mean[ch]) * invstd[ch] * wv + bv);
+    }
+}
+
+// sums (2 C) = [sum dy | sum dy xhat]
+template <typename T>
+static __global__ void backward_sums_kernel(double *sums, const T *dy, const T *x,
+                                            const double *mean, const double *invstd, int64_t n,
+                                            int64_t c, int64_t s) {
+    __shared__ double sh[32];
+    const int64_t per = n * s;
+    for (int64_t ch = blockIdx.x; ch < c; ch += gridDim.x) {
+        double mu = mean[ch], is = invstd[ch], sd = 0, sdx = 0;
+        for (int64_t i = threadIdx.x; i < per; i += blockDim.x) {
+            int64_t ni = i / s, k = i - ni * s, at = (ni * c + ch) * s + k;
+            double d = to_f64(dy[at]);
+            sd += d;
+            sdx += d * (to_f64(x[at]) - mu) * is;
+        }
+        sd = block_sum(sd, sh);
+        sdx = block_sum(sdx, sh);
+        if (threadIdx.x == 0) {
+            sums[ch] = sd;
+            sums[c + ch] = sdx;
+        }
+    }
+}
+
+template <typename T>
+static __global__ void backward_dx_kernel(T *dx, const T *dy, const T *x, const double *mean,
+                                          const double *invstd, const void *w, int w_dt,
+                                          const double *sums, const double *stats, int64_t total,
+                                          int64_t c, int64_t s) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t ch = (i / s) % c;
+        double m = stats[ch], is = invstd[ch];
+        double scale = (w ? load_any(w, w_dt, ch) : 1.0) * is;
+        double xhat = (to_f64(x[i]) - mean[ch]) * is;
+        dx[i] = from_f64<T>(scale * (to_f64(dy[i]) - sums[ch] / m - xhat * sums[c + ch] / m));
+    }
+}
+
+static unsigned blocks_for(int64_t work, int64_t per_block) {
+    int64_t b = (work + per_block - 1) / per_block;
+    if (b < 1) b = 1;
+    return (unsigned)(b < MAX_BLOCKS ? b : MAX_BLOCKS);
+}
+
+static cudaStream_t stream_of(const char *op, const nb_tensor *t) {
+    nb__cuda_use(op, t->device.index);
+    return (cudaStream_t)nb__cuda_compute_stream(t->device.index);
+}
+
+/* Calls F<T>(args...) for x's dtype. */
+#define DISPATCH(op, dt, CALL)                                                                   \
+    do {                                                                                         \
+        switch (dt) {                                                                            \
+        case NB_F32: { typedef float T; CALL; break; }                                           \
+        case NB_F64: { typedef double T; CALL; break; }                                          \
+        case NB_BF16: { typedef __nv_bfloat16 T; CALL; break; }                                  \
+        case NB_F16: { typedef __half T; CALL; break; }                                          \
+        default: NB_ABORT("%s: dtype %s is not supported on CUDA", op, nb_dtype_name(dt));        \
+        }                                                                                        \
+    } while (0)
+
+void nb__cuda_sbn_stats(nb_tensor *stats, const nb_tensor *x, int64_t n, int64_t c, int64_t s) {
+    const char *op = "nb_sync_batch_norm";
+    cudaStream_t st = stream_of(op, x);
+    if (c == 0) return;
+    if (n * s == 0) {
+        NB_CUDA_CHECK(op, cudaMemsetAsync(stats->data, 0, 3 * (size_t)c * sizeof(double), st));
+        return;
+    }
+    unsigned grid = blocks_for(c, 1);
+    DISPATCH(op, x->dtype,
+             (stats_kernel<T><<<grid, THREADS, 0, st>>>((double *)stats->data,
+                                                        (const T *)x->data, n, c, s)));
+    NB_CUDA_CHECK_LAUNCH(op);
+}
+
+void nb__cuda_sbn_finalize(nb_tensor *mean, nb_tensor *invstd, const nb_tensor *stats,
+                           nb_tensor *running_mean, nb_tensor *running_var, double momentum,
+                           double eps, int64_t c) {
+    const char *op = "nb_sync_batch_norm";
+    cudaStream_t st = stream_of(op, stats);
+    if (c == 0) return;
+    void *rm = running_mean ? running_mean->data : NULL;
+    void *rv = running_var ? running_var->data : NULL;
+    finalize_kernel<<<blocks_for(c, THREADS), THREADS, 0, st>>>(
+        (double *)mean->data, (double *)invstd->data, (const double *)stats->data, rm,
+        running_mean ? (int)running_mean->dtype : 0, running_mean ? running_mean->strides[0] : 0,
+        rv, running_var ? (int)running_var->dtype : 0, running_var ? running_var->strides[0] : 0,
+        momentum, eps, c);
+    NB_CUDA_CHECK_LAUNCH(op);
+}
+
+void nb__cuda_sbn_apply(nb_tensor *y, const nb_tensor *x, const nb_tensor *mean,
+                        const nb_tensor *invstd, const nb_tensor *w, const nb_tensor *b,
+                        int64_t n, int64_t c, int64_t s) {
+    const char *op = "nb_sync_batch_norm";
+    cudaStream_t st = stream_of(op, x);
+    int64_t total = n * c * s;
+    if (total == 0) return;
+    const void *wp = w ? w->data : NULL, *bp = b ? b->data : NULL;
+    int wdt = w ? (int)w->dtype : 0, bdt = b ? (int)b->dtype : 0;
+    DISPATCH(op, x->dtype,
+             (apply_kernel<T><<<blocks_for(total, THREADS), THREADS, 0, st>>>(
+                 (T *)y->data, (const T *)x->data, (const double *)mean->data,
+                 (const double *)invstd->data, wp, wdt, bp, bdt, total, c, s)));
+    NB_CUDA_CHECK_LAUNCH(op);
+}
+
+void nb__cuda_sbn_backward_sums(nb_tensor *sums, const nb_tensor *dy, const nb_tensor *x,
+                                const nb_tensor *mean, const nb_tensor *invstd, int64_t n,
+                                int64_t c, int64_t s) {
+    const char *op = "nb_sync_batch_norm (backward)";
+    cudaStream_t st = stream_of(op, x);
+    if (c == 0) return;
+    if (n * s == 0) {
+        NB_CUDA_CHECK(op, cudaMemsetAsync(sums->data, 0, 2 * (size_t)c * sizeof(double), st));
+        return;
+    }
+    unsigned grid = blocks_for(c, 1);
+    DISPATCH(op, x->dtype,
+             (backward_sums_kernel<T><<<grid, THREADS, 0, st>>>(
+                 (double *)sums->data, (const T *)dy->data, (const T *)x->data,
+                 (const double *)mean->data, (const double *)invstd->data, n, c, s)));
+    NB_CUDA_CHECK_LAUNCH(op);
+}
+
+void nb__cuda_sbn_backward_dx(nb_tensor *dx, const nb_tensor *dy, const nb_tensor *x,
+                              const nb_tensor *mean, const nb_tensor *invstd, const nb_tensor *w,
+                              const nb_tensor *sums, const nb_tensor *stats, int64_t n, int64_t c,
+                              int64_t s) {
+    const char *op = "nb_sync_batch_norm (backward)";
+    cudaStream_t st = stream_of(op, x);
+    int64_t total = n * c * s;
+    if (total == 0) return;
+    const void *wp = w ? w->data : NULL;
+    int wdt = w ? (int)w->dtype : 0;
+    DISPATCH(op, x->dtype,
+             (backward_dx_kernel<T><<<blocks_for(total, THREADS), THREADS, 0, st>>>(
+                 (T *)dx->data, (const T *)dy->data, (const T *)x->data,
+                 (const double *)mean->data, (const double *)invstd->data, wp, wdt,
+                 (const double *)sums->data, (const double *)stats->data, total, c, s)));
+    NB_CUDA_CHECK_LAUNCH(op);
+}
