@@ -1,0 +1,510 @@
+/* GEMM for nb_matmul on CUDA (cuda.h, "GEMM"), through cuBLASLt.
+ *
+ * Letters: L batch, M and N output rows and columns, K inner size.
+ *
+ * Note [Row-major GEMM in cuBLASLt]
+ * cuBLASLt is column-major. Our out (M, N) row-major is, read column-major,
+ * D (N, M) = out^T = op(b)^T op(a)^T, so cuBLASLt's A is our b and its B is
+ * our a. An operand stored row-major (R, C) with leading dimension ld is,
+ * column-major, an (C, R) matrix with the same ld: no copies, transposes go
+ * into CUBLASLT_MATMUL_DESC_TRANSA/B. A batch is one strided call when the
+ * batch dims of a and b (aligned to out's, 0 where broadcast) each flatten
+ * to one stride; otherwise the outer dims are looped over and the innermost
+ * run that does flatten is one call. When b is one matrix for the whole
+ * batch and a's batch continues its rows, the batch is folded into M (the
+ * linear-layer case), as on the CPU.
+ *
+ * Plans (descriptors, layouts and the heuristic's algorithm) are cached per
+ * shape key in a small host table, so that steady-state calls make no
+ * heuristic query. The key holds the alignment of every pointer, because
+ * the heuristic picks algorithms for the alignments it is told (the default
+ * assumption is 256 bytes, which views at an offset break).
+ *
+ * Epilogues: bias (N) and GELU(tanh) run in cuBLASLt (BIAS, GELU_BIAS,
+ * GELU_AUX_BIAS with aux = pre) when its heuristic finds an algorithm for
+ * them (it needs, e.g., N divisible by 8 for the aux matrix); otherwise the
+ * GEMM runs plain and a small kernel applies them. K = 0 is a zero fill and
+ * the same kernel. */
+#include <pthread.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "tensor/cuda/check.h"
+#include "tensor/cuda/cuda.h"
+
+#define OP "nb_matmul"
+
+/* ------------------------------------------------------------- kernels */
+static __device__ __forceinline__ float to_acc(float x) { return x; }
+static __device__ __forceinline__ double to_acc(double x) { return x; }
+static __device__ __forceinline__ float to_acc(__nv_bfloat16 x) { return __bfloat162float(x); }
+static __device__ __forceinline__ float to_acc(__half x) { return __half2float(x); }
+static __device__ __forceinline__ void put(float *p, float v) { *p = v; }
+static __device__ __forceinline__ void put(double *p, double v) { *p = v; }
+static __device__ __forceinline__ void put(__nv_bfloat16 *p, float v) { *p = __float2bfloat16(v); }
+static __device__ __forceinline__ void put(__half *p, float v) { *p = __float2half(v); }
+
+static __device__ __forceinline__ float gelu_tanh(float x) {
+    const float k = 0.7978845608028654f, c = 0.044715f;
+    return 0.5f * x * (1.0f + tanhf(k * (x + c * x * x * x)));
+}
+static __device__ __forceinline__ double gelu_tanh(double x) {
+    const double k = 0.7978845608028654, c = 0.044715;
+    return 0.5 * x * (1.0 + tanh(k * (x + c * x * x * x)));
+}
+
+/* out (R, N) contiguous: v = out + bias[col]; pre = v; out = gelu(v). */
+template <typename T>
+static __global__ void epilogue_kernel(T *out, T *pre, const T *bias, int64_t total, int64_t n,
+                                       bool gelu) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        auto v = to_acc(out[i]);
+        if (bias) v += to_acc(bias[i % n]);
+        if (pre) put(&pre[i], v);
+        if (gelu) v = gelu_tanh(v);
+        put(&out[i], v);
+    }
+}
+
+/* ----------------------------------------------------------- launchers */
+template <typename T>
+static void epilogue_launch(cudaStream_t st, void *out, void *pre, const void *bias,
+                            int64_t total, int64_t n, bool gelu) {
+    int64_t blocks = (total + 255) / 256;
+    if (blocks > 65536) blocks = 65536;
+    epilogue_kernel<T><<<(unsigned)blocks, 256, 0, st>>>((T *)out, (T *)pre, (const T *)bias,
+                                                         total, n, gelu);
+    NB_CUDA_CHECK_LAUNCH(OP);
+}
+
+static void epilogue(cudaStream_t st, nb_dtype dt, void *out, void *pre, const void *bias,
+                     int64_t total, int64_t n, bool gelu) {
+    if (total == 0) return;
+    switch (dt) {
+    case NB_F32: epilogue_launch<float>(st, out, pre, bias, total, n, gelu); break;
+    case NB_F64: epilogue_launch<double>(st, out, pre, bias, total, n, gelu); break;
+    case NB_BF16: epilogue_launch<__nv_bfloat16>(st, out, pre, bias, total, n, gelu); break;
+    case NB_F16: epilogue_launch<__half>(st, out, pre, bias, total, n, gelu); break;
+    default: NB_ABORT("%s: unsupported dtype %s", OP, nb_dtype_name(dt));
+    }
+}
+
+/* ------------------------------------------------------------- layouts */
+typedef struct layout {
+    bool col_major; /* stored as the transpose of a row-major matrix */
+    int64_t ld;
+} layout;
+
+/* As tensor/cpu/matmul.c, without BLAS's int limit (cuBLASLt takes int64). */
+static bool get_layout(const nb_tensor *t, layout *l) {
+    int nd = t->ndim;
+    int64_t r = t->shape[nd - 2], c = t->shape[nd - 1];
+    int64_t rs = t->strides[nd - 2], cs = t->strides[nd - 1];
+    int64_t min_row = c > 1 ? c : 1, min_col = r > 1 ? r : 1;
+    if (r == 0 || c == 0) {
+        l->col_major = false;
+        l->ld = min_row;
+    } else if ((c == 1 || cs == 1) && (r == 1 || rs >= min_row)) {
+        l->col_major = false;
+        l->ld = r == 1 ? min_row : rs;
+    } else if ((r == 1 || rs == 1) && (c == 1 || cs >= min_col)) {
+        l->col_major = true;
+        l->ld = c == 1 ? min_col : cs;
+    } else {
+        return false;
+    }
+    return true;
+}
+
+/* Dims [lo, hi) of `shape` with strides st flatten to one stride (*s):
+ * st[i] = *s * (product of the sizes after i), size-1 dims ignored. */
+static bool flat_stride(const int64_t *shape, const int64_t *st, int lo, int hi, int64_t *s) {
+    int64_t cnt = 1, s0 = 0;
+    bool have = false;
+    for (int i = hi - 1; i >= lo; i--) {
+        if (shape[i] == 1) continue;
+        if (!have) {
+            s0 = st[i];
+            have = true;
+        } else if (st[i] != s0 * cnt) {
+            return false;
+        }
+        cnt *= shape[i];
+    }
+    *s = s0;
+    return true;
+}
+
+extern "C" bool nb__cuda_gemm_readable(const nb_tensor *t) {
+    layout l;
+    int64_t s;
+    return t->ndim >= 2 && get_layout(t, &l) && flat_stride(t->shape, t->strides, 0, t->ndim - 2, &s);
+}
+
+/* ---------------------------------------------------------- plan cache */
+/* Every field int64_t: no padding, so keys compare with memcmp. */
+typedef struct gemm_key {
+    int64_t device, dt_in, dt_out, tf32;
+    int64_t op_a, op_b;       /* cuBLASLt's A (our b) and B (our a) transposed */
+    int64_t m, n, k;          /* cuBLASLt's: m = our N, n = our M */
+    int64_t lda, ldb, ldd;
+    int64_t batch, stride_a, stride_b, stride_d;
+    int64_t epilogue, aux_ld, aux_stride;
+    int64_t align_a, align_b, align_d, align_bias, align_aux;
+} gemm_key;
+
+typedef struct gemm_plan {
+    bool used, ok; /* ok: the heuristic found an algorithm */
+    gemm_key key;
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t la, lb, ld;
+    cublasLtMatmulAlgo_t algo;
+} gemm_plan;
+
+#define PLAN_SLOTS 512
+#define PLAN_PROBE 8
+static gemm_plan plans[PLAN_SLOTS];
+static pthread_mutex_t plans_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static uint64_t key_hash(const gemm_key *k) {
+    const unsigned char *p = (const unsigned char *)k;
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < sizeof *k; i++) h = (h ^ p[i]) * 1099511628211ull;
+    return h;
+}
+
+static void plan_free(gemm_plan *p) {
+    if (!p->used) return;
+    cublasLtMatrixLayoutDestroy(p->la);
+    cublasLtMatrixLayoutDestroy(p->lb);
+    cublasLtMatrixLayoutDestroy(p->ld);
+    cublasLtMatmulDescDestroy(p->desc);
+    p->used = false;
+}
+
+static cudaDataType_t cuda_type(nb_dtype dt) {
+    switch (dt) {
+    case NB_F32: return CUDA_R_32F;
+    case NB_F64: return CUDA_R_64F;
+    case NB_BF16: return CUDA_R_16BF;
+    case NB_F16: return CUDA_R_16F;
+    default: NB_ABORT("%s: unsupported dtype %s", OP, nb_dtype_name(dt));
+    }
+    return CUDA_R_32F;
+}
+
+static int64_t align_of(const void *p, int64_t stride_bytes) {
+    uint64_t v = (uint64_t)(uintptr_t)p | (uint64_t)stride_bytes | 256u;
+    return (int64_t)(v & (~v + 1));
+}
+
+static cublasLtMatrixLayout_t make_layout(cudaDataType_t t, int64_t rows, int64_t cols, int64_t ld,
+                                          int64_t batch, int64_t stride) {
+    cublasLtMatrixLayout_t l;
+    NB_CUBLAS_CHECK(OP, cublasLtMatrixLayoutCreate(&l, t, (uint64_t)rows, (uint64_t)cols, ld));
+    if (batch > 1) {
+        int32_t count = (int32_t)batch;
+        NB_CUBLAS_CHECK(OP, cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                                                             &count, sizeof count));
+        NB_CUBLAS_CHECK(OP, cublasLtMatrixLayoutSetAttribute(
+                                l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
+                                sizeof stride));
+    }
+    return l;
+}
+
+/* Builds the plan for key k; bias and aux are the pointers of this call
+ * (the heuristic reads their alignment from the descriptor). */
+static void plan_make(gemm_plan *p, const gemm_key *k, const void *bias, void *aux) {
+    cublasLtHandle_t h = (cublasLtHandle_t)nb__cuda_cublaslt((int)k->device);
+    nb_dtype din = (nb_dtype)k->dt_in, dout = (nb_dtype)k->dt_out;
+    bool f64 = din == NB_F64;
+    cublasComputeType_t ct = f64 ? CUBLAS_COMPUTE_64F
+                             : k->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                       : CUBLAS_COMPUTE_32F;
+    cudaDataType_t scale = f64 ? CUDA_R_64F : CUDA_R_32F;
+    NB_CUBLAS_CHECK(OP, cublasLtMatmulDescCreate(&p->desc, ct, scale));
+    cublasOperation_t ta = k->op_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasOperation_t tb = k->op_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    NB_CUBLAS_CHECK(OP, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta,
+                                                       sizeof ta));
+    NB_CUBLAS_CHECK(OP, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb,
+                                                       sizeof tb));
+    cublasLtEpilogue_t epi = (cublasLtEpilogue_t)k->epilogue;
+    NB_CUBLAS_CHECK(OP, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi,
+                                                       sizeof epi));
+    if (bias)
+        NB_CUBLAS_CHECK(OP, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                           &bias, sizeof bias));
+    if (aux) {
+        NB_CUBLAS_CHECK(OP, cublasLtMatmulDescSetAttribute(
+                                p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
+        NB_CUBLAS_CHECK(OP, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
+                                                           &k->aux_ld, sizeof k->aux_ld));
+        NB_CUBLAS_CHECK(OP, cublasLtMatmulDescSetAttribute(
+                                p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_BATCH_STRIDE,
+                                &k->aux_stride, sizeof k->aux_stride));
+    }
+    /* cuBLASLt's A = our b: (m, k) after op; B = our a: (k, n) after op. */
+    p->la = make_layout(cuda_type(din), k->op_a ? k->k : k->m, k->op_a ? k->m : k->k, k->lda,
+                        k->batch, k->stride_a);
+    p->lb = make_layout(cuda_type(din), k->op_b ? k->n : k->k, k->op_b ? k->k : k->n, k->ldb,
+                        k->batch, k->stride_b);
+    p->ld = make_layout(cuda_type(dout), k->m, k->n, k->ldd, k->batch, k->stride_d);
+
+    size_t ws_bytes = 0;
+    (void)nb__cuda_gemm_workspace((int)k->device, &ws_bytes);
+    uint64_t ws = ws_bytes;
+    cublasLtMatmulPreference_t pref;
+    NB_CUBLAS_CHECK(OP, cublasLtMatmulPreferenceCreate(&pref));
+    NB_CUBLAS_CHECK(OP, cublasLtMatmulPreferenceSetAttribute(
+                            pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    uint32_t al[4] = {(uint32_t)k->align_a, (uint32_t)k->align_b, (uint32_t)k->align_d,
+                      (uint32_t)k->align_d};
+    NB_CUBLAS_CHECK(OP, cublasLtMatmulPreferenceSetAttribute(
+                            pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al[0], sizeof al[0]));
+    NB_CUBLAS_CHECK(OP, cublasLtMatmulPreferenceSetAttribute(
+                            pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al[1], sizeof al[1]));
+    NB_CUBLAS_CHECK(OP, cublasLtMatmulPreferenceSetAttribute(
+                            pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al[2], sizeof al[2]));
+    NB_CUBLAS_CHECK(OP, cublasLtMatmulPreferenceSetAttribute(
+                            pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al[3], sizeof al[3]));
+    cublasLtMatmulHeuristicResult_t res;
+    int found = 0;
+    cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(h, p->desc, p->la, p->lb, p->ld, p->ld, pref,
+                                                      1, &res, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    p->ok = s == CUBLAS_STATUS_SUCCESS && found > 0 && res.state == CUBLAS_STATUS_SUCCESS;
+    if (p->ok) p->algo = res.algo;
+    p->key = *k;
+    p->used = true;
+}
+
+/* The cached plan for k (made on a miss). Called with plans_lock held. */
+static gemm_plan *plan_get(const gemm_key *k, const void *bias, void *aux) {
+    uint64_t h = key_hash(k);
+    for (int i = 0; i < PLAN_PROBE; i++) {
+        gemm_plan *p = &plans[(h + (uint64_t)i) % PLAN_SLOTS];
+        if (p->used && memcmp(&p->key, k, sizeof *k) == 0) return p;
+    }
+    gemm_plan *slot = NULL;
+    for (int i = 0; i < PLAN_PROBE && !slot; i++) {
+        gemm_plan *p = &plans[(h + (uint64_t)i) % PLAN_SLOTS];
+        if (!p->used) slot = p;
+    }
+    if (!slot) {
+        slot = &plans[h % PLAN_SLOTS];
+        plan_free(slot);
+    }
+    plan_make(slot, k, bias, aux);
+    return slot;
+}
+
+/* ------------------------------------------------------------ one call */
+typedef struct gemm_call {
+    int device;
+    nb_dtype dt_in, dt_out;
+    bool op_a, op_b;
+    int64_t m, n, k, lda, ldb, ldd;
+    int64_t batch, stride_a, stride_b, stride_d; /* elements */
+    const void *a, *b;                           /* cuBLASLt's A (our b) and B (our a) */
+    void *d;
+    const void *bias;
+    bool gelu;
+    void *pre; /* aux: pre-activation, same layout as d */
+} gemm_call;
+
+/* D = op(A) op(B) (+ epilogue); returns false when the epilogue was not
+ * applied (the caller runs the kernel instead). Called with plans_lock held. */
+static bool gemm_run(const gemm_call *c, bool with_epilogue) {
+    gemm_key k;
+    memset(&k, 0, sizeof k);
+    size_t ein = nb_dtype_size(c->dt_in), eout = nb_dtype_size(c->dt_out);
+    k.device = c->device;
+    k.dt_in = c->dt_in;
+    k.dt_out = c->dt_out;
+    k.tf32 = c->dt_in == NB_F32 && nb__cuda_tf32();
+    k.op_a = c->op_a;
+    k.op_b = c->op_b;
+    k.m = c->m;
+    k.n = c->n;
+    k.k = c->k;
+    k.lda = c->lda;
+    k.ldb = c->ldb;
+    k.ldd = c->ldd;
+    k.batch = c->batch;
+    k.stride_a = c->batch > 1 ? c->stride_a : 0;
+    k.stride_b = c->batch > 1 ? c->stride_b : 0;
+    k.stride_d = c->batch > 1 ? c->stride_d : 0;
+    k.align_a = align_of(c->a, k.stride_a * (int64_t)ein);
+    k.align_b = align_of(c->b, k.stride_b * (int64_t)ein);
+    k.align_d = align_of(c->d, k.stride_d * (int64_t)eout);
+    const void *bias = NULL;
+    void *aux = NULL;
+    cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
+    if (with_epilogue && (c->bias || c->gelu)) {
+        bias = c->bias;
+        bool aux_ok = c->pre && c->ldd % 8 == 0 && k.stride_d % 8 == 0 &&
+                      align_of(c->pre, k.stride_d * (int64_t)eout) >= 16;
+        if (c->gelu && c->pre && !aux_ok) return false;
+        if (c->gelu && c->pre) {
+            aux = c->pre;
+            epi = bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+            k.aux_ld = c->ldd;
+            k.aux_stride = k.stride_d;
+            k.align_aux = align_of(aux, k.stride_d * (int64_t)eout);
+        } else if (c->gelu) {
+            epi = bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU;
+        } else {
+            epi = CUBLASLT_EPILOGUE_BIAS;
+        }
+        if (bias) k.align_bias = align_of(bias, 0);
+    }
+    k.epilogue = epi;
+    gemm_plan *p = plan_get(&k, bias, aux);
+    if (!p->ok) {
+        if (epi != CUBLASLT_EPILOGUE_DEFAULT) return false;
+        NB_ABORT(
+                 "%s: cuBLASLt has no algorithm for %s (%lld x %lld) x (%lld x %lld), batch %lld",
+                 OP, nb_dtype_name(c->dt_in), (long long)c->n, (long long)c->k, (long long)c->k,
+                 (long long)c->m, (long long)c->batch);
+    }
+    if (bias)
+        NB_CUBLAS_CHECK(OP, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                           &bias, sizeof bias));
+    if (aux)
+        NB_CUBLAS_CHECK(OP, cublasLtMatmulDescSetAttribute(
+                                p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
+    size_t ws_bytes = 0;
+    void *ws = nb__cuda_gemm_workspace(c->device, &ws_bytes);
+    cublasLtHandle_t h = (cublasLtHandle_t)nb__cuda_cublaslt(c->device);
+    cudaStream_t st = nb__cuda_compute_stream(c->device);
+    float one_f = 1.0f, zero_f = 0.0f;
+    double one_d = 1.0, zero_d = 0.0;
+    bool f64 = c->dt_in == NB_F64;
+    NB_CUBLAS_CHECK(OP, cublasLtMatmul(h, p->desc, f64 ? (const void *)&one_d : (const void *)&one_f,
+                                       c->a, p->la, c->b, p->lb,
+                                       f64 ? (const void *)&zero_d : (const void *)&zero_f, c->d,
+                                       p->ld, c->d, p->ld, &p->algo, ws, ws_bytes, st));
+    return true;
+}
+
+/* Strides (elements) of t's batch dims aligned to out's nbd batch dims;
+ * missing and size-1 dims get 0. */
+static void batch_strides(const nb_tensor *t, int nbd, int64_t *st) {
+    for (int i = 0; i < nbd; i++) {
+        int d = t->ndim - 2 - nbd + i;
+        st[i] = (d < 0 || t->shape[d] == 1) ? 0 : t->strides[d];
+    }
+}
+
+/* b shared by every batch element, and a's batch dims continue its rows */
+static bool can_fold(int nbd, const int64_t *shape, const int64_t *sa, const int64_t *sb,
+                     int64_t row_stride, int64_t m) {
+    int64_t expect = row_stride * m;
+    for (int i = nbd - 1; i >= 0; i--) {
+        if (shape[i] == 1) continue;
+        if (sb[i] != 0 || sa[i] != expect) return false;
+        expect *= shape[i];
+    }
+    return true;
+}
+
+#define MAX_BATCH_PER_CALL 65535
+
+extern "C" void nb__cuda_matmul(nb_tensor *out, const nb_tensor *a, const nb_tensor *b,
+                                bool trans_a, bool trans_b, const nb_tensor *bias, bool gelu,
+                                nb_tensor *pre) {
+    int dev = out->device.index;
+    nb__cuda_use(OP, dev);
+    cudaStream_t st = nb__cuda_compute_stream(dev);
+    int nbd = out->ndim - 2;
+    int64_t m = out->shape[nbd], n = out->shape[nbd + 1];
+    int64_t k = a->shape[a->ndim - (trans_a ? 2 : 1)];
+    int64_t batch = nb__numel_shape(nbd, out->shape);
+    nb_dtype dt_out = out->dtype;
+    size_t ein = nb_dtype_size(a->dtype), eout = nb_dtype_size(dt_out);
+    if (batch == 0 || m == 0 || n == 0) return;
+    void *pre_data = gelu && pre ? pre->data : NULL;
+    const void *bias_data = bias ? bias->data : NULL;
+    if (k == 0) {
+        NB_CUDA_CHECK(OP, cudaMemsetAsync(out->data, 0, (size_t)(batch * m * n) * eout, st));
+        if (bias || gelu) epilogue(st, dt_out, out->data, pre_data, bias_data, batch * m * n, n, gelu);
+        return;
+    }
+    layout la, lb;
+    if (!get_layout(a, &la) || !get_layout(b, &lb))
+        NB_ABORT("%s: operands %s and %s are not readable by cuBLASLt in place",
+                 OP, nb_shape_str(a), nb_shape_str(b));
+    /* Row-major flags as for BLAS: operand stored (R, C) row-major with ld. */
+    bool fa = trans_a != la.col_major, fb = trans_b != lb.col_major;
+    int64_t sa[NB_MAX_DIMS], sb[NB_MAX_DIMS];
+    batch_strides(a, nbd, sa);
+    batch_strides(b, nbd, sb);
+
+    gemm_call c;
+    memset(&c, 0, sizeof c);
+    c.device = dev;
+    c.dt_in = a->dtype;
+    c.dt_out = dt_out;
+    c.op_a = fb;
+    c.op_b = fa;
+    c.n = m;
+    c.m = n;
+    c.k = k;
+    c.lda = lb.ld;
+    c.ldb = la.ld;
+    c.ldd = n;
+    c.bias = bias_data;
+    c.gelu = gelu;
+
+    /* Batch split: dims [0, j) looped over, [j, nbd) one strided call. */
+    int64_t run_a = 0, run_b = 0;
+    int j = nbd;
+    bool fold = batch > 1 && !fa && can_fold(nbd, out->shape, sa, sb, la.ld, m);
+    if (fold) {
+        c.n = batch * m;
+        j = 0;
+    } else {
+        int64_t ta, tb;
+        while (j > 0 && flat_stride(out->shape, sa, j - 1, nbd, &ta) &&
+               flat_stride(out->shape, sb, j - 1, nbd, &tb))
+            j--;
+        (void)flat_stride(out->shape, sa, j, nbd, &run_a);
+        (void)flat_stride(out->shape, sb, j, nbd, &run_b);
+    }
+    int64_t inner = fold ? 1 : nb__numel_shape(nbd - j, out->shape + j);
+    int64_t outer = fold ? 1 : batch / inner;
+    c.stride_a = run_b; /* cuBLASLt's A is our b */
+    c.stride_b = run_a;
+    c.stride_d = m * n;
+
+    pthread_mutex_lock(&plans_lock);
+    int64_t idx[NB_MAX_DIMS] = {0};
+    for (int64_t o = 0; o < outer; o++) {
+        int64_t oa = 0, ob = 0;
+        for (int i = 0; i < j; i++) {
+            oa += idx[i] * sa[i];
+            ob += idx[i] * sb[i];
+        }
+        for (int64_t i0 = 0; i0 < inner; i0 += MAX_BATCH_PER_CALL) {
+            int64_t cnt = inner - i0 < MAX_BATCH_PER_CALL ? inner - i0 : MAX_BATCH_PER_CALL;
+            c.batch = cnt;
+            c.a = (const char *)b->data + (ob + i0 * run_b) * (int64_t)ein;
+            c.b = (const char *)a->data + (oa + i0 * run_a) * (int64_t)ein;
+            int64_t od = (o * inner + i0) * m * n * (int64_t)eout;
+            c.d = (char *)out->data + od;
+            c.pre = pre_data ? (char *)pre_data + od : NULL;
+            if (!gemm_run(&c, true)) {
+                (void)gemm_run(&c, false);
+                epilogue(st, dt_out, c.d, c.pre, bias_data, cnt * c.n * c.m, n, gelu);
+            }
+        }
+        for (int i = j - 1; i >= 0 && ++idx[i] == out->shape[i]; i--) idx[i] = 0;
+    }
+    pthread_mutex_unlock(&plans_lock);
+}
