@@ -38,14 +38,22 @@ static __device__ __forceinline__ void put(double *p, double v) { *p = v; }
 static __device__ __forceinline__ void put(__nv_bfloat16 *p, float v) { *p = __float2bfloat16(v); }
 static __device__ __forceinline__ void put(__half *p, float v) { *p = __float2half(v); }
 
-/* Element i (stride st) of a vector of dtype dt (f32 or f64), as double. */
+/* Element i (stride st) of a vector of dtype dt (any float dtype), as double. */
 static __device__ __forceinline__ double load_vec(const void *p, int dt, int64_t i, int64_t st) {
-    if (dt == NB_F64) return ((const double *)p)[i * st];
-    return (double)((const float *)p)[i * st];
+    switch (dt) {
+    case NB_F64: return ((const double *)p)[i * st];
+    case NB_BF16: return (double)__bfloat162float(((const __nv_bfloat16 *)p)[i * st]);
+    case NB_F16: return (double)__half2float(((const __half *)p)[i * st]);
+    default: return (double)((const float *)p)[i * st];
+    }
 }
 static __device__ __forceinline__ void store_vec(void *p, int dt, int64_t i, int64_t st, double v) {
-    if (dt == NB_F64) ((double *)p)[i * st] = v;
-    else ((float *)p)[i * st] = (float)v;
+    switch (dt) {
+    case NB_F64: ((double *)p)[i * st] = v; break;
+    case NB_BF16: ((__nv_bfloat16 *)p)[i * st] = __float2bfloat16((float)v); break;
+    case NB_F16: ((__half *)p)[i * st] = __float2half((float)v); break;
+    default: ((float *)p)[i * st] = (float)v; break;
+    }
 }
 
 /* Per-channel coefficients of the elementwise passes. */
@@ -268,9 +276,9 @@ static void dx_launch(cudaStream_t st, void *dx, const void *g, const void *x, c
     default: NB_ABORT("%s: unsupported dtype %s", OP, nb_dtype_name(dt));                      \
     }
 
-static void check_vec(const char *what, const nb_tensor *t) {
-    if (t && t->dtype != NB_F32 && t->dtype != NB_F64)
-        NB_ABORT("%s: %s must be f32 or f64 on CUDA, got %s", OP, what, nb_dtype_name(t->dtype));
+static void check_float(const char *what, const nb_tensor *t) {
+    if (t && t->dtype != NB_F32 && t->dtype != NB_F64 && t->dtype != NB_BF16 && t->dtype != NB_F16)
+        NB_ABORT("%s: %s must be a float tensor, got %s", OP, what, nb_dtype_name(t->dtype));
 }
 
 /* --------------------------------------------------------- entry points */
@@ -282,10 +290,10 @@ extern "C" void nb__cuda_batch_norm(nb_tensor *y, nb_tensor *save_mean, nb_tenso
     int dev = y->device.index;
     nb__cuda_use(OP, dev);
     if (c == 0) return;
-    check_vec("weight", weight);
-    check_vec("bias", bias);
-    check_vec("running_mean", running_mean);
-    check_vec("running_var", running_var);
+    check_float("weight", weight);
+    check_float("bias", bias);
+    check_float("running_mean", running_mean);
+    check_float("running_var", running_var);
     if (weight && bias && weight->dtype != bias->dtype)
         NB_ABORT("%s: weight (%s) and bias (%s) differ in dtype", OP, nb_dtype_name(weight->dtype),
                  nb_dtype_name(bias->dtype));
@@ -344,9 +352,9 @@ extern "C" void nb__cuda_batch_norm_backward(nb_tensor *dx, nb_tensor *dw, nb_te
     nb__cuda_use(OP, dev);
     nb_tensor *out = dx ? dx : dw ? dw : db;
     if (!out || c == 0) return;
-    check_vec("weight", weight);
-    check_vec("dw", dw);
-    check_vec("db", db);
+    check_float("weight", weight);
+    check_float("dw", dw);
+    check_float("db", db);
     if (mean->dtype != NB_F32 || invstd->dtype != NB_F32)
         NB_ABORT("%s: the saved statistics must be f32", OP);
     int wdt = weight ? weight->dtype : dw ? dw->dtype : db ? db->dtype : NB_F32;
