@@ -1,0 +1,336 @@
+/* CUDA convolution, batch norm and pooling (tensor/cuda/conv.cu,
+ * batch_norm.cu, pool.cu) against the CPU: conv2d with stride, padding,
+ * dilation, with and without bias, in f32 (with and without TF32), bf16,
+ * f16 and f64; batch norm in training and eval mode with and without
+ * weight and bias, and its running statistics (f32, f64, strided) after
+ * two steps; max and average pooling with padding and strides, ties and
+ * NaN, and a deterministic backward. Outputs and gradients through the
+ * parity harness. Skipped without a GPU. */
+#include <math.h>
+#include <stdlib.h>
+
+#include "cuda_parity.h"
+#include "tensor/cuda/cuda.h"
+
+/* cuDNN's FFT and Winograd algorithms round differently from a direct sum. */
+#define CONV_TOL_F32 1e-4
+#define CONV_TOL_F64 1e-10
+
+static const nb_dtype float_dtypes[] = {NB_F32, NB_BF16, NB_F16, NB_F64};
+
+static double tol_for(nb_dtype dt) {
+    switch (dt) {
+    case NB_F32: return CONV_TOL_F32;
+    case NB_F64: return CONV_TOL_F64;
+    case NB_BF16: return NBT_TOL_BF16;
+    default: return NBT_TOL_F16;
+    }
+}
+
+/* ------------------------------------------------------------ conv2d */
+typedef struct conv_case {
+    int64_t x[4], w[4];
+    nb_conv2d_opts o;
+    bool bias;
+} conv_case;
+
+static const conv_case conv_cases[] = {
+    {{2, 3, 9, 11}, {4, 3, 3, 3}, {{1, 1}, {1, 1}, {1, 1}}, true},
+    {{1, 2, 8, 8}, {5, 2, 1, 1}, {{1, 1}, {0, 0}, {1, 1}}, false},
+    {{3, 4, 13, 10}, {6, 4, 3, 2}, {{2, 1}, {1, 0}, {2, 1}}, true},
+    {{2, 8, 7, 7}, {16, 8, 5, 5}, {{2, 2}, {2, 2}, {1, 1}}, false},
+    {{1, 1, 1, 1}, {1, 1, 1, 1}, {{1, 1}, {0, 0}, {1, 1}}, true},
+    {{2, 5, 17, 6}, {3, 5, 2, 3}, {{3, 2}, {0, 1}, {1, 2}}, true},
+};
+
+static nb_tensor *op_conv(nb_ctx *ctx, nb_tensor *const *in, void *user) {
+    const conv_case *c = user;
+    return nb_conv2d(ctx, in[0], in[1], c->bias ? in[2] : NULL, &c->o);
+}
+
+static void conv_inputs(const conv_case *c, nb_dtype dt, nbt_input in[3]) {
+    memset(in, 0, 3 * sizeof *in);
+    for (int i = 0; i < 3; i++) in[i].dtype = dt;
+    in[0].ndim = in[1].ndim = 4;
+    for (int d = 0; d < 4; d++) {
+        in[0].shape[d] = c->x[d];
+        in[1].shape[d] = c->w[d];
+    }
+    in[2].ndim = 1;
+    in[2].shape[0] = c->w[0];
+}
+
+START_TEST(test_conv2d) {
+    char name[96];
+    for (size_t ci = 0; ci < sizeof conv_cases / sizeof conv_cases[0]; ci++)
+        for (size_t di = 0; di < 4; di++) {
+            nb_dtype dt = float_dtypes[di];
+            nbt_input in[3];
+            conv_inputs(&conv_cases[ci], dt, in);
+            nbt_parity_opts o = {.tol = tol_for(dt), .seed = 50 + ci};
+            snprintf(name, sizeof name, "conv2d case %zu %s", ci, nb_dtype_name(dt));
+            nbt_parity(name, op_conv, (void *)&conv_cases[ci], conv_cases[ci].bias ? 3 : 2, in, &o);
+        }
+}
+END_TEST
+
+START_TEST(test_conv2d_tf32) {
+    nb_cuda_set_allow_tf32(true);
+    char name[96];
+    for (size_t ci = 0; ci < sizeof conv_cases / sizeof conv_cases[0]; ci++) {
+        nbt_input in[3];
+        conv_inputs(&conv_cases[ci], NB_F32, in);
+        nbt_parity_opts o = {.tol = NBT_TOL_TF32, .seed = 70 + ci};
+        snprintf(name, sizeof name, "conv2d tf32 case %zu", ci);
+        nbt_parity(name, op_conv, (void *)&conv_cases[ci], conv_cases[ci].bias ? 3 : 2, in, &o);
+    }
+    nb_cuda_set_allow_tf32(false);
+}
+END_TEST
+
+/* A non-contiguous input (the front end makes it contiguous). */
+static nb_tensor *op_conv_transposed(nb_ctx *ctx, nb_tensor *const *in, void *user) {
+    (void)user;
+    return nb_conv2d(ctx, in[0], in[1], NULL, &NB_CONV2D_DEFAULTS);
+}
+
+START_TEST(test_conv2d_transposed_input) {
+    nbt_input in[2] = {
+        {.dtype = NB_F32, .ndim = 4, .shape = {2, 3, 6, 9}, .transposed = true},
+        {.dtype = NB_F32, .ndim = 4, .shape = {2, 3, 3, 2}},
+    };
+    nbt_parity_opts o = {.tol = CONV_TOL_F32};
+    nbt_parity("conv2d transposed input", op_conv_transposed, NULL, 2, in, &o);
+}
+END_TEST
+
+/* ---------------------------------------------------------- batch norm */
+typedef struct bn_case {
+    bool training, weight, bias;
+} bn_case;
+
+/* in: x, [weight], [bias], [running_mean, running_var (eval)] */
+static nb_tensor *op_bn(nb_ctx *ctx, nb_tensor *const *in, void *user) {
+    const bn_case *c = user;
+    int k = 1;
+    nb_tensor *w = c->weight ? in[k++] : NULL, *b = c->bias ? in[k++] : NULL, *rm, *rv;
+    int64_t ch = in[0]->shape[1];
+    if (c->training) {
+        rm = nb_zeros(ctx, NB_F32, 1, &ch);
+        rv = nb_ones(ctx, NB_F32, 1, &ch);
+    } else {
+        rm = in[k++];
+        rv = in[k++];
+    }
+    return nb_batch_norm(ctx, in[0], w, b, rm, rv, c->training, 0.1, 1e-5);
+}
+
+START_TEST(test_batch_norm) {
+    static const int64_t shapes[][4] = {{4, 3, 5, 7}, {16, 5, 0, 0}, {2, 33, 1000, 0}, {1, 2, 3, 0}};
+    static const int ndims[] = {4, 2, 3, 3};
+    char name[128];
+    for (int si = 0; si < 4; si++)
+        for (int mode = 0; mode < 6; mode++) {
+            bn_case c = {mode < 3, mode % 3 != 1, mode % 3 == 0};
+            for (size_t di = 0; di < 4; di++) {
+                nb_dtype dt = float_dtypes[di];
+                nbt_input in[5];
+                memset(in, 0, sizeof in);
+                int n = 0;
+                in[n].dtype = dt;
+                in[n].ndim = ndims[si];
+                for (int d = 0; d < ndims[si]; d++) in[n].shape[d] = shapes[si][d];
+                /* an offset mean, so that a one-pass variance would show */
+                in[n].lo = 2.0;
+                in[n].hi = 4.0;
+                n++;
+                int64_t ch = shapes[si][1];
+                if (c.weight) in[n++] = (nbt_input){.dtype = dt, .ndim = 1, .shape = {ch}, .lo = 0.5, .hi = 1.5};
+                if (c.bias) in[n++] = (nbt_input){.dtype = dt, .ndim = 1, .shape = {ch}};
+                if (!c.training) {
+                    in[n++] = (nbt_input){.dtype = NB_F32, .ndim = 1, .shape = {ch}, .lo = 2, .hi = 4, .no_grad = true};
+                    in[n++] = (nbt_input){.dtype = NB_F32, .ndim = 1, .shape = {ch}, .lo = 0.5, .hi = 2, .no_grad = true};
+                }
+                /* f32 statistics saved on CUDA, f64 on the CPU */
+                nbt_parity_opts o = {.tol = dt == NB_F64 ? 1e-6 : dt == NB_F32 ? 2e-5 : 0,
+                                     .seed = 300 + (uint64_t)(si * 10 + mode)};
+                snprintf(name, sizeof name, "batch_norm shape %d %s w=%d b=%d %s", si,
+                         c.training ? "train" : "eval", c.weight, c.bias, nb_dtype_name(dt));
+                nbt_parity(name, op_bn, &c, n, in, &o);
+            }
+        }
+}
+END_TEST
+
+/* Running statistics after two training steps: CUDA (f32 x) against the
+ * CPU (f64 x), for f32, f64 and strided running buffers. */
+START_TEST(test_batch_norm_running_stats) {
+    const int64_t n = 6, ch = 3, s = 10, total = n * ch * s;
+    double *xv = malloc(sizeof *xv * (size_t)total);
+    uint64_t st = 99;
+    for (int64_t i = 0; i < total; i++) {
+        st = st * 6364136223846793005ull + 1442695040888963407ull;
+        xv[i] = 3.0 + (double)(st >> 11) * 0x1.0p-53 * 2 - 1 + (double)((i / s) % ch);
+    }
+    for (int kind = 0; kind < 3; kind++) {
+        nb_ctx *host = nb_ctx_new(nb_cpu(), 0), *dev = nb_ctx_new(nb_cuda(0), 0);
+        nb_tensor *xh = nb_from_host(host, NB_F64, 3, (int64_t[]){n, ch, s}, xv);
+        nb_tensor *xd = nb_to(dev, nb_cast(host, xh, NB_F32));
+        nb_tensor *rmh = nb_full(host, NB_F64, 1, &ch, 0.5), *rvh = nb_full(host, NB_F64, 1, &ch, 2.0);
+        nb_dtype rdt = kind == 1 ? NB_F64 : NB_F32;
+        nb_tensor *rmd, *rvd, *rm_store = NULL, *rv_store = NULL;
+        if (kind == 2) {
+            /* every other element of a (2C) buffer, the others must stay 7 */
+            int64_t c2 = 2 * ch;
+            rm_store = nb_full(dev, NB_F32, 1, &c2, 7.0);
+            rv_store = nb_full(dev, NB_F32, 1, &c2, 7.0);
+            rmd = nb_slice(dev, rm_store, 0, 0, c2, 2);
+            rvd = nb_slice(dev, rv_store, 0, 1, c2, 2);
+            nb_fill_(rmd, 0.5);
+            nb_fill_(rvd, 2.0);
+        } else {
+            rmd = nb_full(dev, rdt, 1, &ch, 0.5);
+            rvd = nb_full(dev, rdt, 1, &ch, 2.0);
+        }
+        for (int step = 0; step < 2; step++) {
+            nb_batch_norm(host, xh, NULL, NULL, rmh, rvh, true, 0.1, 1e-5);
+            nb_batch_norm(dev, xd, NULL, NULL, rmd, rvd, true, 0.1, 1e-5);
+        }
+        double *gm = nbt_values(rmd), *gv = nbt_values(rvd), *wm = nbt_values(rmh),
+               *wv = nbt_values(rvh);
+        for (int64_t k = 0; k < ch; k++) {
+            ck_assert_msg(fabs(gm[k] - wm[k]) <= 1e-5 * fmax(1, fabs(wm[k])),
+                          "kind %d running_mean[%lld]: cuda %.9g cpu %.9g", kind, (long long)k,
+                          gm[k], wm[k]);
+            ck_assert_msg(fabs(gv[k] - wv[k]) <= 1e-5 * fmax(1, fabs(wv[k])),
+                          "kind %d running_var[%lld]: cuda %.9g cpu %.9g", kind, (long long)k,
+                          gv[k], wv[k]);
+        }
+        if (kind == 2) {
+            double *am = nbt_values(rm_store), *av = nbt_values(rv_store);
+            for (int64_t k = 0; k < ch; k++) {
+                ck_assert_double_eq(am[2 * k + 1], 7.0);
+                ck_assert_double_eq(av[2 * k], 7.0);
+            }
+            free(am);
+            free(av);
+        }
+        free(gm);
+        free(gv);
+        free(wm);
+        free(wv);
+        nb_ctx_free(dev);
+        nb_ctx_free(host);
+    }
+    free(xv);
+}
+END_TEST
+
+/* ------------------------------------------------------------- pooling */
+typedef struct pool_case {
+    int64_t x[4];
+    nb_pool2d_opts o;
+    bool max;
+} pool_case;
+
+static nb_tensor *op_pool(nb_ctx *ctx, nb_tensor *const *in, void *user) {
+    const pool_case *c = user;
+    return c->max ? nb_max_pool2d(ctx, in[0], &c->o) : nb_avg_pool2d(ctx, in[0], &c->o);
+}
+
+static const pool_case pool_cases[] = {
+    {{2, 3, 9, 11}, {{3, 3}, {2, 2}, {1, 1}}, true},
+    {{1, 2, 8, 8}, {{2, 2}, {0, 0}, {0, 0}}, true},
+    {{2, 1, 7, 10}, {{3, 2}, {1, 2}, {1, 1}}, true},
+    {{1, 1, 5, 5}, {{5, 5}, {1, 1}, {2, 2}}, true},
+    {{3, 4, 33, 17}, {{2, 3}, {3, 1}, {1, 0}}, true},
+};
+
+START_TEST(test_pool) {
+    char name[96];
+    for (size_t ci = 0; ci < sizeof pool_cases / sizeof pool_cases[0]; ci++)
+        for (int avg = 0; avg < 2; avg++)
+            for (size_t di = 0; di < 4; di++) {
+                pool_case c = pool_cases[ci];
+                c.max = !avg;
+                nb_dtype dt = float_dtypes[di];
+                nbt_input in = {.dtype = dt, .ndim = 4};
+                for (int d = 0; d < 4; d++) in.shape[d] = c.x[d];
+                nbt_parity_opts o = {.seed = 500 + ci};
+                snprintf(name, sizeof name, "%s_pool2d case %zu %s", avg ? "avg" : "max", ci,
+                         nb_dtype_name(dt));
+                nbt_parity(name, op_pool, &c, 1, &in, &o);
+            }
+}
+END_TEST
+
+/* Ties (the first maximum wins, so the gradient lands where the CPU's
+ * does) and NaN (it wins over every number). */
+START_TEST(test_max_pool_ties_and_nan) {
+    static double v[2 * 7 * 9];
+    for (int i = 0; i < 2 * 7 * 9; i++) v[i] = (double)((i * 7) % 3);
+    pool_case c = {{1, 2, 7, 9}, {{3, 3}, {2, 2}, {1, 1}}, true};
+    nbt_input in = {.dtype = NB_F32, .ndim = 4, .shape = {1, 2, 7, 9}, .values = v};
+    nbt_parity("max_pool2d ties", op_pool, &c, 1, &in, NULL);
+    in.dtype = NB_BF16;
+    nbt_parity("max_pool2d ties bf16", op_pool, &c, 1, &in, NULL);
+    v[10] = NAN;
+    v[40] = NAN;
+    v[41] = NAN;
+    in.dtype = NB_F32;
+    nbt_parity("max_pool2d nan", op_pool, &c, 1, &in, NULL);
+    in.dtype = NB_F64;
+    nbt_parity("max_pool2d nan f64", op_pool, &c, 1, &in, NULL);
+}
+END_TEST
+
+/* Two backward runs give bitwise the same gradient. */
+START_TEST(test_pool_backward_deterministic) {
+    const int64_t shape[4] = {2, 3, 31, 29}, total = 2 * 3 * 31 * 29;
+    double *xv = malloc(sizeof *xv * (size_t)total), *rv = NULL;
+    for (int64_t i = 0; i < total; i++) xv[i] = sin((double)i * 0.37) + (double)(i % 5) * 0.25;
+    for (int max = 0; max < 2; max++) {
+        nb_pool2d_opts o = {{3, 3}, {1, 1}, {1, 1}};
+        double *g[2];
+        for (int run = 0; run < 2; run++) {
+            nb_ctx *dev = nb_ctx_new(nb_cuda(0), 0);
+            nb_tensor *x = nb_from_host(dev, NB_F64, 4, shape, xv);
+            x = nb_cast(dev, x, NB_F32);
+            nb_set_requires_grad(x, true);
+            nb_tensor *y = max ? nb_max_pool2d(dev, x, &o) : nb_avg_pool2d(dev, x, &o);
+            int64_t ny = nb_numel(y);
+            if (!rv) {
+                rv = malloc(sizeof *rv * (size_t)ny);
+                for (int64_t i = 0; i < ny; i++) rv[i] = cos((double)i * 0.11);
+            }
+            nb_tensor *r = nb_cast(dev, nb_from_host(dev, NB_F64, y->ndim, y->shape, rv), NB_F32);
+            nb_backward(nb_sum_all(dev, nb_mul(dev, y, r)));
+            g[run] = nbt_values(x->grad);
+            nb_ctx_free(dev);
+        }
+        ck_assert_msg(memcmp(g[0], g[1], sizeof(double) * (size_t)total) == 0,
+                      "%s pool backward differs between runs", max ? "max" : "avg");
+        free(g[0]);
+        free(g[1]);
+    }
+    free(rv);
+    free(xv);
+}
+END_TEST
+
+int main(void) {
+    nbt_cuda_require();
+    Suite *s = suite_create("cuda_conv");
+    TCase *tc = tcase_create("core");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, test_conv2d);
+    tcase_add_test(tc, test_conv2d_tf32);
+    tcase_add_test(tc, test_conv2d_transposed_input);
+    tcase_add_test(tc, test_batch_norm);
+    tcase_add_test(tc, test_batch_norm_running_stats);
+    tcase_add_test(tc, test_pool);
+    tcase_add_test(tc, test_max_pool_ties_and_nan);
+    tcase_add_test(tc, test_pool_backward_deterministic);
+    suite_add_tcase(s, tc);
+    return nbt_run(s);
+}

@@ -1,0 +1,266 @@
+/* CUDA GEMM (tensor/cuda/matmul.cu) against the CPU: nb_matmul_t in all
+ * four transpose combinations, odd sizes, K = 1, batches with broadcast
+ * (one stride and several), non-contiguous operands (transposed views and
+ * narrowed columns), f32 with and without TF32, bf16, f16 and f64, with
+ * gradients through the parity harness; K = 0; and the bias and GELU
+ * epilogues of nb__cuda_matmul, called directly, against CPU ops.
+ * Skipped without a GPU. */
+#include <math.h>
+#include <stdlib.h>
+
+#include "cuda_parity.h"
+#include "tensor/cuda/cuda.h"
+
+typedef struct mm_case {
+    int nbd_a, nbd_b;
+    int64_t batch_a[2], batch_b[2];
+    int64_t m, k, n;
+} mm_case;
+
+static const mm_case cases[] = {
+    {0, 0, {0}, {0}, 1, 1, 1},
+    {0, 0, {0}, {0}, 7, 1, 5},              /* K = 1 */
+    {0, 0, {0}, {0}, 33, 65, 17},
+    {0, 0, {0}, {0}, 128, 300, 96},
+    {1, 0, {3}, {0}, 9, 33, 16},            /* b broadcast: folded into M */
+    {1, 1, {4}, {4}, 7, 20, 9},
+    {0, 1, {0}, {5}, 8, 13, 31},            /* a broadcast */
+    {2, 2, {2, 1}, {1, 3}, 5, 11, 7},       /* two batch dims, no single stride */
+    {2, 1, {2, 3}, {3}, 17, 1000, 3},       /* long K */
+};
+
+typedef struct mm_flags {
+    bool ta, tb;
+} mm_flags;
+
+static nb_tensor *op_matmul_t(nb_ctx *ctx, nb_tensor *const *in, void *user) {
+    const mm_flags *f = user;
+    return nb_matmul_t(ctx, in[0], in[1], f->ta, f->tb);
+}
+
+/* Inputs for case c: a (.., M, K) or (.., K, M) when ta; b likewise. */
+static void fill_inputs(const mm_case *c, bool ta, bool tb, nb_dtype dt, bool trans_view,
+                        nbt_input in[2]) {
+    memset(in, 0, 2 * sizeof *in);
+    in[0].dtype = in[1].dtype = dt;
+    in[0].ndim = c->nbd_a + 2;
+    in[1].ndim = c->nbd_b + 2;
+    for (int i = 0; i < c->nbd_a; i++) in[0].shape[i] = c->batch_a[i];
+    for (int i = 0; i < c->nbd_b; i++) in[1].shape[i] = c->batch_b[i];
+    in[0].shape[c->nbd_a] = ta ? c->k : c->m;
+    in[0].shape[c->nbd_a + 1] = ta ? c->m : c->k;
+    in[1].shape[c->nbd_b] = tb ? c->n : c->k;
+    in[1].shape[c->nbd_b + 1] = tb ? c->k : c->n;
+    in[0].transposed = in[1].transposed = trans_view;
+}
+
+static void run_cases(nb_dtype dt, double tol, const char *label) {
+    char name[128];
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
+        for (int t = 0; t < 4; t++)
+            for (int view = 0; view < 2; view++) {
+                mm_flags f = {(t & 1) != 0, (t & 2) != 0};
+                nbt_input in[2];
+                fill_inputs(&cases[ci], f.ta, f.tb, dt, view != 0, in);
+                nbt_parity_opts o = {.tol = tol, .seed = 1000 + ci * 8 + (uint64_t)(t * 2 + view)};
+                snprintf(name, sizeof name, "%s case %zu ta=%d tb=%d view=%d", label, ci, f.ta,
+                         f.tb, view);
+                nbt_parity(name, op_matmul_t, &f, 2, in, &o);
+            }
+}
+
+START_TEST(test_f32) { run_cases(NB_F32, 0, "f32"); }
+END_TEST
+
+START_TEST(test_f32_tf32) {
+    nb_cuda_set_allow_tf32(true);
+    ck_assert(nb_cuda_allow_tf32());
+    run_cases(NB_F32, NBT_TOL_TF32, "tf32");
+    nb_cuda_set_allow_tf32(false);
+    /* and back to full f32, through the same cached shapes */
+    run_cases(NB_F32, 0, "f32 after tf32");
+}
+END_TEST
+
+START_TEST(test_bf16) { run_cases(NB_BF16, 0, "bf16"); }
+END_TEST
+
+START_TEST(test_f16) { run_cases(NB_F16, 0, "f16"); }
+END_TEST
+
+START_TEST(test_f64) { run_cases(NB_F64, 0, "f64"); }
+END_TEST
+
+/* Columns narrowed out of a wider matrix: leading dimension > columns. */
+static nb_tensor *op_narrowed(nb_ctx *ctx, nb_tensor *const *in, void *user) {
+    (void)user;
+    nb_tensor *a = nb_narrow(ctx, in[0], 1, 3, 20);            /* (9, 20) of (9, 40) */
+    nb_tensor *b = nb_narrow(ctx, in[1], 0, 1, 20);            /* (20, 6) of (24, 6) */
+    nb_tensor *bt = nb_narrow(ctx, in[2], 1, 2, 20);           /* (6, 20) of (6, 23) */
+    return nb_add(ctx, nb_matmul(ctx, a, b), nb_matmul_t(ctx, a, bt, false, true));
+}
+
+START_TEST(test_narrowed_views) {
+    nbt_input in[3] = {
+        {.dtype = NB_F32, .ndim = 2, .shape = {9, 40}},
+        {.dtype = NB_F32, .ndim = 2, .shape = {24, 6}},
+        {.dtype = NB_F32, .ndim = 2, .shape = {6, 23}},
+    };
+    nbt_parity("narrowed f32", op_narrowed, NULL, 3, in, NULL);
+    for (int i = 0; i < 3; i++) in[i].dtype = NB_BF16;
+    nbt_parity("narrowed bf16", op_narrowed, NULL, 3, in, NULL);
+}
+END_TEST
+
+/* Batch dims that do not flatten to one stride: a permuted 4-D tensor. */
+static nb_tensor *op_permuted(nb_ctx *ctx, nb_tensor *const *in, void *user) {
+    (void)user;
+    nb_tensor *a = nb_permute(ctx, in[0], (const int[]){1, 0, 2, 3}); /* (3, 2, 5, 7) */
+    return nb_matmul(ctx, a, in[1]);
+}
+
+START_TEST(test_permuted_batch) {
+    nbt_input in[2] = {
+        {.dtype = NB_F32, .ndim = 4, .shape = {2, 3, 5, 7}},
+        {.dtype = NB_F32, .ndim = 3, .shape = {2, 7, 4}},
+    };
+    nbt_parity("permuted batch", op_permuted, NULL, 2, in, NULL);
+}
+END_TEST
+
+START_TEST(test_k_zero) {
+    nb_ctx *dev = nb_ctx_new(nb_cuda(0), 0);
+    bool prev = nb__cuda_poison();
+    nb__cuda_set_poison(true);
+    nb_tensor *a = nb_zeros(dev, NB_F32, NB_SHAPE(2, 3, 0));
+    nb_tensor *b = nb_zeros(dev, NB_F32, NB_SHAPE(0, 5));
+    nb_tensor *c = nb_matmul(dev, a, b);
+    nb__cuda_set_poison(prev);
+    ck_assert_int_eq(c->ndim, 3);
+    ck_assert_int_eq(c->shape[2], 5);
+    double *v = nbt_values(c);
+    for (int i = 0; i < 30; i++) ck_assert_double_eq(v[i], 0);
+    free(v);
+    /* zero-size outputs launch nothing */
+    nb_tensor *e = nb_matmul(dev, nb_zeros(dev, NB_F32, NB_SHAPE(0, 4)), nb_zeros(dev, NB_F32, NB_SHAPE(4, 3)));
+    ck_assert_int_eq(nb_numel(e), 0);
+    nb_cuda_synchronize(nb_cuda(0));
+    nb_ctx_free(dev);
+}
+END_TEST
+
+/* ---- epilogues: nb__cuda_matmul with bias and GELU, against CPU ops ---- */
+static double *host_values(int64_t n, uint64_t seed) {
+    double *v = malloc(sizeof *v * (size_t)n);
+    uint64_t s = seed;
+    for (int64_t i = 0; i < n; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        v[i] = (double)(s >> 11) * 0x1.0p-53 * 2 - 1;
+    }
+    return v;
+}
+
+/* out = gelu?(a (L, M, K) @ b (K, N) + bias (N)) on the GPU in dtype dt,
+ * compared with the same in f64 on the CPU; pre checked when gelu. */
+static void check_epilogue(nb_dtype dt, int64_t l, int64_t m, int64_t k, int64_t n, bool with_bias,
+                           bool gelu, bool with_pre, double tol) {
+    nb_ctx *host = nb_ctx_new(nb_cpu(), 0), *dev = nb_ctx_new(nb_cuda(0), 0);
+    double *av = host_values(l * m * k, 11 + (uint64_t)n), *bv = host_values(k * n, 12 + (uint64_t)m);
+    double *cv = host_values(n, 13);
+    nb_tensor *ah = nb_from_host(host, NB_F64, 3, (int64_t[]){l, m, k}, av);
+    nb_tensor *bh = nb_from_host(host, NB_F64, 2, (int64_t[]){k, n}, bv);
+    nb_tensor *ch = nb_from_host(host, NB_F64, 1, (int64_t[]){n}, cv);
+    /* the reference sees the values the device holds */
+    ah = nb_cast(host, nb_cast(host, ah, dt), NB_F64);
+    bh = nb_cast(host, nb_cast(host, bh, dt), NB_F64);
+    nb_dtype odt = dt;
+    ch = nb_cast(host, nb_cast(host, ch, odt), NB_F64);
+    nb_tensor *ref_pre = nb_matmul(host, ah, bh);
+    if (with_bias) ref_pre = nb_add(host, ref_pre, ch);
+    nb_tensor *ref = gelu ? nb_gelu(host, ref_pre, NB_GELU_TANH) : ref_pre;
+
+    nb_tensor *a = nb_to(dev, nb_cast(host, ah, dt)), *b = nb_to(dev, nb_cast(host, bh, dt));
+    nb_tensor *bias = with_bias ? nb_to(dev, nb_cast(host, ch, odt)) : NULL;
+    bool prev = nb__cuda_poison();
+    nb__cuda_set_poison(true);
+    nb_tensor *out = nb__empty(dev, odt, 3, (int64_t[]){l, m, n});
+    nb_tensor *pre = with_pre ? nb__empty(dev, odt, 3, (int64_t[]){l, m, n}) : NULL;
+    nb__cuda_set_poison(prev);
+    nb__cuda_matmul(out, a, b, false, false, bias, gelu, pre);
+    nb__cuda_matmul(out, a, b, false, false, bias, gelu, pre); /* the cached plan */
+
+    int64_t total = l * m * n;
+    double *got = nbt_values(out), *want = nbt_values(ref);
+    double *gp = with_pre ? nbt_values(pre) : NULL, *wp = nbt_values(ref_pre);
+    double scale = 1e-6, err = 0, errp = 0;
+    for (int64_t i = 0; i < total; i++) scale = fmax(scale, fabs(wp[i]));
+    for (int64_t i = 0; i < total; i++) {
+        err = fmax(err, isnan(got[i]) ? INFINITY : fabs(got[i] - want[i]) / scale);
+        if (gp) errp = fmax(errp, isnan(gp[i]) ? INFINITY : fabs(gp[i] - wp[i]) / scale);
+    }
+    ck_assert_msg(err <= tol && errp <= tol,
+                  "epilogue %s L=%lld M=%lld K=%lld N=%lld bias=%d gelu=%d pre=%d: error %g, "
+                  "pre %g (tol %g)",
+                  nb_dtype_name(dt), (long long)l, (long long)m, (long long)k, (long long)n,
+                  with_bias, gelu, with_pre, err, errp, tol);
+    free(got);
+    free(want);
+    free(gp);
+    free(wp);
+    free(av);
+    free(bv);
+    free(cv);
+    nb_ctx_free(dev);
+    nb_ctx_free(host);
+}
+
+START_TEST(test_epilogues) {
+    static const int64_t shapes[][4] = {{1, 16, 32, 64}, {3, 7, 33, 40}, {1, 5, 9, 33},
+                                        {2, 64, 128, 256}, {1, 3, 0, 24}};
+    static const struct { nb_dtype dt; double tol; } dts[] = {
+        {NB_F32, NBT_TOL_F32}, {NB_BF16, NBT_TOL_BF16}, {NB_F16, NBT_TOL_F16}, {NB_F64, NBT_TOL_F64}};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+        for (size_t di = 0; di < sizeof dts / sizeof dts[0]; di++)
+            for (int mode = 0; mode < 5; mode++) {
+                /* bias; gelu+bias; gelu+bias+pre; gelu+pre; gelu */
+                bool bias = mode <= 2, gelu = mode >= 1, pre = mode == 2 || mode == 3;
+                const int64_t *s = shapes[si];
+                /* cuBLASLt's GELU epilogue is not correctly rounded: 1e-4 for f32 and f64 */
+                double tol = gelu && dts[di].tol < 1e-4 ? 1e-4 : dts[di].tol;
+                check_epilogue(dts[di].dt, s[0], s[1], s[2], s[3], bias, gelu, pre, tol);
+            }
+}
+END_TEST
+
+START_TEST(test_gemm_readable) {
+    nb_ctx *dev = nb_ctx_new(nb_cuda(0), 0);
+    nb_tensor *x = nb_zeros(dev, NB_F32, NB_SHAPE(2, 3, 4, 5));
+    ck_assert(nb__cuda_gemm_readable(x));
+    ck_assert(nb__cuda_gemm_readable(nb_transpose(dev, x, -1, -2)));
+    ck_assert(nb__cuda_gemm_readable(nb_narrow(dev, x, 3, 1, 3)));
+    /* batch dims (3, 2) with strides (20, 60): not one stride */
+    ck_assert(!nb__cuda_gemm_readable(nb_transpose(dev, x, 0, 1)));
+    /* neither of the last two dims has unit stride */
+    ck_assert(!nb__cuda_gemm_readable(nb_transpose(dev, x, 1, 3)));
+    nb_ctx_free(dev);
+}
+END_TEST
+
+int main(void) {
+    nbt_cuda_require();
+    Suite *s = suite_create("cuda_matmul");
+    TCase *tc = tcase_create("core");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, test_f32);
+    tcase_add_test(tc, test_f32_tf32);
+    tcase_add_test(tc, test_bf16);
+    tcase_add_test(tc, test_f16);
+    tcase_add_test(tc, test_f64);
+    tcase_add_test(tc, test_narrowed_views);
+    tcase_add_test(tc, test_permuted_batch);
+    tcase_add_test(tc, test_k_zero);
+    tcase_add_test(tc, test_epilogues);
+    tcase_add_test(tc, test_gemm_readable);
+    suite_add_tcase(s, tc);
+    return nbt_run(s);
+}
