@@ -393,14 +393,6 @@ static bool gemm_run(const gemm_call *c, bool with_epilogue) {
     return true;
 }
 
-/* Product of n sizes (tensor/internal.h declares nb__numel_shape without C
- * linkage for C++, so .cu files cannot link against it). */
-static int64_t prod(int n, const int64_t *shape) {
-    int64_t p = 1;
-    for (int i = 0; i < n; i++) p *= shape[i];
-    return p;
-}
-
 /* Strides (elements) of t's batch dims aligned to out's nbd batch dims;
  * missing and size-1 dims get 0. */
 static void batch_strides(const nb_tensor *t, int nbd, int64_t *st) {
@@ -433,7 +425,7 @@ extern "C" void nb__cuda_matmul(nb_tensor *out, const nb_tensor *a, const nb_ten
     int nbd = out->ndim - 2;
     int64_t m = out->shape[nbd], n = out->shape[nbd + 1];
     int64_t k = a->shape[a->ndim - (trans_a ? 2 : 1)];
-    int64_t batch = prod(nbd, out->shape);
+    int64_t batch = nb__numel_shape(nbd, out->shape);
     nb_dtype dt_out = out->dtype;
     size_t ein = nb_dtype_size(a->dtype), eout = nb_dtype_size(dt_out);
     if (batch == 0 || m == 0 || n == 0) return;
@@ -485,7 +477,7 @@ extern "C" void nb__cuda_matmul(nb_tensor *out, const nb_tensor *a, const nb_ten
         (void)flat_stride(out->shape, sa, j, nbd, &run_a);
         (void)flat_stride(out->shape, sb, j, nbd, &run_b);
     }
-    int64_t inner = fold ? 1 : prod(nbd - j, out->shape + j);
+    int64_t inner = fold ? 1 : nb__numel_shape(nbd - j, out->shape + j);
     int64_t outer = fold ? 1 : batch / inner;
     c.stride_a = run_b; /* cuBLASLt's A is our b */
     c.stride_b = run_a;
