@@ -8,7 +8,7 @@
  * statistics used by forward are saved (f64 on the CPU, f32 on CUDA) so
  * that backward does not depend on later changes to the running buffers.
  * On CUDA the whole batch norm, running statistics included, is one call
- * into the backend (cuDNN): no host reads. */
+ * into the backend (our kernels, tensor/cuda/batch_norm.cu): no host reads. */
 #include <math.h>
 
 #include "tensor/cpu/norm.h"
