@@ -78,9 +78,9 @@ nb_tensor *nb__sum_to(nb_ctx *ctx, nb_tensor *g, int ndim, const int64_t *shape)
     if (nb__is_cuda(g)) {
         /* CUDA kernels write each output element from one thread, so the
          * aliasing trick below would race: reduce the broadcast dims. */
-        int axes[NB_MAX_DIMS], n = 0;
-        for (int d = 0; d < ndim; d++)
-            if (shape[d] == 1 && g->shape[d] != 1) axes[n++] = d;
+        int axes[NB_MAX_DIMS], n = 0, lead = g->ndim - ndim; /* g's extra leading dims */
+        for (int d = 0; d < g->ndim; d++)
+            if (d < lead || (shape[d - lead] == 1 && g->shape[d] != 1)) axes[n++] = d;
         nb_tensor *r = n ? nb_sum(ctx, g, n, axes, true) : g;
         return nb_reshape(ctx, r, ndim, shape);
     }

@@ -7,7 +7,7 @@ static nb_tensor *binary(nb_ctx *ctx, const char *name, nb__binary_op op, nb_ten
                          nb_tensor *b, nb_backward_fn bw) {
     nb__check_ctx(name, ctx, a);
     nb__check_same_dtype(name, a, b);
-    NB_CHECK(a->dtype != NB_BF16 && a->dtype != NB_F16,
+    NB_CHECK(nb__is_cuda(a) || (a->dtype != NB_BF16 && a->dtype != NB_F16),
              "%s: dtype %s is a storage type on the CPU; nb_cast to f32 first (shapes %s, %s)", name,
              nb_dtype_name(a->dtype), nb_shape_str(a), nb_shape_str(b));
     int64_t shape[NB_MAX_DIMS];

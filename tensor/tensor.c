@@ -466,7 +466,7 @@ double nb_item(const nb_tensor *t) {
 void nb_fill_(nb_tensor *t, double value) {
     nb_tensor s = {0};
     s.dtype = t->dtype;
-    s.device = t->device;
+    s.device = nb_cpu(); /* buf is host memory: nb__cuda_copy fills from a CPU source */
     char buf[8];
     nb__store(buf, t->dtype, value);
     s.data = buf;

@@ -243,7 +243,8 @@ END_TEST
 
 /* ---- deferred target check ---- */
 START_TEST(test_cross_entropy_bad_target) {
-    /* Runs last: the fault stays reported on the device afterwards. */
+    /* Runs last, in its own case. The fault is reported once: the slot is
+     * cleared before the abort, so the next read goes on (garbage value). */
     nb_ctx *ctx = nb_ctx_new(nb_cuda(0), 0);
     static const float xv[4 * 5] = {0.5f, -1, 2, 0, 1, 1, 1, 1, 1, 1, 3, 2, 1, 0, -1, 0, 0, 0, 0, 0};
     static const int64_t tv[4] = {0, 7, -100, 2};
@@ -251,7 +252,7 @@ START_TEST(test_cross_entropy_bad_target) {
     nb_tensor *t = nb_from_host(ctx, NB_I64, NB_SHAPE(4), tv);
     nb_tensor *loss = nb_cross_entropy(ctx, x, t, NULL);
     NBT_EXPECT_ABORT(nb_cuda_synchronize(nb_cuda(0)), "nb_cross_entropy");
-    NBT_EXPECT_ABORT((void)nb_item(loss), "nb_cross_entropy");
+    (void)nb_item(loss);
     nb_ctx_free(ctx);
 }
 END_TEST

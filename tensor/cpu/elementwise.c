@@ -323,7 +323,7 @@ void nb__cpu_copy(nb_tensor *dst, const nb_tensor *src) {
 /* ---- unrecorded helpers for backward functions ---- */
 nb_tensor *nb__unary(nb_ctx *ctx, nb__unary_op op, nb_tensor *a, double s) {
     nb_tensor *out = nb__empty(ctx, a->dtype, a->ndim, a->shape);
-    nb__cpu_unary(op, out, a, s);
+    nb__run_unary(op, out, a, s);
     return out;
 }
 
@@ -332,6 +332,6 @@ nb_tensor *nb__binary(nb_ctx *ctx, nb__binary_op op, nb_tensor *a, nb_tensor *b)
     int nd = nb__broadcast_shape("elementwise op", a, b, shape);
     nb__check_same_dtype("elementwise op", a, b);
     nb_tensor *out = nb__empty(ctx, a->dtype, nd, shape);
-    nb__cpu_binary(op, out, a, b);
+    nb__run_binary(op, out, a, b);
     return out;
 }
