@@ -63,7 +63,8 @@ static nb_tensor *matmul_impl(nb_ctx *ctx, const char *name, nb_tensor *a, nb_te
     shape[nbd] = m;
     shape[nbd + 1] = n;
 
-    nb_tensor *out = nb__empty(ctx, mixed ? NB_F32 : a->dtype, nd, shape);
+    /* f64 operands are not cast and stay f64 (cuBLASLt has no f64 -> f32 GEMM) */
+    nb_tensor *out = nb__empty(ctx, mixed && a->dtype != NB_F64 ? NB_F32 : a->dtype, nd, shape);
     if (nb__is_cuda(a)) {
         nb_tensor *ca = nb__cuda_gemm_readable(a) ? a : nb__contig(ctx, a);
         nb_tensor *cb = nb__cuda_gemm_readable(b) ? b : nb__contig(ctx, b);
