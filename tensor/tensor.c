@@ -191,12 +191,14 @@ void nb__run_where(nb_tensor *out, const nb_tensor *cond, const nb_tensor *a, co
     else nb__cpu_where(out, cond, a, b);
 }
 
-/* Between devices: through a contiguous host copy in dst's dtype. */
+/* Between devices (CPU and GPU, or two GPUs): through a contiguous host
+ * copy in dst's dtype. */
 static void copy_across(nb_tensor *dst, const nb_tensor *src);
 
 void nb__run_copy(nb_tensor *dst, const nb_tensor *src) {
     bool dc = nb__is_cuda(dst), sc = nb__is_cuda(src);
-    if (dc && (sc || src->ndim == 0)) nb__cuda_copy(dst, src); /* a CPU 0-d src: a fill */
+    bool same = nb_device_eq(dst->device, src->device);
+    if (dc && ((sc && same) || (!sc && src->ndim == 0))) nb__cuda_copy(dst, src); /* CPU 0-d: a fill */
     else if (!dc && !sc) nb__cpu_copy(dst, src);
     else copy_across(dst, src);
 }
@@ -382,19 +384,20 @@ static void copy_across(nb_tensor *dst, const nb_tensor *src) {
         nb_tensor r = host_view(src, src->dtype, raw);
         nb__cpu_copy(&h, &r);
         free(raw);
-        nb__cpu_copy(dst, &h);
-    } else { /* host -> device */
+    } else {
         nb__cpu_copy(&h, src);
-        if (nb_is_contiguous(dst)) {
-            nb__cuda_memcpy_h2d(dst->device.index, dst->data, host, bytes);
-        } else {
-            nb_ctx *tmp = nb_ctx_new(dst->device, bytes + 64);
-            nb_tensor *c = nb__empty(tmp, dst->dtype, dst->ndim, dst->shape);
-            nb__cuda_memcpy_h2d(dst->device.index, c->data, host, bytes);
-            nb__cuda_copy(dst, c);
-            nb__cuda_sync(dst->device.index); /* before tmp's memory goes */
-            nb_ctx_free(tmp);
-        }
+    }
+    if (!nb__is_cuda(dst)) {
+        nb__cpu_copy(dst, &h);
+    } else if (nb_is_contiguous(dst)) { /* host -> device */
+        nb__cuda_memcpy_h2d(dst->device.index, dst->data, host, bytes);
+    } else {
+        nb_ctx *tmp = nb_ctx_new(dst->device, bytes + 64);
+        nb_tensor *c = nb__empty(tmp, dst->dtype, dst->ndim, dst->shape);
+        nb__cuda_memcpy_h2d(dst->device.index, c->data, host, bytes);
+        nb__cuda_copy(dst, c);
+        nb__cuda_sync(dst->device.index); /* before tmp's memory goes */
+        nb_ctx_free(tmp);
     }
     free(host);
 }

@@ -189,7 +189,8 @@ bool nb__cuda_gemm_readable(const nb_tensor *t);
 /* out (L, M, N) contiguous = op(a) (La, M, K) @ op(b) (Lb, K, N), La and
  * Lb broadcast to L (a batch of one is stride 0). a and b share a dtype:
  * f32 (TF32 when nb__cuda_tf32()), f64, bf16 or f16 (f32 accumulation);
- * out has a's dtype, or f32 when a is bf16/f16. bias (N) of out's dtype
+ * out has a's dtype, or f32 when a is bf16/f16 (the front end asks for f32
+ * in a context whose compute dtype is bf16/f16). bias (N) of out's dtype
  * or NULL is added to every row (cuBLASLt epilogue); gelu applies
  * GELU(tanh) after the bias, writing the pre-activation into `pre` (same
  * shape as out) when pre is not NULL. K = 0 gives zeros (+ bias). */
