@@ -72,7 +72,7 @@ static dev_state *state(const char *op, int device) {
     NB_CHECK(device >= 0 && device < NB_MAX_CUDA_DEVICES, "%s: CUDA device %d is out of range",
              op, device);
     dev_state *d = &devs[device];
-    if (d->ready) return d;
+    if (__atomic_load_n(&d->ready, __ATOMIC_ACQUIRE)) return d;
     pthread_mutex_lock(&devs_lock);
     if (!d->ready) {
         int n = nb__cuda_device_count();
@@ -88,7 +88,7 @@ static dev_state *state(const char *op, int device) {
                                         cudaHostAllocMapped));
         memset(d->fault_host, 0, sizeof *d->fault_host);
         NB_CUDA_CHECK(op, cudaHostGetDevicePointer((void **)&d->fault_dev, d->fault_host, 0));
-        d->ready = true;
+        __atomic_store_n(&d->ready, true, __ATOMIC_RELEASE);
     }
     pthread_mutex_unlock(&devs_lock);
     return d;
@@ -169,9 +169,20 @@ void nb__cuda_sync(int device) {
 /* ---- copies ---- */
 /* Sends a small upload through the ring; false when it is too large or
  * the ring cannot be had (then the caller copies synchronously). */
+static pthread_mutex_t stage_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static bool staged_upload_locked(dev_state *d, void *dst, const void *src, size_t bytes);
+
 static bool staged_upload(dev_state *d, void *dst, const void *src, size_t bytes) {
-    stage_ring *r = &d->stage;
     if (bytes > STAGE_SEGMENT_BYTES) return false;
+    pthread_mutex_lock(&stage_lock); /* uploads may come from several host threads */
+    bool ok = staged_upload_locked(d, dst, src, bytes);
+    pthread_mutex_unlock(&stage_lock);
+    return ok;
+}
+
+static bool staged_upload_locked(dev_state *d, void *dst, const void *src, size_t bytes) {
+    stage_ring *r = &d->stage;
     if (!r->buf) {
         if (cudaHostAlloc((void **)&r->buf, (size_t)STAGE_SEGMENTS * STAGE_SEGMENT_BYTES,
                           cudaHostAllocPortable) != cudaSuccess) {
