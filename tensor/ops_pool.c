@@ -44,7 +44,8 @@ typedef nb__pool2d_geom pool_geom;
         int64_t per = g->oh * g->ow;                                                          \
         for (int64_t pl = 0; pl < g->planes; pl++)                                            \
             for (int64_t k = 0; k < per; k++)                                                 \
-                dx[pl * g->h * g->w + arg[pl * per + k]] += gout[pl * per + k];               \
+                if (arg[pl * per + k] >= 0) /* -1: a window of padding only */                  \
+                    dx[pl * g->h * g->w + arg[pl * per + k]] += gout[pl * per + k];           \
     }                                                                                         \
                                                                                               \
     static void avg_fwd_##S(const pool_geom *g, T *out, const T *x) {                         \

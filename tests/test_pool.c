@@ -196,6 +196,24 @@ START_TEST(test_max_ties_first) {
 END_TEST
 
 /* ---- errors ---- */
+/* An empty input with padding still has windows (of padding only): max
+ * gives 0 there and backward writes nothing (index -1 is skipped). */
+START_TEST(test_empty_input_with_padding) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *x = nb_zeros(ctx, NB_F32, NB_SHAPE(1, 1, 0, 2));
+    nb_set_requires_grad(x, true);
+    nb_pool2d_opts o = {{2, 2}, {0, 0}, {1, 1}};
+    nb_tensor *y = nb_max_pool2d(ctx, x, &o);
+    ck_assert_int_eq(y->shape[2], 1);
+    ck_assert_int_eq(y->shape[3], 2);
+    for (int64_t j = 0; j < 2; j++) ck_assert_double_eq(nb_get(y, (int64_t[]){0, 0, 0, j}), 0);
+    nb_backward(nb_sum_all(ctx, y));
+    ck_assert_ptr_nonnull(x->grad);
+    ck_assert_int_eq(nb_numel(x->grad), 0);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
 START_TEST(test_errors) {
     nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
     nb_tensor *x = nb_zeros(ctx, NB_F32, NB_SHAPE(2, 3, 8, 8));
@@ -232,6 +250,7 @@ static Suite *pool_suite(void) {
     tcase_add_test(tc, test_non_contiguous);
     tcase_add_test(tc, test_max_ties_first);
     tcase_add_test(tc, test_errors);
+    tcase_add_test(tc, test_empty_input_with_padding);
     suite_add_tcase(s, tc);
     return s;
 }
