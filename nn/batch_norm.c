@@ -58,8 +58,13 @@ static nb_tensor *bn_forward(nb_module *m, nb_ctx *ctx, nb_tensor *x) {
     double momentum = b->o.momentum;
     if (m->training && track) {
         nb_tensor *n = b->num_batches_tracked;
-        nb_fill_(n, nb_item(n) + 1);
-        if (momentum == NB_BATCH_NORM_CUMULATIVE) momentum = 1.0 / nb_item(n);
+        if (momentum == NB_BATCH_NORM_CUMULATIVE || n->device.type == NB_DEVICE_CPU) {
+            nb_fill_(n, nb_item(n) + 1);
+            if (momentum == NB_BATCH_NORM_CUMULATIVE) momentum = 1.0 / nb_item(n);
+        } else { /* on a GPU, count on the device: no host read per layer and step */
+            nb_tensor *one = nb_full(ctx, n->dtype, 0, NULL, 1);
+            nb__run_binary(NB_B_ADD, n, n, one);
+        }
     }
     if (momentum < 0) momentum = 0; /* cumulative, in a mode that updates nothing */
     bool use_batch = m->training || !track;
