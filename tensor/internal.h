@@ -127,6 +127,11 @@ static inline bool nb__is_cuda(const nb_tensor *t) { return t->device.type == NB
 nb_tensor *nb__unary(nb_ctx *ctx, nb__unary_op op, nb_tensor *a, double s);
 nb_tensor *nb__binary(nb_ctx *ctx, nb__binary_op op, nb_tensor *a, nb_tensor *b);
 
+/* ---- layers' fused ops ---- */
+/* x (.., in) @ w (out, in)^T + bias (out) or no bias (NULL), recorded; the
+ * bias rides the CUDA GEMM's epilogue when the operands allow it. */
+nb_tensor *nb__linear(nb_ctx *ctx, nb_tensor *x, nb_tensor *w, nb_tensor *bias);
+
 /* ---- pooling geometry (tensor/ops_pool.c) ---- */
 typedef struct nb__pool2d_geom {
     int64_t planes, h, w, oh, ow; /* planes = N * C */

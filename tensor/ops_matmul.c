@@ -15,7 +15,11 @@
  * (nb_ctx_set_compute_dtype, CUDA only) f32 operands are cast to it first
  * (recorded casts, so gradients reach the f32 originals) and the product,
  * accumulated in f32, comes out in f32. The backward's products run in
- * the same context and so in the same precision. */
+ * the same context and so in the same precision.
+ *
+ * nb__linear (x @ w^T + bias, for nn's Linear) hands the bias to the CUDA
+ * GEMM's epilogue, saving a pass over the output; elsewhere it is a
+ * product and an add. */
 #include <limits.h>
 
 #include "tensor/cpu/matmul.h"
@@ -23,9 +27,12 @@
 #include "tensor/internal.h"
 
 static void matmul_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g);
+static void matmul_bias_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g);
 
+/* bias: NULL, or (N) added by the CUDA GEMM's epilogue (nb__linear
+ * checked it and only passes one for CUDA operands). */
 static nb_tensor *matmul_impl(nb_ctx *ctx, const char *name, nb_tensor *a, nb_tensor *b, bool ta,
-                              bool tb) {
+                              bool tb, nb_tensor *bias) {
     nb__check_ctx(name, ctx, a);
     nb__check_ctx(name, ctx, b);
     const char *sfx_a = ta ? "^T" : "", *sfx_b = tb ? "^T" : "";
@@ -68,15 +75,17 @@ static nb_tensor *matmul_impl(nb_ctx *ctx, const char *name, nb_tensor *a, nb_te
     if (nb__is_cuda(a)) {
         nb_tensor *ca = nb__cuda_gemm_readable(a) ? a : nb__contig(ctx, a);
         nb_tensor *cb = nb__cuda_gemm_readable(b) ? b : nb__contig(ctx, b);
-        nb__cuda_matmul(out, ca, cb, ta, tb, NULL, false, NULL);
+        nb_tensor *cbias = bias ? nb__contig(ctx, bias) : NULL;
+        nb__cuda_matmul(out, ca, cb, ta, tb, cbias, false, NULL);
     } else {
         nb_tensor *ca = nb__cpu_gemm_readable(a) ? a : nb__contig(ctx, a);
         nb_tensor *cb = nb__cpu_gemm_readable(b) ? b : nb__contig(ctx, b);
         nb__cpu_matmul(out, ca, cb, ta, tb);
     }
 
-    nb_tensor *in[2] = {a, b};
-    nb_node *node = nb__record(ctx, name, matmul_backward, out, 2, in);
+    nb_tensor *in[3] = {a, b, bias};
+    nb_node *node = nb__record(ctx, name, bias ? matmul_bias_backward : matmul_backward, out,
+                               bias ? 3 : 2, in);
     if (node) {
         node->i[0] = ta;
         node->i[1] = tb;
@@ -85,11 +94,21 @@ static nb_tensor *matmul_impl(nb_ctx *ctx, const char *name, nb_tensor *a, nb_te
 }
 
 nb_tensor *nb_matmul(nb_ctx *ctx, nb_tensor *a, nb_tensor *b) {
-    return matmul_impl(ctx, "nb_matmul", a, b, false, false);
+    return matmul_impl(ctx, "nb_matmul", a, b, false, false, NULL);
 }
 
 nb_tensor *nb_matmul_t(nb_ctx *ctx, nb_tensor *a, nb_tensor *b, bool trans_a, bool trans_b) {
-    return matmul_impl(ctx, "nb_matmul_t", a, b, trans_a, trans_b);
+    return matmul_impl(ctx, "nb_matmul_t", a, b, trans_a, trans_b, NULL);
+}
+
+nb_tensor *nb__linear(nb_ctx *ctx, nb_tensor *x, nb_tensor *w, nb_tensor *bias) {
+    nb_dtype out_dt = nb_ctx_compute_dtype(ctx) != NB_F32 && x->dtype != NB_F64 ? NB_F32 : x->dtype;
+    bool fused = bias && nb__is_cuda(x) && x->ndim >= 2 && w->ndim == 2 && bias->ndim == 1 &&
+                 bias->shape[0] == w->shape[0] && bias->dtype == out_dt &&
+                 nb_device_eq(bias->device, x->device);
+    if (fused) return matmul_impl(ctx, "nb_linear", x, w, false, true, bias);
+    nb_tensor *y = nb_matmul_t(ctx, x, w, false, true);
+    return bias ? nb_add(ctx, y, bias) : y;
 }
 
 static int64_t batch_numel(const nb_tensor *t) { return nb__numel_shape(t->ndim - 2, t->shape); }
@@ -99,6 +118,13 @@ static int64_t batch_numel(const nb_tensor *t) { return nb__numel_shape(t->ndim 
 static nb_tensor *flat_op(nb_ctx *ctx, nb_tensor *x, bool trans, int64_t rows, int64_t cols) {
     if (trans) x = nb_transpose(ctx, x, -1, -2);
     return nb_reshape(ctx, x, 2, (int64_t[]){rows, cols});
+}
+
+/* x @ w^T + bias fused on CUDA: the product's gradients, plus the bias's
+ * (g summed over the rows, by nb__accum_grad's broadcast reduction). */
+static void matmul_bias_backward(nb_ctx *ctx, nb_node *node, nb_tensor *g) {
+    matmul_backward(ctx, node, g);
+    nb__accum_grad(ctx, node->in[2], g);
 }
 
 /* Runs with grad mode off (Note [Tape]), so the ops below record nothing. */

@@ -10,6 +10,7 @@
 
 #include "cuda_parity.h"
 #include "tensor/cuda/cuda.h"
+#include "tensor/internal.h"
 
 typedef struct mm_case {
     int nbd_a, nbd_b;
@@ -246,6 +247,42 @@ START_TEST(test_gemm_readable) {
 }
 END_TEST
 
+/* nn's Linear: x @ w^T + bias with the bias in the GEMM's epilogue on
+ * CUDA, against the CPU's product and add; also under the bf16 compute
+ * dtype (f32 operands cast, f32 out), where the bias stays f32. */
+static nb_tensor *op_linear(nb_ctx *ctx, nb_tensor *const *in, void *user) {
+    if (user && nb_ctx_device(ctx).type == NB_DEVICE_CUDA) nb_ctx_set_compute_dtype(ctx, NB_BF16);
+    return nb__linear(ctx, in[0], in[1], in[2]);
+}
+
+START_TEST(test_linear_bias_epilogue) {
+    nbt_input in[3] = {
+        {.dtype = NB_F32, .ndim = 3, .shape = {4, 7, 33}},
+        {.dtype = NB_F32, .ndim = 2, .shape = {19, 33}},
+        {.dtype = NB_F32, .ndim = 1, .shape = {19}},
+    };
+    nbt_parity("linear f32", op_linear, NULL, 3, in, NULL);
+    in[1].transposed = true; /* w stored (33, 19) and transposed back */
+    nbt_parity("linear f32, transposed weight", op_linear, NULL, 3, in, NULL);
+    in[1].transposed = false;
+    nbt_parity("linear, bf16 compute", op_linear, (void *)1, 3, in,
+               &(nbt_parity_opts){.tol = NBT_TOL_BF16});
+    /* a module: the same path through nn */
+    nb_ctx *c = nb_ctx_new(nb_cpu(), 0), *g = nb_ctx_new(nb_cuda(0), 0);
+    nb_module *lc = nb_linear_new(c, NB_F32, 33, 19, true, &(nb_rng){5, 0});
+    nb_module *lg = nb_linear_new(g, NB_F32, 33, 19, true, &(nb_rng){5, 0});
+    nb_tensor *xc = nb_rand_uniform(c, NB_F32, NB_SHAPE(6, 33), -1, 1, &(nb_rng){6, 0});
+    nb_tensor *yc = nb_module_forward(lc, c, xc);
+    nb_tensor *yg = nb_module_forward(lg, g, nb_to(g, xc));
+    double *a = nbt_values(yc), *b = nbt_values(yg);
+    for (int i = 0; i < 6 * 19; i++) ck_assert_msg(fabs(a[i] - b[i]) < 1e-4, "element %d: %g vs %g", i, a[i], b[i]);
+    free(a);
+    free(b);
+    nb_ctx_free(g);
+    nb_ctx_free(c);
+}
+END_TEST
+
 int main(void) {
     nbt_cuda_require();
     Suite *s = suite_create("cuda_matmul");
@@ -261,6 +298,7 @@ int main(void) {
     tcase_add_test(tc, test_k_zero);
     tcase_add_test(tc, test_epilogues);
     tcase_add_test(tc, test_gemm_readable);
+    tcase_add_test(tc, test_linear_bias_epilogue);
     suite_add_tcase(s, tc);
     return nbt_run(s);
 }
