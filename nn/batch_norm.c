@@ -58,8 +58,14 @@ static nb_tensor *bn_forward(nb_module *m, nb_ctx *ctx, nb_tensor *x) {
     double momentum = b->o.momentum;
     if (m->training && track) {
         nb_tensor *n = b->num_batches_tracked;
-        nb_fill_(n, nb_item(n) + 1);
-        if (momentum == NB_BATCH_NORM_CUMULATIVE) momentum = 1.0 / nb_item(n);
+        if (n->device.type != NB_DEVICE_CPU && momentum != NB_BATCH_NORM_CUMULATIVE) {
+            /* the count is not needed on the host: n += 1 on the device
+             * (through f64, exact), so the step does not wait for the GPU */
+            nb_copy_(n, nb_add_scalar(ctx, nb_cast(ctx, n, NB_F64), 1.0));
+        } else {
+            nb_fill_(n, nb_item(n) + 1);
+            if (momentum == NB_BATCH_NORM_CUMULATIVE) momentum = 1.0 / nb_item(n);
+        }
     }
     if (momentum < 0) momentum = 0; /* cumulative, in a mode that updates nothing */
     bool use_batch = m->training || !track;
