@@ -182,8 +182,9 @@ void nb_backward(nb_tensor *loss) {
     NB_CHECK(nb_numel(loss) == 1,
              "nb_backward: the loss must have one element, got shape %s (use nb_backward_with to "
              "pass a gradient)", nb_shape_str(loss));
-    NB_CHECK(loss->dtype == NB_F32 || loss->dtype == NB_F64,
-             "nb_backward: the loss must be f32 or f64, got %s", nb_dtype_name(loss->dtype));
+    NB_CHECK(nb_dtype_is_float(loss->dtype),
+             "nb_backward: the loss must be a float tensor (f32, f64, bf16 or f16), got %s",
+             nb_dtype_name(loss->dtype));
     nb_tensor seed = {0};
     seed.dtype = NB_F64;
     seed.device = nb_cpu();
