@@ -485,9 +485,11 @@ int main(int argc, char **argv) {
             TRY(&r, next_batch(&r, &b), "data");
             run_dist_set_no_sync(&r.d, micro + 1 < a->grad_accum);
             nb_tensor *l = nb_gpt_loss(r.step_ctx, run_dist_forward(&r.d, r.step_ctx, b.inputs), b.targets);
+            nb_tensor *lb = a->grad_accum > 1 ? nb_mul_scalar(r.step_ctx, l, 1.0 / (double)a->grad_accum) : l;
+            TRY(&r, run_dist_backward(&r.d, lb), "backward");
+            /* read once backward is queued: on a GPU, reading it before would
+             * stall the host until the forward finished, idling the device */
             loss += nb_item(l) / (double)a->grad_accum;
-            if (a->grad_accum > 1) l = nb_mul_scalar(r.step_ctx, l, 1.0 / (double)a->grad_accum);
-            TRY(&r, run_dist_backward(&r.d, l), "backward");
         }
         double norm = nb_optim_clip_grad_norm(r.opt, a->clip > 0 ? a->clip : INFINITY, 2.0);
         if (isfinite(norm)) nb_optim_step(r.opt);

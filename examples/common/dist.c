@@ -6,7 +6,7 @@
 #include "dist.h"
 
 nb_status run_dist_init(run_dist *d) {
-    *d = (run_dist){0, 1, 0, nb_cpu(), NULL, NULL, NULL};
+    *d = (run_dist){0, 1, 0, nb_cpu(), NULL, NULL, NULL, NULL};
     nb_dist_env env;
     nb_status s = nb_dist_env_read(&env);
     if (s != NB_OK) return s;
@@ -51,17 +51,21 @@ nb_status run_dist_sync_buffers(run_dist *d) { return d->ddp ? nb_ddp_pre_forwar
 
 nb_status run_dist_sum(run_dist *d, double *v, int n) {
     if (!d->pg) return NB_OK;
-    nb_ctx *ctx = nb_ctx_new(nb_pg_device(d->pg), 0);
-    nb_tensor *t = nb_from_host(ctx, NB_F64, NB_SHAPE(n), v);
+    /* one context for the run, not one per call: on a GPU that would be a
+     * cudaMalloc and a cudaFree (which waits for the whole device) per step */
+    if (!d->sum_ctx) d->sum_ctx = nb_ctx_new(nb_pg_device(d->pg), 4096);
+    nb_ctx_reset(d->sum_ctx); /* the last call's tensor was read back: nothing uses it */
+    nb_tensor *t = nb_from_host(d->sum_ctx, NB_F64, NB_SHAPE(n), v);
     nb_status s = nb_work_finish(nb_pg_all_reduce(d->pg, t, NB_REDUCE_SUM));
     if (s == NB_OK) nb_to_host(t, v);
-    nb_ctx_free(ctx);
     return s;
 }
 
 nb_status run_dist_finish(run_dist *d) {
     nb_ddp_free(d->ddp);
     d->ddp = NULL;
+    nb_ctx_free(d->sum_ctx);
+    d->sum_ctx = NULL;
     nb_status s = d->pg ? nb_pg_free(d->pg) : NB_OK;
     d->pg = NULL;
     return s;

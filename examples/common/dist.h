@@ -18,6 +18,7 @@ typedef struct run_dist {
     nb_pg *pg;   /* NULL in a world of one */
     nb_ddp *ddp; /* NULL in a world of one */
     nb_module *model;
+    nb_ctx *sum_ctx; /* run_dist_sum's buffer on the group's device, made once */
 } run_dist;
 
 /* Joins the run the environment describes (a process group when it has
