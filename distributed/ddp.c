@@ -354,11 +354,18 @@ static nb_status broadcast_tensors(nb_ddp *d, bool buffers_only) {
     nb_named_tensor *s = xcalloc((size_t)n, sizeof *s);
     if (buffers_only) nb_module_named_buffers(d->model, s, n);
     else nb_module_state(d->model, s, n);
-    nb_status st = NB_OK;
-    for (int i = 0; i < n && st == NB_OK; i++) {
+    /* all issued, then all waited for: one round trip, not one per tensor */
+    nb_work **w = xcalloc((size_t)(n ? n : 1), sizeof *w);
+    for (int i = 0; i < n; i++) {
         NB_CHECK(nb_is_contiguous(s[i].tensor), "nb_ddp: %s is not contiguous", s[i].name);
-        st = nb_work_finish(nb_pg_broadcast(d->pg, s[i].tensor, 0));
+        w[i] = nb_pg_broadcast(d->pg, s[i].tensor, 0);
     }
+    nb_status st = NB_OK;
+    for (int i = 0; i < n; i++) {
+        nb_status si = nb_work_finish(w[i]);
+        if (st == NB_OK) st = si;
+    }
+    free(w);
     free(s);
     return st;
 }
