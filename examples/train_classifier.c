@@ -115,7 +115,7 @@ static nb_status open_data(run *r) {
     nb_distributed_options o = {r->d.world_size, r->d.rank, true, (uint64_t)a->seed, true};
     r->train_sampler = nb_sampler_distributed(n_train, &o);
     nb_loader_options lo = {.batch_size = a->batch_size, .drop_last = true, .sampler = r->train_sampler,
-                           .device = r->d.device};
+                           .device = r->d.device, .pin_memory = true /* only matters on a GPU */};
     s = nb_loader_new(&r->train_loader, r->train, &lo);
     if (s != NB_OK) return s;
     r->test_sampler = nb_sampler_shard(nb_dataset_len(r->test), r->d.world_size, r->d.rank);
