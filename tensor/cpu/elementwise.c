@@ -8,7 +8,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "tensor/cpu/exp_f32.h"
+#include "tensor/cpu/simd.h"
 #include "tensor/internal.h"
 
 #define MAXOPS 4
@@ -140,7 +140,7 @@ static inline double gelu_tanh_grad_double(double x) {
     return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k * (1.0 + 3.0 * c * x * x);
 }
 
-static void unary_f32(int64_t n, char **p, const int64_t *st, const void *varg) {
+NB_CPU_CLONES static void unary_f32(int64_t n, char **p, const int64_t *st, const void *varg) {
     const unary_arg *arg = varg;
     float s = (float)arg->s;
     bool unit = st[0] == 4 && st[1] == 4;
@@ -213,7 +213,7 @@ void nb__cpu_unary(nb__unary_op op, nb_tensor *out, const nb_tensor *a, double s
         *(T *)(p[0] + i * st[0]) = r;                                                        \
     }
 
-static void binary_f32(int64_t n, char **p, const int64_t *st, const void *varg) { BINARY_BODY(float) }
+NB_CPU_CLONES static void binary_f32(int64_t n, char **p, const int64_t *st, const void *varg) { BINARY_BODY(float) }
 static void binary_f64(int64_t n, char **p, const int64_t *st, const void *varg) { BINARY_BODY(double) }
 static void binary_i32(int64_t n, char **p, const int64_t *st, const void *varg) { BINARY_BODY(int32_t) }
 static void binary_i64(int64_t n, char **p, const int64_t *st, const void *varg) { BINARY_BODY(int64_t) }

@@ -6,7 +6,7 @@
  * TILE so that the inner loops run over contiguous memory. */
 #include <math.h>
 
-#include "tensor/cpu/exp_f32.h"
+#include "tensor/cpu/simd.h"
 #include "tensor/cpu/softmax.h"
 #include "tensor/internal.h"
 
@@ -134,7 +134,7 @@ void nb__cpu_softmax_backward(nb_tensor *dx, const nb_tensor *y, const nb_tensor
  * f64 rows are the plain reference (gradchecks). */
 #define LANES 8
 
-static void causal_row_float(float *y, const float *x, int64_t s, int64_t l, float scale) {
+NB_CPU_CLONES static void causal_row_float(float *y, const float *x, int64_t s, int64_t l, float scale) {
     float m[LANES], acc[LANES];
     for (int c = 0; c < LANES; c++) m[c] = -INFINITY, acc[c] = 0;
     int64_t j = 0;
@@ -165,7 +165,7 @@ static void causal_row_float(float *y, const float *x, int64_t s, int64_t l, flo
     for (; j < s; j++) y[j] = 0;
 }
 
-static void causal_row_backward_float(float *dx, const float *y, const float *g, int64_t s,
+NB_CPU_CLONES static void causal_row_backward_float(float *dx, const float *y, const float *g, int64_t s,
                                       int64_t l, float scale) {
     float acc[LANES] = {0};
     int64_t j = 0;

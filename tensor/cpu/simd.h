@@ -1,9 +1,27 @@
-/* A vectorisable f32 exp shared by the CPU kernels (elementwise GELU,
- * causal softmax). */
-#ifndef NABLA_TENSOR_CPU_EXP_F32_H
-#define NABLA_TENSOR_CPU_EXP_F32_H
+/* Vector width for the CPU kernels: the clone attribute of the hottest
+ * loops, and a vectorisable f32 exp (elementwise GELU, causal softmax).
+ *
+ * Note [Vector width]
+ * The library is built for baseline x86-64 (SSE2), since the machines it
+ * runs on differ, so -march=native is not an option. Functions marked
+ * NB_CPU_CLONES are compiled twice, for AVX2 and for the baseline, and the
+ * loader picks one for the CPU at hand (GCC function multiversioning, an
+ * ifunc). The build uses -std=c11, so floating-point contraction is off and
+ * both clones compute the same values; only the width differs. Other
+ * compilers and targets get the baseline function alone. */
+#ifndef NABLA_TENSOR_CPU_SIMD_H
+#define NABLA_TENSOR_CPU_SIMD_H
 
 #include <stdint.h>
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__has_attribute)
+#if __has_attribute(target_clones)
+#define NB_CPU_CLONES __attribute__((target_clones("avx2", "default")))
+#endif
+#endif
+#ifndef NB_CPU_CLONES
+#define NB_CPU_CLONES
+#endif
 
 /* exp(x) for f32 without a libm call, so that loops using it vectorise:
  * x = n ln2 + r with n = round(x / ln2) (the 1.5 * 2^23 trick rounds to
