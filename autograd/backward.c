@@ -140,6 +140,18 @@ void nb__accum_grad(nb_ctx *ctx, nb_tensor *t, nb_tensor *g) {
     }
 }
 
+nb_tensor *nb__grad_to_update(nb_ctx *ctx, nb_tensor *t) {
+    if (!t->grad) {
+        t->grad = nb_zeros(ctx, t->dtype, t->ndim, t->shape);
+    } else if (!t->grad_owned) { /* Note [Adopted gradients]: copy before writing */
+        nb_tensor *own = nb__empty(ctx, t->dtype, t->ndim, t->shape);
+        nb__run_copy(own, t->grad);
+        t->grad = own;
+    }
+    t->grad_owned = true;
+    return t->grad;
+}
+
 static void fire_hooks(nb_tensor *leaf) {
     for (nb_hook *h = leaf->hooks; h; h = h->next) h->fn(leaf, h->user);
 }

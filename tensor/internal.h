@@ -87,6 +87,10 @@ nb_node *nb__record(nb_ctx *ctx, const char *op, nb_backward_fn backward, nb_ten
 /* Adds g into t's gradient for this backward pass; g may have broadcast
  * dims that t lacks (they are summed away). Ignores t without requires_grad. */
 void nb__accum_grad(nb_ctx *ctx, nb_tensor *t, nb_tensor *g);
+/* The gradient of non-leaf t as a contiguous tensor of its own that the
+ * caller may add into in place (zeros when t had none yet); for backward
+ * functions that scatter a gradient into a part of t's (narrowing views). */
+nb_tensor *nb__grad_to_update(nb_ctx *ctx, nb_tensor *t);
 /* Calls fn for each leaf requiring grad that a backward from root would
  * reach (a leaf may be reported more than once). */
 void nb__graph_leaves(nb_tensor *root, void (*fn)(nb_tensor *leaf, void *user), void *user);

@@ -439,6 +439,56 @@ START_TEST(test_adopt_hooks_see_final_gradient) {
 }
 END_TEST
 
+START_TEST(test_adopt_slices_share_a_buffer) {
+    /* the pieces of a split non-leaf add into one gradient buffer of x;
+     * a full-width narrow next to x itself takes the copy-on-write path */
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *w = nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(6), 7);
+    nb_tensor *x = nb_mul_scalar(ctx, w, 1.5);
+    nb_tensor *p[2];
+    nb_split(ctx, x, 2, (int64_t[]){2, 4}, 0, p);
+    nb_tensor *full = nb_narrow(ctx, x, 0, 0, 6);
+    nb_tensor *y = nb_add(ctx, x, full); /* y's gradient goes to x and to full */
+    nb_tensor *c6 = nb_from_host(ctx, NB_F64, NB_SHAPE(6), (double[]){1, -1, 2, -2, 3, -3});
+    nb_tensor *c2 = nb_from_host(ctx, NB_F64, NB_SHAPE(2), (double[]){10, 20});
+    nb_tensor *c4 = nb_from_host(ctx, NB_F64, NB_SHAPE(4), (double[]){30, 40, 50, 60});
+    nb_tensor *loss = nb_add(ctx, nb_sum_all(ctx, nb_mul(ctx, y, c6)),
+                             nb_add(ctx, nb_sum_all(ctx, nb_mul(ctx, p[0], c2)),
+                                    nb_sum_all(ctx, nb_mul(ctx, p[1], c4))));
+    nb_backward(loss);
+    double e_y[6] = {1, -1, 2, -2, 3, -3}, e_x[6], e_w[6], e_p[6] = {10, 20, 30, 40, 50, 60};
+    for (int i = 0; i < 6; i++) {
+        e_x[i] = 2 * e_y[i] + e_p[i];
+        e_w[i] = 1.5 * e_x[i];
+    }
+    nbt_assert_close(y->grad, e_y, 0, 0);
+    nbt_assert_close(full->grad, e_y, 0, 0);
+    nbt_assert_close(p[0]->grad, e_p, 0, 0);
+    nbt_assert_close(p[1]->grad, e_p + 2, 0, 0);
+    nbt_assert_close(x->grad, e_x, 0, 0);
+    nbt_assert_close(w->grad, e_w, 1e-12, 0);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+static nb_tensor *nonleaf_views_fn(nb_ctx *ctx, nb_tensor *const *in, void *u) {
+    /* slices, a strided slice, selects and narrows of one non-leaf */
+    nb_tensor *x = nb_mul(ctx, in[0], in[0]);                 /* (4, 6) */
+    nb_tensor *a = nb_slice(ctx, x, 1, 1, 6, 2);              /* (4, 3) */
+    nb_tensor *b = nb_select(ctx, x, 0, 2);                   /* (6) */
+    nb_tensor *c = nb_narrow(ctx, x, 1, 2, 3);                /* (4, 3), overlaps a */
+    nb_tensor *r = nb_add(ctx, nb_mul(ctx, a, c), nb_sum(ctx, x, 1, (int[]){1}, true));
+    return nb_add(ctx, nb_sum_all(ctx, r), nb_sum_all(ctx, nb_mul(ctx, b, b)));
+}
+
+START_TEST(test_gradcheck_nonleaf_views) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *x = nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(4, 6), 11);
+    NBT_GRADCHECK(nonleaf_views_fn, NULL, 1, &x);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("autograd");
     TCase *tc = tcase_create("core");
@@ -459,6 +509,8 @@ int main(void) {
     tcase_add_test(tc, test_adopt_add_and_mul);
     tcase_add_test(tc, test_adopt_concat_views);
     tcase_add_test(tc, test_adopt_hooks_see_final_gradient);
+    tcase_add_test(tc, test_adopt_slices_share_a_buffer);
+    tcase_add_test(tc, test_gradcheck_nonleaf_views);
     suite_add_tcase(s, tc);
     return nbt_run(s);
 }
