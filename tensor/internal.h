@@ -112,6 +112,9 @@ void nb__cpu_unary(nb__unary_op op, nb_tensor *out, const nb_tensor *a, double s
 /* out = a op b, with a and b broadcast to out's shape (out may alias
  * neither unless it is exactly the same tensor layout). */
 void nb__cpu_binary(nb__binary_op op, nb_tensor *out, const nb_tensor *a, const nb_tensor *b);
+/* dx = g * GELU_tanh'(x), all three contiguous f32 of one shape: the
+ * gradient of nb_gelu(NB_GELU_TANH) in one pass. */
+void nb__cpu_gelu_tanh_backward(nb_tensor *dx, const nb_tensor *g, const nb_tensor *x);
 /* out = cond != 0 ? a : b, broadcast. */
 void nb__cpu_where(nb_tensor *out, const nb_tensor *cond, const nb_tensor *a,
                    const nb_tensor *b);

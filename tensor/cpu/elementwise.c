@@ -187,6 +187,15 @@ void nb__cpu_unary(nb__unary_op op, nb_tensor *out, const nb_tensor *a, double s
     else NB_ABORT("elementwise op: dtype %s has no CPU math", nb_dtype_name(out->dtype));
 }
 
+NB_CPU_CLONES static void gelu_tanh_backward_f32(float *dx, const float *g, const float *x,
+                                                 int64_t n) {
+    for (int64_t i = 0; i < n; i++) dx[i] = g[i] * gelu_tanh_grad_float(x[i]);
+}
+
+void nb__cpu_gelu_tanh_backward(nb_tensor *dx, const nb_tensor *g, const nb_tensor *x) {
+    gelu_tanh_backward_f32(dx->data, g->data, x->data, nb_numel(x));
+}
+
 /* ---- binary ---- */
 #define BINARY_BODY(T)                                                                       \
     nb__binary_op op = *(const nb__binary_op *)varg;                                         \
