@@ -31,8 +31,7 @@ static nb_tensor *linear_forward(nb_module *m, nb_ctx *ctx, nb_tensor *x) {
     nb__nn_check_input_dtype("Linear", x, l->weight->dtype);
     bool vec = x->ndim == 1;
     if (vec) x = nb_unsqueeze(ctx, x, 0);
-    nb_tensor *y = nb_matmul_t(ctx, x, l->weight, false, true);
-    if (l->bias) y = nb_add(ctx, y, l->bias);
+    nb_tensor *y = nb__linear(ctx, x, l->weight, l->bias);
     return vec ? nb_squeeze(ctx, y, 0) : y;
 }
 

@@ -134,6 +134,11 @@ static inline bool nb__is_cuda(const nb_tensor *t) { return t->device.type == NB
 nb_tensor *nb__unary(nb_ctx *ctx, nb__unary_op op, nb_tensor *a, double s);
 nb_tensor *nb__binary(nb_ctx *ctx, nb__binary_op op, nb_tensor *a, nb_tensor *b);
 
+/* ---- layers ---- */
+/* x (.., in) @ w (out, in)^T + b (out), b optional: the Linear layer's
+ * product, recorded (tensor/ops_matmul.c). */
+nb_tensor *nb__linear(nb_ctx *ctx, nb_tensor *x, nb_tensor *w, nb_tensor *b);
+
 /* ---- pooling geometry (tensor/ops_pool.c) ---- */
 typedef struct nb__pool2d_geom {
     int64_t planes, h, w, oh, ow; /* planes = N * C */

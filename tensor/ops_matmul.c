@@ -15,7 +15,13 @@
  * (nb_ctx_set_compute_dtype, CUDA only) f32 operands are cast to it first
  * (recorded casts, so gradients reach the f32 originals) and the product,
  * accumulated in f32, comes out in f32. The backward's products run in
- * the same context and so in the same precision. */
+ * the same context and so in the same precision.
+ *
+ * nb__linear (x @ w^T + b, the Linear layer) on the CPU writes b into the
+ * output rows and lets the GEMM add the product to it (beta = 1), like
+ * PyTorch's addmm: no separate bias pass, and no zeroing of the output by
+ * BLAS. Its node is the matmul's with b as a third input. Elsewhere (CUDA,
+ * a compute dtype) it is nb_matmul_t then nb_add. */
 #include <limits.h>
 
 #include "tensor/cpu/matmul.h"
@@ -72,7 +78,7 @@ static nb_tensor *matmul_impl(nb_ctx *ctx, const char *name, nb_tensor *a, nb_te
     } else {
         nb_tensor *ca = nb__cpu_gemm_readable(a) ? a : nb__contig(ctx, a);
         nb_tensor *cb = nb__cpu_gemm_readable(b) ? b : nb__contig(ctx, b);
-        nb__cpu_matmul(out, ca, cb, ta, tb);
+        nb__cpu_matmul(out, ca, cb, ta, tb, false);
     }
 
     nb_tensor *in[2] = {a, b};
@@ -124,4 +130,37 @@ static void matmul_backward(nb_ctx *ctx, nb_node *node, nb_tensor *g) {
         }
         nb__accum_grad(ctx, b, gb);
     }
+}
+
+static void linear_backward(nb_ctx *ctx, nb_node *node, nb_tensor *g) {
+    matmul_backward(ctx, node, g);
+    nb__accum_grad(ctx, node->in[2], g); /* summed over the rows */
+}
+
+nb_tensor *nb__linear(nb_ctx *ctx, nb_tensor *x, nb_tensor *w, nb_tensor *b) {
+    if (!b) return nb_matmul_t(ctx, x, w, false, true);
+    bool fused = !nb__is_cuda(x) && nb_ctx_compute_dtype(ctx) == NB_F32 && x->ndim >= 2 &&
+                 w->ndim == 2 && b->ndim == 1 && x->dtype == w->dtype && x->dtype == b->dtype &&
+                 (x->dtype == NB_F32 || x->dtype == NB_F64) && b->shape[0] == w->shape[0] &&
+                 x->shape[x->ndim - 1] == w->shape[1] && x->shape[x->ndim - 2] <= INT_MAX &&
+                 w->shape[0] <= INT_MAX && w->shape[1] <= INT_MAX;
+    if (!fused) return nb_add(ctx, nb_matmul_t(ctx, x, w, false, true), b);
+    nb__check_ctx("nb_linear", ctx, x);
+    nb__check_ctx("nb_linear", ctx, w);
+    nb__check_ctx("nb_linear", ctx, b);
+    int64_t shape[NB_MAX_DIMS];
+    for (int d = 0; d < x->ndim - 1; d++) shape[d] = x->shape[d];
+    shape[x->ndim - 1] = w->shape[0];
+    nb_tensor *out = nb__empty(ctx, x->dtype, x->ndim, shape);
+    nb__cpu_copy(out, b); /* every row = b */
+    nb_tensor *cx = nb__cpu_gemm_readable(x) ? x : nb__contig(ctx, x);
+    nb_tensor *cw = nb__cpu_gemm_readable(w) ? w : nb__contig(ctx, w);
+    nb__cpu_matmul(out, cx, cw, false, true, true);
+    nb_tensor *in[3] = {x, w, b};
+    nb_node *node = nb__record(ctx, "nb_linear", linear_backward, out, 3, in);
+    if (node) {
+        node->i[0] = false;
+        node->i[1] = true;
+    }
+    return out;
 }
