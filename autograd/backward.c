@@ -14,7 +14,19 @@
  * Counting in pass 1 rather than during forward means a parameter that was
  * also used outside the loss's graph (a metric, say) still gets its hooks.
  * All nodes of the graph must be in one context's tape; a graph that spans
- * contexts is rejected with a message naming the op. */
+ * contexts is rejected with a message naming the op.
+ *
+ * Note [Adopted gradients]
+ * A non-leaf's first gradient is adopted as is, without a copy, when it is
+ * contiguous: it is whatever the backward function handed over, which may
+ * also be handed elsewhere (add_backward gives the same g to both inputs,
+ * pass-through backwards give their own output's gradient, narrow views of
+ * one gradient go to concat's inputs). So an adopted gradient is never
+ * written: the next contribution makes a fresh sum (copy-on-write), which
+ * costs what the old copy-then-add-in-place did, and only a gradient made
+ * here for t alone (grad_owned) is added into in place. Backward functions
+ * must not write a tensor after handing it to nb__accum_grad. Leaves keep
+ * their own gradient tensor in their context and always add into it. */
 #include <string.h>
 
 #include "tensor/internal.h"
@@ -108,12 +120,36 @@ void nb__accum_grad(nb_ctx *ctx, nb_tensor *t, nb_tensor *g) {
         t->bw_seen = true;
         return;
     }
+    /* Note [Adopted gradients] */
     if (!t->grad) {
-        t->grad = nb__empty(ctx, t->dtype, t->ndim, t->shape);
-        nb__run_copy(t->grad, g);
-    } else {
+        if (nb_is_contiguous(g) && nb_device_eq(g->device, t->device)) {
+            t->grad = g;
+            t->grad_owned = false;
+        } else {
+            t->grad = nb__empty(ctx, t->dtype, t->ndim, t->shape);
+            nb__run_copy(t->grad, g);
+            t->grad_owned = true;
+        }
+    } else if (t->grad_owned) {
         nb__run_binary(NB_B_ADD, t->grad, t->grad, g);
+    } else {
+        nb_tensor *sum = nb__empty(ctx, t->dtype, t->ndim, t->shape);
+        nb__run_binary(NB_B_ADD, sum, t->grad, g);
+        t->grad = sum;
+        t->grad_owned = true;
     }
+}
+
+nb_tensor *nb__grad_to_update(nb_ctx *ctx, nb_tensor *t) {
+    if (!t->grad) {
+        t->grad = nb_zeros(ctx, t->dtype, t->ndim, t->shape);
+    } else if (!t->grad_owned) { /* Note [Adopted gradients]: copy before writing */
+        nb_tensor *own = nb__empty(ctx, t->dtype, t->ndim, t->shape);
+        nb__run_copy(own, t->grad);
+        t->grad = own;
+    }
+    t->grad_owned = true;
+    return t->grad;
 }
 
 static void fire_hooks(nb_tensor *leaf) {
@@ -165,6 +201,7 @@ void nb_backward_with(nb_tensor *out, nb_tensor *grad_out) {
     }
     out->grad = nb__empty(ctx, out->dtype, out->ndim, out->shape);
     nb__run_copy(out->grad, grad_out);
+    out->grad_owned = true;
     for (nb_node *n = start; n; n = n->prev) {
         if (n->bw_id != id) continue;
         if (n->out->grad) n->backward(ctx, n, n->out->grad);
@@ -251,4 +288,5 @@ void nb_set_grad(nb_tensor *t, nb_tensor *grad) {
              grad ? nb_dtype_name(grad->dtype) : "", grad ? nb_shape_str(grad) : "",
              nb_dtype_name(t->dtype), nb_shape_str(t));
     t->grad = grad;
+    t->grad_owned = false;
 }

@@ -5,14 +5,14 @@
  *   qkv = c_attn(x)                          (N, T, 3C)
  *   q, k, v = split(qkv, C, C, C)            (N, T, C) each, views
  *   q -> (N, T, H, D) -> (N, H, T, D), same for k, v
- *   att = q k^T / sqrt(D)                    (N, H, T, T)
- *   att[.., i, j] = -inf where j > i; softmax over j; attn_dropout
+ *   att = q k^T                              (N, H, T, T)
+ *   att = softmax over j of att / sqrt(D) where j <= i, 0 where j > i
+ *         (nb_softmax_causal: one fused pass); attn_dropout
  *   y = att v                                (N, H, T, D) -> (N, T, H, D) -> (N, T, C)
  *   out = resid_dropout(c_proj(y))
  * The children are named as in nanoGPT's CausalSelfAttention (c_attn,
  * c_proj, attn_dropout, resid_dropout); their Linear weights are (out, in),
- * the transpose of GPT-2's Conv1D checkpoints. The mask is built on the
- * inputs' device from two aranges (j - i > 0), never on the host. */
+ * the transpose of GPT-2's Conv1D checkpoints. */
 #include <math.h>
 
 #include "nn/internal.h"
@@ -27,13 +27,6 @@ typedef struct attention {
 static void attn_describe(nb_module *m, char *buf, size_t size) {
     const attention *a = m->self;
     snprintf(buf, size, "n_embd=%lld, n_head=%d", (long long)a->c, a->h);
-}
-
-/* (T, T), nonzero where key j lies after query i */
-static nb_tensor *causal_mask(nb_ctx *ctx, nb_dtype dtype, int64_t t) {
-    nb_tensor *r = nb_arange(ctx, dtype, 0, (double)t, 1);
-    nb_tensor *i = nb_reshape(ctx, r, NB_SHAPE(t, 1)), *j = nb_reshape(ctx, r, NB_SHAPE(1, t));
-    return nb_relu(ctx, nb_sub(ctx, j, i));
 }
 
 /* (N, T, C) -> (N, H, T, D) */
@@ -54,9 +47,7 @@ static nb_tensor *attn_forward(nb_module *m, nb_ctx *ctx, nb_tensor *x) {
     nb_tensor *q = split_heads(ctx, parts[0], n, t, a->h, d);
     nb_tensor *k = split_heads(ctx, parts[1], n, t, a->h, d);
     nb_tensor *v = split_heads(ctx, parts[2], n, t, a->h, d);
-    nb_tensor *att = nb_mul_scalar(ctx, nb_matmul_t(ctx, q, k, false, true), 1.0 / sqrt((double)d));
-    att = nb_masked_fill(ctx, att, causal_mask(ctx, x->dtype, t), -INFINITY);
-    att = nb_softmax(ctx, att, -1);
+    nb_tensor *att = nb_softmax_causal(ctx, nb_matmul_t(ctx, q, k, false, true), 1.0 / sqrt((double)d));
     att = nb_module_forward(a->attn_dropout, ctx, att);
     nb_tensor *y = nb_matmul(ctx, att, v);                             /* (N, H, T, D) */
     y = nb_reshape(ctx, nb_transpose(ctx, y, 1, 2), NB_SHAPE(n, t, c)); /* copies once */

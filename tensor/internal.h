@@ -87,6 +87,10 @@ nb_node *nb__record(nb_ctx *ctx, const char *op, nb_backward_fn backward, nb_ten
 /* Adds g into t's gradient for this backward pass; g may have broadcast
  * dims that t lacks (they are summed away). Ignores t without requires_grad. */
 void nb__accum_grad(nb_ctx *ctx, nb_tensor *t, nb_tensor *g);
+/* The gradient of non-leaf t as a contiguous tensor of its own that the
+ * caller may add into in place (zeros when t had none yet); for backward
+ * functions that scatter a gradient into a part of t's (narrowing views). */
+nb_tensor *nb__grad_to_update(nb_ctx *ctx, nb_tensor *t);
 /* Calls fn for each leaf requiring grad that a backward from root would
  * reach (a leaf may be reported more than once). */
 void nb__graph_leaves(nb_tensor *root, void (*fn)(nb_tensor *leaf, void *user), void *user);
@@ -108,6 +112,9 @@ void nb__cpu_unary(nb__unary_op op, nb_tensor *out, const nb_tensor *a, double s
 /* out = a op b, with a and b broadcast to out's shape (out may alias
  * neither unless it is exactly the same tensor layout). */
 void nb__cpu_binary(nb__binary_op op, nb_tensor *out, const nb_tensor *a, const nb_tensor *b);
+/* dx = g * GELU_tanh'(x), all three contiguous f32 of one shape: the
+ * gradient of nb_gelu(NB_GELU_TANH) in one pass. */
+void nb__cpu_gelu_tanh_backward(nb_tensor *dx, const nb_tensor *g, const nb_tensor *x);
 /* out = cond != 0 ? a : b, broadcast. */
 void nb__cpu_where(nb_tensor *out, const nb_tensor *cond, const nb_tensor *a,
                    const nb_tensor *b);
@@ -127,10 +134,11 @@ static inline bool nb__is_cuda(const nb_tensor *t) { return t->device.type == NB
 nb_tensor *nb__unary(nb_ctx *ctx, nb__unary_op op, nb_tensor *a, double s);
 nb_tensor *nb__binary(nb_ctx *ctx, nb__binary_op op, nb_tensor *a, nb_tensor *b);
 
-/* ---- layers' fused ops ---- */
-/* x (.., in) @ w (out, in)^T + bias (out) or no bias (NULL), recorded; the
- * bias rides the CUDA GEMM's epilogue when the operands allow it. */
-nb_tensor *nb__linear(nb_ctx *ctx, nb_tensor *x, nb_tensor *w, nb_tensor *bias);
+/* ---- layers ---- */
+/* x (.., in) @ w (out, in)^T + b (out), b optional (NULL): the Linear
+ * layer's product, recorded, with the bias fused into the GEMM
+ * (tensor/ops_matmul.c). */
+nb_tensor *nb__linear(nb_ctx *ctx, nb_tensor *x, nb_tensor *w, nb_tensor *b);
 
 /* ---- pooling geometry (tensor/ops_pool.c) ---- */
 typedef struct nb__pool2d_geom {

@@ -107,6 +107,13 @@ static void abs_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) { grad_times_una
 static void relu_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) { grad_times_unary_of_input(ctx, n, g, NB_U_RELU_MASK, 0); }
 static void gelu_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) { grad_times_unary_of_input(ctx, n, g, NB_U_GELU_GRAD, 0); }
 static void gelu_tanh_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) {
+    nb_tensor *x = n->in[0];
+    if (!nb__is_cuda(x) && x->dtype == NB_F32 && nb_is_contiguous(x) && nb_is_contiguous(g)) {
+        nb_tensor *dx = nb__empty(ctx, x->dtype, x->ndim, x->shape); /* one pass, not two */
+        nb__cpu_gelu_tanh_backward(dx, g, x);
+        nb__accum_grad(ctx, x, dx);
+        return;
+    }
     grad_times_unary_of_input(ctx, n, g, NB_U_GELU_TANH_GRAD, 0);
 }
 

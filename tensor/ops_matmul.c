@@ -17,9 +17,11 @@
  * accumulated in f32, comes out in f32. The backward's products run in
  * the same context and so in the same precision.
  *
- * nb__linear (x @ w^T + bias, for nn's Linear) hands the bias to the CUDA
- * GEMM's epilogue, saving a pass over the output; elsewhere it is a
- * product and an add. */
+ * nb__linear (x @ w^T + b, the Linear layer) fuses the bias: on CUDA it
+ * rides the GEMM's epilogue; on the CPU b is written into the output rows
+ * and the GEMM adds the product to it (beta = 1), like PyTorch's addmm. No
+ * separate bias pass either way. Its node is the matmul's with b as a
+ * third input. Where neither applies it is nb_matmul_t then nb_add. */
 #include <limits.h>
 
 #include "tensor/cpu/matmul.h"
@@ -80,7 +82,7 @@ static nb_tensor *matmul_impl(nb_ctx *ctx, const char *name, nb_tensor *a, nb_te
     } else {
         nb_tensor *ca = nb__cpu_gemm_readable(a) ? a : nb__contig(ctx, a);
         nb_tensor *cb = nb__cpu_gemm_readable(b) ? b : nb__contig(ctx, b);
-        nb__cpu_matmul(out, ca, cb, ta, tb);
+        nb__cpu_matmul(out, ca, cb, ta, tb, false);
     }
 
     nb_tensor *in[3] = {a, b, bias};
@@ -101,16 +103,6 @@ nb_tensor *nb_matmul_t(nb_ctx *ctx, nb_tensor *a, nb_tensor *b, bool trans_a, bo
     return matmul_impl(ctx, "nb_matmul_t", a, b, trans_a, trans_b, NULL);
 }
 
-nb_tensor *nb__linear(nb_ctx *ctx, nb_tensor *x, nb_tensor *w, nb_tensor *bias) {
-    nb_dtype out_dt = nb_ctx_compute_dtype(ctx) != NB_F32 && x->dtype != NB_F64 ? NB_F32 : x->dtype;
-    bool fused = bias && nb__is_cuda(x) && x->ndim >= 2 && w->ndim == 2 && bias->ndim == 1 &&
-                 bias->shape[0] == w->shape[0] && bias->dtype == out_dt &&
-                 nb_device_eq(bias->device, x->device);
-    if (fused) return matmul_impl(ctx, "nb_linear", x, w, false, true, bias);
-    nb_tensor *y = nb_matmul_t(ctx, x, w, false, true);
-    return bias ? nb_add(ctx, y, bias) : y;
-}
-
 static int64_t batch_numel(const nb_tensor *t) { return nb__numel_shape(t->ndim - 2, t->shape); }
 
 /* op(x) flattened to (rows, cols) over its batch dims; copies when the
@@ -120,8 +112,8 @@ static nb_tensor *flat_op(nb_ctx *ctx, nb_tensor *x, bool trans, int64_t rows, i
     return nb_reshape(ctx, x, 2, (int64_t[]){rows, cols});
 }
 
-/* x @ w^T + bias fused on CUDA: the product's gradients, plus the bias's
- * (g summed over the rows, by nb__accum_grad's broadcast reduction). */
+/* x @ w^T + bias fused (nb__linear): the product's gradients, plus the
+ * bias's (g summed over the rows, by nb__accum_grad's broadcast reduction). */
 static void matmul_bias_backward(nb_ctx *ctx, nb_node *node, nb_tensor *g) {
     matmul_backward(ctx, node, g);
     nb__accum_grad(ctx, node->in[2], g);
@@ -150,4 +142,41 @@ static void matmul_backward(nb_ctx *ctx, nb_node *node, nb_tensor *g) {
         }
         nb__accum_grad(ctx, b, gb);
     }
+}
+
+nb_tensor *nb__linear(nb_ctx *ctx, nb_tensor *x, nb_tensor *w, nb_tensor *b) {
+    if (!b) return nb_matmul_t(ctx, x, w, false, true);
+    if (nb__is_cuda(x)) {
+        nb_dtype out_dt =
+            nb_ctx_compute_dtype(ctx) != NB_F32 && x->dtype != NB_F64 ? NB_F32 : x->dtype;
+        bool epilogue = x->ndim >= 2 && w->ndim == 2 && b->ndim == 1 &&
+                        b->shape[0] == w->shape[0] && b->dtype == out_dt &&
+                        nb_device_eq(b->device, x->device);
+        if (epilogue) return matmul_impl(ctx, "nb_linear", x, w, false, true, b);
+        return nb_add(ctx, nb_matmul_t(ctx, x, w, false, true), b);
+    }
+    bool fused = nb_ctx_compute_dtype(ctx) == NB_F32 && nb_ctx_compute_dtype(ctx) == NB_F32 && x->ndim >= 2 &&
+                 w->ndim == 2 && b->ndim == 1 && x->dtype == w->dtype && x->dtype == b->dtype &&
+                 (x->dtype == NB_F32 || x->dtype == NB_F64) && b->shape[0] == w->shape[0] &&
+                 x->shape[x->ndim - 1] == w->shape[1] && x->shape[x->ndim - 2] <= INT_MAX &&
+                 w->shape[0] <= INT_MAX && w->shape[1] <= INT_MAX;
+    if (!fused) return nb_add(ctx, nb_matmul_t(ctx, x, w, false, true), b);
+    nb__check_ctx("nb_linear", ctx, x);
+    nb__check_ctx("nb_linear", ctx, w);
+    nb__check_ctx("nb_linear", ctx, b);
+    int64_t shape[NB_MAX_DIMS];
+    for (int d = 0; d < x->ndim - 1; d++) shape[d] = x->shape[d];
+    shape[x->ndim - 1] = w->shape[0];
+    nb_tensor *out = nb__empty(ctx, x->dtype, x->ndim, shape);
+    nb__cpu_copy(out, b); /* every row = b */
+    nb_tensor *cx = nb__cpu_gemm_readable(x) ? x : nb__contig(ctx, x);
+    nb_tensor *cw = nb__cpu_gemm_readable(w) ? w : nb__contig(ctx, w);
+    nb__cpu_matmul(out, cx, cw, false, true, true);
+    nb_tensor *in[3] = {x, w, b};
+    nb_node *node = nb__record(ctx, "nb_linear", matmul_bias_backward, out, 3, in);
+    if (node) {
+        node->i[0] = false;
+        node->i[1] = true;
+    }
+    return out;
 }

@@ -1,9 +1,18 @@
-/* Softmax and log-softmax along one axis: front ends and backward.
+/* Softmax and log-softmax along one axis, and the causal softmax of
+ * attention: front ends and backward.
  *
  * The input is made contiguous and seen as (O, K, I), K the axis; the
  * kernels (tensor/cpu/softmax.c) subtract each row's maximum, so large
  * logits do not overflow. Backward uses only the output:
- * softmax dx = y (g - sum_K g y), log-softmax dx = g - exp(y) sum_K g. */
+ * softmax dx = y (g - sum_K g y), log-softmax dx = g - exp(y) sum_K g.
+ *
+ * nb_softmax_causal fuses attention's scale, causal mask and softmax into
+ * one pass over the kept half of the scores on the CPU (forward and
+ * backward). On CUDA it is composed of recorded ops (scale, masked_fill
+ * with a mask built on the device, softmax), so it needs no kernel of its
+ * own. */
+#include <math.h>
+
 #include "tensor/cpu/softmax.h"
 #include "tensor/cuda/cuda.h"
 #include "tensor/internal.h"
@@ -44,4 +53,45 @@ nb_tensor *nb_softmax(nb_ctx *ctx, nb_tensor *x, int axis) {
 
 nb_tensor *nb_log_softmax(nb_ctx *ctx, nb_tensor *x, int axis) {
     return softmax_impl(ctx, "nb_log_softmax", x, axis, true);
+}
+
+static void softmax_causal_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) {
+    nb_tensor *y = n->out;
+    g = nb__contig(ctx, g);
+    nb_tensor *dx = nb__empty(ctx, y->dtype, y->ndim, y->shape);
+    nb__cpu_softmax_causal_backward(dx, y, g, n->i[0], n->i[1], n->i[2], n->f[0]);
+    nb__accum_grad(ctx, n->in[0], dx);
+}
+
+/* (T, S) f32, nonzero where key j lies after query i (exact in f32 for
+ * any T and S a tensor can have in practice) */
+static nb_tensor *causal_mask(nb_ctx *ctx, int64_t t, int64_t s) {
+    nb_tensor *i = nb_reshape(ctx, nb_arange(ctx, NB_F32, 0, (double)t, 1), NB_SHAPE(t, 1));
+    nb_tensor *j = nb_reshape(ctx, nb_arange(ctx, NB_F32, 0, (double)s, 1), NB_SHAPE(1, s));
+    return nb_relu(ctx, nb_sub(ctx, j, i));
+}
+
+nb_tensor *nb_softmax_causal(nb_ctx *ctx, nb_tensor *x, double scale) {
+    const char *op = "nb_softmax_causal";
+    nb__check_ctx(op, ctx, x);
+    nb__check_float(op, x);
+    NB_CHECK(x->ndim >= 2, "%s: input %s needs at least 2 dims (.., T, S)", op, nb_shape_str(x));
+    NB_CHECK(isfinite(scale) && scale != 0, "%s: scale %g must be finite and nonzero", op, scale);
+    int64_t t = x->shape[x->ndim - 2], s = x->shape[x->ndim - 1];
+    if (nb__is_cuda(x)) {
+        nb_tensor *z = scale == 1 ? x : nb_mul_scalar(ctx, x, scale);
+        return nb_softmax(ctx, nb_masked_fill(ctx, z, causal_mask(ctx, t, s), -INFINITY), -1);
+    }
+    int64_t b = nb__numel_shape(x->ndim - 2, x->shape);
+    nb_tensor *xc = nb__contig(ctx, x);
+    nb_tensor *y = nb__empty(ctx, x->dtype, x->ndim, x->shape);
+    nb__cpu_softmax_causal(y, xc, b, t, s, scale);
+    nb_node *n = nb__record(ctx, op, softmax_causal_backward, y, 1, &x);
+    if (n) {
+        n->i[0] = b;
+        n->i[1] = t;
+        n->i[2] = s;
+        n->f[0] = scale;
+    }
+    return y;
 }

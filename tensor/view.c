@@ -189,13 +189,24 @@ nb_tensor *nb_squeeze(nb_ctx *ctx, nb_tensor *x, int dim) {
 }
 
 /* ---- narrowing views ---- */
+static nb_tensor *same_slice(nb_ctx *ctx, nb_node *n, nb_tensor *t) {
+    if (n->i[0] == 0) return nb_slice(ctx, t, (int)n->i[1], n->i[2], n->i[3], n->i[4]);
+    return nb_select(ctx, t, (int)n->i[1], n->i[2]);
+}
+
+/* A non-leaf CPU input (the qkv of attention, split in three) gets g added
+ * into the slice of its own gradient buffer, so its pieces share one
+ * buffer instead of a zero-padded copy each that is then summed. */
 static void slice_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) {
     nb_tensor *x = n->in[0];
+    if (!x->requires_grad) return;
+    if (x->node && !nb__is_cuda(x) && g->dtype == x->dtype) {
+        nb_tensor *v = same_slice(ctx, n, nb__grad_to_update(ctx, x));
+        nb__run_binary(NB_B_ADD, v, v, g);
+        return;
+    }
     nb_tensor *gx = nb_zeros(ctx, g->dtype, x->ndim, x->shape);
-    nb_tensor *v;
-    if (n->i[0] == 0) v = nb_slice(ctx, gx, (int)n->i[1], n->i[2], n->i[3], n->i[4]);
-    else v = nb_select(ctx, gx, (int)n->i[1], n->i[2]);
-    nb__run_copy(v, g);
+    nb__run_copy(same_slice(ctx, n, gx), g);
     nb__accum_grad(ctx, x, gx);
 }
 

@@ -292,6 +292,203 @@ START_TEST(test_gradcheck_views) {
 }
 END_TEST
 
+/* ---- adopted gradients (Note [Adopted gradients]) ----
+ * A non-leaf's first gradient is the backward function's own tensor, which
+ * may also be another tensor's gradient; the checks below read the
+ * intermediate gradients after backward to catch an in-place add into a
+ * shared one. c weighs every element differently. */
+static const double cw[3] = {0.5, -2, 3};
+
+static nb_tensor *weights(nb_ctx *ctx) { return nb_from_host(ctx, NB_F64, NB_SHAPE(3), (double[]){0.5, -2, 3}); }
+
+START_TEST(test_adopt_x_plus_x) {
+    /* x = 3w, s = x + x, loss = sum(s c): add_backward hands s's gradient to x twice */
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *w = nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(3), 1);
+    nb_tensor *x = nb_mul_scalar(ctx, w, 3);
+    nb_tensor *s = nb_add(ctx, x, x);
+    nb_backward(nb_sum_all(ctx, nb_mul(ctx, s, weights(ctx))));
+    double e_s[3], e_x[3], e_w[3];
+    for (int i = 0; i < 3; i++) e_s[i] = cw[i], e_x[i] = 2 * cw[i], e_w[i] = 6 * cw[i];
+    nbt_assert_close(s->grad, e_s, 0, 0);
+    nbt_assert_close(x->grad, e_x, 0, 0);
+    nbt_assert_close(w->grad, e_w, 0, 0);
+    ck_assert_ptr_ne(x->grad, s->grad);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+START_TEST(test_adopt_diamond) {
+    /* x = 3w; a = 2x; b = x + 1; o = a + b; loss = sum(o c).
+     * o, a, b and (first) x all receive the one tensor o's gradient; x's
+     * second contribution must not write into it. */
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *w = nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(3), 2);
+    nb_tensor *x = nb_mul_scalar(ctx, w, 3);
+    nb_tensor *a = nb_mul_scalar(ctx, x, 2);
+    nb_tensor *b = nb_add_scalar(ctx, x, 1);
+    nb_tensor *o = nb_add(ctx, a, b);
+    nb_backward(nb_sum_all(ctx, nb_mul(ctx, o, weights(ctx))));
+    double e_c[3], e_x[3], e_w[3];
+    for (int i = 0; i < 3; i++) e_c[i] = cw[i], e_x[i] = 3 * cw[i], e_w[i] = 9 * cw[i];
+    nbt_assert_close(o->grad, e_c, 0, 0);
+    nbt_assert_close(a->grad, e_c, 0, 0);
+    nbt_assert_close(b->grad, e_c, 0, 0);
+    nbt_assert_close(x->grad, e_x, 0, 0);
+    nbt_assert_close(w->grad, e_w, 0, 0);
+    /* the same with the order of a and b's creation swapped: the
+     * pass-through branch then runs last and adds into a made gradient */
+    nb_tensor *w2 = nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(3), 2);
+    nb_tensor *x2 = nb_mul_scalar(ctx, w2, 3);
+    nb_tensor *b2 = nb_add_scalar(ctx, x2, 1);
+    nb_tensor *a2 = nb_mul_scalar(ctx, x2, 2);
+    nb_tensor *o2 = nb_add(ctx, b2, a2);
+    nb_backward(nb_sum_all(ctx, nb_mul(ctx, o2, weights(ctx))));
+    nbt_assert_close(o2->grad, e_c, 0, 0);
+    nbt_assert_close(b2->grad, e_c, 0, 0);
+    nbt_assert_close(x2->grad, e_x, 0, 0);
+    nbt_assert_close(w2->grad, e_w, 0, 0);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+START_TEST(test_adopt_add_and_mul) {
+    /* x = 1.5p; s = x + q; m = s x; loss = sum(m c):
+     * dp = 1.5 c (2x + q), dq = c x, ds = c x */
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *p = nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(3), 3);
+    nb_tensor *q = nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(3), 4);
+    nb_tensor *x = nb_mul_scalar(ctx, p, 1.5);
+    nb_tensor *s = nb_add(ctx, x, q);
+    nb_tensor *m = nb_mul(ctx, s, x);
+    nb_backward(nb_sum_all(ctx, nb_mul(ctx, m, weights(ctx))));
+    double pv[3], qv[3], e_p[3], e_q[3], e_m[3];
+    nb_to_host_f64(p, pv);
+    nb_to_host_f64(q, qv);
+    for (int i = 0; i < 3; i++) {
+        double xv = 1.5 * pv[i];
+        e_p[i] = 1.5 * cw[i] * (2 * xv + qv[i]);
+        e_q[i] = cw[i] * xv;
+        e_m[i] = cw[i];
+    }
+    nbt_assert_close(p->grad, e_p, 1e-12, 1e-12);
+    nbt_assert_close(q->grad, e_q, 1e-12, 1e-12);
+    nbt_assert_close(s->grad, e_q, 1e-12, 1e-12);
+    nbt_assert_close(m->grad, e_m, 0, 0);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+START_TEST(test_adopt_concat_views) {
+    /* concat's backward hands each input a narrow view of one gradient
+     * (contiguous along axis 0, so adopted); x1 is used again after it. */
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *w = nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(3), 5);
+    nb_tensor *x1 = nb_mul_scalar(ctx, w, 2), *x2 = nb_mul_scalar(ctx, w, -1);
+    nb_tensor *other = nb_sum_all(ctx, nb_mul(ctx, x1, weights(ctx))); /* its backward runs last */
+    nb_tensor *cat = nb_concat(ctx, 2, (nb_tensor *[]){x1, x2}, 0);   /* (6) */
+    nb_tensor *cc = nb_from_host(ctx, NB_F64, NB_SHAPE(6), (double[]){1, 2, 3, 4, 5, 6});
+    nb_tensor *loss = nb_add(ctx, nb_sum_all(ctx, nb_mul(ctx, cat, cc)), other);
+    nb_backward(loss);
+    double e_cat[6] = {1, 2, 3, 4, 5, 6}, e_x1[3], e_x2[3] = {4, 5, 6}, e_w[3];
+    for (int i = 0; i < 3; i++) {
+        e_x1[i] = e_cat[i] + cw[i];
+        e_w[i] = 2 * e_x1[i] - e_x2[i];
+    }
+    nbt_assert_close(cat->grad, e_cat, 0, 0);
+    nbt_assert_close(x1->grad, e_x1, 0, 0);
+    nbt_assert_close(x2->grad, e_x2, 0, 0);
+    nbt_assert_close(w->grad, e_w, 0, 0);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+typedef struct final_grad {
+    double seen[3];
+    int calls;
+} final_grad;
+
+static void record_grad(nb_tensor *leaf, void *user) {
+    final_grad *f = user;
+    f->calls++;
+    nb_to_host_f64(leaf->grad, f->seen);
+}
+
+START_TEST(test_adopt_hooks_see_final_gradient) {
+    /* y = w + 0; x = 2w; s = x + x; h = y + s; loss = sum(h c): dw = 5c,
+     * which the hook must see whole. y and s share h's gradient, x adopts
+     * it, and y's pass-through to w runs after x's second contribution. */
+    nb_ctx *params = nb_ctx_new(nb_cpu(), 0), *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *w = nbt_randn_leaf(params, NB_F64, NB_SHAPE(3), 6);
+    final_grad f = {{0}, 0};
+    nb_add_grad_hook(w, record_grad, &f);
+    for (int step = 1; step <= 2; step++) {
+        nb_tensor *y = nb_add_scalar(ctx, w, 0);
+        nb_tensor *x = nb_mul_scalar(ctx, w, 2);
+        nb_tensor *h = nb_add(ctx, y, nb_add(ctx, x, x));
+        nb_backward(nb_sum_all(ctx, nb_mul(ctx, h, weights(ctx))));
+        double e[3];
+        for (int i = 0; i < 3; i++) e[i] = 5 * cw[i] * step; /* leaves accumulate */
+        ck_assert_int_eq(f.calls, step);
+        for (int i = 0; i < 3; i++) ck_assert_double_eq_tol(f.seen[i], e[i], 1e-12);
+        nbt_assert_close(w->grad, e, 1e-12, 0);
+        nb_ctx_reset(ctx);
+    }
+    nb_ctx_free(ctx);
+    nb_ctx_free(params);
+}
+END_TEST
+
+START_TEST(test_adopt_slices_share_a_buffer) {
+    /* the pieces of a split non-leaf add into one gradient buffer of x;
+     * a full-width narrow next to x itself takes the copy-on-write path */
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *w = nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(6), 7);
+    nb_tensor *x = nb_mul_scalar(ctx, w, 1.5);
+    nb_tensor *p[2];
+    nb_split(ctx, x, 2, (int64_t[]){2, 4}, 0, p);
+    nb_tensor *full = nb_narrow(ctx, x, 0, 0, 6);
+    nb_tensor *y = nb_add(ctx, x, full); /* y's gradient goes to x and to full */
+    nb_tensor *c6 = nb_from_host(ctx, NB_F64, NB_SHAPE(6), (double[]){1, -1, 2, -2, 3, -3});
+    nb_tensor *c2 = nb_from_host(ctx, NB_F64, NB_SHAPE(2), (double[]){10, 20});
+    nb_tensor *c4 = nb_from_host(ctx, NB_F64, NB_SHAPE(4), (double[]){30, 40, 50, 60});
+    nb_tensor *loss = nb_add(ctx, nb_sum_all(ctx, nb_mul(ctx, y, c6)),
+                             nb_add(ctx, nb_sum_all(ctx, nb_mul(ctx, p[0], c2)),
+                                    nb_sum_all(ctx, nb_mul(ctx, p[1], c4))));
+    nb_backward(loss);
+    double e_y[6] = {1, -1, 2, -2, 3, -3}, e_x[6], e_w[6], e_p[6] = {10, 20, 30, 40, 50, 60};
+    for (int i = 0; i < 6; i++) {
+        e_x[i] = 2 * e_y[i] + e_p[i];
+        e_w[i] = 1.5 * e_x[i];
+    }
+    nbt_assert_close(y->grad, e_y, 0, 0);
+    nbt_assert_close(full->grad, e_y, 0, 0);
+    nbt_assert_close(p[0]->grad, e_p, 0, 0);
+    nbt_assert_close(p[1]->grad, e_p + 2, 0, 0);
+    nbt_assert_close(x->grad, e_x, 0, 0);
+    nbt_assert_close(w->grad, e_w, 1e-12, 0);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+static nb_tensor *nonleaf_views_fn(nb_ctx *ctx, nb_tensor *const *in, void *u) {
+    /* slices, a strided slice, selects and narrows of one non-leaf */
+    nb_tensor *x = nb_mul(ctx, in[0], in[0]);                 /* (4, 6) */
+    nb_tensor *a = nb_slice(ctx, x, 1, 1, 6, 2);              /* (4, 3) */
+    nb_tensor *b = nb_select(ctx, x, 0, 2);                   /* (6) */
+    nb_tensor *c = nb_narrow(ctx, x, 1, 2, 3);                /* (4, 3), overlaps a */
+    nb_tensor *r = nb_add(ctx, nb_mul(ctx, a, c), nb_sum(ctx, x, 1, (int[]){1}, true));
+    return nb_add(ctx, nb_sum_all(ctx, r), nb_sum_all(ctx, nb_mul(ctx, b, b)));
+}
+
+START_TEST(test_gradcheck_nonleaf_views) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *x = nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(4, 6), 11);
+    NBT_GRADCHECK(nonleaf_views_fn, NULL, 1, &x);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("autograd");
     TCase *tc = tcase_create("core");
@@ -307,6 +504,13 @@ int main(void) {
     tcase_add_test(tc, test_set_grad_buffer);
     tcase_add_test(tc, test_gradcheck_catches_wrong_gradients);
     tcase_add_test(tc, test_gradcheck_views);
+    tcase_add_test(tc, test_adopt_x_plus_x);
+    tcase_add_test(tc, test_adopt_diamond);
+    tcase_add_test(tc, test_adopt_add_and_mul);
+    tcase_add_test(tc, test_adopt_concat_views);
+    tcase_add_test(tc, test_adopt_hooks_see_final_gradient);
+    tcase_add_test(tc, test_adopt_slices_share_a_buffer);
+    tcase_add_test(tc, test_gradcheck_nonleaf_views);
     suite_add_tcase(s, tc);
     return nbt_run(s);
 }

@@ -259,12 +259,33 @@ START_TEST(test_inplace_helpers) {
 }
 END_TEST
 
+/* GELU(tanh)'s f32 backward (one fused pass when x and g are contiguous,
+ * the generic two passes otherwise) against the f64 one. */
+START_TEST(test_gelu_tanh_f32_backward) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    for (int tr = 0; tr < 2; tr++) {
+        nb_tensor *x64, *x32;
+        nbt_twin_leaves(ctx, NB_SHAPE(5, 37), 90 + tr, &x64, &x32);
+        nb_tensor *a64 = nb_mul_scalar(ctx, x64, 3.0), *a32 = nb_mul_scalar(ctx, x32, 3.0);
+        if (tr) { /* a non-contiguous input */
+            a64 = nb_transpose(ctx, a64, 0, 1);
+            a32 = nb_transpose(ctx, a32, 0, 1);
+        }
+        nb_backward(nbt_weighted_sum(ctx, nb_gelu(ctx, a64, NB_GELU_TANH)));
+        nb_backward(nbt_weighted_sum(ctx, nb_gelu(ctx, a32, NB_GELU_TANH)));
+        nbt_assert_tensors_close(x32->grad, x64->grad, 1e-5, 1e-4);
+    }
+    nb_ctx_free(ctx);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("elementwise");
     TCase *tc = tcase_create("core");
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_unary_values);
     tcase_add_test(tc, test_unary_gradcheck);
+    tcase_add_test(tc, test_gelu_tanh_f32_backward);
     tcase_add_test(tc, test_binary_broadcast_values);
     tcase_add_test(tc, test_binary_gradcheck);
     tcase_add_test(tc, test_where_masked_fill);

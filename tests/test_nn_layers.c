@@ -89,6 +89,37 @@ START_TEST(test_linear_values) {
 }
 END_TEST
 
+/* Linear's fused CPU product (the bias written first, the GEMM adding to
+ * it) against matmul_t + add, values and every gradient, f32 and f64, with
+ * a contiguous and a transposed input. */
+START_TEST(test_linear_matches_composed) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_rng rng = nb_rng_make(21);
+    for (int k = 0; k < 4; k++) {
+        nb_dtype dt = k & 1 ? NB_F32 : NB_F64;
+        nb_module *m = nb_linear_new(ctx, dt, 6, 5, true, &rng);
+        nb_tensor *w = nb_module_find(m, "weight"), *b = nb_module_find(m, "bias");
+        nb_tensor *x = nbt_randn_leaf(ctx, dt, NB_SHAPE(2, 6, 3), (uint64_t)(30 + k));
+        nb_tensor *xin = k & 2 ? nb_transpose(ctx, x, 1, 2) /* (2, 3, 6) strided */
+                               : nb_reshape(ctx, x, NB_SHAPE(2, 3, 6));
+        nb_tensor *y = nb_module_forward(m, ctx, xin);
+        nb_backward(nbt_weighted_sum(ctx, y));
+        nb_tensor *gx = nb_clone(ctx, x->grad), *gw = nb_clone(ctx, w->grad), *gb = nb_clone(ctx, b->grad);
+        nb_zero_grad(x);
+        nb_zero_grad(w);
+        nb_zero_grad(b);
+        nb_tensor *c = nb_add(ctx, nb_matmul_t(ctx, xin, w, false, true), b);
+        nb_backward(nbt_weighted_sum(ctx, c));
+        double tol = dt == NB_F32 ? 1e-5 : 1e-13;
+        nbt_assert_tensors_close(y, c, tol, tol);
+        nbt_assert_tensors_close(gx, x->grad, tol, tol);
+        nbt_assert_tensors_close(gw, w->grad, tol, tol);
+        nbt_assert_tensors_close(gb, b->grad, tol, tol);
+    }
+    nb_ctx_free(ctx);
+}
+END_TEST
+
 START_TEST(test_linear_gradcheck) {
     nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
     nb_rng rng = nb_rng_make(10);
@@ -541,6 +572,7 @@ static Suite *suite(void) {
     TCase *tc = tcase_create("core");
     tcase_add_test(tc, test_linear_values);
     tcase_add_test(tc, test_linear_gradcheck);
+    tcase_add_test(tc, test_linear_matches_composed);
     tcase_add_test(tc, test_conv2d_values);
     tcase_add_test(tc, test_conv2d_gradcheck);
     tcase_add_test(tc, test_embedding);

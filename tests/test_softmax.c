@@ -1,7 +1,10 @@
 /* Softmax and log-softmax: values against a naive double reference on
  * several axes (including one wider than the kernel's column tile and a
  * non-contiguous input), rows summing to one, stability for large logits,
- * gradchecks and error messages. */
+ * gradchecks and error messages. The causal softmax: values against a
+ * reference and against the composed scale + masked_fill + softmax (the
+ * path CUDA tensors take), exact zeros above the diagonal, gradchecks, f32
+ * against f64 gradients, errors. */
 #include <math.h>
 
 #include "testutil.h"
@@ -190,6 +193,151 @@ START_TEST(test_errors) {
 }
 END_TEST
 
+/* ---- causal softmax ---- */
+
+/* Reference of nb_softmax_causal over a row-major (B, T, S) array. */
+static void ref_softmax_causal(double *out, const double *x, int64_t b, int64_t t, int64_t s,
+                               double scale) {
+    for (int64_t r = 0; r < b * t; r++) {
+        int64_t l = r % t + 1 < s ? r % t + 1 : s;
+        const double *xr = x + r * s;
+        double *yr = out + r * s, mx = -INFINITY, sum = 0;
+        for (int64_t j = 0; j < l; j++) mx = fmax(mx, scale * xr[j]);
+        for (int64_t j = 0; j < l; j++) sum += exp(scale * xr[j] - mx);
+        for (int64_t j = 0; j < s; j++) yr[j] = j < l ? exp(scale * xr[j] - mx) / sum : 0;
+    }
+}
+
+/* The composition that nb_softmax_causal replaces (and runs on CUDA). */
+static nb_tensor *composed_causal(nb_ctx *ctx, nb_tensor *x, double scale) {
+    int64_t t = x->shape[x->ndim - 2], s = x->shape[x->ndim - 1];
+    nb_tensor *i = nb_reshape(ctx, nb_arange(ctx, NB_F32, 0, (double)t, 1), NB_SHAPE(t, 1));
+    nb_tensor *j = nb_reshape(ctx, nb_arange(ctx, NB_F32, 0, (double)s, 1), NB_SHAPE(1, s));
+    nb_tensor *mask = nb_relu(ctx, nb_sub(ctx, j, i));
+    return nb_softmax(ctx, nb_masked_fill(ctx, nb_mul_scalar(ctx, x, scale), mask, -INFINITY), -1);
+}
+
+/* Exactly zero where j > i in every (T, S) matrix of y. */
+static void assert_upper_zero(const nb_tensor *y) {
+    static double v[MAXN];
+    int64_t t = y->shape[y->ndim - 2], s = y->shape[y->ndim - 1], n = nb_numel(y);
+    nb_to_host_f64(y, v);
+    for (int64_t e = 0; e < n; e++)
+        if (e % s > (e / s) % t) ck_assert_msg(v[e] == 0, "element %lld is %g, not 0", (long long)e, v[e]);
+}
+
+START_TEST(test_causal_values) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    /* square, wider and taller than square, rows longer than the kernel's
+     * 8 lanes with tails, a single element */
+    static const int64_t shapes[][4] = {{5, 5}, {3, 7}, {7, 3}, {2, 1, 19, 21}, {1, 1}};
+    static const int ndims[] = {2, 2, 2, 4, 2};
+    static const double scales[] = {1.0, 0.35, -2.0};
+    static double xv[MAXN], e[MAXN];
+    for (int si = 0; si < 5; si++)
+        for (int sc = 0; sc < 3; sc++)
+            for (int dti = 0; dti < 2; dti++) {
+                nb_dtype dt = dti ? NB_F32 : NB_F64;
+                nb_tensor *x = nb_mul_scalar(ctx, nbt_randn(ctx, dt, ndims[si], shapes[si], (uint64_t)(500 + si)), 3.0);
+                int64_t t = x->shape[x->ndim - 2], s = x->shape[x->ndim - 1];
+                int64_t b = nb_numel(x) / (t * s);
+                ck_assert(nb_numel(x) <= MAXN);
+                nb_to_host_f64(x, xv);
+                ref_softmax_causal(e, xv, b, t, s, scales[sc]);
+                nb_tensor *y = nb_softmax_causal(ctx, x, scales[sc]);
+                ck_assert(y->dtype == dt && nb_same_shape(y, x));
+                nbt_assert_close(y, e, dti ? 1e-6 : 1e-14, dti ? 1e-5 : 1e-12);
+                assert_upper_zero(y);
+                nb_tensor *c = composed_causal(ctx, x, scales[sc]);
+                nbt_assert_tensors_close(y, c, dti ? 1e-6 : 1e-14, dti ? 1e-5 : 1e-12);
+            }
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+START_TEST(test_causal_non_contiguous_and_extremes) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    static double xv[MAXN], e[MAXN];
+    /* a transposed view: made contiguous first */
+    nb_tensor *x = nbt_randn(ctx, NB_F32, NB_SHAPE(3, 10, 10), 7);
+    nb_tensor *xt = nb_transpose(ctx, x, 1, 2);
+    nb_tensor *xc = nb_contiguous(ctx, xt);
+    nb_to_host_f64(xc, xv);
+    ref_softmax_causal(e, xv, 3, 10, 10, 0.5);
+    nbt_assert_close(nb_softmax_causal(ctx, xt, 0.5), e, 1e-6, 1e-5);
+    /* large logits do not overflow; scores far below the row's maximum
+     * (and -inf ones, masked by the caller) weigh exactly 0 */
+    double big[9] = {1000, -1e30, -1e30, 990, 1000, -INFINITY, -5e4, 3e4, 3e4};
+    nb_tensor *xb = nb_from_host(ctx, NB_F64, NB_SHAPE(3, 3), big);
+    nb_tensor *xb32 = nb_cast(ctx, xb, NB_F32);
+    for (int k = 0; k < 2; k++) {
+        nb_tensor *y = nb_softmax_causal(ctx, k ? xb32 : xb, 1.0);
+        double w = 1 / (1 + exp(-10.0));
+        double ev[9] = {1, 0, 0, 1 - w, w, 0, 0, 0.5, 0.5};
+        nbt_assert_close(y, ev, 1e-6, 1e-6);
+        assert_upper_zero(y);
+    }
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+typedef struct causal_case {
+    double scale;
+    bool transpose;
+} causal_case;
+
+static nb_tensor *causal_fn(nb_ctx *ctx, nb_tensor *const *in, void *user) {
+    const causal_case *c = user;
+    nb_tensor *x = in[0];
+    if (c->transpose) x = nb_transpose(ctx, x, -1, -2);
+    return nb_softmax_causal(ctx, x, c->scale);
+}
+
+START_TEST(test_causal_gradcheck) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    static const int64_t shapes[][3] = {{4, 4, 0}, {3, 6, 0}, {6, 3, 0}, {2, 3, 5}};
+    static const int ndims[] = {2, 2, 2, 3};
+    for (int si = 0; si < 4; si++)
+        for (int k = 0; k < 3; k++) {
+            causal_case c = {k == 1 ? -0.7 : 0.5, k == 2};
+            nb_tensor *x = nbt_randn_leaf(ctx, NB_F64, ndims[si], shapes[si], (uint64_t)(600 + si));
+            NBT_GRADCHECK(causal_fn, &c, 1, &x);
+        }
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+/* The f32 backward kernel (lanes and tails) agrees with the f64 one and
+ * with the composed path; nothing flows to the masked scores. */
+START_TEST(test_causal_f32_backward) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *x64, *x32;
+    nbt_twin_leaves(ctx, NB_SHAPE(1, 2, 19, 21), 700, &x64, &x32);
+    nb_backward(nbt_weighted_sum(ctx, nb_softmax_causal(ctx, x64, 0.3)));
+    nb_backward(nbt_weighted_sum(ctx, nb_softmax_causal(ctx, x32, 0.3)));
+    nbt_assert_tensors_close(x32->grad, x64->grad, 1e-6, 1e-4);
+    assert_upper_zero(x32->grad);
+    nb_tensor *c64, *c32;
+    nbt_twin_leaves(ctx, NB_SHAPE(1, 2, 19, 21), 700, &c64, &c32);
+    nb_backward(nbt_weighted_sum(ctx, composed_causal(ctx, c64, 0.3)));
+    nbt_assert_tensors_close(x64->grad, c64->grad, 1e-13, 1e-11);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+START_TEST(test_causal_errors) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *x = nb_zeros(ctx, NB_F32, NB_SHAPE(3, 3));
+    NBT_EXPECT_ABORT(nb_softmax_causal(ctx, nb_zeros(ctx, NB_F32, NB_SHAPE(3)), 1.0),
+                     "nb_softmax_causal: input (3,) needs at least 2 dims");
+    NBT_EXPECT_ABORT(nb_softmax_causal(ctx, x, 0.0), "nb_softmax_causal: scale 0 must be finite and nonzero");
+    NBT_EXPECT_ABORT(nb_softmax_causal(ctx, x, NAN), "must be finite");
+    NBT_EXPECT_ABORT(nb_softmax_causal(ctx, nb_zeros(ctx, NB_I64, NB_SHAPE(3, 3)), 1.0),
+                     "nb_softmax_causal: dtype i64");
+    nb_ctx_free(ctx);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("softmax");
     TCase *tc = tcase_create("core");
@@ -201,6 +349,11 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_backward_closed_form);
     tcase_add_test(tc, test_f32_backward);
     tcase_add_test(tc, test_errors);
+    tcase_add_test(tc, test_causal_values);
+    tcase_add_test(tc, test_causal_non_contiguous_and_extremes);
+    tcase_add_test(tc, test_causal_gradcheck);
+    tcase_add_test(tc, test_causal_f32_backward);
+    tcase_add_test(tc, test_causal_errors);
     suite_add_tcase(s, tc);
     return s;
 }

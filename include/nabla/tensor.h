@@ -44,6 +44,7 @@ struct nb_tensor {
     uint64_t bw_id;
     int64_t bw_pending;
     bool bw_seen;
+    bool grad_owned; /* grad was made for this tensor alone: may be added into */
 };
 
 /* A tensor with a PyTorch-style dotted name ("blocks.0.attn.qkv.weight"):

@@ -8,6 +8,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "tensor/cpu/simd.h"
 #include "tensor/internal.h"
 
 #define MAXOPS 4
@@ -124,34 +125,9 @@ typedef struct unary_arg {
     case NB_U_ADD_S: LOOP(x + s); break;                                                     \
     case NB_U_MUL_S: LOOP(x * s); break;
 
-/* exp(x) for f32 without a libm call, so that loops using it vectorise:
- * x = n ln2 + r with n = round(x / ln2) (the 1.5 * 2^23 trick rounds to
- * nearest), ln2 split in two parts for an exact r, exp(r) from the degree-6
- * polynomial of the Cephes expf (relative error ~1e-7 on |r| <= ln2/2), and
- * 2^n built in the exponent bits. Inputs are clamped to where 2^n is a
- * normal float, so the result saturates instead of overflowing. */
-static inline float exp_f32(float x) {
-    x = x < -87.0f ? -87.0f : x;
-    x = x > 88.0f ? 88.0f : x;
-    float n = (x * 1.44269504f + 12582912.0f) - 12582912.0f;
-    float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    float e = p * r * r + r + 1.0f;
-    union {
-        int32_t i;
-        float f;
-    } scale = {((int32_t)n + 127) << 23};
-    return e * scale.f;
-}
-
 /* tanh through one exp: accurate to about 1e-7 absolute, which is all
  * GELU's 0.5 x (1 + t) needs, and it vectorises. */
-static inline float tanh_via_exp(float u) { return 1.0f - 2.0f / (1.0f + exp_f32(2.0f * u)); }
+static inline float tanh_via_exp(float u) { return 1.0f - 2.0f / (1.0f + nb__exp_f32(2.0f * u)); }
 
 static inline float gelu_tanh_grad_float(float x) {
     float k = (float)SQRT_2_OVER_PI, c = 0.044715f;
@@ -164,7 +140,7 @@ static inline double gelu_tanh_grad_double(double x) {
     return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k * (1.0 + 3.0 * c * x * x);
 }
 
-static void unary_f32(int64_t n, char **p, const int64_t *st, const void *varg) {
+NB_CPU_CLONES static void unary_f32(int64_t n, char **p, const int64_t *st, const void *varg) {
     const unary_arg *arg = varg;
     float s = (float)arg->s;
     bool unit = st[0] == 4 && st[1] == 4;
@@ -211,6 +187,15 @@ void nb__cpu_unary(nb__unary_op op, nb_tensor *out, const nb_tensor *a, double s
     else NB_ABORT("elementwise op: dtype %s has no CPU math", nb_dtype_name(out->dtype));
 }
 
+NB_CPU_CLONES static void gelu_tanh_backward_f32(float *dx, const float *g, const float *x,
+                                                 int64_t n) {
+    for (int64_t i = 0; i < n; i++) dx[i] = g[i] * gelu_tanh_grad_float(x[i]);
+}
+
+void nb__cpu_gelu_tanh_backward(nb_tensor *dx, const nb_tensor *g, const nb_tensor *x) {
+    gelu_tanh_backward_f32(dx->data, g->data, x->data, nb_numel(x));
+}
+
 /* ---- binary ---- */
 #define BINARY_BODY(T)                                                                       \
     nb__binary_op op = *(const nb__binary_op *)varg;                                         \
@@ -237,7 +222,7 @@ void nb__cpu_unary(nb__unary_op op, nb_tensor *out, const nb_tensor *a, double s
         *(T *)(p[0] + i * st[0]) = r;                                                        \
     }
 
-static void binary_f32(int64_t n, char **p, const int64_t *st, const void *varg) { BINARY_BODY(float) }
+NB_CPU_CLONES static void binary_f32(int64_t n, char **p, const int64_t *st, const void *varg) { BINARY_BODY(float) }
 static void binary_f64(int64_t n, char **p, const int64_t *st, const void *varg) { BINARY_BODY(double) }
 static void binary_i32(int64_t n, char **p, const int64_t *st, const void *varg) { BINARY_BODY(int32_t) }
 static void binary_i64(int64_t n, char **p, const int64_t *st, const void *varg) { BINARY_BODY(int64_t) }

@@ -45,14 +45,14 @@ bool nb__cpu_gemm_readable(const nb_tensor *t) {
 }
 
 static void gemm(nb_dtype dt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void *a,
-                 int64_t lda, const void *b, int64_t ldb, void *c, int64_t ldc) {
+                 int64_t lda, const void *b, int64_t ldb, double beta, void *c, int64_t ldc) {
     enum CBLAS_TRANSPOSE fa = ta ? CblasTrans : CblasNoTrans, fb = tb ? CblasTrans : CblasNoTrans;
     if (dt == NB_F32)
         cblas_sgemm(CblasRowMajor, fa, fb, (int)m, (int)n, (int)k, 1.0f, a, (int)lda, b, (int)ldb,
-                    0.0f, c, (int)ldc);
+                    (float)beta, c, (int)ldc);
     else
         cblas_dgemm(CblasRowMajor, fa, fb, (int)m, (int)n, (int)k, 1.0, a, (int)lda, b, (int)ldb,
-                    0.0, c, (int)ldc);
+                    beta, c, (int)ldc);
 }
 
 /* Strides (elements) of t's batch dims aligned to the output's nbd batch
@@ -77,7 +77,7 @@ static bool can_fold(int nbd, const int64_t *shape, const int64_t *sa, const int
 }
 
 void nb__cpu_matmul(nb_tensor *out, const nb_tensor *a, const nb_tensor *b, bool trans_a,
-                    bool trans_b) {
+                    bool trans_b, bool accumulate) {
     int nbd = out->ndim - 2;
     int64_t m = out->shape[nbd], n = out->shape[nbd + 1];
     int64_t k = a->shape[a->ndim - (trans_a ? 2 : 1)];
@@ -85,9 +85,10 @@ void nb__cpu_matmul(nb_tensor *out, const nb_tensor *a, const nb_tensor *b, bool
     size_t es = nb_dtype_size(out->dtype);
     if (batch == 0 || m == 0 || n == 0) return;
     if (k == 0) {
-        memset(out->data, 0, (size_t)(batch * m * n) * es);
+        if (!accumulate) memset(out->data, 0, (size_t)(batch * m * n) * es);
         return;
     }
+    double beta = accumulate ? 1.0 : 0.0;
     layout la, lb;
     NB_CHECK(get_layout(a, &la) && get_layout(b, &lb),
              "nb__cpu_matmul: operands %s and %s are not readable by BLAS in place", nb_shape_str(a),
@@ -98,7 +99,8 @@ void nb__cpu_matmul(nb_tensor *out, const nb_tensor *a, const nb_tensor *b, bool
     batch_strides(b, nbd, sb);
 
     if (batch > 1 && !fa && batch * m <= INT_MAX && can_fold(nbd, out->shape, sa, sb, la.ld, m)) {
-        gemm(out->dtype, false, fb, batch * m, n, k, a->data, la.ld, b->data, lb.ld, out->data, n);
+        gemm(out->dtype, false, fb, batch * m, n, k, a->data, la.ld, b->data, lb.ld, beta, out->data,
+             n);
         return;
     }
     int64_t idx[NB_MAX_DIMS] = {0};
@@ -109,7 +111,7 @@ void nb__cpu_matmul(nb_tensor *out, const nb_tensor *a, const nb_tensor *b, bool
             ob += idx[i] * sb[i];
         }
         gemm(out->dtype, fa, fb, m, n, k, (const char *)a->data + oa * (int64_t)es, la.ld,
-             (const char *)b->data + ob * (int64_t)es, lb.ld,
+             (const char *)b->data + ob * (int64_t)es, lb.ld, beta,
              (char *)out->data + j * m * n * (int64_t)es, n);
         for (int i = nbd - 1; i >= 0 && ++idx[i] == out->shape[i]; i--) idx[i] = 0;
     }

@@ -11,27 +11,44 @@
 #include <math.h>
 
 #include "tensor/cpu/norm.h"
+#include "tensor/cpu/simd.h"
 #include "tensor/internal.h"
 
-/* ---- layer norm ---- */
+/* ---- layer norm ----
+ * The row sums run in LANES double accumulators that are combined at the
+ * end (a fixed order, whatever the vector width), so that the compiler can
+ * vectorise them; a plain running sum cannot be reordered. */
+#define LANES 8
+
 #define DEFINE_LAYER_NORM(T)                                                                \
-    static void layer_norm_##T(T *y, double *mean, double *rstd, const T *x, const T *w,       \
-                               const T *b, int64_t m, int64_t d, double eps) {              \
+    NB_CPU_CLONES static void layer_norm_##T(T *y, double *mean, double *rstd, const T *x,     \
+                                             const T *w, const T *b, int64_t m, int64_t d,   \
+                                             double eps) {                                  \
         for (int64_t i = 0; i < m; i++) {                                                   \
             const T *xr = x + i * d;                                                        \
             T *yr = y + i * d;                                                              \
-            double s = 0, v = 0;                                                            \
-            for (int64_t j = 0; j < d; j++) s += xr[j];                                     \
+            double ls[LANES] = {0}, lv[LANES] = {0}, s = 0, v = 0;                          \
+            int64_t j = 0;                                                                  \
+            for (; j + LANES <= d; j += LANES)                                              \
+                for (int c = 0; c < LANES; c++) ls[c] += (double)xr[j + c];                 \
+            for (; j < d; j++) s += xr[j];                                                  \
+            for (int c = 0; c < LANES; c++) s += ls[c];                                     \
             double mu = s / (double)d;                                                      \
-            for (int64_t j = 0; j < d; j++) {                                               \
+            for (j = 0; j + LANES <= d; j += LANES)                                         \
+                for (int c = 0; c < LANES; c++) {                                           \
+                    double t = (double)xr[j + c] - mu;                                      \
+                    lv[c] += t * t;                                                         \
+                }                                                                           \
+            for (; j < d; j++) {                                                            \
                 double t = (double)xr[j] - mu;                                              \
                 v += t * t;                                                                 \
             }                                                                               \
+            for (int c = 0; c < LANES; c++) v += lv[c];                                     \
             double r = 1.0 / sqrt(v / (double)d + eps);                                     \
             mean[i] = mu;                                                                   \
             rstd[i] = r;                                                                    \
             T tm = (T)mu, tr = (T)r;                                                        \
-            for (int64_t j = 0; j < d; j++) {                                               \
+            for (j = 0; j < d; j++) {                                                       \
                 T h = (xr[j] - tm) * tr;                                                    \
                 if (w) h *= w[j];                                                           \
                 if (b) h += b[j];                                                           \
@@ -39,27 +56,43 @@
             }                                                                               \
         }                                                                                   \
     }                                                                                       \
-    static void layer_norm_backward_##T(T *dx, double *ws, const T *g, const T *x,            \
-                                        const double *mean, const double *rstd, const T *w,  \
-                                        int64_t m, int64_t d, bool want_wb) {               \
+    NB_CPU_CLONES static void layer_norm_backward_##T(T *dx, double *ws, const T *g,          \
+                                                      const T *x, const double *mean,       \
+                                                      const double *rstd, const T *w,       \
+                                                      int64_t m, int64_t d, bool want_wb) { \
         for (int64_t i = 0; i < m; i++) {                                                   \
             const T *xr = x + i * d, *gr = g + i * d;                                       \
             double mu = mean[i], r = rstd[i], sa = 0, sb = 0;                               \
-            for (int64_t j = 0; j < d; j++) {                                               \
+            double la[LANES] = {0}, lb[LANES] = {0};                                        \
+            int64_t j = 0;                                                                  \
+            for (; j + LANES <= d; j += LANES)                                              \
+                for (int c = 0; c < LANES; c++) {                                           \
+                    double h = ((double)xr[j + c] - mu) * r;                                \
+                    double dh = (double)gr[j + c] * (w ? (double)w[j + c] : 1.0);           \
+                    la[c] += dh;                                                            \
+                    lb[c] += dh * h;                                                        \
+                }                                                                           \
+            for (; j < d; j++) {                                                            \
                 double h = ((double)xr[j] - mu) * r;                                        \
                 double dh = (double)gr[j] * (w ? (double)w[j] : 1.0);                       \
                 sa += dh;                                                                   \
                 sb += dh * h;                                                               \
-                if (want_wb) {                                                              \
+            }                                                                               \
+            for (int c = 0; c < LANES; c++) {                                               \
+                sa += la[c];                                                                \
+                sb += lb[c];                                                                \
+            }                                                                               \
+            if (want_wb)                                                                    \
+                for (j = 0; j < d; j++) {                                                   \
+                    double h = ((double)xr[j] - mu) * r;                                    \
                     ws[j] += (double)gr[j] * h;                                             \
                     ws[d + j] += (double)gr[j];                                             \
                 }                                                                           \
-            }                                                                               \
             if (!dx) continue;                                                              \
             sa /= (double)d;                                                                \
             sb /= (double)d;                                                                \
             T *dr = dx + i * d;                                                             \
-            for (int64_t j = 0; j < d; j++) {                                               \
+            for (j = 0; j < d; j++) {                                                       \
                 double h = ((double)xr[j] - mu) * r;                                        \
                 double dh = (double)gr[j] * (w ? (double)w[j] : 1.0);                       \
                 dr[j] = (T)(r * (dh - sa - h * sb));                                        \

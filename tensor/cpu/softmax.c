@@ -6,6 +6,7 @@
  * TILE so that the inner loops run over contiguous memory. */
 #include <math.h>
 
+#include "tensor/cpu/simd.h"
 #include "tensor/cpu/softmax.h"
 #include "tensor/internal.h"
 
@@ -123,6 +124,102 @@ void nb__cpu_softmax_backward(nb_tensor *dx, const nb_tensor *y, const nb_tensor
         softmax_backward_float(dx->data, y->data, g->data, outer, k, inner, take_log);
     else
         softmax_backward_double(dx->data, y->data, g->data, outer, k, inner, take_log);
+}
+
+/* ---- causal softmax ----
+ * Row i keeps l = min(i + 1, S) entries. The f32 rows run their max and
+ * sums in LANES independent lanes, so that GCC vectorises them without
+ * reassociating (the lanes are combined at the end), and use nb__exp_f32;
+ * exponents below -87 (weights under 1e-38 of the largest) give 0. The
+ * f64 rows are the plain reference (gradchecks). */
+#define LANES 8
+
+NB_CPU_CLONES static void causal_row_float(float *y, const float *x, int64_t s, int64_t l, float scale) {
+    float m[LANES], acc[LANES];
+    for (int c = 0; c < LANES; c++) m[c] = -INFINITY, acc[c] = 0;
+    int64_t j = 0;
+    for (; j + LANES <= l; j += LANES)
+        for (int c = 0; c < LANES; c++) {
+            float v = scale * x[j + c];
+            m[c] = v > m[c] ? v : m[c];
+        }
+    float mx = -INFINITY;
+    for (; j < l; j++) mx = scale * x[j] > mx ? scale * x[j] : mx;
+    for (int c = 0; c < LANES; c++) mx = m[c] > mx ? m[c] : mx;
+    for (j = 0; j + LANES <= l; j += LANES)
+        for (int c = 0; c < LANES; c++) {
+            float d = scale * x[j + c] - mx;
+            float e = d < -87.0f ? 0.0f : nb__exp_f32(d);
+            y[j + c] = e;
+            acc[c] += e;
+        }
+    double sum = 0;
+    for (; j < l; j++) {
+        float d = scale * x[j] - mx;
+        y[j] = d < -87.0f ? 0.0f : nb__exp_f32(d);
+        sum += y[j];
+    }
+    for (int c = 0; c < LANES; c++) sum += acc[c];
+    float inv = (float)(1.0 / sum);
+    for (j = 0; j < l; j++) y[j] *= inv;
+    for (; j < s; j++) y[j] = 0;
+}
+
+NB_CPU_CLONES static void causal_row_backward_float(float *dx, const float *y, const float *g, int64_t s,
+                                      int64_t l, float scale) {
+    float acc[LANES] = {0};
+    int64_t j = 0;
+    for (; j + LANES <= l; j += LANES)
+        for (int c = 0; c < LANES; c++) acc[c] += g[j + c] * y[j + c];
+    double dot = 0;
+    for (; j < l; j++) dot += (double)g[j] * y[j];
+    for (int c = 0; c < LANES; c++) dot += acc[c];
+    float r = (float)dot;
+    for (j = 0; j < l; j++) dx[j] = scale * y[j] * (g[j] - r);
+    for (; j < s; j++) dx[j] = 0;
+}
+
+static void causal_row_double(double *y, const double *x, int64_t s, int64_t l, double scale) {
+    double mx = -INFINITY, sum = 0;
+    for (int64_t j = 0; j < l; j++) mx = scale * x[j] > mx ? scale * x[j] : mx;
+    for (int64_t j = 0; j < l; j++) sum += y[j] = exp(scale * x[j] - mx);
+    for (int64_t j = 0; j < l; j++) y[j] /= sum;
+    for (int64_t j = l; j < s; j++) y[j] = 0;
+}
+
+static void causal_row_backward_double(double *dx, const double *y, const double *g, int64_t s,
+                                       int64_t l, double scale) {
+    double dot = 0;
+    for (int64_t j = 0; j < l; j++) dot += g[j] * y[j];
+    for (int64_t j = 0; j < l; j++) dx[j] = scale * y[j] * (g[j] - dot);
+    for (int64_t j = l; j < s; j++) dx[j] = 0;
+}
+
+void nb__cpu_softmax_causal(nb_tensor *y, const nb_tensor *x, int64_t b, int64_t t, int64_t s,
+                            double scale) {
+    for (int64_t r = 0; r < b * t; r++) {
+        int64_t i = r % t, l = i + 1 < s ? i + 1 : s;
+        if (x->dtype == NB_F32)
+            causal_row_float((float *)y->data + r * s, (const float *)x->data + r * s, s, l,
+                             (float)scale);
+        else
+            causal_row_double((double *)y->data + r * s, (const double *)x->data + r * s, s, l,
+                              scale);
+    }
+}
+
+void nb__cpu_softmax_causal_backward(nb_tensor *dx, const nb_tensor *y, const nb_tensor *g,
+                                     int64_t b, int64_t t, int64_t s, double scale) {
+    for (int64_t r = 0; r < b * t; r++) {
+        int64_t i = r % t, l = i + 1 < s ? i + 1 : s;
+        if (y->dtype == NB_F32)
+            causal_row_backward_float((float *)dx->data + r * s, (const float *)y->data + r * s,
+                                      (const float *)g->data + r * s, s, l, (float)scale);
+        else
+            causal_row_backward_double((double *)dx->data + r * s,
+                                       (const double *)y->data + r * s,
+                                       (const double *)g->data + r * s, s, l, scale);
+    }
 }
 
 /* ---- cross-entropy ---- */

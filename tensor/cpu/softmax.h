@@ -21,6 +21,15 @@ void nb__cpu_softmax(nb_tensor *y, const nb_tensor *x, int64_t outer, int64_t k,
 void nb__cpu_softmax_backward(nb_tensor *dx, const nb_tensor *y, const nb_tensor *g,
                               int64_t outer, int64_t k, int64_t inner, bool take_log);
 
+/* Causal softmax over the last dim of x seen as (B, T, S): row i of each
+ * (T, S) matrix is softmax(scale x[i, :i+1]) followed by zeros, never
+ * reading x[i, j > i]. Backward: dx = scale y (g - sum_j g y) on the kept
+ * positions, 0 on the masked ones. */
+void nb__cpu_softmax_causal(nb_tensor *y, const nb_tensor *x, int64_t b, int64_t t, int64_t s,
+                            double scale);
+void nb__cpu_softmax_causal_backward(nb_tensor *dx, const nb_tensor *y, const nb_tensor *g,
+                                     int64_t b, int64_t t, int64_t s, double scale);
+
 /* Class index of row i of targets (i32 or i64). */
 int64_t nb__cpu_target_at(const nb_tensor *targets, int64_t i);
 

@@ -1,0 +1,51 @@
+/* Vector width for the CPU kernels: the clone attribute of the hottest
+ * loops, and a vectorisable f32 exp (elementwise GELU, causal softmax).
+ *
+ * Note [Vector width]
+ * The library is built for baseline x86-64 (SSE2), since the machines it
+ * runs on differ, so -march=native is not an option. Functions marked
+ * NB_CPU_CLONES are compiled twice, for AVX2 and for the baseline, and the
+ * loader picks one for the CPU at hand (GCC function multiversioning, an
+ * ifunc). The build uses -std=c11, so floating-point contraction is off and
+ * both clones compute the same values; only the width differs. Other
+ * compilers and targets get the baseline function alone. */
+#ifndef NABLA_TENSOR_CPU_SIMD_H
+#define NABLA_TENSOR_CPU_SIMD_H
+
+#include <stdint.h>
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__has_attribute)
+#if __has_attribute(target_clones)
+#define NB_CPU_CLONES __attribute__((target_clones("avx2", "default")))
+#endif
+#endif
+#ifndef NB_CPU_CLONES
+#define NB_CPU_CLONES
+#endif
+
+/* exp(x) for f32 without a libm call, so that loops using it vectorise:
+ * x = n ln2 + r with n = round(x / ln2) (the 1.5 * 2^23 trick rounds to
+ * nearest), ln2 split in two parts for an exact r, exp(r) from the degree-6
+ * polynomial of the Cephes expf (relative error ~1e-7 on |r| <= ln2/2), and
+ * 2^n built in the exponent bits. Inputs are clamped to where 2^n is a
+ * normal float, so the result saturates instead of overflowing. */
+static inline float nb__exp_f32(float x) {
+    x = x < -87.0f ? -87.0f : x;
+    x = x > 88.0f ? 88.0f : x;
+    float n = (x * 1.44269504f + 12582912.0f) - 12582912.0f;
+    float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    float e = p * r * r + r + 1.0f;
+    union {
+        int32_t i;
+        float f;
+    } scale = {((int32_t)n + 127) << 23};
+    return e * scale.f;
+}
+
+#endif
