@@ -257,6 +257,28 @@ START_TEST(test_cross_entropy_bad_target) {
 }
 END_TEST
 
+/* nb_softmax_causal on CUDA (composed of scale, masked_fill and softmax)
+ * against the CPU's one-pass kernel: square, wide and tall score
+ * matrices, with batch dims, f32 and bf16. */
+static nb_tensor *op_softmax_causal(nb_ctx *ctx, nb_tensor *const *in, void *user) {
+    (void)user;
+    return nb_softmax_causal(ctx, in[0], 0.125);
+}
+
+START_TEST(test_softmax_causal) {
+    const int64_t shapes[][4] = {{2, 3, 16, 16}, {1, 2, 5, 33}, {1, 1, 40, 7}};
+    const nb_dtype dts[] = {NB_F32, NB_BF16};
+    for (int k = 0; k < 3; k++)
+        for (int d = 0; d < 2; d++) {
+            nbt_input in = {.dtype = dts[d], .ndim = 4, .lo = -4, .hi = 4};
+            for (int i = 0; i < 4; i++) in.shape[i] = shapes[k][i];
+            char name[64];
+            snprintf(name, sizeof name, "softmax_causal case %d %s", k, nb_dtype_name(dts[d]));
+            nbt_parity(name, op_softmax_causal, NULL, 1, &in, NULL);
+        }
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("cuda_reduce");
     TCase *tc = tcase_create("core");
@@ -264,6 +286,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_reductions);
     tcase_add_test(tc, test_var_corrections);
     tcase_add_test(tc, test_softmax);
+    tcase_add_test(tc, test_softmax_causal);
     tcase_add_test(tc, test_cross_entropy);
     tcase_add_test(tc, test_cross_entropy_all_ignored);
     tcase_add_test(tc, test_mse_bce);
