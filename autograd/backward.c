@@ -115,8 +115,12 @@ void nb__accum_grad(nb_ctx *ctx, nb_tensor *t, nb_tensor *g) {
         g = c;
     }
     if (t->node == NULL) {
-        if (!t->grad) t->grad = nb_zeros(t->ctx, t->dtype, t->ndim, t->shape);
-        nb__run_binary(NB_B_ADD, t->grad, t->grad, g);
+        if (!t->grad) { /* the first gradient: a copy, not zeros plus an add */
+            t->grad = nb__empty(t->ctx, t->dtype, t->ndim, t->shape);
+            nb__run_copy(t->grad, g);
+        } else {
+            nb__run_binary(NB_B_ADD, t->grad, t->grad, g);
+        }
         t->bw_seen = true;
         return;
     }
