@@ -288,6 +288,27 @@ void nb__cuda_cross_entropy_backward(nb_tensor *dlogits, const nb_tensor *logits
     NO_CUDA("nb__cuda_cross_entropy_backward");
 }
 
+void nb__cuda_softmax_causal(nb_tensor *y, const nb_tensor *x, int64_t b, int64_t t, int64_t s, double scale) {
+    (void)y;
+    (void)x;
+    (void)b;
+    (void)t;
+    (void)s;
+    (void)scale;
+    NO_CUDA("nb__cuda_softmax_causal");
+}
+
+void nb__cuda_softmax_causal_backward(nb_tensor *dx, const nb_tensor *y, const nb_tensor *g, int64_t b, int64_t t, int64_t s, double scale) {
+    (void)dx;
+    (void)y;
+    (void)g;
+    (void)b;
+    (void)t;
+    (void)s;
+    (void)scale;
+    NO_CUDA("nb__cuda_softmax_causal_backward");
+}
+
 bool nb__cuda_gemm_readable(const nb_tensor *t) {
     (void)t;
     NO_CUDA("nb__cuda_gemm_readable");

@@ -7,10 +7,9 @@
  * softmax dx = y (g - sum_K g y), log-softmax dx = g - exp(y) sum_K g.
  *
  * nb_softmax_causal fuses attention's scale, causal mask and softmax into
- * one pass over the kept half of the scores on the CPU (forward and
- * backward). On CUDA it is composed of recorded ops (scale, masked_fill
- * with a mask built on the device, softmax), so it needs no kernel of its
- * own. */
+ * one kernel over the kept half of the scores (row i keeps keys j <= i),
+ * forward and backward, on both devices (tensor/cpu/softmax.c,
+ * tensor/cuda/softmax_causal.cu); it records one node. */
 #include <math.h>
 
 #include "tensor/cpu/softmax.h"
@@ -59,16 +58,10 @@ static void softmax_causal_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) {
     nb_tensor *y = n->out;
     g = nb__contig(ctx, g);
     nb_tensor *dx = nb__empty(ctx, y->dtype, y->ndim, y->shape);
-    nb__cpu_softmax_causal_backward(dx, y, g, n->i[0], n->i[1], n->i[2], n->f[0]);
+    if (nb__is_cuda(y))
+        nb__cuda_softmax_causal_backward(dx, y, g, n->i[0], n->i[1], n->i[2], n->f[0]);
+    else nb__cpu_softmax_causal_backward(dx, y, g, n->i[0], n->i[1], n->i[2], n->f[0]);
     nb__accum_grad(ctx, n->in[0], dx);
-}
-
-/* (T, S) f32, nonzero where key j lies after query i (exact in f32 for
- * any T and S a tensor can have in practice) */
-static nb_tensor *causal_mask(nb_ctx *ctx, int64_t t, int64_t s) {
-    nb_tensor *i = nb_reshape(ctx, nb_arange(ctx, NB_F32, 0, (double)t, 1), NB_SHAPE(t, 1));
-    nb_tensor *j = nb_reshape(ctx, nb_arange(ctx, NB_F32, 0, (double)s, 1), NB_SHAPE(1, s));
-    return nb_relu(ctx, nb_sub(ctx, j, i));
 }
 
 nb_tensor *nb_softmax_causal(nb_ctx *ctx, nb_tensor *x, double scale) {
@@ -78,14 +71,11 @@ nb_tensor *nb_softmax_causal(nb_ctx *ctx, nb_tensor *x, double scale) {
     NB_CHECK(x->ndim >= 2, "%s: input %s needs at least 2 dims (.., T, S)", op, nb_shape_str(x));
     NB_CHECK(isfinite(scale) && scale != 0, "%s: scale %g must be finite and nonzero", op, scale);
     int64_t t = x->shape[x->ndim - 2], s = x->shape[x->ndim - 1];
-    if (nb__is_cuda(x)) {
-        nb_tensor *z = scale == 1 ? x : nb_mul_scalar(ctx, x, scale);
-        return nb_softmax(ctx, nb_masked_fill(ctx, z, causal_mask(ctx, t, s), -INFINITY), -1);
-    }
     int64_t b = nb__numel_shape(x->ndim - 2, x->shape);
     nb_tensor *xc = nb__contig(ctx, x);
     nb_tensor *y = nb__empty(ctx, x->dtype, x->ndim, x->shape);
-    nb__cpu_softmax_causal(y, xc, b, t, s, scale);
+    if (nb__is_cuda(x)) nb__cuda_softmax_causal(y, xc, b, t, s, scale);
+    else nb__cpu_softmax_causal(y, xc, b, t, s, scale);
     nb_node *n = nb__record(ctx, op, softmax_causal_backward, y, 1, &x);
     if (n) {
         n->i[0] = b;

@@ -2,7 +2,8 @@
  * (tests/cuda_parity.h), through the public ops: sum, mean, max and var
  * over various axes and row shapes (one thread, one warp, one block per
  * row, and rows split across blocks), softmax and log-softmax on every
- * axis (rows and column tiles), cross-entropy with ignore_index and label
+ * axis (rows and column tiles), the causal softmax of attention,
+ * cross-entropy with ignore_index and label
  * smoothing, mse and bce; the gradient norm of many tensors; and the
  * deferred check of an out-of-range cross-entropy target. Skipped (77)
  * without CUDA or a GPU. */
@@ -257,24 +258,38 @@ START_TEST(test_cross_entropy_bad_target) {
 }
 END_TEST
 
-/* nb_softmax_causal on CUDA (composed of scale, masked_fill and softmax)
- * against the CPU's one-pass kernel: square, wide and tall score
- * matrices, with batch dims, f32 and bf16. */
+/* nb_softmax_causal on CUDA (tensor/cuda/softmax_causal.cu) against the
+ * CPU's kernel: square, wide and tall score matrices with batch dims (a
+ * warp per row) in f32, bf16 and f64; a negative scale; rows longer than
+ * 1024 (a block per row), wide (T = 3, S = 1500: short kept prefixes, long
+ * zero tails) and square (T = S = 1100: long kept prefixes). */
 static nb_tensor *op_softmax_causal(nb_ctx *ctx, nb_tensor *const *in, void *user) {
-    (void)user;
-    return nb_softmax_causal(ctx, in[0], 0.125);
+    return nb_softmax_causal(ctx, in[0], *(const double *)user);
 }
 
 START_TEST(test_softmax_causal) {
-    const int64_t shapes[][4] = {{2, 3, 16, 16}, {1, 2, 5, 33}, {1, 1, 40, 7}};
-    const nb_dtype dts[] = {NB_F32, NB_BF16};
-    for (int k = 0; k < 3; k++)
-        for (int d = 0; d < 2; d++) {
-            nbt_input in = {.dtype = dts[d], .ndim = 4, .lo = -4, .hi = 4};
-            for (int i = 0; i < 4; i++) in.shape[i] = shapes[k][i];
-            char name[64];
-            snprintf(name, sizeof name, "softmax_causal case %d %s", k, nb_dtype_name(dts[d]));
-            nbt_parity(name, op_softmax_causal, NULL, 1, &in, NULL);
+    typedef struct causal_case {
+        int64_t shape[4];
+        double scale;
+        int ndt;
+        nb_dtype dts[3];
+    } causal_case;
+    static const causal_case cases[] = {
+        {{2, 3, 16, 16}, 0.125, 3, {NB_F32, NB_BF16, NB_F64}},
+        {{1, 2, 5, 33}, 0.125, 3, {NB_F32, NB_BF16, NB_F64}},
+        {{1, 1, 40, 7}, 0.125, 3, {NB_F32, NB_BF16, NB_F64}},
+        {{2, 3, 9, 9}, -0.7, 2, {NB_F32, NB_F64}},
+        {{2, 1, 3, 1500}, -0.5, 3, {NB_F32, NB_BF16, NB_F64}},
+        {{1, 1, 1100, 1100}, 0.3, 1, {NB_F32}},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
+        for (int d = 0; d < cases[k].ndt; d++) {
+            nbt_input in = {.dtype = cases[k].dts[d], .ndim = 4, .lo = -4, .hi = 4};
+            for (int i = 0; i < 4; i++) in.shape[i] = cases[k].shape[i];
+            char name[96];
+            snprintf(name, sizeof name, "softmax_causal case %zu (scale %g) %s", k,
+                     cases[k].scale, nb_dtype_name(in.dtype));
+            nbt_parity(name, op_softmax_causal, (void *)&cases[k].scale, 1, &in, NULL);
         }
 }
 END_TEST

@@ -73,7 +73,7 @@ nb_tensor *nb_log_softmax(nb_ctx *ctx, nb_tensor *x, int axis);
 /* Causal attention weights from scores x (.., T, S): along the last dim,
  * softmax(scale x) where key j <= query i and exactly 0 where j > i,
  * i.e. nb_softmax(nb_masked_fill(scale x, j > i, -inf), -1) in one pass
- * that never reads the masked scores (on the CPU). Every row keeps j = 0,
+ * that never reads the masked scores (CPU and CUDA). Every row keeps j = 0,
  * so no row is all masked. scale: finite, nonzero (1 / sqrt(D) in
  * attention). */
 nb_tensor *nb_softmax_causal(nb_ctx *ctx, nb_tensor *x, double scale);

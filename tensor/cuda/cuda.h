@@ -181,6 +181,17 @@ void nb__cuda_cross_entropy_backward(nb_tensor *dlogits, const nb_tensor *logits
                                      const nb_tensor *g, const nb_tensor *count,
                                      int64_t ignore_index, double eps);
 
+/* ====================================== causal softmax (softmax_causal.cu)
+ * Same contracts as nb__cpu_softmax_causal(_backward) (tensor/cpu/softmax.h):
+ * x, y, g, dx contiguous (B, T, S) of one dtype; row i keeps
+ * j < min(i + 1, S): y = softmax(scale x) there, 0 elsewhere (x is not
+ * read there); dx = scale y (g - sum_j g y) on the kept entries, 0
+ * elsewhere. */
+void nb__cuda_softmax_causal(nb_tensor *y, const nb_tensor *x, int64_t b, int64_t t, int64_t s,
+                             double scale);
+void nb__cuda_softmax_causal_backward(nb_tensor *dx, const nb_tensor *y, const nb_tensor *g,
+                                      int64_t b, int64_t t, int64_t s, double scale);
+
 /* =========================================================== GEMM (matmul.cu) */
 /* True when cuBLASLt can read the last two dims of t in place (unit
  * stride in one of them, a leading dimension >= the other size) and the
