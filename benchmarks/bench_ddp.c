@@ -1,4 +1,6 @@
-/* bench_ddp: training-step speed and DDP's cost and scaling on the CPU.
+/* bench_ddp: training-step speed and DDP's cost and scaling, on CPU
+ * processes (Gloo) or one GPU per rank (NCCL; --device, default auto: GPUs
+ * when there are any; GPU steps are timed to completion).
  * Each rank trains one model on its own batch (weak scaling) for `--steps`
  * steps with AdamW; rank 0 prints one table row: world size, mode,
  * milliseconds per step (median), samples (or tokens) per second over all
@@ -79,19 +81,25 @@ static nb_module *build(nb_ctx *ctx, int kind, int width, int layers, nb_rng *rn
 static void make_batch(nb_ctx *step, int kind, int64_t batch, int width, int s, nb_rng *data,
                        nb_tensor **x, nb_tensor **y) {
     int64_t n_lab = kind == GPT ? batch * GPT_T : batch, n_cls = kind == MLP ? 2 : 10;
-    int64_t *lab = nb_ctx_alloc(step, sizeof(int64_t) * (size_t)n_lab, 0);
+    /* host arrays (the step context may be on a GPU) */
+    int64_t *lab = malloc(sizeof(int64_t) * (size_t)n_lab * 2), *tok = lab + n_lab;
+    if (!lab) {
+        fprintf(stderr, "bench_ddp: out of memory\n");
+        exit(1);
+    }
     if (kind == GPT) {
-        int64_t *tok = nb_ctx_alloc(step, sizeof(int64_t) * (size_t)n_lab, 0);
         for (int64_t i = 0; i < n_lab; i++) {
             tok[i] = (i * 37 + s * 11 + (int64_t)data->seed) % GPT_VOCAB;
             lab[i] = (i * 53 + s * 7) % GPT_VOCAB;
         }
         *x = nb_from_host(step, NB_I64, NB_SHAPE(batch, GPT_T), tok);
         *y = nb_from_host(step, NB_I64, NB_SHAPE(batch, GPT_T), lab);
+        free(lab);
         return;
     }
     for (int64_t i = 0; i < n_lab; i++) lab[i] = (i + s) % n_cls;
     *y = nb_from_host(step, NB_I64, NB_SHAPE(batch), lab);
+    free(lab);
     if (kind == MLP) *x = nb_rand_normal(step, NB_F32, NB_SHAPE(batch, 30), 0, 1, data);
     else if (kind == CNN) *x = nb_rand_normal(step, NB_F32, NB_SHAPE(batch, 1, 8, 8), 0, 1, data);
     else *x = nb_rand_normal(step, NB_F32, NB_SHAPE(batch, width), 0, 1, data);
@@ -166,6 +174,7 @@ int main(int argc, char **argv) {
     int steps = 30, width = 512, layers = 4, header = 0, machine = 0, kind = WIDE;
     int64_t batch = 0;
     bool use_ddp = true;
+    const char *device_arg = "auto";
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--no-ddp")) use_ddp = false;
         else if (!strcmp(argv[i], "--header")) header = 1;
@@ -175,6 +184,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--batch") && i + 1 < argc) batch = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--width") && i + 1 < argc) width = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--layers") && i + 1 < argc) layers = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--device") && i + 1 < argc) device_arg = argv[++i];
         else if (!strcmp(argv[i], "--model") && i + 1 < argc) {
             const char *m = argv[++i];
             for (kind = 0; kind < 4 && strcmp(m, model_names[kind]); kind++) {}
@@ -183,8 +193,8 @@ int main(int argc, char **argv) {
                 return 2;
             }
         } else {
-            fprintf(stderr, "usage: %s [--model wide|mlp|cnn|gpt] [--no-ddp] [--steps N] [--batch B] "
-                            "[--width W] [--layers L] [--header] [--machine]\n"
+            fprintf(stderr, "usage: %s [--model wide|mlp|cnn|gpt] [--device auto|cpu|cuda] [--no-ddp] "
+                            "[--steps N] [--batch B] [--width W] [--layers L] [--header] [--machine]\n"
                             "       %s --plot-scaling LINES SVG\n", argv[0], argv[0]);
             return 2;
         }
@@ -196,15 +206,30 @@ int main(int argc, char **argv) {
                "hidden");
         return 0;
     }
+    /* auto: one GPU per rank (cuda:LOCAL_RANK, NCCL) when there are GPUs, else the CPU (Gloo) */
+    bool cuda = !strcmp(device_arg, "cuda") || (!strcmp(device_arg, "auto") && nb_cuda_available());
+    if (strcmp(device_arg, "cuda") && strcmp(device_arg, "cpu") && strcmp(device_arg, "auto")) {
+        fprintf(stderr, "bench_ddp: --device must be auto, cpu or cuda, not \"%s\"\n", device_arg);
+        return 2;
+    }
+    if (cuda && !nb_cuda_available()) {
+        fprintf(stderr, "bench_ddp: --device cuda, but no GPU is visible (or nabla was built without CUDA)\n");
+        return 2;
+    }
     /* Without DDP no process group is needed, so the baseline runs with or without nbrun. */
     nb_pg *pg = NULL;
-    nb_pg_options po = {NB_PG_GLOO, 0};
+    nb_pg_options po = {cuda ? NB_PG_NCCL : NB_PG_GLOO, 0};
     if (use_ddp && nb_pg_init(&pg, &po) != NB_OK) {
         fprintf(stderr, "bench_ddp: %s\n", nb_last_error());
         return 1;
     }
+    nb_device dev = nb_cpu();
+    if (cuda) {
+        nb_dist_env env;
+        dev = pg ? nb_pg_device(pg) : nb_cuda(nb_dist_env_read(&env) == NB_OK ? env.local_rank : 0);
+    }
     int rank = pg ? nb_pg_rank(pg) : 0, world = pg ? nb_pg_size(pg) : 1;
-    nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
+    nb_ctx *pctx = nb_ctx_new(dev, 0), *step = nb_ctx_new(dev, 0);
     nb_rng rng = nb_rng_make(1);
     nb_module *model = build(pctx, kind, width, layers, &rng);
     nb_ddp *ddp = NULL;
@@ -229,6 +254,7 @@ int main(int argc, char **argv) {
         double t0 = now_s();
         nb_tensor *out = ddp ? nb_ddp_forward(ddp, step, x) : nb_module_forward(model, step, x);
         nb_tensor *loss = kind == GPT ? nb_gpt_loss(step, out, y) : nb_cross_entropy(step, out, y, NULL);
+        if (cuda) nb_cuda_synchronize(dev); /* GPU work is queued: time it done */
         double tf = now_s();
         if (ddp) {
             if (nb_ddp_backward(ddp, loss) != NB_OK) {
@@ -238,9 +264,11 @@ int main(int argc, char **argv) {
         } else {
             nb_backward(loss);
         }
+        if (cuda) nb_cuda_synchronize(dev);
         double tb = now_s();
         nb_optim_step(opt);
         nb_optim_zero_grad(opt);
+        if (cuda) nb_cuda_synchronize(dev);
         double t1 = now_s();
         if (s >= 3) {
             t_fwd[measured] = tf - t0, t_bwd[measured] = tb - tf, t_opt[measured] = t1 - tb;

@@ -9,7 +9,7 @@
 #   benchmarks/run_scaling.sh [--max-world N] [--models "mlp cnn gpt"] [--out DIR] [bench_ddp args...]
 set -euo pipefail
 bin=${NABLA_BIN:-$(dirname "$0")/../build/bin}
-max=4 models="mlp cnn gpt" out=. extra=()
+max="" models="mlp cnn gpt" out=. extra=()
 while [ $# -gt 0 ]; do
   case $1 in
     --max-world) max=$2; shift 2 ;;
@@ -19,6 +19,13 @@ while [ $# -gt 0 ]; do
   esac
 done
 mkdir -p "$out"
+if [ -z "$max" ]; then
+  max=4
+  case " ${extra[*]-} " in *" --device cpu "*) ;; *)
+    gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+    if [ "${gpus:-0}" -gt 0 ] && "$bin/train_gpt" --print-device 2>/dev/null | grep -q cuda; then max=$gpus; fi ;;
+  esac
+fi
 # One BLAS thread per rank at every world size (nbrun sets it only for two
 # or more ranks), so that world size 1 is the same work on one core.
 export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1} OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
