@@ -13,7 +13,7 @@
 #          train_classifier on the GPU, f32 and --bf16
 #   bench  bench_cuda and compare_torch_cuda.py (ours against PyTorch, op by
 #          op), gpt2_gpu.py (GPT-2 small bf16 training steps against PyTorch
-#          eager and torch.compile)
+#          eager and torch.compile), run_scaling.sh over the GPUs there are
 #
 #   benchmarks/gpu_session.sh [--phase probe,build,test,bench|all]   (default all)
 #
@@ -171,6 +171,8 @@ phase_bench() {
     --ours "$d/bench_cuda.json" --out "$d/compare_torch_cuda.json"
   run "bench_gpt2 --bf16" "$d/bench_gpt2_bf16.txt" "$bin/bench_gpt2" --bf16
   run "gpt2_gpu.py" "$d/gpt2_gpu.txt" python3 benchmarks/gpt2_gpu.py --bin "$bin"
+  run "run_scaling.sh (one GPU per rank)" "$d/scaling.txt" env NABLA_BIN="$bin" \
+    benchmarks/run_scaling.sh --out "$d" --steps 20
   echo; cat "$d/compare_torch_cuda.txt"; echo; cat "$d/gpt2_gpu.txt"
 }
 
