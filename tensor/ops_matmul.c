@@ -21,7 +21,9 @@
  * rides the GEMM's epilogue; on the CPU b is written into the output rows
  * and the GEMM adds the product to it (beta = 1), like PyTorch's addmm. No
  * separate bias pass either way. Its node is the matmul's with b as a
- * third input. Where neither applies it is nb_matmul_t then nb_add. */
+ * third input. Where neither applies it is nb_matmul_t then nb_add.
+ * nb__linear_gelu adds GELU(tanh) after it, also in the CUDA epilogue
+ * (the pre-activation is kept for backward); elsewhere nb_gelu follows. */
 #include <limits.h>
 
 #include "tensor/cpu/matmul.h"
@@ -33,8 +35,21 @@ static void matmul_bias_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g);
 
 /* bias: NULL, or (N) added by the CUDA GEMM's epilogue (nb__linear
  * checked it and only passes one for CUDA operands). */
+static nb_tensor *matmul_impl_ex(nb_ctx *ctx, const char *name, nb_tensor *a, nb_tensor *b,
+                                 bool ta, bool tb, nb_tensor *bias, nb_tensor **pre);
+
 static nb_tensor *matmul_impl(nb_ctx *ctx, const char *name, nb_tensor *a, nb_tensor *b, bool ta,
                               bool tb, nb_tensor *bias) {
+    return matmul_impl_ex(ctx, name, a, b, ta, tb, bias, NULL);
+}
+
+static void linear_gelu_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g);
+
+/* pre: NULL, or (CUDA only) where to return the pre-activation of a
+ * GELU(tanh) applied by the GEMM's epilogue; the node then differentiates
+ * through the GELU too. */
+static nb_tensor *matmul_impl_ex(nb_ctx *ctx, const char *name, nb_tensor *a, nb_tensor *b,
+                                 bool ta, bool tb, nb_tensor *bias, nb_tensor **pre) {
     nb__check_ctx(name, ctx, a);
     nb__check_ctx(name, ctx, b);
     const char *sfx_a = ta ? "^T" : "", *sfx_b = tb ? "^T" : "";
@@ -78,7 +93,8 @@ static nb_tensor *matmul_impl(nb_ctx *ctx, const char *name, nb_tensor *a, nb_te
         nb_tensor *ca = nb__cuda_gemm_readable(a) ? a : nb__contig(ctx, a);
         nb_tensor *cb = nb__cuda_gemm_readable(b) ? b : nb__contig(ctx, b);
         nb_tensor *cbias = bias ? nb__contig(ctx, bias) : NULL;
-        nb__cuda_matmul(out, ca, cb, ta, tb, cbias, false, NULL);
+        if (pre) *pre = nb__empty(ctx, out->dtype, out->ndim, out->shape);
+        nb__cuda_matmul(out, ca, cb, ta, tb, cbias, pre != NULL, pre ? *pre : NULL);
     } else {
         nb_tensor *ca = nb__cpu_gemm_readable(a) ? a : nb__contig(ctx, a);
         nb_tensor *cb = nb__cpu_gemm_readable(b) ? b : nb__contig(ctx, b);
@@ -86,11 +102,12 @@ static nb_tensor *matmul_impl(nb_ctx *ctx, const char *name, nb_tensor *a, nb_te
     }
 
     nb_tensor *in[3] = {a, b, bias};
-    nb_node *node = nb__record(ctx, name, bias ? matmul_bias_backward : matmul_backward, out,
-                               bias ? 3 : 2, in);
+    nb_backward_fn bw = pre ? linear_gelu_backward : bias ? matmul_bias_backward : matmul_backward;
+    nb_node *node = nb__record(ctx, name, bw, out, bias ? 3 : 2, in);
     if (node) {
         node->i[0] = ta;
         node->i[1] = tb;
+        if (pre) node->saved[0] = *pre;
     }
     return out;
 }
@@ -117,6 +134,16 @@ static nb_tensor *flat_op(nb_ctx *ctx, nb_tensor *x, bool trans, int64_t rows, i
 static void matmul_bias_backward(nb_ctx *ctx, nb_node *node, nb_tensor *g) {
     matmul_backward(ctx, node, g);
     nb__accum_grad(ctx, node->in[2], g);
+}
+
+/* gelu(x @ w^T + b) with the GELU in the CUDA GEMM's epilogue: the
+ * gradient of the pre-activation, g gelu'(pre), goes through the product's
+ * and the bias's backward. */
+static void linear_gelu_backward(nb_ctx *ctx, nb_node *node, nb_tensor *g) {
+    nb_tensor *d = nb__unary(ctx, NB_U_GELU_TANH_GRAD, node->saved[0], 0);
+    nb_tensor *gp = nb__binary(ctx, NB_B_MUL, g, d);
+    if (node->n_in == 3) matmul_bias_backward(ctx, node, gp);
+    else matmul_backward(ctx, node, gp);
 }
 
 /* Runs with grad mode off (Note [Tape]), so the ops below record nothing. */
@@ -179,4 +206,19 @@ nb_tensor *nb__linear(nb_ctx *ctx, nb_tensor *x, nb_tensor *w, nb_tensor *b) {
         node->i[1] = true;
     }
     return out;
+}
+
+nb_tensor *nb__linear_gelu(nb_ctx *ctx, nb_tensor *x, nb_tensor *w, nb_tensor *b) {
+    if (nb__is_cuda(x)) {
+        nb_dtype out_dt =
+            nb_ctx_compute_dtype(ctx) != NB_F32 && x->dtype != NB_F64 ? NB_F32 : x->dtype;
+        bool epilogue = x->ndim >= 2 && w->ndim == 2 &&
+                        (!b || (b->ndim == 1 && b->shape[0] == w->shape[0] && b->dtype == out_dt &&
+                                nb_device_eq(b->device, x->device)));
+        if (epilogue) {
+            nb_tensor *pre = NULL;
+            return matmul_impl_ex(ctx, "nb_linear_gelu", x, w, false, true, b, &pre);
+        }
+    }
+    return nb_gelu(ctx, nb__linear(ctx, x, w, b), NB_GELU_TANH);
 }

@@ -255,6 +255,30 @@ static nb_tensor *op_linear(nb_ctx *ctx, nb_tensor *const *in, void *user) {
     return nb__linear(ctx, in[0], in[1], in[2]);
 }
 
+static nb_tensor *op_linear_gelu(nb_ctx *ctx, nb_tensor *const *in, void *user) {
+    if (user && nb_ctx_device(ctx).type == NB_DEVICE_CUDA) nb_ctx_set_compute_dtype(ctx, NB_BF16);
+    return nb__linear_gelu(ctx, in[0], in[1], in[2]);
+}
+
+/* Linear + GELU(tanh) with the GELU in the epilogue (pre-activation kept
+ * for backward) against the CPU's product, add and nb_gelu. */
+START_TEST(test_linear_gelu_epilogue) {
+    nbt_input in[3] = {
+        {.dtype = NB_F32, .ndim = 3, .shape = {2, 9, 24}, .lo = -2, .hi = 2},
+        {.dtype = NB_F32, .ndim = 2, .shape = {40, 24}},
+        {.dtype = NB_F32, .ndim = 1, .shape = {40}},
+    };
+    nbt_parity("linear+gelu f32", op_linear_gelu, NULL, 3, in,
+               &(nbt_parity_opts){.tol = 1e-4});
+    nbt_parity("linear+gelu, bf16 compute", op_linear_gelu, (void *)1, 3, in,
+               &(nbt_parity_opts){.tol = NBT_TOL_BF16});
+    in[1].shape[0] = 37; /* N not a multiple of 8: the epilogue may fall back to a kernel */
+    in[2].shape[0] = 37;
+    nbt_parity("linear+gelu f32, N = 37", op_linear_gelu, NULL, 3, in,
+               &(nbt_parity_opts){.tol = 1e-4});
+}
+END_TEST
+
 START_TEST(test_linear_bias_epilogue) {
     nbt_input in[3] = {
         {.dtype = NB_F32, .ndim = 3, .shape = {4, 7, 33}},
@@ -299,6 +323,7 @@ int main(void) {
     tcase_add_test(tc, test_epilogues);
     tcase_add_test(tc, test_gemm_readable);
     tcase_add_test(tc, test_linear_bias_epilogue);
+    tcase_add_test(tc, test_linear_gelu_epilogue);
     suite_add_tcase(s, tc);
     return nbt_run(s);
 }
