@@ -298,10 +298,7 @@ int main(int argc, char **argv) {
     int64_t stop = a->stop_at > 0 && a->stop_at < a->epochs ? a->stop_at : a->epochs;
 
     TRY(&r, run_dist_init(&r.d), "joining the run");
-    if (a->bf16 && r.d.device.type != NB_DEVICE_CUDA) {
-        fprintf(stderr, "train_classifier: --bf16 needs a GPU: bf16 matrix products are computed on "
-                        "CUDA devices only, and this run computes on %s (a build without CUDA, or no "
-                        "GPU visible)\n", nb_device_name(r.d.device));
+    if (a->bf16 && !run_dist_bf16_ok(&r.d, "train_classifier")) {
         run_dist_finish(&r.d);
         return 2;
     }

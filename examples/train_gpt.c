@@ -408,10 +408,7 @@ int main(int argc, char **argv) {
         printf("%s\n", nb_device_name(r.d.device));
         return run_dist_finish(&r.d) == NB_OK ? 0 : 1;
     }
-    if (a->bf16 && r.d.device.type != NB_DEVICE_CUDA) {
-        fprintf(stderr, "train_gpt: --bf16 needs a GPU: bf16 matrix products are computed on CUDA "
-                        "devices only, and this run computes on %s (a build without CUDA, or no GPU "
-                        "visible)\n", nb_device_name(r.d.device));
+    if (a->bf16 && !run_dist_bf16_ok(&r.d, "train_gpt")) {
         run_dist_finish(&r.d);
         return 2;
     }

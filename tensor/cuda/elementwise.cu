@@ -20,36 +20,13 @@
 
 #include <type_traits>
 
-#include "tensor/cuda/check.h"
-#include "tensor/cuda/cuda.h"
-
-typedef __nv_bfloat16 bf16;
-typedef __half f16;
+#include "tensor/cuda/types.cuh"
 
 #define THREADS 256
-#define MAX_BLOCKS 65535
 
 #define SQRT_2_OVER_PI 0.7978845608028654
 #define INV_SQRT_2 0.7071067811865476
 #define INV_SQRT_2PI 0.3989422804014327
-
-/* ------------------------------------------------------------ element types */
-template <class T> struct math_of { typedef T type; };
-template <> struct math_of<bf16> { typedef float type; };
-template <> struct math_of<f16> { typedef float type; };
-template <class T> using math_t = typename math_of<T>::type;
-
-template <class T> struct tag { typedef T type; };
-
-template <class T> static __device__ __forceinline__ T to_math(T v) { return v; }
-static __device__ __forceinline__ float to_math(bf16 v) { return __bfloat162float(v); }
-static __device__ __forceinline__ float to_math(f16 v) { return __half2float(v); }
-
-template <class T, class M> static __device__ __forceinline__ T store_as(M v) {
-    if constexpr (std::is_same_v<T, bf16>) return __float2bfloat16_rn((float)v);
-    else if constexpr (std::is_same_v<T, f16>) return __float2half_rn((float)v);
-    else return (T)v;
-}
 
 template <class T>
 constexpr bool is_f32_like = std::is_same_v<T, float> || std::is_same_v<T, bf16> ||

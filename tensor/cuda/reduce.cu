@@ -20,61 +20,11 @@
  * does: on the GPUs we build for (sm_80, sm_90) f64 adds cost nothing next
  * to the memory traffic, and a long f32 row then keeps the CPU's accuracy
  * under cancellation. Max compares in the dtype (exact). */
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <math.h>
-#include <stdint.h>
 
-#include <type_traits>
+#include "tensor/cuda/types.cuh"
 
-#include "tensor/cuda/check.h"
-#include "tensor/cuda/cuda.h"
-
-typedef __nv_bfloat16 bf16;
-typedef __half f16;
-
-#define FULL_MASK 0xffffffffu
 #define THREADS 256
-#define MAX_BLOCKS 65535
-
-/* ------------------------------------------------------------ element types */
-template <class T> struct math_of { typedef T type; };
-template <> struct math_of<bf16> { typedef float type; };
-template <> struct math_of<f16> { typedef float type; };
-template <class T> using math_t = typename math_of<T>::type;
-
-template <class T> struct tag { typedef T type; };
-
-template <class T> static __device__ __forceinline__ T to_math(T v) { return v; }
-static __device__ __forceinline__ float to_math(bf16 v) { return __bfloat162float(v); }
-static __device__ __forceinline__ float to_math(f16 v) { return __half2float(v); }
-
-template <class T, class M> static __device__ __forceinline__ T store_as(M v) {
-    if constexpr (std::is_same_v<T, bf16>) return __float2bfloat16_rn((float)v);
-    else if constexpr (std::is_same_v<T, f16>) return __float2half_rn((float)v);
-    else return (T)v;
-}
-
-/* Element i of a float tensor of any dtype, as a double. */
-static __device__ __forceinline__ double load_f64(const void *p, int64_t i, int dt) {
-    switch (dt) {
-    case NB_F32: return ((const float *)p)[i];
-    case NB_F64: return ((const double *)p)[i];
-    case NB_BF16: return __bfloat162float(((const bf16 *)p)[i]);
-    default: return __half2float(((const f16 *)p)[i]);
-    }
-}
-
-template <class Fn> static void by_float_dtype(const char *op, nb_dtype dt, Fn fn) {
-    switch (dt) {
-    case NB_F32: fn(tag<float>{}); return;
-    case NB_F64: fn(tag<double>{}); return;
-    case NB_BF16: fn(tag<bf16>{}); return;
-    case NB_F16: fn(tag<f16>{}); return;
-    default: break;
-    }
-    NB_ABORT("%s: dtype %s has no CUDA kernel", op, nb_dtype_name(dt));
-}
 
 static __device__ __forceinline__ float shfl_down(float v, int o) {
     return __shfl_down_sync(FULL_MASK, v, o);

@@ -17,121 +17,16 @@
  * [0, C) that is not ignore_index raises NB__FAULT_CROSS_ENTROPY_TARGET
  * (Note [Deferred device checks] in cuda.h) and its row counts for nothing.
  * 16-bit types compute in f32, f64 in f64. */
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <math.h>
-#include <stdint.h>
+#include "tensor/cuda/rows.cuh"
 
-#include <type_traits>
-
-#include "tensor/cuda/check.h"
-#include "tensor/cuda/cuda.h"
-
-typedef __nv_bfloat16 bf16;
-typedef __half f16;
-
-#define FULL_MASK 0xffffffffu
-#define THREADS 256
-#define ROW_BLOCK 512  /* threads per row when K > 1024 */
-#define MAX_BLOCKS 65535
-
-/* ------------------------------------------------------------ element types */
-template <class T> struct math_of { typedef T type; };
-template <> struct math_of<bf16> { typedef float type; };
-template <> struct math_of<f16> { typedef float type; };
-template <class T> using math_t = typename math_of<T>::type;
-
-template <class T> struct tag { typedef T type; };
-
-template <class T> static __device__ __forceinline__ T to_math(T v) { return v; }
-static __device__ __forceinline__ float to_math(bf16 v) { return __bfloat162float(v); }
-static __device__ __forceinline__ float to_math(f16 v) { return __half2float(v); }
-
-template <class T, class M> static __device__ __forceinline__ T store_as(M v) {
-    if constexpr (std::is_same_v<T, bf16>) return __float2bfloat16_rn((float)v);
-    else if constexpr (std::is_same_v<T, f16>) return __float2half_rn((float)v);
-    else return (T)v;
-}
-
-static __device__ __forceinline__ double load_f64(const void *p, int64_t i, int dt) {
-    switch (dt) {
-    case NB_F32: return ((const float *)p)[i];
-    case NB_F64: return ((const double *)p)[i];
-    case NB_BF16: return __bfloat162float(((const bf16 *)p)[i]);
-    default: return __half2float(((const f16 *)p)[i]);
-    }
-}
+#define THREADS ROW_THREADS
 
 static __device__ __forceinline__ int64_t load_target(const void *p, int64_t i, int dt) {
     return dt == NB_I32 ? (int64_t)((const int32_t *)p)[i] : ((const int64_t *)p)[i];
 }
 
-template <class Fn> static void by_float_dtype(const char *op, nb_dtype dt, Fn fn) {
-    switch (dt) {
-    case NB_F32: fn(tag<float>{}); return;
-    case NB_F64: fn(tag<double>{}); return;
-    case NB_BF16: fn(tag<bf16>{}); return;
-    case NB_F16: fn(tag<f16>{}); return;
-    default: break;
-    }
-    NB_ABORT("%s: dtype %s has no CUDA kernel", op, nb_dtype_name(dt));
-}
-
-static __device__ __forceinline__ float m_exp(float x) { return expf(x); }
-static __device__ __forceinline__ double m_exp(double x) { return exp(x); }
 static __device__ __forceinline__ float m_log(float x) { return logf(x); }
 static __device__ __forceinline__ double m_log(double x) { return log(x); }
-
-/* ------------------------------------------------------------ online max and sum */
-/* m = max of the elements seen, s = sum of exp(x - m); (-inf, 0) is empty. */
-template <class C> struct ms {
-    C m, s;
-};
-
-/* A -inf element adds nothing (exp(-inf - m) = 0 for finite m); a NaN
- * makes s NaN, as on the CPU. */
-template <class C> static __device__ __forceinline__ void ms_add(ms<C> &a, C x) {
-    if (x > a.m) {
-        a.s = a.s * m_exp(a.m - x) + (C)1;
-        a.m = x;
-    } else if (x != (C)-INFINITY) {
-        a.s += m_exp(x - a.m);
-    }
-}
-
-template <class C> static __device__ __forceinline__ ms<C> combine(ms<C> a, ms<C> b) {
-    if (b.m > a.m) {
-        ms<C> t = a;
-        a = b;
-        b = t;
-    }
-    if (b.s != (C)0) a.s += b.s * m_exp(b.m - a.m);
-    return a;
-}
-
-/* Every element -inf: the CPU computes exp(-inf - (-inf)) = NaN. */
-template <class C> static __device__ __forceinline__ ms<C> ms_done(ms<C> a) {
-    if (a.m == (C)-INFINITY) a.s = (C)NAN;
-    return a;
-}
-
-static __device__ __forceinline__ float combine(float a, float b) { return a + b; }
-static __device__ __forceinline__ double combine(double a, double b) { return a + b; }
-
-static __device__ __forceinline__ float shfl_down(float v, int o) {
-    return __shfl_down_sync(FULL_MASK, v, o);
-}
-static __device__ __forceinline__ double shfl_down(double v, int o) {
-    return __shfl_down_sync(FULL_MASK, v, o);
-}
-template <class C> static __device__ __forceinline__ ms<C> shfl_down(ms<C> v, int o) {
-    return ms<C>{shfl_down(v.m, o), shfl_down(v.s, o)};
-}
-static __device__ __forceinline__ float shfl_0(float v) { return __shfl_sync(FULL_MASK, v, 0); }
-static __device__ __forceinline__ double shfl_0(double v) { return __shfl_sync(FULL_MASK, v, 0); }
-template <class C> static __device__ __forceinline__ ms<C> shfl_0(ms<C> v) {
-    return ms<C>{shfl_0(v.m), shfl_0(v.s)};
-}
 
 /* Cross-entropy's row state: online max and sum, and the sum of x. */
 template <class C> struct ce_st {
@@ -146,31 +41,6 @@ template <class C> static __device__ __forceinline__ ce_st<C> shfl_down(ce_st<C>
 }
 template <class C> static __device__ __forceinline__ ce_st<C> shfl_0(ce_st<C> v) {
     return ce_st<C>{shfl_0(v.e), shfl_0(v.sx)};
-}
-
-/* The merge of v over the blockDim.x threads of the row group (threadIdx.y
- * picks the group), returned to every thread of it. A group wider than a
- * warp is the whole block (blockDim.y = 1) and uses sm (>= 32 entries);
- * every thread of the block must then call it. */
-template <class V> static __device__ V group_allreduce(V v, V *sm) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = combine(v, shfl_down(v, o));
-    if (blockDim.x == 32) return shfl_0(v);
-    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    if (lane == 0) sm[w] = v;
-    __syncthreads();
-    v = sm[0];
-    for (int q = 1; q < nw; q++) v = combine(v, sm[q]);
-    __syncthreads();
-    return v;
-}
-
-/* Launch shape for one group per row of k elements. */
-static void row_config(int64_t rows, int64_t k, dim3 *grid, dim3 *block) {
-    int64_t per_block = k <= 1024 ? THREADS / 32 : 1;
-    *block = k <= 1024 ? dim3(32, THREADS / 32) : dim3(ROW_BLOCK, 1);
-    int64_t b = (rows + per_block - 1) / per_block;
-    *grid = dim3((unsigned)(b > MAX_BLOCKS ? MAX_BLOCKS : b < 1 ? 1 : b));
 }
 
 static unsigned grid_for(int64_t units, int64_t per_block) {

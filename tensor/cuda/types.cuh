@@ -1,0 +1,64 @@
+/* Element types for the CUDA kernels (.cu files only): the storage types,
+ * the type each computes in (f32 for bf16 and f16, else itself), loads and
+ * stores between them, and the host-side switch from an nb_dtype to a
+ * kernel instantiation. Everything here is static or a template, so each
+ * .cu file gets its own copy and nothing clashes at link time. */
+#ifndef NABLA_TENSOR_CUDA_TYPES_CUH
+#define NABLA_TENSOR_CUDA_TYPES_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#include <type_traits>
+
+#include "tensor/cuda/check.h"
+#include "tensor/cuda/cuda.h"
+
+typedef __nv_bfloat16 bf16;
+typedef __half f16;
+
+#define FULL_MASK 0xffffffffu
+#define MAX_BLOCKS 65535 /* the grid sizes we launch stay in gridDim.y/z's range too */
+
+template <class T> struct math_of { typedef T type; };
+template <> struct math_of<bf16> { typedef float type; };
+template <> struct math_of<f16> { typedef float type; };
+template <class T> using math_t = typename math_of<T>::type;
+
+/* A value carrying a type, for the generic lambdas of by_float_dtype. */
+template <class T> struct tag { typedef T type; };
+
+template <class T> static __device__ __forceinline__ T to_math(T v) { return v; }
+static __device__ __forceinline__ float to_math(bf16 v) { return __bfloat162float(v); }
+static __device__ __forceinline__ float to_math(f16 v) { return __half2float(v); }
+
+template <class T, class M> static __device__ __forceinline__ T store_as(M v) {
+    if constexpr (std::is_same_v<T, bf16>) return __float2bfloat16_rn((float)v);
+    else if constexpr (std::is_same_v<T, f16>) return __float2half_rn((float)v);
+    else return (T)v;
+}
+
+/* Element i of a float tensor of any dtype, as a double. */
+static __device__ __forceinline__ double load_f64(const void *p, int64_t i, int dt) {
+    switch (dt) {
+    case NB_F32: return ((const float *)p)[i];
+    case NB_F64: return ((const double *)p)[i];
+    case NB_BF16: return __bfloat162float(((const bf16 *)p)[i]);
+    default: return __half2float(((const f16 *)p)[i]);
+    }
+}
+
+/* Calls fn(tag<T>{}) for the storage type T of the float dtype dt. */
+template <class Fn> static void by_float_dtype(const char *op, nb_dtype dt, Fn fn) {
+    switch (dt) {
+    case NB_F32: fn(tag<float>{}); return;
+    case NB_F64: fn(tag<double>{}); return;
+    case NB_BF16: fn(tag<bf16>{}); return;
+    case NB_F16: fn(tag<f16>{}); return;
+    default: break;
+    }
+    NB_ABORT("%s: dtype %s has no CUDA kernel", op, nb_dtype_name(dt));
+}
+
+#endif
