@@ -30,7 +30,9 @@
  * touched in compute-stream order), and records `consumed`. A worker
  * waits on the host for `copied` before it refills the host buffer, so no
  * copy ever reads a buffer being rewritten. Without workers the caller's
- * thread does the same with one slot. The CPU path is unchanged. */
+ * thread does the same with one slot. The CPU path is unchanged. Each
+ * worker makes the loader's device current for itself before its first
+ * CUDA call (the current device is per thread). */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -142,6 +144,10 @@ static bool claimable(const nb_loader *l) {
 
 static void *worker_main(void *arg) {
     nb_loader *l = arg;
+    /* The current CUDA device is per thread and a new thread's is device
+     * 0: a CUDA call made before this (host_wait below) would create a
+     * context on GPU 0 in every rank's process. */
+    if (l->cuda) nb__cuda_use("nb_loader (worker)", l->device.index);
     pthread_mutex_lock(&l->mu);
     for (;;) {
         while (!l->stop && !claimable(l)) pthread_cond_wait(&l->work_cv, &l->mu);

@@ -28,6 +28,10 @@
 #define POLL_AFTER_S 0.5     /* a collective this old gets abort polls... */
 #define DESYNC_AFTER_S 1.0   /* ...and, this old, fingerprint comparisons */
 #define POLL_EVERY_S 0.5
+/* Longest sleep between two polls of an NCCL completion event: a wait
+ * notices completion at most this late (DDP waits once per step,
+ * SyncBatchNorm once per layer and pass). */
+#define NCCL_POLL_MAX_S 1e-4
 
 /* ---------------------------------------------------------------- basics */
 
@@ -179,6 +183,7 @@ static void nccl_progress(nb_pg *pg) {
     pthread_mutex_lock(&pg->mu);
     while (pg->q_head && pg->broken == NB_OK) {
         nb_work *w = pg->q_head;
+        if (w->state == NB__W_QUEUED) break; /* still being launched */
         int r = w->nccl ? nb__nccl_query(pg->nccl, w->nccl) : 1;
         if (r == 0) break;
         if (r == 1) {
@@ -229,7 +234,7 @@ static void wait_round(nb_pg *pg, double *pause) {
     if (pg->nccl) {
         pthread_mutex_unlock(&pg->mu);
         nb__sleep(*pause);
-        *pause = *pause * 2 > 1e-3 ? 1e-3 : *pause * 2;
+        *pause = *pause * 2 > NCCL_POLL_MAX_S ? NCCL_POLL_MAX_S : *pause * 2;
         nccl_progress(pg);
     } else {
         struct timespec ts;
@@ -260,6 +265,19 @@ static nb_status work_result(nb_work *w, bool *done) {
     return NB_OK;
 }
 
+/* Note [Host waits on NCCL]: a wait on an NCCL work orders the compute
+ * stream after it and then also waits on the host (polling), although
+ * the stream order alone would make later kernels see the result. The
+ * host wait stays because (1) the watchdog (timeouts, desync and abort
+ * checks, Note [Hang diagnostics]) runs only in waiting threads, so with
+ * stream-only waits a dead or stuck peer would leave the host blocked in
+ * the next cudaStreamSynchronize forever, without a message; (2) a
+ * barrier must hold the host; (3) DDP's bucket times are host times read
+ * right after the wait. Making it stream-only needs a per-group monitor
+ * thread (device set, progress and watchdog, aborting the communicator
+ * under a lock shared with launches), barrier waits kept on the host, and
+ * bucket times from timing events; until then the cost is one host
+ * stall per DDP step and per SyncBatchNorm collective. */
 nb_status nb_work_wait(nb_work *w) {
     NB_CHECK(w != NULL, "nb_work_wait: work is NULL");
     nb_pg *pg = w->pg;
@@ -325,13 +343,19 @@ static nb_work *issue(nb_pg *pg, const nb__coll *c) {
     else pg->q_head = w;
     pg->q_tail = w;
     if (pg->gloo) pthread_cond_broadcast(&pg->cond);
-    if (pg->nccl) w->state = NB__W_RUNNING;
     pthread_mutex_unlock(&pg->mu);
 
     if (pg->nccl) {
+        /* Queued until launched: nccl_progress (possibly on another
+         * thread) must not take a work without its event for finished. */
         nb__diag_record(pg, w);
         nb_status st = NB_OK;
-        if (c->count > 0 || c->kind == NB__BARRIER) st = nb__nccl_launch(pg->nccl, &w->coll, &w->nccl);
+        nb__nccl_work *nw = NULL;
+        if (c->count > 0 || c->kind == NB__BARRIER) st = nb__nccl_launch(pg->nccl, &w->coll, &nw);
+        pthread_mutex_lock(&pg->mu);
+        w->nccl = nw;
+        w->state = NB__W_RUNNING;
+        pthread_mutex_unlock(&pg->mu);
         if (st != NB_OK) {
             char what[NB__MSG_LEN];
             snprintf(what, sizeof what, "could not be launched (%s)", nb_last_error());

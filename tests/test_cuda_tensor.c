@@ -1,7 +1,7 @@
 /* CUDA tensors: contexts on the device (arena growth and reset), creation
  * and reading in every dtype, strided copies between devices, nb_to with
  * its gradient, fills, in-place updates, poisoning, the compute dtype,
- * and printing. The reference values are host arrays; skipped without a
+ * printing, and staged uploads from a reused host buffer. The reference values are host arrays; skipped without a
  * GPU. */
 #include <math.h>
 #include <stdlib.h>
@@ -210,6 +210,37 @@ START_TEST(test_compute_dtype_bf16) {
 }
 END_TEST
 
+/* Note [Staged uploads]: many small uploads in a row (more than the ring's
+ * 16 segments, so segments are reused while earlier copies may still be
+ * queued behind slow work), each from the same host buffer rewritten right
+ * after the call, plus uploads larger than a segment; every tensor must
+ * hold what the buffer held when it was uploaded. */
+START_TEST(test_staged_uploads_reuse_source) {
+    nb_ctx *dev = nb_ctx_new(nb_cuda(0), 0);
+    enum { K = 50, N = 1000, BIG = 300000 };
+    nb_tensor *busy = nb_zeros(dev, NB_F32, NB_SHAPE(1 << 24));
+    float *buf = malloc(sizeof(float) * BIG);
+    ck_assert_ptr_nonnull(buf);
+    nb_tensor *t[K];
+    for (int k = 0; k < K; k++) {
+        if (k % 8 == 0) nb_fill_(busy, (double)k); /* keep the compute stream busy */
+        int64_t n = k % 10 == 9 ? BIG : N;
+        for (int64_t i = 0; i < n; i++) buf[i] = (float)(k * 7 + i % 13);
+        t[k] = nb_from_host(dev, NB_F32, 1, &n, buf);
+        for (int64_t i = 0; i < n; i++) buf[i] = -1.0f; /* the source may be reused at once */
+    }
+    for (int k = 0; k < K; k++) {
+        double *v = nbt_values(t[k]);
+        for (int64_t i = 0; i < nb_numel(t[k]); i++)
+            ck_assert_msg(v[i] == (double)(k * 7 + i % 13), "upload %d element %lld: %g", k,
+                          (long long)i, v[i]);
+        free(v);
+    }
+    free(buf);
+    nb_ctx_free(dev);
+}
+END_TEST
+
 int main(void) {
     nbt_cuda_require();
     Suite *s = suite_create("cuda_tensor");
@@ -222,6 +253,7 @@ int main(void) {
     tcase_add_test(tc, test_to_carries_gradients_back);
     tcase_add_test(tc, test_print_device_tensor);
     tcase_add_test(tc, test_compute_dtype_bf16);
+    tcase_add_test(tc, test_staged_uploads_reuse_source);
     suite_add_tcase(s, tc);
     return nbt_run(s);
 }

@@ -252,32 +252,50 @@ void nb__cuda_memcpy_h2d_async(int device, void *dst, const void *src, size_t by
 }
 
 /* ---- library handles ---- */
+/* Made once per device under devs_lock: two host threads making the same
+ * handle at once would otherwise both create one (and a reader could see
+ * the pointer before the handle is set up). */
 void *nb__cuda_cublaslt(int device) {
     dev_state *d = state("nb_matmul", device);
+    cublasLtHandle_t h = __atomic_load_n(&d->lt, __ATOMIC_ACQUIRE);
+    if (h) return h;
+    pthread_mutex_lock(&devs_lock);
     if (!d->lt) {
         NB_CUDA_CHECK("nb_matmul", cudaSetDevice(device));
-        NB_CUBLAS_CHECK("nb_matmul", cublasLtCreate(&d->lt));
+        NB_CUBLAS_CHECK("nb_matmul", cublasLtCreate(&h));
+        __atomic_store_n(&d->lt, h, __ATOMIC_RELEASE);
     }
+    pthread_mutex_unlock(&devs_lock);
     return d->lt;
 }
 
 void *nb__cuda_gemm_workspace(int device, size_t *bytes) {
     dev_state *d = state("nb_matmul", device);
+    *bytes = GEMM_WORKSPACE_BYTES;
+    void *ws = __atomic_load_n(&d->gemm_ws, __ATOMIC_ACQUIRE);
+    if (ws) return ws;
+    pthread_mutex_lock(&devs_lock);
     if (!d->gemm_ws) {
         NB_CUDA_CHECK("nb_matmul", cudaSetDevice(device));
-        NB_CUDA_CHECK("nb_matmul", cudaMalloc(&d->gemm_ws, GEMM_WORKSPACE_BYTES));
+        NB_CUDA_CHECK("nb_matmul", cudaMalloc(&ws, GEMM_WORKSPACE_BYTES));
+        __atomic_store_n(&d->gemm_ws, ws, __ATOMIC_RELEASE);
     }
-    *bytes = GEMM_WORKSPACE_BYTES;
+    pthread_mutex_unlock(&devs_lock);
     return d->gemm_ws;
 }
 
 void *nb__cuda_cudnn(int device) {
     dev_state *d = state("nb_conv2d", device);
+    cudnnHandle_t h = __atomic_load_n(&d->dnn, __ATOMIC_ACQUIRE);
+    if (h) return h;
+    pthread_mutex_lock(&devs_lock);
     if (!d->dnn) {
         NB_CUDA_CHECK("nb_conv2d", cudaSetDevice(device));
-        NB_CUDNN_CHECK("nb_conv2d", cudnnCreate(&d->dnn));
-        NB_CUDNN_CHECK("nb_conv2d", cudnnSetStream(d->dnn, d->compute));
+        NB_CUDNN_CHECK("nb_conv2d", cudnnCreate(&h));
+        NB_CUDNN_CHECK("nb_conv2d", cudnnSetStream(h, d->compute));
+        __atomic_store_n(&d->dnn, h, __ATOMIC_RELEASE);
     }
+    pthread_mutex_unlock(&devs_lock);
     return d->dnn;
 }
 
