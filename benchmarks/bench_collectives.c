@@ -85,7 +85,15 @@ static void fill(nb_pg *pg, nb_tensor *t, float v) {
     size_t n = (size_t)t->shape[0];
     float *h = malloc(n * 4);
     for (size_t i = 0; i < n; i++) h[i] = v;
-    cudaMemcpy(t->data, h, n * 4, cudaMemcpyHostToDevice);
+    /* From pageable memory cudaMemcpy may return before the data has reached
+     * the GPU, and the legacy stream it uses is not ordered with the group's
+     * non-blocking streams: wait for the device before any collective reads. */
+    if (cudaMemcpy(t->data, h, n * 4, cudaMemcpyHostToDevice) != cudaSuccess ||
+        cudaDeviceSynchronize() != cudaSuccess) {
+        fprintf(stderr, "bench_collectives: filling a device buffer failed: %s\n",
+                cudaGetErrorString(cudaGetLastError()));
+        exit(1);
+    }
     free(h);
 #endif
 }

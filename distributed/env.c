@@ -186,25 +186,42 @@ nb_status nb_dist_env_read(nb_dist_env *e) {
     return NB_OK;
 }
 
+/* Note [One GPU per process]: local rank i uses GPU i of those the
+ * process sees. A launcher may instead bind each process to one GPU of its
+ * own (Slurm's --gpu-bind, or CUDA_VISIBLE_DEVICES set per process): then the
+ * process sees exactly one GPU, whatever its local rank, and uses it. Two
+ * processes that see the same single GPU are caught by NCCL at
+ * nb_pg_init ("Duplicate GPU"). */
+nb_status nb__dist_pick_gpu(int local_rank, int visible, const char *cvd, int *index) {
+    if (visible <= 0)
+        return nb_set_error(NB_ERR_UNSUPPORTED,
+                            "nb_dist_select_device: no GPU is visible to this process%s",
+                            NABLA_HAVE_CUDA ? "" : " (nabla was built without CUDA)");
+    if (local_rank < visible) {
+        *index = local_rank;
+        return NB_OK;
+    }
+    if (visible == 1) {
+        *index = 0;
+        return NB_OK;
+    }
+    return nb_set_error(NB_ERR_INVALID,
+                        "nb_dist_select_device: local rank %d needs GPU %d but %d GPUs are visible "
+                        "(CUDA_VISIBLE_DEVICES=%s); start at most %d processes per node, or bind "
+                        "one GPU to each process",
+                        local_rank, local_rank, visible, cvd ? cvd : "(unset)", visible);
+}
+
 nb_status nb_dist_select_device(const nb_dist_env *e, bool want_gpu, nb_device *device) {
     NB_CHECK(e != NULL && device != NULL, "nb_dist_select_device: NULL argument");
     *device = nb_cpu();
     if (!want_gpu) return NB_OK;
-    int n = nb__cuda_device_count();
-    if (n == 0)
-        return nb_set_error(NB_ERR_UNSUPPORTED,
-                            "nb_dist_select_device: no GPU is visible to this process%s",
-                            NABLA_HAVE_CUDA ? "" : " (nabla was built without CUDA)");
-    if (e->local_rank >= n) {
-        const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
-        return nb_set_error(NB_ERR_INVALID,
-                            "nb_dist_select_device: local rank %d needs GPU %d but %d GPU%s visible "
-                            "(CUDA_VISIBLE_DEVICES=%s); start at most %d processes per node",
-                            e->local_rank, e->local_rank, n, n == 1 ? " is" : "s are",
-                            cvd ? cvd : "(unset)", n);
-    }
-    nb_status st = nb__cuda_set_device(e->local_rank);
+    int index = 0;
+    nb_status st = nb__dist_pick_gpu(e->local_rank, nb__cuda_device_count(),
+                                     getenv("CUDA_VISIBLE_DEVICES"), &index);
     if (st != NB_OK) return st;
-    *device = nb_cuda(e->local_rank);
+    st = nb__cuda_set_device(index);
+    if (st != NB_OK) return st;
+    *device = nb_cuda(index);
     return NB_OK;
 }

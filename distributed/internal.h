@@ -22,6 +22,10 @@ double nb__now(void); /* monotonic seconds */
  * getaddrinfo code in *gai_err or the errno in *sys_err. */
 int nb__tcp_listen(const char *host, int port, int *gai_err, int *sys_err);
 void nb__sleep(double seconds);
+/* The GPU index of a process from its local rank and the number of GPUs it
+ * sees (Note [One GPU per process] in env.c); cvd only names the variable in
+ * the error. */
+nb_status nb__dist_pick_gpu(int local_rank, int visible, const char *cvd, int *index);
 
 /* ------------------------------------------------ store wire format */
 

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "distributed/internal.h"
 #include "nabla/dist.h"
 #include "testutil.h"
 
@@ -212,6 +213,28 @@ START_TEST(test_device_and_options) {
 }
 END_TEST
 
+/* Local rank -> GPU index: rank i on GPU i, or the one GPU a launcher bound
+ * to the process; too few GPUs names the rank and CUDA_VISIBLE_DEVICES. */
+START_TEST(test_pick_gpu) {
+    int idx = -1;
+    ck_assert_int_eq(nb__dist_pick_gpu(0, 4, NULL, &idx), NB_OK);
+    ck_assert_int_eq(idx, 0);
+    ck_assert_int_eq(nb__dist_pick_gpu(3, 4, NULL, &idx), NB_OK);
+    ck_assert_int_eq(idx, 3);
+    idx = -1;
+    ck_assert_int_eq(nb__dist_pick_gpu(5, 1, "2", &idx), NB_OK); /* bound: its own GPU */
+    ck_assert_int_eq(idx, 0);
+    idx = -1;
+    ck_assert_int_eq(nb__dist_pick_gpu(2, 2, "0,1", &idx), NB_ERR_INVALID);
+    ck_assert_int_eq(idx, -1);
+    ck_assert_msg(strstr(nb_last_error(), "local rank 2 needs GPU 2 but 2 GPUs are visible "
+                                          "(CUDA_VISIBLE_DEVICES=0,1)"),
+                  "%s", nb_last_error());
+    ck_assert_int_eq(nb__dist_pick_gpu(0, 0, NULL, &idx), NB_ERR_UNSUPPORTED);
+    ck_assert_msg(strstr(nb_last_error(), "no GPU is visible to this process"), "%s", nb_last_error());
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("dist_env");
     TCase *tc = tcase_create("env");
@@ -222,6 +245,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_slurm);
     tcase_add_test(tc, test_run_ids);
     tcase_add_test(tc, test_device_and_options);
+    tcase_add_test(tc, test_pick_gpu);
     suite_add_tcase(s, tc);
     return s;
 }
