@@ -230,7 +230,8 @@ END_TEST
 
 /* Logits rows with special values (special_value): every row counted
  * (the loss is NaN on both sides; the gradient rows are compared), then
- * only the rows with finite log-sum-exp counted (a finite loss). */
+ * only the rows with finite log-sum-exp counted (a finite loss without
+ * smoothing; with it, row 3's -inf logits make the loss +inf on both sides). */
 START_TEST(test_cross_entropy_special_values) {
     static const int64_t ks[] = {5, 1500};
     static double tv[SPECIAL_ROWS], tv_ign[SPECIAL_ROWS];
