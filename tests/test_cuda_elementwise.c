@@ -317,6 +317,54 @@ START_TEST(test_axpy_scale) {
 }
 END_TEST
 
+/* ---- contiguous views at an offset ----
+ * Rows [r0, r0 + 3) of a (9, 37) input are contiguous but start r0 * 37
+ * elements in: element-aligned only (r0 = 1), or 16-byte aligned for
+ * every dtype (r0 = 16: 592 elements). Note [Vectorised contiguous path]
+ * in tensor/cuda/elementwise.cu takes the wide loads only in the second
+ * case; both must agree with the CPU, tails (111 elements) included. */
+typedef struct view_case {
+    int kind; /* 0: exp, 1: mul of two views, 2: axpy into a view */
+    int64_t r0, r1;
+} view_case;
+
+static nb_tensor *view_op(nb_ctx *ctx, nb_tensor *const *in, void *user) {
+    const view_case *c = user;
+    nb_tensor *a = nb_narrow(ctx, in[0], 0, c->r0, 3);
+    nb_tensor *b = nb_narrow(ctx, in[1], 0, c->r1, 3);
+    switch (c->kind) {
+    case 0: return nb_exp(ctx, a);
+    case 1: return nb_mul(ctx, a, b);
+    default: {
+        nb_tensor *y = nb_clone(ctx, in[0]);
+        nb_axpy_(nb_narrow(ctx, y, 0, c->r0, 3), -0.5, b);
+        return y;
+    }
+    }
+}
+
+START_TEST(test_offset_views) {
+    static const view_case cases[] = {
+        {0, 1, 0}, {0, 16, 0}, {1, 16, 16}, {1, 1, 16}, {1, 16, 2}, {2, 16, 16}, {2, 1, 5},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
+        for (int d = 0; d < N_FLOAT_DTYPES; d++) {
+            bool in_place = cases[k].kind == 2; /* axpy writes into a clone: no grad */
+            nbt_input in[2] = {{.dtype = float_dtypes[d], .ndim = 2, .shape = {20, 37},
+                                .no_grad = in_place},
+                               {.dtype = float_dtypes[d], .ndim = 2, .shape = {20, 37},
+                                .no_grad = in_place}};
+            nbt_parity_opts o = {.no_backward = in_place};
+            char name[96];
+            snprintf(name, sizeof name, "%s on rows from %lld and %lld %s",
+                     cases[k].kind == 0 ? "exp" : cases[k].kind == 1 ? "mul" : "axpy",
+                     (long long)cases[k].r0, (long long)cases[k].r1,
+                     nb_dtype_name(float_dtypes[d]));
+            nbt_parity(name, view_op, (void *)&cases[k], 2, in, &o);
+        }
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("cuda_elementwise");
     TCase *tc = tcase_create("core");
@@ -328,6 +376,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_casts);
     tcase_add_test(tc, test_fill);
     tcase_add_test(tc, test_axpy_scale);
+    tcase_add_test(tc, test_offset_views);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -208,6 +208,18 @@ START_TEST(test_dropout_bitwise) {
             free(vb);
             free(vc);
         }
+    /* a view one element in (not aligned for the vector accesses), and an
+     * aligned one: the same masks either way */
+    for (int64_t start = 1; start <= 4; start += 3) {
+        int64_t n = 4099;
+        nb_tensor *xc = nb_rand_normal(c, NB_F32, 1, &n, 0, 1, &(nb_rng){32, 0});
+        nb_tensor *xg = nb_rand_normal(g, NB_F32, 1, &n, 0, 1, &(nb_rng){32, 0});
+        nb_rng rc = {78, 3}, rg = rc;
+        nb_tensor *yc = nb_dropout(c, nb_narrow(c, xc, 0, start, n - start), 0.3, true, &rc);
+        nb_tensor *yg = nb_dropout(g, nb_narrow(g, xg, 0, start, n - start), 0.3, true, &rg);
+        assert_bitwise(start == 1 ? "dropout of an unaligned view" : "dropout of an aligned view",
+                       yc, yg);
+    }
     nb_ctx_free(g);
     nb_ctx_free(c);
 }

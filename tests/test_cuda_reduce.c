@@ -135,6 +135,62 @@ START_TEST(test_softmax) {
 }
 END_TEST
 
+/* Rows with special values, as the CPU treats them: all -inf (NaN), a
+ * +inf (the whole row NaN: exp(inf - inf)), a NaN (NaN), some -inf among
+ * finite values (zeros there), +inf and -inf together, and a plain row.
+ * K = 5 (a warp per row), 1500 (a block per row), and the same rows as
+ * columns of a (K, 8, 3) tensor (column tiles, softmax over axis 0). */
+#define SPECIAL_ROWS 8
+static double special_value(int r, int64_t j, int64_t k) {
+    double v = 3 * sin(0.7 * (double)(j + 1) + r);
+    switch (r) {
+    case 0: return -INFINITY;
+    case 1: return j == 1 ? INFINITY : v;
+    case 2: return j == k - 1 ? NAN : v;
+    case 3: return j == 0 || j == 2 ? -INFINITY : v;
+    case 4: return j == 0 || j == k - 1 ? INFINITY : v;
+    case 5: return v;
+    case 6: return j == k / 2 ? v : -INFINITY;
+    default: return j == 0 ? -INFINITY : j == 1 ? INFINITY : v;
+    }
+}
+
+START_TEST(test_softmax_special_values) {
+    static const int64_t ks[] = {5, 1500};
+    for (size_t q = 0; q < sizeof ks / sizeof ks[0]; q++) {
+        int64_t k = ks[q];
+        double *rows = malloc(sizeof(double) * SPECIAL_ROWS * (size_t)k);
+        double *cols = malloc(sizeof(double) * SPECIAL_ROWS * 3 * (size_t)k);
+        for (int r = 0; r < SPECIAL_ROWS; r++)
+            for (int64_t j = 0; j < k; j++) {
+                rows[r * k + j] = special_value(r, j, k);
+                for (int c = 0; c < 3; c++) /* (K, 8, 3): column (r, c) is row r */
+                    cols[(j * SPECIAL_ROWS + r) * 3 + c] = special_value(r, j, k);
+            }
+        for (int d = 0; d < N_FLOAT_DTYPES; d++)
+            for (int lg = 0; lg < 2; lg++) {
+                char name[128];
+                softmax_case c = {lg == 1, 1};
+                nbt_input in = {.dtype = float_dtypes[d], .ndim = 2, .shape = {SPECIAL_ROWS, k},
+                                .values = rows};
+                snprintf(name, sizeof name, "%s special rows K=%lld %s",
+                         lg ? "log_softmax" : "softmax", (long long)k,
+                         nb_dtype_name(float_dtypes[d]));
+                nbt_parity(name, softmax_op, &c, 1, &in, NULL);
+                softmax_case c0 = {lg == 1, 0};
+                nbt_input inc = {.dtype = float_dtypes[d], .ndim = 3,
+                                 .shape = {k, SPECIAL_ROWS, 3}, .values = cols};
+                snprintf(name, sizeof name, "%s special columns K=%lld %s",
+                         lg ? "log_softmax" : "softmax", (long long)k,
+                         nb_dtype_name(float_dtypes[d]));
+                nbt_parity(name, softmax_op, &c0, 1, &inc, NULL);
+            }
+        free(rows);
+        free(cols);
+    }
+}
+END_TEST
+
 typedef struct ce_case {
     int64_t ignore;
     double eps;
@@ -169,6 +225,44 @@ START_TEST(test_cross_entropy) {
                              nb_dtype_name(float_dtypes[d]), nb_dtype_name(in[1].dtype));
                     nbt_parity(name, ce_op, (void *)&cases[k], 2, in, NULL);
                 }
+}
+END_TEST
+
+/* Logits rows with special values (special_value): every row counted
+ * (the loss is NaN on both sides; the gradient rows are compared), then
+ * only the rows with finite log-sum-exp counted (a finite loss without
+ * smoothing; with it, row 3's -inf logits make the loss +inf on both sides). */
+START_TEST(test_cross_entropy_special_values) {
+    static const int64_t ks[] = {5, 1500};
+    static double tv[SPECIAL_ROWS], tv_ign[SPECIAL_ROWS];
+    for (size_t q = 0; q < sizeof ks / sizeof ks[0]; q++) {
+        int64_t k = ks[q];
+        double *x = malloc(sizeof(double) * SPECIAL_ROWS * (size_t)k);
+        for (int r = 0; r < SPECIAL_ROWS; r++) {
+            for (int64_t j = 0; j < k; j++) x[r * k + j] = special_value(r, j, k);
+            tv[r] = (double)((r * 3 + 1) % k);
+            tv_ign[r] = r == 3 || r == 5 || r == 6 ? tv[r] : -100;
+        }
+        tv_ign[3] = 1; /* a finite logit of row 3 */
+        tv_ign[6] = (double)(k / 2);
+        for (int d = 0; d < N_FLOAT_DTYPES; d++)
+            for (int ign = 0; ign < 2; ign++)
+                for (int e = 0; e < 2; e++) {
+                    ce_case c = {-100, e ? 0.1 : 0.0};
+                    nbt_input in[2] = {
+                        {.dtype = float_dtypes[d], .ndim = 2, .shape = {SPECIAL_ROWS, k},
+                         .values = x},
+                        {.dtype = NB_I64, .ndim = 1, .shape = {SPECIAL_ROWS},
+                         .values = ign ? tv_ign : tv},
+                    };
+                    char name[128];
+                    snprintf(name, sizeof name, "cross_entropy special rows K=%lld%s eps %g %s",
+                             (long long)k, ign ? " (finite rows only)" : "", c.eps,
+                             nb_dtype_name(float_dtypes[d]));
+                    nbt_parity(name, ce_op, &c, 2, in, NULL);
+                }
+        free(x);
+    }
 }
 END_TEST
 
@@ -294,6 +388,45 @@ START_TEST(test_softmax_causal) {
 }
 END_TEST
 
+/* Causal rows with special values among the kept entries (+inf: NaN
+ * row; -inf: zero there; NaN: NaN row; all kept -inf: NaN row) and NaN
+ * and +inf in the masked entries, which are never read: S = 6 (a warp
+ * per row) and S = 1500 (a block per row), both signs of the scale. */
+static double causal_special(int64_t i, int64_t j, int64_t s) {
+    double v = 3 * sin(0.9 * (double)(i * s + j + 1));
+    if (j > i) return j % 2 ? NAN : INFINITY; /* masked */
+    switch (i % 6) {
+    case 0: return -INFINITY;
+    case 1: return j == 1 ? INFINITY : v;
+    case 2: return j == 0 ? -INFINITY : v;
+    case 3: return j == 2 ? NAN : v;
+    case 4: return j == 0 || j == i ? INFINITY : v;
+    default: return v;
+    }
+}
+
+START_TEST(test_softmax_causal_special_values) {
+    static const int64_t ss[] = {6, 1500};
+    static const double scales[] = {0.5, -0.5};
+    for (size_t q = 0; q < 2; q++) {
+        int64_t t = 6, s = ss[q];
+        double *x = malloc(sizeof(double) * (size_t)(t * s));
+        for (int64_t i = 0; i < t; i++)
+            for (int64_t j = 0; j < s; j++) x[i * s + j] = causal_special(i, j, s);
+        for (int sc = 0; sc < 2; sc++)
+            for (int d = 0; d < N_FLOAT_DTYPES; d++) {
+                nbt_input in = {.dtype = float_dtypes[d], .ndim = 4, .shape = {1, 1, t, s},
+                                .values = x};
+                char name[96];
+                snprintf(name, sizeof name, "softmax_causal special S=%lld scale %g %s",
+                         (long long)s, scales[sc], nb_dtype_name(in.dtype));
+                nbt_parity(name, op_softmax_causal, (void *)&scales[sc], 1, &in, NULL);
+            }
+        free(x);
+    }
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("cuda_reduce");
     TCase *tc = tcase_create("core");
@@ -301,8 +434,11 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_reductions);
     tcase_add_test(tc, test_var_corrections);
     tcase_add_test(tc, test_softmax);
+    tcase_add_test(tc, test_softmax_special_values);
     tcase_add_test(tc, test_softmax_causal);
+    tcase_add_test(tc, test_softmax_causal_special_values);
     tcase_add_test(tc, test_cross_entropy);
+    tcase_add_test(tc, test_cross_entropy_special_values);
     tcase_add_test(tc, test_cross_entropy_all_ignored);
     tcase_add_test(tc, test_mse_bce);
     tcase_add_test(tc, test_grad_norm);

@@ -4,7 +4,12 @@
  * the CPU's for f32 and f64.
  *
  * One thread computes one Philox block: 4 elements for uniform and
- * dropout, 2 for normal (Box-Muller pairs). Arithmetic that the CPU does
+ * dropout, 2 for normal (Box-Muller pairs). Those elements are adjacent,
+ * so when the pointers allow it (aligned to the group's size) the thread
+ * loads and stores them as one vector (16 bytes for f32 uniform and
+ * dropout): element by element, a warp's store instruction would touch
+ * 32 elements spread over 4x as many bytes, each sector four times.
+ * Arithmetic that the CPU does
  * in double is done in double here with the rounding intrinsics
  * (__dmul_rn, __dadd_rn), which nvcc never contracts into an FMA; the CPU
  * build has no FMA contraction either (no -march). Box-Muller uses CUDA's
@@ -83,18 +88,43 @@ template <> __device__ __forceinline__ __half from_acc<__half>(float x) {
     return __float2half_rn(x);
 }
 
+/* G adjacent elements of T, moved as one vector access. */
+template <typename T, int G> struct alignas(G * sizeof(T)) group {
+    T v[G];
+};
+
+/* True when every non-NULL pointer is aligned for group<T, G>. */
+template <typename T, int G> static bool group_aligned(const void *a, const void *b,
+                                                        const void *c) {
+    uintptr_t bits = (uintptr_t)a | (uintptr_t)b | (uintptr_t)c;
+    return (bits & (G * sizeof(T) - 1)) == 0;
+}
+
 /* ------------------------------------------------------------------ kernels */
-/* One thread per Philox block of 4 elements. */
+/* One thread per Philox block of 4 elements; vec: whole blocks move as group<T, 4>. */
 template <typename T>
 static __global__ void dropout_kernel(T *__restrict__ out, T *__restrict__ mask,
                                       const T *__restrict__ x, int64_t n, double p,
                                       typename acc_type<T>::type scale, uint64_t seed,
-                                      uint64_t offset) {
+                                      uint64_t offset, bool vec) {
     typedef typename acc_type<T>::type A;
+    typedef group<T, 4> G;
     int64_t blocks = (n + 3) / 4;
     for (int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; c < blocks;
          c += (int64_t)gridDim.x * blockDim.x) {
         uint4 r = philox4x32(seed, offset + (uint64_t)c);
+        if (vec && 4 * c + 4 <= n) {
+            G xv = ((const G *)x)[c], ov, mv;
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                A m = (double)u32_to_unit(lane(r, k)) >= p ? scale : (A)0;
+                ov.v[k] = from_acc<T>(to_acc(xv.v[k]) * m);
+                mv.v[k] = from_acc<T>(m);
+            }
+            ((G *)out)[c] = ov;
+            if (mask) ((G *)mask)[c] = mv;
+            continue;
+        }
 #pragma unroll
         for (int k = 0; k < 4; k++) {
             int64_t i = 4 * c + k;
@@ -108,25 +138,31 @@ static __global__ void dropout_kernel(T *__restrict__ out, T *__restrict__ mask,
 
 template <typename T>
 static __global__ void uniform_kernel(T *__restrict__ t, int64_t n, double low, double range,
-                                      uint64_t seed, uint64_t offset) {
+                                      uint64_t seed, uint64_t offset, bool vec) {
+    typedef group<T, 4> G;
     int64_t blocks = (n + 3) / 4;
     for (int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; c < blocks;
          c += (int64_t)gridDim.x * blockDim.x) {
         uint4 r = philox4x32(seed, offset + (uint64_t)c);
+        G tv;
 #pragma unroll
         for (int k = 0; k < 4; k++) {
-            int64_t i = 4 * c + k;
-            if (i >= n) break;
             double u = (double)u32_to_unit(lane(r, k));
-            t[i] = store_double<T>(__dadd_rn(low, __dmul_rn(range, u)));
+            tv.v[k] = store_double<T>(__dadd_rn(low, __dmul_rn(range, u)));
         }
+        if (vec && 4 * c + 4 <= n) {
+            ((G *)t)[c] = tv;
+            continue;
+        }
+        for (int k = 0; k < 4 && 4 * c + k < n; k++) t[4 * c + k] = tv.v[k];
     }
 }
 
-/* One thread per Philox block of 2 elements (lanes 0 and 1). */
+/* One thread per Philox block of 2 elements (lanes 0 and 1); vec: pairs move as group<T, 2>. */
 template <typename T>
 static __global__ void normal_kernel(T *__restrict__ t, int64_t n, double mean, double std,
-                                     uint64_t seed, uint64_t offset) {
+                                     uint64_t seed, uint64_t offset, bool vec) {
+    typedef group<T, 2> G;
     int64_t blocks = (n + 1) / 2;
     for (int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; c < blocks;
          c += (int64_t)gridDim.x * blockDim.x) {
@@ -136,7 +172,15 @@ static __global__ void normal_kernel(T *__restrict__ t, int64_t n, double mean, 
         double radius = sqrt(__dmul_rn(-2.0, log(u1)));
         double theta = __dmul_rn(6.283185307179586, u2);
         int64_t i = 2 * c;
-        t[i] = store_double<T>(__dadd_rn(mean, __dmul_rn(std, __dmul_rn(radius, cos(theta)))));
+        T z0 = store_double<T>(__dadd_rn(mean, __dmul_rn(std, __dmul_rn(radius, cos(theta)))));
+        if (vec && i + 2 <= n) {
+            G pv;
+            pv.v[0] = z0;
+            pv.v[1] = store_double<T>(__dadd_rn(mean, __dmul_rn(std, __dmul_rn(radius, sin(theta)))));
+            ((G *)t)[c] = pv;
+            continue;
+        }
+        t[i] = z0;
         if (i + 1 < n)
             t[i + 1] =
                 store_double<T>(__dadd_rn(mean, __dmul_rn(std, __dmul_rn(radius, sin(theta)))));
@@ -156,22 +200,23 @@ static void launch_dropout(cudaStream_t s, void *out, void *mask, const void *x,
                            double p, uint64_t seed, uint64_t offset) {
     typedef typename acc_type<T>::type A;
     A scale = p < 1 ? (A)(1.0 / (1.0 - p)) : (A)0;
+    bool vec = group_aligned<T, 4>(out, mask, x);
     dropout_kernel<T><<<grid_for((n + 3) / 4), THREADS, 0, s>>>(
-        (T *)out, (T *)mask, (const T *)x, n, p, scale, seed, offset);
+        (T *)out, (T *)mask, (const T *)x, n, p, scale, seed, offset, vec);
 }
 
 template <typename T>
 static void launch_uniform(cudaStream_t s, void *t, int64_t n, double low, double high,
                            uint64_t seed, uint64_t offset) {
-    uniform_kernel<T><<<grid_for((n + 3) / 4), THREADS, 0, s>>>((T *)t, n, low, high - low, seed,
-                                                                offset);
+    uniform_kernel<T><<<grid_for((n + 3) / 4), THREADS, 0, s>>>(
+        (T *)t, n, low, high - low, seed, offset, group_aligned<T, 4>(t, NULL, NULL));
 }
 
 template <typename T>
 static void launch_normal(cudaStream_t s, void *t, int64_t n, double mean, double std,
                           uint64_t seed, uint64_t offset) {
-    normal_kernel<T><<<grid_for((n + 1) / 2), THREADS, 0, s>>>((T *)t, n, mean, std, seed,
-                                                               offset);
+    normal_kernel<T><<<grid_for((n + 1) / 2), THREADS, 0, s>>>(
+        (T *)t, n, mean, std, seed, offset, group_aligned<T, 2>(t, NULL, NULL));
 }
 
 /* ------------------------------------------------------------- entry points */

@@ -8,10 +8,12 @@
  * Backward without atomics: the (index, position) pairs are sorted by
  * index with CUB's radix sort, which is stable, so equal indices keep
  * their positions in increasing order; out-of-range indices get the key V
- * and sort last, where they are skipped. Then one warp per sorted entry
- * that starts a run of equal keys sums that run's rows of g, in
- * increasing position, into its row of gw (lanes over columns, one
- * accumulator per column); rows no index hits were zeroed first. For f32
+ * and sort last, where they are skipped. Then, for each sorted entry that
+ * starts a run of equal keys and each tile of 32 columns (grid.y), one
+ * warp sums that run's rows of g, in increasing position, into its row of
+ * gw (a lane per column); rows no index hits were zeroed first. Tiles of
+ * one run go to different warps, so a frequent index (a padding token)
+ * does not leave all of C to one warp. For f32
  * this is the CPU's own sequence of additions, so the result is
  * bit-identical to it; 16-bit gradients accumulate in f32.
  *
@@ -89,7 +91,8 @@ static __global__ void embedding_keys_kernel(uint64_t *__restrict__ keys, int32_
     }
 }
 
-// gw (V, C) rows hit by some index = sums of g (P, C) rows by run of equal sorted keys
+// gw (V, C) rows hit by some index = sums of g (P, C) rows by run of equal sorted keys;
+// grid (entries / WARPS, column tiles of 32)
 template <typename T>
 static __global__ void embedding_backward_kernel(T *__restrict__ gw, const T *__restrict__ g,
                                                  const uint64_t *__restrict__ keys,
@@ -104,7 +107,7 @@ static __global__ void embedding_backward_kernel(T *__restrict__ gw, const T *__
         int64_t end = i + 1;
         while (end < np && keys[end] == key) end++;
         T *dst = gw + (int64_t)key * c;
-        for (int64_t j = lane; j < c; j += 32) {
+        for (int64_t j = (int64_t)blockIdx.y * 32 + lane; j < c; j += (int64_t)gridDim.y * 32) {
             A acc = 0;
             for (int64_t k = i; k < end; k++) acc += to_acc(g[(int64_t)pos[k] * c + j]);
             dst[j] = from_acc<T>(acc);
@@ -131,8 +134,10 @@ static void launch_forward(cudaStream_t s, nb_tensor *out, const nb_tensor *w,
 template <typename T>
 static void launch_backward(cudaStream_t s, nb_tensor *gw, const nb_tensor *g, const uint64_t *keys,
                             const int32_t *pos, int64_t np) {
-    embedding_backward_kernel<T><<<grid_for(np, WARPS), THREADS, 0, s>>>(
-        (T *)gw->data, (const T *)g->data, keys, pos, np, gw->shape[0], gw->shape[1]);
+    int64_t c = gw->shape[1], tiles = (c + 31) / 32;
+    dim3 grid(grid_for(np, WARPS), (unsigned)(tiles < 65535 ? tiles : 65535));
+    embedding_backward_kernel<T><<<grid, THREADS, 0, s>>>((T *)gw->data, (const T *)g->data, keys,
+                                                          pos, np, gw->shape[0], c);
 }
 
 /* ------------------------------------------------------------- entry points */

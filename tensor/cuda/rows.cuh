@@ -22,10 +22,12 @@ template <class C> struct ms {
     C m, s;
 };
 
-/* A -inf element adds nothing; a NaN makes s NaN, as on the CPU. */
+/* A -inf element adds nothing; a NaN makes s NaN, as on the CPU. So does
+ * a +inf element: the CPU adds exp(inf - inf) = NaN for it, and x - x is
+ * that NaN here (0 for any finite x). */
 template <class C> static __device__ __forceinline__ void ms_add(ms<C> &a, C x) {
     if (x > a.m) {
-        a.s = a.s * m_exp(a.m - x) + (C)1;
+        a.s = a.s * m_exp(a.m - x) + ((C)1 + (x - x));
         a.m = x;
     } else if (x != (C)-INFINITY) {
         a.s += m_exp(x - a.m);
