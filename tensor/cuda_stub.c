@@ -369,7 +369,7 @@ void nb__cuda_batch_norm(nb_tensor *y, nb_tensor *save_mean, nb_tensor *save_inv
     NO_CUDA("nb__cuda_batch_norm");
 }
 
-void nb__cuda_batch_norm_backward(nb_tensor *dx, nb_tensor *dw, nb_tensor *db, const nb_tensor *g, const nb_tensor *x, const nb_tensor *mean, const nb_tensor *invstd, const nb_tensor *weight, bool training, int64_t n, int64_t c, int64_t s) {
+void nb__cuda_batch_norm_backward(nb_tensor *dx, nb_tensor *dw, nb_tensor *db, const nb_tensor *g, const nb_tensor *x, const nb_tensor *mean, const nb_tensor *invstd, const nb_tensor *weight, bool training, double eps, int64_t n, int64_t c, int64_t s) {
     (void)dx;
     (void)dw;
     (void)db;
@@ -379,10 +379,31 @@ void nb__cuda_batch_norm_backward(nb_tensor *dx, nb_tensor *dw, nb_tensor *db, c
     (void)invstd;
     (void)weight;
     (void)training;
+    (void)eps;
     (void)n;
     (void)c;
     (void)s;
     NO_CUDA("nb__cuda_batch_norm_backward");
+}
+
+bool nb__cuda_batch_norm_cudnn_ok(const nb_tensor *x, const nb_tensor *running_mean, const nb_tensor *running_var, bool training, double eps) {
+    (void)x;
+    (void)running_mean;
+    (void)running_var;
+    (void)training;
+    (void)eps;
+    NO_CUDA("nb__cuda_batch_norm_cudnn_ok");
+}
+
+bool nb__cuda_batch_norm_set_cudnn(bool on) {
+    (void)on;
+    NO_CUDA("nb__cuda_batch_norm_set_cudnn");
+}
+
+void nb__cuda_batch_norm_cudnn_calls(int64_t *forward, int64_t *backward) {
+    (void)forward;
+    (void)backward;
+    NO_CUDA("nb__cuda_batch_norm_cudnn_calls");
 }
 
 void nb__cuda_max_pool2d(nb_tensor *out, nb_tensor *arg, const nb_tensor *x, const nb__pool2d_geom *g) {

@@ -5,10 +5,12 @@
  * training mode also updates the running statistics in place, outside
  * autograd: running = (1 - momentum) running + momentum stat, where the
  * variance stat is the unbiased one (n / (n - 1) times the biased). The
- * statistics used by forward are saved (f64 on the CPU, f32 on CUDA) so
- * that backward does not depend on later changes to the running buffers.
- * On CUDA the whole batch norm, running statistics included, is one call
- * into the backend (our kernels, tensor/cuda/batch_norm.cu): no host reads. */
+ * statistics used by forward are saved (f64 on the CPU and for f64 input
+ * on CUDA, else f32) so that backward does not depend on later changes to
+ * the running buffers. On CUDA the whole batch norm, running statistics
+ * included, is one call into the backend (cuDNN where it can, else our
+ * kernels: Note [Batch norm: cuDNN or our kernels] in
+ * tensor/cuda/batch_norm.cu): no host reads. */
 #include <math.h>
 
 #include "tensor/cpu/norm.h"
@@ -95,8 +97,8 @@ static void batch_norm_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) {
     nb_tensor *dw = wants_grad(w) ? nb__empty(ctx, w->dtype, w->ndim, w->shape) : NULL;
     nb_tensor *db = wants_grad(b) ? nb__empty(ctx, b->dtype, b->ndim, b->shape) : NULL;
     if (nb__is_cuda(xc))
-        nb__cuda_batch_norm_backward(dx, dw, db, g, xc, mean, invstd, wc, n->i[3] != 0, n->i[0],
-                                     n->i[1], n->i[2]);
+        nb__cuda_batch_norm_backward(dx, dw, db, g, xc, mean, invstd, wc, n->i[3] != 0, n->f[0],
+                                     n->i[0], n->i[1], n->i[2]);
     else
         nb__cpu_batch_norm_backward(dx, dw, db, g, xc, mean, invstd, wc, n->i[3] != 0, n->i[0],
                                     n->i[1], n->i[2]);
@@ -150,7 +152,7 @@ nb_tensor *nb_batch_norm(nb_ctx *ctx, nb_tensor *x, nb_tensor *weight, nb_tensor
 
     nb_tensor *xc = nb__contig(ctx, x), *wc = contig_or_null(ctx, weight);
     nb_tensor *bc = contig_or_null(ctx, bias);
-    nb_dtype st = nb__is_cuda(x) ? NB_F32 : NB_F64;
+    nb_dtype st = nb__is_cuda(x) && x->dtype != NB_F64 ? NB_F32 : NB_F64;
     nb_tensor *mean = nb__empty(ctx, st, 1, &c), *invstd = nb__empty(ctx, st, 1, &c);
     double *mu = mean->data, *is = invstd->data;
     nb_tensor *y = nb__empty(ctx, x->dtype, x->ndim, x->shape);
@@ -191,6 +193,7 @@ nb_tensor *nb_batch_norm(nb_ctx *ctx, nb_tensor *x, nb_tensor *weight, nb_tensor
         node->i[1] = c;
         node->i[2] = s;
         node->i[3] = training;
+        node->f[0] = eps;
     }
     return y;
 }

@@ -1,10 +1,10 @@
 /* CUDA convolution, batch norm and pooling (tensor/cuda/conv.cu,
  * batch_norm.cu, pool.cu) against the CPU: conv2d with stride, padding,
  * dilation, with and without bias, in f32 (with and without TF32), bf16,
- * f16 and f64; batch norm in training and eval mode with and without
- * weight and bias, and its running statistics (f32, f64, strided) after
- * two steps; max and average pooling with padding and strides, ties and
- * NaN, and a deterministic backward. Outputs and gradients through the
+ * f16 and f64; batch norm through cuDNN and through our kernels, in
+ * training and eval mode with and without weight and bias, and its running
+ * statistics (f32, f64, strided) after two steps; max and average pooling
+ * with padding and strides, ties and NaN, and a deterministic backward. Outputs and gradients through the
  * parity harness. Skipped without a GPU. */
 #include <math.h>
 #include <stdlib.h>
@@ -105,65 +105,132 @@ START_TEST(test_conv2d_transposed_input) {
 END_TEST
 
 /* ---------------------------------------------------------- batch norm */
+/* Every case runs twice: with cuDNN on (cuDNN where it can, our kernels
+ * elsewhere) and off (our kernels only), Note [Batch norm: cuDNN or our
+ * kernels] in tensor/cuda/batch_norm.cu. The cuDNN counters say which path
+ * ran, and are checked against nb__cuda_batch_norm_cudnn_ok. */
 typedef struct bn_case {
     bool training, weight, bias;
+    bool x_no_grad; /* dx not wanted: only dw, db */
+    nb_dtype rdt;   /* the running statistics' dtype */
+    bool cudnn_fwd, cudnn_bwd; /* set by op_bn on CUDA: the path expected */
 } bn_case;
+
+#define BN_EPS 1e-5
+
+/* The dtype of cuDNN's per-channel tensors for x of dtype dt. */
+static nb_dtype bn_param_dtype(nb_dtype dt) { return dt == NB_F64 ? NB_F64 : NB_F32; }
 
 /* in: x, [weight], [bias], [running_mean, running_var (eval)] */
 static nb_tensor *op_bn(nb_ctx *ctx, nb_tensor *const *in, void *user) {
-    const bn_case *c = user;
+    bn_case *c = user;
     int k = 1;
     nb_tensor *w = c->weight ? in[k++] : NULL, *b = c->bias ? in[k++] : NULL, *rm, *rv;
     int64_t ch = in[0]->shape[1];
     if (c->training) {
-        rm = nb_zeros(ctx, NB_F32, 1, &ch);
-        rv = nb_ones(ctx, NB_F32, 1, &ch);
+        rm = nb_zeros(ctx, c->rdt, 1, &ch);
+        rv = nb_ones(ctx, c->rdt, 1, &ch);
     } else {
         rm = in[k++];
         rv = in[k++];
     }
-    return nb_batch_norm(ctx, in[0], w, b, rm, rv, c->training, 0.1, 1e-5);
+    if (nb_ctx_device(ctx).type == NB_DEVICE_CUDA) {
+        c->cudnn_fwd = nb__cuda_batch_norm_cudnn_ok(in[0], rm, rv, c->training, BN_EPS);
+        c->cudnn_bwd = c->training && nb__cuda_batch_norm_cudnn_ok(in[0], NULL, NULL, true, BN_EPS);
+    }
+    return nb_batch_norm(ctx, in[0], w, b, rm, rv, c->training, 0.1, BN_EPS);
+}
+
+/* One parity run of case c on x of dtype dt and shape (ndim, shape), then
+ * the check that it took the path the selection announced. */
+static void bn_parity(bn_case *c, bool cudnn, nb_dtype dt, int ndim, const int64_t *shape,
+                      uint64_t seed, const char *name) {
+    nbt_input in[5];
+    memset(in, 0, sizeof in);
+    int n = 0;
+    in[n].dtype = dt;
+    in[n].ndim = ndim;
+    for (int d = 0; d < ndim; d++) in[n].shape[d] = shape[d];
+    /* an offset mean, so that a one-pass variance would show */
+    in[n].lo = 2.0;
+    in[n].hi = 4.0;
+    in[n].no_grad = c->x_no_grad;
+    n++;
+    int64_t ch = shape[1];
+    if (c->weight)
+        in[n++] = (nbt_input){.dtype = dt, .ndim = 1, .shape = {ch}, .lo = 0.5, .hi = 1.5};
+    if (c->bias) in[n++] = (nbt_input){.dtype = dt, .ndim = 1, .shape = {ch}};
+    if (!c->training) {
+        in[n++] = (nbt_input){
+            .dtype = c->rdt, .ndim = 1, .shape = {ch}, .lo = 2, .hi = 4, .no_grad = true};
+        in[n++] = (nbt_input){
+            .dtype = c->rdt, .ndim = 1, .shape = {ch}, .lo = 0.5, .hi = 2, .no_grad = true};
+    }
+    /* f64 statistics for f64 input, f32 otherwise (bf16/f16: the defaults) */
+    nbt_parity_opts o = {.tol = dt == NB_F64 ? 1e-9 : dt == NB_F32 ? 2e-5 : 0, .seed = seed};
+    int64_t f0, b0, f1, b1;
+    nb__cuda_batch_norm_cudnn_calls(&f0, &b0);
+    nbt_parity(name, op_bn, c, n, in, &o);
+    nb__cuda_batch_norm_cudnn_calls(&f1, &b1);
+    ck_assert_msg(f1 - f0 == (c->cudnn_fwd ? 1 : 0),
+                  "%s: %lld forward calls through cuDNN, expected %d", name, (long long)(f1 - f0),
+                  c->cudnn_fwd ? 1 : 0);
+    ck_assert_msg(b1 - b0 == (c->cudnn_bwd ? 1 : 0),
+                  "%s: %lld backward calls through cuDNN, expected %d", name, (long long)(b1 - b0),
+                  c->cudnn_bwd ? 1 : 0);
+    /* cuDNN off: never; on: always for contiguous statistics of the
+     * parameter dtype (bf16 needs compute capability 8.0, so not asserted) */
+    if (!cudnn) ck_assert_msg(!c->cudnn_fwd && !c->cudnn_bwd, "%s: cuDNN chosen while off", name);
+    bool plain = c->rdt == bn_param_dtype(dt);
+    if (cudnn && dt != NB_BF16) {
+        ck_assert_msg(c->cudnn_fwd == plain, "%s: forward %s cuDNN", name,
+                      plain ? "should use" : "must not use");
+        ck_assert_msg(c->cudnn_bwd == c->training, "%s: backward %s cuDNN", name,
+                      c->training ? "should use" : "must not use");
+    }
 }
 
 START_TEST(test_batch_norm) {
     static const int64_t shapes[][4] = {{4, 3, 5, 7}, {16, 5, 0, 0}, {2, 33, 1000, 0}, {1, 2, 3, 0}};
     static const int ndims[] = {4, 2, 3, 3};
-    char name[128];
-    for (int si = 0; si < 4; si++)
-        for (int mode = 0; mode < 6; mode++) {
-            bn_case c = {mode < 3, mode % 3 != 1, mode % 3 == 0};
-            for (size_t di = 0; di < 4; di++) {
-                nb_dtype dt = float_dtypes[di];
-                nbt_input in[5];
-                memset(in, 0, sizeof in);
-                int n = 0;
-                in[n].dtype = dt;
-                in[n].ndim = ndims[si];
-                for (int d = 0; d < ndims[si]; d++) in[n].shape[d] = shapes[si][d];
-                /* an offset mean, so that a one-pass variance would show */
-                in[n].lo = 2.0;
-                in[n].hi = 4.0;
-                n++;
-                int64_t ch = shapes[si][1];
-                if (c.weight) in[n++] = (nbt_input){.dtype = dt, .ndim = 1, .shape = {ch}, .lo = 0.5, .hi = 1.5};
-                if (c.bias) in[n++] = (nbt_input){.dtype = dt, .ndim = 1, .shape = {ch}};
-                if (!c.training) {
-                    in[n++] = (nbt_input){.dtype = NB_F32, .ndim = 1, .shape = {ch}, .lo = 2, .hi = 4, .no_grad = true};
-                    in[n++] = (nbt_input){.dtype = NB_F32, .ndim = 1, .shape = {ch}, .lo = 0.5, .hi = 2, .no_grad = true};
-                }
-                /* f32 statistics saved on CUDA, f64 on the CPU */
-                nbt_parity_opts o = {.tol = dt == NB_F64 ? 1e-6 : dt == NB_F32 ? 2e-5 : 0,
-                                     .seed = 300 + (uint64_t)(si * 10 + mode)};
-                snprintf(name, sizeof name, "batch_norm shape %d %s w=%d b=%d %s", si,
-                         c.training ? "train" : "eval", c.weight, c.bias, nb_dtype_name(dt));
-                nbt_parity(name, op_bn, &c, n, in, &o);
-            }
+    char name[160];
+    bool prev = nb__cuda_batch_norm_set_cudnn(true);
+    for (int cudnn = 1; cudnn >= 0; cudnn--) {
+        nb__cuda_batch_norm_set_cudnn(cudnn);
+        for (int si = 0; si < 4; si++)
+            for (int mode = 0; mode < 6; mode++)
+                for (size_t di = 0; di < 4; di++)
+                    /* other: running statistics of the other float dtype, which
+                     * cuDNN cannot update (our kernels); with cuDNN on only */
+                    for (int other = 0; other < (cudnn && si < 2 ? 2 : 1); other++) {
+                        nb_dtype dt = float_dtypes[di], pdt = bn_param_dtype(dt);
+                        bn_case c = {mode < 3, mode % 3 != 1, mode % 3 == 0, false,
+                                     other ? (pdt == NB_F64 ? NB_F32 : NB_F64) : pdt, false,
+                                     false};
+                        snprintf(name, sizeof name,
+                                 "batch_norm cudnn=%d shape %d %s w=%d b=%d %s running %s", cudnn,
+                                 si, c.training ? "train" : "eval", c.weight, c.bias,
+                                 nb_dtype_name(dt), nb_dtype_name(c.rdt));
+                        bn_parity(&c, cudnn, dt, ndims[si], shapes[si],
+                                  300 + (uint64_t)(si * 10 + mode), name);
+                    }
+        /* only dw and db wanted: cuDNN still writes dx (into scratch) */
+        for (size_t di = 0; di < 4; di++) {
+            nb_dtype dt = float_dtypes[di];
+            bn_case c = {true, true, true, true, bn_param_dtype(dt), false, false};
+            snprintf(name, sizeof name, "batch_norm cudnn=%d x without grad %s", cudnn,
+                     nb_dtype_name(dt));
+            bn_parity(&c, cudnn, dt, ndims[0], shapes[0], 390, name);
         }
+    }
+    nb__cuda_batch_norm_set_cudnn(prev);
 }
 END_TEST
 
-/* Running statistics after two training steps: CUDA (f32 x) against the
- * CPU (f64 x), for f32, f64 and strided running buffers. */
+/* Running statistics after two training steps: CUDA against the CPU (f64
+ * x), for f32 x with f32, f64 and strided running buffers and f64 x with
+ * f64 and f32 ones; with cuDNN on and off. Kinds 0 and 3 go through cuDNN
+ * when it is on, the others through our kernels. */
 START_TEST(test_batch_norm_running_stats) {
     const int64_t n = 6, ch = 3, s = 10, total = n * ch * s;
     double *xv = malloc(sizeof *xv * (size_t)total);
@@ -172,56 +239,73 @@ START_TEST(test_batch_norm_running_stats) {
         st = st * 6364136223846793005ull + 1442695040888963407ull;
         xv[i] = 3.0 + (double)(st >> 11) * 0x1.0p-53 * 2 - 1 + (double)((i / s) % ch);
     }
-    for (int kind = 0; kind < 3; kind++) {
-        nb_ctx *host = nb_ctx_new(nb_cpu(), 0), *dev = nb_ctx_new(nb_cuda(0), 0);
-        nb_tensor *xh = nb_from_host(host, NB_F64, 3, (int64_t[]){n, ch, s}, xv);
-        nb_tensor *xd = nb_to(dev, nb_cast(host, xh, NB_F32));
-        nb_tensor *rmh = nb_full(host, NB_F64, 1, &ch, 0.5), *rvh = nb_full(host, NB_F64, 1, &ch, 2.0);
-        nb_dtype rdt = kind == 1 ? NB_F64 : NB_F32;
-        nb_tensor *rmd, *rvd, *rm_store = NULL, *rv_store = NULL;
-        if (kind == 2) {
-            /* every other element of a (2C) buffer, the others must stay 7 */
-            int64_t c2 = 2 * ch;
-            rm_store = nb_full(dev, NB_F32, 1, &c2, 7.0);
-            rv_store = nb_full(dev, NB_F32, 1, &c2, 7.0);
-            rmd = nb_slice(dev, rm_store, 0, 0, c2, 2);
-            rvd = nb_slice(dev, rv_store, 0, 1, c2, 2);
-            nb_fill_(rmd, 0.5);
-            nb_fill_(rvd, 2.0);
-        } else {
-            rmd = nb_full(dev, rdt, 1, &ch, 0.5);
-            rvd = nb_full(dev, rdt, 1, &ch, 2.0);
-        }
-        for (int step = 0; step < 2; step++) {
-            nb_batch_norm(host, xh, NULL, NULL, rmh, rvh, true, 0.1, 1e-5);
-            nb_batch_norm(dev, xd, NULL, NULL, rmd, rvd, true, 0.1, 1e-5);
-        }
-        double *gm = nbt_values(rmd), *gv = nbt_values(rvd), *wm = nbt_values(rmh),
-               *wv = nbt_values(rvh);
-        for (int64_t k = 0; k < ch; k++) {
-            ck_assert_msg(fabs(gm[k] - wm[k]) <= 1e-5 * fmax(1, fabs(wm[k])),
-                          "kind %d running_mean[%lld]: cuda %.9g cpu %.9g", kind, (long long)k,
-                          gm[k], wm[k]);
-            ck_assert_msg(fabs(gv[k] - wv[k]) <= 1e-5 * fmax(1, fabs(wv[k])),
-                          "kind %d running_var[%lld]: cuda %.9g cpu %.9g", kind, (long long)k,
-                          gv[k], wv[k]);
-        }
-        if (kind == 2) {
-            double *am = nbt_values(rm_store), *av = nbt_values(rv_store);
-            for (int64_t k = 0; k < ch; k++) {
-                ck_assert_double_eq(am[2 * k + 1], 7.0);
-                ck_assert_double_eq(av[2 * k], 7.0);
+    static const nb_dtype xdts[] = {NB_F32, NB_F32, NB_F32, NB_F64, NB_F64};
+    static const nb_dtype rdts[] = {NB_F32, NB_F64, NB_F32, NB_F64, NB_F32};
+    bool prev = nb__cuda_batch_norm_set_cudnn(true);
+    for (int cudnn = 1; cudnn >= 0; cudnn--) {
+        nb__cuda_batch_norm_set_cudnn(cudnn);
+        for (int kind = 0; kind < 5; kind++) {
+            nb_ctx *host = nb_ctx_new(nb_cpu(), 0), *dev = nb_ctx_new(nb_cuda(0), 0);
+            nb_tensor *xh = nb_from_host(host, NB_F64, 3, (int64_t[]){n, ch, s}, xv);
+            nb_tensor *xd = nb_to(dev, xdts[kind] == NB_F64 ? xh : nb_cast(host, xh, NB_F32));
+            nb_tensor *rmh = nb_full(host, NB_F64, 1, &ch, 0.5);
+            nb_tensor *rvh = nb_full(host, NB_F64, 1, &ch, 2.0);
+            nb_dtype rdt = rdts[kind];
+            nb_tensor *rmd, *rvd, *rm_store = NULL, *rv_store = NULL;
+            if (kind == 2) {
+                /* every other element of a (2C) buffer, the others must stay 7 */
+                int64_t c2 = 2 * ch;
+                rm_store = nb_full(dev, NB_F32, 1, &c2, 7.0);
+                rv_store = nb_full(dev, NB_F32, 1, &c2, 7.0);
+                rmd = nb_slice(dev, rm_store, 0, 0, c2, 2);
+                rvd = nb_slice(dev, rv_store, 0, 1, c2, 2);
+                nb_fill_(rmd, 0.5);
+                nb_fill_(rvd, 2.0);
+            } else {
+                rmd = nb_full(dev, rdt, 1, &ch, 0.5);
+                rvd = nb_full(dev, rdt, 1, &ch, 2.0);
             }
-            free(am);
-            free(av);
+            bool want = cudnn && (kind == 0 || kind == 3);
+            ck_assert_msg(nb__cuda_batch_norm_cudnn_ok(xd, rmd, rvd, true, 1e-5) == want,
+                          "cudnn=%d kind %d: the selection should %s cuDNN", cudnn, kind,
+                          want ? "choose" : "not choose");
+            int64_t f0, f1;
+            nb__cuda_batch_norm_cudnn_calls(&f0, NULL);
+            for (int step = 0; step < 2; step++) {
+                nb_batch_norm(host, xh, NULL, NULL, rmh, rvh, true, 0.1, 1e-5);
+                nb_batch_norm(dev, xd, NULL, NULL, rmd, rvd, true, 0.1, 1e-5);
+            }
+            nb__cuda_batch_norm_cudnn_calls(&f1, NULL);
+            ck_assert_msg(f1 - f0 == (want ? 2 : 0), "cudnn=%d kind %d: %lld calls through cuDNN",
+                          cudnn, kind, (long long)(f1 - f0));
+            double *gm = nbt_values(rmd), *gv = nbt_values(rvd), *wm = nbt_values(rmh),
+                   *wv = nbt_values(rvh);
+            for (int64_t k = 0; k < ch; k++) {
+                ck_assert_msg(fabs(gm[k] - wm[k]) <= 1e-5 * fmax(1, fabs(wm[k])),
+                              "cudnn=%d kind %d running_mean[%lld]: cuda %.9g cpu %.9g", cudnn,
+                              kind, (long long)k, gm[k], wm[k]);
+                ck_assert_msg(fabs(gv[k] - wv[k]) <= 1e-5 * fmax(1, fabs(wv[k])),
+                              "cudnn=%d kind %d running_var[%lld]: cuda %.9g cpu %.9g", cudnn,
+                              kind, (long long)k, gv[k], wv[k]);
+            }
+            if (kind == 2) {
+                double *am = nbt_values(rm_store), *av = nbt_values(rv_store);
+                for (int64_t k = 0; k < ch; k++) {
+                    ck_assert_double_eq(am[2 * k + 1], 7.0);
+                    ck_assert_double_eq(av[2 * k], 7.0);
+                }
+                free(am);
+                free(av);
+            }
+            free(gm);
+            free(gv);
+            free(wm);
+            free(wv);
+            nb_ctx_free(dev);
+            nb_ctx_free(host);
         }
-        free(gm);
-        free(gv);
-        free(wm);
-        free(wv);
-        nb_ctx_free(dev);
-        nb_ctx_free(host);
     }
+    nb__cuda_batch_norm_set_cudnn(prev);
     free(xv);
 }
 END_TEST

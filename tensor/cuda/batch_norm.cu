@@ -1,21 +1,58 @@
 /* Batch norm on CUDA (cuda.h, "batch norm"), with the semantics of
  * tensor/cpu/norm.c and tensor/ops_norm.c. x is seen as (N, C, S);
- * statistics per channel over N and S, M = N * S of them.
+ * statistics per channel over N and S, M = N * S of them. Two
+ * implementations: cuDNN's and our own kernels (Note [Batch norm: cuDNN or
+ * our kernels] says which runs when).
  *
- * Our own kernels, not cuDNN's: cuDNN 9 deprecates its batch-norm API, it
- * would keep f64 statistics for f64 input (cuda.h saves f32) and needs
- * contiguous running statistics of the parameter dtype. The statistics are
- * computed as on the CPU, in f64 with two passes (mean, then the mean of
- * squared deviations), by blocks that each reduce a fixed slice of one
- * channel, then one thread per channel that sums the slices in order:
- * deterministic, and accurate when |mean| >> std. The same per-channel
- * step updates the running statistics (any stride, f32 or f64) and folds
- * weight and bias into a scale and shift for the elementwise pass.
+ * Our kernels compute the statistics as on the CPU, in f64 with two passes
+ * (mean, then the mean of squared deviations), by blocks that each reduce a
+ * fixed slice of one channel, then one thread per channel that sums the
+ * slices in order: deterministic, and accurate when |mean| >> std. The same
+ * per-channel step updates the running statistics (any stride, f32 or f64)
+ * and folds weight and bias into a scale and shift for the elementwise
+ * pass. Backward: sg = sum g and sgh = sum g (x - mean) invstd per channel
+ * (same slices), then dx = w invstd (g - sg/M - xhat sgh/M) in training and
+ * w invstd g in eval (mean and invstd constants), as on the CPU.
  *
- * Backward: sg = sum g and sgh = sum g (x - mean) invstd per channel (same
- * slices), then dx = w invstd (g - sg/M - xhat sgh/M) in training and
- * w invstd g in eval (mean and invstd constants), as on the CPU. */
+ * Note [Batch norm: cuDNN or our kernels]
+ * Training forward, eval forward and training backward go through cuDNN's
+ * batch-norm functions (cudnnBatchNormalizationForwardTraining,
+ * ...ForwardInference, cudnnBatchNormalizationBackward; SPATIAL mode, x as
+ * an NCHW tensor (N, C, S, 1)) whenever they can give our contract:
+ * - cuDNN keeps its per-channel tensors (scale, bias, running and saved
+ *   statistics) in the "parameter dtype": f64 for f64 x, f32 otherwise. The
+ *   saved statistics are allocated so (cuda.h); weight and bias of another
+ *   dtype (the front end passes x's, so bf16/f16) are converted into f32
+ *   scratch, and NULL ones become ones and zeros; dw, db of another dtype,
+ *   or NULL, are computed into scratch first (dx NULL too: cuDNN always
+ *   writes dx).
+ * - Running statistics are updated by cuDNN in place, so they must be
+ *   contiguous and of the parameter dtype; otherwise (a strided view, f64
+ *   buffers for f32 x, ...) the whole forward runs on our kernels. cuDNN's
+ *   factor multiplies the new statistic, as our momentum does, and its
+ *   running variance is the unbiased (sample) one, as ours
+ *   (test_batch_norm_running_stats compares both paths with the CPU); its
+ *   saved "inverse variance" is 1/sqrt(biased var + eps), our invstd.
+ * - Sizes: N, C, S >= 1 and N C S within int (cuDNN's descriptors); N at
+ *   most 880801 in training and 65535 in eval (larger batches have been
+ *   reported to fail with CUDNN_STATUS_NOT_SUPPORTED); eps >=
+ *   CUDNN_BN_MIN_EPSILON; bf16 on compute capability 8.0 or newer only.
+ * - Eval forward through cuDNN still writes save_mean and save_invstd
+ *   (mean and 1/sqrt(running var + eps)) with our per-channel kernel, for
+ *   the eval backward, which is always ours: cuDNN's backward
+ *   differentiates through batch statistics that eval does not use.
+ * Forward and backward choose independently; both paths save the same
+ * quantities, so either backward works after either forward. cuDNN's
+ * kernels are the library's tuned ones; ours cover every case above, with
+ * f64 two-pass statistics. cuDNN 9 marks this API deprecated (warnings only
+ * with CUDNN_WARN_DEPRECATED defined) but still ships and supports it.
+ * nb__cuda_batch_norm_set_cudnn(false), or NABLA_CUDA_BN=own in the
+ * environment, turns cuDNN off, so that the tests run every case through
+ * both paths. */
+#include <limits.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -25,6 +62,9 @@
 
 #define OP "nb_batch_norm"
 #define THREADS 256
+/* Batch sizes beyond which cuDNN's spatial kernels are not used (Note). */
+#define CUDNN_MAX_N_TRAIN 880801
+#define CUDNN_MAX_N_EVAL 65535
 
 template <typename T> struct acc_of { typedef float type; };
 template <> struct acc_of<double> { typedef double type; };
@@ -93,15 +133,16 @@ static __global__ void stats_partial_kernel(double *part, const T *x, const doub
     if (threadIdx.x == 0) part[ch * gridDim.y + sp] = sa[0];
 }
 
-/* part_g, part_gh (C, splits): sums of g and g (x - mean) over the slice. */
+/* part_g, part_gh (C, splits): sums of g and g (x - mean) over the slice;
+ * mean of dtype sdt. */
 template <typename T>
 static __global__ void grad_partial_kernel(double *part_g, double *part_gh, const T *g, const T *x,
-                                           const float *mean, int64_t n, int64_t c, int64_t s,
-                                           int64_t chunk) {
+                                           const void *mean, int sdt, int64_t n, int64_t c,
+                                           int64_t s, int64_t chunk) {
     __shared__ double sa[THREADS], sb[THREADS];
     int64_t ch = blockIdx.x, sp = blockIdx.y, m = n * s;
     int64_t lo = sp * chunk, hi = lo + chunk < m ? lo + chunk : m;
-    double mu = mean[ch], ag = 0, agh = 0;
+    double mu = load_vec(mean, sdt, ch, 1), ag = 0, agh = 0;
     for (int64_t j = lo + threadIdx.x; j < hi; j += THREADS) {
         int64_t e = ((j / s) * c + ch) * s + j % s;
         double gv = (double)to_acc(g[e]);
@@ -135,12 +176,14 @@ typedef struct bn_params {
     void *rmean, *rvar; /* running statistics or NULL */
     int rmdt, rvdt;
     int64_t rmst, rvst;
-    float *save_mean, *save_invstd;
+    void *save_mean, *save_invstd; /* (C) of dtype sdt */
+    int sdt;
     double momentum, eps;
 } bn_params;
 
 /* Per channel, training: var from part, saves, running update, scale and
- * shift (sc[ch], sh[ch]). Eval (part NULL): from the running statistics. */
+ * shift (sc[ch], sh[ch]). Eval (part NULL): from the running statistics.
+ * sc NULL: the saves only. */
 static __global__ void channel_kernel(double *sc, double *sh, const double *mean,
                                       const double *part, int64_t splits, double cnt,
                                       bn_params p) {
@@ -162,8 +205,9 @@ static __global__ void channel_kernel(double *sc, double *sh, const double *mean
             mu = load_vec(p.rmean, p.rmdt, ch, p.rmst);
             invstd = 1.0 / sqrt(load_vec(p.rvar, p.rvdt, ch, p.rvst) + p.eps);
         }
-        p.save_mean[ch] = (float)mu;
-        p.save_invstd[ch] = (float)invstd;
+        store_vec(p.save_mean, p.sdt, ch, 1, mu);
+        store_vec(p.save_invstd, p.sdt, ch, 1, invstd);
+        if (!sc) continue;
         double s = invstd * (p.w ? load_vec(p.w, p.wdt, ch, 1) : 1.0);
         sc[ch] = s;
         sh[ch] = (p.b ? load_vec(p.b, p.wdt, ch, 1) : 0.0) - mu * s;
@@ -182,19 +226,21 @@ static __global__ void apply_kernel(T *y, const T *x, const double *sc, const do
     }
 }
 
-/* Per channel, backward: dw, db (NULL or of dtype wdt) and dx's coefficients. */
+/* Per channel, backward: dw, db (NULL or of dtype wdt) and dx's
+ * coefficients; mean, invstd of dtype sdt. */
 static __global__ void grad_channel_kernel(coef *cf, void *dw, void *db, int wdt,
                                            const double *part_g, const double *part_gh,
-                                           int64_t splits, const float *mean, const float *invstd,
-                                           const void *w, bool training, int64_t c, double cnt) {
+                                           int64_t splits, const void *mean, const void *invstd,
+                                           int sdt, const void *w, bool training, int64_t c,
+                                           double cnt) {
     for (int64_t ch = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; ch < c;
          ch += (int64_t)gridDim.x * blockDim.x) {
-        double r = invstd[ch], sg = sum_parts(part_g, ch, splits);
+        double r = load_vec(invstd, sdt, ch, 1), sg = sum_parts(part_g, ch, splits);
         double sgh = sum_parts(part_gh, ch, splits) * r;
         if (dw) store_vec(dw, wdt, ch, 1, sgh);
         if (db) store_vec(db, wdt, ch, 1, sg);
         coef k;
-        k.mean = mean[ch];
+        k.mean = load_vec(mean, sdt, ch, 1);
         k.invstd = r;
         k.k1 = (w ? load_vec(w, wdt, ch, 1) : 1.0) * r;
         k.mg = training ? sg / cnt : 0;
@@ -214,6 +260,15 @@ static __global__ void dx_kernel(T *dx, const T *g, const T *x, const coef *cf, 
         A h = (to_acc(x[i]) - (A)k.mean) * (A)k.invstd;
         put(&dx[i], (A)k.k1 * (to_acc(g[i]) - (A)k.mg - h * (A)k.mgh));
     }
+}
+
+/* dst (C, dtype ddt) = src (C, dtype sdt), or `fill` everywhere when src
+ * is NULL: cuDNN's per-channel tensors from ours and back. */
+static __global__ void vec_convert_kernel(void *dst, int ddt, const void *src, int sdt, int64_t c,
+                                          double fill) {
+    for (int64_t ch = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; ch < c;
+         ch += (int64_t)gridDim.x * blockDim.x)
+        store_vec(dst, ddt, ch, 1, src ? load_vec(src, sdt, ch, 1) : fill);
 }
 
 /* ----------------------------------------------------------- launchers */
@@ -251,11 +306,11 @@ static void apply_launch(cudaStream_t st, void *y, const void *x, const double *
 
 template <typename T>
 static void grad_partial_launch(cudaStream_t st, double *pg, double *pgh, const void *g,
-                                const void *x, const float *mean, int64_t n, int64_t c, int64_t s,
-                                int64_t splits, int64_t chunk) {
+                                const void *x, const void *mean, int sdt, int64_t n, int64_t c,
+                                int64_t s, int64_t splits, int64_t chunk) {
     dim3 grid((unsigned)c, (unsigned)splits);
-    grad_partial_kernel<T><<<grid, THREADS, 0, st>>>(pg, pgh, (const T *)g, (const T *)x, mean, n,
-                                                     c, s, chunk);
+    grad_partial_kernel<T><<<grid, THREADS, 0, st>>>(pg, pgh, (const T *)g, (const T *)x, mean,
+                                                     sdt, n, c, s, chunk);
     NB_CUDA_CHECK_LAUNCH(OP);
 }
 
@@ -264,6 +319,12 @@ static void dx_launch(cudaStream_t st, void *dx, const void *g, const void *x, c
                       int64_t total, int64_t c, int64_t s) {
     dx_kernel<T><<<blocks_for(total), THREADS, 0, st>>>((T *)dx, (const T *)g, (const T *)x, cf,
                                                         total, c, s);
+    NB_CUDA_CHECK_LAUNCH(OP);
+}
+
+static void vec_convert(cudaStream_t st, void *dst, nb_dtype ddt, const void *src, nb_dtype sdt,
+                        int64_t c, double fill) {
+    vec_convert_kernel<<<blocks_for(c), THREADS, 0, st>>>(dst, ddt, src, sdt, c, fill);
     NB_CUDA_CHECK_LAUNCH(OP);
 }
 
@@ -281,7 +342,206 @@ static void check_float(const char *what, const nb_tensor *t) {
         NB_ABORT("%s: %s must be a float tensor, got %s", OP, what, nb_dtype_name(t->dtype));
 }
 
+/* The dtype of the saved statistics, and of cuDNN's per-channel tensors. */
+static nb_dtype stat_dtype(nb_dtype x) { return x == NB_F64 ? NB_F64 : NB_F32; }
+
+static void check_saved(const nb_tensor *x, const nb_tensor *mean, const nb_tensor *invstd) {
+    nb_dtype sdt = stat_dtype(x->dtype);
+    if (mean->dtype != sdt || invstd->dtype != sdt)
+        NB_ABORT("%s: the saved statistics must be %s for %s input, got %s and %s", OP,
+                 nb_dtype_name(sdt), nb_dtype_name(x->dtype), nb_dtype_name(mean->dtype),
+                 nb_dtype_name(invstd->dtype));
+}
+
+/* ------------------------------------------------------- path selection */
+static int cudnn_setting = -1; /* -1: not read yet; 0: our kernels only; 1: cuDNN where it can */
+static int64_t cudnn_fwd_calls, cudnn_bwd_calls;
+
+static bool cudnn_on(void) {
+    int v = __atomic_load_n(&cudnn_setting, __ATOMIC_RELAXED);
+    if (v >= 0) return v != 0;
+    const char *e = getenv("NABLA_CUDA_BN");
+    if (!e || !*e || strcmp(e, "cudnn") == 0) v = 1;
+    else if (strcmp(e, "own") == 0) v = 0;
+    else NB_ABORT("%s: NABLA_CUDA_BN must be \"cudnn\" or \"own\", got \"%s\"", OP, e);
+    int unset = -1; /* a concurrent setter wins */
+    __atomic_compare_exchange_n(&cudnn_setting, &unset, v, false, __ATOMIC_RELAXED,
+                                __ATOMIC_RELAXED);
+    return __atomic_load_n(&cudnn_setting, __ATOMIC_RELAXED) != 0;
+}
+
+/* Compute capability major version of a device, queried once. */
+static int cc_major(int dev) {
+    static int cache[64]; /* 0: not queried yet */
+    int v = dev >= 0 && dev < 64 ? __atomic_load_n(&cache[dev], __ATOMIC_RELAXED) : 0;
+    if (v > 0) return v;
+    NB_CUDA_CHECK(OP, cudaDeviceGetAttribute(&v, cudaDevAttrComputeCapabilityMajor, dev));
+    if (dev >= 0 && dev < 64) __atomic_store_n(&cache[dev], v, __ATOMIC_RELAXED);
+    return v;
+}
+
+static bool strided_or_other(const nb_tensor *t, nb_dtype pdt, int64_t c) {
+    return t && (t->dtype != pdt || (c > 1 && t->strides[0] != 1));
+}
+
+/* Note [Batch norm: cuDNN or our kernels]: true when cuDNN can do this
+ * call. Backward asks with no running statistics and training true. */
+static bool use_cudnn(int dev, nb_dtype xdt, const nb_tensor *rm, const nb_tensor *rv,
+                      bool training, double eps, int64_t n, int64_t c, int64_t s) {
+    if (!cudnn_on()) return false;
+    if (xdt != NB_F32 && xdt != NB_F64 && xdt != NB_F16 && xdt != NB_BF16) return false;
+    if (xdt == NB_BF16 && cc_major(dev) < 8) return false;
+    if (!(eps >= CUDNN_BN_MIN_EPSILON)) return false;
+    if (n < 1 || c < 1 || s < 1 || n > (training ? CUDNN_MAX_N_TRAIN : CUDNN_MAX_N_EVAL) ||
+        c > INT_MAX || s > INT_MAX || c * s > INT_MAX / n)
+        return false;
+    nb_dtype pdt = stat_dtype(xdt);
+    return !strided_or_other(rm, pdt, c) && !strided_or_other(rv, pdt, c);
+}
+
+/* ------------------------------------------------------------- cuDNN path */
+static cudnnDataType_t cudnn_type(nb_dtype dt) {
+    switch (dt) {
+    case NB_F32: return CUDNN_DATA_FLOAT;
+    case NB_F64: return CUDNN_DATA_DOUBLE;
+    case NB_BF16: return CUDNN_DATA_BFLOAT16;
+    case NB_F16: return CUDNN_DATA_HALF;
+    default: NB_ABORT("%s: unsupported dtype %s", OP, nb_dtype_name(dt));
+    }
+    return CUDNN_DATA_FLOAT;
+}
+
+/* x as (N, C, S, 1) and the per-channel tensors as (1, C, 1, 1) of the
+ * parameter dtype, set explicitly as the batch-norm functions document it
+ * (double for double x, else float, bf16 included) rather than derived.
+ * alpha = 1 and beta = 0 of the scaling type cuDNN reads for x's dtype
+ * (double for f64, else float); with beta = 0 cuDNN does not read the
+ * outputs (they may hold anything, NaN poison included). */
+typedef struct dnn_call {
+    cudnnHandle_t h;
+    cudnnTensorDescriptor_t xd, pd;
+    float one_f, zero_f;
+    double one_d, zero_d;
+    const void *one, *zero;
+} dnn_call;
+
+static void dnn_begin(dnn_call *d, int dev, nb_dtype xdt, int64_t n, int64_t c, int64_t s) {
+    d->h = (cudnnHandle_t)nb__cuda_cudnn(dev);
+    d->one_f = 1.0f;
+    d->zero_f = 0.0f;
+    d->one_d = 1.0;
+    d->zero_d = 0.0;
+    d->one = xdt == NB_F64 ? (const void *)&d->one_d : (const void *)&d->one_f;
+    d->zero = xdt == NB_F64 ? (const void *)&d->zero_d : (const void *)&d->zero_f;
+    NB_CUDNN_CHECK(OP, cudnnCreateTensorDescriptor(&d->xd));
+    NB_CUDNN_CHECK(OP, cudnnCreateTensorDescriptor(&d->pd));
+    NB_CUDNN_CHECK(OP, cudnnSetTensor4dDescriptor(d->xd, CUDNN_TENSOR_NCHW, cudnn_type(xdt),
+                                                  (int)n, (int)c, (int)s, 1));
+    NB_CUDNN_CHECK(OP, cudnnSetTensor4dDescriptor(d->pd, CUDNN_TENSOR_NCHW,
+                                                  cudnn_type(stat_dtype(xdt)), 1, (int)c, 1, 1));
+}
+
+static void dnn_end(dnn_call *d) {
+    NB_CUDNN_CHECK(OP, cudnnDestroyTensorDescriptor(d->pd));
+    NB_CUDNN_CHECK(OP, cudnnDestroyTensorDescriptor(d->xd));
+}
+
+/* t's data when it is of dtype pdt (contiguous, as the front end passes
+ * weight and bias), else a converted copy (C) in ctx; t NULL: `fill`. */
+static const void *param_for_cudnn(nb_ctx *ctx, cudaStream_t st, const nb_tensor *t, nb_dtype pdt,
+                                   int64_t c, double fill) {
+    if (t && t->dtype == pdt) return t->data;
+    void *p = nb_ctx_alloc(ctx, nb_dtype_size(pdt) * (size_t)c, 0);
+    vec_convert(st, p, pdt, t ? t->data : NULL, t ? t->dtype : pdt, c, fill);
+    return p;
+}
+
+static void cudnn_forward(int dev, cudaStream_t st, nb_tensor *y, nb_tensor *save_mean,
+                          nb_tensor *save_invstd, const nb_tensor *x, const nb_tensor *weight,
+                          const nb_tensor *bias, nb_tensor *rm, nb_tensor *rv, bool training,
+                          double momentum, double eps, int64_t n, int64_t c, int64_t s) {
+    nb_dtype pdt = stat_dtype(x->dtype);
+    const void *scale = param_for_cudnn(y->ctx, st, weight, pdt, c, 1.0);
+    const void *shift = param_for_cudnn(y->ctx, st, bias, pdt, c, 0.0);
+    dnn_call d;
+    dnn_begin(&d, dev, x->dtype, n, c, s);
+    if (training) {
+        NB_CUDNN_CHECK(OP, cudnnBatchNormalizationForwardTraining(
+                               d.h, CUDNN_BATCHNORM_SPATIAL, d.one, d.zero, d.xd, x->data, d.xd,
+                               y->data, d.pd, scale, shift, momentum, rm ? rm->data : NULL,
+                               rv ? rv->data : NULL, eps, save_mean->data, save_invstd->data));
+    } else {
+        NB_CUDNN_CHECK(OP, cudnnBatchNormalizationForwardInference(
+                               d.h, CUDNN_BATCHNORM_SPATIAL, d.one, d.zero, d.xd, x->data, d.xd,
+                               y->data, d.pd, scale, shift, rm->data, rv->data, eps));
+        /* the saves, for the eval backward */
+        bn_params p;
+        memset(&p, 0, sizeof p);
+        p.c = c;
+        p.rmean = rm->data;
+        p.rvar = rv->data;
+        p.rmdt = rm->dtype;
+        p.rvdt = rv->dtype;
+        p.rmst = rm->strides[0];
+        p.rvst = rv->strides[0];
+        p.save_mean = save_mean->data;
+        p.save_invstd = save_invstd->data;
+        p.sdt = save_mean->dtype;
+        p.eps = eps;
+        channel_kernel<<<blocks_for(c), THREADS, 0, st>>>(NULL, NULL, NULL, NULL, 0, 0, p);
+        NB_CUDA_CHECK_LAUNCH(OP);
+    }
+    dnn_end(&d);
+    __atomic_fetch_add(&cudnn_fwd_calls, 1, __ATOMIC_RELAXED);
+}
+
+/* Training backward; dx, dw, db of another dtype than cuDNN's, or NULL,
+ * go through scratch in ctx. */
+static void cudnn_backward(int dev, cudaStream_t st, nb_ctx *ctx, nb_tensor *dx, nb_tensor *dw,
+                           nb_tensor *db, const nb_tensor *g, const nb_tensor *x,
+                           const nb_tensor *mean, const nb_tensor *invstd,
+                           const nb_tensor *weight, double eps, int64_t n, int64_t c, int64_t s) {
+    nb_dtype pdt = stat_dtype(x->dtype);
+    size_t pbytes = nb_dtype_size(pdt) * (size_t)c;
+    const void *scale = param_for_cudnn(ctx, st, weight, pdt, c, 1.0);
+    void *dxp = dx ? dx->data : nb_ctx_alloc(ctx, nb_dtype_size(x->dtype) * (size_t)(n * c * s), 0);
+    void *dwp = dw && dw->dtype == pdt ? dw->data : nb_ctx_alloc(ctx, pbytes, 0);
+    void *dbp = db && db->dtype == pdt ? db->data : nb_ctx_alloc(ctx, pbytes, 0);
+    dnn_call d;
+    dnn_begin(&d, dev, x->dtype, n, c, s);
+    NB_CUDNN_CHECK(OP, cudnnBatchNormalizationBackward(
+                           d.h, CUDNN_BATCHNORM_SPATIAL, d.one, d.zero, d.one, d.zero, d.xd,
+                           x->data, d.xd, g->data, d.xd, dxp, d.pd, scale, dwp, dbp, eps,
+                           mean->data, invstd->data));
+    dnn_end(&d);
+    if (dw && dwp != dw->data) vec_convert(st, dw->data, dw->dtype, dwp, pdt, c, 0);
+    if (db && dbp != db->data) vec_convert(st, db->data, db->dtype, dbp, pdt, c, 0);
+    __atomic_fetch_add(&cudnn_bwd_calls, 1, __ATOMIC_RELAXED);
+}
+
 /* --------------------------------------------------------- entry points */
+extern "C" bool nb__cuda_batch_norm_cudnn_ok(const nb_tensor *x, const nb_tensor *running_mean,
+                                             const nb_tensor *running_var, bool training,
+                                             double eps) {
+    if (x->device.type != NB_DEVICE_CUDA || x->ndim < 2)
+        NB_ABORT("%s: nb__cuda_batch_norm_cudnn_ok needs x (N, C, ...) on a CUDA device", OP);
+    int64_t s = 1;
+    for (int d = 2; d < x->ndim; d++) s *= x->shape[d];
+    return use_cudnn(x->device.index, x->dtype, running_mean, running_var, training, eps,
+                     x->shape[0], x->shape[1], s);
+}
+
+extern "C" bool nb__cuda_batch_norm_set_cudnn(bool on) {
+    bool prev = cudnn_on();
+    __atomic_store_n(&cudnn_setting, on ? 1 : 0, __ATOMIC_RELAXED);
+    return prev;
+}
+
+extern "C" void nb__cuda_batch_norm_cudnn_calls(int64_t *forward, int64_t *backward) {
+    if (forward) *forward = __atomic_load_n(&cudnn_fwd_calls, __ATOMIC_RELAXED);
+    if (backward) *backward = __atomic_load_n(&cudnn_bwd_calls, __ATOMIC_RELAXED);
+}
+
 extern "C" void nb__cuda_batch_norm(nb_tensor *y, nb_tensor *save_mean, nb_tensor *save_invstd,
                                     const nb_tensor *x, const nb_tensor *weight,
                                     const nb_tensor *bias, nb_tensor *running_mean,
@@ -297,9 +557,20 @@ extern "C" void nb__cuda_batch_norm(nb_tensor *y, nb_tensor *save_mean, nb_tenso
     if (weight && bias && weight->dtype != bias->dtype)
         NB_ABORT("%s: weight (%s) and bias (%s) differ in dtype", OP, nb_dtype_name(weight->dtype),
                  nb_dtype_name(bias->dtype));
-    if (save_mean->dtype != NB_F32 || save_invstd->dtype != NB_F32)
-        NB_ABORT("%s: the saved statistics must be f32", OP);
+    check_saved(x, save_mean, save_invstd);
+    if (training) {
+        if (n * s == 0) NB_ABORT("%s: training needs values in every channel", OP);
+        if (!running_mean != !running_var)
+            NB_ABORT("%s: running_mean and running_var must both be given or both be NULL", OP);
+    } else if (!running_mean || !running_var) {
+        NB_ABORT("%s: eval mode needs running_mean and running_var", OP);
+    }
     cudaStream_t st = nb__cuda_compute_stream(dev);
+    if (use_cudnn(dev, x->dtype, running_mean, running_var, training, eps, n, c, s)) {
+        cudnn_forward(dev, st, y, save_mean, save_invstd, x, weight, bias, running_mean,
+                      running_var, training, momentum, eps, n, c, s);
+        return;
+    }
     int64_t m = n * s, total = m * c;
 
     bn_params p;
@@ -313,17 +584,15 @@ extern "C" void nb__cuda_batch_norm(nb_tensor *y, nb_tensor *save_mean, nb_tenso
     p.rvdt = running_var ? running_var->dtype : NB_F32;
     p.rmst = running_mean ? running_mean->strides[0] : 0;
     p.rvst = running_var ? running_var->strides[0] : 0;
-    p.save_mean = (float *)save_mean->data;
-    p.save_invstd = (float *)save_invstd->data;
+    p.save_mean = save_mean->data;
+    p.save_invstd = save_invstd->data;
+    p.sdt = save_mean->dtype;
     p.momentum = momentum;
     p.eps = eps;
 
     double *sc = (double *)nb_ctx_alloc(y->ctx, sizeof(double) * (size_t)(2 * c), 0);
     double *sh = sc + c;
     if (training) {
-        if (m == 0) NB_ABORT("%s: training needs values in every channel", OP);
-        if (!running_mean != !running_var)
-            NB_ABORT("%s: running_mean and running_var must both be given or both be NULL", OP);
         int64_t chunk, splits = splits_for(c, m, &chunk);
         double *part = (double *)nb_ctx_alloc(y->ctx, sizeof(double) * (size_t)(c * splits + c), 0);
         double *mean = part + c * splits;
@@ -335,8 +604,6 @@ extern "C" void nb__cuda_batch_norm(nb_tensor *y, nb_tensor *save_mean, nb_tenso
                  chunk);
         channel_kernel<<<blocks_for(c), THREADS, 0, st>>>(sc, sh, mean, part, splits, (double)m, p);
     } else {
-        if (!running_mean || !running_var)
-            NB_ABORT("%s: eval mode needs running_mean and running_var", OP);
         channel_kernel<<<blocks_for(c), THREADS, 0, st>>>(sc, sh, NULL, NULL, 0, (double)m, p);
     }
     NB_CUDA_CHECK_LAUNCH(OP);
@@ -346,8 +613,8 @@ extern "C" void nb__cuda_batch_norm(nb_tensor *y, nb_tensor *save_mean, nb_tenso
 extern "C" void nb__cuda_batch_norm_backward(nb_tensor *dx, nb_tensor *dw, nb_tensor *db,
                                              const nb_tensor *g, const nb_tensor *x,
                                              const nb_tensor *mean, const nb_tensor *invstd,
-                                             const nb_tensor *weight, bool training, int64_t n,
-                                             int64_t c, int64_t s) {
+                                             const nb_tensor *weight, bool training, double eps,
+                                             int64_t n, int64_t c, int64_t s) {
     int dev = g->device.index;
     nb__cuda_use(OP, dev);
     nb_tensor *out = dx ? dx : dw ? dw : db;
@@ -355,12 +622,18 @@ extern "C" void nb__cuda_batch_norm_backward(nb_tensor *dx, nb_tensor *dw, nb_te
     check_float("weight", weight);
     check_float("dw", dw);
     check_float("db", db);
-    if (mean->dtype != NB_F32 || invstd->dtype != NB_F32)
-        NB_ABORT("%s: the saved statistics must be f32", OP);
+    check_saved(x, mean, invstd);
+    if (g->dtype != x->dtype)
+        NB_ABORT("%s: the gradient (%s) and the input (%s) differ in dtype", OP,
+                 nb_dtype_name(g->dtype), nb_dtype_name(x->dtype));
     int wdt = weight ? weight->dtype : dw ? dw->dtype : db ? db->dtype : NB_F32;
     if ((dw && dw->dtype != wdt) || (db && db->dtype != wdt))
         NB_ABORT("%s: dw, db and weight differ in dtype", OP);
     cudaStream_t st = nb__cuda_compute_stream(dev);
+    if (training && use_cudnn(dev, x->dtype, NULL, NULL, true, eps, n, c, s)) {
+        cudnn_backward(dev, st, out->ctx, dx, dw, db, g, x, mean, invstd, weight, eps, n, c, s);
+        return;
+    }
     int64_t m = n * s, total = m * c;
     int64_t chunk = 1, splits = 1;
     if (m > 0) splits = splits_for(c, m, &chunk);
@@ -368,15 +641,16 @@ extern "C" void nb__cuda_batch_norm_backward(nb_tensor *dx, nb_tensor *dw, nb_te
     coef *cf = (coef *)nb_ctx_alloc(out->ctx, sizeof(coef) * (size_t)c, 0);
     if (m > 0) {
         DISPATCH(x->dtype, grad_partial_launch, st, part, part + c * splits, g->data, x->data,
-                 (const float *)mean->data, n, c, s, splits, chunk);
+                 mean->data, mean->dtype, n, c, s, splits, chunk);
     } else {
         NB_CUDA_CHECK(OP, cudaMemsetAsync(part, 0, sizeof(double) * (size_t)(2 * c * splits), st));
     }
     grad_channel_kernel<<<blocks_for(c), THREADS, 0, st>>>(
         cf, dw ? dw->data : NULL, db ? db->data : NULL, wdt, part, part + c * splits, splits,
-        (const float *)mean->data, (const float *)invstd->data, weight ? weight->data : NULL,
-        training, c, (double)m);
+        mean->data, invstd->data, mean->dtype, weight ? weight->data : NULL, training, c,
+        (double)m);
     NB_CUDA_CHECK_LAUNCH(OP);
     if (dx && total > 0)
-        DISPATCH(x->dtype, dx_launch, st, dx->data, g->data, x->data, (const coef *)cf, total, c, s);
+        DISPATCH(x->dtype, dx_launch, st, dx->data, g->data, x->data, (const coef *)cf, total, c,
+                 s);
 }

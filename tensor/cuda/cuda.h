@@ -221,21 +221,37 @@ void nb__cuda_conv2d_backward(nb_ctx *ctx, nb_dtype dt, const nb__conv2d_geom *g
                               const void *w);
 
 /* ================================================ batch norm (batch_norm.cu)
- * x, y contiguous (N, C, S). weight/bias (C) contiguous of x's dtype (f32
- * for bf16/f16 x) or NULL (then 1 and 0). Training: batch statistics; saves
- * mean and invstd (C, f32) = 1/sqrt(biased var + eps), and updates
+ * x, y contiguous (N, C, S). weight/bias (C) contiguous of any float dtype
+ * (the front end passes x's) or NULL (then 1 and 0). The saved statistics
+ * mean and invstd (C) are f64 when x is f64, else f32. Training: batch
+ * statistics; saves mean and invstd = 1/sqrt(biased var + eps), and updates
  * running_mean/var (C, f32 or f64, any stride, or NULL) in place with
  * momentum and the unbiased variance. Eval: the running statistics (then
- * save_mean/save_invstd receive them, for backward). */
+ * save_mean/save_invstd receive mean and 1/sqrt(running var + eps), for
+ * backward). Through cuDNN where it can, else our kernels: Note [Batch
+ * norm: cuDNN or our kernels] in batch_norm.cu. */
 void nb__cuda_batch_norm(nb_tensor *y, nb_tensor *save_mean, nb_tensor *save_invstd,
                          const nb_tensor *x, const nb_tensor *weight, const nb_tensor *bias,
                          nb_tensor *running_mean, nb_tensor *running_var, bool training,
                          double momentum, double eps, int64_t n, int64_t c, int64_t s);
-/* Any of dx, dw, db may be NULL; training as for the CPU kernel. */
+/* Any of dx, dw, db may be NULL (dw, db: weight's dtype); g of x's dtype;
+ * mean, invstd as saved by forward with the same eps; training as for the
+ * CPU kernel. */
 void nb__cuda_batch_norm_backward(nb_tensor *dx, nb_tensor *dw, nb_tensor *db,
                                   const nb_tensor *g, const nb_tensor *x, const nb_tensor *mean,
                                   const nb_tensor *invstd, const nb_tensor *weight, bool training,
-                                  int64_t n, int64_t c, int64_t s);
+                                  double eps, int64_t n, int64_t c, int64_t s);
+/* Whether a call with these arguments goes through cuDNN (x (N, C, ...) on
+ * a CUDA device; backward: running statistics NULL, training true). */
+bool nb__cuda_batch_norm_cudnn_ok(const nb_tensor *x, const nb_tensor *running_mean,
+                                  const nb_tensor *running_var, bool training, double eps);
+/* For tests and debugging: on (the default, or NABLA_CUDA_BN=cudnn) uses
+ * cuDNN where it can; off (NABLA_CUDA_BN=own) uses our kernels only.
+ * Process-wide; returns the previous setting. */
+bool nb__cuda_batch_norm_set_cudnn(bool on);
+/* How many forward (training and eval) and backward calls have gone
+ * through cuDNN since the process started. */
+void nb__cuda_batch_norm_cudnn_calls(int64_t *forward, int64_t *backward);
 
 /* ===================================================== pooling (pool.cu) */
 /* Same semantics as tensor/ops_pool.c; x, out, dx, g contiguous. */
