@@ -16,9 +16,14 @@
  *
  * Plans (descriptors, layouts and the heuristic's algorithm) are cached per
  * shape key in a small host table, so that steady-state calls make no
- * heuristic query. The key holds the alignment of every pointer, because
+ * heuristic query. The key holds the alignment of every operand, because
  * the heuristic picks algorithms for the alignments it is told (the default
- * assumption is 256 bytes, which views at an offset break).
+ * assumption is 256 bytes, which views at an offset break). An algorithm's
+ * alignment requirement covers the operand's pointer, its leading dimension
+ * and its batch stride (CUBLASLT_ALGO_CAP_MIN_ALIGNMENT_*_BYTES in
+ * cublasLt.h), so the alignment we state is that of all three: a view with
+ * an odd leading dimension must not get a kernel that loads 16 bytes at a
+ * time from every column.
  *
  * Epilogues: bias (N) and GELU(tanh) run in cuBLASLt (BIAS, GELU_BIAS,
  * GELU_AUX_BIAS with aux = pre) when its heuristic finds an algorithm for
@@ -212,8 +217,10 @@ static cudaDataType_t cuda_type(nb_dtype dt) {
     return CUDA_R_32F;
 }
 
-static int64_t align_of(const void *p, int64_t stride_bytes) {
-    uint64_t v = (uint64_t)(uintptr_t)p | (uint64_t)stride_bytes | 256u;
+/* The largest power of two (at most 256) dividing the address p and the
+ * byte strides ld_bytes and stride_bytes (0: none). */
+static int64_t align_of(const void *p, int64_t ld_bytes, int64_t stride_bytes) {
+    uint64_t v = (uint64_t)(uintptr_t)p | (uint64_t)ld_bytes | (uint64_t)stride_bytes | 256u;
     return (int64_t)(v & (~v + 1));
 }
 
@@ -357,29 +364,29 @@ static bool gemm_run(const gemm_call *c, bool with_epilogue) {
     k.stride_a = c->batch > 1 ? c->stride_a : 0;
     k.stride_b = c->batch > 1 ? c->stride_b : 0;
     k.stride_d = c->batch > 1 ? c->stride_d : 0;
-    k.align_a = align_of(c->a, k.stride_a * (int64_t)ein);
-    k.align_b = align_of(c->b, k.stride_b * (int64_t)ein);
-    k.align_d = align_of(c->d, k.stride_d * (int64_t)eout);
+    k.align_a = align_of(c->a, c->lda * (int64_t)ein, k.stride_a * (int64_t)ein);
+    k.align_b = align_of(c->b, c->ldb * (int64_t)ein, k.stride_b * (int64_t)ein);
+    k.align_d = align_of(c->d, c->ldd * (int64_t)eout, k.stride_d * (int64_t)eout);
     const void *bias = NULL;
     void *aux = NULL;
     cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
     if (with_epilogue && (c->bias || c->gelu)) {
         bias = c->bias;
         bool aux_ok = c->pre && c->ldd % 8 == 0 && k.stride_d % 8 == 0 &&
-                      align_of(c->pre, k.stride_d * (int64_t)eout) >= 16;
+                      align_of(c->pre, c->ldd * (int64_t)eout, k.stride_d * (int64_t)eout) >= 16;
         if (c->gelu && c->pre && !aux_ok) return false;
         if (c->gelu && c->pre) {
             aux = c->pre;
             epi = bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
             k.aux_ld = c->ldd;
             k.aux_stride = k.stride_d;
-            k.align_aux = align_of(aux, k.stride_d * (int64_t)eout);
+            k.align_aux = align_of(aux, c->ldd * (int64_t)eout, k.stride_d * (int64_t)eout);
         } else if (c->gelu) {
             epi = bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU;
         } else {
             epi = CUBLASLT_EPILOGUE_BIAS;
         }
-        if (bias) k.align_bias = align_of(bias, 0);
+        if (bias) k.align_bias = align_of(bias, 0, 0);
     }
     k.epilogue = epi;
     gemm_plan *p = plan_get(&k, bias, aux, c->h, c->ws_bytes);
