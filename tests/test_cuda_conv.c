@@ -1,10 +1,12 @@
 /* CUDA convolution, batch norm and pooling (tensor/cuda/conv.cu,
  * batch_norm.cu, pool.cu) against the CPU: conv2d with stride, padding,
  * dilation, with and without bias, in f32 (with and without TF32), bf16,
- * f16 and f64; batch norm through cuDNN and through our kernels, in
- * training and eval mode with and without weight and bias, and its running
- * statistics (f32, f64, strided) after two steps; max and average pooling
- * with padding and strides, ties and NaN, and a deterministic backward. Outputs and gradients through the
+ * f16 and f64, wide channels, an input without grad, under a bf16/f16
+ * compute dtype, and an input at an odd address; batch norm through cuDNN
+ * and through our kernels, in training and eval mode with and without
+ * weight and bias, and its running statistics (f32, f64, strided) after two
+ * steps; max and average pooling with padding and strides, ties and NaN,
+ * and a deterministic backward. Outputs and gradients through the
  * parity harness. Skipped without a GPU. */
 #include <math.h>
 #include <stdlib.h>
@@ -85,6 +87,95 @@ START_TEST(test_conv2d_tf32) {
         nbt_parity(name, op_conv, (void *)&conv_cases[ci], conv_cases[ci].bias ? 3 : 2, in, &o);
     }
     nb_cuda_set_allow_tf32(false);
+}
+END_TEST
+
+/* Wider channels (what a CNN runs: tensor-core algorithms, workspaces),
+ * every dtype. */
+START_TEST(test_conv2d_wide) {
+    static const conv_case c = {{4, 32, 12, 12}, {64, 32, 3, 3}, {{1, 1}, {1, 1}, {1, 1}}, true};
+    char name[96];
+    for (size_t di = 0; di < 4; di++) {
+        nb_dtype dt = float_dtypes[di];
+        nbt_input in[3];
+        conv_inputs(&c, dt, in);
+        nbt_parity_opts o = {.tol = tol_for(dt), .seed = 90 + di};
+        snprintf(name, sizeof name, "conv2d wide %s", nb_dtype_name(dt));
+        nbt_parity(name, op_conv, (void *)&c, 3, in, &o);
+    }
+}
+END_TEST
+
+/* The input does not require grad (a network's first layer): no
+ * backward-data call, only the weight's and the bias's gradients. */
+START_TEST(test_conv2d_no_input_grad) {
+    char name[96];
+    for (size_t ci = 0; ci < 3; ci++)
+        for (size_t di = 0; di < 4; di++) {
+            nb_dtype dt = float_dtypes[di];
+            nbt_input in[3];
+            conv_inputs(&conv_cases[ci], dt, in);
+            in[0].no_grad = true;
+            nbt_parity_opts o = {.tol = tol_for(dt), .seed = 110 + ci};
+            snprintf(name, sizeof name, "conv2d case %zu %s, input without grad", ci,
+                     nb_dtype_name(dt));
+            nbt_parity(name, op_conv, (void *)&conv_cases[ci], conv_cases[ci].bias ? 3 : 2, in,
+                       &o);
+        }
+}
+END_TEST
+
+/* Mixed precision: f32 tensors in a context whose compute dtype is bf16 or
+ * f16 (the convolution runs in it, the result comes back as f32). */
+typedef struct conv_mixed {
+    const conv_case *c;
+    nb_dtype compute;
+} conv_mixed;
+
+static nb_tensor *op_conv_mixed(nb_ctx *ctx, nb_tensor *const *in, void *user) {
+    const conv_mixed *m = user;
+    if (nb_ctx_device(ctx).type == NB_DEVICE_CUDA) nb_ctx_set_compute_dtype(ctx, m->compute);
+    nb_tensor *y = nb_conv2d(ctx, in[0], in[1], m->c->bias ? in[2] : NULL, &m->c->o);
+    if (nb_ctx_device(ctx).type == NB_DEVICE_CUDA) ck_assert_int_eq(y->dtype, NB_F32);
+    return y;
+}
+
+START_TEST(test_conv2d_mixed) {
+    char name[96];
+    for (size_t ci = 0; ci < sizeof conv_cases / sizeof conv_cases[0]; ci++)
+        for (int h = 0; h < 2; h++) {
+            conv_mixed m = {&conv_cases[ci], h ? NB_F16 : NB_BF16};
+            nbt_input in[3];
+            conv_inputs(&conv_cases[ci], NB_F32, in);
+            nbt_parity_opts o = {.tol = tol_for(m.compute), .seed = 130 + ci};
+            snprintf(name, sizeof name, "conv2d case %zu, %s compute", ci,
+                     nb_dtype_name(m.compute));
+            nbt_parity(name, op_conv_mixed, &m, conv_cases[ci].bias ? 3 : 2, in, &o);
+        }
+}
+END_TEST
+
+/* A contiguous input that starts at an odd element (a narrowed batch:
+ * 105 elements per image), so its address is only 4-byte (f32) or 2-byte
+ * (bf16) aligned; cuDNN receives the view as it is. */
+static nb_tensor *op_conv_batch_view(nb_ctx *ctx, nb_tensor *const *in, void *user) {
+    (void)user;
+    return nb_conv2d(ctx, nb_narrow(ctx, in[0], 0, 1, 2), in[1], in[2], &NB_CONV2D_DEFAULTS);
+}
+
+START_TEST(test_conv2d_unaligned_batch_view) {
+    for (size_t di = 0; di < 4; di++) {
+        nb_dtype dt = float_dtypes[di];
+        nbt_input in[3] = {
+            {.dtype = dt, .ndim = 4, .shape = {3, 3, 5, 7}},
+            {.dtype = dt, .ndim = 4, .shape = {4, 3, 3, 3}},
+            {.dtype = dt, .ndim = 1, .shape = {4}},
+        };
+        nbt_parity_opts o = {.tol = tol_for(dt), .seed = 150 + di};
+        char name[96];
+        snprintf(name, sizeof name, "conv2d unaligned batch view %s", nb_dtype_name(dt));
+        nbt_parity(name, op_conv_batch_view, NULL, 3, in, &o);
+    }
 }
 END_TEST
 
@@ -410,6 +501,10 @@ int main(void) {
     tcase_add_test(tc, test_conv2d);
     tcase_add_test(tc, test_conv2d_tf32);
     tcase_add_test(tc, test_conv2d_transposed_input);
+    tcase_add_test(tc, test_conv2d_wide);
+    tcase_add_test(tc, test_conv2d_no_input_grad);
+    tcase_add_test(tc, test_conv2d_mixed);
+    tcase_add_test(tc, test_conv2d_unaligned_batch_view);
     tcase_add_test(tc, test_batch_norm);
     tcase_add_test(tc, test_batch_norm_running_stats);
     tcase_add_test(tc, test_pool);

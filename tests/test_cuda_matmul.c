@@ -1,9 +1,11 @@
 /* CUDA GEMM (tensor/cuda/matmul.cu) against the CPU: nb_matmul_t in all
- * four transpose combinations, odd sizes, K = 1, batches with broadcast
- * (one stride and several), non-contiguous operands (transposed views and
- * narrowed columns), f32 with and without TF32, bf16, f16 and f64, with
- * gradients through the parity harness; K = 0; and the bias and GELU
- * epilogues of nb__cuda_matmul, called directly, against CPU ops.
+ * four transpose combinations, odd sizes, K = 1, single rows and columns,
+ * batches with broadcast (one stride and several), non-contiguous operands
+ * (transposed views and narrowed columns), f32 with and without TF32,
+ * bf16, f16 and f64, with gradients through the parity harness; K = 0;
+ * the bias and GELU epilogues of nb__cuda_matmul, called directly, against
+ * CPU ops (folded and strided batches, a bias at an odd address); and nn's
+ * Linear through them, mixed precision included.
  * Skipped without a GPU. */
 #include <math.h>
 #include <stdlib.h>
@@ -28,6 +30,10 @@ static const mm_case cases[] = {
     {0, 1, {0}, {5}, 8, 13, 31},            /* a broadcast */
     {2, 2, {2, 1}, {1, 3}, 5, 11, 7},       /* two batch dims, no single stride */
     {2, 1, {2, 3}, {3}, 17, 1000, 3},       /* long K */
+    {0, 0, {0}, {0}, 1, 37, 19},            /* one row (M = 1) */
+    {0, 0, {0}, {0}, 23, 41, 1},            /* one column (N = 1) */
+    {1, 1, {6}, {6}, 1, 16, 24},            /* a batch of single rows */
+    {1, 0, {4}, {0}, 3, 8, 1},              /* folded into M, one column */
 };
 
 typedef struct mm_flags {
@@ -161,38 +167,55 @@ static double *host_values(int64_t n, uint64_t seed) {
     return v;
 }
 
+/* What check_epilogue varies besides the shape. */
+typedef struct epi_opts {
+    bool bias, gelu, pre;
+    bool a_view;          /* a handed over as the transpose of a (L, K, M) tensor: not
+                             foldable, so one strided batched call (b at stride 0) */
+    bool bias_unaligned;  /* the bias one element into a longer buffer */
+} epi_opts;
+
 /* out = gelu?(a (L, M, K) @ b (K, N) + bias (N)) on the GPU in dtype dt,
  * compared with the same in f64 on the CPU; pre checked when gelu. */
-static void check_epilogue(nb_dtype dt, int64_t l, int64_t m, int64_t k, int64_t n, bool with_bias,
-                           bool gelu, bool with_pre, double tol) {
+static void check_epilogue(nb_dtype dt, int64_t l, int64_t m, int64_t k, int64_t n,
+                           const epi_opts *e, double tol) {
     nb_ctx *host = nb_ctx_new(nb_cpu(), 0), *dev = nb_ctx_new(nb_cuda(0), 0);
     double *av = host_values(l * m * k, 11 + (uint64_t)n), *bv = host_values(k * n, 12 + (uint64_t)m);
-    double *cv = host_values(n, 13);
+    double *cv = host_values(n + 1, 13);
     nb_tensor *ah = nb_from_host(host, NB_F64, 3, (int64_t[]){l, m, k}, av);
     nb_tensor *bh = nb_from_host(host, NB_F64, 2, (int64_t[]){k, n}, bv);
-    nb_tensor *ch = nb_from_host(host, NB_F64, 1, (int64_t[]){n}, cv);
+    nb_tensor *ch_all = nb_from_host(host, NB_F64, 1, (int64_t[]){n + 1}, cv);
     /* the reference sees the values the device holds */
     ah = nb_cast(host, nb_cast(host, ah, dt), NB_F64);
     bh = nb_cast(host, nb_cast(host, bh, dt), NB_F64);
     nb_dtype odt = dt;
-    ch = nb_cast(host, nb_cast(host, ch, odt), NB_F64);
+    nb_tensor *ch = nb_cast(host, nb_cast(host, nb_narrow(host, ch_all, 0, 1, n), odt), NB_F64);
     nb_tensor *ref_pre = nb_matmul(host, ah, bh);
-    if (with_bias) ref_pre = nb_add(host, ref_pre, ch);
-    nb_tensor *ref = gelu ? nb_gelu(host, ref_pre, NB_GELU_TANH) : ref_pre;
+    if (e->bias) ref_pre = nb_add(host, ref_pre, ch);
+    nb_tensor *ref = e->gelu ? nb_gelu(host, ref_pre, NB_GELU_TANH) : ref_pre;
 
-    nb_tensor *a = nb_to(dev, nb_cast(host, ah, dt)), *b = nb_to(dev, nb_cast(host, bh, dt));
-    nb_tensor *bias = with_bias ? nb_to(dev, nb_cast(host, ch, odt)) : NULL;
+    nb_tensor *a, *b = nb_to(dev, nb_cast(host, bh, dt)), *bias = NULL;
+    if (e->a_view) {
+        nb_tensor *at = nb_contiguous(host, nb_transpose(host, nb_cast(host, ah, dt), -1, -2));
+        a = nb_transpose(dev, nb_to(dev, at), -1, -2);
+    } else {
+        a = nb_to(dev, nb_cast(host, ah, dt));
+    }
+    if (e->bias && e->bias_unaligned)
+        bias = nb_narrow(dev, nb_to(dev, nb_cast(host, ch_all, odt)), 0, 1, n);
+    else if (e->bias)
+        bias = nb_to(dev, nb_cast(host, ch, odt));
     bool prev = nb__cuda_poison();
     nb__cuda_set_poison(true);
     nb_tensor *out = nb__empty(dev, odt, 3, (int64_t[]){l, m, n});
-    nb_tensor *pre = with_pre ? nb__empty(dev, odt, 3, (int64_t[]){l, m, n}) : NULL;
+    nb_tensor *pre = e->pre ? nb__empty(dev, odt, 3, (int64_t[]){l, m, n}) : NULL;
     nb__cuda_set_poison(prev);
-    nb__cuda_matmul(out, a, b, false, false, bias, gelu, pre);
-    nb__cuda_matmul(out, a, b, false, false, bias, gelu, pre); /* the cached plan */
+    nb__cuda_matmul(out, a, b, false, false, bias, e->gelu, pre);
+    nb__cuda_matmul(out, a, b, false, false, bias, e->gelu, pre); /* the cached plan */
 
     int64_t total = l * m * n;
     double *got = nbt_values(out), *want = nbt_values(ref);
-    double *gp = with_pre ? nbt_values(pre) : NULL, *wp = nbt_values(ref_pre);
+    double *gp = e->pre ? nbt_values(pre) : NULL, *wp = nbt_values(ref_pre);
     double scale = 1e-6, err = 0, errp = 0;
     for (int64_t i = 0; i < total; i++) scale = fmax(scale, fabs(wp[i]));
     for (int64_t i = 0; i < total; i++) {
@@ -200,10 +223,10 @@ static void check_epilogue(nb_dtype dt, int64_t l, int64_t m, int64_t k, int64_t
         if (gp) errp = fmax(errp, isnan(gp[i]) ? INFINITY : fabs(gp[i] - wp[i]) / scale);
     }
     ck_assert_msg(err <= tol && errp <= tol,
-                  "epilogue %s L=%lld M=%lld K=%lld N=%lld bias=%d gelu=%d pre=%d: error %g, "
-                  "pre %g (tol %g)",
+                  "epilogue %s L=%lld M=%lld K=%lld N=%lld bias=%d gelu=%d pre=%d a_view=%d "
+                  "bias_unaligned=%d: error %g, pre %g (tol %g)",
                   nb_dtype_name(dt), (long long)l, (long long)m, (long long)k, (long long)n,
-                  with_bias, gelu, with_pre, err, errp, tol);
+                  e->bias, e->gelu, e->pre, e->a_view, e->bias_unaligned, err, errp, tol);
     free(got);
     free(want);
     free(gp);
@@ -216,20 +239,29 @@ static void check_epilogue(nb_dtype dt, int64_t l, int64_t m, int64_t k, int64_t
 }
 
 START_TEST(test_epilogues) {
+    /* L, M, K, N: aligned; odd; N not a multiple of 8 (no aux matrix);
+     * large; K = 0; one row; one column; a batch whose aux stride M N is a
+     * multiple of 8 */
     static const int64_t shapes[][4] = {{1, 16, 32, 64}, {3, 7, 33, 40}, {1, 5, 9, 33},
-                                        {2, 64, 128, 256}, {1, 3, 0, 24}};
+                                        {2, 64, 128, 256}, {1, 3, 0, 24}, {1, 1, 16, 64},
+                                        {3, 7, 33, 1}, {4, 6, 24, 48}};
     static const struct { nb_dtype dt; double tol; } dts[] = {
         {NB_F32, NBT_TOL_F32}, {NB_BF16, NBT_TOL_BF16}, {NB_F16, NBT_TOL_F16}, {NB_F64, NBT_TOL_F64}};
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
         for (size_t di = 0; di < sizeof dts / sizeof dts[0]; di++)
-            for (int mode = 0; mode < 5; mode++) {
-                /* bias; gelu+bias; gelu+bias+pre; gelu+pre; gelu */
-                bool bias = mode <= 2, gelu = mode >= 1, pre = mode == 2 || mode == 3;
-                const int64_t *s = shapes[si];
-                /* cuBLASLt's GELU epilogue is not correctly rounded: 1e-4 for f32 and f64 */
-                double tol = gelu && dts[di].tol < 1e-4 ? 1e-4 : dts[di].tol;
-                check_epilogue(dts[di].dt, s[0], s[1], s[2], s[3], bias, gelu, pre, tol);
-            }
+            for (int mode = 0; mode < 5; mode++)
+                for (int variant = 0; variant < 3; variant++) {
+                    /* bias; gelu+bias; gelu+bias+pre; gelu+pre; gelu */
+                    epi_opts e = {.bias = mode <= 2, .gelu = mode >= 1, .pre = mode == 2 || mode == 3};
+                    /* plain; a as a transposed view; the bias at an odd address */
+                    e.a_view = variant == 1;
+                    e.bias_unaligned = variant == 2;
+                    if (e.bias_unaligned && !e.bias) continue;
+                    const int64_t *s = shapes[si];
+                    /* cuBLASLt's GELU epilogue is not correctly rounded: 1e-4 for f32 and f64 */
+                    double tol = e.gelu && dts[di].tol < 1e-4 ? 1e-4 : dts[di].tol;
+                    check_epilogue(dts[di].dt, s[0], s[1], s[2], s[3], &e, tol);
+                }
 }
 END_TEST
 
@@ -248,17 +280,22 @@ START_TEST(test_gemm_readable) {
 END_TEST
 
 /* nn's Linear: x @ w^T + bias with the bias in the GEMM's epilogue on
- * CUDA, against the CPU's product and add; also under the bf16 compute
- * dtype (f32 operands cast, f32 out), where the bias stays f32. */
+ * CUDA, against the CPU's product and add; also under a bf16 or f16
+ * compute dtype (user: a const nb_dtype *; f32 operands cast, f32 out),
+ * where the bias stays f32. */
 static nb_tensor *op_linear(nb_ctx *ctx, nb_tensor *const *in, void *user) {
-    if (user && nb_ctx_device(ctx).type == NB_DEVICE_CUDA) nb_ctx_set_compute_dtype(ctx, NB_BF16);
+    if (user && nb_ctx_device(ctx).type == NB_DEVICE_CUDA)
+        nb_ctx_set_compute_dtype(ctx, *(const nb_dtype *)user);
     return nb__linear(ctx, in[0], in[1], in[2]);
 }
 
 static nb_tensor *op_linear_gelu(nb_ctx *ctx, nb_tensor *const *in, void *user) {
-    if (user && nb_ctx_device(ctx).type == NB_DEVICE_CUDA) nb_ctx_set_compute_dtype(ctx, NB_BF16);
+    if (user && nb_ctx_device(ctx).type == NB_DEVICE_CUDA)
+        nb_ctx_set_compute_dtype(ctx, *(const nb_dtype *)user);
     return nb__linear_gelu(ctx, in[0], in[1], in[2]);
 }
+
+static const nb_dtype compute_bf16 = NB_BF16, compute_f16 = NB_F16;
 
 /* Linear + GELU(tanh) with the GELU in the epilogue (pre-activation kept
  * for backward) against the CPU's product, add and nb_gelu. */
@@ -270,12 +307,24 @@ START_TEST(test_linear_gelu_epilogue) {
     };
     nbt_parity("linear+gelu f32", op_linear_gelu, NULL, 3, in,
                &(nbt_parity_opts){.tol = 1e-4});
-    nbt_parity("linear+gelu, bf16 compute", op_linear_gelu, (void *)1, 3, in,
+    nbt_parity("linear+gelu, bf16 compute", op_linear_gelu, (void *)&compute_bf16, 3, in,
                &(nbt_parity_opts){.tol = NBT_TOL_BF16});
+    nbt_parity("linear+gelu, f16 compute", op_linear_gelu, (void *)&compute_f16, 3, in,
+               &(nbt_parity_opts){.tol = NBT_TOL_F16});
+    /* x a transposed view: a strided batch of 2 with the aux matrix (batch stride 9 * 40) */
+    in[0].transposed = true;
+    nbt_parity("linear+gelu f32, transposed x", op_linear_gelu, NULL, 3, in,
+               &(nbt_parity_opts){.tol = 1e-4});
+    nbt_parity("linear+gelu, transposed x, bf16 compute", op_linear_gelu, (void *)&compute_bf16,
+               3, in, &(nbt_parity_opts){.tol = NBT_TOL_BF16});
+    in[0].transposed = false;
     in[1].shape[0] = 37; /* N not a multiple of 8: the epilogue may fall back to a kernel */
     in[2].shape[0] = 37;
     nbt_parity("linear+gelu f32, N = 37", op_linear_gelu, NULL, 3, in,
                &(nbt_parity_opts){.tol = 1e-4});
+    for (int i = 0; i < 3; i++) in[i].dtype = NB_BF16; /* bf16 tensors, bf16 out and bias */
+    nbt_parity("linear+gelu bf16, N = 37", op_linear_gelu, NULL, 3, in,
+               &(nbt_parity_opts){.tol = NBT_TOL_BF16});
 }
 END_TEST
 
@@ -289,8 +338,22 @@ START_TEST(test_linear_bias_epilogue) {
     in[1].transposed = true; /* w stored (33, 19) and transposed back */
     nbt_parity("linear f32, transposed weight", op_linear, NULL, 3, in, NULL);
     in[1].transposed = false;
-    nbt_parity("linear, bf16 compute", op_linear, (void *)1, 3, in,
+    nbt_parity("linear, bf16 compute", op_linear, (void *)&compute_bf16, 3, in,
                &(nbt_parity_opts){.tol = NBT_TOL_BF16});
+    nbt_parity("linear, f16 compute", op_linear, (void *)&compute_f16, 3, in,
+               &(nbt_parity_opts){.tol = NBT_TOL_F16});
+    /* x a transposed view: not folded into M, a strided batch of 4 with the bias epilogue */
+    in[0].transposed = true;
+    nbt_parity("linear f32, transposed x", op_linear, NULL, 3, in, NULL);
+    nbt_parity("linear, transposed x, bf16 compute", op_linear, (void *)&compute_bf16, 3, in,
+               &(nbt_parity_opts){.tol = NBT_TOL_BF16});
+    in[0].transposed = false;
+    /* f16 and bf16 tensors (f32 compute dtype): out and bias in the tensors' dtype */
+    for (int i = 0; i < 3; i++) in[i].dtype = NB_F16;
+    nbt_parity("linear f16", op_linear, NULL, 3, in, NULL);
+    for (int i = 0; i < 3; i++) in[i].dtype = NB_BF16;
+    nbt_parity("linear bf16", op_linear, NULL, 3, in, NULL);
+    for (int i = 0; i < 3; i++) in[i].dtype = NB_F32;
     /* a module: the same path through nn */
     nb_ctx *c = nb_ctx_new(nb_cpu(), 0), *g = nb_ctx_new(nb_cuda(0), 0);
     nb_module *lc = nb_linear_new(c, NB_F32, 33, 19, true, &(nb_rng){5, 0});

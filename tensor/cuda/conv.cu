@@ -19,6 +19,7 @@
  * deterministic). Every output is written with beta = 0. */
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include <cuda_bf16.h>
@@ -136,6 +137,17 @@ typedef struct conv_plan {
 static conv_plan plans[PLAN_SLOTS];
 static pthread_mutex_t plans_lock = PTHREAD_MUTEX_INITIALIZER;
 
+/* Note [Aborts under the plan lock] (tensor/cuda/matmul.cu) holds here
+ * too: every check made with plans_lock held releases it before aborting
+ * (DNN_CHECK), the geometry and dtype are validated before it is taken
+ * (make_key), and the workspace is allocated with it released (an
+ * out-of-memory abort of the context: workspace()). */
+static cudnnStatus_t unlock_on_failure(cudnnStatus_t s) {
+    if (s != CUDNN_STATUS_SUCCESS) pthread_mutex_unlock(&plans_lock);
+    return s;
+}
+#define DNN_CHECK(call) NB_CUDNN_CHECK(OP, unlock_on_failure(call))
+
 static uint64_t key_hash(const conv_key *k) {
     const unsigned char *p = (const unsigned char *)k;
     uint64_t h = 1469598103934665603ull;
@@ -176,31 +188,51 @@ static int dim(int64_t v) {
     return (int)v;
 }
 
+/* The convolution of k in words, for error messages. */
+typedef struct geom_text {
+    char s[256];
+} geom_text;
+
+static geom_text geom_str(const conv_key *k) {
+    const nb__conv2d_geom *g = &k->g;
+    geom_text t;
+    snprintf(t.s, sizeof t.s,
+             "%s input (%lld, %lld, %lld, %lld), weight (%lld, %lld, %lld, %lld), stride (%lld, "
+             "%lld), padding (%lld, %lld), dilation (%lld, %lld)",
+             nb_dtype_name((nb_dtype)k->dtype), (long long)g->n, (long long)g->c, (long long)g->h,
+             (long long)g->w, (long long)g->o, (long long)g->c, (long long)g->kh, (long long)g->kw,
+             (long long)g->sh, (long long)g->sw, (long long)g->ph, (long long)g->pw,
+             (long long)g->dh, (long long)g->dw);
+    return t;
+}
+
 static void plan_make(conv_plan *p, const conv_key *k) {
     const nb__conv2d_geom *g = &k->g;
     cudnnDataType_t t = cudnn_type((nb_dtype)k->dtype);
     cudnnDataType_t acc = k->dtype == NB_F64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
-    NB_CUDNN_CHECK(OP, cudnnCreateTensorDescriptor(&p->xd));
-    NB_CUDNN_CHECK(OP, cudnnCreateTensorDescriptor(&p->yd));
-    NB_CUDNN_CHECK(OP, cudnnCreateFilterDescriptor(&p->wd));
-    NB_CUDNN_CHECK(OP, cudnnCreateConvolutionDescriptor(&p->cd));
-    NB_CUDNN_CHECK(OP, cudnnSetTensor4dDescriptor(p->xd, CUDNN_TENSOR_NCHW, t, dim(g->n), dim(g->c),
-                                                  dim(g->h), dim(g->w)));
-    NB_CUDNN_CHECK(OP, cudnnSetTensor4dDescriptor(p->yd, CUDNN_TENSOR_NCHW, t, dim(g->n), dim(g->o),
-                                                  dim(g->oh), dim(g->ow)));
-    NB_CUDNN_CHECK(OP, cudnnSetFilter4dDescriptor(p->wd, t, CUDNN_TENSOR_NCHW, dim(g->o), dim(g->c),
-                                                  dim(g->kh), dim(g->kw)));
-    NB_CUDNN_CHECK(OP, cudnnSetConvolution2dDescriptor(p->cd, dim(g->ph), dim(g->pw), dim(g->sh),
-                                                       dim(g->sw), dim(g->dh), dim(g->dw),
-                                                       CUDNN_CROSS_CORRELATION, acc));
-    NB_CUDNN_CHECK(OP, cudnnSetConvolutionMathType(p->cd, base_math(k)));
+    DNN_CHECK(cudnnCreateTensorDescriptor(&p->xd));
+    DNN_CHECK(cudnnCreateTensorDescriptor(&p->yd));
+    DNN_CHECK(cudnnCreateFilterDescriptor(&p->wd));
+    DNN_CHECK(cudnnCreateConvolutionDescriptor(&p->cd));
+    DNN_CHECK(cudnnSetTensor4dDescriptor(p->xd, CUDNN_TENSOR_NCHW, t, dim(g->n), dim(g->c),
+                                         dim(g->h), dim(g->w)));
+    DNN_CHECK(cudnnSetTensor4dDescriptor(p->yd, CUDNN_TENSOR_NCHW, t, dim(g->n), dim(g->o),
+                                         dim(g->oh), dim(g->ow)));
+    DNN_CHECK(cudnnSetFilter4dDescriptor(p->wd, t, CUDNN_TENSOR_NCHW, dim(g->o), dim(g->c),
+                                         dim(g->kh), dim(g->kw)));
+    DNN_CHECK(cudnnSetConvolution2dDescriptor(p->cd, dim(g->ph), dim(g->pw), dim(g->sh),
+                                              dim(g->sw), dim(g->dh), dim(g->dw),
+                                              CUDNN_CROSS_CORRELATION, acc));
+    DNN_CHECK(cudnnSetConvolutionMathType(p->cd, base_math(k)));
     int on, oc, ohh, oww;
-    NB_CUDNN_CHECK(OP, cudnnGetConvolution2dForwardOutputDim(p->cd, p->xd, p->wd, &on, &oc, &ohh,
-                                                             &oww));
-    if (on != g->n || oc != g->o || ohh != g->oh || oww != g->ow)
+    DNN_CHECK(cudnnGetConvolution2dForwardOutputDim(p->cd, p->xd, p->wd, &on, &oc, &ohh,
+                                                    &oww));
+    if (on != g->n || oc != g->o || ohh != g->oh || oww != g->ow) {
+        pthread_mutex_unlock(&plans_lock);
         NB_ABORT("%s: cuDNN's output size (%d, %d, %d, %d) differs from (%lld, %lld, %lld, %lld)",
                  OP, on, oc, ohh, oww, (long long)g->n, (long long)g->o, (long long)g->oh,
                  (long long)g->ow);
+    }
     p->have_fwd = p->have_bwd_data = p->have_bwd_filter = false;
     p->key = *k;
     p->used = true;
@@ -226,18 +258,28 @@ static conv_plan *plan_get(const conv_key *k) {
     return slot;
 }
 
+/* A result we may run: it works, and it does not convert our data down to
+ * f16 (CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION: f16's range and precision
+ * for f32 or bf16 data; the descriptor never asks for it, so this only
+ * guards against a heuristic that offers it anyway). */
+template <typename Perf>
+static bool usable(const Perf *r) {
+    return r->status == CUDNN_STATUS_SUCCESS &&
+           r->mathType != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
+}
+
 /* Index of the algorithm to take among cnt heuristic results (or -1). */
 template <typename Perf>
 static int pick(const Perf *r, int cnt) {
     int any = -1;
     for (int i = 0; i < cnt; i++) {
-        if (r[i].status != CUDNN_STATUS_SUCCESS || r[i].memory > WS_LIMIT) continue;
+        if (!usable(&r[i]) || r[i].memory > WS_LIMIT) continue;
         if (r[i].determinism == CUDNN_DETERMINISTIC) return i;
         if (any < 0) any = i;
     }
     if (any >= 0) return any;
     for (int i = 0; i < cnt; i++)
-        if (r[i].status == CUDNN_STATUS_SUCCESS) return i;
+        if (usable(&r[i])) return i;
     return -1;
 }
 
@@ -252,51 +294,61 @@ static cudnnMathType_t run_math(const conv_plan *p, cudnnMathType_t chosen) {
 static void choose_fwd(conv_plan *p, cudnnHandle_t h) {
     cudnnConvolutionFwdAlgoPerf_t r[MAX_ALGOS];
     int cnt = 0;
-    NB_CUDNN_CHECK(OP, cudnnSetConvolutionMathType(p->cd, base_math(&p->key)));
-    NB_CUDNN_CHECK(OP, cudnnGetConvolutionForwardAlgorithm_v7(h, p->xd, p->wd, p->cd, p->yd,
-                                                              MAX_ALGOS, &cnt, r));
+    DNN_CHECK(cudnnSetConvolutionMathType(p->cd, base_math(&p->key)));
+    DNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, p->xd, p->wd, p->cd, p->yd,
+                                                     MAX_ALGOS, &cnt, r));
     int i = pick(r, cnt);
-    if (i < 0) NB_ABORT("%s: cuDNN has no forward algorithm for this convolution", OP);
+    if (i < 0) {
+        pthread_mutex_unlock(&plans_lock);
+        NB_ABORT("%s: cuDNN has no forward algorithm for %s", OP, geom_str(&p->key).s);
+    }
     p->fwd = r[i].algo;
     p->fwd_math = run_math(p, r[i].mathType);
-    NB_CUDNN_CHECK(OP, cudnnSetConvolutionMathType(p->cd, p->fwd_math));
-    NB_CUDNN_CHECK(OP, cudnnGetConvolutionForwardWorkspaceSize(h, p->xd, p->wd, p->cd, p->yd,
-                                                               p->fwd, &p->fwd_ws));
+    DNN_CHECK(cudnnSetConvolutionMathType(p->cd, p->fwd_math));
+    DNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(h, p->xd, p->wd, p->cd, p->yd,
+                                                      p->fwd, &p->fwd_ws));
     p->have_fwd = true;
 }
 
 static void choose_bwd_data(conv_plan *p, cudnnHandle_t h) {
     cudnnConvolutionBwdDataAlgoPerf_t r[MAX_ALGOS];
     int cnt = 0;
-    NB_CUDNN_CHECK(OP, cudnnSetConvolutionMathType(p->cd, base_math(&p->key)));
-    NB_CUDNN_CHECK(OP, cudnnGetConvolutionBackwardDataAlgorithm_v7(h, p->wd, p->yd, p->cd, p->xd,
-                                                                   MAX_ALGOS, &cnt, r));
+    DNN_CHECK(cudnnSetConvolutionMathType(p->cd, base_math(&p->key)));
+    DNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, p->wd, p->yd, p->cd, p->xd,
+                                                          MAX_ALGOS, &cnt, r));
     int i = pick(r, cnt);
-    if (i < 0) NB_ABORT("%s: cuDNN has no backward-data algorithm for this convolution", OP);
+    if (i < 0) {
+        pthread_mutex_unlock(&plans_lock);
+        NB_ABORT("%s: cuDNN has no backward-data algorithm for %s", OP, geom_str(&p->key).s);
+    }
     p->bwd_data = r[i].algo;
     p->bwd_data_math = run_math(p, r[i].mathType);
-    NB_CUDNN_CHECK(OP, cudnnSetConvolutionMathType(p->cd, p->bwd_data_math));
-    NB_CUDNN_CHECK(OP, cudnnGetConvolutionBackwardDataWorkspaceSize(h, p->wd, p->yd, p->cd, p->xd,
-                                                                    p->bwd_data, &p->bwd_data_ws));
+    DNN_CHECK(cudnnSetConvolutionMathType(p->cd, p->bwd_data_math));
+    DNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(h, p->wd, p->yd, p->cd, p->xd,
+                                                           p->bwd_data, &p->bwd_data_ws));
     p->have_bwd_data = true;
 }
 
 static void choose_bwd_filter(conv_plan *p, cudnnHandle_t h) {
     cudnnConvolutionBwdFilterAlgoPerf_t r[MAX_ALGOS];
     int cnt = 0;
-    NB_CUDNN_CHECK(OP, cudnnSetConvolutionMathType(p->cd, base_math(&p->key)));
-    NB_CUDNN_CHECK(OP, cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, p->xd, p->yd, p->cd, p->wd,
-                                                                     MAX_ALGOS, &cnt, r));
+    DNN_CHECK(cudnnSetConvolutionMathType(p->cd, base_math(&p->key)));
+    DNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, p->xd, p->yd, p->cd, p->wd,
+                                                            MAX_ALGOS, &cnt, r));
     int i = pick(r, cnt);
-    if (i < 0) NB_ABORT("%s: cuDNN has no backward-filter algorithm for this convolution", OP);
+    if (i < 0) {
+        pthread_mutex_unlock(&plans_lock);
+        NB_ABORT("%s: cuDNN has no backward-filter algorithm for %s", OP, geom_str(&p->key).s);
+    }
     p->bwd_filter = r[i].algo;
     p->bwd_filter_math = run_math(p, r[i].mathType);
-    NB_CUDNN_CHECK(OP, cudnnSetConvolutionMathType(p->cd, p->bwd_filter_math));
-    NB_CUDNN_CHECK(OP, cudnnGetConvolutionBackwardFilterWorkspaceSize(
-                           h, p->xd, p->yd, p->cd, p->wd, p->bwd_filter, &p->bwd_filter_ws));
+    DNN_CHECK(cudnnSetConvolutionMathType(p->cd, p->bwd_filter_math));
+    DNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(h, p->xd, p->yd, p->cd, p->wd,
+                                                             p->bwd_filter, &p->bwd_filter_ws));
     p->have_bwd_filter = true;
 }
 
+/* Validates what plan_make would otherwise abort on under the lock. */
 static conv_key make_key(int device, nb_dtype dt, const nb__conv2d_geom *g) {
     conv_key k;
     memset(&k, 0, sizeof k);
@@ -304,7 +356,50 @@ static conv_key make_key(int device, nb_dtype dt, const nb__conv2d_geom *g) {
     k.device = device;
     k.dtype = dt;
     k.tf32 = dt == NB_F32 && nb__cuda_tf32();
+    (void)cudnn_type(dt);
+    const int64_t sizes[] = {g->n, g->c, g->h, g->w, g->o, g->kh, g->kw, g->oh, g->ow,
+                             g->sh, g->sw, g->ph, g->pw, g->dh, g->dw};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) (void)dim(sizes[i]);
     return k;
+}
+
+typedef enum direction { FWD, BWD_DATA, BWD_FILTER } direction;
+
+/* The plan of k with the algorithm of direction d chosen. Called with
+ * plans_lock held. */
+static conv_plan *plan_for(const conv_key *k, cudnnHandle_t h, direction d) {
+    conv_plan *p = plan_get(k);
+    if (d == FWD && !p->have_fwd) choose_fwd(p, h);
+    if (d == BWD_DATA && !p->have_bwd_data) choose_bwd_data(p, h);
+    if (d == BWD_FILTER && !p->have_bwd_filter) choose_bwd_filter(p, h);
+    return p;
+}
+
+static size_t ws_bytes(const conv_plan *p, direction d) {
+    return d == FWD ? p->fwd_ws : d == BWD_DATA ? p->bwd_data_ws : p->bwd_filter_ws;
+}
+
+/* The workspace of direction d from ctx, sized with plans_lock held and
+ * allocated with it released (Note [Aborts under the plan lock]). Returns
+ * with the lock held and *pp the plan, looked up again: another thread may
+ * have evicted it meanwhile (it is then rebuilt; the heuristic gives the
+ * same algorithm, so the workspace size cannot have grown in practice). */
+static void *workspace(nb_ctx *ctx, const conv_key *k, cudnnHandle_t h, direction d,
+                       conv_plan **pp) {
+    pthread_mutex_lock(&plans_lock);
+    size_t bytes = ws_bytes(plan_for(k, h, d), d);
+    pthread_mutex_unlock(&plans_lock);
+    void *ws = bytes ? nb_ctx_alloc(ctx, bytes, 0) : NULL;
+    pthread_mutex_lock(&plans_lock);
+    conv_plan *p = plan_for(k, h, d);
+    if (ws_bytes(p, d) > bytes) {
+        size_t need = ws_bytes(p, d);
+        pthread_mutex_unlock(&plans_lock);
+        NB_ABORT("%s: cuDNN's workspace for %s grew from %zu to %zu bytes between two queries",
+                 OP, geom_str(k).s, bytes, need);
+    }
+    *pp = p;
+    return ws;
 }
 
 /* ---------------------------------------------------------- entry points */
@@ -324,13 +419,11 @@ extern "C" void nb__cuda_conv2d_forward(nb_ctx *ctx, nb_dtype dt, const nb__conv
         double one_d = 1.0, zero_d = 0.0;
         const void *one = dt == NB_F64 ? (const void *)&one_d : (const void *)&one_f;
         const void *zero = dt == NB_F64 ? (const void *)&zero_d : (const void *)&zero_f;
-        pthread_mutex_lock(&plans_lock);
-        conv_plan *p = plan_get(&k);
-        if (!p->have_fwd) choose_fwd(p, h);
-        void *ws = p->fwd_ws ? nb_ctx_alloc(ctx, p->fwd_ws, 0) : NULL;
-        NB_CUDNN_CHECK(OP, cudnnSetConvolutionMathType(p->cd, p->fwd_math));
-        NB_CUDNN_CHECK(OP, cudnnConvolutionForward(h, one, p->xd, x, p->wd, w, p->cd, p->fwd, ws,
-                                                   p->fwd_ws, zero, p->yd, out));
+        conv_plan *p;
+        void *ws = workspace(ctx, &k, h, FWD, &p);
+        DNN_CHECK(cudnnSetConvolutionMathType(p->cd, p->fwd_math));
+        DNN_CHECK(cudnnConvolutionForward(h, one, p->xd, x, p->wd, w, p->cd, p->fwd, ws, p->fwd_ws,
+                                          zero, p->yd, out));
         pthread_mutex_unlock(&plans_lock);
     }
     if (b) bias_add(st, dt, out, b, total, g->o, g->oh * g->ow);
@@ -362,25 +455,23 @@ extern "C" void nb__cuda_conv2d_backward(nb_ctx *ctx, nb_dtype dt, const nb__con
         double one_d = 1.0, zero_d = 0.0;
         const void *one = dt == NB_F64 ? (const void *)&one_d : (const void *)&one_f;
         const void *zero = dt == NB_F64 ? (const void *)&zero_d : (const void *)&zero_f;
-        pthread_mutex_lock(&plans_lock);
-        conv_plan *p = plan_get(&k);
+        conv_plan *p;
         if (dx) {
-            if (!p->have_bwd_data) choose_bwd_data(p, h);
-            void *ws = p->bwd_data_ws ? nb_ctx_alloc(ctx, p->bwd_data_ws, 0) : NULL;
-            NB_CUDNN_CHECK(OP, cudnnSetConvolutionMathType(p->cd, p->bwd_data_math));
-            NB_CUDNN_CHECK(OP, cudnnConvolutionBackwardData(h, one, p->wd, w, p->yd, gout, p->cd,
-                                                            p->bwd_data, ws, p->bwd_data_ws, zero,
-                                                            p->xd, dx));
+            void *ws = workspace(ctx, &k, h, BWD_DATA, &p);
+            DNN_CHECK(cudnnSetConvolutionMathType(p->cd, p->bwd_data_math));
+            DNN_CHECK(cudnnConvolutionBackwardData(h, one, p->wd, w, p->yd, gout, p->cd,
+                                                   p->bwd_data, ws, p->bwd_data_ws, zero, p->xd,
+                                                   dx));
+            pthread_mutex_unlock(&plans_lock);
         }
         if (dw) {
-            if (!p->have_bwd_filter) choose_bwd_filter(p, h);
-            void *ws = p->bwd_filter_ws ? nb_ctx_alloc(ctx, p->bwd_filter_ws, 0) : NULL;
-            NB_CUDNN_CHECK(OP, cudnnSetConvolutionMathType(p->cd, p->bwd_filter_math));
-            NB_CUDNN_CHECK(OP, cudnnConvolutionBackwardFilter(h, one, p->xd, x, p->yd, gout, p->cd,
-                                                              p->bwd_filter, ws, p->bwd_filter_ws,
-                                                              zero, p->wd, dw));
+            void *ws = workspace(ctx, &k, h, BWD_FILTER, &p);
+            DNN_CHECK(cudnnSetConvolutionMathType(p->cd, p->bwd_filter_math));
+            DNN_CHECK(cudnnConvolutionBackwardFilter(h, one, p->xd, x, p->yd, gout, p->cd,
+                                                     p->bwd_filter, ws, p->bwd_filter_ws, zero,
+                                                     p->wd, dw));
+            pthread_mutex_unlock(&plans_lock);
         }
-        pthread_mutex_unlock(&plans_lock);
     }
     if (db) bias_grad(st, dt, db, gout, g->n, g->o, g->oh * g->ow);
 }

@@ -16,9 +16,14 @@
  *
  * Plans (descriptors, layouts and the heuristic's algorithm) are cached per
  * shape key in a small host table, so that steady-state calls make no
- * heuristic query. The key holds the alignment of every pointer, because
+ * heuristic query. The key holds the alignment of every operand, because
  * the heuristic picks algorithms for the alignments it is told (the default
- * assumption is 256 bytes, which views at an offset break).
+ * assumption is 256 bytes, which views at an offset break). An algorithm's
+ * alignment requirement covers the operand's pointer, its leading dimension
+ * and its batch stride (CUBLASLT_ALGO_CAP_MIN_ALIGNMENT_*_BYTES in
+ * cublasLt.h), so the alignment we state is that of all three: a view with
+ * an odd leading dimension must not get a kernel that loads 16 bytes at a
+ * time from every column.
  *
  * Epilogues: bias (N) and GELU(tanh) run in cuBLASLt (BIAS, GELU_BIAS,
  * GELU_AUX_BIAS with aux = pre) when its heuristic finds an algorithm for
@@ -170,6 +175,21 @@ typedef struct gemm_plan {
 static gemm_plan plans[PLAN_SLOTS];
 static pthread_mutex_t plans_lock = PTHREAD_MUTEX_INITIALIZER;
 
+/* Note [Aborts under the plan lock]
+ * Plans are made and GEMMs enqueued with plans_lock held. An abort there
+ * (a cuBLASLt call that fails, no algorithm for a shape) must release the
+ * lock first: a handler that returns control to the program, like the
+ * tests' (in-process: the CUDA suites run with CK_FORK=no), would
+ * otherwise leave every later GEMM of the process blocked on it, and a
+ * suite's first failure would turn into a silent hang. So every check in
+ * the locked region goes through LT_CHECK, and the runtime calls that may
+ * abort (handle, workspace, stream) are made before the lock is taken. */
+static cublasStatus_t unlock_on_failure(cublasStatus_t s) {
+    if (s != CUBLAS_STATUS_SUCCESS) pthread_mutex_unlock(&plans_lock);
+    return s;
+}
+#define LT_CHECK(call) NB_CUBLAS_CHECK(OP, unlock_on_failure(call))
+
 static uint64_t key_hash(const gemm_key *k) {
     const unsigned char *p = (const unsigned char *)k;
     uint64_t h = 1469598103934665603ull;
@@ -197,57 +217,58 @@ static cudaDataType_t cuda_type(nb_dtype dt) {
     return CUDA_R_32F;
 }
 
-static int64_t align_of(const void *p, int64_t stride_bytes) {
-    uint64_t v = (uint64_t)(uintptr_t)p | (uint64_t)stride_bytes | 256u;
+/* The largest power of two (at most 256) dividing the address p and the
+ * byte strides ld_bytes and stride_bytes (0: none). */
+static int64_t align_of(const void *p, int64_t ld_bytes, int64_t stride_bytes) {
+    uint64_t v = (uint64_t)(uintptr_t)p | (uint64_t)ld_bytes | (uint64_t)stride_bytes | 256u;
     return (int64_t)(v & (~v + 1));
 }
 
 static cublasLtMatrixLayout_t make_layout(cudaDataType_t t, int64_t rows, int64_t cols, int64_t ld,
                                           int64_t batch, int64_t stride) {
     cublasLtMatrixLayout_t l;
-    NB_CUBLAS_CHECK(OP, cublasLtMatrixLayoutCreate(&l, t, (uint64_t)rows, (uint64_t)cols, ld));
+    LT_CHECK(cublasLtMatrixLayoutCreate(&l, t, (uint64_t)rows, (uint64_t)cols, ld));
     if (batch > 1) {
         int32_t count = (int32_t)batch;
-        NB_CUBLAS_CHECK(OP, cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
-                                                             &count, sizeof count));
-        NB_CUBLAS_CHECK(OP, cublasLtMatrixLayoutSetAttribute(
-                                l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
-                                sizeof stride));
+        LT_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
+                                                  sizeof count));
+        LT_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                                  &stride, sizeof stride));
     }
     return l;
 }
 
 /* Builds the plan for key k; bias and aux are the pointers of this call
- * (the heuristic reads their alignment from the descriptor). */
-static void plan_make(gemm_plan *p, const gemm_key *k, const void *bias, void *aux) {
-    cublasLtHandle_t h = (cublasLtHandle_t)nb__cuda_cublaslt((int)k->device);
+ * (the heuristic reads their alignment from the descriptor); ws_bytes is
+ * the workspace every call of the plan will be given. Called with
+ * plans_lock held. */
+static void plan_make(gemm_plan *p, const gemm_key *k, const void *bias, void *aux,
+                      cublasLtHandle_t h, size_t ws_bytes) {
     nb_dtype din = (nb_dtype)k->dt_in, dout = (nb_dtype)k->dt_out;
     bool f64 = din == NB_F64;
     cublasComputeType_t ct = f64 ? CUBLAS_COMPUTE_64F
                              : k->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32
                                        : CUBLAS_COMPUTE_32F;
     cudaDataType_t scale = f64 ? CUDA_R_64F : CUDA_R_32F;
-    NB_CUBLAS_CHECK(OP, cublasLtMatmulDescCreate(&p->desc, ct, scale));
+    LT_CHECK(cublasLtMatmulDescCreate(&p->desc, ct, scale));
     cublasOperation_t ta = k->op_a ? CUBLAS_OP_T : CUBLAS_OP_N;
     cublasOperation_t tb = k->op_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-    NB_CUBLAS_CHECK(OP, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta,
-                                                       sizeof ta));
-    NB_CUBLAS_CHECK(OP, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb,
-                                                       sizeof tb));
+    LT_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    LT_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
     cublasLtEpilogue_t epi = (cublasLtEpilogue_t)k->epilogue;
-    NB_CUBLAS_CHECK(OP, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi,
-                                                       sizeof epi));
+    LT_CHECK(
+        cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
     if (bias)
-        NB_CUBLAS_CHECK(OP, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                                                           &bias, sizeof bias));
+        LT_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                                sizeof bias));
     if (aux) {
-        NB_CUBLAS_CHECK(OP, cublasLtMatmulDescSetAttribute(
-                                p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
-        NB_CUBLAS_CHECK(OP, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
-                                                           &k->aux_ld, sizeof k->aux_ld));
-        NB_CUBLAS_CHECK(OP, cublasLtMatmulDescSetAttribute(
-                                p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_BATCH_STRIDE,
-                                &k->aux_stride, sizeof k->aux_stride));
+        LT_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                                &aux, sizeof aux));
+        LT_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
+                                                &k->aux_ld, sizeof k->aux_ld));
+        LT_CHECK(cublasLtMatmulDescSetAttribute(p->desc,
+                                                CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_BATCH_STRIDE,
+                                                &k->aux_stride, sizeof k->aux_stride));
     }
     /* cuBLASLt's A = our b: (m, k) after op; B = our a: (k, n) after op. */
     p->la = make_layout(cuda_type(din), k->op_a ? k->k : k->m, k->op_a ? k->m : k->k, k->lda,
@@ -256,23 +277,21 @@ static void plan_make(gemm_plan *p, const gemm_key *k, const void *bias, void *a
                         k->batch, k->stride_b);
     p->ld = make_layout(cuda_type(dout), k->m, k->n, k->ldd, k->batch, k->stride_d);
 
-    size_t ws_bytes = 0;
-    (void)nb__cuda_gemm_workspace((int)k->device, &ws_bytes);
     uint64_t ws = ws_bytes;
     cublasLtMatmulPreference_t pref;
-    NB_CUBLAS_CHECK(OP, cublasLtMatmulPreferenceCreate(&pref));
-    NB_CUBLAS_CHECK(OP, cublasLtMatmulPreferenceSetAttribute(
-                            pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                  &ws, sizeof ws));
     uint32_t al[4] = {(uint32_t)k->align_a, (uint32_t)k->align_b, (uint32_t)k->align_d,
                       (uint32_t)k->align_d};
-    NB_CUBLAS_CHECK(OP, cublasLtMatmulPreferenceSetAttribute(
-                            pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al[0], sizeof al[0]));
-    NB_CUBLAS_CHECK(OP, cublasLtMatmulPreferenceSetAttribute(
-                            pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al[1], sizeof al[1]));
-    NB_CUBLAS_CHECK(OP, cublasLtMatmulPreferenceSetAttribute(
-                            pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al[2], sizeof al[2]));
-    NB_CUBLAS_CHECK(OP, cublasLtMatmulPreferenceSetAttribute(
-                            pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al[3], sizeof al[3]));
+    LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                                  &al[0], sizeof al[0]));
+    LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                                  &al[1], sizeof al[1]));
+    LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                                  &al[2], sizeof al[2]));
+    LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                                  &al[3], sizeof al[3]));
     cublasLtMatmulHeuristicResult_t res;
     int found = 0;
     cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(h, p->desc, p->la, p->lb, p->ld, p->ld, pref,
@@ -285,7 +304,8 @@ static void plan_make(gemm_plan *p, const gemm_key *k, const void *bias, void *a
 }
 
 /* The cached plan for k (made on a miss). Called with plans_lock held. */
-static gemm_plan *plan_get(const gemm_key *k, const void *bias, void *aux) {
+static gemm_plan *plan_get(const gemm_key *k, const void *bias, void *aux, cublasLtHandle_t lt,
+                           size_t ws_bytes) {
     uint64_t h = key_hash(k);
     for (int i = 0; i < PLAN_PROBE; i++) {
         gemm_plan *p = &plans[(h + (uint64_t)i) % PLAN_SLOTS];
@@ -300,13 +320,17 @@ static gemm_plan *plan_get(const gemm_key *k, const void *bias, void *aux) {
         slot = &plans[h % PLAN_SLOTS];
         plan_free(slot);
     }
-    plan_make(slot, k, bias, aux);
+    plan_make(slot, k, bias, aux, lt, ws_bytes);
     return slot;
 }
 
 /* ------------------------------------------------------------ one call */
 typedef struct gemm_call {
     int device;
+    cublasLtHandle_t h; /* fetched before plans_lock (Note [Aborts under the plan lock]) */
+    void *ws;
+    size_t ws_bytes;
+    cudaStream_t st;
     nb_dtype dt_in, dt_out;
     bool op_a, op_b;
     int64_t m, n, k, lda, ldb, ldd;
@@ -340,56 +364,55 @@ static bool gemm_run(const gemm_call *c, bool with_epilogue) {
     k.stride_a = c->batch > 1 ? c->stride_a : 0;
     k.stride_b = c->batch > 1 ? c->stride_b : 0;
     k.stride_d = c->batch > 1 ? c->stride_d : 0;
-    k.align_a = align_of(c->a, k.stride_a * (int64_t)ein);
-    k.align_b = align_of(c->b, k.stride_b * (int64_t)ein);
-    k.align_d = align_of(c->d, k.stride_d * (int64_t)eout);
+    k.align_a = align_of(c->a, c->lda * (int64_t)ein, k.stride_a * (int64_t)ein);
+    k.align_b = align_of(c->b, c->ldb * (int64_t)ein, k.stride_b * (int64_t)ein);
+    k.align_d = align_of(c->d, c->ldd * (int64_t)eout, k.stride_d * (int64_t)eout);
     const void *bias = NULL;
     void *aux = NULL;
     cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
     if (with_epilogue && (c->bias || c->gelu)) {
         bias = c->bias;
         bool aux_ok = c->pre && c->ldd % 8 == 0 && k.stride_d % 8 == 0 &&
-                      align_of(c->pre, k.stride_d * (int64_t)eout) >= 16;
+                      align_of(c->pre, c->ldd * (int64_t)eout, k.stride_d * (int64_t)eout) >= 16;
         if (c->gelu && c->pre && !aux_ok) return false;
         if (c->gelu && c->pre) {
             aux = c->pre;
             epi = bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
             k.aux_ld = c->ldd;
             k.aux_stride = k.stride_d;
-            k.align_aux = align_of(aux, k.stride_d * (int64_t)eout);
+            k.align_aux = align_of(aux, c->ldd * (int64_t)eout, k.stride_d * (int64_t)eout);
         } else if (c->gelu) {
             epi = bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU;
         } else {
             epi = CUBLASLT_EPILOGUE_BIAS;
         }
-        if (bias) k.align_bias = align_of(bias, 0);
+        if (bias) k.align_bias = align_of(bias, 0, 0);
     }
     k.epilogue = epi;
-    gemm_plan *p = plan_get(&k, bias, aux);
+    gemm_plan *p = plan_get(&k, bias, aux, c->h, c->ws_bytes);
     if (!p->ok) {
         if (epi != CUBLASLT_EPILOGUE_DEFAULT) return false;
-        NB_ABORT(
-                 "%s: cuBLASLt has no algorithm for %s (%lld x %lld) x (%lld x %lld), batch %lld",
+        pthread_mutex_unlock(&plans_lock); /* Note [Aborts under the plan lock] */
+        NB_ABORT("%s: cuBLASLt has no algorithm for %s (%lld x %lld) @ (%lld x %lld) -> %s, "
+                 "batch %lld, leading dims %lld, %lld, %lld, pointer alignments %lld, %lld, %lld "
+                 "bytes",
                  OP, nb_dtype_name(c->dt_in), (long long)c->n, (long long)c->k, (long long)c->k,
-                 (long long)c->m, (long long)c->batch);
+                 (long long)c->m, nb_dtype_name(c->dt_out), (long long)c->batch,
+                 (long long)c->ldb, (long long)c->lda, (long long)c->ldd, (long long)k.align_b,
+                 (long long)k.align_a, (long long)k.align_d);
     }
     if (bias)
-        NB_CUBLAS_CHECK(OP, cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                                                           &bias, sizeof bias));
+        LT_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                                sizeof bias));
     if (aux)
-        NB_CUBLAS_CHECK(OP, cublasLtMatmulDescSetAttribute(
-                                p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
-    size_t ws_bytes = 0;
-    void *ws = nb__cuda_gemm_workspace(c->device, &ws_bytes);
-    cublasLtHandle_t h = (cublasLtHandle_t)nb__cuda_cublaslt(c->device);
-    cudaStream_t st = nb__cuda_compute_stream(c->device);
+        LT_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                                &aux, sizeof aux));
     float one_f = 1.0f, zero_f = 0.0f;
     double one_d = 1.0, zero_d = 0.0;
     bool f64 = c->dt_in == NB_F64;
-    NB_CUBLAS_CHECK(OP, cublasLtMatmul(h, p->desc, f64 ? (const void *)&one_d : (const void *)&one_f,
-                                       c->a, p->la, c->b, p->lb,
-                                       f64 ? (const void *)&zero_d : (const void *)&zero_f, c->d,
-                                       p->ld, c->d, p->ld, &p->algo, ws, ws_bytes, st));
+    LT_CHECK(cublasLtMatmul(c->h, p->desc, f64 ? (const void *)&one_d : (const void *)&one_f, c->a,
+                            p->la, c->b, p->lb, f64 ? (const void *)&zero_d : (const void *)&zero_f,
+                            c->d, p->ld, c->d, p->ld, &p->algo, c->ws, c->ws_bytes, c->st));
     return true;
 }
 
@@ -449,6 +472,9 @@ extern "C" void nb__cuda_matmul(nb_tensor *out, const nb_tensor *a, const nb_ten
     gemm_call c;
     memset(&c, 0, sizeof c);
     c.device = dev;
+    c.h = (cublasLtHandle_t)nb__cuda_cublaslt(dev);
+    c.ws = nb__cuda_gemm_workspace(dev, &c.ws_bytes);
+    c.st = st;
     c.dt_in = a->dtype;
     c.dt_out = dt_out;
     c.op_a = fb;
@@ -483,6 +509,8 @@ extern "C" void nb__cuda_matmul(nb_tensor *out, const nb_tensor *a, const nb_ten
     c.stride_b = run_a;
     c.stride_d = m * n;
 
+    (void)cuda_type(c.dt_in); /* aborts on a bad dtype here, not under the lock */
+    (void)cuda_type(c.dt_out);
     pthread_mutex_lock(&plans_lock);
     int64_t idx[NB_MAX_DIMS] = {0};
     for (int64_t o = 0; o < outer; o++) {
@@ -501,7 +529,10 @@ extern "C" void nb__cuda_matmul(nb_tensor *out, const nb_tensor *a, const nb_ten
             c.pre = pre_data ? (char *)pre_data + od : NULL;
             if (!gemm_run(&c, true)) {
                 (void)gemm_run(&c, false);
+                /* the kernel needs no plan: launched (and checked) outside the lock */
+                pthread_mutex_unlock(&plans_lock);
                 epilogue(st, dt_out, c.d, c.pre, bias_data, cnt * c.n * c.m, n, gelu);
+                pthread_mutex_lock(&plans_lock);
             }
         }
         for (int i = j - 1; i >= 0 && ++idx[i] == out->shape[i]; i--) idx[i] = 0;
