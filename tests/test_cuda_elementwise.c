@@ -3,7 +3,8 @@
  * relu mask, the GELU gradients, reciprocal); every binary op with
  * broadcasting, scalar and transposed operands, on floats and integers;
  * where and masked_fill; casts between every pair of dtypes (contiguous,
- * strided source, strided destination); fills; axpy and scale in place.
+ * strided source, strided destination); fills; axpy and scale in place;
+ * concat, stack, whole-tensor sums and views with their backward.
  * Skipped (77) without CUDA or a GPU. */
 #include <math.h>
 #include <stdio.h>
@@ -365,6 +366,79 @@ START_TEST(test_offset_views) {
 }
 END_TEST
 
+/* ---- shape ops: concat, stack, whole-tensor reductions and views, whose
+ * backward scatters or sums gradients into the input's shape ---- */
+typedef enum shape_kind {
+    S_CONCAT, S_STACK, S_SUM_ALL, S_MEAN_ALL, S_NARROW_SLICE, S_SELECT, S_PERMUTE,
+    S_EXPAND, S_RESHAPE_T, N_SHAPE_KINDS
+} shape_kind;
+static const char *const shape_names[] = {
+    "concat axis 1 of 3", "stack axis 2 of 3", "sum_all", "mean_all", "narrow then slice step 3",
+    "select", "permute made contiguous", "expand times a tensor", "reshape of a transposed view",
+};
+
+static nb_tensor *shape_op(nb_ctx *ctx, nb_tensor *const *in, void *user) {
+    shape_kind k = *(const shape_kind *)user;
+    nb_tensor *x = in[0];
+    switch (k) {
+    case S_CONCAT: return nb_concat(ctx, 3, in, 1);
+    case S_STACK: {
+        nb_tensor *xs[3] = {in[0], nb_narrow(ctx, in[1], 1, 0, 6), nb_narrow(ctx, in[2], 1, 1, 6)};
+        return nb_stack(ctx, 3, xs, 2);
+    }
+    case S_SUM_ALL: return nb_sum_all(ctx, x);
+    case S_MEAN_ALL: return nb_mean_all(ctx, x);
+    case S_NARROW_SLICE:
+        return nb_exp(ctx, nb_slice(ctx, nb_narrow(ctx, x, 0, 1, 3), 1, 1, 6, 3));
+    case S_SELECT: return nb_mul_scalar(ctx, nb_select(ctx, x, 1, 4), 2.0);
+    case S_PERMUTE: {
+        static const int perm[3] = {2, 0, 1};
+        return nb_contiguous(ctx, nb_permute(ctx, x, perm));
+    }
+    case S_EXPAND: {
+        nb_tensor *col = nb_narrow(ctx, x, 1, 2, 1); /* (4, 1) of a (4, 6) */
+        int64_t shape[3] = {5, 4, 6};
+        return nb_mul(ctx, nb_expand(ctx, col, 3, shape), in[1]);
+    }
+    case S_RESHAPE_T: {
+        int64_t shape[2] = {3, 8};
+        return nb_reshape(ctx, nb_transpose(ctx, x, 0, 1), 2, shape);
+    }
+    default: return NULL;
+    }
+}
+
+START_TEST(test_shape_ops) {
+    for (int k = 0; k < N_SHAPE_KINDS; k++)
+        for (int d = 0; d < N_FLOAT_DTYPES; d++) {
+            nb_dtype dt = float_dtypes[d];
+            nbt_input in[3] = {{.dtype = dt, .ndim = 2, .shape = {4, 6}},
+                               {.dtype = dt, .ndim = 2, .shape = {4, 6}},
+                               {.dtype = dt, .ndim = 2, .shape = {4, 6}}};
+            int n = 1;
+            if (k == S_CONCAT) {
+                in[1].shape[1] = 1;
+                in[2].shape[1] = 9;
+                in[2].transposed = true;
+                n = 3;
+            } else if (k == S_STACK) {
+                in[1].shape[1] = 7;
+                in[2].shape[1] = 8;
+                n = 3;
+            } else if (k == S_PERMUTE) {
+                in[0] = (nbt_input){.dtype = dt, .ndim = 3, .shape = {3, 5, 7}};
+            } else if (k == S_EXPAND) {
+                in[1] = (nbt_input){.dtype = dt, .ndim = 3, .shape = {5, 4, 6}};
+                n = 2;
+            }
+            nbt_parity_opts o = {.tol = tol_of(dt)};
+            char name[96];
+            snprintf(name, sizeof name, "%s %s", shape_names[k], nb_dtype_name(dt));
+            nbt_parity(name, shape_op, &k, n, in, &o);
+        }
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("cuda_elementwise");
     TCase *tc = tcase_create("core");
@@ -377,6 +451,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_fill);
     tcase_add_test(tc, test_axpy_scale);
     tcase_add_test(tc, test_offset_views);
+    tcase_add_test(tc, test_shape_ops);
     suite_add_tcase(s, tc);
     return s;
 }
