@@ -26,7 +26,18 @@
  * costs what the old copy-then-add-in-place did, and only a gradient made
  * here for t alone (grad_owned) is added into in place. Backward functions
  * must not write a tensor after handing it to nb__accum_grad. Leaves keep
- * their own gradient tensor in their context and always add into it. */
+ * their own gradient tensor in their context and always add into it.
+ *
+ * Note [Gradients added in place]
+ * A leaf's gradient, once it exists, is only ever added into, so a kernel
+ * that can accumulate (a CPU GEMM with beta = 1) may write its contribution
+ * into it directly instead of making a tensor that nb__accum_grad then adds:
+ * one pass and one temporary less, and no zeroing of the temporary by BLAS.
+ * nb__leaf_grad_target hands out that tensor under the same conditions
+ * nb__accum_grad would add into it, and marks the contribution seen for the
+ * gradient-ready hooks exactly as nb__accum_grad does. The sum is rounded
+ * differently (the GEMM adds its partial sums to the old gradient instead
+ * of forming the product first), deterministically. */
 #include <string.h>
 
 #include "tensor/internal.h"
@@ -142,6 +153,15 @@ void nb__accum_grad(nb_ctx *ctx, nb_tensor *t, nb_tensor *g) {
         t->grad = sum;
         t->grad_owned = true;
     }
+}
+
+nb_tensor *nb__leaf_grad_target(nb_tensor *t) {
+    nb_tensor *g = t->grad;
+    if (!t->requires_grad || t->node || !g || g->dtype != t->dtype || !nb_is_contiguous(g) ||
+        !nb_device_eq(g->device, t->device) || !nb_same_shape(g, t))
+        return NULL;
+    t->bw_seen = true;
+    return g;
 }
 
 nb_tensor *nb__grad_to_update(nb_ctx *ctx, nb_tensor *t) {

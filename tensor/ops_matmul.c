@@ -146,6 +146,15 @@ static void linear_gelu_backward(nb_ctx *ctx, nb_node *node, nb_tensor *g) {
     else matmul_backward(ctx, node, gp);
 }
 
+/* out += op(x) @ op(y) on the CPU, out contiguous with the product's shape
+ * (a leaf's gradient: Note [Gradients added in place] in autograd/backward.c). */
+static void cpu_matmul_add(nb_ctx *ctx, nb_tensor *out, nb_tensor *x, nb_tensor *y, bool tx,
+                           bool ty) {
+    nb_tensor *cx = nb__cpu_gemm_readable(x) ? x : nb__contig(ctx, x);
+    nb_tensor *cy = nb__cpu_gemm_readable(y) ? y : nb__contig(ctx, y);
+    nb__cpu_matmul(out, cx, cy, tx, ty, true);
+}
+
 /* Runs with grad mode off (Note [Tape]), so the ops below record nothing. */
 static void matmul_backward(nb_ctx *ctx, nb_node *node, nb_tensor *g) {
     nb_tensor *a = node->in[0], *b = node->in[1];
@@ -157,14 +166,31 @@ static void matmul_backward(nb_ctx *ctx, nb_node *node, nb_tensor *g) {
     if (b->requires_grad) {
         nb_tensor *gb;
         int64_t batch = batch_numel(g);
+        /* Note [Gradients added in place]: a CPU weight whose gradient exists */
+        bool direct = !nb__is_cuda(g) && g->dtype == b->dtype && b->node == NULL && b->grad;
         if (batch > 1 && batch_numel(b) == 1) {
             int64_t m = g->shape[g->ndim - 2], n = g->shape[g->ndim - 1];
             int64_t k = a->shape[a->ndim - (ta ? 2 : 1)];
             nb_tensor *fa = flat_op(ctx, a, ta, batch * m, k);
             nb_tensor *fg = flat_op(ctx, g, false, batch * m, n);
+            nb_tensor *dst = direct && b->ndim == 2 && batch * m <= INT_MAX ? nb__leaf_grad_target(b)
+                                                                            : NULL;
+            if (dst) {
+                if (tb) cpu_matmul_add(ctx, dst, fg, fa, true, false);
+                else cpu_matmul_add(ctx, dst, fa, fg, true, false);
+                return;
+            }
             gb = tb ? nb_matmul_t(ctx, fg, fa, true, false) : nb_matmul_t(ctx, fa, fg, true, false);
             gb = nb_reshape(ctx, gb, b->ndim, b->shape);
         } else {
+            bool same_batch = b->ndim == g->ndim;
+            for (int d = 0; same_batch && d < g->ndim - 2; d++) same_batch = b->shape[d] == g->shape[d];
+            nb_tensor *dst = direct && same_batch ? nb__leaf_grad_target(b) : NULL;
+            if (dst) {
+                if (tb) cpu_matmul_add(ctx, dst, g, a, true, ta);
+                else cpu_matmul_add(ctx, dst, a, g, !ta, false);
+                return;
+            }
             gb = tb ? nb_matmul_t(ctx, g, a, true, ta) : nb_matmul_t(ctx, a, g, !ta, false);
         }
         nb__accum_grad(ctx, b, gb);

@@ -205,6 +205,37 @@ START_TEST(test_gradcheck) {
 }
 END_TEST
 
+/* f32 (the vectorised rows and the f32 products of the CPU's fused path)
+ * against f64 at a longer sequence: values against the naive reference,
+ * gradients of the input and every parameter against the f64 module's
+ * (which test_gradcheck checks against central differences). */
+START_TEST(test_f32_long) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    int heads[] = {1, 4};
+    for (int hi = 0; hi < 2; hi++) {
+        int h = heads[hi];
+        nb_rng rng = nb_rng_make(700 + hi);
+        nb_module *m64 = nb_causal_self_attention_new(ctx, NB_F64, 16, h, NULL, &rng);
+        nb_module *m32 = nb_causal_self_attention_new(ctx, NB_F32, 16, h, NULL, NULL);
+        nb_named_tensor p64[4], p32[4];
+        ck_assert_int_eq(nb_module_named_parameters(m64, p64, 4), 4);
+        nb_module_named_parameters(m32, p32, 4);
+        for (int i = 0; i < 4; i++) nb_copy_(p32[i].tensor, p64[i].tensor);
+        nb_tensor *x64 = nbt_randn(ctx, NB_F64, NB_SHAPE(3, 21, 16), 710 + hi);
+        nb_tensor *x32 = nb_cast(ctx, x64, NB_F32); /* both leaves */
+        x64->requires_grad = x32->requires_grad = true;
+        check_against_ref(m32, ctx, x32, h, NULL, 1e-5);
+        nb_tensor *r = nbt_randn(ctx, NB_F64, NB_SHAPE(3, 21, 16), 720 + hi);
+        nb_backward(nb_sum_all(ctx, nb_mul(ctx, nb_module_forward(m64, ctx, x64), r)));
+        nb_backward(nb_sum_all(ctx, nb_mul(ctx, nb_module_forward(m32, ctx, x32),
+                                           nb_cast(ctx, r, NB_F32))));
+        nbt_assert_tensors_close(x32->grad, x64->grad, 1e-4, 1e-4);
+        for (int i = 0; i < 4; i++) nbt_assert_tensors_close(p32[i].tensor->grad, p64[i].tensor->grad, 1e-4, 1e-4);
+    }
+    nb_ctx_free(ctx);
+}
+END_TEST
+
 START_TEST(test_dropout) {
     nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
     nb_rng init = nb_rng_make(600), drop = nb_rng_make(601);
@@ -267,6 +298,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_causal_values);
     tcase_add_test(tc, test_causal_gradients);
     tcase_add_test(tc, test_gradcheck);
+    tcase_add_test(tc, test_f32_long);
     tcase_add_test(tc, test_dropout);
     tcase_add_test(tc, test_names);
     tcase_add_test(tc, test_errors);

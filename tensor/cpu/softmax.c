@@ -195,31 +195,38 @@ static void causal_row_backward_double(double *dx, const double *y, const double
     for (int64_t j = l; j < s; j++) dx[j] = 0;
 }
 
-void nb__cpu_softmax_causal(nb_tensor *y, const nb_tensor *x, int64_t b, int64_t t, int64_t s,
-                            double scale) {
+void nb__cpu_causal_rows(nb_dtype dt, void *y, const void *x, int64_t b, int64_t t, int64_t s,
+                         double scale) {
     for (int64_t r = 0; r < b * t; r++) {
         int64_t i = r % t, l = i + 1 < s ? i + 1 : s;
-        if (x->dtype == NB_F32)
-            causal_row_float((float *)y->data + r * s, (const float *)x->data + r * s, s, l,
-                             (float)scale);
+        if (dt == NB_F32)
+            causal_row_float((float *)y + r * s, (const float *)x + r * s, s, l, (float)scale);
         else
-            causal_row_double((double *)y->data + r * s, (const double *)x->data + r * s, s, l,
-                              scale);
+            causal_row_double((double *)y + r * s, (const double *)x + r * s, s, l, scale);
     }
+}
+
+void nb__cpu_causal_rows_backward(nb_dtype dt, void *dx, const void *y, const void *g, int64_t b,
+                                  int64_t t, int64_t s, double scale) {
+    for (int64_t r = 0; r < b * t; r++) {
+        int64_t i = r % t, l = i + 1 < s ? i + 1 : s;
+        if (dt == NB_F32)
+            causal_row_backward_float((float *)dx + r * s, (const float *)y + r * s,
+                                      (const float *)g + r * s, s, l, (float)scale);
+        else
+            causal_row_backward_double((double *)dx + r * s, (const double *)y + r * s,
+                                       (const double *)g + r * s, s, l, scale);
+    }
+}
+
+void nb__cpu_softmax_causal(nb_tensor *y, const nb_tensor *x, int64_t b, int64_t t, int64_t s,
+                            double scale) {
+    nb__cpu_causal_rows(x->dtype, y->data, x->data, b, t, s, scale);
 }
 
 void nb__cpu_softmax_causal_backward(nb_tensor *dx, const nb_tensor *y, const nb_tensor *g,
                                      int64_t b, int64_t t, int64_t s, double scale) {
-    for (int64_t r = 0; r < b * t; r++) {
-        int64_t i = r % t, l = i + 1 < s ? i + 1 : s;
-        if (y->dtype == NB_F32)
-            causal_row_backward_float((float *)dx->data + r * s, (const float *)y->data + r * s,
-                                      (const float *)g->data + r * s, s, l, (float)scale);
-        else
-            causal_row_backward_double((double *)dx->data + r * s,
-                                       (const double *)y->data + r * s,
-                                       (const double *)g->data + r * s, s, l, scale);
-    }
+    nb__cpu_causal_rows_backward(y->dtype, dx->data, y->data, g->data, b, t, s, scale);
 }
 
 /* ---- cross-entropy ---- */

@@ -30,6 +30,13 @@ void nb__cpu_softmax_causal(nb_tensor *y, const nb_tensor *x, int64_t b, int64_t
 void nb__cpu_softmax_causal_backward(nb_tensor *dx, const nb_tensor *y, const nb_tensor *g,
                                      int64_t b, int64_t t, int64_t s, double scale);
 
+/* The same on raw rows (b (T, S) matrices of dtype dt, f32 or f64), for
+ * kernels that run them on their own buffers; dx may be g and y may be x. */
+void nb__cpu_causal_rows(nb_dtype dt, void *y, const void *x, int64_t b, int64_t t, int64_t s,
+                         double scale);
+void nb__cpu_causal_rows_backward(nb_dtype dt, void *dx, const void *y, const void *g, int64_t b,
+                                  int64_t t, int64_t s, double scale);
+
 /* Class index of row i of targets (i32 or i64). */
 int64_t nb__cpu_target_at(const nb_tensor *targets, int64_t i);
 

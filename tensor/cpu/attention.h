@@ -1,0 +1,27 @@
+/* CPU kernels of fused causal self-attention (nn/attention.c), per head
+ * straight on the packed projection, without head copies.
+ *
+ * Letters: N batch, T sequence, H heads, D per head, C = H D. qkv (N, T, 3C)
+ * holds q, k and v side by side in each row; head h of q is its columns
+ * [h D, h D + D), of k the same plus C, of v plus 2C. All tensors are
+ * contiguous f32 or f64 of one dtype; T, D and 3C fit an int. */
+#ifndef NABLA_TENSOR_CPU_ATTENTION_H
+#define NABLA_TENSOR_CPU_ATTENTION_H
+
+#include "nabla/tensor.h"
+
+/* For each (n, h): p (N, H, T, T) = causal softmax of scale q k^T
+ * (nb__cpu_softmax_causal's rows) and y[n, :, h D : h D + D] = p v, so y
+ * (N, T, C) comes out in the layout the output projection reads. */
+void nb__cpu_causal_attention(nb_tensor *y, nb_tensor *p, const nb_tensor *qkv, int h,
+                              double scale);
+
+/* dqkv (N, T, 3C), every element written, from qkv, the saved p and gy
+ * (N, T, C), the gradient of y; scratch holds T x T elements. Per head:
+ * dp = gy v^T, ds = scale p (dp - sum_j dp p) on the kept entries,
+ * dq = ds k, dk = ds^T q, dv = p^T gy. */
+void nb__cpu_causal_attention_backward(nb_tensor *dqkv, nb_tensor *scratch, const nb_tensor *qkv,
+                                       const nb_tensor *p, const nb_tensor *gy, int h,
+                                       double scale);
+
+#endif
