@@ -197,7 +197,10 @@ double nbt_parity(const char *name, nbt_op_fn fn, void *user, int n, const nbt_i
                                                                 cpu.out->shape, r),
                                              gpu.out->dtype));
         free(r);
-        nb_backward(nb_sum_all(cpu.ctx, nb_mul(cpu.ctx, cpu.out, rc)));
+        /* the reference's output is f64 unless the op picks its dtype (a
+         * cast): weigh it in f64, which the CPU computes for any dtype */
+        nb_tensor *co = cpu.out->dtype == NB_F64 ? cpu.out : nb_cast(cpu.ctx, cpu.out, NB_F64);
+        nb_backward(nb_sum_all(cpu.ctx, nb_mul(cpu.ctx, co, rc)));
         nb_backward(nb_sum_all(gpu.ctx, nb_mul(gpu.ctx, gpu.out, rg)));
         for (int i = 0; i < n; i++) {
             if (!cpu.leaf[i]->requires_grad) continue;

@@ -291,9 +291,9 @@ START_TEST(test_mse_bce) {
                     nbt_input in[2] = {
                         {.dtype = dt, .ndim = 2, .shape = {sizes[s][0], sizes[s][1]}, .lo = -3,
                          .hi = 3, .transposed = t == 1},
-                        /* bce targets are probabilities */
+                        /* bce targets are probabilities, and get no gradient */
                         {.dtype = dt, .ndim = 2, .shape = {sizes[s][0], sizes[s][1]},
-                         .lo = kind ? 0 : -3, .hi = kind ? 1 : 3},
+                         .lo = kind ? 0 : -3, .hi = kind ? 1 : 3, .no_grad = kind == 1},
                     };
                     char name[128];
                     snprintf(name, sizeof name, "%s (%lld, %lld) %s%s", kind ? "bce" : "mse",
