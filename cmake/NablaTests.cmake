@@ -80,7 +80,7 @@ if(NABLA_TEST_SOURCES)
       if(_text MATCHES "nbt_parity\\(|nbt_device\\(\\)")
         add_test(NAME ${_name}_logic COMMAND ${_name} WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
         set_tests_properties(${_name}_logic PROPERTIES
-          LABELS cpu TIMEOUT 600 SKIP_RETURN_CODE 77
+          LABELS cpu TIMEOUT 300 SKIP_RETURN_CODE 77
           ENVIRONMENT "${NABLA_TEST_ENVIRONMENT};NBT_PARITY_DEVICE=cpu")
         list(APPEND NABLA_TESTS ${_name}_logic)
       endif()
