@@ -2,7 +2,11 @@
 # ${CMAKE_BINARY_DIR}/tests, linked with tests/testutil.c (when present), the
 # static library and Check; every tests/*.py runs under python3. All run from
 # the build directory. Labels: unit, or gpu for tests/test_cuda_*.c.
-# Exit code 77 means "skipped" (e.g. no GPU).
+# Exit code 77 means "skipped" (e.g. no GPU). A GPU suite whose source calls
+# nbt_parity or nbt_device also runs as <suite>_logic (label cpu) with
+# NBT_PARITY_DEVICE=cpu: the side under test on the CPU, which checks the
+# tests' own logic without a GPU (Note [CPU stand-in mode] in
+# tests/cuda_parity.h).
 
 file(GLOB NABLA_TEST_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/tests/test_*.c)
 file(GLOB NABLA_PY_TESTS CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/tests/*.py)
@@ -68,6 +72,20 @@ if(NABLA_TEST_SOURCES)
       LABELS ${_label} TIMEOUT 300 SKIP_RETURN_CODE 77
       ENVIRONMENT "${NABLA_TEST_ENVIRONMENT}")
     list(APPEND NABLA_TESTS ${_name})
+
+    if(_label STREQUAL "gpu")
+      # re-read when the suite changes
+      set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${_src})
+      file(READ ${_src} _text)
+      if(_text MATCHES "nbt_parity\\(|nbt_device\\(\\)")
+        add_test(NAME ${_name}_logic COMMAND ${_name} WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
+        # no SKIP_RETURN_CODE: this mode needs no GPU, so a skip is a failure
+        set_tests_properties(${_name}_logic PROPERTIES
+          LABELS cpu TIMEOUT 300
+          ENVIRONMENT "${NABLA_TEST_ENVIRONMENT};NBT_PARITY_DEVICE=cpu")
+        list(APPEND NABLA_TESTS ${_name}_logic)
+      endif()
+    endif()
   endforeach()
 endif()
 

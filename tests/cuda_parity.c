@@ -4,14 +4,84 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "cuda_parity.h"
 #include "tensor/cuda/cuda.h"
+
+/* Note [CPU stand-in mode] in cuda_parity.h. The counters are per test:
+ * reset by the fixture of nbt_tcase_create. */
+static int standin = -1;          /* -1: NBT_PARITY_DEVICE not read yet */
+static int64_t cases_run, cases_not_run, total_run, total_not_run;
+static bool test_device_only, fixture_armed;
+
+bool nbt_standin(void) {
+    if (standin < 0) {
+        const char *v = getenv("NBT_PARITY_DEVICE");
+        if (v && *v && strcmp(v, "cpu") != 0 && strcmp(v, "cuda") != 0) {
+            fprintf(stderr, "NBT_PARITY_DEVICE=%s: expected cpu or cuda\n", v);
+            exit(1);
+        }
+        standin = v && strcmp(v, "cpu") == 0;
+    }
+    return standin == 1;
+}
+
+nb_device nbt_device(void) {
+    cases_run++;
+    total_run++;
+    return nbt_standin() ? nb_cpu() : nb_cuda(0);
+}
+
+bool nbt_dtype_runs(nb_dtype dt) { return !nbt_standin() || (dt != NB_BF16 && dt != NB_F16); }
+
+bool nbt_device_only(const char *test, const char *why) {
+    if (!nbt_standin()) return false;
+    size_t len = strlen(test); /* START_TEST's function: the test's name and "_fn" */
+    if (len > 3 && strcmp(test + len - 3, "_fn") == 0) len -= 3;
+    printf("%.*s: not run in the CPU stand-in mode (%s)\n", (int)len, test, why);
+    test_device_only = true;
+    return true;
+}
+
+static void count_setup(void) {
+    cases_run = cases_not_run = 0;
+    test_device_only = false;
+    fixture_armed = true;
+}
+
+static void count_teardown(void) {
+    /* Check runs the teardown again after a failure in it (no fork): once */
+    if (!fixture_armed) return;
+    fixture_armed = false;
+    if (!nbt_standin() || test_device_only) return;
+    ck_assert_msg(cases_run > 0,
+                  "the CPU stand-in mode ran no case of this test (%lld not run here): filter "
+                  "fewer cases or mark the test NBT_DEVICE_ONLY",
+                  (long long)cases_not_run);
+}
+
+TCase *nbt_tcase_create(const char *name) {
+    TCase *tc = tcase_create(name);
+    tcase_add_checked_fixture(tc, count_setup, count_teardown);
+    return tc;
+}
+
+static void report_totals(void) {
+    printf("CPU stand-in mode: %lld cases run, %lld not run here (bf16/f16 inputs)\n",
+           (long long)total_run, (long long)total_not_run);
+}
 
 void nbt_cuda_require(void) {
     /* Check forks a child per test by default, and a child cannot use a
      * CUDA context its parent initialised: run the tests in-process. */
     setenv("CK_FORK", "no", 1);
+    if (nbt_standin()) {
+        printf("CPU stand-in mode (NBT_PARITY_DEVICE=cpu): the side under test runs on the "
+               "CPU; this checks the tests, not the CUDA kernels\n");
+        atexit(report_totals);
+        return;
+    }
     if (!NABLA_HAVE_CUDA) {
         printf("skipped: nabla was built without CUDA\n");
         exit(77);
@@ -133,19 +203,23 @@ static double compare(const double *got, const double *ref, int64_t n, int64_t *
     return err;
 }
 
+/* What the side under test is called in messages. */
+static const char *tested_name(void) { return nbt_standin() ? "the CPU stand-in" : "CUDA"; }
+
 static double check_pair(const char *name, const char *what, const nb_tensor *got,
                          const nb_tensor *ref, double tol) {
-    ck_assert_msg(nb_same_shape(got, ref), "%s: %s has shape %s on CUDA but %s on the CPU", name,
-                  what, nb_shape_str(got), nb_shape_str(ref));
+    ck_assert_msg(nb_same_shape(got, ref), "%s: %s has shape %s on %s but %s on the CPU", name,
+                  what, nb_shape_str(got), tested_name(), nb_shape_str(ref));
     int64_t n = nb_numel(ref), worst;
     double *g = nbt_values(got), *r = nbt_values(ref);
     double err = compare(g, r, n, &worst);
     if (!nb_dtype_is_float(ref->dtype) || !nb_dtype_is_float(got->dtype)) tol = 0;
     ck_assert_msg(err <= tol,
-                  "%s: %s differs: normalised error %.3g > %.3g at element %lld (cuda %.9g, cpu "
+                  "%s: %s differs: normalised error %.3g > %.3g at element %lld (%s %.9g, cpu "
                   "%.9g; %s, %s)",
-                  name, what, err, tol, (long long)worst, worst >= 0 ? g[worst] : 0.0,
-                  worst >= 0 ? r[worst] : 0.0, nb_shape_str(ref), nb_dtype_name(got->dtype));
+                  name, what, err, tol, (long long)worst, nbt_standin() ? "stand-in" : "cuda",
+                  worst >= 0 ? g[worst] : 0.0, worst >= 0 ? r[worst] : 0.0, nb_shape_str(ref),
+                  nb_dtype_name(got->dtype));
     free(g);
     free(r);
     return err;
@@ -167,6 +241,16 @@ static double default_tol(int n, const nbt_input *in) {
 double nbt_parity(const char *name, nbt_op_fn fn, void *user, int n, const nbt_input *in,
                   const nbt_parity_opts *opts) {
     ck_assert_msg(n >= 0 && n <= 16, "nbt_parity: %d inputs (at most 16)", n);
+    if (nbt_standin()) {
+        for (int i = 0; i < n; i++)
+            if (!nbt_dtype_runs(in[i].dtype)) {
+                cases_not_run++;
+                total_not_run++;
+                return 0;
+            }
+        cases_run++;
+        total_run++;
+    }
     nbt_parity_opts o = opts ? *opts : (nbt_parity_opts){0};
     uint64_t rs = o.seed ? o.seed : 0x5eed5eedull;
     double tol = o.tol > 0 ? o.tol : default_tol(n, in);
@@ -179,10 +263,15 @@ double nbt_parity(const char *name, nbt_op_fn fn, void *user, int n, const nbt_i
     nb_ctx *host = nb_ctx_new(nb_cpu(), 0);
     side cpu = {0}, gpu = {0};
     run_side(&cpu, nb_cpu(), false, n, in, vals, fn, user, host);
-    bool prev_poison = nb__cuda_poison();
-    nb__cuda_set_poison(true);
-    run_side(&gpu, nb_cuda(0), true, n, in, vals, fn, user, host);
-    nb__cuda_set_poison(prev_poison);
+    if (nbt_standin()) {
+        /* no poisoning: the CPU allocator has none */
+        run_side(&gpu, nb_cpu(), true, n, in, vals, fn, user, host);
+    } else {
+        bool prev_poison = nb__cuda_poison();
+        nb__cuda_set_poison(true);
+        run_side(&gpu, nb_cuda(0), true, n, in, vals, fn, user, host);
+        nb__cuda_set_poison(prev_poison);
+    }
 
     double worst = check_pair(name, "output", gpu.out, cpu.out, tol);
 
@@ -197,19 +286,23 @@ double nbt_parity(const char *name, nbt_op_fn fn, void *user, int n, const nbt_i
                                                                 cpu.out->shape, r),
                                              gpu.out->dtype));
         free(r);
-        nb_backward(nb_sum_all(cpu.ctx, nb_mul(cpu.ctx, cpu.out, rc)));
+        /* the reference's output is f64 unless the op picks its dtype (a
+         * cast): weigh it in f64, which the CPU computes for any dtype */
+        nb_tensor *co = cpu.out->dtype == NB_F64 ? cpu.out : nb_cast(cpu.ctx, cpu.out, NB_F64);
+        nb_backward(nb_sum_all(cpu.ctx, nb_mul(cpu.ctx, co, rc)));
         nb_backward(nb_sum_all(gpu.ctx, nb_mul(gpu.ctx, gpu.out, rg)));
         for (int i = 0; i < n; i++) {
             if (!cpu.leaf[i]->requires_grad) continue;
             char what[64];
             snprintf(what, sizeof what, "gradient of input %d", i);
-            ck_assert_msg(gpu.leaf[i]->grad != NULL, "%s: %s is missing on CUDA", name, what);
+            ck_assert_msg(gpu.leaf[i]->grad != NULL, "%s: %s is missing on %s", name, what,
+                          tested_name());
             ck_assert_msg(cpu.leaf[i]->grad != NULL, "%s: %s is missing on the CPU", name, what);
             double e = check_pair(name, what, gpu.leaf[i]->grad, cpu.leaf[i]->grad, gtol);
             if (e > worst) worst = e;
         }
     }
-    nb_cuda_synchronize(nb_cuda(0));
+    if (!nbt_standin()) nb_cuda_synchronize(nb_cuda(0));
     for (int i = 0; i < n; i++) free(vals[i]);
     nb_ctx_free(cpu.ctx);
     nb_ctx_free(gpu.ctx);

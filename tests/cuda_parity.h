@@ -11,7 +11,28 @@
  * or the case's own. A NaN anywhere in the CUDA result where the
  * reference has none fails the check (an element the kernel did not write
  * is NaN by poisoning). Failure messages name the case, the tensor
- * (output, or grad of input i), the worst element and both values. */
+ * (output, or grad of input i), the worst element and both values.
+ *
+ * Note [CPU stand-in mode]
+ * With NBT_PARITY_DEVICE=cpu in the environment the side under test runs
+ * on the CPU instead of CUDA, in the dtype under test, without poisoning:
+ * the CPU in f32 (or f64) against the CPU in f64. This runs the tests'
+ * own logic (shapes, which inputs get gradients, expectations, tolerances)
+ * on a machine without a GPU, so that a test bug shows before a GPU
+ * session. CTest runs each GPU suite that has parity cases a second time
+ * in this mode, as <suite>_logic (label cpu). It says nothing about the
+ * CUDA kernels.
+ * In this mode:
+ *   - nbt_parity returns 0 at once, counted as "not run here", for a
+ *     case with a bf16 or f16 input (storage types on the CPU); cases
+ *     with other reasons to be left out are filtered by the tests
+ *     (nbt_dtype_runs, e.g. a bf16 compute dtype or a cast to f16);
+ *   - a test that only makes sense on a device (poisoning, streams,
+ *     deferred faults, cuDNN counters, TF32, bitwise CUDA-vs-CPU random
+ *     numbers, nb_cuda_* calls) starts with NBT_DEVICE_ONLY("why");
+ *   - a test of a TCase made by nbt_tcase_create fails when it ran no
+ *     case at all (nbt_parity or nbt_device) and was not NBT_DEVICE_ONLY,
+ *     so that a filter cannot quietly empty a test. */
 #ifndef NABLA_TESTS_CUDA_PARITY_H
 #define NABLA_TESTS_CUDA_PARITY_H
 
@@ -58,8 +79,34 @@ double nbt_parity(const char *name, nbt_op_fn fn, void *user, int n, const nbt_i
                   const nbt_parity_opts *opts);
 
 /* Call first in main(): exits with 77 (CTest "skipped") and a line saying
- * why when nabla was built without CUDA or no device is visible. */
+ * why when nabla was built without CUDA or no device is visible, unless in
+ * the CPU stand-in mode (Note [CPU stand-in mode]). Sets CK_FORK=no. */
 void nbt_cuda_require(void);
+
+/* Whether the CPU stand-in mode is on (NBT_PARITY_DEVICE=cpu). */
+bool nbt_standin(void);
+
+/* The device of the side under test: cuda:0, or the CPU in the stand-in
+ * mode. For tests that compare on their own; counts as a case run. */
+nb_device nbt_device(void);
+
+/* Whether the side under test computes in dt: always on CUDA; in the
+ * stand-in mode not bf16 and f16, which the CPU only stores. */
+bool nbt_dtype_runs(nb_dtype dt);
+
+/* A TCase (tcase_create) whose tests, in the stand-in mode, must run at
+ * least one case or be NBT_DEVICE_ONLY. */
+TCase *nbt_tcase_create(const char *name);
+
+/* In the stand-in mode: prints that the test is left out and why, marks it
+ * so for nbt_tcase_create's check, and returns true. Otherwise false. */
+bool nbt_device_only(const char *test, const char *why);
+
+/* First statement of a test that only makes sense on a real device. */
+#define NBT_DEVICE_ONLY(why)                                                              \
+    do {                                                                                  \
+        if (nbt_device_only(__func__, why)) return;                                       \
+    } while (0)
 
 /* Host values of any tensor (any device, any dtype) as doubles, in
  * row-major order; the caller frees. */

@@ -93,6 +93,7 @@ END_TEST
 
 /* Backward twice on the same inputs: bitwise equal dx, dw, db. */
 START_TEST(test_layer_norm_backward_deterministic) {
+    NBT_DEVICE_ONLY("determinism of the CUDA backward");
     nb_ctx *g = gpu_ctx();
     int64_t m = 4099, d = 77;
     nb_tensor *out[2][3];
@@ -150,6 +151,7 @@ END_TEST
 /* gw of a backward with many repeats, twice on CUDA and once on the CPU:
  * all three bitwise equal (f32 sums in increasing position everywhere). */
 START_TEST(test_embedding_backward_bitwise) {
+    NBT_DEVICE_ONLY("bitwise CUDA against the CPU: trivially true on the CPU");
     nb_ctx *c = cpu_ctx(), *g = gpu_ctx();
     int64_t v = 53, ch = 129, np = 5000; /* indices reach 12 + 40 = 52 */
     int64_t *idx = malloc(sizeof *idx * (size_t)np);
@@ -179,6 +181,7 @@ END_TEST
 
 /* ---- dropout and random fills ---- */
 START_TEST(test_dropout_bitwise) {
+    NBT_DEVICE_ONLY("bitwise CUDA against the CPU: trivially true on the CPU");
     nb_ctx *c = cpu_ctx(), *g = gpu_ctx();
     const int64_t ns[] = {1, 7, 4099};
     const double ps[] = {0.1, 0.5, 0.9, 1.0};
@@ -226,6 +229,7 @@ START_TEST(test_dropout_bitwise) {
 END_TEST
 
 START_TEST(test_rand_fills_bitwise) {
+    NBT_DEVICE_ONLY("bitwise CUDA against the CPU: trivially true on the CPU");
     nb_ctx *c = cpu_ctx(), *g = gpu_ctx();
     const int64_t ns[] = {1, 2, 3, 5, 1001, 4099};
     const nb_dtype exact[] = {NB_F32, NB_BF16, NB_F16};
@@ -256,6 +260,7 @@ END_TEST
 
 /* Last: the fault stays reported on the device. */
 START_TEST(test_embedding_index_out_of_range) {
+    NBT_DEVICE_ONLY("a deferred device fault");
     nb_ctx *g = gpu_ctx();
     nb_tensor *w = nb_rand_normal(g, NB_F32, NB_SHAPE(37, 4), 0, 1, &(nb_rng){41, 0});
     int64_t idx[5] = {0, 3, 36, 37, 1};
@@ -270,7 +275,7 @@ int main(void) {
     nbt_cuda_require();
     setenv("CK_FORK", "no", 1);
     Suite *s = suite_create("cuda_layers");
-    TCase *tc = tcase_create("core");
+    TCase *tc = nbt_tcase_create("core");
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_layer_norm_parity);
     tcase_add_test(tc, test_layer_norm_backward_deterministic);

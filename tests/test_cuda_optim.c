@@ -90,7 +90,7 @@ static void compare(const char *what, const nb_tensor *a, const nb_tensor *b, do
 static void run_optim_case(const char *name, nb_optim_kind kind, nb_optim_hparams h, nb_dtype dt) {
     side cs, gs;
     side_init(&cs, nb_cpu(), dt);
-    side_init(&gs, nb_cuda(0), dt);
+    side_init(&gs, nbt_device(), dt);
     nb_optim *opt[2];
     side *sides[2] = {&cs, &gs};
     for (int k = 0; k < 2; k++) {
@@ -127,7 +127,7 @@ static void run_optim_case(const char *name, nb_optim_kind kind, nb_optim_hparam
             ck_assert_msg(nb_item(sg[i].tensor) == nb_item(sc[i].tensor), "%s: %g vs %g", what,
                           nb_item(sg[i].tensor), nb_item(sc[i].tensor));
         } else {
-            ck_assert(sg[i].tensor->device.type == NB_DEVICE_CUDA);
+            ck_assert(nb_device_eq(sg[i].tensor->device, nb_ctx_device(gs.ctx)));
             compare(what, sg[i].tensor, sc[i].tensor, tol);
         }
     }
@@ -181,7 +181,7 @@ START_TEST(test_clip_grad_norm) {
         for (int nt = 0; nt < 2; nt++) {
             side cs, gs;
             side_init(&cs, nb_cpu(), dts[d]);
-            side_init(&gs, nb_cuda(0), dts[d]);
+            side_init(&gs, nbt_device(), dts[d]);
             side_set_grads(&cs, 3);
             side_set_grads(&gs, 3);
             double nc = nb_clip_grad_norm(cs.named, NP, 1e9, norm_types[nt]);
@@ -222,7 +222,7 @@ END_TEST
 START_TEST(test_grad_scaler_cuda) {
     side cs, gs;
     side_init(&cs, nb_cpu(), NB_F32);
-    side_init(&gs, nb_cuda(0), NB_F32);
+    side_init(&gs, nbt_device(), NB_F32);
     nb_optim_hparams h = {.lr = 0.1, .momentum = 0.9};
     nb_optim *oc = nb_optim_new(NB_OPTIM_SGD, cs.named, NP, &h);
     nb_optim *og = nb_optim_new(NB_OPTIM_SGD, gs.named, NP, &h);
@@ -254,7 +254,7 @@ START_TEST(test_grad_scaler_cuda) {
     }
     for (int k = 0; k < NP; k++) compare("parameter after scaled steps", gs.p[k], cs.p[k], 1e-6);
     /* the scaled loss: unscaled gradients equal the plain ones */
-    nb_ctx *step = nb_ctx_new(nb_cuda(0), 0);
+    nb_ctx *step = nb_ctx_new(nbt_device(), 0);
     nb_tensor *x = nb_rand_normal(step, NB_F32, 1, &sizes[3], 0, 1, &(nb_rng){3, 0});
     nb_optim_zero_grad(og);
     nb_backward(nb_sum_all(step, nb_mul(step, nb_tanh(step, gs.p[3]), x)));
@@ -282,7 +282,7 @@ int main(void) {
     nbt_cuda_require();
     setenv("CK_FORK", "no", 1);
     Suite *s = suite_create("cuda_optim");
-    TCase *tc = tcase_create("core");
+    TCase *tc = nbt_tcase_create("core");
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_adam_adamw_sgd);
     tcase_add_test(tc, test_clip_grad_norm);
