@@ -139,6 +139,34 @@ void *nb__cuda_gemm_workspace(int device, size_t *bytes) {
     NO_CUDA("nb__cuda_gemm_workspace");
 }
 
+void *nb__cuda_cudnn_lock(int device) {
+    (void)device;
+    NO_CUDA("nb__cuda_cudnn_lock");
+}
+
+void nb__cuda_cudnn_unlock(int device) {
+    (void)device;
+    NO_CUDA("nb__cuda_cudnn_unlock");
+}
+
+nb_status nb__cuda_cudnn_workspace(int device, size_t bytes, void **ws) {
+    (void)device;
+    (void)bytes;
+    (void)ws;
+    NO_CUDA("nb__cuda_cudnn_workspace");
+}
+
+size_t nb__cuda_cudnn_workspace_limit(int device) {
+    (void)device;
+    NO_CUDA("nb__cuda_cudnn_workspace_limit");
+}
+
+size_t nb__cuda_cudnn_workspace_size(int device, int64_t *buffers) {
+    (void)device;
+    (void)buffers;
+    NO_CUDA("nb__cuda_cudnn_workspace_size");
+}
+
 void nb__cuda_set_poison(bool on) {
     (void)on;
 }
@@ -349,6 +377,14 @@ void nb__cuda_conv2d_backward(nb_ctx *ctx, nb_dtype dt, const nb__conv2d_geom *g
     (void)x;
     (void)w;
     NO_CUDA("nb__cuda_conv2d_backward");
+}
+
+void nb__cuda_conv2d_workspace_sizes(int device, nb_dtype dt, const nb__conv2d_geom *g, size_t *bytes) {
+    (void)device;
+    (void)dt;
+    (void)g;
+    (void)bytes;
+    NO_CUDA("nb__cuda_conv2d_workspace_sizes");
 }
 
 void nb__cuda_batch_norm(nb_tensor *y, nb_tensor *save_mean, nb_tensor *save_invstd, const nb_tensor *x, const nb_tensor *weight, const nb_tensor *bias, nb_tensor *running_mean, nb_tensor *running_var, bool training, double momentum, double eps, int64_t n, int64_t c, int64_t s) {

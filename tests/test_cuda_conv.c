@@ -197,6 +197,136 @@ START_TEST(test_conv2d_transposed_input) {
 }
 END_TEST
 
+/* ----------------------------------------------- the cuDNN workspace */
+/* Note [cuDNN workspace] in tensor/cuda/runtime.cu: one workspace per
+ * device, shared by every convolution and grown on demand. Layers of a
+ * small CNN, of different shapes and workspace needs, run in one context:
+ * all forwards, then all backwards in reverse, so the workspace grows
+ * while calls that use the old buffer may still be queued. */
+static const conv_case ws_cases[] = {
+    {{4, 64, 28, 28}, {64, 64, 3, 3}, {{1, 1}, {1, 1}, {1, 1}}, false},
+    {{4, 32, 32, 32}, {48, 32, 5, 5}, {{1, 1}, {2, 2}, {1, 1}}, true},
+    {{4, 128, 14, 14}, {128, 128, 3, 3}, {{2, 2}, {1, 1}, {1, 1}}, false},
+    {{8, 3, 64, 64}, {32, 3, 7, 7}, {{2, 2}, {3, 3}, {1, 1}}, true},
+    {{4, 256, 7, 7}, {256, 256, 1, 1}, {{1, 1}, {0, 0}, {1, 1}}, false},
+    {{2, 16, 40, 40}, {16, 16, 3, 3}, {{1, 1}, {2, 2}, {2, 2}}, true},
+};
+#define WS_CASES (sizeof ws_cases / sizeof ws_cases[0])
+
+static nb__conv2d_geom geom_of(const conv_case *c) {
+    nb__conv2d_geom g = {
+        .n = c->x[0], .c = c->x[1], .h = c->x[2], .w = c->x[3], .o = c->w[0], .kh = c->w[2],
+        .kw = c->w[3], .sh = c->o.stride[0], .sw = c->o.stride[1], .ph = c->o.padding[0],
+        .pw = c->o.padding[1], .dh = c->o.dilation[0], .dw = c->o.dilation[1],
+    };
+    g.oh = (g.h + 2 * g.ph - g.dh * (g.kh - 1) - 1) / g.sh + 1;
+    g.ow = (g.w + 2 * g.pw - g.dw * (g.kw - 1) - 1) / g.sw + 1;
+    return g;
+}
+
+/* Every case's output, flattened and concatenated: one tensor for the
+ * parity harness, whose backward runs every case's backward. */
+static nb_tensor *op_conv_many(nb_ctx *ctx, nb_tensor *const *in, void *user) {
+    (void)user;
+    nb_tensor *flat[WS_CASES];
+    int k = 0;
+    for (size_t i = 0; i < WS_CASES; i++) {
+        const conv_case *c = &ws_cases[i];
+        nb_tensor *x = in[k++], *w = in[k++], *b = c->bias ? in[k++] : NULL;
+        nb_tensor *y = nb_conv2d(ctx, x, w, b, &c->o);
+        int64_t n = nb_numel(y);
+        flat[i] = nb_reshape(ctx, y, 1, &n);
+    }
+    return nb_concat(ctx, (int)WS_CASES, flat, 0);
+}
+
+static int many_inputs(nb_dtype dt, nbt_input *in) {
+    int k = 0;
+    for (size_t i = 0; i < WS_CASES; i++) {
+        nbt_input ci[3];
+        conv_inputs(&ws_cases[i], dt, ci);
+        in[k++] = ci[0];
+        in[k++] = ci[1];
+        if (ws_cases[i].bias) in[k++] = ci[2];
+    }
+    return k;
+}
+
+START_TEST(test_conv2d_shared_workspace) {
+    static const nb_dtype dts[] = {NB_F32, NB_BF16};
+    nb_cuda_set_allow_tf32(false);
+    int64_t buf0;
+    size_t size0 = nb__cuda_cudnn_workspace_size(0, &buf0);
+    /* the largest workspace these calls ask for, from the algorithms chosen */
+    size_t want = size0;
+    for (size_t di = 0; di < 2; di++)
+        for (size_t i = 0; i < WS_CASES; i++) {
+            nb__conv2d_geom g = geom_of(&ws_cases[i]);
+            size_t b[3];
+            nb__cuda_conv2d_workspace_sizes(0, dts[di], &g, b);
+            for (int d = 0; d < 3; d++) want = b[d] > want ? b[d] : want;
+        }
+    ck_assert_msg(want <= nb__cuda_cudnn_workspace_limit(0) || want == size0,
+                  "a workspace of %zu bytes was chosen over the limit of %zu", want,
+                  nb__cuda_cudnn_workspace_limit(0));
+    size_t size_after[2];
+    int64_t buf_after[2];
+    for (int pass = 0; pass < 2; pass++) {
+        for (size_t di = 0; di < 2; di++) {
+            nbt_input in[16];
+            int n = many_inputs(dts[di], in);
+            nbt_parity_opts o = {.tol = tol_for(dts[di]), .seed = 170 + di};
+            char name[96];
+            snprintf(name, sizeof name, "conv2d many shapes, one context, %s, pass %d",
+                     nb_dtype_name(dts[di]), pass);
+            nbt_parity(name, op_conv_many, NULL, n, in, &o);
+        }
+        size_after[pass] = nb__cuda_cudnn_workspace_size(0, &buf_after[pass]);
+    }
+    ck_assert_msg(size_after[0] == want,
+                  "the cuDNN workspace is %zu bytes, the largest asked for is %zu (it was %zu)",
+                  size_after[0], want, size0);
+    if (want == size0)
+        ck_assert_msg(buf_after[0] == buf0, "%lld buffers allocated for a workspace that did "
+                      "not need to grow", (long long)(buf_after[0] - buf0));
+    else
+        ck_assert_msg(buf_after[0] > buf0 && buf_after[0] - buf0 <= (int64_t)(6 * WS_CASES),
+                      "%lld buffers allocated while growing from %zu to %zu bytes",
+                      (long long)(buf_after[0] - buf0), size0, want);
+    ck_assert_msg(size_after[1] == size_after[0] && buf_after[1] == buf_after[0],
+                  "the second pass changed the workspace: %zu bytes, %lld buffers -> %zu bytes, "
+                  "%lld buffers",
+                  size_after[0], (long long)buf_after[0], size_after[1], (long long)buf_after[1]);
+}
+END_TEST
+
+/* The convolution entry points take nothing from the context: the
+ * workspace is the device's (before, each call's workspace stayed in the
+ * context until its reset). */
+START_TEST(test_conv2d_workspace_not_in_context) {
+    nb_ctx *ctx = nb_ctx_new(nb_cuda(0), 0);
+    for (size_t i = 0; i < WS_CASES; i++) {
+        const conv_case *c = &ws_cases[i];
+        nb__conv2d_geom g = geom_of(c);
+        int64_t ys[4] = {g.n, g.o, g.oh, g.ow};
+        nb_tensor *x = nb_zeros(ctx, NB_F32, 4, c->x), *w = nb_zeros(ctx, NB_F32, 4, c->w);
+        nb_tensor *y = nb_empty(ctx, NB_F32, 4, ys), *gy = nb_zeros(ctx, NB_F32, 4, ys);
+        nb_tensor *dx = nb_empty(ctx, NB_F32, 4, c->x), *dw = nb_empty(ctx, NB_F32, 4, c->w);
+        size_t used = nb_ctx_used(ctx);
+        nb__cuda_conv2d_forward(ctx, NB_F32, &g, y->data, x->data, w->data, NULL);
+        nb__cuda_conv2d_backward(ctx, NB_F32, &g, dx->data, dw->data, NULL, gy->data, x->data,
+                                 w->data);
+        ck_assert_msg(nb_ctx_used(ctx) == used,
+                      "case %zu: the convolution took %zu bytes from the context", i,
+                      nb_ctx_used(ctx) - used);
+        double *v = nbt_values(dw); /* waits for the device: faults show here */
+        ck_assert_double_eq(v[0], 0.0);
+        free(v);
+    }
+    nb_ctx_free(ctx);
+}
+END_TEST
+
 /* ---------------------------------------------------------- batch norm */
 /* Every case runs twice: with cuDNN on (cuDNN where it can, our kernels
  * elsewhere) and off (our kernels only), Note [Batch norm: cuDNN or our
@@ -525,6 +655,8 @@ int main(void) {
     tcase_add_test(tc, test_conv2d_no_input_grad);
     tcase_add_test(tc, test_conv2d_mixed);
     tcase_add_test(tc, test_conv2d_unaligned_batch_view);
+    tcase_add_test(tc, test_conv2d_shared_workspace);
+    tcase_add_test(tc, test_conv2d_workspace_not_in_context);
     tcase_add_test(tc, test_batch_norm);
     tcase_add_test(tc, test_batch_norm_running_stats);
     tcase_add_test(tc, test_pool);

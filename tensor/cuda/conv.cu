@@ -6,8 +6,13 @@
  * on first use of each direction, the algorithm and its workspace size,
  * chosen with cudnnGet*Algorithm_v7 (heuristics only: the Find functions
  * benchmark and synchronise the device). Among the algorithms that work,
- * the first deterministic one whose workspace stays under WS_LIMIT is
- * taken, else the first that works.
+ * the first deterministic one whose workspace stays under the device's
+ * limit (nb__cuda_cudnn_workspace_limit: a sixteenth of its memory, at
+ * least 1 GiB) is taken, else the first under the limit, else the first
+ * that works. The workspace is the device's one cuDNN workspace, shared by
+ * every call (Note [cuDNN workspace] in runtime.cu), so a large one costs
+ * its size once, not once per call: hence a limit that scales with the
+ * device rather than a fixed one.
  *
  * Math types: bf16/f16 (f32 accumulation) CUDNN_TENSOR_OP_MATH; f32
  * CUDNN_DEFAULT_MATH when TF32 is allowed (it permits TF32 tensor cores;
@@ -29,7 +34,6 @@
 #include "tensor/cuda/cuda.h"
 
 #define OP "nb_conv2d"
-#define WS_LIMIT ((size_t)1 << 30)
 
 /* ------------------------------------------------------------- kernels */
 static __device__ __forceinline__ float to_acc(float x) { return x; }
@@ -136,14 +140,41 @@ typedef struct conv_plan {
 #define PLAN_PROBE 8
 static conv_plan plans[PLAN_SLOTS];
 static pthread_mutex_t plans_lock = PTHREAD_MUTEX_INITIALIZER;
+static int locked_dev = -1; /* whose cuDNN lock goes with plans_lock; under it */
 
-/* Note [Aborts under the plan lock] (tensor/cuda/matmul.cu) holds here
- * too: every check made with plans_lock held releases it before aborting
- * (DNN_CHECK), the geometry and dtype are validated before it is taken
- * (make_key), and the workspace is allocated with it released (an
- * out-of-memory abort of the context: workspace()). */
+/* Note [Convolution locks]
+ * A call holds two locks from its first use of cuDNN until its last
+ * cuDNN call is enqueued: the device's cuDNN lock (runtime.cu), taken
+ * first, which serialises the handle and guards the workspace until the
+ * call using it is enqueued (Note [cuDNN workspace]), and plans_lock,
+ * which guards the plan table (shared by every device) and the plan's
+ * descriptors, whose math type is set before each call. The order is
+ * always cuDNN lock, then plans_lock, and one device at a time, so two
+ * threads cannot deadlock. The cached pointer to a plan is only used
+ * under plans_lock: another thread may evict it once released.
+ *
+ * Note [Aborts under the plan lock] (tensor/cuda/matmul.cu) holds here
+ * too: every check made with the locks held releases both before aborting
+ * (DNN_CHECK, unlock_all), the geometry and dtype are validated before
+ * they are taken (make_key), the handle is made before (nb__cuda_cudnn_lock
+ * may abort only before it locks), and the workspace reports a failure to
+ * grow instead of aborting (prepare releases the locks, then aborts). */
+static cudnnHandle_t lock_all(int dev) {
+    cudnnHandle_t h = (cudnnHandle_t)nb__cuda_cudnn_lock(dev);
+    pthread_mutex_lock(&plans_lock);
+    locked_dev = dev;
+    return h;
+}
+
+static void unlock_all(void) {
+    int dev = locked_dev;
+    locked_dev = -1;
+    pthread_mutex_unlock(&plans_lock);
+    nb__cuda_cudnn_unlock(dev);
+}
+
 static cudnnStatus_t unlock_on_failure(cudnnStatus_t s) {
-    if (s != CUDNN_STATUS_SUCCESS) pthread_mutex_unlock(&plans_lock);
+    if (s != CUDNN_STATUS_SUCCESS) unlock_all();
     return s;
 }
 #define DNN_CHECK(call) NB_CUDNN_CHECK(OP, unlock_on_failure(call))
@@ -228,7 +259,7 @@ static void plan_make(conv_plan *p, const conv_key *k) {
     DNN_CHECK(cudnnGetConvolution2dForwardOutputDim(p->cd, p->xd, p->wd, &on, &oc, &ohh,
                                                     &oww));
     if (on != g->n || oc != g->o || ohh != g->oh || oww != g->ow) {
-        pthread_mutex_unlock(&plans_lock);
+        unlock_all();
         NB_ABORT("%s: cuDNN's output size (%d, %d, %d, %d) differs from (%lld, %lld, %lld, %lld)",
                  OP, on, oc, ohh, oww, (long long)g->n, (long long)g->o, (long long)g->oh,
                  (long long)g->ow);
@@ -238,7 +269,7 @@ static void plan_make(conv_plan *p, const conv_key *k) {
     p->used = true;
 }
 
-/* Called with plans_lock held. */
+/* Called with the locks held. */
 static conv_plan *plan_get(const conv_key *k) {
     uint64_t h = key_hash(k);
     for (int i = 0; i < PLAN_PROBE; i++) {
@@ -270,10 +301,10 @@ static bool usable(const Perf *r) {
 
 /* Index of the algorithm to take among cnt heuristic results (or -1). */
 template <typename Perf>
-static int pick(const Perf *r, int cnt) {
+static int pick(const Perf *r, int cnt, size_t limit) {
     int any = -1;
     for (int i = 0; i < cnt; i++) {
-        if (!usable(&r[i]) || r[i].memory > WS_LIMIT) continue;
+        if (!usable(&r[i]) || r[i].memory > limit) continue;
         if (r[i].determinism == CUDNN_DETERMINISTIC) return i;
         if (any < 0) any = i;
     }
@@ -291,15 +322,15 @@ static cudnnMathType_t run_math(const conv_plan *p, cudnnMathType_t chosen) {
 
 #define MAX_ALGOS 16
 
-static void choose_fwd(conv_plan *p, cudnnHandle_t h) {
+static void choose_fwd(conv_plan *p, cudnnHandle_t h, size_t limit) {
     cudnnConvolutionFwdAlgoPerf_t r[MAX_ALGOS];
     int cnt = 0;
     DNN_CHECK(cudnnSetConvolutionMathType(p->cd, base_math(&p->key)));
     DNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, p->xd, p->wd, p->cd, p->yd,
                                                      MAX_ALGOS, &cnt, r));
-    int i = pick(r, cnt);
+    int i = pick(r, cnt, limit);
     if (i < 0) {
-        pthread_mutex_unlock(&plans_lock);
+        unlock_all();
         NB_ABORT("%s: cuDNN has no forward algorithm for %s", OP, geom_str(&p->key).s);
     }
     p->fwd = r[i].algo;
@@ -310,15 +341,15 @@ static void choose_fwd(conv_plan *p, cudnnHandle_t h) {
     p->have_fwd = true;
 }
 
-static void choose_bwd_data(conv_plan *p, cudnnHandle_t h) {
+static void choose_bwd_data(conv_plan *p, cudnnHandle_t h, size_t limit) {
     cudnnConvolutionBwdDataAlgoPerf_t r[MAX_ALGOS];
     int cnt = 0;
     DNN_CHECK(cudnnSetConvolutionMathType(p->cd, base_math(&p->key)));
     DNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, p->wd, p->yd, p->cd, p->xd,
                                                           MAX_ALGOS, &cnt, r));
-    int i = pick(r, cnt);
+    int i = pick(r, cnt, limit);
     if (i < 0) {
-        pthread_mutex_unlock(&plans_lock);
+        unlock_all();
         NB_ABORT("%s: cuDNN has no backward-data algorithm for %s", OP, geom_str(&p->key).s);
     }
     p->bwd_data = r[i].algo;
@@ -329,15 +360,15 @@ static void choose_bwd_data(conv_plan *p, cudnnHandle_t h) {
     p->have_bwd_data = true;
 }
 
-static void choose_bwd_filter(conv_plan *p, cudnnHandle_t h) {
+static void choose_bwd_filter(conv_plan *p, cudnnHandle_t h, size_t limit) {
     cudnnConvolutionBwdFilterAlgoPerf_t r[MAX_ALGOS];
     int cnt = 0;
     DNN_CHECK(cudnnSetConvolutionMathType(p->cd, base_math(&p->key)));
     DNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, p->xd, p->yd, p->cd, p->wd,
                                                             MAX_ALGOS, &cnt, r));
-    int i = pick(r, cnt);
+    int i = pick(r, cnt, limit);
     if (i < 0) {
-        pthread_mutex_unlock(&plans_lock);
+        unlock_all();
         NB_ABORT("%s: cuDNN has no backward-filter algorithm for %s", OP, geom_str(&p->key).s);
     }
     p->bwd_filter = r[i].algo;
@@ -365,13 +396,17 @@ static conv_key make_key(int device, nb_dtype dt, const nb__conv2d_geom *g) {
 
 typedef enum direction { FWD, BWD_DATA, BWD_FILTER } direction;
 
-/* The plan of k with the algorithm of direction d chosen. Called with
- * plans_lock held. */
-static conv_plan *plan_for(const conv_key *k, cudnnHandle_t h, direction d) {
+static const char *direction_name(direction d) {
+    return d == FWD ? "forward" : d == BWD_DATA ? "backward-data" : "backward-filter";
+}
+
+/* The plan of k with the algorithm of direction d chosen. Called with the
+ * locks held. */
+static conv_plan *plan_for(const conv_key *k, cudnnHandle_t h, size_t limit, direction d) {
     conv_plan *p = plan_get(k);
-    if (d == FWD && !p->have_fwd) choose_fwd(p, h);
-    if (d == BWD_DATA && !p->have_bwd_data) choose_bwd_data(p, h);
-    if (d == BWD_FILTER && !p->have_bwd_filter) choose_bwd_filter(p, h);
+    if (d == FWD && !p->have_fwd) choose_fwd(p, h, limit);
+    if (d == BWD_DATA && !p->have_bwd_data) choose_bwd_data(p, h, limit);
+    if (d == BWD_FILTER && !p->have_bwd_filter) choose_bwd_filter(p, h, limit);
     return p;
 }
 
@@ -379,27 +414,19 @@ static size_t ws_bytes(const conv_plan *p, direction d) {
     return d == FWD ? p->fwd_ws : d == BWD_DATA ? p->bwd_data_ws : p->bwd_filter_ws;
 }
 
-/* The workspace of direction d from ctx, sized with plans_lock held and
- * allocated with it released (Note [Aborts under the plan lock]). Returns
- * with the lock held and *pp the plan, looked up again: another thread may
- * have evicted it meanwhile (it is then rebuilt; the heuristic gives the
- * same algorithm, so the workspace size cannot have grown in practice). */
-static void *workspace(nb_ctx *ctx, const conv_key *k, cudnnHandle_t h, direction d,
-                       conv_plan **pp) {
-    pthread_mutex_lock(&plans_lock);
-    size_t bytes = ws_bytes(plan_for(k, h, d), d);
-    pthread_mutex_unlock(&plans_lock);
-    void *ws = bytes ? nb_ctx_alloc(ctx, bytes, 0) : NULL;
-    pthread_mutex_lock(&plans_lock);
-    conv_plan *p = plan_for(k, h, d);
-    if (ws_bytes(p, d) > bytes) {
-        size_t need = ws_bytes(p, d);
-        pthread_mutex_unlock(&plans_lock);
-        NB_ABORT("%s: cuDNN's workspace for %s grew from %zu to %zu bytes between two queries",
-                 OP, geom_str(k).s, bytes, need);
+/* The plan of direction d and, in *ws, the device's workspace grown to
+ * what its algorithm needs. Called with the locks held (lock_all); they
+ * stay held until the call that uses *ws is enqueued. */
+static conv_plan *prepare(const conv_key *k, cudnnHandle_t h, size_t limit, direction d,
+                          void **ws) {
+    conv_plan *p = plan_for(k, h, limit, d);
+    size_t bytes = ws_bytes(p, d);
+    if (nb__cuda_cudnn_workspace((int)k->device, bytes, ws) != NB_OK) {
+        unlock_all();
+        NB_ABORT("%s: the %s workspace of %zu bytes for %s cannot be had: %s", OP,
+                 direction_name(d), bytes, geom_str(k).s, nb_last_error());
     }
-    *pp = p;
-    return ws;
+    return p;
 }
 
 /* ---------------------------------------------------------- entry points */
@@ -413,18 +440,19 @@ extern "C" void nb__cuda_conv2d_forward(nb_ctx *ctx, nb_dtype dt, const nb__conv
     if (g->c * g->kh * g->kw == 0) {
         NB_CUDA_CHECK(OP, cudaMemsetAsync(out, 0, (size_t)total * nb_dtype_size(dt), st));
     } else {
-        cudnnHandle_t h = (cudnnHandle_t)nb__cuda_cudnn(dev);
         conv_key k = make_key(dev, dt, g);
+        size_t limit = nb__cuda_cudnn_workspace_limit(dev);
         float one_f = 1.0f, zero_f = 0.0f;
         double one_d = 1.0, zero_d = 0.0;
         const void *one = dt == NB_F64 ? (const void *)&one_d : (const void *)&one_f;
         const void *zero = dt == NB_F64 ? (const void *)&zero_d : (const void *)&zero_f;
-        conv_plan *p;
-        void *ws = workspace(ctx, &k, h, FWD, &p);
+        void *ws;
+        cudnnHandle_t h = lock_all(dev);
+        conv_plan *p = prepare(&k, h, limit, FWD, &ws);
         DNN_CHECK(cudnnSetConvolutionMathType(p->cd, p->fwd_math));
         DNN_CHECK(cudnnConvolutionForward(h, one, p->xd, x, p->wd, w, p->cd, p->fwd, ws, p->fwd_ws,
                                           zero, p->yd, out));
-        pthread_mutex_unlock(&plans_lock);
+        unlock_all();
     }
     if (b) bias_add(st, dt, out, b, total, g->o, g->oh * g->ow);
 }
@@ -449,29 +477,44 @@ extern "C" void nb__cuda_conv2d_backward(nb_ctx *ctx, nb_dtype dt, const nb__con
         return;
     }
     if (dx || dw) {
-        cudnnHandle_t h = (cudnnHandle_t)nb__cuda_cudnn(dev);
         conv_key k = make_key(dev, dt, g);
+        size_t limit = nb__cuda_cudnn_workspace_limit(dev);
         float one_f = 1.0f, zero_f = 0.0f;
         double one_d = 1.0, zero_d = 0.0;
         const void *one = dt == NB_F64 ? (const void *)&one_d : (const void *)&one_f;
         const void *zero = dt == NB_F64 ? (const void *)&zero_d : (const void *)&zero_f;
-        conv_plan *p;
+        void *ws;
+        cudnnHandle_t h = lock_all(dev);
         if (dx) {
-            void *ws = workspace(ctx, &k, h, BWD_DATA, &p);
+            conv_plan *p = prepare(&k, h, limit, BWD_DATA, &ws);
             DNN_CHECK(cudnnSetConvolutionMathType(p->cd, p->bwd_data_math));
             DNN_CHECK(cudnnConvolutionBackwardData(h, one, p->wd, w, p->yd, gout, p->cd,
                                                    p->bwd_data, ws, p->bwd_data_ws, zero, p->xd,
                                                    dx));
-            pthread_mutex_unlock(&plans_lock);
         }
         if (dw) {
-            void *ws = workspace(ctx, &k, h, BWD_FILTER, &p);
+            /* may grow the workspace: the old buffer's free is queued after
+             * the backward-data call above (Note [cuDNN workspace]) */
+            conv_plan *p = prepare(&k, h, limit, BWD_FILTER, &ws);
             DNN_CHECK(cudnnSetConvolutionMathType(p->cd, p->bwd_filter_math));
             DNN_CHECK(cudnnConvolutionBackwardFilter(h, one, p->xd, x, p->yd, gout, p->cd,
                                                      p->bwd_filter, ws, p->bwd_filter_ws, zero,
                                                      p->wd, dw));
-            pthread_mutex_unlock(&plans_lock);
         }
+        unlock_all();
     }
     if (db) bias_grad(st, dt, db, gout, g->n, g->o, g->oh * g->ow);
+}
+
+extern "C" void nb__cuda_conv2d_workspace_sizes(int device, nb_dtype dt, const nb__conv2d_geom *g,
+                                                size_t *bytes) {
+    nb__cuda_use(OP, device);
+    conv_key k = make_key(device, dt, g);
+    size_t limit = nb__cuda_cudnn_workspace_limit(device);
+    cudnnHandle_t h = lock_all(device);
+    for (int i = FWD; i <= BWD_FILTER; i++) {
+        direction d = (direction)i;
+        bytes[i] = ws_bytes(plan_for(&k, h, limit, d), d);
+    }
+    unlock_all();
 }

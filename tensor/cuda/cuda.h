@@ -12,6 +12,9 @@
  *   on that device's compute stream and the call returns without waiting.
  * - Scratch memory comes from the output tensor's context
  *   (nb_ctx_alloc(out->ctx, ...)), so it is freed at that context's reset.
+ *   The libraries' workspaces are the exception: one per device, kept by
+ *   the runtime and reused by every call (cuBLASLt's of a fixed size,
+ *   cuDNN's grown on demand).
  * - bf16 and f16 are computed in f32; f64 in f64.
  * - Every CUDA, cuBLAS(Lt) and cuDNN call goes through NB_CUDA_CHECK,
  *   NB_CUBLAS_CHECK or NB_CUDNN_CHECK (tensor/cuda/check.h), which abort
@@ -87,6 +90,26 @@ void *nb__cuda_cublaslt(int device);
 void *nb__cuda_cudnn(int device);
 /* cuBLASLt's workspace: one per device, allocated once. */
 void *nb__cuda_gemm_workspace(int device, size_t *bytes);
+/* cuDNN's lock and workspace, one per device (Note [cuDNN workspace] in
+ * runtime.cu). nb__cuda_cudnn_lock makes the handle if needed (it may
+ * abort then, before locking), takes the device's cuDNN lock and returns
+ * the handle; hold it from the first use of the handle until every call
+ * that uses the workspace is enqueued, then nb__cuda_cudnn_unlock. Under
+ * the lock, nb__cuda_cudnn_workspace sets *ws to the device's workspace,
+ * grown to at least `bytes` (NULL while nothing was ever asked for); it
+ * never aborts: a failure to grow returns NB_ERR_NOMEM (or
+ * NB_ERR_INTERNAL) with nb_last_error() saying why, the lock still held
+ * and the old buffer unchanged. Work using the workspace must be enqueued
+ * on the compute stream. */
+void *nb__cuda_cudnn_lock(int device);
+void nb__cuda_cudnn_unlock(int device);
+nb_status nb__cuda_cudnn_workspace(int device, size_t bytes, void **ws);
+/* The workspace an algorithm may take before a leaner one is preferred:
+ * a sixteenth of the device's memory, at least 1 GiB. */
+size_t nb__cuda_cudnn_workspace_limit(int device);
+/* For tests: the workspace's size now and (buffers not NULL) how many
+ * buffers were allocated for it since the process started. */
+size_t nb__cuda_cudnn_workspace_size(int device, int64_t *buffers);
 
 /* Note [Poisoned outputs]: when on (tests), nb__empty fills every new
  * CUDA tensor with 0xFF bytes (NaN for floats, -1 for integers), so an
@@ -211,14 +234,19 @@ void nb__cuda_matmul(nb_tensor *out, const nb_tensor *a, const nb_tensor *b, boo
 /* ================================================= convolution (conv.cu)
  * cuDNN, NCHW, the geometry of tensor/cpu/conv.h; buffers contiguous of
  * dtype dt (f32, f64, bf16, f16; TF32 per nb__cuda_tf32()). The algorithm
- * is chosen once per geometry and dtype and cached; the workspace comes
- * from ctx. */
+ * is chosen once per geometry and dtype and cached; the workspace is the
+ * device's cuDNN workspace (nothing is taken from ctx). */
 void nb__cuda_conv2d_forward(nb_ctx *ctx, nb_dtype dt, const nb__conv2d_geom *g, void *out,
                              const void *x, const void *w, const void *b);
 /* Each of dx, dw, db is written (not accumulated) unless NULL. */
 void nb__cuda_conv2d_backward(nb_ctx *ctx, nb_dtype dt, const nb__conv2d_geom *g, void *dx,
                               void *dw, void *db, const void *gout, const void *x,
                               const void *w);
+/* For tests: the workspace bytes of the algorithms chosen on `device` for
+ * forward, backward data and backward filter (bytes[0], [1], [2]), choosing them
+ * as a call would. */
+void nb__cuda_conv2d_workspace_sizes(int device, nb_dtype dt, const nb__conv2d_geom *g,
+                                     size_t *bytes);
 
 /* ================================================ batch norm (batch_norm.cu)
  * x, y contiguous (N, C, S). weight/bias (C) contiguous of any float dtype

@@ -40,6 +40,14 @@ typedef struct dev_state {
     cublasLtHandle_t lt;
     cudnnHandle_t dnn;
     void *gemm_ws;
+    size_t total_mem;
+    bool pools; /* the stream-ordered allocator (cudaMallocAsync) works here */
+    /* Note [cuDNN workspace]: the handle's lock, the buffer, its size, how
+     * many buffers were allocated. */
+    pthread_mutex_t dnn_lock;
+    void *dnn_ws;
+    size_t dnn_ws_bytes;
+    int64_t dnn_ws_buffers;
     nb__cuda_fault *fault_host, *fault_dev; /* mapped pinned memory */
     stage_ring stage;
 } dev_state;
@@ -88,6 +96,12 @@ static dev_state *state(const char *op, int device) {
                                         cudaHostAllocMapped));
         memset(d->fault_host, 0, sizeof *d->fault_host);
         NB_CUDA_CHECK(op, cudaHostGetDevicePointer((void **)&d->fault_dev, d->fault_host, 0));
+        size_t free_b = 0;
+        NB_CUDA_CHECK(op, cudaMemGetInfo(&free_b, &d->total_mem));
+        int pools = 0;
+        NB_CUDA_CHECK(op, cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device));
+        d->pools = pools != 0;
+        pthread_mutex_init(&d->dnn_lock, NULL);
         __atomic_store_n(&d->ready, true, __ATOMIC_RELEASE);
     }
     pthread_mutex_unlock(&devs_lock);
@@ -297,6 +311,115 @@ void *nb__cuda_cudnn(int device) {
     }
     pthread_mutex_unlock(&devs_lock);
     return d->dnn;
+}
+
+/* Note [cuDNN workspace]
+ * cuDNN's convolutions take scratch memory, the workspace, of a size that
+ * depends on the algorithm (from nothing to a GiB or more). Every cuDNN
+ * call of a device runs on its compute stream, one after another, so all
+ * of them can share one buffer: a call cannot start before the previous
+ * user of the buffer has finished with it. The runtime keeps one buffer
+ * per device, as large as the largest workspace asked for so far, and
+ * never shrinks it (a network asks for the same sizes every step, so after
+ * the first step nothing is allocated). Taking the workspace from the
+ * step's context instead would hold one workspace per call until the
+ * reset: several GB for a deep CNN, forward and backward.
+ *
+ * Growing. When a call asks for more than the buffer holds, kernels queued
+ * before may still be using the old buffer, so it must not be freed at
+ * once. Where the device has the stream-ordered allocator (the usual
+ * case; cudaDevAttrMemoryPoolsSupported says), the new
+ * buffer is taken with cudaMallocAsync on the compute stream and the old
+ * one given back with cudaFreeAsync on the same stream: the free takes
+ * effect when the stream reaches it, after every call already queued, and
+ * the host waits for nothing. The old block returns to the device's
+ * default pool, which hands it back to the driver at the next
+ * synchronisation (release threshold 0, the default), so the arenas'
+ * cudaMalloc can use it again. Without pools, the host waits for the
+ * compute stream (cudaStreamSynchronize, not a device-wide sync) and frees
+ * the old buffer with cudaFree. Either way the new buffer is allocated
+ * first: when that fails, the old one stays and nothing changes. Growth
+ * happens a few times during the first step and, as later steps ask for
+ * the same sizes, not after.
+ *
+ * Lock. The buffer is handed out and used under the device's cuDNN lock
+ * (nb__cuda_cudnn_lock), held until the call using it is enqueued:
+ * otherwise another host thread could grow the buffer, and enqueue the
+ * old one's free, between our taking the pointer and enqueuing our call,
+ * which would then run on freed memory. The same lock serialises the use
+ * of the cuDNN handle, which cuDNN allows on one host thread at a time.
+ * The runtime never aborts while it is held: nb__cuda_cudnn_workspace
+ * reports a failure, and the caller releases its locks before aborting. */
+void *nb__cuda_cudnn_lock(int device) {
+    cudnnHandle_t h = (cudnnHandle_t)nb__cuda_cudnn(device); /* may abort: before the lock */
+    pthread_mutex_lock(&devs[device].dnn_lock);
+    return h;
+}
+
+void nb__cuda_cudnn_unlock(int device) { pthread_mutex_unlock(&devs[device].dnn_lock); }
+
+static nb_status ws_error(int device, const char *what, size_t bytes, cudaError_t e) {
+    cudaGetLastError(); /* not sticky: clear it for the next check */
+    size_t free_b = 0, total_b = 0;
+    cudaMemGetInfo(&free_b, &total_b);
+    return nb_set_error(e == cudaErrorMemoryAllocation ? NB_ERR_NOMEM : NB_ERR_INTERNAL,
+                        "%s (cuDNN workspace of %zu bytes on cuda:%d) failed: %s (%zu of %zu "
+                        "bytes free)",
+                        what, bytes, device, cudaGetErrorString(e), free_b, total_b);
+}
+
+nb_status nb__cuda_cudnn_workspace(int device, size_t bytes, void **ws) {
+    dev_state *d = &devs[device];
+    if (bytes <= d->dnn_ws_bytes) {
+        *ws = d->dnn_ws;
+        return NB_OK;
+    }
+    cudaError_t e = cudaSetDevice(device);
+    if (e != cudaSuccess) return ws_error(device, "cudaSetDevice", bytes, e);
+    void *p = NULL;
+    if (d->pools) {
+        e = cudaMallocAsync(&p, bytes, d->compute);
+        if (e != cudaSuccess) return ws_error(device, "cudaMallocAsync", bytes, e);
+        if (d->dnn_ws) {
+            e = cudaFreeAsync(d->dnn_ws, d->compute);
+            if (e != cudaSuccess) {
+                nb_status st = ws_error(device, "cudaFreeAsync of the previous buffer", bytes, e);
+                cudaFreeAsync(p, d->compute);
+                return st;
+            }
+        }
+    } else {
+        e = cudaMalloc(&p, bytes);
+        if (e != cudaSuccess) return ws_error(device, "cudaMalloc", bytes, e);
+        if (d->dnn_ws) {
+            e = cudaStreamSynchronize(d->compute);
+            if (e == cudaSuccess) e = cudaFree(d->dnn_ws);
+            if (e != cudaSuccess) {
+                nb_status st = ws_error(device, "freeing the previous buffer", bytes, e);
+                cudaFree(p);
+                return st;
+            }
+        }
+    }
+    d->dnn_ws = p;
+    d->dnn_ws_bytes = bytes;
+    d->dnn_ws_buffers++;
+    *ws = p;
+    return NB_OK;
+}
+
+size_t nb__cuda_cudnn_workspace_limit(int device) {
+    size_t t = state("nb_conv2d", device)->total_mem / 16, floor = (size_t)1 << 30;
+    return t > floor ? t : floor;
+}
+
+size_t nb__cuda_cudnn_workspace_size(int device, int64_t *buffers) {
+    dev_state *d = state("nb_cuda (cuDNN workspace)", device);
+    pthread_mutex_lock(&d->dnn_lock);
+    size_t bytes = d->dnn_ws_bytes;
+    if (buffers) *buffers = d->dnn_ws_buffers;
+    pthread_mutex_unlock(&d->dnn_lock);
+    return bytes;
 }
 
 /* ---- poisoning, TF32 ---- */
