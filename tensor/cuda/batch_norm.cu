@@ -425,25 +425,46 @@ typedef struct dnn_call {
     const void *one, *zero;
 } dnn_call;
 
+/* The device's cuDNN lock (Note [cuDNN workspace] in runtime.cu) is held
+ * from dnn_begin to dnn_end: one thread at a time may use a cuDNN handle.
+ * Every check made under it releases it before aborting (DNN_CHECK), as in
+ * conv.cu (Note [Aborts under the plan lock]); nothing else that can abort
+ * runs under it. */
+static int dnn_locked_dev = -1; /* guarded by that lock */
+
+static cudnnStatus_t dnn_unlock_on_failure(cudnnStatus_t st) {
+    if (st != CUDNN_STATUS_SUCCESS) {
+        int dev = dnn_locked_dev;
+        dnn_locked_dev = -1;
+        nb__cuda_cudnn_unlock(dev);
+    }
+    return st;
+}
+#define DNN_CHECK(call) NB_CUDNN_CHECK(OP, dnn_unlock_on_failure(call))
+
 static void dnn_begin(dnn_call *d, int dev, nb_dtype xdt, int64_t n, int64_t c, int64_t s) {
-    d->h = (cudnnHandle_t)nb__cuda_cudnn(dev);
+    d->h = (cudnnHandle_t)nb__cuda_cudnn_lock(dev);
+    dnn_locked_dev = dev;
     d->one_f = 1.0f;
     d->zero_f = 0.0f;
     d->one_d = 1.0;
     d->zero_d = 0.0;
     d->one = xdt == NB_F64 ? (const void *)&d->one_d : (const void *)&d->one_f;
     d->zero = xdt == NB_F64 ? (const void *)&d->zero_d : (const void *)&d->zero_f;
-    NB_CUDNN_CHECK(OP, cudnnCreateTensorDescriptor(&d->xd));
-    NB_CUDNN_CHECK(OP, cudnnCreateTensorDescriptor(&d->pd));
-    NB_CUDNN_CHECK(OP, cudnnSetTensor4dDescriptor(d->xd, CUDNN_TENSOR_NCHW, cudnn_type(xdt),
-                                                  (int)n, (int)c, (int)s, 1));
-    NB_CUDNN_CHECK(OP, cudnnSetTensor4dDescriptor(d->pd, CUDNN_TENSOR_NCHW,
-                                                  cudnn_type(stat_dtype(xdt)), 1, (int)c, 1, 1));
+    DNN_CHECK(cudnnCreateTensorDescriptor(&d->xd));
+    DNN_CHECK(cudnnCreateTensorDescriptor(&d->pd));
+    DNN_CHECK(cudnnSetTensor4dDescriptor(d->xd, CUDNN_TENSOR_NCHW, cudnn_type(xdt), (int)n,
+                                         (int)c, (int)s, 1));
+    DNN_CHECK(cudnnSetTensor4dDescriptor(d->pd, CUDNN_TENSOR_NCHW, cudnn_type(stat_dtype(xdt)),
+                                         1, (int)c, 1, 1));
 }
 
 static void dnn_end(dnn_call *d) {
-    NB_CUDNN_CHECK(OP, cudnnDestroyTensorDescriptor(d->pd));
-    NB_CUDNN_CHECK(OP, cudnnDestroyTensorDescriptor(d->xd));
+    DNN_CHECK(cudnnDestroyTensorDescriptor(d->pd));
+    DNN_CHECK(cudnnDestroyTensorDescriptor(d->xd));
+    int dev = dnn_locked_dev;
+    dnn_locked_dev = -1;
+    nb__cuda_cudnn_unlock(dev);
 }
 
 /* t's data when it is of dtype pdt (contiguous, as the front end passes
@@ -466,14 +487,17 @@ static void cudnn_forward(int dev, cudaStream_t st, nb_tensor *y, nb_tensor *sav
     dnn_call d;
     dnn_begin(&d, dev, x->dtype, n, c, s);
     if (training) {
-        NB_CUDNN_CHECK(OP, cudnnBatchNormalizationForwardTraining(
-                               d.h, CUDNN_BATCHNORM_SPATIAL, d.one, d.zero, d.xd, x->data, d.xd,
-                               y->data, d.pd, scale, shift, momentum, rm ? rm->data : NULL,
-                               rv ? rv->data : NULL, eps, save_mean->data, save_invstd->data));
+        DNN_CHECK(cudnnBatchNormalizationForwardTraining(
+            d.h, CUDNN_BATCHNORM_SPATIAL, d.one, d.zero, d.xd, x->data, d.xd,
+            y->data, d.pd, scale, shift, momentum, rm ? rm->data : NULL,
+            rv ? rv->data : NULL, eps, save_mean->data, save_invstd->data));
     } else {
-        NB_CUDNN_CHECK(OP, cudnnBatchNormalizationForwardInference(
-                               d.h, CUDNN_BATCHNORM_SPATIAL, d.one, d.zero, d.xd, x->data, d.xd,
-                               y->data, d.pd, scale, shift, rm->data, rv->data, eps));
+        DNN_CHECK(cudnnBatchNormalizationForwardInference(
+            d.h, CUDNN_BATCHNORM_SPATIAL, d.one, d.zero, d.xd, x->data, d.xd,
+            y->data, d.pd, scale, shift, rm->data, rv->data, eps));
+    }
+    dnn_end(&d); /* before our launch below, which may abort */
+    if (!training) {
         /* the saves, for the eval backward */
         bn_params p;
         memset(&p, 0, sizeof p);
@@ -491,7 +515,6 @@ static void cudnn_forward(int dev, cudaStream_t st, nb_tensor *y, nb_tensor *sav
         channel_kernel<<<blocks_for(c), THREADS, 0, st>>>(NULL, NULL, NULL, NULL, 0, 0, p);
         NB_CUDA_CHECK_LAUNCH(OP);
     }
-    dnn_end(&d);
     __atomic_fetch_add(&cudnn_fwd_calls, 1, __ATOMIC_RELAXED);
 }
 
@@ -509,10 +532,9 @@ static void cudnn_backward(int dev, cudaStream_t st, nb_ctx *ctx, nb_tensor *dx,
     void *dbp = db && db->dtype == pdt ? db->data : nb_ctx_alloc(ctx, pbytes, 0);
     dnn_call d;
     dnn_begin(&d, dev, x->dtype, n, c, s);
-    NB_CUDNN_CHECK(OP, cudnnBatchNormalizationBackward(
-                           d.h, CUDNN_BATCHNORM_SPATIAL, d.one, d.zero, d.one, d.zero, d.xd,
-                           x->data, d.xd, g->data, d.xd, dxp, d.pd, scale, dwp, dbp, eps,
-                           mean->data, invstd->data));
+    DNN_CHECK(cudnnBatchNormalizationBackward(
+        d.h, CUDNN_BATCHNORM_SPATIAL, d.one, d.zero, d.one, d.zero, d.xd, x->data, d.xd, g->data,
+        d.xd, dxp, d.pd, scale, dwp, dbp, eps, mean->data, invstd->data));
     dnn_end(&d);
     if (dw && dwp != dw->data) vec_convert(st, dw->data, dw->dtype, dwp, pdt, c, 0);
     if (db && dbp != db->data) vec_convert(st, db->data, db->dtype, dbp, pdt, c, 0);
