@@ -39,21 +39,42 @@
  * lanes over strided blocks then the lanes in order. The number of blocks
  * depends only on M (at most MAX_CHUNKS, at least ROWS_PER_CHUNK rows
  * each), so the sums are reproducible; the scratch costs 16 D bytes per
- * block, a few per cent of the traffic of its >= 32 rows.
+ * block (f32 sums, written and read) against the 3 D es bytes of each of
+ * its >= 32 rows (es the element size): under 10% in bf16, less with more
+ * rows.
  *
  * Sizes: P = the smallest power of two >= 32 with P E_max >= D, then E =
  * the smallest multiple of 8 with P E >= D. E_max is 32 for the forward
  * (16 for f64) and 16 for the backward, which keeps four arrays of E
  * (xhat, g w, and the two accumulators; 8 for f64). So the forward uses a
  * warp per row up to D = 1024 (GPT-2: 768 -> E = 24, 1024 -> 32; 1600 ->
- * P = 64, E = 32), and either direction takes rows up to D = 16384 (f64:
- * 8192 forward, 4096 backward); longer rows take the general path. Groups
+ * P = 64, E = 32). The forward takes rows up to D = 16384 (f64: 8192), the
+ * backward up to 8192 (f64: 4096); longer rows take the general path. Groups
  * narrower than BLOCK_THREADS share a block (BLOCK_THREADS / P rows at a
  * time; the whole block loops together so that block-wide reductions are
  * legal).
  *
- * Occupancy (registers from ptxas, sm_90, this file at the time of
- * writing; an SM has 64K registers and 2048 threads): OCCUPANCY_NUMBERS */
+ * Occupancy (registers from ptxas -v for sm_90 at the time of writing, no
+ * spills anywhere; an SM has 64K registers and 2048 threads; blocks of
+ * 256 threads unless P > 256):
+ *  - forward, 16-byte accesses, f32/bf16/f16: 40-64 registers (E = 24, 32:
+ *    64, capped there by __launch_bounds__ (512, 2)): 4 blocks, 1024
+ *    threads per SM (50%). Each thread has E / W 16-byte loads of x in
+ *    flight at once (D = 768: 6 in f32, 3 in bf16), so >= 48 KB per SM,
+ *    well above bandwidth x latency per SM (H100: ~3.35 TB/s x ~0.7 us / 132
+ *    SMs ~ 18 KB).
+ *  - forward, element accesses (W = 1) or f64: 45-128 registers (the
+ *    compiler keeps the unrolled per-element addresses and predicates),
+ *    2 to 5 blocks per SM, no spills: the unaligned and odd-width cases, and
+ *    f64, which serves gradient checks rather than speed.
+ *  - backward: E = 16 (f32/bf16/f16): 97-117 registers, 2 blocks per SM;
+ *    E = 8: 60-64, 4 blocks; f64 (E = 8): 114, 2 blocks. With dw/db the
+ *    grid is at most MAX_CHUNKS blocks (M = 8192: 256), about two per SM of
+ *    an H100 (132 SMs) anyway: one wave; each thread then has 2 E / W
+ *    16-byte loads in flight (f32, D = 768: 8).
+ * These are estimates from the register counts; the bandwidth itself is
+ * measured by benchmarks/bench_cuda.c (layer norm forward and fwd+bwd next
+ * to a device copy). */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
