@@ -3,8 +3,9 @@
  *    with TF32 allowed, on f32 without TF32, and at 4096^3 on f32 tensors in
  *    a context whose compute dtype is bf16 (the casts included: what
  *    train_gpt --bf16 pays per product);
- *  - memory-bound ops (nb_layer_norm, nb_softmax along the last axis,
- *    nb_cross_entropy forward and forward + backward) on GPT-2-small
+ *  - memory-bound ops (nb_layer_norm forward and forward + backward,
+ *    nb_softmax along the last axis, nb_cross_entropy forward and
+ *    forward + backward) on GPT-2-small
  *    shapes, in GB/s counting the fewest bytes the op must move (each input
  *    read once, each output written once), next to a device-to-device
  *    nb_copy_ moving the same bytes, and that as a share of the copy;
@@ -207,12 +208,13 @@ static void bench_gemm(const bench_cfg *c, nb_ctx *data, nb_ctx *step, const cha
 }
 
 /* ----------------------------------------------------- memory-bound ops */
-enum { OP_LAYER_NORM, OP_SOFTMAX, OP_CE, OP_CE_BACKWARD, OP_COPY };
+enum { OP_LAYER_NORM, OP_LAYER_NORM_BACKWARD, OP_SOFTMAX, OP_CE, OP_CE_BACKWARD, OP_COPY };
 
 typedef struct bw_arg {
     int op, nsets;
     nb_ctx *step;
     nb_tensor *x[MAX_SETS], *w, *b, *targets, *dst;
+    nb_tensor *gy[MAX_SETS]; /* layer norm fwd+bwd: the output's gradient, per set */
 } bw_arg;
 
 static void run_bw(void *p, int i) {
@@ -221,6 +223,16 @@ static void run_bw(void *p, int i) {
     nb_ctx_reset(a->step);
     switch (a->op) {
     case OP_LAYER_NORM: nb_layer_norm(a->step, x, 1, a->w, a->b, 1e-5); break;
+    case OP_LAYER_NORM_BACKWARD: {
+        /* fresh leaves each call, as torch's benchmark sets .grad = None */
+        nb_tensor *leaf = nb_detach(a->step, x), *w = nb_detach(a->step, a->w);
+        nb_tensor *b = nb_detach(a->step, a->b);
+        nb_set_requires_grad(leaf, true);
+        nb_set_requires_grad(w, true);
+        nb_set_requires_grad(b, true);
+        nb_backward_with(nb_layer_norm(a->step, leaf, 1, w, b, 1e-5), a->gy[i % a->nsets]);
+        break;
+    }
     case OP_SOFTMAX: nb_softmax(a->step, x, -1); break;
     case OP_CE: nb_cross_entropy(a->step, x, a->targets, NULL); break;
     case OP_CE_BACKWARD: {
@@ -243,7 +255,7 @@ static int sets_for(size_t bytes) {
 /* GB/s of a device-to-device nb_copy_ that moves `bytes` (read + write). */
 static double copy_gbps(const bench_cfg *c, nb_ctx *data, nb_ctx *step, nb_dtype dt, double bytes) {
     int64_t n = (int64_t)(bytes / (2.0 * (double)nb_dtype_size(dt)));
-    bw_arg a = {OP_COPY, sets_for((size_t)n * nb_dtype_size(dt)), step, {0}, NULL, NULL, NULL, NULL};
+    bw_arg a = {OP_COPY, sets_for((size_t)n * nb_dtype_size(dt)), step, {0}, NULL, NULL, NULL, NULL, {0}};
     nb_rng rng = nb_rng_make(5);
     for (int i = 0; i < a.nsets; i++) a.x[i] = nb_rand_normal(data, dt, NB_SHAPE(n), 0, 1, &rng);
     a.dst = nb_empty(data, dt, NB_SHAPE(n));
@@ -255,7 +267,7 @@ static void bench_bw(const bench_cfg *c, nb_ctx *data, nb_ctx *step, int op, nb_
                      int64_t cols) {
     size_t es = nb_dtype_size(dt), set_bytes = (size_t)(rows * cols) * es;
     bw_arg a = {op, op == OP_CE_BACKWARD || op == OP_CE ? 1 : sets_for(set_bytes), step,
-                {0}, NULL, NULL, NULL, NULL};
+                {0}, NULL, NULL, NULL, NULL, {0}};
     nb_rng rng = nb_rng_make(3);
     for (int i = 0; i < a.nsets; i++) a.x[i] = nb_rand_normal(data, dt, NB_SHAPE(rows, cols), 0, 1, &rng);
     double elems = (double)rows * (double)cols, bytes = 0;
@@ -266,6 +278,15 @@ static void bench_bw(const bench_cfg *c, nb_ctx *data, nb_ctx *step, int op, nb_
         a.b = nb_rand_normal(data, dt, NB_SHAPE(cols), 0, 0.1, &rng);
         bytes = 2 * elems * (double)es + 2 * (double)cols * (double)es; /* x, y; w, b */
         name = "nb_layer_norm (last dim)";
+        break;
+    case OP_LAYER_NORM_BACKWARD:
+        a.w = nb_rand_normal(data, dt, NB_SHAPE(cols), 1, 0.1, &rng);
+        a.b = nb_rand_normal(data, dt, NB_SHAPE(cols), 0, 0.1, &rng);
+        for (int i = 0; i < a.nsets; i++)
+            a.gy[i] = nb_rand_normal(data, dt, NB_SHAPE(rows, cols), 0, 1, &rng);
+        /* forward: x, w, b in, y out; backward: g, x, w in, dx, dw, db out */
+        bytes = 5 * elems * (double)es + 5 * (double)cols * (double)es;
+        name = "nb_layer_norm fwd+bwd";
         break;
     case OP_SOFTMAX:
         bytes = 2 * elems * (double)es;
@@ -288,7 +309,7 @@ static void bench_bw(const bench_cfg *c, nb_ctx *data, nb_ctx *step, int op, nb_
     }
     default: break;
     }
-    bool prev = nb_set_grad_enabled(op == OP_CE_BACKWARD);
+    bool prev = nb_set_grad_enabled(op == OP_CE_BACKWARD || op == OP_LAYER_NORM_BACKWARD);
     double t = time_op(c, run_bw, &a, 0);
     nb_set_grad_enabled(prev);
     nb_ctx_reset(step);
@@ -379,6 +400,7 @@ int main(int argc, char **argv) {
     nb_dtype dts[2] = {NB_F32, NB_BF16};
     for (int d = 0; d < (cfg.cpu ? 1 : 2); d++) {
         bench_bw(&cfg, data, step, OP_LAYER_NORM, dts[d], bt, c);
+        bench_bw(&cfg, data, step, OP_LAYER_NORM_BACKWARD, dts[d], bt, c);
         bench_bw(&cfg, data, step, OP_SOFTMAX, dts[d], att_rows, att_cols);
         bench_bw(&cfg, data, step, OP_CE, dts[d], bt, v);
         bench_bw(&cfg, data, step, OP_CE_BACKWARD, dts[d], bt, v);

@@ -6,7 +6,8 @@ then times the same cases with PyTorch on the same device and the same
 method (3 warm-up calls, 5 rounds each closed by torch.cuda.synchronize,
 the median round; the same input sets rotated where one set would fit in
 L2): torch.matmul (bf16; f32 with and without TF32; f32 under autocast
-bf16), F.layer_norm, torch.softmax on the last axis, F.cross_entropy
+bf16), F.layer_norm forward and forward + backward (fresh leaves, a given
+output gradient), torch.softmax on the last axis, F.cross_entropy
 forward and forward + backward (a fresh leaf each call), and an add of two
 1-element tensors. Prints ours / theirs as throughput ratios (above 1:
 nabla faster) with the targets: GEMM within 5% of torch.matmul (ratio >=
@@ -99,7 +100,16 @@ def torch_bandwidth(case, dev, budget):
     nsets = 1 if ce else sets_for(rows * cols * es)
     g = torch.Generator(device=dev).manual_seed(3)
     xs = [torch.randn(rows, cols, device=dev, dtype=dt, generator=g) for _ in range(nsets)]
-    if "layer_norm" in name:
+    if "layer_norm" in name and "fwd+bwd" in name:
+        w = 1 + 0.1 * torch.randn(cols, device=dev, dtype=dt, generator=g)
+        b = 0.1 * torch.randn(cols, device=dev, dtype=dt, generator=g)
+        gys = [torch.randn(rows, cols, device=dev, dtype=dt, generator=g) for _ in range(nsets)]
+
+        def fn(i):
+            leaf = xs[i % nsets].detach().requires_grad_()
+            wl, bl = w.detach().requires_grad_(), b.detach().requires_grad_()
+            F.layer_norm(leaf, (cols,), wl, bl, 1e-5).backward(gys[i % nsets])
+    elif "layer_norm" in name:
         w = 1 + 0.1 * torch.randn(cols, device=dev, dtype=dt, generator=g)
         b = 0.1 * torch.randn(cols, device=dev, dtype=dt, generator=g)
         fn = lambda i: F.layer_norm(xs[i % nsets], (cols,), w, b, 1e-5)

@@ -8,6 +8,7 @@
  * The suite runs without fork (CUDA does not survive one); the
  * out-of-range test leaves a fault reported on the device, so it runs last. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -88,6 +89,121 @@ START_TEST(test_layer_norm_parity) {
     /* many rows: several row chunks in the dw/db reduction */
     ln_parity("layer_norm (2500, 96)", NB_F32, 2, (int64_t[]){2500, 96}, full, false);
     ln_parity("layer_norm (2, 1111, 40)", NB_BF16, 3, (int64_t[]){2, 1111, 40}, full, false);
+}
+END_TEST
+
+/* The register path of tensor/cuda/layer_norm.cu (Note [Layer norm rows in
+ * registers]) against the CPU, in every float dtype: GPT-2 widths (one warp
+ * per row, groups of 64 and more threads), widths that 4 or 8 does not
+ * divide (element accesses), rows longer than the register path takes (the
+ * general kernels), rows at an offset that is not 16-byte aligned, many
+ * rows (dw/db over many blocks), and each of dx, dw, db absent. */
+typedef struct ln_view_case {
+    ln_case c;
+    int64_t m, d;
+    int view; /* 0: plain (m, d); 1: rows 1..m of (m + 1, d); 2: elements 1.. of m d + 1 */
+} ln_view_case;
+
+static nb_tensor *ln_view_op(nb_ctx *ctx, nb_tensor *const *in, void *user) {
+    const ln_view_case *v = user;
+    nb_tensor *x = in[0];
+    if (v->view == 1) x = nb_narrow(ctx, x, 0, 1, v->m);
+    if (v->view == 2)
+        x = nb_reshape(ctx, nb_narrow(ctx, x, 0, 1, v->m * v->d), NB_SHAPE(v->m, v->d));
+    int k = 1;
+    nb_tensor *w = v->c.weight ? in[k++] : NULL;
+    nb_tensor *b = v->c.bias ? in[k++] : NULL;
+    return nb_layer_norm(ctx, x, 1, w, b, 1e-5);
+}
+
+/* no_grad: bit 0 x, bit 1 weight, bit 2 bias */
+static void ln_view_parity(const char *what, nb_dtype dt, int64_t m, int64_t d, int view,
+                           ln_case c, int no_grad) {
+    ln_view_case v = {c, m, d, view};
+    nbt_input in[3] = {{0}};
+    int n = 0;
+    in[n].dtype = dt;
+    in[n].ndim = view == 2 ? 1 : 2;
+    in[n].shape[0] = view == 0 ? m : view == 1 ? m + 1 : m * d + 1;
+    in[n].shape[1] = d;
+    in[n].lo = -2;
+    in[n].hi = 3;
+    in[n].no_grad = no_grad & 1;
+    n++;
+    for (int p = 0; p < 2; p++) {
+        if (!(p == 0 ? c.weight : c.bias)) continue;
+        in[n].dtype = dt;
+        in[n].ndim = 1;
+        in[n].shape[0] = d;
+        in[n].lo = 0.5;
+        in[n].hi = 1.5;
+        in[n].no_grad = (no_grad >> (1 + p)) & 1;
+        n++;
+    }
+    char name[128];
+    snprintf(name, sizeof name, "layer_norm %s (%lld, %lld) %s", what, (long long)m, (long long)d,
+             nb_dtype_name(dt));
+    nbt_parity(name, ln_view_op, &v, n, in, NULL);
+}
+
+START_TEST(test_layer_norm_parity_rows) {
+    const ln_case full = {1, true, true}, none = {1, false, false};
+    const nb_dtype dts[] = {NB_F32, NB_BF16, NB_F16, NB_F64};
+    for (int k = 0; k < 4; k++) {
+        nb_dtype dt = dts[k];
+        const int64_t widths[] = {768, 1024, 1600, 4096};
+        for (int i = 0; i < 4; i++) ln_view_parity("GPT-2 width", dt, 5, widths[i], 0, full, 0);
+        ln_view_parity("d % 4 = 2", dt, 6, 770, 0, full, 0);
+        ln_view_parity("d % 8 = 4", dt, 6, 1036, 0, full, 0);
+        ln_view_parity("odd d", dt, 6, 1027, 0, full, 0);
+        ln_view_parity("odd d, groups of 128", dt, 3, 2999, 0, full, 0);
+        ln_view_parity("small d", dt, 9, 40, 0, full, 0);
+        ln_view_parity("longer rows", dt, 3, 6000, 0, full, 0);
+        ln_view_parity("longer than the register path", dt, 2, 20000, 0, full, 0);
+        ln_view_parity("rows at an odd offset", dt, 7, 1027, 1, full, 0);
+        ln_view_parity("rows one element in", dt, 7, 768, 2, full, 0);
+        ln_view_parity("rows one element in, block groups", dt, 3, 1600, 2, full, 0);
+        ln_view_parity("many rows", dt, 2100, 768, 0, full, 0);
+        ln_view_parity("no affine", dt, 33, 768, 0, none, 0);
+        ln_view_parity("dw, db only", dt, 33, 1024, 0, full, 1);
+        ln_view_parity("dx, db only", dt, 33, 768, 0, full, 2);
+        ln_view_parity("dx, dw only", dt, 33, 1600, 0, full, 4);
+        ln_view_parity("dx only, with affine", dt, 33, 768, 0, full, 6);
+    }
+    /* more than 512 x 32 rows: the dw/db blocks hold more than 32 rows each */
+    ln_view_parity("rows beyond the block cap", NB_F32, 17000, 64, 0, full, 0);
+    ln_view_parity("rows beyond the block cap, a row view", NB_BF16, 17000, 72, 1, full, 0);
+}
+END_TEST
+
+/* The register path's dw/db: backward twice, bitwise equal, for a width
+ * with one warp per row (groups added in shared memory) and one with a
+ * group per block, on rows that take many blocks. */
+START_TEST(test_layer_norm_backward_deterministic_rows) {
+    nb_ctx *g = gpu_ctx();
+    const int64_t ds[] = {256, 1600};
+    for (int k = 0; k < 2; k++) {
+        int64_t m = 5000, d = ds[k];
+        nb_tensor *out[2][3];
+        nb_tensor *r = nb_rand_normal(g, NB_BF16, NB_SHAPE(m, d), 0.0, 1.0, &(nb_rng){22, 0});
+        for (int run = 0; run < 2; run++) {
+            nb_tensor *xl = nb_rand_normal(g, NB_BF16, NB_SHAPE(m, d), 1.0, 2.0, &(nb_rng){21, 0});
+            nb_set_requires_grad(xl, true);
+            nb_tensor *w = nb_rand_uniform(g, NB_BF16, NB_SHAPE(d), 0.5, 1.5, &(nb_rng){24, 0});
+            nb_tensor *b = nb_rand_uniform(g, NB_BF16, NB_SHAPE(d), -1, 1, &(nb_rng){25, 0});
+            nb_set_requires_grad(w, true);
+            nb_set_requires_grad(b, true);
+            nb_tensor *y = nb_layer_norm(g, xl, 1, w, b, 1e-5);
+            nb_backward(nb_sum_all(g, nb_mul(g, y, r)));
+            out[run][0] = xl->grad;
+            out[run][1] = w->grad;
+            out[run][2] = b->grad;
+        }
+        assert_bitwise("layer_norm dx (register path)", out[0][0], out[1][0]);
+        assert_bitwise("layer_norm dw (register path)", out[0][1], out[1][1]);
+        assert_bitwise("layer_norm db (register path)", out[0][2], out[1][2]);
+    }
+    nb_ctx_free(g);
 }
 END_TEST
 
@@ -279,6 +395,8 @@ int main(void) {
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_layer_norm_parity);
     tcase_add_test(tc, test_layer_norm_backward_deterministic);
+    tcase_add_test(tc, test_layer_norm_parity_rows);
+    tcase_add_test(tc, test_layer_norm_backward_deterministic_rows);
     tcase_add_test(tc, test_embedding_parity);
     tcase_add_test(tc, test_embedding_backward_bitwise);
     tcase_add_test(tc, test_dropout_bitwise);

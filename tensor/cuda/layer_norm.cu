@@ -1,23 +1,83 @@
 /* Layer norm forward and backward on CUDA (tensor/cpu/norm.c computes the
  * same function; Note there for the backward formulas).
  *
- * Forward and the dx part of backward: one warp per row, two passes for
- * the statistics (mean, then the mean of squared deviations, biased) as on
- * the CPU, rstd = 1 / sqrt(var + eps). Math in f32 for f32/bf16/f16 and in
- * f64 for f64. mean and rstd are written in their tensors' dtype: f32, or
- * f64 when x is f64 and the front end asks for f64 statistics (the f32
- * ones would cost f64 backward its precision).
+ * Statistics: two passes (mean, then the mean of squared deviations,
+ * biased) as on the CPU, rstd = 1 / sqrt(var + eps). Math in f32 for
+ * f32/bf16/f16 and in f64 for f64. mean and rstd are written in their
+ * tensors' dtype: f32, or f64 when x is f64 and the front end asks for f64
+ * statistics (the f32 ones would cost f64 backward its precision).
  *
- * dw and db are column sums over the M rows, made deterministic without
- * atomics: the rows are cut into a fixed number of chunks; a block of
- * (32 columns x 8 row lanes) sums its chunk of rows for 32 columns, row
- * lanes combined in a fixed order, into a scratch array (chunks, D); a
- * second kernel adds the chunks of each column in increasing order. The
- * partition depends only on M, so results are bitwise reproducible.
+ * Two implementations of each direction:
+ *  - the register path (Note [Layer norm rows in registers]) for rows of
+ *    up to a few thousand elements: each row is read from memory once,
+ *    with 16-byte accesses when the rows are aligned, and the backward
+ *    also makes the dw/db partial sums of its rows on the way;
+ *  - the general path (longer rows, f64 input with f32 statistics): one
+ *    warp per row reading the row from memory for each pass, and dw/db
+ *    made by a separate pass over g and x: the rows are cut into a fixed
+ *    number of chunks; a block of (32 columns x 8 row lanes) sums its chunk
+ *    of rows for 32 columns, row lanes combined in a fixed order, into a
+ *    scratch array (chunks, D); a second kernel adds the chunks of each
+ *    column in increasing order.
+ * Either way dw and db are made without atomics, in an order that depends
+ * only on M and D: bitwise reproducible.
  *
- * Letters: M rows, D elements per row. */
+ * Letters: M rows, D elements per row.
+ *
+ * Note [Layer norm rows in registers]
+ * A row group of P threads (a warp, or 64..512 threads) owns a row; thread
+ * t holds the elements (k P + t) W + j, k < E / W, j < W, in registers
+ * (E values per thread, W = 16 / sizeof(T) when x, y, g, dx, w, b are
+ * 16-byte aligned and W divides D, else W = 1). Forward: one read of x,
+ * the mean and the squared deviations summed from the registers (per
+ * thread, then over the group in a fixed order: deterministic), one write
+ * of y. Backward: one read of x and g; the thread keeps xhat and g w (for
+ * dx) and adds g xhat and g into per-column accumulators (its columns are
+ * the same for every row it handles); at the end the row groups of a block
+ * add their accumulators in shared memory, group by group in order, into
+ * one row of a (blocks, D) scratch that a last kernel sums over blocks,
+ * lanes over strided blocks then the lanes in order. The number of blocks
+ * depends only on M (at most MAX_CHUNKS, at least ROWS_PER_CHUNK rows
+ * each), so the sums are reproducible; the scratch costs 16 D bytes per
+ * block (f32 sums, written and read) against the 3 D es bytes of each of
+ * its >= 32 rows (es the element size): under 10% in bf16, less with more
+ * rows.
+ *
+ * Sizes: P = the smallest power of two >= 32 with P E_max >= D, then E =
+ * the smallest multiple of 8 with P E >= D. E_max is 32 for the forward
+ * (16 for f64) and 16 for the backward, which keeps four arrays of E
+ * (xhat, g w, and the two accumulators; 8 for f64). So the forward uses a
+ * warp per row up to D = 1024 (GPT-2: 768 -> E = 24, 1024 -> 32; 1600 ->
+ * P = 64, E = 32). The forward takes rows up to D = 16384 (f64: 8192), the
+ * backward up to 8192 (f64: 4096); longer rows take the general path. Groups
+ * narrower than BLOCK_THREADS share a block (BLOCK_THREADS / P rows at a
+ * time; the whole block loops together so that block-wide reductions are
+ * legal).
+ *
+ * Occupancy (registers from ptxas -v for sm_90 at the time of writing, no
+ * spills anywhere; an SM has 64K registers and 2048 threads; blocks of
+ * 256 threads unless P > 256):
+ *  - forward, 16-byte accesses, f32/bf16/f16: 40-64 registers (E = 24, 32:
+ *    64, capped there by __launch_bounds__ (512, 2)): 4 blocks, 1024
+ *    threads per SM (50%). Each thread has E / W 16-byte loads of x in
+ *    flight at once (D = 768: 6 in f32, 3 in bf16), so >= 48 KB per SM,
+ *    well above bandwidth x latency per SM (H100: ~3.35 TB/s x ~0.7 us / 132
+ *    SMs ~ 18 KB).
+ *  - forward, element accesses (W = 1) or f64: 45-128 registers (the
+ *    compiler keeps the unrolled per-element addresses and predicates),
+ *    2 to 5 blocks per SM, no spills: the unaligned and odd-width cases, and
+ *    f64, which serves gradient checks rather than speed.
+ *  - backward: E = 16 (f32/bf16/f16): 97-117 registers, 2 blocks per SM;
+ *    E = 8: 60-64, 4 blocks; f64 (E = 8): 114, 2 blocks. With dw/db the
+ *    grid is at most MAX_CHUNKS blocks (M = 8192: 256), about two per SM of
+ *    an H100 (132 SMs) anyway: one wave; each thread then has 2 E / W
+ *    16-byte loads in flight (f32, D = 768: 8).
+ * These are estimates from the register counts; the bandwidth itself is
+ * measured by benchmarks/bench_cuda.c (layer norm forward and fwd+bwd next
+ * to a device copy). */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <stdint.h>
 
 #include "tensor/cuda/check.h"
 #include "tensor/cuda/cuda.h"
@@ -171,6 +231,276 @@ static __global__ void layer_norm_dwdb_final_kernel(
     }
 }
 
+/* ------------------------------------------------- register path: kernels */
+/* Note [Layer norm rows in registers]. */
+static const int BLOCK_THREADS = 256;   /* groups narrower than this share a block */
+static const int MAX_ROW_THREADS = 512; /* threads per row, at most */
+static const int ROWS_PER_CHUNK = 32;   /* backward: rows per block, at least */
+static const int SUM_LANES = 16;        /* dw/db sum over blocks: lanes per column */
+
+/* Values per thread, at most (a multiple of 8). */
+template <typename T> struct max_values {
+    static const int fwd = 32, bwd = 16;
+};
+template <> struct max_values<double> {
+    static const int fwd = 16, bwd = 8;
+};
+
+/* Forward: blocks of MAX_ROW_THREADS per SM that ptxas must allow for, so
+ * 64 registers per thread for the 16-byte paths of 2- and 4-byte types;
+ * the others need more without spilling (Note [Layer norm rows in registers]). */
+template <typename T, int W> static constexpr int min_blocks() {
+    return W > 1 && sizeof(T) < 8 ? 2 : 1;
+}
+
+/* N elements of T, aligned to their size: one 16-byte access for N W. */
+template <typename T, int N> struct alignas(sizeof(T) * N) vec {
+    T v[N];
+};
+
+/* The sum of v over the row group of the calling thread (threadIdx.x of
+ * blockDim.x; row group threadIdx.y), returned to all of its threads, in a
+ * fixed order. Every thread of the block calls it (groups wider than a
+ * warp synchronise the block); sm has one entry per warp of the block. */
+template <typename A> static __device__ __forceinline__ A group_sum(A v, A *sm) {
+    v = warp_sum(v);
+    if (blockDim.x == 32) return v;
+    int nw = blockDim.x >> 5;
+    A *gs = sm + threadIdx.y * nw;
+    if ((threadIdx.x & 31) == 0) gs[threadIdx.x >> 5] = v;
+    __syncthreads();
+    A s = gs[0];
+    for (int q = 1; q < nw; q++) s += gs[q];
+    __syncthreads();
+    return s;
+}
+
+/* group_sum of a and of b, with one pair of synchronisations. */
+template <typename A>
+static __device__ __forceinline__ void group_sum2(A &a, A &b, A *sma, A *smb) {
+    a = warp_sum(a);
+    b = warp_sum(b);
+    if (blockDim.x == 32) return;
+    int nw = blockDim.x >> 5, base = threadIdx.y * nw;
+    if ((threadIdx.x & 31) == 0) {
+        sma[base + (threadIdx.x >> 5)] = a;
+        smb[base + (threadIdx.x >> 5)] = b;
+    }
+    __syncthreads();
+    a = sma[base];
+    b = smb[base];
+    for (int q = 1; q < nw; q++) {
+        a += sma[base + q];
+        b += smb[base + q];
+    }
+    __syncthreads();
+}
+
+// y, x (M, D); w, b (D) or NULL; mean, rstd (M)
+// block (P, rows per block), E values per thread, W elements per access
+template <typename T, typename S, int E, int W>
+static __global__ void __launch_bounds__(MAX_ROW_THREADS, min_blocks<T, W>())
+    layer_norm_regs_kernel(T *__restrict__ y, S *__restrict__ mean, S *__restrict__ rstd,
+                           const T *__restrict__ x, const T *__restrict__ w,
+                           const T *__restrict__ b, int64_t m, int d, double eps) {
+    typedef typename acc_type<T>::type A;
+    typedef vec<T, W> V;
+    const int K = E / W, t = threadIdx.x, p = blockDim.x;
+    __shared__ A sm[MAX_ROW_THREADS / 32];
+    for (int64_t base = (int64_t)blockIdx.x * blockDim.y; base < m;
+         base += (int64_t)gridDim.x * blockDim.y) {
+        int64_t row = base + threadIdx.y;
+        bool live = row < m;
+        const T *xr = x + row * d;
+        A v[E];
+        A s = 0;
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            int i = (k * p + t) * W;
+            if (live && i < d) {
+                V a = *(const V *)(xr + i);
+#pragma unroll
+                for (int j = 0; j < W; j++) v[k * W + j] = to_acc(a.v[j]);
+            } else {
+#pragma unroll
+                for (int j = 0; j < W; j++) v[k * W + j] = 0;
+            }
+        }
+#pragma unroll
+        for (int e = 0; e < E; e++) s += v[e];
+        A mu = group_sum(s, sm) / (A)d;
+        A q = 0;
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            if ((k * p + t) * W < d) {
+#pragma unroll
+                for (int j = 0; j < W; j++) {
+                    A c = v[k * W + j] - mu;
+                    q += c * c;
+                }
+            }
+        }
+        A r = (A)1 / sqrt(group_sum(q, sm) / (A)d + (A)eps);
+        if (!live) continue; /* after the last group_sum of the row */
+        if (t == 0) {
+            mean[row] = (S)mu;
+            rstd[row] = (S)r;
+        }
+        T *yr = y + row * d;
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            int i = (k * p + t) * W;
+            if (i >= d) continue;
+            V o, wv, bv;
+            if (w) wv = *(const V *)(w + i);
+            if (b) bv = *(const V *)(b + i);
+#pragma unroll
+            for (int j = 0; j < W; j++) {
+                A h = (v[k * W + j] - mu) * r;
+                if (w) h *= to_acc(wv.v[j]);
+                if (b) h += to_acc(bv.v[j]);
+                o.v[j] = from_acc<T>(h);
+            }
+            *(V *)(yr + i) = o;
+        }
+    }
+}
+
+// dx, g, x (M, D) (dx or NULL); w (D) or NULL; mean, rstd (M);
+// pw, pb (gridDim.x, D) or NULL = per block, the sums over its rows of g xhat and g
+// block (P, rows per block), E values per thread, W elements per access
+template <typename T, typename S, int E, int W>
+static __global__ void __launch_bounds__(MAX_ROW_THREADS) layer_norm_backward_regs_kernel(
+    T *__restrict__ dx, typename acc_type<T>::type *__restrict__ pw,
+    typename acc_type<T>::type *__restrict__ pb, const T *__restrict__ g,
+    const T *__restrict__ x, const S *__restrict__ mean, const S *__restrict__ rstd,
+    const T *__restrict__ w, int64_t m, int d) {
+    typedef typename acc_type<T>::type A;
+    typedef vec<T, W> V;
+    const int K = E / W, t = threadIdx.x, p = blockDim.x;
+    __shared__ A sma[MAX_ROW_THREADS / 32], smb[MAX_ROW_THREADS / 32];
+    /* groups sharing a block: P <= BLOCK_THREADS / 2, so D <= 128 E */
+    __shared__ A red[2][(BLOCK_THREADS / 2) * E];
+    A aw[E], ab[E];
+#pragma unroll
+    for (int e = 0; e < E; e++) aw[e] = ab[e] = 0;
+    for (int64_t base = (int64_t)blockIdx.x * blockDim.y; base < m;
+         base += (int64_t)gridDim.x * blockDim.y) {
+        int64_t row = base + threadIdx.y;
+        bool live = row < m;
+        A mu = live ? (A)mean[row] : (A)0, r = live ? (A)rstd[row] : (A)0;
+        const T *xr = x + row * d, *gr = g + row * d;
+        A h[E], dh[E];
+        A sa = 0, sb = 0;
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            int i = (k * p + t) * W;
+            if (live && i < d) {
+                V xv = *(const V *)(xr + i), gv = *(const V *)(gr + i), wv;
+                if (w) wv = *(const V *)(w + i);
+#pragma unroll
+                for (int j = 0; j < W; j++) {
+                    A hj = (to_acc(xv.v[j]) - mu) * r, gj = to_acc(gv.v[j]);
+                    aw[k * W + j] += gj * hj;
+                    ab[k * W + j] += gj;
+                    A dj = w ? gj * to_acc(wv.v[j]) : gj;
+                    sa += dj;
+                    sb += dj * hj;
+                    h[k * W + j] = hj;
+                    dh[k * W + j] = dj;
+                }
+            } else {
+#pragma unroll
+                for (int j = 0; j < W; j++) h[k * W + j] = dh[k * W + j] = 0;
+            }
+        }
+        group_sum2(sa, sb, sma, smb);
+        if (!live || !dx) continue;
+        sa /= (A)d;
+        sb /= (A)d;
+        T *dr = dx + row * d;
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            int i = (k * p + t) * W;
+            if (i >= d) continue;
+            V o;
+#pragma unroll
+            for (int j = 0; j < W; j++)
+                o.v[j] = from_acc<T>(r * (dh[k * W + j] - sa - h[k * W + j] * sb));
+            *(V *)(dr + i) = o;
+        }
+    }
+    if (!pw) return; /* the same for the whole block */
+    A *ow = pw + (int64_t)blockIdx.x * d, *ob = pb + (int64_t)blockIdx.x * d;
+    if (blockDim.y == 1) { /* one group: its threads own distinct columns */
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            int i = (k * p + t) * W;
+            if (i >= d) continue;
+#pragma unroll
+            for (int j = 0; j < W; j++) {
+                ow[i + j] = aw[k * W + j];
+                ob[i + j] = ab[k * W + j];
+            }
+        }
+        return;
+    }
+    /* several groups: add them in shared memory, group 0 first */
+    for (int gq = 0; gq < (int)blockDim.y; gq++) {
+        if ((int)threadIdx.y == gq) {
+#pragma unroll
+            for (int k = 0; k < K; k++) {
+                int i = (k * p + t) * W;
+                if (i >= d) continue;
+#pragma unroll
+                for (int j = 0; j < W; j++) {
+                    red[0][i + j] = gq ? red[0][i + j] + aw[k * W + j] : aw[k * W + j];
+                    red[1][i + j] = gq ? red[1][i + j] + ab[k * W + j] : ab[k * W + j];
+                }
+            }
+        }
+        __syncthreads();
+    }
+    for (int c = threadIdx.y * p + t; c < d; c += p * blockDim.y) {
+        ow[c] = red[0][c];
+        ob[c] = red[1][c];
+    }
+}
+
+// dw, db (D) or NULL = sums of pw, pb (chunks, D) over the chunks
+// block (COL_TILE, SUM_LANES), grid ceil(D / COL_TILE): lane l adds chunks
+// l, l + SUM_LANES, ... in order, then the lanes are added in order
+template <typename T>
+static __global__ void layer_norm_dwdb_sum_kernel(T *__restrict__ dw, T *__restrict__ db,
+                                                  const typename acc_type<T>::type *__restrict__ pw,
+                                                  const typename acc_type<T>::type *__restrict__ pb,
+                                                  int64_t chunks, int64_t d) {
+    typedef typename acc_type<T>::type A;
+    __shared__ A sw[SUM_LANES][COL_TILE + 1], sb[SUM_LANES][COL_TILE + 1];
+    int tx = threadIdx.x, ty = threadIdx.y;
+    int64_t col = (int64_t)blockIdx.x * COL_TILE + tx;
+    A aw = 0, ab = 0;
+    if (col < d)
+#pragma unroll 4
+        for (int64_t c = ty; c < chunks; c += SUM_LANES) {
+            aw += pw[c * d + col];
+            ab += pb[c * d + col];
+        }
+    sw[ty][tx] = aw;
+    sb[ty][tx] = ab;
+    __syncthreads();
+    if (ty == 0 && col < d) {
+        A tw = 0, tb = 0;
+#pragma unroll
+        for (int k = 0; k < SUM_LANES; k++) {
+            tw += sw[k][tx];
+            tb += sb[k][tx];
+        }
+        if (dw) dw[col] = from_acc<T>(tw);
+        if (db) db[col] = from_acc<T>(tb);
+    }
+}
+
 /* ---------------------------------------------------------------- launchers */
 static unsigned row_grid(int64_t m) {
     int64_t b = (m + WARPS - 1) / WARPS;
@@ -179,13 +509,137 @@ static unsigned row_grid(int64_t m) {
 
 static const void *data_or_null(const nb_tensor *t) { return t ? t->data : NULL; }
 
+/* Register path geometry (Note [Layer norm rows in registers]): P threads
+ * per row, rows per block, E values per thread, W elements per access. */
+struct regs_cfg {
+    int p, rows, e, w;
+};
+
+static bool aligned16(const void *ptr) { return ((uintptr_t)ptr & 15u) == 0; }
+
+/* The register path serves T when the statistics are in T's math type. */
+template <typename T, typename S> static constexpr bool regs_path_for() {
+    return sizeof(S) == sizeof(typename acc_type<T>::type);
+}
+
+/* False when a row of d elements needs more than e_max values per thread
+ * at MAX_ROW_THREADS threads. ptrs: the data of every row tensor and of w
+ * and b (NULL for an absent one): W > 1 only if all are 16-byte aligned. */
+template <typename T>
+static bool regs_config(int64_t d, int e_max, const void *const *ptrs, int n, regs_cfg *c) {
+    for (int p = 32; p <= MAX_ROW_THREADS; p *= 2) {
+        if ((int64_t)p * e_max < d) continue;
+        c->p = p;
+        c->rows = p < BLOCK_THREADS ? BLOCK_THREADS / p : 1;
+        c->e = 8;
+        while ((int64_t)p * c->e < d) c->e += 8;
+        const int wide = (int)(16 / sizeof(T));
+        bool ok = d % wide == 0;
+        for (int k = 0; k < n; k++) ok = ok && aligned16(ptrs[k]);
+        c->w = ok ? wide : 1;
+        return true;
+    }
+    return false;
+}
+
+template <typename T, typename S, int E>
+static void forward_regs(const regs_cfg &c, unsigned grid, cudaStream_t s, T *y, S *mean,
+                         S *rstd, const T *x, const T *w, const T *b, int64_t m, int64_t d,
+                         double eps) {
+    if constexpr (E <= max_values<T>::fwd) {
+        if (c.e != E) {
+            forward_regs<T, S, E + 8>(c, grid, s, y, mean, rstd, x, w, b, m, d, eps);
+            return;
+        }
+        const int wide = (int)(16 / sizeof(T));
+        dim3 block((unsigned)c.p, (unsigned)c.rows);
+        if (c.w == wide)
+            layer_norm_regs_kernel<T, S, E, wide>
+                <<<grid, block, 0, s>>>(y, mean, rstd, x, w, b, m, (int)d, eps);
+        else
+            layer_norm_regs_kernel<T, S, E, 1>
+                <<<grid, block, 0, s>>>(y, mean, rstd, x, w, b, m, (int)d, eps);
+    }
+}
+
+template <typename T, typename S, int E>
+static void backward_regs(const regs_cfg &c, unsigned grid, cudaStream_t s, T *dx,
+                          typename acc_type<T>::type *pw, typename acc_type<T>::type *pb,
+                          const T *g, const T *x, const S *mean, const S *rstd, const T *w,
+                          int64_t m, int64_t d) {
+    if constexpr (E <= max_values<T>::bwd) {
+        if (c.e != E) {
+            backward_regs<T, S, E + 8>(c, grid, s, dx, pw, pb, g, x, mean, rstd, w, m, d);
+            return;
+        }
+        const int wide = (int)(16 / sizeof(T));
+        dim3 block((unsigned)c.p, (unsigned)c.rows);
+        if (c.w == wide)
+            layer_norm_backward_regs_kernel<T, S, E, wide>
+                <<<grid, block, 0, s>>>(dx, pw, pb, g, x, mean, rstd, w, m, (int)d);
+        else
+            layer_norm_backward_regs_kernel<T, S, E, 1>
+                <<<grid, block, 0, s>>>(dx, pw, pb, g, x, mean, rstd, w, m, (int)d);
+    }
+}
+
 template <typename T, typename S>
 static void launch_forward(cudaStream_t s, nb_tensor *y, nb_tensor *mean, nb_tensor *rstd,
                            const nb_tensor *x, const nb_tensor *w, const nb_tensor *b, int64_t m,
                            int64_t d, double eps) {
+    const T *wp = (const T *)data_or_null(w), *bp = (const T *)data_or_null(b);
+    if constexpr (regs_path_for<T, S>()) {
+        const void *ptrs[4] = {x->data, y->data, wp, bp};
+        regs_cfg c;
+        if (regs_config<T>(d, max_values<T>::fwd, ptrs, 4, &c)) {
+            int64_t nb = (m + c.rows - 1) / c.rows;
+            forward_regs<T, S, 8>(c, (unsigned)(nb < 65536 ? nb : 65536), s, (T *)y->data,
+                                  (S *)mean->data, (S *)rstd->data, (const T *)x->data, wp, bp,
+                                  m, d, eps);
+            return;
+        }
+    }
     layer_norm_kernel<T, S><<<row_grid(m), WARPS * 32, 0, s>>>(
-        (T *)y->data, (S *)mean->data, (S *)rstd->data, (const T *)x->data,
-        (const T *)data_or_null(w), (const T *)data_or_null(b), m, d, eps);
+        (T *)y->data, (S *)mean->data, (S *)rstd->data, (const T *)x->data, wp, bp, m, d, eps);
+}
+
+/* The register path of the backward; false (nothing done) when it does not
+ * apply. */
+template <typename T, typename S>
+static bool launch_backward_regs(cudaStream_t s, nb_tensor *dx, nb_tensor *dw, nb_tensor *db,
+                                 const nb_tensor *g, const nb_tensor *x, const nb_tensor *mean,
+                                 const nb_tensor *rstd, const nb_tensor *w, int64_t m,
+                                 int64_t d, const char *op) {
+    if constexpr (!regs_path_for<T, S>()) {
+        return false;
+    } else {
+        typedef typename acc_type<T>::type A;
+        const void *ptrs[4] = {x->data, g->data, data_or_null(dx), data_or_null(w)};
+        regs_cfg c;
+        if (m == 0 || !regs_config<T>(d, max_values<T>::bwd, ptrs, 4, &c)) return false;
+        bool sums = dw || db;
+        /* with dw/db: blocks of >= ROWS_PER_CHUNK rows, at most MAX_CHUNKS
+         * (depends on M only: reproducible sums) */
+        int64_t nb = sums ? (m + ROWS_PER_CHUNK - 1) / ROWS_PER_CHUNK : (m + c.rows - 1) / c.rows;
+        int64_t cap = sums ? MAX_CHUNKS : 65536;
+        nb = nb < cap ? nb : cap;
+        A *pw = NULL, *pb = NULL;
+        if (sums) {
+            pw = (A *)nb_ctx_alloc((dw ? dw : db)->ctx, 2 * (size_t)nb * (size_t)d * sizeof(A), 0);
+            pb = pw + nb * d;
+        }
+        backward_regs<T, S, 8>(c, (unsigned)nb, s, dx ? (T *)dx->data : NULL, pw, pb,
+                               (const T *)g->data, (const T *)x->data, (const S *)mean->data,
+                               (const S *)rstd->data, (const T *)data_or_null(w), m, d);
+        NB_CUDA_CHECK_LAUNCH(op);
+        if (sums) {
+            dim3 grid((unsigned)((d + COL_TILE - 1) / COL_TILE)), block(COL_TILE, SUM_LANES);
+            layer_norm_dwdb_sum_kernel<T><<<grid, block, 0, s>>>(
+                dw ? (T *)dw->data : NULL, db ? (T *)db->data : NULL, pw, pb, nb, d);
+            NB_CUDA_CHECK_LAUNCH(op);
+        }
+        return true;
+    }
 }
 
 template <typename T, typename S>
@@ -194,6 +648,7 @@ static void launch_backward(cudaStream_t s, nb_tensor *dx, nb_tensor *dw, nb_ten
                             const nb_tensor *rstd, const nb_tensor *w, int64_t m, int64_t d,
                             const char *op) {
     typedef typename acc_type<T>::type A;
+    if (launch_backward_regs<T, S>(s, dx, dw, db, g, x, mean, rstd, w, m, d, op)) return;
     const S *mu = (const S *)mean->data, *r = (const S *)rstd->data;
     if (dx && m > 0) {
         layer_norm_dx_kernel<T, S><<<row_grid(m), WARPS * 32, 0, s>>>(
