@@ -253,6 +253,7 @@ static int many_inputs(nb_dtype dt, nbt_input *in) {
 }
 
 START_TEST(test_conv2d_shared_workspace) {
+    NBT_DEVICE_ONLY("the device's cuDNN workspace");
     static const nb_dtype dts[] = {NB_F32, NB_BF16};
     nb_cuda_set_allow_tf32(false);
     int64_t buf0;
@@ -304,6 +305,7 @@ END_TEST
  * workspace is the device's (before, each call's workspace stayed in the
  * context until its reset). */
 START_TEST(test_conv2d_workspace_not_in_context) {
+    NBT_DEVICE_ONLY("the device's cuDNN workspace");
     nb_ctx *ctx = nb_ctx_new(nb_cuda(0), 0);
     for (size_t i = 0; i < WS_CASES; i++) {
         const conv_case *c = &ws_cases[i];

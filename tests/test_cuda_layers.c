@@ -180,6 +180,7 @@ END_TEST
  * with one warp per row (groups added in shared memory) and one with a
  * group per block, on rows that take many blocks. */
 START_TEST(test_layer_norm_backward_deterministic_rows) {
+    NBT_DEVICE_ONLY("determinism of the CUDA backward");
     nb_ctx *g = gpu_ctx();
     const int64_t ds[] = {256, 1600};
     for (int k = 0; k < 2; k++) {

@@ -28,7 +28,8 @@
  * nearest), ln2 split in two parts for an exact r, exp(r) from the degree-6
  * polynomial of the Cephes expf (relative error ~1e-7 on |r| <= ln2/2), and
  * 2^n built in the exponent bits. Inputs are clamped to where 2^n is a
- * normal float, so the result saturates instead of overflowing. */
+ * normal float, so the result saturates instead of overflowing; NaN stays
+ * NaN. */
 static inline float nb__exp_f32(float x) {
     x = x < -87.0f ? -87.0f : x;
     x = x > 88.0f ? 88.0f : x;
@@ -41,10 +42,13 @@ static inline float nb__exp_f32(float x) {
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     float e = p * r * r + r + 1.0f;
+    /* a NaN x passes the clamps and makes e NaN, which the result keeps;
+     * its n must not reach the integer conversion (undefined for NaN) */
+    float nn = n == n ? n : 0.0f;
     union {
-        int32_t i;
+        uint32_t i;
         float f;
-    } scale = {((int32_t)n + 127) << 23};
+    } scale = {(uint32_t)((int32_t)nn + 127) << 23};
     return e * scale.f;
 }
 
