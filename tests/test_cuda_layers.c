@@ -176,50 +176,18 @@ START_TEST(test_layer_norm_parity_rows) {
 }
 END_TEST
 
-/* The register path's dw/db: backward twice, bitwise equal, for a width
- * with one warp per row (groups added in shared memory) and one with a
- * group per block, on rows that take many blocks. */
-START_TEST(test_layer_norm_backward_deterministic_rows) {
-    NBT_DEVICE_ONLY("determinism of the CUDA backward");
+/* Layer norm backward twice on the same (m, d) inputs of dtype dt: dx, dw
+ * and db bitwise equal. */
+static void layer_norm_backward_twice(nb_dtype dt, int64_t m, int64_t d, uint64_t seed,
+                                      const char *what) {
     nb_ctx *g = gpu_ctx();
-    const int64_t ds[] = {256, 1600};
-    for (int k = 0; k < 2; k++) {
-        int64_t m = 5000, d = ds[k];
-        nb_tensor *out[2][3];
-        nb_tensor *r = nb_rand_normal(g, NB_BF16, NB_SHAPE(m, d), 0.0, 1.0, &(nb_rng){22, 0});
-        for (int run = 0; run < 2; run++) {
-            nb_tensor *xl = nb_rand_normal(g, NB_BF16, NB_SHAPE(m, d), 1.0, 2.0, &(nb_rng){21, 0});
-            nb_set_requires_grad(xl, true);
-            nb_tensor *w = nb_rand_uniform(g, NB_BF16, NB_SHAPE(d), 0.5, 1.5, &(nb_rng){24, 0});
-            nb_tensor *b = nb_rand_uniform(g, NB_BF16, NB_SHAPE(d), -1, 1, &(nb_rng){25, 0});
-            nb_set_requires_grad(w, true);
-            nb_set_requires_grad(b, true);
-            nb_tensor *y = nb_layer_norm(g, xl, 1, w, b, 1e-5);
-            nb_backward(nb_sum_all(g, nb_mul(g, y, r)));
-            out[run][0] = xl->grad;
-            out[run][1] = w->grad;
-            out[run][2] = b->grad;
-        }
-        assert_bitwise("layer_norm dx (register path)", out[0][0], out[1][0]);
-        assert_bitwise("layer_norm dw (register path)", out[0][1], out[1][1]);
-        assert_bitwise("layer_norm db (register path)", out[0][2], out[1][2]);
-    }
-    nb_ctx_free(g);
-}
-END_TEST
-
-/* Backward twice on the same inputs: bitwise equal dx, dw, db. */
-START_TEST(test_layer_norm_backward_deterministic) {
-    NBT_DEVICE_ONLY("determinism of the CUDA backward");
-    nb_ctx *g = gpu_ctx();
-    int64_t m = 4099, d = 77;
     nb_tensor *out[2][3];
-    nb_tensor *r = nb_rand_normal(g, NB_F32, NB_SHAPE(m, d), 0.0, 1.0, &(nb_rng){12, 0});
+    nb_tensor *r = nb_rand_normal(g, dt, NB_SHAPE(m, d), 0.0, 1.0, &(nb_rng){seed + 1, 0});
     for (int run = 0; run < 2; run++) {
-        nb_tensor *xl = nb_rand_normal(g, NB_F32, NB_SHAPE(m, d), 1.0, 2.0, &(nb_rng){11, 0});
+        nb_tensor *xl = nb_rand_normal(g, dt, NB_SHAPE(m, d), 1.0, 2.0, &(nb_rng){seed, 0});
         nb_set_requires_grad(xl, true);
-        nb_tensor *w = nb_rand_uniform(g, NB_F32, NB_SHAPE(d), 0.5, 1.5, &(nb_rng){14, 0});
-        nb_tensor *b = nb_rand_uniform(g, NB_F32, NB_SHAPE(d), -1, 1, &(nb_rng){15, 0});
+        nb_tensor *w = nb_rand_uniform(g, dt, NB_SHAPE(d), 0.5, 1.5, &(nb_rng){seed + 3, 0});
+        nb_tensor *b = nb_rand_uniform(g, dt, NB_SHAPE(d), -1, 1, &(nb_rng){seed + 4, 0});
         nb_set_requires_grad(w, true);
         nb_set_requires_grad(b, true);
         nb_tensor *y = nb_layer_norm(g, xl, 1, w, b, 1e-5);
@@ -228,10 +196,29 @@ START_TEST(test_layer_norm_backward_deterministic) {
         out[run][1] = w->grad;
         out[run][2] = b->grad;
     }
-    assert_bitwise("layer_norm dx", out[0][0], out[1][0]);
-    assert_bitwise("layer_norm dw", out[0][1], out[1][1]);
-    assert_bitwise("layer_norm db", out[0][2], out[1][2]);
+    static const char *const names[3] = {"dx", "dw", "db"};
+    for (int i = 0; i < 3; i++) {
+        char name[96];
+        snprintf(name, sizeof name, "layer_norm %s (%s, d = %lld)", names[i], what, (long long)d);
+        assert_bitwise(name, out[0][i], out[1][i]);
+    }
     nb_ctx_free(g);
+}
+
+/* The register path's dw/db, for a width with one warp per row (groups
+ * added in shared memory) and one with a group per block, on rows that
+ * take many blocks. */
+START_TEST(test_layer_norm_backward_deterministic_rows) {
+    NBT_DEVICE_ONLY("determinism of the CUDA backward");
+    layer_norm_backward_twice(NB_BF16, 5000, 256, 21, "register path");
+    layer_norm_backward_twice(NB_BF16, 5000, 1600, 21, "register path");
+}
+END_TEST
+
+/* Rows of 77, not a multiple of any vector width. */
+START_TEST(test_layer_norm_backward_deterministic) {
+    NBT_DEVICE_ONLY("determinism of the CUDA backward");
+    layer_norm_backward_twice(NB_F32, 4099, 77, 11, "odd width");
 }
 END_TEST
 

@@ -400,16 +400,7 @@ static bool use_cudnn(int dev, nb_dtype xdt, const nb_tensor *rm, const nb_tenso
 }
 
 /* ------------------------------------------------------------- cuDNN path */
-static cudnnDataType_t cudnn_type(nb_dtype dt) {
-    switch (dt) {
-    case NB_F32: return CUDNN_DATA_FLOAT;
-    case NB_F64: return CUDNN_DATA_DOUBLE;
-    case NB_BF16: return CUDNN_DATA_BFLOAT16;
-    case NB_F16: return CUDNN_DATA_HALF;
-    default: NB_ABORT("%s: unsupported dtype %s", OP, nb_dtype_name(dt));
-    }
-    return CUDNN_DATA_FLOAT;
-}
+static cudnnDataType_t cudnn_type(nb_dtype dt) { return nb__cudnn_dtype(OP, dt); }
 
 /* x as (N, C, S, 1) and the per-channel tensors as (1, C, 1, 1) of the
  * parameter dtype, set explicitly as the batch-norm functions document it

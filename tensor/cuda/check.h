@@ -13,6 +13,7 @@
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
+#include "nabla/dtype.h"
 #include "nabla/error.h"
 
 #define NB_CUDA_CHECK(op, call)                                                                  \
@@ -40,5 +41,17 @@
             nb_abort(__FILE__, __LINE__, "%s: %s failed: %s", (op), #call,                      \
                      cudnnGetErrorString(nb_s_));                                                \
     } while (0)
+
+/* cuDNN's data type for a float dtype; any other aborts naming op. */
+static inline cudnnDataType_t nb__cudnn_dtype(const char *op, nb_dtype dt) {
+    switch (dt) {
+    case NB_F32: return CUDNN_DATA_FLOAT;
+    case NB_F64: return CUDNN_DATA_DOUBLE;
+    case NB_BF16: return CUDNN_DATA_BFLOAT16;
+    case NB_F16: return CUDNN_DATA_HALF;
+    default: NB_ABORT("%s: cuDNN has no data type for %s", op, nb_dtype_name(dt));
+    }
+    return CUDNN_DATA_FLOAT;
+}
 
 #endif

@@ -195,16 +195,7 @@ static void plan_free(conv_plan *p) {
     p->used = false;
 }
 
-static cudnnDataType_t cudnn_type(nb_dtype dt) {
-    switch (dt) {
-    case NB_F32: return CUDNN_DATA_FLOAT;
-    case NB_F64: return CUDNN_DATA_DOUBLE;
-    case NB_BF16: return CUDNN_DATA_BFLOAT16;
-    case NB_F16: return CUDNN_DATA_HALF;
-    default: NB_ABORT("%s: unsupported dtype %s", OP, nb_dtype_name(dt));
-    }
-    return CUDNN_DATA_FLOAT;
-}
+static cudnnDataType_t cudnn_type(nb_dtype dt) { return nb__cudnn_dtype(OP, dt); }
 
 /* The math type the descriptor starts with (see the top comment). */
 static cudnnMathType_t base_math(const conv_key *k) {

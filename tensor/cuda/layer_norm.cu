@@ -177,6 +177,27 @@ static __global__ void layer_norm_dx_kernel(T *__restrict__ dx, const T *__restr
     }
 }
 
+// The lanes' partial sums of one column tile (block (COL_TILE, LANES)),
+// added in lane order by lane 0: true there, with the totals
+template <int LANES, typename A>
+static __device__ bool sum_over_lanes(A (*sw)[COL_TILE + 1], A (*sb)[COL_TILE + 1], A aw, A ab,
+                                      A *tw, A *tb) {
+    int tx = threadIdx.x, ty = threadIdx.y;
+    sw[ty][tx] = aw;
+    sb[ty][tx] = ab;
+    __syncthreads();
+    if (ty != 0) return false;
+    A w = 0, b = 0;
+#pragma unroll
+    for (int k = 0; k < LANES; k++) {
+        w += sw[k][tx];
+        b += sb[k][tx];
+    }
+    *tw = w;
+    *tb = b;
+    return true;
+}
+
 // pw, pb (chunks, D) = per chunk of rows: sum g xhat, sum g
 // block (COL_TILE, ROW_LANES), grid (ceil(D / COL_TILE), chunks)
 template <typename T, typename S>
@@ -198,16 +219,8 @@ static __global__ void layer_norm_dwdb_partial_kernel(
             aw += gv * h;
             ab += gv;
         }
-    sw[ty][tx] = aw;
-    sb[ty][tx] = ab;
-    __syncthreads();
-    if (ty == 0 && col < d) {
-        A tw = 0, tb = 0;
-#pragma unroll
-        for (int k = 0; k < ROW_LANES; k++) {
-            tw += sw[k][tx];
-            tb += sb[k][tx];
-        }
+    A tw, tb;
+    if (sum_over_lanes<ROW_LANES>(sw, sb, aw, ab, &tw, &tb) && col < d) {
         pw[blockIdx.y * d + col] = tw;
         pb[blockIdx.y * d + col] = tb;
     }
@@ -486,16 +499,8 @@ static __global__ void layer_norm_dwdb_sum_kernel(T *__restrict__ dw, T *__restr
             aw += pw[c * d + col];
             ab += pb[c * d + col];
         }
-    sw[ty][tx] = aw;
-    sb[ty][tx] = ab;
-    __syncthreads();
-    if (ty == 0 && col < d) {
-        A tw = 0, tb = 0;
-#pragma unroll
-        for (int k = 0; k < SUM_LANES; k++) {
-            tw += sw[k][tx];
-            tb += sb[k][tx];
-        }
+    A tw, tb;
+    if (sum_over_lanes<SUM_LANES>(sw, sb, aw, ab, &tw, &tb) && col < d) {
         if (dw) dw[col] = from_acc<T>(tw);
         if (db) db[col] = from_acc<T>(tb);
     }
