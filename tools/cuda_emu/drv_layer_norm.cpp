@@ -45,7 +45,7 @@ int main() {
     /* register path (16-byte or element accesses), several rows per block,
      * wider groups, and rows long enough for the general path */
     struct { int64_t m, d; int off; } cs[] = {{5, 768, 0}, {3, 1600, 0}, {6, 770, 0}, {6, 1027, 0}, {7, 768, 1}, {9, 40, 0},
-                                              {5, 1, 0}, {4, 7, 0}, {300, 96, 0}, {2, 9000, 0}, {1, 20000, 0}};
+                                              {5, 1, 0}, {4, 7, 0}, {64, 96, 0}, {2, 9000, 0}, {1, 17000, 0}};
     for (auto &t : dts) {
         for (auto &c : cs) ln(t.dt, t.sdt, c.m, c.d, c.off, true, true, true, true, true);
         ln(t.dt, t.sdt, 33, 768, 0, false, false, true, false, false);
