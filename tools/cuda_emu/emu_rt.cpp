@@ -1,0 +1,69 @@
+/* The emulator's runtime (tools/cuda_emu): emu_launch, and the pieces of
+ * tensor/cuda/runtime.cu that the kernel files call. */
+#include <thread>
+
+#include "emu.h"
+#include "tensor/cuda/cuda.h"
+
+thread_local dim3 threadIdx, blockIdx;
+dim3 blockDim, gridDim;
+std::barrier<> *emu_block_bar;
+std::vector<std::barrier<> *> emu_warp_bar;
+unsigned char emu_xchg[32][32][16];
+long emu_launches, emu_blocks;
+
+void emu_launch(dim3 grid, dim3 block, size_t smem, std::function<void()> fn) {
+    emu_launches++;
+    unsigned n = block.x * block.y * block.z;
+    /* the limits of the GPUs we run on: what cudaGetLastError would report */
+    if (n == 0 || n > 1024 || block.z > 64 || grid.x == 0 || grid.y == 0 || grid.z == 0 ||
+        grid.x > 2147483647u || grid.y > 65535 || grid.z > 65535 || smem > 48 * 1024) {
+        fprintf(stderr, "cuda_emu: bad launch: grid (%u, %u, %u) block (%u, %u, %u) smem %zu\n",
+                grid.x, grid.y, grid.z, block.x, block.y, block.z, smem);
+        abort();
+    }
+    gridDim = grid;
+    blockDim = block;
+    unsigned warps = (n + 31) / 32;
+    for (unsigned bz = 0; bz < grid.z; bz++)
+        for (unsigned by = 0; by < grid.y; by++)
+            for (unsigned bx = 0; bx < grid.x; bx++) {
+                emu_blocks++;
+                std::barrier<> block_bar(n);
+                std::vector<std::barrier<> *> warp_bar;
+                for (unsigned w = 0; w < warps; w++)
+                    warp_bar.push_back(new std::barrier<>(w + 1 < warps ? 32 : n - 32 * w));
+                emu_block_bar = &block_bar;
+                emu_warp_bar = warp_bar;
+                std::vector<std::thread> threads;
+                threads.reserve(n);
+                for (unsigned t = 0; t < n; t++)
+                    threads.emplace_back([&, t] {
+                        threadIdx = dim3(t % block.x, (t / block.x) % block.y, t / (block.x * block.y));
+                        blockIdx = dim3(bx, by, bz);
+                        fn();
+                        warp_bar[t / 32]->arrive_and_drop(); /* an exited thread leaves the barriers */
+                        block_bar.arrive_and_drop();
+                    });
+                for (auto &t : threads) t.join();
+                for (auto *w : warp_bar) delete w;
+            }
+}
+
+extern "C" {
+static nb__cuda_fault emu_fault;
+void nb__cuda_use(const char *, int) {}
+nb__stream nb__cuda_compute_stream(int) { return nullptr; }
+nb__cuda_fault *nb__cuda_fault_slot(int) { return &emu_fault; }
+
+/* Scratch from the context comes filled with 0xff bytes (NaN in f32/f64/
+ * bf16/f16, -1 in integers) unless zeroing was asked for, so that a kernel
+ * reading scratch it never wrote shows up in the results. Linked with
+ * -Wl,--wrap=nb_ctx_alloc. */
+void *__real_nb_ctx_alloc(nb_ctx *c, size_t bytes, int zero);
+void *__wrap_nb_ctx_alloc(nb_ctx *c, size_t bytes, int zero) {
+    void *p = __real_nb_ctx_alloc(c, bytes, zero);
+    if (p && !zero) memset(p, 0xff, bytes);
+    return p;
+}
+}
