@@ -14,8 +14,9 @@
  * On CUDA the same steps run as kernels (sync_batch_norm.cu) on tensors in
  * the op's context, all-reduced through the NCCL group, and the host reads
  * nothing: the global count stays on the device (saved for backward), so
- * the "more than one value per channel" check is the kernels' NaN running
- * variance instead of an abort. */
+ * the "more than one value per channel" check is a deferred device fault
+ * (Note [Deferred device checks] in tensor/cuda/cuda.h): the abort comes
+ * at the next synchronisation, with the same message. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

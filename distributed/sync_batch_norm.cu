@@ -80,13 +80,22 @@ static __global__ void stats_kernel(double *stats, const T *x, int64_t n, int64_
     }
 }
 
+// A global count of at most one value per channel is the CPU's abort: here a
+// deferred fault (Note [Deferred device checks]), recorded by channel 0.
 static __global__ void finalize_kernel(double *mean, double *invstd, const double *stats,
                                        void *rm, int rm_dt, int64_t rm_stride, void *rv,
                                        int rv_dt, int64_t rv_stride, double momentum, double eps,
-                                       int64_t c) {
+                                       int64_t c, nb__cuda_fault *fault) {
     for (int64_t ch = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; ch < c;
          ch += (int64_t)gridDim.x * blockDim.x) {
         double m = stats[ch];
+        if (ch == 0 && m <= 1 &&
+            atomicCAS(&fault->code, 0, (int)NB__FAULT_SYNC_BATCH_NORM_COUNT) == 0) {
+            fault->value = (long long)m;
+            fault->position = 0;
+            fault->limit = 1;
+            __threadfence_system();
+        }
         double mu = stats[c + ch] / m;
         double var = stats[2 * c + ch] / m - mu * mu;
         if (var < 0) var = 0;
@@ -213,7 +222,7 @@ void nb__cuda_sbn_finalize(nb_tensor *mean, nb_tensor *invstd, const nb_tensor *
         (double *)mean->data, (double *)invstd->data, (const double *)stats->data, rm,
         running_mean ? (int)running_mean->dtype : 0, running_mean ? running_mean->strides[0] : 0,
         rv, running_var ? (int)running_var->dtype : 0, running_var ? running_var->strides[0] : 0,
-        momentum, eps, c);
+        momentum, eps, c, nb__cuda_fault_slot(stats->device.index));
     NB_CUDA_CHECK_LAUNCH(op);
 }
 

@@ -177,6 +177,21 @@ START_TEST(test_sync_batch_norm_f64) {
 }
 END_TEST
 
+/* One value per channel across the ranks: the CPU aborts at once; on CUDA
+ * the count stays on the device, so the same message comes at the next
+ * synchronisation (a deferred device check). Runs last. */
+START_TEST(test_sync_batch_norm_one_value_per_channel) {
+    nb_ctx *ctx = nb_ctx_new(nb_cuda(0), 0);
+    nb_tensor *x = nbt_randn_leaf(ctx, NB_F32, NB_SHAPE(1, 3, 1), 5);
+    nb_tensor *rm = nb_zeros(ctx, NB_F32, NB_SHAPE(3)), *rv = nb_ones(ctx, NB_F32, NB_SHAPE(3));
+    (void)nb_sync_batch_norm(ctx, pg, x, NULL, NULL, rm, rv, true, 0.1, 1e-5);
+    NBT_EXPECT_ABORT(nb_cuda_synchronize(nb_cuda(0)),
+                     "nb_sync_batch_norm (cuda:0): the global batch has 1 value(s) per channel");
+    nb_cuda_synchronize(nb_cuda(0)); /* reported once */
+    nb_ctx_free(ctx);
+}
+END_TEST
+
 int main(void) {
     nbt_cuda_require();
     setenv("CK_FORK", "no", 1); /* one communicator for every test */
@@ -199,6 +214,7 @@ int main(void) {
     tcase_add_test(tc, test_ddp_bf16_hook);
     tcase_add_test(tc, test_sync_batch_norm_matches_batch_norm);
     tcase_add_test(tc, test_sync_batch_norm_f64);
+    tcase_add_test(tc, test_sync_batch_norm_one_value_per_channel);
     suite_add_tcase(s, tc);
     int rc = nbt_run(s);
     if (nb_pg_free(pg) != NB_OK) {

@@ -119,7 +119,8 @@ bool nb__cuda_poison(void);
 
 /* Note [Deferred device checks]
  * Kernels that find bad data (an embedding index or a cross-entropy
- * target out of range) cannot abort. They record the first such fault in
+ * target out of range, a SyncBatchNorm batch of one value per channel
+ * across the ranks) cannot abort. They record the first such fault in
  * a per-device slot of mapped host memory (atomicCAS on `code`, then the
  * other fields); the host reads the slot at every synchronisation
  * (nb__cuda_sync, device-to-host copies, nb_cuda_synchronize) and aborts
@@ -129,7 +130,8 @@ bool nb__cuda_poison(void);
 typedef enum nb__cuda_fault_code {
     NB__FAULT_NONE = 0,
     NB__FAULT_EMBEDDING_INDEX = 1,  /* value = index, position, limit = rows */
-    NB__FAULT_CROSS_ENTROPY_TARGET = 2 /* value = target, position, limit = classes */
+    NB__FAULT_CROSS_ENTROPY_TARGET = 2, /* value = target, position, limit = classes */
+    NB__FAULT_SYNC_BATCH_NORM_COUNT = 3 /* value = global values per channel */
 } nb__cuda_fault_code;
 typedef struct nb__cuda_fault {
     int code; /* nb__cuda_fault_code, claimed by atomicCAS from 0 */

@@ -448,6 +448,12 @@ static void check_fault(int device) {
                  "%lld classes (valid: 0..%lld, or ignore_index; found on the device; reported "
                  "at the next synchronisation)",
                  device, v, pos, lim, lim - 1);
+    case NB__FAULT_SYNC_BATCH_NORM_COUNT:
+        nb_abort(__FILE__, __LINE__,
+                 "nb_sync_batch_norm (cuda:%d): the global batch has %lld value(s) per channel; "
+                 "training needs more than one (found on the device; reported at the next "
+                 "synchronisation)",
+                 device, v);
     default:
         nb_abort(__FILE__, __LINE__, "cuda:%d: device fault %d (value %lld, position %lld)", device,
                  code, v, pos);
