@@ -59,24 +59,13 @@
 
 #include "tensor/cuda/check.h"
 #include "tensor/cuda/cuda.h"
+#include "tensor/cuda/types.cuh"
 
 #define OP "nb_batch_norm"
 #define THREADS 256
 /* Batch sizes beyond which cuDNN's spatial kernels are not used (Note). */
 #define CUDNN_MAX_N_TRAIN 880801
 #define CUDNN_MAX_N_EVAL 65535
-
-template <typename T> struct acc_of { typedef float type; };
-template <> struct acc_of<double> { typedef double type; };
-
-static __device__ __forceinline__ float to_acc(float x) { return x; }
-static __device__ __forceinline__ double to_acc(double x) { return x; }
-static __device__ __forceinline__ float to_acc(__nv_bfloat16 x) { return __bfloat162float(x); }
-static __device__ __forceinline__ float to_acc(__half x) { return __half2float(x); }
-static __device__ __forceinline__ void put(float *p, float v) { *p = v; }
-static __device__ __forceinline__ void put(double *p, double v) { *p = v; }
-static __device__ __forceinline__ void put(__nv_bfloat16 *p, float v) { *p = __float2bfloat16(v); }
-static __device__ __forceinline__ void put(__half *p, float v) { *p = __float2half(v); }
 
 /* Element i (stride st) of a vector of dtype dt (any float dtype), as double. */
 static __device__ __forceinline__ double load_vec(const void *p, int dt, int64_t i, int64_t st) {
@@ -126,7 +115,7 @@ static __global__ void stats_partial_kernel(double *part, const T *x, const doub
     int64_t lo = sp * chunk, hi = lo + chunk < m ? lo + chunk : m;
     double mu = mean ? mean[ch] : 0, acc = 0;
     for (int64_t j = lo + threadIdx.x; j < hi; j += THREADS) {
-        double v = (double)to_acc(x[((j / s) * c + ch) * s + j % s]);
+        double v = (double)to_math(x[((j / s) * c + ch) * s + j % s]);
         acc += mean ? (v - mu) * (v - mu) : v;
     }
     block_sum2(sa, sb, acc, 0);
@@ -145,9 +134,9 @@ static __global__ void grad_partial_kernel(double *part_g, double *part_gh, cons
     double mu = load_vec(mean, sdt, ch, 1), ag = 0, agh = 0;
     for (int64_t j = lo + threadIdx.x; j < hi; j += THREADS) {
         int64_t e = ((j / s) * c + ch) * s + j % s;
-        double gv = (double)to_acc(g[e]);
+        double gv = (double)to_math(g[e]);
         ag += gv;
-        agh += gv * ((double)to_acc(x[e]) - mu);
+        agh += gv * ((double)to_math(x[e]) - mu);
     }
     block_sum2(sa, sb, ag, agh);
     if (threadIdx.x == 0) {
@@ -218,11 +207,11 @@ static __global__ void channel_kernel(double *sc, double *sh, const double *mean
 template <typename T>
 static __global__ void apply_kernel(T *y, const T *x, const double *sc, const double *sh,
                                     int64_t total, int64_t c, int64_t s) {
-    typedef typename acc_of<T>::type A;
+    typedef math_t<T> A;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (int64_t)gridDim.x * blockDim.x) {
         int64_t ch = (i / s) % c;
-        put(&y[i], to_acc(x[i]) * (A)sc[ch] + (A)sh[ch]);
+        put(&y[i], to_math(x[i]) * (A)sc[ch] + (A)sh[ch]);
     }
 }
 
@@ -253,12 +242,12 @@ static __global__ void grad_channel_kernel(coef *cf, void *dw, void *db, int wdt
 template <typename T>
 static __global__ void dx_kernel(T *dx, const T *g, const T *x, const coef *cf, int64_t total,
                                  int64_t c, int64_t s) {
-    typedef typename acc_of<T>::type A;
+    typedef math_t<T> A;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (int64_t)gridDim.x * blockDim.x) {
         coef k = cf[(i / s) % c];
-        A h = (to_acc(x[i]) - (A)k.mean) * (A)k.invstd;
-        put(&dx[i], (A)k.k1 * (to_acc(g[i]) - (A)k.mg - h * (A)k.mgh));
+        A h = (to_math(x[i]) - (A)k.mean) * (A)k.invstd;
+        put(&dx[i], (A)k.k1 * (to_math(g[i]) - (A)k.mg - h * (A)k.mgh));
     }
 }
 

@@ -32,27 +32,18 @@
 
 #include "tensor/cuda/check.h"
 #include "tensor/cuda/cuda.h"
+#include "tensor/cuda/types.cuh"
 
 #define OP "nb_conv2d"
 
 /* ------------------------------------------------------------- kernels */
-static __device__ __forceinline__ float to_acc(float x) { return x; }
-static __device__ __forceinline__ double to_acc(double x) { return x; }
-static __device__ __forceinline__ float to_acc(__nv_bfloat16 x) { return __bfloat162float(x); }
-static __device__ __forceinline__ float to_acc(__half x) { return __half2float(x); }
-static __device__ __forceinline__ void put(float *p, double v) { *p = (float)v; }
-static __device__ __forceinline__ void put(double *p, double v) { *p = v; }
-static __device__ __forceinline__ void put(__nv_bfloat16 *p, double v) {
-    *p = __float2bfloat16((float)v);
-}
-static __device__ __forceinline__ void put(__half *p, double v) { *p = __float2half((float)v); }
 
 /* out (N, O, P) += b[o] */
 template <typename T>
 static __global__ void bias_add_kernel(T *out, const T *b, int64_t total, int64_t o, int64_t p) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (int64_t)gridDim.x * blockDim.x) {
-        auto v = to_acc(out[i]) + to_acc(b[(i / p) % o]);
+        auto v = to_math(out[i]) + to_math(b[(i / p) % o]);
         put(&out[i], (double)v);
     }
 }
@@ -66,7 +57,7 @@ static __global__ void bias_grad_kernel(T *db, const T *gout, int64_t n, int64_t
     double s = 0;
     for (int64_t i = threadIdx.x; i < np; i += DB_THREADS) {
         int64_t in = i / p, ip = i % p;
-        s += (double)to_acc(gout[(in * o + ch) * p + ip]);
+        s += (double)to_math(gout[(in * o + ch) * p + ip]);
     }
     part[threadIdx.x] = s;
     __syncthreads();

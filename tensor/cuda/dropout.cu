@@ -26,6 +26,7 @@
 
 #include "tensor/cuda/check.h"
 #include "tensor/cuda/cuda.h"
+#include "tensor/cuda/types.cuh"
 
 /* ------------------------------------------------------------------ helpers */
 /* nb_philox4x32 of tensor/random.c. */
@@ -52,40 +53,11 @@ static __device__ __forceinline__ uint32_t lane(uint4 r, int k) {
     return k == 0 ? r.x : k == 1 ? r.y : k == 2 ? r.z : r.w;
 }
 
+/* Fills round a double to T through f32, as nb__store does: store_as. */
+
 /* nb_u32_to_unit */
 static __device__ __forceinline__ float u32_to_unit(uint32_t x) {
     return (float)(x >> 8) * (1.0f / 16777216.0f);
-}
-
-/* A double stored in T as nb__store does. */
-template <typename T> static __device__ __forceinline__ T store_double(double v);
-template <> __device__ __forceinline__ float store_double<float>(double v) { return (float)v; }
-template <> __device__ __forceinline__ double store_double<double>(double v) { return v; }
-template <> __device__ __forceinline__ __nv_bfloat16 store_double<__nv_bfloat16>(double v) {
-    return __float2bfloat16_rn((float)v);
-}
-template <> __device__ __forceinline__ __half store_double<__half>(double v) {
-    return __float2half_rn((float)v);
-}
-
-/* Math type: f32 for f32/bf16/f16, f64 for f64. */
-template <typename T> struct acc_type { typedef float type; };
-template <> struct acc_type<double> { typedef double type; };
-
-static __device__ __forceinline__ float to_acc(float x) { return x; }
-static __device__ __forceinline__ double to_acc(double x) { return x; }
-static __device__ __forceinline__ float to_acc(__nv_bfloat16 x) { return __bfloat162float(x); }
-static __device__ __forceinline__ float to_acc(__half x) { return __half2float(x); }
-
-template <typename T>
-static __device__ __forceinline__ T from_acc(typename acc_type<T>::type x);
-template <> __device__ __forceinline__ float from_acc<float>(float x) { return x; }
-template <> __device__ __forceinline__ double from_acc<double>(double x) { return x; }
-template <> __device__ __forceinline__ __nv_bfloat16 from_acc<__nv_bfloat16>(float x) {
-    return __float2bfloat16_rn(x);
-}
-template <> __device__ __forceinline__ __half from_acc<__half>(float x) {
-    return __float2half_rn(x);
 }
 
 /* G adjacent elements of T, moved as one vector access. */
@@ -105,9 +77,9 @@ template <typename T, int G> static bool group_aligned(const void *a, const void
 template <typename T>
 static __global__ void dropout_kernel(T *__restrict__ out, T *__restrict__ mask,
                                       const T *__restrict__ x, int64_t n, double p,
-                                      typename acc_type<T>::type scale, uint64_t seed,
+                                      math_t<T> scale, uint64_t seed,
                                       uint64_t offset, bool vec) {
-    typedef typename acc_type<T>::type A;
+    typedef math_t<T> A;
     typedef group<T, 4> G;
     int64_t blocks = (n + 3) / 4;
     for (int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; c < blocks;
@@ -118,8 +90,8 @@ static __global__ void dropout_kernel(T *__restrict__ out, T *__restrict__ mask,
 #pragma unroll
             for (int k = 0; k < 4; k++) {
                 A m = (double)u32_to_unit(lane(r, k)) >= p ? scale : (A)0;
-                ov.v[k] = from_acc<T>(to_acc(xv.v[k]) * m);
-                mv.v[k] = from_acc<T>(m);
+                ov.v[k] = store_as<T>(to_math(xv.v[k]) * m);
+                mv.v[k] = store_as<T>(m);
             }
             ((G *)out)[c] = ov;
             if (mask) ((G *)mask)[c] = mv;
@@ -130,8 +102,8 @@ static __global__ void dropout_kernel(T *__restrict__ out, T *__restrict__ mask,
             int64_t i = 4 * c + k;
             if (i >= n) break;
             A m = (double)u32_to_unit(lane(r, k)) >= p ? scale : (A)0;
-            out[i] = from_acc<T>(to_acc(x[i]) * m);
-            if (mask) mask[i] = from_acc<T>(m);
+            out[i] = store_as<T>(to_math(x[i]) * m);
+            if (mask) mask[i] = store_as<T>(m);
         }
     }
 }
@@ -148,7 +120,7 @@ static __global__ void uniform_kernel(T *__restrict__ t, int64_t n, double low, 
 #pragma unroll
         for (int k = 0; k < 4; k++) {
             double u = (double)u32_to_unit(lane(r, k));
-            tv.v[k] = store_double<T>(__dadd_rn(low, __dmul_rn(range, u)));
+            tv.v[k] = store_as<T>(__dadd_rn(low, __dmul_rn(range, u)));
         }
         if (vec && 4 * c + 4 <= n) {
             ((G *)t)[c] = tv;
@@ -172,18 +144,18 @@ static __global__ void normal_kernel(T *__restrict__ t, int64_t n, double mean, 
         double radius = sqrt(__dmul_rn(-2.0, log(u1)));
         double theta = __dmul_rn(6.283185307179586, u2);
         int64_t i = 2 * c;
-        T z0 = store_double<T>(__dadd_rn(mean, __dmul_rn(std, __dmul_rn(radius, cos(theta)))));
+        T z0 = store_as<T>(__dadd_rn(mean, __dmul_rn(std, __dmul_rn(radius, cos(theta)))));
         if (vec && i + 2 <= n) {
             G pv;
             pv.v[0] = z0;
-            pv.v[1] = store_double<T>(__dadd_rn(mean, __dmul_rn(std, __dmul_rn(radius, sin(theta)))));
+            pv.v[1] = store_as<T>(__dadd_rn(mean, __dmul_rn(std, __dmul_rn(radius, sin(theta)))));
             ((G *)t)[c] = pv;
             continue;
         }
         t[i] = z0;
         if (i + 1 < n)
             t[i + 1] =
-                store_double<T>(__dadd_rn(mean, __dmul_rn(std, __dmul_rn(radius, sin(theta)))));
+                store_as<T>(__dadd_rn(mean, __dmul_rn(std, __dmul_rn(radius, sin(theta)))));
     }
 }
 
@@ -198,7 +170,7 @@ static unsigned grid_for(int64_t work) {
 template <typename T>
 static void launch_dropout(cudaStream_t s, void *out, void *mask, const void *x, int64_t n,
                            double p, uint64_t seed, uint64_t offset) {
-    typedef typename acc_type<T>::type A;
+    typedef math_t<T> A;
     A scale = p < 1 ? (A)(1.0 / (1.0 - p)) : (A)0;
     bool vec = group_aligned<T, 4>(out, mask, x);
     dropout_kernel<T><<<grid_for((n + 3) / 4), THREADS, 0, s>>>(

@@ -50,18 +50,11 @@ template <class D, class S> static __device__ __forceinline__ D convert(S v) {
 
 /* Calls fn(tag<T>{}) for the storage type T of dt (integers when INTS). */
 template <bool INTS, class Fn> static void by_dtype(const char *op, nb_dtype dt, Fn fn) {
-    switch (dt) {
-    case NB_F32: fn(tag<float>{}); return;
-    case NB_F64: fn(tag<double>{}); return;
-    case NB_BF16: fn(tag<bf16>{}); return;
-    case NB_F16: fn(tag<f16>{}); return;
-    default: break;
-    }
     if constexpr (INTS) {
         if (dt == NB_I32) { fn(tag<int32_t>{}); return; }
         if (dt == NB_I64) { fn(tag<int64_t>{}); return; }
     }
-    NB_ABORT("%s: dtype %s has no CUDA kernel", op, nb_dtype_name(dt));
+    by_float_dtype(op, dt, fn);
 }
 
 /* ------------------------------------------------------------ geometry */

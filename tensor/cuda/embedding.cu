@@ -24,26 +24,9 @@
 
 #include "tensor/cuda/check.h"
 #include "tensor/cuda/cuda.h"
+#include "tensor/cuda/types.cuh"
 
 /* ------------------------------------------------------------------ helpers */
-template <typename T> struct acc_type { typedef float type; };
-template <> struct acc_type<double> { typedef double type; };
-
-static __device__ __forceinline__ float to_acc(float x) { return x; }
-static __device__ __forceinline__ double to_acc(double x) { return x; }
-static __device__ __forceinline__ float to_acc(__nv_bfloat16 x) { return __bfloat162float(x); }
-static __device__ __forceinline__ float to_acc(__half x) { return __half2float(x); }
-
-template <typename T>
-static __device__ __forceinline__ T from_acc(typename acc_type<T>::type x);
-template <> __device__ __forceinline__ float from_acc<float>(float x) { return x; }
-template <> __device__ __forceinline__ double from_acc<double>(double x) { return x; }
-template <> __device__ __forceinline__ __nv_bfloat16 from_acc<__nv_bfloat16>(float x) {
-    return __float2bfloat16_rn(x);
-}
-template <> __device__ __forceinline__ __half from_acc<__half>(float x) {
-    return __float2half_rn(x);
-}
 
 static const int THREADS = 256;
 static const int WARPS = THREADS / 32;
@@ -98,7 +81,7 @@ static __global__ void embedding_backward_kernel(T *__restrict__ gw, const T *__
                                                  const uint64_t *__restrict__ keys,
                                                  const int32_t *__restrict__ pos, int64_t np,
                                                  int64_t v, int64_t c) {
-    typedef typename acc_type<T>::type A;
+    typedef math_t<T> A;
     int lane = threadIdx.x & 31;
     for (int64_t i = (int64_t)blockIdx.x * WARPS + (threadIdx.x >> 5); i < np;
          i += (int64_t)gridDim.x * WARPS) {
@@ -109,8 +92,8 @@ static __global__ void embedding_backward_kernel(T *__restrict__ gw, const T *__
         T *dst = gw + (int64_t)key * c;
         for (int64_t j = (int64_t)blockIdx.y * 32 + lane; j < c; j += (int64_t)gridDim.y * 32) {
             A acc = 0;
-            for (int64_t k = i; k < end; k++) acc += to_acc(g[(int64_t)pos[k] * c + j]);
-            dst[j] = from_acc<T>(acc);
+            for (int64_t k = i; k < end; k++) acc += to_math(g[(int64_t)pos[k] * c + j]);
+            dst[j] = store_as<T>(acc);
         }
     }
 }

@@ -81,26 +81,9 @@
 
 #include "tensor/cuda/check.h"
 #include "tensor/cuda/cuda.h"
+#include "tensor/cuda/types.cuh"
 
 /* ------------------------------------------------------------------ helpers */
-template <typename T> struct acc_type { typedef float type; };
-template <> struct acc_type<double> { typedef double type; };
-
-static __device__ __forceinline__ float to_acc(float x) { return x; }
-static __device__ __forceinline__ double to_acc(double x) { return x; }
-static __device__ __forceinline__ float to_acc(__nv_bfloat16 x) { return __bfloat162float(x); }
-static __device__ __forceinline__ float to_acc(__half x) { return __half2float(x); }
-
-template <typename T>
-static __device__ __forceinline__ T from_acc(typename acc_type<T>::type x);
-template <> __device__ __forceinline__ float from_acc<float>(float x) { return x; }
-template <> __device__ __forceinline__ double from_acc<double>(double x) { return x; }
-template <> __device__ __forceinline__ __nv_bfloat16 from_acc<__nv_bfloat16>(float x) {
-    return __float2bfloat16_rn(x);
-}
-template <> __device__ __forceinline__ __half from_acc<__half>(float x) {
-    return __float2half_rn(x);
-}
 
 template <typename A> static __device__ __forceinline__ A warp_sum(A v) {
 #pragma unroll
@@ -120,18 +103,18 @@ static __global__ void layer_norm_kernel(T *__restrict__ y, S *__restrict__ mean
                                          S *__restrict__ rstd, const T *__restrict__ x,
                                          const T *__restrict__ w, const T *__restrict__ b,
                                          int64_t m, int64_t d, double eps) {
-    typedef typename acc_type<T>::type A;
+    typedef math_t<T> A;
     int lane = threadIdx.x & 31;
     for (int64_t row = (int64_t)blockIdx.x * WARPS + (threadIdx.x >> 5); row < m;
          row += (int64_t)gridDim.x * WARPS) {
         const T *xr = x + row * d;
         T *yr = y + row * d;
         A s = 0;
-        for (int64_t j = lane; j < d; j += 32) s += to_acc(xr[j]);
+        for (int64_t j = lane; j < d; j += 32) s += to_math(xr[j]);
         A mu = warp_sum(s) / (A)d;
         A v = 0;
         for (int64_t j = lane; j < d; j += 32) {
-            A t = to_acc(xr[j]) - mu;
+            A t = to_math(xr[j]) - mu;
             v += t * t;
         }
         A r = (A)1 / sqrt(warp_sum(v) / (A)d + (A)eps);
@@ -140,10 +123,10 @@ static __global__ void layer_norm_kernel(T *__restrict__ y, S *__restrict__ mean
             rstd[row] = (S)r;
         }
         for (int64_t j = lane; j < d; j += 32) {
-            A h = (to_acc(xr[j]) - mu) * r;
-            if (w) h *= to_acc(w[j]);
-            if (b) h += to_acc(b[j]);
-            yr[j] = from_acc<T>(h);
+            A h = (to_math(xr[j]) - mu) * r;
+            if (w) h *= to_math(w[j]);
+            if (b) h += to_math(b[j]);
+            yr[j] = store_as<T>(h);
         }
     }
 }
@@ -154,7 +137,7 @@ static __global__ void layer_norm_dx_kernel(T *__restrict__ dx, const T *__restr
                                             const T *__restrict__ x, const S *__restrict__ mean,
                                             const S *__restrict__ rstd, const T *__restrict__ w,
                                             int64_t m, int64_t d) {
-    typedef typename acc_type<T>::type A;
+    typedef math_t<T> A;
     int lane = threadIdx.x & 31;
     for (int64_t row = (int64_t)blockIdx.x * WARPS + (threadIdx.x >> 5); row < m;
          row += (int64_t)gridDim.x * WARPS) {
@@ -162,17 +145,17 @@ static __global__ void layer_norm_dx_kernel(T *__restrict__ dx, const T *__restr
         T *dr = dx + row * d;
         A mu = (A)mean[row], r = (A)rstd[row], sa = 0, sb = 0;
         for (int64_t j = lane; j < d; j += 32) {
-            A h = (to_acc(xr[j]) - mu) * r;
-            A dh = to_acc(gr[j]) * (w ? to_acc(w[j]) : (A)1);
+            A h = (to_math(xr[j]) - mu) * r;
+            A dh = to_math(gr[j]) * (w ? to_math(w[j]) : (A)1);
             sa += dh;
             sb += dh * h;
         }
         sa = warp_sum(sa) / (A)d;
         sb = warp_sum(sb) / (A)d;
         for (int64_t j = lane; j < d; j += 32) {
-            A h = (to_acc(xr[j]) - mu) * r;
-            A dh = to_acc(gr[j]) * (w ? to_acc(w[j]) : (A)1);
-            dr[j] = from_acc<T>(r * (dh - sa - h * sb));
+            A h = (to_math(xr[j]) - mu) * r;
+            A dh = to_math(gr[j]) * (w ? to_math(w[j]) : (A)1);
+            dr[j] = store_as<T>(r * (dh - sa - h * sb));
         }
     }
 }
@@ -202,10 +185,10 @@ static __device__ bool sum_over_lanes(A (*sw)[COL_TILE + 1], A (*sb)[COL_TILE + 
 // block (COL_TILE, ROW_LANES), grid (ceil(D / COL_TILE), chunks)
 template <typename T, typename S>
 static __global__ void layer_norm_dwdb_partial_kernel(
-    typename acc_type<T>::type *__restrict__ pw, typename acc_type<T>::type *__restrict__ pb,
+    math_t<T> *__restrict__ pw, math_t<T> *__restrict__ pb,
     const T *__restrict__ g, const T *__restrict__ x, const S *__restrict__ mean,
     const S *__restrict__ rstd, int64_t m, int64_t d, int64_t rows_per_chunk) {
-    typedef typename acc_type<T>::type A;
+    typedef math_t<T> A;
     __shared__ A sw[ROW_LANES][COL_TILE + 1], sb[ROW_LANES][COL_TILE + 1];
     int tx = threadIdx.x, ty = threadIdx.y;
     int64_t col = (int64_t)blockIdx.x * COL_TILE + tx;
@@ -214,8 +197,8 @@ static __global__ void layer_norm_dwdb_partial_kernel(
     A aw = 0, ab = 0;
     if (col < d)
         for (int64_t row = start + ty; row < end; row += ROW_LANES) {
-            A gv = to_acc(g[row * d + col]);
-            A h = (to_acc(x[row * d + col]) - (A)mean[row]) * (A)rstd[row];
+            A gv = to_math(g[row * d + col]);
+            A h = (to_math(x[row * d + col]) - (A)mean[row]) * (A)rstd[row];
             aw += gv * h;
             ab += gv;
         }
@@ -229,9 +212,9 @@ static __global__ void layer_norm_dwdb_partial_kernel(
 // dw, db (D) or NULL = sums of pw, pb (chunks, D) over the chunks, in order
 template <typename T>
 static __global__ void layer_norm_dwdb_final_kernel(
-    T *__restrict__ dw, T *__restrict__ db, const typename acc_type<T>::type *__restrict__ pw,
-    const typename acc_type<T>::type *__restrict__ pb, int64_t chunks, int64_t d) {
-    typedef typename acc_type<T>::type A;
+    T *__restrict__ dw, T *__restrict__ db, const math_t<T> *__restrict__ pw,
+    const math_t<T> *__restrict__ pb, int64_t chunks, int64_t d) {
+    typedef math_t<T> A;
     for (int64_t col = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; col < d;
          col += (int64_t)gridDim.x * blockDim.x) {
         A tw = 0, tb = 0;
@@ -239,8 +222,8 @@ static __global__ void layer_norm_dwdb_final_kernel(
             tw += pw[c * d + col];
             tb += pb[c * d + col];
         }
-        if (dw) dw[col] = from_acc<T>(tw);
-        if (db) db[col] = from_acc<T>(tb);
+        if (dw) dw[col] = store_as<T>(tw);
+        if (db) db[col] = store_as<T>(tb);
     }
 }
 
@@ -316,7 +299,7 @@ static __global__ void __launch_bounds__(MAX_ROW_THREADS, min_blocks<T, W>())
     layer_norm_regs_kernel(T *__restrict__ y, S *__restrict__ mean, S *__restrict__ rstd,
                            const T *__restrict__ x, const T *__restrict__ w,
                            const T *__restrict__ b, int64_t m, int d, double eps) {
-    typedef typename acc_type<T>::type A;
+    typedef math_t<T> A;
     typedef vec<T, W> V;
     const int K = E / W, t = threadIdx.x, p = blockDim.x;
     __shared__ A sm[MAX_ROW_THREADS / 32];
@@ -333,7 +316,7 @@ static __global__ void __launch_bounds__(MAX_ROW_THREADS, min_blocks<T, W>())
             if (live && i < d) {
                 V a = *(const V *)(xr + i);
 #pragma unroll
-                for (int j = 0; j < W; j++) v[k * W + j] = to_acc(a.v[j]);
+                for (int j = 0; j < W; j++) v[k * W + j] = to_math(a.v[j]);
             } else {
 #pragma unroll
                 for (int j = 0; j < W; j++) v[k * W + j] = 0;
@@ -370,9 +353,9 @@ static __global__ void __launch_bounds__(MAX_ROW_THREADS, min_blocks<T, W>())
 #pragma unroll
             for (int j = 0; j < W; j++) {
                 A h = (v[k * W + j] - mu) * r;
-                if (w) h *= to_acc(wv.v[j]);
-                if (b) h += to_acc(bv.v[j]);
-                o.v[j] = from_acc<T>(h);
+                if (w) h *= to_math(wv.v[j]);
+                if (b) h += to_math(bv.v[j]);
+                o.v[j] = store_as<T>(h);
             }
             *(V *)(yr + i) = o;
         }
@@ -384,11 +367,11 @@ static __global__ void __launch_bounds__(MAX_ROW_THREADS, min_blocks<T, W>())
 // block (P, rows per block), E values per thread, W elements per access
 template <typename T, typename S, int E, int W>
 static __global__ void __launch_bounds__(MAX_ROW_THREADS) layer_norm_backward_regs_kernel(
-    T *__restrict__ dx, typename acc_type<T>::type *__restrict__ pw,
-    typename acc_type<T>::type *__restrict__ pb, const T *__restrict__ g,
+    T *__restrict__ dx, math_t<T> *__restrict__ pw,
+    math_t<T> *__restrict__ pb, const T *__restrict__ g,
     const T *__restrict__ x, const S *__restrict__ mean, const S *__restrict__ rstd,
     const T *__restrict__ w, int64_t m, int d) {
-    typedef typename acc_type<T>::type A;
+    typedef math_t<T> A;
     typedef vec<T, W> V;
     const int K = E / W, t = threadIdx.x, p = blockDim.x;
     __shared__ A sma[MAX_ROW_THREADS / 32], smb[MAX_ROW_THREADS / 32];
@@ -413,10 +396,10 @@ static __global__ void __launch_bounds__(MAX_ROW_THREADS) layer_norm_backward_re
                 if (w) wv = *(const V *)(w + i);
 #pragma unroll
                 for (int j = 0; j < W; j++) {
-                    A hj = (to_acc(xv.v[j]) - mu) * r, gj = to_acc(gv.v[j]);
+                    A hj = (to_math(xv.v[j]) - mu) * r, gj = to_math(gv.v[j]);
                     aw[k * W + j] += gj * hj;
                     ab[k * W + j] += gj;
-                    A dj = w ? gj * to_acc(wv.v[j]) : gj;
+                    A dj = w ? gj * to_math(wv.v[j]) : gj;
                     sa += dj;
                     sb += dj * hj;
                     h[k * W + j] = hj;
@@ -439,7 +422,7 @@ static __global__ void __launch_bounds__(MAX_ROW_THREADS) layer_norm_backward_re
             V o;
 #pragma unroll
             for (int j = 0; j < W; j++)
-                o.v[j] = from_acc<T>(r * (dh[k * W + j] - sa - h[k * W + j] * sb));
+                o.v[j] = store_as<T>(r * (dh[k * W + j] - sa - h[k * W + j] * sb));
             *(V *)(dr + i) = o;
         }
     }
@@ -485,10 +468,10 @@ static __global__ void __launch_bounds__(MAX_ROW_THREADS) layer_norm_backward_re
 // l, l + SUM_LANES, ... in order, then the lanes are added in order
 template <typename T>
 static __global__ void layer_norm_dwdb_sum_kernel(T *__restrict__ dw, T *__restrict__ db,
-                                                  const typename acc_type<T>::type *__restrict__ pw,
-                                                  const typename acc_type<T>::type *__restrict__ pb,
+                                                  const math_t<T> *__restrict__ pw,
+                                                  const math_t<T> *__restrict__ pb,
                                                   int64_t chunks, int64_t d) {
-    typedef typename acc_type<T>::type A;
+    typedef math_t<T> A;
     __shared__ A sw[SUM_LANES][COL_TILE + 1], sb[SUM_LANES][COL_TILE + 1];
     int tx = threadIdx.x, ty = threadIdx.y;
     int64_t col = (int64_t)blockIdx.x * COL_TILE + tx;
@@ -501,8 +484,8 @@ static __global__ void layer_norm_dwdb_sum_kernel(T *__restrict__ dw, T *__restr
         }
     A tw, tb;
     if (sum_over_lanes<SUM_LANES>(sw, sb, aw, ab, &tw, &tb) && col < d) {
-        if (dw) dw[col] = from_acc<T>(tw);
-        if (db) db[col] = from_acc<T>(tb);
+        if (dw) dw[col] = store_as<T>(tw);
+        if (db) db[col] = store_as<T>(tb);
     }
 }
 
@@ -524,7 +507,7 @@ static bool aligned16(const void *ptr) { return ((uintptr_t)ptr & 15u) == 0; }
 
 /* The register path serves T when the statistics are in T's math type. */
 template <typename T, typename S> static constexpr bool regs_path_for() {
-    return sizeof(S) == sizeof(typename acc_type<T>::type);
+    return sizeof(S) == sizeof(math_t<T>);
 }
 
 /* False when a row of d elements needs more than e_max values per thread
@@ -569,7 +552,7 @@ static void forward_regs(const regs_cfg &c, unsigned grid, cudaStream_t s, T *y,
 
 template <typename T, typename S, int E>
 static void backward_regs(const regs_cfg &c, unsigned grid, cudaStream_t s, T *dx,
-                          typename acc_type<T>::type *pw, typename acc_type<T>::type *pb,
+                          math_t<T> *pw, math_t<T> *pb,
                           const T *g, const T *x, const S *mean, const S *rstd, const T *w,
                           int64_t m, int64_t d) {
     if constexpr (E <= max_values<T>::bwd) {
@@ -618,7 +601,7 @@ static bool launch_backward_regs(cudaStream_t s, nb_tensor *dx, nb_tensor *dw, n
     if constexpr (!regs_path_for<T, S>()) {
         return false;
     } else {
-        typedef typename acc_type<T>::type A;
+        typedef math_t<T> A;
         const void *ptrs[4] = {x->data, g->data, data_or_null(dx), data_or_null(w)};
         regs_cfg c;
         if (m == 0 || !regs_config<T>(d, max_values<T>::bwd, ptrs, 4, &c)) return false;
@@ -652,7 +635,7 @@ static void launch_backward(cudaStream_t s, nb_tensor *dx, nb_tensor *dw, nb_ten
                             const nb_tensor *g, const nb_tensor *x, const nb_tensor *mean,
                             const nb_tensor *rstd, const nb_tensor *w, int64_t m, int64_t d,
                             const char *op) {
-    typedef typename acc_type<T>::type A;
+    typedef math_t<T> A;
     if (launch_backward_regs<T, S>(s, dx, dw, db, g, x, mean, rstd, w, m, d, op)) return;
     const S *mu = (const S *)mean->data, *r = (const S *)rstd->data;
     if (dx && m > 0) {

@@ -39,18 +39,11 @@
 
 #include "tensor/cuda/check.h"
 #include "tensor/cuda/cuda.h"
+#include "tensor/cuda/types.cuh"
 
 #define OP "nb_matmul"
 
 /* ------------------------------------------------------------- kernels */
-static __device__ __forceinline__ float to_acc(float x) { return x; }
-static __device__ __forceinline__ double to_acc(double x) { return x; }
-static __device__ __forceinline__ float to_acc(__nv_bfloat16 x) { return __bfloat162float(x); }
-static __device__ __forceinline__ float to_acc(__half x) { return __half2float(x); }
-static __device__ __forceinline__ void put(float *p, float v) { *p = v; }
-static __device__ __forceinline__ void put(double *p, double v) { *p = v; }
-static __device__ __forceinline__ void put(__nv_bfloat16 *p, float v) { *p = __float2bfloat16(v); }
-static __device__ __forceinline__ void put(__half *p, float v) { *p = __float2half(v); }
 
 static __device__ __forceinline__ float gelu_tanh(float x) {
     const float k = 0.7978845608028654f, c = 0.044715f;
@@ -67,8 +60,8 @@ static __global__ void epilogue_kernel(T *out, T *pre, const T *bias, int64_t to
                                        bool gelu) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (int64_t)gridDim.x * blockDim.x) {
-        auto v = to_acc(out[i]);
-        if (bias) v += to_acc(bias[i % n]);
+        auto v = to_math(out[i]);
+        if (bias) v += to_math(bias[i % n]);
         if (pre) put(&pre[i], v);
         if (gelu) v = gelu_tanh(v);
         put(&out[i], v);

@@ -16,21 +16,11 @@
 
 #include "tensor/cuda/check.h"
 #include "tensor/cuda/cuda.h"
+#include "tensor/cuda/types.cuh"
 
 typedef nb__pool2d_geom pool_geom;
 
 /* ------------------------------------------------------------- kernels */
-template <typename T> struct acc_of { typedef float type; };
-template <> struct acc_of<double> { typedef double type; };
-
-static __device__ __forceinline__ float to_acc(float x) { return x; }
-static __device__ __forceinline__ double to_acc(double x) { return x; }
-static __device__ __forceinline__ float to_acc(__nv_bfloat16 x) { return __bfloat162float(x); }
-static __device__ __forceinline__ float to_acc(__half x) { return __half2float(x); }
-static __device__ __forceinline__ void put(float *p, float v) { *p = v; }
-static __device__ __forceinline__ void put(double *p, double v) { *p = v; }
-static __device__ __forceinline__ void put(__nv_bfloat16 *p, float v) { *p = __float2bfloat16(v); }
-static __device__ __forceinline__ void put(__half *p, float v) { *p = __float2half(v); }
 
 #define GRID_STRIDE(i, total)                                                                  \
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (total);             \
@@ -44,10 +34,10 @@ static __global__ void max_fwd_kernel(T *out, int64_t *arg, const T *x, pool_geo
         int64_t ow = o % g.ow, oh = (o / g.ow) % g.oh, pl = o / (g.ow * g.oh);
         const T *xp = x + pl * g.h * g.w;
         int64_t h0 = oh * g.sh - g.ph, w0 = ow * g.sw - g.pw, best_i = -1;
-        typename acc_of<T>::type best = 0;
+        math_t<T> best = 0;
         for (int64_t ih = h0 < 0 ? 0 : h0; ih < h0 + g.kh && ih < g.h; ih++)
             for (int64_t iw = w0 < 0 ? 0 : w0; iw < w0 + g.kw && iw < g.w; iw++) {
-                auto v = to_acc(xp[ih * g.w + iw]);
+                auto v = to_math(xp[ih * g.w + iw]);
                 if (best_i < 0 || v > best || (isnan(v) && !isnan(best))) {
                     best = v;
                     best_i = ih * g.w + iw;
@@ -77,12 +67,12 @@ static __global__ void max_bwd_kernel(T *dx, const int64_t *arg, const T *gout, 
         int64_t oh0, oh1, ow0, ow1, self = ih * g.w + iw;
         covering(ih, g.kh, g.sh, g.ph, g.oh, &oh0, &oh1);
         covering(iw, g.kw, g.sw, g.pw, g.ow, &ow0, &ow1);
-        typename acc_of<T>::type s = 0;
+        math_t<T> s = 0;
         const int64_t *ap = arg + pl * g.oh * g.ow;
         const T *gp = gout + pl * g.oh * g.ow;
         for (int64_t oh = oh0; oh <= oh1; oh++)
             for (int64_t ow = ow0; ow <= ow1; ow++)
-                if (ap[oh * g.ow + ow] == self) s += to_acc(gp[oh * g.ow + ow]);
+                if (ap[oh * g.ow + ow] == self) s += to_math(gp[oh * g.ow + ow]);
         put(&dx[i], s);
     }
 }
@@ -94,11 +84,11 @@ static __global__ void avg_fwd_kernel(T *out, const T *x, pool_geom g) {
         int64_t ow = o % g.ow, oh = (o / g.ow) % g.oh, pl = o / (g.ow * g.oh);
         const T *xp = x + pl * g.h * g.w;
         int64_t h0 = oh * g.sh - g.ph, w0 = ow * g.sw - g.pw;
-        typedef typename acc_of<T>::type A;
+        typedef math_t<T> A;
         A s = 0, inv = (A)1 / (A)(g.kh * g.kw);
         for (int64_t ih = h0 < 0 ? 0 : h0; ih < h0 + g.kh && ih < g.h; ih++)
             for (int64_t iw = w0 < 0 ? 0 : w0; iw < w0 + g.kw && iw < g.w; iw++)
-                s += to_acc(xp[ih * g.w + iw]);
+                s += to_math(xp[ih * g.w + iw]);
         put(&out[o], s * inv);
     }
 }
@@ -111,11 +101,11 @@ static __global__ void avg_bwd_kernel(T *dx, const T *gout, pool_geom g) {
         int64_t oh0, oh1, ow0, ow1;
         covering(ih, g.kh, g.sh, g.ph, g.oh, &oh0, &oh1);
         covering(iw, g.kw, g.sw, g.pw, g.ow, &ow0, &ow1);
-        typedef typename acc_of<T>::type A;
+        typedef math_t<T> A;
         A s = 0, inv = (A)1 / (A)(g.kh * g.kw);
         const T *gp = gout + pl * g.oh * g.ow;
         for (int64_t oh = oh0; oh <= oh1; oh++)
-            for (int64_t ow = ow0; ow <= ow1; ow++) s += to_acc(gp[oh * g.ow + ow]) * inv;
+            for (int64_t ow = ow0; ow <= ow1; ow++) s += to_math(gp[oh * g.ow + ow]) * inv;
         put(&dx[i], s);
     }
 }

@@ -39,6 +39,11 @@ template <class T, class M> static __device__ __forceinline__ T store_as(M v) {
     else return (T)v;
 }
 
+/* *p = v rounded to p's storage type. */
+template <class T, class M> static __device__ __forceinline__ void put(T *p, M v) {
+    *p = store_as<T>(v);
+}
+
 /* Element i of a float tensor of any dtype, as a double. */
 static __device__ __forceinline__ double load_f64(const void *p, int64_t i, int dt) {
     switch (dt) {
