@@ -169,7 +169,7 @@ int main(int argc, char **argv) {
     if (nb_dataset_open_csv(&csv, NABLA_SOURCE_DIR "/examples/datasets/breast_cancer.csv", NULL))
         die("open breast_cancer.csv");
     make_token_shard(dir, sizeof dir, shard, sizeof shard);
-    if (nb_dataset_open_tokens(&tok, shard, 256, 0)) die("open the token shard");
+    if (nb_dataset_open_tokens(&tok, shard, 256, 0, 256)) die("open the token shard");
 
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     double mlp = time_mlp_step(budget), mm = time_matmul(8 * 256, budget);

@@ -5,7 +5,13 @@
  * Fields are split at the delimiter, trimmed of spaces and tabs, and may be
  * wrapped in double quotes (without delimiters inside). Error messages use
  * the compiler convention "path:line:column: ...", line and column 1-based,
- * the column counted in bytes from the start of the line. */
+ * the column counted in bytes from the start of the line.
+ *
+ * Values are checked at load so that bad data is named where it is, not
+ * found steps later inside an op: a nan or infinite cell (or one beyond
+ * the dtype's range, which would become infinite) is refused unless the
+ * options allow it, and a class label must be a non-negative integer. */
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -181,17 +187,37 @@ static nb_status parse_number(const parser *ps, const table *t, const field *f, 
     return NB_OK;
 }
 
+/* A value that is, or would be stored as, nan or infinite. */
+static nb_status check_finite(const parser *ps, const table *t, const field *f, int col,
+                              nb_dtype dtype, double v) {
+    char name[300];
+    int len = (int)(f->end - f->start);
+    if (!isfinite(v))
+        return nb_set_error(NB_ERR_FORMAT, "%s:%lld:%lld: field %d%s: \"%.*s\" is not a finite "
+                            "number (set allow_nonfinite in the CSV options to accept nan and "
+                            "inf)", ps->path, (long long)ps->line, (long long)f->column, col + 1,
+                            col_name(t, col, name, sizeof name), len > 40 ? 40 : len, f->start);
+    if (dtype == NB_F32 && fabs(v) > FLT_MAX)
+        return nb_set_error(NB_ERR_FORMAT, "%s:%lld:%lld: field %d%s: %.*s is beyond the range "
+                            "of f32 (it would be stored as inf; use f64)", ps->path,
+                            (long long)ps->line, (long long)f->column, col + 1,
+                            col_name(t, col, name, sizeof name), len > 40 ? 40 : len, f->start);
+    return NB_OK;
+}
+
 static nb_status check_label(const parser *ps, const table *t, const field *f, nb_dtype dtype,
                              double v) {
     if (nb_dtype_is_float(dtype)) return NB_OK;
     double lim = dtype == NB_I32 ? 2147483647.0 : 9.2e18;
-    if (v == floor(v) && fabs(v) <= lim) return NB_OK;
+    const char *why = NULL;
+    if (v != floor(v) || fabs(v) > lim) why = "is not an integer";
+    else if (v < 0) why = "is negative (class labels are 0, 1, ...)";
+    if (!why) return NB_OK;
     char name[300];
-    return nb_set_error(NB_ERR_FORMAT, "%s:%lld:%lld: field %d%s: label %.*s is not an integer "
-                        "(label_dtype %s)", ps->path, (long long)ps->line,
-                        (long long)f->column, t->label_col + 1,
-                        col_name(t, t->label_col, name, sizeof name),
-                        (int)(f->end - f->start), f->start, nb_dtype_name(dtype));
+    return nb_set_error(NB_ERR_FORMAT, "%s:%lld:%lld: field %d%s: label %.*s %s (label_dtype %s)",
+                        ps->path, (long long)ps->line, (long long)f->column, t->label_col + 1,
+                        col_name(t, t->label_col, name, sizeof name), (int)(f->end - f->start),
+                        f->start, why, nb_dtype_name(dtype));
 }
 
 static void check_options(const nb_csv_options *o) {
@@ -204,6 +230,40 @@ static void check_options(const nb_csv_options *o) {
     NB_CHECK(o->skip_lines >= 0, "nb_dataset_open_csv: skip_lines %d < 0", o->skip_lines);
     NB_CHECK(o->delimiter && o->delimiter != '"' && o->delimiter != '\n',
              "nb_dataset_open_csv: delimiter %d cannot separate fields", o->delimiter);
+    NB_CHECK(o->sample_ndim >= 0 && o->sample_ndim <= NB_MAX_DIMS - 1, "nb_dataset_open_csv: "
+             "sample_ndim %d; use 0 (flat) to %d", o->sample_ndim, NB_MAX_DIMS - 1);
+    for (int d = 0; d < o->sample_ndim; d++)
+        NB_CHECK(o->sample_shape[d] > 0, "nb_dataset_open_csv: sample_shape[%d] = %lld must be "
+                 "> 0", d, (long long)o->sample_shape[d]);
+}
+
+/* The input field: (F), or sample_shape when it holds F values. */
+static nb_status input_field(const parser *ps, const table *t, const nb_csv_options *o,
+                             int64_t header_line, nb_field *out) {
+    int64_t n_feat = t->n_cols - 1;
+    if (o->sample_ndim == 0) {
+        *out = nb_field_of(o->input_dtype, NB_SHAPE(n_feat));
+        return NB_OK;
+    }
+    int64_t numel = 1;
+    char shape[200];
+    size_t k = 0;
+    for (int d = 0; d < o->sample_ndim; d++) {
+        numel *= o->sample_shape[d];
+        k += (size_t)snprintf(shape + k, sizeof shape - k, d ? ", %lld" : "(%lld",
+                              (long long)o->sample_shape[d]);
+    }
+    snprintf(shape + k, sizeof shape - k, o->sample_ndim == 1 ? ",)" : ")");
+    if (numel != n_feat) {
+        char name[300];
+        return nb_set_error(NB_ERR_FORMAT, "%s:%lld: sample_shape %s holds %lld values, but the "
+                            "table has %lld feature columns (%d columns less the label, column "
+                            "%d%s)", ps->path, (long long)header_line, shape, (long long)numel,
+                            (long long)n_feat, t->n_cols, t->label_col + 1,
+                            col_name(t, t->label_col, name, sizeof name));
+    }
+    *out = nb_field_of(o->input_dtype, o->sample_ndim, o->sample_shape);
+    return NB_OK;
 }
 
 /* Parses the data rows into c; when `have_first`, the line last split is
@@ -242,6 +302,9 @@ static nb_status parse_rows(parser *ps, table *t, const nb_csv_options *o, csv_d
             double v = 0;
             nb_status st = parse_number(ps, t, &ps->fields[col], col, &v);
             if (st) return st;
+            nb_dtype dt = col == t->label_col ? o->label_dtype : o->input_dtype;
+            if (!o->allow_nonfinite && (st = check_finite(ps, t, &ps->fields[col], col, dt, v)))
+                return st;
             if (col == t->label_col) {
                 st = check_label(ps, t, &ps->fields[col], o->label_dtype, v);
                 if (st) return st;
@@ -317,13 +380,14 @@ nb_status nb_dataset_open_csv(nb_dataset **out, const char *path, const nb_csv_o
         }
     }
     if ((st = find_label(&ps, &t, &o, first_line))) goto done;
+    nb_field in;
+    if ((st = input_field(&ps, &t, &o, first_line, &in))) goto done;
     if ((st = parse_rows(&ps, &t, &o, c, o.no_header, max_rows))) goto done;
     if (c->n == 0) {
         st = nb_set_error(NB_ERR_FORMAT, "%s:%lld: no data rows after the header", path,
                           (long long)first_line);
         goto done;
     }
-    nb_field in = nb_field_of(o.input_dtype, NB_SHAPE(t.n_cols - 1));
     nb_field lab = nb_field_of(o.label_dtype, 0, NULL);
     c->in_bytes = nb_field_bytes(&in);
     c->label_bytes = nb_field_bytes(&lab);

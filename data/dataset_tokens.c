@@ -5,7 +5,11 @@
  * tokens. Each file is checked whole when it is opened (magic, version,
  * exact size), so a get never fails. Windows never cross files: sample i
  * is found by binary search over the per-file window counts. The tokens
- * are read in place, which assumes a little-endian host (checked). */
+ * are read in place, which assumes a little-endian host (checked). Given a
+ * vocabulary size, every token is compared with it at open (one pass over
+ * the mapped file, a maximum per block, then the first offender's place),
+ * so that an id the model's embedding cannot look up is named with its
+ * file and byte offset instead of aborting a training step. */
 #include <errno.h>
 #include <fcntl.h>
 #include <glob.h>
@@ -133,12 +137,33 @@ static nb_status open_shard(const char *path, shard *sh) {
     return NB_OK;
 }
 
+static nb_status check_vocab(const char *path, const shard *sh, int64_t vocab_size) {
+    if (vocab_size <= 0 || vocab_size > UINT16_MAX) return NB_OK;
+    const uint16_t *tok = sh->tokens;
+    const int64_t block = 4096;
+    for (int64_t b = 0; b < sh->n_tokens; b += block) {
+        int64_t e = b + block < sh->n_tokens ? b + block : sh->n_tokens;
+        uint16_t mx = 0;
+        for (int64_t i = b; i < e; i++) mx = tok[i] > mx ? tok[i] : mx;
+        if (mx < vocab_size) continue;
+        int64_t i = b;
+        while (tok[i] < vocab_size) i++;
+        return nb_set_error(NB_ERR_FORMAT, "%s: byte offset %lld: token id %u (token %lld of the "
+                            "file) is not below the vocabulary size %lld", path,
+                            (long long)(HEADER_BYTES + 2 * i), (unsigned)tok[i], (long long)i,
+                            (long long)vocab_size);
+    }
+    return NB_OK;
+}
+
 nb_status nb_dataset_open_tokens(nb_dataset **out, const char *pattern, int64_t seq_len,
-                                 int64_t stride) {
+                                 int64_t stride, int64_t vocab_size) {
     *out = NULL;
     NB_CHECK(seq_len > 0, "nb_dataset_open_tokens: seq_len %lld must be > 0", (long long)seq_len);
     NB_CHECK(stride >= 0, "nb_dataset_open_tokens: stride %lld must be >= 0 (0: seq_len)",
              (long long)stride);
+    NB_CHECK(vocab_size >= 0, "nb_dataset_open_tokens: vocab_size %lld must be >= 0 (0: not "
+             "checked)", (long long)vocab_size);
     if (!little_endian())
         return nb_set_error(NB_ERR_UNSUPPORTED, "nb_dataset_open_tokens: token shards are read "
                             "in place, which needs a little-endian host");
@@ -175,6 +200,7 @@ nb_status nb_dataset_open_tokens(nb_dataset **out, const char *pattern, int64_t 
     for (int s = 0; s < n_files; s++) {
         const char *path = globbed ? g.gl_pathv[s] : pattern;
         if ((st = open_shard(path, &t->shards[s]))) goto done;
+        if ((st = check_vocab(path, &t->shards[s], vocab_size))) goto done;
         total_tokens += t->shards[s].n_tokens;
         t->first[s + 1] = t->first[s] +
                           nb__window_count(t->shards[s].n_tokens, seq_len, t->stride);

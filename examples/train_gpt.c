@@ -107,7 +107,7 @@ static nb_status open_data(run *r) {
         r->vocab = (int)a->vocab_size;
         s = NB_OK;
     } else if (a->data) {
-        s = nb_dataset_open_tokens(&all, a->data, a->seq_len, 0);
+        s = nb_dataset_open_tokens(&all, a->data, a->seq_len, 0, a->vocab_size);
         if (s != NB_OK) return s;
         r->vocab = (int)a->vocab_size;
     } else {
@@ -119,7 +119,7 @@ static nb_status open_data(run *r) {
     int64_t n = nb_dataset_len(all);
     if (a->val_data) {
         r->train = nb_dataset_retain(all);
-        s = nb_dataset_open_tokens(&r->val, a->val_data, a->seq_len, 0);
+        s = nb_dataset_open_tokens(&r->val, a->val_data, a->seq_len, 0, a->vocab_size);
     } else {
         int64_t n_val = (int64_t)llround((double)n * a->val_fraction);
         if (n_val < 1) n_val = 1;

@@ -58,10 +58,10 @@ static void expect_csv_error(const char *path, const nb_csv_options *o, nb_statu
                       sub2);
 }
 
-static void expect_tokens_error(const char *pattern, int64_t T, nb_status status,
-                                const char *sub1, const char *sub2) {
+static void expect_tokens_error_vocab(const char *pattern, int64_t T, int64_t vocab,
+                                      nb_status status, const char *sub1, const char *sub2) {
     nb_dataset *ds = (nb_dataset *)1;
-    nb_status st = nb_dataset_open_tokens(&ds, pattern, T, 0);
+    nb_status st = nb_dataset_open_tokens(&ds, pattern, T, 0, vocab);
     ck_assert_msg(st == status, "%s: status %s, expected %s (message: %s)", pattern,
                   nb_status_str(st), nb_status_str(status), nb_last_error());
     ck_assert_ptr_null(ds);
@@ -69,6 +69,11 @@ static void expect_tokens_error(const char *pattern, int64_t T, nb_status status
     if (sub2)
         ck_assert_msg(strstr(nb_last_error(), sub2), "message \"%s\" lacks \"%s\"", nb_last_error(),
                       sub2);
+}
+
+static void expect_tokens_error(const char *pattern, int64_t T, nb_status status,
+                                const char *sub1, const char *sub2) {
+    expect_tokens_error_vocab(pattern, T, 0, status, sub1, sub2);
 }
 
 /* ---- in memory ---- */
@@ -299,6 +304,141 @@ START_TEST(test_csv_errors) {
 }
 END_TEST
 
+/* Values that would only fail later, inside an op: non-finite cells and
+ * class labels that are negative or not integers. */
+START_TEST(test_csv_bad_values) {
+    make_tmpdir();
+    char want[1024];
+    const char *p = write_file("nan.csv", "a,b,y\n1,2,0\n3, nan,1\n", -1);
+    snprintf(want, sizeof want, "%s:3:3: field 2 (\"b\"): \"nan\" is not a finite number", p);
+    expect_csv_error(p, NULL, NB_ERR_FORMAT, want, "allow_nonfinite");
+    p = write_file("inf.csv", "a,b,y\n-inf,2,0\n", -1);
+    snprintf(want, sizeof want, "%s:2:1: field 1 (\"a\"): \"-inf\" is not a finite number", p);
+    expect_csv_error(p, NULL, NB_ERR_FORMAT, want, NULL);
+    p = write_file("huge.csv", "a,b,y\n1,2,0\n1,2,1\n5,1e400,0\n", -1);
+    snprintf(want, sizeof want, "%s:4:3: field 2 (\"b\"): \"1e400\" is not a finite number", p);
+    expect_csv_error(p, NULL, NB_ERR_FORMAT, want, NULL);
+    /* finite as a double, infinite as an f32 */
+    p = write_file("f32.csv", "a,y\n1e39,0\n", -1);
+    snprintf(want, sizeof want, "%s:2:1: field 1 (\"a\"): 1e39 is beyond the range of f32", p);
+    expect_csv_error(p, NULL, NB_ERR_FORMAT, want, NULL);
+    nb_csv_options o = nb_csv_defaults();
+    o.input_dtype = NB_F64;
+    nb_dataset *ds;
+    ck_assert_int_eq(nb_dataset_open_csv(&ds, p, &o), NB_OK);
+    double xd;
+    int64_t y;
+    nb_dataset_get(ds, 0, &xd, &y);
+    ck_assert_double_eq(xd, 1e39);
+    nb_dataset_free(ds);
+    /* a regression target (float label) is checked too, with no header */
+    p = write_file("label.csv", "1,2\n3,NaN\n", -1);
+    o = nb_csv_defaults();
+    o.no_header = true;
+    o.label_dtype = NB_F32;
+    snprintf(want, sizeof want, "%s:2:3: field 2: \"NaN\" is not a finite number", p);
+    expect_csv_error(p, &o, NB_ERR_FORMAT, want, NULL);
+    /* allowed on request: the values load as they are */
+    p = write_file("allowed.csv", "a,b,y\n1,2,0\n3, nan,1\ninf,-inf,0\n", -1);
+    o = nb_csv_defaults();
+    o.allow_nonfinite = true;
+    ck_assert_int_eq(nb_dataset_open_csv(&ds, p, &o), NB_OK);
+    float x[2];
+    nb_dataset_get(ds, 1, x, &y);
+    ck_assert(isnan(x[1]));
+    ck_assert_int_eq(y, 1);
+    nb_dataset_get(ds, 2, x, &y);
+    ck_assert(isinf(x[0]) && x[0] > 0);
+    ck_assert(isinf(x[1]) && x[1] < 0);
+    nb_dataset_free(ds);
+    /* class labels: negative, not integral, non-finite */
+    p = write_file("neg.csv", "x,y\n1,0\n2, -1\n", -1);
+    snprintf(want, sizeof want, "%s:3:3: field 2 (\"y\"): label -1 is negative", p);
+    expect_csv_error(p, NULL, NB_ERR_FORMAT, want, NULL);
+    o = nb_csv_defaults();
+    o.label_dtype = NB_I32;
+    expect_csv_error(p, &o, NB_ERR_FORMAT, want, "label_dtype i32");
+    o.label_dtype = NB_F64; /* a regression target may be negative */
+    ck_assert_int_eq(nb_dataset_open_csv(&ds, p, &o), NB_OK);
+    double yd;
+    nb_dataset_get(ds, 1, x, &yd);
+    ck_assert_double_eq(yd, -1.0);
+    nb_dataset_free(ds);
+    p = write_file("half.csv", "x,y\n1,0\n2,1\n3,2.5\n", -1);
+    snprintf(want, sizeof want, "%s:4:3: field 2 (\"y\"): label 2.5 is not an integer", p);
+    expect_csv_error(p, NULL, NB_ERR_FORMAT, want, NULL);
+    p = write_file("labelnan.csv", "x,y\n1,0\n2,nan\n", -1);
+    snprintf(want, sizeof want, "%s:3:3: field 2 (\"y\"): \"nan\" is not a finite number", p);
+    expect_csv_error(p, NULL, NB_ERR_FORMAT, want, NULL);
+    o = nb_csv_defaults();
+    o.allow_nonfinite = true; /* still no class */
+    snprintf(want, sizeof want, "%s:3:3: field 2 (\"y\"): label nan is not an integer", p);
+    expect_csv_error(p, &o, NB_ERR_FORMAT, want, NULL);
+    remove_tmpdir();
+}
+END_TEST
+
+/* sample_shape: the digits rows as (1, 8, 8) images, same values in the
+ * same order as the flat rows; a shape that does not hold the features. */
+START_TEST(test_csv_sample_shape) {
+    nb_csv_options o = nb_csv_defaults();
+    o.sample_ndim = 3;
+    o.sample_shape[0] = 1;
+    o.sample_shape[1] = 8;
+    o.sample_shape[2] = 8;
+    nb_dataset *ds;
+    ck_assert_int_eq(nb_dataset_open_csv(&ds, SHIPPED("digits.csv"), &o), NB_OK);
+    nb_field in = nb_dataset_input(ds);
+    ck_assert_int_eq(in.ndim, 3);
+    ck_assert_int_eq(in.shape[0], 1);
+    ck_assert_int_eq(in.shape[1], 8);
+    ck_assert_int_eq(in.shape[2], 8);
+    ck_assert_uint_eq(nb_field_bytes(&in), 64 * sizeof(float));
+    float img[1][8][8];
+    int64_t y;
+    ck_assert_int_eq(nb_dataset_get(ds, 0, img, &y), NB_OK);
+    /* the file's first row: 0,0,5,13,9,1,0,0, 0,0,13,15,10,15,5,0, ... */
+    static const float row0[16] = {0, 0, 5, 13, 9, 1, 0, 0, 0, 0, 13, 15, 10, 15, 5, 0};
+    for (int k = 0; k < 16; k++) ck_assert_float_eq(img[0][k / 8][k % 8], row0[k]);
+    ck_assert_int_eq(y, 0);
+    /* through the loader: batches of (B, 1, 8, 8) */
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_loader_options lo = {.batch_size = 4};
+    nb_loader *dl;
+    ck_assert_int_eq(nb_loader_new(&dl, ds, &lo), NB_OK);
+    nb_batch b;
+    ck_assert_int_eq(nb_loader_next(dl, ctx, &b), NB_OK);
+    nb_tensor *x = b.inputs;
+    ck_assert_int_eq(x->ndim, 4);
+    ck_assert_int_eq(x->shape[0], 4);
+    ck_assert_int_eq(x->shape[1], 1);
+    ck_assert_int_eq(x->shape[2], 8);
+    ck_assert_int_eq(x->shape[3], 8);
+    ck_assert_float_eq(nb_get(x, (int64_t[]){0, 0, 1, 3}), 15); /* row 0, feature 11 */
+    nb_loader_free(dl);
+    nb_ctx_free(ctx);
+    nb_dataset_free(ds);
+
+    char want[1024];
+    o.sample_shape[2] = 7;
+    snprintf(want, sizeof want, "%s:1: sample_shape (1, 8, 7) holds 56 values, but the table has "
+             "64 feature columns (65 columns less the label, column 65 (\"target\"))",
+             SHIPPED("digits.csv"));
+    expect_csv_error(SHIPPED("digits.csv"), &o, NB_ERR_FORMAT, want, NULL);
+    o.sample_ndim = 1;
+    o.sample_shape[0] = 65;
+    expect_csv_error(SHIPPED("digits.csv"), &o, NB_ERR_FORMAT, "sample_shape (65,) holds 65 values",
+                     NULL);
+    o.sample_ndim = 2;
+    o.sample_shape[1] = 0;
+    NBT_EXPECT_ABORT(nb_dataset_open_csv(&ds, SHIPPED("digits.csv"), &o),
+                     "nb_dataset_open_csv: sample_shape[1] = 0 must be > 0");
+    o.sample_ndim = NB_MAX_DIMS;
+    NBT_EXPECT_ABORT(nb_dataset_open_csv(&ds, SHIPPED("digits.csv"), &o),
+                     "nb_dataset_open_csv: sample_ndim 6; use 0 (flat) to 5");
+}
+END_TEST
+
 /* ---- token shards ---- */
 
 /* A shard written the way llm.c's tools write one: an int32 header array
@@ -324,7 +464,7 @@ START_TEST(test_tokens) {
     for (int i = 0; i < 100; i++) tok[i] = (uint16_t)(i * 601 % 65536);
     const char *p = write_shard_raw("a.bin", 20240520, 1, 100, tok, 100);
     nb_dataset *ds;
-    ck_assert_int_eq(nb_dataset_open_tokens(&ds, p, 8, 0), NB_OK);
+    ck_assert_int_eq(nb_dataset_open_tokens(&ds, p, 8, 0, 0), NB_OK);
     ck_assert_int_eq(nb_dataset_len(ds), 12); /* windows of 9 tokens every 8: starts 0..88 */
     nb_field f = nb_dataset_input(ds);
     ck_assert_int_eq(f.dtype, NB_I64);
@@ -339,7 +479,7 @@ START_TEST(test_tokens) {
     }
     nb_dataset_free(ds);
     /* overlapping windows */
-    ck_assert_int_eq(nb_dataset_open_tokens(&ds, p, 10, 3), NB_OK);
+    ck_assert_int_eq(nb_dataset_open_tokens(&ds, p, 10, 3, 0), NB_OK);
     ck_assert_int_eq(nb_dataset_len(ds), 30); /* starts 0, 3, ..., 87 (87 + 10 < 100) */
     int64_t x10[10], y10[10];
     nb_dataset_get(ds, 29, x10, y10);
@@ -363,7 +503,7 @@ START_TEST(test_tokens) {
     snprintf(ours, sizeof ours, "%s/s_02.bin", tmpdir);
     ck_assert_int_eq(nb_tokens_write(ours, tok, 5), NB_OK); /* none */
     snprintf(ours, sizeof ours, "%s/s_*.bin", tmpdir);
-    ck_assert_int_eq(nb_dataset_open_tokens(&ds, ours, 8, 0), NB_OK);
+    ck_assert_int_eq(nb_dataset_open_tokens(&ds, ours, 8, 0, 0), NB_OK);
     ck_assert_int_eq(nb_dataset_len(ds), 5);
     nb_dataset_get(ds, 2, x, y);
     ck_assert_int_eq(x[0], tok[16]);
@@ -414,8 +554,46 @@ START_TEST(test_tokens_errors) {
     char name[1024];
     snprintf(name, sizeof name, "%s/g_1.bin: truncated body", tmpdir);
     expect_tokens_error(want, 8, NB_ERR_FORMAT, name, NULL);
-    NBT_EXPECT_ABORT(nb_dataset_open_tokens(&(nb_dataset *){NULL}, want, 0, 0),
+    NBT_EXPECT_ABORT(nb_dataset_open_tokens(&(nb_dataset *){NULL}, want, 0, 0, 0),
                      "nb_dataset_open_tokens: seq_len 0 must be > 0");
+    NBT_EXPECT_ABORT(nb_dataset_open_tokens(&(nb_dataset *){NULL}, want, 8, 0, -1),
+                     "nb_dataset_open_tokens: vocab_size -1 must be >= 0");
+    remove_tmpdir();
+}
+END_TEST
+
+/* Token ids at or beyond the vocabulary are named with file and byte
+ * offset at open; ids below it, and the unchecked open, load. */
+START_TEST(test_tokens_vocab) {
+    make_tmpdir();
+    uint16_t tok[10000];
+    for (int i = 0; i < 10000; i++) tok[i] = (uint16_t)(i % 50);
+    const char *p = write_shard_raw("fine.bin", 20240520, 1, 10000, tok, 10000);
+    nb_dataset *ds;
+    ck_assert_int_eq(nb_dataset_open_tokens(&ds, p, 8, 0, 50), NB_OK);
+    nb_dataset_free(ds);
+    /* one id of 50 in the second block of the second file: token 5000 of
+     * g_1.bin, at byte offset 1024 + 2 * 5000 = 11024 */
+    write_shard_raw("g_0.bin", 20240520, 1, 10000, tok, 10000);
+    tok[5000] = 50;
+    write_shard_raw("g_1.bin", 20240520, 1, 10000, tok, 10000);
+    char pattern[400], want[1024];
+    snprintf(pattern, sizeof pattern, "%s/g_*.bin", tmpdir);
+    snprintf(want, sizeof want, "%s/g_1.bin: byte offset 11024: token id 50 (token 5000 of the "
+             "file) is not below the vocabulary size 50", tmpdir);
+    expect_tokens_error_vocab(pattern, 8, 50, NB_ERR_FORMAT, want, NULL);
+    /* a larger vocabulary admits it; 0 does not check */
+    ck_assert_int_eq(nb_dataset_open_tokens(&ds, pattern, 8, 0, 51), NB_OK);
+    nb_dataset_free(ds);
+    ck_assert_int_eq(nb_dataset_open_tokens(&ds, pattern, 8, 0, 0), NB_OK);
+    nb_dataset_free(ds);
+    /* the last token of a file, and the largest id a shard can hold */
+    tok[5000] = 0;
+    tok[9999] = 65535;
+    p = write_shard_raw("last.bin", 20240520, 1, 10000, tok, 10000);
+    snprintf(want, sizeof want, "%s: byte offset 21022: token id 65535 (token 9999 of the file) "
+             "is not below the vocabulary size 50257", p);
+    expect_tokens_error_vocab(p, 8, 50257, NB_ERR_FORMAT, want, NULL);
     remove_tmpdir();
 }
 END_TEST
@@ -681,8 +859,11 @@ int main(void) {
     tcase_add_test(tc, test_csv_digits);
     tcase_add_test(tc, test_csv_formats);
     tcase_add_test(tc, test_csv_errors);
+    tcase_add_test(tc, test_csv_bad_values);
+    tcase_add_test(tc, test_csv_sample_shape);
     tcase_add_test(tc, test_tokens);
     tcase_add_test(tc, test_tokens_errors);
+    tcase_add_test(tc, test_tokens_vocab);
     tcase_add_test(tc, test_text);
     tcase_add_test(tc, test_split);
     tcase_add_test(tc, test_standardize);

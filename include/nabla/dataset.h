@@ -85,20 +85,29 @@ typedef struct nb_csv_options {
     int skip_lines;        /* lines skipped before the header (or the first row) */
     bool no_header;        /* no header line: columns are known by index only */
     char delimiter;
+    bool allow_nonfinite;  /* accept nan and inf cells (refused by default) */
+    /* The shape of one sample's input, whose element count must be F, the
+     * number of feature columns (e.g. 3, {1, 8, 8} for 8x8 images with one
+     * channel); 0: flat, (F). Features fill it in file order, row-major. */
+    int sample_ndim;
+    int64_t sample_shape[NB_MAX_DIMS - 1];
 } nb_csv_options;
 
-/* label_index -1, label_dtype NB_I64, input_dtype NB_F32, delimiter ','. */
+/* label_index -1, label_dtype NB_I64, input_dtype NB_F32, delimiter ',',
+ * non-finite values refused, flat samples. */
 nb_csv_options nb_csv_defaults(void);
 
 /* A table of numbers: every column but the label is an input feature, in
- * file order (input shape (F)), the label is the target (a scalar). Blank
- * lines are skipped; "\r\n" line ends are accepted; cells are numbers as
- * strtod reads them, surrounded by optional spaces. opts NULL: defaults.
- * Errors (the message names the file, line and column): the file cannot
- * be read (NB_ERR_IO); it is empty or has no data rows, a row has the wrong
- * number of fields, a cell is not a number, a class label is not an
- * integer (NB_ERR_FORMAT); the label column does not exist
- * (NB_ERR_NOT_FOUND). */
+ * file order (input shape (F), or sample_shape), the label is the target
+ * (a scalar). Blank lines are skipped; "\r\n" line ends are accepted;
+ * cells are numbers as strtod reads them, surrounded by optional spaces.
+ * opts NULL: defaults. Errors (the message names the file, line and
+ * column): the file cannot be read (NB_ERR_IO); it is empty or has no data
+ * rows, a row has the wrong number of fields, a cell is not a number, a
+ * cell is nan or infinite or overflows the dtype (unless allow_nonfinite),
+ * a class label (integer label_dtype) is not an integer or is negative,
+ * sample_shape does not hold F values (NB_ERR_FORMAT); the label column
+ * does not exist (NB_ERR_NOT_FOUND). */
 nb_status nb_dataset_open_csv(nb_dataset **out, const char *path, const nb_csv_options *opts);
 
 /* ---- token sequences ----
@@ -110,12 +119,15 @@ nb_status nb_dataset_open_csv(nb_dataset **out, const char *path, const nb_csv_o
  * 20240520, version 1, token count n), then n little-endian uint16 tokens.
  * `pattern` is a file name or a glob ("train_*.bin"); matching files are
  * taken in sorted order, and windows never cross a file boundary.
- * stride 0 means T (windows that do not overlap). Errors: no file matches
- * (NB_ERR_NOT_FOUND); a file cannot be read (NB_ERR_IO); a wrong magic or
- * version, a truncated header or body, or fewer than T + 1 tokens in all
- * (NB_ERR_FORMAT), the message naming the file and byte offset. */
+ * stride 0 means T (windows that do not overlap). vocab_size > 0: every
+ * token of every file is checked to be below it when the files are opened
+ * (the model's embedding has that many rows); 0: not checked. Errors: no
+ * file matches (NB_ERR_NOT_FOUND); a file cannot be read (NB_ERR_IO); a
+ * wrong magic or version, a truncated header or body, a token id >=
+ * vocab_size, or fewer than T + 1 tokens in all (NB_ERR_FORMAT), the
+ * message naming the file and byte offset. */
 nb_status nb_dataset_open_tokens(nb_dataset **out, const char *pattern, int64_t seq_len,
-                                 int64_t stride);
+                                 int64_t stride, int64_t vocab_size);
 
 /* Writes `tokens` as one shard in that format (for tests, benchmarks and
  * programs that tokenize). */
