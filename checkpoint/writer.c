@@ -1,21 +1,45 @@
 /* nb_checkpoint_save: a safetensors file, written atomically.
  *
  * Note [Atomic save]
- * The file is written to "<path>.tmp.<pid>.<n>" (same directory, so the
- * rename cannot cross file systems), created with O_EXCL and mode 0666
+ * The file is written to "<path>.tmp.<host>.<pid>.<n>" (same directory, so
+ * the rename cannot cross file systems), created with O_EXCL and mode 0666
  * before the umask like any new file; then fflush, fsync, fclose,
  * rename(tmp, path), and an fsync of the directory so that the rename
  * itself is durable. Until the rename the old file is untouched; rename
  * replaces it in one step; any failure before it removes the temporary
- * file. A crash mid-write can leave a stale "*.tmp.*" file behind, never a
+ * file. A crash mid-write can leave a stale temporary file behind, never a
  * half-written checkpoint under `path`. The header is padded with spaces
  * to a multiple of 8 bytes (with the length field), so the data section
  * starts 8-byte aligned, as the format's reference writer does.
  *
+ * Note [Stale temporary files]
+ * A writer killed outright (kill -9, the OOM killer, a power cut) leaves
+ * its temporary file, as large as the checkpoint. After each successful
+ * save, the directory is scanned for temporary files of the same `path`
+ * whose writer is certainly gone, and those are removed:
+ * - only names of exactly our pattern "<basename>.tmp.<host>.<pid>.<n>"
+ *   for this `path` (<host>: this machine's name with every character but
+ *   letters, digits, '-' and '_' made '_', so the name splits at dots);
+ * - only those of this host: on a shared file system another machine's
+ *   pid means nothing here, so its temporaries are left to its own saves;
+ * - only those whose pid is not a process: kill(pid, 0) fails with ESRCH.
+ *   A live pid, ours (another thread may be saving the same path), or an
+ *   answer like EPERM (a process of another user) keeps the file.
+ * A pid reused since the crash keeps the stale file until that process
+ * ends, which errs on the safe side; a live writer is never touched. What
+ * this cannot tell apart: two containers with the same host name, separate
+ * pid namespaces and one shared directory (give them distinct host names).
+ * Names of other forms, including the "<path>.tmp.<pid>.<n>" of earlier
+ * versions, are left alone. The cleanup is best effort: it never turns a
+ * successful save into a failure. */
+ *
  * Tensors on a CUDA device (or not contiguous) are written through a host
  * staging buffer filled by nb_to_host, which waits for the device. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -182,11 +206,63 @@ static char *dir_of(const char *path) {
     return d;
 }
 
+/* This host's part of temporary names: Note [Stale temporary files]. */
+static void host_tag(char *out, size_t n) {
+    char host[256];
+    if (gethostname(host, sizeof host) != 0 || !host[0]) snprintf(host, sizeof host, "host");
+    host[sizeof host - 1] = 0;
+    size_t k = 0;
+    for (const char *c = host; *c && k + 1 < n && k < 64; c++) {
+        bool keep = (*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') ||
+                    (*c >= '0' && *c <= '9') || *c == '-' || *c == '_';
+        out[k++] = keep ? *c : '_';
+    }
+    out[k] = 0;
+}
+
+/* The decimal number s[0, end) (no sign, no leading '+'), or -1. */
+static long parse_decimal(const char *s, const char *end) {
+    if (s == end || end - s > 10) return -1;
+    long v = 0;
+    for (; s < end; s++) {
+        if (*s < '0' || *s > '9') return -1;
+        v = v * 10 + (*s - '0');
+    }
+    return v;
+}
+
+/* Removes the temporary files of `path` left by dead writers of this host:
+ * Note [Stale temporary files]. */
+static void remove_stale_temps(const char *path, const char *dir) {
+    const char *slash = strrchr(path, '/');
+    const char *base = slash ? slash + 1 : path;
+    char host[72], prefix[512];
+    host_tag(host, sizeof host);
+    int plen = snprintf(prefix, sizeof prefix, "%s.tmp.%s.", base, host);
+    if (plen < 0 || (size_t)plen >= sizeof prefix) return;
+    DIR *d = opendir(dir);
+    if (!d) return;
+    long self = (long)getpid();
+    for (struct dirent *e; (e = readdir(d));) {
+        const char *name = e->d_name;
+        if (strncmp(name, prefix, (size_t)plen) != 0) continue;
+        const char *pid_s = name + plen, *dot = strchr(pid_s, '.');
+        if (!dot || parse_decimal(dot + 1, dot + 1 + strlen(dot + 1)) < 0) continue;
+        long pid = parse_decimal(pid_s, dot);
+        if (pid <= 0 || pid > INT_MAX || pid == self) continue;
+        if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;
+        unlinkat(dirfd(d), name, 0); /* a failure (a racing cleaner) changes nothing */
+    }
+    closedir(d);
+}
+
 static int open_temp(const char *path, char *tmp, size_t n) {
     static atomic_uint counter;
+    char host[72];
+    host_tag(host, sizeof host);
     for (int attempt = 0; attempt < 100; attempt++) {
         unsigned k = atomic_fetch_add(&counter, 1);
-        int len = snprintf(tmp, n, "%s.tmp.%ld.%u", path, (long)getpid(), k);
+        int len = snprintf(tmp, n, "%s.tmp.%s.%ld.%u", path, host, (long)getpid(), k);
         if (len < 0 || (size_t)len >= n) {
             errno = ENAMETOOLONG;
             return -1;
@@ -214,7 +290,7 @@ nb_status nb_checkpoint_save(const char *path, const nb_named_tensor *tensors, i
                             NB_CHECKPOINT_MAX_HEADER);
     }
 
-    size_t tmp_cap = strlen(path) + 64;
+    size_t tmp_cap = strlen(path) + 160;
     char *tmp = malloc(tmp_cap);
     if (!tmp) {
         nb__strbuf_free(&header);
@@ -273,6 +349,7 @@ nb_status nb_checkpoint_save(const char *path, const nb_named_tensor *tensors, i
                           "directory \"%s\" failed: %s", path, dir ? dir : "?", strerror(errno));
     }
     if (dfd >= 0) close(dfd);
+    if (dir) remove_stale_temps(path, dir);
     free(dir);
     return st;
 

@@ -4,11 +4,14 @@
  * refused with its message (plus every truncation and every header byte
  * flipped), and a save -> load round trip that resumes training bit for
  * bit. */
+#include <ctype.h>
 #include <dirent.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "checkpoint/safetensors.h"
@@ -717,6 +720,128 @@ START_TEST(test_training_load_errors) {
 }
 END_TEST
 
+/* ---- stale temporary files ---- */
+
+/* This host's part of temporary names, by the rule in docs/checkpoints.md:
+ * the host name with everything but letters, digits, '-' and '_' as '_'. */
+static void host_tag(char *out, size_t n) {
+    char h[256] = {0};
+    ck_assert_int_eq(gethostname(h, sizeof h - 1), 0);
+    size_t k = 0;
+    for (const char *c = h; *c && k + 1 < n && k < 64; c++)
+        out[k++] = (isalnum((unsigned char)*c) || *c == '-' || *c == '_') ? *c : '_';
+    out[k] = 0;
+}
+
+/* The pid of a process that has exited and been reaped. */
+static pid_t dead_pid(void) {
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) _exit(0);
+    int status;
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    return pid;
+}
+
+static bool exists(const char *path) { return access(path, F_OK) == 0; }
+
+static const char *touch(const char *name) {
+    const char *p = path_of(name);
+    write_bytes(p, "partial", 7);
+    return p;
+}
+
+/* A save removes the temporaries of its own path whose writer (on this
+ * host) is gone, and nothing else. */
+START_TEST(test_stale_temps_removed) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_named_tensor v[] = {{"w", nbt_randn(ctx, NB_F32, NB_SHAPE(3, 4), 1)}};
+    char host[72], name[9][256];
+    host_tag(host, sizeof host);
+    long dead = (long)dead_pid(), self = (long)getpid(), parent = (long)getppid();
+    snprintf(name[0], 256, "ckpt.safetensors.tmp.%s.%ld.0", host, dead);     /* removed */
+    snprintf(name[1], 256, "ckpt.safetensors.tmp.%s.%ld.3", host, parent);   /* live writer */
+    snprintf(name[2], 256, "ckpt.safetensors.tmp.%s.%ld.1", host, self);     /* our own */
+    snprintf(name[3], 256, "ckpt.safetensors.tmp.%s_x.%ld.0", host, dead);   /* another host */
+    snprintf(name[4], 256, "ckpt.safetensors.tmp.%ld.0", dead);              /* older form */
+    snprintf(name[5], 256, "other.safetensors.tmp.%s.%ld.0", host, dead);    /* another path */
+    snprintf(name[6], 256, "ckpt.safetensors.tmp.%s.%ld.0.bak", host, dead); /* not the pattern */
+    snprintf(name[7], 256, "ckpt.safetensors.tmp.%s.0.0", host);             /* pid 0: a group */
+    snprintf(name[8], 256, "notes.txt");
+    for (int i = 0; i < 9; i++) touch(name[i]);
+    ck_assert(exists(path_of(name[0])));
+    ck_assert_int_eq(nb_checkpoint_save(path_of("ckpt.safetensors"), v, 1, NULL, 0), NB_OK);
+    ck_assert_msg(!exists(path_of(name[0])), "%s (writer %ld gone) was not removed", name[0],
+                  dead);
+    for (int i = 1; i < 9; i++)
+        ck_assert_msg(exists(path_of(name[i])), "%s was removed", name[i]);
+    ck_assert_int_eq(count_files(NULL), 9); /* 8 kept + the checkpoint */
+    /* a path without a directory part scans the working directory */
+    char cwd[4096];
+    ck_assert_ptr_nonnull(getcwd(cwd, sizeof cwd));
+    ck_assert_int_eq(chdir(tmpdir), 0);
+    touch(name[0]);
+    nb_status st = nb_checkpoint_save("ckpt.safetensors", v, 1, NULL, 0);
+    ck_assert_int_eq(chdir(cwd), 0);
+    ck_assert_int_eq(st, NB_OK);
+    ck_assert(!exists(path_of(name[0])));
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+static bool kill_self_at(uint64_t offset, size_t bytes, void *user) {
+    (void)bytes;
+    if (offset >= *(uint64_t *)user) raise(SIGKILL);
+    return false;
+}
+
+/* A writer killed outright in the middle of a large checkpoint: the old
+ * file is intact, the partial temporary file stays until the next save. */
+START_TEST(test_killed_writer_cleaned_by_next_save) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    int64_t big = (int64_t)10 << 20; /* 40 MiB of f32: written in 16 MiB chunks */
+    nb_named_tensor v1[] = {{"w", nbt_randn(ctx, NB_F32, NB_SHAPE(3, 4), 1)}};
+    nb_named_tensor v2[] = {v1[0], {"big", nb_zeros(ctx, NB_F32, 1, &big)}};
+    const char *path = path_of("ckpt.safetensors");
+    ck_assert_int_eq(nb_checkpoint_save(path, v1, 1, NULL, 0), NB_OK);
+    size_t len1;
+    unsigned char *before = slurp(path, &len1);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) { /* dies after the first 16 MiB chunk reached the file */
+        uint64_t at = (uint64_t)16 << 20;
+        nb__st_set_fault(kill_self_at, &at);
+        nb_checkpoint_save(path, v2, 2, NULL, 0);
+        _exit(3);
+    }
+    int status;
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    ck_assert_msg(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL, "status %d", status);
+    char host[72], tmp[256];
+    host_tag(host, sizeof host);
+    snprintf(tmp, sizeof tmp, "ckpt.safetensors.tmp.%s.%ld.", host, (long)pid);
+    ck_assert_int_eq(count_files(tmp), 1); /* the crash left its partial file */
+    DIR *d = opendir(tmpdir);
+    for (struct dirent *e; (e = readdir(d));)
+        if (strstr(e->d_name, tmp)) {
+            struct stat sb;
+            ck_assert_int_eq(stat(path_of(e->d_name), &sb), 0);
+            ck_assert_int_ge(sb.st_size, 16 << 20);
+        }
+    closedir(d);
+    size_t len;
+    unsigned char *after = slurp(path, &len);
+    ck_assert_uint_eq(len, len1);
+    ck_assert(memcmp(after, before, len) == 0);
+    free(after);
+    free(before);
+    ck_assert_int_eq(nb_checkpoint_save(path, v1, 1, NULL, 0), NB_OK);
+    ck_assert_int_eq(count_files(".tmp."), 0);
+    ck_assert_int_eq(count_files(NULL), 1);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("checkpoint");
     TCase *tc = tcase_create("core");
@@ -726,6 +851,8 @@ int main(void) {
     tcase_add_test(tc, test_strict_load);
     tcase_add_test(tc, test_save_argument_errors);
     tcase_add_test(tc, test_atomic_save);
+    tcase_add_test(tc, test_stale_temps_removed);
+    tcase_add_test(tc, test_killed_writer_cleaned_by_next_save);
     tcase_add_test(tc, test_corrupt_files);
     tcase_add_test(tc, test_truncations_and_flips);
     tcase_add_test(tc, test_resume_is_bit_identical);
