@@ -31,7 +31,7 @@
  * pid namespaces and one shared directory (give them distinct host names).
  * Names of other forms, including the "<path>.tmp.<pid>.<n>" of earlier
  * versions, are left alone. The cleanup is best effort: it never turns a
- * successful save into a failure. */
+ * successful save into a failure.
  *
  * Tensors on a CUDA device (or not contiguous) are written through a host
  * staging buffer filled by nb_to_host, which waits for the device. */
