@@ -50,10 +50,10 @@ static void teardown(void) {
 }
 
 static const char *path_of(const char *name) {
-    static char bufs[4][256];
+    static char bufs[4][4096];
     static int next;
     char *b = bufs[next++ & 3];
-    snprintf(b, 256, "%s/%s", tmpdir, name);
+    snprintf(b, 4096, "%s/%s", tmpdir, name);
     return b;
 }
 
