@@ -23,8 +23,8 @@
  * - only those of this host: on a shared file system another machine's
  *   pid means nothing here, so its temporaries are left to its own saves;
  * - only those whose pid is not a process: kill(pid, 0) fails with ESRCH.
- *   A live pid, ours (another thread may be saving the same path), or an
- *   answer like EPERM (a process of another user) keeps the file.
+ *   A live pid (ours included: another thread may be saving the same
+ *   path), or an answer like EPERM (another user's process) keeps it.
  * A pid reused since the crash keeps the stale file until that process
  * ends, which errs on the safe side; a live writer is never touched. What
  * this cannot tell apart: two containers with the same host name, separate
@@ -242,14 +242,13 @@ static void remove_stale_temps(const char *path, const char *dir) {
     if (plen < 0 || (size_t)plen >= sizeof prefix) return;
     DIR *d = opendir(dir);
     if (!d) return;
-    long self = (long)getpid();
     for (struct dirent *e; (e = readdir(d));) {
         const char *name = e->d_name;
         if (strncmp(name, prefix, (size_t)plen) != 0) continue;
         const char *pid_s = name + plen, *dot = strchr(pid_s, '.');
         if (!dot || parse_decimal(dot + 1, dot + 1 + strlen(dot + 1)) < 0) continue;
         long pid = parse_decimal(pid_s, dot);
-        if (pid <= 0 || pid > INT_MAX || pid == self) continue;
+        if (pid <= 0 || pid > INT_MAX) continue;
         if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;
         unlinkat(dirfd(d), name, 0); /* a failure (a racing cleaner) changes nothing */
     }
