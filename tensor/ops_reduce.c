@@ -251,9 +251,9 @@ nb_tensor *nb_var(nb_ctx *ctx, nb_tensor *x, int naxes, const int *axes, int cor
  * The index of the maximum along one dim, with nb_max's rule (Note [Max
  * with NaN] in tensor/cuda/reduce.cu): the first NaN if the row has one,
  * else the first of equal maxima, as torch.argmax. Not differentiable: the
- * output is i64 and no node is recorded, not even for the copy that lays
- * the rows out (a node using a leaf that backward never reaches would keep
- * that leaf's gradient-ready hooks from firing). */
+ * output is i64 and the tape gets nothing, not even a node for the copy
+ * that lays the rows out (evaluation code calls this on logits that
+ * require grad, once per batch). */
 #define ARGMAX_ROWS(T)                                                            \
     do {                                                                          \
         const T *src = rows->data;                                                \
@@ -278,7 +278,7 @@ nb_tensor *nb_argmax(nb_ctx *ctx, nb_tensor *x, int dim, bool keepdim) {
     nb__check_float(op, x);
     plan p;
     make_plan(op, x, 1, &dim, keepdim, &p);
-    NB_CHECK(p.inner > 0 || p.outer == 0, "nb_argmax: dimension %d of %s is empty", dim,
+    NB_CHECK(p.inner > 0, "nb_argmax: dimension %d of %s is empty", dim,
              nb_shape_str(x));
     bool prev = nb_no_grad_begin();
     nb_tensor *rows = rows_of(ctx, x, &p);

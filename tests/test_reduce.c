@@ -238,6 +238,8 @@ START_TEST(test_errors) {
     NBT_EXPECT_ABORT(nb_argmax(ctx, x, 2, false), "nb_argmax: dimension 2 out of range for a 2-d tensor");
     NBT_EXPECT_ABORT(nb_argmax(ctx, nb_zeros(ctx, NB_F32, NB_SHAPE(2, 0)), 1, false),
                      "nb_argmax: dimension 1 of (2, 0) is empty");
+    NBT_EXPECT_ABORT(nb_argmax(ctx, nb_zeros(ctx, NB_F32, NB_SHAPE(0, 0)), -1, false),
+                     "nb_argmax: dimension -1 of (0, 0) is empty");
     NBT_EXPECT_ABORT(nb_argmax(ctx, nb_zeros(ctx, NB_I64, NB_SHAPE(2)), 0, false), "nb_argmax: dtype i64");
     nb_ctx_free(ctx);
 }
