@@ -2,7 +2,9 @@
 # ${CMAKE_BINARY_DIR}/tests, linked with tests/testutil.c (when present), the
 # static library and Check; every tests/*.py runs under python3. All run from
 # the build directory. Labels: unit, or gpu for tests/test_cuda_*.c.
-# Exit code 77 means "skipped" (e.g. no GPU). A GPU suite whose source calls
+# tests/test_install.py has the label install. Exit code 77 means "skipped"
+# (e.g. no GPU; a missing dependency of a .py test fails instead under
+# CI=true: tests/_programs.py's skip()). A GPU suite whose source calls
 # nbt_parity or nbt_device also runs as <suite>_logic (label cpu) with
 # NBT_PARITY_DEVICE=cpu: the side under test on the CPU, which checks the
 # tests' own logic without a GPU (Note [CPU stand-in mode] in
@@ -99,10 +101,21 @@ if(NABLA_PY_TESTS)
       if(_file MATCHES "^_")  # __init__.py, _helpers.py: modules, not tests
         continue()
       endif()
+      set(_label unit)
+      set(_env "${NABLA_TEST_ENVIRONMENT}")
+      if(_file STREQUAL "test_install.py")
+        # Installs into a temporary prefix and builds a program against it:
+        # not with sanitizers, whose runtime an outside program would not link.
+        if(NABLA_SANITIZE)
+          continue()
+        endif()
+        set(_label install)
+        list(APPEND _env NABLA_CMAKE=${CMAKE_COMMAND} NABLA_CC=${CMAKE_C_COMPILER})
+      endif()
       add_test(NAME ${_file} COMMAND ${NABLA_PYTHON3} ${_src} WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
       set_tests_properties(${_file} PROPERTIES
-        LABELS unit TIMEOUT 300 SKIP_RETURN_CODE 77
-        ENVIRONMENT "${NABLA_TEST_ENVIRONMENT}")
+        LABELS ${_label} TIMEOUT 300 SKIP_RETURN_CODE 77
+        ENVIRONMENT "${_env}")
       list(APPEND NABLA_TESTS ${_file})
     endforeach()
   endif()

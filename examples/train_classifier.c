@@ -128,23 +128,6 @@ static nb_tensor *as_input(run *r, nb_tensor *x) {
     return r->cnn ? nb_reshape(r->step_ctx, x, NB_SHAPE(x->shape[0], 1, r->side, r->side)) : x;
 }
 
-/* Correct predictions in a batch: argmax of the logits == target. */
-static double count_correct(const nb_tensor *logits, const nb_tensor *targets) {
-    int64_t b = logits->shape[0], k = logits->shape[1];
-    double *l = malloc((size_t)(b * k) * sizeof *l), *t = malloc((size_t)b * sizeof *t);
-    nb_to_host_f64(logits, l);
-    nb_to_host_f64(targets, t);
-    double correct = 0;
-    for (int64_t i = 0; i < b; i++) {
-        int64_t best = 0;
-        for (int64_t j = 1; j < k; j++)
-            if (l[i * k + j] > l[i * k + best]) best = j;
-        correct += best == (int64_t)t[i];
-    }
-    free(l), free(t);
-    return correct;
-}
-
 /* Exact test metrics: loss and accuracy over every test row, once. */
 static nb_status evaluate(run *r, double *loss, double *accuracy, double *count) {
     nb_metric_sums sums;
@@ -161,7 +144,8 @@ static nb_status evaluate(run *r, double *loss, double *accuracy, double *count)
         if (s != NB_OK || !b.inputs) break;
         nb_tensor *logits = nb_module_forward(r->model, r->step_ctx, as_input(r, b.inputs));
         double l = nb_item(nb_cross_entropy(r->step_ctx, logits, b.targets, NULL));
-        nb_metric_sums_add(&sums, (double[]){l * (double)b.size, count_correct(logits, b.targets)}, b.size);
+        double correct = (double)nb_count_correct(r->step_ctx, logits, b.targets);
+        nb_metric_sums_add(&sums, (double[]){l * (double)b.size, correct}, b.size);
     }
     nb_no_grad_end(prev);
     nb_module_train(r->model, true);
@@ -372,7 +356,8 @@ int main(int argc, char **argv) {
             nb_optim_step(r.opt);
             nb_optim_zero_grad(r.opt);
             double l = nb_item(loss);
-            nb_metric_sums_add(&train, (double[]){l * (double)b.size, count_correct(logits, b.targets)}, b.size);
+            double correct = (double)nb_count_correct(r.step_ctx, logits, b.targets);
+            nb_metric_sums_add(&train, (double[]){l * (double)b.size, correct}, b.size);
             step++;
             nb_progress_update(prog, step, l, b.size * r.d.world_size);
         }

@@ -1,13 +1,14 @@
-/* tutorial_ddp: the distributed training program that docs/tutorial.md
- * builds step by step (the doc quotes this file, and tests/test_tutorial.py
- * checks that every quoted piece is still here word for word).
+/* tutorial_ddp: the distributed training program of docs/tutorial.md. The
+ * tutorial quotes all of it, in pieces; tests/test_tutorial.py checks that
+ * the pieces put together are this file, and tests/test_install.py builds
+ * it against an installed nabla.
  *
- * An MLP learns the shipped breast-cancer table with AdamW, on one process
- * or on N under a launcher: a process group from the environment, the
- * distributed sampler, DDP, exact evaluation, rank-0 checkpoints and
- * resume on every rank.
+ * A classifier learns a table of the CSV format that nabla ships, with
+ * AdamW, on one process or on N under a launcher: a process group from the
+ * environment, the distributed sampler, DDP (and SyncBatchNorm with
+ * --cnn), exact evaluation, rank-0 checkpoints and resume on every rank.
  *
- *   tutorial_ddp [--epochs N] [--ckpt-dir DIR] [--resume]
+ *   tutorial_ddp [--data FILE] [--cnn] [--epochs N] [--ckpt-dir DIR] [--resume]
  */
 #include <math.h>
 #include <stdio.h>
@@ -30,21 +31,25 @@ static int rank = 0; /* for messages: set once the process group exists */
         }                                                                    \
     } while (0)
 
-/* Correct predictions in a batch: argmax of the logits == target. */
-static double count_correct(const nb_tensor *logits, const nb_tensor *targets) {
-    int64_t b = logits->shape[0], k = logits->shape[1];
-    double *l = malloc((size_t)(b * k) * sizeof *l), *t = malloc((size_t)b * sizeof *t);
-    nb_to_host_f64(logits, l);
-    nb_to_host_f64(targets, t);
-    double correct = 0;
-    for (int64_t i = 0; i < b; i++) {
-        int64_t best = 0;
-        for (int64_t j = 1; j < k; j++)
-            if (l[i * k + j] > l[i * k + best]) best = j;
-        correct += best == (int64_t)t[i];
+/* *n = 1 + the largest class label of ds (labels are i64 class indices). */
+static nb_status count_classes(const nb_dataset *ds, int64_t *n) {
+    nb_field in = nb_dataset_input(ds);
+    void *row = malloc(nb_field_bytes(&in));
+    nb_status s = NB_OK;
+    *n = 0;
+    for (int64_t i = 0; s == NB_OK && i < nb_dataset_len(ds); i++) {
+        int64_t label;
+        s = nb_dataset_get(ds, i, row, &label);
+        if (s == NB_OK && label + 1 > *n) *n = label + 1;
     }
-    free(l), free(t);
-    return correct;
+    free(row);
+    return s;
+}
+
+/* The model's input: the rows (B, F) as they are, or with --cnn (side > 0)
+ * as one-channel images (B, 1, side, side), a view of the same memory. */
+static nb_tensor *model_input(nb_ctx *step, nb_tensor *rows, int64_t side) {
+    return side ? nb_reshape(step, rows, NB_SHAPE(rows->shape[0], 1, side, side)) : rows;
 }
 
 /* v[0..n) = its sum over the ranks of pg. */
@@ -58,7 +63,7 @@ static nb_status sum_over_ranks(nb_pg *pg, double *v, int n) {
 }
 
 /* Test loss and accuracy over every test row, each counted once. */
-static nb_status evaluate(nb_ddp *ddp, nb_pg *pg, nb_loader *test, nb_ctx *step,
+static nb_status evaluate(nb_ddp *ddp, nb_pg *pg, nb_loader *test, nb_ctx *step, int64_t side,
                           double *loss, double *accuracy, double *rows) {
     nb_module *model = nb_ddp_module(ddp);
     nb_status s = nb_ddp_pre_forward(ddp); /* rank 0's buffers, if the model has any */
@@ -73,10 +78,10 @@ static nb_status evaluate(nb_ddp *ddp, nb_pg *pg, nb_loader *test, nb_ctx *step,
         nb_batch b;
         s = nb_loader_next(test, step, &b);
         if (s != NB_OK || !b.inputs) break;
-        nb_tensor *logits = nb_module_forward(model, step, b.inputs);
+        nb_tensor *logits = nb_module_forward(model, step, model_input(step, b.inputs, side));
         double l = nb_item(nb_cross_entropy(step, logits, b.targets, NULL));
-        nb_metric_sums_add(&sums, (double[]){l * (double)b.size, count_correct(logits, b.targets)},
-                           b.size);
+        double correct = (double)nb_count_correct(step, logits, b.targets); /* argmax == target */
+        nb_metric_sums_add(&sums, (double[]){l * (double)b.size, correct}, b.size);
     }
     nb_no_grad_end(prev);
     nb_module_train(model, true);
@@ -102,15 +107,19 @@ static nb_status check_world_size(const char *path, int world) {
 }
 
 int main(int argc, char **argv) {
+    const char *data = "examples/datasets/breast_cancer.csv"; /* from the source tree's root */
+    bool cnn = false, resume = false;
     int64_t epochs = 10;
     const char *ckpt_dir = NULL;
-    bool resume = false;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--epochs") && i + 1 < argc) epochs = atoll(argv[++i]);
+        if (!strcmp(argv[i], "--data") && i + 1 < argc) data = argv[++i];
+        else if (!strcmp(argv[i], "--cnn")) cnn = true;
+        else if (!strcmp(argv[i], "--epochs") && i + 1 < argc) epochs = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--ckpt-dir") && i + 1 < argc) ckpt_dir = argv[++i];
         else if (!strcmp(argv[i], "--resume")) resume = true;
         else {
-            fprintf(stderr, "usage: tutorial_ddp [--epochs N] [--ckpt-dir DIR] [--resume]\n");
+            fprintf(stderr, "usage: tutorial_ddp [--data FILE] [--cnn] [--epochs N] "
+                            "[--ckpt-dir DIR] [--resume]\n");
             return 2;
         }
     }
@@ -131,10 +140,16 @@ int main(int argc, char **argv) {
 
     /* 2. Data: a seeded split, standardised with the training part's statistics. */
     nb_dataset *table, *train_raw, *test_raw;
-    CHECK(nb_dataset_open_csv(&table, NABLA_SOURCE_DIR "/examples/datasets/breast_cancer.csv", NULL));
+    if (nb_dataset_open_csv(&table, data, NULL) != NB_OK) {
+        fprintf(stderr, "tutorial_ddp (rank %d): %s\n(--data FILE names the table: nabla ships "
+                        "examples/datasets/*.csv in its source tree, installed in "
+                        "<prefix>/share/nabla/datasets/)\n", rank, nb_last_error());
+        return 1;
+    }
     nb_dataset_split(table, 0.2, 42, &train_raw, &test_raw);
     nb_field in = nb_dataset_input(table);
-    int64_t n_features = nb_field_numel(&in); /* 30 */
+    int64_t n_features = nb_field_numel(&in), n_classes; /* 30 and 2 for breast_cancer.csv */
+    CHECK(count_classes(table, &n_classes));
     double *mean = malloc((size_t)n_features * sizeof *mean);
     double *std = malloc((size_t)n_features * sizeof *std);
     CHECK(nb_dataset_fit_standardizer(train_raw, mean, std));
@@ -142,6 +157,13 @@ int main(int argc, char **argv) {
     nb_dataset *test = nb_dataset_standardize(test_raw, mean, std);
     free(mean), free(std);
     nb_dataset_free(train_raw), nb_dataset_free(test_raw), nb_dataset_free(table);
+    int64_t side = 0; /* --cnn: the images' side, 8 for digits.csv's 64 features */
+    while (cnn && side * side < n_features) side++;
+    if (side * side != (cnn ? n_features : 0)) {
+        fprintf(stderr, "tutorial_ddp: --cnn needs square images, and %s has %lld features\n", data,
+                (long long)n_features);
+        return 2;
+    }
 
     /* 3. Training batches: each rank takes its own shard of a shuffled order. */
     nb_distributed_options so = {.world_size = world, .rank = rank, .shuffle = true, .seed = 0,
@@ -157,11 +179,14 @@ int main(int argc, char **argv) {
     nb_loader *test_loader;
     CHECK(nb_loader_new(&test_loader, test, &eo));
 
-    /* 4. The model and its optimizer. */
+    /* 4. The model, SyncBatchNorm, and the optimizer. */
     nb_ctx *params = nb_ctx_new(device, 0); /* parameters: the whole run */
     nb_ctx *step = nb_ctx_new(device, 0);   /* activations and tape: one step */
     nb_rng init = nb_rng_make(0);
-    nb_module *model = nb_mlp_new(params, NB_F32, n_features, 2, (int64_t[]){64, 32}, 2, &init);
+    nb_module *model =
+        cnn ? nb_cnn_new(params, NB_F32, 1, 2, (int64_t[]){16, 32}, n_classes, &init)
+            : nb_mlp_new(params, NB_F32, n_features, 2, (int64_t[]){64, 32}, n_classes, &init);
+    if (cnn) nb_convert_sync_batchnorm(model, pg); /* statistics of the global batch */
     int n_params = nb_module_named_parameters(model, NULL, 0);
     nb_named_tensor *named = malloc((size_t)n_params * sizeof *named);
     nb_module_named_parameters(model, named, n_params);
@@ -199,7 +224,7 @@ int main(int argc, char **argv) {
             nb_batch b;
             CHECK(nb_loader_next(train_loader, step, &b));
             if (!b.inputs) break; /* end of the epoch */
-            nb_tensor *logits = nb_ddp_forward(ddp, step, b.inputs);
+            nb_tensor *logits = nb_ddp_forward(ddp, step, model_input(step, b.inputs, side));
             nb_tensor *loss = nb_cross_entropy(step, logits, b.targets, NULL);
             double l = nb_item(loss);
             bool skip;
@@ -214,7 +239,7 @@ int main(int argc, char **argv) {
 
         /* 8. Evaluate exactly, then save on rank 0. */
         double test_loss, accuracy, rows;
-        CHECK(evaluate(ddp, pg, test_loader, step, &test_loss, &accuracy, &rows));
+        CHECK(evaluate(ddp, pg, test_loader, step, side, &test_loss, &accuracy, &rows));
         if (rank == 0)
             printf("epoch %lld: train loss %.4f | test loss %.4f, accuracy %.2f%% (%.0f rows)\n",
                    (long long)epoch + 1, nb_metric_sums_mean(&seen, 0), test_loss, 100 * accuracy,

@@ -239,6 +239,14 @@ void nb__cuda_max_rows(nb_tensor *out, nb_tensor *arg, const nb_tensor *rows, in
     NO_CUDA("nb__cuda_max_rows");
 }
 
+void nb__cuda_argmax_rows(nb_tensor *arg, const nb_tensor *rows, int64_t outer, int64_t inner) {
+    (void)arg;
+    (void)rows;
+    (void)outer;
+    (void)inner;
+    NO_CUDA("nb__cuda_argmax_rows");
+}
+
 void nb__cuda_max_rows_backward(nb_tensor *gp, const nb_tensor *arg, const nb_tensor *g, int64_t outer, int64_t inner) {
     (void)gp;
     (void)arg;

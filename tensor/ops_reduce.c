@@ -1,4 +1,4 @@
-/* Reductions along axes: sum, mean, max, var.
+/* Reductions along axes: sum, mean, max, var; argmax (no gradient).
  *
  * The front end moves the reduced axes last (a permuted view made
  * contiguous), so every kernel reduces rows of `inner` consecutive
@@ -6,6 +6,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "nabla/autograd.h"
 #include "tensor/cuda/cuda.h"
 #include "tensor/internal.h"
 
@@ -243,5 +244,48 @@ nb_tensor *nb_var(nb_ctx *ctx, nb_tensor *x, int naxes, const int *axes, int cor
         n->saved[0] = mean;
         n->f[0] = denom > 0 ? 2.0 / denom : NAN;
     }
+    return out;
+}
+
+/* ---- argmax ----
+ * The index of the maximum along one dim, with nb_max's rule (Note [Max
+ * with NaN] in tensor/cuda/reduce.cu): the first NaN if the row has one,
+ * else the first of equal maxima, as torch.argmax. Not differentiable: the
+ * output is i64 and the tape gets nothing, not even a node for the copy
+ * that lays the rows out (evaluation code calls this on logits that
+ * require grad, once per batch). */
+#define ARGMAX_ROWS(T)                                                            \
+    do {                                                                          \
+        const T *src = rows->data;                                                \
+        for (int64_t o = 0; o < outer; o++) {                                     \
+            const T *r = src + o * inner;                                         \
+            int64_t best = 0;                                                     \
+            for (int64_t i = 1; i < inner && !isnan(r[best]); i++)                \
+                if (r[i] > r[best] || isnan(r[i])) best = i;                      \
+            arg[o] = best;                                                        \
+        }                                                                         \
+    } while (0)
+
+static void argmax_rows(int64_t *arg, const nb_tensor *rows, int64_t outer, int64_t inner) {
+    if (rows->dtype == NB_F32) ARGMAX_ROWS(float);
+    else ARGMAX_ROWS(double);
+}
+#undef ARGMAX_ROWS
+
+nb_tensor *nb_argmax(nb_ctx *ctx, nb_tensor *x, int dim, bool keepdim) {
+    const char *op = "nb_argmax";
+    nb__check_ctx(op, ctx, x);
+    nb__check_float(op, x);
+    plan p;
+    make_plan(op, x, 1, &dim, keepdim, &p);
+    NB_CHECK(p.inner > 0, "nb_argmax: dimension %d of %s is empty", dim,
+             nb_shape_str(x));
+    bool prev = nb_no_grad_begin();
+    nb_tensor *rows = rows_of(ctx, x, &p);
+    nb_no_grad_end(prev);
+    nb_tensor *out = nb__empty(ctx, NB_I64, p.out_ndim, p.out_shape);
+    if (p.outer == 0) return out;
+    if (nb__is_cuda(x)) nb__cuda_argmax_rows(out, rows, p.outer, p.inner);
+    else argmax_rows(out->data, rows, p.outer, p.inner);
     return out;
 }

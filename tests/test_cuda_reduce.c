@@ -4,7 +4,8 @@
  * row, and rows split across blocks), softmax and log-softmax on every
  * axis (rows and column tiles), the causal softmax of attention,
  * cross-entropy with ignore_index and label
- * smoothing, mse and bce; the gradient norm of many tensors; and the
+ * smoothing, mse and bce; the gradient norm of many tensors; argmax on
+ * every row layout, with ties and NaNs; and the
  * deferred check of an out-of-range cross-entropy target. Skipped (77)
  * without CUDA or a GPU. */
 #include <math.h>
@@ -428,6 +429,58 @@ START_TEST(test_softmax_causal_special_values) {
 }
 END_TEST
 
+/* ---- argmax ----
+ * The inputs are rounded to the dtype under test before the f64 reference
+ * sees them, so ties and NaNs are the same on both sides and the indices
+ * must agree exactly (integer outputs), whatever the tree of combines. */
+typedef struct argmax_case {
+    int dim;
+    bool keepdim;
+} argmax_case;
+
+static nb_tensor *argmax_op(nb_ctx *ctx, nb_tensor *const *in, void *user) {
+    const argmax_case *c = user;
+    return nb_argmax(ctx, in[0], c->dim, c->keepdim);
+}
+
+START_TEST(test_argmax) {
+    size_t most = 0;
+    for (size_t k = 0; k < sizeof red_shapes / sizeof red_shapes[0]; k++) {
+        size_t n = 1;
+        for (int i = 0; i < red_shapes[k].ndim; i++) n *= (size_t)red_shapes[k].shape[i];
+        most = n > most ? n : most;
+    }
+    /* ties: few distinct values, the maximum many times in every row;
+     * nans: the same with a NaN now and then (the first one wins) */
+    double *ties = malloc(most * sizeof *ties), *nans = malloc(most * sizeof *nans);
+    ck_assert(ties && nans);
+    for (size_t i = 0; i < most; i++) {
+        ties[i] = (double)((i * i + 3 * i) % 7);
+        nans[i] = (i * 31) % 1009 == 500 ? NAN : ties[i];
+    }
+    const double *values[3] = {NULL, ties, nans};
+    static const char *const value_names[3] = {"random", "ties", "NaNs"};
+    for (size_t k = 0; k < sizeof red_shapes / sizeof red_shapes[0]; k++)
+        for (int v = 0; v < 3; v++)
+            for (int d = 0; d < N_FLOAT_DTYPES; d++)
+                for (int keep = 0; keep < 2; keep++) {
+                    const red_shape *rs = &red_shapes[k];
+                    nb_dtype dt = float_dtypes[d];
+                    if (rs->naxes != 1 || (rs->big && keep)) continue;
+                    if (v > 0 && rs->transposed) continue; /* values are given in the made layout */
+                    argmax_case c = {rs->axes[0], keep == 1};
+                    nbt_input in = {.dtype = dt, .ndim = rs->ndim, .transposed = rs->transposed,
+                                    .no_grad = true, .values = values[v]};
+                    for (int i = 0; i < rs->ndim; i++) in.shape[i] = rs->shape[i];
+                    char name[160];
+                    snprintf(name, sizeof name, "argmax %s %s %s%s", rs->name, value_names[v],
+                             nb_dtype_name(dt), keep ? " keepdim" : "");
+                    nbt_parity(name, argmax_op, &c, 1, &in, NULL);
+                }
+    free(ties), free(nans);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("cuda_reduce");
     TCase *tc = nbt_tcase_create("core");
@@ -443,6 +496,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_cross_entropy_all_ignored);
     tcase_add_test(tc, test_mse_bce);
     tcase_add_test(tc, test_grad_norm);
+    tcase_add_test(tc, test_argmax);
     suite_add_tcase(s, tc);
     TCase *faults = nbt_tcase_create("faults");
     tcase_add_test(faults, test_cross_entropy_bad_target);

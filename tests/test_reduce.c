@@ -1,5 +1,6 @@
 /* Reductions: sum, mean, max, var against naive loops, keepdim, negative
- * and multiple axes, strided inputs, gradchecks and errors. */
+ * and multiple axes, strided inputs, gradchecks and errors; argmax (ties,
+ * NaN, no gradient) and nb_count_correct. */
 #include <math.h>
 
 #include "testutil.h"
@@ -116,6 +117,117 @@ START_TEST(test_max_ties_gradient_to_first) {
 }
 END_TEST
 
+/* index of the maximum of x[.., i, ..] over dim d of a (2, 3, 4) tensor at
+ * the other coordinates in `at`, by a plain scan: strict > keeps the first
+ * of ties, and the first NaN ends the search */
+static int64_t naive_argmax(const nb_tensor *x, int d, const int64_t at[3]) {
+    int64_t idx[3] = {at[0], at[1], at[2]}, best = 0;
+    idx[d] = 0;
+    double bv = nb_get(x, idx);
+    for (int64_t i = 1; i < x->shape[d] && bv == bv; i++) {
+        idx[d] = i;
+        double v = nb_get(x, idx);
+        if (v != v || v > bv) best = i, bv = v;
+    }
+    return best;
+}
+
+static void check_argmax(nb_ctx *ctx, nb_tensor *x, const char *what) {
+    for (int dim = -3; dim < 3; dim++)
+        for (int keep = 0; keep < 2; keep++) {
+            int d = (dim + 3) % 3;
+            nb_tensor *y = nb_argmax(ctx, x, dim, keep);
+            ck_assert_int_eq(y->dtype, NB_I64);
+            ck_assert_int_eq(y->ndim, keep ? 3 : 2);
+            ck_assert(!y->requires_grad && !y->node);
+            for (int64_t i = 0; i < (d == 0 ? 1 : x->shape[0]); i++)
+                for (int64_t j = 0; j < (d == 1 ? 1 : x->shape[1]); j++)
+                    for (int64_t l = 0; l < (d == 2 ? 1 : x->shape[2]); l++) {
+                        int64_t want = naive_argmax(x, d, (int64_t[]){i, j, l});
+                        int64_t at3[3] = {i, j, l}, at2[2];
+                        int n2 = 0;
+                        for (int e = 0; e < 3; e++)
+                            if (e != d) at2[n2++] = at3[e];
+                        if (keep) at3[d] = 0;
+                        int64_t got = (int64_t)nb_get(y, keep ? at3 : at2);
+                        ck_assert_msg(got == want, "%s: argmax dim %d keepdim %d at (%lld, %lld, %lld): "
+                                      "%lld, expected %lld", what, dim, keep, (long long)i,
+                                      (long long)j, (long long)l, (long long)got, (long long)want);
+                    }
+        }
+}
+
+START_TEST(test_argmax) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    /* distinct values, f64 and f32, contiguous and a permuted view */
+    nb_tensor *x = nbt_randn(ctx, NB_F64, NB_SHAPE(2, 3, 4), 5);
+    check_argmax(ctx, x, "randn f64");
+    check_argmax(ctx, nb_cast(ctx, x, NB_F32), "randn f32");
+    check_argmax(ctx, nb_permute(ctx, nbt_randn(ctx, NB_F64, NB_SHAPE(4, 3, 2), 6), (int[]){2, 1, 0}),
+                 "permuted");
+    /* ties everywhere: values in {0, 1, 2} */
+    double tv[24];
+    for (int i = 0; i < 24; i++) tv[i] = (double)((i * 7 + i / 5) % 3);
+    nb_tensor *t = nb_from_host(ctx, NB_F64, NB_SHAPE(2, 3, 4), tv);
+    check_argmax(ctx, t, "ties f64");
+    check_argmax(ctx, nb_cast(ctx, t, NB_F32), "ties f32");
+    /* NaN: the first NaN wins over larger numbers and over later NaNs */
+    double nv[24];
+    for (int i = 0; i < 24; i++) nv[i] = (i % 5 == 3 || i % 7 == 6) ? NAN : (double)(i % 4);
+    nb_tensor *nx = nb_from_host(ctx, NB_F64, NB_SHAPE(2, 3, 4), nv);
+    check_argmax(ctx, nx, "NaN f64");
+    check_argmax(ctx, nb_cast(ctx, nx, NB_F32), "NaN f32");
+    /* the same facts on hand-written rows: ties, a NaN after the maximum,
+     * two NaNs, -inf only */
+    nb_tensor *h = nb_from_host(ctx, NB_F32, NB_SHAPE(4, 3),
+                                (float[]){5, 5, 1, 1, 9, NAN, NAN, 2, NAN, -INFINITY, -INFINITY, -INFINITY});
+    int64_t got[4];
+    nb_to_host(nb_argmax(ctx, h, -1, false), got);
+    ck_assert_int_eq(got[0], 0);
+    ck_assert_int_eq(got[1], 2);
+    ck_assert_int_eq(got[2], 0);
+    ck_assert_int_eq(got[3], 0);
+    /* no gradient: a leaf's argmax records nothing and backward through
+     * the rest is unchanged */
+    nb_tensor *leaf = nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(3, 2), 7);
+    nb_tensor *a = nb_argmax(ctx, leaf, 0, true);
+    ck_assert(!a->requires_grad && !a->node);
+    ck_assert_int_eq(a->ndim, 2);
+    ck_assert_int_eq(a->shape[0], 1);
+    nb_backward(nb_sum_all(ctx, leaf));
+    double ones[6] = {1, 1, 1, 1, 1, 1};
+    nbt_assert_close(leaf->grad, ones, 0, 0);
+    /* a 1-D tensor gives a 0-d index; an empty outer dim an empty result */
+    ck_assert_int_eq((int64_t)nb_item(nb_argmax(ctx, nb_from_host(ctx, NB_F64, NB_SHAPE(3),
+                                                                  (double[]){1, 3, 2}), 0, false)), 1);
+    nb_tensor *e = nb_argmax(ctx, nb_zeros(ctx, NB_F32, NB_SHAPE(0, 3)), 1, false);
+    ck_assert_int_eq(e->ndim, 1);
+    ck_assert_int_eq(e->shape[0], 0);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+START_TEST(test_count_correct) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    /* rows: argmax 1, tie -> 0, NaN -> 2, argmax 2 */
+    nb_tensor *logits = nb_from_host(ctx, NB_F32, NB_SHAPE(4, 3),
+                                     (float[]){0, 2, 1, 3, 3, 0, 1, 9, NAN, -1, -2, 0});
+    int64_t t64[4] = {1, 1, 2, 2};
+    ck_assert_int_eq(nb_count_correct(ctx, logits, nb_from_host(ctx, NB_I64, NB_SHAPE(4), t64)), 3);
+    int32_t t32[4] = {1, 0, 2, -100};
+    ck_assert_int_eq(nb_count_correct(ctx, logits, nb_from_host(ctx, NB_I32, NB_SHAPE(4), t32)), 3);
+    ck_assert_int_eq(nb_count_correct(ctx, nb_zeros(ctx, NB_F32, NB_SHAPE(0, 3)),
+                                      nb_zeros(ctx, NB_I64, NB_SHAPE(0))), 0);
+    NBT_EXPECT_ABORT(nb_count_correct(ctx, nb_zeros(ctx, NB_F32, NB_SHAPE(4)), logits),
+                     "nb_count_correct: logits must be 2-D (N, C), got shape (4,)");
+    NBT_EXPECT_ABORT(nb_count_correct(ctx, logits, nb_zeros(ctx, NB_I64, NB_SHAPE(3))),
+                     "nb_count_correct: targets must have shape (4,) for logits of shape (4, 3), got shape (3,)");
+    NBT_EXPECT_ABORT(nb_count_correct(ctx, logits, nb_zeros(ctx, NB_F32, NB_SHAPE(4))),
+                     "nb_count_correct: targets must be i32 or i64 class indices, got f32");
+    nb_ctx_free(ctx);
+}
+END_TEST
+
 START_TEST(test_errors) {
     nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
     nb_tensor *x = nb_zeros(ctx, NB_F32, NB_SHAPE(2, 3));
@@ -123,6 +235,12 @@ START_TEST(test_errors) {
     NBT_EXPECT_ABORT(nb_mean(ctx, x, 2, (int[]){1, -1}, false), "axis -1 given twice");
     NBT_EXPECT_ABORT(nb_max(ctx, nb_zeros(ctx, NB_F32, NB_SHAPE(2, 0)), 1, (int[]){1}, false), "empty dimension");
     NBT_EXPECT_ABORT(nb_sum_all(ctx, nb_zeros(ctx, NB_I64, NB_SHAPE(2))), "nb_sum: dtype i64");
+    NBT_EXPECT_ABORT(nb_argmax(ctx, x, 2, false), "nb_argmax: dimension 2 out of range for a 2-d tensor");
+    NBT_EXPECT_ABORT(nb_argmax(ctx, nb_zeros(ctx, NB_F32, NB_SHAPE(2, 0)), 1, false),
+                     "nb_argmax: dimension 1 of (2, 0) is empty");
+    NBT_EXPECT_ABORT(nb_argmax(ctx, nb_zeros(ctx, NB_F32, NB_SHAPE(0, 0)), -1, false),
+                     "nb_argmax: dimension -1 of (0, 0) is empty");
+    NBT_EXPECT_ABORT(nb_argmax(ctx, nb_zeros(ctx, NB_I64, NB_SHAPE(2)), 0, false), "nb_argmax: dtype i64");
     nb_ctx_free(ctx);
 }
 END_TEST
@@ -134,6 +252,8 @@ int main(void) {
     tcase_add_test(tc, test_values);
     tcase_add_test(tc, test_gradcheck);
     tcase_add_test(tc, test_max_ties_gradient_to_first);
+    tcase_add_test(tc, test_argmax);
+    tcase_add_test(tc, test_count_correct);
     tcase_add_test(tc, test_errors);
     suite_add_tcase(s, tc);
     return nbt_run(s);

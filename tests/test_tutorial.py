@@ -3,10 +3,13 @@
 1. The program trains on one process and on two under nbrun (DDP over
    Gloo), evaluates every test row exactly once, and ends with a plausible
    accuracy; a checkpoint written by rank 0 resumes on both ranks, and one
-   written by a run of another world size is refused with a message.
-2. Every code block of docs/tutorial.md tagged "c tutorial_ddp.c" appears
-   word for word in examples/tutorial_ddp.c, so the tutorial cannot drift
-   from the program.
+   written by a run of another world size is refused with a message. With
+   --cnn it learns the 8x8 digits with SyncBatchNorm on two processes. A
+   table it cannot read is an error that says what --data is.
+2. The code blocks of docs/tutorial.md tagged "c tutorial_ddp.c", put
+   together in the file's order, are examples/tutorial_ddp.c word for word
+   (each block once, nothing of the file left out but blank lines between
+   blocks), so the tutorial is the whole program and cannot drift from it.
 """
 import os
 import re
@@ -15,27 +18,30 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _programs import BIN, SOURCE, fail, run  # noqa: E402
+from _programs import BIN, SOURCE, fail, run, skip  # noqa: E402
 
+DATA = os.path.join(SOURCE, "examples", "datasets")
 LINE = re.compile(r"epoch (\d+): train loss ([0-9.]+) \| test loss ([0-9.]+), "
                   r"accuracy ([0-9.]+)% \((\d+) rows\)")
 
 
-def epochs(out):
+def epochs(out, test_rows=114):
     found = [(int(m.group(1)), float(m.group(2)), float(m.group(4)), int(m.group(5)))
              for m in LINE.finditer(out)]
     if not found:
         fail("no epoch lines in the output:\n" + out)
     for e, _, _, rows in found:
-        if rows != 114:
-            fail("epoch %d evaluated %d test rows, expected each of the 114 once:\n%s" % (e, rows, out))
+        if rows != test_rows:
+            fail("epoch %d evaluated %d test rows, expected each of the %d once:\n%s"
+                 % (e, rows, test_rows, out))
     return found
 
 
 def test_program(tmp):
+    table = ["--data", os.path.join(DATA, "breast_cancer.csv")]
     for nproc in (1, 2):
         ck = os.path.join(tmp, "ck%d" % nproc)
-        out, _ = run(["tutorial_ddp", "--epochs", "3", "--ckpt-dir", ck], nproc, timeout=60)
+        out, _ = run(["tutorial_ddp", "--epochs", "3", "--ckpt-dir", ck] + table, nproc, timeout=60)
         want = "%d process%s (gloo backend" % (nproc, "es" if nproc > 1 else "")
         if want not in out:
             fail("the output lacks %r:\n%s" % (want, out))
@@ -47,18 +53,42 @@ def test_program(tmp):
                  % (nproc, got[0][1], got[-1][1], got[-1][2]))
         if not os.path.exists(os.path.join(ck, "ckpt.safetensors")):
             fail("no checkpoint in " + ck)
-        out, _ = run(["tutorial_ddp", "--epochs", "4", "--ckpt-dir", ck, "--resume"], nproc, timeout=60)
+        out, _ = run(["tutorial_ddp", "--epochs", "4", "--ckpt-dir", ck, "--resume"] + table, nproc, timeout=60)
         if "resumed from %s/ckpt.safetensors at epoch 3" % ck not in out:
             fail("resume on %d process(es):\n%s" % (nproc, out))
         if [e for e, _, _, _ in epochs(out)] != [4]:
             fail("the resumed run should train epoch 4 only:\n" + out)
         print("%d process(es): train loss %.4f -> %.4f, test accuracy %.2f%%, resumed at epoch 3"
               % (nproc, got[0][1], got[-1][1], got[-1][2]))
-    _, err = run(["tutorial_ddp", "--epochs", "5", "--ckpt-dir", os.path.join(tmp, "ck1"), "--resume"],
-                 2, expect_rc=1, timeout=60)
+    _, err = run(["tutorial_ddp", "--epochs", "5", "--ckpt-dir", os.path.join(tmp, "ck1"), "--resume"]
+                 + table, 2, expect_rc=1, timeout=60)
     if "was written by a run of 1 processes, this run has 2" not in err:
         fail("a world-size change was not refused with the message:\n" + err)
     print("a checkpoint of 1 process is refused on 2")
+
+
+def test_cnn():
+    out, _ = run(["tutorial_ddp", "--cnn", "--epochs", "2", "--data", os.path.join(DATA, "digits.csv")],
+                 2, timeout=120)
+    got = epochs(out, test_rows=359)
+    if not got[-1][1] < got[0][1] or got[-1][2] < 60.0:
+        fail("--cnn on the digits: train loss %.4f -> %.4f, accuracy %.2f%% after 2 epochs: not learning:\n%s"
+             % (got[0][1], got[-1][1], got[-1][2], out))
+    print("--cnn, 2 processes: digits test accuracy %.2f%%" % got[-1][2])
+    _, err = run(["tutorial_ddp", "--cnn", "--epochs", "1"] + ["--data", os.path.join(DATA, "breast_cancer.csv")],
+                 expect_rc=2, timeout=60)
+    if "--cnn needs square images" not in err:
+        fail("--cnn on a table of 30 features was not refused:\n" + err)
+
+
+def test_missing_data(tmp):
+    """Run from a directory without examples/datasets/ and no --data."""
+    _, err = run(["tutorial_ddp", "--epochs", "1"], expect_rc=1, timeout=60, cwd=tmp)
+    for want in ("examples/datasets/breast_cancer.csv", "--data FILE names the table",
+                 "<prefix>/share/nabla/datasets/"):
+        if want not in err:
+            fail("without its table the program should say %r:\n%s" % (want, err))
+    print("a missing table is named, with the --data hint")
 
 
 def test_quotes():
@@ -67,25 +97,44 @@ def test_quotes():
     blocks = re.findall(r"^```c tutorial_ddp\.c\n(.*?)^```", doc, flags=re.M | re.S)
     if len(blocks) < 8:
         fail("docs/tutorial.md quotes %d blocks of tutorial_ddp.c, expected at least 8" % len(blocks))
+    placed = []
     for b in blocks:
-        if b not in program:
-            first = b.strip().splitlines()[0]
-            fail("docs/tutorial.md quotes a block that examples/tutorial_ddp.c no longer has "
+        first = b.strip().splitlines()[0] if b.strip() else "(empty)"
+        at = program.find(b)
+        if at < 0:
+            fail("docs/tutorial.md quotes a block that examples/tutorial_ddp.c does not have "
                  "(it starts %r); copy the current code into the doc" % first)
-    print("%d quoted blocks match examples/tutorial_ddp.c" % len(blocks))
+        if program.find(b, at + 1) >= 0:
+            fail("the block starting %r is in examples/tutorial_ddp.c twice: quote more of it" % first)
+        placed.append((at, at + len(b), first))
+    placed.sort()
+    end = 0
+    for begin, stop, first in placed:
+        if begin < end:
+            fail("the block starting %r overlaps the one before it in examples/tutorial_ddp.c" % first)
+        gap = program[end:begin]
+        if gap.strip():
+            fail("docs/tutorial.md leaves out lines of examples/tutorial_ddp.c before the block "
+                 "starting %r: %r" % (first, gap.strip()[:200]))
+        end = stop
+    if program[end:].strip():
+        fail("docs/tutorial.md leaves out the end of examples/tutorial_ddp.c: %r" % program[end:].strip()[:200])
+    print("%d quoted blocks make up examples/tutorial_ddp.c" % len(blocks))
 
 
 def main():
     test_quotes_only = len(sys.argv) > 1 and sys.argv[1] == "--quotes"
     test_quotes()
     if not test_quotes_only:
-        probe = subprocess.run([os.path.join(BIN, "tutorial_ddp"), "--epochs", "1"],
+        probe = subprocess.run([os.path.join(BIN, "tutorial_ddp"), "--epochs", "1", "--data",
+                                os.path.join(DATA, "breast_cancer.csv")],
                                capture_output=True, text=True, timeout=60)
         if "the gloo backend is not in this build" in probe.stderr:
-            print("skipped: the program needs a process group, and this build has no Gloo")
-            sys.exit(77)
+            skip("the program needs a process group, and this build has no Gloo (libgloo-dev)")
         with tempfile.TemporaryDirectory(prefix="nb_test_tutorial_") as tmp:
             test_program(tmp)
+            test_cnn()
+            test_missing_data(tmp)
     print("ok")
 
 

@@ -61,11 +61,24 @@ nb_tensor *nb_sum(nb_ctx *ctx, nb_tensor *x, int naxes, const int *axes, bool ke
 nb_tensor *nb_mean(nb_ctx *ctx, nb_tensor *x, int naxes, const int *axes, bool keepdim);
 /* Gradient goes to the first maximum in each reduced group. */
 nb_tensor *nb_max(nb_ctx *ctx, nb_tensor *x, int naxes, const int *axes, bool keepdim);
+/* i64 index of the maximum along `dim` (negative allowed): the first of
+ * equal maxima, and the first NaN when the slice has one (as torch.argmax).
+ * Not differentiable: the output never requires grad. An empty `dim` is an
+ * error. */
+nb_tensor *nb_argmax(nb_ctx *ctx, nb_tensor *x, int dim, bool keepdim);
 /* Variance with divisor (n - correction): 1 unbiased, 0 biased. */
 nb_tensor *nb_var(nb_ctx *ctx, nb_tensor *x, int naxes, const int *axes, int correction,
                   bool keepdim);
 nb_tensor *nb_sum_all(nb_ctx *ctx, nb_tensor *x);
 nb_tensor *nb_mean_all(nb_ctx *ctx, nb_tensor *x);
+
+/* ---- classification metrics (no gradient) ----
+ * How many rows of logits (N, C) have their argmax (nb_argmax's rule:
+ * first of equal maxima, NaN first) equal to targets (N, i32/i64, on the
+ * logits' device); a target outside [0, C) never matches. The argmax goes
+ * in ctx; the count is read back to the host, so on CUDA this waits for the
+ * logits. */
+int64_t nb_count_correct(nb_ctx *ctx, nb_tensor *logits, nb_tensor *targets);
 
 /* ---- softmax and losses ---- */
 nb_tensor *nb_softmax(nb_ctx *ctx, nb_tensor *x, int axis);

@@ -170,6 +170,9 @@ void nb__cuda_sum_rows(nb_tensor *out, const nb_tensor *rows, int64_t outer, int
  * maximum (NaN counts as the maximum, as on the CPU). */
 void nb__cuda_max_rows(nb_tensor *out, nb_tensor *arg, const nb_tensor *rows, int64_t outer,
                        int64_t inner);
+/* arg (i64, outer) = index of each row's first maximum, NaN first (as
+ * nb__cuda_max_rows); inner > 0. */
+void nb__cuda_argmax_rows(nb_tensor *arg, const nb_tensor *rows, int64_t outer, int64_t inner);
 /* gp (outer, inner) contiguous, fully written: g[o] at arg[o], 0 elsewhere. */
 void nb__cuda_max_rows_backward(nb_tensor *gp, const nb_tensor *arg, const nb_tensor *g,
                                 int64_t outer, int64_t inner);

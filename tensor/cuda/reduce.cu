@@ -1,4 +1,4 @@
-/* CUDA row reductions: sum/mean, max with its index (and max's backward),
+/* CUDA row reductions: sum/mean, max with its index (and max's backward), argmax,
  * variance with the mean, the elementwise losses (mse, bce on logits) and
  * the sum of squares of many tensors; the functions of tensor/ops_reduce.c,
  * tensor/ops_loss.c and optim/clip.c.
@@ -471,4 +471,22 @@ void nb__cuda_sum_squares(nb_tensor *out, int n, nb_tensor *const *ts) {
     }
     sumsq_final_kernel<<<1, 1024, 0, s>>>(out->data, (int)out->dtype, part, total);
     NB_CUDA_CHECK_LAUNCH(op);
+}
+
+/* ------------------------------------------------------------ argmax */
+template <class T> struct argmax_fin {
+    int64_t *arg;
+    __device__ void operator()(int64_t row, arg_acc<math_t<T>> a) const { arg[row] = a.i; }
+};
+
+void nb__cuda_argmax_rows(nb_tensor *arg, const nb_tensor *rows, int64_t outer, int64_t inner) {
+    const char *op = "nb_argmax";
+    cudaStream_t s = stream_for(op, arg);
+    if (outer == 0) return;
+    NB_CHECK(inner > 0, "%s: cannot reduce an empty dimension", op);
+    by_float_dtype(op, rows->dtype, [&](auto t) {
+        typedef typename decltype(t)::type T;
+        max_r<T> r{(const T *)rows->data, inner};
+        run_rows(op, s, arg->ctx, r, argmax_fin<T>{(int64_t *)arg->data}, outer, inner);
+    });
 }
