@@ -548,6 +548,7 @@ int main(int argc, char **argv) {
     TRY(&r, open_monitor(&r), "metrics");
     print_banner(&r);
 
+    /* the training loop: one optimizer step per iteration, over --grad-accum micro-batches */
     for (; r.step < r.stop; r.step++) {
         nb_optim_set_lr_all(r.opt, nb_lr_schedule_at(&r.sched, r.step));
         double loss = 0;
