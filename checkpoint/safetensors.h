@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "checkpoint/json.h"
+#include "util/json.h"
 #include "nabla/checkpoint.h"
 
 typedef struct nb__st_header {

@@ -28,6 +28,8 @@
 #include "common/cli.h"
 #include "common/files.h"
 #include "common/dist.h"
+#include "common/report.h"
+#include "common/resume.h"
 
 typedef struct args {
     const char *model, *data, *hidden, *channels, *optim;
@@ -39,19 +41,33 @@ typedef struct args {
 
 typedef struct run {
     args a;
+    bool cnn, sgd;
+    int64_t widths[16]; /* --hidden or --channels */
+    int n_widths;
+    nb_progress_mode progress_mode; /* --progress */
+    int64_t stop;                   /* the epoch this invocation ends at (--stop-at or --epochs) */
     run_dist d;
-    bool cnn;
     int64_t side; /* cnn: images are side x side */
     nb_dataset *train, *test;
     nb_sampler *train_sampler, *test_sampler;
     nb_loader *train_loader, *test_loader;
     nb_ctx *params, *step_ctx;
     nb_module *model;
-    nb_named_tensor *state;
+    int64_t n_classes;
+    nb_named_tensor *state, *param_list;
     int n_state;
     nb_optim *opt;
+    nb_lr_schedule sched;
+    int64_t step, epoch0, per_epoch; /* optimizer steps so far, the first epoch to run, steps per epoch */
+    nb_progress *progress;
+    nb_metrics_log *log;
     char ckpt_path[4096];
 } run;
+
+/* Loss and accuracy over every test row, and the number of rows. */
+typedef struct test_result {
+    double loss, accuracy, count;
+} test_result;
 
 static int fail(const run *r, const char *what) {
     fprintf(stderr, "train_classifier (rank %d): %s: %s\n", r->d.rank, what, nb_last_error());
@@ -191,13 +207,7 @@ static nb_status load_checkpoint(run *r, int64_t *step, int64_t *epochs_done) {
     nb_kv kv[8];
     int n;
     run_meta(r, v, kv, &n);
-    for (int i = 0; i < n && s == NB_OK; i++) {
-        const char *have = nb_checkpoint_meta(ck, kv[i].key);
-        if (!have || strcmp(have, kv[i].value))
-            s = nb_set_error(NB_ERR_MISMATCH, "%s was written with %s %s, this run has %s (resume "
-                             "with the same settings)", r->ckpt_path, kv[i].key, have ? have : "(none)",
-                             kv[i].value);
-    }
+    s = resume_check_meta(ck, r->ckpt_path, kv, n);
     nb_checkpoint_close(ck);
     if (s != NB_OK) return s;
     nb_train_state st;
@@ -207,10 +217,11 @@ static nb_status load_checkpoint(run *r, int64_t *step, int64_t *epochs_done) {
     return s;
 }
 
-/* ------------------------------------------------------------------ main */
-int main(int argc, char **argv) {
-    static run r;
-    args *a = &r.a;
+/* ------------------------------------------------------------- setup */
+/* Fills r->a from the command line, with the chosen model's defaults.
+ * -1: go on; otherwise the exit code (0 after --help, 2 after a bad flag). */
+static int parse_args(run *r, int argc, char **argv) {
+    args *a = &r->a;
     *a = (args){.model = "mlp", .hidden = "64,32", .channels = "16,32,64", .epochs = 0, .batch_size = 0,
                 .seed = 0, .split_seed = 42, .lr = 0, .momentum = 0.9, .test_fraction = 0.2,
                 .progress = "auto"};
@@ -241,36 +252,27 @@ int main(int argc, char **argv) {
     int rc = cli_parse(argc, argv, "train_classifier",
                        "Trains an MLP or a CNN classifier (see docs/examples.md).", flags, nf);
     if (rc) return rc == 1 ? 0 : 2;
-    nb_progress_mode mode;
-    if (!strcmp(a->progress, "auto")) mode = NB_PROGRESS_AUTO;
-    else if (!strcmp(a->progress, "line")) mode = NB_PROGRESS_LINE;
-    else if (!strcmp(a->progress, "plain")) mode = NB_PROGRESS_PLAIN;
-    else if (!strcmp(a->progress, "off")) mode = NB_PROGRESS_OFF;
-    else {
-        fprintf(stderr, "train_classifier: --progress must be auto, line, plain or off\n");
-        return 2;
-    }
-    r.cnn = !strcmp(a->model, "cnn");
-    if (!r.cnn && strcmp(a->model, "mlp")) {
+    if (!report_progress_mode("train_classifier", a->progress, &r->progress_mode)) return 2;
+    r->cnn = !strcmp(a->model, "cnn");
+    if (!r->cnn && strcmp(a->model, "mlp")) {
         fprintf(stderr, "train_classifier: --model must be mlp or cnn, not \"%s\"\n", a->model);
         return 2;
     }
-    if (!a->data) a->data = r.cnn ? NABLA_SOURCE_DIR "/examples/datasets/digits.csv"
-                                  : NABLA_SOURCE_DIR "/examples/datasets/breast_cancer.csv";
-    if (!a->epochs) a->epochs = r.cnn ? 15 : 20;
-    if (!a->batch_size) a->batch_size = r.cnn ? 32 : 8;
-    if (!a->optim) a->optim = r.cnn ? "adam" : "sgd";
-    bool sgd = !strcmp(a->optim, "sgd");
-    if (!sgd && strcmp(a->optim, "adam")) {
+    if (!a->data) a->data = r->cnn ? NABLA_SOURCE_DIR "/examples/datasets/digits.csv"
+                                   : NABLA_SOURCE_DIR "/examples/datasets/breast_cancer.csv";
+    if (!a->epochs) a->epochs = r->cnn ? 15 : 20;
+    if (!a->batch_size) a->batch_size = r->cnn ? 32 : 8;
+    if (!a->optim) a->optim = r->cnn ? "adam" : "sgd";
+    r->sgd = !strcmp(a->optim, "sgd");
+    if (!r->sgd && strcmp(a->optim, "adam")) {
         fprintf(stderr, "train_classifier: --optim must be sgd or adam, not \"%s\"\n", a->optim);
         return 2;
     }
-    if (!a->lr) a->lr = sgd ? 0.01 : 0.003;
-    int64_t widths[16];
-    int n_widths = parse_list(r.cnn ? a->channels : a->hidden, widths, 16);
-    if (n_widths < 0 || (r.cnn && n_widths == 0)) {
+    if (!a->lr) a->lr = r->sgd ? 0.01 : 0.003;
+    r->n_widths = parse_list(r->cnn ? a->channels : a->hidden, r->widths, 16);
+    if (r->n_widths < 0 || (r->cnn && r->n_widths == 0)) {
         fprintf(stderr, "train_classifier: --%s must be a comma-separated list of positive widths\n",
-                r.cnn ? "channels" : "hidden");
+                r->cnn ? "channels" : "hidden");
         return 2;
     }
     if (a->epochs < 1 || a->batch_size < 1 || !(a->lr > 0) || a->momentum < 0 || a->weight_decay < 0 ||
@@ -279,77 +281,158 @@ int main(int argc, char **argv) {
                         "and --weight-decay >= 0, --test-fraction in (0, 1), and --ckpt-dir with --resume\n");
         return 2;
     }
-    int64_t stop = a->stop_at > 0 && a->stop_at < a->epochs ? a->stop_at : a->epochs;
+    r->stop = a->stop_at > 0 && a->stop_at < a->epochs ? a->stop_at : a->epochs;
+    return -1;
+}
 
+/* 1 + the largest training label. */
+static nb_status count_classes(run *r) {
+    nb_field in = nb_dataset_input(r->train);
+    void *row = malloc(nb_field_bytes(&in));
+    nb_status s = NB_OK;
+    r->n_classes = 0;
+    for (int64_t i = 0; i < nb_dataset_len(r->train) && s == NB_OK; i++) {
+        int64_t y;
+        s = nb_dataset_get(r->train, i, row, &y);
+        if (s == NB_OK && y + 1 > r->n_classes) r->n_classes = y + 1;
+    }
+    free(row);
+    return s;
+}
+
+/* The model on this rank's device, its state list for checkpoints, the
+ * optimizer and the learning-rate schedule. */
+static void build_model(run *r) {
+    const args *a = &r->a;
+    r->params = nb_ctx_new(r->d.device, 0);
+    r->step_ctx = nb_ctx_new(r->d.device, 0);
+    /* training and evaluation both run in step_ctx */
+    if (a->bf16) nb_ctx_set_compute_dtype(r->step_ctx, NB_BF16);
+    nb_rng init = nb_rng_make((uint64_t)a->seed);
+    nb_field in = nb_dataset_input(r->train);
+    r->model = r->cnn ? nb_cnn_new(r->params, NB_F32, 1, r->n_widths, r->widths, r->n_classes, &init)
+                      : nb_mlp_new(r->params, NB_F32, nb_field_numel(&in), r->n_widths, r->widths,
+                                   r->n_classes, &init);
+    r->n_state = nb_module_state(r->model, NULL, 0);
+    r->state = malloc((size_t)r->n_state * sizeof *r->state);
+    nb_module_state(r->model, r->state, r->n_state);
+    int n_params = nb_module_named_parameters(r->model, NULL, 0);
+    r->param_list = malloc((size_t)n_params * sizeof *r->param_list);
+    nb_module_named_parameters(r->model, r->param_list, n_params);
+    nb_optim_hparams h = r->sgd ? NB_SGD_DEFAULTS : NB_ADAM_DEFAULTS;
+    h.lr = a->lr, h.weight_decay = a->weight_decay;
+    if (r->sgd) h.momentum = a->momentum;
+    r->opt = nb_optim_new(r->sgd ? NB_OPTIM_SGD : NB_OPTIM_ADAM, r->param_list, n_params, &h);
+    r->per_epoch = nb_loader_len(r->train_loader);
+    r->sched = nb_lr_cosine(a->lr, 0, a->epochs * r->per_epoch, a->lr / 100);
+    if (a->ckpt_dir) snprintf(r->ckpt_path, sizeof r->ckpt_path, "%s/ckpt.safetensors", a->ckpt_dir);
+}
+
+/* The progress display (rank 0 only) and the metrics log (rank 0, with
+ * --metrics). */
+static nb_status open_monitor(run *r) {
+    const args *a = &r->a;
+    bool lead = r->d.rank == 0;
+    nb_progress_opts po = {lead ? r->progress_mode : NB_PROGRESS_OFF, "samples", r->per_epoch, 0};
+    r->progress = nb_progress_new(stdout, r->step, r->stop * r->per_epoch, &po);
+    if (!lead || !a->metrics) return NB_OK;
+    nb_status s = files_make_parent_dirs(a->metrics);
+    return s == NB_OK ? nb_metrics_log_open(&r->log, a->metrics, a->resume, 0) : s;
+}
+
+/* What is about to be trained, on what, by how many processes. */
+static void print_banner(run *r) {
+    const args *a = &r->a;
+    nb_progress_printf(r->progress, "train_classifier: %s with %lld parameters on %s: %lld training and %lld "
+                       "test rows, %lld classes; on %s%s", r->cnn ? "CNN" : "MLP",
+                       (long long)nb_module_num_params(r->model), a->data,
+                       (long long)nb_dataset_len(r->train), (long long)nb_dataset_len(r->test),
+                       (long long)r->n_classes, nb_device_name(r->d.device), a->bf16 ? ", bf16" : "");
+    nb_progress_printf(r->progress, "%d process%s%s, batch %lld per process, %lld steps per epoch, %s lr %g%s",
+                       r->d.world_size, r->d.world_size > 1 ? "es" : "", r->d.ddp ? " with DDP" : "",
+                       (long long)a->batch_size, (long long)r->per_epoch, a->optim, a->lr,
+                       r->cnn && a->sync_bn ? ", SyncBatchNorm" : "");
+}
+
+/* ----------------------------------------------------- during training */
+/* The epoch's line (train sums already over every rank) and its metrics
+ * record. */
+static nb_status report_epoch(run *r, int64_t epoch, const nb_metric_sums *train,
+                              const test_result *t) {
+    double train_loss = nb_metric_sums_mean(train, 0), train_acc = nb_metric_sums_mean(train, 1);
+    nb_progress_printf(r->progress, "epoch %lld/%lld: train loss %.4f, accuracy %.2f%% | test loss %.4f, "
+                       "accuracy %.2f%% (%.0f rows)", (long long)epoch + 1, (long long)r->a.epochs,
+                       train_loss, 100 * train_acc, t->loss, 100 * t->accuracy, t->count);
+    if (!r->log) return NB_OK;
+    return nb_metrics_log_write(r->log, "epoch", r->step, (nb_metric_value[]){
+        {"epoch", (double)(epoch + 1)}, {"loss", train_loss}, {"accuracy", train_acc},
+        {"test_loss", t->loss}, {"test_accuracy", t->accuracy}}, 5);
+}
+
+/* ------------------------------------------------------------- the end */
+/* After the last epoch: the test result (evaluated here when no epoch
+ * ran), the plot, where the files are; then leaves the run and frees
+ * everything. The exit code. */
+static int finish(run *r, test_result *t) {
+    const args *a = &r->a;
+    nb_progress_free(r->progress);
+    if (r->epoch0 >= r->stop) TRY(r, evaluate(r, &t->loss, &t->accuracy, &t->count), "evaluation");
+    if (r->d.rank == 0) {
+        printf("test accuracy %.2f%% (%.0f rows), test loss %.4f\n", 100 * t->accuracy, t->count, t->loss);
+        if (a->ckpt_dir) printf("checkpoint: %s (epoch %lld)\n", r->ckpt_path, (long long)r->stop);
+    }
+    if (r->log) {
+        nb_metrics_log_close(r->log);
+        char plot[4096];
+        report_plot_path(plot, sizeof plot, a->plot, a->metrics);
+        report_curve c[4] = {{"epoch", "loss", "train loss"}, {"epoch", "test_loss", "test loss"},
+                             {"epoch", "accuracy", "train accuracy"},
+                             {"epoch", "test_accuracy", "test accuracy"}};
+        nb_plot_opts o = {r->cnn ? "train_classifier --model cnn" : "train_classifier --model mlp",
+                          "epoch", "loss / accuracy", 0, 0, false};
+        TRY(r, report_plot(plot, a->metrics, "epoch", c, 4, &o), "plot");
+        printf("metrics:    %s\nplot:       %s\n", a->metrics, plot);
+    }
+    TRY(r, run_dist_finish(&r->d), "shutting down");
+    nb_optim_free(r->opt);
+    nb_loader_free(r->train_loader), nb_loader_free(r->test_loader);
+    nb_sampler_free(r->train_sampler), nb_sampler_free(r->test_sampler);
+    nb_dataset_free(r->train), nb_dataset_free(r->test);
+    nb_ctx_free(r->step_ctx), nb_ctx_free(r->params);
+    free(r->state), free(r->param_list);
+    return 0;
+}
+
+/* ------------------------------------------------------------------ main */
+int main(int argc, char **argv) {
+    static run r;
+    const args *a = &r.a;
+    int rc = parse_args(&r, argc, argv);
+    if (rc >= 0) return rc;
     TRY(&r, run_dist_init(&r.d), "joining the run");
     if (a->bf16 && !run_dist_bf16_ok(&r.d, "train_classifier")) {
         run_dist_finish(&r.d);
         return 2;
     }
-    bool lead = r.d.rank == 0;
     TRY(&r, open_data(&r), "data");
-    r.params = nb_ctx_new(r.d.device, 0);
-    r.step_ctx = nb_ctx_new(r.d.device, 0);
-    /* training and evaluation both run in step_ctx */
-    if (a->bf16) nb_ctx_set_compute_dtype(r.step_ctx, NB_BF16);
-    nb_rng init = nb_rng_make((uint64_t)a->seed);
-    nb_field in = nb_dataset_input(r.train);
-    int64_t n_classes = 0; /* 1 + the largest training label */
-    void *row = malloc(nb_field_bytes(&in));
-    for (int64_t i = 0; i < nb_dataset_len(r.train); i++) {
-        int64_t y;
-        TRY(&r, nb_dataset_get(r.train, i, row, &y), "data");
-        if (y + 1 > n_classes) n_classes = y + 1;
-    }
-    free(row);
-    r.model = r.cnn ? nb_cnn_new(r.params, NB_F32, 1, n_widths, widths, n_classes, &init)
-                    : nb_mlp_new(r.params, NB_F32, nb_field_numel(&in), n_widths, widths, n_classes, &init);
-    r.n_state = nb_module_state(r.model, NULL, 0);
-    r.state = malloc((size_t)r.n_state * sizeof *r.state);
-    nb_module_state(r.model, r.state, r.n_state);
-    int n_params = nb_module_named_parameters(r.model, NULL, 0);
-    nb_named_tensor *params = malloc((size_t)n_params * sizeof *params);
-    nb_module_named_parameters(r.model, params, n_params);
-    nb_optim_hparams h = sgd ? NB_SGD_DEFAULTS : NB_ADAM_DEFAULTS;
-    h.lr = a->lr, h.weight_decay = a->weight_decay;
-    if (sgd) h.momentum = a->momentum;
-    r.opt = nb_optim_new(sgd ? NB_OPTIM_SGD : NB_OPTIM_ADAM, params, n_params, &h);
-
-    int64_t step = 0, epoch0 = 0;
-    if (a->ckpt_dir) snprintf(r.ckpt_path, sizeof r.ckpt_path, "%s/ckpt.safetensors", a->ckpt_dir);
-    if (a->resume) TRY(&r, load_checkpoint(&r, &step, &epoch0), "resuming");
+    TRY(&r, count_classes(&r), "data");
+    build_model(&r);
+    if (a->resume) TRY(&r, load_checkpoint(&r, &r.step, &r.epoch0), "resuming");
     TRY(&r, run_dist_wrap(&r.d, r.model, r.cnn && a->sync_bn), "DDP");
+    TRY(&r, open_monitor(&r), "metrics");
+    print_banner(&r);
 
-    int64_t per_epoch = nb_loader_len(r.train_loader);
-    nb_lr_schedule sched = nb_lr_cosine(a->lr, 0, a->epochs * per_epoch, a->lr / 100);
-    nb_progress_opts po = {lead ? mode : NB_PROGRESS_OFF, "samples", per_epoch, 0};
-    nb_progress *prog = nb_progress_new(stdout, step, stop * per_epoch, &po);
-    nb_metrics_log *log = NULL;
-    if (lead && a->metrics) {
-        TRY(&r, files_make_parent_dirs(a->metrics), "metrics");
-        TRY(&r, nb_metrics_log_open(&log, a->metrics, a->resume, 0), "metrics");
-    }
-    nb_progress_printf(prog, "train_classifier: %s with %lld parameters on %s: %lld training and %lld "
-                       "test rows, %lld classes; on %s%s", r.cnn ? "CNN" : "MLP",
-                       (long long)nb_module_num_params(r.model), a->data,
-                       (long long)nb_dataset_len(r.train), (long long)nb_dataset_len(r.test),
-                       (long long)n_classes, nb_device_name(r.d.device), a->bf16 ? ", bf16" : "");
-    nb_progress_printf(prog, "%d process%s%s, batch %lld per process, %lld steps per epoch, %s lr %g%s",
-                       r.d.world_size, r.d.world_size > 1 ? "es" : "", r.d.ddp ? " with DDP" : "",
-                       (long long)a->batch_size, (long long)per_epoch, a->optim, a->lr,
-                       r.cnn && a->sync_bn ? ", SyncBatchNorm" : "");
-
-    double accuracy = NAN, test_loss = NAN, count = 0;
-    for (int64_t epoch = epoch0; epoch < stop; epoch++) {
+    test_result test = {NAN, NAN, 0};
+    for (int64_t epoch = r.epoch0; epoch < r.stop; epoch++) {
         nb_loader_set_epoch(r.train_loader, epoch);
-        nb_metric_sums train;
+        nb_metric_sums train; /* loss and correct predictions */
         nb_metric_sums_init(&train, 2);
         for (;;) {
             nb_ctx_reset(r.step_ctx);
             nb_batch b;
             TRY(&r, nb_loader_next(r.train_loader, r.step_ctx, &b), "data");
             if (!b.inputs) break;
-            nb_optim_set_lr_all(r.opt, nb_lr_schedule_at(&sched, step));
+            nb_optim_set_lr_all(r.opt, nb_lr_schedule_at(&r.sched, r.step));
             nb_tensor *logits = run_dist_forward(&r.d, r.step_ctx, as_input(&r, b.inputs));
             nb_tensor *loss = nb_cross_entropy(r.step_ctx, logits, b.targets, NULL);
             TRY(&r, run_dist_backward(&r.d, loss), "backward");
@@ -358,57 +441,13 @@ int main(int argc, char **argv) {
             double l = nb_item(loss);
             double correct = (double)nb_count_correct(r.step_ctx, logits, b.targets);
             nb_metric_sums_add(&train, (double[]){l * (double)b.size, correct}, b.size);
-            step++;
-            nb_progress_update(prog, step, l, b.size * r.d.world_size);
+            r.step++;
+            nb_progress_update(r.progress, r.step, l, b.size * r.d.world_size);
         }
         TRY(&r, run_dist_sum(&r.d, nb_metric_sums_data(&train), nb_metric_sums_size(&train)), "all-reduce");
-        TRY(&r, evaluate(&r, &test_loss, &accuracy, &count), "evaluation");
-        double train_loss = nb_metric_sums_mean(&train, 0), train_acc = nb_metric_sums_mean(&train, 1);
-        nb_progress_printf(prog, "epoch %lld/%lld: train loss %.4f, accuracy %.2f%% | test loss %.4f, "
-                           "accuracy %.2f%% (%.0f rows)", (long long)epoch + 1, (long long)a->epochs,
-                           train_loss, 100 * train_acc, test_loss, 100 * accuracy, count);
-        if (log)
-            TRY(&r, nb_metrics_log_write(log, "epoch", step, (nb_metric_value[]){
-                {"epoch", (double)(epoch + 1)}, {"loss", train_loss}, {"accuracy", train_acc},
-                {"test_loss", test_loss}, {"test_accuracy", accuracy}}, 5), "metrics");
-        if (lead && a->ckpt_dir) TRY(&r, save_checkpoint(&r, step, epoch + 1), "checkpoint");
+        TRY(&r, evaluate(&r, &test.loss, &test.accuracy, &test.count), "evaluation");
+        TRY(&r, report_epoch(&r, epoch, &train, &test), "metrics");
+        if (r.d.rank == 0 && a->ckpt_dir) TRY(&r, save_checkpoint(&r, r.step, epoch + 1), "checkpoint");
     }
-    nb_progress_free(prog);
-    if (epoch0 >= stop) TRY(&r, evaluate(&r, &test_loss, &accuracy, &count), "evaluation");
-    if (lead) {
-        printf("test accuracy %.2f%% (%.0f rows), test loss %.4f\n", 100 * accuracy, count, test_loss);
-        if (a->ckpt_dir) printf("checkpoint: %s (epoch %lld)\n", r.ckpt_path, (long long)stop);
-    }
-    if (log) {
-        nb_metrics_log_close(log);
-        char plot[4096];
-        if (a->plot) snprintf(plot, sizeof plot, "%s", a->plot);
-        else {
-            const char *dot = strrchr(a->metrics, '.'), *slash = strrchr(a->metrics, '/');
-            int keep = dot && (!slash || dot > slash) ? (int)(dot - a->metrics) : (int)strlen(a->metrics);
-            snprintf(plot, sizeof plot, "%.*s.svg", keep, a->metrics);
-        }
-        const char *keys[4] = {"loss", "test_loss", "accuracy", "test_accuracy"};
-        const char *labels[4] = {"train loss", "test loss", "train accuracy", "test accuracy"};
-        double *x[4], *y[4];
-        int64_t n[4];
-        for (int i = 0; i < 4; i++)
-            TRY(&r, nb_metrics_log_read(a->metrics, "epoch", "epoch", keys[i], &x[i], &y[i], &n[i]), "plot");
-        nb_plot_series s[4];
-        for (int i = 0; i < 4; i++) s[i] = (nb_plot_series){labels[i], x[i], y[i], n[i]};
-        nb_plot_opts o = {r.cnn ? "train_classifier --model cnn" : "train_classifier --model mlp",
-                          "epoch", "loss / accuracy", 0, 0, false};
-        TRY(&r, files_make_parent_dirs(plot), "plot");
-        TRY(&r, nb_plot_svg(plot, s, 4, &o), "plot");
-        for (int i = 0; i < 4; i++) free(x[i]), free(y[i]);
-        printf("metrics:    %s\nplot:       %s\n", a->metrics, plot);
-    }
-    TRY(&r, run_dist_finish(&r.d), "shutting down");
-    nb_optim_free(r.opt);
-    nb_loader_free(r.train_loader), nb_loader_free(r.test_loader);
-    nb_sampler_free(r.train_sampler), nb_sampler_free(r.test_sampler);
-    nb_dataset_free(r.train), nb_dataset_free(r.test);
-    nb_ctx_free(r.step_ctx), nb_ctx_free(r.params);
-    free(r.state), free(params);
-    return 0;
+    return finish(&r, &test);
 }

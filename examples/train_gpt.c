@@ -25,6 +25,8 @@
 #include "common/cli.h"
 #include "common/files.h"
 #include "common/dist.h"
+#include "common/report.h"
+#include "common/resume.h"
 #include "common/synthetic.h"
 
 typedef struct args {
@@ -48,6 +50,8 @@ typedef struct args {
 /* Everything the training loop touches. */
 typedef struct run {
     args a;
+    nb_progress_mode progress_mode; /* --progress */
+    int64_t stop;                   /* the step this invocation ends at (--stop-at or --steps) */
     run_dist d;
     bool is_text;
     int vocab;
@@ -59,11 +63,16 @@ typedef struct run {
     nb_module *model;
     nb_named_tensor *state;
     int n_state;
+    nb_named_tensor *param_list, *groups_scratch; /* what the optimizer's two groups point into */
     nb_optim *opt;
     nb_lr_schedule sched;
     uint64_t dropout_seed;
     int64_t step, tokens_per_step;
     double elapsed0; /* seconds of training before a resume */
+    double loss_sum; /* training losses since the last metrics record */
+    int64_t loss_count;
+    double val_loss;
+    int64_t evaluated_at; /* the step of the last evaluation, -1: none yet */
     nb_progress *progress;
     nb_metrics_log *log;
     char ckpt_path[4096], plot_path[4096];
@@ -223,7 +232,9 @@ static void run_meta(const run *r, meta_buf *m) {
     meta_add(m, "seed", "%lld", a->seed);
 }
 
-static nb_status save_checkpoint(run *r, int64_t steps_done, int64_t epoch, int64_t position) {
+static nb_status save_checkpoint(run *r, int64_t steps_done) {
+    int64_t epoch, position;
+    nb_loader_position(r->train_loader, &epoch, &position);
     meta_buf m;
     run_meta(r, &m);
     char elapsed[64];
@@ -243,13 +254,7 @@ static nb_status load_checkpoint(run *r) {
     if (s != NB_OK) return s;
     meta_buf m;
     run_meta(r, &m);
-    for (int i = 0; i < m.n && s == NB_OK; i++) {
-        const char *have = nb_checkpoint_meta(ck, m.kv[i].key);
-        if (!have || strcmp(have, m.kv[i].value))
-            s = nb_set_error(NB_ERR_MISMATCH, "%s was written with %s %s, this run has %s (resume "
-                             "with the same settings)", r->ckpt_path, m.kv[i].key,
-                             have ? have : "(none)", m.kv[i].value);
-    }
+    s = resume_check_meta(ck, r->ckpt_path, m.kv, m.n);
     const char *elapsed = nb_checkpoint_meta(ck, "elapsed_s");
     r->elapsed0 = elapsed ? atof(elapsed) : 0;
     nb_checkpoint_close(ck);
@@ -313,7 +318,7 @@ static nb_status print_sample(run *r) {
     return NB_OK;
 }
 
-/* ------------------------------------------------------------------ main */
+/* ------------------------------------------------------------- setup */
 static bool check_args(const args *a) {
     const char *bad = NULL;
     if (a->layers < 1 || a->heads < 1 || a->width < 1 || a->width % a->heads) bad = "--width must be a positive multiple of --heads, with --layers >= 1";
@@ -329,19 +334,10 @@ static bool check_args(const args *a) {
     return !bad;
 }
 
-static nb_progress_mode progress_mode(const char *s, bool *ok) {
-    *ok = true;
-    if (!strcmp(s, "auto")) return NB_PROGRESS_AUTO;
-    if (!strcmp(s, "line")) return NB_PROGRESS_LINE;
-    if (!strcmp(s, "plain")) return NB_PROGRESS_PLAIN;
-    if (!strcmp(s, "off")) return NB_PROGRESS_OFF;
-    *ok = false;
-    return NB_PROGRESS_OFF;
-}
-
-int main(int argc, char **argv) {
-    static run r;
-    args *a = &r.a;
+/* Fills r->a from the command line. -1: go on; otherwise the exit code (0
+ * after --help, 2 after a bad flag). */
+static int parse_args(run *r, int argc, char **argv) {
+    args *a = &r->a;
     *a = (args){.text = NABLA_SOURCE_DIR "/examples/datasets/austen.txt", .val_fraction = 0.1,
                 .vocab_size = 50257, .layers = 4, .heads = 4, .width = 128, .batch_size = 16,
                 .seq_len = 64, .steps = 2000, .warmup = 100, .grad_accum = 1, .lr = 3e-3,
@@ -393,16 +389,149 @@ int main(int argc, char **argv) {
     int rc = cli_parse(argc, argv, "train_gpt", "Trains a GPT language model (see docs/examples.md).",
                        flags, nf);
     if (rc) return rc == 1 ? 0 : 2;
-    bool mode_ok;
-    nb_progress_mode mode = progress_mode(a->progress, &mode_ok);
-    if (!mode_ok) {
-        fprintf(stderr, "train_gpt: --progress must be auto, line, plain or off\n");
-        return 2;
-    }
+    if (!report_progress_mode("train_gpt", a->progress, &r->progress_mode)) return 2;
     if (a->min_lr < 0) a->min_lr = a->lr / 10;
     if (!check_args(a)) return 2;
-    int64_t stop = a->stop_at > 0 && a->stop_at < a->steps ? a->stop_at : a->steps;
+    r->stop = a->stop_at > 0 && a->stop_at < a->steps ? a->stop_at : a->steps;
+    return -1;
+}
 
+/* The model on this rank's device, its state list for checkpoints, AdamW
+ * with the usual two parameter groups, and the learning-rate schedule. */
+static void build_model(run *r) {
+    const args *a = &r->a;
+    r->params = nb_ctx_new(r->d.device, 0);
+    r->step_ctx = nb_ctx_new(r->d.device, 0);
+    /* forward, backward, evaluation and sampling all run in step_ctx */
+    if (a->bf16) nb_ctx_set_compute_dtype(r->step_ctx, NB_BF16);
+    nb_gpt_config cfg = {r->vocab, a->seq_len, (int)a->layers, (int)a->heads, a->width, a->dropout};
+    nb_rng init = nb_rng_make((uint64_t)a->seed);
+    r->model = nb_gpt_new(r->params, NB_F32, &cfg, &init);
+    r->dropout_seed = (uint64_t)a->seed * 0x9E3779B97F4A7C15ull + 1 + (uint64_t)r->d.rank;
+    *nb_gpt_dropout_rng(r->model) = nb_rng_make(r->dropout_seed);
+    r->n_state = nb_module_state(r->model, NULL, 0);
+    r->state = malloc((size_t)r->n_state * sizeof *r->state);
+    nb_module_state(r->model, r->state, r->n_state);
+
+    int n_params = nb_module_named_parameters(r->model, NULL, 0);
+    r->param_list = malloc((size_t)n_params * sizeof *r->param_list);
+    r->groups_scratch = malloc((size_t)n_params * sizeof *r->groups_scratch);
+    nb_module_named_parameters(r->model, r->param_list, n_params);
+    nb_optim_hparams h = NB_ADAMW_DEFAULTS;
+    h.lr = a->lr, h.weight_decay = a->weight_decay, h.beta1 = a->beta1, h.beta2 = a->beta2;
+    nb_param_group groups[2];
+    nb_optim_split_decay(r->param_list, n_params, &h, r->groups_scratch, groups);
+    r->opt = nb_optim_new_groups(NB_OPTIM_ADAMW, 2, groups);
+    r->sched = nb_lr_cosine(a->lr, a->warmup, a->steps, a->min_lr);
+    if (a->ckpt_dir) snprintf(r->ckpt_path, sizeof r->ckpt_path, "%s/ckpt.safetensors", a->ckpt_dir);
+}
+
+/* The progress display (rank 0 only), the metrics log (rank 0, with
+ * --metrics) and the plot's path. */
+static nb_status open_monitor(run *r) {
+    const args *a = &r->a;
+    bool lead = r->d.rank == 0;
+    r->tokens_per_step = a->batch_size * a->seq_len * a->grad_accum * r->d.world_size;
+    nb_progress_opts po = {lead ? r->progress_mode : NB_PROGRESS_OFF, "tok", a->log_interval, 0};
+    r->progress = nb_progress_new(stdout, r->step, r->stop, &po);
+    if (lead && a->metrics) {
+        nb_status s = files_make_parent_dirs(a->metrics);
+        if (s == NB_OK) s = nb_metrics_log_open(&r->log, a->metrics, a->resume, r->elapsed0);
+        if (s != NB_OK) return s;
+    }
+    report_plot_path(r->plot_path, sizeof r->plot_path, a->plot, a->metrics);
+    return NB_OK;
+}
+
+/* What is about to be trained, on what, by how many processes. */
+static void print_banner(run *r) {
+    const args *a = &r->a;
+    nb_progress_printf(r->progress, "train_gpt: GPT with %lld layers, %lld heads, width %lld: %.2fM "
+                       "parameters; vocabulary %d (%s); on %s%s", (long long)a->layers, (long long)a->heads,
+                       (long long)a->width, (double)nb_module_num_params(r->model) / 1e6, r->vocab,
+                       r->is_text ? "the characters of the text" : a->synthetic ? "random tokens" : "token shards",
+                       nb_device_name(r->d.device), a->bf16 ? ", bf16 matrix products" : "");
+    nb_progress_printf(r->progress, "data: %lld training and %lld held-out windows of %lld tokens "
+                       "from %s", (long long)nb_dataset_len(r->train), (long long)nb_dataset_len(r->val),
+                       (long long)a->seq_len, data_name(a));
+    nb_progress_printf(r->progress, "%d process%s%s: batch %lld x %lld tokens per process, %lld "
+                       "micro-step%s per step = %lld tokens per step; steps %lld..%lld of %lld%s",
+                       r->d.world_size, r->d.world_size > 1 ? "es" : "", r->d.ddp ? " with DDP" : "",
+                       (long long)a->batch_size, (long long)a->seq_len, (long long)a->grad_accum,
+                       a->grad_accum > 1 ? "s" : "", (long long)r->tokens_per_step,
+                       (long long)r->step + 1, (long long)r->stop, (long long)a->steps,
+                       a->resume ? " (resumed)" : "");
+}
+
+/* ----------------------------------------------------- during training */
+/* Whether step `done` is one of every `interval` (0: never), or the last. */
+static bool due(const run *r, int64_t done, int64_t interval) {
+    return (interval > 0 && done % interval == 0) || done == r->stop;
+}
+
+/* Adds a step's loss to the current metrics record and writes the record
+ * (the mean loss since the last one) every --metrics-interval steps. */
+static nb_status log_train(run *r, int64_t done, double loss, double grad_norm) {
+    r->loss_sum += loss, r->loss_count++;
+    if (!r->log || !due(r, done, r->a.metrics_interval)) return NB_OK;
+    nb_status s = nb_metrics_log_write(r->log, "train", done, (nb_metric_value[]){
+        {"loss", r->loss_sum / (double)r->loss_count}, {"lr", nb_lr_schedule_at(&r->sched, done - 1)},
+        {"grad_norm", grad_norm}, {"tokens", (double)done * (double)r->tokens_per_step}}, 4);
+    r->loss_sum = 0, r->loss_count = 0;
+    return s;
+}
+
+/* ------------------------------------------------------------- the end */
+/* After the last step: an evaluation unless that step made one, the
+ * sample, the plot, where the files are; then leaves the run and frees
+ * everything. The exit code. */
+static int finish(run *r) {
+    const args *a = &r->a;
+    bool lead = r->d.rank == 0;
+    nb_progress_free(r->progress);
+    nb_progress_opts po = {lead ? NB_PROGRESS_PLAIN : NB_PROGRESS_OFF, NULL, 1, 0};
+    r->progress = nb_progress_new(stdout, 0, 0, &po);
+    if (r->evaluated_at != r->stop && r->stop > 0) {
+        TRY(r, evaluate(r, &r->val_loss), "evaluation");
+        nb_progress_printf(r->progress, "val loss %.4f", r->val_loss);
+    }
+    if (lead && a->sample_len > 0 && r->stop == a->steps) TRY(r, print_sample(r), "sampling");
+    if (r->log) {
+        nb_metrics_log_close(r->log);
+        r->log = NULL;
+        if (lead && r->plot_path[0]) {
+            report_curve c[2] = {{"train", "loss", "train loss"}, {"eval", "val_loss", "val loss"}};
+            nb_plot_opts o = {"train_gpt: loss per token (nats)", "step", "loss", 0, 0, false};
+            TRY(r, report_plot(r->plot_path, a->metrics, "step", c, 2, &o), "plot");
+        }
+    }
+    if (a->ckpt_dir) nb_progress_printf(r->progress, "checkpoint: %s (step %lld)", r->ckpt_path, (long long)r->stop);
+    if (a->metrics) nb_progress_printf(r->progress, "metrics:    %s", a->metrics);
+    if (r->plot_path[0] && a->metrics) nb_progress_printf(r->progress, "plot:       %s", r->plot_path);
+    nb_progress_free(r->progress);
+
+    TRY(r, run_dist_finish(&r->d), "shutting down");
+    nb_optim_free(r->opt);
+    nb_loader_free(r->train_loader);
+    nb_loader_free(r->eval_loader);
+    nb_sampler_free(r->train_sampler);
+    nb_sampler_free(r->eval_sampler);
+    nb_dataset_free(r->train);
+    nb_dataset_free(r->val);
+    nb_ctx_free(r->step_ctx);
+    nb_ctx_free(r->params);
+    free(r->state);
+    free(r->param_list);
+    free(r->groups_scratch);
+    return 0;
+}
+
+/* ------------------------------------------------------------------ main */
+int main(int argc, char **argv) {
+    static run r = {.evaluated_at = -1, .val_loss = NAN};
+    const args *a = &r.a;
+    int rc = parse_args(&r, argc, argv);
+    if (rc >= 0) return rc;
     TRY(&r, run_dist_init(&r.d), "joining the run");
     if (a->print_device) {
         printf("%s\n", nb_device_name(r.d.device));
@@ -412,75 +541,22 @@ int main(int argc, char **argv) {
         run_dist_finish(&r.d);
         return 2;
     }
-    bool lead = r.d.rank == 0;
     TRY(&r, open_data(&r), "data");
-    r.params = nb_ctx_new(r.d.device, 0);
-    r.step_ctx = nb_ctx_new(r.d.device, 0);
-    /* forward, backward, evaluation and sampling all run in step_ctx */
-    if (a->bf16) nb_ctx_set_compute_dtype(r.step_ctx, NB_BF16);
-    nb_gpt_config cfg = {r.vocab, a->seq_len, (int)a->layers, (int)a->heads, a->width, a->dropout};
-    nb_rng init = nb_rng_make((uint64_t)a->seed);
-    r.model = nb_gpt_new(r.params, NB_F32, &cfg, &init);
-    r.dropout_seed = (uint64_t)a->seed * 0x9E3779B97F4A7C15ull + 1 + (uint64_t)r.d.rank;
-    *nb_gpt_dropout_rng(r.model) = nb_rng_make(r.dropout_seed);
-    r.n_state = nb_module_state(r.model, NULL, 0);
-    r.state = malloc((size_t)r.n_state * sizeof *r.state);
-    nb_module_state(r.model, r.state, r.n_state);
-
-    int n_params = nb_module_named_parameters(r.model, NULL, 0);
-    nb_named_tensor *params = malloc((size_t)n_params * sizeof *params), *scratch = malloc((size_t)n_params * sizeof *scratch);
-    nb_module_named_parameters(r.model, params, n_params);
-    nb_optim_hparams h = NB_ADAMW_DEFAULTS;
-    h.lr = a->lr, h.weight_decay = a->weight_decay, h.beta1 = a->beta1, h.beta2 = a->beta2;
-    nb_param_group groups[2];
-    nb_optim_split_decay(params, n_params, &h, scratch, groups);
-    r.opt = nb_optim_new_groups(NB_OPTIM_ADAMW, 2, groups);
-    r.sched = nb_lr_cosine(a->lr, a->warmup, a->steps, a->min_lr);
-
-    if (a->ckpt_dir) snprintf(r.ckpt_path, sizeof r.ckpt_path, "%s/ckpt.safetensors", a->ckpt_dir);
+    build_model(&r);
     if (a->resume) TRY(&r, load_checkpoint(&r), "resuming");
     TRY(&r, run_dist_wrap(&r.d, r.model, false), "DDP");
+    TRY(&r, open_monitor(&r), "metrics");
+    print_banner(&r);
 
-    r.tokens_per_step = a->batch_size * a->seq_len * a->grad_accum * r.d.world_size;
-    nb_progress_opts po = {lead ? mode : NB_PROGRESS_OFF, "tok", a->log_interval, 0};
-    r.progress = nb_progress_new(stdout, r.step, stop, &po);
-    if (lead && a->metrics) {
-        TRY(&r, files_make_parent_dirs(a->metrics), "metrics");
-        TRY(&r, nb_metrics_log_open(&r.log, a->metrics, a->resume, r.elapsed0), "metrics");
-    }
-    if (a->plot) snprintf(r.plot_path, sizeof r.plot_path, "%s", a->plot);
-    else if (a->metrics) {
-        const char *dot = strrchr(a->metrics, '.'), *slash = strrchr(a->metrics, '/');
-        int keep = dot && (!slash || dot > slash) ? (int)(dot - a->metrics) : (int)strlen(a->metrics);
-        snprintf(r.plot_path, sizeof r.plot_path, "%.*s.svg", keep, a->metrics);
-    }
-
-    nb_progress_printf(r.progress, "train_gpt: GPT with %lld layers, %lld heads, width %lld: %.2fM "
-                       "parameters; vocabulary %d (%s); on %s%s", (long long)a->layers, (long long)a->heads,
-                       (long long)a->width, (double)nb_module_num_params(r.model) / 1e6, r.vocab,
-                       r.is_text ? "the characters of the text" : a->synthetic ? "random tokens" : "token shards",
-                       nb_device_name(r.d.device), a->bf16 ? ", bf16 matrix products" : "");
-    nb_progress_printf(r.progress, "data: %lld training and %lld held-out windows of %lld tokens "
-                       "from %s", (long long)nb_dataset_len(r.train), (long long)nb_dataset_len(r.val),
-                       (long long)a->seq_len, data_name(a));
-    nb_progress_printf(r.progress, "%d process%s%s: batch %lld x %lld tokens per process, %lld "
-                       "micro-step%s per step = %lld tokens per step; steps %lld..%lld of %lld%s",
-                       r.d.world_size, r.d.world_size > 1 ? "es" : "", r.d.ddp ? " with DDP" : "",
-                       (long long)a->batch_size, (long long)a->seq_len, (long long)a->grad_accum,
-                       a->grad_accum > 1 ? "s" : "", (long long)r.tokens_per_step,
-                       (long long)r.step + 1, (long long)stop, (long long)a->steps,
-                       a->resume ? " (resumed)" : "");
-
-    double val_loss = NAN, loss_sum = 0; /* loss_sum: since the last metrics record */
-    int64_t evaluated_at = -1, loss_count = 0;
-    for (; r.step < stop; r.step++) {
+    /* the training loop: one optimizer step per iteration, over --grad-accum micro-batches */
+    for (; r.step < r.stop; r.step++) {
         nb_optim_set_lr_all(r.opt, nb_lr_schedule_at(&r.sched, r.step));
         double loss = 0;
         for (int64_t micro = 0; micro < a->grad_accum; micro++) {
             nb_ctx_reset(r.step_ctx);
             nb_batch b;
             TRY(&r, next_batch(&r, &b), "data");
-            run_dist_set_no_sync(&r.d, micro + 1 < a->grad_accum);
+            run_dist_set_no_sync(&r.d, micro + 1 < a->grad_accum); /* all-reduce on the last only */
             nb_tensor *l = nb_gpt_loss(r.step_ctx, run_dist_forward(&r.d, r.step_ctx, b.inputs), b.targets);
             nb_tensor *lb = a->grad_accum > 1 ? nb_mul_scalar(r.step_ctx, l, 1.0 / (double)a->grad_accum) : l;
             TRY(&r, run_dist_backward(&r.d, lb), "backward");
@@ -494,68 +570,18 @@ int main(int argc, char **argv) {
         nb_optim_zero_grad(r.opt);
         TRY(&r, run_dist_sum(&r.d, &loss, 1), "all-reduce");
         loss /= r.d.world_size;
+
         int64_t done = r.step + 1;
         nb_progress_update(r.progress, done, loss, r.tokens_per_step);
-        loss_sum += loss, loss_count++;
-        if (r.log && (done % a->metrics_interval == 0 || done == stop)) {
-            TRY(&r, nb_metrics_log_write(r.log, "train", done, (nb_metric_value[]){
-                {"loss", loss_sum / (double)loss_count}, {"lr", nb_lr_schedule_at(&r.sched, r.step)},
-                {"grad_norm", norm}, {"tokens", (double)done * (double)r.tokens_per_step}}, 4), "metrics");
-            loss_sum = 0, loss_count = 0;
+        TRY(&r, log_train(&r, done, loss, norm), "metrics");
+        if (due(&r, done, a->eval_interval)) {
+            TRY(&r, evaluate(&r, &r.val_loss), "evaluation");
+            r.evaluated_at = done;
+            nb_progress_printf(r.progress, "step %lld: train loss %.4f, val loss %.4f", (long long)done, loss, r.val_loss);
+            if (r.log) TRY(&r, nb_metrics_log_write(r.log, "eval", done, (nb_metric_value[]){{"val_loss", r.val_loss}}, 1), "metrics");
         }
-        if ((a->eval_interval > 0 && done % a->eval_interval == 0) || done == stop) {
-            TRY(&r, evaluate(&r, &val_loss), "evaluation");
-            evaluated_at = done;
-            nb_progress_printf(r.progress, "step %lld: train loss %.4f, val loss %.4f", (long long)done, loss, val_loss);
-            if (r.log) TRY(&r, nb_metrics_log_write(r.log, "eval", done, (nb_metric_value[]){{"val_loss", val_loss}}, 1), "metrics");
-        }
-        bool save = a->ckpt_dir && ((a->ckpt_interval > 0 && done % a->ckpt_interval == 0) || done == stop);
-        if (save && lead) {
-            int64_t epoch, position;
-            nb_loader_position(r.train_loader, &epoch, &position);
-            TRY(&r, save_checkpoint(&r, done, epoch, position), "checkpoint");
-        }
+        if (a->ckpt_dir && r.d.rank == 0 && due(&r, done, a->ckpt_interval))
+            TRY(&r, save_checkpoint(&r, done), "checkpoint");
     }
-    nb_progress_free(r.progress);
-    nb_progress_opts po2 = {lead ? NB_PROGRESS_PLAIN : NB_PROGRESS_OFF, NULL, 1, 0};
-    r.progress = nb_progress_new(stdout, 0, 0, &po2);
-    if (evaluated_at != stop && stop > 0) {
-        TRY(&r, evaluate(&r, &val_loss), "evaluation");
-        nb_progress_printf(r.progress, "val loss %.4f", val_loss);
-    }
-    if (lead && a->sample_len > 0 && stop == a->steps) TRY(&r, print_sample(&r), "sampling");
-    if (r.log) {
-        nb_metrics_log_close(r.log);
-        r.log = NULL;
-        if (lead && r.plot_path[0]) {
-            double *x[2], *y[2];
-            int64_t n[2];
-            TRY(&r, nb_metrics_log_read(a->metrics, "train", "step", "loss", &x[0], &y[0], &n[0]), "plot");
-            TRY(&r, nb_metrics_log_read(a->metrics, "eval", "step", "val_loss", &x[1], &y[1], &n[1]), "plot");
-            nb_plot_series s[2] = {{"train loss", x[0], y[0], n[0]}, {"val loss", x[1], y[1], n[1]}};
-            nb_plot_opts o = {"train_gpt: loss per token (nats)", "step", "loss", 0, 0, false};
-            TRY(&r, files_make_parent_dirs(r.plot_path), "plot");
-            TRY(&r, nb_plot_svg(r.plot_path, s, 2, &o), "plot");
-            for (int i = 0; i < 2; i++) free(x[i]), free(y[i]);
-        }
-    }
-    if (a->ckpt_dir) nb_progress_printf(r.progress, "checkpoint: %s (step %lld)", r.ckpt_path, (long long)stop);
-    if (a->metrics) nb_progress_printf(r.progress, "metrics:    %s", a->metrics);
-    if (r.plot_path[0] && a->metrics) nb_progress_printf(r.progress, "plot:       %s", r.plot_path);
-    nb_progress_free(r.progress);
-
-    TRY(&r, run_dist_finish(&r.d), "shutting down");
-    nb_optim_free(r.opt);
-    nb_loader_free(r.train_loader);
-    nb_loader_free(r.eval_loader);
-    nb_sampler_free(r.train_sampler);
-    nb_sampler_free(r.eval_sampler);
-    nb_dataset_free(r.train);
-    nb_dataset_free(r.val);
-    nb_ctx_free(r.step_ctx);
-    nb_ctx_free(r.params);
-    free(r.state);
-    free(params);
-    free(scratch);
-    return 0;
+    return finish(&r);
 }

@@ -1,4 +1,4 @@
-/* libFuzzer target for the JSON parser (checkpoint/json.c).
+/* libFuzzer target for the JSON parser (util/json.c).
  *
  * Any input: the parser must not crash, leak or read out of bounds
  * (ASan, UBSan). An accepted input must round-trip: its dump parses again
@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "checkpoint/json.h"
+#include "util/json.h"
 
 static int equal(const nb_json *a, const nb_json *b) {
     if (a->type != b->type || a->key_len != b->key_len || a->count != b->count) return 0;

@@ -1,4 +1,4 @@
-/* The JSON parser and writer of checkpoint/json.h: values, escapes and
+/* The JSON parser and writer of util/json.h: values, escapes and
  * UTF-8, numbers at the int64 edges, every kind of malformed input with
  * its message and byte offset, the depth limit, and dump/parse round
  * trips. */
@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "checkpoint/json.h"
+#include "util/json.h"
 #include "testutil.h"
 
 static nb_json_doc *parse_ok_n(const char *text, size_t len) {

@@ -1,5 +1,11 @@
 /* A small strict JSON parser (RFC 8259) and writer, internal to nabla.
  *
+ * util/ holds internal helpers that several modules share and none owns:
+ * this JSON code reads and writes safetensors headers (checkpoint/) and the
+ * metrics log (monitor/), so it lives beside them rather than inside either.
+ * Nothing here is public; the functions are nb__ and the header is not
+ * installed.
+ *
  * nb__json_parse() builds a read-only tree in one arena owned by the
  * returned document; nb__json_free() releases all of it. The parser
  * accepts exactly RFC 8259 JSON: UTF-8 text only (no BOM, no overlong
@@ -9,8 +15,8 @@
  * keep their members in text order; duplicate keys are kept (callers that
  * care check for them). Errors return NB_ERR_FORMAT (NB_ERR_NOMEM when the
  * arena cannot grow) with a message giving the byte offset. */
-#ifndef NABLA_CHECKPOINT_JSON_H
-#define NABLA_CHECKPOINT_JSON_H
+#ifndef NABLA_UTIL_JSON_H
+#define NABLA_UTIL_JSON_H
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -1,4 +1,4 @@
-/* The JSON parser and writer declared in checkpoint/json.h.
+/* The JSON parser and writer declared in util/json.h.
  *
  * One recursive-descent pass over the bytes; every read is checked against
  * the length first, so the text needs no terminator and can be any bytes.
@@ -8,7 +8,7 @@
  * decimal point swapped in, so a program that called setlocale still reads
  * "1.5"); a number too large for a double is refused, so that every tree
  * can be written back as JSON. */
-#include "checkpoint/json.h"
+#include "util/json.h"
 
 #include <locale.h>
 #include <math.h>

@@ -1,6 +1,6 @@
 /* The JSON-lines metrics log: writing one object per line (flushed, so a
  * crash keeps every finished line and `tail -f` follows the run), and
- * reading one (x, y) series back for plotting, with checkpoint/json.c's
+ * reading one (x, y) series back for plotting, with util/json.c's
  * strict parser. Numbers are printed with %.17g, which reads back exactly. */
 #include <errno.h>
 #include <math.h>
@@ -8,7 +8,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "checkpoint/json.h"
+#include "util/json.h"
 #include "nabla/monitor.h"
 
 struct nb_metrics_log {
