@@ -475,10 +475,17 @@ nb_status nb_ddp_pre_forward(nb_ddp *d) {
     return broadcast_tensors(d, true);
 }
 
-nb_tensor *nb_ddp_forward(nb_ddp *d, nb_ctx *ctx, nb_tensor *x) {
+nb_status nb_ddp_forward(nb_ddp *d, nb_ctx *ctx, nb_tensor *x, nb_tensor **out) {
+    NB_CHECK(d && out, "nb_ddp_forward: NULL argument");
+    *out = NULL;
     nb_status st = nb_ddp_pre_forward(d);
-    NB_CHECK(st == NB_OK, "nb_ddp_forward: broadcasting buffers failed: %s", nb_last_error());
-    return nb_module_forward(d->model, ctx, x);
+    if (st != NB_OK) {
+        char why[2048];
+        snprintf(why, sizeof why, "%s", nb_last_error());
+        return nb_set_error(st, "nb_ddp_forward: broadcasting the buffers failed: %s", why);
+    }
+    *out = nb_module_forward(d->model, ctx, x);
+    return NB_OK;
 }
 
 /* ---- backward ---- */

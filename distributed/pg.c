@@ -203,7 +203,22 @@ static void nccl_progress(nb_pg *pg) {
 
 /* ---------------------------------------------------------------- watchdog */
 
-/* Times out, or fails early (abort, desync), the group's oldest work. */
+/* Note [Liveness and progress] in heartbeat.c: a collective that waits on
+ * live ranks is named once, on stderr, and goes on waiting. */
+static void stall_warning(nb_pg *pg, nb_work *h, double age) {
+    h->warned = true;
+    char what[128], msg[NB__MSG_LEN];
+    snprintf(what, sizeof what, "has waited %.0f s", age);
+    nb__diag_explain(pg, h, what, msg, sizeof msg);
+    fprintf(stderr,
+            "nabla: warning: %s; every rank is alive (heartbeats flow), so they are busy (a long "
+            "evaluation or checkpoint) or stuck in their own code; the collective fails after "
+            "NABLA_PG_TIMEOUT=%g s\n",
+            msg, pg->timeout_s);
+}
+
+/* Times out, or fails early (abort, desync, a silent rank), the group's
+ * oldest work. */
 static void watchdog(nb_pg *pg) {
     if (pthread_mutex_trylock(&pg->watch_mu) != 0) return;
     double now = nb__now();
@@ -221,7 +236,9 @@ static void watchdog(nb_pg *pg) {
         } else if (age > POLL_AFTER_S && due) {
             pg->next_poll = now + POLL_EVERY_S;
             nb_status st = nb__diag_check(pg, h, age > DESYNC_AFTER_S, what, sizeof what);
+            if (st == NB_OK) st = nb__hb_check(pg, what, sizeof what);
             if (st != NB_OK) nb__pg_fail(pg, h, st, what);
+            else if (pg->root->stall_s > 0 && age > pg->root->stall_s && !h->warned) stall_warning(pg, h, age);
         }
         nb__work_put(h);
     }
@@ -574,7 +591,7 @@ static nb_status resolve_options(const nb_pg_options *opts, nb_pg_backend *backe
     NB_CHECK(opts->timeout_s >= 0, "nb_pg_init: timeout %g s must be >= 0", opts->timeout_s);
     *timeout = opts->timeout_s;
     if (*timeout == 0) {
-        *timeout = 300;
+        *timeout = 1800;
         const char *v = getenv("NABLA_PG_TIMEOUT");
         if (v && *v) {
             char *end;
@@ -627,6 +644,7 @@ static void free_group(nb_pg *pg) {
     if (pg->nccl) nb__nccl_free(pg->nccl);
     nb_store_close(pg->store_worker);
     if (pg->root == pg) {
+        nb__hb_stop(pg);
         nb_store_close(pg->store_monitor);
         nb_store_close(pg->store_main);
         nb_store_server_stop(pg->server);
@@ -654,13 +672,22 @@ nb_status nb_pg_init_env(nb_pg **out, const nb_dist_env *env, const nb_pg_option
     pg->env = *env;
     pg->backend = backend;
     pg->timeout_s = timeout;
-    st = nb_dist_select_device(env, backend == NB_PG_NCCL, &pg->device);
+    st = nb__liveness_options(&pg->liveness_s, &pg->join_s, &pg->stall_s);
+    if (st == NB_OK) st = nb_dist_select_device(env, backend == NB_PG_NCCL, &pg->device);
     int port = 0;
     if (st == NB_OK) st = start_store(pg, &port);
     const char *host = env->master_addr;
-    if (st == NB_OK) st = nb_store_connect(&pg->store_main, host, port, env->run_id, env->rank, timeout);
-    if (st == NB_OK) st = nb_store_connect(&pg->store_monitor, host, port, env->run_id, -1, timeout);
-    if (st == NB_OK) st = nb_store_connect(&pg->store_worker, host, port, env->run_id, -1, timeout);
+    double join = pg->join_s;
+    if (st == NB_OK) st = nb_store_connect(&pg->store_main, host, port, env->run_id, env->rank, join);
+    if (st == NB_OK) st = nb_store_connect(&pg->store_monitor, host, port, env->run_id, -1, join);
+    if (st == NB_OK) st = nb_store_connect(&pg->store_worker, host, port, env->run_id, -1, join);
+    if (st == NB_OK) {
+        nb__store_set_timeout(pg->store_main, timeout);
+        nb__store_set_timeout(pg->store_monitor, timeout);
+        nb__store_set_timeout(pg->store_worker, timeout);
+        st = nb__hb_start(pg);
+    }
+    if (st == NB_OK) st = nb__join(pg);
     if (st == NB_OK) {
         char prefix[64];
         snprintf(prefix, sizeof prefix, "nb/%s/world/", nb_pg_backend_name(backend));

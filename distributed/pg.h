@@ -24,6 +24,7 @@ struct nb_work {
     char *msg;            /* failure message, malloc'd */
     double t_issue, t_start; /* t_start: when it became the group's oldest unfinished work */
     double t_end;            /* when it finished (0 while unfinished) */
+    bool warned;             /* the stall warning was printed */
     nb_work *next;        /* the group's queue, issue order */
     nb__nccl_work *nccl;
 };
@@ -44,6 +45,15 @@ struct nb_pg {
     nb_store *store_monitor;  /* diagnostics and abort polls, under monitor_mu */
     pthread_mutex_t monitor_mu;
     nb__gloo_dev *gloo_dev;
+    /* Liveness (heartbeat.c, Note [Liveness and progress]). */
+    double liveness_s, join_s, stall_s;
+    nb_store *store_hb;       /* the heartbeat thread's */
+    pthread_t hb_thread;
+    pthread_mutex_t hb_mu;
+    pthread_cond_t hb_cond;
+    bool hb_started, hb_stop;
+    int64_t *hb_val;          /* per world rank: the counter last read, */
+    double *hb_since;         /* and since when (under monitor_mu) */
 
     /* Every group. */
     int n_children, n_groups_made; /* subgroups alive / ever made from this one */
@@ -73,7 +83,22 @@ void nb__pg_fail(nb_pg *pg, nb_work *w, nb_status st, const char *what);
 nb_status nb__pg_start_backend(nb_pg *pg, const char *prefix);
 nb_pg *nb__pg_alloc(nb_pg *root, nb_pg *parent, int rank, int size);
 
+/* heartbeat.c */
+nb_status nb__liveness_options(double *liveness, double *join, double *stall);
+/* Registers this rank (host, pid) and waits for every rank of the world
+ * to do the same; names the ranks that never joined. */
+nb_status nb__join(nb_pg *root);
+nb_status nb__hb_start(nb_pg *root);
+void nb__hb_stop(nb_pg *root);
+/* Has a member of pg been silent for the liveness limit? Fills `what`
+ * naming it and returns the status to fail with, or NB_OK. */
+nb_status nb__hb_check(nb_pg *pg, char *what, size_t len);
+
 /* pg_diag.c */
+/* MGET on the world's monitor connection (any number of keys). */
+nb_status nb__diag_mget(nb_pg *pg, char **keys, int n, char **values);
+/* Appends "its last collective on this group was #N fingerprint" for member r. */
+void nb__diag_last(nb_pg *pg, int r, char *out, size_t len);
 /* Publishes w's fingerprint (the moment it starts on this rank). */
 void nb__diag_record(nb_pg *pg, const nb_work *w);
 /* Writes the diagnosis of w's failure: `what` happened, plus who did not

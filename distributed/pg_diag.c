@@ -47,7 +47,7 @@ void nb__diag_record(nb_pg *pg, const nb_work *w) {
 }
 
 /* MGET on the monitor connection, in chunks of NB_STORE_MAX_KEYS. */
-static nb_status monitor_mget(nb_pg *pg, char **keys, int n, char **values) {
+nb_status nb__diag_mget(nb_pg *pg, char **keys, int n, char **values) {
     nb_pg *root = pg->root;
     nb_status st = NB_OK;
     pthread_mutex_lock(&root->monitor_mu);
@@ -62,7 +62,7 @@ static nb_status monitor_mget(nb_pg *pg, char **keys, int n, char **values) {
 /* The abort reason, or NULL (malloc'd). *err gets the store's failure. */
 static char *abort_reason(nb_pg *pg, nb_status *err) {
     char *key = (char *)NB__STORE_ABORT_KEY, *val = NULL;
-    *err = monitor_mget(pg, &key, 1, &val);
+    *err = nb__diag_mget(pg, &key, 1, &val);
     return val;
 }
 
@@ -93,7 +93,7 @@ static nb_status fetch_slots(nb_pg *pg, uint64_t seq, char **values) {
         keys[r] = buf + (size_t)r * 160;
         fp_key(pg, r, seq, keys[r], 160);
     }
-    nb_status st = monitor_mget(pg, keys, n, values);
+    nb_status st = nb__diag_mget(pg, keys, n, values);
     free(buf);
     free(keys);
     return st;
@@ -131,14 +131,13 @@ static void append_ranks(const nb_pg *pg, const bool *sel, char *out, size_t len
         if (u_ < len) snprintf(out + u_, len - u_, __VA_ARGS__);                       \
     } while (0)
 
-/* Where a rank that did not arrive is: the newest of its slots. */
-static void describe_absent(nb_pg *pg, int r, char *out, size_t len) {
+void nb__diag_last(nb_pg *pg, int r, char *out, size_t len) {
     char *keys[NB__FP_SLOTS], *vals[NB__FP_SLOTS], buf[NB__FP_SLOTS][160];
     for (int k = 0; k < NB__FP_SLOTS; k++) {
         keys[k] = buf[k];
         snprintf(buf[k], sizeof buf[k], "nb/fp/%s/%d/%d", pg->name, r, k);
     }
-    if (monitor_mget(pg, keys, NB__FP_SLOTS, vals) != NB_OK) return;
+    if (nb__diag_mget(pg, keys, NB__FP_SLOTS, vals) != NB_OK) return;
     slot best = {false, 0, ""};
     int best_k = -1;
     for (int k = 0; k < NB__FP_SLOTS; k++) {
@@ -148,9 +147,16 @@ static void describe_absent(nb_pg *pg, int r, char *out, size_t len) {
             best_k = k;
         }
     }
-    if (best_k < 0) APPEND(" (it has not started any collective on this group)");
-    else APPEND(" (its last collective on this group was #%" PRIu64 " %s)", best.seq, best.fp);
+    if (best_k < 0) APPEND("it has not started any collective on this group");
+    else APPEND("its last collective on this group was #%" PRIu64 " %s", best.seq, best.fp);
     for (int k = 0; k < NB__FP_SLOTS; k++) free(vals[k]);
+}
+
+/* Where a rank that did not arrive is: the newest of its slots. */
+static void describe_absent(nb_pg *pg, int r, char *out, size_t len) {
+    char last[400] = "";
+    nb__diag_last(pg, r, last, sizeof last);
+    if (*last) APPEND(" (%s)", last);
 }
 
 void nb__diag_explain(nb_pg *pg, const nb_work *w, const char *what, char *out, size_t len) {
