@@ -192,19 +192,20 @@ nb_status nb__hb_check(nb_pg *pg, char *what, size_t len) {
     free(buf);
     free(keys);
     if (st != NB_OK) {
-        snprintf(what, len, "could not complete: the store is unreachable (%s)", nb_last_error());
-        return NB_ERR_CLOSED;
+        nb__diag_store_lost(pg, what, len);
+        return st;
     }
     if (silent < 0) return NB_OK;
     char *where = whereabouts(root, pg->global[silent]);
-    char note[48] = "", last[512] = "";
+    char note[48] = "";
     if (pg->parent && pg->global[silent] != silent) snprintf(note, sizeof note, " (world rank %d)", pg->global[silent]);
-    nb__diag_last(pg, silent, last, sizeof last);
+    /* Where it stopped follows in nb__diag_explain: "did not arrive (its
+     * last collective ...)", or that every rank arrived at this one. */
     snprintf(what, len,
              "cannot complete: rank %d%s (%s) has shown no sign of life for %.1f s "
              "(NABLA_LIVENESS_TIMEOUT=%g s): it is stopped (SIGSTOP, a debugger), frozen, or its host "
-             "is down; on group '%s', %s",
-             silent, note, where, quiet, root->liveness_s, pg->name, last);
+             "is down",
+             silent, note, where, quiet, root->liveness_s);
     free(where);
     return NB_ERR_TIMEOUT;
 }
@@ -283,5 +284,10 @@ nb_status nb__join(nb_pg *pg) {
     }
     free(buf);
     free(keys);
+    if (st == NB_OK) {
+        char *w = whereabouts(pg, 0);
+        snprintf(pg->store_owner, sizeof pg->store_owner, "%s", w);
+        free(w);
+    }
     return st;
 }

@@ -52,6 +52,7 @@ struct nb_pg {
     pthread_mutex_t hb_mu;
     pthread_cond_t hb_cond;
     bool hb_started, hb_stop;
+    char store_owner[320];    /* "host h, pid p" of rank 0, which serves the store */
     int64_t *hb_val;          /* per world rank: the counter last read, */
     double *hb_since;         /* and since when (under monitor_mu) */
 
@@ -95,10 +96,11 @@ void nb__hb_stop(nb_pg *root);
 nb_status nb__hb_check(nb_pg *pg, char *what, size_t len);
 
 /* pg_diag.c */
+/* `what` for a wait that lost the store (the failure in nb_last_error()). */
+void nb__diag_store_lost(nb_pg *pg, char *what, size_t len);
 /* MGET on the world's monitor connection (any number of keys). */
 nb_status nb__diag_mget(nb_pg *pg, char **keys, int n, char **values);
-/* Appends "its last collective on this group was #N fingerprint" for member r. */
-void nb__diag_last(nb_pg *pg, int r, char *out, size_t len);
+
 /* Publishes w's fingerprint (the moment it starts on this rank). */
 void nb__diag_record(nb_pg *pg, const nb_work *w);
 /* Writes the diagnosis of w's failure: `what` happened, plus who did not

@@ -131,7 +131,8 @@ static void append_ranks(const nb_pg *pg, const bool *sel, char *out, size_t len
         if (u_ < len) snprintf(out + u_, len - u_, __VA_ARGS__);                       \
     } while (0)
 
-void nb__diag_last(nb_pg *pg, int r, char *out, size_t len) {
+/* Appends "its last collective on this group was #N fingerprint" for member r. */
+static void last_collective(nb_pg *pg, int r, char *out, size_t len) {
     char *keys[NB__FP_SLOTS], *vals[NB__FP_SLOTS], buf[NB__FP_SLOTS][160];
     for (int k = 0; k < NB__FP_SLOTS; k++) {
         keys[k] = buf[k];
@@ -155,7 +156,7 @@ void nb__diag_last(nb_pg *pg, int r, char *out, size_t len) {
 /* Where a rank that did not arrive is: the newest of its slots. */
 static void describe_absent(nb_pg *pg, int r, char *out, size_t len) {
     char last[400] = "";
-    nb__diag_last(pg, r, last, sizeof last);
+    last_collective(pg, r, last, sizeof last);
     if (*last) APPEND(" (%s)", last);
 }
 
@@ -175,7 +176,7 @@ void nb__diag_explain(nb_pg *pg, const nb_work *w, const char *what, char *out, 
         }
     }
     if (err != NB_OK) {
-        APPEND("; the store is unreachable too (%s)", nb_last_error());
+        if (!strstr(what, "the store is unreachable")) APPEND("; the store is unreachable too (%s)", nb_last_error());
         return;
     }
     if (reason) APPEND("; the run was aborted: %s", reason);
@@ -246,12 +247,18 @@ done:
     free(seen);
 }
 
+void nb__diag_store_lost(nb_pg *pg, char *what, size_t len) {
+    const char *owner = pg->root->store_owner;
+    snprintf(what, len, "could not complete: the store is unreachable (%s)%s%s", nb_last_error(),
+             *owner ? "; rank 0 runs on " : "", owner);
+}
+
 nb_status nb__diag_check(nb_pg *pg, const nb_work *w, bool check_desync, char *what, size_t len) {
     nb_status err;
     char *reason = abort_reason(pg, &err);
     if (err != NB_OK) {
-        snprintf(what, len, "could not complete: the store is unreachable (%s)", nb_last_error());
-        return NB_ERR_CLOSED;
+        nb__diag_store_lost(pg, what, len);
+        return err;
     }
     if (reason) {
         free(reason);

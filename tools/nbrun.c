@@ -443,9 +443,15 @@ static bool pump(child *c, stream *s) {
     }
 }
 
+/* A stopped process (SIGSTOP, a debugger: the case the others name at the
+ * liveness limit) acts on SIGTERM only once resumed, so SIGTERM is
+ * followed by SIGCONT rather than leaving it to the grace period. */
 static void signal_all(int sig) {
     for (int i = 0; i < nkids; i++)
-        if (kids[i].running) kill(-kids[i].pid, sig);
+        if (kids[i].running) {
+            kill(-kids[i].pid, sig);
+            if (sig == SIGTERM) kill(-kids[i].pid, SIGCONT);
+        }
 }
 
 static void describe_status(int status, char *buf, size_t len) {
