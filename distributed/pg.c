@@ -28,6 +28,7 @@
 #define POLL_AFTER_S 0.5     /* a collective this old gets abort polls... */
 #define DESYNC_AFTER_S 1.0   /* ...and, this old, fingerprint comparisons */
 #define POLL_EVERY_S 0.5
+#define STUCK_WAIT_S 2.0      /* Note [Stuck worker] */
 /* Longest sleep between two polls of an NCCL completion event: a wait
  * notices completion at most this late (DDP waits once per step,
  * SyncBatchNorm once per layer and pass). */
@@ -172,6 +173,8 @@ static void *gloo_worker(void *arg) {
         if (st != NB_OK) st = pg->broken;
         finish_locked(pg, w, st, pg->broken_msg);
     }
+    pg->worker_done = true;
+    pthread_cond_broadcast(&pg->cond);
     pthread_mutex_unlock(&pg->mu);
     return NULL;
 }
@@ -637,12 +640,15 @@ static nb_status start_store(nb_pg *pg, int *port) {
     return NB_OK;
 }
 
-static void free_group(nb_pg *pg) {
+/* `stuck`: the worker is still blocked in Gloo (Note [Stuck worker]);
+ * what it touches (the group struct, its locks, the Gloo context) is
+ * left allocated. */
+static void free_group(nb_pg *pg, bool stuck) {
     sigset_t old;
     sigpipe_block(&old);
-    if (pg->gloo) nb__gloo_free(pg->gloo);
+    if (pg->gloo && !stuck) nb__gloo_free(pg->gloo);
     if (pg->nccl) nb__nccl_free(pg->nccl);
-    nb_store_close(pg->store_worker);
+    if (!stuck) nb_store_close(pg->store_worker);
     if (pg->root == pg) {
         nb__hb_stop(pg);
         nb_store_close(pg->store_monitor);
@@ -651,6 +657,7 @@ static void free_group(nb_pg *pg) {
         if (pg->gloo_dev) nb__gloo_dev_free(pg->gloo_dev);
     }
     sigpipe_restore(&old);
+    if (stuck) return;
     pthread_mutex_destroy(&pg->mu);
     pthread_cond_destroy(&pg->cond);
     pthread_mutex_destroy(&pg->watch_mu);
@@ -701,7 +708,7 @@ nb_status nb_pg_init_env(nb_pg **out, const nb_dist_env *env, const nb_pg_option
             pthread_cond_broadcast(&pg->cond);
             pthread_join(pg->worker, NULL);
         }
-        free_group(pg);
+        free_group(pg, false);
         return nb_set_error(st, "%s", msg);
     }
     *out = pg;
@@ -738,6 +745,32 @@ static nb_status exit_handshake(nb_pg *pg) {
     return NB_OK;
 }
 
+/* Note [Stuck worker]: after a failure, the Gloo worker may be blocked
+ * inside a collective whose peer is stopped rather than dead (its sockets
+ * stay open), until Gloo's own timeout, the progress timeout (30 minutes
+ * by default). nb_pg_free of a broken group waits a moment for the worker
+ * and then detaches it, leaving the group's struct and Gloo context
+ * allocated for it, so that a program that reports a failure and cleans
+ * up is not held for the timeout. The process is expected to exit soon. */
+static bool worker_stuck(nb_pg *pg) {
+    pthread_mutex_lock(&pg->mu);
+    double deadline = nb__now() + STUCK_WAIT_S;
+    while (pg->broken != NB_OK && !pg->worker_done && nb__now() < deadline) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += (long)(SLICE_S * 1e9);
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&pg->cond, &pg->mu, &ts);
+    }
+    bool stuck = pg->broken != NB_OK && !pg->worker_done;
+    pthread_mutex_unlock(&pg->mu);
+    if (stuck) pthread_detach(pg->worker);
+    return stuck;
+}
+
 nb_status nb_pg_free(nb_pg *pg) {
     if (!pg) return NB_OK;
     NB_CHECK(pg->n_children == 0, "nb_pg_free: group '%s' still has %d subgroup%s; free them first",
@@ -748,10 +781,10 @@ nb_status nb_pg_free(nb_pg *pg) {
     pg->stopping = true;
     pthread_cond_broadcast(&pg->cond);
     pthread_mutex_unlock(&pg->mu);
-    /* A worker blocked in a failed collective returns at Gloo's own timeout. */
-    if (pg->worker_started) pthread_join(pg->worker, NULL);
+    bool stuck = pg->worker_started && worker_stuck(pg);
+    if (pg->worker_started && !stuck) pthread_join(pg->worker, NULL);
     pthread_mutex_lock(&pg->mu);
-    while (pg->q_head) finish_locked(pg, pg->q_head, pg->broken, pg->broken_msg);
+    while (pg->q_head && !stuck) finish_locked(pg, pg->q_head, pg->broken, pg->broken_msg);
     nb_status st = pg->broken;
     char msg[NB__MSG_LEN];
     snprintf(msg, sizeof msg, "%s", pg->broken_msg);
@@ -761,7 +794,7 @@ nb_status nb_pg_free(nb_pg *pg) {
         st = exit_handshake(pg);
         snprintf(msg, sizeof msg, "%s", nb_last_error());
     }
-    free_group(pg);
+    free_group(pg, stuck);
     if (st != NB_OK) return nb_set_error(st, "%s", msg);
     return NB_OK;
 }

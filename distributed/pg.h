@@ -66,7 +66,7 @@ struct nb_pg {
     pthread_mutex_t mu;       /* everything below */
     pthread_cond_t cond;
     pthread_t worker;
-    bool worker_started, stopping;
+    bool worker_started, stopping, worker_done;
     nb_work *q_head, *q_tail; /* unfinished works, issue order */
     uint64_t seq;
     nb_status broken;         /* NB_OK until a collective fails */

@@ -12,7 +12,7 @@
  *   stopped  rank 1 stops itself (SIGSTOP); the others all-reduce and name it
  *            at the liveness limit (NABLA_LIVENESS_TIMEOUT)
  *   stopped0 the same with rank 0, which serves the store
- *   slow     rank 1 sleeps 3 s (its heartbeat goes on) before all-reducing;
+ *   slow     rank 1 sleeps 4 s (its heartbeat goes on) before all-reducing;
  *            every rank completes
  *   ok       every rank all-reduces (a launch test)
  *   ddp      every rank wraps a Linear + BatchNorm in DDP; rank 1 kills
@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "nabla/nabla.h"
@@ -73,7 +74,7 @@ int main(int argc, char **argv) {
         raise(SIGKILL);
     if ((strcmp(what, "stopped") == 0 && rank == 1) || (strcmp(what, "stopped0") == 0 && rank == 0))
         raise(SIGSTOP);
-    if (strcmp(what, "slow") == 0 && rank == 1) sleep(3);
+    if (strcmp(what, "slow") == 0 && rank == 1) sleep(4);
     if (strcmp(what, "ddp") == 0) {
         nb_rng rng = nb_rng_make(5);
         nb_module *layers[2] = {nb_linear_new(ctx, NB_F32, 4, 4, true, &rng),
@@ -92,6 +93,18 @@ int main(int argc, char **argv) {
 
     if (strcmp(what, "desync") == 0 && rank == 0) st = nb_work_finish(nb_pg_broadcast(pg, t, 0));
     else st = nb_work_finish(nb_pg_all_reduce(pg, t, NB_REDUCE_SUM));
+    if (st != NB_OK && strcmp(what, "stopped") == 0) {
+        /* cleaning up after the failure must not wait for Gloo's timeout */
+        char msg[4096];
+        snprintf(msg, sizeof msg, "%s", nb_last_error());
+        struct timespec a, b;
+        clock_gettime(CLOCK_MONOTONIC, &a);
+        nb_status fst = nb_pg_free(pg);
+        clock_gettime(CLOCK_MONOTONIC, &b);
+        double took = (double)(b.tv_sec - a.tv_sec) + 1e-9 * (double)(b.tv_nsec - a.tv_nsec);
+        fprintf(stderr, "rank %d: nb_pg_free %s after %.0f s\n", rank, fst == st ? "repeated the failure" : "said otherwise", took);
+        nb_set_error(st, "%s", msg);
+    }
     if (st != NB_OK) return report(rank, st);
     printf("rank %d: collective #2 completed\n", rank);
     st = nb_pg_free(pg);
