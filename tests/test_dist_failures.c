@@ -220,6 +220,8 @@ START_TEST(test_stopped_rank_named_at_liveness_limit) {
                      "f32, count=8))");
     EXPECT_IN(p.err, "failed first: exited with code 1");
     EXPECT_IN(p.err, "nb_pg_free repeated the failure after ");
+    EXPECT_IN(p.err, "nbrun: rank 1 (local rank 1, pid ");
+    EXPECT_IN(p.err, ") was stopped by signal ");
     /* nbrun resumes a stopped rank after SIGTERM, so its grace (30 s) is not waited out */
     ck_assert_msg(p.seconds < 20, "took %.1f s (liveness 2 s, timeout 60 s)", p.seconds);
     nbt_proc_free(&p);
