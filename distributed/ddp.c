@@ -46,6 +46,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "distributed/ddp_buckets.h"
 #include "nabla/ddp.h"
 #include "tensor/internal.h"
 
@@ -162,18 +163,18 @@ static void assign_buckets(nb_ddp *d, const int *order) {
     d->ctx = nb_ctx_new(nb_pg_device(d->pg), 0);
     d->buckets = nb__ctx_meta(d->ctx, sizeof(bucket) * (size_t)(d->n ? d->n : 1));
     int *members = nb__ctx_meta(d->ctx, sizeof(int) * (size_t)(d->n ? d->n : 1));
-    int nb = 0;
-    for (int start = 0; start < d->n;) {
-        size_t limit = nb == 0 ? first : cap, bytes = 0;
-        nb_dtype dt = d->p[order[start]].tensor->dtype;
-        int end = start;
-        while (end < d->n && d->p[order[end]].tensor->dtype == dt) {
-            bytes += (size_t)nb_numel(d->p[order[end]].tensor) * nb_dtype_size(dt);
-            end++;
-            if (bytes >= limit) break;
-        }
-        bucket *b = &d->buckets[nb];
-        b->dtype = dt;
+    int64_t *numel = xcalloc((size_t)d->n, sizeof *numel);
+    nb_dtype *dtype = xcalloc((size_t)d->n, sizeof *dtype);
+    int *starts = xcalloc((size_t)d->n + 1, sizeof *starts);
+    for (int i = 0; i < d->n; i++) {
+        numel[i] = nb_numel(d->p[i].tensor);
+        dtype[i] = d->p[i].tensor->dtype;
+    }
+    int nb = nb__ddp_partition(d->n, order, numel, dtype, first, cap, starts);
+    for (int bi = 0; bi < nb; bi++) {
+        int start = starts[bi], end = starts[bi + 1];
+        bucket *b = &d->buckets[bi];
+        b->dtype = dtype[order[start]];
         b->n = end - start;
         b->params = members + start;
         b->offsets = nb__ctx_meta(d->ctx, sizeof(int64_t) * (size_t)b->n);
@@ -181,12 +182,13 @@ static void assign_buckets(nb_ddp *d, const int *order) {
             int i = order[start + k];
             members[start + k] = i;
             b->offsets[k] = b->numel;
-            b->numel += nb_numel(d->p[i].tensor);
-            d->bucket_of[i] = nb;
+            b->numel += numel[i];
+            d->bucket_of[i] = bi;
         }
-        nb++;
-        start = end;
     }
+    free(numel);
+    free(dtype);
+    free(starts);
     d->n_buckets = nb;
     for (int bi = 0; bi < nb; bi++) {
         bucket *b = &d->buckets[bi];
@@ -422,8 +424,8 @@ nb_status nb_ddp_new(nb_ddp **out, nb_module *model, nb_pg *pg, const nb_ddp_opt
         d->ready = xcalloc((size_t)d->n, sizeof(bool));
         d->ready_order = xcalloc((size_t)d->n, sizeof(int));
         int *order = xcalloc((size_t)d->n, sizeof(int));
+        nb__ddp_initial_order(d->n, order);
         for (int i = 0; i < d->n; i++) {
-            order[i] = d->n - 1 - i;
             d->own_grad[i] = d->p[i].tensor->grad;
             d->refs[i] = (hook_ref){d, i};
             nb_add_grad_hook(d->p[i].tensor, grad_ready_hook, &d->refs[i]);
@@ -508,15 +510,10 @@ static nb_status rebuild_buckets(nb_ddp *d) {
     int64_t n = d->n;
     nb_tensor *ord = nb_empty(tmp, NB_I64, 1, &n);
     int64_t *o = ord->data;
-    bool *seen = xcalloc((size_t)d->n, 1);
-    int k = 0;
-    for (int i = 0; i < d->n_ready; i++) {
-        o[k++] = d->ready_order[i];
-        seen[d->ready_order[i]] = true;
-    }
-    for (int i = d->n - 1; i >= 0; i--)
-        if (!seen[i]) o[k++] = i;
-    free(seen);
+    int *mine = xcalloc((size_t)d->n, sizeof(int));
+    nb__ddp_rebuild_order(d->n, d->ready_order, d->n_ready, mine);
+    for (int i = 0; i < d->n; i++) o[i] = mine[i];
+    free(mine);
     nb_status st = NB_OK;
     nb_device dev = nb_pg_device(d->pg);
     if (dev.type == NB_DEVICE_CPU) {
