@@ -249,11 +249,11 @@ START_TEST(test_stopped_store_named_at_liveness_limit) {
 }
 END_TEST
 
-/* A rank busy for 4 s with a liveness limit of 2.5 s: its heartbeat thread
+/* A rank busy for 5 s with a liveness limit of 3 s: its heartbeat thread
  * keeps it alive; the waiters warn once and then complete. */
 START_TEST(test_slow_rank_is_not_killed) {
     nbt_proc p;
-    const char *envs[] = {"NABLA_LIVENESS_TIMEOUT=2.5", "NABLA_STALL_WARNING=1", NULL};
+    const char *envs[] = {"NABLA_LIVENESS_TIMEOUT=3", "NABLA_STALL_WARNING=1", NULL};
     run_nbrun_env(&p, "slow", envs);
     ck_assert_msg(p.code == 0, "nbrun exited with %d; stderr:\n%s", p.code, p.err);
     for (int r = 0; r < 3; r++) {

@@ -12,7 +12,7 @@
  *   stopped  rank 1 stops itself (SIGSTOP); the others all-reduce and name it
  *            at the liveness limit (NABLA_LIVENESS_TIMEOUT)
  *   stopped0 the same with rank 0, which serves the store
- *   slow     rank 1 sleeps 4 s (its heartbeat goes on) before all-reducing;
+ *   slow     rank 1 sleeps 5 s (its heartbeat goes on) before all-reducing;
  *            every rank completes
  *   ok       every rank all-reduces (a launch test)
  *   ddp      every rank wraps a Linear + BatchNorm in DDP; rank 1 kills
@@ -74,7 +74,7 @@ int main(int argc, char **argv) {
         raise(SIGKILL);
     if ((strcmp(what, "stopped") == 0 && rank == 1) || (strcmp(what, "stopped0") == 0 && rank == 0))
         raise(SIGSTOP);
-    if (strcmp(what, "slow") == 0 && rank == 1) sleep(4);
+    if (strcmp(what, "slow") == 0 && rank == 1) sleep(5);
     if (strcmp(what, "ddp") == 0) {
         nb_rng rng = nb_rng_make(5);
         nb_module *layers[2] = {nb_linear_new(ctx, NB_F32, 4, 4, true, &rng),
