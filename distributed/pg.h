@@ -14,8 +14,40 @@
 
 typedef enum { NB__W_QUEUED = 0, NB__W_RUNNING, NB__W_DONE } nb__work_state;
 
+/* A process-group backend: what pg.c calls instead of branching on the
+ * backend (pg_gloo.c, pg_nccl.c). pg.c keeps the queue of unfinished works
+ * (issue order), their states and the watchdog; a backend runs them and
+ * finishes them with nb__pg_finish_locked. */
+typedef struct nb__pg_ops {
+    const char *name;
+    /* Connects the group's mesh under the store prefix, starts what runs it. */
+    nb_status (*start)(nb_pg *pg, const char *prefix);
+    /* A work was queued (pg->mu not held): run it or hand it on. */
+    void (*submit)(nb_pg *pg, nb_work *w);
+    /* Finishes the works that completed; NULL when a worker does it. */
+    void (*progress)(nb_pg *pg);
+    /* One slice of waiting (and progress); pg->mu held on entry and exit. */
+    void (*wait_slice)(nb_pg *pg, double *pause);
+    /* Before nb_work_wait waits (NCCL: the compute stream waits); may be NULL. */
+    nb_status (*order)(nb_work *w);
+    /* The group just broke (NCCL: abort the communicator); may be NULL. */
+    void (*abort)(nb_pg *pg);
+    /* With pg->stopping set: stops what runs the group; true if it is stuck
+     * in the transport (Note [Stuck worker] in pg_gloo.c). */
+    bool (*stop)(nb_pg *pg);
+    /* Frees the backend's state; `stuck`: keep what the stuck worker uses. */
+    void (*free)(nb_pg *pg, bool stuck);
+    /* Frees a work's backend part; may be NULL. */
+    void (*work_free)(nb_work *w);
+    /* All-reduces the sum of one i32 vote over the group (nb_pg_agree). */
+    nb_status (*agree)(nb_pg *pg, int32_t *votes);
+} nb__pg_ops;
+
+extern const nb__pg_ops nb__pg_gloo_ops, nb__pg_nccl_ops;
+
 struct nb_work {
     nb_pg *pg;
+    const nb__pg_ops *ops; /* the group's, kept: a handle may outlive its group */
     nb__coll coll;
     char fingerprint[160];
     int refs;             /* the user's, plus the group's while unfinished */
@@ -35,6 +67,7 @@ struct nb_pg {
     int rank, size;
     int *global;          /* world rank of each member */
     nb_pg_backend backend;
+    const nb__pg_ops *ops;
     nb_device device;
     double timeout_s;
     nb_dist_env env;
@@ -78,6 +111,12 @@ struct nb_pg {
 
 /* pg.c */
 void nb__work_put(nb_work *w);
+const nb__pg_ops *nb__pg_ops_of(nb_pg_backend backend);
+/* Numbers, fingerprints and queues a collective, and submits it. */
+nb_work *nb__pg_issue(nb_pg *pg, const nb__coll *c);
+/* With pg->mu held: w is finished; unlinks it and starts the next one's clock. */
+void nb__pg_finish_locked(nb_pg *pg, nb_work *w, nb_status st, const char *msg);
+bool nb__pg_is_loopback(const char *addr);
 /* Marks the group broken by `w` (first failure wins), with a diagnosis;
  * wakes every waiter. */
 void nb__pg_fail(nb_pg *pg, nb_work *w, nb_status st, const char *what);
