@@ -35,8 +35,11 @@ void nb__ddp_rebuild_order(int n, const int *ready, int n_ready, int *order) {
     NB_CHECK(seen != NULL, "nb_ddp: out of memory for %d parameters", n);
     int k = 0;
     for (int i = 0; i < n_ready; i++) {
-        NB_CHECK(ready[i] >= 0 && ready[i] < n && !seen[ready[i]],
-                 "nb_ddp: ready order entry %d (%d) is out of range or repeated (%d parameters)", i, ready[i], n);
+        if (ready[i] < 0 || ready[i] >= n || seen[ready[i]]) {
+            free(seen);
+            NB_ABORT("nb_ddp: ready order entry %d (%d) is out of range or repeated (%d parameters)", i,
+                     ready[i], n);
+        }
         order[k++] = ready[i];
         seen[ready[i]] = true;
     }
