@@ -198,7 +198,8 @@ nb_status nb__hb_check(nb_pg *pg, char *what, size_t len) {
     if (silent < 0) return NB_OK;
     char *where = whereabouts(root, pg->global[silent]);
     char note[48] = "";
-    if (pg->parent && pg->global[silent] != silent) snprintf(note, sizeof note, " (world rank %d)", pg->global[silent]);
+    if (pg->parent && pg->global[silent] != silent)
+        snprintf(note, sizeof note, " (world rank %d)", pg->global[silent]);
     /* Where it stopped follows in nb__diag_explain: "did not arrive (its
      * last collective ...)", or that every rank arrived at this one. */
     snprintf(what, len,

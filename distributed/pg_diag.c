@@ -176,7 +176,8 @@ void nb__diag_explain(nb_pg *pg, const nb_work *w, const char *what, char *out, 
         }
     }
     if (err != NB_OK) {
-        if (!strstr(what, "the store is unreachable")) APPEND("; the store is unreachable too (%s)", nb_last_error());
+        if (!strstr(what, "the store is unreachable"))
+            APPEND("; the store is unreachable too (%s)", nb_last_error());
         return;
     }
     if (reason) APPEND("; the run was aborted: %s", reason);
