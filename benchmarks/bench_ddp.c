@@ -252,7 +252,12 @@ int main(int argc, char **argv) {
         nb_tensor *x, *y;
         make_batch(step, kind, batch, width, s, &data, &x, &y);
         double t0 = now_s();
-        nb_tensor *out = ddp ? nb_ddp_forward(ddp, step, x) : nb_module_forward(model, step, x);
+        nb_tensor *out;
+        if (!ddp) out = nb_module_forward(model, step, x);
+        else if (nb_ddp_forward(ddp, step, x, &out) != NB_OK) {
+            fprintf(stderr, "bench_ddp: %s\n", nb_last_error());
+            return 1;
+        }
         nb_tensor *loss = kind == GPT ? nb_gpt_loss(step, out, y) : nb_cross_entropy(step, out, y, NULL);
         if (cuda) nb_cuda_synchronize(dev); /* GPU work is queued: time it done */
         double tf = now_s();

@@ -1,6 +1,8 @@
 /* The DDP reducer: buckets of gradients, gradient-ready hooks that launch
- * their all-reduce while backward runs, the end-of-backward wait, the
- * one-time bucket rebuild, and the overlap measurements.
+ * their all-reduce while backward runs, the end-of-backward wait and the
+ * one-time bucket rebuild. The partition itself is ddp_buckets.c; the
+ * checks at construction ddp_verify.c; the overlap measurements
+ * ddp_stats.c.
  *
  * Note [Buckets]
  * Parameters that require grad are numbered in registration order
@@ -46,76 +48,20 @@
 #include <string.h>
 #include <time.h>
 
-#include "nabla/ddp.h"
+#include "distributed/ddp_buckets.h"
+#include "distributed/ddp_internal.h"
 #include "tensor/internal.h"
 
 #define DEFAULT_FIRST_BUCKET (1u << 20)
 #define DEFAULT_BUCKET_CAP (25u << 20)
-#define MAX_TRACE_STEPS 256
 
-typedef struct bucket {
-    nb_dtype dtype;
-    int64_t numel;
-    nb_tensor *flat;    /* gradient memory */
-    nb_tensor *wire;    /* bf16 copy sent by the compression hook, or NULL */
-    int n;              /* parameters */
-    int *params;        /* indices, in bucket order */
-    int64_t *offsets;   /* element offset of each parameter in flat */
-    int pending;
-    nb_work *work;
-    double t_launch;
-} bucket;
-
-typedef struct hook_ref {
-    nb_ddp *ddp;
-    int index;
-} hook_ref;
-
-typedef struct trace_step {
-    double fwd_start, bw_start, bw_end, done;
-    int n;
-    nb_ddp_bucket_time *b; /* absolute times; malloc'd */
-} trace_step;
-
-struct nb_ddp {
-    nb_module *model;
-    nb_pg *pg;
-    nb_ddp_options o;
-    int rank, world;
-    bool bucketed;        /* world > 1, or forced (Note [DDP on CUDA]) */
-    /* per parameter (those that require grad), malloc'd */
-    int n;
-    nb_named_tensor *p;
-    nb_tensor **own_grad; /* each parameter's grad before the wrapper took it */
-    hook_ref *refs;       /* registered with the tensors' hooks */
-    int *bucket_of;
-    bool *ready;
-    int n_ready;
-    int *ready_order;     /* the first synchronised backward's order */
-    int *slot;            /* open-addressing map: tensor pointer -> parameter index */
-    int slot_mask;
-    /* buckets: memory and records in ctx, replaced at the rebuild */
-    nb_ctx *ctx;
-    int n_buckets;
-    bucket *buckets;
-    int next_launch;
-    bool in_backward, no_sync, rebuilt, synced_once;
-    /* the last synchronised step */
-    double fwd_start, bw_start, bw_end;
-    nb_ddp_bucket_time *times;      /* n_buckets, being measured (malloc'd) */
-    nb_ddp_bucket_time *stat_times; /* the last step's, relative to bw_end (malloc'd) */
-    nb_ddp_step_stats stats;
-    trace_step trace[MAX_TRACE_STEPS];
-    int n_trace;
-};
-
-static double now_s(void) {
+double nb__ddp_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static void *xcalloc(size_t n, size_t size) {
+void *nb__ddp_calloc(size_t n, size_t size) {
     void *p = calloc(n ? n : 1, size);
     NB_CHECK(p, "nb_ddp: out of memory (%zu x %zu bytes)", n, size);
     return p;
@@ -134,7 +80,7 @@ static unsigned hash_ptr(const void *p) {
 static void build_index(nb_ddp *d) {
     int cap = 16;
     while (cap < 2 * d->n) cap *= 2;
-    d->slot = xcalloc((size_t)cap, sizeof(int));
+    d->slot = nb__ddp_calloc((size_t)cap, sizeof(int));
     d->slot_mask = cap - 1;
     for (int k = 0; k < cap; k++) d->slot[k] = -1;
     for (int i = 0; i < d->n; i++) {
@@ -162,18 +108,18 @@ static void assign_buckets(nb_ddp *d, const int *order) {
     d->ctx = nb_ctx_new(nb_pg_device(d->pg), 0);
     d->buckets = nb__ctx_meta(d->ctx, sizeof(bucket) * (size_t)(d->n ? d->n : 1));
     int *members = nb__ctx_meta(d->ctx, sizeof(int) * (size_t)(d->n ? d->n : 1));
-    int nb = 0;
-    for (int start = 0; start < d->n;) {
-        size_t limit = nb == 0 ? first : cap, bytes = 0;
-        nb_dtype dt = d->p[order[start]].tensor->dtype;
-        int end = start;
-        while (end < d->n && d->p[order[end]].tensor->dtype == dt) {
-            bytes += (size_t)nb_numel(d->p[order[end]].tensor) * nb_dtype_size(dt);
-            end++;
-            if (bytes >= limit) break;
-        }
-        bucket *b = &d->buckets[nb];
-        b->dtype = dt;
+    int64_t *numel = nb__ddp_calloc((size_t)d->n, sizeof *numel);
+    nb_dtype *dtype = nb__ddp_calloc((size_t)d->n, sizeof *dtype);
+    int *starts = nb__ddp_calloc((size_t)d->n + 1, sizeof *starts);
+    for (int i = 0; i < d->n; i++) {
+        numel[i] = nb_numel(d->p[i].tensor);
+        dtype[i] = d->p[i].tensor->dtype;
+    }
+    int nb = nb__ddp_partition(d->n, order, numel, dtype, first, cap, starts);
+    for (int bi = 0; bi < nb; bi++) {
+        int start = starts[bi], end = starts[bi + 1];
+        bucket *b = &d->buckets[bi];
+        b->dtype = dtype[order[start]];
         b->n = end - start;
         b->params = members + start;
         b->offsets = nb__ctx_meta(d->ctx, sizeof(int64_t) * (size_t)b->n);
@@ -181,12 +127,13 @@ static void assign_buckets(nb_ddp *d, const int *order) {
             int i = order[start + k];
             members[start + k] = i;
             b->offsets[k] = b->numel;
-            b->numel += nb_numel(d->p[i].tensor);
-            d->bucket_of[i] = nb;
+            b->numel += numel[i];
+            d->bucket_of[i] = bi;
         }
-        nb++;
-        start = end;
     }
+    free(numel);
+    free(dtype);
+    free(starts);
     d->n_buckets = nb;
     for (int bi = 0; bi < nb; bi++) {
         bucket *b = &d->buckets[bi];
@@ -205,14 +152,14 @@ static void assign_buckets(nb_ddp *d, const int *order) {
         }
     }
     free(d->times);
-    d->times = xcalloc((size_t)nb, sizeof(nb_ddp_bucket_time));
+    d->times = nb__ddp_calloc((size_t)nb, sizeof(nb_ddp_bucket_time));
     nb_ctx_free(old);
 }
 
 /* ---- launching ---- */
 
 static void launch(nb_ddp *d, bucket *b) {
-    b->t_launch = now_s();
+    b->t_launch = nb__ddp_now();
     if (b->wire) {
         nb_copy_(b->wire, b->flat);
         b->work = nb_pg_all_reduce(d->pg, b->wire, NB_REDUCE_AVG);
@@ -242,134 +189,6 @@ static void grad_ready_hook(nb_tensor *leaf, void *user) {
 
 /* ---- construction ---- */
 
-/* "name dtype (shape)" lines, one per parameter: compared across ranks. */
-static char *describe_params(const nb_ddp *d, size_t *len) {
-    size_t cap = 256, n = 0;
-    char *s = xcalloc(cap, 1);
-    for (int i = 0; i < d->n; i++) {
-        char line[700];
-        int k = snprintf(line, sizeof line, "%s %s %s\n", d->p[i].name,
-                         nb_dtype_name(d->p[i].tensor->dtype), nb_shape_str(d->p[i].tensor));
-        if (k >= (int)sizeof line) k = (int)sizeof line - 1;
-        while (n + (size_t)k + 1 > cap) {
-            cap *= 2;
-            char *t = realloc(s, cap);
-            NB_CHECK(t, "nb_ddp_new: out of memory");
-            s = t;
-        }
-        memcpy(s + n, line, (size_t)k + 1);
-        n += (size_t)k;
-    }
-    *len = n;
-    return s;
-}
-
-/* Line i of s (without its newline), or "" past the end. */
-static void nth_line(const char *s, int i, char *out, size_t cap) {
-    for (; i > 0 && *s; s++)
-        if (*s == '\n') i--;
-    size_t k = 0;
-    while (s[k] && s[k] != '\n' && k + 1 < cap) {
-        out[k] = s[k];
-        k++;
-    }
-    out[k] = 0;
-}
-
-static int count_lines(const char *s) {
-    int n = 0;
-    for (; *s; s++) n += *s == '\n';
-    return n;
-}
-
-/* A copy of the store value under key, NUL-terminated, or NULL. */
-static char *store_text(nb_store *store, const char *key, double timeout_s) {
-    void *v = NULL;
-    size_t len = 0;
-    if (nb_store_get(store, key, timeout_s, &v, &len) != NB_OK) return NULL;
-    char *s = xcalloc(len + 1, 1);
-    memcpy(s, v, len);
-    free(v);
-    return s;
-}
-
-/* Every rank posts its parameter list; each compares with rank 0's and the
- * ranks agree on the verdict; on a mismatch every rank names the first
- * differing parameter and the ranks. */
-static nb_status verify_params(nb_ddp *d) {
-    static unsigned serial; /* distinguishes the wrappers of one run (same order on every rank) */
-    unsigned id = ++serial;
-    nb_store *store = nb_pg_store(d->pg);
-    char key[96];
-    size_t len;
-    char *mine = describe_params(d, &len);
-    snprintf(key, sizeof key, "ddp/%u/params/%d", id, nb_pg_global_rank(d->pg, d->rank));
-    nb_status st = nb_store_set(store, key, mine, len);
-    char *ref = NULL;
-    if (st == NB_OK) {
-        snprintf(key, sizeof key, "ddp/%u/params/%d", id, nb_pg_global_rank(d->pg, 0));
-        ref = store_text(store, key, 300);
-        if (!ref) st = NB_ERR_TIMEOUT;
-    }
-    bool differs = st != NB_OK || strcmp(ref, mine) != 0, any = false;
-    nb_status st2 = nb_pg_agree(d->pg, differs, &any, NULL);
-    free(mine);
-    if (st != NB_OK || st2 != NB_OK || !any) {
-        free(ref);
-        return st != NB_OK ? st : st2;
-    }
-    int first = -1, bad_rank = -1, bad_lines = 0;
-    char a[700] = "", b[700] = "";
-    for (int r = 1; r < d->world; r++) {
-        snprintf(key, sizeof key, "ddp/%u/params/%d", id, nb_pg_global_rank(d->pg, r));
-        char *other = store_text(store, key, 60);
-        if (!other) continue;
-        int nl = count_lines(ref) > count_lines(other) ? count_lines(ref) : count_lines(other);
-        for (int i = 0; i < nl && (first < 0 || i < first); i++) {
-            char la[700], lb[700];
-            nth_line(ref, i, la, sizeof la);
-            nth_line(other, i, lb, sizeof lb);
-            if (strcmp(la, lb) != 0) {
-                first = i;
-                bad_rank = r;
-                bad_lines = count_lines(other);
-                memcpy(a, la, sizeof a);
-                memcpy(b, lb, sizeof b);
-                break;
-            }
-        }
-        free(other);
-    }
-    st = nb_set_error(NB_ERR_MISMATCH,
-                      "nb_ddp_new: the ranks' models differ at parameter %d: rank 0 has \"%s\", "
-                      "rank %d has \"%s\" (%d vs %d parameters that require grad)",
-                      first, a[0] ? a : "nothing", bad_rank, b[0] ? b : "nothing", count_lines(ref),
-                      bad_lines);
-    free(ref);
-    return st;
-}
-
-static nb_status broadcast_tensors(nb_ddp *d, bool buffers_only) {
-    int n = buffers_only ? nb_module_named_buffers(d->model, NULL, 0) : nb_module_state(d->model, NULL, 0);
-    nb_named_tensor *s = xcalloc((size_t)n, sizeof *s);
-    if (buffers_only) nb_module_named_buffers(d->model, s, n);
-    else nb_module_state(d->model, s, n);
-    /* all issued, then all waited for: one round trip, not one per tensor */
-    nb_work **w = xcalloc((size_t)(n ? n : 1), sizeof *w);
-    for (int i = 0; i < n; i++) {
-        NB_CHECK(nb_is_contiguous(s[i].tensor), "nb_ddp: %s is not contiguous", s[i].name);
-        w[i] = nb_pg_broadcast(d->pg, s[i].tensor, 0);
-    }
-    nb_status st = NB_OK;
-    for (int i = 0; i < n; i++) {
-        nb_status si = nb_work_finish(w[i]);
-        if (st == NB_OK) st = si;
-    }
-    free(w);
-    free(s);
-    return st;
-}
-
 static void free_arrays(nb_ddp *d) {
     free(d->p);
     free(d->own_grad);
@@ -386,16 +205,16 @@ static void free_arrays(nb_ddp *d) {
 nb_status nb_ddp_new(nb_ddp **out, nb_module *model, nb_pg *pg, const nb_ddp_options *opts) {
     NB_CHECK(out && model && pg, "nb_ddp_new: NULL argument");
     *out = NULL;
-    nb_ddp *d = xcalloc(1, sizeof *d);
+    nb_ddp *d = nb__ddp_calloc(1, sizeof *d);
     d->model = model;
     d->pg = pg;
     d->o = opts ? *opts : NB_DDP_DEFAULTS;
     d->rank = nb_pg_rank(pg);
     d->world = nb_pg_size(pg);
     int total = nb_module_named_parameters(model, NULL, 0);
-    nb_named_tensor *all = xcalloc((size_t)total, sizeof *all);
+    nb_named_tensor *all = nb__ddp_calloc((size_t)total, sizeof *all);
     nb_module_named_parameters(model, all, total);
-    d->p = xcalloc((size_t)total, sizeof *d->p);
+    d->p = nb__ddp_calloc((size_t)total, sizeof *d->p);
     for (int i = 0; i < total; i++)
         if (all[i].tensor->requires_grad) d->p[d->n++] = all[i];
     free(all);
@@ -406,8 +225,8 @@ nb_status nb_ddp_new(nb_ddp **out, nb_module *model, nb_pg *pg, const nb_ddp_opt
                  nb_device_name(t->device), nb_device_name(nb_pg_device(pg)));
         NB_CHECK(nb_is_contiguous(t), "nb_ddp_new: parameter %s is not contiguous", d->p[i].name);
     }
-    nb_status st = d->world > 1 ? verify_params(d) : NB_OK;
-    if (st == NB_OK && d->world > 1) st = broadcast_tensors(d, false);
+    nb_status st = d->world > 1 ? nb__ddp_verify_params(d) : NB_OK;
+    if (st == NB_OK && d->world > 1) st = nb__ddp_broadcast_tensors(d, false);
     if (st != NB_OK) {
         free_arrays(d);
         free(d);
@@ -416,14 +235,14 @@ nb_status nb_ddp_new(nb_ddp **out, nb_module *model, nb_pg *pg, const nb_ddp_opt
     const char *force = getenv("NABLA_DDP_FORCE_BUCKETS");
     d->bucketed = d->world > 1 || (force && strcmp(force, "1") == 0);
     if (d->bucketed) { /* Note [Buckets]; world size 1 needs none of it */
-        d->own_grad = xcalloc((size_t)d->n, sizeof(nb_tensor *));
-        d->refs = xcalloc((size_t)d->n, sizeof(hook_ref));
-        d->bucket_of = xcalloc((size_t)d->n, sizeof(int));
-        d->ready = xcalloc((size_t)d->n, sizeof(bool));
-        d->ready_order = xcalloc((size_t)d->n, sizeof(int));
-        int *order = xcalloc((size_t)d->n, sizeof(int));
+        d->own_grad = nb__ddp_calloc((size_t)d->n, sizeof(nb_tensor *));
+        d->refs = nb__ddp_calloc((size_t)d->n, sizeof(hook_ref));
+        d->bucket_of = nb__ddp_calloc((size_t)d->n, sizeof(int));
+        d->ready = nb__ddp_calloc((size_t)d->n, sizeof(bool));
+        d->ready_order = nb__ddp_calloc((size_t)d->n, sizeof(int));
+        int *order = nb__ddp_calloc((size_t)d->n, sizeof(int));
+        nb__ddp_initial_order(d->n, order);
         for (int i = 0; i < d->n; i++) {
-            order[i] = d->n - 1 - i;
             d->own_grad[i] = d->p[i].tensor->grad;
             d->refs[i] = (hook_ref){d, i};
             nb_add_grad_hook(d->p[i].tensor, grad_ready_hook, &d->refs[i]);
@@ -470,15 +289,22 @@ int nb_ddp_bucket_params(const nb_ddp *d, int b, int *out, int cap) {
 }
 
 nb_status nb_ddp_pre_forward(nb_ddp *d) {
-    d->fwd_start = now_s();
+    d->fwd_start = nb__ddp_now();
     if (d->world == 1 || !d->o.broadcast_buffers) return NB_OK;
-    return broadcast_tensors(d, true);
+    return nb__ddp_broadcast_tensors(d, true);
 }
 
-nb_tensor *nb_ddp_forward(nb_ddp *d, nb_ctx *ctx, nb_tensor *x) {
+nb_status nb_ddp_forward(nb_ddp *d, nb_ctx *ctx, nb_tensor *x, nb_tensor **out) {
+    NB_CHECK(d && out, "nb_ddp_forward: NULL argument");
+    *out = NULL;
     nb_status st = nb_ddp_pre_forward(d);
-    NB_CHECK(st == NB_OK, "nb_ddp_forward: broadcasting buffers failed: %s", nb_last_error());
-    return nb_module_forward(d->model, ctx, x);
+    if (st != NB_OK) {
+        char why[2048];
+        snprintf(why, sizeof why, "%s", nb_last_error());
+        return nb_set_error(st, "nb_ddp_forward: broadcasting the buffers failed: %s", why);
+    }
+    *out = nb_module_forward(d->model, ctx, x);
+    return NB_OK;
 }
 
 /* ---- backward ---- */
@@ -501,15 +327,10 @@ static nb_status rebuild_buckets(nb_ddp *d) {
     int64_t n = d->n;
     nb_tensor *ord = nb_empty(tmp, NB_I64, 1, &n);
     int64_t *o = ord->data;
-    bool *seen = xcalloc((size_t)d->n, 1);
-    int k = 0;
-    for (int i = 0; i < d->n_ready; i++) {
-        o[k++] = d->ready_order[i];
-        seen[d->ready_order[i]] = true;
-    }
-    for (int i = d->n - 1; i >= 0; i--)
-        if (!seen[i]) o[k++] = i;
-    free(seen);
+    int *mine = nb__ddp_calloc((size_t)d->n, sizeof(int));
+    nb__ddp_rebuild_order(d->n, d->ready_order, d->n_ready, mine);
+    for (int i = 0; i < d->n; i++) o[i] = mine[i];
+    free(mine);
     nb_status st = NB_OK;
     nb_device dev = nb_pg_device(d->pg);
     if (dev.type == NB_DEVICE_CPU) {
@@ -522,7 +343,7 @@ static nb_status rebuild_buckets(nb_ddp *d) {
         nb_ctx_free(dctx);
     }
     if (st == NB_OK) {
-        int *order = xcalloc((size_t)d->n, sizeof(int));
+        int *order = nb__ddp_calloc((size_t)d->n, sizeof(int));
         for (int i = 0; i < d->n; i++) order[i] = (int)o[i];
         assign_buckets(d, order);
         free(order);
@@ -530,43 +351,6 @@ static nb_status rebuild_buckets(nb_ddp *d) {
     nb_ctx_free(tmp);
     d->rebuilt = true;
     return st;
-}
-
-static void record_stats(nb_ddp *d, double done) {
-    nb_ddp_step_stats *s = &d->stats;
-    memset(s, 0, sizeof *s);
-    s->n_buckets = d->n_buckets;
-    free(d->stat_times);
-    d->stat_times = xcalloc((size_t)d->n_buckets, sizeof(nb_ddp_bucket_time));
-    s->buckets = d->stat_times;
-    s->backward_s = d->bw_end - d->bw_start;
-    s->wait_s = done - d->bw_end;
-    double hidden = 0;
-    for (int b = 0; b < d->n_buckets; b++) {
-        nb_ddp_bucket_time *t = &d->times[b];
-        double start = t->start, finish = t->finish; /* absolute for now */
-        s->comm_s += finish - start;
-        if (start < d->bw_end) hidden += (finish < d->bw_end ? finish : d->bw_end) - start;
-        if (t->launch < d->bw_end) s->launched_before_end++;
-    }
-    s->hidden_fraction = s->comm_s > 0 ? hidden / s->comm_s : 0;
-    if (d->o.record_timeline) {
-        trace_step *ts = &d->trace[d->n_trace < MAX_TRACE_STEPS ? d->n_trace++ : MAX_TRACE_STEPS - 1];
-        free(ts->b);
-        ts->fwd_start = d->fwd_start;
-        ts->bw_start = d->bw_start;
-        ts->bw_end = d->bw_end;
-        ts->done = done;
-        ts->n = d->n_buckets;
-        ts->b = xcalloc((size_t)d->n_buckets, sizeof *ts->b);
-        memcpy(ts->b, d->times, sizeof *ts->b * (size_t)d->n_buckets);
-    }
-    for (int b = 0; b < d->n_buckets; b++) { /* relative to the end of backward */
-        d->stat_times[b] = d->times[b];
-        d->stat_times[b].launch -= d->bw_end;
-        d->stat_times[b].start -= d->bw_end;
-        d->stat_times[b].finish -= d->bw_end;
-    }
 }
 
 nb_status nb_ddp_backward(nb_ddp *d, nb_tensor *loss) {
@@ -583,16 +367,16 @@ nb_status nb_ddp_backward(nb_ddp *d, nb_tensor *loss) {
     }
     d->in_backward = true;
     if (d->o.find_unused_parameters) { /* Note [Unused parameters] */
-        bool *seen = xcalloc((size_t)d->n, 1);
+        bool *seen = nb__ddp_calloc((size_t)d->n, 1);
         reach r = {d, seen};
         nb__graph_leaves(loss, note_leaf, &r);
         for (int i = 0; i < d->n; i++)
             if (!seen[i]) mark_ready(d, i);
         free(seen);
     }
-    d->bw_start = now_s();
+    d->bw_start = nb__ddp_now();
     nb_backward(loss);
-    d->bw_end = now_s();
+    d->bw_end = nb__ddp_now();
     d->in_backward = false;
     /* parameters that got no gradient */
     int missing = -1, n_missing = 0;
@@ -615,9 +399,9 @@ nb_status nb_ddp_backward(nb_ddp *d, nb_tensor *loss) {
         bk->work = NULL;
         if (s == NB_OK && bk->wire) nb_copy_(bk->flat, bk->wire);
     }
-    double done = now_s();
+    double done = nb__ddp_now();
     if (st != NB_OK) return st;
-    record_stats(d, done);
+    nb__ddp_record_stats(d, done);
     if (!d->synced_once) {
         d->synced_once = true;
         if (n_missing == 0 || d->o.find_unused_parameters) st = rebuild_buckets(d);
@@ -630,49 +414,5 @@ nb_status nb_ddp_backward(nb_ddp *d, nb_tensor *loss) {
                             "wrapper with find_unused_parameters = true, otherwise make every "
                             "parameter contribute to the loss",
                             d->p[missing].name, n_missing - 1);
-    return NB_OK;
-}
-
-nb_ddp_step_stats nb_ddp_last_stats(const nb_ddp *d) { return d->stats; }
-
-/* ---- Chrome trace ---- */
-
-static void trace_event(FILE *f, bool *first, const char *name, int pid, int tid, double t0, double ts,
-                        double te) {
-    fprintf(f, "%s\n{\"name\":\"%s\",\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f}",
-            *first ? "" : ",", name, pid, tid, (ts - t0) * 1e6, (te - ts) * 1e6);
-    *first = false;
-}
-
-nb_status nb_ddp_write_trace(const nb_ddp *d, const char *path) {
-    if (!d->o.record_timeline)
-        return nb_set_error(NB_ERR_INVALID, "nb_ddp_write_trace: the wrapper was made without "
-                                            "record_timeline, so there is nothing to write to %s", path);
-    FILE *f = fopen(path, "w");
-    if (!f) return nb_set_error(NB_ERR_IO, "nb_ddp_write_trace: cannot open %s for writing", path);
-    double t0 = d->n_trace ? d->trace[0].fwd_start : 0;
-    if (d->n_trace && (t0 == 0 || t0 > d->trace[0].bw_start)) t0 = d->trace[0].bw_start;
-    int pid = nb_pg_global_rank(d->pg, d->rank);
-    fprintf(f, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[");
-    bool first = true;
-    fprintf(f, "\n{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"name\":\"rank %d\"}},", pid, pid);
-    fprintf(f, "\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"args\":{\"name\":\"compute\"}},", pid);
-    fprintf(f, "\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":1,\"args\":{\"name\":\"communication\"}}", pid);
-    first = false;
-    for (int s = 0; s < d->n_trace; s++) {
-        const trace_step *t = &d->trace[s];
-        if (t->fwd_start > 0 && t->fwd_start <= t->bw_start)
-            trace_event(f, &first, "forward", pid, 0, t0, t->fwd_start, t->bw_start);
-        trace_event(f, &first, "backward", pid, 0, t0, t->bw_start, t->bw_end);
-        trace_event(f, &first, "wait for buckets", pid, 0, t0, t->bw_end, t->done);
-        for (int b = 0; b < t->n; b++) {
-            char name[48];
-            snprintf(name, sizeof name, "all-reduce bucket %d", b);
-            trace_event(f, &first, name, pid, 1, t0, t->b[b].start, t->b[b].finish);
-        }
-    }
-    fprintf(f, "\n]}\n");
-    bool bad = ferror(f) != 0;
-    if (fclose(f) != 0 || bad) return nb_set_error(NB_ERR_IO, "nb_ddp_write_trace: writing %s failed", path);
     return NB_OK;
 }

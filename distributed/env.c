@@ -53,6 +53,32 @@ static nb_status read_family(const char *family, const char *const *names, int n
     return NB_OK;
 }
 
+/* Note [Optional LOCAL_*]: PyTorch's env:// needs only RANK, WORLD_SIZE,
+ * MASTER_ADDR and MASTER_PORT, so a hand launch may leave out LOCAL_RANK
+ * and LOCAL_WORLD_SIZE. The defaults are right for one node and loud for
+ * several: LOCAL_WORLD_SIZE defaults to WORLD_SIZE (every rank on this
+ * node), LOCAL_RANK to RANK mod LOCAL_WORLD_SIZE (torchrun's numbering:
+ * nodes filled in rank order, the same count on each). On several nodes
+ * without LOCAL_WORLD_SIZE a rank's local rank is its global rank, which
+ * exceeds the node's GPU count and is refused by nb_dist_select_device
+ * rather than sharing a GPU by accident. */
+static nb_status read_torch(const char *const *names, int *out[]) {
+    if (!env(names[0]) && !env(names[1]))
+        return nb_set_error(NB_ERR_INVALID,
+                            "nb_dist_env_read: %s is set but RANK and WORLD_SIZE are not (a "
+                            "torchrun-style launch sets at least RANK, WORLD_SIZE, MASTER_ADDR, "
+                            "MASTER_PORT)",
+                            env(names[2]) ? names[2] : names[3]);
+    nb_status st = read_family("torchrun-style", names, 2, out);
+    if (st != NB_OK) return st;
+    const char *lws = env(names[3]), *lr = env(names[2]);
+    *out[3] = *out[1];
+    if (lws && (st = parse_int(names[3], lws, 0, INT_MAX, out[3])) != NB_OK) return st;
+    *out[2] = *out[3] > 0 ? *out[0] % *out[3] : 0;
+    if (lr && (st = parse_int(names[2], lr, 0, INT_MAX, out[2])) != NB_OK) return st;
+    return NB_OK;
+}
+
 /* Slurm's SLURM_TASKS_PER_NODE: "4(x2),3" = 4 tasks on nodes 0-1, 3 on node 2. */
 static nb_status slurm_tasks_on_node(const char *spec, int node, int *tasks) {
     const char *p = spec;
@@ -108,7 +134,7 @@ nb_status nb_dist_env_read(nb_dist_env *e) {
     int *dst[4] = {&e->rank, &e->world_size, &e->local_rank, &e->local_world_size};
     if (env(torch[0]) || env(torch[1]) || env(torch[2]) || env(torch[3])) {
         e->source = "torchrun";
-        st = read_family("torchrun-style", torch, 4, dst);
+        st = read_torch(torch, dst);
     } else if (env(ompi[0]) || env(ompi[1]) || env(ompi[2]) || env(ompi[3])) {
         e->source = "OpenMPI";
         st = read_family("OpenMPI", ompi, 4, dst);

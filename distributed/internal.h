@@ -22,6 +22,9 @@ double nb__now(void); /* monotonic seconds */
  * getaddrinfo code in *gai_err or the errno in *sys_err. */
 int nb__tcp_listen(const char *host, int port, int *gai_err, int *sys_err);
 void nb__sleep(double seconds);
+/* NABLA_LIVENESS_TIMEOUT or its default: how long a live peer or store
+ * may stay silent (Note [Liveness and progress] in heartbeat.c). */
+double nb__liveness_s(void);
 /* The GPU index of a process from its local rank and the number of GPUs it
  * sees (Note [One GPU per process] in env.c); cvd only names the variable in
  * the error. */
@@ -133,6 +136,8 @@ void nb__store_reply_text(nb__buf *out, int status, const char *text);
 nb_status nb__store_set_quiet(nb_store *s, const char *key, const void *value, size_t len);
 nb_status nb__store_mget(nb_store *s, const char *const *keys, int n, char **values);
 const char *nb__store_host(const nb_store *s);
+/* Changes the default timeout of the connection's blocking calls. */
+void nb__store_set_timeout(nb_store *s, double timeout_s);
 int nb__store_port(const nb_store *s);
 
 /* Adopts an already listening socket (nbrun passes one, NABLA_STORE_FD). */

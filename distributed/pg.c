@@ -1,25 +1,23 @@
 /* Process groups: set-up from the environment, the collectives' front
- * ends (argument checks, sequence numbers), the per-group queue and its
- * Gloo worker thread, waits with the watchdog of Note [Hang diagnostics]
- * (pg_diag.c), and shut-down.
+ * ends (argument checks, sequence numbers), the per-group queue, waits
+ * with the watchdog of Note [Hang diagnostics] (pg_diag.c) and of Note
+ * [Liveness and progress] (heartbeat.c), and shut-down.
  *
- * Gloo calls block, so each group runs its collectives on one background
- * thread, strictly in issue order (every rank must see the same order);
- * the caller's thread only enqueues and, in nb_work_wait, watches. NCCL
- * calls are asynchronous already: they are enqueued on the group's stream
- * from the issuing thread; a wait orders the compute stream after the
- * collective, then polls its completion event. Either
- * way the group keeps its unfinished works in issue order, and only the
- * oldest is watched: a later one cannot finish before it. */
-#include <arpa/inet.h>
+ * What runs the collectives is the group's backend, reached through its
+ * table (nb__pg_ops in pg.h): Gloo calls block, so pg_gloo.c runs each
+ * group's collectives on one background thread, strictly in issue order
+ * (every rank must see the same order); NCCL calls are asynchronous
+ * already, so pg_nccl.c enqueues them on the group's stream from the
+ * issuing thread, and a wait orders the compute stream after the
+ * collective, then polls its completion event. Either way the group keeps
+ * its unfinished works in issue order, and only the oldest is watched: a
+ * later one cannot finish before it. */
 #include <errno.h>
 #include <inttypes.h>
-#include <netdb.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include "distributed/pg.h"
@@ -28,10 +26,6 @@
 #define POLL_AFTER_S 0.5     /* a collective this old gets abort polls... */
 #define DESYNC_AFTER_S 1.0   /* ...and, this old, fingerprint comparisons */
 #define POLL_EVERY_S 0.5
-/* Longest sleep between two polls of an NCCL completion event: a wait
- * notices completion at most this late (DDP waits once per step,
- * SyncBatchNorm once per layer and pass). */
-#define NCCL_POLL_MAX_S 1e-4
 
 /* ---------------------------------------------------------------- basics */
 
@@ -82,13 +76,12 @@ static char *dup_str(const char *s) {
 void nb__work_put(nb_work *w) {
     if (__atomic_sub_fetch(&w->refs, 1, __ATOMIC_ACQ_REL) == 0) {
         free(w->msg);
-        if (w->nccl) nb__nccl_work_free(w->nccl);
+        if (w->ops && w->ops->work_free) w->ops->work_free(w);
         free(w);
     }
 }
 
-/* With pg->mu held: w is finished; unlink it and start the next one's clock. */
-static void finish_locked(nb_pg *pg, nb_work *w, nb_status st, const char *msg) {
+void nb__pg_finish_locked(nb_pg *pg, nb_work *w, nb_status st, const char *msg) {
     w->state = NB__W_DONE;
     w->t_end = nb__now();
     w->status = st;
@@ -126,84 +119,27 @@ void nb__pg_fail(nb_pg *pg, nb_work *w, nb_status st, const char *what) {
     }
     pthread_cond_broadcast(&pg->cond);
     pthread_mutex_unlock(&pg->mu);
-    if (first && pg->nccl) nb__nccl_abort(pg->nccl);
-}
-
-/* ---------------------------------------------------------- Gloo worker */
-
-static nb_status run_gloo(nb_pg *pg, nb_work *w, char *what, size_t len) {
-    const nb__coll *c = &w->coll;
-    nb__diag_record(pg, w);
-    if (c->count == 0 && c->kind != NB__BARRIER) return NB_OK;
-    nb_status st = nb__gloo_run(pg->gloo, c);
-    if (st == NB_OK) {
-        if (c->op == NB_REDUCE_AVG && (c->kind == NB__ALL_REDUCE || c->kind == NB__REDUCE_SCATTER))
-            nb__scale_down(c->dtype, c->out, (size_t)c->count, (double)pg->size);
-        return NB_OK;
-    }
-    if (st == NB_ERR_TIMEOUT)
-        snprintf(what, len, "did not complete within %.1f s (the transport timed out: %s)", pg->timeout_s,
-                 nb_last_error());
-    else
-        snprintf(what, len, "failed in the transport (%s)", nb_last_error());
-    return st;
-}
-
-static void *gloo_worker(void *arg) {
-    nb_pg *pg = arg;
-    char what[NB__MSG_LEN];
-    pthread_mutex_lock(&pg->mu);
-    for (;;) {
-        nb_work *w = pg->q_head;
-        while (w && w->state != NB__W_QUEUED) w = w->next;
-        if (!w) {
-            if (pg->stopping) break;
-            pthread_cond_wait(&pg->cond, &pg->mu);
-            continue;
-        }
-        w->state = NB__W_RUNNING;
-        nb_status st = pg->broken;
-        pthread_mutex_unlock(&pg->mu);
-        if (st == NB_OK) {
-            st = run_gloo(pg, w, what, sizeof what);
-            if (st != NB_OK) nb__pg_fail(pg, w, st, what);
-        }
-        pthread_mutex_lock(&pg->mu);
-        if (st != NB_OK) st = pg->broken;
-        finish_locked(pg, w, st, pg->broken_msg);
-    }
-    pthread_mutex_unlock(&pg->mu);
-    return NULL;
-}
-
-/* ------------------------------------------------------------ NCCL progress */
-
-/* Finishes the works whose events have fired, oldest first. */
-static void nccl_progress(nb_pg *pg) {
-    pthread_mutex_lock(&pg->mu);
-    while (pg->q_head && pg->broken == NB_OK) {
-        nb_work *w = pg->q_head;
-        if (w->state == NB__W_QUEUED) break; /* still being launched */
-        int r = w->nccl ? nb__nccl_query(pg->nccl, w->nccl) : 1;
-        if (r == 0) break;
-        if (r == 1) {
-            finish_locked(pg, w, NB_OK, "");
-            continue;
-        }
-        __atomic_add_fetch(&w->refs, 1, __ATOMIC_ACQ_REL);
-        char what[NB__MSG_LEN];
-        snprintf(what, sizeof what, "failed in the transport (%s)", nb_last_error());
-        pthread_mutex_unlock(&pg->mu);
-        nb__pg_fail(pg, w, (nb_status)r, what);
-        nb__work_put(w);
-        pthread_mutex_lock(&pg->mu);
-    }
-    pthread_mutex_unlock(&pg->mu);
+    if (first && pg->ops->abort) pg->ops->abort(pg);
 }
 
 /* ---------------------------------------------------------------- watchdog */
 
-/* Times out, or fails early (abort, desync), the group's oldest work. */
+/* Note [Liveness and progress] in heartbeat.c: a collective that waits on
+ * live ranks is named once, on stderr, and goes on waiting. */
+static void stall_warning(nb_pg *pg, nb_work *h, double age) {
+    h->warned = true;
+    char what[128], msg[NB__MSG_LEN];
+    snprintf(what, sizeof what, "has waited %.0f s", age);
+    nb__diag_explain(pg, h, what, msg, sizeof msg);
+    fprintf(stderr,
+            "nabla: warning: %s; every rank is alive (heartbeats flow), so they are busy (a long "
+            "evaluation or checkpoint) or stuck in their own code; the collective fails after "
+            "NABLA_PG_TIMEOUT=%g s\n",
+            msg, pg->timeout_s);
+}
+
+/* Times out, or fails early (abort, desync, a silent rank), the group's
+ * oldest work. */
 static void watchdog(nb_pg *pg) {
     if (pthread_mutex_trylock(&pg->watch_mu) != 0) return;
     double now = nb__now();
@@ -221,32 +157,20 @@ static void watchdog(nb_pg *pg) {
         } else if (age > POLL_AFTER_S && due) {
             pg->next_poll = now + POLL_EVERY_S;
             nb_status st = nb__diag_check(pg, h, age > DESYNC_AFTER_S, what, sizeof what);
+            if (st == NB_OK) st = nb__hb_check(pg, what, sizeof what);
             if (st != NB_OK) nb__pg_fail(pg, h, st, what);
+            else if (pg->root->stall_s > 0 && age > pg->root->stall_s && !h->warned) stall_warning(pg, h, age);
         }
         nb__work_put(h);
     }
     pthread_mutex_unlock(&pg->watch_mu);
 }
 
-/* One round of waiting: a slice of sleep, progress, the watchdog. With
- * pg->mu held on entry and exit. */
+/* One round of waiting: the backend's slice of sleep (and progress), then
+ * the watchdog. With pg->mu held on entry and exit. */
 static void wait_round(nb_pg *pg, double *pause) {
-    if (pg->nccl) {
-        pthread_mutex_unlock(&pg->mu);
-        nb__sleep(*pause);
-        *pause = *pause * 2 > NCCL_POLL_MAX_S ? NCCL_POLL_MAX_S : *pause * 2;
-        nccl_progress(pg);
-    } else {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += (long)(SLICE_S * 1e9);
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
-        pthread_cond_timedwait(&pg->cond, &pg->mu, &ts);
-        pthread_mutex_unlock(&pg->mu);
-    }
+    pg->ops->wait_slice(pg, pause);
+    pthread_mutex_unlock(&pg->mu);
     watchdog(pg);
     pthread_mutex_lock(&pg->mu);
 }
@@ -283,11 +207,11 @@ nb_status nb_work_wait(nb_work *w) {
     nb_pg *pg = w->pg;
     double pause = 2e-5;
     bool done;
-    if (pg->nccl && w->nccl) { /* Note [NCCL streams] in pg_nccl.c */
-        nb_status st = nb__nccl_work_order(w->nccl);
+    if (pg->ops->order) {
+        nb_status st = pg->ops->order(w);
         if (st != NB_OK) return st;
     }
-    if (pg->nccl) nccl_progress(pg);
+    if (pg->ops->progress) pg->ops->progress(pg);
     pthread_mutex_lock(&pg->mu);
     nb_status st = work_result(w, &done);
     while (!done) {
@@ -301,7 +225,7 @@ nb_status nb_work_wait(nb_work *w) {
 nb_status nb_work_test(nb_work *w, bool *done) {
     NB_CHECK(w != NULL && done != NULL, "nb_work_test: NULL argument");
     nb_pg *pg = w->pg;
-    if (pg->nccl) nccl_progress(pg);
+    if (pg->ops->progress) pg->ops->progress(pg);
     watchdog(pg);
     pthread_mutex_lock(&pg->mu);
     nb_status st = work_result(w, done);
@@ -321,10 +245,11 @@ nb_status nb_work_finish(nb_work *w) {
 
 /* ------------------------------------------------------------------ issue */
 
-static nb_work *issue(nb_pg *pg, const nb__coll *c) {
+nb_work *nb__pg_issue(nb_pg *pg, const nb__coll *c) {
     nb_work *w = calloc(1, sizeof *w);
     NB_CHECK(w != NULL, "nb_pg: out of memory for a work handle");
     w->pg = pg;
+    w->ops = pg->ops;
     w->coll = *c;
     w->refs = 2;
     pthread_mutex_lock(&pg->mu);
@@ -342,29 +267,8 @@ static nb_work *issue(nb_pg *pg, const nb__coll *c) {
     if (pg->q_tail) pg->q_tail->next = w;
     else pg->q_head = w;
     pg->q_tail = w;
-    if (pg->gloo) pthread_cond_broadcast(&pg->cond);
     pthread_mutex_unlock(&pg->mu);
-
-    if (pg->nccl) {
-        /* Queued until launched: nccl_progress (possibly on another
-         * thread) must not take a work without its event for finished. */
-        nb__diag_record(pg, w);
-        nb_status st = NB_OK;
-        nb__nccl_work *nw = NULL;
-        if (c->count > 0 || c->kind == NB__BARRIER) st = nb__nccl_launch(pg->nccl, &w->coll, &nw);
-        pthread_mutex_lock(&pg->mu);
-        w->nccl = nw;
-        w->state = NB__W_RUNNING;
-        pthread_mutex_unlock(&pg->mu);
-        if (st != NB_OK) {
-            char what[NB__MSG_LEN];
-            snprintf(what, sizeof what, "could not be launched (%s)", nb_last_error());
-            nb__pg_fail(pg, w, st, what);
-            pthread_mutex_lock(&pg->mu);
-            finish_locked(pg, w, pg->broken, pg->broken_msg);
-            pthread_mutex_unlock(&pg->mu);
-        }
-    }
+    pg->ops->submit(pg, w);
     return w;
 }
 
@@ -395,7 +299,7 @@ nb_work *nb_pg_all_reduce(nb_pg *pg, nb_tensor *t, nb_reduce_op op) {
     check_tensor(fn, pg, t, "tensor");
     check_op(fn, op, t->dtype);
     nb__coll c = {NB__ALL_REDUCE, op, t->dtype, nb_numel(t), 0, t->data, NULL, 0};
-    return issue(pg, &c);
+    return nb__pg_issue(pg, &c);
 }
 
 nb_work *nb_pg_broadcast(nb_pg *pg, nb_tensor *t, int root) {
@@ -404,7 +308,7 @@ nb_work *nb_pg_broadcast(nb_pg *pg, nb_tensor *t, int root) {
     NB_CHECK(root >= 0 && root < pg->size, "%s: root %d is outside the group of %d ranks", fn, root,
              pg->size);
     nb__coll c = {NB__BROADCAST, NB_REDUCE_SUM, t->dtype, nb_numel(t), root, t->data, NULL, 0};
-    return issue(pg, &c);
+    return nb__pg_issue(pg, &c);
 }
 
 nb_work *nb_pg_all_gather(nb_pg *pg, nb_tensor *out, const nb_tensor *in) {
@@ -418,7 +322,7 @@ nb_work *nb_pg_all_gather(nb_pg *pg, nb_tensor *out, const nb_tensor *in) {
              nb_shape_str(out), nb_numel(out), pg->size, nb_shape_str(in),
              (int64_t)pg->size * nb_numel(in));
     nb__coll c = {NB__ALL_GATHER, NB_REDUCE_SUM, in->dtype, nb_numel(in), 0, out->data, in->data, 0};
-    return issue(pg, &c);
+    return nb__pg_issue(pg, &c);
 }
 
 nb_work *nb_pg_reduce_scatter(nb_pg *pg, nb_tensor *out, const nb_tensor *in, nb_reduce_op op) {
@@ -433,27 +337,19 @@ nb_work *nb_pg_reduce_scatter(nb_pg *pg, nb_tensor *out, const nb_tensor *in, nb
              nb_shape_str(in), nb_numel(in), pg->size, nb_shape_str(out),
              (int64_t)pg->size * nb_numel(out));
     nb__coll c = {NB__REDUCE_SCATTER, op, in->dtype, nb_numel(out), 0, out->data, in->data, 0};
-    return issue(pg, &c);
+    return nb__pg_issue(pg, &c);
 }
 
 nb_work *nb_pg_barrier(nb_pg *pg) {
     NB_CHECK(pg != NULL, "nb_pg_barrier: process group is NULL (is this rank a member of the subgroup?)");
     nb__coll c = {NB__BARRIER, NB_REDUCE_SUM, NB_I32, 0, 0, NULL, NULL, 0};
-    return issue(pg, &c);
+    return nb__pg_issue(pg, &c);
 }
 
 nb_status nb_pg_agree(nb_pg *pg, bool flag, bool *any, bool *all) {
     NB_CHECK(pg != NULL, "nb_pg_agree: process group is NULL (is this rank a member of the subgroup?)");
     int32_t votes = flag ? 1 : 0;
-    void *buf = &votes;
-    nb_status st = NB_OK;
-    if (pg->nccl) {
-        buf = pg->agree_buf;
-        nb__cuda_memcpy_h2d(pg->device.index, buf, &votes, sizeof votes);
-    }
-    nb__coll c = {NB__ALL_REDUCE, NB_REDUCE_SUM, NB_I32, 1, 0, buf, NULL, 0};
-    st = nb_work_finish(issue(pg, &c));
-    if (st == NB_OK && pg->nccl) nb__cuda_memcpy_d2h(pg->device.index, &votes, buf, sizeof votes);
+    nb_status st = pg->ops->agree(pg, &votes);
     if (st != NB_OK) return st;
     if (any) *any = votes > 0;
     if (all) *all = votes == pg->size;
@@ -462,32 +358,8 @@ nb_status nb_pg_agree(nb_pg *pg, bool flag, bool *any, bool *all) {
 
 /* ---------------------------------------------------------------- set-up */
 
-static bool is_loopback(const char *addr) {
+bool nb__pg_is_loopback(const char *addr) {
     return strncmp(addr, "127.", 4) == 0 || strcmp(addr, "localhost") == 0 || strcmp(addr, "::1") == 0;
-}
-
-/* An address of this host that reaches `master` (the source address the
- * kernel would pick); what the Gloo device listens on. */
-static void local_address(const char *master, char *out, size_t len) {
-    snprintf(out, len, "127.0.0.1");
-    if (is_loopback(master)) return;
-    struct addrinfo hints, *res = NULL;
-    memset(&hints, 0, sizeof hints);
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_DGRAM;
-    if (getaddrinfo(master, "9", &hints, &res) != 0) return;
-    int fd = socket(res->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-    if (fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
-        struct sockaddr_storage ss;
-        socklen_t sl = sizeof ss;
-        if (getsockname(fd, (struct sockaddr *)&ss, &sl) == 0) {
-            const void *a = ss.ss_family == AF_INET6 ? (const void *)&((struct sockaddr_in6 *)&ss)->sin6_addr
-                                                     : (const void *)&((struct sockaddr_in *)&ss)->sin_addr;
-            inet_ntop(ss.ss_family, a, out, (socklen_t)len);
-        }
-    }
-    if (fd >= 0) close(fd);
-    freeaddrinfo(res);
 }
 
 /* Note [SIGPIPE]: Gloo writes to its sockets with write(2), which raises
@@ -517,34 +389,14 @@ static void sigpipe_restore(const sigset_t *old) {
     pthread_sigmask(SIG_SETMASK, old, NULL);
 }
 
-static nb_status start_backend(nb_pg *pg, const char *prefix) {
-    nb_pg *root = pg->root;
-    if (pg->backend == NB_PG_GLOO) {
-        nb_status st;
-        if (!root->gloo_dev) {
-            char host[256];
-            local_address(root->env.master_addr, host, sizeof host);
-            const char *iface = getenv("NABLA_SOCKET_IFNAME");
-            st = nb__gloo_dev_new(&root->gloo_dev, host, iface ? iface : "");
-            if (st != NB_OK) return st;
-        }
-        st = nb__gloo_connect(&pg->gloo, root->gloo_dev, root->store_main, prefix, pg->rank, pg->size,
-                              pg->timeout_s);
-        if (st != NB_OK) return st;
-        if (pthread_create(&pg->worker, NULL, gloo_worker, pg) != 0)
-            return nb_set_error(NB_ERR_INTERNAL, "nb_pg_init: cannot start the group's worker thread");
-        pg->worker_started = true;
-        return NB_OK;
-    }
-    nb_status st = nb__nccl_init(&pg->nccl, root->store_main, prefix, pg->rank, pg->size,
-                                 pg->device.index, &pg->agree_buf);
-    return st;
+const nb__pg_ops *nb__pg_ops_of(nb_pg_backend backend) {
+    return backend == NB_PG_NCCL ? &nb__pg_nccl_ops : &nb__pg_gloo_ops;
 }
 
 nb_status nb__pg_start_backend(nb_pg *pg, const char *prefix) {
     sigset_t old;
     sigpipe_block(&old);
-    nb_status st = start_backend(pg, prefix);
+    nb_status st = pg->ops->start(pg, prefix);
     sigpipe_restore(&old);
     return st;
 }
@@ -574,7 +426,7 @@ static nb_status resolve_options(const nb_pg_options *opts, nb_pg_backend *backe
     NB_CHECK(opts->timeout_s >= 0, "nb_pg_init: timeout %g s must be >= 0", opts->timeout_s);
     *timeout = opts->timeout_s;
     if (*timeout == 0) {
-        *timeout = 300;
+        *timeout = 1800;
         const char *v = getenv("NABLA_PG_TIMEOUT");
         if (v && *v) {
             char *end;
@@ -612,7 +464,7 @@ static nb_status start_store(nb_pg *pg, int *port) {
         st = nb__store_server_adopt(&pg->server, (int)fd, e->run_id);
         unsetenv("NABLA_STORE_FD"); /* it is ours now; children must not see it */
     } else {
-        const char *host = is_loopback(e->master_addr) ? e->master_addr : "0.0.0.0";
+        const char *host = nb__pg_is_loopback(e->master_addr) ? e->master_addr : "0.0.0.0";
         st = nb_store_server_start(&pg->server, host, e->store_port, e->run_id);
     }
     if (st != NB_OK) return st;
@@ -620,19 +472,23 @@ static nb_status start_store(nb_pg *pg, int *port) {
     return NB_OK;
 }
 
-static void free_group(nb_pg *pg) {
+/* `stuck`: the worker is still blocked in Gloo (Note [Stuck worker] in pg_gloo.c);
+ * what it touches (the group struct, its locks, the Gloo context) is
+ * left allocated. */
+static void free_group(nb_pg *pg, bool stuck) {
     sigset_t old;
     sigpipe_block(&old);
-    if (pg->gloo) nb__gloo_free(pg->gloo);
-    if (pg->nccl) nb__nccl_free(pg->nccl);
-    nb_store_close(pg->store_worker);
+    if (pg->ops) pg->ops->free(pg, stuck);
+    if (!stuck) nb_store_close(pg->store_worker);
     if (pg->root == pg) {
+        nb__hb_stop(pg);
         nb_store_close(pg->store_monitor);
         nb_store_close(pg->store_main);
         nb_store_server_stop(pg->server);
-        if (pg->gloo_dev) nb__gloo_dev_free(pg->gloo_dev);
+        if (pg->gloo_dev) nb__gloo_dev_free(pg->gloo_dev); /* after every group's Gloo context */
     }
     sigpipe_restore(&old);
+    if (stuck) return;
     pthread_mutex_destroy(&pg->mu);
     pthread_cond_destroy(&pg->cond);
     pthread_mutex_destroy(&pg->watch_mu);
@@ -653,14 +509,24 @@ nb_status nb_pg_init_env(nb_pg **out, const nb_dist_env *env, const nb_pg_option
     for (int r = 0; r < pg->size; r++) pg->global[r] = r;
     pg->env = *env;
     pg->backend = backend;
+    pg->ops = nb__pg_ops_of(backend);
     pg->timeout_s = timeout;
-    st = nb_dist_select_device(env, backend == NB_PG_NCCL, &pg->device);
+    st = nb__liveness_options(&pg->liveness_s, &pg->join_s, &pg->stall_s);
+    if (st == NB_OK) st = nb_dist_select_device(env, backend == NB_PG_NCCL, &pg->device);
     int port = 0;
     if (st == NB_OK) st = start_store(pg, &port);
     const char *host = env->master_addr;
-    if (st == NB_OK) st = nb_store_connect(&pg->store_main, host, port, env->run_id, env->rank, timeout);
-    if (st == NB_OK) st = nb_store_connect(&pg->store_monitor, host, port, env->run_id, -1, timeout);
-    if (st == NB_OK) st = nb_store_connect(&pg->store_worker, host, port, env->run_id, -1, timeout);
+    double join = pg->join_s;
+    if (st == NB_OK) st = nb_store_connect(&pg->store_main, host, port, env->run_id, env->rank, join);
+    if (st == NB_OK) st = nb_store_connect(&pg->store_monitor, host, port, env->run_id, -1, join);
+    if (st == NB_OK) st = nb_store_connect(&pg->store_worker, host, port, env->run_id, -1, join);
+    if (st == NB_OK) {
+        nb__store_set_timeout(pg->store_main, timeout);
+        nb__store_set_timeout(pg->store_monitor, timeout);
+        nb__store_set_timeout(pg->store_worker, timeout);
+        st = nb__hb_start(pg);
+    }
+    if (st == NB_OK) st = nb__join(pg);
     if (st == NB_OK) {
         char prefix[64];
         snprintf(prefix, sizeof prefix, "nb/%s/world/", nb_pg_backend_name(backend));
@@ -669,12 +535,12 @@ nb_status nb_pg_init_env(nb_pg **out, const nb_dist_env *env, const nb_pg_option
     if (st != NB_OK) {
         char msg[NB__MSG_LEN];
         snprintf(msg, sizeof msg, "%s", nb_last_error());
-        if (pg->worker_started) {
-            pg->stopping = true;
-            pthread_cond_broadcast(&pg->cond);
-            pthread_join(pg->worker, NULL);
-        }
-        free_group(pg);
+        pthread_mutex_lock(&pg->mu);
+        pg->stopping = true;
+        pthread_cond_broadcast(&pg->cond);
+        pthread_mutex_unlock(&pg->mu);
+        pg->ops->stop(pg);
+        free_group(pg, false);
         return nb_set_error(st, "%s", msg);
     }
     *out = pg;
@@ -721,10 +587,9 @@ nb_status nb_pg_free(nb_pg *pg) {
     pg->stopping = true;
     pthread_cond_broadcast(&pg->cond);
     pthread_mutex_unlock(&pg->mu);
-    /* A worker blocked in a failed collective returns at Gloo's own timeout. */
-    if (pg->worker_started) pthread_join(pg->worker, NULL);
+    bool stuck = pg->ops->stop(pg);
     pthread_mutex_lock(&pg->mu);
-    while (pg->q_head) finish_locked(pg, pg->q_head, pg->broken, pg->broken_msg);
+    while (pg->q_head && !stuck) nb__pg_finish_locked(pg, pg->q_head, pg->broken, pg->broken_msg);
     nb_status st = pg->broken;
     char msg[NB__MSG_LEN];
     snprintf(msg, sizeof msg, "%s", pg->broken_msg);
@@ -734,7 +599,7 @@ nb_status nb_pg_free(nb_pg *pg) {
         st = exit_handshake(pg);
         snprintf(msg, sizeof msg, "%s", nb_last_error());
     }
-    free_group(pg);
+    free_group(pg, stuck);
     if (st != NB_OK) return nb_set_error(st, "%s", msg);
     return NB_OK;
 }

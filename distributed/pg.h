@@ -14,8 +14,40 @@
 
 typedef enum { NB__W_QUEUED = 0, NB__W_RUNNING, NB__W_DONE } nb__work_state;
 
+/* A process-group backend: what pg.c calls instead of branching on the
+ * backend (pg_gloo.c, pg_nccl.c). pg.c keeps the queue of unfinished works
+ * (issue order), their states and the watchdog; a backend runs them and
+ * finishes them with nb__pg_finish_locked. */
+typedef struct nb__pg_ops {
+    const char *name;
+    /* Connects the group's mesh under the store prefix, starts what runs it. */
+    nb_status (*start)(nb_pg *pg, const char *prefix);
+    /* A work was queued (pg->mu not held): run it or hand it on. */
+    void (*submit)(nb_pg *pg, nb_work *w);
+    /* Finishes the works that completed; NULL when a worker does it. */
+    void (*progress)(nb_pg *pg);
+    /* One slice of waiting (and progress); pg->mu held on entry and exit. */
+    void (*wait_slice)(nb_pg *pg, double *pause);
+    /* Before nb_work_wait waits (NCCL: the compute stream waits); may be NULL. */
+    nb_status (*order)(nb_work *w);
+    /* The group just broke (NCCL: abort the communicator); may be NULL. */
+    void (*abort)(nb_pg *pg);
+    /* With pg->stopping set: stops what runs the group; true if it is stuck
+     * in the transport (Note [Stuck worker] in pg_gloo.c). */
+    bool (*stop)(nb_pg *pg);
+    /* Frees the backend's state; `stuck`: keep what the stuck worker uses. */
+    void (*free)(nb_pg *pg, bool stuck);
+    /* Frees a work's backend part; may be NULL. */
+    void (*work_free)(nb_work *w);
+    /* All-reduces the sum of one i32 vote over the group (nb_pg_agree). */
+    nb_status (*agree)(nb_pg *pg, int32_t *votes);
+} nb__pg_ops;
+
+extern const nb__pg_ops nb__pg_gloo_ops, nb__pg_nccl_ops;
+
 struct nb_work {
     nb_pg *pg;
+    const nb__pg_ops *ops; /* the group's, kept: a handle may outlive its group */
     nb__coll coll;
     char fingerprint[160];
     int refs;             /* the user's, plus the group's while unfinished */
@@ -24,6 +56,7 @@ struct nb_work {
     char *msg;            /* failure message, malloc'd */
     double t_issue, t_start; /* t_start: when it became the group's oldest unfinished work */
     double t_end;            /* when it finished (0 while unfinished) */
+    bool warned;             /* the stall warning was printed */
     nb_work *next;        /* the group's queue, issue order */
     nb__nccl_work *nccl;
 };
@@ -34,6 +67,7 @@ struct nb_pg {
     int rank, size;
     int *global;          /* world rank of each member */
     nb_pg_backend backend;
+    const nb__pg_ops *ops;
     nb_device device;
     double timeout_s;
     nb_dist_env env;
@@ -44,6 +78,16 @@ struct nb_pg {
     nb_store *store_monitor;  /* diagnostics and abort polls, under monitor_mu */
     pthread_mutex_t monitor_mu;
     nb__gloo_dev *gloo_dev;
+    /* Liveness (heartbeat.c, Note [Liveness and progress]). */
+    double liveness_s, join_s, stall_s;
+    nb_store *store_hb;       /* the heartbeat thread's */
+    pthread_t hb_thread;
+    pthread_mutex_t hb_mu;
+    pthread_cond_t hb_cond;
+    bool hb_started, hb_stop;
+    char store_owner[320];    /* "host h, pid p" of rank 0, which serves the store */
+    int64_t *hb_val;          /* per world rank: the counter last read, */
+    double *hb_since;         /* and since when (under monitor_mu) */
 
     /* Every group. */
     int n_children, n_groups_made; /* subgroups alive / ever made from this one */
@@ -55,7 +99,7 @@ struct nb_pg {
     pthread_mutex_t mu;       /* everything below */
     pthread_cond_t cond;
     pthread_t worker;
-    bool worker_started, stopping;
+    bool worker_started, stopping, worker_done;
     nb_work *q_head, *q_tail; /* unfinished works, issue order */
     uint64_t seq;
     nb_status broken;         /* NB_OK until a collective fails */
@@ -67,13 +111,35 @@ struct nb_pg {
 
 /* pg.c */
 void nb__work_put(nb_work *w);
+const nb__pg_ops *nb__pg_ops_of(nb_pg_backend backend);
+/* Numbers, fingerprints and queues a collective, and submits it. */
+nb_work *nb__pg_issue(nb_pg *pg, const nb__coll *c);
+/* With pg->mu held: w is finished; unlinks it and starts the next one's clock. */
+void nb__pg_finish_locked(nb_pg *pg, nb_work *w, nb_status st, const char *msg);
+bool nb__pg_is_loopback(const char *addr);
 /* Marks the group broken by `w` (first failure wins), with a diagnosis;
  * wakes every waiter. */
 void nb__pg_fail(nb_pg *pg, nb_work *w, nb_status st, const char *what);
 nb_status nb__pg_start_backend(nb_pg *pg, const char *prefix);
 nb_pg *nb__pg_alloc(nb_pg *root, nb_pg *parent, int rank, int size);
 
+/* heartbeat.c */
+nb_status nb__liveness_options(double *liveness, double *join, double *stall);
+/* Registers this rank (host, pid) and waits for every rank of the world
+ * to do the same; names the ranks that never joined. */
+nb_status nb__join(nb_pg *root);
+nb_status nb__hb_start(nb_pg *root);
+void nb__hb_stop(nb_pg *root);
+/* Has a member of pg been silent for the liveness limit? Fills `what`
+ * naming it and returns the status to fail with, or NB_OK. */
+nb_status nb__hb_check(nb_pg *pg, char *what, size_t len);
+
 /* pg_diag.c */
+/* `what` for a wait that lost the store (the failure in nb_last_error()). */
+void nb__diag_store_lost(nb_pg *pg, char *what, size_t len);
+/* MGET on the world's monitor connection (any number of keys). */
+nb_status nb__diag_mget(nb_pg *pg, char **keys, int n, char **values);
+
 /* Publishes w's fingerprint (the moment it starts on this rank). */
 void nb__diag_record(nb_pg *pg, const nb_work *w);
 /* Writes the diagnosis of w's failure: `what` happened, plus who did not

@@ -47,7 +47,7 @@ void nb__diag_record(nb_pg *pg, const nb_work *w) {
 }
 
 /* MGET on the monitor connection, in chunks of NB_STORE_MAX_KEYS. */
-static nb_status monitor_mget(nb_pg *pg, char **keys, int n, char **values) {
+nb_status nb__diag_mget(nb_pg *pg, char **keys, int n, char **values) {
     nb_pg *root = pg->root;
     nb_status st = NB_OK;
     pthread_mutex_lock(&root->monitor_mu);
@@ -62,7 +62,7 @@ static nb_status monitor_mget(nb_pg *pg, char **keys, int n, char **values) {
 /* The abort reason, or NULL (malloc'd). *err gets the store's failure. */
 static char *abort_reason(nb_pg *pg, nb_status *err) {
     char *key = (char *)NB__STORE_ABORT_KEY, *val = NULL;
-    *err = monitor_mget(pg, &key, 1, &val);
+    *err = nb__diag_mget(pg, &key, 1, &val);
     return val;
 }
 
@@ -93,7 +93,7 @@ static nb_status fetch_slots(nb_pg *pg, uint64_t seq, char **values) {
         keys[r] = buf + (size_t)r * 160;
         fp_key(pg, r, seq, keys[r], 160);
     }
-    nb_status st = monitor_mget(pg, keys, n, values);
+    nb_status st = nb__diag_mget(pg, keys, n, values);
     free(buf);
     free(keys);
     return st;
@@ -131,14 +131,14 @@ static void append_ranks(const nb_pg *pg, const bool *sel, char *out, size_t len
         if (u_ < len) snprintf(out + u_, len - u_, __VA_ARGS__);                       \
     } while (0)
 
-/* Where a rank that did not arrive is: the newest of its slots. */
-static void describe_absent(nb_pg *pg, int r, char *out, size_t len) {
+/* Appends "its last collective on this group was #N fingerprint" for member r. */
+static void last_collective(nb_pg *pg, int r, char *out, size_t len) {
     char *keys[NB__FP_SLOTS], *vals[NB__FP_SLOTS], buf[NB__FP_SLOTS][160];
     for (int k = 0; k < NB__FP_SLOTS; k++) {
         keys[k] = buf[k];
         snprintf(buf[k], sizeof buf[k], "nb/fp/%s/%d/%d", pg->name, r, k);
     }
-    if (monitor_mget(pg, keys, NB__FP_SLOTS, vals) != NB_OK) return;
+    if (nb__diag_mget(pg, keys, NB__FP_SLOTS, vals) != NB_OK) return;
     slot best = {false, 0, ""};
     int best_k = -1;
     for (int k = 0; k < NB__FP_SLOTS; k++) {
@@ -148,9 +148,16 @@ static void describe_absent(nb_pg *pg, int r, char *out, size_t len) {
             best_k = k;
         }
     }
-    if (best_k < 0) APPEND(" (it has not started any collective on this group)");
-    else APPEND(" (its last collective on this group was #%" PRIu64 " %s)", best.seq, best.fp);
+    if (best_k < 0) APPEND("it has not started any collective on this group");
+    else APPEND("its last collective on this group was #%" PRIu64 " %s", best.seq, best.fp);
     for (int k = 0; k < NB__FP_SLOTS; k++) free(vals[k]);
+}
+
+/* Where a rank that did not arrive is: the newest of its slots. */
+static void describe_absent(nb_pg *pg, int r, char *out, size_t len) {
+    char last[400] = "";
+    last_collective(pg, r, last, sizeof last);
+    if (*last) APPEND(" (%s)", last);
 }
 
 void nb__diag_explain(nb_pg *pg, const nb_work *w, const char *what, char *out, size_t len) {
@@ -169,7 +176,8 @@ void nb__diag_explain(nb_pg *pg, const nb_work *w, const char *what, char *out, 
         }
     }
     if (err != NB_OK) {
-        APPEND("; the store is unreachable too (%s)", nb_last_error());
+        if (!strstr(what, "the store is unreachable"))
+            APPEND("; the store is unreachable too (%s)", nb_last_error());
         return;
     }
     if (reason) APPEND("; the run was aborted: %s", reason);
@@ -240,12 +248,18 @@ done:
     free(seen);
 }
 
+void nb__diag_store_lost(nb_pg *pg, char *what, size_t len) {
+    const char *owner = pg->root->store_owner;
+    snprintf(what, len, "could not complete: the store is unreachable (%s)%s%s", nb_last_error(),
+             *owner ? "; rank 0 runs on " : "", owner);
+}
+
 nb_status nb__diag_check(nb_pg *pg, const nb_work *w, bool check_desync, char *what, size_t len) {
     nb_status err;
     char *reason = abort_reason(pg, &err);
     if (err != NB_OK) {
-        snprintf(what, len, "could not complete: the store is unreachable (%s)", nb_last_error());
-        return NB_ERR_CLOSED;
+        nb__diag_store_lost(pg, what, len);
+        return err;
     }
     if (reason) {
         free(reason);

@@ -99,6 +99,7 @@ nb_status nb_pg_new_group(nb_pg *pg, const int *ranks, int n, nb_pg **out) {
     for (int i = 0; i < n; i++) g->global[i] = pg->global[ranks[i]];
     g->env = root->env;
     g->backend = pg->backend;
+    g->ops = pg->ops;
     g->device = pg->device;
     g->timeout_s = pg->timeout_s;
     st = nb_store_connect(&g->store_worker, nb__store_host(root->store_main),

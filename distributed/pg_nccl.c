@@ -18,13 +18,17 @@
  * notice completion, timeouts and NCCL's asynchronous errors
  * (nb__nccl_query). The unique id travels through the store. After a
  * failure (timeout, dead peer) the communicator is aborted, which stops
- * its kernels. */
+ * its kernels.
+ *
+ * The end of the file is the backend table entries pg.c calls
+ * (nb__pg_nccl_ops), written against the functions above (which have
+ * stubs without CUDA). */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "distributed/internal.h"
+#include "distributed/pg.h"
 
 #if NABLA_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -295,3 +299,115 @@ nb_status nb__nccl_work_order(nb__nccl_work *w) { (void)w; return NB_OK; }
 void nb__nccl_work_free(nb__nccl_work *w) { (void)w; }
 
 #endif
+
+/* ------------------------------------------------ the backend table */
+
+/* Longest sleep between two polls of an NCCL completion event: a wait
+ * notices completion at most this late (DDP waits once per step,
+ * SyncBatchNorm once per layer and pass). */
+#define NCCL_POLL_MAX_S 1e-4
+
+/* Finishes the works whose events have fired, oldest first. */
+static void nccl_progress(nb_pg *pg) {
+    pthread_mutex_lock(&pg->mu);
+    while (pg->q_head && pg->broken == NB_OK) {
+        nb_work *w = pg->q_head;
+        if (w->state == NB__W_QUEUED) break; /* still being launched */
+        int r = w->nccl ? nb__nccl_query(pg->nccl, w->nccl) : 1;
+        if (r == 0) break;
+        if (r == 1) {
+            nb__pg_finish_locked(pg, w, NB_OK, "");
+            continue;
+        }
+        __atomic_add_fetch(&w->refs, 1, __ATOMIC_ACQ_REL);
+        char what[NB__MSG_LEN];
+        snprintf(what, sizeof what, "failed in the transport (%s)", nb_last_error());
+        pthread_mutex_unlock(&pg->mu);
+        nb__pg_fail(pg, w, (nb_status)r, what);
+        nb__work_put(w);
+        pthread_mutex_lock(&pg->mu);
+    }
+    pthread_mutex_unlock(&pg->mu);
+}
+
+static nb_status nccl_start(nb_pg *pg, const char *prefix) {
+    nb_pg *root = pg->root;
+    return nb__nccl_init(&pg->nccl, root->store_main, prefix, pg->rank, pg->size, pg->device.index,
+                         &pg->agree_buf);
+}
+
+/* Launched from the issuing thread. The work stays QUEUED until it has its
+ * completion event, so that nccl_progress (possibly on another thread)
+ * does not take it for finished. */
+static void nccl_submit(nb_pg *pg, nb_work *w) {
+    nb__diag_record(pg, w);
+    nb_status st = NB_OK;
+    nb__nccl_work *nw = NULL;
+    if (w->coll.count > 0 || w->coll.kind == NB__BARRIER) st = nb__nccl_launch(pg->nccl, &w->coll, &nw);
+    pthread_mutex_lock(&pg->mu);
+    w->nccl = nw;
+    w->state = NB__W_RUNNING;
+    pthread_mutex_unlock(&pg->mu);
+    if (st != NB_OK) {
+        char what[NB__MSG_LEN];
+        snprintf(what, sizeof what, "could not be launched (%s)", nb_last_error());
+        nb__pg_fail(pg, w, st, what);
+        pthread_mutex_lock(&pg->mu);
+        nb__pg_finish_locked(pg, w, pg->broken, pg->broken_msg);
+        pthread_mutex_unlock(&pg->mu);
+    }
+}
+
+static void nccl_wait_slice(nb_pg *pg, double *pause) {
+    pthread_mutex_unlock(&pg->mu);
+    nb__sleep(*pause);
+    *pause = *pause * 2 > NCCL_POLL_MAX_S ? NCCL_POLL_MAX_S : *pause * 2;
+    nccl_progress(pg);
+    pthread_mutex_lock(&pg->mu);
+}
+
+/* Note [NCCL streams]: the compute stream waits for the collective. */
+static nb_status nccl_order(nb_work *w) {
+    return w->nccl ? nb__nccl_work_order(w->nccl) : NB_OK;
+}
+
+static void nccl_abort(nb_pg *pg) {
+    if (pg->nccl) nb__nccl_abort(pg->nccl);
+}
+
+static bool nccl_stop(nb_pg *pg) {
+    (void)pg;
+    return false;
+}
+
+static void nccl_free(nb_pg *pg, bool stuck) {
+    (void)stuck;
+    if (pg->nccl) nb__nccl_free(pg->nccl);
+}
+
+static void nccl_work_free(nb_work *w) {
+    if (w->nccl) nb__nccl_work_free(w->nccl);
+}
+
+/* The vote goes through the group's 16 bytes of device memory. */
+static nb_status nccl_agree(nb_pg *pg, int32_t *votes) {
+    nb__cuda_memcpy_h2d(pg->device.index, pg->agree_buf, votes, sizeof *votes);
+    nb__coll c = {NB__ALL_REDUCE, NB_REDUCE_SUM, NB_I32, 1, 0, pg->agree_buf, NULL, 0};
+    nb_status st = nb_work_finish(nb__pg_issue(pg, &c));
+    if (st == NB_OK) nb__cuda_memcpy_d2h(pg->device.index, votes, pg->agree_buf, sizeof *votes);
+    return st;
+}
+
+const nb__pg_ops nb__pg_nccl_ops = {
+    .name = "nccl",
+    .start = nccl_start,
+    .submit = nccl_submit,
+    .progress = nccl_progress,
+    .wait_slice = nccl_wait_slice,
+    .order = nccl_order,
+    .abort = nccl_abort,
+    .stop = nccl_stop,
+    .free = nccl_free,
+    .work_free = nccl_work_free,
+    .agree = nccl_agree,
+};

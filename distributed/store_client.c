@@ -2,9 +2,12 @@
  *
  * Every call sends one frame and reads one reply (SET_QUIET reads none).
  * The server answers a GET or WAIT by its own deadline, so the client's
- * read deadline is that timeout plus a margin; running past it means the
- * server's host is unreachable. Once the connection is lost every later
- * call fails at once with the same story. */
+ * read deadline is that timeout plus the liveness limit (Note [Liveness
+ * and progress] in heartbeat.c): a store that has not answered by then is
+ * stopped or frozen (rank 0 serves it), or its host is unreachable. Such
+ * a connection is given up (a late reply would answer the wrong request);
+ * once the connection is lost every later call fails at once with the
+ * same story. */
 #include <errno.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -19,14 +22,14 @@
 
 #include "distributed/internal.h"
 
-#define REPLY_MARGIN_S 30.0
-
 struct nb_store {
     int fd;
     char host[256];
     int port;
     double timeout_s;
+    double reply_s;  /* the margin: how long a live store may take to answer */
     bool lost;
+    char lost_why[512];
     nb__buf out;
     uint8_t *reply;
     size_t reply_cap, reply_len;
@@ -47,10 +50,19 @@ static void check_value(const char *fn, const void *value, size_t len) {
 
 static nb_status lost(nb_store *s, const char *fn, const char *what) {
     s->lost = true;
-    return nb_set_error(NB_ERR_CLOSED,
-                        "%s: lost the connection to the store at %s:%d (%s); the process that "
-                        "serves it (rank 0) has probably exited",
-                        fn, s->host, s->port, what);
+    snprintf(s->lost_why, sizeof s->lost_why, "lost the connection to the store at %s:%d (%s); the "
+             "process that serves it (rank 0) has probably exited", s->host, s->port, what);
+    return nb_set_error(NB_ERR_CLOSED, "%s: %s", fn, s->lost_why);
+}
+
+/* No reply within the liveness limit: the connection is given up. */
+static nb_status silent(nb_store *s, const char *fn) {
+    s->lost = true;
+    snprintf(s->lost_why, sizeof s->lost_why,
+             "no reply from the store at %s:%d within %.1f s (NABLA_LIVENESS_TIMEOUT): rank 0, "
+             "which serves it, is stopped (SIGSTOP, a debugger) or frozen, or its host is unreachable",
+             s->host, s->port, s->reply_s);
+    return nb_set_error(NB_ERR_TIMEOUT, "%s: %s", fn, s->lost_why);
 }
 
 /* Waits until fd is ready for `events` or the deadline passes. */
@@ -77,9 +89,7 @@ static nb_status send_all(nb_store *s, const char *fn, const uint8_t *p, size_t 
         if (put < 0 && errno == EINTR) continue;
         if (put < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
             int rc = wait_fd(s->fd, POLLOUT, deadline);
-            if (rc == 0)
-                return nb_set_error(NB_ERR_TIMEOUT, "%s: the store at %s:%d takes no data (timed out)",
-                                    fn, s->host, s->port);
+            if (rc == 0) return silent(s, fn);
             if (rc > 0) continue;
         }
         return lost(s, fn, strerror(errno));
@@ -99,10 +109,7 @@ static nb_status recv_all(nb_store *s, const char *fn, uint8_t *p, size_t n, dou
         if (errno == EINTR) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) {
             int rc = wait_fd(s->fd, POLLIN, deadline);
-            if (rc == 0)
-                return nb_set_error(NB_ERR_TIMEOUT,
-                                    "%s: no reply from the store at %s:%d (its host unreachable?)", fn,
-                                    s->host, s->port);
+            if (rc == 0) return silent(s, fn);
             if (rc > 0) continue;
         }
         return lost(s, fn, strerror(errno));
@@ -113,10 +120,8 @@ static nb_status recv_all(nb_store *s, const char *fn, uint8_t *p, size_t n, dou
 /* Sends s->out (one frame); unless `quiet`, reads the reply into
  * s->reply and returns its status byte through *status. */
 static nb_status roundtrip(nb_store *s, const char *fn, double wait_s, bool quiet, int *status) {
-    if (s->lost)
-        return nb_set_error(NB_ERR_CLOSED, "%s: the connection to the store at %s:%d was lost earlier",
-                            fn, s->host, s->port);
-    double deadline = nb__now() + wait_s + REPLY_MARGIN_S;
+    if (s->lost) return nb_set_error(NB_ERR_CLOSED, "%s: earlier, %s", fn, s->lost_why);
+    double deadline = nb__now() + wait_s + s->reply_s;
     nb_status st = send_all(s, fn, s->out.p, s->out.n, deadline);
     s->out.n = 0;
     if (st != NB_OK || quiet) return st;
@@ -163,7 +168,7 @@ static nb_status reply_error(nb_store *s, const char *fn, const char *key, int s
     }
 }
 
-static nb_status hello(nb_store *s, const char *run_id, int rank, double deadline) {
+static nb_status hello(nb_store *s, const char *run_id, int rank) {
     size_t f = nb__buf_frame_begin(&s->out);
     nb__buf_u8(&s->out, NB__OP_HELLO);
     nb__buf_u32(&s->out, NB__STORE_MAGIC);
@@ -171,8 +176,16 @@ static nb_status hello(nb_store *s, const char *run_id, int rank, double deadlin
     nb__buf_i64(&s->out, rank);
     nb__buf_frame_end(&s->out, f);
     int status;
-    nb_status st = roundtrip(s, "nb_store_connect", deadline - nb__now(), false, &status);
-    if (st != NB_OK) return st;
+    nb_status st = roundtrip(s, "nb_store_connect", 0, false, &status);
+    if (st != NB_OK) {
+        char why[1024];
+        snprintf(why, sizeof why, "%s", nb_last_error());
+        return nb_set_error(st,
+                            "%s; a program accepts connections at %s:%d but does not answer as "
+                            "nabla's store: is MASTER_PORT taken by another program, or is rank 0 "
+                            "stopped?",
+                            why, s->host, s->port);
+    }
     if (status == NB__R_OK) return NB_OK;
     nb__reader r = reply_reader(s);
     nb__bytes text = nb__rd_bytes(&r);
@@ -245,9 +258,10 @@ nb_status nb_store_connect(nb_store **out, const char *host, int port, const cha
         if (nb__now() + pause > deadline) {
             freeaddrinfo(res);
             return nb_set_error(NB_ERR_TIMEOUT,
-                                "nb_store_connect: no store at %s:%d after %.1f s and %d attempts "
-                                "(last: %s); is rank 0 running, and are MASTER_ADDR and MASTER_PORT "
-                                "right?",
+                                "nb_store_connect: could not reach the store at %s:%d within %.1f s "
+                                "(%d attempts, last: %s); is rank 0 running (it serves the store: "
+                                "did it fail, for instance because another program holds "
+                                "MASTER_PORT?), and are MASTER_ADDR and MASTER_PORT right?",
                                 host, port, timeout_s, tries, strerror(err));
         }
         nb__sleep(pause);
@@ -260,7 +274,8 @@ nb_status nb_store_connect(nb_store **out, const char *host, int port, const cha
     snprintf(s->host, sizeof s->host, "%s", host);
     s->port = port;
     s->timeout_s = timeout_s;
-    nb_status st = hello(s, run_id, rank, deadline);
+    s->reply_s = nb__liveness_s();
+    nb_status st = hello(s, run_id, rank);
     if (st != NB_OK) {
         close(s->fd);
         nb__buf_free(&s->out);
@@ -282,7 +297,9 @@ void nb_store_close(nb_store *s) {
         /* A goodbye that fails has nothing left to report to. */
         char keep[1024];
         snprintf(keep, sizeof keep, "%s", nb_last_error());
-        if (roundtrip(s, "nb_store_close", 5.0 - REPLY_MARGIN_S, false, &status) != NB_OK)
+        double limit = s->reply_s;
+        s->reply_s = limit < 5.0 ? limit : 5.0;
+        if (roundtrip(s, "nb_store_close", 0, false, &status) != NB_OK)
             nb_set_error(NB_OK, "%s", keep);
     }
     close(s->fd);
@@ -487,4 +504,5 @@ nb_status nb__store_mget(nb_store *s, const char *const *keys, int n, char **val
 }
 
 const char *nb__store_host(const nb_store *s) { return s->host; }
+void nb__store_set_timeout(nb_store *s, double timeout_s) { s->timeout_s = timeout_s; }
 int nb__store_port(const nb_store *s) { return s->port; }

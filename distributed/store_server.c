@@ -379,6 +379,11 @@ nb_status nb_store_server_start(nb_store_server **out, const char *host, int por
     if (fd < 0 && gai)
         return nb_set_error(NB_ERR_NETWORK, "nb_store_server_start: cannot resolve %s: %s", h,
                             gai_strerror(gai));
+    if (fd < 0 && err == EADDRINUSE)
+        return nb_set_error(NB_ERR_NETWORK,
+                            "nb_store_server_start: cannot listen on %s:%d: %s; another program holds "
+                            "the port (MASTER_PORT): pick a free one (nbrun --master-port 0 does)",
+                            h ? h : "0.0.0.0", port, strerror(err));
     if (fd < 0)
         return nb_set_error(NB_ERR_NETWORK, "nb_store_server_start: cannot listen on %s:%d: %s",
                             h ? h : "0.0.0.0", port, strerror(err));

@@ -433,7 +433,8 @@ int main(int argc, char **argv) {
             TRY(&r, nb_loader_next(r.train_loader, r.step_ctx, &b), "data");
             if (!b.inputs) break;
             nb_optim_set_lr_all(r.opt, nb_lr_schedule_at(&r.sched, r.step));
-            nb_tensor *logits = run_dist_forward(&r.d, r.step_ctx, as_input(&r, b.inputs));
+            nb_tensor *logits;
+            TRY(&r, run_dist_forward(&r.d, r.step_ctx, as_input(&r, b.inputs), &logits), "forward");
             nb_tensor *loss = nb_cross_entropy(r.step_ctx, logits, b.targets, NULL);
             TRY(&r, run_dist_backward(&r.d, loss), "backward");
             nb_optim_step(r.opt);

@@ -557,7 +557,9 @@ int main(int argc, char **argv) {
             nb_batch b;
             TRY(&r, next_batch(&r, &b), "data");
             run_dist_set_no_sync(&r.d, micro + 1 < a->grad_accum); /* all-reduce on the last only */
-            nb_tensor *l = nb_gpt_loss(r.step_ctx, run_dist_forward(&r.d, r.step_ctx, b.inputs), b.targets);
+            nb_tensor *logits;
+            TRY(&r, run_dist_forward(&r.d, r.step_ctx, b.inputs, &logits), "forward");
+            nb_tensor *l = nb_gpt_loss(r.step_ctx, logits, b.targets);
             nb_tensor *lb = a->grad_accum > 1 ? nb_mul_scalar(r.step_ctx, l, 1.0 / (double)a->grad_accum) : l;
             TRY(&r, run_dist_backward(&r.d, lb), "backward");
             /* read once backward is queued: on a GPU, reading it before would

@@ -224,7 +224,8 @@ int main(int argc, char **argv) {
             nb_batch b;
             CHECK(nb_loader_next(train_loader, step, &b));
             if (!b.inputs) break; /* end of the epoch */
-            nb_tensor *logits = nb_ddp_forward(ddp, step, model_input(step, b.inputs, side));
+            nb_tensor *logits;
+            CHECK(nb_ddp_forward(ddp, step, model_input(step, b.inputs, side), &logits));
             nb_tensor *loss = nb_cross_entropy(step, logits, b.targets, NULL);
             double l = nb_item(loss);
             bool skip;

@@ -36,6 +36,14 @@ static nb_tensor *shard(nb_ctx *ctx, nb_tensor *t, int64_t start, int64_t len) {
     return nb_contiguous(ctx, nb_narrow(ctx, t, 0, start, len));
 }
 
+/* nb_ddp_forward that must succeed. */
+static nb_tensor *ddp_fwd(nb_ddp *ddp, nb_ctx *ctx, nb_tensor *x) {
+    nb_tensor *out = NULL;
+    nb_status st = nb_ddp_forward(ddp, ctx, x, &out);
+    ck_assert_msg(st == NB_OK && out != NULL, "nb_ddp_forward: %s", nb_last_error());
+    return out;
+}
+
 static nb_module *mlp(nb_ctx *ctx, nb_dtype dt, int64_t hidden) {
     nb_rng rng = nb_rng_make(7);
     nb_module *c[3] = {nb_linear_new(ctx, dt, F_IN, hidden, true, &rng), nb_tanh_new(ctx),
@@ -113,7 +121,7 @@ START_TEST(test_mlp_equivalence) {
         nb_ctx_reset(step);
         nb_tensor *x, *y;
         make_batch(step, R * B, 100 + it, &x, &y);
-        nb_tensor *loss = nb_cross_entropy(step, nb_ddp_forward(ddp, step, shard(step, x, me * B, B)),
+        nb_tensor *loss = nb_cross_entropy(step, ddp_fwd(ddp, step, shard(step, x, me * B, B)),
                                            shard(step, y, me * B, B), NULL);
         ck_assert_int_eq(nb_ddp_backward(ddp, loss), NB_OK);
         nb_optim_step(opt);
@@ -163,7 +171,7 @@ START_TEST(test_cnn_sync_bn_equivalence) {
         nb_rng rng = nb_rng_make(200 + (uint64_t)it);
         nb_tensor *x = nb_rand_normal(step, NB_F64, NB_SHAPE(R * B, 1, 5, 5), 0.5, 2, &rng);
         nb_tensor *y = nb_from_host(step, NB_I64, NB_SHAPE(R * B), (int64_t[]){0, 1, 2, 1, 0, 2, 2, 1, 0, 0, 1, 2});
-        nb_tensor *loss = nb_cross_entropy(step, nb_ddp_forward(ddp, step, shard(step, x, me * B, B)),
+        nb_tensor *loss = nb_cross_entropy(step, ddp_fwd(ddp, step, shard(step, x, me * B, B)),
                                            shard(step, y, me * B, B), NULL);
         ck_assert_int_eq(nb_ddp_backward(ddp, loss), NB_OK);
         nb_optim_step(opt);
@@ -245,7 +253,7 @@ START_TEST(test_no_sync_accumulation) {
     for (int k = 0; k < K; k++) { /* micro-batch k: rows [(k R + me) B, +B) */
         nb_ddp_set_no_sync(ddp, k < K - 1);
         int64_t start = ((int64_t)k * R + me) * B;
-        nb_tensor *loss = nb_cross_entropy(step, nb_ddp_forward(ddp, step, shard(step, x, start, B)),
+        nb_tensor *loss = nb_cross_entropy(step, ddp_fwd(ddp, step, shard(step, x, start, B)),
                                            shard(step, y, start, B), NULL);
         ck_assert_int_eq(nb_ddp_backward(ddp, nb_div_scalar(step, loss, (double)K)), NB_OK);
     }
@@ -363,7 +371,7 @@ START_TEST(test_overlap_recorded) {
     for (int it = 0; it < 3; it++) {
         nb_ctx_reset(step);
         nb_tensor *x = nb_cast(step, nbt_randn(step, NB_F64, NB_SHAPE(512, F_IN), 600 + it), NB_F32);
-        nb_tensor *out = nb_ddp_forward(ddp, step, x);
+        nb_tensor *out = ddp_fwd(ddp, step, x);
         ck_assert_int_eq(nb_ddp_backward(ddp, nb_mean_all(step, nb_mul(step, out, out))), NB_OK);
         nb_ddp_step_stats s = nb_ddp_last_stats(ddp);
         ck_assert_int_eq(s.n_buckets, nb_ddp_num_buckets(ddp));

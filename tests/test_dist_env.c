@@ -87,11 +87,43 @@ START_TEST(test_torchrun) {
 }
 END_TEST
 
+/* PyTorch's env:// variables alone (Note [Optional LOCAL_*] in env.c). */
+START_TEST(test_torchrun_without_local) {
+    clear_env();
+    torchrun("3", "4", "0", "0");
+    unsetenv("LOCAL_RANK");
+    unsetenv("LOCAL_WORLD_SIZE");
+    nb_dist_env e;
+    ck_assert_int_eq(nb_dist_env_read(&e), NB_OK);
+    ck_assert_str_eq(e.source, "torchrun");
+    ck_assert_int_eq(e.rank, 3);
+    ck_assert_int_eq(e.world_size, 4);
+    ck_assert_int_eq(e.local_rank, 3);       /* one node: local = global */
+    ck_assert_int_eq(e.local_world_size, 4);
+    setenv("LOCAL_WORLD_SIZE", "2", 1);      /* two nodes of two: rank 3 is the second of node 1 */
+    ck_assert_int_eq(nb_dist_env_read(&e), NB_OK);
+    ck_assert_int_eq(e.local_rank, 1);
+    ck_assert_int_eq(e.local_world_size, 2);
+    unsetenv("LOCAL_WORLD_SIZE");
+    setenv("LOCAL_RANK", "0", 1);            /* given: taken as is */
+    ck_assert_int_eq(nb_dist_env_read(&e), NB_OK);
+    ck_assert_int_eq(e.local_rank, 0);
+    ck_assert_int_eq(e.local_world_size, 4);
+}
+END_TEST
+
 START_TEST(test_torchrun_errors) {
     clear_env();
     setenv("RANK", "1", 1);
     expect_error("nb_dist_env_read: RANK is set but WORLD_SIZE is not (a torchrun-style launch sets "
-                 "all of RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE)");
+                 "all of RANK, WORLD_SIZE)");
+    unsetenv("RANK");
+    setenv("LOCAL_RANK", "1", 1);
+    expect_error("nb_dist_env_read: LOCAL_RANK is set but RANK and WORLD_SIZE are not");
+    torchrun("1", "2", "x", "2");
+    expect_error("LOCAL_RANK='x' is not an integer");
+    torchrun("1", "2", "1", "-2");
+    expect_error("LOCAL_WORLD_SIZE='-2' is not an integer");
     torchrun("x1", "2", "0", "2");
     expect_error("RANK='x1' is not an integer in [0, 2147483647]");
     torchrun("-1", "2", "0", "2");
@@ -240,6 +272,7 @@ static Suite *suite(void) {
     TCase *tc = tcase_create("env");
     tcase_add_test(tc, test_no_launcher_is_a_world_of_one);
     tcase_add_test(tc, test_torchrun);
+    tcase_add_test(tc, test_torchrun_without_local);
     tcase_add_test(tc, test_torchrun_errors);
     tcase_add_test(tc, test_openmpi);
     tcase_add_test(tc, test_slurm);

@@ -29,8 +29,9 @@ static void paths(void) {
 #define EXPECT_IN(text, needle) \
     ck_assert_msg(strstr((text), (needle)) != NULL, "expected \"%s\" in:\n%s", (needle), (text))
 
-/* nbrun --nproc-per-node 3 dist_scenario NAME, with the collective timeout given. */
-static void run_nbrun(nbt_proc *p, const char *name, const char *timeout_env) {
+/* nbrun --nproc-per-node 3 dist_scenario NAME, with the variables of
+ * `envs` (NULL-terminated) set. */
+static void run_nbrun_env(nbt_proc *p, const char *name, const char *const *envs) {
     static char *argv[8];
     argv[0] = nbrun_path;
     argv[1] = "--nproc-per-node";
@@ -40,10 +41,16 @@ static void run_nbrun(nbt_proc *p, const char *name, const char *timeout_env) {
     argv[5] = NULL;
     memset(p, 0, sizeof *p);
     p->argv = argv;
-    p->env[0] = timeout_env;
+    for (int i = 0; envs[i] && i < 15; i++) p->env[i] = envs[i];
     p->pass_fd = -1;
     nbt_proc_start(p);
     nbt_proc_wait_all(p, 1, 90);
+}
+
+/* The same with the collective timeout given. */
+static void run_nbrun(nbt_proc *p, const char *name, const char *timeout_env) {
+    const char *envs[] = {timeout_env, NULL};
+    run_nbrun_env(p, name, envs);
 }
 
 START_TEST(test_absent_rank_times_out) {
@@ -94,8 +101,8 @@ START_TEST(test_killed_rank_under_nbrun) {
 }
 END_TEST
 
-/* Starts the 3 ranks of `name` directly, as nbrun would, and waits. */
-static void run_direct(nbt_proc ps[3], const char *name) {
+/* A listening socket on a free port of 127.0.0.1 (close-on-exec). */
+static int listen_free(int *port) {
     int lfd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {0};
     a.sin_family = AF_INET;
@@ -104,28 +111,64 @@ static void run_direct(nbt_proc ps[3], const char *name) {
     socklen_t sl = sizeof a;
     getsockname(lfd, (struct sockaddr *)&a, &sl);
     fcntl(lfd, F_SETFD, FD_CLOEXEC);
-    static char env[3][8][64];
+    *port = ntohs(a.sin_port);
+    return lfd;
+}
+
+typedef struct direct_opts {
+    int world;          /* ranks in the run */
+    int start;          /* ranks actually started: 0 .. start-1 */
+    bool local_vars;    /* set LOCAL_RANK and LOCAL_WORLD_SIZE */
+    int held_fd;        /* >= 0: MASTER_PORT is this socket's, not handed to rank 0 */
+    const char *extra[4];
+} direct_opts;
+
+/* Starts ranks of `name` directly, as nbrun would (or as a hand launch
+ * would, per `o`), and waits. */
+static void run_direct_opts(nbt_proc *ps, const char *name, const direct_opts *o) {
+    int port, lfd;
+    if (o->held_fd >= 0) {
+        lfd = o->held_fd;
+        struct sockaddr_in a;
+        socklen_t sl = sizeof a;
+        getsockname(lfd, (struct sockaddr *)&a, &sl);
+        port = ntohs(a.sin_port);
+    } else {
+        lfd = listen_free(&port);
+    }
+    static char env[4][8][64];
     static char *argv[3];
     argv[0] = scenario_path;
     argv[1] = (char *)name;
     argv[2] = NULL;
-    for (int r = 0; r < 3; r++) {
+    for (int r = 0; r < o->start; r++) {
         memset(&ps[r], 0, sizeof ps[r]);
-        snprintf(env[r][0], 64, "RANK=%d", r);
-        snprintf(env[r][1], 64, "LOCAL_RANK=%d", r);
-        snprintf(env[r][2], 64, "WORLD_SIZE=3");
-        snprintf(env[r][3], 64, "LOCAL_WORLD_SIZE=3");
-        snprintf(env[r][4], 64, "MASTER_ADDR=127.0.0.1");
-        snprintf(env[r][5], 64, "MASTER_PORT=%d", ntohs(a.sin_port));
-        snprintf(env[r][6], 64, "NABLA_PG_TIMEOUT=60");
-        snprintf(env[r][7], 64, "NABLA_STORE_FD=%d", lfd);
-        for (int k = 0; k < (r == 0 ? 8 : 7); k++) ps[r].env[k] = env[r][k];
+        int k = 0;
+        snprintf(env[r][k++], 64, "RANK=%d", r);
+        snprintf(env[r][k++], 64, "WORLD_SIZE=%d", o->world);
+        if (o->local_vars) {
+            snprintf(env[r][k++], 64, "LOCAL_RANK=%d", r);
+            snprintf(env[r][k++], 64, "LOCAL_WORLD_SIZE=%d", o->world);
+        }
+        snprintf(env[r][k++], 64, "MASTER_ADDR=127.0.0.1");
+        snprintf(env[r][k++], 64, "MASTER_PORT=%d", port);
+        bool pass = r == 0 && o->held_fd < 0;
+        if (pass) snprintf(env[r][k++], 64, "NABLA_STORE_FD=%d", lfd);
+        int e = 0;
+        for (int i = 0; i < k; i++) ps[r].env[e++] = env[r][i];
+        ps[r].env[e++] = "NABLA_PG_TIMEOUT=60";
+        for (int i = 0; i < 4 && o->extra[i]; i++) ps[r].env[e++] = o->extra[i];
         ps[r].argv = argv;
-        ps[r].pass_fd = r == 0 ? lfd : -1;
+        ps[r].pass_fd = pass ? lfd : -1;
         nbt_proc_start(&ps[r]);
     }
-    close(lfd);
-    nbt_proc_wait_all(ps, 3, 90);
+    if (o->held_fd < 0) close(lfd);
+    nbt_proc_wait_all(ps, o->start, 90);
+}
+
+static void run_direct(nbt_proc ps[3], const char *name) {
+    direct_opts o = {3, 3, true, -1, {NULL}};
+    run_direct_opts(ps, name, &o);
 }
 
 /* Rank 0 serves the store, so it always learns from it that rank 1 died.
@@ -160,6 +203,133 @@ START_TEST(test_store_host_dies) {
 }
 END_TEST
 
+/* Note [Liveness and progress]: a stopped rank is named at the liveness
+ * limit (2 s here), long before the collective timeout (60 s). */
+START_TEST(test_stopped_rank_named_at_liveness_limit) {
+    nbt_proc p;
+    const char *envs[] = {"NABLA_PG_TIMEOUT=60", "NABLA_LIVENESS_TIMEOUT=2", "NBRUN_GRACE=30", NULL};
+    run_nbrun_env(&p, "stopped", envs);
+    char host[256] = "", want[512];
+    gethostname(host, sizeof host - 1);
+    ck_assert_msg(p.code == 1, "nbrun exited with %d; stderr:\n%s", p.code, p.err);
+    EXPECT_IN(p.err, "nb_pg_all_reduce: collective #2 all_reduce(sum, f32, count=8) on group 'world' (rank ");
+    snprintf(want, sizeof want, "cannot complete: rank 1 (host %s, pid ", host);
+    EXPECT_IN(p.err, want);
+    EXPECT_IN(p.err, "(NABLA_LIVENESS_TIMEOUT=2 s): it is stopped (SIGSTOP, a debugger), frozen, or its host "
+                     "is down; rank 1 did not arrive (its last collective on this group was #1 all_reduce(sum, "
+                     "f32, count=8))");
+    EXPECT_IN(p.err, "failed first: exited with code 1");
+    EXPECT_IN(p.err, "nb_pg_free repeated the failure after ");
+    EXPECT_IN(p.err, "nbrun: rank 1 (local rank 1, pid ");
+    EXPECT_IN(p.err, ") was stopped by signal ");
+    /* nbrun resumes a stopped rank after SIGTERM, so its grace (30 s) is not waited out */
+    ck_assert_msg(p.seconds < 20, "took %.1f s (liveness 2 s, timeout 60 s)", p.seconds);
+    nbt_proc_free(&p);
+}
+END_TEST
+
+/* Rank 0 stopped: the store it serves stops answering, and the others
+ * say so at the liveness limit, naming its host and pid. */
+START_TEST(test_stopped_store_named_at_liveness_limit) {
+    nbt_proc p;
+    const char *envs[] = {"NABLA_PG_TIMEOUT=60", "NABLA_LIVENESS_TIMEOUT=2", "NBRUN_GRACE=30", NULL};
+    run_nbrun_env(&p, "stopped0", envs);
+    char host[256] = "", want[512];
+    gethostname(host, sizeof host - 1);
+    ck_assert_msg(p.code == 1, "nbrun exited with %d; stderr:\n%s", p.code, p.err);
+    EXPECT_IN(p.err, "collective #2 all_reduce(sum, f32, count=8) on group 'world' (rank ");
+    EXPECT_IN(p.err, "could not complete: the store is unreachable (nb_store_mget: no reply from the store at "
+                     "127.0.0.1:");
+    EXPECT_IN(p.err, "within 2.0 s (NABLA_LIVENESS_TIMEOUT): rank 0, which serves it, is stopped (SIGSTOP, a "
+                     "debugger) or frozen, or its host is unreachable)");
+    snprintf(want, sizeof want, "rank 0 runs on host %s, pid ", host);
+    EXPECT_IN(p.err, want);
+    ck_assert_msg(p.seconds < 20, "took %.1f s (liveness 2 s, timeout 60 s)", p.seconds);
+    nbt_proc_free(&p);
+}
+END_TEST
+
+/* A rank busy for 5 s with a liveness limit of 3 s: its heartbeat thread
+ * keeps it alive; the waiters warn once and then complete. */
+START_TEST(test_slow_rank_is_not_killed) {
+    nbt_proc p;
+    const char *envs[] = {"NABLA_LIVENESS_TIMEOUT=3", "NABLA_STALL_WARNING=1", NULL};
+    run_nbrun_env(&p, "slow", envs);
+    ck_assert_msg(p.code == 0, "nbrun exited with %d; stderr:\n%s", p.code, p.err);
+    for (int r = 0; r < 3; r++) {
+        char want[64];
+        snprintf(want, sizeof want, "rank %d: collective #2 completed", r);
+        EXPECT_IN(p.out, want);
+    }
+    EXPECT_IN(p.err, "nabla: warning: nb_pg_all_reduce: collective #2 all_reduce(sum, f32, count=8) on "
+                     "group 'world' (rank 0 of 3) has waited ");
+    EXPECT_IN(p.err, "rank 1 did not arrive (its last collective on this group was #1 all_reduce(sum, f32, "
+                     "count=8)); arrived: ranks 0, 2; every rank is alive (heartbeats flow)");
+    nbt_proc_free(&p);
+}
+END_TEST
+
+START_TEST(test_rank_that_never_joined) {
+    nbt_proc ps[1];
+    direct_opts o = {2, 1, true, -1, {"NABLA_JOIN_TIMEOUT=1", NULL}};
+    run_direct_opts(ps, "ok", &o);
+    ck_assert_msg(ps[0].code == 1, "rank 0 exited with %d; stderr:\n%s", ps[0].code, ps[0].err);
+    EXPECT_IN(ps[0].err, "nb_pg_init: rank 1 of 2 never joined within 1.0 s (joined: rank 0); start every "
+                         "rank with the same MASTER_ADDR (127.0.0.1), MASTER_PORT (");
+    EXPECT_IN(ps[0].err, "WORLD_SIZE (2) and run id (default), each with its own RANK");
+    ck_assert_msg(ps[0].seconds < 20, "took %.1f s (join timeout 1 s)", ps[0].seconds);
+    nbt_proc_free(&ps[0]);
+}
+END_TEST
+
+/* MASTER_PORT held by a program that is not ours: every rank says so,
+ * within the liveness limit. */
+START_TEST(test_held_port_reported_on_every_rank) {
+    int port;
+    int held = listen_free(&port);
+    nbt_proc ps[2];
+    direct_opts o = {2, 2, true, held, {"NABLA_LIVENESS_TIMEOUT=1", "NABLA_JOIN_TIMEOUT=20", NULL}};
+    run_direct_opts(ps, "ok", &o);
+    close(held);
+    for (int r = 0; r < 2; r++) {
+        ck_assert_msg(ps[r].code == 1, "rank %d exited with %d; stderr:\n%s", r, ps[r].code, ps[r].err);
+        ck_assert_msg(ps[r].seconds < 10, "rank %d took %.1f s", r, ps[r].seconds);
+    }
+    EXPECT_IN(ps[0].err, "another program holds the port (MASTER_PORT)");
+    EXPECT_IN(ps[1].err, "does not answer as nabla's store: is MASTER_PORT taken by another program, or is "
+                         "rank 0 stopped?");
+    for (int r = 0; r < 2; r++) nbt_proc_free(&ps[r]);
+}
+END_TEST
+
+/* PyTorch's env:// variables only: no LOCAL_RANK, no LOCAL_WORLD_SIZE. */
+START_TEST(test_env_launch_without_local_variables) {
+    nbt_proc ps[2];
+    direct_opts o = {2, 2, false, -1, {NULL}};
+    run_direct_opts(ps, "ok", &o);
+    for (int r = 0; r < 2; r++) {
+        ck_assert_msg(ps[r].code == 0, "rank %d exited with %d; stderr:\n%s", r, ps[r].code, ps[r].err);
+        nbt_proc_free(&ps[r]);
+    }
+}
+END_TEST
+
+/* A peer dies while the others are in nb_ddp_forward's buffer broadcast:
+ * a status naming it, not an abort. */
+START_TEST(test_ddp_peer_failure_is_a_status) {
+    nbt_proc ps[3];
+    run_direct(ps, "ddp");
+    ck_assert_msg(ps[1].code == 137, "rank 1 exited with %d", ps[1].code);
+    for (int r = 0; r < 3; r += 2) {
+        ck_assert_msg(ps[r].code == 1, "rank %d exited with %d; stderr:\n%s", r, ps[r].code, ps[r].err);
+        EXPECT_IN(ps[r].err, "nb_ddp_forward: broadcasting the buffers failed: nb_pg_broadcast: collective");
+        if (r == 0 || !strstr(ps[r].err, "the store is unreachable too"))
+            EXPECT_IN(ps[r].err, "rank 1 disconnected from the store without saying goodbye");
+    }
+    for (int r = 0; r < 3; r++) nbt_proc_free(&ps[r]);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("dist_failures");
     TCase *tc = tcase_create("failures");
@@ -170,6 +340,13 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_killed_rank_under_nbrun);
     tcase_add_test(tc, test_killed_rank_makes_others_fail_fast);
     tcase_add_test(tc, test_store_host_dies);
+    tcase_add_test(tc, test_stopped_rank_named_at_liveness_limit);
+    tcase_add_test(tc, test_stopped_store_named_at_liveness_limit);
+    tcase_add_test(tc, test_slow_rank_is_not_killed);
+    tcase_add_test(tc, test_rank_that_never_joined);
+    tcase_add_test(tc, test_held_port_reported_on_every_rank);
+    tcase_add_test(tc, test_env_launch_without_local_variables);
+    tcase_add_test(tc, test_ddp_peer_failure_is_a_status);
     suite_add_tcase(s, tc);
     return s;
 }

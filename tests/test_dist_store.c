@@ -5,6 +5,7 @@
  * runs in this process on 127.0.0.1 and a free port; raw sockets speak
  * the wire format (Note [Store protocol]) where the client library would
  * refuse to. */
+#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -235,7 +236,7 @@ START_TEST(test_run_ids_and_ranks) {
     nb_store_close(s0);
     nb_store_server_stop(server);
 
-    EXPECT_ERR(nb_store_connect(&s, "127.0.0.1", port, "run-a", 0, 0.3), NB_ERR_TIMEOUT, "no store at 127.0.0.1:");
+    EXPECT_ERR(nb_store_connect(&s, "127.0.0.1", port, "run-a", 0, 0.3), NB_ERR_TIMEOUT, "could not reach the store at 127.0.0.1:");
 }
 END_TEST
 
@@ -374,8 +375,39 @@ START_TEST(test_lost_server) {
     nb_store_server_stop(server);
     void *v;
     EXPECT_ERR(nb_store_get(s, "k", 1, &v, NULL), NB_ERR_CLOSED, "nb_store_get: lost the connection to the store at 127.0.0.1:");
-    EXPECT_ERR(nb_store_set(s, "k", "v", 1), NB_ERR_CLOSED, "nb_store_set: the connection to the store at 127.0.0.1:");
+    EXPECT_ERR(nb_store_set(s, "k", "v", 1), NB_ERR_CLOSED, "nb_store_set: earlier, lost the connection to the store at 127.0.0.1:");
     nb_store_close(s);
+}
+END_TEST
+
+/* A port held by a program that accepts connections but is not our store
+ * (the kernel accepts into the backlog; nobody answers): the greeting
+ * goes unanswered for the liveness limit, and the message says why. */
+START_TEST(test_port_held_by_another_program) {
+    setenv("NABLA_LIVENESS_TIMEOUT", "0.5", 1);
+    int gai = 0, err = 0;
+    int fd = nb__tcp_listen("127.0.0.1", 0, &gai, &err);
+    ck_assert_int_ge(fd, 0);
+    struct sockaddr_in a;
+    socklen_t sl = sizeof a;
+    getsockname(fd, (struct sockaddr *)&a, &sl);
+    int held = ntohs(a.sin_port);
+    nb_store *s = NULL;
+    double t0 = nb__now();
+    nb_status st = nb_store_connect(&s, "127.0.0.1", held, "run-a", 1, 30);
+    double took = nb__now() - t0;
+    ck_assert_int_eq(st, NB_ERR_TIMEOUT);
+    char want[256];
+    snprintf(want, sizeof want, "no reply from the store at 127.0.0.1:%d within 0.5 s", held);
+    ck_assert_msg(strstr(nb_last_error(), want), "%s", nb_last_error());
+    ck_assert_msg(strstr(nb_last_error(), "is MASTER_PORT taken by another program, or is rank 0 stopped?"),
+                  "%s", nb_last_error());
+    ck_assert_msg(took < 10, "took %.1f s (liveness 0.5 s, connect timeout 30 s)", took);
+    /* Rank 0 cannot serve on it and says so. */
+    nb_store_server *srv = NULL;
+    EXPECT_ERR(nb_store_server_start(&srv, "127.0.0.1", held, "run-a"), NB_ERR_NETWORK,
+               "another program holds the port (MASTER_PORT)");
+    close(fd);
 }
 END_TEST
 
@@ -390,6 +422,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_malformed_messages_close_only_their_connection);
     tcase_add_test(tc, test_rank_that_dies_aborts_waits);
     tcase_add_test(tc, test_lost_server);
+    tcase_add_test(tc, test_port_held_by_another_program);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -81,7 +81,9 @@ static const char *usage_text =
     "SIGKILL to those still alive after a grace period ($NBRUN_GRACE seconds,\n"
     "default 5). It then prints which rank failed first and how, followed by the\n"
     "last " "20" " lines that rank wrote to stderr: the end of nbrun's output is where\n"
-    "the error is.\n"
+    "the error is. A process that is stopped (SIGSTOP, a debugger) is reported at\n"
+    "once but is not a failure; the other ranks fail if it stays silent for\n"
+    "$NABLA_LIVENESS_TIMEOUT seconds (default 15). SIGTERM is followed by SIGCONT.\n"
     "\n"
     "Ctrl-C (SIGINT), SIGTERM or SIGHUP to nbrun stops every process the same way;\n"
     "a second one kills them at once. If nbrun itself dies, the kernel kills the\n"
@@ -443,9 +445,15 @@ static bool pump(child *c, stream *s) {
     }
 }
 
+/* A stopped process (SIGSTOP, a debugger: the case the others name at the
+ * liveness limit) acts on SIGTERM only once resumed, so SIGTERM is
+ * followed by SIGCONT rather than leaving it to the grace period. */
 static void signal_all(int sig) {
     for (int i = 0; i < nkids; i++)
-        if (kids[i].running) kill(-kids[i].pid, sig);
+        if (kids[i].running) {
+            kill(-kids[i].pid, sig);
+            if (sig == SIGTERM) kill(-kids[i].pid, SIGCONT);
+        }
 }
 
 static void describe_status(int status, char *buf, size_t len) {
@@ -453,6 +461,23 @@ static void describe_status(int status, char *buf, size_t len) {
     else if (WIFSIGNALED(status))
         snprintf(buf, len, "was killed by signal %d (%s)", WTERMSIG(status), strsignal(WTERMSIG(status)));
     else snprintf(buf, len, "stopped (status %d)", status);
+}
+
+/* A rank stopped (SIGSTOP, SIGTSTP, a debugger) is not a failure: it may
+ * be resumed. nbrun says so at once; if it stays stopped, the other ranks
+ * name it at their liveness limit and fail. */
+static void note_stop(const child *c, int status) {
+    char line[256];
+    int n;
+    if (WIFSTOPPED(status))
+        n = snprintf(line, sizeof line,
+                     "nbrun: rank %d (local rank %d, pid %d) was stopped by signal %d (%s); unless it is "
+                     "resumed, the other ranks fail at NABLA_LIVENESS_TIMEOUT\n",
+                     c->rank, c->local_rank, (int)c->pid, WSTOPSIG(status), strsignal(WSTOPSIG(status)));
+    else
+        n = snprintf(line, sizeof line, "nbrun: rank %d (local rank %d, pid %d) was resumed\n", c->rank,
+                     c->local_rank, (int)c->pid);
+    write_all(2, line, (size_t)n);
 }
 
 static int exit_code(int status) {
@@ -553,9 +578,13 @@ int main(int argc, char **argv) {
         }
         int status;
         pid_t pid;
-        while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+        while ((pid = waitpid(-1, &status, WNOHANG | WUNTRACED | WCONTINUED)) > 0) {
             for (int i = 0; i < nkids; i++) {
                 if (kids[i].pid != pid || !kids[i].running) continue;
+                if (WIFSTOPPED(status) || WIFCONTINUED(status)) {
+                    note_stop(&kids[i], status);
+                    continue;
+                }
                 kids[i].running = false;
                 kids[i].status = status;
                 live--;

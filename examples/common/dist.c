@@ -43,8 +43,10 @@ nb_status run_dist_wrap(run_dist *d, nb_module *model, bool sync_bn) {
     return nb_ddp_new(&d->ddp, model, d->pg, &o);
 }
 
-nb_tensor *run_dist_forward(run_dist *d, nb_ctx *ctx, nb_tensor *x) {
-    return d->ddp ? nb_ddp_forward(d->ddp, ctx, x) : nb_module_forward(d->model, ctx, x);
+nb_status run_dist_forward(run_dist *d, nb_ctx *ctx, nb_tensor *x, nb_tensor **out) {
+    if (d->ddp) return nb_ddp_forward(d->ddp, ctx, x, out);
+    *out = nb_module_forward(d->model, ctx, x);
+    return NB_OK;
 }
 
 nb_status run_dist_backward(run_dist *d, nb_tensor *loss) {

@@ -31,7 +31,7 @@ nb_status run_dist_wrap(run_dist *d, nb_module *model, bool sync_bn);
  * `prog`) when this run computes on the CPU. */
 bool run_dist_bf16_ok(const run_dist *d, const char *prog);
 /* The model's forward (through DDP, which broadcasts buffers first). */
-nb_tensor *run_dist_forward(run_dist *d, nb_ctx *ctx, nb_tensor *x);
+nb_status run_dist_forward(run_dist *d, nb_ctx *ctx, nb_tensor *x, nb_tensor **out);
 /* Backward with gradients averaged over ranks (or only accumulated
  * locally while no_sync is on). */
 nb_status run_dist_backward(run_dist *d, nb_tensor *loss);

@@ -62,9 +62,10 @@ nb_module *nb_ddp_module(nb_ddp *ddp);
  * collective); programs whose modules take several inputs call it before
  * their forward. */
 nb_status nb_ddp_pre_forward(nb_ddp *ddp);
-/* nb_ddp_pre_forward, then nb_module_forward. Aborts if the broadcast fails
- * (the failure is in nb_last_error()); use the two calls to handle it. */
-nb_tensor *nb_ddp_forward(nb_ddp *ddp, nb_ctx *ctx, nb_tensor *x);
+/* nb_ddp_pre_forward, then nb_module_forward into *out. A failed broadcast
+ * (a peer died or froze) is returned, naming the peer in nb_last_error(),
+ * with *out NULL. */
+nb_status nb_ddp_forward(nb_ddp *ddp, nb_ctx *ctx, nb_tensor *x, nb_tensor **out);
 
 /* Runs backward from `loss` with bucketed, overlapped all-reduce and
  * returns once every gradient holds the average over ranks. Use it in place

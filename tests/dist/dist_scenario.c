@@ -9,6 +9,14 @@
  *   exit3    rank 1 writes to stderr and exits with 3; the others all-reduce
  *   killed   rank 1 kills itself (SIGKILL); the others all-reduce
  *   store    rank 0, which serves the store, kills itself; the others all-reduce
+ *   stopped  rank 1 stops itself (SIGSTOP); the others all-reduce and name it
+ *            at the liveness limit (NABLA_LIVENESS_TIMEOUT)
+ *   stopped0 the same with rank 0, which serves the store
+ *   slow     rank 1 sleeps 5 s (its heartbeat goes on) before all-reducing;
+ *            every rank completes
+ *   ok       every rank all-reduces (a launch test)
+ *   ddp      every rank wraps a Linear + BatchNorm in DDP; rank 1 kills
+ *            itself; the others' nb_ddp_forward (a buffer broadcast) fails
  *
  * A rank whose collective fails prints "rank R: <status>: <message>" to
  * stderr and exits 1; one that succeeds exits 0. */
@@ -16,10 +24,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "nabla/nabla.h"
 #include "nabla/dist.h"
+#include "nabla/ddp.h"
+#include "nabla/nn.h"
 
 static nb_ctx *ctx;
 
@@ -32,7 +43,7 @@ static int report(int rank, nb_status st) {
 
 int main(int argc, char **argv) {
     if (argc != 2) {
-        fprintf(stderr, "usage: dist_scenario absent|desync|exit3|killed|store\n");
+        fprintf(stderr, "usage: dist_scenario absent|desync|exit3|killed|store|stopped|stopped0|slow|ok|ddp\n");
         return 2;
     }
     const char *what = argv[1];
@@ -61,9 +72,39 @@ int main(int argc, char **argv) {
     }
     if ((strcmp(what, "killed") == 0 && rank == 1) || (strcmp(what, "store") == 0 && rank == 0))
         raise(SIGKILL);
+    if ((strcmp(what, "stopped") == 0 && rank == 1) || (strcmp(what, "stopped0") == 0 && rank == 0))
+        raise(SIGSTOP);
+    if (strcmp(what, "slow") == 0 && rank == 1) sleep(5);
+    if (strcmp(what, "ddp") == 0) {
+        nb_rng rng = nb_rng_make(5);
+        nb_module *layers[2] = {nb_linear_new(ctx, NB_F32, 4, 4, true, &rng),
+                                nb_batch_norm1d_new(ctx, NB_F32, 4, NULL)};
+        nb_module *model = nb_sequential_new(ctx, 2, layers);
+        nb_ddp *ddp;
+        st = nb_ddp_new(&ddp, model, pg, NULL);
+        if (st != NB_OK) return report(rank, st);
+        if (rank == 1) raise(SIGKILL);
+        nb_tensor *out = NULL;
+        st = nb_ddp_forward(ddp, ctx, nb_ones(ctx, NB_F32, NB_SHAPE(2, 4)), &out);
+        if (st != NB_OK) return report(rank, st);
+        printf("rank %d: forward completed\n", rank);
+        nb_ddp_free(ddp);
+    }
 
     if (strcmp(what, "desync") == 0 && rank == 0) st = nb_work_finish(nb_pg_broadcast(pg, t, 0));
     else st = nb_work_finish(nb_pg_all_reduce(pg, t, NB_REDUCE_SUM));
+    if (st != NB_OK && strcmp(what, "stopped") == 0) {
+        /* cleaning up after the failure must not wait for Gloo's timeout */
+        char msg[4096];
+        snprintf(msg, sizeof msg, "%s", nb_last_error());
+        struct timespec a, b;
+        clock_gettime(CLOCK_MONOTONIC, &a);
+        nb_status fst = nb_pg_free(pg);
+        clock_gettime(CLOCK_MONOTONIC, &b);
+        double took = (double)(b.tv_sec - a.tv_sec) + 1e-9 * (double)(b.tv_nsec - a.tv_nsec);
+        fprintf(stderr, "rank %d: nb_pg_free %s after %.0f s\n", rank, fst == st ? "repeated the failure" : "said otherwise", took);
+        nb_set_error(st, "%s", msg);
+    }
     if (st != NB_OK) return report(rank, st);
     printf("rank %d: collective #2 completed\n", rank);
     st = nb_pg_free(pg);

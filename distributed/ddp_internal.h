@@ -1,0 +1,83 @@
+/* The DDP wrapper's insides, shared by ddp.c (the reducer: buckets,
+ * hooks, launches, backward, the rebuild), ddp_verify.c (checks and
+ * broadcasts at construction and before forward) and ddp_stats.c (step
+ * statistics and the Chrome trace). Not installed. */
+#ifndef NABLA_DISTRIBUTED_DDP_INTERNAL_H
+#define NABLA_DISTRIBUTED_DDP_INTERNAL_H
+
+#include "nabla/ddp.h"
+
+#define NB__DDP_MAX_TRACE_STEPS 256
+
+typedef struct bucket {
+    nb_dtype dtype;
+    int64_t numel;
+    nb_tensor *flat;    /* gradient memory */
+    nb_tensor *wire;    /* bf16 copy sent by the compression hook, or NULL */
+    int n;              /* parameters */
+    int *params;        /* indices, in bucket order */
+    int64_t *offsets;   /* element offset of each parameter in flat */
+    int pending;
+    nb_work *work;
+    double t_launch;
+} bucket;
+
+typedef struct hook_ref {
+    nb_ddp *ddp;
+    int index;
+} hook_ref;
+
+typedef struct trace_step {
+    double fwd_start, bw_start, bw_end, done;
+    int n;
+    nb_ddp_bucket_time *b; /* absolute times; malloc'd */
+} trace_step;
+
+struct nb_ddp {
+    nb_module *model;
+    nb_pg *pg;
+    nb_ddp_options o;
+    int rank, world;
+    bool bucketed;        /* world > 1, or forced (Note [DDP on CUDA]) */
+    /* per parameter (those that require grad), malloc'd */
+    int n;
+    nb_named_tensor *p;
+    nb_tensor **own_grad; /* each parameter's grad before the wrapper took it */
+    hook_ref *refs;       /* registered with the tensors' hooks */
+    int *bucket_of;
+    bool *ready;
+    int n_ready;
+    int *ready_order;     /* the first synchronised backward's order */
+    int *slot;            /* open-addressing map: tensor pointer -> parameter index */
+    int slot_mask;
+    /* buckets: memory and records in ctx, replaced at the rebuild */
+    nb_ctx *ctx;
+    int n_buckets;
+    bucket *buckets;
+    int next_launch;
+    bool in_backward, no_sync, rebuilt, synced_once;
+    /* the last synchronised step */
+    double fwd_start, bw_start, bw_end;
+    nb_ddp_bucket_time *times;      /* n_buckets, being measured (malloc'd) */
+    nb_ddp_bucket_time *stat_times; /* the last step's, relative to bw_end (malloc'd) */
+    nb_ddp_step_stats stats;
+    trace_step trace[NB__DDP_MAX_TRACE_STEPS];
+    int n_trace;
+};
+
+/* ddp.c */
+double nb__ddp_now(void);
+void *nb__ddp_calloc(size_t n, size_t size); /* aborts when out of memory */
+
+/* ddp_verify.c */
+/* Every rank's parameter list against rank 0's; a mismatch names the
+ * first differing parameter and the ranks (every rank gets the verdict). */
+nb_status nb__ddp_verify_params(nb_ddp *d);
+/* Broadcasts rank 0's buffers (buffers_only) or whole state to every rank. */
+nb_status nb__ddp_broadcast_tensors(nb_ddp *d, bool buffers_only);
+
+/* ddp_stats.c */
+/* Fills d->stats (and the timeline) from the step that just ended at `done`. */
+void nb__ddp_record_stats(nb_ddp *d, double done);
+
+#endif

@@ -1,0 +1,89 @@
+/* DDP's measurements: per-step statistics (bucket launch, start and finish
+ * times against the end of backward, the hidden fraction of
+ * communication) and the Chrome trace of the recorded steps. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "distributed/ddp_internal.h"
+
+void nb__ddp_record_stats(nb_ddp *d, double done) {
+    nb_ddp_step_stats *s = &d->stats;
+    memset(s, 0, sizeof *s);
+    s->n_buckets = d->n_buckets;
+    free(d->stat_times);
+    d->stat_times = nb__ddp_calloc((size_t)d->n_buckets, sizeof(nb_ddp_bucket_time));
+    s->buckets = d->stat_times;
+    s->backward_s = d->bw_end - d->bw_start;
+    s->wait_s = done - d->bw_end;
+    double hidden = 0;
+    for (int b = 0; b < d->n_buckets; b++) {
+        nb_ddp_bucket_time *t = &d->times[b];
+        double start = t->start, finish = t->finish; /* absolute for now */
+        s->comm_s += finish - start;
+        if (start < d->bw_end) hidden += (finish < d->bw_end ? finish : d->bw_end) - start;
+        if (t->launch < d->bw_end) s->launched_before_end++;
+    }
+    s->hidden_fraction = s->comm_s > 0 ? hidden / s->comm_s : 0;
+    if (d->o.record_timeline) {
+        trace_step *ts = &d->trace[d->n_trace < NB__DDP_MAX_TRACE_STEPS ? d->n_trace++ : NB__DDP_MAX_TRACE_STEPS - 1];
+        free(ts->b);
+        ts->fwd_start = d->fwd_start;
+        ts->bw_start = d->bw_start;
+        ts->bw_end = d->bw_end;
+        ts->done = done;
+        ts->n = d->n_buckets;
+        ts->b = nb__ddp_calloc((size_t)d->n_buckets, sizeof *ts->b);
+        memcpy(ts->b, d->times, sizeof *ts->b * (size_t)d->n_buckets);
+    }
+    for (int b = 0; b < d->n_buckets; b++) { /* relative to the end of backward */
+        d->stat_times[b] = d->times[b];
+        d->stat_times[b].launch -= d->bw_end;
+        d->stat_times[b].start -= d->bw_end;
+        d->stat_times[b].finish -= d->bw_end;
+    }
+}
+
+nb_ddp_step_stats nb_ddp_last_stats(const nb_ddp *d) { return d->stats; }
+
+/* ---- Chrome trace ---- */
+
+static void trace_event(FILE *f, bool *first, const char *name, int pid, int tid, double t0, double ts,
+                        double te) {
+    fprintf(f, "%s\n{\"name\":\"%s\",\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f}",
+            *first ? "" : ",", name, pid, tid, (ts - t0) * 1e6, (te - ts) * 1e6);
+    *first = false;
+}
+
+nb_status nb_ddp_write_trace(const nb_ddp *d, const char *path) {
+    if (!d->o.record_timeline)
+        return nb_set_error(NB_ERR_INVALID, "nb_ddp_write_trace: the wrapper was made without "
+                                            "record_timeline, so there is nothing to write to %s", path);
+    FILE *f = fopen(path, "w");
+    if (!f) return nb_set_error(NB_ERR_IO, "nb_ddp_write_trace: cannot open %s for writing", path);
+    double t0 = d->n_trace ? d->trace[0].fwd_start : 0;
+    if (d->n_trace && (t0 == 0 || t0 > d->trace[0].bw_start)) t0 = d->trace[0].bw_start;
+    int pid = nb_pg_global_rank(d->pg, d->rank);
+    fprintf(f, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[");
+    bool first = true;
+    fprintf(f, "\n{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"name\":\"rank %d\"}},", pid, pid);
+    fprintf(f, "\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"args\":{\"name\":\"compute\"}},", pid);
+    fprintf(f, "\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":1,\"args\":{\"name\":\"communication\"}}", pid);
+    first = false;
+    for (int s = 0; s < d->n_trace; s++) {
+        const trace_step *t = &d->trace[s];
+        if (t->fwd_start > 0 && t->fwd_start <= t->bw_start)
+            trace_event(f, &first, "forward", pid, 0, t0, t->fwd_start, t->bw_start);
+        trace_event(f, &first, "backward", pid, 0, t0, t->bw_start, t->bw_end);
+        trace_event(f, &first, "wait for buckets", pid, 0, t0, t->bw_end, t->done);
+        for (int b = 0; b < t->n; b++) {
+            char name[48];
+            snprintf(name, sizeof name, "all-reduce bucket %d", b);
+            trace_event(f, &first, name, pid, 1, t0, t->b[b].start, t->b[b].finish);
+        }
+    }
+    fprintf(f, "\n]}\n");
+    bool bad = ferror(f) != 0;
+    if (fclose(f) != 0 || bad) return nb_set_error(NB_ERR_IO, "nb_ddp_write_trace: writing %s failed", path);
+    return NB_OK;
+}

@@ -1,0 +1,188 @@
+/* The Gloo backend of process groups (CPU tensors): the group's worker
+ * thread that runs its collectives one after another in issue order
+ * (Gloo calls block), the connection of the group's mesh, and the
+ * backend table entries pg.c calls (nb__pg_gloo_ops). The transport
+ * itself is the C++ shim, gloo_shim.cpp. */
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "distributed/pg.h"
+
+#define SLICE_S 0.05      /* how often a waiting thread wakes to watch */
+#define STUCK_WAIT_S 2.0  /* Note [Stuck worker] */
+
+static nb_status run_gloo(nb_pg *pg, nb_work *w, char *what, size_t len) {
+    const nb__coll *c = &w->coll;
+    nb__diag_record(pg, w);
+    if (c->count == 0 && c->kind != NB__BARRIER) return NB_OK;
+    nb_status st = nb__gloo_run(pg->gloo, c);
+    if (st == NB_OK) {
+        if (c->op == NB_REDUCE_AVG && (c->kind == NB__ALL_REDUCE || c->kind == NB__REDUCE_SCATTER))
+            nb__scale_down(c->dtype, c->out, (size_t)c->count, (double)pg->size);
+        return NB_OK;
+    }
+    if (st == NB_ERR_TIMEOUT)
+        snprintf(what, len, "did not complete within %.1f s (the transport timed out: %s)", pg->timeout_s,
+                 nb_last_error());
+    else
+        snprintf(what, len, "failed in the transport (%s)", nb_last_error());
+    return st;
+}
+
+static void *gloo_worker(void *arg) {
+    nb_pg *pg = arg;
+    char what[NB__MSG_LEN];
+    pthread_mutex_lock(&pg->mu);
+    for (;;) {
+        nb_work *w = pg->q_head;
+        while (w && w->state != NB__W_QUEUED) w = w->next;
+        if (!w) {
+            if (pg->stopping) break;
+            pthread_cond_wait(&pg->cond, &pg->mu);
+            continue;
+        }
+        w->state = NB__W_RUNNING;
+        nb_status st = pg->broken;
+        pthread_mutex_unlock(&pg->mu);
+        if (st == NB_OK) {
+            st = run_gloo(pg, w, what, sizeof what);
+            if (st != NB_OK) nb__pg_fail(pg, w, st, what);
+        }
+        pthread_mutex_lock(&pg->mu);
+        if (st != NB_OK) st = pg->broken;
+        nb__pg_finish_locked(pg, w, st, pg->broken_msg);
+    }
+    pg->worker_done = true;
+    pthread_cond_broadcast(&pg->cond);
+    pthread_mutex_unlock(&pg->mu);
+    return NULL;
+}
+
+/* An address of this host that reaches `master` (the source address the
+ * kernel would pick); what the Gloo device listens on. */
+static void local_address(const char *master, char *out, size_t len) {
+    snprintf(out, len, "127.0.0.1");
+    if (nb__pg_is_loopback(master)) return;
+    struct addrinfo hints, *res = NULL;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_DGRAM;
+    if (getaddrinfo(master, "9", &hints, &res) != 0) return;
+    int fd = socket(res->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
+        struct sockaddr_storage ss;
+        socklen_t sl = sizeof ss;
+        if (getsockname(fd, (struct sockaddr *)&ss, &sl) == 0) {
+            const void *a = ss.ss_family == AF_INET6 ? (const void *)&((struct sockaddr_in6 *)&ss)->sin6_addr
+                                                     : (const void *)&((struct sockaddr_in *)&ss)->sin_addr;
+            inet_ntop(ss.ss_family, a, out, (socklen_t)len);
+        }
+    }
+    if (fd >= 0) close(fd);
+    freeaddrinfo(res);
+}
+
+static nb_status gloo_start(nb_pg *pg, const char *prefix) {
+    nb_pg *root = pg->root;
+    nb_status st;
+    if (!root->gloo_dev) {
+        char host[256];
+        local_address(root->env.master_addr, host, sizeof host);
+        const char *iface = getenv("NABLA_SOCKET_IFNAME");
+        st = nb__gloo_dev_new(&root->gloo_dev, host, iface ? iface : "");
+        if (st != NB_OK) return st;
+    }
+    st = nb__gloo_connect(&pg->gloo, root->gloo_dev, root->store_main, prefix, pg->rank, pg->size,
+                          pg->timeout_s);
+    if (st != NB_OK) return st;
+    if (pthread_create(&pg->worker, NULL, gloo_worker, pg) != 0)
+        return nb_set_error(NB_ERR_INTERNAL, "nb_pg_init: cannot start the group's worker thread");
+    pg->worker_started = true;
+    return NB_OK;
+}
+
+/* The worker takes it from the queue. */
+static void gloo_submit(nb_pg *pg, nb_work *w) {
+    (void)w;
+    pthread_mutex_lock(&pg->mu);
+    pthread_cond_broadcast(&pg->cond);
+    pthread_mutex_unlock(&pg->mu);
+}
+
+/* The worker signals pg->cond when a work finishes. */
+static void gloo_wait_slice(nb_pg *pg, double *pause) {
+    (void)pause;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += (long)(SLICE_S * 1e9);
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    pthread_cond_timedwait(&pg->cond, &pg->mu, &ts);
+}
+
+/* Note [Stuck worker]: after a failure, the Gloo worker may be blocked
+ * inside a collective whose peer is stopped rather than dead (its sockets
+ * stay open), until Gloo's own timeout, the progress timeout (30 minutes
+ * by default). nb_pg_free of a broken group waits a moment for the worker
+ * and then detaches it, leaving the group's struct and Gloo context
+ * allocated for it, so that a program that reports a failure and cleans
+ * up is not held for the timeout. The process is expected to exit soon. */
+static bool worker_stuck(nb_pg *pg) {
+    pthread_mutex_lock(&pg->mu);
+    double deadline = nb__now() + STUCK_WAIT_S;
+    while (pg->broken != NB_OK && !pg->worker_done && nb__now() < deadline) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += (long)(SLICE_S * 1e9);
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&pg->cond, &pg->mu, &ts);
+    }
+    bool stuck = pg->broken != NB_OK && !pg->worker_done;
+    pthread_mutex_unlock(&pg->mu);
+    if (stuck) pthread_detach(pg->worker);
+    return stuck;
+}
+
+/* With pg->stopping set: joins the worker, or detaches it when stuck. */
+static bool gloo_stop(nb_pg *pg) {
+    if (!pg->worker_started) return false;
+    bool stuck = worker_stuck(pg);
+    if (!stuck) pthread_join(pg->worker, NULL);
+    pg->worker_started = false;
+    return stuck;
+}
+
+static void gloo_free(nb_pg *pg, bool stuck) {
+    if (pg->gloo && !stuck) nb__gloo_free(pg->gloo);
+}
+
+static nb_status gloo_agree(nb_pg *pg, int32_t *votes) {
+    nb__coll c = {NB__ALL_REDUCE, NB_REDUCE_SUM, NB_I32, 1, 0, votes, NULL, 0};
+    return nb_work_finish(nb__pg_issue(pg, &c));
+}
+
+const nb__pg_ops nb__pg_gloo_ops = {
+    .name = "gloo",
+    .start = gloo_start,
+    .submit = gloo_submit,
+    .progress = NULL,
+    .wait_slice = gloo_wait_slice,
+    .order = NULL,
+    .abort = NULL,
+    .stop = gloo_stop,
+    .free = gloo_free,
+    .work_free = NULL,
+    .agree = gloo_agree,
+};
