@@ -1,0 +1,98 @@
+/* The CPU backend's table (tensor/backend.h): the kernels of tensor/cpu/
+ * and a runtime with nothing to wait for (work is done when a call
+ * returns; memory is host memory; streams and events are NULL). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "tensor/backend.h"
+#include "tensor/cpu/cpu.h"
+#include "tensor/cpu/matmul.h"
+#include "tensor/cpu/softmax.h"
+
+static void use(const char *op, int device) { (void)op, (void)device; }
+static void sync(int device) { (void)device; }
+static void set_bytes(int device, void *dst, int byte, size_t bytes) {
+    (void)device;
+    memset(dst, byte, bytes);
+}
+static void copy_bytes(int device, void *dst, const void *src, size_t bytes) {
+    (void)device;
+    memcpy(dst, src, bytes);
+}
+static void copy_bytes_async(int device, void *dst, const void *src, size_t bytes, nb__stream s) {
+    (void)device, (void)s;
+    memcpy(dst, src, bytes);
+}
+static nb__stream no_stream(int device) {
+    (void)device;
+    return NULL;
+}
+static nb__event no_event(int device) {
+    (void)device;
+    return NULL;
+}
+static void event_free(nb__event e) { (void)e; }
+static void event_record(nb__event e, nb__stream s) { (void)e, (void)s; }
+static void stream_wait(nb__stream s, nb__event e) { (void)s, (void)e; }
+static void event_wait(nb__event e) { (void)e; }
+
+/* Bias: written into the rows, then the GEMM adds the product to it (like
+ * addmm; no separate pass). GELU: a pass over the product, from `pre`
+ * when it is kept. */
+static void matmul(nb_tensor *out, const nb_tensor *a, const nb_tensor *b, bool ta, bool tb,
+                   const nb_tensor *bias, bool gelu, nb_tensor *pre, bool accumulate) {
+    nb_tensor *dst = gelu && pre ? pre : out;
+    if (bias) {
+        nb__cpu_copy(dst, bias);
+        accumulate = true;
+    }
+    nb__cpu_matmul(dst, a, b, ta, tb, accumulate);
+    if (gelu) nb__cpu_unary(NB_U_GELU_TANH, out, dst, 0);
+}
+
+static void gelu_tanh_backward(nb_tensor *dx, const nb_tensor *g, const nb_tensor *pre) {
+    if (dx->dtype == NB_F32 && nb_is_contiguous(g)) { /* one pass, not two */
+        nb__cpu_gelu_tanh_backward(dx, g, pre);
+        return;
+    }
+    nb__cpu_unary(NB_U_GELU_TANH_GRAD, dx, pre, 0);
+    nb__cpu_binary(NB_B_MUL, dx, g, dx);
+}
+
+const nb__backend nb__cpu_backend = {
+    .name = "cpu",
+    .device_memory = false,
+    .gemm_accumulate = true,
+    .use = use,
+    .sync = sync,
+    .memset = set_bytes,
+    .memcpy_d2d = copy_bytes,
+    .memcpy_h2d_async = copy_bytes_async,
+    .host_alloc = malloc,
+    .host_free = free,
+    .compute_stream = no_stream,
+    .copy_stream = no_stream,
+    .event_new = no_event,
+    .event_free = event_free,
+    .event_record = event_record,
+    .stream_wait = stream_wait,
+    .event_wait = event_wait,
+    .gemm_readable = nb__cpu_gemm_readable,
+    .matmul = matmul,
+    .gelu_tanh_backward = gelu_tanh_backward,
+    .softmax = nb__cpu_softmax,
+    .softmax_backward = nb__cpu_softmax_backward,
+    .softmax_causal = nb__cpu_softmax_causal,
+    .softmax_causal_backward = nb__cpu_softmax_causal_backward,
+    .adam = nb__cpu_adam,
+    .sgd = nb__cpu_sgd,
+    .sum_squares = nb__cpu_sum_squares,
+    .max_abs = nb__cpu_max_abs,
+    .scale = nb__cpu_scale,
+    .all_finite = nb__cpu_all_finite,
+    .channel_stats = nb__cpu_channel_stats,
+    .channel_finalize = nb__cpu_channel_finalize,
+    .channel_normalize = nb__cpu_channel_normalize,
+    .channel_backward_sums = nb__cpu_channel_backward_sums,
+    .channel_backward_dx = nb__cpu_channel_backward_dx,
+};

@@ -1,0 +1,35 @@
+/* The CPU backend's entry points that have no kernel header of their own:
+ * multi-tensor updates (tensor/cpu/optim.c) and per-channel statistics
+ * (tensor/cpu/channel.c). Contracts: the matching members of nb__backend
+ * (tensor/backend.h). */
+#ifndef NABLA_TENSOR_CPU_CPU_H
+#define NABLA_TENSOR_CPU_CPU_H
+
+#include "tensor/internal.h"
+
+void nb__cpu_adam(int n, nb_tensor *const *p, nb_tensor *const *g, nb_tensor *const *m,
+                  nb_tensor *const *v, const int64_t *steps, const double *const *hp,
+                  bool decoupled);
+void nb__cpu_sgd(int n, nb_tensor *const *p, nb_tensor *const *g, nb_tensor *const *buf,
+                 const int64_t *steps, const double *const *hp);
+void nb__cpu_sum_squares(nb_tensor *out, int n, nb_tensor *const *ts);
+void nb__cpu_max_abs(nb_ctx *ctx, nb_tensor *out, int n, nb_tensor *const *ts);
+void nb__cpu_scale(int n, nb_tensor *const *ts, double coef);
+bool nb__cpu_all_finite(nb_ctx *ctx, int n, nb_tensor *const *ts);
+
+void nb__cpu_channel_stats(nb_tensor *stats, const nb_tensor *x, int64_t n, int64_t c, int64_t s);
+void nb__cpu_channel_finalize(nb_tensor *mean, nb_tensor *invstd, const nb_tensor *stats,
+                              nb_tensor *running_mean, nb_tensor *running_var, double momentum,
+                              double eps, int64_t c, const nb_tensor *input);
+void nb__cpu_channel_normalize(nb_tensor *y, const nb_tensor *x, const nb_tensor *mean,
+                               const nb_tensor *invstd, const nb_tensor *w, const nb_tensor *b,
+                               int64_t n, int64_t c, int64_t s);
+void nb__cpu_channel_backward_sums(nb_tensor *sums, const nb_tensor *dy, const nb_tensor *x,
+                                   const nb_tensor *mean, const nb_tensor *invstd, int64_t n,
+                                   int64_t c, int64_t s);
+void nb__cpu_channel_backward_dx(nb_tensor *dx, const nb_tensor *dy, const nb_tensor *x,
+                                 const nb_tensor *mean, const nb_tensor *invstd,
+                                 const nb_tensor *w, const nb_tensor *sums,
+                                 const nb_tensor *stats, int64_t n, int64_t c, int64_t s);
+
+#endif

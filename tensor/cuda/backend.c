@@ -1,0 +1,85 @@
+/* The CUDA backend's table (tensor/backend.h), compiled only when nabla is
+ * built with CUDA: the entry points of tensor/cuda/cuda.h, and small
+ * adapters where a kernel's signature is narrower than the table's. */
+#include <math.h>
+
+#include "tensor/backend.h"
+#include "tensor/cuda/cuda.h"
+
+static void matmul(nb_tensor *out, const nb_tensor *a, const nb_tensor *b, bool ta, bool tb,
+                   const nb_tensor *bias, bool gelu, nb_tensor *pre, bool accumulate) {
+    NB_CHECK(!accumulate, "nb_matmul (%s): the CUDA GEMM does not add into its output",
+             nb_device_name(out->device));
+    nb__cuda_matmul(out, a, b, ta, tb, bias, gelu, pre);
+}
+
+static void gelu_tanh_backward(nb_tensor *dx, const nb_tensor *g, const nb_tensor *pre) {
+    nb__cuda_unary(NB_U_GELU_TANH_GRAD, dx, pre, 0);
+    nb__cuda_binary(NB_B_MUL, dx, g, dx);
+}
+
+/* max over the tensors' maxima of |x| (op front ends: NaN counts as the
+ * maximum), gathered in f64 */
+static void max_abs(nb_ctx *ctx, nb_tensor *out, int n, nb_tensor *const *ts) {
+    nb_tensor **m = nb__ctx_meta(ctx, sizeof *m * (size_t)(n > 0 ? n : 1));
+    int nm = 0;
+    for (int i = 0; i < n; i++) {
+        if (nb_numel(ts[i]) == 0) continue;
+        nb_tensor *mi = nb_max(ctx, nb_abs(ctx, ts[i]), 0, NULL, false);
+        m[nm] = nb__empty(ctx, NB_F64, 0, NULL);
+        nb_copy_(m[nm], mi);
+        nm++;
+    }
+    if (nm == 0) nb__cuda_memset(out->device.index, out->data, 0, sizeof(double));
+    else nb_copy_(out, nb_max(ctx, nb_stack(ctx, nm, m, 0), 0, NULL, false));
+}
+
+static void scale(int n, nb_tensor *const *ts, double coef) {
+    for (int i = 0; i < n; i++) nb_scale_(ts[i], coef);
+}
+
+/* finite exactly when every square is: f64 values above ~1e154 overflow */
+static bool all_finite(nb_ctx *ctx, int n, nb_tensor *const *ts) {
+    if (n == 0) return true;
+    nb_tensor *out = nb__empty(ctx, NB_F64, 0, NULL);
+    nb__cuda_sum_squares(out, n, ts);
+    return isfinite(nb_item(out)) != 0;
+}
+
+const nb__backend nb__cuda_backend = {
+    .name = "cuda",
+    .device_memory = true,
+    .gemm_accumulate = false,
+    .use = nb__cuda_use,
+    .sync = nb__cuda_sync,
+    .memset = nb__cuda_memset,
+    .memcpy_d2d = nb__cuda_memcpy_d2d,
+    .memcpy_h2d_async = nb__cuda_memcpy_h2d_async,
+    .host_alloc = nb__cuda_host_alloc,
+    .host_free = nb__cuda_host_free,
+    .compute_stream = nb__cuda_compute_stream,
+    .copy_stream = nb__cuda_copy_stream,
+    .event_new = nb__cuda_event_new,
+    .event_free = nb__cuda_event_free,
+    .event_record = nb__cuda_event_record,
+    .stream_wait = nb__cuda_stream_wait,
+    .event_wait = nb__cuda_event_wait,
+    .gemm_readable = nb__cuda_gemm_readable,
+    .matmul = matmul,
+    .gelu_tanh_backward = gelu_tanh_backward,
+    .softmax = nb__cuda_softmax,
+    .softmax_backward = nb__cuda_softmax_backward,
+    .softmax_causal = nb__cuda_softmax_causal,
+    .softmax_causal_backward = nb__cuda_softmax_causal_backward,
+    .adam = nb__cuda_adam,
+    .sgd = nb__cuda_sgd,
+    .sum_squares = nb__cuda_sum_squares,
+    .max_abs = max_abs,
+    .scale = scale,
+    .all_finite = all_finite,
+    .channel_stats = nb__cuda_channel_stats,
+    .channel_finalize = nb__cuda_channel_finalize,
+    .channel_normalize = nb__cuda_channel_normalize,
+    .channel_backward_sums = nb__cuda_channel_backward_sums,
+    .channel_backward_dx = nb__cuda_channel_backward_dx,
+};
