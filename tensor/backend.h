@@ -17,6 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "tensor/cpu/conv.h" /* nb__conv2d_geom */
 #include "tensor/internal.h"
 
 #ifdef __cplusplus
@@ -81,6 +82,34 @@ typedef struct nb__backend {
                            double scale);
     void (*softmax_causal_backward)(nb_tensor *dx, const nb_tensor *y, const nb_tensor *g,
                                     int64_t b, int64_t t, int64_t s, double scale);
+
+    /* ---- normalisation (tensor/cpu/norm.h, tensor/cuda/cuda.h) ---- */
+    /* Saved statistics (layer norm's mean/rstd, batch norm's mean/invstd)
+     * are f32 for non-f64 inputs (else f64 everywhere). */
+    bool f32_norm_stats;
+    void (*layer_norm)(nb_tensor *y, nb_tensor *mean, nb_tensor *rstd, const nb_tensor *x,
+                       const nb_tensor *w, const nb_tensor *b, int64_t m, int64_t d, double eps);
+    /* dw, db written (not accumulated); ctx holds scratch. */
+    void (*layer_norm_backward)(nb_ctx *ctx, nb_tensor *dx, nb_tensor *dw, nb_tensor *db,
+                                const nb_tensor *g, const nb_tensor *x, const nb_tensor *mean,
+                                const nb_tensor *rstd, const nb_tensor *w, int64_t m, int64_t d);
+    /* The whole batch norm, running statistics included (nb__cuda_batch_norm). */
+    void (*batch_norm)(nb_tensor *y, nb_tensor *save_mean, nb_tensor *save_invstd,
+                       const nb_tensor *x, const nb_tensor *weight, const nb_tensor *bias,
+                       nb_tensor *running_mean, nb_tensor *running_var, bool training,
+                       double momentum, double eps, int64_t n, int64_t c, int64_t s);
+    void (*batch_norm_backward)(nb_tensor *dx, nb_tensor *dw, nb_tensor *db, const nb_tensor *g,
+                                const nb_tensor *x, const nb_tensor *mean,
+                                const nb_tensor *invstd, const nb_tensor *weight, bool training,
+                                double eps, int64_t n, int64_t c, int64_t s);
+
+    /* ---- convolution (geometry of tensor/cpu/conv.h; contiguous buffers
+     * of dtype dt; scratch from ctx) ---- */
+    void (*conv2d)(nb_ctx *ctx, nb_dtype dt, const nb__conv2d_geom *g, void *out, const void *x,
+                   const void *w, const void *b);
+    /* Each of dx, dw, db is written (not accumulated) unless NULL. */
+    void (*conv2d_backward)(nb_ctx *ctx, nb_dtype dt, const nb__conv2d_geom *g, void *dx,
+                            void *dw, void *db, const void *gout, const void *x, const void *w);
 
     /* ---- multi-tensor updates (optimizers, clipping) ----
      * n tensors, each contiguous f32 or f64, one launch (CUDA) or loop

@@ -7,6 +7,7 @@
 #include "tensor/backend.h"
 #include "tensor/cpu/cpu.h"
 #include "tensor/cpu/matmul.h"
+#include "tensor/cpu/norm.h"
 #include "tensor/cpu/softmax.h"
 
 static void use(const char *op, int device) { (void)op, (void)device; }
@@ -59,6 +60,34 @@ static void gelu_tanh_backward(nb_tensor *dx, const nb_tensor *g, const nb_tenso
     nb__cpu_binary(NB_B_MUL, dx, g, dx);
 }
 
+static void layer_norm_backward(nb_ctx *ctx, nb_tensor *dx, nb_tensor *dw, nb_tensor *db,
+                                const nb_tensor *g, const nb_tensor *x, const nb_tensor *mean,
+                                const nb_tensor *rstd, const nb_tensor *w, int64_t m, int64_t d) {
+    double *ws = (dw || db) ? nb_ctx_alloc(ctx, 2 * (size_t)d * sizeof(double), 0) : NULL;
+    nb__cpu_layer_norm_backward(dx, dw, db, ws, g, x, mean, rstd, w, m, d);
+}
+
+static void batch_norm_backward(nb_tensor *dx, nb_tensor *dw, nb_tensor *db, const nb_tensor *g,
+                                const nb_tensor *x, const nb_tensor *mean,
+                                const nb_tensor *invstd, const nb_tensor *w, bool training,
+                                double eps, int64_t n, int64_t c, int64_t s) {
+    (void)eps; /* invstd already has it */
+    nb__cpu_batch_norm_backward(dx, dw, db, g, x, mean, invstd, w, training, n, c, s);
+}
+
+/* im2col buffers from ctx */
+static void conv2d(nb_ctx *ctx, nb_dtype dt, const nb__conv2d_geom *g, void *out, const void *x,
+                   const void *w, const void *b) {
+    void *cols = nb_ctx_alloc(ctx, (size_t)nb__conv2d_cols_numel(g) * nb_dtype_size(dt), 0);
+    nb__cpu_conv2d_forward(dt, g, out, x, w, b, cols);
+}
+
+static void conv2d_backward(nb_ctx *ctx, nb_dtype dt, const nb__conv2d_geom *g, void *dx,
+                            void *dw, void *db, const void *gout, const void *x, const void *w) {
+    void *cols = nb_ctx_alloc(ctx, (size_t)nb__conv2d_cols_numel(g) * nb_dtype_size(dt), 0);
+    nb__cpu_conv2d_backward(dt, g, dx, dw, db, gout, x, w, cols);
+}
+
 const nb__backend nb__cpu_backend = {
     .name = "cpu",
     .device_memory = false,
@@ -84,6 +113,13 @@ const nb__backend nb__cpu_backend = {
     .softmax_backward = nb__cpu_softmax_backward,
     .softmax_causal = nb__cpu_softmax_causal,
     .softmax_causal_backward = nb__cpu_softmax_causal_backward,
+    .f32_norm_stats = false,
+    .layer_norm = nb__cpu_layer_norm,
+    .layer_norm_backward = layer_norm_backward,
+    .batch_norm = nb__cpu_batch_norm_full,
+    .batch_norm_backward = batch_norm_backward,
+    .conv2d = conv2d,
+    .conv2d_backward = conv2d_backward,
     .adam = nb__cpu_adam,
     .sgd = nb__cpu_sgd,
     .sum_squares = nb__cpu_sum_squares,

@@ -46,6 +46,13 @@ static bool all_finite(nb_ctx *ctx, int n, nb_tensor *const *ts) {
     return isfinite(nb_item(out)) != 0;
 }
 
+static void layer_norm_backward(nb_ctx *ctx, nb_tensor *dx, nb_tensor *dw, nb_tensor *db,
+                                const nb_tensor *g, const nb_tensor *x, const nb_tensor *mean,
+                                const nb_tensor *rstd, const nb_tensor *w, int64_t m, int64_t d) {
+    (void)ctx;
+    nb__cuda_layer_norm_backward(dx, dw, db, g, x, mean, rstd, w, m, d);
+}
+
 const nb__backend nb__cuda_backend = {
     .name = "cuda",
     .device_memory = true,
@@ -71,6 +78,13 @@ const nb__backend nb__cuda_backend = {
     .softmax_backward = nb__cuda_softmax_backward,
     .softmax_causal = nb__cuda_softmax_causal,
     .softmax_causal_backward = nb__cuda_softmax_causal_backward,
+    .f32_norm_stats = true,
+    .layer_norm = nb__cuda_layer_norm,
+    .layer_norm_backward = layer_norm_backward,
+    .batch_norm = nb__cuda_batch_norm,
+    .batch_norm_backward = nb__cuda_batch_norm_backward,
+    .conv2d = nb__cuda_conv2d_forward,
+    .conv2d_backward = nb__cuda_conv2d_backward,
     .adam = nb__cuda_adam,
     .sgd = nb__cuda_sgd,
     .sum_squares = nb__cuda_sum_squares,
