@@ -111,6 +111,14 @@ typedef struct nb__backend {
     void (*conv2d_backward)(nb_ctx *ctx, nb_dtype dt, const nb__conv2d_geom *g, void *dx,
                             void *dw, void *db, const void *gout, const void *x, const void *w);
 
+    /* ---- pooling (tensor/ops_pool.c; contiguous) ---- */
+    void (*max_pool2d)(nb_tensor *out, nb_tensor *arg, const nb_tensor *x,
+                       const nb__pool2d_geom *g);
+    void (*max_pool2d_backward)(nb_tensor *dx, const nb_tensor *arg, const nb_tensor *gout,
+                                const nb__pool2d_geom *g);
+    void (*avg_pool2d)(nb_tensor *out, const nb_tensor *x, const nb__pool2d_geom *g);
+    void (*avg_pool2d_backward)(nb_tensor *dx, const nb_tensor *gout, const nb__pool2d_geom *g);
+
     /* ---- multi-tensor updates (optimizers, clipping) ----
      * n tensors, each contiguous f32 or f64, one launch (CUDA) or loop
      * (CPU) per call; the order of operations of tensor/cpu/optim.c.

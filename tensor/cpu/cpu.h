@@ -1,6 +1,6 @@
 /* The CPU backend's entry points that have no kernel header of their own:
- * multi-tensor updates (tensor/cpu/optim.c) and per-channel statistics
- * (tensor/cpu/channel.c). Contracts: the matching members of nb__backend
+ * multi-tensor updates (tensor/cpu/optim.c), per-channel statistics
+ * (tensor/cpu/channel.c) and pooling (tensor/cpu/pool.c). Contracts: the matching members of nb__backend
  * (tensor/backend.h). */
 #ifndef NABLA_TENSOR_CPU_CPU_H
 #define NABLA_TENSOR_CPU_CPU_H
@@ -31,5 +31,12 @@ void nb__cpu_channel_backward_dx(nb_tensor *dx, const nb_tensor *dy, const nb_te
                                  const nb_tensor *mean, const nb_tensor *invstd,
                                  const nb_tensor *w, const nb_tensor *sums,
                                  const nb_tensor *stats, int64_t n, int64_t c, int64_t s);
+
+/* pooling (tensor/cpu/pool.c) */
+void nb__cpu_max_pool2d(nb_tensor *out, nb_tensor *arg, const nb_tensor *x, const nb__pool2d_geom *g);
+void nb__cpu_max_pool2d_backward(nb_tensor *dx, const nb_tensor *arg, const nb_tensor *gout,
+                                 const nb__pool2d_geom *g);
+void nb__cpu_avg_pool2d(nb_tensor *out, const nb_tensor *x, const nb__pool2d_geom *g);
+void nb__cpu_avg_pool2d_backward(nb_tensor *dx, const nb_tensor *gout, const nb__pool2d_geom *g);
 
 #endif
