@@ -61,6 +61,11 @@ typedef struct nb__backend {
     /* The host waits for e (at once when nothing was recorded). */
     void (*event_wait)(nb__event e);
 
+    /* ---- elementwise engine (nb__cpu_unary & co., tensor/internal.h) ---- */
+    void (*unary)(nb__unary_op op, nb_tensor *out, const nb_tensor *a, double s);
+    void (*binary)(nb__binary_op op, nb_tensor *out, const nb_tensor *a, const nb_tensor *b);
+    void (*where)(nb_tensor *out, const nb_tensor *cond, const nb_tensor *a, const nb_tensor *b);
+
     /* ---- GEMM (tensor/cpu/matmul.h, nb__cuda_matmul) ---- */
     /* Whether the GEMM reads t in place (else the front end copies it). */
     bool (*gemm_readable)(const nb_tensor *t);
