@@ -291,6 +291,28 @@ START_TEST(test_multi_tensor_reductions) {
 }
 END_TEST
 
+/* SyncBatchNorm's per-channel steps on the CPU: statistics, then the
+ * finalize that refuses a global batch of one value per channel (here
+ * after a pretend all-reduce left the count at 1). */
+START_TEST(test_channel_steps) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    /* x (N=2, C=2, S=2): channel 0 = {1, 2, 3, 4}, channel 1 = {0, 0, 2, 2} */
+    nb_tensor *x = nb_from_host(ctx, NB_F64, NB_SHAPE(2, 2, 2), (double[]){1, 2, 0, 0, 3, 4, 2, 2});
+    nb_tensor *stats = nb_zeros(ctx, NB_F64, NB_SHAPE(6));
+    nb__cpu_backend.channel_stats(stats, x, 2, 2, 2);
+    nbt_assert_close(stats, (double[]){4, 4, 10, 4, 30, 8}, 0, 0);
+    nb_tensor *mean = nb_zeros(ctx, NB_F64, NB_SHAPE(2)), *invstd = nb_zeros(ctx, NB_F64, NB_SHAPE(2));
+    nb__cpu_backend.channel_finalize(mean, invstd, stats, NULL, NULL, 0.1, 0, 2, x);
+    nbt_assert_close(mean, (double[]){2.5, 1}, 1e-15, 0);
+    nbt_assert_close(invstd, (double[]){1 / sqrt(1.25), 1}, 1e-15, 1e-15);
+    nb_tensor *one = nb_from_host(ctx, NB_F64, NB_SHAPE(6), (double[]){1, 1, 5, 5, 25, 25});
+    NBT_EXPECT_ABORT(nb__cpu_backend.channel_finalize(mean, invstd, one, NULL, NULL, 0.1, 1e-5, 2, x),
+                     "nb_sync_batch_norm: the global batch has 1 value(s) per channel; training "
+                     "needs more than one (input (2, 2, 2) on this rank)");
+    nb_ctx_free(ctx);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("backend");
     TCase *tc = tcase_create("core");
@@ -302,6 +324,7 @@ int main(void) {
     tcase_add_test(tc, test_multi_tensor_sgd);
     tcase_add_test(tc, test_optim_step_mixed_dtypes);
     tcase_add_test(tc, test_multi_tensor_reductions);
+    tcase_add_test(tc, test_channel_steps);
     suite_add_tcase(s, tc);
     return nbt_run(s);
 }
