@@ -124,6 +124,18 @@ typedef struct nb__backend {
     void (*avg_pool2d)(nb_tensor *out, const nb_tensor *x, const nb__pool2d_geom *g);
     void (*avg_pool2d_backward)(nb_tensor *dx, const nb_tensor *gout, const nb__pool2d_geom *g);
 
+    /* ---- dropout, embedding, losses (contracts: tensor/cuda/cuda.h) ---- */
+    void (*dropout)(nb_tensor *out, nb_tensor *mask, const nb_tensor *x, double p, uint64_t seed,
+                    uint64_t offset);
+    /* An index out of range: an abort naming it on the CPU, a deferred
+     * device fault on CUDA. */
+    void (*embedding)(nb_tensor *out, const nb_tensor *w, const nb_tensor *idx, int64_t np);
+    /* gw fully written. */
+    void (*embedding_backward)(nb_tensor *gw, const nb_tensor *g, const nb_tensor *idx,
+                               int64_t np);
+    /* out (0-d) = mean of (a - b)^2 (kind 0) or of the BCE-with-logits term (kind 1). */
+    void (*pair_loss)(nb_tensor *out, int kind, const nb_tensor *a, const nb_tensor *b);
+
     /* ---- multi-tensor updates (optimizers, clipping) ----
      * n tensors, each contiguous f32 or f64, one launch (CUDA) or loop
      * (CPU) per call; the order of operations of tensor/cpu/optim.c.

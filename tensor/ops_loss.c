@@ -1,6 +1,7 @@
 /* Losses, each reduced to a 0-d mean: cross-entropy (fused log-softmax and
  * negative log-likelihood, kernel in tensor/cpu/softmax.c), mean squared
- * error and binary cross-entropy on logits (small kernels here).
+ * error and binary cross-entropy on logits (tensor/cpu/loss.c and
+ * nb__cuda_pair_loss, behind the backend table).
  *
  * Cross-entropy follows PyTorch: targets equal to ignore_index count for
  * nothing, neither in the sum nor in the divisor, so a batch whose targets
@@ -14,6 +15,7 @@
  * tensor rather than through nb_item. */
 #include <math.h>
 
+#include "tensor/backend.h"
 #include "tensor/cpu/softmax.h"
 #include "tensor/cuda/cuda.h"
 #include "tensor/internal.h"
@@ -117,38 +119,11 @@ static void check_pair(const char *op, nb_ctx *ctx, const nb_tensor *a, const nb
 
 typedef enum pair_loss { LOSS_MSE, LOSS_BCE } pair_loss;
 
-/* sum over elements of the loss term, in double; a and b contiguous */
-#define DEFINE_PAIR_SUM(T, LOG1P, EXP, FABS)                                                \
-    static double pair_sum_##T(pair_loss kind, const T *a, const T *b, int64_t n) {          \
-        double s = 0;                                                                       \
-        if (kind == LOSS_MSE) {                                                             \
-            for (int64_t i = 0; i < n; i++) {                                               \
-                double d = (double)a[i] - (double)b[i];                                     \
-                s += d * d;                                                                 \
-            }                                                                               \
-        } else {                                                                            \
-            for (int64_t i = 0; i < n; i++) {                                               \
-                T x = a[i];                                                                 \
-                s += (double)((x > 0 ? x : (T)0) - x * b[i] + LOG1P(EXP(-FABS(x))));         \
-            }                                                                               \
-        }                                                                                   \
-        return s;                                                                           \
-    }
-
-DEFINE_PAIR_SUM(float, log1pf, expf, fabsf)
-DEFINE_PAIR_SUM(double, log1p, exp, fabs)
-
 static nb_tensor *pair_loss_forward(nb_ctx *ctx, pair_loss kind, nb_tensor *a, nb_tensor *b) {
     nb_tensor *ac = nb__contig(ctx, a), *bc = nb__contig(ctx, b);
-    if (nb__is_cuda(a)) {
-        nb_tensor *out = nb__empty(ctx, a->dtype, 0, NULL);
-        nb__cuda_pair_loss(out, kind == LOSS_MSE ? 0 : 1, ac, bc);
-        return out;
-    }
-    int64_t n = nb_numel(a);
-    double s = a->dtype == NB_F32 ? pair_sum_float(kind, ac->data, bc->data, n)
-                                  : pair_sum_double(kind, ac->data, bc->data, n);
-    return scalar_out(ctx, a->dtype, s / (double)n);
+    nb_tensor *out = nb__empty(ctx, a->dtype, 0, NULL);
+    nb__backend_at(a)->pair_loss(out, kind == LOSS_MSE ? 0 : 1, ac, bc);
+    return out;
 }
 
 /* ---- mean squared error ---- */

@@ -1,6 +1,7 @@
 /* The CPU backend's entry points that have no kernel header of their own:
  * multi-tensor updates (tensor/cpu/optim.c), per-channel statistics
- * (tensor/cpu/channel.c) and pooling (tensor/cpu/pool.c). Contracts: the matching members of nb__backend
+ * (tensor/cpu/channel.c), pooling, dropout, embedding and the elementwise
+ * losses (tensor/cpu/pool.c, dropout.c, embedding.c, loss.c). Contracts: the matching members of nb__backend
  * (tensor/backend.h). */
 #ifndef NABLA_TENSOR_CPU_CPU_H
 #define NABLA_TENSOR_CPU_CPU_H
@@ -38,5 +39,14 @@ void nb__cpu_max_pool2d_backward(nb_tensor *dx, const nb_tensor *arg, const nb_t
                                  const nb__pool2d_geom *g);
 void nb__cpu_avg_pool2d(nb_tensor *out, const nb_tensor *x, const nb__pool2d_geom *g);
 void nb__cpu_avg_pool2d_backward(nb_tensor *dx, const nb_tensor *gout, const nb__pool2d_geom *g);
+
+/* dropout, embedding, elementwise losses (tensor/cpu/dropout.c,
+ * embedding.c, loss.c) */
+void nb__cpu_dropout(nb_tensor *out, nb_tensor *mask, const nb_tensor *x, double p, uint64_t seed,
+                     uint64_t offset);
+void nb__cpu_embedding(nb_tensor *out, const nb_tensor *w, const nb_tensor *idx, int64_t np);
+void nb__cpu_embedding_backward(nb_tensor *gw, const nb_tensor *g, const nb_tensor *idx,
+                                int64_t np);
+void nb__cpu_pair_loss(nb_tensor *out, int kind, const nb_tensor *a, const nb_tensor *b);
 
 #endif
