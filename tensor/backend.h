@@ -133,6 +133,18 @@ typedef struct nb__backend {
     /* gw fully written. */
     void (*embedding_backward)(nb_tensor *gw, const nb_tensor *g, const nb_tensor *idx,
                                int64_t np);
+    /* Fused cross-entropy (contract: nb__cuda_cross_entropy). The entry
+     * makes lse (N) and count (0-d: the targets not ignored) in ctx, in
+     * the dtypes its backward reads; a target out of range is an abort
+     * naming it on the CPU, a deferred device fault on CUDA. */
+    void (*cross_entropy)(nb_ctx *ctx, nb_tensor *loss, nb_tensor **lse, nb_tensor **count,
+                          const nb_tensor *logits, const nb_tensor *targets,
+                          int64_t ignore_index, double eps);
+    /* g (0-d) and count as made by forward. */
+    void (*cross_entropy_backward)(nb_tensor *dlogits, const nb_tensor *logits,
+                                   const nb_tensor *lse, const nb_tensor *targets,
+                                   const nb_tensor *g, const nb_tensor *count,
+                                   int64_t ignore_index, double eps);
     /* out (0-d) = mean of (a - b)^2 (kind 0) or of the BCE-with-logits term (kind 1). */
     void (*pair_loss)(nb_tensor *out, int kind, const nb_tensor *a, const nb_tensor *b);
 

@@ -32,6 +32,7 @@ static void assert_complete(const nb__backend *be) {
         (const void *)be->max_pool2d_backward, (const void *)be->avg_pool2d,
         (const void *)be->avg_pool2d_backward, (const void *)be->dropout,
         (const void *)be->embedding, (const void *)be->embedding_backward,
+        (const void *)be->cross_entropy, (const void *)be->cross_entropy_backward,
         (const void *)be->pair_loss, (const void *)be->adam, (const void *)be->sgd,
         (const void *)be->sum_squares, (const void *)be->max_abs, (const void *)be->scale,
         (const void *)be->all_finite, (const void *)be->channel_stats,

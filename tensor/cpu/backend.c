@@ -88,6 +88,37 @@ static void conv2d_backward(nb_ctx *ctx, nb_dtype dt, const nb__conv2d_geom *g, 
     nb__cpu_conv2d_backward(dt, g, dx, dw, db, gout, x, w, cols);
 }
 
+/* Targets are checked here, on the host; count is f64 (exact for any batch). */
+static void cross_entropy(nb_ctx *ctx, nb_tensor *loss, nb_tensor **lse, nb_tensor **count,
+                          const nb_tensor *logits, const nb_tensor *targets, int64_t ignore_index,
+                          double eps) {
+    int64_t n = logits->shape[0], c = logits->shape[1], kept = 0;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t t = nb__cpu_target_at(targets, i);
+        if (t == ignore_index) continue;
+        NB_CHECK(t >= 0 && t < c,
+                 "nb_cross_entropy: target %lld at position %lld is out of range for %lld classes "
+                 "(valid: 0..%lld, or ignore_index %lld); logits %s",
+                 (long long)t, (long long)i, (long long)c, (long long)(c - 1),
+                 (long long)ignore_index, nb_shape_str(logits));
+        kept++;
+    }
+    *lse = nb__empty(ctx, logits->dtype, 1, &n);
+    *count = nb__empty(ctx, NB_F64, 0, NULL);
+    *(double *)(*count)->data = (double)kept;
+    double total = nb__cpu_cross_entropy(*lse, logits, targets, ignore_index, eps);
+    nb__store(loss->data, loss->dtype, total / (double)kept);
+}
+
+static void cross_entropy_backward(nb_tensor *dlogits, const nb_tensor *logits,
+                                   const nb_tensor *lse, const nb_tensor *targets,
+                                   const nb_tensor *g, const nb_tensor *count,
+                                   int64_t ignore_index, double eps) {
+    double kept = *(const double *)count->data;
+    double scale = kept > 0 ? nb__load(g->data, g->dtype) / kept : 0;
+    nb__cpu_cross_entropy_backward(dlogits, logits, lse, targets, ignore_index, eps, scale);
+}
+
 const nb__backend nb__cpu_backend = {
     .name = "cpu",
     .device_memory = false,
@@ -130,6 +161,8 @@ const nb__backend nb__cpu_backend = {
     .dropout = nb__cpu_dropout,
     .embedding = nb__cpu_embedding,
     .embedding_backward = nb__cpu_embedding_backward,
+    .cross_entropy = cross_entropy,
+    .cross_entropy_backward = cross_entropy_backward,
     .pair_loss = nb__cpu_pair_loss,
     .adam = nb__cpu_adam,
     .sgd = nb__cpu_sgd,

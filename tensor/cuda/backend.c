@@ -53,6 +53,17 @@ static void layer_norm_backward(nb_ctx *ctx, nb_tensor *dx, nb_tensor *dw, nb_te
     nb__cuda_layer_norm_backward(dx, dw, db, g, x, mean, rstd, w, m, d);
 }
 
+/* lse in f32 for 16-bit logits; count 0-d f32; nothing read by the host */
+static void cross_entropy(nb_ctx *ctx, nb_tensor *loss, nb_tensor **lse, nb_tensor **count,
+                          const nb_tensor *logits, const nb_tensor *targets, int64_t ignore_index,
+                          double eps) {
+    int64_t n = logits->shape[0];
+    bool half = logits->dtype == NB_BF16 || logits->dtype == NB_F16;
+    *lse = nb__empty(ctx, half ? NB_F32 : logits->dtype, 1, &n);
+    *count = nb__empty(ctx, NB_F32, 0, NULL);
+    nb__cuda_cross_entropy(loss, *lse, *count, logits, targets, ignore_index, eps);
+}
+
 const nb__backend nb__cuda_backend = {
     .name = "cuda",
     .device_memory = true,
@@ -95,6 +106,8 @@ const nb__backend nb__cuda_backend = {
     .dropout = nb__cuda_dropout,
     .embedding = nb__cuda_embedding,
     .embedding_backward = nb__cuda_embedding_backward,
+    .cross_entropy = cross_entropy,
+    .cross_entropy_backward = nb__cuda_cross_entropy_backward,
     .pair_loss = nb__cuda_pair_loss,
     .adam = nb__cuda_adam,
     .sgd = nb__cuda_sgd,
