@@ -19,8 +19,8 @@
  *
  * Note [Loader to CUDA]
  * With a device whose memory is not host memory (CUDA; the backend's
- * device_memory, tensor/backend.h) each slot also has a device buffer (in a context the
- * loader owns) and two events. The worker that filled the slot's host
+ * device_memory, tensor/backend.h) each slot also has a device buffer
+ * (in a context the loader owns) and two events. The worker that filled the slot's host
  * buffer (pinned with pin_memory, else pageable) copies it to the device
  * buffer with an asynchronous copy on the device's copy stream, after the
  * slot's `consumed` event (the last reader of the device buffer), and
