@@ -18,8 +18,9 @@
  * generation are dropped. The loader itself is driven by one thread.
  *
  * Note [Loader to CUDA]
- * With a CUDA device each slot also has a device buffer (in a context the
- * loader owns) and two events. The worker that filled the slot's host
+ * With a device whose memory is not host memory (CUDA; the backend's
+ * device_memory, tensor/backend.h) each slot also has a device buffer
+ * (in a context the loader owns) and two events. The worker that filled the slot's host
  * buffer (pinned with pin_memory, else pageable) copies it to the device
  * buffer with an asynchronous copy on the device's copy stream, after the
  * slot's `consumed` event (the last reader of the device buffer), and
@@ -32,18 +33,15 @@
  * copy ever reads a buffer being rewritten. Without workers the caller's
  * thread does the same with one slot. The CPU path is unchanged. Each
  * worker makes the loader's device current for itself before its first
- * CUDA call (the current device is per thread). */
+ * CUDA call (the current device is per thread). Every device call goes
+ * through the device's backend table. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "data/internal.h"
-#include "tensor/cuda/cuda.h"
+#include "tensor/backend.h"
 #include "tensor/internal.h"
-
-#if NABLA_HAVE_CUDA
-#include <cuda_runtime.h>
-#endif
 
 typedef enum slot_state { SLOT_FREE, SLOT_FILLING, SLOT_READY } slot_state;
 
@@ -54,7 +52,7 @@ typedef struct slot {
     nb_status status;
     int64_t failed_index;
     char message[1024];
-    /* CUDA (Note [Loader to CUDA]) */
+    /* staged to device memory (Note [Loader to CUDA]) */
     void *d_inputs, *d_targets;
     nb__event copied, consumed;
 } slot;
@@ -68,7 +66,8 @@ struct nb_loader {
     nb_field in, tgt;
     size_t in_bytes, tgt_bytes;
     nb_device device;
-    bool cuda, pinned;
+    const nb__backend *be; /* the device's */
+    bool staged, pinned;   /* staged: device memory (Note [Loader to CUDA]) */
     nb_ctx *dctx;       /* the slots' device buffers */
     slot stage;         /* CUDA without workers: the caller's one slot */
 
@@ -114,28 +113,18 @@ static nb_status fill_batch(const nb_loader *l, const int64_t *idx, int64_t size
     return NB_OK;
 }
 
-/* Blocks the calling thread until e has happened (nothing recorded: at once). */
-static void host_wait(nb__event e) {
-#if NABLA_HAVE_CUDA
-    cudaError_t rc = cudaEventSynchronize((cudaEvent_t)e);
-    NB_CHECK(rc == cudaSuccess, "nb_loader: waiting for a host-to-device copy failed: %s",
-             cudaGetErrorString(rc));
-#else
-    (void)e;
-#endif
-}
-
 /* The slot's host buffers -> its device buffers, on the copy stream. */
 static void stage_to_device(const nb_loader *l, slot *s, int64_t size) {
     int dev = l->device.index;
-    nb__cuda_use("nb_loader", dev);
-    nb__stream cs = nb__cuda_copy_stream(dev);
-    nb__cuda_stream_wait(cs, s->consumed);
+    const nb__backend *be = l->be;
+    be->use("nb_loader", dev);
+    nb__stream cs = be->copy_stream(dev);
+    be->stream_wait(cs, s->consumed);
     if (size > 0) {
-        nb__cuda_memcpy_h2d_async(dev, s->d_inputs, s->inputs, (size_t)size * l->in_bytes, cs);
-        nb__cuda_memcpy_h2d_async(dev, s->d_targets, s->targets, (size_t)size * l->tgt_bytes, cs);
+        be->memcpy_h2d_async(dev, s->d_inputs, s->inputs, (size_t)size * l->in_bytes, cs);
+        be->memcpy_h2d_async(dev, s->d_targets, s->targets, (size_t)size * l->tgt_bytes, cs);
     }
-    nb__cuda_event_record(s->copied, cs);
+    be->event_record(s->copied, cs);
 }
 
 static bool claimable(const nb_loader *l) {
@@ -145,9 +134,9 @@ static bool claimable(const nb_loader *l) {
 static void *worker_main(void *arg) {
     nb_loader *l = arg;
     /* The current CUDA device is per thread and a new thread's is device
-     * 0: a CUDA call made before this (host_wait below) would create a
+     * 0: a CUDA call made before this (the event wait below) would create a
      * context on GPU 0 in every rank's process. */
-    if (l->cuda) nb__cuda_use("nb_loader (worker)", l->device.index);
+    if (l->staged) l->be->use("nb_loader (worker)", l->device.index);
     pthread_mutex_lock(&l->mu);
     for (;;) {
         while (!l->stop && !claimable(l)) pthread_cond_wait(&l->work_cv, &l->mu);
@@ -163,10 +152,10 @@ static void *worker_main(void *arg) {
         pthread_mutex_unlock(&l->mu);
 
         int64_t failed = -1;
-        if (l->cuda) host_wait(s->copied);
+        if (l->staged) l->be->event_wait(s->copied);
         nb_status st = fill_batch(l, idx, s->size, s->inputs, s->targets, &failed, s->message,
                                   sizeof s->message);
-        if (l->cuda && st == NB_OK) stage_to_device(l, s, s->size);
+        if (l->staged && st == NB_OK) stage_to_device(l, s, s->size);
 
         pthread_mutex_lock(&l->mu);
         l->busy--;
@@ -277,8 +266,8 @@ static void *alloc_buffer(size_t bytes) {
 static nb_status slot_init(nb_loader *l, slot *s) {
     size_t in = (size_t)l->batch_size * l->in_bytes, tgt = (size_t)l->batch_size * l->tgt_bytes;
     if (l->pinned) {
-        s->inputs = nb__cuda_host_alloc(in ? in : 64);
-        s->targets = nb__cuda_host_alloc(tgt ? tgt : 64);
+        s->inputs = l->be->host_alloc(in ? in : 64);
+        s->targets = l->be->host_alloc(tgt ? tgt : 64);
     } else {
         s->inputs = alloc_buffer(in);
         s->targets = alloc_buffer(tgt);
@@ -286,28 +275,28 @@ static nb_status slot_init(nb_loader *l, slot *s) {
     if (!s->inputs || !s->targets)
         return nb_set_error(NB_ERR_NOMEM, "nb_loader_new: out of %smemory for batch buffers of "
                             "%lld samples", l->pinned ? "pinned " : "", (long long)l->batch_size);
-    if (l->cuda) {
+    if (l->staged) {
         s->d_inputs = nb_ctx_alloc(l->dctx, in, 0);
         s->d_targets = nb_ctx_alloc(l->dctx, tgt, 0);
-        s->copied = nb__cuda_event_new(l->device.index);
-        s->consumed = nb__cuda_event_new(l->device.index);
+        s->copied = l->be->event_new(l->device.index);
+        s->consumed = l->be->event_new(l->device.index);
     }
     return NB_OK;
 }
 
 static void slot_release(nb_loader *l, slot *s) {
     /* no copy may still read the host buffers or the device buffers */
-    if (s->copied) host_wait(s->copied);
-    if (s->consumed) host_wait(s->consumed);
+    if (s->copied) l->be->event_wait(s->copied);
+    if (s->consumed) l->be->event_wait(s->consumed);
     if (l->pinned) {
-        if (s->inputs) nb__cuda_host_free(s->inputs);
-        if (s->targets) nb__cuda_host_free(s->targets);
+        if (s->inputs) l->be->host_free(s->inputs);
+        if (s->targets) l->be->host_free(s->targets);
     } else {
         free(s->inputs);
         free(s->targets);
     }
-    if (s->copied) nb__cuda_event_free(s->copied);
-    if (s->consumed) nb__cuda_event_free(s->consumed);
+    if (s->copied) l->be->event_free(s->copied);
+    if (s->consumed) l->be->event_free(s->consumed);
     memset(s, 0, sizeof *s);
 }
 
@@ -348,15 +337,8 @@ nb_status nb_loader_new(nb_loader **out, nb_dataset *ds, const nb_loader_options
              opts->prefetch_batches);
     NB_CHECK(!(opts->sampler && opts->shuffle), "nb_loader_new: shuffle is for the loader's own "
              "sampler; with a sampler given, make that sampler shuffle");
-    if (opts->device.type != NB_DEVICE_CPU) {
-        int n_dev = nb__cuda_device_count();
-        if (opts->device.type != NB_DEVICE_CUDA || opts->device.index < 0 ||
-            opts->device.index >= n_dev)
-            return nb_set_error(NB_ERR_UNSUPPORTED, "nb_loader_new: device %s is not available "
-                                "(%s)", nb_device_name(opts->device),
-                                NABLA_HAVE_CUDA ? "not a visible CUDA device"
-                                                : "this build has no CUDA");
-    }
+    nb_status dst = nb__device_available("nb_loader_new", opts->device);
+    if (dst != NB_OK) return dst;
     /* The first epoch's order is checked before anything is allocated. */
     nb_sampler *sampler = opts->sampler;
     if (!sampler) {
@@ -382,11 +364,12 @@ nb_status nb_loader_new(nb_loader **out, nb_dataset *ds, const nb_loader_options
     l->in_bytes = nb_field_bytes(&l->in);
     l->tgt_bytes = nb_field_bytes(&l->tgt);
     l->device = opts->device;
-    l->cuda = opts->device.type == NB_DEVICE_CUDA;
-    l->pinned = l->cuda && opts->pin_memory;
+    l->be = nb__backend_of(opts->device);
+    l->staged = l->be->device_memory;
+    l->pinned = l->staged && opts->pin_memory;
     l->n_workers = opts->num_workers;
     set_list(l, list, len);
-    if (l->cuda) {
+    if (l->staged) {
         int n_slots = l->n_workers > 0 ? (opts->prefetch_batches > 0 ? opts->prefetch_batches
                                                                      : 2 * l->n_workers)
                                        : 1;
@@ -440,14 +423,15 @@ static nb_status batch_error(const nb_loader *l, nb_status st, int64_t failed, c
  * after the slot's copy (Note [Loader to CUDA]). */
 static void take_from_device(const nb_loader *l, slot *s, nb_batch *b, int64_t size) {
     int dev = l->device.index;
-    nb__cuda_use("nb_loader_next", dev);
-    nb__stream compute = nb__cuda_compute_stream(dev);
-    nb__cuda_stream_wait(compute, s->copied);
+    const nb__backend *be = l->be;
+    be->use("nb_loader_next", dev);
+    nb__stream compute = be->compute_stream(dev);
+    be->stream_wait(compute, s->copied);
     if (size > 0) {
-        nb__cuda_memcpy_d2d(dev, b->inputs->data, s->d_inputs, (size_t)size * l->in_bytes);
-        nb__cuda_memcpy_d2d(dev, b->targets->data, s->d_targets, (size_t)size * l->tgt_bytes);
+        be->memcpy_d2d(dev, b->inputs->data, s->d_inputs, (size_t)size * l->in_bytes);
+        be->memcpy_d2d(dev, b->targets->data, s->d_targets, (size_t)size * l->tgt_bytes);
     }
-    nb__cuda_event_record(s->consumed, compute);
+    be->event_record(s->consumed, compute);
 }
 
 /* The batch's tensors and index copy in ctx. */
@@ -458,7 +442,7 @@ static void make_batch(const nb_loader *l, nb_ctx *ctx, int64_t size, nb_batch *
     b->inputs = nb_empty(ctx, l->in.dtype, 1 + l->in.ndim, shape);
     for (int d = 0; d < l->tgt.ndim; d++) shape[1 + d] = l->tgt.shape[d];
     b->targets = nb_empty(ctx, l->tgt.dtype, 1 + l->tgt.ndim, shape);
-    b->indices = l->cuda ? nb__ctx_meta(ctx, sizeof(int64_t) * (size_t)size)
+    b->indices = l->staged ? nb__ctx_meta(ctx, sizeof(int64_t) * (size_t)size)
                          : nb_ctx_alloc(ctx, sizeof(int64_t) * (size_t)size, 0);
     memcpy(b->indices, l->list + l->consumed * l->batch_size, sizeof(int64_t) * (size_t)size);
     b->size = size;
@@ -478,11 +462,11 @@ nb_status nb_loader_next(nb_loader *l, nb_ctx *ctx, nb_batch *batch) {
         return NB_OK;
     }
     int64_t k = l->consumed, size = batch_len(l, k);
-    if (l->cuda && l->n_threads == 0) {
+    if (l->staged && l->n_threads == 0) {
         slot *s = &l->stage;
         char msg[1024];
         int64_t failed = -1;
-        host_wait(s->copied);
+        l->be->event_wait(s->copied);
         nb_status st = fill_batch(l, l->list + k * l->batch_size, size, s->inputs, s->targets,
                                   &failed, msg, sizeof msg);
         if (st != NB_OK) return batch_error(l, st, failed, msg);
@@ -510,7 +494,7 @@ nb_status nb_loader_next(nb_loader *l, nb_ctx *ctx, nb_batch *batch) {
     pthread_mutex_unlock(&l->mu);
     if (s->status != NB_OK) return batch_error(l, s->status, s->failed_index, s->message);
     make_batch(l, ctx, size, batch);
-    if (l->cuda) {
+    if (l->staged) {
         take_from_device(l, s, batch, size);
     } else {
         memcpy(batch->inputs->data, s->inputs, (size_t)size * l->in_bytes);

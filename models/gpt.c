@@ -48,14 +48,9 @@ static const nb_module_type gpt_mlp_type = {"MLP", sizeof(gpt_mlp), gpt_mlp_forw
 /* x (N, T, C) -> (N, T, C) */
 static nb_tensor *gpt_mlp_forward(nb_module *m, nb_ctx *ctx, nb_tensor *x) {
     gpt_mlp *s = nb_module_self(m, &gpt_mlp_type);
-    nb_tensor *h;
-    if (x->device.type == NB_DEVICE_CUDA) { /* c_fc and GELU(tanh) in one GEMM epilogue */
-        h = nb__linear_gelu(ctx, x, nb_module_find(s->c_fc, "weight"),
-                            nb_module_find(s->c_fc, "bias")); /* (N, T, 4C) */
-    } else {
-        h = nb_module_forward(s->c_fc, ctx, x); /* (N, T, 4C) */
-        h = nb_module_forward(s->gelu, ctx, h);
-    }
+    /* c_fc and GELU(tanh) as one op (on CUDA in the GEMM's epilogue) */
+    nb_tensor *h = nb__linear_gelu(ctx, x, nb_module_find(s->c_fc, "weight"),
+                                   nb_module_find(s->c_fc, "bias")); /* (N, T, 4C) */
     h = nb_module_forward(s->c_proj, ctx, h);
     return nb_module_forward(s->dropout, ctx, h);
 }

@@ -1,161 +1,85 @@
-/* Global gradient-norm clipping.
+/* Global gradient-norm clipping, device-neutral: the norm is one
+ * multi-tensor reduction of the gradients' backend (tensor/backend.h) and
+ * one host read, the scaling one multi-tensor update.
  *
- * The norm is accumulated in double over every gradient as one vector,
- * with eight partial sums in a fixed order (so the result is the same on
- * every run, and the loop is not one long chain of dependent additions).
- * Sums of squares of f32 values cannot overflow a double, but those of
- * large f64 values can: when the 2-norm comes out infinite while every
- * element is finite, it is computed again scaled by the largest magnitude.
- * A non-finite norm leaves the gradients untouched (see nabla/optim.h).
- * Gradients that are not contiguous are read through a double copy.
- *
- * On CUDA the 2-norm is one nb__cuda_sum_squares launch over all the
- * gradients (f64 accumulation) and one host read; the infinity norm is the
- * max of per-gradient maxima of |g| (op front ends, NaN counts as the
- * maximum) and one host read; scaling uses nb_scale_. Temporaries go into
- * a per-thread, per-device scratch context, reset at each use. */
+ * The 2-norm is accumulated in f64 over every gradient as one vector
+ * (tensor/cpu/optim.c: eight partial sums in a fixed order; CUDA: one
+ * launch), so the result is the same on every run. Sums of squares of f32
+ * values cannot overflow a double, but those of large f64 values can:
+ * when the 2-norm comes out infinite while every element is finite, it is
+ * computed again from copies scaled by the largest magnitude. The
+ * infinity norm is the max of |g| (NaN when any is NaN). A non-finite
+ * norm leaves the gradients untouched (see nabla/optim.h). Gradients that
+ * are not contiguous are read through contiguous copies. Temporaries go
+ * into a per-thread, per-device scratch context, reset at each use. */
 #include <math.h>
 #include <stdlib.h>
 
 #include "optim/internal.h"
-#include "tensor/cuda/cuda.h"
+#include "tensor/backend.h"
 
-typedef struct norm_acc {
-    double sumsq; /* of values times `inv_scale` */
-    double inv_scale;
-    double maxabs;
-    bool nan;
-} norm_acc;
-
-#define LANES 8
-
-#define SUMSQ(T, NAME)                                                                      \
-    static double NAME(const T *x, int64_t n, double inv_scale) {                               \
-        double acc[LANES] = {0};                                                            \
-        int64_t i = 0;                                                                      \
-        for (; i + LANES <= n; i += LANES)                                                  \
-            for (int k = 0; k < LANES; k++) {                                               \
-                double v = (double)x[i + k] * inv_scale;                                    \
-                acc[k] += v * v;                                                            \
-            }                                                                               \
-        for (; i < n; i++) {                                                                \
-            double v = (double)x[i] * inv_scale;                                            \
-            acc[0] += v * v;                                                                \
-        }                                                                                   \
-        return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7])); \
-    }
-
-#define MAXABS(T, NAME)                                                                     \
-    static double NAME(const T *x, int64_t n, bool *nan) {                                  \
-        double m = 0;                                                                       \
-        bool any_nan = false;                                                               \
-        for (int64_t i = 0; i < n; i++) {                                                   \
-            double v = fabs((double)x[i]);                                                  \
-            m = v > m ? v : m;                                                              \
-            any_nan |= v != v;                                                              \
-        }                                                                                   \
-        *nan |= any_nan;                                                                    \
-        return m;                                                                           \
-    }
-
-SUMSQ(float, sumsq_f32)
-SUMSQ(double, sumsq_f64)
-MAXABS(float, maxabs_f32)
-MAXABS(double, maxabs_f64)
-
-static bool direct(const nb_tensor *g) {
-    return nb_is_contiguous(g) && g->device.type == NB_DEVICE_CPU;
-}
-
-/* Adds g's contribution to a (squares when l2, else the max). */
-static void accumulate(const nb_tensor *g, bool l2, norm_acc *a) {
-    int64_t n = nb_numel(g);
-    const void *x = g->data;
-    double *copy = NULL;
-    nb_dtype dtype = g->dtype;
-    if (!direct(g)) {
-        copy = malloc(sizeof(double) * (size_t)(n ? n : 1));
-        NB_CHECK(copy, "nb_clip_grad_norm: out of memory copying a gradient of %lld elements",
-                 (long long)n);
-        nb_to_host_f64(g, copy);
-        x = copy;
-        dtype = NB_F64;
-    }
-    if (l2) {
-        a->sumsq += dtype == NB_F32 ? sumsq_f32(x, n, a->inv_scale)
-                                    : sumsq_f64(x, n, a->inv_scale);
-    } else {
-        double m = dtype == NB_F32 ? maxabs_f32(x, n, &a->nan) : maxabs_f64(x, n, &a->nan);
-        if (m > a->maxabs) a->maxabs = m;
-    }
-    free(copy);
-}
-
-static void scale_grad(nb_tensor *g, double coef) {
-    if (!direct(g)) {
-        nb_scale_(g, coef);
-        return;
-    }
-    int64_t n = nb_numel(g);
-    if (g->dtype == NB_F32) {
-        float *x = g->data;
-        for (int64_t i = 0; i < n; i++) x[i] = (float)((double)x[i] * coef);
-    } else {
-        double *x = g->data;
-        for (int64_t i = 0; i < n; i++) x[i] *= coef;
-    }
-}
-
-/* ---- CUDA ---- */
-enum { MAX_SCRATCH_DEVICES = 64 };
+enum { MAX_SCRATCH = 16 };
 
 nb_ctx *nb__optim_scratch(nb_device device) {
-    static _Thread_local nb_ctx *scratch[MAX_SCRATCH_DEVICES];
-    NB_CHECK(device.type == NB_DEVICE_CUDA && device.index >= 0 &&
-                 device.index < MAX_SCRATCH_DEVICES,
-             "nb__optim_scratch: device %s", nb_device_name(device));
-    nb_ctx **c = &scratch[device.index];
-    if (!*c) *c = nb_ctx_new(device, 1 << 16);
-    else nb_ctx_reset(*c);
-    return *c;
+    static _Thread_local struct {
+        nb_device device;
+        nb_ctx *ctx;
+    } scratch[MAX_SCRATCH];
+    static _Thread_local int n_scratch;
+    for (int i = 0; i < n_scratch; i++)
+        if (nb_device_eq(scratch[i].device, device)) {
+            nb_ctx_reset(scratch[i].ctx);
+            return scratch[i].ctx;
+        }
+    NB_CHECK(n_scratch < MAX_SCRATCH, "nb__optim_scratch: more than %d devices in one thread (%s)",
+             MAX_SCRATCH, nb_device_name(device));
+    scratch[n_scratch].device = device;
+    scratch[n_scratch].ctx = nb_ctx_new(device, 1 << 16);
+    return scratch[n_scratch++].ctx;
 }
 
-double nb__cuda_grads_sumsq(nb_ctx *sc, int k, nb_tensor *const *grads) {
-    if (k == 0) return 0.0;
-    nb_tensor *out = nb__empty(sc, NB_F64, 0, NULL);
-    nb__cuda_sum_squares(out, k, grads);
-    return nb_item(out);
-}
-
-/* max |g| over all grads (NaN when any is NaN), one host read */
-static double cuda_maxabs(nb_ctx *sc, int k, nb_tensor *const *grads) {
-    nb_tensor **m = nb__ctx_meta(sc, sizeof *m * (size_t)(k > 0 ? k : 1));
-    int nm = 0;
-    for (int i = 0; i < k; i++) {
-        if (nb_numel(grads[i]) == 0) continue;
-        nb_tensor *mi = nb_max(sc, nb_abs(sc, grads[i]), 0, NULL, false);
-        m[nm] = nb__empty(sc, NB_F64, 0, NULL);
-        nb_copy_(m[nm], mi);
-        nm++;
-    }
-    if (nm == 0) return 0.0;
-    return nb_item(nb_max(sc, nb_stack(sc, nm, m, 0), 0, NULL, false));
-}
-
-static double cuda_norm(nb_device dev, const nb_named_tensor *params, int n, bool l2) {
-    nb_ctx *sc = nb__optim_scratch(dev);
-    nb_tensor **gl = nb__ctx_meta(sc, sizeof *gl * (size_t)(n > 0 ? n : 1));
+/* The k gradients, contiguous, in sc. */
+static int grad_list(nb_ctx *sc, const nb_named_tensor *params, int n, nb_tensor **gl) {
     int k = 0;
     for (int i = 0; i < n; i++)
         if (params[i].tensor->grad) gl[k++] = nb__contig(sc, params[i].tensor->grad);
-    if (!l2) return cuda_maxabs(sc, k, gl);
-    double norm = sqrt(nb__cuda_grads_sumsq(sc, k, gl));
+    return k;
+}
+
+static double reduce(nb_ctx *sc, int k, nb_tensor *const *gl, bool l2) {
+    const nb__backend *be = nb__backend_of(nb_ctx_device(sc));
+    nb_tensor *out = nb__empty(sc, NB_F64, 0, NULL);
+    if (l2) be->sum_squares(out, k, gl);
+    else be->max_abs(sc, out, k, gl);
+    return nb_item(out);
+}
+
+static double grad_norm(nb_device dev, const nb_named_tensor *params, int n, bool l2) {
+    nb_ctx *sc = nb__optim_scratch(dev);
+    nb_tensor **gl = nb__ctx_meta(sc, sizeof *gl * (size_t)(n > 0 ? n : 1));
+    int k = grad_list(sc, params, n, gl);
+    if (!l2) return reduce(sc, k, gl, false);
+    double norm = sqrt(reduce(sc, k, gl, true));
     if (!isinf(norm)) return norm;
-    double maxabs = cuda_maxabs(sc, k, gl);
+    double maxabs = reduce(sc, k, gl, false);
     if (isnan(maxabs)) return NAN;
     if (!isfinite(maxabs) || maxabs == 0) return norm;
     for (int i = 0; i < k; i++) gl[i] = nb__unary(sc, NB_U_MUL_S, gl[i], 1.0 / maxabs);
-    return maxabs * sqrt(nb__cuda_grads_sumsq(sc, k, gl)); /* may still be inf */
+    return maxabs * sqrt(reduce(sc, k, gl, true)); /* may still be inf: a true overflow */
+}
+
+/* every gradient *= coef: the contiguous ones in one multi-tensor update */
+static void scale_grads(nb_device dev, const nb_named_tensor *params, int n, double coef) {
+    nb_ctx *sc = nb__optim_scratch(dev);
+    nb_tensor **gl = nb__ctx_meta(sc, sizeof *gl * (size_t)(n > 0 ? n : 1));
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        nb_tensor *g = params[i].tensor->grad;
+        if (!g) continue;
+        if (nb_is_contiguous(g)) gl[k++] = g;
+        else nb_scale_(g, coef);
+    }
+    if (k) nb__backend_of(dev)->scale(k, gl, coef);
 }
 
 double nb_clip_grad_norm(const nb_named_tensor *params, int n, double max_norm,
@@ -179,37 +103,10 @@ double nb_clip_grad_norm(const nb_named_tensor *params, int n, double max_norm,
             first = false;
         }
     }
-    norm_acc a = {0, 1.0, 0, false};
-    double norm;
-    if (dev.type == NB_DEVICE_CUDA) {
-        norm = cuda_norm(dev, params, n, norm_type == 2.0);
-    } else if (norm_type == 2.0) {
-        for (int i = 0; i < n; i++)
-            if (params[i].tensor->grad) accumulate(params[i].tensor->grad, true, &a);
-        norm = sqrt(a.sumsq);
-        if (isinf(norm)) {
-            for (int i = 0; i < n; i++)
-                if (params[i].tensor->grad) accumulate(params[i].tensor->grad, false, &a);
-            if (a.nan) {
-                norm = NAN;
-            } else if (isfinite(a.maxabs)) {
-                a.sumsq = 0;
-                a.inv_scale = 1.0 / a.maxabs;
-                for (int i = 0; i < n; i++)
-                    if (params[i].tensor->grad) accumulate(params[i].tensor->grad, true, &a);
-                norm = a.maxabs * sqrt(a.sumsq); /* may still be inf: a true overflow */
-            }
-        }
-    } else {
-        for (int i = 0; i < n; i++)
-            if (params[i].tensor->grad) accumulate(params[i].tensor->grad, false, &a);
-        norm = a.nan ? NAN : a.maxabs;
-    }
+    double norm = grad_norm(dev, params, n, norm_type == 2.0);
     if (!isfinite(norm)) return norm;
     double coef = max_norm / (norm + 1e-6);
-    if (coef < 1.0)
-        for (int i = 0; i < n; i++)
-            if (params[i].tensor->grad) scale_grad(params[i].tensor->grad, coef);
+    if (coef < 1.0) scale_grads(dev, params, n, coef);
     return norm;
 }
 

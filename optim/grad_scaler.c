@@ -5,15 +5,16 @@
  * skipped and the scale backs off; `interval` finite steps in a row grow
  * it.
  *
- * The check is one pass and one host read: on the CPU a scan of the
- * gradients, on CUDA one nb__cuda_sum_squares over all of them (f64
- * accumulation), whose result is finite exactly when every element is,
- * except for f64 gradients above ~1e154, whose squares overflow (they are
- * then reported as not finite). */
+ * The check is one pass and one host read, the backend's all_finite
+ * (tensor/backend.h): on the CPU a scan of the gradients, on CUDA one sum
+ * of squares over all of them (f64 accumulation), whose result is finite
+ * exactly when every element is, except for f64 gradients above ~1e154,
+ * whose squares overflow (they are then reported as not finite). */
 #include <math.h>
 #include <stdlib.h>
 
 #include "optim/internal.h"
+#include "tensor/backend.h"
 
 typedef enum scaler_stage { STAGE_READY = 0, STAGE_UNSCALED, STAGE_STEPPED } scaler_stage;
 
@@ -56,52 +57,16 @@ nb_tensor *nb_grad_scaler_scale(nb_grad_scaler *s, nb_ctx *ctx, nb_tensor *loss)
     return nb_mul_scalar(ctx, loss, s->scale);
 }
 
-/* true when every element of the contiguous CPU float tensor is finite */
-static bool cpu_finite(const nb_tensor *g) {
-    int64_t n = nb_numel(g);
-    bool ok = true;
-    if (g->dtype == NB_F32) {
-        const float *x = g->data;
-        for (int64_t i = 0; i < n; i++) ok &= isfinite(x[i]) != 0;
-    } else if (g->dtype == NB_F64) {
-        const double *x = g->data;
-        for (int64_t i = 0; i < n; i++) ok &= isfinite(x[i]) != 0;
-    } else {
-        for (int64_t i = 0; i < n; i++)
-            ok &= isfinite(nb__load((const char *)g->data + i * (int64_t)nb_dtype_size(g->dtype),
-                                    g->dtype)) != 0;
-    }
-    return ok;
-}
-
 static bool grads_finite(nb_optim *opt) {
     nb_device dev = nb_ctx_device(opt->ctx);
-    if (dev.type == NB_DEVICE_CPU) {
-        bool ok = true;
-        for (int i = 0; i < opt->n_params && ok; i++) {
-            nb_tensor *g = opt->params[i].param->grad;
-            if (!g) continue;
-            if (nb_is_contiguous(g)) {
-                ok = cpu_finite(g);
-            } else {
-                int64_t n = nb_numel(g);
-                double *copy = malloc(sizeof *copy * (size_t)(n > 0 ? n : 1));
-                NB_CHECK(copy, "nb_grad_scaler_step: out of memory");
-                nb_to_host_f64(g, copy);
-                for (int64_t k = 0; k < n; k++) ok &= isfinite(copy[k]) != 0;
-                free(copy);
-            }
-        }
-        return ok;
-    }
     nb_ctx *sc = nb__optim_scratch(dev);
-    nb_tensor **gl = nb__ctx_meta(sc, sizeof *gl * (size_t)opt->n_params);
+    nb_tensor **gl = nb__ctx_meta(sc, sizeof *gl * (size_t)(opt->n_params > 0 ? opt->n_params : 1));
     int k = 0;
     for (int i = 0; i < opt->n_params; i++) {
         nb_tensor *g = opt->params[i].param->grad;
         if (g) gl[k++] = nb__contig(sc, g);
     }
-    return isfinite(nb__cuda_grads_sumsq(sc, k, gl)) != 0;
+    return nb__backend_of(dev)->all_finite(sc, k, gl);
 }
 
 void nb_grad_scaler_unscale(nb_grad_scaler *s, nb_optim *opt) {

@@ -49,18 +49,8 @@ static inline double *nb__optim_hp(const nb_optim *opt, int group) {
 /* Checks hyperparameters; NULL when valid, else a message in buf. */
 const char *nb__optim_check_hparams(nb_optim_kind kind, const double *hp, char *buf, size_t n);
 
-/* One update of one parameter; `step` counts this update (>= 1). SGD's
- * buf is NULL without momentum. */
-void nb__sgd_update(nb_tensor *p, const nb_tensor *g, nb_tensor *buf, int64_t step,
-                    const double *hp);
-void nb__adam_update(nb_tensor *p, const nb_tensor *g, nb_tensor *m, nb_tensor *v, int64_t step,
-                     const double *hp, bool decoupled);
-
-/* A CUDA context for temporaries on `device`, one per thread and device,
+/* A context for temporaries on `device`, one per thread and device,
  * reset at every call (what it held before is gone). */
 nb_ctx *nb__optim_scratch(nb_device device);
-/* Sum of squares of every element of grads (contiguous, on one CUDA
- * device), in f64, read back to the host. */
-double nb__cuda_grads_sumsq(nb_ctx *scratch, int k, nb_tensor *const *grads);
 
 #endif

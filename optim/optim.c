@@ -1,7 +1,7 @@
 /* The optimizer handle: construction and checks, parameter groups, the
  * step loop, zero_grad, hyperparameter access, and the state exported for
- * checkpoints. The update rules themselves live in optim/sgd.c and
- * optim/adam.c.
+ * checkpoints. The update rules themselves are the backends' multi-tensor
+ * updates (tensor/cpu/optim.c, tensor/cuda/optim.cu; Note [Optimizer step]).
  *
  * State is allocated eagerly, zero-filled, at construction (moments and
  * momentum buffers have their parameter's shape and dtype), with a
@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "optim/internal.h"
-#include "tensor/cuda/cuda.h"
+#include "tensor/backend.h"
 
 const char *nb_optim_kind_name(nb_optim_kind kind) {
     switch (kind) {
@@ -185,7 +185,7 @@ nb_optim *nb_optim_new_groups(nb_optim_kind kind, int n_groups, const nb_param_g
     NB_CHECK(opt, "%s: out of memory", who);
     opt->kind = kind;
     opt->ctx = nb_ctx_new(dev, bytes);
-    opt->host_ctx = dev.type == NB_DEVICE_CPU ? opt->ctx : nb_ctx_new(nb_cpu(), 4096);
+    opt->host_ctx = nb__backend_of(dev)->device_memory ? nb_ctx_new(nb_cpu(), 4096) : opt->ctx;
     opt->n_groups = n_groups;
     opt->n_params = total;
     opt->params = nb__ctx_meta(opt->host_ctx, sizeof *opt->params * (size_t)total);
@@ -285,15 +285,19 @@ static void check_grad(const nb__optim_param *p, const nb_tensor *g) {
              nb_device_name(p->param->device), nb_device_name(g->device));
 }
 
-/* Note [CUDA optimizer step]: every parameter with a gradient, grouped by
- * dtype, goes into one fused nb__cuda_adam / nb__cuda_sgd call. Step
+/* Note [Optimizer step]: every parameter with a gradient, grouped by
+ * dtype, goes into one multi-tensor update of the parameters' backend
+ * (tensor/backend.h: on CUDA one fused launch, on the CPU a loop). Step
  * counts and hyperparameters stay in host memory (opt->host_ctx), so the
  * step reads nothing back from the device. */
-static void step_cuda(nb_optim *opt) {
+void nb_optim_step(nb_optim *opt) {
+    NB_CHECK(opt, "nb_optim_step: NULL optimizer");
+    ++*(int64_t *)opt->step_count->data;
+    const nb__backend *be = nb__backend_of(nb_ctx_device(opt->ctx));
     int n = opt->n_params;
-    nb_tensor **t = malloc(sizeof *t * 4 * (size_t)n);
-    int64_t *steps = malloc(sizeof *steps * (size_t)n);
-    const double **hp = malloc(sizeof *hp * (size_t)n);
+    nb_tensor **t = malloc(sizeof *t * 4 * (size_t)(n > 0 ? n : 1));
+    int64_t *steps = malloc(sizeof *steps * (size_t)(n > 0 ? n : 1));
+    const double **hp = malloc(sizeof *hp * (size_t)(n > 0 ? n : 1));
     NB_CHECK(t && steps && hp, "nb_optim_step: out of memory");
     nb_tensor **ps = t, **gs = t + n, **as = t + 2 * n, **bs = t + 3 * n;
     static const nb_dtype dtypes[2] = {NB_F32, NB_F64};
@@ -313,36 +317,12 @@ static void step_cuda(nb_optim *opt) {
             k++;
         }
         if (k == 0) continue;
-        if (opt->kind == NB_OPTIM_SGD)
-            nb__cuda_sgd(k, ps, gs, as, steps, hp);
-        else
-            nb__cuda_adam(k, ps, gs, as, bs, steps, hp, opt->kind == NB_OPTIM_ADAMW);
+        if (opt->kind == NB_OPTIM_SGD) be->sgd(k, ps, gs, as, steps, hp);
+        else be->adam(k, ps, gs, as, bs, steps, hp, opt->kind == NB_OPTIM_ADAMW);
     }
     free(t);
     free(steps);
     free(hp);
-}
-
-void nb_optim_step(nb_optim *opt) {
-    NB_CHECK(opt, "nb_optim_step: NULL optimizer");
-    ++*(int64_t *)opt->step_count->data;
-    if (nb_ctx_device(opt->ctx).type == NB_DEVICE_CUDA) {
-        step_cuda(opt);
-        return;
-    }
-    for (int i = 0; i < opt->n_params; i++) {
-        nb__optim_param *p = &opt->params[i];
-        const nb_tensor *g = p->param->grad;
-        if (!g) continue;
-        check_grad(p, g);
-        int64_t step = ++*(int64_t *)p->step->data;
-        const double *hp = nb__optim_hp(opt, p->group);
-        if (opt->kind == NB_OPTIM_SGD)
-            nb__sgd_update(p->param, g, p->momentum_buffer, step, hp);
-        else
-            nb__adam_update(p->param, g, p->exp_avg, p->exp_avg_sq, step, hp,
-                            opt->kind == NB_OPTIM_ADAMW);
-    }
 }
 
 void nb_optim_zero_grad(nb_optim *opt) {
@@ -353,10 +333,8 @@ void nb_optim_zero_grad(nb_optim *opt) {
         size_t bytes = (size_t)nb_numel(g) * nb_dtype_size(g->dtype); /* 0.0 is all zeros */
         if (!nb_is_contiguous(g) || bytes == 0)
             nb_zero_grad(opt->params[i].param);
-        else if (g->device.type == NB_DEVICE_CPU)
-            memset(g->data, 0, bytes);
         else
-            nb__cuda_memset(g->device.index, g->data, 0, bytes);
+            nb__backend_at(g)->memset(g->device.index, g->data, 0, bytes);
     }
 }
 

@@ -77,6 +77,11 @@ void nb__cuda_stream_wait(nb__stream s, nb__event e) {
     NO_CUDA("nb__cuda_stream_wait");
 }
 
+void nb__cuda_event_wait(nb__event e) {
+    (void)e;
+    NO_CUDA("nb__cuda_event_wait");
+}
+
 void nb__cuda_sync(int device) {
     (void)device;
     NO_CUDA("nb__cuda_sync");
@@ -571,6 +576,68 @@ void nb__cuda_sgd(int n, nb_tensor *const *p, nb_tensor *const *g, nb_tensor *co
     (void)steps;
     (void)hp;
     NO_CUDA("nb__cuda_sgd");
+}
+
+void nb__cuda_channel_stats(nb_tensor *stats, const nb_tensor *x, int64_t n, int64_t c, int64_t s) {
+    (void)stats;
+    (void)x;
+    (void)n;
+    (void)c;
+    (void)s;
+    NO_CUDA("nb__cuda_channel_stats");
+}
+
+void nb__cuda_channel_finalize(nb_tensor *mean, nb_tensor *invstd, const nb_tensor *stats, nb_tensor *running_mean, nb_tensor *running_var, double momentum, double eps, int64_t c, const nb_tensor *input) {
+    (void)mean;
+    (void)invstd;
+    (void)stats;
+    (void)running_mean;
+    (void)running_var;
+    (void)momentum;
+    (void)eps;
+    (void)c;
+    (void)input;
+    NO_CUDA("nb__cuda_channel_finalize");
+}
+
+void nb__cuda_channel_normalize(nb_tensor *y, const nb_tensor *x, const nb_tensor *mean, const nb_tensor *invstd, const nb_tensor *w, const nb_tensor *b, int64_t n, int64_t c, int64_t s) {
+    (void)y;
+    (void)x;
+    (void)mean;
+    (void)invstd;
+    (void)w;
+    (void)b;
+    (void)n;
+    (void)c;
+    (void)s;
+    NO_CUDA("nb__cuda_channel_normalize");
+}
+
+void nb__cuda_channel_backward_sums(nb_tensor *sums, const nb_tensor *dy, const nb_tensor *x, const nb_tensor *mean, const nb_tensor *invstd, int64_t n, int64_t c, int64_t s) {
+    (void)sums;
+    (void)dy;
+    (void)x;
+    (void)mean;
+    (void)invstd;
+    (void)n;
+    (void)c;
+    (void)s;
+    NO_CUDA("nb__cuda_channel_backward_sums");
+}
+
+void nb__cuda_channel_backward_dx(nb_tensor *dx, const nb_tensor *dy, const nb_tensor *x, const nb_tensor *mean, const nb_tensor *invstd, const nb_tensor *w, const nb_tensor *sums, const nb_tensor *stats, int64_t n, int64_t c, int64_t s) {
+    (void)dx;
+    (void)dy;
+    (void)x;
+    (void)mean;
+    (void)invstd;
+    (void)w;
+    (void)sums;
+    (void)stats;
+    (void)n;
+    (void)c;
+    (void)s;
+    NO_CUDA("nb__cuda_channel_backward_dx");
 }
 
 bool nb_cuda_available(void) { return false; }

@@ -144,7 +144,7 @@ nb_tensor *nb__binary(nb_ctx *ctx, nb__binary_op op, nb_tensor *a, nb_tensor *b)
  * layer's product, recorded, with the bias fused into the GEMM
  * (tensor/ops_matmul.c). */
 nb_tensor *nb__linear(nb_ctx *ctx, nb_tensor *x, nb_tensor *w, nb_tensor *b);
-/* gelu_tanh(nb__linear(x, w, b)), the GELU fused into the CUDA GEMM. */
+/* gelu_tanh(nb__linear(x, w, b)) as one op on every device (tensor/ops_matmul.c). */
 nb_tensor *nb__linear_gelu(nb_ctx *ctx, nb_tensor *x, nb_tensor *w, nb_tensor *b);
 
 /* ---- pooling geometry (tensor/ops_pool.c) ---- */

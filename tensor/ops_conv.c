@@ -9,8 +9,7 @@
  * cast back to f32 (all recorded). */
 #include <limits.h>
 
-#include "tensor/cpu/conv.h"
-#include "tensor/cuda/cuda.h"
+#include "tensor/backend.h"
 #include "tensor/internal.h"
 
 static void conv2d_backward(nb_ctx *ctx, nb_node *node, nb_tensor *g) {
@@ -22,14 +21,9 @@ static void conv2d_backward(nb_ctx *ctx, nb_node *node, nb_tensor *g) {
     nb_tensor *dx = x->requires_grad ? nb__empty(ctx, dt, 4, x->shape) : NULL;
     nb_tensor *dw = w->requires_grad ? nb__empty(ctx, dt, 4, w->shape) : NULL;
     nb_tensor *db = b && b->requires_grad ? nb__empty(ctx, dt, 1, b->shape) : NULL;
-    if (nb__is_cuda(xc)) {
-        nb__cuda_conv2d_backward(ctx, dt, geom, dx ? dx->data : NULL, dw ? dw->data : NULL,
-                                 db ? db->data : NULL, g->data, xc->data, wc->data);
-    } else {
-        void *cols = nb_ctx_alloc(ctx, (size_t)nb__conv2d_cols_numel(geom) * nb_dtype_size(dt), 0);
-        nb__cpu_conv2d_backward(dt, geom, dx ? dx->data : NULL, dw ? dw->data : NULL,
-                                db ? db->data : NULL, g->data, xc->data, wc->data, cols);
-    }
+    nb__backend_at(xc)->conv2d_backward(ctx, dt, geom, dx ? dx->data : NULL,
+                                        dw ? dw->data : NULL, db ? db->data : NULL, g->data,
+                                        xc->data, wc->data);
     if (dx) nb__accum_grad(ctx, x, dx);
     if (dw) nb__accum_grad(ctx, w, dw);
     if (db) nb__accum_grad(ctx, b, db);
@@ -106,13 +100,8 @@ nb_tensor *nb_conv2d(nb_ctx *ctx, nb_tensor *x, nb_tensor *weight, nb_tensor *bi
     nb_tensor *xc = nb__contig(ctx, x), *wc = nb__contig(ctx, weight);
     nb_tensor *bc = bias ? nb__contig(ctx, bias) : NULL;
     nb_tensor *out = nb__empty(ctx, x->dtype, 4, (int64_t[]){g->n, g->o, g->oh, g->ow});
-    if (nb__is_cuda(x)) {
-        nb__cuda_conv2d_forward(ctx, x->dtype, g, out->data, xc->data, wc->data,
-                                bc ? bc->data : NULL);
-    } else {
-        void *cols = nb_ctx_alloc(ctx, (size_t)nb__conv2d_cols_numel(g) * nb_dtype_size(x->dtype), 0);
-        nb__cpu_conv2d_forward(x->dtype, g, out->data, xc->data, wc->data, bc ? bc->data : NULL, cols);
-    }
+    nb__backend_at(x)->conv2d(ctx, x->dtype, g, out->data, xc->data, wc->data,
+                              bc ? bc->data : NULL);
 
     nb_tensor *in[3] = {x, weight, bias};
     nb_node *node = nb__record(ctx, op, conv2d_backward, out, 3, in);

@@ -1,26 +1,11 @@
-/* nb_dropout with its CPU kernel. The mask follows Note [Random streams]
+/* nb_dropout; kernels behind the backend table (tensor/cpu/dropout.c,
+ * tensor/cuda/dropout.cu). The mask follows Note [Random streams]
  * in tensor/random.c: element i (row-major in x) is kept when lane i % 4 of
  * philox(seed, offset + i / 4), as nb_u32_to_unit, is >= p (compared in
  * double); the offset then advances by ceil(n / 4). The scaled mask
  * (1 / (1 - p) where kept, 0 elsewhere) is saved for backward. */
-#include "tensor/cuda/cuda.h"
+#include "tensor/backend.h"
 #include "tensor/internal.h"
-
-#define DEFINE_DROPOUT(T, S)                                                                  \
-    static void dropout_##S(int64_t n, T *out, T *mask, const T *x, double p, uint64_t seed,  \
-                            uint64_t offset) {                                                \
-        T scale = p < 1 ? (T)(1.0 / (1.0 - p)) : (T)0;                                        \
-        uint32_t r[4];                                                                        \
-        for (int64_t i = 0; i < n; i++) {                                                     \
-            if ((i & 3) == 0) nb_philox4x32(seed, offset + (uint64_t)i / 4, r);               \
-            T m = (double)nb_u32_to_unit(r[i & 3]) >= p ? scale : (T)0;                       \
-            out[i] = x[i] * m;                                                                \
-            if (mask) mask[i] = m;                                                            \
-        }                                                                                     \
-    }
-
-DEFINE_DROPOUT(float, f32)
-DEFINE_DROPOUT(double, f64)
 
 static void dropout_backward(nb_ctx *ctx, nb_node *node, nb_tensor *g) {
     nb__accum_grad(ctx, node->in[0], nb__binary(ctx, NB_B_MUL, g, node->saved[0]));
@@ -37,10 +22,7 @@ nb_tensor *nb_dropout(nb_ctx *ctx, nb_tensor *x, double p, bool training, nb_rng
     nb_tensor *xc = nb__contig(ctx, x);
     nb_tensor *out = nb__empty(ctx, x->dtype, x->ndim, x->shape);
     nb_tensor *mask = nb__needs_grad(1, &x) ? nb__empty(ctx, x->dtype, x->ndim, x->shape) : NULL;
-    void *m = mask ? mask->data : NULL;
-    if (nb__is_cuda(x)) nb__cuda_dropout(out, mask, xc, p, rng->seed, rng->offset);
-    else if (x->dtype == NB_F32) dropout_f32(n, out->data, m, xc->data, p, rng->seed, rng->offset);
-    else dropout_f64(n, out->data, m, xc->data, p, rng->seed, rng->offset);
+    nb__backend_at(x)->dropout(out, mask, xc, p, rng->seed, rng->offset);
     rng->offset += (uint64_t)(n + 3) / 4;
     nb_node *node = nb__record(ctx, "nb_dropout", dropout_backward, out, 1, &x);
     if (node) node->saved[0] = mask;

@@ -1,43 +1,30 @@
 /* Losses, each reduced to a 0-d mean: cross-entropy (fused log-softmax and
- * negative log-likelihood, kernel in tensor/cpu/softmax.c), mean squared
- * error and binary cross-entropy on logits (small kernels here).
+ * negative log-likelihood, CPU kernel in tensor/cpu/softmax.c), mean squared
+ * error and binary cross-entropy on logits (tensor/cpu/loss.c and
+ * nb__cuda_pair_loss, behind the backend table).
  *
  * Cross-entropy follows PyTorch: targets equal to ignore_index count for
  * nothing, neither in the sum nor in the divisor, so a batch whose targets
  * are all ignored has the mean 0/0 = NaN (and zero gradient). With label
  * smoothing eps the target distribution is (1 - eps) one-hot + eps / C.
  *
- * On CUDA nothing here reads device memory: the count of targets and the
- * loss stay on the device, targets out of range are reported at the next
- * synchronisation (Note [Deferred device checks] in tensor/cuda/cuda.h),
- * and the backward functions scale by the 0-d output gradient as a
- * tensor rather than through nb_item. */
+ * Kernels behind the backend table. On CUDA nothing here reads device
+ * memory: the count of targets and the loss stay on the device, targets
+ * out of range are reported at the next synchronisation (Note [Deferred
+ * device checks] in tensor/cuda/cuda.h), and the backward functions scale
+ * by the 0-d output gradient as a tensor rather than through nb_item. On
+ * the CPU, targets are checked at once and the count is kept in f64. */
 #include <math.h>
 
-#include "tensor/cpu/softmax.h"
-#include "tensor/cuda/cuda.h"
+#include "tensor/backend.h"
 #include "tensor/internal.h"
-
-/* A 0-d tensor of `dtype` holding v. */
-static nb_tensor *scalar_out(nb_ctx *ctx, nb_dtype dtype, double v) {
-    nb_tensor *out = nb__empty(ctx, dtype, 0, NULL);
-    nb__store(out->data, dtype, v);
-    return out;
-}
 
 /* ---- cross-entropy ---- */
 static void cross_entropy_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) {
     nb_tensor *logits = n->saved[0], *targets = n->saved[1], *lse = n->saved[2];
-    if (nb__is_cuda(logits)) {
-        nb_tensor *dx = nb__empty(ctx, logits->dtype, logits->ndim, logits->shape);
-        nb__cuda_cross_entropy_backward(dx, logits, lse, targets, nb__contig(ctx, g), n->saved[3],
-                                        n->i[0], n->f[1]);
-        nb__accum_grad(ctx, n->in[0], dx);
-        return;
-    }
-    double count = n->f[0], scale = count > 0 ? nb_item(g) / count : 0;
     nb_tensor *dx = nb__empty(ctx, logits->dtype, logits->ndim, logits->shape);
-    nb__cpu_cross_entropy_backward(dx, logits, lse, targets, n->i[0], n->f[1], scale);
+    nb__backend_at(logits)->cross_entropy_backward(dx, logits, lse, targets, nb__contig(ctx, g),
+                                                   n->saved[3], n->i[0], n->f[1]);
     nb__accum_grad(ctx, n->in[0], dx);
 }
 
@@ -57,47 +44,16 @@ nb_tensor *nb_cross_entropy(nb_ctx *ctx, nb_tensor *logits, nb_tensor *targets,
              nb_shape_str(targets), nb_shape_str(logits));
     NB_CHECK(o.label_smoothing >= 0 && o.label_smoothing <= 1,
              "%s: label_smoothing must be in [0, 1], got %g", op, o.label_smoothing);
-    int64_t n = logits->shape[0], c = logits->shape[1];
-    nb_tensor *tc = nb__contig(ctx, targets);
-    if (nb__is_cuda(logits)) {
-        nb_tensor *xc = nb__contig(ctx, logits);
-        bool half = logits->dtype == NB_BF16 || logits->dtype == NB_F16;
-        nb_tensor *lse = nb__empty(ctx, half ? NB_F32 : logits->dtype, 1, &n);
-        nb_tensor *cnt = nb__empty(ctx, NB_F32, 0, NULL);
-        nb_tensor *out = nb__empty(ctx, logits->dtype, 0, NULL);
-        nb__cuda_cross_entropy(out, lse, cnt, xc, tc, o.ignore_index, o.label_smoothing);
-        nb_node *node = nb__record(ctx, op, cross_entropy_backward, out, 1, &logits);
-        if (node) {
-            node->saved[0] = xc;
-            node->saved[1] = tc;
-            node->saved[2] = lse;
-            node->saved[3] = cnt;
-            node->f[1] = o.label_smoothing;
-            node->i[0] = o.ignore_index;
-        }
-        return out;
-    }
-    int64_t count = 0;
-    for (int64_t i = 0; i < n; i++) {
-        int64_t t = nb__cpu_target_at(tc, i);
-        if (t == o.ignore_index) continue;
-        NB_CHECK(t >= 0 && t < c,
-                 "%s: target %lld at position %lld is out of range for %lld classes (valid: 0..%lld, "
-                 "or ignore_index %lld); logits %s",
-                 op, (long long)t, (long long)i, (long long)c, (long long)(c - 1),
-                 (long long)o.ignore_index, nb_shape_str(logits));
-        count++;
-    }
-    nb_tensor *xc = nb__contig(ctx, logits);
-    nb_tensor *lse = nb__empty(ctx, logits->dtype, 1, &n);
-    double total = nb__cpu_cross_entropy(lse, xc, tc, o.ignore_index, o.label_smoothing);
-    nb_tensor *out = scalar_out(ctx, logits->dtype, total / (double)count);
+    nb_tensor *tc = nb__contig(ctx, targets), *xc = nb__contig(ctx, logits), *lse, *cnt;
+    nb_tensor *out = nb__empty(ctx, logits->dtype, 0, NULL);
+    nb__backend_at(logits)->cross_entropy(ctx, out, &lse, &cnt, xc, tc, o.ignore_index,
+                                          o.label_smoothing);
     nb_node *node = nb__record(ctx, op, cross_entropy_backward, out, 1, &logits);
     if (node) {
         node->saved[0] = xc;
         node->saved[1] = tc;
         node->saved[2] = lse;
-        node->f[0] = (double)count;
+        node->saved[3] = cnt;
         node->f[1] = o.label_smoothing;
         node->i[0] = o.ignore_index;
     }
@@ -117,38 +73,11 @@ static void check_pair(const char *op, nb_ctx *ctx, const nb_tensor *a, const nb
 
 typedef enum pair_loss { LOSS_MSE, LOSS_BCE } pair_loss;
 
-/* sum over elements of the loss term, in double; a and b contiguous */
-#define DEFINE_PAIR_SUM(T, LOG1P, EXP, FABS)                                                \
-    static double pair_sum_##T(pair_loss kind, const T *a, const T *b, int64_t n) {          \
-        double s = 0;                                                                       \
-        if (kind == LOSS_MSE) {                                                             \
-            for (int64_t i = 0; i < n; i++) {                                               \
-                double d = (double)a[i] - (double)b[i];                                     \
-                s += d * d;                                                                 \
-            }                                                                               \
-        } else {                                                                            \
-            for (int64_t i = 0; i < n; i++) {                                               \
-                T x = a[i];                                                                 \
-                s += (double)((x > 0 ? x : (T)0) - x * b[i] + LOG1P(EXP(-FABS(x))));         \
-            }                                                                               \
-        }                                                                                   \
-        return s;                                                                           \
-    }
-
-DEFINE_PAIR_SUM(float, log1pf, expf, fabsf)
-DEFINE_PAIR_SUM(double, log1p, exp, fabs)
-
 static nb_tensor *pair_loss_forward(nb_ctx *ctx, pair_loss kind, nb_tensor *a, nb_tensor *b) {
     nb_tensor *ac = nb__contig(ctx, a), *bc = nb__contig(ctx, b);
-    if (nb__is_cuda(a)) {
-        nb_tensor *out = nb__empty(ctx, a->dtype, 0, NULL);
-        nb__cuda_pair_loss(out, kind == LOSS_MSE ? 0 : 1, ac, bc);
-        return out;
-    }
-    int64_t n = nb_numel(a);
-    double s = a->dtype == NB_F32 ? pair_sum_float(kind, ac->data, bc->data, n)
-                                  : pair_sum_double(kind, ac->data, bc->data, n);
-    return scalar_out(ctx, a->dtype, s / (double)n);
+    nb_tensor *out = nb__empty(ctx, a->dtype, 0, NULL);
+    nb__backend_at(a)->pair_loss(out, kind == LOSS_MSE ? 0 : 1, ac, bc);
+    return out;
 }
 
 /* ---- mean squared error ---- */

@@ -17,24 +17,25 @@
  * accumulated in f32, comes out in f32. The backward's products run in
  * the same context and so in the same precision.
  *
- * nb__linear (x @ w^T + b, the Linear layer) fuses the bias: on CUDA it
- * rides the GEMM's epilogue; on the CPU b is written into the output rows
- * and the GEMM adds the product to it (beta = 1), like PyTorch's addmm. No
+ * nb__linear (x @ w^T + b, the Linear layer) fuses the bias into the
+ * GEMM, through the backend table (tensor/backend.h): on CUDA it rides
+ * cuBLASLt's epilogue; on the CPU b is written into the output rows and
+ * the GEMM adds the product to it (beta = 1), like PyTorch's addmm. No
  * separate bias pass either way. Its node is the matmul's with b as a
- * third input. Where neither applies it is nb_matmul_t then nb_add.
- * nb__linear_gelu adds GELU(tanh) after it, also in the CUDA epilogue
- * (the pre-activation is kept for backward); elsewhere nb_gelu follows. */
+ * third input. Where the bias does not fit (another dtype or shape) it is
+ * nb_matmul_t then nb_add. nb__linear_gelu adds GELU(tanh) after it, on
+ * every device (in the CUDA epilogue; a pass over the product on the
+ * CPU), keeping the pre-activation for backward: one node for the pair. */
 #include <limits.h>
 
-#include "tensor/cpu/matmul.h"
-#include "tensor/cuda/cuda.h"
+#include "tensor/backend.h"
 #include "tensor/internal.h"
 
 static void matmul_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g);
 static void matmul_bias_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g);
 
-/* bias: NULL, or (N) added by the CUDA GEMM's epilogue (nb__linear
- * checked it and only passes one for CUDA operands). */
+/* bias: NULL, or (N) of the output's dtype, added by the GEMM (nb__linear
+ * checked it). */
 static nb_tensor *matmul_impl_ex(nb_ctx *ctx, const char *name, nb_tensor *a, nb_tensor *b,
                                  bool ta, bool tb, nb_tensor *bias, nb_tensor **pre);
 
@@ -45,9 +46,9 @@ static nb_tensor *matmul_impl(nb_ctx *ctx, const char *name, nb_tensor *a, nb_te
 
 static void linear_gelu_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g);
 
-/* pre: NULL, or (CUDA only) where to return the pre-activation of a
- * GELU(tanh) applied by the GEMM's epilogue; the node then differentiates
- * through the GELU too. */
+/* pre: NULL, or where to return the pre-activation of a GELU(tanh)
+ * applied after the GEMM (on CUDA in its epilogue); the node then
+ * differentiates through the GELU too. */
 static nb_tensor *matmul_impl_ex(nb_ctx *ctx, const char *name, nb_tensor *a, nb_tensor *b,
                                  bool ta, bool tb, nb_tensor *bias, nb_tensor **pre) {
     nb__check_ctx(name, ctx, a);
@@ -89,17 +90,12 @@ static nb_tensor *matmul_impl_ex(nb_ctx *ctx, const char *name, nb_tensor *a, nb
 
     /* f64 operands are not cast and stay f64 (cuBLASLt has no f64 -> f32 GEMM) */
     nb_tensor *out = nb__empty(ctx, mixed && a->dtype != NB_F64 ? NB_F32 : a->dtype, nd, shape);
-    if (nb__is_cuda(a)) {
-        nb_tensor *ca = nb__cuda_gemm_readable(a) ? a : nb__contig(ctx, a);
-        nb_tensor *cb = nb__cuda_gemm_readable(b) ? b : nb__contig(ctx, b);
-        nb_tensor *cbias = bias ? nb__contig(ctx, bias) : NULL;
-        if (pre) *pre = nb__empty(ctx, out->dtype, out->ndim, out->shape);
-        nb__cuda_matmul(out, ca, cb, ta, tb, cbias, pre != NULL, pre ? *pre : NULL);
-    } else {
-        nb_tensor *ca = nb__cpu_gemm_readable(a) ? a : nb__contig(ctx, a);
-        nb_tensor *cb = nb__cpu_gemm_readable(b) ? b : nb__contig(ctx, b);
-        nb__cpu_matmul(out, ca, cb, ta, tb, false);
-    }
+    const nb__backend *be = nb__backend_at(a);
+    nb_tensor *ca = be->gemm_readable(a) ? a : nb__contig(ctx, a);
+    nb_tensor *cb = be->gemm_readable(b) ? b : nb__contig(ctx, b);
+    nb_tensor *cbias = bias ? nb__contig(ctx, bias) : NULL;
+    if (pre) *pre = nb__empty(ctx, out->dtype, out->ndim, out->shape);
+    be->matmul(out, ca, cb, ta, tb, cbias, pre != NULL, pre ? *pre : NULL, false);
 
     nb_tensor *in[3] = {a, b, bias};
     nb_backward_fn bw = pre ? linear_gelu_backward : bias ? matmul_bias_backward : matmul_backward;
@@ -136,23 +132,25 @@ static void matmul_bias_backward(nb_ctx *ctx, nb_node *node, nb_tensor *g) {
     nb__accum_grad(ctx, node->in[2], g);
 }
 
-/* gelu(x @ w^T + b) with the GELU in the CUDA GEMM's epilogue: the
- * gradient of the pre-activation, g gelu'(pre), goes through the product's
- * and the bias's backward. */
+/* gelu(x @ w^T + b) fused: the gradient of the pre-activation,
+ * g gelu'(pre), goes through the product's and the bias's backward. */
 static void linear_gelu_backward(nb_ctx *ctx, nb_node *node, nb_tensor *g) {
-    nb_tensor *d = nb__unary(ctx, NB_U_GELU_TANH_GRAD, node->saved[0], 0);
-    nb_tensor *gp = nb__binary(ctx, NB_B_MUL, g, d);
+    nb_tensor *pre = node->saved[0];
+    nb_tensor *gp = nb__empty(ctx, pre->dtype, pre->ndim, pre->shape);
+    nb__backend_at(pre)->gelu_tanh_backward(gp, nb__contig(ctx, g), pre);
     if (node->n_in == 3) matmul_bias_backward(ctx, node, gp);
     else matmul_backward(ctx, node, gp);
 }
 
-/* out += op(x) @ op(y) on the CPU, out contiguous with the product's shape
- * (a leaf's gradient: Note [Gradients added in place] in autograd/backward.c). */
-static void cpu_matmul_add(nb_ctx *ctx, nb_tensor *out, nb_tensor *x, nb_tensor *y, bool tx,
-                           bool ty) {
-    nb_tensor *cx = nb__cpu_gemm_readable(x) ? x : nb__contig(ctx, x);
-    nb_tensor *cy = nb__cpu_gemm_readable(y) ? y : nb__contig(ctx, y);
-    nb__cpu_matmul(out, cx, cy, tx, ty, true);
+/* out += op(x) @ op(y), out contiguous with the product's shape, where
+ * the backend's GEMM accumulates (a leaf's gradient: Note [Gradients added
+ * in place] in autograd/backward.c). */
+static void matmul_add(nb_ctx *ctx, nb_tensor *out, nb_tensor *x, nb_tensor *y, bool tx,
+                       bool ty) {
+    const nb__backend *be = nb__backend_at(out);
+    nb_tensor *cx = be->gemm_readable(x) ? x : nb__contig(ctx, x);
+    nb_tensor *cy = be->gemm_readable(y) ? y : nb__contig(ctx, y);
+    be->matmul(out, cx, cy, tx, ty, NULL, false, NULL, true);
 }
 
 /* Runs with grad mode off (Note [Tape]), so the ops below record nothing. */
@@ -166,8 +164,9 @@ static void matmul_backward(nb_ctx *ctx, nb_node *node, nb_tensor *g) {
     if (b->requires_grad) {
         nb_tensor *gb;
         int64_t batch = batch_numel(g);
-        /* Note [Gradients added in place]: a CPU weight whose gradient exists */
-        bool direct = !nb__is_cuda(g) && g->dtype == b->dtype && b->node == NULL && b->grad;
+        /* Note [Gradients added in place]: a weight whose gradient exists */
+        bool direct = nb__backend_at(g)->gemm_accumulate && g->dtype == b->dtype &&
+                      b->node == NULL && b->grad;
         if (batch > 1 && batch_numel(b) == 1) {
             int64_t m = g->shape[g->ndim - 2], n = g->shape[g->ndim - 1];
             int64_t k = a->shape[a->ndim - (ta ? 2 : 1)];
@@ -176,8 +175,8 @@ static void matmul_backward(nb_ctx *ctx, nb_node *node, nb_tensor *g) {
             nb_tensor *dst = direct && b->ndim == 2 && batch * m <= INT_MAX ? nb__leaf_grad_target(b)
                                                                             : NULL;
             if (dst) {
-                if (tb) cpu_matmul_add(ctx, dst, fg, fa, true, false);
-                else cpu_matmul_add(ctx, dst, fa, fg, true, false);
+                if (tb) matmul_add(ctx, dst, fg, fa, true, false);
+                else matmul_add(ctx, dst, fa, fg, true, false);
                 return;
             }
             gb = tb ? nb_matmul_t(ctx, fg, fa, true, false) : nb_matmul_t(ctx, fa, fg, true, false);
@@ -187,8 +186,8 @@ static void matmul_backward(nb_ctx *ctx, nb_node *node, nb_tensor *g) {
             for (int d = 0; same_batch && d < g->ndim - 2; d++) same_batch = b->shape[d] == g->shape[d];
             nb_tensor *dst = direct && same_batch ? nb__leaf_grad_target(b) : NULL;
             if (dst) {
-                if (tb) cpu_matmul_add(ctx, dst, g, a, true, ta);
-                else cpu_matmul_add(ctx, dst, a, g, !ta, false);
+                if (tb) matmul_add(ctx, dst, g, a, true, ta);
+                else matmul_add(ctx, dst, a, g, !ta, false);
                 return;
             }
             gb = tb ? nb_matmul_t(ctx, g, a, true, ta) : nb_matmul_t(ctx, a, g, !ta, false);
@@ -197,54 +196,24 @@ static void matmul_backward(nb_ctx *ctx, nb_node *node, nb_tensor *g) {
     }
 }
 
+/* Whether b (N) can ride x @ w^T's GEMM: the output's dtype, device and width. */
+static bool bias_fuses(nb_ctx *ctx, const nb_tensor *x, const nb_tensor *w, const nb_tensor *b) {
+    nb_dtype out_dt = nb_ctx_compute_dtype(ctx) != NB_F32 && x->dtype != NB_F64 ? NB_F32 : x->dtype;
+    return x->ndim >= 2 && w->ndim == 2 &&
+           (!b || (b->ndim == 1 && b->shape[0] == w->shape[0] && b->dtype == out_dt &&
+                   nb_device_eq(b->device, x->device)));
+}
+
 nb_tensor *nb__linear(nb_ctx *ctx, nb_tensor *x, nb_tensor *w, nb_tensor *b) {
     if (!b) return nb_matmul_t(ctx, x, w, false, true);
-    if (nb__is_cuda(x)) {
-        nb_dtype out_dt =
-            nb_ctx_compute_dtype(ctx) != NB_F32 && x->dtype != NB_F64 ? NB_F32 : x->dtype;
-        bool epilogue = x->ndim >= 2 && w->ndim == 2 && b->ndim == 1 &&
-                        b->shape[0] == w->shape[0] && b->dtype == out_dt &&
-                        nb_device_eq(b->device, x->device);
-        if (epilogue) return matmul_impl(ctx, "nb_linear", x, w, false, true, b);
-        return nb_add(ctx, nb_matmul_t(ctx, x, w, false, true), b);
-    }
-    bool fused = nb_ctx_compute_dtype(ctx) == NB_F32 && nb_ctx_compute_dtype(ctx) == NB_F32 && x->ndim >= 2 &&
-                 w->ndim == 2 && b->ndim == 1 && x->dtype == w->dtype && x->dtype == b->dtype &&
-                 (x->dtype == NB_F32 || x->dtype == NB_F64) && b->shape[0] == w->shape[0] &&
-                 x->shape[x->ndim - 1] == w->shape[1] && x->shape[x->ndim - 2] <= INT_MAX &&
-                 w->shape[0] <= INT_MAX && w->shape[1] <= INT_MAX;
-    if (!fused) return nb_add(ctx, nb_matmul_t(ctx, x, w, false, true), b);
-    nb__check_ctx("nb_linear", ctx, x);
-    nb__check_ctx("nb_linear", ctx, w);
-    nb__check_ctx("nb_linear", ctx, b);
-    int64_t shape[NB_MAX_DIMS];
-    for (int d = 0; d < x->ndim - 1; d++) shape[d] = x->shape[d];
-    shape[x->ndim - 1] = w->shape[0];
-    nb_tensor *out = nb__empty(ctx, x->dtype, x->ndim, shape);
-    nb__cpu_copy(out, b); /* every row = b */
-    nb_tensor *cx = nb__cpu_gemm_readable(x) ? x : nb__contig(ctx, x);
-    nb_tensor *cw = nb__cpu_gemm_readable(w) ? w : nb__contig(ctx, w);
-    nb__cpu_matmul(out, cx, cw, false, true, true);
-    nb_tensor *in[3] = {x, w, b};
-    nb_node *node = nb__record(ctx, "nb_linear", matmul_bias_backward, out, 3, in);
-    if (node) {
-        node->i[0] = false;
-        node->i[1] = true;
-    }
-    return out;
+    if (bias_fuses(ctx, x, w, b)) return matmul_impl(ctx, "nb_linear", x, w, false, true, b);
+    return nb_add(ctx, nb_matmul_t(ctx, x, w, false, true), b);
 }
 
 nb_tensor *nb__linear_gelu(nb_ctx *ctx, nb_tensor *x, nb_tensor *w, nb_tensor *b) {
-    if (nb__is_cuda(x)) {
-        nb_dtype out_dt =
-            nb_ctx_compute_dtype(ctx) != NB_F32 && x->dtype != NB_F64 ? NB_F32 : x->dtype;
-        bool epilogue = x->ndim >= 2 && w->ndim == 2 &&
-                        (!b || (b->ndim == 1 && b->shape[0] == w->shape[0] && b->dtype == out_dt &&
-                                nb_device_eq(b->device, x->device)));
-        if (epilogue) {
-            nb_tensor *pre = NULL;
-            return matmul_impl_ex(ctx, "nb_linear_gelu", x, w, false, true, b, &pre);
-        }
+    if (bias_fuses(ctx, x, w, b)) {
+        nb_tensor *pre = NULL;
+        return matmul_impl_ex(ctx, "nb_linear_gelu", x, w, false, true, b, &pre);
     }
     return nb_gelu(ctx, nb__linear(ctx, x, w, b), NB_GELU_TANH);
 }

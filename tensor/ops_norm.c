@@ -7,14 +7,13 @@
  * variance stat is the unbiased one (n / (n - 1) times the biased). The
  * statistics used by forward are saved (f64 on the CPU and for f64 input
  * on CUDA, else f32) so that backward does not depend on later changes to
- * the running buffers. On CUDA the whole batch norm, running statistics
- * included, is one call into the backend (cuDNN where it can, else our
- * kernels: Note [Batch norm: cuDNN or our kernels] in
- * tensor/cuda/batch_norm.cu): no host reads. */
+ * the running buffers. The whole batch norm, running statistics
+ * included, is one call into the backend (tensor/backend.h; on CUDA cuDNN
+ * where it can, else our kernels: Note [Batch norm: cuDNN or our kernels]
+ * in tensor/cuda/batch_norm.cu, with no host reads). */
 #include <math.h>
 
-#include "tensor/cpu/norm.h"
-#include "tensor/cuda/cuda.h"
+#include "tensor/backend.h"
 #include "tensor/internal.h"
 
 static nb_tensor *contig_or_null(nb_ctx *ctx, nb_tensor *t) { return t ? nb__contig(ctx, t) : NULL; }
@@ -30,12 +29,7 @@ static void layer_norm_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) {
     nb_tensor *dx = wants_grad(x) ? nb__empty(ctx, x->dtype, x->ndim, x->shape) : NULL;
     nb_tensor *dw = wants_grad(w) ? nb__empty(ctx, w->dtype, w->ndim, w->shape) : NULL;
     nb_tensor *db = wants_grad(b) ? nb__empty(ctx, b->dtype, b->ndim, b->shape) : NULL;
-    if (nb__is_cuda(xc)) {
-        nb__cuda_layer_norm_backward(dx, dw, db, g, xc, mean, rstd, wc, m, d);
-    } else {
-        double *ws = (dw || db) ? nb_ctx_alloc(ctx, 2 * (size_t)d * sizeof(double), 0) : NULL;
-        nb__cpu_layer_norm_backward(dx, dw, db, ws, g, xc, mean, rstd, wc, m, d);
-    }
+    nb__backend_at(xc)->layer_norm_backward(ctx, dx, dw, db, g, xc, mean, rstd, wc, m, d);
     if (dx) nb__accum_grad(ctx, x, dx);
     if (dw) nb__accum_grad(ctx, w, dw);
     if (db) nb__accum_grad(ctx, b, db);
@@ -71,10 +65,10 @@ nb_tensor *nb_layer_norm(nb_ctx *ctx, nb_tensor *x, int norm_ndim, nb_tensor *we
     nb_tensor *xc = nb__contig(ctx, x), *wc = contig_or_null(ctx, weight);
     nb_tensor *bc = contig_or_null(ctx, bias);
     nb_tensor *y = nb__empty(ctx, x->dtype, x->ndim, x->shape);
-    nb_dtype st = nb__is_cuda(x) && x->dtype != NB_F64 ? NB_F32 : NB_F64;
+    const nb__backend *be = nb__backend_at(x);
+    nb_dtype st = be->f32_norm_stats && x->dtype != NB_F64 ? NB_F32 : NB_F64;
     nb_tensor *mean = nb__empty(ctx, st, 1, &m), *rstd = nb__empty(ctx, st, 1, &m);
-    if (nb__is_cuda(x)) nb__cuda_layer_norm(y, mean, rstd, xc, wc, bc, m, d, eps);
-    else nb__cpu_layer_norm(y, mean, rstd, xc, wc, bc, m, d, eps);
+    be->layer_norm(y, mean, rstd, xc, wc, bc, m, d, eps);
     nb_tensor *in[3] = {x, weight, bias};
     nb_node *n = nb__record(ctx, op, layer_norm_backward, y, 3, in);
     if (n) {
@@ -96,12 +90,8 @@ static void batch_norm_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) {
     nb_tensor *dx = wants_grad(x) ? nb__empty(ctx, x->dtype, x->ndim, x->shape) : NULL;
     nb_tensor *dw = wants_grad(w) ? nb__empty(ctx, w->dtype, w->ndim, w->shape) : NULL;
     nb_tensor *db = wants_grad(b) ? nb__empty(ctx, b->dtype, b->ndim, b->shape) : NULL;
-    if (nb__is_cuda(xc))
-        nb__cuda_batch_norm_backward(dx, dw, db, g, xc, mean, invstd, wc, n->i[3] != 0, n->f[0],
-                                     n->i[0], n->i[1], n->i[2]);
-    else
-        nb__cpu_batch_norm_backward(dx, dw, db, g, xc, mean, invstd, wc, n->i[3] != 0, n->i[0],
-                                    n->i[1], n->i[2]);
+    nb__backend_at(xc)->batch_norm_backward(dx, dw, db, g, xc, mean, invstd, wc, n->i[3] != 0,
+                                            n->f[0], n->i[0], n->i[1], n->i[2]);
     if (dx) nb__accum_grad(ctx, x, dx);
     if (dw) nb__accum_grad(ctx, w, dw);
     if (db) nb__accum_grad(ctx, b, db);
@@ -121,11 +111,6 @@ static void check_channel_param(nb_ctx *ctx, const char *name, const nb_tensor *
     else
         NB_CHECK(p->dtype == NB_F32 || p->dtype == NB_F64,
                  "nb_batch_norm: %s must be f32 or f64, got %s", name, nb_dtype_name(p->dtype));
-}
-
-/* element i of a 1-d tensor of any strides */
-static void *elem(const nb_tensor *t, int64_t i) {
-    return (char *)t->data + i * t->strides[0] * (int64_t)nb_dtype_size(t->dtype);
 }
 
 nb_tensor *nb_batch_norm(nb_ctx *ctx, nb_tensor *x, nb_tensor *weight, nb_tensor *bias,
@@ -152,36 +137,12 @@ nb_tensor *nb_batch_norm(nb_ctx *ctx, nb_tensor *x, nb_tensor *weight, nb_tensor
 
     nb_tensor *xc = nb__contig(ctx, x), *wc = contig_or_null(ctx, weight);
     nb_tensor *bc = contig_or_null(ctx, bias);
-    nb_dtype st = nb__is_cuda(x) && x->dtype != NB_F64 ? NB_F32 : NB_F64;
+    const nb__backend *be = nb__backend_at(x);
+    nb_dtype st = be->f32_norm_stats && x->dtype != NB_F64 ? NB_F32 : NB_F64;
     nb_tensor *mean = nb__empty(ctx, st, 1, &c), *invstd = nb__empty(ctx, st, 1, &c);
-    double *mu = mean->data, *is = invstd->data;
     nb_tensor *y = nb__empty(ctx, x->dtype, x->ndim, x->shape);
-    if (nb__is_cuda(x)) {
-        nb__cuda_batch_norm(y, mean, invstd, xc, wc, bc, running_mean, running_var, training,
-                            momentum, eps, n, c, s);
-    } else if (training) {
-        nb__cpu_batch_norm_stats(mean, invstd, xc, n, c, s); /* invstd holds the variance */
-        double unbias = (double)(n * s) / (double)(n * s - 1);
-        for (int64_t k = 0; k < c; k++) {
-            if (running_mean) {
-                void *pm = elem(running_mean, k);
-                void *pv = elem(running_var, k);
-                double rm = nb__load(pm, running_mean->dtype), rv = nb__load(pv, running_var->dtype);
-                nb__store(pm, running_mean->dtype, (1 - momentum) * rm + momentum * mu[k]);
-                nb__store(pv, running_var->dtype, (1 - momentum) * rv + momentum * is[k] * unbias);
-            }
-            is[k] = 1.0 / sqrt(is[k] + eps);
-        }
-    } else {
-        for (int64_t k = 0; k < c; k++) {
-            mu[k] = nb__load(elem(running_mean, k),
-                             running_mean->dtype);
-            double rv = nb__load(elem(running_var, k),
-                                 running_var->dtype);
-            is[k] = 1.0 / sqrt(rv + eps);
-        }
-    }
-    if (!nb__is_cuda(x)) nb__cpu_batch_norm(y, xc, mean, invstd, wc, bc, n, c, s);
+    be->batch_norm(y, mean, invstd, xc, wc, bc, running_mean, running_var, training, momentum, eps,
+                   n, c, s);
     nb_tensor *in[3] = {x, weight, bias};
     nb_node *node = nb__record(ctx, op, batch_norm_backward, y, 3, in);
     if (node) {

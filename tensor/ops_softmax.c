@@ -12,16 +12,14 @@
  * tensor/cuda/softmax_causal.cu); it records one node. */
 #include <math.h>
 
-#include "tensor/cpu/softmax.h"
-#include "tensor/cuda/cuda.h"
+#include "tensor/backend.h"
 #include "tensor/internal.h"
 
 static void softmax_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) {
     nb_tensor *y = n->out;
     g = nb__contig(ctx, g);
     nb_tensor *dx = nb__empty(ctx, y->dtype, y->ndim, y->shape);
-    if (nb__is_cuda(y)) nb__cuda_softmax_backward(dx, y, g, n->i[0], n->i[1], n->i[2], n->i[3] != 0);
-    else nb__cpu_softmax_backward(dx, y, g, n->i[0], n->i[1], n->i[2], n->i[3] != 0);
+    nb__backend_at(y)->softmax_backward(dx, y, g, n->i[0], n->i[1], n->i[2], n->i[3] != 0);
     nb__accum_grad(ctx, n->in[0], dx);
 }
 
@@ -34,8 +32,7 @@ static nb_tensor *softmax_impl(nb_ctx *ctx, const char *op, nb_tensor *x, int ax
     int64_t inner = nb__numel_shape(x->ndim - d - 1, x->shape + d + 1);
     nb_tensor *xc = nb__contig(ctx, x);
     nb_tensor *y = nb__empty(ctx, x->dtype, x->ndim, x->shape);
-    if (nb__is_cuda(x)) nb__cuda_softmax(y, xc, outer, k, inner, take_log);
-    else nb__cpu_softmax(y, xc, outer, k, inner, take_log);
+    nb__backend_at(x)->softmax(y, xc, outer, k, inner, take_log);
     nb_node *n = nb__record(ctx, op, softmax_backward, y, 1, &x);
     if (n) {
         n->i[0] = outer;
@@ -58,9 +55,7 @@ static void softmax_causal_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) {
     nb_tensor *y = n->out;
     g = nb__contig(ctx, g);
     nb_tensor *dx = nb__empty(ctx, y->dtype, y->ndim, y->shape);
-    if (nb__is_cuda(y))
-        nb__cuda_softmax_causal_backward(dx, y, g, n->i[0], n->i[1], n->i[2], n->f[0]);
-    else nb__cpu_softmax_causal_backward(dx, y, g, n->i[0], n->i[1], n->i[2], n->f[0]);
+    nb__backend_at(y)->softmax_causal_backward(dx, y, g, n->i[0], n->i[1], n->i[2], n->f[0]);
     nb__accum_grad(ctx, n->in[0], dx);
 }
 
@@ -74,8 +69,7 @@ nb_tensor *nb_softmax_causal(nb_ctx *ctx, nb_tensor *x, double scale) {
     int64_t b = nb__numel_shape(x->ndim - 2, x->shape);
     nb_tensor *xc = nb__contig(ctx, x);
     nb_tensor *y = nb__empty(ctx, x->dtype, x->ndim, x->shape);
-    if (nb__is_cuda(x)) nb__cuda_softmax_causal(y, xc, b, t, s, scale);
-    else nb__cpu_softmax_causal(y, xc, b, t, s, scale);
+    nb__backend_at(x)->softmax_causal(y, xc, b, t, s, scale);
     nb_node *n = nb__record(ctx, op, softmax_causal_backward, y, 1, &x);
     if (n) {
         n->i[0] = b;

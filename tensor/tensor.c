@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tensor/backend.h"
 #include "tensor/cuda/cuda.h"
 #include "tensor/internal.h"
 
@@ -177,18 +178,15 @@ nb_tensor *nb__empty(nb_ctx *ctx, nb_dtype dtype, int ndim, const int64_t *shape
 
 /* ---- backend dispatch of the elementwise engine ---- */
 void nb__run_unary(nb__unary_op op, nb_tensor *out, const nb_tensor *a, double s) {
-    if (nb__is_cuda(out)) nb__cuda_unary(op, out, a, s);
-    else nb__cpu_unary(op, out, a, s);
+    nb__backend_at(out)->unary(op, out, a, s);
 }
 
 void nb__run_binary(nb__binary_op op, nb_tensor *out, const nb_tensor *a, const nb_tensor *b) {
-    if (nb__is_cuda(out)) nb__cuda_binary(op, out, a, b);
-    else nb__cpu_binary(op, out, a, b);
+    nb__backend_at(out)->binary(op, out, a, b);
 }
 
 void nb__run_where(nb_tensor *out, const nb_tensor *cond, const nb_tensor *a, const nb_tensor *b) {
-    if (nb__is_cuda(out)) nb__cuda_where(out, cond, a, b);
-    else nb__cpu_where(out, cond, a, b);
+    nb__backend_at(out)->where(out, cond, a, b);
 }
 
 /* Between devices (CPU and GPU, or two GPUs): through a contiguous host

@@ -235,3 +235,36 @@ void nb__cpu_batch_norm_backward(nb_tensor *dx, nb_tensor *dw, nb_tensor *db, co
                                    db ? db->data : NULL, g->data, x->data, mean->data,
                                    invstd->data, data_or_null(w), training, n, c, s);
 }
+
+/* element i of a 1-d tensor of any strides */
+static void *elem(const nb_tensor *t, int64_t i) {
+    return (char *)t->data + i * t->strides[0] * (int64_t)nb_dtype_size(t->dtype);
+}
+
+void nb__cpu_batch_norm_full(nb_tensor *y, nb_tensor *mean, nb_tensor *invstd, const nb_tensor *x,
+                             const nb_tensor *w, const nb_tensor *b, nb_tensor *running_mean,
+                             nb_tensor *running_var, bool training, double momentum, double eps,
+                             int64_t n, int64_t c, int64_t s) {
+    double *mu = mean->data, *is = invstd->data;
+    if (training) {
+        nb__cpu_batch_norm_stats(mean, invstd, x, n, c, s); /* invstd holds the variance */
+        double unbias = (double)(n * s) / (double)(n * s - 1);
+        for (int64_t k = 0; k < c; k++) {
+            if (running_mean) {
+                void *pm = elem(running_mean, k);
+                void *pv = elem(running_var, k);
+                double rm = nb__load(pm, running_mean->dtype), rv = nb__load(pv, running_var->dtype);
+                nb__store(pm, running_mean->dtype, (1 - momentum) * rm + momentum * mu[k]);
+                nb__store(pv, running_var->dtype, (1 - momentum) * rv + momentum * is[k] * unbias);
+            }
+            is[k] = 1.0 / sqrt(is[k] + eps);
+        }
+    } else {
+        for (int64_t k = 0; k < c; k++) {
+            mu[k] = nb__load(elem(running_mean, k), running_mean->dtype);
+            double rv = nb__load(elem(running_var, k), running_var->dtype);
+            is[k] = 1.0 / sqrt(rv + eps);
+        }
+    }
+    nb__cpu_batch_norm(y, x, mean, invstd, w, b, n, c, s);
+}

@@ -28,6 +28,14 @@ void nb__cpu_batch_norm_stats(nb_tensor *mean, nb_tensor *var, const nb_tensor *
 void nb__cpu_batch_norm(nb_tensor *y, const nb_tensor *x, const nb_tensor *mean,
                         const nb_tensor *invstd, const nb_tensor *w, const nb_tensor *b, int64_t n,
                         int64_t c, int64_t s);
+/* The whole batch norm (the backend's batch_norm, tensor/backend.h):
+ * training: the batch's statistics, the running ones (C, f32/f64, any
+ * stride, or NULL) updated with momentum and the unbiased variance; eval:
+ * the running ones. mean, invstd (C, f64) receive what y used. */
+void nb__cpu_batch_norm_full(nb_tensor *y, nb_tensor *mean, nb_tensor *invstd, const nb_tensor *x,
+                             const nb_tensor *w, const nb_tensor *b, nb_tensor *running_mean,
+                             nb_tensor *running_var, bool training, double momentum, double eps,
+                             int64_t n, int64_t c, int64_t s);
 /* Any of dx, dw (C), db (C) may be NULL. training: mean and invstd are the
  * batch's, so dx goes through them; otherwise they are constants. */
 void nb__cpu_batch_norm_backward(nb_tensor *dx, nb_tensor *dw, nb_tensor *db, const nb_tensor *g,

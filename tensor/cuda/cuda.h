@@ -2,8 +2,10 @@
  * (devices, streams, device memory, handles, deferred checks) and one entry
  * point per kernel family. The op front ends (tensor/ops_*.c) check shapes
  * and dtypes, allocate outputs with nb__empty and call these when their
- * inputs are on a CUDA device; the CPU kernels they mirror are in
- * tensor/cpu/. Implemented by tensor/cuda/ *.cu; without CUDA in the build
+ * inputs are on a CUDA device, through the backend table
+ * (tensor/backend.h, filled by tensor/cuda/backend.c); the CPU kernels
+ * they mirror are in tensor/cpu/. Implemented by tensor/cuda/ *.cu;
+ * without CUDA in the build
  * tensor/cuda_stub.c provides versions that abort (they are unreachable:
  * no CUDA context can be made).
  *
@@ -28,16 +30,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "tensor/backend.h" /* nb__stream, nb__event */
 #include "tensor/cpu/conv.h"
 #include "tensor/internal.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/* Same types as cudaStream_t and cudaEvent_t, without cuda_runtime.h. */
-typedef struct CUstream_st *nb__stream;
-typedef struct CUevent_st *nb__event;
 
 /* ===================================================== runtime (runtime.cu) */
 /* Visible devices; 0 when there is no driver or no device. */
@@ -65,6 +64,8 @@ nb__event nb__cuda_event_new(int device);
 void nb__cuda_event_free(nb__event e);
 void nb__cuda_event_record(nb__event e, nb__stream s);
 void nb__cuda_stream_wait(nb__stream s, nb__event e);
+/* Blocks the host until e has happened (at once when nothing was recorded). */
+void nb__cuda_event_wait(nb__event e);
 /* Blocks the host until the compute stream has finished everything queued,
  * then reports a pending deferred fault (aborting with its message). */
 void nb__cuda_sync(int device);
@@ -336,7 +337,7 @@ void nb__cuda_rand_normal(nb_tensor *t, double mean, double std, uint64_t seed, 
 /* ================================================== optimizers (optim.cu)
  * One fused multi-tensor launch per call over n parameters (contiguous,
  * f32 or f64, each p[i], g[i], m[i], v[i] the same shape and dtype), with
- * the order of operations of optim/adam.c and optim/sgd.c; steps[i] is
+ * the order of operations of tensor/cpu/optim.c; steps[i] is
  * parameter i's step count after the increment, hp[i] its group's
  * hyper-parameters (optim/internal.h); buf[i] NULL: SGD without momentum. */
 void nb__cuda_adam(int n, nb_tensor *const *p, nb_tensor *const *g, nb_tensor *const *m,
@@ -344,6 +345,26 @@ void nb__cuda_adam(int n, nb_tensor *const *p, nb_tensor *const *g, nb_tensor *c
                    bool decoupled);
 void nb__cuda_sgd(int n, nb_tensor *const *p, nb_tensor *const *g, nb_tensor *const *buf,
                   const int64_t *steps, const double *const *hp);
+
+/* =========================================== per-channel statistics (channel.cu)
+ * SyncBatchNorm's steps (contracts: nb__backend's channel_* in
+ * tensor/backend.h); x, y, dy, dx of f32, f64, bf16 or f16; nothing is
+ * read by the host. A global count of at most one per channel raises
+ * NB__FAULT_SYNC_BATCH_NORM_COUNT. */
+void nb__cuda_channel_stats(nb_tensor *stats, const nb_tensor *x, int64_t n, int64_t c, int64_t s);
+void nb__cuda_channel_finalize(nb_tensor *mean, nb_tensor *invstd, const nb_tensor *stats,
+                               nb_tensor *running_mean, nb_tensor *running_var, double momentum,
+                               double eps, int64_t c, const nb_tensor *input);
+void nb__cuda_channel_normalize(nb_tensor *y, const nb_tensor *x, const nb_tensor *mean,
+                                const nb_tensor *invstd, const nb_tensor *w, const nb_tensor *b,
+                                int64_t n, int64_t c, int64_t s);
+void nb__cuda_channel_backward_sums(nb_tensor *sums, const nb_tensor *dy, const nb_tensor *x,
+                                    const nb_tensor *mean, const nb_tensor *invstd, int64_t n,
+                                    int64_t c, int64_t s);
+void nb__cuda_channel_backward_dx(nb_tensor *dx, const nb_tensor *dy, const nb_tensor *x,
+                                  const nb_tensor *mean, const nb_tensor *invstd,
+                                  const nb_tensor *w, const nb_tensor *sums,
+                                  const nb_tensor *stats, int64_t n, int64_t c, int64_t s);
 
 #ifdef __cplusplus
 }

@@ -173,6 +173,10 @@ void nb__cuda_stream_wait(nb__stream s, nb__event e) {
     NB_CUDA_CHECK("nb_cuda (event)", cudaStreamWaitEvent(s, e, 0));
 }
 
+void nb__cuda_event_wait(nb__event e) {
+    NB_CUDA_CHECK("nb_cuda (waiting for an event)", cudaEventSynchronize(e));
+}
+
 void nb__cuda_sync(int device) {
     dev_state *d = state("nb_cuda_synchronize", device);
     NB_CUDA_CHECK("nb_cuda_synchronize", cudaSetDevice(device));

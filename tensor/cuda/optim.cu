@@ -9,7 +9,7 @@
  * the launch's cumulative block counts.
  *
  * The per-step scalars are computed on the host in double exactly as
- * optim/adam.c and optim/sgd.c do (pow and sqrt included), then rounded
+ * tensor/cpu/optim.c does (pow and sqrt included), then rounded
  * to the parameter's dtype; the element updates use the same operations
  * in the same order with the _rn intrinsics, which nvcc never contracts
  * into FMAs (the CPU build has none either). So f32 and f64 results are
@@ -67,7 +67,7 @@ static __device__ __forceinline__ int find_tensor(const optim_batch &batch, int6
 }
 
 /* ------------------------------------------------------------------ kernels */
-/* optim/adam.c's loop; s = {l2, shrink, w, beta2, c2, neg_step, bc2_sqrt, eps} */
+/* tensor/cpu/optim.c's Adam loop; s = {l2, shrink, w, beta2, c2, neg_step, bc2_sqrt, eps} */
 template <typename T> static __global__ void adam_kernel(const optim_batch batch) {
     int t = find_tensor(batch, blockIdx.x);
     const optim_desc &d = batch.d[t];
@@ -92,7 +92,7 @@ template <typename T> static __global__ void adam_kernel(const optim_batch batch
     }
 }
 
-/* optim/sgd.c's loop; s = {lr, wd, momentum, 1 - dampening} */
+/* tensor/cpu/optim.c's SGD loop; s = {lr, wd, momentum, 1 - dampening} */
 template <typename T> static __global__ void sgd_kernel(const optim_batch batch) {
     int t = find_tensor(batch, blockIdx.x);
     const optim_desc &d = batch.d[t];

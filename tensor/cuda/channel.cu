@@ -1,5 +1,6 @@
-/* SyncBatchNorm's kernels (declared in distributed/sync_batch_norm_cuda.h;
- * the front end and the all-reduces are in sync_batch_norm.c).
+/* The CUDA backend's per-channel statistics for SyncBatchNorm
+ * (tensor/backend.h; the op and its all-reduces are in
+ * distributed/sync_batch_norm.c; the CPU twin is tensor/cpu/channel.c).
  *
  * Letters: x is (N, C, S) contiguous; M is the global count per channel.
  * Per-channel sums use one block per channel (a grid-stride loop over
@@ -11,7 +12,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "distributed/sync_batch_norm_cuda.h"
 #include "tensor/cuda/check.h"
 #include "tensor/cuda/cuda.h"
 
@@ -195,7 +195,7 @@ static cudaStream_t stream_of(const char *op, const nb_tensor *t) {
         }                                                                                        \
     } while (0)
 
-void nb__cuda_sbn_stats(nb_tensor *stats, const nb_tensor *x, int64_t n, int64_t c, int64_t s) {
+void nb__cuda_channel_stats(nb_tensor *stats, const nb_tensor *x, int64_t n, int64_t c, int64_t s) {
     const char *op = "nb_sync_batch_norm";
     cudaStream_t st = stream_of(op, x);
     if (c == 0) return;
@@ -210,9 +210,10 @@ void nb__cuda_sbn_stats(nb_tensor *stats, const nb_tensor *x, int64_t n, int64_t
     NB_CUDA_CHECK_LAUNCH(op);
 }
 
-void nb__cuda_sbn_finalize(nb_tensor *mean, nb_tensor *invstd, const nb_tensor *stats,
-                           nb_tensor *running_mean, nb_tensor *running_var, double momentum,
-                           double eps, int64_t c) {
+void nb__cuda_channel_finalize(nb_tensor *mean, nb_tensor *invstd, const nb_tensor *stats,
+                               nb_tensor *running_mean, nb_tensor *running_var, double momentum,
+                               double eps, int64_t c, const nb_tensor *input) {
+    (void)input; /* the count is checked on the device: no shape in the message */
     const char *op = "nb_sync_batch_norm";
     cudaStream_t st = stream_of(op, stats);
     if (c == 0) return;
@@ -226,9 +227,9 @@ void nb__cuda_sbn_finalize(nb_tensor *mean, nb_tensor *invstd, const nb_tensor *
     NB_CUDA_CHECK_LAUNCH(op);
 }
 
-void nb__cuda_sbn_apply(nb_tensor *y, const nb_tensor *x, const nb_tensor *mean,
-                        const nb_tensor *invstd, const nb_tensor *w, const nb_tensor *b,
-                        int64_t n, int64_t c, int64_t s) {
+void nb__cuda_channel_normalize(nb_tensor *y, const nb_tensor *x, const nb_tensor *mean,
+                                const nb_tensor *invstd, const nb_tensor *w, const nb_tensor *b,
+                                int64_t n, int64_t c, int64_t s){
     const char *op = "nb_sync_batch_norm";
     cudaStream_t st = stream_of(op, x);
     int64_t total = n * c * s;
@@ -242,9 +243,9 @@ void nb__cuda_sbn_apply(nb_tensor *y, const nb_tensor *x, const nb_tensor *mean,
     NB_CUDA_CHECK_LAUNCH(op);
 }
 
-void nb__cuda_sbn_backward_sums(nb_tensor *sums, const nb_tensor *dy, const nb_tensor *x,
-                                const nb_tensor *mean, const nb_tensor *invstd, int64_t n,
-                                int64_t c, int64_t s) {
+void nb__cuda_channel_backward_sums(nb_tensor *sums, const nb_tensor *dy, const nb_tensor *x,
+                                    const nb_tensor *mean, const nb_tensor *invstd, int64_t n,
+                                    int64_t c, int64_t s){
     const char *op = "nb_sync_batch_norm (backward)";
     cudaStream_t st = stream_of(op, x);
     if (c == 0) return;
@@ -260,10 +261,10 @@ void nb__cuda_sbn_backward_sums(nb_tensor *sums, const nb_tensor *dy, const nb_t
     NB_CUDA_CHECK_LAUNCH(op);
 }
 
-void nb__cuda_sbn_backward_dx(nb_tensor *dx, const nb_tensor *dy, const nb_tensor *x,
-                              const nb_tensor *mean, const nb_tensor *invstd, const nb_tensor *w,
-                              const nb_tensor *sums, const nb_tensor *stats, int64_t n, int64_t c,
-                              int64_t s) {
+void nb__cuda_channel_backward_dx(nb_tensor *dx, const nb_tensor *dy, const nb_tensor *x,
+                                  const nb_tensor *mean, const nb_tensor *invstd, const nb_tensor *w,
+                                  const nb_tensor *sums, const nb_tensor *stats, int64_t n, int64_t c,
+                                  int64_t s){
     const char *op = "nb_sync_batch_norm (backward)";
     cudaStream_t st = stream_of(op, x);
     int64_t total = n * c * s;

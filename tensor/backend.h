@@ -1,0 +1,231 @@
+/* The per-device backend interface: one struct of entry points per device
+ * type, filled by tensor/cpu/backend.c and (built with CUDA only)
+ * tensor/cuda/backend.c, looked up from a tensor's or context's device
+ * with nb__backend_of. Code above tensor/ (layers, models, optimizers,
+ * data, distributed) calls the device-neutral wrappers below or the op
+ * front ends, never a device's kernels: Note [Backend interface] in
+ * docs/design.md says what belongs here and how to add an entry point.
+ *
+ * Contracts are the device-neutral ones of the kernels each entry stands
+ * for (tensor/cpu/ *.h, tensor/cuda/cuda.h): the front end has checked
+ * shapes, dtypes and devices and allocated the outputs; an entry enqueues
+ * its work on the device (on the CPU: does it) and returns. */
+#ifndef NABLA_TENSOR_BACKEND_H
+#define NABLA_TENSOR_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tensor/cpu/conv.h" /* nb__conv2d_geom */
+#include "tensor/internal.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A device's queue and a marker in it (cudaStream_t and cudaEvent_t on
+ * CUDA; NULL on the CPU, where work is done when its call returns). */
+typedef struct CUstream_st *nb__stream;
+typedef struct CUevent_st *nb__event;
+
+typedef struct nb__backend {
+    const char *name;
+    /* Device memory is not host memory: host data reaches it by a copy
+     * (the data loader stages batches through host buffers then). */
+    bool device_memory;
+    /* The GEMM can add into its output (matmul's `accumulate`), so a
+     * leaf's gradient may be written in place (Note [Gradients added in
+     * place] in autograd/backward.c). */
+    bool gemm_accumulate;
+
+    /* ---- runtime ---- */
+    /* Makes `device` current for the calling thread (aborts naming op). */
+    void (*use)(const char *op, int device);
+    /* Blocks the host until the device has done everything queued. */
+    void (*sync)(int device);
+    void (*memset)(int device, void *dst, int byte, size_t bytes);
+    void (*memcpy_d2d)(int device, void *dst, const void *src, size_t bytes);
+    /* dst (device) = src (host, pinned where possible), on stream s. */
+    void (*memcpy_h2d_async)(int device, void *dst, const void *src, size_t bytes, nb__stream s);
+    /* Host memory the device reads fast (pinned); NULL when none. */
+    void *(*host_alloc)(size_t bytes);
+    void (*host_free)(void *p);
+    nb__stream (*compute_stream)(int device);
+    nb__stream (*copy_stream)(int device);
+    nb__event (*event_new)(int device);
+    void (*event_free)(nb__event e);
+    void (*event_record)(nb__event e, nb__stream s);
+    /* Stream s waits for e (the host does not). */
+    void (*stream_wait)(nb__stream s, nb__event e);
+    /* The host waits for e (at once when nothing was recorded). */
+    void (*event_wait)(nb__event e);
+
+    /* ---- elementwise engine (nb__cpu_unary & co., tensor/internal.h) ---- */
+    void (*unary)(nb__unary_op op, nb_tensor *out, const nb_tensor *a, double s);
+    void (*binary)(nb__binary_op op, nb_tensor *out, const nb_tensor *a, const nb_tensor *b);
+    void (*where)(nb_tensor *out, const nb_tensor *cond, const nb_tensor *a, const nb_tensor *b);
+
+    /* ---- GEMM (tensor/cpu/matmul.h, nb__cuda_matmul) ---- */
+    /* Whether the GEMM reads t in place (else the front end copies it). */
+    bool (*gemm_readable)(const nb_tensor *t);
+    /* out (L, M, N) = op(a) @ op(b) (+ out when accumulate, only where
+     * gemm_accumulate), + bias (N) when not NULL; gelu: GELU(tanh) of that,
+     * the pre-activation written into pre when not NULL. */
+    void (*matmul)(nb_tensor *out, const nb_tensor *a, const nb_tensor *b, bool trans_a,
+                   bool trans_b, const nb_tensor *bias, bool gelu, nb_tensor *pre,
+                   bool accumulate);
+    /* dx = g * GELU_tanh'(pre), all contiguous of one shape and dtype. */
+    void (*gelu_tanh_backward)(nb_tensor *dx, const nb_tensor *g, const nb_tensor *pre);
+
+    /* ---- softmax family (tensor/cpu/softmax.h) ---- */
+    void (*softmax)(nb_tensor *y, const nb_tensor *x, int64_t outer, int64_t k, int64_t inner,
+                    bool take_log);
+    void (*softmax_backward)(nb_tensor *dx, const nb_tensor *y, const nb_tensor *g,
+                             int64_t outer, int64_t k, int64_t inner, bool take_log);
+    void (*softmax_causal)(nb_tensor *y, const nb_tensor *x, int64_t b, int64_t t, int64_t s,
+                           double scale);
+    void (*softmax_causal_backward)(nb_tensor *dx, const nb_tensor *y, const nb_tensor *g,
+                                    int64_t b, int64_t t, int64_t s, double scale);
+
+    /* ---- normalisation (tensor/cpu/norm.h, tensor/cuda/cuda.h) ---- */
+    /* Saved statistics (layer norm's mean/rstd, batch norm's mean/invstd)
+     * are f32 for non-f64 inputs (else f64 everywhere). */
+    bool f32_norm_stats;
+    void (*layer_norm)(nb_tensor *y, nb_tensor *mean, nb_tensor *rstd, const nb_tensor *x,
+                       const nb_tensor *w, const nb_tensor *b, int64_t m, int64_t d, double eps);
+    /* dw, db written (not accumulated); ctx holds scratch. */
+    void (*layer_norm_backward)(nb_ctx *ctx, nb_tensor *dx, nb_tensor *dw, nb_tensor *db,
+                                const nb_tensor *g, const nb_tensor *x, const nb_tensor *mean,
+                                const nb_tensor *rstd, const nb_tensor *w, int64_t m, int64_t d);
+    /* The whole batch norm, running statistics included (nb__cuda_batch_norm). */
+    void (*batch_norm)(nb_tensor *y, nb_tensor *save_mean, nb_tensor *save_invstd,
+                       const nb_tensor *x, const nb_tensor *weight, const nb_tensor *bias,
+                       nb_tensor *running_mean, nb_tensor *running_var, bool training,
+                       double momentum, double eps, int64_t n, int64_t c, int64_t s);
+    void (*batch_norm_backward)(nb_tensor *dx, nb_tensor *dw, nb_tensor *db, const nb_tensor *g,
+                                const nb_tensor *x, const nb_tensor *mean,
+                                const nb_tensor *invstd, const nb_tensor *weight, bool training,
+                                double eps, int64_t n, int64_t c, int64_t s);
+
+    /* ---- convolution (geometry of tensor/cpu/conv.h; contiguous buffers
+     * of dtype dt; scratch from ctx) ---- */
+    void (*conv2d)(nb_ctx *ctx, nb_dtype dt, const nb__conv2d_geom *g, void *out, const void *x,
+                   const void *w, const void *b);
+    /* Each of dx, dw, db is written (not accumulated) unless NULL. */
+    void (*conv2d_backward)(nb_ctx *ctx, nb_dtype dt, const nb__conv2d_geom *g, void *dx,
+                            void *dw, void *db, const void *gout, const void *x, const void *w);
+
+    /* ---- pooling (tensor/ops_pool.c; contiguous) ---- */
+    void (*max_pool2d)(nb_tensor *out, nb_tensor *arg, const nb_tensor *x,
+                       const nb__pool2d_geom *g);
+    void (*max_pool2d_backward)(nb_tensor *dx, const nb_tensor *arg, const nb_tensor *gout,
+                                const nb__pool2d_geom *g);
+    void (*avg_pool2d)(nb_tensor *out, const nb_tensor *x, const nb__pool2d_geom *g);
+    void (*avg_pool2d_backward)(nb_tensor *dx, const nb_tensor *gout, const nb__pool2d_geom *g);
+
+    /* ---- dropout, embedding, losses (contracts: tensor/cuda/cuda.h) ---- */
+    void (*dropout)(nb_tensor *out, nb_tensor *mask, const nb_tensor *x, double p, uint64_t seed,
+                    uint64_t offset);
+    /* An index out of range: an abort naming it on the CPU, a deferred
+     * device fault on CUDA. */
+    void (*embedding)(nb_tensor *out, const nb_tensor *w, const nb_tensor *idx, int64_t np);
+    /* gw fully written. */
+    void (*embedding_backward)(nb_tensor *gw, const nb_tensor *g, const nb_tensor *idx,
+                               int64_t np);
+    /* Fused cross-entropy (contract: nb__cuda_cross_entropy). The entry
+     * makes lse (N) and count (0-d: the targets not ignored) in ctx, in
+     * the dtypes its backward reads; a target out of range is an abort
+     * naming it on the CPU, a deferred device fault on CUDA. */
+    void (*cross_entropy)(nb_ctx *ctx, nb_tensor *loss, nb_tensor **lse, nb_tensor **count,
+                          const nb_tensor *logits, const nb_tensor *targets,
+                          int64_t ignore_index, double eps);
+    /* g (0-d) and count as made by forward. */
+    void (*cross_entropy_backward)(nb_tensor *dlogits, const nb_tensor *logits,
+                                   const nb_tensor *lse, const nb_tensor *targets,
+                                   const nb_tensor *g, const nb_tensor *count,
+                                   int64_t ignore_index, double eps);
+    /* out (0-d) = mean of (a - b)^2 (kind 0) or of the BCE-with-logits term (kind 1). */
+    void (*pair_loss)(nb_tensor *out, int kind, const nb_tensor *a, const nb_tensor *b);
+
+    /* ---- multi-tensor updates (optimizers, clipping) ----
+     * n tensors, each contiguous f32 or f64, one launch (CUDA) or loop
+     * (CPU) per call; the order of operations of tensor/cpu/optim.c.
+     * steps[i]: parameter i's step count after the increment; hp[i]: its
+     * group's hyper-parameters (optim/internal.h). */
+    void (*adam)(int n, nb_tensor *const *p, nb_tensor *const *g, nb_tensor *const *m,
+                 nb_tensor *const *v, const int64_t *steps, const double *const *hp,
+                 bool decoupled);
+    /* buf[i] NULL: SGD without momentum for parameter i. */
+    void (*sgd)(int n, nb_tensor *const *p, nb_tensor *const *g, nb_tensor *const *buf,
+                const int64_t *steps, const double *const *hp);
+    /* out (0-d f64) = sum of squares of every element of the n tensors,
+     * accumulated in f64 in a fixed order. */
+    void (*sum_squares)(nb_tensor *out, int n, nb_tensor *const *ts);
+    /* out (0-d f64) = max |x| over the n tensors (NaN when any is NaN; 0
+     * when they are empty); ctx holds temporaries. */
+    void (*max_abs)(nb_ctx *ctx, nb_tensor *out, int n, nb_tensor *const *ts);
+    /* Every element of the n tensors *= coef (computed in f64, rounded). */
+    void (*scale)(int n, nb_tensor *const *ts, double coef);
+    /* Whether every element of the n tensors (any float dtype) is finite;
+     * one host read. CUDA answers from a sum of squares: f64 values
+     * above ~1e154 count as not finite there. */
+    bool (*all_finite)(nb_ctx *ctx, int n, nb_tensor *const *ts);
+
+    /* ---- per-channel statistics (SyncBatchNorm; Note [SyncBatchNorm] in
+     * distributed/sync_batch_norm.c). x, y, dy, dx contiguous (N, C, S) of
+     * one float dtype; the statistics are f64 and computed in f64. */
+    /* stats (3 C) = [count | sum | sum of squares] per channel. */
+    void (*channel_stats)(nb_tensor *stats, const nb_tensor *x, int64_t n, int64_t c, int64_t s);
+    /* From all-reduced stats: mean, invstd (C) with the biased variance;
+     * running_mean/var (C, f32 or f64, any stride, or NULL) updated with
+     * momentum and the unbiased variance. A global count of at most one
+     * is an error (naming the input on this rank, for the message): at
+     * once on the CPU, a deferred device fault on CUDA. */
+    void (*channel_finalize)(nb_tensor *mean, nb_tensor *invstd, const nb_tensor *stats,
+                             nb_tensor *running_mean, nb_tensor *running_var, double momentum,
+                             double eps, int64_t c, const nb_tensor *input);
+    /* y = (x - mean[c]) invstd[c] w[c] + b[c]; w, b (C) contiguous or NULL. */
+    void (*channel_normalize)(nb_tensor *y, const nb_tensor *x, const nb_tensor *mean,
+                              const nb_tensor *invstd, const nb_tensor *w, const nb_tensor *b,
+                              int64_t n, int64_t c, int64_t s);
+    /* sums (2 C) = [sum dy | sum dy xhat] per channel. */
+    void (*channel_backward_sums)(nb_tensor *sums, const nb_tensor *dy, const nb_tensor *x,
+                                  const nb_tensor *mean, const nb_tensor *invstd, int64_t n,
+                                  int64_t c, int64_t s);
+    /* dx = w invstd (dy - sum dy / M - xhat sum(dy xhat) / M), M = stats[c]. */
+    void (*channel_backward_dx)(nb_tensor *dx, const nb_tensor *dy, const nb_tensor *x,
+                                const nb_tensor *mean, const nb_tensor *invstd,
+                                const nb_tensor *w, const nb_tensor *sums,
+                                const nb_tensor *stats, int64_t n, int64_t c, int64_t s);
+} nb__backend;
+
+extern const nb__backend nb__cpu_backend;
+#if NABLA_HAVE_CUDA
+extern const nb__backend nb__cuda_backend;
+#endif
+
+/* NB_OK when tensors can be made on `device` in this process; else
+ * NB_ERR_UNSUPPORTED, with "<op>: device <d> is not available (<why>)". */
+nb_status nb__device_available(const char *op, nb_device device);
+
+/* Aborts: no backend for `device` in this build (unreachable through a
+ * context, which refuses such a device when it is made). */
+void nb__backend_missing(nb_device device);
+
+static inline const nb__backend *nb__backend_of(nb_device device) {
+    if (device.type == NB_DEVICE_CPU) return &nb__cpu_backend;
+#if NABLA_HAVE_CUDA
+    if (device.type == NB_DEVICE_CUDA) return &nb__cuda_backend;
+#endif
+    nb__backend_missing(device);
+    return &nb__cpu_backend;
+}
+static inline const nb__backend *nb__backend_at(const nb_tensor *t) {
+    return nb__backend_of(t->device);
+}
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,178 @@
+/* The CPU backend's table (tensor/backend.h): the kernels of tensor/cpu/
+ * and a runtime with nothing to wait for (work is done when a call
+ * returns; memory is host memory; streams and events are NULL). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "tensor/backend.h"
+#include "tensor/cpu/cpu.h"
+#include "tensor/cpu/matmul.h"
+#include "tensor/cpu/norm.h"
+#include "tensor/cpu/softmax.h"
+
+static void use(const char *op, int device) { (void)op, (void)device; }
+static void sync(int device) { (void)device; }
+static void set_bytes(int device, void *dst, int byte, size_t bytes) {
+    (void)device;
+    memset(dst, byte, bytes);
+}
+static void copy_bytes(int device, void *dst, const void *src, size_t bytes) {
+    (void)device;
+    memcpy(dst, src, bytes);
+}
+static void copy_bytes_async(int device, void *dst, const void *src, size_t bytes, nb__stream s) {
+    (void)device, (void)s;
+    memcpy(dst, src, bytes);
+}
+static nb__stream no_stream(int device) {
+    (void)device;
+    return NULL;
+}
+static nb__event no_event(int device) {
+    (void)device;
+    return NULL;
+}
+static void event_free(nb__event e) { (void)e; }
+static void event_record(nb__event e, nb__stream s) { (void)e, (void)s; }
+static void stream_wait(nb__stream s, nb__event e) { (void)s, (void)e; }
+static void event_wait(nb__event e) { (void)e; }
+
+/* Bias: written into the rows, then the GEMM adds the product to it (like
+ * addmm; no separate pass). GELU: a pass over the product, from `pre`
+ * when it is kept. */
+static void matmul(nb_tensor *out, const nb_tensor *a, const nb_tensor *b, bool ta, bool tb,
+                   const nb_tensor *bias, bool gelu, nb_tensor *pre, bool accumulate) {
+    nb_tensor *dst = gelu && pre ? pre : out;
+    if (bias) {
+        nb__cpu_copy(dst, bias);
+        accumulate = true;
+    }
+    nb__cpu_matmul(dst, a, b, ta, tb, accumulate);
+    if (gelu) nb__cpu_unary(NB_U_GELU_TANH, out, dst, 0);
+}
+
+static void gelu_tanh_backward(nb_tensor *dx, const nb_tensor *g, const nb_tensor *pre) {
+    if (dx->dtype == NB_F32 && nb_is_contiguous(g)) { /* one pass, not two */
+        nb__cpu_gelu_tanh_backward(dx, g, pre);
+        return;
+    }
+    nb__cpu_unary(NB_U_GELU_TANH_GRAD, dx, pre, 0);
+    nb__cpu_binary(NB_B_MUL, dx, g, dx);
+}
+
+static void layer_norm_backward(nb_ctx *ctx, nb_tensor *dx, nb_tensor *dw, nb_tensor *db,
+                                const nb_tensor *g, const nb_tensor *x, const nb_tensor *mean,
+                                const nb_tensor *rstd, const nb_tensor *w, int64_t m, int64_t d) {
+    double *ws = (dw || db) ? nb_ctx_alloc(ctx, 2 * (size_t)d * sizeof(double), 0) : NULL;
+    nb__cpu_layer_norm_backward(dx, dw, db, ws, g, x, mean, rstd, w, m, d);
+}
+
+static void batch_norm_backward(nb_tensor *dx, nb_tensor *dw, nb_tensor *db, const nb_tensor *g,
+                                const nb_tensor *x, const nb_tensor *mean,
+                                const nb_tensor *invstd, const nb_tensor *w, bool training,
+                                double eps, int64_t n, int64_t c, int64_t s) {
+    (void)eps; /* invstd already has it */
+    nb__cpu_batch_norm_backward(dx, dw, db, g, x, mean, invstd, w, training, n, c, s);
+}
+
+/* im2col buffers from ctx */
+static void conv2d(nb_ctx *ctx, nb_dtype dt, const nb__conv2d_geom *g, void *out, const void *x,
+                   const void *w, const void *b) {
+    void *cols = nb_ctx_alloc(ctx, (size_t)nb__conv2d_cols_numel(g) * nb_dtype_size(dt), 0);
+    nb__cpu_conv2d_forward(dt, g, out, x, w, b, cols);
+}
+
+static void conv2d_backward(nb_ctx *ctx, nb_dtype dt, const nb__conv2d_geom *g, void *dx,
+                            void *dw, void *db, const void *gout, const void *x, const void *w) {
+    void *cols = nb_ctx_alloc(ctx, (size_t)nb__conv2d_cols_numel(g) * nb_dtype_size(dt), 0);
+    nb__cpu_conv2d_backward(dt, g, dx, dw, db, gout, x, w, cols);
+}
+
+/* Targets are checked here, on the host; count is f64 (exact for any batch). */
+static void cross_entropy(nb_ctx *ctx, nb_tensor *loss, nb_tensor **lse, nb_tensor **count,
+                          const nb_tensor *logits, const nb_tensor *targets, int64_t ignore_index,
+                          double eps) {
+    int64_t n = logits->shape[0], c = logits->shape[1], kept = 0;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t t = nb__cpu_target_at(targets, i);
+        if (t == ignore_index) continue;
+        NB_CHECK(t >= 0 && t < c,
+                 "nb_cross_entropy: target %lld at position %lld is out of range for %lld classes "
+                 "(valid: 0..%lld, or ignore_index %lld); logits %s",
+                 (long long)t, (long long)i, (long long)c, (long long)(c - 1),
+                 (long long)ignore_index, nb_shape_str(logits));
+        kept++;
+    }
+    *lse = nb__empty(ctx, logits->dtype, 1, &n);
+    *count = nb__empty(ctx, NB_F64, 0, NULL);
+    *(double *)(*count)->data = (double)kept;
+    double total = nb__cpu_cross_entropy(*lse, logits, targets, ignore_index, eps);
+    nb__store(loss->data, loss->dtype, total / (double)kept);
+}
+
+static void cross_entropy_backward(nb_tensor *dlogits, const nb_tensor *logits,
+                                   const nb_tensor *lse, const nb_tensor *targets,
+                                   const nb_tensor *g, const nb_tensor *count,
+                                   int64_t ignore_index, double eps) {
+    double kept = *(const double *)count->data;
+    double scale = kept > 0 ? nb__load(g->data, g->dtype) / kept : 0;
+    nb__cpu_cross_entropy_backward(dlogits, logits, lse, targets, ignore_index, eps, scale);
+}
+
+const nb__backend nb__cpu_backend = {
+    .name = "cpu",
+    .device_memory = false,
+    .gemm_accumulate = true,
+    .use = use,
+    .sync = sync,
+    .memset = set_bytes,
+    .memcpy_d2d = copy_bytes,
+    .memcpy_h2d_async = copy_bytes_async,
+    .host_alloc = malloc,
+    .host_free = free,
+    .compute_stream = no_stream,
+    .copy_stream = no_stream,
+    .event_new = no_event,
+    .event_free = event_free,
+    .event_record = event_record,
+    .stream_wait = stream_wait,
+    .event_wait = event_wait,
+    .unary = nb__cpu_unary,
+    .binary = nb__cpu_binary,
+    .where = nb__cpu_where,
+    .gemm_readable = nb__cpu_gemm_readable,
+    .matmul = matmul,
+    .gelu_tanh_backward = gelu_tanh_backward,
+    .softmax = nb__cpu_softmax,
+    .softmax_backward = nb__cpu_softmax_backward,
+    .softmax_causal = nb__cpu_softmax_causal,
+    .softmax_causal_backward = nb__cpu_softmax_causal_backward,
+    .f32_norm_stats = false,
+    .layer_norm = nb__cpu_layer_norm,
+    .layer_norm_backward = layer_norm_backward,
+    .batch_norm = nb__cpu_batch_norm_full,
+    .batch_norm_backward = batch_norm_backward,
+    .conv2d = conv2d,
+    .conv2d_backward = conv2d_backward,
+    .max_pool2d = nb__cpu_max_pool2d,
+    .max_pool2d_backward = nb__cpu_max_pool2d_backward,
+    .avg_pool2d = nb__cpu_avg_pool2d,
+    .avg_pool2d_backward = nb__cpu_avg_pool2d_backward,
+    .dropout = nb__cpu_dropout,
+    .embedding = nb__cpu_embedding,
+    .embedding_backward = nb__cpu_embedding_backward,
+    .cross_entropy = cross_entropy,
+    .cross_entropy_backward = cross_entropy_backward,
+    .pair_loss = nb__cpu_pair_loss,
+    .adam = nb__cpu_adam,
+    .sgd = nb__cpu_sgd,
+    .sum_squares = nb__cpu_sum_squares,
+    .max_abs = nb__cpu_max_abs,
+    .scale = nb__cpu_scale,
+    .all_finite = nb__cpu_all_finite,
+    .channel_stats = nb__cpu_channel_stats,
+    .channel_finalize = nb__cpu_channel_finalize,
+    .channel_normalize = nb__cpu_channel_normalize,
+    .channel_backward_sums = nb__cpu_channel_backward_sums,
+    .channel_backward_dx = nb__cpu_channel_backward_dx,
+};

@@ -1,0 +1,333 @@
+/* The per-device backend interface (tensor/backend.h): every table is
+ * complete, the lookup refuses a device this build has no backend for,
+ * and the device-neutral ops it made possible hold on the CPU: the fused
+ * linear + GELU(tanh) against its unfused composition (values and
+ * gradients), and the multi-tensor updates against textbook Adam and SGD
+ * written here in double, with per-tensor steps and hyperparameters. */
+#include <math.h>
+#include <string.h>
+
+#include "optim/internal.h"
+#include "tensor/backend.h"
+#include "testutil.h"
+
+/* ---- the tables ---- */
+static void assert_complete(const nb__backend *be) {
+    ck_assert_ptr_nonnull(be->name);
+    const void *entries[] = {
+        (const void *)be->use, (const void *)be->sync, (const void *)be->memset,
+        (const void *)be->memcpy_d2d, (const void *)be->memcpy_h2d_async,
+        (const void *)be->host_alloc, (const void *)be->host_free,
+        (const void *)be->compute_stream, (const void *)be->copy_stream,
+        (const void *)be->event_new, (const void *)be->event_free,
+        (const void *)be->event_record, (const void *)be->stream_wait,
+        (const void *)be->event_wait, (const void *)be->unary, (const void *)be->binary,
+        (const void *)be->where, (const void *)be->gemm_readable, (const void *)be->matmul,
+        (const void *)be->gelu_tanh_backward, (const void *)be->softmax,
+        (const void *)be->softmax_backward, (const void *)be->softmax_causal,
+        (const void *)be->softmax_causal_backward, (const void *)be->layer_norm,
+        (const void *)be->layer_norm_backward, (const void *)be->batch_norm,
+        (const void *)be->batch_norm_backward, (const void *)be->conv2d,
+        (const void *)be->conv2d_backward, (const void *)be->max_pool2d,
+        (const void *)be->max_pool2d_backward, (const void *)be->avg_pool2d,
+        (const void *)be->avg_pool2d_backward, (const void *)be->dropout,
+        (const void *)be->embedding, (const void *)be->embedding_backward,
+        (const void *)be->cross_entropy, (const void *)be->cross_entropy_backward,
+        (const void *)be->pair_loss, (const void *)be->adam, (const void *)be->sgd,
+        (const void *)be->sum_squares, (const void *)be->max_abs, (const void *)be->scale,
+        (const void *)be->all_finite, (const void *)be->channel_stats,
+        (const void *)be->channel_finalize, (const void *)be->channel_normalize,
+        (const void *)be->channel_backward_sums, (const void *)be->channel_backward_dx,
+    };
+    for (size_t i = 0; i < sizeof entries / sizeof entries[0]; i++)
+        ck_assert_msg(entries[i] != NULL, "%s backend: entry %zu is empty", be->name, i);
+}
+
+START_TEST(test_tables_complete) {
+    assert_complete(&nb__cpu_backend);
+    ck_assert_str_eq(nb__cpu_backend.name, "cpu");
+    ck_assert(!nb__cpu_backend.device_memory);
+#if NABLA_HAVE_CUDA
+    assert_complete(&nb__cuda_backend);
+    ck_assert_str_eq(nb__cuda_backend.name, "cuda");
+    ck_assert(nb__cuda_backend.device_memory);
+#endif
+}
+END_TEST
+
+START_TEST(test_lookup) {
+    ck_assert_ptr_eq(nb__backend_of(nb_cpu()), &nb__cpu_backend);
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *t = nb_zeros(ctx, NB_F32, NB_SHAPE(2));
+    ck_assert_ptr_eq(nb__backend_at(t), &nb__cpu_backend);
+    ck_assert_int_eq(nb__device_available("probe", nb_cpu()), NB_OK);
+    ck_assert_int_eq(nb__device_available("probe", nb_cuda(4096)), NB_ERR_UNSUPPORTED);
+    ck_assert_ptr_nonnull(strstr(nb_last_error(), "probe: device cuda:4096 is not available"));
+#if NABLA_HAVE_CUDA
+    ck_assert_ptr_eq(nb__backend_of(nb_cuda(0)), &nb__cuda_backend);
+#else
+    NBT_EXPECT_ABORT(nb__backend_of(nb_cuda(0)),
+                     "nb__backend_of: no backend for device cuda:0 in this build (built without "
+                     "CUDA)");
+#endif
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+/* ---- fused linear + GELU(tanh) ---- */
+static nb_tensor *unfused(nb_ctx *ctx, nb_tensor *x, nb_tensor *w, nb_tensor *b) {
+    nb_tensor *h = nb_matmul_t(ctx, x, w, false, true);
+    if (b) h = nb_add(ctx, h, b);
+    return nb_gelu(ctx, h, NB_GELU_TANH);
+}
+
+/* Forward values and the gradients of a weighted sum for x, w, b. */
+static void check_against_composition(nb_dtype dt, int xdim, const int64_t *xshape, bool bias,
+                                      double tol) {
+    int64_t in = xshape[xdim - 1], out = 7;
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *x[2], *w[2], *b[2] = {NULL, NULL}, *y[2];
+    for (int k = 0; k < 2; k++) {
+        x[k] = nbt_randn_leaf(ctx, dt, xdim, xshape, 11);
+        w[k] = nbt_randn_leaf(ctx, dt, 2, (int64_t[]){out, in}, 12);
+        if (bias) b[k] = nbt_randn_leaf(ctx, dt, 1, &out, 13);
+    }
+    y[0] = nb__linear_gelu(ctx, x[0], w[0], b[0]);
+    y[1] = unfused(ctx, x[1], w[1], b[1]);
+    ck_assert_ptr_nonnull(y[0]->node);
+    ck_assert_str_eq(y[0]->node->op, "nb_linear_gelu"); /* one node: the fused op */
+    nbt_assert_tensors_close(y[0], y[1], tol, tol);
+    for (int k = 0; k < 2; k++) nb_backward(nbt_weighted_sum(ctx, y[k]));
+    nbt_assert_tensors_close(x[0]->grad, x[1]->grad, tol, tol);
+    nbt_assert_tensors_close(w[0]->grad, w[1]->grad, tol, tol);
+    if (bias) nbt_assert_tensors_close(b[0]->grad, b[1]->grad, tol, tol);
+    nb_ctx_free(ctx);
+}
+
+START_TEST(test_linear_gelu_matches_composition) {
+    check_against_composition(NB_F64, 2, (int64_t[]){4, 5}, true, 1e-12);
+    check_against_composition(NB_F64, 3, (int64_t[]){2, 3, 5}, true, 1e-12);
+    check_against_composition(NB_F64, 3, (int64_t[]){2, 3, 5}, false, 1e-12);
+    check_against_composition(NB_F32, 3, (int64_t[]){2, 3, 33}, true, 1e-5);
+    check_against_composition(NB_F32, 2, (int64_t[]){9, 17}, false, 1e-5);
+}
+END_TEST
+
+static nb_tensor *linear_gelu_fn(nb_ctx *ctx, nb_tensor *const *in, void *user) {
+    (void)user;
+    return nb__linear_gelu(ctx, in[0], in[1], in[2]);
+}
+
+START_TEST(test_linear_gelu_gradcheck) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *in[3] = {nbt_randn_leaf(ctx, NB_F64, 3, (int64_t[]){2, 3, 4}, 1),
+                        nbt_randn_leaf(ctx, NB_F64, 2, (int64_t[]){5, 4}, 2),
+                        nbt_randn_leaf(ctx, NB_F64, 1, (int64_t[]){5}, 3)};
+    NBT_GRADCHECK(linear_gelu_fn, NULL, 3, in);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+/* ---- multi-tensor updates ---- */
+#define NT 3
+#define LEN 5
+
+static double grad_of(int t, int i, int k) { return sin(0.7 * i + 0.3 * t + k) + 0.05 * k; }
+
+/* Parameter k of a list of NT: f32, f64, f32, of LEN elements each. */
+static nb_dtype dtype_of(int k) { return k == 1 ? NB_F64 : NB_F32; }
+
+START_TEST(test_multi_tensor_adam) {
+    for (int decoupled = 0; decoupled < 2; decoupled++) {
+        nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+        nb_tensor *p[NT], *g[NT], *m[NT], *v[NT];
+        double rp[NT][LEN], rm[NT][LEN] = {{0}}, rv[NT][LEN] = {{0}};
+        double hp[NT][NB__HP_COUNT];
+        const double *hps[NT];
+        int64_t steps[NT];
+        int first_step[NT] = {1, 4, 2}; /* each tensor has its own count */
+        for (int k = 0; k < NT; k++) {
+            int64_t n = LEN;
+            p[k] = nbt_randn(ctx, dtype_of(k), 1, &n, 20 + k);
+            g[k] = nb_zeros(ctx, dtype_of(k), 1, &n);
+            m[k] = nb_zeros(ctx, dtype_of(k), 1, &n);
+            v[k] = nb_zeros(ctx, dtype_of(k), 1, &n);
+            for (int64_t i = 0; i < LEN; i++) rp[k][i] = nb_get(p[k], &i);
+            memset(hp[k], 0, sizeof hp[k]);
+            hp[k][NB__HP_LR] = 0.01 * (k + 1);
+            hp[k][NB__HP_WEIGHT_DECAY] = 0.1 * k;
+            hp[k][NB__HP_BETA1] = 0.9 - 0.1 * k;
+            hp[k][NB__HP_BETA2] = 0.999 - 0.01 * k;
+            hp[k][NB__HP_EPS] = 1e-8;
+            hps[k] = hp[k];
+        }
+        for (int t = 0; t < 3; t++) {
+            for (int k = 0; k < NT; k++) {
+                steps[k] = first_step[k] + t;
+                double lr = hp[k][NB__HP_LR], wd = hp[k][NB__HP_WEIGHT_DECAY];
+                double b1 = hp[k][NB__HP_BETA1], b2 = hp[k][NB__HP_BETA2];
+                for (int64_t i = 0; i < LEN; i++) {
+                    double gi = grad_of(t, (int)i, k);
+                    nb_set(g[k], &i, gi);
+                    /* the textbook form, bias corrections applied to m and v */
+                    if (decoupled) rp[k][i] *= 1 - lr * wd;
+                    else gi += wd * rp[k][i];
+                    rm[k][i] = b1 * rm[k][i] + (1 - b1) * gi;
+                    rv[k][i] = b2 * rv[k][i] + (1 - b2) * gi * gi;
+                    double mh = rm[k][i] / (1 - pow(b1, (double)steps[k]));
+                    double vh = rv[k][i] / (1 - pow(b2, (double)steps[k]));
+                    rp[k][i] -= lr * mh / (sqrt(vh) + hp[k][NB__HP_EPS]);
+                }
+            }
+            nb__cpu_backend.adam(NT, p, g, m, v, steps, hps, decoupled);
+        }
+        for (int k = 0; k < NT; k++) {
+            double tol = dtype_of(k) == NB_F64 ? 1e-12 : 2e-6;
+            nbt_assert_close(p[k], rp[k], tol, tol);
+            nbt_assert_close(m[k], rm[k], tol, tol);
+            nbt_assert_close(v[k], rv[k], tol, tol);
+        }
+        nb_ctx_free(ctx);
+    }
+}
+END_TEST
+
+START_TEST(test_multi_tensor_sgd) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *p[NT], *g[NT], *buf[NT];
+    double rp[NT][LEN], rb[NT][LEN] = {{0}};
+    double hp[NT][NB__HP_COUNT];
+    const double *hps[NT];
+    int64_t steps[NT];
+    for (int k = 0; k < NT; k++) {
+        int64_t n = LEN;
+        p[k] = nbt_randn(ctx, dtype_of(k), 1, &n, 30 + k);
+        g[k] = nb_zeros(ctx, dtype_of(k), 1, &n);
+        /* tensor 2 has no momentum buffer: plain SGD */
+        buf[k] = k == 2 ? NULL : nb_zeros(ctx, dtype_of(k), 1, &n);
+        for (int64_t i = 0; i < LEN; i++) rp[k][i] = nb_get(p[k], &i);
+        memset(hp[k], 0, sizeof hp[k]);
+        hp[k][NB__HP_LR] = 0.05 * (k + 1);
+        hp[k][NB__HP_WEIGHT_DECAY] = 0.01 * k;
+        hp[k][NB__HP_MOMENTUM] = k == 2 ? 0 : 0.9;
+        hp[k][NB__HP_DAMPENING] = k == 0 ? 0.1 : 0;
+        hp[k][NB__HP_NESTEROV] = k == 1;
+        hps[k] = hp[k];
+    }
+    for (int t = 0; t < 4; t++) {
+        for (int k = 0; k < NT; k++) {
+            steps[k] = t + 1;
+            double lr = hp[k][NB__HP_LR], wd = hp[k][NB__HP_WEIGHT_DECAY];
+            double mu = hp[k][NB__HP_MOMENTUM], damp = hp[k][NB__HP_DAMPENING];
+            for (int64_t i = 0; i < LEN; i++) {
+                double gi = grad_of(t, (int)i, k);
+                nb_set(g[k], &i, gi);
+                double d = gi + wd * rp[k][i];
+                if (buf[k]) {
+                    rb[k][i] = t == 0 ? d : mu * rb[k][i] + (1 - damp) * d;
+                    d = hp[k][NB__HP_NESTEROV] != 0 ? d + mu * rb[k][i] : rb[k][i];
+                }
+                rp[k][i] -= lr * d;
+            }
+        }
+        nb__cpu_backend.sgd(NT, p, g, buf, steps, hps);
+    }
+    for (int k = 0; k < NT; k++) {
+        double tol = dtype_of(k) == NB_F64 ? 1e-12 : 2e-6;
+        nbt_assert_close(p[k], rp[k], tol, tol);
+        if (buf[k]) nbt_assert_close(buf[k], rb[k], tol, tol);
+    }
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+/* An optimizer over f32 and f64 parameters steps both (one multi-tensor
+ * update per dtype). */
+START_TEST(test_optim_step_mixed_dtypes) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    int64_t n = 4;
+    nb_tensor *a = nbt_randn_leaf(ctx, NB_F32, 1, &n, 40), *b = nbt_randn_leaf(ctx, NB_F64, 1, &n, 41);
+    double a0[4], b0[4], ea[4], eb[4];
+    nb_to_host_f64(a, a0);
+    nb_to_host_f64(b, b0);
+    nb_set_grad(a, nb_full(ctx, NB_F32, 1, &n, 2.0));
+    nb_set_grad(b, nb_full(ctx, NB_F64, 1, &n, -3.0));
+    nb_optim_hparams h = NB_SGD_DEFAULTS;
+    h.lr = 0.5;
+    nb_named_tensor np[2] = {{"a", a}, {"b", b}};
+    nb_optim *opt = nb_optim_new(NB_OPTIM_SGD, np, 2, &h);
+    nb_optim_step(opt);
+    for (int i = 0; i < 4; i++) {
+        ea[i] = a0[i] - 1.0;
+        eb[i] = b0[i] + 1.5;
+    }
+    nbt_assert_close(a, ea, 1e-6, 1e-6);
+    nbt_assert_close(b, eb, 1e-15, 1e-15);
+    nb_optim_free(opt);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+START_TEST(test_multi_tensor_reductions) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *t[3] = {nb_from_host(ctx, NB_F32, NB_SHAPE(3), (float[]){1, -2, 3}),
+                       nb_from_host(ctx, NB_F64, NB_SHAPE(11),
+                                    (double[]){0, 0, 0, 0, 0, 0, 0, 0, 0, 0, -5}),
+                       nb_zeros(ctx, NB_F32, NB_SHAPE(0))};
+    nb_tensor *out = nb_zeros(ctx, NB_F64, 0, NULL);
+    nb__cpu_backend.sum_squares(out, 3, t);
+    ck_assert_double_eq(nb_item(out), 39.0);
+    nb__cpu_backend.max_abs(ctx, out, 3, t);
+    ck_assert_double_eq(nb_item(out), 5.0);
+    nb__cpu_backend.max_abs(ctx, out, 1, t + 2);
+    ck_assert_double_eq(nb_item(out), 0.0);
+    ck_assert(nb__cpu_backend.all_finite(ctx, 3, t));
+    nb__cpu_backend.scale(2, t, 0.5);
+    nbt_assert_close(t[0], (double[]){0.5, -1, 1.5}, 0, 0);
+    int64_t last = 10;
+    ck_assert_double_eq(nb_get(t[1], &last), -2.5);
+    nb_set(t[1], &last, NAN);
+    ck_assert(!nb__cpu_backend.all_finite(ctx, 3, t));
+    nb__cpu_backend.max_abs(ctx, out, 3, t);
+    ck_assert(isnan(nb_item(out)));
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+/* SyncBatchNorm's per-channel steps on the CPU: statistics, then the
+ * finalize that refuses a global batch of one value per channel (here
+ * after a pretend all-reduce left the count at 1). */
+START_TEST(test_channel_steps) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    /* x (N=2, C=2, S=2): channel 0 = {1, 2, 3, 4}, channel 1 = {0, 0, 2, 2} */
+    nb_tensor *x = nb_from_host(ctx, NB_F64, NB_SHAPE(2, 2, 2), (double[]){1, 2, 0, 0, 3, 4, 2, 2});
+    nb_tensor *stats = nb_zeros(ctx, NB_F64, NB_SHAPE(6));
+    nb__cpu_backend.channel_stats(stats, x, 2, 2, 2);
+    nbt_assert_close(stats, (double[]){4, 4, 10, 4, 30, 8}, 0, 0);
+    nb_tensor *mean = nb_zeros(ctx, NB_F64, NB_SHAPE(2)), *invstd = nb_zeros(ctx, NB_F64, NB_SHAPE(2));
+    nb__cpu_backend.channel_finalize(mean, invstd, stats, NULL, NULL, 0.1, 0, 2, x);
+    nbt_assert_close(mean, (double[]){2.5, 1}, 1e-15, 0);
+    nbt_assert_close(invstd, (double[]){1 / sqrt(1.25), 1}, 1e-15, 1e-15);
+    nb_tensor *one = nb_from_host(ctx, NB_F64, NB_SHAPE(6), (double[]){1, 1, 5, 5, 25, 25});
+    NBT_EXPECT_ABORT(nb__cpu_backend.channel_finalize(mean, invstd, one, NULL, NULL, 0.1, 1e-5, 2, x),
+                     "nb_sync_batch_norm: the global batch has 1 value(s) per channel; training "
+                     "needs more than one (input (2, 2, 2) on this rank)");
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+int main(void) {
+    Suite *s = suite_create("backend");
+    TCase *tc = tcase_create("core");
+    tcase_add_test(tc, test_tables_complete);
+    tcase_add_test(tc, test_lookup);
+    tcase_add_test(tc, test_linear_gelu_matches_composition);
+    tcase_add_test(tc, test_linear_gelu_gradcheck);
+    tcase_add_test(tc, test_multi_tensor_adam);
+    tcase_add_test(tc, test_multi_tensor_sgd);
+    tcase_add_test(tc, test_optim_step_mixed_dtypes);
+    tcase_add_test(tc, test_multi_tensor_reductions);
+    tcase_add_test(tc, test_channel_steps);
+    suite_add_tcase(s, tc);
+    return nbt_run(s);
+}
