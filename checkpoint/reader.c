@@ -18,7 +18,7 @@
 #include <sys/stat.h>
 
 #include "checkpoint/safetensors.h"
-#include "tensor/cuda/cuda.h"
+#include "tensor/backend.h"
 #include "tensor/internal.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -149,29 +149,12 @@ static bool same_shape(const nb_checkpoint_entry *e, const nb_tensor *t) {
     return true;
 }
 
-/* dst (on a CUDA device, any strides) = src (host, contiguous, same shape). */
-static void to_device(nb_tensor *dst, const nb_tensor *src) {
-    int device = dst->device.index;
-    if (dst->dtype == src->dtype && nb_is_contiguous(dst)) {
-        nb__cuda_memcpy_h2d(device, dst->data, src->data,
-                            (size_t)nb_numel(dst) * nb_dtype_size(dst->dtype));
-        return;
-    }
-    nb_ctx *host = nb_ctx_new(nb_cpu(), 0);
-    nb_ctx *dev = nb_ctx_new(dst->device, 0);
-    nb_tensor *h = nb_empty(host, dst->dtype, dst->ndim, dst->shape);
-    nb_copy_(h, src);
-    nb_tensor *d = nb_from_host(dev, dst->dtype, dst->ndim, dst->shape, h->data);
-    nb_copy_(dst, d);
-    nb__cuda_sync(device); /* the copy is done before its source goes */
-    nb_ctx_free(dev);
-    nb_ctx_free(host);
-}
-
 static nb_status read_entry(nb_checkpoint *ck, const nb_checkpoint_entry *e, nb_tensor *dst) {
     if (e->nbytes == 0) return NB_OK;
+    /* Straight into dst when it is host memory of the stored layout;
+     * otherwise through a host buffer that nb_copy_ converts and uploads. */
     bool direct = dst->dtype == e->dtype && nb_is_contiguous(dst) &&
-                  dst->device.type == NB_DEVICE_CPU;
+                  !nb__backend_at(dst)->device_memory;
     void *buf = direct ? dst->data : malloc((size_t)e->nbytes);
     char q[96];
     if (!buf)
@@ -194,8 +177,7 @@ static nb_status read_entry(nb_checkpoint *ck, const nb_checkpoint_entry *e, nb_
         memcpy(src.shape, e->shape, sizeof src.shape);
         nb__contig_strides(src.ndim, src.shape, src.strides);
         src.data = buf;
-        if (dst->device.type == NB_DEVICE_CPU) nb_copy_(dst, &src);
-        else to_device(dst, &src);
+        nb_copy_(dst, &src); /* waits for a device before buf goes */
         free(buf);
     }
     return NB_OK;

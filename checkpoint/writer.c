@@ -48,6 +48,7 @@
 #include <unistd.h>
 
 #include "checkpoint/safetensors.h"
+#include "tensor/backend.h"
 #include "tensor/internal.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -175,7 +176,8 @@ static bool build_header(nb_strbuf *b, const nb_named_tensor *tensors, int n, co
 static nb_status write_tensor(out_file *o, const nb_tensor *t, const char *path) {
     uint64_t bytes = tensor_bytes(t);
     if (bytes == 0) return NB_OK;
-    if (nb_is_contiguous(t) && t->device.type == NB_DEVICE_CPU) {
+    bool host = !nb__backend_at(t)->device_memory;
+    if (nb_is_contiguous(t) && host) {
         if (!write_bytes(o, t->data, (size_t)bytes)) goto io_error;
         return NB_OK;
     }
@@ -183,7 +185,7 @@ static nb_status write_tensor(out_file *o, const nb_tensor *t, const char *path)
     if (!buf)
         return nb_set_error(NB_ERR_NOMEM, "nb_checkpoint_save: %s: out of memory for a %llu-byte "
                             "host copy of a %s tensor", path, (unsigned long long)bytes,
-                            t->device.type == NB_DEVICE_CPU ? "non-contiguous" : "device");
+                            host ? "non-contiguous" : "device");
     nb_to_host(t, buf);
     bool ok = write_bytes(o, buf, (size_t)bytes);
     free(buf);
