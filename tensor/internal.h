@@ -98,7 +98,7 @@ int __asan_address_is_poisoned(void const volatile *addr);
 #endif
 NB_NORETURN void nb__stale_abort(const char *op, const nb_tensor *t);
 static inline void nb__check_live(const char *op, const nb_tensor *t) {
-    if (t->ctx && (NB__RELEASED(t) || t->gen != nb__ctx_gen(t->ctx))) nb__stale_abort(op, t);
+    if (NB__RELEASED(t) || (t->ctx && t->gen != nb__ctx_gen(t->ctx))) nb__stale_abort(op, t);
 }
 
 /* Broadcast shape of a and b into out (returns its ndim); aborts naming op. */
