@@ -288,6 +288,10 @@ START_TEST(test_stale_reads_and_writes) {
     NBT_EXPECT_ABORT(nb_zeros_like(pers, x), "nb_zeros_like: tensor 'kept' f32 (3,) " STALE);
     NBT_EXPECT_ABORT(nb_empty_like(pers, x), "nb_empty_like: tensor 'kept' f32 (3,) " STALE);
     NBT_EXPECT_ABORT(nb_set_name(x, "again"), "nb_set_name: tensor 'kept' f32 (3,) " STALE);
+    FILE *sink = fopen("/dev/null", "w");
+    ck_assert_ptr_nonnull(sink);
+    NBT_EXPECT_ABORT(nb_tensor_fprint(sink, x), "nb_tensor_fprint: tensor 'kept' f32 (3,) " STALE);
+    fclose(sink);
     NBT_EXPECT_ABORT(nb_set_requires_grad(m, true), "nb_set_requires_grad: tensor f32 (2, 3) " STALE);
     /* views: the tensor itself and views made after the reset from it */
     NBT_EXPECT_ABORT(nb_reshape(step, m, NB_SHAPE(3, 2)), "nb_reshape: tensor f32 (2, 3) " STALE);
@@ -501,19 +505,26 @@ START_TEST(test_stale_older_than_one_step) {
     nb_tensor *y = nb_full(step, NB_F32, NB_SHAPE(3), 2);
     nb_ctx_reset(step);
     NBT_EXPECT_ABORT(nb_item(nb_sum_all(step, y)), "nb_sum: tensor f32 (3,) " STALE);
-#ifdef NB__ASAN
-    NBT_EXPECT_ABORT(nb_get(x, (int64_t[]){0}),
-                     "nb_get: a tensor made before a reset of its context was used (its memory "
-                     "was released");
-#else
-    (void)x;
-#endif
     /* a generation that matches nothing: the contents are not trusted */
     nb_tensor fake = *y;
     fake.gen -= 5;
     NBT_EXPECT_ABORT(nb_get(&fake, (int64_t[]){0}),
                      "nb_get: a tensor made before a reset of its context was used (more than one "
                      "reset ago: its name and shape are gone)");
+#ifdef NB__ASAN
+    NBT_EXPECT_ABORT(nb_get(x, (int64_t[]){0}),
+                     "nb_get: a tensor made before a reset of its context was used (its memory "
+                     "was released");
+    /* data: an allocation's bytes are addressable, the padding after them and
+     * everything a reset rewound are not */
+    nb_tensor *d = nb_zeros(step, NB_F32, NB_SHAPE(3));
+    ck_assert(!__asan_address_is_poisoned((char *)d->data + 11));
+    ck_assert(__asan_address_is_poisoned((char *)d->data + 12));
+    nb_ctx_reset(step);
+    ck_assert(__asan_address_is_poisoned(d->data));
+#else
+    (void)x;
+#endif
     nb_ctx_free(step);
 }
 END_TEST
