@@ -14,7 +14,24 @@
  * Counting in pass 1 rather than during forward means a parameter that was
  * also used outside the loss's graph (a metric, say) still gets its hooks.
  * All nodes of the graph must be in one context's tape; a graph that spans
- * contexts is rejected with a message naming the op.
+ * contexts is rejected with a message naming the op. Pass 1 also checks
+ * that every input and saved tensor of the graph is live (Note [Stale
+ * tensors] in tensor/context.c): a leaf from a context reset since the
+ * forward pass is reported, not read.
+ *
+ * Note [Walked graphs]
+ * A backward marks the nodes it went through as walked, and a backward
+ * from a tensor whose node is marked (the same loss again, or a tensor
+ * inside a walked graph) aborts: it would add the same gradients into the
+ * leaves a second time, which is almost always a bug (a loss kept and
+ * backpropagated again, a backward called in two places). With
+ * retain_graph the nodes stay unmarked, so the next backward walks them
+ * again and the leaves accumulate a second time, as in PyTorch. Unlike
+ * PyTorch, a new loss whose graph merely shares walked nodes (two losses
+ * over one trunk, sum(f(h)) after sum(h)) is allowed: PyTorch refuses it
+ * when a shared node's saved tensors were freed by the first backward, but
+ * here nothing is freed before the context's reset, so the second walk is
+ * exact and adds the new loss's gradient, which is what was asked for.
  *
  * Note [Adopted gradients]
  * A non-leaf's first gradient is adopted as is, without a copy, when it is
@@ -66,9 +83,18 @@ bool nb__needs_grad(int n, nb_tensor *const *inputs) {
     return false;
 }
 
+/* Checks every input's liveness (Note [Stale tensors] in tensor/context.c),
+ * grad mode or not, for the ops whose front end checks only some. */
 nb_node *nb__record(nb_ctx *ctx, const char *op, nb_backward_fn backward, nb_tensor *out, int n,
                     nb_tensor *const *inputs) {
-    if (!nb__needs_grad(n, inputs)) return NULL;
+    bool needed = false;
+    for (int i = 0; i < n; i++) {
+        const nb_tensor *x = inputs[i];
+        if (!x) continue;
+        nb__check_live(op, x);
+        needed |= x->requires_grad;
+    }
+    if (!needed || grad_disabled) return NULL;
     nb_node *node = nb__ctx_meta(ctx, sizeof *node);
     node->op = op;
     node->backward = backward;
@@ -189,15 +215,39 @@ static void leaf_used(nb_tensor *x, uint64_t id) {
     x->bw_pending++;
 }
 
-void nb_backward_with(nb_tensor *out, nb_tensor *grad_out) {
+static void check_graph_tensor(const nb_tensor *x) {
+    if (x) nb__check_live("nb_backward", x);
+}
+
+void nb_backward_ex(nb_tensor *out, const nb_backward_options *opts) {
+    nb_backward_options o = opts ? *opts : NB_BACKWARD_DEFAULTS;
+    nb__check_live("nb_backward", out);
+    nb_tensor seed = {0};
+    double one = 1.0;
+    if (!o.grad) {
+        NB_CHECK(nb_numel(out) == 1,
+                 "nb_backward: the loss must have one element, got shape %s (use nb_backward_with to "
+                 "pass a gradient)", nb_shape_str(out));
+        NB_CHECK(nb_dtype_is_float(out->dtype),
+                 "nb_backward: the loss must be a float tensor (f32, f64, bf16 or f16), got %s",
+                 nb_dtype_name(out->dtype));
+        seed.dtype = NB_F64;
+        seed.device = nb_cpu();
+        seed.ndim = out->ndim;
+        memcpy(seed.shape, out->shape, sizeof seed.shape);
+        seed.data = &one; /* all strides 0: every index reads the one value */
+        o.grad = &seed;
+    }
+    nb_tensor *grad_out = o.grad;
+    nb__check_live("nb_backward", grad_out);
     NB_CHECK(out->requires_grad,
              "nb_backward: tensor of shape %s does not require grad (no input of the ops that made "
              "it requires grad, or it was made with grad mode off)", nb_shape_str(out));
     NB_CHECK(nb_same_shape(out, grad_out), "nb_backward: gradient of shape %s for a tensor of shape %s",
              nb_shape_str(grad_out), nb_shape_str(out));
-    bool prev = nb_set_grad_enabled(false);
     uint64_t id = ++bw_counter;
     if (out->node == NULL) { /* a leaf: its gradient is the seed */
+        bool prev = nb_set_grad_enabled(false);
         leaf_used(out, id);
         nb__accum_grad(out->ctx, out, grad_out);
         fire_hooks(out);
@@ -206,12 +256,19 @@ void nb_backward_with(nb_tensor *out, nb_tensor *grad_out) {
     }
     nb_node *start = out->node;
     nb_ctx *ctx = start->ctx;
+    NB_CHECK(!start->walked, /* Note [Walked graphs] */
+             "nb_backward: the graph of this loss was already walked by a backward (the loss, "
+             "made by %s, was reached by an earlier nb_backward); pass retain_graph to walk it "
+             "again: nb_backward_ex(loss, &(nb_backward_options){.retain_graph = true}) on every "
+             "backward of it but the last", start->op);
     start->bw_id = id;
-    for (nb_node *n = start; n; n = n->prev) {
+    for (nb_node *n = start; n; n = n->prev) { /* pass 1 (Note [Tape]) */
         if (n->bw_id != id) continue;
         n->out->grad = NULL;
+        for (int k = 0; k < NB_NODE_SAVED; k++) check_graph_tensor(n->saved[k]);
         for (int i = 0; i < n->n_in; i++) {
             nb_tensor *x = n->in[i];
+            check_graph_tensor(x);
             if (!x || !x->requires_grad) continue;
             if (x->node) {
                 NB_CHECK(x->node->ctx == ctx,
@@ -223,10 +280,11 @@ void nb_backward_with(nb_tensor *out, nb_tensor *grad_out) {
             }
         }
     }
+    bool prev = nb_set_grad_enabled(false);
     out->grad = nb__empty(ctx, out->dtype, out->ndim, out->shape);
     nb__run_copy(out->grad, grad_out);
     out->grad_owned = true;
-    for (nb_node *n = start; n; n = n->prev) {
+    for (nb_node *n = start; n; n = n->prev) { /* pass 2 */
         if (n->bw_id != id) continue;
         if (n->out->grad) n->backward(ctx, n, n->out->grad);
         for (int i = 0; i < n->n_in; i++) {
@@ -235,28 +293,20 @@ void nb_backward_with(nb_tensor *out, nb_tensor *grad_out) {
             if (--x->bw_pending == 0 && x->bw_seen) fire_hooks(x);
         }
         n->bw_id = 0;
+        n->walked = !o.retain_graph;
     }
     nb_set_grad_enabled(prev);
 }
 
-void nb_backward(nb_tensor *loss) {
-    NB_CHECK(nb_numel(loss) == 1,
-             "nb_backward: the loss must have one element, got shape %s (use nb_backward_with to "
-             "pass a gradient)", nb_shape_str(loss));
-    NB_CHECK(nb_dtype_is_float(loss->dtype),
-             "nb_backward: the loss must be a float tensor (f32, f64, bf16 or f16), got %s",
-             nb_dtype_name(loss->dtype));
-    nb_tensor seed = {0};
-    seed.dtype = NB_F64;
-    seed.device = nb_cpu();
-    seed.ndim = loss->ndim;
-    memcpy(seed.shape, loss->shape, sizeof seed.shape);
-    double one = 1.0;
-    seed.data = &one; /* all strides 0: every index reads the one value */
-    nb_backward_with(loss, &seed);
+void nb_backward_with(nb_tensor *out, nb_tensor *grad_out) {
+    NB_CHECK(grad_out, "nb_backward_with: NULL gradient (use nb_backward for a one-element loss)");
+    nb_backward_ex(out, &(nb_backward_options){.grad = grad_out});
 }
 
+void nb_backward(nb_tensor *loss) { nb_backward_ex(loss, NULL); }
+
 void nb_add_grad_hook(nb_tensor *leaf, nb_grad_hook_fn fn, void *user) {
+    nb__check_live("nb_add_grad_hook", leaf);
     NB_CHECK(fn, "nb_add_grad_hook: NULL hook");
     NB_CHECK(leaf->node == NULL, "nb_add_grad_hook: tensor %s is not a leaf (made by %s)",
              nb_shape_str(leaf), leaf->node ? leaf->node->op : "");
@@ -303,10 +353,13 @@ void nb__graph_leaves(nb_tensor *root, void (*fn)(nb_tensor *leaf, void *user), 
 }
 
 void nb_zero_grad(nb_tensor *t) {
+    nb__check_live("nb_zero_grad", t);
     if (t->grad) nb_fill_(t->grad, 0.0);
 }
 
 void nb_set_grad(nb_tensor *t, nb_tensor *grad) {
+    nb__check_live("nb_set_grad", t);
+    if (grad) nb__check_live("nb_set_grad", grad);
     NB_CHECK(grad == NULL || (nb_same_shape(t, grad) && t->dtype == grad->dtype),
              "nb_set_grad: gradient %s %s does not match tensor %s %s",
              grad ? nb_dtype_name(grad->dtype) : "", grad ? nb_shape_str(grad) : "",

@@ -8,8 +8,10 @@
  *    step context reset after every call as a training loop does.
  * Each figure is the best of a few rounds that each repeat the call for a
  * share of a time budget; the whole program takes well under 30 s.
- * `--quick` runs tiny sizes (a smoke check). Exits 1 if nb_matmul and
- * cblas_sgemm disagree. */
+ * `--quick` runs tiny sizes (a smoke check); `--fixed-cost` only the
+ * fixed-cost rows (for before/after comparisons of the op front end, run
+ * interleaved several times). Exits 1 if nb_matmul and cblas_sgemm
+ * disagree. */
 #include <cblas.h>
 #include <math.h>
 #include <stdio.h>
@@ -21,7 +23,7 @@
 #include <nabla/nabla.h>
 
 typedef struct bench_cfg {
-    bool quick;
+    bool quick, fixed_only;
     double budget_s; /* per measured function */
 } bench_cfg;
 
@@ -223,14 +225,38 @@ static void bench_fixed_cost(const bench_cfg *cfg, nb_ctx *pers, nb_ctx *step) {
     row("  (of which nb_ctx_reset)", "-", t_reset, "", "", "");
 }
 
+/* The matmul and elementwise rows; false if nb_matmul and cblas_sgemm disagree. */
+static bool bench_throughput(const bench_cfg *cfg, nb_ctx *pers, nb_ctx *step) {
+    bool ok = true;
+    static const int64_t full[] = {64, 256, 512, 1024}, quick[] = {8, 32};
+    const int64_t *sizes = cfg->quick ? quick : full;
+    int nsizes = cfg->quick ? 2 : 4;
+    for (int i = 0; i < nsizes; i++) {
+        int64_t s = sizes[i];
+        ok &= bench_matmul(cfg, pers, step, "nb_matmul", 2, (int64_t[]){s, s}, s, s, false);
+    }
+    /* GPT-2 small MLP: (B, T, C) @ (C, 4C), and the weight stored (4C, C) */
+    int64_t B = cfg->quick ? 2 : 8, T = cfg->quick ? 16 : 128, C = cfg->quick ? 32 : 768;
+    int64_t x_shape[3] = {B, T, C};
+    ok &= bench_matmul(cfg, pers, step, "nb_matmul (B,T,C) x (C,4C)", 3, x_shape, C, 4 * C, false);
+    ok &= bench_matmul(cfg, pers, step, "nb_matmul_t (B,T,C) x (4C,C)^T", 3, x_shape, C, 4 * C, true);
+    nb_ctx_reset(pers);
+
+    bench_elementwise(cfg, pers, step, cfg->quick ? (int64_t)1 << 16 : (int64_t)1 << 24);
+    nb_ctx_reset(pers);
+    return ok;
+}
+
 int main(int argc, char **argv) {
-    bench_cfg cfg = {false, 0.3};
+    bench_cfg cfg = {false, false, 0.3};
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--quick") == 0) {
             cfg.quick = true;
             cfg.budget_s = 0.01;
+        } else if (strcmp(argv[i], "--fixed-cost") == 0) {
+            cfg.fixed_only = true;
         } else {
-            fprintf(stderr, "usage: %s [--quick]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--fixed-cost]\n", argv[0]);
             return 2;
         }
     }
@@ -241,24 +267,7 @@ int main(int argc, char **argv) {
     print_row("benchmark", "shape", "time/call", "nabla", "cblas_sgemm", "nb speed");
     print_row("---------", "-----", "---------", "-----", "-----------", "--------");
 
-    bool ok = true;
-    static const int64_t full[] = {64, 256, 512, 1024}, quick[] = {8, 32};
-    const int64_t *sizes = cfg.quick ? quick : full;
-    int nsizes = cfg.quick ? 2 : 4;
-    for (int i = 0; i < nsizes; i++) {
-        int64_t s = sizes[i];
-        ok &= bench_matmul(&cfg, pers, step, "nb_matmul", 2, (int64_t[]){s, s}, s, s, false);
-    }
-    /* GPT-2 small MLP: (B, T, C) @ (C, 4C), and the weight stored (4C, C) */
-    int64_t B = cfg.quick ? 2 : 8, T = cfg.quick ? 16 : 128, C = cfg.quick ? 32 : 768;
-    int64_t x_shape[3] = {B, T, C};
-    ok &= bench_matmul(&cfg, pers, step, "nb_matmul (B,T,C) x (C,4C)", 3, x_shape, C, 4 * C, false);
-    ok &= bench_matmul(&cfg, pers, step, "nb_matmul_t (B,T,C) x (4C,C)^T", 3, x_shape, C, 4 * C, true);
-    nb_ctx_reset(pers);
-
-    bench_elementwise(&cfg, pers, step, cfg.quick ? (int64_t)1 << 16 : (int64_t)1 << 24);
-    nb_ctx_reset(pers);
-
+    bool ok = cfg.fixed_only || bench_throughput(&cfg, pers, step);
     bench_fixed_cost(&cfg, pers, step);
 
     nb_ctx_free(step);

@@ -1,18 +1,68 @@
-/* Contexts: two bump-pointer arenas, one for tensor storage on the
- * context's device (host memory, or cudaMalloc'd device memory) and one
- * for host metadata (tensor structs, tape nodes).
+/* Contexts: bump-pointer arenas, one for tensor storage on the context's
+ * device (host memory, or cudaMalloc'd device memory) and two that take
+ * turns for host metadata (tensor structs, tape nodes): Note [Stale
+ * tensors].
  *
  * An arena is a chain of blocks. An allocation that does not fit the
  * current block opens a new block at least twice the size of the last one.
  * Reset rewinds the first block in O(1); if the arena had grown past it,
  * the blocks are replaced by one block as large as all of them, so a
  * steady-state training loop allocates from one block and never calls the
- * system allocator. */
+ * system allocator.
+ *
+ * Note [Stale tensors]
+ * A tensor dies with its context's next nb_ctx_reset, and the usual bug is
+ * a pointer kept across the loop (a loss, logits, a batch). Using one must
+ * abort naming the op, never read the next step's tensor that took its
+ * place. Three pieces:
+ *  1. A generation: the context counts its resets (nb__ctx_head, the first
+ *     member of struct nb_ctx, so that tensor/internal.h reads it inline)
+ *     and each tensor records the count it was made at (nb_tensor.gen).
+ *     nb__check_live compares the two: one load through t->ctx and a
+ *     compare, in the checks every op front end already makes
+ *     (nb__check_ctx, nb__check_same_dtype, nb__check_float, ...), in
+ *     nb__record for every input, in the readers and writers of
+ *     tensor/tensor.c, the views of tensor/view.c, and nb_backward (the
+ *     root, its seed and the graph's leaves).
+ *  2. Double buffering of metadata: tensor structs live in one of two
+ *     metadata arenas, meta[gen & 1]. A reset rewinds the other one, the
+ *     one the step before the previous used, so the previous step's
+ *     structs stay intact through the whole next step and their old
+ *     generation is there to be seen: a tensor from the previous step is
+ *     always caught, and its name and shape are reported. Older structs
+ *     may have been overwritten by the current step's, which carry the
+ *     current generation; in the default build they are caught only by
+ *     chance. The cost is a second metadata arena (allocated at the first
+ *     reset; metadata is small next to tensor data).
+ *  3. Under AddressSanitizer (NABLA_SANITIZE), any age: the half a reset
+ *     recycles is freed and replaced by a fresh block instead of rewound,
+ *     so its structs stay poisoned in ASan's quarantine; nb__check_live
+ *     asks ASan first and reports through nb_abort, and any other read of
+ *     such a struct is an ASan report. Data arenas on the host are
+ *     poisoned by a reset and unpoisoned piece by piece as allocations
+ *     hand them out, so a kept data pointer read after a reset is reported
+ *     too (until its bytes are handed out again), and so is a read past
+ *     the end of an allocation.
+ * A tensor whose struct is not in an arena (a struct on the stack) has no
+ * context and is always live. Not covered: a view made in a context that
+ * outlives the one holding its storage (the view stays live; keep views in
+ * the context of what they view). */
 #include <stdlib.h>
 #include <string.h>
 
 #include "tensor/cuda/cuda.h"
 #include "tensor/internal.h"
+
+#ifdef NB__ASAN
+#include <sanitizer/asan_interface.h>
+#define POISON(p, n) ASAN_POISON_MEMORY_REGION((p), (n))
+#define UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION((p), (n))
+#define FRESH_META 1 /* Note [Stale tensors], 3 */
+#else
+#define POISON(p, n) ((void)(p), (void)(n))
+#define UNPOISON(p, n) ((void)(p), (void)(n))
+#define FRESH_META 0
+#endif
 
 #define NB_ALIGN 64
 #define NB_DEFAULT_BYTES (1u << 20)
@@ -30,10 +80,14 @@ typedef struct arena {
     int cuda_device; /* -1: host memory */
 } arena;
 
+#define META_BYTES (64 * 1024)
+
 struct nb_ctx {
+    nb__ctx_head head; /* first: Note [Stale tensors] */
     nb_device device;
     nb_dtype compute_dtype;
-    arena data, meta;
+    arena data;
+    arena meta[2]; /* meta[head.gen & 1] is in use; meta[1] is made at the first reset */
     nb_node *tape;
 };
 
@@ -58,6 +112,7 @@ static block *block_new(size_t size, int cuda_device) {
     b->mem = mem;
     b->size = size;
     b->used = 0;
+    if (cuda_device < 0) POISON(mem, size);
     return b;
 }
 
@@ -75,6 +130,7 @@ static void arena_release(arena *a) {
     int dev = a->cuda_device;
     for (block *b = a->first, *next; b; b = next) {
         next = b->next;
+        if (dev < 0) UNPOISON(b->mem, b->size);
         mem_free(dev, b->mem);
         free(b);
     }
@@ -100,19 +156,21 @@ static void *arena_alloc(arena *a, size_t bytes, const char *what) {
     b->used += need;
     a->used += need;
     if (a->used > a->peak) a->peak = a->used;
+    if (a->cuda_device < 0) UNPOISON(p, bytes);
     return p;
 }
 
 /* On CUDA, work queued on the compute stream may still read blocks being
  * released; cudaFree waits for the device, so that is safe (and happens
  * only when the arena grew, not in the steady state). */
-static void arena_reset(arena *a) {
-    if (a->n_blocks > 1) {
+static void arena_reset(arena *a, bool fresh) {
+    if (a->n_blocks > 1 || fresh) {
         size_t total = a->reserved, peak = a->peak;
         arena_release(a);
         arena_init(a, total, a->cuda_device);
         a->peak = peak;
     } else {
+        if (a->cuda_device < 0) POISON(a->first->mem, a->first->used);
         a->first->used = 0;
         a->cur = a->first;
         a->used = 0;
@@ -138,7 +196,8 @@ nb_ctx *nb_ctx_new(nb_device device, size_t initial_bytes) {
     ctx->device = device;
     ctx->compute_dtype = NB_F32;
     arena_init(&ctx->data, initial_bytes ? initial_bytes : NB_DEFAULT_BYTES, cuda);
-    arena_init(&ctx->meta, 64 * 1024, -1);
+    arena_init(&ctx->meta[0], META_BYTES, -1);
+    ctx->meta[1].cuda_device = -1;
     return ctx;
 }
 
@@ -157,14 +216,49 @@ nb_dtype nb_ctx_compute_dtype(const nb_ctx *ctx) { return ctx->compute_dtype; }
 void nb_ctx_free(nb_ctx *ctx) {
     if (!ctx) return;
     arena_release(&ctx->data);
-    arena_release(&ctx->meta);
+    arena_release(&ctx->meta[0]);
+    arena_release(&ctx->meta[1]);
     free(ctx);
 }
 
+/* Note [Stale tensors] */
 void nb_ctx_reset(nb_ctx *ctx) {
-    arena_reset(&ctx->data);
-    arena_reset(&ctx->meta);
+    ctx->head.gen++;
+    arena_reset(&ctx->data, false);
+    arena *m = &ctx->meta[ctx->head.gen & 1];
+    if (m->first) arena_reset(m, FRESH_META);
+    else arena_init(m, META_BYTES, -1);
     ctx->tape = NULL;
+}
+
+static bool in_arena(const arena *a, const void *p) {
+    for (const block *b = a->first; b; b = b->next)
+        if ((const char *)p >= b->mem && (const char *)p < b->mem + b->used) return true;
+    return false;
+}
+
+/* Note [Stale tensors]. The name and shape are read only where the struct
+ * is known intact: in the previous step's metadata arena. */
+void nb__stale_abort(const char *op, const nb_tensor *t) {
+    static const char *const advice =
+        "a tensor lives until the next nb_ctx_reset of its context: read what you keep "
+        "across steps out before the reset (nb_item, nb_to_host) or nb_copy_ it into a "
+        "tensor of a context that is not reset";
+    if (NB__RELEASED(t))
+        nb_abort(__FILE__, __LINE__,
+                 "%s: a tensor made before a reset of its context was used (its memory was "
+                 "released by an nb_ctx_reset or nb_ctx_free of its context); %s", op, advice);
+    const nb_ctx *ctx = t->ctx;
+    if (ctx->head.gen - t->gen == 1 && in_arena(&ctx->meta[t->gen & 1], t))
+        nb_abort(__FILE__, __LINE__,
+                 "%s: tensor%s%s%s %s %s was made before a reset of its context (it belongs "
+                 "to the step before the last nb_ctx_reset, whose memory the current step "
+                 "reuses); %s",
+                 op, t->name ? " '" : "", t->name ? t->name : "", t->name ? "'" : "",
+                 nb_dtype_name(t->dtype), nb_shape_str(t), advice);
+    nb_abort(__FILE__, __LINE__,
+             "%s: a tensor made before a reset of its context was used (more than one reset "
+             "ago: its name and shape are gone); %s", op, advice);
 }
 
 nb_device nb_ctx_device(const nb_ctx *ctx) { return ctx->device; }
@@ -182,7 +276,7 @@ void *nb_ctx_alloc(nb_ctx *ctx, size_t bytes, int zero) {
 }
 
 void *nb__ctx_meta(nb_ctx *ctx, size_t bytes) {
-    void *p = arena_alloc(&ctx->meta, bytes, "metadata");
+    void *p = arena_alloc(&ctx->meta[ctx->head.gen & 1], bytes, "metadata");
     memset(p, 0, bytes);
     return p;
 }

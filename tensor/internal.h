@@ -39,6 +39,7 @@ struct nb_node {
     nb_node *prev;         /* the node recorded before this one */
     nb_ctx *ctx;
     uint64_t bw_id;        /* backward pass that marked it needed */
+    bool walked;           /* a backward without retain_graph went through it */
 };
 
 /* ---- contexts ---- */
@@ -70,6 +71,35 @@ void nb__check_same_dtype(const char *op, const nb_tensor *a, const nb_tensor *b
 void nb__check_index_dtype(const char *op, const nb_tensor *t); /* i32/i64 */
 void nb__check_ctx(const char *op, nb_ctx *ctx, const nb_tensor *t); /* same device */
 void nb__check_cpu(const char *op, const nb_tensor *t); /* for not-yet-ported kernels */
+
+/* Liveness (Note [Stale tensors] in tensor/context.c): a tensor is live
+ * while its context's generation, the first member of struct nb_ctx, is the
+ * one it was made in. A tensor without a context (a struct on the stack) is
+ * always live. nb__check_live aborts naming `op` for a stale tensor; the
+ * checks above and nb__record call it, so op front ends rarely need to. */
+typedef struct nb__ctx_head {
+    uint32_t gen; /* bumped by nb_ctx_reset */
+} nb__ctx_head;
+static inline uint32_t nb__ctx_gen(const nb_ctx *ctx) {
+    return ((const nb__ctx_head *)(const void *)ctx)->gen;
+}
+#if defined(__SANITIZE_ADDRESS__)
+#define NB__ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define NB__ASAN 1
+#endif
+#endif
+#ifdef NB__ASAN
+int __asan_address_is_poisoned(void const volatile *addr);
+#define NB__RELEASED(t) __asan_address_is_poisoned(&(t)->gen) /* freed by a reset */
+#else
+#define NB__RELEASED(t) 0
+#endif
+NB_NORETURN void nb__stale_abort(const char *op, const nb_tensor *t);
+static inline void nb__check_live(const char *op, const nb_tensor *t) {
+    if (NB__RELEASED(t) || (t->ctx && t->gen != nb__ctx_gen(t->ctx))) nb__stale_abort(op, t);
+}
 
 /* Broadcast shape of a and b into out (returns its ndim); aborts naming op. */
 int nb__broadcast_shape(const char *op, const nb_tensor *a, const nb_tensor *b,

@@ -66,6 +66,7 @@ nb_tensor *nb_stack(nb_ctx *ctx, int n, nb_tensor *const *xs, int axis) {
     nb_tensor **us = nb__ctx_meta(ctx, sizeof *us * (size_t)n);
     for (int k = 0; k < n; k++) {
         NB_CHECK(xs[k], "nb_stack: input %d is NULL", k);
+        nb__check_live("nb_stack", xs[k]);
         NB_CHECK(nb_same_shape(xs[k], xs[0]),
                  "nb_stack: input %d has shape %s but input 0 has shape %s; all must match", k,
                  nb_shape_str(xs[k]), nb_shape_str(xs[0]));
@@ -76,6 +77,7 @@ nb_tensor *nb_stack(nb_ctx *ctx, int n, nb_tensor *const *xs, int axis) {
 
 void nb_split(nb_ctx *ctx, nb_tensor *x, int n, const int64_t *sizes, int axis, nb_tensor **out) {
     NB_CHECK(n >= 1 && sizes && out, "nb_split: needs at least one piece, got %d", n);
+    nb__check_live("nb_split", x);
     NB_CHECK(x->ndim >= 1, "nb_split: cannot split a 0-d tensor");
     int ax = nb_normalize_dim("nb_split", axis, x->ndim);
     int64_t total = 0;

@@ -94,6 +94,7 @@ static void emit(pstate *s, int d, int64_t *idx, int indent) {
 }
 
 void nb_tensor_fprint(FILE *f, const nb_tensor *t) {
+    nb__check_live("nb_tensor_fprint", t);
     const nb_tensor *orig = t;
     nb_tensor host;
     void *buf = NULL;

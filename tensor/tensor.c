@@ -65,6 +65,7 @@ int nb_normalize_dim(const char *op, int dim, int ndim) {
 
 /* ---- checks ---- */
 void nb__check_float(const char *op, const nb_tensor *t) {
+    nb__check_live(op, t);
     if (nb__is_cuda(t) && (t->dtype == NB_BF16 || t->dtype == NB_F16)) return;
     NB_CHECK(t->dtype == NB_F32 || t->dtype == NB_F64,
              "%s: dtype %s is not supported here (need f32 or f64%s), tensor of shape %s", op,
@@ -76,6 +77,8 @@ void nb__check_float(const char *op, const nb_tensor *t) {
 }
 
 void nb__check_same_dtype(const char *op, const nb_tensor *a, const nb_tensor *b) {
+    nb__check_live(op, a);
+    nb__check_live(op, b);
     NB_CHECK(a->dtype == b->dtype, "%s: dtypes differ: %s %s vs %s %s", op, nb_dtype_name(a->dtype),
              nb_shape_str(a), nb_dtype_name(b->dtype), nb_shape_str(b));
     NB_CHECK(nb_device_eq(a->device, b->device), "%s: devices differ: %s vs %s", op,
@@ -83,18 +86,21 @@ void nb__check_same_dtype(const char *op, const nb_tensor *a, const nb_tensor *b
 }
 
 void nb__check_index_dtype(const char *op, const nb_tensor *t) {
+    nb__check_live(op, t);
     NB_CHECK(t->dtype == NB_I32 || t->dtype == NB_I64,
              "%s: indices must be i32 or i64, got %s of shape %s", op, nb_dtype_name(t->dtype),
              nb_shape_str(t));
 }
 
 void nb__check_ctx(const char *op, nb_ctx *ctx, const nb_tensor *t) {
+    nb__check_live(op, t);
     NB_CHECK(nb_device_eq(nb_ctx_device(ctx), t->device),
              "%s: tensor of shape %s is on %s but the context is on %s", op, nb_shape_str(t),
              nb_device_name(t->device), nb_device_name(nb_ctx_device(ctx)));
 }
 
 void nb__check_cpu(const char *op, const nb_tensor *t) {
+    nb__check_live(op, t);
     NB_CHECK(t->device.type == NB_DEVICE_CPU, "%s: not implemented for %s tensors", op,
              nb_device_name(t->device));
 }
@@ -170,6 +176,7 @@ nb_tensor *nb__empty(nb_ctx *ctx, nb_dtype dtype, int ndim, const int64_t *shape
     for (int d = 0; d < ndim; d++) t->shape[d] = shape[d];
     nb__contig_strides(ndim, t->shape, t->strides);
     t->ctx = ctx;
+    t->gen = nb__ctx_gen(ctx);
     size_t bytes = (size_t)nb__numel_shape(ndim, shape) * nb_dtype_size(dtype);
     t->data = nb_ctx_alloc(ctx, bytes, 0);
     if (nb__is_cuda(t) && nb__cuda_poison()) nb__cuda_memset(t->device.index, t->data, 0xff, bytes);
@@ -214,6 +221,7 @@ nb_tensor *nb__view(nb_ctx *ctx, nb_tensor *src, int ndim, const int64_t *shape,
     t->data = data;
     t->base = src->base ? src->base : src;
     t->ctx = ctx;
+    t->gen = nb__ctx_gen(ctx);
     return t;
 }
 
@@ -244,10 +252,12 @@ nb_tensor *nb_scalar(nb_ctx *ctx, nb_dtype dtype, double value) {
 }
 
 nb_tensor *nb_zeros_like(nb_ctx *ctx, const nb_tensor *t) {
+    nb__check_live("nb_zeros_like", t);
     return nb_zeros(ctx, t->dtype, t->ndim, t->shape);
 }
 
 nb_tensor *nb_empty_like(nb_ctx *ctx, const nb_tensor *t) {
+    nb__check_live("nb_empty_like", t);
     return nb__empty(ctx, t->dtype, t->ndim, t->shape);
 }
 
@@ -401,6 +411,7 @@ static void copy_across(nb_tensor *dst, const nb_tensor *src) {
 }
 
 void nb_to_host(const nb_tensor *t, void *dst) {
+    nb__check_live("nb_to_host", t);
     if (nb__is_cuda(t)) {
         device_to_host(t, dst);
         return;
@@ -410,6 +421,7 @@ void nb_to_host(const nb_tensor *t, void *dst) {
 }
 
 void nb_to_host_f64(const nb_tensor *t, double *dst) {
+    nb__check_live("nb_to_host_f64", t);
     nb_tensor d = host_view(t, NB_F64, dst);
     if (nb__is_cuda(t)) {
         size_t bytes = (size_t)nb_numel(t) * nb_dtype_size(t->dtype);
@@ -435,8 +447,8 @@ static char *element_ptr(const char *op, const nb_tensor *t, const int64_t *inde
     return (char *)t->data + off * (int64_t)nb_dtype_size(t->dtype);
 }
 
-double nb_get(const nb_tensor *t, const int64_t *index) {
-    char *p = element_ptr("nb_get", t, index);
+static double get(const char *op, const nb_tensor *t, const int64_t *index) {
+    char *p = element_ptr(op, t, index);
     if (nb__is_cuda(t)) {
         char buf[8];
         nb__cuda_memcpy_d2h(t->device.index, buf, p, nb_dtype_size(t->dtype));
@@ -445,7 +457,13 @@ double nb_get(const nb_tensor *t, const int64_t *index) {
     return nb__load(p, t->dtype);
 }
 
+double nb_get(const nb_tensor *t, const int64_t *index) {
+    nb__check_live("nb_get", t);
+    return get("nb_get", t, index);
+}
+
 void nb_set(nb_tensor *t, const int64_t *index, double value) {
+    nb__check_live("nb_set", t);
     char *p = element_ptr("nb_set", t, index);
     if (nb__is_cuda(t)) {
         char buf[8];
@@ -457,14 +475,16 @@ void nb_set(nb_tensor *t, const int64_t *index, double value) {
 }
 
 double nb_item(const nb_tensor *t) {
+    nb__check_live("nb_item", t);
     NB_CHECK(nb_numel(t) == 1, "nb_item: tensor of shape %s has %lld elements, not 1",
              nb_shape_str(t), (long long)nb_numel(t));
     int64_t zero[NB_MAX_DIMS] = {0};
-    return nb_get(t, zero);
+    return get("nb_item", t, zero);
 }
 
 /* ---- in place ---- */
 void nb_fill_(nb_tensor *t, double value) {
+    nb__check_live("nb_fill_", t);
     nb_tensor s = {0};
     s.dtype = t->dtype;
     s.device = nb_cpu(); /* buf is host memory: nb__cuda_copy fills from a CPU source */
@@ -476,12 +496,16 @@ void nb_fill_(nb_tensor *t, double value) {
 }
 
 void nb_copy_(nb_tensor *dst, const nb_tensor *src) {
+    nb__check_live("nb_copy_", dst);
+    nb__check_live("nb_copy_", src);
     NB_CHECK(nb_same_shape(dst, src), "nb_copy_: shapes differ: %s vs %s", nb_shape_str(dst),
              nb_shape_str(src));
     nb__run_copy(dst, src);
 }
 
 void nb_axpy_(nb_tensor *y, double alpha, const nb_tensor *x) {
+    nb__check_live("nb_axpy_", y);
+    nb__check_live("nb_axpy_", x);
     NB_CHECK(nb_same_shape(y, x), "nb_axpy_: shapes differ: %s vs %s", nb_shape_str(y),
              nb_shape_str(x));
     nb__check_same_dtype("nb_axpy_", y, x);
@@ -516,6 +540,7 @@ void nb_scale_(nb_tensor *t, double alpha) {
 }
 
 void nb_set_name(nb_tensor *t, const char *name) {
+    nb__check_live("nb_set_name", t);
     if (!name) {
         t->name = NULL;
         return;

@@ -18,6 +18,7 @@ nb_tensor *nb_clone(nb_ctx *ctx, nb_tensor *x) {
 }
 
 nb_tensor *nb_contiguous(nb_ctx *ctx, nb_tensor *x) {
+    nb__check_live("nb_contiguous", x);
     if (nb_is_contiguous(x)) return x;
     return nb_clone(ctx, x);
 }
@@ -51,6 +52,7 @@ static void to_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) {
 }
 
 nb_tensor *nb_to(nb_ctx *ctx, nb_tensor *x) {
+    nb__check_live("nb_to", x);
     if (nb_device_eq(nb_ctx_device(ctx), x->device)) return x;
     nb_tensor *out = nb__empty(ctx, x->dtype, x->ndim, x->shape);
     nb__run_copy(out, x);
@@ -120,6 +122,7 @@ static bool view_strides(const nb_tensor *x, int ndim, const int64_t *shape, int
 }
 
 nb_tensor *nb_reshape(nb_ctx *ctx, nb_tensor *x, int ndim, const int64_t *shape_in) {
+    nb__check_live("nb_reshape", x);
     NB_CHECK(ndim >= 0 && ndim <= NB_MAX_DIMS, "nb_reshape: %d dimensions; at most %d", ndim,
              NB_MAX_DIMS);
     int64_t shape[NB_MAX_DIMS];
@@ -157,6 +160,7 @@ nb_tensor *nb_reshape(nb_ctx *ctx, nb_tensor *x, int ndim, const int64_t *shape_
 }
 
 nb_tensor *nb_flatten(nb_ctx *ctx, nb_tensor *x, int start_dim, int end_dim) {
+    nb__check_live("nb_flatten", x);
     if (x->ndim == 0) return nb_reshape(ctx, x, 1, (int64_t[]){1});
     int s = nb_normalize_dim("nb_flatten", start_dim, x->ndim);
     int e = nb_normalize_dim("nb_flatten", end_dim, x->ndim);
@@ -172,6 +176,7 @@ nb_tensor *nb_flatten(nb_ctx *ctx, nb_tensor *x, int start_dim, int end_dim) {
 }
 
 nb_tensor *nb_unsqueeze(nb_ctx *ctx, nb_tensor *x, int dim) {
+    nb__check_live("nb_unsqueeze", x);
     int d = nb_normalize_dim("nb_unsqueeze", dim, x->ndim + 1);
     NB_CHECK(x->ndim < NB_MAX_DIMS, "nb_unsqueeze: %s already has %d dims", nb_shape_str(x), NB_MAX_DIMS);
     int64_t shape[NB_MAX_DIMS];
@@ -180,6 +185,7 @@ nb_tensor *nb_unsqueeze(nb_ctx *ctx, nb_tensor *x, int dim) {
 }
 
 nb_tensor *nb_squeeze(nb_ctx *ctx, nb_tensor *x, int dim) {
+    nb__check_live("nb_squeeze", x);
     int d = nb_normalize_dim("nb_squeeze", dim, x->ndim);
     NB_CHECK(x->shape[d] == 1, "nb_squeeze: dimension %d of %s is not 1", dim, nb_shape_str(x));
     int64_t shape[NB_MAX_DIMS];
@@ -211,6 +217,7 @@ static void slice_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) {
 }
 
 nb_tensor *nb_slice(nb_ctx *ctx, nb_tensor *x, int dim, int64_t start, int64_t end, int64_t step) {
+    nb__check_live("nb_slice", x);
     int d = nb_normalize_dim("nb_slice", dim, x->ndim);
     int64_t size = x->shape[d];
     NB_CHECK(step > 0, "nb_slice: step must be positive, got %lld", (long long)step);
@@ -239,6 +246,7 @@ nb_tensor *nb_slice(nb_ctx *ctx, nb_tensor *x, int dim, int64_t start, int64_t e
 }
 
 nb_tensor *nb_narrow(nb_ctx *ctx, nb_tensor *x, int dim, int64_t start, int64_t length) {
+    nb__check_live("nb_narrow", x);
     int d = nb_normalize_dim("nb_narrow", dim, x->ndim);
     NB_CHECK(start >= 0 && length >= 0 && start + length <= x->shape[d],
              "nb_narrow: [%lld, %lld) out of bounds for dimension %d of %s", (long long)start,
@@ -247,6 +255,7 @@ nb_tensor *nb_narrow(nb_ctx *ctx, nb_tensor *x, int dim, int64_t start, int64_t 
 }
 
 nb_tensor *nb_select(nb_ctx *ctx, nb_tensor *x, int dim, int64_t index) {
+    nb__check_live("nb_select", x);
     int d = nb_normalize_dim("nb_select", dim, x->ndim);
     if (index < 0) index += x->shape[d];
     NB_CHECK(index >= 0 && index < x->shape[d], "nb_select: index %lld out of range for dimension %d of %s",
@@ -276,6 +285,7 @@ static void permute_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) {
 }
 
 nb_tensor *nb_permute(nb_ctx *ctx, nb_tensor *x, const int *perm) {
+    nb__check_live("nb_permute", x);
     int64_t shape[NB_MAX_DIMS], strides[NB_MAX_DIMS];
     bool used[NB_MAX_DIMS] = {false};
     for (int d = 0; d < x->ndim; d++) {
@@ -294,6 +304,7 @@ nb_tensor *nb_permute(nb_ctx *ctx, nb_tensor *x, const int *perm) {
 }
 
 nb_tensor *nb_transpose(nb_ctx *ctx, nb_tensor *x, int dim0, int dim1) {
+    nb__check_live("nb_transpose", x);
     int a = nb_normalize_dim("nb_transpose", dim0, x->ndim);
     int b = nb_normalize_dim("nb_transpose", dim1, x->ndim);
     int perm[NB_MAX_DIMS];
@@ -307,6 +318,7 @@ nb_tensor *nb_transpose(nb_ctx *ctx, nb_tensor *x, int dim0, int dim1) {
 static void expand_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) { nb__accum_grad(ctx, n->in[0], g); }
 
 nb_tensor *nb_expand(nb_ctx *ctx, nb_tensor *x, int ndim, const int64_t *shape) {
+    nb__check_live("nb_expand", x);
     NB_CHECK(ndim >= x->ndim && ndim <= NB_MAX_DIMS, "nb_expand: cannot expand %s to %s",
              nb_shape_str(x), nb__shape_str_n(ndim, shape));
     int64_t full[NB_MAX_DIMS], strides[NB_MAX_DIMS];
@@ -324,10 +336,12 @@ nb_tensor *nb_expand(nb_ctx *ctx, nb_tensor *x, int ndim, const int64_t *shape) 
 
 /* ---- autograd flags ---- */
 nb_tensor *nb_detach(nb_ctx *ctx, nb_tensor *x) {
+    nb__check_live("nb_detach", x);
     return nb__view(ctx, x, x->ndim, x->shape, x->strides, x->data);
 }
 
 void nb_set_requires_grad(nb_tensor *t, bool requires_grad) {
+    nb__check_live("nb_set_requires_grad", t);
     NB_CHECK(t->node == NULL || requires_grad,
              "nb_set_requires_grad: tensor %s was made by %s; use nb_detach to stop gradients",
              nb_shape_str(t), t->node ? t->node->op : "");

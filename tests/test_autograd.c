@@ -489,6 +489,106 @@ START_TEST(test_gradcheck_nonleaf_views) {
 }
 END_TEST
 
+/* ---- stale roots and leaves (Note [Stale tensors] in tensor/context.c) ---- */
+START_TEST(test_backward_stale_root_and_leaf) {
+    nb_ctx *params = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *w = nb_from_host(params, NB_F64, NB_SHAPE(3), (double[]){1, 2, -3});
+    nb_set_requires_grad(w, true);
+    /* a loss kept across the loop and backpropagated in the next step */
+    nb_tensor *loss = nb_sum_all(step, nb_mul(step, w, w));
+    nb_set_name(loss, "loss");
+    nb_ctx_reset(step);
+    nb_tensor *next = nb_sum_all(step, nb_mul(step, w, nb_full(step, NB_F64, NB_SHAPE(3), 2)));
+    NBT_EXPECT_ABORT(nb_backward(loss),
+                     "nb_backward: tensor 'loss' f64 () was made before a reset of its context");
+    NBT_EXPECT_ABORT(nb_backward_with(next, loss), "nb_backward: tensor 'loss' f64 ()");
+    ck_assert_ptr_null(w->grad); /* nothing was accumulated */
+    nb_backward(next);
+    nbt_assert_close(w->grad, (double[]){2, 2, 2}, 0, 0);
+
+    /* a leaf of another context reset between forward and backward */
+    nb_ctx *data = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *x = nb_from_host(data, NB_F64, NB_SHAPE(3), (double[]){1, 1, 1});
+    nb_set_requires_grad(x, true);
+    nb_set_name(x, "x");
+    nb_ctx_reset(step);
+    loss = nb_sum_all(step, nb_mul(step, w, x));
+    nb_ctx_reset(data);
+    NBT_EXPECT_ABORT(nb_backward(loss),
+                     "nb_backward: tensor 'x' f64 (3,) was made before a reset of its context");
+    nbt_assert_close(w->grad, (double[]){2, 2, 2}, 0, 0);
+    nb_ctx_free(data);
+    nb_ctx_free(step);
+    nb_ctx_free(params);
+}
+END_TEST
+
+/* ---- walking a graph twice (Note [Walked graphs] in autograd/backward.c) ---- */
+#define WALKED "nb_backward: the graph of this loss was already walked by a backward"
+
+START_TEST(test_second_backward_refused) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *w = nb_from_host(ctx, NB_F64, NB_SHAPE(3), (double[]){1, 2, -3});
+    nb_tensor *c = nb_from_host(ctx, NB_F64, NB_SHAPE(3), (double[]){0.5, 1, 2});
+    nb_set_requires_grad(w, true);
+    nb_tensor *y = nb_sum_all(ctx, nb_mul(ctx, nb_mul(ctx, w, w), c)); /* dy/dw = 2 w c */
+    nb_backward(y);
+    double g1[3] = {1, 4, -12};
+    nbt_assert_close(w->grad, g1, 0, 0);
+    NBT_EXPECT_ABORT(nb_backward(y), WALKED " (the loss, made by nb_sum, was reached by an "
+                                     "earlier nb_backward); pass retain_graph");
+    ck_assert(nb_grad_enabled()); /* the refusal leaves grad mode as it was */
+    NBT_EXPECT_ABORT(nb_backward_with(y, nb_scalar(ctx, NB_F64, 1)), WALKED);
+    nbt_assert_close(w->grad, g1, 0, 0); /* not doubled */
+    /* a tensor inside the walked graph is refused as a root too */
+    nb_zero_grad(w);
+    nb_tensor *h = nb_mul(ctx, w, c), *s = nb_sum_all(ctx, h);
+    nb_backward(s);
+    NBT_EXPECT_ABORT(nb_backward_with(h, nb_ones(ctx, NB_F64, NB_SHAPE(3))), WALKED " (the loss, made by nb_mul");
+    /* a new loss sharing the walked part adds its own gradient: d(2 s)/dw = 2 c */
+    nb_backward(nb_mul_scalar(ctx, s, 2));
+    nbt_assert_close(w->grad, (double[]){1.5, 3, 6}, 0, 0);
+    /* a fresh graph over the same leaves accumulates, as before */
+    nb_backward(nb_sum_all(ctx, nb_mul(ctx, w, c)));
+    nbt_assert_close(w->grad, (double[]){2, 4, 8}, 0, 0);
+    /* a leaf as the root has no graph to walk */
+    nb_zero_grad(w);
+    nb_tensor *seed = nb_ones(ctx, NB_F64, NB_SHAPE(3));
+    nb_backward_with(w, seed);
+    nb_backward_with(w, seed);
+    nbt_assert_close(w->grad, (double[]){2, 2, 2}, 0, 0);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+START_TEST(test_retain_graph) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *w = nb_from_host(ctx, NB_F64, NB_SHAPE(3), (double[]){1, 2, -3});
+    nb_tensor *c = nb_from_host(ctx, NB_F64, NB_SHAPE(3), (double[]){0.5, 1, 2});
+    nb_set_requires_grad(w, true);
+    nb_tensor *h = nb_mul(ctx, nb_mul(ctx, w, w), c);
+    nb_tensor *y = nb_sum_all(ctx, h);
+    nb_backward_ex(y, &(nb_backward_options){.retain_graph = true});
+    nbt_assert_close(w->grad, (double[]){1, 4, -12}, 0, 0);
+    nb_backward(y); /* walks it again: the leaves accumulate, exactly twice */
+    nbt_assert_close(w->grad, (double[]){2, 8, -24}, 0, 0);
+    NBT_EXPECT_ABORT(nb_backward(y), WALKED); /* the last one did not retain it */
+    /* with a seed gradient, and NULL options meaning the defaults */
+    nb_zero_grad(w);
+    nb_tensor *h2 = nb_mul(ctx, w, c);
+    nb_tensor *g = nb_from_host(ctx, NB_F64, NB_SHAPE(3), (double[]){1, 2, 4});
+    nb_backward_ex(h2, &(nb_backward_options){.grad = g, .retain_graph = true});
+    nb_backward_ex(h2, &(nb_backward_options){.grad = g, .retain_graph = true});
+    nb_backward_with(h2, g);
+    nbt_assert_close(w->grad, (double[]){1.5, 6, 24}, 0, 0); /* 3 * g * c */
+    NBT_EXPECT_ABORT(nb_backward_ex(h2, &(nb_backward_options){.grad = g}), WALKED);
+    nb_tensor *y3 = nb_sum_all(ctx, nb_mul(ctx, w, c));
+    nb_backward_ex(y3, NULL);
+    NBT_EXPECT_ABORT(nb_backward_ex(y3, &NB_BACKWARD_DEFAULTS), WALKED);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("autograd");
     TCase *tc = tcase_create("core");
@@ -511,6 +611,9 @@ int main(void) {
     tcase_add_test(tc, test_adopt_hooks_see_final_gradient);
     tcase_add_test(tc, test_adopt_slices_share_a_buffer);
     tcase_add_test(tc, test_gradcheck_nonleaf_views);
+    tcase_add_test(tc, test_backward_stale_root_and_leaf);
+    tcase_add_test(tc, test_second_backward_refused);
+    tcase_add_test(tc, test_retain_graph);
     suite_add_tcase(s, tc);
     return nbt_run(s);
 }

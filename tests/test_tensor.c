@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "tensor/internal.h" /* NB__ASAN */
 #include "testutil.h"
 
 START_TEST(test_ctx_reset_and_peak) {
@@ -253,6 +254,281 @@ START_TEST(test_devices_without_gpu) {
 }
 END_TEST
 
+/* ---- stale tensors: Note [Stale tensors] in tensor/context.c ---- */
+#define STALE "was made before a reset of its context"
+
+/* The issue's case: a tensor of 3 elements kept across nb_ctx_reset while
+ * the next step makes one of 100 in the same memory; every read and write
+ * of the kept one aborts, naming the function, the tensor and its shape. */
+START_TEST(test_stale_reads_and_writes) {
+    nb_ctx *step = nb_ctx_new(nb_cpu(), 0), *pers = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *x = nb_from_host(step, NB_F32, NB_SHAPE(3), (float[]){1, 2, 3});
+    nb_set_name(x, "kept");
+    nb_tensor *loss = nb_scalar(step, NB_F64, 4);
+    nb_tensor *m = nb_zeros(step, NB_F32, NB_SHAPE(2, 3));
+    nb_ctx_reset(step);
+    nb_tensor *y = nb_full(step, NB_F32, NB_SHAPE(100), 7);
+    nb_tensor *p3 = nb_ones(pers, NB_F32, NB_SHAPE(3));
+    float buf[3];
+    double dbuf[3];
+    NBT_EXPECT_ABORT(nb_get(x, (int64_t[]){0}), "nb_get: tensor 'kept' f32 (3,) " STALE);
+    NBT_EXPECT_ABORT(nb_item(loss), "nb_item: tensor f64 () " STALE);
+    NBT_EXPECT_ABORT(nb_to_host(x, buf), "nb_to_host: tensor 'kept' f32 (3,) " STALE);
+    NBT_EXPECT_ABORT(nb_to_host_f64(x, dbuf), "nb_to_host_f64: tensor 'kept' f32 (3,) " STALE);
+    ck_assert_msg(strstr(nbt_abort_msg, "the step before the last nb_ctx_reset") &&
+                      strstr(nbt_abort_msg, "nb_item, nb_to_host"),
+                  "message lacks the explanation: %s", nbt_abort_msg);
+    NBT_EXPECT_ABORT(nb_set(x, (int64_t[]){1}, 5), "nb_set: tensor 'kept' f32 (3,) " STALE);
+    NBT_EXPECT_ABORT(nb_fill_(x, 0), "nb_fill_: tensor 'kept' f32 (3,) " STALE);
+    NBT_EXPECT_ABORT(nb_copy_(p3, x), "nb_copy_: tensor 'kept' f32 (3,) " STALE);
+    NBT_EXPECT_ABORT(nb_copy_(x, p3), "nb_copy_: tensor 'kept' f32 (3,) " STALE);
+    NBT_EXPECT_ABORT(nb_axpy_(p3, 2, x), "nb_axpy_: tensor 'kept' f32 (3,) " STALE);
+    NBT_EXPECT_ABORT(nb_axpy_(x, 2, p3), "nb_axpy_: tensor 'kept' f32 (3,) " STALE);
+    NBT_EXPECT_ABORT(nb_scale_(x, 2), "nb_scale_: tensor 'kept' f32 (3,) " STALE);
+    NBT_EXPECT_ABORT(nb_zeros_like(pers, x), "nb_zeros_like: tensor 'kept' f32 (3,) " STALE);
+    NBT_EXPECT_ABORT(nb_empty_like(pers, x), "nb_empty_like: tensor 'kept' f32 (3,) " STALE);
+    NBT_EXPECT_ABORT(nb_set_name(x, "again"), "nb_set_name: tensor 'kept' f32 (3,) " STALE);
+    FILE *sink = fopen("/dev/null", "w");
+    ck_assert_ptr_nonnull(sink);
+    NBT_EXPECT_ABORT(nb_tensor_fprint(sink, x), "nb_tensor_fprint: tensor 'kept' f32 (3,) " STALE);
+    fclose(sink);
+    NBT_EXPECT_ABORT(nb_set_requires_grad(m, true), "nb_set_requires_grad: tensor f32 (2, 3) " STALE);
+    /* views: the tensor itself and views made after the reset from it */
+    NBT_EXPECT_ABORT(nb_reshape(step, m, NB_SHAPE(3, 2)), "nb_reshape: tensor f32 (2, 3) " STALE);
+    NBT_EXPECT_ABORT(nb_flatten(step, m, 0, 1), "nb_flatten: tensor f32 (2, 3) " STALE);
+    NBT_EXPECT_ABORT(nb_narrow(step, m, 1, 0, 2), "nb_narrow: tensor f32 (2, 3) " STALE);
+    NBT_EXPECT_ABORT(nb_slice(step, m, 1, 0, 3, 2), "nb_slice: tensor f32 (2, 3) " STALE);
+    NBT_EXPECT_ABORT(nb_select(step, m, 0, 1), "nb_select: tensor f32 (2, 3) " STALE);
+    NBT_EXPECT_ABORT(nb_transpose(step, m, 0, 1), "nb_transpose: tensor f32 (2, 3) " STALE);
+    NBT_EXPECT_ABORT(nb_permute(step, m, (int[]){1, 0}), "nb_permute: tensor f32 (2, 3) " STALE);
+    NBT_EXPECT_ABORT(nb_expand(step, m, NB_SHAPE(4, 2, 3)), "nb_expand: tensor f32 (2, 3) " STALE);
+    NBT_EXPECT_ABORT(nb_unsqueeze(step, m, 0), "nb_unsqueeze: tensor f32 (2, 3) " STALE);
+    NBT_EXPECT_ABORT(nb_squeeze(step, m, 0), "nb_squeeze: tensor f32 (2, 3) " STALE);
+    NBT_EXPECT_ABORT(nb_contiguous(step, m), "nb_contiguous: tensor f32 (2, 3) " STALE);
+    NBT_EXPECT_ABORT(nb_clone(step, m), "nb_clone: tensor f32 (2, 3) " STALE);
+    NBT_EXPECT_ABORT(nb_cast(step, m, NB_F64), "nb_cast: tensor f32 (2, 3) " STALE);
+    NBT_EXPECT_ABORT(nb_to(step, m), "nb_to: tensor f32 (2, 3) " STALE);
+    NBT_EXPECT_ABORT(nb_detach(step, m), "nb_detach: tensor f32 (2, 3) " STALE);
+    /* what the new step made is untouched by all of this */
+    ck_assert_double_eq(nb_get(y, (int64_t[]){99}), 7);
+    ck_assert_int_eq(nb_numel(y), 100);
+    /* a context that is not reset keeps its tensors live */
+    ck_assert_double_eq(nb_get(p3, (int64_t[]){2}), 1);
+    nb_ctx_free(step);
+    nb_ctx_free(pers);
+}
+END_TEST
+
+/* Every op front end, with a tensor kept from the previous step in each
+ * tensor argument in turn. The kept tensors' storage is not handed out
+ * again (the ops write into another context), so under the sanitizer build
+ * a kernel that read it before the check would be reported. */
+enum { K_M23, K_M33, K_V3, K_C2, K_R2, K_X4, K_W4, K_T2, K_E53, K_I2, K_TT, N_KINDS };
+
+static nb_tensor *make_kind(nb_ctx *ctx, int kind, uint64_t seed) {
+    switch (kind) {
+    case K_M23: return nbt_randn(ctx, NB_F32, NB_SHAPE(2, 3), seed);
+    case K_M33: return nbt_randn(ctx, NB_F32, NB_SHAPE(3, 3), seed);
+    case K_V3: return nbt_randn(ctx, NB_F32, NB_SHAPE(3), seed);
+    case K_C2: return nb_ones(ctx, NB_F32, NB_SHAPE(2));
+    case K_R2: return nb_ones(ctx, NB_F32, NB_SHAPE(2)); /* running statistics */
+    case K_X4: return nbt_randn(ctx, NB_F32, NB_SHAPE(1, 2, 4, 4), seed);
+    case K_W4: return nbt_randn(ctx, NB_F32, NB_SHAPE(3, 2, 3, 3), seed);
+    case K_T2: return nb_from_host(ctx, NB_I64, NB_SHAPE(2), (int64_t[]){0, 2});
+    case K_E53: return nbt_randn(ctx, NB_F32, NB_SHAPE(5, 3), seed);
+    case K_I2: return nb_from_host(ctx, NB_I64, NB_SHAPE(2), (int64_t[]){1, 4});
+    default: return nbt_randn(ctx, NB_F32, NB_SHAPE(2, 3, 3), seed);
+    }
+}
+
+typedef nb_tensor *(*stale_case_fn)(nb_ctx *c, nb_tensor *const *t);
+typedef struct stale_case {
+    const char *op; /* the name the message must start with */
+    stale_case_fn fn;
+    int n;
+    int kinds[5];
+} stale_case;
+
+static nb_rng stale_rng;
+#define CASE1(name, expr) static nb_tensor *sc_##name(nb_ctx *c, nb_tensor *const *t) { return expr; }
+CASE1(add, nb_add(c, t[0], t[1]))
+CASE1(sub, nb_sub(c, t[0], t[1]))
+CASE1(mul, nb_mul(c, t[0], t[1]))
+CASE1(div, nb_div(c, t[0], t[1]))
+CASE1(add_scalar, nb_add_scalar(c, t[0], 1))
+CASE1(sub_scalar, nb_sub_scalar(c, t[0], 1))
+CASE1(mul_scalar, nb_mul_scalar(c, t[0], 2))
+CASE1(div_scalar, nb_div_scalar(c, t[0], 2))
+CASE1(neg, nb_neg(c, t[0]))
+CASE1(pow, nb_pow(c, t[0], 2))
+CASE1(exp, nb_exp(c, t[0]))
+CASE1(log, nb_log(c, t[0]))
+CASE1(sqrt, nb_sqrt(c, t[0]))
+CASE1(rsqrt, nb_rsqrt(c, t[0]))
+CASE1(abs, nb_abs(c, t[0]))
+CASE1(tanh, nb_tanh(c, t[0]))
+CASE1(sigmoid, nb_sigmoid(c, t[0]))
+CASE1(relu, nb_relu(c, t[0]))
+CASE1(gelu, nb_gelu(c, t[0], NB_GELU_TANH))
+CASE1(where, nb_where(c, t[0], t[1], t[2]))
+CASE1(masked_fill, nb_masked_fill(c, t[0], t[1], 0))
+CASE1(matmul, nb_matmul(c, t[0], t[1]))
+CASE1(matmul_t, nb_matmul_t(c, t[0], t[1], false, true))
+CASE1(sum, nb_sum(c, t[0], 1, (int[]){1}, false))
+CASE1(mean, nb_mean(c, t[0], 1, (int[]){0}, true))
+CASE1(max, nb_max(c, t[0], 1, (int[]){1}, false))
+CASE1(var, nb_var(c, t[0], 1, (int[]){1}, 1, false))
+CASE1(sum_all, nb_sum_all(c, t[0]))
+CASE1(mean_all, nb_mean_all(c, t[0]))
+CASE1(softmax, nb_softmax(c, t[0], -1))
+CASE1(log_softmax, nb_log_softmax(c, t[0], -1))
+CASE1(softmax_causal, nb_softmax_causal(c, t[0], 0.5))
+CASE1(cross_entropy, nb_cross_entropy(c, t[0], t[1], NULL))
+CASE1(mse_loss, nb_mse_loss(c, t[0], t[1]))
+CASE1(bce_with_logits, nb_bce_with_logits(c, t[0], t[1]))
+CASE1(embedding, nb_embedding(c, t[0], t[1]))
+CASE1(layer_norm, nb_layer_norm(c, t[0], 1, t[1], t[2], 1e-5))
+CASE1(batch_norm, nb_batch_norm(c, t[0], t[1], t[2], t[3], t[4], true, 0.1, 1e-5))
+CASE1(conv2d, nb_conv2d(c, t[0], t[1], t[2], &(nb_conv2d_opts){{1, 1}, {1, 1}, {1, 1}}))
+CASE1(max_pool2d, nb_max_pool2d(c, t[0], &(nb_pool2d_opts){{2, 2}, {0, 0}, {0, 0}}))
+CASE1(avg_pool2d, nb_avg_pool2d(c, t[0], &(nb_pool2d_opts){{2, 2}, {0, 0}, {0, 0}}))
+CASE1(dropout, nb_dropout(c, t[0], 0.5, true, &stale_rng))
+CASE1(dropout_eval, nb_dropout(c, t[0], 0.5, false, &stale_rng))
+CASE1(concat, nb_concat(c, 2, t, 0))
+CASE1(stack, nb_stack(c, 2, t, 0))
+static nb_tensor *sc_split(nb_ctx *c, nb_tensor *const *t) {
+    nb_tensor *out[2];
+    nb_split(c, t[0], 2, (int64_t[]){1, 2}, 1, out);
+    return out[1];
+}
+
+static const stale_case stale_cases[] = {
+    {"nb_add", sc_add, 2, {K_M23, K_M23}},
+    {"nb_sub", sc_sub, 2, {K_M23, K_M23}},
+    {"nb_mul", sc_mul, 2, {K_M23, K_M23}},
+    {"nb_div", sc_div, 2, {K_M23, K_M23}},
+    {"nb_add_scalar", sc_add_scalar, 1, {K_M23}},
+    {"nb_sub_scalar", sc_sub_scalar, 1, {K_M23}},
+    {"nb_mul_scalar", sc_mul_scalar, 1, {K_M23}},
+    {"nb_div_scalar", sc_div_scalar, 1, {K_M23}},
+    {"nb_neg", sc_neg, 1, {K_M23}},
+    {"nb_pow", sc_pow, 1, {K_M23}},
+    {"nb_exp", sc_exp, 1, {K_M23}},
+    {"nb_log", sc_log, 1, {K_M23}},
+    {"nb_sqrt", sc_sqrt, 1, {K_M23}},
+    {"nb_rsqrt", sc_rsqrt, 1, {K_M23}},
+    {"nb_abs", sc_abs, 1, {K_M23}},
+    {"nb_tanh", sc_tanh, 1, {K_M23}},
+    {"nb_sigmoid", sc_sigmoid, 1, {K_M23}},
+    {"nb_relu", sc_relu, 1, {K_M23}},
+    {"nb_gelu", sc_gelu, 1, {K_M23}},
+    {"nb_where", sc_where, 3, {K_M23, K_M23, K_M23}},
+    {"nb_masked_fill", sc_masked_fill, 2, {K_M23, K_M23}},
+    {"nb_matmul", sc_matmul, 2, {K_M23, K_M33}},
+    {"nb_matmul_t", sc_matmul_t, 2, {K_M23, K_M33}},
+    {"nb_sum", sc_sum, 1, {K_M23}},
+    {"nb_mean", sc_mean, 1, {K_M23}},
+    {"nb_max", sc_max, 1, {K_M23}},
+    {"nb_var", sc_var, 1, {K_M23}},
+    {"nb_sum", sc_sum_all, 1, {K_M23}},
+    {"nb_mean", sc_mean_all, 1, {K_M23}},
+    {"nb_softmax", sc_softmax, 1, {K_M23}},
+    {"nb_log_softmax", sc_log_softmax, 1, {K_M23}},
+    {"nb_softmax_causal", sc_softmax_causal, 1, {K_TT}},
+    {"nb_cross_entropy", sc_cross_entropy, 2, {K_M23, K_T2}},
+    {"nb_mse_loss", sc_mse_loss, 2, {K_M23, K_M23}},
+    {"nb_bce_with_logits", sc_bce_with_logits, 2, {K_M23, K_M23}},
+    {"nb_embedding", sc_embedding, 2, {K_E53, K_I2}},
+    {"nb_layer_norm", sc_layer_norm, 3, {K_M23, K_V3, K_V3}},
+    {"nb_batch_norm", sc_batch_norm, 5, {K_X4, K_C2, K_C2, K_R2, K_R2}},
+    {"nb_conv2d", sc_conv2d, 3, {K_X4, K_W4, K_V3}},
+    {"nb_max_pool2d", sc_max_pool2d, 1, {K_X4}},
+    {"nb_avg_pool2d", sc_avg_pool2d, 1, {K_X4}},
+    {"nb_dropout", sc_dropout, 1, {K_M23}},
+    {"nb_dropout", sc_dropout_eval, 1, {K_M23}},
+    {"nb_concat", sc_concat, 2, {K_M23, K_M23}},
+    {"nb_stack", sc_stack, 2, {K_M23, K_M23}},
+    {"nb_split", sc_split, 1, {K_M23}},
+};
+
+static void expect_stale(const stale_case *sc, int pos, nb_ctx *out, nb_tensor *const *in) {
+    char want[128];
+    snprintf(want, sizeof want, "%s: tensor ", sc->op);
+    NBT_EXPECT_ABORT(sc->fn(out, in), STALE);
+    ck_assert_msg(strncmp(nbt_abort_msg, want, strlen(want)) == 0,
+                  "%s, stale input %d: message \"%s\" does not start with \"%s\"", sc->op, pos,
+                  nbt_abort_msg, want);
+}
+
+static void stale_sweep(bool grad_mode) {
+    nb_ctx *step = nb_ctx_new(nb_cpu(), 0), *pers = nb_ctx_new(nb_cpu(), 0);
+    nb_ctx *out = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *stale[N_KINDS], *live[N_KINDS];
+    for (int k = 0; k < N_KINDS; k++) {
+        stale[k] = make_kind(step, k, 100 + (uint64_t)k);
+        live[k] = make_kind(pers, k, 200 + (uint64_t)k);
+        if (k != K_R2 && nb_dtype_is_float(live[k]->dtype)) nb_set_requires_grad(live[k], grad_mode);
+    }
+    nb_ctx_reset(step);
+    bool prev = nb_set_grad_enabled(grad_mode);
+    stale_rng = nb_rng_make(5);
+    for (size_t c = 0; c < sizeof stale_cases / sizeof stale_cases[0]; c++) {
+        const stale_case *sc = &stale_cases[c];
+        nb_tensor *in[5];
+        for (int i = 0; i < sc->n; i++) in[i] = live[sc->kinds[i]];
+        ck_assert_ptr_nonnull(sc->fn(out, in)); /* the case itself is valid */
+        for (int pos = 0; pos < sc->n; pos++) {
+            for (int i = 0; i < sc->n; i++) in[i] = i == pos ? stale[sc->kinds[i]] : live[sc->kinds[i]];
+            expect_stale(sc, pos, out, in);
+        }
+        nb_ctx_reset(out);
+    }
+    nb_set_grad_enabled(prev);
+    nb_ctx_free(out);
+    nb_ctx_free(pers);
+    nb_ctx_free(step);
+}
+
+START_TEST(test_stale_inputs_every_op) {
+    stale_sweep(true);
+    stale_sweep(false);
+}
+END_TEST
+
+/* Two resets ago: the struct's memory may hold the current step's tensors
+ * in the default build (Note [Stale tensors]); under the sanitizer build
+ * it was released, and the check says so. */
+START_TEST(test_stale_older_than_one_step) {
+    nb_ctx *step = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *x = nb_full(step, NB_F32, NB_SHAPE(3), 1);
+    nb_ctx_reset(step);
+    nb_tensor *y = nb_full(step, NB_F32, NB_SHAPE(3), 2);
+    nb_ctx_reset(step);
+    NBT_EXPECT_ABORT(nb_item(nb_sum_all(step, y)), "nb_sum: tensor f32 (3,) " STALE);
+    /* a generation that matches nothing: the contents are not trusted */
+    nb_tensor fake = *y;
+    fake.gen -= 5;
+    NBT_EXPECT_ABORT(nb_get(&fake, (int64_t[]){0}),
+                     "nb_get: a tensor made before a reset of its context was used (more than one "
+                     "reset ago: its name and shape are gone)");
+#ifdef NB__ASAN
+    NBT_EXPECT_ABORT(nb_get(x, (int64_t[]){0}),
+                     "nb_get: a tensor made before a reset of its context was used (its memory "
+                     "was released");
+    /* data: an allocation's bytes are addressable, the padding after them and
+     * everything a reset rewound are not */
+    nb_tensor *d = nb_zeros(step, NB_F32, NB_SHAPE(3));
+    ck_assert(!__asan_address_is_poisoned((char *)d->data + 11));
+    ck_assert(__asan_address_is_poisoned((char *)d->data + 12));
+    nb_ctx_reset(step);
+    ck_assert(__asan_address_is_poisoned(d->data));
+#else
+    (void)x;
+#endif
+    nb_ctx_free(step);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("tensor");
     TCase *tc = tcase_create("core");
@@ -266,6 +542,9 @@ int main(void) {
     tcase_add_test(tc, test_philox_known_answer);
     tcase_add_test(tc, test_print);
     tcase_add_test(tc, test_devices_without_gpu);
+    tcase_add_test(tc, test_stale_reads_and_writes);
+    tcase_add_test(tc, test_stale_inputs_every_op);
+    tcase_add_test(tc, test_stale_older_than_one_step);
     suite_add_tcase(s, tc);
     return nbt_run(s);
 }

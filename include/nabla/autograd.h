@@ -23,6 +23,21 @@ void nb_backward(nb_tensor *loss);
 /* Backpropagates from any tensor with the given seed gradient (same shape). */
 void nb_backward_with(nb_tensor *out, nb_tensor *grad_out);
 
+/* A backward marks the graph it walked; a backward from the same loss, or
+ * from any tensor of that graph, aborts ("already walked by a backward")
+ * unless the earlier backward passed retain_graph; then the leaves
+ * accumulate a second time, as in PyTorch. A new loss that only shares
+ * part of a walked graph may be backpropagated (Note [Walked graphs] in
+ * autograd/backward.c). */
+typedef struct nb_backward_options {
+    nb_tensor *grad;   /* seed gradient of out's shape; NULL: 1 (out has one element) */
+    bool retain_graph; /* leave the graph walkable by another backward */
+} nb_backward_options;
+#define NB_BACKWARD_DEFAULTS ((nb_backward_options){NULL, false})
+/* nb_backward (grad NULL) or nb_backward_with (grad set) with options;
+ * opts NULL: the defaults. */
+void nb_backward_ex(nb_tensor *out, const nb_backward_options *opts);
+
 /* Grad mode is per thread and on by default. */
 bool nb_grad_enabled(void);
 bool nb_set_grad_enabled(bool enabled); /* returns the previous mode */

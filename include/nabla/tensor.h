@@ -45,6 +45,7 @@ struct nb_tensor {
     int64_t bw_pending;
     bool bw_seen;
     bool grad_owned; /* grad was made for this tensor alone: may be added into */
+    uint32_t gen;    /* ctx's generation when made: Note [Stale tensors] */
 };
 
 /* A tensor with a PyTorch-style dotted name ("blocks.0.attn.qkv.weight"):
