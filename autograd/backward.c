@@ -108,41 +108,6 @@ nb_node *nb__record(nb_ctx *ctx, const char *op, nb_backward_fn backward, nb_ten
     return node;
 }
 
-nb_tensor *nb__sum_to(nb_ctx *ctx, nb_tensor *g, int ndim, const int64_t *shape) {
-    if (g->ndim == ndim) {
-        bool same = true;
-        for (int d = 0; d < ndim; d++) same &= g->shape[d] == shape[d];
-        if (same) return g;
-    }
-    if (g->ndim < ndim) { /* g lacks leading size-1 dims of the target */
-        int64_t gs[NB_MAX_DIMS], gst[NB_MAX_DIMS];
-        int pad = ndim - g->ndim;
-        for (int d = 0; d < ndim; d++) {
-            gs[d] = d < pad ? 1 : g->shape[d - pad];
-            gst[d] = d < pad ? 0 : g->strides[d - pad];
-        }
-        g = nb__view(ctx, g, ndim, gs, gst, g->data);
-        return nb__sum_to(ctx, g, ndim, shape);
-    }
-    if (nb__is_cuda(g)) {
-        /* CUDA kernels write each output element from one thread, so the
-         * aliasing trick below would race: reduce the broadcast dims. */
-        int axes[NB_MAX_DIMS], n = 0, lead = g->ndim - ndim; /* g's extra leading dims */
-        for (int d = 0; d < g->ndim; d++)
-            if (d < lead || (shape[d - lead] == 1 && g->shape[d] != 1)) axes[n++] = d;
-        nb_tensor *r = n ? nb_sum(ctx, g, n, axes, true) : g;
-        return nb_reshape(ctx, r, ndim, shape);
-    }
-    nb_tensor *out = nb_zeros(ctx, g->dtype, ndim, shape);
-    /* out seen with g's shape: zero strides on the broadcast dims; the
-     * sequential add accumulates every element that maps to one place. */
-    int64_t st[NB_MAX_DIMS];
-    nb__broadcast_strides(out, g->ndim, g->shape, st);
-    nb_tensor *view = nb__view(ctx, out, g->ndim, g->shape, st, out->data);
-    nb__run_binary(NB_B_ADD, view, view, g);
-    return out;
-}
-
 void nb__accum_grad(nb_ctx *ctx, nb_tensor *t, nb_tensor *g) {
     if (!t->requires_grad) return;
     g = nb__sum_to(ctx, g, t->ndim, t->shape);

@@ -38,6 +38,10 @@ typedef struct nb__backend {
      * leaf's gradient may be written in place (Note [Gradients added in
      * place] in autograd/backward.c). */
     bool gemm_accumulate;
+    /* Elementwise kernels visit elements in order on one thread, so an
+     * output aliased through zero strides accumulates (nb__sum_to sums a
+     * broadcast gradient so); otherwise each element has its own writer. */
+    bool ordered_elementwise;
 
     /* ---- runtime ---- */
     /* Makes `device` current for the calling thread (aborts naming op). */

@@ -123,6 +123,7 @@ const nb__backend nb__cpu_backend = {
     .name = "cpu",
     .device_memory = false,
     .gemm_accumulate = true,
+    .ordered_elementwise = true,
     .use = use,
     .sync = sync,
     .memset = set_bytes,

@@ -68,6 +68,7 @@ const nb__backend nb__cuda_backend = {
     .name = "cuda",
     .device_memory = true,
     .gemm_accumulate = false,
+    .ordered_elementwise = false,
     .use = nb__cuda_use,
     .sync = nb__cuda_sync,
     .memset = nb__cuda_memset,
