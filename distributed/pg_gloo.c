@@ -117,8 +117,7 @@ static void gloo_submit(nb_pg *pg, nb_work *w) {
 }
 
 /* The worker signals pg->cond when a work finishes. */
-static void gloo_wait_slice(nb_pg *pg, double *pause) {
-    (void)pause;
+static void wait_one_slice(nb_pg *pg) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     ts.tv_nsec += (long)(SLICE_S * 1e9);
@@ -127,6 +126,11 @@ static void gloo_wait_slice(nb_pg *pg, double *pause) {
         ts.tv_nsec -= 1000000000L;
     }
     pthread_cond_timedwait(&pg->cond, &pg->mu, &ts);
+}
+
+static void gloo_wait_slice(nb_pg *pg, double *pause) {
+    (void)pause;
+    wait_one_slice(pg);
 }
 
 /* Note [Stuck worker]: after a failure, the Gloo worker may be blocked
@@ -139,16 +143,7 @@ static void gloo_wait_slice(nb_pg *pg, double *pause) {
 static bool worker_stuck(nb_pg *pg) {
     pthread_mutex_lock(&pg->mu);
     double deadline = nb__now() + STUCK_WAIT_S;
-    while (pg->broken != NB_OK && !pg->worker_done && nb__now() < deadline) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += (long)(SLICE_S * 1e9);
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
-        pthread_cond_timedwait(&pg->cond, &pg->mu, &ts);
-    }
+    while (pg->broken != NB_OK && !pg->worker_done && nb__now() < deadline) wait_one_slice(pg);
     bool stuck = pg->broken != NB_OK && !pg->worker_done;
     pthread_mutex_unlock(&pg->mu);
     if (stuck) pthread_detach(pg->worker);
