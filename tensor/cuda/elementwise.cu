@@ -1,6 +1,7 @@
 /* CUDA elementwise engine: unary, binary, where, copy/cast (fills
  * included) and axpy over any strides with broadcasting, computing the
- * functions of tensor/cpu/elementwise.c.
+ * functions of tensor/cpu/elementwise.c: unary and binary ops through the
+ * tables and formulas of tensor/op_table.h (Note [Op tables]).
  *
  * The host collapses dims as the CPU iterator does (size-1 dims dropped,
  * dims contiguous for every operand merged; shape and element strides then
