@@ -347,7 +347,8 @@ START_TEST(test_table_unary_ops) {
         for (int dti = 0; dti < 2; dti++)
             for (int tr = 0; tr < 2; tr++) {
                 nb_dtype dt = dti ? NB_F32 : NB_F64;
-                nb_tensor *x = domain_input(ctx, dt, NB_SHAPE(9, 7), table_unary[op].positive, 200 + op);
+                nb_tensor *x =
+                    domain_input(ctx, dt, NB_SHAPE(9, 7), table_unary[op].positive, 200 + op);
                 if (tr) x = nb_transpose(ctx, x, 0, 1);
                 else x = nb_reshape(ctx, x, NB_SHAPE(7, 9));
                 nb_tensor *y = nb__unary(ctx, (nb__unary_op)op, x, table_unary[op].s);

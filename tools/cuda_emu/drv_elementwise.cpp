@@ -7,7 +7,8 @@ static const nb_dtype INT_DT[] = {NB_I32, NB_I64};
 /* The op on the CPU in f64 from x's own (already rounded) values (as() and
  * get() read storage in order, so x is made contiguous first). */
 static std::vector<double> ref_unary(nb__unary_op op, const nb_tensor *x, double s) {
-    nb_tensor *x64 = as(nb_contiguous(CTX, (nb_tensor *)x), NB_F64), *r = mk(NB_F64, std::vector<int64_t>(x->shape, x->shape + x->ndim));
+    nb_tensor *x64 = as(nb_contiguous(CTX, (nb_tensor *)x), NB_F64);
+    nb_tensor *r = mk(NB_F64, std::vector<int64_t>(x->shape, x->shape + x->ndim));
     nb__cpu_unary(op, r, x64, s);
     return get(r);
 }
