@@ -389,17 +389,6 @@ template <class U> struct fill_f {
     __device__ void operator()(const int64_t *off) const { o[off[0]] = v; }
 };
 
-static double host_load(const void *p, nb_dtype dt) {
-    switch (dt) {
-    case NB_F32: { float v; memcpy(&v, p, 4); return v; }
-    case NB_F64: { double v; memcpy(&v, p, 8); return v; }
-    case NB_BF16: { uint16_t v; memcpy(&v, p, 2); return nb_bf16_to_f32(v); }
-    case NB_F16: { uint16_t v; memcpy(&v, p, 2); return nb_f16_to_f32(v); }
-    case NB_I32: { int32_t v; memcpy(&v, p, 4); return v; }
-    default: { int64_t v; memcpy(&v, p, 8); return (double)v; }
-    }
-}
-
 /* *dst (8 bytes, dd) = the value at src (sd), converted as nb__cpu_copy does. */
 static void host_convert(uint64_t *dst, nb_dtype dd, const void *src, nb_dtype sd) {
     *dst = 0;
@@ -407,22 +396,14 @@ static void host_convert(uint64_t *dst, nb_dtype dd, const void *src, nb_dtype s
         memcpy(dst, src, nb_dtype_size(dd));
         return;
     }
-    if (sd == NB_I64 && dd == NB_I32) {
+    if (sd == NB_I64 && dd == NB_I32) { /* not through a double, which would round */
         int64_t v;
         memcpy(&v, src, 8);
         int32_t r = (int32_t)v;
         memcpy(dst, &r, 4);
         return;
     }
-    double v = host_load(src, sd);
-    switch (dd) {
-    case NB_F32: { float r = (float)v; memcpy(dst, &r, 4); break; }
-    case NB_F64: memcpy(dst, &v, 8); break;
-    case NB_BF16: { uint16_t r = nb_f32_to_bf16((float)v); memcpy(dst, &r, 2); break; }
-    case NB_F16: { uint16_t r = nb_f32_to_f16((float)v); memcpy(dst, &r, 2); break; }
-    case NB_I32: { int32_t r = (int32_t)v; memcpy(dst, &r, 4); break; }
-    default: { int64_t r = (int64_t)v; memcpy(dst, &r, 8); break; }
-    }
+    nb__store(dst, dd, nb__load(src, sd));
 }
 
 /* dst = one host value: src is a CPU tensor of one element. */
