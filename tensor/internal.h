@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "nabla/nabla.h"
+#include "tensor/op_table.h"
 
 #ifdef __cplusplus
 extern "C" { /* the CUDA backend's .cu files include this header */
@@ -133,13 +134,18 @@ void nb__graph_leaves(nb_tensor *root, void (*fn)(nb_tensor *leaf, void *user), 
 nb_tensor *nb__sum_to(nb_ctx *ctx, nb_tensor *g, int ndim, const int64_t *shape);
 
 /* ---- elementwise engine (tensor/cpu/elementwise.c) ---- */
-typedef enum nb__unary_op {
-    NB_U_NEG, NB_U_EXP, NB_U_LOG, NB_U_SQRT, NB_U_RSQRT, NB_U_ABS, NB_U_TANH,
-    NB_U_SIGMOID, NB_U_RELU, NB_U_GELU, NB_U_GELU_TANH, NB_U_POW, NB_U_ADD_S,
-    NB_U_MUL_S, NB_U_SIGN, NB_U_RELU_MASK, NB_U_GELU_GRAD, NB_U_GELU_TANH_GRAD,
-    NB_U_RECIP
-} nb__unary_op;
-typedef enum nb__binary_op { NB_B_ADD, NB_B_SUB, NB_B_MUL, NB_B_DIV } nb__binary_op;
+/* The op enums come from the tables in tensor/op_table.h (Note [Op tables]). */
+#define NB__ENUM_U(E, f, name) NB_U_##E,
+#define NB__ENUM_B(E, f, name) NB_B_##E,
+typedef enum nb__unary_op { NB_UNARY_OPS(NB__ENUM_U) } nb__unary_op;
+typedef enum nb__binary_op { NB_BINARY_OPS(NB__ENUM_B) } nb__binary_op;
+#undef NB__ENUM_U
+#undef NB__ENUM_B
+#define NB_U_COUNT NB__COUNT(NB_UNARY_OPS)
+#define NB_B_COUNT NB__COUNT(NB_BINARY_OPS)
+/* The op's name for messages ("nb_exp"), from the table. */
+const char *nb__unary_name(nb__unary_op op);
+const char *nb__binary_name(nb__binary_op op);
 
 /* out (contiguous, shape of out) = op(a) with a broadcast to out's shape.
  * s is the scalar of POW/ADD_S/MUL_S. */

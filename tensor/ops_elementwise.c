@@ -2,6 +2,24 @@
  * backward functions. The CPU kernels are in tensor/cpu/elementwise.c. */
 #include "tensor/internal.h"
 
+/* ---- names, from the tables (Note [Op tables] in tensor/op_table.h) ---- */
+#define UNARY_NAME(E, f, name) [NB_U_##E] = name,
+#define BINARY_NAME(E, f, name) [NB_B_##E] = name,
+static const char *const unary_names[] = {NB_UNARY_OPS(UNARY_NAME)};
+static const char *const binary_names[] = {NB_BINARY_OPS(BINARY_NAME)};
+_Static_assert(sizeof unary_names / sizeof unary_names[0] == NB_U_COUNT,
+               "one name per unary op");
+_Static_assert(sizeof binary_names / sizeof binary_names[0] == NB_B_COUNT,
+               "one name per binary op");
+
+const char *nb__unary_name(nb__unary_op op) {
+    return (unsigned)op < NB_U_COUNT ? unary_names[op] : "elementwise op";
+}
+
+const char *nb__binary_name(nb__binary_op op) {
+    return (unsigned)op < NB_B_COUNT ? binary_names[op] : "elementwise op";
+}
+
 /* ---- binary ---- */
 static nb_tensor *binary(nb_ctx *ctx, const char *name, nb__binary_op op, nb_tensor *a,
                          nb_tensor *b, nb_backward_fn bw) {

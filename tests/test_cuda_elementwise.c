@@ -4,13 +4,16 @@
  * broadcasting, scalar and transposed operands, on floats and integers;
  * where and masked_fill; casts between every pair of dtypes (contiguous,
  * strided source, strided destination); fills; axpy and scale in place;
- * concat, stack, whole-tensor sums and views with their backward.
+ * concat, stack, whole-tensor sums and views with their backward; and
+ * every row of the unary table (tensor/op_table.h) through the kernel-level
+ * nb__unary, so that a new row is compared without a new case here.
  * Skipped (77) without CUDA or a GPU. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "cuda_parity.h"
+#include "tensor/internal.h"
 
 static const nb_dtype float_dtypes[] = {NB_F32, NB_BF16, NB_F16, NB_F64};
 #define N_FLOAT_DTYPES 4
@@ -89,6 +92,41 @@ START_TEST(test_unary) {
                          s == 1 ? "transposed" : "contiguous");
                 nbt_parity(name, unary_op, (void *)uc, 1, &in, NULL);
             }
+}
+END_TEST
+
+/* Every row of the unary table, through nb__unary (no backward: it records
+ * nothing). Inputs in [0.2, 3) suit every op; [-3, 3) every op defined on
+ * negatives too. */
+typedef struct table_case {
+    nb__unary_op op;
+    double s;
+} table_case;
+
+static nb_tensor *table_op(nb_ctx *ctx, nb_tensor *const *in, void *user) {
+    const table_case *c = user;
+    return nb__unary(ctx, c->op, in[0], c->s);
+}
+
+START_TEST(test_unary_table) {
+    for (int op = 0; op < NB_U_COUNT; op++) {
+        table_case tc = {(nb__unary_op)op, op == NB_U_POW ? 1.5 : op == NB_U_ADD_S ? -0.75 : 1.25};
+        bool signed_ok = op != NB_U_LOG && op != NB_U_SQRT && op != NB_U_RSQRT && op != NB_U_POW &&
+                         op != NB_U_RECIP;
+        for (int d = 0; d < N_FLOAT_DTYPES; d++)
+            for (int sg = 0; sg < 1 + signed_ok; sg++)
+                for (int tr = 0; tr < 2; tr++) {
+                    nbt_input in = {.dtype = float_dtypes[d], .ndim = 2, .shape = {9, 37},
+                                    .lo = sg ? -3 : 0.2, .hi = 3, .transposed = tr,
+                                    .no_grad = true};
+                    nbt_parity_opts o = {.no_backward = true};
+                    char name[96];
+                    snprintf(name, sizeof name, "table row %d (%s) %s %s%s", op,
+                             nb__unary_name(tc.op), nb_dtype_name(in.dtype),
+                             sg ? "signed" : "positive", tr ? " transposed" : "");
+                    nbt_parity(name, table_op, &tc, 1, &in, &o);
+                }
+    }
 }
 END_TEST
 
@@ -447,6 +485,7 @@ static Suite *suite(void) {
     TCase *tc = nbt_tcase_create("core");
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, test_unary);
+    tcase_add_test(tc, test_unary_table);
     tcase_add_test(tc, test_binary_float);
     tcase_add_test(tc, test_binary_int);
     tcase_add_test(tc, test_where);

@@ -1,8 +1,10 @@
 /* Elementwise ops: values against libm in double, broadcasting, strided
- * inputs, gradchecks, and error messages. */
+ * inputs, gradchecks, error messages, and every row of the op tables
+ * (tensor/op_table.h) run by the CPU kernels against its own reference. */
 #define _DEFAULT_SOURCE /* for M_PI */
 #include <math.h>
 
+#include "tensor/internal.h"
 #include "testutil.h"
 
 typedef nb_tensor *(*unary_op)(nb_ctx *, nb_tensor *);
@@ -279,6 +281,120 @@ START_TEST(test_gelu_tanh_f32_backward) {
 }
 END_TEST
 
+/* ---- every row of the op tables (Note [Op tables] in tensor/op_table.h) ---- */
+static double r_sign(double x, double s) { return x > 0 ? 1 : x < 0 ? -1 : 0; }
+static double r_relu_mask(double x, double s) { return x > 0 ? 1 : 0; }
+static double r_gelu_grad(double x, double s) { /* d/dx x Phi(x) */
+    return 0.5 * (1 + erf(x / sqrt(2.0))) + x * exp(-x * x / 2) / sqrt(2 * M_PI);
+}
+static double r_gelu_tanh_grad(double x, double s) { /* d/dx x (1 + tanh u(x)) / 2 */
+    double k = sqrt(2.0 / M_PI), u = k * (x + 0.044715 * x * x * x);
+    double du = k * (1 + 3 * 0.044715 * x * x);
+    return 0.5 * (1 + tanh(u)) + 0.5 * x * du / (cosh(u) * cosh(u));
+}
+static double r_neg(double x, double s) { return -x; }
+static double r_exp(double x, double s) { return exp(x); }
+static double r_log(double x, double s) { return log(x); }
+static double r_sqrt(double x, double s) { return sqrt(x); }
+static double r_rsqrt(double x, double s) { return 1 / sqrt(x); }
+static double r_abs(double x, double s) { return fabs(x); }
+static double r_tanh(double x, double s) { return tanh(x); }
+static double r_sigmoid(double x, double s) { return ref_sigmoid(x); }
+static double r_relu(double x, double s) { return ref_relu(x); }
+static double r_gelu(double x, double s) { return ref_gelu(x); }
+static double r_gelu_tanh(double x, double s) { return ref_gelu_tanh(x); }
+static double r_pow(double x, double s) { return pow(x, s); }
+static double r_add_s(double x, double s) { return x + s; }
+static double r_mul_s(double x, double s) { return x * s; }
+static double r_recip(double x, double s) { return 1 / x; }
+
+/* Indexed by op: adding a row to the table without a reference here fails
+ * to compile. s: the scalar; positive: domain x > 0. */
+static const struct {
+    double (*ref)(double x, double s);
+    double s;
+    bool positive;
+} table_unary[] = {
+    [NB_U_NEG] = {r_neg, 0, false},         [NB_U_EXP] = {r_exp, 0, false},
+    [NB_U_LOG] = {r_log, 0, true},          [NB_U_SQRT] = {r_sqrt, 0, true},
+    [NB_U_RSQRT] = {r_rsqrt, 0, true},      [NB_U_ABS] = {r_abs, 0, false},
+    [NB_U_TANH] = {r_tanh, 0, false},       [NB_U_SIGMOID] = {r_sigmoid, 0, false},
+    [NB_U_RELU] = {r_relu, 0, false},       [NB_U_GELU] = {r_gelu, 0, false},
+    [NB_U_GELU_TANH] = {r_gelu_tanh, 0, false}, [NB_U_POW] = {r_pow, 2.5, true},
+    [NB_U_ADD_S] = {r_add_s, -0.75, false}, [NB_U_MUL_S] = {r_mul_s, 1.25, false},
+    [NB_U_SIGN] = {r_sign, 0, false},       [NB_U_RELU_MASK] = {r_relu_mask, 0, false},
+    [NB_U_GELU_GRAD] = {r_gelu_grad, 0, false},
+    [NB_U_GELU_TANH_GRAD] = {r_gelu_tanh_grad, 0, false}, [NB_U_RECIP] = {r_recip, 0, false},
+};
+_Static_assert(sizeof table_unary / sizeof table_unary[0] == NB_U_COUNT,
+               "a reference for every unary op");
+
+static double r_add(double x, double y) { return x + y; }
+static double r_sub(double x, double y) { return x - y; }
+static double r_mul(double x, double y) { return x * y; }
+static double r_div(double x, double y) { return x / y; }
+static double (*const table_binary[])(double, double) = {
+    [NB_B_ADD] = r_add, [NB_B_SUB] = r_sub, [NB_B_MUL] = r_mul, [NB_B_DIV] = r_div};
+_Static_assert(sizeof table_binary / sizeof table_binary[0] == NB_B_COUNT,
+               "a reference for every binary op");
+
+/* The kernels on (7, 9) contiguous and transposed inputs, f64 and f32. */
+START_TEST(test_table_unary_ops) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    for (int op = 0; op < NB_U_COUNT; op++) {
+        ck_assert_ptr_nonnull(table_unary[op].ref);
+        ck_assert_msg(nb__unary_name((nb__unary_op)op)[0] != 0, "op %d has no name", op);
+        for (int dti = 0; dti < 2; dti++)
+            for (int tr = 0; tr < 2; tr++) {
+                nb_dtype dt = dti ? NB_F32 : NB_F64;
+                nb_tensor *x =
+                    domain_input(ctx, dt, NB_SHAPE(9, 7), table_unary[op].positive, 200 + op);
+                if (tr) x = nb_transpose(ctx, x, 0, 1);
+                else x = nb_reshape(ctx, x, NB_SHAPE(7, 9));
+                nb_tensor *y = nb__unary(ctx, (nb__unary_op)op, x, table_unary[op].s);
+                double xv[63], e[63];
+                nb_to_host_f64(x, xv);
+                for (int i = 0; i < 63; i++) e[i] = table_unary[op].ref(xv[i], table_unary[op].s);
+                ck_assert_msg(y->dtype == dt, "%s dtype", nb__unary_name((nb__unary_op)op));
+                nbt_assert_close(y, e, dt == NB_F32 ? 1e-6 : 1e-13, dt == NB_F32 ? 1e-5 : 1e-13);
+            }
+    }
+    ck_assert_str_eq(nb__unary_name(NB_U_EXP), "nb_exp");
+    ck_assert_str_eq(nb__unary_name((nb__unary_op)NB_U_COUNT), "elementwise op");
+    nb_tensor *i = nb_zeros(ctx, NB_I32, NB_SHAPE(2));
+    NBT_EXPECT_ABORT(nb__cpu_unary(NB_U_SIGN, nb_zeros(ctx, NB_I32, NB_SHAPE(2)), i, 0),
+                     "sign: dtype i32 has no CPU math");
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+/* Every binary op on every dtype with CPU math, broadcast (3, 1) with (4). */
+START_TEST(test_table_binary_ops) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    static const nb_dtype dts[] = {NB_F64, NB_F32, NB_I32, NB_I64};
+    double av[3] = {7, -9, 12}, bv[4] = {2, -3, 5, 4};
+    for (int op = 0; op < NB_B_COUNT; op++)
+        for (int d = 0; d < 4; d++) {
+            nb_tensor *a = nb_cast(ctx, nb_from_host(ctx, NB_F64, NB_SHAPE(3, 1), av), dts[d]);
+            nb_tensor *b = nb_cast(ctx, nb_from_host(ctx, NB_F64, NB_SHAPE(4), bv), dts[d]);
+            nb_tensor *y = nb__binary(ctx, (nb__binary_op)op, a, b);
+            double e[12];
+            for (int i = 0; i < 3; i++)
+                for (int j = 0; j < 4; j++) {
+                    double r = table_binary[op](av[i], bv[j]);
+                    e[i * 4 + j] = dts[d] == NB_I32 || dts[d] == NB_I64 ? trunc(r) : r;
+                }
+            ck_assert_msg(y->dtype == dts[d], "%s dtype", nb__binary_name((nb__binary_op)op));
+            nbt_assert_close(y, e, 1e-6, 1e-6);
+        }
+    ck_assert_str_eq(nb__binary_name(NB_B_DIV), "nb_div");
+    nb_tensor *h = nb_zeros(ctx, NB_BF16, NB_SHAPE(2));
+    NBT_EXPECT_ABORT(nb__cpu_binary(NB_B_MUL, nb_zeros(ctx, NB_BF16, NB_SHAPE(2)), h, h),
+                     "nb_mul: dtype bf16 has no CPU math");
+    nb_ctx_free(ctx);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("elementwise");
     TCase *tc = tcase_create("core");
@@ -291,6 +407,8 @@ int main(void) {
     tcase_add_test(tc, test_where_masked_fill);
     tcase_add_test(tc, test_errors);
     tcase_add_test(tc, test_inplace_helpers);
+    tcase_add_test(tc, test_table_unary_ops);
+    tcase_add_test(tc, test_table_binary_ops);
     suite_add_tcase(s, tc);
     return nbt_run(s);
 }

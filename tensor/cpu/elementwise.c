@@ -4,7 +4,7 @@
  * An iterator collapses dimensions that are contiguous for every operand,
  * so a contiguous operation becomes one flat loop; the inner loop has a
  * unit-stride branch that the compiler can vectorise. f32 math is done in
- * float, f64 math in double. */
+ * float, f64 math in double, with the formulas of tensor/op_table.h. */
 #include <math.h>
 #include <string.h>
 
@@ -93,52 +93,16 @@ typedef struct unary_arg {
     double s;
 } unary_arg;
 
-#define SQRT_2_OVER_PI 0.7978845608028654
-#define INV_SQRT_2 0.7071067811865476
-#define INV_SQRT_2PI 0.3989422804014327
-
-#define UNARY_CASES(T, EXP, LOG, SQRT, TANH, ERF, POW, FABS, GTANH)                            \
-    case NB_U_NEG: LOOP(-x); break;                                                          \
-    case NB_U_EXP: LOOP(EXP(x)); break;                                                      \
-    case NB_U_LOG: LOOP(LOG(x)); break;                                                      \
-    case NB_U_SQRT: LOOP(SQRT(x)); break;                                                    \
-    case NB_U_RSQRT: LOOP((T)1 / SQRT(x)); break;                                            \
-    case NB_U_RECIP: LOOP((T)1 / x); break;                                                  \
-    case NB_U_ABS: LOOP(FABS(x)); break;                                                     \
-    case NB_U_SIGN: LOOP((T)((x > 0) - (x < 0))); break;                                     \
-    case NB_U_TANH: LOOP(TANH(x)); break;                                                    \
-    case NB_U_SIGMOID:                                                                       \
-        LOOP(x >= 0 ? (T)1 / ((T)1 + EXP(-x)) : EXP(x) / ((T)1 + EXP(x))); break;            \
-    case NB_U_RELU: LOOP(x > 0 ? x : (T)0); break;                                           \
-    case NB_U_RELU_MASK: LOOP(x > 0 ? (T)1 : (T)0); break;                                   \
-    case NB_U_GELU: LOOP((T)0.5 * x * ((T)1 + ERF(x * (T)INV_SQRT_2))); break;               \
-    case NB_U_GELU_TANH:                                                                     \
-        LOOP((T)0.5 * x * ((T)1 + GTANH((T)SQRT_2_OVER_PI * (x + (T)0.044715 * x * x * x)))); \
-        break;                                                                               \
-    case NB_U_GELU_GRAD:                                                                     \
-        LOOP((T)0.5 * ((T)1 + ERF(x * (T)INV_SQRT_2)) +                                      \
-             x * (T)INV_SQRT_2PI * EXP((T)-0.5 * x * x));                                    \
-        break;                                                                               \
-    case NB_U_GELU_TANH_GRAD:                                                                \
-        LOOP(gelu_tanh_grad_##T(x)); break;                                                  \
-    case NB_U_POW: LOOP(POW(x, s)); break;                                                   \
-    case NB_U_ADD_S: LOOP(x + s); break;                                                     \
-    case NB_U_MUL_S: LOOP(x * s); break;
-
 /* tanh through one exp: accurate to about 1e-7 absolute, which is all
  * GELU's 0.5 x (1 + t) needs, and it vectorises. */
 static inline float tanh_via_exp(float u) { return 1.0f - 2.0f / (1.0f + nb__exp_f32(2.0f * u)); }
 
-static inline float gelu_tanh_grad_float(float x) {
-    float k = (float)SQRT_2_OVER_PI, c = 0.044715f;
-    float t = tanh_via_exp(k * (x + c * x * x * x));
-    return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * k * (1.0f + 3.0f * c * x * x);
-}
-static inline double gelu_tanh_grad_double(double x) {
-    double k = SQRT_2_OVER_PI, c = 0.044715;
-    double t = tanh(k * (x + c * x * x * x));
-    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k * (1.0 + 3.0 * c * x * x);
-}
+/* The f32 formulas with that tanh in GELU_TANH and its gradient: nb__f_*_f32v
+ * (Note [Op tables] in tensor/op_table.h). */
+NB__UNARY_FORMULAS(float, f32v, f, tanh_via_exp)
+
+/* One case per table row; LOOP and FORMULA are defined by the caller. */
+#define UNARY_CASE(E, f, name) case NB_U_##E: LOOP(FORMULA(f)(x, s)); break;
 
 NB_CPU_CLONES static void unary_f32(int64_t n, char **p, const int64_t *st, const void *varg) {
     const unary_arg *arg = varg;
@@ -155,7 +119,9 @@ NB_CPU_CLONES static void unary_f32(int64_t n, char **p, const int64_t *st, cons
             *(float *)(p[0] + i * st[0]) = (EXPR);                                           \
         }                                                                                    \
     }
-    switch (arg->op) { UNARY_CASES(float, expf, logf, sqrtf, tanhf, erff, powf, fabsf, tanh_via_exp) }
+#define FORMULA(f) nb__f_##f##_f32v
+    switch (arg->op) { NB_UNARY_OPS(UNARY_CASE) }
+#undef FORMULA
 #undef LOOP
 }
 
@@ -174,7 +140,9 @@ static void unary_f64(int64_t n, char **p, const int64_t *st, const void *varg) 
             *(double *)(p[0] + i * st[0]) = (EXPR);                                          \
         }                                                                                    \
     }
-    switch (arg->op) { UNARY_CASES(double, exp, log, sqrt, tanh, erf, pow, fabs, tanh) }
+#define FORMULA(f) nb__f_##f##_f64
+    switch (arg->op) { NB_UNARY_OPS(UNARY_CASE) }
+#undef FORMULA
 #undef LOOP
 }
 
@@ -184,12 +152,12 @@ void nb__cpu_unary(nb__unary_op op, nb_tensor *out, const nb_tensor *a, double s
     unary_arg arg = {op, s};
     if (out->dtype == NB_F32) iter_run(&it, unary_f32, &arg);
     else if (out->dtype == NB_F64) iter_run(&it, unary_f64, &arg);
-    else NB_ABORT("elementwise op: dtype %s has no CPU math", nb_dtype_name(out->dtype));
+    else NB_ABORT("%s: dtype %s has no CPU math", nb__unary_name(op), nb_dtype_name(out->dtype));
 }
 
 NB_CPU_CLONES static void gelu_tanh_backward_f32(float *dx, const float *g, const float *x,
                                                  int64_t n) {
-    for (int64_t i = 0; i < n; i++) dx[i] = g[i] * gelu_tanh_grad_float(x[i]);
+    for (int64_t i = 0; i < n; i++) dx[i] = g[i] * nb__f_gelu_tanh_grad_f32v(x[i], 0);
 }
 
 void nb__cpu_gelu_tanh_backward(nb_tensor *dx, const nb_tensor *g, const nb_tensor *x) {
@@ -197,35 +165,38 @@ void nb__cpu_gelu_tanh_backward(nb_tensor *dx, const nb_tensor *g, const nb_tens
 }
 
 /* ---- binary ---- */
+/* One loop per table row over unit strides (it vectorises), one switch
+ * per element otherwise. */
+#define BINARY_UNIT_CASE(E, f, name)                                                         \
+    case NB_B_##E: for (int64_t i = 0; i < n; i++) o[i] = FORMULA(f)(a[i], b[i]); break;
+#define BINARY_CASE(E, f, name) case NB_B_##E: r = FORMULA(f)(x, y); break;
 #define BINARY_BODY(T)                                                                       \
     nb__binary_op op = *(const nb__binary_op *)varg;                                         \
     const int64_t sz = (int64_t)sizeof(T);                                                   \
     if (st[0] == sz && st[1] == sz && st[2] == sz) {                                         \
         T *o = (T *)p[0];                                                                    \
         const T *a = (const T *)p[1], *b = (const T *)p[2];                                  \
-        switch (op) {                                                                        \
-        case NB_B_ADD: for (int64_t i = 0; i < n; i++) o[i] = a[i] + b[i]; break;            \
-        case NB_B_SUB: for (int64_t i = 0; i < n; i++) o[i] = a[i] - b[i]; break;            \
-        case NB_B_MUL: for (int64_t i = 0; i < n; i++) o[i] = a[i] * b[i]; break;            \
-        case NB_B_DIV: for (int64_t i = 0; i < n; i++) o[i] = a[i] / b[i]; break;            \
-        }                                                                                    \
+        switch (op) { NB_BINARY_OPS(BINARY_UNIT_CASE) }                                      \
         return;                                                                              \
     }                                                                                        \
     for (int64_t i = 0; i < n; i++) {                                                        \
         T x = *(const T *)(p[1] + i * st[1]), y = *(const T *)(p[2] + i * st[2]), r = 0;     \
-        switch (op) {                                                                        \
-        case NB_B_ADD: r = x + y; break;                                                     \
-        case NB_B_SUB: r = x - y; break;                                                     \
-        case NB_B_MUL: r = x * y; break;                                                     \
-        case NB_B_DIV: r = x / y; break;                                                     \
-        }                                                                                    \
+        switch (op) { NB_BINARY_OPS(BINARY_CASE) }                                           \
         *(T *)(p[0] + i * st[0]) = r;                                                        \
     }
 
+#define FORMULA(f) nb__f_##f##_f32
 NB_CPU_CLONES static void binary_f32(int64_t n, char **p, const int64_t *st, const void *varg) { BINARY_BODY(float) }
+#undef FORMULA
+#define FORMULA(f) nb__f_##f##_f64
 static void binary_f64(int64_t n, char **p, const int64_t *st, const void *varg) { BINARY_BODY(double) }
+#undef FORMULA
+#define FORMULA(f) nb__f_##f##_i32
 static void binary_i32(int64_t n, char **p, const int64_t *st, const void *varg) { BINARY_BODY(int32_t) }
+#undef FORMULA
+#define FORMULA(f) nb__f_##f##_i64
 static void binary_i64(int64_t n, char **p, const int64_t *st, const void *varg) { BINARY_BODY(int64_t) }
+#undef FORMULA
 
 void nb__cpu_binary(nb__binary_op op, nb_tensor *out, const nb_tensor *a, const nb_tensor *b) {
     const nb_tensor *in[2] = {a, b};
@@ -236,7 +207,7 @@ void nb__cpu_binary(nb__binary_op op, nb_tensor *out, const nb_tensor *a, const 
     case NB_F64: iter_run(&it, binary_f64, &op); break;
     case NB_I32: iter_run(&it, binary_i32, &op); break;
     case NB_I64: iter_run(&it, binary_i64, &op); break;
-    default: NB_ABORT("elementwise op: dtype %s has no CPU math", nb_dtype_name(out->dtype));
+    default: NB_ABORT("%s: dtype %s has no CPU math", nb__binary_name(op), nb_dtype_name(out->dtype));
     }
 }
 

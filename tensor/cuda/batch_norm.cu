@@ -69,20 +69,10 @@
 
 /* Element i (stride st) of a vector of dtype dt (any float dtype), as double. */
 static __device__ __forceinline__ double load_vec(const void *p, int dt, int64_t i, int64_t st) {
-    switch (dt) {
-    case NB_F64: return ((const double *)p)[i * st];
-    case NB_BF16: return (double)__bfloat162float(((const __nv_bfloat16 *)p)[i * st]);
-    case NB_F16: return (double)__half2float(((const __half *)p)[i * st]);
-    default: return (double)((const float *)p)[i * st];
-    }
+    return load_f64(p, i * st, dt);
 }
 static __device__ __forceinline__ void store_vec(void *p, int dt, int64_t i, int64_t st, double v) {
-    switch (dt) {
-    case NB_F64: ((double *)p)[i * st] = v; break;
-    case NB_BF16: ((__nv_bfloat16 *)p)[i * st] = __float2bfloat16((float)v); break;
-    case NB_F16: ((__half *)p)[i * st] = __float2half((float)v); break;
-    default: ((float *)p)[i * st] = (float)v; break;
-    }
+    store_f64(p, i * st, dt, v);
 }
 
 /* Per-channel coefficients of the elementwise passes. */
@@ -316,15 +306,6 @@ static void vec_convert(cudaStream_t st, void *dst, nb_dtype ddt, const void *sr
     vec_convert_kernel<<<blocks_for(c), THREADS, 0, st>>>(dst, ddt, src, sdt, c, fill);
     NB_CUDA_CHECK_LAUNCH(OP);
 }
-
-#define DISPATCH(dt, launch, ...)                                                              \
-    switch (dt) {                                                                              \
-    case NB_F32: launch<float>(__VA_ARGS__); break;                                            \
-    case NB_F64: launch<double>(__VA_ARGS__); break;                                           \
-    case NB_BF16: launch<__nv_bfloat16>(__VA_ARGS__); break;                                   \
-    case NB_F16: launch<__half>(__VA_ARGS__); break;                                           \
-    default: NB_ABORT("%s: unsupported dtype %s", OP, nb_dtype_name(dt));                      \
-    }
 
 static void check_float(const char *what, const nb_tensor *t) {
     if (t && t->dtype != NB_F32 && t->dtype != NB_F64 && t->dtype != NB_BF16 && t->dtype != NB_F16)
@@ -598,18 +579,19 @@ extern "C" void nb__cuda_batch_norm(nb_tensor *y, nb_tensor *save_mean, nb_tenso
         int64_t chunk, splits = splits_for(c, m, &chunk);
         double *part = (double *)nb_ctx_alloc(y->ctx, sizeof(double) * (size_t)(c * splits + c), 0);
         double *mean = part + c * splits;
-        DISPATCH(x->dtype, stats_launch, st, part, x->data, (const double *)NULL, n, c, s, splits,
-                 chunk);
+        BY_FLOAT_DTYPE(OP, x->dtype, stats_launch, st, part, x->data, (const double *)NULL, n, c,
+                       s, splits, chunk);
         mean_kernel<<<blocks_for(c), THREADS, 0, st>>>(mean, part, c, splits, (double)m);
         NB_CUDA_CHECK_LAUNCH(OP);
-        DISPATCH(x->dtype, stats_launch, st, part, x->data, (const double *)mean, n, c, s, splits,
-                 chunk);
+        BY_FLOAT_DTYPE(OP, x->dtype, stats_launch, st, part, x->data, (const double *)mean, n, c,
+                       s, splits, chunk);
         channel_kernel<<<blocks_for(c), THREADS, 0, st>>>(sc, sh, mean, part, splits, (double)m, p);
     } else {
         channel_kernel<<<blocks_for(c), THREADS, 0, st>>>(sc, sh, NULL, NULL, 0, (double)m, p);
     }
     NB_CUDA_CHECK_LAUNCH(OP);
-    if (total > 0) DISPATCH(x->dtype, apply_launch, st, y->data, x->data, sc, sh, total, c, s);
+    if (total > 0)
+        BY_FLOAT_DTYPE(OP, x->dtype, apply_launch, st, y->data, x->data, sc, sh, total, c, s);
 }
 
 extern "C" void nb__cuda_batch_norm_backward(nb_tensor *dx, nb_tensor *dw, nb_tensor *db,
@@ -642,8 +624,8 @@ extern "C" void nb__cuda_batch_norm_backward(nb_tensor *dx, nb_tensor *dw, nb_te
     double *part = (double *)nb_ctx_alloc(out->ctx, sizeof(double) * (size_t)(2 * c * splits), 0);
     coef *cf = (coef *)nb_ctx_alloc(out->ctx, sizeof(coef) * (size_t)c, 0);
     if (m > 0) {
-        DISPATCH(x->dtype, grad_partial_launch, st, part, part + c * splits, g->data, x->data,
-                 mean->data, mean->dtype, n, c, s, splits, chunk);
+        BY_FLOAT_DTYPE(OP, x->dtype, grad_partial_launch, st, part, part + c * splits, g->data,
+                       x->data, mean->data, mean->dtype, n, c, s, splits, chunk);
     } else {
         NB_CUDA_CHECK(OP, cudaMemsetAsync(part, 0, sizeof(double) * (size_t)(2 * c * splits), st));
     }
@@ -653,6 +635,6 @@ extern "C" void nb__cuda_batch_norm_backward(nb_tensor *dx, nb_tensor *dw, nb_te
         (double)m);
     NB_CUDA_CHECK_LAUNCH(OP);
     if (dx && total > 0)
-        DISPATCH(x->dtype, dx_launch, st, dx->data, g->data, x->data, (const coef *)cf, total, c,
-                 s);
+        BY_FLOAT_DTYPE(OP, x->dtype, dx_launch, st, dx->data, g->data, x->data, (const coef *)cf,
+                       total, c, s);
 }

@@ -87,24 +87,12 @@ static void bias_grad_launch(cudaStream_t st, void *db, const void *gout, int64_
 
 static void bias_add(cudaStream_t st, nb_dtype dt, void *out, const void *b, int64_t total,
                      int64_t o, int64_t p) {
-    switch (dt) {
-    case NB_F32: bias_add_launch<float>(st, out, b, total, o, p); break;
-    case NB_F64: bias_add_launch<double>(st, out, b, total, o, p); break;
-    case NB_BF16: bias_add_launch<__nv_bfloat16>(st, out, b, total, o, p); break;
-    case NB_F16: bias_add_launch<__half>(st, out, b, total, o, p); break;
-    default: NB_ABORT("%s: unsupported dtype %s", OP, nb_dtype_name(dt));
-    }
+    BY_FLOAT_DTYPE(OP, dt, bias_add_launch, st, out, b, total, o, p);
 }
 
 static void bias_grad(cudaStream_t st, nb_dtype dt, void *db, const void *gout, int64_t n,
                       int64_t o, int64_t p) {
-    switch (dt) {
-    case NB_F32: bias_grad_launch<float>(st, db, gout, n, o, p); break;
-    case NB_F64: bias_grad_launch<double>(st, db, gout, n, o, p); break;
-    case NB_BF16: bias_grad_launch<__nv_bfloat16>(st, db, gout, n, o, p); break;
-    case NB_F16: bias_grad_launch<__half>(st, db, gout, n, o, p); break;
-    default: NB_ABORT("%s: unsupported dtype %s", OP, nb_dtype_name(dt));
-    }
+    BY_FLOAT_DTYPE(OP, dt, bias_grad_launch, st, db, gout, n, o, p);
 }
 
 /* ---------------------------------------------------------- plan cache */

@@ -201,15 +201,7 @@ void nb__cuda_dropout(nb_tensor *out, nb_tensor *mask, const nb_tensor *x, doubl
     if (n == 0) return;
     cudaStream_t s = nb__cuda_compute_stream(dev);
     void *m = mask ? mask->data : NULL;
-    switch (x->dtype) {
-    case NB_F32: launch_dropout<float>(s, out->data, m, x->data, n, p, seed, offset); break;
-    case NB_F64: launch_dropout<double>(s, out->data, m, x->data, n, p, seed, offset); break;
-    case NB_BF16:
-        launch_dropout<__nv_bfloat16>(s, out->data, m, x->data, n, p, seed, offset);
-        break;
-    case NB_F16: launch_dropout<__half>(s, out->data, m, x->data, n, p, seed, offset); break;
-    default: NB_ABORT("%s: dtype %s is not a float type", op, nb_dtype_name(x->dtype));
-    }
+    BY_FLOAT_DTYPE(op, x->dtype, launch_dropout, s, out->data, m, x->data, n, p, seed, offset);
     NB_CUDA_CHECK_LAUNCH(op);
 }
 
@@ -221,13 +213,7 @@ void nb__cuda_rand_uniform(nb_tensor *t, double low, double high, uint64_t seed,
     int64_t n = nb_numel(t);
     if (n == 0) return;
     cudaStream_t s = nb__cuda_compute_stream(dev);
-    switch (t->dtype) {
-    case NB_F32: launch_uniform<float>(s, t->data, n, low, high, seed, offset); break;
-    case NB_F64: launch_uniform<double>(s, t->data, n, low, high, seed, offset); break;
-    case NB_BF16: launch_uniform<__nv_bfloat16>(s, t->data, n, low, high, seed, offset); break;
-    case NB_F16: launch_uniform<__half>(s, t->data, n, low, high, seed, offset); break;
-    default: NB_ABORT("%s: dtype %s is not a float type", op, nb_dtype_name(t->dtype));
-    }
+    BY_FLOAT_DTYPE(op, t->dtype, launch_uniform, s, t->data, n, low, high, seed, offset);
     NB_CUDA_CHECK_LAUNCH(op);
 }
 
@@ -239,12 +225,6 @@ void nb__cuda_rand_normal(nb_tensor *t, double mean, double std, uint64_t seed,
     int64_t n = nb_numel(t);
     if (n == 0) return;
     cudaStream_t s = nb__cuda_compute_stream(dev);
-    switch (t->dtype) {
-    case NB_F32: launch_normal<float>(s, t->data, n, mean, std, seed, offset); break;
-    case NB_F64: launch_normal<double>(s, t->data, n, mean, std, seed, offset); break;
-    case NB_BF16: launch_normal<__nv_bfloat16>(s, t->data, n, mean, std, seed, offset); break;
-    case NB_F16: launch_normal<__half>(s, t->data, n, mean, std, seed, offset); break;
-    default: NB_ABORT("%s: dtype %s is not a float type", op, nb_dtype_name(t->dtype));
-    }
+    BY_FLOAT_DTYPE(op, t->dtype, launch_normal, s, t->data, n, mean, std, seed, offset);
     NB_CUDA_CHECK_LAUNCH(op);
 }

@@ -1,6 +1,7 @@
 /* CUDA elementwise engine: unary, binary, where, copy/cast (fills
  * included) and axpy over any strides with broadcasting, computing the
- * functions of tensor/cpu/elementwise.c.
+ * functions of tensor/cpu/elementwise.c: unary and binary ops through the
+ * tables and formulas of tensor/op_table.h (Note [Op tables]).
  *
  * The host collapses dims as the CPU iterator does (size-1 dims dropped,
  * dims contiguous for every operand merged; shape and element strides then
@@ -32,10 +33,6 @@
 #include "tensor/cuda/types.cuh"
 
 #define THREADS 256
-
-#define SQRT_2_OVER_PI 0.7978845608028654
-#define INV_SQRT_2 0.7071067811865476
-#define INV_SQRT_2PI 0.3989422804014327
 
 template <class T>
 constexpr bool is_f32_like = std::is_same_v<T, float> || std::is_same_v<T, bf16> ||
@@ -236,53 +233,19 @@ static cudaStream_t stream_for(const char *op, const nb_tensor *t) {
 }
 
 /* ------------------------------------------------------------ unary */
-static __device__ __forceinline__ float m_exp(float x) { return expf(x); }
-static __device__ __forceinline__ double m_exp(double x) { return exp(x); }
-static __device__ __forceinline__ float m_log(float x) { return logf(x); }
-static __device__ __forceinline__ double m_log(double x) { return log(x); }
-static __device__ __forceinline__ float m_sqrt(float x) { return sqrtf(x); }
-static __device__ __forceinline__ double m_sqrt(double x) { return sqrt(x); }
-static __device__ __forceinline__ float m_tanh(float x) { return tanhf(x); }
-static __device__ __forceinline__ double m_tanh(double x) { return tanh(x); }
-static __device__ __forceinline__ float m_erf(float x) { return erff(x); }
-static __device__ __forceinline__ double m_erf(double x) { return erf(x); }
-static __device__ __forceinline__ float m_pow(float x, float s) { return powf(x, s); }
-static __device__ __forceinline__ double m_pow(double x, double s) { return pow(x, s); }
-static __device__ __forceinline__ float m_abs(float x) { return fabsf(x); }
-static __device__ __forceinline__ double m_abs(double x) { return fabs(x); }
-
-template <class C> static __device__ __forceinline__ C unary_math(int op, C x, C s) {
-    const C one = (C)1;
-    switch (op) {
-    case NB_U_NEG: return -x;
-    case NB_U_EXP: return m_exp(x);
-    case NB_U_LOG: return m_log(x);
-    case NB_U_SQRT: return m_sqrt(x);
-    case NB_U_RSQRT: return one / m_sqrt(x);
-    case NB_U_RECIP: return one / x;
-    case NB_U_ABS: return m_abs(x);
-    case NB_U_SIGN: return (C)((x > 0) - (x < 0));
-    case NB_U_TANH: return m_tanh(x);
-    case NB_U_SIGMOID: return x >= 0 ? one / (one + m_exp(-x)) : m_exp(x) / (one + m_exp(x));
-    case NB_U_RELU: return x > 0 ? x : (C)0;
-    case NB_U_RELU_MASK: return x > 0 ? one : (C)0;
-    case NB_U_GELU: return (C)0.5 * x * (one + m_erf(x * (C)INV_SQRT_2));
-    case NB_U_GELU_TANH:
-        return (C)0.5 * x * (one + m_tanh((C)SQRT_2_OVER_PI * (x + (C)0.044715 * x * x * x)));
-    case NB_U_GELU_GRAD:
-        return (C)0.5 * (one + m_erf(x * (C)INV_SQRT_2)) +
-               x * (C)INV_SQRT_2PI * m_exp((C)-0.5 * x * x);
-    case NB_U_GELU_TANH_GRAD: {
-        const C k = (C)SQRT_2_OVER_PI, c = (C)0.044715;
-        C t = m_tanh(k * (x + c * x * x * x));
-        return (C)0.5 * (one + t) + (C)0.5 * x * (one - t * t) * k * (one + (C)3 * c * x * x);
+/* One case per table row, calling the formula of tensor/op_table.h for the
+ * compute type (Note [Op tables]); FORMULA(f) names it. */
+#define UNARY_CASE(E, f, name) case NB_U_##E: return FORMULA(f)(x, s);
+#define UNARY_MATH(T)                                                                         \
+    static __device__ __forceinline__ T unary_math(int op, T x, T s) {                        \
+        switch (op) { NB_UNARY_OPS(UNARY_CASE) default: return x; }                           \
     }
-    case NB_U_POW: return m_pow(x, s);
-    case NB_U_ADD_S: return x + s;
-    case NB_U_MUL_S: return x * s;
-    default: return x;
-    }
-}
+#define FORMULA(f) nb__f_##f##_f32
+UNARY_MATH(float)
+#undef FORMULA
+#define FORMULA(f) nb__f_##f##_f64
+UNARY_MATH(double)
+#undef FORMULA
 
 template <class T> struct unary_f {
     static constexpr int W = pack<T>::W;
@@ -291,28 +254,18 @@ template <class T> struct unary_f {
     int op;
     math_t<T> s;
     __device__ void operator()(const int64_t *off) const {
-        o[off[0]] = store_as<T>(unary_math<math_t<T>>(op, to_math(a[off[1]]), s));
+        o[off[0]] = store_as<T>(unary_math(op, to_math(a[off[1]]), s));
     }
     __device__ void vec(int64_t i) const {
         pack<T> x = ((const pack<T> *)a)[i], r;
 #pragma unroll
-        for (int k = 0; k < W; k++) r.v[k] = store_as<T>(unary_math<math_t<T>>(op, to_math(x.v[k]), s));
+        for (int k = 0; k < W; k++) r.v[k] = store_as<T>(unary_math(op, to_math(x.v[k]), s));
         ((pack<T> *)o)[i] = r;
     }
 };
 
-static const char *unary_name(nb__unary_op op) {
-    static const char *const names[] = {
-        "nb_neg", "nb_exp", "nb_log", "nb_sqrt", "nb_rsqrt", "nb_abs", "nb_tanh",
-        "nb_sigmoid", "nb_relu", "nb_gelu", "nb_gelu", "nb_pow", "nb_add_scalar",
-        "nb_mul_scalar", "sign", "relu backward", "nb_gelu backward", "nb_gelu backward",
-        "reciprocal"};
-    unsigned i = (unsigned)op;
-    return i < sizeof names / sizeof names[0] ? names[i] : "elementwise op";
-}
-
 void nb__cuda_unary(nb__unary_op op, nb_tensor *out, const nb_tensor *a, double s) {
-    const char *name = unary_name(op);
+    const char *name = nb__unary_name(op);
     cudaStream_t st = stream_for(name, out);
     geom<2> g;
     int64_t n = make_geom<2>(&g, out, &a);
@@ -328,14 +281,24 @@ void nb__cuda_unary(nb__unary_op op, nb_tensor *out, const nb_tensor *a, double 
 }
 
 /* ------------------------------------------------------------ binary */
-template <class C> static __device__ __forceinline__ C binary_math(int op, C x, C y) {
-    switch (op) {
-    case NB_B_ADD: return x + y;
-    case NB_B_SUB: return x - y;
-    case NB_B_MUL: return x * y;
-    default: return x / y;
+/* As unary_math. */
+#define BINARY_CASE(E, f, name) case NB_B_##E: return FORMULA(f)(x, y);
+#define BINARY_MATH(T)                                                                        \
+    static __device__ __forceinline__ T binary_math(int op, T x, T y) {                       \
+        switch (op) { NB_BINARY_OPS(BINARY_CASE) default: return x; }                         \
     }
-}
+#define FORMULA(f) nb__f_##f##_f32
+BINARY_MATH(float)
+#undef FORMULA
+#define FORMULA(f) nb__f_##f##_f64
+BINARY_MATH(double)
+#undef FORMULA
+#define FORMULA(f) nb__f_##f##_i32
+BINARY_MATH(int32_t)
+#undef FORMULA
+#define FORMULA(f) nb__f_##f##_i64
+BINARY_MATH(int64_t)
+#undef FORMULA
 
 template <class T> struct binary_f {
     static constexpr int W = pack<T>::W;
@@ -354,8 +317,7 @@ template <class T> struct binary_f {
 };
 
 void nb__cuda_binary(nb__binary_op op, nb_tensor *out, const nb_tensor *a, const nb_tensor *b) {
-    static const char *const names[] = {"nb_add", "nb_sub", "nb_mul", "nb_div"};
-    const char *name = (unsigned)op < 4 ? names[op] : "elementwise op";
+    const char *name = nb__binary_name(op);
     cudaStream_t st = stream_for(name, out);
     const nb_tensor *in[2] = {a, b};
     geom<3> g;
@@ -406,17 +368,12 @@ void nb__cuda_where(nb_tensor *out, const nb_tensor *cond, const nb_tensor *a,
     NB_CHECK(a->dtype == out->dtype && b->dtype == out->dtype,
              "%s: dtypes differ: out %s, inputs %s and %s", name, nb_dtype_name(out->dtype),
              nb_dtype_name(a->dtype), nb_dtype_name(b->dtype));
-    auto run = [&](auto t) {
+    by_dtype_bits(out->dtype, [&](auto t) {
         typedef typename decltype(t)::type U;
         where_f<U> f{(U *)out->data, cond->data, (const U *)a->data, (const U *)b->data,
                      (int)cond->dtype};
         launch<4>(name, st, f, n, g);
-    };
-    switch (nb_dtype_size(out->dtype)) {
-    case 2: run(tag<uint16_t>{}); break;
-    case 4: run(tag<uint32_t>{}); break;
-    default: run(tag<uint64_t>{}); break;
-    }
+    });
 }
 
 /* ------------------------------------------------------------ copy and fill */
@@ -432,17 +389,6 @@ template <class U> struct fill_f {
     __device__ void operator()(const int64_t *off) const { o[off[0]] = v; }
 };
 
-static double host_load(const void *p, nb_dtype dt) {
-    switch (dt) {
-    case NB_F32: { float v; memcpy(&v, p, 4); return v; }
-    case NB_F64: { double v; memcpy(&v, p, 8); return v; }
-    case NB_BF16: { uint16_t v; memcpy(&v, p, 2); return nb_bf16_to_f32(v); }
-    case NB_F16: { uint16_t v; memcpy(&v, p, 2); return nb_f16_to_f32(v); }
-    case NB_I32: { int32_t v; memcpy(&v, p, 4); return v; }
-    default: { int64_t v; memcpy(&v, p, 8); return (double)v; }
-    }
-}
-
 /* *dst (8 bytes, dd) = the value at src (sd), converted as nb__cpu_copy does. */
 static void host_convert(uint64_t *dst, nb_dtype dd, const void *src, nb_dtype sd) {
     *dst = 0;
@@ -450,22 +396,14 @@ static void host_convert(uint64_t *dst, nb_dtype dd, const void *src, nb_dtype s
         memcpy(dst, src, nb_dtype_size(dd));
         return;
     }
-    if (sd == NB_I64 && dd == NB_I32) {
+    if (sd == NB_I64 && dd == NB_I32) { /* not through a double, which would round */
         int64_t v;
         memcpy(&v, src, 8);
         int32_t r = (int32_t)v;
         memcpy(dst, &r, 4);
         return;
     }
-    double v = host_load(src, sd);
-    switch (dd) {
-    case NB_F32: { float r = (float)v; memcpy(dst, &r, 4); break; }
-    case NB_F64: memcpy(dst, &v, 8); break;
-    case NB_BF16: { uint16_t r = nb_f32_to_bf16((float)v); memcpy(dst, &r, 2); break; }
-    case NB_F16: { uint16_t r = nb_f32_to_f16((float)v); memcpy(dst, &r, 2); break; }
-    case NB_I32: { int32_t r = (int32_t)v; memcpy(dst, &r, 4); break; }
-    default: { int64_t r = (int64_t)v; memcpy(dst, &r, 8); break; }
-    }
+    nb__store(dst, dd, nb__load(src, sd));
 }
 
 /* dst = one host value: src is a CPU tensor of one element. */
@@ -478,23 +416,12 @@ static void fill_from_host(const char *name, cudaStream_t st, nb_tensor *dst,
     host_convert(&bits, dst->dtype, src->data, src->dtype);
     geom<1> g;
     int64_t n = make_geom<1>(&g, dst, nullptr);
-    switch (nb_dtype_size(dst->dtype)) {
-    case 2: {
-        uint16_t v;
-        memcpy(&v, &bits, 2);
-        launch<1>(name, st, fill_f<uint16_t>{(uint16_t *)dst->data, v}, n, g);
-        break;
-    }
-    case 4: {
-        uint32_t v;
-        memcpy(&v, &bits, 4);
-        launch<1>(name, st, fill_f<uint32_t>{(uint32_t *)dst->data, v}, n, g);
-        break;
-    }
-    default:
-        launch<1>(name, st, fill_f<uint64_t>{(uint64_t *)dst->data, bits}, n, g);
-        break;
-    }
+    by_dtype_bits(dst->dtype, [&](auto t) {
+        typedef typename decltype(t)::type U;
+        U v;
+        memcpy(&v, &bits, sizeof v);
+        launch<1>(name, st, fill_f<U>{(U *)dst->data, v}, n, g);
+    });
 }
 
 void nb__cuda_copy(nb_tensor *dst, const nb_tensor *src) {

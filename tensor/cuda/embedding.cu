@@ -131,12 +131,9 @@ void nb__cuda_embedding(nb_tensor *out, const nb_tensor *w, const nb_tensor *idx
     if (np == 0 || w->shape[1] == 0) return;
     cudaStream_t s = nb__cuda_compute_stream(dev);
     nb__cuda_fault *fault = nb__cuda_fault_slot(dev);
-    switch (nb_dtype_size(w->dtype)) {
-    case 2: launch_forward<uint16_t>(s, out, w, idx, np, fault); break;
-    case 4: launch_forward<uint32_t>(s, out, w, idx, np, fault); break;
-    case 8: launch_forward<uint64_t>(s, out, w, idx, np, fault); break;
-    default: NB_ABORT("%s: unsupported dtype %s", op, nb_dtype_name(w->dtype));
-    }
+    by_dtype_bits(w->dtype, [&](auto t) {
+        launch_forward<typename decltype(t)::type>(s, out, w, idx, np, fault);
+    });
     NB_CUDA_CHECK_LAUNCH(op);
 }
 
@@ -176,12 +173,6 @@ void nb__cuda_embedding_backward(nb_tensor *gw, const nb_tensor *g, const nb_ten
     NB_CUDA_CHECK_LAUNCH(op);
     NB_CUDA_CHECK(op, cub::DeviceRadixSort::SortPairs(temp, temp_bytes, keys_in, keys_out,
                                                       pos_in, pos_out, n, 0, end_bit, s));
-    switch (gw->dtype) {
-    case NB_F32: launch_backward<float>(s, gw, g, keys_out, pos_out, np); break;
-    case NB_F64: launch_backward<double>(s, gw, g, keys_out, pos_out, np); break;
-    case NB_BF16: launch_backward<__nv_bfloat16>(s, gw, g, keys_out, pos_out, np); break;
-    case NB_F16: launch_backward<__half>(s, gw, g, keys_out, pos_out, np); break;
-    default: NB_ABORT("%s: dtype %s is not a float type", op, nb_dtype_name(gw->dtype));
-    }
+    BY_FLOAT_DTYPE(op, gw->dtype, launch_backward, s, gw, g, keys_out, pos_out, np);
     NB_CUDA_CHECK_LAUNCH(op);
 }

@@ -680,18 +680,16 @@ void nb__cuda_layer_norm(nb_tensor *y, nb_tensor *mean, nb_tensor *rstd, const n
                  (mean->dtype == NB_F32 || (f64_stats && x->dtype == NB_F64)),
              "%s: statistics must be f32 (or f64 for f64 input), got %s for %s input", op,
              nb_dtype_name(mean->dtype), nb_dtype_name(x->dtype));
-    switch (x->dtype) {
-    case NB_F32: launch_forward<float, float>(s, y, mean, rstd, x, w, b, m, d, eps); break;
-    case NB_F64:
-        if (f64_stats) launch_forward<double, double>(s, y, mean, rstd, x, w, b, m, d, eps);
-        else launch_forward<double, float>(s, y, mean, rstd, x, w, b, m, d, eps);
-        break;
-    case NB_BF16:
-        launch_forward<__nv_bfloat16, float>(s, y, mean, rstd, x, w, b, m, d, eps);
-        break;
-    case NB_F16: launch_forward<__half, float>(s, y, mean, rstd, x, w, b, m, d, eps); break;
-    default: NB_ABORT("%s: dtype %s is not a float type", op, nb_dtype_name(x->dtype));
-    }
+    by_float_dtype(op, x->dtype, [&](auto t) {
+        typedef typename decltype(t)::type T;
+        if constexpr (std::is_same_v<T, double>) {
+            if (f64_stats) {
+                launch_forward<double, double>(s, y, mean, rstd, x, w, b, m, d, eps);
+                return;
+            }
+        }
+        launch_forward<T, float>(s, y, mean, rstd, x, w, b, m, d, eps);
+    });
     NB_CUDA_CHECK_LAUNCH(op);
 }
 
@@ -705,22 +703,14 @@ void nb__cuda_layer_norm_backward(nb_tensor *dx, nb_tensor *dw, nb_tensor *db,
     if (d == 0 || (!dx && !dw && !db)) return;
     cudaStream_t s = nb__cuda_compute_stream(dev);
     bool f64_stats = mean->dtype == NB_F64;
-    switch (x->dtype) {
-    case NB_F32:
-        launch_backward<float, float>(s, dx, dw, db, g, x, mean, rstd, w, m, d, op);
-        break;
-    case NB_F64:
-        if (f64_stats)
-            launch_backward<double, double>(s, dx, dw, db, g, x, mean, rstd, w, m, d, op);
-        else
-            launch_backward<double, float>(s, dx, dw, db, g, x, mean, rstd, w, m, d, op);
-        break;
-    case NB_BF16:
-        launch_backward<__nv_bfloat16, float>(s, dx, dw, db, g, x, mean, rstd, w, m, d, op);
-        break;
-    case NB_F16:
-        launch_backward<__half, float>(s, dx, dw, db, g, x, mean, rstd, w, m, d, op);
-        break;
-    default: NB_ABORT("%s: dtype %s is not a float type", op, nb_dtype_name(x->dtype));
-    }
+    by_float_dtype(op, x->dtype, [&](auto t) {
+        typedef typename decltype(t)::type T;
+        if constexpr (std::is_same_v<T, double>) {
+            if (f64_stats) {
+                launch_backward<double, double>(s, dx, dw, db, g, x, mean, rstd, w, m, d, op);
+                return;
+            }
+        }
+        launch_backward<T, float>(s, dx, dw, db, g, x, mean, rstd, w, m, d, op);
+    });
 }

@@ -45,14 +45,9 @@
 
 /* ------------------------------------------------------------- kernels */
 
-static __device__ __forceinline__ float gelu_tanh(float x) {
-    const float k = 0.7978845608028654f, c = 0.044715f;
-    return 0.5f * x * (1.0f + tanhf(k * (x + c * x * x * x)));
-}
-static __device__ __forceinline__ double gelu_tanh(double x) {
-    const double k = 0.7978845608028654, c = 0.044715;
-    return 0.5 * x * (1.0 + tanh(k * (x + c * x * x * x)));
-}
+/* nb_gelu(NB_GELU_TANH)'s formula (tensor/op_table.h) */
+static __device__ __forceinline__ float gelu_tanh(float x) { return nb__f_gelu_tanh_f32(x, 0); }
+static __device__ __forceinline__ double gelu_tanh(double x) { return nb__f_gelu_tanh_f64(x, 0); }
 
 /* out (R, N) contiguous: v = out + bias[col]; pre = v; out = gelu(v). */
 template <typename T>
@@ -82,13 +77,7 @@ static void epilogue_launch(cudaStream_t st, void *out, void *pre, const void *b
 static void epilogue(cudaStream_t st, nb_dtype dt, void *out, void *pre, const void *bias,
                      int64_t total, int64_t n, bool gelu) {
     if (total == 0) return;
-    switch (dt) {
-    case NB_F32: epilogue_launch<float>(st, out, pre, bias, total, n, gelu); break;
-    case NB_F64: epilogue_launch<double>(st, out, pre, bias, total, n, gelu); break;
-    case NB_BF16: epilogue_launch<__nv_bfloat16>(st, out, pre, bias, total, n, gelu); break;
-    case NB_F16: epilogue_launch<__half>(st, out, pre, bias, total, n, gelu); break;
-    default: NB_ABORT("%s: unsupported dtype %s", OP, nb_dtype_name(dt));
-    }
+    BY_FLOAT_DTYPE(OP, dt, epilogue_launch, st, out, pre, bias, total, n, gelu);
 }
 
 /* ------------------------------------------------------------- layouts */

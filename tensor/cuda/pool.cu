@@ -141,14 +141,6 @@ static void avg_bwd_launch(cudaStream_t st, void *dx, const void *gout, const po
     NB_CUDA_CHECK_LAUNCH("nb_avg_pool2d");
 }
 
-#define DISPATCH(op, dt, launch, ...)                                                          \
-    switch (dt) {                                                                              \
-    case NB_F32: launch<float>(__VA_ARGS__); break;                                            \
-    case NB_F64: launch<double>(__VA_ARGS__); break;                                           \
-    case NB_BF16: launch<__nv_bfloat16>(__VA_ARGS__); break;                                   \
-    case NB_F16: launch<__half>(__VA_ARGS__); break;                                           \
-    default: NB_ABORT("%s: unsupported dtype %s", op, nb_dtype_name(dt));                      \
-    }
 
 /* --------------------------------------------------------- entry points */
 extern "C" void nb__cuda_max_pool2d(nb_tensor *out, nb_tensor *arg, const nb_tensor *x,
@@ -159,7 +151,8 @@ extern "C" void nb__cuda_max_pool2d(nb_tensor *out, nb_tensor *arg, const nb_ten
     int64_t total = g->planes * g->oh * g->ow;
     if (total == 0) return;
     cudaStream_t st = nb__cuda_compute_stream(dev);
-    DISPATCH(op, x->dtype, max_fwd_launch, st, out->data, (int64_t *)arg->data, x->data, g, total);
+    BY_FLOAT_DTYPE(op, x->dtype, max_fwd_launch, st, out->data, (int64_t *)arg->data, x->data, g,
+                   total);
 }
 
 extern "C" void nb__cuda_max_pool2d_backward(nb_tensor *dx, const nb_tensor *arg,
@@ -170,8 +163,8 @@ extern "C" void nb__cuda_max_pool2d_backward(nb_tensor *dx, const nb_tensor *arg
     int64_t total = g->planes * g->h * g->w;
     if (total == 0) return;
     cudaStream_t st = nb__cuda_compute_stream(dev);
-    DISPATCH(op, dx->dtype, max_bwd_launch, st, dx->data, (const int64_t *)arg->data, gout->data,
-             g, total);
+    BY_FLOAT_DTYPE(op, dx->dtype, max_bwd_launch, st, dx->data, (const int64_t *)arg->data,
+                   gout->data, g, total);
 }
 
 extern "C" void nb__cuda_avg_pool2d(nb_tensor *out, const nb_tensor *x, const nb__pool2d_geom *g) {
@@ -181,7 +174,7 @@ extern "C" void nb__cuda_avg_pool2d(nb_tensor *out, const nb_tensor *x, const nb
     int64_t total = g->planes * g->oh * g->ow;
     if (total == 0) return;
     cudaStream_t st = nb__cuda_compute_stream(dev);
-    DISPATCH(op, x->dtype, avg_fwd_launch, st, out->data, x->data, g, total);
+    BY_FLOAT_DTYPE(op, x->dtype, avg_fwd_launch, st, out->data, x->data, g, total);
 }
 
 extern "C" void nb__cuda_avg_pool2d_backward(nb_tensor *dx, const nb_tensor *gout,
@@ -192,5 +185,5 @@ extern "C" void nb__cuda_avg_pool2d_backward(nb_tensor *dx, const nb_tensor *gou
     int64_t total = g->planes * g->h * g->w;
     if (total == 0) return;
     cudaStream_t st = nb__cuda_compute_stream(dev);
-    DISPATCH(op, dx->dtype, avg_bwd_launch, st, dx->data, gout->data, g, total);
+    BY_FLOAT_DTYPE(op, dx->dtype, avg_bwd_launch, st, dx->data, gout->data, g, total);
 }

@@ -54,6 +54,16 @@ static __device__ __forceinline__ double load_f64(const void *p, int64_t i, int 
     }
 }
 
+/* Element i of a float tensor of any dtype = v, rounded to its dtype. */
+static __device__ __forceinline__ void store_f64(void *p, int64_t i, int dt, double v) {
+    switch (dt) {
+    case NB_F32: put((float *)p + i, v); break;
+    case NB_F64: put((double *)p + i, v); break;
+    case NB_BF16: put((bf16 *)p + i, v); break;
+    default: put((f16 *)p + i, v); break;
+    }
+}
+
 /* Calls fn(tag<T>{}) for the storage type T of the float dtype dt. */
 template <class Fn> static void by_float_dtype(const char *op, nb_dtype dt, Fn fn) {
     switch (dt) {
@@ -65,5 +75,20 @@ template <class Fn> static void by_float_dtype(const char *op, nb_dtype dt, Fn f
     }
     NB_ABORT("%s: dtype %s has no CUDA kernel", op, nb_dtype_name(dt));
 }
+
+/* Calls fn(tag<U>{}) for the unsigned integer U of dt's size, for kernels
+ * that move elements without looking at them. */
+template <class Fn> static void by_dtype_bits(nb_dtype dt, Fn fn) {
+    switch (nb_dtype_size(dt)) {
+    case 2: fn(tag<uint16_t>{}); return;
+    case 4: fn(tag<uint32_t>{}); return;
+    default: fn(tag<uint64_t>{}); return;
+    }
+}
+
+/* launch<T>(...) for the storage type T of the float dtype dt: by_float_dtype
+ * for a launcher templated on T alone. */
+#define BY_FLOAT_DTYPE(op, dt, launch, ...)                                                    \
+    by_float_dtype(op, dt, [&](auto t_) { launch<typename decltype(t_)::type>(__VA_ARGS__); })
 
 #endif
