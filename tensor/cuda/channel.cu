@@ -9,37 +9,11 @@
  * timing (no atomics), so a step is reproducible. Everything is computed
  * in f64, the dtype of the statistics, as the CPU version does; 16-bit
  * inputs are widened on load and rounded once on store. */
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include "tensor/cuda/check.h"
 #include "tensor/cuda/cuda.h"
+#include "tensor/cuda/types.cuh"
 
 #define THREADS 256
-#define MAX_BLOCKS 65535
-
-static __device__ __forceinline__ double to_f64(float v) { return (double)v; }
-static __device__ __forceinline__ double to_f64(double v) { return v; }
-static __device__ __forceinline__ double to_f64(__nv_bfloat16 v) { return (double)__bfloat162float(v); }
-static __device__ __forceinline__ double to_f64(__half v) { return (double)__half2float(v); }
-
-template <typename T> static __device__ __forceinline__ T from_f64(double v);
-template <> __device__ __forceinline__ float from_f64<float>(double v) { return (float)v; }
-template <> __device__ __forceinline__ double from_f64<double>(double v) { return v; }
-template <> __device__ __forceinline__ __nv_bfloat16 from_f64<__nv_bfloat16>(double v) {
-    return __double2bfloat16(v);
-}
-template <> __device__ __forceinline__ __half from_f64<__half>(double v) { return __double2half(v); }
-
-/* Element i of a per-channel vector of dtype dt (f32, f64, bf16, f16). */
-static __device__ __forceinline__ double load_any(const void *p, int dt, int64_t i) {
-    switch (dt) {
-    case NB_F64: return ((const double *)p)[i];
-    case NB_BF16: return to_f64(((const __nv_bfloat16 *)p)[i]);
-    case NB_F16: return to_f64(((const __half *)p)[i]);
-    default: return (double)((const float *)p)[i];
-    }
-}
 
 /* Sum of v over the block (every thread gets it); `sh` holds 32 doubles. */
 static __device__ double block_sum(double v, double *sh) {
@@ -66,7 +40,7 @@ static __global__ void stats_kernel(double *stats, const T *x, int64_t n, int64_
         double sum = 0, sq = 0;
         for (int64_t i = threadIdx.x; i < per; i += blockDim.x) {
             int64_t ni = i / s, k = i - ni * s;
-            double v = to_f64(x[(ni * c + ch) * s + k]);
+            double v = (double)to_math(x[(ni * c + ch) * s + k]);
             sum += v;
             sq += v * v;
         }
@@ -103,20 +77,9 @@ static __global__ void finalize_kernel(double *mean, double *invstd, const doubl
         invstd[ch] = 1.0 / sqrt(var + eps);
         if (rm) {
             double unbiased = m > 1 ? var * m / (m - 1) : nan("");
-            if (rm_dt == NB_F64) {
-                double *p = (double *)rm + ch * rm_stride;
-                *p = (1 - momentum) * *p + momentum * mu;
-            } else {
-                float *p = (float *)rm + ch * rm_stride;
-                *p = (float)((1 - momentum) * (double)*p + momentum * mu);
-            }
-            if (rv_dt == NB_F64) {
-                double *p = (double *)rv + ch * rv_stride;
-                *p = (1 - momentum) * *p + momentum * unbiased;
-            } else {
-                float *p = (float *)rv + ch * rv_stride;
-                *p = (float)((1 - momentum) * (double)*p + momentum * unbiased);
-            }
+            int64_t im = ch * rm_stride, iv = ch * rv_stride;
+            store_f64(rm, im, rm_dt, (1 - momentum) * load_f64(rm, im, rm_dt) + momentum * mu);
+            store_f64(rv, iv, rv_dt, (1 - momentum) * load_f64(rv, iv, rv_dt) + momentum * unbiased);
         }
     }
 }
@@ -128,8 +91,8 @@ static __global__ void apply_kernel(T *y, const T *x, const double *mean, const 
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
          i += (int64_t)gridDim.x * blockDim.x) {
         int64_t ch = (i / s) % c;
-        double wv = w ? load_any(w, w_dt, ch) : 1.0, bv = b ? load_any(b, b_dt, ch) : 0.0;
-        y[i] = from_f64<T>((to_f64(x[i]) - mean[ch]) * invstd[ch] * wv + bv);
+        double wv = w ? load_f64(w, ch, w_dt) : 1.0, bv = b ? load_f64(b, ch, b_dt) : 0.0;
+        y[i] = store_as<T>(((double)to_math(x[i]) - mean[ch]) * invstd[ch] * wv + bv);
     }
 }
 
@@ -144,9 +107,9 @@ static __global__ void backward_sums_kernel(double *sums, const T *dy, const T *
         double mu = mean[ch], is = invstd[ch], sd = 0, sdx = 0;
         for (int64_t i = threadIdx.x; i < per; i += blockDim.x) {
             int64_t ni = i / s, k = i - ni * s, at = (ni * c + ch) * s + k;
-            double d = to_f64(dy[at]);
+            double d = (double)to_math(dy[at]);
             sd += d;
-            sdx += d * (to_f64(x[at]) - mu) * is;
+            sdx += d * ((double)to_math(x[at]) - mu) * is;
         }
         sd = block_sum(sd, sh);
         sdx = block_sum(sdx, sh);
@@ -166,9 +129,9 @@ static __global__ void backward_dx_kernel(T *dx, const T *dy, const T *x, const 
          i += (int64_t)gridDim.x * blockDim.x) {
         int64_t ch = (i / s) % c;
         double m = stats[ch], is = invstd[ch];
-        double scale = (w ? load_any(w, w_dt, ch) : 1.0) * is;
-        double xhat = (to_f64(x[i]) - mean[ch]) * is;
-        dx[i] = from_f64<T>(scale * (to_f64(dy[i]) - sums[ch] / m - xhat * sums[c + ch] / m));
+        double scale = (w ? load_f64(w, ch, w_dt) : 1.0) * is;
+        double xhat = ((double)to_math(x[i]) - mean[ch]) * is;
+        dx[i] = store_as<T>(scale * ((double)to_math(dy[i]) - sums[ch] / m - xhat * sums[c + ch] / m));
     }
 }
 
@@ -183,17 +146,9 @@ static cudaStream_t stream_of(const char *op, const nb_tensor *t) {
     return (cudaStream_t)nb__cuda_compute_stream(t->device.index);
 }
 
-/* Calls F<T>(args...) for x's dtype. */
+/* CALL with T the storage type of the float dtype dt (types.cuh). */
 #define DISPATCH(op, dt, CALL)                                                                   \
-    do {                                                                                         \
-        switch (dt) {                                                                            \
-        case NB_F32: { typedef float T; CALL; break; }                                           \
-        case NB_F64: { typedef double T; CALL; break; }                                          \
-        case NB_BF16: { typedef __nv_bfloat16 T; CALL; break; }                                  \
-        case NB_F16: { typedef __half T; CALL; break; }                                          \
-        default: NB_ABORT("%s: dtype %s is not supported on CUDA", op, nb_dtype_name(dt));        \
-        }                                                                                        \
-    } while (0)
+    by_float_dtype(op, dt, [&](auto t_) { typedef typename decltype(t_)::type T; CALL; })
 
 void nb__cuda_channel_stats(nb_tensor *stats, const nb_tensor *x, int64_t n, int64_t c, int64_t s) {
     const char *op = "nb_sync_batch_norm";
