@@ -51,12 +51,13 @@ static int report(int rank, nb_status st) {
 
 /* After a SyncBatchNorm failed inside nb_ddp_forward / nb_ddp_backward:
  * what the group says, and what a SyncBatchNorm on it gives now. */
-static void after_sbn_failure(nb_pg *pg, int rank, nb_tensor *out) {
+static void after_sbn_failure(nb_pg *pg, int rank, nb_status failed, bool bwd, nb_tensor *out) {
     char msg[4096];
     snprintf(msg, sizeof msg, "%s", nb_last_error());
     nb_status st = nb_pg_status(pg);
-    fprintf(stderr, "rank %d: nb_ddp_forward's output %s; nb_pg_status: %s: %s\n", rank,
-            out ? "is set" : "is NULL", nb_status_str(st), nb_last_error());
+    if (!bwd) fprintf(stderr, "rank %d: nb_ddp_forward's output %s\n", rank, out ? "is set" : "is NULL");
+    fprintf(stderr, "rank %d: nb_pg_status gives %s: %s\n", rank,
+            st == failed ? "the same status" : nb_status_str(st), nb_last_error());
     nb_tensor *x = nb_ones(ctx, NB_F32, NB_SHAPE(2, 3));
     nb_set(x, (int64_t[]){1, 2}, 5.0);
     nb_tensor *rm = nb_zeros(ctx, NB_F32, NB_SHAPE(3)), *rv = nb_ones(ctx, NB_F32, NB_SHAPE(3));
@@ -69,7 +70,7 @@ static void after_sbn_failure(nb_pg *pg, int rank, nb_tensor *out) {
         kept = kept && nb_get(rm, &j) == 0 && nb_get(rv, &j) == 1;
     fprintf(stderr, "rank %d: a SyncBatchNorm on the broken group gives %d NaN of 6, running statistics %s: %s\n",
             rank, n_nan, kept ? "kept" : "changed", nb_last_error());
-    nb_set_error(NB_ERR_NETWORK, "%s", msg);
+    nb_set_error(failed, "%s", msg);
 }
 
 int main(int argc, char **argv) {
@@ -144,7 +145,7 @@ int main(int argc, char **argv) {
         }
         if (st != NB_OK) {
             nb_status fst = st;
-            after_sbn_failure(pg, rank, bwd ? NULL : out);
+            after_sbn_failure(pg, rank, fst, bwd, out);
             return report(rank, fst);
         }
         printf("rank %d: %s completed\n", rank, bwd ? "backward" : "forward");
