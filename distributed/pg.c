@@ -193,19 +193,6 @@ static nb_status work_result(nb_work *w, bool *done) {
     return NB_OK;
 }
 
-/* Note [Host waits on NCCL]: a wait on an NCCL work orders the compute
- * stream after it and then also waits on the host (polling), although
- * the stream order alone would make later kernels see the result. The
- * host wait stays because (1) the watchdog (timeouts, desync and abort
- * checks, Note [Hang diagnostics]) runs only in waiting threads, so with
- * stream-only waits a dead or stuck peer would leave the host blocked in
- * the next cudaStreamSynchronize forever, without a message; (2) a
- * barrier must hold the host; (3) DDP's bucket times are host times read
- * right after the wait. Making it stream-only needs a per-group monitor
- * thread (device set, progress and watchdog, aborting the communicator
- * under a lock shared with launches), barrier waits kept on the host, and
- * bucket times from timing events; until then the cost is one host
- * stall per DDP step and per SyncBatchNorm collective. */
 nb_status nb_pg_status(nb_pg *pg) {
     NB_CHECK(pg != NULL, "nb_pg_status: process group is NULL");
     pthread_mutex_lock(&pg->mu);
@@ -221,7 +208,7 @@ nb_status nb_pg_status(nb_pg *pg) {
 static _Thread_local struct {
     bool pending;
     nb_status st;
-    char msg[NB__MSG_LEN];
+    char msg[NB__MSG_LEN + 512]; /* the group's message and what failed */
 } op_failure;
 
 void nb__dist_failure_clear(void) { op_failure.pending = false; }
@@ -239,6 +226,19 @@ nb_status nb__dist_failure_take(void) {
     return nb_set_error(op_failure.st, "%s", op_failure.msg);
 }
 
+/* Note [Host waits on NCCL]: a wait on an NCCL work orders the compute
+ * stream after it and then also waits on the host (polling), although
+ * the stream order alone would make later kernels see the result. The
+ * host wait stays because (1) the watchdog (timeouts, desync and abort
+ * checks, Note [Hang diagnostics]) runs only in waiting threads, so with
+ * stream-only waits a dead or stuck peer would leave the host blocked in
+ * the next cudaStreamSynchronize forever, without a message; (2) a
+ * barrier must hold the host; (3) DDP's bucket times are host times read
+ * right after the wait. Making it stream-only needs a per-group monitor
+ * thread (device set, progress and watchdog, aborting the communicator
+ * under a lock shared with launches), barrier waits kept on the host, and
+ * bucket times from timing events; until then the cost is one host
+ * stall per DDP step and per SyncBatchNorm collective. */
 nb_status nb_work_wait(nb_work *w) {
     NB_CHECK(w != NULL, "nb_work_wait: work is NULL");
     nb_pg *pg = w->pg;
