@@ -139,8 +139,16 @@ int main(int argc, char **argv) {
         nb_tensor *x = nb_rand_normal(ctx, NB_F32, NB_SHAPE(3, 4), 0, 1, &rng), *out = x;
         st = nb_ddp_forward(ddp, ctx, x, &out);
         if (st == NB_OK && bwd) {
-            if (rank == 1) raise(SIGKILL);
+            /* rank 1 dies once the others have their forward's result, not
+             * while the all-reduce's last bytes are still on their way */
+            char key[32];
+            snprintf(key, sizeof key, "sbnbwd/%d", rank);
+            if (rank != 1) st = nb_store_set(nb_pg_store(pg), key, "1", 1);
+            const char *keys[2] = {"sbnbwd/0", "sbnbwd/2"};
+            if (rank == 1 && nb_store_wait(nb_pg_store(pg), keys, 2, 30) == NB_OK) raise(SIGKILL);
+            if (st != NB_OK) return report(rank, st);
             printf("rank %d: forward completed\n", rank);
+            fflush(stdout);
             st = nb_ddp_backward(ddp, nb_sum_all(ctx, nb_mul(ctx, out, out)));
         }
         if (st != NB_OK) {
