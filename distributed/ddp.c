@@ -50,6 +50,7 @@
 
 #include "distributed/ddp_buckets.h"
 #include "distributed/ddp_internal.h"
+#include "distributed/internal.h"
 #include "tensor/internal.h"
 
 #define DEFAULT_FIRST_BUCKET (1u << 20)
@@ -303,7 +304,15 @@ nb_status nb_ddp_forward(nb_ddp *d, nb_ctx *ctx, nb_tensor *x, nb_tensor **out) 
         snprintf(why, sizeof why, "%s", nb_last_error());
         return nb_set_error(st, "nb_ddp_forward: broadcasting the buffers failed: %s", why);
     }
-    *out = nb_module_forward(d->model, ctx, x);
+    nb__dist_failure_clear();
+    nb_tensor *y = nb_module_forward(d->model, ctx, x);
+    st = nb__dist_failure_take(); /* Note [Failures inside a forward] in sync_batch_norm.c */
+    if (st != NB_OK) {
+        char why[2304];
+        snprintf(why, sizeof why, "%s", nb_last_error());
+        return nb_set_error(st, "nb_ddp_forward: the model's forward failed: %s", why);
+    }
+    *out = y;
     return NB_OK;
 }
 
@@ -353,10 +362,21 @@ static nb_status rebuild_buckets(nb_ddp *d) {
     return st;
 }
 
+/* A collective inside backward that failed (Note [Failures inside a
+ * forward] in sync_batch_norm.c), as nb_ddp_backward's status. */
+static nb_status backward_failure(void) {
+    nb_status st = nb__dist_failure_take();
+    if (st == NB_OK) return NB_OK;
+    char why[2304];
+    snprintf(why, sizeof why, "%s", nb_last_error());
+    return nb_set_error(st, "nb_ddp_backward: the backward failed: %s", why);
+}
+
 nb_status nb_ddp_backward(nb_ddp *d, nb_tensor *loss) {
+    nb__dist_failure_clear();
     if (!d->bucketed || d->no_sync) {
         nb_backward(loss);
-        return NB_OK;
+        return backward_failure();
     }
     d->n_ready = 0;
     d->next_launch = 0;
@@ -378,6 +398,9 @@ nb_status nb_ddp_backward(nb_ddp *d, nb_tensor *loss) {
     nb_backward(loss);
     d->bw_end = nb__ddp_now();
     d->in_backward = false;
+    char bw_why[2560] = "";
+    nb_status bw_st = backward_failure();
+    if (bw_st != NB_OK) snprintf(bw_why, sizeof bw_why, "%s", nb_last_error());
     /* parameters that got no gradient */
     int missing = -1, n_missing = 0;
     for (int i = 0; i < d->n; i++)
@@ -400,6 +423,7 @@ nb_status nb_ddp_backward(nb_ddp *d, nb_tensor *loss) {
         if (s == NB_OK && bk->wire) nb_copy_(bk->flat, bk->wire);
     }
     double done = nb__ddp_now();
+    if (bw_st != NB_OK) return nb_set_error(bw_st, "%s", bw_why); /* it came first */
     if (st != NB_OK) return st;
     nb__ddp_record_stats(d, done);
     if (!d->synced_once) {

@@ -30,6 +30,18 @@ double nb__liveness_s(void);
  * the error. */
 nb_status nb__dist_pick_gpu(int local_rank, int visible, const char *cvd, int *index);
 
+/* Marks the group broken with `msg` (the first failure wins; later
+ * collectives fail with it) and wakes its waiters (pg.c). */
+void nb__pg_break(nb_pg *pg, nb_status st, const char *msg);
+/* Note [Failures inside a forward] (sync_batch_norm.c): a collective that
+ * failed where no status can be returned is noted for the calling thread;
+ * nb_ddp_forward / nb_ddp_backward clear the note before running the
+ * module and take it after (NB_OK, or the status with the message set in
+ * nb_last_error()). The first note since the clear is kept. */
+void nb__dist_failure_clear(void);
+void nb__dist_failure_note(nb_status st, const char *msg);
+nb_status nb__dist_failure_take(void);
+
 /* ------------------------------------------------ store wire format */
 
 enum nb__store_op {

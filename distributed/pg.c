@@ -111,6 +111,10 @@ void nb__pg_fail(nb_pg *pg, nb_work *w, nb_status st, const char *what) {
     if (already) return;
     char msg[NB__MSG_LEN];
     nb__diag_explain(pg, w, what, msg, sizeof msg);
+    nb__pg_break(pg, st, msg);
+}
+
+void nb__pg_break(nb_pg *pg, nb_status st, const char *msg) {
     pthread_mutex_lock(&pg->mu);
     bool first = pg->broken == NB_OK;
     if (first) {
@@ -187,6 +191,39 @@ static nb_status work_result(nb_work *w, bool *done) {
     if (pg->broken != NB_OK) return nb_set_error(pg->broken, "%s", pg->broken_msg);
     *done = false;
     return NB_OK;
+}
+
+nb_status nb_pg_status(nb_pg *pg) {
+    NB_CHECK(pg != NULL, "nb_pg_status: process group is NULL");
+    pthread_mutex_lock(&pg->mu);
+    nb_status st = pg->broken;
+    char msg[NB__MSG_LEN];
+    snprintf(msg, sizeof msg, "%s", pg->broken_msg);
+    pthread_mutex_unlock(&pg->mu);
+    return st == NB_OK ? NB_OK : nb_set_error(st, "%s", msg);
+}
+
+/* Note [Failures inside a forward] (sync_batch_norm.c): the calling
+ * thread's first failure since the last clear. */
+static _Thread_local struct {
+    bool pending;
+    nb_status st;
+    char msg[NB__MSG_LEN + 512]; /* the group's message and what failed */
+} op_failure;
+
+void nb__dist_failure_clear(void) { op_failure.pending = false; }
+
+void nb__dist_failure_note(nb_status st, const char *msg) {
+    if (op_failure.pending) return;
+    op_failure.pending = true;
+    op_failure.st = st;
+    snprintf(op_failure.msg, sizeof op_failure.msg, "%s", msg);
+}
+
+nb_status nb__dist_failure_take(void) {
+    if (!op_failure.pending) return NB_OK;
+    op_failure.pending = false;
+    return nb_set_error(op_failure.st, "%s", op_failure.msg);
 }
 
 /* Note [Host waits on NCCL]: a wait on an NCCL work orders the compute

@@ -12,8 +12,26 @@
  * with M the global count; this is the gradient of the sum of the ranks'
  * losses, so after DDP averages the other gradients every rank holds the
  * gradient of the global objective. The weight and bias gradients are the
- * local sums (DDP reduces them). A communication failure inside a
- * forward or backward aborts with the process group's diagnosis.
+ * local sums (DDP reduces them).
+ *
+ * Note [Failures inside a forward]
+ * A peer that dies or freezes while the others are in a SyncBatchNorm
+ * makes its all-reduce fail: an ordinary run-time failure, which must
+ * reach the program as a status naming the peer, not as an abort. But a
+ * module's forward returns a tensor and a backward function returns
+ * nothing, so the failure goes three ways instead:
+ *   - the group is broken with it (nb__pg_break; usually the group's own
+ *     wait did so already): every later collective on it fails at once
+ *     with the same message, and nb_pg_status(pg) returns it;
+ *   - it is noted for the calling thread (nb__dist_failure_note), and
+ *     nb_ddp_forward / nb_ddp_backward, which run the module's forward and
+ *     the backward, return it after them, as if the collective were
+ *     theirs;
+ *   - what the failed all-reduce should have made is NaN: the output (or
+ *     the input's gradient) is all NaN, never a plausible number, and the
+ *     running statistics are left as they were.
+ * The rest of the forward runs on (each later SyncBatchNorm fails at once
+ * on the broken group), so nothing waits for the collective timeout.
  *
  * The statistics live in the op's context, on the input's device; the host
  * reads none of them on a device with its own memory: the global count
@@ -21,17 +39,27 @@
  * channel" check is the CPU's abort or, on CUDA, a deferred device fault
  * (Note [Deferred device checks] in tensor/cuda/cuda.h) reported at the
  * next synchronisation. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "distributed/internal.h"
 #include "nabla/ddp.h"
 #include "nn/internal.h"
 #include "tensor/backend.h"
 #include "tensor/internal.h"
 
-static void all_reduce_sum(nb_pg *pg, nb_tensor *t, const char *what) {
+/* False after a failure, handled as Note [Failures inside a forward] says. */
+static bool all_reduce_sum(nb_pg *pg, nb_tensor *t, const char *what) {
     nb_status st = nb_work_finish(nb_pg_all_reduce(pg, t, NB_REDUCE_SUM));
-    NB_CHECK(st == NB_OK, "nb_sync_batch_norm: all-reduce of the %s failed: %s", what, nb_last_error());
+    if (st == NB_OK) return true;
+    char why[2048], msg[2304];
+    snprintf(why, sizeof why, "%s", nb_last_error());
+    snprintf(msg, sizeof msg, "nb_sync_batch_norm: all-reduce of the %s failed: %s", what, why);
+    nb__pg_break(pg, st, why);
+    nb__dist_failure_note(st, msg);
+    nb_set_error(st, "%s", msg);
+    return false;
 }
 
 typedef struct sbn_saved {
@@ -62,10 +90,11 @@ static void sbn_backward(nb_ctx *ctx, nb_node *node, nb_tensor *g) {
     if (b && b->requires_grad) nb__accum_grad(ctx, b, channel_slice(ctx, sums, 0, C, b->dtype));
     if (w && w->requires_grad) nb__accum_grad(ctx, w, channel_slice(ctx, sums, C, C, w->dtype));
     if (xin->requires_grad) {
-        all_reduce_sum(sv->pg, sums, "gradient sums");
+        bool ok = all_reduce_sum(sv->pg, sums, "gradient sums");
         nb_tensor *wc = w ? nb__contig(ctx, w) : NULL;
         nb_tensor *dx = nb__empty(ctx, xin->dtype, xin->ndim, xin->shape);
-        be->channel_backward_dx(dx, dy, x, mean, invstd, wc, sums, stats, N, C, S);
+        if (ok) be->channel_backward_dx(dx, dy, x, mean, invstd, wc, sums, stats, N, C, S);
+        else nb_fill_(dx, NAN);
         nb__accum_grad(ctx, xin, dx);
     }
 }
@@ -102,13 +131,19 @@ nb_tensor *nb_sync_batch_norm(nb_ctx *ctx, nb_pg *pg, nb_tensor *x, nb_tensor *w
     int64_t three_c = 3 * C;
     nb_tensor *stats = nb__empty(ctx, NB_F64, 1, &three_c); /* [count | sum | sum of squares] */
     be->channel_stats(stats, xc, N, C, S);
-    all_reduce_sum(pg, stats, "batch statistics");
+    bool ok = all_reduce_sum(pg, stats, "batch statistics");
     nb_tensor *mean = nb__empty(ctx, NB_F64, 1, &C), *invstd = nb__empty(ctx, NB_F64, 1, &C);
-    be->channel_finalize(mean, invstd, stats, running_mean, running_var, momentum, eps, C, x);
-    nb_tensor *wc = weight ? nb__contig(ctx, weight) : NULL;
-    nb_tensor *bc = bias ? nb__contig(ctx, bias) : NULL;
     nb_tensor *y = nb__empty(ctx, x->dtype, x->ndim, x->shape);
-    be->channel_normalize(y, xc, mean, invstd, wc, bc, N, C, S);
+    if (ok) {
+        be->channel_finalize(mean, invstd, stats, running_mean, running_var, momentum, eps, C, x);
+        nb_tensor *wc = weight ? nb__contig(ctx, weight) : NULL;
+        nb_tensor *bc = bias ? nb__contig(ctx, bias) : NULL;
+        be->channel_normalize(y, xc, mean, invstd, wc, bc, N, C, S);
+    } else { /* Note [Failures inside a forward] */
+        nb_fill_(mean, NAN);
+        nb_fill_(invstd, NAN);
+        nb_fill_(y, NAN);
+    }
     nb_tensor *in[3] = {x, weight, bias};
     nb_node *node = nb__record(ctx, op, sbn_backward, y, 3, in);
     if (node) {

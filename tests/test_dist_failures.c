@@ -330,6 +330,51 @@ START_TEST(test_ddp_peer_failure_is_a_status) {
 }
 END_TEST
 
+/* A peer dies while the others are in a SyncBatchNorm's all-reduce inside
+ * nb_ddp_forward (Note [Failures inside a forward]): a status naming it,
+ * not an abort; the group keeps the failure (nb_pg_status) and a
+ * SyncBatchNorm on it gives NaN and leaves the running statistics. */
+START_TEST(test_sync_batch_norm_peer_failure_in_forward) {
+    nbt_proc ps[3];
+    run_direct(ps, "sbnfwd");
+    ck_assert_msg(ps[1].code == 137, "rank 1 exited with %d", ps[1].code);
+    for (int r = 0; r < 3; r += 2) {
+        ck_assert_msg(ps[r].code == 1, "rank %d exited with %d; stderr:\n%s", r, ps[r].code, ps[r].err);
+        EXPECT_IN(ps[r].err, "nb_ddp_forward: the model's forward failed: nb_sync_batch_norm: all-reduce of the "
+                             "batch statistics failed: nb_pg_all_reduce: collective #");
+        if (r == 0 || !strstr(ps[r].err, "the store is unreachable too"))
+            EXPECT_IN(ps[r].err, "rank 1 disconnected from the store without saying goodbye");
+        EXPECT_IN(ps[r].err, "nb_ddp_forward's output is NULL");
+        EXPECT_IN(ps[r].err, "nb_pg_status gives the same status: nb_pg_all_reduce: collective #");
+        EXPECT_IN(ps[r].err, "a SyncBatchNorm on the broken group gives 6 NaN of 6, running statistics kept: "
+                             "nb_sync_batch_norm: all-reduce of the batch statistics failed: ");
+        ck_assert_msg(ps[r].seconds < 30, "rank %d took %.1f s to fail (timeout 60 s)", r, ps[r].seconds);
+    }
+    for (int r = 0; r < 3; r++) nbt_proc_free(&ps[r]);
+}
+END_TEST
+
+/* The same when the peer dies between forward and backward: the
+ * SyncBatchNorm's backward all-reduce fails inside nb_ddp_backward. */
+START_TEST(test_sync_batch_norm_peer_failure_in_backward) {
+    nbt_proc ps[3];
+    run_direct(ps, "sbnbwd");
+    ck_assert_msg(ps[1].code == 137, "rank 1 exited with %d", ps[1].code);
+    for (int r = 0; r < 3; r += 2) {
+        ck_assert_msg(ps[r].code == 1, "rank %d exited with %d; stderr:\n%s", r, ps[r].code, ps[r].err);
+        EXPECT_IN(ps[r].out, "forward completed");
+        EXPECT_IN(ps[r].err, "nb_ddp_backward: the backward failed: nb_sync_batch_norm: all-reduce of the "
+                             "gradient sums failed: nb_pg_all_reduce: collective #");
+        EXPECT_IN(ps[r].err, "nb_pg_status gives the same status: nb_pg_all_reduce: collective #");
+        if (r == 0 || !strstr(ps[r].err, "the store is unreachable too"))
+            EXPECT_IN(ps[r].err, "rank 1 disconnected from the store without saying goodbye");
+        EXPECT_IN(ps[r].err, "a SyncBatchNorm on the broken group gives 6 NaN of 6, running statistics kept");
+        ck_assert_msg(ps[r].seconds < 30, "rank %d took %.1f s to fail (timeout 60 s)", r, ps[r].seconds);
+    }
+    for (int r = 0; r < 3; r++) nbt_proc_free(&ps[r]);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("dist_failures");
     TCase *tc = tcase_create("failures");
@@ -347,6 +392,8 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_held_port_reported_on_every_rank);
     tcase_add_test(tc, test_env_launch_without_local_variables);
     tcase_add_test(tc, test_ddp_peer_failure_is_a_status);
+    tcase_add_test(tc, test_sync_batch_norm_peer_failure_in_forward);
+    tcase_add_test(tc, test_sync_batch_norm_peer_failure_in_backward);
     suite_add_tcase(s, tc);
     return s;
 }

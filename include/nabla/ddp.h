@@ -63,8 +63,9 @@ nb_module *nb_ddp_module(nb_ddp *ddp);
  * their forward. */
 nb_status nb_ddp_pre_forward(nb_ddp *ddp);
 /* nb_ddp_pre_forward, then nb_module_forward into *out. A failed broadcast
- * (a peer died or froze) is returned, naming the peer in nb_last_error(),
- * with *out NULL. */
+ * or a failed collective inside the forward (a SyncBatchNorm's, when a peer
+ * died or froze) is returned, naming the peer in nb_last_error(), with
+ * *out NULL. */
 nb_status nb_ddp_forward(nb_ddp *ddp, nb_ctx *ctx, nb_tensor *x, nb_tensor **out);
 
 /* Runs backward from `loss` with bucketed, overlapped all-reduce and
@@ -73,7 +74,8 @@ nb_status nb_ddp_forward(nb_ddp *ddp, nb_ctx *ctx, nb_tensor *x, nb_tensor **out
  * accumulate locally. NB_ERR_INVALID when a parameter got no gradient and
  * find_unused_parameters is off (the message names it; the buckets are
  * still reduced so that other ranks do not hang); a communication failure
- * is returned as is. */
+ * (a bucket's, or a SyncBatchNorm's inside backward) is returned with the
+ * message naming the peer. */
 nb_status nb_ddp_backward(nb_ddp *ddp, nb_tensor *loss);
 
 /* Gradient accumulation: while on, nb_ddp_backward communicates nothing;
@@ -118,7 +120,11 @@ nb_status nb_ddp_write_trace(const nb_ddp *ddp, const char *path);
  * batch: per-channel (count, sum, sum of squares) are all-reduced in f64,
  * so ranks may have different batch sizes; backward all-reduces (sum dy,
  * sum dy * xhat). Eval mode uses the running statistics and communicates
- * nothing. Weight and bias gradients stay local (DDP averages them). */
+ * nothing. Weight and bias gradients stay local (DDP averages them).
+ * When an all-reduce fails (a peer died), the output (in backward: the
+ * input's gradient) is all NaN, the running statistics are unchanged and
+ * the group is broken: nb_ddp_forward / nb_ddp_backward return the
+ * failure, and so do nb_pg_status(pg) and every later collective on pg. */
 nb_tensor *nb_sync_batch_norm(nb_ctx *ctx, nb_pg *pg, nb_tensor *x, nb_tensor *weight,
                               nb_tensor *bias, nb_tensor *running_mean, nb_tensor *running_var,
                               bool training, double momentum, double eps);

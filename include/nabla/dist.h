@@ -150,6 +150,12 @@ nb_status nb_pg_new_group(nb_pg *pg, const int *ranks, int n, nb_pg **out);
  * freed its world group. The status says whether that went cleanly (after
  * a failure it repeats the failure); the group is freed either way. */
 nb_status nb_pg_free(nb_pg *pg);
+/* NB_OK while the group works; once one of its collectives has failed (a
+ * peer died or froze, a timeout, a desync), that failure's status, with
+ * its message (naming the peer) in nb_last_error(). Every later collective
+ * fails with the same. For code that cannot return a status where the
+ * failure happened: SyncBatchNorm outside DDP (docs/ddp.md). */
+nb_status nb_pg_status(nb_pg *pg);
 
 int nb_pg_rank(const nb_pg *pg);
 int nb_pg_size(const nb_pg *pg);

@@ -17,9 +17,17 @@
  *   ok       every rank all-reduces (a launch test)
  *   ddp      every rank wraps a Linear + BatchNorm in DDP; rank 1 kills
  *            itself; the others' nb_ddp_forward (a buffer broadcast) fails
+ *   sbnfwd   the same model with its BatchNorm converted to SyncBatchNorm
+ *            and no buffer broadcast; rank 1 kills itself; the others'
+ *            nb_ddp_forward fails in the SyncBatchNorm's all-reduce; they
+ *            print nb_pg_status and what a SyncBatchNorm called on the
+ *            broken group gives (NaN, running statistics kept)
+ *   sbnbwd   the same, but rank 1 dies after the forward; the others'
+ *            nb_ddp_backward fails in the SyncBatchNorm's backward
  *
  * A rank whose collective fails prints "rank R: <status>: <message>" to
  * stderr and exits 1; one that succeeds exits 0. */
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,9 +49,33 @@ static int report(int rank, nb_status st) {
     return 1;
 }
 
+/* After a SyncBatchNorm failed inside nb_ddp_forward / nb_ddp_backward:
+ * what the group says, and what a SyncBatchNorm on it gives now. */
+static void after_sbn_failure(nb_pg *pg, int rank, nb_status failed, bool bwd, nb_tensor *out) {
+    char msg[4096];
+    snprintf(msg, sizeof msg, "%s", nb_last_error());
+    nb_status st = nb_pg_status(pg);
+    if (!bwd) fprintf(stderr, "rank %d: nb_ddp_forward's output %s\n", rank, out ? "is set" : "is NULL");
+    fprintf(stderr, "rank %d: nb_pg_status gives %s: %s\n", rank,
+            st == failed ? "the same status" : nb_status_str(st), nb_last_error());
+    nb_tensor *x = nb_ones(ctx, NB_F32, NB_SHAPE(2, 3));
+    nb_set(x, (int64_t[]){1, 2}, 5.0);
+    nb_tensor *rm = nb_zeros(ctx, NB_F32, NB_SHAPE(3)), *rv = nb_ones(ctx, NB_F32, NB_SHAPE(3));
+    nb_tensor *y = nb_sync_batch_norm(ctx, pg, x, NULL, NULL, rm, rv, true, 0.5, 1e-5);
+    int n_nan = 0;
+    bool kept = true;
+    for (int64_t i = 0; i < 2; i++)
+        for (int64_t j = 0; j < 3; j++) n_nan += isnan(nb_get(y, (int64_t[]){i, j}));
+    for (int64_t j = 0; j < 3; j++)
+        kept = kept && nb_get(rm, &j) == 0 && nb_get(rv, &j) == 1;
+    fprintf(stderr, "rank %d: a SyncBatchNorm on the broken group gives %d NaN of 6, running statistics %s: %s\n",
+            rank, n_nan, kept ? "kept" : "changed", nb_last_error());
+    nb_set_error(failed, "%s", msg);
+}
+
 int main(int argc, char **argv) {
     if (argc != 2) {
-        fprintf(stderr, "usage: dist_scenario absent|desync|exit3|killed|store|stopped|stopped0|slow|ok|ddp\n");
+        fprintf(stderr, "usage: dist_scenario absent|desync|exit3|killed|store|stopped|stopped0|slow|ok|ddp|sbnfwd|sbnbwd\n");
         return 2;
     }
     const char *what = argv[1];
@@ -88,6 +120,43 @@ int main(int argc, char **argv) {
         st = nb_ddp_forward(ddp, ctx, nb_ones(ctx, NB_F32, NB_SHAPE(2, 4)), &out);
         if (st != NB_OK) return report(rank, st);
         printf("rank %d: forward completed\n", rank);
+        nb_ddp_free(ddp);
+    }
+
+    if (strcmp(what, "sbnfwd") == 0 || strcmp(what, "sbnbwd") == 0) {
+        bool bwd = strcmp(what, "sbnbwd") == 0;
+        nb_rng rng = nb_rng_make(5);
+        nb_module *layers[2] = {nb_linear_new(ctx, NB_F32, 4, 4, true, &rng),
+                                nb_batch_norm1d_new(ctx, NB_F32, 4, NULL)};
+        nb_module *model = nb_sequential_new(ctx, 2, layers);
+        nb_convert_sync_batchnorm(model, pg);
+        nb_ddp_options o = NB_DDP_DEFAULTS;
+        o.broadcast_buffers = false; /* the forward's first collective is the SyncBatchNorm's */
+        nb_ddp *ddp;
+        st = nb_ddp_new(&ddp, model, pg, &o);
+        if (st != NB_OK) return report(rank, st);
+        if (rank == 1 && !bwd) raise(SIGKILL);
+        nb_tensor *x = nb_rand_normal(ctx, NB_F32, NB_SHAPE(3, 4), 0, 1, &rng), *out = x;
+        st = nb_ddp_forward(ddp, ctx, x, &out);
+        if (st == NB_OK && bwd) {
+            /* rank 1 dies once the others have their forward's result, not
+             * while the all-reduce's last bytes are still on their way */
+            char key[32];
+            snprintf(key, sizeof key, "sbnbwd/%d", rank);
+            if (rank != 1) st = nb_store_set(nb_pg_store(pg), key, "1", 1);
+            const char *keys[2] = {"sbnbwd/0", "sbnbwd/2"};
+            if (rank == 1 && nb_store_wait(nb_pg_store(pg), keys, 2, 30) == NB_OK) raise(SIGKILL);
+            if (st != NB_OK) return report(rank, st);
+            printf("rank %d: forward completed\n", rank);
+            fflush(stdout);
+            st = nb_ddp_backward(ddp, nb_sum_all(ctx, nb_mul(ctx, out, out)));
+        }
+        if (st != NB_OK) {
+            nb_status fst = st;
+            after_sbn_failure(pg, rank, fst, bwd, out);
+            return report(rank, fst);
+        }
+        printf("rank %d: %s completed\n", rank, bwd ? "backward" : "forward");
         nb_ddp_free(ddp);
     }
 
