@@ -35,6 +35,28 @@
 #include "optim/internal.h"
 #include "tensor/cpu/cpu.h"
 
+/* One pass; AMS a constant, so that the loop keeps no branch on it (GCC
+ * unswitches only so many loop-invariant conditions, and a loop with one
+ * left does not vectorize). */
+#define ADAM_LOOP(T, SQRT, AMS)                                                            \
+    for (int64_t i = 0; i < n; i++) {                                                      \
+        T pi = p[i], gi = g[i];                                                            \
+        if (l2 != 0) gi = gi + l2 * pi;                                                    \
+        if (shrink_on) pi = pi * shrink;                                                   \
+        T mi = lerp_lo ? m[i] + w * (gi - m[i]) : gi - (gi - m[i]) * w1;                   \
+        T vi = v[i] * beta2 + c2 * gi * gi;                                                \
+        T si = vi;                                                                         \
+        if (AMS) {                                                                         \
+            T prev = vmax[i];                                                              \
+            si = (vi > prev) | (vi != vi) ? vi : prev;                                     \
+            vmax[i] = si;                                                                  \
+        }                                                                                  \
+        T denom = SQRT(si) / bc2_sqrt + eps;                                               \
+        p[i] = pi + neg_step * (mi / denom);                                               \
+        m[i] = mi;                                                                         \
+        v[i] = vi;                                                                         \
+    }
+
 #define ADAM_KERNEL(T, SQRT, NAME)                                                         \
     static void NAME(T *restrict p, const T *restrict g, T *restrict m, T *restrict v,    \
                      T *restrict vmax, int64_t n, const double *hp, int64_t step,         \
@@ -50,23 +72,8 @@
         const T beta2 = (T)b2, c2 = (T)(1.0 - b2);                                         \
         const T neg_step = (T)(-(lr / bc1)), bc2_sqrt = (T)sqrt(bc2);                      \
         const T eps = (T)hp[NB__HP_EPS];                                                   \
-        for (int64_t i = 0; i < n; i++) {                                                  \
-            T pi = p[i], gi = g[i];                                                        \
-            if (l2 != 0) gi = gi + l2 * pi;                                                \
-            if (shrink_on) pi = pi * shrink;                                               \
-            T mi = lerp_lo ? m[i] + w * (gi - m[i]) : gi - (gi - m[i]) * w1;               \
-            T vi = v[i] * beta2 + c2 * gi * gi;                                            \
-            T si = vi;                                                                     \
-            if (vmax) {                                                                    \
-                T prev = vmax[i];                                                          \
-                si = vi > prev || vi != vi ? vi : prev;                                    \
-                vmax[i] = si;                                                              \
-            }                                                                              \
-            T denom = SQRT(si) / bc2_sqrt + eps;                                           \
-            p[i] = pi + neg_step * (mi / denom);                                           \
-            m[i] = mi;                                                                     \
-            v[i] = vi;                                                                     \
-        }                                                                                  \
+        if (vmax) ADAM_LOOP(T, SQRT, 1)                                                    \
+        else ADAM_LOOP(T, SQRT, 0)                                                         \
     }
 
 ADAM_KERNEL(float, sqrtf, adam_f32)
