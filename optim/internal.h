@@ -16,6 +16,7 @@ enum {
     NB__HP_BETA1,
     NB__HP_BETA2,
     NB__HP_EPS,
+    NB__HP_AMSGRAD, /* 0 or 1 */
     NB__HP_COUNT
 };
 
@@ -26,6 +27,7 @@ typedef struct nb__optim_param {
     nb_tensor *step;            /* i64 scalar: updates of this parameter */
     nb_tensor *exp_avg;         /* Adam, AdamW */
     nb_tensor *exp_avg_sq;      /* Adam, AdamW */
+    nb_tensor *max_exp_avg_sq;  /* Adam, AdamW with amsgrad, else NULL */
     nb_tensor *momentum_buffer; /* SGD with momentum */
 } nb__optim_param;
 

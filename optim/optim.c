@@ -31,6 +31,7 @@ static const char *hp_names[NB__HP_COUNT] = {
     [NB__HP_MOMENTUM] = "momentum", [NB__HP_DAMPENING] = "dampening",
     [NB__HP_NESTEROV] = "nesterov", [NB__HP_BETA1] = "beta1",
     [NB__HP_BETA2] = "beta2",     [NB__HP_EPS] = "eps",
+    [NB__HP_AMSGRAD] = "amsgrad",
 };
 
 static bool hp_applies(nb_optim_kind kind, int k) {
@@ -60,6 +61,8 @@ const char *nb__optim_check_hparams(nb_optim_kind kind, const double *hp, char *
             return snprintf(buf, n, "%s = %g must be in [0, 1)", hp_names[k], hp[k]), buf;
     if (!(isfinite(hp[NB__HP_EPS]) && hp[NB__HP_EPS] >= 0))
         return snprintf(buf, n, "eps = %g must be finite and >= 0", hp[NB__HP_EPS]), buf;
+    if (hp[NB__HP_AMSGRAD] != 0 && hp[NB__HP_AMSGRAD] != 1)
+        return snprintf(buf, n, "amsgrad = %g must be 0 or 1", hp[NB__HP_AMSGRAD]), buf;
     return NULL;
 }
 
@@ -72,6 +75,7 @@ static void hp_from_struct(const nb_optim_hparams *h, double *hp) {
     hp[NB__HP_BETA1] = h->beta1;
     hp[NB__HP_BETA2] = h->beta2;
     hp[NB__HP_EPS] = h->eps;
+    hp[NB__HP_AMSGRAD] = h->amsgrad ? 1 : 0;
 }
 
 static const char *copy_str(nb_ctx *ctx, const char *a, const char *b, const char *c) {
@@ -178,7 +182,8 @@ nb_optim *nb_optim_new_groups(nb_optim_kind kind, int n_groups, const nb_param_g
             NB_CHECK(nb_device_eq(t->device, dev), "%s: parameter \"%s\" is on %s, others on %s",
                      who, groups[g].params[i].name, nb_device_name(t->device),
                      nb_device_name(dev));
-            bytes += 2 * ((size_t)nb_numel(t) * nb_dtype_size(t->dtype) + 128) + 256;
+            size_t copies = groups[g].h.amsgrad && kind != NB_OPTIM_SGD ? 3 : 2;
+            bytes += copies * ((size_t)nb_numel(t) * nb_dtype_size(t->dtype) + 128) + 256;
         }
 
     nb_optim *opt = calloc(1, sizeof *opt);
@@ -203,7 +208,7 @@ nb_optim *nb_optim_new_groups(nb_optim_kind kind, int n_groups, const nb_param_g
     }
 
     /* state: optim.step, the groups' hyperparameters, then per parameter */
-    int per_param = kind == NB_OPTIM_SGD ? 2 : 3;
+    int per_param = kind == NB_OPTIM_SGD ? 2 : 4;
     opt->state = nb__ctx_meta(opt->host_ctx, sizeof *opt->state *
                               (size_t)(1 + NB__HP_COUNT * n_groups + per_param * total));
     opt->step_count = nb_zeros(opt->host_ctx, NB_I64, 0, NULL);
@@ -213,6 +218,8 @@ nb_optim *nb_optim_new_groups(nb_optim_kind kind, int n_groups, const nb_param_g
         snprintf(prefix, sizeof prefix, "optim.group.%d.", g);
         for (int h = 0; h < NB__HP_COUNT; h++) {
             if (!hp_applies(kind, h)) continue;
+            /* amsgrad only where on: checkpoints without it keep their names */
+            if (h == NB__HP_AMSGRAD && nb__optim_hp(opt, g)[h] == 0) continue;
             nb_tensor *v = nb__view(opt->host_ctx, opt->group_hp[g], 0, NULL, NULL,
                                     nb__optim_hp(opt, g) + h);
             add_state(opt, copy_str(opt->host_ctx, prefix, hp_names[h], ""), v);
@@ -234,6 +241,11 @@ nb_optim *nb_optim_new_groups(nb_optim_kind kind, int n_groups, const nb_param_g
             p->exp_avg_sq = nb_zeros_like(opt->ctx, p->param);
             add_state(opt, copy_str(opt->host_ctx, prefix, "exp_avg", ""), p->exp_avg);
             add_state(opt, copy_str(opt->host_ctx, prefix, "exp_avg_sq", ""), p->exp_avg_sq);
+            if (nb__optim_hp(opt, p->group)[NB__HP_AMSGRAD] != 0) {
+                p->max_exp_avg_sq = nb_zeros_like(opt->ctx, p->param);
+                add_state(opt, copy_str(opt->host_ctx, prefix, "max_exp_avg_sq", ""),
+                          p->max_exp_avg_sq);
+            }
         }
     }
     return opt;
@@ -295,11 +307,11 @@ void nb_optim_step(nb_optim *opt) {
     ++*(int64_t *)opt->step_count->data;
     const nb__backend *be = nb__backend_of(nb_ctx_device(opt->ctx));
     int n = opt->n_params;
-    nb_tensor **t = malloc(sizeof *t * 4 * (size_t)(n > 0 ? n : 1));
+    nb_tensor **t = malloc(sizeof *t * 5 * (size_t)(n > 0 ? n : 1));
     int64_t *steps = malloc(sizeof *steps * (size_t)(n > 0 ? n : 1));
     const double **hp = malloc(sizeof *hp * (size_t)(n > 0 ? n : 1));
     NB_CHECK(t && steps && hp, "nb_optim_step: out of memory");
-    nb_tensor **ps = t, **gs = t + n, **as = t + 2 * n, **bs = t + 3 * n;
+    nb_tensor **ps = t, **gs = t + n, **as = t + 2 * n, **bs = t + 3 * n, **cs = t + 4 * n;
     static const nb_dtype dtypes[2] = {NB_F32, NB_F64};
     for (int pass = 0; pass < 2; pass++) {
         int k = 0;
@@ -314,11 +326,12 @@ void nb_optim_step(nb_optim *opt) {
             gs[k] = g;
             as[k] = opt->kind == NB_OPTIM_SGD ? p->momentum_buffer : p->exp_avg;
             bs[k] = p->exp_avg_sq;
+            cs[k] = p->max_exp_avg_sq;
             k++;
         }
         if (k == 0) continue;
         if (opt->kind == NB_OPTIM_SGD) be->sgd(k, ps, gs, as, steps, hp);
-        else be->adam(k, ps, gs, as, bs, steps, hp, opt->kind == NB_OPTIM_ADAMW);
+        else be->adam(k, ps, gs, as, bs, cs, steps, hp, opt->kind == NB_OPTIM_ADAMW);
     }
     free(t);
     free(steps);
@@ -362,6 +375,7 @@ nb_optim_hparams nb_optim_group_hparams(const nb_optim *opt, int group) {
         .beta1 = hp[NB__HP_BETA1],
         .beta2 = hp[NB__HP_BETA2],
         .eps = hp[NB__HP_EPS],
+        .amsgrad = hp[NB__HP_AMSGRAD] != 0,
     };
     return h;
 }
@@ -416,6 +430,18 @@ nb_status nb_optim_state_validate(nb_optim *opt) {
                                         "momentum buffer for \"%s\"",
                                         g, nb__optim_hp(opt, g)[NB__HP_MOMENTUM],
                                         opt->params[i].name);
+        if (opt->kind != NB_OPTIM_SGD)
+            for (int i = 0; i < opt->n_params; i++) {
+                const nb__optim_param *p = &opt->params[i];
+                bool on = nb__optim_hp(opt, g)[NB__HP_AMSGRAD] != 0;
+                if (p->group == g && on != (p->max_exp_avg_sq != NULL))
+                    return nb_set_error(NB_ERR_MISMATCH,
+                                        "optimizer state: optim.group.%d.amsgrad = %d, but the "
+                                        "optimizer was made %s amsgrad and %s max_exp_avg_sq "
+                                        "for \"%s\"; amsgrad is fixed at construction",
+                                        g, on, on ? "without" : "with", on ? "has no" : "keeps",
+                                        p->name);
+            }
     }
     for (int i = 0; i < opt->n_params; i++) {
         int64_t s = *(const int64_t *)opt->params[i].step->data;

@@ -156,10 +156,13 @@ typedef struct nb__backend {
      * n tensors, each contiguous f32 or f64, one launch (CUDA) or loop
      * (CPU) per call; the order of operations of tensor/cpu/optim.c.
      * steps[i]: parameter i's step count after the increment; hp[i]: its
-     * group's hyper-parameters (optim/internal.h). */
+     * group's hyper-parameters (optim/internal.h).
+     * Adam: vmax[i] non-NULL makes parameter i's update AMSGrad's
+     * (vmax[i] = max(vmax[i], v[i]), NaN-propagating, is the denominator's
+     * second moment); vmax itself may be NULL: no AMSGrad at all. */
     void (*adam)(int n, nb_tensor *const *p, nb_tensor *const *g, nb_tensor *const *m,
-                 nb_tensor *const *v, const int64_t *steps, const double *const *hp,
-                 bool decoupled);
+                 nb_tensor *const *v, nb_tensor *const *vmax, const int64_t *steps,
+                 const double *const *hp, bool decoupled);
     /* buf[i] NULL: SGD without momentum for parameter i. */
     void (*sgd)(int n, nb_tensor *const *p, nb_tensor *const *g, nb_tensor *const *buf,
                 const int64_t *steps, const double *const *hp);

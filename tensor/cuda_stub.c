@@ -556,12 +556,13 @@ void nb__cuda_rand_normal(nb_tensor *t, double mean, double std, uint64_t seed, 
     NO_CUDA("nb__cuda_rand_normal");
 }
 
-void nb__cuda_adam(int n, nb_tensor *const *p, nb_tensor *const *g, nb_tensor *const *m, nb_tensor *const *v, const int64_t *steps, const double *const *hp, bool decoupled) {
+void nb__cuda_adam(int n, nb_tensor *const *p, nb_tensor *const *g, nb_tensor *const *m, nb_tensor *const *v, nb_tensor *const *vmax, const int64_t *steps, const double *const *hp, bool decoupled) {
     (void)n;
     (void)p;
     (void)g;
     (void)m;
     (void)v;
+    (void)vmax;
     (void)steps;
     (void)hp;
     (void)decoupled;

@@ -138,10 +138,13 @@ static double grad_of(int t, int i, int k) { return sin(0.7 * i + 0.3 * t + k) +
 static nb_dtype dtype_of(int k) { return k == 1 ? NB_F64 : NB_F32; }
 
 START_TEST(test_multi_tensor_adam) {
-    for (int decoupled = 0; decoupled < 2; decoupled++) {
+    /* amsgrad: tensors 1 and 2 keep vmax, tensor 0 does not (one list may
+     * mix both); the gradients shrink tenfold per step */
+    for (int variant = 0; variant < 4; variant++) {
+        bool decoupled = variant & 1, amsgrad = variant & 2;
         nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
-        nb_tensor *p[NT], *g[NT], *m[NT], *v[NT];
-        double rp[NT][LEN], rm[NT][LEN] = {{0}}, rv[NT][LEN] = {{0}};
+        nb_tensor *p[NT], *g[NT], *m[NT], *v[NT], *vmax[NT];
+        double rp[NT][LEN], rm[NT][LEN] = {{0}}, rv[NT][LEN] = {{0}}, rvmax[NT][LEN] = {{0}};
         double hp[NT][NB__HP_COUNT];
         const double *hps[NT];
         int64_t steps[NT];
@@ -152,40 +155,49 @@ START_TEST(test_multi_tensor_adam) {
             g[k] = nb_zeros(ctx, dtype_of(k), 1, &n);
             m[k] = nb_zeros(ctx, dtype_of(k), 1, &n);
             v[k] = nb_zeros(ctx, dtype_of(k), 1, &n);
+            vmax[k] = amsgrad && k > 0 ? nb_zeros(ctx, dtype_of(k), 1, &n) : NULL;
             for (int64_t i = 0; i < LEN; i++) rp[k][i] = nb_get(p[k], &i);
             memset(hp[k], 0, sizeof hp[k]);
             hp[k][NB__HP_LR] = 0.01 * (k + 1);
             hp[k][NB__HP_WEIGHT_DECAY] = 0.1 * k;
             hp[k][NB__HP_BETA1] = 0.9 - 0.1 * k;
-            hp[k][NB__HP_BETA2] = 0.999 - 0.01 * k;
+            /* amsgrad: a short memory, so v falls far below its maximum */
+            hp[k][NB__HP_BETA2] = amsgrad ? 0.6 - 0.1 * k : 0.999 - 0.01 * k;
             hp[k][NB__HP_EPS] = 1e-8;
+            hp[k][NB__HP_AMSGRAD] = vmax[k] != NULL;
             hps[k] = hp[k];
         }
+        int below_max = 0;
         for (int t = 0; t < 3; t++) {
             for (int k = 0; k < NT; k++) {
                 steps[k] = first_step[k] + t;
                 double lr = hp[k][NB__HP_LR], wd = hp[k][NB__HP_WEIGHT_DECAY];
                 double b1 = hp[k][NB__HP_BETA1], b2 = hp[k][NB__HP_BETA2];
                 for (int64_t i = 0; i < LEN; i++) {
-                    double gi = grad_of(t, (int)i, k);
+                    double gi = grad_of(t, (int)i, k) * (amsgrad ? pow(0.1, t) : 1.0);
                     nb_set(g[k], &i, gi);
                     /* the textbook form, bias corrections applied to m and v */
                     if (decoupled) rp[k][i] *= 1 - lr * wd;
                     else gi += wd * rp[k][i];
                     rm[k][i] = b1 * rm[k][i] + (1 - b1) * gi;
                     rv[k][i] = b2 * rv[k][i] + (1 - b2) * gi * gi;
+                    rvmax[k][i] = fmax(rvmax[k][i], rv[k][i]);
+                    double second = vmax[k] ? rvmax[k][i] : rv[k][i];
+                    below_max += vmax[k] && rv[k][i] < rvmax[k][i];
                     double mh = rm[k][i] / (1 - pow(b1, (double)steps[k]));
-                    double vh = rv[k][i] / (1 - pow(b2, (double)steps[k]));
+                    double vh = second / (1 - pow(b2, (double)steps[k]));
                     rp[k][i] -= lr * mh / (sqrt(vh) + hp[k][NB__HP_EPS]);
                 }
             }
-            nb__cpu_backend.adam(NT, p, g, m, v, steps, hps, decoupled);
+            nb__cpu_backend.adam(NT, p, g, m, v, vmax, steps, hps, decoupled);
         }
+        ck_assert(amsgrad ? below_max > 0 : below_max == 0);
         for (int k = 0; k < NT; k++) {
             double tol = dtype_of(k) == NB_F64 ? 1e-12 : 2e-6;
             nbt_assert_close(p[k], rp[k], tol, tol);
             nbt_assert_close(m[k], rm[k], tol, tol);
             nbt_assert_close(v[k], rv[k], tol, tol);
+            if (vmax[k]) nbt_assert_close(vmax[k], rvmax[k], tol, tol);
         }
         nb_ctx_free(ctx);
     }

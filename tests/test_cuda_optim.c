@@ -1,5 +1,6 @@
-/* The optimizers on CUDA against the CPU: Adam, AdamW and SGD (momentum,
- * dampening, Nesterov, weight decay) over several parameters of odd sizes
+/* The optimizers on CUDA against the CPU: Adam, AdamW (with and without
+ * amsgrad) and SGD (momentum, dampening, Nesterov, weight decay) over
+ * several parameters of odd sizes
  * in two groups, with a parameter that gets its first gradient late (its
  * own step count), f32 and f64, N steps; the exported state; zero_grad;
  * gradient clipping (2-norm, inf-norm, non-finite norms); the grad scaler.
@@ -97,6 +98,8 @@ static void run_optim_case(const char *name, nb_optim_kind kind, nb_optim_hparam
         nb_optim_hparams h1 = h;
         h1.lr = h.lr * 0.5;
         h1.weight_decay = 0;
+        /* AdamW with amsgrad: in group 0 only, so one launch mixes both updates */
+        if (kind == NB_OPTIM_ADAMW) h1.amsgrad = false;
         nb_param_group groups[2] = {{sides[k]->named, 3, h}, {sides[k]->named + 3, NP - 3, h1}};
         opt[k] = nb_optim_new_groups(kind, 2, groups);
     }
@@ -132,6 +135,17 @@ static void run_optim_case(const char *name, nb_optim_kind kind, nb_optim_hparam
         }
     }
     ck_assert_int_eq(nb_optim_step_count(opt[1]), T);
+    if (h.amsgrad) { /* the maximum mattered: exp_avg_sq fell below it somewhere */
+        int64_t below = 0;
+        for (int i = 0; i + 1 < nc; i++)
+            if (strstr(sc[i + 1].name, ".max_exp_avg_sq")) {
+                double *v = nbt_values(sc[i].tensor), *vmax = nbt_values(sc[i + 1].tensor);
+                for (int64_t j = 0; j < nb_numel(sc[i].tensor); j++) below += v[j] < vmax[j];
+                free(v);
+                free(vmax);
+            }
+        ck_assert_msg(below > 0, "%s: exp_avg_sq never fell below max_exp_avg_sq", name);
+    }
     /* zero_grad on the device */
     nb_optim_zero_grad(opt[1]);
     for (int k = 0; k < NP; k++) {
@@ -160,6 +174,13 @@ START_TEST(test_adam_adamw_sgd) {
         run_optim_case("adamw", NB_OPTIM_ADAMW, adamw, dt);
         adamw.beta1 = 0.3; /* lerp with weight >= 0.5 */
         run_optim_case("adamw beta1 0.3", NB_OPTIM_ADAMW, adamw, dt);
+        /* a short memory, so that v falls below its maximum (gradients alternate in size) */
+        adam.beta2 = 0.5;
+        adam.amsgrad = true;
+        run_optim_case("adam amsgrad + L2", NB_OPTIM_ADAM, adam, dt);
+        adamw.beta2 = 0.5;
+        adamw.amsgrad = true;
+        run_optim_case("adamw amsgrad (group 0)", NB_OPTIM_ADAMW, adamw, dt);
         run_optim_case("sgd", NB_OPTIM_SGD, (nb_optim_hparams){.lr = 0.1}, dt);
         run_optim_case("sgd momentum", NB_OPTIM_SGD,
                        (nb_optim_hparams){.lr = 0.05, .momentum = 0.9, .dampening = 0.2}, dt);

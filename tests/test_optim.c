@@ -4,10 +4,13 @@
  * makes SGD's momentum a geometric series and Adam's step lr g/(|g|+eps))
  * and against a textbook recurrence written here in double with varying
  * gradients (m_hat / (sqrt(v_hat) + eps) rather than the library's
- * factored form). */
+ * factored form). AMSGrad likewise, with gradients that shrink so that the
+ * second moment falls below its running maximum, and a checkpoint resume. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 #include "tensor/internal.h"
 #include "testutil.h"
@@ -207,6 +210,254 @@ START_TEST(test_adam_reference) {
                 nb_optim_free(opt);
                 nb_ctx_free(ctx);
             }
+}
+END_TEST
+
+/* ---- AMSGrad ---- */
+/* Gradients that first grow, then shrink 5x a step: from step 4 on v falls
+ * below the largest v so far, which is what AMSGrad keeps. */
+static double amsgrad_grad_at(int t, int64_t i) {
+    return grad_at(t, i) * (t <= 3 ? (double)t : 3.0 * pow(0.2, t - 3));
+}
+
+/* Textbook AMSGrad in double, bias corrections on m and v:
+ * vmax = max(vmax, v), v_hat = vmax / (1 - beta2^t). amsgrad false: plain Adam. */
+static void amsgrad_reference(const nb_optim_hparams *h, bool decoupled, bool amsgrad, double *p,
+                              double *vmax_out, int *below_max, int T) {
+    double m[N] = {0}, v[N] = {0}, vmax[N] = {0};
+    *below_max = 0;
+    for (int t = 1; t <= T; t++)
+        for (int i = 0; i < N; i++) {
+            double g = amsgrad_grad_at(t, i);
+            if (decoupled) p[i] -= h->lr * h->weight_decay * p[i];
+            else g += h->weight_decay * p[i];
+            m[i] = h->beta1 * m[i] + (1 - h->beta1) * g;
+            v[i] = h->beta2 * v[i] + (1 - h->beta2) * g * g;
+            vmax[i] = v[i] > vmax[i] ? v[i] : vmax[i];
+            *below_max += v[i] < vmax[i];
+            double mhat = m[i] / (1 - pow(h->beta1, t));
+            double vhat = (amsgrad ? vmax[i] : v[i]) / (1 - pow(h->beta2, t));
+            p[i] -= h->lr * mhat / (sqrt(vhat) + h->eps);
+        }
+    if (vmax_out) memcpy(vmax_out, vmax, sizeof vmax);
+}
+
+static const nb_tensor *state_named(nb_optim *opt, const char *name) {
+    int n;
+    const nb_named_tensor *st = nb_optim_state(opt, &n);
+    for (int i = 0; i < n; i++)
+        if (strcmp(st[i].name, name) == 0) return st[i].tensor;
+    return NULL;
+}
+
+START_TEST(test_amsgrad_reference) {
+    nb_dtype dtypes[] = {NB_F64, NB_F32};
+    for (int decoupled = 0; decoupled < 2; decoupled++)
+        for (int di = 0; di < 2; di++)
+            for (int variant = 0; variant < 2; variant++) {
+                nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+                nb_tensor *p = leaf_with_grad(ctx, dtypes[di], N, 50 + variant);
+                double ref[N], plain[N], vmax[N];
+                for (int i = 0; i < N; i++) ref[i] = plain[i] = get1(p, i);
+                nb_optim_hparams h = decoupled ? NB_ADAMW_DEFAULTS : NB_ADAM_DEFAULTS;
+                h.amsgrad = true;
+                h.lr = 0.02;
+                h.weight_decay = 0.1;
+                h.beta2 = 0.95; /* with 0.999 v would fall only 0.1% a step */
+                if (variant) { /* a shorter memory: v drops far below its maximum */
+                    h.beta1 = 0.3;
+                    h.beta2 = 0.7;
+                    h.eps = 1e-4;
+                }
+                nb_named_tensor np = {"p", p};
+                nb_optim *opt = nb_optim_new(decoupled ? NB_OPTIM_ADAMW : NB_OPTIM_ADAM, &np, 1, &h);
+                ck_assert(nb_optim_group_hparams(opt, 0).amsgrad);
+                const int T = 8;
+                for (int t = 1; t <= T; t++) {
+                    for (int i = 0; i < N; i++) set1(p->grad, i, amsgrad_grad_at(t, i));
+                    nb_optim_step(opt);
+                }
+                int below, below_plain;
+                amsgrad_reference(&h, decoupled, true, ref, vmax, &below, T);
+                amsgrad_reference(&h, decoupled, false, plain, NULL, &below_plain, T);
+                /* the maximum mattered: plain Adam ends far from AMSGrad */
+                ck_assert_int_gt(below, N);
+                double gap = 0;
+                for (int i = 0; i < N; i++) gap = fmax(gap, fabs(plain[i] - ref[i]));
+                ck_assert_msg(gap > 1e-3, "AMSGrad and Adam differ by only %g", gap);
+                const nb_tensor *vm = state_named(opt, "optim.state.p.max_exp_avg_sq");
+                ck_assert_ptr_nonnull(vm);
+                if (dtypes[di] == NB_F64) {
+                    nbt_assert_close(p, ref, 1e-13, 1e-12);
+                    nbt_assert_close(vm, vmax, 1e-16, 1e-12);
+                } else {
+                    nbt_assert_close(p, ref, 2e-6, 2e-6);
+                    nbt_assert_close(vm, vmax, 1e-9, 2e-6);
+                }
+                nb_optim_free(opt);
+                nb_ctx_free(ctx);
+            }
+}
+END_TEST
+
+START_TEST(test_amsgrad_nan_propagates) {
+    /* max(vmax, NaN) is NaN, as torch.maximum gives (fmax would keep vmax) */
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *p = leaf_with_grad(ctx, NB_F32, N, 3);
+    nb_optim_hparams h = NB_ADAM_DEFAULTS;
+    h.amsgrad = true;
+    nb_named_tensor np = {"p", p};
+    nb_optim *opt = nb_optim_new(NB_OPTIM_ADAM, &np, 1, &h);
+    for (int i = 0; i < N; i++) set1(p->grad, i, 1.0);
+    nb_optim_step(opt);
+    set1(p->grad, 2, NAN);
+    nb_optim_step(opt);
+    const nb_tensor *vm = state_named(opt, "optim.state.p.max_exp_avg_sq");
+    ck_assert(isnan(get1(vm, 2)) && isnan(get1(p, 2)));
+    ck_assert(!isnan(get1(vm, 1)) && !isnan(get1(p, 1)));
+    nb_optim_free(opt);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+START_TEST(test_amsgrad_state) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *w = nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(2, 2), 1);
+    nb_tensor *b = leaf_with_grad(ctx, NB_F32, 2, 2);
+    nb_named_tensor ps[] = {{"w", w}, {"b", b}};
+    nb_optim_hparams h = NB_ADAMW_DEFAULTS;
+    h.amsgrad = true;
+    /* amsgrad in group 0 only: its flag and buffers, none for group 1 */
+    nb_optim_hparams h1 = h;
+    h1.amsgrad = false;
+    nb_param_group groups[2] = {{ps, 1, h}, {ps + 1, 1, h1}};
+    nb_optim *opt = nb_optim_new_groups(NB_OPTIM_ADAMW, 2, groups);
+    int n;
+    const nb_named_tensor *st = nb_optim_state(opt, &n);
+    const char *names[] = {"optim.step",
+                           "optim.group.0.lr", "optim.group.0.weight_decay",
+                           "optim.group.0.beta1", "optim.group.0.beta2", "optim.group.0.eps",
+                           "optim.group.0.amsgrad",
+                           "optim.group.1.lr", "optim.group.1.weight_decay",
+                           "optim.group.1.beta1", "optim.group.1.beta2", "optim.group.1.eps",
+                           "optim.state.w.step", "optim.state.w.exp_avg",
+                           "optim.state.w.exp_avg_sq", "optim.state.w.max_exp_avg_sq",
+                           "optim.state.b.step", "optim.state.b.exp_avg",
+                           "optim.state.b.exp_avg_sq"};
+    ck_assert_int_eq(n, 19);
+    for (int i = 0; i < n; i++) ck_assert_str_eq(st[i].name, names[i]);
+    ck_assert(nb_item(st[6].tensor) == 1 && st[6].tensor->dtype == NB_F64);
+    ck_assert(nb_same_shape(st[15].tensor, w) && st[15].tensor->dtype == NB_F64);
+    ck_assert(nb_optim_group_hparams(opt, 0).amsgrad && !nb_optim_group_hparams(opt, 1).amsgrad);
+    /* values a checkpoint could carry */
+    nb_fill_(st[6].tensor, 0.5);
+    ck_assert_int_eq(nb_optim_state_validate(opt), NB_ERR_FORMAT);
+    ck_assert_str_eq(nb_last_error(), "optimizer state (adamw): optim.group.0: amsgrad = 0.5 must "
+                     "be 0 or 1");
+    nb_fill_(st[6].tensor, 0);
+    ck_assert_int_eq(nb_optim_state_validate(opt), NB_ERR_MISMATCH);
+    ck_assert_str_eq(nb_last_error(), "optimizer state: optim.group.0.amsgrad = 0, but the "
+                     "optimizer was made with amsgrad and keeps max_exp_avg_sq for \"w\"; "
+                     "amsgrad is fixed at construction");
+    nb_fill_(st[6].tensor, 1);
+    ck_assert_int_eq(nb_optim_state_validate(opt), NB_OK);
+    nb_optim_free(opt);
+    /* SGD ignores the field */
+    nb_optim_hparams sgd = NB_SGD_DEFAULTS;
+    sgd.amsgrad = true;
+    opt = nb_optim_new(NB_OPTIM_SGD, ps, 2, &sgd);
+    st = nb_optim_state(opt, &n);
+    ck_assert_int_eq(n, 8);
+    for (int i = 0; i < n; i++) ck_assert(!strstr(st[i].name, "amsgrad") && !strstr(st[i].name, "max_"));
+    nb_optim_free(opt);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+/* An AMSGrad AdamW over one f32 parameter "w" of N elements. */
+static nb_optim *amsgrad_optim(nb_ctx *ctx, bool amsgrad, uint64_t seed, nb_named_tensor *np) {
+    np->name = "w";
+    np->tensor = leaf_with_grad(ctx, NB_F32, N, seed);
+    nb_optim_hparams h = NB_ADAMW_DEFAULTS;
+    h.lr = 0.05;
+    h.beta2 = 0.7;
+    h.amsgrad = amsgrad;
+    return nb_optim_new(NB_OPTIM_ADAMW, np, 1, &h);
+}
+
+static void amsgrad_step(nb_optim *opt, nb_tensor *p, int t) {
+    for (int i = 0; i < N; i++) set1(p->grad, i, amsgrad_grad_at(t, i));
+    nb_optim_step(opt);
+}
+
+START_TEST(test_amsgrad_checkpoint_resume) {
+    char dir[] = "/tmp/nb_test_optim_XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    char path[256], plain_path[256];
+    snprintf(path, sizeof path, "%s/amsgrad.safetensors", dir);
+    snprintf(plain_path, sizeof plain_path, "%s/adamw.safetensors", dir);
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+
+    /* 5 steps, save, a 6th step: the reference */
+    nb_named_tensor a;
+    nb_optim *oa = amsgrad_optim(ctx, true, 1, &a);
+    for (int t = 1; t <= 5; t++) amsgrad_step(oa, a.tensor, t);
+    const nb_tensor *vma = state_named(oa, "optim.state.w.max_exp_avg_sq");
+    const nb_tensor *va = state_named(oa, "optim.state.w.exp_avg_sq");
+    int below = 0;
+    for (int i = 0; i < N; i++) below += get1(va, i) < get1(vma, i);
+    ck_assert_int_gt(below, 0); /* the saved maximum is not exp_avg_sq again */
+    nb_train_state ts = {.step = 5};
+    ck_assert_int_eq(nb_checkpoint_save_training(path, &a, 1, oa, &ts, NULL, 0), NB_OK);
+    amsgrad_step(oa, a.tensor, 6);
+    float want[N], want_vmax[N];
+    nb_to_host(a.tensor, want);
+    nb_to_host(vma, want_vmax);
+
+    /* other parameter values, a fresh optimizer, load, the 6th step: the same bits */
+    nb_named_tensor b;
+    nb_optim *ob = amsgrad_optim(ctx, true, 99, &b);
+    nb_train_state got = {0};
+    ck_assert_int_eq(nb_checkpoint_load_training(path, &b, 1, ob, &got), NB_OK);
+    ck_assert_int_eq(got.step, 5);
+    ck_assert_int_eq(nb_optim_step_count(ob), 5);
+    amsgrad_step(ob, b.tensor, 6);
+    float have[N], have_vmax[N];
+    nb_to_host(b.tensor, have);
+    nb_to_host(state_named(ob, "optim.state.w.max_exp_avg_sq"), have_vmax);
+    ck_assert(memcmp(have, want, sizeof want) == 0);
+    ck_assert(memcmp(have_vmax, want_vmax, sizeof want) == 0);
+
+    /* the resumed step depends on the restored maximum */
+    ck_assert_int_eq(nb_checkpoint_load_training(path, &b, 1, ob, &got), NB_OK);
+    nb_fill_((nb_tensor *)state_named(ob, "optim.state.w.max_exp_avg_sq"), 0);
+    amsgrad_step(ob, b.tensor, 6);
+    nb_to_host(b.tensor, have);
+    ck_assert(memcmp(have, want, sizeof want) != 0);
+
+    /* an AMSGrad checkpoint does not load into plain AdamW, nor the other way round */
+    nb_named_tensor c;
+    nb_optim *oc = amsgrad_optim(ctx, false, 2, &c);
+    ck_assert_int_eq(nb_checkpoint_load_training(path, &c, 1, oc, &got), NB_ERR_MISMATCH);
+    ck_assert_msg(strstr(nb_last_error(), "missing key(s) (0): none; unexpected key(s) (2): ") &&
+                      strstr(nb_last_error(), "\"optim.group.0.amsgrad\"") &&
+                      strstr(nb_last_error(), "\"optim.state.w.max_exp_avg_sq\""),
+                  "%s", nb_last_error());
+    amsgrad_step(oc, c.tensor, 1);
+    ck_assert_int_eq(nb_checkpoint_save_training(plain_path, &c, 1, oc, &ts, NULL, 0), NB_OK);
+    ck_assert_int_eq(nb_checkpoint_load_training(plain_path, &b, 1, ob, &got), NB_ERR_MISMATCH);
+    ck_assert_msg(strstr(nb_last_error(), "missing key(s) (2): ") &&
+                      strstr(nb_last_error(), "\"optim.group.0.amsgrad\"") &&
+                      strstr(nb_last_error(), "\"optim.state.w.max_exp_avg_sq\""),
+                  "%s", nb_last_error());
+
+    nb_optim_free(oa);
+    nb_optim_free(ob);
+    nb_optim_free(oc);
+    nb_ctx_free(ctx);
+    ck_assert_int_eq(remove(path), 0);
+    ck_assert_int_eq(remove(plain_path), 0);
+    ck_assert_int_eq(rmdir(dir), 0);
 }
 END_TEST
 
@@ -757,6 +1008,10 @@ int main(void) {
     tcase_add_test(tc, test_sgd_reference);
     tcase_add_test(tc, test_adam_closed_form);
     tcase_add_test(tc, test_adam_reference);
+    tcase_add_test(tc, test_amsgrad_reference);
+    tcase_add_test(tc, test_amsgrad_nan_propagates);
+    tcase_add_test(tc, test_amsgrad_state);
+    tcase_add_test(tc, test_amsgrad_checkpoint_resume);
     tcase_add_test(tc, test_adam_moment_exact_at_beta1_zero);
     tcase_add_test(tc, test_skips_params_without_grad);
     tcase_add_test(tc, test_zero_grad_keeps_buffers);

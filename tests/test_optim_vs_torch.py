@@ -2,7 +2,8 @@
 
 Runs build/bin/nb_optim_trace, which prints fixed inputs and nabla's
 results (SGD with momentum, dampening, Nesterov and weight decay; Adam with
-L2 decay; AdamW; two parameter groups; a parameter without gradient), and
+L2 decay; AdamW; Adam and AdamW with amsgrad; two parameter groups; a
+parameter without gradient), and
 replays each run with torch.optim and torch.nn.utils.clip_grad_norm_.
 float64 runs must agree to ~1e-12 relative, float32 runs to a few ulps
 (the order of floating-point operations differs between PyTorch versions).
@@ -45,7 +46,18 @@ def make_optimizer(run, params):
         return torch.optim.SGD(groups, lr=run["lr"], momentum=run["momentum"],
                                dampening=run["dampening"], nesterov=run["nesterov"])
     cls = torch.optim.Adam if run["kind"] == "adam" else torch.optim.AdamW
-    return cls(groups, lr=run["lr"], betas=(run["beta1"], run["beta2"]), eps=run["eps"])
+    return cls(groups, lr=run["lr"], betas=(run["beta1"], run["beta2"]), eps=run["eps"],
+               amsgrad=run["amsgrad"])
+
+
+def max_matters(opt, params):
+    """Elements whose max_exp_avg_sq exceeds their exp_avg_sq in torch's state."""
+    n = 0
+    for p in params:
+        st = opt.state.get(p, {})
+        if "max_exp_avg_sq" in st:
+            n += int((st["max_exp_avg_sq"] > st["exp_avg_sq"]).sum())
+    return n
 
 
 def main():
@@ -69,6 +81,13 @@ def main():
                 what = "%s %s step %d param %d" % (run["label"], run["dtype"], k + 1, i)
                 same += compare(p.detach(), want, dtype, what)
                 total += p.numel()
+        if run.get("amsgrad"):
+            below = max_matters(opt, params)
+            if below == 0:
+                fail("%s: exp_avg_sq never fell below its maximum; the case tests nothing"
+                     % run["label"])
+            print("%-30s %-8s AMSGrad's maximum active for %d elements at the end"
+                  % (run["label"], run["dtype"], below))
         print("%-30s %-8s agrees with torch.optim over %d steps"
               % (run["label"], run["dtype"], len(run["steps"])))
     for c in data["clips"]:

@@ -6,7 +6,8 @@
  * Each optimizer run has three parameters: a matrix "w" (3, 4) and a
  * vector "b" (4), in the two groups nb_optim_split_decay makes (weight
  * decay only on "w"), and a vector "frozen" (2) that never gets a gradient
- * and must not move. Gradients change every step. Values are printed with
+ * and must not move. Gradients change every step (b's shrink in the
+ * amsgrad runs). Values are printed with
  * 17 significant digits (exact for f64 and f32). Usage: nb_optim_trace */
 #include <math.h>
 #include <stdio.h>
@@ -61,10 +62,11 @@ static void run(const run_cfg *cfg, nb_dtype dtype, int index) {
     const nb_optim_hparams *h = &cfg->h;
     printf("%s{\"label\": \"%s\", \"kind\": \"%s\", \"dtype\": \"%s\", \"lr\": %.17g, "
            "\"weight_decay\": %.17g, \"momentum\": %.17g, \"dampening\": %.17g, \"nesterov\": %s, "
-           "\"beta1\": %.17g, \"beta2\": %.17g, \"eps\": %.17g,\n   \"init\": [",
+           "\"beta1\": %.17g, \"beta2\": %.17g, \"eps\": %.17g, \"amsgrad\": %s,\n   \"init\": [",
            index ? ",\n  " : "  ", cfg->label, nb_optim_kind_name(cfg->kind),
            dtype == NB_F32 ? "float32" : "float64", h->lr, h->weight_decay, h->momentum,
-           h->dampening, h->nesterov ? "true" : "false", h->beta1, h->beta2, h->eps);
+           h->dampening, h->nesterov ? "true" : "false", h->beta1, h->beta2, h->eps,
+           h->amsgrad ? "true" : "false");
     for (int i = 0; i < 3; i++) {
         printf(i ? ", " : "");
         print_values(ps[i]);
@@ -73,7 +75,8 @@ static void run(const run_cfg *cfg, nb_dtype dtype, int index) {
     for (int s = 0; s < STEPS; s++) {
         fill(w->grad, 1.7 * s + 0.05 * index);
         fill(b->grad, 2.3 * s + 0.4);
-        nb_scale_(b->grad, 0.1 * (s + 1)); /* gradients of changing size */
+        /* gradients of changing size; shrinking for AMSGrad, so that its maximum matters */
+        nb_scale_(b->grad, h->amsgrad ? pow(0.3, s) : 0.1 * (s + 1));
         nb_optim_step(opt);
         printf("%s{\"grads\": [", s ? ",\n     " : "\n     ");
         print_values(w->grad);
@@ -122,7 +125,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     nb_optim_hparams sgd = NB_SGD_DEFAULTS, adam = NB_ADAM_DEFAULTS, adamw = NB_ADAMW_DEFAULTS;
-    run_cfg cfgs[8];
+    run_cfg cfgs[10];
     int n = 0;
     sgd.lr = 0.1;
     cfgs[n++] = (run_cfg){"sgd", NB_OPTIM_SGD, sgd};
@@ -138,6 +141,12 @@ int main(int argc, char **argv) {
     cfgs[n++] = (run_cfg){"adamw", NB_OPTIM_ADAMW, adamw};
     adamw.beta1 = 0.5, adamw.eps = 1e-3;
     cfgs[n++] = (run_cfg){"adamw beta1 0.5", NB_OPTIM_ADAMW, adamw};
+    adam = NB_ADAM_DEFAULTS;
+    adam.lr = 0.01, adam.weight_decay = 0.1, adam.beta2 = 0.9, adam.amsgrad = true;
+    cfgs[n++] = (run_cfg){"adam amsgrad L2", NB_OPTIM_ADAM, adam};
+    adamw = NB_ADAMW_DEFAULTS;
+    adamw.lr = 0.01, adamw.weight_decay = 0.1, adamw.beta2 = 0.9, adamw.amsgrad = true;
+    cfgs[n++] = (run_cfg){"adamw amsgrad", NB_OPTIM_ADAMW, adamw};
     printf("{\"runs\": [\n");
     int k = 0;
     for (int i = 0; i < n; i++) {

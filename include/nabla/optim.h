@@ -46,6 +46,12 @@ typedef struct nb_optim_hparams {
     double beta1;     /* Adam, AdamW: in [0, 1) */
     double beta2;     /* Adam, AdamW: in [0, 1) */
     double eps;       /* Adam, AdamW: added outside the square root, >= 0 */
+    /* Adam, AdamW: the AMSGrad variant (PyTorch's amsgrad=True): each
+     * parameter keeps max_exp_avg_sq, the elementwise maximum of every
+     * exp_avg_sq so far, and the denominator uses it instead of
+     * exp_avg_sq. Costs one more tensor of the parameter's size, made only
+     * for parameters of groups with amsgrad on. Fixed at construction. */
+    bool amsgrad;
 } nb_optim_hparams;
 
 /* PyTorch's defaults. */
@@ -102,18 +108,28 @@ void nb_optim_set_weight_decay(nb_optim *opt, int group, double weight_decay);
  *   optim.step                           i64 scalar, nb_optim_step calls
  *   optim.group.<g>.<hparam>             f64 scalars: lr, weight_decay, and
  *                                        momentum, dampening, nesterov (SGD)
- *                                        or beta1, beta2, eps (Adam, AdamW)
+ *                                        or beta1, beta2, eps (Adam, AdamW),
+ *                                        and amsgrad (1) only for Adam and
+ *                                        AdamW groups made with amsgrad
  *   optim.state.<param>.step             i64 scalar, updates of that parameter
  *   optim.state.<param>.exp_avg          Adam, AdamW: first moment
  *   optim.state.<param>.exp_avg_sq       Adam, AdamW: second moment
+ *   optim.state.<param>.max_exp_avg_sq   Adam, AdamW with amsgrad: the
+ *                                        maximum of exp_avg_sq so far
  *   optim.state.<param>.momentum_buffer  SGD with momentum
+ * (A checkpoint made without amsgrad therefore has the same names as
+ * before the option existed, and one made with it does not load into an
+ * optimizer made without it, nor the other way round: the strict load
+ * names the missing or unexpected tensors.)
  * Loading a checkpoint writes into these tensors, hyperparameters
  * included (as PyTorch's load_state_dict does); call
  * nb_optim_state_validate afterwards (nb_checkpoint_load_training does). */
 const nb_named_tensor *nb_optim_state(nb_optim *opt, int *n);
 /* NB_ERR_FORMAT, with a message naming the value, when loaded state is out
  * of range (negative step count or learning rate, beta outside [0, 1),
- * nesterov neither 0 nor 1, ...). */
+ * nesterov or amsgrad neither 0 nor 1, ...); NB_ERR_MISMATCH when it asks
+ * for state the optimizer was not made with (momentum without momentum
+ * buffers, amsgrad turned off in a group made with it). */
 nb_status nb_optim_state_validate(nb_optim *opt);
 
 /* ---- gradient clipping ----

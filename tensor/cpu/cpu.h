@@ -9,8 +9,8 @@
 #include "tensor/internal.h"
 
 void nb__cpu_adam(int n, nb_tensor *const *p, nb_tensor *const *g, nb_tensor *const *m,
-                  nb_tensor *const *v, const int64_t *steps, const double *const *hp,
-                  bool decoupled);
+                  nb_tensor *const *v, nb_tensor *const *vmax, const int64_t *steps,
+                  const double *const *hp, bool decoupled);
 void nb__cpu_sgd(int n, nb_tensor *const *p, nb_tensor *const *g, nb_tensor *const *buf,
                  const int64_t *steps, const double *const *hp);
 void nb__cpu_sum_squares(nb_tensor *out, int n, nb_tensor *const *ts);

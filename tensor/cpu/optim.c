@@ -3,17 +3,21 @@
  * gradients that clipping and loss scaling need. Each tensor is
  * contiguous f32 or f64 and is computed in its own dtype.
  *
- * Adam and AdamW: one pass over each parameter reading p, g, m, v and
- * writing p, m, v. The order of operations is PyTorch's single-tensor
+ * Adam and AdamW: one pass over each parameter reading p, g, m, v (and
+ * vmax) and writing p, m, v (and vmax). The order of operations is PyTorch's single-tensor
  * Adam; the per-step scalars are computed in double, then rounded to the
  * dtype:
  *   Adam:  g = g + wd * p                    (L2 penalty)
  *   AdamW: p = p * (1 - lr * wd)             (decoupled decay)
  *   m = lerp(m, g, 1 - beta1)
  *   v = beta2 * v + (1 - beta2) * g * g
- *   p = p - lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
+ *   AMSGrad: vmax = max(vmax, v); s = vmax     otherwise: s = v
+ *   p = p - lr / (1 - beta1^t) * m / (sqrt(s) / sqrt(1 - beta2^t) + eps)
  * lerp(a, b, w) is a + w (b - a) for w < 0.5 and b - (b - a)(1 - w)
- * otherwise, the form that is exact at both ends.
+ * otherwise, the form that is exact at both ends. AMSGrad's maximum is
+ * over the raw second moments, the bias correction of the current step
+ * applied after it, and a NaN in either operand gives NaN (PyTorch's
+ * torch.maximum, as its Adam and AdamW with amsgrad=True do).
  *
  * SGD with momentum, dampening, Nesterov momentum and L2 weight decay, in
  * the order of operations PyTorch's single-tensor SGD uses:
@@ -31,9 +35,32 @@
 #include "optim/internal.h"
 #include "tensor/cpu/cpu.h"
 
+/* One pass; AMS a constant, so that the loop keeps no branch on it (GCC
+ * unswitches only so many loop-invariant conditions, and a loop with one
+ * left does not vectorize). */
+#define ADAM_LOOP(T, SQRT, AMS)                                                            \
+    for (int64_t i = 0; i < n; i++) {                                                      \
+        T pi = p[i], gi = g[i];                                                            \
+        if (l2 != 0) gi = gi + l2 * pi;                                                    \
+        if (shrink_on) pi = pi * shrink;                                                   \
+        T mi = lerp_lo ? m[i] + w * (gi - m[i]) : gi - (gi - m[i]) * w1;                   \
+        T vi = v[i] * beta2 + c2 * gi * gi;                                                \
+        T si = vi;                                                                         \
+        if (AMS) {                                                                         \
+            T prev = vmax[i];                                                              \
+            si = (vi > prev) | (vi != vi) ? vi : prev;                                     \
+            vmax[i] = si;                                                                  \
+        }                                                                                  \
+        T denom = SQRT(si) / bc2_sqrt + eps;                                               \
+        p[i] = pi + neg_step * (mi / denom);                                               \
+        m[i] = mi;                                                                         \
+        v[i] = vi;                                                                         \
+    }
+
 #define ADAM_KERNEL(T, SQRT, NAME)                                                         \
     static void NAME(T *restrict p, const T *restrict g, T *restrict m, T *restrict v,    \
-                     int64_t n, const double *hp, int64_t step, bool decoupled) {          \
+                     T *restrict vmax, int64_t n, const double *hp, int64_t step,         \
+                     bool decoupled) {                                                     \
         double lr = hp[NB__HP_LR], wd = hp[NB__HP_WEIGHT_DECAY];                           \
         double b1 = hp[NB__HP_BETA1], b2 = hp[NB__HP_BETA2];                               \
         double bc1 = 1.0 - pow(b1, (double)step), bc2 = 1.0 - pow(b2, (double)step);      \
@@ -45,31 +72,25 @@
         const T beta2 = (T)b2, c2 = (T)(1.0 - b2);                                         \
         const T neg_step = (T)(-(lr / bc1)), bc2_sqrt = (T)sqrt(bc2);                      \
         const T eps = (T)hp[NB__HP_EPS];                                                   \
-        for (int64_t i = 0; i < n; i++) {                                                  \
-            T pi = p[i], gi = g[i];                                                        \
-            if (l2 != 0) gi = gi + l2 * pi;                                                \
-            if (shrink_on) pi = pi * shrink;                                               \
-            T mi = lerp_lo ? m[i] + w * (gi - m[i]) : gi - (gi - m[i]) * w1;               \
-            T vi = v[i] * beta2 + c2 * gi * gi;                                            \
-            T denom = SQRT(vi) / bc2_sqrt + eps;                                           \
-            p[i] = pi + neg_step * (mi / denom);                                           \
-            m[i] = mi;                                                                     \
-            v[i] = vi;                                                                     \
-        }                                                                                  \
+        if (vmax) ADAM_LOOP(T, SQRT, 1)                                                    \
+        else ADAM_LOOP(T, SQRT, 0)                                                         \
     }
 
 ADAM_KERNEL(float, sqrtf, adam_f32)
 ADAM_KERNEL(double, sqrt, adam_f64)
 
 void nb__cpu_adam(int n, nb_tensor *const *p, nb_tensor *const *g, nb_tensor *const *m,
-                  nb_tensor *const *v, const int64_t *steps, const double *const *hp,
-                  bool decoupled) {
+                  nb_tensor *const *v, nb_tensor *const *vmax, const int64_t *steps,
+                  const double *const *hp, bool decoupled) {
     for (int i = 0; i < n; i++) {
         int64_t k = nb_numel(p[i]);
+        void *vm = vmax && vmax[i] ? vmax[i]->data : NULL;
         if (p[i]->dtype == NB_F32)
-            adam_f32(p[i]->data, g[i]->data, m[i]->data, v[i]->data, k, hp[i], steps[i], decoupled);
+            adam_f32(p[i]->data, g[i]->data, m[i]->data, v[i]->data, vm, k, hp[i], steps[i],
+                     decoupled);
         else
-            adam_f64(p[i]->data, g[i]->data, m[i]->data, v[i]->data, k, hp[i], steps[i], decoupled);
+            adam_f64(p[i]->data, g[i]->data, m[i]->data, v[i]->data, vm, k, hp[i], steps[i],
+                     decoupled);
     }
 }
 

@@ -336,13 +336,14 @@ void nb__cuda_rand_normal(nb_tensor *t, double mean, double std, uint64_t seed, 
 
 /* ================================================== optimizers (optim.cu)
  * One fused multi-tensor launch per call over n parameters (contiguous,
- * f32 or f64, each p[i], g[i], m[i], v[i] the same shape and dtype), with
+ * f32 or f64, each p[i], g[i], m[i], v[i] and vmax[i] the same shape and
+ * dtype; vmax or vmax[i] NULL: no AMSGrad), with
  * the order of operations of tensor/cpu/optim.c; steps[i] is
  * parameter i's step count after the increment, hp[i] its group's
  * hyper-parameters (optim/internal.h); buf[i] NULL: SGD without momentum. */
 void nb__cuda_adam(int n, nb_tensor *const *p, nb_tensor *const *g, nb_tensor *const *m,
-                   nb_tensor *const *v, const int64_t *steps, const double *const *hp,
-                   bool decoupled);
+                   nb_tensor *const *v, nb_tensor *const *vmax, const int64_t *steps,
+                   const double *const *hp, bool decoupled);
 void nb__cuda_sgd(int n, nb_tensor *const *p, nb_tensor *const *g, nb_tensor *const *buf,
                   const int64_t *steps, const double *const *hp);
 

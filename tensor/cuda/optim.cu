@@ -2,7 +2,7 @@
  *
  * The per-tensor descriptors (pointers, size, the step's scalars) travel
  * by value as the kernel's parameter, up to MAX_TENSORS per launch (about
- * 23 KiB: CUDA 12.1+ allows 32 KiB of parameters; CUDA 13, which this
+ * 24 KiB: CUDA 12.1+ allows 32 KiB of parameters; CUDA 13, which this
  * project builds with, needs a driver far newer than that). More
  * parameters take one launch per MAX_TENSORS. Each tensor is cut into
  * blocks of ELEMS elements; block b finds its tensor by binary search in
@@ -30,6 +30,7 @@ enum { F_FIRST = 1, F_NESTEROV = 2, F_DECAY = 4, F_SHRINK = 8 };
 
 typedef struct optim_desc {
     void *p, *g, *a, *b; /* Adam: a = exp_avg, b = exp_avg_sq; SGD: a = momentum buffer or NULL */
+    void *c;             /* Adam: max_exp_avg_sq (AMSGrad) or NULL */
     int64_t n;
     double s[8]; /* the step's scalars, in double; see the launchers */
     int flags;
@@ -42,6 +43,7 @@ typedef struct optim_batch {
     int64_t block_start[MAX_TENSORS + 1]; /* cumulative block counts */
     optim_desc d[MAX_TENSORS];
 } optim_batch;
+static_assert(sizeof(optim_batch) <= 32764, "optim_batch exceeds CUDA's 32 KiB kernel parameters");
 
 /* ------------------------------------------------------------------ helpers */
 static __device__ __forceinline__ float add(float a, float b) { return __fadd_rn(a, b); }
@@ -67,13 +69,14 @@ static __device__ __forceinline__ int find_tensor(const optim_batch &batch, int6
 }
 
 /* ------------------------------------------------------------------ kernels */
-/* tensor/cpu/optim.c's Adam loop; s = {l2, shrink, w, beta2, c2, neg_step, bc2_sqrt, eps} */
+/* tensor/cpu/optim.c's Adam loop; s = {l2, shrink, w, beta2, c2, neg_step, bc2_sqrt, eps};
+ * AMSGrad when d.c is set (its maximum propagates NaN, as the CPU's does) */
 template <typename T> static __global__ void adam_kernel(const optim_batch batch) {
     int t = find_tensor(batch, blockIdx.x);
     const optim_desc &d = batch.d[t];
     int64_t start = ((int64_t)blockIdx.x - batch.block_start[t]) * ELEMS;
     int64_t end = start + ELEMS < d.n ? start + ELEMS : d.n;
-    T *p = (T *)d.p, *m = (T *)d.a, *v = (T *)d.b;
+    T *p = (T *)d.p, *m = (T *)d.a, *v = (T *)d.b, *vmax = (T *)d.c;
     const T *g = (const T *)d.g;
     const T l2 = (T)d.s[0], shrink = (T)d.s[1], w = (T)d.s[2], w1 = sub((T)1, w);
     const bool lerp_lo = (double)w < 0.5, shrink_on = (d.flags & F_SHRINK) != 0;
@@ -85,7 +88,13 @@ template <typename T> static __global__ void adam_kernel(const optim_batch batch
         if (shrink_on) pi = mul(pi, shrink);
         T mi = lerp_lo ? add(mo, mul(w, sub(gi, mo))) : sub(gi, mul(sub(gi, mo), w1));
         T vi = add(mul(v[i], beta2), mul(mul(c2, gi), gi));
-        T denom = add(div_(sqrt_(vi), bc2_sqrt), eps);
+        T si = vi;
+        if (vmax) {
+            T prev = vmax[i];
+            si = vi > prev || vi != vi ? vi : prev;
+            vmax[i] = si;
+        }
+        T denom = add(div_(sqrt_(si), bc2_sqrt), eps);
         p[i] = add(pi, mul(neg_step, div_(mi, denom)));
         m[i] = mi;
         v[i] = vi;
@@ -168,8 +177,8 @@ static void check_params(const char *op, int n, nb_tensor *const *p, nb_tensor *
 
 /* ------------------------------------------------------------- entry points */
 void nb__cuda_adam(int n, nb_tensor *const *p, nb_tensor *const *g, nb_tensor *const *m,
-                   nb_tensor *const *v, const int64_t *steps, const double *const *hp,
-                   bool decoupled) {
+                   nb_tensor *const *v, nb_tensor *const *vmax, const int64_t *steps,
+                   const double *const *hp, bool decoupled) {
     const char *op = decoupled ? "nb_optim_step (adamw)" : "nb_optim_step (adam)";
     if (n <= 0) return;
     int dev = p[0]->device.index;
@@ -187,6 +196,7 @@ void nb__cuda_adam(int n, nb_tensor *const *p, nb_tensor *const *g, nb_tensor *c
         d->g = g[i]->data;
         d->a = m[i]->data;
         d->b = v[i]->data;
+        d->c = vmax && vmax[i] ? vmax[i]->data : NULL;
         d->n = nb_numel(p[i]);
         d->s[0] = decoupled ? 0.0 : wd;
         d->s[1] = 1.0 - lr * wd;
