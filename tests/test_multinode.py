@@ -11,7 +11,14 @@ gives the same training state as one nbrun with the same world size.
    the model's gradients of one step (the namespaces have nothing else that
    could carry it), and node 1 learned its place from nbrun (ranks 1, or 2
    and 3).
+   Gloo finds its address by itself (the one that routes to MASTER_ADDR)
+   at world size 2; at world size 4 it is told the interface
+   (NABLA_SOCKET_IFNAME=<the node's veth>).
 3. Nothing is left running in either namespace after the runs.
+4. A wrong interface (NABLA_SOCKET_IFNAME=lo on both nodes: each publishes
+   127.0.0.1) fails on both nodes within the join limit (NABLA_JOIN_TIMEOUT
+   =3; Gloo alone would wait five times the progress timeout), naming the
+   interface.
 
 Skipped (77) only where a network namespace cannot be made."""
 import os
@@ -44,7 +51,10 @@ def two_nodes(nodes, nproc, ckpt):
         argv = [os.path.join(BIN, "nbrun"), "--nnodes", "2", "--node-rank", str(i),
                 "--nproc-per-node", str(nproc), "--master-addr", _netns.ADDR[0], "--master-port", str(PORT),
                 os.path.join(BIN, "train_classifier")] + ARGS + ["--ckpt-dir", ckpt]
-        procs.append(nodes.popen(i, argv, env=env))
+        e = dict(env)
+        if nproc == 2:  # the interface named, as on machines with several
+            e["NABLA_SOCKET_IFNAME"] = nodes.veth[i]
+        procs.append(nodes.popen(i, argv, env=e))
     outs = []
     deadline = time.monotonic() + RUN_S
     for i, p in enumerate(procs):
@@ -58,6 +68,26 @@ def two_nodes(nodes, nproc, ckpt):
                  % (i, p.returncode, out[-3000:], err[-3000:]))
         outs.append(out + err)
     return outs
+
+
+def wrong_interface(nodes):
+    env = dict(os.environ, NABLA_PG_TIMEOUT="60", NABLA_JOIN_TIMEOUT="3", NABLA_SOCKET_IFNAME="lo",
+               NABLA_RUN_ID="netns-lo-%d" % os.getpid())
+    start = time.monotonic()
+    procs = [nodes.popen(i, [os.path.join(BIN, "nbrun"), "--nnodes", "2", "--node-rank", str(i),
+                             "--master-addr", _netns.ADDR[0], "--master-port", str(PORT + 1),
+                             os.path.join(BIN, "train_classifier")] + ARGS, env=env) for i in (0, 1)]
+    for i, p in enumerate(procs):
+        try:
+            out, err = p.communicate(timeout=max(1, start + 20 - time.monotonic()))
+        except Exception:
+            nodes.close()
+            fail("with NABLA_SOCKET_IFNAME=lo, node %d still runs after 20 s (NABLA_JOIN_TIMEOUT=3)" % i)
+        if p.returncode == 0 or not re.search(r"Gloo could not connect rank \d of 2: .*\[127\.0\.0\.1\]:\d+.* "
+                                              r"\(within 3 s, NABLA_JOIN_TIMEOUT; this rank listens on "
+                                              r"interface lo \(NABLA_SOCKET_IFNAME\)", err):
+            fail("with NABLA_SOCKET_IFNAME=lo, node %d exited with %d:\n%s" % (i, p.returncode, err[-3000:]))
+    print("wrong interface (lo): both nodes fail after %.1f s, naming it" % (time.monotonic() - start))
 
 
 def main():
@@ -95,6 +125,7 @@ def main():
                     fail("processes left running in node %d's namespace: %s" % (i, left))
             print("world %d (%d per node): two nodes over the veth (%d and %d bytes sent) == one node, "
                   "bit for bit: %s" % (world, nproc, sent[0], sent[1], b[-1]))
+        wrong_interface(nodes)
 
 
 if __name__ == "__main__":
