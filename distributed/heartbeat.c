@@ -210,7 +210,7 @@ nb_status nb__hb_check(nb_pg *pg, char *what, size_t len) {
     snprintf(what, len,
              "cannot complete: rank %d%s (%s) has shown no sign of life for %.1f s "
              "(NABLA_LIVENESS_TIMEOUT=%g s): it is stopped (SIGSTOP, a debugger), frozen, or its host "
-             "is down or unreachable",
+             "is down",
              silent, note, where, quiet, root->liveness_s);
     free(where);
     /* The others that went quiet at about the same time (a lost node, a cut
