@@ -94,8 +94,8 @@ def main():
                 fail("processes left behind in node %d's namespace: %s\n%s" % (i, left[i], report))
         out0, out1 = nodes_[0].text(), nodes_[1].text()
         if not re.search(r"rank [23] \(host nbnode1, pid \d+\) has shown no sign of life for [\d.]+ s "
-                         r"\(NABLA_LIVENESS_TIMEOUT=3 s\).*; silent as well: rank [23] \(host nbnode1, pid \d+\)",
-                         out0):
+                         r"\(NABLA_LIVENESS_TIMEOUT=%d s\).*; silent as well: rank [23] \(host nbnode1, pid \d+\)"
+                         % LIVENESS_S, out0):
             fail("node 0 does not name both ranks of node 1 (2 and 3) and their host\n" + report)
         if not re.search(r"the store is unreachable .* at 10\.213\.0\.1:%d .*; rank 0 runs on host nbnode0, pid \d+"
                          % PORT, out1):
