@@ -9,7 +9,8 @@ Commands started with Nodes.popen run in a namespace (ip netns exec) and in
 a UTS namespace of their own whose hostname is nbnode0 or nbnode1, so that
 the messages naming a host tell the two nodes apart.
 
-Every name carries this process's pid (parallel runs do not collide; the
+Started commands get SIGKILL if the test process dies (PR_SET_PDEATHSIG;
+nbrun's ranks die with nbrun). Every name carries this process's pid (parallel runs do not collide; the
 subnet is the same in every pair, which is fine: it exists only inside
 them). Nodes is a context manager: leaving it, even on an exception or
 SIGTERM, kills whatever still runs in the namespaces and deletes them
@@ -17,17 +18,24 @@ SIGTERM, kills whatever still runs in the namespaces and deletes them
 Namespaces left by a run that was killed with SIGKILL are deleted by the
 next run (their pid no longer exists).
 
-Needs root and the ip tool; where a namespace cannot be made, the tests end
-as skipped (77) and say why, under CI=true as well: that is not a missing
-package that `make test-deps` would install but a property of the machine
-(a container without CAP_SYS_ADMIN)."""
+Needs the ip tool (iproute2: without it the tests skip, and fail under
+CI=true, as for any test dependency: _programs.skip) and the right to make
+a network namespace (root, CAP_SYS_ADMIN). Where `ip netns add` is refused,
+the tests end as skipped (77) with ip's words, under CI=true as well: that
+is a property of the machine (not root, a container without the
+capability), not a package `make test-deps` would install."""
+import ctypes
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _programs  # noqa: E402
 
 ADDR = ("10.213.0.1", "10.213.0.2")
 PREFIX = 24
@@ -57,12 +65,11 @@ def ns_pids(ns):
 
 
 def _kill_and_delete(ns):
-    for sig in (signal.SIGKILL,):
-        for pid in ns_pids(ns):
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
+    for pid in ns_pids(ns):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     deadline = time.monotonic() + 5
     while ns_pids(ns) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -73,13 +80,25 @@ def _remove_stale():
     p = _ip("netns", "list", check=False)
     for line in p.stdout.splitlines():
         m = re.match(r"(nbmn(\d+)[ab])\b", line)
-        if m and not _alive(int(m.group(2))):
+        if m and (int(m.group(2)) == os.getpid() or not _alive(int(m.group(2)))):
             _kill_and_delete(m.group(1))
+
+
+def _die_with_parent():
+    """In the child before exec: SIGKILL when the test dies, even by SIGKILL
+    (nbrun's own processes die with nbrun)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
 
 
 def skip(reason):
     print("skipped: network namespaces cannot be made here (%s)" % reason)
     sys.exit(77)
+
+
+def _tool(name):
+    if not shutil.which(name):
+        _programs.skip("%s is not installed (iproute2, util-linux: make test-deps)" % name)
 
 
 class Nodes:
@@ -90,18 +109,15 @@ class Nodes:
         self.ns = ("nbmn%sa" % tag, "nbmn%sb" % tag)
         self.veth = ("nbv%sa" % tag, "nbv%sb" % tag)
         self.procs = []
+        self._old_term = None
 
     def __enter__(self):
-        if os.geteuid() != 0:
-            skip("not root (uid %d)" % os.geteuid())
-        try:
-            _ip("-V")
-        except (OSError, RuntimeError) as e:
-            skip("no usable ip tool: %s" % e)
+        _tool("ip")
+        _tool("unshare")
         _remove_stale()
         p = _ip("netns", "add", self.ns[0], check=False)
         if p.returncode != 0:
-            skip("ip netns add: %s" % p.stderr.strip())
+            skip("ip netns add, as uid %d: %s" % (os.geteuid(), p.stderr.strip()))
         self._old_term = signal.signal(signal.SIGTERM, self._on_term)
         try:
             _ip("netns", "add", self.ns[1])
@@ -132,6 +148,9 @@ class Nodes:
         for ns in self.ns:
             _kill_and_delete(ns)
         self.procs = []
+        if self._old_term is not None:
+            signal.signal(signal.SIGTERM, self._old_term)
+            self._old_term = None
 
     def wait_up(self, timeout=5.0):
         """Waits until both ends of the veth report carrier (LOWER_UP)."""
@@ -151,7 +170,7 @@ class Nodes:
 
     def popen(self, i, argv, env=None):
         p = subprocess.Popen(self.command(i, argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             stdin=subprocess.DEVNULL, text=True, env=env)
+                             stdin=subprocess.DEVNULL, text=True, env=env, preexec_fn=_die_with_parent)
         self.procs.append(p)
         return p
 
