@@ -12,6 +12,7 @@
  * sending one chunk to the right neighbour and reducing one from the
  * left; after them rank r holds chunk r summed over all ranks. Tags are the
  * collective's sequence number. */
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <exception>
@@ -206,7 +207,7 @@ nb_status nb__gloo_connect(nb__gloo **out, nb__gloo_dev *dev, nb_store *store, c
         g->ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
         /* Gloo waits five times the context's timeout for a pair to connect;
          * every collective sets its own (g->timeout). */
-        g->ctx->setTimeout(StoreAdapter::ms(connect_s / 5));
+        g->ctx->setTimeout(StoreAdapter::ms(std::max(connect_s / 5, 0.001)));  /* 0 ms: none */
         StoreAdapter adapter(store, prefix, timeout_s);
         g->ctx->connectFullMesh(adapter, dev->dev);
         *out = g;
