@@ -19,8 +19,9 @@ DEB_PACKAGES ?= cmake pkg-config gcc g++ make check libsubunit-dev \
                 libopenblas-dev libgloo-dev python3
 # What the test targets add: PyTorch, which tests/test_optim_vs_torch.py and
 # tests/test_gpt_names.py compare against (under CI=true they fail, not
-# skip, without it).
-TEST_DEB_PACKAGES ?= python3-torch
+# skip, without it); iproute2 (ip), with which tests/test_multinode*.py make
+# two network namespaces.
+TEST_DEB_PACKAGES ?= python3-torch iproute2
 
 CTEST := ctest --output-on-failure --no-tests=error -j$(CTEST_JOBS) $(CTEST_ARGS)
 

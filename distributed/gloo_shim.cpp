@@ -12,6 +12,7 @@
  * sending one chunk to the right neighbour and reducing one from the
  * left; after them rank r holds chunk r summed over all ranks. Tags are the
  * collective's sequence number. */
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <exception>
@@ -71,13 +72,14 @@ class StoreAdapter : public gloo::rendezvous::Store {
 
     void wait(const std::vector<std::string> &keys) override { wait(keys, ms(timeout_s_)); }
 
-    void wait(const std::vector<std::string> &keys, const std::chrono::milliseconds &timeout) override {
+    /* Gloo passes its context's timeout, the connection's (nb__gloo_connect):
+     * a rank that has not published its address yet gets the group's. */
+    void wait(const std::vector<std::string> &keys, const std::chrono::milliseconds &) override {
         std::vector<std::string> full;
         std::vector<const char *> ptrs;
         for (const auto &k : keys) full.push_back(prefix_ + k);
         for (const auto &k : full) ptrs.push_back(k.c_str());
-        double t = timeout.count() > 0 ? timeout.count() / 1000.0 : timeout_s_;
-        if (!ptrs.empty()) check(nb_store_wait(s_, ptrs.data(), static_cast<int>(ptrs.size()), t));
+        if (!ptrs.empty()) check(nb_store_wait(s_, ptrs.data(), static_cast<int>(ptrs.size()), timeout_s_));
     }
 
     static std::chrono::milliseconds ms(double s) {
@@ -197,13 +199,15 @@ nb_status nb__gloo_dev_new(nb__gloo_dev **out, const char *hostname, const char 
 void nb__gloo_dev_free(nb__gloo_dev *dev) { delete dev; }
 
 nb_status nb__gloo_connect(nb__gloo **out, nb__gloo_dev *dev, nb_store *store, const char *prefix,
-                           int rank, int size, double timeout_s) {
+                           int rank, int size, double timeout_s, double connect_s) {
     *out = nullptr;
     auto *g = new nb__gloo;
     try {
         g->timeout = StoreAdapter::ms(timeout_s);
         g->ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
-        g->ctx->setTimeout(g->timeout);
+        /* Gloo waits five times the context's timeout for a pair to connect;
+         * every collective sets its own (g->timeout). */
+        g->ctx->setTimeout(StoreAdapter::ms(std::max(connect_s / 5, 0.001)));  /* 0 ms: none */
         StoreAdapter adapter(store, prefix, timeout_s);
         g->ctx->connectFullMesh(adapter, dev->dev);
         *out = g;

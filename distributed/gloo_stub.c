@@ -15,8 +15,8 @@ nb_status nb__gloo_dev_new(nb__gloo_dev **out, const char *hostname, const char 
 }
 void nb__gloo_dev_free(nb__gloo_dev *dev) { (void)dev; }
 nb_status nb__gloo_connect(nb__gloo **out, nb__gloo_dev *dev, nb_store *store, const char *prefix,
-                           int rank, int size, double timeout_s) {
-    (void)dev, (void)store, (void)prefix, (void)rank, (void)size, (void)timeout_s;
+                           int rank, int size, double timeout_s, double connect_s) {
+    (void)dev, (void)store, (void)prefix, (void)rank, (void)size, (void)timeout_s, (void)connect_s;
     *out = NULL;
     return no_gloo();
 }

@@ -170,7 +170,8 @@ nb_status nb__hb_check(nb_pg *pg, char *what, size_t len) {
     }
     nb_status st = nb__diag_mget(pg, keys, n, vals);
     int silent = -1;
-    double quiet = 0;
+    double quiet = 0, *quiet_r = calloc((size_t)n, sizeof *quiet_r);
+    NB_CHECK(quiet_r != NULL, "nb_pg: out of memory for the liveness check");
     if (st == NB_OK) {
         double now = nb__now();
         pthread_mutex_lock(&root->monitor_mu);
@@ -180,9 +181,9 @@ nb_status nb__hb_check(nb_pg *pg, char *what, size_t len) {
             if (v != root->hb_val[g]) {
                 root->hb_val[g] = v;
                 root->hb_since[g] = now;
-            } else if (r != pg->rank && now - root->hb_since[g] > root->liveness_s && silent < 0) {
-                silent = r;
-                quiet = now - root->hb_since[g];
+            } else if (r != pg->rank) {
+                quiet_r[r] = now - root->hb_since[g];
+                if (quiet_r[r] > root->liveness_s && silent < 0) silent = r, quiet = quiet_r[r];
             }
         }
         pthread_mutex_unlock(&root->monitor_mu);
@@ -192,10 +193,14 @@ nb_status nb__hb_check(nb_pg *pg, char *what, size_t len) {
     free(buf);
     free(keys);
     if (st != NB_OK) {
+        free(quiet_r);
         nb__diag_store_lost(pg, what, len);
         return st;
     }
-    if (silent < 0) return NB_OK;
+    if (silent < 0) {
+        free(quiet_r);
+        return NB_OK;
+    }
     char *where = whereabouts(root, pg->global[silent]);
     char note[48] = "";
     if (pg->parent && pg->global[silent] != silent)
@@ -208,6 +213,26 @@ nb_status nb__hb_check(nb_pg *pg, char *what, size_t len) {
              "is down",
              silent, note, where, quiet, root->liveness_s);
     free(where);
+    /* The others that went quiet at about the same time (a lost node, a cut
+     * link: all of its ranks): more than half the limit, which a live rank,
+     * beating every tenth of it, never reaches. */
+    int listed = 0;
+    for (int r = 0; r < n; r++) {
+        size_t u = strlen(what);
+        if (r == silent || quiet_r[r] <= root->liveness_s / 2 || u + 1 >= len) continue;
+        if (listed == 8) {
+            snprintf(what + u, len - u, ", ...");
+            break;
+        }
+        char *w = whereabouts(root, pg->global[r]);
+        char wr[32] = "";
+        if (pg->parent && pg->global[r] != r) snprintf(wr, sizeof wr, " (world rank %d)", pg->global[r]);
+        snprintf(what + u, len - u, "%s rank %d%s (%s) for %.1f s", listed ? "," : "; silent as well:", r, wr,
+                 w, quiet_r[r]);
+        free(w);
+        listed++;
+    }
+    free(quiet_r);
     return NB_ERR_TIMEOUT;
 }
 

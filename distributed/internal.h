@@ -200,9 +200,13 @@ typedef struct nb__gloo nb__gloo;
  * reach) or, when `iface` is non-empty, on that interface. */
 nb_status nb__gloo_dev_new(nb__gloo_dev **out, const char *hostname, const char *iface);
 void nb__gloo_dev_free(nb__gloo_dev *dev);
-/* Connects the full mesh of `size` ranks through `store` under `prefix`. */
+/* Connects the full mesh of `size` ranks through `store` under `prefix`.
+ * timeout_s bounds each collective and the wait for the others' addresses
+ * in the store (a rank may be slow to get there); connect_s the TCP
+ * connections to addresses already published (an unreachable address: a
+ * wrong interface, a firewall). */
 nb_status nb__gloo_connect(nb__gloo **out, nb__gloo_dev *dev, nb_store *store, const char *prefix,
-                           int rank, int size, double timeout_s);
+                           int rank, int size, double timeout_s, double connect_s);
 void nb__gloo_free(nb__gloo *g);
 /* Runs one collective to completion (blocking); the error names what the
  * transport said. */

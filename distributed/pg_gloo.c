@@ -99,9 +99,23 @@ static nb_status gloo_start(nb_pg *pg, const char *prefix) {
         st = nb__gloo_dev_new(&root->gloo_dev, host, iface ? iface : "");
         if (st != NB_OK) return st;
     }
+    /* Connecting to published addresses is bounded by the join limit, not
+     * the progress timeout (Gloo waits 5x that: 2.5 h by default). */
+    double connect_s = root->join_s < pg->timeout_s ? root->join_s : pg->timeout_s;
     st = nb__gloo_connect(&pg->gloo, root->gloo_dev, root->store_main, prefix, pg->rank, pg->size,
-                          pg->timeout_s);
-    if (st != NB_OK) return st;
+                          pg->timeout_s, connect_s);
+    if (st != NB_OK) {
+        char why[NB__MSG_LEN], host[256];
+        snprintf(why, sizeof why, "%s", nb_last_error());
+        local_address(root->env.master_addr, host, sizeof host);
+        const char *iface = getenv("NABLA_SOCKET_IFNAME");
+        bool named = iface && *iface;
+        return nb_set_error(st, "%s (within %g s, %s; this rank listens on %s%s%s: every node must reach the "
+                                "others' addresses on ports the kernel picks; NABLA_SOCKET_IFNAME chooses the "
+                                "interface)",
+                            why, connect_s, connect_s < pg->timeout_s ? "NABLA_JOIN_TIMEOUT" : "NABLA_PG_TIMEOUT",
+                            named ? "interface " : "", named ? iface : host, named ? " (NABLA_SOCKET_IFNAME)" : "");
+    }
     if (pthread_create(&pg->worker, NULL, gloo_worker, pg) != 0)
         return nb_set_error(NB_ERR_INTERNAL, "nb_pg_init: cannot start the group's worker thread");
     pg->worker_started = true;

@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# DDP across two "machines" on a link of limited bandwidth: bench_ddp under
+# `nbrun --nnodes 2`, one node in each of two network namespaces joined by a
+# veth pair (10.213.0.1 and 10.213.0.2, only inside them), the link shaped
+# with tc's token bucket filter (tbf) on both ends, and one table row per
+# rate: step time, backward, the wait for buckets after backward, the share
+# of all-reduce time hidden behind backward, the bytes the veth carried per
+# step and what they take on the wire at that rate.
+#
+#   benchmarks/run_netns.sh                                   # unlimited, 1gbit, 100mbit
+#   benchmarks/run_netns.sh --rates "1gbit 10mbit" --nproc-per-node 2 -- --model gpt --steps 20
+#
+# Options before `--` are the script's; what follows goes to bench_ddp
+# (default: --model wide, 4 x 512, batch 64, 30 steps). Needs root (ip netns,
+# tc). Everything it makes is deleted on exit, even on failure or Ctrl-C.
+# tbf's queue is sized for 100 ms at the rate (latency) and its burst for
+# 2 ms (at least 64 KiB); netem (delay, loss) is not needed for this.
+set -euo pipefail
+bin=${NABLA_BIN:-$(dirname "$0")/../build/bin}
+rates="unlimited 1gbit 100mbit"
+nproc=1
+port=29615
+run_s=300
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --rates) rates=$2; shift 2 ;;
+    --nproc-per-node) nproc=$2; shift 2 ;;
+    --port) port=$2; shift 2 ;;
+    --) shift; break ;;
+    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) break ;;
+  esac
+done
+[ "$(id -u)" = 0 ] || { echo "run_netns.sh: needs root (ip netns, tc)" >&2; exit 1; }
+
+ns=(nbbn$$a nbbn$$b)
+veth=(nbbv$$a nbbv$$b)
+addr=(10.213.0.1 10.213.0.2)
+cleanup() {
+  for n in "${ns[@]}"; do
+    for p in $(ip netns pids "$n" 2>/dev/null); do kill -9 "$p" 2>/dev/null || true; done
+    ip netns del "$n" 2>/dev/null || true
+  done
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+ip netns add "${ns[0]}"
+ip netns add "${ns[1]}"
+ip link add "${veth[0]}" type veth peer name "${veth[1]}"
+for i in 0 1; do
+  ip link set "${veth[i]}" netns "${ns[i]}"
+  ip -n "${ns[i]}" addr add "${addr[i]}/24" dev "${veth[i]}"
+  ip -n "${ns[i]}" link set lo up
+  ip -n "${ns[i]}" link set "${veth[i]}" up
+done
+
+bits() {  # 1gbit -> 1000000000
+  local r=$1 n=${1%%[a-z]*}
+  case "${r#"$n"}" in
+    gbit) echo $((n * 1000000000)) ;;
+    mbit) echo $((n * 1000000)) ;;
+    kbit) echo $((n * 1000)) ;;
+    bit|"") echo "$n" ;;
+    *) echo "run_netns.sh: rate $r: use gbit, mbit or kbit" >&2; exit 2 ;;
+  esac
+}
+tx() { ip -n "${ns[$1]}" -s -j link show "${veth[$1]}" | python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["stats64"]["tx"]["bytes"])'; }
+
+bench=("$@")
+steps=30
+for ((k = 0; k < ${#bench[@]}; k++)); do [ "${bench[k]}" = --steps ] && steps=${bench[k + 1]}; done
+params=$("$bin/bench_ddp" --no-ddp --machine --steps 1 "${bench[@]}" | sed -n 's/.*params=\([0-9]*\).*/\1/p')
+world=$((2 * nproc))
+echo "bench_ddp ${bench[*]:-(defaults)} on 2 nodes x $nproc (world $world): $params parameters," \
+     "$((params * 4)) bytes of gradients per step"
+printf '%-10s %9s %10s %10s %8s %13s %9s\n' link ms/step backward wait hidden "veth B/step" "wire ms"
+for rate in $rates; do
+  for i in 0 1; do
+    if [ "$rate" = unlimited ]; then
+      tc -n "${ns[i]}" qdisc del dev "${veth[i]}" root 2>/dev/null || true
+    else
+      b=$(bits "$rate")
+      burst=$((b / 8 / 500)); [ "$burst" -ge 65536 ] || burst=65536
+      tc -n "${ns[i]}" qdisc replace dev "${veth[i]}" root tbf rate "$rate" burst "$burst" latency 100ms
+    fi
+  done
+  before=$(tx 0)
+  env NABLA_RUN_ID="netns-bench-$$-$rate" OPENBLAS_NUM_THREADS=1 NABLA_PG_TIMEOUT=120 \
+    timeout "$run_s" ip netns exec "${ns[1]}" "$bin/nbrun" --nnodes 2 --node-rank 1 --nproc-per-node "$nproc" \
+    --master-addr "${addr[0]}" --master-port "$port" "$bin/bench_ddp" "${bench[@]}" >/dev/null &
+  other=$!
+  row=$(env NABLA_RUN_ID="netns-bench-$$-$rate" OPENBLAS_NUM_THREADS=1 NABLA_PG_TIMEOUT=120 \
+    timeout "$run_s" ip netns exec "${ns[0]}" "$bin/nbrun" --nnodes 2 --node-rank 0 --nproc-per-node "$nproc" \
+    --master-addr "${addr[0]}" --master-port "$port" "$bin/bench_ddp" "${bench[@]}" | sed -n 's/^\[rank 0\] //p')
+  wait "$other"
+  sent=$(( ($(tx 0) - before) / (steps + 3) ))
+  # bench_ddp's row: world mode ms/step samples/s backward ms wait ms hidden
+  read -r _ _ ms _ bw _ wt _ hid <<<"$row"
+  if [ "$rate" = unlimited ]; then wire=-; else wire=$(awk -v s="$sent" -v b="$(bits "$rate")" 'BEGIN { printf "%.1f", 8e3 * s / b }'); fi
+  printf '%-10s %9s %10s %10s %8s %13s %9s\n' "$rate" "$ms" "$bw ms" "$wt ms" "$hid" "$sent" "$wire"
+done
