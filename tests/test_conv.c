@@ -76,7 +76,7 @@ static void check_forward(const geom *g, bool with_bias, nb_dtype dt, double tol
     nb_ctx_free(ctx);
 }
 
-#define OPTS(s0, s1, p0, p1, d0, d1) ((nb_conv2d_opts){{s0, s1}, {p0, p1}, {d0, d1}})
+#define OPTS(s0, s1, p0, p1, d0, d1) ((nb_conv2d_opts){{s0, s1}, {p0, p1}, {d0, d1}, 1})
 
 static const nb_conv2d_opts combos[] = {
     OPTS(1, 1, 0, 0, 1, 1), OPTS(2, 1, 1, 2, 1, 1), OPTS(1, 2, 2, 1, 2, 1),

@@ -37,12 +37,12 @@ typedef struct conv_case {
 } conv_case;
 
 static const conv_case conv_cases[] = {
-    {{2, 3, 9, 11}, {4, 3, 3, 3}, {{1, 1}, {1, 1}, {1, 1}}, true},
-    {{1, 2, 8, 8}, {5, 2, 1, 1}, {{1, 1}, {0, 0}, {1, 1}}, false},
-    {{3, 4, 13, 10}, {6, 4, 3, 2}, {{2, 1}, {1, 0}, {2, 1}}, true},
-    {{2, 8, 7, 7}, {16, 8, 5, 5}, {{2, 2}, {2, 2}, {1, 1}}, false},
-    {{1, 1, 1, 1}, {1, 1, 1, 1}, {{1, 1}, {0, 0}, {1, 1}}, true},
-    {{2, 5, 17, 6}, {3, 5, 2, 3}, {{3, 2}, {0, 1}, {1, 2}}, true},
+    {{2, 3, 9, 11}, {4, 3, 3, 3}, {{1, 1}, {1, 1}, {1, 1}, 1}, true},
+    {{1, 2, 8, 8}, {5, 2, 1, 1}, {{1, 1}, {0, 0}, {1, 1}, 1}, false},
+    {{3, 4, 13, 10}, {6, 4, 3, 2}, {{2, 1}, {1, 0}, {2, 1}, 1}, true},
+    {{2, 8, 7, 7}, {16, 8, 5, 5}, {{2, 2}, {2, 2}, {1, 1}, 1}, false},
+    {{1, 1, 1, 1}, {1, 1, 1, 1}, {{1, 1}, {0, 0}, {1, 1}, 1}, true},
+    {{2, 5, 17, 6}, {3, 5, 2, 3}, {{3, 2}, {0, 1}, {1, 2}, 1}, true},
 };
 
 static nb_tensor *op_conv(nb_ctx *ctx, nb_tensor *const *in, void *user) {
@@ -94,7 +94,7 @@ END_TEST
 /* Wider channels (what a CNN runs: tensor-core algorithms, workspaces),
  * every dtype. */
 START_TEST(test_conv2d_wide) {
-    static const conv_case c = {{4, 32, 12, 12}, {64, 32, 3, 3}, {{1, 1}, {1, 1}, {1, 1}}, true};
+    static const conv_case c = {{4, 32, 12, 12}, {64, 32, 3, 3}, {{1, 1}, {1, 1}, {1, 1}, 1}, true};
     char name[96];
     for (size_t di = 0; di < 4; di++) {
         nb_dtype dt = float_dtypes[di];
@@ -204,12 +204,12 @@ END_TEST
  * all forwards, then all backwards in reverse, so the workspace grows
  * while calls that use the old buffer may still be queued. */
 static const conv_case ws_cases[] = {
-    {{4, 64, 28, 28}, {64, 64, 3, 3}, {{1, 1}, {1, 1}, {1, 1}}, false},
-    {{4, 32, 32, 32}, {48, 32, 5, 5}, {{1, 1}, {2, 2}, {1, 1}}, true},
-    {{4, 128, 14, 14}, {128, 128, 3, 3}, {{2, 2}, {1, 1}, {1, 1}}, false},
-    {{8, 3, 64, 64}, {32, 3, 7, 7}, {{2, 2}, {3, 3}, {1, 1}}, true},
-    {{4, 256, 7, 7}, {256, 256, 1, 1}, {{1, 1}, {0, 0}, {1, 1}}, false},
-    {{2, 16, 40, 40}, {16, 16, 3, 3}, {{1, 1}, {2, 2}, {2, 2}}, true},
+    {{4, 64, 28, 28}, {64, 64, 3, 3}, {{1, 1}, {1, 1}, {1, 1}, 1}, false},
+    {{4, 32, 32, 32}, {48, 32, 5, 5}, {{1, 1}, {2, 2}, {1, 1}, 1}, true},
+    {{4, 128, 14, 14}, {128, 128, 3, 3}, {{2, 2}, {1, 1}, {1, 1}, 1}, false},
+    {{8, 3, 64, 64}, {32, 3, 7, 7}, {{2, 2}, {3, 3}, {1, 1}, 1}, true},
+    {{4, 256, 7, 7}, {256, 256, 1, 1}, {{1, 1}, {0, 0}, {1, 1}, 1}, false},
+    {{2, 16, 40, 40}, {16, 16, 3, 3}, {{1, 1}, {2, 2}, {2, 2}, 1}, true},
 };
 #define WS_CASES (sizeof ws_cases / sizeof ws_cases[0])
 
@@ -218,6 +218,7 @@ static nb__conv2d_geom geom_of(const conv_case *c) {
         .n = c->x[0], .c = c->x[1], .h = c->x[2], .w = c->x[3], .o = c->w[0], .kh = c->w[2],
         .kw = c->w[3], .sh = c->o.stride[0], .sw = c->o.stride[1], .ph = c->o.padding[0],
         .pw = c->o.padding[1], .dh = c->o.dilation[0], .dw = c->o.dilation[1],
+        .groups = c->o.groups > 0 ? c->o.groups : 1,
     };
     g.oh = (g.h + 2 * g.ph - g.dh * (g.kh - 1) - 1) / g.sh + 1;
     g.ow = (g.w + 2 * g.pw - g.dw * (g.kw - 1) - 1) / g.sw + 1;

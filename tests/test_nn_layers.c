@@ -159,7 +159,7 @@ static void ref_conv(double *y, const double *x, const double *w, const double *
 
 START_TEST(test_conv2d_values) {
     nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
-    nb_conv2d_opts opts[] = {NB_CONV2D_DEFAULTS, {{2, 1}, {1, 0}, {1, 2}}, {{1, 2}, {2, 1}, {2, 1}}};
+    nb_conv2d_opts opts[] = {NB_CONV2D_DEFAULTS, {{2, 1}, {1, 0}, {1, 2}, 1}, {{1, 2}, {2, 1}, {2, 1}, 1}};
     for (int k = 0; k < 2; k++)
         for (int j = 0; j < 3; j++) {
             nb_dtype dt = k ? NB_F32 : NB_F64;
@@ -189,7 +189,7 @@ END_TEST
 
 START_TEST(test_conv2d_gradcheck) {
     nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
-    nb_conv2d_opts p = {{2, 1}, {1, 1}, {1, 1}};
+    nb_conv2d_opts p = {{2, 1}, {1, 1}, {1, 1}, 1};
     gradcheck_module(nb_conv2d_new(ctx, NB_F64, 2, 3, 3, 2, &p, true, NULL),
                      nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(2, 2, 4, 3), 40));
     gradcheck_module(nb_conv2d_new(ctx, NB_F64, 1, 2, 2, 2, NULL, false, NULL),
