@@ -84,7 +84,7 @@ nb_module *nb_cnn_new(nb_ctx *ctx, nb_dtype dtype, int64_t in_channels, int n_bl
     cnn *c = nb_module_self(m, &cnn_type);
     c->in_channels = in_channels;
     c->blocks = nb_module_add(m, "blocks", nb_module_list_new(ctx));
-    nb_conv2d_opts same = {{1, 1}, {1, 1}, {1, 1}};
+    nb_conv2d_opts same = {{1, 1}, {1, 1}, {1, 1}, 1};
     int64_t width = in_channels;
     for (int i = 0; i < n_blocks; i++) {
         NB_CHECK(channels[i] > 0, "nb_cnn_new: channels[%d] = %lld must be positive", i,

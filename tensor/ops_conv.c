@@ -1,5 +1,6 @@
 /* nb_conv2d: checks, output geometry and backward; the CPU kernels
- * (im2col + GEMM) are in tensor/cpu/conv.c.
+ * (im2col + GEMM per channel group, a direct loop for depthwise) are in
+ * tensor/cpu/conv.c.
  *
  * Output size per spatial dim: floor((H + 2p - d(k - 1) - 1) / s) + 1. The
  * backward recomputes the columns from the saved input instead of keeping
@@ -47,14 +48,30 @@ nb_tensor *nb_conv2d(nb_ctx *ctx, nb_tensor *x, nb_tensor *weight, nb_tensor *bi
     nb__check_same_dtype(op, x, weight);
     NB_CHECK(x->ndim == 4, "nb_conv2d: input must be 4-D (N, C, H, W), got shape %s",
              nb_shape_str(x));
-    NB_CHECK(weight->ndim == 4, "nb_conv2d: weight must be 4-D (O, C, KH, KW), got shape %s",
+    NB_CHECK(weight->ndim == 4, "nb_conv2d: weight must be 4-D (O, C/groups, KH, KW), got shape %s",
              nb_shape_str(weight));
-    NB_CHECK(x->shape[1] == weight->shape[1],
-             "nb_conv2d: input has %lld channels but weight %s expects %lld",
-             (long long)x->shape[1], nb_shape_str(weight), (long long)weight->shape[1]);
     NB_CHECK(weight->shape[0] > 0 && weight->shape[1] > 0 && weight->shape[2] > 0 &&
                  weight->shape[3] > 0,
              "nb_conv2d: weight %s has an empty dimension", nb_shape_str(weight));
+    NB_CHECK(o.groups >= 0, "nb_conv2d: groups must be positive, got %d", o.groups);
+    int64_t groups = o.groups > 0 ? o.groups : 1;
+    if (groups == 1) {
+        NB_CHECK(x->shape[1] == weight->shape[1],
+                 "nb_conv2d: input has %lld channels but weight %s expects %lld",
+                 (long long)x->shape[1], nb_shape_str(weight), (long long)weight->shape[1]);
+    } else {
+        NB_CHECK(x->shape[1] % groups == 0,
+                 "nb_conv2d: input %s has %lld channels, not divisible by groups %lld",
+                 nb_shape_str(x), (long long)x->shape[1], (long long)groups);
+        NB_CHECK(weight->shape[0] % groups == 0,
+                 "nb_conv2d: weight %s has %lld output channels, not divisible by groups %lld",
+                 nb_shape_str(weight), (long long)weight->shape[0], (long long)groups);
+        NB_CHECK(x->shape[1] / groups == weight->shape[1],
+                 "nb_conv2d: input %s with groups %lld has %lld channels per group but weight "
+                 "%s expects %lld (weight must be (O, C/groups, KH, KW))",
+                 nb_shape_str(x), (long long)groups, (long long)(x->shape[1] / groups),
+                 nb_shape_str(weight), (long long)weight->shape[1]);
+    }
     if (bias) {
         nb__check_ctx(op, ctx, bias);
         nb__check_same_dtype(op, x, bias);
@@ -83,6 +100,7 @@ nb_tensor *nb_conv2d(nb_ctx *ctx, nb_tensor *x, nb_tensor *weight, nb_tensor *bi
     g->pw = o.padding[1];
     g->dh = o.dilation[0];
     g->dw = o.dilation[1];
+    g->groups = groups;
     int64_t eh = g->h + 2 * g->ph - g->dh * (g->kh - 1) - 1; /* numerator of the output size */
     int64_t ew = g->w + 2 * g->pw - g->dw * (g->kw - 1) - 1;
     g->oh = eh < 0 ? 0 : eh / g->sh + 1;
@@ -92,7 +110,7 @@ nb_tensor *nb_conv2d(nb_ctx *ctx, nb_tensor *x, nb_tensor *weight, nb_tensor *bi
              "%d), padding (%d, %d), dilation (%d, %d)",
              nb_shape_str(x), nb_shape_str(weight), o.stride[0], o.stride[1], o.padding[0],
              o.padding[1], o.dilation[0], o.dilation[1]);
-    int64_t K = g->c * g->kh * g->kw, P = g->oh * g->ow;
+    int64_t K = g->c / groups * g->kh * g->kw, P = g->oh * g->ow;
     NB_CHECK(K <= INT_MAX && P <= INT_MAX && g->o <= INT_MAX && K * P <= INT64_MAX / 8,
              "nb_conv2d: input %s with weight %s is too large for the BLAS interface",
              nb_shape_str(x), nb_shape_str(weight));

@@ -1,6 +1,6 @@
 /* Tests of nb_conv2d: forward against a naive 7-loop reference in double
- * for several (stride, padding, dilation) settings, f32 against the f64
- * reference, gradient checks for input, weight and bias, non-contiguous
+ * for several (stride, padding, dilation, groups) settings, f32 against the
+ * f64 reference, gradient checks for input, weight and bias, non-contiguous
  * operands, and the error messages. */
 #include <math.h>
 #include <stdlib.h>
@@ -12,6 +12,8 @@ typedef struct geom {
     nb_conv2d_opts opts;
 } geom;
 
+static int64_t groups_of(const nb_conv2d_opts *o) { return o->groups > 0 ? o->groups : 1; }
+
 static int64_t ref_out(int64_t in, int64_t k, int s, int p, int d) {
     return (in + 2 * p - d * (k - 1) - 1) / s + 1;
 }
@@ -22,20 +24,23 @@ static double *ref_conv(const geom *g, const double *x, const double *w, const d
     const nb_conv2d_opts *o = &g->opts;
     int64_t OH = ref_out(g->h, g->kh, o->stride[0], o->padding[0], o->dilation[0]);
     int64_t OW = ref_out(g->w, g->kw, o->stride[1], o->padding[1], o->dilation[1]);
+    /* output channel oc sees input channels [gi CG, (gi+1) CG) of its group gi */
+    int64_t G = groups_of(o), CG = g->c / G, OG = g->o / G;
     double *out = calloc((size_t)(g->n * g->o * OH * OW), sizeof(double));
     for (int64_t n = 0; n < g->n; n++)
         for (int64_t oc = 0; oc < g->o; oc++)
             for (int64_t oh = 0; oh < OH; oh++)
                 for (int64_t ow = 0; ow < OW; ow++) {
                     double s = b ? b[oc] : 0.0;
-                    for (int64_t c = 0; c < g->c; c++)
+                    for (int64_t cl = 0; cl < CG; cl++)
                         for (int64_t i = 0; i < g->kh; i++)
                             for (int64_t j = 0; j < g->kw; j++) {
                                 int64_t ih = oh * o->stride[0] - o->padding[0] + i * o->dilation[0];
                                 int64_t iw = ow * o->stride[1] - o->padding[1] + j * o->dilation[1];
                                 if (ih < 0 || ih >= g->h || iw < 0 || iw >= g->w) continue;
+                                int64_t c = oc / OG * CG + cl;
                                 s += x[((n * g->c + c) * g->h + ih) * g->w + iw] *
-                                     w[((oc * g->c + c) * g->kh + i) * g->kw + j];
+                                     w[((oc * CG + cl) * g->kh + i) * g->kw + j];
                             }
                     out[((n * g->o + oc) * OH + oh) * OW + ow] = s;
                 }
@@ -55,7 +60,8 @@ static double *host(const nb_tensor *t) {
 static void check_forward(const geom *g, bool with_bias, nb_dtype dt, double tol) {
     nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
     nb_tensor *x = nbt_randn(ctx, NB_F64, 4, (int64_t[]){g->n, g->c, g->h, g->w}, 1);
-    nb_tensor *w = nbt_randn(ctx, NB_F64, 4, (int64_t[]){g->o, g->c, g->kh, g->kw}, 2);
+    nb_tensor *w =
+        nbt_randn(ctx, NB_F64, 4, (int64_t[]){g->o, g->c / groups_of(&g->opts), g->kh, g->kw}, 2);
     nb_tensor *b = with_bias ? nbt_randn(ctx, NB_F64, 1, (int64_t[]){g->o}, 3) : NULL;
     double *xh = host(x), *wh = host(w), *bh = b ? host(b) : NULL;
     int64_t OH, OW;
@@ -76,7 +82,7 @@ static void check_forward(const geom *g, bool with_bias, nb_dtype dt, double tol
     nb_ctx_free(ctx);
 }
 
-#define OPTS(s0, s1, p0, p1, d0, d1) ((nb_conv2d_opts){{s0, s1}, {p0, p1}, {d0, d1}})
+#define OPTS(s0, s1, p0, p1, d0, d1) ((nb_conv2d_opts){{s0, s1}, {p0, p1}, {d0, d1}, 1})
 
 static const nb_conv2d_opts combos[] = {
     OPTS(1, 1, 0, 0, 1, 1), OPTS(2, 1, 1, 2, 1, 1), OPTS(1, 2, 2, 1, 2, 1),
@@ -280,6 +286,124 @@ START_TEST(test_errors) {
 }
 END_TEST
 
+/* ---- channel groups ---- */
+static nb_conv2d_opts with_groups(nb_conv2d_opts o, int groups) {
+    o.groups = groups;
+    return o;
+}
+
+/* (C, O, G): two and four groups, depthwise (G = C), depthwise with a
+ * channel multiplier of 2 (O = 2C), and groups of more than one input
+ * channel feeding fewer outputs */
+static const int64_t group_shapes[][3] = {{4, 6, 2}, {8, 8, 4}, {3, 3, 3}, {4, 8, 4}, {6, 2, 2}};
+#define NGROUP_SHAPES ((int)(sizeof group_shapes / sizeof group_shapes[0]))
+
+START_TEST(test_groups_forward) {
+    for (int s = 0; s < NGROUP_SHAPES; s++)
+        for (int k = 0; k < NCOMBOS; k++) {
+            const int64_t *cs = group_shapes[s];
+            geom g = {2, cs[0], 9, 8, cs[1], 3, 2, with_groups(combos[k], (int)cs[2])};
+            check_forward(&g, true, NB_F64, 1e-12);
+            check_forward(&g, false, NB_F64, 1e-12);
+            check_forward(&g, true, NB_F32, 1e-4);
+        }
+    /* 1x1 kernels (the image is its own columns) and a kernel as large as
+     * the padded input, grouped and depthwise */
+    geom gs[] = {
+        {3, 4, 4, 6, 6, 1, 1, with_groups(OPTS(1, 1, 0, 0, 1, 1), 2)},
+        {2, 4, 5, 5, 4, 1, 1, with_groups(OPTS(1, 1, 0, 0, 1, 1), 4)},
+        {2, 4, 5, 5, 8, 1, 1, with_groups(OPTS(2, 2, 0, 0, 1, 1), 4)},
+        {1, 4, 4, 3, 2, 6, 5, with_groups(OPTS(1, 1, 1, 1, 1, 1), 2)},
+        {1, 3, 4, 3, 3, 6, 5, with_groups(OPTS(1, 1, 1, 1, 1, 1), 3)},
+    };
+    for (size_t k = 0; k < sizeof gs / sizeof gs[0]; k++) {
+        check_forward(&gs[k], true, NB_F64, 1e-12);
+        check_forward(&gs[k], false, NB_F64, 1e-12);
+    }
+}
+END_TEST
+
+START_TEST(test_groups_gradcheck) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    const nb_conv2d_opts settings[] = {OPTS(1, 1, 0, 0, 1, 1), OPTS(2, 1, 1, 2, 1, 1),
+                                       OPTS(1, 2, 2, 1, 2, 1), OPTS(1, 1, 1, 0, 1, 1)};
+    const int64_t kernels[][2] = {{3, 2}, {2, 3}, {3, 3}, {1, 1}};
+    for (int s = 0; s < NGROUP_SHAPES; s++)
+        for (int k = 0; k < 4; k++) {
+            const int64_t *cs = group_shapes[s];
+            conv_case cc = {with_groups(settings[k], (int)cs[2]), false};
+            uint64_t seed = 100 + 10 * (uint64_t)(s * 4 + k);
+            nb_tensor *in[3] = {
+                nbt_randn_leaf(ctx, NB_F64, 4, (int64_t[]){2, cs[0], 5, 6}, seed),
+                nbt_randn_leaf(ctx, NB_F64, 4,
+                               (int64_t[]){cs[1], cs[0] / cs[2], kernels[k][0], kernels[k][1]},
+                               seed + 1),
+                nbt_randn_leaf(ctx, NB_F64, 1, (int64_t[]){cs[1]}, seed + 2),
+            };
+            NBT_GRADCHECK(conv_fn, &cc, 3, in);
+            NBT_GRADCHECK(conv_fn_nobias, &cc, 2, in);
+        }
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+START_TEST(test_groups_gradcheck_partial) {
+    /* one operand requiring grad at a time, grouped (GEMM path) and
+     * depthwise (direct path) */
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    const int64_t shapes[][3] = {{4, 6, 2}, {4, 8, 4}};
+    for (int s = 0; s < 2; s++)
+        for (int which = 0; which < 3; which++) {
+            const int64_t *cs = shapes[s];
+            conv_case cc = {with_groups(OPTS(2, 1, 1, 1, 1, 2), (int)cs[2]), false};
+            nb_tensor *in[3] = {
+                nbt_randn(ctx, NB_F64, 4, (int64_t[]){2, cs[0], 5, 6}, 200),
+                nbt_randn(ctx, NB_F64, 4, (int64_t[]){cs[1], cs[0] / cs[2], 3, 2}, 201),
+                nbt_randn(ctx, NB_F64, 1, (int64_t[]){cs[1]}, 202),
+            };
+            nb_set_requires_grad(in[which], true);
+            NBT_GRADCHECK(conv_fn, &cc, 3, in);
+        }
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+START_TEST(test_groups_non_contiguous) {
+    /* a transposed input through a depthwise convolution */
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    conv_case cc = {with_groups(OPTS(1, 2, 1, 0, 1, 1), 3), true};
+    nb_tensor *in[3] = {nbt_randn_leaf(ctx, NB_F64, 4, (int64_t[]){2, 3, 5, 6}, 210),
+                        nbt_randn_leaf(ctx, NB_F64, 4, (int64_t[]){6, 1, 3, 2}, 211),
+                        nbt_randn_leaf(ctx, NB_F64, 1, (int64_t[]){6}, 212)};
+    NBT_GRADCHECK(conv_fn, &cc, 3, in);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+START_TEST(test_groups_errors) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *x = nb_zeros(ctx, NB_F32, NB_SHAPE(2, 6, 8, 8));
+    nb_conv2d_opts g4 = with_groups(OPTS(1, 1, 0, 0, 1, 1), 4);
+    NBT_EXPECT_ABORT(nb_conv2d(ctx, x, nb_zeros(ctx, NB_F32, NB_SHAPE(8, 1, 3, 3)), NULL, &g4),
+                     "nb_conv2d: input (2, 6, 8, 8) has 6 channels, not divisible by groups 4");
+    nb_conv2d_opts g3 = with_groups(OPTS(1, 1, 0, 0, 1, 1), 3);
+    NBT_EXPECT_ABORT(nb_conv2d(ctx, x, nb_zeros(ctx, NB_F32, NB_SHAPE(4, 2, 3, 3)), NULL, &g3),
+                     "nb_conv2d: weight (4, 2, 3, 3) has 4 output channels, not divisible by "
+                     "groups 3");
+    NBT_EXPECT_ABORT(nb_conv2d(ctx, x, nb_zeros(ctx, NB_F32, NB_SHAPE(6, 6, 3, 3)), NULL, &g3),
+                     "nb_conv2d: input (2, 6, 8, 8) with groups 3 has 2 channels per group but "
+                     "weight (6, 6, 3, 3) expects 6 (weight must be (O, C/groups, KH, KW))");
+    nb_conv2d_opts gn = with_groups(OPTS(1, 1, 0, 0, 1, 1), -2);
+    NBT_EXPECT_ABORT(nb_conv2d(ctx, x, nb_zeros(ctx, NB_F32, NB_SHAPE(6, 3, 3, 3)), NULL, &gn),
+                     "nb_conv2d: groups must be positive, got -2");
+    /* groups 0 (an initialiser without the field) is one group */
+    nb_conv2d_opts g0 = with_groups(OPTS(1, 1, 0, 0, 1, 1), 0);
+    nb_tensor *y = nb_conv2d(ctx, x, nb_zeros(ctx, NB_F32, NB_SHAPE(5, 6, 3, 3)), NULL, &g0);
+    ck_assert_int_eq(y->shape[1], 5);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
 static Suite *conv_suite(void) {
     Suite *s = suite_create("conv");
     TCase *tc = tcase_create("conv2d");
@@ -293,6 +417,11 @@ static Suite *conv_suite(void) {
     tcase_add_test(tc, test_non_contiguous);
     tcase_add_test(tc, test_backward_accumulates);
     tcase_add_test(tc, test_errors);
+    tcase_add_test(tc, test_groups_forward);
+    tcase_add_test(tc, test_groups_gradcheck);
+    tcase_add_test(tc, test_groups_gradcheck_partial);
+    tcase_add_test(tc, test_groups_non_contiguous);
+    tcase_add_test(tc, test_groups_errors);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -1,6 +1,7 @@
 /* CUDA convolution, batch norm and pooling (tensor/cuda/conv.cu,
  * batch_norm.cu, pool.cu) against the CPU: conv2d with stride, padding,
- * dilation, with and without bias, in f32 (with and without TF32), bf16,
+ * dilation, channel groups (grouped, depthwise, depthwise with a channel
+ * multiplier), with and without bias, in f32 (with and without TF32), bf16,
  * f16 and f64, wide channels, an input without grad, under a bf16/f16
  * compute dtype, and an input at an odd address; batch norm through cuDNN
  * and through our kernels, in training and eval mode with and without
@@ -37,12 +38,18 @@ typedef struct conv_case {
 } conv_case;
 
 static const conv_case conv_cases[] = {
-    {{2, 3, 9, 11}, {4, 3, 3, 3}, {{1, 1}, {1, 1}, {1, 1}}, true},
-    {{1, 2, 8, 8}, {5, 2, 1, 1}, {{1, 1}, {0, 0}, {1, 1}}, false},
-    {{3, 4, 13, 10}, {6, 4, 3, 2}, {{2, 1}, {1, 0}, {2, 1}}, true},
-    {{2, 8, 7, 7}, {16, 8, 5, 5}, {{2, 2}, {2, 2}, {1, 1}}, false},
-    {{1, 1, 1, 1}, {1, 1, 1, 1}, {{1, 1}, {0, 0}, {1, 1}}, true},
-    {{2, 5, 17, 6}, {3, 5, 2, 3}, {{3, 2}, {0, 1}, {1, 2}}, true},
+    {{2, 3, 9, 11}, {4, 3, 3, 3}, {{1, 1}, {1, 1}, {1, 1}, 1}, true},
+    {{1, 2, 8, 8}, {5, 2, 1, 1}, {{1, 1}, {0, 0}, {1, 1}, 1}, false},
+    {{3, 4, 13, 10}, {6, 4, 3, 2}, {{2, 1}, {1, 0}, {2, 1}, 1}, true},
+    {{2, 8, 7, 7}, {16, 8, 5, 5}, {{2, 2}, {2, 2}, {1, 1}, 1}, false},
+    {{1, 1, 1, 1}, {1, 1, 1, 1}, {{1, 1}, {0, 0}, {1, 1}, 1}, true},
+    {{2, 5, 17, 6}, {3, 5, 2, 3}, {{3, 2}, {0, 1}, {1, 2}, 1}, true},
+    /* groups: two, depthwise (strided, dilated), depthwise with two outputs
+     * per channel, grouped 1x1 */
+    {{2, 4, 9, 8}, {6, 2, 3, 3}, {{1, 1}, {1, 1}, {1, 1}, 2}, true},
+    {{2, 8, 10, 9}, {8, 1, 3, 3}, {{2, 1}, {1, 1}, {1, 2}, 8}, true},
+    {{1, 6, 7, 7}, {12, 1, 5, 5}, {{1, 1}, {2, 2}, {1, 1}, 6}, false},
+    {{2, 8, 6, 6}, {8, 2, 1, 1}, {{1, 1}, {0, 0}, {1, 1}, 4}, false},
 };
 
 static nb_tensor *op_conv(nb_ctx *ctx, nb_tensor *const *in, void *user) {
@@ -94,7 +101,7 @@ END_TEST
 /* Wider channels (what a CNN runs: tensor-core algorithms, workspaces),
  * every dtype. */
 START_TEST(test_conv2d_wide) {
-    static const conv_case c = {{4, 32, 12, 12}, {64, 32, 3, 3}, {{1, 1}, {1, 1}, {1, 1}}, true};
+    static const conv_case c = {{4, 32, 12, 12}, {64, 32, 3, 3}, {{1, 1}, {1, 1}, {1, 1}, 1}, true};
     char name[96];
     for (size_t di = 0; di < 4; di++) {
         nb_dtype dt = float_dtypes[di];
@@ -107,12 +114,35 @@ START_TEST(test_conv2d_wide) {
 }
 END_TEST
 
-/* The input does not require grad (a network's first layer): no
- * backward-data call, only the weight's and the bias's gradients. */
-START_TEST(test_conv2d_no_input_grad) {
+/* A depthwise 3x3 and a grouped 3x3 as a MobileNet or ResNeXt block runs
+ * them (cuDNN's grouped algorithms), every dtype. */
+START_TEST(test_conv2d_wide_groups) {
+    static const conv_case cs[] = {
+        {{4, 64, 14, 14}, {64, 1, 3, 3}, {{1, 1}, {1, 1}, {1, 1}, 64}, true},
+        {{4, 64, 14, 14}, {64, 8, 3, 3}, {{2, 2}, {1, 1}, {1, 1}, 8}, false},
+    };
     char name[96];
-    for (size_t ci = 0; ci < 3; ci++)
+    for (size_t ci = 0; ci < 2; ci++)
         for (size_t di = 0; di < 4; di++) {
+            nb_dtype dt = float_dtypes[di];
+            nbt_input in[3];
+            conv_inputs(&cs[ci], dt, in);
+            nbt_parity_opts o = {.tol = tol_for(dt), .seed = 95 + 4 * ci + di};
+            snprintf(name, sizeof name, "conv2d wide groups %zu %s", ci, nb_dtype_name(dt));
+            nbt_parity(name, op_conv, (void *)&cs[ci], cs[ci].bias ? 3 : 2, in, &o);
+        }
+}
+END_TEST
+
+/* The input does not require grad (a network's first layer): no
+ * backward-data call, only the weight's and the bias's gradients (also
+ * grouped and depthwise). */
+START_TEST(test_conv2d_no_input_grad) {
+    static const size_t picked[] = {0, 1, 2, 6, 7};
+    char name[96];
+    for (size_t pi = 0; pi < sizeof picked / sizeof picked[0]; pi++)
+        for (size_t di = 0; di < 4; di++) {
+            size_t ci = picked[pi];
             nb_dtype dt = float_dtypes[di];
             nbt_input in[3];
             conv_inputs(&conv_cases[ci], dt, in);
@@ -204,12 +234,12 @@ END_TEST
  * all forwards, then all backwards in reverse, so the workspace grows
  * while calls that use the old buffer may still be queued. */
 static const conv_case ws_cases[] = {
-    {{4, 64, 28, 28}, {64, 64, 3, 3}, {{1, 1}, {1, 1}, {1, 1}}, false},
-    {{4, 32, 32, 32}, {48, 32, 5, 5}, {{1, 1}, {2, 2}, {1, 1}}, true},
-    {{4, 128, 14, 14}, {128, 128, 3, 3}, {{2, 2}, {1, 1}, {1, 1}}, false},
-    {{8, 3, 64, 64}, {32, 3, 7, 7}, {{2, 2}, {3, 3}, {1, 1}}, true},
-    {{4, 256, 7, 7}, {256, 256, 1, 1}, {{1, 1}, {0, 0}, {1, 1}}, false},
-    {{2, 16, 40, 40}, {16, 16, 3, 3}, {{1, 1}, {2, 2}, {2, 2}}, true},
+    {{4, 64, 28, 28}, {64, 64, 3, 3}, {{1, 1}, {1, 1}, {1, 1}, 1}, false},
+    {{4, 32, 32, 32}, {48, 32, 5, 5}, {{1, 1}, {2, 2}, {1, 1}, 1}, true},
+    {{4, 128, 14, 14}, {128, 128, 3, 3}, {{2, 2}, {1, 1}, {1, 1}, 1}, false},
+    {{8, 3, 64, 64}, {32, 3, 7, 7}, {{2, 2}, {3, 3}, {1, 1}, 1}, true},
+    {{4, 256, 7, 7}, {256, 256, 1, 1}, {{1, 1}, {0, 0}, {1, 1}, 1}, false},
+    {{2, 16, 40, 40}, {16, 16, 3, 3}, {{1, 1}, {2, 2}, {2, 2}, 1}, true},
 };
 #define WS_CASES (sizeof ws_cases / sizeof ws_cases[0])
 
@@ -218,6 +248,7 @@ static nb__conv2d_geom geom_of(const conv_case *c) {
         .n = c->x[0], .c = c->x[1], .h = c->x[2], .w = c->x[3], .o = c->w[0], .kh = c->w[2],
         .kw = c->w[3], .sh = c->o.stride[0], .sw = c->o.stride[1], .ph = c->o.padding[0],
         .pw = c->o.padding[1], .dh = c->o.dilation[0], .dw = c->o.dilation[1],
+        .groups = c->o.groups > 0 ? c->o.groups : 1,
     };
     g.oh = (g.h + 2 * g.ph - g.dh * (g.kh - 1) - 1) / g.sh + 1;
     g.ow = (g.w + 2 * g.pw - g.dw * (g.kw - 1) - 1) / g.sw + 1;
@@ -654,6 +685,7 @@ int main(void) {
     tcase_add_test(tc, test_conv2d_tf32);
     tcase_add_test(tc, test_conv2d_transposed_input);
     tcase_add_test(tc, test_conv2d_wide);
+    tcase_add_test(tc, test_conv2d_wide_groups);
     tcase_add_test(tc, test_conv2d_no_input_grad);
     tcase_add_test(tc, test_conv2d_mixed);
     tcase_add_test(tc, test_conv2d_unaligned_batch_view);

@@ -529,7 +529,7 @@ END_TEST
 
 /* The CNN's forward by hand, from nn's tested ops and the parameters. */
 static nb_tensor *ref_cnn(nb_ctx *ctx, nb_module *m, nb_tensor *x, int n_blocks) {
-    nb_conv2d_opts same = {{1, 1}, {1, 1}, {1, 1}};
+    nb_conv2d_opts same = {{1, 1}, {1, 1}, {1, 1}, 1};
     nb_pool2d_opts two = {{2, 2}, {2, 2}, {0, 0}};
     char name[64];
     for (int i = 0; i < n_blocks; i++) {

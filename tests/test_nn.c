@@ -300,7 +300,7 @@ START_TEST(test_print) {
     nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
     nb_module *seq = nb_sequential_new(
         ctx, 4,
-        (nb_module *[]){nb_conv2d_new(ctx, NB_F32, 3, 8, 3, 3, &(nb_conv2d_opts){{1, 1}, {1, 1}, {1, 1}}, false, NULL),
+        (nb_module *[]){nb_conv2d_new(ctx, NB_F32, 3, 8, 3, 3, &(nb_conv2d_opts){{1, 1}, {1, 1}, {1, 1}, 1}, false, NULL),
                         nb_batch_norm2d_new(ctx, NB_F32, 8, NULL), nb_relu_new(ctx),
                         nb_max_pool2d_new(ctx, &(nb_pool2d_opts){{2, 2}, {0, 0}, {0, 0}})});
     nb_module_append(seq, nb_global_avg_pool2d_new(ctx));
@@ -487,11 +487,11 @@ START_TEST(test_constructor_errors) {
                      "nb_linear_new: in_features 0 and out_features 4 must be positive");
     NBT_EXPECT_ABORT(nb_conv2d_new(ctx, NB_F32, 3, 4, 0, 3, NULL, true, NULL),
                      "nb_conv2d_new: kernel size (0, 3) must be positive");
-    NBT_EXPECT_ABORT(nb_conv2d_new(ctx, NB_F32, 3, 4, 3, 3, &(nb_conv2d_opts){{1, 0}, {0, 0}, {1, 1}}, true, NULL),
+    NBT_EXPECT_ABORT(nb_conv2d_new(ctx, NB_F32, 3, 4, 3, 3, &(nb_conv2d_opts){{1, 0}, {0, 0}, {1, 1}, 1}, true, NULL),
                      "nb_conv2d_new: stride (1, 0) must be positive");
-    NBT_EXPECT_ABORT(nb_conv2d_new(ctx, NB_F32, 3, 4, 3, 3, &(nb_conv2d_opts){{1, 1}, {-1, 0}, {1, 1}}, true, NULL),
+    NBT_EXPECT_ABORT(nb_conv2d_new(ctx, NB_F32, 3, 4, 3, 3, &(nb_conv2d_opts){{1, 1}, {-1, 0}, {1, 1}, 1}, true, NULL),
                      "nb_conv2d_new: padding (-1, 0) must be non-negative");
-    NBT_EXPECT_ABORT(nb_conv2d_new(ctx, NB_F32, 3, 4, 3, 3, &(nb_conv2d_opts){{1, 1}, {0, 0}, {0, 1}}, true, NULL),
+    NBT_EXPECT_ABORT(nb_conv2d_new(ctx, NB_F32, 3, 4, 3, 3, &(nb_conv2d_opts){{1, 1}, {0, 0}, {0, 1}, 1}, true, NULL),
                      "nb_conv2d_new: dilation (0, 1) must be positive");
     NBT_EXPECT_ABORT(nb_conv2d_new(ctx, NB_F32, 0, 4, 3, 3, NULL, true, NULL),
                      "nb_conv2d_new: in_channels 0 and out_channels 4 must be positive");

@@ -135,23 +135,25 @@ START_TEST(test_linear_gradcheck) {
 END_TEST
 
 /* ---- Conv2d ---- */
-/* x (N, C, H, W), w (O, C, KH, KW) */
+/* x (N, C, H, W), w (O, C/G, KH, KW), G = p->groups (0: 1) */
 static void ref_conv(double *y, const double *x, const double *w, const double *b, int64_t n,
                      int64_t c, int64_t h, int64_t wd, int64_t o, int kh, int kw,
                      const nb_conv2d_opts *p, int64_t oh, int64_t ow) {
+    int64_t G = p->groups > 0 ? p->groups : 1, cg = c / G, og = o / G;
     for (int64_t i = 0; i < n; i++)
         for (int64_t oc = 0; oc < o; oc++)
             for (int64_t r = 0; r < oh; r++)
                 for (int64_t q = 0; q < ow; q++) {
                     double s = b ? b[oc] : 0;
-                    for (int64_t ic = 0; ic < c; ic++)
+                    for (int64_t icg = 0; icg < cg; icg++)
                         for (int u = 0; u < kh; u++)
                             for (int v = 0; v < kw; v++) {
                                 int64_t yy = r * p->stride[0] - p->padding[0] + u * p->dilation[0];
                                 int64_t xx = q * p->stride[1] - p->padding[1] + v * p->dilation[1];
                                 if (yy < 0 || yy >= h || xx < 0 || xx >= wd) continue;
+                                int64_t ic = oc / og * cg + icg;
                                 s += x[((i * c + ic) * h + yy) * wd + xx] *
-                                     w[((oc * c + ic) * kh + u) * kw + v];
+                                     w[((oc * cg + icg) * kh + u) * kw + v];
                             }
                     y[((i * o + oc) * oh + r) * ow + q] = s;
                 }
@@ -159,7 +161,7 @@ static void ref_conv(double *y, const double *x, const double *w, const double *
 
 START_TEST(test_conv2d_values) {
     nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
-    nb_conv2d_opts opts[] = {NB_CONV2D_DEFAULTS, {{2, 1}, {1, 0}, {1, 2}}, {{1, 2}, {2, 1}, {2, 1}}};
+    nb_conv2d_opts opts[] = {NB_CONV2D_DEFAULTS, {{2, 1}, {1, 0}, {1, 2}, 1}, {{1, 2}, {2, 1}, {2, 1}, 1}};
     for (int k = 0; k < 2; k++)
         for (int j = 0; j < 3; j++) {
             nb_dtype dt = k ? NB_F32 : NB_F64;
@@ -189,11 +191,87 @@ END_TEST
 
 START_TEST(test_conv2d_gradcheck) {
     nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
-    nb_conv2d_opts p = {{2, 1}, {1, 1}, {1, 1}};
+    nb_conv2d_opts p = {{2, 1}, {1, 1}, {1, 1}, 1};
     gradcheck_module(nb_conv2d_new(ctx, NB_F64, 2, 3, 3, 2, &p, true, NULL),
                      nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(2, 2, 4, 3), 40));
     gradcheck_module(nb_conv2d_new(ctx, NB_F64, 1, 2, 2, 2, NULL, false, NULL),
                      nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(1, 1, 3, 3), 41));
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+START_TEST(test_conv2d_groups) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_rng rng = nb_rng_make(50);
+    /* 4 groups of 2 input channels: weight (12, 2, 3, 3), fan_in 2 * 9 */
+    nb_conv2d_opts g4 = {{1, 1}, {1, 1}, {1, 1}, 4};
+    nb_module *m = nb_conv2d_new(ctx, NB_F32, 8, 12, 3, 3, &g4, true, &rng);
+    nb_named_tensor p[4];
+    ck_assert_int_eq(nb_module_state(m, p, 4), 2);
+    ck_assert_str_eq(p[0].name, "weight");
+    ck_assert_str_eq(p[1].name, "bias");
+    nb_tensor *w = p[0].tensor, *b = p[1].tensor;
+    ck_assert(w->ndim == 4 && w->shape[0] == 12 && w->shape[1] == 2 && w->shape[2] == 3 &&
+              w->shape[3] == 3);
+    ck_assert(b->ndim == 1 && b->shape[0] == 12);
+    ck_assert_int_eq(nb_init_fan_in(w), 18);
+    /* U(-1/sqrt(18), 1/sqrt(18)): 216 draws reach past 0.2, beyond the
+     * bound 1/sqrt(72) = 0.118 of a fan_in that ignores the groups */
+    double bound = 1.0 / sqrt(18.0), wmax = 0;
+    double *wv = host(w), *bv = host(b);
+    for (int64_t i = 0; i < nb_numel(w); i++) {
+        ck_assert_msg(fabs(wv[i]) <= bound, "weight %g beyond %g", wv[i], bound);
+        if (fabs(wv[i]) > wmax) wmax = fabs(wv[i]);
+    }
+    ck_assert_msg(wmax > 0.2, "weight never reaches past 0.2: max %g", wmax);
+    for (int64_t i = 0; i < 12; i++) ck_assert(fabs(bv[i]) <= bound);
+    free(wv);
+    free(bv);
+    FILE *f = tmpfile();
+    ck_assert(f != NULL);
+    nb_module_fprint(f, m);
+    char desc[256] = "";
+    rewind(f);
+    ck_assert(fgets(desc, sizeof desc, f) != NULL);
+    fclose(f);
+    ck_assert_str_eq(desc, "Conv2d(8, 12, kernel_size=(3, 3), stride=(1, 1), padding=(1, 1), "
+                           "dilation=(1, 1), groups=4, bias=true)\n");
+
+    /* values: grouped and depthwise (with a channel multiplier), f64 */
+    const int64_t shapes[][3] = {{4, 6, 2}, {3, 6, 3}, {3, 3, 3}};
+    for (int k = 0; k < 3; k++) {
+        const int64_t *cs = shapes[k];
+        nb_conv2d_opts o = {{2, 1}, {1, 0}, {1, 2}, (int)cs[2]};
+        nb_module *mg = nb_conv2d_new(ctx, NB_F64, cs[0], cs[1], 3, 2, &o, k != 1, &rng);
+        ck_assert_int_eq(nb_module_find(mg, "weight")->shape[1], cs[0] / cs[2]);
+        nb_tensor *x = nbt_randn(ctx, NB_F64, NB_SHAPE(2, cs[0], 7, 6), 60 + (uint64_t)k);
+        nb_tensor *y = nb_module_forward(mg, ctx, x);
+        int64_t oh = (7 + 2 - 2 - 1) / 2 + 1, ow = (6 - 2 - 1) / 1 + 1;
+        ck_assert(y->shape[1] == cs[1] && y->shape[2] == oh && y->shape[3] == ow);
+        double *xv = host(x), *wk = host(nb_module_find(mg, "weight"));
+        double *bk = k != 1 ? host(nb_module_find(mg, "bias")) : NULL;
+        double *e = malloc(sizeof(double) * (size_t)nb_numel(y));
+        ref_conv(e, xv, wk, bk, 2, cs[0], 7, 6, cs[1], 3, 2, &o, oh, ow);
+        nbt_assert_close(y, e, 1e-12, 1e-12);
+        free(xv);
+        free(wk);
+        free(bk);
+        free(e);
+        gradcheck_module(mg, nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(1, cs[0], 4, 3), 70));
+    }
+
+    nb_conv2d_opts g5 = {{1, 1}, {0, 0}, {1, 1}, 5};
+    NBT_EXPECT_ABORT(nb_conv2d_new(ctx, NB_F32, 10, 12, 3, 3, &g5, true, NULL),
+                     "nb_conv2d_new: in_channels 10 and out_channels 12 must both be divisible "
+                     "by groups 5");
+    NBT_EXPECT_ABORT(nb_conv2d_new(ctx, NB_F32, 12, 10, 3, 3, &g5, true, NULL),
+                     "nb_conv2d_new: in_channels 12 and out_channels 10 must both be divisible "
+                     "by groups 5");
+    nb_conv2d_opts gneg = {{1, 1}, {0, 0}, {1, 1}, -1};
+    NBT_EXPECT_ABORT(nb_conv2d_new(ctx, NB_F32, 4, 4, 3, 3, &gneg, true, NULL),
+                     "nb_conv2d_new: groups -1 must be positive");
+    NBT_EXPECT_ABORT(nb_module_forward(m, ctx, nb_zeros(ctx, NB_F32, NB_SHAPE(1, 2, 5, 5))),
+                     "Conv2d: input (1, 2, 5, 5) must be (N, 8, H, W)");
     nb_ctx_free(ctx);
 }
 END_TEST
@@ -575,6 +653,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_linear_matches_composed);
     tcase_add_test(tc, test_conv2d_values);
     tcase_add_test(tc, test_conv2d_gradcheck);
+    tcase_add_test(tc, test_conv2d_groups);
     tcase_add_test(tc, test_embedding);
     tcase_add_test(tc, test_layer_norm);
     tcase_add_test(tc, test_dropout);

@@ -115,7 +115,7 @@ void nb_module_print(nb_module *m);
 void nb_init_uniform_(nb_tensor *t, double low, double high, nb_rng *rng);
 void nb_init_normal_(nb_tensor *t, double mean, double std, nb_rng *rng);
 /* shape[1] * prod(shape[2:]): in_features of a Linear weight (out, in),
- * in_channels * kh * kw of a Conv2d weight (out, in, kh, kw). */
+ * in_channels / groups * kh * kw of a Conv2d weight (out, in / groups, kh, kw). */
 int64_t nb_init_fan_in(const nb_tensor *weight);
 
 /* ---- layers ----
@@ -129,9 +129,10 @@ int64_t nb_init_fan_in(const nb_tensor *weight);
 nb_module *nb_linear_new(nb_ctx *ctx, nb_dtype dtype, int64_t in_features, int64_t out_features,
                          bool bias, nb_rng *rng);
 
-/* "weight" (out, in, kh, kw), "bias" (out), both U(-1/sqrt(fan_in),
- * 1/sqrt(fan_in)), fan_in = in * kh * kw. x (N, in, H, W) -> (N, out, OH, OW).
- * opts NULL: stride 1, no padding, dilation 1. */
+/* "weight" (out, in / groups, kh, kw), "bias" (out), both U(-1/sqrt(fan_in),
+ * 1/sqrt(fan_in)), fan_in = in / groups * kh * kw. x (N, in, H, W) -> (N, out,
+ * OH, OW). opts NULL: stride 1, no padding, dilation 1, one group; in and out
+ * must be divisible by opts->groups (groups = in: depthwise). */
 nb_module *nb_conv2d_new(nb_ctx *ctx, nb_dtype dtype, int64_t in_channels, int64_t out_channels,
                          int kernel_h, int kernel_w, const nb_conv2d_opts *opts, bool bias,
                          nb_rng *rng);

@@ -126,9 +126,15 @@ typedef struct nb_conv2d_opts {
     int stride[2];
     int padding[2];
     int dilation[2];
+    /* Channel groups G, as PyTorch's: C and O divisible by G, input channels
+     * [g C/G, (g+1) C/G) feed only output channels [g O/G, (g+1) O/G).
+     * G = C is a depthwise convolution. 0 (an initialiser that leaves it
+     * out) means 1. */
+    int groups;
 } nb_conv2d_opts;
-#define NB_CONV2D_DEFAULTS ((nb_conv2d_opts){{1, 1}, {0, 0}, {1, 1}})
-/* x (N, C, H, W), weight (O, C, KH, KW), bias (O) or NULL -> (N, O, OH, OW). */
+#define NB_CONV2D_DEFAULTS ((nb_conv2d_opts){{1, 1}, {0, 0}, {1, 1}, 1})
+/* x (N, C, H, W), weight (O, C/G, KH, KW), bias (O) or NULL -> (N, O, OH, OW);
+ * G = opts->groups. */
 nb_tensor *nb_conv2d(nb_ctx *ctx, nb_tensor *x, nb_tensor *weight, nb_tensor *bias,
                      const nb_conv2d_opts *opts);
 

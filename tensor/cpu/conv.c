@@ -1,8 +1,13 @@
-/* CPU 2-D convolution: im2col + GEMM (OpenBLAS), image by image, so the
- * column buffer holds one image's (K, P) columns. Backward: the input
- * gradient is W^T @ grad scattered back by col2im (overlapping windows
- * add up); the weight gradient sums grad @ cols^T over the images. A 1x1
- * kernel with unit stride and no padding uses the image as its columns.
+/* CPU 2-D convolution: im2col + GEMM (OpenBLAS), image by image and group
+ * by group, so the column buffer holds one group's (K, P) columns of one
+ * image. Backward: the input gradient is W_g^T @ grad scattered back by
+ * col2im (overlapping windows add up); the weight gradient sums grad @
+ * cols^T over the images. A 1x1 kernel with unit stride and no padding
+ * uses the image as its columns. With one input channel per group
+ * (depthwise, and its channel multipliers) each GEMM would be (OG, KH*KW)
+ * @ (KH*KW, P) with OG often 1: a direct loop over the kernel taps, each a
+ * contiguous run of the output row when the stride is 1, costs the same
+ * arithmetic without the column copies or one BLAS call per channel.
  * Letters as in tensor/cpu/conv.h. */
 #include <cblas.h>
 #include <string.h>
@@ -13,8 +18,11 @@ static int is_pointwise(const nb__conv2d_geom *g) {
     return g->kh == 1 && g->kw == 1 && g->sh == 1 && g->sw == 1 && g->ph == 0 && g->pw == 0;
 }
 
+static int is_direct(const nb__conv2d_geom *g) { return g->groups > 1 && g->c == g->groups; }
+
 int64_t nb__conv2d_cols_numel(const nb__conv2d_geom *g) {
-    return is_pointwise(g) ? 0 : g->c * g->kh * g->kw * g->oh * g->ow;
+    if (is_pointwise(g) || is_direct(g)) return 0;
+    return g->c / g->groups * g->kh * g->kw * g->oh * g->ow;
 }
 
 /* Output columns [lo, hi) whose input column ow*sw + off lies in [0, W). */
@@ -28,10 +36,10 @@ static void valid_range(const nb__conv2d_geom *g, int64_t off, int64_t *lo, int6
 }
 
 #define DEFINE_CONV(T, S, GEMM)                                                               \
-    /* cols (K, P) from one image x (C, H, W) */                                              \
-    static void im2col_##S(const nb__conv2d_geom *g, const T *x, T *cols) {                   \
+    /* cols (nc*KH*KW, P) from nc channels x (nc, H, W) of one image */                       \
+    static void im2col_##S(const nb__conv2d_geom *g, int64_t nc, const T *x, T *cols) {       \
         int64_t P = g->oh * g->ow;                                                            \
-        for (int64_t c = 0; c < g->c; c++)                                                    \
+        for (int64_t c = 0; c < nc; c++)                                                      \
             for (int64_t ki = 0; ki < g->kh; ki++)                                            \
                 for (int64_t kj = 0; kj < g->kw; kj++) {                                      \
                     T *row = cols + ((c * g->kh + ki) * g->kw + kj) * P;                      \
@@ -53,10 +61,10 @@ static void valid_range(const nb__conv2d_geom *g, int64_t off, int64_t *lo, int6
                 }                                                                             \
     }                                                                                         \
                                                                                               \
-    /* x (C, H, W) += the columns scattered back to their input positions */                  \
-    static void col2im_##S(const nb__conv2d_geom *g, const T *cols, T *x) {                   \
+    /* x (nc, H, W) += the columns scattered back to their input positions */                 \
+    static void col2im_##S(const nb__conv2d_geom *g, int64_t nc, const T *cols, T *x) {       \
         int64_t P = g->oh * g->ow;                                                            \
-        for (int64_t c = 0; c < g->c; c++)                                                    \
+        for (int64_t c = 0; c < nc; c++)                                                      \
             for (int64_t ki = 0; ki < g->kh; ki++)                                            \
                 for (int64_t kj = 0; kj < g->kw; kj++) {                                      \
                     const T *row = cols + ((c * g->kh + ki) * g->kw + kj) * P;                \
@@ -73,58 +81,146 @@ static void valid_range(const nb__conv2d_geom *g, int64_t off, int64_t *lo, int6
                 }                                                                             \
     }                                                                                         \
                                                                                               \
+    /* One input channel per group: out plane (OH, OW) += w (KH, KW) * x plane (H, W),    \
+     * output row by output row (it stays in cache across the taps); unit stride is      \
+     * its own loop so that the compiler vectorises it. */                                \
+    static void direct_plane_##S(const nb__conv2d_geom *g, T *restrict out,                   \
+                                 const T *restrict x, const T *restrict w) {                  \
+        for (int64_t oh = 0; oh < g->oh; oh++) {                                              \
+            T *restrict r = out + oh * g->ow;                                                 \
+            for (int64_t ki = 0; ki < g->kh; ki++) {                                          \
+                int64_t ih = oh * g->sh - g->ph + ki * g->dh;                                 \
+                if (ih < 0 || ih >= g->h) continue;                                           \
+                for (int64_t kj = 0; kj < g->kw; kj++) {                                      \
+                    T wv = w[ki * g->kw + kj];                                                \
+                    int64_t off = kj * g->dw - g->pw, lo, hi;                                 \
+                    valid_range(g, off, &lo, &hi);                                            \
+                    const T *restrict xr = x + ih * g->w;                                     \
+                    if (g->sw == 1)                                                           \
+                        for (int64_t ow = lo; ow < hi; ow++) r[ow] += wv * xr[ow + off];      \
+                    else                                                                      \
+                        for (int64_t ow = lo; ow < hi; ow++)                                  \
+                            r[ow] += wv * xr[ow * g->sw + off];                               \
+                }                                                                             \
+            }                                                                                 \
+        }                                                                                     \
+    }                                                                                         \
+                                                                                              \
+    /* dx plane (H, W) += w (KH, KW) scattered by the grad plane (OH, OW); dw (KH, KW)        \
+     * += grad plane correlated with the x plane. Either may be NULL. */                      \
+    static void direct_plane_backward_##S(const nb__conv2d_geom *g, T *restrict dx,           \
+                                          T *restrict dw, const T *restrict gp,               \
+                                          const T *restrict x, const T *restrict w) {         \
+        for (int64_t oh = 0; oh < g->oh; oh++) {                                              \
+            const T *restrict r = gp + oh * g->ow;                                            \
+            for (int64_t ki = 0; ki < g->kh; ki++) {                                          \
+                int64_t ih = oh * g->sh - g->ph + ki * g->dh;                                 \
+                if (ih < 0 || ih >= g->h) continue;                                           \
+                for (int64_t kj = 0; kj < g->kw; kj++) {                                      \
+                    int64_t off = kj * g->dw - g->pw, lo, hi;                                 \
+                    valid_range(g, off, &lo, &hi);                                            \
+                    int64_t sw = g->sw;                                                       \
+                    if (dx) {                                                                 \
+                        T wv = w[ki * g->kw + kj];                                            \
+                        T *restrict dr = dx + ih * g->w;                                      \
+                        if (sw == 1)                                                          \
+                            for (int64_t ow = lo; ow < hi; ow++) dr[ow + off] += wv * r[ow];  \
+                        else                                                                  \
+                            for (int64_t ow = lo; ow < hi; ow++)                              \
+                                dr[ow * sw + off] += wv * r[ow];                              \
+                    }                                                                         \
+                    if (dw) {                                                                 \
+                        const T *restrict xr = x + ih * g->w;                                 \
+                        /* eight partial sums: a vectorisable reduction */                    \
+                        T a[8] = {0};                                                         \
+                        int64_t ow = lo;                                                      \
+                        if (sw == 1)                                                          \
+                            for (; ow + 8 <= hi; ow += 8)                                     \
+                                for (int l = 0; l < 8; l++) a[l] += r[ow + l] * xr[ow + l + off]; \
+                        for (; ow < hi; ow++) a[0] += r[ow] * xr[ow * sw + off];              \
+                        dw[ki * g->kw + kj] +=                                                \
+                            ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7])); \
+                    }                                                                         \
+                }                                                                             \
+            }                                                                                 \
+        }                                                                                     \
+    }                                                                                         \
+                                                                                              \
     static void forward_##S(const nb__conv2d_geom *g, T *out, const T *x, const T *w,         \
                             const T *b, T *cols) {                                            \
-        int K = (int)(g->c * g->kh * g->kw), P = (int)(g->oh * g->ow), O = (int)g->o;         \
+        int64_t G = g->groups, CG = g->c / G, OG = g->o / G, HW = g->h * g->w;                \
+        int K = (int)(CG * g->kh * g->kw), P = (int)(g->oh * g->ow);                          \
         for (int64_t n = 0; n < g->n; n++) {                                                  \
-            const T *xn = x + n * g->c * g->h * g->w;                                         \
+            const T *xn = x + n * g->c * HW;                                                  \
             T *on = out + n * g->o * P;                                                       \
-            const T *cn = xn;                                                                 \
-            if (!is_pointwise(g)) {                                                           \
-                im2col_##S(g, xn, cols);                                                      \
-                cn = cols;                                                                    \
-            }                                                                                 \
             if (b)                                                                            \
                 for (int64_t o = 0; o < g->o; o++)                                            \
                     for (int64_t p = 0; p < P; p++) on[o * P + p] = b[o];                     \
-            GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, O, P, K, 1, w, K, cn, P,          \
-                 b ? 1 : 0, on, P);                                                           \
+            if (is_direct(g)) {                                                               \
+                if (!b) memset(on, 0, sizeof(T) * (size_t)(g->o * P));                        \
+                for (int64_t o = 0; o < g->o; o++)                                            \
+                    direct_plane_##S(g, on + o * P, xn + (o / OG) * HW, w + o * K);           \
+                continue;                                                                     \
+            }                                                                                 \
+            for (int64_t gi = 0; gi < G; gi++) {                                              \
+                const T *cn = xn + gi * CG * HW;                                              \
+                if (!is_pointwise(g)) {                                                       \
+                    im2col_##S(g, CG, cn, cols);                                              \
+                    cn = cols;                                                                \
+                }                                                                             \
+                GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)OG, P, K, 1,             \
+                     w + gi * OG * K, K, cn, P, b ? 1 : 0, on + gi * OG * P, P);              \
+            }                                                                                 \
         }                                                                                     \
     }                                                                                         \
                                                                                               \
     static void backward_##S(const nb__conv2d_geom *g, T *dx, T *dw, T *db, const T *gout,    \
                              const T *x, const T *w, T *cols) {                               \
-        int K = (int)(g->c * g->kh * g->kw), P = (int)(g->oh * g->ow), O = (int)g->o;         \
-        int64_t xsz = g->c * g->h * g->w;                                                     \
-        if (dw) memset(dw, 0, sizeof(T) * (size_t)O * (size_t)K);                             \
-        if (db) memset(db, 0, sizeof(T) * (size_t)O);                                         \
+        int64_t G = g->groups, CG = g->c / G, OG = g->o / G, HW = g->h * g->w;                \
+        int K = (int)(CG * g->kh * g->kw), P = (int)(g->oh * g->ow);                          \
+        int64_t xsz = g->c * HW;                                                              \
+        if (dw) memset(dw, 0, sizeof(T) * (size_t)(g->o * K));                                \
+        if (db) memset(db, 0, sizeof(T) * (size_t)g->o);                                      \
         for (int64_t n = 0; n < g->n; n++) {                                                  \
-            const T *gn = gout + n * g->o * P;                                                \
+            const T *gn = gout + n * g->o * P, *xn = x + n * xsz;                             \
+            T *dxn = dx ? dx + n * xsz : NULL;                                                \
             if (db)                                                                           \
                 for (int64_t o = 0; o < g->o; o++) {                                          \
                     T s = 0;                                                                  \
                     for (int64_t p = 0; p < P; p++) s += gn[o * P + p];                       \
                     db[o] += s;                                                               \
                 }                                                                             \
-            if (dw) {                                                                         \
-                const T *cn = x + n * xsz;                                                    \
-                if (!is_pointwise(g)) {                                                       \
-                    im2col_##S(g, cn, cols);                                                  \
-                    cn = cols;                                                                \
-                }                                                                             \
-                GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, O, K, P, 1, gn, P, cn, P, 1,    \
-                     dw, K);                                                                  \
+            if (dxn && !(is_pointwise(g) && !is_direct(g)))                                   \
+                memset(dxn, 0, sizeof(T) * (size_t)xsz);                                      \
+            if (is_direct(g)) {                                                               \
+                if (dx || dw)                                                                 \
+                    for (int64_t o = 0; o < g->o; o++)                                        \
+                        direct_plane_backward_##S(g, dxn ? dxn + (o / OG) * HW : NULL,        \
+                                                  dw ? dw + o * K : NULL, gn + o * P,         \
+                                                  xn + (o / OG) * HW, w + o * K);             \
+                continue;                                                                     \
             }                                                                                 \
-            if (dx) {                                                                         \
-                T *dxn = dx + n * xsz;                                                        \
-                if (is_pointwise(g)) {                                                        \
-                    GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, K, P, O, 1, w, K, gn, P, 0, \
-                         dxn, P);                                                             \
-                } else {                                                                      \
-                    GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, K, P, O, 1, w, K, gn, P, 0, \
-                         cols, P);                                                            \
-                    memset(dxn, 0, sizeof(T) * (size_t)xsz);                                  \
-                    col2im_##S(g, cols, dxn);                                                 \
+            for (int64_t gi = 0; gi < G; gi++) {                                              \
+                const T *gg = gn + gi * OG * P, *wg = w + gi * OG * K;                        \
+                if (dw) {                                                                     \
+                    const T *cn = xn + gi * CG * HW;                                          \
+                    if (!is_pointwise(g)) {                                                   \
+                        im2col_##S(g, CG, cn, cols);                                          \
+                        cn = cols;                                                            \
+                    }                                                                         \
+                    GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)OG, K, P, 1, gg, P,    \
+                         cn, P, 1, dw + gi * OG * K, K);                                      \
+                }                                                                             \
+                if (dx) {                                                                     \
+                    T *dxg = dxn + gi * CG * HW;                                              \
+                    if (is_pointwise(g)) {                                                    \
+                        GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, K, P, (int)OG, 1, wg,   \
+                             K, gg, P, 0, dxg, P);                                            \
+                    } else {                                                                  \
+                        GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, K, P, (int)OG, 1, wg,   \
+                             K, gg, P, 0, cols, P);                                           \
+                        col2im_##S(g, CG, cols, dxg);                                         \
+                    }                                                                         \
                 }                                                                             \
             }                                                                                 \
         }                                                                                     \

@@ -1,8 +1,11 @@
-/* CPU kernels of 2-D convolution (im2col + OpenBLAS GEMM), one image at a
- * time. All tensors are contiguous raw buffers of one float dtype.
+/* CPU kernels of 2-D convolution (im2col + OpenBLAS GEMM, one image and
+ * one channel group at a time; a direct loop when each group has one input
+ * channel, as in a depthwise convolution). All tensors are contiguous raw
+ * buffers of one float dtype.
  *
- * Letters: N batch, C input channels, O output channels, H/W input size,
- * KH/KW kernel size, OH/OW output size; K = C*KH*KW, P = OH*OW. */
+ * Letters: N batch, C input channels, O output channels, G groups (CG =
+ * C/G, OG = O/G per group), H/W input size, KH/KW kernel size, OH/OW
+ * output size; K = CG*KH*KW, P = OH*OW. */
 #ifndef NABLA_TENSOR_CPU_CONV_H
 #define NABLA_TENSOR_CPU_CONV_H
 
@@ -12,22 +15,24 @@
 
 typedef struct nb__conv2d_geom {
     int64_t n, c, h, w;  /* input (N, C, H, W) */
-    int64_t o, kh, kw;   /* weight (O, C, KH, KW) */
+    int64_t o, kh, kw;   /* weight (O, C/G, KH, KW) */
     int64_t oh, ow;      /* output (N, O, OH, OW) */
     int64_t sh, sw, ph, pw, dh, dw;
+    int64_t groups;      /* G >= 1, dividing C and O */
 } nb__conv2d_geom;
 
-/* Elements of the per-image column buffer: K * P, or 0 for a 1x1 kernel
- * with unit stride and no padding (the image is its own columns). */
+/* Elements of the column buffer (one image, one group): K * P, or 0 for a
+ * 1x1 kernel with unit stride and no padding (the image is its own
+ * columns) or for one input channel per group (direct loop). */
 int64_t nb__conv2d_cols_numel(const nb__conv2d_geom *g);
 
-/* out (N, O, OH, OW) = conv(x (N, C, H, W), w (O, C, KH, KW)) + b (O) or
+/* out (N, O, OH, OW) = conv(x (N, C, H, W), w (O, CG, KH, KW)) + b (O) or
  * no bias when b is NULL. cols: scratch of nb__conv2d_cols_numel elements. */
 void nb__cpu_conv2d_forward(nb_dtype dt, const nb__conv2d_geom *g, void *out, const void *x,
                             const void *w, const void *b, void *cols);
 
 /* Gradients from gout (N, O, OH, OW); each of dx (N, C, H, W), dw
- * (O, C, KH, KW), db (O) is written (not accumulated) unless NULL. x is
+ * (O, CG, KH, KW), db (O) is written (not accumulated) unless NULL. x is
  * needed for dw, w for dx. */
 void nb__cpu_conv2d_backward(nb_dtype dt, const nb__conv2d_geom *g, void *dx, void *dw, void *db,
                              const void *gout, const void *x, const void *w, void *cols);

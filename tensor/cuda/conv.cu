@@ -1,6 +1,8 @@
 /* 2-D convolution on CUDA (cuda.h, "convolution") through cuDNN's
  * convolution API: NCHW, cross-correlation, the geometry of
- * tensor/cpu/conv.h. Letters as there; P = OH * OW.
+ * tensor/cpu/conv.h. Letters as there; P = OH * OW. Channel groups are
+ * cuDNN's group count on the convolution descriptor, with the filter
+ * descriptor (O, C/G, KH, KW): one call covers every group.
  *
  * One plan per (device, geometry, dtype, TF32): the descriptors and, made
  * on first use of each direction, the algorithm and its workspace size,
@@ -199,11 +201,11 @@ static geom_text geom_str(const conv_key *k) {
     geom_text t;
     snprintf(t.s, sizeof t.s,
              "%s input (%lld, %lld, %lld, %lld), weight (%lld, %lld, %lld, %lld), stride (%lld, "
-             "%lld), padding (%lld, %lld), dilation (%lld, %lld)",
+             "%lld), padding (%lld, %lld), dilation (%lld, %lld), groups %lld",
              nb_dtype_name((nb_dtype)k->dtype), (long long)g->n, (long long)g->c, (long long)g->h,
-             (long long)g->w, (long long)g->o, (long long)g->c, (long long)g->kh, (long long)g->kw,
-             (long long)g->sh, (long long)g->sw, (long long)g->ph, (long long)g->pw,
-             (long long)g->dh, (long long)g->dw);
+             (long long)g->w, (long long)g->o, (long long)(g->c / g->groups), (long long)g->kh,
+             (long long)g->kw, (long long)g->sh, (long long)g->sw, (long long)g->ph,
+             (long long)g->pw, (long long)g->dh, (long long)g->dw, (long long)g->groups);
     return t;
 }
 
@@ -219,11 +221,12 @@ static void plan_make(conv_plan *p, const conv_key *k) {
                                          dim(g->h), dim(g->w)));
     DNN_CHECK(cudnnSetTensor4dDescriptor(p->yd, CUDNN_TENSOR_NCHW, t, dim(g->n), dim(g->o),
                                          dim(g->oh), dim(g->ow)));
-    DNN_CHECK(cudnnSetFilter4dDescriptor(p->wd, t, CUDNN_TENSOR_NCHW, dim(g->o), dim(g->c),
-                                         dim(g->kh), dim(g->kw)));
+    DNN_CHECK(cudnnSetFilter4dDescriptor(p->wd, t, CUDNN_TENSOR_NCHW, dim(g->o),
+                                         dim(g->c / g->groups), dim(g->kh), dim(g->kw)));
     DNN_CHECK(cudnnSetConvolution2dDescriptor(p->cd, dim(g->ph), dim(g->pw), dim(g->sh),
                                               dim(g->sw), dim(g->dh), dim(g->dw),
                                               CUDNN_CROSS_CORRELATION, acc));
+    DNN_CHECK(cudnnSetConvolutionGroupCount(p->cd, dim(g->groups)));
     DNN_CHECK(cudnnSetConvolutionMathType(p->cd, base_math(k)));
     int on, oc, ohh, oww;
     DNN_CHECK(cudnnGetConvolution2dForwardOutputDim(p->cd, p->xd, p->wd, &on, &oc, &ohh,
@@ -358,8 +361,11 @@ static conv_key make_key(int device, nb_dtype dt, const nb__conv2d_geom *g) {
     k.dtype = dt;
     k.tf32 = dt == NB_F32 && nb__cuda_tf32();
     (void)cudnn_type(dt);
+    if (g->groups < 1 || g->c % g->groups != 0 || g->o % g->groups != 0)
+        NB_ABORT("%s: groups %lld do not divide the %lld input and %lld output channels", OP,
+                 (long long)g->groups, (long long)g->c, (long long)g->o);
     const int64_t sizes[] = {g->n, g->c, g->h, g->w, g->o, g->kh, g->kw, g->oh, g->ow,
-                             g->sh, g->sw, g->ph, g->pw, g->dh, g->dw};
+                             g->sh, g->sw, g->ph, g->pw, g->dh, g->dw, g->groups};
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) (void)dim(sizes[i]);
     return k;
 }
@@ -434,7 +440,7 @@ extern "C" void nb__cuda_conv2d_backward(nb_ctx *ctx, nb_dtype dt, const nb__con
     nb__cuda_use(OP, dev);
     cudaStream_t st = nb__cuda_compute_stream(dev);
     size_t es = nb_dtype_size(dt);
-    int64_t nx = g->n * g->c * g->h * g->w, nw = g->o * g->c * g->kh * g->kw;
+    int64_t nx = g->n * g->c * g->h * g->w, nw = g->o * (g->c / g->groups) * g->kh * g->kw;
     int64_t ny = g->n * g->o * g->oh * g->ow;
     if (ny == 0 || g->c * g->kh * g->kw == 0) {
         /* Nothing flows: every requested gradient is zero. */
