@@ -38,6 +38,12 @@ static void assert_complete(const nb__backend *be) {
         (const void *)be->all_finite, (const void *)be->channel_stats,
         (const void *)be->channel_finalize, (const void *)be->channel_normalize,
         (const void *)be->channel_backward_sums, (const void *)be->channel_backward_dx,
+        (const void *)be->mem_alloc, (const void *)be->mem_free, (const void *)be->poison,
+        (const void *)be->memcpy_h2d, (const void *)be->memcpy_d2h, (const void *)be->copy,
+        (const void *)be->axpy, (const void *)be->sum_rows, (const void *)be->max_rows,
+        (const void *)be->argmax_rows, (const void *)be->max_rows_backward,
+        (const void *)be->var_rows, (const void *)be->rand_uniform,
+        (const void *)be->rand_normal,
     };
     for (size_t i = 0; i < sizeof entries / sizeof entries[0]; i++)
         ck_assert_msg(entries[i] != NULL, "%s backend: entry %zu is empty", be->name, i);
@@ -47,10 +53,12 @@ START_TEST(test_tables_complete) {
     assert_complete(&nb__cpu_backend);
     ck_assert_str_eq(nb__cpu_backend.name, "cpu");
     ck_assert(!nb__cpu_backend.device_memory);
+    ck_assert(nb__cpu_backend.strided_elementwise_out && !nb__cpu_backend.half_compute);
 #if NABLA_HAVE_CUDA
     assert_complete(&nb__cuda_backend);
     ck_assert_str_eq(nb__cuda_backend.name, "cuda");
     ck_assert(nb__cuda_backend.device_memory);
+    ck_assert(!nb__cuda_backend.strided_elementwise_out && nb__cuda_backend.half_compute);
 #endif
 }
 END_TEST
