@@ -42,14 +42,34 @@ typedef struct nb__backend {
      * output aliased through zero strides accumulates (nb__sum_to sums a
      * broadcast gradient so); otherwise each element has its own writer. */
     bool ordered_elementwise;
+    /* The elementwise engine writes outputs of any strides (else `out` is
+     * contiguous), so a gradient may be added into a slice of a buffer. */
+    bool strided_elementwise_out;
+    /* bf16 and f16 are computed in (in f32 inside the kernels); otherwise
+     * they are storage types, and math asks for a cast to f32 first. */
+    bool half_compute;
 
     /* ---- runtime ---- */
     /* Makes `device` current for the calling thread (aborts naming op). */
     void (*use)(const char *op, int device);
     /* Blocks the host until the device has done everything queued. */
     void (*sync)(int device);
+    /* A context's arena memory on `device`: bytes a multiple of 64, the
+     * block aligned to 64 at least; NULL when there is none. */
+    void *(*mem_alloc)(int device, size_t bytes);
+    void (*mem_free)(int device, void *p);
+    /* Fresh tensor data (nb__empty): filled with 0xFF bytes while Note
+     * [Poisoned outputs] (tensor/cuda/cuda.h) is on; else untouched. */
+    void (*poison)(int device, void *p, size_t bytes);
     void (*memset)(int device, void *dst, int byte, size_t bytes);
     void (*memcpy_d2d)(int device, void *dst, const void *src, size_t bytes);
+    /* dst (device) = src (host); returns once src may be reused (small
+     * copies do not wait for the device: Note [Staged uploads] in
+     * tensor/cuda/runtime.cu). */
+    void (*memcpy_h2d)(int device, void *dst, const void *src, size_t bytes);
+    /* dst (host) = src (device); returns when the copy is done, so after
+     * everything queued before it (and reports deferred device faults). */
+    void (*memcpy_d2h)(int device, void *dst, const void *src, size_t bytes);
     /* dst (device) = src (host, pinned where possible), on stream s. */
     void (*memcpy_h2d_async)(int device, void *dst, const void *src, size_t bytes, nb__stream s);
     /* Host memory the device reads fast (pinned); NULL when none. */
@@ -69,6 +89,36 @@ typedef struct nb__backend {
     void (*unary)(nb__unary_op op, nb_tensor *out, const nb_tensor *a, double s);
     void (*binary)(nb__binary_op op, nb_tensor *out, const nb_tensor *a, const nb_tensor *b);
     void (*where)(nb_tensor *out, const nb_tensor *cond, const nb_tensor *a, const nb_tensor *b);
+    /* dst (any strides) = src broadcast to dst's shape, converting dtypes
+     * (integers included). src is on dst's device, or is a 0-d tensor in
+     * host memory (src->device the CPU): a fill (nb_fill_). Between two
+     * devices, tensor/tensor.c stages through the host with memcpy_h2d/d2h. */
+    void (*copy)(nb_tensor *dst, const nb_tensor *src);
+    /* y (any strides) += alpha * x (same shape, any strides, y's float dtype). */
+    void (*axpy)(nb_tensor *y, double alpha, const nb_tensor *x);
+
+    /* ---- row reductions (tensor/ops_reduce.c lays the input out as rows:
+     * contiguous (outer, inner), reduced along inner; CPU: in order, f32
+     * accumulating in f64; CUDA: a tree, f32 in f32 or f64) ---- */
+    /* out (outer) = scale * sum of each row. */
+    void (*sum_rows)(nb_tensor *out, const nb_tensor *rows, int64_t outer, int64_t inner,
+                     double scale);
+    /* out (outer) = max of each row, arg (i64, outer) its index: the first
+     * maximum, NaN counting as the maximum (Note [Max with NaN] in
+     * tensor/cuda/reduce.cu); inner > 0 unless outer is 0. */
+    void (*max_rows)(nb_tensor *out, nb_tensor *arg, const nb_tensor *rows, int64_t outer,
+                     int64_t inner);
+    /* arg (i64, outer) = index of each row's first maximum, the first NaN
+     * if the row has one (torch.argmax); inner > 0. */
+    void (*argmax_rows)(nb_tensor *arg, const nb_tensor *rows, int64_t outer, int64_t inner);
+    /* gp (outer, inner) contiguous, fully written: g[o] (g contiguous,
+     * outer) at arg[o], 0 elsewhere. */
+    void (*max_rows_backward)(nb_tensor *gp, const nb_tensor *arg, const nb_tensor *g,
+                              int64_t outer, int64_t inner);
+    /* mean (outer) = mean of each row; out (outer) = sum (x - mean)^2 /
+     * denom, NaN when denom <= 0. */
+    void (*var_rows)(nb_tensor *out, nb_tensor *mean, const nb_tensor *rows, int64_t outer,
+                     int64_t inner, double denom);
 
     /* ---- GEMM (tensor/cpu/matmul.h, nb__cuda_matmul) ---- */
     /* Whether the GEMM reads t in place (else the front end copies it). */
@@ -128,7 +178,13 @@ typedef struct nb__backend {
     void (*avg_pool2d)(nb_tensor *out, const nb_tensor *x, const nb__pool2d_geom *g);
     void (*avg_pool2d_backward)(nb_tensor *dx, const nb_tensor *gout, const nb__pool2d_geom *g);
 
-    /* ---- dropout, embedding, losses (contracts: tensor/cuda/cuda.h) ---- */
+    /* ---- random fills, dropout, embedding, losses (contracts:
+     * tensor/cuda/cuda.h) ---- */
+    /* t (contiguous, float) = the uniform or normal stream of generator
+     * (seed, offset) (Note [Random streams] in tensor/random.c); the caller
+     * advances the offset. */
+    void (*rand_uniform)(nb_tensor *t, double low, double high, uint64_t seed, uint64_t offset);
+    void (*rand_normal)(nb_tensor *t, double mean, double std, uint64_t seed, uint64_t offset);
     void (*dropout)(nb_tensor *out, nb_tensor *mask, const nb_tensor *x, double p, uint64_t seed,
                     uint64_t offset);
     /* An index out of range: an abort naming it on the CPU, a deferred

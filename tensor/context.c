@@ -50,7 +50,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tensor/cuda/cuda.h"
+#include "tensor/backend.h"
+#include "tensor/cuda/cuda.h" /* nb__cuda_device_count */
 #include "tensor/internal.h"
 
 #ifdef NB__ASAN
@@ -77,7 +78,8 @@ typedef struct arena {
     block *first, *cur;
     size_t used, peak, reserved;
     int n_blocks;
-    int cuda_device; /* -1: host memory */
+    const nb__backend *be; /* whose memory (meta arenas: the CPU's) */
+    int device;
 } arena;
 
 #define META_BYTES (64 * 1024)
@@ -93,49 +95,49 @@ struct nb_ctx {
 
 static size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
-static void mem_free(int cuda_device, char *mem) {
-    if (cuda_device >= 0) nb__cuda_free(cuda_device, mem);
-    else free(mem);
-}
+/* Host memory is poisoned for ASan while no tensor holds it. */
+static bool host_memory(const arena *a) { return !a->be->device_memory; }
 
-static block *block_new(size_t size, int cuda_device) {
+static block *block_new(size_t size, const arena *a) {
     size = round_up(size, NB_ALIGN);
     block *b = malloc(sizeof *b);
-    char *mem = cuda_device >= 0 ? nb__cuda_malloc(cuda_device, size)
-                                 : aligned_alloc(NB_ALIGN, size);
+    char *mem = a->be->mem_alloc(a->device, size);
     if (!b || !mem) {
         free(b);
-        if (mem) mem_free(cuda_device, mem);
+        if (mem) a->be->mem_free(a->device, mem);
         return NULL;
     }
     b->next = NULL;
     b->mem = mem;
     b->size = size;
     b->used = 0;
-    if (cuda_device < 0) POISON(mem, size);
+    if (host_memory(a)) POISON(mem, size);
     return b;
 }
 
-static void arena_init(arena *a, size_t bytes, int cuda_device) {
+static void arena_init(arena *a, size_t bytes, const nb__backend *be, int device) {
     memset(a, 0, sizeof *a);
-    a->cuda_device = cuda_device;
-    a->first = a->cur = block_new(bytes, cuda_device);
+    a->be = be;
+    a->device = device;
+    a->first = a->cur = block_new(bytes, a);
     NB_CHECK(a->first, "nb_ctx_new: cannot allocate %zu bytes%s%s", bytes,
-             cuda_device >= 0 ? ": " : "", cuda_device >= 0 ? nb_last_error() : "");
+             host_memory(a) ? "" : ": ", host_memory(a) ? "" : nb_last_error());
     a->reserved = a->first->size;
     a->n_blocks = 1;
 }
 
 static void arena_release(arena *a) {
-    int dev = a->cuda_device;
+    const nb__backend *be = a->be;
+    int dev = a->device;
     for (block *b = a->first, *next; b; b = next) {
         next = b->next;
-        if (dev < 0) UNPOISON(b->mem, b->size);
-        mem_free(dev, b->mem);
+        if (host_memory(a)) UNPOISON(b->mem, b->size);
+        be->mem_free(dev, b->mem);
         free(b);
     }
     memset(a, 0, sizeof *a);
-    a->cuda_device = dev;
+    a->be = be;
+    a->device = dev;
 }
 
 static void *arena_alloc(arena *a, size_t bytes, const char *what) {
@@ -143,10 +145,10 @@ static void *arena_alloc(arena *a, size_t bytes, const char *what) {
     block *b = a->cur;
     if (b->used + need > b->size) {
         size_t size = b->size * 2 > need ? b->size * 2 : need;
-        block *nb = block_new(size, a->cuda_device);
+        block *nb = block_new(size, a);
         NB_CHECK(nb, "nb_ctx: out of memory allocating %zu bytes of %s (context holds %zu bytes "
                  "in %d blocks)%s%s", bytes, what, a->reserved, a->n_blocks,
-                 a->cuda_device >= 0 ? ": " : "", a->cuda_device >= 0 ? nb_last_error() : "");
+                 host_memory(a) ? "" : ": ", host_memory(a) ? "" : nb_last_error());
         b->next = nb;
         a->cur = b = nb;
         a->reserved += nb->size;
@@ -156,7 +158,7 @@ static void *arena_alloc(arena *a, size_t bytes, const char *what) {
     b->used += need;
     a->used += need;
     if (a->used > a->peak) a->peak = a->used;
-    if (a->cuda_device < 0) UNPOISON(p, bytes);
+    if (host_memory(a)) UNPOISON(p, bytes);
     return p;
 }
 
@@ -167,10 +169,10 @@ static void arena_reset(arena *a, bool fresh) {
     if (a->n_blocks > 1 || fresh) {
         size_t total = a->reserved, peak = a->peak;
         arena_release(a);
-        arena_init(a, total, a->cuda_device);
+        arena_init(a, total, a->be, a->device);
         a->peak = peak;
     } else {
-        if (a->cuda_device < 0) POISON(a->first->mem, a->first->used);
+        if (host_memory(a)) POISON(a->first->mem, a->first->used);
         a->first->used = 0;
         a->cur = a->first;
         a->used = 0;
@@ -178,7 +180,6 @@ static void arena_reset(arena *a, bool fresh) {
 }
 
 nb_ctx *nb_ctx_new(nb_device device, size_t initial_bytes) {
-    int cuda = -1;
     if (device.type == NB_DEVICE_CUDA) {
         NB_CHECK(NABLA_HAVE_CUDA, "nb_ctx_new: device %s: nabla was built without CUDA",
                  nb_device_name(device));
@@ -186,7 +187,6 @@ nb_ctx *nb_ctx_new(nb_device device, size_t initial_bytes) {
         NB_CHECK(device.index >= 0 && device.index < n,
                  "nb_ctx_new: device %s does not exist (%d CUDA device%s visible)",
                  nb_device_name(device), n, n == 1 ? "" : "s");
-        cuda = device.index;
     } else {
         NB_CHECK(device.type == NB_DEVICE_CPU, "nb_ctx_new: unknown device type %d",
                  (int)device.type);
@@ -195,9 +195,10 @@ nb_ctx *nb_ctx_new(nb_device device, size_t initial_bytes) {
     NB_CHECK(ctx, "nb_ctx_new: out of memory");
     ctx->device = device;
     ctx->compute_dtype = NB_F32;
-    arena_init(&ctx->data, initial_bytes ? initial_bytes : NB_DEFAULT_BYTES, cuda);
-    arena_init(&ctx->meta[0], META_BYTES, -1);
-    ctx->meta[1].cuda_device = -1;
+    arena_init(&ctx->data, initial_bytes ? initial_bytes : NB_DEFAULT_BYTES,
+               nb__backend_of(device), device.index);
+    arena_init(&ctx->meta[0], META_BYTES, &nb__cpu_backend, 0);
+    ctx->meta[1].be = &nb__cpu_backend;
     return ctx;
 }
 
@@ -205,7 +206,7 @@ void nb_ctx_set_compute_dtype(nb_ctx *ctx, nb_dtype dtype) {
     NB_CHECK(dtype == NB_F32 || dtype == NB_BF16 || dtype == NB_F16,
              "nb_ctx_set_compute_dtype: %s is not a compute dtype (f32, bf16 or f16)",
              nb_dtype_name(dtype));
-    NB_CHECK(dtype == NB_F32 || ctx->device.type == NB_DEVICE_CUDA,
+    NB_CHECK(dtype == NB_F32 || nb__backend_of(ctx->device)->half_compute,
              "nb_ctx_set_compute_dtype: %s compute needs a CUDA context; this one is on %s",
              nb_dtype_name(dtype), nb_device_name(ctx->device));
     ctx->compute_dtype = dtype;
@@ -227,7 +228,7 @@ void nb_ctx_reset(nb_ctx *ctx) {
     arena_reset(&ctx->data, false);
     arena *m = &ctx->meta[ctx->head.gen & 1];
     if (m->first) arena_reset(m, FRESH_META);
-    else arena_init(m, META_BYTES, -1);
+    else arena_init(m, META_BYTES, &nb__cpu_backend, 0);
     ctx->tape = NULL;
 }
 
@@ -269,8 +270,7 @@ size_t nb_ctx_reserved(const nb_ctx *ctx) { return ctx->data.reserved; }
 void *nb_ctx_alloc(nb_ctx *ctx, size_t bytes, int zero) {
     void *p = arena_alloc(&ctx->data, bytes, "tensor data");
     if (zero) {
-        if (ctx->data.cuda_device >= 0) nb__cuda_memset(ctx->data.cuda_device, p, 0, bytes);
-        else memset(p, 0, bytes);
+        ctx->data.be->memset(ctx->data.device, p, 0, bytes);
     }
     return p;
 }

@@ -1,5 +1,6 @@
 /* Elementwise ops: front ends (checks, broadcasting, dispatch) and their
  * backward functions. The CPU kernels are in tensor/cpu/elementwise.c. */
+#include "tensor/backend.h"
 #include "tensor/internal.h"
 
 /* ---- names, from the tables (Note [Op tables] in tensor/op_table.h) ---- */
@@ -25,7 +26,7 @@ static nb_tensor *binary(nb_ctx *ctx, const char *name, nb__binary_op op, nb_ten
                          nb_tensor *b, nb_backward_fn bw) {
     nb__check_ctx(name, ctx, a);
     nb__check_same_dtype(name, a, b);
-    NB_CHECK(nb__is_cuda(a) || (a->dtype != NB_BF16 && a->dtype != NB_F16),
+    NB_CHECK((a->dtype != NB_BF16 && a->dtype != NB_F16) || nb__backend_at(a)->half_compute,
              "%s: dtype %s is a storage type on the CPU; nb_cast to f32 first (shapes %s, %s)", name,
              nb_dtype_name(a->dtype), nb_shape_str(a), nb_shape_str(b));
     int64_t shape[NB_MAX_DIMS];
@@ -126,9 +127,9 @@ static void relu_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) { grad_times_un
 static void gelu_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) { grad_times_unary_of_input(ctx, n, g, NB_U_GELU_GRAD, 0); }
 static void gelu_tanh_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) {
     nb_tensor *x = n->in[0];
-    if (!nb__is_cuda(x) && x->dtype == NB_F32 && nb_is_contiguous(x) && nb_is_contiguous(g)) {
-        nb_tensor *dx = nb__empty(ctx, x->dtype, x->ndim, x->shape); /* one pass, not two */
-        nb__cpu_gelu_tanh_backward(dx, g, x);
+    if (x->dtype == NB_F32 && nb_is_contiguous(x) && nb_is_contiguous(g)) {
+        nb_tensor *dx = nb__empty(ctx, x->dtype, x->ndim, x->shape); /* one pass on the CPU */
+        nb__backend_at(x)->gelu_tanh_backward(dx, g, x);
         nb__accum_grad(ctx, x, dx);
         return;
     }

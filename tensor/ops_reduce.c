@@ -2,13 +2,13 @@
  *
  * The front end moves the reduced axes last (a permuted view made
  * contiguous), so every kernel reduces rows of `inner` consecutive
- * elements; f32 rows accumulate in double. */
+ * elements: the backend's row reductions (tensor/backend.h; the CPU's in
+ * tensor/cpu/reduce.c). */
 #include <math.h>
 #include <string.h>
 
 #include "nabla/autograd.h"
 #include "tensor/backend.h"
-#include "tensor/cuda/cuda.h"
 #include "tensor/internal.h"
 
 typedef struct plan {
@@ -81,32 +81,6 @@ static plan *save_plan(nb_ctx *ctx, nb_node *n, const plan *p) {
 }
 
 /* ---- sum and mean ---- */
-#define ROW_LOOP(T, P, ...)                                                       \
-    do {                                                                          \
-        const T *src = rows->data;                                                \
-        T *dst = out->data;                                                       \
-        for (int64_t o = 0; o < (P)->outer; o++) {                                \
-            const T *r = src + o * (P)->inner;                                    \
-            __VA_ARGS__                                                           \
-        }                                                                         \
-    } while (0)
-
-static void sum_kernel(nb_tensor *out, const nb_tensor *rows, const plan *p, double scale) {
-    if (nb__is_cuda(out)) nb__cuda_sum_rows(out, rows, p->outer, p->inner, scale);
-    else if (out->dtype == NB_F32)
-        ROW_LOOP(float, p, {
-            double acc = 0;
-            for (int64_t i = 0; i < p->inner; i++) acc += r[i];
-            dst[o] = (float)(acc * scale);
-        });
-    else
-        ROW_LOOP(double, p, {
-            double acc = 0;
-            for (int64_t i = 0; i < p->inner; i++) acc += r[i];
-            dst[o] = acc * scale;
-        });
-}
-
 static void sum_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) {
     nb_tensor *x = n->in[0];
     const plan *p = n->extra;
@@ -124,7 +98,7 @@ static nb_tensor *sum_impl(nb_ctx *ctx, const char *op, nb_tensor *x, int naxes,
     double scale = mean ? (p.inner > 0 ? 1.0 / (double)p.inner : NAN) : 1.0;
     nb_tensor *rows = rows_of(ctx, x, &p);
     nb_tensor *out = nb__empty(ctx, x->dtype, p.out_ndim, p.out_shape);
-    sum_kernel(out, rows, &p, scale);
+    nb__backend_at(out)->sum_rows(out, rows, p.outer, p.inner, scale);
     nb_node *n = nb__record(ctx, op, sum_backward, out, 1, &x);
     if (n) {
         save_plan(ctx, n, &p);
@@ -146,22 +120,12 @@ nb_tensor *nb_mean_all(nb_ctx *ctx, nb_tensor *x) { return nb_mean(ctx, x, 0, NU
 static void max_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) {
     nb_tensor *x = n->in[0];
     const plan *p = n->extra;
-    const int64_t *arg = n->saved[0]->data;
     int64_t pshape[NB_MAX_DIMS], pstrides[NB_MAX_DIMS], strides[NB_MAX_DIMS];
     for (int d = 0; d < x->ndim; d++) pshape[d] = x->shape[p->perm[d]];
     nb__contig_strides(x->ndim, pshape, pstrides);
     nb_tensor *gc = nb__contig(ctx, g);
-    nb_tensor *gp;
-    if (nb__is_cuda(x)) {
-        gp = nb__empty(ctx, x->dtype, x->ndim, pshape);
-        nb__cuda_max_rows_backward(gp, n->saved[0], gc, p->outer, p->inner);
-    } else {
-        gp = nb_zeros(ctx, x->dtype, x->ndim, pshape);
-    }
-    for (int64_t o = 0; !nb__is_cuda(x) && o < p->outer; o++) {
-        double v = nb__load((char *)gc->data + o * (int64_t)nb_dtype_size(g->dtype), g->dtype);
-        nb__store((char *)gp->data + (o * p->inner + arg[o]) * (int64_t)nb_dtype_size(x->dtype), x->dtype, v);
-    }
+    nb_tensor *gp = nb__empty(ctx, x->dtype, x->ndim, pshape);
+    nb__backend_at(x)->max_rows_backward(gp, n->saved[0], gc, p->outer, p->inner);
     for (int d = 0; d < x->ndim; d++) strides[p->perm[d]] = pstrides[d];
     nb__accum_grad(ctx, x, nb__view(ctx, gp, x->ndim, x->shape, strides, gp->data));
 }
@@ -176,21 +140,7 @@ nb_tensor *nb_max(nb_ctx *ctx, nb_tensor *x, int naxes, const int *axes, bool ke
     nb_tensor *rows = rows_of(ctx, x, &p);
     nb_tensor *out = nb__empty(ctx, x->dtype, p.out_ndim, p.out_shape);
     nb_tensor *arg = nb__empty(ctx, NB_I64, 1, &p.outer);
-    int64_t *a = arg->data;
-    if (nb__is_cuda(x)) nb__cuda_max_rows(out, arg, rows, p.outer, p.inner);
-    const plan *pp = &p;
-#define MAX_BODY(T)                                                               \
-    ROW_LOOP(T, pp, {                                                                 \
-        int64_t best = 0;                                                         \
-        for (int64_t i = 1; i < pp->inner; i++)                                   \
-            if (r[i] > r[best] || (isnan(r[i]) && !isnan(r[best]))) best = i;     \
-        a[o] = best;                                                              \
-        dst[o] = r[best];                                                         \
-    })
-    if (nb__is_cuda(x)) (void)a;
-    else if (x->dtype == NB_F32) MAX_BODY(float);
-    else MAX_BODY(double);
-#undef MAX_BODY
+    nb__backend_at(x)->max_rows(out, arg, rows, p.outer, p.inner);
     nb_node *n = nb__record(ctx, op, max_backward, out, 1, &x);
     if (n) {
         save_plan(ctx, n, &p);
@@ -222,23 +172,7 @@ nb_tensor *nb_var(nb_ctx *ctx, nb_tensor *x, int naxes, const int *axes, int cor
     nb_tensor *out = nb__empty(ctx, x->dtype, p.out_ndim, p.out_shape);
     nb_tensor *mean = nb__empty(ctx, x->dtype, x->ndim, p.keep_shape);
     double denom = (double)(p.inner - correction);
-    const plan *pp = &p;
-#define VAR_BODY(T)                                                               \
-    do {                                                                          \
-        T *m = mean->data;                                                        \
-        ROW_LOOP(T, pp, {                                                             \
-            double s = 0, ss = 0;                                                 \
-            for (int64_t i = 0; i < pp->inner; i++) s += r[i];                    \
-            double mu = s / (double)pp->inner;                                    \
-            for (int64_t i = 0; i < pp->inner; i++) ss += (r[i] - mu) * (r[i] - mu); \
-            m[o] = (T)mu;                                                         \
-            dst[o] = (T)(denom > 0 ? ss / denom : NAN);                           \
-        });                                                                       \
-    } while (0)
-    if (nb__is_cuda(x)) nb__cuda_var_rows(out, mean, rows, p.outer, p.inner, denom);
-    else if (x->dtype == NB_F32) VAR_BODY(float);
-    else VAR_BODY(double);
-#undef VAR_BODY
+    nb__backend_at(x)->var_rows(out, mean, rows, p.outer, p.inner, denom);
     nb_node *n = nb__record(ctx, op, var_backward, out, 1, &x);
     if (n) {
         save_plan(ctx, n, &p);
@@ -255,24 +189,6 @@ nb_tensor *nb_var(nb_ctx *ctx, nb_tensor *x, int naxes, const int *axes, int cor
  * output is i64 and the tape gets nothing, not even a node for the copy
  * that lays the rows out (evaluation code calls this on logits that
  * require grad, once per batch). */
-#define ARGMAX_ROWS(T)                                                            \
-    do {                                                                          \
-        const T *src = rows->data;                                                \
-        for (int64_t o = 0; o < outer; o++) {                                     \
-            const T *r = src + o * inner;                                         \
-            int64_t best = 0;                                                     \
-            for (int64_t i = 1; i < inner && !isnan(r[best]); i++)                \
-                if (r[i] > r[best] || isnan(r[i])) best = i;                      \
-            arg[o] = best;                                                        \
-        }                                                                         \
-    } while (0)
-
-static void argmax_rows(int64_t *arg, const nb_tensor *rows, int64_t outer, int64_t inner) {
-    if (rows->dtype == NB_F32) ARGMAX_ROWS(float);
-    else ARGMAX_ROWS(double);
-}
-#undef ARGMAX_ROWS
-
 nb_tensor *nb_argmax(nb_ctx *ctx, nb_tensor *x, int dim, bool keepdim) {
     const char *op = "nb_argmax";
     nb__check_ctx(op, ctx, x);
@@ -286,8 +202,7 @@ nb_tensor *nb_argmax(nb_ctx *ctx, nb_tensor *x, int dim, bool keepdim) {
     nb_no_grad_end(prev);
     nb_tensor *out = nb__empty(ctx, NB_I64, p.out_ndim, p.out_shape);
     if (p.outer == 0) return out;
-    if (nb__is_cuda(x)) nb__cuda_argmax_rows(out, rows, p.outer, p.inner);
-    else argmax_rows(out->data, rows, p.outer, p.inner);
+    nb__backend_at(x)->argmax_rows(out, rows, p.outer, p.inner);
     return out;
 }
 

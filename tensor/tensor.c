@@ -5,7 +5,6 @@
 #include <string.h>
 
 #include "tensor/backend.h"
-#include "tensor/cuda/cuda.h"
 #include "tensor/internal.h"
 
 /* ---- facts ---- */
@@ -66,7 +65,7 @@ int nb_normalize_dim(const char *op, int dim, int ndim) {
 /* ---- checks ---- */
 void nb__check_float(const char *op, const nb_tensor *t) {
     nb__check_live(op, t);
-    if (nb__is_cuda(t) && (t->dtype == NB_BF16 || t->dtype == NB_F16)) return;
+    if ((t->dtype == NB_BF16 || t->dtype == NB_F16) && nb__backend_at(t)->half_compute) return;
     NB_CHECK(t->dtype == NB_F32 || t->dtype == NB_F64,
              "%s: dtype %s is not supported here (need f32 or f64%s), tensor of shape %s", op,
              nb_dtype_name(t->dtype),
@@ -179,7 +178,7 @@ nb_tensor *nb__empty(nb_ctx *ctx, nb_dtype dtype, int ndim, const int64_t *shape
     t->gen = nb__ctx_gen(ctx);
     size_t bytes = (size_t)nb__numel_shape(ndim, shape) * nb_dtype_size(dtype);
     t->data = nb_ctx_alloc(ctx, bytes, 0);
-    if (nb__is_cuda(t) && nb__cuda_poison()) nb__cuda_memset(t->device.index, t->data, 0xff, bytes);
+    nb__backend_at(t)->poison(t->device.index, t->data, bytes);
     return t;
 }
 
@@ -200,11 +199,11 @@ void nb__run_where(nb_tensor *out, const nb_tensor *cond, const nb_tensor *a, co
  * copy in dst's dtype. */
 static void copy_across(nb_tensor *dst, const nb_tensor *src);
 
+/* On one device, or from a host 0-d tensor (a fill): dst's backend. */
 void nb__run_copy(nb_tensor *dst, const nb_tensor *src) {
-    bool dc = nb__is_cuda(dst), sc = nb__is_cuda(src);
-    bool same = nb_device_eq(dst->device, src->device);
-    if (dc && ((sc && same) || (!sc && src->ndim == 0))) nb__cuda_copy(dst, src); /* CPU 0-d: a fill */
-    else if (!dc && !sc) nb__cpu_copy(dst, src);
+    if (nb_device_eq(dst->device, src->device) ||
+        (src->ndim == 0 && !nb__backend_at(src)->device_memory))
+        nb__backend_at(dst)->copy(dst, src);
     else copy_across(dst, src);
 }
 
@@ -238,8 +237,7 @@ nb_tensor *nb_full(nb_ctx *ctx, nb_dtype dtype, int ndim, const int64_t *shape, 
 nb_tensor *nb_zeros(nb_ctx *ctx, nb_dtype dtype, int ndim, const int64_t *shape) {
     nb_tensor *t = nb__empty(ctx, dtype, ndim, shape);
     size_t bytes = (size_t)nb_numel(t) * nb_dtype_size(dtype);
-    if (nb__is_cuda(t)) nb__cuda_memset(t->device.index, t->data, 0, bytes);
-    else memset(t->data, 0, bytes);
+    if (bytes) nb__backend_at(t)->memset(t->device.index, t->data, 0, bytes);
     return t;
 }
 
@@ -268,11 +266,12 @@ nb_tensor *nb_arange(nb_ctx *ctx, nb_dtype dtype, double start, double stop, dou
     int64_t n = count > 0 ? (int64_t)count : 0;
     nb_tensor *t = nb__empty(ctx, dtype, 1, &n);
     size_t sz = nb_dtype_size(dtype);
-    char *host = nb__is_cuda(t) ? malloc((size_t)n * sz + 1) : t->data;
+    const nb__backend *be = nb__backend_at(t);
+    char *host = be->device_memory ? malloc((size_t)n * sz + 1) : t->data;
     NB_CHECK(host, "nb_arange: out of host memory for %lld elements", (long long)n);
     for (int64_t i = 0; i < n; i++) nb__store(host + i * (int64_t)sz, dtype, start + (double)i * step);
     if (host != t->data) {
-        nb__cuda_memcpy_h2d(t->device.index, t->data, host, (size_t)n * sz);
+        be->memcpy_h2d(t->device.index, t->data, host, (size_t)n * sz);
         free(host);
     }
     return t;
@@ -283,55 +282,19 @@ nb_tensor *nb_from_host(nb_ctx *ctx, nb_dtype dtype, int ndim, const int64_t *sh
     nb_tensor *t = nb__empty(ctx, dtype, ndim, shape);
     size_t bytes = (size_t)nb_numel(t) * nb_dtype_size(dtype);
     NB_CHECK(src || bytes == 0, "nb_from_host: NULL source for shape %s", nb_shape_str(t));
-    if (nb__is_cuda(t)) nb__cuda_memcpy_h2d(t->device.index, t->data, src, bytes);
-    else if (bytes) memcpy(t->data, src, bytes);
+    if (bytes) nb__backend_at(t)->memcpy_h2d(t->device.index, t->data, src, bytes);
     return t;
 }
 
-/* Note [Random streams] in tensor/random.c defines these mappings. */
-static void fill_uniform(nb_tensor *t, double low, double high, nb_rng *rng) {
-    int64_t n = nb_numel(t);
-    size_t sz = nb_dtype_size(t->dtype);
-    uint32_t r[4];
-    for (int64_t i = 0; i < n; i++) {
-        if ((i & 3) == 0) nb_philox4x32(rng->seed, rng->offset + (uint64_t)(i >> 2), r);
-        double u = nb_u32_to_unit(r[i & 3]);
-        nb__store((char *)t->data + i * (int64_t)sz, t->dtype, low + (high - low) * u);
-    }
-    rng->offset += (uint64_t)((n + 3) / 4);
-}
-
-static void fill_normal(nb_tensor *t, double mean, double std, nb_rng *rng) {
-    int64_t n = nb_numel(t);
-    size_t sz = nb_dtype_size(t->dtype);
-    uint32_t r[4];
-    double radius = 0, theta = 0;
-    for (int64_t i = 0; i < n; i++) {
-        if ((i & 1) == 0) {
-            nb_philox4x32(rng->seed, rng->offset + (uint64_t)(i >> 1), r);
-            double u1 = ((double)r[0] + 1.0) * (1.0 / 4294967296.0);
-            double u2 = (double)r[1] * (1.0 / 4294967296.0);
-            radius = sqrt(-2.0 * log(u1));
-            theta = 6.283185307179586 * u2; /* 2 pi */
-        }
-        double z = (i & 1) ? radius * sin(theta) : radius * cos(theta);
-        nb__store((char *)t->data + i * (int64_t)sz, t->dtype, mean + std * z);
-    }
-    rng->offset += (uint64_t)((n + 1) / 2);
-}
-
+/* Note [Random streams] in tensor/random.c defines the streams. */
 nb_tensor *nb_rand_uniform(nb_ctx *ctx, nb_dtype dtype, int ndim, const int64_t *shape,
                            double low, double high, nb_rng *rng) {
     NB_CHECK(nb_dtype_is_float(dtype), "nb_rand_uniform: dtype %s is not a float type",
              nb_dtype_name(dtype));
     nb_tensor *t = nb__empty(ctx, dtype, ndim, shape);
     if (!rng) rng = nb_rng_default();
-    if (nb__is_cuda(t)) {
-        nb__cuda_rand_uniform(t, low, high, rng->seed, rng->offset);
-        rng->offset += (uint64_t)((nb_numel(t) + 3) / 4);
-    } else {
-        fill_uniform(t, low, high, rng);
-    }
+    nb__backend_at(t)->rand_uniform(t, low, high, rng->seed, rng->offset);
+    rng->offset += (uint64_t)((nb_numel(t) + 3) / 4);
     return t;
 }
 
@@ -341,12 +304,8 @@ nb_tensor *nb_rand_normal(nb_ctx *ctx, nb_dtype dtype, int ndim, const int64_t *
              nb_dtype_name(dtype));
     nb_tensor *t = nb__empty(ctx, dtype, ndim, shape);
     if (!rng) rng = nb_rng_default();
-    if (nb__is_cuda(t)) {
-        nb__cuda_rand_normal(t, mean, std, rng->seed, rng->offset);
-        rng->offset += (uint64_t)((nb_numel(t) + 1) / 2);
-    } else {
-        fill_normal(t, mean, std, rng);
-    }
+    nb__backend_at(t)->rand_normal(t, mean, std, rng->seed, rng->offset);
+    rng->offset += (uint64_t)((nb_numel(t) + 1) / 2);
     return t;
 }
 
@@ -362,78 +321,82 @@ static nb_tensor host_view(const nb_tensor *t, nb_dtype dtype, void *dst) {
     return d;
 }
 
-/* Device tensor t, contiguous in its own dtype, into host memory dst
- * (waits for the device). */
-static void device_to_host(const nb_tensor *t, void *dst) {
+/* t (in device memory, any strides), contiguous in its own dtype, into
+ * host memory dst (waits for the device). */
+static void read_raw(const nb__backend *be, const nb_tensor *t, void *dst) {
     size_t bytes = (size_t)nb_numel(t) * nb_dtype_size(t->dtype);
     if (nb_is_contiguous(t)) {
-        nb__cuda_memcpy_d2h(t->device.index, dst, t->data, bytes);
+        be->memcpy_d2h(t->device.index, dst, t->data, bytes);
         return;
     }
     nb_ctx *tmp = nb_ctx_new(t->device, bytes + 64);
     nb_tensor *c = nb__empty(tmp, t->dtype, t->ndim, t->shape);
-    nb__cuda_copy(c, t);
-    nb__cuda_memcpy_d2h(t->device.index, dst, c->data, bytes);
+    be->copy(c, t);
+    be->memcpy_d2h(t->device.index, dst, c->data, bytes);
+    nb_ctx_free(tmp);
+}
+
+/* h (a host view) = t (any device) broadcast to h's shape, in h's dtype. */
+static void read_into(const char *op, nb_tensor *h, const nb_tensor *t) {
+    const nb__backend *be = nb__backend_at(t);
+    if (!be->device_memory) {
+        nb__cpu_copy(h, t);
+        return;
+    }
+    if (h->dtype == t->dtype && nb_same_shape(h, t)) {
+        read_raw(be, t, h->data);
+        return;
+    }
+    size_t bytes = (size_t)nb_numel(t) * nb_dtype_size(t->dtype);
+    void *raw = malloc(bytes ? bytes : 1);
+    NB_CHECK(raw, "%s: out of host memory staging %zu bytes", op, bytes);
+    read_raw(be, t, raw);
+    nb_tensor r = host_view(t, t->dtype, raw);
+    nb__cpu_copy(h, &r);
+    free(raw);
+}
+
+/* t (any device and strides) = h (a host view of t's shape and dtype). */
+static void write_from(nb_tensor *t, const nb_tensor *h) {
+    const nb__backend *be = nb__backend_at(t);
+    if (!be->device_memory) {
+        nb__cpu_copy(t, h);
+        return;
+    }
+    size_t bytes = (size_t)nb_numel(t) * nb_dtype_size(t->dtype);
+    if (nb_is_contiguous(t)) {
+        be->memcpy_h2d(t->device.index, t->data, h->data, bytes);
+        return;
+    }
+    nb_ctx *tmp = nb_ctx_new(t->device, bytes + 64);
+    nb_tensor *c = nb__empty(tmp, t->dtype, t->ndim, t->shape);
+    be->memcpy_h2d(t->device.index, c->data, h->data, bytes);
+    be->copy(t, c);
+    be->sync(t->device.index); /* before tmp's memory goes */
     nb_ctx_free(tmp);
 }
 
 static void copy_across(nb_tensor *dst, const nb_tensor *src) {
-    int64_t n = nb_numel(dst);
-    size_t bytes = (size_t)n * nb_dtype_size(dst->dtype);
+    size_t bytes = (size_t)nb_numel(dst) * nb_dtype_size(dst->dtype);
     void *host = malloc(bytes ? bytes : 1);
     NB_CHECK(host, "nb_copy_: out of host memory staging %zu bytes (%s to %s)", bytes,
              nb_device_name(src->device), nb_device_name(dst->device));
     nb_tensor h = host_view(dst, dst->dtype, host);
-    if (nb__is_cuda(src)) { /* device -> host */
-        size_t sbytes = (size_t)nb_numel(src) * nb_dtype_size(src->dtype);
-        void *raw = malloc(sbytes ? sbytes : 1);
-        NB_CHECK(raw, "nb_copy_: out of host memory staging %zu bytes", sbytes);
-        device_to_host(src, raw);
-        nb_tensor r = host_view(src, src->dtype, raw);
-        nb__cpu_copy(&h, &r);
-        free(raw);
-    } else {
-        nb__cpu_copy(&h, src);
-    }
-    if (!nb__is_cuda(dst)) {
-        nb__cpu_copy(dst, &h);
-    } else if (nb_is_contiguous(dst)) { /* host -> device */
-        nb__cuda_memcpy_h2d(dst->device.index, dst->data, host, bytes);
-    } else {
-        nb_ctx *tmp = nb_ctx_new(dst->device, bytes + 64);
-        nb_tensor *c = nb__empty(tmp, dst->dtype, dst->ndim, dst->shape);
-        nb__cuda_memcpy_h2d(dst->device.index, c->data, host, bytes);
-        nb__cuda_copy(dst, c);
-        nb__cuda_sync(dst->device.index); /* before tmp's memory goes */
-        nb_ctx_free(tmp);
-    }
+    read_into("nb_copy_", &h, src);
+    write_from(dst, &h);
     free(host);
 }
 
 void nb_to_host(const nb_tensor *t, void *dst) {
     nb__check_live("nb_to_host", t);
-    if (nb__is_cuda(t)) {
-        device_to_host(t, dst);
-        return;
-    }
     nb_tensor d = host_view(t, t->dtype, dst);
-    nb__cpu_copy(&d, t);
+    read_into("nb_to_host", &d, t);
 }
 
 void nb_to_host_f64(const nb_tensor *t, double *dst) {
     nb__check_live("nb_to_host_f64", t);
     nb_tensor d = host_view(t, NB_F64, dst);
-    if (nb__is_cuda(t)) {
-        size_t bytes = (size_t)nb_numel(t) * nb_dtype_size(t->dtype);
-        void *raw = malloc(bytes ? bytes : 1);
-        NB_CHECK(raw, "nb_to_host_f64: out of host memory for %zu bytes", bytes);
-        device_to_host(t, raw);
-        nb_tensor r = host_view(t, t->dtype, raw);
-        nb__cpu_copy(&d, &r);
-        free(raw);
-        return;
-    }
-    nb__cpu_copy(&d, t);
+    read_into("nb_to_host_f64", &d, t);
 }
 
 static char *element_ptr(const char *op, const nb_tensor *t, const int64_t *index) {
@@ -448,13 +411,9 @@ static char *element_ptr(const char *op, const nb_tensor *t, const int64_t *inde
 }
 
 static double get(const char *op, const nb_tensor *t, const int64_t *index) {
-    char *p = element_ptr(op, t, index);
-    if (nb__is_cuda(t)) {
-        char buf[8];
-        nb__cuda_memcpy_d2h(t->device.index, buf, p, nb_dtype_size(t->dtype));
-        return nb__load(buf, t->dtype);
-    }
-    return nb__load(p, t->dtype);
+    char *p = element_ptr(op, t, index), buf[8];
+    nb__backend_at(t)->memcpy_d2h(t->device.index, buf, p, nb_dtype_size(t->dtype));
+    return nb__load(buf, t->dtype);
 }
 
 double nb_get(const nb_tensor *t, const int64_t *index) {
@@ -464,14 +423,9 @@ double nb_get(const nb_tensor *t, const int64_t *index) {
 
 void nb_set(nb_tensor *t, const int64_t *index, double value) {
     nb__check_live("nb_set", t);
-    char *p = element_ptr("nb_set", t, index);
-    if (nb__is_cuda(t)) {
-        char buf[8];
-        nb__store(buf, t->dtype, value);
-        nb__cuda_memcpy_h2d(t->device.index, p, buf, nb_dtype_size(t->dtype));
-        return;
-    }
-    nb__store(p, t->dtype, value);
+    char *p = element_ptr("nb_set", t, index), buf[8];
+    nb__store(buf, t->dtype, value);
+    nb__backend_at(t)->memcpy_h2d(t->device.index, p, buf, nb_dtype_size(t->dtype));
 }
 
 double nb_item(const nb_tensor *t) {
@@ -487,12 +441,11 @@ void nb_fill_(nb_tensor *t, double value) {
     nb__check_live("nb_fill_", t);
     nb_tensor s = {0};
     s.dtype = t->dtype;
-    s.device = nb_cpu(); /* buf is host memory: nb__cuda_copy fills from a CPU source */
+    s.device = nb_cpu(); /* buf is host memory: the copy entry's fill */
     char buf[8];
     nb__store(buf, t->dtype, value);
     s.data = buf;
-    if (nb__is_cuda(t)) nb__cuda_copy(t, &s); /* a host 0-d source: a fill */
-    else nb__cpu_copy(t, &s);
+    nb__backend_at(t)->copy(t, &s);
 }
 
 void nb_copy_(nb_tensor *dst, const nb_tensor *src) {
@@ -510,28 +463,7 @@ void nb_axpy_(nb_tensor *y, double alpha, const nb_tensor *x) {
              nb_shape_str(x));
     nb__check_same_dtype("nb_axpy_", y, x);
     nb__check_float("nb_axpy_", y);
-    if (nb__is_cuda(y)) {
-        nb__cuda_axpy(y, alpha, x);
-        return;
-    }
-    int64_t n = nb_numel(y);
-    if (nb_is_contiguous(y) && nb_is_contiguous(x)) {
-        if (y->dtype == NB_F32) {
-            float *py = y->data, a = (float)alpha;
-            const float *px = x->data;
-            for (int64_t i = 0; i < n; i++) py[i] += a * px[i];
-        } else {
-            double *py = y->data;
-            const double *px = x->data;
-            for (int64_t i = 0; i < n; i++) py[i] += alpha * px[i];
-        }
-        return;
-    }
-    nb_ctx *tmp = nb_ctx_new(nb_cpu(), (size_t)n * nb_dtype_size(x->dtype) + 4096);
-    nb_tensor *sx = nb__empty(tmp, x->dtype, x->ndim, x->shape);
-    nb__run_unary(NB_U_MUL_S, sx, x, alpha);
-    nb__run_binary(NB_B_ADD, y, y, sx);
-    nb_ctx_free(tmp);
+    nb__backend_at(y)->axpy(y, alpha, x);
 }
 
 void nb_scale_(nb_tensor *t, double alpha) {

@@ -4,6 +4,7 @@
  * to a zero tensor of the input's shape. */
 #include <string.h>
 
+#include "tensor/backend.h"
 #include "tensor/internal.h"
 
 /* ---- copies ---- */
@@ -46,7 +47,7 @@ static void to_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) {
     nb__run_copy(gx, g);
     nb__accum_grad(dst, x, gx);
     if (tmp) {
-        if (nb__is_cuda(x)) nb_cuda_synchronize(x->device); /* before its memory goes */
+        nb__backend_at(x)->sync(x->device.index); /* before its memory goes */
         nb_ctx_free(tmp);
     }
 }
@@ -200,13 +201,14 @@ static nb_tensor *same_slice(nb_ctx *ctx, nb_node *n, nb_tensor *t) {
     return nb_select(ctx, t, (int)n->i[1], n->i[2]);
 }
 
-/* A non-leaf CPU input (the qkv of attention, split in three) gets g added
+/* A non-leaf input (the qkv of attention, split in three) gets g added
  * into the slice of its own gradient buffer, so its pieces share one
- * buffer instead of a zero-padded copy each that is then summed. */
+ * buffer instead of a zero-padded copy each that is then summed: where
+ * the elementwise engine writes strided outputs (the CPU). */
 static void slice_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) {
     nb_tensor *x = n->in[0];
     if (!x->requires_grad) return;
-    if (x->node && !nb__is_cuda(x) && g->dtype == x->dtype) {
+    if (x->node && nb__backend_at(x)->strided_elementwise_out && g->dtype == x->dtype) {
         nb_tensor *v = same_slice(ctx, n, nb__grad_to_update(ctx, x));
         nb__run_binary(NB_B_ADD, v, v, g);
         return;

@@ -38,6 +38,12 @@ static void assert_complete(const nb__backend *be) {
         (const void *)be->all_finite, (const void *)be->channel_stats,
         (const void *)be->channel_finalize, (const void *)be->channel_normalize,
         (const void *)be->channel_backward_sums, (const void *)be->channel_backward_dx,
+        (const void *)be->mem_alloc, (const void *)be->mem_free, (const void *)be->poison,
+        (const void *)be->memcpy_h2d, (const void *)be->memcpy_d2h, (const void *)be->copy,
+        (const void *)be->axpy, (const void *)be->sum_rows, (const void *)be->max_rows,
+        (const void *)be->argmax_rows, (const void *)be->max_rows_backward,
+        (const void *)be->var_rows, (const void *)be->rand_uniform,
+        (const void *)be->rand_normal,
     };
     for (size_t i = 0; i < sizeof entries / sizeof entries[0]; i++)
         ck_assert_msg(entries[i] != NULL, "%s backend: entry %zu is empty", be->name, i);
@@ -47,10 +53,12 @@ START_TEST(test_tables_complete) {
     assert_complete(&nb__cpu_backend);
     ck_assert_str_eq(nb__cpu_backend.name, "cpu");
     ck_assert(!nb__cpu_backend.device_memory);
+    ck_assert(nb__cpu_backend.strided_elementwise_out && !nb__cpu_backend.half_compute);
 #if NABLA_HAVE_CUDA
     assert_complete(&nb__cuda_backend);
     ck_assert_str_eq(nb__cuda_backend.name, "cuda");
     ck_assert(nb__cuda_backend.device_memory);
+    ck_assert(!nb__cuda_backend.strided_elementwise_out && nb__cuda_backend.half_compute);
 #endif
 }
 END_TEST
@@ -328,6 +336,60 @@ START_TEST(test_channel_steps) {
 }
 END_TEST
 
+/* ---- row reductions: the CPU entries' contract (in order, f32 in f64) ----
+ * Values of mixed magnitude make the summation order visible: a pairwise
+ * or f32 accumulation gives other bits than the sequential f64 sum here. */
+START_TEST(test_cpu_row_reductions) {
+    enum { OUTER = 3, INNER = 1001 };
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    int64_t shape[2] = {OUTER, INNER}, outer = OUTER;
+    nb_tensor *rows = nb_empty(ctx, NB_F32, 2, shape);
+    float *r = rows->data;
+    for (int i = 0; i < OUTER * INNER; i++)
+        r[i] = (float)((i % 7 == 0 ? 1e7 : 1.0) * sin(0.37 * i + 1.0));
+    r[1 * INNER + 17] = r[1 * INNER + 500] = NAN; /* row 1: the first NaN */
+    r[2 * INNER + 3] = r[2 * INNER + 900] = 1e9f; /* row 2: the first of equal maxima */
+    nb_tensor *sum = nb_empty(ctx, NB_F32, 1, &outer), *mx = nb_empty(ctx, NB_F32, 1, &outer);
+    nb_tensor *var = nb_empty(ctx, NB_F32, 1, &outer), *mean = nb_empty(ctx, NB_F32, 1, &outer);
+    nb_tensor *arg = nb_empty(ctx, NB_I64, 1, &outer), *amax = nb_empty(ctx, NB_I64, 1, &outer);
+    const nb__backend *be = &nb__cpu_backend;
+    be->sum_rows(sum, rows, OUTER, INNER, 0.5);
+    be->max_rows(mx, arg, rows, OUTER, INNER);
+    be->argmax_rows(amax, rows, OUTER, INNER);
+    be->var_rows(var, mean, rows, OUTER, INNER, INNER - 1);
+    int64_t best[OUTER] = {0, 17, 3};
+    for (int i = 1; i < INNER; i++) /* row 0 has no NaN */
+        if (r[i] > r[best[0]]) best[0] = i;
+    for (int o = 0; o < OUTER; o++) {
+        const float *x = r + o * INNER;
+        double acc = 0;
+        for (int i = 0; i < INNER; i++) acc += x[i];
+        ck_assert_int_eq(((int64_t *)arg->data)[o], best[o]);
+        ck_assert_int_eq(((int64_t *)amax->data)[o], best[o]);
+        if (o == 1) {
+            ck_assert(isnan(((float *)sum->data)[o]) && isnan(((float *)mx->data)[o]));
+            ck_assert(isnan(((float *)var->data)[o]));
+            continue;
+        }
+        ck_assert_float_eq(((float *)sum->data)[o], (float)(acc * 0.5));
+        ck_assert_float_eq(((float *)mx->data)[o], x[best[o]]);
+        double mu = acc / INNER, ss = 0;
+        for (int i = 0; i < INNER; i++) ss += (x[i] - mu) * (x[i] - mu);
+        ck_assert_float_eq(((float *)mean->data)[o], (float)mu);
+        ck_assert_float_eq(((float *)var->data)[o], (float)(ss / (INNER - 1)));
+    }
+    /* max's backward: g[o] at arg[o], zeros elsewhere (gp fully written) */
+    nb_tensor *g = nb_from_host(ctx, NB_F32, 1, &outer, (const float[]){2, 3, 4});
+    nb_tensor *gp = nb_full(ctx, NB_F32, 2, shape, 7);
+    be->max_rows_backward(gp, arg, g, OUTER, INNER);
+    for (int o = 0; o < OUTER; o++)
+        for (int i = 0; i < INNER; i++)
+            ck_assert_float_eq(((float *)gp->data)[o * INNER + i],
+                               i == best[o] ? (float)(o + 2) : 0.0f);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("backend");
     TCase *tc = tcase_create("core");
@@ -340,6 +402,7 @@ int main(void) {
     tcase_add_test(tc, test_optim_step_mixed_dtypes);
     tcase_add_test(tc, test_multi_tensor_reductions);
     tcase_add_test(tc, test_channel_steps);
+    tcase_add_test(tc, test_cpu_row_reductions);
     suite_add_tcase(s, tc);
     return nbt_run(s);
 }

@@ -20,6 +20,15 @@ static void copy_bytes(int device, void *dst, const void *src, size_t bytes) {
     (void)device;
     memcpy(dst, src, bytes);
 }
+static void *mem_alloc(int device, size_t bytes) {
+    (void)device;
+    return aligned_alloc(64, bytes);
+}
+static void mem_free(int device, void *p) {
+    (void)device;
+    free(p);
+}
+static void no_poison(int device, void *p, size_t bytes) { (void)device, (void)p, (void)bytes; }
 static void copy_bytes_async(int device, void *dst, const void *src, size_t bytes, nb__stream s) {
     (void)device, (void)s;
     memcpy(dst, src, bytes);
@@ -124,10 +133,17 @@ const nb__backend nb__cpu_backend = {
     .device_memory = false,
     .gemm_accumulate = true,
     .ordered_elementwise = true,
+    .strided_elementwise_out = true,
+    .half_compute = false,
     .use = use,
     .sync = sync,
+    .mem_alloc = mem_alloc,
+    .mem_free = mem_free,
+    .poison = no_poison,
     .memset = set_bytes,
     .memcpy_d2d = copy_bytes,
+    .memcpy_h2d = copy_bytes,
+    .memcpy_d2h = copy_bytes,
     .memcpy_h2d_async = copy_bytes_async,
     .host_alloc = malloc,
     .host_free = free,
@@ -141,6 +157,13 @@ const nb__backend nb__cpu_backend = {
     .unary = nb__cpu_unary,
     .binary = nb__cpu_binary,
     .where = nb__cpu_where,
+    .copy = nb__cpu_copy,
+    .axpy = nb__cpu_axpy,
+    .sum_rows = nb__cpu_sum_rows,
+    .max_rows = nb__cpu_max_rows,
+    .argmax_rows = nb__cpu_argmax_rows,
+    .max_rows_backward = nb__cpu_max_rows_backward,
+    .var_rows = nb__cpu_var_rows,
     .gemm_readable = nb__cpu_gemm_readable,
     .matmul = matmul,
     .gelu_tanh_backward = gelu_tanh_backward,
@@ -159,6 +182,8 @@ const nb__backend nb__cpu_backend = {
     .max_pool2d_backward = nb__cpu_max_pool2d_backward,
     .avg_pool2d = nb__cpu_avg_pool2d,
     .avg_pool2d_backward = nb__cpu_avg_pool2d_backward,
+    .rand_uniform = nb__cpu_rand_uniform,
+    .rand_normal = nb__cpu_rand_normal,
     .dropout = nb__cpu_dropout,
     .embedding = nb__cpu_embedding,
     .embedding_backward = nb__cpu_embedding_backward,

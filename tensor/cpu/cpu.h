@@ -1,7 +1,9 @@
 /* The CPU backend's entry points that have no kernel header of their own:
  * multi-tensor updates (tensor/cpu/optim.c), per-channel statistics
  * (tensor/cpu/channel.c), pooling, dropout, embedding and the elementwise
- * losses (tensor/cpu/pool.c, dropout.c, embedding.c, loss.c). Contracts: the matching members of nb__backend
+ * losses (tensor/cpu/pool.c, dropout.c, embedding.c, loss.c), the row
+ * reductions (tensor/cpu/reduce.c), the random fills and axpy
+ * (tensor/cpu/fill.c). Contracts: the matching members of nb__backend
  * (tensor/backend.h). */
 #ifndef NABLA_TENSOR_CPU_CPU_H
 #define NABLA_TENSOR_CPU_CPU_H
@@ -48,5 +50,22 @@ void nb__cpu_embedding(nb_tensor *out, const nb_tensor *w, const nb_tensor *idx,
 void nb__cpu_embedding_backward(nb_tensor *gw, const nb_tensor *g, const nb_tensor *idx,
                                 int64_t np);
 void nb__cpu_pair_loss(nb_tensor *out, int kind, const nb_tensor *a, const nb_tensor *b);
+
+/* row reductions (tensor/cpu/reduce.c) */
+void nb__cpu_sum_rows(nb_tensor *out, const nb_tensor *rows, int64_t outer, int64_t inner,
+                      double scale);
+void nb__cpu_max_rows(nb_tensor *out, nb_tensor *arg, const nb_tensor *rows, int64_t outer,
+                      int64_t inner);
+void nb__cpu_argmax_rows(nb_tensor *arg, const nb_tensor *rows, int64_t outer, int64_t inner);
+void nb__cpu_max_rows_backward(nb_tensor *gp, const nb_tensor *arg, const nb_tensor *g,
+                               int64_t outer, int64_t inner);
+void nb__cpu_var_rows(nb_tensor *out, nb_tensor *mean, const nb_tensor *rows, int64_t outer,
+                      int64_t inner, double denom);
+
+/* random fills (Note [Random streams] in tensor/random.c) and axpy
+ * (tensor/cpu/fill.c) */
+void nb__cpu_rand_uniform(nb_tensor *t, double low, double high, uint64_t seed, uint64_t offset);
+void nb__cpu_rand_normal(nb_tensor *t, double mean, double std, uint64_t seed, uint64_t offset);
+void nb__cpu_axpy(nb_tensor *y, double alpha, const nb_tensor *x);
 
 #endif

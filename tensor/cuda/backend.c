@@ -64,15 +64,27 @@ static void cross_entropy(nb_ctx *ctx, nb_tensor *loss, nb_tensor **lse, nb_tens
     nb__cuda_cross_entropy(loss, *lse, *count, logits, targets, ignore_index, eps);
 }
 
+/* Note [Poisoned outputs] */
+static void poison(int device, void *p, size_t bytes) {
+    if (nb__cuda_poison()) nb__cuda_memset(device, p, 0xff, bytes);
+}
+
 const nb__backend nb__cuda_backend = {
     .name = "cuda",
     .device_memory = true,
     .gemm_accumulate = false,
     .ordered_elementwise = false,
+    .strided_elementwise_out = false,
+    .half_compute = true,
     .use = nb__cuda_use,
     .sync = nb__cuda_sync,
+    .mem_alloc = nb__cuda_malloc,
+    .mem_free = nb__cuda_free,
+    .poison = poison,
     .memset = nb__cuda_memset,
     .memcpy_d2d = nb__cuda_memcpy_d2d,
+    .memcpy_h2d = nb__cuda_memcpy_h2d,
+    .memcpy_d2h = nb__cuda_memcpy_d2h,
     .memcpy_h2d_async = nb__cuda_memcpy_h2d_async,
     .host_alloc = nb__cuda_host_alloc,
     .host_free = nb__cuda_host_free,
@@ -86,6 +98,13 @@ const nb__backend nb__cuda_backend = {
     .unary = nb__cuda_unary,
     .binary = nb__cuda_binary,
     .where = nb__cuda_where,
+    .copy = nb__cuda_copy,
+    .axpy = nb__cuda_axpy,
+    .sum_rows = nb__cuda_sum_rows,
+    .max_rows = nb__cuda_max_rows,
+    .argmax_rows = nb__cuda_argmax_rows,
+    .max_rows_backward = nb__cuda_max_rows_backward,
+    .var_rows = nb__cuda_var_rows,
     .gemm_readable = nb__cuda_gemm_readable,
     .matmul = matmul,
     .gelu_tanh_backward = gelu_tanh_backward,
@@ -104,6 +123,8 @@ const nb__backend nb__cuda_backend = {
     .max_pool2d_backward = nb__cuda_max_pool2d_backward,
     .avg_pool2d = nb__cuda_avg_pool2d,
     .avg_pool2d_backward = nb__cuda_avg_pool2d_backward,
+    .rand_uniform = nb__cuda_rand_uniform,
+    .rand_normal = nb__cuda_rand_normal,
     .dropout = nb__cuda_dropout,
     .embedding = nb__cuda_embedding,
     .embedding_backward = nb__cuda_embedding_backward,
