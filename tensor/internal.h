@@ -168,7 +168,6 @@ void nb__run_unary(nb__unary_op op, nb_tensor *out, const nb_tensor *a, double s
 void nb__run_binary(nb__binary_op op, nb_tensor *out, const nb_tensor *a, const nb_tensor *b);
 void nb__run_where(nb_tensor *out, const nb_tensor *cond, const nb_tensor *a, const nb_tensor *b);
 void nb__run_copy(nb_tensor *dst, const nb_tensor *src);
-static inline bool nb__is_cuda(const nb_tensor *t) { return t->device.type == NB_DEVICE_CUDA; }
 
 /* Kernel-level (unrecorded) elementwise ops for backward functions and
  * optimizers: fresh contiguous result in ctx. */

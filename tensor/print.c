@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tensor/backend.h"
 #include "tensor/internal.h"
 
 #define EDGE 3
@@ -98,7 +99,7 @@ void nb_tensor_fprint(FILE *f, const nb_tensor *t) {
     const nb_tensor *orig = t;
     nb_tensor host;
     void *buf = NULL;
-    if (t->device.type != NB_DEVICE_CPU) { /* a contiguous host copy of the values */
+    if (nb__backend_at(t)->device_memory) { /* a contiguous host copy of the values */
         buf = malloc((size_t)nb_numel(t) * nb_dtype_size(t->dtype) + 1);
         NB_CHECK(buf, "nb_tensor_fprint: out of host memory for %s", nb_shape_str(t));
         nb_to_host(t, buf);
