@@ -144,11 +144,21 @@ int main(int argc, char **argv) {
         fprintf(stderr, "tutorial_ddp (rank %d): %s\n(--data FILE names the table: nabla ships "
                         "examples/datasets/*.csv in its source tree, installed in "
                         "<prefix>/share/nabla/datasets/)\n", rank, nb_last_error());
+        nb_pg_free(pg);
         return 1;
     }
-    nb_dataset_split(table, 0.2, 42, &train_raw, &test_raw);
     nb_field in = nb_dataset_input(table);
     int64_t n_features = nb_field_numel(&in), n_classes; /* 30 and 2 for breast_cancer.csv */
+    int64_t side = 0; /* --cnn: the images' side, 8 for digits.csv's 64 features */
+    while (cnn && side * side < n_features) side++;
+    if (side * side != (cnn ? n_features : 0)) {
+        fprintf(stderr, "tutorial_ddp: --cnn needs square images, and %s has %lld features\n", data,
+                (long long)n_features);
+        nb_dataset_free(table);
+        nb_pg_free(pg);
+        return 2;
+    }
+    nb_dataset_split(table, 0.2, 42, &train_raw, &test_raw);
     CHECK(count_classes(table, &n_classes));
     double *mean = malloc((size_t)n_features * sizeof *mean);
     double *std = malloc((size_t)n_features * sizeof *std);
@@ -157,13 +167,6 @@ int main(int argc, char **argv) {
     nb_dataset *test = nb_dataset_standardize(test_raw, mean, std);
     free(mean), free(std);
     nb_dataset_free(train_raw), nb_dataset_free(test_raw), nb_dataset_free(table);
-    int64_t side = 0; /* --cnn: the images' side, 8 for digits.csv's 64 features */
-    while (cnn && side * side < n_features) side++;
-    if (side * side != (cnn ? n_features : 0)) {
-        fprintf(stderr, "tutorial_ddp: --cnn needs square images, and %s has %lld features\n", data,
-                (long long)n_features);
-        return 2;
-    }
 
     /* 3. Training batches: each rank takes its own shard of a shuffled order. */
     nb_distributed_options so = {.world_size = world, .rank = rank, .shuffle = true, .seed = 0,
