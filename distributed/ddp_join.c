@@ -26,6 +26,10 @@
  * logic (nb__ddp_mark_ready), with the current bucket layout. A rank that
  * joins before its first step has no record: it launches the buckets in
  * index order, which is right unless the model has SyncBatchNorm layers.
+ * Only SyncBatchNorm layers on the wrapper's own group are recorded. A
+ * training rank decides the bucket rebuild after its backward (no rebuild
+ * when a parameter got no gradient without find_unused_parameters, an
+ * error anyway); a joined rank assumes it happens.
  *
  * Gradients: in join mode buckets are all-reduced with a sum and then
  * divided by the world size (divide_by_initial_world_size, the default:

@@ -257,6 +257,50 @@ START_TEST(test_join_without_begin) {
 }
 END_TEST
 
+/* A step whose forward bypassed the wrapper cannot be counted: loud, before
+ * any collective, so every rank can still finish with nb_ddp_join. */
+START_TEST(test_join_backward_needs_counted_forward) {
+    if (R == 1) return; /* a world of one counts nothing */
+    nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
+    nb_module *model = mlp(pctx);
+    nb_ddp *ddp;
+    ck_assert_int_eq(nb_ddp_new(&ddp, model, world, NULL), NB_OK);
+    nb_ddp_join_begin(ddp, NULL);
+    nb_tensor *x, *y;
+    make_batch(step, 4, 1, &x, &y);
+    nb_tensor *loss = nb_cross_entropy(step, nb_module_forward(model, step, x), y, NULL);
+    NBT_EXPECT_ABORT(nb_ddp_backward(ddp, loss), "every step must start with nb_ddp_forward or nb_ddp_pre_forward");
+    ck_assert_int_eq(nb_ddp_join(ddp), NB_OK);
+    nb_ddp_free(ddp);
+    nb_ctx_free(step);
+    nb_ctx_free(pctx);
+}
+END_TEST
+
+/* Ranks that disagree on no_sync in a step fail together, naming it. */
+START_TEST(test_join_no_sync_disagreement) {
+    if (R == 1) return;
+    nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
+    nb_ddp *ddp;
+    ck_assert_int_eq(nb_ddp_new(&ddp, mlp(pctx), world, NULL), NB_OK);
+    nb_ddp_join_begin(ddp, NULL);
+    nb_ddp_set_no_sync(ddp, me == 0);
+    nb_tensor *x, *y, *out = (nb_tensor *)1;
+    make_batch(step, 4, 2, &x, &y);
+    ck_assert_int_eq(nb_ddp_forward(ddp, step, x, &out), NB_ERR_MISMATCH);
+    ck_assert_ptr_null(out);
+    char want[160];
+    snprintf(want, sizeof want, "of the %d ranks still training, %d reduce gradients in this step and 1 are in no_sync",
+             R, R - 1);
+    ck_assert_msg(strstr(nb_last_error(), want) != NULL, "rank %d: %s", me, nb_last_error());
+    nb_ddp_set_no_sync(ddp, false);
+    ck_assert_int_eq(nb_ddp_join(ddp), NB_OK);
+    nb_ddp_free(ddp);
+    nb_ctx_free(step);
+    nb_ctx_free(pctx);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("ddp_join");
     TCase *tc = tcase_create("ddp_join");
@@ -266,6 +310,8 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_join_rank0_without_batches);
     tcase_add_test(tc, test_join_sync_batch_norm);
     tcase_add_test(tc, test_join_without_begin);
+    tcase_add_test(tc, test_join_backward_needs_counted_forward);
+    tcase_add_test(tc, test_join_no_sync_disagreement);
     suite_add_tcase(s, tc);
     return s;
 }
