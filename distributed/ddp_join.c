@@ -43,6 +43,7 @@
  * last step in which anyone trained, so the models agree again. Optimizer
  * state is not synchronised: joined ranks keep theirs as it was. */
 #include <stdlib.h>
+#include <string.h>
 
 #include "distributed/ddp_internal.h"
 #include "distributed/internal.h"
@@ -195,6 +196,13 @@ static nb_status shadow_step(nb_ddp *d) {
     return st;
 }
 
+static bool has_sync_batch_norm(const nb_module *m) {
+    if (strcmp(nb_module_type_name(m), "SyncBatchNorm") == 0) return true;
+    for (int i = 0; i < nb_module_num_children(m); i++)
+        if (has_sync_batch_norm(nb_module_child_at(m, i))) return true;
+    return false;
+}
+
 nb_status nb_ddp_join(nb_ddp *d) {
     NB_CHECK(d, "nb_ddp_join: NULL wrapper");
     NB_CHECK(d->join_on,
@@ -204,6 +212,15 @@ nb_status nb_ddp_join(nb_ddp *d) {
     NB_CHECK(!d->join_counted,
              "nb_ddp_join: rank %d: called between a step's forward and its backward; finish the step first",
              d->rank);
+    if (d->world > 1 && d->n_events == 0 && has_sync_batch_norm(d->model)) {
+        d->join_on = false;
+        nb__ddp_join_forget(d);
+        return nb_set_error(NB_ERR_INVALID,
+                            "nb_ddp_join: rank %d joined without a synchronised training step, and the "
+                            "model has SyncBatchNorm layers, whose all-reduces it cannot replay without "
+                            "one; give every rank at least one batch (the other ranks will time out)",
+                            d->rank);
+    }
     nb_status st = NB_OK;
     int steps = 0;
     if (d->world > 1) {

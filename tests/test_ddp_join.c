@@ -301,6 +301,26 @@ START_TEST(test_join_no_sync_disagreement) {
 }
 END_TEST
 
+/* A rank without a step cannot replay SyncBatchNorm's all-reduces: it says
+ * so before any collective (here every rank, so nobody waits). */
+START_TEST(test_join_sync_bn_needs_a_step) {
+    if (R == 1) return;
+    nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0);
+    nb_module *model = cnn(pctx);
+    nb_convert_sync_batchnorm(model, world);
+    nb_ddp *ddp;
+    ck_assert_int_eq(nb_ddp_new(&ddp, model, world, NULL), NB_OK);
+    nb_ddp_join_begin(ddp, NULL);
+    ck_assert_int_eq(nb_ddp_join(ddp), NB_ERR_INVALID);
+    char want[120];
+    snprintf(want, sizeof want, "nb_ddp_join: rank %d joined without a synchronised training step", me);
+    ck_assert_msg(strstr(nb_last_error(), want) != NULL, "%s", nb_last_error());
+    ck_assert_ptr_nonnull(strstr(nb_last_error(), "SyncBatchNorm"));
+    nb_ddp_free(ddp);
+    nb_ctx_free(pctx);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("ddp_join");
     TCase *tc = tcase_create("ddp_join");
@@ -312,6 +332,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_join_without_begin);
     tcase_add_test(tc, test_join_backward_needs_counted_forward);
     tcase_add_test(tc, test_join_no_sync_disagreement);
+    tcase_add_test(tc, test_join_sync_bn_needs_a_step);
     suite_add_tcase(s, tc);
     return s;
 }
