@@ -45,6 +45,22 @@ if(TARGET test_ddp)
   endforeach()
 endif()
 
+# DDP join (uneven inputs), at 2 and 3 ranks. A short collective timeout:
+# without join, a rank left waiting fails the test in seconds, not at the
+# CTest timeout.
+if(TARGET test_ddp_join)
+  foreach(_np 2 3)
+    set(_name test_ddp_join_np${_np})
+    add_test(NAME ${_name}
+      COMMAND $<TARGET_FILE:nbrun> --nproc-per-node ${_np} --master-port 0 $<TARGET_FILE:test_ddp_join>
+      WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
+    set_tests_properties(${_name} PROPERTIES
+      LABELS "unit;multiproc" TIMEOUT 120 SKIP_RETURN_CODE 77
+      ENVIRONMENT "${NABLA_TEST_ENVIRONMENT};NABLA_PG_TIMEOUT=10")
+    list(APPEND NABLA_TESTS ${_name})
+  endforeach()
+endif()
+
 foreach(_t test_dist_failures test_nbrun test_train_gpt.py test_train_classifier.py test_demo.py)
   if(TEST ${_t})
     set_property(TEST ${_t} APPEND PROPERTY LABELS multiproc)

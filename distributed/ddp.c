@@ -161,11 +161,12 @@ static void assign_buckets(nb_ddp *d, const int *order) {
 
 static void launch(nb_ddp *d, bucket *b) {
     b->t_launch = nb__ddp_now();
+    nb_reduce_op op = nb__ddp_join_reduce_op(d); /* Note [Join] in ddp_join.c */
     if (b->wire) {
         nb_copy_(b->wire, b->flat);
-        b->work = nb_pg_all_reduce(d->pg, b->wire, NB_REDUCE_AVG);
+        b->work = nb_pg_all_reduce(d->pg, b->wire, op);
     } else {
-        b->work = nb_pg_all_reduce(d->pg, b->flat, NB_REDUCE_AVG);
+        b->work = nb_pg_all_reduce(d->pg, b->flat, op);
     }
 }
 
@@ -177,10 +178,23 @@ static void launch_ready(nb_ddp *d) {
 static void mark_ready(nb_ddp *d, int i) {
     if (d->ready[i]) return;
     d->ready[i] = true;
+    if (d->join_on && !d->join_shadow) nb__ddp_join_record_param(d, i);
     if (!d->synced_once) d->ready_order[d->n_ready] = i;
     d->n_ready++;
     d->buckets[d->bucket_of[i]].pending--;
     launch_ready(d);
+}
+
+void nb__ddp_mark_ready(nb_ddp *d, int i) { mark_ready(d, i); }
+
+void nb__ddp_reset_ready(nb_ddp *d) {
+    d->n_ready = 0;
+    d->next_launch = 0;
+    memset(d->ready, 0, sizeof(bool) * (size_t)d->n);
+    for (int b = 0; b < d->n_buckets; b++) {
+        d->buckets[b].pending = d->buckets[b].n;
+        d->buckets[b].work = NULL;
+    }
 }
 
 static void grad_ready_hook(nb_tensor *leaf, void *user) {
@@ -200,6 +214,7 @@ static void free_arrays(nb_ddp *d) {
     free(d->slot);
     free(d->times);
     free(d->stat_times);
+    free(d->events);
     for (int i = 0; i < d->n_trace; i++) free(d->trace[i].b);
 }
 
@@ -227,7 +242,7 @@ nb_status nb_ddp_new(nb_ddp **out, nb_module *model, nb_pg *pg, const nb_ddp_opt
         NB_CHECK(nb_is_contiguous(t), "nb_ddp_new: parameter %s is not contiguous", d->p[i].name);
     }
     nb_status st = d->world > 1 ? nb__ddp_verify_params(d) : NB_OK;
-    if (st == NB_OK && d->world > 1) st = nb__ddp_broadcast_tensors(d, false);
+    if (st == NB_OK && d->world > 1) st = nb__ddp_broadcast_tensors(d, false, 0);
     if (st != NB_OK) {
         free_arrays(d);
         free(d);
@@ -258,6 +273,7 @@ nb_status nb_ddp_new(nb_ddp **out, nb_module *model, nb_pg *pg, const nb_ddp_opt
 
 void nb_ddp_free(nb_ddp *d) {
     if (!d) return;
+    nb__ddp_join_forget(d);
     for (int b = 0; b < d->n_buckets; b++)
         if (d->buckets[b].work) { /* left by a failed step */
             nb_work_finish(d->buckets[b].work);
@@ -291,8 +307,15 @@ int nb_ddp_bucket_params(const nb_ddp *d, int b, int *out, int cap) {
 
 nb_status nb_ddp_pre_forward(nb_ddp *d) {
     d->fwd_start = nb__ddp_now();
-    if (d->world == 1 || !d->o.broadcast_buffers) return NB_OK;
-    return nb__ddp_broadcast_tensors(d, true);
+    if (d->world == 1) return NB_OK;
+    int root = 0;
+    if (d->join_on) { /* Note [Join] in ddp_join.c */
+        nb_status st = nb__ddp_join_count(d);
+        if (st != NB_OK) return st;
+        root = d->join_root;
+    }
+    if (!d->o.broadcast_buffers) return NB_OK;
+    return nb__ddp_broadcast_tensors(d, true, root);
 }
 
 nb_status nb_ddp_forward(nb_ddp *d, nb_ctx *ctx, nb_tensor *x, nb_tensor **out) {
@@ -302,7 +325,8 @@ nb_status nb_ddp_forward(nb_ddp *d, nb_ctx *ctx, nb_tensor *x, nb_tensor **out) 
     if (st != NB_OK) {
         char why[2048];
         snprintf(why, sizeof why, "%s", nb_last_error());
-        return nb_set_error(st, "nb_ddp_forward: broadcasting the buffers failed: %s", why);
+        return nb_set_error(st, "nb_ddp_forward: %s failed: %s",
+                            d->join_on ? "the step's count or buffer broadcast" : "broadcasting the buffers", why);
     }
     nb__dist_failure_clear();
     nb_tensor *y = nb_module_forward(d->model, ctx, x);
@@ -331,7 +355,7 @@ static void note_leaf(nb_tensor *leaf, void *user) {
 
 /* Rank 0's ready order, broadcast, becomes every rank's bucket order;
  * parameters that were never ready go last, in reverse registration order. */
-static nb_status rebuild_buckets(nb_ddp *d) {
+nb_status nb__ddp_rebuild_buckets(nb_ddp *d) {
     nb_ctx *tmp = nb_ctx_new(nb_cpu(), 0);
     int64_t n = d->n;
     nb_tensor *ord = nb_empty(tmp, NB_I64, 1, &n);
@@ -342,12 +366,13 @@ static nb_status rebuild_buckets(nb_ddp *d) {
     free(mine);
     nb_status st = NB_OK;
     nb_device dev = nb_pg_device(d->pg);
+    int root = d->join_on ? d->join_root : 0; /* rank 0 may have joined (Note [Join]) */
     if (dev.type == NB_DEVICE_CPU) {
-        st = nb_work_finish(nb_pg_broadcast(d->pg, ord, 0));
+        st = nb_work_finish(nb_pg_broadcast(d->pg, ord, root));
     } else { /* through the device, back to the host */
         nb_ctx *dctx = nb_ctx_new(dev, 0);
         nb_tensor *dord = nb_from_host(dctx, NB_I64, 1, &n, o);
-        st = nb_work_finish(nb_pg_broadcast(d->pg, dord, 0));
+        st = nb_work_finish(nb_pg_broadcast(d->pg, dord, root));
         if (st == NB_OK) nb_to_host(dord, o);
         nb_ctx_free(dctx);
     }
@@ -374,17 +399,21 @@ static nb_status backward_failure(void) {
 
 nb_status nb_ddp_backward(nb_ddp *d, nb_tensor *loss) {
     nb__dist_failure_clear();
+    if (d->join_on && d->world > 1) { /* Note [Join] in ddp_join.c */
+        NB_CHECK(d->join_counted,
+                 "nb_ddp_backward: rank %d: after nb_ddp_join_begin, every step must start with "
+                 "nb_ddp_forward or nb_ddp_pre_forward (the ranks count who still trains there)",
+                 d->rank);
+        NB_CHECK(d->join_sync == !d->no_sync,
+                 "nb_ddp_backward: rank %d: no_sync changed between the step's forward and its "
+                 "backward; after nb_ddp_join_begin set it before nb_ddp_forward", d->rank);
+        d->join_counted = false;
+    }
     if (!d->bucketed || d->no_sync) {
         nb_backward(loss);
         return backward_failure();
     }
-    d->n_ready = 0;
-    d->next_launch = 0;
-    memset(d->ready, 0, sizeof(bool) * (size_t)d->n);
-    for (int b = 0; b < d->n_buckets; b++) {
-        d->buckets[b].pending = d->buckets[b].n;
-        d->buckets[b].work = NULL;
-    }
+    nb__ddp_reset_ready(d);
     d->in_backward = true;
     if (d->o.find_unused_parameters) { /* Note [Unused parameters] */
         bool *seen = nb__ddp_calloc((size_t)d->n, 1);
@@ -421,6 +450,8 @@ nb_status nb_ddp_backward(nb_ddp *d, nb_tensor *loss) {
         nb_work_free(bk->work);
         bk->work = NULL;
         if (s == NB_OK && bk->wire) nb_copy_(bk->flat, bk->wire);
+        double div = nb__ddp_join_divisor(d);
+        if (s == NB_OK && div > 0) nb_scale_(bk->flat, 1.0 / div);
     }
     double done = nb__ddp_now();
     if (bw_st != NB_OK) return nb_set_error(bw_st, "%s", bw_why); /* it came first */
@@ -428,7 +459,7 @@ nb_status nb_ddp_backward(nb_ddp *d, nb_tensor *loss) {
     nb__ddp_record_stats(d, done);
     if (!d->synced_once) {
         d->synced_once = true;
-        if (n_missing == 0 || d->o.find_unused_parameters) st = rebuild_buckets(d);
+        if (n_missing == 0 || d->o.find_unused_parameters) st = nb__ddp_rebuild_buckets(d);
     }
     if (st != NB_OK) return st;
     if (n_missing && !d->o.find_unused_parameters)

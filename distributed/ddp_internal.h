@@ -1,7 +1,8 @@
 /* The DDP wrapper's insides, shared by ddp.c (the reducer: buckets,
  * hooks, launches, backward, the rebuild), ddp_verify.c (checks and
- * broadcasts at construction and before forward) and ddp_stats.c (step
- * statistics and the Chrome trace). Not installed. */
+ * broadcasts at construction and before forward), ddp_stats.c (step
+ * statistics and the Chrome trace) and ddp_join.c (uneven inputs). Not
+ * installed. */
 #ifndef NABLA_DISTRIBUTED_DDP_INTERNAL_H
 #define NABLA_DISTRIBUTED_DDP_INTERNAL_H
 
@@ -26,6 +27,14 @@ typedef struct hook_ref {
     nb_ddp *ddp;
     int index;
 } hook_ref;
+
+/* One collective-relevant event of a training step, recorded in join mode
+ * so that a joined rank can replay the step (Note [Join] in ddp_join.c). */
+typedef struct join_event {
+    int param;      /* >= 0: parameter `param` became ready; -1: a SyncBatchNorm all-reduce */
+    nb_dtype dtype; /* of the SyncBatchNorm all-reduce */
+    int64_t numel;
+} join_event;
 
 typedef struct trace_step {
     double fwd_start, bw_start, bw_end, done;
@@ -63,21 +72,48 @@ struct nb_ddp {
     nb_ddp_step_stats stats;
     trace_step trace[NB__DDP_MAX_TRACE_STEPS];
     int n_trace;
+    /* join (ddp_join.c) */
+    bool join_on;          /* from nb_ddp_join_begin to the end of nb_ddp_join */
+    bool join_div_initial; /* divide by the world size, not by the ranks still training */
+    bool join_counted;     /* this step's count was all-reduced (pre-forward) */
+    bool join_sync;        /* this step reduces gradients (some training rank is not in no_sync) */
+    bool join_shadow;      /* replaying a step on a joined rank */
+    int join_active;       /* ranks training in this step */
+    int join_root;         /* lowest of them: buffers and the bucket order come from it */
+    join_event *events;    /* this rank's last training step (malloc'd) */
+    int n_events, cap_events;
 };
 
 /* ddp.c */
 double nb__ddp_now(void);
 void *nb__ddp_calloc(size_t n, size_t size); /* aborts when out of memory */
+/* Starts a synchronised backward: nothing ready, no bucket launched. */
+void nb__ddp_reset_ready(nb_ddp *d);
+/* Parameter i's gradient is final: launches the buckets that are complete. */
+void nb__ddp_mark_ready(nb_ddp *d, int i);
+/* The one-time bucket rebuild from the root's ready order (Note [Buckets]). */
+nb_status nb__ddp_rebuild_buckets(nb_ddp *d);
 
 /* ddp_verify.c */
 /* Every rank's parameter list against rank 0's; a mismatch names the
  * first differing parameter and the ranks (every rank gets the verdict). */
 nb_status nb__ddp_verify_params(nb_ddp *d);
-/* Broadcasts rank 0's buffers (buffers_only) or whole state to every rank. */
-nb_status nb__ddp_broadcast_tensors(nb_ddp *d, bool buffers_only);
+/* Broadcasts rank root's buffers (buffers_only) or whole state to every rank. */
+nb_status nb__ddp_broadcast_tensors(nb_ddp *d, bool buffers_only, int root);
 
 /* ddp_stats.c */
 /* Fills d->stats (and the timeline) from the step that just ended at `done`. */
 void nb__ddp_record_stats(nb_ddp *d, double done);
+
+/* ddp_join.c */
+/* A training rank's count all-reduce at the start of a step in join mode. */
+nb_status nb__ddp_join_count(nb_ddp *d);
+/* Records a ready parameter for the joined ranks' replay. */
+void nb__ddp_join_record_param(nb_ddp *d, int i);
+/* The reduce op of the bucket all-reduces and the divisor applied after
+ * them (0: none, the op averaged). */
+nb_reduce_op nb__ddp_join_reduce_op(const nb_ddp *d);
+double nb__ddp_join_divisor(const nb_ddp *d);
+void nb__ddp_join_forget(nb_ddp *d); /* at nb_ddp_free */
 
 #endif

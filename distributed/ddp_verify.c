@@ -115,7 +115,7 @@ nb_status nb__ddp_verify_params(nb_ddp *d) {
     return st;
 }
 
-nb_status nb__ddp_broadcast_tensors(nb_ddp *d, bool buffers_only) {
+nb_status nb__ddp_broadcast_tensors(nb_ddp *d, bool buffers_only, int root) {
     int n = buffers_only ? nb_module_named_buffers(d->model, NULL, 0) : nb_module_state(d->model, NULL, 0);
     nb_named_tensor *s = nb__ddp_calloc((size_t)n, sizeof *s);
     if (buffers_only) nb_module_named_buffers(d->model, s, n);
@@ -124,7 +124,7 @@ nb_status nb__ddp_broadcast_tensors(nb_ddp *d, bool buffers_only) {
     nb_work **w = nb__ddp_calloc((size_t)(n ? n : 1), sizeof *w);
     for (int i = 0; i < n; i++) {
         NB_CHECK(nb_is_contiguous(s[i].tensor), "nb_ddp: %s is not contiguous", s[i].name);
-        w[i] = nb_pg_broadcast(d->pg, s[i].tensor, 0);
+        w[i] = nb_pg_broadcast(d->pg, s[i].tensor, root);
     }
     nb_status st = NB_OK;
     for (int i = 0; i < n; i++) {

@@ -42,6 +42,11 @@ void nb__dist_failure_clear(void);
 void nb__dist_failure_note(nb_status st, const char *msg);
 nb_status nb__dist_failure_take(void);
 
+/* A SyncBatchNorm all-reduce of t (sum) on pg is about to be issued: the
+ * DDP wrapper in join mode on this thread records it, so that ranks that
+ * have joined can issue a matching one (Note [Join] in ddp_join.c). */
+void nb__ddp_join_note(nb_pg *pg, const nb_tensor *t);
+
 /* ------------------------------------------------ store wire format */
 
 enum nb__store_op {

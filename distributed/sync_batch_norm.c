@@ -51,6 +51,7 @@
 
 /* False after a failure, handled as Note [Failures inside a forward] says. */
 static bool all_reduce_sum(nb_pg *pg, nb_tensor *t, const char *what) {
+    nb__ddp_join_note(pg, t);
     nb_status st = nb_work_finish(nb_pg_all_reduce(pg, t, NB_REDUCE_SUM));
     if (st == NB_OK) return true;
     char why[2048], msg[2304];

@@ -82,6 +82,31 @@ nb_status nb_ddp_backward(nb_ddp *ddp, nb_tensor *loss);
  * the first backward after turning it off reduces the accumulated sums. */
 void nb_ddp_set_no_sync(nb_ddp *ddp, bool no_sync);
 
+/* ---- uneven inputs: join (docs/ddp.md, "Uneven inputs: join") ---- */
+typedef struct nb_ddp_join_options {
+    /* true (NB_DDP_JOIN_DEFAULTS): a step's gradients are the sum over the
+     * ranks that trained in it divided by the world size, so every sample
+     * weighs the same; false: divided by the number of those ranks. */
+    bool divide_by_initial_world_size;
+} nb_ddp_join_options;
+
+#define NB_DDP_JOIN_DEFAULTS ((nb_ddp_join_options){true})
+
+/* Enters join mode (local; every rank calls it before its training loop;
+ * NULL opts: the defaults). From then on each step must go through
+ * nb_ddp_forward (or nb_ddp_pre_forward) and nb_ddp_backward, which count
+ * the ranks still training and divide gradients as the options say; set
+ * no_sync before a step's forward. */
+void nb_ddp_join_begin(nb_ddp *ddp, const nb_ddp_join_options *opts);
+/* Called by a rank that has no batches left: answers the other ranks'
+ * steps with zero contributions (buffer broadcasts, SyncBatchNorm
+ * statistics and gradient sums, gradient buckets) until every rank has
+ * called it, then gives every rank the parameters and buffers of the last
+ * rank(s) still training, and leaves join mode. The joined rank's
+ * gradients are zero; its optimizer state is left as it was. A failed
+ * collective (a peer died) is returned, naming it. */
+nb_status nb_ddp_join(nb_ddp *ddp);
+
 /* ---- buckets and measured overlap ---- */
 int nb_ddp_num_buckets(const nb_ddp *ddp);
 /* Parameter indices (in nb_module_named_parameters order, counting only

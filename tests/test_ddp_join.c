@@ -1,0 +1,347 @@
+/* DDP join (uneven inputs) on R ranks over Gloo: CTest runs this suite
+ * under nbrun with 2 and 3 ranks (a short NABLA_PG_TIMEOUT, so a rank left
+ * waiting fails the test in seconds instead of hanging), and alone as a
+ * world of one.
+ *
+ * Rank r has its own number of batches (3 or 5, alternating; 0 in one
+ * test). The reference, computed on every rank by one plain process,
+ * applies the documented rule step by step: in step s the ranks with more
+ * than s batches train; the gradient is the sum of their shards' gradients
+ * divided by the world size (the default) or by their number; with
+ * SyncBatchNorm the batch statistics are those of their shards together.
+ * Rank r's shard of step s's global batch is rows [r B, r B + B). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "nabla/ddp.h"
+#include "testutil.h"
+
+static nb_pg *world;
+static int R, me;
+
+#define F_IN 6
+#define N_CLASSES 3
+
+/* ---- data, models, comparisons ---- */
+
+static void make_batch(nb_ctx *ctx, int64_t n, uint64_t seed, nb_tensor **x, nb_tensor **y) {
+    nb_rng rng = nb_rng_make(seed);
+    *x = nb_rand_normal(ctx, NB_F64, NB_SHAPE(n, F_IN), 0, 1, &rng);
+    int64_t *lab = malloc(sizeof *lab * (size_t)n);
+    for (int64_t i = 0; i < n; i++) lab[i] = (i * 7 + (int64_t)seed) % N_CLASSES;
+    *y = nb_from_host(ctx, NB_I64, NB_SHAPE(n), lab);
+    free(lab);
+}
+
+static nb_tensor *shard(nb_ctx *ctx, nb_tensor *t, int64_t start, int64_t len) {
+    return nb_contiguous(ctx, nb_narrow(ctx, t, 0, start, len));
+}
+
+static nb_module *mlp(nb_ctx *ctx) {
+    nb_rng rng = nb_rng_make(7);
+    nb_module *c[3] = {nb_linear_new(ctx, NB_F64, F_IN, 16, true, &rng), nb_tanh_new(ctx),
+                       nb_linear_new(ctx, NB_F64, 16, N_CLASSES, true, &rng)};
+    return nb_sequential_new(ctx, 3, c);
+}
+
+static nb_module *cnn(nb_ctx *ctx) {
+    nb_rng rng = nb_rng_make(11);
+    nb_conv2d_opts co = NB_CONV2D_DEFAULTS;
+    co.padding[0] = co.padding[1] = 1;
+    nb_module *c[6] = {nb_conv2d_new(ctx, NB_F64, 1, 4, 3, 3, &co, false, &rng),
+                       nb_batch_norm2d_new(ctx, NB_F64, 4, NULL),
+                       nb_relu_new(ctx),
+                       nb_global_avg_pool2d_new(ctx),
+                       nb_flatten_new(ctx, 1, -1),
+                       nb_linear_new(ctx, NB_F64, 4, N_CLASSES, true, &rng)};
+    return nb_sequential_new(ctx, 6, c);
+}
+
+static nb_optim *adamw_for(nb_module *m) {
+    int n = nb_module_named_parameters(m, NULL, 0);
+    nb_named_tensor *p = malloc(sizeof *p * (size_t)n);
+    nb_module_named_parameters(m, p, n);
+    nb_optim_hparams h = NB_ADAMW_DEFAULTS;
+    h.lr = 0.01;
+    nb_optim *o = nb_optim_new(NB_OPTIM_ADAMW, p, n, &h);
+    free(p);
+    return o;
+}
+
+/* Every tensor of m's state equals rank 0's, bit for bit. */
+static void assert_same_on_all_ranks(nb_module *m) {
+    int n = nb_module_state(m, NULL, 0);
+    nb_named_tensor *s = malloc(sizeof *s * (size_t)n);
+    nb_module_state(m, s, n);
+    nb_ctx *tmp = nb_ctx_new(nb_cpu(), 0);
+    for (int i = 0; i < n; i++) {
+        nb_tensor *c = nb_clone(tmp, s[i].tensor);
+        ck_assert_int_eq(nb_work_finish(nb_pg_broadcast(world, c, 0)), NB_OK);
+        size_t bytes = (size_t)nb_numel(c) * nb_dtype_size(c->dtype);
+        ck_assert_msg(memcmp(c->data, s[i].tensor->data, bytes) == 0, "rank %d: %s differs from rank 0",
+                      me, s[i].name);
+    }
+    nb_ctx_free(tmp);
+    free(s);
+}
+
+/* Parameters and buffers of a within rtol (relative to b's largest) of b. */
+static void assert_models_close(nb_module *a, nb_module *b, double rtol) {
+    int n = nb_module_state(a, NULL, 0);
+    ck_assert_int_eq(n, nb_module_state(b, NULL, 0));
+    nb_named_tensor *sa = malloc(sizeof *sa * (size_t)n), *sb = malloc(sizeof *sb * (size_t)n);
+    nb_module_state(a, sa, n);
+    nb_module_state(b, sb, n);
+    for (int i = 0; i < n; i++) {
+        ck_assert_str_eq(sa[i].name, sb[i].name);
+        int64_t k = nb_numel(sa[i].tensor);
+        double *va = malloc(sizeof(double) * (size_t)k), *vb = malloc(sizeof(double) * (size_t)k);
+        nb_to_host_f64(sa[i].tensor, va);
+        nb_to_host_f64(sb[i].tensor, vb);
+        double scale = 0;
+        for (int64_t j = 0; j < k; j++) scale = fmax(scale, fabs(vb[j]));
+        for (int64_t j = 0; j < k; j++)
+            ck_assert_msg(fabs(va[j] - vb[j]) <= rtol * fmax(scale, 1e-12), "rank %d: %s[%lld]: %.12g vs %.12g",
+                          me, sa[i].name, (long long)j, va[j], vb[j]);
+        free(va);
+        free(vb);
+    }
+    free(sa);
+    free(sb);
+}
+
+/* Rank r's number of batches: `even` for even ranks, `odd` for odd ones. */
+static int batches_of(int r, int even, int odd) { return r % 2 == 0 ? even : odd; }
+
+static int most_batches(int even, int odd) {
+    int m = 0;
+    for (int r = 0; r < R; r++) m = batches_of(r, even, odd) > m ? batches_of(r, even, odd) : m;
+    return m;
+}
+
+/* ---- MLP ---- */
+
+/* Trains with join; rank r has batches_of(r, even, odd) batches; the
+ * result must equal the reference rule on every rank. */
+static void run_mlp(int even, int odd, bool divide_by_initial) {
+    const int64_t B = 4;
+    nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
+    nb_module *model = mlp(pctx), *ref = mlp(pctx);
+    nb_ddp_options o = NB_DDP_DEFAULTS;
+    o.first_bucket_bytes = 256; /* several buckets, and a rebuild, even for this model */
+    o.bucket_cap_bytes = 512;
+    nb_ddp *ddp;
+    ck_assert_int_eq(nb_ddp_new(&ddp, model, world, &o), NB_OK);
+    nb_optim *opt = adamw_for(model), *ropt = adamw_for(ref);
+    nb_ddp_join_options jo = NB_DDP_JOIN_DEFAULTS;
+    jo.divide_by_initial_world_size = divide_by_initial;
+    nb_ddp_join_begin(ddp, &jo);
+    int mine = batches_of(me, even, odd), most = most_batches(even, odd);
+    for (int s = 0; s < most; s++) {
+        nb_ctx_reset(step);
+        nb_tensor *x, *y;
+        make_batch(step, R * B, 300 + (uint64_t)s, &x, &y);
+        if (s < mine) {
+            nb_tensor *out = NULL;
+            ck_assert_msg(nb_ddp_forward(ddp, step, shard(step, x, me * B, B), &out) == NB_OK,
+                          "nb_ddp_forward: %s", nb_last_error());
+            nb_tensor *loss = nb_cross_entropy(step, out, shard(step, y, me * B, B), NULL);
+            ck_assert_msg(nb_ddp_backward(ddp, loss) == NB_OK, "nb_ddp_backward: %s", nb_last_error());
+            nb_optim_step(opt);
+            nb_optim_zero_grad(opt);
+        }
+        int active = 0;
+        for (int r = 0; r < R; r++) active += batches_of(r, even, odd) > s;
+        double D = divide_by_initial ? R : active;
+        for (int r = 0; r < R; r++)
+            if (batches_of(r, even, odd) > s) {
+                nb_tensor *lr = nb_cross_entropy(step, nb_module_forward(ref, step, shard(step, x, r * B, B)),
+                                                 shard(step, y, r * B, B), NULL);
+                nb_backward(nb_mul_scalar(step, lr, 1.0 / D));
+            }
+        nb_optim_step(ropt);
+        nb_optim_zero_grad(ropt);
+    }
+    nb_status st = nb_ddp_join(ddp);
+    ck_assert_msg(st == NB_OK, "nb_ddp_join: %s", nb_last_error());
+    assert_same_on_all_ranks(model);
+    assert_models_close(model, ref, 1e-9);
+    nb_ddp_free(ddp);
+    nb_optim_free(opt);
+    nb_optim_free(ropt);
+    nb_ctx_free(step);
+    nb_ctx_free(pctx);
+}
+
+START_TEST(test_join_3_and_5_batches) { run_mlp(3, 5, true); }
+END_TEST
+
+START_TEST(test_join_divide_by_active_ranks) { run_mlp(5, 3, false); }
+END_TEST
+
+/* Rank 0 has no batch at all: the buffers' root, the bucket rebuild's
+ * order and the final state come from another rank. */
+START_TEST(test_join_rank0_without_batches) { run_mlp(0, 3, true); }
+END_TEST
+
+/* ---- CNN with SyncBatchNorm ---- */
+
+START_TEST(test_join_sync_batch_norm) {
+    const int64_t B = 3;
+    const int even = 3, odd = 5;
+    nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
+    nb_module *model = cnn(pctx), *ref = cnn(pctx);
+    ck_assert_int_eq(nb_convert_sync_batchnorm(model, world), 1);
+    nb_ddp *ddp;
+    ck_assert_int_eq(nb_ddp_new(&ddp, model, world, NULL), NB_OK);
+    nb_optim *opt = adamw_for(model), *ropt = adamw_for(ref);
+    nb_ddp_join_begin(ddp, NULL);
+    int mine = batches_of(me, even, odd), most = most_batches(even, odd);
+    for (int s = 0; s < most; s++) {
+        nb_ctx_reset(step);
+        nb_rng rng = nb_rng_make(400 + (uint64_t)s);
+        nb_tensor *x = nb_rand_normal(step, NB_F64, NB_SHAPE(R * B, 1, 5, 5), 0.5, 2, &rng);
+        int64_t lab[16];
+        for (int i = 0; i < R * B; i++) lab[i] = (i * 5 + s) % N_CLASSES;
+        nb_tensor *y = nb_from_host(step, NB_I64, NB_SHAPE(R * B), lab);
+        nb_tensor *out = NULL;
+        if (s < mine) {
+            ck_assert_msg(nb_ddp_forward(ddp, step, shard(step, x, me * B, B), &out) == NB_OK,
+                          "nb_ddp_forward: %s", nb_last_error());
+            nb_tensor *loss = nb_cross_entropy(step, out, shard(step, y, me * B, B), NULL);
+            ck_assert_msg(nb_ddp_backward(ddp, loss) == NB_OK, "nb_ddp_backward: %s", nb_last_error());
+            nb_optim_step(opt);
+            nb_optim_zero_grad(opt);
+        }
+        /* reference: plain BatchNorm over the training ranks' shards together;
+         * the loss is the sum of their mean losses divided by the world size */
+        nb_tensor *xs[8], *ys[8];
+        int active = 0, pos = -1;
+        for (int r = 0; r < R; r++)
+            if (batches_of(r, even, odd) > s) {
+                if (r == me) pos = active;
+                xs[active] = shard(step, x, r * B, B);
+                ys[active++] = shard(step, y, r * B, B);
+            }
+        nb_tensor *outr = nb_module_forward(ref, step, nb_concat(step, active, xs, 0));
+        nb_tensor *lossr = nb_cross_entropy(step, outr, nb_concat(step, active, ys, 0), NULL);
+        nb_backward(nb_mul_scalar(step, lossr, (double)active / R));
+        nb_optim_step(ropt);
+        nb_optim_zero_grad(ropt);
+        if (out) nbt_assert_tensors_close(out, nb_narrow(step, outr, 0, pos * B, B), 1e-12, 1e-9);
+    }
+    nb_status st = nb_ddp_join(ddp);
+    ck_assert_msg(st == NB_OK, "nb_ddp_join: %s", nb_last_error());
+    assert_same_on_all_ranks(model);
+    assert_models_close(model, ref, 1e-9); /* parameters and running statistics */
+    nb_ddp_free(ddp);
+    nb_optim_free(opt);
+    nb_optim_free(ropt);
+    nb_ctx_free(step);
+    nb_ctx_free(pctx);
+}
+END_TEST
+
+/* ---- misuse ---- */
+
+START_TEST(test_join_without_begin) {
+    nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0);
+    nb_ddp *ddp;
+    ck_assert_int_eq(nb_ddp_new(&ddp, mlp(pctx), world, NULL), NB_OK);
+    NBT_EXPECT_ABORT(nb_ddp_join(ddp), "nb_ddp_join: rank");
+    NBT_EXPECT_ABORT(nb_ddp_join(ddp), "every rank calls nb_ddp_join_begin");
+    nb_ddp_free(ddp);
+    nb_ctx_free(pctx);
+}
+END_TEST
+
+/* A step whose forward bypassed the wrapper cannot be counted: loud, before
+ * any collective, so every rank can still finish with nb_ddp_join. */
+START_TEST(test_join_backward_needs_counted_forward) {
+    if (R == 1) return; /* a world of one counts nothing */
+    nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
+    nb_module *model = mlp(pctx);
+    nb_ddp *ddp;
+    ck_assert_int_eq(nb_ddp_new(&ddp, model, world, NULL), NB_OK);
+    nb_ddp_join_begin(ddp, NULL);
+    nb_tensor *x, *y;
+    make_batch(step, 4, 1, &x, &y);
+    nb_tensor *loss = nb_cross_entropy(step, nb_module_forward(model, step, x), y, NULL);
+    NBT_EXPECT_ABORT(nb_ddp_backward(ddp, loss), "every step must start with nb_ddp_forward or nb_ddp_pre_forward");
+    ck_assert_int_eq(nb_ddp_join(ddp), NB_OK);
+    nb_ddp_free(ddp);
+    nb_ctx_free(step);
+    nb_ctx_free(pctx);
+}
+END_TEST
+
+/* Ranks that disagree on no_sync in a step fail together, naming it. */
+START_TEST(test_join_no_sync_disagreement) {
+    if (R == 1) return;
+    nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
+    nb_ddp *ddp;
+    ck_assert_int_eq(nb_ddp_new(&ddp, mlp(pctx), world, NULL), NB_OK);
+    nb_ddp_join_begin(ddp, NULL);
+    nb_ddp_set_no_sync(ddp, me == 0);
+    nb_tensor *x, *y, *out = (nb_tensor *)1;
+    make_batch(step, 4, 2, &x, &y);
+    ck_assert_int_eq(nb_ddp_forward(ddp, step, x, &out), NB_ERR_MISMATCH);
+    ck_assert_ptr_null(out);
+    char want[160];
+    snprintf(want, sizeof want, "of the %d ranks still training, %d reduce gradients in this step and 1 are in no_sync",
+             R, R - 1);
+    ck_assert_msg(strstr(nb_last_error(), want) != NULL, "rank %d: %s", me, nb_last_error());
+    nb_ddp_set_no_sync(ddp, false);
+    ck_assert_int_eq(nb_ddp_join(ddp), NB_OK);
+    nb_ddp_free(ddp);
+    nb_ctx_free(step);
+    nb_ctx_free(pctx);
+}
+END_TEST
+
+/* A rank without a step cannot replay SyncBatchNorm's all-reduces: it says
+ * so before any collective (here every rank, so nobody waits). */
+START_TEST(test_join_sync_bn_needs_a_step) {
+    if (R == 1) return;
+    nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0);
+    nb_module *model = cnn(pctx);
+    nb_convert_sync_batchnorm(model, world);
+    nb_ddp *ddp;
+    ck_assert_int_eq(nb_ddp_new(&ddp, model, world, NULL), NB_OK);
+    nb_ddp_join_begin(ddp, NULL);
+    ck_assert_int_eq(nb_ddp_join(ddp), NB_ERR_INVALID);
+    char want[120];
+    snprintf(want, sizeof want, "nb_ddp_join: rank %d joined without a synchronised training step", me);
+    ck_assert_msg(strstr(nb_last_error(), want) != NULL, "%s", nb_last_error());
+    ck_assert_ptr_nonnull(strstr(nb_last_error(), "SyncBatchNorm"));
+    nb_ddp_free(ddp);
+    nb_ctx_free(pctx);
+}
+END_TEST
+
+static Suite *suite(void) {
+    Suite *s = suite_create("ddp_join");
+    TCase *tc = tcase_create("ddp_join");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_join_3_and_5_batches);
+    tcase_add_test(tc, test_join_divide_by_active_ranks);
+    tcase_add_test(tc, test_join_rank0_without_batches);
+    tcase_add_test(tc, test_join_sync_batch_norm);
+    tcase_add_test(tc, test_join_without_begin);
+    tcase_add_test(tc, test_join_backward_needs_counted_forward);
+    tcase_add_test(tc, test_join_no_sync_disagreement);
+    tcase_add_test(tc, test_join_sync_bn_needs_a_step);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+static Suite *setup(nb_pg *pg) {
+    world = pg;
+    R = nb_pg_size(world);
+    me = nb_pg_rank(world);
+    return suite();
+}
+
+int main(void) { return nbt_run_world(setup); }
