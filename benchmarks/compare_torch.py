@@ -280,8 +280,8 @@ def main():
           + f"; torch.set_num_threads({intra}), set_num_interop_threads(1)")
     print("value [min-max] over runs; ratio = nabla / torch (below 1: nabla faster): of the medians, "
           "and per pair")
-    print(f"{'model':6} {'batch':>6} {'nabla ms':>24} {'(fwd':>7} {'bwd':>7} {'opt)':>7} {'torch ms':>24} "
-          f"{'ratio':>6} {'pair ratios':>18}")
+    print(f"{'model':6} {'batch':>6} {'nabla ms':>27} {'(fwd':>7} {'bwd':>7} {'opt)':>7} {'torch ms':>27} "
+          f"{'ratio':>6} {'pair ratios':>19}")
     seen = []
     for m in a.models.split(","):
         ours, theirs = [], []
@@ -296,9 +296,9 @@ def main():
         fb = [statistics.median(r[k] for r in ours) for k in ("fwd", "bwd", "opt")]
         pairs = [x / y for x, y in zip(o, th)]
         b = f"{BATCH[m]}x{GPT_T}" if m == "gpt" else str(BATCH[m])
-        print(f"{m:6} {b:>6} {spread(o, '{:.3f}'):>24} {fb[0]:7.3f} {fb[1]:7.3f} {fb[2]:7.3f} "
-              f"{spread(th, '{:.3f}'):>24} {statistics.median(o) / statistics.median(th):6.2f} "
-              f"{spread(pairs, '{:.2f}'):>18}", flush=True)
+        print(f"{m:6} {b:>6} {spread(o, '{:.3f}'):>27} {fb[0]:7.3f} {fb[1]:7.3f} {fb[2]:7.3f} "
+              f"{spread(th, '{:.3f}'):>27} {statistics.median(o) / statistics.median(th):6.3f} "
+              f"{spread(pairs, '{:.3f}'):>19}", flush=True)
         seen.append((m, ours, theirs))
     print("threads in force, read back: 'process' = most kernel threads the parent saw in the process "
           "(start and exit included); 'timed' = most the PyTorch process counted in itself after each timed step")
