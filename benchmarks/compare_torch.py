@@ -14,7 +14,8 @@ OPENBLAS_NUM_THREADS, MKL_NUM_THREADS, NABLA_NUM_THREADS) so that OpenMP and
 OpenBLAS size their pools before they start; the PyTorch process also calls
 torch.set_num_threads / set_num_interop_threads first. This process never
 imports torch. The runs alternate nabla, torch, nabla, torch ... and the
-thread settings actually in force on each side are read back and printed.
+thread settings actually in force on each side are read back and printed;
+when one did not take, the script says so and exits 1.
 
     make bench-torch                  (installs python3-torch when missing)
     /usr/bin/python3 benchmarks/compare_torch.py [--steps 20] [--repeats 5] [--threads 1]
@@ -309,6 +310,15 @@ def main():
               f"get_num_interop_threads {sorted({x['inter_op'] for x in theirs})}, "
               f"openblas_get_num_threads {sorted({x['blas'] for x in theirs}, key=str)}, "
               f"timed {sorted({x['threads'] for x in theirs})}, process {sorted({x['threads_seen'] for x in theirs})}")
+    wrong = [f"{m}: nabla ran {r['threads']} threads" for m, ours, _ in seen for r in ours if r["threads"] > a.threads]
+    wrong += [f"{m}: torch.get_num_threads() = {r['intra_op']}, not {intra}" for m, _, theirs in seen
+              for r in theirs if r["intra_op"] != intra]
+    wrong += [f"{m}: PyTorch's openblas_get_num_threads() = {r['blas']}, not {a.threads}" for m, _, theirs in seen
+              for r in theirs if r["blas"] is not None and r["blas"] != a.threads]
+    if wrong:
+        print("compare_torch: the thread settings did not take, the figures above are not comparable: "
+              + "; ".join(sorted(set(wrong))), file=sys.stderr)
+        return 1
     return 0
 
 
