@@ -5,124 +5,168 @@ For the bundled MLP classifier, the CNN and the character-level GPT (the
 shapes of models/*.c as bench_ddp --model builds them), times N training
 steps (forward, loss, backward, AdamW step, zero_grad) of our C program
 (build/bin/bench_ddp --no-ddp --model M --machine) and of the PyTorch
-equivalent in this process, both single process with the same thread count,
-in interleaved repeats, and prints the medians and our time over theirs
+equivalent, and prints medians with their spread and our time over theirs
 (below 1: we are faster).
 
-    make bench-torch                  (installs python3-torch when missing)
-    /usr/bin/python3 benchmarks/compare_torch.py [--steps 30] [--repeats 5] [--threads 1]
+Fairness (Note [A fair comparison]): each side runs in a fresh process of its
+own, started with the same thread variables (OMP_NUM_THREADS,
+OPENBLAS_NUM_THREADS, MKL_NUM_THREADS, NABLA_NUM_THREADS) so that OpenMP and
+OpenBLAS size their pools before they start; the PyTorch process also calls
+torch.set_num_threads / set_num_interop_threads first. This process never
+imports torch. The runs alternate nabla, torch, nabla, torch ... and the
+thread settings actually in force on each side are read back and printed;
+when one did not take, the script says so and exits 1.
 
-It re-executes itself with /usr/bin/python3 (Debian's python3-torch) when
-the interpreter running it cannot import torch, and exits 0 with a message
-when no interpreter can.
+    make bench-torch                  (installs python3-torch when missing)
+    /usr/bin/python3 benchmarks/compare_torch.py [--steps 20] [--repeats 5] [--threads 1]
+
+The PyTorch side runs under the first of this interpreter and /usr/bin/python3
+(Debian's python3-torch) that has torch; with none, the script exits 0 with a
+message.
 """
+# Note [A fair comparison]
+# Before, PyTorch ran inside this script's process: torch.set_num_threads(1)
+# fixes only ATen's OpenMP pool, while the OpenBLAS that torch calls for its
+# GEMMs had already started with as many threads as cores (the variable was
+# set only in nabla's environment), so "--threads 1" measured 1 nabla thread
+# against 2 PyTorch BLAS threads, and at "--threads 2" PyTorch's 2 OpenMP and
+# 2 OpenBLAS threads competed for 2 cores. Thread variables are read once, when
+# a library starts, so the only reliable way to set them is in the environment
+# of a process that has not loaded the library yet: hence a subprocess per run
+# for both sides, and a read-back (torch.get_num_threads, OpenBLAS's
+# openblas_get_num_threads, the kernel's thread count of the process) so that a
+# setting that did not take is seen in the output rather than assumed.
+# Each run gives the median of its timed steps; a row reports the median over
+# runs with the min-max range, and the median and range of the per-pair ratios
+# (nabla run i over torch run i, adjacent in time, so slow drift of a shared
+# machine cancels more in a pair than across the whole row).
 import argparse
+import ctypes
+import importlib.util
+import json
 import os
 import re
 import statistics
 import subprocess
 import sys
+import threading
 import time
 
 SYSTEM_PYTHON = "/usr/bin/python3"
-
-try:
-    import torch
-    import torch.nn as nn
-    import torch.nn.functional as F
-except ImportError:
-    if os.path.realpath(sys.executable) != os.path.realpath(SYSTEM_PYTHON) and os.path.exists(SYSTEM_PYTHON) \
-            and not os.environ.get("NABLA_COMPARE_REEXEC"):
-        os.environ["NABLA_COMPARE_REEXEC"] = "1"
-        os.execv(SYSTEM_PYTHON, [SYSTEM_PYTHON] + sys.argv)
-    print("compare_torch: torch is not importable (install python3-torch: make bench-torch); skipped")
-    sys.exit(0)
-
 HERE = os.path.dirname(os.path.abspath(__file__))
+THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NABLA_NUM_THREADS")
 
 # Must match bench_ddp.c (and through it models/*.c and the training programs).
 GPT_VOCAB, GPT_T, GPT_LAYERS, GPT_HEADS, GPT_WIDTH = 79, 64, 4, 4, 128
 BATCH = {"mlp": 8, "cnn": 32, "gpt": 16}
 
 
-def mlp():
-    return nn.Sequential(nn.Linear(30, 64), nn.ReLU(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 2))
+def torch_models():
+    """The three models in PyTorch. Imports torch: called only in the PyTorch process."""
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    def mlp():
+        return nn.Sequential(nn.Linear(30, 64), nn.ReLU(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 2))
+
+    class CNN(nn.Module):
+        """conv3x3 (no bias) - BatchNorm2d - ReLU blocks 16, 32, 64; 2x2 max pool
+        after each block but the last; global average pool; Linear head."""
+
+        def __init__(self, channels=(16, 32, 64), classes=10):
+            super().__init__()
+            blocks, c_in = [], 1
+            for c in channels:
+                blocks.append(nn.Sequential(nn.Conv2d(c_in, c, 3, padding=1, bias=False), nn.BatchNorm2d(c), nn.ReLU()))
+                c_in = c
+            self.blocks = nn.ModuleList(blocks)
+            self.head = nn.Linear(c_in, classes)
+
+        def forward(self, x):
+            for i, b in enumerate(self.blocks):
+                x = b(x)
+                if i + 1 < len(self.blocks) and x.shape[-1] >= 2 and x.shape[-2] >= 2:
+                    x = F.max_pool2d(x, 2, 2)
+            return self.head(x.mean(dim=(2, 3)))
+
+    class Block(nn.Module):
+        def __init__(self, c, n_head):
+            super().__init__()
+            self.n_head = n_head
+            self.ln_1, self.ln_2 = nn.LayerNorm(c), nn.LayerNorm(c)
+            self.c_attn, self.attn_proj = nn.Linear(c, 3 * c), nn.Linear(c, c)
+            self.c_fc, self.mlp_proj = nn.Linear(c, 4 * c), nn.Linear(4 * c, c)
+
+        def attn(self, x):
+            n, t, c = x.shape
+            q, k, v = self.c_attn(x).split(c, dim=2)
+            q, k, v = (z.view(n, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
+            att = (q @ k.transpose(-2, -1)) * (1.0 / (c // self.n_head) ** 0.5)
+            mask = torch.ones(t, t, dtype=torch.bool).tril()
+            att = F.softmax(att.masked_fill(~mask, float("-inf")), dim=-1)
+            return self.attn_proj((att @ v).transpose(1, 2).reshape(n, t, c))
+
+        def forward(self, x):
+            x = x + self.attn(self.ln_1(x))
+            return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+
+    class GPT(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wte, self.wpe = nn.Embedding(GPT_VOCAB, GPT_WIDTH), nn.Embedding(GPT_T, GPT_WIDTH)
+            self.h = nn.ModuleList(Block(GPT_WIDTH, GPT_HEADS) for _ in range(GPT_LAYERS))
+            self.ln_f = nn.LayerNorm(GPT_WIDTH)
+
+        def forward(self, idx):
+            x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
+            for b in self.h:
+                x = b(x)
+            return self.ln_f(x) @ self.wte.weight.t()  # tied head
+
+    return torch, F, {"mlp": mlp, "cnn": CNN, "gpt": GPT}
 
 
-class CNN(nn.Module):
-    """conv3x3 (no bias) - BatchNorm2d - ReLU blocks 16, 32, 64; 2x2 max pool
-    after each block but the last; global average pool; Linear head."""
-
-    def __init__(self, channels=(16, 32, 64), classes=10):
-        super().__init__()
-        blocks, c_in = [], 1
-        for c in channels:
-            blocks.append(nn.Sequential(nn.Conv2d(c_in, c, 3, padding=1, bias=False), nn.BatchNorm2d(c), nn.ReLU()))
-            c_in = c
-        self.blocks = nn.ModuleList(blocks)
-        self.head = nn.Linear(c_in, classes)
-
-    def forward(self, x):
-        for i, b in enumerate(self.blocks):
-            x = b(x)
-            if i + 1 < len(self.blocks) and x.shape[-1] >= 2 and x.shape[-2] >= 2:
-                x = F.max_pool2d(x, 2, 2)
-        return self.head(x.mean(dim=(2, 3)))
+def proc_threads(pid="self"):
+    """The kernel's count of threads in process `pid` (None once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return int(re.search(r"^Threads:\s+(\d+)", f.read(), re.M).group(1))
+    except (OSError, AttributeError):
+        return None
 
 
-class Block(nn.Module):
-    def __init__(self, c, n_head):
-        super().__init__()
-        self.n_head = n_head
-        self.ln_1, self.ln_2 = nn.LayerNorm(c), nn.LayerNorm(c)
-        self.c_attn, self.attn_proj = nn.Linear(c, 3 * c), nn.Linear(c, c)
-        self.c_fc, self.mlp_proj = nn.Linear(c, 4 * c), nn.Linear(4 * c, c)
-
-    def attn(self, x):
-        n, t, c = x.shape
-        q, k, v = self.c_attn(x).split(c, dim=2)
-        q, k, v = (z.view(n, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
-        att = (q @ k.transpose(-2, -1)) * (1.0 / (c // self.n_head) ** 0.5)
-        mask = torch.ones(t, t, dtype=torch.bool).tril()
-        att = F.softmax(att.masked_fill(~mask, float("-inf")), dim=-1)
-        return self.attn_proj((att @ v).transpose(1, 2).reshape(n, t, c))
-
-    def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
-        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+def openblas_threads():
+    """openblas_get_num_threads() of the OpenBLAS this process loaded, or None."""
+    with open("/proc/self/maps") as f:
+        libs = sorted({line.split()[-1] for line in f if "openblas" in line and ".so" in line})
+    for lib in libs:
+        try:
+            return ctypes.CDLL(lib).openblas_get_num_threads()
+        except (OSError, AttributeError):
+            continue
+    return None
 
 
-class GPT(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.wte, self.wpe = nn.Embedding(GPT_VOCAB, GPT_WIDTH), nn.Embedding(GPT_T, GPT_WIDTH)
-        self.h = nn.ModuleList(Block(GPT_WIDTH, GPT_HEADS) for _ in range(GPT_LAYERS))
-        self.ln_f = nn.LayerNorm(GPT_WIDTH)
-
-    def forward(self, idx):
-        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
-        for b in self.h:
-            x = b(x)
-        return self.ln_f(x) @ self.wte.weight.t()  # tied head
-
-
-def torch_case(model_name, steps):
-    """(median ms per step over `steps` steps after 3 warm-up steps, like
-    bench_ddp; number of parameters)."""
+def torch_worker(model_name, steps, intra_op):
+    """Runs in its own process (started by run_torch): one timed run, one JSON line."""
+    torch, F, models = torch_models()
+    torch.set_num_threads(intra_op)
+    torch.set_num_interop_threads(1)
     torch.manual_seed(1)
     b = BATCH[model_name]
+    model = models[model_name]()
     if model_name == "mlp":
-        model, x, y = mlp(), torch.randn(b, 30), torch.arange(b) % 2
+        x, y = torch.randn(b, 30), torch.arange(b) % 2
     elif model_name == "cnn":
-        model, x, y = CNN(), torch.randn(b, 1, 8, 8), torch.arange(b) % 10
+        x, y = torch.randn(b, 1, 8, 8), torch.arange(b) % 10
     else:
-        model = GPT()
         x = torch.randint(0, GPT_VOCAB, (b, GPT_T))
         y = torch.randint(0, GPT_VOCAB, (b, GPT_T))
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=1e-2)
-    times = []
-    for s in range(steps + 3):
+    times, most = [], 0
+    for s in range(steps + 3):  # 3 warm-up steps, as bench_ddp
         t0 = time.perf_counter()
         out = model(x)
         loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
@@ -131,49 +175,150 @@ def torch_case(model_name, steps):
         opt.zero_grad(set_to_none=True)
         if s >= 3:
             times.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(times), sum(p.numel() for p in model.parameters())
+            most = max(most, proc_threads())
+    print(json.dumps({"ms": 1e3 * statistics.median(times), "params": sum(p.numel() for p in model.parameters()),
+                      "version": torch.__version__, "intra_op": torch.get_num_threads(),
+                      "inter_op": torch.get_num_interop_threads(), "blas": openblas_threads(),
+                      "threads": most}))
+    return 0
 
 
-def nabla_case(binary, model_name, steps, env):
-    out = subprocess.run([binary, "--no-ddp", "--model", model_name, "--machine", "--steps", str(steps)],
-                         env=env, check=True, capture_output=True, text=True).stdout
+class ThreadWatch:
+    """Samples a child's kernel thread count while it runs; keeps the largest."""
+
+    def __init__(self, proc):
+        self.proc, self.most = proc, 0
+        self.t = threading.Thread(target=self.run, daemon=True)
+        self.t.start()
+
+    def run(self):
+        while self.proc.poll() is None:
+            n = proc_threads(self.proc.pid)
+            if n:
+                self.most = max(self.most, n)
+            time.sleep(0.01)
+
+    def stop(self):
+        self.t.join()
+        return self.most
+
+
+def run_child(cmd, env):
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    watch = ThreadWatch(p)
+    out, err = p.communicate()
+    most = watch.stop()
+    if p.returncode != 0:
+        sys.stderr.write(err)
+        raise SystemExit(f"compare_torch: {' '.join(cmd)} exited with status {p.returncode}")
+    return out, most
+
+
+def run_nabla(binary, model_name, steps, env):
+    out, most = run_child([binary, "--no-ddp", "--model", model_name, "--machine", "--steps", str(steps)], env)
     f = dict(re.findall(r"(\w+)=(\S+)", out))
-    return float(f["ms"]), float(f["fwd"]), float(f["bwd"]), float(f["opt"]), int(f["params"])
+    return {"ms": float(f["ms"]), "fwd": float(f["fwd"]), "bwd": float(f["bwd"]), "opt": float(f["opt"]),
+            "params": int(f["params"]), "threads": most}
+
+
+def run_torch(python, model_name, steps, intra_op, env):
+    out, most = run_child([python, os.path.abspath(__file__), "--torch-worker", model_name, "--steps", str(steps),
+                           "--torch-intra-op", str(intra_op)], env)
+    r = json.loads(out.strip().splitlines()[-1])
+    r["threads_seen"] = most
+    return r
+
+
+def torch_python():
+    """An interpreter that can import torch (without importing it here), or None."""
+    if importlib.util.find_spec("torch") is not None:
+        return sys.executable
+    if os.path.exists(SYSTEM_PYTHON) and os.path.realpath(SYSTEM_PYTHON) != os.path.realpath(sys.executable):
+        ok = subprocess.run([SYSTEM_PYTHON, "-c", "import importlib.util, sys; "
+                             "sys.exit(importlib.util.find_spec('torch') is None)"]).returncode == 0
+        if ok:
+            return SYSTEM_PYTHON
+    return None
+
+
+def spread(xs, fmt):
+    return f"{fmt.format(statistics.median(xs))} [{fmt.format(min(xs))}-{fmt.format(max(xs))}]"
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=int(os.environ.get("OPENBLAS_NUM_THREADS", "1")))
+    ap.add_argument("--steps", type=int, default=20, help="timed steps per run (after 3 warm-up steps)")
+    ap.add_argument("--repeats", type=int, default=5, help="interleaved (nabla, torch) pairs per model")
+    ap.add_argument("--threads", type=int, default=int(os.environ.get("OPENBLAS_NUM_THREADS", "1")),
+                    help="OMP/OPENBLAS/MKL/NABLA_NUM_THREADS of both sides")
+    ap.add_argument("--torch-intra-op", type=int, default=None,
+                    help="PyTorch's OMP_NUM_THREADS and set_num_threads, when it should differ from --threads "
+                         "(e.g. 1 with --threads 2: BLAS on 2 threads, ATen's own kernels on 1)")
     ap.add_argument("--models", default="mlp,cnn,gpt")
     ap.add_argument("--bin", default=os.environ.get("NABLA_BIN", os.path.join(HERE, "..", "build", "bin")))
+    ap.add_argument("--torch-worker", metavar="MODEL", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    intra = a.torch_intra_op or a.threads
+    if a.torch_worker:
+        return torch_worker(a.torch_worker, a.steps, intra)
     binary = os.path.join(a.bin, "bench_ddp")
     if not os.access(binary, os.X_OK):
         print(f"compare_torch: {binary} not found; build first (make build)", file=sys.stderr)
         return 1
-    torch.set_num_threads(a.threads)
-    env = dict(os.environ, OPENBLAS_NUM_THREADS=str(a.threads), OMP_NUM_THREADS=str(a.threads))
-    print(f"torch {torch.__version__}, {a.threads} thread(s), {a.steps} steps x {a.repeats} interleaved repeats, "
-          f"medians; ratio = nabla / torch (below 1: nabla faster)")
-    print(f"{'model':6} {'batch':>6} {'nabla ms':>9} {'(fwd':>7} {'bwd':>7} {'opt)':>7} {'torch ms':>9} {'ratio':>6}")
+    python = torch_python()
+    if python is None:
+        print("compare_torch: torch is not importable (install python3-torch: make bench-torch); skipped")
+        return 0
+    base = {k: v for k, v in os.environ.items() if k not in THREAD_VARS and k not in ("GOMP_CPU_AFFINITY",
+                                                                                        "OMP_PROC_BIND")}
+    t = str(a.threads)
+    env_nabla = dict(base, **{k: t for k in THREAD_VARS})
+    env_torch = dict(env_nabla, OMP_NUM_THREADS=str(intra))
+    print(f"{a.steps} steps per run (median of each run), {a.repeats} interleaved pairs per model "
+          f"(nabla, torch, nabla, torch ...); load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    print("  nabla env: " + " ".join(f"{k}={env_nabla[k]}" for k in THREAD_VARS))
+    print("  torch env: " + " ".join(f"{k}={env_torch[k]}" for k in THREAD_VARS)
+          + f"; torch.set_num_threads({intra}), set_num_interop_threads(1)")
+    print("value [min-max] over runs; ratio = nabla / torch (below 1: nabla faster): of the medians, "
+          "and per pair")
+    print(f"{'model':6} {'batch':>6} {'nabla ms':>27} {'(fwd':>7} {'bwd':>7} {'opt)':>7} {'torch ms':>27} "
+          f"{'ratio':>6} {'pair ratios':>19}")
+    seen = []
     for m in a.models.split(","):
-        ours, theirs, parts = [], [], []
+        ours, theirs = [], []
         for _ in range(a.repeats):
-            r = nabla_case(binary, m, a.steps, env)
-            ours.append(r[0])
-            parts.append(r[1:4])
-            ms, n_params = torch_case(m, a.steps)
-            theirs.append(ms)
-            if n_params != r[4]:
-                print(f"compare_torch: {m}: {r[4]} parameters in nabla's model, {n_params} in torch's: "
-                      "the models differ", file=sys.stderr)
+            ours.append(run_nabla(binary, m, a.steps, env_nabla))
+            theirs.append(run_torch(python, m, a.steps, intra, env_torch))
+            if theirs[-1]["params"] != ours[-1]["params"]:
+                print(f"compare_torch: {m}: {ours[-1]['params']} parameters in nabla's model, "
+                      f"{theirs[-1]['params']} in torch's: the models differ", file=sys.stderr)
                 return 1
-        o, t = statistics.median(ours), statistics.median(theirs)
-        fb = [statistics.median(p[i] for p in parts) for i in range(3)]
+        o, th = [r["ms"] for r in ours], [r["ms"] for r in theirs]
+        fb = [statistics.median(r[k] for r in ours) for k in ("fwd", "bwd", "opt")]
+        pairs = [x / y for x, y in zip(o, th)]
         b = f"{BATCH[m]}x{GPT_T}" if m == "gpt" else str(BATCH[m])
-        print(f"{m:6} {b:>6} {o:9.3f} {fb[0]:7.3f} {fb[1]:7.3f} {fb[2]:7.3f} {t:9.3f} {o / t:6.2f}", flush=True)
+        print(f"{m:6} {b:>6} {spread(o, '{:.3f}'):>27} {fb[0]:7.3f} {fb[1]:7.3f} {fb[2]:7.3f} "
+              f"{spread(th, '{:.3f}'):>27} {statistics.median(o) / statistics.median(th):6.3f} "
+              f"{spread(pairs, '{:.3f}'):>19}", flush=True)
+        seen.append((m, ours, theirs))
+    print("threads in force, read back: 'process' = most kernel threads the parent saw in the process "
+          "(start and exit included); 'timed' = most the PyTorch process counted in itself after each timed step")
+    for m, ours, theirs in seen:
+        r = theirs[0]
+        print(f"  {m:4} nabla: process {sorted({x['threads'] for x in ours})}; "
+              f"torch {r['version']}: get_num_threads {sorted({x['intra_op'] for x in theirs})}, "
+              f"get_num_interop_threads {sorted({x['inter_op'] for x in theirs})}, "
+              f"openblas_get_num_threads {sorted({x['blas'] for x in theirs}, key=str)}, "
+              f"timed {sorted({x['threads'] for x in theirs})}, process {sorted({x['threads_seen'] for x in theirs})}")
+    wrong = [f"{m}: nabla ran {r['threads']} threads" for m, ours, _ in seen for r in ours if r["threads"] > a.threads]
+    wrong += [f"{m}: torch.get_num_threads() = {r['intra_op']}, not {intra}" for m, _, theirs in seen
+              for r in theirs if r["intra_op"] != intra]
+    wrong += [f"{m}: PyTorch's openblas_get_num_threads() = {r['blas']}, not {a.threads}" for m, _, theirs in seen
+              for r in theirs if r["blas"] is not None and r["blas"] != a.threads]
+    if wrong:
+        print("compare_torch: the thread settings did not take, the figures above are not comparable: "
+              + "; ".join(sorted(set(wrong))), file=sys.stderr)
+        return 1
     return 0
 
 
