@@ -19,6 +19,11 @@
  *   nbrun --nproc-per-node 2 build/bin/bench_ddp --model gpt
  *   build/bin/bench_ddp --no-ddp --model cnn --machine      (no launcher needed)
  *
+ * --bucket-step attaches the optimizer to the wrapper (nb_ddp_set_optimizer):
+ * each bucket's parameters are updated as soon as its all-reduce is done,
+ * inside nb_ddp_backward, instead of one nb_optim_step after it; the mode
+ * column then reads "ddp-bs" and ms/step compares with the "ddp" row.
+ *
  * --machine prints one key=value line (with forward / backward / optimizer
  * medians) for scripts instead of the row; --plot-scaling LINES SVG reads
  * such lines (benchmarks/run_scaling.sh collects them), prints the scaling
@@ -173,10 +178,11 @@ static int plot_scaling(const char *path, const char *svg) {
 int main(int argc, char **argv) {
     int steps = 30, width = 512, layers = 4, header = 0, machine = 0, kind = WIDE;
     int64_t batch = 0;
-    bool use_ddp = true;
+    bool use_ddp = true, bucket_step = false;
     const char *device_arg = "auto";
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--no-ddp")) use_ddp = false;
+        else if (!strcmp(argv[i], "--bucket-step")) bucket_step = true;
         else if (!strcmp(argv[i], "--header")) header = 1;
         else if (!strcmp(argv[i], "--machine")) machine = 1;
         else if (!strcmp(argv[i], "--plot-scaling") && i + 2 < argc) return plot_scaling(argv[i + 1], argv[i + 2]);
@@ -194,12 +200,16 @@ int main(int argc, char **argv) {
             }
         } else {
             fprintf(stderr, "usage: %s [--model wide|mlp|cnn|gpt] [--device auto|cpu|cuda] [--no-ddp] "
-                            "[--steps N] [--batch B] [--width W] [--layers L] [--header] [--machine]\n"
+                            "[--bucket-step] [--steps N] [--batch B] [--width W] [--layers L] [--header] [--machine]\n"
                             "       %s --plot-scaling LINES SVG\n", argv[0], argv[0]);
             return 2;
         }
     }
     if (steps < 1) steps = 1;
+    if (bucket_step && !use_ddp) {
+        fprintf(stderr, "bench_ddp: --bucket-step steps inside nb_ddp_backward; it needs DDP (drop --no-ddp)\n");
+        return 2;
+    }
     if (!batch) batch = kind == MLP ? 8 : kind == CNN ? 32 : kind == GPT ? 16 : 64;
     if (header) {
         printf("%-6s %-7s %10s %12s %11s %9s %8s\n", "world", "mode", "ms/step", "samples/s", "backward", "wait",
@@ -243,6 +253,8 @@ int main(int argc, char **argv) {
     int64_t n_params = 0;
     for (int i = 0; i < np; i++) n_params += nb_numel(p[i].tensor);
     nb_optim *opt = nb_optim_new(NB_OPTIM_ADAMW, p, np, &NB_ADAMW_DEFAULTS);
+    if (bucket_step) nb_ddp_set_optimizer(ddp, opt);
+    const char *mode = !ddp ? "no-ddp" : bucket_step ? "ddp-bs" : "ddp";
     nb_rng data = nb_rng_make(100 + (uint64_t)rank);
     double *t_step = calloc((size_t)steps * 4, sizeof(double)), *t_fwd = t_step + steps,
            *t_bwd = t_fwd + steps, *t_opt = t_bwd + steps, bw = 0, wait = 0, hidden = 0;
@@ -271,7 +283,7 @@ int main(int argc, char **argv) {
         }
         if (cuda) nb_cuda_synchronize(dev);
         double tb = now_s();
-        nb_optim_step(opt);
+        if (!bucket_step) nb_optim_step(opt); /* else nb_ddp_backward did it */
         nb_optim_zero_grad(opt);
         if (cuda) nb_cuda_synchronize(dev);
         double t1 = now_s();
@@ -290,7 +302,7 @@ int main(int argc, char **argv) {
     if (rank == 0 && machine) {
         printf("model=%s mode=%s world=%d batch=%lld ms=%.4f fwd=%.4f bwd=%.4f opt=%.4f per_s=%.1f unit=%s "
                "hidden=%.4f params=%lld\n",
-               model_names[kind], ddp ? "ddp" : "no-ddp", world, (long long)batch, 1e3 * med,
+               model_names[kind], mode, world, (long long)batch, 1e3 * med,
                1e3 * median(t_fwd, measured), 1e3 * median(t_bwd, measured), 1e3 * median(t_opt, measured),
                per_s, kind == GPT ? "tokens" : "samples", ddp && world > 1 ? hidden / measured : NAN, (long long)n_params);
     } else if (rank == 0) {
@@ -300,11 +312,11 @@ int main(int argc, char **argv) {
             snprintf(bws, sizeof bws, "%.2f ms", 1e3 * bw / measured);
             snprintf(ws, sizeof ws, "%.2f ms", 1e3 * wait / measured);
         }
-        printf("%-6d %-7s %10.2f %12.0f %11s %9s %8s\n", world, ddp ? "ddp" : "no-ddp", 1e3 * med, per_s, bws, ws,
+        printf("%-6d %-7s %10.2f %12.0f %11s %9s %8s\n", world, mode, 1e3 * med, per_s, bws, ws,
                hid);
     }
+    nb_ddp_free(ddp); /* first: it detaches the optimizer */
     nb_optim_free(opt);
-    nb_ddp_free(ddp);
     free(p);
     free(t_step);
     nb_ctx_free(step);

@@ -45,6 +45,20 @@ if(TARGET test_ddp)
   endforeach()
 endif()
 
+# DDP with the optimizer step overlapped per bucket, at 2 and 3 ranks.
+if(TARGET test_ddp_bucket_step)
+  foreach(_np 2 3)
+    set(_name test_ddp_bucket_step_np${_np})
+    add_test(NAME ${_name}
+      COMMAND $<TARGET_FILE:nbrun> --nproc-per-node ${_np} --master-port 0 $<TARGET_FILE:test_ddp_bucket_step>
+      WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
+    set_tests_properties(${_name} PROPERTIES
+      LABELS "unit;multiproc" TIMEOUT 120 SKIP_RETURN_CODE 77
+      ENVIRONMENT "${NABLA_TEST_ENVIRONMENT};NABLA_PG_TIMEOUT=30")
+    list(APPEND NABLA_TESTS ${_name})
+  endforeach()
+endif()
+
 # DDP join (uneven inputs), at 2 and 3 ranks. A short collective timeout:
 # without join, a rank left waiting fails the test in seconds, not at the
 # CTest timeout.

@@ -43,7 +43,29 @@
  *
  * A world of one needs no buckets; NABLA_DDP_FORCE_BUCKETS=1 builds them
  * anyway (tests of the bucket machinery on one GPU: NCCL allows one rank
- * per GPU). */
+ * per GPU).
+ *
+ * Note [Per-bucket step]
+ * With an optimizer attached (nb_ddp_set_optimizer), the end-of-backward
+ * loop that waits for bucket b, widens and averages it, then hands b's
+ * parameters to the optimizer (nb__optim_step_params) before waiting for
+ * bucket b + 1: the update of b runs while the later buckets' all-reduces
+ * are still in flight. The update of each parameter is elementwise and
+ * reads only that parameter's gradient and state, so stepping bucket by
+ * bucket gives the same bits as one nb_optim_step after the last bucket;
+ * the optimizer-wide step count is added once per backward and the
+ * learning rates are those set before it. The decision to step is taken
+ * before the first wait: a backward that failed, or one where a parameter
+ * got no gradient without find_unused_parameters, steps nothing (as a
+ * user would not step after the error). A bucket whose all-reduce fails
+ * stops the stepping: the buckets before it were updated, it and the
+ * later ones were not, and the error says the group is broken anyway.
+ * Global-norm clipping needs every gradient before the first update, the
+ * grad scaler's found-inf check too, and join replays steps on ranks that
+ * do not train: those combinations abort (nb__optim_check_not_bucket_stepped,
+ * nb_ddp_join_begin). A no_sync backward reduces nothing and steps
+ * nothing; the synchronising backward after it steps on the accumulated
+ * sums. */
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -51,6 +73,7 @@
 #include "distributed/ddp_buckets.h"
 #include "distributed/ddp_internal.h"
 #include "distributed/internal.h"
+#include "optim/internal.h"
 #include "tensor/internal.h"
 
 #define DEFAULT_FIRST_BUCKET (1u << 20)
@@ -215,6 +238,8 @@ static void free_arrays(nb_ddp *d) {
     free(d->times);
     free(d->stat_times);
     free(d->events);
+    free(d->opt_index);
+    free(d->step_idx);
     for (int i = 0; i < d->n_trace; i++) free(d->trace[i].b);
 }
 
@@ -273,6 +298,7 @@ nb_status nb_ddp_new(nb_ddp **out, nb_module *model, nb_pg *pg, const nb_ddp_opt
 
 void nb_ddp_free(nb_ddp *d) {
     if (!d) return;
+    if (d->opt) d->opt->stepped_by = NULL;
     nb__ddp_join_forget(d);
     for (int b = 0; b < d->n_buckets; b++)
         if (d->buckets[b].work) { /* left by a failed step */
@@ -295,6 +321,53 @@ void nb_ddp_free(nb_ddp *d) {
 }
 
 nb_module *nb_ddp_module(nb_ddp *d) { return d->model; }
+
+void nb_ddp_set_optimizer(nb_ddp *d, nb_optim *opt) {
+    NB_CHECK(d, "nb_ddp_set_optimizer: NULL wrapper");
+    NB_CHECK(!d->in_backward, "nb_ddp_set_optimizer: rank %d: called inside a backward", d->rank);
+    NB_CHECK(!opt || !d->join_on,
+             "nb_ddp_set_optimizer: rank %d: the wrapper is in join mode (nb_ddp_join_begin); "
+             "per-bucket optimizer steps cannot be combined with join", d->rank);
+    NB_CHECK(!opt || opt == d->opt || !opt->stepped_by,
+             "nb_ddp_set_optimizer: rank %d: this optimizer is already stepped per bucket by "
+             "another DDP wrapper", d->rank);
+    if (opt && opt != d->opt) {
+        int *index = nb__ddp_calloc((size_t)(d->n ? d->n : 1), sizeof(int));
+        for (int i = 0; i < d->n; i++) index[i] = nb__optim_param_index(opt, d->p[i].tensor);
+        int found = 0;
+        for (int i = 0; i < d->n; i++) found += index[i] >= 0;
+        if (found != nb_optim_param_count(opt)) {
+            const char *name = "?";
+            for (int j = 0; j < nb_optim_param_count(opt) && name[0] == '?'; j++) {
+                bool in = false;
+                for (int i = 0; i < d->n && !in; i++) in = index[i] == j;
+                if (!in) name = opt->params[j].name;
+            }
+            free(index);
+            NB_ABORT("nb_ddp_set_optimizer: rank %d: optimizer parameter \"%s\" is not a "
+                     "parameter (that requires grad) of the wrapped model; a per-bucket step "
+                     "updates only the wrapper's parameters, so it would never be stepped",
+                     d->rank, name);
+        }
+        free(d->opt_index);
+        free(d->step_idx);
+        d->opt_index = index;
+        d->step_idx = nb__ddp_calloc((size_t)(d->n ? d->n : 1), sizeof(int));
+    }
+    if (d->opt && d->opt != opt) d->opt->stepped_by = NULL;
+    d->opt = opt;
+    if (opt) opt->stepped_by = "a DDP wrapper";
+}
+
+nb_optim *nb_ddp_optimizer(const nb_ddp *d) { return d->opt; }
+
+/* Steps the optimizer's parameters among params[0..n) (Note [Per-bucket step]). */
+static void step_params(nb_ddp *d, const int *params, int n) {
+    int k = 0;
+    for (int j = 0; j < n; j++)
+        if (d->opt_index[params[j]] >= 0) d->step_idx[k++] = d->opt_index[params[j]];
+    if (k) nb__optim_step_params(d->opt, d->step_idx, k);
+}
 void nb_ddp_set_no_sync(nb_ddp *d, bool no_sync) { d->no_sync = no_sync; }
 bool nb_ddp_buckets_rebuilt(const nb_ddp *d) { return d->rebuilt; }
 int nb_ddp_num_buckets(const nb_ddp *d) { return d->n_buckets; }
@@ -411,7 +484,15 @@ nb_status nb_ddp_backward(nb_ddp *d, nb_tensor *loss) {
     }
     if (!d->bucketed || d->no_sync) {
         nb_backward(loss);
-        return backward_failure();
+        nb_status st = backward_failure();
+        if (st == NB_OK && d->opt && !d->no_sync) { /* a world of one: the whole step at once */
+            int *all = nb__ddp_calloc((size_t)(d->n ? d->n : 1), sizeof(int));
+            for (int i = 0; i < d->n; i++) all[i] = i;
+            nb__optim_count_step(d->opt);
+            step_params(d, all, d->n);
+            free(all);
+        }
+        return st;
     }
     nb__ddp_reset_ready(d);
     d->in_backward = true;
@@ -438,6 +519,8 @@ nb_status nb_ddp_backward(nb_ddp *d, nb_tensor *loss) {
             n_missing++;
             mark_ready(d, i); /* still reduce, so the other ranks are not left waiting */
         }
+    bool stepping = d->opt && bw_st == NB_OK && (n_missing == 0 || d->o.find_unused_parameters);
+    if (stepping) nb__optim_count_step(d->opt);
     nb_status st = NB_OK;
     for (int b = 0; b < d->n_buckets; b++) {
         bucket *bk = &d->buckets[b];
@@ -452,6 +535,7 @@ nb_status nb_ddp_backward(nb_ddp *d, nb_tensor *loss) {
         if (s == NB_OK && bk->wire) nb_copy_(bk->flat, bk->wire);
         double div = nb__ddp_join_divisor(d);
         if (s == NB_OK && div > 0) nb_scale_(bk->flat, 1.0 / div);
+        if (stepping && st == NB_OK) step_params(d, bk->params, bk->n); /* Note [Per-bucket step] */
     }
     double done = nb__ddp_now();
     if (bw_st != NB_OK) return nb_set_error(bw_st, "%s", bw_why); /* it came first */

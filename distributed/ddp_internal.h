@@ -82,6 +82,10 @@ struct nb_ddp {
     int join_root;         /* lowest of them: buffers and the bucket order come from it */
     join_event *events;    /* this rank's last training step (malloc'd) */
     int n_events, cap_events;
+    /* per-bucket step (Note [Per-bucket step] in ddp.c) */
+    nb_optim *opt;         /* NULL: the user steps after nb_ddp_backward */
+    int *opt_index;        /* per parameter: its index in opt, or -1 (malloc'd) */
+    int *step_idx;         /* scratch, n (malloc'd) */
 };
 
 /* ddp.c */

@@ -85,6 +85,10 @@ void nb_ddp_join_begin(nb_ddp *d, const nb_ddp_join_options *opts) {
     NB_CHECK(d, "nb_ddp_join_begin: NULL wrapper");
     NB_CHECK(!d->join_counted, "nb_ddp_join_begin: rank %d: called between a step's forward and its backward",
              d->rank);
+    NB_CHECK(!d->opt, "nb_ddp_join_begin: rank %d: the wrapper steps an optimizer per bucket "
+             "(nb_ddp_set_optimizer); join mode cannot be combined with it (a joined rank replays "
+             "steps without training); detach it with nb_ddp_set_optimizer(ddp, NULL) and call "
+             "nb_optim_step after nb_ddp_backward", d->rank);
     nb_ddp_join_options o = opts ? *opts : NB_DDP_JOIN_DEFAULTS;
     d->join_on = true;
     d->join_div_initial = o.divide_by_initial_world_size;

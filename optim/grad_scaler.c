@@ -71,6 +71,7 @@ static bool grads_finite(nb_optim *opt) {
 
 void nb_grad_scaler_unscale(nb_grad_scaler *s, nb_optim *opt) {
     NB_CHECK(s && opt, "nb_grad_scaler_unscale: NULL argument");
+    nb__optim_check_not_bucket_stepped(opt, "nb_grad_scaler_unscale");
     NB_CHECK(s->stage == STAGE_READY, "nb_grad_scaler_unscale: the gradients were already %s "
              "since the last nb_grad_scaler_update", s->stage == STAGE_UNSCALED ? "unscaled"
                                                                                  : "stepped");
@@ -85,6 +86,7 @@ void nb_grad_scaler_unscale(nb_grad_scaler *s, nb_optim *opt) {
 
 bool nb_grad_scaler_step(nb_grad_scaler *s, nb_optim *opt) {
     NB_CHECK(s && opt, "nb_grad_scaler_step: NULL argument");
+    nb__optim_check_not_bucket_stepped(opt, "nb_grad_scaler_step");
     NB_CHECK(s->stage != STAGE_STEPPED,
              "nb_grad_scaler_step: called twice without nb_grad_scaler_update in between");
     if (s->stage == STAGE_READY) nb_grad_scaler_unscale(s, opt);

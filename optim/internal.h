@@ -42,6 +42,10 @@ struct nb_optim {
     nb_tensor *step_count; /* i64 scalar */
     nb_named_tensor *state;
     int n_state;
+    /* Non-NULL while a DDP wrapper steps this optimizer per bucket
+     * (nb_ddp_set_optimizer): names the owner in the refusals of
+     * nb_optim_step, clipping and the grad scaler. */
+    const char *stepped_by;
 };
 
 static inline double *nb__optim_hp(const nb_optim *opt, int group) {
@@ -54,5 +58,17 @@ const char *nb__optim_check_hparams(nb_optim_kind kind, const double *hp, char *
 /* A context for temporaries on `device`, one per thread and device,
  * reset at every call (what it held before is gone). */
 nb_ctx *nb__optim_scratch(nb_device device);
+
+/* Per-bucket stepping (Note [Per-bucket step] in distributed/ddp.c).
+ * nb__optim_step_params updates parameters idx[0..n) (indices into
+ * opt->params) exactly as nb_optim_step updates them: each one's step count
+ * +1 and the group's current hyperparameters; nb__optim_count_step adds the
+ * one optimizer-wide step (optim.step) that a whole step counts. */
+void nb__optim_step_params(nb_optim *opt, const int *idx, int n);
+void nb__optim_count_step(nb_optim *opt);
+/* Index of tensor t among the optimizer's parameters, or -1. */
+int nb__optim_param_index(const nb_optim *opt, const nb_tensor *t);
+/* Aborts, naming `who`, when a DDP wrapper steps opt per bucket. */
+void nb__optim_check_not_bucket_stepped(const nb_optim *opt, const char *who);
 
 #endif

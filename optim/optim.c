@@ -302,11 +302,10 @@ static void check_grad(const nb__optim_param *p, const nb_tensor *g) {
  * (tensor/backend.h: on CUDA one fused launch, on the CPU a loop). Step
  * counts and hyperparameters stay in host memory (opt->host_ctx), so the
  * step reads nothing back from the device. */
-void nb_optim_step(nb_optim *opt) {
-    NB_CHECK(opt, "nb_optim_step: NULL optimizer");
-    ++*(int64_t *)opt->step_count->data;
+/* The parameters idx[0..n) (all of them when idx is NULL) that have a
+ * gradient: one multi-tensor update per dtype. */
+static void step_list(nb_optim *opt, const int *idx, int n) {
     const nb__backend *be = nb__backend_of(nb_ctx_device(opt->ctx));
-    int n = opt->n_params;
     nb_tensor **t = malloc(sizeof *t * 5 * (size_t)(n > 0 ? n : 1));
     int64_t *steps = malloc(sizeof *steps * (size_t)(n > 0 ? n : 1));
     const double **hp = malloc(sizeof *hp * (size_t)(n > 0 ? n : 1));
@@ -315,8 +314,8 @@ void nb_optim_step(nb_optim *opt) {
     static const nb_dtype dtypes[2] = {NB_F32, NB_F64};
     for (int pass = 0; pass < 2; pass++) {
         int k = 0;
-        for (int i = 0; i < n; i++) {
-            nb__optim_param *p = &opt->params[i];
+        for (int j = 0; j < n; j++) {
+            nb__optim_param *p = &opt->params[idx ? idx[j] : j];
             nb_tensor *g = p->param->grad;
             if (!g || p->param->dtype != dtypes[pass]) continue;
             check_grad(p, g);
@@ -336,6 +335,41 @@ void nb_optim_step(nb_optim *opt) {
     free(t);
     free(steps);
     free(hp);
+}
+
+void nb__optim_check_not_bucket_stepped(const nb_optim *opt, const char *who) {
+    NB_CHECK(!opt->stepped_by,
+             "%s: this optimizer is stepped per bucket by %s (nb_ddp_set_optimizer): "
+             "nb_ddp_backward has already updated the parameters; do not call %s with it (to "
+             "clip, scale or step by hand, detach it first with nb_ddp_set_optimizer(ddp, NULL))",
+             who, opt->stepped_by, who);
+}
+
+/* Note [Optimizer step]: every parameter with a gradient, grouped by
+ * dtype, goes into one multi-tensor update of the parameters' backend
+ * (tensor/backend.h: on CUDA one fused launch, on the CPU a loop). Step
+ * counts and hyperparameters stay in host memory (opt->host_ctx), so the
+ * step reads nothing back from the device. */
+void nb_optim_step(nb_optim *opt) {
+    NB_CHECK(opt, "nb_optim_step: NULL optimizer");
+    nb__optim_check_not_bucket_stepped(opt, "nb_optim_step");
+    ++*(int64_t *)opt->step_count->data;
+    step_list(opt, NULL, opt->n_params);
+}
+
+void nb__optim_step_params(nb_optim *opt, const int *idx, int n) {
+    for (int j = 0; j < n; j++)
+        NB_CHECK(idx[j] >= 0 && idx[j] < opt->n_params,
+                 "nb__optim_step_params: index %d of %d parameters", idx[j], opt->n_params);
+    step_list(opt, idx, n);
+}
+
+void nb__optim_count_step(nb_optim *opt) { ++*(int64_t *)opt->step_count->data; }
+
+int nb__optim_param_index(const nb_optim *opt, const nb_tensor *t) {
+    for (int i = 0; i < opt->n_params; i++)
+        if (opt->params[i].param == t) return i;
+    return -1;
 }
 
 void nb_optim_zero_grad(nb_optim *opt) {

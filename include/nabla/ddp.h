@@ -17,6 +17,7 @@
 
 #include "nabla/dist.h"
 #include "nabla/nn.h"
+#include "nabla/optim.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -81,6 +82,24 @@ nb_status nb_ddp_backward(nb_ddp *ddp, nb_tensor *loss);
 /* Gradient accumulation: while on, nb_ddp_backward communicates nothing;
  * the first backward after turning it off reduces the accumulated sums. */
 void nb_ddp_set_no_sync(nb_ddp *ddp, bool no_sync);
+
+/* ---- optimizer step overlapped per bucket (docs/ddp.md, "Per-bucket
+ * optimizer step") ---- */
+/* From now on each synchronising nb_ddp_backward also steps `opt`: as soon
+ * as a bucket's all-reduce completes (and is averaged), the optimizer
+ * updates that bucket's parameters, while later buckets are still in
+ * flight; when nb_ddp_backward returns, the step is done (one optimizer
+ * step, optim.step + 1, with the learning rates set before the backward).
+ * A no_sync backward steps nothing. Every parameter of opt must be one of
+ * the wrapper's parameters. While attached, nb_optim_step,
+ * nb_optim_clip_grad_norm, nb_grad_scaler_unscale and nb_grad_scaler_step
+ * on opt abort with a message naming the situation (clipping needs the
+ * norm of every gradient before any update; nb_clip_grad_norm on the
+ * parameters' list must not be used either), and so does join mode.
+ * nb_optim_zero_grad stays the user's. NULL detaches. Local: every rank
+ * should make the same choice. */
+void nb_ddp_set_optimizer(nb_ddp *ddp, nb_optim *opt);
+nb_optim *nb_ddp_optimizer(const nb_ddp *ddp);
 
 /* ---- uneven inputs: join (docs/ddp.md, "Uneven inputs: join") ---- */
 typedef struct nb_ddp_join_options {

@@ -1,0 +1,210 @@
+/* DDP with the optimizer step overlapped per bucket (nb_ddp_set_optimizer),
+ * on R ranks over Gloo (CTest runs it under nbrun with 2 and 3 ranks, and
+ * alone as a world of one).
+ *
+ * The reference is the plain path on a second copy of the model: its own
+ * DDP wrapper, nb_ddp_backward, then nb_optim_step. Both copies start from
+ * the same seed and see the same shards, so after every step their
+ * parameters and optimizer states must be the same bits. The refusals
+ * (clipping, grad scaler, join, a second nb_optim_step) have their
+ * messages asserted. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ddp_common.h"
+
+static nb_module *mlp(nb_ctx *ctx) {
+    nb_rng rng = nb_rng_make(7);
+    nb_module *c[5] = {nb_linear_new(ctx, NB_F64, F_IN, 16, true, &rng), nb_tanh_new(ctx),
+                       nb_linear_new(ctx, NB_F64, 16, 12, true, &rng), nb_tanh_new(ctx),
+                       nb_linear_new(ctx, NB_F64, 12, N_CLASSES, true, &rng)};
+    return nb_sequential_new(ctx, 5, c);
+}
+
+static nb_ddp *wrap(nb_module *m) {
+    nb_ddp_options o = NB_DDP_DEFAULTS;
+    o.first_bucket_bytes = 256; /* several buckets even for this small model */
+    o.bucket_cap_bytes = 512;
+    nb_ddp *ddp;
+    ck_assert_int_eq(nb_ddp_new(&ddp, m, world, &o), NB_OK);
+    if (R > 1) ck_assert_int_gt(nb_ddp_num_buckets(ddp), 2);
+    return ddp;
+}
+
+static nb_optim *optim_for(nb_module *m, nb_optim_kind kind) {
+    int n = nb_module_named_parameters(m, NULL, 0);
+    nb_named_tensor *p = malloc(sizeof *p * (size_t)n);
+    nb_module_named_parameters(m, p, n);
+    nb_optim_hparams h = kind == NB_OPTIM_SGD ? NB_SGD_DEFAULTS : NB_ADAMW_DEFAULTS;
+    if (kind == NB_OPTIM_SGD) {
+        h.momentum = 0.9;
+        h.weight_decay = 1e-3;
+    }
+    nb_optim *o = nb_optim_new(kind, p, n, &h);
+    free(p);
+    return o;
+}
+
+/* Rank me's loss on micro-batch (it, micro) of the global batch. */
+static nb_tensor *loss_of(nb_ctx *step, nb_module *m, int it, int micro) {
+    const int64_t B = 3;
+    nb_tensor *x, *y;
+    make_batch(step, R * B, 100 + (uint64_t)(it * 10 + micro), &x, &y);
+    nb_tensor *out = nb_module_forward(m, step, shard(step, x, me * B, B));
+    return nb_cross_entropy(step, out, shard(step, y, me * B, B), NULL);
+}
+
+/* Every state tensor of a equals b's, bit for bit. */
+static void assert_bitwise(const nb_named_tensor *a, const nb_named_tensor *b, int n, const char *what) {
+    for (int i = 0; i < n; i++) {
+        ck_assert_str_eq(a[i].name, b[i].name);
+        size_t bytes = (size_t)nb_numel(a[i].tensor) * nb_dtype_size(a[i].tensor->dtype);
+        ck_assert_msg(memcmp(a[i].tensor->data, b[i].tensor->data, bytes) == 0,
+                      "rank %d: %s %s differs between the per-bucket and the plain step", me, what,
+                      a[i].name);
+    }
+}
+
+static void assert_same(nb_module *a, nb_module *b, nb_optim *oa, nb_optim *ob) {
+    int n = nb_module_state(a, NULL, 0);
+    nb_named_tensor *sa = malloc(sizeof *sa * (size_t)n), *sb = malloc(sizeof *sb * (size_t)n);
+    nb_module_state(a, sa, n);
+    nb_module_state(b, sb, n);
+    assert_bitwise(sa, sb, n, "model");
+    free(sa);
+    free(sb);
+    int na, nb;
+    const nb_named_tensor *ta = nb_optim_state(oa, &na), *tb = nb_optim_state(ob, &nb);
+    ck_assert_int_eq(na, nb);
+    assert_bitwise(ta, tb, na, "optimizer state");
+}
+
+/* `steps` optimizer steps of `accum` micro-batches each (all but the last
+ * under no_sync), per bucket on one copy and plain on the other, with a
+ * learning rate changed before each step. */
+static void run_equivalence(nb_optim_kind kind, int steps, int accum) {
+    nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
+    nb_module *m = mlp(pctx), *ref = mlp(pctx);
+    nb_ddp *ddp = wrap(m), *rddp = wrap(ref);
+    nb_optim *opt = optim_for(m, kind), *ropt = optim_for(ref, kind);
+    nb_ddp_set_optimizer(ddp, opt);
+    ck_assert_ptr_eq(nb_ddp_optimizer(ddp), opt);
+    for (int it = 0; it < steps; it++) {
+        double lr = 0.02 / (1 + it);
+        nb_optim_set_lr_all(opt, lr);
+        nb_optim_set_lr_all(ropt, lr);
+        for (int k = 0; k < accum; k++) {
+            nb_ctx_reset(step);
+            bool last = k == accum - 1;
+            nb_ddp_set_no_sync(ddp, !last);
+            nb_ddp_set_no_sync(rddp, !last);
+            ck_assert_int_eq(nb_ddp_pre_forward(ddp), NB_OK);
+            ck_assert_int_eq(nb_ddp_backward(ddp, loss_of(step, m, it, k)), NB_OK);
+            if (!last) /* accumulating: nothing stepped yet */
+                ck_assert_int_eq(nb_optim_step_count(opt), it);
+            ck_assert_int_eq(nb_ddp_pre_forward(rddp), NB_OK);
+            ck_assert_int_eq(nb_ddp_backward(rddp, loss_of(step, ref, it, k)), NB_OK);
+        }
+        nb_optim_step(ropt);
+        ck_assert_int_eq(nb_optim_step_count(opt), it + 1);
+        assert_same(m, ref, opt, ropt);
+        nb_optim_zero_grad(opt);
+        nb_optim_zero_grad(ropt);
+    }
+    assert_same_on_all_ranks(m);
+    /* the parameters moved: the step was not a no-op on both sides */
+    nb_module *init = mlp(pctx);
+    int n = nb_module_named_parameters(m, NULL, 0);
+    nb_named_tensor *a = malloc(sizeof *a * (size_t)n), *b = malloc(sizeof *b * (size_t)n);
+    nb_module_named_parameters(m, a, n);
+    nb_module_named_parameters(init, b, n);
+    for (int i = 0; i < n; i++) {
+        size_t bytes = (size_t)nb_numel(a[i].tensor) * nb_dtype_size(a[i].tensor->dtype);
+        ck_assert_msg(memcmp(a[i].tensor->data, b[i].tensor->data, bytes) != 0, "%s never changed",
+                      a[i].name);
+    }
+    free(a);
+    free(b);
+    nb_ddp_free(ddp);
+    nb_ddp_free(rddp);
+    nb_optim_free(opt);
+    nb_optim_free(ropt);
+    nb_ctx_free(step);
+    nb_ctx_free(pctx);
+}
+
+START_TEST(test_adamw_equivalence) { run_equivalence(NB_OPTIM_ADAMW, 5, 1); }
+END_TEST
+
+START_TEST(test_sgd_momentum_equivalence) { run_equivalence(NB_OPTIM_SGD, 5, 1); }
+END_TEST
+
+START_TEST(test_no_sync_accumulation) { run_equivalence(NB_OPTIM_ADAMW, 3, 3); }
+END_TEST
+
+/* What cannot be combined with a per-bucket step is refused, by name. */
+START_TEST(test_refusals) {
+    nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
+    nb_module *m = mlp(pctx), *other = mlp(pctx);
+    nb_ddp *ddp = wrap(m);
+    nb_optim *opt = optim_for(m, NB_OPTIM_ADAMW), *foreign = optim_for(other, NB_OPTIM_ADAMW);
+    NBT_EXPECT_ABORT(nb_ddp_set_optimizer(ddp, foreign), "is not a parameter (that requires grad) of "
+                                                         "the wrapped model");
+    nb_ddp_set_optimizer(ddp, opt);
+    ck_assert_int_eq(nb_ddp_pre_forward(ddp), NB_OK);
+    ck_assert_int_eq(nb_ddp_backward(ddp, loss_of(step, m, 0, 0)), NB_OK);
+    NBT_EXPECT_ABORT(nb_optim_step(opt), "nb_optim_step: this optimizer is stepped per bucket by a "
+                                         "DDP wrapper (nb_ddp_set_optimizer): nb_ddp_backward has "
+                                         "already updated the parameters");
+    NBT_EXPECT_ABORT(nb_optim_clip_grad_norm(opt, 1.0, 2.0),
+                     "nb_optim_clip_grad_norm: this optimizer is stepped per bucket");
+    nb_grad_scaler *gs = nb_grad_scaler_new(1024, 2, 0.5, 100);
+    NBT_EXPECT_ABORT(nb_grad_scaler_step(gs, opt), "nb_grad_scaler_step: this optimizer is stepped "
+                                                   "per bucket");
+    NBT_EXPECT_ABORT(nb_grad_scaler_unscale(gs, opt), "nb_grad_scaler_unscale: this optimizer is "
+                                                      "stepped per bucket");
+    NBT_EXPECT_ABORT(nb_ddp_join_begin(ddp, NULL), "join mode cannot be combined with it");
+    nb_ddp *second = wrap(other);
+    NBT_EXPECT_ABORT(nb_ddp_set_optimizer(second, opt), "already stepped per bucket by another DDP "
+                                                        "wrapper");
+    nb_ddp_free(second);
+    ck_assert_int_eq(nb_optim_step_count(opt), 1); /* the refused calls stepped nothing */
+    /* detached, the optimizer is the user's again */
+    nb_ddp_set_optimizer(ddp, NULL);
+    ck_assert_ptr_null(nb_ddp_optimizer(ddp));
+    nb_optim_step(opt);
+    ck_assert_int_eq(nb_optim_step_count(opt), 2);
+    nb_ddp_join_begin(ddp, NULL);
+    NBT_EXPECT_ABORT(nb_ddp_set_optimizer(ddp, opt), "is in join mode");
+    ck_assert_int_eq(nb_ddp_join(ddp), NB_OK);
+    nb_grad_scaler_free(gs);
+    nb_ddp_free(ddp);
+    nb_optim_free(opt);
+    nb_optim_free(foreign);
+    nb_ctx_free(step);
+    nb_ctx_free(pctx);
+}
+END_TEST
+
+static Suite *suite(void) {
+    Suite *s = suite_create("ddp_bucket_step");
+    TCase *tc = tcase_create("ddp_bucket_step");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_adamw_equivalence);
+    tcase_add_test(tc, test_sgd_momentum_equivalence);
+    tcase_add_test(tc, test_no_sync_accumulation);
+    tcase_add_test(tc, test_refusals);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+static Suite *setup(nb_pg *pg) {
+    world = pg;
+    R = nb_pg_size(world);
+    me = nb_pg_rank(world);
+    return suite();
+}
+
+int main(void) { return nbt_run_world(setup); }
