@@ -145,7 +145,8 @@ typedef struct nb_ddp_step_stats {
     int n_buckets;
     const nb_ddp_bucket_time *buckets; /* valid until the next backward */
     double backward_s;        /* backward's duration (nb_backward alone) */
-    double wait_s;            /* time spent waiting for buckets after backward */
+    double wait_s;            /* time spent waiting for buckets after backward (with
+                                 nb_ddp_set_optimizer: and stepping them) */
     double comm_s;            /* sum of the buckets' running times */
     double hidden_fraction;   /* share of comm_s that ran before backward ended */
     int launched_before_end;  /* buckets launched before backward ended */
