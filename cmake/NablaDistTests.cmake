@@ -20,60 +20,34 @@ set_target_properties(dist_scenario PROPERTIES
 target_compile_definitions(dist_scenario PRIVATE ${NABLA_C_DEFINES})
 nabla_own_flags(dist_scenario)
 
-foreach(_np 2 3 4)
-  set(_name test_dist_collectives_np${_np})
-  add_test(NAME ${_name}
-    COMMAND $<TARGET_FILE:nbrun> --nproc-per-node ${_np} --master-port 0 $<TARGET_FILE:test_dist_collectives>
-    WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
-  set_tests_properties(${_name} PROPERTIES
-    LABELS "unit;multiproc" TIMEOUT 120 SKIP_RETURN_CODE 77
-    ENVIRONMENT "${NABLA_TEST_ENVIRONMENT};NABLA_PG_TIMEOUT=60")
-  list(APPEND NABLA_TESTS ${_name})
-endforeach()
-
-# DDP and SyncBatchNorm: equivalence with one process, at 2 and 3 ranks.
-if(TARGET test_ddp)
-  foreach(_np 2 3)
-    set(_name test_ddp_np${_np})
+# Registers `target` (a Check suite) under nbrun at each of `ranks`, as
+# <target>_np<R>, with the CTest timeout `timeout` and NABLA_PG_TIMEOUT
+# `pg_timeout` (short, so that a rank left waiting fails in seconds).
+function(nabla_add_ranked_test target ranks timeout pg_timeout)
+  if(NOT TARGET ${target})
+    return()
+  endif()
+  foreach(_np ${ranks})
+    set(_name ${target}_np${_np})
     add_test(NAME ${_name}
-      COMMAND $<TARGET_FILE:nbrun> --nproc-per-node ${_np} --master-port 0 $<TARGET_FILE:test_ddp>
+      COMMAND $<TARGET_FILE:nbrun> --nproc-per-node ${_np} --master-port 0 $<TARGET_FILE:${target}>
       WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
     set_tests_properties(${_name} PROPERTIES
-      LABELS "unit;multiproc" TIMEOUT 180 SKIP_RETURN_CODE 77
-      ENVIRONMENT "${NABLA_TEST_ENVIRONMENT};NABLA_PG_TIMEOUT=60")
+      LABELS "unit;multiproc" TIMEOUT ${timeout} SKIP_RETURN_CODE 77
+      ENVIRONMENT "${NABLA_TEST_ENVIRONMENT};NABLA_PG_TIMEOUT=${pg_timeout}")
     list(APPEND NABLA_TESTS ${_name})
   endforeach()
-endif()
+  set(NABLA_TESTS ${NABLA_TESTS} PARENT_SCOPE)
+endfunction()
 
-# DDP with the optimizer step overlapped per bucket, at 2 and 3 ranks.
-if(TARGET test_ddp_bucket_step)
-  foreach(_np 2 3)
-    set(_name test_ddp_bucket_step_np${_np})
-    add_test(NAME ${_name}
-      COMMAND $<TARGET_FILE:nbrun> --nproc-per-node ${_np} --master-port 0 $<TARGET_FILE:test_ddp_bucket_step>
-      WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
-    set_tests_properties(${_name} PROPERTIES
-      LABELS "unit;multiproc" TIMEOUT 120 SKIP_RETURN_CODE 77
-      ENVIRONMENT "${NABLA_TEST_ENVIRONMENT};NABLA_PG_TIMEOUT=30")
-    list(APPEND NABLA_TESTS ${_name})
-  endforeach()
-endif()
-
-# DDP join (uneven inputs), at 2 and 3 ranks. A short collective timeout:
-# without join, a rank left waiting fails the test in seconds, not at the
-# CTest timeout.
-if(TARGET test_ddp_join)
-  foreach(_np 2 3)
-    set(_name test_ddp_join_np${_np})
-    add_test(NAME ${_name}
-      COMMAND $<TARGET_FILE:nbrun> --nproc-per-node ${_np} --master-port 0 $<TARGET_FILE:test_ddp_join>
-      WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
-    set_tests_properties(${_name} PROPERTIES
-      LABELS "unit;multiproc" TIMEOUT 120 SKIP_RETURN_CODE 77
-      ENVIRONMENT "${NABLA_TEST_ENVIRONMENT};NABLA_PG_TIMEOUT=10")
-    list(APPEND NABLA_TESTS ${_name})
-  endforeach()
-endif()
+nabla_add_ranked_test(test_dist_collectives "2;3;4" 120 60)
+# DDP and SyncBatchNorm: equivalence with one process.
+nabla_add_ranked_test(test_ddp "2;3" 180 60)
+# DDP with the optimizer step overlapped per bucket.
+nabla_add_ranked_test(test_ddp_bucket_step "2;3" 120 30)
+# DDP join (uneven inputs): without join, a rank left waiting fails the
+# test in seconds, not at the CTest timeout.
+nabla_add_ranked_test(test_ddp_join "2;3" 120 10)
 
 foreach(_t test_dist_failures test_nbrun test_train_gpt.py test_train_classifier.py test_demo.py)
   if(TEST ${_t})
