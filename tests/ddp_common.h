@@ -1,4 +1,4 @@
-/* What the DDP suites share (tests/test_ddp.c, tests/test_ddp_join.c):
+/* What the DDP suites share (tests/test_ddp*.c):
  * the world they run in, a seeded global batch, a rank's shard of it, an
  * AdamW for a module, and the comparisons of models across ranks and with
  * a single-process reference. Included by one file per test program. */
@@ -83,6 +83,18 @@ static inline void assert_models_close(nb_module *a, nb_module *b, double rtol) 
     }
     free(sa);
     free(sb);
+}
+
+/* The suite of the including file, made once the world is known. */
+static Suite *suite(void);
+
+/* nbt_run_world's setup for a DDP suite: main is
+ * `return nbt_run_world(ddp_setup);`. */
+static inline Suite *ddp_setup(nb_pg *pg) {
+    world = pg;
+    R = nb_pg_size(world);
+    me = nb_pg_rank(world);
+    return suite();
 }
 
 #endif

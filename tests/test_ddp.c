@@ -414,11 +414,4 @@ static Suite *suite(void) {
     return s;
 }
 
-static Suite *setup(nb_pg *pg) {
-    world = pg;
-    R = nb_pg_size(world);
-    me = nb_pg_rank(world);
-    return suite();
-}
-
-int main(void) { return nbt_run_world(setup); }
+int main(void) { return nbt_run_world(ddp_setup); }
