@@ -3,6 +3,7 @@
 # present. Results:
 #   NABLA_HAVE_CUDA, NABLA_HAVE_GLOO        0 or 1
 #   NABLA_OPENBLAS_LIBRARIES                libraries to link (full paths)
+#   NABLA_DNNL_LIBRARIES                    oneDNN (full path), always required
 #   NABLA_BACKEND_LIBRARIES                 CUDA and Gloo libraries (full paths)
 #   NABLA_PRIVATE_INCLUDE_DIRS              headers the library's sources need
 #   NABLA_*_SUMMARY                         one line each for the summary
@@ -77,6 +78,42 @@ endif()
 list(APPEND NABLA_PRIVATE_INCLUDE_DIRS ${NABLA_OPENBLAS_INCLUDE_DIR})
 list(JOIN NABLA_OPENBLAS_LIBRARIES " " _openblas_libs)
 set(NABLA_OPENBLAS_SUMMARY "${_openblas_libs} (${_openblas_how}; cblas.h in ${NABLA_OPENBLAS_INCLUDE_DIR})")
+
+# ------------------------------------------------------------------ oneDNN
+# The CPU's primitive library beside OpenBLAS (tensor/cpu/dnnl.c): bf16
+# matmul and convolutions. Debian's libdnnl-dev ships no pkg-config file, so
+# the header and library are searched for directly.
+find_path(NABLA_DNNL_INCLUDE_DIR dnnl.h PATH_SUFFIXES oneapi/dnnl)
+find_library(NABLA_DNNL_LIBRARY NAMES dnnl)
+if(NOT NABLA_DNNL_INCLUDE_DIR OR NOT NABLA_DNNL_LIBRARY)
+  message(FATAL_ERROR
+    "oneDNN not found: nabla needs dnnl.h and libdnnl (version 2.x).\n"
+    "On Debian or Ubuntu install the package libdnnl-dev "
+    "(`make deps` does it), or point CMAKE_PREFIX_PATH at a oneDNN install.")
+endif()
+set(NABLA_DNNL_LIBRARIES ${NABLA_DNNL_LIBRARY})
+list(APPEND NABLA_PRIVATE_INCLUDE_DIRS ${NABLA_DNNL_INCLUDE_DIR})
+set(_dnnl_version "")
+if(EXISTS "${NABLA_DNNL_INCLUDE_DIR}/dnnl_version.h")
+  file(STRINGS "${NABLA_DNNL_INCLUDE_DIR}/dnnl_version.h" _dnnl_v REGEX "define DNNL_VERSION_(MAJOR|MINOR|PATCH) ")
+  string(REGEX REPLACE ".*MAJOR ([0-9]+).*MINOR ([0-9]+).*PATCH ([0-9]+).*" "\\1.\\2.\\3" _dnnl_version "${_dnnl_v}")
+endif()
+# With the OpenMP runtime (Debian's build) tensor/cpu/dnnl.c sets oneDNN's
+# thread count through omp_set_num_threads, so it links the OpenMP library
+# (libgomp, which libdnnl loads anyway) without compiling anything as OpenMP.
+set(_dnnl_runtime "")
+if(EXISTS "${NABLA_DNNL_INCLUDE_DIR}/dnnl_config.h")
+  file(STRINGS "${NABLA_DNNL_INCLUDE_DIR}/dnnl_config.h" _dnnl_rt REGEX "define DNNL_CPU_RUNTIME ")
+  string(REGEX REPLACE ".*DNNL_RUNTIME_([A-Z]+).*" "\\1" _dnnl_runtime "${_dnnl_rt}")
+endif()
+if(_dnnl_runtime STREQUAL "OMP")
+  find_package(OpenMP COMPONENTS C)
+  if(NOT OpenMP_C_FOUND OR NOT OpenMP_C_LIBRARIES)
+    message(FATAL_ERROR "oneDNN (${NABLA_DNNL_LIBRARY}) uses OpenMP, but no OpenMP library for C was found")
+  endif()
+  list(APPEND NABLA_DNNL_LIBRARIES ${OpenMP_C_LIBRARIES})
+endif()
+set(NABLA_DNNL_SUMMARY "${NABLA_DNNL_LIBRARY} ${_dnnl_version}, CPU runtime ${_dnnl_runtime} (dnnl.h in ${NABLA_DNNL_INCLUDE_DIR})")
 
 # -------------------------------------------------------------------- CUDA
 nabla_tristate(NABLA_CUDA)

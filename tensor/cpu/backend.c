@@ -6,6 +6,7 @@
 
 #include "tensor/backend.h"
 #include "tensor/cpu/cpu.h"
+#include "tensor/cpu/dnnl.h"
 #include "tensor/cpu/matmul.h"
 #include "tensor/cpu/norm.h"
 #include "tensor/cpu/softmax.h"
@@ -46,12 +47,17 @@ static void event_record(nb__event e, nb__stream s) { (void)e, (void)s; }
 static void stream_wait(nb__stream s, nb__event e) { (void)s, (void)e; }
 static void event_wait(nb__event e) { (void)e; }
 
-/* Bias: written into the rows, then the GEMM adds the product to it (like
- * addmm; no separate pass). GELU: a pass over the product, from `pre`
- * when it is kept. */
+/* oneDNN where Note [oneDNN dispatch] picks it, with the bias (and GELU
+ * when `pre` is not kept) as post-ops. Otherwise, bias: written into the
+ * rows, then the GEMM adds the product to it (like addmm; no separate
+ * pass). GELU: a pass over the product, from `pre` when it is kept. */
 static void matmul(nb_tensor *out, const nb_tensor *a, const nb_tensor *b, bool ta, bool tb,
                    const nb_tensor *bias, bool gelu, nb_tensor *pre, bool accumulate) {
     nb_tensor *dst = gelu && pre ? pre : out;
+    if (nb__dnnl_matmul(dst, a, b, ta, tb, bias, gelu && !pre, accumulate)) {
+        if (gelu && pre) nb__cpu_unary(NB_U_GELU_TANH, out, dst, 0);
+        return;
+    }
     if (bias) {
         nb__cpu_copy(dst, bias);
         accumulate = true;

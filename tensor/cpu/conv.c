@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "tensor/cpu/conv.h"
+#include "tensor/cpu/dnnl.h"
 
 static int is_pointwise(const nb__conv2d_geom *g) {
     return g->kh == 1 && g->kw == 1 && g->sh == 1 && g->sw == 1 && g->ph == 0 && g->pw == 0;
@@ -231,12 +232,22 @@ DEFINE_CONV(double, f64, cblas_dgemm)
 
 void nb__cpu_conv2d_forward(nb_dtype dt, const nb__conv2d_geom *g, void *out, const void *x,
                             const void *w, const void *b, void *cols) {
+    if (nb__dnnl_conv2d_forward(dt, g, out, x, w, b)) return;
+    if (dt == NB_BF16) {
+        nb__dnnl_conv2d_forward_bf16_fallback(g, out, x, w, b);
+        return;
+    }
     if (dt == NB_F32) forward_f32(g, out, x, w, b, cols);
     else forward_f64(g, out, x, w, b, cols);
 }
 
 void nb__cpu_conv2d_backward(nb_dtype dt, const nb__conv2d_geom *g, void *dx, void *dw, void *db,
                              const void *gout, const void *x, const void *w, void *cols) {
+    if (nb__dnnl_conv2d_backward(dt, g, dx, dw, db, gout, x, w)) return;
+    if (dt == NB_BF16) {
+        nb__dnnl_conv2d_backward_bf16_fallback(g, dx, dw, db, gout, x, w);
+        return;
+    }
     if (dt == NB_F32) backward_f32(g, dx, dw, db, gout, x, w, cols);
     else backward_f64(g, dx, dw, db, gout, x, w, cols);
 }

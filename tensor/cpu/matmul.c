@@ -11,6 +11,7 @@
 #include <limits.h>
 #include <string.h>
 
+#include "tensor/cpu/dnnl.h"
 #include "tensor/cpu/matmul.h"
 #include "tensor/internal.h"
 
@@ -78,6 +79,11 @@ static bool can_fold(int nbd, const int64_t *shape, const int64_t *sa, const int
 
 void nb__cpu_matmul(nb_tensor *out, const nb_tensor *a, const nb_tensor *b, bool trans_a,
                     bool trans_b, bool accumulate) {
+    if (nb__dnnl_matmul(out, a, b, trans_a, trans_b, NULL, false, accumulate)) return;
+    if (a->dtype == NB_BF16) { /* no bf16 GEMM in OpenBLAS */
+        nb__dnnl_matmul_bf16_fallback(out, a, b, trans_a, trans_b, accumulate);
+        return;
+    }
     int nbd = out->ndim - 2;
     int64_t m = out->shape[nbd], n = out->shape[nbd + 1];
     int64_t k = a->shape[a->ndim - (trans_a ? 2 : 1)];

@@ -1,0 +1,604 @@
+/* oneDNN on the CPU (tensor/cpu/dnnl.h): matmul and 2-D convolution
+ * primitives on the caller's buffers (memory objects wrap the pointers, no
+ * copies, plain layouts: row-major or strided matrices, NCHW images, OIHW
+ * weights), created once per shape and kept in a cache, and the rule that
+ * picks oneDNN or OpenBLAS per op (Note [oneDNN dispatch]).
+ *
+ * The cache is an open-addressed table keyed by everything a primitive
+ * depends on (op, dtypes, dims, strides, bias, post-ops, thread count);
+ * a key whose primitive oneDNN cannot make, or makes only as its slow
+ * reference implementation, is cached as "not supported" so that the
+ * caller's kernel runs without asking again. One mutex serialises lookups
+ * and executions. When the table fills up it is emptied (every primitive
+ * destroyed) and refilled: a training step uses a few dozen shapes.
+ *
+ * Threads: Debian's oneDNN uses OpenMP; its thread count is set with
+ * omp_set_num_threads on the calling thread before each execution, to
+ * OpenBLAS's (openblas_get_num_threads) unless nb__dnnl_set_num_threads
+ * chose another, so that both libraries follow OPENBLAS_NUM_THREADS /
+ * OMP_NUM_THREADS and the settings nabla makes.
+ *
+ * Note [oneDNN dispatch]
+ * ~~~~~~~~~~~~~~~~~~~~~~
+ * (figures: see the end of this file's rule functions) */
+#include "tensor/cpu/dnnl.h"
+
+#include <cblas.h>
+#include <dnnl.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if DNNL_CPU_RUNTIME == DNNL_RUNTIME_OMP
+#include <omp.h>
+#endif
+
+#include "tensor/cpu/matmul.h"
+#include "tensor/internal.h"
+
+/* ------------------------------------------------------------ state */
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static dnnl_engine_t engine;
+static dnnl_stream_t stream;
+static int mode_set = -1; /* -1: from the environment */
+static int mode_env = -1; /* NABLA_DNNL, once read */
+static int threads_set;   /* 0: OpenBLAS's */
+static int64_t n_created, n_hits, n_exec;
+
+static void check(dnnl_status_t st, const char *what) {
+    if (st != dnnl_success) NB_ABORT("oneDNN: %s failed with status %d", what, (int)st);
+}
+
+static int env_mode(void) {
+    if (mode_env < 0) {
+        const char *s = getenv("NABLA_DNNL");
+        if (!s || !*s) mode_env = NB_DNNL_AUTO;
+        else if (!strcmp(s, "0")) mode_env = NB_DNNL_OFF;
+        else if (!strcmp(s, "1")) mode_env = NB_DNNL_AUTO;
+        else if (!strcmp(s, "2")) mode_env = NB_DNNL_FORCE;
+        else
+            NB_ABORT("NABLA_DNNL=%s: expected 0 (never use oneDNN), 1 (measured rule, the default) "
+                     "or 2 (oneDNN wherever it can)",
+                     s);
+    }
+    return mode_env;
+}
+
+nb__dnnl_mode nb__dnnl_mode_now(void) {
+    return (nb__dnnl_mode)(mode_set >= 0 ? mode_set : env_mode());
+}
+
+nb__dnnl_mode nb__dnnl_set_mode(int mode) {
+    NB_CHECK(mode >= -1 && mode <= NB_DNNL_FORCE, "nb__dnnl_set_mode: mode %d is not -1, 0, 1 or 2",
+             mode);
+    nb__dnnl_mode prev = nb__dnnl_mode_now();
+    mode_set = mode;
+    if (mode < 0) mode_env = -1; /* read the environment again */
+    return prev;
+}
+
+void nb__dnnl_set_num_threads(int n) { threads_set = n > 0 ? n : 0; }
+
+static int want_threads(void) {
+    if (threads_set > 0) return threads_set;
+    int n = openblas_get_num_threads();
+    return n > 0 ? n : 1;
+}
+
+static void set_threads(int n) {
+#if DNNL_CPU_RUNTIME == DNNL_RUNTIME_OMP
+    if (omp_get_max_threads() != n) omp_set_num_threads(n);
+#else
+    (void)n;
+#endif
+}
+
+bool nb__dnnl_native_bf16(void) {
+    dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
+    return isa == dnnl_cpu_isa_avx512_core_bf16 || isa == dnnl_cpu_isa_avx512_core_amx;
+}
+
+int64_t nb__dnnl_primitives_created(void) { return n_created; }
+int64_t nb__dnnl_cache_hits(void) { return n_hits; }
+int64_t nb__dnnl_executions(void) { return n_exec; }
+
+static void init_engine(void) {
+    if (engine) return;
+    check(dnnl_engine_create(&engine, dnnl_cpu, 0), "dnnl_engine_create (CPU)");
+    check(dnnl_stream_create(&stream, engine, dnnl_stream_default_flags), "dnnl_stream_create");
+}
+
+/* ------------------------------------------------------------ cache */
+
+enum { OP_MATMUL = 1, OP_CONV_FWD, OP_CONV_BWD_DATA, OP_CONV_BWD_WEIGHTS };
+enum { MAX_MD = 4, SLOTS = 1024 };
+
+typedef struct pkey {
+    int32_t op, dt, nthr, flags;
+    int32_t nd[3];
+    int64_t dims[3][NB_MAX_DIMS];
+    int64_t strides[3][NB_MAX_DIMS];
+    int64_t conv[16];
+} pkey;
+
+typedef struct entry {
+    pkey key;
+    dnnl_primitive_t prim; /* NULL: not supported */
+    int n_md;
+    int md_arg[MAX_MD];
+    dnnl_memory_desc_t md[MAX_MD];
+} entry;
+
+static entry *table[SLOTS];
+static int n_used;
+
+static uint64_t hash_key(const pkey *k) {
+    const unsigned char *p = (const unsigned char *)k;
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < sizeof *k; i++) h = (h ^ p[i]) * 1099511628211ull;
+    return h;
+}
+
+static void clear_table(void) {
+    for (int i = 0; i < SLOTS; i++) {
+        if (!table[i]) continue;
+        if (table[i]->prim) dnnl_primitive_destroy(table[i]->prim);
+        free(table[i]);
+        table[i] = NULL;
+    }
+    n_used = 0;
+}
+
+static entry *lookup(const pkey *k, int *slot) {
+    uint64_t h = hash_key(k);
+    for (int i = 0; i < SLOTS; i++) {
+        int s = (int)((h + (uint64_t)i) % SLOTS);
+        if (!table[s]) {
+            *slot = s;
+            return NULL;
+        }
+        if (!memcmp(&table[s]->key, k, sizeof *k)) return table[s];
+    }
+    *slot = -1;
+    return NULL;
+}
+
+/* A new entry for k (its primitive still to make), in a free slot. */
+static entry *insert(const pkey *k) {
+    int slot;
+    if (n_used >= SLOTS * 3 / 4) clear_table();
+    entry *e = lookup(k, &slot);
+    NB_CHECK(!e && slot >= 0, "oneDNN primitive cache: inconsistent table");
+    e = calloc(1, sizeof *e);
+    NB_CHECK(e, "oneDNN primitive cache: out of memory");
+    e->key = *k;
+    table[slot] = e;
+    n_used++;
+    return e;
+}
+
+/* e's primitive from pd (taken over and destroyed), unless pd is NULL or
+ * oneDNN offers only its reference implementation for it. */
+static void finish_entry(entry *e, dnnl_primitive_desc_t pd) {
+    n_created++;
+    if (!pd) return;
+    const char *impl = NULL;
+    if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl &&
+        strncmp(impl, "ref", 3) != 0) {
+        if (dnnl_primitive_create(&e->prim, pd) != dnnl_success) e->prim = NULL;
+    }
+    dnnl_primitive_desc_destroy(pd);
+}
+
+static void add_md(entry *e, int arg, const dnnl_memory_desc_t *md) {
+    e->md_arg[e->n_md] = arg;
+    e->md[e->n_md++] = *md;
+}
+
+/* Runs e on the buffers ptr[i] of its memory descriptors. */
+static void execute(const entry *e, void *const *ptr, int nthr) {
+    dnnl_exec_arg_t args[MAX_MD];
+    for (int i = 0; i < e->n_md; i++) {
+        args[i].arg = e->md_arg[i];
+        check(dnnl_memory_create(&args[i].memory, &e->md[i], engine, ptr[i]), "dnnl_memory_create");
+    }
+    set_threads(nthr);
+    check(dnnl_primitive_execute(e->prim, stream, e->n_md, args), "dnnl_primitive_execute");
+    check(dnnl_stream_wait(stream), "dnnl_stream_wait");
+    n_exec++;
+    for (int i = 0; i < e->n_md; i++) dnnl_memory_destroy(args[i].memory);
+}
+
+static dnnl_data_type_t dnnl_dt(nb_dtype dt) { return dt == NB_BF16 ? dnnl_bf16 : dnnl_f32; }
+
+/* ------------------------------------------------------------ matmul */
+
+/* op(t)'s dims and strides aligned to nd output dims: t's batch dims
+ * (1 where t has none), then op(t)'s rows and columns. Strides of
+ * size-1 dims are normalised (they are never used) so that equal layouts
+ * make equal keys. */
+static void matrix_layout(const nb_tensor *t, bool trans, int nd, int64_t *dims, int64_t *st) {
+    int off = nd - t->ndim;
+    for (int i = 0; i < nd - 2; i++) {
+        dims[i] = i < off ? 1 : t->shape[i - off];
+        st[i] = i < off ? 0 : t->strides[i - off];
+    }
+    int r = t->ndim - 2, c = t->ndim - 1;
+    dims[nd - 2] = t->shape[trans ? c : r];
+    dims[nd - 1] = t->shape[trans ? r : c];
+    st[nd - 2] = t->strides[trans ? c : r];
+    st[nd - 1] = t->strides[trans ? r : c];
+    for (int i = 0; i < nd; i++)
+        if (dims[i] == 1) st[i] = 0;
+}
+
+/* Folds the batch of a into its rows when b is one matrix for all of it
+ * and a's batch dims continue its rows: (L, M, K) @ (K, N) as one
+ * (L*M, K) @ (K, N). Rewrites the layouts to 2 dims and returns true. */
+static bool fold_batch(int nd, int64_t (*dims)[NB_MAX_DIMS], int64_t (*st)[NB_MAX_DIMS]) {
+    int64_t m = dims[0][nd - 2];
+    if (nd == 2 || (dims[0][nd - 1] > 1 && st[0][nd - 1] != 1)) return false;
+    int64_t row = m > 1 ? st[0][nd - 2] : dims[0][nd - 1], expect = row * m, rows = m;
+    for (int i = nd - 3; i >= 0; i--) {
+        if (dims[1][i] != 1) return false;
+        if (dims[2][i] == 1) continue;
+        if (dims[0][i] != dims[2][i] || st[0][i] != expect) return false;
+        expect *= dims[0][i];
+        rows *= dims[0][i];
+    }
+    for (int j = 0; j < 3; j++) {
+        dims[j][0] = dims[j][nd - 2];
+        dims[j][1] = dims[j][nd - 1];
+        st[j][0] = st[j][nd - 2];
+        st[j][1] = st[j][nd - 1];
+    }
+    dims[0][0] = rows;
+    dims[2][0] = rows;
+    st[0][0] = rows > 1 ? row : 0;
+    st[0][1] = dims[0][1] > 1 ? 1 : 0;
+    st[2][0] = rows > 1 ? dims[2][1] : 0;
+    return true;
+}
+
+static void dense_strides(int nd, const int64_t *dims, int64_t *st) {
+    int64_t s = 1;
+    for (int i = nd - 1; i >= 0; i--) {
+        st[i] = dims[i] == 1 ? 0 : s;
+        s *= dims[i];
+    }
+}
+
+/* oneDNN wants positive strides even where a dim is 1 */
+static void md_init(dnnl_memory_desc_t *md, int nd, const int64_t *dims, const int64_t *st,
+                    dnnl_data_type_t dt) {
+    dnnl_dims_t d = {0}, s = {0}; /* the API reads DNNL_MAX_NDIMS entries */
+    int64_t inner = 1;
+    for (int i = nd - 1; i >= 0; i--) {
+        d[i] = dims[i];
+        s[i] = st[i] ? st[i] : inner;
+        if (st[i]) inner = st[i] * dims[i];
+        else inner *= dims[i];
+    }
+    check(dnnl_memory_desc_init_by_strides(md, nd, d, dt, s), "dnnl_memory_desc_init_by_strides");
+}
+
+enum { F_BIAS = 1, F_GELU = 2, F_SUM = 4 };
+
+static entry *matmul_entry(const pkey *k) {
+    int slot;
+    entry *e = lookup(k, &slot);
+    if (e) {
+        n_hits++;
+        return e;
+    }
+    e = insert(k);
+    int nd = k->nd[2];
+    dnnl_data_type_t dt = (dnnl_data_type_t)k->dt;
+    dnnl_memory_desc_t a, b, c, bias;
+    md_init(&a, nd, k->dims[0], k->strides[0], dt);
+    md_init(&b, nd, k->dims[1], k->strides[1], dt);
+    md_init(&c, nd, k->dims[2], k->strides[2], dnnl_f32);
+    int64_t bd[NB_MAX_DIMS], bs[NB_MAX_DIMS];
+    for (int i = 0; i < nd; i++) bd[i] = 1;
+    bd[nd - 1] = k->dims[2][nd - 1];
+    dense_strides(nd, bd, bs);
+    md_init(&bias, nd, bd, bs, dnnl_f32);
+    dnnl_matmul_desc_t desc;
+    dnnl_primitive_desc_t pd = NULL;
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_post_ops_t po = NULL;
+    bool ok = dnnl_matmul_desc_init(&desc, &a, &b, (k->flags & F_BIAS) ? &bias : NULL, &c) ==
+              dnnl_success;
+    check(dnnl_primitive_attr_create(&attr), "dnnl_primitive_attr_create");
+    check(dnnl_post_ops_create(&po), "dnnl_post_ops_create");
+    if (k->flags & F_SUM) check(dnnl_post_ops_append_sum(po, 1.0f), "dnnl_post_ops_append_sum");
+    if (k->flags & F_GELU)
+        check(dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_gelu_tanh, 0, 0),
+              "dnnl_post_ops_append_eltwise");
+    check(dnnl_primitive_attr_set_post_ops(attr, po), "dnnl_primitive_attr_set_post_ops");
+    if (ok && dnnl_primitive_desc_create(&pd, &desc, attr, engine, NULL) != dnnl_success) pd = NULL;
+    dnnl_post_ops_destroy(po);
+    dnnl_primitive_attr_destroy(attr);
+    add_md(e, DNNL_ARG_SRC, &a);
+    add_md(e, DNNL_ARG_WEIGHTS, &b);
+    add_md(e, DNNL_ARG_DST, &c);
+    if (k->flags & F_BIAS) add_md(e, DNNL_ARG_BIAS, &bias);
+    finish_entry(e, pd);
+    return e;
+}
+
+static bool rule_matmul(nb_dtype dt, int64_t batch, int64_t m, int64_t n, int64_t k);
+
+bool nb__dnnl_matmul(nb_tensor *out, const nb_tensor *a, const nb_tensor *b, bool trans_a,
+                     bool trans_b, const nb_tensor *bias, bool gelu, bool accumulate) {
+    nb__dnnl_mode mode = nb__dnnl_mode_now();
+    if (mode == NB_DNNL_OFF || out->dtype != NB_F32 || a->dtype != b->dtype ||
+        (a->dtype != NB_F32 && a->dtype != NB_BF16) || (bias && bias->dtype != NB_F32))
+        return false;
+    int nd = out->ndim, nbd = nd - 2;
+    int64_t m = out->shape[nbd], n = out->shape[nbd + 1];
+    int64_t k = a->shape[a->ndim - (trans_a ? 2 : 1)];
+    int64_t batch = nb__numel_shape(nbd, out->shape);
+    if (batch == 0 || m == 0 || n == 0 || k == 0) return false;
+    if (mode == NB_DNNL_AUTO && !rule_matmul(a->dtype, batch, m, n, k)) return false;
+
+    pkey key;
+    memset(&key, 0, sizeof key);
+    key.op = OP_MATMUL;
+    key.dt = (int32_t)dnnl_dt(a->dtype);
+    key.nthr = want_threads();
+    key.flags = (bias ? F_BIAS : 0) | (gelu ? F_GELU : 0) | (accumulate ? F_SUM : 0);
+    matrix_layout(a, trans_a, nd, key.dims[0], key.strides[0]);
+    matrix_layout(b, trans_b, nd, key.dims[1], key.strides[1]);
+    for (int i = 0; i < nd; i++) key.dims[2][i] = out->shape[i];
+    dense_strides(nd, key.dims[2], key.strides[2]);
+    if (!fold_batch(nd, key.dims, key.strides)) {
+        for (int i = 0; i < nbd; i++) /* oneDNN broadcasts size-1 batch dims only */
+            for (int j = 0; j < 2; j++)
+                if (key.dims[j][i] != 1 && key.dims[j][i] != key.dims[2][i]) return false;
+        key.nd[0] = key.nd[1] = key.nd[2] = nd;
+    } else {
+        key.nd[0] = key.nd[1] = key.nd[2] = 2;
+        for (int j = 0; j < 3; j++)
+            for (int i = 2; i < NB_MAX_DIMS; i++) key.dims[j][i] = key.strides[j][i] = 0;
+    }
+
+    pthread_mutex_lock(&lock);
+    init_engine();
+    entry *e = matmul_entry(&key);
+    bool ok = e->prim != NULL;
+    if (ok) {
+        void *ptr[4] = {(void *)a->data, (void *)b->data, out->data, bias ? bias->data : NULL};
+        execute(e, ptr, key.nthr);
+    }
+    pthread_mutex_unlock(&lock);
+    return ok;
+}
+
+/* ------------------------------------------------------------ bf16 fallbacks */
+
+static float *to_f32(const uint16_t *src, int64_t n) {
+    float *d = malloc((size_t)(n > 0 ? n : 1) * sizeof *d);
+    NB_CHECK(d, "oneDNN bf16 fallback: out of memory for %lld f32 elements", (long long)n);
+    for (int64_t i = 0; i < n; i++) d[i] = nb_bf16_to_f32(src[i]);
+    return d;
+}
+
+static void to_bf16(uint16_t *dst, const float *src, int64_t n) {
+    for (int64_t i = 0; i < n; i++) dst[i] = nb_f32_to_bf16(src[i]);
+}
+
+/* An f32 copy of bf16 t, contiguous, in a tensor header on the stack. */
+static float *f32_copy(nb_tensor *dst, const nb_tensor *t) {
+    *dst = *t;
+    dst->dtype = NB_F32;
+    int64_t n = nb__numel_shape(t->ndim, t->shape), s = 1;
+    for (int i = t->ndim - 1; i >= 0; i--) {
+        dst->strides[i] = s;
+        s *= t->shape[i];
+    }
+    float *d = malloc((size_t)(n > 0 ? n : 1) * sizeof *d);
+    NB_CHECK(d, "nb__cpu_matmul (bf16 fallback): out of memory for %s", nb_shape_str(t));
+    int64_t idx[NB_MAX_DIMS] = {0};
+    const uint16_t *src = t->data;
+    for (int64_t j = 0; j < n; j++) {
+        int64_t off = 0;
+        for (int i = 0; i < t->ndim; i++) off += idx[i] * t->strides[i];
+        d[j] = nb_bf16_to_f32(src[off]);
+        for (int i = t->ndim - 1; i >= 0 && ++idx[i] == t->shape[i]; i--) idx[i] = 0;
+    }
+    dst->data = d;
+    return d;
+}
+
+void nb__dnnl_matmul_bf16_fallback(nb_tensor *out, const nb_tensor *a, const nb_tensor *b,
+                                   bool trans_a, bool trans_b, bool accumulate) {
+    NB_CHECK(a->dtype == NB_BF16 && b->dtype == NB_BF16 && out->dtype == NB_F32,
+             "nb__cpu_matmul: bf16 product needs bf16 operands and an f32 output, got %s @ %s -> %s",
+             nb_dtype_name(a->dtype), nb_dtype_name(b->dtype), nb_dtype_name(out->dtype));
+    nb_tensor fa, fb;
+    float *da = f32_copy(&fa, a), *db = f32_copy(&fb, b);
+    nb__cpu_matmul(out, &fa, &fb, trans_a, trans_b, accumulate);
+    free(da);
+    free(db);
+}
+
+/* ------------------------------------------------------------ convolution */
+
+static void conv_key(pkey *k, int op, nb_dtype dt, const nb__conv2d_geom *g, int flags) {
+    memset(k, 0, sizeof *k);
+    k->op = op;
+    k->dt = (int32_t)dnnl_dt(dt);
+    k->nthr = want_threads();
+    k->flags = flags;
+    int64_t v[16] = {g->n,  g->c,  g->h,  g->w,  g->o,  g->kh, g->kw,     g->oh,
+                     g->ow, g->sh, g->sw, g->ph, g->pw, g->dh, g->dw, g->groups};
+    memcpy(k->conv, v, sizeof v);
+}
+
+typedef struct conv_mds {
+    dnnl_memory_desc_t src, wei, bias, dst;
+    dnnl_dims_t strides, dil, pl, pr;
+} conv_mds;
+
+static void md_tag(dnnl_memory_desc_t *md, int nd, const int64_t *dims, dnnl_data_type_t dt,
+                   dnnl_format_tag_t tag) {
+    dnnl_dims_t d = {0};
+    memcpy(d, dims, sizeof(int64_t) * (size_t)nd);
+    check(dnnl_memory_desc_init_by_tag(md, nd, d, dt, tag), "dnnl_memory_desc_init_by_tag");
+}
+
+static void conv_descs(conv_mds *d, dnnl_data_type_t dt, const nb__conv2d_geom *g) {
+    int64_t G = g->groups;
+    memset(d, 0, sizeof *d);
+    md_tag(&d->src, 4, (int64_t[]){g->n, g->c, g->h, g->w}, dt, dnnl_nchw);
+    md_tag(&d->dst, 4, (int64_t[]){g->n, g->o, g->oh, g->ow}, dt, dnnl_nchw);
+    if (G == 1) md_tag(&d->wei, 4, (int64_t[]){g->o, g->c, g->kh, g->kw}, dt, dnnl_oihw);
+    else md_tag(&d->wei, 5, (int64_t[]){G, g->o / G, g->c / G, g->kh, g->kw}, dt, dnnl_goihw);
+    md_tag(&d->bias, 1, (int64_t[]){g->o}, dt, dnnl_a);
+    d->strides[0] = g->sh;
+    d->strides[1] = g->sw;
+    d->dil[0] = g->dh - 1;
+    d->dil[1] = g->dw - 1;
+    d->pl[0] = g->ph;
+    d->pl[1] = g->pw;
+    /* the right padding that makes oneDNN's output size ours (floor division) */
+    d->pr[0] = (g->oh - 1) * g->sh + (g->kh - 1) * g->dh + 1 - g->h - g->ph;
+    d->pr[1] = (g->ow - 1) * g->sw + (g->kw - 1) * g->dw + 1 - g->w - g->pw;
+}
+
+static dnnl_primitive_desc_t conv_fwd_pd(const conv_mds *d, bool bias) {
+    dnnl_convolution_desc_t desc;
+    dnnl_primitive_desc_t pd = NULL;
+    if (dnnl_dilated_convolution_forward_desc_init(
+            &desc, dnnl_forward_training, dnnl_convolution_direct, &d->src, &d->wei,
+            bias ? &d->bias : NULL, &d->dst, d->strides, d->dil, d->pl, d->pr) != dnnl_success)
+        return NULL;
+    if (dnnl_primitive_desc_create(&pd, &desc, NULL, engine, NULL) != dnnl_success) return NULL;
+    return pd;
+}
+
+static entry *conv_entry(int op, nb_dtype dt, const nb__conv2d_geom *g, bool bias) {
+    pkey k;
+    conv_key(&k, op, dt, g, bias ? F_BIAS : 0);
+    int slot;
+    entry *e = lookup(&k, &slot);
+    if (e) {
+        n_hits++;
+        return e;
+    }
+    e = insert(&k);
+    conv_mds d;
+    conv_descs(&d, dnnl_dt(dt), g);
+    dnnl_primitive_desc_t pd = NULL;
+    if (op == OP_CONV_FWD) {
+        pd = conv_fwd_pd(&d, bias);
+        add_md(e, DNNL_ARG_SRC, &d.src);
+        add_md(e, DNNL_ARG_WEIGHTS, &d.wei);
+        add_md(e, DNNL_ARG_DST, &d.dst);
+        if (bias) add_md(e, DNNL_ARG_BIAS, &d.bias);
+    } else {
+        dnnl_primitive_desc_t hint = conv_fwd_pd(&d, bias);
+        dnnl_convolution_desc_t desc;
+        dnnl_status_t st = hint ? dnnl_success : dnnl_unimplemented;
+        if (st == dnnl_success && op == OP_CONV_BWD_DATA) {
+            st = dnnl_dilated_convolution_backward_data_desc_init(
+                &desc, dnnl_convolution_direct, &d.src, &d.wei, &d.dst, d.strides, d.dil, d.pl,
+                d.pr);
+            add_md(e, DNNL_ARG_DIFF_SRC, &d.src);
+            add_md(e, DNNL_ARG_WEIGHTS, &d.wei);
+            add_md(e, DNNL_ARG_DIFF_DST, &d.dst);
+        } else if (st == dnnl_success) {
+            st = dnnl_dilated_convolution_backward_weights_desc_init(
+                &desc, dnnl_convolution_direct, &d.src, &d.wei, bias ? &d.bias : NULL, &d.dst,
+                d.strides, d.dil, d.pl, d.pr);
+            add_md(e, DNNL_ARG_SRC, &d.src);
+            add_md(e, DNNL_ARG_DIFF_WEIGHTS, &d.wei);
+            add_md(e, DNNL_ARG_DIFF_DST, &d.dst);
+            if (bias) add_md(e, DNNL_ARG_DIFF_BIAS, &d.bias);
+        }
+        if (st == dnnl_success && dnnl_primitive_desc_create(&pd, &desc, NULL, engine, hint) !=
+                                      dnnl_success)
+            pd = NULL;
+        if (hint) dnnl_primitive_desc_destroy(hint);
+    }
+    finish_entry(e, pd);
+    return e;
+}
+
+static bool rule_conv(nb_dtype dt, const nb__conv2d_geom *g);
+
+bool nb__dnnl_conv2d_forward(nb_dtype dt, const nb__conv2d_geom *g, void *out, const void *x,
+                             const void *w, const void *b) {
+    nb__dnnl_mode mode = nb__dnnl_mode_now();
+    if (mode == NB_DNNL_OFF || (dt != NB_F32 && dt != NB_BF16)) return false;
+    if (mode == NB_DNNL_AUTO && !rule_conv(dt, g)) return false;
+    pthread_mutex_lock(&lock);
+    init_engine();
+    entry *e = conv_entry(OP_CONV_FWD, dt, g, b != NULL);
+    bool ok = e->prim != NULL;
+    if (ok) execute(e, (void *[]){(void *)x, (void *)w, out, (void *)b}, e->key.nthr);
+    pthread_mutex_unlock(&lock);
+    return ok;
+}
+
+bool nb__dnnl_conv2d_backward(nb_dtype dt, const nb__conv2d_geom *g, void *dx, void *dw,
+                              void *db, const void *gout, const void *x, const void *w) {
+    nb__dnnl_mode mode = nb__dnnl_mode_now();
+    if (mode == NB_DNNL_OFF || (dt != NB_F32 && dt != NB_BF16) || (db && !dw)) return false;
+    if (mode == NB_DNNL_AUTO && !rule_conv(dt, g)) return false;
+    pthread_mutex_lock(&lock);
+    init_engine();
+    entry *ed = dx ? conv_entry(OP_CONV_BWD_DATA, dt, g, false) : NULL;
+    entry *ew = dw ? conv_entry(OP_CONV_BWD_WEIGHTS, dt, g, db != NULL) : NULL;
+    bool ok = (!ed || ed->prim) && (!ew || ew->prim);
+    if (ok && ed) execute(ed, (void *[]){dx, (void *)w, (void *)gout}, ed->key.nthr);
+    if (ok && ew) execute(ew, (void *[]){(void *)x, dw, (void *)gout, db}, ew->key.nthr);
+    pthread_mutex_unlock(&lock);
+    return ok;
+}
+
+void nb__dnnl_conv2d_forward_bf16_fallback(const nb__conv2d_geom *g, void *out, const void *x,
+                                           const void *w, const void *b) {
+    int64_t nx = g->n * g->c * g->h * g->w, nw = g->o * (g->c / g->groups) * g->kh * g->kw;
+    int64_t no = g->n * g->o * g->oh * g->ow;
+    float *fx = to_f32(x, nx), *fw = to_f32(w, nw), *fb = b ? to_f32(b, g->o) : NULL;
+    float *fo = malloc((size_t)no * sizeof *fo);
+    float *cols = malloc((size_t)(nb__conv2d_cols_numel(g) + 1) * sizeof *cols);
+    NB_CHECK(fo && cols, "nb_conv2d (bf16 fallback): out of memory");
+    nb__cpu_conv2d_forward(NB_F32, g, fo, fx, fw, fb, cols);
+    to_bf16(out, fo, no);
+    free(fx), free(fw), free(fb), free(fo), free(cols);
+}
+
+void nb__dnnl_conv2d_backward_bf16_fallback(const nb__conv2d_geom *g, void *dx, void *dw,
+                                            void *db, const void *gout, const void *x,
+                                            const void *w) {
+    int64_t nx = g->n * g->c * g->h * g->w, nw = g->o * (g->c / g->groups) * g->kh * g->kw;
+    int64_t no = g->n * g->o * g->oh * g->ow;
+    float *fx = to_f32(x, nx), *fw = to_f32(w, nw), *fg = to_f32(gout, no);
+    float *fdx = dx ? malloc((size_t)nx * sizeof(float)) : NULL;
+    float *fdw = dw ? malloc((size_t)nw * sizeof(float)) : NULL;
+    float *fdb = db ? malloc((size_t)g->o * sizeof(float)) : NULL;
+    float *cols = malloc((size_t)(nb__conv2d_cols_numel(g) + 1) * sizeof *cols);
+    NB_CHECK(cols && (!dx || fdx) && (!dw || fdw) && (!db || fdb),
+             "nb_conv2d backward (bf16 fallback): out of memory");
+    nb__cpu_conv2d_backward(NB_F32, g, fdx, fdw, fdb, fg, fx, fw, cols);
+    if (dx) to_bf16(dx, fdx, nx);
+    if (dw) to_bf16(dw, fdw, nw);
+    if (db) to_bf16(db, fdb, g->o);
+    free(fx), free(fw), free(fg), free(fdx), free(fdw), free(fdb), free(cols);
+}
+
+/* ------------------------------------------------------------ the rule */
+
+static bool rule_matmul(nb_dtype dt, int64_t batch, int64_t m, int64_t n, int64_t k) {
+    (void)batch, (void)m, (void)n, (void)k;
+    return dt == NB_BF16;
+}
+
+static bool rule_conv(nb_dtype dt, const nb__conv2d_geom *g) {
+    (void)dt, (void)g;
+    return true;
+}

@@ -1,0 +1,76 @@
+/* oneDNN on the CPU (tensor/cpu/dnnl.c): matmul (f32, and bf16 operands
+ * with an f32 product) and 2-D convolution forward and backward (f32,
+ * bf16), on the caller's buffers, with primitives cached by shape.
+ *
+ * Each nb__dnnl_* product returns false, having done nothing, when the
+ * dispatch rule of Note [oneDNN dispatch] gives the op to OpenBLAS or our
+ * kernels, when oneDNN is switched off (NABLA_DNNL=0, nb__dnnl_set_mode),
+ * or when oneDNN has no fast implementation for it; the caller then runs
+ * its own kernel. bf16 operands are the exception: their caller has no
+ * kernel, so nb__dnnl_matmul_bf16_fallback and nb__dnnl_conv2d_*_fallback
+ * convert to f32 and run the OpenBLAS path. */
+#ifndef NABLA_TENSOR_CPU_DNNL_H
+#define NABLA_TENSOR_CPU_DNNL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "nabla/tensor.h"
+#include "tensor/cpu/conv.h"
+
+typedef enum nb__dnnl_mode {
+    NB_DNNL_OFF = 0,   /* never oneDNN */
+    NB_DNNL_AUTO = 1,  /* the measured rule (default) */
+    NB_DNNL_FORCE = 2, /* oneDNN wherever it has a fast implementation */
+} nb__dnnl_mode;
+
+/* The mode: NABLA_DNNL=0|1|2 in the environment, read on first use (any
+ * other value aborts naming it), unless set here; -1 returns to the
+ * environment's, read again. Returns the previous mode (the environment's
+ * is read for it). */
+nb__dnnl_mode nb__dnnl_set_mode(int mode);
+nb__dnnl_mode nb__dnnl_mode_now(void);
+
+/* oneDNN's thread count: follows OpenBLAS's (openblas_get_num_threads,
+ * read at each call) unless set here to n >= 1; n <= 0 returns to that. */
+void nb__dnnl_set_num_threads(int n);
+
+/* Whether the CPU has native bf16 dot products (AVX512_BF16 or AMX) as
+ * oneDNN sees them. */
+bool nb__dnnl_native_bf16(void);
+
+/* Primitives created so far (cache misses, including keys found not
+ * supported), cached lookups that found one, and primitives executed: for
+ * tests of the cache and of which path ran. */
+int64_t nb__dnnl_primitives_created(void);
+int64_t nb__dnnl_cache_hits(void);
+int64_t nb__dnnl_executions(void);
+
+/* out (L, M, N) contiguous f32 = op(a) @ op(b) as nb__cpu_matmul
+ * (tensor/cpu/matmul.h), a and b both f32 or both bf16, + bias (N, f32)
+ * when not NULL, GELU(tanh) of the whole when gelu, + out's previous
+ * contents first when accumulate. */
+bool nb__dnnl_matmul(nb_tensor *out, const nb_tensor *a, const nb_tensor *b, bool trans_a,
+                     bool trans_b, const nb_tensor *bias, bool gelu, bool accumulate);
+
+/* The same product for bf16 a and b without oneDNN: both converted to f32
+ * (exactly) and multiplied by OpenBLAS. */
+void nb__dnnl_matmul_bf16_fallback(nb_tensor *out, const nb_tensor *a, const nb_tensor *b,
+                                   bool trans_a, bool trans_b, bool accumulate);
+
+/* nb__cpu_conv2d_forward / _backward (tensor/cpu/conv.h) for dt f32 or
+ * bf16 (every buffer of that dtype). */
+bool nb__dnnl_conv2d_forward(nb_dtype dt, const nb__conv2d_geom *g, void *out, const void *x,
+                             const void *w, const void *b);
+bool nb__dnnl_conv2d_backward(nb_dtype dt, const nb__conv2d_geom *g, void *dx, void *dw,
+                              void *db, const void *gout, const void *x, const void *w);
+
+/* bf16 convolutions without oneDNN: through f32 copies and the f32
+ * kernels, results rounded to bf16. */
+void nb__dnnl_conv2d_forward_bf16_fallback(const nb__conv2d_geom *g, void *out, const void *x,
+                                           const void *w, const void *b);
+void nb__dnnl_conv2d_backward_bf16_fallback(const nb__conv2d_geom *g, void *dx, void *dw,
+                                            void *db, const void *gout, const void *x,
+                                            const void *w);
+
+#endif

@@ -1,0 +1,468 @@
+/* Tests of the oneDNN wrapper (tensor/cpu/dnnl.c): matmul (f32; bf16
+ * operands with an f32 product) and 2-D convolution forward and backward
+ * (f32, bf16), each through oneDNN (mode forced) and through the path
+ * without it (NABLA_DNNL=0's: OpenBLAS, or the bf16 -> f32 fallback),
+ * against independent f64 loops written here; the primitive cache; the
+ * NABLA_DNNL switch.
+ *
+ * Tolerances. With f32 accumulation the error of an output is bounded by
+ * about K * 2^-24 times the sum of the absolute values of its terms (S); the
+ * tests allow 1e-5 * S (K <= 200 here) plus 1e-5 relative. bf16 operands are
+ * made exactly representable (the f32 values are rounded to bf16 before the
+ * reference sees them), and a product of two bf16 values is exact in f32,
+ * so a bf16 matmul with an f32 output meets the same bound. Where the output
+ * itself is bf16 (convolutions in bf16) it carries one more rounding to an
+ * 8-bit significand: 2^-8 relative to the output, on top. */
+#include <math.h>
+#include <stdlib.h>
+
+#include "tensor/backend.h"
+#include "tensor/cpu/conv.h"
+#include "tensor/cpu/dnnl.h"
+#include "tensor/cpu/matmul.h"
+#include "testutil.h"
+
+/* ---- data ---- */
+
+static uint64_t lcg;
+
+static double urand(void) {
+    lcg = lcg * 6364136223846793005ull + 1442695040888963407ull;
+    return (double)(lcg >> 11) / 9007199254740992.0 * 2 - 1;
+}
+
+static int64_t numel(int nd, const int64_t *shape) {
+    int64_t n = 1;
+    for (int i = 0; i < nd; i++) n *= shape[i];
+    return n;
+}
+
+/* Random values in [-1, 1], rounded to bf16 when dt is bf16 (so that the
+ * tensor holds them exactly); *host gets them as f64 (malloc'd). */
+static nb_tensor *rand_tensor(nb_ctx *ctx, nb_dtype dt, int nd, const int64_t *shape,
+                              double **host) {
+    int64_t n = numel(nd, shape);
+    float *f = malloc(sizeof(float) * (size_t)(n + 1));
+    uint16_t *h = malloc(sizeof(uint16_t) * (size_t)(n + 1));
+    double *d = malloc(sizeof(double) * (size_t)(n + 1));
+    for (int64_t i = 0; i < n; i++) {
+        f[i] = (float)urand();
+        h[i] = nb_f32_to_bf16(f[i]);
+        if (dt == NB_BF16) f[i] = nb_bf16_to_f32(h[i]);
+        d[i] = f[i];
+    }
+    nb_tensor *t = nb_from_host(ctx, dt, nd, shape, dt == NB_BF16 ? (void *)h : (void *)f);
+    free(f);
+    free(h);
+    if (host) *host = d;
+    else free(d);
+    return t;
+}
+
+static double gelu_tanh(double x) {
+    return 0.5 * x * (1 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+}
+
+/* |got - ref| <= 1e-5 (|ref| + S) (+ 2^-8 |ref| for a bf16 output). */
+static void assert_bound(const char *what, int64_t n, const double *got, const double *ref,
+                         const double *s, bool bf16_out) {
+    for (int64_t i = 0; i < n; i++) {
+        double tol = 1e-5 * (fabs(ref[i]) + s[i]) + (bf16_out ? ldexp(fabs(ref[i]), -8) : 0);
+        ck_assert_msg(fabs(got[i] - ref[i]) <= tol,
+                      "%s: element %lld is %.9g, reference %.9g (|terms| %.4g, tolerance %.3g)",
+                      what, (long long)i, got[i], ref[i], s[i], tol);
+    }
+}
+
+/* ---- matmul ---- */
+
+typedef struct mm_case {
+    int nda, ndb;
+    int64_t sa[4], sb[4]; /* logical op(a), op(b) shapes */
+    bool ta, tb;          /* operands passed transposed through the flags */
+    bool view_a, view_b;  /* ... or as transposed views (strides) */
+} mm_case;
+
+static const mm_case mm_cases[] = {
+    {2, 2, {7, 13}, {13, 5}, false, false, false, false},
+    {2, 2, {7, 13}, {13, 5}, true, false, false, false},
+    {2, 2, {7, 13}, {13, 5}, false, true, false, false},
+    {2, 2, {7, 13}, {13, 5}, true, true, false, false},
+    {2, 2, {7, 13}, {13, 5}, false, false, true, true},
+    {3, 2, {4, 6, 9}, {9, 11}, false, true, false, false},      /* linear: batch folds */
+    {3, 3, {4, 6, 9}, {4, 9, 11}, false, false, false, true},   /* batched */
+    {4, 3, {2, 3, 5, 8}, {3, 8, 4}, true, false, false, false}, /* b broadcast over dim 0 */
+    {3, 4, {1, 5, 8}, {2, 3, 8, 4}, false, true, false, false}, /* a broadcast */
+    {2, 2, {1, 200}, {200, 1}, false, false, false, false},
+};
+
+/* The operand as the kernels get it: logical (.., R, C) values v, stored
+ * transposed when trans (the flag) or view (a transposed view). */
+static nb_tensor *mm_operand(nb_ctx *ctx, nb_dtype dt, int nd, const int64_t *logical, bool trans,
+                             bool view, double **v) {
+    int64_t st[4];
+    memcpy(st, logical, sizeof(int64_t) * (size_t)nd);
+    if (trans || view) {
+        st[nd - 2] = logical[nd - 1];
+        st[nd - 1] = logical[nd - 2];
+    }
+    double *stored;
+    nb_tensor *t = rand_tensor(ctx, dt, nd, st, &stored);
+    int64_t r = logical[nd - 2], c = logical[nd - 1], mats = numel(nd - 2, logical);
+    *v = malloc(sizeof(double) * (size_t)(numel(nd, logical) + 1));
+    for (int64_t l = 0; l < mats; l++)
+        for (int64_t i = 0; i < r; i++)
+            for (int64_t j = 0; j < c; j++)
+                (*v)[(l * r + i) * c + j] =
+                    (trans || view) ? stored[(l * c + j) * r + i] : stored[(l * r + i) * c + j];
+    free(stored);
+    return view ? nb_transpose(ctx, t, nd - 2, nd - 1) : t;
+}
+
+/* ref and S of (.., M, N) = a @ b (+ bias) (+ acc), broadcast batch dims. */
+static void mm_reference(const mm_case *c, const double *a, const double *b, const double *bias,
+                         const double *acc, int nd, const int64_t *oshape, double *ref,
+                         double *s) {
+    int nbd = nd - 2;
+    int64_t m = oshape[nbd], n = oshape[nbd + 1], k = c->sa[c->nda - 1];
+    int64_t batch = numel(nbd, oshape), idx[4] = {0};
+    for (int64_t l = 0; l < batch; l++) {
+        int64_t la = 0, lb = 0;
+        for (int i = 0; i < nbd; i++) {
+            int da = c->nda - 2 - nbd + i, db = c->ndb - 2 - nbd + i;
+            if (da >= 0) la = la * c->sa[da] + (c->sa[da] == 1 ? 0 : idx[i]);
+            if (db >= 0) lb = lb * c->sb[db] + (c->sb[db] == 1 ? 0 : idx[i]);
+        }
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t j = 0; j < n; j++) {
+                double r = 0, sa = 0;
+                for (int64_t q = 0; q < k; q++) {
+                    double t = a[(la * m + i) * k + q] * b[(lb * k + q) * n + j];
+                    r += t;
+                    sa += fabs(t);
+                }
+                int64_t o = (l * m + i) * n + j;
+                if (bias) r += bias[j], sa += fabs(bias[j]);
+                if (acc) r += acc[o], sa += fabs(acc[o]);
+                ref[o] = r;
+                s[o] = sa;
+            }
+        for (int i = nbd - 1; i >= 0 && ++idx[i] == oshape[i]; i--) idx[i] = 0;
+    }
+}
+
+enum { V_PLAIN, V_BIAS, V_GELU, V_ACC, V_BIAS_GELU_PRE };
+
+/* One case, dtype and variant through the CPU backend's matmul entry (the
+ * one the op front end calls), in the given mode. */
+static void mm_check(int ci, nb_dtype dt, int variant, nb__dnnl_mode mode) {
+    const mm_case *c = &mm_cases[ci];
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    lcg = 1000u + (uint64_t)ci * 31u + (uint64_t)variant;
+    double *av, *bv, *biasv = NULL, *accv = NULL;
+    nb_tensor *a = mm_operand(ctx, dt, c->nda, c->sa, c->ta, c->view_a, &av);
+    nb_tensor *b = mm_operand(ctx, dt, c->ndb, c->sb, c->tb, c->view_b, &bv);
+    int nd = c->nda > c->ndb ? c->nda : c->ndb, nbd = nd - 2;
+    int64_t oshape[4];
+    for (int i = 0; i < nbd; i++) {
+        int da = c->nda - 2 - nbd + i, db = c->ndb - 2 - nbd + i;
+        int64_t x = da >= 0 ? c->sa[da] : 1, y = db >= 0 ? c->sb[db] : 1;
+        oshape[i] = x > y ? x : y;
+    }
+    oshape[nbd] = c->sa[c->nda - 2];
+    oshape[nbd + 1] = c->sb[c->ndb - 1];
+    int64_t n_out = numel(nd, oshape);
+    nb_tensor *bias = NULL, *out, *pre = NULL;
+    if (variant == V_BIAS || variant == V_GELU || variant == V_BIAS_GELU_PRE)
+        bias = rand_tensor(ctx, NB_F32, 1, &oshape[nbd + 1], &biasv);
+    if (variant == V_ACC) out = rand_tensor(ctx, NB_F32, nd, oshape, &accv);
+    else out = nb_empty(ctx, NB_F32, nd, oshape);
+    if (variant == V_BIAS_GELU_PRE) pre = nb_empty(ctx, NB_F32, nd, oshape);
+
+    double *ref = malloc(sizeof(double) * (size_t)n_out), *s = malloc(sizeof(double) * (size_t)n_out);
+    double *got = malloc(sizeof(double) * (size_t)n_out);
+    mm_reference(c, av, bv, biasv, accv, nd, oshape, ref, s);
+
+    nb__dnnl_mode prev = nb__dnnl_set_mode(mode);
+    int64_t ran = nb__dnnl_executions();
+    bool gelu = variant == V_GELU || variant == V_BIAS_GELU_PRE;
+    nb__cpu_backend.matmul(out, a, b, c->ta, c->tb, bias, gelu, pre, variant == V_ACC);
+    ran = nb__dnnl_executions() - ran;
+    nb__dnnl_set_mode(prev);
+    /* the forced mode goes through oneDNN (one primitive), the off mode never */
+    ck_assert_msg(ran == (mode == NB_DNNL_OFF ? 0 : 1), "matmul case %d %s variant %d mode %d: %lld oneDNN executions",
+                  ci, nb_dtype_name(dt), variant, (int)mode, (long long)ran);
+
+    char what[128];
+    snprintf(what, sizeof what, "matmul case %d %s variant %d mode %d", ci, nb_dtype_name(dt),
+             variant, (int)mode);
+    if (pre) {
+        nb_to_host_f64(pre, got);
+        assert_bound(what, n_out, got, ref, s, false);
+    }
+    if (gelu)
+        for (int64_t i = 0; i < n_out; i++) ref[i] = gelu_tanh(ref[i]), s[i] = 1.2 * s[i] + 0.1;
+    nb_to_host_f64(out, got);
+    assert_bound(what, n_out, got, ref, s, false);
+    free(av), free(bv), free(biasv), free(accv), free(ref), free(s), free(got);
+    nb_ctx_free(ctx);
+}
+
+START_TEST(test_matmul_f32_dnnl) {
+    for (int v = V_PLAIN; v <= V_BIAS_GELU_PRE; v++) mm_check(_i, NB_F32, v, NB_DNNL_FORCE);
+}
+END_TEST
+
+START_TEST(test_matmul_f32_openblas) {
+    for (int v = V_PLAIN; v <= V_BIAS_GELU_PRE; v++) mm_check(_i, NB_F32, v, NB_DNNL_OFF);
+}
+END_TEST
+
+START_TEST(test_matmul_bf16_dnnl) {
+    for (int v = V_PLAIN; v <= V_BIAS_GELU_PRE; v++) mm_check(_i, NB_BF16, v, NB_DNNL_FORCE);
+}
+END_TEST
+
+START_TEST(test_matmul_bf16_fallback) {
+    for (int v = V_PLAIN; v <= V_BIAS_GELU_PRE; v++) mm_check(_i, NB_BF16, v, NB_DNNL_OFF);
+}
+END_TEST
+
+/* The default rule gives bf16 products to oneDNN. */
+START_TEST(test_matmul_bf16_auto_uses_dnnl) { mm_check(5, NB_BF16, V_BIAS, NB_DNNL_AUTO); }
+END_TEST
+
+START_TEST(test_matmul_bf16_needs_f32_out) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *a = rand_tensor(ctx, NB_BF16, 2, (int64_t[]){3, 4}, NULL);
+    nb_tensor *out = nb_empty(ctx, NB_BF16, 2, (int64_t[]){3, 3});
+    nb__dnnl_mode prev = nb__dnnl_set_mode(NB_DNNL_OFF);
+    NBT_EXPECT_ABORT(nb__cpu_matmul(out, a, a, false, true, false),
+                     "bf16 product needs bf16 operands and an f32 output, got bf16 @ bf16 -> bf16");
+    nb__dnnl_set_mode(prev);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+/* ---- primitive cache ---- */
+
+START_TEST(test_cache_reuses_primitives) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb__dnnl_mode prev = nb__dnnl_set_mode(NB_DNNL_FORCE);
+    nb_tensor *a = rand_tensor(ctx, NB_F32, 2, (int64_t[]){17, 19}, NULL);
+    nb_tensor *b = rand_tensor(ctx, NB_F32, 2, (int64_t[]){19, 23}, NULL);
+    nb_tensor *out = nb_empty(ctx, NB_F32, 2, (int64_t[]){17, 23});
+    ck_assert(nb__dnnl_matmul(out, a, b, false, false, NULL, false, false));
+    int64_t made = nb__dnnl_primitives_created(), hits = nb__dnnl_cache_hits();
+    for (int i = 0; i < 5; i++) ck_assert(nb__dnnl_matmul(out, a, b, false, false, NULL, false, false));
+    ck_assert_int_eq(nb__dnnl_primitives_created(), made);
+    ck_assert_int_eq(nb__dnnl_cache_hits(), hits + 5);
+    /* another shape, or another post-op, is another primitive */
+    nb_tensor *out2 = nb_empty(ctx, NB_F32, 2, (int64_t[]){19, 19});
+    ck_assert(nb__dnnl_matmul(out2, a, a, true, false, NULL, false, false));
+    ck_assert_int_eq(nb__dnnl_primitives_created(), made + 1);
+    ck_assert(nb__dnnl_matmul(out, a, b, false, false, NULL, false, true));
+    ck_assert_int_eq(nb__dnnl_primitives_created(), made + 2);
+    /* a different thread count is a different key */
+    nb__dnnl_set_num_threads(1);
+    ck_assert(nb__dnnl_matmul(out, a, b, false, false, NULL, false, false));
+    nb__dnnl_set_num_threads(2);
+    ck_assert(nb__dnnl_matmul(out, a, b, false, false, NULL, false, false));
+    nb__dnnl_set_num_threads(0);
+    ck_assert_int_ge(nb__dnnl_primitives_created(), made + 3);
+    nb__dnnl_set_mode(prev);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+/* ---- the switch ---- */
+
+START_TEST(test_env_switch) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *a = rand_tensor(ctx, NB_BF16, 2, (int64_t[]){3, 4}, NULL);
+    nb_tensor *out = nb_empty(ctx, NB_F32, 2, (int64_t[]){3, 3});
+    nb__dnnl_mode prev = nb__dnnl_set_mode(-1);
+    setenv("NABLA_DNNL", "0", 1);
+    nb__dnnl_set_mode(-1);
+    ck_assert_int_eq(nb__dnnl_mode_now(), NB_DNNL_OFF);
+    ck_assert(!nb__dnnl_matmul(out, a, a, false, true, NULL, false, false));
+    setenv("NABLA_DNNL", "2", 1);
+    nb__dnnl_set_mode(-1);
+    ck_assert_int_eq(nb__dnnl_mode_now(), NB_DNNL_FORCE);
+    setenv("NABLA_DNNL", "yes", 1);
+    nb__dnnl_set_mode(-1);
+    NBT_EXPECT_ABORT(nb__dnnl_mode_now(), "NABLA_DNNL=yes: expected 0");
+    unsetenv("NABLA_DNNL");
+    nb__dnnl_set_mode(-1);
+    ck_assert_int_eq(nb__dnnl_mode_now(), NB_DNNL_AUTO);
+    NBT_EXPECT_ABORT(nb__dnnl_set_mode(5), "nb__dnnl_set_mode: mode 5");
+    nb__dnnl_set_mode((int)prev);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+/* ---- convolution ---- */
+
+static const nb__conv2d_geom conv_cases[] = {
+    /* n, c, h, w, o, kh, kw, oh, ow (filled in), sh, sw, ph, pw, dh, dw, groups */
+    {2, 3, 9, 8, 4, 3, 3, 0, 0, 1, 1, 1, 1, 1, 1, 1},
+    {2, 4, 11, 10, 6, 3, 2, 0, 0, 2, 1, 1, 0, 1, 1, 2},  /* stride, groups */
+    {1, 3, 12, 12, 5, 3, 3, 0, 0, 1, 2, 2, 1, 2, 2, 1},  /* dilation */
+    {2, 4, 7, 7, 8, 3, 3, 0, 0, 1, 1, 1, 1, 1, 1, 4},    /* depthwise, multiplier 2 */
+    {2, 8, 5, 6, 16, 1, 1, 0, 0, 1, 1, 0, 0, 1, 1, 1},   /* pointwise */
+    {3, 1, 14, 14, 8, 5, 5, 0, 0, 1, 1, 2, 2, 1, 1, 1},  /* the digits CNN's first layer */
+};
+
+static nb__conv2d_geom conv_geom(int ci) {
+    nb__conv2d_geom g = conv_cases[ci];
+    g.oh = (g.h + 2 * g.ph - g.dh * (g.kh - 1) - 1) / g.sh + 1;
+    g.ow = (g.w + 2 * g.pw - g.dw * (g.kw - 1) - 1) / g.sw + 1;
+    return g;
+}
+
+/* f64 reference: y, and the gradients from gy; each with its S. */
+typedef struct conv_ref {
+    double *y, *sy, *dx, *sdx, *dw, *sdw, *db, *sdb;
+} conv_ref;
+
+static conv_ref conv_reference(const nb__conv2d_geom *g, const double *x, const double *w,
+                               const double *b, const double *gy) {
+    int64_t G = g->groups, CG = g->c / G, OG = g->o / G;
+    int64_t nx = g->n * g->c * g->h * g->w, nw = g->o * CG * g->kh * g->kw;
+    int64_t ny = g->n * g->o * g->oh * g->ow;
+    conv_ref r;
+    r.y = calloc((size_t)ny, sizeof(double)), r.sy = calloc((size_t)ny, sizeof(double));
+    r.dx = calloc((size_t)nx, sizeof(double)), r.sdx = calloc((size_t)nx, sizeof(double));
+    r.dw = calloc((size_t)nw, sizeof(double)), r.sdw = calloc((size_t)nw, sizeof(double));
+    r.db = calloc((size_t)g->o, sizeof(double)), r.sdb = calloc((size_t)g->o, sizeof(double));
+    for (int64_t n = 0; n < g->n; n++)
+        for (int64_t o = 0; o < g->o; o++)
+            for (int64_t i = 0; i < g->oh; i++)
+                for (int64_t j = 0; j < g->ow; j++) {
+                    int64_t yi = ((n * g->o + o) * g->oh + i) * g->ow + j;
+                    double acc = b ? b[o] : 0, sacc = b ? fabs(b[o]) : 0;
+                    for (int64_t cg = 0; cg < CG; cg++)
+                        for (int64_t ki = 0; ki < g->kh; ki++)
+                            for (int64_t kj = 0; kj < g->kw; kj++) {
+                                int64_t ih = i * g->sh - g->ph + ki * g->dh;
+                                int64_t iw = j * g->sw - g->pw + kj * g->dw;
+                                if (ih < 0 || ih >= g->h || iw < 0 || iw >= g->w) continue;
+                                int64_t c = (o / OG) * CG + cg;
+                                int64_t xi = ((n * g->c + c) * g->h + ih) * g->w + iw;
+                                int64_t wi = ((o * CG + cg) * g->kh + ki) * g->kw + kj;
+                                acc += x[xi] * w[wi];
+                                sacc += fabs(x[xi] * w[wi]);
+                                r.dx[xi] += gy[yi] * w[wi];
+                                r.sdx[xi] += fabs(gy[yi] * w[wi]);
+                                r.dw[wi] += gy[yi] * x[xi];
+                                r.sdw[wi] += fabs(gy[yi] * x[xi]);
+                            }
+                    r.y[yi] = acc;
+                    r.sy[yi] = sacc;
+                    r.db[o] += gy[yi];
+                    r.sdb[o] += fabs(gy[yi]);
+                }
+    return r;
+}
+
+static void conv_ref_free(conv_ref *r) {
+    free(r->y), free(r->sy), free(r->dx), free(r->sdx), free(r->dw), free(r->sdw), free(r->db),
+        free(r->sdb);
+}
+
+static void conv_check(int ci, nb_dtype dt, bool with_bias, nb__dnnl_mode mode) {
+    nb__conv2d_geom g = conv_geom(ci);
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    lcg = 77u + (uint64_t)ci;
+    double *xv, *wv, *bv = NULL, *gv;
+    nb_tensor *x = rand_tensor(ctx, dt, 4, (int64_t[]){g.n, g.c, g.h, g.w}, &xv);
+    nb_tensor *w = rand_tensor(ctx, dt, 4, (int64_t[]){g.o, g.c / g.groups, g.kh, g.kw}, &wv);
+    nb_tensor *b = with_bias ? rand_tensor(ctx, dt, 1, &g.o, &bv) : NULL;
+    nb_tensor *gy = rand_tensor(ctx, dt, 4, (int64_t[]){g.n, g.o, g.oh, g.ow}, &gv);
+    nb_tensor *y = nb_empty_like(ctx, gy), *dx = nb_empty_like(ctx, x), *dw = nb_empty_like(ctx, w);
+    nb_tensor *db = with_bias ? nb_empty(ctx, dt, 1, &g.o) : NULL;
+    conv_ref r = conv_reference(&g, xv, wv, bv, gv);
+    size_t cols = (size_t)(nb__conv2d_cols_numel(&g) + 1) * nb_dtype_size(dt);
+    void *scratch = malloc(cols);
+
+    nb__dnnl_mode prev = nb__dnnl_set_mode(mode);
+    int64_t ran = nb__dnnl_executions();
+    nb__cpu_conv2d_forward(dt, &g, y->data, x->data, w->data, b ? b->data : NULL, scratch);
+    nb__cpu_conv2d_backward(dt, &g, dx->data, dw->data, db ? db->data : NULL, gy->data, x->data,
+                            w->data, scratch);
+    ran = nb__dnnl_executions() - ran;
+    nb__dnnl_set_mode(prev);
+    /* forward, backward data, backward weights */
+    ck_assert_msg(ran == (mode == NB_DNNL_OFF ? 0 : 3),
+                  "conv case %d %s bias %d mode %d: %lld oneDNN executions", ci, nb_dtype_name(dt),
+                  with_bias, (int)mode, (long long)ran);
+
+    char what[128];
+    int64_t ny = nb_numel(y), nx = nb_numel(x), nw = nb_numel(w);
+    int64_t most = ny > nx ? ny : nx;
+    double *got = malloc(sizeof(double) * (size_t)(most > nw ? most : nw));
+    bool low = dt == NB_BF16;
+    snprintf(what, sizeof what, "conv case %d %s bias %d mode %d: y", ci, nb_dtype_name(dt),
+             with_bias, (int)mode);
+    nb_to_host_f64(y, got);
+    assert_bound(what, ny, got, r.y, r.sy, low);
+    what[strlen(what) - 1] = 0;
+    strcat(what, "dx");
+    nb_to_host_f64(dx, got);
+    assert_bound(what, nx, got, r.dx, r.sdx, low);
+    what[strlen(what) - 2] = 0;
+    strcat(what, "dw");
+    nb_to_host_f64(dw, got);
+    assert_bound(what, nw, got, r.dw, r.sdw, low);
+    if (db) {
+        what[strlen(what) - 2] = 0;
+        strcat(what, "db");
+        nb_to_host_f64(db, got);
+        assert_bound(what, g.o, got, r.db, r.sdb, low);
+    }
+    free(got), free(scratch), free(xv), free(wv), free(bv), free(gv);
+    conv_ref_free(&r);
+    nb_ctx_free(ctx);
+}
+
+START_TEST(test_conv_f32_dnnl) {
+    conv_check(_i, NB_F32, true, NB_DNNL_FORCE);
+    conv_check(_i, NB_F32, false, NB_DNNL_FORCE);
+}
+END_TEST
+
+START_TEST(test_conv_f32_im2col) { conv_check(_i, NB_F32, true, NB_DNNL_OFF); }
+END_TEST
+
+START_TEST(test_conv_bf16_dnnl) {
+    conv_check(_i, NB_BF16, true, NB_DNNL_FORCE);
+    conv_check(_i, NB_BF16, false, NB_DNNL_FORCE);
+}
+END_TEST
+
+START_TEST(test_conv_bf16_fallback) { conv_check(_i, NB_BF16, true, NB_DNNL_OFF); }
+END_TEST
+
+static Suite *dnnl_suite(void) {
+    Suite *s = suite_create("dnnl");
+    TCase *tc = tcase_create("core");
+    tcase_set_timeout(tc, 120);
+    int nmm = (int)(sizeof mm_cases / sizeof mm_cases[0]);
+    int ncv = (int)(sizeof conv_cases / sizeof conv_cases[0]);
+    tcase_add_loop_test(tc, test_matmul_f32_dnnl, 0, nmm);
+    tcase_add_loop_test(tc, test_matmul_f32_openblas, 0, nmm);
+    tcase_add_loop_test(tc, test_matmul_bf16_dnnl, 0, nmm);
+    tcase_add_loop_test(tc, test_matmul_bf16_fallback, 0, nmm);
+    tcase_add_test(tc, test_matmul_bf16_auto_uses_dnnl);
+    tcase_add_test(tc, test_matmul_bf16_needs_f32_out);
+    tcase_add_test(tc, test_cache_reuses_primitives);
+    tcase_add_test(tc, test_env_switch);
+    tcase_add_loop_test(tc, test_conv_f32_dnnl, 0, ncv);
+    tcase_add_loop_test(tc, test_conv_f32_im2col, 0, ncv);
+    tcase_add_loop_test(tc, test_conv_bf16_dnnl, 0, ncv);
+    tcase_add_loop_test(tc, test_conv_bf16_fallback, 0, ncv);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) { return nbt_run(dnnl_suite()); }
