@@ -593,12 +593,15 @@ void nb__dnnl_conv2d_backward_bf16_fallback(const nb__conv2d_geom *g, void *dx, 
 
 /* ------------------------------------------------------------ the rule */
 
+/* Note [oneDNN dispatch]: bf16 always; f32 on one thread from 2^20
+ * multiply-adds; never f32 on more threads. */
 static bool rule_matmul(nb_dtype dt, int64_t batch, int64_t m, int64_t n, int64_t k) {
-    (void)batch, (void)m, (void)n, (void)k;
-    return dt == NB_BF16;
+    if (dt == NB_BF16) return true;
+    return want_threads() == 1 && (double)batch * (double)m * (double)n * (double)k >= 1048576.0;
 }
 
+/* Note [oneDNN dispatch]: bf16 only; f32 stays on im2col + OpenBLAS. */
 static bool rule_conv(nb_dtype dt, const nb__conv2d_geom *g) {
-    (void)dt, (void)g;
-    return true;
+    (void)g;
+    return dt == NB_BF16;
 }
