@@ -7,24 +7,32 @@
  *    (dX = dY @ W, dW = dY^T @ X);
  *  - conv2d, GFLOP/s of forward and of backward (input and weight
  *    gradients together): im2col + OpenBLAS f32, oneDNN f32, oneDNN bf16,
- *    for the digits CNN's three convolutions.
+ *    for the digits CNN's three convolutions;
+ *  - forward layer norm, softmax and batch norm (training), GB/s of x read
+ *    + y written: our kernels against oneDNN's primitives (f32; called
+ *    here directly, not through the library, which does not use them).
  * Rounds are interleaved (every variant of a row once per round, rounds
  * repeated) and each cell is the median over rounds; a round times a
  * variant over at least --ms milliseconds of calls, after one warm-up call
  * (which also makes the oneDNN primitive). `--threads N` sets OpenBLAS's
  * thread count, which oneDNN follows. The load average is printed before
- * and after: the machine is shared. `--quick`: 2 rounds, short budgets. */
+ * and after: the machine is shared. `--quick`: 2 rounds, short budgets;
+ * `--only matmul|conv|norm`: one table. */
 #include <cblas.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include <dnnl.h>
 #include <nabla/nabla.h>
+#include <omp.h>
 
 #include "tensor/cpu/conv.h"
 #include "tensor/cpu/dnnl.h"
 #include "tensor/cpu/matmul.h"
+#include "tensor/cpu/norm.h"
+#include "tensor/cpu/softmax.h"
 
 static double now_s(void) {
     struct timespec ts;
@@ -220,16 +228,171 @@ static void bench_conv(int rounds, double budget) {
     nb_ctx_free(ctx);
 }
 
+/* ---- normalisation and softmax ---- */
+
+static dnnl_engine_t eng;
+static dnnl_stream_t strm;
+
+static void ok(dnnl_status_t st, const char *what) {
+    if (st != dnnl_success) {
+        fprintf(stderr, "bench_dnnl: %s failed (%d)\n", what, (int)st);
+        exit(1);
+    }
+}
+
+typedef struct prim_arg {
+    dnnl_primitive_t prim;
+    int n;
+    dnnl_exec_arg_t args[8];
+} prim_arg;
+
+static void run_prim(void *p) {
+    prim_arg *a = p;
+    ok(dnnl_primitive_execute(a->prim, strm, a->n, a->args), "execute");
+    ok(dnnl_stream_wait(strm), "wait");
+}
+
+static void make_prim(prim_arg *a, const void *desc) {
+    dnnl_primitive_desc_t pd;
+    ok(dnnl_primitive_desc_create(&pd, desc, NULL, eng, NULL), "primitive_desc_create");
+    ok(dnnl_primitive_create(&a->prim, pd), "primitive_create");
+    dnnl_primitive_desc_destroy(pd);
+}
+
+static void add_arg(prim_arg *a, int arg, int nd, const int64_t *dims, void *ptr) {
+    dnnl_dims_t d = {0};
+    memcpy(d, dims, sizeof(int64_t) * (size_t)nd);
+    dnnl_format_tag_t tag = nd == 1 ? dnnl_a : nd == 2 ? dnnl_ab : dnnl_abcd;
+    dnnl_memory_desc_t md;
+    ok(dnnl_memory_desc_init_by_tag(&md, nd, d, dnnl_f32, tag), "memory_desc");
+    a->args[a->n].arg = arg;
+    ok(dnnl_memory_create(&a->args[a->n].memory, &md, eng, ptr), "memory_create");
+    a->n++;
+}
+
+static dnnl_memory_desc_t plain_md(int nd, const int64_t *dims) {
+    dnnl_dims_t d = {0};
+    memcpy(d, dims, sizeof(int64_t) * (size_t)nd);
+    dnnl_memory_desc_t md;
+    ok(dnnl_memory_desc_init_by_tag(&md, nd, d, dnnl_f32, nd == 2 ? dnnl_ab : dnnl_abcd),
+       "memory_desc");
+    return md;
+}
+
+typedef struct ours_arg {
+    int kind; /* 0 layer norm, 1 softmax, 2 batch norm */
+    nb_tensor *y, *x, *w, *b, *mean, *rstd, *rm, *rv;
+    int64_t d0, d1, d2;
+} ours_arg;
+
+static void run_ours(void *p) {
+    ours_arg *o = p;
+    if (o->kind == 0) nb__cpu_layer_norm(o->y, o->mean, o->rstd, o->x, o->w, o->b, o->d0, o->d1, 1e-5);
+    else if (o->kind == 1) nb__cpu_softmax(o->y, o->x, o->d0, o->d1, 1, false);
+    else
+        nb__cpu_batch_norm_full(o->y, o->mean, o->rstd, o->x, o->w, o->b, o->rm, o->rv, true, 0.1,
+                                1e-5, o->d0, o->d1, o->d2);
+}
+
+static void bench_norms(int rounds, double budget) {
+    printf("\n%-30s  %9s %9s   (GB/s of x + y, median of %d rounds)\n", "forward, f32", "nabla",
+           "dnnl", rounds);
+    omp_set_num_threads(openblas_get_num_threads()); /* as tensor/cpu/dnnl.c does */
+    ok(dnnl_engine_create(&eng, dnnl_cpu, 0), "engine");
+    ok(dnnl_stream_create(&strm, eng, dnnl_stream_default_flags), "stream");
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    static const struct {
+        const char *name;
+        int kind;
+        int64_t d0, d1, d2;
+    } rows[] = {
+        {"layer norm gpt-s (1024, 128)", 0, 1024, 128, 1},
+        {"layer norm gpt-m (1024, 256)", 0, 1024, 256, 1},
+        {"softmax gpt-s att (4096, 64)", 1, 4096, 64, 1},
+        {"softmax gpt-m att (4096, 128)", 1, 4096, 128, 1},
+        {"softmax head (1024, 79)", 1, 1024, 79, 1},
+        {"batch norm cnn1 (32, 16, 64)", 2, 32, 16, 64},
+        {"batch norm cnn2 (32, 32, 16)", 2, 32, 32, 16},
+        {"batch norm (32, 64, 1024)", 2, 32, 64, 1024},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        int kind = rows[i].kind;
+        int64_t d0 = rows[i].d0, d1 = rows[i].d1, d2 = rows[i].d2, n = d0 * d1 * d2;
+        int64_t feat = kind == 0 ? d1 : d1, nstat = kind == 0 ? d0 : d1;
+        ours_arg o = {kind, nb_empty(ctx, NB_F32, 1, &n), nb_rand_normal(ctx, NB_F32, 1, &n, 0, 1, NULL),
+                      nb_ones(ctx, NB_F32, 1, &feat), nb_zeros(ctx, NB_F32, 1, &feat),
+                      nb_empty(ctx, NB_F64, 1, &nstat), nb_empty(ctx, NB_F64, 1, &nstat),
+                      nb_zeros(ctx, NB_F32, 1, &feat), nb_ones(ctx, NB_F32, 1, &feat), d0, d1, d2};
+        float *dy = nb_empty(ctx, NB_F32, 1, &n)->data;
+        float *mean = nb_empty(ctx, NB_F32, 1, &nstat)->data, *var = nb_empty(ctx, NB_F32, 1, &nstat)->data;
+        prim_arg a = {0};
+        if (kind == 0) {
+            int64_t dims[2] = {d0, d1};
+            dnnl_memory_desc_t md = plain_md(2, dims), st;
+            ok(dnnl_memory_desc_init_by_tag(&st, 1, (dnnl_dims_t){d0}, dnnl_f32, dnnl_a), "md");
+            dnnl_layer_normalization_desc_t desc;
+            ok(dnnl_layer_normalization_forward_desc_init(&desc, dnnl_forward_training, &md, &st,
+                                                           1e-5f, dnnl_use_scale | dnnl_use_shift),
+               "layer_normalization_forward_desc_init");
+            make_prim(&a, &desc);
+            add_arg(&a, DNNL_ARG_SRC, 2, dims, o.x->data);
+            add_arg(&a, DNNL_ARG_DST, 2, dims, dy);
+            add_arg(&a, DNNL_ARG_SCALE, 1, &d1, o.w->data);
+            add_arg(&a, DNNL_ARG_SHIFT, 1, &d1, o.b->data);
+            add_arg(&a, DNNL_ARG_MEAN, 1, &d0, mean);
+            add_arg(&a, DNNL_ARG_VARIANCE, 1, &d0, var);
+        } else if (kind == 1) {
+            int64_t dims[2] = {d0, d1};
+            dnnl_memory_desc_t md = plain_md(2, dims);
+            dnnl_softmax_desc_t desc;
+            ok(dnnl_softmax_forward_desc_init(&desc, dnnl_forward_training, &md, 1),
+               "softmax_forward_desc_init");
+            make_prim(&a, &desc);
+            add_arg(&a, DNNL_ARG_SRC, 2, dims, o.x->data);
+            add_arg(&a, DNNL_ARG_DST, 2, dims, dy);
+        } else {
+            int64_t dims[4] = {d0, d1, d2, 1};
+            dnnl_memory_desc_t md = plain_md(4, dims);
+            dnnl_batch_normalization_desc_t desc;
+            ok(dnnl_batch_normalization_forward_desc_init(&desc, dnnl_forward_training, &md, 1e-5f,
+                                                           dnnl_use_scale | dnnl_use_shift),
+               "batch_normalization_forward_desc_init");
+            make_prim(&a, &desc);
+            add_arg(&a, DNNL_ARG_SRC, 4, dims, o.x->data);
+            add_arg(&a, DNNL_ARG_DST, 4, dims, dy);
+            add_arg(&a, DNNL_ARG_SCALE, 1, &d1, o.w->data);
+            add_arg(&a, DNNL_ARG_SHIFT, 1, &d1, o.b->data);
+            add_arg(&a, DNNL_ARG_MEAN, 1, &d1, mean);
+            add_arg(&a, DNNL_ARG_VARIANCE, 1, &d1, var);
+        }
+        double g[2][32], bytes = 8.0 * (double)n;
+        for (int k = 0; k < rounds; k++) {
+            g[0][k] = bytes / time_calls(run_ours, &o, budget) * 1e-9;
+            g[1][k] = bytes / time_calls(run_prim, &a, budget) * 1e-9;
+        }
+        printf("%-30s  %9.2f %9.2f\n", rows[i].name, median(g[0], rounds), median(g[1], rounds));
+        fflush(stdout);
+        for (int j = 0; j < a.n; j++) dnnl_memory_destroy(a.args[j].memory);
+        dnnl_primitive_destroy(a.prim);
+        nb_ctx_reset(ctx);
+    }
+    nb_ctx_free(ctx);
+    dnnl_stream_destroy(strm);
+    dnnl_engine_destroy(eng);
+}
+
 int main(int argc, char **argv) {
     int rounds = 7, threads = 0;
+    const char *only = "";
     double budget = 0.05;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) rounds = 2, budget = 0.002;
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--rounds") && i + 1 < argc) rounds = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--ms") && i + 1 < argc) budget = atof(argv[++i]) * 1e-3;
+        else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [--threads N] [--rounds R] [--ms MS] [--quick]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--threads N] [--rounds R] [--ms MS] [--only matmul|conv|norm] [--quick]\n", argv[0]);
             return 2;
         }
     }
@@ -238,8 +401,9 @@ int main(int argc, char **argv) {
     printf("# bench_dnnl: OpenBLAS threads %d (oneDNN follows), native bf16 %s\n",
            openblas_get_num_threads(), nb__dnnl_native_bf16() ? "yes" : "no");
     print_load("before");
-    bench_matmul(rounds, budget);
-    bench_conv(rounds, budget);
+    if (!*only || !strcmp(only, "matmul")) bench_matmul(rounds, budget);
+    if (!*only || !strcmp(only, "conv")) bench_conv(rounds, budget);
+    if (!*only || !strcmp(only, "norm")) bench_norms(rounds, budget);
     print_load("after");
     return 0;
 }

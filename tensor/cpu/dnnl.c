@@ -20,7 +20,67 @@
  *
  * Note [oneDNN dispatch]
  * ~~~~~~~~~~~~~~~~~~~~~~
- * (figures: see the end of this file's rule functions) */
+ * The rule (rule_matmul, rule_conv below; NABLA_DNNL=1, the default):
+ *  - bf16 operands: oneDNN always (OpenBLAS has no bf16 GEMM); where
+ *    oneDNN has no fast bf16 kernel (a CPU without AVX512_BF16 / AVX512
+ *    core) the key is cached as unsupported and the product goes through
+ *    the f32 fallback (exact bf16 -> f32 conversion + OpenBLAS);
+ *  - f32 matmul: oneDNN when OpenBLAS runs on one thread and the product
+ *    has at least 2^20 multiply-adds (batch * M * N * K); OpenBLAS on more
+ *    threads and for small products;
+ *  - f32 convolution: our im2col + OpenBLAS; bf16 convolution: oneDNN.
+ *  - layer norm, softmax, batch norm: our kernels (see below).
+ * NABLA_DNNL=0 never uses oneDNN (the f32 kernels, the bf16 fallbacks);
+ * NABLA_DNNL=2 uses it wherever it has a non-reference implementation.
+ *
+ * Figures: build/bin/bench_dnnl --threads 1 --rounds 5 --ms 40, Zen 4 with
+ * AVX512_BF16, 2 cores shared with other jobs (load average 2.9 to 4.7),
+ * GFLOP/s, medians of 5 interleaved rounds; columns OpenBLAS f32 / oneDNN
+ * f32 / oneDNN bf16 (bf16 operands, f32 product):
+ *   GPT B16 T64 C128 (compare_torch), 1024 rows:
+ *     qkv fwd (K 128, N 384)      79.1   93.0  185.2
+ *     fc fwd (K 128, N 512)       98.3  107.6  211.6
+ *     fc dW (M 512, K 1024)       73.6   89.3  141.0
+ *     mlp_proj dX (N 512, K 128)  89.0  110.9  215.9
+ *     head fwd (N 79)             84.0  108.5  204.3
+ *     attention q@k^T 64x(64,32)@(32,64)  71.8  98.1  177.3
+ *   GPT L6 C256 T128 b8, 1024 rows:
+ *     fc fwd (K 256, N 1024)      97.8  103.1  207.8
+ *     qkv dW (M 768, K 1024)      95.4   87.6  208.8
+ *     fc dW                       89.9   88.6  171.1
+ *     attention p@v 32x(128,128)@(128,64)  81.5  93.8  194.9
+ *   MLP batch 8: (8,30)@(30,64) 30.3 12.0 15.7; (8,64)@(64,32) 52.2 11.6 14.5
+ * So on one thread oneDNN's f32 matmul (brgemm kernels) is 0-35% faster on
+ * the GPT products (equal on the transposed-A weight gradients, where it
+ * falls back to its own sgemm) and bf16 doubles it; on products of a few
+ * thousand multiply-adds its fixed cost per call (memory objects, lock,
+ * dispatch: about 2.5 us against OpenBLAS's 1) loses by 2-4x, hence the
+ * 2^20 threshold.
+ * --threads 2 on the same loaded machine (load average 3.7): oneDNN's
+ * OpenMP workers wait at barriers for a descheduled thread and many rows
+ * collapse (GPT fc fwd f32 97.5 OpenBLAS vs 16.8 oneDNN; attention q@k^T
+ * 66.8 vs 2.3; the CNN's convolutions under 1 GFLOP/s), while OpenBLAS
+ * degrades gracefully; with OMP_WAIT_POLICY=passive (set before the
+ * process starts) oneDNN at 2 threads matched its 1-thread figures. Hence
+ * f32 stays on OpenBLAS above one thread; bf16 has no other fast path and
+ * keeps oneDNN (set OMP_WAIT_POLICY=passive on a shared machine).
+ * Convolutions, GFLOP/s, columns im2col / oneDNN f32 / oneDNN bf16, one
+ * thread, batch 32, 3x3 same (the digits CNN; the library's plain NCHW
+ * layouts, so oneDNN runs its own gemm-based convolution):
+ *     1->16 8x8 fwd / bwd     27.1 16.9 16.3 / 33.1 14.0 16.2
+ *     16->32 4x4 fwd / bwd    33.8 35.9 37.5 / 34.3 37.5 43.6
+ *     32->64 2x2 fwd / bwd    29.3 15.2 20.6 / 27.9 19.0 29.4
+ *     32->64 32x32 fwd / bwd  73.5 75.3 96.5 / 68.4 56.0 80.1
+ * im2col wins or ties in f32; a blocked layout (nChw16c) would need a
+ * reorder per call and is not tried.
+ * Forward layer norm / softmax / batch norm (f32, one thread, GB/s of x
+ * read + y written, ours / oneDNN's, bench_dnnl --only norm): layer norm
+ * (1024, 128) 15.0 / 32.0, (1024, 256) 19.1 / 34.5; softmax rows of 64
+ * 2.1 / 12.9, of 128 2.0 / 14.4; batch norm (32, 16, 8x8) 4.4 / 4.4,
+ * (32, 64, 32x32) 3.5 / 3.1. oneDNN wins layer norm and softmax forward;
+ * not adopted here: our saved statistics are f64 (oneDNN's f32), the
+ * GPT's softmax is the fused causal one (no oneDNN equivalent), and the
+ * thread-pool work rewrites those kernels now; a candidate for later. */
 #include "tensor/cpu/dnnl.h"
 
 #include <cblas.h>
