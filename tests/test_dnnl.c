@@ -14,6 +14,7 @@
  * itself is bf16 (convolutions in bf16) it carries one more rounding to an
  * 8-bit significand: 2^-8 relative to the output, on top. */
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 
 #include "tensor/backend.h"
@@ -275,6 +276,66 @@ START_TEST(test_cache_reuses_primitives) {
 }
 END_TEST
 
+/* ---- several threads at once ---- */
+
+typedef struct mt_job {
+    nb_tensor *out, *a, *b;
+    int reps, taken;
+} mt_job;
+
+static void *mt_run(void *p) {
+    mt_job *j = p;
+    for (int i = 0; i < j->reps; i++)
+        j->taken += nb__dnnl_matmul(j->out, j->a, j->b, false, true, NULL, false, i > 0);
+    return NULL;
+}
+
+/* One primitive run by four threads at once on their own buffers (each
+ * thread its own stream and scratchpad) gives each thread's product. */
+START_TEST(test_concurrent_execution) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb__dnnl_mode prev = nb__dnnl_set_mode(NB_DNNL_FORCE);
+    enum { NT = 4, REPS = 25 };
+    mt_job jobs[NT];
+    double *av[NT], *bv[NT];
+    int64_t m = 48, n = 40, k = 64;
+    lcg = 5;
+    for (int t = 0; t < NT; t++) {
+        jobs[t].a = rand_tensor(ctx, NB_BF16, 2, (int64_t[]){m, k}, &av[t]);
+        jobs[t].b = rand_tensor(ctx, NB_BF16, 2, (int64_t[]){n, k}, &bv[t]);
+        jobs[t].out = nb_empty(ctx, NB_F32, 2, (int64_t[]){m, n});
+        jobs[t].reps = REPS;
+        jobs[t].taken = 0;
+    }
+    pthread_t th[NT];
+    for (int t = 0; t < NT; t++) ck_assert_int_eq(pthread_create(&th[t], NULL, mt_run, &jobs[t]), 0);
+    for (int t = 0; t < NT; t++) pthread_join(th[t], NULL);
+    double *got = malloc(sizeof(double) * (size_t)(m * n));
+    for (int t = 0; t < NT; t++) {
+        ck_assert_int_eq(jobs[t].taken, REPS);
+        nb_to_host_f64(jobs[t].out, got);
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t j = 0; j < n; j++) {
+                double r = 0, sa = 0;
+                for (int64_t q = 0; q < k; q++) {
+                    r += av[t][i * k + q] * bv[t][j * k + q];
+                    sa += fabs(av[t][i * k + q] * bv[t][j * k + q]);
+                }
+                /* REPS accumulations of the same product */
+                double tol = 1e-5 * REPS * (fabs(r) + sa);
+                ck_assert_msg(fabs(got[i * n + j] - REPS * r) <= tol,
+                              "thread %d element (%lld, %lld): %.9g, reference %.9g", t,
+                              (long long)i, (long long)j, got[i * n + j], REPS * r);
+            }
+        free(av[t]);
+        free(bv[t]);
+    }
+    free(got);
+    nb__dnnl_set_mode(prev);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
 /* ---- the switch ---- */
 
 START_TEST(test_env_switch) {
@@ -457,6 +518,7 @@ static Suite *dnnl_suite(void) {
     tcase_add_test(tc, test_matmul_bf16_needs_f32_out);
     tcase_add_test(tc, test_cache_reuses_primitives);
     tcase_add_test(tc, test_env_switch);
+    tcase_add_test(tc, test_concurrent_execution);
     tcase_add_loop_test(tc, test_conv_f32_dnnl, 0, ncv);
     tcase_add_loop_test(tc, test_conv_f32_im2col, 0, ncv);
     tcase_add_loop_test(tc, test_conv_bf16_dnnl, 0, ncv);

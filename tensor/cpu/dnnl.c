@@ -8,9 +8,13 @@
  * depends on (op, dtypes, dims, strides, bias, post-ops, thread count);
  * a key whose primitive oneDNN cannot make, or makes only as its slow
  * reference implementation, is cached as "not supported" so that the
- * caller's kernel runs without asking again. One mutex serialises lookups
- * and executions. When the table fills up it is emptied (every primitive
- * destroyed) and refilled: a training step uses a few dozen shapes.
+ * caller's kernel runs without asking again. A mutex guards the table
+ * (lookups and creations); executions run outside it, each thread with
+ * its own stream and scratchpad buffer (primitives use user-provided
+ * scratchpads, so one primitive may run on several threads at once).
+ * Entries live as long as the process; once the table is 3/4 full, new
+ * keys get a primitive made, run and destroyed per call (a training step
+ * uses a few dozen shapes, the table holds 768).
  *
  * Threads: Debian's oneDNN uses OpenMP; its thread count is set with
  * omp_set_num_threads on the calling thread before each execution, to
@@ -86,6 +90,7 @@
 #include <cblas.h>
 #include <dnnl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -100,11 +105,13 @@
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static dnnl_engine_t engine;
-static dnnl_stream_t stream;
+static _Thread_local dnnl_stream_t stream;
+static _Thread_local void *scratch;
+static _Thread_local size_t scratch_bytes;
 static int mode_set = -1; /* -1: from the environment */
 static int mode_env = -1; /* NABLA_DNNL, once read */
 static int threads_set;   /* 0: OpenBLAS's */
-static int64_t n_created, n_hits, n_exec;
+static atomic_llong n_created, n_hits, n_exec;
 
 static void check(dnnl_status_t st, const char *what) {
     if (st != dnnl_success) NB_ABORT("oneDNN: %s failed with status %d", what, (int)st);
@@ -159,20 +166,18 @@ bool nb__dnnl_native_bf16(void) {
     return isa == dnnl_cpu_isa_avx512_core_bf16 || isa == dnnl_cpu_isa_avx512_core_amx;
 }
 
-int64_t nb__dnnl_primitives_created(void) { return n_created; }
-int64_t nb__dnnl_cache_hits(void) { return n_hits; }
-int64_t nb__dnnl_executions(void) { return n_exec; }
+int64_t nb__dnnl_primitives_created(void) { return (int64_t)atomic_load(&n_created); }
+int64_t nb__dnnl_cache_hits(void) { return (int64_t)atomic_load(&n_hits); }
+int64_t nb__dnnl_executions(void) { return (int64_t)atomic_load(&n_exec); }
 
 static void init_engine(void) {
-    if (engine) return;
-    check(dnnl_engine_create(&engine, dnnl_cpu, 0), "dnnl_engine_create (CPU)");
-    check(dnnl_stream_create(&stream, engine, dnnl_stream_default_flags), "dnnl_stream_create");
+    if (!engine) check(dnnl_engine_create(&engine, dnnl_cpu, 0), "dnnl_engine_create (CPU)");
 }
 
 /* ------------------------------------------------------------ cache */
 
 enum { OP_MATMUL = 1, OP_CONV_FWD, OP_CONV_BWD_DATA, OP_CONV_BWD_WEIGHTS };
-enum { MAX_MD = 4, SLOTS = 1024 };
+enum { MAX_MD = 5, SLOTS = 1024 };
 
 typedef struct pkey {
     int32_t op, dt, nthr, flags;
@@ -185,6 +190,8 @@ typedef struct pkey {
 typedef struct entry {
     pkey key;
     dnnl_primitive_t prim; /* NULL: not supported */
+    bool cached;           /* in the table; else the caller drops it after use */
+    size_t scratch;        /* bytes of scratchpad, the last md when > 0 */
     int n_md;
     int md_arg[MAX_MD];
     dnnl_memory_desc_t md[MAX_MD];
@@ -198,16 +205,6 @@ static uint64_t hash_key(const pkey *k) {
     uint64_t h = 1469598103934665603ull;
     for (size_t i = 0; i < sizeof *k; i++) h = (h ^ p[i]) * 1099511628211ull;
     return h;
-}
-
-static void clear_table(void) {
-    for (int i = 0; i < SLOTS; i++) {
-        if (!table[i]) continue;
-        if (table[i]->prim) dnnl_primitive_destroy(table[i]->prim);
-        free(table[i]);
-        table[i] = NULL;
-    }
-    n_used = 0;
 }
 
 static entry *lookup(const pkey *k, int *slot) {
@@ -224,29 +221,49 @@ static entry *lookup(const pkey *k, int *slot) {
     return NULL;
 }
 
-/* A new entry for k (its primitive still to make), in a free slot. */
-static entry *insert(const pkey *k) {
-    int slot;
-    if (n_used >= SLOTS * 3 / 4) clear_table();
-    entry *e = lookup(k, &slot);
-    NB_CHECK(!e && slot >= 0, "oneDNN primitive cache: inconsistent table");
-    e = calloc(1, sizeof *e);
+/* A new entry for k (its primitive still to make), in the free slot that
+ * lookup found, or outside the table when that is 3/4 full. */
+static entry *insert(const pkey *k, int slot) {
+    entry *e = calloc(1, sizeof *e);
     NB_CHECK(e, "oneDNN primitive cache: out of memory");
     e->key = *k;
-    table[slot] = e;
-    n_used++;
+    if (slot >= 0 && n_used < SLOTS * 3 / 4) {
+        table[slot] = e;
+        e->cached = true;
+        n_used++;
+    }
     return e;
+}
+
+/* Drops e after use when it is not in the table. */
+static void release(entry *e) {
+    if (!e || e->cached) return;
+    if (e->prim) dnnl_primitive_destroy(e->prim);
+    free(e);
+}
+
+static dnnl_primitive_attr_t user_scratchpad_attr(void) {
+    dnnl_primitive_attr_t attr;
+    check(dnnl_primitive_attr_create(&attr), "dnnl_primitive_attr_create");
+    check(dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user),
+          "dnnl_primitive_attr_set_scratchpad_mode");
+    return attr;
 }
 
 /* e's primitive from pd (taken over and destroyed), unless pd is NULL or
  * oneDNN offers only its reference implementation for it. */
+static void add_md(entry *e, int arg, const dnnl_memory_desc_t *md);
+
 static void finish_entry(entry *e, dnnl_primitive_desc_t pd) {
-    n_created++;
+    atomic_fetch_add(&n_created, 1);
     if (!pd) return;
     const char *impl = NULL;
     if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl &&
         strncmp(impl, "ref", 3) != 0) {
         if (dnnl_primitive_create(&e->prim, pd) != dnnl_success) e->prim = NULL;
+        const dnnl_memory_desc_t *sp = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+        e->scratch = sp ? dnnl_memory_desc_get_size(sp) : 0;
+        if (e->prim && e->scratch > 0) add_md(e, DNNL_ARG_SCRATCHPAD, sp);
     }
     dnnl_primitive_desc_destroy(pd);
 }
@@ -256,17 +273,27 @@ static void add_md(entry *e, int arg, const dnnl_memory_desc_t *md) {
     e->md[e->n_md++] = *md;
 }
 
-/* Runs e on the buffers ptr[i] of its memory descriptors. */
+/* Runs e on the buffers ptr[i] of its memory descriptors (the scratchpad
+ * is this thread's), on this thread's stream, outside the lock. */
 static void execute(const entry *e, void *const *ptr, int nthr) {
+    if (!stream) check(dnnl_stream_create(&stream, engine, dnnl_stream_default_flags),
+                       "dnnl_stream_create");
+    if (e->scratch > scratch_bytes) {
+        free(scratch);
+        scratch_bytes = (e->scratch + 4095) / 4096 * 4096;
+        scratch = aligned_alloc(64, scratch_bytes);
+        NB_CHECK(scratch, "oneDNN: out of memory for a %zu-byte scratchpad", scratch_bytes);
+    }
     dnnl_exec_arg_t args[MAX_MD];
     for (int i = 0; i < e->n_md; i++) {
+        void *p = e->md_arg[i] == DNNL_ARG_SCRATCHPAD ? scratch : ptr[i];
         args[i].arg = e->md_arg[i];
-        check(dnnl_memory_create(&args[i].memory, &e->md[i], engine, ptr[i]), "dnnl_memory_create");
+        check(dnnl_memory_create(&args[i].memory, &e->md[i], engine, p), "dnnl_memory_create");
     }
     set_threads(nthr);
     check(dnnl_primitive_execute(e->prim, stream, e->n_md, args), "dnnl_primitive_execute");
     check(dnnl_stream_wait(stream), "dnnl_stream_wait");
-    n_exec++;
+    atomic_fetch_add(&n_exec, 1);
     for (int i = 0; i < e->n_md; i++) dnnl_memory_destroy(args[i].memory);
 }
 
@@ -349,10 +376,10 @@ static entry *matmul_entry(const pkey *k) {
     int slot;
     entry *e = lookup(k, &slot);
     if (e) {
-        n_hits++;
+        atomic_fetch_add(&n_hits, 1);
         return e;
     }
-    e = insert(k);
+    e = insert(k, slot);
     int nd = k->nd[2];
     dnnl_data_type_t dt = (dnnl_data_type_t)k->dt;
     dnnl_memory_desc_t a, b, c, bias;
@@ -370,7 +397,7 @@ static entry *matmul_entry(const pkey *k) {
     dnnl_post_ops_t po = NULL;
     bool ok = dnnl_matmul_desc_init(&desc, &a, &b, (k->flags & F_BIAS) ? &bias : NULL, &c) ==
               dnnl_success;
-    check(dnnl_primitive_attr_create(&attr), "dnnl_primitive_attr_create");
+    attr = user_scratchpad_attr();
     check(dnnl_post_ops_create(&po), "dnnl_post_ops_create");
     if (k->flags & F_SUM) check(dnnl_post_ops_append_sum(po, 1.0f), "dnnl_post_ops_append_sum");
     if (k->flags & F_GELU)
@@ -427,12 +454,13 @@ bool nb__dnnl_matmul(nb_tensor *out, const nb_tensor *a, const nb_tensor *b, boo
     pthread_mutex_lock(&lock);
     init_engine();
     entry *e = matmul_entry(&key);
+    pthread_mutex_unlock(&lock);
     bool ok = e->prim != NULL;
     if (ok) {
-        void *ptr[4] = {(void *)a->data, (void *)b->data, out->data, bias ? bias->data : NULL};
+        void *ptr[MAX_MD] = {(void *)a->data, (void *)b->data, out->data, bias ? bias->data : NULL};
         execute(e, ptr, key.nthr);
     }
-    pthread_mutex_unlock(&lock);
+    release(e);
     return ok;
 }
 
@@ -528,14 +556,15 @@ static void conv_descs(conv_mds *d, dnnl_data_type_t dt, const nb__conv2d_geom *
     d->pr[1] = (g->ow - 1) * g->sw + (g->kw - 1) * g->dw + 1 - g->w - g->pw;
 }
 
-static dnnl_primitive_desc_t conv_fwd_pd(const conv_mds *d, bool bias) {
+static dnnl_primitive_desc_t conv_fwd_pd(const conv_mds *d, bool bias,
+                                         const_dnnl_primitive_attr_t attr) {
     dnnl_convolution_desc_t desc;
     dnnl_primitive_desc_t pd = NULL;
     if (dnnl_dilated_convolution_forward_desc_init(
             &desc, dnnl_forward_training, dnnl_convolution_direct, &d->src, &d->wei,
             bias ? &d->bias : NULL, &d->dst, d->strides, d->dil, d->pl, d->pr) != dnnl_success)
         return NULL;
-    if (dnnl_primitive_desc_create(&pd, &desc, NULL, engine, NULL) != dnnl_success) return NULL;
+    if (dnnl_primitive_desc_create(&pd, &desc, attr, engine, NULL) != dnnl_success) return NULL;
     return pd;
 }
 
@@ -545,21 +574,22 @@ static entry *conv_entry(int op, nb_dtype dt, const nb__conv2d_geom *g, bool bia
     int slot;
     entry *e = lookup(&k, &slot);
     if (e) {
-        n_hits++;
+        atomic_fetch_add(&n_hits, 1);
         return e;
     }
-    e = insert(&k);
+    e = insert(&k, slot);
     conv_mds d;
     conv_descs(&d, dnnl_dt(dt), g);
     dnnl_primitive_desc_t pd = NULL;
+    dnnl_primitive_attr_t attr = user_scratchpad_attr();
     if (op == OP_CONV_FWD) {
-        pd = conv_fwd_pd(&d, bias);
+        pd = conv_fwd_pd(&d, bias, attr);
         add_md(e, DNNL_ARG_SRC, &d.src);
         add_md(e, DNNL_ARG_WEIGHTS, &d.wei);
         add_md(e, DNNL_ARG_DST, &d.dst);
         if (bias) add_md(e, DNNL_ARG_BIAS, &d.bias);
     } else {
-        dnnl_primitive_desc_t hint = conv_fwd_pd(&d, bias);
+        dnnl_primitive_desc_t hint = conv_fwd_pd(&d, bias, NULL);
         dnnl_convolution_desc_t desc;
         dnnl_status_t st = hint ? dnnl_success : dnnl_unimplemented;
         if (st == dnnl_success && op == OP_CONV_BWD_DATA) {
@@ -578,11 +608,12 @@ static entry *conv_entry(int op, nb_dtype dt, const nb__conv2d_geom *g, bool bia
             add_md(e, DNNL_ARG_DIFF_DST, &d.dst);
             if (bias) add_md(e, DNNL_ARG_DIFF_BIAS, &d.bias);
         }
-        if (st == dnnl_success && dnnl_primitive_desc_create(&pd, &desc, NULL, engine, hint) !=
+        if (st == dnnl_success && dnnl_primitive_desc_create(&pd, &desc, attr, engine, hint) !=
                                       dnnl_success)
             pd = NULL;
         if (hint) dnnl_primitive_desc_destroy(hint);
     }
+    dnnl_primitive_attr_destroy(attr);
     finish_entry(e, pd);
     return e;
 }
@@ -597,9 +628,10 @@ bool nb__dnnl_conv2d_forward(nb_dtype dt, const nb__conv2d_geom *g, void *out, c
     pthread_mutex_lock(&lock);
     init_engine();
     entry *e = conv_entry(OP_CONV_FWD, dt, g, b != NULL);
-    bool ok = e->prim != NULL;
-    if (ok) execute(e, (void *[]){(void *)x, (void *)w, out, (void *)b}, e->key.nthr);
     pthread_mutex_unlock(&lock);
+    bool ok = e->prim != NULL;
+    if (ok) execute(e, (void *[MAX_MD]){(void *)x, (void *)w, out, (void *)b}, e->key.nthr);
+    release(e);
     return ok;
 }
 
@@ -612,10 +644,12 @@ bool nb__dnnl_conv2d_backward(nb_dtype dt, const nb__conv2d_geom *g, void *dx, v
     init_engine();
     entry *ed = dx ? conv_entry(OP_CONV_BWD_DATA, dt, g, false) : NULL;
     entry *ew = dw ? conv_entry(OP_CONV_BWD_WEIGHTS, dt, g, db != NULL) : NULL;
-    bool ok = (!ed || ed->prim) && (!ew || ew->prim);
-    if (ok && ed) execute(ed, (void *[]){dx, (void *)w, (void *)gout}, ed->key.nthr);
-    if (ok && ew) execute(ew, (void *[]){(void *)x, dw, (void *)gout, db}, ew->key.nthr);
     pthread_mutex_unlock(&lock);
+    bool ok = (!ed || ed->prim) && (!ew || ew->prim);
+    if (ok && ed) execute(ed, (void *[MAX_MD]){dx, (void *)w, (void *)gout}, ed->key.nthr);
+    if (ok && ew) execute(ew, (void *[MAX_MD]){(void *)x, dw, (void *)gout, db}, ew->key.nthr);
+    release(ed);
+    release(ew);
     return ok;
 }
 
