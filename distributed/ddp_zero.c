@@ -242,6 +242,10 @@ nb_status nb_ddp_set_zero(nb_ddp *d, nb_optim *opt) {
         d->zopt->sharded_by = NULL;
         d->zopt = NULL;
         d->zero_fresh = false;
+        if (d->zero_rebuild) { /* the rebuild a step would have done, unpadded now */
+            d->zero_rebuild = false;
+            return nb__ddp_rebuild_buckets(d);
+        }
         return NB_OK;
     }
     NB_CHECK(!d->zopt, "nb_ddp_set_zero: rank %d: ZeRO-1 is already on with another optimizer; "

@@ -513,8 +513,9 @@ const nb_named_tensor *nb_optim_state(nb_optim *opt, int *n) {
     NB_CHECK(opt && n, "nb_optim_state: NULL argument");
     NB_CHECK(!opt->released,
              "nb_optim_state: this optimizer's state is sharded over the ranks by %s (ZeRO-1, "
-             "nb_ddp_set_zero); gather it first with nb_ddp_consolidate_optimizer(ddp, root) "
-             "(on root, or every rank with root -1)",
+             "nb_ddp_set_zero); to save it, gather it first with "
+             "nb_ddp_consolidate_optimizer(ddp, root) (on root, or every rank with root -1); to "
+             "load a checkpoint, load before nb_ddp_set_zero or after nb_ddp_set_zero(ddp, NULL)",
              opt->sharded_by ? opt->sharded_by : "a DDP wrapper");
     *n = opt->n_state;
     return opt->state;
@@ -522,8 +523,12 @@ const nb_named_tensor *nb_optim_state(nb_optim *opt, int *n) {
 
 nb_status nb_optim_state_validate(nb_optim *opt) {
     NB_CHECK(opt, "nb_optim_state_validate: NULL optimizer");
-    int n_state;
-    (void)nb_optim_state(opt, &n_state); /* refuses released state */
+    NB_CHECK(!opt->sharded_by,
+             "nb_optim_state_validate: this optimizer's state is sharded over the ranks by %s "
+             "(ZeRO-1, nb_ddp_set_zero), and a consolidated copy (nb_ddp_consolidate_optimizer) "
+             "is only for saving: the next nb_ddp_step would ignore what was loaded into it; load "
+             "a checkpoint before nb_ddp_set_zero or after nb_ddp_set_zero(ddp, NULL)",
+             opt->sharded_by);
     if (nb_optim_step_count(opt) < 0)
         return nb_set_error(NB_ERR_FORMAT, "optimizer state: optim.step = %lld is negative",
                             (long long)nb_optim_step_count(opt));

@@ -468,6 +468,10 @@ START_TEST(test_refusals) {
     NBT_EXPECT_ABORT(nb_ddp_set_optimizer(second, opt), "sharded by ZeRO-1");
     if (R > 1) NBT_EXPECT_ABORT(nb_optim_state(opt, &(int){0}), "nb_optim_state: this optimizer's "
                                                                 "state is sharded");
+    /* a consolidated copy is for saving: loading into it is refused */
+    ck_assert_int_eq(nb_ddp_consolidate_optimizer(ddp, -1), NB_OK);
+    NBT_EXPECT_ABORT(nb_optim_state_validate(opt), "is only for saving: the next nb_ddp_step would "
+                                                   "ignore what was loaded into it");
     ck_assert_int_eq(nb_ddp_step(ddp), NB_OK);
     ck_assert_int_eq(nb_optim_step_count(opt), 1); /* the refused calls stepped nothing */
     /* detached, the optimizer is the user's again */
