@@ -359,6 +359,8 @@ nb_status nb_ddp_step(nb_ddp *d) {
 nb_status nb_ddp_clip_grad_norm(nb_ddp *d, double max_norm, double norm_type, double *norm) {
     NB_CHECK(d && norm, "nb_ddp_clip_grad_norm: NULL argument");
     *norm = NAN;
+    NB_CHECK(!d->opt, "nb_ddp_clip_grad_norm: rank %d: the wrapper steps an optimizer per bucket "
+             "(nb_ddp_set_optimizer): nb_ddp_backward has already applied the gradients", d->rank);
     if (!d->zopt || !d->bucketed) { /* every rank holds the averaged gradients */
         *norm = nb_clip_grad_norm(d->p, d->n, max_norm, norm_type);
         return NB_OK;

@@ -481,6 +481,8 @@ START_TEST(test_refusals) {
     /* per-bucket steps and the bf16 hook refuse ZeRO-1 */
     nb_ddp_set_optimizer(ddp, opt);
     NBT_EXPECT_ABORT(nb_ddp_set_zero(ddp, opt), "ZeRO-1 cannot be combined with per-bucket steps");
+    NBT_EXPECT_ABORT(nb_ddp_clip_grad_norm(ddp, 1.0, 2.0, &(double){0}),
+                     "nb_ddp_backward has already applied the gradients");
     nb_ddp_set_optimizer(ddp, NULL);
     nb_ddp_free(second);
     nb_ddp_options o = NB_DDP_DEFAULTS;

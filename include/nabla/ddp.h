@@ -130,7 +130,8 @@ nb_status nb_ddp_step(nb_ddp *ddp);
  * non-finite rules); the norm goes to *norm. Under ZeRO-1 the norm is the
  * square root of the sum over ranks of their shards' sums of squares (max
  * for INFINITY) and only the shards are scaled; collective then. Without
- * ZeRO-1 it is nb_clip_grad_norm on the parameters (local). */
+ * ZeRO-1 it is nb_clip_grad_norm on the parameters (local). Aborts while
+ * an optimizer is stepped per bucket (nb_ddp_set_optimizer). */
 nb_status nb_ddp_clip_grad_norm(nb_ddp *ddp, double max_norm, double norm_type, double *norm);
 /* Gathers the whole optimizer state into opt on rank `root` (every rank
  * with -1), for nb_optim_state / nb_checkpoint_save_training: the file is
