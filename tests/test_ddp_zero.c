@@ -170,6 +170,11 @@ static void run_equivalence(cfg c, int steps, int accum, double clip, double cli
             ck_assert_int_eq(nb_ddp_backward(ddp, loss_of(step, m, it, k, false)), NB_OK);
             ck_assert_int_eq(nb_ddp_backward(rddp, loss_of(step, ref, it, k, false)), NB_OK);
         }
+        if (R > 1) { /* the reduce-scatters start during backward, as the all-reduces do */
+            nb_ddp_step_stats st = nb_ddp_last_stats(ddp);
+            ck_assert_int_eq(st.n_buckets, nb_ddp_num_buckets(ddp));
+            ck_assert_int_ge(st.launched_before_end, 1);
+        }
         if (clip > 0) {
             double norm = 0, rnorm = 0;
             ck_assert_int_eq(nb_ddp_clip_grad_norm(ddp, clip, clip_type, &norm), NB_OK);
