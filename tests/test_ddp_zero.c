@@ -8,7 +8,10 @@
  * batch. Equality: the sharded path averages each gradient element by a
  * reduce-scatter instead of an all-reduce; with two ranks both add the same
  * two numbers and halve them, so parameters and state are the same bits
- * (asserted); with three the two collectives may add in different orders
+ * (asserted; this relies on the update being element-wise with the same
+ * arithmetic wherever a piece starts, Note [Optimizer step], e.g. no
+ * contraction into FMA in a vector body but not in its tail); with three
+ * the two collectives may add in different orders
  * (one rounding of f64 per element per step), and the one-process
  * reference averages per-sample losses in another order, so parameters and
  * state are compared within RTOL of their largest element (f64 models:
