@@ -9,7 +9,8 @@
  * weights, f32 accumulation). Training windows are the first part of the data, the held-out
  * windows the last --val-fraction (or --val-data). AdamW with the usual two
  * parameter groups (no decay on biases and LayerNorm weights), linear
- * warmup then cosine decay, gradient accumulation, global-norm clipping.
+ * warmup then cosine decay, gradient accumulation, global-norm clipping;
+ * --zero shards AdamW's state over the processes (ZeRO-1, docs/ddp.md).
  * Only rank 0 prints, writes the metrics log and the plot, and saves
  * checkpoints (atomically); every rank loads on --resume and continues
  * exactly where the checkpoint left off: the same batches, learning rates
