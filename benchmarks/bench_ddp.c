@@ -26,6 +26,11 @@
  *
  * --bf16 computes the products in bf16 (the step context's compute dtype,
  * as train_gpt --bf16).
+ * --zero shards the optimizer's state over the ranks (ZeRO-1,
+ * nb_ddp_set_zero): gradients are reduce-scattered, each rank steps its
+ * shard and the parameters are all-gathered (nb_ddp_step); mode "zero".
+ * The last column, "state", is the optimizer state (AdamW's two moments)
+ * held per rank (nb_optim_state_bytes): about 1/R of the "ddp" row's.
  *
  * --machine prints one key=value line (with forward / backward / optimizer
  * medians) for scripts instead of the row; --plot-scaling LINES SVG reads
@@ -181,12 +186,13 @@ static int plot_scaling(const char *path, const char *svg) {
 int main(int argc, char **argv) {
     int steps = 30, width = 512, layers = 4, header = 0, machine = 0, kind = WIDE;
     int64_t batch = 0;
-    bool use_ddp = true, bucket_step = false, bf16 = false;
+    bool use_ddp = true, bucket_step = false, bf16 = false, zero = false;
     const char *device_arg = "auto";
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--no-ddp")) use_ddp = false;
         else if (!strcmp(argv[i], "--bucket-step")) bucket_step = true;
         else if (!strcmp(argv[i], "--bf16")) bf16 = true;
+        else if (!strcmp(argv[i], "--zero")) zero = true;
         else if (!strcmp(argv[i], "--header")) header = 1;
         else if (!strcmp(argv[i], "--machine")) machine = 1;
         else if (!strcmp(argv[i], "--plot-scaling") && i + 2 < argc) return plot_scaling(argv[i + 1], argv[i + 2]);
@@ -204,7 +210,7 @@ int main(int argc, char **argv) {
             }
         } else {
             fprintf(stderr, "usage: %s [--model wide|mlp|cnn|gpt] [--device auto|cpu|cuda] [--no-ddp] "
-                            "[--bucket-step] [--bf16] [--steps N] [--batch B] [--width W] [--layers L] [--header] [--machine]\n"
+                            "[--bucket-step | --zero] [--bf16] [--steps N] [--batch B] [--width W] [--layers L] [--header] [--machine]\n"
                             "       %s --plot-scaling LINES SVG\n", argv[0], argv[0]);
             return 2;
         }
@@ -214,10 +220,15 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_ddp: --bucket-step steps inside nb_ddp_backward; it needs DDP (drop --no-ddp)\n");
         return 2;
     }
+    if (zero && (!use_ddp || bucket_step)) {
+        fprintf(stderr, "bench_ddp: --zero shards the optimizer over DDP's ranks; it needs DDP and "
+                        "cannot be combined with --bucket-step\n");
+        return 2;
+    }
     if (!batch) batch = kind == MLP ? 8 : kind == CNN ? 32 : kind == GPT ? 16 : 64;
     if (header) {
-        printf("%-6s %-7s %10s %12s %11s %9s %8s\n", "world", "mode", "ms/step", "samples/s", "backward", "wait",
-               "hidden");
+        printf("%-6s %-7s %10s %12s %11s %9s %8s %10s\n", "world", "mode", "ms/step", "samples/s", "backward",
+               "wait", "hidden", "state");
         return 0;
     }
     /* auto: one GPU per rank (cuda:LOCAL_RANK, NCCL) when there are GPUs, else the CPU (Gloo) */
@@ -259,7 +270,11 @@ int main(int argc, char **argv) {
     for (int i = 0; i < np; i++) n_params += nb_numel(p[i].tensor);
     nb_optim *opt = nb_optim_new(NB_OPTIM_ADAMW, p, np, &NB_ADAMW_DEFAULTS);
     if (bucket_step) nb_ddp_set_optimizer(ddp, opt);
-    const char *mode = !ddp ? "no-ddp" : bucket_step ? "ddp-bs" : "ddp";
+    if (zero && nb_ddp_set_zero(ddp, opt) != NB_OK) {
+        fprintf(stderr, "bench_ddp: %s\n", nb_last_error());
+        return 1;
+    }
+    const char *mode = !ddp ? "no-ddp" : bucket_step ? "ddp-bs" : zero ? "zero" : "ddp";
     nb_rng data = nb_rng_make(100 + (uint64_t)rank);
     double *t_step = calloc((size_t)steps * 4, sizeof(double)), *t_fwd = t_step + steps,
            *t_bwd = t_fwd + steps, *t_opt = t_bwd + steps, bw = 0, wait = 0, hidden = 0;
@@ -288,7 +303,14 @@ int main(int argc, char **argv) {
         }
         if (cuda) nb_cuda_synchronize(dev);
         double tb = now_s();
-        if (!bucket_step) nb_optim_step(opt); /* else nb_ddp_backward did it */
+        if (zero) {
+            if (nb_ddp_step(ddp) != NB_OK) {
+                fprintf(stderr, "bench_ddp: %s\n", nb_last_error());
+                return 1;
+            }
+        } else if (!bucket_step) {
+            nb_optim_step(opt); /* else nb_ddp_backward did it */
+        }
         nb_optim_zero_grad(opt);
         if (cuda) nb_cuda_synchronize(dev);
         double t1 = now_s();
@@ -303,13 +325,14 @@ int main(int argc, char **argv) {
             }
         }
     }
+    size_t state_bytes = nb_optim_state_bytes(opt);
     double med = median(t_step, measured), per_s = (double)batch * (kind == GPT ? GPT_T : 1) * world / med;
     if (rank == 0 && machine) {
         printf("model=%s mode=%s world=%d batch=%lld ms=%.4f fwd=%.4f bwd=%.4f opt=%.4f per_s=%.1f unit=%s "
-               "hidden=%.4f params=%lld\n",
+               "hidden=%.4f params=%lld state_bytes=%zu\n",
                model_names[kind], mode, world, (long long)batch, 1e3 * med,
                1e3 * median(t_fwd, measured), 1e3 * median(t_bwd, measured), 1e3 * median(t_opt, measured),
-               per_s, kind == GPT ? "tokens" : "samples", ddp && world > 1 ? hidden / measured : NAN, (long long)n_params);
+               per_s, kind == GPT ? "tokens" : "samples", ddp && world > 1 ? hidden / measured : NAN, (long long)n_params, state_bytes);
     } else if (rank == 0) {
         char hid[16] = "-", bws[16] = "-", ws[16] = "-";
         if (ddp && world > 1) {
@@ -317,8 +340,14 @@ int main(int argc, char **argv) {
             snprintf(bws, sizeof bws, "%.2f ms", 1e3 * bw / measured);
             snprintf(ws, sizeof ws, "%.2f ms", 1e3 * wait / measured);
         }
-        printf("%-6d %-7s %10.2f %12.0f %11s %9s %8s\n", world, mode, 1e3 * med, per_s, bws, ws,
-               hid);
+        char sts[24];
+        snprintf(sts, sizeof sts, "%.2f MiB", (double)state_bytes / (1 << 20));
+        printf("%-6d %-7s %10.2f %12.0f %11s %9s %8s %10s\n", world, mode, 1e3 * med, per_s, bws, ws,
+               hid, sts);
+    }
+    if (zero && nb_ddp_set_zero(ddp, NULL) != NB_OK) { /* the whole state back before the free */
+        fprintf(stderr, "bench_ddp: %s\n", nb_last_error());
+        return 1;
     }
     nb_ddp_free(ddp); /* first: it detaches the optimizer */
     nb_optim_free(opt);

@@ -45,11 +45,13 @@ nabla_add_ranked_test(test_dist_collectives "2;3;4" 120 60)
 nabla_add_ranked_test(test_ddp "2;3" 180 60)
 # DDP with the optimizer step overlapped per bucket.
 nabla_add_ranked_test(test_ddp_bucket_step "2;3" 120 30)
+# DDP with ZeRO-1 (optimizer state sharded); 3 ranks make uneven shards.
+nabla_add_ranked_test(test_ddp_zero "2;3" 120 30)
 # DDP join (uneven inputs): without join, a rank left waiting fails the
 # test in seconds, not at the CTest timeout.
 nabla_add_ranked_test(test_ddp_join "2;3" 120 10)
 
-foreach(_t test_dist_failures test_nbrun test_train_gpt.py test_train_classifier.py test_demo.py)
+foreach(_t test_dist_failures test_nbrun test_train_gpt.py test_train_gpt_zero.py test_train_classifier.py test_demo.py)
   if(TEST ${_t})
     set_property(TEST ${_t} APPEND PROPERTY LABELS multiproc)
   endif()

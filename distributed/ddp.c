@@ -161,7 +161,14 @@ static void assign_buckets(nb_ddp *d, const int *order) {
     d->n_buckets = nb;
     for (int bi = 0; bi < nb; bi++) {
         bucket *b = &d->buckets[bi];
-        b->flat = nb_zeros(d->ctx, b->dtype, 1, &b->numel);
+        if (d->zopt) { /* Note [ZeRO-1] in ddp_zero.c */
+            b->chunk = (b->numel + d->world - 1) / d->world;
+            int64_t padded = b->chunk * d->world;
+            b->flat = nb_zeros(d->ctx, b->dtype, 1, &padded);
+            b->shard = nb_zeros(d->ctx, b->dtype, 1, &b->chunk);
+        } else {
+            b->flat = nb_zeros(d->ctx, b->dtype, 1, &b->numel);
+        }
         if (d->o.comm_hook == NB_DDP_HOOK_BF16 && b->dtype != NB_BF16)
             b->wire = nb_empty(d->ctx, NB_BF16, 1, &b->numel);
         size_t esz = nb_dtype_size(b->dtype);
@@ -180,10 +187,23 @@ static void assign_buckets(nb_ddp *d, const int *order) {
     nb_ctx_free(old);
 }
 
+void nb__ddp_reassign_buckets(nb_ddp *d) {
+    int *order = nb__ddp_calloc((size_t)d->n, sizeof(int));
+    int k = 0;
+    for (int b = 0; b < d->n_buckets; b++)
+        for (int j = 0; j < d->buckets[b].n; j++) order[k++] = d->buckets[b].params[j];
+    assign_buckets(d, order);
+    free(order);
+}
+
 /* ---- launching ---- */
 
 static void launch(nb_ddp *d, bucket *b) {
     b->t_launch = nb__ddp_now();
+    if (d->zopt) {
+        nb__ddp_zero_launch(d, b);
+        return;
+    }
     nb_reduce_op op = nb__ddp_join_reduce_op(d); /* Note [Join] in ddp_join.c */
     if (b->wire) {
         nb_copy_(b->wire, b->flat);
@@ -240,6 +260,7 @@ static void free_arrays(nb_ddp *d) {
     free(d->events);
     free(d->opt_index);
     free(d->step_idx);
+    free(d->pieces);
     for (int i = 0; i < d->n_trace; i++) free(d->trace[i].b);
 }
 
@@ -299,6 +320,7 @@ nb_status nb_ddp_new(nb_ddp **out, nb_module *model, nb_pg *pg, const nb_ddp_opt
 void nb_ddp_free(nb_ddp *d) {
     if (!d) return;
     if (d->opt) d->opt->stepped_by = NULL;
+    nb__ddp_zero_forget(d);
     nb__ddp_join_forget(d);
     for (int b = 0; b < d->n_buckets; b++)
         if (d->buckets[b].work) { /* left by a failed step */
@@ -328,6 +350,12 @@ void nb_ddp_set_optimizer(nb_ddp *d, nb_optim *opt) {
     NB_CHECK(!opt || !d->join_on,
              "nb_ddp_set_optimizer: rank %d: the wrapper is in join mode (nb_ddp_join_begin); "
              "per-bucket optimizer steps cannot be combined with join", d->rank);
+    NB_CHECK(!opt || !d->zopt,
+             "nb_ddp_set_optimizer: rank %d: ZeRO-1 is on (nb_ddp_set_zero); per-bucket optimizer "
+             "steps cannot be combined with it", d->rank);
+    NB_CHECK(!opt || !opt->sharded_by,
+             "nb_ddp_set_optimizer: rank %d: this optimizer's state is sharded by ZeRO-1 "
+             "(nb_ddp_set_zero); per-bucket optimizer steps cannot be combined with it", d->rank);
     NB_CHECK(!opt || opt == d->opt || !opt->stepped_by,
              "nb_ddp_set_optimizer: rank %d: this optimizer is already stepped per bucket by "
              "another DDP wrapper", d->rank);
@@ -485,6 +513,7 @@ nb_status nb_ddp_backward(nb_ddp *d, nb_tensor *loss) {
     if (!d->bucketed || d->no_sync) {
         nb_backward(loss);
         nb_status st = backward_failure();
+        if (st == NB_OK && d->zopt && !d->no_sync) d->zero_fresh = true;
         if (st == NB_OK && d->opt && !d->no_sync) { /* a world of one: the whole step at once */
             int *all = nb__ddp_calloc((size_t)(d->n ? d->n : 1), sizeof(int));
             for (int i = 0; i < d->n; i++) all[i] = i;
@@ -541,9 +570,13 @@ nb_status nb_ddp_backward(nb_ddp *d, nb_tensor *loss) {
     if (bw_st != NB_OK) return nb_set_error(bw_st, "%s", bw_why); /* it came first */
     if (st != NB_OK) return st;
     nb__ddp_record_stats(d, done);
+    if (d->zopt) d->zero_fresh = true;
     if (!d->synced_once) {
         d->synced_once = true;
-        if (n_missing == 0 || d->o.find_unused_parameters) st = nb__ddp_rebuild_buckets(d);
+        if (n_missing == 0 || d->o.find_unused_parameters) {
+            if (d->zopt) d->zero_rebuild = true; /* after the step (Note [ZeRO-1] in ddp_zero.c) */
+            else st = nb__ddp_rebuild_buckets(d);
+        }
     }
     if (st != NB_OK) return st;
     if (n_missing && !d->o.find_unused_parameters)

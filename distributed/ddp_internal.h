@@ -21,7 +21,23 @@ typedef struct bucket {
     int pending;
     nb_work *work;
     double t_launch;
+    /* ZeRO-1 (Note [ZeRO-1] in ddp_zero.c): flat has chunk * world elements
+     * (zero padding after numel); shard receives this rank's averaged chunk */
+    int64_t chunk;
+    nb_tensor *shard;
 } bucket;
+
+/* ZeRO-1: the part of one parameter that lies in this rank's chunk of its
+ * bucket. */
+typedef struct zero_piece {
+    int param;       /* wrapper index */
+    int bucket;
+    int64_t start;   /* first element, in the parameter */
+    int64_t len;
+    int64_t at;      /* first element, in the bucket's shard */
+    int opt_index;   /* the parameter's index in the user's optimizer, or -1 */
+    int shard_index; /* its index in the shard optimizer, or -1 */
+} zero_piece;
 
 typedef struct hook_ref {
     nb_ddp *ddp;
@@ -86,6 +102,14 @@ struct nb_ddp {
     nb_optim *opt;         /* NULL: the user steps after nb_ddp_backward */
     int *opt_index;        /* per parameter: its index in opt, or -1 (malloc'd) */
     int *step_idx;         /* scratch, n (malloc'd) */
+    /* ZeRO-1 (Note [ZeRO-1] in ddp_zero.c) */
+    nb_optim *zopt;        /* the user's optimizer whose state is sharded; NULL: off */
+    nb_optim *zshard;      /* optimizer over this rank's pieces (NULL: it owns none) */
+    zero_piece *pieces;    /* malloc'd */
+    int n_pieces;
+    nb_tensor *zsend, *zgather; /* all-gather buffers (largest chunk, chunk * world) in ctx */
+    bool zero_fresh;       /* a synchronised backward reduce-scattered since the last step */
+    bool zero_rebuild;     /* the bucket rebuild waits for the end of nb_ddp_step */
 };
 
 /* ddp.c */
@@ -97,6 +121,9 @@ void nb__ddp_reset_ready(nb_ddp *d);
 void nb__ddp_mark_ready(nb_ddp *d, int i);
 /* The one-time bucket rebuild from the root's ready order (Note [Buckets]). */
 nb_status nb__ddp_rebuild_buckets(nb_ddp *d);
+/* New bucket memory for the current bucket order (padded for ZeRO-1 when
+ * d->zopt is set); gradients keep their values. */
+void nb__ddp_reassign_buckets(nb_ddp *d);
 
 /* ddp_verify.c */
 /* Every rank's parameter list against rank 0's; a mismatch names the
@@ -119,5 +146,12 @@ void nb__ddp_join_record_param(nb_ddp *d, int i);
 nb_reduce_op nb__ddp_join_reduce_op(const nb_ddp *d);
 double nb__ddp_join_divisor(const nb_ddp *d);
 void nb__ddp_join_forget(nb_ddp *d); /* at nb_ddp_free */
+
+/* ddp_zero.c */
+/* Launches bucket b's reduce-scatter into b->shard. */
+void nb__ddp_zero_launch(nb_ddp *d, bucket *b);
+/* The bucket rebuild under ZeRO-1: state gathered, buckets rebuilt, shards taken again. */
+nb_status nb__ddp_zero_rebuild(nb_ddp *d);
+void nb__ddp_zero_forget(nb_ddp *d); /* at nb_ddp_free */
 
 #endif

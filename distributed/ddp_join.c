@@ -89,6 +89,9 @@ void nb_ddp_join_begin(nb_ddp *d, const nb_ddp_join_options *opts) {
              "(nb_ddp_set_optimizer); join mode cannot be combined with it (a joined rank replays "
              "steps without training); detach it with nb_ddp_set_optimizer(ddp, NULL) and call "
              "nb_optim_step after nb_ddp_backward", d->rank);
+    NB_CHECK(!d->zopt, "nb_ddp_join_begin: rank %d: ZeRO-1 is on (nb_ddp_set_zero); join mode "
+             "cannot be combined with it (a joined rank would have to step its shard on the "
+             "others' gradients); detach it with nb_ddp_set_zero(ddp, NULL)", d->rank);
     nb_ddp_join_options o = opts ? *opts : NB_DDP_JOIN_DEFAULTS;
     d->join_on = true;
     d->join_div_initial = o.divide_by_initial_world_size;

@@ -78,7 +78,7 @@ nb_status nb_ddp_write_trace(const nb_ddp *d, const char *path) {
         trace_event(f, &first, "wait for buckets", pid, 0, t0, t->bw_end, t->done);
         for (int b = 0; b < t->n; b++) {
             char name[48];
-            snprintf(name, sizeof name, "all-reduce bucket %d", b);
+            snprintf(name, sizeof name, "%s bucket %d", d->zopt ? "reduce-scatter" : "all-reduce", b);
             trace_event(f, &first, name, pid, 1, t0, t->b[b].start, t->b[b].finish);
         }
     }

@@ -10,7 +10,8 @@
  * of the data, the held-out windows the last --val-fraction (or
  * --val-data). AdamW with the usual two
  * parameter groups (no decay on biases and LayerNorm weights), linear
- * warmup then cosine decay, gradient accumulation, global-norm clipping.
+ * warmup then cosine decay, gradient accumulation, global-norm clipping;
+ * --zero shards AdamW's state over the processes (ZeRO-1, docs/ddp.md).
  * Only rank 0 prints, writes the metrics log and the plot, and saves
  * checkpoints (atomically); every rank loads on --resume and continues
  * exactly where the checkpoint left off: the same batches, learning rates
@@ -45,7 +46,7 @@ typedef struct args {
     int64_t seed, sample_len, top_k;
     double temperature;
     const char *prompt, *metrics, *plot, *progress;
-    bool print_device, bf16, synthetic;
+    bool print_device, bf16, synthetic, zero;
 } args;
 
 /* Everything the training loop touches. */
@@ -369,6 +370,7 @@ static int parse_args(run *r, int argc, char **argv) {
         {"beta2", CLI_DOUBLE, &a->beta2, "AdamW beta2"},
         {"grad-accum", CLI_INT, &a->grad_accum, "micro-steps per optimizer step"},
         {"clip", CLI_DOUBLE, &a->clip, "gradient-norm clipping threshold (0: off)"},
+        {"zero", CLI_BOOL, &a->zero, "ZeRO-1: shard AdamW's state over the processes"},
         {"eval-interval", CLI_INT, &a->eval_interval, "steps between evaluations (0: only at the end)"},
         {"eval-windows", CLI_INT, &a->eval_windows, "held-out windows per evaluation (0: all)"},
         {"log-interval", CLI_INT, &a->log_interval, "steps between progress lines when output is not a terminal"},
@@ -462,6 +464,8 @@ static void print_banner(run *r) {
                        a->grad_accum > 1 ? "s" : "", (long long)r->tokens_per_step,
                        (long long)r->step + 1, (long long)r->stop, (long long)a->steps,
                        a->resume ? " (resumed)" : "");
+    nb_progress_printf(r->progress, "optimizer state per process: %zu bytes%s", nb_optim_state_bytes(r->opt),
+                       r->d.ddp && nb_ddp_zero_optimizer(r->d.ddp) ? " (ZeRO-1)" : "");
 }
 
 /* ----------------------------------------------------- during training */
@@ -542,6 +546,8 @@ int main(int argc, char **argv) {
     build_model(&r);
     if (a->resume) TRY(&r, load_checkpoint(&r), "resuming");
     TRY(&r, run_dist_wrap(&r.d, r.model, false), "DDP");
+    nb_ddp *zero = a->zero ? r.d.ddp : NULL; /* a world of one has nothing to shard */
+    if (zero) TRY(&r, nb_ddp_set_zero(zero, r.opt), "ZeRO-1");
     TRY(&r, open_monitor(&r), "metrics");
     print_banner(&r);
 
@@ -563,8 +569,11 @@ int main(int argc, char **argv) {
              * stall the host until the forward finished, idling the device */
             loss += nb_item(l) / (double)a->grad_accum;
         }
-        double norm = nb_optim_clip_grad_norm(r.opt, a->clip > 0 ? a->clip : INFINITY, 2.0);
-        if (isfinite(norm)) nb_optim_step(r.opt);
+        double norm, max_norm = a->clip > 0 ? a->clip : INFINITY;
+        if (zero) TRY(&r, nb_ddp_clip_grad_norm(zero, max_norm, 2.0, &norm), "clipping");
+        else norm = nb_optim_clip_grad_norm(r.opt, max_norm, 2.0);
+        if (isfinite(norm) && zero) TRY(&r, nb_ddp_step(zero), "ZeRO-1 step");
+        else if (isfinite(norm)) nb_optim_step(r.opt);
         else nb_progress_printf(r.progress, "step %lld: gradient norm %g, step skipped", (long long)r.step + 1, norm);
         nb_optim_zero_grad(r.opt);
         TRY(&r, run_dist_sum(&r.d, &loss, 1), "all-reduce");
@@ -579,8 +588,11 @@ int main(int argc, char **argv) {
             nb_progress_printf(r.progress, "step %lld: train loss %.4f, val loss %.4f", (long long)done, loss, r.val_loss);
             if (r.log) TRY(&r, nb_metrics_log_write(r.log, "eval", done, (nb_metric_value[]){{"val_loss", r.val_loss}}, 1), "metrics");
         }
-        if (a->ckpt_dir && r.d.rank == 0 && due(&r, done, a->ckpt_interval))
-            TRY(&r, save_checkpoint(&r, done), "checkpoint");
+        if (a->ckpt_dir && due(&r, done, a->ckpt_interval)) {
+            if (zero) TRY(&r, nb_ddp_consolidate_optimizer(zero, 0), "gathering the optimizer state");
+            if (r.d.rank == 0) TRY(&r, save_checkpoint(&r, done), "checkpoint");
+        }
     }
+    if (zero) TRY(&r, nb_ddp_set_zero(zero, NULL), "ZeRO-1"); /* the whole state back before the unwrap */
     return finish(&r);
 }

@@ -113,6 +113,9 @@ double nb_clip_grad_norm(const nb_named_tensor *params, int n, double max_norm,
 double nb_optim_clip_grad_norm(nb_optim *opt, double max_norm, double norm_type) {
     NB_CHECK(opt, "nb_optim_clip_grad_norm: NULL optimizer");
     nb__optim_check_not_bucket_stepped(opt, "nb_optim_clip_grad_norm");
+    nb__optim_check_not_sharded(opt, "nb_optim_clip_grad_norm",
+                                "each rank holds only its shard of the averaged gradients; clip "
+                                "with nb_ddp_clip_grad_norm(ddp, ...)");
     nb_named_tensor *list = malloc(sizeof *list * (size_t)opt->n_params);
     NB_CHECK(list, "nb_optim_clip_grad_norm: out of memory");
     for (int i = 0; i < opt->n_params; i++) {

@@ -58,7 +58,7 @@ nb_tensor *nb_grad_scaler_scale(nb_grad_scaler *s, nb_ctx *ctx, nb_tensor *loss)
 }
 
 static bool grads_finite(nb_optim *opt) {
-    nb_device dev = nb_ctx_device(opt->ctx);
+    nb_device dev = opt->params[0].param->device;
     nb_ctx *sc = nb__optim_scratch(dev);
     nb_tensor **gl = nb__ctx_meta(sc, sizeof *gl * (size_t)(opt->n_params > 0 ? opt->n_params : 1));
     int k = 0;
@@ -72,6 +72,9 @@ static bool grads_finite(nb_optim *opt) {
 void nb_grad_scaler_unscale(nb_grad_scaler *s, nb_optim *opt) {
     NB_CHECK(s && opt, "nb_grad_scaler_unscale: NULL argument");
     nb__optim_check_not_bucket_stepped(opt, "nb_grad_scaler_unscale");
+    nb__optim_check_not_sharded(opt, "nb_grad_scaler_unscale",
+                                "the grad scaler is not supported with ZeRO-1 (detach with "
+                                "nb_ddp_set_zero(ddp, NULL) to use it)");
     NB_CHECK(s->stage == STAGE_READY, "nb_grad_scaler_unscale: the gradients were already %s "
              "since the last nb_grad_scaler_update", s->stage == STAGE_UNSCALED ? "unscaled"
                                                                                  : "stepped");
@@ -87,6 +90,9 @@ void nb_grad_scaler_unscale(nb_grad_scaler *s, nb_optim *opt) {
 bool nb_grad_scaler_step(nb_grad_scaler *s, nb_optim *opt) {
     NB_CHECK(s && opt, "nb_grad_scaler_step: NULL argument");
     nb__optim_check_not_bucket_stepped(opt, "nb_grad_scaler_step");
+    nb__optim_check_not_sharded(opt, "nb_grad_scaler_step",
+                                "the grad scaler is not supported with ZeRO-1 (detach with "
+                                "nb_ddp_set_zero(ddp, NULL) to use it)");
     NB_CHECK(s->stage != STAGE_STEPPED,
              "nb_grad_scaler_step: called twice without nb_grad_scaler_update in between");
     if (s->stage == STAGE_READY) nb_grad_scaler_unscale(s, opt);

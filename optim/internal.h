@@ -29,6 +29,8 @@ typedef struct nb__optim_param {
     nb_tensor *exp_avg_sq;      /* Adam, AdamW */
     nb_tensor *max_exp_avg_sq;  /* Adam, AdamW with amsgrad, else NULL */
     nb_tensor *momentum_buffer; /* SGD with momentum */
+    int state_at;               /* index in opt->state of its first moment entry */
+    int n_moments;              /* moment tensors (fixed at construction) */
 } nb__optim_param;
 
 struct nb_optim {
@@ -46,6 +48,14 @@ struct nb_optim {
      * (nb_ddp_set_optimizer): names the owner in the refusals of
      * nb_optim_step, clipping and the grad scaler. */
     const char *stepped_by;
+    /* Non-NULL while a DDP wrapper shards this optimizer's state (ZeRO-1,
+     * nb_ddp_set_zero; Note [ZeRO-1] in distributed/ddp_zero.c): names the
+     * owner in the refusals. `shard` is the wrapper's optimizer over this
+     * rank's shard (counted by nb_optim_state_bytes); `released` says the
+     * moments of opt itself are freed (nb_optim_state refuses then). */
+    const char *sharded_by;
+    nb_optim *shard;
+    bool released;
 };
 
 static inline double *nb__optim_hp(const nb_optim *opt, int group) {
@@ -70,5 +80,14 @@ void nb__optim_count_step(nb_optim *opt);
 int nb__optim_param_index(const nb_optim *opt, const nb_tensor *t);
 /* Aborts, naming `who`, when a DDP wrapper steps opt per bucket. */
 void nb__optim_check_not_bucket_stepped(const nb_optim *opt, const char *who);
+
+/* ZeRO-1 (Note [ZeRO-1] in distributed/ddp_zero.c). */
+/* Aborts, naming `who` and the DDP call to use instead, while opt is sharded. */
+void nb__optim_check_not_sharded(const nb_optim *opt, const char *who, const char *instead);
+/* Frees the moments / momentum buffers (their memory, their entries in the
+ * state list); step counts and hyperparameters stay. */
+void nb__optim_release_state(nb_optim *opt);
+/* Allocates them again, zero-filled, when released (no-op otherwise). */
+void nb__optim_alloc_state(nb_optim *opt);
 
 #endif

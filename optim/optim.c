@@ -140,6 +140,10 @@ static void check_unique(const char *who, int n_groups, const nb_param_group *gr
              "one group, once", who, a, b);
 }
 
+static int n_moments(const nb_optim *opt, const nb__optim_param *p);
+static const char *const *moment_names(const nb_optim *opt);
+static void alloc_moments(nb_optim *opt);
+
 static void add_state(nb_optim *opt, const char *name, nb_tensor *t) {
     opt->state[opt->n_state].name = name;
     opt->state[opt->n_state].tensor = t;
@@ -175,22 +179,20 @@ nb_optim *nb_optim_new_groups(nb_optim_kind kind, int n_groups, const nb_param_g
             dev = groups[g].params[0].tensor->device;
             break;
         }
-    size_t bytes = 4096;
     for (int g = 0; g < n_groups; g++)
         for (int i = 0; i < groups[g].n; i++) {
             const nb_tensor *t = groups[g].params[i].tensor;
             NB_CHECK(nb_device_eq(t->device, dev), "%s: parameter \"%s\" is on %s, others on %s",
                      who, groups[g].params[i].name, nb_device_name(t->device),
                      nb_device_name(dev));
-            size_t copies = groups[g].h.amsgrad && kind != NB_OPTIM_SGD ? 3 : 2;
-            bytes += copies * ((size_t)nb_numel(t) * nb_dtype_size(t->dtype) + 128) + 256;
         }
 
     nb_optim *opt = calloc(1, sizeof *opt);
     NB_CHECK(opt, "%s: out of memory", who);
     opt->kind = kind;
-    opt->ctx = nb_ctx_new(dev, bytes);
-    opt->host_ctx = nb__backend_of(dev)->device_memory ? nb_ctx_new(nb_cpu(), 4096) : opt->ctx;
+    /* the moments in a context of their own, so that ZeRO-1 can free them
+     * (nb__optim_release_state) */
+    opt->host_ctx = nb_ctx_new(nb_cpu(), 4096);
     opt->n_groups = n_groups;
     opt->n_params = total;
     opt->params = nb__ctx_meta(opt->host_ctx, sizeof *opt->params * (size_t)total);
@@ -230,25 +232,87 @@ nb_optim *nb_optim_new_groups(nb_optim_kind kind, int n_groups, const nb_param_g
         const char *prefix = copy_str(opt->host_ctx, "optim.state.", p->name, ".");
         p->step = nb_zeros(opt->host_ctx, NB_I64, 0, NULL);
         add_state(opt, copy_str(opt->host_ctx, prefix, "step", ""), p->step);
-        if (kind == NB_OPTIM_SGD) {
-            if (nb__optim_hp(opt, p->group)[NB__HP_MOMENTUM] != 0) {
-                p->momentum_buffer = nb_zeros_like(opt->ctx, p->param);
-                add_state(opt, copy_str(opt->host_ctx, prefix, "momentum_buffer", ""),
-                          p->momentum_buffer);
-            }
-        } else {
-            p->exp_avg = nb_zeros_like(opt->ctx, p->param);
-            p->exp_avg_sq = nb_zeros_like(opt->ctx, p->param);
-            add_state(opt, copy_str(opt->host_ctx, prefix, "exp_avg", ""), p->exp_avg);
-            add_state(opt, copy_str(opt->host_ctx, prefix, "exp_avg_sq", ""), p->exp_avg_sq);
-            if (nb__optim_hp(opt, p->group)[NB__HP_AMSGRAD] != 0) {
-                p->max_exp_avg_sq = nb_zeros_like(opt->ctx, p->param);
-                add_state(opt, copy_str(opt->host_ctx, prefix, "max_exp_avg_sq", ""),
-                          p->max_exp_avg_sq);
-            }
+        p->state_at = opt->n_state;
+        p->n_moments = n_moments(opt, p);
+        for (int m = 0; m < p->n_moments; m++)
+            add_state(opt, copy_str(opt->host_ctx, prefix, moment_names(opt)[m], ""), NULL);
+    }
+    alloc_moments(opt);
+    return opt;
+}
+
+/* Element-wise state per parameter, in state-list order: SGD with
+ * momentum: momentum_buffer; Adam, AdamW: exp_avg, exp_avg_sq and, with
+ * amsgrad, max_exp_avg_sq. */
+static int n_moments(const nb_optim *opt, const nb__optim_param *p) {
+    const double *hp = nb__optim_hp(opt, p->group);
+    if (opt->kind == NB_OPTIM_SGD) return hp[NB__HP_MOMENTUM] != 0;
+    return hp[NB__HP_AMSGRAD] != 0 ? 3 : 2;
+}
+
+static const char *const *moment_names(const nb_optim *opt) {
+    static const char *const sgd[] = {"momentum_buffer"};
+    static const char *const adam[] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
+    return opt->kind == NB_OPTIM_SGD ? sgd : adam;
+}
+
+static nb_tensor **moment_slot(nb__optim_param *p, nb_optim_kind kind, int k) {
+    if (kind == NB_OPTIM_SGD) return &p->momentum_buffer;
+    return k == 0 ? &p->exp_avg : k == 1 ? &p->exp_avg_sq : &p->max_exp_avg_sq;
+}
+
+/* Zero-filled moments in a fresh opt->ctx, entered into the state list. */
+static void alloc_moments(nb_optim *opt) {
+    size_t bytes = 4096;
+    for (int i = 0; i < opt->n_params; i++) {
+        const nb_tensor *t = opt->params[i].param;
+        bytes += (size_t)opt->params[i].n_moments *
+                 ((size_t)nb_numel(t) * nb_dtype_size(t->dtype) + 128) + 256;
+    }
+    opt->ctx = nb_ctx_new(opt->params[0].param->device, bytes);
+    for (int i = 0; i < opt->n_params; i++) {
+        nb__optim_param *p = &opt->params[i];
+        for (int k = 0; k < p->n_moments; k++) {
+            nb_tensor *m = nb_zeros_like(opt->ctx, p->param);
+            *moment_slot(p, opt->kind, k) = m;
+            opt->state[p->state_at + k].tensor = m;
         }
     }
-    return opt;
+    opt->released = false;
+}
+
+void nb__optim_release_state(nb_optim *opt) {
+    if (opt->released) return;
+    for (int i = 0; i < opt->n_params; i++) {
+        nb__optim_param *p = &opt->params[i];
+        for (int k = 0; k < p->n_moments; k++) {
+            *moment_slot(p, opt->kind, k) = NULL;
+            opt->state[p->state_at + k].tensor = NULL;
+        }
+    }
+    nb_ctx_free(opt->ctx);
+    opt->ctx = NULL;
+    opt->released = true;
+}
+
+void nb__optim_alloc_state(nb_optim *opt) {
+    if (opt->released) alloc_moments(opt);
+}
+
+static size_t moment_bytes(const nb_optim *opt) {
+    size_t bytes = 0;
+    for (int i = 0; i < opt->n_params; i++) {
+        const nb__optim_param *p = &opt->params[i];
+        const nb_tensor *m[4] = {p->exp_avg, p->exp_avg_sq, p->max_exp_avg_sq, p->momentum_buffer};
+        for (int k = 0; k < 4; k++)
+            if (m[k]) bytes += (size_t)nb_numel(m[k]) * nb_dtype_size(m[k]->dtype);
+    }
+    return bytes;
+}
+
+size_t nb_optim_state_bytes(const nb_optim *opt) {
+    NB_CHECK(opt, "nb_optim_state_bytes: NULL optimizer");
+    return moment_bytes(opt) + (opt->shard ? moment_bytes(opt->shard) : 0);
 }
 
 nb_optim *nb_optim_new(nb_optim_kind kind, const nb_named_tensor *params, int n,
@@ -260,7 +324,7 @@ nb_optim *nb_optim_new(nb_optim_kind kind, const nb_named_tensor *params, int n,
 
 void nb_optim_free(nb_optim *opt) {
     if (!opt) return;
-    if (opt->host_ctx != opt->ctx) nb_ctx_free(opt->host_ctx);
+    nb_ctx_free(opt->host_ctx);
     nb_ctx_free(opt->ctx);
     free(opt);
 }
@@ -305,7 +369,7 @@ static void check_grad(const nb__optim_param *p, const nb_tensor *g) {
 /* The parameters idx[0..n) (all of them when idx is NULL) that have a
  * gradient: one multi-tensor update per dtype. */
 static void step_list(nb_optim *opt, const int *idx, int n) {
-    const nb__backend *be = nb__backend_of(nb_ctx_device(opt->ctx));
+    const nb__backend *be = nb__backend_of(opt->params[0].param->device);
     nb_tensor **t = malloc(sizeof *t * 5 * (size_t)(n > 0 ? n : 1));
     int64_t *steps = malloc(sizeof *steps * (size_t)(n > 0 ? n : 1));
     const double **hp = malloc(sizeof *hp * (size_t)(n > 0 ? n : 1));
@@ -350,9 +414,16 @@ void nb__optim_check_not_bucket_stepped(const nb_optim *opt, const char *who) {
  * (tensor/backend.h: on CUDA one fused launch, on the CPU a loop). Step
  * counts and hyperparameters stay in host memory (opt->host_ctx), so the
  * step reads nothing back from the device. */
+void nb__optim_check_not_sharded(const nb_optim *opt, const char *who, const char *instead) {
+    NB_CHECK(!opt->sharded_by,
+             "%s: this optimizer's state is sharded over the ranks by %s (ZeRO-1, "
+             "nb_ddp_set_zero): %s", who, opt->sharded_by, instead);
+}
+
 void nb_optim_step(nb_optim *opt) {
     NB_CHECK(opt, "nb_optim_step: NULL optimizer");
     nb__optim_check_not_bucket_stepped(opt, "nb_optim_step");
+    nb__optim_check_not_sharded(opt, "nb_optim_step", "step with nb_ddp_step(ddp)");
     ++*(int64_t *)opt->step_count->data;
     step_list(opt, NULL, opt->n_params);
 }
@@ -440,12 +511,24 @@ void nb_optim_set_weight_decay(nb_optim *opt, int group, double weight_decay) {
 /* ---- state ---- */
 const nb_named_tensor *nb_optim_state(nb_optim *opt, int *n) {
     NB_CHECK(opt && n, "nb_optim_state: NULL argument");
+    NB_CHECK(!opt->released,
+             "nb_optim_state: this optimizer's state is sharded over the ranks by %s (ZeRO-1, "
+             "nb_ddp_set_zero); to save it, gather it first with "
+             "nb_ddp_consolidate_optimizer(ddp, root) (on root, or every rank with root -1); to "
+             "load a checkpoint, load before nb_ddp_set_zero or after nb_ddp_set_zero(ddp, NULL)",
+             opt->sharded_by ? opt->sharded_by : "a DDP wrapper");
     *n = opt->n_state;
     return opt->state;
 }
 
 nb_status nb_optim_state_validate(nb_optim *opt) {
     NB_CHECK(opt, "nb_optim_state_validate: NULL optimizer");
+    NB_CHECK(!opt->sharded_by,
+             "nb_optim_state_validate: this optimizer's state is sharded over the ranks by %s "
+             "(ZeRO-1, nb_ddp_set_zero), and a consolidated copy (nb_ddp_consolidate_optimizer) "
+             "is only for saving: the next nb_ddp_step would ignore what was loaded into it; load "
+             "a checkpoint before nb_ddp_set_zero or after nb_ddp_set_zero(ddp, NULL)",
+             opt->sharded_by);
     if (nb_optim_step_count(opt) < 0)
         return nb_set_error(NB_ERR_FORMAT, "optimizer state: optim.step = %lld is negative",
                             (long long)nb_optim_step_count(opt));

@@ -101,6 +101,44 @@ void nb_ddp_set_no_sync(nb_ddp *ddp, bool no_sync);
 void nb_ddp_set_optimizer(nb_ddp *ddp, nb_optim *opt);
 nb_optim *nb_ddp_optimizer(const nb_ddp *ddp);
 
+/* ---- ZeRO-1: optimizer state sharded over the ranks (docs/ddp.md, "ZeRO-1") ---- */
+/* Shards opt's state: each rank keeps the moments / momentum buffers of
+ * only its contiguous share (about 1/R) of every bucket, gradients are
+ * reduce-scattered instead of all-reduced (still launched during
+ * backward), and nb_ddp_step updates the rank's share and all-gathers the
+ * parameters. opt may be freshly made or loaded from a checkpoint (of any
+ * world size, sharded or not): each rank takes its pieces of opt's state,
+ * then opt's own moments are freed; its step counts and hyperparameters
+ * stay (nb_optim_set_lr etc. keep working). Every parameter of opt must be
+ * one of the wrapper's. While attached, nb_optim_step,
+ * nb_optim_clip_grad_norm, nb_grad_scaler_unscale / _step and nb_optim_state
+ * on opt abort naming what to call instead; per-bucket steps
+ * (nb_ddp_set_optimizer), join and the bf16 comm hook are refused.
+ * Attaching is local (every rank makes the same call); NULL detaches and
+ * is collective: every rank gets the whole state back into opt. Free the
+ * wrapper only after detaching, or opt's state is lost (opt then refuses
+ * to step). */
+nb_status nb_ddp_set_zero(nb_ddp *ddp, nb_optim *opt);
+nb_optim *nb_ddp_zero_optimizer(const nb_ddp *ddp);
+/* The optimizer step under ZeRO-1 (after a synchronising nb_ddp_backward
+ * and, if wanted, nb_ddp_clip_grad_norm): the rank's shard is updated with
+ * the averaged gradients, then every bucket's parameters are all-gathered.
+ * Collective. One step of opt (optim.step + 1, each parameter's step + 1). */
+nb_status nb_ddp_step(nb_ddp *ddp);
+/* Global-norm clipping of the averaged gradients, as nb_clip_grad_norm
+ * over every parameter of the wrapper (same norm_type, max_norm and
+ * non-finite rules); the norm goes to *norm. Under ZeRO-1 the norm is the
+ * square root of the sum over ranks of their shards' sums of squares (max
+ * for INFINITY) and only the shards are scaled; collective then. Without
+ * ZeRO-1 it is nb_clip_grad_norm on the parameters (local). Aborts while
+ * an optimizer is stepped per bucket (nb_ddp_set_optimizer). */
+nb_status nb_ddp_clip_grad_norm(nb_ddp *ddp, double max_norm, double norm_type, double *norm);
+/* Gathers the whole optimizer state into opt on rank `root` (every rank
+ * with -1), for nb_optim_state / nb_checkpoint_save_training: the file is
+ * the same as the one a plain optimizer with that state writes. Valid until
+ * the next nb_ddp_step, which frees it again. Collective. */
+nb_status nb_ddp_consolidate_optimizer(nb_ddp *ddp, int root);
+
 /* ---- uneven inputs: join (docs/ddp.md, "Uneven inputs: join") ---- */
 typedef struct nb_ddp_join_options {
     /* true (NB_DDP_JOIN_DEFAULTS): a step's gradients are the sum over the

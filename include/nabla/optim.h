@@ -17,6 +17,7 @@
 #define NABLA_OPTIM_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "nabla/error.h"
@@ -131,6 +132,10 @@ const nb_named_tensor *nb_optim_state(nb_optim *opt, int *n);
  * for state the optimizer was not made with (momentum without momentum
  * buffers, amsgrad turned off in a group made with it). */
 nb_status nb_optim_state_validate(nb_optim *opt);
+/* Bytes of element-wise state this rank holds for opt (moments, momentum
+ * buffers, max_exp_avg_sq; not the scalars): with ZeRO-1
+ * (nb_ddp_set_zero) the shard's, about 1/R of the whole. */
+size_t nb_optim_state_bytes(const nb_optim *opt);
 
 /* ---- gradient clipping ----
  * Total norm of the gradients of params (those with a gradient), over all

@@ -1,0 +1,407 @@
+/* ZeRO-1 for DDP: the optimizer's state sharded over the ranks
+ * (nb_ddp_set_zero), the sharded step with its all-gather (nb_ddp_step),
+ * global-norm clipping over the shards (nb_ddp_clip_grad_norm) and the
+ * consolidation of the state for checkpoints (nb_ddp_consolidate_optimizer).
+ *
+ * Note [ZeRO-1]
+ * Shards are cut per bucket: bucket b's flat buffer (numel elements) is
+ * padded with zeros to chunk * R, chunk = ceil(numel / R), and rank r owns
+ * elements [r * chunk, min((r + 1) * chunk, numel)) of it. Per bucket, and
+ * not one shard of the whole flat vector, because then the bucket's
+ * collective is still launched from the gradient-ready hooks as soon as the
+ * bucket is complete: it is a reduce-scatter (average) into the bucket's
+ * `shard` instead of an all-reduce, and the overlap with backward is kept
+ * as it is; the padding makes every rank's piece the same length, as the
+ * collective needs, and costs at most R - 1 elements per bucket. A shard
+ * cuts across parameters (and so across parameter groups): the part of a
+ * parameter inside the rank's chunk is a "piece", and the wrapper's shard
+ * optimizer (d->zshard, an nb_optim of the user's kind) has one parameter
+ * per piece: a 1-D view of the parameter's memory whose gradient is a view
+ * of the bucket's shard, in the group of its parameter. Its moments, made
+ * by nb_optim_new_groups, are the only element-wise state on the rank; the
+ * user's optimizer gives its own up (nb__optim_release_state) and keeps the
+ * step counts and hyperparameters, which nb_ddp_step copies into the shard
+ * optimizer before each step (learning-rate schedules keep working on the
+ * user's optimizer). The update rules are element-wise, so a piece updated
+ * alone gets the bits the whole parameter would get from the same averaged
+ * gradient.
+ *
+ * After the step each bucket's chunks are all-gathered: the rank copies
+ * the updated elements of its chunk (every parameter in it, also those the
+ * optimizer does not step) into a send buffer, and the gathered flat vector
+ * is copied back into the parameters. Parameter ->grad keeps pointing into
+ * the flat buffers, so local accumulation (no_sync) and zero_grad are as
+ * in plain DDP; after a synchronised backward ->grad holds this rank's
+ * local sum, the averaged gradient exists only in the shards.
+ *
+ * The bucket rebuild after the first synchronised backward (Note [Buckets]
+ * in ddp.c) changes the chunks: it waits for the end of the first
+ * nb_ddp_step, which gathers the state on every rank, rebuilds, and takes
+ * the new shards (once, with the full state held for that moment).
+ *
+ * Consolidation all-gathers each moment bucket by bucket in the same padded
+ * layout and writes it into the user's optimizer's tensors on the ranks
+ * that asked for it: nb_optim_state then gives exactly the tensors, names
+ * and step counts a plain optimizer would, and a checkpoint written from it
+ * is the same file. Loading goes the other way: load into the full
+ * optimizer (before nb_ddp_set_zero, or after detaching), and
+ * nb_ddp_set_zero takes each rank's pieces out of it, whatever world size
+ * wrote the file.
+ *
+ * A world of one without buckets has nothing to shard: the optimizer keeps
+ * its state and nb_ddp_step is its plain step. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "distributed/ddp_internal.h"
+#include "distributed/internal.h"
+#include "optim/internal.h"
+#include "tensor/backend.h"
+#include "tensor/internal.h"
+
+#define SHARDED_BY "a DDP wrapper"
+
+void nb__ddp_zero_launch(nb_ddp *d, bucket *b) {
+    b->work = nb_pg_reduce_scatter(d->pg, b->shard, b->flat, NB_REDUCE_AVG);
+}
+
+/* 1-D view of elements [start, start + len) of contiguous t. */
+static nb_tensor *flat_view(nb_ctx *ctx, nb_tensor *t, int64_t start, int64_t len) {
+    int64_t st = 1;
+    return nb__view(ctx, t, 1, &len, &st, (char *)t->data + start * (int64_t)nb_dtype_size(t->dtype));
+}
+
+/* t's shape over elements [start, ...) of contiguous flat. */
+static nb_tensor *shaped_view(nb_ctx *ctx, nb_tensor *flat, int64_t start, const nb_tensor *t) {
+    int64_t st[NB_MAX_DIMS];
+    nb__contig_strides(t->ndim, t->shape, st);
+    return nb__view(ctx, flat, t->ndim, t->shape, st,
+                    (char *)flat->data + start * (int64_t)nb_dtype_size(flat->dtype));
+}
+
+static nb_tensor **moment_of(nb__optim_param *p, nb_optim_kind kind, int k) {
+    if (kind == NB_OPTIM_SGD) return k == 0 ? &p->momentum_buffer : NULL;
+    return k == 0 ? &p->exp_avg : k == 1 ? &p->exp_avg_sq : k == 2 ? &p->max_exp_avg_sq : NULL;
+}
+
+static int max_moments(const nb_optim *opt) { return opt->kind == NB_OPTIM_SGD ? 1 : 3; }
+
+/* The pieces of this rank's chunks and the shard optimizer over them, its
+ * moments copied from the user's (full) optimizer, whose own are then
+ * released. */
+static void zero_build(nb_ddp *d) {
+    nb_optim *opt = d->zopt;
+    free(d->pieces);
+    d->pieces = NULL;
+    d->n_pieces = 0;
+    int cap = d->n + d->n_buckets, *opt_index = nb__ddp_calloc((size_t)d->n, sizeof(int));
+    for (int i = 0; i < d->n; i++) opt_index[i] = nb__optim_param_index(opt, d->p[i].tensor);
+    d->pieces = nb__ddp_calloc((size_t)cap, sizeof(zero_piece));
+    int64_t max_chunk = 0;
+    for (int bi = 0; bi < d->n_buckets; bi++) {
+        bucket *b = &d->buckets[bi];
+        if (b->chunk > max_chunk) max_chunk = b->chunk;
+        int64_t lo = (int64_t)d->rank * b->chunk, hi = lo + b->chunk < b->numel ? lo + b->chunk : b->numel;
+        for (int k = 0; k < b->n; k++) {
+            int64_t o = b->offsets[k], m = nb_numel(d->p[b->params[k]].tensor);
+            int64_t a = o > lo ? o : lo, e = o + m < hi ? o + m : hi;
+            if (a >= e) continue;
+            NB_CHECK(d->n_pieces < cap, "nb_ddp_set_zero: more pieces than expected (%d)", cap);
+            d->pieces[d->n_pieces++] = (zero_piece){b->params[k], bi, a - o, e - a, a - lo,
+                                                    opt_index[b->params[k]], -1};
+        }
+    }
+    free(opt_index);
+    int64_t gather = max_chunk * d->world, send = max_chunk;
+    nb_dtype dt = d->n_buckets ? d->buckets[0].dtype : NB_F32;
+    for (int bi = 0; bi < d->n_buckets; bi++)
+        if (nb_dtype_size(d->buckets[bi].dtype) > nb_dtype_size(dt)) dt = d->buckets[bi].dtype;
+    d->zsend = nb_empty(d->ctx, dt, 1, &send);
+    d->zgather = nb_empty(d->ctx, dt, 1, &gather);
+
+    /* the shard optimizer: one parameter per piece the user's optimizer steps */
+    int ng = opt->n_groups, total = 0;
+    nb_param_group *groups = nb__ddp_calloc((size_t)ng, sizeof *groups);
+    nb_named_tensor *list = nb__ddp_calloc((size_t)d->n_pieces, sizeof *list);
+    char **names = nb__ddp_calloc((size_t)d->n_pieces, sizeof *names);
+    for (int g = 0; g < ng; g++) {
+        groups[g].params = list + total;
+        groups[g].h = nb_optim_group_hparams(opt, g);
+        for (int j = 0; j < d->n_pieces; j++) {
+            zero_piece *pc = &d->pieces[j];
+            if (pc->opt_index < 0 || opt->params[pc->opt_index].group != g) continue;
+            nb_tensor *param = d->p[pc->param].tensor;
+            bucket *b = &d->buckets[pc->bucket];
+            nb_tensor *v = flat_view(d->ctx, param, pc->start, pc->len);
+            v->requires_grad = true;
+            v->grad = flat_view(d->ctx, b->shard, pc->at, pc->len);
+            size_t len = strlen(d->p[pc->param].name) + 48;
+            names[total] = nb__ddp_calloc(len, 1);
+            snprintf(names[total], len, "%s[%lld:%lld]", d->p[pc->param].name, (long long)pc->start,
+                     (long long)(pc->start + pc->len));
+            list[total] = (nb_named_tensor){names[total], v};
+            pc->shard_index = total++;
+            groups[g].n++;
+        }
+    }
+    d->zshard = total ? nb_optim_new_groups(opt->kind, ng, groups) : NULL;
+    for (int j = 0; j < total; j++) free(names[j]);
+    free(names);
+    free(list);
+    free(groups);
+    if (d->zshard) {
+        NB_CHECK(!opt->released, "nb_ddp_set_zero: rank %d: the optimizer's state is released",
+                 d->rank);
+        for (int j = 0; j < d->n_pieces; j++) {
+            zero_piece *pc = &d->pieces[j];
+            if (pc->shard_index < 0) continue;
+            nb__optim_param *full = &opt->params[pc->opt_index], *part = &d->zshard->params[pc->shard_index];
+            for (int k = 0; k < max_moments(opt); k++) {
+                nb_tensor *src = *moment_of(full, opt->kind, k), *dst = *moment_of(part, opt->kind, k);
+                NB_CHECK((src == NULL) == (dst == NULL), "nb_ddp_set_zero: moment %d of \"%s\"", k,
+                         full->name);
+                if (src) nb_copy_(dst, flat_view(d->ctx, src, pc->start, pc->len));
+            }
+        }
+    }
+    nb__optim_release_state(opt);
+    opt->shard = d->zshard;
+}
+
+static void zero_drop_shard(nb_ddp *d) {
+    nb_optim_free(d->zshard);
+    d->zshard = NULL;
+    if (d->zopt) d->zopt->shard = NULL;
+}
+
+/* Moments of every piece gathered into the user's optimizer on `root`
+ * (every rank when root < 0). Collective. */
+static nb_status zero_gather(nb_ddp *d, int root) {
+    nb_optim *opt = d->zopt;
+    bool receive = root < 0 || root == d->rank;
+    if (receive) nb__optim_alloc_state(opt);
+    int K = 0; /* moments some parameter has (the same on every rank) */
+    for (int i = 0; i < opt->n_params; i++)
+        if (opt->params[i].n_moments > K) K = opt->params[i].n_moments;
+    for (int bi = 0; bi < d->n_buckets; bi++) {
+        bucket *b = &d->buckets[bi];
+        nb_tensor *send = flat_view(d->ctx, d->zsend, 0, b->chunk);
+        nb_tensor *out = flat_view(d->ctx, d->zgather, 0, b->chunk * d->world);
+        send->dtype = out->dtype = b->dtype;
+        for (int k = 0; k < K; k++) {
+            nb_fill_(send, 0);
+            for (int j = 0; j < d->n_pieces; j++) {
+                zero_piece *pc = &d->pieces[j];
+                if (pc->bucket != bi || pc->shard_index < 0) continue;
+                nb_tensor **m = moment_of(&d->zshard->params[pc->shard_index], opt->kind, k);
+                if (m && *m) nb_copy_(flat_view(d->ctx, send, pc->at, pc->len), *m);
+            }
+            nb_status st = nb_work_finish(nb_pg_all_gather(d->pg, out, send));
+            if (st != NB_OK) return st;
+            if (!receive) continue;
+            for (int j = 0; j < b->n; j++) {
+                int oi = nb__optim_param_index(opt, d->p[b->params[j]].tensor);
+                if (oi < 0) continue;
+                nb_tensor **m = moment_of(&opt->params[oi], opt->kind, k);
+                if (m && *m) nb_copy_(*m, shaped_view(d->ctx, out, b->offsets[j], *m));
+            }
+        }
+    }
+    return NB_OK;
+}
+
+nb_status nb__ddp_zero_rebuild(nb_ddp *d) {
+    nb_status st = zero_gather(d, -1);
+    if (st != NB_OK) return st;
+    zero_drop_shard(d);
+    st = nb__ddp_rebuild_buckets(d);
+    zero_build(d); /* from the full state, also when the rebuild's broadcast failed */
+    return st;
+}
+
+void nb__ddp_zero_forget(nb_ddp *d) {
+    if (!d->zopt) return;
+    zero_drop_shard(d);
+    d->zopt->sharded_by = d->zopt->released
+                              ? "a DDP wrapper freed while attached (the shards are lost; call "
+                                "nb_ddp_set_zero(ddp, NULL) before nb_ddp_free to keep the state)"
+                              : NULL;
+    d->zopt = NULL;
+}
+
+nb_status nb_ddp_set_zero(nb_ddp *d, nb_optim *opt) {
+    NB_CHECK(d, "nb_ddp_set_zero: NULL wrapper");
+    NB_CHECK(!d->in_backward, "nb_ddp_set_zero: rank %d: called inside a backward", d->rank);
+    if (opt == d->zopt) return NB_OK;
+    if (!opt) { /* detach: every rank gets the whole state back */
+        nb_status st = d->bucketed ? zero_gather(d, -1) : NB_OK;
+        if (st != NB_OK) return st;
+        zero_drop_shard(d);
+        d->zopt->sharded_by = NULL;
+        d->zopt = NULL;
+        d->zero_fresh = false;
+        if (d->zero_rebuild) { /* the rebuild a step would have done, unpadded now */
+            d->zero_rebuild = false;
+            return nb__ddp_rebuild_buckets(d);
+        }
+        return NB_OK;
+    }
+    NB_CHECK(!d->zopt, "nb_ddp_set_zero: rank %d: ZeRO-1 is already on with another optimizer; "
+             "detach it first with nb_ddp_set_zero(ddp, NULL)", d->rank);
+    NB_CHECK(!d->join_on, "nb_ddp_set_zero: rank %d: the wrapper is in join mode "
+             "(nb_ddp_join_begin); ZeRO-1 cannot be combined with join", d->rank);
+    NB_CHECK(!d->opt, "nb_ddp_set_zero: rank %d: the wrapper steps an optimizer per bucket "
+             "(nb_ddp_set_optimizer); ZeRO-1 cannot be combined with per-bucket steps", d->rank);
+    NB_CHECK(d->o.comm_hook == NB_DDP_HOOK_ALLREDUCE,
+             "nb_ddp_set_zero: rank %d: ZeRO-1 needs comm_hook NB_DDP_HOOK_ALLREDUCE (the bf16 "
+             "compression hook is not supported with it)", d->rank);
+    NB_CHECK(!opt->stepped_by, "nb_ddp_set_zero: rank %d: this optimizer is stepped per bucket by "
+             "%s (nb_ddp_set_optimizer); ZeRO-1 cannot be combined with per-bucket steps", d->rank,
+             opt->stepped_by);
+    NB_CHECK(!opt->sharded_by, "nb_ddp_set_zero: rank %d: this optimizer's state is already "
+             "sharded by %s", d->rank, opt->sharded_by);
+    for (int j = 0; j < opt->n_params; j++) {
+        bool in = false;
+        for (int i = 0; i < d->n && !in; i++) in = d->p[i].tensor == opt->params[j].param;
+        NB_CHECK(in, "nb_ddp_set_zero: rank %d: optimizer parameter \"%s\" is not a parameter "
+                 "(that requires grad) of the wrapped model; ZeRO-1 shards only the wrapper's "
+                 "parameters", d->rank, opt->params[j].name);
+    }
+    d->zopt = opt;
+    opt->sharded_by = SHARDED_BY;
+    d->zero_fresh = false;
+    if (d->bucketed) {
+        nb__ddp_reassign_buckets(d); /* padded, with shards */
+        zero_build(d);
+    }
+    return NB_OK;
+}
+
+nb_optim *nb_ddp_zero_optimizer(const nb_ddp *d) { return d->zopt; }
+
+nb_status nb_ddp_consolidate_optimizer(nb_ddp *d, int root) {
+    NB_CHECK(d && d->zopt, "nb_ddp_consolidate_optimizer: %s",
+             d ? "ZeRO-1 is off (nb_ddp_set_zero)" : "NULL wrapper");
+    NB_CHECK(root >= -1 && root < d->world,
+             "nb_ddp_consolidate_optimizer: rank %d: root %d outside [-1, %d)", d->rank, root, d->world);
+    return d->bucketed ? zero_gather(d, root) : NB_OK;
+}
+
+/* ---- the step ---- */
+
+static nb_status all_gather_params(nb_ddp *d) {
+    for (int bi = 0; bi < d->n_buckets; bi++) {
+        bucket *b = &d->buckets[bi];
+        nb_tensor *send = flat_view(d->ctx, d->zsend, 0, b->chunk);
+        nb_tensor *out = flat_view(d->ctx, d->zgather, 0, b->chunk * d->world);
+        send->dtype = out->dtype = b->dtype;
+        for (int j = 0; j < d->n_pieces; j++) {
+            zero_piece *pc = &d->pieces[j];
+            if (pc->bucket == bi)
+                nb_copy_(flat_view(d->ctx, send, pc->at, pc->len),
+                         flat_view(d->ctx, d->p[pc->param].tensor, pc->start, pc->len));
+        }
+        nb_status st = nb_work_finish(nb_pg_all_gather(d->pg, out, send));
+        if (st != NB_OK) return st;
+        for (int j = 0; j < b->n; j++) {
+            nb_tensor *t = d->p[b->params[j]].tensor;
+            nb_copy_(t, shaped_view(d->ctx, out, b->offsets[j], t));
+        }
+    }
+    return NB_OK;
+}
+
+nb_status nb_ddp_step(nb_ddp *d) {
+    NB_CHECK(d, "nb_ddp_step: NULL wrapper");
+    NB_CHECK(d->zopt, "nb_ddp_step: rank %d: ZeRO-1 is off; attach the optimizer with "
+             "nb_ddp_set_zero(ddp, opt) (or step it yourself with nb_optim_step)", d->rank);
+    NB_CHECK(d->zero_fresh, "nb_ddp_step: rank %d: no synchronised nb_ddp_backward since the last "
+             "step (a no_sync backward only accumulates locally: turn no_sync off for the "
+             "backward that reduces)", d->rank);
+    nb_optim *opt = d->zopt;
+    d->zero_fresh = false;
+    if (!d->bucketed) { /* nothing sharded: the plain step */
+        int *all = nb__ddp_calloc((size_t)opt->n_params, sizeof(int));
+        for (int i = 0; i < opt->n_params; i++) all[i] = i;
+        nb__optim_count_step(opt);
+        nb__optim_step_params(opt, all, opt->n_params);
+        free(all);
+        return NB_OK;
+    }
+    nb__optim_release_state(opt); /* a consolidated copy is stale from here */
+    nb__optim_count_step(opt);
+    if (d->zshard) {
+        for (int g = 0; g < opt->n_groups; g++)
+            memcpy(nb__optim_hp(d->zshard, g), nb__optim_hp(opt, g), sizeof(double) * NB__HP_COUNT);
+        for (int j = 0; j < d->n_pieces; j++) {
+            zero_piece *pc = &d->pieces[j];
+            if (pc->shard_index >= 0)
+                *(int64_t *)d->zshard->params[pc->shard_index].step->data =
+                    *(int64_t *)opt->params[pc->opt_index].step->data;
+        }
+        nb_optim_step(d->zshard);
+    }
+    /* every parameter has a gradient (its bucket's view): each is updated */
+    for (int i = 0; i < opt->n_params; i++) ++*(int64_t *)opt->params[i].step->data;
+    nb_status st = all_gather_params(d);
+    if (st != NB_OK) return st;
+    if (d->zero_rebuild) {
+        d->zero_rebuild = false;
+        st = nb__ddp_zero_rebuild(d);
+    }
+    return st;
+}
+
+/* ---- clipping ---- */
+
+nb_status nb_ddp_clip_grad_norm(nb_ddp *d, double max_norm, double norm_type, double *norm) {
+    NB_CHECK(d && norm, "nb_ddp_clip_grad_norm: NULL argument");
+    *norm = NAN;
+    NB_CHECK(!d->opt, "nb_ddp_clip_grad_norm: rank %d: the wrapper steps an optimizer per bucket "
+             "(nb_ddp_set_optimizer): nb_ddp_backward has already applied the gradients", d->rank);
+    if (!d->zopt || !d->bucketed) { /* every rank holds the averaged gradients */
+        *norm = nb_clip_grad_norm(d->p, d->n, max_norm, norm_type);
+        return NB_OK;
+    }
+    NB_CHECK(norm_type == 2.0 || (isinf(norm_type) && norm_type > 0),
+             "nb_ddp_clip_grad_norm: norm_type = %g; supported are 2 and INFINITY", norm_type);
+    NB_CHECK(max_norm >= 0 && !isnan(max_norm), "nb_ddp_clip_grad_norm: max_norm = %g must be >= 0",
+             max_norm);
+    NB_CHECK(d->zero_fresh, "nb_ddp_clip_grad_norm: rank %d: no synchronised nb_ddp_backward since "
+             "the last step: there are no averaged gradients to clip", d->rank);
+    nb_device dev = nb_pg_device(d->pg);
+    nb_ctx *sc = nb__optim_scratch(dev);
+    nb_tensor **gl = nb__ctx_meta(sc, sizeof *gl * (size_t)(d->n_buckets ? d->n_buckets : 1));
+    int k = 0;
+    for (int bi = 0; bi < d->n_buckets; bi++) {
+        bucket *b = &d->buckets[bi];
+        int64_t lo = (int64_t)d->rank * b->chunk;
+        int64_t own = b->numel - lo < b->chunk ? b->numel - lo : b->chunk;
+        if (own > 0) gl[k++] = flat_view(sc, b->shard, 0, own);
+    }
+    const nb__backend *be = nb__backend_of(dev);
+    double local[2] = {0, 0}; /* sum of squares, max |g| */
+    nb_tensor *out = nb__empty(sc, NB_F64, 0, NULL);
+    be->sum_squares(out, k, gl);
+    local[0] = nb_item(out);
+    if (norm_type != 2.0) {
+        be->max_abs(sc, out, k, gl);
+        local[1] = nb_item(out);
+    }
+    nb_tensor *v = nb_from_host(sc, NB_F64, NB_SHAPE(2), local);
+    nb_status st = nb_work_finish(nb_pg_all_reduce(d->pg, flat_view(sc, v, 0, 1), NB_REDUCE_SUM));
+    if (st == NB_OK && norm_type != 2.0)
+        st = nb_work_finish(nb_pg_all_reduce(d->pg, flat_view(sc, v, 1, 1), NB_REDUCE_MAX));
+    if (st != NB_OK) return st;
+    double global[2];
+    nb_to_host(v, global);
+    /* a NaN anywhere makes the sum NaN (the max may have dropped it) */
+    double total = isnan(global[0]) ? NAN : norm_type == 2.0 ? sqrt(global[0]) : global[1];
+    *norm = total;
+    if (!isfinite(total)) return NB_OK;
+    double coef = max_norm / (total + 1e-6);
+    if (coef < 1.0 && k) be->scale(k, gl, coef);
+    return NB_OK;
+}

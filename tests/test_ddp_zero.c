@@ -1,0 +1,537 @@
+/* ZeRO-1 (nb_ddp_set_zero): optimizer state sharded over R ranks, on Gloo
+ * (CTest runs it under nbrun with 2 and 3 ranks, and alone as a world of
+ * one, where nothing is sharded).
+ *
+ * The reference is plain DDP on a second copy of the model (its own
+ * wrapper, nb_ddp_backward, nb_optim_step) or, for checkpoints written or
+ * read at another world size, one process training on the whole global
+ * batch. Equality: the sharded path averages each gradient element by a
+ * reduce-scatter instead of an all-reduce; with two ranks both add the same
+ * two numbers and halve them, so parameters and state are the same bits
+ * (asserted; this relies on the update being element-wise with the same
+ * arithmetic wherever a piece starts, Note [Optimizer step], e.g. no
+ * contraction into FMA in a vector body but not in its tail); with three
+ * the two collectives may add in different orders
+ * (one rounding of f64 per element per step), and the one-process
+ * reference averages per-sample losses in another order, so parameters and
+ * state are compared within RTOL of their largest element (f64 models:
+ * that is thousands of roundings of headroom, and far below the changes a
+ * missing or doubled update makes). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "ddp_common.h"
+#include "nabla/checkpoint.h"
+
+#define RTOL 1e-9
+
+typedef enum cfg { C_ADAMW, C_SGD_NESTEROV, C_SGD_PLAIN, C_ADAM_AMSGRAD, C_GROUPS } cfg;
+
+static nb_module *mlp(nb_ctx *ctx) {
+    nb_rng rng = nb_rng_make(7);
+    nb_module *c[5] = {nb_linear_new(ctx, NB_F64, F_IN, 16, true, &rng), nb_tanh_new(ctx),
+                       nb_linear_new(ctx, NB_F64, 16, 12, true, &rng), nb_tanh_new(ctx),
+                       nb_linear_new(ctx, NB_F64, 12, N_CLASSES, true, &rng)};
+    return nb_sequential_new(ctx, 5, c);
+}
+
+static nb_ddp *wrap(nb_module *m) {
+    nb_ddp_options o = NB_DDP_DEFAULTS;
+    o.first_bucket_bytes = 256; /* several buckets, so shards cut across parameters */
+    o.bucket_cap_bytes = 700;
+    nb_ddp *ddp;
+    ck_assert_int_eq(nb_ddp_new(&ddp, m, world, &o), NB_OK);
+    if (R > 1) ck_assert_int_gt(nb_ddp_num_buckets(ddp), 2);
+    return ddp;
+}
+
+static nb_optim *optim_for(nb_module *m, cfg c) {
+    int n = nb_module_named_parameters(m, NULL, 0);
+    nb_named_tensor *p = malloc(sizeof *p * (size_t)n), *scratch = malloc(sizeof *p * (size_t)n);
+    nb_module_named_parameters(m, p, n);
+    nb_optim *o = NULL;
+    nb_optim_hparams h = NB_ADAMW_DEFAULTS;
+    switch (c) {
+    case C_ADAMW: o = nb_optim_new(NB_OPTIM_ADAMW, p, n, &h); break;
+    case C_ADAM_AMSGRAD:
+        h = NB_ADAM_DEFAULTS;
+        h.amsgrad = true;
+        h.weight_decay = 1e-3;
+        o = nb_optim_new(NB_OPTIM_ADAM, p, n, &h);
+        break;
+    case C_SGD_NESTEROV:
+    case C_SGD_PLAIN:
+        h = NB_SGD_DEFAULTS;
+        h.weight_decay = 1e-3;
+        if (c == C_SGD_NESTEROV) {
+            h.momentum = 0.9;
+            h.nesterov = true;
+        }
+        o = nb_optim_new(NB_OPTIM_SGD, p, n, &h);
+        break;
+    case C_GROUPS: {
+        nb_param_group g[2];
+        h.weight_decay = 0.1;
+        nb_optim_split_decay(p, n, &h, scratch, g);
+        g[1].h.amsgrad = true; /* the groups differ in lr (set per step), decay and amsgrad */
+        o = nb_optim_new_groups(NB_OPTIM_ADAMW, 2, g);
+        break;
+    }
+    }
+    free(p);
+    free(scratch);
+    return o;
+}
+
+static void set_lrs(nb_optim *o, int it) {
+    for (int g = 0; g < nb_optim_group_count(o); g++) nb_optim_set_lr(o, g, 0.02 / (1 + it) / (1 + g));
+}
+
+/* Rank me's loss on micro-batch (it, micro) of the global batch; the whole
+ * global batch when `whole`. */
+static nb_tensor *loss_of(nb_ctx *step, nb_module *m, int it, int micro, bool whole) {
+    const int64_t B = 3;
+    nb_tensor *x, *y;
+    make_batch(step, R * B, 100 + (uint64_t)(it * 10 + micro), &x, &y);
+    if (!whole) {
+        x = shard(step, x, me * B, B);
+        y = shard(step, y, me * B, B);
+    }
+    return nb_cross_entropy(step, nb_module_forward(m, step, x), y, NULL);
+}
+
+/* a within RTOL of b (relative to b's largest element); bitwise when `exact`. */
+static void assert_tensors(const nb_named_tensor *a, const nb_named_tensor *b, int n, bool exact,
+                           const char *what) {
+    for (int i = 0; i < n; i++) {
+        ck_assert_str_eq(a[i].name, b[i].name);
+        ck_assert(nb_same_shape(a[i].tensor, b[i].tensor));
+        int64_t k = nb_numel(a[i].tensor);
+        double *va = malloc(sizeof(double) * (size_t)(k + 1)), *vb = malloc(sizeof(double) * (size_t)(k + 1));
+        nb_to_host_f64(a[i].tensor, va);
+        nb_to_host_f64(b[i].tensor, vb);
+        double scale = 0;
+        for (int64_t j = 0; j < k; j++) scale = fmax(scale, fabs(vb[j]));
+        for (int64_t j = 0; j < k; j++) {
+            if (exact)
+                ck_assert_msg(memcmp(&va[j], &vb[j], sizeof(double)) == 0,
+                              "rank %d: %s %s[%lld]: %.17g vs %.17g (not the same bits)", me, what,
+                              a[i].name, (long long)j, va[j], vb[j]);
+            else
+                ck_assert_msg(fabs(va[j] - vb[j]) <= RTOL * fmax(scale, 1e-300),
+                              "rank %d: %s %s[%lld]: %.17g vs %.17g", me, what, a[i].name,
+                              (long long)j, va[j], vb[j]);
+        }
+        free(va);
+        free(vb);
+    }
+}
+
+static void assert_models(nb_module *a, nb_module *b, bool exact) {
+    int n = nb_module_state(a, NULL, 0);
+    ck_assert_int_eq(n, nb_module_state(b, NULL, 0));
+    nb_named_tensor *sa = malloc(sizeof *sa * (size_t)n), *sb = malloc(sizeof *sb * (size_t)n);
+    nb_module_state(a, sa, n);
+    nb_module_state(b, sb, n);
+    assert_tensors(sa, sb, n, exact, "parameter");
+    free(sa);
+    free(sb);
+}
+
+/* opt's whole state (consolidated on every rank) against ref's. */
+static void assert_states(nb_ddp *ddp, nb_optim *opt, nb_optim *ref, bool exact) {
+    ck_assert_int_eq(nb_ddp_consolidate_optimizer(ddp, -1), NB_OK);
+    int na, nb;
+    const nb_named_tensor *ta = nb_optim_state(opt, &na), *tb = nb_optim_state(ref, &nb);
+    ck_assert_int_eq(na, nb);
+    assert_tensors(ta, tb, na, exact, "optimizer state");
+}
+
+/* `steps` steps of `accum` micro-batches (all but the last under no_sync),
+ * sharded on one copy and plain DDP on the other; with clip > 0 both clip
+ * to that global norm (norm_type clip_type) and the norms must agree. */
+static void run_equivalence(cfg c, int steps, int accum, double clip, double clip_type) {
+    nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
+    nb_module *m = mlp(pctx), *ref = mlp(pctx);
+    nb_ddp *ddp = wrap(m), *rddp = wrap(ref);
+    nb_optim *opt = optim_for(m, c), *ropt = optim_for(ref, c);
+    ck_assert_int_eq(nb_ddp_set_zero(ddp, opt), NB_OK);
+    ck_assert_ptr_eq(nb_ddp_zero_optimizer(ddp), opt);
+    bool exact = R <= 2;
+    int clipped = 0;
+    for (int it = 0; it < steps; it++) {
+        set_lrs(opt, it);
+        set_lrs(ropt, it);
+        for (int k = 0; k < accum; k++) {
+            nb_ctx_reset(step);
+            bool last = k == accum - 1;
+            nb_ddp_set_no_sync(ddp, !last);
+            nb_ddp_set_no_sync(rddp, !last);
+            ck_assert_int_eq(nb_ddp_backward(ddp, loss_of(step, m, it, k, false)), NB_OK);
+            ck_assert_int_eq(nb_ddp_backward(rddp, loss_of(step, ref, it, k, false)), NB_OK);
+        }
+        if (R > 1) { /* the reduce-scatters start during backward, as the all-reduces do */
+            nb_ddp_step_stats st = nb_ddp_last_stats(ddp);
+            ck_assert_int_eq(st.n_buckets, nb_ddp_num_buckets(ddp));
+            ck_assert_int_ge(st.launched_before_end, 1);
+        }
+        if (clip > 0) {
+            double norm = 0, rnorm = 0;
+            ck_assert_int_eq(nb_ddp_clip_grad_norm(ddp, clip, clip_type, &norm), NB_OK);
+            ck_assert_int_eq(nb_ddp_clip_grad_norm(rddp, clip, clip_type, &rnorm), NB_OK);
+            /* the reference norm, independently: nb_clip_grad_norm is what plain DDP users call */
+            ck_assert_msg(fabs(norm - rnorm) <= 1e-12 * rnorm, "rank %d: norm %.17g vs %.17g", me,
+                          norm, rnorm);
+            clipped += rnorm > clip;
+        }
+        ck_assert_int_eq(nb_ddp_step(ddp), NB_OK);
+        nb_optim_step(ropt);
+        ck_assert_int_eq(nb_optim_step_count(opt), it + 1);
+        assert_models(m, ref, exact && clip == 0);
+        assert_states(ddp, opt, ropt, exact && clip == 0);
+        nb_optim_zero_grad(opt);
+        nb_optim_zero_grad(ropt);
+    }
+    if (clip > 0) ck_assert_int_gt(clipped, 0); /* the clipping did something */
+    assert_same_on_all_ranks(m);
+    /* the parameters moved */
+    nb_module *init = mlp(pctx);
+    int n = nb_module_named_parameters(m, NULL, 0);
+    nb_named_tensor *a = malloc(sizeof *a * (size_t)n), *b = malloc(sizeof *b * (size_t)n);
+    nb_module_named_parameters(m, a, n);
+    nb_module_named_parameters(init, b, n);
+    for (int i = 0; i < n; i++) {
+        size_t bytes = (size_t)nb_numel(a[i].tensor) * nb_dtype_size(a[i].tensor->dtype);
+        ck_assert_msg(memcmp(a[i].tensor->data, b[i].tensor->data, bytes) != 0, "%s never changed",
+                      a[i].name);
+    }
+    free(a);
+    free(b);
+    ck_assert_int_eq(nb_ddp_set_zero(ddp, NULL), NB_OK);
+    ck_assert_ptr_null(nb_ddp_zero_optimizer(ddp));
+    nb_ddp_free(ddp);
+    nb_ddp_free(rddp);
+    nb_optim_free(opt);
+    nb_optim_free(ropt);
+    nb_ctx_free(step);
+    nb_ctx_free(pctx);
+}
+
+START_TEST(test_adamw) { run_equivalence(C_ADAMW, 5, 1, 0, 2); }
+END_TEST
+START_TEST(test_sgd_nesterov) { run_equivalence(C_SGD_NESTEROV, 5, 1, 0, 2); }
+END_TEST
+START_TEST(test_sgd_plain) { run_equivalence(C_SGD_PLAIN, 4, 1, 0, 2); }
+END_TEST
+START_TEST(test_adam_amsgrad) { run_equivalence(C_ADAM_AMSGRAD, 5, 1, 0, 2); }
+END_TEST
+START_TEST(test_two_groups) { run_equivalence(C_GROUPS, 5, 1, 0, 2); }
+END_TEST
+START_TEST(test_no_sync) { run_equivalence(C_ADAMW, 3, 3, 0, 2); }
+END_TEST
+START_TEST(test_clip_l2) { run_equivalence(C_ADAMW, 4, 1, 0.05, 2); }
+END_TEST
+START_TEST(test_clip_inf) { run_equivalence(C_SGD_NESTEROV, 4, 1, 0.01, INFINITY); }
+END_TEST
+
+/* Bytes of state per rank: the rank's share of each bucket, counted here
+ * from the bucket lists and the parameters' sizes. */
+START_TEST(test_state_bytes) {
+    nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
+    nb_module *m = mlp(pctx);
+    nb_ddp *ddp = wrap(m);
+    nb_optim *opt = optim_for(m, C_GROUPS); /* 2 moments, 3 in the amsgrad group */
+    int n = nb_module_named_parameters(m, NULL, 0);
+    nb_named_tensor *p = malloc(sizeof *p * (size_t)n);
+    nb_module_named_parameters(m, p, n);
+    size_t full = 0;
+    for (int i = 0; i < n; i++) full += (size_t)nb_numel(p[i].tensor) * 8 * (p[i].tensor->ndim >= 2 ? 2 : 3);
+    ck_assert_uint_eq(nb_optim_state_bytes(opt), full);
+    ck_assert_int_eq(nb_ddp_set_zero(ddp, opt), NB_OK);
+    for (int round = 0; round < 2; round++) { /* before and after the bucket rebuild */
+        size_t expect = R == 1 ? full : 0; /* a world of one has no buckets: nothing sharded */
+        for (int b = 0; b < nb_ddp_num_buckets(ddp); b++) {
+            int idx[64];
+            int k = nb_ddp_bucket_params(ddp, b, idx, 64);
+            int64_t numel = 0;
+            for (int j = 0; j < k; j++) numel += nb_numel(p[idx[j]].tensor);
+            int64_t chunk = (numel + R - 1) / R, lo = me * chunk, hi = lo + chunk, at = 0;
+            for (int j = 0; j < k; j++) {
+                const nb_tensor *t = p[idx[j]].tensor;
+                int64_t a = at > lo ? at : lo, e = at + nb_numel(t) < hi ? at + nb_numel(t) : hi;
+                if (e > a) expect += (size_t)(e - a) * 8 * (t->ndim >= 2 ? 2 : 3);
+                at += nb_numel(t);
+            }
+        }
+        ck_assert_uint_eq(nb_optim_state_bytes(opt), expect);
+        if (R > 1) { /* about 1/R: the padding is at most R - 1 elements per bucket */
+            size_t slack = (size_t)nb_ddp_num_buckets(ddp) * (size_t)R * 3 * 8;
+            ck_assert_uint_le(nb_optim_state_bytes(opt), full / (size_t)R + slack);
+        }
+        /* the shares add up to the whole */
+        nb_tensor *sum = nb_full(step, NB_I64, 0, NULL, (double)nb_optim_state_bytes(opt));
+        ck_assert_int_eq(nb_work_finish(nb_pg_all_reduce(world, sum, NB_REDUCE_SUM)), NB_OK);
+        ck_assert_int_eq((int64_t)nb_item(sum), (int64_t)full);
+        ck_assert_int_eq(nb_ddp_backward(ddp, loss_of(step, m, round, 0, false)), NB_OK);
+        ck_assert_int_eq(nb_ddp_step(ddp), NB_OK);
+        if (R > 1) ck_assert(nb_ddp_buckets_rebuilt(ddp));
+    }
+    ck_assert_int_eq(nb_ddp_set_zero(ddp, NULL), NB_OK);
+    ck_assert_uint_eq(nb_optim_state_bytes(opt), full);
+    free(p);
+    nb_ddp_free(ddp);
+    nb_optim_free(opt);
+    nb_ctx_free(step);
+    nb_ctx_free(pctx);
+}
+END_TEST
+
+static bool same_file(const char *a, const char *b) {
+    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
+    ck_assert(fa && fb);
+    bool same = true;
+    int ca, cb;
+    do {
+        ca = fgetc(fa);
+        cb = fgetc(fb);
+        if (ca != cb) same = false;
+    } while (same && ca != EOF);
+    fclose(fa);
+    fclose(fb);
+    return same;
+}
+
+static int model_state(nb_module *m, nb_named_tensor **out) {
+    int n = nb_module_state(m, NULL, 0);
+    *out = malloc(sizeof **out * (size_t)n);
+    nb_module_state(m, *out, n);
+    return n;
+}
+
+/* One process training on the whole global batch: steps [from, to). */
+static void train_alone(nb_ctx *step, nb_module *m, nb_optim *o, int from, int to) {
+    for (int it = from; it < to; it++) {
+        nb_ctx_reset(step);
+        set_lrs(o, it);
+        nb_backward(loss_of(step, m, it, 0, true));
+        nb_optim_step(o);
+        nb_optim_zero_grad(o);
+    }
+}
+
+/* Sharded training on R ranks: steps [from, to). */
+static void train_zero(nb_ctx *step, nb_ddp *ddp, nb_module *m, nb_optim *o, int from, int to) {
+    for (int it = from; it < to; it++) {
+        nb_ctx_reset(step);
+        set_lrs(o, it);
+        ck_assert_int_eq(nb_ddp_backward(ddp, loss_of(step, m, it, 0, false)), NB_OK);
+        ck_assert_int_eq(nb_ddp_step(ddp), NB_OK);
+        nb_optim_zero_grad(o);
+    }
+}
+
+/* Checkpoints: the consolidated file is plain DDP's file; a file written
+ * by one process loads into R sharded ranks, and one written by R sharded
+ * ranks into one process, and training goes on as the unsharded run. */
+START_TEST(test_checkpoint) {
+    char zpath[256], ppath[256], apath[256];
+    /* one name for all ranks: rank 0's pid, broadcast */
+    nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *pid = nb_full(step, NB_I64, 0, NULL, (double)getpid());
+    ck_assert_int_eq(nb_work_finish(nb_pg_broadcast(world, pid, 0)), NB_OK);
+    long id = (long)nb_item(pid);
+    snprintf(zpath, sizeof zpath, "ddp_zero_%ld_z.safetensors", id);
+    snprintf(ppath, sizeof ppath, "ddp_zero_%ld_p.safetensors", id);
+    snprintf(apath, sizeof apath, "ddp_zero_%ld_a.safetensors", id);
+    const cfg c = C_GROUPS;
+    nb_train_state ts = {0};
+
+    /* 1. R sharded ranks and plain DDP train 3 steps; rank 0 saves both */
+    nb_module *m = mlp(pctx), *ref = mlp(pctx);
+    nb_ddp *ddp = wrap(m), *rddp = wrap(ref);
+    nb_optim *opt = optim_for(m, c), *ropt = optim_for(ref, c);
+    ck_assert_int_eq(nb_ddp_set_zero(ddp, opt), NB_OK);
+    train_zero(step, ddp, m, opt, 0, 3);
+    for (int it = 0; it < 3; it++) {
+        nb_ctx_reset(step);
+        set_lrs(ropt, it);
+        ck_assert_int_eq(nb_ddp_backward(rddp, loss_of(step, ref, it, 0, false)), NB_OK);
+        nb_optim_step(ropt);
+        nb_optim_zero_grad(ropt);
+    }
+    if (R > 1) NBT_EXPECT_ABORT(nb_optim_state(opt, &(int){0}), "nb_ddp_consolidate_optimizer");
+    ck_assert_int_eq(nb_ddp_consolidate_optimizer(ddp, 0), NB_OK);
+    nb_named_tensor *ms, *rs;
+    int nm = model_state(m, &ms);
+    model_state(ref, &rs);
+    ts.step = 3;
+    if (me == 0) {
+        ck_assert_int_eq(nb_checkpoint_save_training(zpath, ms, nm, opt, &ts, NULL, 0), NB_OK);
+        ck_assert_int_eq(nb_checkpoint_save_training(ppath, rs, nm, ropt, &ts, NULL, 0), NB_OK);
+        if (R <= 2) ck_assert_msg(same_file(zpath, ppath), "the ZeRO-1 checkpoint differs from plain DDP's");
+    } else { /* consolidated on rank 0 only */
+        NBT_EXPECT_ABORT(nb_optim_state(opt, &(int){0}), "sharded over the ranks");
+    }
+
+    /* 2. the sharded run goes on to step 6; the file it wrote, loaded by one
+     *    process, goes on alone: the same parameters */
+    train_zero(step, ddp, m, opt, 3, 6);
+    nb_module *alone = mlp(pctx);
+    nb_optim *aopt = optim_for(alone, c);
+    nb_named_tensor *as;
+    model_state(alone, &as);
+    ck_assert_int_eq(nb_work_finish(nb_pg_barrier(world)), NB_OK); /* the file is written */
+    ck_assert_int_eq(nb_checkpoint_load_training(zpath, as, nm, aopt, &ts), NB_OK);
+    ck_assert_int_eq(nb_optim_step_count(aopt), 3);
+    train_alone(step, alone, aopt, 3, 6);
+    assert_models(m, alone, false);
+    ck_assert_int_eq(nb_ddp_consolidate_optimizer(ddp, -1), NB_OK);
+    int na, nb;
+    const nb_named_tensor *ta = nb_optim_state(opt, &na), *tb = nb_optim_state(aopt, &nb);
+    ck_assert_int_eq(na, nb);
+    assert_tensors(ta, tb, na, false, "optimizer state");
+
+    /* 3. a file written by one process (6 steps) loads into R sharded ranks,
+     *    which go on to step 9 as the process does alone */
+    ck_assert_int_eq(nb_work_finish(nb_pg_barrier(world)), NB_OK); /* everyone read zpath */
+    ts.step = 6;
+    if (me == 0) ck_assert_int_eq(nb_checkpoint_save_training(apath, as, nm, aopt, &ts, NULL, 0), NB_OK);
+    ck_assert_int_eq(nb_work_finish(nb_pg_barrier(world)), NB_OK);
+    nb_module *m2 = mlp(pctx);
+    nb_optim *opt2 = optim_for(m2, c);
+    nb_named_tensor *ms2;
+    model_state(m2, &ms2);
+    ck_assert_int_eq(nb_checkpoint_load_training(apath, ms2, nm, opt2, &ts), NB_OK);
+    nb_ddp *ddp2 = wrap(m2);
+    ck_assert_int_eq(nb_ddp_set_zero(ddp2, opt2), NB_OK);
+    train_zero(step, ddp2, m2, opt2, 6, 9);
+    train_alone(step, alone, aopt, 6, 9);
+    assert_models(m2, alone, false);
+    ck_assert_int_eq(nb_optim_step_count(opt2), 9);
+    ck_assert_int_eq(nb_ddp_set_zero(ddp2, NULL), NB_OK); /* detached: the whole state back */
+    ta = nb_optim_state(opt2, &na);
+    tb = nb_optim_state(aopt, &nb);
+    assert_tensors(ta, tb, na, false, "optimizer state");
+
+    ck_assert_int_eq(nb_work_finish(nb_pg_barrier(world)), NB_OK);
+    if (me == 0) {
+        remove(zpath);
+        remove(ppath);
+        remove(apath);
+    }
+    free(ms);
+    free(rs);
+    free(as);
+    free(ms2);
+    ck_assert_int_eq(nb_ddp_set_zero(ddp, NULL), NB_OK);
+    nb_ddp_free(ddp);
+    nb_ddp_free(rddp);
+    nb_ddp_free(ddp2);
+    nb_optim_free(opt);
+    nb_optim_free(ropt);
+    nb_optim_free(aopt);
+    nb_optim_free(opt2);
+    nb_ctx_free(step);
+    nb_ctx_free(pctx);
+}
+END_TEST
+
+/* What ZeRO-1 does not combine with is refused, by name. */
+START_TEST(test_refusals) {
+    nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
+    nb_module *m = mlp(pctx), *other = mlp(pctx);
+    nb_ddp *ddp = wrap(m);
+    nb_optim *opt = optim_for(m, C_ADAMW), *foreign = optim_for(other, C_ADAMW);
+    NBT_EXPECT_ABORT(nb_ddp_set_zero(ddp, foreign), "nb_ddp_set_zero: rank");
+    NBT_EXPECT_ABORT(nb_ddp_set_zero(ddp, foreign), "is not a parameter (that requires grad) of the "
+                                                    "wrapped model");
+    NBT_EXPECT_ABORT(nb_ddp_step(ddp), "nb_ddp_step: rank");
+    NBT_EXPECT_ABORT(nb_ddp_step(ddp), "ZeRO-1 is off");
+    ck_assert_int_eq(nb_ddp_set_zero(ddp, opt), NB_OK);
+    NBT_EXPECT_ABORT(nb_ddp_step(ddp), "no synchronised nb_ddp_backward since the last step");
+    nb_ddp_set_no_sync(ddp, true);
+    ck_assert_int_eq(nb_ddp_backward(ddp, loss_of(step, m, 0, 0, false)), NB_OK);
+    NBT_EXPECT_ABORT(nb_ddp_step(ddp), "a no_sync backward only accumulates locally");
+    nb_ddp_set_no_sync(ddp, false);
+    ck_assert_int_eq(nb_ddp_backward(ddp, loss_of(step, m, 0, 1, false)), NB_OK);
+    NBT_EXPECT_ABORT(nb_optim_step(opt), "nb_optim_step: this optimizer's state is sharded over the "
+                                         "ranks by a DDP wrapper (ZeRO-1, nb_ddp_set_zero): step "
+                                         "with nb_ddp_step(ddp)");
+    NBT_EXPECT_ABORT(nb_optim_clip_grad_norm(opt, 1.0, 2.0),
+                     "nb_optim_clip_grad_norm: this optimizer's state is sharded");
+    NBT_EXPECT_ABORT(nb_optim_clip_grad_norm(opt, 1.0, 2.0), "clip with nb_ddp_clip_grad_norm");
+    nb_grad_scaler *gs = nb_grad_scaler_new(1024, 2, 0.5, 100);
+    NBT_EXPECT_ABORT(nb_grad_scaler_step(gs, opt), "nb_grad_scaler_step: this optimizer's state is "
+                                                   "sharded");
+    NBT_EXPECT_ABORT(nb_grad_scaler_unscale(gs, opt), "the grad scaler is not supported with ZeRO-1");
+    NBT_EXPECT_ABORT(nb_ddp_join_begin(ddp, NULL), "nb_ddp_join_begin: rank");
+    NBT_EXPECT_ABORT(nb_ddp_join_begin(ddp, NULL), "join mode cannot be combined with it");
+    NBT_EXPECT_ABORT(nb_ddp_set_optimizer(ddp, opt), "ZeRO-1 is on (nb_ddp_set_zero); per-bucket "
+                                                     "optimizer steps cannot be combined with it");
+    NBT_EXPECT_ABORT(nb_ddp_set_zero(ddp, foreign), "already on with another optimizer");
+    nb_ddp *second = wrap(other);
+    NBT_EXPECT_ABORT(nb_ddp_set_optimizer(second, opt), "sharded by ZeRO-1");
+    if (R > 1) NBT_EXPECT_ABORT(nb_optim_state(opt, &(int){0}), "nb_optim_state: this optimizer's "
+                                                                "state is sharded");
+    /* a consolidated copy is for saving: loading into it is refused */
+    ck_assert_int_eq(nb_ddp_consolidate_optimizer(ddp, -1), NB_OK);
+    NBT_EXPECT_ABORT(nb_optim_state_validate(opt), "is only for saving: the next nb_ddp_step would "
+                                                   "ignore what was loaded into it");
+    ck_assert_int_eq(nb_ddp_step(ddp), NB_OK);
+    ck_assert_int_eq(nb_optim_step_count(opt), 1); /* the refused calls stepped nothing */
+    /* detached, the optimizer is the user's again */
+    ck_assert_int_eq(nb_ddp_set_zero(ddp, NULL), NB_OK);
+    nb_optim_step(opt);
+    ck_assert_int_eq(nb_optim_step_count(opt), 2);
+    /* per-bucket steps and the bf16 hook refuse ZeRO-1 */
+    nb_ddp_set_optimizer(ddp, opt);
+    NBT_EXPECT_ABORT(nb_ddp_set_zero(ddp, opt), "ZeRO-1 cannot be combined with per-bucket steps");
+    NBT_EXPECT_ABORT(nb_ddp_clip_grad_norm(ddp, 1.0, 2.0, &(double){0}),
+                     "nb_ddp_backward has already applied the gradients");
+    nb_ddp_set_optimizer(ddp, NULL);
+    nb_ddp_free(second);
+    nb_ddp_options o = NB_DDP_DEFAULTS;
+    o.comm_hook = NB_DDP_HOOK_BF16;
+    nb_ddp *bf;
+    ck_assert_int_eq(nb_ddp_new(&bf, other, world, &o), NB_OK);
+    NBT_EXPECT_ABORT(nb_ddp_set_zero(bf, foreign), "the bf16 compression hook is not supported");
+    nb_ddp_free(bf);
+    /* a wrapper freed while attached: the state is gone, and the optimizer says so */
+    if (R > 1) {
+        nb_ddp *lost = wrap(other);
+        ck_assert_int_eq(nb_ddp_set_zero(lost, foreign), NB_OK);
+        nb_ddp_free(lost);
+        NBT_EXPECT_ABORT(nb_optim_step(foreign), "freed while attached (the shards are lost");
+    }
+    nb_grad_scaler_free(gs);
+    nb_ddp_free(ddp);
+    nb_optim_free(opt);
+    nb_optim_free(foreign);
+    nb_ctx_free(step);
+    nb_ctx_free(pctx);
+}
+END_TEST
+
+static Suite *suite(void) {
+    Suite *s = suite_create("ddp_zero");
+    TCase *tc = tcase_create("ddp_zero");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_adamw);
+    tcase_add_test(tc, test_sgd_nesterov);
+    tcase_add_test(tc, test_sgd_plain);
+    tcase_add_test(tc, test_adam_amsgrad);
+    tcase_add_test(tc, test_two_groups);
+    tcase_add_test(tc, test_no_sync);
+    tcase_add_test(tc, test_clip_l2);
+    tcase_add_test(tc, test_clip_inf);
+    tcase_add_test(tc, test_state_bytes);
+    tcase_add_test(tc, test_checkpoint);
+    tcase_add_test(tc, test_refusals);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) { return nbt_run_world(ddp_setup); }
