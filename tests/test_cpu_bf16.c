@@ -506,6 +506,50 @@ START_TEST(test_refusals) {
 }
 END_TEST
 
+/* Casts f32 <-> bf16 (contiguous runs take a vectorised loop): round to
+ * nearest even, ties both ways, infinities, NaN kept a NaN, overflow to
+ * infinity; the same bits strided and contiguous. */
+START_TEST(test_casts) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    float v[16] = {1.0f, 1.00390625f /* tie, to even: 1 */, 1.01171875f /* tie, up */, -2.5f,
+                   0x1.fffffep127f /* rounds to inf */, -0.0f, 1e-40f, 0x1.010002p0f,
+                   3.14159265f, -1e30f, (float)INFINITY, -(float)INFINITY, (float)NAN,
+                   65504.0f, 0x1.7fp-3f, -0x1.808p5f};
+    uint16_t want[16];
+    for (int i = 0; i < 16; i++) {
+        double r = bf16_round(v[i]);
+        float f = (float)r;
+        uint32_t u;
+        memcpy(&u, &f, sizeof u);
+        want[i] = (uint16_t)(u >> 16);
+    }
+    nb_tensor *x = nb_from_host(ctx, NB_F32, NB_SHAPE(16), v);
+    nb_tensor *strided = nb_transpose(ctx, nb_reshape(ctx, x, NB_SHAPE(4, 4)), 0, 1);
+    uint16_t got[16], got_t[16];
+    nb_to_host(nb_cast(ctx, x, NB_BF16), got);
+    nb_to_host(nb_cast(ctx, strided, NB_BF16), got_t);
+    for (int i = 0; i < 16; i++) {
+        if (isnan(v[i])) {
+            ck_assert_msg((got[i] & 0x7f80u) == 0x7f80u && (got[i] & 0x7fu), "NaN became %#x",
+                          got[i]);
+            continue;
+        }
+        ck_assert_msg(got[i] == want[i], "bf16 of %a: %#x, want %#x", (double)v[i], got[i], want[i]);
+        ck_assert_uint_eq(got_t[(i % 4) * 4 + i / 4], want[i]);
+    }
+    /* and back: exact */
+    float back[16];
+    nb_to_host(nb_cast(ctx, nb_cast(ctx, x, NB_BF16), NB_F32), back);
+    for (int i = 0; i < 16; i++) {
+        uint32_t u = (uint32_t)got[i] << 16;
+        float f;
+        memcpy(&f, &u, sizeof f);
+        ck_assert(memcmp(&back[i], &f, sizeof f) == 0);
+    }
+    nb_ctx_free(ctx);
+}
+END_TEST
+
 /* ---- a small GPT, 300 steps ---- */
 
 /* Tokens of a fixed random Markov chain whose next token is one of 3
@@ -594,6 +638,7 @@ static Suite *cpu_bf16_suite(void) {
     tcase_add_test(tc, test_cast_gradient_accumulates);
     tcase_add_test(tc, test_masters_stay_f32);
     tcase_add_test(tc, test_refusals);
+    tcase_add_test(tc, test_casts);
     tcase_add_test(tc, test_gpt_trains_in_bf16);
     suite_add_tcase(s, tc);
     return s;
