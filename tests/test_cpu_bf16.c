@@ -506,6 +506,43 @@ START_TEST(test_refusals) {
 }
 END_TEST
 
+/* bf16 operands that are views BLAS reads in place (a row slice with a
+ * leading dimension above its width, a transpose, a batch broadcast with
+ * stride 0): converted to f32 twins of their own layout; the product is
+ * the exact one of their values up to f32 summation. */
+START_TEST(test_bf16_views) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_ctx_set_compute_dtype(ctx, NB_BF16);
+    nb_tensor *big = nb_cast(ctx, nbt_randn(ctx, NB_F32, NB_SHAPE(6, 10), 71), NB_BF16);
+    nb_tensor *a = nb_narrow(ctx, big, 1, 2, 8);                                   /* (6, 8), ld 10 */
+    nb_tensor *bt = nb_cast(ctx, nbt_randn(ctx, NB_F32, NB_SHAPE(5, 8), 72), NB_BF16);
+    nb_tensor *b = nb_transpose(ctx, bt, 0, 1);                                    /* (8, 5) */
+    nb_tensor *a3 = nb_expand(ctx, nb_reshape(ctx, a, NB_SHAPE(1, 6, 8)), NB_SHAPE(3, 6, 8));
+    nb_tensor *b3 = nb_expand(ctx, nb_reshape(ctx, b, NB_SHAPE(1, 8, 5)), NB_SHAPE(3, 8, 5));
+    nb_tensor *ys[2] = {nb_matmul(ctx, a, b), nb_matmul(ctx, a3, b3)};
+    double *av = host(a), *bv = host(b);
+    for (int k = 0; k < 2; k++) {
+        double *y = host(ys[k]);
+        ck_assert_int_eq(ys[k]->dtype, NB_F32);
+        for (int64_t r = 0; r < (k ? 3 : 1) * 6; r++)
+            for (int64_t j = 0; j < 5; j++) {
+                double s = 0, sa = 0;
+                for (int64_t i = 0; i < 8; i++) {
+                    s += av[(r % 6) * 8 + i] * bv[i * 5 + j];
+                    sa += fabs(av[(r % 6) * 8 + i] * bv[i * 5 + j]);
+                }
+                ck_assert_msg(fabs(y[r * 5 + j] - s) <= 8 * F32_EPS * sa * (1 + U) + 1e-30,
+                              "view case %d: y[%lld][%lld] = %.9g, reference %.9g", k,
+                              (long long)r, (long long)j, y[r * 5 + j], s);
+            }
+        free(y);
+    }
+    free(av);
+    free(bv);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
 /* Casts f32 <-> bf16 (contiguous runs take a vectorised loop): round to
  * nearest even, ties both ways, infinities, NaN kept a NaN, overflow to
  * infinity; the same bits strided and contiguous. */
@@ -639,6 +676,7 @@ static Suite *cpu_bf16_suite(void) {
     tcase_add_test(tc, test_masters_stay_f32);
     tcase_add_test(tc, test_refusals);
     tcase_add_test(tc, test_casts);
+    tcase_add_test(tc, test_bf16_views);
     tcase_add_test(tc, test_gpt_trains_in_bf16);
     suite_add_tcase(s, tc);
     return s;
