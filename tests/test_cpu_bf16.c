@@ -506,6 +506,87 @@ START_TEST(test_refusals) {
 }
 END_TEST
 
+/* bf16 operands that are views BLAS reads in place (a row slice with a
+ * leading dimension above its width, a transpose, a batch broadcast with
+ * stride 0): converted to f32 twins of their own layout; the product is
+ * the exact one of their values up to f32 summation. */
+START_TEST(test_bf16_views) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_ctx_set_compute_dtype(ctx, NB_BF16);
+    nb_tensor *big = nb_cast(ctx, nbt_randn(ctx, NB_F32, NB_SHAPE(6, 10), 71), NB_BF16);
+    nb_tensor *a = nb_narrow(ctx, big, 1, 2, 8);                                   /* (6, 8), ld 10 */
+    nb_tensor *bt = nb_cast(ctx, nbt_randn(ctx, NB_F32, NB_SHAPE(5, 8), 72), NB_BF16);
+    nb_tensor *b = nb_transpose(ctx, bt, 0, 1);                                    /* (8, 5) */
+    nb_tensor *a3 = nb_expand(ctx, nb_reshape(ctx, a, NB_SHAPE(1, 6, 8)), NB_SHAPE(3, 6, 8));
+    nb_tensor *b3 = nb_expand(ctx, nb_reshape(ctx, b, NB_SHAPE(1, 8, 5)), NB_SHAPE(3, 8, 5));
+    nb_tensor *ys[2] = {nb_matmul(ctx, a, b), nb_matmul(ctx, a3, b3)};
+    double *av = host(a), *bv = host(b);
+    for (int k = 0; k < 2; k++) {
+        double *y = host(ys[k]);
+        ck_assert_int_eq(ys[k]->dtype, NB_F32);
+        for (int64_t r = 0; r < (k ? 3 : 1) * 6; r++)
+            for (int64_t j = 0; j < 5; j++) {
+                double s = 0, sa = 0;
+                for (int64_t i = 0; i < 8; i++) {
+                    s += av[(r % 6) * 8 + i] * bv[i * 5 + j];
+                    sa += fabs(av[(r % 6) * 8 + i] * bv[i * 5 + j]);
+                }
+                ck_assert_msg(fabs(y[r * 5 + j] - s) <= 8 * F32_EPS * sa * (1 + U) + 1e-30,
+                              "view case %d: y[%lld][%lld] = %.9g, reference %.9g", k,
+                              (long long)r, (long long)j, y[r * 5 + j], s);
+            }
+        free(y);
+    }
+    free(av);
+    free(bv);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+/* Casts f32 <-> bf16 (contiguous runs take a vectorised loop): round to
+ * nearest even, ties both ways, infinities, NaN kept a NaN, overflow to
+ * infinity; the same bits strided and contiguous. */
+START_TEST(test_casts) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    float v[16] = {1.0f, 1.00390625f /* tie, to even: 1 */, 1.01171875f /* tie, up */, -2.5f,
+                   0x1.fffffep127f /* rounds to inf */, -0.0f, 1e-40f, 0x1.010002p0f,
+                   3.14159265f, -1e30f, (float)INFINITY, -(float)INFINITY, (float)NAN,
+                   65504.0f, 0x1.7fp-3f, -0x1.808p5f};
+    uint16_t want[16];
+    for (int i = 0; i < 16; i++) {
+        double r = bf16_round(v[i]);
+        float f = (float)r;
+        uint32_t u;
+        memcpy(&u, &f, sizeof u);
+        want[i] = (uint16_t)(u >> 16);
+    }
+    nb_tensor *x = nb_from_host(ctx, NB_F32, NB_SHAPE(16), v);
+    nb_tensor *strided = nb_transpose(ctx, nb_reshape(ctx, x, NB_SHAPE(4, 4)), 0, 1);
+    uint16_t got[16], got_t[16];
+    nb_to_host(nb_cast(ctx, x, NB_BF16), got);
+    nb_to_host(nb_cast(ctx, strided, NB_BF16), got_t);
+    for (int i = 0; i < 16; i++) {
+        if (isnan(v[i])) {
+            ck_assert_msg((got[i] & 0x7f80u) == 0x7f80u && (got[i] & 0x7fu), "NaN became %#x",
+                          got[i]);
+            continue;
+        }
+        ck_assert_msg(got[i] == want[i], "bf16 of %a: %#x, want %#x", (double)v[i], got[i], want[i]);
+        ck_assert_uint_eq(got_t[(i % 4) * 4 + i / 4], want[i]);
+    }
+    /* and back: exact */
+    float back[16];
+    nb_to_host(nb_cast(ctx, nb_cast(ctx, x, NB_BF16), NB_F32), back);
+    for (int i = 0; i < 16; i++) {
+        uint32_t u = (uint32_t)got[i] << 16;
+        float f;
+        memcpy(&f, &u, sizeof f);
+        ck_assert(memcmp(&back[i], &f, sizeof f) == 0);
+    }
+    nb_ctx_free(ctx);
+}
+END_TEST
+
 /* ---- a small GPT, 300 steps ---- */
 
 /* Tokens of a fixed random Markov chain whose next token is one of 3
@@ -594,6 +675,8 @@ static Suite *cpu_bf16_suite(void) {
     tcase_add_test(tc, test_cast_gradient_accumulates);
     tcase_add_test(tc, test_masters_stay_f32);
     tcase_add_test(tc, test_refusals);
+    tcase_add_test(tc, test_casts);
+    tcase_add_test(tc, test_bf16_views);
     tcase_add_test(tc, test_gpt_trains_in_bf16);
     suite_add_tcase(s, tc);
     return s;

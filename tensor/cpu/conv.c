@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tensor/cpu/bf16.h"
 #include "tensor/cpu/conv.h"
 #include "tensor/cpu/dnnl.h"
 #include "tensor/internal.h"
@@ -244,8 +245,9 @@ DEFINE_CONV(float, f32, cblas_sgemm)
 DEFINE_CONV(double, f64, cblas_dgemm)
 
 /* ---- bf16 through f32 ---- */
+/* zeroed: the compiler cannot see the f32 kernels write every element */
 static float *f32_buf(int64_t n) {
-    float *p = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    float *p = calloc((size_t)(n > 0 ? n : 1), sizeof(float));
     NB_CHECK(p, "nb_conv2d: out of memory for a bf16 convolution's f32 buffer (%lld bytes)",
              (long long)(n * (int64_t)sizeof(float)));
     return p;
@@ -254,15 +256,13 @@ static float *f32_buf(int64_t n) {
 static float *bf16_to_f32(const void *src, int64_t n) {
     if (!src) return NULL;
     float *p = f32_buf(n);
-    const uint16_t *s = src;
-    for (int64_t i = 0; i < n; i++) p[i] = nb_bf16_to_f32(s[i]);
+    nb__f32_from_bf16_n(p, src, n);
     return p;
 }
 
 static void f32_to_bf16(void *dst, float *src, int64_t n) {
     if (!dst) return;
-    uint16_t *d = dst;
-    for (int64_t i = 0; i < n; i++) d[i] = nb_f32_to_bf16(src[i]);
+    nb__bf16_from_f32_n(dst, src, n);
     free(src);
 }
 

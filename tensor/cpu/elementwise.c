@@ -8,6 +8,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "tensor/cpu/bf16.h"
 #include "tensor/cpu/simd.h"
 #include "tensor/internal.h"
 
@@ -251,11 +252,19 @@ static void copy_same(int64_t n, char **p, const int64_t *st, const void *varg) 
 static void copy_cast(int64_t n, char **p, const int64_t *st, const void *varg) {
     const copy_arg *arg = varg;
     if (arg->src == NB_F32 && arg->dst == NB_BF16) {
+        if (st[0] == 2 && st[1] == 4) {
+            nb__bf16_from_f32_n((uint16_t *)p[0], (const float *)p[1], n);
+            return;
+        }
         for (int64_t i = 0; i < n; i++)
             *(uint16_t *)(p[0] + i * st[0]) = nb_f32_to_bf16(*(const float *)(p[1] + i * st[1]));
         return;
     }
     if (arg->src == NB_BF16 && arg->dst == NB_F32) {
+        if (st[0] == 4 && st[1] == 2) {
+            nb__f32_from_bf16_n((float *)p[0], (const uint16_t *)p[1], n);
+            return;
+        }
         for (int64_t i = 0; i < n; i++)
             *(float *)(p[0] + i * st[0]) = nb_bf16_to_f32(*(const uint16_t *)(p[1] + i * st[1]));
         return;
