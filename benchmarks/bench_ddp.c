@@ -14,6 +14,8 @@
  *                 classes, batch 32
  *   --model gpt   train_gpt's character-level GPT: vocabulary 79, 4 layers,
  *                 4 heads, width 128, batch 16 x 64 tokens
+ *   --model gpt6  a larger GPT: vocabulary 79, 6 layers, 4 heads, width 256,
+ *                 batch 8 x 128 tokens
  *
  *   nbrun --nproc-per-node 1 build/bin/bench_ddp --no-ddp   (the baseline)
  *   nbrun --nproc-per-node 2 build/bin/bench_ddp --model gpt
@@ -64,17 +66,22 @@ static double median(double *v, int n) {
     return v[n / 2];
 }
 
-enum { WIDE, MLP, CNN, GPT };
-static const char *model_names[] = {"wide", "mlp", "cnn", "gpt"};
+enum { WIDE, MLP, CNN, GPT, GPT6 };
+static const char *model_names[] = {"wide", "mlp", "cnn", "gpt", "gpt6"};
 #define GPT_VOCAB 79 /* distinct bytes of examples/datasets/austen.txt */
-#define GPT_T 64
+#define IS_GPT(kind) ((kind) == GPT || (kind) == GPT6)
+#define GPT_T(kind) ((kind) == GPT6 ? 128 : 64)
 
 static nb_module *build(nb_ctx *ctx, int kind, int width, int layers, nb_rng *rng) {
     switch (kind) {
     case MLP: return nb_mlp_new(ctx, NB_F32, 30, 2, (int64_t[]){64, 32}, 2, rng);
     case CNN: return nb_cnn_new(ctx, NB_F32, 1, 3, (int64_t[]){16, 32, 64}, 10, rng);
     case GPT: {
-        nb_gpt_config cfg = {GPT_VOCAB, GPT_T, 4, 4, 128, 0.0};
+        nb_gpt_config cfg = {GPT_VOCAB, GPT_T(GPT), 4, 4, 128, 0.0};
+        return nb_gpt_new(ctx, NB_F32, &cfg, rng);
+    }
+    case GPT6: {
+        nb_gpt_config cfg = {GPT_VOCAB, GPT_T(GPT6), 6, 4, 256, 0.0};
         return nb_gpt_new(ctx, NB_F32, &cfg, rng);
     }
     default: {
@@ -93,20 +100,20 @@ static nb_module *build(nb_ctx *ctx, int kind, int width, int layers, nb_rng *rn
 /* One batch of random inputs and labels in `step`. */
 static void make_batch(nb_ctx *step, int kind, int64_t batch, int width, int s, nb_rng *data,
                        nb_tensor **x, nb_tensor **y) {
-    int64_t n_lab = kind == GPT ? batch * GPT_T : batch, n_cls = kind == MLP ? 2 : 10;
+    int64_t n_lab = IS_GPT(kind) ? batch * GPT_T(kind) : batch, n_cls = kind == MLP ? 2 : 10;
     /* host arrays (the step context may be on a GPU) */
     int64_t *lab = malloc(sizeof(int64_t) * (size_t)n_lab * 2), *tok = lab + n_lab;
     if (!lab) {
         fprintf(stderr, "bench_ddp: out of memory\n");
         exit(1);
     }
-    if (kind == GPT) {
+    if (IS_GPT(kind)) {
         for (int64_t i = 0; i < n_lab; i++) {
             tok[i] = (i * 37 + s * 11 + (int64_t)data->seed) % GPT_VOCAB;
             lab[i] = (i * 53 + s * 7) % GPT_VOCAB;
         }
-        *x = nb_from_host(step, NB_I64, NB_SHAPE(batch, GPT_T), tok);
-        *y = nb_from_host(step, NB_I64, NB_SHAPE(batch, GPT_T), lab);
+        *x = nb_from_host(step, NB_I64, NB_SHAPE(batch, GPT_T(kind)), tok);
+        *y = nb_from_host(step, NB_I64, NB_SHAPE(batch, GPT_T(kind)), lab);
         free(lab);
         return;
     }
@@ -203,13 +210,13 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--device") && i + 1 < argc) device_arg = argv[++i];
         else if (!strcmp(argv[i], "--model") && i + 1 < argc) {
             const char *m = argv[++i];
-            for (kind = 0; kind < 4 && strcmp(m, model_names[kind]); kind++) {}
-            if (kind == 4) {
-                fprintf(stderr, "bench_ddp: --model must be wide, mlp, cnn or gpt, not \"%s\"\n", m);
+            for (kind = 0; kind < 5 && strcmp(m, model_names[kind]); kind++) {}
+            if (kind == 5) {
+                fprintf(stderr, "bench_ddp: --model must be wide, mlp, cnn, gpt or gpt6, not \"%s\"\n", m);
                 return 2;
             }
         } else {
-            fprintf(stderr, "usage: %s [--model wide|mlp|cnn|gpt] [--device auto|cpu|cuda] [--no-ddp] "
+            fprintf(stderr, "usage: %s [--model wide|mlp|cnn|gpt|gpt6] [--device auto|cpu|cuda] [--no-ddp] "
                             "[--bucket-step | --zero] [--bf16] [--steps N] [--batch B] [--width W] [--layers L] [--header] [--machine]\n"
                             "       %s --plot-scaling LINES SVG\n", argv[0], argv[0]);
             return 2;
@@ -225,7 +232,7 @@ int main(int argc, char **argv) {
                         "cannot be combined with --bucket-step\n");
         return 2;
     }
-    if (!batch) batch = kind == MLP ? 8 : kind == CNN ? 32 : kind == GPT ? 16 : 64;
+    if (!batch) batch = kind == MLP ? 8 : kind == CNN ? 32 : kind == GPT ? 16 : kind == GPT6 ? 8 : 64;
     if (header) {
         printf("%-6s %-7s %10s %12s %11s %9s %8s %10s\n", "world", "mode", "ms/step", "samples/s", "backward",
                "wait", "hidden", "state");
@@ -290,7 +297,7 @@ int main(int argc, char **argv) {
             fprintf(stderr, "bench_ddp: %s\n", nb_last_error());
             return 1;
         }
-        nb_tensor *loss = kind == GPT ? nb_gpt_loss(step, out, y) : nb_cross_entropy(step, out, y, NULL);
+        nb_tensor *loss = IS_GPT(kind) ? nb_gpt_loss(step, out, y) : nb_cross_entropy(step, out, y, NULL);
         if (cuda) nb_cuda_synchronize(dev); /* GPU work is queued: time it done */
         double tf = now_s();
         if (ddp) {
@@ -326,13 +333,13 @@ int main(int argc, char **argv) {
         }
     }
     size_t state_bytes = nb_optim_state_bytes(opt);
-    double med = median(t_step, measured), per_s = (double)batch * (kind == GPT ? GPT_T : 1) * world / med;
+    double med = median(t_step, measured), per_s = (double)batch * (IS_GPT(kind) ? GPT_T(kind) : 1) * world / med;
     if (rank == 0 && machine) {
         printf("model=%s mode=%s world=%d batch=%lld ms=%.4f fwd=%.4f bwd=%.4f opt=%.4f per_s=%.1f unit=%s "
                "hidden=%.4f params=%lld state_bytes=%zu\n",
                model_names[kind], mode, world, (long long)batch, 1e3 * med,
                1e3 * median(t_fwd, measured), 1e3 * median(t_bwd, measured), 1e3 * median(t_opt, measured),
-               per_s, kind == GPT ? "tokens" : "samples", ddp && world > 1 ? hidden / measured : NAN, (long long)n_params, state_bytes);
+               per_s, IS_GPT(kind) ? "tokens" : "samples", ddp && world > 1 ? hidden / measured : NAN, (long long)n_params, state_bytes);
     } else if (rank == 0) {
         char hid[16] = "-", bws[16] = "-", ws[16] = "-";
         if (ddp && world > 1) {

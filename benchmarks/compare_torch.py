@@ -2,7 +2,8 @@
 """Side-by-side training-step time of nabla and PyTorch eager on the CPU.
 
 For the bundled MLP classifier, the CNN and the character-level GPT (the
-shapes of models/*.c as bench_ddp --model builds them), times N training
+shapes of models/*.c as bench_ddp --model builds them; "gpt6", a larger GPT
+of 6 layers, width 256, 128 tokens, batch 8, on request with --models), times N training
 steps (forward, loss, backward, AdamW step, zero_grad) of our C program
 (build/bin/bench_ddp --no-ddp --model M --machine) and of the PyTorch
 equivalent, and prints medians with their spread and our time over theirs
@@ -62,12 +63,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NABLA_NUM_THREADS")
 
 # Must match bench_ddp.c (and through it models/*.c and the training programs).
-GPT_VOCAB, GPT_T, GPT_LAYERS, GPT_HEADS, GPT_WIDTH = 79, 64, 4, 4, 128
-BATCH = {"mlp": 8, "cnn": 32, "gpt": 16}
+# GPT shapes: (sequence, layers, heads, width); "gpt6" is bench_ddp's larger GPT.
+GPT_VOCAB = 79
+GPT_SHAPES = {"gpt": (64, 4, 4, 128), "gpt6": (128, 6, 4, 256)}
+BATCH = {"mlp": 8, "cnn": 32, "gpt": 16, "gpt6": 8}
 
 
 def torch_models():
-    """The three models in PyTorch. Imports torch: called only in the PyTorch process."""
+    """The models in PyTorch. Imports torch: called only in the PyTorch process."""
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
@@ -117,11 +120,12 @@ def torch_models():
             return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
 
     class GPT(nn.Module):
-        def __init__(self):
+        def __init__(self, shape):
             super().__init__()
-            self.wte, self.wpe = nn.Embedding(GPT_VOCAB, GPT_WIDTH), nn.Embedding(GPT_T, GPT_WIDTH)
-            self.h = nn.ModuleList(Block(GPT_WIDTH, GPT_HEADS) for _ in range(GPT_LAYERS))
-            self.ln_f = nn.LayerNorm(GPT_WIDTH)
+            t, layers, heads, width = shape
+            self.wte, self.wpe = nn.Embedding(GPT_VOCAB, width), nn.Embedding(t, width)
+            self.h = nn.ModuleList(Block(width, heads) for _ in range(layers))
+            self.ln_f = nn.LayerNorm(width)
 
         def forward(self, idx):
             x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
@@ -129,7 +133,8 @@ def torch_models():
                 x = b(x)
             return self.ln_f(x) @ self.wte.weight.t()  # tied head
 
-    return torch, F, {"mlp": mlp, "cnn": CNN, "gpt": GPT}
+    return torch, F, {"mlp": mlp, "cnn": CNN, "gpt": lambda: GPT(GPT_SHAPES["gpt"]),
+                      "gpt6": lambda: GPT(GPT_SHAPES["gpt6"])}
 
 
 def proc_threads(pid="self"):
@@ -166,8 +171,9 @@ def torch_worker(model_name, steps, intra_op, autocast=False):
     elif model_name == "cnn":
         x, y = torch.randn(b, 1, 8, 8), torch.arange(b) % 10
     else:
-        x = torch.randint(0, GPT_VOCAB, (b, GPT_T))
-        y = torch.randint(0, GPT_VOCAB, (b, GPT_T))
+        t = GPT_SHAPES[model_name][0]
+        x = torch.randint(0, GPT_VOCAB, (b, t))
+        y = torch.randint(0, GPT_VOCAB, (b, t))
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=1e-2)
     times, most = [], 0
@@ -306,7 +312,7 @@ def main():
         o, th = [r["ms"] for r in ours], [r["ms"] for r in theirs]
         fb = [statistics.median(r[k] for r in ours) for k in ("fwd", "bwd", "opt")]
         pairs = [x / y for x, y in zip(o, th)]
-        b = f"{BATCH[m]}x{GPT_T}" if m == "gpt" else str(BATCH[m])
+        b = f"{BATCH[m]}x{GPT_SHAPES[m][0]}" if m in GPT_SHAPES else str(BATCH[m])
         print(f"{m:6} {b:>6} {spread(o, '{:.3f}'):>27} {fb[0]:7.3f} {fb[1]:7.3f} {fb[2]:7.3f} "
               f"{spread(th, '{:.3f}'):>27} {statistics.median(o) / statistics.median(th):6.3f} "
               f"{spread(pairs, '{:.3f}'):>19}", flush=True)
@@ -325,7 +331,7 @@ def main():
             tac.append(run_torch(python, m, a.steps, intra, env_torch, autocast=True))
         o, f, c = ([r["ms"] for r in rs] for rs in (ours, t32, tac))
         pairs = [x / y for x, y in zip(o, c)]
-        b = f"{BATCH[m]}x{GPT_T}" if m == "gpt" else str(BATCH[m])
+        b = f"{BATCH[m]}x{GPT_SHAPES[m][0]}" if m in GPT_SHAPES else str(BATCH[m])
         print(f"{m:6} {b:>6} {spread(o, '{:.3f}'):>27} {spread(f, '{:.3f}'):>27} "
               f"{statistics.median(o) / statistics.median(f):6.3f} {spread(c, '{:.3f}'):>27} "
               f"{statistics.median(o) / statistics.median(c):6.3f} {spread(pairs, '{:.3f}'):>22}", flush=True)
