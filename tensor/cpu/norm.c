@@ -12,6 +12,7 @@
 
 #include "tensor/cpu/norm.h"
 #include "tensor/cpu/simd.h"
+#include "tensor/cpu/threads.h"
 #include "tensor/internal.h"
 
 /* ---- layer norm ----
@@ -22,9 +23,9 @@
 
 #define DEFINE_LAYER_NORM(T)                                                                \
     NB_CPU_CLONES static void layer_norm_##T(T *y, double *mean, double *rstd, const T *x,     \
-                                             const T *w, const T *b, int64_t m, int64_t d,   \
-                                             double eps) {                                  \
-        for (int64_t i = 0; i < m; i++) {                                                   \
+                                             const T *w, const T *b, int64_t i0, int64_t i1, \
+                                             int64_t d, double eps) {                       \
+        for (int64_t i = i0; i < i1; i++) {                                                 \
             const T *xr = x + i * d;                                                        \
             T *yr = y + i * d;                                                              \
             double ls[LANES] = {0}, lv[LANES] = {0}, s = 0, v = 0;                          \
@@ -59,8 +60,9 @@
     NB_CPU_CLONES static void layer_norm_backward_##T(T *dx, double *ws, const T *g,          \
                                                       const T *x, const double *mean,       \
                                                       const double *rstd, const T *w,       \
-                                                      int64_t m, int64_t d, bool want_wb) { \
-        for (int64_t i = 0; i < m; i++) {                                                   \
+                                                      int64_t i0, int64_t i1, int64_t d,    \
+                                                      bool want_wb) {                       \
+        for (int64_t i = i0; i < i1; i++) {                                                 \
             const T *xr = x + i * d, *gr = g + i * d;                                       \
             double mu = mean[i], r = rstd[i], sa = 0, sb = 0;                               \
             double la[LANES] = {0}, lb[LANES] = {0};                                        \
@@ -100,36 +102,98 @@
         }                                                                                   \
     }
 
+/* ws[j] = sum_i g xhat, ws[d + j] = sum_i g for columns [j0, j1), rows in
+ * order: the sums the fused loop above makes, bit for bit. */
+#define DEFINE_LAYER_NORM_WB(T)                                                             \
+    static void layer_norm_wb_##T(double *ws, const T *g, const T *x, const double *mean,      \
+                                  const double *rstd, int64_t m, int64_t d, int64_t j0,     \
+                                  int64_t j1) {                                             \
+        for (int64_t j = j0; j < j1; j++) ws[j] = ws[d + j] = 0;                            \
+        for (int64_t i = 0; i < m; i++) {                                                   \
+            const T *xr = x + i * d, *gr = g + i * d;                                       \
+            double mu = mean[i], r = rstd[i];                                               \
+            for (int64_t j = j0; j < j1; j++) {                                             \
+                double h = ((double)xr[j] - mu) * r;                                        \
+                ws[j] += (double)gr[j] * h;                                                 \
+                ws[d + j] += (double)gr[j];                                                 \
+            }                                                                               \
+        }                                                                                   \
+    }
+
 DEFINE_LAYER_NORM(float)
 DEFINE_LAYER_NORM(double)
+DEFINE_LAYER_NORM_WB(float)
+DEFINE_LAYER_NORM_WB(double)
 
 static const void *data_or_null(const nb_tensor *t) { return t ? t->data : NULL; }
 
+/* Layer norm on the pool: rows in pieces; in backward, with more than one
+ * thread, dx by rows and then dw, db by columns (each column summed over
+ * the rows in order), so both ways give the same bits (Note
+ * [Deterministic parallel kernels] in tensor/cpu/threads.h). */
+typedef struct ln_job {
+    void *y, *ws;
+    double *mean, *rstd;
+    const void *x, *w, *b, *g;
+    const double *cmean, *crstd;
+    int64_t m, d;
+    double eps;
+    bool f32, want_wb;
+} ln_job;
+
+static void ln_range(void *varg, int64_t lo, int64_t hi) {
+    const ln_job *j = varg;
+    if (j->f32)
+        layer_norm_float(j->y, j->mean, j->rstd, j->x, j->w, j->b, lo, hi, j->d, j->eps);
+    else
+        layer_norm_double(j->y, j->mean, j->rstd, j->x, j->w, j->b, lo, hi, j->d, j->eps);
+}
+
 void nb__cpu_layer_norm(nb_tensor *y, nb_tensor *mean, nb_tensor *rstd, const nb_tensor *x,
                         const nb_tensor *w, const nb_tensor *b, int64_t m, int64_t d, double eps) {
-    if (x->dtype == NB_F32)
-        layer_norm_float(y->data, mean->data, rstd->data, x->data, data_or_null(w),
-                         data_or_null(b), m, d, eps);
+    ln_job j = {.y = y->data, .mean = mean->data, .rstd = rstd->data, .x = x->data,
+                .w = data_or_null(w), .b = data_or_null(b), .m = m, .d = d, .eps = eps,
+                .f32 = x->dtype == NB_F32};
+    nb__parallel_range(m, nb__grain(3 * d), ln_range, &j);
+}
+
+static void ln_backward_range(void *varg, int64_t lo, int64_t hi) {
+    const ln_job *j = varg;
+    if (j->f32)
+        layer_norm_backward_float(j->y, j->ws, j->g, j->x, j->cmean, j->crstd, j->w, lo, hi, j->d,
+                                  j->want_wb);
     else
-        layer_norm_double(y->data, mean->data, rstd->data, x->data, data_or_null(w),
-                          data_or_null(b), m, d, eps);
+        layer_norm_backward_double(j->y, j->ws, j->g, j->x, j->cmean, j->crstd, j->w, lo, hi,
+                                   j->d, j->want_wb);
+}
+
+static void ln_wb_range(void *varg, int64_t lo, int64_t hi) {
+    const ln_job *j = varg;
+    if (j->f32) layer_norm_wb_float(j->ws, j->g, j->x, j->cmean, j->crstd, j->m, j->d, lo, hi);
+    else layer_norm_wb_double(j->ws, j->g, j->x, j->cmean, j->crstd, j->m, j->d, lo, hi);
 }
 
 void nb__cpu_layer_norm_backward(nb_tensor *dx, nb_tensor *dw, nb_tensor *db, double *ws,
                                  const nb_tensor *g, const nb_tensor *x, const nb_tensor *mean,
                                  const nb_tensor *rstd, const nb_tensor *w, int64_t m, int64_t d) {
     bool want_wb = dw || db;
-    for (int64_t j = 0; want_wb && j < 2 * d; j++) ws[j] = 0;
-    if (x->dtype == NB_F32)
-        layer_norm_backward_float(dx ? dx->data : NULL, ws, g->data, x->data, mean->data,
-                                  rstd->data, data_or_null(w), m, d, want_wb);
-    else
-        layer_norm_backward_double(dx ? dx->data : NULL, ws, g->data, x->data, mean->data,
-                                   rstd->data, data_or_null(w), m, d, want_wb);
+    ln_job j = {.y = dx ? dx->data : NULL, .ws = ws, .x = x->data, .w = data_or_null(w),
+                .g = g->data, .cmean = mean->data, .crstd = rstd->data, .m = m, .d = d,
+                .f32 = x->dtype == NB_F32};
+    int64_t grain = nb__grain(3 * d);
+    if (nb__parallel_threads(nb__chunk_count(m, grain)) == 1) {
+        for (int64_t k = 0; want_wb && k < 2 * d; k++) ws[k] = 0;
+        j.want_wb = want_wb;
+        ln_backward_range(&j, 0, m);
+    } else {
+        if (dx) nb__parallel_range(m, grain, ln_backward_range, &j);
+        /* columns in pieces of 64 (a cache line of doubles per row and sum) */
+        if (want_wb) nb__parallel_range(d, 64, ln_wb_range, &j);
+    }
     size_t es = nb_dtype_size(x->dtype);
-    for (int64_t j = 0; j < d; j++) {
-        if (dw) nb__store((char *)dw->data + j * (int64_t)es, dw->dtype, ws[j]);
-        if (db) nb__store((char *)db->data + j * (int64_t)es, db->dtype, ws[d + j]);
+    for (int64_t k = 0; k < d; k++) {
+        if (dw) nb__store((char *)dw->data + k * (int64_t)es, dw->dtype, ws[k]);
+        if (db) nb__store((char *)db->data + k * (int64_t)es, db->dtype, ws[d + k]);
     }
 }
 
