@@ -96,26 +96,46 @@ static void backward_pair(void *varg, int64_t pair, int tid) {
     gemm(dt, true, false, s.t, s.d, s.t, ph, s.t, g, s.c, dv, w);
 }
 
-/* Note [Heads on the thread pool] */
-static void run_pairs(int64_t pairs, nb__task_fn fn, heads_job *j) {
+/* Note [Heads on the thread pool]. Pairs of fewer than ~2^18 multiply-adds
+ * (T = 64, D = 64) go in groups, so that a chunk is worth waking a thread
+ * for. */
+typedef struct group_job {
+    nb__task_fn fn;
+    heads_job *j;
+    int64_t pairs, per;
+} group_job;
+
+static void run_group(void *varg, int64_t c, int tid) {
+    const group_job *gj = varg;
+    for (int64_t q = c * gj->per; q < (c + 1) * gj->per && q < gj->pairs; q++) gj->fn(gj->j, q, tid);
+}
+
+static int64_t pairs_per_chunk(const nb_tensor *qkv, int h) {
+    dims s = get_dims(qkv, h);
+    int64_t work = s.t * s.t * (s.d > 0 ? s.d : 1);
+    return work >= ((int64_t)1 << 18) ? 1 : ((int64_t)1 << 18) / work;
+}
+
+static void run_pairs(int64_t pairs, int64_t per, nb__task_fn fn, heads_job *j) {
     int blas = openblas_get_num_threads();
     if (blas != 1) openblas_set_num_threads(1);
-    nb__parallel_for(pairs, fn, j);
+    group_job gj = {fn, j, pairs, per};
+    nb__parallel_for(nb__chunk_count(pairs, per), run_group, &gj);
     if (blas != 1) openblas_set_num_threads(blas);
 }
 
 void nb__cpu_causal_attention(nb_tensor *y, nb_tensor *p, const nb_tensor *qkv, int h,
                               double scale) {
     heads_job j = {.y = y, .qkv = qkv, .p = p, .h = h, .scale = scale};
-    run_pairs(qkv->shape[0] * h, forward_pair, &j);
+    run_pairs(qkv->shape[0] * h, pairs_per_chunk(qkv, h), forward_pair, &j);
 }
 
 void nb__cpu_causal_attention_backward(nb_tensor *dqkv, nb_tensor *scratch, const nb_tensor *qkv,
                                        const nb_tensor *p, const nb_tensor *gy, int h,
                                        double scale) {
     dims s = get_dims(qkv, h);
-    int64_t pairs = s.n * h;
-    int threads = nb__parallel_threads(pairs);
+    int64_t pairs = s.n * h, per = pairs_per_chunk(qkv, h);
+    int threads = nb__parallel_threads(nb__chunk_count(pairs, per));
     heads_job j = {.dqkv = dqkv, .qkv = qkv, .p = p, .gy = gy, .h = h, .scale = scale,
                    .scratch0 = scratch->data};
     if (threads > 1) {
@@ -123,6 +143,6 @@ void nb__cpu_causal_attention_backward(nb_tensor *dqkv, nb_tensor *scratch, cons
         NB_CHECK(j.scratch_more, "nb causal attention backward: out of memory for %d scratch "
                  "blocks of %lld x %lld", threads - 1, (long long)s.t, (long long)s.t);
     }
-    run_pairs(pairs, backward_pair, &j);
+    run_pairs(pairs, per, backward_pair, &j);
     free(j.scratch_more);
 }

@@ -2,23 +2,28 @@
  * (include/nabla/threads.h).
  *
  * Workers are started on the first job after the size is set, and live
- * until the size changes. A job is published by bumping a generation
- * counter; workers take chunks from an atomic counter, so a slow thread
- * takes fewer (the result does not depend on who runs what: Note
- * [Deterministic parallel kernels] in threads.h). Between jobs a worker
- * spins for a short while (a step's kernels come back to back) and then
- * sleeps on a condition variable, so an idle pool does not take a core
- * from OpenBLAS, Gloo or another process; the caller waits for the last
- * worker the same way. One job at a time: a job started while another
- * thread's job holds the pool, or from inside a chunk, runs on its caller
- * alone. After fork() the child has no workers; it starts its own on its
- * first job. */
+ * until the size changes. A job is published as a new generation of a
+ * ticket word (generation << 32 | next chunk); a thread claims a chunk by
+ * compare-and-swap on the ticket, so a claim can only succeed for the
+ * generation it was read in, and counts the chunks it completes. The
+ * caller claims chunks too and then waits only for chunks that others
+ * claimed: a worker that was not scheduled in time (a loaded machine)
+ * finds nothing left and costs nothing. Which thread runs which chunk is
+ * then a matter of timing, and irrelevant (Note [Deterministic parallel
+ * kernels] in threads.h). Between jobs a worker spins for a short while
+ * (a step's kernels come back to back) and then sleeps on a condition
+ * variable, so an idle pool does not take a core from OpenBLAS, Gloo or
+ * another process; the caller waits for the last claimed chunk the same
+ * way. One job at a time: a job started while another thread's job holds
+ * the pool, or from inside a chunk, runs on its caller alone. After fork()
+ * the child has no workers; it starts its own on its first job. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -45,20 +50,21 @@ typedef struct pool {
     pthread_mutex_t mu; /* guards the sleeping and the worker set */
     pthread_cond_t wake, done;
     _Atomic int size; /* threads a job may use, the caller's included; 0 = unresolved */
-    int nworkers;  /* started workers (size - 1 once started) */
+    int nworkers;     /* started workers (size - 1 once started) */
     pthread_t *workers;
     bool stop;
-    uint_fast64_t base_gen; /* the generation before the new workers' first job */
-    int sleepers; /* workers waiting on `wake` */
+    uint32_t base_gen; /* the generation before the new workers' first job */
+    int sleepers;      /* workers waiting on `wake` */
     bool caller_sleeps;
-    /* the job */
-    atomic_uint_fast64_t gen;
+    /* the job: fn and arg are read only by a thread holding a claim */
+    atomic_uint_fast64_t ticket; /* generation << 32 | next chunk */
+    _Atomic int64_t n;
     nb__task_fn fn;
     void *arg;
-    int64_t n;
-    atomic_int_fast64_t next;
-    atomic_int pending; /* workers that have not finished the current job */
+    atomic_int_fast64_t completed; /* chunks of the current job done */
 } pool;
+
+static uint32_t gen_of(uint_fast64_t t) { return (uint32_t)(t >> 32); }
 
 static pool P = {.mu = PTHREAD_MUTEX_INITIALIZER,
                  .wake = PTHREAD_COND_INITIALIZER,
@@ -105,31 +111,52 @@ static int size_from_env(void) {
 }
 
 /* ---- workers ---- */
-static void run_chunks(int tid) {
+/* Claims and runs chunks of generation g until none is left. */
+static void run_chunks(uint32_t g, int tid) {
     bool was = in_job;
     in_job = true;
+    uint_fast64_t t = atomic_load_explicit(&P.ticket, memory_order_acquire);
     for (;;) {
-        int64_t c = atomic_fetch_add_explicit(&P.next, 1, memory_order_relaxed);
-        if (c >= P.n) break;
-        P.fn(P.arg, c, tid);
+        /* n read after the ticket: when the claim below succeeds, the
+         * generation did not change in between, so n is this job's */
+        int64_t n = atomic_load_explicit(&P.n, memory_order_acquire);
+        if (gen_of(t) == g && (uint32_t)t == UINT32_MAX) { /* being published */
+            cpu_relax();
+            t = atomic_load_explicit(&P.ticket, memory_order_acquire);
+            continue;
+        }
+        if (gen_of(t) != g || (int64_t)(uint32_t)t >= n || tid >= n) break;
+        if (!atomic_compare_exchange_weak_explicit(&P.ticket, &t, t + 1, memory_order_acq_rel,
+                                                   memory_order_acquire))
+            continue;
+        P.fn(P.arg, (int64_t)(uint32_t)t, tid);
+        int64_t done = atomic_fetch_add_explicit(&P.completed, 1, memory_order_acq_rel) + 1;
+        if (done == n && tid != 0) {
+            pthread_mutex_lock(&P.mu);
+            if (P.caller_sleeps) pthread_cond_signal(&P.done);
+            pthread_mutex_unlock(&P.mu);
+        }
+        t = atomic_load_explicit(&P.ticket, memory_order_acquire);
     }
     in_job = was;
 }
 
 static void *worker_main(void *varg) {
     int tid = (int)(intptr_t)varg;
-    uint_fast64_t seen = P.base_gen; /* not gen: a job may be out already */
+    uint32_t seen = P.base_gen; /* not the ticket's: a job may be out already */
     for (;;) {
-        uint_fast64_t g;
+        uint32_t g;
         int spins = 0;
-        while ((g = atomic_load_explicit(&P.gen, memory_order_acquire)) == seen && spins < SPIN) {
+        while ((g = gen_of(atomic_load_explicit(&P.ticket, memory_order_acquire))) == seen &&
+               spins < SPIN) {
             cpu_relax();
             spins++;
         }
         if (g == seen) {
             pthread_mutex_lock(&P.mu);
             P.sleepers++;
-            while ((g = atomic_load_explicit(&P.gen, memory_order_acquire)) == seen && !P.stop)
+            while ((g = gen_of(atomic_load_explicit(&P.ticket, memory_order_acquire))) == seen &&
+                   !P.stop)
                 pthread_cond_wait(&P.wake, &P.mu);
             P.sleepers--;
             bool stop = P.stop;
@@ -137,12 +164,7 @@ static void *worker_main(void *varg) {
             if (stop) return NULL;
         }
         seen = g;
-        if (tid < P.n) run_chunks(tid); /* tids stay below min(n, size) */
-        if (atomic_fetch_sub_explicit(&P.pending, 1, memory_order_acq_rel) == 1) {
-            pthread_mutex_lock(&P.mu);
-            if (P.caller_sleeps) pthread_cond_signal(&P.done);
-            pthread_mutex_unlock(&P.mu);
-        }
+        run_chunks(g, tid);
     }
 }
 
@@ -191,7 +213,7 @@ static void ensure_started(void) {
     if (P.nworkers == P.size - 1) return;
     pthread_once(&atfork_once, install_atfork);
     stop_workers();
-    P.base_gen = atomic_load_explicit(&P.gen, memory_order_relaxed);
+    P.base_gen = gen_of(atomic_load_explicit(&P.ticket, memory_order_relaxed));
     P.workers = malloc((size_t)(P.size - 1) * sizeof *P.workers);
     NB_CHECK(P.workers, "nb thread pool: out of memory for %d threads", P.size);
     for (int i = 0; i < P.size - 1; i++) {
@@ -220,7 +242,8 @@ static void run_alone(int64_t n, nb__task_fn fn, void *arg) {
 
 void nb__parallel_for(int64_t n, nb__task_fn fn, void *arg) {
     if (n <= 0) return;
-    if (n == 1 || nb_get_num_threads() == 1 || in_job || pthread_mutex_trylock(&busy) != 0) {
+    if (n == 1 || n >= INT32_MAX || nb_get_num_threads() == 1 || in_job ||
+        pthread_mutex_trylock(&busy) != 0) {
         run_alone(n, fn, arg);
         return;
     }
@@ -230,25 +253,30 @@ void nb__parallel_for(int64_t n, nb__task_fn fn, void *arg) {
         run_alone(n, fn, arg);
         return;
     }
+    /* The new generation first with no chunk to claim (index 2^32 - 1),
+     * so that no claim of the previous one can succeed while the job's
+     * fields change; then its first chunk. */
+    uint32_t g = gen_of(atomic_load_explicit(&P.ticket, memory_order_relaxed)) + 1;
+    atomic_store_explicit(&P.ticket, (uint_fast64_t)g << 32 | UINT32_MAX, memory_order_seq_cst);
     P.fn = fn;
     P.arg = arg;
-    P.n = n;
-    atomic_store_explicit(&P.next, 0, memory_order_relaxed);
-    atomic_store_explicit(&P.pending, P.nworkers, memory_order_relaxed);
-    atomic_fetch_add_explicit(&P.gen, 1, memory_order_release);
+    /* release: whoever reads this n also sees the invalidation above */
+    atomic_store_explicit(&P.completed, 0, memory_order_relaxed);
+    atomic_store_explicit(&P.n, n, memory_order_release);
+    atomic_store_explicit(&P.ticket, (uint_fast64_t)g << 32, memory_order_release);
     pthread_mutex_lock(&P.mu);
     if (P.sleepers) pthread_cond_broadcast(&P.wake);
     pthread_mutex_unlock(&P.mu);
-    run_chunks(0);
+    run_chunks(g, 0);
     int spins = 0;
-    while (atomic_load_explicit(&P.pending, memory_order_acquire) != 0 && spins < SPIN) {
+    while (atomic_load_explicit(&P.completed, memory_order_acquire) != n && spins < SPIN) {
         cpu_relax();
         spins++;
     }
-    if (atomic_load_explicit(&P.pending, memory_order_acquire) != 0) {
+    if (atomic_load_explicit(&P.completed, memory_order_acquire) != n) {
         pthread_mutex_lock(&P.mu);
         P.caller_sleeps = true;
-        while (atomic_load_explicit(&P.pending, memory_order_acquire) != 0)
+        while (atomic_load_explicit(&P.completed, memory_order_acquire) != n)
             pthread_cond_wait(&P.done, &P.mu);
         P.caller_sleeps = false;
         pthread_mutex_unlock(&P.mu);
