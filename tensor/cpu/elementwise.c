@@ -72,8 +72,8 @@ static void iter_init(iter *it, const nb_tensor *out, int nin, const nb_tensor *
 static void iter_run_range(const iter *it, inner_fn fn, const void *arg, int64_t start,
                            int64_t end) {
     int last = it->ndim - 1;
-    int64_t idx[NB_MAX_DIMS], rem = start;
-    for (int d = last; d >= 0; d--) {
+    int64_t idx[NB_MAX_DIMS] = {0}, rem = start;
+    for (int d = last; d >= 0 && rem; d--) {
         idx[d] = rem % it->shape[d];
         rem /= it->shape[d];
     }
@@ -142,6 +142,12 @@ static void split_chunk(void *varg, int64_t c, int tid) {
 }
 
 static void iter_run_on(iter *it, inner_fn fn, const void *arg, bool parallel) {
+    if (it->ndim == 1 && it->shape[0] < 2 * GRAIN) { /* small and flat: the fixed cost */
+        int64_t st[MAXOPS];
+        for (int k = 0; k < it->nops; k++) st[k] = it->st[k][0];
+        if (it->shape[0] > 0) fn(it->shape[0], it->ptr, st, arg);
+        return;
+    }
     int64_t total = 1;
     for (int d = 0; d < it->ndim; d++) total *= it->shape[d];
     if (total == 0) return;

@@ -26,6 +26,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "nabla/error.h"
@@ -33,10 +34,12 @@
 #include "tensor/cpu/threads.h"
 
 #define MAX_THREADS 1024
-/* Pause iterations a waiting thread spins before it sleeps: about 20-40
- * us on the machines we measured, longer than the gap between two
- * kernels of a step, far shorter than what a sleeping worker is woken for. */
-#define SPIN 4000
+/* A waiting thread spins for SPIN_NS before it sleeps: longer than the
+ * gap between two kernels of a step, far shorter than what a sleeping
+ * worker is woken for. While spinning it yields the core every few
+ * iterations, so that another runnable thread on it (OpenBLAS's worker,
+ * which spins after a GEMM too) is not kept waiting. */
+#define SPIN_NS 50000
 
 static inline void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -44,6 +47,23 @@ static inline void cpu_relax(void) {
 #elif defined(__aarch64__)
     __asm__ __volatile__("yield");
 #endif
+}
+
+static int64_t now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+/* One step of a spin that started at *start (0: not yet); false once
+ * SPIN_NS have passed. */
+static bool spin_on(int64_t *start, int *iter) {
+    cpu_relax();
+    if (++*iter % 64) return true;
+    int64_t t = now_ns();
+    if (*start == 0) *start = t;
+    sched_yield();
+    return t - *start < SPIN_NS;
 }
 
 typedef struct pool {
@@ -146,11 +166,10 @@ static void *worker_main(void *varg) {
     uint32_t seen = P.base_gen; /* not the ticket's: a job may be out already */
     for (;;) {
         uint32_t g;
-        int spins = 0;
+        int64_t start = 0;
+        int iter = 0;
         while ((g = gen_of(atomic_load_explicit(&P.ticket, memory_order_acquire))) == seen &&
-               spins < SPIN) {
-            cpu_relax();
-            spins++;
+               spin_on(&start, &iter)) {
         }
         if (g == seen) {
             pthread_mutex_lock(&P.mu);
@@ -268,10 +287,9 @@ void nb__parallel_for(int64_t n, nb__task_fn fn, void *arg) {
     if (P.sleepers) pthread_cond_broadcast(&P.wake);
     pthread_mutex_unlock(&P.mu);
     run_chunks(g, 0);
-    int spins = 0;
-    while (atomic_load_explicit(&P.completed, memory_order_acquire) != n && spins < SPIN) {
-        cpu_relax();
-        spins++;
+    int64_t start = 0;
+    int iter = 0;
+    while (atomic_load_explicit(&P.completed, memory_order_acquire) != n && spin_on(&start, &iter)) {
     }
     if (atomic_load_explicit(&P.completed, memory_order_acquire) != n) {
         pthread_mutex_lock(&P.mu);
