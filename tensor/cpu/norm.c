@@ -9,6 +9,7 @@
  *   dw = sum over the other dims of g xhat,   db = sum of g.
  * Batch norm in eval mode uses fixed statistics: dx = g w invstd. */
 #include <math.h>
+#include <stdlib.h>
 
 #include "tensor/cpu/norm.h"
 #include "tensor/cpu/simd.h"
@@ -102,41 +103,22 @@
         }                                                                                   \
     }
 
-/* ws[j] = sum_i g xhat, ws[d + j] = sum_i g for columns [j0, j1), rows in
- * order: the sums the fused loop above makes, bit for bit. */
-#define DEFINE_LAYER_NORM_WB(T)                                                             \
-    static void layer_norm_wb_##T(double *ws, const T *g, const T *x, const double *mean,      \
-                                  const double *rstd, int64_t m, int64_t d, int64_t j0,     \
-                                  int64_t j1) {                                             \
-        for (int64_t j = j0; j < j1; j++) ws[j] = ws[d + j] = 0;                            \
-        for (int64_t i = 0; i < m; i++) {                                                   \
-            const T *xr = x + i * d, *gr = g + i * d;                                       \
-            double mu = mean[i], r = rstd[i];                                               \
-            for (int64_t j = j0; j < j1; j++) {                                             \
-                double h = ((double)xr[j] - mu) * r;                                        \
-                ws[j] += (double)gr[j] * h;                                                 \
-                ws[d + j] += (double)gr[j];                                                 \
-            }                                                                               \
-        }                                                                                   \
-    }
-
 DEFINE_LAYER_NORM(float)
 DEFINE_LAYER_NORM(double)
-DEFINE_LAYER_NORM_WB(float)
-DEFINE_LAYER_NORM_WB(double)
 
 static const void *data_or_null(const nb_tensor *t) { return t ? t->data : NULL; }
 
-/* Layer norm on the pool: rows in pieces; in backward, with more than one
- * thread, dx by rows and then dw, db by columns (each column summed over
- * the rows in order), so both ways give the same bits (Note
+/* Layer norm on the pool: rows in pieces. In backward, dw and db are sums
+ * over the rows: each piece of rows (a size fixed by m and d) sums into
+ * its own partial, in the same pass as its dx, and the partials are added
+ * in piece order, so any thread count gives the same bits (Note
  * [Deterministic parallel kernels] in tensor/cpu/threads.h). */
 typedef struct ln_job {
-    void *y, *ws;
-    double *mean, *rstd;
+    void *y;
+    double *mean, *rstd, *partial;
     const void *x, *w, *b, *g;
     const double *cmean, *crstd;
-    int64_t m, d;
+    int64_t m, d, rows;
     double eps;
     bool f32, want_wb;
 } ln_job;
@@ -157,39 +139,45 @@ void nb__cpu_layer_norm(nb_tensor *y, nb_tensor *mean, nb_tensor *rstd, const nb
     nb__parallel_range(m, nb__grain(3 * d), ln_range, &j);
 }
 
-static void ln_backward_range(void *varg, int64_t lo, int64_t hi) {
+static void ln_backward_piece(void *varg, int64_t c, int tid) {
+    (void)tid;
     const ln_job *j = varg;
+    int64_t lo = c * j->rows, hi = lo + j->rows < j->m ? lo + j->rows : j->m;
+    double *ws = j->want_wb ? j->partial + c * 2 * j->d : NULL;
+    for (int64_t k = 0; ws && k < 2 * j->d; k++) ws[k] = 0;
     if (j->f32)
-        layer_norm_backward_float(j->y, j->ws, j->g, j->x, j->cmean, j->crstd, j->w, lo, hi, j->d,
+        layer_norm_backward_float(j->y, ws, j->g, j->x, j->cmean, j->crstd, j->w, lo, hi, j->d,
                                   j->want_wb);
     else
-        layer_norm_backward_double(j->y, j->ws, j->g, j->x, j->cmean, j->crstd, j->w, lo, hi,
-                                   j->d, j->want_wb);
-}
-
-static void ln_wb_range(void *varg, int64_t lo, int64_t hi) {
-    const ln_job *j = varg;
-    if (j->f32) layer_norm_wb_float(j->ws, j->g, j->x, j->cmean, j->crstd, j->m, j->d, lo, hi);
-    else layer_norm_wb_double(j->ws, j->g, j->x, j->cmean, j->crstd, j->m, j->d, lo, hi);
+        layer_norm_backward_double(j->y, ws, j->g, j->x, j->cmean, j->crstd, j->w, lo, hi, j->d,
+                                   j->want_wb);
 }
 
 void nb__cpu_layer_norm_backward(nb_tensor *dx, nb_tensor *dw, nb_tensor *db, double *ws,
                                  const nb_tensor *g, const nb_tensor *x, const nb_tensor *mean,
                                  const nb_tensor *rstd, const nb_tensor *w, int64_t m, int64_t d) {
     bool want_wb = dw || db;
-    ln_job j = {.y = dx ? dx->data : NULL, .ws = ws, .x = x->data, .w = data_or_null(w),
-                .g = g->data, .cmean = mean->data, .crstd = rstd->data, .m = m, .d = d,
-                .f32 = x->dtype == NB_F32};
-    int64_t grain = nb__grain(3 * d);
-    if (nb__parallel_threads(nb__chunk_count(m, grain)) == 1) {
-        for (int64_t k = 0; want_wb && k < 2 * d; k++) ws[k] = 0;
-        j.want_wb = want_wb;
-        ln_backward_range(&j, 0, m);
-    } else {
-        if (dx) nb__parallel_range(m, grain, ln_backward_range, &j);
-        /* columns in pieces of 64 (a cache line of doubles per row and sum) */
-        if (want_wb) nb__parallel_range(d, 64, ln_wb_range, &j);
+    /* pieces of rows: at least the pool's grain, at most 16 of them */
+    int64_t rows = nb__grain(3 * d), cap = (m + 15) / 16;
+    rows = rows > cap ? rows : cap;
+    int64_t pieces = nb__chunk_count(m, rows);
+    ln_job j = {.y = dx ? dx->data : NULL, .x = x->data, .w = data_or_null(w), .g = g->data,
+                .cmean = mean->data, .crstd = rstd->data, .m = m, .d = d, .rows = rows,
+                .f32 = x->dtype == NB_F32, .want_wb = want_wb};
+    j.partial = want_wb && pieces > 1 ? malloc((size_t)(pieces * 2 * d) * sizeof(double)) : ws;
+    NB_CHECK(!want_wb || j.partial, "nb_layer_norm backward: out of memory for %lld partial sums "
+             "of %lld", (long long)pieces, (long long)(2 * d));
+    if (m > 0) nb__parallel_for(pieces, ln_backward_piece, &j);
+    if (want_wb && pieces > 1) {
+        for (int64_t k = 0; k < 2 * d; k++) {
+            double acc = 0;
+            for (int64_t c = 0; c < pieces; c++) acc += j.partial[c * 2 * d + k];
+            ws[k] = acc;
+        }
+        free(j.partial);
     }
+    if (want_wb && m == 0)
+        for (int64_t k = 0; k < 2 * d; k++) ws[k] = 0;
     size_t es = nb_dtype_size(x->dtype);
     for (int64_t k = 0; k < d; k++) {
         if (dw) nb__store((char *)dw->data + k * (int64_t)es, dw->dtype, ws[k]);
