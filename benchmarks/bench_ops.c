@@ -10,10 +10,15 @@
  * share of a time budget; the whole program takes well under 30 s.
  * `--quick` runs tiny sizes (a smoke check); `--fixed-cost` only the
  * fixed-cost rows (for before/after comparisons of the op front end, run
- * interleaved several times). Exits 1 if nb_matmul and cblas_sgemm
+ * interleaved several times); `--kernels` only nabla's own kernels on a GPT
+ * step's shapes at 1 and 2 threads of nabla's pool (nb_set_num_threads,
+ * the two counts interleaved round by round) and the attention's per-head
+ * GEMMs three ways (see bench_heads). Exits 1 if nb_matmul and cblas_sgemm
  * disagree. */
 #include <cblas.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,7 +28,7 @@
 #include <nabla/nabla.h>
 
 typedef struct bench_cfg {
-    bool quick, fixed_only;
+    bool quick, fixed_only, kernels;
     double budget_s; /* per measured function */
 } bench_cfg;
 
@@ -225,6 +230,243 @@ static void bench_fixed_cost(const bench_cfg *cfg, nb_ctx *pers, nb_ctx *step) {
     row("  (of which nb_ctx_reset)", "-", t_reset, "", "", "");
 }
 
+/* ---- nabla's kernels at 1 and 2 pool threads ----
+ * Shapes of the GPT of benchmarks/RESULTS.md (L6 C256 T128 b8: 1024 rows
+ * of 256, MLP width 1024, 8 heads) and a vocabulary of 8192. */
+typedef struct kern_arg {
+    nb_ctx *step;
+    nb_tensor *x, *x4, *x3, *w, *b, *logits, *big, *scores, *g, *g4, *g3;
+    nb_tensor *targets;
+    nb_module *attn;
+    nb_optim *opt;
+} kern_arg;
+
+static void k_add(void *p) {
+    kern_arg *a = p;
+    nb_ctx_reset(a->step);
+    nb_add(a->step, a->x4, a->x4);
+}
+static void k_gelu(void *p) {
+    kern_arg *a = p;
+    nb_ctx_reset(a->step);
+    nb_gelu(a->step, a->x4, NB_GELU_TANH);
+}
+static void k_gelu_bwd(void *p) {
+    kern_arg *a = p;
+    nb_ctx_reset(a->step);
+    nb_backward_with(nb_gelu(a->step, a->x4, NB_GELU_TANH), a->g4);
+}
+static void k_ln(void *p) {
+    kern_arg *a = p;
+    nb_ctx_reset(a->step);
+    nb_layer_norm(a->step, a->x, 1, a->w, a->b, 1e-5);
+}
+static void k_ln_bwd(void *p) {
+    kern_arg *a = p;
+    nb_ctx_reset(a->step);
+    nb_backward_with(nb_layer_norm(a->step, a->x, 1, a->w, a->b, 1e-5), a->g);
+}
+static void k_softmax_causal(void *p) {
+    kern_arg *a = p;
+    nb_ctx_reset(a->step);
+    nb_softmax_causal(a->step, a->scores, 0.125);
+}
+static void k_ce(void *p) {
+    kern_arg *a = p;
+    nb_ctx_reset(a->step);
+    nb_backward(nb_cross_entropy(a->step, a->logits, a->targets, NULL));
+}
+static void k_sum(void *p) {
+    kern_arg *a = p;
+    nb_ctx_reset(a->step);
+    nb_sum_all(a->step, a->big);
+}
+static void k_attn(void *p) {
+    kern_arg *a = p;
+    nb_ctx_reset(a->step);
+    nb_backward_with(nb_module_forward(a->attn, a->step, a->x3), a->g3);
+}
+static void k_adamw(void *p) { nb_optim_step(((kern_arg *)p)->opt); }
+
+static void bench_kernels(const bench_cfg *cfg, nb_ctx *pers, nb_ctx *step) {
+    int64_t rows = cfg->quick ? 64 : 1024, c = cfg->quick ? 32 : 256, v = cfg->quick ? 64 : 8192;
+    int64_t bt = cfg->quick ? 2 : 8, t = cfg->quick ? 32 : 128, h = 8;
+    nb_rng rng = nb_rng_make(3);
+    kern_arg a = {.step = step};
+    a.x = nb_rand_normal(pers, NB_F32, 2, (int64_t[]){rows, c}, 0, 1, &rng);
+    a.x4 = nb_rand_normal(pers, NB_F32, 2, (int64_t[]){rows, 4 * c}, 0, 1, &rng);
+    a.g = nb_rand_normal(pers, NB_F32, 2, (int64_t[]){rows, c}, 0, 1, &rng);
+    a.g4 = nb_rand_normal(pers, NB_F32, 2, (int64_t[]){rows, 4 * c}, 0, 1, &rng);
+    a.x3 = nb_reshape(pers, a.x, 3, (int64_t[]){bt, t, c});
+    a.g3 = nb_reshape(pers, a.g, 3, (int64_t[]){bt, t, c});
+    a.w = nb_rand_normal(pers, NB_F32, 1, &c, 1, 0.1, &rng);
+    a.b = nb_rand_normal(pers, NB_F32, 1, &c, 0, 0.1, &rng);
+    a.logits = nb_rand_normal(pers, NB_F32, 2, (int64_t[]){rows, v}, 0, 1, &rng);
+    a.scores = nb_rand_normal(pers, NB_F32, 3, (int64_t[]){bt * h, t, t}, 0, 1, &rng);
+    a.big = nb_rand_normal(pers, NB_F32, 1, (int64_t[]){(int64_t)1 << (cfg->quick ? 16 : 22)}, 0, 1, &rng);
+    int64_t *tg = malloc((size_t)rows * sizeof *tg);
+    for (int64_t i = 0; i < rows; i++) tg[i] = (i * 7919) % v;
+    a.targets = nb_from_host(pers, NB_I64, 1, &rows, tg);
+    free(tg);
+    nb_set_requires_grad(a.x, true);
+    nb_set_requires_grad(a.x4, true);
+    nb_set_requires_grad(a.w, true);
+    nb_set_requires_grad(a.b, true);
+    nb_set_requires_grad(a.logits, true);
+    a.attn = nb_causal_self_attention_new(pers, NB_F32, c, (int)h, NULL, &rng);
+    /* AdamW over the parameters of a 6-layer block stack of width C */
+    int64_t per_layer = 12 * c * c + 13 * c, n_par = 6 * per_layer;
+    nb_tensor *par = nb_rand_normal(pers, NB_F32, 1, &n_par, 0, 0.02, &rng);
+    nb_set_requires_grad(par, true);
+    nb_tensor *gp = nb_rand_normal(pers, NB_F32, 1, &n_par, 0, 0.02, &rng);
+    nb_backward_with(nb_mul_scalar(step, par, 1.0), gp);
+    nb_ctx_reset(step);
+    nb_named_tensor np = {"p", par};
+    nb_optim_hparams hp = NB_ADAMW_DEFAULTS;
+    a.opt = nb_optim_new(NB_OPTIM_ADAMW, &np, 1, &hp);
+
+    char shape_rc[32], shape_r4c[32], shape_rv[32], shape_att[48], shape_big[32], shape_p[32];
+    snprintf(shape_rc, sizeof shape_rc, "%lldx%lld", (long long)rows, (long long)c);
+    snprintf(shape_r4c, sizeof shape_r4c, "%lldx%lld", (long long)rows, (long long)(4 * c));
+    snprintf(shape_rv, sizeof shape_rv, "%lldx%lld", (long long)rows, (long long)v);
+    snprintf(shape_att, sizeof shape_att, "%lldx%lldx%lld, %lld heads", (long long)bt, (long long)t,
+             (long long)c, (long long)h);
+    snprintf(shape_big, sizeof shape_big, "%lld", (long long)nb_numel(a.big));
+    snprintf(shape_p, sizeof shape_p, "%lld params", (long long)n_par);
+    struct { const char *name, *shape; bench_fn fn; } cases[] = {
+        {"nb_add f32", shape_r4c, k_add},
+        {"nb_gelu tanh", shape_r4c, k_gelu},
+        {"nb_gelu tanh fwd+bwd", shape_r4c, k_gelu_bwd},
+        {"nb_layer_norm", shape_rc, k_ln},
+        {"nb_layer_norm fwd+bwd", shape_rc, k_ln_bwd},
+        {"nb_softmax_causal", shape_att, k_softmax_causal},
+        {"nb_cross_entropy fwd+bwd", shape_rv, k_ce},
+        {"nb_sum_all", shape_big, k_sum},
+        {"attention layer fwd+bwd", shape_att, k_attn},
+        {"AdamW step", shape_p, k_adamw},
+    };
+    int n = (int)(sizeof cases / sizeof cases[0]);
+    print_row("kernel (nabla's pool)", "shape", "1 thread", "2 threads", "speedup", "");
+    for (int i = 0; i < n; i++) {
+        double best[2] = {INFINITY, INFINITY};
+        for (int k = 0; k < 2; k++) {
+            nb_set_num_threads(k + 1);
+            cases[i].fn(&a);
+        }
+        for (int r = 0; r < ROUNDS; r++)
+            for (int k = 0; k < 2; k++) {
+                nb_set_num_threads(k + 1);
+                double tk = time_per_call(cases[i].fn, &a, cfg->budget_s / ROUNDS);
+                if (tk < best[k]) best[k] = tk;
+            }
+        char t1[32], t2[32], sp[32];
+        fmt_time(best[0], t1, sizeof t1);
+        fmt_time(best[1], t2, sizeof t2);
+        snprintf(sp, sizeof sp, "%.2fx", best[0] / best[1]);
+        print_row(cases[i].name, cases[i].shape, t1, t2, sp, "");
+    }
+    nb_set_num_threads(0);
+    nb_optim_free(a.opt);
+    nb_ctx_reset(step);
+}
+
+/* ---- the attention's per-head GEMMs, three ways ----
+ * Per (batch, head) the products of the attention kernel's forward
+ * (tensor/cpu/attention.c): S = Q K^T (T x T x D) and Y = S V (T x D x T),
+ * on BT x H heads: (a) one thread calling, OpenBLAS on 1 thread; (b) one
+ * thread calling, OpenBLAS on 2 threads; (c) two threads each calling on
+ * half the heads, OpenBLAS on 1 thread (what the kernel does). */
+typedef struct heads_arg {
+    int64_t t, d, c, heads;
+    float *qkv, *s, *y;
+    int64_t lo, hi;
+} heads_arg;
+
+static void heads_range(heads_arg *a, float *s) {
+    int64_t w = 3 * a->c, hn = a->c / a->d;
+    for (int64_t p = a->lo; p < a->hi; p++) {
+        int64_t b = p / hn, hh = p % hn;
+        const float *q = a->qkv + b * a->t * w + hh * a->d, *k = q + a->c, *v = q + 2 * a->c;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)a->t, (int)a->t, (int)a->d, 1.0f, q,
+                    (int)w, k, (int)w, 0.0f, s, (int)a->t);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)a->t, (int)a->d, (int)a->t, 1.0f,
+                    s, (int)a->t, v, (int)w, 0.0f, a->y + b * a->t * a->c + hh * a->d, (int)a->c);
+    }
+}
+
+/* (c)'s second thread: started for the rounds of (c) only, it spins on
+ * `go` (a call's half is ~100 us, too short to sleep between). */
+static heads_arg heads_cfg;
+static atomic_int heads_go, heads_done, heads_quit;
+
+static void *heads_helper(void *p) {
+    (void)p;
+    heads_arg b = heads_cfg;
+    b.lo = b.heads / 2, b.hi = b.heads;
+    b.s = b.s + b.t * b.t;
+    while (!atomic_load(&heads_quit)) {
+        if (!atomic_exchange(&heads_go, 0)) continue;
+        heads_range(&b, b.s);
+        atomic_store(&heads_done, 1);
+    }
+    return NULL;
+}
+
+static void heads_one(void *p) {
+    (void)p;
+    heads_arg a = heads_cfg;
+    a.lo = 0, a.hi = a.heads;
+    heads_range(&a, a.s);
+}
+static void heads_two(void *p) {
+    (void)p;
+    heads_arg a = heads_cfg;
+    a.lo = 0, a.hi = a.heads / 2;
+    atomic_store(&heads_go, 1);
+    heads_range(&a, a.s);
+    while (!atomic_exchange(&heads_done, 0)) {
+    }
+}
+
+static void bench_heads(const bench_cfg *cfg) {
+    int64_t bt = cfg->quick ? 2 : 8, t = cfg->quick ? 32 : 128, c = cfg->quick ? 32 : 256, h = 8;
+    heads_arg a = {t, c / h, c, bt * h, NULL, NULL, NULL, 0, 0};
+    a.qkv = malloc((size_t)(bt * t * 3 * c) * sizeof(float));
+    a.s = malloc((size_t)(2 * t * t) * sizeof(float));
+    a.y = malloc((size_t)(bt * t * c) * sizeof(float));
+    for (int64_t i = 0; i < bt * t * 3 * c; i++) a.qkv[i] = (float)((i * 37) % 101) / 101.0f - 0.5f;
+    heads_cfg = a;
+    double flops = 2.0 * 2.0 * (double)(bt * h) * (double)(t * t) * (double)(c / h);
+    int saved = openblas_get_num_threads();
+    struct { const char *name; int blas; bench_fn fn; } ways[] = {
+        {"per-head GEMMs, 1 caller, BLAS 1", 1, heads_one},
+        {"per-head GEMMs, 1 caller, BLAS 2", 2, heads_one},
+        {"per-head GEMMs, 2 callers, BLAS 1", 1, heads_two},
+    };
+    double best[3] = {INFINITY, INFINITY, INFINITY};
+    for (int r = 0; r < ROUNDS; r++)
+        for (int i = 0; i < 3; i++) {
+            openblas_set_num_threads(ways[i].blas);
+            pthread_t th;
+            atomic_store(&heads_quit, 0);
+            if (i == 2) pthread_create(&th, NULL, heads_helper, NULL);
+            ways[i].fn(NULL);
+            double tk = time_per_call(ways[i].fn, NULL, cfg->budget_s / ROUNDS);
+            if (tk < best[i]) best[i] = tk;
+            atomic_store(&heads_quit, 1);
+            if (i == 2) pthread_join(th, NULL);
+        }
+    openblas_set_num_threads(saved);
+    char shape[48], rate[32];
+    snprintf(shape, sizeof shape, "%lldx(%lldx%lldx%lld)", (long long)(bt * h), (long long)t,
+             (long long)t, (long long)(c / h));
+    for (int i = 0; i < 3; i++) {
+        snprintf(rate, sizeof rate, "%.1f GFLOP/s", flops / best[i] * 1e-9);
+        row(ways[i].name, shape, best[i], rate, "", "");
+    }
+    free(a.qkv), free(a.s), free(a.y);
+}
+
 /* The matmul and elementwise rows; false if nb_matmul and cblas_sgemm disagree. */
 static bool bench_throughput(const bench_cfg *cfg, nb_ctx *pers, nb_ctx *step) {
     bool ok = true;
@@ -248,22 +490,32 @@ static bool bench_throughput(const bench_cfg *cfg, nb_ctx *pers, nb_ctx *step) {
 }
 
 int main(int argc, char **argv) {
-    bench_cfg cfg = {false, false, 0.3};
+    bench_cfg cfg = {false, false, false, 0.3};
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--quick") == 0) {
             cfg.quick = true;
             cfg.budget_s = 0.01;
         } else if (strcmp(argv[i], "--fixed-cost") == 0) {
             cfg.fixed_only = true;
+        } else if (strcmp(argv[i], "--kernels") == 0) {
+            cfg.kernels = true;
         } else {
-            fprintf(stderr, "usage: %s [--quick] [--fixed-cost]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--fixed-cost] [--kernels]\n", argv[0]);
             return 2;
         }
     }
     nb_ctx *pers = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
 
-    printf("nabla bench_ops: CPU, %ld cores online, OpenBLAS %d threads, f32%s\n",
-           sysconf(_SC_NPROCESSORS_ONLN), openblas_get_num_threads(), cfg.quick ? " (--quick sizes)" : "");
+    printf("nabla bench_ops: CPU, %ld cores online, OpenBLAS %d threads, nabla's pool %d threads, "
+           "f32%s\n", sysconf(_SC_NPROCESSORS_ONLN), openblas_get_num_threads(),
+           nb_get_num_threads(), cfg.quick ? " (--quick sizes)" : "");
+    if (cfg.kernels) {
+        bench_kernels(&cfg, pers, step);
+        bench_heads(&cfg);
+        nb_ctx_free(step);
+        nb_ctx_free(pers);
+        return 0;
+    }
     print_row("benchmark", "shape", "time/call", "nabla", "cblas_sgemm", "nb speed");
     print_row("---------", "-----", "---------", "-----", "-----------", "--------");
 

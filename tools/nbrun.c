@@ -62,7 +62,8 @@ static const char *usage_text =
     "  RANK, WORLD_SIZE        global rank (node-rank * N + local rank) and N * K\n"
     "  LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK (the node rank)\n"
     "  OMP_NUM_THREADS=1 and OPENBLAS_NUM_THREADS=1 when several ranks share the node\n"
-    "  and the variable is not already set\n"
+    "  and the variable is not already set (nabla's own kernels follow\n"
+    "  OMP_NUM_THREADS too, unless NABLA_NUM_THREADS is set)\n"
     "  MASTER_ADDR, MASTER_PORT (the real port when 0 was asked for)\n"
     "  NABLA_RUN_ID            the run's id ($NABLA_RUN_ID if set; else random on one\n"
     "                          node, master-addr:port on several); the store refuses\n"
@@ -358,7 +359,8 @@ static void spawn(child *c, const options *o, const char *run_id, int store_fd, 
         setenv("NABLA_RUN_ID", run_id, 1);
         /* Note: several ranks on one machine each running a full-width BLAS
          * thread pool oversubscribe the cores; like torchrun, default to one
-         * thread per rank unless the user chose. */
+         * thread per rank unless the user chose. nabla's kernel pool reads
+         * OMP_NUM_THREADS too (tensor/cpu/threads.c), so both agree. */
         if (o->nproc > 1) {
             setenv("OMP_NUM_THREADS", "1", 0);
             setenv("OPENBLAS_NUM_THREADS", "1", 0);

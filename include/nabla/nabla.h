@@ -24,5 +24,6 @@
 #include "nabla/ddp.h"
 #include "nabla/models.h"
 #include "nabla/monitor.h"
+#include "nabla/threads.h"
 
 #endif

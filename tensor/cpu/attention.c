@@ -7,11 +7,24 @@
  * zeroed gradient buffer the three slices add into) disappear. A head's
  * scores are used right after they are made, while they are in cache. The
  * products are the ones the composed form makes, one cblas call per head,
- * and the softmax rows are nb__cpu_softmax_causal's. */
+ * and the softmax rows are nb__cpu_softmax_causal's.
+ *
+ * Note [Heads on the thread pool]: the (batch, head) pairs are independent
+ * and run on nabla's thread pool, each pair's GEMMs on one thread. These
+ * GEMMs are small (T x T x D): OpenBLAS (Debian's pthread build) runs
+ * such a product on its own threads and gets slower (85 -> 35 GFLOP/s on
+ * two cores), and its threaded calls from several threads at once are
+ * serialised by a lock. So OpenBLAS is set to one thread for the duration
+ * of the kernel (openblas_set_num_threads is process-wide; nothing else
+ * calls BLAS while a kernel runs, as kernels run on the model's thread)
+ * and set back after. Each thread of the backward has its own T x T
+ * scratch. */
 #include <cblas.h>
+#include <stdlib.h>
 
 #include "tensor/cpu/attention.h"
 #include "tensor/cpu/softmax.h"
+#include "tensor/cpu/threads.h"
 #include "tensor/internal.h"
 
 /* c (m, n), ldc = op(a) (m, k) @ op(b) (k, n), row-major, beta = 0 */
@@ -42,39 +55,94 @@ static char *at(const void *base, const dims *s, int64_t w, int64_t b, int64_t c
     return (char *)base + (b * s->t * w + col) * (int64_t)s->es;
 }
 
+typedef struct heads_job {
+    nb_tensor *y, *dqkv;
+    const nb_tensor *qkv, *p, *gy;
+    int h;
+    double scale;
+    char *scratch0, *scratch_more; /* thread 0's, then one per other thread */
+} heads_job;
+
+static void forward_pair(void *varg, int64_t pair, int tid) {
+    (void)tid;
+    const heads_job *j = varg;
+    dims s = get_dims(j->qkv, j->h);
+    int64_t w = 3 * s.c, tt = s.t * s.t, b = pair / j->h;
+    int hh = (int)(pair % j->h);
+    const char *q = at(j->qkv->data, &s, w, b, hh * s.d);
+    const char *k = q + s.c * (int64_t)s.es, *v = q + 2 * s.c * (int64_t)s.es;
+    char *ph = (char *)j->p->data + pair * tt * (int64_t)s.es;
+    gemm(j->qkv->dtype, false, true, s.t, s.t, s.d, q, w, k, w, ph, s.t);
+    nb__cpu_causal_rows(j->qkv->dtype, ph, ph, 1, s.t, s.t, j->scale);
+    gemm(j->qkv->dtype, false, false, s.t, s.d, s.t, ph, s.t, v, w,
+         at(j->y->data, &s, s.c, b, hh * s.d), s.c);
+}
+
+static void backward_pair(void *varg, int64_t pair, int tid) {
+    const heads_job *j = varg;
+    dims s = get_dims(j->qkv, j->h);
+    int64_t w = 3 * s.c, tt = s.t * s.t, cb = s.c * (int64_t)s.es, b = pair / j->h;
+    int hh = (int)(pair % j->h);
+    nb_dtype dt = j->qkv->dtype;
+    void *ds = tid == 0 ? j->scratch0 : j->scratch_more + (tid - 1) * tt * (int64_t)s.es;
+    const char *q = at(j->qkv->data, &s, w, b, hh * s.d), *k = q + cb, *v = q + 2 * cb;
+    char *dq = at(j->dqkv->data, &s, w, b, hh * s.d), *dk = dq + cb, *dv = dq + 2 * cb;
+    const char *g = at(j->gy->data, &s, s.c, b, hh * s.d);
+    const char *ph = (const char *)j->p->data + pair * tt * (int64_t)s.es;
+    gemm(dt, false, true, s.t, s.t, s.d, g, s.c, v, w, ds, s.t); /* dp */
+    nb__cpu_causal_rows_backward(dt, ds, ph, ds, 1, s.t, s.t, j->scale);
+    gemm(dt, false, false, s.t, s.d, s.t, ds, s.t, k, w, dq, w);
+    gemm(dt, true, false, s.t, s.d, s.t, ds, s.t, q, w, dk, w);
+    gemm(dt, true, false, s.t, s.d, s.t, ph, s.t, g, s.c, dv, w);
+}
+
+/* Note [Heads on the thread pool]. Pairs of fewer than ~2^18 multiply-adds
+ * (T = 64, D = 64) go in groups, so that a chunk is worth waking a thread
+ * for. */
+typedef struct group_job {
+    nb__task_fn fn;
+    heads_job *j;
+    int64_t pairs, per;
+} group_job;
+
+static void run_group(void *varg, int64_t c, int tid) {
+    const group_job *gj = varg;
+    for (int64_t q = c * gj->per; q < (c + 1) * gj->per && q < gj->pairs; q++) gj->fn(gj->j, q, tid);
+}
+
+static int64_t pairs_per_chunk(const nb_tensor *qkv, int h) {
+    dims s = get_dims(qkv, h);
+    int64_t work = s.t * s.t * (s.d > 0 ? s.d : 1);
+    return work >= ((int64_t)1 << 18) ? 1 : ((int64_t)1 << 18) / work;
+}
+
+static void run_pairs(int64_t pairs, int64_t per, nb__task_fn fn, heads_job *j) {
+    int blas = openblas_get_num_threads();
+    if (blas != 1) openblas_set_num_threads(1);
+    group_job gj = {fn, j, pairs, per};
+    nb__parallel_for(nb__chunk_count(pairs, per), run_group, &gj);
+    if (blas != 1) openblas_set_num_threads(blas);
+}
+
 void nb__cpu_causal_attention(nb_tensor *y, nb_tensor *p, const nb_tensor *qkv, int h,
                               double scale) {
-    dims s = get_dims(qkv, h);
-    int64_t w = 3 * s.c, tt = s.t * s.t;
-    for (int64_t b = 0; b < s.n; b++)
-        for (int hh = 0; hh < h; hh++) {
-            const char *q = at(qkv->data, &s, w, b, hh * s.d);
-            const char *k = q + s.c * (int64_t)s.es, *v = q + 2 * s.c * (int64_t)s.es;
-            char *ph = (char *)p->data + (b * h + hh) * tt * (int64_t)s.es;
-            gemm(qkv->dtype, false, true, s.t, s.t, s.d, q, w, k, w, ph, s.t);
-            nb__cpu_causal_rows(qkv->dtype, ph, ph, 1, s.t, s.t, scale);
-            gemm(qkv->dtype, false, false, s.t, s.d, s.t, ph, s.t, v, w,
-                 at(y->data, &s, s.c, b, hh * s.d), s.c);
-        }
+    heads_job j = {.y = y, .qkv = qkv, .p = p, .h = h, .scale = scale};
+    run_pairs(qkv->shape[0] * h, pairs_per_chunk(qkv, h), forward_pair, &j);
 }
 
 void nb__cpu_causal_attention_backward(nb_tensor *dqkv, nb_tensor *scratch, const nb_tensor *qkv,
                                        const nb_tensor *p, const nb_tensor *gy, int h,
                                        double scale) {
     dims s = get_dims(qkv, h);
-    int64_t w = 3 * s.c, tt = s.t * s.t, cb = s.c * (int64_t)s.es;
-    nb_dtype dt = qkv->dtype;
-    void *ds = scratch->data;
-    for (int64_t b = 0; b < s.n; b++)
-        for (int hh = 0; hh < h; hh++) {
-            const char *q = at(qkv->data, &s, w, b, hh * s.d), *k = q + cb, *v = q + 2 * cb;
-            char *dq = at(dqkv->data, &s, w, b, hh * s.d), *dk = dq + cb, *dv = dq + 2 * cb;
-            const char *g = at(gy->data, &s, s.c, b, hh * s.d);
-            const char *ph = (const char *)p->data + (b * h + hh) * tt * (int64_t)s.es;
-            gemm(dt, false, true, s.t, s.t, s.d, g, s.c, v, w, ds, s.t); /* dp */
-            nb__cpu_causal_rows_backward(dt, ds, ph, ds, 1, s.t, s.t, scale);
-            gemm(dt, false, false, s.t, s.d, s.t, ds, s.t, k, w, dq, w);
-            gemm(dt, true, false, s.t, s.d, s.t, ds, s.t, q, w, dk, w);
-            gemm(dt, true, false, s.t, s.d, s.t, ph, s.t, g, s.c, dv, w);
-        }
+    int64_t pairs = s.n * h, per = pairs_per_chunk(qkv, h);
+    int threads = nb__parallel_threads(nb__chunk_count(pairs, per));
+    heads_job j = {.dqkv = dqkv, .qkv = qkv, .p = p, .gy = gy, .h = h, .scale = scale,
+                   .scratch0 = scratch->data};
+    if (threads > 1) {
+        j.scratch_more = malloc((size_t)(threads - 1) * (size_t)(s.t * s.t) * s.es);
+        NB_CHECK(j.scratch_more, "nb causal attention backward: out of memory for %d scratch "
+                 "blocks of %lld x %lld", threads - 1, (long long)s.t, (long long)s.t);
+    }
+    run_pairs(pairs, per, backward_pair, &j);
+    free(j.scratch_more);
 }

@@ -10,6 +10,7 @@
 
 #include "tensor/cpu/bf16.h"
 #include "tensor/cpu/simd.h"
+#include "tensor/cpu/threads.h"
 #include "tensor/internal.h"
 
 #define MAXOPS 4
@@ -67,26 +68,114 @@ static void iter_init(iter *it, const nb_tensor *out, int nin, const nb_tensor *
     it->ndim = m + 1;
 }
 
-static void iter_run(iter *it, inner_fn fn, const void *arg) {
-    for (int d = 0; d < it->ndim; d++)
-        if (it->shape[d] == 0) return;
+/* Runs fn over the linear positions [start, end) of the iteration space
+ * (row-major over it->shape), cutting at the ends of inner rows. */
+static void iter_run_range(const iter *it, inner_fn fn, const void *arg, int64_t start,
+                           int64_t end) {
     int last = it->ndim - 1;
-    int64_t idx[NB_MAX_DIMS] = {0};
+    int64_t idx[NB_MAX_DIMS] = {0}, rem = start;
+    for (int d = last; d >= 0 && rem; d--) {
+        idx[d] = rem % it->shape[d];
+        rem /= it->shape[d];
+    }
     char *p[MAXOPS];
     int64_t inner_st[MAXOPS];
     for (int k = 0; k < it->nops; k++) inner_st[k] = it->st[k][last];
-    for (;;) {
+    for (int64_t pos = start; pos < end;) {
+        int64_t len = it->shape[last] - idx[last];
+        if (len > end - pos) len = end - pos;
         for (int k = 0; k < it->nops; k++) {
             char *q = it->ptr[k];
-            for (int d = 0; d < last; d++) q += idx[d] * it->st[k][d];
+            for (int d = 0; d <= last; d++) q += idx[d] * it->st[k][d];
             p[k] = q;
         }
-        fn(it->shape[last], p, inner_st, arg);
+        fn(len, p, inner_st, arg);
+        pos += len;
+        idx[last] = 0;
         int d = last - 1;
         while (d >= 0 && ++idx[d] == it->shape[d]) idx[d--] = 0;
-        if (d < 0) break;
     }
 }
+
+/* Large operations run in chunks of GRAIN elements on the thread pool
+ * (Note [Deterministic parallel kernels] in tensor/cpu/threads.h: each
+ * element is computed by the same formula wherever it runs); below
+ * 2 GRAIN elements, one call on the caller. */
+#define GRAIN 16384
+
+typedef struct iter_job {
+    const iter *it;
+    inner_fn fn;
+    const void *arg;
+    int64_t total;
+} iter_job;
+
+static void iter_chunk(void *varg, int64_t c, int tid) {
+    (void)tid;
+    const iter_job *j = varg;
+    int64_t end = (c + 1) * GRAIN < j->total ? (c + 1) * GRAIN : j->total;
+    iter_run_range(j->it, j->fn, j->arg, c * GRAIN, end);
+}
+
+/* An output aliased through zero strides accumulates in visiting order
+ * (nb__sum_to relies on it: ordered_elementwise in tensor/backend.h). Such
+ * a job is cut along dim `split`, where the output's stride is not zero:
+ * each piece owns its output elements and visits them in the order the
+ * whole iteration would, so the sums are the same bits. */
+typedef struct split_job {
+    const iter *it;
+    inner_fn fn;
+    const void *arg;
+    int split;
+    int64_t grain;
+} split_job;
+
+static void split_chunk(void *varg, int64_t c, int tid) {
+    (void)tid;
+    const split_job *j = varg;
+    iter sub = *j->it;
+    int64_t lo = c * j->grain, n = j->it->shape[j->split];
+    sub.shape[j->split] = lo + j->grain < n ? j->grain : n - lo;
+    for (int k = 0; k < sub.nops; k++) sub.ptr[k] += lo * sub.st[k][j->split];
+    int64_t total = 1;
+    for (int d = 0; d < sub.ndim; d++) total *= sub.shape[d];
+    iter_run_range(&sub, j->fn, j->arg, 0, total);
+}
+
+static void iter_run_on(iter *it, inner_fn fn, const void *arg, bool parallel) {
+    if (it->ndim == 1 && it->shape[0] < 2 * GRAIN) { /* small and flat: the fixed cost */
+        int64_t st[MAXOPS];
+        for (int k = 0; k < it->nops; k++) st[k] = it->st[k][0];
+        if (it->shape[0] > 0) fn(it->shape[0], it->ptr, st, arg);
+        return;
+    }
+    int64_t total = 1;
+    for (int d = 0; d < it->ndim; d++) total *= it->shape[d];
+    if (total == 0) return;
+    if (!parallel || total < 2 * GRAIN) {
+        iter_run_range(it, fn, arg, 0, total);
+        return;
+    }
+    int split = -1;
+    bool aliased = false;
+    for (int d = 0; d < it->ndim; d++) {
+        if (it->st[0][d] == 0) aliased = true;
+        else if (split < 0 && it->shape[d] > 1) split = d;
+    }
+    if (aliased) {
+        if (split < 0) {
+            iter_run_range(it, fn, arg, 0, total);
+            return;
+        }
+        split_job j = {it, fn, arg, split, nb__grain(total / it->shape[split])};
+        nb__parallel_for(nb__chunk_count(it->shape[split], j.grain), split_chunk, &j);
+        return;
+    }
+    iter_job j = {it, fn, arg, total};
+    nb__parallel_for(nb__chunk_count(total, GRAIN), iter_chunk, &j);
+}
+
+static void iter_run(iter *it, inner_fn fn, const void *arg) { iter_run_on(it, fn, arg, true); }
 
 /* ---- unary ---- */
 typedef struct unary_arg {
@@ -161,8 +250,23 @@ NB_CPU_CLONES static void gelu_tanh_backward_f32(float *dx, const float *g, cons
     for (int64_t i = 0; i < n; i++) dx[i] = g[i] * nb__f_gelu_tanh_grad_f32v(x[i], 0);
 }
 
+typedef struct gelu_job {
+    float *dx;
+    const float *g, *x;
+    int64_t n;
+} gelu_job;
+
+static void gelu_backward_chunk(void *varg, int64_t c, int tid) {
+    (void)tid;
+    const gelu_job *j = varg;
+    int64_t lo = c * GRAIN, len = j->n - lo < GRAIN ? j->n - lo : GRAIN;
+    gelu_tanh_backward_f32(j->dx + lo, j->g + lo, j->x + lo, len);
+}
+
 void nb__cpu_gelu_tanh_backward(nb_tensor *dx, const nb_tensor *g, const nb_tensor *x) {
-    gelu_tanh_backward_f32(dx->data, g->data, x->data, nb_numel(x));
+    gelu_job j = {dx->data, g->data, x->data, nb_numel(x)};
+    if (j.n < 2 * GRAIN) gelu_tanh_backward_f32(j.dx, j.g, j.x, j.n);
+    else nb__parallel_for(nb__chunk_count(j.n, GRAIN), gelu_backward_chunk, &j);
 }
 
 /* ---- binary ---- */
@@ -278,11 +382,33 @@ static void copy_cast(int64_t n, char **p, const int64_t *st, const void *varg) 
         nb__store(p[0] + i * st[0], arg->dst, nb__load(p[1] + i * st[1], arg->src));
 }
 
+/* whether the bytes that t spans, [lowest, highest element], meet u's */
+static void byte_extent(const nb_tensor *t, const char **lo, const char **hi) {
+    int64_t a = 0, b = 0, es = (int64_t)nb_dtype_size(t->dtype);
+    for (int d = 0; d < t->ndim; d++) {
+        int64_t span = (t->shape[d] - 1) * t->strides[d];
+        if (span < 0) a += span;
+        else b += span;
+    }
+    *lo = (const char *)t->data + a * es;
+    *hi = (const char *)t->data + (b + 1) * es;
+}
+
+static bool overlaps(const nb_tensor *t, const nb_tensor *u) {
+    const char *tl, *th, *ul, *uh;
+    if (nb_numel(t) == 0 || nb_numel(u) == 0) return false;
+    byte_extent(t, &tl, &th);
+    byte_extent(u, &ul, &uh);
+    return tl < uh && ul < th;
+}
+
 void nb__cpu_copy(nb_tensor *dst, const nb_tensor *src) {
     iter it;
     iter_init(&it, dst, 1, &src);
     copy_arg arg = {dst->dtype, src->dtype};
-    iter_run(&it, dst->dtype == src->dtype ? copy_same : copy_cast, &arg);
+    /* overlapping memory is copied as memmove would, in one piece */
+    iter_run_on(&it, dst->dtype == src->dtype ? copy_same : copy_cast, &arg,
+                !overlaps(dst, src));
 }
 
 /* ---- unrecorded helpers for backward functions ---- */

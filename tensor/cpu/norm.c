@@ -9,9 +9,11 @@
  *   dw = sum over the other dims of g xhat,   db = sum of g.
  * Batch norm in eval mode uses fixed statistics: dx = g w invstd. */
 #include <math.h>
+#include <stdlib.h>
 
 #include "tensor/cpu/norm.h"
 #include "tensor/cpu/simd.h"
+#include "tensor/cpu/threads.h"
 #include "tensor/internal.h"
 
 /* ---- layer norm ----
@@ -22,9 +24,9 @@
 
 #define DEFINE_LAYER_NORM(T)                                                                \
     NB_CPU_CLONES static void layer_norm_##T(T *y, double *mean, double *rstd, const T *x,     \
-                                             const T *w, const T *b, int64_t m, int64_t d,   \
-                                             double eps) {                                  \
-        for (int64_t i = 0; i < m; i++) {                                                   \
+                                             const T *w, const T *b, int64_t i0, int64_t i1, \
+                                             int64_t d, double eps) {                       \
+        for (int64_t i = i0; i < i1; i++) {                                                 \
             const T *xr = x + i * d;                                                        \
             T *yr = y + i * d;                                                              \
             double ls[LANES] = {0}, lv[LANES] = {0}, s = 0, v = 0;                          \
@@ -59,8 +61,9 @@
     NB_CPU_CLONES static void layer_norm_backward_##T(T *dx, double *ws, const T *g,          \
                                                       const T *x, const double *mean,       \
                                                       const double *rstd, const T *w,       \
-                                                      int64_t m, int64_t d, bool want_wb) { \
-        for (int64_t i = 0; i < m; i++) {                                                   \
+                                                      int64_t i0, int64_t i1, int64_t d,    \
+                                                      bool want_wb) {                       \
+        for (int64_t i = i0; i < i1; i++) {                                                 \
             const T *xr = x + i * d, *gr = g + i * d;                                       \
             double mu = mean[i], r = rstd[i], sa = 0, sb = 0;                               \
             double la[LANES] = {0}, lb[LANES] = {0};                                        \
@@ -105,31 +108,80 @@ DEFINE_LAYER_NORM(double)
 
 static const void *data_or_null(const nb_tensor *t) { return t ? t->data : NULL; }
 
+/* Layer norm on the pool: rows in pieces. In backward, dw and db are sums
+ * over the rows: each piece of rows (a size fixed by m and d) sums into
+ * its own partial, in the same pass as its dx, and the partials are added
+ * in piece order, so any thread count gives the same bits (Note
+ * [Deterministic parallel kernels] in tensor/cpu/threads.h). */
+typedef struct ln_job {
+    void *y;
+    double *mean, *rstd, *partial;
+    const void *x, *w, *b, *g;
+    const double *cmean, *crstd;
+    int64_t m, d, rows;
+    double eps;
+    bool f32, want_wb;
+} ln_job;
+
+static void ln_range(void *varg, int64_t lo, int64_t hi) {
+    const ln_job *j = varg;
+    if (j->f32)
+        layer_norm_float(j->y, j->mean, j->rstd, j->x, j->w, j->b, lo, hi, j->d, j->eps);
+    else
+        layer_norm_double(j->y, j->mean, j->rstd, j->x, j->w, j->b, lo, hi, j->d, j->eps);
+}
+
 void nb__cpu_layer_norm(nb_tensor *y, nb_tensor *mean, nb_tensor *rstd, const nb_tensor *x,
                         const nb_tensor *w, const nb_tensor *b, int64_t m, int64_t d, double eps) {
-    if (x->dtype == NB_F32)
-        layer_norm_float(y->data, mean->data, rstd->data, x->data, data_or_null(w),
-                         data_or_null(b), m, d, eps);
+    ln_job j = {.y = y->data, .mean = mean->data, .rstd = rstd->data, .x = x->data,
+                .w = data_or_null(w), .b = data_or_null(b), .m = m, .d = d, .eps = eps,
+                .f32 = x->dtype == NB_F32};
+    nb__parallel_range(m, nb__grain(3 * d), ln_range, &j);
+}
+
+static void ln_backward_piece(void *varg, int64_t c, int tid) {
+    (void)tid;
+    const ln_job *j = varg;
+    int64_t lo = c * j->rows, hi = lo + j->rows < j->m ? lo + j->rows : j->m;
+    double *ws = j->want_wb ? j->partial + c * 2 * j->d : NULL;
+    for (int64_t k = 0; ws && k < 2 * j->d; k++) ws[k] = 0;
+    if (j->f32)
+        layer_norm_backward_float(j->y, ws, j->g, j->x, j->cmean, j->crstd, j->w, lo, hi, j->d,
+                                  j->want_wb);
     else
-        layer_norm_double(y->data, mean->data, rstd->data, x->data, data_or_null(w),
-                          data_or_null(b), m, d, eps);
+        layer_norm_backward_double(j->y, ws, j->g, j->x, j->cmean, j->crstd, j->w, lo, hi, j->d,
+                                   j->want_wb);
 }
 
 void nb__cpu_layer_norm_backward(nb_tensor *dx, nb_tensor *dw, nb_tensor *db, double *ws,
                                  const nb_tensor *g, const nb_tensor *x, const nb_tensor *mean,
                                  const nb_tensor *rstd, const nb_tensor *w, int64_t m, int64_t d) {
     bool want_wb = dw || db;
-    for (int64_t j = 0; want_wb && j < 2 * d; j++) ws[j] = 0;
-    if (x->dtype == NB_F32)
-        layer_norm_backward_float(dx ? dx->data : NULL, ws, g->data, x->data, mean->data,
-                                  rstd->data, data_or_null(w), m, d, want_wb);
-    else
-        layer_norm_backward_double(dx ? dx->data : NULL, ws, g->data, x->data, mean->data,
-                                   rstd->data, data_or_null(w), m, d, want_wb);
+    /* pieces of rows: at least the pool's grain, at most 16 of them */
+    int64_t rows = nb__grain(3 * d), cap = (m + 15) / 16;
+    rows = rows > cap ? rows : cap;
+    int64_t pieces = nb__chunk_count(m, rows);
+    ln_job j = {.y = dx ? dx->data : NULL, .x = x->data, .w = data_or_null(w), .g = g->data,
+                .cmean = mean->data, .crstd = rstd->data, .m = m, .d = d, .rows = rows,
+                .f32 = x->dtype == NB_F32, .want_wb = want_wb};
+    j.partial = want_wb && pieces > 1 ? malloc((size_t)(pieces * 2 * d) * sizeof(double)) : ws;
+    NB_CHECK(!want_wb || j.partial, "nb_layer_norm backward: out of memory for %lld partial sums "
+             "of %lld", (long long)pieces, (long long)(2 * d));
+    if (m > 0) nb__parallel_for(pieces, ln_backward_piece, &j);
+    if (want_wb && pieces > 1) {
+        for (int64_t k = 0; k < 2 * d; k++) {
+            double acc = 0;
+            for (int64_t c = 0; c < pieces; c++) acc += j.partial[c * 2 * d + k];
+            ws[k] = acc;
+        }
+        free(j.partial);
+    }
+    if (want_wb && m == 0)
+        for (int64_t k = 0; k < 2 * d; k++) ws[k] = 0;
     size_t es = nb_dtype_size(x->dtype);
-    for (int64_t j = 0; j < d; j++) {
-        if (dw) nb__store((char *)dw->data + j * (int64_t)es, dw->dtype, ws[j]);
-        if (db) nb__store((char *)db->data + j * (int64_t)es, db->dtype, ws[d + j]);
+    for (int64_t k = 0; k < d; k++) {
+        if (dw) nb__store((char *)dw->data + k * (int64_t)es, dw->dtype, ws[k]);
+        if (db) nb__store((char *)db->data + k * (int64_t)es, db->dtype, ws[d + k]);
     }
 }
 

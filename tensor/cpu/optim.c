@@ -31,9 +31,12 @@
  * fixed order per tensor (the same result on every run, and not one long
  * chain of dependent additions), tensor after tensor. */
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "optim/internal.h"
 #include "tensor/cpu/cpu.h"
+#include "tensor/cpu/threads.h"
 
 /* One pass; AMS a constant, so that the loop keeps no branch on it (GCC
  * unswitches only so many loop-invariant conditions, and a loop with one
@@ -79,19 +82,112 @@
 ADAM_KERNEL(float, sqrtf, adam_f32)
 ADAM_KERNEL(double, sqrt, adam_f64)
 
+/* The multi-tensor loops run on the thread pool in pieces of PIECE
+ * elements of one tensor (Note [Deterministic parallel kernels] in
+ * tensor/cpu/threads.h): updates are elementwise, and a tensor's sum of
+ * squares is its pieces' sums added in order (one piece, as before, for a
+ * tensor of PIECE elements or fewer). */
+#define PIECE 32768
+
+typedef struct piece {
+    int t;
+    int64_t lo, hi;
+} piece;
+
+typedef struct multi_job {
+    nb_tensor *const *p, *const *g, *const *m, *const *v, *const *vmax, *const *buf;
+    const int64_t *steps;
+    const double *const *hp;
+    bool decoupled;
+    double coef;
+    piece *pieces;
+    double *partial;
+    bool *flag;
+    void (*fn)(const struct multi_job *j, const piece *pc, int64_t c);
+    /* used instead of malloc when there are few pieces */
+    piece few_pieces[32];
+    double few_partial[32];
+    bool few_flag[32];
+} multi_job;
+
+static void *at(const nb_tensor *t, int64_t i) {
+    return t ? (char *)t->data + i * (int64_t)nb_dtype_size(t->dtype) : NULL;
+}
+
+static void multi_chunk(void *varg, int64_t c, int tid) {
+    (void)tid;
+    const multi_job *j = varg;
+    j->fn(j, &j->pieces[c], c);
+}
+
+/* Cuts the n tensors into pieces and runs j->fn over them (on the pool
+ * when there are two or more); returns the pieces (malloc'd) for the
+ * caller's combine, their count in *np. */
+/* Cuts the n tensors into pieces and runs j->fn over them (on the pool
+ * when they hold 2 PIECE elements or more); returns the pieces, their
+ * count in *np, for the caller's combine (finish_pieces frees them). */
+static piece *run_pieces(int n, nb_tensor *const *ts, multi_job *j, int64_t *np, bool keep) {
+    int64_t total = 0, elems = 0;
+    for (int i = 0; i < n; i++) {
+        total += nb__chunk_count(nb_numel(ts[i]), PIECE);
+        elems += nb_numel(ts[i]);
+    }
+    if (total <= 32) {
+        j->pieces = j->few_pieces;
+        j->partial = j->few_partial;
+        j->flag = j->few_flag;
+        memset(j->few_flag, 0, sizeof j->few_flag);
+    } else {
+        j->pieces = malloc((size_t)total * sizeof *j->pieces);
+        j->partial = keep ? malloc((size_t)total * sizeof *j->partial) : NULL;
+        j->flag = keep ? calloc((size_t)total, sizeof *j->flag) : NULL;
+        NB_CHECK(j->pieces && (!keep || (j->partial && j->flag)),
+                 "optimizer kernels: out of memory for %lld pieces", (long long)total);
+    }
+    int64_t k = 0;
+    for (int i = 0; i < n; i++) {
+        int64_t numel = nb_numel(ts[i]), lo = 0;
+        do {
+            j->pieces[k++] = (piece){i, lo, lo + PIECE < numel ? lo + PIECE : numel};
+            lo += PIECE;
+        } while (lo < numel);
+    }
+    if (elems < 2 * PIECE)
+        for (int64_t c = 0; c < k; c++) j->fn(j, &j->pieces[c], c);
+    else
+        nb__parallel_for(k, multi_chunk, j);
+    *np = k;
+    return j->pieces;
+}
+
+static void finish_pieces(multi_job *j) {
+    if (j->pieces == j->few_pieces) return;
+    free(j->pieces);
+    free(j->partial);
+    free(j->flag);
+}
+
+static void adam_piece(const multi_job *j, const piece *pc, int64_t c) {
+    (void)c;
+    int i = pc->t;
+    int64_t lo = pc->lo, k = pc->hi - pc->lo;
+    void *vm = j->vmax && j->vmax[i] ? at(j->vmax[i], lo) : NULL;
+    if (j->p[i]->dtype == NB_F32)
+        adam_f32(at(j->p[i], lo), at(j->g[i], lo), at(j->m[i], lo), at(j->v[i], lo), vm, k,
+                 j->hp[i], j->steps[i], j->decoupled);
+    else
+        adam_f64(at(j->p[i], lo), at(j->g[i], lo), at(j->m[i], lo), at(j->v[i], lo), vm, k,
+                 j->hp[i], j->steps[i], j->decoupled);
+}
+
 void nb__cpu_adam(int n, nb_tensor *const *p, nb_tensor *const *g, nb_tensor *const *m,
                   nb_tensor *const *v, nb_tensor *const *vmax, const int64_t *steps,
                   const double *const *hp, bool decoupled) {
-    for (int i = 0; i < n; i++) {
-        int64_t k = nb_numel(p[i]);
-        void *vm = vmax && vmax[i] ? vmax[i]->data : NULL;
-        if (p[i]->dtype == NB_F32)
-            adam_f32(p[i]->data, g[i]->data, m[i]->data, v[i]->data, vm, k, hp[i], steps[i],
-                     decoupled);
-        else
-            adam_f64(p[i]->data, g[i]->data, m[i]->data, v[i]->data, vm, k, hp[i], steps[i],
-                     decoupled);
-    }
+    multi_job j = {.p = p, .g = g, .m = m, .v = v, .vmax = vmax, .steps = steps, .hp = hp,
+                   .decoupled = decoupled, .fn = adam_piece};
+    int64_t np;
+    run_pieces(n, p, &j, &np, false);
+    finish_pieces(&j);
 }
 
 #define SGD_KERNEL(T, NAME)                                                                \
@@ -119,14 +215,23 @@ void nb__cpu_adam(int n, nb_tensor *const *p, nb_tensor *const *g, nb_tensor *co
 SGD_KERNEL(float, sgd_f32)
 SGD_KERNEL(double, sgd_f64)
 
+static void sgd_piece(const multi_job *j, const piece *pc, int64_t c) {
+    (void)c;
+    int i = pc->t;
+    int64_t lo = pc->lo, k = pc->hi - pc->lo;
+    void *b = j->buf[i] ? at(j->buf[i], lo) : NULL;
+    if (j->p[i]->dtype == NB_F32)
+        sgd_f32(at(j->p[i], lo), at(j->g[i], lo), b, k, j->steps[i] == 1, j->hp[i]);
+    else
+        sgd_f64(at(j->p[i], lo), at(j->g[i], lo), b, k, j->steps[i] == 1, j->hp[i]);
+}
+
 void nb__cpu_sgd(int n, nb_tensor *const *p, nb_tensor *const *g, nb_tensor *const *buf,
                  const int64_t *steps, const double *const *hp) {
-    for (int i = 0; i < n; i++) {
-        int64_t k = nb_numel(p[i]);
-        void *b = buf[i] ? buf[i]->data : NULL;
-        if (p[i]->dtype == NB_F32) sgd_f32(p[i]->data, g[i]->data, b, k, steps[i] == 1, hp[i]);
-        else sgd_f64(p[i]->data, g[i]->data, b, k, steps[i] == 1, hp[i]);
-    }
+    multi_job j = {.p = p, .g = g, .buf = buf, .steps = steps, .hp = hp, .fn = sgd_piece};
+    int64_t np;
+    run_pieces(n, p, &j, &np, false);
+    finish_pieces(&j);
 }
 
 #define LANES 8
@@ -165,56 +270,93 @@ SUMSQ(double, sumsq_f64)
 MAXABS(float, maxabs_f32)
 MAXABS(double, maxabs_f64)
 
+static void sumsq_piece(const multi_job *j, const piece *pc, int64_t c) {
+    const nb_tensor *t = j->p[pc->t];
+    int64_t k = pc->hi - pc->lo;
+    j->partial[c] = t->dtype == NB_F32 ? sumsq_f32(at(t, pc->lo), k) : sumsq_f64(at(t, pc->lo), k);
+}
+
 void nb__cpu_sum_squares(nb_tensor *out, int n, nb_tensor *const *ts) {
+    multi_job j = {.p = ts, .fn = sumsq_piece};
+    int64_t np;
+    piece *pcs = run_pieces(n, ts, &j, &np, true);
     double s = 0;
-    for (int i = 0; i < n; i++)
-        s += ts[i]->dtype == NB_F32 ? sumsq_f32(ts[i]->data, nb_numel(ts[i]))
-                                    : sumsq_f64(ts[i]->data, nb_numel(ts[i]));
+    for (int64_t c = 0; c < np;) { /* per tensor: its pieces in order, then the tensors in order */
+        double st = 0;
+        int t = pcs[c].t;
+        for (; c < np && pcs[c].t == t; c++) st += j.partial[c];
+        s += st;
+    }
+    finish_pieces(&j);
     *(double *)out->data = s;
+}
+
+static void maxabs_piece(const multi_job *j, const piece *pc, int64_t c) {
+    const nb_tensor *t = j->p[pc->t];
+    int64_t k = pc->hi - pc->lo;
+    j->partial[c] = t->dtype == NB_F32 ? maxabs_f32(at(t, pc->lo), k, &j->flag[c])
+                                       : maxabs_f64(at(t, pc->lo), k, &j->flag[c]);
 }
 
 void nb__cpu_max_abs(nb_ctx *ctx, nb_tensor *out, int n, nb_tensor *const *ts) {
     (void)ctx;
+    multi_job j = {.p = ts, .fn = maxabs_piece};
+    int64_t np;
+    run_pieces(n, ts, &j, &np, true);
     double m = 0;
     bool nan = false;
-    for (int i = 0; i < n; i++) {
-        double mi = ts[i]->dtype == NB_F32 ? maxabs_f32(ts[i]->data, nb_numel(ts[i]), &nan)
-                                           : maxabs_f64(ts[i]->data, nb_numel(ts[i]), &nan);
-        if (mi > m) m = mi;
+    for (int64_t c = 0; c < np; c++) {
+        if (j.partial[c] > m) m = j.partial[c];
+        nan |= j.flag[c];
     }
+    finish_pieces(&j);
     *(double *)out->data = nan ? NAN : m;
 }
 
-void nb__cpu_scale(int n, nb_tensor *const *ts, double coef) {
-    for (int i = 0; i < n; i++) {
-        int64_t k = nb_numel(ts[i]);
-        if (ts[i]->dtype == NB_F32) {
-            float *x = ts[i]->data;
-            for (int64_t j = 0; j < k; j++) x[j] = (float)((double)x[j] * coef);
-        } else {
-            double *x = ts[i]->data;
-            for (int64_t j = 0; j < k; j++) x[j] *= coef;
-        }
+static void scale_piece(const multi_job *j, const piece *pc, int64_t c) {
+    (void)c;
+    const nb_tensor *t = j->p[pc->t];
+    if (t->dtype == NB_F32) {
+        float *x = t->data;
+        for (int64_t i = pc->lo; i < pc->hi; i++) x[i] = (float)((double)x[i] * j->coef);
+    } else {
+        double *x = t->data;
+        for (int64_t i = pc->lo; i < pc->hi; i++) x[i] *= j->coef;
     }
+}
+
+void nb__cpu_scale(int n, nb_tensor *const *ts, double coef) {
+    multi_job j = {.p = ts, .coef = coef, .fn = scale_piece};
+    int64_t np;
+    run_pieces(n, ts, &j, &np, false);
+    finish_pieces(&j);
+}
+
+/* flag[c] = the piece holds a NaN or an infinity */
+static void finite_piece(const multi_job *j, const piece *pc, int64_t c) {
+    const nb_tensor *g = j->p[pc->t];
+    bool ok = true;
+    if (g->dtype == NB_F32) {
+        const float *x = g->data;
+        for (int64_t i = pc->lo; i < pc->hi; i++) ok &= isfinite(x[i]) != 0;
+    } else if (g->dtype == NB_F64) {
+        const double *x = g->data;
+        for (int64_t i = pc->lo; i < pc->hi; i++) ok &= isfinite(x[i]) != 0;
+    } else {
+        size_t es = nb_dtype_size(g->dtype);
+        for (int64_t i = pc->lo; i < pc->hi; i++)
+            ok &= isfinite(nb__load((const char *)g->data + (size_t)i * es, g->dtype)) != 0;
+    }
+    j->flag[c] = !ok;
 }
 
 bool nb__cpu_all_finite(nb_ctx *ctx, int n, nb_tensor *const *ts) {
     (void)ctx;
+    multi_job j = {.p = ts, .fn = finite_piece};
+    int64_t np;
+    run_pieces(n, ts, &j, &np, true);
     bool ok = true;
-    for (int i = 0; i < n && ok; i++) {
-        const nb_tensor *g = ts[i];
-        int64_t k = nb_numel(g);
-        if (g->dtype == NB_F32) {
-            const float *x = g->data;
-            for (int64_t j = 0; j < k; j++) ok &= isfinite(x[j]) != 0;
-        } else if (g->dtype == NB_F64) {
-            const double *x = g->data;
-            for (int64_t j = 0; j < k; j++) ok &= isfinite(x[j]) != 0;
-        } else {
-            size_t es = nb_dtype_size(g->dtype);
-            for (int64_t j = 0; j < k; j++)
-                ok &= isfinite(nb__load((const char *)g->data + (size_t)j * es, g->dtype)) != 0;
-        }
-    }
+    for (int64_t c = 0; c < np; c++) ok &= !j.flag[c];
+    finish_pieces(&j);
     return ok;
 }

@@ -1,70 +1,153 @@
 /* The CPU row reductions behind nb_sum/nb_mean, nb_max, nb_var and
- * nb_argmax (tensor/ops_reduce.c lays the input out as contiguous rows):
- * each row of `inner` consecutive elements is reduced in order, f32 rows
- * accumulating in double. Contracts: the matching members of nb__backend
+ * nb_argmax (tensor/ops_reduce.c lays the input out as contiguous rows).
+ * f32 rows accumulate in double. A row is summed in pieces of PIECE
+ * elements, each in order, and the pieces' sums are added in order; rows
+ * run in parallel, and a single long row's pieces do (Note [Deterministic
+ * parallel kernels] in tensor/cpu/threads.h: the same bits for any thread
+ * count). Contracts: the matching members of nb__backend
  * (tensor/backend.h). */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "tensor/cpu/cpu.h"
+#include "tensor/cpu/threads.h"
 
-#define ROW_LOOP(T, ...)                                                          \
-    do {                                                                          \
-        const T *src = rows->data;                                                \
-        for (int64_t o = 0; o < outer; o++) {                                     \
-            const T *r = src + o * inner;                                         \
-            __VA_ARGS__                                                           \
-        }                                                                         \
-    } while (0)
+#define PIECE 32768
+
+/* sum of r[i] (kind 0) or of (r[i] - mu)^2 (kind 1) over [lo, hi), in order */
+static double piece_sum(nb_dtype dt, const void *r, int64_t lo, int64_t hi, int kind, double mu) {
+    double acc = 0;
+    if (dt == NB_F32) {
+        const float *x = r;
+        if (kind == 0)
+            for (int64_t i = lo; i < hi; i++) acc += x[i];
+        else
+            for (int64_t i = lo; i < hi; i++) acc += (x[i] - mu) * (x[i] - mu);
+    } else {
+        const double *x = r;
+        if (kind == 0)
+            for (int64_t i = lo; i < hi; i++) acc += x[i];
+        else
+            for (int64_t i = lo; i < hi; i++) acc += (x[i] - mu) * (x[i] - mu);
+    }
+    return acc;
+}
+
+/* the row's sum: its pieces' sums added in order */
+static double row_sum(nb_dtype dt, const void *r, int64_t inner, int kind, double mu) {
+    if (inner <= PIECE) return piece_sum(dt, r, 0, inner, kind, mu);
+    double acc = 0;
+    for (int64_t lo = 0; lo < inner; lo += PIECE)
+        acc += piece_sum(dt, r, lo, lo + PIECE < inner ? lo + PIECE : inner, kind, mu);
+    return acc;
+}
+
+typedef struct red_job {
+    void *out, *aux;
+    const void *rows;
+    nb_dtype dt;
+    int64_t inner;
+    double scale, mu;
+    int kind;
+    double *partial;
+} red_job;
+
+static const void *row_at(const red_job *j, int64_t o) {
+    return (const char *)j->rows + o * j->inner * (int64_t)nb_dtype_size(j->dt);
+}
+
+static void piece_chunk(void *varg, int64_t c, int tid) {
+    (void)tid;
+    const red_job *j = varg;
+    int64_t lo = c * PIECE, hi = lo + PIECE < j->inner ? lo + PIECE : j->inner;
+    j->partial[c] = piece_sum(j->dt, j->rows, lo, hi, j->kind, j->mu);
+}
+
+/* row_sum of one long row, its pieces on the pool */
+static double long_row_sum(nb_dtype dt, const void *r, int64_t inner, int kind, double mu) {
+    int64_t pieces = nb__chunk_count(inner, PIECE);
+    double *partial = malloc((size_t)pieces * sizeof *partial);
+    NB_CHECK(partial, "row reduction: out of memory for %lld partial sums", (long long)pieces);
+    red_job j = {.rows = r, .dt = dt, .inner = inner, .kind = kind, .mu = mu, .partial = partial};
+    nb__parallel_for(pieces, piece_chunk, &j);
+    double acc = 0;
+    for (int64_t c = 0; c < pieces; c++) acc += partial[c];
+    free(partial);
+    return acc;
+}
+
+static void sum_range(void *varg, int64_t lo, int64_t hi) {
+    const red_job *j = varg;
+    for (int64_t o = lo; o < hi; o++) {
+        double v = row_sum(j->dt, row_at(j, o), j->inner, 0, 0) * j->scale;
+        if (j->dt == NB_F32) ((float *)j->out)[o] = (float)v;
+        else ((double *)j->out)[o] = v;
+    }
+}
 
 void nb__cpu_sum_rows(nb_tensor *out, const nb_tensor *rows, int64_t outer, int64_t inner,
                       double scale) {
-#define SUM_BODY(T)                                                               \
-    do {                                                                          \
-        T *dst = out->data;                                                       \
-        ROW_LOOP(T, {                                                             \
-            double acc = 0;                                                       \
-            for (int64_t i = 0; i < inner; i++) acc += r[i];                      \
-            dst[o] = (T)(acc * scale);                                            \
-        });                                                                       \
-    } while (0)
-    if (out->dtype == NB_F32) SUM_BODY(float);
-    else SUM_BODY(double);
-#undef SUM_BODY
+    red_job j = {.out = out->data, .rows = rows->data, .dt = out->dtype, .inner = inner,
+                 .scale = scale};
+    if (outer == 1 && inner > 2 * PIECE) {
+        double v = long_row_sum(j.dt, j.rows, inner, 0, 0) * scale;
+        if (j.dt == NB_F32) *(float *)j.out = (float)v;
+        else *(double *)j.out = v;
+        return;
+    }
+    nb__parallel_range(outer, nb__grain(inner), sum_range, &j);
 }
 
 /* Note [Max with NaN] in tensor/cuda/reduce.cu: NaN counts as the maximum. */
-void nb__cpu_max_rows(nb_tensor *out, nb_tensor *arg, const nb_tensor *rows, int64_t outer,
-                      int64_t inner) {
-    int64_t *a = arg->data;
-#define MAX_BODY(T)                                                               \
+#define MAX_ROWS(T)                                                               \
     do {                                                                          \
-        T *dst = out->data;                                                       \
-        ROW_LOOP(T, {                                                             \
+        T *dst = j->out;                                                          \
+        int64_t *a = j->aux;                                                      \
+        for (int64_t o = lo; o < hi; o++) {                                       \
+            const T *r = row_at(j, o);                                            \
             int64_t best = 0;                                                     \
-            for (int64_t i = 1; i < inner; i++)                                   \
+            for (int64_t i = 1; i < j->inner; i++)                                \
                 if (r[i] > r[best] || (isnan(r[i]) && !isnan(r[best]))) best = i; \
             a[o] = best;                                                          \
             dst[o] = r[best];                                                     \
-        });                                                                       \
+        }                                                                         \
     } while (0)
-    if (out->dtype == NB_F32) MAX_BODY(float);
-    else MAX_BODY(double);
-#undef MAX_BODY
+
+static void max_range(void *varg, int64_t lo, int64_t hi) {
+    const red_job *j = varg;
+    if (j->dt == NB_F32) MAX_ROWS(float);
+    else MAX_ROWS(double);
+}
+
+void nb__cpu_max_rows(nb_tensor *out, nb_tensor *arg, const nb_tensor *rows, int64_t outer,
+                      int64_t inner) {
+    red_job j = {.out = out->data, .aux = arg->data, .rows = rows->data, .dt = out->dtype,
+                 .inner = inner};
+    nb__parallel_range(outer, nb__grain(inner), max_range, &j);
+}
+
+#define ARGMAX_ROWS(T)                                                            \
+    do {                                                                          \
+        int64_t *a = j->aux;                                                      \
+        for (int64_t o = lo; o < hi; o++) {                                       \
+            const T *r = row_at(j, o);                                            \
+            int64_t best = 0;                                                     \
+            for (int64_t i = 1; i < j->inner && !isnan(r[best]); i++)             \
+                if (r[i] > r[best] || isnan(r[i])) best = i;                      \
+            a[o] = best;                                                          \
+        }                                                                         \
+    } while (0)
+
+static void argmax_range(void *varg, int64_t lo, int64_t hi) {
+    const red_job *j = varg;
+    if (j->dt == NB_F32) ARGMAX_ROWS(float);
+    else ARGMAX_ROWS(double);
 }
 
 void nb__cpu_argmax_rows(nb_tensor *arg, const nb_tensor *rows, int64_t outer, int64_t inner) {
-    int64_t *a = arg->data;
-#define ARGMAX_BODY(T)                                                            \
-    ROW_LOOP(T, {                                                                 \
-        int64_t best = 0;                                                         \
-        for (int64_t i = 1; i < inner && !isnan(r[best]); i++)                    \
-            if (r[i] > r[best] || isnan(r[i])) best = i;                          \
-        a[o] = best;                                                              \
-    })
-    if (rows->dtype == NB_F32) ARGMAX_BODY(float);
-    else ARGMAX_BODY(double);
-#undef ARGMAX_BODY
+    red_job j = {.aux = arg->data, .rows = rows->data, .dt = rows->dtype, .inner = inner};
+    nb__parallel_range(outer, nb__grain(inner), argmax_range, &j);
 }
 
 void nb__cpu_max_rows_backward(nb_tensor *gp, const nb_tensor *arg, const nb_tensor *g,
@@ -78,21 +161,36 @@ void nb__cpu_max_rows_backward(nb_tensor *gp, const nb_tensor *arg, const nb_ten
     }
 }
 
+/* mean and then the sum of squared deviations from it, each a row_sum */
+static void var_store(const red_job *j, int64_t o, double s, const void *r, bool long_row) {
+    double mu = s / (double)j->inner;
+    double ss = long_row ? long_row_sum(j->dt, r, j->inner, 1, mu) : row_sum(j->dt, r, j->inner, 1, mu);
+    double v = j->scale > 0 ? ss / j->scale : NAN;
+    if (j->dt == NB_F32) {
+        ((float *)j->aux)[o] = (float)mu;
+        ((float *)j->out)[o] = (float)v;
+    } else {
+        ((double *)j->aux)[o] = mu;
+        ((double *)j->out)[o] = v;
+    }
+}
+
+static void var_range(void *varg, int64_t lo, int64_t hi) {
+    const red_job *j = varg;
+    for (int64_t o = lo; o < hi; o++) {
+        const void *r = row_at(j, o);
+        var_store(j, o, row_sum(j->dt, r, j->inner, 0, 0), r, false);
+    }
+}
+
+/* (red_job: scale is the denominator, aux the means) */
 void nb__cpu_var_rows(nb_tensor *out, nb_tensor *mean, const nb_tensor *rows, int64_t outer,
                       int64_t inner, double denom) {
-#define VAR_BODY(T)                                                               \
-    do {                                                                          \
-        T *dst = out->data, *m = mean->data;                                      \
-        ROW_LOOP(T, {                                                             \
-            double s = 0, ss = 0;                                                 \
-            for (int64_t i = 0; i < inner; i++) s += r[i];                        \
-            double mu = s / (double)inner;                                        \
-            for (int64_t i = 0; i < inner; i++) ss += (r[i] - mu) * (r[i] - mu);  \
-            m[o] = (T)mu;                                                         \
-            dst[o] = (T)(denom > 0 ? ss / denom : NAN);                           \
-        });                                                                       \
-    } while (0)
-    if (out->dtype == NB_F32) VAR_BODY(float);
-    else VAR_BODY(double);
-#undef VAR_BODY
+    red_job j = {.out = out->data, .aux = mean->data, .rows = rows->data, .dt = out->dtype,
+                 .inner = inner, .scale = denom};
+    if (outer == 1 && inner > 2 * PIECE) {
+        var_store(&j, 0, long_row_sum(j.dt, j.rows, inner, 0, 0), j.rows, true);
+        return;
+    }
+    nb__parallel_range(outer, nb__grain(2 * inner), var_range, &j);
 }

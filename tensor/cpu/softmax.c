@@ -5,9 +5,11 @@
  * axis is not the last dim (I > 1), columns are processed in tiles of
  * TILE so that the inner loops run over contiguous memory. */
 #include <math.h>
+#include <stdlib.h>
 
 #include "tensor/cpu/simd.h"
 #include "tensor/cpu/softmax.h"
+#include "tensor/cpu/threads.h"
 #include "tensor/internal.h"
 
 #define TILE 64
@@ -61,9 +63,9 @@
                 for (int64_t c = 0; c < w; c++) y[j * inner + c] *= mx[c];                  \
         }                                                                                   \
     }                                                                                       \
-    static void softmax_##T(T *y, const T *x, int64_t outer, int64_t k, int64_t inner,        \
+    static void softmax_##T(T *y, const T *x, int64_t o0, int64_t o1, int64_t k, int64_t inner, \
                             bool take_log) {                                                     \
-        for (int64_t o = 0; o < outer; o++) {                                               \
+        for (int64_t o = o0; o < o1; o++) {                                                 \
             const T *xb = x + o * k * inner;                                                \
             T *yb = y + o * k * inner;                                                      \
             if (inner == 1) {                                                               \
@@ -80,21 +82,37 @@
 DEFINE_SOFTMAX(float, expf)
 DEFINE_SOFTMAX(double, exp)
 
+/* Parallel jobs over independent rows: blocks of `outer`, or rows of the
+ * causal and cross-entropy kernels. */
+typedef struct rows_job {
+    nb_dtype dt;
+    void *y;
+    const void *x, *g;
+    int64_t k, inner, t, s;
+    double scale;
+    bool take_log;
+} rows_job;
+
+static void softmax_range(void *varg, int64_t lo, int64_t hi) {
+    const rows_job *j = varg;
+    if (j->dt == NB_F32) softmax_float(j->y, j->x, lo, hi, j->k, j->inner, j->take_log);
+    else softmax_double(j->y, j->x, lo, hi, j->k, j->inner, j->take_log);
+}
+
 void nb__cpu_softmax(nb_tensor *y, const nb_tensor *x, int64_t outer, int64_t k, int64_t inner,
                      bool take_log) {
-    if (x->dtype == NB_F32)
-        softmax_float(y->data, x->data, outer, k, inner, take_log);
-    else
-        softmax_double(y->data, x->data, outer, k, inner, take_log);
+    rows_job j = {.dt = x->dtype, .y = y->data, .x = x->data, .k = k, .inner = inner,
+                  .take_log = take_log};
+    nb__parallel_range(outer, nb__grain(k * inner), softmax_range, &j);
 }
 
 /* ---- softmax backward ----
  * Per (o, column): r = sum_K g y (softmax) or sum_K g (log-softmax). */
 #define DEFINE_SOFTMAX_BACKWARD(T, EXP)                                                     \
-    static void softmax_backward_##T(T *dx, const T *y, const T *g, int64_t outer, int64_t k,  \
-                                     int64_t inner, bool take_log) {                             \
+    static void softmax_backward_##T(T *dx, const T *y, const T *g, int64_t o0, int64_t o1,    \
+                                     int64_t k, int64_t inner, bool take_log) {                  \
         double r[TILE];                                                                     \
-        for (int64_t o = 0; o < outer; o++) {                                               \
+        for (int64_t o = o0; o < o1; o++) {                                                 \
             const T *yb = y + o * k * inner, *gb = g + o * k * inner;                       \
             T *db = dx + o * k * inner;                                                     \
             for (int64_t c0 = 0; c0 < inner; c0 += TILE) {                                  \
@@ -118,12 +136,18 @@ void nb__cpu_softmax(nb_tensor *y, const nb_tensor *x, int64_t outer, int64_t k,
 DEFINE_SOFTMAX_BACKWARD(float, expf)
 DEFINE_SOFTMAX_BACKWARD(double, exp)
 
+static void softmax_backward_range(void *varg, int64_t lo, int64_t hi) {
+    const rows_job *j = varg;
+    if (j->dt == NB_F32) softmax_backward_float(j->y, j->x, j->g, lo, hi, j->k, j->inner, j->take_log);
+    else softmax_backward_double(j->y, j->x, j->g, lo, hi, j->k, j->inner, j->take_log);
+}
+
+/* (rows_job: y is dx, x is y) */
 void nb__cpu_softmax_backward(nb_tensor *dx, const nb_tensor *y, const nb_tensor *g,
                               int64_t outer, int64_t k, int64_t inner, bool take_log) {
-    if (y->dtype == NB_F32)
-        softmax_backward_float(dx->data, y->data, g->data, outer, k, inner, take_log);
-    else
-        softmax_backward_double(dx->data, y->data, g->data, outer, k, inner, take_log);
+    rows_job j = {.dt = y->dtype, .y = dx->data, .x = y->data, .g = g->data, .k = k,
+                  .inner = inner, .take_log = take_log};
+    nb__parallel_range(outer, nb__grain(k * inner), softmax_backward_range, &j);
 }
 
 /* ---- causal softmax ----
@@ -195,28 +219,45 @@ static void causal_row_backward_double(double *dx, const double *y, const double
     for (int64_t j = l; j < s; j++) dx[j] = 0;
 }
 
+static void causal_range(void *varg, int64_t lo, int64_t hi) {
+    const rows_job *j = varg;
+    int64_t t = j->t, s = j->s;
+    for (int64_t r = lo; r < hi; r++) {
+        int64_t i = r % t, l = i + 1 < s ? i + 1 : s;
+        if (j->dt == NB_F32)
+            causal_row_float((float *)j->y + r * s, (const float *)j->x + r * s, s, l,
+                             (float)j->scale);
+        else
+            causal_row_double((double *)j->y + r * s, (const double *)j->x + r * s, s, l, j->scale);
+    }
+}
+
+static void causal_backward_range(void *varg, int64_t lo, int64_t hi) {
+    const rows_job *j = varg; /* y is dx, x is y */
+    int64_t t = j->t, s = j->s;
+    for (int64_t r = lo; r < hi; r++) {
+        int64_t i = r % t, l = i + 1 < s ? i + 1 : s;
+        if (j->dt == NB_F32)
+            causal_row_backward_float((float *)j->y + r * s, (const float *)j->x + r * s,
+                                      (const float *)j->g + r * s, s, l, (float)j->scale);
+        else
+            causal_row_backward_double((double *)j->y + r * s, (const double *)j->x + r * s,
+                                       (const double *)j->g + r * s, s, l, j->scale);
+    }
+}
+
+/* Row i of each (T, S) block keeps min(i + 1, S) entries; half of S on
+ * average is the work of a row. */
 void nb__cpu_causal_rows(nb_dtype dt, void *y, const void *x, int64_t b, int64_t t, int64_t s,
                          double scale) {
-    for (int64_t r = 0; r < b * t; r++) {
-        int64_t i = r % t, l = i + 1 < s ? i + 1 : s;
-        if (dt == NB_F32)
-            causal_row_float((float *)y + r * s, (const float *)x + r * s, s, l, (float)scale);
-        else
-            causal_row_double((double *)y + r * s, (const double *)x + r * s, s, l, scale);
-    }
+    rows_job j = {.dt = dt, .y = y, .x = x, .t = t, .s = s, .scale = scale};
+    nb__parallel_range(b * t, nb__grain(s / 2 + 1), causal_range, &j);
 }
 
 void nb__cpu_causal_rows_backward(nb_dtype dt, void *dx, const void *y, const void *g, int64_t b,
                                   int64_t t, int64_t s, double scale) {
-    for (int64_t r = 0; r < b * t; r++) {
-        int64_t i = r % t, l = i + 1 < s ? i + 1 : s;
-        if (dt == NB_F32)
-            causal_row_backward_float((float *)dx + r * s, (const float *)y + r * s,
-                                      (const float *)g + r * s, s, l, (float)scale);
-        else
-            causal_row_backward_double((double *)dx + r * s, (const double *)y + r * s,
-                                       (const double *)g + r * s, s, l, scale);
-    }
+    rows_job j = {.dt = dt, .y = dx, .x = y, .g = g, .t = t, .s = s, .scale = scale};
+    nb__parallel_range(b * t, nb__grain(s / 2 + 1), causal_backward_range, &j);
 }
 
 void nb__cpu_softmax_causal(nb_tensor *y, const nb_tensor *x, int64_t b, int64_t t, int64_t s,
@@ -236,10 +277,10 @@ int64_t nb__cpu_target_at(const nb_tensor *targets, int64_t i) {
 }
 
 #define DEFINE_CROSS_ENTROPY(T, EXP)                                                        \
-    static double cross_entropy_##T(T *lse, const T *x, const nb_tensor *targets, int64_t n,  \
-                                    int64_t c, int64_t ignore, double eps) {                \
+    static double cross_entropy_##T(T *lse, const T *x, const nb_tensor *targets, int64_t i0,  \
+                                    int64_t i1, int64_t c, int64_t ignore, double eps) {    \
         double total = 0;                                                                   \
-        for (int64_t i = 0; i < n; i++) {                                                   \
+        for (int64_t i = i0; i < i1; i++) {                                                 \
             const T *row = x + i * c;                                                       \
             T mx = -INFINITY;                                                               \
             for (int64_t j = 0; j < c; j++) mx = row[j] > mx ? row[j] : mx;                 \
@@ -258,10 +299,11 @@ int64_t nb__cpu_target_at(const nb_tensor *targets, int64_t i) {
         return total;                                                                       \
     }                                                                                       \
     static void cross_entropy_backward_##T(T *dx, const T *x, const T *lse,                   \
-                                           const nb_tensor *targets, int64_t n, int64_t c,   \
-                                           int64_t ignore, double eps, double scale) {      \
+                                           const nb_tensor *targets, int64_t i0, int64_t i1, \
+                                           int64_t c, int64_t ignore, double eps,           \
+                                           double scale) {                                  \
         T off = (T)(scale * eps / (double)c), on = (T)(scale * (1 - eps)), sc = (T)scale;    \
-        for (int64_t i = 0; i < n; i++) {                                                   \
+        for (int64_t i = i0; i < i1; i++) {                                                 \
             const T *row = x + i * c;                                                       \
             T *drow = dx + i * c;                                                           \
             int64_t t = nb__cpu_target_at(targets, i);                                      \
@@ -277,22 +319,58 @@ int64_t nb__cpu_target_at(const nb_tensor *targets, int64_t i) {
 DEFINE_CROSS_ENTROPY(float, expf)
 DEFINE_CROSS_ENTROPY(double, exp)
 
+/* Rows in pieces of a size fixed by C; the loss is the sum of the pieces'
+ * sums in piece order (Note [Deterministic parallel kernels] in
+ * tensor/cpu/threads.h). */
+typedef struct ce_job {
+    void *lse, *dx;
+    const nb_tensor *logits, *targets;
+    int64_t n, c, grain, ignore;
+    double eps, scale, *partial;
+} ce_job;
+
+static void ce_chunk(void *varg, int64_t piece, int tid) {
+    (void)tid;
+    const ce_job *j = varg;
+    int64_t i0 = piece * j->grain, i1 = i0 + j->grain < j->n ? i0 + j->grain : j->n;
+    if (j->logits->dtype == NB_F32)
+        j->partial[piece] = cross_entropy_float(j->lse, j->logits->data, j->targets, i0, i1, j->c,
+                                                j->ignore, j->eps);
+    else
+        j->partial[piece] = cross_entropy_double(j->lse, j->logits->data, j->targets, i0, i1,
+                                                 j->c, j->ignore, j->eps);
+}
+
 double nb__cpu_cross_entropy(nb_tensor *lse, const nb_tensor *logits, const nb_tensor *targets,
                              int64_t ignore_index, double eps) {
-    int64_t n = logits->shape[0], c = logits->shape[1];
-    if (logits->dtype == NB_F32)
-        return cross_entropy_float(lse->data, logits->data, targets, n, c, ignore_index, eps);
-    return cross_entropy_double(lse->data, logits->data, targets, n, c, ignore_index, eps);
+    int64_t n = logits->shape[0], c = logits->shape[1], grain = nb__grain(c);
+    int64_t pieces = nb__chunk_count(n, grain);
+    double one, *partial = pieces == 1 ? &one : malloc((size_t)pieces * sizeof *partial);
+    NB_CHECK(partial, "nb_cross_entropy: out of memory for %lld partial sums", (long long)pieces);
+    ce_job j = {.lse = lse->data, .logits = logits, .targets = targets, .n = n, .c = c,
+                .grain = grain, .ignore = ignore_index, .eps = eps, .partial = partial};
+    nb__parallel_for(pieces, ce_chunk, &j);
+    double total = 0;
+    for (int64_t p = 0; p < pieces; p++) total += partial[p];
+    if (partial != &one) free(partial);
+    return total;
+}
+
+static void ce_backward_range(void *varg, int64_t lo, int64_t hi) {
+    const ce_job *j = varg;
+    if (j->logits->dtype == NB_F32)
+        cross_entropy_backward_float(j->dx, j->logits->data, j->lse, j->targets, lo, hi, j->c,
+                                     j->ignore, j->eps, j->scale);
+    else
+        cross_entropy_backward_double(j->dx, j->logits->data, j->lse, j->targets, lo, hi, j->c,
+                                      j->ignore, j->eps, j->scale);
 }
 
 void nb__cpu_cross_entropy_backward(nb_tensor *dlogits, const nb_tensor *logits,
                                     const nb_tensor *lse, const nb_tensor *targets,
                                     int64_t ignore_index, double eps, double scale) {
     int64_t n = logits->shape[0], c = logits->shape[1];
-    if (logits->dtype == NB_F32)
-        cross_entropy_backward_float(dlogits->data, logits->data, lse->data, targets, n, c,
-                                     ignore_index, eps, scale);
-    else
-        cross_entropy_backward_double(dlogits->data, logits->data, lse->data, targets, n, c,
-                                      ignore_index, eps, scale);
+    ce_job j = {.lse = lse->data, .dx = dlogits->data, .logits = logits, .targets = targets,
+                .n = n, .c = c, .ignore = ignore_index, .eps = eps, .scale = scale};
+    nb__parallel_range(n, nb__grain(c), ce_backward_range, &j);
 }
