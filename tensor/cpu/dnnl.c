@@ -161,10 +161,14 @@ static void set_threads(int n) {
 #endif
 }
 
-bool nb__dnnl_native_bf16(void) {
-    dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
-    return isa == dnnl_cpu_isa_avx512_core_bf16 || isa == dnnl_cpu_isa_avx512_core_amx;
+/* ISA values are nested bit sets: each includes the ones below it */
+static bool has_isa(dnnl_cpu_isa_t want) {
+    return ((unsigned)dnnl_get_effective_cpu_isa() & (unsigned)want) == (unsigned)want;
 }
+
+bool nb__dnnl_native_bf16(void) { return has_isa(dnnl_cpu_isa_avx512_core_bf16); }
+
+bool nb__dnnl_bf16_kernels(void) { return has_isa(dnnl_cpu_isa_avx512_core); }
 
 int64_t nb__dnnl_primitives_created(void) { return (int64_t)atomic_load(&n_created); }
 int64_t nb__dnnl_cache_hits(void) { return (int64_t)atomic_load(&n_hits); }
