@@ -105,9 +105,28 @@
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static dnnl_engine_t engine;
-static _Thread_local dnnl_stream_t stream;
-static _Thread_local void *scratch;
-static _Thread_local size_t scratch_bytes;
+
+/* Each executing thread's stream and scratchpad, freed when it exits. */
+typedef struct per_thread {
+    dnnl_stream_t stream;
+    void *scratch;
+    size_t scratch_bytes;
+} per_thread;
+
+static pthread_key_t thread_key;
+static pthread_once_t thread_key_once = PTHREAD_ONCE_INIT;
+
+static void per_thread_free(void *p) {
+    per_thread *t = p;
+    if (t->stream) dnnl_stream_destroy(t->stream);
+    free(t->scratch);
+    free(t);
+}
+
+static void make_thread_key(void) {
+    NB_CHECK(pthread_key_create(&thread_key, per_thread_free) == 0,
+             "oneDNN: pthread_key_create failed");
+}
 static int mode_set = -1; /* -1: from the environment */
 static int mode_env = -1; /* NABLA_DNNL, once read */
 static int threads_set;   /* 0: OpenBLAS's */
@@ -280,23 +299,30 @@ static void add_md(entry *e, int arg, const dnnl_memory_desc_t *md) {
 /* Runs e on the buffers ptr[i] of its memory descriptors (the scratchpad
  * is this thread's), on this thread's stream, outside the lock. */
 static void execute(const entry *e, void *const *ptr, int nthr) {
-    if (!stream) check(dnnl_stream_create(&stream, engine, dnnl_stream_default_flags),
-                       "dnnl_stream_create");
-    if (e->scratch > scratch_bytes) {
-        free(scratch);
-        scratch_bytes = (e->scratch + 4095) / 4096 * 4096;
-        scratch = aligned_alloc(64, scratch_bytes);
-        NB_CHECK(scratch, "oneDNN: out of memory for a %zu-byte scratchpad", scratch_bytes);
+    pthread_once(&thread_key_once, make_thread_key);
+    per_thread *t = pthread_getspecific(thread_key);
+    if (!t) {
+        t = calloc(1, sizeof *t);
+        NB_CHECK(t && pthread_setspecific(thread_key, t) == 0,
+                 "oneDNN: cannot set up this thread's stream");
+        check(dnnl_stream_create(&t->stream, engine, dnnl_stream_default_flags),
+              "dnnl_stream_create");
+    }
+    if (e->scratch > t->scratch_bytes) {
+        free(t->scratch);
+        t->scratch_bytes = (e->scratch + 4095) / 4096 * 4096;
+        t->scratch = aligned_alloc(64, t->scratch_bytes);
+        NB_CHECK(t->scratch, "oneDNN: out of memory for a %zu-byte scratchpad", t->scratch_bytes);
     }
     dnnl_exec_arg_t args[MAX_MD];
     for (int i = 0; i < e->n_md; i++) {
-        void *p = e->md_arg[i] == DNNL_ARG_SCRATCHPAD ? scratch : ptr[i];
+        void *p = e->md_arg[i] == DNNL_ARG_SCRATCHPAD ? t->scratch : ptr[i];
         args[i].arg = e->md_arg[i];
         check(dnnl_memory_create(&args[i].memory, &e->md[i], engine, p), "dnnl_memory_create");
     }
     set_threads(nthr);
-    check(dnnl_primitive_execute(e->prim, stream, e->n_md, args), "dnnl_primitive_execute");
-    check(dnnl_stream_wait(stream), "dnnl_stream_wait");
+    check(dnnl_primitive_execute(e->prim, t->stream, e->n_md, args), "dnnl_primitive_execute");
+    check(dnnl_stream_wait(t->stream), "dnnl_stream_wait");
     atomic_fetch_add(&n_exec, 1);
     for (int i = 0; i < e->n_md; i++) dnnl_memory_destroy(args[i].memory);
 }
