@@ -248,6 +248,51 @@ START_TEST(test_matmul_bf16_needs_f32_out) {
 }
 END_TEST
 
+/* An operand expanded along a batch dim (stride 0, size > 1): every batch
+ * element reads the same matrix, in both paths. */
+static void expanded_check(nb__dnnl_mode mode, bool expand_a) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    lcg = 99;
+    double *av, *bv;
+    nb_tensor *a = rand_tensor(ctx, NB_F32, 3, (int64_t[]){expand_a ? 1 : 3, 5, 8}, &av);
+    nb_tensor *b = rand_tensor(ctx, NB_F32, 3, (int64_t[]){expand_a ? 3 : 1, 8, 4}, &bv);
+    if (expand_a) a = nb_expand(ctx, a, 3, (int64_t[]){3, 5, 8});
+    else b = nb_expand(ctx, b, 3, (int64_t[]){3, 8, 4});
+    nb_tensor *out = nb_empty(ctx, NB_F32, 3, (int64_t[]){3, 5, 4});
+    nb__dnnl_mode prev = nb__dnnl_set_mode(mode);
+    int64_t ran = nb__dnnl_executions();
+    nb__cpu_matmul(out, a, b, false, false, false);
+    ran = nb__dnnl_executions() - ran;
+    nb__dnnl_set_mode(prev);
+    ck_assert_int_eq(ran, mode == NB_DNNL_OFF ? 0 : 1);
+    double got[60], ref[60], s[60];
+    nb_to_host_f64(out, got);
+    for (int l = 0; l < 3; l++)
+        for (int i = 0; i < 5; i++)
+            for (int j = 0; j < 4; j++) {
+                double r = 0, sa = 0;
+                for (int q = 0; q < 8; q++) {
+                    double x = av[((expand_a ? 0 : l) * 5 + i) * 8 + q];
+                    double y = bv[((expand_a ? l : 0) * 8 + q) * 4 + j];
+                    r += x * y;
+                    sa += fabs(x * y);
+                }
+                ref[(l * 5 + i) * 4 + j] = r;
+                s[(l * 5 + i) * 4 + j] = sa;
+            }
+    assert_bound(expand_a ? "expanded a" : "expanded b", 60, got, ref, s, false);
+    free(av), free(bv);
+    nb_ctx_free(ctx);
+}
+
+START_TEST(test_matmul_expanded_operands) {
+    for (int e = 0; e < 2; e++) {
+        expanded_check(NB_DNNL_FORCE, e);
+        expanded_check(NB_DNNL_OFF, e);
+    }
+}
+END_TEST
+
 /* ---- primitive cache ---- */
 
 START_TEST(test_cache_reuses_primitives) {
@@ -521,6 +566,7 @@ static Suite *dnnl_suite(void) {
     tcase_add_loop_test(tc, test_matmul_bf16_fallback, 0, nmm);
     tcase_add_test(tc, test_matmul_bf16_auto_uses_dnnl);
     tcase_add_test(tc, test_matmul_bf16_needs_f32_out);
+    tcase_add_test(tc, test_matmul_expanded_operands);
     tcase_add_test(tc, test_cache_reuses_primitives);
     tcase_add_test(tc, test_env_switch);
     tcase_add_test(tc, test_concurrent_execution);

@@ -332,14 +332,16 @@ static dnnl_data_type_t dnnl_dt(nb_dtype dt) { return dt == NB_BF16 ? dnnl_bf16 
 /* ------------------------------------------------------------ matmul */
 
 /* op(t)'s dims and strides aligned to nd output dims: t's batch dims
- * (1 where t has none), then op(t)'s rows and columns. Strides of
- * size-1 dims are normalised (they are never used) so that equal layouts
- * make equal keys. */
+ * (1 where t has none, or where t is expanded: stride 0, one matrix that
+ * oneDNN broadcasts), then op(t)'s rows and columns. Strides of size-1
+ * dims are normalised (they are never used) so that equal layouts make
+ * equal keys. */
 static void matrix_layout(const nb_tensor *t, bool trans, int nd, int64_t *dims, int64_t *st) {
     int off = nd - t->ndim;
     for (int i = 0; i < nd - 2; i++) {
         dims[i] = i < off ? 1 : t->shape[i - off];
         st[i] = i < off ? 0 : t->strides[i - off];
+        if (st[i] == 0) dims[i] = 1;
     }
     int r = t->ndim - 2, c = t->ndim - 1;
     dims[nd - 2] = t->shape[trans ? c : r];
