@@ -149,7 +149,8 @@ static void bench_matmul(int rounds, double budget) {
         }
         double g[3][32], flop = 2.0 * (double)(r->batch * r->m * r->n * r->k);
         for (int k = 0; k < rounds; k++)
-            for (int v = 0; v < 3; v++) g[v][k] = flop / time_calls(run_mm, &args[v], budget) * 1e-9;
+            for (int v = 0; v < 3; v++)
+                g[v][k] = flop / time_calls(run_mm, &args[v], budget) * 1e-9;
         printf("%-20s %5lld %5lld %5lld %5lld  %9.1f %9.1f %9.1f\n", r->name, (long long)r->batch,
                (long long)r->m, (long long)r->n, (long long)r->k, median(g[0], rounds),
                median(g[1], rounds), median(g[2], rounds));
@@ -287,7 +288,8 @@ typedef struct ours_arg {
 
 static void run_ours(void *p) {
     ours_arg *o = p;
-    if (o->kind == 0) nb__cpu_layer_norm(o->y, o->mean, o->rstd, o->x, o->w, o->b, o->d0, o->d1, 1e-5);
+    if (o->kind == 0)
+        nb__cpu_layer_norm(o->y, o->mean, o->rstd, o->x, o->w, o->b, o->d0, o->d1, 1e-5);
     else if (o->kind == 1) nb__cpu_softmax(o->y, o->x, o->d0, o->d1, 1, false);
     else
         nb__cpu_batch_norm_full(o->y, o->mean, o->rstd, o->x, o->w, o->b, o->rm, o->rv, true, 0.1,
@@ -318,13 +320,16 @@ static void bench_norms(int rounds, double budget) {
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
         int kind = rows[i].kind;
         int64_t d0 = rows[i].d0, d1 = rows[i].d1, d2 = rows[i].d2, n = d0 * d1 * d2;
-        int64_t feat = kind == 0 ? d1 : d1, nstat = kind == 0 ? d0 : d1;
-        ours_arg o = {kind, nb_empty(ctx, NB_F32, 1, &n), nb_rand_normal(ctx, NB_F32, 1, &n, 0, 1, NULL),
+        int64_t feat = d1, nstat = kind == 0 ? d0 : d1;
+        ours_arg o = {kind,
+                      nb_empty(ctx, NB_F32, 1, &n),
+                      nb_rand_normal(ctx, NB_F32, 1, &n, 0, 1, NULL),
                       nb_ones(ctx, NB_F32, 1, &feat), nb_zeros(ctx, NB_F32, 1, &feat),
                       nb_empty(ctx, NB_F64, 1, &nstat), nb_empty(ctx, NB_F64, 1, &nstat),
                       nb_zeros(ctx, NB_F32, 1, &feat), nb_ones(ctx, NB_F32, 1, &feat), d0, d1, d2};
         float *dy = nb_empty(ctx, NB_F32, 1, &n)->data;
-        float *mean = nb_empty(ctx, NB_F32, 1, &nstat)->data, *var = nb_empty(ctx, NB_F32, 1, &nstat)->data;
+        float *mean = nb_empty(ctx, NB_F32, 1, &nstat)->data;
+        float *var = nb_empty(ctx, NB_F32, 1, &nstat)->data;
         prim_arg a = {0};
         if (kind == 0) {
             int64_t dims[2] = {d0, d1};
@@ -392,7 +397,10 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--ms") && i + 1 < argc) budget = atof(argv[++i]) * 1e-3;
         else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [--threads N] [--rounds R] [--ms MS] [--only matmul|conv|norm] [--quick]\n", argv[0]);
+            fprintf(stderr,
+                    "usage: %s [--threads N] [--rounds R] [--ms MS] [--only matmul|conv|norm] "
+                    "[--quick]\n",
+                    argv[0]);
             return 2;
         }
     }

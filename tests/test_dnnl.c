@@ -180,7 +180,8 @@ static void mm_check(int ci, nb_dtype dt, int variant, nb__dnnl_mode mode) {
     else out = nb_empty(ctx, NB_F32, nd, oshape);
     if (variant == V_BIAS_GELU_PRE) pre = nb_empty(ctx, NB_F32, nd, oshape);
 
-    double *ref = malloc(sizeof(double) * (size_t)n_out), *s = malloc(sizeof(double) * (size_t)n_out);
+    double *ref = malloc(sizeof(double) * (size_t)n_out);
+    double *s = malloc(sizeof(double) * (size_t)n_out);
     double *got = malloc(sizeof(double) * (size_t)n_out);
     mm_reference(c, av, bv, biasv, accv, nd, oshape, ref, s);
 
@@ -303,7 +304,8 @@ START_TEST(test_cache_reuses_primitives) {
     nb_tensor *out = nb_empty(ctx, NB_F32, 2, (int64_t[]){17, 23});
     ck_assert(nb__dnnl_matmul(out, a, b, false, false, NULL, false, false));
     int64_t made = nb__dnnl_primitives_created(), hits = nb__dnnl_cache_hits();
-    for (int i = 0; i < 5; i++) ck_assert(nb__dnnl_matmul(out, a, b, false, false, NULL, false, false));
+    for (int i = 0; i < 5; i++)
+        ck_assert(nb__dnnl_matmul(out, a, b, false, false, NULL, false, false));
     ck_assert_int_eq(nb__dnnl_primitives_created(), made);
     ck_assert_int_eq(nb__dnnl_cache_hits(), hits + 5);
     /* another shape, or another post-op, is another primitive */
@@ -357,7 +359,8 @@ START_TEST(test_concurrent_execution) {
         jobs[t].taken = 0;
     }
     pthread_t th[NT];
-    for (int t = 0; t < NT; t++) ck_assert_int_eq(pthread_create(&th[t], NULL, mt_run, &jobs[t]), 0);
+    for (int t = 0; t < NT; t++)
+        ck_assert_int_eq(pthread_create(&th[t], NULL, mt_run, &jobs[t]), 0);
     for (int t = 0; t < NT; t++) pthread_join(th[t], NULL);
     double *got = malloc(sizeof(double) * (size_t)(m * n));
     for (int t = 0; t < NT; t++) {

@@ -284,7 +284,8 @@ static void finish_entry(entry *e, dnnl_primitive_desc_t pd) {
     if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl &&
         strncmp(impl, "ref", 3) != 0) {
         if (dnnl_primitive_create(&e->prim, pd) != dnnl_success) e->prim = NULL;
-        const dnnl_memory_desc_t *sp = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+        const dnnl_memory_desc_t *sp =
+            dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
         e->scratch = sp ? dnnl_memory_desc_get_size(sp) : 0;
         if (e->prim && e->scratch > 0) add_md(e, DNNL_ARG_SCRATCHPAD, sp);
     }
@@ -535,7 +536,8 @@ static float *f32_copy(nb_tensor *dst, const nb_tensor *t) {
 void nb__dnnl_matmul_bf16_fallback(nb_tensor *out, const nb_tensor *a, const nb_tensor *b,
                                    bool trans_a, bool trans_b, bool accumulate) {
     NB_CHECK(a->dtype == NB_BF16 && b->dtype == NB_BF16 && out->dtype == NB_F32,
-             "nb__cpu_matmul: bf16 product needs bf16 operands and an f32 output, got %s @ %s -> %s",
+             "nb__cpu_matmul: bf16 product needs bf16 operands and an f32 output, "
+             "got %s @ %s -> %s",
              nb_dtype_name(a->dtype), nb_dtype_name(b->dtype), nb_dtype_name(out->dtype));
     nb_tensor fa, fb;
     float *da = f32_copy(&fa, a), *db = f32_copy(&fb, b);
