@@ -37,51 +37,57 @@
  * NABLA_DNNL=0 never uses oneDNN (the f32 kernels, the bf16 fallbacks);
  * NABLA_DNNL=2 uses it wherever it has a non-reference implementation.
  *
- * Figures: build/bin/bench_dnnl --threads 1 --rounds 5 --ms 40, Zen 4 with
- * AVX512_BF16, 2 cores shared with other jobs (load average 2.9 to 4.7),
+ * Figures: build/bin/bench_dnnl --threads 1 --rounds 5 --ms 30, Zen 4 with
+ * AVX512_BF16, 2 cores shared with other jobs (load average 3.2 to 3.9),
  * GFLOP/s, medians of 5 interleaved rounds; columns OpenBLAS f32 / oneDNN
- * f32 / oneDNN bf16 (bf16 operands, f32 product):
+ * f32 / oneDNN bf16 (bf16 operands, f32 product) / bf16 through the f32
+ * fallback:
  *   GPT B16 T64 C128 (compare_torch), 1024 rows:
- *     qkv fwd (K 128, N 384)      79.1   93.0  185.2
- *     fc fwd (K 128, N 512)       98.3  107.6  211.6
- *     fc dW (M 512, K 1024)       73.6   89.3  141.0
- *     mlp_proj dX (N 512, K 128)  89.0  110.9  215.9
- *     head fwd (N 79)             84.0  108.5  204.3
- *     attention q@k^T 64x(64,32)@(32,64)  71.8  98.1  177.3
+ *     qkv fwd (K 128, N 384)        99.8 109.4 215.7 70.9
+ *     fc fwd (K 128, N 512)         99.6 110.3 216.8 75.6
+ *     fc dW (M 512, K 1024)        100.8 114.4 204.5 47.3
+ *     head fwd (N 79)               84.8 109.8 211.2 36.6
+ *     attention q@k^T 64 x (64,32)@(32,64)   75.4  98.9 178.8 18.4
+ *     attention p@v 64 x (64,64)@(64,32)    110.4 108.7 189.2 15.2
  *   GPT L6 C256 T128 b8, 1024 rows:
- *     fc fwd (K 256, N 1024)      97.8  103.1  207.8
- *     qkv dW (M 768, K 1024)      95.4   87.6  208.8
- *     fc dW                       89.9   88.6  171.1
- *     attention p@v 32x(128,128)@(128,64)  81.5  93.8  194.9
- *   MLP batch 8: (8,30)@(30,64) 30.3 12.0 15.7; (8,64)@(64,32) 52.2 11.6 14.5
- * So on one thread oneDNN's f32 matmul (brgemm kernels) is 0-35% faster on
- * the GPT products (equal on the transposed-A weight gradients, where it
- * falls back to its own sgemm) and bf16 doubles it; on products of a few
- * thousand multiply-adds its fixed cost per call (memory objects, lock,
- * dispatch: about 2.5 us against OpenBLAS's 1) loses by 2-4x, hence the
- * 2^20 threshold.
- * --threads 2 on the same loaded machine (load average 3.7): oneDNN's
- * OpenMP workers wait at barriers for a descheduled thread and many rows
- * collapse (GPT fc fwd f32 97.5 OpenBLAS vs 16.8 oneDNN; attention q@k^T
- * 66.8 vs 2.3; the CNN's convolutions under 1 GFLOP/s), while OpenBLAS
- * degrades gracefully; with OMP_WAIT_POLICY=passive (set before the
- * process starts) oneDNN at 2 threads matched its 1-thread figures. Hence
- * f32 stays on OpenBLAS above one thread; bf16 has no other fast path and
- * keeps oneDNN (set OMP_WAIT_POLICY=passive on a shared machine).
- * Convolutions, GFLOP/s, columns im2col / oneDNN f32 / oneDNN bf16, one
- * thread, batch 32, 3x3 same (the digits CNN; the library's plain NCHW
- * layouts, so oneDNN runs its own gemm-based convolution):
- *     1->16 8x8 fwd / bwd     27.1 16.9 16.3 / 33.1 14.0 16.2
- *     16->32 4x4 fwd / bwd    33.8 35.9 37.5 / 34.3 37.5 43.6
- *     32->64 2x2 fwd / bwd    29.3 15.2 20.6 / 27.9 19.0 29.4
- *     32->64 32x32 fwd / bwd  73.5 75.3 96.5 / 68.4 56.0 80.1
- * im2col wins or ties in f32; a blocked layout (nChw16c) would need a
- * reorder per call and is not tried.
+ *     fc fwd (K 256, N 1024)        99.3 108.3 216.2 81.0
+ *     fc dW (M 1024, K 1024)        99.3 102.2 200.2 64.6
+ *     attention p@v 32 x (128,128)@(128,64)  92.3 113.1 213.5 26.0
+ *   MLP batch 8: (8,30)@(30,64) 39.1 10.4 12.3 4.8; (8,64)@(64,32) 68.5 11.1
+ *     13.0 4.9
+ * On one thread oneDNN's f32 matmul is 0-30% faster than OpenBLAS on every
+ * GPT product, and bf16 doubles it; the f32 fallback for bf16 is slower
+ * than oneDNN's bf16 everywhere. On products of a few thousand
+ * multiply-adds oneDNN's fixed cost per call (memory objects, lock,
+ * dispatch: about 2.5 us against OpenBLAS's 0.5-1) loses by 3-6x, hence
+ * the 2^20 threshold for f32 (bf16 keeps oneDNN: its fallback is slower
+ * still).
+ * --threads 2 on the same machine (load average 3.2 to 4.1) with OpenMP's
+ * default (active) wait policy: oneDNN's workers spin and then wait at
+ * barriers for a descheduled thread, and most rows collapse (GPT-s fc fwd
+ * f32 100.0 OpenBLAS vs 17.6 oneDNN, bf16 16.8; GPT-m attention q@k^T
+ * 66.9 vs 8.4, bf16 8.4, i.e. one 8 ms scheduler tick per call), while
+ * OpenBLAS degrades gracefully. With OMP_WAIT_POLICY=passive (set before
+ * the process starts; OpenMP reads it at load) the collapse is gone
+ * (GPT-s fc fwd 38.4 / 84.5 / 213.2; GPT-m attention q@k^T 67.6 / 104.4 /
+ * 196.0). Hence f32 stays on OpenBLAS above one thread; bf16 has no
+ * faster path and keeps oneDNN (on a shared machine set
+ * OMP_WAIT_POLICY=passive).
+ * Convolutions, GFLOP/s, columns im2col / oneDNN f32 / oneDNN bf16 / bf16
+ * through the f32 fallback, one thread, batch 32, 3x3 same (the digits
+ * CNN; the library's plain NCHW layouts, where oneDNN runs its own
+ * gemm-based convolution), bench_dnnl --threads 1 --only conv:
+ *     1->16 8x8 fwd / bwd       33.3 33.5 19.1  7.9 / 33.1 14.0 15.8 11.9
+ *     16->32 4x4 fwd / bwd      35.6 37.6 40.8 26.6 / 35.7 38.1 44.2 28.8
+ *     32->64 2x2 fwd / bwd      28.0  9.4 15.3 15.0 / 21.9 13.7 23.1 16.0
+ *     32->64 32x32 fwd / bwd    56.9 52.5 35.7 37.4 / 47.6 35.1 75.6 28.8
+ * im2col wins or ties in f32; in bf16 oneDNN beats the fallback (or ties).
+ * A blocked layout (nChw16c) would need a reorder per call; not tried.
  * Forward layer norm / softmax / batch norm (f32, one thread, GB/s of x
- * read + y written, ours / oneDNN's, bench_dnnl --only norm): layer norm
- * (1024, 128) 15.0 / 32.0, (1024, 256) 19.1 / 34.5; softmax rows of 64
- * 2.1 / 12.9, of 128 2.0 / 14.4; batch norm (32, 16, 8x8) 4.4 / 4.4,
- * (32, 64, 32x32) 3.5 / 3.1. oneDNN wins layer norm and softmax forward;
+ * read + y written, ours / oneDNN's, bench_dnnl --threads 1 --only norm):
+ * layer norm (1024, 128) 14.9 / 32.6, (1024, 256) 19.3 / 35.1; softmax
+ * rows of 64 2.1 / 10.5, of 128 2.0 / 11.1; batch norm (32, 16, 8x8) 4.6
+ * / 4.5, (32, 64, 32x32) 3.3 / 3.0. oneDNN wins layer norm and softmax forward;
  * not adopted here: our saved statistics are f64 (oneDNN's f32), the
  * GPT's softmax is the fused causal one (no oneDNN equivalent), and the
  * thread-pool work rewrites those kernels now; a candidate for later. */
