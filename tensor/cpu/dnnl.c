@@ -59,7 +59,7 @@
  * GPT product, and bf16 doubles it; the f32 fallback for bf16 is slower
  * than oneDNN's bf16 everywhere. On products of a few thousand
  * multiply-adds oneDNN's fixed cost per call (memory objects, lock,
- * dispatch: about 2.5 us against OpenBLAS's 0.5-1) loses by 3-6x, hence
+ * dispatch: about 3 us against OpenBLAS's 0.5 to 1) loses by 3-6x, hence
  * the 2^20 threshold for f32 (bf16 keeps oneDNN: its fallback is slower
  * still).
  * --threads 2 on the same machine (load average 3.2 to 4.1) with OpenMP's
