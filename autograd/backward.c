@@ -57,6 +57,7 @@
  * of forming the product first), deterministically. */
 #include <string.h>
 
+#include "tensor/backend.h"
 #include "tensor/internal.h"
 
 struct nb_hook {
@@ -108,9 +109,42 @@ nb_node *nb__record(nb_ctx *ctx, const char *op, nb_backward_fn backward, nb_ten
     return node;
 }
 
+/* bf16/f16 on a device without math in them (Note [Mixed precision on
+ * the CPU] in tensor/context.c): their sums are formed in f32. */
+static bool storage_half(const nb_tensor *t) {
+    return (t->dtype == NB_BF16 || t->dtype == NB_F16) && !nb__backend_at(t)->half_compute;
+}
+
+static nb_tensor *as_f32(nb_ctx *ctx, nb_tensor *t) {
+    if (t->dtype == NB_F32) return t;
+    nb_tensor *c = nb__empty(ctx, NB_F32, t->ndim, t->shape);
+    nb__run_copy(c, t);
+    return c;
+}
+
+/* dst (t's dtype, a half one) = a + g, added in f32 and rounded once. */
+static void add_half(nb_ctx *ctx, nb_tensor *dst, nb_tensor *a, nb_tensor *g) {
+    nb_tensor *sum = nb__empty(ctx, NB_F32, a->ndim, a->shape);
+    nb__run_binary(NB_B_ADD, sum, as_f32(ctx, a), as_f32(ctx, g));
+    nb__run_copy(dst, sum);
+}
+
 void nb__accum_grad(nb_ctx *ctx, nb_tensor *t, nb_tensor *g) {
     if (!t->requires_grad) return;
+    if (storage_half(g) && !nb_same_shape(g, t)) g = as_f32(ctx, g); /* summed in f32 */
     g = nb__sum_to(ctx, g, t->ndim, t->shape);
+    if (storage_half(t) && t->grad) { /* a second contribution */
+        if (t->node == NULL || t->grad_owned) {
+            add_half(ctx, t->grad, t->grad, g);
+        } else { /* Note [Adopted gradients] */
+            nb_tensor *sum = nb__empty(ctx, t->dtype, t->ndim, t->shape);
+            add_half(ctx, sum, t->grad, g);
+            t->grad = sum;
+            t->grad_owned = true;
+        }
+        if (t->node == NULL) t->bw_seen = true;
+        return;
+    }
     if (g->dtype != t->dtype) {
         nb_tensor *c = nb__empty(ctx, t->dtype, g->ndim, g->shape);
         nb__run_copy(c, g);

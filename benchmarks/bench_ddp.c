@@ -24,6 +24,9 @@
  * inside nb_ddp_backward, instead of one nb_optim_step after it; the mode
  * column then reads "ddp-bs" and ms/step compares with the "ddp" row.
  *
+ * --bf16 computes the products in bf16 (the step context's compute dtype,
+ * as train_gpt --bf16).
+ *
  * --machine prints one key=value line (with forward / backward / optimizer
  * medians) for scripts instead of the row; --plot-scaling LINES SVG reads
  * such lines (benchmarks/run_scaling.sh collects them), prints the scaling
@@ -178,11 +181,12 @@ static int plot_scaling(const char *path, const char *svg) {
 int main(int argc, char **argv) {
     int steps = 30, width = 512, layers = 4, header = 0, machine = 0, kind = WIDE;
     int64_t batch = 0;
-    bool use_ddp = true, bucket_step = false;
+    bool use_ddp = true, bucket_step = false, bf16 = false;
     const char *device_arg = "auto";
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--no-ddp")) use_ddp = false;
         else if (!strcmp(argv[i], "--bucket-step")) bucket_step = true;
+        else if (!strcmp(argv[i], "--bf16")) bf16 = true;
         else if (!strcmp(argv[i], "--header")) header = 1;
         else if (!strcmp(argv[i], "--machine")) machine = 1;
         else if (!strcmp(argv[i], "--plot-scaling") && i + 2 < argc) return plot_scaling(argv[i + 1], argv[i + 2]);
@@ -200,7 +204,7 @@ int main(int argc, char **argv) {
             }
         } else {
             fprintf(stderr, "usage: %s [--model wide|mlp|cnn|gpt] [--device auto|cpu|cuda] [--no-ddp] "
-                            "[--bucket-step] [--steps N] [--batch B] [--width W] [--layers L] [--header] [--machine]\n"
+                            "[--bucket-step] [--bf16] [--steps N] [--batch B] [--width W] [--layers L] [--header] [--machine]\n"
                             "       %s --plot-scaling LINES SVG\n", argv[0], argv[0]);
             return 2;
         }
@@ -240,6 +244,7 @@ int main(int argc, char **argv) {
     }
     int rank = pg ? nb_pg_rank(pg) : 0, world = pg ? nb_pg_size(pg) : 1;
     nb_ctx *pctx = nb_ctx_new(dev, 0), *step = nb_ctx_new(dev, 0);
+    if (bf16) nb_ctx_set_compute_dtype(step, NB_BF16);
     nb_rng rng = nb_rng_make(1);
     nb_module *model = build(pctx, kind, width, layers, &rng);
     nb_ddp *ddp = NULL;

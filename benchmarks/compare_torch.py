@@ -8,6 +8,11 @@ steps (forward, loss, backward, AdamW step, zero_grad) of our C program
 equivalent, and prints medians with their spread and our time over theirs
 (below 1: we are faster).
 
+bf16 rows (--bf16-models, default cnn,gpt; "" for none): ours with --bf16
+(the step context's compute dtype: bf16 products, f32 accumulation and
+master weights) beside PyTorch eager f32 and PyTorch eager under
+torch.autocast("cpu", dtype=torch.bfloat16), run as interleaved triples.
+
 Fairness (Note [A fair comparison]): each side runs in a fresh process of its
 own, started with the same thread variables (OMP_NUM_THREADS,
 OPENBLAS_NUM_THREADS, MKL_NUM_THREADS, NABLA_NUM_THREADS) so that OpenMP and
@@ -148,7 +153,7 @@ def openblas_threads():
     return None
 
 
-def torch_worker(model_name, steps, intra_op):
+def torch_worker(model_name, steps, intra_op, autocast=False):
     """Runs in its own process (started by run_torch): one timed run, one JSON line."""
     torch, F, models = torch_models()
     torch.set_num_threads(intra_op)
@@ -168,8 +173,9 @@ def torch_worker(model_name, steps, intra_op):
     times, most = [], 0
     for s in range(steps + 3):  # 3 warm-up steps, as bench_ddp
         t0 = time.perf_counter()
-        out = model(x)
-        loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            out = model(x)
+            loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -214,16 +220,17 @@ def run_child(cmd, env):
     return out, most
 
 
-def run_nabla(binary, model_name, steps, env):
-    out, most = run_child([binary, "--no-ddp", "--model", model_name, "--machine", "--steps", str(steps)], env)
+def run_nabla(binary, model_name, steps, env, bf16=False):
+    out, most = run_child([binary, "--no-ddp", "--model", model_name, "--machine", "--steps", str(steps)]
+                          + (["--bf16"] if bf16 else []), env)
     f = dict(re.findall(r"(\w+)=(\S+)", out))
     return {"ms": float(f["ms"]), "fwd": float(f["fwd"]), "bwd": float(f["bwd"]), "opt": float(f["opt"]),
             "params": int(f["params"]), "threads": most}
 
 
-def run_torch(python, model_name, steps, intra_op, env):
+def run_torch(python, model_name, steps, intra_op, env, autocast=False):
     out, most = run_child([python, os.path.abspath(__file__), "--torch-worker", model_name, "--steps", str(steps),
-                           "--torch-intra-op", str(intra_op)], env)
+                           "--torch-intra-op", str(intra_op)] + (["--torch-autocast"] if autocast else []), env)
     r = json.loads(out.strip().splitlines()[-1])
     r["threads_seen"] = most
     return r
@@ -255,12 +262,15 @@ def main():
                     help="PyTorch's OMP_NUM_THREADS and set_num_threads, when it should differ from --threads "
                          "(e.g. 1 with --threads 2: BLAS on 2 threads, ATen's own kernels on 1)")
     ap.add_argument("--models", default="mlp,cnn,gpt")
+    ap.add_argument("--bf16-models", default="cnn,gpt",
+                    help="models with bf16 rows: nabla --bf16 against torch f32 and torch CPU autocast bf16")
     ap.add_argument("--bin", default=os.environ.get("NABLA_BIN", os.path.join(HERE, "..", "build", "bin")))
     ap.add_argument("--torch-worker", metavar="MODEL", help=argparse.SUPPRESS)
+    ap.add_argument("--torch-autocast", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     intra = a.torch_intra_op or a.threads
     if a.torch_worker:
-        return torch_worker(a.torch_worker, a.steps, intra)
+        return torch_worker(a.torch_worker, a.steps, intra, a.torch_autocast)
     binary = os.path.join(a.bin, "bench_ddp")
     if not os.access(binary, os.X_OK):
         print(f"compare_torch: {binary} not found; build first (make build)", file=sys.stderr)
@@ -301,6 +311,25 @@ def main():
               f"{spread(th, '{:.3f}'):>27} {statistics.median(o) / statistics.median(th):6.3f} "
               f"{spread(pairs, '{:.3f}'):>19}", flush=True)
         seen.append((m, ours, theirs))
+    bf16_models = [m for m in a.bf16_models.split(",") if m]
+    if bf16_models:
+        print("bf16: nabla --bf16 (bf16 products, f32 accumulation and weights) against torch eager f32 and "
+              "torch eager under autocast(cpu, bfloat16); triples interleaved (nabla, f32, autocast ...)")
+        print(f"{'model':6} {'batch':>6} {'nabla bf16 ms':>27} {'torch f32 ms':>27} {'ratio':>6} "
+              f"{'torch autocast ms':>27} {'ratio':>6} {'pair ratios (autocast)':>22}")
+    for m in bf16_models:
+        ours, t32, tac = [], [], []
+        for _ in range(a.repeats):
+            ours.append(run_nabla(binary, m, a.steps, env_nabla, bf16=True))
+            t32.append(run_torch(python, m, a.steps, intra, env_torch))
+            tac.append(run_torch(python, m, a.steps, intra, env_torch, autocast=True))
+        o, f, c = ([r["ms"] for r in rs] for rs in (ours, t32, tac))
+        pairs = [x / y for x, y in zip(o, c)]
+        b = f"{BATCH[m]}x{GPT_T}" if m == "gpt" else str(BATCH[m])
+        print(f"{m:6} {b:>6} {spread(o, '{:.3f}'):>27} {spread(f, '{:.3f}'):>27} "
+              f"{statistics.median(o) / statistics.median(f):6.3f} {spread(c, '{:.3f}'):>27} "
+              f"{statistics.median(o) / statistics.median(c):6.3f} {spread(pairs, '{:.3f}'):>22}", flush=True)
+        seen.append((m + "-bf16", ours, t32 + tac))
     print("threads in force, read back: 'process' = most kernel threads the parent saw in the process "
           "(start and exit included); 'timed' = most the PyTorch process counted in itself after each timed step")
     for m, ours, theirs in seen:

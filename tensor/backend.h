@@ -48,6 +48,13 @@ typedef struct nb__backend {
     /* bf16 and f16 are computed in (in f32 inside the kernels); otherwise
      * they are storage types, and math asks for a cast to f32 first. */
     bool half_compute;
+    /* The compute dtypes of mixed precision (nb_ctx_set_compute_dtype) on
+     * this device, one bit (1u << dtype) each: the matrix products (matmul,
+     * conv2d) take operands of these dtypes and accumulate in f32. Without
+     * half_compute only they, casts and gradient accumulation see such
+     * tensors, and only in a context of that compute dtype (Note [Mixed
+     * precision on the CPU] in tensor/context.c). */
+    unsigned product_dtypes;
 
     /* ---- runtime ---- */
     /* Makes `device` current for the calling thread (aborts naming op). */

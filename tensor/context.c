@@ -46,7 +46,31 @@
  * A tensor whose struct is not in an arena (a struct on the stack) has no
  * context and is always live. Not covered: a view made in a context that
  * outlives the one holding its storage (the view stays live; keep views in
- * the context of what they view). */
+ * the context of what they view).
+ *
+ * Note [Mixed precision on the CPU]
+ * A context's compute dtype (nb_ctx_set_compute_dtype) is a dtype its
+ * backend lists in product_dtypes (tensor/backend.h): bf16 and f16 on
+ * CUDA, bf16 only on the CPU. The products (nb_matmul and its family,
+ * nb_linear, the GPT MLP's linear+GELU, nb_conv2d) cast f32 operands to it
+ * with recorded casts, multiply in it and accumulate in f32; matmul's
+ * output is f32, conv2d's is cast back to f32. Everything else stays f32:
+ * parameters, their gradients and the optimizer's state (the master
+ * weights), activations between products, the reductions of the backward.
+ * The backward's products run in the same context and so in the same
+ * precision; a cast's backward rounds the product's operand gradient to
+ * bf16 before converting it back to the f32 master, as on CUDA.
+ * On the CPU bf16 is otherwise a storage type (no half_compute), so a bf16
+ * tensor reaches only: casts; the products, and only in a context whose
+ * compute dtype is bf16 (nb__check_product_float in tensor/tensor.c; any
+ * other math refuses it); and gradient accumulation, which adds two bf16
+ * contributions in f32 and rounds once (nb__accum_grad). The CPU products
+ * convert bf16 operands to f32 (exact: bf16 is f32's top half) and run the
+ * f32 GEMM/im2col path (tensor/cpu/matmul.c, conv.c) where no faster bf16
+ * kernel takes them, so the result is exactly the f32 computation on the
+ * bf16-rounded operands; a CPU without AVX512_BF16 is slower, not wrong.
+ * f16 is refused on the CPU: it would need loss scaling (5 exponent bits)
+ * and buys nothing without an f16 GEMM; bf16 has f32's exponent range. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -206,9 +230,15 @@ void nb_ctx_set_compute_dtype(nb_ctx *ctx, nb_dtype dtype) {
     NB_CHECK(dtype == NB_F32 || dtype == NB_BF16 || dtype == NB_F16,
              "nb_ctx_set_compute_dtype: %s is not a compute dtype (f32, bf16 or f16)",
              nb_dtype_name(dtype));
-    NB_CHECK(dtype == NB_F32 || nb__backend_of(ctx->device)->half_compute,
-             "nb_ctx_set_compute_dtype: %s compute needs a CUDA context; this one is on %s",
-             nb_dtype_name(dtype), nb_device_name(ctx->device));
+    /* Note [Mixed precision on the CPU] */
+    const nb__backend *be = nb__backend_of(ctx->device);
+    NB_CHECK(dtype == NB_F32 || (be->product_dtypes & (1u << dtype)),
+             "nb_ctx_set_compute_dtype: %s compute is not supported on %s%s",
+             nb_dtype_name(dtype), nb_device_name(ctx->device),
+             dtype == NB_F16 && (be->product_dtypes & (1u << NB_BF16))
+                 ? " (its products take bf16 only: f16 would need loss scaling for its 5-bit "
+                   "exponent and has no fast GEMM there; use bf16, which keeps f32's range)"
+                 : "");
     ctx->compute_dtype = dtype;
 }
 

@@ -5,9 +5,11 @@
  * Output size per spatial dim: floor((H + 2p - d(k - 1) - 1) / s) + 1. The
  * backward recomputes the columns from the saved input instead of keeping
  * them, so memory stays at one image's columns. On CUDA the kernels are
- * cuDNN's. In a context whose compute dtype is bf16/f16 (CUDA), f32
- * operands are cast to it, the convolution runs in it, and the result is
- * cast back to f32 (all recorded). */
+ * cuDNN's. In a context whose compute dtype is bf16/f16 (bf16 only on the
+ * CPU), f32 operands are cast to it, the convolution runs in it (products
+ * of its values accumulated in f32, the result rounded to it), and the
+ * result is cast back to f32, all recorded (Note [Mixed precision on the
+ * CPU] in tensor/context.c). */
 #include <limits.h>
 
 #include "tensor/backend.h"
@@ -44,7 +46,7 @@ nb_tensor *nb_conv2d(nb_ctx *ctx, nb_tensor *x, nb_tensor *weight, nb_tensor *bi
     }
     nb__check_ctx(op, ctx, x);
     nb__check_ctx(op, ctx, weight);
-    nb__check_float(op, x);
+    nb__check_product_float(op, ctx, x);
     nb__check_same_dtype(op, x, weight);
     NB_CHECK(x->ndim == 4, "nb_conv2d: input must be 4-D (N, C, H, W), got shape %s",
              nb_shape_str(x));

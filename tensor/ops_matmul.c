@@ -12,10 +12,11 @@
  * batch folded into the rows instead of a batch of products and a sum.
  *
  * Mixed precision: in a context whose compute dtype is bf16 or f16
- * (nb_ctx_set_compute_dtype, CUDA only) f32 operands are cast to it first
- * (recorded casts, so gradients reach the f32 originals) and the product,
- * accumulated in f32, comes out in f32. The backward's products run in
- * the same context and so in the same precision.
+ * (nb_ctx_set_compute_dtype; bf16 only on the CPU) f32 operands are cast
+ * to it first (recorded casts, so gradients reach the f32 originals) and
+ * the product, accumulated in f32, comes out in f32. The backward's
+ * products run in the same context and so in the same precision (Note
+ * [Mixed precision on the CPU] in tensor/context.c).
  *
  * nb__linear (x @ w^T + b, the Linear layer) fuses the bias into the
  * GEMM, through the backend table (tensor/backend.h): on CUDA it rides
@@ -64,7 +65,7 @@ static nb_tensor *matmul_impl_ex(nb_ctx *ctx, const char *name, nb_tensor *a, nb
         if (b->dtype == NB_F32) b = nb_cast(ctx, b, cd);
     }
     nb__check_same_dtype(name, a, b);
-    nb__check_float(name, a);
+    nb__check_product_float(name, ctx, a);
     int na = a->ndim, nbn = b->ndim;
     int64_t m = a->shape[na - (ta ? 1 : 2)], ka = a->shape[na - (ta ? 2 : 1)];
     int64_t kb = b->shape[nbn - (tb ? 1 : 2)], n = b->shape[nbn - (tb ? 2 : 1)];

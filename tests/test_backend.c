@@ -54,11 +54,13 @@ START_TEST(test_tables_complete) {
     ck_assert_str_eq(nb__cpu_backend.name, "cpu");
     ck_assert(!nb__cpu_backend.device_memory);
     ck_assert(nb__cpu_backend.strided_elementwise_out && !nb__cpu_backend.half_compute);
+    ck_assert_uint_eq(nb__cpu_backend.product_dtypes, 1u << NB_BF16);
 #if NABLA_HAVE_CUDA
     assert_complete(&nb__cuda_backend);
     ck_assert_str_eq(nb__cuda_backend.name, "cuda");
     ck_assert(nb__cuda_backend.device_memory);
     ck_assert(!nb__cuda_backend.strided_elementwise_out && nb__cuda_backend.half_compute);
+    ck_assert_uint_eq(nb__cuda_backend.product_dtypes, (1u << NB_BF16) | (1u << NB_F16));
 #endif
 }
 END_TEST

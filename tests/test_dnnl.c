@@ -243,7 +243,7 @@ START_TEST(test_matmul_bf16_needs_f32_out) {
     nb_tensor *out = nb_empty(ctx, NB_BF16, 2, (int64_t[]){3, 3});
     nb__dnnl_mode prev = nb__dnnl_set_mode(NB_DNNL_OFF);
     NBT_EXPECT_ABORT(nb__cpu_matmul(out, a, a, false, true, false),
-                     "bf16 product needs bf16 operands and an f32 output, got bf16 @ bf16 -> bf16");
+                     "need an f32 output, got bf16");
     nb__dnnl_set_mode(prev);
     nb_ctx_free(ctx);
 }
@@ -495,7 +495,7 @@ static void conv_check(int ci, nb_dtype dt, bool with_bias, nb__dnnl_mode mode) 
     nb_tensor *y = nb_empty_like(ctx, gy), *dx = nb_empty_like(ctx, x), *dw = nb_empty_like(ctx, w);
     nb_tensor *db = with_bias ? nb_empty(ctx, dt, 1, &g.o) : NULL;
     conv_ref r = conv_reference(&g, xv, wv, bv, gv);
-    size_t cols = (size_t)(nb__conv2d_cols_numel(&g) + 1) * nb_dtype_size(dt);
+    size_t cols = nb__conv2d_cols_bytes(dt, &g) + 16;
     void *scratch = malloc(cols);
 
     nb__dnnl_mode prev = nb__dnnl_set_mode(mode);

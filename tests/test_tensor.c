@@ -230,8 +230,9 @@ END_TEST
 
 /* The device-facing API on a machine (or build) without a GPU: the
  * queries agree with each other, a CUDA context is refused with a message
- * naming the device, the compute dtype is CUDA-only, and nb_to on the
- * same device is the identity. */
+ * naming the device, a CPU context computes products in bf16 but not f16
+ * (tests/test_cpu_bf16.c tests the products), and nb_to on the same device
+ * is the identity. */
 START_TEST(test_devices_without_gpu) {
     ck_assert(nb_cuda_available() == (nb_cuda_device_count() > 0));
     if (nb_cuda_device_count() == 0) {
@@ -240,7 +241,12 @@ START_TEST(test_devices_without_gpu) {
     NBT_EXPECT_ABORT(nb_ctx_new(nb_cuda(nb_cuda_device_count()), 0), "cuda:");
     nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
     ck_assert_int_eq(nb_ctx_compute_dtype(ctx), NB_F32);
-    NBT_EXPECT_ABORT(nb_ctx_set_compute_dtype(ctx, NB_BF16), "needs a CUDA context");
+    nb_ctx_set_compute_dtype(ctx, NB_BF16);
+    ck_assert_int_eq(nb_ctx_compute_dtype(ctx), NB_BF16);
+    NBT_EXPECT_ABORT(nb_ctx_set_compute_dtype(ctx, NB_F16),
+                     "nb_ctx_set_compute_dtype: f16 compute is not supported on cpu (its products "
+                     "take bf16 only");
+    ck_assert_int_eq(nb_ctx_compute_dtype(ctx), NB_BF16);
     NBT_EXPECT_ABORT(nb_ctx_set_compute_dtype(ctx, NB_I32), "not a compute dtype");
     nb_ctx_set_compute_dtype(ctx, NB_F32);
     nb_tensor *x = nb_arange(ctx, NB_F32, 0, 6, 1);

@@ -27,14 +27,6 @@ nb_status run_dist_init(run_dist *d) {
     return NB_OK;
 }
 
-bool run_dist_bf16_ok(const run_dist *d, const char *prog) {
-    if (d->device.type == NB_DEVICE_CUDA) return true;
-    fprintf(stderr, "%s: --bf16 needs a GPU: bf16 matrix products are computed on CUDA devices "
-                    "only, and this run computes on %s (a build without CUDA, or no GPU visible)\n",
-            prog, nb_device_name(d->device));
-    return false;
-}
-
 nb_status run_dist_wrap(run_dist *d, nb_module *model, bool sync_bn) {
     d->model = model;
     if (!d->pg) return NB_OK;

@@ -27,9 +27,6 @@ nb_status run_dist_init(run_dist *d);
 /* Wraps `model` for data-parallel training (a collective: every rank calls
  * it); first converts its BatchNorms to SyncBatchNorm when sync_bn. */
 nb_status run_dist_wrap(run_dist *d, nb_module *model, bool sync_bn);
-/* --bf16 needs a CUDA device: false (after saying why on stderr, naming
- * `prog`) when this run computes on the CPU. */
-bool run_dist_bf16_ok(const run_dist *d, const char *prog);
 /* The model's forward (through DDP, which broadcasts buffers first). */
 nb_status run_dist_forward(run_dist *d, nb_ctx *ctx, nb_tensor *x, nb_tensor **out);
 /* Backward with gradients averaged over ranks (or only accumulated

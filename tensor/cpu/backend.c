@@ -93,13 +93,13 @@ static void batch_norm_backward(nb_tensor *dx, nb_tensor *dw, nb_tensor *db, con
 /* im2col buffers from ctx */
 static void conv2d(nb_ctx *ctx, nb_dtype dt, const nb__conv2d_geom *g, void *out, const void *x,
                    const void *w, const void *b) {
-    void *cols = nb_ctx_alloc(ctx, (size_t)nb__conv2d_cols_numel(g) * nb_dtype_size(dt), 0);
+    void *cols = nb_ctx_alloc(ctx, nb__conv2d_cols_bytes(dt, g), 0);
     nb__cpu_conv2d_forward(dt, g, out, x, w, b, cols);
 }
 
 static void conv2d_backward(nb_ctx *ctx, nb_dtype dt, const nb__conv2d_geom *g, void *dx,
                             void *dw, void *db, const void *gout, const void *x, const void *w) {
-    void *cols = nb_ctx_alloc(ctx, (size_t)nb__conv2d_cols_numel(g) * nb_dtype_size(dt), 0);
+    void *cols = nb_ctx_alloc(ctx, nb__conv2d_cols_bytes(dt, g), 0);
     nb__cpu_conv2d_backward(dt, g, dx, dw, db, gout, x, w, cols);
 }
 
@@ -141,6 +141,7 @@ const nb__backend nb__cpu_backend = {
     .ordered_elementwise = true,
     .strided_elementwise_out = true,
     .half_compute = false,
+    .product_dtypes = 1u << NB_BF16,
     .use = use,
     .sync = sync,
     .mem_alloc = mem_alloc,

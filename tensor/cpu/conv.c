@@ -8,12 +8,21 @@
  * @ (KH*KW, P) with OG often 1: a direct loop over the kernel taps, each a
  * contiguous run of the output row when the stride is 1, costs the same
  * arithmetic without the column copies or one BLAS call per channel.
- * Letters as in tensor/cpu/conv.h. */
+ * Letters as in tensor/cpu/conv.h.
+ *
+ * bf16 (mixed precision): the operands are converted to f32 (exact), the
+ * f32 path runs, and its results are rounded to bf16 once: exactly the f32
+ * convolution of the bf16-rounded values, the portable fallback where no
+ * bf16 kernel takes them (Note [Mixed precision on the CPU] in
+ * tensor/context.c). The column buffer is then f32
+ * (nb__conv2d_cols_bytes). */
 #include <cblas.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "tensor/cpu/conv.h"
 #include "tensor/cpu/dnnl.h"
+#include "tensor/internal.h"
 
 static int is_pointwise(const nb__conv2d_geom *g) {
     return g->kh == 1 && g->kw == 1 && g->sh == 1 && g->sw == 1 && g->ph == 0 && g->pw == 0;
@@ -24,6 +33,10 @@ static int is_direct(const nb__conv2d_geom *g) { return g->groups > 1 && g->c ==
 int64_t nb__conv2d_cols_numel(const nb__conv2d_geom *g) {
     if (is_pointwise(g) || is_direct(g)) return 0;
     return g->c / g->groups * g->kh * g->kw * g->oh * g->ow;
+}
+
+size_t nb__conv2d_cols_bytes(nb_dtype dt, const nb__conv2d_geom *g) {
+    return (size_t)nb__conv2d_cols_numel(g) * nb_dtype_size(dt == NB_BF16 ? NB_F32 : dt);
 }
 
 /* Output columns [lo, hi) whose input column ow*sw + off lies in [0, W). */
@@ -230,24 +243,71 @@ static void valid_range(const nb__conv2d_geom *g, int64_t off, int64_t *lo, int6
 DEFINE_CONV(float, f32, cblas_sgemm)
 DEFINE_CONV(double, f64, cblas_dgemm)
 
+/* ---- bf16 through f32 ---- */
+static float *f32_buf(int64_t n) {
+    float *p = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    NB_CHECK(p, "nb_conv2d: out of memory for a bf16 convolution's f32 buffer (%lld bytes)",
+             (long long)(n * (int64_t)sizeof(float)));
+    return p;
+}
+
+static float *bf16_to_f32(const void *src, int64_t n) {
+    if (!src) return NULL;
+    float *p = f32_buf(n);
+    const uint16_t *s = src;
+    for (int64_t i = 0; i < n; i++) p[i] = nb_bf16_to_f32(s[i]);
+    return p;
+}
+
+static void f32_to_bf16(void *dst, float *src, int64_t n) {
+    if (!dst) return;
+    uint16_t *d = dst;
+    for (int64_t i = 0; i < n; i++) d[i] = nb_f32_to_bf16(src[i]);
+    free(src);
+}
+
+static int64_t x_numel(const nb__conv2d_geom *g) { return g->n * g->c * g->h * g->w; }
+static int64_t w_numel(const nb__conv2d_geom *g) { return g->o * (g->c / g->groups) * g->kh * g->kw; }
+static int64_t out_numel(const nb__conv2d_geom *g) { return g->n * g->o * g->oh * g->ow; }
+
+static void forward_bf16(const nb__conv2d_geom *g, void *out, const void *x, const void *w,
+                         const void *b, float *cols) {
+    float *fx = bf16_to_f32(x, x_numel(g)), *fw = bf16_to_f32(w, w_numel(g));
+    float *fb = bf16_to_f32(b, g->o), *fo = f32_buf(out_numel(g));
+    forward_f32(g, fo, fx, fw, fb, cols);
+    f32_to_bf16(out, fo, out_numel(g));
+    free(fx);
+    free(fw);
+    free(fb);
+}
+
+static void backward_bf16(const nb__conv2d_geom *g, void *dx, void *dw, void *db,
+                          const void *gout, const void *x, const void *w, float *cols) {
+    float *fg = bf16_to_f32(gout, out_numel(g));
+    float *fx = bf16_to_f32(x, x_numel(g)), *fw = bf16_to_f32(w, w_numel(g));
+    float *fdx = dx ? f32_buf(x_numel(g)) : NULL, *fdw = dw ? f32_buf(w_numel(g)) : NULL;
+    float *fdb = db ? f32_buf(g->o) : NULL;
+    backward_f32(g, fdx, fdw, fdb, fg, fx, fw, cols);
+    f32_to_bf16(dx, fdx, x_numel(g));
+    f32_to_bf16(dw, fdw, w_numel(g));
+    f32_to_bf16(db, fdb, g->o);
+    free(fg);
+    free(fx);
+    free(fw);
+}
+
 void nb__cpu_conv2d_forward(nb_dtype dt, const nb__conv2d_geom *g, void *out, const void *x,
                             const void *w, const void *b, void *cols) {
     if (nb__dnnl_conv2d_forward(dt, g, out, x, w, b)) return;
-    if (dt == NB_BF16) {
-        nb__dnnl_conv2d_forward_bf16_fallback(g, out, x, w, b);
-        return;
-    }
-    if (dt == NB_F32) forward_f32(g, out, x, w, b, cols);
+    if (dt == NB_BF16) forward_bf16(g, out, x, w, b, cols);
+    else if (dt == NB_F32) forward_f32(g, out, x, w, b, cols);
     else forward_f64(g, out, x, w, b, cols);
 }
 
 void nb__cpu_conv2d_backward(nb_dtype dt, const nb__conv2d_geom *g, void *dx, void *dw, void *db,
                              const void *gout, const void *x, const void *w, void *cols) {
     if (nb__dnnl_conv2d_backward(dt, g, dx, dw, db, gout, x, w)) return;
-    if (dt == NB_BF16) {
-        nb__dnnl_conv2d_backward_bf16_fallback(g, dx, dw, db, gout, x, w);
-        return;
-    }
-    if (dt == NB_F32) backward_f32(g, dx, dw, db, gout, x, w, cols);
+    if (dt == NB_BF16) backward_bf16(g, dx, dw, db, gout, x, w, cols);
+    else if (dt == NB_F32) backward_f32(g, dx, dw, db, gout, x, w, cols);
     else backward_f64(g, dx, dw, db, gout, x, w, cols);
 }

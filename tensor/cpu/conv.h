@@ -9,6 +9,7 @@
 #ifndef NABLA_TENSOR_CPU_CONV_H
 #define NABLA_TENSOR_CPU_CONV_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "nabla/dtype.h"
@@ -25,9 +26,12 @@ typedef struct nb__conv2d_geom {
  * 1x1 kernel with unit stride and no padding (the image is its own
  * columns) or for one input channel per group (direct loop). */
 int64_t nb__conv2d_cols_numel(const nb__conv2d_geom *g);
+/* The column buffer's bytes for dtype dt (bf16 columns are f32). */
+size_t nb__conv2d_cols_bytes(nb_dtype dt, const nb__conv2d_geom *g);
 
 /* out (N, O, OH, OW) = conv(x (N, C, H, W), w (O, CG, KH, KW)) + b (O) or
- * no bias when b is NULL. cols: scratch of nb__conv2d_cols_numel elements. */
+ * no bias when b is NULL; dt f32, f64 or bf16 (computed in f32, rounded
+ * once). cols: scratch of nb__conv2d_cols_bytes. */
 void nb__cpu_conv2d_forward(nb_dtype dt, const nb__conv2d_geom *g, void *out, const void *x,
                             const void *w, const void *b, void *cols);
 

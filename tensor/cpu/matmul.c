@@ -6,9 +6,16 @@
  * so transposed views cost no copy. When b is one matrix shared by the
  * whole batch and a's batch and row dims collapse into one run of rows, the
  * batch is folded into M and the product is a single GEMM (the linear-layer
- * case, where one large call is much faster than many small ones). */
+ * case, where one large call is much faster than many small ones).
+ *
+ * bf16 operands (mixed precision, f32 output): each operand is converted to
+ * an f32 twin with the same layout (exact) and the f32 path runs on the
+ * twins, so the result is exactly sgemm on the bf16-rounded values: the
+ * portable fallback where no bf16 GEMM takes them (Note [Mixed precision
+ * on the CPU] in tensor/context.c). */
 #include <cblas.h>
 #include <limits.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "tensor/cpu/dnnl.h"
@@ -77,13 +84,59 @@ static bool can_fold(int nbd, const int64_t *shape, const int64_t *sa, const int
     return true;
 }
 
+static void swap_last2(nb_tensor *t) {
+    int64_t s = t->shape[t->ndim - 2], st = t->strides[t->ndim - 2];
+    t->shape[t->ndim - 2] = t->shape[t->ndim - 1];
+    t->strides[t->ndim - 2] = t->strides[t->ndim - 1];
+    t->shape[t->ndim - 1] = s;
+    t->strides[t->ndim - 1] = st;
+}
+
+/* f (f32, malloc'd data to free) = t (bf16, readable, no empty dim),
+ * dense in t's layout: row- or column-major matrices, batch dims dense
+ * outside them except the broadcast (stride 0) ones, which stay so. */
+static void f32_twin(nb_tensor *f, const nb_tensor *t) {
+    int nd = t->ndim;
+    int64_t r = t->shape[nd - 2], c = t->shape[nd - 1];
+    bool col_major = c > 1 && t->strides[nd - 1] != 1;
+    *f = *t;
+    f->dtype = NB_F32;
+    f->base = NULL;
+    f->strides[nd - 2] = col_major ? 1 : c;
+    f->strides[nd - 1] = col_major ? r : 1;
+    int64_t size = r * c;
+    for (int d = nd - 3; d >= 0; d--) {
+        bool bcast = t->strides[d] == 0 && t->shape[d] > 1;
+        f->strides[d] = bcast ? 0 : size;
+        if (!bcast) size *= t->shape[d];
+    }
+    f->data = malloc((size_t)size * sizeof(float));
+    NB_CHECK(f->data, "nb_matmul: out of memory converting a bf16 operand %s to f32 (%lld bytes)",
+             nb_shape_str(t), (long long)(size * (int64_t)sizeof(float)));
+    nb_tensor src = *t, dst = *f; /* copied along the unit-stride dim */
+    if (col_major) {
+        swap_last2(&src);
+        swap_last2(&dst);
+    }
+    nb__cpu_copy(&dst, &src);
+}
+
+static void matmul_bf16(nb_tensor *out, const nb_tensor *a, const nb_tensor *b, bool trans_a,
+                        bool trans_b, bool accumulate) {
+    NB_CHECK(out->dtype == NB_F32 && b->dtype == NB_BF16,
+             "nb__cpu_matmul: bf16 operands %s and %s (%s) need an f32 output, got %s",
+             nb_shape_str(a), nb_shape_str(b), nb_dtype_name(b->dtype), nb_dtype_name(out->dtype));
+    nb_tensor fa, fb;
+    f32_twin(&fa, a);
+    f32_twin(&fb, b);
+    nb__cpu_matmul(out, &fa, &fb, trans_a, trans_b, accumulate);
+    free(fa.data);
+    free(fb.data);
+}
+
 void nb__cpu_matmul(nb_tensor *out, const nb_tensor *a, const nb_tensor *b, bool trans_a,
                     bool trans_b, bool accumulate) {
     if (nb__dnnl_matmul(out, a, b, trans_a, trans_b, NULL, false, accumulate)) return;
-    if (a->dtype == NB_BF16) { /* no bf16 GEMM in OpenBLAS */
-        nb__dnnl_matmul_bf16_fallback(out, a, b, trans_a, trans_b, accumulate);
-        return;
-    }
     int nbd = out->ndim - 2;
     int64_t m = out->shape[nbd], n = out->shape[nbd + 1];
     int64_t k = a->shape[a->ndim - (trans_a ? 2 : 1)];
@@ -92,6 +145,10 @@ void nb__cpu_matmul(nb_tensor *out, const nb_tensor *a, const nb_tensor *b, bool
     if (batch == 0 || m == 0 || n == 0) return;
     if (k == 0) {
         if (!accumulate) memset(out->data, 0, (size_t)(batch * m * n) * es);
+        return;
+    }
+    if (a->dtype == NB_BF16) {
+        matmul_bf16(out, a, b, trans_a, trans_b, accumulate);
         return;
     }
     double beta = accumulate ? 1.0 : 0.0;

@@ -15,7 +15,8 @@ bool nb__cpu_gemm_readable(const nb_tensor *t);
 
 /* out (L, M, N), contiguous = op(a) (La, M, K) @ op(b) (Lb, K, N), where
  * La and Lb broadcast to L and op() swaps the last two dims when the flag
- * is set. a and b are readable (above) and have out's dtype, f32 or f64;
+ * is set. a and b are readable (above) and have out's dtype, f32 or f64,
+ * or are both bf16 with out f32 (products of bf16 values summed in f32);
  * M, N and K fit an int. K = 0 gives zeros. With accumulate, the product
  * is added to what out holds (BLAS beta = 1) instead. */
 void nb__cpu_matmul(nb_tensor *out, const nb_tensor *a, const nb_tensor *b, bool trans_a,

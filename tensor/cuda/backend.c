@@ -76,6 +76,7 @@ const nb__backend nb__cuda_backend = {
     .ordered_elementwise = false,
     .strided_elementwise_out = false,
     .half_compute = true,
+    .product_dtypes = (1u << NB_BF16) | (1u << NB_F16),
     .use = nb__cuda_use,
     .sync = nb__cuda_sync,
     .mem_alloc = nb__cuda_malloc,

@@ -1,0 +1,602 @@
+/* Mixed precision on the CPU (Note [Mixed precision on the CPU] in
+ * tensor/context.c): every op that takes the compute dtype (nb_matmul and
+ * nb_matmul_t with each transpose, batched and broadcast; nb__linear with
+ * its bias; nb__linear_gelu; nb_conv2d with stride, padding, dilation and
+ * groups) and its gradients, under a bf16 compute dtype, checked two ways:
+ *
+ * 1. Against an independent reference in double that multiplies the
+ *    bf16-rounded operands (rounded here, by bf16_round) and sums exactly:
+ *    the CPU computes exactly those products (a product of two bf16 values
+ *    is exact in f32) summed in f32, so the only differences allowed are
+ *    the f32 summation's, |err| <= K 2^-24 sum|terms| for K terms, plus
+ *    half a bf16 ulp, 2^-8 |value|, where the result is rounded to bf16
+ *    (conv2d's output; every gradient that reaches an operand through its
+ *    bf16 cast).
+ * 2. Against the same op in f32. bf16 keeps 8 significant bits, so each
+ *    operand is off by at most u = 2^-8 relative (half its ulp) and each
+ *    product by 2u + u^2; the bound used is the worst case, (2u + u^2)
+ *    sum|terms| (+ u |value| where rounded, + twice the f32 summation
+ *    bound), which no data can exceed. The typical error is much smaller:
+ *    K independent roundings add up like a random walk, ~sqrt(K) u |term|
+ *    ~ u |value| for O(1) values of random sign (measured here: relative
+ *    RMS errors of 2e-3 to 5e-3 over a tensor), so the relative RMS error
+ *    is also checked, against 2^-6 = 0.0156.
+ *
+ * Also: the parameters (master weights) and their gradients stay f32 and
+ * an optimizer step updates them; gradient contributions to one bf16 cast
+ * output are added (in f32, rounded once); bf16 tensors are refused outside
+ * the products and outside a bf16 context; a small GPT trained 300 steps in
+ * bf16 ends within 2% of the f32 run's loss. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tensor/internal.h" /* nb__linear, nb__linear_gelu */
+#include "testutil.h"
+
+#define U 0x1p-8       /* bf16's unit roundoff: 8 significant bits */
+#define F32_EPS 0x1p-24 /* f32's unit roundoff */
+
+/* Round to nearest even at bf16's 8 significant bits (finite values). */
+static double bf16_round(double v) {
+    float f = (float)v;
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static double *host(const nb_tensor *t) {
+    int64_t n = nb_numel(t);
+    double *v = malloc(sizeof(double) * (size_t)(n ? n : 1));
+    nb_to_host_f64(t, v);
+    return v;
+}
+
+static double *zeroed(int64_t n) { return calloc((size_t)(n ? n : 1), sizeof(double)); }
+
+/* What the bf16 computation of one tensor should be: s the exact sum of
+ * the (rounded) terms, sa the sum of their magnitudes, mt the largest
+ * magnitude, k the terms per element (for the f32 summation bound). */
+typedef struct expect {
+    int64_t n;
+    double *s, *sa, *mt;
+    int64_t k;
+    bool rounded; /* the result is rounded to bf16 */
+    double *extra; /* more error allowed against f32 (GELU's slope) */
+} expect;
+
+static expect expect_new(int64_t n, int64_t k, bool rounded) {
+    return (expect){n, zeroed(n), zeroed(n), zeroed(n), k, rounded, zeroed(n)};
+}
+
+static void expect_add(expect *e, int64_t i, double term) {
+    e->s[i] += term;
+    e->sa[i] += fabs(term);
+    if (fabs(term) > e->mt[i]) e->mt[i] = fabs(term);
+}
+
+static void expect_free(expect *e) {
+    free(e->s);
+    free(e->sa);
+    free(e->mt);
+    free(e->extra);
+}
+
+/* extra_ulps: terms whose bf16 factor came from an f32 value the library
+ * computed (GELU's gradient) may round to a neighbour of the reference's;
+ * allow that many such terms a bf16 ulp (2^-8 relative) each. */
+static void check_ref(const char *what, const nb_tensor *t, const expect *e, int extra_ulps) {
+    ck_assert_int_eq(t->dtype, NB_F32);
+    ck_assert_int_eq(nb_numel(t), e->n);
+    double *v = host(t);
+    for (int64_t i = 0; i < e->n; i++) {
+        double sum_tol = (double)e->k * F32_EPS * e->sa[i] * (1 + U);
+        double tol = (e->rounded ? U * (fabs(e->s[i]) + sum_tol) : 0) + sum_tol +
+                     extra_ulps * 2 * U * e->mt[i] + 1e-30;
+        ck_assert_msg(fabs(v[i] - e->s[i]) <= tol,
+                      "%s: element %lld is %.9g, the reference %.9g (|diff| %.3g > %.3g)", what,
+                      (long long)i, v[i], e->s[i], fabs(v[i] - e->s[i]), tol);
+    }
+    free(v);
+}
+
+static void check_f32(const char *what, const nb_tensor *t16, const nb_tensor *t32,
+                      const expect *e) {
+    ck_assert_int_eq(t16->dtype, NB_F32);
+    double *a = host(t16), *b = host(t32), num = 0, den = 0;
+    for (int64_t i = 0; i < e->n; i++) {
+        /* sa is over rounded terms: (1 + 2u) covers the unrounded ones */
+        double sa = e->sa[i] * (1 + 2 * U);
+        double tol = (2 * U + U * U) * sa + 2 * (double)e->k * F32_EPS * sa;
+        tol += e->extra[i];
+        if (e->rounded) tol = U * fabs(b[i]) + (1 + U) * tol;
+        ck_assert_msg(fabs(a[i] - b[i]) <= tol + 1e-30,
+                      "%s: bf16 element %lld is %.9g, f32 %.9g (|diff| %.3g > %.3g)", what,
+                      (long long)i, a[i], b[i], fabs(a[i] - b[i]), tol);
+        num += (a[i] - b[i]) * (a[i] - b[i]);
+        den += b[i] * b[i];
+    }
+    ck_assert_msg(num <= 0x1p-12 * den, "%s: relative RMS error %.3g above 2^-6", what,
+                  sqrt(num / (den > 0 ? den : 1)));
+    free(a);
+    free(b);
+}
+
+/* ---- matrix products ---- */
+
+/* A case: a (La, M, K) stored transposed when ta, b (Lb, K, N) stored
+ * transposed when tb; La, Lb in {0 (a 2-D operand), L}; op selects the
+ * front end; bias (N) for nb__linear/nb__linear_gelu. */
+enum { OP_MATMUL_T, OP_LINEAR, OP_LINEAR_GELU };
+typedef struct mm_case {
+    const char *name;
+    int op;
+    int64_t L, M, N, K;
+    bool a_batched, b_batched, ta, tb;
+} mm_case;
+
+typedef struct mm_io {
+    nb_tensor *a, *b, *bias, *y;
+} mm_io;
+
+static mm_io mm_run(nb_ctx *pctx, nb_ctx *step, const mm_case *c, const nb_tensor *gy_like) {
+    int64_t ash[3], bsh[3];
+    int na = 0, nbn = 0;
+    if (c->a_batched) ash[na++] = c->L;
+    ash[na++] = c->ta ? c->K : c->M;
+    ash[na++] = c->ta ? c->M : c->K;
+    if (c->b_batched) bsh[nbn++] = c->L;
+    bsh[nbn++] = c->tb ? c->N : c->K;
+    bsh[nbn++] = c->tb ? c->K : c->N;
+    mm_io io = {0};
+    io.a = nbt_randn_leaf(pctx, NB_F32, na, ash, 11);
+    io.b = nbt_randn_leaf(pctx, NB_F32, nbn, bsh, 12);
+    if (c->op != OP_MATMUL_T) io.bias = nbt_randn_leaf(pctx, NB_F32, 1, &c->N, 13);
+    if (c->op == OP_MATMUL_T) io.y = nb_matmul_t(step, io.a, io.b, c->ta, c->tb);
+    else if (c->op == OP_LINEAR) io.y = nb__linear(step, io.a, io.b, io.bias);
+    else io.y = nb__linear_gelu(step, io.a, io.b, io.bias);
+    (void)gy_like;
+    return io;
+}
+
+static double gelu(double x) {
+    return 0.5 * x * (1 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+}
+
+static double gelu_grad(double x) {
+    double t = tanh(0.7978845608028654 * (x + 0.044715 * x * x * x));
+    return 0.5 * (1 + t) +
+           0.5 * x * (1 - t * t) * 0.7978845608028654 * (1 + 3 * 0.044715 * x * x);
+}
+
+static void mm_case_run(const mm_case *c) {
+    nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *s32 = nb_ctx_new(nb_cpu(), 0),
+           *s16 = nb_ctx_new(nb_cpu(), 0);
+    nb_ctx_set_compute_dtype(s16, NB_BF16);
+    mm_io f = mm_run(pctx, s32, c, NULL), h = mm_run(pctx, s16, c, NULL);
+    ck_assert_int_eq(h.y->dtype, NB_F32);
+    int64_t L = c->L, M = c->M, N = c->N, K = c->K;
+    int64_t nl = c->a_batched || c->b_batched ? L : 1;
+    nb_tensor *gy = nbt_randn(pctx, NB_F32, h.y->ndim, h.y->shape, 14);
+    nb_backward_with(f.y, gy);
+    nb_backward_with(h.y, gy);
+    ck_assert(h.a->dtype == NB_F32 && h.a->grad && h.a->grad->dtype == NB_F32);
+    ck_assert(h.b->dtype == NB_F32 && h.b->grad && h.b->grad->dtype == NB_F32);
+
+    double *a = host(h.a), *b = host(h.b), *g = host(gy), *bias = h.bias ? host(h.bias) : NULL;
+    /* forward: pre = sum_k a~ b~ (+ bias) */
+    expect pre = expect_new(nl * M * N, K + (bias != NULL), false);
+    for (int64_t l = 0; l < nl; l++)
+        for (int64_t i = 0; i < M; i++)
+            for (int64_t j = 0; j < N; j++) {
+                int64_t o = (l * M + i) * N + j;
+                if (bias) expect_add(&pre, o, bias[j]);
+                for (int64_t k = 0; k < K; k++) {
+                    int64_t ia = (c->a_batched ? l * M * K : 0) + (c->ta ? k * M + i : i * K + k);
+                    int64_t ib = (c->b_batched ? l * K * N : 0) + (c->tb ? j * K + k : k * N + j);
+                    expect_add(&pre, o, bf16_round(a[ia]) * bf16_round(b[ib]));
+                }
+            }
+    /* the gradient reaching the product: g, or g gelu'(pre) */
+    bool gl = c->op == OP_LINEAR_GELU;
+    double *gp = zeroed(nl * M * N);
+    for (int64_t o = 0; o < nl * M * N; o++) gp[o] = gl ? g[o] * gelu_grad(pre.s[o]) : g[o];
+    /* each operand's gradient: sum of g~ times the other operand, in its
+     * own layout, summed over the batch where it was broadcast; rounded
+     * to bf16 by its cast */
+    int64_t an = nb_numel(h.a), bn = nb_numel(h.b);
+    expect ga = expect_new(an, N * (c->a_batched ? 1 : nl), true);
+    expect gb = expect_new(bn, M * (c->b_batched ? 1 : nl), true);
+    expect gbias = expect_new(N, nl * M, false);
+    for (int64_t l = 0; l < nl; l++)
+        for (int64_t i = 0; i < M; i++)
+            for (int64_t j = 0; j < N; j++) {
+                int64_t o = (l * M + i) * N + j;
+                double gr = bf16_round(gp[o]);
+                /* against f32, GELU's gradient differs by |g gelu''| (< 0.8 |g|)
+                 * times pre's difference */
+                double dgp = gl ? 0.8 * fabs(g[o]) * (2 * U + U * U) * pre.sa[o] * (1 + 2 * U) : 0;
+                if (bias) expect_add(&gbias, j, gp[o]);
+                for (int64_t k = 0; k < K; k++) {
+                    int64_t ia = (c->a_batched ? l * M * K : 0) + (c->ta ? k * M + i : i * K + k);
+                    int64_t ib = (c->b_batched ? l * K * N : 0) + (c->tb ? j * K + k : k * N + j);
+                    expect_add(&ga, ia, gr * bf16_round(b[ib]));
+                    expect_add(&gb, ib, gr * bf16_round(a[ia]));
+                    ga.extra[ia] += dgp * fabs(b[ib]) * (1 + U);
+                    gb.extra[ib] += dgp * fabs(a[ia]) * (1 + U);
+                }
+            }
+    char what[160];
+    if (gl) {
+        /* y = gelu(pre): the reference's y, with GELU's f32 error and
+         * its slope (< 1.13) times pre's summation bound */
+        double *y = host(h.y);
+        for (int64_t o = 0; o < pre.n; o++) {
+            double tol = 1.13 * (double)pre.k * F32_EPS * pre.sa[o] * (1 + U) +
+                         4 * F32_EPS * (fabs(pre.s[o]) + 1);
+            ck_assert_msg(fabs(y[o] - gelu(pre.s[o])) <= tol,
+                          "%s: y element %lld is %.9g, reference %.9g", c->name, (long long)o,
+                          y[o], gelu(pre.s[o]));
+        }
+        free(y);
+    } else {
+        snprintf(what, sizeof what, "%s: y vs reference", c->name);
+        check_ref(what, h.y, &pre, 0);
+    }
+    /* GELU's gradient: the library's f32 g gelu'(pre) may round to another
+     * bf16 neighbour than the reference's for an element or two */
+    int extra = gl ? 2 : 0;
+    snprintf(what, sizeof what, "%s: a's gradient vs reference", c->name);
+    check_ref(what, h.a->grad, &ga, extra);
+    snprintf(what, sizeof what, "%s: b's gradient vs reference", c->name);
+    check_ref(what, h.b->grad, &gb, extra);
+    if (bias) {
+        snprintf(what, sizeof what, "%s: bias gradient vs reference", c->name);
+        check_ref(what, h.bias->grad, &gbias, 0);
+    }
+
+    /* against f32 (GELU: pre's bound through its slope) */
+    snprintf(what, sizeof what, "%s: y vs f32", c->name);
+    if (!gl) check_f32(what, h.y, f.y, &pre);
+    snprintf(what, sizeof what, "%s: a's gradient vs f32", c->name);
+    check_f32(what, h.a->grad, f.a->grad, &ga);
+    snprintf(what, sizeof what, "%s: b's gradient vs f32", c->name);
+    check_f32(what, h.b->grad, f.b->grad, &gb);
+    if (bias && !gl) nbt_assert_tensors_close(h.bias->grad, f.bias->grad, 0, 1e-5);
+
+    expect_free(&pre);
+    expect_free(&ga);
+    expect_free(&gb);
+    expect_free(&gbias);
+    free(a);
+    free(b);
+    free(g);
+    free(bias);
+    free(gp);
+    nb_ctx_free(s16);
+    nb_ctx_free(s32);
+    nb_ctx_free(pctx);
+}
+
+static const mm_case mm_cases[] = {
+    {"matmul", OP_MATMUL_T, 1, 13, 11, 37, false, false, false, false},
+    {"matmul_t a^T", OP_MATMUL_T, 1, 13, 11, 37, false, false, true, false},
+    {"matmul_t b^T", OP_MATMUL_T, 1, 13, 11, 37, false, false, false, true},
+    {"matmul_t a^T b^T", OP_MATMUL_T, 1, 13, 11, 37, false, false, true, true},
+    {"batched", OP_MATMUL_T, 3, 7, 9, 64, true, true, false, false},
+    {"batched a^T b^T", OP_MATMUL_T, 3, 7, 9, 64, true, true, true, true},
+    {"batched, b broadcast (folded)", OP_MATMUL_T, 4, 5, 6, 33, true, false, false, false},
+    {"batched a^T, b^T broadcast", OP_MATMUL_T, 4, 5, 6, 33, true, false, true, true},
+    {"batched, a broadcast", OP_MATMUL_T, 3, 6, 5, 20, false, true, false, false},
+    {"nb_linear with bias", OP_LINEAR, 4, 6, 10, 48, true, false, false, true},
+    {"nb_linear_gelu", OP_LINEAR_GELU, 4, 6, 40, 16, true, false, false, true},
+};
+
+START_TEST(test_products) { mm_case_run(&mm_cases[_i]); }
+END_TEST
+
+/* ---- conv2d ---- */
+
+typedef struct conv_case {
+    const char *name;
+    int64_t n, c, h, w, o, kh, kw;
+    nb_conv2d_opts opts;
+} conv_case;
+
+static const conv_case conv_cases[] = {
+    {"3x3 pad 1", 2, 3, 7, 6, 4, 3, 3, {{1, 1}, {1, 1}, {1, 1}, 1}},
+    {"3x2 stride 2 pad (1, 0)", 2, 4, 9, 8, 6, 3, 2, {{2, 2}, {1, 0}, {1, 1}, 1}},
+    {"groups 2, dilation 2", 1, 4, 8, 8, 6, 3, 3, {{1, 1}, {2, 2}, {2, 2}, 2}},
+    {"depthwise", 2, 3, 6, 5, 6, 3, 3, {{1, 2}, {1, 1}, {1, 1}, 3}},
+    {"1x1", 2, 5, 4, 4, 3, 1, 1, {{1, 1}, {0, 0}, {1, 1}, 1}},
+};
+
+typedef struct conv_io {
+    nb_tensor *x, *w, *b, *y;
+} conv_io;
+
+static conv_io conv_run(nb_ctx *pctx, nb_ctx *step, const conv_case *c) {
+    int64_t G = c->opts.groups;
+    conv_io io;
+    io.x = nbt_randn_leaf(pctx, NB_F32, NB_SHAPE(c->n, c->c, c->h, c->w), 21);
+    io.w = nbt_randn_leaf(pctx, NB_F32, NB_SHAPE(c->o, c->c / G, c->kh, c->kw), 22);
+    io.b = nbt_randn_leaf(pctx, NB_F32, NB_SHAPE(c->o), 23);
+    io.y = nb_conv2d(step, io.x, io.w, io.b, &c->opts);
+    return io;
+}
+
+static void conv_case_run(const conv_case *c) {
+    nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *s32 = nb_ctx_new(nb_cpu(), 0),
+           *s16 = nb_ctx_new(nb_cpu(), 0);
+    nb_ctx_set_compute_dtype(s16, NB_BF16);
+    conv_io f = conv_run(pctx, s32, c), h = conv_run(pctx, s16, c);
+    ck_assert_int_eq(h.y->dtype, NB_F32);
+    nb_tensor *gy = nbt_randn(pctx, NB_F32, 4, h.y->shape, 24);
+    nb_backward_with(f.y, gy);
+    nb_backward_with(h.y, gy);
+    int64_t G = c->opts.groups, CG = c->c / G, OG = c->o / G;
+    int64_t OH = h.y->shape[2], OW = h.y->shape[3];
+    const nb_conv2d_opts *o = &c->opts;
+    double *x = host(h.x), *w = host(h.w), *b = host(h.b), *g = host(gy);
+    int64_t nk = CG * c->kh * c->kw;
+    /* bias rounded too (cast with the operands), output rounded */
+    expect y = expect_new(nb_numel(h.y), nk + 1, true);
+    expect gx = expect_new(nb_numel(h.x), 0, true), gw = expect_new(nb_numel(h.w), 0, true);
+    expect gb = expect_new(c->o, c->n * OH * OW, true);
+    for (int64_t n = 0; n < c->n; n++)
+        for (int64_t oc = 0; oc < c->o; oc++)
+            for (int64_t oh = 0; oh < OH; oh++)
+                for (int64_t ow = 0; ow < OW; ow++) {
+                    int64_t yi = ((n * c->o + oc) * OH + oh) * OW + ow;
+                    double gr = bf16_round(g[yi]);
+                    expect_add(&y, yi, bf16_round(b[oc]));
+                    expect_add(&gb, oc, gr);
+                    for (int64_t ci = 0; ci < CG; ci++)
+                        for (int64_t ki = 0; ki < c->kh; ki++)
+                            for (int64_t kj = 0; kj < c->kw; kj++) {
+                                int64_t ih = oh * o->stride[0] - o->padding[0] + ki * o->dilation[0];
+                                int64_t iw = ow * o->stride[1] - o->padding[1] + kj * o->dilation[1];
+                                if (ih < 0 || ih >= c->h || iw < 0 || iw >= c->w) continue;
+                                int64_t cin = (oc / OG) * CG + ci;
+                                int64_t xi = ((n * c->c + cin) * c->h + ih) * c->w + iw;
+                                int64_t wi = ((oc * CG + ci) * c->kh + ki) * c->kw + kj;
+                                double xv = bf16_round(x[xi]), wv = bf16_round(w[wi]);
+                                expect_add(&y, yi, xv * wv);
+                                expect_add(&gx, xi, gr * wv);
+                                expect_add(&gw, wi, gr * xv);
+                            }
+                }
+    gx.k = OG * c->kh * c->kw; /* at most, per input element */
+    gw.k = c->n * OH * OW;
+    char what[160];
+#define CHECK_BOTH(label, t16, t32, e)                                  \
+    do {                                                                \
+        snprintf(what, sizeof what, "conv %s: %s vs reference", c->name, label); \
+        check_ref(what, t16, e, 0);                                     \
+        snprintf(what, sizeof what, "conv %s: %s vs f32", c->name, label); \
+        check_f32(what, t16, t32, e);                                   \
+    } while (0)
+    CHECK_BOTH("y", h.y, f.y, &y);
+    CHECK_BOTH("x's gradient", h.x->grad, f.x->grad, &gx);
+    CHECK_BOTH("w's gradient", h.w->grad, f.w->grad, &gw);
+    CHECK_BOTH("bias gradient", h.b->grad, f.b->grad, &gb);
+#undef CHECK_BOTH
+    expect_free(&y);
+    expect_free(&gx);
+    expect_free(&gw);
+    expect_free(&gb);
+    free(x);
+    free(w);
+    free(b);
+    free(g);
+    nb_ctx_free(s16);
+    nb_ctx_free(s32);
+    nb_ctx_free(pctx);
+}
+
+START_TEST(test_conv2d) { conv_case_run(&conv_cases[_i]); }
+END_TEST
+
+/* ---- graph, masters, refusals ---- */
+
+/* One bf16 cast used by two products: its two gradient contributions are
+ * added in f32 and rounded once, then reach the f32 leaf. */
+START_TEST(test_cast_gradient_accumulates) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_ctx_set_compute_dtype(ctx, NB_BF16);
+    nb_tensor *x = nbt_randn_leaf(ctx, NB_F32, NB_SHAPE(5, 24), 31);
+    nb_tensor *w1 = nbt_randn(ctx, NB_F32, NB_SHAPE(24, 7), 32);
+    nb_tensor *w2 = nbt_randn(ctx, NB_F32, NB_SHAPE(24, 7), 33);
+    nb_tensor *gy = nbt_randn(ctx, NB_F32, NB_SHAPE(5, 7), 34);
+    nb_tensor *c = nb_cast(ctx, x, NB_BF16);
+    nb_backward_with(nb_add(ctx, nb_matmul(ctx, c, w1), nb_matmul(ctx, c, w2)), gy);
+    ck_assert_int_eq(x->grad->dtype, NB_F32);
+    double *v1 = host(w1), *v2 = host(w2), *g = host(gy), *got = host(x->grad);
+    for (int64_t i = 0; i < 5; i++)
+        for (int64_t k = 0; k < 24; k++) {
+            double s1 = 0, s2 = 0, a1 = 0, a2 = 0;
+            for (int64_t j = 0; j < 7; j++) {
+                double gr = bf16_round(g[i * 7 + j]);
+                s1 += gr * bf16_round(v1[k * 7 + j]);
+                s2 += gr * bf16_round(v2[k * 7 + j]);
+                a1 += fabs(gr * bf16_round(v1[k * 7 + j]));
+                a2 += fabs(gr * bf16_round(v2[k * 7 + j]));
+            }
+            /* each rounded to bf16, then their f32 sum rounded again */
+            double tol = U * (2 * fabs(s1) + fabs(s2)) + 3 * 7 * F32_EPS * (a1 + a2) + 1e-30;
+            ck_assert_msg(fabs(got[i * 24 + k] - (s1 + s2)) <= tol,
+                          "x.grad[%lld][%lld] = %.9g, reference %.9g", (long long)i,
+                          (long long)k, got[i * 24 + k], s1 + s2);
+        }
+    free(v1);
+    free(v2);
+    free(g);
+    free(got);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+/* A Linear layer's f32 parameters (the master weights) get f32 gradients
+ * through the casts and an optimizer step updates them in f32. */
+START_TEST(test_masters_stay_f32) {
+    nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
+    nb_rng rng = nb_rng_make(41);
+    nb_module *lin = nb_linear_new(pctx, NB_F32, 16, 8, true, &rng);
+    nb_named_tensor ps[2];
+    ck_assert_int_eq(nb_module_named_parameters(lin, ps, 2), 2);
+    nb_optim_hparams hp = NB_SGD_DEFAULTS;
+    hp.lr = 0.1;
+    nb_optim *opt = nb_optim_new(NB_OPTIM_SGD, ps, 2, &hp);
+    double *before = host(ps[0].tensor);
+    nb_ctx_set_compute_dtype(step, NB_BF16);
+    nb_tensor *y = nb_module_forward(lin, step, nbt_randn(step, NB_F32, NB_SHAPE(4, 16), 42));
+    ck_assert_int_eq(y->dtype, NB_F32);
+    nb_backward(nb_sum_all(step, nb_mul(step, y, y)));
+    for (int i = 0; i < 2; i++) {
+        ck_assert_int_eq(ps[i].tensor->dtype, NB_F32);
+        ck_assert_ptr_nonnull(ps[i].tensor->grad);
+        ck_assert_int_eq(ps[i].tensor->grad->dtype, NB_F32);
+    }
+    double *gw = host(ps[0].tensor->grad);
+    nb_optim_step(opt);
+    ck_assert_int_eq(ps[0].tensor->dtype, NB_F32);
+    double *after = host(ps[0].tensor);
+    /* SGD: w - lr g, computed in f32 on the f32 master */
+    for (int i = 0; i < 16 * 8; i++)
+        ck_assert_msg(fabs(after[i] - (before[i] - 0.1 * gw[i])) <= 1e-6 * (1 + fabs(before[i])),
+                      "weight %d: %.9g, expected %.9g", i, after[i], before[i] - 0.1 * gw[i]);
+    ck_assert(fabs(gw[0]) > 0);
+    free(before);
+    free(after);
+    free(gw);
+    nb_optim_free(opt);
+    nb_ctx_free(step);
+    nb_ctx_free(pctx);
+}
+END_TEST
+
+START_TEST(test_refusals) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *x = nb_cast(ctx, nbt_randn(ctx, NB_F32, NB_SHAPE(3, 4), 51), NB_BF16);
+    nb_tensor *w = nb_cast(ctx, nbt_randn(ctx, NB_F32, NB_SHAPE(4, 2), 52), NB_BF16);
+    nb_tensor *img = nb_cast(ctx, nbt_randn(ctx, NB_F32, NB_SHAPE(1, 1, 4, 4), 53), NB_BF16);
+    nb_tensor *k = nb_cast(ctx, nbt_randn(ctx, NB_F32, NB_SHAPE(1, 1, 3, 3), 54), NB_BF16);
+    /* an f32 context: bf16 products refused, naming the way out */
+    NBT_EXPECT_ABORT(nb_matmul(ctx, x, w),
+                     "nb_matmul: dtype bf16 is a storage type on cpu, taken by the products only "
+                     "in a context whose compute dtype is it (nb_ctx_set_compute_dtype), and this "
+                     "context's is f32; nb_cast to f32 first (tensor of shape (3, 4))");
+    NBT_EXPECT_ABORT(nb_conv2d(ctx, img, k, NULL, NULL), "nb_conv2d: dtype bf16 is a storage type");
+    /* a bf16 context: the products take bf16 operands (f32 out); other math does not */
+    nb_ctx_set_compute_dtype(ctx, NB_BF16);
+    nb_tensor *y = nb_matmul(ctx, x, w);
+    ck_assert_int_eq(y->dtype, NB_F32);
+    ck_assert_int_eq(nb_conv2d(ctx, img, k, NULL, NULL)->dtype, NB_BF16);
+    NBT_EXPECT_ABORT(nb_add(ctx, x, x), "nb_add: dtype bf16 is a storage type on the CPU");
+    NBT_EXPECT_ABORT(nb_sum_all(ctx, x), "storage type");
+    NBT_EXPECT_ABORT(nb_gelu(ctx, x, NB_GELU_TANH), "storage type");
+    nb_tensor *h = nb_cast(ctx, nbt_randn(ctx, NB_F32, NB_SHAPE(3, 4), 55), NB_F16);
+    NBT_EXPECT_ABORT(nb_matmul(ctx, h, nb_cast(ctx, w, NB_F16)),
+                     "nb_matmul: dtype f16 is a storage type on cpu; nb_cast to f32 first");
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+/* ---- a small GPT, 300 steps ---- */
+
+/* Tokens of a fixed random Markov chain whose next token is one of 3
+ * equally likely successors: the loss can fall to ln 3, not to 0, so a
+ * relative comparison of final losses means something. */
+static uint64_t next_u64(uint64_t *state) { /* xorshift64 */
+    uint64_t x = *state;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return *state = x;
+}
+
+static void markov_batch(int64_t *tok, int64_t n, int64_t t, int64_t v, uint64_t *rng) {
+    for (int64_t i = 0; i < n; i++) {
+        uint64_t s = (next_u64(rng) >> 11) % (uint64_t)v;
+        for (int64_t j = 0; j < t; j++) {
+            tok[i * t + j] = (int64_t)s;
+            uint64_t r = (next_u64(rng) >> 11) % 3;
+            s = (s * 7 + 3 + r * 5) % (uint64_t)v;
+        }
+    }
+}
+
+static double train_gpt(bool bf16, double *first) {
+    const int64_t V = 32, T = 16, N = 8;
+    nb_gpt_config cfg = {V, T, 2, 2, 32, 0.0};
+    nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
+    nb_rng init = nb_rng_make(61);
+    uint64_t data = 62;
+    nb_module *g = nb_gpt_new(pctx, NB_F32, &cfg, &init);
+    nb_named_tensor ps[64];
+    int np = nb_module_named_parameters(g, ps, 64);
+    nb_optim_hparams hp = NB_ADAMW_DEFAULTS;
+    hp.lr = 3e-3;
+    nb_optim *opt = nb_optim_new(NB_OPTIM_ADAMW, ps, np, &hp);
+    int64_t tok[N * (T + 1)], x[N * T], y[N * T];
+    double tail = 0;
+    for (int it = 0; it < 300; it++) {
+        nb_ctx_reset(step);
+        if (bf16) nb_ctx_set_compute_dtype(step, NB_BF16);
+        markov_batch(tok, N, T + 1, V, &data);
+        for (int64_t i = 0; i < N; i++)
+            for (int64_t j = 0; j < T; j++) {
+                x[i * T + j] = tok[i * (T + 1) + j];
+                y[i * T + j] = tok[i * (T + 1) + j + 1];
+            }
+        nb_tensor *logits = nb_gpt_forward(g, step, nb_from_host(step, NB_I64, NB_SHAPE(N, T), x));
+        nb_tensor *loss = nb_gpt_loss(step, logits, nb_from_host(step, NB_I64, NB_SHAPE(N, T), y));
+        double l = nb_item(loss);
+        if (it == 0) *first = l;
+        if (it >= 280) tail += l / 20;
+        nb_optim_zero_grad(opt);
+        nb_backward(loss);
+        nb_optim_step(opt);
+    }
+    for (int i = 0; i < np; i++) ck_assert_int_eq(ps[i].tensor->dtype, NB_F32);
+    nb_optim_free(opt);
+    nb_ctx_free(step);
+    nb_ctx_free(pctx);
+    return tail;
+}
+
+START_TEST(test_gpt_trains_in_bf16) {
+    double first32, first16;
+    double l32 = train_gpt(false, &first32), l16 = train_gpt(true, &first16);
+    printf("GPT 300 steps, mean loss of the last 20: f32 %.4f -> %.4f, bf16 %.4f -> %.4f\n",
+           first32, l32, first16, l16);
+    /* both learned (ln 32 = 3.47 at the start, ln 3 = 1.10 the floor) */
+    ck_assert_msg(l32 < 0.6 * first32 && l16 < 0.6 * first16,
+                  "losses: f32 %.4f -> %.4f, bf16 %.4f -> %.4f", first32, l32, first16, l16);
+    /* the compute dtype took effect, and the result is within 2% */
+    ck_assert_msg(first16 != first32, "the bf16 run's first loss equals the f32 run's (%.9g)",
+                  first32);
+    ck_assert_msg(fabs(l16 - l32) <= 0.02 * l32,
+                  "mean loss of the last 20 steps: bf16 %.5f, f32 %.5f (%.2f%% apart)", l16, l32,
+                  100 * fabs(l16 - l32) / l32);
+}
+END_TEST
+
+static Suite *cpu_bf16_suite(void) {
+    Suite *s = suite_create("cpu_bf16");
+    TCase *tc = tcase_create("core");
+    tcase_add_loop_test(tc, test_products, 0, (int)(sizeof mm_cases / sizeof mm_cases[0]));
+    tcase_add_loop_test(tc, test_conv2d, 0, (int)(sizeof conv_cases / sizeof conv_cases[0]));
+    tcase_add_test(tc, test_cast_gradient_accumulates);
+    tcase_add_test(tc, test_masters_stay_f32);
+    tcase_add_test(tc, test_refusals);
+    tcase_add_test(tc, test_gpt_trains_in_bf16);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) { return nbt_run(cpu_bf16_suite()); }
