@@ -13,7 +13,9 @@
  * so a bf16 matmul with an f32 output meets the same bound. Where the output
  * itself is bf16 (convolutions in bf16) it carries one more rounding to an
  * 8-bit significand: 2^-8 relative to the output, on top. */
+#include <cblas.h>
 #include <math.h>
+#include <omp.h>
 #include <pthread.h>
 #include <stdlib.h>
 
@@ -326,6 +328,34 @@ START_TEST(test_cache_reuses_primitives) {
 }
 END_TEST
 
+/* ---- thread count ---- */
+
+/* oneDNN follows OpenBLAS's thread count, reduced to one under OpenMP's
+ * active wait policy (the suite runs without OMP_WAIT_POLICY); an explicit
+ * count is taken as it is. */
+START_TEST(test_thread_count) {
+    ck_assert_ptr_null(getenv("OMP_WAIT_POLICY"));
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb__dnnl_mode prev = nb__dnnl_set_mode(NB_DNNL_FORCE);
+    nb_tensor *a = rand_tensor(ctx, NB_F32, 2, (int64_t[]){8, 8}, NULL);
+    nb_tensor *out = nb_empty(ctx, NB_F32, 2, (int64_t[]){8, 8});
+    int blas = openblas_get_num_threads();
+    openblas_set_num_threads(1);
+    ck_assert(nb__dnnl_matmul(out, a, a, false, false, NULL, false, false));
+    ck_assert_int_eq(omp_get_max_threads(), 1);
+    openblas_set_num_threads(2);
+    ck_assert(nb__dnnl_matmul(out, a, a, false, false, NULL, false, false));
+    ck_assert_int_eq(omp_get_max_threads(), 1);
+    nb__dnnl_set_num_threads(2);
+    ck_assert(nb__dnnl_matmul(out, a, a, false, false, NULL, false, false));
+    ck_assert_int_eq(omp_get_max_threads(), 2);
+    nb__dnnl_set_num_threads(0);
+    openblas_set_num_threads(blas);
+    nb__dnnl_set_mode(prev);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
 /* ---- several threads at once ---- */
 
 typedef struct mt_job {
@@ -573,6 +603,7 @@ static Suite *dnnl_suite(void) {
     tcase_add_test(tc, test_cache_reuses_primitives);
     tcase_add_test(tc, test_env_switch);
     tcase_add_test(tc, test_concurrent_execution);
+    tcase_add_test(tc, test_thread_count);
     tcase_add_loop_test(tc, test_conv_f32_dnnl, 0, ncv);
     tcase_add_loop_test(tc, test_conv_f32_im2col, 0, ncv);
     tcase_add_loop_test(tc, test_conv_bf16_dnnl, 0, ncv);

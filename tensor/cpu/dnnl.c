@@ -18,9 +18,10 @@
  *
  * Threads: Debian's oneDNN uses OpenMP; its thread count is set with
  * omp_set_num_threads on the calling thread before each execution, to
- * OpenBLAS's (openblas_get_num_threads) unless nb__dnnl_set_num_threads
- * chose another, so that both libraries follow OPENBLAS_NUM_THREADS /
- * OMP_NUM_THREADS and the settings nabla makes.
+ * OpenBLAS's (openblas_get_num_threads, which follows OPENBLAS_NUM_THREADS
+ * / OMP_NUM_THREADS and what nabla sets) unless nb__dnnl_set_num_threads
+ * chose another; but above one thread only when OMP_WAIT_POLICY=passive,
+ * else one (Note [oneDNN dispatch]).
  *
  * Note [oneDNN dispatch]
  * ~~~~~~~~~~~~~~~~~~~~~~
@@ -70,9 +71,13 @@
  * OpenBLAS degrades gracefully. With OMP_WAIT_POLICY=passive (set before
  * the process starts; OpenMP reads it at load) the collapse is gone
  * (GPT-s fc fwd 38.4 / 84.5 / 213.2; GPT-m attention q@k^T 67.6 / 104.4 /
- * 196.0). Hence f32 stays on OpenBLAS above one thread; bf16 has no
- * faster path and keeps oneDNN (on a shared machine set
- * OMP_WAIT_POLICY=passive).
+ * 196.0), though on this loaded machine no faster than one thread (GPT-m
+ * fc fwd bf16 201.5 at 2 threads, 216.2 at 1). Hence f32 stays on
+ * OpenBLAS above one thread, and oneDNN itself (for bf16) runs on one
+ * thread when OpenBLAS runs on more, unless OMP_WAIT_POLICY=passive: one
+ * thread of bf16 (~215) still beats every 2-thread alternative measured.
+ * (tests/test_cpu_bf16 at OPENBLAS_NUM_THREADS=2 under load: 12.9 s with
+ * oneDNN on 2 active-wait threads, 2.9 s passive.)
  * Whole f32 training step of the compare_torch GPT (B16 T64 C128 L4),
  * OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 bench_ddp --model gpt --no-ddp
  * --device cpu --steps 20, NABLA_DNNL=0 and 1 alternated, 7 pairs, load
@@ -104,6 +109,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #if DNNL_CPU_RUNTIME == DNNL_RUNTIME_OMP
 #include <omp.h>
@@ -177,10 +183,32 @@ nb__dnnl_mode nb__dnnl_set_mode(int mode) {
 
 void nb__dnnl_set_num_threads(int n) { threads_set = n > 0 ? n : 0; }
 
-static int want_threads(void) {
+/* The thread count nabla asks for: nb__dnnl_set_num_threads's, else OpenBLAS's. */
+static int blas_threads(void) {
     if (threads_set > 0) return threads_set;
     int n = openblas_get_num_threads();
     return n > 0 ? n : 1;
+}
+
+/* Whether OpenMP's workers sleep while they wait (OMP_WAIT_POLICY=passive,
+ * read by the OpenMP runtime when it loads, so read here the same way). */
+static bool passive_wait(void) {
+    static int passive = -1;
+    if (passive < 0) {
+        const char *s = getenv("OMP_WAIT_POLICY");
+        passive = s && !strcasecmp(s, "passive");
+    }
+    return passive;
+}
+
+/* oneDNN's thread count: an explicit nb__dnnl_set_num_threads, else
+ * OpenBLAS's, but one thread under OpenMP's default active wait policy
+ * (Note [oneDNN dispatch]: its spinning workers collapse on a shared
+ * machine). */
+static int want_threads(void) {
+    if (threads_set > 0) return threads_set;
+    int n = blas_threads();
+    return n > 1 && !passive_wait() ? 1 : n;
 }
 
 static void set_threads(int n) {
@@ -508,55 +536,6 @@ bool nb__dnnl_matmul(nb_tensor *out, const nb_tensor *a, const nb_tensor *b, boo
     return ok;
 }
 
-/* ------------------------------------------------------------ bf16 fallbacks */
-
-static float *to_f32(const uint16_t *src, int64_t n) {
-    float *d = malloc((size_t)(n > 0 ? n : 1) * sizeof *d);
-    NB_CHECK(d, "oneDNN bf16 fallback: out of memory for %lld f32 elements", (long long)n);
-    for (int64_t i = 0; i < n; i++) d[i] = nb_bf16_to_f32(src[i]);
-    return d;
-}
-
-static void to_bf16(uint16_t *dst, const float *src, int64_t n) {
-    for (int64_t i = 0; i < n; i++) dst[i] = nb_f32_to_bf16(src[i]);
-}
-
-/* An f32 copy of bf16 t, contiguous, in a tensor header on the stack. */
-static float *f32_copy(nb_tensor *dst, const nb_tensor *t) {
-    *dst = *t;
-    dst->dtype = NB_F32;
-    int64_t n = nb__numel_shape(t->ndim, t->shape), s = 1;
-    for (int i = t->ndim - 1; i >= 0; i--) {
-        dst->strides[i] = s;
-        s *= t->shape[i];
-    }
-    float *d = malloc((size_t)(n > 0 ? n : 1) * sizeof *d);
-    NB_CHECK(d, "nb__cpu_matmul (bf16 fallback): out of memory for %s", nb_shape_str(t));
-    int64_t idx[NB_MAX_DIMS] = {0};
-    const uint16_t *src = t->data;
-    for (int64_t j = 0; j < n; j++) {
-        int64_t off = 0;
-        for (int i = 0; i < t->ndim; i++) off += idx[i] * t->strides[i];
-        d[j] = nb_bf16_to_f32(src[off]);
-        for (int i = t->ndim - 1; i >= 0 && ++idx[i] == t->shape[i]; i--) idx[i] = 0;
-    }
-    dst->data = d;
-    return d;
-}
-
-void nb__dnnl_matmul_bf16_fallback(nb_tensor *out, const nb_tensor *a, const nb_tensor *b,
-                                   bool trans_a, bool trans_b, bool accumulate) {
-    NB_CHECK(a->dtype == NB_BF16 && b->dtype == NB_BF16 && out->dtype == NB_F32,
-             "nb__cpu_matmul: bf16 product needs bf16 operands and an f32 output, "
-             "got %s @ %s -> %s",
-             nb_dtype_name(a->dtype), nb_dtype_name(b->dtype), nb_dtype_name(out->dtype));
-    nb_tensor fa, fb;
-    float *da = f32_copy(&fa, a), *db = f32_copy(&fb, b);
-    nb__cpu_matmul(out, &fa, &fb, trans_a, trans_b, accumulate);
-    free(da);
-    free(db);
-}
-
 /* ------------------------------------------------------------ convolution */
 
 static void conv_key(pkey *k, int op, nb_dtype dt, const nb__conv2d_geom *g, int flags) {
@@ -698,45 +677,13 @@ bool nb__dnnl_conv2d_backward(nb_dtype dt, const nb__conv2d_geom *g, void *dx, v
     return ok;
 }
 
-void nb__dnnl_conv2d_forward_bf16_fallback(const nb__conv2d_geom *g, void *out, const void *x,
-                                           const void *w, const void *b) {
-    int64_t nx = g->n * g->c * g->h * g->w, nw = g->o * (g->c / g->groups) * g->kh * g->kw;
-    int64_t no = g->n * g->o * g->oh * g->ow;
-    float *fx = to_f32(x, nx), *fw = to_f32(w, nw), *fb = b ? to_f32(b, g->o) : NULL;
-    float *fo = malloc((size_t)no * sizeof *fo);
-    float *cols = malloc((size_t)(nb__conv2d_cols_numel(g) + 1) * sizeof *cols);
-    NB_CHECK(fo && cols, "nb_conv2d (bf16 fallback): out of memory");
-    nb__cpu_conv2d_forward(NB_F32, g, fo, fx, fw, fb, cols);
-    to_bf16(out, fo, no);
-    free(fx), free(fw), free(fb), free(fo), free(cols);
-}
-
-void nb__dnnl_conv2d_backward_bf16_fallback(const nb__conv2d_geom *g, void *dx, void *dw,
-                                            void *db, const void *gout, const void *x,
-                                            const void *w) {
-    int64_t nx = g->n * g->c * g->h * g->w, nw = g->o * (g->c / g->groups) * g->kh * g->kw;
-    int64_t no = g->n * g->o * g->oh * g->ow;
-    float *fx = to_f32(x, nx), *fw = to_f32(w, nw), *fg = to_f32(gout, no);
-    float *fdx = dx ? malloc((size_t)nx * sizeof(float)) : NULL;
-    float *fdw = dw ? malloc((size_t)nw * sizeof(float)) : NULL;
-    float *fdb = db ? malloc((size_t)g->o * sizeof(float)) : NULL;
-    float *cols = malloc((size_t)(nb__conv2d_cols_numel(g) + 1) * sizeof *cols);
-    NB_CHECK(cols && (!dx || fdx) && (!dw || fdw) && (!db || fdb),
-             "nb_conv2d backward (bf16 fallback): out of memory");
-    nb__cpu_conv2d_backward(NB_F32, g, fdx, fdw, fdb, fg, fx, fw, cols);
-    if (dx) to_bf16(dx, fdx, nx);
-    if (dw) to_bf16(dw, fdw, nw);
-    if (db) to_bf16(db, fdb, g->o);
-    free(fx), free(fw), free(fg), free(fdx), free(fdw), free(fdb), free(cols);
-}
-
 /* ------------------------------------------------------------ the rule */
 
 /* Note [oneDNN dispatch]: bf16 always; f32 on one thread from 2^20
  * multiply-adds; never f32 on more threads. */
 static bool rule_matmul(nb_dtype dt, int64_t batch, int64_t m, int64_t n, int64_t k) {
     if (dt == NB_BF16) return true;
-    return want_threads() == 1 && (double)batch * (double)m * (double)n * (double)k >= 1048576.0;
+    return blas_threads() == 1 && (double)batch * (double)m * (double)n * (double)k >= 1048576.0;
 }
 
 /* Note [oneDNN dispatch]: bf16 only; f32 stays on im2col + OpenBLAS. */
