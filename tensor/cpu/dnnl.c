@@ -27,14 +27,16 @@
  * ~~~~~~~~~~~~~~~~~~~~~~
  * The rule (rule_matmul, rule_conv below; NABLA_DNNL=1, the default):
  *  - bf16 operands: oneDNN always (OpenBLAS has no bf16 GEMM); where
- *    oneDNN has no fast bf16 kernel (a CPU without AVX512_BF16 / AVX512
- *    core) the key is cached as unsupported and the product goes through
- *    the f32 fallback (exact bf16 -> f32 conversion + OpenBLAS);
+ *    oneDNN has no bf16 kernel (a CPU without AVX-512) the key is cached
+ *    as unsupported and the product goes through the f32 fallback of
+ *    matmul.c / conv.c (exact bf16 -> f32 conversion + OpenBLAS);
  *  - f32 matmul: oneDNN when OpenBLAS runs on one thread and the product
  *    has at least 2^20 multiply-adds (batch * M * N * K); OpenBLAS on more
  *    threads and for small products;
  *  - f32 convolution: our im2col + OpenBLAS; bf16 convolution: oneDNN.
- *  - layer norm, softmax, batch norm: our kernels (see below).
+ *  - layer norm, softmax, batch norm: our kernels (see below);
+ *  - oneDNN on one thread when OpenBLAS runs on more, unless
+ *    OMP_WAIT_POLICY=passive (see below).
  * NABLA_DNNL=0 never uses oneDNN (the f32 kernels, the bf16 fallbacks);
  * NABLA_DNNL=2 uses it wherever it has a non-reference implementation.
  *
@@ -83,6 +85,12 @@
  * --device cpu --steps 20, NABLA_DNNL=0 and 1 alternated, 7 pairs, load
  * average 4 to 6: median 72.4 ms without oneDNN, 68.4 ms with the rule
  * (per-pair ratio median 0.95, range 0.93 to 1.35).
+ * The same step in bf16 (bench_ddp --bf16, same conditions, load 7 to 10,
+ * 5 runs): 145.8 ms with oneDNN, 231.4 ms with NABLA_DNNL=0, against
+ * 100.8 ms in f32. perf record of the bf16 step: 39% in scalar f32 <-> bf16
+ * casts (nb_f32_to_bf16 per element through the elementwise engine's
+ * copy_cast, nb_bf16_to_f32), 26% in oneDNN's JIT kernels: the products
+ * are no longer what bounds the bf16 step; vectorised casts are.
  * Convolutions, GFLOP/s, columns im2col / oneDNN f32 / oneDNN bf16 / bf16
  * through the f32 fallback, one thread, batch 32, 3x3 same (the digits
  * CNN; the library's plain NCHW layouts, where oneDNN runs its own
