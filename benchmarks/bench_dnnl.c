@@ -2,11 +2,13 @@
  * bundled models, the figures behind Note [oneDNN dispatch]
  * (tensor/cpu/dnnl.c):
  *  - matmul, GFLOP/s: OpenBLAS f32, oneDNN f32, oneDNN bf16 (bf16 operands,
- *    f32 product), for each forward product of the GPT's linears and
+ *    f32 product), and bf16 through the f32 fallback (conversion +
+ *    OpenBLAS, what NABLA_DNNL=0 does), for each forward product of the GPT's linears and
  *    attention and of the MLP, and the two backward products of each linear
  *    (dX = dY @ W, dW = dY^T @ X);
  *  - conv2d, GFLOP/s of forward and of backward (input and weight
  *    gradients together): im2col + OpenBLAS f32, oneDNN f32, oneDNN bf16,
+ *    bf16 through the f32 fallback,
  *    for the digits CNN's three convolutions;
  *  - forward layer norm, softmax and batch norm (training), GB/s of x read
  *    + y written: our kernels against oneDNN's primitives (f32; called
@@ -129,15 +131,16 @@ static nb_tensor *rand_mat(nb_ctx *ctx, nb_dtype dt, int64_t batch, int64_t r, i
 }
 
 static void bench_matmul(int rounds, double budget) {
-    printf("\n%-20s %5s %5s %5s %5s  %9s %9s %9s   (GFLOP/s, median of %d rounds)\n", "matmul",
-           "batch", "M", "N", "K", "blas-f32", "dnnl-f32", "dnnl-bf16", rounds);
+    printf("\n%-20s %5s %5s %5s %5s  %9s %9s %9s %9s   (GFLOP/s, median of %d rounds)\n",
+           "matmul", "batch", "M", "N", "K", "blas-f32", "dnnl-f32", "dnnl-bf16", "blas-bf16",
+           rounds);
     nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
     for (size_t i = 0; i < sizeof mm_rows / sizeof mm_rows[0]; i++) {
         const mm_row *r = &mm_rows[i];
         nb_tensor *out = nb_empty(ctx, NB_F32, 3, (int64_t[]){r->batch, r->m, r->n});
-        mm_arg args[3];
-        for (int v = 0; v < 3; v++) {
-            nb_dtype dt = v == 2 ? NB_BF16 : NB_F32;
+        mm_arg args[4];
+        for (int v = 0; v < 4; v++) {
+            nb_dtype dt = v >= 2 ? NB_BF16 : NB_F32;
             args[v].out = out;
             args[v].a = r->ta ? rand_mat(ctx, dt, r->batch, r->k, r->m)
                               : rand_mat(ctx, dt, r->batch, r->m, r->k);
@@ -145,14 +148,16 @@ static void bench_matmul(int rounds, double budget) {
                               : rand_mat(ctx, dt, r->batch, r->k, r->n);
             args[v].ta = r->ta;
             args[v].tb = r->tb;
-            args[v].mode = v == 0 ? NB_DNNL_OFF : NB_DNNL_FORCE;
+            args[v].mode = v == 0 || v == 3 ? NB_DNNL_OFF : NB_DNNL_FORCE;
         }
-        double g[3][32], flop = 2.0 * (double)(r->batch * r->m * r->n * r->k);
+        double g[4][32], flop = 2.0 * (double)(r->batch * r->m * r->n * r->k);
         for (int k = 0; k < rounds; k++)
-            for (int v = 0; v < 3; v++) g[v][k] = flop / time_calls(run_mm, &args[v], budget) * 1e-9;
-        printf("%-20s %5lld %5lld %5lld %5lld  %9.1f %9.1f %9.1f\n", r->name, (long long)r->batch,
-               (long long)r->m, (long long)r->n, (long long)r->k, median(g[0], rounds),
-               median(g[1], rounds), median(g[2], rounds));
+            for (int v = 0; v < 4; v++)
+                g[v][k] = flop / time_calls(run_mm, &args[v], budget) * 1e-9;
+        printf("%-20s %5lld %5lld %5lld %5lld  %9.1f %9.1f %9.1f %9.1f\n", r->name,
+               (long long)r->batch, (long long)r->m, (long long)r->n, (long long)r->k,
+               median(g[0], rounds), median(g[1], rounds), median(g[2], rounds),
+               median(g[3], rounds));
         fflush(stdout);
         nb_ctx_reset(ctx);
     }
@@ -197,8 +202,8 @@ static void *rand_buf(nb_ctx *ctx, nb_dtype dt, int64_t n) {
 }
 
 static void bench_conv(int rounds, double budget) {
-    printf("\n%-22s %4s  %9s %9s %9s   (GFLOP/s, median of %d rounds)\n", "conv2d", "pass",
-           "im2col", "dnnl-f32", "dnnl-bf16", rounds);
+    printf("\n%-22s %4s  %9s %9s %9s %9s   (GFLOP/s, median of %d rounds)\n", "conv2d",
+           "pass", "im2col", "dnnl-f32", "dnnl-bf16", "i2c-bf16", rounds);
     nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
     for (size_t i = 0; i < sizeof conv_rows / sizeof conv_rows[0]; i++) {
         const nb__conv2d_geom *g = &conv_rows[i].g;
@@ -206,21 +211,23 @@ static void bench_conv(int rounds, double budget) {
         int64_t ny = g->n * g->o * g->oh * g->ow;
         double flop = 2.0 * (double)(ny * g->c * g->kh * g->kw);
         for (int bw = 0; bw < 2; bw++) {
-            conv_arg args[3];
-            for (int v = 0; v < 3; v++) {
-                nb_dtype dt = v == 2 ? NB_BF16 : NB_F32;
-                args[v] = (conv_arg){*g, dt, v == 0 ? NB_DNNL_OFF : NB_DNNL_FORCE, bw == 1,
+            conv_arg args[4];
+            for (int v = 0; v < 4; v++) {
+                nb_dtype dt = v >= 2 ? NB_BF16 : NB_F32;
+                int mode = v == 0 || v == 3 ? NB_DNNL_OFF : NB_DNNL_FORCE;
+                args[v] = (conv_arg){*g, dt, mode, bw == 1,
                                      rand_buf(ctx, dt, nx), rand_buf(ctx, dt, nw),
                                      rand_buf(ctx, dt, ny), rand_buf(ctx, dt, nx),
                                      rand_buf(ctx, dt, nw),
                                      rand_buf(ctx, NB_F32, nb__conv2d_cols_numel(g) + 1)};
             }
-            double gf[3][32];
+            double gf[4][32];
             for (int k = 0; k < rounds; k++)
-                for (int v = 0; v < 3; v++)
+                for (int v = 0; v < 4; v++)
                     gf[v][k] = flop * (bw ? 2 : 1) / time_calls(run_conv, &args[v], budget) * 1e-9;
-            printf("%-22s %4s  %9.2f %9.2f %9.2f\n", conv_rows[i].name, bw ? "bwd" : "fwd",
-                   median(gf[0], rounds), median(gf[1], rounds), median(gf[2], rounds));
+            printf("%-22s %4s  %9.2f %9.2f %9.2f %9.2f\n", conv_rows[i].name, bw ? "bwd" : "fwd",
+                   median(gf[0], rounds), median(gf[1], rounds), median(gf[2], rounds),
+                   median(gf[3], rounds));
             fflush(stdout);
         }
         nb_ctx_reset(ctx);
@@ -287,7 +294,8 @@ typedef struct ours_arg {
 
 static void run_ours(void *p) {
     ours_arg *o = p;
-    if (o->kind == 0) nb__cpu_layer_norm(o->y, o->mean, o->rstd, o->x, o->w, o->b, o->d0, o->d1, 1e-5);
+    if (o->kind == 0)
+        nb__cpu_layer_norm(o->y, o->mean, o->rstd, o->x, o->w, o->b, o->d0, o->d1, 1e-5);
     else if (o->kind == 1) nb__cpu_softmax(o->y, o->x, o->d0, o->d1, 1, false);
     else
         nb__cpu_batch_norm_full(o->y, o->mean, o->rstd, o->x, o->w, o->b, o->rm, o->rv, true, 0.1,
@@ -318,13 +326,16 @@ static void bench_norms(int rounds, double budget) {
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
         int kind = rows[i].kind;
         int64_t d0 = rows[i].d0, d1 = rows[i].d1, d2 = rows[i].d2, n = d0 * d1 * d2;
-        int64_t feat = kind == 0 ? d1 : d1, nstat = kind == 0 ? d0 : d1;
-        ours_arg o = {kind, nb_empty(ctx, NB_F32, 1, &n), nb_rand_normal(ctx, NB_F32, 1, &n, 0, 1, NULL),
+        int64_t feat = d1, nstat = kind == 0 ? d0 : d1;
+        ours_arg o = {kind,
+                      nb_empty(ctx, NB_F32, 1, &n),
+                      nb_rand_normal(ctx, NB_F32, 1, &n, 0, 1, NULL),
                       nb_ones(ctx, NB_F32, 1, &feat), nb_zeros(ctx, NB_F32, 1, &feat),
                       nb_empty(ctx, NB_F64, 1, &nstat), nb_empty(ctx, NB_F64, 1, &nstat),
                       nb_zeros(ctx, NB_F32, 1, &feat), nb_ones(ctx, NB_F32, 1, &feat), d0, d1, d2};
         float *dy = nb_empty(ctx, NB_F32, 1, &n)->data;
-        float *mean = nb_empty(ctx, NB_F32, 1, &nstat)->data, *var = nb_empty(ctx, NB_F32, 1, &nstat)->data;
+        float *mean = nb_empty(ctx, NB_F32, 1, &nstat)->data;
+        float *var = nb_empty(ctx, NB_F32, 1, &nstat)->data;
         prim_arg a = {0};
         if (kind == 0) {
             int64_t dims[2] = {d0, d1};
@@ -392,7 +403,10 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--ms") && i + 1 < argc) budget = atof(argv[++i]) * 1e-3;
         else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [--threads N] [--rounds R] [--ms MS] [--only matmul|conv|norm] [--quick]\n", argv[0]);
+            fprintf(stderr,
+                    "usage: %s [--threads N] [--rounds R] [--ms MS] [--only matmul|conv|norm] "
+                    "[--quick]\n",
+                    argv[0]);
             return 2;
         }
     }

@@ -89,6 +89,13 @@ if(NABLA_TEST_SOURCES)
       endif()
     endif()
   endforeach()
+  if(TARGET test_dnnl)
+    # oneDNN limited to AVX2, as on a CPU without AVX-512: bf16 through the f32 fallbacks
+    add_test(NAME test_dnnl_avx2 COMMAND test_dnnl WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
+    set_tests_properties(test_dnnl_avx2 PROPERTIES LABELS unit TIMEOUT 300
+      ENVIRONMENT "${NABLA_TEST_ENVIRONMENT};ONEDNN_MAX_CPU_ISA=AVX2")
+    list(APPEND NABLA_TESTS test_dnnl_avx2)
+  endif()
 endif()
 
 if(NABLA_PY_TESTS)

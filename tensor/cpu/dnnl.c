@@ -18,70 +18,94 @@
  *
  * Threads: Debian's oneDNN uses OpenMP; its thread count is set with
  * omp_set_num_threads on the calling thread before each execution, to
- * OpenBLAS's (openblas_get_num_threads) unless nb__dnnl_set_num_threads
- * chose another, so that both libraries follow OPENBLAS_NUM_THREADS /
- * OMP_NUM_THREADS and the settings nabla makes.
+ * OpenBLAS's (openblas_get_num_threads, which follows OPENBLAS_NUM_THREADS
+ * / OMP_NUM_THREADS and what nabla sets) unless nb__dnnl_set_num_threads
+ * chose another; but above one thread only when OMP_WAIT_POLICY=passive,
+ * else one (Note [oneDNN dispatch]).
  *
  * Note [oneDNN dispatch]
  * ~~~~~~~~~~~~~~~~~~~~~~
  * The rule (rule_matmul, rule_conv below; NABLA_DNNL=1, the default):
  *  - bf16 operands: oneDNN always (OpenBLAS has no bf16 GEMM); where
- *    oneDNN has no fast bf16 kernel (a CPU without AVX512_BF16 / AVX512
- *    core) the key is cached as unsupported and the product goes through
- *    the f32 fallback (exact bf16 -> f32 conversion + OpenBLAS);
+ *    oneDNN has no bf16 kernel (a CPU without AVX-512) the key is cached
+ *    as unsupported and the product goes through the f32 fallback of
+ *    matmul.c / conv.c (exact bf16 -> f32 conversion + OpenBLAS);
  *  - f32 matmul: oneDNN when OpenBLAS runs on one thread and the product
  *    has at least 2^20 multiply-adds (batch * M * N * K); OpenBLAS on more
  *    threads and for small products;
  *  - f32 convolution: our im2col + OpenBLAS; bf16 convolution: oneDNN.
- *  - layer norm, softmax, batch norm: our kernels (see below).
+ *  - layer norm, softmax, batch norm: our kernels (see below);
+ *  - oneDNN on one thread when OpenBLAS runs on more, unless
+ *    OMP_WAIT_POLICY=passive (see below).
  * NABLA_DNNL=0 never uses oneDNN (the f32 kernels, the bf16 fallbacks);
  * NABLA_DNNL=2 uses it wherever it has a non-reference implementation.
  *
- * Figures: build/bin/bench_dnnl --threads 1 --rounds 5 --ms 40, Zen 4 with
- * AVX512_BF16, 2 cores shared with other jobs (load average 2.9 to 4.7),
+ * Figures: build/bin/bench_dnnl --threads 1 --rounds 5 --ms 30, Zen 4 with
+ * AVX512_BF16, 2 cores shared with other jobs (load average 3.2 to 3.9),
  * GFLOP/s, medians of 5 interleaved rounds; columns OpenBLAS f32 / oneDNN
- * f32 / oneDNN bf16 (bf16 operands, f32 product):
+ * f32 / oneDNN bf16 (bf16 operands, f32 product) / bf16 through the f32
+ * fallback:
  *   GPT B16 T64 C128 (compare_torch), 1024 rows:
- *     qkv fwd (K 128, N 384)      79.1   93.0  185.2
- *     fc fwd (K 128, N 512)       98.3  107.6  211.6
- *     fc dW (M 512, K 1024)       73.6   89.3  141.0
- *     mlp_proj dX (N 512, K 128)  89.0  110.9  215.9
- *     head fwd (N 79)             84.0  108.5  204.3
- *     attention q@k^T 64x(64,32)@(32,64)  71.8  98.1  177.3
+ *     qkv fwd (K 128, N 384)        99.8 109.4 215.7 70.9
+ *     fc fwd (K 128, N 512)         99.6 110.3 216.8 75.6
+ *     fc dW (M 512, K 1024)        100.8 114.4 204.5 47.3
+ *     head fwd (N 79)               84.8 109.8 211.2 36.6
+ *     attention q@k^T 64 x (64,32)@(32,64)   75.4  98.9 178.8 18.4
+ *     attention p@v 64 x (64,64)@(64,32)    110.4 108.7 189.2 15.2
  *   GPT L6 C256 T128 b8, 1024 rows:
- *     fc fwd (K 256, N 1024)      97.8  103.1  207.8
- *     qkv dW (M 768, K 1024)      95.4   87.6  208.8
- *     fc dW                       89.9   88.6  171.1
- *     attention p@v 32x(128,128)@(128,64)  81.5  93.8  194.9
- *   MLP batch 8: (8,30)@(30,64) 30.3 12.0 15.7; (8,64)@(64,32) 52.2 11.6 14.5
- * So on one thread oneDNN's f32 matmul (brgemm kernels) is 0-35% faster on
- * the GPT products (equal on the transposed-A weight gradients, where it
- * falls back to its own sgemm) and bf16 doubles it; on products of a few
- * thousand multiply-adds its fixed cost per call (memory objects, lock,
- * dispatch: about 2.5 us against OpenBLAS's 1) loses by 2-4x, hence the
- * 2^20 threshold.
- * --threads 2 on the same loaded machine (load average 3.7): oneDNN's
- * OpenMP workers wait at barriers for a descheduled thread and many rows
- * collapse (GPT fc fwd f32 97.5 OpenBLAS vs 16.8 oneDNN; attention q@k^T
- * 66.8 vs 2.3; the CNN's convolutions under 1 GFLOP/s), while OpenBLAS
- * degrades gracefully; with OMP_WAIT_POLICY=passive (set before the
- * process starts) oneDNN at 2 threads matched its 1-thread figures. Hence
- * f32 stays on OpenBLAS above one thread; bf16 has no other fast path and
- * keeps oneDNN (set OMP_WAIT_POLICY=passive on a shared machine).
- * Convolutions, GFLOP/s, columns im2col / oneDNN f32 / oneDNN bf16, one
- * thread, batch 32, 3x3 same (the digits CNN; the library's plain NCHW
- * layouts, so oneDNN runs its own gemm-based convolution):
- *     1->16 8x8 fwd / bwd     27.1 16.9 16.3 / 33.1 14.0 16.2
- *     16->32 4x4 fwd / bwd    33.8 35.9 37.5 / 34.3 37.5 43.6
- *     32->64 2x2 fwd / bwd    29.3 15.2 20.6 / 27.9 19.0 29.4
- *     32->64 32x32 fwd / bwd  73.5 75.3 96.5 / 68.4 56.0 80.1
- * im2col wins or ties in f32; a blocked layout (nChw16c) would need a
- * reorder per call and is not tried.
+ *     fc fwd (K 256, N 1024)        99.3 108.3 216.2 81.0
+ *     fc dW (M 1024, K 1024)        99.3 102.2 200.2 64.6
+ *     attention p@v 32 x (128,128)@(128,64)  92.3 113.1 213.5 26.0
+ *   MLP batch 8: (8,30)@(30,64) 39.1 10.4 12.3 4.8; (8,64)@(64,32) 68.5 11.1
+ *     13.0 4.9
+ * On one thread oneDNN's f32 matmul is 0-30% faster than OpenBLAS on every
+ * GPT product, and bf16 doubles it; the f32 fallback for bf16 is slower
+ * than oneDNN's bf16 everywhere. On products of a few thousand
+ * multiply-adds oneDNN's fixed cost per call (memory objects, lock,
+ * dispatch: about 3 us against OpenBLAS's 0.5 to 1) loses by 3-6x, hence
+ * the 2^20 threshold for f32 (bf16 keeps oneDNN: its fallback is slower
+ * still).
+ * --threads 2 on the same machine (load average 3.2 to 4.1) with OpenMP's
+ * default (active) wait policy: oneDNN's workers spin and then wait at
+ * barriers for a descheduled thread, and most rows collapse (GPT-s fc fwd
+ * f32 100.0 OpenBLAS vs 17.6 oneDNN, bf16 16.8; GPT-m attention q@k^T
+ * 66.9 vs 8.4, bf16 8.4, i.e. one 8 ms scheduler tick per call), while
+ * OpenBLAS degrades gracefully. With OMP_WAIT_POLICY=passive (set before
+ * the process starts; OpenMP reads it at load) the collapse is gone
+ * (GPT-s fc fwd 38.4 / 84.5 / 213.2; GPT-m attention q@k^T 67.6 / 104.4 /
+ * 196.0), though on this loaded machine no faster than one thread (GPT-m
+ * fc fwd bf16 201.5 at 2 threads, 216.2 at 1). Hence f32 stays on
+ * OpenBLAS above one thread, and oneDNN itself (for bf16) runs on one
+ * thread when OpenBLAS runs on more, unless OMP_WAIT_POLICY=passive: one
+ * thread of bf16 (~215) still beats every 2-thread alternative measured.
+ * (tests/test_cpu_bf16 at OPENBLAS_NUM_THREADS=2 under load: 12.9 s with
+ * oneDNN on 2 active-wait threads, 2.9 s passive.)
+ * Whole f32 training step of the compare_torch GPT (B16 T64 C128 L4),
+ * OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 bench_ddp --model gpt --no-ddp
+ * --device cpu --steps 20, NABLA_DNNL=0 and 1 alternated, 7 pairs, load
+ * average 4 to 6: median 72.4 ms without oneDNN, 68.4 ms with the rule
+ * (per-pair ratio median 0.95, range 0.93 to 1.35).
+ * The same step in bf16 (bench_ddp --bf16, same conditions, load 7 to 10,
+ * 5 runs): 145.8 ms with oneDNN, 231.4 ms with NABLA_DNNL=0, against
+ * 100.8 ms in f32. perf record of the bf16 step: 39% in scalar f32 <-> bf16
+ * casts (nb_f32_to_bf16 per element through the elementwise engine's
+ * copy_cast, nb_bf16_to_f32), 26% in oneDNN's JIT kernels: the products
+ * are no longer what bounds the bf16 step; vectorised casts are.
+ * Convolutions, GFLOP/s, columns im2col / oneDNN f32 / oneDNN bf16 / bf16
+ * through the f32 fallback, one thread, batch 32, 3x3 same (the digits
+ * CNN; the library's plain NCHW layouts, where oneDNN runs its own
+ * gemm-based convolution), bench_dnnl --threads 1 --only conv:
+ *     1->16 8x8 fwd / bwd       33.3 33.5 19.1  7.9 / 33.1 14.0 15.8 11.9
+ *     16->32 4x4 fwd / bwd      35.6 37.6 40.8 26.6 / 35.7 38.1 44.2 28.8
+ *     32->64 2x2 fwd / bwd      28.0  9.4 15.3 15.0 / 21.9 13.7 23.1 16.0
+ *     32->64 32x32 fwd / bwd    56.9 52.5 35.7 37.4 / 47.6 35.1 75.6 28.8
+ * im2col wins or ties in f32; in bf16 oneDNN beats the fallback (or ties).
+ * A blocked layout (nChw16c) would need a reorder per call; not tried.
  * Forward layer norm / softmax / batch norm (f32, one thread, GB/s of x
- * read + y written, ours / oneDNN's, bench_dnnl --only norm): layer norm
- * (1024, 128) 15.0 / 32.0, (1024, 256) 19.1 / 34.5; softmax rows of 64
- * 2.1 / 12.9, of 128 2.0 / 14.4; batch norm (32, 16, 8x8) 4.4 / 4.4,
- * (32, 64, 32x32) 3.5 / 3.1. oneDNN wins layer norm and softmax forward;
+ * read + y written, ours / oneDNN's, bench_dnnl --threads 1 --only norm):
+ * layer norm (1024, 128) 14.9 / 32.6, (1024, 256) 19.3 / 35.1; softmax
+ * rows of 64 2.1 / 10.5, of 128 2.0 / 11.1; batch norm (32, 16, 8x8) 4.6
+ * / 4.5, (32, 64, 32x32) 3.3 / 3.0. oneDNN wins layer norm and softmax forward;
  * not adopted here: our saved statistics are f64 (oneDNN's f32), the
  * GPT's softmax is the fused causal one (no oneDNN equivalent), and the
  * thread-pool work rewrites those kernels now; a candidate for later. */
@@ -93,6 +117,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #if DNNL_CPU_RUNTIME == DNNL_RUNTIME_OMP
 #include <omp.h>
@@ -105,9 +130,28 @@
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static dnnl_engine_t engine;
-static _Thread_local dnnl_stream_t stream;
-static _Thread_local void *scratch;
-static _Thread_local size_t scratch_bytes;
+
+/* Each executing thread's stream and scratchpad, freed when it exits. */
+typedef struct per_thread {
+    dnnl_stream_t stream;
+    void *scratch;
+    size_t scratch_bytes;
+} per_thread;
+
+static pthread_key_t thread_key;
+static pthread_once_t thread_key_once = PTHREAD_ONCE_INIT;
+
+static void per_thread_free(void *p) {
+    per_thread *t = p;
+    if (t->stream) dnnl_stream_destroy(t->stream);
+    free(t->scratch);
+    free(t);
+}
+
+static void make_thread_key(void) {
+    NB_CHECK(pthread_key_create(&thread_key, per_thread_free) == 0,
+             "oneDNN: pthread_key_create failed");
+}
 static int mode_set = -1; /* -1: from the environment */
 static int mode_env = -1; /* NABLA_DNNL, once read */
 static int threads_set;   /* 0: OpenBLAS's */
@@ -147,10 +191,32 @@ nb__dnnl_mode nb__dnnl_set_mode(int mode) {
 
 void nb__dnnl_set_num_threads(int n) { threads_set = n > 0 ? n : 0; }
 
-static int want_threads(void) {
+/* The thread count nabla asks for: nb__dnnl_set_num_threads's, else OpenBLAS's. */
+static int blas_threads(void) {
     if (threads_set > 0) return threads_set;
     int n = openblas_get_num_threads();
     return n > 0 ? n : 1;
+}
+
+/* Whether OpenMP's workers sleep while they wait (OMP_WAIT_POLICY=passive,
+ * read by the OpenMP runtime when it loads, so read here the same way). */
+static bool passive_wait(void) {
+    static int passive = -1;
+    if (passive < 0) {
+        const char *s = getenv("OMP_WAIT_POLICY");
+        passive = s && !strcasecmp(s, "passive");
+    }
+    return passive;
+}
+
+/* oneDNN's thread count: an explicit nb__dnnl_set_num_threads, else
+ * OpenBLAS's, but one thread under OpenMP's default active wait policy
+ * (Note [oneDNN dispatch]: its spinning workers collapse on a shared
+ * machine). */
+static int want_threads(void) {
+    if (threads_set > 0) return threads_set;
+    int n = blas_threads();
+    return n > 1 && !passive_wait() ? 1 : n;
 }
 
 static void set_threads(int n) {
@@ -161,10 +227,14 @@ static void set_threads(int n) {
 #endif
 }
 
-bool nb__dnnl_native_bf16(void) {
-    dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
-    return isa == dnnl_cpu_isa_avx512_core_bf16 || isa == dnnl_cpu_isa_avx512_core_amx;
+/* ISA values are nested bit sets: each includes the ones below it */
+static bool has_isa(dnnl_cpu_isa_t want) {
+    return ((unsigned)dnnl_get_effective_cpu_isa() & (unsigned)want) == (unsigned)want;
 }
+
+bool nb__dnnl_native_bf16(void) { return has_isa(dnnl_cpu_isa_avx512_core_bf16); }
+
+bool nb__dnnl_bf16_kernels(void) { return has_isa(dnnl_cpu_isa_avx512_core); }
 
 int64_t nb__dnnl_primitives_created(void) { return (int64_t)atomic_load(&n_created); }
 int64_t nb__dnnl_cache_hits(void) { return (int64_t)atomic_load(&n_hits); }
@@ -261,7 +331,8 @@ static void finish_entry(entry *e, dnnl_primitive_desc_t pd) {
     if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl &&
         strncmp(impl, "ref", 3) != 0) {
         if (dnnl_primitive_create(&e->prim, pd) != dnnl_success) e->prim = NULL;
-        const dnnl_memory_desc_t *sp = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+        const dnnl_memory_desc_t *sp =
+            dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
         e->scratch = sp ? dnnl_memory_desc_get_size(sp) : 0;
         if (e->prim && e->scratch > 0) add_md(e, DNNL_ARG_SCRATCHPAD, sp);
     }
@@ -276,23 +347,30 @@ static void add_md(entry *e, int arg, const dnnl_memory_desc_t *md) {
 /* Runs e on the buffers ptr[i] of its memory descriptors (the scratchpad
  * is this thread's), on this thread's stream, outside the lock. */
 static void execute(const entry *e, void *const *ptr, int nthr) {
-    if (!stream) check(dnnl_stream_create(&stream, engine, dnnl_stream_default_flags),
-                       "dnnl_stream_create");
-    if (e->scratch > scratch_bytes) {
-        free(scratch);
-        scratch_bytes = (e->scratch + 4095) / 4096 * 4096;
-        scratch = aligned_alloc(64, scratch_bytes);
-        NB_CHECK(scratch, "oneDNN: out of memory for a %zu-byte scratchpad", scratch_bytes);
+    pthread_once(&thread_key_once, make_thread_key);
+    per_thread *t = pthread_getspecific(thread_key);
+    if (!t) {
+        t = calloc(1, sizeof *t);
+        NB_CHECK(t && pthread_setspecific(thread_key, t) == 0,
+                 "oneDNN: cannot set up this thread's stream");
+        check(dnnl_stream_create(&t->stream, engine, dnnl_stream_default_flags),
+              "dnnl_stream_create");
+    }
+    if (e->scratch > t->scratch_bytes) {
+        free(t->scratch);
+        t->scratch_bytes = (e->scratch + 4095) / 4096 * 4096;
+        t->scratch = aligned_alloc(64, t->scratch_bytes);
+        NB_CHECK(t->scratch, "oneDNN: out of memory for a %zu-byte scratchpad", t->scratch_bytes);
     }
     dnnl_exec_arg_t args[MAX_MD];
     for (int i = 0; i < e->n_md; i++) {
-        void *p = e->md_arg[i] == DNNL_ARG_SCRATCHPAD ? scratch : ptr[i];
+        void *p = e->md_arg[i] == DNNL_ARG_SCRATCHPAD ? t->scratch : ptr[i];
         args[i].arg = e->md_arg[i];
         check(dnnl_memory_create(&args[i].memory, &e->md[i], engine, p), "dnnl_memory_create");
     }
     set_threads(nthr);
-    check(dnnl_primitive_execute(e->prim, stream, e->n_md, args), "dnnl_primitive_execute");
-    check(dnnl_stream_wait(stream), "dnnl_stream_wait");
+    check(dnnl_primitive_execute(e->prim, t->stream, e->n_md, args), "dnnl_primitive_execute");
+    check(dnnl_stream_wait(t->stream), "dnnl_stream_wait");
     atomic_fetch_add(&n_exec, 1);
     for (int i = 0; i < e->n_md; i++) dnnl_memory_destroy(args[i].memory);
 }
@@ -302,14 +380,16 @@ static dnnl_data_type_t dnnl_dt(nb_dtype dt) { return dt == NB_BF16 ? dnnl_bf16 
 /* ------------------------------------------------------------ matmul */
 
 /* op(t)'s dims and strides aligned to nd output dims: t's batch dims
- * (1 where t has none), then op(t)'s rows and columns. Strides of
- * size-1 dims are normalised (they are never used) so that equal layouts
- * make equal keys. */
+ * (1 where t has none, or where t is expanded: stride 0, one matrix that
+ * oneDNN broadcasts), then op(t)'s rows and columns. Strides of size-1
+ * dims are normalised (they are never used) so that equal layouts make
+ * equal keys. */
 static void matrix_layout(const nb_tensor *t, bool trans, int nd, int64_t *dims, int64_t *st) {
     int off = nd - t->ndim;
     for (int i = 0; i < nd - 2; i++) {
         dims[i] = i < off ? 1 : t->shape[i - off];
         st[i] = i < off ? 0 : t->strides[i - off];
+        if (st[i] == 0) dims[i] = 1;
     }
     int r = t->ndim - 2, c = t->ndim - 1;
     dims[nd - 2] = t->shape[trans ? c : r];
@@ -464,54 +544,6 @@ bool nb__dnnl_matmul(nb_tensor *out, const nb_tensor *a, const nb_tensor *b, boo
     return ok;
 }
 
-/* ------------------------------------------------------------ bf16 fallbacks */
-
-static float *to_f32(const uint16_t *src, int64_t n) {
-    float *d = malloc((size_t)(n > 0 ? n : 1) * sizeof *d);
-    NB_CHECK(d, "oneDNN bf16 fallback: out of memory for %lld f32 elements", (long long)n);
-    for (int64_t i = 0; i < n; i++) d[i] = nb_bf16_to_f32(src[i]);
-    return d;
-}
-
-static void to_bf16(uint16_t *dst, const float *src, int64_t n) {
-    for (int64_t i = 0; i < n; i++) dst[i] = nb_f32_to_bf16(src[i]);
-}
-
-/* An f32 copy of bf16 t, contiguous, in a tensor header on the stack. */
-static float *f32_copy(nb_tensor *dst, const nb_tensor *t) {
-    *dst = *t;
-    dst->dtype = NB_F32;
-    int64_t n = nb__numel_shape(t->ndim, t->shape), s = 1;
-    for (int i = t->ndim - 1; i >= 0; i--) {
-        dst->strides[i] = s;
-        s *= t->shape[i];
-    }
-    float *d = malloc((size_t)(n > 0 ? n : 1) * sizeof *d);
-    NB_CHECK(d, "nb__cpu_matmul (bf16 fallback): out of memory for %s", nb_shape_str(t));
-    int64_t idx[NB_MAX_DIMS] = {0};
-    const uint16_t *src = t->data;
-    for (int64_t j = 0; j < n; j++) {
-        int64_t off = 0;
-        for (int i = 0; i < t->ndim; i++) off += idx[i] * t->strides[i];
-        d[j] = nb_bf16_to_f32(src[off]);
-        for (int i = t->ndim - 1; i >= 0 && ++idx[i] == t->shape[i]; i--) idx[i] = 0;
-    }
-    dst->data = d;
-    return d;
-}
-
-void nb__dnnl_matmul_bf16_fallback(nb_tensor *out, const nb_tensor *a, const nb_tensor *b,
-                                   bool trans_a, bool trans_b, bool accumulate) {
-    NB_CHECK(a->dtype == NB_BF16 && b->dtype == NB_BF16 && out->dtype == NB_F32,
-             "nb__cpu_matmul: bf16 product needs bf16 operands and an f32 output, got %s @ %s -> %s",
-             nb_dtype_name(a->dtype), nb_dtype_name(b->dtype), nb_dtype_name(out->dtype));
-    nb_tensor fa, fb;
-    float *da = f32_copy(&fa, a), *db = f32_copy(&fb, b);
-    nb__cpu_matmul(out, &fa, &fb, trans_a, trans_b, accumulate);
-    free(da);
-    free(db);
-}
-
 /* ------------------------------------------------------------ convolution */
 
 static void conv_key(pkey *k, int op, nb_dtype dt, const nb__conv2d_geom *g, int flags) {
@@ -653,45 +685,13 @@ bool nb__dnnl_conv2d_backward(nb_dtype dt, const nb__conv2d_geom *g, void *dx, v
     return ok;
 }
 
-void nb__dnnl_conv2d_forward_bf16_fallback(const nb__conv2d_geom *g, void *out, const void *x,
-                                           const void *w, const void *b) {
-    int64_t nx = g->n * g->c * g->h * g->w, nw = g->o * (g->c / g->groups) * g->kh * g->kw;
-    int64_t no = g->n * g->o * g->oh * g->ow;
-    float *fx = to_f32(x, nx), *fw = to_f32(w, nw), *fb = b ? to_f32(b, g->o) : NULL;
-    float *fo = malloc((size_t)no * sizeof *fo);
-    float *cols = malloc((size_t)(nb__conv2d_cols_numel(g) + 1) * sizeof *cols);
-    NB_CHECK(fo && cols, "nb_conv2d (bf16 fallback): out of memory");
-    nb__cpu_conv2d_forward(NB_F32, g, fo, fx, fw, fb, cols);
-    to_bf16(out, fo, no);
-    free(fx), free(fw), free(fb), free(fo), free(cols);
-}
-
-void nb__dnnl_conv2d_backward_bf16_fallback(const nb__conv2d_geom *g, void *dx, void *dw,
-                                            void *db, const void *gout, const void *x,
-                                            const void *w) {
-    int64_t nx = g->n * g->c * g->h * g->w, nw = g->o * (g->c / g->groups) * g->kh * g->kw;
-    int64_t no = g->n * g->o * g->oh * g->ow;
-    float *fx = to_f32(x, nx), *fw = to_f32(w, nw), *fg = to_f32(gout, no);
-    float *fdx = dx ? malloc((size_t)nx * sizeof(float)) : NULL;
-    float *fdw = dw ? malloc((size_t)nw * sizeof(float)) : NULL;
-    float *fdb = db ? malloc((size_t)g->o * sizeof(float)) : NULL;
-    float *cols = malloc((size_t)(nb__conv2d_cols_numel(g) + 1) * sizeof *cols);
-    NB_CHECK(cols && (!dx || fdx) && (!dw || fdw) && (!db || fdb),
-             "nb_conv2d backward (bf16 fallback): out of memory");
-    nb__cpu_conv2d_backward(NB_F32, g, fdx, fdw, fdb, fg, fx, fw, cols);
-    if (dx) to_bf16(dx, fdx, nx);
-    if (dw) to_bf16(dw, fdw, nw);
-    if (db) to_bf16(db, fdb, g->o);
-    free(fx), free(fw), free(fg), free(fdx), free(fdw), free(fdb), free(cols);
-}
-
 /* ------------------------------------------------------------ the rule */
 
 /* Note [oneDNN dispatch]: bf16 always; f32 on one thread from 2^20
  * multiply-adds; never f32 on more threads. */
 static bool rule_matmul(nb_dtype dt, int64_t batch, int64_t m, int64_t n, int64_t k) {
     if (dt == NB_BF16) return true;
-    return want_threads() == 1 && (double)batch * (double)m * (double)n * (double)k >= 1048576.0;
+    return blas_threads() == 1 && (double)batch * (double)m * (double)n * (double)k >= 1048576.0;
 }
 
 /* Note [oneDNN dispatch]: bf16 only; f32 stays on im2col + OpenBLAS. */

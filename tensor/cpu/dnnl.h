@@ -6,9 +6,8 @@
  * dispatch rule of Note [oneDNN dispatch] gives the op to OpenBLAS or our
  * kernels, when oneDNN is switched off (NABLA_DNNL=0, nb__dnnl_set_mode),
  * or when oneDNN has no fast implementation for it; the caller then runs
- * its own kernel. bf16 operands are the exception: their caller has no
- * kernel, so nb__dnnl_matmul_bf16_fallback and nb__dnnl_conv2d_*_fallback
- * convert to f32 and run the OpenBLAS path. */
+ * its own kernel (for bf16 operands, the f32 fallbacks of
+ * tensor/cpu/matmul.c and conv.c: exact conversion to f32, OpenBLAS). */
 #ifndef NABLA_TENSOR_CPU_DNNL_H
 #define NABLA_TENSOR_CPU_DNNL_H
 
@@ -31,13 +30,17 @@ typedef enum nb__dnnl_mode {
 nb__dnnl_mode nb__dnnl_set_mode(int mode);
 nb__dnnl_mode nb__dnnl_mode_now(void);
 
-/* oneDNN's thread count: follows OpenBLAS's (openblas_get_num_threads,
- * read at each call) unless set here to n >= 1; n <= 0 returns to that. */
+/* oneDNN's thread count: n >= 1 here, or (n <= 0, the default)
+ * OpenBLAS's (openblas_get_num_threads, read at each call), reduced to one
+ * unless OMP_WAIT_POLICY=passive (Note [oneDNN dispatch]). */
 void nb__dnnl_set_num_threads(int n);
 
 /* Whether the CPU has native bf16 dot products (AVX512_BF16 or AMX) as
- * oneDNN sees them. */
+ * oneDNN sees them (ONEDNN_MAX_CPU_ISA can lower what it sees), and
+ * whether oneDNN 2.6 has bf16 kernels at all (AVX-512 core: emulated
+ * below AVX512_BF16); without them bf16 products take the f32 fallbacks. */
 bool nb__dnnl_native_bf16(void);
+bool nb__dnnl_bf16_kernels(void);
 
 /* Primitives created so far (cache misses, including keys found not
  * supported), cached lookups that found one, and primitives executed: for
@@ -53,24 +56,11 @@ int64_t nb__dnnl_executions(void);
 bool nb__dnnl_matmul(nb_tensor *out, const nb_tensor *a, const nb_tensor *b, bool trans_a,
                      bool trans_b, const nb_tensor *bias, bool gelu, bool accumulate);
 
-/* The same product for bf16 a and b without oneDNN: both converted to f32
- * (exactly) and multiplied by OpenBLAS. */
-void nb__dnnl_matmul_bf16_fallback(nb_tensor *out, const nb_tensor *a, const nb_tensor *b,
-                                   bool trans_a, bool trans_b, bool accumulate);
-
 /* nb__cpu_conv2d_forward / _backward (tensor/cpu/conv.h) for dt f32 or
  * bf16 (every buffer of that dtype). */
 bool nb__dnnl_conv2d_forward(nb_dtype dt, const nb__conv2d_geom *g, void *out, const void *x,
                              const void *w, const void *b);
 bool nb__dnnl_conv2d_backward(nb_dtype dt, const nb__conv2d_geom *g, void *dx, void *dw,
                               void *db, const void *gout, const void *x, const void *w);
-
-/* bf16 convolutions without oneDNN: through f32 copies and the f32
- * kernels, results rounded to bf16. */
-void nb__dnnl_conv2d_forward_bf16_fallback(const nb__conv2d_geom *g, void *out, const void *x,
-                                           const void *w, const void *b);
-void nb__dnnl_conv2d_backward_bf16_fallback(const nb__conv2d_geom *g, void *dx, void *dw,
-                                            void *db, const void *gout, const void *x,
-                                            const void *w);
 
 #endif
