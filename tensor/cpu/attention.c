@@ -12,9 +12,10 @@
  * Note [Heads on the thread pool]: the (batch, head) pairs are independent
  * and run on nabla's thread pool, each pair's GEMMs on one thread. These
  * GEMMs are small (T x T x D): OpenBLAS (Debian's pthread build) runs
- * such a product on its own threads and gets slower (85 -> 35 GFLOP/s on
- * two cores), and its threaded calls from several threads at once are
- * serialised by a lock. So OpenBLAS is set to one thread for the duration
+ * such a product on its own threads and gets slower (issue 15 measured
+ * 85 -> 35 GFLOP/s on two cores; `bench_ops --kernels` compares one caller
+ * on 1 and 2 BLAS threads with two callers on 1), and its threaded calls
+ * from several threads at once are serialised by a lock. So OpenBLAS is set to one thread for the duration
  * of the kernel (openblas_set_num_threads is process-wide; nothing else
  * calls BLAS while a kernel runs, as kernels run on the model's thread)
  * and set back after. Each thread of the backward has its own T x T

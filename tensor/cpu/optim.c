@@ -121,9 +121,6 @@ static void multi_chunk(void *varg, int64_t c, int tid) {
 }
 
 /* Cuts the n tensors into pieces and runs j->fn over them (on the pool
- * when there are two or more); returns the pieces (malloc'd) for the
- * caller's combine, their count in *np. */
-/* Cuts the n tensors into pieces and runs j->fn over them (on the pool
  * when they hold 2 PIECE elements or more); returns the pieces, their
  * count in *np, for the caller's combine (finish_pieces frees them). */
 static piece *run_pieces(int n, nb_tensor *const *ts, multi_job *j, int64_t *np, bool keep) {

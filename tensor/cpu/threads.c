@@ -95,15 +95,15 @@ static _Thread_local bool in_job;
 static int explicit_size; /* from nb_set_num_threads; 0 = from the environment */
 
 /* ---- size ---- */
-static int parse_count(const char *name, const char *v) {
+static int parse_count(const char *name, const char *v, const char *what) {
     char *end;
     errno = 0;
     long n = strtol(v, &end, 10);
     /* OpenMP allows a list ("4,2": 4 at the outer level); we take its first */
     bool list = *end == ',' && strcmp(name, "OMP_NUM_THREADS") == 0;
     NB_CHECK(end != v && (*end == 0 || list) && errno == 0 && n >= 1 && n <= MAX_THREADS,
-             "%s='%s' is not a thread count (a whole number from 1 to %d); unset it or fix it",
-             name, v, MAX_THREADS);
+             "%s='%s' is not a %s (a whole number from 1 to %d); unset it or fix it", name, v,
+             what, MAX_THREADS);
     return (int)n;
 }
 
@@ -119,12 +119,12 @@ static int available_cores(void) {
 
 static int size_from_env(void) {
     const char *v = getenv("NABLA_NUM_THREADS");
-    if (v && *v) return parse_count("NABLA_NUM_THREADS", v);
+    if (v && *v) return parse_count("NABLA_NUM_THREADS", v, "thread count");
     v = getenv("OMP_NUM_THREADS");
-    if (v && *v) return parse_count("OMP_NUM_THREADS", v);
+    if (v && *v) return parse_count("OMP_NUM_THREADS", v, "thread count");
     int cores = available_cores(), local = 1;
     v = getenv("LOCAL_WORLD_SIZE");
-    if (v && *v) local = parse_count("LOCAL_WORLD_SIZE", v);
+    if (v && *v) local = parse_count("LOCAL_WORLD_SIZE", v, "process count");
     int n = cores / local;
     n = n < 1 ? 1 : n;
     return n > MAX_THREADS ? MAX_THREADS : n;
