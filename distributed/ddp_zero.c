@@ -1,7 +1,9 @@
 /* ZeRO-1 for DDP: the optimizer's state sharded over the ranks
- * (nb_ddp_set_zero), the sharded step with its all-gather (nb_ddp_step),
- * global-norm clipping over the shards (nb_ddp_clip_grad_norm) and the
- * consolidation of the state for checkpoints (nb_ddp_consolidate_optimizer).
+ * (nb_ddp_set_zero), the sharded step with its all-gather pipelined per
+ * bucket (nb_ddp_step), global-norm clipping over the shards
+ * (nb_ddp_clip_grad_norm), the grad scaler over the shards
+ * (nb_ddp_scaler_unscale / _step) and the consolidation of the state for
+ * checkpoints (nb_ddp_consolidate_optimizer).
  *
  * Note [ZeRO-1]
  * Shards are cut per bucket: bucket b's flat buffer (numel elements) is
