@@ -360,6 +360,9 @@ static nb_status step_and_gather(nb_ddp *d) {
         if (st != NB_OK) continue; /* a failed group: no new collective, the rest are drained */
         nb_tensor *send, *out;
         gather_slot(d, sc, b, s, &send, &out);
+        int64_t own = b->numel - (int64_t)d->rank * b->chunk; /* the rest of the chunk is padding */
+        own = own < 0 ? 0 : own < b->chunk ? own : b->chunk;
+        if (own < b->chunk) nb_fill_(flat_view(sc, send, own, b->chunk - own), 0);
         for (int q = first; q < j; q++) {
             zero_piece *pc = &d->pieces[q];
             nb_copy_(flat_view(sc, send, pc->at, pc->len),
