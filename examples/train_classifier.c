@@ -16,7 +16,9 @@
  * the number of processes. Rank 0 prints, logs metrics and saves a
  * checkpoint after every epoch; --resume continues from the epoch after
  * it on every rank. --bf16 computes the matrix products and convolutions
- * in bf16 (f32 weights, f32 accumulation), on a GPU or the CPU. docs/examples.md
+ * in bf16 (f32 weights, f32 accumulation), on a GPU or the CPU. --zero
+ * shards the optimizer's state over the processes (ZeRO-1, docs/ddp.md):
+ * each keeps only its share, the checkpoints are the same. docs/examples.md
  * describes every flag. */
 #include <math.h>
 #include <stdio.h>
@@ -35,7 +37,7 @@ typedef struct args {
     const char *model, *data, *hidden, *channels, *optim;
     int64_t epochs, stop_at, batch_size, seed, split_seed;
     double lr, momentum, weight_decay, test_fraction;
-    bool sync_bn, resume, bf16;
+    bool sync_bn, resume, bf16, zero;
     const char *ckpt_dir, *metrics, *plot, *progress;
 } args;
 
@@ -232,6 +234,7 @@ static int parse_args(run *r, int argc, char **argv) {
         {"channels", CLI_STRING, &a->channels, "cnn: channels of the conv-BatchNorm-ReLU blocks"},
         {"bf16", CLI_BOOL, &a->bf16, "matrix products and convolutions in bf16 (f32 weights, f32 accumulation)"},
         {"sync-bn", CLI_BOOL, &a->sync_bn, "cnn: BatchNorm statistics over all processes (SyncBatchNorm)"},
+        {"zero", CLI_BOOL, &a->zero, "ZeRO-1: shard the optimizer's state over the processes"},
         {"epochs", CLI_INT, &a->epochs, "passes over the training rows (0: 20 for mlp, 15 for cnn)"},
         {"stop-at", CLI_INT, &a->stop_at, "stop after this epoch, saving a checkpoint (0: --epochs)"},
         {"batch-size", CLI_INT, &a->batch_size, "rows per process per step (0: 8 for mlp, 32 for cnn)"},
@@ -352,6 +355,8 @@ static void print_banner(run *r) {
                        r->d.world_size, r->d.world_size > 1 ? "es" : "", r->d.ddp ? " with DDP" : "",
                        (long long)a->batch_size, (long long)r->per_epoch, a->optim, a->lr,
                        r->cnn && a->sync_bn ? ", SyncBatchNorm" : "");
+    nb_progress_printf(r->progress, "optimizer state per process: %zu bytes%s", nb_optim_state_bytes(r->opt),
+                       r->d.ddp && nb_ddp_zero_optimizer(r->d.ddp) ? " (ZeRO-1)" : "");
 }
 
 /* ----------------------------------------------------- during training */
@@ -415,6 +420,8 @@ int main(int argc, char **argv) {
     build_model(&r);
     if (a->resume) TRY(&r, load_checkpoint(&r, &r.step, &r.epoch0), "resuming");
     TRY(&r, run_dist_wrap(&r.d, r.model, r.cnn && a->sync_bn), "DDP");
+    nb_ddp *zero = a->zero ? r.d.ddp : NULL; /* a world of one has nothing to shard */
+    if (zero) TRY(&r, nb_ddp_set_zero(zero, r.opt), "ZeRO-1");
     TRY(&r, open_monitor(&r), "metrics");
     print_banner(&r);
 
@@ -433,7 +440,8 @@ int main(int argc, char **argv) {
             TRY(&r, run_dist_forward(&r.d, r.step_ctx, as_input(&r, b.inputs), &logits), "forward");
             nb_tensor *loss = nb_cross_entropy(r.step_ctx, logits, b.targets, NULL);
             TRY(&r, run_dist_backward(&r.d, loss), "backward");
-            nb_optim_step(r.opt);
+            if (zero) TRY(&r, nb_ddp_step(zero), "ZeRO-1 step");
+            else nb_optim_step(r.opt);
             nb_optim_zero_grad(r.opt);
             double l = nb_item(loss);
             double correct = (double)nb_count_correct(r.step_ctx, logits, b.targets);
@@ -444,7 +452,9 @@ int main(int argc, char **argv) {
         TRY(&r, run_dist_sum(&r.d, nb_metric_sums_data(&train), nb_metric_sums_size(&train)), "all-reduce");
         TRY(&r, evaluate(&r, &test.loss, &test.accuracy, &test.count), "evaluation");
         TRY(&r, report_epoch(&r, epoch, &train, &test), "metrics");
+        if (zero && a->ckpt_dir) TRY(&r, nb_ddp_consolidate_optimizer(zero, 0), "gathering the optimizer state");
         if (r.d.rank == 0 && a->ckpt_dir) TRY(&r, save_checkpoint(&r, r.step, epoch + 1), "checkpoint");
     }
+    if (zero) TRY(&r, nb_ddp_set_zero(zero, NULL), "ZeRO-1"); /* the whole state back before the unwrap */
     return finish(&r, &test);
 }

@@ -69,35 +69,48 @@ static bool grads_finite(nb_optim *opt) {
     return nb__backend_of(dev)->all_finite(sc, k, gl);
 }
 
+double nb__grad_scaler_begin_unscale(nb_grad_scaler *s, const char *who) {
+    NB_CHECK(s->stage == STAGE_READY, "%s: the gradients were already %s since the last "
+             "nb_grad_scaler_update", who, s->stage == STAGE_UNSCALED ? "unscaled" : "stepped");
+    return 1.0 / s->scale;
+}
+
+void nb__grad_scaler_end_unscale(nb_grad_scaler *s, bool found_inf) {
+    s->found_inf = found_inf;
+    s->stage = STAGE_UNSCALED;
+}
+
+bool nb__grad_scaler_begin_step(nb_grad_scaler *s, const char *who) {
+    NB_CHECK(s->stage != STAGE_STEPPED,
+             "%s: called twice without nb_grad_scaler_update in between", who);
+    return s->stage == STAGE_READY;
+}
+
+bool nb__grad_scaler_end_step(nb_grad_scaler *s) {
+    s->stage = STAGE_STEPPED;
+    return !s->found_inf;
+}
+
 void nb_grad_scaler_unscale(nb_grad_scaler *s, nb_optim *opt) {
     NB_CHECK(s && opt, "nb_grad_scaler_unscale: NULL argument");
     nb__optim_check_not_bucket_stepped(opt, "nb_grad_scaler_unscale");
     nb__optim_check_not_sharded(opt, "nb_grad_scaler_unscale",
-                                "the grad scaler is not supported with ZeRO-1 (detach with "
-                                "nb_ddp_set_zero(ddp, NULL) to use it)");
-    NB_CHECK(s->stage == STAGE_READY, "nb_grad_scaler_unscale: the gradients were already %s "
-             "since the last nb_grad_scaler_update", s->stage == STAGE_UNSCALED ? "unscaled"
-                                                                                 : "stepped");
-    double inv = 1.0 / s->scale;
+                                "unscale with nb_ddp_scaler_unscale(ddp, scaler)");
+    double inv = nb__grad_scaler_begin_unscale(s, "nb_grad_scaler_unscale");
     for (int i = 0; i < opt->n_params; i++) {
         nb_tensor *g = opt->params[i].param->grad;
         if (g) nb_scale_(g, inv);
     }
-    s->found_inf = !grads_finite(opt);
-    s->stage = STAGE_UNSCALED;
+    nb__grad_scaler_end_unscale(s, !grads_finite(opt));
 }
 
 bool nb_grad_scaler_step(nb_grad_scaler *s, nb_optim *opt) {
     NB_CHECK(s && opt, "nb_grad_scaler_step: NULL argument");
     nb__optim_check_not_bucket_stepped(opt, "nb_grad_scaler_step");
     nb__optim_check_not_sharded(opt, "nb_grad_scaler_step",
-                                "the grad scaler is not supported with ZeRO-1 (detach with "
-                                "nb_ddp_set_zero(ddp, NULL) to use it)");
-    NB_CHECK(s->stage != STAGE_STEPPED,
-             "nb_grad_scaler_step: called twice without nb_grad_scaler_update in between");
-    if (s->stage == STAGE_READY) nb_grad_scaler_unscale(s, opt);
-    s->stage = STAGE_STEPPED;
-    if (s->found_inf) return false;
+                                "step with nb_ddp_scaler_step(ddp, scaler, &stepped)");
+    if (nb__grad_scaler_begin_step(s, "nb_grad_scaler_step")) nb_grad_scaler_unscale(s, opt);
+    if (!nb__grad_scaler_end_step(s)) return false;
     nb_optim_step(opt);
     return true;
 }

@@ -89,5 +89,14 @@ void nb__optim_check_not_sharded(const nb_optim *opt, const char *who, const cha
 void nb__optim_release_state(nb_optim *opt);
 /* Allocates them again, zero-filled, when released (no-op otherwise). */
 void nb__optim_alloc_state(nb_optim *opt);
+/* The grad scaler's stages, for nb_ddp_scaler_unscale / _step: begin_unscale
+ * checks that nothing was unscaled since the last update (aborting, naming
+ * who) and returns 1 / scale; end_unscale records the (agreed) found-inf;
+ * begin_step checks that nothing was stepped and says whether the
+ * gradients still need unscaling; end_step says whether to step. */
+double nb__grad_scaler_begin_unscale(nb_grad_scaler *s, const char *who);
+void nb__grad_scaler_end_unscale(nb_grad_scaler *s, bool found_inf);
+bool nb__grad_scaler_begin_step(nb_grad_scaler *s, const char *who);
+bool nb__grad_scaler_end_step(nb_grad_scaler *s);
 
 #endif

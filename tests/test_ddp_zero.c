@@ -439,6 +439,84 @@ START_TEST(test_checkpoint) {
 }
 END_TEST
 
+/* The grad scaler under ZeRO-1 (nb_ddp_scaler_unscale / _step) against
+ * plain DDP with the same scaler (nb_grad_scaler_unscale / _step): at
+ * steps 0 and 3 the last rank's loss gets 1e300 * sum(last bias) (the
+ * scaled gradient of that bias overflows to inf on that rank only, and
+ * after the average its elements are inf only in the shard of the rank(s)
+ * owning them): every rank must skip (the first skip is also the step
+ * that rebuilds the buckets), the others step; scales, parameters and
+ * state as the reference's after every step. */
+START_TEST(test_scaler) {
+    nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
+    nb_module *m = mlp(pctx), *ref = mlp(pctx);
+    nb_ddp *ddp = wrap(m), *rddp = wrap(ref);
+    nb_optim *opt = optim_for(m, C_ADAMW), *ropt = optim_for(ref, C_ADAMW);
+    ck_assert_int_eq(nb_ddp_set_zero(ddp, opt), NB_OK);
+    nb_grad_scaler *gs = nb_grad_scaler_new(1e10, 2, 0.5, 2), *rgs = nb_grad_scaler_new(1e10, 2, 0.5, 2);
+    nb_named_tensor p[16], rp[16];
+    int n = nb_module_named_parameters(m, p, 16);
+    ck_assert_int_eq(nb_module_named_parameters(ref, rp, 16), n);
+    ck_assert_int_eq(nb_numel(p[n - 1].tensor), N_CLASSES); /* the last layer's bias */
+    bool exact = R <= 2;
+    int skipped = 0;
+    for (int it = 0; it < 6; it++) {
+        set_lrs(opt, it);
+        set_lrs(ropt, it);
+        nb_ctx_reset(step);
+        bool poison = it == 0 || it == 3;
+        nb_tensor *l = loss_of(step, m, it, 0, false), *rl = loss_of(step, ref, it, 0, false);
+        if (poison && me == R - 1) {
+            l = nb_add(step, l, nb_mul_scalar(step, nb_sum(step, p[n - 1].tensor, 0, NULL, false), 1e300));
+            rl = nb_add(step, rl, nb_mul_scalar(step, nb_sum(step, rp[n - 1].tensor, 0, NULL, false), 1e300));
+        }
+        ck_assert_int_eq(nb_ddp_backward(ddp, nb_grad_scaler_scale(gs, step, l)), NB_OK);
+        ck_assert_int_eq(nb_ddp_backward(rddp, nb_grad_scaler_scale(rgs, step, rl)), NB_OK);
+        if (it == 4) { /* unscaled first (as before clipping), then stepped */
+            ck_assert_int_eq(nb_ddp_scaler_unscale(ddp, gs), NB_OK);
+            nb_grad_scaler_unscale(rgs, ropt);
+            NBT_EXPECT_ABORT(nb_ddp_scaler_unscale(ddp, gs), "nb_ddp_scaler_unscale: the gradients "
+                                                             "were already unscaled");
+        }
+        bool stepped = !poison;
+        ck_assert_int_eq(nb_ddp_scaler_step(ddp, gs, &stepped), NB_OK);
+        bool rstepped = nb_grad_scaler_step(rgs, ropt);
+        ck_assert_msg(rstepped == !poison, "rank %d, step %d: the reference %s", me, it,
+                      rstepped ? "stepped" : "skipped");
+        ck_assert_msg(stepped == rstepped, "rank %d, step %d: ZeRO-1 %s, plain DDP %s", me, it,
+                      stepped ? "stepped" : "skipped", rstepped ? "stepped" : "skipped");
+        skipped += !stepped;
+        NBT_EXPECT_ABORT(nb_ddp_scaler_step(ddp, gs, &stepped), "called twice without "
+                                                               "nb_grad_scaler_update");
+        nb_grad_scaler_update(gs);
+        nb_grad_scaler_update(rgs);
+        ck_assert(nb_grad_scaler_get_scale(gs) == nb_grad_scaler_get_scale(rgs));
+        ck_assert_int_eq(nb_optim_step_count(opt), nb_optim_step_count(ropt));
+        assert_models(m, ref, exact);
+        assert_states(ddp, opt, ropt, exact);
+        nb_optim_zero_grad(opt);
+        nb_optim_zero_grad(ropt);
+    }
+    ck_assert_int_eq(skipped, 2);
+    ck_assert_int_eq(nb_optim_step_count(opt), 4);
+    if (R > 1) ck_assert(nb_ddp_buckets_rebuilt(ddp));
+    assert_same_on_all_ranks(m);
+    NBT_EXPECT_ABORT(nb_ddp_scaler_step(ddp, gs, &(bool){0}), "no synchronised nb_ddp_backward "
+                                                             "since the last step");
+    ck_assert_int_eq(nb_ddp_set_zero(ddp, NULL), NB_OK);
+    NBT_EXPECT_ABORT(nb_ddp_scaler_unscale(ddp, gs), "nb_ddp_scaler_unscale: rank");
+    NBT_EXPECT_ABORT(nb_ddp_scaler_unscale(ddp, gs), "ZeRO-1 is off");
+    nb_grad_scaler_free(gs);
+    nb_grad_scaler_free(rgs);
+    nb_ddp_free(ddp);
+    nb_ddp_free(rddp);
+    nb_optim_free(opt);
+    nb_optim_free(ropt);
+    nb_ctx_free(step);
+    nb_ctx_free(pctx);
+}
+END_TEST
+
 /* What ZeRO-1 does not combine with is refused, by name. */
 START_TEST(test_refusals) {
     nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
@@ -466,7 +544,8 @@ START_TEST(test_refusals) {
     nb_grad_scaler *gs = nb_grad_scaler_new(1024, 2, 0.5, 100);
     NBT_EXPECT_ABORT(nb_grad_scaler_step(gs, opt), "nb_grad_scaler_step: this optimizer's state is "
                                                    "sharded");
-    NBT_EXPECT_ABORT(nb_grad_scaler_unscale(gs, opt), "the grad scaler is not supported with ZeRO-1");
+    NBT_EXPECT_ABORT(nb_grad_scaler_unscale(gs, opt), "unscale with nb_ddp_scaler_unscale(ddp, scaler)");
+    NBT_EXPECT_ABORT(nb_grad_scaler_step(gs, opt), "step with nb_ddp_scaler_step(ddp, scaler, &stepped)");
     NBT_EXPECT_ABORT(nb_ddp_join_begin(ddp, NULL), "nb_ddp_join_begin: rank");
     NBT_EXPECT_ABORT(nb_ddp_join_begin(ddp, NULL), "join mode cannot be combined with it");
     NBT_EXPECT_ABORT(nb_ddp_set_optimizer(ddp, opt), "ZeRO-1 is on (nb_ddp_set_zero); per-bucket "
@@ -529,6 +608,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_clip_inf);
     tcase_add_test(tc, test_state_bytes);
     tcase_add_test(tc, test_checkpoint);
+    tcase_add_test(tc, test_scaler);
     tcase_add_test(tc, test_refusals);
     suite_add_tcase(s, tc);
     return s;

@@ -112,7 +112,9 @@ nb_optim *nb_ddp_optimizer(const nb_ddp *ddp);
  * stay (nb_optim_set_lr etc. keep working). Every parameter of opt must be
  * one of the wrapper's. While attached, nb_optim_step,
  * nb_optim_clip_grad_norm, nb_grad_scaler_unscale / _step and nb_optim_state
- * on opt abort naming what to call instead; per-bucket steps
+ * on opt abort naming what to call instead (nb_ddp_step,
+ * nb_ddp_clip_grad_norm, nb_ddp_scaler_unscale / _step,
+ * nb_ddp_consolidate_optimizer); per-bucket steps
  * (nb_ddp_set_optimizer), join and the bf16 comm hook are refused.
  * Attaching is local (every rank makes the same call); NULL detaches and
  * is collective: every rank gets the whole state back into opt. Free the
@@ -138,6 +140,17 @@ nb_status nb_ddp_clip_grad_norm(nb_ddp *ddp, double max_norm, double norm_type, 
  * the same as the one a plain optimizer with that state writes. Valid until
  * the next nb_ddp_step, which frees it again. Collective. */
 nb_status nb_ddp_consolidate_optimizer(nb_ddp *ddp, int root);
+/* The grad scaler under ZeRO-1 (nb_grad_scaler_unscale / _step refuse a
+ * sharded optimizer): nb_ddp_scaler_unscale divides the averaged gradients
+ * (the rank's shards) by the scale and checks them; the ranks agree on
+ * found-inf (an inf or NaN on any rank counts for all). nb_ddp_scaler_step
+ * unscales first unless done since the last nb_grad_scaler_update, then
+ * calls nb_ddp_step when no rank found an inf or NaN (*stepped = true) and
+ * skips the step otherwise, on every rank alike; nb_grad_scaler_update(s)
+ * follows as without ZeRO. Both are collective (Note [ZeRO-1 grad scaler]
+ * in distributed/ddp_zero.c). */
+nb_status nb_ddp_scaler_unscale(nb_ddp *ddp, nb_grad_scaler *s);
+nb_status nb_ddp_scaler_step(nb_ddp *ddp, nb_grad_scaler *s, bool *stepped);
 
 /* ---- uneven inputs: join (docs/ddp.md, "Uneven inputs: join") ---- */
 typedef struct nb_ddp_join_options {
