@@ -328,6 +328,39 @@ START_TEST(test_cache_reuses_primitives) {
 }
 END_TEST
 
+/* The default rule for f32 on one thread (Note [oneDNN dispatch]): a product
+ * under 2^20 multiply-adds stays on OpenBLAS; above it, one with A as it is
+ * and K <= 512 goes to oneDNN, and one with A transposed (a weight gradient)
+ * or a long K only where oneDNN has AVX-512 kernels (test_dnnl_avx2 runs this
+ * with oneDNN held to AVX2, so both answers are checked on an AVX-512 CPU). */
+static bool f32_auto_takes(bool ta, int64_t m, int64_t n, int64_t k) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *a = ta ? nb_zeros(ctx, NB_F32, 2, (int64_t[]){k, m})
+                      : nb_zeros(ctx, NB_F32, 2, (int64_t[]){m, k});
+    nb_tensor *b = nb_zeros(ctx, NB_F32, 2, (int64_t[]){k, n});
+    nb_tensor *out = nb_empty(ctx, NB_F32, 2, (int64_t[]){m, n});
+    nb__dnnl_mode prev = nb__dnnl_set_mode(NB_DNNL_AUTO);
+    bool took = nb__dnnl_matmul(out, a, b, ta, false, NULL, false, false);
+    nb__dnnl_set_mode(prev);
+    nb_ctx_free(ctx);
+    return took;
+}
+
+START_TEST(test_f32_rule) {
+    int blas = openblas_get_num_threads();
+    openblas_set_num_threads(1);
+    bool avx512 = nb__dnnl_bf16_kernels(); /* AVX-512 core, as oneDNN sees it */
+    ck_assert(!f32_auto_takes(false, 64, 64, 64));           /* 2^18 multiply-adds */
+    ck_assert(f32_auto_takes(false, 1024, 256, 256));        /* a forward product */
+    ck_assert(f32_auto_takes(false, 1024, 256, 512));
+    ck_assert_int_eq(f32_auto_takes(true, 256, 256, 1024), avx512);  /* a weight gradient */
+    ck_assert_int_eq(f32_auto_takes(false, 1024, 256, 1024), avx512); /* K 1024 */
+    openblas_set_num_threads(2); /* more threads: f32 stays on OpenBLAS */
+    ck_assert(!f32_auto_takes(false, 1024, 256, 256));
+    openblas_set_num_threads(blas);
+}
+END_TEST
+
 /* ---- thread count ---- */
 
 /* oneDNN follows OpenBLAS's thread count, reduced to one under OpenMP's
@@ -603,6 +636,7 @@ static Suite *dnnl_suite(void) {
     tcase_add_test(tc, test_cache_reuses_primitives);
     tcase_add_test(tc, test_env_switch);
     tcase_add_test(tc, test_concurrent_execution);
+    tcase_add_test(tc, test_f32_rule);
     tcase_add_test(tc, test_thread_count);
     tcase_add_loop_test(tc, test_conv_f32_dnnl, 0, ncv);
     tcase_add_loop_test(tc, test_conv_f32_im2col, 0, ncv);

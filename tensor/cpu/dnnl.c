@@ -32,7 +32,10 @@
  *    matmul.c / conv.c (exact bf16 -> f32 conversion + OpenBLAS);
  *  - f32 matmul: oneDNN when OpenBLAS runs on one thread and the product
  *    has at least 2^20 multiply-adds (batch * M * N * K); OpenBLAS on more
- *    threads and for small products;
+ *    threads and for small products; on a CPU without AVX-512 (oneDNN's
+ *    AVX2 kernels) only when A is not transposed and K <= 512: its weight
+ *    gradients (A transposed, K = the rows of the batch) and long-K
+ *    products run at half OpenBLAS's speed there (figures below);
  *  - f32 convolution: our im2col + OpenBLAS; bf16 convolution: oneDNN.
  *  - layer norm, softmax, batch norm: our kernels (see below);
  *  - oneDNN on one thread when OpenBLAS runs on more, unless
@@ -59,7 +62,7 @@
  *   MLP batch 8: (8,30)@(30,64) 39.1 10.4 12.3 4.8; (8,64)@(64,32) 68.5 11.1
  *     13.0 4.9
  * On one thread oneDNN's f32 matmul is 0-30% faster than OpenBLAS on every
- * GPT product, and bf16 doubles it; the f32 fallback for bf16 is slower
+ * GPT product (with AVX-512), and bf16 doubles it; the f32 fallback for bf16 is slower
  * than oneDNN's bf16 everywhere. On products of a few thousand
  * multiply-adds oneDNN's fixed cost per call (memory objects, lock,
  * dispatch: about 3 us against OpenBLAS's 0.5 to 1) loses by 3-6x, hence
@@ -80,6 +83,20 @@
  * thread of bf16 (~215) still beats every 2-thread alternative measured.
  * (tests/test_cpu_bf16 at OPENBLAS_NUM_THREADS=2 under load: 12.9 s with
  * oneDNN on 2 active-wait threads, 2.9 s passive.)
+ * Without AVX-512 (Zen 3, AVX2 only, 2026-11-26, quiet machine, load
+ * average 0.6-0.9; same command, same columns; oneDNN's bf16 is not used
+ * there, the fallback column is what runs):
+ *   GPT B16 T64 C128: qkv fwd (K 128) 78.3 86.3; qkv dX (K 384) 81.1 86.3;
+ *     qkv dW (A^T, K 1024) 64.2 60.6; fc fwd 64.7 74.9; fc dX (K 512)
+ *     79.4 85.0; fc dW 71.2 50.1; mlp_proj dW 62.5 47.9; attention q@k^T
+ *     39.2 54.1
+ *   GPT L6 C256 T128 b8: qkv fwd (K 256) 71.6 86.2; qkv dX (K 768) 77.3
+ *     76.3; qkv dW 71.1 62.4; fc fwd 79.8 85.0; fc dX (K 1024) 75.7 69.3;
+ *     fc dW 68.0 38.9; mlp_proj fwd (K 1024) 75.9 70.9; mlp_proj dX (K 256)
+ *     80.3 84.7; mlp_proj dW 82.0 36.2
+ * so on AVX2 oneDNN keeps the products with A as it is and K <= 512 (5-20%
+ * faster) and OpenBLAS the rest (tests/test_dnnl.c test_f32_rule; the
+ * AVX2 branch also runs on AVX-512 CPUs as test_dnnl_avx2).
  * Whole f32 training step of the compare_torch GPT (B16 T64 C128 L4),
  * OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 bench_ddp --model gpt --no-ddp
  * --device cpu --steps 20, NABLA_DNNL=0 and 1 alternated, 7 pairs, load
@@ -495,7 +512,7 @@ static entry *matmul_entry(const pkey *k) {
     return e;
 }
 
-static bool rule_matmul(nb_dtype dt, int64_t batch, int64_t m, int64_t n, int64_t k);
+static bool rule_matmul(nb_dtype dt, int64_t batch, int64_t m, int64_t n, int64_t k, bool trans_a);
 
 bool nb__dnnl_matmul(nb_tensor *out, const nb_tensor *a, const nb_tensor *b, bool trans_a,
                      bool trans_b, const nb_tensor *bias, bool gelu, bool accumulate) {
@@ -508,7 +525,7 @@ bool nb__dnnl_matmul(nb_tensor *out, const nb_tensor *a, const nb_tensor *b, boo
     int64_t k = a->shape[a->ndim - (trans_a ? 2 : 1)];
     int64_t batch = nb__numel_shape(nbd, out->shape);
     if (batch == 0 || m == 0 || n == 0 || k == 0) return false;
-    if (mode == NB_DNNL_AUTO && !rule_matmul(a->dtype, batch, m, n, k)) return false;
+    if (mode == NB_DNNL_AUTO && !rule_matmul(a->dtype, batch, m, n, k, trans_a)) return false;
 
     pkey key;
     memset(&key, 0, sizeof key);
@@ -688,10 +705,13 @@ bool nb__dnnl_conv2d_backward(nb_dtype dt, const nb__conv2d_geom *g, void *dx, v
 /* ------------------------------------------------------------ the rule */
 
 /* Note [oneDNN dispatch]: bf16 always; f32 on one thread from 2^20
- * multiply-adds; never f32 on more threads. */
-static bool rule_matmul(nb_dtype dt, int64_t batch, int64_t m, int64_t n, int64_t k) {
+ * multiply-adds, and below AVX-512 only with A not transposed and K at
+ * most 512; never f32 on more threads. */
+static bool rule_matmul(nb_dtype dt, int64_t batch, int64_t m, int64_t n, int64_t k, bool trans_a) {
     if (dt == NB_BF16) return true;
-    return blas_threads() == 1 && (double)batch * (double)m * (double)n * (double)k >= 1048576.0;
+    if (blas_threads() != 1 || (double)batch * (double)m * (double)n * (double)k < 1048576.0)
+        return false;
+    return has_isa(dnnl_cpu_isa_avx512_core) || (!trans_a && k <= 512);
 }
 
 /* Note [oneDNN dispatch]: bf16 only; f32 stays on im2col + OpenBLAS. */
