@@ -14,6 +14,18 @@ bf16 rows (--bf16-models, default cnn,gpt; "" for none): ours with --bf16
 master weights) beside PyTorch eager f32 and PyTorch eager under
 torch.autocast("cpu", dtype=torch.bfloat16), run as interleaved triples.
 
+DDP rows (--ddp N, default off; Note [DDP rows]): for each of --models,
+bench_ddp under nbrun on N CPU ranks over Gloo (--device cpu --machine)
+against N fresh PyTorch processes (this script with --torch-ddp-worker), each
+in torch.distributed's "gloo" group around the same model in
+DistributedDataParallel with its default buckets; each rank trains its own
+batch of the single-process size (weak scaling, as bench_ddp), every rank of
+both sides with the four thread variables at 1 (nbrun's default per rank) and
+torch.set_num_threads(1). A row gives rank 0's step times, nabla's "hidden"
+(the share of its all-reduce time that ran before backward ended, from
+bench_ddp's line), the ratio of the medians and the per-pair ratios. A rank
+that fails, or any run over --timeout seconds, stops the script with exit 1.
+
 Fairness (Note [A fair comparison]): each side runs in a fresh process of its
 own, started with the same thread variables (OMP_NUM_THREADS,
 OPENBLAS_NUM_THREADS, MKL_NUM_THREADS, NABLA_NUM_THREADS) so that OpenMP and
@@ -25,6 +37,7 @@ when one did not take, the script says so and exits 1.
 
     make bench-torch                  (installs python3-torch when missing)
     /usr/bin/python3 benchmarks/compare_torch.py [--steps 20] [--repeats 5] [--threads 1]
+    /usr/bin/python3 benchmarks/compare_torch.py --models gpt --bf16-models "" --ddp 2
 
 The PyTorch side runs under the first of this interpreter and /usr/bin/python3
 (Debian's python3-torch) that has torch; with none, the script exits 0 with a
@@ -46,6 +59,19 @@ message.
 # runs with the min-max range, and the median and range of the per-pair ratios
 # (nabla run i over torch run i, adjacent in time, so slow drift of a shared
 # machine cancels more in a pair than across the whole row).
+# Note [DDP rows]
+# The PyTorch ranks are fresh processes started with their environment (thread
+# variables, MASTER_ADDR, MASTER_PORT) already set, for the reason in the note
+# above: torch.multiprocessing's fork of a process that has imported torch
+# would inherit thread pools sized before the variables were read. One thread
+# per rank on both sides is nbrun's default when ranks share a node (as
+# torchrun's); the ranks' kernel thread counts, Gloo's own threads included,
+# are read back as for the other rows. Both sides time from forward to
+# zero_grad on rank 0. "hidden" exists for nabla only: bench_ddp averages
+# nb_ddp_last_stats' hidden_fraction over its timed steps (per step: the part
+# of each bucket's all-reduce, from its start to its finish, that lies before
+# the end of backward, over the buckets' summed all-reduce time); PyTorch's
+# reducer does not report the equivalent without its profiler.
 import argparse
 import ctypes
 import importlib.util
@@ -158,22 +184,19 @@ def openblas_threads():
     return None
 
 
-def torch_worker(model_name, steps, intra_op, autocast=False):
-    """Runs in its own process (started by run_torch): one timed run, one JSON line."""
-    torch, F, models = torch_models()
-    torch.set_num_threads(intra_op)
-    torch.set_num_interop_threads(1)
-    torch.manual_seed(1)
+def torch_batch(torch, model_name):
+    """One batch of random inputs and labels, of bench_ddp's per-rank batch size."""
     b = BATCH[model_name]
-    model = models[model_name]()
     if model_name == "mlp":
-        x, y = torch.randn(b, 30), torch.arange(b) % 2
-    elif model_name == "cnn":
-        x, y = torch.randn(b, 1, 8, 8), torch.arange(b) % 10
-    else:
-        t = GPT_SHAPES[model_name][0]
-        x = torch.randint(0, GPT_VOCAB, (b, t))
-        y = torch.randint(0, GPT_VOCAB, (b, t))
+        return torch.randn(b, 30), torch.arange(b) % 2
+    if model_name == "cnn":
+        return torch.randn(b, 1, 8, 8), torch.arange(b) % 10
+    t = GPT_SHAPES[model_name][0]
+    return torch.randint(0, GPT_VOCAB, (b, t)), torch.randint(0, GPT_VOCAB, (b, t))
+
+
+def torch_train(torch, F, model, x, y, steps, autocast=False):
+    """3 warm-up and `steps` timed training steps with AdamW: (step times in s, most threads)."""
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=1e-2)
     times, most = [], 0
@@ -188,6 +211,18 @@ def torch_worker(model_name, steps, intra_op, autocast=False):
         if s >= 3:
             times.append(time.perf_counter() - t0)
             most = max(most, proc_threads())
+    return times, most
+
+
+def torch_worker(model_name, steps, intra_op, autocast=False):
+    """Runs in its own process (started by run_torch): one timed run, one JSON line."""
+    torch, F, models = torch_models()
+    torch.set_num_threads(intra_op)
+    torch.set_num_interop_threads(1)
+    torch.manual_seed(1)
+    model = models[model_name]()
+    x, y = torch_batch(torch, model_name)
+    times, most = torch_train(torch, F, model, x, y, steps, autocast)
     print(json.dumps({"ms": 1e3 * statistics.median(times), "params": sum(p.numel() for p in model.parameters()),
                       "version": torch.__version__, "intra_op": torch.get_num_threads(),
                       "inter_op": torch.get_num_interop_threads(), "blas": openblas_threads(),
@@ -195,19 +230,65 @@ def torch_worker(model_name, steps, intra_op, autocast=False):
     return 0
 
 
-class ThreadWatch:
-    """Samples a child's kernel thread count while it runs; keeps the largest."""
+def torch_ddp_worker(rank, world, port, model_name, steps, timeout):
+    """One rank of PyTorch DDP over Gloo, in its own process (started by run_torch_ddp, with
+    MASTER_ADDR, MASTER_PORT and the thread variables in its environment); rank 0 prints one
+    JSON line. The model starts from the same seed on every rank (DDP broadcasts rank 0's
+    anyway); each rank draws its own batch, as bench_ddp's ranks do."""
+    import datetime
+    torch, F, models = torch_models()
+    import torch.distributed as dist
+    torch.set_num_threads(1)
+    torch.set_num_interop_threads(1)
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout))
+    torch.manual_seed(1)
+    model = models[model_name]()
+    torch.manual_seed(100 + rank)
+    x, y = torch_batch(torch, model_name)
+    ddp = torch.nn.parallel.DistributedDataParallel(model)  # default buckets (25 MiB, the first 1 MiB)
+    times, most = torch_train(torch, F, ddp, x, y, steps)
+    if rank == 0:
+        print(json.dumps({"ms": 1e3 * statistics.median(times),
+                          "params": sum(p.numel() for p in model.parameters()), "version": torch.__version__,
+                          "intra_op": torch.get_num_threads(), "inter_op": torch.get_num_interop_threads(),
+                          "blas": openblas_threads(), "threads": most, "backend": dist.get_backend(),
+                          "world": dist.get_world_size()}), flush=True)
+    dist.destroy_process_group()
+    return 0
 
-    def __init__(self, proc):
-        self.proc, self.most = proc, 0
+
+def child_pids(pid):
+    """The processes whose parent is `pid` (a scan of /proc)."""
+    kids = []
+    for d in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                    kids.append(int(d))
+        except (OSError, ValueError, IndexError):
+            continue
+    return kids
+
+
+class ThreadWatch:
+    """Samples a child's kernel thread count while it runs; keeps the largest. With `children`
+    (a launcher such as nbrun with that many ranks), the largest count of any one of its child
+    processes instead: /proc is scanned until they have all started, then only they are read."""
+
+    def __init__(self, proc, children=0):
+        self.proc, self.children, self.most = proc, children, 0
         self.t = threading.Thread(target=self.run, daemon=True)
         self.t.start()
 
     def run(self):
+        kids = []
         while self.proc.poll() is None:
-            n = proc_threads(self.proc.pid)
-            if n:
-                self.most = max(self.most, n)
+            if len(kids) < self.children:
+                kids = child_pids(self.proc.pid)
+            for n in [proc_threads(k) for k in kids] if self.children else [proc_threads(self.proc.pid)]:
+                if n:
+                    self.most = max(self.most, n)
             time.sleep(0.01)
 
     def stop(self):
@@ -215,10 +296,27 @@ class ThreadWatch:
         return self.most
 
 
-def run_child(cmd, env):
+def stop(p, grace=5):
+    """SIGTERM, then SIGKILL after `grace` seconds (nbrun passes SIGTERM on to its ranks)."""
+    if p.poll() is None:
+        p.terminate()
+        try:
+            p.wait(grace)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def run_child(cmd, env, timeout=600, children=0):
     p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    watch = ThreadWatch(p)
-    out, err = p.communicate()
+    watch = ThreadWatch(p, children)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        stop(p)
+        out, err = p.communicate()
+        sys.stderr.write(err)
+        raise SystemExit(f"compare_torch: {' '.join(cmd)} did not finish in {timeout} s; stopped")
     most = watch.stop()
     if p.returncode != 0:
         sys.stderr.write(err)
@@ -226,17 +324,89 @@ def run_child(cmd, env):
     return out, most
 
 
-def run_nabla(binary, model_name, steps, env, bf16=False):
+def run_nabla(binary, model_name, steps, env, bf16=False, timeout=600):
     out, most = run_child([binary, "--no-ddp", "--model", model_name, "--machine", "--steps", str(steps)]
-                          + (["--bf16"] if bf16 else []), env)
+                          + (["--bf16"] if bf16 else []), env, timeout)
     f = dict(re.findall(r"(\w+)=(\S+)", out))
     return {"ms": float(f["ms"]), "fwd": float(f["fwd"]), "bwd": float(f["bwd"]), "opt": float(f["opt"]),
             "params": int(f["params"]), "threads": most}
 
 
-def run_torch(python, model_name, steps, intra_op, env, autocast=False):
+def run_nabla_ddp(nbrun, binary, model_name, steps, world, env, timeout):
+    """bench_ddp under nbrun on `world` CPU ranks; rank 0's --machine line. "threads": the most
+    kernel threads of any one rank."""
+    cmd = [nbrun, "--nproc-per-node", str(world), "--master-port", "0", binary, "--model", model_name,
+           "--device", "cpu", "--machine", "--steps", str(steps)]
+    out, most = run_child(cmd, env, timeout, children=world)
+    line = [x for x in out.splitlines() if x.startswith("[rank 0] ") and "model=" in x]
+    if not line:
+        raise SystemExit(f"compare_torch: {' '.join(cmd)} printed no '[rank 0] model=...' line:\n{out}")
+    f = dict(re.findall(r"(\w+)=(\S+)", line[-1]))
+    if int(f["world"]) != world:
+        raise SystemExit(f"compare_torch: bench_ddp ran on world={f['world']}, not {world}")
+    return {"ms": float(f["ms"]), "hidden": float(f["hidden"]), "params": int(f["params"]),
+            "batch": int(f["batch"]), "threads": most}
+
+
+def free_port():
+    """A TCP port free on 127.0.0.1 now (rank 0's store binds it a moment later)."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_torch_ddp(python, model_name, steps, world, env, timeout):
+    """`world` fresh PyTorch processes, one per rank, waited on together: the first to fail, or
+    the timeout, stops them all and the script."""
+    import tempfile
+    port = free_port()
+    env = dict(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world))
+    procs, logs = [], []
+    for r in range(world):
+        cmd = [python, os.path.abspath(__file__), "--torch-ddp-worker", str(r), str(world), str(port),
+               model_name, "--steps", str(steps), "--timeout", str(timeout)]
+        logs.append((tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")))
+        procs.append(subprocess.Popen(cmd, env=dict(env, RANK=str(r)), stdout=logs[-1][0], stderr=logs[-1][1],
+                                      text=True))
+    watches = [ThreadWatch(p) for p in procs]
+    deadline, why = time.monotonic() + timeout, None
+    while why is None and any(p.poll() is None for p in procs):
+        bad = [r for r, p in enumerate(procs) if p.poll() not in (None, 0)]
+        if bad:
+            why = f"rank {bad[0]} exited with status {procs[bad[0]].returncode}"
+        elif time.monotonic() > deadline:
+            why = f"not finished in {timeout} s"
+        else:
+            time.sleep(0.05)
+    bad = [r for r, p in enumerate(procs) if p.poll() not in (None, 0)]
+    if why is None and bad:
+        why = f"rank {bad[0]} exited with status {procs[bad[0]].returncode}"
+    for p in procs:
+        stop(p)
+    most = max(w.stop() for w in watches)
+    out = []
+    for r, (o, e) in enumerate(logs):
+        o.seek(0), e.seek(0)
+        out.append(o.read())
+        err = e.read()
+        if why is not None and err:
+            sys.stderr.write("".join(f"[torch rank {r}] {x}\n" for x in err.splitlines()))
+    if why is not None:
+        raise SystemExit(f"compare_torch: PyTorch DDP ({model_name}, {world} processes, "
+                         f"port {port}): {why}; stopped")
+    rows = out[0].strip().splitlines()
+    if not rows:
+        raise SystemExit(f"compare_torch: PyTorch DDP rank 0 ({model_name}) printed nothing")
+    r = json.loads(rows[-1])
+    r["threads_seen"] = most
+    return r
+
+
+def run_torch(python, model_name, steps, intra_op, env, autocast=False, timeout=600):
     out, most = run_child([python, os.path.abspath(__file__), "--torch-worker", model_name, "--steps", str(steps),
-                           "--torch-intra-op", str(intra_op)] + (["--torch-autocast"] if autocast else []), env)
+                           "--torch-intra-op", str(intra_op)] + (["--torch-autocast"] if autocast else []),
+                          env, timeout)
     r = json.loads(out.strip().splitlines()[-1])
     r["threads_seen"] = most
     return r
@@ -270,16 +440,29 @@ def main():
     ap.add_argument("--models", default="mlp,cnn,gpt")
     ap.add_argument("--bf16-models", default="cnn,gpt",
                     help="models with bf16 rows: nabla --bf16 against torch f32 and torch CPU autocast bf16")
+    ap.add_argument("--ddp", type=int, default=0, metavar="N",
+                    help="also DDP rows for --models: bench_ddp under nbrun on N ranks against PyTorch "
+                         "DistributedDataParallel over Gloo in N processes, 1 thread per rank")
+    ap.add_argument("--timeout", type=int, default=600, help="seconds one run may take before it is stopped")
     ap.add_argument("--bin", default=os.environ.get("NABLA_BIN", os.path.join(HERE, "..", "build", "bin")))
     ap.add_argument("--torch-worker", metavar="MODEL", help=argparse.SUPPRESS)
     ap.add_argument("--torch-autocast", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--torch-ddp-worker", nargs=4, metavar=("RANK", "WORLD", "PORT", "MODEL"),
+                    help=argparse.SUPPRESS)
     a = ap.parse_args()
     intra = a.torch_intra_op or a.threads
     if a.torch_worker:
         return torch_worker(a.torch_worker, a.steps, intra, a.torch_autocast)
+    if a.torch_ddp_worker:
+        r, w, port, m = a.torch_ddp_worker
+        return torch_ddp_worker(int(r), int(w), int(port), m, a.steps, a.timeout)
     binary = os.path.join(a.bin, "bench_ddp")
     if not os.access(binary, os.X_OK):
         print(f"compare_torch: {binary} not found; build first (make build)", file=sys.stderr)
+        return 1
+    nbrun = os.path.join(a.bin, "nbrun")
+    if a.ddp and (a.ddp < 2 or not os.access(nbrun, os.X_OK)):
+        print(f"compare_torch: --ddp needs 2 or more ranks and {nbrun} (make build)", file=sys.stderr)
         return 1
     python = torch_python()
     if python is None:
@@ -303,8 +486,8 @@ def main():
     for m in a.models.split(","):
         ours, theirs = [], []
         for _ in range(a.repeats):
-            ours.append(run_nabla(binary, m, a.steps, env_nabla))
-            theirs.append(run_torch(python, m, a.steps, intra, env_torch))
+            ours.append(run_nabla(binary, m, a.steps, env_nabla, timeout=a.timeout))
+            theirs.append(run_torch(python, m, a.steps, intra, env_torch, timeout=a.timeout))
             if theirs[-1]["params"] != ours[-1]["params"]:
                 print(f"compare_torch: {m}: {ours[-1]['params']} parameters in nabla's model, "
                       f"{theirs[-1]['params']} in torch's: the models differ", file=sys.stderr)
@@ -326,9 +509,9 @@ def main():
     for m in bf16_models:
         ours, t32, tac = [], [], []
         for _ in range(a.repeats):
-            ours.append(run_nabla(binary, m, a.steps, env_nabla, bf16=True))
-            t32.append(run_torch(python, m, a.steps, intra, env_torch))
-            tac.append(run_torch(python, m, a.steps, intra, env_torch, autocast=True))
+            ours.append(run_nabla(binary, m, a.steps, env_nabla, bf16=True, timeout=a.timeout))
+            t32.append(run_torch(python, m, a.steps, intra, env_torch, timeout=a.timeout))
+            tac.append(run_torch(python, m, a.steps, intra, env_torch, autocast=True, timeout=a.timeout))
         o, f, c = ([r["ms"] for r in rs] for rs in (ours, t32, tac))
         pairs = [x / y for x, y in zip(o, c)]
         b = f"{BATCH[m]}x{GPT_SHAPES[m][0]}" if m in GPT_SHAPES else str(BATCH[m])
@@ -336,6 +519,35 @@ def main():
               f"{statistics.median(o) / statistics.median(f):6.3f} {spread(c, '{:.3f}'):>27} "
               f"{statistics.median(o) / statistics.median(c):6.3f} {spread(pairs, '{:.3f}'):>22}", flush=True)
         seen.append((m + "-bf16", ours, t32 + tac))
+    seen_ddp, env_ddp = [], dict(base, **{k: "1" for k in THREAD_VARS})
+    if a.ddp:
+        print(f"DDP on {a.ddp} processes (weak scaling: each rank its own batch of the size below): "
+              "bench_ddp under nbrun (Gloo) against torch DistributedDataParallel over Gloo, default "
+              "buckets; pairs interleaved")
+        print("  env of every rank, both sides: " + " ".join(f"{k}={env_ddp[k]}" for k in THREAD_VARS)
+              + "; torch.set_num_threads(1), set_num_interop_threads(1)")
+        print("  hidden: share of nabla's all-reduce time that ran before backward ended "
+              "(nb_ddp_last_stats), mean over the timed steps of rank 0")
+        print(f"{'model':6} {'batch':>6} {'nabla ms':>27} {'hidden':>18} {'torch ms':>27} "
+              f"{'ratio':>6} {'pair ratios':>19}")
+    for m in a.models.split(",") if a.ddp else []:
+        ours, theirs = [], []
+        for _ in range(a.repeats):
+            ours.append(run_nabla_ddp(nbrun, binary, m, a.steps, a.ddp, env_ddp, a.timeout))
+            theirs.append(run_torch_ddp(python, m, a.steps, a.ddp, env_ddp, a.timeout))
+            if theirs[-1]["params"] != ours[-1]["params"] or ours[-1]["batch"] != BATCH[m]:
+                print(f"compare_torch: {m} DDP: {ours[-1]['params']} parameters and batch "
+                      f"{ours[-1]['batch']} in nabla's, {theirs[-1]['params']} and {BATCH[m]} in torch's: "
+                      "the runs differ",
+                      file=sys.stderr)
+                return 1
+        o, th, hid = [r["ms"] for r in ours], [r["ms"] for r in theirs], [r["hidden"] for r in ours]
+        pairs = [x / y for x, y in zip(o, th)]
+        b = f"{BATCH[m]}x{GPT_SHAPES[m][0]}" if m in GPT_SHAPES else str(BATCH[m])
+        print(f"{m:6} {b:>6} {spread(o, '{:.3f}'):>27} {spread(hid, '{:.2f}'):>18} "
+              f"{spread(th, '{:.3f}'):>27} {statistics.median(o) / statistics.median(th):6.3f} "
+              f"{spread(pairs, '{:.3f}'):>19}", flush=True)
+        seen_ddp.append((f"{m}-ddp{a.ddp}", ours, theirs))
     print("threads in force, read back: 'process' = most kernel threads the parent saw in the process "
           "(start and exit included); 'timed' = most the PyTorch process counted in itself after each timed step")
     for m, ours, theirs in seen:
@@ -345,11 +557,27 @@ def main():
               f"get_num_interop_threads {sorted({x['inter_op'] for x in theirs})}, "
               f"openblas_get_num_threads {sorted({x['blas'] for x in theirs}, key=str)}, "
               f"timed {sorted({x['threads'] for x in theirs})}, process {sorted({x['threads_seen'] for x in theirs})}")
+    if seen_ddp:
+        print("  DDP rows, per rank ('process': the most of any one rank, Gloo's threads included; "
+              "'timed': rank 0's):")
+
+    def seen_of(rs, k):
+        return sorted({x[k] for x in rs}, key=str)
+
+    for m, ours, theirs in seen_ddp:
+        r = theirs[0]
+        print(f"  {m} nabla: process {seen_of(ours, 'threads')}; torch {r['version']} ({r['backend']}, world "
+              f"{r['world']}): get_num_threads {seen_of(theirs, 'intra_op')}, get_num_interop_threads "
+              f"{seen_of(theirs, 'inter_op')}, openblas_get_num_threads {seen_of(theirs, 'blas')}, "
+              f"timed {seen_of(theirs, 'threads')}, process {seen_of(theirs, 'threads_seen')}")
     wrong = [f"{m}: nabla ran {r['threads']} threads" for m, ours, _ in seen for r in ours if r["threads"] > a.threads]
     wrong += [f"{m}: torch.get_num_threads() = {r['intra_op']}, not {intra}" for m, _, theirs in seen
               for r in theirs if r["intra_op"] != intra]
     wrong += [f"{m}: PyTorch's openblas_get_num_threads() = {r['blas']}, not {a.threads}" for m, _, theirs in seen
               for r in theirs if r["blas"] is not None and r["blas"] != a.threads]
+    wrong += [f"{m}: torch rank 0's get_num_threads() = {r['intra_op']}, openblas_get_num_threads() = "
+              f"{r['blas']}, not 1" for m, _, theirs in seen_ddp for r in theirs if r["intra_op"] != 1
+              or r["blas"] not in (None, 1)]
     if wrong:
         print("compare_torch: the thread settings did not take, the figures above are not comparable: "
               + "; ".join(sorted(set(wrong))), file=sys.stderr)
