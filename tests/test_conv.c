@@ -252,6 +252,55 @@ START_TEST(test_backward_accumulates) {
 END_TEST
 
 /* ---- errors ---- */
+/* Several images per GEMM (Note [Images per GEMM] in tensor/cpu/conv.c):
+ * columns (K 18 + OG 14) * P 4096 per image put two images in a GEMM, so a
+ * batch of 3 runs a chunk of two and one of one, in two groups. Forward and
+ * the three gradients of sum(y * r) against loops in double straight from
+ * the definition. */
+START_TEST(test_images_per_gemm) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_conv2d_opts o = OPTS(1, 1, 1, 1, 1, 1);
+    o.groups = 2;
+    const geom g = {3, 4, 64, 64, 28, 3, 3, o};
+    const int64_t CG = 2, OG = 14, OH = 64, OW = 64;
+    nb_tensor *x = nbt_randn_leaf(ctx, NB_F64, 4, (int64_t[]){g.n, g.c, g.h, g.w}, 41);
+    nb_tensor *w = nbt_randn_leaf(ctx, NB_F64, 4, (int64_t[]){g.o, CG, g.kh, g.kw}, 42);
+    nb_tensor *b = nbt_randn_leaf(ctx, NB_F64, 1, (int64_t[]){g.o}, 43);
+    nb_tensor *r = nbt_randn(ctx, NB_F64, 4, (int64_t[]){g.n, g.o, OH, OW}, 44);
+    nb_tensor *y = nb_conv2d(ctx, x, w, b, &g.opts);
+    nb_backward(nb_sum_all(ctx, nb_mul(ctx, y, r)));
+    double *xh = host(x), *wh = host(w), *bh = host(b), *rh = host(r);
+    int64_t oh_, ow_;
+    double *ref = ref_conv(&g, xh, wh, bh, &oh_, &ow_);
+    nbt_assert_close(y, ref, 1e-12, 1e-12);
+    double *dx = calloc((size_t)nb_numel(x), sizeof(double));
+    double *dw = calloc((size_t)nb_numel(w), sizeof(double));
+    double *db = calloc((size_t)g.o, sizeof(double));
+    for (int64_t n = 0; n < g.n; n++)
+        for (int64_t oc = 0; oc < g.o; oc++)
+            for (int64_t oh = 0; oh < OH; oh++)
+                for (int64_t ow = 0; ow < OW; ow++) {
+                    double rv = rh[((n * g.o + oc) * OH + oh) * OW + ow];
+                    db[oc] += rv;
+                    for (int64_t cl = 0; cl < CG; cl++)
+                        for (int64_t i = 0; i < g.kh; i++)
+                            for (int64_t j = 0; j < g.kw; j++) {
+                                int64_t ih = oh - 1 + i, iw = ow - 1 + j;
+                                if (ih < 0 || ih >= g.h || iw < 0 || iw >= g.w) continue;
+                                int64_t xi = ((n * g.c + oc / OG * CG + cl) * g.h + ih) * g.w + iw;
+                                int64_t wi = ((oc * CG + cl) * g.kh + i) * g.kw + j;
+                                dx[xi] += rv * wh[wi];
+                                dw[wi] += rv * xh[xi];
+                            }
+                }
+    nbt_assert_close(x->grad, dx, 1e-11, 1e-11);
+    nbt_assert_close(w->grad, dw, 1e-11, 1e-11);
+    nbt_assert_close(b->grad, db, 1e-11, 1e-11);
+    free(xh), free(wh), free(bh), free(rh), free(ref), free(dx), free(dw), free(db);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
 START_TEST(test_errors) {
     nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
     nb_tensor *x = nb_zeros(ctx, NB_F32, NB_SHAPE(2, 3, 8, 8));
@@ -410,6 +459,7 @@ static Suite *conv_suite(void) {
     tcase_add_test(tc, test_forward_f64);
     tcase_add_test(tc, test_forward_shapes);
     tcase_add_test(tc, test_forward_f32);
+    tcase_add_test(tc, test_images_per_gemm);
     tcase_add_test(tc, test_default_opts);
     tcase_add_test(tc, test_gradcheck);
     tcase_add_test(tc, test_gradcheck_pointwise);

@@ -1,6 +1,6 @@
-/* CPU 2-D convolution: im2col + GEMM (OpenBLAS), image by image and group
- * by group, so the column buffer holds one group's (K, P) columns of one
- * image. Backward: the input gradient is W_g^T @ grad scattered back by
+/* CPU 2-D convolution: im2col + GEMM (OpenBLAS), group by group and a few
+ * images per GEMM (Note [Images per GEMM]), so the column buffer holds one
+ * group's (K, P) columns of those images side by side. Backward: the input gradient is W_g^T @ grad scattered back by
  * col2im (overlapping windows add up); the weight gradient sums grad @
  * cols^T over the images. A 1x1 kernel with unit stride and no padding
  * uses the image as its columns. With one input channel per group
@@ -17,6 +17,7 @@
  * tensor/context.c). The column buffer is then f32
  * (nb__conv2d_cols_bytes). */
 #include <cblas.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -31,9 +32,31 @@ static int is_pointwise(const nb__conv2d_geom *g) {
 
 static int is_direct(const nb__conv2d_geom *g) { return g->groups > 1 && g->c == g->groups; }
 
+/* Note [Images per GEMM]
+ * One GEMM per image is (OG, K) @ (K, P): on the small images of the
+ * bundled CNN (P = 64, 16, 4 with K = 9 to 288) a few thousand
+ * multiply-adds, where OpenBLAS's fixed cost per call and its packing
+ * dominate (8-20 GFLOP/s). So m images go through one GEMM, their columns
+ * side by side in a (K, m*P) buffer, the product (OG, m*P) copied out to
+ * the (N, O, OH, OW) output; backward gathers one group's gradient into
+ * (OG, m*P) the same way for the weight gradient (one GEMM with beta = 1
+ * per m images) and the column gradient (then scattered back image by
+ * image). m is as many images as keep the columns and the product within
+ * COLS_ELEMS elements (L2-sized), at least one: large images keep one GEMM
+ * each, which is already large. The sums are ordered by the images and
+ * the chunking, both fixed by the shape. */
+enum { COLS_ELEMS = 1 << 18 };
+
+static int64_t images_per_gemm(const nb__conv2d_geom *g) {
+    int64_t per = (g->c / g->groups * g->kh * g->kw + g->o / g->groups) * g->oh * g->ow;
+    int64_t m = per > 0 ? COLS_ELEMS / per : g->n;
+    return m < 1 ? 1 : m > g->n ? g->n : m;
+}
+
 int64_t nb__conv2d_cols_numel(const nb__conv2d_geom *g) {
     if (is_pointwise(g) || is_direct(g)) return 0;
-    return g->c / g->groups * g->kh * g->kw * g->oh * g->ow;
+    return images_per_gemm(g) * (g->c / g->groups * g->kh * g->kw + g->o / g->groups) * g->oh *
+           g->ow;
 }
 
 size_t nb__conv2d_cols_bytes(nb_dtype dt, const nb__conv2d_geom *g) {
@@ -50,14 +73,51 @@ static void valid_range(const nb__conv2d_geom *g, int64_t off, int64_t *lo, int6
     *hi = h;
 }
 
+/* Small planes (the bundled CNN's 8x8, 4x4, 2x2): rows of a few elements,
+ * where the row-by-row copy below is all loop overhead. tbl[(ki*KW + kj)*P
+ * + p] is the offset ih*W + iw in the input plane that tap (ki, kj) of
+ * output position p reads, or -1 in the padding: the columns are then one
+ * gather per row. Made per call (at most TAP_TABLE_MAX entries, on the
+ * stack), used for every channel and image of the call. */
+enum { TAP_TABLE_MAX = 4096 };
+
+static const int32_t *tap_table(const nb__conv2d_geom *g, int32_t *tbl) {
+    int64_t P = g->oh * g->ow;
+    if (g->kh * g->kw * P > TAP_TABLE_MAX) return NULL;
+    for (int64_t ki = 0; ki < g->kh; ki++)
+        for (int64_t kj = 0; kj < g->kw; kj++)
+            for (int64_t oh = 0; oh < g->oh; oh++)
+                for (int64_t ow = 0; ow < g->ow; ow++) {
+                    int64_t ih = oh * g->sh - g->ph + ki * g->dh;
+                    int64_t iw = ow * g->sw - g->pw + kj * g->dw;
+                    bool in = ih >= 0 && ih < g->h && iw >= 0 && iw < g->w;
+                    tbl[((ki * g->kw + kj) * g->oh + oh) * g->ow + ow] =
+                        in ? (int32_t)(ih * g->w + iw) : -1;
+                }
+    return tbl;
+}
+
 #define DEFINE_CONV(T, S, GEMM)                                                               \
-    /* cols (nc*KH*KW, P) from nc channels x (nc, H, W) of one image */                       \
-    static void im2col_##S(const nb__conv2d_geom *g, int64_t nc, const T *x, T *cols) {       \
-        int64_t P = g->oh * g->ow;                                                            \
+    /* cols (nc*KH*KW, P), rows ld apart, from nc channels x (nc, H, W) of one image;        \
+     * tbl: tap_table's, or NULL */                                                           \
+    static void im2col_##S(const nb__conv2d_geom *g, int64_t nc, const T *x, T *cols,         \
+                           int64_t ld, const int32_t *tbl) {                                  \
+        if (tbl) {                                                                            \
+            int64_t P = g->oh * g->ow, taps = g->kh * g->kw;                                  \
+            for (int64_t c = 0; c < nc; c++) {                                                \
+                const T *xc = x + c * g->h * g->w;                                            \
+                for (int64_t kk = 0; kk < taps; kk++) {                                       \
+                    T *row = cols + (c * taps + kk) * ld;                                     \
+                    const int32_t *t = tbl + kk * P;                                          \
+                    for (int64_t p = 0; p < P; p++) row[p] = t[p] >= 0 ? xc[t[p]] : 0;        \
+                }                                                                             \
+            }                                                                                 \
+            return;                                                                           \
+        }                                                                                     \
         for (int64_t c = 0; c < nc; c++)                                                      \
             for (int64_t ki = 0; ki < g->kh; ki++)                                            \
                 for (int64_t kj = 0; kj < g->kw; kj++) {                                      \
-                    T *row = cols + ((c * g->kh + ki) * g->kw + kj) * P;                      \
+                    T *row = cols + ((c * g->kh + ki) * g->kw + kj) * ld;                     \
                     const T *xc = x + c * g->h * g->w;                                        \
                     int64_t off = kj * g->dw - g->pw, lo, hi;                                 \
                     valid_range(g, off, &lo, &hi);                                            \
@@ -77,12 +137,25 @@ static void valid_range(const nb__conv2d_geom *g, int64_t off, int64_t *lo, int6
     }                                                                                         \
                                                                                               \
     /* x (nc, H, W) += the columns scattered back to their input positions */                 \
-    static void col2im_##S(const nb__conv2d_geom *g, int64_t nc, const T *cols, T *x) {       \
-        int64_t P = g->oh * g->ow;                                                            \
+    static void col2im_##S(const nb__conv2d_geom *g, int64_t nc, const T *cols, int64_t ld,   \
+                           const int32_t *tbl, T *x) {                                        \
+        if (tbl) { /* a tap's positions are distinct: no two p of a row add to one place */  \
+            int64_t P = g->oh * g->ow, taps = g->kh * g->kw;                                  \
+            for (int64_t c = 0; c < nc; c++) {                                                \
+                T *xc = x + c * g->h * g->w;                                                  \
+                for (int64_t kk = 0; kk < taps; kk++) {                                       \
+                    const T *row = cols + (c * taps + kk) * ld;                               \
+                    const int32_t *t = tbl + kk * P;                                          \
+                    for (int64_t p = 0; p < P; p++)                                           \
+                        if (t[p] >= 0) xc[t[p]] += row[p];                                    \
+                }                                                                             \
+            }                                                                                 \
+            return;                                                                           \
+        }                                                                                     \
         for (int64_t c = 0; c < nc; c++)                                                      \
             for (int64_t ki = 0; ki < g->kh; ki++)                                            \
                 for (int64_t kj = 0; kj < g->kw; kj++) {                                      \
-                    const T *row = cols + ((c * g->kh + ki) * g->kw + kj) * P;                \
+                    const T *row = cols + ((c * g->kh + ki) * g->kw + kj) * ld;               \
                     T *xc = x + c * g->h * g->w;                                              \
                     int64_t off = kj * g->dw - g->pw, lo, hi;                                 \
                     valid_range(g, off, &lo, &hi);                                            \
@@ -161,10 +234,38 @@ static void valid_range(const nb__conv2d_geom *g, int64_t off, int64_t *lo, int6
         }                                                                                     \
     }                                                                                         \
                                                                                               \
+    /* Images [n0, n0 + m) of group gi through the columns: cols (K, m*P)     \
+     * holds image j's columns at column j*P (row stride L = m*P), so that     \
+     * one GEMM covers m images (Note [Images per GEMM]). */                   \
     static void forward_##S(const nb__conv2d_geom *g, T *out, const T *x, const T *w,         \
                             const T *b, T *cols) {                                            \
         int64_t G = g->groups, CG = g->c / G, OG = g->o / G, HW = g->h * g->w;                \
         int K = (int)(CG * g->kh * g->kw), P = (int)(g->oh * g->ow);                          \
+        if (!is_pointwise(g) && !is_direct(g)) {                                              \
+            int64_t nb = images_per_gemm(g);                                                  \
+            T *tmp = cols + (int64_t)K * nb * P; /* (OG, m*P) */                              \
+            int32_t tbl_buf[TAP_TABLE_MAX];                                                   \
+            const int32_t *tbl = tap_table(g, tbl_buf);                                       \
+            for (int64_t n0 = 0; n0 < g->n; n0 += nb) {                                       \
+                int64_t m = g->n - n0 < nb ? g->n - n0 : nb;                                  \
+                int L = (int)(m * P);                                                         \
+                for (int64_t gi = 0; gi < G; gi++) {                                          \
+                    for (int64_t j = 0; j < m; j++)                                           \
+                        im2col_##S(g, CG, x + (n0 + j) * g->c * HW + gi * CG * HW, cols + j * P, L, \
+                                   tbl);                                                      \
+                    GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)OG, L, K, 1,         \
+                         w + gi * OG * K, K, cols, L, 0, tmp, L);                             \
+                    for (int64_t j = 0; j < m; j++)                                           \
+                        for (int64_t o = 0; o < OG; o++) {                                    \
+                            T *dst = out + (n0 + j) * g->o * P + (gi * OG + o) * P;           \
+                            const T *src = tmp + o * L + j * P;                               \
+                            T bo = b ? b[gi * OG + o] : 0;                                    \
+                            for (int64_t p = 0; p < P; p++) dst[p] = src[p] + bo;             \
+                        }                                                                     \
+                }                                                                             \
+            }                                                                                 \
+            return;                                                                           \
+        }                                                                                     \
         for (int64_t n = 0; n < g->n; n++) {                                                  \
             const T *xn = x + n * g->c * HW;                                                  \
             T *on = out + n * g->o * P;                                                       \
@@ -177,15 +278,9 @@ static void valid_range(const nb__conv2d_geom *g, int64_t off, int64_t *lo, int6
                     direct_plane_##S(g, on + o * P, xn + (o / OG) * HW, w + o * K);           \
                 continue;                                                                     \
             }                                                                                 \
-            for (int64_t gi = 0; gi < G; gi++) {                                              \
-                const T *cn = xn + gi * CG * HW;                                              \
-                if (!is_pointwise(g)) {                                                       \
-                    im2col_##S(g, CG, cn, cols);                                              \
-                    cn = cols;                                                                \
-                }                                                                             \
+            for (int64_t gi = 0; gi < G; gi++) /* pointwise: the image is its columns */      \
                 GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)OG, P, K, 1,             \
-                     w + gi * OG * K, K, cn, P, b ? 1 : 0, on + gi * OG * P, P);              \
-            }                                                                                 \
+                     w + gi * OG * K, K, xn + gi * CG * HW, P, b ? 1 : 0, on + gi * OG * P, P); \
         }                                                                                     \
     }                                                                                         \
                                                                                               \
@@ -205,37 +300,50 @@ static void valid_range(const nb__conv2d_geom *g, int64_t off, int64_t *lo, int6
                     for (int64_t p = 0; p < P; p++) s += gn[o * P + p];                       \
                     db[o] += s;                                                               \
                 }                                                                             \
-            if (dxn && !(is_pointwise(g) && !is_direct(g)))                                   \
-                memset(dxn, 0, sizeof(T) * (size_t)xsz);                                      \
             if (is_direct(g)) {                                                               \
+                if (dxn) memset(dxn, 0, sizeof(T) * (size_t)xsz);                             \
                 if (dx || dw)                                                                 \
                     for (int64_t o = 0; o < g->o; o++)                                        \
                         direct_plane_backward_##S(g, dxn ? dxn + (o / OG) * HW : NULL,        \
                                                   dw ? dw + o * K : NULL, gn + o * P,         \
                                                   xn + (o / OG) * HW, w + o * K);             \
-                continue;                                                                     \
+            } else if (is_pointwise(g)) {                                                     \
+                for (int64_t gi = 0; gi < G; gi++) {                                          \
+                    const T *gg = gn + gi * OG * P, *wg = w + gi * OG * K;                    \
+                    if (dw)                                                                   \
+                        GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)OG, K, P, 1, gg, P, \
+                             xn + gi * CG * HW, P, 1, dw + gi * OG * K, K);                   \
+                    if (dx)                                                                   \
+                        GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, K, P, (int)OG, 1, wg,   \
+                             K, gg, P, 0, dxn + gi * CG * HW, P);                             \
+                }                                                                             \
             }                                                                                 \
+        }                                                                                     \
+        if (is_direct(g) || is_pointwise(g) || !(dx || dw)) return;                           \
+        int64_t nb = images_per_gemm(g);                                                      \
+        T *gt = cols + (int64_t)K * nb * P; /* one group's gout, (OG, m*P) */                 \
+        int32_t tbl_buf[TAP_TABLE_MAX];                                                       \
+        const int32_t *tbl = tap_table(g, tbl_buf);                                           \
+        if (dx) memset(dx, 0, sizeof(T) * (size_t)(g->n * xsz));                              \
+        for (int64_t n0 = 0; n0 < g->n; n0 += nb) {                                           \
+            int64_t m = g->n - n0 < nb ? g->n - n0 : nb;                                      \
+            int L = (int)(m * P);                                                             \
             for (int64_t gi = 0; gi < G; gi++) {                                              \
-                const T *gg = gn + gi * OG * P, *wg = w + gi * OG * K;                        \
+                for (int64_t j = 0; j < m; j++)                                               \
+                    for (int64_t o = 0; o < OG; o++)                                          \
+                        memcpy(gt + o * L + j * P, gout + (n0 + j) * g->o * P + (gi * OG + o) * P, \
+                               sizeof(T) * (size_t)P);                                        \
                 if (dw) {                                                                     \
-                    const T *cn = xn + gi * CG * HW;                                          \
-                    if (!is_pointwise(g)) {                                                   \
-                        im2col_##S(g, CG, cn, cols);                                          \
-                        cn = cols;                                                            \
-                    }                                                                         \
-                    GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)OG, K, P, 1, gg, P,    \
-                         cn, P, 1, dw + gi * OG * K, K);                                      \
+                    for (int64_t j = 0; j < m; j++)                                           \
+                        im2col_##S(g, CG, x + (n0 + j) * xsz + gi * CG * HW, cols + j * P, L, tbl); \
+                    GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)OG, K, L, 1, gt, L,    \
+                         cols, L, 1, dw + gi * OG * K, K);                                    \
                 }                                                                             \
                 if (dx) {                                                                     \
-                    T *dxg = dxn + gi * CG * HW;                                              \
-                    if (is_pointwise(g)) {                                                    \
-                        GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, K, P, (int)OG, 1, wg,   \
-                             K, gg, P, 0, dxg, P);                                            \
-                    } else {                                                                  \
-                        GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, K, P, (int)OG, 1, wg,   \
-                             K, gg, P, 0, cols, P);                                           \
-                        col2im_##S(g, CG, cols, dxg);                                         \
-                    }                                                                         \
+                    GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, K, L, (int)OG, 1,           \
+                         w + gi * OG * K, K, gt, L, 0, cols, L);                              \
+                    for (int64_t j = 0; j < m; j++)                                           \
+                        col2im_##S(g, CG, cols + j * P, L, tbl, dx + (n0 + j) * xsz + gi * CG * HW); \
                 }                                                                             \
             }                                                                                 \
         }                                                                                     \

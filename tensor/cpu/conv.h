@@ -1,5 +1,5 @@
 /* CPU kernels of 2-D convolution (im2col + OpenBLAS GEMM, one image and
- * one channel group at a time; a direct loop when each group has one input
+ * channel group at a time, several images per GEMM; a direct loop when each group has one input
  * channel, as in a depthwise convolution). All tensors are contiguous raw
  * buffers of one float dtype.
  *
@@ -22,9 +22,10 @@ typedef struct nb__conv2d_geom {
     int64_t groups;      /* G >= 1, dividing C and O */
 } nb__conv2d_geom;
 
-/* Elements of the column buffer (one image, one group): K * P, or 0 for a
- * 1x1 kernel with unit stride and no padding (the image is its own
- * columns) or for one input channel per group (direct loop). */
+/* Elements of the column buffer (one group, the images of one GEMM: their
+ * columns and their product, (K + OG) * P per image), or 0 for a 1x1
+ * kernel with unit stride and no padding (the image is its own columns) or
+ * for one input channel per group (direct loop). */
 int64_t nb__conv2d_cols_numel(const nb__conv2d_geom *g);
 /* The column buffer's bytes for dtype dt (bf16 columns are f32). */
 size_t nb__conv2d_cols_bytes(nb_dtype dt, const nb__conv2d_geom *g);
