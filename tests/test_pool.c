@@ -195,6 +195,46 @@ START_TEST(test_max_ties_first) {
 }
 END_TEST
 
+/* NaN: a window with a NaN gives NaN, and its gradient goes to the first
+ * NaN; among numbers to the first maximum (2x2 windows of stride 2, the
+ * common case with its own loop, in f32 and f64; and a 3x3 window of
+ * stride 1 through the general loop). */
+START_TEST(test_max_nan) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    double v[20] = {1, NAN, 2, 3, 7, 4, 5, NAN, NAN, 7, 0, 0, 1, 1, 7, 0, 9, 1, 1, 7};
+    for (int k = 0; k < 2; k++) {
+        nb_dtype dt = k ? NB_F32 : NB_F64;
+        nb_tensor *x = nb_cast(ctx, nb_from_host(ctx, NB_F64, NB_SHAPE(1, 1, 4, 5), v), dt);
+        nb_set_requires_grad(x, true);
+        nb_pool2d_opts o = POPTS(2, 2, 2, 2, 0, 0); /* the fifth column is dropped */
+        nb_tensor *y = nb_max_pool2d(ctx, x, &o);
+        double got[4], g[20];
+        nb_to_host_f64(y, got);
+        ck_assert(isnan(got[0]) && isnan(got[1]));
+        ck_assert(got[2] == 9 && got[3] == 1);
+        nb_backward(nb_sum_all(ctx, y));
+        nb_to_host_f64(x->grad, g);
+        double expect[20] = {0, 1, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0};
+        for (int i = 0; i < 20; i++)
+            ck_assert_msg(g[i] == expect[i], "%s: grad[%d] = %g", nb_dtype_name(dt), i, g[i]);
+    }
+    nb_tensor *x = nb_from_host(ctx, NB_F64, NB_SHAPE(1, 1, 4, 5), v);
+    nb_set_requires_grad(x, true);
+    nb_pool2d_opts o3 = POPTS(3, 3, 1, 1, 0, 0);
+    nb_tensor *y = nb_max_pool2d(ctx, x, &o3); /* (2, 3) */
+    double got[6], g[20];
+    nb_to_host_f64(y, got);
+    for (int i = 0; i < 6; i++) ck_assert_msg(isnan(got[i]), "3x3 window %d: %g", i, got[i]);
+    nb_backward(nb_sum_all(ctx, y));
+    nb_to_host_f64(x->grad, g);
+    /* first NaN of each window in row-major order: (0,1) for the two windows
+     * of row 0 that contain it, (1,2) for the other four */
+    double expect[20] = {0, 2, 0, 0, 0, 0, 0, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    for (int i = 0; i < 20; i++) ck_assert_msg(g[i] == expect[i], "3x3: grad[%d] = %g", i, g[i]);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
 /* ---- errors ---- */
 /* An empty input with padding still has windows (of padding only): max
  * gives 0 there and backward writes nothing (index -1 is skipped). */
@@ -249,6 +289,7 @@ static Suite *pool_suite(void) {
     tcase_add_test(tc, test_gradcheck);
     tcase_add_test(tc, test_non_contiguous);
     tcase_add_test(tc, test_max_ties_first);
+    tcase_add_test(tc, test_max_nan);
     tcase_add_test(tc, test_errors);
     tcase_add_test(tc, test_empty_input_with_padding);
     suite_add_tcase(s, tc);

@@ -8,7 +8,40 @@
 typedef nb__pool2d_geom pool_geom;
 
 #define DEFINE_POOL(T, S)                                                                     \
+    /* 2x2 windows, stride 2, no padding: the same comparisons in the same      \
+     * order as the general loop below, without its bounds (a fifth of the        \
+     * time on the bundled CNN's pools) */                                         \
+    static void max_fwd_2x2_##S(const pool_geom *g, T *out, int64_t *arg, const T *x) {       \
+        int64_t W = g->w;                                                                     \
+        for (int64_t pl = 0; pl < g->planes; pl++) {                                          \
+            const T *xp = x + pl * g->h * W;                                                  \
+            T *op = out + pl * g->oh * g->ow;                                                 \
+            int64_t *ap = arg + pl * g->oh * g->ow;                                           \
+            for (int64_t oh = 0; oh < g->oh; oh++)                                            \
+                for (int64_t ow = 0; ow < g->ow; ow++) {                                      \
+                    int64_t c[4] = {2 * oh * W + 2 * ow, 2 * oh * W + 2 * ow + 1,              \
+                                    (2 * oh + 1) * W + 2 * ow, (2 * oh + 1) * W + 2 * ow + 1}; \
+                    T best = xp[c[0]];                                                        \
+                    int64_t bi = c[0];                                                        \
+                    for (int q = 1; q < 4; q++) {                                             \
+                        T v = xp[c[q]];                                                       \
+                        if (v > best || (isnan(v) && !isnan(best))) {                         \
+                            best = v;                                                         \
+                            bi = c[q];                                                        \
+                        }                                                                     \
+                    }                                                                         \
+                    op[oh * g->ow + ow] = best;                                               \
+                    ap[oh * g->ow + ow] = bi;                                                 \
+                }                                                                             \
+        }                                                                                     \
+    }                                                                                         \
+                                                                                              \
     static void max_fwd_##S(const pool_geom *g, T *out, int64_t *arg, const T *x) {           \
+        if (g->kh == 2 && g->kw == 2 && g->sh == 2 && g->sw == 2 && g->ph == 0 && g->pw == 0 &&  \
+            2 * g->oh <= g->h && 2 * g->ow <= g->w) {                                         \
+            max_fwd_2x2_##S(g, out, arg, x);                                                  \
+            return;                                                                           \
+        }                                                                                     \
         for (int64_t pl = 0; pl < g->planes; pl++) {                                          \
             const T *xp = x + pl * g->h * g->w;                                               \
             for (int64_t oh = 0; oh < g->oh; oh++)                                            \
