@@ -188,6 +188,33 @@ static void run_gelu_exact(void *p) {
     nb_gelu(a->step, a->x, NB_GELU_EXACT);
 }
 
+/* A Linear's bias gradient: the backward of x (1024, 1024) + b (1024), the
+ * seed gradient summed over the rows into b's (nb__sum_to's aliased add). */
+typedef struct bias_arg {
+    nb_ctx *step;
+    nb_tensor *x, *b;
+} bias_arg;
+
+static void run_bias_grad(void *p) {
+    bias_arg *a = p;
+    nb_ctx_reset(a->step);
+    nb_tensor *y = nb_add(a->step, a->x, a->b);
+    nb_backward_ex(y, &(nb_backward_options){nb_ones(a->step, NB_F32, 2, y->shape), false});
+}
+
+static void bench_bias_grad(const bench_cfg *cfg, nb_ctx *pers, nb_ctx *step) {
+    nb_rng rng = nb_rng_make(12);
+    bias_arg arg = {step, nb_rand_normal(pers, NB_F32, 2, (int64_t[]){1024, 1024}, 0, 1, &rng),
+                    nb_zeros(pers, NB_F32, 1, (int64_t[]){1024})};
+    nb_set_requires_grad(arg.b, true);
+    bench_fn fn = run_bias_grad;
+    double t;
+    time_best(1, &fn, &arg, cfg->budget_s, &t);
+    char rate[32];
+    snprintf(rate, sizeof rate, "%.2f GB/s", 1024.0 * 1024.0 * sizeof(float) / t * 1e-9);
+    row("bias gradient (rows summed, seed incl.)", "1024x1024 -> 1024", t, rate, "", "");
+}
+
 static void bench_elementwise(const bench_cfg *cfg, nb_ctx *pers, nb_ctx *step, int64_t numel) {
     nb_rng rng = nb_rng_make(11);
     ew_arg arg = {step, nb_rand_normal(pers, NB_F32, 1, &numel, 0, 1, &rng),
@@ -485,6 +512,8 @@ static bool bench_throughput(const bench_cfg *cfg, nb_ctx *pers, nb_ctx *step) {
     nb_ctx_reset(pers);
 
     bench_elementwise(cfg, pers, step, cfg->quick ? (int64_t)1 << 16 : (int64_t)1 << 24);
+    nb_ctx_reset(pers);
+    bench_bias_grad(cfg, pers, step);
     nb_ctx_reset(pers);
     return ok;
 }
