@@ -28,6 +28,10 @@
  *
  * --bf16 computes the products in bf16 (the step context's compute dtype,
  * as train_gpt --bf16).
+ * --bucket-mb MB sets both the first bucket's size and the cap of the
+ * others (nb_ddp_options; default 1 MiB then 25 MiB): with the defaults a
+ * model of a few MiB has its second and last bucket launched only when
+ * backward reaches the first layers, so little of it can be hidden.
  * --zero shards the optimizer's state over the ranks (ZeRO-1,
  * nb_ddp_set_zero): gradients are reduce-scattered, each rank steps its
  * shard and the parameters are all-gathered (nb_ddp_step); mode "zero".
@@ -194,6 +198,7 @@ int main(int argc, char **argv) {
     int steps = 30, width = 512, layers = 4, header = 0, machine = 0, kind = WIDE;
     int64_t batch = 0;
     bool use_ddp = true, bucket_step = false, bf16 = false, zero = false;
+    double bucket_mb = 0; /* 0: the wrapper's defaults (first bucket 1 MiB, then 25 MiB) */
     const char *device_arg = "auto";
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--no-ddp")) use_ddp = false;
@@ -204,6 +209,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--machine")) machine = 1;
         else if (!strcmp(argv[i], "--plot-scaling") && i + 2 < argc) return plot_scaling(argv[i + 1], argv[i + 2]);
         else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--bucket-mb") && i + 1 < argc) bucket_mb = atof(argv[++i]);
         else if (!strcmp(argv[i], "--batch") && i + 1 < argc) batch = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--width") && i + 1 < argc) width = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--layers") && i + 1 < argc) layers = atoi(argv[++i]);
@@ -217,7 +223,7 @@ int main(int argc, char **argv) {
             }
         } else {
             fprintf(stderr, "usage: %s [--model wide|mlp|cnn|gpt|gpt6] [--device auto|cpu|cuda] [--no-ddp] "
-                            "[--bucket-step | --zero] [--bf16] [--steps N] [--batch B] [--width W] [--layers L] [--header] [--machine]\n"
+                            "[--bucket-step | --zero] [--bf16] [--bucket-mb MB] [--steps N] [--batch B] [--width W] [--layers L] [--header] [--machine]\n"
                             "       %s --plot-scaling LINES SVG\n", argv[0], argv[0]);
             return 2;
         }
@@ -266,7 +272,9 @@ int main(int argc, char **argv) {
     nb_rng rng = nb_rng_make(1);
     nb_module *model = build(pctx, kind, width, layers, &rng);
     nb_ddp *ddp = NULL;
-    if (use_ddp && nb_ddp_new(&ddp, model, pg, NULL) != NB_OK) {
+    nb_ddp_options dopts = NB_DDP_DEFAULTS;
+    dopts.first_bucket_bytes = dopts.bucket_cap_bytes = (size_t)(bucket_mb * 1048576.0);
+    if (use_ddp && nb_ddp_new(&ddp, model, pg, &dopts) != NB_OK) {
         fprintf(stderr, "bench_ddp: %s\n", nb_last_error());
         return 1;
     }
