@@ -5,7 +5,7 @@ For the bundled MLP classifier, the CNN and the character-level GPT (the
 shapes of models/*.c as bench_ddp --model builds them; "gpt6", a larger GPT
 of 6 layers, width 256, 128 tokens, batch 8, on request with --models), times N training
 steps (forward, loss, backward, AdamW step, zero_grad) of our C program
-(build/bin/bench_ddp --no-ddp --model M --machine) and of the PyTorch
+(build/bin/bench_ddp --no-ddp --device cpu --model M --machine) and of the PyTorch
 equivalent, and prints medians with their spread and our time over theirs
 (below 1: we are faster).
 
@@ -325,7 +325,8 @@ def run_child(cmd, env, timeout=600, children=0):
 
 
 def run_nabla(binary, model_name, steps, env, bf16=False, timeout=600):
-    out, most = run_child([binary, "--no-ddp", "--model", model_name, "--machine", "--steps", str(steps)]
+    out, most = run_child([binary, "--no-ddp", "--device", "cpu", "--model", model_name, "--machine",
+                           "--steps", str(steps)]
                           + (["--bf16"] if bf16 else []), env, timeout)
     f = dict(re.findall(r"(\w+)=(\S+)", out))
     return {"ms": float(f["ms"]), "fwd": float(f["fwd"]), "bwd": float(f["bwd"]), "opt": float(f["opt"]),
