@@ -220,6 +220,38 @@ START_TEST(test_gradcheck) {
 }
 END_TEST
 
+/* Planes of 25 elements: three full blocks of the kernels' 8 summing lanes
+ * and a tail (the other tests' planes are shorter than a block): forward
+ * against the statistics in double, in f64 and f32, and gradients (train
+ * and eval) by finite differences. */
+START_TEST(test_long_planes) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    for (int k = 0; k < 2; k++) {
+        nb_dtype dt = k ? NB_F32 : NB_F64;
+        double tol = k ? 2e-5 : 1e-12;
+        nb_module *bn = nb_batch_norm2d_new(ctx, dt, 2, NULL);
+        nb_tensor *w = nb_module_find(bn, "weight"), *b = nb_module_find(bn, "bias");
+        randomize(w, 90);
+        randomize(b, 91);
+        nb_tensor *x = nb_add_scalar(ctx, nbt_randn(ctx, dt, NB_SHAPE(3, 2, 5, 5), 92), 3.0);
+        double mean[2], var[2];
+        batch_stats(x, mean, var);
+        check_normalized(nb_module_forward(bn, ctx, x), x, mean, var, w, b, 1e-5, tol);
+    }
+    for (int mode = 0; mode < 2; mode++) {
+        nb_module *bn = nb_batch_norm2d_new(ctx, NB_F64, 2, NULL);
+        nb_tensor *w = nb_module_find(bn, "weight"), *b = nb_module_find(bn, "bias");
+        randomize(w, 93);
+        randomize(b, 94);
+        nb_module_train(bn, mode == 0);
+        mod_case c = {bn};
+        nb_tensor *in[3] = {nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(3, 2, 5, 5), 95), w, b};
+        NBT_GRADCHECK(mod_fn, &c, 3, in);
+    }
+    nb_ctx_free(ctx);
+}
+END_TEST
+
 START_TEST(test_errors) {
     nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
     nb_module *bn2 = nb_batch_norm2d_new(ctx, NB_F32, 3, NULL);
@@ -242,6 +274,7 @@ static Suite *suite(void) {
     Suite *s = suite_create("nn_batch_norm");
     TCase *tc = tcase_create("core");
     tcase_add_test(tc, test_train_then_eval);
+    tcase_add_test(tc, test_long_planes);
     tcase_add_test(tc, test_cumulative_average);
     tcase_add_test(tc, test_momentum_zero);
     tcase_add_test(tc, test_no_tracking_no_affine);
