@@ -120,6 +120,46 @@ START_TEST(test_large_logits) {
 }
 END_TEST
 
+/* Rows of 11 (a block of 8 lanes and a tail) with non-finite entries: a
+ * NaN or a +inf makes the whole row NaN, a -inf entry is exactly 0 (and
+ * -inf in log-softmax) while the others are the softmax of the finite
+ * ones; f32 and f64. */
+START_TEST(test_nonfinite_rows) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    double v[33];
+    for (int i = 0; i < 33; i++) v[i] = 0.25 * (i % 11) - 1.0;
+    v[4] = NAN;           /* row 0 */
+    v[11 + 9] = INFINITY; /* row 1 */
+    v[22 + 2] = -INFINITY, v[22 + 10] = -INFINITY; /* row 2: lane and tail */
+    double z = 0;
+    for (int j = 0; j < 11; j++)
+        if (j != 2 && j != 10) z += exp(0.25 * j - 1.0);
+    for (int k = 0; k < 2; k++) {
+        nb_dtype dt = k ? NB_F32 : NB_F64;
+        nb_tensor *x = nb_cast(ctx, nb_from_host(ctx, NB_F64, NB_SHAPE(3, 11), v), dt);
+        double y[33], ly[33];
+        nb_to_host_f64(nb_softmax(ctx, x, 1), y);
+        nb_to_host_f64(nb_log_softmax(ctx, x, 1), ly);
+        for (int j = 0; j < 22; j++)
+            ck_assert_msg(isnan(y[j]) && isnan(ly[j]), "%s: element %d: %g, %g", nb_dtype_name(dt), j,
+                          y[j], ly[j]);
+        for (int j = 0; j < 11; j++) {
+            double x_j = 0.25 * j - 1.0;
+            if (j == 2 || j == 10) {
+                ck_assert_msg(y[22 + j] == 0 && ly[22 + j] == -INFINITY, "%s: masked %d: %g, %g",
+                              nb_dtype_name(dt), j, y[22 + j], ly[22 + j]);
+                continue;
+            }
+            ck_assert_msg(fabs(y[22 + j] - exp(x_j) / z) < 1e-6 * exp(x_j) / z, "%s: %d: %.9g vs %.9g",
+                          nb_dtype_name(dt), j, y[22 + j], exp(x_j) / z);
+            ck_assert_msg(fabs(ly[22 + j] - (x_j - log(z))) < 1e-6, "%s: log %d: %.9g vs %.9g",
+                          nb_dtype_name(dt), j, ly[22 + j], x_j - log(z));
+        }
+    }
+    nb_ctx_free(ctx);
+}
+END_TEST
+
 typedef struct sm_case {
     int axis;
     bool take_log;
@@ -345,6 +385,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_rows_sum_to_one);
     tcase_add_test(tc, test_non_contiguous);
     tcase_add_test(tc, test_large_logits);
+    tcase_add_test(tc, test_nonfinite_rows);
     tcase_add_test(tc, test_gradcheck);
     tcase_add_test(tc, test_backward_closed_form);
     tcase_add_test(tc, test_f32_backward);

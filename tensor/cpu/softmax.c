@@ -1,7 +1,8 @@
 /* CPU kernels for softmax, log-softmax and cross-entropy (see softmax.h).
  *
  * Every row subtracts its maximum before exponentiating, so no exp
- * overflows. Sums are accumulated in double for both dtypes. When the
+ * overflows. Sums are accumulated in double for both dtypes; f32 rows in
+ * lanes with a vectorisable exp (row_expsum_float). When the
  * axis is not the last dim (I > 1), columns are processed in tiles of
  * TILE so that the inner loops run over contiguous memory. */
 #include <math.h>
@@ -14,22 +15,71 @@
 
 #define TILE 64
 
+/* ---- one contiguous row: its max and sum of exp(x - max) ----
+ * f32: RL independent lanes (as the causal rows below), so that the loops
+ * vectorise without reassociation (GCC keeps the order it is given), the
+ * max in f32 and the sum in double, lanes combined in a fixed order at
+ * the end; nb__exp_f32 instead of a libm call; exponents below -87 give 0
+ * (weights under 1e-38 of the largest; exactly 0 for -inf, as expf). f64:
+ * the plain sequential loops (gradchecks' reference). NaN: ignored by the
+ * max, kept by the sum, in both. */
+#define RL 8
+
+NB_CPU_CLONES static float row_max_float(const float *x, int64_t k) {
+    float m[RL];
+    for (int c = 0; c < RL; c++) m[c] = -INFINITY;
+    int64_t j = 0;
+    for (; j + RL <= k; j += RL)
+        for (int c = 0; c < RL; c++) m[c] = x[j + c] > m[c] ? x[j + c] : m[c];
+    float mx = -INFINITY;
+    for (; j < k; j++) mx = x[j] > mx ? x[j] : mx;
+    for (int c = 0; c < RL; c++) mx = m[c] > mx ? m[c] : mx;
+    return mx;
+}
+
+static inline float exp_or_zero(float d) { return d < -87.0f ? 0.0f : nb__exp_f32(d); }
+
+/* sum of exp(x - mx), each also stored in y unless y is NULL */
+NB_CPU_CLONES static double row_expsum_float(float *y, const float *x, int64_t k, float mx) {
+    double a[RL] = {0};
+    int64_t j = 0;
+    if (y) {
+        for (; j + RL <= k; j += RL)
+            for (int c = 0; c < RL; c++) a[c] += y[j + c] = exp_or_zero(x[j + c] - mx);
+        for (; j < k; j++) a[j % RL] += y[j] = exp_or_zero(x[j] - mx);
+    } else {
+        for (; j + RL <= k; j += RL)
+            for (int c = 0; c < RL; c++) a[c] += exp_or_zero(x[j + c] - mx);
+        for (; j < k; j++) a[j % RL] += exp_or_zero(x[j] - mx);
+    }
+    return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+}
+
+static double row_max_double(const double *x, int64_t k) {
+    double mx = -INFINITY;
+    for (int64_t j = 0; j < k; j++) mx = x[j] > mx ? x[j] : mx;
+    return mx;
+}
+
+static double row_expsum_double(double *y, const double *x, int64_t k, double mx) {
+    double s = 0;
+    for (int64_t j = 0; j < k; j++) {
+        double e = exp(x[j] - mx);
+        if (y) y[j] = e;
+        s += e;
+    }
+    return s;
+}
+
 /* ---- softmax forward ---- */
 #define DEFINE_SOFTMAX(T, EXP)                                                              \
     static void softmax_row_##T(T *y, const T *x, int64_t k, bool take_log) {                     \
-        T mx = -INFINITY;                                                                   \
-        for (int64_t j = 0; j < k; j++) mx = x[j] > mx ? x[j] : mx;                         \
-        double s = 0;                                                                       \
+        T mx = row_max_##T(x, k);                                                           \
         if (take_log) {                                                                          \
-            for (int64_t j = 0; j < k; j++) s += EXP(x[j] - mx);                             \
-            T lse = (T)((double)mx + log(s));                                              \
+            T lse = (T)((double)mx + log(row_expsum_##T(NULL, x, k, mx)));                  \
             for (int64_t j = 0; j < k; j++) y[j] = x[j] - lse;                              \
         } else {                                                                            \
-            for (int64_t j = 0; j < k; j++) {                                               \
-                y[j] = EXP(x[j] - mx);                                                      \
-                s += y[j];                                                                  \
-            }                                                                               \
-            T inv = (T)(1.0 / s);                                                           \
+            T inv = (T)(1.0 / row_expsum_##T(y, x, k, mx));                                 \
             for (int64_t j = 0; j < k; j++) y[j] *= inv;                                    \
         }                                                                                   \
     }                                                                                       \
@@ -133,7 +183,7 @@ void nb__cpu_softmax(nb_tensor *y, const nb_tensor *x, int64_t outer, int64_t k,
         }                                                                                   \
     }
 
-DEFINE_SOFTMAX_BACKWARD(float, expf)
+DEFINE_SOFTMAX_BACKWARD(float, exp_or_zero)
 DEFINE_SOFTMAX_BACKWARD(double, exp)
 
 static void softmax_backward_range(void *varg, int64_t lo, int64_t hi) {
@@ -282,14 +332,10 @@ int64_t nb__cpu_target_at(const nb_tensor *targets, int64_t i) {
         double total = 0;                                                                   \
         for (int64_t i = i0; i < i1; i++) {                                                 \
             const T *row = x + i * c;                                                       \
-            T mx = -INFINITY;                                                               \
-            for (int64_t j = 0; j < c; j++) mx = row[j] > mx ? row[j] : mx;                 \
-            double s = 0, sx = 0;                                                           \
-            for (int64_t j = 0; j < c; j++) {                                               \
-                s += EXP(row[j] - mx);                                                      \
-                sx += row[j];                                                               \
-            }                                                                               \
-            double l = (double)mx + log(s);                                                 \
+            T mx = row_max_##T(row, c);                                                     \
+            double l = (double)mx + log(row_expsum_##T(NULL, row, c, mx)), sx = 0;          \
+            if (eps != 0)                                                                   \
+                for (int64_t j = 0; j < c; j++) sx += row[j];                               \
             lse[i] = (T)l;                                                                  \
             int64_t t = nb__cpu_target_at(targets, i);                                      \
             if (t == ignore) continue;                                                      \
@@ -316,7 +362,7 @@ int64_t nb__cpu_target_at(const nb_tensor *targets, int64_t i) {
         }                                                                                   \
     }
 
-DEFINE_CROSS_ENTROPY(float, expf)
+DEFINE_CROSS_ENTROPY(float, exp_or_zero)
 DEFINE_CROSS_ENTROPY(double, exp)
 
 /* Rows in pieces of a size fixed by C; the loss is the sum of the pieces'
