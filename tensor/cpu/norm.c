@@ -186,45 +186,37 @@ void nb__cpu_layer_norm_backward(nb_tensor *dx, nb_tensor *dw, nb_tensor *db, do
 }
 
 /* ---- batch norm ---- */
-/* Batch norm's per-channel sums run in BN_LANES independent double lanes
- * (element k of a run goes to lane k mod BN_LANES), combined in a fixed
- * tree at the end: the loops vectorise (a single running sum is one
- * dependent add per element) and the order is fixed by the shape. */
-#define BN_LANES 8
-
-static inline double lanes_sum(const double *a) {
-    return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
-}
-
+/* Batch norm's per-channel sums run in NB_LANES double lanes (simd.h; a
+ * single running sum is one dependent add per element). */
 #define DEFINE_BATCH_NORM(T)                                                                \
     static void batch_norm_stats_##T(double *mean, double *var, const T *x, int64_t n,         \
                                      int64_t c, int64_t s) {                                \
         double cnt = (double)(n * s);                                                       \
         for (int64_t ch = 0; ch < c; ch++) {                                                \
-            double a[BN_LANES] = {0}, v[BN_LANES] = {0};                                    \
+            double a[NB_LANES] = {0}, v[NB_LANES] = {0};                                    \
             for (int64_t i = 0; i < n; i++) {                                               \
                 const T *p = x + (i * c + ch) * s;                                          \
                 int64_t k = 0;                                                              \
-                for (; k + BN_LANES <= s; k += BN_LANES)                                    \
-                    for (int l = 0; l < BN_LANES; l++) a[l] += p[k + l];                    \
-                for (; k < s; k++) a[k % BN_LANES] += p[k];                                 \
+                for (; k + NB_LANES <= s; k += NB_LANES)                                    \
+                    for (int l = 0; l < NB_LANES; l++) a[l] += p[k + l];                    \
+                for (; k < s; k++) a[k % NB_LANES] += p[k];                                 \
             }                                                                               \
-            double mu = lanes_sum(a) / cnt;                                                 \
+            double mu = nb__lanes_sum(a) / cnt;                                                 \
             for (int64_t i = 0; i < n; i++) {                                               \
                 const T *p = x + (i * c + ch) * s;                                          \
                 int64_t k = 0;                                                              \
-                for (; k + BN_LANES <= s; k += BN_LANES)                                    \
-                    for (int l = 0; l < BN_LANES; l++) {                                    \
+                for (; k + NB_LANES <= s; k += NB_LANES)                                    \
+                    for (int l = 0; l < NB_LANES; l++) {                                    \
                         double t = (double)p[k + l] - mu;                                   \
                         v[l] += t * t;                                                      \
                     }                                                                       \
                 for (; k < s; k++) {                                                        \
                     double t = (double)p[k] - mu;                                           \
-                    v[k % BN_LANES] += t * t;                                               \
+                    v[k % NB_LANES] += t * t;                                               \
                 }                                                                           \
             }                                                                               \
             mean[ch] = mu;                                                                  \
-            var[ch] = lanes_sum(v) / cnt;                                                   \
+            var[ch] = nb__lanes_sum(v) / cnt;                                                   \
         }                                                                                   \
     }                                                                                       \
     static void batch_norm_##T(T *y, const T *x, const double *mean, const double *invstd,     \
@@ -246,22 +238,22 @@ static inline double lanes_sum(const double *a) {
                                         int64_t s) {                                        \
         double cnt = (double)(n * s);                                                       \
         for (int64_t ch = 0; ch < c; ch++) {                                                \
-            double mu = mean[ch], r = invstd[ch], ag[BN_LANES] = {0}, agh[BN_LANES] = {0};  \
+            double mu = mean[ch], r = invstd[ch], ag[NB_LANES] = {0}, agh[NB_LANES] = {0};  \
             double wc = w ? (double)w[ch] : 1.0;                                            \
             for (int64_t i = 0; i < n; i++) {                                               \
                 const T *p = x + (i * c + ch) * s, *q = g + (i * c + ch) * s;               \
                 int64_t k = 0;                                                              \
-                for (; k + BN_LANES <= s; k += BN_LANES)                                    \
-                    for (int l = 0; l < BN_LANES; l++) {                                    \
+                for (; k + NB_LANES <= s; k += NB_LANES)                                    \
+                    for (int l = 0; l < NB_LANES; l++) {                                    \
                         ag[l] += q[k + l];                                                  \
                         agh[l] += (double)q[k + l] * ((double)p[k + l] - mu);               \
                     }                                                                       \
                 for (; k < s; k++) {                                                        \
-                    ag[k % BN_LANES] += q[k];                                               \
-                    agh[k % BN_LANES] += (double)q[k] * ((double)p[k] - mu);                \
+                    ag[k % NB_LANES] += q[k];                                               \
+                    agh[k % NB_LANES] += (double)q[k] * ((double)p[k] - mu);                \
                 }                                                                           \
             }                                                                               \
-            double sg = lanes_sum(ag), sgh = lanes_sum(agh) * r;                            \
+            double sg = nb__lanes_sum(ag), sgh = nb__lanes_sum(agh) * r;                            \
             if (dw) dw[ch] = (T)sgh;                                                        \
             if (db) db[ch] = (T)sg;                                                         \
             if (!dx) continue;                                                              \

@@ -52,4 +52,14 @@ static inline float nb__exp_f32(float x) {
     return e * scale.f;
 }
 
+/* Sums and maxima of a row in NB_LANES independent lanes (element j to
+ * lane j mod NB_LANES) vectorise without reassociation, which GCC never
+ * does on its own; the lanes are then combined in this fixed order, so
+ * the result depends only on the row's length. */
+#define NB_LANES 8
+
+static inline double nb__lanes_sum(const double *a) {
+    return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+}
+
 #endif

@@ -16,55 +16,57 @@
 #define TILE 64
 
 /* ---- one contiguous row: its max and sum of exp(x - max) ----
- * f32: RL independent lanes (as the causal rows below), so that the loops
- * vectorise without reassociation (GCC keeps the order it is given), the
- * max in f32 and the sum in double, lanes combined in a fixed order at
- * the end; nb__exp_f32 instead of a libm call; exponents below -87 give 0
- * (weights under 1e-38 of the largest; exactly 0 for -inf, as expf). f64:
- * the plain sequential loops (gradchecks' reference). NaN: ignored by the
+ * f32: in NB_LANES lanes (simd.h), the max in f32 and the sum in double;
+ * nb__exp_f32 instead of a libm call; exponents below -87 give 0 (weights
+ * under 1e-38 of the largest; exactly 0 for -inf, as expf). The values
+ * are scale * x (1 for softmax, the causal softmax's scale). f64: the
+ * plain sequential loops (gradchecks' reference). NaN: ignored by the
  * max, kept by the sum, in both. */
-#define RL 8
-
-NB_CPU_CLONES static float row_max_float(const float *x, int64_t k) {
-    float m[RL];
-    for (int c = 0; c < RL; c++) m[c] = -INFINITY;
+NB_CPU_CLONES static float row_max_float(const float *x, int64_t k, float scale) {
+    float m[NB_LANES];
+    for (int c = 0; c < NB_LANES; c++) m[c] = -INFINITY;
     int64_t j = 0;
-    for (; j + RL <= k; j += RL)
-        for (int c = 0; c < RL; c++) m[c] = x[j + c] > m[c] ? x[j + c] : m[c];
+    for (; j + NB_LANES <= k; j += NB_LANES)
+        for (int c = 0; c < NB_LANES; c++) {
+            float v = scale * x[j + c];
+            m[c] = v > m[c] ? v : m[c];
+        }
     float mx = -INFINITY;
-    for (; j < k; j++) mx = x[j] > mx ? x[j] : mx;
-    for (int c = 0; c < RL; c++) mx = m[c] > mx ? m[c] : mx;
+    for (; j < k; j++) mx = scale * x[j] > mx ? scale * x[j] : mx;
+    for (int c = 0; c < NB_LANES; c++) mx = m[c] > mx ? m[c] : mx;
     return mx;
 }
 
 static inline float exp_or_zero(float d) { return d < -87.0f ? 0.0f : nb__exp_f32(d); }
 
-/* sum of exp(x - mx), each also stored in y unless y is NULL */
-NB_CPU_CLONES static double row_expsum_float(float *y, const float *x, int64_t k, float mx) {
-    double a[RL] = {0};
+/* sum of exp(scale * x - mx), each also stored in y unless y is NULL */
+NB_CPU_CLONES static double row_expsum_float(float *y, const float *x, int64_t k, float scale,
+                                             float mx) {
+    double a[NB_LANES] = {0};
     int64_t j = 0;
     if (y) {
-        for (; j + RL <= k; j += RL)
-            for (int c = 0; c < RL; c++) a[c] += y[j + c] = exp_or_zero(x[j + c] - mx);
-        for (; j < k; j++) a[j % RL] += y[j] = exp_or_zero(x[j] - mx);
+        for (; j + NB_LANES <= k; j += NB_LANES)
+            for (int c = 0; c < NB_LANES; c++)
+                a[c] += y[j + c] = exp_or_zero(scale * x[j + c] - mx);
+        for (; j < k; j++) a[j % NB_LANES] += y[j] = exp_or_zero(scale * x[j] - mx);
     } else {
-        for (; j + RL <= k; j += RL)
-            for (int c = 0; c < RL; c++) a[c] += exp_or_zero(x[j + c] - mx);
-        for (; j < k; j++) a[j % RL] += exp_or_zero(x[j] - mx);
+        for (; j + NB_LANES <= k; j += NB_LANES)
+            for (int c = 0; c < NB_LANES; c++) a[c] += exp_or_zero(scale * x[j + c] - mx);
+        for (; j < k; j++) a[j % NB_LANES] += exp_or_zero(scale * x[j] - mx);
     }
-    return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+    return nb__lanes_sum(a);
 }
 
-static double row_max_double(const double *x, int64_t k) {
+static double row_max_double(const double *x, int64_t k, double scale) {
     double mx = -INFINITY;
-    for (int64_t j = 0; j < k; j++) mx = x[j] > mx ? x[j] : mx;
+    for (int64_t j = 0; j < k; j++) mx = scale * x[j] > mx ? scale * x[j] : mx;
     return mx;
 }
 
-static double row_expsum_double(double *y, const double *x, int64_t k, double mx) {
+static double row_expsum_double(double *y, const double *x, int64_t k, double scale, double mx) {
     double s = 0;
     for (int64_t j = 0; j < k; j++) {
-        double e = exp(x[j] - mx);
+        double e = exp(scale * x[j] - mx);
         if (y) y[j] = e;
         s += e;
     }
@@ -74,12 +76,12 @@ static double row_expsum_double(double *y, const double *x, int64_t k, double mx
 /* ---- softmax forward ---- */
 #define DEFINE_SOFTMAX(T, EXP)                                                              \
     static void softmax_row_##T(T *y, const T *x, int64_t k, bool take_log) {                     \
-        T mx = row_max_##T(x, k);                                                           \
+        T mx = row_max_##T(x, k, 1);                                                           \
         if (take_log) {                                                                          \
-            T lse = (T)((double)mx + log(row_expsum_##T(NULL, x, k, mx)));                  \
+            T lse = (T)((double)mx + log(row_expsum_##T(NULL, x, k, 1, mx)));                  \
             for (int64_t j = 0; j < k; j++) y[j] = x[j] - lse;                              \
         } else {                                                                            \
-            T inv = (T)(1.0 / row_expsum_##T(y, x, k, mx));                                 \
+            T inv = (T)(1.0 / row_expsum_##T(y, x, k, 1, mx));                                 \
             for (int64_t j = 0; j < k; j++) y[j] *= inv;                                    \
         }                                                                                   \
     }                                                                                       \
@@ -201,53 +203,26 @@ void nb__cpu_softmax_backward(nb_tensor *dx, const nb_tensor *y, const nb_tensor
 }
 
 /* ---- causal softmax ----
- * Row i keeps l = min(i + 1, S) entries. The f32 rows run their max and
- * sums in LANES independent lanes, so that GCC vectorises them without
- * reassociating (the lanes are combined at the end), and use nb__exp_f32;
- * exponents below -87 (weights under 1e-38 of the largest) give 0. The
- * f64 rows are the plain reference (gradchecks). */
-#define LANES 8
-
+ * Row i keeps l = min(i + 1, S) entries. The f32 rows are softmax's
+ * (row_max_float, row_expsum_float) of scale * x; the f64 rows are the
+ * plain reference (gradchecks). */
 NB_CPU_CLONES static void causal_row_float(float *y, const float *x, int64_t s, int64_t l, float scale) {
-    float m[LANES], acc[LANES];
-    for (int c = 0; c < LANES; c++) m[c] = -INFINITY, acc[c] = 0;
+    float mx = row_max_float(x, l, scale);
+    float inv = (float)(1.0 / row_expsum_float(y, x, l, scale, mx));
     int64_t j = 0;
-    for (; j + LANES <= l; j += LANES)
-        for (int c = 0; c < LANES; c++) {
-            float v = scale * x[j + c];
-            m[c] = v > m[c] ? v : m[c];
-        }
-    float mx = -INFINITY;
-    for (; j < l; j++) mx = scale * x[j] > mx ? scale * x[j] : mx;
-    for (int c = 0; c < LANES; c++) mx = m[c] > mx ? m[c] : mx;
-    for (j = 0; j + LANES <= l; j += LANES)
-        for (int c = 0; c < LANES; c++) {
-            float d = scale * x[j + c] - mx;
-            float e = d < -87.0f ? 0.0f : nb__exp_f32(d);
-            y[j + c] = e;
-            acc[c] += e;
-        }
-    double sum = 0;
-    for (; j < l; j++) {
-        float d = scale * x[j] - mx;
-        y[j] = d < -87.0f ? 0.0f : nb__exp_f32(d);
-        sum += y[j];
-    }
-    for (int c = 0; c < LANES; c++) sum += acc[c];
-    float inv = (float)(1.0 / sum);
-    for (j = 0; j < l; j++) y[j] *= inv;
+    for (; j < l; j++) y[j] *= inv;
     for (; j < s; j++) y[j] = 0;
 }
 
 NB_CPU_CLONES static void causal_row_backward_float(float *dx, const float *y, const float *g, int64_t s,
                                       int64_t l, float scale) {
-    float acc[LANES] = {0};
+    float acc[NB_LANES] = {0};
     int64_t j = 0;
-    for (; j + LANES <= l; j += LANES)
-        for (int c = 0; c < LANES; c++) acc[c] += g[j + c] * y[j + c];
+    for (; j + NB_LANES <= l; j += NB_LANES)
+        for (int c = 0; c < NB_LANES; c++) acc[c] += g[j + c] * y[j + c];
     double dot = 0;
     for (; j < l; j++) dot += (double)g[j] * y[j];
-    for (int c = 0; c < LANES; c++) dot += acc[c];
+    for (int c = 0; c < NB_LANES; c++) dot += acc[c];
     float r = (float)dot;
     for (j = 0; j < l; j++) dx[j] = scale * y[j] * (g[j] - r);
     for (; j < s; j++) dx[j] = 0;
@@ -332,8 +307,8 @@ int64_t nb__cpu_target_at(const nb_tensor *targets, int64_t i) {
         double total = 0;                                                                   \
         for (int64_t i = i0; i < i1; i++) {                                                 \
             const T *row = x + i * c;                                                       \
-            T mx = row_max_##T(row, c);                                                     \
-            double l = (double)mx + log(row_expsum_##T(NULL, row, c, mx)), sx = 0;          \
+            T mx = row_max_##T(row, c, 1);                                                     \
+            double l = (double)mx + log(row_expsum_##T(NULL, row, c, 1, mx)), sx = 0;          \
             if (eps != 0)                                                                   \
                 for (int64_t j = 0; j < c; j++) sx += row[j];                               \
             lse[i] = (T)l;                                                                  \
