@@ -27,6 +27,8 @@
 
 #include <nabla/nabla.h>
 
+#include "tensor/cpu/sgemm.h"
+
 typedef struct bench_cfg {
     bool quick, fixed_only, kernels;
     double budget_s; /* per measured function */
@@ -402,7 +404,11 @@ static void bench_kernels(const bench_cfg *cfg, nb_ctx *pers, nb_ctx *step) {
  * (tensor/cpu/attention.c): S = Q K^T (T x T x D) and Y = S V (T x D x T),
  * on BT x H heads: (a) one thread calling, OpenBLAS on 1 thread; (b) one
  * thread calling, OpenBLAS on 2 threads; (c) two threads each calling on
- * half the heads, OpenBLAS on 1 thread (what the kernel does). */
+ * half the heads, OpenBLAS on 1 thread (what the kernel did before its
+ * f32 products became nb__sgemm_causal); (d) one thread calling
+ * nb__sgemm_causal, which skips what the causal mask zeroes (Note [Causal
+ * products]; its GFLOP/s counts the full products' flops, as the others':
+ * the effective rate; 2 threads share the heads as in (c)). */
 typedef struct heads_arg {
     int64_t t, d, c, heads;
     float *qkv, *s, *y;
@@ -425,6 +431,21 @@ static void heads_range(heads_arg *a, float *s) {
  * `go` (a call's half is ~100 us, too short to sleep between). */
 static heads_arg heads_cfg;
 static atomic_int heads_go, heads_done, heads_quit;
+
+static void heads_causal(void *p) {
+    (void)p;
+    heads_arg *a = &heads_cfg;
+    int64_t w = 3 * a->c, hn = a->c / a->d;
+    for (int64_t q = 0; q < a->heads; q++) {
+        int64_t b = q / hn, hh = q % hn;
+        const float *qp = a->qkv + b * a->t * w + hh * a->d, *k = qp + a->c, *v = qp + 2 * a->c;
+        nb__sgemm_causal(NB_TRI_LOWER, false, true, a->t, a->t, a->d, qp, w, k, w, a->s, a->t);
+        for (int64_t i = 0; i < a->t; i++) /* what the causal rows leave above the diagonal */
+            for (int64_t j = i + 1; j < a->t; j++) a->s[i * a->t + j] = 0.0f;
+        nb__sgemm_causal(NB_TRI_K_UPTO_ROW, false, false, a->t, a->d, a->t, a->s, a->t, v, w,
+                         a->y + b * a->t * a->c + hh * a->d, a->c);
+    }
+}
 
 static void *heads_helper(void *p) {
     (void)p;
@@ -469,10 +490,13 @@ static void bench_heads(const bench_cfg *cfg) {
         {"per-head GEMMs, 1 caller, BLAS 1", 1, heads_one},
         {"per-head GEMMs, 1 caller, BLAS 2", 2, heads_one},
         {"per-head GEMMs, 2 callers, BLAS 1", 1, heads_two},
+        {"per-head causal GEMMs, 1 caller", 1, heads_causal},
     };
-    double best[3] = {INFINITY, INFINITY, INFINITY};
+    enum { NW = sizeof ways / sizeof ways[0] };
+    double best[NW];
+    for (int i = 0; i < NW; i++) best[i] = INFINITY;
     for (int r = 0; r < ROUNDS; r++)
-        for (int i = 0; i < 3; i++) {
+        for (int i = 0; i < NW; i++) {
             openblas_set_num_threads(ways[i].blas);
             pthread_t th;
             atomic_store(&heads_quit, 0);
@@ -487,7 +511,7 @@ static void bench_heads(const bench_cfg *cfg) {
     char shape[48], rate[32];
     snprintf(shape, sizeof shape, "%lldx(%lldx%lldx%lld)", (long long)(bt * h), (long long)t,
              (long long)t, (long long)(c / h));
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < NW; i++) {
         snprintf(rate, sizeof rate, "%.1f GFLOP/s", flops / best[i] * 1e-9);
         row(ways[i].name, shape, best[i], rate, "", "");
     }

@@ -2,10 +2,12 @@
  * double over the logical elements, every transpose combination, batched
  * and broadcast batch dims, non-contiguous operands (and that BLAS-readable
  * views are not copied), zero-size dims, gradient checks, and the error
- * messages. */
+ * messages; and the attention's causal products (nb__sgemm_causal) against
+ * the same kind of loop. */
 #include <math.h>
 #include <stdlib.h>
 
+#include "tensor/cpu/sgemm.h"
 #include "testutil.h"
 
 /* ---- reference ---- */
@@ -343,6 +345,107 @@ END_TEST
 
 /* ---- errors ---- */
 
+
+/* ---- nb__sgemm_causal (Note [Causal products]) ---- */
+
+/* op(a) (m x k) and op(b) (k x n) stored with leading dimensions wider
+ * than the matrices (as the attention's views into qkv are), entries
+ * outside the structure's promise set to zero, against a double loop over
+ * the whole product. */
+static void check_causal(nb__tri tri, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+                         uint32_t seed) {
+    int64_t lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 5, ldc = n + 2;
+    int64_t ar = ta ? k : m, br = tb ? n : k;
+    float *a = malloc(sizeof(float) * (size_t)(ar * lda)), *b = malloc(sizeof(float) * (size_t)(br * ldb));
+    float *c = malloc(sizeof(float) * (size_t)(m * ldc));
+    uint32_t x = seed;
+    for (int64_t i = 0; i < ar * lda; i++) {
+        x = x * 1664525u + 1013904223u;
+        a[i] = (float)((x >> 8) % 2001) / 1000.0f - 1.0f;
+    }
+    for (int64_t i = 0; i < br * ldb; i++) {
+        x = x * 1664525u + 1013904223u;
+        b[i] = (float)((x >> 8) % 2001) / 1000.0f - 1.0f;
+    }
+    for (int64_t i = 0; i < m; i++) /* the zeros the structure promises */
+        for (int64_t p = 0; p < k; p++)
+            if ((tri == NB_TRI_K_UPTO_ROW && p > i) || (tri == NB_TRI_K_FROM_ROW && p < i))
+                a[ta ? p * lda + i : i * lda + p] = 0.0f;
+    for (int64_t i = 0; i < m * ldc; i++) c[i] = NAN; /* c is written, not read */
+    nb__sgemm_causal(tri, ta, tb, m, n, k, a, lda, b, ldb, c, ldc);
+    for (int64_t i = 0; i < m; i++) {
+        for (int64_t j = 0; j < n; j++) {
+            double e = 0, mag = 0;
+            for (int64_t p = 0; p < k; p++) {
+                double t = (double)a[ta ? p * lda + i : i * lda + p] * b[tb ? j * ldb + p : p * ldb + j];
+                e += t;
+                mag += fabs(t);
+            }
+            float got = c[i * ldc + j];
+            if (tri == NB_TRI_LOWER && j > i) continue; /* may be left unwritten */
+            ck_assert_msg(fabs(got - e) <= 1e-5 * mag + 1e-6,
+                          "tri %d ta %d tb %d (%lld x %lld x %lld): c[%lld][%lld] = %.9g, expected %.9g",
+                          (int)tri, ta, tb, (long long)m, (long long)n, (long long)k, (long long)i,
+                          (long long)j, got, e);
+        }
+        for (int64_t j = n; j < ldc; j++) ck_assert(isnan(c[i * ldc + j])); /* nothing past n */
+    }
+    free(a);
+    free(b);
+    free(c);
+}
+
+/* Every structure and transpose on sizes around the 6 x 16 tile (partial
+ * row and column panels, k of 1, m != k), long k, and square causal
+ * shapes like the attention's; with the tile kernel and through OpenBLAS
+ * (the fallback). */
+START_TEST(test_causal_products) {
+    static const int64_t sizes[][3] = {{1, 1, 1},   {6, 16, 6},   {7, 17, 7},   {5, 3, 5},
+                                       {13, 33, 13}, {64, 32, 64}, {96, 64, 96}, {31, 20, 47},
+                                       {47, 20, 31}, {130, 40, 130}, {300, 24, 300}, {40, 600, 40}};
+    int prev = nb__sgemm_set_enabled(1);
+    for (int on = 1; on >= 0; on--) {
+        nb__sgemm_set_enabled(on);
+        uint32_t seed = 1;
+        for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++)
+            for (int tri = 0; tri < 4; tri++)
+                for (int t = 0; t < 4; t++) {
+                    int64_t m = sizes[s][0], n = sizes[s][1], k = sizes[s][2];
+                    if (tri == NB_TRI_LOWER) n = m; /* a square score matrix */
+                    check_causal((nb__tri)tri, t & 1, t & 2, m, n, k, seed++);
+                }
+    }
+    nb__sgemm_set_enabled(prev);
+}
+END_TEST
+
+/* LOWER leaves the tiles strictly above the diagonal alone (that is what
+ * it saves), and the K ranges drop terms: a NaN in op(b)'s row p reaches
+ * only the rows of c whose range includes p. */
+START_TEST(test_causal_skips) {
+    if (!nb__sgemm_kernel_on()) return; /* the fallback computes everything */
+    enum { T = 40, D = 8 };
+    float q[T * D], kk[T * D], s[T * T], v[T * D], p[T * T], y[T * D];
+    for (int i = 0; i < T * D; i++) q[i] = kk[i] = v[i] = 0.5f;
+    for (int i = 0; i < T * T; i++) s[i] = -7.0f;
+    nb__sgemm_causal(NB_TRI_LOWER, false, true, T, T, D, q, D, kk, D, s, T);
+    for (int i = 0; i < T; i++)
+        for (int j = 0; j < T; j++) {
+            if (j <= i) ck_assert_float_eq(s[i * T + j], 2.0f);
+            if (j >= (i / 6) * 6 + 6 + 16) ck_assert_float_eq(s[i * T + j], -7.0f);
+        }
+    for (int i = 0; i < T; i++)
+        for (int j = 0; j < T; j++) p[i * T + j] = j <= i ? 1.0f : 0.0f;
+    v[30 * D + 3] = NAN; /* row 30 of v */
+    nb__sgemm_causal(NB_TRI_K_UPTO_ROW, false, false, T, D, T, p, T, v, D, y, D);
+    for (int i = 0; i < T; i++) {
+        bool sees = i / 6 * 6 + 6 > 30; /* row panels that reach k = 30 */
+        ck_assert_msg(isnan(y[i * D + 3]) == (i >= 30 || sees), "row %d", i);
+        if (i < 30 && !sees) ck_assert_float_eq(y[i * D + 3], 0.5f * (float)(i + 1));
+    }
+}
+END_TEST
+
 START_TEST(test_errors) {
     nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
     nb_tensor *a = nb_zeros(ctx, NB_F32, NB_SHAPE(32, 64));
@@ -375,6 +478,8 @@ static Suite *matmul_suite(void) {
     tcase_add_test(f, test_large_folded);
     tcase_add_test(f, test_noncontiguous);
     tcase_add_test(f, test_zero_size);
+    tcase_add_test(f, test_causal_products);
+    tcase_add_test(f, test_causal_skips);
     suite_add_tcase(s, f);
     TCase *g = tcase_create("backward");
     tcase_add_test(g, test_grad_2d_transposes);

@@ -6,8 +6,9 @@
  * transposes and their copies of the composed form (and, in backward, the
  * zeroed gradient buffer the three slices add into) disappear. A head's
  * scores are used right after they are made, while they are in cache. The
- * products are the ones the composed form makes, one cblas call per head,
- * and the softmax rows are nb__cpu_softmax_causal's.
+ * products are the ones the composed form makes, in f32 without the terms
+ * the causal mask makes zero (Note [Causal products] in
+ * tensor/cpu/sgemm.h), and the softmax rows are nb__cpu_softmax_causal's.
  *
  * Note [Heads on the thread pool]: the (batch, head) pairs are independent
  * and run on nabla's thread pool, each pair's GEMMs on one thread. These
@@ -24,20 +25,22 @@
 #include <stdlib.h>
 
 #include "tensor/cpu/attention.h"
+#include "tensor/cpu/sgemm.h"
 #include "tensor/cpu/softmax.h"
 #include "tensor/cpu/threads.h"
 #include "tensor/internal.h"
 
-/* c (m, n), ldc = op(a) (m, k) @ op(b) (k, n), row-major, beta = 0 */
-static void gemm(nb_dtype dt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void *a,
-                 int64_t lda, const void *b, int64_t ldb, void *c, int64_t ldc) {
-    enum CBLAS_TRANSPOSE fa = ta ? CblasTrans : CblasNoTrans, fb = tb ? CblasTrans : CblasNoTrans;
+/* c (m, n), ldc = op(a) (m, k) @ op(b) (k, n), row-major, beta = 0; f32
+ * through nb__sgemm_causal with the product's causal structure `tri`
+ * (Note [Causal products] in tensor/cpu/sgemm.h), f64 (gradchecks) whole
+ * through OpenBLAS. */
+static void gemm(nb_dtype dt, nb__tri tri, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+                 const void *a, int64_t lda, const void *b, int64_t ldb, void *c, int64_t ldc) {
     if (dt == NB_F32)
-        cblas_sgemm(CblasRowMajor, fa, fb, (int)m, (int)n, (int)k, 1.0f, a, (int)lda, b, (int)ldb,
-                    0.0f, c, (int)ldc);
+        nb__sgemm_causal(tri, ta, tb, m, n, k, a, lda, b, ldb, c, ldc);
     else
-        cblas_dgemm(CblasRowMajor, fa, fb, (int)m, (int)n, (int)k, 1.0, a, (int)lda, b, (int)ldb,
-                    0.0, c, (int)ldc);
+        cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                    (int)m, (int)n, (int)k, 1.0, a, (int)lda, b, (int)ldb, 0.0, c, (int)ldc);
 }
 
 typedef struct dims {
@@ -73,9 +76,9 @@ static void forward_pair(void *varg, int64_t pair, int tid) {
     const char *q = at(j->qkv->data, &s, w, b, hh * s.d);
     const char *k = q + s.c * (int64_t)s.es, *v = q + 2 * s.c * (int64_t)s.es;
     char *ph = (char *)j->p->data + pair * tt * (int64_t)s.es;
-    gemm(j->qkv->dtype, false, true, s.t, s.t, s.d, q, w, k, w, ph, s.t);
+    gemm(j->qkv->dtype, NB_TRI_LOWER, false, true, s.t, s.t, s.d, q, w, k, w, ph, s.t);
     nb__cpu_causal_rows(j->qkv->dtype, ph, ph, 1, s.t, s.t, j->scale);
-    gemm(j->qkv->dtype, false, false, s.t, s.d, s.t, ph, s.t, v, w,
+    gemm(j->qkv->dtype, NB_TRI_K_UPTO_ROW, false, false, s.t, s.d, s.t, ph, s.t, v, w,
          at(j->y->data, &s, s.c, b, hh * s.d), s.c);
 }
 
@@ -90,11 +93,11 @@ static void backward_pair(void *varg, int64_t pair, int tid) {
     char *dq = at(j->dqkv->data, &s, w, b, hh * s.d), *dk = dq + cb, *dv = dq + 2 * cb;
     const char *g = at(j->gy->data, &s, s.c, b, hh * s.d);
     const char *ph = (const char *)j->p->data + pair * tt * (int64_t)s.es;
-    gemm(dt, false, true, s.t, s.t, s.d, g, s.c, v, w, ds, s.t); /* dp */
+    gemm(dt, NB_TRI_LOWER, false, true, s.t, s.t, s.d, g, s.c, v, w, ds, s.t); /* dp */
     nb__cpu_causal_rows_backward(dt, ds, ph, ds, 1, s.t, s.t, j->scale);
-    gemm(dt, false, false, s.t, s.d, s.t, ds, s.t, k, w, dq, w);
-    gemm(dt, true, false, s.t, s.d, s.t, ds, s.t, q, w, dk, w);
-    gemm(dt, true, false, s.t, s.d, s.t, ph, s.t, g, s.c, dv, w);
+    gemm(dt, NB_TRI_K_UPTO_ROW, false, false, s.t, s.d, s.t, ds, s.t, k, w, dq, w);
+    gemm(dt, NB_TRI_K_FROM_ROW, true, false, s.t, s.d, s.t, ds, s.t, q, w, dk, w);
+    gemm(dt, NB_TRI_K_FROM_ROW, true, false, s.t, s.d, s.t, ph, s.t, g, s.c, dv, w);
 }
 
 /* Note [Heads on the thread pool]. Pairs of fewer than ~2^18 multiply-adds
