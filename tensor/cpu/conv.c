@@ -74,43 +74,67 @@ static void valid_range(const nb__conv2d_geom *g, int64_t off, int64_t *lo, int6
 }
 
 /* Small planes (the bundled CNN's 8x8, 4x4, 2x2): rows of a few elements,
- * where the row-by-row copy below is all loop overhead. tbl[(ki*KW + kj)*P
- * + p] is the offset ih*W + iw in the input plane that tap (ki, kj) of
- * output position p reads, or -1 in the padding: the columns are then one
- * gather per row. Made per call (at most TAP_TABLE_MAX entries, on the
- * stack), used for every channel and image of the call. */
-enum { TAP_TABLE_MAX = 4096 };
+ * where the row-by-row copy below, with its valid range per row, is all
+ * loop overhead. Such a channel's plane is first copied into the middle of
+ * a zero-bordered one, (H + 2 PH) x (W + 2 PW), on the stack: every tap
+ * then lands inside it (that is how OH and OW are defined), the padding
+ * reads the border's zeros, and a column row is OH plain copies of OW
+ * elements (fixed-size copies for the usual widths), with no test. The
+ * planes of as many channels as fit in PAD_BUF elements are made before
+ * any of their taps is read: a copy that read a plane's row right after
+ * it was written, across two of those stores, waited for them (store
+ * forwarding fails), which cost more than the test it saved. col2im
+ * adds into a zeroed bordered plane the same way and then its middle into
+ * x. (A gather through a table of tap offsets with a test for the padding
+ * ran at ~2 ns an element, mispredicting at the padding: im2col was ~20%
+ * of the CNN's step.) */
+enum { PAD_PLANE_MAX = 2048, PAD_BUF = 8192 };
 
-static const int32_t *tap_table(const nb__conv2d_geom *g, int32_t *tbl) {
-    int64_t P = g->oh * g->ow;
-    if (g->kh * g->kw * P > TAP_TABLE_MAX) return NULL;
-    for (int64_t ki = 0; ki < g->kh; ki++)
-        for (int64_t kj = 0; kj < g->kw; kj++)
-            for (int64_t oh = 0; oh < g->oh; oh++)
-                for (int64_t ow = 0; ow < g->ow; ow++) {
-                    int64_t ih = oh * g->sh - g->ph + ki * g->dh;
-                    int64_t iw = ow * g->sw - g->pw + kj * g->dw;
-                    bool in = ih >= 0 && ih < g->h && iw >= 0 && iw < g->w;
-                    tbl[((ki * g->kw + kj) * g->oh + oh) * g->ow + ow] =
-                        in ? (int32_t)(ih * g->w + iw) : -1;
-                }
-    return tbl;
-}
+static int64_t padded_w(const nb__conv2d_geom *g) { return g->w + 2 * g->pw; }
+static int64_t padded_plane(const nb__conv2d_geom *g) { return (g->h + 2 * g->ph) * padded_w(g); }
+static bool use_bordered(const nb__conv2d_geom *g) { return padded_plane(g) <= PAD_PLANE_MAX; }
 
 #define DEFINE_CONV(T, S, GEMM)                                                               \
+    /* d[0, n) = s[0, n): the usual small widths as fixed-size copies (a move or two) */      \
+    static inline void copy_row_##S(T *restrict d, const T *restrict s, int64_t n) {          \
+        switch (n) {                                                                          \
+        case 2: memcpy(d, s, 2 * sizeof(T)); return;                                          \
+        case 4: memcpy(d, s, 4 * sizeof(T)); return;                                          \
+        case 8: memcpy(d, s, 8 * sizeof(T)); return;                                          \
+        case 16: memcpy(d, s, 16 * sizeof(T)); return;                                        \
+        default: for (int64_t i = 0; i < n; i++) d[i] = s[i];                                 \
+        }                                                                                     \
+    }                                                                                         \
+                                                                                              \
     /* cols (nc*KH*KW, P), rows ld apart, from nc channels x (nc, H, W) of one image;        \
-     * tbl: tap_table's, or NULL */                                                           \
+     * bordered: use_bordered(g) */                                                           \
     static void im2col_##S(const nb__conv2d_geom *g, int64_t nc, const T *x, T *cols,         \
-                           int64_t ld, const int32_t *tbl) {                                  \
-        if (tbl) {                                                                            \
-            int64_t P = g->oh * g->ow, taps = g->kh * g->kw;                                  \
-            for (int64_t c = 0; c < nc; c++) {                                                \
-                const T *xc = x + c * g->h * g->w;                                            \
-                for (int64_t kk = 0; kk < taps; kk++) {                                       \
-                    T *row = cols + (c * taps + kk) * ld;                                     \
-                    const int32_t *t = tbl + kk * P;                                          \
-                    for (int64_t p = 0; p < P; p++) row[p] = t[p] >= 0 ? xc[t[p]] : 0;        \
+                           int64_t ld, bool bordered) {                                       \
+        if (bordered) { /* channels in groups: all their planes, then their taps */          \
+            const int64_t wp = padded_w(g), pp = padded_plane(g), OW = g->ow, OH = g->oh;     \
+            const int64_t H = g->h, W = g->w, sh = g->sh, sw = g->sw, dh = g->dh, dw = g->dw; \
+            const int64_t KH = g->kh, KW = g->kw, per = PAD_BUF / pp < nc ? PAD_BUF / pp : nc; \
+            T pad[PAD_BUF];                                                                   \
+            memset(pad, 0, sizeof(T) * (size_t)(per * pp));                                  \
+            for (int64_t c0 = 0; c0 < nc; c0 += per) {                                        \
+                int64_t cn = nc - c0 < per ? nc - c0 : per;                                   \
+                for (int64_t c = 0; c < cn; c++) { /* the borders stay zero */                \
+                    T *inner = pad + c * pp + g->ph * wp + g->pw;                             \
+                    const T *xc = x + (c0 + c) * H * W;                                       \
+                    for (int64_t ih = 0; ih < H; ih++) copy_row_##S(inner + ih * wp, xc + ih * W, W); \
                 }                                                                             \
+                for (int64_t c = 0; c < cn; c++)                                              \
+                    for (int64_t ki = 0; ki < KH; ki++)                                       \
+                        for (int64_t kj = 0; kj < KW; kj++) {                                 \
+                            T *row = cols + (((c0 + c) * KH + ki) * KW + kj) * ld;            \
+                            const T *src = pad + c * pp + ki * dh * wp + kj * dw;             \
+                            for (int64_t oh = 0; oh < OH; oh++, src += sh * wp, row += OW) {  \
+                                if (sw == 1)                                                  \
+                                    copy_row_##S(row, src, OW);                               \
+                                else                                                          \
+                                    for (int64_t ow = 0; ow < OW; ow++) row[ow] = src[ow * sw]; \
+                            }                                                                 \
+                        }                                                                     \
             }                                                                                 \
             return;                                                                           \
         }                                                                                     \
@@ -138,17 +162,26 @@ static const int32_t *tap_table(const nb__conv2d_geom *g, int32_t *tbl) {
                                                                                               \
     /* x (nc, H, W) += the columns scattered back to their input positions */                 \
     static void col2im_##S(const nb__conv2d_geom *g, int64_t nc, const T *cols, int64_t ld,   \
-                           const int32_t *tbl, T *x) {                                        \
-        if (tbl) { /* a tap's positions are distinct: no two p of a row add to one place */  \
-            int64_t P = g->oh * g->ow, taps = g->kh * g->kw;                                  \
+                           bool bordered, T *x) {                                             \
+        if (bordered) {                                                                       \
+            int64_t wp = padded_w(g), OW = g->ow, sw = g->sw;                                 \
+            T pad[PAD_PLANE_MAX];                                                             \
+            const T *inner = pad + g->ph * wp + g->pw;                                        \
             for (int64_t c = 0; c < nc; c++) {                                                \
+                memset(pad, 0, sizeof(T) * (size_t)padded_plane(g));                          \
+                for (int64_t ki = 0; ki < g->kh; ki++) /* taps in order, as the others */     \
+                    for (int64_t kj = 0; kj < g->kw; kj++) {                                  \
+                        const T *row = cols + ((c * g->kh + ki) * g->kw + kj) * ld;           \
+                        for (int64_t oh = 0; oh < g->oh; oh++) {                              \
+                            T *dst = pad + (oh * g->sh + ki * g->dh) * wp + kj * g->dw;       \
+                            const T *r = row + oh * OW;                                       \
+                            for (int64_t ow = 0; ow < OW; ow++) dst[ow * sw] += r[ow];        \
+                        }                                                                     \
+                    }                                                                         \
                 T *xc = x + c * g->h * g->w;                                                  \
-                for (int64_t kk = 0; kk < taps; kk++) {                                       \
-                    const T *row = cols + (c * taps + kk) * ld;                               \
-                    const int32_t *t = tbl + kk * P;                                          \
-                    for (int64_t p = 0; p < P; p++)                                           \
-                        if (t[p] >= 0) xc[t[p]] += row[p];                                    \
-                }                                                                             \
+                for (int64_t ih = 0; ih < g->h; ih++)                                         \
+                    for (int64_t iw = 0; iw < g->w; iw++)                                     \
+                        xc[ih * g->w + iw] += inner[ih * wp + iw];                            \
             }                                                                                 \
             return;                                                                           \
         }                                                                                     \
@@ -244,15 +277,14 @@ static const int32_t *tap_table(const nb__conv2d_geom *g, int32_t *tbl) {
         if (!is_pointwise(g) && !is_direct(g)) {                                              \
             int64_t nb = images_per_gemm(g);                                                  \
             T *tmp = cols + (int64_t)K * nb * P; /* (OG, m*P) */                              \
-            int32_t tbl_buf[TAP_TABLE_MAX];                                                   \
-            const int32_t *tbl = tap_table(g, tbl_buf);                                       \
+            bool bordered = use_bordered(g);                                                  \
             for (int64_t n0 = 0; n0 < g->n; n0 += nb) {                                       \
                 int64_t m = g->n - n0 < nb ? g->n - n0 : nb;                                  \
                 int L = (int)(m * P);                                                         \
                 for (int64_t gi = 0; gi < G; gi++) {                                          \
                     for (int64_t j = 0; j < m; j++)                                           \
                         im2col_##S(g, CG, x + (n0 + j) * g->c * HW + gi * CG * HW, cols + j * P, L, \
-                                   tbl);                                                      \
+                                   bordered);                                                 \
                     GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)OG, L, K, 1,         \
                          w + gi * OG * K, K, cols, L, 0, tmp, L);                             \
                     for (int64_t j = 0; j < m; j++)                                           \
@@ -322,8 +354,7 @@ static const int32_t *tap_table(const nb__conv2d_geom *g, int32_t *tbl) {
         if (is_direct(g) || is_pointwise(g) || !(dx || dw)) return;                           \
         int64_t nb = images_per_gemm(g);                                                      \
         T *gt = cols + (int64_t)K * nb * P; /* one group's gout, (OG, m*P) */                 \
-        int32_t tbl_buf[TAP_TABLE_MAX];                                                       \
-        const int32_t *tbl = tap_table(g, tbl_buf);                                           \
+        bool bordered = use_bordered(g);                                                      \
         if (dx) memset(dx, 0, sizeof(T) * (size_t)(g->n * xsz));                              \
         for (int64_t n0 = 0; n0 < g->n; n0 += nb) {                                           \
             int64_t m = g->n - n0 < nb ? g->n - n0 : nb;                                      \
@@ -335,7 +366,7 @@ static const int32_t *tap_table(const nb__conv2d_geom *g, int32_t *tbl) {
                                sizeof(T) * (size_t)P);                                        \
                 if (dw) {                                                                     \
                     for (int64_t j = 0; j < m; j++)                                           \
-                        im2col_##S(g, CG, x + (n0 + j) * xsz + gi * CG * HW, cols + j * P, L, tbl); \
+                        im2col_##S(g, CG, x + (n0 + j) * xsz + gi * CG * HW, cols + j * P, L, bordered); \
                     GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)OG, K, L, 1, gt, L,    \
                          cols, L, 1, dw + gi * OG * K, K);                                    \
                 }                                                                             \
@@ -343,7 +374,7 @@ static const int32_t *tap_table(const nb__conv2d_geom *g, int32_t *tbl) {
                     GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, K, L, (int)OG, 1,           \
                          w + gi * OG * K, K, gt, L, 0, cols, L);                              \
                     for (int64_t j = 0; j < m; j++)                                           \
-                        col2im_##S(g, CG, cols + j * P, L, tbl, dx + (n0 + j) * xsz + gi * CG * HW); \
+                        col2im_##S(g, CG, cols + j * P, L, bordered, dx + (n0 + j) * xsz + gi * CG * HW); \
                 }                                                                             \
             }                                                                                 \
         }                                                                                     \
