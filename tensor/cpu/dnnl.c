@@ -131,7 +131,15 @@
  * so low for both columns): layer norm 9.5 / 16.2 and 10.9 / 21.7;
  * softmax rows of 64 3.0 / 5.7, of 128 3.8 / 9.9, head (1024, 79) 3.0 /
  * 7.7 (1.6-1.7 for ours before); batch norm 12.0 / 3.3, 8.0 / 3.0, 5.4 /
- * 2.2. */
+ * 2.2.
+ * The fused causal attention's f32 per-head products do not come here:
+ * they are ours (tensor/cpu/sgemm.c, Note [Causal products]), 2.4x
+ * OpenBLAS's effective rate on 8 x 8 heads of 128 x 128 x 32 (bench_ops
+ * --kernels, Zen 3, 2026-11-27: 106.4 against 43.5 GFLOP/s one caller,
+ * 84.4 two callers) since they skip the masked half; an unblocked use of
+ * the same 6x16 tile for the linears' products measured within +-10% of
+ * OpenBLAS (82-91 against 75-87 GFLOP/s on the L6 C256 shapes, and 37-60
+ * on the weight gradients), so those stay here. */
 #include "tensor/cpu/dnnl.h"
 
 #include <cblas.h>
