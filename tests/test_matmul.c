@@ -446,6 +446,27 @@ START_TEST(test_causal_skips) {
 }
 END_TEST
 
+/* NABLA_CAUSAL_GEMM: 0 holds the products to OpenBLAS, 1 (or unset) lets the
+ * kernel run, anything else is an error naming the value. */
+START_TEST(test_causal_env) {
+    int prev = nb__sgemm_set_enabled(1);
+    setenv("NABLA_CAUSAL_GEMM", "0", 1);
+    nb__sgemm_set_enabled(-1);
+    ck_assert(!nb__sgemm_kernel_on());
+    setenv("NABLA_CAUSAL_GEMM", "on", 1);
+    NBT_EXPECT_ABORT(nb__sgemm_kernel_on(), "NABLA_CAUSAL_GEMM=on: expected 0");
+    setenv("NABLA_CAUSAL_GEMM", "1", 1);
+    nb__sgemm_set_enabled(0); /* an explicit setting wins over the environment */
+    ck_assert(!nb__sgemm_kernel_on());
+    unsetenv("NABLA_CAUSAL_GEMM");
+    nb__sgemm_set_enabled(-1);
+    float a[4] = {1, 2, 3, 4}, c[4];
+    nb__sgemm_causal(NB_TRI_FULL, false, false, 2, 2, 2, a, 2, a, 2, c, 2); /* either path */
+    ck_assert(c[0] == 7 && c[1] == 10 && c[2] == 15 && c[3] == 22);
+    nb__sgemm_set_enabled(prev);
+}
+END_TEST
+
 START_TEST(test_errors) {
     nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
     nb_tensor *a = nb_zeros(ctx, NB_F32, NB_SHAPE(32, 64));
@@ -480,6 +501,7 @@ static Suite *matmul_suite(void) {
     tcase_add_test(f, test_zero_size);
     tcase_add_test(f, test_causal_products);
     tcase_add_test(f, test_causal_skips);
+    tcase_add_test(f, test_causal_env);
     suite_add_tcase(s, f);
     TCase *g = tcase_create("backward");
     tcase_add_test(g, test_grad_2d_transposes);

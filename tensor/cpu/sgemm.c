@@ -55,7 +55,8 @@ int nb__sgemm_set_enabled(int on) {
 
 bool nb__sgemm_kernel_on(void) {
     int e = atomic_load(&enabled);
-    return cpu_has_kernel() && (e < 0 ? env_enabled() : e);
+    bool on = e < 0 ? env_enabled() : e; /* a bad value is an error on any CPU */
+    return on && cpu_has_kernel();
 }
 
 static void full_product(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float *a,
