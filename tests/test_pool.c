@@ -235,6 +235,68 @@ START_TEST(test_max_nan) {
 }
 END_TEST
 
+/* 2x2 windows of stride 2 through the vectorised paths: rows long enough
+ * for 8 outputs at a time (OW = 18: two blocks and a scalar tail; an odd
+ * last column dropped), and whole planes of width 8 and 4 whose row pairs
+ * are taken 2 and 4 at a time (pair counts that leave a scalar remainder,
+ * and OH = 3 so that a block spans two planes); values from three levels
+ * so that most windows tie, and NaNs: against a naive loop (first maximum,
+ * first NaN), values and where the gradient goes, in f32 and f64. */
+static void check_max_2x2(int64_t planes, int64_t H, int64_t W, uint32_t seed) {
+    int64_t OH = H / 2, OW = W / 2, n = planes * H * W, no = planes * OH * OW;
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    double *v = malloc(sizeof(double) * (size_t)n), *eg = calloc((size_t)n, sizeof(double));
+    double *g = malloc(sizeof(double) * (size_t)n), *e = malloc(sizeof(double) * (size_t)no);
+    double *got = malloc(sizeof(double) * (size_t)no);
+    uint32_t r = seed;
+    for (int64_t i = 0; i < n; i++) {
+        r = r * 1103515245u + 12345u;
+        v[i] = (double)((r >> 16) % 3) - 1.0;
+    }
+    for (int64_t i = 3; i < n; i += 29) v[i] = NAN;
+    for (int64_t pl = 0; pl < planes; pl++)
+        for (int64_t oh = 0; oh < OH; oh++)
+            for (int64_t ow = 0; ow < OW; ow++) {
+                int64_t bi = -1;
+                for (int dh = 0; dh < 2; dh++)
+                    for (int dw = 0; dw < 2; dw++) {
+                        int64_t i = pl * H * W + (2 * oh + dh) * W + 2 * ow + dw;
+                        if (bi < 0 || (isnan(v[i]) && !isnan(v[bi])) || (!isnan(v[bi]) && v[i] > v[bi])) bi = i;
+                    }
+                e[(pl * OH + oh) * OW + ow] = v[bi];
+                eg[bi] += 1;
+            }
+    for (int k = 0; k < 2; k++) {
+        nb_dtype dt = k ? NB_F32 : NB_F64;
+        nb_tensor *x = nb_cast(ctx, nb_from_host(ctx, NB_F64, NB_SHAPE(1, planes, H, W), v), dt);
+        nb_set_requires_grad(x, true);
+        nb_pool2d_opts o = POPTS(2, 2, 2, 2, 0, 0);
+        nb_tensor *y = nb_max_pool2d(ctx, x, &o);
+        ck_assert(y->shape[2] == OH && y->shape[3] == OW);
+        nb_to_host_f64(y, got);
+        for (int64_t i = 0; i < no; i++)
+            ck_assert_msg(isnan(e[i]) ? isnan(got[i]) : got[i] == e[i],
+                          "%s %lldx%lld: out[%lld] = %g, expected %g", nb_dtype_name(dt), (long long)H,
+                          (long long)W, (long long)i, got[i], e[i]);
+        nb_backward(nb_sum_all(ctx, y));
+        nb_to_host_f64(x->grad, g);
+        for (int64_t i = 0; i < n; i++)
+            ck_assert_msg(g[i] == eg[i], "%s %lldx%lld: grad[%lld] = %g, expected %g", nb_dtype_name(dt),
+                          (long long)H, (long long)W, (long long)i, g[i], eg[i]);
+    }
+    free(v), free(eg), free(g), free(e), free(got);
+    nb_ctx_free(ctx);
+}
+
+START_TEST(test_max_2x2_vector_paths) {
+    check_max_2x2(2, 6, 37, 1); /* rows: 8 + 8 + tail */
+    check_max_2x2(3, 6, 8, 2);  /* 9 row pairs of width 8: 4 blocks of 2, one left */
+    check_max_2x2(3, 6, 4, 3);  /* 9 row pairs of width 4: 2 blocks of 4, one left */
+    check_max_2x2(4, 8, 8, 4);  /* the CNN's first pool */
+    check_max_2x2(5, 4, 4, 5);  /* its second */
+}
+END_TEST
+
 /* ---- errors ---- */
 /* An empty input with padding still has windows (of padding only): max
  * gives 0 there and backward writes nothing (index -1 is skipped). */
@@ -290,6 +352,7 @@ static Suite *pool_suite(void) {
     tcase_add_test(tc, test_non_contiguous);
     tcase_add_test(tc, test_max_ties_first);
     tcase_add_test(tc, test_max_nan);
+    tcase_add_test(tc, test_max_2x2_vector_paths);
     tcase_add_test(tc, test_errors);
     tcase_add_test(tc, test_empty_input_with_padding);
     suite_add_tcase(s, tc);
