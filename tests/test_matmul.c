@@ -447,13 +447,17 @@ START_TEST(test_causal_skips) {
 END_TEST
 
 /* NABLA_CAUSAL_GEMM: 0 holds the products to OpenBLAS, 1 (or unset) lets the
- * kernel run, anything else is an error naming the value. */
+ * kernel run, anything else is an error naming the value; read on first
+ * use and again after nb__sgemm_set_enabled(-1). */
 START_TEST(test_causal_env) {
     int prev = nb__sgemm_set_enabled(1);
     setenv("NABLA_CAUSAL_GEMM", "0", 1);
     nb__sgemm_set_enabled(-1);
     ck_assert(!nb__sgemm_kernel_on());
+    setenv("NABLA_CAUSAL_GEMM", "1", 1);
+    ck_assert(!nb__sgemm_kernel_on()); /* read once, not at every product */
     setenv("NABLA_CAUSAL_GEMM", "on", 1);
+    nb__sgemm_set_enabled(-1); /* read again at the next use */
     NBT_EXPECT_ABORT(nb__sgemm_kernel_on(), "NABLA_CAUSAL_GEMM=on: expected 0");
     setenv("NABLA_CAUSAL_GEMM", "1", 1);
     nb__sgemm_set_enabled(0); /* an explicit setting wins over the environment */

@@ -21,7 +21,7 @@
 #define MR 6
 #define NR 16
 
-static atomic_int enabled = -1; /* -1: the environment's */
+static atomic_int enabled = -1; /* -1: the environment's, read at the next use */
 
 static bool cpu_has_kernel(void) {
 #if HAVE_KERNEL
@@ -46,18 +46,23 @@ static int env_enabled(void) {
     return s[0] - '0';
 }
 
-int nb__sgemm_set_enabled(int on) {
+/* the setting, the environment's read once (not at every product) */
+static int enabled_now(void) {
     int e = atomic_load(&enabled);
-    int prev = e < 0 ? env_enabled() : e;
+    if (e < 0) {
+        e = env_enabled(); /* a bad value is an error on any CPU */
+        atomic_store(&enabled, e);
+    }
+    return e;
+}
+
+int nb__sgemm_set_enabled(int on) {
+    int prev = enabled_now();
     atomic_store(&enabled, on < 0 ? -1 : (on != 0));
     return prev;
 }
 
-bool nb__sgemm_kernel_on(void) {
-    int e = atomic_load(&enabled);
-    bool on = e < 0 ? env_enabled() : e; /* a bad value is an error on any CPU */
-    return on && cpu_has_kernel();
-}
+bool nb__sgemm_kernel_on(void) { return enabled_now() && cpu_has_kernel(); }
 
 static void full_product(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float *a,
                          int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc) {

@@ -44,9 +44,11 @@ void nb__sgemm_causal(nb__tri tri, bool ta, bool tb, int64_t m, int64_t n, int64
                       int64_t ldc);
 
 /* Whether this CPU runs the tile kernel (AVX2 and FMA), unless
- * NABLA_CAUSAL_GEMM=0 in the environment or nb__sgemm_set_enabled(0) holds
- * it to cblas_sgemm (set_enabled: 1 or 0, -1 back to the environment;
- * returns the previous setting). For tests and benchmarks. */
+ * NABLA_CAUSAL_GEMM=0 in the environment (read on first use; any value but
+ * 0 or 1 aborts naming it) or nb__sgemm_set_enabled(0) holds it to
+ * cblas_sgemm (set_enabled: 1 or 0, -1 back to the environment, read again
+ * at the next use; returns the previous setting). For tests and
+ * benchmarks. */
 bool nb__sgemm_kernel_on(void);
 int nb__sgemm_set_enabled(int on);
 
