@@ -408,22 +408,31 @@ static void bench_kernels(const bench_cfg *cfg, nb_ctx *pers, nb_ctx *step) {
  * f32 products became nb__sgemm_causal); (d) one thread calling
  * nb__sgemm_causal, which skips what the causal mask zeroes (Note [Causal
  * products]; its GFLOP/s counts the full products' flops, as the others':
- * the effective rate; 2 threads share the heads as in (c)). */
+ * the effective rate). */
 typedef struct heads_arg {
     int64_t t, d, c, heads;
     float *qkv, *s, *y;
     int64_t lo, hi;
+    bool causal; /* (d): nb__sgemm_causal instead of cblas_sgemm */
 } heads_arg;
 
 static void heads_range(heads_arg *a, float *s) {
-    int64_t w = 3 * a->c, hn = a->c / a->d;
+    int64_t w = 3 * a->c, hn = a->c / a->d, t = a->t;
     for (int64_t p = a->lo; p < a->hi; p++) {
         int64_t b = p / hn, hh = p % hn;
-        const float *q = a->qkv + b * a->t * w + hh * a->d, *k = q + a->c, *v = q + 2 * a->c;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)a->t, (int)a->t, (int)a->d, 1.0f, q,
-                    (int)w, k, (int)w, 0.0f, s, (int)a->t);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)a->t, (int)a->d, (int)a->t, 1.0f,
-                    s, (int)a->t, v, (int)w, 0.0f, a->y + b * a->t * a->c + hh * a->d, (int)a->c);
+        const float *q = a->qkv + b * t * w + hh * a->d, *k = q + a->c, *v = q + 2 * a->c;
+        float *y = a->y + b * t * a->c + hh * a->d;
+        if (a->causal) {
+            nb__sgemm_causal(NB_TRI_LOWER, false, true, t, t, a->d, q, w, k, w, s, t);
+            for (int64_t i = 0; i < t; i++) /* what the causal rows leave above the diagonal */
+                for (int64_t j = i + 1; j < t; j++) s[i * t + j] = 0.0f;
+            nb__sgemm_causal(NB_TRI_K_UPTO_ROW, false, false, t, a->d, t, s, t, v, w, y, a->c);
+            continue;
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)t, (int)t, (int)a->d, 1.0f, q,
+                    (int)w, k, (int)w, 0.0f, s, (int)t);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)t, (int)a->d, (int)t, 1.0f, s,
+                    (int)t, v, (int)w, 0.0f, y, (int)a->c);
     }
 }
 
@@ -431,21 +440,6 @@ static void heads_range(heads_arg *a, float *s) {
  * `go` (a call's half is ~100 us, too short to sleep between). */
 static heads_arg heads_cfg;
 static atomic_int heads_go, heads_done, heads_quit;
-
-static void heads_causal(void *p) {
-    (void)p;
-    heads_arg *a = &heads_cfg;
-    int64_t w = 3 * a->c, hn = a->c / a->d;
-    for (int64_t q = 0; q < a->heads; q++) {
-        int64_t b = q / hn, hh = q % hn;
-        const float *qp = a->qkv + b * a->t * w + hh * a->d, *k = qp + a->c, *v = qp + 2 * a->c;
-        nb__sgemm_causal(NB_TRI_LOWER, false, true, a->t, a->t, a->d, qp, w, k, w, a->s, a->t);
-        for (int64_t i = 0; i < a->t; i++) /* what the causal rows leave above the diagonal */
-            for (int64_t j = i + 1; j < a->t; j++) a->s[i * a->t + j] = 0.0f;
-        nb__sgemm_causal(NB_TRI_K_UPTO_ROW, false, false, a->t, a->d, a->t, a->s, a->t, v, w,
-                         a->y + b * a->t * a->c + hh * a->d, a->c);
-    }
-}
 
 static void *heads_helper(void *p) {
     (void)p;
@@ -466,6 +460,12 @@ static void heads_one(void *p) {
     a.lo = 0, a.hi = a.heads;
     heads_range(&a, a.s);
 }
+static void heads_causal(void *p) {
+    (void)p;
+    heads_arg a = heads_cfg;
+    a.lo = 0, a.hi = a.heads, a.causal = true;
+    heads_range(&a, a.s);
+}
 static void heads_two(void *p) {
     (void)p;
     heads_arg a = heads_cfg;
@@ -478,7 +478,7 @@ static void heads_two(void *p) {
 
 static void bench_heads(const bench_cfg *cfg) {
     int64_t bt = cfg->quick ? 2 : 8, t = cfg->quick ? 32 : 128, c = cfg->quick ? 32 : 256, h = 8;
-    heads_arg a = {t, c / h, c, bt * h, NULL, NULL, NULL, 0, 0};
+    heads_arg a = {t, c / h, c, bt * h, NULL, NULL, NULL, 0, 0, false};
     a.qkv = malloc((size_t)(bt * t * 3 * c) * sizeof(float));
     a.s = malloc((size_t)(2 * t * t) * sizeof(float));
     a.y = malloc((size_t)(bt * t * c) * sizeof(float));

@@ -16,11 +16,12 @@
  * such a product on its own threads and gets slower (issue 15 measured
  * 85 -> 35 GFLOP/s on two cores; `bench_ops --kernels` compares one caller
  * on 1 and 2 BLAS threads with two callers on 1), and its threaded calls
- * from several threads at once are serialised by a lock. So OpenBLAS is set to one thread for the duration
- * of the kernel (openblas_set_num_threads is process-wide; nothing else
- * calls BLAS while a kernel runs, as kernels run on the model's thread)
- * and set back after. Each thread of the backward has its own T x T
- * scratch. */
+ * from several threads at once are serialised by a lock. So when the
+ * products go through OpenBLAS (f64, or no AVX2 kernel for f32), it is set
+ * to one thread for the duration of the kernel (openblas_set_num_threads
+ * is process-wide; nothing else calls BLAS while a kernel runs, as kernels
+ * run on the model's thread) and set back after. Each thread of the
+ * backward has its own T x T scratch. */
 #include <cblas.h>
 #include <stdlib.h>
 
@@ -121,7 +122,9 @@ static int64_t pairs_per_chunk(const nb_tensor *qkv, int h) {
 }
 
 static void run_pairs(int64_t pairs, int64_t per, nb__task_fn fn, heads_job *j) {
-    int blas = openblas_get_num_threads();
+    /* only when the products go through OpenBLAS (f64, or no AVX2 kernel) */
+    bool via_blas = j->qkv->dtype != NB_F32 || !nb__sgemm_kernel_on();
+    int blas = via_blas ? openblas_get_num_threads() : 1;
     if (blas != 1) openblas_set_num_threads(1);
     group_job gj = {fn, j, pairs, per};
     nb__parallel_for(nb__chunk_count(pairs, per), run_group, &gj);

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "tensor/cpu/cpu.h"
+#include "tensor/cpu/simd.h"
 
 typedef nb__pool2d_geom pool_geom;
 
@@ -17,22 +18,13 @@ typedef nb__pool2d_geom pool_geom;
  *  - max_pairs_vec: whole planes of width 8 or 4 (H = 2 OH, W = 2 OW),
  *    whose row pairs follow each other in memory: 2 or 4 pairs give 8
  *    outputs; returns how many pairs (from the first) it did.
- * Both return 0 without AVX2 and for f64; arg is the offset in the plane. */
-#if defined(__x86_64__) && defined(__GNUC__)
+ * Both are 0 without AVX2 / FMA and for f64; arg is the offset in the
+ * plane. */
+#if NB_HAVE_AVX2_FMA_KERNELS
 #include <immintrin.h>
-#define AVX2_FN __attribute__((target("avx2")))
-
-static bool has_avx2(void) {
-    static int avx2 = -1;
-    if (avx2 < 0) {
-        __builtin_cpu_init();
-        avx2 = __builtin_cpu_supports("avx2") ? 1 : 0;
-    }
-    return avx2;
-}
 
 /* the even (odd) elements of lo then hi */
-AVX2_FN static inline __m256 even_odd(__m256 lo, __m256 hi, bool odd) {
+NB_AVX2_FMA static inline __m256 even_odd(__m256 lo, __m256 hi, bool odd) {
     __m256 t = odd ? _mm256_shuffle_ps(lo, hi, _MM_SHUFFLE(3, 1, 3, 1))
                    : _mm256_shuffle_ps(lo, hi, _MM_SHUFFLE(2, 0, 2, 0));
     return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(t), _MM_SHUFFLE(3, 1, 2, 0)));
@@ -41,7 +33,7 @@ AVX2_FN static inline __m256 even_odd(__m256 lo, __m256 hi, bool odd) {
 /* The window maxima of 8 windows from their rows' elements (row 0: lo0
  * then hi0, row 1: lo1 then hi1, two per window); q: which of the four
  * (0 top left, 1 top right, 2 bottom left, 3 bottom right). */
-AVX2_FN static inline __m256 select4(__m256 lo0, __m256 hi0, __m256 lo1, __m256 hi1, int32_t *q8) {
+NB_AVX2_FMA static inline __m256 select4(__m256 lo0, __m256 hi0, __m256 lo1, __m256 hi1, int32_t *q8) {
     __m256 cand[3] = {even_odd(lo0, hi0, true), even_odd(lo1, hi1, false), even_odd(lo1, hi1, true)};
     __m256 best = even_odd(lo0, hi0, false);
     __m256i q = _mm256_setzero_si256();
@@ -57,7 +49,7 @@ AVX2_FN static inline __m256 select4(__m256 lo0, __m256 hi0, __m256 lo1, __m256 
     return best;
 }
 
-AVX2_FN static int64_t max_row_avx2(const float *r0, const float *r1, int64_t ow_n, float *out,
+NB_AVX2_FMA static int64_t max_row_avx2(const float *r0, const float *r1, int64_t ow_n, float *out,
                                     int64_t *arg, int64_t base, int64_t W) {
     int64_t ow = 0;
     for (; ow + 8 <= ow_n; ow += 8) {
@@ -70,11 +62,11 @@ AVX2_FN static int64_t max_row_avx2(const float *r0, const float *r1, int64_t ow
     return ow;
 }
 
-AVX2_FN static inline __m256 load_halves(const float *lo, const float *hi) {
+NB_AVX2_FMA static inline __m256 load_halves(const float *lo, const float *hi) {
     return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(lo)), _mm_loadu_ps(hi), 1);
 }
 
-AVX2_FN static int64_t max_pairs_avx2(const float *x, float *out, int64_t *arg, int64_t pairs,
+NB_AVX2_FMA static int64_t max_pairs_avx2(const float *x, float *out, int64_t *arg, int64_t pairs,
                                       int64_t W, int64_t OH) {
     int64_t per = 16 / W, k = 0, OW = W / 2; /* row pairs per 8 outputs */
     for (; k + per <= pairs; k += per) {
@@ -95,36 +87,20 @@ AVX2_FN static int64_t max_pairs_avx2(const float *x, float *out, int64_t *arg, 
 
 static int64_t max_row_vec_f32(const float *r0, const float *r1, int64_t ow_n, float *out,
                                int64_t *arg, int64_t base, int64_t W) {
-    return ow_n >= 8 && has_avx2() ? max_row_avx2(r0, r1, ow_n, out, arg, base, W) : 0;
+    return ow_n >= 8 && nb__cpu_avx2_fma() ? max_row_avx2(r0, r1, ow_n, out, arg, base, W) : 0;
 }
 
 static int64_t max_pairs_vec_f32(const float *x, float *out, int64_t *arg, int64_t pairs,
                                  int64_t W, int64_t OH) {
-    return (W == 8 || W == 4) && has_avx2() ? max_pairs_avx2(x, out, arg, pairs, W, OH) : 0;
+    return (W == 8 || W == 4) && nb__cpu_avx2_fma() ? max_pairs_avx2(x, out, arg, pairs, W, OH) : 0;
 }
 #else
-static int64_t max_row_vec_f32(const float *r0, const float *r1, int64_t ow_n, float *out,
-                               int64_t *arg, int64_t base, int64_t W) {
-    (void)r0, (void)r1, (void)ow_n, (void)out, (void)arg, (void)base, (void)W;
-    return 0;
-}
-static int64_t max_pairs_vec_f32(const float *x, float *out, int64_t *arg, int64_t pairs,
-                                 int64_t W, int64_t OH) {
-    (void)x, (void)out, (void)arg, (void)pairs, (void)W, (void)OH;
-    return 0;
-}
+#define max_row_vec_f32(r0, r1, ow_n, out, arg, base, W) ((int64_t)0)
+#define max_pairs_vec_f32(x, out, arg, pairs, W, OH) ((int64_t)0)
 #endif
-
-static int64_t max_row_vec_f64(const double *r0, const double *r1, int64_t ow_n, double *out,
-                               int64_t *arg, int64_t base, int64_t W) {
-    (void)r0, (void)r1, (void)ow_n, (void)out, (void)arg, (void)base, (void)W;
-    return 0;
-}
-static int64_t max_pairs_vec_f64(const double *x, double *out, int64_t *arg, int64_t pairs,
-                                 int64_t W, int64_t OH) {
-    (void)x, (void)out, (void)arg, (void)pairs, (void)W, (void)OH;
-    return 0;
-}
+/* f64 keeps the scalar loop */
+#define max_row_vec_f64(r0, r1, ow_n, out, arg, base, W) ((int64_t)0)
+#define max_pairs_vec_f64(x, out, arg, pairs, W, OH) ((int64_t)0)
 
 #define DEFINE_POOL(T, S)                                                                     \
     /* 2x2 windows, stride 2, no padding: the same comparisons in the same      \

@@ -9,34 +9,17 @@
 #include <string.h>
 
 #include "nabla/error.h"
+#include "tensor/cpu/simd.h"
 
-#if defined(__x86_64__) && defined(__GNUC__)
-#define HAVE_KERNEL 1
+#define HAVE_KERNEL NB_HAVE_AVX2_FMA_KERNELS
+#if HAVE_KERNEL
 #include <immintrin.h>
-#define AVX2 __attribute__((target("avx2,fma")))
-#else
-#define HAVE_KERNEL 0
 #endif
 
 #define MR 6
 #define NR 16
 
 static atomic_int enabled = -1; /* -1: the environment's, read at the next use */
-
-static bool cpu_has_kernel(void) {
-#if HAVE_KERNEL
-    static atomic_int cached = -1;
-    int v = atomic_load(&cached);
-    if (v < 0) {
-        __builtin_cpu_init();
-        v = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-        atomic_store(&cached, v);
-    }
-    return v;
-#else
-    return false;
-#endif
-}
 
 static int env_enabled(void) {
     const char *s = getenv("NABLA_CAUSAL_GEMM");
@@ -62,7 +45,7 @@ int nb__sgemm_set_enabled(int on) {
     return prev;
 }
 
-bool nb__sgemm_kernel_on(void) { return enabled_now() && cpu_has_kernel(); }
+bool nb__sgemm_kernel_on(void) { return enabled_now() && nb__cpu_avx2_fma(); }
 
 static void full_product(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float *a,
                          int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc) {
@@ -140,7 +123,7 @@ static void pack_b(float *dst, const float *b, int64_t ldb, bool tb, int64_t k, 
  * chain from zero per element, k in order. op(a) is
  * read in place (its 6 elements of a step are broadcast from wherever
  * they are); missing rows of a partial tile read row 0 and are dropped. */
-AVX2 static void tile(int64_t kc, const float *a, int64_t rs, int64_t ks, const float *b,
+NB_AVX2_FMA static void tile(int64_t kc, const float *a, int64_t rs, int64_t ks, const float *b,
                       float *c, int64_t ldc, int rows, int cols) {
     const float *a0 = a, *a1 = rows > 1 ? a + rs : a, *a2 = rows > 2 ? a + 2 * rs : a;
     const float *a3 = rows > 3 ? a + 3 * rs : a, *a4 = rows > 4 ? a + 4 * rs : a;

@@ -12,6 +12,7 @@
 #ifndef NABLA_TENSOR_CPU_SIMD_H
 #define NABLA_TENSOR_CPU_SIMD_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__has_attribute)
@@ -21,6 +22,21 @@
 #endif
 #ifndef NB_CPU_CLONES
 #define NB_CPU_CLONES
+#endif
+
+/* Whether this CPU runs the hand-vectorised AVX2 + FMA kernels (functions
+ * marked NB_AVX2_FMA, called only when this says yes): the causal products
+ * (sgemm.c) and the 2x2 max pool (pool.c). GCC's CPU model is filled in
+ * by a constructor before any kernel runs. */
+#if defined(__x86_64__) && defined(__GNUC__)
+#define NB_HAVE_AVX2_FMA_KERNELS 1
+#define NB_AVX2_FMA __attribute__((target("avx2,fma")))
+static inline bool nb__cpu_avx2_fma(void) {
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+#else
+#define NB_HAVE_AVX2_FMA_KERNELS 0
+static inline bool nb__cpu_avx2_fma(void) { return false; }
 #endif
 
 /* exp(x) for f32 without a libm call, so that loops using it vectorise:
