@@ -44,7 +44,11 @@ OUT=${OUT:-$ROOT/build-gpu-out}  # ignored by git, as every build-*/
 BUILD_DIR=${BUILD_DIR:-build-gpu}
 SANITIZE_BUDGET=${SANITIZE_BUDGET:-240}
 SANITIZE_TIMEOUT=${SANITIZE_TIMEOUT:-150}
+RACECHECK=${RACECHECK:-test_cuda_reduce test_cuda_layers}  # suites whose kernels use shared memory
+STEP_TIMEOUT=${STEP_TIMEOUT:-240}  # seconds any one step may take
+WERROR=${WERROR:-OFF}              # a newer host compiler there may warn where ours does not
 JOBS=${JOBS:-$(nproc)}
+# GPT2_ARGS: extra arguments for gpt2_gpu.py (e.g. "--steps 10")
 mkdir -p "$OUT"
 SUMMARY=$OUT/summary.txt
 T0=$(date +%s)
@@ -56,8 +60,8 @@ run() {
   local name=$1 log=$2; shift 2
   local t rc=0
   t=$(date +%s)
-  "$@" >"$log" 2>&1 || rc=$?
-  note "$name: exit $rc ($(( $(date +%s) - t ))s) -> ${log#$OUT/}"
+  timeout "$STEP_TIMEOUT" "$@" >"$log" 2>&1 || rc=$?
+  note "$name: exit $rc$( [ $rc = 124 ] && echo " (timed out after ${STEP_TIMEOUT}s)") ($(( $(date +%s) - t ))s) -> ${log#$OUT/}"
   return $rc
 }
 
@@ -65,6 +69,10 @@ run() {
 if [ -f .deps/unpack-debs.sh ]; then
   # shellcheck disable=SC1091
   source .deps/unpack-debs.sh >/dev/null
+  # Gloo installs into /usr/lib (not multiarch); the packed pkg-config and
+  # friends are used only where the machine has none of its own.
+  export LD_LIBRARY_PATH=$DEPS_PREFIX/usr/lib:$LD_LIBRARY_PATH
+  export PATH=$PATH:$DEPS_PREFIX/usr/bin
 else
   note "no .deps/unpack-debs.sh: Check and OpenBLAS must be on the machine already (see docs/benchmarks.md)"
 fi
@@ -110,7 +118,11 @@ phase_probe() {
     python3 -c 'import nvidia, os; [print(p, sorted(os.listdir(p))) for p in nvidia.__path__]' 2>&1
     echo "== compute-sanitizer: ${SANITIZER:-not found}"
     echo "== cores: $(nproc), memory: $(free -g | awk '/Mem/{print $2}') GiB"
+    echo "== CPU: $(grep -m1 'model name' /proc/cpuinfo)"
+    echo "   flags: $(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx2|fma|avx512f|avx512_bf16|amx_bf16|amx_tile)$' | tr '\n' ' ')"
+    echo "== compilers: $(gcc --version | head -1); $(g++ --version 2>&1 | head -1); pkg-config $(command -v pkg-config)"
   } >"$d/probe.txt" 2>&1
+  note "probe: CPU $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2) ($(grep -m1 '^flags' /proc/cpuinfo | grep -o 'avx512_bf16\|amx_bf16' | tr '\n' ' '))"
   note "probe: $(nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader 2>/dev/null); nvcc $(nvcc --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\).*/\1/p'); cuDNN in ${CUDNN_PREFIX:-?}; NCCL in ${NCCL_PREFIX:-?}"
 }
 
@@ -121,10 +133,12 @@ phase_build() {
     cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')
     command -v ninja >/dev/null && gen=(-G Ninja)
     run configure "$d/configure.log" cmake -S . -B "$BUILD_DIR" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release \
-      -DNABLA_CUDA=ON -DNABLA_WERROR=ON ${cc:+-DCMAKE_CUDA_ARCHITECTURES=${cc}-real} \
+      -DNABLA_CUDA=ON -DNABLA_WERROR="$WERROR" ${cc:+-DCMAKE_CUDA_ARCHITECTURES=${cc}-real} \
       ${extra:+"-DNABLA_CUDA_EXTRA_ROOT=$extra"} || { tail -30 "$d/configure.log"; return 1; }
   fi
   run build "$d/build.log" cmake --build "$BUILD_DIR" -j"$JOBS" || { grep -B2 -A8 -m5 'error' "$d/build.log"; tail -20 "$d/build.log"; return 1; }
+  note "build: $(grep -c 'warning:' "$d/build.log") compiler warnings (first ones below)"
+  grep -m5 'warning:' "$d/build.log" | tee -a "$SUMMARY"
 }
 
 ensure_built() { [ -x "$BUILD_DIR/bin/bench_cuda" ] || phase_build; }
@@ -132,8 +146,12 @@ ensure_built() { [ -x "$BUILD_DIR/bin/bench_cuda" ] || phase_build; }
 phase_test() {
   local d=$OUT/test; mkdir -p "$d"
   ensure_built || return 1
-  run "ctest -L gpu" "$d/ctest-gpu.log" ctest --test-dir "$BUILD_DIR" -L gpu --output-on-failure --timeout 300
+  run "ctest -L gpu" "$d/ctest-gpu.log" ctest --test-dir "$BUILD_DIR" -L gpu --output-on-failure --timeout 120 -j4
   grep -E "tests passed|Failed|\*\*\*|Not Run|Skipped" "$d/ctest-gpu.log" | tee -a "$SUMMARY"
+  # the CPU's bf16 paths (AVX512_BF16 / AMX where this CPU has them; emulated on ours)
+  run "ctest CPU bf16/oneDNN suites on this CPU" "$d/ctest-cpu-bf16.log" ctest --test-dir "$BUILD_DIR" \
+    -R 'cpu_bf16|dnnl|bf16_programs|test_matmul|attention' -E '_logic$' --output-on-failure --timeout 120 -j8
+  grep -E "tests passed|Failed|\*\*\*|Not Run" "$d/ctest-cpu-bf16.log" | tee -a "$SUMMARY"
 
   local bin=$BUILD_DIR/bin
   run "train_gpt f32 (cuda)" "$d/train_gpt_f32.log" "$bin/train_gpt" --layers 2 --heads 4 --width 128 \
@@ -160,6 +178,15 @@ phase_test() {
       --print-limit 20 "$(realpath "$t")") >"$d/memcheck-$name.log" 2>&1 || rc=$?
     note "memcheck $name: exit $rc$( [ $rc = 124 ] && echo ' (timed out)')$( [ $rc = 99 ] && echo ' (MEMORY ERRORS)') $(grep -m1 'ERROR SUMMARY' "$d/memcheck-$name.log")"
   done
+  for name in $RACECHECK; do
+    t=$BUILD_DIR/tests/$name
+    [ -x "$t" ] || continue
+    if [ $(( $(date +%s) - start )) -gt "$SANITIZE_BUDGET" ]; then note "racecheck $name: not run (SANITIZE_BUDGET ${SANITIZE_BUDGET}s spent)"; continue; fi
+    rc=0
+    (cd "$BUILD_DIR" && timeout "$SANITIZE_TIMEOUT" "$SANITIZER" --tool racecheck --racecheck-report hazard \
+      --error-exitcode 99 --print-limit 20 "$(realpath "$t")") >"$d/racecheck-$name.log" 2>&1 || rc=$?
+    note "racecheck $name: exit $rc$( [ $rc = 124 ] && echo ' (timed out)')$( [ $rc = 99 ] && echo ' (HAZARDS)') $(grep -m1 'RACECHECK SUMMARY\|ERROR SUMMARY' "$d/racecheck-$name.log")"
+  done
 }
 
 phase_bench() {
@@ -169,8 +196,9 @@ phase_bench() {
   run bench_cuda "$d/bench_cuda.json" "$bin/bench_cuda" --json
   run "compare_torch_cuda.py" "$d/compare_torch_cuda.txt" python3 benchmarks/compare_torch_cuda.py \
     --ours "$d/bench_cuda.json" --out "$d/compare_torch_cuda.json"
-  run "bench_gpt2 --bf16" "$d/bench_gpt2_bf16.txt" "$bin/bench_gpt2" --bf16
-  run "gpt2_gpu.py" "$d/gpt2_gpu.txt" python3 benchmarks/gpt2_gpu.py --bin "$bin"
+  # gpt2_gpu.py runs bench_gpt2 --bf16 itself, then PyTorch eager and torch.compile
+  # shellcheck disable=SC2086
+  run "gpt2_gpu.py" "$d/gpt2_gpu.txt" python3 benchmarks/gpt2_gpu.py --bin "$bin" ${GPT2_ARGS:-}
   run "run_scaling.sh (one GPU per rank)" "$d/scaling.txt" env NABLA_BIN="$bin" \
     benchmarks/run_scaling.sh --out "$d" --steps 20
   echo; cat "$d/compare_torch_cuda.txt"; echo; cat "$d/gpt2_gpu.txt"
