@@ -174,8 +174,8 @@ phase_test() {
     name=$(basename "$t")
     if [ $(( $(date +%s) - start )) -gt "$SANITIZE_BUDGET" ]; then note "memcheck $name: not run (SANITIZE_BUDGET ${SANITIZE_BUDGET}s spent)"; continue; fi
     rc=0
-    (cd "$BUILD_DIR" && timeout "$SANITIZE_TIMEOUT" "$SANITIZER" --tool memcheck --error-exitcode 99 \
-      --print-limit 20 "$(realpath "$t")") >"$d/memcheck-$name.log" 2>&1 || rc=$?
+    (exe=$(realpath "$t") && cd "$BUILD_DIR" && timeout "$SANITIZE_TIMEOUT" "$SANITIZER" --tool memcheck --error-exitcode 99 \
+      --print-limit 20 "$exe") >"$d/memcheck-$name.log" 2>&1 || rc=$?
     note "memcheck $name: exit $rc$( [ $rc = 124 ] && echo ' (timed out)')$( [ $rc = 99 ] && echo ' (MEMORY ERRORS)') $(grep -m1 'ERROR SUMMARY' "$d/memcheck-$name.log")"
   done
   for name in $RACECHECK; do
@@ -183,8 +183,8 @@ phase_test() {
     [ -x "$t" ] || continue
     if [ $(( $(date +%s) - start )) -gt "$SANITIZE_BUDGET" ]; then note "racecheck $name: not run (SANITIZE_BUDGET ${SANITIZE_BUDGET}s spent)"; continue; fi
     rc=0
-    (cd "$BUILD_DIR" && timeout "$SANITIZE_TIMEOUT" "$SANITIZER" --tool racecheck --racecheck-report hazard \
-      --error-exitcode 99 --print-limit 20 "$(realpath "$t")") >"$d/racecheck-$name.log" 2>&1 || rc=$?
+    (exe=$(realpath "$t") && cd "$BUILD_DIR" && timeout "$SANITIZE_TIMEOUT" "$SANITIZER" --tool racecheck --racecheck-report hazard \
+      --error-exitcode 99 --print-limit 20 "$exe") >"$d/racecheck-$name.log" 2>&1 || rc=$?
     note "racecheck $name: exit $rc$( [ $rc = 124 ] && echo ' (timed out)')$( [ $rc = 99 ] && echo ' (HAZARDS)') $(grep -m1 'RACECHECK SUMMARY\|ERROR SUMMARY' "$d/racecheck-$name.log")"
   done
 }

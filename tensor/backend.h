@@ -271,6 +271,10 @@ typedef struct nb__backend {
 } nb__backend;
 
 extern const nb__backend nb__cpu_backend;
+/* Tests only: when nonzero, the CPU backend's mem_alloc refuses blocks
+ * larger than this many bytes, as a device with that much memory left
+ * would (Note [Arena growth], tensor/context.c). */
+extern size_t nb__cpu_alloc_cap;
 #if NABLA_HAVE_CUDA
 extern const nb__backend nb__cuda_backend;
 #endif

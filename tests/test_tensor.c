@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "tensor/backend.h"  /* nb__cpu_alloc_cap */
 #include "tensor/internal.h" /* NB__ASAN */
 #include "testutil.h"
 
@@ -28,6 +29,34 @@ START_TEST(test_ctx_reset_and_peak) {
     ck_assert_uint_eq(nb_ctx_reserved(ctx), reserved);
     nb_ctx_reset(ctx);
     ck_assert_uint_eq(nb_ctx_reserved(ctx), reserved);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+/* Note [Arena growth]: a doubled block that cannot be had is halved down to
+ * the request; only a request that cannot be had itself is out of memory. */
+START_TEST(test_ctx_growth_within_what_is_left) {
+    const size_t mib = 1 << 20;
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), mib);
+    nb__cpu_alloc_cap = 3 * mib; /* the "device" has no block over 3 MiB */
+    nb_tensor *a = nb_full(ctx, NB_F32, NB_SHAPE(200 * 1024), 1);  /* 0.8 MiB: first block */
+    nb_tensor *b = nb_full(ctx, NB_F32, NB_SHAPE(384 * 1024), 2);  /* 1.5 MiB: a 2 MiB block */
+    ck_assert_uint_eq(nb_ctx_reserved(ctx), 3 * mib);
+    /* 2.5 MiB: the doubled block (4 MiB) is refused, 2 MiB is too small */
+    nb_tensor *c = nb_full(ctx, NB_F32, NB_SHAPE(640 * 1024), 3);
+    ck_assert_uint_eq(nb_ctx_reserved(ctx), 3 * mib + 640 * 1024 * 4);
+    ck_assert_float_eq(nb_get(a, (int64_t[]){200 * 1024 - 1}), 1);
+    ck_assert_float_eq(nb_get(b, (int64_t[]){0}), 2);
+    ck_assert_float_eq(nb_get(c, (int64_t[]){640 * 1024 - 1}), 3);
+    /* a small request after it: the doubled block (5 MiB) is refused,
+     * halving reaches 2.5 MiB */
+    nb_tensor *d = nb_full(ctx, NB_F32, NB_SHAPE(1024), 4);
+    ck_assert_float_eq(nb_get(d, (int64_t[]){1023}), 4);
+    ck_assert_uint_eq(nb_ctx_reserved(ctx), 3 * mib + 2 * 640 * 1024 * 4);
+    /* a request larger than anything the device has is an error naming it */
+    NBT_EXPECT_ABORT(nb_zeros(ctx, NB_F32, NB_SHAPE(1024 * 1024)),
+                     "nb_ctx: out of memory allocating 4194304 bytes of tensor data");
+    nb__cpu_alloc_cap = 0;
     nb_ctx_free(ctx);
 }
 END_TEST
@@ -539,6 +568,7 @@ int main(void) {
     Suite *s = suite_create("tensor");
     TCase *tc = tcase_create("core");
     tcase_add_test(tc, test_ctx_reset_and_peak);
+    tcase_add_test(tc, test_ctx_growth_within_what_is_left);
     tcase_add_test(tc, test_creation);
     tcase_add_test(tc, test_half_conversions);
     tcase_add_test(tc, test_casts);

@@ -21,8 +21,11 @@ static void copy_bytes(int device, void *dst, const void *src, size_t bytes) {
     (void)device;
     memcpy(dst, src, bytes);
 }
+size_t nb__cpu_alloc_cap = 0;
+
 static void *mem_alloc(int device, size_t bytes) {
     (void)device;
+    if (nb__cpu_alloc_cap && bytes > nb__cpu_alloc_cap) return NULL;
     return aligned_alloc(64, bytes);
 }
 static void mem_free(int device, void *p) {
