@@ -6,7 +6,9 @@
  * outputs and, unless told not to, the gradients of every float input
  * that requires grad, after a backward of sum(out * R) with a random R
  * (the same on both sides). The error is normalised:
- *     max |cuda - ref| / max(max |ref|, 1e-6)
+ *     max |cuda - ref| / max(max |ref|, floor)
+ * with floor 1e-6, or 2^-14 for an f16 result (the smallest normal f16:
+ * below it f16 steps by 2^-24 absolute, so relative figures mean nothing),
  * and must stay under the tolerance of the dtype under test (NBT_TOL_*),
  * or the case's own. A NaN anywhere in the CUDA result where the
  * reference has none fails the check (an element the kernel did not write
