@@ -117,6 +117,9 @@ START_TEST(test_softmax) {
         {3, {7, 33, 5}, false, 3},     {2, {64, 10}, false, 3},  {2, {4, 1500}, false, 3},
         {3, {3, 2000, 2}, false, 3},   {2, {33, 7}, true, 3},    {2, {6, 1}, false, 3},
         {2, {8, 100}, false, 20}, /* large logits */
+        /* rows held in registers (Note [Rows in registers]): 8, 16, 32 per lane */
+        {2, {4, 200}, false, 3},       {2, {3, 300}, false, 3},  {2, {5, 1000}, false, 3},
+        {2, {2, 1024}, false, 3},
     };
     for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++)
         for (int axis = -1; axis < shapes[k].ndim; axis++)
@@ -139,7 +142,8 @@ END_TEST
 /* Rows with special values, as the CPU treats them: all -inf (NaN), a
  * +inf (the whole row NaN: exp(inf - inf)), a NaN (NaN), some -inf among
  * finite values (zeros there), +inf and -inf together, and a plain row.
- * K = 5 (a warp per row), 1500 (a block per row), and the same rows as
+ * K = 5 and 1000 (a warp per row, in registers), 1500 (a block per row),
+ * and the same rows as
  * columns of a (K, 8, 3) tensor (column tiles, softmax over axis 0). */
 #define SPECIAL_ROWS 8
 static double special_value(int r, int64_t j, int64_t k) {
@@ -157,7 +161,7 @@ static double special_value(int r, int64_t j, int64_t k) {
 }
 
 START_TEST(test_softmax_special_values) {
-    static const int64_t ks[] = {5, 1500};
+    static const int64_t ks[] = {5, 1000, 1500};
     for (size_t q = 0; q < sizeof ks / sizeof ks[0]; q++) {
         int64_t k = ks[q];
         double *rows = malloc(sizeof(double) * SPECIAL_ROWS * (size_t)k);
@@ -234,7 +238,7 @@ END_TEST
  * only the rows with finite log-sum-exp counted (a finite loss without
  * smoothing; with it, row 3's -inf logits make the loss +inf on both sides). */
 START_TEST(test_cross_entropy_special_values) {
-    static const int64_t ks[] = {5, 1500};
+    static const int64_t ks[] = {5, 1000, 1500};
     static double tv[SPECIAL_ROWS], tv_ign[SPECIAL_ROWS];
     for (size_t q = 0; q < sizeof ks / sizeof ks[0]; q++) {
         int64_t k = ks[q];
@@ -377,6 +381,11 @@ START_TEST(test_softmax_causal) {
         {{2, 3, 9, 9}, -0.7, 2, {NB_F32, NB_F64}},
         {{2, 1, 3, 1500}, -0.5, 3, {NB_F32, NB_BF16, NB_F64}},
         {{1, 1, 1100, 1100}, 0.3, 1, {NB_F32}},
+        /* rows in registers (Note [Rows in registers]): 8, 16, 32 per lane */
+        {{1, 2, 200, 200}, 0.125, 2, {NB_F32, NB_BF16}},
+        {{1, 1, 300, 500}, 0.125, 2, {NB_F32, NB_F64}},
+        {{1, 1, 1024, 1024}, 0.125, 2, {NB_F32, NB_BF16}},
+        {{1, 1, 1000, 1000}, -0.3, 1, {NB_F64}},
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
         for (int d = 0; d < cases[k].ndt; d++) {
@@ -392,8 +401,9 @@ END_TEST
 
 /* Causal rows with special values among the kept entries (+inf: NaN
  * row; -inf: zero there; NaN: NaN row; all kept -inf: NaN row) and NaN
- * and +inf in the masked entries, which are never read: S = 6 (a warp
- * per row) and S = 1500 (a block per row), both signs of the scale. */
+ * and +inf in the masked entries, which are never read: S = 6 and 700 (a
+ * warp per row, in registers) and S = 1500 (a block per row), both signs
+ * of the scale. */
 static double causal_special(int64_t i, int64_t j, int64_t s) {
     double v = 3 * sin(0.9 * (double)(i * s + j + 1));
     if (j > i) return j % 2 ? NAN : INFINITY; /* masked */
@@ -408,9 +418,9 @@ static double causal_special(int64_t i, int64_t j, int64_t s) {
 }
 
 START_TEST(test_softmax_causal_special_values) {
-    static const int64_t ss[] = {6, 1500};
+    static const int64_t ss[] = {6, 700, 1500};
     static const double scales[] = {0.5, -0.5};
-    for (size_t q = 0; q < 2; q++) {
+    for (size_t q = 0; q < sizeof ss / sizeof ss[0]; q++) {
         int64_t t = 6, s = ss[q];
         double *x = malloc(sizeof(double) * (size_t)(t * s));
         for (int64_t i = 0; i < t; i++)

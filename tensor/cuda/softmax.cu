@@ -4,7 +4,8 @@
  * tensor/cuda/cuda.h).
  *
  * I = 1 (the axis is last): a group of threads per row, a warp (eight rows
- * to a block) when K <= 1024, else a block of 512. Each thread keeps an
+ * to a block) when K <= 1024, the row then held in registers (Note [Rows in
+ * registers], rows.cuh), else a block of 512. Each thread keeps an
  * online (max, sum of exp(x - max)) over its elements; the group merges
  * them in a fixed order, so one pass over x finds both. I > 1: a block of
  * 32 x 8 threads per tile of 32 adjacent columns of one o (coalesced
@@ -79,6 +80,42 @@ static __global__ void softmax_rows_kernel(T *y, const T *x, int64_t rows, int64
     }
 }
 
+// x, y: (O * K) rows of K <= 32 * N (I = 1), a warp per row: the row is
+// held in registers (N per lane), so x is read once (Note [Rows in registers])
+template <class T, int N>
+static __global__ void softmax_rows_reg_kernel(T *y, const T *x, int64_t rows, int k,
+                                               bool take_log) {
+    typedef math_t<T> C;
+    const int lane = threadIdx.x;
+    for (int64_t row = blockIdx.x * (int64_t)blockDim.y + threadIdx.y; row < rows;
+         row += (int64_t)gridDim.x * blockDim.y) {
+        const T *xr = x + row * k;
+        T *yr = y + row * k;
+        C v[N];
+#pragma unroll
+        for (int i = 0; i < N; i++) {
+            int j = lane + 32 * i;
+            v[i] = j < k ? to_math(xr[j]) : (C)-INFINITY;
+        }
+        ms<C> st{(C)-INFINITY, (C)0};
+#pragma unroll
+        for (int i = 0; i < N; i++)
+            if (lane + 32 * i < k) ms_add(st, v[i]);
+        st = ms_done(group_allreduce(st, (ms<C> *)nullptr));
+        if (take_log) {
+            C lse = st.m + m_log(st.s);
+#pragma unroll
+            for (int i = 0; i < N; i++)
+                if (lane + 32 * i < k) yr[lane + 32 * i] = store_as<T>(v[i] - lse);
+        } else {
+            C inv = (C)1 / st.s;
+#pragma unroll
+            for (int i = 0; i < N; i++)
+                if (lane + 32 * i < k) yr[lane + 32 * i] = store_as<T>(m_exp(v[i] - st.m) * inv);
+        }
+    }
+}
+
 // x, y: (O, K, I), I > 1; block (32, 8) per tile of 32 columns of one o
 template <class T>
 static __global__ void softmax_cols_kernel(T *y, const T *x, int64_t outer, int64_t k,
@@ -123,8 +160,13 @@ void nb__cuda_softmax(nb_tensor *y, const nb_tensor *x, int64_t outer, int64_t k
         if (inner == 1) {
             dim3 grid, block;
             row_config(outer, k, &grid, &block);
-            softmax_rows_kernel<T><<<grid, block, 0, s>>>((T *)y->data, (const T *)x->data,
-                                                          outer, k, take_log);
+            bool reg = reg_rows(k, [&](auto n) {
+                softmax_rows_reg_kernel<T, decltype(n)::value><<<grid, block, 0, s>>>(
+                    (T *)y->data, (const T *)x->data, outer, (int)k, take_log);
+            });
+            if (!reg)
+                softmax_rows_kernel<T><<<grid, block, 0, s>>>((T *)y->data, (const T *)x->data,
+                                                              outer, k, take_log);
         } else {
             softmax_cols_kernel<T><<<grid_for(outer * ((inner + 31) / 32), 1), dim3(32, 8), 0, s>>>(
                 (T *)y->data, (const T *)x->data, outer, k, inner, take_log);
@@ -157,6 +199,34 @@ static __global__ void softmax_backward_rows_kernel(T *dx, const T *y, const T *
         r = group_allreduce(r, sm);
         for (int64_t j = threadIdx.x; j < k; j += blockDim.x)
             dr[j] = store_as<T>(bw_out(to_math(gr[j]), to_math(yr[j]), r, take_log));
+    }
+}
+
+// rows of K <= 32 * N, a warp per row, y and g held in registers
+template <class T, int N>
+static __global__ void softmax_backward_rows_reg_kernel(T *dx, const T *y, const T *g,
+                                                        int64_t rows, int k, bool take_log) {
+    typedef math_t<T> C;
+    const int lane = threadIdx.x;
+    for (int64_t row = blockIdx.x * (int64_t)blockDim.y + threadIdx.y; row < rows;
+         row += (int64_t)gridDim.x * blockDim.y) {
+        const T *yr = y + row * k, *gr = g + row * k;
+        T *dr = dx + row * k;
+        C yv[N], gv[N];
+#pragma unroll
+        for (int i = 0; i < N; i++) {
+            int j = lane + 32 * i;
+            yv[i] = j < k ? to_math(yr[j]) : (C)0;
+            gv[i] = j < k ? to_math(gr[j]) : (C)0;
+        }
+        C r = 0;
+#pragma unroll
+        for (int i = 0; i < N; i++)
+            if (lane + 32 * i < k) r += bw_term(gv[i], yv[i], take_log);
+        r = group_allreduce(r, (C *)nullptr);
+#pragma unroll
+        for (int i = 0; i < N; i++)
+            if (lane + 32 * i < k) dr[lane + 32 * i] = store_as<T>(bw_out(gv[i], yv[i], r, take_log));
     }
 }
 
@@ -199,8 +269,14 @@ void nb__cuda_softmax_backward(nb_tensor *dx, const nb_tensor *y, const nb_tenso
         if (inner == 1) {
             dim3 grid, block;
             row_config(outer, k, &grid, &block);
-            softmax_backward_rows_kernel<T><<<grid, block, 0, s>>>(
-                (T *)dx->data, (const T *)y->data, (const T *)g->data, outer, k, take_log);
+            bool reg = reg_rows(k, [&](auto n) {
+                softmax_backward_rows_reg_kernel<T, decltype(n)::value><<<grid, block, 0, s>>>(
+                    (T *)dx->data, (const T *)y->data, (const T *)g->data, outer, (int)k,
+                    take_log);
+            });
+            if (!reg)
+                softmax_backward_rows_kernel<T><<<grid, block, 0, s>>>(
+                    (T *)dx->data, (const T *)y->data, (const T *)g->data, outer, k, take_log);
         } else {
             softmax_backward_cols_kernel<T>
                 <<<grid_for(outer * ((inner + 31) / 32), 1), dim3(32, 8), 0, s>>>(

@@ -6,7 +6,8 @@
  * kept when j <= i, counted from the left whatever T and S are, as on the
  * CPU): y = softmax(scale x[:l]), then zeros; x[j >= l] is never read.
  * One group of threads per row: a warp (eight rows to a block) when
- * S <= 1024, else a block of 512. Each thread keeps an online (max, sum of
+ * S <= 1024, the row then held in registers (Note [Rows in registers],
+ * rows.cuh), else a block of 512. Each thread keeps an online (max, sum of
  * exp(v - max)) of v = scale x over its kept elements, so one pass finds
  * both (a negative scale needs nothing special: the max is taken after
  * scaling); the group merges them in a fixed order. Backward:
@@ -44,6 +45,38 @@ static __global__ void causal_kernel(T *y, const T *x, int64_t rows, int64_t t, 
     }
 }
 
+// the same, rows of S <= 32 * N in registers (Note [Rows in registers])
+template <class T, int N>
+static __global__ void causal_reg_kernel(T *y, const T *x, int64_t rows, int64_t t, int s,
+                                         double scale) {
+    typedef math_t<T> C;
+    const C sc = (C)scale;
+    const int lane = threadIdx.x;
+    for (int64_t row = blockIdx.x * (int64_t)blockDim.y + threadIdx.y; row < rows;
+         row += (int64_t)gridDim.x * blockDim.y) {
+        const T *xr = x + row * s;
+        T *yr = y + row * s;
+        int l = (int)kept(row, t, s);
+        C v[N];
+#pragma unroll
+        for (int i = 0; i < N; i++) {
+            int j = lane + 32 * i;
+            v[i] = j < l ? sc * to_math(xr[j]) : (C)-INFINITY;
+        }
+        ms<C> st{(C)-INFINITY, (C)0};
+#pragma unroll
+        for (int i = 0; i < N; i++)
+            if (lane + 32 * i < l) ms_add(st, v[i]);
+        st = ms_done(group_allreduce(st, (ms<C> *)nullptr));
+        C inv = (C)1 / st.s;
+#pragma unroll
+        for (int i = 0; i < N; i++) {
+            int j = lane + 32 * i;
+            if (j < s) yr[j] = store_as<T>(j < l ? m_exp(v[i] - st.m) * inv : (C)0);
+        }
+    }
+}
+
 void nb__cuda_softmax_causal(nb_tensor *y, const nb_tensor *x, int64_t b, int64_t t, int64_t s,
                              double scale) {
     const char *op = "nb_softmax_causal";
@@ -56,8 +89,13 @@ void nb__cuda_softmax_causal(nb_tensor *y, const nb_tensor *x, int64_t b, int64_
         typedef typename decltype(tg)::type T;
         dim3 grid, block;
         row_config(b * t, s, &grid, &block);
-        causal_kernel<T><<<grid, block, 0, st>>>((T *)y->data, (const T *)x->data, b * t, t, s,
-                                                 scale);
+        bool reg = reg_rows(s, [&](auto n) {
+            causal_reg_kernel<T, decltype(n)::value><<<grid, block, 0, st>>>(
+                (T *)y->data, (const T *)x->data, b * t, t, (int)s, scale);
+        });
+        if (!reg)
+            causal_kernel<T><<<grid, block, 0, st>>>((T *)y->data, (const T *)x->data, b * t, t,
+                                                     s, scale);
         NB_CUDA_CHECK_LAUNCH(op);
     });
 }
@@ -83,6 +121,38 @@ static __global__ void causal_backward_kernel(T *dx, const T *y, const T *g, int
     }
 }
 
+// the same, rows of S <= 32 * N with y and g in registers
+template <class T, int N>
+static __global__ void causal_backward_reg_kernel(T *dx, const T *y, const T *g, int64_t rows,
+                                                  int64_t t, int s, double scale) {
+    typedef math_t<T> C;
+    const C sc = (C)scale;
+    const int lane = threadIdx.x;
+    for (int64_t row = blockIdx.x * (int64_t)blockDim.y + threadIdx.y; row < rows;
+         row += (int64_t)gridDim.x * blockDim.y) {
+        const T *yr = y + row * s, *gr = g + row * s;
+        T *dr = dx + row * s;
+        int l = (int)kept(row, t, s);
+        C yv[N], gv[N];
+#pragma unroll
+        for (int i = 0; i < N; i++) {
+            int j = lane + 32 * i;
+            yv[i] = j < l ? to_math(yr[j]) : (C)0;
+            gv[i] = j < l ? to_math(gr[j]) : (C)0;
+        }
+        C r = 0;
+#pragma unroll
+        for (int i = 0; i < N; i++)
+            if (lane + 32 * i < l) r += gv[i] * yv[i];
+        r = group_allreduce(r, (C *)nullptr);
+#pragma unroll
+        for (int i = 0; i < N; i++) {
+            int j = lane + 32 * i;
+            if (j < s) dr[j] = store_as<T>(j < l ? sc * yv[i] * (gv[i] - r) : (C)0);
+        }
+    }
+}
+
 void nb__cuda_softmax_causal_backward(nb_tensor *dx, const nb_tensor *y, const nb_tensor *g,
                                       int64_t b, int64_t t, int64_t s, double scale) {
     const char *op = "nb_softmax_causal backward";
@@ -95,8 +165,13 @@ void nb__cuda_softmax_causal_backward(nb_tensor *dx, const nb_tensor *y, const n
         typedef typename decltype(tg)::type T;
         dim3 grid, block;
         row_config(b * t, s, &grid, &block);
-        causal_backward_kernel<T><<<grid, block, 0, st>>>(
-            (T *)dx->data, (const T *)y->data, (const T *)g->data, b * t, t, s, scale);
+        bool reg = reg_rows(s, [&](auto n) {
+            causal_backward_reg_kernel<T, decltype(n)::value><<<grid, block, 0, st>>>(
+                (T *)dx->data, (const T *)y->data, (const T *)g->data, b * t, t, (int)s, scale);
+        });
+        if (!reg)
+            causal_backward_kernel<T><<<grid, block, 0, st>>>(
+                (T *)dx->data, (const T *)y->data, (const T *)g->data, b * t, t, s, scale);
         NB_CUDA_CHECK_LAUNCH(op);
     });
 }
