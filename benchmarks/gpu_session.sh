@@ -198,10 +198,15 @@ phase_bench() {
     --ours "$d/bench_cuda.json" --out "$d/compare_torch_cuda.json"
   # gpt2_gpu.py runs bench_gpt2 --bf16 itself, then PyTorch eager and torch.compile
   # shellcheck disable=SC2086
-  run "gpt2_gpu.py" "$d/gpt2_gpu.txt" python3 benchmarks/gpt2_gpu.py --bin "$bin" ${GPT2_ARGS:-}
+  run "gpt2_gpu.py" "$d/gpt2_gpu.txt" python3 benchmarks/gpt2_gpu.py --bin "$bin" ${GPT2_ARGS:-} ||
+    { grep -m1 'out of memory' "$d/gpt2_gpu.txt" | tee -a "$SUMMARY"
+      # shellcheck disable=SC2086
+      run "gpt2_gpu.py --batch 4" "$d/gpt2_gpu_b4.txt" python3 benchmarks/gpt2_gpu.py --bin "$bin" \
+        --batch 4 ${GPT2_ARGS:-}; }
   run "run_scaling.sh (one GPU per rank)" "$d/scaling.txt" env NABLA_BIN="$bin" \
     benchmarks/run_scaling.sh --out "$d" --steps 20
   echo; cat "$d/compare_torch_cuda.txt"; echo; cat "$d/gpt2_gpu.txt"
+  [ -f "$d/gpt2_gpu_b4.txt" ] && cat "$d/gpt2_gpu_b4.txt"
 }
 
 status=0
