@@ -14,8 +14,10 @@
 #   bench  bench_cuda and compare_torch_cuda.py (ours against PyTorch, op by
 #          op), gpt2_gpu.py (GPT-2 small bf16 training steps against PyTorch
 #          eager and torch.compile), run_scaling.sh over the GPUs there are
+#   cpu    compare_torch.py on that machine's CPU, 1 thread, f32 and bf16
+#          rows (its CPU may have AVX512_BF16/AMX, which ours lack)
 #
-#   benchmarks/gpu_session.sh [--phase probe,build,test,bench|all]   (default all)
+#   benchmarks/gpu_session.sh [--phase probe,build,test,bench,cpu|all]   (default all)
 #
 # The device call, from the project's root (Check and OpenBLAS come in .deps,
 # made here by ../shared/device/fetch-debs.sh .deps):
@@ -36,7 +38,7 @@ while [ $# -gt 0 ]; do
     *) echo "gpu_session: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
-[ "$phases" = all ] && phases=probe,build,test,bench
+[ "$phases" = all ] && phases=probe,build,test,bench,cpu
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT" || exit 1
@@ -206,15 +208,26 @@ phase_bench() {
   run "run_scaling.sh (one GPU per rank)" "$d/scaling.txt" env NABLA_BIN="$bin" \
     benchmarks/run_scaling.sh --out "$d" --steps 20
   echo; cat "$d/compare_torch_cuda.txt"; echo; cat "$d/gpt2_gpu.txt"
-  [ -f "$d/gpt2_gpu_b4.txt" ] && cat "$d/gpt2_gpu_b4.txt"
+  if [ -f "$d/gpt2_gpu_b4.txt" ]; then cat "$d/gpt2_gpu_b4.txt"; fi
+}
+
+# The CPU beside the GPU (AVX512_BF16 / AMX where it has them): the CPU
+# comparison with its bf16 rows, one thread each side (compare_torch.py).
+phase_cpu() {
+  local d=$OUT/cpu; mkdir -p "$d"
+  ensure_built || return 1
+  # shellcheck disable=SC2086
+  run "compare_torch.py (CPU, 1 thread, f32 and bf16)" "$d/compare_torch_cpu.txt" \
+    python3 benchmarks/compare_torch.py --bin "$BUILD_DIR/bin" --threads 1 ${CPU_COMPARE_ARGS:---models gpt --bf16-models gpt --steps 10 --repeats 3}
+  tail -25 "$d/compare_torch_cpu.txt"
 }
 
 status=0
 IFS=, read -ra list <<<"$phases"
 for p in "${list[@]}"; do
   case $p in
-    probe|build|test|bench) note "== phase $p"; "phase_$p" || status=1 ;;
-    *) echo "gpu_session: unknown phase $p (probe, build, test, bench, all)" >&2; exit 2 ;;
+    probe|build|test|bench|cpu) note "== phase $p"; "phase_$p" || status=1 ;;
+    *) echo "gpu_session: unknown phase $p (probe, build, test, bench, cpu, all)" >&2; exit 2 ;;
   esac
 done
 echo; echo "== summary ($OUT/summary.txt)"; cat "$SUMMARY"
