@@ -16,6 +16,8 @@
 #          eager and torch.compile), run_scaling.sh over the GPUs there are
 #   cpu    compare_torch.py on that machine's CPU, 1 thread, f32 and bf16
 #          rows (its CPU may have AVX512_BF16/AMX, which ours lack)
+#   sanitize  memcheck and racecheck alone (test runs them at its end)
+#   dnnl   oneDNN's ISA and kernels on that CPU, GPT steps per ISA cap
 #
 #   benchmarks/gpu_session.sh [--phase probe,build,test,bench,cpu|all]   (default all)
 #
@@ -168,27 +170,40 @@ phase_test() {
     --epochs 5 --progress plain
   for f in "$d"/train_*.log; do echo "  $(basename "$f"): $(grep -E 'val loss|test accuracy' "$f" | tail -1)"; done | tee -a "$SUMMARY"
 
-  if [ -z "$SANITIZER" ]; then note "compute-sanitizer not found: memcheck skipped"; return 0; fi
-  local start t name rc
+  phase_sanitize
+}
+
+# memcheck over every GPU suite, then racecheck over $RACECHECK, run side by
+# side (the sanitizers are CPU-bound), within $SANITIZE_BUDGET seconds in all.
+# NCCL's communicator set-up probes kernel images this GPU lacks and handles
+# the errors itself: CUDA API errors are not reported for the suites that
+# use NCCL (our own calls are checked by the code); memory errors are.
+sanitize_one() { # TOOL NAME LOG: one suite under compute-sanitizer
+  local tool=$1 name=$2 log=$3 rc=0 extra=()
+  case $name in test_cuda_nccl|test_cuda_ddp) extra=(--report-api-errors no) ;; esac
+  [ "$tool" = racecheck ] && extra+=(--racecheck-report hazard)
+  (exe=$(realpath "$BUILD_DIR/tests/$name") && cd "$BUILD_DIR" && timeout "$SANITIZE_TIMEOUT" \
+    "$SANITIZER" --tool "$tool" "${extra[@]}" --error-exitcode 99 --print-limit 20 "$exe") >"$log" 2>&1 || rc=$?
+  note "$tool $name: exit $rc$( [ $rc = 124 ] && echo " (timed out after ${SANITIZE_TIMEOUT}s)")$( [ $rc = 99 ] && echo ' (ERRORS)') $(grep -m1 'RACECHECK SUMMARY\|ERROR SUMMARY' "$log")"
+}
+
+phase_sanitize() {
+  local d=$OUT/test; mkdir -p "$d"
+  ensure_built || return 1
+  if [ -z "$SANITIZER" ]; then note "compute-sanitizer not found: sanitizers skipped"; return 0; fi
+  local start t name
   start=$(date +%s)
+  for name in $RACECHECK; do
+    [ -x "$BUILD_DIR/tests/$name" ] && sanitize_one racecheck "$name" "$d/racecheck-$name.log" &
+  done
   for t in "$BUILD_DIR"/tests/test_cuda_*; do
     [ -x "$t" ] || continue
     name=$(basename "$t")
+    case " ${MEMCHECK_ONLY:-$name} " in *" $name "*) ;; *) continue ;; esac
     if [ $(( $(date +%s) - start )) -gt "$SANITIZE_BUDGET" ]; then note "memcheck $name: not run (SANITIZE_BUDGET ${SANITIZE_BUDGET}s spent)"; continue; fi
-    rc=0
-    (exe=$(realpath "$t") && cd "$BUILD_DIR" && timeout "$SANITIZE_TIMEOUT" "$SANITIZER" --tool memcheck --error-exitcode 99 \
-      --print-limit 20 "$exe") >"$d/memcheck-$name.log" 2>&1 || rc=$?
-    note "memcheck $name: exit $rc$( [ $rc = 124 ] && echo ' (timed out)')$( [ $rc = 99 ] && echo ' (MEMORY ERRORS)') $(grep -m1 'ERROR SUMMARY' "$d/memcheck-$name.log")"
+    sanitize_one memcheck "$name" "$d/memcheck-$name.log"
   done
-  for name in $RACECHECK; do
-    t=$BUILD_DIR/tests/$name
-    [ -x "$t" ] || continue
-    if [ $(( $(date +%s) - start )) -gt "$SANITIZE_BUDGET" ]; then note "racecheck $name: not run (SANITIZE_BUDGET ${SANITIZE_BUDGET}s spent)"; continue; fi
-    rc=0
-    (exe=$(realpath "$t") && cd "$BUILD_DIR" && timeout "$SANITIZE_TIMEOUT" "$SANITIZER" --tool racecheck --racecheck-report hazard \
-      --error-exitcode 99 --print-limit 20 "$exe") >"$d/racecheck-$name.log" 2>&1 || rc=$?
-    note "racecheck $name: exit $rc$( [ $rc = 124 ] && echo ' (timed out)')$( [ $rc = 99 ] && echo ' (HAZARDS)') $(grep -m1 'RACECHECK SUMMARY\|ERROR SUMMARY' "$d/racecheck-$name.log")"
-  done
+  wait
 }
 
 phase_bench() {
@@ -222,12 +237,39 @@ phase_cpu() {
   tail -25 "$d/compare_torch_cpu.txt"
 }
 
+# oneDNN on that CPU: which ISA and kernels it picks (ONEDNN_VERBOSE), and
+# the GPT steps on one thread, f32 and bf16, with oneDNN allowed each ISA
+# from AVX-512 up to AMX (interleaved rounds; bench_ddp --no-ddp).
+phase_dnnl() {
+  local d=$OUT/dnnl; mkdir -p "$d"
+  ensure_built || return 1
+  local b=$BUILD_DIR/bin/bench_ddp round isa m dt
+  local th=(OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 NABLA_NUM_THREADS=1)
+  env "${th[@]}" ONEDNN_VERBOSE=1 "$b" --model gpt --device cpu --no-ddp --bf16 --steps 1 >"$d/verbose-bf16.log" 2>&1
+  env "${th[@]}" ONEDNN_VERBOSE=1 "$b" --model gpt --device cpu --no-ddp --steps 1 >"$d/verbose-f32.log" 2>&1
+  for f in "$d"/verbose-*.log; do
+    note "$(basename "$f"): $(grep -m1 -o 'isa:[^,]*' "$f"); primitives run: $(awk -F, '$2 == "exec" {split($7, a, ":"); print $4 "," $5 "," a[1]}' "$f" | sort | uniq -c | sort -rn | head -6 | tr -s ' \n' ' ')"
+  done
+  for round in 1 2; do
+    for isa in ALL AVX512_CORE_AMX AVX512_CORE_BF16 AVX512_CORE; do
+      for m in gpt gpt6; do
+        for dt in f32 bf16; do
+          local r
+          r=$(env "${th[@]}" ONEDNN_MAX_CPU_ISA=$isa timeout 120 "$b" --model $m --device cpu --no-ddp \
+            $( [ $dt = bf16 ] && echo --bf16) --steps "${DNNL_STEPS:-6}" --machine 2>&1 | grep -o 'ms=[0-9.]*' | head -1)
+          note "dnnl round $round isa $isa $m $dt: ${r:-failed}"
+        done
+      done
+    done
+  done
+}
+
 status=0
 IFS=, read -ra list <<<"$phases"
 for p in "${list[@]}"; do
   case $p in
-    probe|build|test|bench|cpu) note "== phase $p"; "phase_$p" || status=1 ;;
-    *) echo "gpu_session: unknown phase $p (probe, build, test, bench, cpu, all)" >&2; exit 2 ;;
+    probe|build|test|sanitize|bench|cpu|dnnl) note "== phase $p"; "phase_$p" || status=1 ;;
+    *) echo "gpu_session: unknown phase $p (probe, build, test, sanitize, bench, cpu, dnnl, all)" >&2; exit 2 ;;
   esac
 done
 echo; echo "== summary ($OUT/summary.txt)"; cat "$SUMMARY"
