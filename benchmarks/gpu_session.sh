@@ -5,18 +5,19 @@
 #   probe  nvidia-smi, nvcc, CMake, PyTorch, compute-sanitizer, and where
 #          cuDNN and NCCL live (/usr/local/cuda, the system, or the Python
 #          environment's nvidia/* packages)
-#   build  Release build with NABLA_CUDA=ON and -Werror in $BUILD_DIR, for the
-#          GPU's own architecture only (faster to compile); NABLA_CUDA_EXTRA_ROOT
-#          points at the Python packages' cuDNN/NCCL when the toolkit has none
-#   test   ctest -L gpu; compute-sanitizer memcheck over every tests/test_cuda_*
-#          binary (within $SANITIZE_BUDGET seconds); short runs of train_gpt and
-#          train_classifier on the GPU, f32 and --bf16
+#   build  Release build with NABLA_CUDA=ON in $BUILD_DIR (-Werror if WERROR=ON),
+#          for the GPU's own architecture only (faster to compile);
+#          NABLA_CUDA_EXTRA_ROOT points at the Python packages' cuDNN/NCCL when
+#          the toolkit has none
+#   test   ctest -L gpu; the CPU's bf16/oneDNN suites on that CPU; short runs of
+#          train_gpt and train_classifier on the GPU, f32 and --bf16; then sanitize
 #   bench  bench_cuda and compare_torch_cuda.py (ours against PyTorch, op by
 #          op), gpt2_gpu.py (GPT-2 small bf16 training steps against PyTorch
 #          eager and torch.compile), run_scaling.sh over the GPUs there are
 #   cpu    compare_torch.py on that machine's CPU, 1 thread, f32 and bf16
 #          rows (its CPU may have AVX512_BF16/AMX, which ours lack)
-#   sanitize  memcheck and racecheck alone (test runs them at its end)
+#   sanitize  compute-sanitizer memcheck over every tests/test_cuda_* binary
+#          (within $SANITIZE_BUDGET seconds) and racecheck over $RACECHECK
 #   dnnl   oneDNN's ISA and kernels on that CPU, GPT steps per ISA cap
 #
 #   benchmarks/gpu_session.sh [--phase probe,build,test,bench,cpu|all]   (default all)
