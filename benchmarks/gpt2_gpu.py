@@ -73,8 +73,18 @@ class GPT(nn.Module):
         self.wte, self.wpe = nn.Embedding(vocab, width), nn.Embedding(block, width)
         self.h = nn.ModuleList(Block(width, heads, sdpa) for _ in range(layers))
         self.ln_f = nn.LayerNorm(width)
-        for p in self.parameters():  # GPT-2's initialisation, for realistic values
-            nn.init.normal_(p, 0.0, 0.02) if p.dim() > 1 else None
+        # nabla's GPT-2 initialisation (models/gpt.c), so that the loss columns
+        # compare: weights N(0, 0.02), the two residual projections N(0, 0.02 /
+        # sqrt(2 layers)), biases 0, layer norms 1 and 0
+        for name, p in self.named_parameters():
+            if ".ln_" in name or name.startswith("ln_f"):
+                continue
+            if name.endswith(".bias"):
+                nn.init.zeros_(p)
+            elif name.endswith(("attn_proj.weight", "mlp_proj.weight")):
+                nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * layers))
+            else:
+                nn.init.normal_(p, 0.0, 0.02)
 
     def forward(self, idx):
         x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
