@@ -45,6 +45,21 @@
  * must not write a tensor after handing it to nb__accum_grad. Leaves keep
  * their own gradient tensor in their context and always add into it.
  *
+ * Note [Wide gradients]
+ * Under a bf16 or f16 compute dtype the products cast their f32 operands
+ * (recorded casts) and return f32; so their backward hands f32 gradients
+ * to those casts' narrow outputs. Rounding such a gradient to bf16 there,
+ * only for the cast's backward to widen it again for the f32 original,
+ * cost two passes and two tensors the size of the operand (for attention
+ * probabilities, (B, H, T, T) each, per layer) and lost precision. Instead,
+ * a contribution in the dtype of the cast's input, wider than its output,
+ * goes straight to that input (nb__accum_grad on it), unrounded; the cast
+ * node then has no gradient of its own unless some other consumer gave it
+ * one in the narrow dtype, which reaches the input through the cast's
+ * backward as before. Order is unchanged: the input's node still runs
+ * after the cast's, whose turn still counts down a leaf's pending uses
+ * (the gradient-ready hooks fire then).
+ *
  * Note [Gradients added in place]
  * A leaf's gradient, once it exists, is only ever added into, so a kernel
  * that can accumulate (a CPU GEMM with beta = 1) may write its contribution
@@ -129,8 +144,23 @@ static void add_half(nb_ctx *ctx, nb_tensor *dst, nb_tensor *a, nb_tensor *g) {
     nb__run_copy(dst, sum);
 }
 
+/* Note [Wide gradients]: t is a cast's output, narrower than its input,
+ * and g comes in the input's dtype: the input to hand g to, else NULL. */
+static nb_tensor *wide_target(const nb_tensor *t, const nb_tensor *g) {
+    const nb_node *n = t->node;
+    if (!n || n->backward != nb__cast_backward || g->dtype == t->dtype) return NULL;
+    nb_tensor *x = n->in[0];
+    if (x->dtype != g->dtype || nb_dtype_size(x->dtype) <= nb_dtype_size(t->dtype)) return NULL;
+    return x;
+}
+
 void nb__accum_grad(nb_ctx *ctx, nb_tensor *t, nb_tensor *g) {
     if (!t->requires_grad) return;
+    nb_tensor *wide = wide_target(t, g);
+    if (wide) {
+        nb__accum_grad(ctx, wide, nb__sum_to(ctx, g, t->ndim, t->shape));
+        return;
+    }
     if (storage_half(g) && !nb_same_shape(g, t)) g = as_f32(ctx, g); /* summed in f32 */
     g = nb__sum_to(ctx, g, t->ndim, t->shape);
     if (storage_half(t) && t->grad) { /* a second contribution */

@@ -67,8 +67,9 @@
  * parameters, their gradients and the optimizer's state (the master
  * weights), activations between products, the reductions of the backward.
  * The backward's products run in the same context and so in the same
- * precision; a cast's backward rounds the product's operand gradient to
- * bf16 before converting it back to the f32 master, as on CUDA.
+ * precision (the incoming gradient cast once for both); their f32 results
+ * go to the f32 tensors that were cast without a round trip through bf16
+ * (Note [Wide gradients] in autograd/backward.c).
  * On the CPU bf16 is otherwise a storage type (no half_compute), so a bf16
  * tensor reaches only: casts; the products, and only in a context whose
  * compute dtype is bf16 (nb__check_product_float in tensor/tensor.c; any

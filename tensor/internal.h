@@ -121,6 +121,8 @@ nb_node *nb__record(nb_ctx *ctx, const char *op, nb_backward_fn backward, nb_ten
 /* Adds g into t's gradient for this backward pass; g may have broadcast
  * dims that t lacks (they are summed away). Ignores t without requires_grad. */
 void nb__accum_grad(nb_ctx *ctx, nb_tensor *t, nb_tensor *g);
+/* nb_cast's backward (tensor/view.c): a node with it is a cast. */
+void nb__cast_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g);
 /* The gradient of non-leaf t as a contiguous tensor of its own that the
  * caller may add into in place (zeros when t had none yet); for backward
  * functions that scatter a gradient into a part of t's (narrowing views). */

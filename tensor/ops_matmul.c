@@ -158,6 +158,10 @@ static void matmul_add(nb_ctx *ctx, nb_tensor *out, nb_tensor *x, nb_tensor *y, 
 static void matmul_backward(nb_ctx *ctx, nb_node *node, nb_tensor *g) {
     nb_tensor *a = node->in[0], *b = node->in[1];
     bool ta = node->i[0] != 0, tb = node->i[1] != 0;
+    /* under a compute dtype both products would cast g: cast it once */
+    nb_dtype cd = nb_ctx_compute_dtype(ctx);
+    if (cd != NB_F32 && g->dtype == NB_F32 && a->requires_grad && b->requires_grad)
+        g = nb_cast(ctx, g, cd);
     if (a->requires_grad) {
         nb_tensor *ga = ta ? nb_matmul_t(ctx, b, g, tb, true) : nb_matmul_t(ctx, g, b, false, !tb);
         nb__accum_grad(ctx, a, ga);

@@ -61,12 +61,16 @@ nb_tensor *nb_to(nb_ctx *ctx, nb_tensor *x) {
     return out;
 }
 
+/* A cast's own backward (the same as a copy's), so that nb__accum_grad can
+ * tell a cast's output: Note [Wide gradients] in autograd/backward.c. */
+void nb__cast_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) { nb__accum_grad(ctx, n->in[0], g); }
+
 nb_tensor *nb_cast(nb_ctx *ctx, nb_tensor *x, nb_dtype dtype) {
     nb__check_ctx("nb_cast", ctx, x);
     nb_tensor *out = nb__empty(ctx, dtype, x->ndim, x->shape);
     nb__run_copy(out, x);
     if (nb_dtype_is_float(dtype) && nb_dtype_is_float(x->dtype))
-        nb__record(ctx, "nb_cast", copy_backward, out, 1, &x);
+        nb__record(ctx, "nb_cast", nb__cast_backward, out, 1, &x);
     return out;
 }
 
