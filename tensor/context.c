@@ -189,8 +189,11 @@ static void *arena_alloc(arena *a, size_t bytes, const char *what) {
             nb = block_new(size, a);
         }
         NB_CHECK(nb, "nb_ctx: out of memory allocating %zu bytes of %s (context holds %zu bytes "
-                 "in %d blocks)%s%s", bytes, what, a->reserved, a->n_blocks,
-                 host_memory(a) ? "" : ": ", host_memory(a) ? "" : nb_last_error());
+                 "in %d blocks)%s%s. A context keeps everything made in it until nb_ctx_reset: "
+                 "a training step needs less with smaller micro-batches and gradient "
+                 "accumulation (train_gpt --batch-size N --grad-accum K)",
+                 bytes, what, a->reserved, a->n_blocks, host_memory(a) ? "" : ": ",
+                 host_memory(a) ? "" : nb_last_error());
         b->next = nb;
         a->cur = b = nb;
         a->reserved += nb->size;

@@ -56,6 +56,8 @@ START_TEST(test_ctx_growth_within_what_is_left) {
     /* a request larger than anything the device has is an error naming it */
     NBT_EXPECT_ABORT(nb_zeros(ctx, NB_F32, NB_SHAPE(1024 * 1024)),
                      "nb_ctx: out of memory allocating 4194304 bytes of tensor data");
+    NBT_EXPECT_ABORT(nb_zeros(ctx, NB_F32, NB_SHAPE(1024 * 1024)),
+                     "gradient accumulation (train_gpt --batch-size N --grad-accum K)");
     nb__cpu_alloc_cap = 0;
     nb_ctx_free(ctx);
 }
