@@ -214,6 +214,13 @@ nb_tensor *nb__sum_to(nb_ctx *ctx, nb_tensor *g, int ndim, const int64_t *shape)
         for (int d = 0; d < ndim; d++) same &= g->shape[d] == shape[d];
         if (same) return g;
     }
+    if (g->ndim > ndim) { /* leading dims of size 1 and the rest the target's: a view */
+        int lead = g->ndim - ndim;
+        bool ones = true;
+        for (int d = 0; d < g->ndim; d++)
+            ones &= d < lead ? g->shape[d] == 1 : g->shape[d] == shape[d - lead];
+        if (ones) return nb__view(ctx, g, ndim, shape, g->strides + lead, g->data);
+    }
     if (g->ndim < ndim) { /* g lacks leading size-1 dims of the target */
         int64_t gs[NB_MAX_DIMS], gst[NB_MAX_DIMS];
         int pad = ndim - g->ndim;

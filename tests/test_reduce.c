@@ -3,6 +3,7 @@
  * NaN, no gradient) and nb_count_correct. */
 #include <math.h>
 
+#include "tensor/internal.h" /* nb__sum_to */
 #include "testutil.h"
 
 /* naive reference over a (2, 3, 4) tensor reducing the axes in mask */
@@ -87,6 +88,28 @@ static nb_tensor *reduce_fn(nb_ctx *ctx, nb_tensor *const *in, void *u) {
     nb_tensor *x = strided ? nb_permute(ctx, in[0], (int[]){2, 1, 0}) : in[0];
     return reduce(ctx, g_kind, x, axis_counts[g_set], axis_sets[g_set], g_set % 2 == 0);
 }
+
+/* The gradient of a broadcast input: summed over the broadcast dims; a
+ * gradient that only has extra leading dims of size 1 is viewed, not
+ * copied (a batch-of-one product's weight gradient). */
+START_TEST(test_sum_to) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *g = nb_arange(ctx, NB_F32, 0, 24, 1);
+    nb_tensor *g3 = nb_reshape(ctx, g, NB_SHAPE(1, 4, 6));
+    nb_tensor *v = nb__sum_to(ctx, g3, 2, (int64_t[]){4, 6});
+    ck_assert_int_eq(v->ndim, 2);
+    ck_assert(v->shape[0] == 4 && v->shape[1] == 6);
+    ck_assert_ptr_eq(v->data, g->data);
+    ck_assert_float_eq(nb_get(v, (int64_t[]){3, 5}), 23);
+    /* broadcast dims are summed: (2, 4, 6) -> (4, 6), (4, 6) -> (1, 6) */
+    nb_tensor *g2 = nb_reshape(ctx, nb_arange(ctx, NB_F32, 0, 48, 1), NB_SHAPE(2, 4, 6));
+    nb_tensor *s = nb__sum_to(ctx, g2, 2, (int64_t[]){4, 6});
+    ck_assert_float_eq(nb_get(s, (int64_t[]){1, 2}), 8 + 32);
+    nb_tensor *r = nb__sum_to(ctx, nb_reshape(ctx, g, NB_SHAPE(4, 6)), 2, (int64_t[]){1, 6});
+    ck_assert_float_eq(nb_get(r, (int64_t[]){0, 1}), 1 + 7 + 13 + 19);
+    nb_ctx_free(ctx);
+}
+END_TEST
 
 START_TEST(test_gradcheck) {
     nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
@@ -250,6 +273,7 @@ int main(void) {
     TCase *tc = tcase_create("core");
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_values);
+    tcase_add_test(tc, test_sum_to);
     tcase_add_test(tc, test_gradcheck);
     tcase_add_test(tc, test_max_ties_gradient_to_first);
     tcase_add_test(tc, test_argmax);
