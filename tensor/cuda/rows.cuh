@@ -96,14 +96,38 @@ static void row_config(int64_t rows, int64_t k, dim3 *grid, dim3 *block) {
 /* Note [Rows in registers]
  * A row of up to 1024 elements is one warp's: 32 lanes x N values, N the
  * power of two that covers it. The loads are unrolled (N in flight per
- * lane) and the second pass (the output, or dx) reads the registers
- * instead of global memory again. Same per-element arithmetic and the
- * same merge order as the loop kernels, so the results are the same bits.
+ * lane) and the later passes (the output, or dx) read the registers
+ * instead of global memory again. With the row at hand, softmax takes the
+ * plain two passes, max (row_max: exact, so every lane's is the same) then
+ * the sum of exp(v - max) (one exp per element, no branch), instead of the
+ * loop kernels' online merge (an exp and a branch per element, and one
+ * per merge); the special values come out as the CPU's (+inf or NaN in a
+ * row: NaN row; a row all -inf: NaN; -inf entries: 0), the last bits of
+ * ordinary rows may differ from the loop kernels'.
  * On the H100 the loop kernel ran softmax (98304, 1024) f32 at 49% of
- * our copy bandwidth, reading x twice. Used by softmax.cu (the last axis)
+ * our copy bandwidth, reading x twice; the register kernel with the
+ * online merge at 74%, and at the same element rate in bf16 (40% of bf16's
+ * copy): bound by the per-element merge, which the two passes remove (not
+ * yet measured on a GPU). Used by softmax.cu (the last axis)
  * and softmax_causal.cu; rows longer than 1024 keep the loop kernels.
  * reg_rows(k, f) calls f(std::integral_constant<int, N>) with the N that
  * covers k and returns true, or returns false when k > 1024. */
+/* The largest of the first k of a warp's row v[N] (lane + 32 i), the same
+ * in every lane (exact); NaNs are left out (they reach the sum) and a row
+ * with nothing else gives -inf. */
+template <class C, int N> static __device__ __forceinline__ C row_max(const C (&v)[N], int lane, int k) {
+    C m = (C)-INFINITY;
+#pragma unroll
+    for (int i = 0; i < N; i++)
+        if (lane + 32 * i < k && v[i] > m) m = v[i];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        C u = __shfl_xor_sync(FULL_MASK, m, o);
+        m = u > m ? u : m;
+    }
+    return m;
+}
+
 template <int N, class F> static void by_lanes(F f) { f(std::integral_constant<int, N>{}); }
 template <class F> static bool reg_rows(int64_t k, F f) {
     if (k <= 32) by_lanes<1>(f);

@@ -97,21 +97,26 @@ static __global__ void softmax_rows_reg_kernel(T *y, const T *x, int64_t rows, i
             int j = lane + 32 * i;
             v[i] = j < k ? to_math(xr[j]) : (C)-INFINITY;
         }
-        ms<C> st{(C)-INFINITY, (C)0};
+        C m = row_max(v, lane, k);
+        C sum = 0;
 #pragma unroll
         for (int i = 0; i < N; i++)
-            if (lane + 32 * i < k) ms_add(st, v[i]);
-        st = ms_done(group_allreduce(st, (ms<C> *)nullptr));
+            if (lane + 32 * i < k) {
+                C e = m_exp(v[i] - m);
+                sum += e;
+                if (!take_log) v[i] = e;
+            }
+        sum = group_allreduce(sum, (C *)nullptr);
         if (take_log) {
-            C lse = st.m + m_log(st.s);
+            C lse = m + m_log(sum);
 #pragma unroll
             for (int i = 0; i < N; i++)
                 if (lane + 32 * i < k) yr[lane + 32 * i] = store_as<T>(v[i] - lse);
         } else {
-            C inv = (C)1 / st.s;
+            C inv = (C)1 / sum;
 #pragma unroll
             for (int i = 0; i < N; i++)
-                if (lane + 32 * i < k) yr[lane + 32 * i] = store_as<T>(m_exp(v[i] - st.m) * inv);
+                if (lane + 32 * i < k) yr[lane + 32 * i] = store_as<T>(v[i] * inv);
         }
     }
 }

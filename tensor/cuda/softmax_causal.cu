@@ -63,16 +63,19 @@ static __global__ void causal_reg_kernel(T *y, const T *x, int64_t rows, int64_t
             int j = lane + 32 * i;
             v[i] = j < l ? sc * to_math(xr[j]) : (C)-INFINITY;
         }
-        ms<C> st{(C)-INFINITY, (C)0};
+        C m = row_max(v, lane, l);
+        C sum = 0;
 #pragma unroll
         for (int i = 0; i < N; i++)
-            if (lane + 32 * i < l) ms_add(st, v[i]);
-        st = ms_done(group_allreduce(st, (ms<C> *)nullptr));
-        C inv = (C)1 / st.s;
+            if (lane + 32 * i < l) {
+                v[i] = m_exp(v[i] - m);
+                sum += v[i];
+            }
+        C inv = (C)1 / group_allreduce(sum, (C *)nullptr);
 #pragma unroll
         for (int i = 0; i < N; i++) {
             int j = lane + 32 * i;
-            if (j < s) yr[j] = store_as<T>(j < l ? m_exp(v[i] - st.m) * inv : (C)0);
+            if (j < s) yr[j] = store_as<T>(j < l ? v[i] * inv : (C)0);
         }
     }
 }

@@ -28,6 +28,10 @@ int main() {
         cs(dt, 3, 9, 9, 0.125, 1, true);
         cs(dt, 1, 2, 1500, 0.3, 0);
         cs(dt, 1, 40, 33, 2.0, 0);
+        /* rows in registers: 8, 16, 32 per lane, with -inf entries too */
+        cs(dt, 1, 4, 200, 0.125, 1);
+        cs(dt, 1, 3, 700, -0.5, 0, true);
+        cs(dt, 1, 2, 1024, 0.3, 1);
     }
     return done("causal");
 }

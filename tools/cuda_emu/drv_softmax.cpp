@@ -18,6 +18,27 @@ static void softmax_case(nb_dtype dt, int64_t o, int64_t k, int64_t in, bool lg,
     nb__cpu_softmax_backward(dx64, as(yy, NB_F64), as(g, NB_F64), o, k, in, lg);
     cmpt(nm + " bwd", dx, dx64, tol_of(dt) * 4);
 }
+/* Rows with special values, forward against the CPU in f64: all -inf
+ * (NaN), a +inf (NaN row), a NaN (NaN row), -inf among finite values (0
+ * there), a plain row. */
+static void softmax_special(nb_dtype dt, int64_t k, bool lg) {
+    std::string nm = fmt("softmax%s %s special rows K=%lld", lg ? " log" : "", dtn(dt), (long long)k);
+    const int64_t o = 5;
+    nb_tensor *x = mk(dt, {o, k, 1}), *y = mk(dt, {o, k, 1});
+    fill(x, -8, 8);
+    auto v = get(x);
+    for (int64_t j = 0; j < k; j++) v[j] = -INFINITY;
+    v[1 * k + k / 2] = INFINITY;
+    v[2 * k + k - 1] = NAN;
+    v[3 * k + 0] = -INFINITY;
+    v[3 * k + k / 3] = -INFINITY;
+    put(x, v);
+    nb_tensor *y64 = mk(NB_F64, {o, k, 1});
+    nb__cuda_softmax(y, x, o, k, 1, lg);
+    nb__cpu_softmax(y64, as(x, NB_F64), o, k, 1, lg);
+    cmpt(nm, y, y64, tol_of(dt));
+}
+
 static void ce_case(nb_dtype dt, nb_dtype tdt, int64_t n, int64_t c, int64_t ignore, double eps, int tstride, bool bad = false) {
     std::string nm = fmt("ce %s t%s (%lld,%lld) ign %lld eps %g ts %d%s", dtn(dt), dtn(tdt), (long long)n, (long long)c, (long long)ignore, eps, tstride, bad ? " bad" : "");
     nb_tensor *x = mk(dt, {n, c});
@@ -63,8 +84,12 @@ int main(int argc, char **argv) {
         for (nb_dtype dt : ALL_DT)
             for (bool lg : {false, true}) {
                 struct { int64_t o, k, in; int off; } cs[] = {{3, 1, 1, 0}, {9, 7, 1, 1}, {5, 33, 1, 1}, {1, 1025, 1, 1},
-                                                          {1, 5000, 1, 0}, {3, 5, 7, 0}, {1, 300, 33, 1}, {4, 1, 40, 0}};
+                                                          {1, 5000, 1, 0}, {3, 5, 7, 0}, {1, 300, 33, 1}, {4, 1, 40, 0},
+                                                          /* rows in registers: 4, 8, 16, 32 per lane */
+                                                          {2, 100, 1, 0}, {2, 200, 1, 1}, {1, 300, 1, 0},
+                                                          {2, 1000, 1, 1}, {1, 1024, 1, 0}};
                 for (auto &c : cs) softmax_case(dt, c.o, c.k, c.in, lg, c.off);
+                for (int64_t k : {5, 700, 1500}) softmax_special(dt, k, lg);
             }
     if (part < 0 || part == 1)
         for (nb_dtype dt : ALL_DT)
