@@ -112,6 +112,17 @@ static void row_config(int64_t rows, int64_t k, dim3 *grid, dim3 *block) {
  * and softmax_causal.cu; rows longer than 1024 keep the loop kernels.
  * reg_rows(k, f) calls f(std::integral_constant<int, N>) with the N that
  * covers k and returns true, or returns false when k > 1024. */
+/* v[i] = src[lane + 32 i] (in the math type) for the first n entries of a
+ * warp's row, `fill` past them: the loads of Note [Rows in registers]. */
+template <class T, class C, int N>
+static __device__ __forceinline__ void load_row(C (&v)[N], const T *src, int lane, int n, C fill) {
+#pragma unroll
+    for (int i = 0; i < N; i++) {
+        int j = lane + 32 * i;
+        v[i] = j < n ? to_math(src[j]) : fill;
+    }
+}
+
 /* The largest of the first k of a warp's row v[N] (lane + 32 i), the same
  * in every lane (exact); NaNs are left out (they reach the sum) and a row
  * with nothing else gives -inf. */

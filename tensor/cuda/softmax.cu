@@ -92,11 +92,7 @@ static __global__ void softmax_rows_reg_kernel(T *y, const T *x, int64_t rows, i
         const T *xr = x + row * k;
         T *yr = y + row * k;
         C v[N];
-#pragma unroll
-        for (int i = 0; i < N; i++) {
-            int j = lane + 32 * i;
-            v[i] = j < k ? to_math(xr[j]) : (C)-INFINITY;
-        }
+        load_row(v, xr, lane, k, (C)-INFINITY);
         C m = row_max(v, lane, k);
         C sum = 0;
 #pragma unroll
@@ -218,12 +214,8 @@ static __global__ void softmax_backward_rows_reg_kernel(T *dx, const T *y, const
         const T *yr = y + row * k, *gr = g + row * k;
         T *dr = dx + row * k;
         C yv[N], gv[N];
-#pragma unroll
-        for (int i = 0; i < N; i++) {
-            int j = lane + 32 * i;
-            yv[i] = j < k ? to_math(yr[j]) : (C)0;
-            gv[i] = j < k ? to_math(gr[j]) : (C)0;
-        }
+        load_row(yv, yr, lane, k, (C)0);
+        load_row(gv, gr, lane, k, (C)0);
         C r = 0;
 #pragma unroll
         for (int i = 0; i < N; i++)

@@ -58,11 +58,10 @@ static __global__ void causal_reg_kernel(T *y, const T *x, int64_t rows, int64_t
         T *yr = y + row * s;
         int l = (int)kept(row, t, s);
         C v[N];
+        load_row(v, xr, lane, l, (C)-INFINITY);
 #pragma unroll
-        for (int i = 0; i < N; i++) {
-            int j = lane + 32 * i;
-            v[i] = j < l ? sc * to_math(xr[j]) : (C)-INFINITY;
-        }
+        for (int i = 0; i < N; i++)
+            if (lane + 32 * i < l) v[i] *= sc;
         C m = row_max(v, lane, l);
         C sum = 0;
 #pragma unroll
@@ -137,12 +136,8 @@ static __global__ void causal_backward_reg_kernel(T *dx, const T *y, const T *g,
         T *dr = dx + row * s;
         int l = (int)kept(row, t, s);
         C yv[N], gv[N];
-#pragma unroll
-        for (int i = 0; i < N; i++) {
-            int j = lane + 32 * i;
-            yv[i] = j < l ? to_math(yr[j]) : (C)0;
-            gv[i] = j < l ? to_math(gr[j]) : (C)0;
-        }
+        load_row(yv, yr, lane, l, (C)0);
+        load_row(gv, gr, lane, l, (C)0);
         C r = 0;
 #pragma unroll
         for (int i = 0; i < N; i++)
