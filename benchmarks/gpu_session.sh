@@ -37,7 +37,7 @@ while [ $# -gt 0 ]; do
   case $1 in
     --phase) phases=${2:?--phase needs a value}; shift 2 ;;
     --phase=*) phases=${1#--phase=}; shift ;;
-    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,/^set -uo/{/^set -uo/!p}' "$0"; exit 0 ;;
     *) echo "gpu_session: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
