@@ -22,8 +22,8 @@
 #
 #   benchmarks/gpu_session.sh [--phase probe,build,test,bench,cpu|all]   (default all)
 #
-# The device call, from the project's root (Check and OpenBLAS come in .deps,
-# made here by ../shared/device/fetch-debs.sh .deps):
+# The device call, from the project's root (Check, OpenBLAS, oneDNN and Gloo come in .deps,
+# made here by ../shared/device/fetch-debs.sh .deps with EXTRA_DEBS as in docs/benchmarks.md):
 #   carry [".deps"], command: benchmarks/gpu_session.sh --phase build,test
 #   then:                     benchmarks/gpu_session.sh --phase bench
 # test and bench build first when $BUILD_DIR has no build (a machine left idle
