@@ -194,9 +194,11 @@ static void mm_check(int ci, nb_dtype dt, int variant, nb__dnnl_mode mode) {
     ran = nb__dnnl_executions() - ran;
     nb__dnnl_set_mode(prev);
     /* the forced mode goes through oneDNN (one primitive), the off mode never;
-     * without oneDNN bf16 kernels, bf16 takes the f32 fallback (values checked below) */
-    if (dt == NB_F32 || nb__dnnl_bf16_kernels() || mode == NB_DNNL_OFF)
-        ck_assert_msg(ran == (mode == NB_DNNL_OFF ? 0 : 1),
+     * without oneDNN bf16 kernels, bf16 takes the f32 fallback (values checked below);
+     * by the rule, bf16 goes to oneDNN only on native bf16, else to the fallback */
+    bool bf16_dnnl = mode == NB_DNNL_AUTO ? nb__dnnl_native_bf16() : nb__dnnl_bf16_kernels();
+    if (mode == NB_DNNL_AUTO ? dt == NB_BF16 : dt == NB_F32 || bf16_dnnl || mode == NB_DNNL_OFF)
+        ck_assert_msg(ran == (mode == NB_DNNL_OFF || (dt == NB_BF16 && !bf16_dnnl) ? 0 : 1),
                       "matmul case %d %s variant %d mode %d: %lld oneDNN executions", ci,
                       nb_dtype_name(dt), variant, (int)mode, (long long)ran);
 
@@ -235,8 +237,11 @@ START_TEST(test_matmul_bf16_fallback) {
 }
 END_TEST
 
-/* The default rule gives bf16 products to oneDNN (where it has bf16 kernels). */
-START_TEST(test_matmul_bf16_auto_uses_dnnl) { mm_check(5, NB_BF16, V_BIAS, NB_DNNL_AUTO); }
+/* The default rule gives bf16 products to oneDNN where the CPU has native
+ * bf16 (AVX512_BF16 or AMX), and to the f32 fallback elsewhere, also on
+ * AVX-512 without BF16, where oneDNN would emulate bf16 (Note [oneDNN
+ * dispatch]; test_dnnl_avx512 holds oneDNN to that ISA). */
+START_TEST(test_matmul_bf16_auto) { mm_check(5, NB_BF16, V_BIAS, NB_DNNL_AUTO); }
 END_TEST
 
 START_TEST(test_matmul_bf16_needs_f32_out) {
@@ -568,9 +573,10 @@ static void conv_check(int ci, nb_dtype dt, bool with_bias, nb__dnnl_mode mode) 
                             w->data, scratch);
     ran = nb__dnnl_executions() - ran;
     nb__dnnl_set_mode(prev);
-    /* forward, backward data, backward weights */
-    if (dt == NB_F32 || nb__dnnl_bf16_kernels() || mode == NB_DNNL_OFF)
-        ck_assert_msg(ran == (mode == NB_DNNL_OFF ? 0 : 3),
+    /* forward, backward data, backward weights (bf16 by the rule: on native bf16 only) */
+    bool bf16_dnnl = mode == NB_DNNL_AUTO ? nb__dnnl_native_bf16() : nb__dnnl_bf16_kernels();
+    if (mode == NB_DNNL_AUTO ? dt == NB_BF16 : dt == NB_F32 || bf16_dnnl || mode == NB_DNNL_OFF)
+        ck_assert_msg(ran == (mode == NB_DNNL_OFF || (dt == NB_BF16 && !bf16_dnnl) ? 0 : 3),
                   "conv case %d %s bias %d mode %d: %lld oneDNN executions", ci, nb_dtype_name(dt),
                   with_bias, (int)mode, (long long)ran);
 
@@ -620,6 +626,10 @@ END_TEST
 START_TEST(test_conv_bf16_fallback) { conv_check(_i, NB_BF16, true, NB_DNNL_OFF); }
 END_TEST
 
+/* the default rule for bf16 convolutions: as test_matmul_bf16_auto */
+START_TEST(test_conv_bf16_auto) { conv_check(_i, NB_BF16, true, NB_DNNL_AUTO); }
+END_TEST
+
 static Suite *dnnl_suite(void) {
     Suite *s = suite_create("dnnl");
     TCase *tc = tcase_create("core");
@@ -630,7 +640,7 @@ static Suite *dnnl_suite(void) {
     tcase_add_loop_test(tc, test_matmul_f32_openblas, 0, nmm);
     tcase_add_loop_test(tc, test_matmul_bf16_dnnl, 0, nmm);
     tcase_add_loop_test(tc, test_matmul_bf16_fallback, 0, nmm);
-    tcase_add_test(tc, test_matmul_bf16_auto_uses_dnnl);
+    tcase_add_test(tc, test_matmul_bf16_auto);
     tcase_add_test(tc, test_matmul_bf16_needs_f32_out);
     tcase_add_test(tc, test_matmul_expanded_operands);
     tcase_add_test(tc, test_cache_reuses_primitives);
@@ -642,6 +652,7 @@ static Suite *dnnl_suite(void) {
     tcase_add_loop_test(tc, test_conv_f32_im2col, 0, ncv);
     tcase_add_loop_test(tc, test_conv_bf16_dnnl, 0, ncv);
     tcase_add_loop_test(tc, test_conv_bf16_fallback, 0, ncv);
+    tcase_add_loop_test(tc, test_conv_bf16_auto, 0, ncv);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -26,17 +26,26 @@
  * Note [oneDNN dispatch]
  * ~~~~~~~~~~~~~~~~~~~~~~
  * The rule (rule_matmul, rule_conv below; NABLA_DNNL=1, the default):
- *  - bf16 operands: oneDNN always (OpenBLAS has no bf16 GEMM); where
- *    oneDNN has no bf16 kernel (a CPU without AVX-512) the key is cached
- *    as unsupported and the product goes through the f32 fallback of
- *    matmul.c / conv.c (exact bf16 -> f32 conversion + OpenBLAS);
+ *  - bf16 operands: oneDNN where the CPU computes bf16 natively
+ *    (AVX512_BF16 or AMX, as oneDNN sees it: ONEDNN_MAX_CPU_ISA caps
+ *    it); elsewhere the f32 fallback of matmul.c / conv.c (exact bf16 ->
+ *    f32 conversion + the f32 product). On AVX-512 without BF16, oneDNN
+ *    2.6 still takes bf16 products, emulating the arithmetic, and that
+ *    is slower than the fallback by far: GPT bf16 steps of 221-240 ms
+ *    against 76-81 in f32 on the Xeon of 2026-11-27 held to AVX512_CORE
+ *    (benchmarks/RESULTS.md, "oneDNN's ISA cap"), where the fallback
+ *    costs f32's step plus the conversions (~1.3x f32 on the Zen 3).
+ *    (Forced, NABLA_DNNL=2, oneDNN takes them there too. Without
+ *    AVX-512 oneDNN has no bf16 kernel: forced, the key is cached as
+ *    unsupported and the fallback runs.)
  *  - f32 matmul: oneDNN when OpenBLAS runs on one thread and the product
  *    has at least 2^20 multiply-adds (batch * M * N * K); OpenBLAS on more
  *    threads and for small products; on a CPU without AVX-512 (oneDNN's
  *    AVX2 kernels) only when A is not transposed and K <= 512: its weight
  *    gradients (A transposed, K = the rows of the batch) and long-K
  *    products run at half OpenBLAS's speed there (figures below);
- *  - f32 convolution: our im2col + OpenBLAS; bf16 convolution: oneDNN.
+ *  - f32 convolution: our im2col + OpenBLAS; bf16 convolution: oneDNN
+ *    (on native bf16, as for matmul).
  *  - layer norm, softmax, batch norm: our kernels (see below);
  *  - oneDNN on one thread when OpenBLAS runs on more, unless
  *    OMP_WAIT_POLICY=passive (see below).
@@ -722,14 +731,15 @@ bool nb__dnnl_conv2d_backward(nb_dtype dt, const nb__conv2d_geom *g, void *dx, v
  * multiply-adds, and below AVX-512 only with A not transposed and K at
  * most 512; never f32 on more threads. */
 static bool rule_matmul(nb_dtype dt, int64_t batch, int64_t m, int64_t n, int64_t k, bool trans_a) {
-    if (dt == NB_BF16) return true;
+    if (dt == NB_BF16) return nb__dnnl_native_bf16();
     if (blas_threads() != 1 || (double)batch * (double)m * (double)n * (double)k < 1048576.0)
         return false;
     return has_isa(dnnl_cpu_isa_avx512_core) || (!trans_a && k <= 512);
 }
 
-/* Note [oneDNN dispatch]: bf16 only; f32 stays on im2col + OpenBLAS. */
+/* Note [oneDNN dispatch]: bf16 on native bf16 only; f32 stays on im2col +
+ * OpenBLAS. */
 static bool rule_conv(nb_dtype dt, const nb__conv2d_geom *g) {
     (void)g;
-    return dt == NB_BF16;
+    return dt == NB_BF16 && nb__dnnl_native_bf16();
 }

@@ -36,9 +36,10 @@ nb__dnnl_mode nb__dnnl_mode_now(void);
 void nb__dnnl_set_num_threads(int n);
 
 /* Whether the CPU has native bf16 dot products (AVX512_BF16 or AMX) as
- * oneDNN sees them (ONEDNN_MAX_CPU_ISA can lower what it sees), and
- * whether oneDNN 2.6 has bf16 kernels at all (AVX-512 core: emulated
- * below AVX512_BF16); without them bf16 products take the f32 fallbacks. */
+ * oneDNN sees them (ONEDNN_MAX_CPU_ISA can lower what it sees): the rule
+ * gives bf16 products to oneDNN only then; and whether oneDNN 2.6 has
+ * bf16 kernels at all (AVX-512 core: emulated below AVX512_BF16), which
+ * a forced mode uses; without them bf16 products take the f32 fallbacks. */
 bool nb__dnnl_native_bf16(void);
 bool nb__dnnl_bf16_kernels(void);
 
