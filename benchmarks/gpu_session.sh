@@ -241,6 +241,23 @@ phase_cpu() {
 # oneDNN on that CPU: which ISA and kernels it picks (ONEDNN_VERBOSE), and
 # the GPT steps on one thread, f32 and bf16, with oneDNN allowed each ISA
 # from AVX-512 up to AMX (interleaved rounds; bench_ddp --no-ddp).
+# "step <median ms>; oneDNN <ms> per step (<share>%, <calls> per step); <primitive:impl> <ms> ..."
+# from a bench_ddp --machine run of STEPS steps (and its 3 warm-up steps) under ONEDNN_VERBOSE=1:
+# the exec times of the last STEPS steps' calls
+dnnl_share() { # LOG STEPS
+  awk -F, -v steps="$2" '
+    $1 == "onednn_verbose" && $2 == "exec" { n++; t[n] = $NF; impl[n] = $4 ":" $5 }
+    /^model=/ { match($0, / ms=[0-9.]+/); ms = substr($0, RSTART + 4, RLENGTH - 4) }
+    END {
+      if (!n || !ms) { print "no oneDNN calls or no step time"; exit }
+      per = n / (steps + 3); first = n - per * steps + 1; tot = 0
+      for (i = first; i <= n; i++) { tot += t[i]; by[impl[i]] += t[i] }
+      printf "step %.1f ms; oneDNN %.1f ms/step (%.0f%%, %d calls/step)", ms, tot / steps, 100 * tot / steps / ms, per
+      for (k in by) printf "; %s %.1f", k, by[k] / steps
+      printf "\n"
+    }' "$1"
+}
+
 phase_dnnl() {
   local d=$OUT/dnnl; mkdir -p "$d"
   ensure_built || return 1
@@ -250,6 +267,15 @@ phase_dnnl() {
   env "${th[@]}" ONEDNN_VERBOSE=1 "$b" --model gpt --device cpu --no-ddp --steps 1 >"$d/verbose-f32.log" 2>&1
   for f in "$d"/verbose-*.log; do
     note "$(basename "$f"): $(grep -m1 -o 'isa:[^,]*' "$f"); primitives run: $(awk -F, '$2 == "exec" {split($7, a, ":"); print $4 "," $5 "," a[1]}' "$f" | sort | uniq -c | sort -rn | head -6 | tr -s ' \n' ' ')"
+  done
+  # how much of a step oneDNN's primitives take (their own exec times; the verbose output
+  # slows the step itself a little): the rest is casts, our kernels and OpenBLAS
+  for m in gpt gpt6; do
+    for dt in f32 bf16; do
+      env "${th[@]}" ONEDNN_VERBOSE=1 timeout 300 "$b" --model $m --device cpu --no-ddp \
+        $( [ $dt = bf16 ] && echo --bf16) --steps 8 --machine >"$d/share-$m-$dt.log" 2>&1
+      note "dnnl share $m $dt: $(dnnl_share "$d/share-$m-$dt.log" 8)"
+    done
   done
   for round in 1 2; do
     for isa in ALL AVX512_CORE_AMX AVX512_CORE_BF16 AVX512_CORE; do
