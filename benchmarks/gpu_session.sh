@@ -234,13 +234,10 @@ phase_cpu() {
   ensure_built || return 1
   # shellcheck disable=SC2086
   run "compare_torch.py (CPU, 1 thread, f32 and bf16)" "$d/compare_torch_cpu.txt" \
-    python3 benchmarks/compare_torch.py --bin "$BUILD_DIR/bin" --threads 1 ${CPU_COMPARE_ARGS:---models gpt --bf16-models gpt --steps 10 --repeats 3}
+    python3 benchmarks/compare_torch.py --bin "$BUILD_DIR/bin" --threads 1 ${CPU_COMPARE_ARGS:---models gpt,gpt6 --bf16-models gpt,gpt6 --steps 8 --repeats 3}
   tail -25 "$d/compare_torch_cpu.txt"
 }
 
-# oneDNN on that CPU: which ISA and kernels it picks (ONEDNN_VERBOSE), and
-# the GPT steps on one thread, f32 and bf16, with oneDNN allowed each ISA
-# from AVX-512 up to AMX (interleaved rounds; bench_ddp --no-ddp).
 # "step <median ms>; oneDNN <ms> per step (<share>%, <calls> per step); <primitive:impl> <ms> ..."
 # from a bench_ddp --machine run of STEPS steps (and its 3 warm-up steps) under ONEDNN_VERBOSE=1:
 # the exec times of the last STEPS steps' calls
@@ -258,6 +255,9 @@ dnnl_share() { # LOG STEPS
     }' "$1"
 }
 
+# oneDNN on that CPU: which ISA and kernels it picks (ONEDNN_VERBOSE), and
+# the GPT steps on one thread, f32 and bf16, with oneDNN allowed each ISA
+# from AVX-512 up to AMX (interleaved rounds; bench_ddp --no-ddp).
 phase_dnnl() {
   local d=$OUT/dnnl; mkdir -p "$d"
   ensure_built || return 1
