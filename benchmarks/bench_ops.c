@@ -2,7 +2,8 @@
  *  - matmul GFLOP/s of nb_matmul against cblas_sgemm called directly on
  *    the same buffers (square sizes and a transformer MLP shape, where
  *    nb_matmul gets a (B, T, C) input and BLAS the flat (B*T, C) matrix);
- *  - elementwise GB/s of nb_add and nb_gelu, counting bytes read + written;
+ *  - elementwise GB/s of nb_add, nb_gelu and the f32 <-> bf16 casts,
+ *    counting bytes read + written;
  *  - the fixed cost of one tiny op (nb_add on 4 elements) with grad mode
  *    off and with an input that requires grad (dispatch + tape node), the
  *    step context reset after every call as a training loop does.
@@ -169,7 +170,7 @@ static bool bench_matmul(const bench_cfg *cfg, nb_ctx *pers, nb_ctx *step, const
 
 typedef struct ew_arg {
     nb_ctx *step;
-    nb_tensor *x, *y;
+    nb_tensor *x, *y, *xb; /* xb: x in bf16 */
 } ew_arg;
 
 static void run_add(void *p) {
@@ -188,6 +189,18 @@ static void run_gelu_exact(void *p) {
     ew_arg *a = p;
     nb_ctx_reset(a->step);
     nb_gelu(a->step, a->x, NB_GELU_EXACT);
+}
+
+static void run_to_bf16(void *p) {
+    ew_arg *a = p;
+    nb_ctx_reset(a->step);
+    nb_cast(a->step, a->x, NB_BF16);
+}
+
+static void run_from_bf16(void *p) {
+    ew_arg *a = p;
+    nb_ctx_reset(a->step);
+    nb_cast(a->step, a->xb, NB_F32);
 }
 
 /* A Linear's bias gradient: the backward of x (1024, 1024) + b (1024), the
@@ -220,18 +233,21 @@ static void bench_bias_grad(const bench_cfg *cfg, nb_ctx *pers, nb_ctx *step) {
 static void bench_elementwise(const bench_cfg *cfg, nb_ctx *pers, nb_ctx *step, int64_t numel) {
     nb_rng rng = nb_rng_make(11);
     ew_arg arg = {step, nb_rand_normal(pers, NB_F32, 1, &numel, 0, 1, &rng),
-                  nb_rand_normal(pers, NB_F32, 1, &numel, 0, 1, &rng)};
-    struct { const char *name; bench_fn fn; int tensors; } cases[] = {
-        {"nb_add f32 (2 reads, 1 write)", run_add, 3},
-        {"nb_gelu f32 tanh (1 read, 1 write)", run_gelu, 2},
-        {"nb_gelu f32 exact", run_gelu_exact, 2},
+                  nb_rand_normal(pers, NB_F32, 1, &numel, 0, 1, &rng), NULL};
+    arg.xb = nb_cast(pers, arg.x, NB_BF16);
+    struct { const char *name; bench_fn fn; int bytes; /* per element, read + written */ } cases[] = {
+        {"nb_add f32 (2 reads, 1 write)", run_add, 12},
+        {"nb_gelu f32 tanh (1 read, 1 write)", run_gelu, 8},
+        {"nb_gelu f32 exact", run_gelu_exact, 8},
+        {"nb_cast f32 -> bf16", run_to_bf16, 6},
+        {"nb_cast bf16 -> f32", run_from_bf16, 6},
     };
     char shape[32], rate[32];
     snprintf(shape, sizeof shape, "%lld", (long long)numel);
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         double t;
         time_best(1, &cases[i].fn, &arg, cfg->budget_s, &t);
-        double bytes = (double)cases[i].tensors * (double)numel * sizeof(float);
+        double bytes = (double)cases[i].bytes * (double)numel;
         snprintf(rate, sizeof rate, "%.2f GB/s", bytes / t * 1e-9);
         row(cases[i].name, shape, t, rate, "", "");
     }
@@ -242,8 +258,9 @@ static void bench_elementwise(const bench_cfg *cfg, nb_ctx *pers, nb_ctx *step, 
 static void run_reset(void *p) { nb_ctx_reset(((ew_arg *)p)->step); }
 
 static void bench_fixed_cost(const bench_cfg *cfg, nb_ctx *pers, nb_ctx *step) {
-    ew_arg plain = {step, nb_ones(pers, NB_F32, 1, (int64_t[]){4}), nb_ones(pers, NB_F32, 1, (int64_t[]){4})};
-    ew_arg leaf = {step, nb_ones(pers, NB_F32, 1, (int64_t[]){4}), plain.y};
+    ew_arg plain = {step, nb_ones(pers, NB_F32, 1, (int64_t[]){4}), nb_ones(pers, NB_F32, 1, (int64_t[]){4}),
+                    NULL};
+    ew_arg leaf = {step, nb_ones(pers, NB_F32, 1, (int64_t[]){4}), plain.y, NULL};
     nb_set_requires_grad(leaf.x, true);
 
     bool prev = nb_set_grad_enabled(false);
@@ -536,6 +553,8 @@ static bool bench_throughput(const bench_cfg *cfg, nb_ctx *pers, nb_ctx *step) {
     nb_ctx_reset(pers);
 
     bench_elementwise(cfg, pers, step, cfg->quick ? (int64_t)1 << 16 : (int64_t)1 << 24);
+    if (!cfg->quick) /* and a size that stays in the caches, as a model's activations do */
+        bench_elementwise(cfg, pers, step, (int64_t)1 << 18);
     nb_ctx_reset(pers);
     bench_bias_grad(cfg, pers, step);
     nb_ctx_reset(pers);
