@@ -14,16 +14,15 @@
  * c_proj, attn_dropout, resid_dropout); their Linear weights are (out, in),
  * the transpose of GPT-2's Conv1D checkpoints.
  *
- * On the CPU, without active attention dropout, everything between c_attn
- * and c_proj is one op (causal_attention below, kernels in
- * tensor/cpu/attention.c): per head, the same products and softmax rows,
- * read and written in place in the (N, T, 3C) and (N, T, C) rows, so no
- * split or head transpose is recorded or copied, forward or backward. */
-#include <limits.h>
+ * Where the backend has it (the CPU) and no attention dropout is active,
+ * everything between c_attn and c_proj is one op (nb__causal_attention,
+ * tensor/ops_softmax.c; kernels in tensor/cpu/attention.c): per head, the
+ * same products and softmax rows, read and written in place in the (N, T,
+ * 3C) and (N, T, C) rows, so no split or head transpose is recorded or
+ * copied, forward or backward. */
 #include <math.h>
 
 #include "nn/internal.h"
-#include "tensor/cpu/attention.h"
 
 typedef struct attention {
     int64_t c;
@@ -43,33 +42,6 @@ static nb_tensor *split_heads(nb_ctx *ctx, nb_tensor *x, int64_t n, int64_t t, i
     return nb_transpose(ctx, nb_reshape(ctx, x, NB_SHAPE(n, t, h, d)), 1, 2);
 }
 
-/* Runs with grad mode off (Note [Tape]). */
-static void causal_attention_backward(nb_ctx *ctx, nb_node *node, nb_tensor *g) {
-    nb_tensor *qkv = node->in[0];
-    int64_t t = qkv->shape[1];
-    nb_tensor *gy = nb_is_contiguous(g) ? g : nb__contig(ctx, g);
-    nb_tensor *dqkv = nb__empty(ctx, qkv->dtype, 3, qkv->shape);
-    nb_tensor *scratch = nb__empty(ctx, qkv->dtype, NB_SHAPE(t, t));
-    nb__cpu_causal_attention_backward(dqkv, scratch, qkv, node->saved[0], gy, (int)node->i[0],
-                                      node->f[0]);
-    nb__accum_grad(ctx, qkv, dqkv);
-}
-
-/* qkv (N, T, 3C), contiguous f32/f64 on the CPU -> y (N, T, C) */
-static nb_tensor *causal_attention(nb_ctx *ctx, nb_tensor *qkv, int h, double scale) {
-    int64_t n = qkv->shape[0], t = qkv->shape[1], c = qkv->shape[2] / 3;
-    nb_tensor *y = nb__empty(ctx, qkv->dtype, NB_SHAPE(n, t, c));
-    nb_tensor *p = nb__empty(ctx, qkv->dtype, NB_SHAPE(n, h, t, t));
-    nb__cpu_causal_attention(y, p, qkv, h, scale);
-    nb_node *node = nb__record(ctx, "CausalSelfAttention", causal_attention_backward, y, 1, &qkv);
-    if (node) {
-        node->saved[0] = p;
-        node->i[0] = h;
-        node->f[0] = scale;
-    }
-    return y;
-}
-
 static nb_tensor *attn_forward(nb_module *m, nb_ctx *ctx, nb_tensor *x) {
     const attention *a = m->self;
     NB_CHECK(x->ndim == 3 && x->shape[2] == a->c,
@@ -79,14 +51,11 @@ static nb_tensor *attn_forward(nb_module *m, nb_ctx *ctx, nb_tensor *x) {
     int64_t n = x->shape[0], t = x->shape[1], c = a->c, d = c / a->h;
     nb_tensor *qkv = nb_module_forward(a->c_attn, ctx, x); /* (N, T, 3C) */
     double scale = 1.0 / sqrt((double)d);
-    bool fused = qkv->device.type == NB_DEVICE_CPU && (qkv->dtype == NB_F32 || qkv->dtype == NB_F64) &&
-                 (a->attn_p == 0 || !nb_module_is_training(a->attn_dropout)) &&
-                 3 * c <= INT_MAX && t <= INT_MAX;
-    if (fused) {
-        if (!nb_is_contiguous(qkv)) qkv = nb_contiguous(ctx, qkv);
-        nb_tensor *y = causal_attention(ctx, qkv, a->h, scale);
-        return nb_module_forward(a->resid_dropout, ctx, nb_module_forward(a->c_proj, ctx, y));
-    }
+    /* one fused op where the backend has one and no attention dropout is active */
+    nb_tensor *y = a->attn_p == 0 || !nb_module_is_training(a->attn_dropout)
+                       ? nb__causal_attention(ctx, qkv, a->h, scale)
+                       : NULL;
+    if (y) return nb_module_forward(a->resid_dropout, ctx, nb_module_forward(a->c_proj, ctx, y));
     nb_tensor *parts[3];
     nb_split(ctx, qkv, 3, (int64_t[]){c, c, c}, 2, parts);
     nb_tensor *q = split_heads(ctx, parts[0], n, t, a->h, d);
@@ -94,7 +63,7 @@ static nb_tensor *attn_forward(nb_module *m, nb_ctx *ctx, nb_tensor *x) {
     nb_tensor *v = split_heads(ctx, parts[2], n, t, a->h, d);
     nb_tensor *att = nb_softmax_causal(ctx, nb_matmul_t(ctx, q, k, false, true), scale);
     att = nb_module_forward(a->attn_dropout, ctx, att);
-    nb_tensor *y = nb_matmul(ctx, att, v);                             /* (N, H, T, D) */
+    y = nb_matmul(ctx, att, v);                                        /* (N, H, T, D) */
     y = nb_reshape(ctx, nb_transpose(ctx, y, 1, 2), NB_SHAPE(n, t, c)); /* copies once */
     return nb_module_forward(a->resid_dropout, ctx, nb_module_forward(a->c_proj, ctx, y));
 }

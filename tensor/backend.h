@@ -149,6 +149,17 @@ typedef struct nb__backend {
     void (*softmax_causal_backward)(nb_tensor *dx, const nb_tensor *y, const nb_tensor *g,
                                     int64_t b, int64_t t, int64_t s, double scale);
 
+    /* ---- fused causal self-attention (tensor/cpu/attention.h) ----
+     * Everything between attention's qkv projection and its output
+     * projection as one op, for the dtypes in causal_attention_dtypes (a
+     * bit per nb_dtype; 0 and NULL entries where the device composes it of
+     * the ops above, nn/attention.c). qkv (N, T, 3C) contiguous, y (N, T,
+     * C), p (N, H, T, T) the softmax kept for backward; scratch T x T. */
+    unsigned causal_attention_dtypes;
+    void (*causal_attention)(nb_tensor *y, nb_tensor *p, const nb_tensor *qkv, int h, double scale);
+    void (*causal_attention_backward)(nb_tensor *dqkv, nb_tensor *scratch, const nb_tensor *qkv,
+                                      const nb_tensor *p, const nb_tensor *gy, int h, double scale);
+
     /* ---- normalisation (tensor/cpu/norm.h, tensor/cuda/cuda.h) ---- */
     /* Saved statistics (layer norm's mean/rstd, batch norm's mean/invstd)
      * are f32 for non-f64 inputs (else f64 everywhere). */

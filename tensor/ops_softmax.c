@@ -9,7 +9,13 @@
  * nb_softmax_causal fuses attention's scale, causal mask and softmax into
  * one kernel over the kept half of the scores (row i keeps keys j <= i),
  * forward and backward, on both devices (tensor/cpu/softmax.c,
- * tensor/cuda/softmax_causal.cu); it records one node. */
+ * tensor/cuda/softmax_causal.cu); it records one node.
+ *
+ * nb__causal_attention is all of causal self-attention between the qkv
+ * and output projections as one op, on backends that have it (the CPU:
+ * tensor/cpu/attention.h); the attention layer (nn/attention.c) composes
+ * the ops above where it returns NULL. */
+#include <limits.h>
 #include <math.h>
 
 #include "tensor/backend.h"
@@ -76,6 +82,43 @@ nb_tensor *nb_softmax_causal(nb_ctx *ctx, nb_tensor *x, double scale) {
         n->i[1] = t;
         n->i[2] = s;
         n->f[0] = scale;
+    }
+    return y;
+}
+
+/* Runs with grad mode off (Note [Tape]). */
+static void causal_attention_backward(nb_ctx *ctx, nb_node *node, nb_tensor *g) {
+    nb_tensor *qkv = node->saved[1]; /* contiguous */
+    int64_t t = qkv->shape[1];
+    nb_tensor *gy = nb__contig(ctx, g);
+    nb_tensor *dqkv = nb__empty(ctx, qkv->dtype, 3, qkv->shape);
+    nb_tensor *scratch = nb__empty(ctx, qkv->dtype, NB_SHAPE(t, t));
+    nb__backend_at(qkv)->causal_attention_backward(dqkv, scratch, qkv, node->saved[0], gy,
+                                                   (int)node->i[0], node->f[0]);
+    nb__accum_grad(ctx, node->in[0], dqkv);
+}
+
+nb_tensor *nb__causal_attention(nb_ctx *ctx, nb_tensor *qkv, int h, double scale) {
+    const char *op = "CausalSelfAttention";
+    nb__check_ctx(op, ctx, qkv);
+    NB_CHECK(qkv->ndim == 3 && h > 0 && qkv->shape[2] % (3 * (int64_t)h) == 0,
+             "%s: qkv %s must be (N, T, 3C) with C a multiple of the %d heads", op,
+             nb_shape_str(qkv), h);
+    const nb__backend *be = nb__backend_at(qkv);
+    int64_t n = qkv->shape[0], t = qkv->shape[1], c = qkv->shape[2] / 3;
+    if (!be->causal_attention || !(be->causal_attention_dtypes & (1u << qkv->dtype)) ||
+        3 * c > INT_MAX || t > INT_MAX)
+        return NULL;
+    nb_tensor *qc = nb__contig(ctx, qkv);
+    nb_tensor *y = nb__empty(ctx, qkv->dtype, NB_SHAPE(n, t, c));
+    nb_tensor *p = nb__empty(ctx, qkv->dtype, NB_SHAPE(n, h, t, t));
+    be->causal_attention(y, p, qc, h, scale);
+    nb_node *node = nb__record(ctx, op, causal_attention_backward, y, 1, &qkv);
+    if (node) {
+        node->saved[0] = p;
+        node->saved[1] = qc;
+        node->i[0] = h;
+        node->f[0] = scale;
     }
     return y;
 }

@@ -7,6 +7,7 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "tensor/internal.h"
 #include "testutil.h"
 
 static double *host(const nb_tensor *t) {
@@ -255,6 +256,29 @@ START_TEST(test_dropout) {
 }
 END_TEST
 
+/* Without active attention dropout the CPU runs everything between c_attn
+ * and c_proj as one recorded op (nb__causal_attention, the backend's fused
+ * kernel); with it, the layer composes the ops (split, products, causal
+ * softmax, dropout). Both paths' values are checked above. */
+START_TEST(test_fused_path) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_rng drop = nb_rng_make(801);
+    nb_attention_opts o = {true, 0.3, 0.0, &drop};
+    for (int k = 0; k < 3; k++) {
+        nb_dtype dt = k == 1 ? NB_F64 : NB_F32;
+        nb_module *m = nb_causal_self_attention_new(ctx, dt, 8, 2, k == 2 ? &o : NULL, NULL);
+        nb_tensor *x = nbt_randn_leaf(ctx, dt, NB_SHAPE(2, 5, 8), 800);
+        nb_tensor *y = nb_module_forward(m, ctx, x); /* c_proj's output */
+        ck_assert_ptr_nonnull(y->node);
+        nb_tensor *inner = y->node->in[0]; /* what c_proj read */
+        ck_assert_ptr_nonnull(inner->node);
+        if (k < 2) ck_assert_str_eq(inner->node->op, "CausalSelfAttention");
+        else ck_assert_str_ne(inner->node->op, "CausalSelfAttention");
+    }
+    nb_ctx_free(ctx);
+}
+END_TEST
+
 START_TEST(test_names) {
     nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
     nb_module *block = nb_module_list_new(ctx);
@@ -300,6 +324,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_gradcheck);
     tcase_add_test(tc, test_f32_long);
     tcase_add_test(tc, test_dropout);
+    tcase_add_test(tc, test_fused_path);
     tcase_add_test(tc, test_names);
     tcase_add_test(tc, test_errors);
     suite_add_tcase(s, tc);

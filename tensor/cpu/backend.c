@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "tensor/backend.h"
+#include "tensor/cpu/attention.h"
 #include "tensor/cpu/cpu.h"
 #include "tensor/cpu/dnnl.h"
 #include "tensor/cpu/matmul.h"
@@ -181,6 +182,9 @@ const nb__backend nb__cpu_backend = {
     .softmax_backward = nb__cpu_softmax_backward,
     .softmax_causal = nb__cpu_softmax_causal,
     .softmax_causal_backward = nb__cpu_softmax_causal_backward,
+    .causal_attention_dtypes = (1u << NB_F32) | (1u << NB_F64),
+    .causal_attention = nb__cpu_causal_attention,
+    .causal_attention_backward = nb__cpu_causal_attention_backward,
     .f32_norm_stats = false,
     .layer_norm = nb__cpu_layer_norm,
     .layer_norm_backward = layer_norm_backward,
