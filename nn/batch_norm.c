@@ -7,6 +7,7 @@
  * evaluation mode normalises with the running statistics. A layer that does
  * not track them uses the batch's statistics in both modes. */
 #include "nn/internal.h"
+#include "tensor/backend.h"
 
 typedef struct batch_norm {
     int64_t c;
@@ -58,10 +59,10 @@ static nb_tensor *bn_forward(nb_module *m, nb_ctx *ctx, nb_tensor *x) {
     double momentum = b->o.momentum;
     if (m->training && track) {
         nb_tensor *n = b->num_batches_tracked;
-        if (momentum == NB_BATCH_NORM_CUMULATIVE || n->device.type == NB_DEVICE_CPU) {
+        if (momentum == NB_BATCH_NORM_CUMULATIVE || !nb__backend_at(n)->device_memory) {
             nb_fill_(n, nb_item(n) + 1);
             if (momentum == NB_BATCH_NORM_CUMULATIVE) momentum = 1.0 / nb_item(n);
-        } else { /* on a GPU, count on the device: no host read per layer and step */
+        } else { /* in device memory, count on the device: no host read per layer and step */
             nb_tensor *one = nb_full(ctx, n->dtype, 0, NULL, 1);
             nb__run_binary(NB_B_ADD, n, n, one);
         }
