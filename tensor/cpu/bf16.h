@@ -8,6 +8,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "tensor/cpu/simd.h"
+
 static inline uint16_t nb__bf16_of_f32(float x) {
     uint32_t u;
     memcpy(&u, &x, sizeof u);
@@ -23,13 +25,17 @@ static inline float nb__f32_of_bf16(uint16_t h) {
     return x;
 }
 
-static inline void nb__bf16_from_f32_n(uint16_t *restrict dst, const float *restrict src,
-                                       int64_t n) {
+/* Contiguous runs, in AVX2's width where there is one (integer
+ * operations: the same bits in both clones; Note [Vector width]). */
+NB_CPU_CLONES __attribute__((unused)) static void nb__bf16_from_f32_n(uint16_t *restrict dst,
+                                                                     const float *restrict src,
+                                                                     int64_t n) {
     for (int64_t i = 0; i < n; i++) dst[i] = nb__bf16_of_f32(src[i]);
 }
 
-static inline void nb__f32_from_bf16_n(float *restrict dst, const uint16_t *restrict src,
-                                       int64_t n) {
+NB_CPU_CLONES __attribute__((unused)) static void nb__f32_from_bf16_n(float *restrict dst,
+                                                                     const uint16_t *restrict src,
+                                                                     int64_t n) {
     for (int64_t i = 0; i < n; i++) dst[i] = nb__f32_of_bf16(src[i]);
 }
 

@@ -393,21 +393,11 @@ static void copy_same(int64_t n, char **p, const int64_t *st, const void *varg) 
     }
 }
 
-/* contiguous bf16 <-> f32 runs, in AVX2's width where there is one
- * (integer operations: the same values in both clones) */
-NB_CPU_CLONES static void bf16_from_f32_run(uint16_t *dst, const float *src, int64_t n) {
-    nb__bf16_from_f32_n(dst, src, n);
-}
-
-NB_CPU_CLONES static void f32_from_bf16_run(float *dst, const uint16_t *src, int64_t n) {
-    nb__f32_from_bf16_n(dst, src, n);
-}
-
 static void copy_cast(int64_t n, char **p, const int64_t *st, const void *varg) {
     const copy_arg *arg = varg;
     if (arg->src == NB_F32 && arg->dst == NB_BF16) {
         if (st[0] == 2 && st[1] == 4) {
-            bf16_from_f32_run((uint16_t *)p[0], (const float *)p[1], n);
+            nb__bf16_from_f32_n((uint16_t *)p[0], (const float *)p[1], n);
             return;
         }
         for (int64_t i = 0; i < n; i++)
@@ -416,7 +406,7 @@ static void copy_cast(int64_t n, char **p, const int64_t *st, const void *varg) 
     }
     if (arg->src == NB_BF16 && arg->dst == NB_F32) {
         if (st[0] == 4 && st[1] == 2) {
-            f32_from_bf16_run((float *)p[0], (const uint16_t *)p[1], n);
+            nb__f32_from_bf16_n((float *)p[0], (const uint16_t *)p[1], n);
             return;
         }
         for (int64_t i = 0; i < n; i++)
