@@ -727,7 +727,7 @@ bool nb__dnnl_conv2d_backward(nb_dtype dt, const nb__conv2d_geom *g, void *dx, v
 
 /* ------------------------------------------------------------ the rule */
 
-/* Note [oneDNN dispatch]: bf16 always; f32 on one thread from 2^20
+/* Note [oneDNN dispatch]: bf16 on native bf16; f32 on one thread from 2^20
  * multiply-adds, and below AVX-512 only with A not transposed and K at
  * most 512; never f32 on more threads. */
 static bool rule_matmul(nb_dtype dt, int64_t batch, int64_t m, int64_t n, int64_t k, bool trans_a) {
