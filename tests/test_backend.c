@@ -1,5 +1,5 @@
 /* The per-device backend interface (tensor/backend.h): every table is
- * complete, the lookup refuses a device this build has no backend for,
+ * complete (the optional fused attention all there or absent), the lookup refuses a device this build has no backend for,
  * and the device-neutral ops it made possible hold on the CPU: the fused
  * linear + GELU(tanh) against its unfused composition (values and
  * gradients), and the multi-tensor updates against textbook Adam and SGD
@@ -47,6 +47,11 @@ static void assert_complete(const nb__backend *be) {
     };
     for (size_t i = 0; i < sizeof entries / sizeof entries[0]; i++)
         ck_assert_msg(entries[i] != NULL, "%s backend: entry %zu is empty", be->name, i);
+    /* optional: the fused causal attention, both entries and its dtypes or none of them */
+    bool fused = be->causal_attention != NULL;
+    ck_assert_msg((be->causal_attention_backward != NULL) == fused &&
+                      (be->causal_attention_dtypes != 0) == fused,
+                  "%s backend: causal attention half filled in", be->name);
 }
 
 START_TEST(test_tables_complete) {
@@ -55,6 +60,7 @@ START_TEST(test_tables_complete) {
     ck_assert(!nb__cpu_backend.device_memory);
     ck_assert(nb__cpu_backend.strided_elementwise_out && !nb__cpu_backend.half_compute);
     ck_assert_uint_eq(nb__cpu_backend.product_dtypes, 1u << NB_BF16);
+    ck_assert_uint_eq(nb__cpu_backend.causal_attention_dtypes, (1u << NB_F32) | (1u << NB_F64));
 #if NABLA_HAVE_CUDA
     assert_complete(&nb__cuda_backend);
     ck_assert_str_eq(nb__cuda_backend.name, "cuda");
