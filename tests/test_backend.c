@@ -2,9 +2,9 @@
  * complete (the optional fused attention all there or absent), the lookup
  * refuses a device this build has no backend for, and the device-neutral
  * ops it made possible hold on the CPU: the fused linear + GELU(tanh)
- * against its unfused composition (values and gradients), and the multi-
- * tensor updates against textbook Adam and SGD written here in double,
- * with per-tensor steps and hyperparameters. */
+ * against its unfused composition (values and gradients), and the
+ * multi-tensor updates against textbook Adam and SGD written here in
+ * double, with per-tensor steps and hyperparameters. */
 #include <math.h>
 #include <string.h>
 
