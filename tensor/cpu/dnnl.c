@@ -141,6 +141,15 @@
  * softmax rows of 64 3.0 / 5.7, of 128 3.8 / 9.9, head (1024, 79) 3.0 /
  * 7.7 (1.6-1.7 for ours before); batch norm 12.0 / 3.3, 8.0 / 3.0, 5.4 /
  * 2.2.
+ * 2026-11-27, Zen 3, after the softmax rows' maximum was vectorised (GCC
+ * had left it scalar) and the row's scaling cloned for AVX2, the same
+ * softmax rows, old and new library alternated, two rounds: 2.3-3.0 ->
+ * 3.2-3.3 (64), 2.5-3.0 -> 3.5-3.9 (128), 2.0-2.6 -> 2.6-3.3 (head),
+ * oneDNN 5.5-9.8 beside them. oneDNN's softmax stays ~2x faster; it is not
+ * used: ours sums in double lanes (oneDNN in f32) and runs on the pool with
+ * the same bits for any thread count, while oneDNN would run here on one
+ * thread (see above), so a rule choosing by thread count would make
+ * softmax's bits depend on it.
  * The fused causal attention's f32 per-head products do not come here:
  * they are ours (tensor/cpu/sgemm.c, Note [Causal products]), 2.4x
  * OpenBLAS's effective rate on 8 x 8 heads of 128 x 128 x 32 (bench_ops

@@ -6,7 +6,9 @@
  * axis is not the last dim (I > 1), columns are processed in tiles of
  * TILE so that the inner loops run over contiguous memory. */
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "tensor/cpu/simd.h"
 #include "tensor/cpu/softmax.h"
@@ -22,15 +24,22 @@
  * are scale * x (1 for softmax, the causal softmax's scale). f64: the
  * plain sequential loops (gradchecks' reference). NaN: ignored by the
  * max, kept by the sum, in both. */
+/* The lanes as one GCC vector: GCC left the array form scalar (a compare
+ * and a move per element), the vector select is one instruction a step. */
+typedef float lanes_f32 __attribute__((vector_size(NB_LANES * sizeof(float))));
+typedef int32_t lanes_i32 __attribute__((vector_size(NB_LANES * sizeof(int32_t))));
+
 NB_CPU_CLONES static float row_max_float(const float *x, int64_t k, float scale) {
-    float m[NB_LANES];
-    for (int c = 0; c < NB_LANES; c++) m[c] = -INFINITY;
+    lanes_f32 m = {-INFINITY, -INFINITY, -INFINITY, -INFINITY,
+                   -INFINITY, -INFINITY, -INFINITY, -INFINITY};
     int64_t j = 0;
-    for (; j + NB_LANES <= k; j += NB_LANES)
-        for (int c = 0; c < NB_LANES; c++) {
-            float v = scale * x[j + c];
-            m[c] = v > m[c] ? v : m[c];
-        }
+    for (; j + NB_LANES <= k; j += NB_LANES) {
+        lanes_f32 v;
+        memcpy(&v, x + j, sizeof v);
+        v *= scale;
+        lanes_i32 gt = v > m; /* all ones where v > m: never for a NaN v */
+        m = (lanes_f32)((gt & (lanes_i32)v) | (~gt & (lanes_i32)m));
+    }
     float mx = -INFINITY;
     for (; j < k; j++) mx = scale * x[j] > mx ? scale * x[j] : mx;
     for (int c = 0; c < NB_LANES; c++) mx = m[c] > mx ? m[c] : mx;
@@ -75,7 +84,7 @@ static double row_expsum_double(double *y, const double *x, int64_t k, double sc
 
 /* ---- softmax forward ---- */
 #define DEFINE_SOFTMAX(T, EXP)                                                              \
-    static void softmax_row_##T(T *y, const T *x, int64_t k, bool take_log) {                     \
+    NB_CPU_CLONES static void softmax_row_##T(T *y, const T *x, int64_t k, bool take_log) {       \
         T mx = row_max_##T(x, k, 1);                                                           \
         if (take_log) {                                                                          \
             T lse = (T)((double)mx + log(row_expsum_##T(NULL, x, k, 1, mx)));                  \
