@@ -18,7 +18,9 @@ DDP rows (--ddp N, default off; Note [DDP rows]): for each of --models,
 bench_ddp under nbrun on N CPU ranks over Gloo (--device cpu --machine)
 against N fresh PyTorch processes (this script with --torch-ddp-worker), each
 in torch.distributed's "gloo" group around the same model in
-DistributedDataParallel with its default buckets; each rank trains its own
+DistributedDataParallel with its default buckets (--ddp-bucket-mb MB caps
+both sides' buckets alike; --nabla-bucket-step makes nabla step the
+optimizer per bucket, which torch's DDP has no option for); each rank trains its own
 batch of the single-process size (weak scaling, as bench_ddp), every rank of
 both sides with the four thread variables at 1 (nbrun's default per rank) and
 torch.set_num_threads(1). A row gives rank 0's step times, nabla's "hidden"
@@ -38,6 +40,8 @@ when one did not take, the script says so and exits 1.
     make bench-torch                  (installs python3-torch when missing)
     /usr/bin/python3 benchmarks/compare_torch.py [--steps 20] [--repeats 5] [--threads 1]
     /usr/bin/python3 benchmarks/compare_torch.py --models gpt --bf16-models "" --ddp 2
+    /usr/bin/python3 benchmarks/compare_torch.py --models gpt --bf16-models "" --ddp 2 \
+        --ddp-bucket-mb 0.25 --nabla-bucket-step
 
 The PyTorch side runs under the first of this interpreter and /usr/bin/python3
 (Debian's python3-torch) that has torch; with none, the script exits 0 with a
@@ -246,7 +250,9 @@ def torch_ddp_worker(rank, world, port, model_name, steps, timeout):
     model = models[model_name]()
     torch.manual_seed(100 + rank)
     x, y = torch_batch(torch, model_name)
-    ddp = torch.nn.parallel.DistributedDataParallel(model)  # default buckets (25 MiB, the first 1 MiB)
+    cap = os.environ.get("COMPARE_TORCH_BUCKET_MB")  # --ddp-bucket-mb; else the default 25 MiB
+    ddp = (torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=float(cap)) if cap
+           else torch.nn.parallel.DistributedDataParallel(model))  # the first bucket is 1 MiB either way
     times, most = torch_train(torch, F, ddp, x, y, steps)
     if rank == 0:
         print(json.dumps({"ms": 1e3 * statistics.median(times),
@@ -333,11 +339,11 @@ def run_nabla(binary, model_name, steps, env, bf16=False, timeout=600):
             "params": int(f["params"]), "threads": most}
 
 
-def run_nabla_ddp(nbrun, binary, model_name, steps, world, env, timeout):
-    """bench_ddp under nbrun on `world` CPU ranks; rank 0's --machine line. "threads": the most
-    kernel threads of any one rank."""
+def run_nabla_ddp(nbrun, binary, model_name, steps, world, env, timeout, extra=()):
+    """bench_ddp under nbrun on `world` CPU ranks (with `extra` arguments); rank 0's --machine
+    line. "threads": the most kernel threads of any one rank."""
     cmd = [nbrun, "--nproc-per-node", str(world), "--master-port", "0", binary, "--model", model_name,
-           "--device", "cpu", "--machine", "--steps", str(steps)]
+           "--device", "cpu", "--machine", "--steps", str(steps), *extra]
     out, most = run_child(cmd, env, timeout, children=world)
     line = [x for x in out.splitlines() if x.startswith("[rank 0] ") and "model=" in x]
     if not line:
@@ -444,6 +450,13 @@ def main():
     ap.add_argument("--ddp", type=int, default=0, metavar="N",
                     help="also DDP rows for --models: bench_ddp under nbrun on N ranks against PyTorch "
                          "DistributedDataParallel over Gloo in N processes, 1 thread per rank")
+    ap.add_argument("--ddp-bucket-mb", type=float, default=None, metavar="MB",
+                    help="DDP rows: bucket cap on both sides (nabla: bench_ddp --bucket-mb, which also sets "
+                         "its first bucket; torch: bucket_cap_mb, its first bucket stays 1 MiB); default: "
+                         "each side's defaults (1 MiB first, then 25 MiB)")
+    ap.add_argument("--nabla-bucket-step", action="store_true",
+                    help="DDP rows: nabla steps the optimizer per bucket as its all-reduce ends "
+                         "(bench_ddp --bucket-step, nb_ddp_set_optimizer); torch's DDP has no such option")
     ap.add_argument("--timeout", type=int, default=600, help="seconds one run may take before it is stopped")
     ap.add_argument("--bin", default=os.environ.get("NABLA_BIN", os.path.join(HERE, "..", "build", "bin")))
     ap.add_argument("--torch-worker", metavar="MODEL", help=argparse.SUPPRESS)
@@ -521,10 +534,22 @@ def main():
               f"{statistics.median(o) / statistics.median(c):6.3f} {spread(pairs, '{:.3f}'):>22}", flush=True)
         seen.append((m + "-bf16", ours, t32 + tac))
     seen_ddp, env_ddp = [], dict(base, **{k: "1" for k in THREAD_VARS})
+    extra = []
+    if a.ddp_bucket_mb is not None:
+        extra += ["--bucket-mb", str(a.ddp_bucket_mb)]
+    if a.nabla_bucket_step:
+        extra.append("--bucket-step")
+    env_torch_ddp = dict(env_ddp)
+    if a.ddp_bucket_mb is not None:
+        env_torch_ddp["COMPARE_TORCH_BUCKET_MB"] = str(a.ddp_bucket_mb)
     if a.ddp:
+        buckets = ("default buckets" if a.ddp_bucket_mb is None else
+                   f"buckets capped at {a.ddp_bucket_mb:g} MiB on both sides (nabla's first too, torch's "
+                   "first 1 MiB)")
         print(f"DDP on {a.ddp} processes (weak scaling: each rank its own batch of the size below): "
-              "bench_ddp under nbrun (Gloo) against torch DistributedDataParallel over Gloo, default "
-              "buckets; pairs interleaved")
+              f"bench_ddp under nbrun (Gloo) against torch DistributedDataParallel over Gloo, {buckets}"
+              + ("; nabla steps the optimizer per bucket (--bucket-step)" if a.nabla_bucket_step else "")
+              + "; pairs interleaved")
         print("  env of every rank, both sides: " + " ".join(f"{k}={env_ddp[k]}" for k in THREAD_VARS)
               + "; torch.set_num_threads(1), set_num_interop_threads(1)")
         print("  hidden: share of nabla's all-reduce time that ran before backward ended "
@@ -534,8 +559,8 @@ def main():
     for m in a.models.split(",") if a.ddp else []:
         ours, theirs = [], []
         for _ in range(a.repeats):
-            ours.append(run_nabla_ddp(nbrun, binary, m, a.steps, a.ddp, env_ddp, a.timeout))
-            theirs.append(run_torch_ddp(python, m, a.steps, a.ddp, env_ddp, a.timeout))
+            ours.append(run_nabla_ddp(nbrun, binary, m, a.steps, a.ddp, env_ddp, a.timeout, extra))
+            theirs.append(run_torch_ddp(python, m, a.steps, a.ddp, env_torch_ddp, a.timeout))
             if theirs[-1]["params"] != ours[-1]["params"] or ours[-1]["batch"] != BATCH[m]:
                 print(f"compare_torch: {m} DDP: {ours[-1]['params']} parameters and batch "
                       f"{ours[-1]['batch']} in nabla's, {theirs[-1]['params']} and {BATCH[m]} in torch's: "
