@@ -15,10 +15,12 @@
 #          op), gpt2_gpu.py (GPT-2 small bf16 training steps against PyTorch
 #          eager and torch.compile), run_scaling.sh over the GPUs there are
 #   cpu    compare_torch.py on that machine's CPU, 1 thread, f32 and bf16
-#          rows (its CPU may have AVX512_BF16/AMX, which ours lack)
+#          rows of both GPTs (its CPU may have AVX512_BF16/AMX, which ours
+#          lack; $CPU_TIMEOUT seconds, 420)
 #   sanitize  compute-sanitizer memcheck over every tests/test_cuda_* binary
 #          (within $SANITIZE_BUDGET seconds) and racecheck over $RACECHECK
-#   dnnl   oneDNN's ISA and kernels on that CPU, GPT steps per ISA cap
+#   dnnl   oneDNN's ISA and kernels on that CPU, the share of GPT steps its
+#          primitives take, GPT steps per ISA cap
 #
 #   benchmarks/gpu_session.sh [--phase probe,build,test,bench,cpu|all]   (default all)
 #
@@ -233,7 +235,8 @@ phase_cpu() {
   local d=$OUT/cpu; mkdir -p "$d"
   ensure_built || return 1
   # shellcheck disable=SC2086
-  run "compare_torch.py (CPU, 1 thread, f32 and bf16)" "$d/compare_torch_cpu.txt" \
+  # both GPTs, f32 pairs and bf16 triples: ~3 min on that machine, so a longer limit than a step's
+  STEP_TIMEOUT=${CPU_TIMEOUT:-420} run "compare_torch.py (CPU, 1 thread, f32 and bf16)" "$d/compare_torch_cpu.txt" \
     python3 benchmarks/compare_torch.py --bin "$BUILD_DIR/bin" --threads 1 ${CPU_COMPARE_ARGS:---models gpt,gpt6 --bf16-models gpt,gpt6 --steps 8 --repeats 3}
   tail -25 "$d/compare_torch_cpu.txt"
 }
