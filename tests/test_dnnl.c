@@ -158,6 +158,17 @@ enum { V_PLAIN, V_BIAS, V_GELU, V_ACC, V_BIAS_GELU_PRE };
 
 /* One case, dtype and variant through the CPU backend's matmul entry (the
  * one the op front end calls), in the given mode. */
+/* Whether a product (or each convolution pass) in `mode` runs one oneDNN
+ * primitive (1) or none (0); -1 where the test does not say. Forced: f32
+ * always, bf16 where oneDNN has bf16 kernels (without them the key is
+ * cached as unsupported; values are checked either way). Off: never. The
+ * rule (checked for bf16): bf16 on native bf16 only, else the f32 fallback. */
+static int dnnl_runs(nb_dtype dt, nb__dnnl_mode mode) {
+    if (mode == NB_DNNL_OFF) return 0;
+    if (mode == NB_DNNL_AUTO) return dt == NB_BF16 ? nb__dnnl_native_bf16() : -1;
+    return dt == NB_F32 || nb__dnnl_bf16_kernels() ? 1 : -1;
+}
+
 static void mm_check(int ci, nb_dtype dt, int variant, nb__dnnl_mode mode) {
     const mm_case *c = &mm_cases[ci];
     nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
@@ -193,12 +204,9 @@ static void mm_check(int ci, nb_dtype dt, int variant, nb__dnnl_mode mode) {
     nb__cpu_backend.matmul(out, a, b, c->ta, c->tb, bias, gelu, pre, variant == V_ACC);
     ran = nb__dnnl_executions() - ran;
     nb__dnnl_set_mode(prev);
-    /* the forced mode goes through oneDNN (one primitive), the off mode never;
-     * without oneDNN bf16 kernels, bf16 takes the f32 fallback (values checked below);
-     * by the rule, bf16 goes to oneDNN only on native bf16, else to the fallback */
-    bool bf16_dnnl = mode == NB_DNNL_AUTO ? nb__dnnl_native_bf16() : nb__dnnl_bf16_kernels();
-    if (mode == NB_DNNL_AUTO ? dt == NB_BF16 : dt == NB_F32 || bf16_dnnl || mode == NB_DNNL_OFF)
-        ck_assert_msg(ran == (mode == NB_DNNL_OFF || (dt == NB_BF16 && !bf16_dnnl) ? 0 : 1),
+    int runs = dnnl_runs(dt, mode); /* one primitive */
+    if (runs >= 0)
+        ck_assert_msg(ran == runs,
                       "matmul case %d %s variant %d mode %d: %lld oneDNN executions", ci,
                       nb_dtype_name(dt), variant, (int)mode, (long long)ran);
 
@@ -573,10 +581,9 @@ static void conv_check(int ci, nb_dtype dt, bool with_bias, nb__dnnl_mode mode) 
                             w->data, scratch);
     ran = nb__dnnl_executions() - ran;
     nb__dnnl_set_mode(prev);
-    /* forward, backward data, backward weights (bf16 by the rule: on native bf16 only) */
-    bool bf16_dnnl = mode == NB_DNNL_AUTO ? nb__dnnl_native_bf16() : nb__dnnl_bf16_kernels();
-    if (mode == NB_DNNL_AUTO ? dt == NB_BF16 : dt == NB_F32 || bf16_dnnl || mode == NB_DNNL_OFF)
-        ck_assert_msg(ran == (mode == NB_DNNL_OFF || (dt == NB_BF16 && !bf16_dnnl) ? 0 : 3),
+    int runs = dnnl_runs(dt, mode); /* forward, backward data, backward weights */
+    if (runs >= 0)
+        ck_assert_msg(ran == 3 * runs,
                   "conv case %d %s bias %d mode %d: %lld oneDNN executions", ci, nb_dtype_name(dt),
                   with_bias, (int)mode, (long long)ran);
 

@@ -30,6 +30,7 @@ typedef float lanes_f32 __attribute__((vector_size(NB_LANES * sizeof(float))));
 typedef int32_t lanes_i32 __attribute__((vector_size(NB_LANES * sizeof(int32_t))));
 
 NB_CPU_CLONES static float row_max_float(const float *x, int64_t k, float scale) {
+    _Static_assert(NB_LANES == 8, "row_max_float's initial lanes are written for 8");
     lanes_f32 m = {-INFINITY, -INFINITY, -INFINITY, -INFINITY,
                    -INFINITY, -INFINITY, -INFINITY, -INFINITY};
     int64_t j = 0;
