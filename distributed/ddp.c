@@ -262,6 +262,7 @@ static void free_arrays(nb_ddp *d) {
     free(d->step_idx);
     free(d->pieces);
     for (int i = 0; i < d->n_trace; i++) free(d->trace[i].b);
+    nb__ddp_overlap_forget(d);
 }
 
 nb_status nb_ddp_new(nb_ddp **out, nb_module *model, nb_pg *pg, const nb_ddp_options *opts) {

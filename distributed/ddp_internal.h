@@ -9,6 +9,7 @@
 #include "nabla/ddp.h"
 
 #define NB__DDP_MAX_TRACE_STEPS 256
+#define NB__DDP_MAX_OVERLAP_STEPS 1024 /* between two nb_ddp_overlap_across_ranks */
 
 typedef struct bucket {
     nb_dtype dtype;
@@ -88,6 +89,10 @@ struct nb_ddp {
     nb_ddp_step_stats stats;
     trace_step trace[NB__DDP_MAX_TRACE_STEPS];
     int n_trace;
+    /* steps kept for nb_ddp_overlap_across_ranks (ddp_overlap.c) */
+    unsigned id;           /* the wrapper's number in the run (same on every rank) */
+    trace_step *ov;        /* malloc'd, NB__DDP_MAX_OVERLAP_STEPS */
+    int n_ov, ov_lost, ov_calls;
     /* join (ddp_join.c) */
     bool join_on;          /* from nb_ddp_join_begin to the end of nb_ddp_join */
     bool join_div_initial; /* divide by the world size, not by the ranks still training */
@@ -136,6 +141,16 @@ nb_status nb__ddp_broadcast_tensors(nb_ddp *d, bool buffers_only, int root);
 /* Fills d->stats (and the timeline) from the step that just ended at `done`. */
 void nb__ddp_record_stats(nb_ddp *d, double done);
 
+/* ddp_overlap.c */
+/* Keeps the step that just ended for nb_ddp_overlap_across_ranks. */
+void nb__ddp_overlap_note(nb_ddp *d, double done);
+void nb__ddp_overlap_forget(nb_ddp *d); /* at nb_ddp_free */
+/* The figures of nb_ddp_overlap_across_ranks from every rank's steps:
+ * steps[r][s] is rank r's step s (times absolute on rank r's clock, whose
+ * offset from the common clock is offset[r]); every rank's step s has the
+ * same bucket count. Pure: no communication. */
+void nb__ddp_overlap_compute(int world, int steps, trace_step *const *steps_of, const double *offset,
+                             nb_ddp_overlap *out);
 /* ddp_join.c */
 /* A training rank's count all-reduce at the start of a step in join mode. */
 nb_status nb__ddp_join_count(nb_ddp *d);

@@ -26,6 +26,7 @@ void nb__ddp_record_stats(nb_ddp *d, double done) {
     }
     s->hidden_fraction = s->comm_s > 0 ? hidden / s->comm_s : 0;
     if (d->o.record_timeline) {
+        nb__ddp_overlap_note(d, done);
         trace_step *ts = &d->trace[d->n_trace < NB__DDP_MAX_TRACE_STEPS ? d->n_trace++ : NB__DDP_MAX_TRACE_STEPS - 1];
         free(ts->b);
         ts->fwd_start = d->fwd_start;

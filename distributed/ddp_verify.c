@@ -65,6 +65,7 @@ static char *store_text(nb_store *store, const char *key, double timeout_s) {
 nb_status nb__ddp_verify_params(nb_ddp *d) {
     static unsigned serial; /* distinguishes the wrappers of one run (same order on every rank) */
     unsigned id = ++serial;
+    d->id = id;
     nb_store *store = nb_pg_store(d->pg);
     char key[96];
     size_t len;

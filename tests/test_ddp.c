@@ -10,8 +10,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "ddp_common.h"
+#include "distributed/ddp_internal.h" /* nb__ddp_overlap_compute */
 
 /* ---- data and models ---- */
 
@@ -329,6 +331,110 @@ START_TEST(test_overlap_recorded) {
 }
 END_TEST
 
+/* The figures of Note [Overlap across ranks] on a timeline worked by hand:
+ * 2 ranks, 3 buckets; rank 0's backward ends at 10 s, rank 1's at 12 s.
+ * Rank 0 starts bucket 1 at 9.5 (queued after its launch at 8, later than
+ * rank 1's launch at 9) and bucket 2 at 11 (after bucket 1, before rank 1
+ * launched it at 12). */
+START_TEST(test_overlap_figures) {
+    nb_ddp_bucket_time b0[3] = {{4, 4, 6, 0}, {8, 9.5, 11, 0}, {10, 11, 14, 0}},
+                       b1[3] = {{5, 5, 6, 0}, {9, 9, 11, 0}, {12, 12, 14, 0}};
+    for (int shifted = 0; shifted < 2; shifted++) {
+        double off = shifted ? 100 : 0; /* rank 1's clock 100 s ahead */
+        nb_ddp_bucket_time c1[3];
+        for (int b = 0; b < 3; b++)
+            c1[b] = (nb_ddp_bucket_time){b1[b].launch + off, b1[b].start + off, b1[b].finish + off, 0};
+        trace_step s0 = {.bw_end = 10, .n = 3, .b = b0}, s1 = {.bw_end = 12 + off, .n = 3, .b = c1};
+        trace_step *steps[2] = {&s0, &s1};
+        double offset[2] = {0, off};
+        nb_ddp_overlap o;
+        memset(&o, 0xff, sizeof o);
+        nb__ddp_overlap_compute(2, 1, steps, offset, &o);
+        ck_assert_int_eq(o.steps, 1);
+        /* per bucket, rank 0 then rank 1:
+         *   running      2, 1.5, 3  |  1, 2, 2    = 11.5
+         *   peer wait    1, 0,   1  |  0, 0, 0    = 2
+         *   proper       1, 1.5, 2  |  1, 2, 2    = 9.5
+         *   hidden (12)  1, 1.5, 0  |  1, 2, 0    = 5.5
+         *   own hidden   2, 0.5, 0  |  1, 2, 0    = 5.5 */
+        ck_assert_double_eq_tol(o.skew_s, 2, 1e-9);
+        ck_assert_double_eq_tol(o.comm_s, 11.5 / 2, 1e-9);
+        ck_assert_double_eq_tol(o.peer_wait_s, 2.0 / 2, 1e-9);
+        ck_assert_double_eq_tol(o.hidden_fraction, 5.5 / 9.5, 1e-9);
+        ck_assert_double_eq_tol(o.own_hidden_fraction, 5.5 / 11.5, 1e-9);
+    }
+}
+END_TEST
+
+static void sleep_hook(nb_tensor *leaf, void *user) {
+    (void)leaf, (void)user;
+    nanosleep(&(struct timespec){0, 60 * 1000 * 1000}, NULL);
+}
+
+/* The last rank sleeps 60 ms when its last layer's weight gradient is
+ * ready: every later bucket waits for it on the other ranks. */
+START_TEST(test_overlap_across_ranks) {
+    nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
+    nb_rng rng = nb_rng_make(13);
+    enum { L = 4 };
+    const int64_t W = 128;
+    nb_module *c[2 * L];
+    for (int l = 0; l < L; l++) {
+        c[2 * l] = nb_linear_new(pctx, NB_F32, l == 0 ? F_IN : W, W, true, &rng);
+        c[2 * l + 1] = nb_tanh_new(pctx);
+    }
+    nb_module *model = nb_sequential_new(pctx, 2 * L, c);
+    nb_ddp_options o = NB_DDP_DEFAULTS;
+    o.first_bucket_bytes = 32 << 10;
+    o.bucket_cap_bytes = 32 << 10;
+    nb_ddp *ddp;
+    nb_ddp_overlap ov;
+    ck_assert_int_eq(nb_ddp_new(&ddp, model, world, &o), NB_OK);
+    ck_assert_int_eq(nb_ddp_overlap_across_ranks(ddp, &ov), NB_ERR_INVALID); /* nothing recorded */
+    ck_assert(strstr(nb_last_error(), "record_timeline") != NULL);
+    nb_ddp_free(ddp);
+    o.record_timeline = true;
+    ck_assert_int_eq(nb_ddp_new(&ddp, model, world, &o), NB_OK);
+    nb_tensor *last_w = nb_module_find(c[2 * L - 2], "weight");
+    enum { STEPS = 3 };
+    for (int it = 0; it < 2 * STEPS; it++) {
+        if (it == STEPS) { /* the first STEPS steps (the bucket rebuild among them) are left out */
+            ck_assert_int_eq(nb_ddp_overlap_across_ranks(ddp, &ov), NB_OK);
+            ck_assert_int_eq(ov.steps, R > 1 ? STEPS : 0); /* one rank: no buckets, nothing recorded */
+            if (me == R - 1 && R > 1) nb_add_grad_hook(last_w, sleep_hook, NULL);
+        }
+        nb_ctx_reset(step);
+        nb_tensor *x = nb_cast(step, nbt_randn(step, NB_F64, NB_SHAPE(64, F_IN), 700 + it), NB_F32);
+        nb_tensor *out = ddp_fwd(ddp, step, x);
+        ck_assert_int_eq(nb_ddp_backward(ddp, nb_mean_all(step, nb_mul(step, out, out))), NB_OK);
+        nb_module_zero_grad(model);
+    }
+    ck_assert_int_eq(nb_ddp_overlap_across_ranks(ddp, &ov), NB_OK);
+    ck_assert_int_eq(ov.steps, R > 1 ? STEPS : 0);
+    ck_assert_int_eq(ov.steps_lost, 0);
+    ck_assert_double_eq(ov.clock_error_s, 0); /* one host */
+    ck_assert(ov.hidden_fraction >= 0 && ov.hidden_fraction <= 1);
+    ck_assert(ov.own_hidden_fraction >= 0 && ov.own_hidden_fraction <= 1);
+    ck_assert(ov.peer_wait_s >= 0 && ov.peer_wait_s <= ov.comm_s + 1e-12);
+    if (R > 1) {
+        ck_assert_int_gt(nb_ddp_num_buckets(ddp), 2);
+        /* the sleeper ends >= 60 ms after the others; each of them waits for
+         * its later launches: at least (R - 1) * 60 ms over R ranks per step,
+         * less what the others' own backward covers (a few ms here) */
+        ck_assert_msg(ov.skew_s > 0.045, "skew %g s", ov.skew_s);
+        ck_assert_msg(ov.peer_wait_s > 0.045 * (R - 1) / R, "peer wait %g s of %g", ov.peer_wait_s, ov.comm_s);
+    } else {
+        ck_assert_double_eq(ov.comm_s, 0);
+    }
+    ck_assert_int_eq(nb_ddp_overlap_across_ranks(ddp, &ov), NB_OK); /* nothing new */
+    ck_assert_int_eq(ov.steps, 0);
+    if (me == R - 1 && R > 1) ck_assert(nb_remove_grad_hook(last_w, sleep_hook, NULL));
+    nb_ddp_free(ddp);
+    nb_ctx_free(step);
+    nb_ctx_free(pctx);
+}
+END_TEST
+
 /* ---- bf16 compression ---- */
 
 START_TEST(test_bf16_hook) {
@@ -407,6 +513,8 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_unused_parameters);
     tcase_add_test(tc, test_bucket_rebuild_agrees);
     tcase_add_test(tc, test_overlap_recorded);
+    tcase_add_test(tc, test_overlap_figures);
+    tcase_add_test(tc, test_overlap_across_ranks);
     tcase_add_test(tc, test_bf16_hook);
     tcase_add_test(tc, test_mismatch_named);
     tcase_add_test(tc, test_gradients_are_bucket_views);

@@ -206,6 +206,35 @@ typedef struct nb_ddp_step_stats {
 /* The last synchronised step's figures. */
 nb_ddp_step_stats nb_ddp_last_stats(const nb_ddp *ddp);
 
+/* Overlap across ranks (Note [Overlap across ranks] in
+ * distributed/ddp_overlap.c). A rank's own figures (nb_ddp_step_stats)
+ * count as communication the time a bucket's collective waits for a rank
+ * that launches it later, and a later rank's backward as not hidden; this
+ * puts every rank's recorded steps on one clock and separates the two. */
+typedef struct nb_ddp_overlap {
+    int steps;                  /* steps summarised: recorded since the last call */
+    int steps_lost;             /* recorded after the timeline was full (not summarised) */
+    double skew_s;              /* per step, mean: last rank's end of backward minus the first's */
+    double comm_s;              /* per rank and step, mean: the buckets' running time (comm_s of
+                                   nb_ddp_step_stats) */
+    double peer_wait_s;         /* of comm_s: before the last rank launched the bucket */
+    double hidden_fraction;     /* share of comm_s - peer_wait_s that ran before the last rank's
+                                   backward ended */
+    double own_hidden_fraction; /* share of comm_s that ran before the rank's own backward ended
+                                   (hidden_fraction of nb_ddp_step_stats, pooled) */
+    double clock_error_s;       /* 0: every rank on one host (one clock); else the spread of the
+                                   clock offsets estimated at barriers */
+} nb_ddp_overlap;
+
+/* Summarises the steps recorded (record_timeline) since the previous call
+ * on every rank: a collective, every rank of the wrapper's group calls it
+ * between steps; every rank gets the same figures. Exchanges the records
+ * through the store and runs a few barriers. NB_ERR_INVALID without
+ * record_timeline; NB_ERR_MISMATCH when the ranks recorded different steps
+ * or buckets; the store's or group's failure otherwise. A world of one has
+ * no buckets and records no step (steps 0). */
+nb_status nb_ddp_overlap_across_ranks(nb_ddp *ddp, nb_ddp_overlap *out);
+
 /* Chrome trace JSON (opens in Perfetto / chrome://tracing) of the steps
  * recorded so far (record_timeline): forward, backward and each bucket's
  * all-reduce on their own tracks, process = rank. */
