@@ -5,7 +5,11 @@
  * steps with AdamW; rank 0 prints one table row: world size, mode,
  * milliseconds per step (median), samples (or tokens) per second over all
  * ranks, time in backward, time waiting for buckets after backward, and
- * the share of all-reduce time hidden behind backward.
+ * the share of all-reduce time hidden behind backward as the rank sees it,
+ * and the same across ranks (nb_ddp_overlap_across_ranks: the time a
+ * bucket waits for a rank that launches it later, "peer-wait" in ms per
+ * rank and step, is not counted as communication, and "hid-all" is the
+ * share hidden behind the last rank's backward).
  *
  *   --model wide  an MLP of --layers Linear layers of --width (default; batch 64)
  *   --model mlp   the bundled MLP classifier as train_classifier builds it:
@@ -240,8 +244,8 @@ int main(int argc, char **argv) {
     }
     if (!batch) batch = kind == MLP ? 8 : kind == CNN ? 32 : kind == GPT ? 16 : kind == GPT6 ? 8 : 64;
     if (header) {
-        printf("%-6s %-7s %10s %12s %11s %9s %8s %10s\n", "world", "mode", "ms/step", "samples/s", "backward",
-               "wait", "hidden", "state");
+        printf("%-6s %-7s %10s %12s %11s %9s %8s %10s %8s %10s\n", "world", "mode", "ms/step", "samples/s",
+               "backward", "wait", "hidden", "peer-wait", "hid-all", "state");
         return 0;
     }
     /* auto: one GPU per rank (cuda:LOCAL_RANK, NCCL) when there are GPUs, else the CPU (Gloo) */
@@ -274,6 +278,7 @@ int main(int argc, char **argv) {
     nb_ddp *ddp = NULL;
     nb_ddp_options dopts = NB_DDP_DEFAULTS;
     dopts.first_bucket_bytes = dopts.bucket_cap_bytes = (size_t)(bucket_mb * 1048576.0);
+    dopts.record_timeline = true; /* for nb_ddp_overlap_across_ranks */
     if (use_ddp && nb_ddp_new(&ddp, model, pg, &dopts) != NB_OK) {
         fprintf(stderr, "bench_ddp: %s\n", nb_last_error());
         return 1;
@@ -294,7 +299,12 @@ int main(int argc, char **argv) {
     double *t_step = calloc((size_t)steps * 4, sizeof(double)), *t_fwd = t_step + steps,
            *t_bwd = t_fwd + steps, *t_opt = t_bwd + steps, bw = 0, wait = 0, hidden = 0;
     int measured = 0;
+    nb_ddp_overlap ov = {0};
     for (int s = 0; s < steps + 3; s++) { /* 3 warm-up steps */
+        if (s == 3 && ddp && nb_ddp_overlap_across_ranks(ddp, &ov) != NB_OK) { /* leaves the warm-up out */
+            fprintf(stderr, "bench_ddp: %s\n", nb_last_error());
+            return 1;
+        }
         nb_ctx_reset(step);
         nb_tensor *x, *y;
         make_batch(step, kind, batch, width, s, &data, &x, &y);
@@ -340,16 +350,27 @@ int main(int argc, char **argv) {
             }
         }
     }
+    if (ddp && nb_ddp_overlap_across_ranks(ddp, &ov) != NB_OK) {
+        fprintf(stderr, "bench_ddp: %s\n", nb_last_error());
+        return 1;
+    }
+    bool across = ddp && world > 1 && ov.steps > 0;
     size_t state_bytes = nb_optim_state_bytes(opt);
     double med = median(t_step, measured), per_s = (double)batch * (IS_GPT(kind) ? GPT_T(kind) : 1) * world / med;
     if (rank == 0 && machine) {
         printf("model=%s mode=%s world=%d batch=%lld ms=%.4f fwd=%.4f bwd=%.4f opt=%.4f per_s=%.1f unit=%s "
-               "hidden=%.4f params=%lld state_bytes=%zu\n",
+               "hidden=%.4f hidden_all=%.4f peer_wait_ms=%.4f skew_ms=%.4f params=%lld state_bytes=%zu\n",
                model_names[kind], mode, world, (long long)batch, 1e3 * med,
                1e3 * median(t_fwd, measured), 1e3 * median(t_bwd, measured), 1e3 * median(t_opt, measured),
-               per_s, IS_GPT(kind) ? "tokens" : "samples", ddp && world > 1 ? hidden / measured : NAN, (long long)n_params, state_bytes);
+               per_s, IS_GPT(kind) ? "tokens" : "samples", ddp && world > 1 ? hidden / measured : NAN,
+               across ? ov.hidden_fraction : NAN, across ? 1e3 * ov.peer_wait_s : NAN,
+               across ? 1e3 * ov.skew_s : NAN, (long long)n_params, state_bytes);
     } else if (rank == 0) {
-        char hid[16] = "-", bws[16] = "-", ws[16] = "-";
+        char hid[16] = "-", bws[16] = "-", ws[16] = "-", pw[16] = "-", hall[16] = "-";
+        if (across) {
+            snprintf(pw, sizeof pw, "%.2f ms", 1e3 * ov.peer_wait_s);
+            snprintf(hall, sizeof hall, "%.0f%%", 100 * ov.hidden_fraction);
+        }
         if (ddp && world > 1) {
             snprintf(hid, sizeof hid, "%.0f%%", 100 * hidden / measured);
             snprintf(bws, sizeof bws, "%.2f ms", 1e3 * bw / measured);
@@ -357,8 +378,8 @@ int main(int argc, char **argv) {
         }
         char sts[24];
         snprintf(sts, sizeof sts, "%.2f MiB", (double)state_bytes / (1 << 20));
-        printf("%-6d %-7s %10.2f %12.0f %11s %9s %8s %10s\n", world, mode, 1e3 * med, per_s, bws, ws,
-               hid, sts);
+        printf("%-6d %-7s %10.2f %12.0f %11s %9s %8s %10s %8s %10s\n", world, mode, 1e3 * med, per_s, bws,
+               ws, hid, pw, hall, sts);
     }
     if (zero && nb_ddp_set_zero(ddp, NULL) != NB_OK) { /* the whole state back before the free */
         fprintf(stderr, "bench_ddp: %s\n", nb_last_error());

@@ -74,8 +74,11 @@ message.
 # zero_grad on rank 0. "hidden" exists for nabla only: bench_ddp averages
 # nb_ddp_last_stats' hidden_fraction over its timed steps (per step: the part
 # of each bucket's all-reduce, from its start to its finish, that lies before
-# the end of backward, over the buckets' summed all-reduce time); PyTorch's
-# reducer does not report the equivalent without its profiler.
+# the end of backward, over the buckets' summed all-reduce time), and "all
+# ranks" / "peer wait" are its hidden_all / peer_wait_ms, the same over every
+# rank's steps without the time a bucket waited for a later rank
+# (nb_ddp_overlap_across_ranks); PyTorch's reducer does not report the
+# equivalent without its profiler.
 import argparse
 import ctypes
 import importlib.util
@@ -351,7 +354,8 @@ def run_nabla_ddp(nbrun, binary, model_name, steps, world, env, timeout, extra=(
     f = dict(re.findall(r"(\w+)=(\S+)", line[-1]))
     if int(f["world"]) != world:
         raise SystemExit(f"compare_torch: bench_ddp ran on world={f['world']}, not {world}")
-    return {"ms": float(f["ms"]), "hidden": float(f["hidden"]), "params": int(f["params"]),
+    return {"ms": float(f["ms"]), "hidden": float(f["hidden"]), "hidden_all": float(f.get("hidden_all", "nan")),
+            "peer_wait_ms": float(f.get("peer_wait_ms", "nan")), "params": int(f["params"]),
             "batch": int(f["batch"]), "threads": most}
 
 
@@ -554,8 +558,11 @@ def main():
               + "; torch.set_num_threads(1), set_num_interop_threads(1)")
         print("  hidden: share of nabla's all-reduce time that ran before backward ended "
               "(nb_ddp_last_stats), mean over the timed steps of rank 0")
-        print(f"{'model':6} {'batch':>6} {'nabla ms':>27} {'hidden':>18} {'torch ms':>27} "
-              f"{'ratio':>6} {'pair ratios':>19}")
+        print("  all ranks: the same over every rank's timed steps on one clock, without the time a bucket "
+              "waited for a rank that launched it later (peer wait, ms per rank and step), hidden behind "
+              "the last rank's backward (nb_ddp_overlap_across_ranks)")
+        print(f"{'model':6} {'batch':>6} {'nabla ms':>27} {'hidden':>18} {'all ranks':>18} {'peer wait':>18} "
+              f"{'torch ms':>27} {'ratio':>6} {'pair ratios':>19}")
     for m in a.models.split(",") if a.ddp else []:
         ours, theirs = [], []
         for _ in range(a.repeats):
@@ -568,9 +575,11 @@ def main():
                       file=sys.stderr)
                 return 1
         o, th, hid = [r["ms"] for r in ours], [r["ms"] for r in theirs], [r["hidden"] for r in ours]
+        hall, pw = [r["hidden_all"] for r in ours], [r["peer_wait_ms"] for r in ours]
         pairs = [x / y for x, y in zip(o, th)]
         b = f"{BATCH[m]}x{GPT_SHAPES[m][0]}" if m in GPT_SHAPES else str(BATCH[m])
         print(f"{m:6} {b:>6} {spread(o, '{:.3f}'):>27} {spread(hid, '{:.2f}'):>18} "
+              f"{spread(hall, '{:.2f}'):>18} {spread(pw, '{:.1f}'):>18} "
               f"{spread(th, '{:.3f}'):>27} {statistics.median(o) / statistics.median(th):6.3f} "
               f"{spread(pairs, '{:.3f}'):>19}", flush=True)
         seen_ddp.append((f"{m}-ddp{a.ddp}", ours, theirs))

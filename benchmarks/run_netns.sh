@@ -96,7 +96,7 @@ for rate in $rates; do
   wait "$other"
   sent=$(( ($(tx 0) - before) / (steps + 3) ))
   # bench_ddp's row: world mode ms/step samples/s backward ms wait ms hidden
-  read -r _ _ ms _ bw _ wt _ hid <<<"$row"
+  read -r _ _ ms _ bw _ wt _ hid _ <<<"$row"
   if [ "$rate" = unlimited ]; then wire=-; else wire=$(awk -v s="$sent" -v b="$(bits "$rate")" 'BEGIN { printf "%.1f", 8e3 * s / b }'); fi
   printf '%-10s %9s %10s %10s %8s %13s %9s\n' "$rate" "$ms" "$bw ms" "$wt ms" "$hid" "$sent" "$wire"
 done
