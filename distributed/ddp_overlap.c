@@ -146,19 +146,26 @@ static void clock_id(char *out, size_t cap) {
 }
 
 /* This rank's record: head, then per step n, bw_end and n (launch, start,
- * finish) triples, as doubles. */
-static char *pack(nb_ddp *d, const double *left, size_t *len) {
+ * finish) triples, as doubles. One over the store's limit is sent as its
+ * head alone with steps -1, so that every rank fails alike instead of
+ * waiting for it. */
+static char *pack(nb_ddp *d, const double *left, size_t *len, size_t *full) {
     size_t n = sizeof(head);
     for (int s = 0; s < d->n_ov; s++) n += sizeof(double) * (2 + 3 * (size_t)d->ov[s].n);
+    *full = n;
+    bool over = n > NB_STORE_MAX_VALUE;
+    if (over) n = sizeof(head);
     char *buf = nb__ddp_calloc(n, 1);
     head h;
     memset(&h, 0, sizeof h);
     memcpy(h.magic, MAGIC, sizeof h.magic);
     clock_id(h.host, sizeof h.host);
-    h.steps = d->n_ov;
+    h.steps = over ? -1 : d->n_ov;
     h.lost = d->ov_lost;
     memcpy(h.left, left, sizeof h.left);
     memcpy(buf, &h, sizeof h);
+    *len = n;
+    if (over) return buf;
     double *p = (double *)(buf + sizeof h);
     for (int s = 0; s < d->n_ov; s++) {
         *p++ = d->ov[s].n;
@@ -169,16 +176,17 @@ static char *pack(nb_ddp *d, const double *left, size_t *len) {
             *p++ = d->ov[s].b[b].finish;
         }
     }
-    *len = n;
     return buf;
 }
 
-/* Rank r's record into its head and steps (malloc'd); false if malformed. */
+/* Rank r's record into its head and steps (malloc'd; none for steps -1);
+ * false if malformed. */
 static bool unpack(const char *buf, size_t len, head *h, trace_step **steps) {
     if (len < sizeof *h) return false;
     memcpy(h, buf, sizeof *h);
-    if (memcmp(h->magic, MAGIC, sizeof h->magic) != 0 || h->steps < 0 || h->steps > NB__DDP_MAX_OVERLAP_STEPS)
+    if (memcmp(h->magic, MAGIC, sizeof h->magic) != 0 || h->steps < -1 || h->steps > NB__DDP_MAX_OVERLAP_STEPS)
         return false;
+    if (h->steps == -1) return len == sizeof *h;
     h->host[sizeof h->host - 1] = 0;
     size_t at = sizeof *h, nd = (len - at) / sizeof(double);
     if ((len - at) % sizeof(double) != 0) return false;
@@ -244,14 +252,10 @@ nb_status nb_ddp_overlap_across_ranks(nb_ddp *d, nb_ddp_overlap *out) {
     int call = ++d->ov_calls;
     nb_store *store = nb_pg_store(d->pg);
     char key[128];
-    size_t len;
-    char *mine = pack(d, left, &len);
+    size_t len, full;
+    char *mine = pack(d, left, &len, &full);
     snprintf(key, sizeof key, "nb/ddp/%u/overlap/%d/%d", d->id, call, nb_pg_global_rank(d->pg, d->rank));
-    nb_status st = len > NB_STORE_MAX_VALUE
-                       ? nb_set_error(NB_ERR_INVALID, "nb_ddp_overlap_across_ranks: %d steps of %d buckets "
-                                                      "make a record of %zu bytes, over the store's %u",
-                                      d->n_ov, d->n_buckets, len, NB_STORE_MAX_VALUE)
-                       : nb_store_set(store, key, mine, len);
+    nb_status st = nb_store_set(store, key, mine, len);
     free(mine);
     head *heads = nb__ddp_calloc((size_t)d->world, sizeof *heads);
     trace_step **steps = nb__ddp_calloc((size_t)d->world, sizeof *steps);
@@ -264,6 +268,11 @@ nb_status nb_ddp_overlap_across_ranks(nb_ddp *d, nb_ddp_overlap *out) {
         if (st == NB_OK && !unpack(v, n, &heads[r], &steps[r]))
             st = nb_set_error(NB_ERR_MISMATCH, "nb_ddp_overlap_across_ranks: rank %d's record (%zu bytes) "
                                                "is malformed", r, n);
+        else if (st == NB_OK && heads[r].steps == -1)
+            st = nb_set_error(NB_ERR_INVALID, "nb_ddp_overlap_across_ranks: rank %d's %d steps of up to %d "
+                                              "buckets make a record over the store's %u bytes (this rank's: "
+                                              "%zu); call it more often", r, d->n_ov, d->n_buckets,
+                              NB_STORE_MAX_VALUE, full);
         free(v);
     }
     for (int r = 1; r < d->world && st == NB_OK; r++) {
