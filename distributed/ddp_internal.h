@@ -138,6 +138,8 @@ nb_status nb__ddp_verify_params(nb_ddp *d);
 nb_status nb__ddp_broadcast_tensors(nb_ddp *d, bool buffers_only, int root);
 
 /* ddp_stats.c */
+/* t = the step that just ended at `done` (its bucket times copied, malloc'd). */
+void nb__ddp_trace_take(trace_step *t, const nb_ddp *d, double done);
 /* Fills d->stats (and the timeline) from the step that just ended at `done`. */
 void nb__ddp_record_stats(nb_ddp *d, double done);
 

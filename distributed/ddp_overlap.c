@@ -63,18 +63,14 @@ void nb__ddp_overlap_note(nb_ddp *d, double done) {
         return;
     }
     if (!d->ov) d->ov = nb__ddp_calloc(NB__DDP_MAX_OVERLAP_STEPS, sizeof *d->ov);
-    trace_step *t = &d->ov[d->n_ov++];
-    t->fwd_start = d->fwd_start;
-    t->bw_start = d->bw_start;
-    t->bw_end = d->bw_end;
-    t->done = done;
-    t->n = d->n_buckets;
-    t->b = nb__ddp_calloc((size_t)d->n_buckets, sizeof *t->b);
-    memcpy(t->b, d->times, sizeof *t->b * (size_t)d->n_buckets);
+    nb__ddp_trace_take(&d->ov[d->n_ov++], d, done);
 }
 
 static void drop_steps(nb_ddp *d) {
-    for (int i = 0; i < d->n_ov; i++) free(d->ov[i].b);
+    for (int i = 0; i < d->n_ov; i++) {
+        free(d->ov[i].b);
+        d->ov[i].b = NULL;
+    }
     d->n_ov = 0;
     d->ov_lost = 0;
 }

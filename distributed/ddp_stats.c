@@ -7,6 +7,16 @@
 
 #include "distributed/ddp_internal.h"
 
+void nb__ddp_trace_take(trace_step *t, const nb_ddp *d, double done) {
+    t->fwd_start = d->fwd_start;
+    t->bw_start = d->bw_start;
+    t->bw_end = d->bw_end;
+    t->done = done;
+    t->n = d->n_buckets;
+    t->b = nb__ddp_calloc((size_t)d->n_buckets, sizeof *t->b);
+    memcpy(t->b, d->times, sizeof *t->b * (size_t)d->n_buckets);
+}
+
 void nb__ddp_record_stats(nb_ddp *d, double done) {
     nb_ddp_step_stats *s = &d->stats;
     memset(s, 0, sizeof *s);
@@ -29,13 +39,7 @@ void nb__ddp_record_stats(nb_ddp *d, double done) {
         nb__ddp_overlap_note(d, done);
         trace_step *ts = &d->trace[d->n_trace < NB__DDP_MAX_TRACE_STEPS ? d->n_trace++ : NB__DDP_MAX_TRACE_STEPS - 1];
         free(ts->b);
-        ts->fwd_start = d->fwd_start;
-        ts->bw_start = d->bw_start;
-        ts->bw_end = d->bw_end;
-        ts->done = done;
-        ts->n = d->n_buckets;
-        ts->b = nb__ddp_calloc((size_t)d->n_buckets, sizeof *ts->b);
-        memcpy(ts->b, d->times, sizeof *ts->b * (size_t)d->n_buckets);
+        nb__ddp_trace_take(ts, d, done);
     }
     for (int b = 0; b < d->n_buckets; b++) { /* relative to the end of backward */
         d->stat_times[b] = d->times[b];

@@ -277,18 +277,20 @@ END_TEST
 
 /* ---- overlap and the trace ---- */
 
-START_TEST(test_overlap_recorded) {
-    if (R == 1) return;
-    nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
+/* L f32 Linear(W) + GELU layers; c[2 l] is layer l's Linear (c: 2 L). */
+static nb_module *layers(nb_ctx *pctx, int L, int64_t W, nb_module **c) {
     nb_rng rng = nb_rng_make(13);
-    enum { L = 6 };
-    const int64_t W = 192;
-    nb_module *c[2 * L];
     for (int l = 0; l < L; l++) {
         c[2 * l] = nb_linear_new(pctx, NB_F32, l == 0 ? F_IN : W, W, true, &rng);
         c[2 * l + 1] = nb_gelu_new(pctx, NB_GELU_EXACT);
     }
-    nb_module *model = nb_sequential_new(pctx, 2 * L, c);
+    return nb_sequential_new(pctx, 2 * L, c);
+}
+
+START_TEST(test_overlap_recorded) {
+    if (R == 1) return;
+    nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
+    nb_module *c[12], *model = layers(pctx, 6, 192, c);
     nb_ddp_options o = NB_DDP_DEFAULTS;
     o.first_bucket_bytes = 64 << 10;
     o.bucket_cap_bytes = 64 << 10;
@@ -375,15 +377,8 @@ static void sleep_hook(nb_tensor *leaf, void *user) {
  * ready: every later bucket waits for it on the other ranks. */
 START_TEST(test_overlap_across_ranks) {
     nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
-    nb_rng rng = nb_rng_make(13);
     enum { L = 4 };
-    const int64_t W = 128;
-    nb_module *c[2 * L];
-    for (int l = 0; l < L; l++) {
-        c[2 * l] = nb_linear_new(pctx, NB_F32, l == 0 ? F_IN : W, W, true, &rng);
-        c[2 * l + 1] = nb_tanh_new(pctx);
-    }
-    nb_module *model = nb_sequential_new(pctx, 2 * L, c);
+    nb_module *c[2 * L], *model = layers(pctx, L, 128, c);
     nb_ddp_options o = NB_DDP_DEFAULTS;
     o.first_bucket_bytes = 32 << 10;
     o.bucket_cap_bytes = 32 << 10;
