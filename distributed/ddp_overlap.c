@@ -192,7 +192,7 @@ static bool unpack(const char *buf, size_t len, head *h, trace_step **steps) {
     size_t k = 0;
     bool ok = true;
     for (int s = 0; s < h->steps && ok; s++) {
-        if (k + 2 > nd || v[k] < 0 || v[k] > 1e6 || v[k] != (double)(int)v[k]) {
+        if (k + 2 > nd || !(v[k] >= 0 && v[k] <= 1e6) || v[k] != (double)(int)v[k]) { /* NaN too */
             ok = false;
             break;
         }
