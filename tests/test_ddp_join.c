@@ -59,6 +59,7 @@ static void run_mlp(int even, int odd, bool divide_by_initial) {
     nb_ddp_options o = NB_DDP_DEFAULTS;
     o.first_bucket_bytes = 256; /* several buckets, and a rebuild, even for this model */
     o.bucket_cap_bytes = 512;
+    o.record_timeline = true;
     nb_ddp *ddp;
     ck_assert_int_eq(nb_ddp_new(&ddp, model, world, &o), NB_OK);
     nb_optim *opt = adamw_for(model), *ropt = adamw_for(ref);
@@ -95,6 +96,20 @@ static void run_mlp(int even, int odd, bool divide_by_initial) {
     ck_assert_msg(st == NB_OK, "nb_ddp_join: %s", nb_last_error());
     assert_same_on_all_ranks(model);
     assert_models_close(model, ref, 1e-9);
+    /* a joined rank records no step of its own: the ranks' records differ,
+     * and every rank says so (none waits for the others) */
+    nb_ddp_overlap ov;
+    st = nb_ddp_overlap_across_ranks(ddp, &ov);
+    if (R > 1 && even != odd) {
+        ck_assert_int_eq(st, NB_ERR_MISMATCH);
+        char want[96];
+        snprintf(want, sizeof want, "rank 0 recorded %d steps since the last call, rank 1 %d", even, odd);
+        ck_assert_msg(strstr(nb_last_error(), want) != NULL, "%s", nb_last_error());
+    } else {
+        ck_assert_int_eq(st, NB_OK);
+    }
+    ck_assert_int_eq(nb_ddp_overlap_across_ranks(ddp, &ov), NB_OK); /* the records were dropped */
+    ck_assert_int_eq(ov.steps, 0);
     nb_ddp_free(ddp);
     nb_optim_free(opt);
     nb_optim_free(ropt);
