@@ -16,11 +16,15 @@
 #          eager and torch.compile), run_scaling.sh over the GPUs there are
 #   cpu    compare_torch.py on that machine's CPU, 1 thread, f32 and bf16
 #          rows of both GPTs (its CPU may have AVX512_BF16/AMX, which ours
-#          lack; $CPU_TIMEOUT seconds, 420)
+#          lack; $CPU_TIMEOUT seconds, 420, as each comparison of cpuddp)
 #   sanitize  compute-sanitizer memcheck over every tests/test_cuda_* binary
 #          (within $SANITIZE_BUDGET seconds) and racecheck over $RACECHECK
 #   dnnl   oneDNN's ISA and kernels on that CPU, the share of GPT steps its
 #          primitives take, GPT steps per ISA cap
+#   cpuddp DDP on 2 CPU processes against PyTorch DDP (compare_torch.py --ddp 2,
+#          GPT), at the default buckets and at 0.25 MiB with the per-bucket
+#          step, with the overlap across ranks: on a host with cores to spare
+#          for communication, unlike the 2-core development machines (~3 min)
 #
 #   benchmarks/gpu_session.sh [--phase probe,build,test,bench,cpu|all]   (default all)
 #
@@ -241,6 +245,21 @@ phase_cpu() {
   tail -25 "$d/compare_torch_cpu.txt"
 }
 
+# DDP on CPU processes where the communication threads have cores of their
+# own: the issue-15 DDP target (<= 0.75x PyTorch DDP with >= 80% hidden)
+# measured away from the 2-core machines' contention.
+phase_cpuddp() {
+  local d=$OUT/cpuddp; mkdir -p "$d"
+  ensure_built || return 1
+  STEP_TIMEOUT=${CPU_TIMEOUT:-420} run "compare_torch.py --ddp 2 (CPU, default buckets)" "$d/ddp_default.txt" \
+    python3 benchmarks/compare_torch.py --bin "$BUILD_DIR/bin" --threads 1 --models gpt --bf16-models "" \
+    --ddp 2 --steps 20 --repeats 3
+  STEP_TIMEOUT=${CPU_TIMEOUT:-420} run "compare_torch.py --ddp 2 (CPU, 0.25 MiB, per-bucket step)" \
+    "$d/ddp_small.txt" python3 benchmarks/compare_torch.py --bin "$BUILD_DIR/bin" --threads 1 --models gpt \
+    --bf16-models "" --ddp 2 --steps 20 --repeats 3 --ddp-bucket-mb 0.25 --nabla-bucket-step
+  grep -h -A1 'nabla ms.*hidden' "$d/ddp_default.txt" "$d/ddp_small.txt"
+}
+
 # "step <median ms>; oneDNN <ms> per step (<share>%, <calls> per step); <primitive:impl> <ms> ..."
 # from a bench_ddp --machine run of STEPS steps (and its 3 warm-up steps) under ONEDNN_VERBOSE=1:
 # the exec times of the last STEPS steps' calls
@@ -298,7 +317,7 @@ status=0
 IFS=, read -ra list <<<"$phases"
 for p in "${list[@]}"; do
   case $p in
-    probe|build|test|sanitize|bench|cpu|dnnl) note "== phase $p"; "phase_$p" || status=1 ;;
+    probe|build|test|sanitize|bench|cpu|dnnl|cpuddp) note "== phase $p"; "phase_$p" || status=1 ;;
     *) echo "gpu_session: unknown phase $p (probe, build, test, sanitize, bench, cpu, dnnl, all)" >&2; exit 2 ;;
   esac
 done
