@@ -144,6 +144,9 @@ void nb__ddp_trace_take(trace_step *t, const nb_ddp *d, double done);
 void nb__ddp_record_stats(nb_ddp *d, double done);
 
 /* ddp_overlap.c */
+/* Tests only: when nonzero, the largest overlap record sent (bytes), in
+ * place of the store's NB_STORE_MAX_VALUE. */
+extern size_t nb__ddp_overlap_record_cap;
 /* Keeps the step that just ended for nb_ddp_overlap_across_ranks. */
 void nb__ddp_overlap_note(nb_ddp *d, double done);
 void nb__ddp_overlap_forget(nb_ddp *d); /* at nb_ddp_free */

@@ -48,6 +48,8 @@
 #define NB_BARRIERS 5
 #define MAGIC "nbovl01"
 
+size_t nb__ddp_overlap_record_cap = 0;
+
 typedef struct head {
     char magic[8];
     char host[64]; /* boot id, or host name */
@@ -149,7 +151,7 @@ static char *pack(nb_ddp *d, const double *left, size_t *len, size_t *full) {
     size_t n = sizeof(head);
     for (int s = 0; s < d->n_ov; s++) n += sizeof(double) * (2 + 3 * (size_t)d->ov[s].n);
     *full = n;
-    bool over = n > NB_STORE_MAX_VALUE;
+    bool over = n > (nb__ddp_overlap_record_cap ? nb__ddp_overlap_record_cap : NB_STORE_MAX_VALUE);
     if (over) n = sizeof(head);
     char *buf = nb__ddp_calloc(n, 1);
     head h;
@@ -266,9 +268,10 @@ nb_status nb_ddp_overlap_across_ranks(nb_ddp *d, nb_ddp_overlap *out) {
                                                "is malformed", r, n);
         else if (st == NB_OK && heads[r].steps == -1)
             st = nb_set_error(NB_ERR_INVALID, "nb_ddp_overlap_across_ranks: rank %d's %d steps of up to %d "
-                                              "buckets make a record over the store's %u bytes (this rank's: "
+                                              "buckets make a record over the store's %zu bytes (this rank's: "
                                               "%zu); call it more often", r, d->n_ov, d->n_buckets,
-                              NB_STORE_MAX_VALUE, full);
+                              nb__ddp_overlap_record_cap ? nb__ddp_overlap_record_cap
+                                                         : (size_t)NB_STORE_MAX_VALUE, full);
         free(v);
     }
     for (int r = 1; r < d->world && st == NB_OK; r++) {

@@ -423,6 +423,19 @@ START_TEST(test_overlap_across_ranks) {
     }
     ck_assert_int_eq(nb_ddp_overlap_across_ranks(ddp, &ov), NB_OK); /* nothing new */
     ck_assert_int_eq(ov.steps, 0);
+    if (R > 1) { /* a record over the store's limit: every rank fails alike, none waits */
+        nb_ctx_reset(step);
+        nb_tensor *x = nb_cast(step, nbt_randn(step, NB_F64, NB_SHAPE(64, F_IN), 800), NB_F32);
+        nb_tensor *out = ddp_fwd(ddp, step, x);
+        ck_assert_int_eq(nb_ddp_backward(ddp, nb_mean_all(step, nb_mul(step, out, out))), NB_OK);
+        nb__ddp_overlap_record_cap = 200; /* the head alone is 120 bytes, one step of 3+ buckets over 200 */
+        ck_assert_int_eq(nb_ddp_overlap_across_ranks(ddp, &ov), NB_ERR_INVALID);
+        nb__ddp_overlap_record_cap = 0;
+        ck_assert_msg(strstr(nb_last_error(), "call it more often") != NULL, "%s", nb_last_error());
+        ck_assert_int_eq(nb_ddp_overlap_across_ranks(ddp, &ov), NB_OK); /* dropped: a fresh start */
+        ck_assert_int_eq(ov.steps, 0);
+        nb_module_zero_grad(model);
+    }
     if (me == R - 1 && R > 1) ck_assert(nb_remove_grad_hook(last_w, sleep_hook, NULL));
     nb_ddp_free(ddp);
     nb_ctx_free(step);
