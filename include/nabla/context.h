@@ -34,9 +34,11 @@ size_t nb_ctx_peak(const nb_ctx *ctx);     /* largest nb_ctx_used() seen */
 size_t nb_ctx_reserved(const nb_ctx *ctx); /* bytes held from the system */
 
 /* The dtype that nb_matmul and nb_conv2d compute in for f32 inputs made
- * in this context: NB_F32 (default), or NB_BF16 / NB_F16 on CUDA (inputs
- * cast, recorded by autograd, products accumulated in f32, f32 results:
- * mixed precision with f32 parameters and master weights). */
+ * in this context: NB_F32 (default), NB_BF16 (CPU and CUDA) or NB_F16
+ * (CUDA only; refused on the CPU) (inputs cast, recorded by autograd,
+ * products accumulated in f32, f32 results: mixed precision with f32
+ * parameters and master weights; docs/design.md, "Mixed precision on
+ * the CPU"). */
 void nb_ctx_set_compute_dtype(nb_ctx *ctx, nb_dtype dtype);
 nb_dtype nb_ctx_compute_dtype(const nb_ctx *ctx);
 

@@ -129,7 +129,7 @@ typedef enum nb_reduce_op {
 typedef struct nb_pg_options {
     nb_pg_backend backend;
     /* A collective that has not completed this long after it started fails
-     * with a diagnosis. 0: $NABLA_PG_TIMEOUT (seconds) or 300. */
+     * with a diagnosis. 0: $NABLA_PG_TIMEOUT (seconds) or 1800. */
     double timeout_s;
 } nb_pg_options;
 
