@@ -20,8 +20,8 @@
  * on the CPU instead of CUDA, in the dtype under test, without poisoning:
  * the CPU in f32 (or f64) against the CPU in f64. This runs the tests'
  * own logic (shapes, which inputs get gradients, expectations, tolerances)
- * on a machine without a GPU, so that a test bug shows before a GPU
- * session. CTest runs each GPU suite that has parity cases a second time
+ * on a machine without a GPU, so that a test bug shows before a run on
+ * a GPU. CTest runs each GPU suite that has parity cases a second time
  * in this mode, as <suite>_logic (label cpu). It says nothing about the
  * CUDA kernels.
  * In this mode:

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# Everything a session does with a lent GPU machine, in one script that fits
-# in one or two device calls of at most 10 minutes (docs/benchmarks.md):
+# Checks and measures nabla on a machine with an NVIDIA GPU: builds with
+# CUDA, runs the GPU suites and compute-sanitizer, trains the examples there,
+# and times our kernels and training steps against PyTorch. The work is cut
+# into phases, each step of which has its own time limit, so that a check can
+# be run as a few short invocations (docs/gpu_check.md):
 #
 #   probe  nvidia-smi, nvcc, CMake, PyTorch, compute-sanitizer, and where
 #          cuDNN and NCCL live (/usr/local/cuda, the system, or the Python
@@ -15,8 +18,8 @@
 #          op), gpt2_gpu.py (GPT-2 small bf16 training steps against PyTorch
 #          eager and torch.compile), run_scaling.sh over the GPUs there are
 #   cpu    compare_torch.py on that machine's CPU, 1 thread, f32 and bf16
-#          rows of both GPTs (its CPU may have AVX512_BF16/AMX, which ours
-#          lack; $CPU_TIMEOUT seconds, 420, as each comparison of cpuddp)
+#          rows of both GPTs (its CPU may have AVX512_BF16/AMX;
+#          $CPU_TIMEOUT seconds, 420, as each comparison of cpuddp)
 #   sanitize  compute-sanitizer memcheck over every tests/test_cuda_* binary
 #          (within $SANITIZE_BUDGET seconds) and racecheck over $RACECHECK
 #   dnnl   oneDNN's ISA and kernels on that CPU, the share of GPT steps its
@@ -24,18 +27,17 @@
 #   cpuddp DDP on 2 CPU processes against PyTorch DDP (compare_torch.py --ddp 2,
 #          GPT), at the default buckets and at 0.25 MiB with the per-bucket
 #          step, with the overlap across ranks: on a host with cores to spare
-#          for communication, unlike the 2-core development machines (~3 min)
+#          for communication (~3 min)
 #
-#   benchmarks/gpu_session.sh [--phase probe,build,test,bench,cpu|all]   (default all)
+#   benchmarks/gpu_check.sh [--phase probe,build,test,bench,cpu|all]   (default all)
 #
-# The device call, from the project's root (Check, OpenBLAS, oneDNN and Gloo come in .deps,
-# made here by ../shared/device/fetch-debs.sh .deps with EXTRA_DEBS as in docs/benchmarks.md):
-#   carry [".deps"], command: benchmarks/gpu_session.sh --phase build,test
-#   then:                     benchmarks/gpu_session.sh --phase bench
-# test and bench build first when $BUILD_DIR has no build (a machine left idle
-# for 30 s is given back, and the next call starts bare). Every log and table
-# goes under $OUT/<phase>/ ($OUT: set by the device tool; else ./build-gpu-out),
-# with one line per step in $OUT/summary.txt; the tables are printed last.
+# From the project's root. A GPU machine without our Debian packages (Check,
+# OpenBLAS, oneDNN, Gloo) gets them as .deb files in .deps/, downloaded
+# elsewhere by tools/fetch_debs.sh; this script unpacks them
+# (tools/unpack_debs.sh) before anything else. test and bench build first
+# when $BUILD_DIR has no build. Every log and table goes under $OUT/<phase>/
+# (OUT: default build-gpu-out/), with one line per step in $OUT/summary.txt;
+# the tables and the summary are printed last.
 set -uo pipefail
 
 phases=all
@@ -44,7 +46,7 @@ while [ $# -gt 0 ]; do
     --phase) phases=${2:?--phase needs a value}; shift 2 ;;
     --phase=*) phases=${1#--phase=}; shift ;;
     -h|--help) sed -n '2,/^set -uo/{/^set -uo/!p}' "$0"; exit 0 ;;
-    *) echo "gpu_session: unknown argument $1 (see --help)" >&2; exit 2 ;;
+    *) echo "gpu_check: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
 [ "$phases" = all ] && phases=probe,build,test,bench,cpu
@@ -77,15 +79,11 @@ run() {
 }
 
 # ---------------------------------------------------------------- deps
-if [ -f .deps/unpack-debs.sh ]; then
+if ls .deps/*.deb >/dev/null 2>&1; then
   # shellcheck disable=SC1091
-  source .deps/unpack-debs.sh >/dev/null
-  # Gloo installs into /usr/lib (not multiarch); the packed pkg-config and
-  # friends are used only where the machine has none of its own.
-  export LD_LIBRARY_PATH=$DEPS_PREFIX/usr/lib:$LD_LIBRARY_PATH
-  export PATH=$PATH:$DEPS_PREFIX/usr/bin
+  source tools/unpack_debs.sh .deps || exit 1
 else
-  note "no .deps/unpack-debs.sh: Check and OpenBLAS must be on the machine already (see docs/benchmarks.md)"
+  note "no .deps/*.deb: Check, OpenBLAS, oneDNN and Gloo must be installed already (docs/gpu_check.md)"
 fi
 
 # cuDNN and NCCL: the toolkit's or the system's, else the Python packages'
@@ -246,8 +244,8 @@ phase_cpu() {
 }
 
 # DDP on CPU processes where the communication threads have cores of their
-# own: the issue-15 DDP target (<= 0.75x PyTorch DDP with >= 80% hidden)
-# measured away from the 2-core machines' contention.
+# own: the DDP target (<= 0.75x PyTorch DDP with >= 80% hidden) measured
+# away from a 2-core machine's contention.
 phase_cpuddp() {
   local d=$OUT/cpuddp; mkdir -p "$d"
   ensure_built || return 1
@@ -318,7 +316,7 @@ IFS=, read -ra list <<<"$phases"
 for p in "${list[@]}"; do
   case $p in
     probe|build|test|sanitize|bench|cpu|dnnl|cpuddp) note "== phase $p"; "phase_$p" || status=1 ;;
-    *) echo "gpu_session: unknown phase $p (probe, build, test, sanitize, bench, cpu, dnnl, all)" >&2; exit 2 ;;
+    *) echo "gpu_check: unknown phase $p (probe, build, test, sanitize, bench, cpu, dnnl, all)" >&2; exit 2 ;;
   esac
 done
 echo; echo "== summary ($OUT/summary.txt)"; cat "$SUMMARY"
