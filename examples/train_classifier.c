@@ -37,8 +37,9 @@ typedef struct args {
     const char *model, *data, *hidden, *channels, *optim;
     int64_t epochs, stop_at, batch_size, seed, split_seed;
     double lr, momentum, weight_decay, test_fraction;
-    bool sync_bn, resume, bf16, zero;
+    bool sync_bn, resume, bf16, zero; /* resume: a checkpoint is loaded */
     const char *ckpt_dir, *metrics, *plot, *progress;
+    const char *resume_mode; /* --resume: NULL, "" or "auto" */
 } args;
 
 typedef struct run {
@@ -64,6 +65,7 @@ typedef struct run {
     nb_progress *progress;
     nb_metrics_log *log;
     char ckpt_path[4096];
+    char resume_path[4096]; /* the checkpoint --resume loads */
 } run;
 
 /* Loss and accuracy over every test row, and the number of rows. */
@@ -202,18 +204,26 @@ static nb_status save_checkpoint(run *r, int64_t step, int64_t epochs_done) {
 }
 
 static nb_status load_checkpoint(run *r, int64_t *step, int64_t *epochs_done) {
+    bool found;
+    int64_t found_step;
+    nb_status s = resume_find(&r->d, r->a.ckpt_dir, r->a.resume_mode, "train_classifier", r->resume_path,
+                              sizeof r->resume_path, &found, &found_step);
+    if (s != NB_OK || !found) {
+        r->a.resume = false; /* --resume auto without a checkpoint: a fresh start */
+        return s;
+    }
     nb_checkpoint *ck;
-    nb_status s = nb_checkpoint_open(r->ckpt_path, &ck);
+    s = nb_checkpoint_open(r->resume_path, &ck);
     if (s != NB_OK) return s;
     char v[8][64];
     nb_kv kv[8];
     int n;
     run_meta(r, v, kv, &n);
-    s = resume_check_meta(ck, r->ckpt_path, kv, n);
+    s = resume_check_meta(ck, r->resume_path, kv, n);
     nb_checkpoint_close(ck);
     if (s != NB_OK) return s;
     nb_train_state st;
-    s = nb_checkpoint_load_training(r->ckpt_path, r->state, r->n_state, r->opt, &st);
+    s = nb_checkpoint_load_training(r->resume_path, r->state, r->n_state, r->opt, &st);
     *step = st.step;
     *epochs_done = st.epoch;
     return s;
@@ -246,7 +256,7 @@ static int parse_args(run *r, int argc, char **argv) {
         {"split-seed", CLI_INT, &a->split_seed, "seed of the train/test split"},
         {"seed", CLI_INT, &a->seed, "initialisation and shuffling"},
         {"ckpt-dir", CLI_STRING, &a->ckpt_dir, "directory for ckpt.safetensors (saved every epoch)"},
-        {"resume", CLI_BOOL, &a->resume, "continue from --ckpt-dir/ckpt.safetensors"},
+        {"resume", CLI_OPTIONAL, &a->resume_mode, "continue from --ckpt-dir/ckpt.safetensors; 'auto': from the newest checkpoint in --ckpt-dir, or afresh when there is none"},
         {"metrics", CLI_STRING, &a->metrics, "JSON-lines metrics file"},
         {"plot", CLI_STRING, &a->plot, "SVG loss and accuracy plot (default: --metrics with .svg)"},
         {"progress", CLI_STRING, &a->progress, "auto, line, plain or off"},
@@ -272,6 +282,11 @@ static int parse_args(run *r, int argc, char **argv) {
         return 2;
     }
     if (!a->lr) a->lr = r->sgd ? 0.01 : 0.003;
+    a->resume = a->resume_mode != NULL;
+    if (a->resume_mode && *a->resume_mode && strcmp(a->resume_mode, "auto")) {
+        fprintf(stderr, "train_classifier: --resume takes no value or 'auto', not \"%s\"\n", a->resume_mode);
+        return 2;
+    }
     r->n_widths = parse_list(r->cnn ? a->channels : a->hidden, r->widths, 16);
     if (r->n_widths < 0 || (r->cnn && r->n_widths == 0)) {
         fprintf(stderr, "train_classifier: --%s must be a comma-separated list of positive widths\n",
@@ -355,6 +370,9 @@ static void print_banner(run *r) {
                        r->d.world_size, r->d.world_size > 1 ? "es" : "", r->d.ddp ? " with DDP" : "",
                        (long long)a->batch_size, (long long)r->per_epoch, a->optim, a->lr,
                        r->cnn && a->sync_bn ? ", SyncBatchNorm" : "");
+    if (a->resume_mode && !strcmp(a->resume_mode, "auto"))
+        nb_progress_printf(r->progress, a->resume ? "--resume auto: from %s" : "--resume auto: no checkpoint "
+                           "in %s: a fresh start", a->resume ? r->resume_path : a->ckpt_dir);
     nb_progress_printf(r->progress, "optimizer state per process: %zu bytes%s", nb_optim_state_bytes(r->opt),
                        r->d.ddp && nb_ddp_zero_optimizer(r->d.ddp) ? " (ZeRO-1)" : "");
 }

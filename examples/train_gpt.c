@@ -25,6 +25,7 @@
 #include <nabla/nabla.h>
 
 #include "common/cli.h"
+#include "common/fault.h"
 #include "common/files.h"
 #include "common/dist.h"
 #include "common/report.h"
@@ -42,7 +43,8 @@ typedef struct args {
     int64_t eval_interval, eval_windows, log_interval, metrics_interval;
     const char *ckpt_dir;
     int64_t ckpt_interval;
-    bool resume;
+    const char *resume_mode; /* --resume: NULL, "" or "auto" */
+    bool resume;             /* a checkpoint is loaded */
     int64_t seed, sample_len, top_k;
     double temperature;
     const char *prompt, *metrics, *plot, *progress;
@@ -78,6 +80,7 @@ typedef struct run {
     nb_progress *progress;
     nb_metrics_log *log;
     char ckpt_path[4096], plot_path[4096];
+    char resume_path[4096]; /* the checkpoint --resume loads */
 } run;
 
 static int fail(const run *r, const char *what) {
@@ -252,23 +255,34 @@ static nb_status save_checkpoint(run *r, int64_t steps_done) {
 
 static nb_status load_checkpoint(run *r) {
     nb_checkpoint *ck;
-    nb_status s = nb_checkpoint_open(r->ckpt_path, &ck);
+    nb_status s = nb_checkpoint_open(r->resume_path, &ck);
     if (s != NB_OK) return s;
     meta_buf m;
     run_meta(r, &m);
-    s = resume_check_meta(ck, r->ckpt_path, m.kv, m.n);
+    s = resume_check_meta(ck, r->resume_path, m.kv, m.n);
     const char *elapsed = nb_checkpoint_meta(ck, "elapsed_s");
     r->elapsed0 = elapsed ? atof(elapsed) : 0;
     nb_checkpoint_close(ck);
     if (s != NB_OK) return s;
     nb_train_state st;
-    s = nb_checkpoint_load_training(r->ckpt_path, r->state, r->n_state, r->opt, &st);
+    s = nb_checkpoint_load_training(r->resume_path, r->state, r->n_state, r->opt, &st);
     if (s != NB_OK) return s;
     r->step = st.step;
     nb_loader_seek(r->train_loader, st.epoch, st.data_position);
     /* every rank draws its own masks; all are at the same offset */
     *nb_gpt_dropout_rng(r->model) = (nb_rng){r->dropout_seed, st.rng.offset};
     return NB_OK;
+}
+
+/* Which checkpoint --resume loads; with --resume auto and none there, the
+ * run starts afresh (a->resume becomes false). */
+static nb_status find_resume(run *r) {
+    bool found;
+    int64_t step;
+    nb_status s = resume_find(&r->d, r->a.ckpt_dir, r->a.resume_mode, "train_gpt", r->resume_path,
+                              sizeof r->resume_path, &found, &step);
+    r->a.resume = found;
+    return s;
 }
 
 /* ------------------------------------------------------------- sampling */
@@ -377,7 +391,7 @@ static int parse_args(run *r, int argc, char **argv) {
         {"metrics-interval", CLI_INT, &a->metrics_interval, "steps between records in the metrics file"},
         {"ckpt-dir", CLI_STRING, &a->ckpt_dir, "directory for ckpt.safetensors"},
         {"ckpt-interval", CLI_INT, &a->ckpt_interval, "steps between checkpoints (0: only at the end)"},
-        {"resume", CLI_BOOL, &a->resume, "continue from --ckpt-dir/ckpt.safetensors"},
+        {"resume", CLI_OPTIONAL, &a->resume_mode, "continue from --ckpt-dir/ckpt.safetensors; 'auto': from the newest checkpoint in --ckpt-dir, or afresh when there is none"},
         {"seed", CLI_INT, &a->seed, "initialisation, data order, dropout and sampling"},
         {"sample-len", CLI_INT, &a->sample_len, "tokens to generate at the end (0: none)"},
         {"temperature", CLI_DOUBLE, &a->temperature, "sampling temperature (0: greedy)"},
@@ -394,6 +408,11 @@ static int parse_args(run *r, int argc, char **argv) {
     if (rc) return rc == 1 ? 0 : 2;
     if (!report_progress_mode("train_gpt", a->progress, &r->progress_mode)) return 2;
     if (a->min_lr < 0) a->min_lr = a->lr / 10;
+    a->resume = a->resume_mode != NULL;
+    if (a->resume_mode && *a->resume_mode && strcmp(a->resume_mode, "auto")) {
+        fprintf(stderr, "train_gpt: --resume takes no value or 'auto', not \"%s\"\n", a->resume_mode);
+        return 2;
+    }
     if (!check_args(a)) return 2;
     r->stop = a->stop_at > 0 && a->stop_at < a->steps ? a->stop_at : a->steps;
     return -1;
@@ -464,6 +483,9 @@ static void print_banner(run *r) {
                        a->grad_accum > 1 ? "s" : "", (long long)r->tokens_per_step,
                        (long long)r->step + 1, (long long)r->stop, (long long)a->steps,
                        a->resume ? " (resumed)" : "");
+    if (a->resume_mode && !strcmp(a->resume_mode, "auto"))
+        nb_progress_printf(r->progress, a->resume ? "--resume auto: from %s" : "--resume auto: no checkpoint "
+                           "in %s: a fresh start", a->resume ? r->resume_path : a->ckpt_dir);
     nb_progress_printf(r->progress, "optimizer state per process: %zu bytes%s", nb_optim_state_bytes(r->opt),
                        r->d.ddp && nb_ddp_zero_optimizer(r->d.ddp) ? " (ZeRO-1)" : "");
 }
@@ -544,6 +566,7 @@ int main(int argc, char **argv) {
     }
     TRY(&r, open_data(&r), "data");
     build_model(&r);
+    if (a->resume) TRY(&r, find_resume(&r), "resuming");
     if (a->resume) TRY(&r, load_checkpoint(&r), "resuming");
     TRY(&r, run_dist_wrap(&r.d, r.model, false), "DDP");
     nb_ddp *zero = a->zero ? r.d.ddp : NULL; /* a world of one has nothing to shard */
@@ -553,6 +576,7 @@ int main(int argc, char **argv) {
 
     /* the training loop: one optimizer step per iteration, over --grad-accum micro-batches */
     for (; r.step < r.stop; r.step++) {
+        fault_at_step(r.d.rank, r.step + 1);
         nb_optim_set_lr_all(r.opt, nb_lr_schedule_at(&r.sched, r.step));
         double loss = 0;
         for (int64_t micro = 0; micro < a->grad_accum; micro++) {

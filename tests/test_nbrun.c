@@ -1,7 +1,8 @@
 /* The launcher: flags and usage errors, the environment each rank gets,
  * rank-prefixed lines that never mix, failure propagation (first failing
  * rank's exit code, its stderr printed last, TERM then KILL), Ctrl-C, and
- * children dying with nbrun. The ranks are small sh scripts. */
+ * children dying with nbrun, restarts (--max-restarts). The ranks are small
+ * sh scripts. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,7 +42,8 @@ START_TEST(test_help) {
     ck_assert_int_eq(p.code, 0);
     const char *words[] = {"--nproc-per-node N|gpu", "--nnodes K", "--node-rank i", "--master-addr A",
                            "--master-port P", "[rank R] ", "SIGTERM", "SIGKILL", "NBRUN_GRACE",
-                           "PR_SET_PDEATHSIG", "Ctrl-C", "exit status", "LOCAL_WORLD_SIZE", "NABLA_RUN_ID"};
+                           "PR_SET_PDEATHSIG", "Ctrl-C", "exit status", "LOCAL_WORLD_SIZE", "NABLA_RUN_ID",
+                           "--max-restarts N", "NABLA_RESTART_COUNT", "--resume auto"};
     for (unsigned i = 0; i < sizeof words / sizeof words[0]; i++) EXPECT_IN(p.out, words[i]);
     nbt_proc_free(&p);
 }
@@ -70,6 +72,10 @@ START_TEST(test_usage_errors) {
     usage_error(NULL, a5, "true", "--node-rank 2 must be below --nnodes 2");
     const char *a6[] = {"--nproc-per-node", "gpu", NULL};
     usage_error("CUDA_VISIBLE_DEVICES=", a6, "true", "--nproc-per-node gpu: no GPU found");
+    const char *a7[] = {"--max-restarts", "-1", NULL};
+    usage_error(NULL, a7, "true", "--max-restarts expects an integer in [0, 1048576], got '-1'");
+    const char *a8[] = {"--nnodes", "2", "--master-addr", "h", "--master-port", "1", "--max-restarts", "1", NULL};
+    usage_error(NULL, a8, "true", "--max-restarts works on one node only");
 }
 END_TEST
 
@@ -212,6 +218,63 @@ START_TEST(test_interrupt_stops_all) {
 }
 END_TEST
 
+/* Every generation starts every rank with NABLA_RESTART_COUNT, a new run
+ * id and a new store port; each restart names its cause and count; when
+ * none is left, the last failure's code. */
+START_TEST(test_max_restarts) {
+    nbt_proc p;
+    /* rank 1 fails in generations 0 and 1, once rank 0 has written its line */
+    char dir[] = "/tmp/nb_test_nbrun_XXXXXX", script[1024];
+    ck_assert(mkdtemp(dir) != NULL);
+    snprintf(script, sizeof script,
+             "echo \"gen $NABLA_RESTART_COUNT $NABLA_RUN_ID $MASTER_PORT\"; touch %s/$RANK.$NABLA_RESTART_COUNT; "
+             "if [ $RANK = 1 ] && [ $NABLA_RESTART_COUNT -lt 2 ]; then "
+             "while [ ! -e %s/0.$NABLA_RESTART_COUNT ]; do sleep 0.02; done; "
+             "echo \"lost $NABLA_RESTART_COUNT\" >&2; exit 3; fi; exec sleep 0.3", dir, dir);
+    const char *a[] = {"--nproc-per-node", "2", "--max-restarts", "2", NULL};
+    run(&p, NULL, a, script);
+    nbt_proc_wait_all(&p, 1, 60);
+    ck_assert_msg(p.code == 0, "exit %d\n%s", p.code, p.err);
+    char ids[3][128], ports[3][16], want[160];
+    for (int g = 0; g < 3; g++) {
+        for (int r = 0; r < 2; r++) {
+            snprintf(want, sizeof want, "[rank %d] gen %d ", r, g);
+            const char *line = strstr(p.out, want);
+            ck_assert_msg(line != NULL, "no \"%s\" in:\n%s", want, p.out);
+            char id[128], port[16];
+            ck_assert_int_eq(sscanf(line + strlen(want), "%127s %15s", id, port), 2);
+            if (r == 0) snprintf(ids[g], sizeof ids[g], "%s", id), snprintf(ports[g], sizeof ports[g], "%s", port);
+            ck_assert_str_eq(id, ids[g]);
+            ck_assert_str_eq(port, ports[g]);
+        }
+        if (g > 0) {
+            snprintf(want, sizeof want, "%s-r%d", ids[0], g);
+            ck_assert_str_eq(ids[g], want); /* a new run id per generation */
+            ck_assert_str_ne(ports[g], ports[g - 1]); /* and a new store */
+            snprintf(want, sizeof want, "nbrun: restart %d of 2 after: rank 1 (local rank 1, pid ", g);
+            EXPECT_IN(p.err, want);
+            snprintf(want, sizeof want, ") exited with code 3 (\"lost %d\")\n", g - 1);
+            EXPECT_IN(p.err, want);
+        }
+    }
+    ck_assert(strstr(p.out, "gen 3") == NULL);
+    nbt_proc_free(&p);
+
+    const char *b[] = {"--nproc-per-node", "2", "--max-restarts", "1", NULL};
+    run(&p, NULL, b, script);
+    nbt_proc_wait_all(&p, 1, 60);
+    ck_assert_msg(p.code == 3, "exit %d\n%s", p.code, p.err);
+    EXPECT_IN(p.err, "nbrun: restart 1 of 1 after: rank 1 ");
+    EXPECT_IN(p.err, "nbrun: no restart left (--max-restarts 1): the run fails\nnbrun: rank 1 (local rank 1, pid ");
+    char last[128];
+    ck_assert_str_eq(nbt_last_line(p.err, last, sizeof last), "  [rank 1] lost 1");
+    nbt_proc_free(&p);
+    char rm[128];
+    snprintf(rm, sizeof rm, "rm -rf %s", dir);
+    ck_assert_int_eq(system(rm), 0);
+}
+END_TEST
+
 static bool alive(int pid) {
     char path[64], buf[512];
     snprintf(path, sizeof path, "/proc/%d/stat", pid);
@@ -254,6 +317,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_term_then_kill);
     tcase_add_test(tc, test_interrupt_stops_all);
     tcase_add_test(tc, test_children_die_with_nbrun);
+    tcase_add_test(tc, test_max_restarts);
     suite_add_tcase(s, tc);
     return s;
 }

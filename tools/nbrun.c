@@ -13,7 +13,13 @@
  *
  * On the node of rank 0, nbrun opens the store's listening socket itself
  * and hands it to rank 0 (NABLA_STORE_FD); with --master-port 0 that is
- * how a free port is picked without a race between choosing and binding. */
+ * how a free port is picked without a race between choosing and binding.
+ *
+ * With --max-restarts N, a failed generation (every process stopped, as
+ * above) is followed by a new one: a new listening socket, so a new store
+ * served by the new rank 0, and a new run id ("<id>-r<k>"), so that no
+ * process of an earlier generation can join it (Note [Restart
+ * generations]). */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
@@ -56,6 +62,8 @@ static const char *usage_text =
     "                          required with --nnodes > 1)\n"
     "  --master-port P         its port (default 0: a free port, one node only;\n"
     "                          required with --nnodes > 1)\n"
+    "  --max-restarts N        after a failure, stop every process and start them all\n"
+    "                          again, up to N times (default 0); one node only\n"
     "  -h, --help              this text\n"
     "\n"
     "each process gets:\n"
@@ -70,6 +78,7 @@ static const char *usage_text =
     "                          processes of another run\n"
     "  NABLA_STORE_FD          (rank 0 only) the store's listening socket, opened by\n"
     "                          nbrun on node 0\n"
+    "  NABLA_RESTART_COUNT     0 for the first start, k for the k-th restart\n"
     "  stdin from /dev/null; each in its own process group (what a process leaves\n"
     "  running in its group when it exits is killed)\n"
     "\n"
@@ -90,10 +99,19 @@ static const char *usage_text =
     "a second one kills them at once. If nbrun itself dies, the kernel kills the\n"
     "processes (PR_SET_PDEATHSIG).\n"
     "\n"
+    "restarts: with --max-restarts N, when a process fails (its exit code, a signal,\n"
+    "or the others' failure when it is dead or silent past the liveness limit),\n"
+    "nbrun stops every process as above, prints the cause, and starts them all\n"
+    "again: \"nbrun: restart k of N after: <cause>\". Each restart is a new\n"
+    "generation of the run: a new store and run id ($NABLA_RUN_ID-r<k>), so nothing\n"
+    "of the failed generation can join it. The program continues from its newest\n"
+    "complete checkpoint (train_gpt and train_classifier: --resume auto). Ctrl-C\n"
+    "is never followed by a restart.\n"
+    "\n"
     "exit status: 0 when every process exits with 0; otherwise the exit code of the\n"
-    "first process that failed (128 + N for signal N); 128 + N when nbrun was\n"
-    "stopped by signal N first; 2 for a usage error; 127 when the program cannot be\n"
-    "started.\n";
+    "first process that failed (128 + N for signal N) in the last generation; 128 + N\n"
+    "when nbrun was stopped by signal N first; 2 for a usage error; 127 when the\n"
+    "program cannot be started.\n";
 
 typedef struct stream {
     int fd;          /* -1 once closed */
@@ -106,6 +124,7 @@ typedef struct child {
     int rank, local_rank;
     pid_t pid;
     bool running;
+    int stop_sig; /* the signal that stopped it, 0 when running or resumed */
     int status; /* from waitpid */
     stream out, err;
     char *tail[TAIL_LINES];
@@ -189,6 +208,7 @@ static int count_gpus(char *why, size_t len) {
 
 typedef struct options {
     int nproc, nnodes, node_rank, port;
+    int max_restarts;
     const char *addr;
     char **argv;
 } options;
@@ -215,7 +235,7 @@ static bool flag_is(const char *arg, const char *name, const char **value) {
 }
 
 static options parse_options(int argc, char **argv) {
-    options o = {1, 1, 0, 0, NULL, NULL};
+    options o = {1, 1, 0, 0, 0, NULL, NULL};
     const char *nproc = "1";
     bool port_given = false;
     int i = 1;
@@ -230,9 +250,10 @@ static options parse_options(int argc, char **argv) {
             break;
         }
         if (a[0] != '-') break;
-        const char *names[] = {"nproc-per-node", "nnodes", "node-rank", "master-addr", "master-port"};
+        const char *names[] = {"nproc-per-node", "nnodes", "node-rank", "master-addr", "master-port",
+                               "max-restarts"};
         int which = -1;
-        for (int k = 0; k < 5 && which < 0; k++)
+        for (int k = 0; k < 6 && which < 0; k++)
             if (flag_is(a, names[k], &v)) which = k;
         if (which < 0) die_usage("unknown option '%s'", a);
         if (!v) {
@@ -248,6 +269,7 @@ static options parse_options(int argc, char **argv) {
             o.port = (int)parse_long("--master-port", v, 0, 65535);
             port_given = true;
             break;
+        case 5: o.max_restarts = (int)parse_long("--max-restarts", v, 0, 1 << 20); break;
         }
     }
     if (i >= argc) die_usage("no program to run");
@@ -269,6 +291,9 @@ static options parse_options(int argc, char **argv) {
         die_usage("--master-port must be a fixed port with --nnodes %d (port 0 picks a free port "
                   "on one node only)",
                   o.nnodes);
+    if (o.nnodes > 1 && o.max_restarts > 0)
+        die_usage("--max-restarts works on one node only: with --nnodes %d every node's nbrun would "
+                  "have to agree on each restart", o.nnodes);
     if (!o.addr) o.addr = "127.0.0.1";
     return o;
 }
@@ -325,7 +350,7 @@ static void setenv_int(const char *name, int v) {
     setenv(name, s, 1);
 }
 
-static void spawn(child *c, const options *o, const char *run_id, int store_fd, int port) {
+static void spawn(child *c, const options *o, const char *run_id, int store_fd, int port, int restart) {
     int out[2], err[2];
     if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) {
         perror("nbrun: pipe");
@@ -357,6 +382,7 @@ static void spawn(child *c, const options *o, const char *run_id, int store_fd, 
         setenv("MASTER_ADDR", o->addr, 1);
         setenv_int("MASTER_PORT", port);
         setenv("NABLA_RUN_ID", run_id, 1);
+        setenv_int("NABLA_RESTART_COUNT", restart);
         /* Note: several ranks on one machine each running a full-width BLAS
          * thread pool oversubscribe the cores; like torchrun, default to one
          * thread per rank unless the user chose. nabla's kernel pool reads
@@ -488,47 +514,49 @@ static int exit_code(int status) {
     return 1;
 }
 
-int main(int argc, char **argv) {
-    options o = parse_options(argc, argv);
+/* Note [Restart generations]
+ * A restart starts every process again, never some of them: the survivors
+ * of a failure hold a process group whose peer is gone, and a program that
+ * resumes from its checkpoint must do so on every rank at once. Each
+ * generation gets a new listening socket (so a new store, served by the
+ * new rank 0: nothing stored by the failed generation survives) and a new
+ * run id, "<id>-r<k>", which the store checks at every connection (a
+ * process of an earlier generation that is somehow still alive, say on a
+ * host that nbrun cannot reach, is refused instead of joining). nbrun
+ * starts the next generation only once every process of the previous one
+ * has been reaped, so no two generations run at once on this node.
+ * NABLA_RESTART_COUNT tells a program which generation it is (torchrun's
+ * TORCHELASTIC_RESTART_COUNT). */
 
-    int store_fd = -1, port = o.port;
-    if (o.node_rank == 0) store_fd = open_store_socket(o.addr, &port);
-    char run_id[128];
-    make_run_id(&o, run_id, sizeof run_id);
-
-    sigset_t mask;
-    sigemptyset(&mask);
-    sigaddset(&mask, SIGCHLD);
-    sigaddset(&mask, SIGINT);
-    sigaddset(&mask, SIGTERM);
-    sigaddset(&mask, SIGHUP);
-    sigprocmask(SIG_BLOCK, &mask, NULL);
-    int sfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
-    if (sfd < 0) {
-        perror("nbrun: signalfd");
-        return 1;
-    }
-    signal(SIGPIPE, SIG_IGN);
-
-    double grace = 5.0;
-    const char *g = getenv("NBRUN_GRACE");
-    if (g && *g) {
-        char *end;
-        double v = strtod(g, &end);
-        if (end == g || *end || v < 0) die_usage("NBRUN_GRACE='%s' is not a number of seconds", g);
-        grace = v;
-    }
-
-    nkids = o.nproc;
-    kids = calloc((size_t)nkids, sizeof *kids);
-    if (!kids) return 1;
+/* Starts generation `restart` (0: the first start): the store's socket on
+ * node 0, the run id, every process. */
+static void start_generation(const options *o, const char *base_id, int restart) {
+    int store_fd = -1, port = o->port;
+    if (o->node_rank == 0) store_fd = open_store_socket(o->addr, &port);
+    char run_id[160];
+    if (restart == 0) snprintf(run_id, sizeof run_id, "%s", base_id);
+    else snprintf(run_id, sizeof run_id, "%s-r%d", base_id, restart);
+    live = 0;
     for (int i = 0; i < nkids; i++) {
-        kids[i].rank = o.node_rank * o.nproc + i;
-        kids[i].local_rank = i;
-        spawn(&kids[i], &o, run_id, store_fd, port);
+        kids[i] = (child){.rank = o->node_rank * o->nproc + i, .local_rank = i};
+        spawn(&kids[i], o, run_id, store_fd, port, restart);
     }
     if (store_fd >= 0) close(store_fd); /* rank 0 owns it now */
+}
 
+static void free_generation(void) {
+    for (int i = 0; i < nkids; i++) {
+        free(kids[i].out.buf);
+        free(kids[i].err.buf);
+        for (int k = 0; k < TAIL_LINES; k++) free(kids[i].tail[k]);
+        kids[i] = (child){0};
+    }
+}
+
+/* Supervises the running generation until every process has exited (and
+ * its pipes are drained). *first: the index of the first child that
+ * failed, or -1; *interrupted: the signal that stopped nbrun, or 0. */
+static void supervise(int sfd, double grace, int *first_out, int *interrupted_out) {
     int first = -1;          /* index of the first child that failed */
     int interrupted = 0;     /* signal that stopped nbrun */
     bool stopping = false;
@@ -536,7 +564,10 @@ int main(int argc, char **argv) {
     struct pollfd *fds = calloc((size_t)(1 + 2 * nkids), sizeof *fds);
     stream **who = calloc((size_t)(1 + 2 * nkids), sizeof *who);
     child **owner = calloc((size_t)(1 + 2 * nkids), sizeof *owner);
-    if (!fds || !who || !owner) return 1;
+    if (!fds || !who || !owner) {
+        fprintf(stderr, "nbrun: out of memory\n");
+        exit(1);
+    }
 
     for (;;) {
         int n = 0;
@@ -584,6 +615,7 @@ int main(int argc, char **argv) {
             for (int i = 0; i < nkids; i++) {
                 if (kids[i].pid != pid || !kids[i].running) continue;
                 if (WIFSTOPPED(status) || WIFCONTINUED(status)) {
+                    kids[i].stop_sig = WIFSTOPPED(status) ? WSTOPSIG(status) : 0;
                     note_stop(&kids[i], status);
                     continue;
                 }
@@ -606,50 +638,124 @@ int main(int argc, char **argv) {
             kill_at = now_s() + 3600;
         }
     }
+    free(fds);
+    free(who);
+    free(owner);
+    *first_out = first;
+    *interrupted_out = interrupted;
+}
+
+/* Which rank failed first and how, then the last lines of its stderr. */
+static void report_failure(int first) {
+    char line[512];
+    child *c = &kids[first];
+    char how[128];
+    describe_status(c->status, how, sizeof how);
+    int others = 0;
+    for (int i = 0; i < nkids; i++) others += i != first;
+    int n = snprintf(line, sizeof line, "nbrun: rank %d (local rank %d, pid %d) failed first: %s%s\n",
+                     c->rank, c->local_rank, (int)c->pid, how, others ? "; the other ranks were stopped" : "");
+    write_all(2, line, (size_t)n);
+    if (c->tail_count == 0) {
+        n = snprintf(line, sizeof line, "nbrun: rank %d wrote nothing to stderr\n", c->rank);
+        write_all(2, line, (size_t)n);
+        return;
+    }
+    n = snprintf(line, sizeof line, "nbrun: last %d line%s of rank %d's stderr:\n", c->tail_count,
+                 c->tail_count == 1 ? "" : "s", c->rank);
+    write_all(2, line, (size_t)n);
+    int start = (c->tail_next - c->tail_count + TAIL_LINES) % TAIL_LINES;
+    for (int k = 0; k < c->tail_count; k++) {
+        const char *t = c->tail[(start + k) % TAIL_LINES];
+        n = snprintf(line, sizeof line, "  [rank %d] ", c->rank);
+        write_all(2, line, (size_t)n);
+        write_all(2, t, strlen(t));
+        write_all(2, "\n", 1);
+    }
+}
+
+/* "nbrun: restart k of N after: <cause>": the first failure, its last
+ * stderr line (where a program names the dead or silent peer), and any
+ * process that was stopped when the generation ended. */
+static void announce_restart(int first, int restart, int max_restarts) {
+    char line[2048];
+    child *c = &kids[first];
+    char how[128];
+    describe_status(c->status, how, sizeof how);
+    int n = snprintf(line, sizeof line, "nbrun: restart %d of %d after: rank %d (local rank %d, pid %d) %s",
+                     restart, max_restarts, c->rank, c->local_rank, (int)c->pid, how);
+    if (c->tail_count > 0 && (size_t)n < sizeof line) {
+        const char *last = c->tail[(c->tail_next - 1 + TAIL_LINES) % TAIL_LINES];
+        n += snprintf(line + n, sizeof line - (size_t)n, " (\"%.1200s\")", last);
+    }
+    for (int i = 0; i < nkids && (size_t)n < sizeof line; i++)
+        if (kids[i].stop_sig)
+            n += snprintf(line + n, sizeof line - (size_t)n, "; rank %d had been stopped by signal %d (%s)",
+                          kids[i].rank, kids[i].stop_sig, strsignal(kids[i].stop_sig));
+    if (n > (int)sizeof line - 2) n = (int)sizeof line - 2;
+    line[n++] = '\n';
+    write_all(2, line, (size_t)n);
+}
+
+int main(int argc, char **argv) {
+    options o = parse_options(argc, argv);
+    char base_id[128];
+    make_run_id(&o, base_id, sizeof base_id);
+
+    sigset_t mask;
+    sigemptyset(&mask);
+    sigaddset(&mask, SIGCHLD);
+    sigaddset(&mask, SIGINT);
+    sigaddset(&mask, SIGTERM);
+    sigaddset(&mask, SIGHUP);
+    sigprocmask(SIG_BLOCK, &mask, NULL);
+    int sfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
+    if (sfd < 0) {
+        perror("nbrun: signalfd");
+        return 1;
+    }
+    signal(SIGPIPE, SIG_IGN);
+
+    double grace = 5.0;
+    const char *g = getenv("NBRUN_GRACE");
+    if (g && *g) {
+        char *end;
+        double v = strtod(g, &end);
+        if (end == g || *end || v < 0) die_usage("NBRUN_GRACE='%s' is not a number of seconds", g);
+        grace = v;
+    }
+
+    nkids = o.nproc;
+    kids = calloc((size_t)nkids, sizeof *kids);
+    if (!kids) return 1;
+    int first = -1, interrupted = 0;
+    for (int restart = 0;; restart++) {
+        start_generation(&o, base_id, restart);
+        supervise(sfd, grace, &first, &interrupted);
+        if (first < 0 || interrupted || restart == o.max_restarts) break;
+        report_failure(first);
+        announce_restart(first, restart + 1, o.max_restarts);
+        free_generation();
+    }
 
     int code = 0;
-    char line[512];
     if (first >= 0) {
-        child *c = &kids[first];
-        char how[128];
-        describe_status(c->status, how, sizeof how);
-        code = exit_code(c->status);
-        int others = 0;
-        for (int i = 0; i < nkids; i++) others += i != first;
-        int n = snprintf(line, sizeof line, "nbrun: rank %d (local rank %d, pid %d) failed first: %s%s\n",
-                         c->rank, c->local_rank, (int)c->pid, how,
-                         others ? "; the other ranks were stopped" : "");
-        write_all(2, line, (size_t)n);
-        if (c->tail_count == 0) {
-            n = snprintf(line, sizeof line, "nbrun: rank %d wrote nothing to stderr\n", c->rank);
+        code = exit_code(kids[first].status);
+        if (o.max_restarts > 0) {
+            char line[160];
+            int n = snprintf(line, sizeof line, "nbrun: no restart left (--max-restarts %d): the run fails\n",
+                             o.max_restarts);
             write_all(2, line, (size_t)n);
-        } else {
-            n = snprintf(line, sizeof line, "nbrun: last %d line%s of rank %d's stderr:\n", c->tail_count,
-                         c->tail_count == 1 ? "" : "s", c->rank);
-            write_all(2, line, (size_t)n);
-            int start = (c->tail_next - c->tail_count + TAIL_LINES) % TAIL_LINES;
-            for (int k = 0; k < c->tail_count; k++) {
-                const char *t = c->tail[(start + k) % TAIL_LINES];
-                n = snprintf(line, sizeof line, "  [rank %d] ", c->rank);
-                write_all(2, line, (size_t)n);
-                write_all(2, t, strlen(t));
-                write_all(2, "\n", 1);
-            }
         }
+        report_failure(first);
     } else if (interrupted) {
+        char line[256];
         code = 128 + interrupted;
         int n = snprintf(line, sizeof line, "nbrun: stopped by signal %d (%s); all ranks were stopped\n",
                          interrupted, strsignal(interrupted));
         write_all(2, line, (size_t)n);
     }
-    for (int i = 0; i < nkids; i++) {
-        free(kids[i].out.buf);
-        free(kids[i].err.buf);
-        for (int k = 0; k < TAIL_LINES; k++) free(kids[i].tail[k]);
-    }
+    free_generation();
     free(kids);
-    free(fds);
-    free(who);
-    free(owner);
     return code;
 }

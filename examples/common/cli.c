@@ -17,7 +17,8 @@ static void print_default(FILE *f, const cli_flag *fl) {
     switch (fl->type) {
     case CLI_INT: fprintf(f, " (default %lld)", (long long)*(int64_t *)fl->value); break;
     case CLI_DOUBLE: fprintf(f, " (default %g)", *(double *)fl->value); break;
-    case CLI_STRING: {
+    case CLI_STRING:
+    case CLI_OPTIONAL: {
         const char *v = *(const char **)fl->value;
         if (!v) break;
         fputs(" (default \"", f);
@@ -37,7 +38,7 @@ static void usage(FILE *f, const char *program, const char *summary, const cli_f
     fprintf(f, "usage: %s [flags]\n%s\n\nflags:\n", program, summary);
     for (int i = 0; i < n; i++) {
         const char *arg = flags[i].type == CLI_INT ? " N" : flags[i].type == CLI_DOUBLE ? " X"
-                          : flags[i].type == CLI_STRING ? " S" : "";
+                          : flags[i].type == CLI_STRING ? " S" : flags[i].type == CLI_OPTIONAL ? " [S]" : "";
         int w = fprintf(f, "  --%s%s", flags[i].name, arg);
         fprintf(f, "%*s%s", w < 24 ? 24 - w : 1, "", flags[i].help);
         print_default(f, &flags[i]);
@@ -61,7 +62,8 @@ static int set_value(const cli_flag *fl, const char *text, const char *program) 
         *(double *)fl->value = v;
         return 0;
     }
-    case CLI_STRING: *(const char **)fl->value = text; return 0;
+    case CLI_STRING:
+    case CLI_OPTIONAL: *(const char **)fl->value = text; return 0;
     case CLI_BOOL: break;
     }
     fprintf(stderr, "%s: --%s: \"%s\" is not %s\n", program, fl->name, text,
@@ -104,6 +106,8 @@ int cli_parse(int argc, char **argv, const char *program, const char *summary,
             continue;
         }
         const char *value = eq ? eq + 1 : NULL;
+        if (!value && flags[k].type == CLI_OPTIONAL)
+            value = i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0 ? argv[++i] : "";
         if (!value) {
             if (i + 1 >= argc) {
                 fprintf(stderr, "%s: --%s needs a value\n", program, flags[k].name);

@@ -7,12 +7,15 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-typedef enum cli_type { CLI_INT, CLI_DOUBLE, CLI_STRING, CLI_BOOL } cli_type;
+/* CLI_OPTIONAL: a string whose value may be left out ("--resume" or
+ * "--resume auto"): the next argument is its value unless it starts with
+ * "--"; left out, the value is "". */
+typedef enum cli_type { CLI_INT, CLI_DOUBLE, CLI_STRING, CLI_BOOL, CLI_OPTIONAL } cli_type;
 
 typedef struct cli_flag {
     const char *name; /* without the dashes */
     cli_type type;
-    void *value;      /* int64_t *, double *, const char **, bool * */
+    void *value;      /* int64_t *, double *, const char ** (also CLI_OPTIONAL), bool * */
     const char *help; /* the default is appended from *value */
 } cli_flag;
 

@@ -1,13 +1,38 @@
 /* Resuming the training programs: a checkpoint records the settings that
  * must not change across a resume (model shape, world size, batch size,
- * seed) as metadata, and the resuming run checks them before loading. */
+ * seed) as metadata, and the resuming run checks them before loading.
+ *
+ * --resume alone continues from DIR/ckpt.safetensors, which must exist;
+ * --resume auto takes the newest complete checkpoint of the program in DIR
+ * and starts afresh when there is none, so that the same command line
+ * serves the first start and every restart (nbrun --max-restarts). */
 #ifndef NABLA_EXAMPLES_RESUME_H
 #define NABLA_EXAMPLES_RESUME_H
 
+#include <stdbool.h>
+#include <stddef.h>
+
 #include <nabla/nabla.h>
+
+#include "dist.h"
 
 /* NB_ERR_MISMATCH naming the first setting kv[i] that the open checkpoint
  * `ck` (read from `path`) lacks or records with another value. */
 nb_status resume_check_meta(nb_checkpoint *ck, const char *path, const nb_kv *kv, int n);
+
+/* The checkpoint --resume[=mode] names: mode "" is `dir`/ckpt.safetensors,
+ * "auto" the newest complete checkpoint of `program` in `dir` (the largest
+ * "step", then the latest modified, among the regular files named
+ * *.safetensors that open as well-formed files with "program" = program
+ * in their metadata: a temporary file of a save in progress,
+ * <name>.safetensors.tmp.<host>.<pid>.<n>, is never taken; a damaged file
+ * is passed over with a line on stderr). *found is false when "auto"
+ * found none (start afresh); *step is the chosen file's step with "auto"
+ * (-1 when none), else -1. With "auto", every rank must choose the same
+ * step (checked with a sum over the ranks of `d`: NB_ERR_MISMATCH, since
+ * the ranks would resume from different states). NB_ERR_INVALID for
+ * another mode, NB_ERR_IO when `dir` exists but cannot be read. */
+nb_status resume_find(run_dist *d, const char *dir, const char *mode, const char *program, char *path,
+                      size_t cap, bool *found, int64_t *step);
 
 #endif
