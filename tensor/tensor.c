@@ -1,6 +1,7 @@
 /* Tensor creation, element access, checks and broadcasting helpers. Views
  * live in tensor/view.c, printing in tensor/print.c. */
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,10 +18,14 @@ int64_t nb__numel_shape(int ndim, const int64_t *shape) {
 int64_t nb_numel(const nb_tensor *t) { return nb__numel_shape(t->ndim, t->shape); }
 
 void nb__contig_strides(int ndim, const int64_t *shape, int64_t *strides) {
+    /* Saturates: a product past INT64_MAX is possible only in a tensor with
+     * a zero size elsewhere (Note [Creation sizes]), whose strides no
+     * element uses. */
     int64_t s = 1;
     for (int d = ndim - 1; d >= 0; d--) {
         strides[d] = s;
-        s *= shape[d] > 0 ? shape[d] : 1;
+        int64_t k = shape[d] > 0 ? shape[d] : 1;
+        s = s > INT64_MAX / k ? INT64_MAX : s * k;
     }
 }
 
@@ -179,15 +184,39 @@ void nb__store(void *p, nb_dtype dtype, double v) {
 }
 
 /* ---- creation ---- */
-static void check_shape(const char *op, int ndim, const int64_t *shape) {
+/* Note [Creation sizes]: a shape's element count and its byte size are
+ * checked before anything is computed from them. Unchecked, the product of
+ * (INT64_MAX/2, 4) wraps to a small or negative count, the arena hands out a
+ * few bytes and memset or a kernel then writes far past them. The byte size
+ * is held to PTRDIFF_MAX, the largest object C can address; anything that
+ * passes but is more than the device has is the arena's out-of-memory
+ * error, which names the request. */
+static void check_shape(const char *op, nb_dtype dtype, int ndim, const int64_t *shape) {
     NB_CHECK(ndim >= 0 && ndim <= NB_MAX_DIMS, "%s: %d dimensions requested; at most %d", op, ndim,
              NB_MAX_DIMS);
     for (int d = 0; d < ndim; d++)
         NB_CHECK(shape[d] >= 0, "%s: negative size in shape %s", op, nb__shape_str_n(ndim, shape));
+    int64_t n = 1, size = (int64_t)nb_dtype_size(dtype);
+    for (int d = 0; d < ndim; d++) {
+        NB_CHECK(shape[d] == 0 || n <= INT64_MAX / shape[d],
+                 "%s: shape %s has more than INT64_MAX elements", op, nb__shape_str_n(ndim, shape));
+        n *= shape[d];
+    }
+    NB_CHECK(size > 0 && n <= (int64_t)(PTRDIFF_MAX / size),
+             "%s: shape %s of %s needs more than PTRDIFF_MAX (%lld) bytes", op,
+             nb__shape_str_n(ndim, shape), nb_dtype_name(dtype), (long long)PTRDIFF_MAX);
 }
 
+static nb_tensor *empty_named(const char *op, nb_ctx *ctx, nb_dtype dtype, int ndim,
+                              const int64_t *shape);
+
 nb_tensor *nb__empty(nb_ctx *ctx, nb_dtype dtype, int ndim, const int64_t *shape) {
-    check_shape("nb_empty", ndim, shape);
+    return empty_named("nb_empty", ctx, dtype, ndim, shape);
+}
+
+static nb_tensor *empty_named(const char *op, nb_ctx *ctx, nb_dtype dtype, int ndim,
+                              const int64_t *shape) {
+    check_shape(op, dtype, ndim, shape);
     nb_tensor *t = nb__ctx_meta(ctx, sizeof *t);
     t->dtype = dtype;
     t->device = nb_ctx_device(ctx);
@@ -249,13 +278,13 @@ nb_tensor *nb_empty(nb_ctx *ctx, nb_dtype dtype, int ndim, const int64_t *shape)
 }
 
 nb_tensor *nb_full(nb_ctx *ctx, nb_dtype dtype, int ndim, const int64_t *shape, double value) {
-    nb_tensor *t = nb__empty(ctx, dtype, ndim, shape);
+    nb_tensor *t = empty_named("nb_full", ctx, dtype, ndim, shape);
     nb_fill_(t, value);
     return t;
 }
 
 nb_tensor *nb_zeros(nb_ctx *ctx, nb_dtype dtype, int ndim, const int64_t *shape) {
-    nb_tensor *t = nb__empty(ctx, dtype, ndim, shape);
+    nb_tensor *t = empty_named("nb_zeros", ctx, dtype, ndim, shape);
     size_t bytes = (size_t)nb_numel(t) * nb_dtype_size(dtype);
     if (bytes) nb__backend_at(t)->memset(t->device.index, t->data, 0, bytes);
     return t;
@@ -283,6 +312,8 @@ nb_tensor *nb_arange(nb_ctx *ctx, nb_dtype dtype, double start, double stop, dou
     NB_CHECK(step != 0 && isfinite(start) && isfinite(stop) && isfinite(step),
              "nb_arange: bad range start=%g stop=%g step=%g", start, stop, step);
     double count = ceil((stop - start) / step);
+    NB_CHECK(count < 0x1p62, "nb_arange: start=%g stop=%g step=%g gives %g elements", start, stop,
+             step, count);
     int64_t n = count > 0 ? (int64_t)count : 0;
     nb_tensor *t = nb__empty(ctx, dtype, 1, &n);
     size_t sz = nb_dtype_size(dtype);
@@ -299,7 +330,7 @@ nb_tensor *nb_arange(nb_ctx *ctx, nb_dtype dtype, double start, double stop, dou
 
 nb_tensor *nb_from_host(nb_ctx *ctx, nb_dtype dtype, int ndim, const int64_t *shape,
                         const void *src) {
-    nb_tensor *t = nb__empty(ctx, dtype, ndim, shape);
+    nb_tensor *t = empty_named("nb_from_host", ctx, dtype, ndim, shape);
     size_t bytes = (size_t)nb_numel(t) * nb_dtype_size(dtype);
     NB_CHECK(src || bytes == 0, "nb_from_host: NULL source for shape %s", nb_shape_str(t));
     if (bytes) nb__backend_at(t)->memcpy_h2d(t->device.index, t->data, src, bytes);
@@ -311,7 +342,7 @@ nb_tensor *nb_rand_uniform(nb_ctx *ctx, nb_dtype dtype, int ndim, const int64_t 
                            double low, double high, nb_rng *rng) {
     NB_CHECK(nb_dtype_is_float(dtype), "nb_rand_uniform: dtype %s is not a float type",
              nb_dtype_name(dtype));
-    nb_tensor *t = nb__empty(ctx, dtype, ndim, shape);
+    nb_tensor *t = empty_named("nb_rand_uniform", ctx, dtype, ndim, shape);
     if (!rng) rng = nb_rng_default();
     nb__backend_at(t)->rand_uniform(t, low, high, rng->seed, rng->offset);
     rng->offset += (uint64_t)((nb_numel(t) + 3) / 4);
@@ -322,7 +353,7 @@ nb_tensor *nb_rand_normal(nb_ctx *ctx, nb_dtype dtype, int ndim, const int64_t *
                           double mean, double std, nb_rng *rng) {
     NB_CHECK(nb_dtype_is_float(dtype), "nb_rand_normal: dtype %s is not a float type",
              nb_dtype_name(dtype));
-    nb_tensor *t = nb__empty(ctx, dtype, ndim, shape);
+    nb_tensor *t = empty_named("nb_rand_normal", ctx, dtype, ndim, shape);
     if (!rng) rng = nb_rng_default();
     nb__backend_at(t)->rand_normal(t, mean, std, rng->seed, rng->offset);
     rng->offset += (uint64_t)((nb_numel(t) + 1) / 2);

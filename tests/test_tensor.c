@@ -96,6 +96,29 @@ START_TEST(test_creation) {
 }
 END_TEST
 
+/* Note [Creation sizes] in tensor/tensor.c: a shape whose element count or
+ * byte size overflows is refused, naming the function and the shape, before
+ * anything is allocated or written. */
+START_TEST(test_creation_size_overflow) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    int64_t half = INT64_MAX / 2;
+    NBT_EXPECT_ABORT(nb_zeros(ctx, NB_F32, NB_SHAPE(half, 4)),
+                     "nb_zeros: shape (4611686018427387903, 4) has more than INT64_MAX elements");
+    NBT_EXPECT_ABORT(nb_full(ctx, NB_F64, NB_SHAPE(4, 4, half), 1),
+                     "nb_full: shape (4, 4, 4611686018427387903) has more than INT64_MAX elements");
+    /* the count fits in int64 but its bytes do not */
+    NBT_EXPECT_ABORT(nb_empty(ctx, NB_F64, NB_SHAPE(INT64_MAX / 4)),
+                     "nb_empty: shape (2305843009213693951,) of f64 needs more than PTRDIFF_MAX");
+    NBT_EXPECT_ABORT(nb_rand_normal(ctx, NB_F32, NB_SHAPE(1 << 30, 1 << 30, 4), 0, 1, NULL),
+                     "nb_rand_normal: shape (1073741824, 1073741824, 4) of f32 needs more");
+    NBT_EXPECT_ABORT(nb_from_host(ctx, NB_I64, NB_SHAPE(3, half), NULL), "nb_from_host: shape (3,");
+    NBT_EXPECT_ABORT(nb_arange(ctx, NB_F32, 0, 1e30, 1), "nb_arange: start=0 stop=1e+30 step=1");
+    /* a zero anywhere makes an empty tensor, however large the other sizes */
+    ck_assert_int_eq(nb_numel(nb_zeros(ctx, NB_F32, NB_SHAPE(INT64_MAX, 0, 8, INT64_MAX))), 0);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
 START_TEST(test_half_conversions) {
     /* closed forms: exactly representable values round-trip, halfway cases round to even */
     float exact[] = {0.0f, 1.0f, -2.0f, 0.5f, 65504.0f, 6.103515625e-05f, 5.960464477539063e-08f};
@@ -572,6 +595,7 @@ int main(void) {
     tcase_add_test(tc, test_ctx_reset_and_peak);
     tcase_add_test(tc, test_ctx_growth_within_what_is_left);
     tcase_add_test(tc, test_creation);
+    tcase_add_test(tc, test_creation_size_overflow);
     tcase_add_test(tc, test_half_conversions);
     tcase_add_test(tc, test_casts);
     tcase_add_test(tc, test_views_share_storage);
