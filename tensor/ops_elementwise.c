@@ -1,5 +1,7 @@
 /* Elementwise ops: front ends (checks, broadcasting, dispatch) and their
  * backward functions. The CPU kernels are in tensor/cpu/elementwise.c. */
+#include <stdlib.h>
+
 #include "tensor/backend.h"
 #include "tensor/internal.h"
 
@@ -38,6 +40,42 @@ static nb_tensor *binary(nb_ctx *ctx, const char *name, nb__binary_op op, nb_ten
     return out;
 }
 
+/* Note [Integer division]: nb_div of i32 or i64 tensors truncates toward
+ * zero, as C does. A zero divisor is a programmer error naming the op and
+ * the element, on every device, as PyTorch's CPU integer division raises
+ * ZeroDivisionError; the hardware alternative is SIGFPE on the CPU and an
+ * unspecified number on a GPU. The divisor is read on the host to find it
+ * (for a tensor in device memory that is a copy and a wait; integer
+ * division is rare and its tensors small). INT_MIN / -1, the other quotient
+ * the CPU traps on, wraps to INT_MIN, as PyTorch's integer division does
+ * (tensor/cpu/elementwise.c). */
+static void check_int_divisor(const nb_tensor *a, const nb_tensor *b) {
+    nb__check_live("nb_div", b);
+    if (b->dtype != a->dtype) return; /* binary() names the dtypes */
+    int64_t n = nb_numel(b);
+    if (n == 0) return;
+    size_t size = nb_dtype_size(b->dtype);
+    char *host = malloc((size_t)n * size);
+    NB_CHECK(host, "nb_div: out of host memory reading the divisor %s", nb_shape_str(b));
+    nb_to_host(b, host);
+    int64_t zero = -1;
+    for (int64_t i = 0; i < n && zero < 0; i++) {
+        int64_t v = b->dtype == NB_I32 ? ((const int32_t *)host)[i] : ((const int64_t *)host)[i];
+        if (v == 0) zero = i;
+    }
+    free(host);
+    if (zero < 0) return;
+    int64_t index[NB_MAX_DIMS], rest = zero;
+    for (int d = b->ndim - 1; d >= 0; d--) {
+        index[d] = rest % b->shape[d];
+        rest /= b->shape[d];
+    }
+    NB_ABORT("nb_div: integer division by zero: the divisor (%s %s) is 0 at index %s (dividend "
+             "%s); cast both to a float type for IEEE results (inf, nan)",
+             nb_dtype_name(b->dtype), nb_shape_str(b), nb__shape_str_n(b->ndim, index),
+             nb_shape_str(a));
+}
+
 static void add_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) {
     nb__accum_grad(ctx, n->in[0], g);
     nb__accum_grad(ctx, n->in[1], g);
@@ -66,7 +104,10 @@ static void div_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) {
 nb_tensor *nb_add(nb_ctx *ctx, nb_tensor *a, nb_tensor *b) { return binary(ctx, "nb_add", NB_B_ADD, a, b, add_backward); }
 nb_tensor *nb_sub(nb_ctx *ctx, nb_tensor *a, nb_tensor *b) { return binary(ctx, "nb_sub", NB_B_SUB, a, b, sub_backward); }
 nb_tensor *nb_mul(nb_ctx *ctx, nb_tensor *a, nb_tensor *b) { return binary(ctx, "nb_mul", NB_B_MUL, a, b, mul_backward); }
-nb_tensor *nb_div(nb_ctx *ctx, nb_tensor *a, nb_tensor *b) { return binary(ctx, "nb_div", NB_B_DIV, a, b, div_backward); }
+nb_tensor *nb_div(nb_ctx *ctx, nb_tensor *a, nb_tensor *b) {
+    if (a->dtype == NB_I32 || a->dtype == NB_I64) check_int_divisor(a, b);
+    return binary(ctx, "nb_div", NB_B_DIV, a, b, div_backward);
+}
 
 /* ---- unary ---- */
 static nb_tensor *unary(nb_ctx *ctx, const char *name, nb__unary_op op, nb_tensor *a, double s,

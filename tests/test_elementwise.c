@@ -395,6 +395,39 @@ START_TEST(test_table_binary_ops) {
 }
 END_TEST
 
+/* Note [Integer division]: truncation toward zero, a zero divisor refused
+ * naming the op and the element (never SIGFPE), MIN / -1 wrapping to MIN. */
+START_TEST(test_integer_division) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *a = nb_from_host(ctx, NB_I64, NB_SHAPE(4), (int64_t[]){7, -7, INT64_MIN, 5});
+    nb_tensor *b = nb_from_host(ctx, NB_I64, NB_SHAPE(4), (int64_t[]){2, 2, -1, -5});
+    int64_t q[4];
+    nb_to_host(nb_div(ctx, a, b), q);
+    ck_assert_int_eq(q[0], 3);
+    ck_assert_int_eq(q[1], -3);
+    ck_assert(q[2] == INT64_MIN);
+    ck_assert_int_eq(q[3], -1);
+    nb_tensor *a32 = nb_from_host(ctx, NB_I32, NB_SHAPE(2), (int32_t[]){INT32_MIN, 9});
+    nb_tensor *b32 = nb_from_host(ctx, NB_I32, NB_SHAPE(2), (int32_t[]){-1, -1});
+    int32_t q32[2];
+    nb_to_host(nb_div(ctx, a32, b32), q32);
+    ck_assert(q32[0] == INT32_MIN);
+    ck_assert_int_eq(q32[1], -9);
+    /* a zero divisor, found in a broadcast (2, 3) divisor and in a transposed view */
+    nb_tensor *z = nb_from_host(ctx, NB_I32, NB_SHAPE(2, 3), (int32_t[]){1, 2, 3, 4, 0, 6});
+    nb_tensor *x = nb_ones(ctx, NB_I32, NB_SHAPE(3));
+    NBT_EXPECT_ABORT(nb_div(ctx, x, z),
+                     "nb_div: integer division by zero: the divisor (i32 (2, 3)) is 0 at index (1, 1)");
+    NBT_EXPECT_ABORT(nb_div(ctx, nb_ones(ctx, NB_I32, NB_SHAPE(3, 2)), nb_transpose(ctx, z, 0, 1)),
+                     "is 0 at index (1, 1) (dividend (3, 2))");
+    NBT_EXPECT_ABORT(nb_div(ctx, a, nb_zeros(ctx, NB_I64, NB_SHAPE(1))), "is 0 at index (0,)");
+    /* floats keep IEEE division */
+    nb_tensor *f = nb_div(ctx, nb_ones(ctx, NB_F32, NB_SHAPE(1)), nb_zeros(ctx, NB_F32, NB_SHAPE(1)));
+    ck_assert(isinf(nb_item(f)));
+    nb_ctx_free(ctx);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("elementwise");
     TCase *tc = tcase_create("core");
@@ -409,6 +442,7 @@ int main(void) {
     tcase_add_test(tc, test_inplace_helpers);
     tcase_add_test(tc, test_table_unary_ops);
     tcase_add_test(tc, test_table_binary_ops);
+    tcase_add_test(tc, test_integer_division);
     suite_add_tcase(s, tc);
     return nbt_run(s);
 }

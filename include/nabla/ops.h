@@ -23,6 +23,7 @@ extern "C" {
 nb_tensor *nb_add(nb_ctx *ctx, nb_tensor *a, nb_tensor *b);
 nb_tensor *nb_sub(nb_ctx *ctx, nb_tensor *a, nb_tensor *b);
 nb_tensor *nb_mul(nb_ctx *ctx, nb_tensor *a, nb_tensor *b);
+/* i32/i64: truncates toward zero; a zero divisor aborts naming it */
 nb_tensor *nb_div(nb_ctx *ctx, nb_tensor *a, nb_tensor *b);
 nb_tensor *nb_add_scalar(nb_ctx *ctx, nb_tensor *a, double s);
 nb_tensor *nb_sub_scalar(nb_ctx *ctx, nb_tensor *a, double s);

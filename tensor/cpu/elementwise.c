@@ -312,10 +312,23 @@ NB_CPU_CLONES static void binary_f32(int64_t n, char **p, const int64_t *st, con
 #define FORMULA(f) nb__f_##f##_f64
 static void binary_f64(int64_t n, char **p, const int64_t *st, const void *varg) { BINARY_BODY(double) }
 #undef FORMULA
-#define FORMULA(f) nb__f_##f##_i32
+/* Integers: the table's formulas, except that division never traps. The
+ * front end refuses a zero divisor (Note [Integer division] in
+ * tensor/ops_elementwise.c); MIN / -1 wraps to MIN, and a zero that reaches
+ * the kernel anyway (an internal caller) gives 0, never SIGFPE. */
+#define INT_FORMULAS(T, S, U)                                                                \
+    static inline T int_add_##S(T x, T y) { return nb__f_add_##S(x, y); }                    \
+    static inline T int_sub_##S(T x, T y) { return nb__f_sub_##S(x, y); }                    \
+    static inline T int_mul_##S(T x, T y) { return nb__f_mul_##S(x, y); }                    \
+    static inline T int_div_##S(T x, T y) {                                                  \
+        return y == 0 ? (T)0 : y == -1 ? (T)((U)0 - (U)x) : x / y;                           \
+    }
+INT_FORMULAS(int32_t, i32, uint32_t)
+INT_FORMULAS(int64_t, i64, uint64_t)
+#define FORMULA(f) int_##f##_i32
 static void binary_i32(int64_t n, char **p, const int64_t *st, const void *varg) { BINARY_BODY(int32_t) }
 #undef FORMULA
-#define FORMULA(f) nb__f_##f##_i64
+#define FORMULA(f) int_##f##_i64
 static void binary_i64(int64_t n, char **p, const int64_t *st, const void *varg) { BINARY_BODY(int64_t) }
 #undef FORMULA
 
