@@ -10,8 +10,10 @@
  * Values are checked at load so that bad data is named where it is, not
  * found steps later inside an op: a nan or infinite cell (or one beyond
  * the dtype's range, which would become infinite) is refused unless the
- * options allow it, and a class label must be a non-negative integer. */
+ * options allow it, and a class label must be an integer in
+ * [0, max_classes). */
 #include <float.h>
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -71,6 +73,14 @@ typedef struct parser {
     int n_fields, cap_fields;
 } parser;
 
+/* How many bytes of a field a message quotes: at most 40. Lengths are
+ * size_t: a field can exceed INT_MAX bytes, and an int length would go
+ * negative and make "%.*s" print the rest of the file. */
+static int shown_len(const field *f) {
+    size_t len = (size_t)(f->end - f->start);
+    return len > 40 ? 40 : (int)len;
+}
+
 static bool is_space(char c) { return c == ' ' || c == '\t' || c == '\r'; }
 
 /* Next line into [*ls, *le) without its "\n" or "\r\n"; false at the end. */
@@ -99,6 +109,9 @@ static nb_status split_line(parser *ps, char *s, char *e) {
         char *fe = s;
         while (fe < e && *fe != ps->delim) fe++;
         if (ps->n_fields == ps->cap_fields) {
+            if (ps->cap_fields > INT_MAX / 2)
+                return nb_set_error(NB_ERR_FORMAT, "%s:%lld: more than %d fields on one line",
+                                    ps->path, (long long)ps->line, ps->cap_fields);
             int cap = ps->cap_fields ? 2 * ps->cap_fields : 64;
             field *f = realloc(ps->fields, sizeof *f * (size_t)cap);
             if (!f) return nb_set_error(NB_ERR_NOMEM, "%s:%lld: out of memory", ps->path,
@@ -177,12 +190,10 @@ static nb_status parse_number(const parser *ps, const table *t, const field *f, 
     char *stop;
     double v = strtod(f->start, &stop);
     *f->end = saved;
-    if (stop != f->end) {
-        int len = (int)(f->end - f->start);
+    if (stop != f->end)
         return nb_set_error(NB_ERR_FORMAT, "%s:%lld:%lld: field %d%s: \"%.*s\" is not a number",
                             ps->path, (long long)ps->line, (long long)f->column, col + 1,
-                            col_name(t, col, name, sizeof name), len > 40 ? 40 : len, f->start);
-    }
+                            col_name(t, col, name, sizeof name), shown_len(f), f->start);
     *out = v;
     return NB_OK;
 }
@@ -191,33 +202,43 @@ static nb_status parse_number(const parser *ps, const table *t, const field *f, 
 static nb_status check_finite(const parser *ps, const table *t, const field *f, int col,
                               nb_dtype dtype, double v) {
     char name[300];
-    int len = (int)(f->end - f->start);
+    int len = shown_len(f);
     if (!isfinite(v))
         return nb_set_error(NB_ERR_FORMAT, "%s:%lld:%lld: field %d%s: \"%.*s\" is not a finite "
                             "number (set allow_nonfinite in the CSV options to accept nan and "
                             "inf)", ps->path, (long long)ps->line, (long long)f->column, col + 1,
-                            col_name(t, col, name, sizeof name), len > 40 ? 40 : len, f->start);
+                            col_name(t, col, name, sizeof name), len, f->start);
     if (dtype == NB_F32 && fabs(v) > FLT_MAX)
         return nb_set_error(NB_ERR_FORMAT, "%s:%lld:%lld: field %d%s: %.*s is beyond the range "
                             "of f32 (it would be stored as inf; use f64)", ps->path,
                             (long long)ps->line, (long long)f->column, col + 1,
-                            col_name(t, col, name, sizeof name), len > 40 ? 40 : len, f->start);
+                            col_name(t, col, name, sizeof name), len, f->start);
     return NB_OK;
 }
 
-static nb_status check_label(const parser *ps, const table *t, const field *f, nb_dtype dtype,
-                             double v) {
+/* A class label must be an integer in [0, max_classes): a label of 1e9 is
+ * far more likely a wrong column than a billion classes, and a program
+ * sizing its output layer by the largest label would otherwise allocate
+ * for it before anything named the row. */
+static nb_status check_label(const parser *ps, const table *t, const field *f,
+                             const nb_csv_options *o, double v) {
+    nb_dtype dtype = o->label_dtype;
     if (nb_dtype_is_float(dtype)) return NB_OK;
     double lim = dtype == NB_I32 ? 2147483647.0 : 9.2e18;
-    const char *why = NULL;
-    if (v != floor(v) || fabs(v) > lim) why = "is not an integer";
-    else if (v < 0) why = "is negative (class labels are 0, 1, ...)";
-    if (!why) return NB_OK;
+    int64_t max = o->max_classes > 0 ? o->max_classes : NB_CSV_MAX_CLASSES;
+    char why[200];
+    why[0] = 0;
+    if (v != floor(v) || fabs(v) > lim) snprintf(why, sizeof why, "is not an integer");
+    else if (v < 0) snprintf(why, sizeof why, "is negative (class labels are 0, 1, ...)");
+    else if (v >= (double)max)
+        snprintf(why, sizeof why, "is not below max_classes %lld (a wrong label column? raise "
+                 "max_classes in the CSV options if there are that many classes)", (long long)max);
+    if (!why[0]) return NB_OK;
     char name[300];
     return nb_set_error(NB_ERR_FORMAT, "%s:%lld:%lld: field %d%s: label %.*s %s (label_dtype %s)",
                         ps->path, (long long)ps->line, (long long)f->column, t->label_col + 1,
-                        col_name(t, t->label_col, name, sizeof name), (int)(f->end - f->start),
-                        f->start, why, nb_dtype_name(dtype));
+                        col_name(t, t->label_col, name, sizeof name), shown_len(f), f->start, why,
+                        nb_dtype_name(dtype));
 }
 
 static void check_options(const nb_csv_options *o) {
@@ -228,6 +249,8 @@ static void check_options(const nb_csv_options *o) {
              o->label_dtype == NB_I64, "nb_dataset_open_csv: label_dtype %s; use i64, i32, f32 "
              "or f64", nb_dtype_name(o->label_dtype));
     NB_CHECK(o->skip_lines >= 0, "nb_dataset_open_csv: skip_lines %d < 0", o->skip_lines);
+    NB_CHECK(o->max_classes >= 0, "nb_dataset_open_csv: max_classes %lld < 0 (0: %d)",
+             (long long)o->max_classes, NB_CSV_MAX_CLASSES);
     NB_CHECK(o->delimiter && o->delimiter != '"' && o->delimiter != '\n',
              "nb_dataset_open_csv: delimiter %d cannot separate fields", o->delimiter);
     NB_CHECK(o->sample_ndim >= 0 && o->sample_ndim <= NB_MAX_DIMS - 1, "nb_dataset_open_csv: "
@@ -306,7 +329,7 @@ static nb_status parse_rows(parser *ps, table *t, const nb_csv_options *o, csv_d
             if (!o->allow_nonfinite && (st = check_finite(ps, t, &ps->fields[col], col, dt, v)))
                 return st;
             if (col == t->label_col) {
-                st = check_label(ps, t, &ps->fields[col], o->label_dtype, v);
+                st = check_label(ps, t, &ps->fields[col], o, v);
                 if (st) return st;
                 nb__store(c->labels + (size_t)c->n * lsz, o->label_dtype, v);
             } else {

@@ -280,6 +280,34 @@ START_TEST(test_csv_errors) {
     p = write_file("frac.csv", "x,y\n1,0\n2,0.5\n", -1);
     snprintf(want, sizeof want, "%s:3:3: field 2 (\"y\"): label 0.5 is not an integer", p);
     expect_csv_error(p, NULL, NB_ERR_FORMAT, want, NULL);
+    /* a class label beyond max_classes (default NB_CSV_MAX_CLASSES = 2^20),
+     * named where it is instead of sizing an output layer by it */
+    p = write_file("huge.csv", "x,y\n1,0\n2,1048575\n3, 1000000000\n", -1);
+    snprintf(want, sizeof want, "%s:4:3: field 2 (\"y\"): label 1000000000 is not below "
+             "max_classes 1048576 (a wrong label column?", p);
+    expect_csv_error(p, NULL, NB_ERR_FORMAT, want, NULL);
+    o = nb_csv_defaults();
+    o.max_classes = 1000000001;
+    nb_dataset *big;
+    ck_assert_int_eq(nb_dataset_open_csv(&big, p, &o), NB_OK);
+    nb_dataset_free(big);
+    o.max_classes = 1048575;
+    snprintf(want, sizeof want, "%s:3:3: field 2 (\"y\"): label 1048575 is not below "
+             "max_classes 1048575", p);
+    expect_csv_error(p, &o, NB_ERR_FORMAT, want, NULL);
+    o.max_classes = -1;
+    NBT_EXPECT_ABORT(nb_dataset_open_csv(&big, p, &o), "nb_dataset_open_csv: max_classes -1 < 0");
+    /* a float label column has no class bound */
+    o = nb_csv_defaults();
+    o.label_dtype = NB_F32;
+    ck_assert_int_eq(nb_dataset_open_csv(&big, p, &o), NB_OK);
+    nb_dataset_free(big);
+    /* a long bad field is quoted to 40 bytes */
+    p = write_file("long.csv", "x,y\n1,0\n"
+                   "abcdefghijabcdefghijabcdefghijabcdefghijXYZ,0\n", -1);
+    snprintf(want, sizeof want, "%s:3:1: field 1 (\"x\"): \"abcdefghijabcdefghijabcdefghijabcdefghij\" "
+             "is not a number", p);
+    expect_csv_error(p, NULL, NB_ERR_FORMAT, want, NULL);
     /* one column only */
     p = write_file("one.csv", "x\n1\n", -1);
     snprintf(want, sizeof want, "%s:1: 1 column", p);
@@ -598,6 +626,98 @@ START_TEST(test_tokens_vocab) {
 }
 END_TEST
 
+/* Note [Shards change under a run]: a shard truncated after the open gives
+ * an error naming the file and byte offset from get and from the loader's
+ * workers, never SIGBUS; windows before the cut still read. */
+START_TEST(test_tokens_shrunk_after_open) {
+    make_tmpdir();
+    uint16_t tok[4096];
+    for (int i = 0; i < 4096; i++) tok[i] = (uint16_t)(i * 7 % 1000);
+    const char *p = write_shard_raw("shrink.bin", 20240520, 1, 4096, tok, 4096);
+    char path[300];
+    snprintf(path, sizeof path, "%s", p);
+    nb_dataset *ds;
+    ck_assert_int_eq(nb_dataset_open_tokens(&ds, path, 16, 0, 1000), NB_OK);
+    ck_assert_int_eq(nb_dataset_len(ds), 255); /* (4096 - 17) / 16 + 1 */
+    /* cut to the header and 512 tokens: windows 0..30 end at token 496 */
+    ck_assert_int_eq(truncate(path, 1024 + 2 * 512), 0);
+    int64_t x[16], y[16];
+    ck_assert_int_eq(nb_dataset_get(ds, 30, x, y), NB_OK);
+    ck_assert_int_eq(x[0], tok[480]);
+    ck_assert_int_eq(y[15], tok[496]);
+    /* window 31 needs tokens 496..512, the last one at byte 2048, where the file ends */
+    char want[1024];
+    snprintf(want, sizeof want, "%s: byte offset 2048: the file ends there (it is 2048 bytes "
+             "now); it changed after it was opened (4096 tokens then)", path);
+    ck_assert_int_eq(nb_dataset_get(ds, 31, x, y), NB_ERR_IO);
+    ck_assert_msg(strstr(nb_last_error(), want), "got: %s", nb_last_error());
+    snprintf(want, sizeof want, "%s: byte offset 9152: the file ends there", path);
+    ck_assert_int_eq(nb_dataset_get(ds, 254, x, y), NB_ERR_IO);
+    ck_assert_msg(strstr(nb_last_error(), want), "got: %s", nb_last_error());
+    /* through the loader's worker threads */
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_loader_options lo = {.batch_size = 8, .num_workers = 2};
+    nb_loader *dl;
+    ck_assert_int_eq(nb_loader_new(&dl, ds, &lo), NB_OK);
+    nb_batch b;
+    nb_status st = NB_OK;
+    for (int k = 0; k < 8 && st == NB_OK; k++) st = nb_loader_next(dl, ctx, &b);
+    ck_assert_int_eq(st, NB_ERR_IO);
+    ck_assert_msg(strstr(nb_last_error(), "shrink.bin: byte offset"), "got: %s", nb_last_error());
+    nb_loader_free(dl);
+    nb_ctx_free(ctx);
+    /* rewritten in place with an id beyond the vocabulary: named at get */
+    FILE *f = fopen(path, "r+b");
+    fseek(f, 1024 + 2 * 20, SEEK_SET);
+    uint16_t big = 1000;
+    fwrite(&big, 2, 1, f);
+    fclose(f);
+    snprintf(want, sizeof want, "%s: byte offset 1064: token id 1000 is not below the vocabulary "
+             "size 1000 (the file changed after it was opened)", path);
+    ck_assert_int_eq(nb_dataset_get(ds, 1, x, y), NB_ERR_FORMAT);
+    ck_assert_msg(strstr(nb_last_error(), want), "got: %s", nb_last_error());
+    nb_dataset_free(ds);
+    remove_tmpdir();
+}
+END_TEST
+
+/* Note [NULL handles] in util/handle.h: a handle left NULL by a failed
+ * open whose status was ignored makes the next call abort, naming the
+ * function and the failure, never dereference it. */
+START_TEST(test_null_handles) {
+    make_tmpdir();
+    char path[400];
+    snprintf(path, sizeof path, "%s/absent.csv", tmpdir);
+    nb_dataset *ds = (nb_dataset *)1;
+    (void)nb_dataset_open_csv(&ds, path, NULL); /* status ignored */
+    ck_assert_ptr_null(ds);
+    NBT_EXPECT_ABORT(nb_dataset_len(ds), "nb_dataset_len: the dataset is NULL: the call that "
+                     "should have made it most likely failed and its nb_status was not checked "
+                     "(last error on this thread: cannot open");
+    NBT_EXPECT_ABORT(nb_dataset_input(ds), "nb_dataset_input: the dataset is NULL");
+    NBT_EXPECT_ABORT(nb_dataset_get(ds, 0, NULL, NULL), "nb_dataset_get: the dataset is NULL");
+    NBT_EXPECT_ABORT(nb_dataset_text_vocab(ds, NULL), "nb_dataset_text_vocab: the dataset is NULL");
+    NBT_EXPECT_ABORT(nb_dataset_subset(ds, NULL, 0), "nb_dataset_subset: the dataset is NULL");
+    NBT_EXPECT_ABORT(nb_dataset_standardize(ds, NULL, NULL), "nb_dataset_standardize: the dataset");
+    nb_loader *l = NULL;
+    nb_loader_options lo = {.batch_size = 4};
+    NBT_EXPECT_ABORT(nb_loader_new(&l, ds, &lo), "nb_loader_new: the dataset is NULL");
+    nb_batch b;
+    NBT_EXPECT_ABORT(nb_loader_next(l, NULL, &b), "nb_loader_next: the loader is NULL");
+    NBT_EXPECT_ABORT(nb_loader_len(l), "nb_loader_len: the loader is NULL");
+    NBT_EXPECT_ABORT(nb_loader_seek(l, 0, 0), "nb_loader_seek: the loader is NULL");
+    NBT_EXPECT_ABORT(nb_sampler_len(NULL), "nb_sampler_len: the sampler is NULL");
+    NBT_EXPECT_ABORT(nb_batch_sampler_new(NULL, 4, false), "nb_batch_sampler_new: the sampler is NULL");
+    NBT_EXPECT_ABORT(nb_batch_sampler_get(NULL, 0, NULL), "nb_batch_sampler_get: the batch sampler");
+    /* the free functions accept NULL */
+    nb_dataset_free(ds);
+    nb_loader_free(l);
+    nb_sampler_free(NULL);
+    nb_batch_sampler_free(NULL);
+    remove_tmpdir();
+}
+END_TEST
+
 /* ---- text ---- */
 
 START_TEST(test_text) {
@@ -864,6 +984,8 @@ int main(void) {
     tcase_add_test(tc, test_tokens);
     tcase_add_test(tc, test_tokens_errors);
     tcase_add_test(tc, test_tokens_vocab);
+    tcase_add_test(tc, test_tokens_shrunk_after_open);
+    tcase_add_test(tc, test_null_handles);
     tcase_add_test(tc, test_text);
     tcase_add_test(tc, test_split);
     tcase_add_test(tc, test_standardize);

@@ -77,6 +77,8 @@ nb_status nb_dataset_get(const nb_dataset *ds, int64_t index, void *input, void 
 nb_dataset *nb_dataset_from_tensors(const nb_tensor *inputs, const nb_tensor *targets);
 
 /* ---- CSV ---- */
+#define NB_CSV_MAX_CLASSES (1 << 20)
+
 typedef struct nb_csv_options {
     const char *label;     /* label column by header name; NULL: label_index */
     int label_index;       /* 0-based; negative counts from the end (-1: last) */
@@ -86,6 +88,10 @@ typedef struct nb_csv_options {
     bool no_header;        /* no header line: columns are known by index only */
     char delimiter;
     bool allow_nonfinite;  /* accept nan and inf cells (refused by default) */
+    /* Integer labels must be below it; 0: NB_CSV_MAX_CLASSES. A label of
+     * 1e9 is refused naming its file:line:column, not turned into an
+     * output layer of a billion rows. */
+    int64_t max_classes;
     /* The shape of one sample's input, whose element count must be F, the
      * number of feature columns (e.g. 3, {1, 8, 8} for 8x8 images with one
      * channel); 0: flat, (F). Features fill it in file order, row-major. */
@@ -105,7 +111,8 @@ nb_csv_options nb_csv_defaults(void);
  * column): the file cannot be read (NB_ERR_IO); it is empty or has no data
  * rows, a row has the wrong number of fields, a cell is not a number, a
  * cell is nan or infinite or overflows the dtype (unless allow_nonfinite),
- * a class label (integer label_dtype) is not an integer or is negative,
+ * a class label (integer label_dtype) is not an integer, is negative or is
+ * not below max_classes,
  * sample_shape does not hold F values (NB_ERR_FORMAT); the label column
  * does not exist (NB_ERR_NOT_FOUND). */
 nb_status nb_dataset_open_csv(nb_dataset **out, const char *path, const nb_csv_options *opts);
@@ -125,7 +132,9 @@ nb_status nb_dataset_open_csv(nb_dataset **out, const char *path, const nb_csv_o
  * file matches (NB_ERR_NOT_FOUND); a file cannot be read (NB_ERR_IO); a
  * wrong magic or version, a truncated header or body, a token id >=
  * vocab_size, or fewer than T + 1 tokens in all (NB_ERR_FORMAT), the
- * message naming the file and byte offset. */
+ * message naming the file and byte offset. The files stay open and each
+ * window is read when it is fetched: a file truncated after the open makes
+ * that fetch fail with NB_ERR_IO naming the file and offset. */
 nb_status nb_dataset_open_tokens(nb_dataset **out, const char *pattern, int64_t seq_len,
                                  int64_t stride, int64_t vocab_size);
 
