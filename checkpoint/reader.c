@@ -20,6 +20,7 @@
 #include "checkpoint/safetensors.h"
 #include "tensor/backend.h"
 #include "tensor/internal.h"
+#include "util/handle.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "checkpoint/reader.c reads little-endian data into host memory"
@@ -114,29 +115,42 @@ void nb_checkpoint_close(nb_checkpoint *ck) {
     free(ck);
 }
 
-const char *nb_checkpoint_path(const nb_checkpoint *ck) { return ck->path; }
-int nb_checkpoint_count(const nb_checkpoint *ck) { return ck->h.n; }
+const char *nb_checkpoint_path(const nb_checkpoint *ck) {
+    NB__CHECK_HANDLE("nb_checkpoint_path", ck, "checkpoint");
+    return ck->path;
+}
+int nb_checkpoint_count(const nb_checkpoint *ck) {
+    NB__CHECK_HANDLE("nb_checkpoint_count", ck, "checkpoint");
+    return ck->h.n;
+}
 
 const nb_checkpoint_entry *nb_checkpoint_entry_at(const nb_checkpoint *ck, int i) {
+    NB__CHECK_HANDLE("nb_checkpoint_entry_at", ck, "checkpoint");
     NB_CHECK(i >= 0 && i < ck->h.n, "nb_checkpoint_entry_at: index %d out of range (%d entries)",
              i, ck->h.n);
     return &ck->h.entries[i];
 }
 
 const nb_checkpoint_entry *nb_checkpoint_find(const nb_checkpoint *ck, const char *name) {
+    NB__CHECK_HANDLE("nb_checkpoint_find", ck, "checkpoint");
     int i = nb__st_find(&ck->h, name);
     return i < 0 ? NULL : &ck->h.entries[i];
 }
 
-int nb_checkpoint_meta_count(const nb_checkpoint *ck) { return ck->h.n_meta; }
+int nb_checkpoint_meta_count(const nb_checkpoint *ck) {
+    NB__CHECK_HANDLE("nb_checkpoint_meta_count", ck, "checkpoint");
+    return ck->h.n_meta;
+}
 
 nb_kv nb_checkpoint_meta_at(const nb_checkpoint *ck, int i) {
+    NB__CHECK_HANDLE("nb_checkpoint_meta_at", ck, "checkpoint");
     NB_CHECK(i >= 0 && i < ck->h.n_meta, "nb_checkpoint_meta_at: index %d out of range (%d "
              "entries)", i, ck->h.n_meta);
     return ck->h.meta[i];
 }
 
 const char *nb_checkpoint_meta(const nb_checkpoint *ck, const char *key) {
+    NB__CHECK_HANDLE("nb_checkpoint_meta", ck, "checkpoint");
     for (int i = 0; i < ck->h.n_meta; i++)
         if (strcmp(ck->h.meta[i].key, key) == 0) return ck->h.meta[i].value;
     return NULL;
@@ -184,6 +198,7 @@ static nb_status read_entry(nb_checkpoint *ck, const nb_checkpoint_entry *e, nb_
 }
 
 nb_status nb_checkpoint_read(nb_checkpoint *ck, const char *name, nb_tensor *dst) {
+    NB__CHECK_HANDLE("nb_checkpoint_read", ck, "checkpoint");
     NB_CHECK(ck && name && dst, "nb_checkpoint_read: NULL argument");
     char q[96];
     int i = nb__st_find(&ck->h, name);
@@ -300,6 +315,7 @@ nb_status nb__checkpoint_read_strict(nb_checkpoint *ck, const nb_named_tensor *t
 }
 
 nb_status nb_checkpoint_read_strict(nb_checkpoint *ck, const nb_named_tensor *tensors, int n) {
+    NB__CHECK_HANDLE("nb_checkpoint_read_strict", ck, "checkpoint");
     return nb__checkpoint_read_strict(ck, tensors, n, NULL);
 }
 

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "data/internal.h"
+#include "util/handle.h"
 
 struct nb_batch_sampler {
     nb_sampler *sampler;
@@ -21,7 +22,7 @@ int64_t nb_batch_count(int64_t n, int64_t batch_size, bool drop_last) {
 }
 
 nb_batch_sampler *nb_batch_sampler_new(nb_sampler *sampler, int64_t batch_size, bool drop_last) {
-    NB_CHECK(sampler, "nb_batch_sampler_new: sampler is NULL");
+    NB__CHECK_HANDLE("nb_batch_sampler_new", sampler, "sampler");
     NB_CHECK(batch_size > 0, "nb_batch_sampler_new: batch_size %lld must be > 0",
              (long long)batch_size);
     nb_batch_sampler *bs = calloc(1, sizeof *bs);
@@ -39,10 +40,12 @@ void nb_batch_sampler_free(nb_batch_sampler *bs) {
 }
 
 int64_t nb_batch_sampler_len(const nb_batch_sampler *bs) {
+    NB__CHECK_HANDLE("nb_batch_sampler_len", bs, "batch sampler");
     return nb_batch_count(nb_sampler_len(bs->sampler), bs->batch_size, bs->drop_last);
 }
 
 void nb_batch_sampler_set_epoch(nb_batch_sampler *bs, int64_t epoch) {
+    NB__CHECK_HANDLE("nb_batch_sampler_set_epoch", bs, "batch sampler");
     nb_sampler_set_epoch(bs->sampler, epoch);
 }
 
@@ -59,6 +62,7 @@ static void refresh(nb_batch_sampler *bs) {
 }
 
 int64_t nb_batch_sampler_get(nb_batch_sampler *bs, int64_t k, int64_t *out) {
+    NB__CHECK_HANDLE("nb_batch_sampler_get", bs, "batch sampler");
     int64_t len = nb_batch_sampler_len(bs);
     NB_CHECK(k >= 0 && k < len, "nb_batch_sampler_get: batch %lld is out of range (%lld batches "
              "per epoch)", (long long)k, (long long)len);

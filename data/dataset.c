@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "data/internal.h"
+#include "util/handle.h"
 
 struct nb_dataset {
     const nb_dataset_vtable *vt;
@@ -61,6 +62,7 @@ nb_dataset *nb_dataset_new(const nb_dataset_vtable *vt, void *self, nb_field inp
 }
 
 nb_dataset *nb_dataset_retain(nb_dataset *ds) {
+    NB__CHECK_HANDLE("nb_dataset_retain", ds, "dataset");
     NB_CHECK(ds && ds->refs > 0, "nb_dataset_retain: dataset already freed");
     ds->refs++;
     return ds;
@@ -74,12 +76,25 @@ void nb_dataset_free(nb_dataset *ds) {
     free(ds);
 }
 
-int64_t nb_dataset_len(const nb_dataset *ds) { return ds->vt->len(ds->self); }
-nb_field nb_dataset_input(const nb_dataset *ds) { return ds->input; }
-nb_field nb_dataset_target(const nb_dataset *ds) { return ds->target; }
-const char *nb_dataset_name(const nb_dataset *ds) { return ds->vt->name ? ds->vt->name : "dataset"; }
+int64_t nb_dataset_len(const nb_dataset *ds) {
+    NB__CHECK_HANDLE("nb_dataset_len", ds, "dataset");
+    return ds->vt->len(ds->self);
+}
+nb_field nb_dataset_input(const nb_dataset *ds) {
+    NB__CHECK_HANDLE("nb_dataset_input", ds, "dataset");
+    return ds->input;
+}
+nb_field nb_dataset_target(const nb_dataset *ds) {
+    NB__CHECK_HANDLE("nb_dataset_target", ds, "dataset");
+    return ds->target;
+}
+const char *nb_dataset_name(const nb_dataset *ds) {
+    NB__CHECK_HANDLE("nb_dataset_name", ds, "dataset");
+    return ds->vt->name ? ds->vt->name : "dataset";
+}
 
 nb_status nb_dataset_get(const nb_dataset *ds, int64_t index, void *input, void *target) {
+    NB__CHECK_HANDLE("nb_dataset_get", ds, "dataset");
     int64_t n = nb_dataset_len(ds);
     NB_CHECK(index >= 0 && index < n, "nb_dataset_get: index %lld out of range for %s dataset "
              "of %lld samples", (long long)index, nb_dataset_name(ds), (long long)n);

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "data/internal.h"
+#include "util/handle.h"
 
 typedef struct subset_ds {
     nb_dataset *base;
@@ -29,6 +30,7 @@ static void subset_free(void *self) {
 static const nb_dataset_vtable subset_vt = {"subset", subset_len, subset_get, subset_free};
 
 nb_dataset *nb_dataset_subset(nb_dataset *base, const int64_t *indices, int64_t n) {
+    NB__CHECK_HANDLE("nb_dataset_subset", base, "dataset");
     NB_CHECK(n >= 0 && (n == 0 || indices), "nb_dataset_subset: %lld indices at %p",
              (long long)n, (const void *)indices);
     int64_t len = nb_dataset_len(base);
@@ -55,6 +57,7 @@ void nb_dataset_split(nb_dataset *ds, double test_fraction, uint64_t seed, nb_da
                       nb_dataset **test) {
     NB_CHECK(test_fraction >= 0 && test_fraction <= 1,
              "nb_dataset_split: test_fraction %g is not in [0, 1]", test_fraction);
+    NB__CHECK_HANDLE("nb_dataset_split", ds, "dataset");
     int64_t n = nb_dataset_len(ds);
     int64_t n_test = (int64_t)floor(test_fraction * (double)n + 0.5);
     if (n_test > n) n_test = n;

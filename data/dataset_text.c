@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "data/internal.h"
+#include "util/handle.h"
 
 typedef struct text_ds {
     int64_t seq_len, stride, n_windows;
@@ -85,6 +86,7 @@ nb_status nb_dataset_open_text(nb_dataset **out, const char *path, int64_t seq_l
 }
 
 int nb_dataset_text_vocab(const nb_dataset *ds, uint8_t bytes[256]) {
+    NB__CHECK_HANDLE("nb_dataset_text_vocab", ds, "dataset");
     text_ds *t = nb__dataset_self(ds, &text_vt);
     NB_CHECK(t, "nb_dataset_text_vocab: a %s dataset; this needs one from nb_dataset_open_text",
              nb_dataset_name(ds));

@@ -42,6 +42,7 @@
 #include "data/internal.h"
 #include "tensor/backend.h"
 #include "tensor/internal.h"
+#include "util/handle.h"
 
 typedef enum slot_state { SLOT_FREE, SLOT_FILLING, SLOT_READY } slot_state;
 
@@ -327,6 +328,7 @@ static nb_status start_workers(nb_loader *l, int prefetch) {
 }
 
 nb_status nb_loader_new(nb_loader **out, nb_dataset *ds, const nb_loader_options *opts) {
+    NB__CHECK_HANDLE("nb_loader_new", ds, "dataset");
     *out = NULL;
     NB_CHECK(ds && opts, "nb_loader_new: dataset and options are required");
     NB_CHECK(opts->batch_size > 0, "nb_loader_new: batch_size %lld must be > 0",
@@ -395,14 +397,19 @@ nb_status nb_loader_new(nb_loader **out, nb_dataset *ds, const nb_loader_options
     return NB_OK;
 }
 
-int64_t nb_loader_len(const nb_loader *l) { return l->n_batches; }
+int64_t nb_loader_len(const nb_loader *l) {
+    NB__CHECK_HANDLE("nb_loader_len", l, "loader");
+    return l->n_batches;
+}
 
 void nb_loader_position(const nb_loader *l, int64_t *epoch, int64_t *batch) {
+    NB__CHECK_HANDLE("nb_loader_position", l, "loader");
     if (epoch) *epoch = l->epoch;
     if (batch) *batch = l->consumed;
 }
 
 void nb_loader_seek(nb_loader *l, int64_t epoch, int64_t batch) {
+    NB__CHECK_HANDLE("nb_loader_seek", l, "loader");
     NB_CHECK(batch >= 0 && batch <= l->n_batches, "nb_loader_seek: batch %lld is not in [0, %lld] "
              "(batches per epoch)", (long long)batch, (long long)l->n_batches);
     if (epoch == l->epoch && batch == l->consumed) return;
@@ -410,6 +417,7 @@ void nb_loader_seek(nb_loader *l, int64_t epoch, int64_t batch) {
 }
 
 void nb_loader_set_epoch(nb_loader *l, int64_t epoch) {
+    NB__CHECK_HANDLE("nb_loader_set_epoch", l, "loader");
     if (epoch != l->epoch) restart(l, epoch, 0);
 }
 
@@ -451,6 +459,7 @@ static void make_batch(const nb_loader *l, nb_ctx *ctx, int64_t size, nb_batch *
 }
 
 nb_status nb_loader_next(nb_loader *l, nb_ctx *ctx, nb_batch *batch) {
+    NB__CHECK_HANDLE("nb_loader_next", l, "loader");
     NB_CHECK(nb_device_eq(nb_ctx_device(ctx), l->device), "nb_loader_next: context on %s, "
              "the loader makes batches on %s", nb_device_name(nb_ctx_device(ctx)),
              nb_device_name(l->device));

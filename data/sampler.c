@@ -4,6 +4,7 @@
 #include <stdlib.h>
 
 #include "data/internal.h"
+#include "util/handle.h"
 
 struct nb_sampler {
     const nb_sampler_vtable *vt;
@@ -26,10 +27,22 @@ void nb_sampler_free(nb_sampler *s) {
     free(s);
 }
 
-int64_t nb_sampler_len(const nb_sampler *s) { return s->vt->len(s->self); }
-void nb_sampler_set_epoch(nb_sampler *s, int64_t epoch) { s->epoch = epoch; }
-int64_t nb_sampler_epoch(const nb_sampler *s) { return s->epoch; }
-void nb_sampler_indices(const nb_sampler *s, int64_t *out) { s->vt->indices(s->self, s->epoch, out); }
+int64_t nb_sampler_len(const nb_sampler *s) {
+    NB__CHECK_HANDLE("nb_sampler_len", s, "sampler");
+    return s->vt->len(s->self);
+}
+void nb_sampler_set_epoch(nb_sampler *s, int64_t epoch) {
+    NB__CHECK_HANDLE("nb_sampler_set_epoch", s, "sampler");
+    s->epoch = epoch;
+}
+int64_t nb_sampler_epoch(const nb_sampler *s) {
+    NB__CHECK_HANDLE("nb_sampler_epoch", s, "sampler");
+    return s->epoch;
+}
+void nb_sampler_indices(const nb_sampler *s, int64_t *out) {
+    NB__CHECK_HANDLE("nb_sampler_indices", s, "sampler");
+    s->vt->indices(s->self, s->epoch, out);
+}
 
 /* ---- the built-in samplers share one object ---- */
 typedef struct order {

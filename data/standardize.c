@@ -7,6 +7,7 @@
 
 #include "data/internal.h"
 #include "tensor/internal.h"
+#include "util/handle.h"
 
 static void check_float_input(const char *op, const nb_dataset *ds) {
     nb_field in = nb_dataset_input(ds);
@@ -15,6 +16,7 @@ static void check_float_input(const char *op, const nb_dataset *ds) {
 }
 
 nb_status nb_dataset_fit_standardizer(const nb_dataset *ds, double *mean, double *std) {
+    NB__CHECK_HANDLE("nb_dataset_fit_standardizer", ds, "dataset");
     check_float_input("nb_dataset_fit_standardizer", ds);
     nb_field in = nb_dataset_input(ds), tgt = nb_dataset_target(ds);
     int64_t n = nb_dataset_len(ds), f = nb_field_numel(&in);
@@ -84,6 +86,7 @@ static const nb_dataset_vtable standard_vt = {"standardized", standard_len, stan
                                               standard_free};
 
 nb_dataset *nb_dataset_standardize(nb_dataset *base, const double *mean, const double *std) {
+    NB__CHECK_HANDLE("nb_dataset_standardize", base, "dataset");
     check_float_input("nb_dataset_standardize", base);
     nb_field in = nb_dataset_input(base);
     int64_t f = nb_field_numel(&in);

@@ -75,6 +75,7 @@
 #include "distributed/internal.h"
 #include "optim/internal.h"
 #include "tensor/internal.h"
+#include "util/handle.h"
 
 #define DEFAULT_FIRST_BUCKET (1u << 20)
 #define DEFAULT_BUCKET_CAP (25u << 20)
@@ -343,10 +344,13 @@ void nb_ddp_free(nb_ddp *d) {
     free(d);
 }
 
-nb_module *nb_ddp_module(nb_ddp *d) { return d->model; }
+nb_module *nb_ddp_module(nb_ddp *d) {
+    NB__CHECK_HANDLE("nb_ddp_module", d, "DDP handle");
+    return d->model;
+}
 
 void nb_ddp_set_optimizer(nb_ddp *d, nb_optim *opt) {
-    NB_CHECK(d, "nb_ddp_set_optimizer: NULL wrapper");
+    NB__CHECK_HANDLE("nb_ddp_set_optimizer", d, "DDP handle");
     NB_CHECK(!d->in_backward, "nb_ddp_set_optimizer: rank %d: called inside a backward", d->rank);
     NB_CHECK(!opt || !d->join_on,
              "nb_ddp_set_optimizer: rank %d: the wrapper is in join mode (nb_ddp_join_begin); "
@@ -388,7 +392,10 @@ void nb_ddp_set_optimizer(nb_ddp *d, nb_optim *opt) {
     if (opt) opt->stepped_by = "a DDP wrapper";
 }
 
-nb_optim *nb_ddp_optimizer(const nb_ddp *d) { return d->opt; }
+nb_optim *nb_ddp_optimizer(const nb_ddp *d) {
+    NB__CHECK_HANDLE("nb_ddp_optimizer", d, "DDP handle");
+    return d->opt;
+}
 
 /* Steps the optimizer's parameters among params[0..n) (Note [Per-bucket step]). */
 static void step_params(nb_ddp *d, const int *params, int n) {
@@ -397,17 +404,28 @@ static void step_params(nb_ddp *d, const int *params, int n) {
         if (d->opt_index[params[j]] >= 0) d->step_idx[k++] = d->opt_index[params[j]];
     if (k) nb__optim_step_params(d->opt, d->step_idx, k);
 }
-void nb_ddp_set_no_sync(nb_ddp *d, bool no_sync) { d->no_sync = no_sync; }
-bool nb_ddp_buckets_rebuilt(const nb_ddp *d) { return d->rebuilt; }
-int nb_ddp_num_buckets(const nb_ddp *d) { return d->n_buckets; }
+void nb_ddp_set_no_sync(nb_ddp *d, bool no_sync) {
+    NB__CHECK_HANDLE("nb_ddp_set_no_sync", d, "DDP handle");
+    d->no_sync = no_sync;
+}
+bool nb_ddp_buckets_rebuilt(const nb_ddp *d) {
+    NB__CHECK_HANDLE("nb_ddp_buckets_rebuilt", d, "DDP handle");
+    return d->rebuilt;
+}
+int nb_ddp_num_buckets(const nb_ddp *d) {
+    NB__CHECK_HANDLE("nb_ddp_num_buckets", d, "DDP handle");
+    return d->n_buckets;
+}
 
 int nb_ddp_bucket_params(const nb_ddp *d, int b, int *out, int cap) {
+    NB__CHECK_HANDLE("nb_ddp_bucket_params", d, "DDP handle");
     NB_CHECK(b >= 0 && b < d->n_buckets, "nb_ddp_bucket_params: bucket %d of %d", b, d->n_buckets);
     for (int k = 0; k < d->buckets[b].n && k < cap; k++) out[k] = d->buckets[b].params[k];
     return d->buckets[b].n;
 }
 
 nb_status nb_ddp_pre_forward(nb_ddp *d) {
+    NB__CHECK_HANDLE("nb_ddp_pre_forward", d, "DDP handle");
     d->fwd_start = nb__ddp_now();
     if (d->world == 1) return NB_OK;
     int root = 0;
@@ -421,6 +439,7 @@ nb_status nb_ddp_pre_forward(nb_ddp *d) {
 }
 
 nb_status nb_ddp_forward(nb_ddp *d, nb_ctx *ctx, nb_tensor *x, nb_tensor **out) {
+    NB__CHECK_HANDLE("nb_ddp_forward", d, "DDP handle");
     NB_CHECK(d && out, "nb_ddp_forward: NULL argument");
     *out = NULL;
     nb_status st = nb_ddp_pre_forward(d);
@@ -500,6 +519,7 @@ static nb_status backward_failure(void) {
 }
 
 nb_status nb_ddp_backward(nb_ddp *d, nb_tensor *loss) {
+    NB__CHECK_HANDLE("nb_ddp_backward", d, "DDP handle");
     nb__dist_failure_clear();
     if (d->join_on && d->world > 1) { /* Note [Join] in ddp_join.c */
         NB_CHECK(d->join_counted,

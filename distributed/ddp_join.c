@@ -47,6 +47,7 @@
 
 #include "distributed/ddp_internal.h"
 #include "distributed/internal.h"
+#include "util/handle.h"
 
 /* The wrapper in join mode whose step runs on this thread. */
 static _Thread_local nb_ddp *recorder;
@@ -82,7 +83,7 @@ void nb__ddp_join_forget(nb_ddp *d) {
 }
 
 void nb_ddp_join_begin(nb_ddp *d, const nb_ddp_join_options *opts) {
-    NB_CHECK(d, "nb_ddp_join_begin: NULL wrapper");
+    NB__CHECK_HANDLE("nb_ddp_join_begin", d, "DDP handle");
     NB_CHECK(!d->join_counted, "nb_ddp_join_begin: rank %d: called between a step's forward and its backward",
              d->rank);
     NB_CHECK(!d->opt, "nb_ddp_join_begin: rank %d: the wrapper steps an optimizer per bucket "
@@ -211,7 +212,7 @@ static bool has_sync_batch_norm(const nb_module *m) {
 }
 
 nb_status nb_ddp_join(nb_ddp *d) {
-    NB_CHECK(d, "nb_ddp_join: NULL wrapper");
+    NB__CHECK_HANDLE("nb_ddp_join", d, "DDP handle");
     NB_CHECK(d->join_on,
              "nb_ddp_join: rank %d: join mode is off; every rank calls nb_ddp_join_begin before its "
              "training loop",

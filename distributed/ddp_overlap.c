@@ -44,6 +44,7 @@
 #include <unistd.h>
 
 #include "distributed/ddp_internal.h"
+#include "util/handle.h"
 
 #define NB_BARRIERS 5
 #define MAGIC "nbovl01"
@@ -228,6 +229,7 @@ static int cmp_double(const void *a, const void *b) {
 static nb_status barrier(nb_ddp *d) { return nb_work_finish(nb_pg_barrier(d->pg)); }
 
 nb_status nb_ddp_overlap_across_ranks(nb_ddp *d, nb_ddp_overlap *out) {
+    NB__CHECK_HANDLE("nb_ddp_overlap_across_ranks", d, "DDP handle");
     NB_CHECK(d != NULL && out != NULL, "nb_ddp_overlap_across_ranks: wrapper or output is NULL");
     memset(out, 0, sizeof *out);
     if (!d->o.record_timeline)

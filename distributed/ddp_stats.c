@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "distributed/ddp_internal.h"
+#include "util/handle.h"
 
 void nb__ddp_trace_take(trace_step *t, const nb_ddp *d, double done) {
     t->fwd_start = d->fwd_start;
@@ -49,7 +50,10 @@ void nb__ddp_record_stats(nb_ddp *d, double done) {
     }
 }
 
-nb_ddp_step_stats nb_ddp_last_stats(const nb_ddp *d) { return d->stats; }
+nb_ddp_step_stats nb_ddp_last_stats(const nb_ddp *d) {
+    NB__CHECK_HANDLE("nb_ddp_last_stats", d, "DDP handle");
+    return d->stats;
+}
 
 /* ---- Chrome trace ---- */
 
@@ -61,6 +65,7 @@ static void trace_event(FILE *f, bool *first, const char *name, int pid, int tid
 }
 
 nb_status nb_ddp_write_trace(const nb_ddp *d, const char *path) {
+    NB__CHECK_HANDLE("nb_ddp_write_trace", d, "DDP handle");
     if (!d->o.record_timeline)
         return nb_set_error(NB_ERR_INVALID, "nb_ddp_write_trace: the wrapper was made without "
                                             "record_timeline, so there is nothing to write to %s", path);

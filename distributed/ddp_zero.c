@@ -81,6 +81,7 @@
 #include "optim/internal.h"
 #include "tensor/backend.h"
 #include "tensor/internal.h"
+#include "util/handle.h"
 
 #define SHARDED_BY "a DDP wrapper"
 
@@ -253,7 +254,7 @@ void nb__ddp_zero_forget(nb_ddp *d) {
 }
 
 nb_status nb_ddp_set_zero(nb_ddp *d, nb_optim *opt) {
-    NB_CHECK(d, "nb_ddp_set_zero: NULL wrapper");
+    NB__CHECK_HANDLE("nb_ddp_set_zero", d, "DDP handle");
     NB_CHECK(!d->in_backward, "nb_ddp_set_zero: rank %d: called inside a backward", d->rank);
     if (opt == d->zopt) return NB_OK;
     if (!opt) { /* detach: every rank gets the whole state back */
@@ -300,9 +301,13 @@ nb_status nb_ddp_set_zero(nb_ddp *d, nb_optim *opt) {
     return NB_OK;
 }
 
-nb_optim *nb_ddp_zero_optimizer(const nb_ddp *d) { return d->zopt; }
+nb_optim *nb_ddp_zero_optimizer(const nb_ddp *d) {
+    NB__CHECK_HANDLE("nb_ddp_zero_optimizer", d, "DDP handle");
+    return d->zopt;
+}
 
 nb_status nb_ddp_consolidate_optimizer(nb_ddp *d, int root) {
+    NB__CHECK_HANDLE("nb_ddp_consolidate_optimizer", d, "DDP handle");
     NB_CHECK(d && d->zopt, "nb_ddp_consolidate_optimizer: %s",
              d ? "ZeRO-1 is off (nb_ddp_set_zero)" : "NULL wrapper");
     NB_CHECK(root >= -1 && root < d->world,
@@ -384,7 +389,7 @@ static nb_status step_and_gather(nb_ddp *d) {
 }
 
 nb_status nb_ddp_step(nb_ddp *d) {
-    NB_CHECK(d, "nb_ddp_step: NULL wrapper");
+    NB__CHECK_HANDLE("nb_ddp_step", d, "DDP handle");
     NB_CHECK(d->zopt, "nb_ddp_step: rank %d: ZeRO-1 is off; attach the optimizer with "
              "nb_ddp_set_zero(ddp, opt) (or step it yourself with nb_optim_step)", d->rank);
     NB_CHECK(d->zero_fresh, "nb_ddp_step: rank %d: no synchronised nb_ddp_backward since the last "
@@ -427,6 +432,7 @@ nb_status nb_ddp_step(nb_ddp *d) {
 /* ---- clipping ---- */
 
 nb_status nb_ddp_clip_grad_norm(nb_ddp *d, double max_norm, double norm_type, double *norm) {
+    NB__CHECK_HANDLE("nb_ddp_clip_grad_norm", d, "DDP handle");
     NB_CHECK(d && norm, "nb_ddp_clip_grad_norm: NULL argument");
     *norm = NAN;
     NB_CHECK(!d->opt, "nb_ddp_clip_grad_norm: rank %d: the wrapper steps an optimizer per bucket "
@@ -545,11 +551,15 @@ static void check_scaler_call(const nb_ddp *d, const nb_grad_scaler *s, const ch
 }
 
 nb_status nb_ddp_scaler_unscale(nb_ddp *d, nb_grad_scaler *s) {
+    NB__CHECK_HANDLE("nb_ddp_scaler_unscale", d, "DDP handle");
+    NB__CHECK_HANDLE("nb_ddp_scaler_unscale", s, "gradient scaler");
     check_scaler_call(d, s, "nb_ddp_scaler_unscale");
     return scaler_unscale(d, s, "nb_ddp_scaler_unscale");
 }
 
 nb_status nb_ddp_scaler_step(nb_ddp *d, nb_grad_scaler *s, bool *stepped) {
+    NB__CHECK_HANDLE("nb_ddp_scaler_step", d, "DDP handle");
+    NB__CHECK_HANDLE("nb_ddp_scaler_step", s, "gradient scaler");
     const char *who = "nb_ddp_scaler_step";
     check_scaler_call(d, s, who);
     NB_CHECK(stepped, "%s: NULL argument", who);

@@ -17,6 +17,7 @@
 
 #include "optim/internal.h"
 #include "tensor/backend.h"
+#include "util/handle.h"
 
 enum { MAX_SCRATCH = 16 };
 
@@ -111,7 +112,7 @@ double nb_clip_grad_norm(const nb_named_tensor *params, int n, double max_norm,
 }
 
 double nb_optim_clip_grad_norm(nb_optim *opt, double max_norm, double norm_type) {
-    NB_CHECK(opt, "nb_optim_clip_grad_norm: NULL optimizer");
+    NB__CHECK_HANDLE("nb_optim_clip_grad_norm", opt, "optimizer");
     nb__optim_check_not_bucket_stepped(opt, "nb_optim_clip_grad_norm");
     nb__optim_check_not_sharded(opt, "nb_optim_clip_grad_norm",
                                 "each rank holds only its shard of the averaged gradients; clip "

@@ -15,6 +15,7 @@
 
 #include "optim/internal.h"
 #include "tensor/backend.h"
+#include "util/handle.h"
 
 typedef enum scaler_stage { STAGE_READY = 0, STAGE_UNSCALED, STAGE_STEPPED } scaler_stage;
 
@@ -48,11 +49,12 @@ nb_grad_scaler *nb_grad_scaler_new(double init_scale, double growth_factor,
 void nb_grad_scaler_free(nb_grad_scaler *s) { free(s); }
 
 double nb_grad_scaler_get_scale(const nb_grad_scaler *s) {
-    NB_CHECK(s, "nb_grad_scaler_get_scale: NULL scaler");
+    NB__CHECK_HANDLE("nb_grad_scaler_get_scale", s, "gradient scaler");
     return s->scale;
 }
 
 nb_tensor *nb_grad_scaler_scale(nb_grad_scaler *s, nb_ctx *ctx, nb_tensor *loss) {
+    NB__CHECK_HANDLE("nb_grad_scaler_scale", s, "gradient scaler");
     NB_CHECK(s && ctx && loss, "nb_grad_scaler_scale: NULL argument");
     return nb_mul_scalar(ctx, loss, s->scale);
 }
@@ -92,6 +94,8 @@ bool nb__grad_scaler_end_step(nb_grad_scaler *s) {
 }
 
 void nb_grad_scaler_unscale(nb_grad_scaler *s, nb_optim *opt) {
+    NB__CHECK_HANDLE("nb_grad_scaler_unscale", s, "gradient scaler");
+    NB__CHECK_HANDLE("nb_grad_scaler_unscale", opt, "optimizer");
     NB_CHECK(s && opt, "nb_grad_scaler_unscale: NULL argument");
     nb__optim_check_not_bucket_stepped(opt, "nb_grad_scaler_unscale");
     nb__optim_check_not_sharded(opt, "nb_grad_scaler_unscale",
@@ -105,6 +109,8 @@ void nb_grad_scaler_unscale(nb_grad_scaler *s, nb_optim *opt) {
 }
 
 bool nb_grad_scaler_step(nb_grad_scaler *s, nb_optim *opt) {
+    NB__CHECK_HANDLE("nb_grad_scaler_step", s, "gradient scaler");
+    NB__CHECK_HANDLE("nb_grad_scaler_step", opt, "optimizer");
     NB_CHECK(s && opt, "nb_grad_scaler_step: NULL argument");
     nb__optim_check_not_bucket_stepped(opt, "nb_grad_scaler_step");
     nb__optim_check_not_sharded(opt, "nb_grad_scaler_step",
@@ -116,7 +122,7 @@ bool nb_grad_scaler_step(nb_grad_scaler *s, nb_optim *opt) {
 }
 
 void nb_grad_scaler_update(nb_grad_scaler *s) {
-    NB_CHECK(s, "nb_grad_scaler_update: NULL scaler");
+    NB__CHECK_HANDLE("nb_grad_scaler_update", s, "gradient scaler");
     NB_CHECK(s->stage != STAGE_READY, "nb_grad_scaler_update: no gradients were checked since "
              "the last update (call nb_grad_scaler_step first)");
     if (s->found_inf) {

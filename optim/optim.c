@@ -16,6 +16,7 @@
 
 #include "optim/internal.h"
 #include "tensor/backend.h"
+#include "util/handle.h"
 
 const char *nb_optim_kind_name(nb_optim_kind kind) {
     switch (kind) {
@@ -311,7 +312,7 @@ static size_t moment_bytes(const nb_optim *opt) {
 }
 
 size_t nb_optim_state_bytes(const nb_optim *opt) {
-    NB_CHECK(opt, "nb_optim_state_bytes: NULL optimizer");
+    NB__CHECK_HANDLE("nb_optim_state_bytes", opt, "optimizer");
     return moment_bytes(opt) + (opt->shard ? moment_bytes(opt->shard) : 0);
 }
 
@@ -421,7 +422,7 @@ void nb__optim_check_not_sharded(const nb_optim *opt, const char *who, const cha
 }
 
 void nb_optim_step(nb_optim *opt) {
-    NB_CHECK(opt, "nb_optim_step: NULL optimizer");
+    NB__CHECK_HANDLE("nb_optim_step", opt, "optimizer");
     nb__optim_check_not_bucket_stepped(opt, "nb_optim_step");
     nb__optim_check_not_sharded(opt, "nb_optim_step", "step with nb_ddp_step(ddp)");
     ++*(int64_t *)opt->step_count->data;
@@ -444,7 +445,7 @@ int nb__optim_param_index(const nb_optim *opt, const nb_tensor *t) {
 }
 
 void nb_optim_zero_grad(nb_optim *opt) {
-    NB_CHECK(opt, "nb_optim_zero_grad: NULL optimizer");
+    NB__CHECK_HANDLE("nb_optim_zero_grad", opt, "optimizer");
     for (int i = 0; i < opt->n_params; i++) {
         nb_tensor *g = opt->params[i].param->grad;
         if (!g) continue;
@@ -463,12 +464,25 @@ static void check_group(const char *who, const nb_optim *opt, int group) {
              who, group, opt->n_groups);
 }
 
-nb_optim_kind nb_optim_get_kind(const nb_optim *opt) { return opt->kind; }
-int nb_optim_group_count(const nb_optim *opt) { return opt->n_groups; }
-int nb_optim_param_count(const nb_optim *opt) { return opt->n_params; }
-int64_t nb_optim_step_count(const nb_optim *opt) { return *(const int64_t *)opt->step_count->data; }
+nb_optim_kind nb_optim_get_kind(const nb_optim *opt) {
+    NB__CHECK_HANDLE("nb_optim_get_kind", opt, "optimizer");
+    return opt->kind;
+}
+int nb_optim_group_count(const nb_optim *opt) {
+    NB__CHECK_HANDLE("nb_optim_group_count", opt, "optimizer");
+    return opt->n_groups;
+}
+int nb_optim_param_count(const nb_optim *opt) {
+    NB__CHECK_HANDLE("nb_optim_param_count", opt, "optimizer");
+    return opt->n_params;
+}
+int64_t nb_optim_step_count(const nb_optim *opt) {
+    NB__CHECK_HANDLE("nb_optim_step_count", opt, "optimizer");
+    return *(const int64_t *)opt->step_count->data;
+}
 
 nb_optim_hparams nb_optim_group_hparams(const nb_optim *opt, int group) {
+    NB__CHECK_HANDLE("nb_optim_group_hparams", opt, "optimizer");
     check_group("nb_optim_group_hparams", opt, group);
     const double *hp = nb__optim_hp(opt, group);
     nb_optim_hparams h = {
@@ -486,22 +500,25 @@ nb_optim_hparams nb_optim_group_hparams(const nb_optim *opt, int group) {
 }
 
 double nb_optim_lr(const nb_optim *opt, int group) {
+    NB__CHECK_HANDLE("nb_optim_lr", opt, "optimizer");
     check_group("nb_optim_lr", opt, group);
     return nb__optim_hp(opt, group)[NB__HP_LR];
 }
 
 void nb_optim_set_lr(nb_optim *opt, int group, double lr) {
+    NB__CHECK_HANDLE("nb_optim_set_lr", opt, "optimizer");
     check_group("nb_optim_set_lr", opt, group);
     NB_CHECK(isfinite(lr) && lr >= 0, "nb_optim_set_lr: lr = %g must be finite and >= 0", lr);
     nb__optim_hp(opt, group)[NB__HP_LR] = lr;
 }
 
 void nb_optim_set_lr_all(nb_optim *opt, double lr) {
-    NB_CHECK(opt, "nb_optim_set_lr_all: NULL optimizer");
+    NB__CHECK_HANDLE("nb_optim_set_lr_all", opt, "optimizer");
     for (int g = 0; g < opt->n_groups; g++) nb_optim_set_lr(opt, g, lr);
 }
 
 void nb_optim_set_weight_decay(nb_optim *opt, int group, double weight_decay) {
+    NB__CHECK_HANDLE("nb_optim_set_weight_decay", opt, "optimizer");
     check_group("nb_optim_set_weight_decay", opt, group);
     NB_CHECK(isfinite(weight_decay) && weight_decay >= 0,
              "nb_optim_set_weight_decay: weight_decay = %g must be finite and >= 0", weight_decay);
@@ -510,6 +527,7 @@ void nb_optim_set_weight_decay(nb_optim *opt, int group, double weight_decay) {
 
 /* ---- state ---- */
 const nb_named_tensor *nb_optim_state(nb_optim *opt, int *n) {
+    NB__CHECK_HANDLE("nb_optim_state", opt, "optimizer");
     NB_CHECK(opt && n, "nb_optim_state: NULL argument");
     NB_CHECK(!opt->released,
              "nb_optim_state: this optimizer's state is sharded over the ranks by %s (ZeRO-1, "
@@ -522,7 +540,7 @@ const nb_named_tensor *nb_optim_state(nb_optim *opt, int *n) {
 }
 
 nb_status nb_optim_state_validate(nb_optim *opt) {
-    NB_CHECK(opt, "nb_optim_state_validate: NULL optimizer");
+    NB__CHECK_HANDLE("nb_optim_state_validate", opt, "optimizer");
     NB_CHECK(!opt->sharded_by,
              "nb_optim_state_validate: this optimizer's state is sharded over the ranks by %s "
              "(ZeRO-1, nb_ddp_set_zero), and a consolidated copy (nb_ddp_consolidate_optimizer) "

@@ -842,6 +842,22 @@ START_TEST(test_killed_writer_cleaned_by_next_save) {
 }
 END_TEST
 
+/* Note [NULL handles] in util/handle.h */
+START_TEST(test_null_handles) {
+    nb_checkpoint *ck = (nb_checkpoint *)1;
+    (void)nb_checkpoint_open("no/such/dir/ckpt.safetensors", &ck); /* status ignored */
+    ck_assert_ptr_null(ck);
+    NBT_EXPECT_ABORT(nb_checkpoint_count(ck), "nb_checkpoint_count: the checkpoint is NULL: the "
+                     "call that should have made it most likely failed and its nb_status was not "
+                     "checked (last error on this thread: ");
+    NBT_EXPECT_ABORT(nb_checkpoint_count(ck), "no/such/dir/ckpt.safetensors");
+    NBT_EXPECT_ABORT(nb_checkpoint_find(ck, "w"), "nb_checkpoint_find: the checkpoint is NULL");
+    NBT_EXPECT_ABORT(nb_checkpoint_meta(ck, "step"), "nb_checkpoint_meta: the checkpoint is NULL");
+    NBT_EXPECT_ABORT(nb_checkpoint_read_strict(ck, NULL, 0), "nb_checkpoint_read_strict: the checkpoint");
+    nb_checkpoint_close(ck); /* NULL is fine */
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("checkpoint");
     TCase *tc = tcase_create("core");
@@ -857,6 +873,7 @@ int main(void) {
     tcase_add_test(tc, test_truncations_and_flips);
     tcase_add_test(tc, test_resume_is_bit_identical);
     tcase_add_test(tc, test_training_load_errors);
+    tcase_add_test(tc, test_null_handles);
     suite_add_tcase(s, tc);
     return nbt_run(s);
 }

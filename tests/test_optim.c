@@ -1001,6 +1001,26 @@ START_TEST(test_kind_names) {
 }
 END_TEST
 
+/* Note [NULL handles] in util/handle.h: optimizer, scaler and DDP entry
+ * points given NULL abort naming themselves. */
+START_TEST(test_null_handles) {
+    NBT_EXPECT_ABORT(nb_optim_step(NULL), "nb_optim_step: the optimizer is NULL: the call that "
+                     "should have made it most likely failed and its nb_status was not checked");
+    NBT_EXPECT_ABORT(nb_optim_zero_grad(NULL), "nb_optim_zero_grad: the optimizer is NULL");
+    NBT_EXPECT_ABORT(nb_optim_lr(NULL, 0), "nb_optim_lr: the optimizer is NULL");
+    NBT_EXPECT_ABORT(nb_optim_step_count(NULL), "nb_optim_step_count: the optimizer is NULL");
+    NBT_EXPECT_ABORT(nb_optim_clip_grad_norm(NULL, 1, 2), "nb_optim_clip_grad_norm: the optimizer");
+    NBT_EXPECT_ABORT(nb_grad_scaler_update(NULL), "nb_grad_scaler_update: the gradient scaler is NULL");
+    NBT_EXPECT_ABORT(nb_ddp_step(NULL), "nb_ddp_step: the DDP handle is NULL");
+    NBT_EXPECT_ABORT(nb_ddp_backward(NULL, NULL), "nb_ddp_backward: the DDP handle is NULL");
+    NBT_EXPECT_ABORT(nb_ddp_forward(NULL, NULL, NULL, NULL), "nb_ddp_forward: the DDP handle");
+    NBT_EXPECT_ABORT(nb_ddp_module(NULL), "nb_ddp_module: the DDP handle is NULL");
+    nb_optim_free(NULL);
+    nb_grad_scaler_free(NULL);
+    nb_ddp_free(NULL);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("optim");
     TCase *tc = tcase_create("core");
@@ -1025,6 +1045,7 @@ int main(void) {
     tcase_add_test(tc, test_grad_scaler_unscaled_equal_plain);
     tcase_add_test(tc, test_grad_scaler_skip_growth_backoff);
     tcase_add_test(tc, test_kind_names);
+    tcase_add_test(tc, test_null_handles);
     suite_add_tcase(s, tc);
     return nbt_run(s);
 }
