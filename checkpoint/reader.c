@@ -10,8 +10,29 @@
  * A tensor on a CUDA device is read into a host buffer, converted there to
  * its dtype, and copied to the device: straight into a contiguous tensor
  * of the file's dtype, else through a scratch tensor of that device and
- * nb_copy_, which takes any strides. */
+ * nb_copy_, which takes any strides.
+ *
+ * Note [Values checked at load]
+ * Every floating-point tensor read is scanned, on the host bytes just read,
+ * before anything else happens to them: a NaN or an infinity refuses the
+ * load (NB_ERR_FORMAT naming the file, the tensor, the element and its
+ * value) unless nb_checkpoint_set_allow_nonfinite allows it. A diverged run
+ * saves NaN parameters; resumed from, it would train on NaN for ever, each
+ * step skipped, while looking alive. With second_moments (set by
+ * nb_checkpoint_load_training when it loads an Adam or AdamW optimizer),
+ * the second moments "optim.state.*exp_avg_sq" must also be >= 0: Adam
+ * takes their square root, and a negative one can come only from a damaged
+ * file. The scan costs one pass over bytes already in memory.
+ *
+ * No checksum is stored. The header precedes the data, so a checksum in it
+ * needs a second pass over every tensor at save (a second copy from a GPU)
+ * or a header rewritten after the data; and it would protect against the
+ * storage, which file systems and transfers already check, while the
+ * failure seen in practice is a run that diverged and saved well-formed
+ * NaN. Files of other tools carry none either. A damaged byte that leaves a
+ * finite value is therefore loaded. */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,6 +52,7 @@ struct nb_checkpoint {
     char *path;
     uint64_t size;
     nb__st_header h;
+    bool allow_nonfinite, second_moments; /* Note [Values checked at load] */
 };
 
 nb_status nb_checkpoint_open(const char *path, nb_checkpoint **out) {
@@ -163,6 +185,65 @@ static bool same_shape(const nb_checkpoint_entry *e, const nb_tensor *t) {
     return true;
 }
 
+static double element(nb_dtype dtype, const unsigned char *p) {
+    float f;
+    double d;
+    uint16_t h;
+    switch (dtype) {
+    case NB_F32: memcpy(&f, p, 4); return f;
+    case NB_F64: memcpy(&d, p, 8); return d;
+    case NB_BF16: memcpy(&h, p, 2); return nb_bf16_to_f32(h);
+    case NB_F16: memcpy(&h, p, 2); return nb_f16_to_f32(h);
+    default: return 0;
+    }
+}
+
+/* Note [Values checked at load]: the first element of e's data (host bytes
+ * in the file's dtype) that is not finite, or negative when `nonneg`. */
+static nb_status check_values(const nb_checkpoint *ck, const nb_checkpoint_entry *e,
+                              const void *data, bool nonneg) {
+    if (!nb_dtype_is_float(e->dtype) || (ck->allow_nonfinite && !nonneg)) return NB_OK;
+    size_t size = nb_dtype_size(e->dtype);
+    int64_t n = (int64_t)(e->nbytes / size), bad = -1;
+    const unsigned char *p = data;
+    double v = 0;
+    for (int64_t i = 0; i < n && bad < 0; i++) {
+        v = element(e->dtype, p + (size_t)i * size);
+        if ((!ck->allow_nonfinite && !isfinite(v)) || (nonneg && v < 0)) bad = i;
+    }
+    if (bad < 0) return NB_OK;
+    int64_t index[NB_MAX_DIMS], rest = bad;
+    for (int d = e->ndim - 1; d >= 0; d--) {
+        index[d] = rest % e->shape[d];
+        rest /= e->shape[d];
+    }
+    char q[96], at[160];
+    snprintf(at, sizeof at, "%s", nb__shape_str_n(e->ndim, index));
+    if (isfinite(v)) /* then only the sign can be wrong */
+        return nb_set_error(NB_ERR_FORMAT, "%s: tensor \"%s\" %s: element %s is %g, negative: a "
+                            "second moment of Adam is a mean of squares, so the file is damaged",
+                            ck->path, nb__st_quote(e->name, q, sizeof q),
+                            nb__shape_str_n(e->ndim, e->shape), at, v);
+    return nb_set_error(NB_ERR_FORMAT, "%s: tensor \"%s\" %s: element %s is %g, not finite: the "
+                        "run that saved it had diverged, or the file is damaged; refused "
+                        "(nb_checkpoint_set_allow_nonfinite, or allow_nonfinite in the load "
+                        "options, loads it anyway)", ck->path, nb__st_quote(e->name, q, sizeof q),
+                        nb__shape_str_n(e->ndim, e->shape), at, v);
+}
+
+static bool is_second_moment(const nb_checkpoint *ck, const char *name) {
+    if (!ck->second_moments || strncmp(name, "optim.state.", 12) != 0) return false;
+    size_t n = strlen(name), k = strlen("exp_avg_sq");
+    return n >= k && strcmp(name + n - k, "exp_avg_sq") == 0;
+}
+
+void nb_checkpoint_set_allow_nonfinite(nb_checkpoint *ck, bool allow) {
+    NB__CHECK_HANDLE("nb_checkpoint_set_allow_nonfinite", ck, "checkpoint");
+    ck->allow_nonfinite = allow;
+}
+
+void nb__checkpoint_set_second_moments(nb_checkpoint *ck, bool on) { ck->second_moments = on; }
+
 static nb_status read_entry(nb_checkpoint *ck, const nb_checkpoint_entry *e, nb_tensor *dst) {
     if (e->nbytes == 0) return NB_OK;
     /* Straight into dst when it is host memory of the stored layout;
@@ -182,6 +263,11 @@ static nb_status read_entry(nb_checkpoint *ck, const nb_checkpoint_entry *e, nb_
                             "%llu): the file changed or shrank while open", ck->path,
                             nb__st_quote(e->name, q, sizeof q), (unsigned long long)e->nbytes,
                             (unsigned long long)e->offset);
+    }
+    nb_status st = check_values(ck, e, buf, is_second_moment(ck, e->name));
+    if (st != NB_OK) {
+        if (!direct) free(buf);
+        return st;
     }
     if (!direct) {
         nb_tensor src = {0};

@@ -36,6 +36,10 @@ int nb__st_find(const nb__st_header *h, const char *name);
 nb_status nb__checkpoint_read_strict(nb_checkpoint *ck, const nb_named_tensor *tensors, int n,
                                      const char *ignore_prefix);
 
+/* Makes the reads of ck require Adam's second moments ("optim.state.*
+ * exp_avg_sq") to be >= 0 (Note [Values checked at load] in reader.c). */
+void nb__checkpoint_set_second_moments(nb_checkpoint *ck, bool on);
+
 /* Aborts (naming `who`) on a NULL name or tensor, or two equal names,
  * after freeing free_on_abort (the caller's allocation, or NULL), so that
  * a test that recovers from the abort leaks nothing. */

@@ -122,6 +122,12 @@ static nb_status read_meta(nb_checkpoint *ck, nb_optim *opt, nb_train_state *out
 
 nb_status nb_checkpoint_load_training(const char *path, const nb_named_tensor *model,
                                       int n_model, nb_optim *opt, nb_train_state *state) {
+    return nb_checkpoint_load_training_ex(path, model, n_model, opt, state, NULL);
+}
+
+nb_status nb_checkpoint_load_training_ex(const char *path, const nb_named_tensor *model,
+                                         int n_model, nb_optim *opt, nb_train_state *state,
+                                         const nb_checkpoint_load_options *opts) {
     NB_CHECK(path && state, "nb_checkpoint_load_training: NULL argument");
     NB_CHECK(n_model >= 0 && (n_model == 0 || model),
              "nb_checkpoint_load_training: bad model list (n_model = %d)", n_model);
@@ -134,6 +140,8 @@ nb_status nb_checkpoint_load_training(const char *path, const nb_named_tensor *m
         free(all);
         return st;
     }
+    nb_checkpoint_set_allow_nonfinite(ck, opts && opts->allow_nonfinite);
+    nb__checkpoint_set_second_moments(ck, opt && nb_optim_get_kind(opt) != NB_OPTIM_SGD);
     nb_train_state s = {0};
     st = read_meta(ck, opt, &s);
     if (st == NB_OK) st = nb__checkpoint_read_strict(ck, all, n, opt ? NULL : "optim.");

@@ -163,6 +163,7 @@ START_TEST(test_layout_and_read_back) {
     /* the read API */
     nb_checkpoint *ck;
     ck_assert_int_eq(nb_checkpoint_open(path, &ck), NB_OK);
+    nb_checkpoint_set_allow_nonfinite(ck, true); /* half.bf16 holds a NaN */
     ck_assert_str_eq(nb_checkpoint_path(ck), path);
     ck_assert_int_eq(nb_checkpoint_count(ck), 8);
     ck_assert_int_eq(nb_checkpoint_meta_count(ck), 2);
@@ -858,6 +859,78 @@ START_TEST(test_null_handles) {
 }
 END_TEST
 
+/* Note [Values checked at load]: a NaN or infinite value, or a negative Adam
+ * second moment, is refused naming the file, tensor and element, unless
+ * allowed. */
+START_TEST(test_nonfinite_refused) {
+    model m;
+    model_init(&m, NB_OPTIM_ADAMW, 1);
+    nb_train_state st = {0, 0, 0, nb_rng_make(5)};
+    train_step(&m, &st);
+    const char *path = path_of("nan.safetensors");
+    nb_set(m.w2, (int64_t[]){5, 1}, NAN);
+    ck_assert_int_eq(nb_checkpoint_save_training(path, m.named, 3, m.opt, &st, NULL, 0), NB_OK);
+    nb_set(m.w2, (int64_t[]){5, 1}, 0.25);
+    nb_train_state out = {0};
+    char want[512];
+    snprintf(want, sizeof want, "%s: tensor \"fc2.weight\" (8, 3): element (5, 1) is nan, not "
+             "finite: the run that saved it had diverged", path);
+    ck_assert_int_eq(nb_checkpoint_load_training(path, m.named, 3, m.opt, &out), NB_ERR_FORMAT);
+    ck_assert_msg(strstr(nb_last_error(), want), "got: %s", nb_last_error());
+    /* allowed: loads, the NaN included */
+    nb_checkpoint_load_options allow = {.allow_nonfinite = true};
+    ck_assert_int_eq(nb_checkpoint_load_training_ex(path, m.named, 3, m.opt, &out, &allow), NB_OK);
+    ck_assert(isnan(nb_get(m.w2, (int64_t[]){5, 1})));
+    nb_set(m.w2, (int64_t[]){5, 1}, 0.25);
+    /* the reading handle: refused, then allowed */
+    const char *plain = path_of("plain_inf.safetensors");
+    nb_set(m.b1, (int64_t[]){7}, -INFINITY);
+    ck_assert_int_eq(nb_checkpoint_save(plain, m.named, 3, NULL, 0), NB_OK);
+    nb_set(m.b1, (int64_t[]){7}, 0);
+    ck_assert_int_eq(nb_checkpoint_load(plain, m.named, 3), NB_ERR_FORMAT);
+    ck_assert_msg(strstr(nb_last_error(), "tensor \"fc1.bias\" (8,): element (7,) is -inf, not finite"),
+                  "got: %s", nb_last_error());
+    nb_checkpoint *ck;
+    ck_assert_int_eq(nb_checkpoint_open(plain, &ck), NB_OK);
+    nb_checkpoint_set_allow_nonfinite(ck, true);
+    ck_assert_int_eq(nb_checkpoint_read_strict(ck, m.named, 3), NB_OK);
+    nb_checkpoint_close(ck);
+    ck_assert(isinf(nb_get(m.b1, (int64_t[]){7})));
+    nb_set(m.b1, (int64_t[]){7}, 0);
+    /* bf16 in the file, read into f32: the file's values are checked */
+    nb_ctx *c = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *h = nb_cast(c, nb_from_host(c, NB_F32, NB_SHAPE(3), (float[]){1, INFINITY, 2}), NB_BF16);
+    const char *half = path_of("bf16.safetensors");
+    ck_assert_int_eq(nb_checkpoint_save(half, &(nb_named_tensor){"h", h}, 1, NULL, 0), NB_OK);
+    ck_assert_int_eq(nb_checkpoint_open(half, &ck), NB_OK);
+    ck_assert_int_eq(nb_checkpoint_read(ck, "h", nb_zeros(c, NB_F32, NB_SHAPE(3))), NB_ERR_FORMAT);
+    ck_assert_msg(strstr(nb_last_error(), "tensor \"h\" (3,): element (1,) is inf"), "got: %s",
+                  nb_last_error());
+    nb_checkpoint_close(ck);
+    nb_ctx_free(c);
+    /* a negative second moment: refused even when non-finite values are allowed */
+    int n;
+    const nb_named_tensor *state = nb_optim_state(m.opt, &n);
+    nb_tensor *v = NULL;
+    for (int i = 0; i < n; i++)
+        if (strcmp(state[i].name, "optim.state.fc2.weight.exp_avg_sq") == 0) v = state[i].tensor;
+    ck_assert_ptr_nonnull(v);
+    double keep = nb_get(v, (int64_t[]){0, 2});
+    nb_set(v, (int64_t[]){0, 2}, -0.5);
+    ck_assert_int_eq(nb_checkpoint_save_training(path, m.named, 3, m.opt, &st, NULL, 0), NB_OK);
+    nb_set(v, (int64_t[]){0, 2}, keep);
+    snprintf(want, sizeof want, "%s: tensor \"optim.state.fc2.weight.exp_avg_sq\" (8, 3): element "
+             "(0, 2) is -0.5, negative: a second moment of Adam is a mean of squares", path);
+    ck_assert_int_eq(nb_checkpoint_load_training_ex(path, m.named, 3, m.opt, &out, &allow),
+                     NB_ERR_FORMAT);
+    ck_assert_msg(strstr(nb_last_error(), want), "got: %s", nb_last_error());
+    /* without an optimizer the state is not read, and the model (negative
+     * weights included) loads */
+    ck_assert_int_eq(nb_checkpoint_load_training(path, m.named, 3, NULL, &out), NB_OK);
+    model_free(&m);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("checkpoint");
     TCase *tc = tcase_create("core");
@@ -874,6 +947,7 @@ int main(void) {
     tcase_add_test(tc, test_resume_is_bit_identical);
     tcase_add_test(tc, test_training_load_errors);
     tcase_add_test(tc, test_null_handles);
+    tcase_add_test(tc, test_nonfinite_refused);
     suite_add_tcase(s, tc);
     return nbt_run(s);
 }

@@ -19,6 +19,7 @@
 #ifndef NABLA_CHECKPOINT_H
 #define NABLA_CHECKPOINT_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "nabla/error.h"
@@ -82,6 +83,9 @@ const char *nb_checkpoint_meta(const nb_checkpoint *ck, const char *key);
 nb_status nb_checkpoint_read(nb_checkpoint *ck, const char *name, nb_tensor *dst);
 /* nb_checkpoint_load on an open file. */
 nb_status nb_checkpoint_read_strict(nb_checkpoint *ck, const nb_named_tensor *tensors, int n);
+/* Reads of ck accept NaN and infinite values (refused by default: every
+ * read then fails with NB_ERR_FORMAT naming the tensor and the element). */
+void nb_checkpoint_set_allow_nonfinite(nb_checkpoint *ck, bool allow);
 
 /* ---- training checkpoints ----
  * Model tensors under their own names, the optimizer's state under
@@ -101,10 +105,21 @@ nb_status nb_checkpoint_save_training(const char *path, const nb_named_tensor *m
                                       const nb_kv *extra, int n_extra);
 /* Strict load of model and optimizer (the optimizer's kind must match the
  * file's), then state is filled in from the metadata. With opt NULL the
- * file's "optim." tensors are ignored. On failure the tensors' contents
- * are unspecified unless the message says nothing was read. */
+ * file's "optim." tensors are ignored. A NaN or infinite value in a tensor,
+ * or a negative Adam second moment (exp_avg_sq), is refused with
+ * NB_ERR_FORMAT naming the tensor and the element. On failure the tensors'
+ * contents are unspecified unless the message says nothing was read. */
 nb_status nb_checkpoint_load_training(const char *path, const nb_named_tensor *model,
                                       int n_model, nb_optim *opt, nb_train_state *state);
+
+typedef struct nb_checkpoint_load_options {
+    bool allow_nonfinite; /* load NaN and infinite values (refused by default) */
+} nb_checkpoint_load_options;
+
+/* nb_checkpoint_load_training with options (NULL: the defaults, all zero). */
+nb_status nb_checkpoint_load_training_ex(const char *path, const nb_named_tensor *model,
+                                         int n_model, nb_optim *opt, nb_train_state *state,
+                                         const nb_checkpoint_load_options *opts);
 
 #ifdef __cplusplus
 }
