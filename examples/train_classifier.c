@@ -28,6 +28,7 @@
 #include <nabla/nabla.h>
 
 #include "common/cli.h"
+#include "common/divergence.h"
 #include "common/files.h"
 #include "common/dist.h"
 #include "common/report.h"
@@ -35,7 +36,7 @@
 
 typedef struct args {
     const char *model, *data, *hidden, *channels, *optim;
-    int64_t epochs, stop_at, batch_size, seed, split_seed;
+    int64_t epochs, stop_at, batch_size, seed, split_seed, max_skipped_steps;
     double lr, momentum, weight_decay, test_fraction;
     bool sync_bn, resume, bf16, zero; /* resume: a checkpoint is loaded */
     const char *ckpt_dir, *metrics, *plot, *progress;
@@ -62,6 +63,7 @@ typedef struct run {
     nb_optim *opt;
     nb_lr_schedule sched;
     int64_t step, epoch0, per_epoch; /* optimizer steps so far, the first epoch to run, steps per epoch */
+    divergence guard; /* --max-skipped-steps */
     nb_progress *progress;
     nb_metrics_log *log;
     char ckpt_path[4096];
@@ -198,7 +200,14 @@ static nb_status save_checkpoint(run *r, int64_t step, int64_t epochs_done) {
     run_meta(r, v, kv, &n);
     kv[n++] = (nb_kv){"program", "train_classifier"};
     nb_train_state st = {step, epochs_done, 0, nb_rng_make(0)};
-    nb_status s = files_make_dirs(r->a.ckpt_dir);
+    /* never a diverged state over the last good checkpoint */
+    char what[96];
+    snprintf(what, sizeof what, "epoch %lld not saved", (long long)epochs_done);
+    int n_opt;
+    const nb_named_tensor *opt_state = nb_optim_state(r->opt, &n_opt);
+    nb_status s = divergence_check_finite(r->step_ctx, r->state, r->n_state, what);
+    if (s == NB_OK) s = divergence_check_finite(r->step_ctx, opt_state, n_opt, what);
+    if (s == NB_OK) s = files_make_dirs(r->a.ckpt_dir);
     if (s == NB_OK) s = nb_checkpoint_save_training(r->ckpt_path, r->state, r->n_state, r->opt, &st, kv, n);
     return s;
 }
@@ -236,7 +245,7 @@ static int parse_args(run *r, int argc, char **argv) {
     args *a = &r->a;
     *a = (args){.model = "mlp", .hidden = "64,32", .channels = "16,32,64", .epochs = 0, .batch_size = 0,
                 .seed = 0, .split_seed = 42, .lr = 0, .momentum = 0.9, .test_fraction = 0.2,
-                .progress = "auto"};
+                .max_skipped_steps = DIVERGENCE_DEFAULT_MAX_SKIPPED, .progress = "auto"};
     cli_flag flags[] = {
         {"model", CLI_STRING, &a->model, "mlp (breast-cancer table) or cnn (8x8 digits)"},
         {"data", CLI_STRING, &a->data, "CSV table, label in the last column (default: the model's shipped table)"},
@@ -255,6 +264,7 @@ static int parse_args(run *r, int argc, char **argv) {
         {"test-fraction", CLI_DOUBLE, &a->test_fraction, "share of the rows held out"},
         {"split-seed", CLI_INT, &a->split_seed, "seed of the train/test split"},
         {"seed", CLI_INT, &a->seed, "initialisation and shuffling"},
+        {"max-skipped-steps", CLI_INT, &a->max_skipped_steps, "stop after this many consecutive steps skipped for a non-finite gradient (0: never)"},
         {"ckpt-dir", CLI_STRING, &a->ckpt_dir, "directory for ckpt.safetensors (saved every epoch)"},
         {"resume", CLI_OPTIONAL, &a->resume_mode, "continue from --ckpt-dir/ckpt.safetensors; 'auto': from the newest checkpoint in --ckpt-dir, or afresh when there is none"},
         {"metrics", CLI_STRING, &a->metrics, "JSON-lines metrics file"},
@@ -293,6 +303,11 @@ static int parse_args(run *r, int argc, char **argv) {
                 r->cnn ? "channels" : "hidden");
         return 2;
     }
+    if (a->max_skipped_steps < 0) {
+        fprintf(stderr, "train_classifier: --max-skipped-steps must be >= 0 (0: never stop)\n");
+        return 2;
+    }
+    r->guard.max_skipped = a->max_skipped_steps;
     if (a->epochs < 1 || a->batch_size < 1 || !(a->lr > 0) || a->momentum < 0 || a->weight_decay < 0 ||
         !(a->test_fraction > 0 && a->test_fraction < 1) || (a->resume && !a->ckpt_dir)) {
         fprintf(stderr, "train_classifier: need --epochs, --batch-size >= 1, --lr > 0, --momentum "
@@ -458,8 +473,14 @@ int main(int argc, char **argv) {
             TRY(&r, run_dist_forward(&r.d, r.step_ctx, as_input(&r, b.inputs), &logits), "forward");
             nb_tensor *loss = nb_cross_entropy(r.step_ctx, logits, b.targets, NULL);
             TRY(&r, run_dist_backward(&r.d, loss), "backward");
-            if (zero) TRY(&r, nb_ddp_step(zero), "ZeRO-1 step");
-            else nb_optim_step(r.opt);
+            /* a non-finite gradient (the same on every rank) skips the step */
+            double norm;
+            if (zero) TRY(&r, nb_ddp_clip_grad_norm(zero, INFINITY, 2.0, &norm), "gradient norm");
+            else norm = nb_optim_clip_grad_norm(r.opt, INFINITY, 2.0);
+            if (isfinite(norm) && zero) TRY(&r, nb_ddp_step(zero), "ZeRO-1 step");
+            else if (isfinite(norm)) nb_optim_step(r.opt);
+            else nb_progress_printf(r.progress, "step %lld: gradient norm %g, step skipped", (long long)r.step + 1, norm);
+            TRY(&r, divergence_step(&r.guard, r.step_ctx, r.param_list, nb_optim_param_count(r.opt), r.step + 1, norm), "stopping");
             nb_optim_zero_grad(r.opt);
             double l = nb_item(loss);
             double correct = (double)nb_count_correct(r.step_ctx, logits, b.targets);

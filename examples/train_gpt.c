@@ -25,6 +25,7 @@
 #include <nabla/nabla.h>
 
 #include "common/cli.h"
+#include "common/divergence.h"
 #include "common/fault.h"
 #include "common/files.h"
 #include "common/dist.h"
@@ -40,6 +41,7 @@ typedef struct args {
     double dropout;
     int64_t batch_size, seq_len, steps, stop_at, warmup, grad_accum;
     double lr, min_lr, weight_decay, beta1, beta2, clip;
+    int64_t max_skipped_steps;
     int64_t eval_interval, eval_windows, log_interval, metrics_interval;
     const char *ckpt_dir;
     int64_t ckpt_interval;
@@ -77,6 +79,7 @@ typedef struct run {
     int64_t loss_count;
     double val_loss;
     int64_t evaluated_at; /* the step of the last evaluation, -1: none yet */
+    divergence guard; /* --max-skipped-steps */
     nb_progress *progress;
     nb_metrics_log *log;
     char ckpt_path[4096], plot_path[4096];
@@ -248,7 +251,14 @@ static nb_status save_checkpoint(run *r, int64_t steps_done) {
     m.kv[m.n++] = (nb_kv){"data", data_name(&r->a)};
     m.kv[m.n++] = (nb_kv){"elapsed_s", elapsed};
     nb_train_state st = {steps_done, epoch, position, *nb_gpt_dropout_rng(r->model)};
-    nb_status s = files_make_dirs(r->a.ckpt_dir);
+    /* never a diverged state over the last good checkpoint */
+    char what[96];
+    snprintf(what, sizeof what, "step %lld not saved", (long long)steps_done);
+    int n_opt;
+    const nb_named_tensor *opt_state = nb_optim_state(r->opt, &n_opt);
+    nb_status s = divergence_check_finite(r->step_ctx, r->state, r->n_state, what);
+    if (s == NB_OK) s = divergence_check_finite(r->step_ctx, opt_state, n_opt, what);
+    if (s == NB_OK) s = files_make_dirs(r->a.ckpt_dir);
     if (s == NB_OK) s = nb_checkpoint_save_training(r->ckpt_path, r->state, r->n_state, r->opt, &st, m.kv, m.n);
     return s;
 }
@@ -343,6 +353,7 @@ static bool check_args(const args *a) {
     else if (!(a->val_fraction > 0 && a->val_fraction < 1)) bad = "--val-fraction must be in (0, 1)";
     else if (a->dropout < 0 || a->dropout >= 1) bad = "--dropout must be in [0, 1)";
     else if (a->resume && !a->ckpt_dir) bad = "--resume needs --ckpt-dir";
+    else if (a->max_skipped_steps < 0) bad = "--max-skipped-steps must be >= 0 (0: never stop)";
     else if (a->eval_interval < 0 || a->ckpt_interval < 0 || a->log_interval < 1 || a->metrics_interval < 1 || a->sample_len < 0) bad = "--eval-interval, --ckpt-interval, --sample-len must be >= 0, --log-interval and --metrics-interval >= 1";
     else if ((a->data || a->synthetic) && a->vocab_size < 2) bad = "--vocab-size must be >= 2";
     else if (a->synthetic && (a->data || a->val_data)) bad = "--synthetic makes its own tokens: drop --data and --val-data";
@@ -357,6 +368,7 @@ static int parse_args(run *r, int argc, char **argv) {
     *a = (args){.text = NABLA_SOURCE_DIR "/examples/datasets/austen.txt", .val_fraction = 0.1,
                 .vocab_size = 50257, .layers = 4, .heads = 4, .width = 128, .batch_size = 16,
                 .seq_len = 64, .steps = 2000, .warmup = 100, .grad_accum = 1, .lr = 3e-3,
+                .max_skipped_steps = DIVERGENCE_DEFAULT_MAX_SKIPPED,
                 .min_lr = -1, .weight_decay = 0.1, .beta1 = 0.9, .beta2 = 0.99, .clip = 1.0,
                 .eval_interval = 250, .eval_windows = 256, .log_interval = 10, .metrics_interval = 10, .seed = 1337,
                 .sample_len = 300, .temperature = 0.8, .prompt = "\n", .progress = "auto"};
@@ -384,6 +396,7 @@ static int parse_args(run *r, int argc, char **argv) {
         {"beta2", CLI_DOUBLE, &a->beta2, "AdamW beta2"},
         {"grad-accum", CLI_INT, &a->grad_accum, "micro-steps per optimizer step"},
         {"clip", CLI_DOUBLE, &a->clip, "gradient-norm clipping threshold (0: off)"},
+        {"max-skipped-steps", CLI_INT, &a->max_skipped_steps, "stop after this many consecutive steps skipped for a non-finite gradient (0: never)"},
         {"zero", CLI_BOOL, &a->zero, "ZeRO-1: shard AdamW's state over the processes"},
         {"eval-interval", CLI_INT, &a->eval_interval, "steps between evaluations (0: only at the end)"},
         {"eval-windows", CLI_INT, &a->eval_windows, "held-out windows per evaluation (0: all)"},
@@ -414,6 +427,7 @@ static int parse_args(run *r, int argc, char **argv) {
         return 2;
     }
     if (!check_args(a)) return 2;
+    r->guard.max_skipped = a->max_skipped_steps;
     r->stop = a->stop_at > 0 && a->stop_at < a->steps ? a->stop_at : a->steps;
     return -1;
 }
@@ -599,6 +613,7 @@ int main(int argc, char **argv) {
         if (isfinite(norm) && zero) TRY(&r, nb_ddp_step(zero), "ZeRO-1 step");
         else if (isfinite(norm)) nb_optim_step(r.opt);
         else nb_progress_printf(r.progress, "step %lld: gradient norm %g, step skipped", (long long)r.step + 1, norm);
+        TRY(&r, divergence_step(&r.guard, r.step_ctx, r.param_list, nb_optim_param_count(r.opt), r.step + 1, norm), "stopping");
         nb_optim_zero_grad(r.opt);
         TRY(&r, run_dist_sum(&r.d, &loss, 1), "all-reduce");
         loss /= r.d.world_size;
