@@ -2,7 +2,8 @@
  * processes (Gloo) or one GPU per rank (NCCL; --device, default auto: GPUs
  * when there are any; GPU steps are timed to completion).
  * Each rank trains one model on its own batch (weak scaling) for `--steps`
- * steps with AdamW; rank 0 prints one table row: world size, mode,
+ * steps with AdamW; rank 0 prints a line naming the run, the table's header
+ * (--no-header leaves both out) and one row: world size, mode,
  * milliseconds per step (median), samples (or tokens) per second over all
  * ranks, time in backward, time waiting for buckets after backward, and
  * the share of all-reduce time hidden behind backward as the rank sees it,
@@ -42,8 +43,9 @@
  * The last column, "state", is the optimizer state (AdamW's two moments)
  * held per rank (nb_optim_state_bytes): about 1/R of the "ddp" row's.
  *
+ * docs/benchmarks.md explains every column.
  * --machine prints one key=value line (with forward / backward / optimizer
- * medians) for scripts instead of the row; --plot-scaling LINES SVG reads
+ * medians) for scripts instead of the table; --plot-scaling LINES SVG reads
  * such lines (benchmarks/run_scaling.sh collects them), prints the scaling
  * table with the efficiency against world size 1 and writes the plot.
  * benchmarks/run_ddp.sh and run_scaling.sh run the series. */
@@ -189,7 +191,7 @@ static int plot_scaling(const char *path, const char *svg) {
         ys[s][ser[s].n++] = 100 * eff;
     }
     nb_plot_opts o = {"Weak scaling (each rank its own batch)", "world size",
-                      "efficiency vs world size 1 (%)", 0, 0, false};
+                      "efficiency vs world size 1 (%)", 0, 0, false, .markers = true, .integer_x = true};
     if (nb_plot_svg(svg, ser, ns, &o) != NB_OK) {
         fprintf(stderr, "bench_ddp: %s\n", nb_last_error());
         return 1;
@@ -199,7 +201,7 @@ static int plot_scaling(const char *path, const char *svg) {
 }
 
 int main(int argc, char **argv) {
-    int steps = 30, width = 512, layers = 4, header = 0, machine = 0, kind = WIDE;
+    int steps = 30, width = 512, layers = 4, header = 1, machine = 0, kind = WIDE;
     int64_t batch = 0;
     bool use_ddp = true, bucket_step = false, bf16 = false, zero = false;
     double bucket_mb = 0; /* 0: the wrapper's defaults (first bucket 1 MiB, then 25 MiB) */
@@ -209,7 +211,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--bucket-step")) bucket_step = true;
         else if (!strcmp(argv[i], "--bf16")) bf16 = true;
         else if (!strcmp(argv[i], "--zero")) zero = true;
-        else if (!strcmp(argv[i], "--header")) header = 1;
+        else if (!strcmp(argv[i], "--no-header")) header = 0;
         else if (!strcmp(argv[i], "--machine")) machine = 1;
         else if (!strcmp(argv[i], "--plot-scaling") && i + 2 < argc) return plot_scaling(argv[i + 1], argv[i + 2]);
         else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
@@ -227,7 +229,7 @@ int main(int argc, char **argv) {
             }
         } else {
             fprintf(stderr, "usage: %s [--model wide|mlp|cnn|gpt|gpt6] [--device auto|cpu|cuda] [--no-ddp] "
-                            "[--bucket-step | --zero] [--bf16] [--bucket-mb MB] [--steps N] [--batch B] [--width W] [--layers L] [--header] [--machine]\n"
+                            "[--bucket-step | --zero] [--bf16] [--bucket-mb MB] [--steps N] [--batch B] [--width W] [--layers L] [--no-header | --machine]\n"
                             "       %s --plot-scaling LINES SVG\n", argv[0], argv[0]);
             return 2;
         }
@@ -243,11 +245,6 @@ int main(int argc, char **argv) {
         return 2;
     }
     if (!batch) batch = kind == MLP ? 8 : kind == CNN ? 32 : kind == GPT ? 16 : kind == GPT6 ? 8 : 64;
-    if (header) {
-        printf("%-6s %-7s %10s %12s %11s %9s %8s %10s %8s %10s\n", "world", "mode", "ms/step", "samples/s",
-               "backward", "wait", "hidden", "peer-wait", "hid-all", "state");
-        return 0;
-    }
     /* auto: one GPU per rank (cuda:LOCAL_RANK, NCCL) when there are GPUs, else the CPU (Gloo) */
     bool cuda = !strcmp(device_arg, "cuda") || (!strcmp(device_arg, "auto") && nb_cuda_available());
     if (strcmp(device_arg, "cuda") && strcmp(device_arg, "cpu") && strcmp(device_arg, "auto")) {
@@ -359,13 +356,27 @@ int main(int argc, char **argv) {
     double med = median(t_step, measured), per_s = (double)batch * (IS_GPT(kind) ? GPT_T(kind) : 1) * world / med;
     if (rank == 0 && machine) {
         printf("model=%s mode=%s world=%d batch=%lld ms=%.4f fwd=%.4f bwd=%.4f opt=%.4f per_s=%.1f unit=%s "
-               "hidden=%.4f hidden_all=%.4f peer_wait_ms=%.4f skew_ms=%.4f params=%lld state_bytes=%zu\n",
+               "hidden=%.4f hidden_all=%.4f peer_wait_ms=%.4f skew_ms=%.4f ddp_backward_ms=%.4f wait_ms=%.4f "
+               "params=%lld state_bytes=%zu\n",
                model_names[kind], mode, world, (long long)batch, 1e3 * med,
                1e3 * median(t_fwd, measured), 1e3 * median(t_bwd, measured), 1e3 * median(t_opt, measured),
                per_s, IS_GPT(kind) ? "tokens" : "samples", ddp && world > 1 ? hidden / measured : NAN,
                across ? ov.hidden_fraction : NAN, across ? 1e3 * ov.peer_wait_s : NAN,
-               across ? 1e3 * ov.skew_s : NAN, (long long)n_params, state_bytes);
+               across ? 1e3 * ov.skew_s : NAN, ddp && world > 1 ? 1e3 * bw / measured : NAN,
+               ddp && world > 1 ? 1e3 * wait / measured : NAN, (long long)n_params, state_bytes);
     } else if (rank == 0) {
+        if (header) {
+            char toks[32] = "";
+            if (IS_GPT(kind)) snprintf(toks, sizeof toks, " x %d tokens", GPT_T(kind));
+            printf("bench_ddp: model %s (%lld parameters), batch %lld%s per rank, %s%s%s, AdamW, median of %d "
+                   "steps after 3 warm-up steps\n",
+                   model_names[kind], (long long)n_params, (long long)batch, toks,
+                   cuda ? "one GPU per rank" : "CPU processes", ddp ? (cuda ? " over NCCL" : " over Gloo") : "",
+                   bf16 ? ", bf16 products" : "", steps);
+            printf("%-6s %-7s %10s %12s %11s %9s %8s %10s %8s %10s\n", "world", "mode", "ms/step",
+                   IS_GPT(kind) ? "tokens/s" : "samples/s", "backward", "wait", "hidden", "peer-wait", "hid-all",
+                   "state");
+        }
         char hid[16] = "-", bws[16] = "-", ws[16] = "-", pw[16] = "-", hall[16] = "-";
         if (across) {
             snprintf(pw, sizeof pw, "%.2f ms", 1e3 * ov.peer_wait_s);

@@ -88,15 +88,17 @@ for rate in $rates; do
   before=$(tx 0)
   env NABLA_RUN_ID="netns-bench-$$-$rate" OPENBLAS_NUM_THREADS=1 NABLA_PG_TIMEOUT=120 \
     timeout "$run_s" ip netns exec "${ns[1]}" "$bin/nbrun" --nnodes 2 --node-rank 1 --nproc-per-node "$nproc" \
-    --master-addr "${addr[0]}" --master-port "$port" "$bin/bench_ddp" "${bench[@]}" >/dev/null &
+    --master-addr "${addr[0]}" --master-port "$port" "$bin/bench_ddp" --machine "${bench[@]}" >/dev/null &
   other=$!
   row=$(env NABLA_RUN_ID="netns-bench-$$-$rate" OPENBLAS_NUM_THREADS=1 NABLA_PG_TIMEOUT=120 \
     timeout "$run_s" ip netns exec "${ns[0]}" "$bin/nbrun" --nnodes 2 --node-rank 0 --nproc-per-node "$nproc" \
-    --master-addr "${addr[0]}" --master-port "$port" "$bin/bench_ddp" "${bench[@]}" | sed -n 's/^\[rank 0\] //p')
+    --master-addr "${addr[0]}" --master-port "$port" "$bin/bench_ddp" --machine "${bench[@]}" | sed -n 's/^\[rank 0\] //p')
   wait "$other"
   sent=$(( ($(tx 0) - before) / (steps + 3) ))
-  # bench_ddp's row: world mode ms/step samples/s backward ms wait ms hidden
-  read -r _ _ ms _ bw _ wt _ hid _ <<<"$row"
+  # bench_ddp --machine: key=value fields
+  field() { sed -n "s/.* $1=\([^ ]*\).*/\1/p" <<<" $row"; }
+  ms=$(printf '%.2f' "$(field ms)") bw=$(printf '%.2f' "$(field ddp_backward_ms)")
+  wt=$(printf '%.2f' "$(field wait_ms)") hid=$(awk -v h="$(field hidden)" 'BEGIN { printf "%.0f%%", 100 * h }')
   if [ "$rate" = unlimited ]; then wire=-; else wire=$(awk -v s="$sent" -v b="$(bits "$rate")" 'BEGIN { printf "%.1f", 8e3 * s / b }'); fi
   printf '%-10s %9s %10s %10s %8s %13s %9s\n' "$rate" "$ms" "$bw ms" "$wt ms" "$hid" "$sent" "$wire"
 done
