@@ -427,7 +427,7 @@ static int finish(run *r, test_result *t) {
                              {"epoch", "accuracy", "train accuracy"},
                              {"epoch", "test_accuracy", "test accuracy"}};
         nb_plot_opts o = {r->cnn ? "train_classifier --model cnn" : "train_classifier --model mlp",
-                          "epoch", "loss / accuracy", 0, 0, false};
+                          "epoch", "loss / accuracy", 0, 0, false, true, true}; /* markers, whole epochs */
         TRY(r, report_plot(plot, a->metrics, "epoch", c, 4, &o), "plot");
         printf("metrics:    %s\nplot:       %s\n", a->metrics, plot);
     }

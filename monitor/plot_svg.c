@@ -1,6 +1,6 @@
 /* Line plots as standalone SVG: axes with ticks at 1-2-5 steps (or powers
- * of ten on a log axis), a light grid, one polyline per series and a
- * legend. Plain SVG 1.1 with no scripts or external fonts, so any browser
+ * of ten on a log axis; whole numbers only with integer_x), a light grid,
+ * one polyline per series, optionally a dot on every point, and a legend. Plain SVG 1.1 with no scripts or external fonts, so any browser
  * or image viewer shows it; nothing outside libc is needed.
  *
  * The file is written under a temporary name in the same directory and
@@ -77,7 +77,8 @@ nb_status nb_plot_svg(const char *path, const nb_plot_series *series, int n_seri
         }
     if (!isfinite(xmin)) xmin = 0, xmax = 1, ymin = o.log_y ? 1 : 0, ymax = o.log_y ? 10 : 1;
     axis ax, ay;
-    axis_fit(&ax, xmin, xmax, false, false);
+    /* a dot at the frame's edge would be cut in half: markers get a margin */
+    axis_fit(&ax, xmin, xmax, false, o.markers);
     axis_fit(&ay, ymin, ymax, o.log_y, true);
 #define PX(v) (left + ((v) - ax.lo) / (ax.hi - ax.lo) * pw)
 #define PY(v) (top + ph - ((v) - ay.lo) / (ay.hi - ay.lo) * ph)
@@ -100,6 +101,7 @@ nb_status nb_plot_svg(const char *path, const nb_plot_series *series, int n_seri
     /* grid and ticks */
     char label[64];
     double sx = nice_step(ax.hi - ax.lo, 6);
+    if (o.integer_x && sx < 1) sx = 1; /* 1-2-5 steps of 1 and more are whole numbers */
     for (double v = ceil(ax.lo / sx) * sx; v <= ax.hi + 1e-9 * sx; v += sx) {
         fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#e5e5e5\"/>\n",
                 PX(v), top, PX(v), top + ph);
@@ -152,9 +154,12 @@ nb_status nb_plot_svg(const char *path, const nb_plot_series *series, int n_seri
             open = true;
         }
         if (open) fputs("\"/>\n", f);
-        if (series[s].n == 1 && isfinite(series[s].x[0]) && isfinite(series[s].y[0]))
-            fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"2.5\" fill=\"%s\"/>\n", PX(series[s].x[0]),
-                    PY(o.log_y ? log10(series[s].y[0]) : series[s].y[0]), c);
+        for (int64_t i = 0; i < series[s].n; i++) { /* every point, or a lone one */
+            double x = series[s].x[i], y = series[s].y[i];
+            if (!(o.markers || series[s].n == 1) || !isfinite(x) || !isfinite(y) || (o.log_y && y <= 0)) continue;
+            fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"%s\" fill=\"%s\"/>\n", PX(x),
+                    PY(o.log_y ? log10(y) : y), o.markers ? "3.5" : "2.5", c);
+        }
     }
     /* the legend, over a white panel at the right: at the top, the middle
      * or the bottom, wherever the curves pass least (segments sampled) */
@@ -182,8 +187,11 @@ nb_status nb_plot_svg(const char *path, const nb_plot_series *series, int n_seri
     for (int s = 0; s < n_series; s++) {
         double ly = box_top + 16 + 16 * s, lx = left + pw - 150;
         fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" "
-                   "stroke-width=\"2.5\"/>\n<text x=\"%.1f\" y=\"%.1f\">", lx, ly - 4, lx + 22, ly - 4,
-                colours[s % 8], lx + 28, ly);
+                   "stroke-width=\"2.5\"/>\n", lx, ly - 4, lx + 22, ly - 4, colours[s % 8]);
+        if (o.markers)
+            fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3.5\" fill=\"%s\"/>\n", lx + 11, ly - 4,
+                    colours[s % 8]);
+        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\">", lx + 28, ly);
         put_text(f, series[s].label ? series[s].label : "");
         fputs("</text>\n", f);
     }

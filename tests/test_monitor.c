@@ -249,7 +249,7 @@ START_TEST(test_plot) {
     double x[6] = {0, 1, 2, 3, 4, 10}, y[6] = {4, 3, NAN, 2, 1.5, 1}, y2[2] = {3.5, 1.2};
     double x2[2] = {0, 10};
     nb_plot_series s[2] = {{"train <loss> & co", x, y, 6}, {"val", x2, y2, 2}};
-    nb_plot_opts o = {"a \"title\"", "step", "loss", 400, 300, false};
+    nb_plot_opts o = {"a \"title\"", "step", "loss", 400, 300, false, false, false};
     ck_assert_int_eq(nb_plot_svg(path, s, 2, &o), NB_OK);
     char *svg = slurp(path);
     ck_assert_msg(strncmp(svg, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<svg ", 44) == 0, "%s", svg);
@@ -276,8 +276,41 @@ START_TEST(test_plot) {
     ck_assert_int_eq(nb_plot_svg(bad, s, 2, NULL), NB_ERR_IO);
     snprintf(msg, sizeof msg, "cannot write plot \"%s.tmp.", bad);
     ck_assert_msg(strstr(nb_last_error(), msg), "%s", nb_last_error());
-    NBT_EXPECT_ABORT(nb_plot_svg(path, s, 1, &(nb_plot_opts){NULL, NULL, NULL, 100, 50, false}),
+    NBT_EXPECT_ABORT(nb_plot_svg(path, s, 1, &(nb_plot_opts){NULL, NULL, NULL, 100, 50, false, false, false}),
                      "nb_plot_svg: 100 x 50 pixels leave no room for the plot");
+    rmdir(dir);
+}
+END_TEST
+
+/* A scaling plot: world sizes 1, 2, 4 with a dot on every point and whole
+ * world sizes on the x axis (without integer_x the ticks fall at 0.5 steps) */
+START_TEST(test_plot_markers) {
+    make_dir();
+    char path[128];
+    snprintf(path, sizeof path, "%s/m.svg", dir);
+    double x[3] = {1, 2, 4}, y[3] = {100, 60, 40}, y2[3] = {100, 90, 70};
+    nb_plot_series s[2] = {{"mlp", x, y, 3}, {"gpt", x, y2, 3}};
+    nb_plot_opts o = {"scaling", "world size", "efficiency (%)", 400, 300, false, false, false};
+    ck_assert_int_eq(nb_plot_svg(path, s, 2, &o), NB_OK);
+    char *svg = slurp(path);
+    ck_assert_int_eq(count(svg, "<circle"), 0); /* lines only, as before */
+    ck_assert_msg(strstr(svg, ">1.5</text>"), "%s", svg);
+    free(svg);
+    o.markers = o.integer_x = true;
+    ck_assert_int_eq(nb_plot_svg(path, s, 2, &o), NB_OK);
+    svg = slurp(path);
+    ck_assert_int_eq(count(svg, "<circle"), 3 + 3 + 2); /* every point, and one per legend entry */
+    ck_assert_int_eq(count(svg, "<polyline"), 2);
+    ck_assert_msg(!strstr(svg, ".5</text>"), "%s", svg);
+    for (int w = 1; w <= 4; w++) {
+        char tick[32];
+        snprintf(tick, sizeof tick, "text-anchor=\"middle\">%d</text>", w);
+        ck_assert_msg(strstr(svg, tick), "no x tick %d: %s", w, svg);
+    }
+    /* markers leave a margin: world size 1 is inside the frame (72 px), not on it */
+    ck_assert_msg(!strstr(svg, "cx=\"72.0\""), "%s", svg);
+    free(svg);
+    unlink(path);
     rmdir(dir);
 }
 END_TEST
@@ -286,6 +319,7 @@ static Suite *suite(void) {
     Suite *s = suite_create("monitor");
     TCase *tc = tcase_create("core");
     tcase_add_test(tc, test_format);
+    tcase_add_test(tc, test_plot_markers);
     tcase_add_test(tc, test_progress_plain);
     tcase_add_test(tc, test_progress_line);
     tcase_add_test(tc, test_progress_off);

@@ -64,7 +64,7 @@ int main(int argc, char **argv) {
     bool all_losses = true;
     for (int i = 0; i < n; i++) all_losses &= strstr(series[i].label, "loss") != NULL;
     const char *ylabel = n == 1 ? series[0].label : all_losses ? "loss" : "value";
-    nb_plot_opts o = {title ? title : in, xkey, ylabel, 0, 0, log_y};
+    nb_plot_opts o = {title ? title : in, xkey, ylabel, 0, 0, log_y, false, false};
     nb_status s = nb_plot_svg(out, series, n, &o);
     for (int i = 0; i < n; i++) {
         free((void *)series[i].x);

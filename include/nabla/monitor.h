@@ -106,11 +106,15 @@ typedef struct nb_plot_opts {
     const char *title, *x_label, *y_label; /* NULL: none */
     int width, height;                     /* pixels; 0: 720 x 420 */
     bool log_y;                            /* logarithmic y axis (positive values only) */
+    bool markers;                          /* a dot on every point (for few points) */
+    bool integer_x;                        /* x ticks at whole numbers only (counts, world sizes) */
 } nb_plot_opts;
 
 /* Writes a line plot of the series (up to 8 colours, then they repeat) with
  * axes, ticks at 1-2-5 steps, a grid and a legend, as a standalone SVG file
- * (atomically: a temporary file renamed over `path`). NB_ERR_IO on failure. */
+ * (atomically: a temporary file renamed over `path`). NB_ERR_IO on failure.
+ * Options left zero (a struct written as {title, x, y, w, h, log_y}) keep
+ * lines without markers and ticks anywhere. */
 nb_status nb_plot_svg(const char *path, const nb_plot_series *series, int n_series,
                       const nb_plot_opts *opts);
 
