@@ -490,13 +490,19 @@ static void print_banner(run *r) {
     nb_progress_printf(r->progress, "data: %lld training and %lld held-out windows of %lld tokens "
                        "from %s", (long long)nb_dataset_len(r->train), (long long)nb_dataset_len(r->val),
                        (long long)a->seq_len, data_name(a));
+    char steps[160];
+    if (r->step < r->stop)
+        snprintf(steps, sizeof steps, "steps %lld..%lld of %lld%s", (long long)r->step + 1, (long long)r->stop,
+                 (long long)a->steps, a->resume ? " (resumed)" : "");
+    else /* resumed at or past the end: say so rather than "steps 801..800" */
+        snprintf(steps, sizeof steps, "nothing to train: the checkpoint is at step %lld of %lld (%s)",
+                 (long long)r->step, (long long)a->steps,
+                 r->step >= a->steps ? "a larger --steps trains further" : "--stop-at is not after it");
     nb_progress_printf(r->progress, "%d process%s%s: batch %lld x %lld tokens per process, %lld "
-                       "micro-step%s per step = %lld tokens per step; steps %lld..%lld of %lld%s",
+                       "micro-step%s per step = %lld tokens per step; %s",
                        r->d.world_size, r->d.world_size > 1 ? "es" : "", r->d.ddp ? " with DDP" : "",
                        (long long)a->batch_size, (long long)a->seq_len, (long long)a->grad_accum,
-                       a->grad_accum > 1 ? "s" : "", (long long)r->tokens_per_step,
-                       (long long)r->step + 1, (long long)r->stop, (long long)a->steps,
-                       a->resume ? " (resumed)" : "");
+                       a->grad_accum > 1 ? "s" : "", (long long)r->tokens_per_step, steps);
     if (a->resume_mode && !strcmp(a->resume_mode, "auto"))
         nb_progress_printf(r->progress, a->resume ? "--resume auto: from %s" : "--resume auto: no checkpoint "
                            "in %s: a fresh start", a->resume ? r->resume_path : a->ckpt_dir);
@@ -542,7 +548,7 @@ static int finish(run *r) {
         r->log = NULL;
         if (lead && r->plot_path[0]) {
             report_curve c[2] = {{"train", "loss", "train loss"}, {"eval", "val_loss", "val loss"}};
-            nb_plot_opts o = {"train_gpt: loss per token (nats)", "step", "loss", 0, 0, false};
+            nb_plot_opts o = {"train_gpt: loss per token (nats)", "step", "loss", 0, 0, false, false, false};
             TRY(r, report_plot(r->plot_path, a->metrics, "step", c, 2, &o), "plot");
         }
     }

@@ -2,7 +2,10 @@
 demo target runs after building) with --steps 30 and a short sample, and
 checks that it trains on 2 processes with DDP (this build computes on the
 CPU), prints the falling loss, an evaluation, a sample, and where the
-checkpoint, the metrics and the plot went, and that those files exist.
+checkpoint, the metrics and the plot went, and that those files exist; that
+it shows the whole command it runs and names the plot it wrote; and that a
+second run resumed at the last step says there is nothing to train (not
+"steps 31..30") and names the plot asked for with --plot.
 """
 import os
 import re
@@ -39,6 +42,33 @@ def main():
         if len([r for r in read_metrics(os.path.join(out, "metrics.jsonl")) if r["kind"] == "eval"]) != 2:
             fail("expected two evaluations in the metrics")
         check_svg(os.path.join(out, "loss.svg"), 2)
+        # the command, whole, on one line: the launcher, the program, the demo's flags and ours
+        cmd = [l for l in text.splitlines() if l.startswith("demo: ") and "/nbrun " in l]
+        if len(cmd) != 1:
+            fail("the demo does not show the command it runs:\n%s" % text)
+        for want in (os.path.join(BUILD, "bin", "nbrun") + " --nproc-per-node 2 " +
+                     os.path.join(BUILD, "bin", "train_gpt"), " --layers 3 ", " --prompt Elizabeth ",
+                     " --plot %s/loss.svg " % out, " --steps 30 ", " --sample-len 60"):
+            if want not in cmd[0]:
+                fail("the command line %r lacks %r" % (cmd[0], want))
+        if "demo: done. The loss curves are in %s/loss.svg" % out not in text:
+            fail("the demo does not name the plot it wrote:\n%s" % text[-1500:])
+
+        # resumed at the end: nothing to train, and the plot asked for
+        again = os.path.join(out, "again.svg")
+        p = subprocess.run(["sh", script, BUILD, "--resume", "--steps", "30", "--sample-len", "0",
+                            "--plot", again], capture_output=True, text=True, timeout=300, env=env)
+        text = p.stdout
+        if p.returncode != 0:
+            fail("the resumed demo exited with %d\n%s\n%s" % (p.returncode, text[-3000:], p.stderr[-3000:]))
+        for want in ("nothing to train: the checkpoint is at step 30 of 30 (a larger --steps trains further)",
+                     "plot:       %s" % again, "demo: done. The loss curves are in %s" % again,
+                     'DEMO_ARGS="--resume --steps 60"'):
+            if want not in text:
+                fail("the resumed demo's output lacks %r:\n%s" % (want, text))
+        if re.search(r"steps 31\.\.30|step 31/", text):
+            fail("the resumed demo speaks of step 31:\n%s" % text)
+        check_svg(again, 2)
     print("ok: the demo trained, sampled and wrote its files (losses %s)" % losses)
 
 
