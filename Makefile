@@ -16,7 +16,7 @@ DEMO_ARGS      ?=
 # What `deps` makes sure is installed. The CUDA toolkit, cuDNN and NCCL are
 # not Debian packages here; CMake finds them when present (see README).
 DEB_PACKAGES ?= cmake pkg-config gcc g++ make check libsubunit-dev \
-                libopenblas-dev libdnnl-dev libgloo-dev python3
+                libopenblas-dev libdnnl-dev libgloo-dev libssl-dev python3
 # What the test targets add: PyTorch, which tests/test_optim_vs_torch.py and
 # tests/test_gpt_names.py compare against (under CI=true they fail, not
 # skip, without it); iproute2 (ip), with which tests/test_multinode*.py make

@@ -4,6 +4,7 @@
 #   NABLA_HAVE_CUDA, NABLA_HAVE_GLOO        0 or 1
 #   NABLA_OPENBLAS_LIBRARIES                libraries to link (full paths)
 #   NABLA_DNNL_LIBRARIES                    oneDNN (full path), always required
+#   NABLA_CRYPTO_LIBRARIES                  OpenSSL's libcrypto (full path), always required
 #   NABLA_BACKEND_LIBRARIES                 CUDA and Gloo libraries (full paths)
 #   NABLA_PRIVATE_INCLUDE_DIRS              headers the library's sources need
 #   NABLA_*_SUMMARY                         one line each for the summary
@@ -114,6 +115,21 @@ if(_dnnl_runtime STREQUAL "OMP")
   list(APPEND NABLA_DNNL_LIBRARIES ${OpenMP_C_LIBRARIES})
 endif()
 set(NABLA_DNNL_SUMMARY "${NABLA_DNNL_LIBRARY} ${_dnnl_version}, CPU runtime ${_dnnl_runtime} (dnnl.h in ${NABLA_DNNL_INCLUDE_DIR})")
+
+# ---------------------------------------------------------------- libcrypto
+# The store proves the run's secret with HMAC-SHA256 and draws its nonces
+# from OpenSSL's libcrypto (distributed/store_auth.c); Debian's libssl-dev.
+find_path(NABLA_CRYPTO_INCLUDE_DIR openssl/evp.h)
+find_library(NABLA_CRYPTO_LIBRARY NAMES crypto)
+if(NOT NABLA_CRYPTO_INCLUDE_DIR OR NOT NABLA_CRYPTO_LIBRARY)
+  message(FATAL_ERROR
+    "OpenSSL's libcrypto not found: nabla's store authenticates with it.\n"
+    "On Debian or Ubuntu install the package libssl-dev (`make deps` does it), "
+    "or point CMAKE_PREFIX_PATH at an OpenSSL 3 install.")
+endif()
+set(NABLA_CRYPTO_LIBRARIES ${NABLA_CRYPTO_LIBRARY})
+list(APPEND NABLA_PRIVATE_INCLUDE_DIRS ${NABLA_CRYPTO_INCLUDE_DIR})
+set(NABLA_CRYPTO_SUMMARY "${NABLA_CRYPTO_LIBRARY} (openssl/evp.h in ${NABLA_CRYPTO_INCLUDE_DIR})")
 
 # -------------------------------------------------------------------- CUDA
 nabla_tristate(NABLA_CUDA)

@@ -102,9 +102,7 @@ static void *beat_main(void *arg) {
 }
 
 nb_status nb__hb_start(nb_pg *pg) {
-    const nb_dist_env *e = &pg->env;
-    nb_status st = nb_store_connect(&pg->store_hb, e->master_addr, nb__store_port(pg->store_main), e->run_id,
-                                    -1, pg->join_s);
+    nb_status st = nb__store_connect_like(&pg->store_hb, pg->store_main, -1, pg->join_s);
     if (st != NB_OK) return st;
     pg->hb_val = malloc((size_t)pg->size * sizeof *pg->hb_val);
     pg->hb_since = malloc((size_t)pg->size * sizeof *pg->hb_since);

@@ -59,7 +59,8 @@ enum nb__store_op {
     NB__OP_CAS,
     NB__OP_DELETE,
     NB__OP_MGET,      /* several keys, never waits */
-    NB__OP_BYE
+    NB__OP_BYE,
+    NB__OP_AUTH       /* bytes mac: the answer to a CHALLENGE */
 };
 
 enum nb__store_reply {
@@ -70,10 +71,20 @@ enum nb__store_reply {
     NB__R_NOT_FOUND,
     NB__R_TIMEOUT,    /* bytes: which keys were missing */
     NB__R_ABORTED,    /* bytes: why the run was aborted */
-    NB__R_ERROR       /* bytes: message */
+    NB__R_ERROR,      /* bytes: message */
+    NB__R_CHALLENGE   /* bytes: the server's nonce (HELLO to a store with a secret) */
 };
 
-#define NB__STORE_MAGIC 0x3153424eu /* "NBS1" little-endian */
+#define NB__STORE_MAGIC 0x3253424eu /* "NBS2" little-endian */
+/* Note [Store authentication] in store_server.c. */
+#define NB__STORE_NONCE_LEN 32
+#define NB__STORE_MAC_LEN 32               /* HMAC-SHA256 */
+#define NB__STORE_SECRET_MIN 16
+#define NB__STORE_SECRET_MAX 1024
+#define NB__STORE_PREAUTH_MAX_FRAME 512    /* bytes in a frame before authentication */
+#define NB__STORE_AUTH_TIMEOUT_S 5.0       /* from accept to authenticated */
+#define NB__STORE_MAX_PENDING 64           /* connections accepted, not yet authenticated */
+#define NB__STORE_MAX_BYTES ((size_t)1 << 30) /* keys and values the table holds */
 /* The key the server sets when a rank's connection drops. */
 #define NB__STORE_ABORT_KEY "nb/abort"
 
@@ -89,6 +100,8 @@ typedef struct nb__store_req {
     bool has_expected;
     int64_t num;        /* ADD: delta; GET/WAIT: timeout in ms; HELLO: rank */
     uint32_t magic;     /* HELLO */
+    nb__bytes nonce;    /* HELLO: the client's nonce */
+    nb__bytes mac;      /* AUTH */
     uint32_t nkeys;     /* WAIT, MGET */
     nb__bytes keys[NB_STORE_MAX_KEYS];
 } nb__store_req;
@@ -133,13 +146,16 @@ nb__bytes nb__rd_bytes(nb__reader *r);
 /* The key-value table and the execution of requests that never wait;
  * store_kv.c. Shared by the server and the fuzzer. */
 typedef struct nb__kv nb__kv;
-nb__kv *nb__kv_new(void);
+/* `max_bytes` bounds the keys and values held (0: NB__STORE_MAX_BYTES); a
+ * write that would pass it is refused with an error naming the key. */
+nb__kv *nb__kv_new(size_t max_bytes);
 void nb__kv_free(nb__kv *kv);
 /* NULL when absent. */
 const nb__bytes *nb__kv_find(const nb__kv *kv, const uint8_t *key, uint32_t klen);
 void nb__kv_set(nb__kv *kv, const uint8_t *key, uint32_t klen, const uint8_t *val, uint32_t vlen);
 bool nb__kv_delete(nb__kv *kv, const uint8_t *key, uint32_t klen);
 size_t nb__kv_count(const nb__kv *kv);
+size_t nb__kv_bytes(const nb__kv *kv); /* keys and values held */
 /* Executes SET, ADD, CAS, DELETE, MGET, and GET/WAIT when their keys are
  * present, appending the reply frame to `out`. Returns false when the
  * request must wait (GET/WAIT with a key missing; nothing appended). */
@@ -157,8 +173,78 @@ const char *nb__store_host(const nb_store *s);
 void nb__store_set_timeout(nb_store *s, double timeout_s);
 int nb__store_port(const nb_store *s);
 
-/* Adopts an already listening socket (nbrun passes one, NABLA_STORE_FD). */
-nb_status nb__store_server_adopt(nb_store_server **out, int listen_fd, const char *run_id);
+/* ------------------------------------------------ store access (store_auth.c) */
+
+/* The run's secret and where it came from (Note [Store authentication]). */
+typedef struct nb__store_secret {
+    uint8_t bytes[NB__STORE_SECRET_MAX];
+    size_t len;       /* 0: none */
+    char source[300]; /* "NABLA_STORE_SECRET_FILE=/path", for messages */
+} nb__store_secret;
+
+/* Reads the secret from NABLA_STORE_SECRET_FD (nbrun's descriptor, read
+ * once: the variable is then removed and the descriptor closed, the value
+ * kept for later calls), else NABLA_STORE_SECRET_FILE (a file no other
+ * user may read), else NABLA_STORE_SECRET. None set: NB_OK with len 0. */
+nb_status nb__store_secret_from_env(nb__store_secret *out);
+/* NABLA_STORE_TRUSTED_NETWORK=1: a store without a secret may listen
+ * beyond loopback. */
+bool nb__store_trusted_network(void);
+/* HMAC-SHA256 under `secret` of: label, both nonces, the run id and rank. */
+void nb__store_mac(const uint8_t *secret, size_t secret_len, const char *label,
+                   const uint8_t *client_nonce, const uint8_t *server_nonce, const char *run_id,
+                   int64_t rank, uint8_t out[NB__STORE_MAC_LEN]);
+bool nb__store_mac_equal(const uint8_t *a, const uint8_t *b); /* constant time */
+void nb__store_random(uint8_t *p, size_t n);
+/* Wipes secret bytes (not optimized away). */
+void nb__store_wipe(void *p, size_t n);
+
+/* Who may use a store, and its limits. */
+typedef struct nb__store_config {
+    const char *run_id;       /* NULL: "default" */
+    const uint8_t *secret;    /* NULL or secret_len 0: none */
+    size_t secret_len;
+    int world_size;           /* server: HELLO ranks in [0, world_size); 0: any rank */
+    /* Server limits; 0: the NB__STORE_* defaults. */
+    double auth_timeout_s;
+    int max_pending;
+    size_t max_bytes;
+} nb__store_config;
+
+/* Serves on host:port, or on listen_fd when it is >= 0 (nbrun passes one,
+ * NABLA_STORE_FD). Without a secret the socket must be on loopback unless
+ * NABLA_STORE_TRUSTED_NETWORK=1. */
+nb_status nb__store_server_start(nb_store_server **out, const char *host, int port, int listen_fd,
+                                 const nb__store_config *cfg);
+nb_status nb__store_connect(nb_store **out, const char *host, int port, const nb__store_config *cfg,
+                            int rank, double timeout_s);
+/* Another connection to the store `like` talks to, with its run id and secret. */
+nb_status nb__store_connect_like(nb_store **out, const nb_store *like, int rank, double timeout_s);
+
+/* The server without sockets or thread, for the fuzzer: connections are
+ * handles fed with bytes; what the server answers piles up in their output
+ * buffer. `now` is the caller's clock (seconds). */
+typedef struct nb__store_conn nb__store_conn;
+nb_status nb__store_core_new(nb_store_server **out, const nb__store_config *cfg);
+void nb__store_core_free(nb_store_server *s);
+/* NULL when NB__STORE_MAX_PENDING connections are already pending. */
+nb__store_conn *nb__store_core_accept(nb_store_server *s, double now);
+/* Feeds received bytes; false: the server closes the connection (drop it). */
+bool nb__store_core_input(nb_store_server *s, nb__store_conn *c, const uint8_t *p, size_t n,
+                          double now);
+nb__buf *nb__store_core_output(nb__store_conn *c);
+/* The peer hung up or the server closed it: the connection is freed. */
+void nb__store_core_drop(nb_store_server *s, nb__store_conn *c);
+/* Deadlines: parked waits that expired are answered, pending connections
+ * past the authentication deadline are marked closing. */
+void nb__store_core_tick(nb_store_server *s, double now);
+bool nb__store_core_closing(const nb__store_conn *c); /* to be dropped once flushed */
+bool nb__store_core_authenticated(const nb__store_conn *c);
+int nb__store_core_rank(const nb__store_conn *c);     /* -1: anonymous or not admitted */
+int nb__store_core_pending(const nb_store_server *s);
+size_t nb__store_core_in_buffered(const nb__store_conn *c);
+const char *nb__store_core_abort_reason(const nb_store_server *s); /* NULL: not aborted */
+const nb__kv *nb__store_core_kv(const nb_store_server *s);
 
 /* ------------------------------------------------ collectives */
 

@@ -487,7 +487,36 @@ static nb_status resolve_options(const nb_pg_options *opts, nb_pg_backend *backe
     return NB_OK;
 }
 
-static nb_status start_store(nb_pg *pg, int *port) {
+/* Note [Store access]: who may use the store (Note [Store authentication]
+ * in store_server.c) and where it listens. A world on one node
+ * (LOCAL_WORLD_SIZE == WORLD_SIZE) serves and reaches its store on
+ * loopback whatever MASTER_ADDR says, so that nothing beyond the host can
+ * connect; the secret is then optional (nbrun always gives one; torchrun,
+ * mpirun and srun need none). Over several nodes the store listens on
+ * every interface, and every rank refuses to start without the run's
+ * secret unless NABLA_STORE_TRUSTED_NETWORK=1. */
+static nb_status store_access(const nb_dist_env *e, nb__store_secret *secret, const char **host) {
+    nb_status st = nb__store_secret_from_env(secret);
+    if (st != NB_OK) {
+        char why[NB__MSG_LEN];
+        snprintf(why, sizeof why, "%s", nb_last_error());
+        return nb_set_error(st, "nb_pg_init: %s", why);
+    }
+    bool one_node = e->local_world_size == e->world_size;
+    *host = !one_node || nb__pg_is_loopback(e->master_addr) ? e->master_addr : "127.0.0.1";
+    if (!one_node && !secret->len && !nb__store_trusted_network())
+        return nb_set_error(NB_ERR_INVALID,
+                            "nb_pg_init: a run over several nodes (WORLD_SIZE=%d, LOCAL_WORLD_SIZE=%d) "
+                            "needs the run's secret, so that only its processes can use the store "
+                            "rank 0 serves on port %d: set NABLA_STORE_SECRET_FILE to a file only you "
+                            "can read, holding the same secret on every node (or NABLA_STORE_SECRET), "
+                            "or NABLA_STORE_TRUSTED_NETWORK=1 if only trusted machines can reach "
+                            "%s (docs/distributed.md, \"Security\")",
+                            e->world_size, e->local_world_size, e->store_port, e->master_addr);
+    return NB_OK;
+}
+
+static nb_status start_store(nb_pg *pg, const nb__store_config *cfg, const char *host, int *port) {
     const nb_dist_env *e = &pg->env;
     *port = e->store_port;
     if (e->rank != 0) return NB_OK;
@@ -498,11 +527,11 @@ static nb_status start_store(nb_pg *pg, int *port) {
         long fd = strtol(fd_s, &end, 10);
         if (end == fd_s || *end != 0 || fd < 0)
             return nb_set_error(NB_ERR_INVALID, "nb_pg_init: NABLA_STORE_FD='%s' is not a descriptor", fd_s);
-        st = nb__store_server_adopt(&pg->server, (int)fd, e->run_id);
+        st = nb__store_server_start(&pg->server, NULL, 0, (int)fd, cfg);
         unsetenv("NABLA_STORE_FD"); /* it is ours now; children must not see it */
     } else {
-        const char *host = nb__pg_is_loopback(e->master_addr) ? e->master_addr : "0.0.0.0";
-        st = nb_store_server_start(&pg->server, host, e->store_port, e->run_id);
+        const char *bind = nb__pg_is_loopback(host) ? host : "0.0.0.0";
+        st = nb__store_server_start(&pg->server, bind, e->store_port, -1, cfg);
     }
     if (st != NB_OK) return st;
     *port = nb_store_server_port(pg->server);
@@ -551,12 +580,18 @@ nb_status nb_pg_init_env(nb_pg **out, const nb_dist_env *env, const nb_pg_option
     st = nb__liveness_options(&pg->liveness_s, &pg->join_s, &pg->stall_s);
     if (st == NB_OK) st = nb_dist_select_device(env, backend == NB_PG_NCCL, &pg->device);
     int port = 0;
-    if (st == NB_OK) st = start_store(pg, &port);
     const char *host = env->master_addr;
+    nb__store_secret secret;
+    memset(&secret, 0, sizeof secret);
+    if (st == NB_OK) st = store_access(env, &secret, &host);
+    nb__store_config cfg = {.run_id = env->run_id, .secret = secret.bytes, .secret_len = secret.len,
+                            .world_size = env->world_size};
+    if (st == NB_OK) st = start_store(pg, &cfg, host, &port);
     double join = pg->join_s;
-    if (st == NB_OK) st = nb_store_connect(&pg->store_main, host, port, env->run_id, env->rank, join);
-    if (st == NB_OK) st = nb_store_connect(&pg->store_monitor, host, port, env->run_id, -1, join);
-    if (st == NB_OK) st = nb_store_connect(&pg->store_worker, host, port, env->run_id, -1, join);
+    if (st == NB_OK) st = nb__store_connect(&pg->store_main, host, port, &cfg, env->rank, join);
+    nb__store_wipe(&secret, sizeof secret);
+    if (st == NB_OK) st = nb__store_connect_like(&pg->store_monitor, pg->store_main, -1, join);
+    if (st == NB_OK) st = nb__store_connect_like(&pg->store_worker, pg->store_main, -1, join);
     if (st == NB_OK) {
         nb__store_set_timeout(pg->store_main, timeout);
         nb__store_set_timeout(pg->store_monitor, timeout);

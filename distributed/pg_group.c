@@ -102,8 +102,7 @@ nb_status nb_pg_new_group(nb_pg *pg, const int *ranks, int n, nb_pg **out) {
     g->ops = pg->ops;
     g->device = pg->device;
     g->timeout_s = pg->timeout_s;
-    st = nb_store_connect(&g->store_worker, nb__store_host(root->store_main),
-                          nb__store_port(root->store_main), root->env.run_id, -1, g->timeout_s);
+    st = nb__store_connect_like(&g->store_worker, root->store_main, -1, g->timeout_s);
     if (st == NB_OK) {
         char prefix[96];
         snprintf(prefix, sizeof prefix, "nb/%s/%s/", nb_pg_backend_name(g->backend), name);

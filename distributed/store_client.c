@@ -7,7 +7,9 @@
  * stopped or frozen (rank 0 serves it), or its host is unreachable. Such
  * a connection is given up (a late reply would answer the wrong request);
  * once the connection is lost every later call fails at once with the
- * same story. */
+ * same story. The greeting proves the run's secret when there is one, and
+ * checks the store's proof in turn (Note [Store authentication] in
+ * store_server.c). */
 #include <errno.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -30,6 +32,9 @@ struct nb_store {
     double reply_s;  /* the margin: how long a live store may take to answer */
     bool lost;
     char lost_why[512];
+    char run_id[128];
+    uint8_t secret[NB__STORE_SECRET_MAX];
+    size_t secret_len; /* 0: none */
     nb__buf out;
     uint8_t *reply;
     size_t reply_cap, reply_len;
@@ -168,15 +173,61 @@ static nb_status reply_error(nb_store *s, const char *fn, const char *key, int s
     }
 }
 
-static nb_status hello(nb_store *s, const char *run_id, int rank) {
+/* The store's answer to the greeting was not what a store of this run
+ * says; `what` tells how. */
+static nb_status refused_auth(nb_store *s, const char *what) {
+    return nb_set_error(NB_ERR_MISMATCH, "nb_store_connect: the store at %s:%d %s", s->host, s->port,
+                        what);
+}
+
+static nb_status hello(nb_store *s, int rank) {
+    uint8_t cnonce[NB__STORE_NONCE_LEN];
+    nb__store_random(cnonce, sizeof cnonce);
     size_t f = nb__buf_frame_begin(&s->out);
     nb__buf_u8(&s->out, NB__OP_HELLO);
     nb__buf_u32(&s->out, NB__STORE_MAGIC);
-    nb__buf_bytes(&s->out, run_id, strlen(run_id));
+    nb__buf_bytes(&s->out, s->run_id, strlen(s->run_id));
     nb__buf_i64(&s->out, rank);
+    nb__buf_bytes(&s->out, cnonce, sizeof cnonce);
     nb__buf_frame_end(&s->out, f);
     int status;
     nb_status st = roundtrip(s, "nb_store_connect", 0, false, &status);
+    uint8_t snonce[NB__STORE_NONCE_LEN];
+    if (st == NB_OK && status == NB__R_CHALLENGE) {
+        if (!s->secret_len)
+            return refused_auth(s, "asks for the run's secret, and this process has none: give "
+                                   "every process the same NABLA_STORE_SECRET_FILE (or "
+                                   "NABLA_STORE_SECRET) as rank 0");
+        nb__reader r = reply_reader(s);
+        nb__bytes n = nb__rd_bytes(&r);
+        if (r.bad || n.n != NB__STORE_NONCE_LEN) return lost(s, "nb_store_connect", "malformed challenge");
+        memcpy(snonce, n.p, sizeof snonce);
+        uint8_t mac[NB__STORE_MAC_LEN];
+        nb__store_mac(s->secret, s->secret_len, "nabla store client", cnonce, snonce, s->run_id, rank, mac);
+        f = nb__buf_frame_begin(&s->out);
+        nb__buf_u8(&s->out, NB__OP_AUTH);
+        nb__buf_bytes(&s->out, mac, sizeof mac);
+        nb__buf_frame_end(&s->out, f);
+        nb__store_wipe(mac, sizeof mac);
+        st = roundtrip(s, "nb_store_connect", 0, false, &status);
+        if (st == NB_OK && status == NB__R_OK) {
+            nb__store_mac(s->secret, s->secret_len, "nabla store server", cnonce, snonce, s->run_id,
+                          rank, mac);
+            nb__reader rr = reply_reader(s);
+            nb__bytes theirs = nb__rd_bytes(&rr);
+            bool ok = !rr.bad && theirs.n == NB__STORE_MAC_LEN && nb__store_mac_equal(mac, theirs.p);
+            nb__store_wipe(mac, sizeof mac);
+            if (!ok)
+                return refused_auth(s, "did not prove that it knows the run's secret: is another "
+                                       "program answering on MASTER_PORT?");
+            return NB_OK;
+        }
+    } else if (st == NB_OK && status == NB__R_OK && s->secret_len) {
+        return refused_auth(s, "admitted this process without asking for the run's secret, which "
+                               "this process has: rank 0 runs without it (is "
+                               "NABLA_STORE_SECRET_FILE set on every node?), or another program "
+                               "answers on MASTER_PORT");
+    }
     if (st != NB_OK) {
         char why[1024];
         snprintf(why, sizeof why, "%s", nb_last_error());
@@ -226,9 +277,21 @@ static int try_connect(struct addrinfo *res, double deadline) {
     return -1;
 }
 
-nb_status nb_store_connect(nb_store **out, const char *host, int port, const char *run_id,
-                           int rank, double timeout_s) {
+static void store_free(nb_store *s) {
+    close(s->fd);
+    nb__buf_free(&s->out);
+    free(s->reply);
+    nb__store_wipe(s->secret, sizeof s->secret);
+    free(s);
+}
+
+nb_status nb__store_connect(nb_store **out, const char *host, int port, const nb__store_config *cfg,
+                            int rank, double timeout_s) {
     *out = NULL;
+    const char *run_id = cfg ? cfg->run_id : NULL;
+    NB_CHECK(!cfg || !cfg->secret_len || cfg->secret_len <= NB__STORE_SECRET_MAX,
+             "nb_store_connect: a secret of %zu bytes is over %d", cfg ? cfg->secret_len : 0,
+             NB__STORE_SECRET_MAX);
     NB_CHECK(host != NULL && *host, "nb_store_connect: host is empty");
     NB_CHECK(port > 0 && port <= 65535, "nb_store_connect: port %d out of range [1, 65535]", port);
     NB_CHECK(timeout_s > 0, "nb_store_connect: timeout %g s must be positive", timeout_s);
@@ -275,16 +338,29 @@ nb_status nb_store_connect(nb_store **out, const char *host, int port, const cha
     s->port = port;
     s->timeout_s = timeout_s;
     s->reply_s = nb__liveness_s();
-    nb_status st = hello(s, run_id, rank);
+    snprintf(s->run_id, sizeof s->run_id, "%s", run_id);
+    if (cfg && cfg->secret && cfg->secret_len) {
+        memcpy(s->secret, cfg->secret, cfg->secret_len);
+        s->secret_len = cfg->secret_len;
+    }
+    nb_status st = hello(s, rank);
     if (st != NB_OK) {
-        close(s->fd);
-        nb__buf_free(&s->out);
-        free(s->reply);
-        free(s);
+        store_free(s);
         return st;
     }
     *out = s;
     return NB_OK;
+}
+
+nb_status nb_store_connect(nb_store **out, const char *host, int port, const char *run_id,
+                           int rank, double timeout_s) {
+    nb__store_config cfg = {.run_id = run_id};
+    return nb__store_connect(out, host, port, &cfg, rank, timeout_s);
+}
+
+nb_status nb__store_connect_like(nb_store **out, const nb_store *like, int rank, double timeout_s) {
+    nb__store_config cfg = {.run_id = like->run_id, .secret = like->secret, .secret_len = like->secret_len};
+    return nb__store_connect(out, like->host, like->port, &cfg, rank, timeout_s);
 }
 
 void nb_store_close(nb_store *s) {
@@ -302,10 +378,7 @@ void nb_store_close(nb_store *s) {
         if (roundtrip(s, "nb_store_close", 0, false, &status) != NB_OK)
             nb_set_error(NB_OK, "%s", keep);
     }
-    close(s->fd);
-    nb__buf_free(&s->out);
-    free(s->reply);
-    free(s);
+    store_free(s);
 }
 
 static void put_key_frame(nb_store *s, int op, const char *key) {

@@ -18,6 +18,7 @@ typedef struct entry {
 struct nb__kv {
     entry **slots;
     size_t nslots, count;
+    size_t bytes, max_bytes; /* keys and values held, and their limit */
 };
 
 static uint64_t hash(const uint8_t *p, uint32_t n) {
@@ -32,10 +33,12 @@ static void *xmalloc(size_t n) {
     return p;
 }
 
-nb__kv *nb__kv_new(void) {
+nb__kv *nb__kv_new(size_t max_bytes) {
     nb__kv *kv = xmalloc(sizeof *kv);
     kv->nslots = 64;
     kv->count = 0;
+    kv->bytes = 0;
+    kv->max_bytes = max_bytes ? max_bytes : NB__STORE_MAX_BYTES;
     kv->slots = calloc(kv->nslots, sizeof *kv->slots);
     NB_CHECK(kv->slots != NULL, "nb_store: out of memory");
     return kv;
@@ -92,11 +95,13 @@ void nb__kv_set(nb__kv *kv, const uint8_t *key, uint32_t klen, const uint8_t *va
     if (vlen) memcpy(copy, val, vlen);
     entry **pp = lookup(kv, key, klen);
     if (*pp) {
+        kv->bytes = kv->bytes - (*pp)->val.n + vlen;
         free((void *)(*pp)->val.p);
         (*pp)->val.p = copy;
         (*pp)->val.n = vlen;
         return;
     }
+    kv->bytes += (size_t)klen + vlen;
     entry *e = xmalloc(sizeof *e);
     e->key = xmalloc(klen);
     memcpy(e->key, key, klen);
@@ -113,6 +118,7 @@ bool nb__kv_delete(nb__kv *kv, const uint8_t *key, uint32_t klen) {
     entry *e = *pp;
     if (!e) return false;
     *pp = e->next;
+    kv->bytes -= (size_t)e->klen + e->val.n;
     free(e->key);
     free((void *)e->val.p);
     free(e);
@@ -121,6 +127,34 @@ bool nb__kv_delete(nb__kv *kv, const uint8_t *key, uint32_t klen) {
 }
 
 size_t nb__kv_count(const nb__kv *kv) { return kv->count; }
+size_t nb__kv_bytes(const nb__kv *kv) { return kv->bytes; }
+
+/* Whether `key` may hold a value of vlen bytes; if not, the ERROR reply
+ * naming the key and the limit is appended to `out`. */
+static bool room(const nb__kv *kv, const char *op, nb__bytes key, uint32_t vlen, nb__buf *out) {
+    char msg[512];
+    int kn = key.n > 200 ? 200 : (int)key.n;
+    const char *more = key.n > 200 ? "..." : "";
+    if (vlen > NB_STORE_MAX_VALUE) {
+        snprintf(msg, sizeof msg,
+                 "%s '%.*s%s': a value of %u bytes is over the store's limit of %u bytes per value "
+                 "(NB_STORE_MAX_VALUE)",
+                 op, kn, (const char *)key.p, more, vlen, NB_STORE_MAX_VALUE);
+        nb__store_reply_text(out, NB__R_ERROR, msg);
+        return false;
+    }
+    const nb__bytes *old = nb__kv_find(kv, key.p, key.n);
+    size_t after = kv->bytes + vlen - (old ? old->n : 0) + (old ? 0 : key.n);
+    if (after > kv->max_bytes && after > kv->bytes) {
+        snprintf(msg, sizeof msg,
+                 "%s '%.*s%s': a value of %u bytes would take the store to %zu bytes of keys and "
+                 "values, over its limit of %zu bytes",
+                 op, kn, (const char *)key.p, more, vlen, after, kv->max_bytes);
+        nb__store_reply_text(out, NB__R_ERROR, msg);
+        return false;
+    }
+    return true;
+}
 
 void nb__store_reply_text(nb__buf *out, int status, const char *text) {
     size_t start = nb__buf_frame_begin(out);
@@ -176,6 +210,7 @@ bool nb__kv_apply(nb__kv *kv, const nb__store_req *req, nb__buf *out) {
     switch (req->op) {
     case NB__OP_SET:
     case NB__OP_SET_QUIET:
+        if (!room(kv, "set", req->key, req->value.n, out)) return true;
         nb__kv_set(kv, req->key.p, req->key.n, req->value.p, req->value.n);
         if (req->op == NB__OP_SET) nb__store_reply_text(out, NB__R_OK, NULL);
         return true;
@@ -213,6 +248,7 @@ bool nb__kv_apply(nb__kv *kv, const nb__store_req *req, nb__buf *out) {
         }
         char text[32];
         int n = snprintf(text, sizeof text, "%" PRId64, sum);
+        if (!room(kv, "add", req->key, (uint32_t)n, out)) return true;
         nb__kv_set(kv, req->key.p, req->key.n, (const uint8_t *)text, (uint32_t)n);
         reply_int(out, sum);
         return true;
@@ -223,6 +259,7 @@ bool nb__kv_apply(nb__kv *kv, const nb__store_req *req, nb__buf *out) {
                         ? (v && v->n == req->expected.n &&
                            (v->n == 0 || memcmp(v->p, req->expected.p, v->n) == 0))
                         : v == NULL;
+        if (swap && !room(kv, "compare_set", req->key, req->value.n, out)) return true;
         if (swap) nb__kv_set(kv, req->key.p, req->key.n, req->value.p, req->value.n);
         v = nb__kv_find(kv, req->key.p, req->key.n);
         if (v) reply_value(out, NB__R_VALUE, v);

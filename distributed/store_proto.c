@@ -6,7 +6,9 @@
  * a reply body is a u8 status followed by its fields. Fields are u8, u32,
  * i64 (little-endian) and bytes (a u32 length, then the bytes).
  *
- *   HELLO   u32 magic "NBS1", bytes run_id, i64 rank (-1: anonymous)
+ *   HELLO   u32 magic "NBS2", bytes run_id, i64 rank (-1: anonymous),
+ *           bytes nonce (32)                  -> OK | CHALLENGE | ERROR
+ *   AUTH    bytes mac (32)                    -> OK (bytes mac) | ERROR
  *   SET     bytes key, bytes value            SET_QUIET: same, no reply
  *   GET     bytes key, i64 timeout_ms         -> VALUE | TIMEOUT | ABORTED
  *   WAIT    u32 n, n x bytes key, i64 timeout_ms  -> OK | TIMEOUT | ABORTED
@@ -18,11 +20,15 @@
  *
  * The first request of a connection must be HELLO; the server refuses a
  * run id other than its own, so that a process left over from an earlier
- * run cannot join. Lengths are bounded (NB_STORE_MAX_*): a frame longer
- * than NB_STORE_MAX_MESSAGE, a field running past its frame, bytes left
- * over, an unknown operation or too many keys make the server close that
- * one connection; the store and every other connection carry on. GET with
- * a timeout of 0 answers NOT_FOUND at once instead of waiting. */
+ * run cannot join, and a store with a secret answers with a CHALLENGE that
+ * AUTH must meet (Note [Store authentication] in store_server.c). Lengths
+ * are bounded (NB_STORE_MAX_*; before authentication, frames of at most
+ * NB__STORE_PREAUTH_MAX_FRAME bytes): a longer frame, a field running past
+ * its frame, bytes left over, an unknown operation or too many keys make
+ * the server close that one connection; the store and every other
+ * connection carry on. A value over NB_STORE_MAX_VALUE, or one the table
+ * has no room for, is refused with an ERROR naming the key. GET with a
+ * timeout of 0 answers NOT_FOUND at once instead of waiting. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -129,15 +135,20 @@ nb_status nb__store_parse_request(const uint8_t *body, size_t len, nb__store_req
         req->magic = nb__rd_u32(&r);
         req->run_id = nb__rd_bytes(&r);
         req->num = nb__rd_i64(&r);
+        req->nonce = nb__rd_bytes(&r);
         if (!r.bad && req->magic != NB__STORE_MAGIC) bad = "wrong magic in HELLO";
         else if (!r.bad && req->run_id.n > 127) bad = "run id longer than 127 bytes";
         else if (!r.bad && (req->num < -1 || req->num > INT32_MAX)) bad = "rank out of range";
+        else if (!r.bad && req->nonce.n != NB__STORE_NONCE_LEN) bad = "nonce of the wrong length";
+        break;
+    case NB__OP_AUTH:
+        req->mac = nb__rd_bytes(&r);
+        if (!r.bad && req->mac.n != NB__STORE_MAC_LEN) bad = "proof of the wrong length";
         break;
     case NB__OP_SET:
     case NB__OP_SET_QUIET:
         req->key = nb__rd_bytes(&r);
         req->value = nb__rd_bytes(&r);
-        if (!r.bad && req->value.n > NB_STORE_MAX_VALUE) bad = "value too long";
         break;
     case NB__OP_GET:
         req->key = nb__rd_bytes(&r);
@@ -169,7 +180,6 @@ nb_status nb__store_parse_request(const uint8_t *body, size_t len, nb__store_req
         req->has_expected = nb__rd_u8(&r) != 0;
         req->expected = nb__rd_bytes(&r);
         req->value = nb__rd_bytes(&r);
-        if (!r.bad && req->value.n > NB_STORE_MAX_VALUE) bad = "value too long";
         break;
     case NB__OP_DELETE:
         req->key = nb__rd_bytes(&r);

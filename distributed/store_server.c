@@ -1,6 +1,8 @@
 /* The store server: one background thread, one poll() loop over the
  * listening socket and every connection (Note [Store protocol] in
- * store_proto.c has the messages).
+ * store_proto.c has the messages). What a connection's bytes do is kept
+ * apart from the sockets (feed, handle), so that the fuzzer can drive
+ * several connections without them (nb__store_core_*).
  *
  * A GET or WAIT whose keys are missing parks its connection (later
  * frames from it wait in its input buffer) until a write provides the
@@ -9,10 +11,43 @@
  * rank's process is gone, so the server records why under
  * NB__STORE_ABORT_KEY and answers every parked and future wait on a
  * missing key with ABORTED. That is what makes the other ranks fail within
- * a poll interval instead of at their timeout. */
+ * a poll interval instead of at their timeout.
+ *
+ * Note [Store authentication]
+ * The store is the run's control plane: whoever may write to it can stop
+ * the run or feed the ranks wrong addresses. So a connection is admitted
+ * only once it has shown that it belongs to the run:
+ *   - HELLO names the run id and the rank, with a fresh client nonce. A
+ *     wrong run id is refused with a message that repeats the client's id,
+ *     never the store's.
+ *   - A store with a secret answers CHALLENGE with a fresh server nonce;
+ *     the client answers AUTH with HMAC-SHA256(secret, "nabla store
+ *     client", both nonces, run id, rank), which the server compares in
+ *     constant time; the OK carries the server's own proof ("nabla store
+ *     server", same fields), which the client checks, so that a program
+ *     squatting on MASTER_PORT cannot pose as the store. The secret itself
+ *     never travels.
+ *   - Then the rank must lie in [0, world size) and be held by no live
+ *     connection. Only then is the connection a rank's, whose departure
+ *     aborts the run: a refused or unauthenticated peer hanging up changes
+ *     nothing.
+ * Before admission a connection may send frames of at most
+ * NB__STORE_PREAUTH_MAX_FRAME bytes (a HELLO is under 200), must be
+ * admitted within NB__STORE_AUTH_TIMEOUT_S of its accept, and at most
+ * NB__STORE_MAX_PENDING such connections are held: further ones wait in
+ * the kernel's backlog, so idle or slow connections cannot exhaust rank
+ * 0's memory or descriptors. After admission the limits are the table's
+ * (NB_STORE_MAX_VALUE per value, NB__STORE_MAX_BYTES in all).
+ *
+ * Without a secret, HELLO alone admits, and the store must listen on
+ * loopback only (a world on one node), unless the user declares the
+ * network trusted (NABLA_STORE_TRUSTED_NETWORK=1). docs/distributed.md
+ * ("Security") says what this protects and what it does not: nothing is
+ * encrypted, and the backends' own traffic is not authenticated. */
 #include <errno.h>
 #include <fcntl.h>
 #include <netdb.h>
+#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -26,29 +61,48 @@
 
 #include "distributed/internal.h"
 
-typedef struct conn {
-    int fd;
+typedef enum { C_HELLO = 0, C_CHALLENGED, C_READY } conn_state;
+
+struct nb__store_conn {
+    int fd;                   /* -1: driven through nb__store_core_* */
     nb__buf in, out;
     size_t out_off;
-    bool hello, bye, closing; /* closing: drop once `out` is flushed */
-    int rank;                 /* -1: anonymous */
+    conn_state state;
+    bool bye, closing;        /* closing: drop once `out` is flushed */
+    int rank;                 /* -1: anonymous, or not admitted (yet) */
+    int64_t hello_rank;       /* what HELLO asked for, admitted after AUTH */
+    uint8_t client_nonce[NB__STORE_NONCE_LEN], server_nonce[NB__STORE_NONCE_LEN];
+    double auth_deadline;     /* admitted by then, or closed */
     bool waiting;
     uint8_t *wait_body;       /* the parked request's frame body... */
     nb__store_req *wait_req;  /* ...parsed, pointing into it */
     double deadline;
-    struct conn *next;
-} conn;
+    struct nb__store_conn *next;
+};
+typedef struct nb__store_conn conn;
+
+#define RECV_CHUNK 65536
+/* A connection past its authentication deadline whose refusal cannot be
+ * flushed (its peer does not read) is dropped this much later anyway. */
+#define AUTH_GRACE_S 1.0
 
 struct nb_store_server {
     int listen_fd, port;
     int wake[2];
+    bool threaded;
     pthread_t thread;
     char run_id[128];
+    uint8_t secret[NB__STORE_SECRET_MAX];
+    size_t secret_len;
+    int world_size;
+    double auth_timeout_s;
+    int max_pending;
     nb__kv *kv;
     conn *conns;
     bool aborted;
     char abort_reason[512];
     atomic_bool stop;
+    uint8_t *rbuf;         /* RECV_CHUNK bytes */
     nb__store_req scratch; /* parse target for requests that do not wait */
 };
 
@@ -58,12 +112,18 @@ static void set_nonblocking(int fd) {
 }
 
 static void conn_free(conn *c) {
-    close(c->fd);
+    if (c->fd >= 0) close(c->fd);
     nb__buf_free(&c->in);
     nb__buf_free(&c->out);
     free(c->wait_body);
     free(c->wait_req);
     free(c);
+}
+
+static int pending_count(const nb_store_server *s) {
+    int n = 0;
+    for (const conn *c = s->conns; c; c = c->next) n += c->state != C_READY;
+    return n;
 }
 
 static void abort_run(nb_store_server *s, const char *why) {
@@ -112,47 +172,98 @@ static void reject(conn *c, const char *msg) {
     c->closing = true;
 }
 
+/* The last step of Note [Store authentication]: the rank's checks. */
+static bool admit(nb_store_server *s, conn *c, int64_t rank) {
+    char msg[512];
+    if (rank >= 0 && s->world_size > 0 && rank >= s->world_size) {
+        snprintf(msg, sizeof msg, "rank %lld is not a rank of this run, whose ranks are 0 to %d",
+                 (long long)rank, s->world_size - 1);
+        reject(c, msg);
+        return true;
+    }
+    if (rank >= 0) {
+        for (conn *o = s->conns; o; o = o->next) {
+            if (o != c && o->rank == (int)rank && !o->bye) {
+                snprintf(msg, sizeof msg,
+                         "rank %d is already connected to this store (two processes with the "
+                         "same rank?)",
+                         (int)rank);
+                reject(c, msg);
+                return true;
+            }
+        }
+    }
+    c->rank = (int)rank;
+    c->state = C_READY;
+    size_t f = nb__buf_frame_begin(&c->out);
+    nb__buf_u8(&c->out, NB__R_OK);
+    if (s->secret_len) {
+        uint8_t mac[NB__STORE_MAC_LEN];
+        nb__store_mac(s->secret, s->secret_len, "nabla store server", c->client_nonce,
+                      c->server_nonce, s->run_id, rank, mac);
+        nb__buf_bytes(&c->out, mac, sizeof mac);
+    }
+    nb__buf_frame_end(&c->out, f);
+    return true;
+}
+
+static bool on_hello(nb_store_server *s, conn *c, const nb__store_req *req) {
+    if (req->run_id.n != strlen(s->run_id) || memcmp(req->run_id.p, s->run_id, req->run_id.n) != 0) {
+        /* The client's own id only: the store's would let anyone in. */
+        char msg[512];
+        snprintf(msg, sizeof msg,
+                 "the process is of run '%.*s' but this store serves another run (a process left "
+                 "over from an earlier run, or MASTER_ADDR and MASTER_PORT of another run?)",
+                 (int)req->run_id.n, (const char *)req->run_id.p);
+        reject(c, msg);
+        return true;
+    }
+    memcpy(c->client_nonce, req->nonce.p, NB__STORE_NONCE_LEN);
+    if (!s->secret_len) return admit(s, c, req->num);
+    c->hello_rank = req->num;
+    nb__store_random(c->server_nonce, NB__STORE_NONCE_LEN);
+    size_t f = nb__buf_frame_begin(&c->out);
+    nb__buf_u8(&c->out, NB__R_CHALLENGE);
+    nb__buf_bytes(&c->out, c->server_nonce, NB__STORE_NONCE_LEN);
+    nb__buf_frame_end(&c->out, f);
+    c->state = C_CHALLENGED;
+    return true;
+}
+
+static bool on_auth(nb_store_server *s, conn *c, const nb__store_req *req) {
+    uint8_t want[NB__STORE_MAC_LEN];
+    nb__store_mac(s->secret, s->secret_len, "nabla store client", c->client_nonce, c->server_nonce,
+                  s->run_id, c->hello_rank, want);
+    bool ok = nb__store_mac_equal(want, req->mac.p);
+    nb__store_wipe(want, sizeof want);
+    if (!ok) {
+        reject(c, "the process did not prove that it knows this run's secret (is "
+                  "NABLA_STORE_SECRET_FILE or NABLA_STORE_SECRET the same on every node? a process "
+                  "of another run?)");
+        return true;
+    }
+    return admit(s, c, c->hello_rank);
+}
+
 /* Handles one complete frame body; false means the connection must close
- * at once (malformed message). */
+ * at once (malformed message, or one out of turn). */
 static bool handle(nb_store_server *s, conn *c, const uint8_t *body, uint32_t len, double now) {
     nb__store_req *req = &s->scratch;
     char why[256];
     if (nb__store_parse_request(body, len, req, why, sizeof why) != NB_OK) return false;
-    if (!c->hello) {
-        if (req->op != NB__OP_HELLO) return false;
-        c->hello = true;
-        char msg[512];
-        if (req->run_id.n != strlen(s->run_id) || memcmp(req->run_id.p, s->run_id, req->run_id.n) != 0) {
-            snprintf(msg, sizeof msg,
-                     "this store serves run '%s' but the process is of run '%.*s' (a process left "
-                     "over from an earlier run?)",
-                     s->run_id, (int)req->run_id.n, (const char *)req->run_id.p);
-            reject(c, msg);
-            return true;
-        }
-        if (req->num >= 0) {
-            for (conn *o = s->conns; o; o = o->next) {
-                if (o != c && o->rank == (int)req->num && !o->bye) {
-                    snprintf(msg, sizeof msg,
-                             "rank %d is already connected to this store (two processes with the "
-                             "same rank?)",
-                             (int)req->num);
-                    reject(c, msg);
-                    return true;
-                }
-            }
-            c->rank = (int)req->num;
-        }
-        nb__store_reply_text(&c->out, NB__R_OK, NULL);
-        return true;
-    }
-    if (req->op == NB__OP_HELLO) return false;
+    if (c->state == C_HELLO) return req->op == NB__OP_HELLO && on_hello(s, c, req);
+    if (c->state == C_CHALLENGED) return req->op == NB__OP_AUTH && on_auth(s, c, req);
+    if (req->op == NB__OP_HELLO || req->op == NB__OP_AUTH) return false;
     if (req->op == NB__OP_BYE) {
         c->bye = true;
         nb__store_reply_text(&c->out, NB__R_OK, NULL);
         return true;
     }
+    size_t before = c->out.n;
     if (nb__kv_apply(s->kv, req, &c->out)) {
+        /* A quiet set the table refused has no reply to carry its error:
+         * the client reads it at its next call, and the connection ends. */
+        if (req->op == NB__OP_SET_QUIET && c->out.n > before) c->closing = true;
         if (req->op == NB__OP_SET || req->op == NB__OP_SET_QUIET || req->op == NB__OP_ADD ||
             req->op == NB__OP_CAS)
             resolve_waits(s, now);
@@ -173,31 +284,13 @@ static bool handle(nb_store_server *s, conn *c, const uint8_t *body, uint32_t le
     return true;
 }
 
-/* Reads what is available; handles complete frames. False: close. */
-static bool on_readable(nb_store_server *s, conn *c, double now) {
-    for (;;) {
-        if (c->in.cap - c->in.n < 65536) {
-            size_t cap = c->in.cap ? c->in.cap * 2 : 65536;
-            if (cap < c->in.n + 65536) cap = c->in.n + 65536;
-            uint8_t *p = realloc(c->in.p, cap);
-            NB_CHECK(p != NULL, "nb_store: out of memory");
-            c->in.p = p;
-            c->in.cap = cap;
-        }
-        ssize_t got = recv(c->fd, c->in.p + c->in.n, c->in.cap - c->in.n, 0);
-        if (got == 0) return false;
-        if (got < 0) {
-            if (errno == EINTR) continue;
-            if (errno == EAGAIN || errno == EWOULDBLOCK) break;
-            return false;
-        }
-        c->in.n += (size_t)got;
-        if (c->in.n > (size_t)NB_STORE_MAX_MESSAGE + 4 + 65536 && c->waiting) return false;
-    }
+/* Handles the complete frames in c->in. False: close. */
+static bool ingest(nb_store_server *s, conn *c, double now) {
     size_t off = 0;
     while (!c->waiting && !c->closing && c->in.n - off >= 4) {
         uint32_t len = nb__store_frame_len(c->in.p + off);
-        if (len > NB_STORE_MAX_MESSAGE) return false;
+        uint32_t max = c->state == C_READY ? NB_STORE_MAX_MESSAGE : NB__STORE_PREAUTH_MAX_FRAME;
+        if (len > max) return false;
         if (c->in.n - off - 4 < len) break;
         if (!handle(s, c, c->in.p + off + 4, len, now)) return false;
         off += 4 + (size_t)len;
@@ -205,6 +298,51 @@ static bool on_readable(nb_store_server *s, conn *c, double now) {
     if (off) {
         memmove(c->in.p, c->in.p + off, c->in.n - off);
         c->in.n -= off;
+    }
+    return true;
+}
+
+/* Takes bytes received on c. Before admission at most one small frame is
+ * buffered; a parked connection may buffer one more message. False: close. */
+static bool feed(nb_store_server *s, conn *c, const uint8_t *p, size_t n, double now) {
+    while (n > 0) {
+        if (c->closing) return true; /* what follows a refusal is not read */
+        size_t take = n;
+        if (c->state != C_READY) {
+            size_t cap = NB__STORE_PREAUTH_MAX_FRAME + 4;
+            if (c->in.n >= cap) return false;
+            if (take > cap - c->in.n) take = cap - c->in.n;
+        } else if (c->waiting && c->in.n + take > (size_t)NB_STORE_MAX_MESSAGE + 4 + RECV_CHUNK) {
+            return false;
+        }
+        if (c->in.cap - c->in.n < take) {
+            size_t cap = c->in.cap ? c->in.cap * 2 : 1024;
+            if (cap < c->in.n + take) cap = c->in.n + take;
+            uint8_t *q = realloc(c->in.p, cap);
+            NB_CHECK(q != NULL, "nb_store: out of memory buffering %zu bytes", cap);
+            c->in.p = q;
+            c->in.cap = cap;
+        }
+        memcpy(c->in.p + c->in.n, p, take);
+        c->in.n += take;
+        p += take;
+        n -= take;
+        if (!ingest(s, c, now)) return false;
+    }
+    return true;
+}
+
+/* Reads what is available. False: close. */
+static bool on_readable(nb_store_server *s, conn *c, double now) {
+    while (!c->closing) {
+        ssize_t got = recv(c->fd, s->rbuf, RECV_CHUNK, 0);
+        if (got == 0) return false;
+        if (got < 0) {
+            if (errno == EINTR) continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+            return false;
+        }
+        if (!feed(s, c, s->rbuf, (size_t)got, now)) return false;
     }
     return true;
 }
@@ -225,6 +363,7 @@ static bool on_writable(conn *c) {
 }
 
 static void drop(nb_store_server *s, conn *c) {
+    /* c->rank is set only once admitted (Note [Store authentication]). */
     if (c->rank >= 0 && !c->bye && !atomic_load(&s->stop)) {
         char why[256];
         snprintf(why, sizeof why,
@@ -242,19 +381,39 @@ static void drop(nb_store_server *s, conn *c) {
     conn_free(c);
 }
 
-static void accept_all(nb_store_server *s) {
-    for (;;) {
+static conn *add_conn(nb_store_server *s, int fd, double now) {
+    conn *c = calloc(1, sizeof *c);
+    NB_CHECK(c != NULL, "nb_store: out of memory accepting a connection");
+    c->fd = fd;
+    c->rank = -1;
+    c->auth_deadline = now + s->auth_timeout_s;
+    c->next = s->conns;
+    s->conns = c;
+    return c;
+}
+
+/* Pending connections past their deadline are told so and closed. */
+static void auth_deadlines(nb_store_server *s, double now) {
+    for (conn *c = s->conns; c; c = c->next) {
+        if (c->state == C_READY || c->closing || now < c->auth_deadline) continue;
+        char msg[160];
+        snprintf(msg, sizeof msg, "not admitted within %.1f s of connecting (HELLO and the secret's "
+                 "proof must come at once)", s->auth_timeout_s);
+        reject(c, msg);
+    }
+}
+
+static void accept_all(nb_store_server *s, double now) {
+    int pending = pending_count(s);
+    while (pending < s->max_pending) {
         int fd = accept(s->listen_fd, NULL, NULL);
         if (fd < 0) return;
         set_nonblocking(fd);
+        fcntl(fd, F_SETFD, FD_CLOEXEC);
         int one = 1;
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-        conn *c = calloc(1, sizeof *c);
-        NB_CHECK(c != NULL, "nb_store: out of memory accepting a connection");
-        c->fd = fd;
-        c->rank = -1;
-        c->next = s->conns;
-        s->conns = c;
+        add_conn(s, fd, now);
+        pending++;
     }
 }
 
@@ -272,19 +431,26 @@ static void *serve(void *arg) {
             who = realloc(who, cap * sizeof *who);
             NB_CHECK(fds && who, "nb_store: out of memory");
         }
-        fds[0] = (struct pollfd){s->listen_fd, POLLIN, 0};
+        /* At the cap on pending connections, new ones wait in the backlog. */
+        bool room = pending_count(s) < s->max_pending;
+        fds[0] = (struct pollfd){s->listen_fd, (short)(room ? POLLIN : 0), 0};
         fds[1] = (struct pollfd){s->wake[0], POLLIN, 0};
         double now = nb__now(), next = now + 3600;
         size_t i = 2;
         for (conn *c = s->conns; c; c = c->next, i++) {
             who[i] = c;
-            fds[i] = (struct pollfd){c->fd, (short)(POLLIN | (c->out.n > c->out_off ? POLLOUT : 0)), 0};
+            short ev = (short)((c->closing ? 0 : POLLIN) | (c->out.n > c->out_off ? POLLOUT : 0));
+            fds[i] = (struct pollfd){c->fd, ev, 0};
             if (c->waiting && c->deadline < next) next = c->deadline;
+            if (c->state != C_READY) {
+                double d = c->closing ? c->auth_deadline + AUTH_GRACE_S : c->auth_deadline;
+                if (d < next) next = d;
+            }
         }
         int ms = (int)((next - now) * 1000.0) + 1;
         if (poll(fds, n, ms < 0 ? 0 : ms) < 0 && errno != EINTR) break;
         now = nb__now();
-        if (fds[0].revents & POLLIN) accept_all(s);
+        if (fds[0].revents & POLLIN) accept_all(s, now);
         for (i = 2; i < n; i++) {
             conn *c = who[i];
             bool ok = true;
@@ -293,10 +459,12 @@ static void *serve(void *arg) {
             if (!ok) drop(s, c);
         }
         resolve_waits(s, now);
+        auth_deadlines(s, now);
         /* Replies produced for other connections while handling this round. */
         for (conn *c = s->conns, *next_c; c; c = next_c) {
             next_c = c->next;
-            if ((c->out.n > c->out_off || c->closing) && !on_writable(c)) drop(s, c);
+            bool late = c->state != C_READY && now >= c->auth_deadline + AUTH_GRACE_S;
+            if (late || ((c->out.n > c->out_off || c->closing) && !on_writable(c))) drop(s, c);
         }
     }
     free(fds);
@@ -304,39 +472,54 @@ static void *serve(void *arg) {
     return NULL;
 }
 
-static nb_status start_thread(nb_store_server *s) {
-    if (pipe(s->wake) != 0) return nb_set_error(NB_ERR_IO, "nb_store_server_start: pipe: %s", strerror(errno));
-    set_nonblocking(s->listen_fd);
-    s->kv = nb__kv_new();
-    atomic_init(&s->stop, false);
-    if (pthread_create(&s->thread, NULL, serve, s) != 0) {
-        nb__kv_free(s->kv);
-        close(s->wake[0]);
-        close(s->wake[1]);
-        return nb_set_error(NB_ERR_INTERNAL, "nb_store_server_start: cannot start the server thread");
+/* A server without socket or thread, configured from cfg. */
+static nb_store_server *server_new(const nb__store_config *cfg) {
+    nb_store_server *s = calloc(1, sizeof *s);
+    NB_CHECK(s != NULL, "nb_store_server_start: out of memory");
+    const char *run_id = cfg && cfg->run_id ? cfg->run_id : "default";
+    NB_CHECK(strlen(run_id) <= 127, "nb_store_server_start: run id longer than 127 bytes");
+    snprintf(s->run_id, sizeof s->run_id, "%s", run_id);
+    if (cfg && cfg->secret && cfg->secret_len) {
+        NB_CHECK(cfg->secret_len <= NB__STORE_SECRET_MAX,
+                 "nb_store_server_start: a secret of %zu bytes is over %d", cfg->secret_len,
+                 NB__STORE_SECRET_MAX);
+        memcpy(s->secret, cfg->secret, cfg->secret_len);
+        s->secret_len = cfg->secret_len;
     }
-    return NB_OK;
+    s->world_size = cfg ? cfg->world_size : 0;
+    s->auth_timeout_s = cfg && cfg->auth_timeout_s > 0 ? cfg->auth_timeout_s : NB__STORE_AUTH_TIMEOUT_S;
+    s->max_pending = cfg && cfg->max_pending > 0 ? cfg->max_pending : NB__STORE_MAX_PENDING;
+    s->kv = nb__kv_new(cfg ? cfg->max_bytes : 0);
+    s->listen_fd = -1;
+    s->wake[0] = s->wake[1] = -1;
+    atomic_init(&s->stop, false);
+    return s;
 }
 
-static nb_status finish_start(nb_store_server **out, nb_store_server *s, const char *run_id) {
-    snprintf(s->run_id, sizeof s->run_id, "%s", run_id ? run_id : "default");
-    struct sockaddr_storage ss;
-    socklen_t sl = sizeof ss;
-    if (getsockname(s->listen_fd, (struct sockaddr *)&ss, &sl) != 0) {
-        close(s->listen_fd);
-        free(s);
-        return nb_set_error(NB_ERR_NETWORK, "nb_store_server_start: getsockname: %s", strerror(errno));
+static void server_free(nb_store_server *s) {
+    while (s->conns) {
+        conn *c = s->conns;
+        s->conns = c->next;
+        conn_free(c);
     }
-    s->port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
-                                             : ((struct sockaddr_in *)&ss)->sin_port);
-    nb_status st = start_thread(s);
-    if (st != NB_OK) {
-        close(s->listen_fd);
-        free(s);
-        return st;
+    if (s->listen_fd >= 0) close(s->listen_fd);
+    if (s->wake[0] >= 0) close(s->wake[0]);
+    if (s->wake[1] >= 0) close(s->wake[1]);
+    nb__kv_free(s->kv);
+    free(s->rbuf);
+    nb__store_wipe(s->secret, sizeof s->secret);
+    free(s);
+}
+
+static bool is_loopback(const struct sockaddr_storage *ss) {
+    if (ss->ss_family == AF_INET)
+        return (ntohl(((const struct sockaddr_in *)ss)->sin_addr.s_addr) >> 24) == 127;
+    if (ss->ss_family == AF_INET6) {
+        const struct in6_addr *a = &((const struct sockaddr_in6 *)ss)->sin6_addr;
+        if (IN6_IS_ADDR_LOOPBACK(a)) return true;
+        return IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127;
     }
-    *out = s;
-    return NB_OK;
+    return false;
 }
 
 int nb__tcp_listen(const char *host, int port, int *gai_err, int *sys_err) {
@@ -369,61 +552,142 @@ int nb__tcp_listen(const char *host, int port, int *gai_err, int *sys_err) {
     return fd;
 }
 
-nb_status nb_store_server_start(nb_store_server **out, const char *host, int port,
-                                const char *run_id) {
-    *out = NULL;
-    NB_CHECK(port >= 0 && port <= 65535, "nb_store_server_start: port %d out of range", port);
-    const char *h = host && *host ? host : NULL;
-    int gai = 0, err = 0;
-    int fd = nb__tcp_listen(h, port, &gai, &err);
-    if (fd < 0 && gai)
-        return nb_set_error(NB_ERR_NETWORK, "nb_store_server_start: cannot resolve %s: %s", h,
-                            gai_strerror(gai));
-    if (fd < 0 && err == EADDRINUSE)
-        return nb_set_error(NB_ERR_NETWORK,
-                            "nb_store_server_start: cannot listen on %s:%d: %s; another program holds "
-                            "the port (MASTER_PORT): pick a free one (nbrun --master-port 0 does)",
-                            h ? h : "0.0.0.0", port, strerror(err));
-    if (fd < 0)
-        return nb_set_error(NB_ERR_NETWORK, "nb_store_server_start: cannot listen on %s:%d: %s",
-                            h ? h : "0.0.0.0", port, strerror(err));
-    nb_store_server *s = calloc(1, sizeof *s);
-    NB_CHECK(s != NULL, "nb_store_server_start: out of memory");
-    s->listen_fd = fd;
-    return finish_start(out, s, run_id);
+static const char *describe(const struct sockaddr_storage *ss, char *buf, size_t len) {
+    const void *a = ss->ss_family == AF_INET6 ? (const void *)&((const struct sockaddr_in6 *)ss)->sin6_addr
+                                              : (const void *)&((const struct sockaddr_in *)ss)->sin_addr;
+    if (!inet_ntop(ss->ss_family, a, buf, (socklen_t)len)) snprintf(buf, len, "?");
+    return buf;
 }
 
-nb_status nb__store_server_adopt(nb_store_server **out, int listen_fd, const char *run_id) {
+nb_status nb__store_server_start(nb_store_server **out, const char *host, int port, int listen_fd,
+                                 const nb__store_config *cfg) {
     *out = NULL;
-    int listening = 0;
-    socklen_t sl = sizeof listening;
-    if (getsockopt(listen_fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &sl) != 0 || !listening)
+    int fd = listen_fd;
+    if (fd >= 0) {
+        int listening = 0;
+        socklen_t sl = sizeof listening;
+        if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &sl) != 0 || !listening)
+            return nb_set_error(NB_ERR_INVALID,
+                                "nb_store_server_start: NABLA_STORE_FD=%d is not a listening socket",
+                                fd);
+        fcntl(fd, F_SETFD, FD_CLOEXEC);
+    } else {
+        NB_CHECK(port >= 0 && port <= 65535, "nb_store_server_start: port %d out of range", port);
+        const char *h = host && *host ? host : NULL;
+        int gai = 0, err = 0;
+        fd = nb__tcp_listen(h, port, &gai, &err);
+        if (fd < 0 && gai)
+            return nb_set_error(NB_ERR_NETWORK, "nb_store_server_start: cannot resolve %s: %s", h,
+                                gai_strerror(gai));
+        if (fd < 0 && err == EADDRINUSE)
+            return nb_set_error(NB_ERR_NETWORK,
+                                "nb_store_server_start: cannot listen on %s:%d: %s; another program "
+                                "holds the port (MASTER_PORT): pick a free one (nbrun --master-port "
+                                "0 does)",
+                                h ? h : "0.0.0.0", port, strerror(err));
+        if (fd < 0)
+            return nb_set_error(NB_ERR_NETWORK, "nb_store_server_start: cannot listen on %s:%d: %s",
+                                h ? h : "0.0.0.0", port, strerror(err));
+    }
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    memset(&ss, 0, sizeof ss);
+    if (getsockname(fd, (struct sockaddr *)&ss, &sl) != 0) {
+        int err = errno;
+        close(fd);
+        return nb_set_error(NB_ERR_NETWORK, "nb_store_server_start: getsockname: %s", strerror(err));
+    }
+    int bound = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                               : ((struct sockaddr_in *)&ss)->sin_port);
+    bool secret = cfg && cfg->secret && cfg->secret_len;
+    if (!secret && !is_loopback(&ss) && !nb__store_trusted_network()) {
+        char addr[INET6_ADDRSTRLEN];
+        describe(&ss, addr, sizeof addr);
+        close(fd);
         return nb_set_error(NB_ERR_INVALID,
-                            "nb_store_server_start: NABLA_STORE_FD=%d is not a listening socket",
-                            listen_fd);
-    fcntl(listen_fd, F_SETFD, FD_CLOEXEC);
-    nb_store_server *s = calloc(1, sizeof *s);
-    NB_CHECK(s != NULL, "nb_store_server_start: out of memory");
-    s->listen_fd = listen_fd;
-    return finish_start(out, s, run_id);
+                            "nb_store_server_start: the store would listen on %s:%d, beyond this "
+                            "host, without a secret: anyone who can reach the port could join the "
+                            "run, change its keys or stop it. Give every process the run's secret "
+                            "(NABLA_STORE_SECRET_FILE, a file only you can read, the same on every "
+                            "node), or set NABLA_STORE_TRUSTED_NETWORK=1 if only trusted machines "
+                            "can reach this network (docs/distributed.md, \"Security\")",
+                            addr, bound);
+    }
+    nb_store_server *s = server_new(cfg);
+    s->listen_fd = fd;
+    s->port = bound;
+    set_nonblocking(fd);
+    s->rbuf = malloc(RECV_CHUNK);
+    NB_CHECK(s->rbuf != NULL, "nb_store_server_start: out of memory");
+    if (pipe(s->wake) != 0) {
+        int err = errno;
+        s->wake[0] = s->wake[1] = -1;
+        server_free(s);
+        return nb_set_error(NB_ERR_IO, "nb_store_server_start: pipe: %s", strerror(err));
+    }
+    if (pthread_create(&s->thread, NULL, serve, s) != 0) {
+        server_free(s);
+        return nb_set_error(NB_ERR_INTERNAL, "nb_store_server_start: cannot start the server thread");
+    }
+    s->threaded = true;
+    *out = s;
+    return NB_OK;
+}
+
+nb_status nb_store_server_start(nb_store_server **out, const char *host, int port,
+                                const char *run_id) {
+    nb__store_config cfg = {.run_id = run_id};
+    return nb__store_server_start(out, host, port, -1, &cfg);
 }
 
 int nb_store_server_port(const nb_store_server *server) { return server->port; }
 
 void nb_store_server_stop(nb_store_server *s) {
     if (!s) return;
-    atomic_store(&s->stop, true);
-    ssize_t w = write(s->wake[1], "x", 1);
-    (void)w;
-    pthread_join(s->thread, NULL);
-    while (s->conns) {
-        conn *c = s->conns;
-        s->conns = c->next;
-        conn_free(c);
+    if (s->threaded) {
+        atomic_store(&s->stop, true);
+        ssize_t w = write(s->wake[1], "x", 1);
+        (void)w;
+        pthread_join(s->thread, NULL);
     }
-    close(s->listen_fd);
-    close(s->wake[0]);
-    close(s->wake[1]);
-    nb__kv_free(s->kv);
-    free(s);
+    server_free(s);
 }
+
+/* ---- the server without sockets (the fuzzer's) ---- */
+
+nb_status nb__store_core_new(nb_store_server **out, const nb__store_config *cfg) {
+    *out = server_new(cfg);
+    return NB_OK;
+}
+
+void nb__store_core_free(nb_store_server *s) {
+    if (s) server_free(s);
+}
+
+nb__store_conn *nb__store_core_accept(nb_store_server *s, double now) {
+    if (pending_count(s) >= s->max_pending) return NULL;
+    return add_conn(s, -1, now);
+}
+
+bool nb__store_core_input(nb_store_server *s, nb__store_conn *c, const uint8_t *p, size_t n,
+                          double now) {
+    return feed(s, c, p, n, now);
+}
+
+nb__buf *nb__store_core_output(nb__store_conn *c) { return &c->out; }
+void nb__store_core_drop(nb_store_server *s, nb__store_conn *c) { drop(s, c); }
+
+void nb__store_core_tick(nb_store_server *s, double now) {
+    resolve_waits(s, now);
+    auth_deadlines(s, now);
+}
+
+bool nb__store_core_closing(const nb__store_conn *c) { return c->closing; }
+bool nb__store_core_authenticated(const nb__store_conn *c) { return c->state == C_READY; }
+int nb__store_core_rank(const nb__store_conn *c) { return c->rank; }
+int nb__store_core_pending(const nb_store_server *s) { return pending_count(s); }
+size_t nb__store_core_in_buffered(const nb__store_conn *c) { return c->in.n; }
+const char *nb__store_core_abort_reason(const nb_store_server *s) {
+    return s->aborted ? s->abort_reason : NULL;
+}
+const nb__kv *nb__store_core_kv(const nb_store_server *s) { return s->kv; }

@@ -16,7 +16,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 static nb__store_req req;
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    nb__kv *kv = nb__kv_new();
+    nb__kv *kv = nb__kv_new(0);
     nb__buf out = {0};
     bool hello = false;
     size_t off = 0;
