@@ -38,6 +38,16 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _programs  # noqa: E402
 
 ADDR = ("10.213.0.1", "10.213.0.2")
+
+
+def secret_file(directory, name="secret"):
+    """A store secret both nodes share, as a user would give it: a file of
+    mode 0600 named by NABLA_STORE_SECRET_FILE (several nodes need one)."""
+    path = os.path.join(directory, name)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(os.urandom(32).hex() + "\n")
+    return path
 PREFIX = 24
 
 

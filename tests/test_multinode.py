@@ -19,6 +19,9 @@ gives the same training state as one nbrun with the same world size.
    127.0.0.1) fails on both nodes within the join limit (NABLA_JOIN_TIMEOUT
    =3; Gloo alone would wait five times the progress timeout), naming the
    interface.
+5. The store's secret (NABLA_STORE_SECRET_FILE, the same file for both
+   nodes in the runs above): without one neither nbrun starts; with a
+   different one on node 1, the store refuses node 1's rank, saying why.
 
 Skipped (77) only where a network namespace cannot be made."""
 import os
@@ -43,9 +46,9 @@ def final_lines(out):
     return [re.sub(r"^\[rank \d+\] ", "", x) for x in m]
 
 
-def two_nodes(nodes, nproc, ckpt):
+def two_nodes(nodes, nproc, ckpt, secret):
     env = dict(os.environ, NABLA_PG_TIMEOUT="60", NABLA_JOIN_TIMEOUT="30", OPENBLAS_NUM_THREADS="1",
-               NABLA_RUN_ID="netns-%d-%d" % (os.getpid(), nproc))
+               NABLA_RUN_ID="netns-%d-%d" % (os.getpid(), nproc), NABLA_STORE_SECRET_FILE=secret)
     procs = []
     for i in (0, 1):
         argv = [os.path.join(BIN, "nbrun"), "--nnodes", "2", "--node-rank", str(i),
@@ -70,9 +73,9 @@ def two_nodes(nodes, nproc, ckpt):
     return outs
 
 
-def wrong_interface(nodes):
+def wrong_interface(nodes, secret):
     env = dict(os.environ, NABLA_PG_TIMEOUT="60", NABLA_JOIN_TIMEOUT="3", NABLA_SOCKET_IFNAME="lo",
-               NABLA_RUN_ID="netns-lo-%d" % os.getpid())
+               NABLA_RUN_ID="netns-lo-%d" % os.getpid(), NABLA_STORE_SECRET_FILE=secret)
     start = time.monotonic()
     procs = [nodes.popen(i, [os.path.join(BIN, "nbrun"), "--nnodes", "2", "--node-rank", str(i),
                              "--master-addr", _netns.ADDR[0], "--master-port", str(PORT + 1),
@@ -90,15 +93,60 @@ def wrong_interface(nodes):
     print("wrong interface (lo): both nodes fail after %.1f s, naming it" % (time.monotonic() - start))
 
 
+def store_secret(nodes, tmp):
+    """The store across the veth admits only the run's processes: with no
+    secret both nbruns refuse to start; with node 1's secret different from
+    node 0's, node 1's ranks are refused by the store, naming the secret, and
+    node 0 fails at the join limit; nothing is left running."""
+    base = dict(os.environ, NABLA_PG_TIMEOUT="60", NABLA_JOIN_TIMEOUT="3",
+                NABLA_RUN_ID="netns-secret-%d" % os.getpid())
+    base.pop("NABLA_STORE_SECRET_FILE", None)
+    base.pop("NABLA_STORE_SECRET", None)
+    base.pop("NABLA_STORE_TRUSTED_NETWORK", None)
+
+    def nbrun(i, env, port):
+        return nodes.popen(i, [os.path.join(BIN, "nbrun"), "--nnodes", "2", "--node-rank", str(i),
+                               "--master-addr", _netns.ADDR[0], "--master-port", str(port),
+                               os.path.join(BIN, "train_classifier")] + ARGS, env=env)
+
+    for i in (0, 1):
+        p = nbrun(i, base, PORT + 2)
+        out, err = p.communicate(timeout=30)
+        if p.returncode != 2 or "--nnodes 2 needs the run's secret" not in err:
+            fail("without a secret, node %d's nbrun exited with %d:\n%s" % (i, p.returncode, err[-3000:]))
+    envs = [dict(base, NABLA_STORE_SECRET_FILE=_netns.secret_file(tmp, "secret%d" % i)) for i in (0, 1)]
+    start = time.monotonic()
+    procs = [nbrun(i, envs[i], PORT + 3) for i in (0, 1)]
+    errs = []
+    for i, p in enumerate(procs):
+        try:
+            out, err = p.communicate(timeout=max(1, start + 30 - time.monotonic()))
+        except Exception:
+            nodes.close()
+            fail("with different secrets, node %d still runs after 30 s (NABLA_JOIN_TIMEOUT=3)" % i)
+        if p.returncode == 0:
+            fail("with different secrets, node %d succeeded:\n%s" % (i, err[-3000:]))
+        errs.append(err)
+    if not re.search(r"refused rank 1: the process did not prove that it knows this run's secret", errs[1]):
+        fail("node 1 (another secret) does not say that the store refused it:\n" + errs[1][-3000:])
+    for i in (0, 1):
+        left = _netns.ns_pids(nodes.ns[i])
+        if left:
+            fail("processes left running in node %d's namespace: %s" % (i, left))
+    print("store secret: refused without one (both nodes); another secret on node 1 refused by the store, "
+          "both nodes end after %.1f s" % (time.monotonic() - start))
+
+
 def main():
     with _netns.Nodes() as nodes, tempfile.TemporaryDirectory() as tmp:
+        secret = _netns.secret_file(tmp)
         for nproc in (1, 2):
             world = 2 * nproc
             one = os.path.join(tmp, "one%d" % world)
             two = os.path.join(tmp, "two%d" % world)
             out_one, _ = run(["train_classifier"] + ARGS + ["--ckpt-dir", one], world)
             sent = [nodes.tx_bytes(i) for i in (0, 1)]
-            outs = two_nodes(nodes, nproc, two)
+            outs = two_nodes(nodes, nproc, two, secret)
             sent = [nodes.tx_bytes(i) - sent[i] for i in (0, 1)]
             if "%d processes with DDP" % world not in outs[0]:
                 fail("node 0 does not report a world of %d:\n%s" % (world, outs[0]))
@@ -125,7 +173,8 @@ def main():
                     fail("processes left running in node %d's namespace: %s" % (i, left))
             print("world %d (%d per node): two nodes over the veth (%d and %d bytes sent) == one node, "
                   "bit for bit: %s" % (world, nproc, sent[0], sent[1], b[-1]))
-        wrong_interface(nodes)
+        wrong_interface(nodes, secret)
+        store_secret(nodes, tmp)
 
 
 if __name__ == "__main__":

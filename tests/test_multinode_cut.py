@@ -16,6 +16,7 @@ import os
 import re
 import sys
 import threading
+import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -49,7 +50,8 @@ def main():
     env = dict(os.environ, NABLA_LIVENESS_TIMEOUT=str(LIVENESS_S), NABLA_PG_TIMEOUT="60",
                NABLA_JOIN_TIMEOUT="30", NABLA_STALL_WARNING="0", NBRUN_GRACE="5", OPENBLAS_NUM_THREADS="1",
                NABLA_RUN_ID="netns-cut-%d" % os.getpid())
-    with _netns.Nodes() as nodes:
+    with _netns.Nodes() as nodes, tempfile.TemporaryDirectory() as tmp:
+        env["NABLA_STORE_SECRET_FILE"] = _netns.secret_file(tmp)  # several nodes need one
         nodes_ = []
         for i in (0, 1):
             argv = [os.path.join(BIN, "nbrun"), "--nnodes", "2", "--node-rank", str(i), "--nproc-per-node", "2",

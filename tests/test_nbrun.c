@@ -6,6 +6,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "dist/proc.h"
 #include "testutil.h"
@@ -118,9 +120,11 @@ START_TEST(test_multinode_environment) {
     nbt_proc p;
     const char *a[] = {"--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "2",
                        "--master-addr", "127.0.0.1", "--master-port", "29999", NULL};
+    setenv("NABLA_STORE_SECRET", "a secret of the run, 32 bytes..", 1); /* several nodes need one */
     run(&p, "NABLA_RUN_ID=my-run", a, "echo \"$RANK $WORLD_SIZE $LOCAL_RANK $GROUP_RANK $NABLA_RUN_ID $MASTER_PORT\"");
+    unsetenv("NABLA_STORE_SECRET");
     nbt_proc_wait_all(&p, 1, 30);
-    ck_assert_int_eq(p.code, 0);
+    ck_assert_msg(p.code == 0, "exit %d: %s", p.code, p.err);
     EXPECT_IN(p.out, "[rank 2] 2 4 0 1 my-run 29999\n");
     EXPECT_IN(p.out, "[rank 3] 3 4 1 1 my-run 29999\n");
     nbt_proc_free(&p);
@@ -129,6 +133,79 @@ END_TEST
 
 /* Lines of concurrent ranks stay whole; a very long line is cut into
  * prefixed pieces. */
+/* The run's secret reaches every rank as an inherited descriptor of a
+ * mode-0600 memory file: the same for the ranks of a run, new for each run,
+ * never in a command line or an environment value (/proc/PID/cmdline and
+ * environ of the rank and of nbrun). */
+static void secrets_of_a_run(char secret[2][80]) {
+    nbt_proc p;
+    const char *a[] = {"--nproc-per-node", "2", NULL};
+    run(&p, NULL, a,
+        "f=$NABLA_STORE_SECRET_FD; s=$(cat /proc/self/fd/$f); "
+        "echo \"secret $s mode $(stat -L -c %a /proc/self/fd/$f)\"; "
+        "for w in /proc/$$/cmdline /proc/$$/environ /proc/$PPID/cmdline /proc/$PPID/environ; do "
+        "if grep -qaF -- \"$s\" $w; then echo \"LEAK in $w\"; fi; done");
+    nbt_proc_wait_all(&p, 1, 30);
+    ck_assert_msg(p.code == 0, "exit %d: %s", p.code, p.err);
+    ck_assert_msg(strstr(p.out, "LEAK") == NULL, "%s", p.out);
+    for (int r = 0; r < 2; r++) {
+        char want[32];
+        snprintf(want, sizeof want, "[rank %d] secret ", r);
+        const char *line = strstr(p.out, want);
+        ck_assert_msg(line != NULL, "no \"%s\" in:\n%s", want, p.out);
+        char mode[16];
+        ck_assert_int_eq(sscanf(line + strlen(want), "%79s mode %15s", secret[r], mode), 2);
+        ck_assert_uint_eq(strlen(secret[r]), 64);
+        ck_assert_uint_eq(strspn(secret[r], "0123456789abcdef"), 64);
+        ck_assert_str_eq(mode, "600");
+    }
+    ck_assert_str_eq(secret[0], secret[1]);
+    nbt_proc_free(&p);
+}
+
+START_TEST(test_secret_by_descriptor) {
+    char one[2][80], two[2][80];
+    secrets_of_a_run(one);
+    secrets_of_a_run(two);
+    ck_assert_str_ne(one[0], two[0]);
+}
+END_TEST
+
+/* Several nodes take the user's secret, checked before anything starts. */
+START_TEST(test_several_nodes_need_a_secret) {
+    const char *a[] = {"--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1",
+                       "--master-port", "29998", NULL};
+    usage_error(NULL, a, "true", "nbrun: --nnodes 2 needs the run's secret, the same on every node");
+    char path[] = "/tmp/nbrun-secret-XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(write(fd, "0123456789abcdef0123", 20), 20);
+    close(fd);
+    chmod(path, 0640);
+    char env[128];
+    snprintf(env, sizeof env, "NABLA_STORE_SECRET_FILE=%s", path);
+    nbt_proc p;
+    run(&p, env, a, "true");
+    nbt_proc_wait_all(&p, 1, 30);
+    ck_assert_int_eq(p.code, 2);
+    EXPECT_IN(p.err, "may be read by other users (mode 0640)");
+    nbt_proc_free(&p);
+    chmod(path, 0600);
+    run(&p, env, a, "echo \"fd ${NABLA_STORE_SECRET_FD:-none} file $NABLA_STORE_SECRET_FILE\"");
+    nbt_proc_wait_all(&p, 1, 30);
+    ck_assert_msg(p.code == 0, "exit %d: %s", p.code, p.err);
+    char want[160];
+    snprintf(want, sizeof want, "[rank 1] fd none file %s\n", path);
+    EXPECT_IN(p.out, want);
+    nbt_proc_free(&p);
+    unlink(path);
+    run(&p, "NABLA_STORE_TRUSTED_NETWORK=1", a, "true");
+    nbt_proc_wait_all(&p, 1, 30);
+    ck_assert_msg(p.code == 0, "exit %d: %s", p.code, p.err);
+    nbt_proc_free(&p);
+}
+END_TEST
+
 START_TEST(test_lines_never_mix) {
     nbt_proc p;
     const char *a[] = {"--nproc-per-node", "2", NULL};
@@ -312,6 +389,8 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_usage_errors);
     tcase_add_test(tc, test_environment_and_prefixes);
     tcase_add_test(tc, test_multinode_environment);
+    tcase_add_test(tc, test_secret_by_descriptor);
+    tcase_add_test(tc, test_several_nodes_need_a_secret);
     tcase_add_test(tc, test_lines_never_mix);
     tcase_add_test(tc, test_first_failure_decides);
     tcase_add_test(tc, test_term_then_kill);

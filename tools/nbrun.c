@@ -14,12 +14,18 @@
  * On the node of rank 0, nbrun opens the store's listening socket itself
  * and hands it to rank 0 (NABLA_STORE_FD); with --master-port 0 that is
  * how a free port is picked without a race between choosing and binding.
+ * On one node it listens on loopback only, and nbrun draws the run's
+ * secret (Note [Store authentication] in distributed/store_server.c) into
+ * a memory file of mode 0600 that every rank inherits as a descriptor
+ * (NABLA_STORE_SECRET_FD): never on a command line or in a variable's
+ * value. Several nodes must share one secret, so there it is the user's
+ * (NABLA_STORE_SECRET_FILE), checked before anything starts.
  *
  * With --max-restarts N, a failed generation (every process stopped, as
  * above) is followed by a new one: a new listening socket, so a new store
  * served by the new rank 0, and a new run id ("<id>-r<k>"), so that no
  * process of an earlier generation can join it (Note [Restart
- * generations]). */
+ * generations]). The secret stays the nbrun's. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
@@ -33,9 +39,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -77,7 +85,13 @@ static const char *usage_text =
     "                          node, master-addr:port on several); the store refuses\n"
     "                          processes of another run\n"
     "  NABLA_STORE_FD          (rank 0 only) the store's listening socket, opened by\n"
-    "                          nbrun on node 0\n"
+    "                          nbrun on node 0 (on one node: on loopback only)\n"
+    "  NABLA_STORE_SECRET_FD   (one node) a descriptor holding the run's secret, drawn\n"
+    "                          by nbrun, with which the store admits only the run's\n"
+    "                          processes; with --nnodes > 1 every node needs the same\n"
+    "                          secret from the user: NABLA_STORE_SECRET_FILE (a file\n"
+    "                          only you can read) or NABLA_STORE_SECRET, else nbrun\n"
+    "                          refuses to start unless NABLA_STORE_TRUSTED_NETWORK=1\n"
     "  NABLA_RESTART_COUNT     0 for the first start, k for the k-th restart\n"
     "  stdin from /dev/null; each in its own process group (what a process leaves\n"
     "  running in its group when it exits is killed)\n"
@@ -300,10 +314,11 @@ static options parse_options(int argc, char **argv) {
 
 /* ------------------------------------------------------------ the store port */
 
-/* Listens on addr:port for rank 0's store; returns the fd and the port. */
-static int open_store_socket(const char *addr, int *port) {
+/* Listens on addr:port for rank 0's store (on loopback when the run is on
+ * this node alone); returns the fd and the port. */
+static int open_store_socket(const char *addr, int nnodes, int *port) {
     bool loop = strncmp(addr, "127.", 4) == 0 || strcmp(addr, "localhost") == 0 || strcmp(addr, "::1") == 0;
-    const char *host = loop ? addr : NULL;
+    const char *host = loop ? addr : nnodes == 1 ? "127.0.0.1" : NULL;
     int gai = 0, err = 0;
     int fd = nb__tcp_listen(host, *port, &gai, &err);
     if (fd < 0 && gai) {
@@ -311,7 +326,7 @@ static int open_store_socket(const char *addr, int *port) {
         exit(2);
     }
     if (fd < 0) {
-        fprintf(stderr, "nbrun: cannot listen on %s:%d for the store: %s\n", loop ? addr : "0.0.0.0",
+        fprintf(stderr, "nbrun: cannot listen on %s:%d for the store: %s\n", host ? host : "0.0.0.0",
                 *port, strerror(err));
         exit(2);
     }
@@ -340,6 +355,45 @@ static void make_run_id(const options *o, char *id, size_t len) {
         close(fd);
     }
     snprintf(id, len, "nbrun-%016llx", r);
+}
+
+/* ------------------------------------------------------------ the secret */
+
+static int secret_fd = -1; /* one node: the run's secret, inherited by every rank */
+
+/* One node: 32 random bytes, as hex, in a memory file only this user may
+ * open; several: the user's secret must be there (or the network trusted),
+ * said now rather than by every rank. */
+static void prepare_secret(const options *o) {
+    unsetenv("NABLA_STORE_SECRET_FD"); /* a launcher's own is not passed on */
+    if (o->nnodes > 1) {
+        nb__store_secret sec;
+        if (nb__store_secret_from_env(&sec) != NB_OK) {
+            fprintf(stderr, "nbrun: %s\n", nb_last_error());
+            exit(2);
+        }
+        bool have = sec.len > 0;
+        nb__store_wipe(&sec, sizeof sec);
+        if (!have && !nb__store_trusted_network())
+            die_usage("--nnodes %d needs the run's secret, the same on every node, so that only the "
+                      "run's processes can use its store: NABLA_STORE_SECRET_FILE=FILE (mode 0600), "
+                      "or NABLA_STORE_SECRET; or NABLA_STORE_TRUSTED_NETWORK=1 if only trusted "
+                      "machines can reach --master-addr",
+                      o->nnodes);
+        return;
+    }
+    uint8_t raw[32];
+    char hex[2 * sizeof raw + 1];
+    nb__store_random(raw, sizeof raw);
+    for (size_t i = 0; i < sizeof raw; i++) snprintf(hex + 2 * i, 3, "%02x", raw[i]);
+    nb__store_wipe(raw, sizeof raw);
+    secret_fd = memfd_create("nabla-store-secret", MFD_CLOEXEC);
+    if (secret_fd < 0 || fchmod(secret_fd, 0600) != 0 ||
+        write(secret_fd, hex, 2 * sizeof raw) != (ssize_t)(2 * sizeof raw)) {
+        perror("nbrun: the store's secret (memfd_create)");
+        exit(1);
+    }
+    nb__store_wipe(hex, sizeof hex);
 }
 
 /* ------------------------------------------------------------ children */
@@ -393,6 +447,10 @@ static void spawn(child *c, const options *o, const char *run_id, int store_fd, 
         }
         unsetenv("NABLA_STORE_FD");
         unsetenv("NABLA_STORE_PORT"); /* the store is on MASTER_PORT */
+        if (secret_fd >= 0) {
+            fcntl(secret_fd, F_SETFD, 0);
+            setenv_int("NABLA_STORE_SECRET_FD", secret_fd);
+        }
         if (store_fd >= 0 && c->rank == 0) {
             int flags = fcntl(store_fd, F_GETFD);
             fcntl(store_fd, F_SETFD, flags & ~FD_CLOEXEC);
@@ -532,7 +590,7 @@ static int exit_code(int status) {
  * node 0, the run id, every process. */
 static void start_generation(const options *o, const char *base_id, int restart) {
     int store_fd = -1, port = o->port;
-    if (o->node_rank == 0) store_fd = open_store_socket(o->addr, &port);
+    if (o->node_rank == 0) store_fd = open_store_socket(o->addr, o->nnodes, &port);
     char run_id[160];
     if (restart == 0) snprintf(run_id, sizeof run_id, "%s", base_id);
     else snprintf(run_id, sizeof run_id, "%s-r%d", base_id, restart);
@@ -699,6 +757,7 @@ static void announce_restart(int first, int restart, int max_restarts) {
 
 int main(int argc, char **argv) {
     options o = parse_options(argc, argv);
+    prepare_secret(&o);
     char base_id[128];
     make_run_id(&o, base_id, sizeof base_id);
 
