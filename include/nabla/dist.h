@@ -69,9 +69,12 @@ typedef struct nb_store_server nb_store_server;
 /* Every message fits in this; a longer one closes its connection. */
 #define NB_STORE_MAX_MESSAGE (NB_STORE_MAX_VALUE + 2 * NB_STORE_MAX_KEY + 64)
 
-/* Serves the store of run `run_id` on `host` ("0.0.0.0" or NULL for every
- * interface) and `port` (0: a free port; see nb_store_server_port) from a
- * background thread. */
+/* Serves the store of run `run_id` on `host` and `port` (0: a free port;
+ * see nb_store_server_port) from a background thread. This store has no
+ * secret, so `host` must be a loopback address unless
+ * NABLA_STORE_TRUSTED_NETWORK=1 ("0.0.0.0" or NULL: every interface);
+ * otherwise NB_ERR_INVALID (docs/distributed.md, "Security"). nb_pg_init
+ * serves the run's store with its secret. */
 nb_status nb_store_server_start(nb_store_server **out, const char *host, int port,
                                 const char *run_id);
 int nb_store_server_port(const nb_store_server *server);
