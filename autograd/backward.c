@@ -116,6 +116,7 @@ nb_node *nb__record(nb_ctx *ctx, const char *op, nb_backward_fn backward, nb_ten
     node->backward = backward;
     node->out = out;
     node->n_in = n;
+    node->reads = NB__READS_IN;
     node->in = nb__ctx_meta(ctx, sizeof(nb_tensor *) * (size_t)(n > 0 ? n : 1));
     memcpy(node->in, inputs, sizeof(nb_tensor *) * (size_t)n);
     out->node = node;
@@ -169,7 +170,7 @@ void nb__accum_grad(nb_ctx *ctx, nb_tensor *t, nb_tensor *g) {
         } else { /* Note [Adopted gradients] */
             nb_tensor *sum = nb__empty(ctx, t->dtype, t->ndim, t->shape);
             add_half(ctx, sum, t->grad, g);
-            t->grad = sum;
+            nb__set_grad(t, sum);
             t->grad_owned = true;
         }
         if (t->node == NULL) t->bw_seen = true;
@@ -183,6 +184,7 @@ void nb__accum_grad(nb_ctx *ctx, nb_tensor *t, nb_tensor *g) {
     if (t->node == NULL) {
         if (!t->grad) { /* the first gradient: a copy, not zeros plus an add */
             t->grad = nb__empty(t->ctx, t->dtype, t->ndim, t->shape);
+            nb__keep(t->grad); /* a leaf's gradient is never given back */
             nb__run_copy(t->grad, g);
         } else {
             nb__run_binary(NB_B_ADD, t->grad, t->grad, g);
@@ -193,10 +195,10 @@ void nb__accum_grad(nb_ctx *ctx, nb_tensor *t, nb_tensor *g) {
     /* Note [Adopted gradients] */
     if (!t->grad) {
         if (nb_is_contiguous(g) && nb_device_eq(g->device, t->device)) {
-            t->grad = g;
+            nb__set_grad(t, g);
             t->grad_owned = false;
         } else {
-            t->grad = nb__empty(ctx, t->dtype, t->ndim, t->shape);
+            nb__set_grad(t, nb__empty(ctx, t->dtype, t->ndim, t->shape));
             nb__run_copy(t->grad, g);
             t->grad_owned = true;
         }
@@ -205,7 +207,7 @@ void nb__accum_grad(nb_ctx *ctx, nb_tensor *t, nb_tensor *g) {
     } else {
         nb_tensor *sum = nb__empty(ctx, t->dtype, t->ndim, t->shape);
         nb__run_binary(NB_B_ADD, sum, t->grad, g);
-        t->grad = sum;
+        nb__set_grad(t, sum);
         t->grad_owned = true;
     }
 }
@@ -221,11 +223,11 @@ nb_tensor *nb__leaf_grad_target(nb_tensor *t) {
 
 nb_tensor *nb__grad_to_update(nb_ctx *ctx, nb_tensor *t) {
     if (!t->grad) {
-        t->grad = nb_zeros(ctx, t->dtype, t->ndim, t->shape);
+        nb__set_grad(t, nb_zeros(ctx, t->dtype, t->ndim, t->shape));
     } else if (!t->grad_owned) { /* Note [Adopted gradients]: copy before writing */
         nb_tensor *own = nb__empty(ctx, t->dtype, t->ndim, t->shape);
         nb__run_copy(own, t->grad);
-        t->grad = own;
+        nb__set_grad(t, own);
     }
     t->grad_owned = true;
     return t->grad;
@@ -244,8 +246,13 @@ static void leaf_used(nb_tensor *x, uint64_t id) {
     x->bw_pending++;
 }
 
-static void check_graph_tensor(const nb_tensor *x) {
-    if (x) nb__check_live("nb_backward", x);
+/* A tensor whose data the backward does not read may have been given back
+ * (Note [Memory given back]); it must still be of this step. */
+static void check_graph_tensor(const nb_tensor *x, bool read) {
+    if (!x) return;
+    if (read) nb__check_live("nb_backward", x);
+    else if (NB__RELEASED(x) || (x->ctx && x->gen != nb__ctx_gen(x->ctx)))
+        nb__stale_abort("nb_backward", x);
 }
 
 void nb_backward_ex(nb_tensor *out, const nb_backward_options *opts) {
@@ -293,11 +300,12 @@ void nb_backward_ex(nb_tensor *out, const nb_backward_options *opts) {
     start->bw_id = id;
     for (nb_node *n = start; n; n = n->prev) { /* pass 1 (Note [Tape]) */
         if (n->bw_id != id) continue;
-        n->out->grad = NULL;
-        for (int k = 0; k < NB_NODE_SAVED; k++) check_graph_tensor(n->saved[k]);
+        nb__set_grad(n->out, NULL);
+        for (int k = 0; k < NB_NODE_SAVED; k++) check_graph_tensor(n->saved[k], true);
+        if (n->reads & NB__READS_OUT) check_graph_tensor(n->out, true);
         for (int i = 0; i < n->n_in; i++) {
             nb_tensor *x = n->in[i];
-            check_graph_tensor(x);
+            check_graph_tensor(x, n->reads & NB__READS_IN);
             if (!x || !x->requires_grad) continue;
             if (x->node) {
                 NB_CHECK(x->node->ctx == ctx,
@@ -309,13 +317,21 @@ void nb_backward_ex(nb_tensor *out, const nb_backward_options *opts) {
             }
         }
     }
+    /* Note [Memory given back] in tensor/memory.c: the nodes' references
+     * are counted before any is dropped. */
+    for (nb_node *n = start; n; n = n->prev)
+        if (n->bw_id == id) nb__node_acquire(n);
     bool prev = nb_set_grad_enabled(false);
-    out->grad = nb__empty(ctx, out->dtype, out->ndim, out->shape);
+    nb__set_grad(out, nb__empty(ctx, out->dtype, out->ndim, out->shape));
     nb__run_copy(out->grad, grad_out);
     out->grad_owned = true;
     for (nb_node *n = start; n; n = n->prev) { /* pass 2 */
         if (n->bw_id != id) continue;
-        if (n->out->grad) n->backward(ctx, n, n->out->grad);
+        if (n->out->grad) {
+            nb__window_open(ctx);
+            n->backward(ctx, n, n->out->grad);
+            nb__window_close();
+        }
         for (int i = 0; i < n->n_in; i++) {
             nb_tensor *x = n->in[i];
             if (!x || !x->requires_grad || x->node) continue;
@@ -323,8 +339,13 @@ void nb_backward_ex(nb_tensor *out, const nb_backward_options *opts) {
         }
         n->bw_id = 0;
         n->walked = !o.retain_graph;
+        /* Note [Memory given back]: the library's gradients always go (as
+         * PyTorch's non-leaf ones do), what the tape saved unless retained */
+        if (n->out->mem && n->out->mem->library) nb__drop_grad(n->out);
+        if (!o.retain_graph) nb__node_release(n);
     }
     nb_set_grad_enabled(prev);
+    nb__ctx_note_backward(ctx);
 }
 
 void nb_backward_with(nb_tensor *out, nb_tensor *grad_out) {
@@ -393,6 +414,7 @@ void nb_set_grad(nb_tensor *t, nb_tensor *grad) {
              "nb_set_grad: gradient %s %s does not match tensor %s %s",
              grad ? nb_dtype_name(grad->dtype) : "", grad ? nb_shape_str(grad) : "",
              nb_dtype_name(t->dtype), nb_shape_str(t));
-    t->grad = grad;
+    if (t->node) nb__set_grad(t, grad);
+    else t->grad = grad;
     t->grad_owned = false;
 }

@@ -155,6 +155,7 @@ nb_tensor *nb_sync_batch_norm(nb_ctx *ctx, nb_pg *pg, nb_tensor *x, nb_tensor *w
         node->saved[1] = mean;
         node->saved[2] = invstd;
         node->saved[3] = stats;
+        for (int k = 0; k < 4; k++) nb__mem_internal(node, node->saved[k]);
     }
     return y;
 }

@@ -134,7 +134,7 @@ static nb_tensor *gpt_forward(nb_module *m, nb_ctx *ctx, nb_tensor *idx) {
 }
 
 nb_tensor *nb_gpt_forward(nb_module *gpt_m, nb_ctx *ctx, nb_tensor *idx) {
-    return gpt_forward(gpt_m, ctx, idx);
+    return nb_module_forward(gpt_m, ctx, idx);
 }
 
 nb_tensor *nb_gpt_loss(nb_ctx *ctx, nb_tensor *logits, nb_tensor *targets) {
@@ -260,4 +260,28 @@ double nb_gpt_flops_per_token(nb_module *m, int64_t seq_len) {
              (long long)seq_len, (long long)g->cfg.block_size);
     return 6.0 * (double)nb_gpt_num_params_non_embedding(m) +
            12.0 * g->cfg.n_layer * (double)seq_len * (double)g->cfg.n_embd;
+}
+
+nb_memory_floor nb_gpt_memory_floor(nb_module *m, int64_t batch, int64_t seq_len,
+                                    int optim_states) {
+    gpt *g = nb_module_self(m, &gpt_type);
+    NB_CHECK(batch > 0 && seq_len > 0 && seq_len <= g->cfg.block_size && optim_states >= 0,
+             "nb_gpt_memory_floor: batch %lld, seq_len %lld (block_size %lld) and optim_states "
+             "%d must be positive", (long long)batch, (long long)seq_len,
+             (long long)g->cfg.block_size, optim_states);
+    size_t e = nb_dtype_size(g->dtype), p = (size_t)nb_module_num_params(m) * e;
+    double n = (double)batch, t = (double)seq_len, c = (double)g->cfg.n_embd,
+           h = g->cfg.n_head, v = (double)g->cfg.vocab_size;
+    /* per block: x, ln_1(x), y, x + attn, ln_2(.) (5 NTC), qkv (3 NTC), the
+     * MLP's pre-activation and GELU (8 NTC), the probabilities (N H T T),
+     * two layer norms' mean and rstd (4 NT); then ln_f's input, output and
+     * statistics */
+    double block = 16 * n * t * c + n * h * t * t + 4 * n * t;
+    double saved = g->cfg.n_layer * block + 2 * n * t * c + 2 * n * t;
+    return (nb_memory_floor){p, p, (size_t)optim_states * p, (size_t)(saved * (double)e),
+                             (size_t)(n * t * v * (double)e)};
+}
+
+size_t nb_memory_floor_total(const nb_memory_floor *f) {
+    return f->params + f->grads + f->optim_state + f->saved + f->logits;
 }

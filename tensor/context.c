@@ -81,6 +81,7 @@
  * bf16-rounded operands; a CPU without AVX512_BF16 is slower, not wrong.
  * f16 is refused on the CPU: it would need loss scaling (5 exponent bits)
  * and buys nothing without an f16 GEMM; bf16 has f32's exponent range. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -108,12 +109,22 @@ typedef struct block {
     size_t size, used;
 } block;
 
+/* A range given back inside a block (Note [Free ranges]). */
+typedef struct span {
+    char *p;
+    size_t size;
+    block *b;
+} span;
+
 typedef struct arena {
     block *first, *cur;
     size_t used, peak, reserved;
     int n_blocks;
     const nb__backend *be; /* whose memory (meta arenas: the CPU's) */
     int device;
+    span *free;            /* sorted by address; host memory (malloc) */
+    int n_free, cap_free;
+    size_t extent, extent_peak; /* bytes below the blocks' bump pointers, and its largest */
 } arena;
 
 #define META_BYTES (64 * 1024)
@@ -122,6 +133,10 @@ struct nb_ctx {
     nb__ctx_head head; /* first: Note [Stale tensors] */
     nb_device device;
     nb_dtype compute_dtype;
+    bool give_back;    /* Note [Memory given back] in tensor/memory.c */
+    bool warned_growth;
+    int backwards;     /* backward passes since the last reset */
+    size_t used_mark;  /* nb_ctx_used at the GROWTH_FROM-th of them */
     arena data;
     arena meta[2]; /* meta[head.gen & 1] is in use; meta[1] is made at the first reset */
     nb_node *tape;
@@ -169,13 +184,108 @@ static void arena_release(arena *a) {
         be->mem_free(dev, b->mem);
         free(b);
     }
+    free(a->free);
     memset(a, 0, sizeof *a);
     a->be = be;
     a->device = dev;
 }
 
+/* Note [Free ranges]
+ * Memory given back within a step (Note [Memory given back] in
+ * tensor/memory.c) goes to a free list of the arena: ranges inside its
+ * blocks, kept sorted by address in a small host array (device memory
+ * cannot hold list links), merged with their neighbours in the same block,
+ * and folded into the bump pointer when they reach it. An allocation takes
+ * the smallest range that fits (best fit, splitting off the rest) before it
+ * bumps. The array grows by doubling and survives resets, so the steady
+ * state makes no system allocation; a reset empties it in O(1). `used`
+ * counts the bytes handed out and not given back, so nb_ctx_peak is the
+ * largest live total; nb_ctx_extent says how much of the blocks was ever
+ * touched (live bytes plus the holes between them). */
+static int span_find(const arena *a, const char *p) { /* first span at or after p */
+    int lo = 0, hi = a->n_free;
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (a->free[mid].p < p) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+static void span_remove(arena *a, int i) {
+    memmove(&a->free[i], &a->free[i + 1], (size_t)(a->n_free - i - 1) * sizeof *a->free);
+    a->n_free--;
+}
+
+static void *take_free(arena *a, size_t need) {
+    int best = -1;
+    for (int i = 0; i < a->n_free; i++)
+        if (a->free[i].size >= need && (best < 0 || a->free[i].size < a->free[best].size)) {
+            best = i;
+            if (a->free[i].size == need) break;
+        }
+    if (best < 0) return NULL;
+    span *s = &a->free[best];
+    void *p = s->p;
+    if (s->size == need) span_remove(a, best);
+    else s->p += need, s->size -= need;
+    return p;
+}
+
+static void arena_give_back(arena *a, void *ptr, size_t bytes) {
+    size_t need = round_up(bytes ? bytes : 1, NB_ALIGN);
+    char *p = ptr;
+    block *b = a->first;
+    while (b && !(p >= b->mem && p + need <= b->mem + b->used)) b = b->next;
+    NB_CHECK(b, "nb_ctx: memory given back (%zu bytes at %p) is not handed out by this context",
+             bytes, ptr);
+    if (host_memory(a)) POISON(p, need);
+    a->used -= need;
+    int i = span_find(a, p);
+    if (p + need == b->mem + b->used) { /* the top of its block: fold into the bump pointer */
+        b->used -= need;
+        a->extent -= need;
+        if (i > 0 && a->free[i - 1].b == b &&
+            a->free[i - 1].p + a->free[i - 1].size == b->mem + b->used) {
+            b->used -= a->free[i - 1].size;
+            a->extent -= a->free[i - 1].size;
+            span_remove(a, i - 1);
+        }
+        return;
+    }
+    bool left = i > 0 && a->free[i - 1].b == b && a->free[i - 1].p + a->free[i - 1].size == p;
+    bool right = i < a->n_free && a->free[i].b == b && p + need == a->free[i].p;
+    if (left && right) {
+        a->free[i - 1].size += need + a->free[i].size;
+        span_remove(a, i);
+    } else if (left) {
+        a->free[i - 1].size += need;
+    } else if (right) {
+        a->free[i].p = p;
+        a->free[i].size += need;
+    } else {
+        if (a->n_free == a->cap_free) {
+            int cap = a->cap_free ? 2 * a->cap_free : 64;
+            span *f = realloc(a->free, (size_t)cap * sizeof *f);
+            NB_CHECK(f, "nb_ctx: out of memory growing the free list to %d ranges", cap);
+            a->free = f;
+            a->cap_free = cap;
+        }
+        memmove(&a->free[i + 1], &a->free[i], (size_t)(a->n_free - i) * sizeof *a->free);
+        a->free[i] = (span){p, need, b};
+        a->n_free++;
+    }
+}
+
 static void *arena_alloc(arena *a, size_t bytes, const char *what) {
     size_t need = round_up(bytes ? bytes : 1, NB_ALIGN);
+    void *reused = a->n_free ? take_free(a, need) : NULL;
+    if (reused) {
+        a->used += need;
+        if (a->used > a->peak) a->peak = a->used;
+        if (host_memory(a)) UNPOISON(reused, bytes);
+        return reused;
+    }
     block *b = a->cur;
     if (b->used + need > b->size) {
         /* Blocks double, so that a step's memory settles in a few blocks
@@ -203,6 +313,8 @@ static void *arena_alloc(arena *a, size_t bytes, const char *what) {
     b->used += need;
     a->used += need;
     if (a->used > a->peak) a->peak = a->used;
+    a->extent += need;
+    if (a->extent > a->extent_peak) a->extent_peak = a->extent;
     if (host_memory(a)) UNPOISON(p, bytes);
     return p;
 }
@@ -212,15 +324,18 @@ static void *arena_alloc(arena *a, size_t bytes, const char *what) {
  * only when the arena grew, not in the steady state). */
 static void arena_reset(arena *a, bool fresh) {
     if (a->n_blocks > 1 || fresh) {
-        size_t total = a->reserved, peak = a->peak;
+        size_t total = a->reserved, peak = a->peak, extent = a->extent_peak;
         arena_release(a);
         arena_init(a, total, a->be, a->device);
         a->peak = peak;
+        a->extent_peak = extent;
     } else {
         if (host_memory(a)) POISON(a->first->mem, a->first->used);
         a->first->used = 0;
         a->cur = a->first;
         a->used = 0;
+        a->extent = 0;
+        a->n_free = 0;
     }
 }
 
@@ -240,6 +355,7 @@ nb_ctx *nb_ctx_new(nb_device device, size_t initial_bytes) {
     NB_CHECK(ctx, "nb_ctx_new: out of memory");
     ctx->device = device;
     ctx->compute_dtype = NB_F32;
+    ctx->give_back = true;
     arena_init(&ctx->data, initial_bytes ? initial_bytes : NB_DEFAULT_BYTES,
                nb__backend_of(device), device.index);
     arena_init(&ctx->meta[0], META_BYTES, &nb__cpu_backend, 0);
@@ -281,12 +397,60 @@ void nb_ctx_reset(nb_ctx *ctx) {
     if (m->first) arena_reset(m, FRESH_META);
     else arena_init(m, META_BYTES, &nb__cpu_backend, 0);
     ctx->tape = NULL;
+    ctx->backwards = 0;
 }
+
+/* Note [Growing contexts]
+ * A program that forgets nb_ctx_reset keeps every step's tensors: the
+ * context grows by a step's worth each iteration until memory runs out,
+ * with nothing to say why (a report: 2.5 MiB a step, to 5 GiB). A training
+ * step makes one backward pass, a few with gradient accumulation; so when
+ * a context has seen GROWTH_AT backward passes without a reset and holds
+ * more than at the GROWTH_FROM-th, it says so once, on stderr, with the
+ * hint. Evaluation loops make no backward pass and are not counted. */
+#define GROWTH_FROM 50
+#define GROWTH_AT 100
+
+void nb__ctx_note_backward(nb_ctx *ctx) {
+    if (ctx->warned_growth) return;
+    ctx->backwards++;
+    if (ctx->backwards == GROWTH_FROM) ctx->used_mark = ctx->data.used;
+    if (ctx->backwards < GROWTH_AT || ctx->data.used <= ctx->used_mark) return;
+    ctx->warned_growth = true;
+    fprintf(stderr,
+            "nabla: warning: a context on %s has seen %d backward passes since its last reset and "
+            "keeps growing (%.1f MiB in use, %.1f MiB %d passes ago): everything a step makes "
+            "stays until nb_ctx_reset; call nb_ctx_reset(ctx) once per step, after the optimizer "
+            "step (docs/troubleshooting.md, \"Memory grows every step\")\n",
+            nb_device_name(ctx->device), ctx->backwards, ctx->data.used / 1048576.0,
+            ctx->used_mark / 1048576.0, GROWTH_AT - GROWTH_FROM);
+}
+
+bool nb__ctx_gives_back(const nb_ctx *ctx) { return ctx->give_back; }
+
+void nb_ctx_set_give_back(nb_ctx *ctx, int on) { ctx->give_back = on != 0; }
+
+void nb__ctx_give_back(nb_ctx *ctx, void *p, size_t bytes) { arena_give_back(&ctx->data, p, bytes); }
 
 static bool in_arena(const arena *a, const void *p) {
     for (const block *b = a->first; b; b = b->next)
         if ((const char *)p >= b->mem && (const char *)p < b->mem + b->used) return true;
     return false;
+}
+
+/* Note [Memory given back] in tensor/memory.c: the struct is intact (this
+ * step's), its storage's memory was reused. */
+static NB_NORETURN void nb__given_back_abort(const char *op, const nb_tensor *t) {
+    const nb_tensor *made = t->mem->t;
+    const char *by = made->node ? made->node->op : t->node ? t->node->op : NULL;
+    nb_abort(__FILE__, __LINE__,
+             "%s: tensor%s%s%s %s %s%s%s was given back to its context during the step (the "
+             "library made it inside a module's forward or a backward, and gives such memory "
+             "back once nothing needs it: after the backward that used it, or at once when no "
+             "op saved it); to read it afterwards, call nb_keep() on it right after it is made "
+             "(before nb_backward), or turn giving back off with nb_ctx_set_give_back(ctx, 0)",
+             op, t->name ? " '" : "", t->name ? t->name : "", t->name ? "'" : "",
+             nb_dtype_name(t->dtype), nb_shape_str(t), by ? " made by " : "", by ? by : "");
 }
 
 /* Note [Stale tensors]. The name and shape are read only where the struct
@@ -296,6 +460,9 @@ void nb__stale_abort(const char *op, const nb_tensor *t) {
         "a tensor lives until the next nb_ctx_reset of its context: read what you keep "
         "across steps out before the reset (nb_item, nb_to_host) or nb_copy_ it into a "
         "tensor of a context that is not reset";
+    if (!NB__RELEASED(t) && t->ctx && t->gen == nb__ctx_gen(t->ctx) && t->mem &&
+        t->mem->given_back)
+        nb__given_back_abort(op, t);
     if (NB__RELEASED(t))
         nb_abort(__FILE__, __LINE__,
                  "%s: a tensor made before a reset of its context was used (its memory was "
@@ -317,6 +484,7 @@ nb_device nb_ctx_device(const nb_ctx *ctx) { return ctx->device; }
 size_t nb_ctx_used(const nb_ctx *ctx) { return ctx->data.used; }
 size_t nb_ctx_peak(const nb_ctx *ctx) { return ctx->data.peak; }
 size_t nb_ctx_reserved(const nb_ctx *ctx) { return ctx->data.reserved; }
+size_t nb_ctx_extent(const nb_ctx *ctx) { return ctx->data.extent_peak; }
 
 void *nb_ctx_alloc(nb_ctx *ctx, size_t bytes, int zero) {
     void *p = arena_alloc(&ctx->data, bytes, "tensor data");

@@ -41,7 +41,58 @@ struct nb_node {
     nb_ctx *ctx;
     uint64_t bw_id;        /* backward pass that marked it needed */
     bool walked;           /* a backward without retain_graph went through it */
+    uint8_t refs;          /* NB__REFS_*: its references (Note [Memory given back]) */
+    uint8_t reads;         /* NB__READS_*: what its backward reads besides saved[] */
 };
+
+/* ---- memory given back within a step (tensor/memory.c) ---- */
+enum { NB__REFS_NONE, NB__REFS_HELD, NB__REFS_DROPPED };
+/* The data a backward function reads: the inputs' (the default) and the
+ * output's (exp, tanh, softmax, ...); an op whose backward needs only
+ * shapes (add, views, casts, sums) reads neither, so its inputs can go
+ * before it runs. Saved tensors are always read. */
+enum { NB__READS_IN = 1, NB__READS_OUT = 2 };
+static inline void nb__node_reads(nb_node *n, unsigned reads) {
+    if (n) n->reads = (uint8_t)reads;
+}
+/* A storage's record: Note [Memory given back] in tensor/memory.c. */
+typedef struct nb__mem {
+    nb_tensor *t;     /* the tensor it was made for (messages, context) */
+    void *data;
+    size_t bytes;
+    int32_t refs;     /* nodes of the tape and gradients' holders using it */
+    bool library;     /* the library's (may be given back), else the user's */
+    bool scoped;      /* on an open frame's list: that frame decides */
+    bool given_back;
+    struct nb__mem *next;
+} nb__mem;
+/* Gives t (made by nb__empty, `bytes` of data) its record when ctx gives back. */
+void nb__mem_new(nb_ctx *ctx, nb_tensor *t, size_t bytes);
+/* t, saved by node n, was made by the op itself: the library's. */
+void nb__mem_internal(nb_node *n, nb_tensor *t);
+void nb__keep(nb_tensor *t);
+/* A module's forward: tensors made in ctx between enter and exit are the
+ * library's; at exit those nothing uses are given back, and ret (the
+ * returned tensor) becomes the user's when no other forward is open. */
+void nb__scope_enter(nb_ctx *ctx);
+void nb__scope_exit(nb_ctx *ctx, nb_tensor *ret);
+/* A backward function's call: what it made and no tensor adopted as its
+ * gradient is given back at close. */
+void nb__window_open(nb_ctx *ctx);
+void nb__window_close(void);
+bool nb__in_forward_scope(void);
+/* The tape's references on a node's tensors, taken once and dropped once. */
+void nb__node_acquire(nb_node *n);
+void nb__node_release(nb_node *n);
+/* t->grad = g, holding g's storage and dropping the old one's hold. */
+void nb__set_grad(nb_tensor *t, nb_tensor *g);
+/* Drops t's hold on its gradient (t->grad stays, to be reported if read). */
+void nb__drop_grad(nb_tensor *t);
+/* ---- the context's side of it (tensor/context.c) ---- */
+bool nb__ctx_gives_back(const nb_ctx *ctx);
+void nb__ctx_give_back(nb_ctx *ctx, void *p, size_t bytes);
+/* Counts backward passes since the last reset (Note [Growing contexts]). */
+void nb__ctx_note_backward(nb_ctx *ctx);
 
 /* ---- contexts ---- */
 /* Newest node of the context's tape, and a link hook for nb__record. */
@@ -102,7 +153,9 @@ int __asan_address_is_poisoned(void const volatile *addr);
 #endif
 NB_NORETURN void nb__stale_abort(const char *op, const nb_tensor *t);
 static inline void nb__check_live(const char *op, const nb_tensor *t) {
-    if (NB__RELEASED(t) || (t->ctx && t->gen != nb__ctx_gen(t->ctx))) nb__stale_abort(op, t);
+    if (NB__RELEASED(t) || (t->ctx && (t->gen != nb__ctx_gen(t->ctx) ||
+                                       (t->mem && t->mem->given_back))))
+        nb__stale_abort(op, t);
 }
 
 /* Broadcast shape of a and b into out (returns its ndim); aborts naming op. */

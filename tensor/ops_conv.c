@@ -128,6 +128,8 @@ nb_tensor *nb_conv2d(nb_ctx *ctx, nb_tensor *x, nb_tensor *weight, nb_tensor *bi
     if (node) {
         node->saved[0] = xc;
         node->saved[1] = wc;
+        nb__mem_internal(node, xc);
+        nb__mem_internal(node, wc);
         node->extra = g;
     }
     return out;

@@ -25,6 +25,9 @@ nb_tensor *nb_dropout(nb_ctx *ctx, nb_tensor *x, double p, bool training, nb_rng
     nb__backend_at(x)->dropout(out, mask, xc, p, rng->seed, rng->offset);
     rng->offset += (uint64_t)(n + 3) / 4;
     nb_node *node = nb__record(ctx, "nb_dropout", dropout_backward, out, 1, &x);
-    if (node) node->saved[0] = mask;
+    if (node) {
+        node->saved[0] = mask;
+        nb__mem_internal(node, mask);
+    }
     return out;
 }

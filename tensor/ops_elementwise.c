@@ -24,6 +24,10 @@ const char *nb__binary_name(nb__binary_op op) {
 }
 
 /* ---- binary ---- */
+static void add_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g);
+static void sub_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g);
+static void div_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g);
+
 static nb_tensor *binary(nb_ctx *ctx, const char *name, nb__binary_op op, nb_tensor *a,
                          nb_tensor *b, nb_backward_fn bw) {
     nb__check_ctx(name, ctx, a);
@@ -36,7 +40,10 @@ static nb_tensor *binary(nb_ctx *ctx, const char *name, nb__binary_op op, nb_ten
     nb_tensor *out = nb__empty(ctx, a->dtype, nd, shape);
     nb__run_binary(op, out, a, b);
     nb_tensor *in[2] = {a, b};
-    nb__record(ctx, name, bw, out, 2, in);
+    nb_node *n = nb__record(ctx, name, bw, out, 2, in);
+    /* Note [Memory given back]: what each backward reads */
+    if (bw == add_backward || bw == sub_backward) nb__node_reads(n, 0);
+    else if (bw == div_backward) nb__node_reads(n, NB__READS_IN | NB__READS_OUT);
     return out;
 }
 
@@ -118,6 +125,7 @@ static nb_tensor *unary(nb_ctx *ctx, const char *name, nb__unary_op op, nb_tenso
     nb__run_unary(op, out, a, s);
     nb_node *n = nb__record(ctx, name, bw, out, 1, &a);
     if (n) n->f[0] = s;
+    nb__node_reads(n, NB__READS_IN | NB__READS_OUT); /* some derivatives come from the output */
     return out;
 }
 

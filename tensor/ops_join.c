@@ -53,6 +53,7 @@ nb_tensor *nb_concat(nb_ctx *ctx, int n, nb_tensor *const *xs, int axis) {
         off += shape[ax];
     }
     nb_node *node = nb__record(ctx, "nb_concat", concat_backward, out, n, xs);
+    nb__node_reads(node, 0);
     if (node) node->i[0] = ax;
     return out;
 }

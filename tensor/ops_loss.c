@@ -54,6 +54,10 @@ nb_tensor *nb_cross_entropy(nb_ctx *ctx, nb_tensor *logits, nb_tensor *targets,
         node->saved[1] = tc;
         node->saved[2] = lse;
         node->saved[3] = cnt;
+        nb__mem_internal(node, xc);
+        if (tc != targets) nb__mem_internal(node, tc); /* targets is no input */
+        nb__mem_internal(node, lse);
+        nb__mem_internal(node, cnt);
         node->f[1] = o.label_smoothing;
         node->i[0] = o.ignore_index;
     }

@@ -104,7 +104,10 @@ static nb_tensor *matmul_impl_ex(nb_ctx *ctx, const char *name, nb_tensor *a, nb
     if (node) {
         node->i[0] = ta;
         node->i[1] = tb;
-        if (pre) node->saved[0] = *pre;
+        if (pre) {
+            node->saved[0] = *pre;
+            nb__mem_internal(node, *pre);
+        }
     }
     return out;
 }

@@ -76,6 +76,7 @@ nb_tensor *nb_layer_norm(nb_ctx *ctx, nb_tensor *x, int norm_ndim, nb_tensor *we
         n->saved[1] = mean;
         n->saved[2] = rstd;
         n->saved[3] = wc;
+        for (int k = 0; k < 4; k++) nb__mem_internal(n, n->saved[k]);
         n->i[0] = m;
         n->i[1] = d;
     }
@@ -150,6 +151,7 @@ nb_tensor *nb_batch_norm(nb_ctx *ctx, nb_tensor *x, nb_tensor *weight, nb_tensor
         node->saved[1] = mean;
         node->saved[2] = invstd;
         node->saved[3] = wc;
+        for (int k = 0; k < 4; k++) nb__mem_internal(node, node->saved[k]);
         node->i[0] = n;
         node->i[1] = c;
         node->i[2] = s;

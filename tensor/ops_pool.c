@@ -68,6 +68,7 @@ nb_tensor *nb_max_pool2d(nb_ctx *ctx, nb_tensor *x, const nb_pool2d_opts *opts) 
     nb_node *node = nb__record(ctx, "nb_max_pool2d", max_pool_backward, out, 1, &x);
     if (node) {
         node->saved[0] = arg;
+        nb__mem_internal(node, arg);
         node->extra = g;
     }
     return out;

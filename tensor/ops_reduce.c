@@ -100,6 +100,7 @@ static nb_tensor *sum_impl(nb_ctx *ctx, const char *op, nb_tensor *x, int naxes,
     nb_tensor *out = nb__empty(ctx, x->dtype, p.out_ndim, p.out_shape);
     nb__backend_at(out)->sum_rows(out, rows, p.outer, p.inner, scale);
     nb_node *n = nb__record(ctx, op, sum_backward, out, 1, &x);
+    nb__node_reads(n, 0);
     if (n) {
         save_plan(ctx, n, &p);
         n->f[0] = scale;
@@ -145,6 +146,7 @@ nb_tensor *nb_max(nb_ctx *ctx, nb_tensor *x, int naxes, const int *axes, bool ke
     if (n) {
         save_plan(ctx, n, &p);
         n->saved[0] = arg;
+        nb__mem_internal(n, arg);
     }
     return out;
 }
@@ -177,6 +179,7 @@ nb_tensor *nb_var(nb_ctx *ctx, nb_tensor *x, int naxes, const int *axes, int cor
     if (n) {
         save_plan(ctx, n, &p);
         n->saved[0] = mean;
+        nb__mem_internal(n, mean);
         n->f[0] = denom > 0 ? 2.0 / denom : NAN;
     }
     return out;

@@ -40,6 +40,7 @@ static nb_tensor *softmax_impl(nb_ctx *ctx, const char *op, nb_tensor *x, int ax
     nb_tensor *y = nb__empty(ctx, x->dtype, x->ndim, x->shape);
     nb__backend_at(x)->softmax(y, xc, outer, k, inner, take_log);
     nb_node *n = nb__record(ctx, op, softmax_backward, y, 1, &x);
+    nb__node_reads(n, NB__READS_OUT);
     if (n) {
         n->i[0] = outer;
         n->i[1] = k;
@@ -77,6 +78,7 @@ nb_tensor *nb_softmax_causal(nb_ctx *ctx, nb_tensor *x, double scale) {
     nb_tensor *y = nb__empty(ctx, x->dtype, x->ndim, x->shape);
     nb__backend_at(x)->softmax_causal(y, xc, b, t, s, scale);
     nb_node *n = nb__record(ctx, op, softmax_causal_backward, y, 1, &x);
+    nb__node_reads(n, NB__READS_OUT);
     if (n) {
         n->i[0] = b;
         n->i[1] = t;
@@ -117,6 +119,8 @@ nb_tensor *nb__causal_attention(nb_ctx *ctx, nb_tensor *qkv, int h, double scale
     if (node) {
         node->saved[0] = p;
         node->saved[1] = qc;
+        nb__mem_internal(node, p);
+        nb__mem_internal(node, qc);
         node->i[0] = h;
         node->f[0] = scale;
     }

@@ -228,6 +228,7 @@ static nb_tensor *empty_named(const char *op, nb_ctx *ctx, nb_dtype dtype, int n
     size_t bytes = (size_t)nb__numel_shape(ndim, shape) * nb_dtype_size(dtype);
     t->data = nb_ctx_alloc(ctx, bytes, 0);
     nb__backend_at(t)->poison(t->device.index, t->data, bytes);
+    nb__mem_new(ctx, t, bytes);
     return t;
 }
 
@@ -270,6 +271,14 @@ nb_tensor *nb__view(nb_ctx *ctx, nb_tensor *src, int ndim, const int64_t *shape,
     t->base = src->base ? src->base : src;
     t->ctx = ctx;
     t->gen = nb__ctx_gen(ctx);
+    t->mem = src->mem;
+    return t;
+}
+
+nb_tensor *nb_keep(nb_tensor *t) {
+    NB_CHECK(t, "nb_keep: tensor is NULL");
+    nb__check_live("nb_keep", t);
+    nb__keep(t);
     return t;
 }
 

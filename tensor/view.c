@@ -14,7 +14,7 @@ nb_tensor *nb_clone(nb_ctx *ctx, nb_tensor *x) {
     nb__check_ctx("nb_clone", ctx, x);
     nb_tensor *out = nb__empty(ctx, x->dtype, x->ndim, x->shape);
     nb__run_copy(out, x);
-    nb__record(ctx, "nb_clone", copy_backward, out, 1, &x);
+    nb__node_reads(nb__record(ctx, "nb_clone", copy_backward, out, 1, &x), 0);
     return out;
 }
 
@@ -57,7 +57,8 @@ nb_tensor *nb_to(nb_ctx *ctx, nb_tensor *x) {
     if (nb_device_eq(nb_ctx_device(ctx), x->device)) return x;
     nb_tensor *out = nb__empty(ctx, x->dtype, x->ndim, x->shape);
     nb__run_copy(out, x);
-    if (nb_dtype_is_float(x->dtype)) nb__record(ctx, "nb_to", to_backward, out, 1, &x);
+    if (nb_dtype_is_float(x->dtype))
+        nb__node_reads(nb__record(ctx, "nb_to", to_backward, out, 1, &x), 0);
     return out;
 }
 
@@ -70,7 +71,7 @@ nb_tensor *nb_cast(nb_ctx *ctx, nb_tensor *x, nb_dtype dtype) {
     nb_tensor *out = nb__empty(ctx, dtype, x->ndim, x->shape);
     nb__run_copy(out, x);
     if (nb_dtype_is_float(dtype) && nb_dtype_is_float(x->dtype))
-        nb__record(ctx, "nb_cast", nb__cast_backward, out, 1, &x);
+        nb__node_reads(nb__record(ctx, "nb_cast", nb__cast_backward, out, 1, &x), 0);
     return out;
 }
 
@@ -160,7 +161,7 @@ nb_tensor *nb_reshape(nb_ctx *ctx, nb_tensor *x, int ndim, const int64_t *shape_
         nb__contig_strides(ndim, shape, strides);
     }
     out = nb__view(ctx, src, ndim, shape, strides, src->data);
-    nb__record(ctx, "nb_reshape", reshape_backward, out, 1, &x);
+    nb__node_reads(nb__record(ctx, "nb_reshape", reshape_backward, out, 1, &x), 0);
     return out;
 }
 
@@ -241,6 +242,7 @@ nb_tensor *nb_slice(nb_ctx *ctx, nb_tensor *x, int dim, int64_t start, int64_t e
     char *data = (char *)x->data + start * x->strides[d] * (int64_t)nb_dtype_size(x->dtype);
     nb_tensor *out = nb__view(ctx, x, x->ndim, shape, strides, data);
     nb_node *n = nb__record(ctx, "nb_slice", slice_backward, out, 1, &x);
+    nb__node_reads(n, 0);
     if (n) {
         n->i[0] = 0;
         n->i[1] = d;
@@ -275,6 +277,7 @@ nb_tensor *nb_select(nb_ctx *ctx, nb_tensor *x, int dim, int64_t index) {
     char *data = (char *)x->data + index * x->strides[d] * (int64_t)nb_dtype_size(x->dtype);
     nb_tensor *out = nb__view(ctx, x, x->ndim - 1, shape, strides, data);
     nb_node *n = nb__record(ctx, "nb_select", slice_backward, out, 1, &x);
+    nb__node_reads(n, 0);
     if (n) {
         n->i[0] = 1;
         n->i[1] = d;
@@ -304,6 +307,7 @@ nb_tensor *nb_permute(nb_ctx *ctx, nb_tensor *x, const int *perm) {
     }
     nb_tensor *out = nb__view(ctx, x, x->ndim, shape, strides, x->data);
     nb_node *n = nb__record(ctx, "nb_permute", permute_backward, out, 1, &x);
+    nb__node_reads(n, 0);
     if (n)
         for (int d = 0; d < x->ndim; d++) n->i[d] = perm[d];
     return out;
@@ -336,7 +340,7 @@ nb_tensor *nb_expand(nb_ctx *ctx, nb_tensor *x, int ndim, const int64_t *shape) 
     }
     nb__broadcast_strides(x, ndim, full, strides);
     nb_tensor *out = nb__view(ctx, x, ndim, full, strides, x->data);
-    nb__record(ctx, "nb_expand", expand_backward, out, 1, &x);
+    nb__node_reads(nb__record(ctx, "nb_expand", expand_backward, out, 1, &x), 0);
     return out;
 }
 

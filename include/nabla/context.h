@@ -29,9 +29,20 @@ void nb_ctx_free(nb_ctx *ctx); /* NULL is fine */
 void nb_ctx_reset(nb_ctx *ctx);
 
 nb_device nb_ctx_device(const nb_ctx *ctx);
-size_t nb_ctx_used(const nb_ctx *ctx);     /* bytes handed out since reset */
+size_t nb_ctx_used(const nb_ctx *ctx);     /* bytes handed out and not given back */
 size_t nb_ctx_peak(const nb_ctx *ctx);     /* largest nb_ctx_used() seen */
 size_t nb_ctx_reserved(const nb_ctx *ctx); /* bytes held from the system */
+/* Largest extent of the context's blocks ever touched: the peak plus the
+ * holes that memory given back left between live tensors. */
+size_t nb_ctx_extent(const nb_ctx *ctx);
+
+/* Whether the library gives back, within a step, the memory of tensors it
+ * made for itself once nothing needs them (default on): module-internal
+ * activations after the backward that used them, non-leaf gradients,
+ * backward temporaries. Off, every tensor lives until nb_ctx_reset.
+ * Results are the same either way; only the peak memory differs. Note
+ * [Memory given back] in tensor/memory.c; nb_keep in nabla/tensor.h. */
+void nb_ctx_set_give_back(nb_ctx *ctx, int on);
 
 /* The dtype that nb_matmul and nb_conv2d compute in for f32 inputs made
  * in this context: NB_F32 (default), NB_BF16 (CPU and CUDA) or NB_F16

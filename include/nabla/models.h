@@ -80,6 +80,28 @@ nb_tensor *nb_gpt_loss(nb_ctx *ctx, nb_tensor *logits, nb_tensor *targets);
 int64_t nb_gpt_num_params_non_embedding(nb_module *gpt);
 double nb_gpt_flops_per_token(nb_module *gpt, int64_t seq_len);
 
+/* The memory a training step of the GPT cannot do without, in bytes, from
+ * its shape: its parameters, their gradients, `optim_states` tensors of
+ * optimizer state per parameter (AdamW: 2, SGD with momentum: 1), the
+ * tensors its ops keep for backward at batch (N, T) (per block: the
+ * block's input, the layer norms' outputs and statistics, qkv, the
+ * attention's probabilities (N, H, T, T) and output, the MLP's
+ * pre-activation and activation; then the final layer norm's), and the
+ * logits (N, T, V). Activations in the parameters' dtype; dropout masks
+ * (dropout > 0) are not counted. A step context's peak is this floor's
+ * `saved + logits` plus the working set of the op running at the peak
+ * (the logits' gradient, at the start of backward): Note [Memory given
+ * back] in tensor/memory.c, docs/design.md. */
+typedef struct nb_memory_floor {
+    size_t params, grads, optim_state; /* in the model's context */
+    size_t saved;                      /* what backward needs, in the step's */
+    size_t logits;                     /* the logits, in the step's */
+} nb_memory_floor;
+nb_memory_floor nb_gpt_memory_floor(nb_module *gpt, int64_t batch, int64_t seq_len,
+                                    int optim_states);
+/* Sum of every field. */
+size_t nb_memory_floor_total(const nb_memory_floor *f);
+
 /* ---- sampling ---- */
 typedef struct nb_sample_opts {
     double temperature; /* > 0; 0: always the most likely token */

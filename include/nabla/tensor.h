@@ -46,6 +46,8 @@ struct nb_tensor {
     bool bw_seen;
     bool grad_owned; /* grad was made for this tensor alone: may be added into */
     uint32_t gen;    /* ctx's generation when made: Note [Stale tensors] */
+    bool grad_held;  /* holds a reference on grad's storage: Note [Memory given back] */
+    struct nb__mem *mem; /* its storage's record (shared by views), or NULL */
 };
 
 /* A tensor with a PyTorch-style dotted name ("blocks.0.attn.qkv.weight"):
@@ -132,6 +134,13 @@ nb_tensor *nb_squeeze(nb_ctx *ctx, nb_tensor *x, int dim);
 /* ---- names and flags ---- */
 void nb_set_name(nb_tensor *t, const char *name); /* copied into t's context */
 void nb_set_requires_grad(nb_tensor *t, bool requires_grad);
+/* Makes t (and every view of its storage) the user's: it lives until its
+ * context's reset even if a module's forward made it. Needed only for a
+ * tensor made inside a module that is read after nb_backward, for
+ * example one a custom module keeps for inspection (Note [Memory given
+ * back] in tensor/memory.c; a module's returned output is the user's
+ * already). Returns t. */
+nb_tensor *nb_keep(nb_tensor *t);
 
 /* ---- printing ---- */
 /* PyTorch-style: tensor([[...]], dtype=f32, shape=(2, 3)); long

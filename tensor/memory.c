@@ -1,0 +1,202 @@
+/* What a step gives back before its context's reset: a record per
+ * storage, the frames (module forwards, backward functions) whose
+ * tensors are the library's, and the references the tape holds.
+ *
+ * Note [Memory given back]
+ * A step context is an arena reset once per step (Note [Stale tensors] in
+ * tensor/context.c); within the step it also takes memory back (Note [Free
+ * ranges]), so that the peak is what backward still needs plus one
+ * layer's working set, not the sum of everything the step made. In C there
+ * are no reference counts a user holds, so the library gives back only
+ * what it knows the user has no pointer to. The rule:
+ *
+ *  1. What the user's code made is the user's. A tensor made outside any
+ *     module's forward (the input batch, the loss, a metric, any tensor of
+ *     a program that calls the ops itself) and the tensor a module's
+ *     forward returns to the user's code (the logits) live until
+ *     nb_ctx_reset, as always.
+ *  2. What the library made for itself is the library's: a tensor made
+ *     inside nb_module_forward (or the bundled models' forwards) other than
+ *     the one the outermost forward returns; what an op made and saved for
+ *     its backward (a contiguous copy, a mask, mean and rstd); and what a
+ *     backward function made (gradients, temporaries).
+ *  3. The library's memory is given back as soon as nothing needs it:
+ *     a forward temporary that no recorded op uses, when the forward that
+ *     made it returns; what the tape uses (a node's inputs, output and
+ *     saved tensors), after the last node using it has run its backward
+ *     (never with retain_graph); a non-leaf's gradient once its node has
+ *     run and no other tensor adopted it (Note [Adopted gradients]); a
+ *     backward function's other allocations when it returns.
+ *  4. nb_keep(t) makes t the user's (call it before nb_backward on a
+ *     tensor a module made that you want to read afterwards);
+ *     nb_ctx_set_give_back(ctx, false) turns the whole mechanism off for a
+ *     context (every tensor lives until the reset, the behaviour before).
+ *
+ * Reading a tensor that was given back is reported like a stale one, by
+ * nb__check_live (every op's checks, nb_item, nb_to_host, ...): the
+ * message names the tensor, the op that made it and how to keep it. Under
+ * AddressSanitizer the memory given back is poisoned too, so a raw read
+ * through a kept data pointer is reported. Giving back changes where
+ * tensors live, never what is computed: results are bitwise those with
+ * the mechanism off (tests/test_memory.c checks training steps).
+ *
+ * Mechanics. nb__empty gives each storage a record (struct nb__mem, in the
+ * metadata arena; views share their base's). A thread-local stack of
+ * frames says who is making tensors: a scope (a module forward) or a
+ * window (a backward function's call); a new storage in the context of
+ * the innermost frame joins its list and is the library's. References:
+ * a node holds one on each of its inputs, its output and its saved tensors
+ * from the moment a scope that saw it being recorded closes or a backward
+ * that needs it starts (nb__node_acquire, once per node), and drops them
+ * after its backward ran (nb__node_release, once); a non-leaf holds one on
+ * its gradient's storage (nb__set_grad). A record whose count falls to
+ * zero outside any frame is given back if it is the library's. */
+#include <string.h>
+
+#include "tensor/internal.h"
+
+#define MAX_FRAMES 256
+
+typedef struct frame {
+    nb_ctx *ctx;
+    bool window;   /* a backward function's call (else a module's forward) */
+    nb_node *mark; /* the tape's head when a scope opened */
+    nb__mem *list; /* storages made in it, newest first */
+} frame;
+
+static _Thread_local frame frames[MAX_FRAMES];
+static _Thread_local int n_frames;
+
+static void give_back(nb__mem *m) {
+    m->given_back = true;
+    nb__ctx_give_back(m->t->ctx, m->data, m->bytes);
+}
+
+static void push(frame *f, nb__mem *m) {
+    m->next = f->list;
+    f->list = m;
+    m->scoped = true;
+}
+
+void nb__mem_new(nb_ctx *ctx, nb_tensor *t, size_t bytes) {
+    if (!nb__ctx_gives_back(ctx)) return;
+    nb__mem *m = nb__ctx_meta(ctx, sizeof *m);
+    m->t = t;
+    m->data = t->data;
+    m->bytes = bytes;
+    t->mem = m;
+    frame *f = n_frames ? &frames[n_frames - 1] : NULL;
+    if (f && f->ctx == ctx) {
+        m->library = true;
+        push(f, m);
+    }
+}
+
+static void mem_hold(nb__mem *m) {
+    if (m) m->refs++;
+}
+
+static void mem_drop(nb__mem *m) {
+    if (!m) return;
+    NB_CHECK(m->refs > 0, "nb_backward: internal error: a reference dropped twice on a %s tensor",
+             nb_shape_str(m->t));
+    if (--m->refs == 0 && m->library && !m->scoped && !m->given_back) give_back(m);
+}
+
+void nb__keep(nb_tensor *t) {
+    if (t->mem) t->mem->library = false;
+}
+
+void nb__mem_internal(nb_node *n, nb_tensor *t) {
+    nb__mem *m = t ? t->mem : NULL;
+    if (!m || m->library) return;
+    if (n->out && n->out->mem == m) return;
+    for (int i = 0; i < n->n_in; i++)
+        if (n->in[i] && n->in[i]->mem == m) return;
+    m->library = true; /* made by the op for its backward: no user has it */
+}
+
+static void node_refs(nb_node *n, void (*fn)(nb__mem *)) {
+    if (n->reads & NB__READS_OUT) fn(n->out->mem);
+    if (n->reads & NB__READS_IN)
+        for (int i = 0; i < n->n_in; i++)
+            if (n->in[i]) fn(n->in[i]->mem);
+    for (int k = 0; k < NB_NODE_SAVED; k++)
+        if (n->saved[k]) fn(n->saved[k]->mem);
+}
+
+void nb__node_acquire(nb_node *n) {
+    if (n->refs != NB__REFS_NONE) return;
+    n->refs = NB__REFS_HELD;
+    node_refs(n, mem_hold);
+}
+
+void nb__node_release(nb_node *n) {
+    if (n->refs != NB__REFS_HELD) return;
+    n->refs = NB__REFS_DROPPED;
+    node_refs(n, mem_drop);
+}
+
+void nb__set_grad(nb_tensor *t, nb_tensor *g) {
+    nb__mem *old = t->grad_held && t->grad ? t->grad->mem : NULL;
+    t->grad = g;
+    t->grad_held = g && g->mem;
+    if (t->grad_held) mem_hold(g->mem);
+    mem_drop(old);
+}
+
+void nb__drop_grad(nb_tensor *t) {
+    if (!t->grad_held) return;
+    t->grad_held = false;
+    mem_drop(t->grad->mem);
+}
+
+static void open_frame(nb_ctx *ctx, bool window) {
+    NB_CHECK(n_frames < MAX_FRAMES, "nb_module_forward: modules nested more than %d deep",
+             MAX_FRAMES);
+    frames[n_frames++] = (frame){ctx, window, nb__ctx_tape(ctx), NULL};
+}
+
+/* The frame's survivors move to the frame below, or leave frames. */
+static void close_frame(frame *f, bool (*survives)(const nb__mem *m, const nb__mem *ret),
+                        const nb__mem *ret) {
+    frame *parent = n_frames > 1 ? &frames[n_frames - 2] : NULL;
+    for (nb__mem *m = f->list, *next; m; m = next) {
+        next = m->next;
+        m->next = NULL;
+        m->scoped = false;
+        if (!survives(m, ret)) give_back(m);
+        else if (parent && parent->ctx == f->ctx) push(parent, m);
+        else if (m == ret && !f->window) m->library = false; /* rule 1: the user's now */
+    }
+    n_frames--;
+}
+
+static bool scope_survivor(const nb__mem *m, const nb__mem *ret) {
+    return m == ret || m->refs > 0 || !m->library;
+}
+
+void nb__scope_enter(nb_ctx *ctx) { open_frame(ctx, false); }
+
+void nb__scope_exit(nb_ctx *ctx, nb_tensor *ret) {
+    NB_CHECK(n_frames > 0 && !frames[n_frames - 1].window && frames[n_frames - 1].ctx == ctx,
+             "nb_module_forward: internal error: unbalanced forward scopes");
+    frame *f = &frames[n_frames - 1];
+    for (nb_node *n = nb__ctx_tape(ctx); n && n != f->mark; n = n->prev) nb__node_acquire(n);
+    close_frame(f, scope_survivor, ret ? ret->mem : NULL);
+}
+
+void nb__window_open(nb_ctx *ctx) { open_frame(ctx, true); }
+
+static bool window_survivor(const nb__mem *m, const nb__mem *ret) {
+    (void)ret;
+    return m->refs > 0 || !m->library;
+}
+
+void nb__window_close(void) {
+    NB_CHECK(n_frames > 0 && frames[n_frames - 1].window,
+             "nb_backward: internal error: unbalanced backward windows");
+    close_frame(&frames[n_frames - 1], window_survivor, NULL);
+}
+
+bool nb__in_forward_scope(void) { return n_frames > 0 && !frames[n_frames - 1].window; }
