@@ -432,6 +432,10 @@ void nb_ctx_set_give_back(nb_ctx *ctx, int on) { ctx->give_back = on != 0; }
 
 void nb__ctx_give_back(nb_ctx *ctx, void *p, size_t bytes) { arena_give_back(&ctx->data, p, bytes); }
 
+void nb__ctx_scratch_done(nb_ctx *ctx, void *p, size_t bytes) {
+    if (ctx->give_back) arena_give_back(&ctx->data, p, bytes);
+}
+
 static bool in_arena(const arena *a, const void *p) {
     for (const block *b = a->first; b; b = b->next)
         if ((const char *)p >= b->mem && (const char *)p < b->mem + b->used) return true;
@@ -448,9 +452,15 @@ static NB_NORETURN void nb__given_back_abort(const char *op, const nb_tensor *t)
              "library made it inside a module's forward or a backward, and gives such memory "
              "back once nothing needs it: after the backward that used it, or at once when no "
              "op saved it); to read it afterwards, call nb_keep() on it right after it is made "
-             "(before nb_backward), or turn giving back off with nb_ctx_set_give_back(ctx, 0)",
+             "(before nb_backward), or turn giving back off with nb_ctx_set_give_back(ctx, 0)%s",
              op, t->name ? " '" : "", t->name ? t->name : "", t->name ? "'" : "",
-             nb_dtype_name(t->dtype), nb_shape_str(t), by ? " made by " : "", by ? by : "");
+             nb_dtype_name(t->dtype), nb_shape_str(t), by ? " made by " : "", by ? by : "",
+             strcmp(op, "nb_backward") == 0
+                 ? "; an earlier nb_backward walked a graph that used it and gave it back after "
+                   "its last use: to backpropagate through that part again, pass retain_graph "
+                   "to the earlier one, nb_backward_ex(loss, &(nb_backward_options)"
+                   "{.retain_graph = true})"
+                 : "");
 }
 
 /* Note [Stale tensors]. The name and shape are read only where the struct

@@ -91,6 +91,10 @@ void nb__drop_grad(nb_tensor *t);
 /* ---- the context's side of it (tensor/context.c) ---- */
 bool nb__ctx_gives_back(const nb_ctx *ctx);
 void nb__ctx_give_back(nb_ctx *ctx, void *p, size_t bytes);
+/* A kernel's scratch (nb_ctx_alloc) that nothing reads after the kernel:
+ * given back where ctx gives back. On CUDA, call it after the last launch
+ * that uses it: a later kernel reusing the memory runs after on the stream. */
+void nb__ctx_scratch_done(nb_ctx *ctx, void *p, size_t bytes);
 /* Counts backward passes since the last reset (Note [Growing contexts]). */
 void nb__ctx_note_backward(nb_ctx *ctx);
 

@@ -27,6 +27,15 @@ const char *nb__binary_name(nb__binary_op op) {
 static void add_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g);
 static void sub_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g);
 static void div_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g);
+static void pass_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g);
+static void scale_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g);
+static void neg_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g);
+static void exp_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g);
+static void sqrt_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g);
+static void rsqrt_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g);
+static void tanh_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g);
+static void sigmoid_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g);
+static void relu_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g);
 
 static nb_tensor *binary(nb_ctx *ctx, const char *name, nb__binary_op op, nb_tensor *a,
                          nb_tensor *b, nb_backward_fn bw) {
@@ -125,7 +134,11 @@ static nb_tensor *unary(nb_ctx *ctx, const char *name, nb__unary_op op, nb_tenso
     nb__run_unary(op, out, a, s);
     nb_node *n = nb__record(ctx, name, bw, out, 1, &a);
     if (n) n->f[0] = s;
-    nb__node_reads(n, NB__READS_IN | NB__READS_OUT); /* some derivatives come from the output */
+    /* Note [Memory given back]: what each backward reads */
+    if (bw == pass_backward || bw == scale_backward || bw == neg_backward) nb__node_reads(n, 0);
+    else if (bw == exp_backward || bw == sqrt_backward || bw == rsqrt_backward ||
+             bw == tanh_backward || bw == sigmoid_backward || bw == relu_backward)
+        nb__node_reads(n, NB__READS_OUT);
     return out;
 }
 
@@ -172,7 +185,13 @@ static void rsqrt_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) { /* -g/2 * ou
 }
 
 static void abs_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) { grad_times_unary_of_input(ctx, n, g, NB_U_SIGN, 0); }
-static void relu_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) { grad_times_unary_of_input(ctx, n, g, NB_U_RELU_MASK, 0); }
+/* out > 0 exactly where x > 0 (NaN and -0 included), so the mask comes from
+ * the output, which the next op keeps anyway (pooling, a product), and the
+ * input can be given back (Note [Memory given back]). */
+static void relu_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) {
+    nb_tensor *d = nb__unary(ctx, NB_U_RELU_MASK, n->out, 0);
+    nb__accum_grad(ctx, n->in[0], nb__binary(ctx, NB_B_MUL, g, d));
+}
 static void gelu_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) { grad_times_unary_of_input(ctx, n, g, NB_U_GELU_GRAD, 0); }
 static void gelu_tanh_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) {
     nb_tensor *x = n->in[0];

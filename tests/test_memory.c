@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "tensor/internal.h" /* nb__ctx_give_back */
 #include "testutil.h"
@@ -122,11 +123,239 @@ START_TEST(test_gpt_peak) {
     nb_module *g = nb_gpt_new(pctx, NB_F32, &small, NULL);
     nb_memory_floor f = nb_gpt_memory_floor(g, BATCH, SEQ, 2);
     size_t floor = f.saved + f.logits;
-    printf("peak on %zu extent %zu off %zu floor %zu (saved %zu logits %zu) total %zu\n", on.peak,
-           on.extent, off.peak, floor, f.saved, f.logits, nb_memory_floor_total(&f));
-    ck_assert_msg(on.peak <= 1.3 * floor, "peak %zu above 1.3 x floor %zu", on.peak, floor);
+    ck_assert_msg(on.peak <= 1.3 * floor, "GPT step peak %zu above 1.3 x floor %zu", on.peak,
+                  floor);
+    ck_assert_msg(on.extent <= 1.3 * floor, "GPT step extent %zu (live bytes and holes) above "
+                  "1.3 x floor %zu", on.extent, floor);
+    ck_assert_msg(off.peak > 1.3 * floor, "without giving back the peak %zu was expected above "
+                  "1.3 x floor %zu: the test would not see a regression", off.peak, floor);
+    ck_assert_uint_gt(nb_memory_floor_total(&f), floor); /* parameters, gradients, AdamW state */
     free(on.params), free(off.params);
     nb_ctx_free(pctx);
+}
+END_TEST
+
+
+/* ------------------------------------------------------------------ CNN */
+/* The CNN with BatchNorm: conv -> BN -> ReLU per block, 2x2 max pooling
+ * between blocks, global average pooling, a linear head. */
+enum { CN = 8, CIN = 3, CHW = 16, CK = 10 };
+static const int64_t cnn_channels[2] = {8, 16};
+
+static size_t cnn_step_peak(bool give_back, float *loss_out) {
+    nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
+    nb_ctx_set_give_back(step, give_back);
+    nb_rng rng = nb_rng_make(3);
+    nb_module *m = nb_cnn_new(pctx, NB_F32, CIN, 2, cnn_channels, CK, &rng);
+    nb_tensor *x = nb_rand_normal(step, NB_F32, NB_SHAPE(CN, CIN, CHW, CHW), 0, 1, &rng);
+    int64_t y[CN];
+    for (int i = 0; i < CN; i++) y[i] = i % CK;
+    nb_tensor *t = nb_from_host(step, NB_I64, NB_SHAPE(CN), y);
+    size_t before = nb_ctx_used(step);
+    nb_tensor *loss = nb_cross_entropy(step, nb_module_forward(m, step, x), t, NULL);
+    nb_backward(loss);
+    *loss_out = (float)nb_item(loss);
+    size_t peak = nb_ctx_peak(step) - before;
+    nb_ctx_free(step);
+    nb_ctx_free(pctx);
+    return peak;
+}
+
+/* What backward needs, from the shapes alone: per block the convolution's
+ * input, the BatchNorm's input and statistics, the ReLU's output (which
+ * the pooling reads too) and the pooling's argmax (i64); then the head's
+ * input and the logits. The input batch is the user's and not counted.
+ * Plus the working set of the op at the peak: an im2col convolution needs
+ * its columns (N, C_in 3 3, H W), the first block's the largest here. */
+static size_t cnn_floor(void) {
+    size_t f = 4, floor = (size_t)(CN * CIN * 9 * CHW * CHW) * 4;
+    int64_t hw = CHW * CHW, cin = CIN;
+    for (int b = 0; b < 2; b++) {
+        int64_t c = cnn_channels[b];
+        if (b > 0) floor += (size_t)(CN * cin * hw) * f; /* conv input (block 0's: the batch) */
+        floor += (size_t)(CN * c * hw) * f * 2 + 2 * (size_t)c * f; /* BN input, ReLU output, stats */
+        if (b == 0) {
+            hw /= 4;
+            floor += (size_t)(CN * c * hw) * 8; /* argmax */
+        }
+        cin = c;
+    }
+    return floor + (size_t)(CN * cin) * f + (size_t)(CN * CK) * f;
+}
+
+START_TEST(test_cnn_peak) {
+    float on_loss, off_loss;
+    size_t on = cnn_step_peak(true, &on_loss), off = cnn_step_peak(false, &off_loss);
+    size_t floor = cnn_floor();
+    ck_assert(on_loss == off_loss);
+    ck_assert_msg(on <= 1.3 * floor, "CNN step peak %zu above 1.3 x floor %zu (off: %zu)", on,
+                  floor, off);
+    ck_assert_msg(off > 1.3 * floor, "without giving back the peak %zu was expected above 1.3 x "
+                  "floor %zu: the test would not see a regression", off, floor);
+}
+END_TEST
+
+/* ---------------------------------------------- the user's and the library's */
+/* A module that keeps a pointer to a tensor it made (as a user's module
+ * might, for inspection): relu(x W^T) then a second product. */
+typedef struct peek {
+    nb_module *a, *b;
+    nb_tensor *hidden;
+    bool keep;
+} peek;
+static nb_tensor *peek_forward(nb_module *m, nb_ctx *ctx, nb_tensor *x);
+static const nb_module_type peek_type = {"Peek", sizeof(peek), peek_forward, NULL};
+static nb_tensor *peek_forward(nb_module *m, nb_ctx *ctx, nb_tensor *x) {
+    peek *p = nb_module_self(m, &peek_type);
+    p->hidden = nb_relu(ctx, nb_module_forward(p->a, ctx, x));
+    nb_set_name(p->hidden, "hidden");
+    if (p->keep) nb_keep(p->hidden);
+    return nb_module_forward(p->b, ctx, p->hidden);
+}
+
+static nb_module *peek_new(nb_ctx *ctx, bool keep) {
+    nb_rng rng = nb_rng_make(1);
+    nb_module *m = nb_module_new(ctx, &peek_type);
+    peek *p = nb_module_self(m, &peek_type);
+    p->a = nb_module_add(m, "a", nb_linear_new(ctx, NB_F32, 4, 8, true, &rng));
+    p->b = nb_module_add(m, "b", nb_linear_new(ctx, NB_F32, 8, 2, true, &rng));
+    p->keep = keep;
+    return m;
+}
+
+START_TEST(test_given_back_read) {
+    nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
+    nb_module *m = peek_new(pctx, false);
+    nb_rng rng = nb_rng_make(2);
+    nb_tensor *x = nb_rand_normal(step, NB_F32, NB_SHAPE(3, 4), 0, 1, &rng);
+    nb_tensor *out = nb_module_forward(m, step, x);
+    nb_tensor *hidden = ((peek *)nb_module_self(m, &peek_type))->hidden;
+    double before = nb_item(nb_sum_all(step, hidden)); /* readable until backward */
+    nb_backward(nb_sum_all(step, out));
+    /* the module's output and the input are the user's */
+    ck_assert(isfinite(nb_item(nb_sum_all(step, out))));
+    ck_assert(isfinite(nb_item(nb_sum_all(step, x))));
+    /* the hidden activation was given back: read, it is named, never read */
+    float buf[24];
+    NBT_EXPECT_ABORT(nb_to_host(hidden, buf), "'hidden'");
+    ck_assert_ptr_nonnull(strstr(nbt_abort_msg, "given back"));
+    ck_assert_ptr_nonnull(strstr(nbt_abort_msg, "nb_keep"));
+    ck_assert_ptr_nonnull(strstr(nbt_abort_msg, "made by nb_relu"));
+    NBT_EXPECT_ABORT(nb_item(nb_sum_all(step, hidden)), "given back");
+    /* kept, the same program reads it after backward */
+    nb_ctx_reset(step);
+    nb_module *k = peek_new(pctx, true);
+    x = nb_rand_normal(step, NB_F32, NB_SHAPE(3, 4), 0, 1, &(nb_rng){0});
+    rng = nb_rng_make(2);
+    x = nb_rand_normal(step, NB_F32, NB_SHAPE(3, 4), 0, 1, &rng);
+    out = nb_module_forward(k, step, x);
+    nb_backward(nb_sum_all(step, out));
+    hidden = ((peek *)nb_module_self(k, &peek_type))->hidden;
+    ck_assert(nb_item(nb_sum_all(step, hidden)) == before); /* same weights, same input */
+    /* a forward without gradients gives the hidden activation back at once */
+    nb_ctx_reset(step);
+    bool prev = nb_set_grad_enabled(false);
+    out = nb_module_forward(m, step, nb_rand_normal(step, NB_F32, NB_SHAPE(3, 4), 0, 1, &rng));
+    nb_set_grad_enabled(prev);
+    hidden = ((peek *)nb_module_self(m, &peek_type))->hidden;
+    NBT_EXPECT_ABORT(nb_item(nb_sum_all(step, hidden)), "given back");
+    ck_assert(isfinite(nb_item(nb_sum_all(step, out))));
+    nb_ctx_free(step);
+    nb_ctx_free(pctx);
+}
+END_TEST
+
+/* retain_graph: a second backward through the same graph adds the same
+ * gradients, bitwise those with giving back off; a third, after a
+ * backward without it, is refused as before. */
+static void retain_grads(bool give_back, float *grads, int64_t *n) {
+    nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
+    nb_ctx_set_give_back(step, give_back);
+    nb_rng rng = nb_rng_make(5);
+    nb_module *g = nb_gpt_new(pctx, NB_F32, &small, &rng);
+    int64_t idx[BATCH * SEQ], tgt[BATCH * SEQ];
+    tokens(idx, tgt, 0);
+    nb_tensor *x = nb_from_host(step, NB_I64, NB_SHAPE(BATCH, SEQ), idx);
+    nb_tensor *y = nb_from_host(step, NB_I64, NB_SHAPE(BATCH, SEQ), tgt);
+    nb_tensor *loss = nb_gpt_loss(step, nb_gpt_forward(g, step, x), y);
+    nb_backward_ex(loss, &(nb_backward_options){.retain_graph = true});
+    nb_backward(loss);
+    NBT_EXPECT_ABORT(nb_backward(loss), "already walked");
+    nb_named_tensor p[64];
+    int np = nb_module_named_parameters(g, p, 64);
+    *n = 0;
+    for (int i = 0; i < np; i++) {
+        nb_to_host(p[i].tensor->grad, grads + *n);
+        *n += nb_numel(p[i].tensor);
+    }
+    nb_ctx_free(step);
+    nb_ctx_free(pctx);
+}
+
+START_TEST(test_retain_graph) {
+    enum { MAXP = 200000 };
+    float *on = malloc(MAXP * sizeof(float)), *off = malloc(MAXP * sizeof(float));
+    int64_t n_on, n_off;
+    retain_grads(true, on, &n_on);
+    retain_grads(false, off, &n_off);
+    ck_assert_int_eq(n_on, n_off);
+    ck_assert_int_le(n_on, MAXP);
+    ck_assert(memcmp(on, off, (size_t)n_on * sizeof(float)) == 0);
+    free(on), free(off);
+}
+END_TEST
+
+/* Note [Walked graphs]: a second loss over a trunk whose saved tensors the
+ * first backward gave back is refused, naming retain_graph. */
+START_TEST(test_second_loss_after_give_back) {
+    nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
+    nb_module *m = peek_new(pctx, false);
+    nb_rng rng = nb_rng_make(2);
+    nb_tensor *out = nb_module_forward(m, step, nb_rand_normal(step, NB_F32, NB_SHAPE(3, 4), 0, 1, &rng));
+    nb_backward(nb_sum_all(step, out));
+    NBT_EXPECT_ABORT(nb_backward(nb_sum_all(step, nb_mul(step, out, out))), "retain_graph");
+    nb_ctx_free(step);
+    nb_ctx_free(pctx);
+}
+END_TEST
+
+/* Note [Growing contexts]: a loop that never resets is told once. */
+START_TEST(test_growth_warning) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *w = nb_ones(ctx, NB_F32, NB_SHAPE(64));
+    nb_set_requires_grad(w, true);
+    fflush(stderr);
+    FILE *tmp = tmpfile();
+    int saved = dup(2);
+    dup2(fileno(tmp), 2);
+    for (int i = 0; i < 120; i++) nb_backward(nb_sum_all(ctx, nb_mul(ctx, w, w)));
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    char text[2048] = {0};
+    rewind(tmp);
+    size_t got = fread(text, 1, sizeof text - 1, tmp);
+    fclose(tmp);
+    ck_assert_msg(got > 0 && strstr(text, "keeps growing") && strstr(text, "nb_ctx_reset"),
+                  "no growth warning: \"%s\"", text);
+    ck_assert_msg(!strstr(strstr(text, "keeps growing") + 1, "keeps growing"),
+                  "warned more than once: \"%s\"", text);
+    /* reset once per step: no warning */
+    nb_ctx *step = nb_ctx_new(nb_cpu(), 0);
+    tmp = tmpfile();
+    saved = dup(2);
+    dup2(fileno(tmp), 2);
+    for (int i = 0; i < 120; i++) {
+        nb_ctx_reset(step);
+        nb_backward(nb_sum_all(step, nb_mul(step, w, w)));
+    }
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    ck_assert_int_eq(ftell(tmp), 0);
+    fclose(tmp);
+    nb_ctx_free(step);
+    nb_ctx_free(ctx);
 }
 END_TEST
 
@@ -137,6 +366,11 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_free_ranges);
     tcase_add_test(tc, test_gpt_bitwise);
     tcase_add_test(tc, test_gpt_peak);
+    tcase_add_test(tc, test_cnn_peak);
+    tcase_add_test(tc, test_given_back_read);
+    tcase_add_test(tc, test_retain_graph);
+    tcase_add_test(tc, test_second_loss_after_give_back);
+    tcase_add_test(tc, test_growth_warning);
     suite_add_tcase(s, tc);
     return s;
 }

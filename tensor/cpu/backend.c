@@ -82,8 +82,10 @@ static void gelu_tanh_backward(nb_tensor *dx, const nb_tensor *g, const nb_tenso
 static void layer_norm_backward(nb_ctx *ctx, nb_tensor *dx, nb_tensor *dw, nb_tensor *db,
                                 const nb_tensor *g, const nb_tensor *x, const nb_tensor *mean,
                                 const nb_tensor *rstd, const nb_tensor *w, int64_t m, int64_t d) {
-    double *ws = (dw || db) ? nb_ctx_alloc(ctx, 2 * (size_t)d * sizeof(double), 0) : NULL;
+    size_t bytes = 2 * (size_t)d * sizeof(double);
+    double *ws = (dw || db) ? nb_ctx_alloc(ctx, bytes, 0) : NULL;
     nb__cpu_layer_norm_backward(dx, dw, db, ws, g, x, mean, rstd, w, m, d);
+    if (ws) nb__ctx_scratch_done(ctx, ws, bytes);
 }
 
 static void batch_norm_backward(nb_tensor *dx, nb_tensor *dw, nb_tensor *db, const nb_tensor *g,
@@ -97,14 +99,18 @@ static void batch_norm_backward(nb_tensor *dx, nb_tensor *dw, nb_tensor *db, con
 /* im2col buffers from ctx */
 static void conv2d(nb_ctx *ctx, nb_dtype dt, const nb__conv2d_geom *g, void *out, const void *x,
                    const void *w, const void *b) {
-    void *cols = nb_ctx_alloc(ctx, nb__conv2d_cols_bytes(dt, g), 0);
+    size_t bytes = nb__conv2d_cols_bytes(dt, g);
+    void *cols = nb_ctx_alloc(ctx, bytes, 0);
     nb__cpu_conv2d_forward(dt, g, out, x, w, b, cols);
+    nb__ctx_scratch_done(ctx, cols, bytes);
 }
 
 static void conv2d_backward(nb_ctx *ctx, nb_dtype dt, const nb__conv2d_geom *g, void *dx,
                             void *dw, void *db, const void *gout, const void *x, const void *w) {
-    void *cols = nb_ctx_alloc(ctx, nb__conv2d_cols_bytes(dt, g), 0);
+    size_t bytes = nb__conv2d_cols_bytes(dt, g);
+    void *cols = nb_ctx_alloc(ctx, bytes, 0);
     nb__cpu_conv2d_backward(dt, g, dx, dw, db, gout, x, w, cols);
+    nb__ctx_scratch_done(ctx, cols, bytes);
 }
 
 /* Targets are checked here, on the host; count is f64 (exact for any batch). */
