@@ -1,5 +1,6 @@
 /* What every backend shares about a collective: names, the fingerprint
- * ranks compare (Note [Hang diagnostics] in pg.c), and the elementwise
+ * ranks compare (Note [Hang diagnostics] in pg_diag.c), its fixed-size
+ * header (Note [Collective headers] in pg_gloo.c), and the elementwise
  * reductions the Gloo shim hands to Gloo.
  *
  * bf16 and f16 reduce through f32: each pair of elements is widened,
@@ -9,6 +10,7 @@
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "distributed/internal.h"
 
@@ -51,6 +53,34 @@ void nb__coll_fingerprint(const nb__coll *c, char *buf, size_t len) {
         snprintf(buf, len, "barrier()");
         break;
     }
+}
+
+/* "NBC1": a peer built from another nabla would speak another header. */
+#define HEADER_MAGIC 0x3143424e
+
+void nb__coll_header(const nb__coll *c, int64_t h[NB__COLL_HEADER_WORDS]) {
+    bool reduces = c->kind == NB__ALL_REDUCE || c->kind == NB__REDUCE_SCATTER;
+    bool data = c->kind != NB__BARRIER;
+    h[0] = HEADER_MAGIC;
+    h[1] = c->kind;
+    h[2] = reduces ? c->op : 0;
+    h[3] = data ? c->dtype : 0;
+    h[4] = data ? c->count : 0;
+    h[5] = c->kind == NB__BROADCAST ? c->root : 0;
+}
+
+bool nb__coll_from_header(const int64_t h[NB__COLL_HEADER_WORDS], nb__coll *c) {
+    memset(c, 0, sizeof *c);
+    if (h[0] != HEADER_MAGIC || h[1] < NB__ALL_REDUCE || h[1] > NB__BARRIER || h[2] < NB_REDUCE_SUM ||
+        h[2] > NB_REDUCE_MAX || h[3] < 0 || h[3] >= NB_DTYPE_COUNT || h[4] < 0 || h[5] < 0 || h[5] > INT32_MAX)
+        return false;
+    c->kind = (nb__coll_kind)h[1];
+    c->op = (nb_reduce_op)h[2];
+    c->dtype = (nb_dtype)h[3];
+    c->count = h[4];
+    c->root = (int)h[5];
+    if (c->kind == NB__BARRIER) c->dtype = NB_I32;
+    return true;
 }
 
 #define NUM_LOOP(T, expr)                                                  \

@@ -1,7 +1,8 @@
 /* The Gloo backend: a thin C++ layer over Debian's libgloo (0.5, 2022
  * API), the only C++ in nabla. C calls it through distributed/internal.h;
- * no exception crosses that line: each entry point catches and returns an
- * nb_status with the transport's words in nb_last_error().
+ * no exception crosses that line: each entry point catches everything and
+ * returns an nb_status with the transport's words in nb_last_error()
+ * (Note [No exception crosses the shim]).
  *
  * Gloo's rendezvous goes through nabla's store (StoreAdapter), so there is
  * one store per run. All-reduce, broadcast, all-gather and barrier are
@@ -10,10 +11,13 @@
  * in f32. This Gloo has no reduce-scatter with the new-style options, so
  * reduce_scatter is a ring over Gloo's unbound buffers: R - 1 steps, each
  * sending one chunk to the right neighbour and reducing one from the
- * left; after them rank r holds chunk r summed over all ranks. Tags are the
- * collective's sequence number. */
+ * left; after them rank r holds chunk r summed over all ranks. The header
+ * exchange that precedes every collective (nb__gloo_exchange) is one
+ * message from each rank to each other, also over unbound buffers. Tags
+ * are the collective's sequence number. */
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <memory>
@@ -44,12 +48,9 @@ struct nb__gloo {
 
 namespace {
 
-/* Slot prefix for nabla's own ring; Gloo's collectives use 0x01-0x08. */
+/* Slot prefixes of nabla's own exchanges; Gloo's collectives use 0x01-0x08. */
 constexpr uint8_t kReduceScatterSlot = 0x31;
-
-nb_status fail(nb_status st, const char *where, const std::exception &e) {
-    return nb_set_error(st, "Gloo %s: %s", where, e.what());
-}
+constexpr uint8_t kHeaderSlot = 0x32;
 
 /* Gloo's store interface over an nb_store connection, keys under a prefix. */
 class StoreAdapter : public gloo::rendezvous::Store {
@@ -176,24 +177,45 @@ void reduce_scatter(nb__gloo *g, const nb__coll *c) {
     std::memcpy(c->out, g->work.data() + static_cast<size_t>(r) * chunk, chunk);
 }
 
+/* Note [No exception crosses the shim]: every extern "C" entry point that
+ * can fail runs its body through guard(), which turns whatever was thrown
+ * in this thread (gloo::EnforceNotMet, gloo::IoException, std::bad_alloc,
+ * or anything else) into a status with its text in nb_last_error(); the
+ * others only run destructors, which cannot throw (noexcept). Gloo's
+ * own event-loop thread is another matter: an exception there ends the
+ * process, so nothing may reach Gloo that could make it throw there. The
+ * one known case, messages whose sizes differ between ranks, never does:
+ * ranks compare their collectives' headers first (Note [Collective
+ * headers] in pg_gloo.c), and the headers themselves have one fixed size. */
+template <typename F>
+nb_status guard(nb_status st, const char *where, F &&body) noexcept {
+    try {
+        return body();
+    } catch (const std::exception &e) {
+        return nb_set_error(st, "%s: %s", where, e.what());
+    } catch (...) {
+        return nb_set_error(st, "%s: an exception that is not a std::exception", where);
+    }
+}
+
 } // namespace
 
 extern "C" {
 
 nb_status nb__gloo_dev_new(nb__gloo_dev **out, const char *hostname, const char *iface) {
     *out = nullptr;
-    try {
+    char where[320];
+    std::snprintf(where, sizeof where, "nb_pg_init: cannot open a Gloo TCP device on %s",
+                  iface && *iface ? iface : hostname);
+    return guard(NB_ERR_NETWORK, where, [&] {
         gloo::transport::tcp::attr attr;
         if (iface && *iface) attr.iface = iface;
         else attr.hostname = hostname;
-        auto *d = new nb__gloo_dev;
+        auto d = std::make_unique<nb__gloo_dev>();
         d->dev = gloo::transport::tcp::CreateDevice(attr);
-        *out = d;
+        *out = d.release();
         return NB_OK;
-    } catch (const std::exception &e) {
-        return nb_set_error(NB_ERR_NETWORK, "nb_pg_init: cannot open a Gloo TCP device on %s: %s",
-                            iface && *iface ? iface : hostname, e.what());
-    }
+    });
 }
 
 void nb__gloo_dev_free(nb__gloo_dev *dev) { delete dev; }
@@ -201,29 +223,30 @@ void nb__gloo_dev_free(nb__gloo_dev *dev) { delete dev; }
 nb_status nb__gloo_connect(nb__gloo **out, nb__gloo_dev *dev, nb_store *store, const char *prefix,
                            int rank, int size, double timeout_s, double connect_s) {
     *out = nullptr;
-    auto *g = new nb__gloo;
-    try {
+    char where[96];
+    std::snprintf(where, sizeof where, "nb_pg_init: Gloo could not connect rank %d of %d", rank, size);
+    return guard(NB_ERR_NETWORK, where, [&] {
+        auto g = std::make_unique<nb__gloo>();
         g->timeout = StoreAdapter::ms(timeout_s);
         g->ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
         /* Gloo waits five times the context's timeout for a pair to connect;
          * every collective sets its own (g->timeout). */
         g->ctx->setTimeout(StoreAdapter::ms(std::max(connect_s / 5, 0.001)));  /* 0 ms: none */
-        StoreAdapter adapter(store, prefix, timeout_s);
+        /* The addresses of ranks slow to publish them: the same bound. */
+        StoreAdapter adapter(store, prefix, connect_s);
         g->ctx->connectFullMesh(adapter, dev->dev);
-        *out = g;
+        *out = g.release();
         return NB_OK;
-    } catch (const std::exception &e) {
-        std::string what = e.what();
-        delete g;
-        return nb_set_error(NB_ERR_NETWORK, "nb_pg_init: Gloo could not connect rank %d of %d: %s",
-                            rank, size, what.c_str());
-    }
+    });
 }
 
 void nb__gloo_free(nb__gloo *g) { delete g; }
 
 nb_status nb__gloo_run(nb__gloo *g, const nb__coll *c) {
-    try {
+    nb_status st = NB_ERR_NETWORK;
+    char where[64];
+    std::snprintf(where, sizeof where, "Gloo %s", nb__coll_name(c->kind));
+    nb_status r = guard(st, where, [&] {
         switch (c->kind) {
         case NB__ALL_REDUCE: allreduce(g, c); break;
         case NB__BROADCAST: broadcast(g, c); break;
@@ -232,10 +255,31 @@ nb_status nb__gloo_run(nb__gloo *g, const nb__coll *c) {
         case NB__BARRIER: barrier(g, c); break;
         }
         return NB_OK;
-    } catch (const std::exception &e) {
-        bool timed_out = std::strstr(e.what(), "Timed out") != nullptr;
-        return fail(timed_out ? NB_ERR_TIMEOUT : NB_ERR_NETWORK, nb__coll_name(c->kind), e);
-    }
+    });
+    if (r != NB_OK && std::strstr(nb_last_error(), "Timed out")) r = NB_ERR_TIMEOUT;
+    return r;
+}
+
+nb_status nb__gloo_exchange(nb__gloo *g, const void *mine, void *all, size_t n, uint64_t seq) {
+    nb_status r = guard(NB_ERR_NETWORK, "Gloo header exchange", [&] {
+        const int R = g->ctx->size, me = g->ctx->rank;
+        auto *bytes = static_cast<unsigned char *>(all);
+        std::memcpy(bytes + static_cast<size_t>(me) * n, mine, n);
+        if (R == 1) return NB_OK;
+        auto buf = g->ctx->createUnboundBuffer(all, n * static_cast<size_t>(R));
+        const uint64_t slot = gloo::Slot::build(kHeaderSlot, static_cast<uint32_t>(seq));
+        for (int p = 0; p < R; p++)
+            if (p != me) buf->recv(p, slot, static_cast<size_t>(p) * n, n);
+        for (int p = 0; p < R; p++)
+            if (p != me) buf->send(p, slot, static_cast<size_t>(me) * n, n);
+        for (int k = 0; k < R - 1; k++)
+            if (!buf->waitRecv(g->timeout)) throw gloo::IoException("receive aborted");
+        for (int k = 0; k < R - 1; k++)
+            if (!buf->waitSend(g->timeout)) throw gloo::IoException("send aborted");
+        return NB_OK;
+    });
+    if (r != NB_OK && std::strstr(nb_last_error(), "Timed out")) r = NB_ERR_TIMEOUT;
+    return r;
 }
 
 } // extern "C"

@@ -275,6 +275,15 @@ const char *nb__reduce_name(nb_reduce_op op);    /* "sum" */
 /* "all_reduce(sum, f32, count=1000)": the fingerprint ranks compare. */
 void nb__coll_fingerprint(const nb__coll *c, char *buf, size_t len);
 
+/* The header ranks exchange before a collective's data (Note [Collective
+ * headers] in pg_gloo.c): kind, reduction, dtype, count, root, with the
+ * fields that do not apply to the kind zeroed, so that two headers are
+ * equal exactly when the collectives match. nb__coll_from_header refuses
+ * a header that nabla did not write (false). */
+#define NB__COLL_HEADER_WORDS 6
+void nb__coll_header(const nb__coll *c, int64_t h[NB__COLL_HEADER_WORDS]);
+bool nb__coll_from_header(const int64_t h[NB__COLL_HEADER_WORDS], nb__coll *c);
+
 /* Elementwise reduction of n elements: acc = acc op x; 16-bit floats
  * through f32. Used by the Gloo shim (as its reduce function) and for
  * local work. */
@@ -292,16 +301,21 @@ typedef struct nb__gloo nb__gloo;
 nb_status nb__gloo_dev_new(nb__gloo_dev **out, const char *hostname, const char *iface);
 void nb__gloo_dev_free(nb__gloo_dev *dev);
 /* Connects the full mesh of `size` ranks through `store` under `prefix`.
- * timeout_s bounds each collective and the wait for the others' addresses
- * in the store (a rank may be slow to get there); connect_s the TCP
- * connections to addresses already published (an unreachable address: a
- * wrong interface, a firewall). */
+ * timeout_s bounds each collective; connect_s the set-up: the wait for
+ * the others' addresses in the store (every rank has joined already, so
+ * one that does not publish its address failed) and the TCP connections
+ * to them (an unreachable address: a wrong interface, a firewall). */
 nb_status nb__gloo_connect(nb__gloo **out, nb__gloo_dev *dev, nb_store *store, const char *prefix,
                            int rank, int size, double timeout_s, double connect_s);
 void nb__gloo_free(nb__gloo *g);
 /* Runs one collective to completion (blocking); the error names what the
  * transport said. */
 nb_status nb__gloo_run(nb__gloo *g, const nb__coll *c);
+/* Every rank's `n` bytes to every rank, one message per pair, all at
+ * once: `all` (size x n bytes) gets rank r's at r x n; `mine` is this
+ * rank's. Tagged with `seq`. Returns when every rank's has arrived here
+ * and this rank's has left for every other. */
+nb_status nb__gloo_exchange(nb__gloo *g, const void *mine, void *all, size_t n, uint64_t seq);
 
 /* ------------------------------------------------ NCCL (pg_nccl.c) */
 

@@ -145,6 +145,10 @@ void nb__diag_record(nb_pg *pg, const nb_work *w);
 /* Writes the diagnosis of w's failure: `what` happened, plus who did not
  * arrive or arrived with another collective, and any abort reason. */
 void nb__diag_explain(nb_pg *pg, const nb_work *w, const char *what, char *out, size_t len);
+/* The message of a collective whose ranks issued different headers
+ * (Note [Collective headers] in pg_gloo.c); `headers`: every member's
+ * NB__COLL_HEADER_WORDS words, in rank order. */
+void nb__diag_mismatch(nb_pg *pg, const nb_work *w, const int64_t *headers, char *out, size_t len);
 /* Quick checks while w runs: has the run been aborted, or did some rank
  * arrive at w's sequence number with another collective? Fills `what`
  * and returns the status to fail with, or NB_OK. */

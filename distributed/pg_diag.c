@@ -18,6 +18,9 @@
  *   - after a second, some rank published this sequence number with a
  *     different fingerprint: fail now with both fingerprints (a desync
  *     never completes, so there is no point waiting for the timeout).
+ *     On Gloo groups the headers ranks exchange before any data (Note
+ *     [Collective headers] in pg_gloo.c) name such a mismatch first, on
+ *     every rank; this comparison remains for NCCL groups.
  * At the timeout (measured from when the collective became the group's
  * oldest unfinished one on this rank) it fails, naming the ranks whose
  * slot does not hold this sequence number yet: they did not arrive, and
@@ -244,6 +247,77 @@ void nb__diag_explain(nb_pg *pg, const nb_work *w, const char *what, char *out, 
 done:
     for (int r = 0; r < n; r++) free(vals[r]);
     free(vals);
+    free(sel);
+    free(seen);
+}
+
+/* "count", "dtype and count", ...: the fields in which headers a and b differ. */
+static void header_diff(const nb__coll *a, const nb__coll *b, char *out, size_t len) {
+    const char *names[4];
+    int n = 0;
+    if (a->op != b->op) names[n++] = "reduction";
+    if (a->dtype != b->dtype) names[n++] = "dtype";
+    if (a->count != b->count) names[n++] = "count";
+    if (a->root != b->root) names[n++] = "root";
+    out[0] = 0;
+    for (int i = 0; i < n; i++)
+        APPEND("%s%s", i == 0 ? "" : i == n - 1 ? " and " : ", ", names[i]);
+}
+
+void nb__diag_mismatch(nb_pg *pg, const nb_work *w, const int64_t *headers, char *out, size_t len) {
+    int n = pg->size;
+    uint64_t seq = w->coll.seq;
+    snprintf(out, len,
+             "nb_pg_%s: collective #%" PRIu64 " %s on group '%s' (rank %d of %d) cannot run; ranks disagree on "
+             "collective #%" PRIu64 ":",
+             nb__coll_name(w->coll.kind), seq, w->fingerprint, pg->name, pg->rank, pg->size, seq);
+    nb__coll *colls = calloc((size_t)n, sizeof *colls);
+    bool *valid = calloc((size_t)n, sizeof *valid), *sel = calloc((size_t)n, sizeof *sel);
+    bool *seen = calloc((size_t)n, sizeof *seen);
+    NB_CHECK(colls && valid && sel && seen, "nb_pg: out of memory for diagnostics");
+    for (int r = 0; r < n; r++) valid[r] = nb__coll_from_header(headers + (size_t)r * NB__COLL_HEADER_WORDS, &colls[r]);
+    /* Ranks grouped by what they issued, in order of their lowest rank. */
+    int groups = 0;
+    bool same_kind = true;
+    for (int r = 0; r < n; r++) {
+        if (seen[r]) continue;
+        const int64_t *h = headers + (size_t)r * NB__COLL_HEADER_WORDS;
+        memset(sel, 0, (size_t)n * sizeof *sel);
+        for (int q = r; q < n; q++)
+            if (!seen[q] && memcmp(headers + (size_t)q * NB__COLL_HEADER_WORDS, h,
+                                   NB__COLL_HEADER_WORDS * sizeof *h) == 0)
+                sel[q] = seen[q] = true;
+        APPEND("%s ", groups ? ";" : "");
+        append_ranks(pg, sel, out, len);
+        if (valid[r]) {
+            char fp[160];
+            nb__coll_fingerprint(&colls[r], fp, sizeof fp);
+            APPEND(" issued %s", fp);
+            same_kind = same_kind && colls[r].kind == colls[0].kind;
+        } else {
+            APPEND(" sent a header this nabla does not read (a different build of nabla?)");
+            same_kind = false;
+        }
+        groups++;
+    }
+    if (same_kind) {
+        /* Every field in which some rank differs from rank 0. */
+        nb__coll any = colls[0];
+        for (int r = 1; r < n; r++) {
+            if (colls[r].op != colls[0].op) any.op = (nb_reduce_op)-1;
+            if (colls[r].dtype != colls[0].dtype) any.dtype = (nb_dtype)-1;
+            if (colls[r].count != colls[0].count) any.count = -1;
+            if (colls[r].root != colls[0].root) any.root = -1;
+        }
+        char diff[64];
+        header_diff(&colls[0], &any, diff, sizeof diff);
+        APPEND(" (they differ in %s)", diff);
+    } else {
+        APPEND(" (different collectives)");
+    }
+    APPEND("; no data was exchanged");
+    free(colls);
+    free(valid);
     free(sel);
     free(seen);
 }

@@ -18,11 +18,57 @@
 #define SLICE_S 0.05      /* how often a waiting thread wakes to watch */
 #define STUCK_WAIT_S 2.0  /* Note [Stuck worker] */
 
-static nb_status run_gloo(nb_pg *pg, nb_work *w, char *what, size_t len) {
+/* Note [Collective headers]
+ * Before any of its data moves, a collective's header (kind, reduction,
+ * dtype, count, root: nb__coll_header, 48 bytes) goes from every rank of
+ * the group to every other, one message per pair, all in flight at once:
+ * one network latency, no store round trip, no data. Every rank then holds
+ * the same headers and reaches the same verdict. If they are all equal,
+ * the data collective runs; if not, every rank fails with
+ * NB_ERR_MISMATCH, naming the ranks and what each issued, and no data has
+ * moved. Without this, Gloo met a count that differs between ranks with
+ * an exception on its own event-loop thread, which ends the process
+ * (Note [No exception crosses the shim] in gloo_shim.cpp), or, for a
+ * broadcast whose root sends fewer elements than the others expect,
+ * reported success and left the tail of their buffers stale.
+ *
+ * The exchange is also the barrier (when it returns, every rank has
+ * arrived), and collectives of no elements exchange headers too: a rank
+ * that all-reduces 0 elements while another all-reduces 10 is a mismatch.
+ * What it cannot see is a rank that never arrives: the fingerprints in
+ * the store (Note [Hang diagnostics] in pg_diag.c) still name it. It
+ * costs one message latency per collective (benchmarks/bench_collectives
+ * shows it on small counts; it is lost in the transfer of large ones). */
+static nb_status check_headers(nb_pg *pg, const nb_work *w, char *what, size_t len, bool *explained) {
+    int64_t mine[NB__COLL_HEADER_WORDS];
+    int64_t *all = malloc((size_t)pg->size * sizeof mine);
+    NB_CHECK(all != NULL, "nb_pg: out of memory for %d collective headers", pg->size);
+    nb__coll_header(&w->coll, mine);
+    nb_status st = nb__gloo_exchange(pg->gloo, mine, all, sizeof mine, w->coll.seq);
+    if (st != NB_OK) {
+        snprintf(what, len, "failed in the transport (%s)", nb_last_error());
+    } else {
+        for (int r = 0; r < pg->size && st == NB_OK; r++)
+            if (memcmp(all + (size_t)r * NB__COLL_HEADER_WORDS, mine, sizeof mine) != 0) st = NB_ERR_MISMATCH;
+        if (st != NB_OK) {
+            nb__diag_mismatch(pg, w, all, what, len);
+            *explained = true;
+        }
+    }
+    free(all);
+    return st;
+}
+
+/* Runs w; on failure `what` says what happened, or, with *explained set,
+ * is the whole message. */
+static nb_status run_gloo(nb_pg *pg, nb_work *w, char *what, size_t len, bool *explained) {
     const nb__coll *c = &w->coll;
+    *explained = false;
     nb__diag_record(pg, w);
-    if (c->count == 0 && c->kind != NB__BARRIER) return NB_OK;
-    nb_status st = nb__gloo_run(pg->gloo, c);
+    nb_status st = pg->size > 1 ? check_headers(pg, w, what, len, explained) : NB_OK;
+    if (st != NB_OK) return st;
+    if (c->kind == NB__BARRIER || c->count == 0) return NB_OK;
+    st = nb__gloo_run(pg->gloo, c);
     if (st == NB_OK) {
         if (c->op == NB_REDUCE_AVG && (c->kind == NB__ALL_REDUCE || c->kind == NB__REDUCE_SCATTER))
             nb__scale_down(c->dtype, c->out, (size_t)c->count, (double)pg->size);
@@ -52,8 +98,10 @@ static void *gloo_worker(void *arg) {
         nb_status st = pg->broken;
         pthread_mutex_unlock(&pg->mu);
         if (st == NB_OK) {
-            st = run_gloo(pg, w, what, sizeof what);
-            if (st != NB_OK) nb__pg_fail(pg, w, st, what);
+            bool explained;
+            st = run_gloo(pg, w, what, sizeof what, &explained);
+            if (st != NB_OK && explained) nb__pg_break(pg, st, what);
+            else if (st != NB_OK) nb__pg_fail(pg, w, st, what);
         }
         pthread_mutex_lock(&pg->mu);
         if (st != NB_OK) st = pg->broken;
@@ -99,8 +147,9 @@ static nb_status gloo_start(nb_pg *pg, const char *prefix) {
         st = nb__gloo_dev_new(&root->gloo_dev, host, iface ? iface : "");
         if (st != NB_OK) return st;
     }
-    /* Connecting to published addresses is bounded by the join limit, not
-     * the progress timeout (Gloo waits 5x that: 2.5 h by default). */
+    /* The set-up (the others' addresses, the connections to them) is
+     * bounded by the join limit, not the progress timeout: every member has
+     * arrived already (nb__join, or the list check of nb_pg_new_group). */
     double connect_s = root->join_s < pg->timeout_s ? root->join_s : pg->timeout_s;
     st = nb__gloo_connect(&pg->gloo, root->gloo_dev, root->store_main, prefix, pg->rank, pg->size,
                           pg->timeout_s, connect_s);

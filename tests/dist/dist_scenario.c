@@ -24,6 +24,19 @@
  *            broken group gives (NaN, running statistics kept)
  *   sbnbwd   the same, but rank 1 dies after the forward; the others'
  *            nb_ddp_backward fails in the SyncBatchNorm's backward
+ *   mm_WHAT  collective #2 differs between ranks (any number of ranks):
+ *            mm_count   all-reduce, rank 0 of 10 floats, the others of 20
+ *            mm_bcast   broadcast from rank 0 of 10 floats, the others 20
+ *            mm_gather  all-gather, rank 0 gives 3 floats, the others 4
+ *            mm_rs      reduce-scatter, rank 0 gets 3 floats, the others 4
+ *            mm_dtype   all-reduce, the last rank's in f64, the others f32
+ *            mm_op      all-reduce, the last rank's max, the others' sum
+ *            mm_root    broadcast, the last rank names root 1, the others 0
+ *            mm_zero    all-reduce, rank 0 of no floats, the others of 8
+ *            every rank prints its failure and whether its buffers kept
+ *            their values ("buffers untouched"), then waits (through the
+ *            store) until every rank has printed, so that nbrun stops no
+ *            rank before it has spoken
  *
  * A rank whose collective fails prints "rank R: <status>: <message>" to
  * stderr and exits 1; one that succeeds exits 0. */
@@ -73,9 +86,81 @@ static void after_sbn_failure(nb_pg *pg, int rank, nb_status failed, bool bwd, n
     nb_set_error(failed, "%s", msg);
 }
 
+/* A tensor of n floats (or doubles) holding 100 (rank + 1) + i. */
+static nb_tensor *filled(nb_dtype dt, int rank, int64_t n) {
+    nb_tensor *t = nb_zeros(ctx, dt, NB_SHAPE(n));
+    for (int64_t i = 0; i < n; i++) nb_set(t, &i, 100.0 * (rank + 1) + (double)i);
+    return t;
+}
+
+static bool untouched(const nb_tensor *t, int rank) {
+    for (int64_t i = 0; i < nb_numel(t); i++)
+        if (nb_get(t, &i) != 100.0 * (rank + 1) + (double)i) return false;
+    return true;
+}
+
+/* The mm_* scenarios: collective #2 differs between ranks. */
+static int mismatch(nb_pg *pg, const char *what) {
+    int rank = nb_pg_rank(pg), R = nb_pg_size(pg);
+    bool first = rank == 0, last = rank == R - 1;
+    nb_tensor *a = NULL, *b = NULL; /* b: the output of all-gather and reduce-scatter */
+    nb_work *w = NULL;
+    if (strcmp(what, "mm_count") == 0) {
+        a = filled(NB_F32, rank, first ? 10 : 20);
+        w = nb_pg_all_reduce(pg, a, NB_REDUCE_SUM);
+    } else if (strcmp(what, "mm_bcast") == 0) {
+        a = filled(NB_F32, rank, first ? 10 : 20);
+        w = nb_pg_broadcast(pg, a, 0);
+    } else if (strcmp(what, "mm_gather") == 0) {
+        int64_t n = first ? 3 : 4;
+        a = filled(NB_F32, rank, n);
+        b = filled(NB_F32, rank, n * R);
+        w = nb_pg_all_gather(pg, b, a);
+    } else if (strcmp(what, "mm_rs") == 0) {
+        int64_t n = first ? 3 : 4;
+        a = filled(NB_F32, rank, n * R);
+        b = filled(NB_F32, rank, n);
+        w = nb_pg_reduce_scatter(pg, b, a, NB_REDUCE_SUM);
+    } else if (strcmp(what, "mm_dtype") == 0) {
+        a = filled(last ? NB_F64 : NB_F32, rank, 8);
+        w = nb_pg_all_reduce(pg, a, NB_REDUCE_SUM);
+    } else if (strcmp(what, "mm_op") == 0) {
+        a = filled(NB_F32, rank, 8);
+        w = nb_pg_all_reduce(pg, a, last ? NB_REDUCE_MAX : NB_REDUCE_SUM);
+    } else if (strcmp(what, "mm_root") == 0) {
+        a = filled(NB_F32, rank, 8);
+        w = nb_pg_broadcast(pg, a, last ? 1 : 0);
+    } else if (strcmp(what, "mm_zero") == 0) {
+        a = filled(NB_F32, rank, first ? 0 : 8);
+        w = nb_pg_all_reduce(pg, a, NB_REDUCE_SUM);
+    } else {
+        fprintf(stderr, "dist_scenario: unknown scenario %s\n", what);
+        return 2;
+    }
+    nb_status st = nb_work_finish(w);
+    if (st == NB_OK) {
+        printf("rank %d: collective #2 completed\n", rank);
+    } else {
+        fprintf(stderr, "rank %d: %s: %s\n", rank, nb_status_str(st), nb_last_error());
+        fprintf(stderr, "rank %d: buffers %s\n", rank,
+                untouched(a, rank) && (!b || untouched(b, rank)) ? "untouched" : "CHANGED");
+    }
+    fflush(stdout);
+    fflush(stderr);
+    /* Rank 0 serves the store: nobody leaves before every rank has spoken. */
+    int64_t n = 0;
+    nb_store *store = nb_pg_store(pg);
+    if (nb_store_add(store, "mm/spoken", 1, &n) == NB_OK && n == R) nb_store_set(store, "mm/all", "1", 1);
+    const char *all = "mm/all";
+    nb_store_wait(store, &all, 1, 30);
+    if (st == NB_OK) st = nb_pg_free(pg);
+    nb_ctx_free(ctx);
+    return st == NB_OK ? 0 : 1;
+}
+
 int main(int argc, char **argv) {
     if (argc != 2) {
-        fprintf(stderr, "usage: dist_scenario absent|desync|exit3|killed|store|stopped|stopped0|slow|ok|ddp|sbnfwd|sbnbwd\n");
+        fprintf(stderr, "usage: dist_scenario absent|desync|exit3|killed|store|stopped|stopped0|slow|ok|ddp|sbnfwd|sbnbwd|mm_*\n");
         return 2;
     }
     const char *what = argv[1];
@@ -92,6 +177,7 @@ int main(int argc, char **argv) {
     st = nb_work_finish(nb_pg_all_reduce(pg, t, NB_REDUCE_SUM));
     if (st != NB_OK) return report(rank, st);
 
+    if (strncmp(what, "mm_", 3) == 0) return mismatch(pg, what);
     if (strcmp(what, "absent") == 0 && rank == 2) {
         sleep(30);
         nb_ctx_free(ctx);

@@ -167,7 +167,7 @@ static void nbt_proc_free(nbt_proc *p) {
 }
 
 /* The last line of `text` (without its newline). */
-static const char *nbt_last_line(const char *text, char *buf, size_t len) {
+static inline const char *nbt_last_line(const char *text, char *buf, size_t len) {
     size_t n = strlen(text);
     while (n > 0 && text[n - 1] == '\n') n--;
     size_t start = n;
