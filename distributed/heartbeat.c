@@ -31,7 +31,8 @@
  *     whose ranks are merely busy.
  * Joining is a third clock: nb_pg_init waits NABLA_JOIN_TIMEOUT (default
  * 120 s: room for slow node starts and container pulls) for every rank to
- * register, and names those that never did. */
+ * register, and names those that never did (Note [Joining]); the same
+ * limit bounds Gloo's connection set-up that follows (pg_gloo.c). */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -45,6 +46,9 @@
 #define DEFAULT_JOIN_S 120.0
 #define DEFAULT_STALL_S 20.0
 #define BEAT_MAX_S 1.0
+#define JOIN_POLL_S 1.0  /* Note [Joining] */
+#define JOIN_NOTE_S 20.0
+#define JOIN_LINGER_S 5.0
 
 /* Seconds from `name`; `dflt` when unset. allow_zero: 0 is a value. */
 static nb_status read_seconds(const char *name, double dflt, bool allow_zero, double *out) {
@@ -253,48 +257,127 @@ static void list_ranks(const bool *sel, int n, char *out, size_t len) {
     }
 }
 
+/* Fetches every rank's join record (values[r] malloc'd or NULL). */
+static nb_status join_records(nb_pg *pg, char **keys, char **vals) {
+    int n = pg->size;
+    nb_status st = NB_OK;
+    for (int i = 0; i < n && st == NB_OK; i += NB_STORE_MAX_KEYS) {
+        int m = n - i < NB_STORE_MAX_KEYS ? n - i : NB_STORE_MAX_KEYS;
+        st = nb__store_mget(pg->store_main, (const char *const *)keys + i, m, vals + i);
+    }
+    return st;
+}
+
+/* The WORLD_SIZE a join record states (0 when it states none). */
+static long record_world(const char *v) {
+    const char *w = v ? strstr(v, " world=") : NULL;
+    return w ? strtol(w + 7, NULL, 10) : 0;
+}
+
+/* After a disagreement: says so (nb/join/seen/<rank>), and, on rank 0,
+ * which serves the store, waits a little for every other rank of its
+ * world to say so too (those still starting included), so that they read
+ * the records that show it before the store goes away with this process.
+ * Keeps nb_last_error(). */
+static void join_linger(nb_pg *pg, double deadline) {
+    char msg[NB__MSG_LEN], key[64];
+    snprintf(msg, sizeof msg, "%s", nb_last_error());
+    snprintf(key, sizeof key, "nb/join/seen/%d", pg->rank);
+    nb_store_set(pg->store_main, key, "1", 1);
+    if (pg->rank == 0) {
+        double until = nb__now() + JOIN_LINGER_S;
+        if (until > deadline) until = deadline;
+        for (int r = 1; r < pg->size; r++) {
+            double left = until - nb__now();
+            if (left <= 0) break;
+            snprintf(key, sizeof key, "nb/join/seen/%d", r);
+            const char *k = key;
+            if (nb_store_wait(pg->store_main, &k, 1, left) != NB_OK) break;
+        }
+    }
+    nb_set_error(NB_ERR_MISMATCH, "%s", msg);
+}
+
+/* Note [Joining]: every rank registers "host pid world=W" under
+ * nb/join/<rank> and polls all ranks' records (each second, waking early
+ * when they arrive) until every rank below its WORLD_SIZE has registered.
+ * A record that states another WORLD_SIZE fails the join at once, on every
+ * rank that reads it: both values named, not a wait for a rank that will
+ * never come, nor a Gloo connection that cannot be made. Rank 0, which
+ * serves the store, then waits up to 5 s for the other ranks of its world,
+ * started or still starting, to read the records that show it before it
+ * leaves (join_linger). A rank whose RANK lies beyond rank 0's WORLD_SIZE
+ * is outside rank 0's world: it reads rank 0's record and fails, while the
+ * ranks of that world, which never read its record, go on (a launcher
+ * stops them when it fails). The run id needs no record: the store
+ * refuses a process of another run when it connects. Every 20 s (every
+ * third of NABLA_JOIN_TIMEOUT when that is shorter) a waiting rank says on
+ * stderr which ranks it still waits for, so a slow start is not silent
+ * until the timeout. */
 nb_status nb__join(nb_pg *pg) {
     const nb_dist_env *e = &pg->env;
     char host[256] = "?", key[64], val[320];
     gethostname(host, sizeof host - 1);
     snprintf(key, sizeof key, "nb/join/%d", pg->rank);
-    int vn = snprintf(val, sizeof val, "%s %ld", host, (long)getpid());
+    int vn = snprintf(val, sizeof val, "%s %ld world=%d", host, (long)getpid(), pg->size);
     nb_status st = nb_store_set(pg->store_main, key, val, (size_t)vn);
     if (st != NB_OK) return st;
     int n = pg->size;
-    char **keys = malloc((size_t)n * sizeof *keys);
+    char **keys = malloc((size_t)n * sizeof *keys), **vals = calloc((size_t)n, sizeof *vals);
     char *buf = malloc((size_t)n * 32);
-    NB_CHECK(keys && buf, "nb_pg_init: out of memory");
+    bool *missing = calloc((size_t)n, sizeof *missing), *joined = calloc((size_t)n, sizeof *joined);
+    NB_CHECK(keys && vals && buf && missing && joined, "nb_pg_init: out of memory");
     for (int r = 0; r < n; r++) {
         keys[r] = buf + (size_t)r * 32;
         snprintf(keys[r], 32, "nb/join/%d", r);
     }
-    double deadline = nb__now() + pg->join_s;
-    for (int i = 0; i < n && st == NB_OK; i += NB_STORE_MAX_KEYS) {
-        int m = n - i < NB_STORE_MAX_KEYS ? n - i : NB_STORE_MAX_KEYS;
-        double left = deadline - nb__now();
-        st = nb_store_wait(pg->store_main, (const char *const *)keys + i, m, left > 0.001 ? left : 0.001);
-    }
-    if (st == NB_ERR_TIMEOUT) {
-        char **vals = calloc((size_t)n, sizeof *vals);
-        bool *missing = calloc((size_t)n, sizeof *missing), *joined = calloc((size_t)n, sizeof *joined);
-        NB_CHECK(vals && missing && joined, "nb_pg_init: out of memory");
-        nb_status mst = NB_OK;
-        for (int i = 0; i < n && mst == NB_OK; i += NB_STORE_MAX_KEYS) {
-            int m = n - i < NB_STORE_MAX_KEYS ? n - i : NB_STORE_MAX_KEYS;
-            mst = nb__store_mget(pg->store_main, (const char *const *)keys + i, m, vals + i);
-        }
-        int nmiss = 0;
+    double t0 = nb__now(), deadline = t0 + pg->join_s;
+    double every = pg->join_s / 3 < JOIN_NOTE_S ? pg->join_s / 3 : JOIN_NOTE_S;
+    double next_note = t0 + every;
+    nb_status lost = NB_OK; /* the wait failed: one last look at the records */
+    char lost_msg[NB__MSG_LEN];
+    for (;;) {
+        st = join_records(pg, keys, vals);
+        if (st != NB_OK && lost != NB_OK) st = nb_set_error(lost, "%s", lost_msg);
+        if (st != NB_OK) break;
+        int nmiss = 0, other = -1;
         for (int r = 0; r < n; r++) {
             missing[r] = vals[r] == NULL;
             joined[r] = !missing[r];
             nmiss += missing[r];
-            free(vals[r]);
+            if (other < 0 && vals[r] && record_world(vals[r]) != n) other = r;
         }
+        if (other >= 0) {
+            char who[1024] = "";
+            int listed = 0;
+            for (int r = 0; r < n && listed < 8; r++) {
+                long w = record_world(vals[r]);
+                if (!vals[r] || w == n) continue;
+                char host_r[256] = "?";
+                long pid = 0;
+                sscanf(vals[r], "%255s %ld", host_r, &pid);
+                size_t u = strlen(who);
+                snprintf(who + u, sizeof who - u, "%srank %d (host %s, pid %ld) has WORLD_SIZE=%ld", listed ? ", " : "",
+                         r, host_r, pid, w);
+                listed++;
+            }
+            st = nb_set_error(NB_ERR_MISMATCH,
+                              "nb_pg_init: ranks disagree on WORLD_SIZE: this process (rank %d) has WORLD_SIZE=%d but "
+                              "%s; start every rank with the same WORLD_SIZE",
+                              pg->rank, n, who);
+            join_linger(pg, deadline);
+            break;
+        }
+        if (lost != NB_OK) {
+            st = nb_set_error(lost, "%s", lost_msg);
+            break;
+        }
+        if (nmiss == 0) break;
+        double now = nb__now();
         char who[512] = "", in[512] = "";
         list_ranks(missing, n, who, sizeof who);
         list_ranks(joined, n, in, sizeof in);
-        if (mst == NB_OK && nmiss > 0)
+        if (now >= deadline) {
             st = nb_set_error(NB_ERR_TIMEOUT,
                               "nb_pg_init: rank%s %s of %d never joined within %.1f s (joined: rank%s "
                               "%s); start every rank with the same MASTER_ADDR (%s), MASTER_PORT (%d), "
@@ -302,10 +385,37 @@ nb_status nb__join(nb_pg *pg) {
                               "NABLA_JOIN_TIMEOUT sets how long to wait",
                               nmiss == 1 ? "" : "s", who, n, pg->join_s, n - nmiss == 1 ? "" : "s", in,
                               e->master_addr, e->master_port, n, e->run_id);
-        free(vals);
-        free(missing);
-        free(joined);
+            break;
+        }
+        if (now >= next_note) {
+            fprintf(stderr,
+                    "nabla: rank %d: still waiting for rank%s %s of %d to join (%.0f s of NABLA_JOIN_TIMEOUT=%g s; "
+                    "joined: rank%s %s)\n",
+                    pg->rank, nmiss == 1 ? "" : "s", who, n, now - t0, pg->join_s, n - nmiss == 1 ? "" : "s", in);
+            next_note += every;
+        }
+        for (int r = 0; r < n; r++) {
+            free(vals[r]);
+            vals[r] = NULL;
+        }
+        /* Sleep until the first missing ranks arrive or the next poll. */
+        const char *wait_keys[NB_STORE_MAX_KEYS];
+        int m = 0;
+        for (int r = 0; r < n && m < NB_STORE_MAX_KEYS; r++)
+            if (missing[r]) wait_keys[m++] = keys[r];
+        double left = deadline - now, slice = JOIN_POLL_S;
+        if (next_note - now < slice) slice = next_note - now;
+        if (left < slice) slice = left;
+        st = nb_store_wait(pg->store_main, wait_keys, m, slice > 0.001 ? slice : 0.001);
+        if (st != NB_OK && st != NB_ERR_TIMEOUT) {
+            lost = st;
+            snprintf(lost_msg, sizeof lost_msg, "%s", nb_last_error());
+        }
     }
+    for (int r = 0; r < n; r++) free(vals[r]);
+    free(vals);
+    free(missing);
+    free(joined);
     free(buf);
     free(keys);
     if (st == NB_OK) {

@@ -121,6 +121,8 @@ typedef struct direct_opts {
     bool local_vars;    /* set LOCAL_RANK and LOCAL_WORLD_SIZE */
     int held_fd;        /* >= 0: MASTER_PORT is this socket's, not handed to rank 0 */
     const char *extra[4];
+    int world_of[4];    /* > 0: WORLD_SIZE of that rank instead of `world` */
+    const char *rank_env[4]; /* one more variable for that rank only */
 } direct_opts;
 
 /* Starts ranks of `name` directly, as nbrun would (or as a hand launch
@@ -145,7 +147,7 @@ static void run_direct_opts(nbt_proc *ps, const char *name, const direct_opts *o
         memset(&ps[r], 0, sizeof ps[r]);
         int k = 0;
         snprintf(env[r][k++], 64, "RANK=%d", r);
-        snprintf(env[r][k++], 64, "WORLD_SIZE=%d", o->world);
+        snprintf(env[r][k++], 64, "WORLD_SIZE=%d", o->world_of[r] > 0 ? o->world_of[r] : o->world);
         if (o->local_vars) {
             snprintf(env[r][k++], 64, "LOCAL_RANK=%d", r);
             snprintf(env[r][k++], 64, "LOCAL_WORLD_SIZE=%d", o->world);
@@ -158,6 +160,7 @@ static void run_direct_opts(nbt_proc *ps, const char *name, const direct_opts *o
         for (int i = 0; i < k; i++) ps[r].env[e++] = env[r][i];
         ps[r].env[e++] = "NABLA_PG_TIMEOUT=60";
         for (int i = 0; i < 4 && o->extra[i]; i++) ps[r].env[e++] = o->extra[i];
+        if (o->rank_env[r]) ps[r].env[e++] = o->rank_env[r];
         ps[r].argv = argv;
         ps[r].pass_fd = pass ? lfd : -1;
         nbt_proc_start(&ps[r]);
@@ -167,7 +170,7 @@ static void run_direct_opts(nbt_proc *ps, const char *name, const direct_opts *o
 }
 
 static void run_direct(nbt_proc ps[3], const char *name) {
-    direct_opts o = {3, 3, true, -1, {NULL}};
+    direct_opts o = {3, 3, true, -1, {NULL}, {0}, {NULL}};
     run_direct_opts(ps, name, &o);
 }
 
@@ -269,16 +272,88 @@ START_TEST(test_slow_rank_is_not_killed) {
 }
 END_TEST
 
+/* Note [Joining]: the wait is not silent; a line every third of the join
+ * limit (every 20 s at the default 120 s) names the ranks still missing. */
 START_TEST(test_rank_that_never_joined) {
     nbt_proc ps[1];
-    direct_opts o = {2, 1, true, -1, {"NABLA_JOIN_TIMEOUT=1", NULL}};
+    direct_opts o = {2, 1, true, -1, {"NABLA_JOIN_TIMEOUT=1.5", NULL}, {0}, {NULL}};
     run_direct_opts(ps, "ok", &o);
     ck_assert_msg(ps[0].code == 1, "rank 0 exited with %d; stderr:\n%s", ps[0].code, ps[0].err);
-    EXPECT_IN(ps[0].err, "nb_pg_init: rank 1 of 2 never joined within 1.0 s (joined: rank 0); start every "
+    EXPECT_IN(ps[0].err, "nabla: rank 0: still waiting for rank 1 of 2 to join (");
+    int lines = nbt_count(ps[0].err, " s of NABLA_JOIN_TIMEOUT=1.5 s; joined: rank 0)\n");
+    ck_assert_msg(lines >= 2 && lines <= 3, "expected 2 progress lines (at 0.5 and 1 s) in:\n%s", ps[0].err);
+    EXPECT_IN(ps[0].err, "nb_pg_init: rank 1 of 2 never joined within 1.5 s (joined: rank 0); start every "
                          "rank with the same MASTER_ADDR (127.0.0.1), MASTER_PORT (");
     EXPECT_IN(ps[0].err, "WORLD_SIZE (2) and run id (default), each with its own RANK");
     ck_assert_msg(ps[0].seconds < 20, "took %.1f s (join timeout 1 s)", ps[0].seconds);
     nbt_proc_free(&ps[0]);
+}
+END_TEST
+
+/* Note [Joining]: ranks started with different WORLD_SIZE fail at the
+ * join, each naming both values, long before the join limit (20 s) and
+ * the collective timeout (60 s); no rank waits for one that will never
+ * come or in Gloo's connection set-up. */
+START_TEST(test_world_size_disagreement_2_ranks) {
+    nbt_proc ps[2];
+    direct_opts o = {2, 2, false, -1, {"NABLA_JOIN_TIMEOUT=20", NULL}, {0, 3}, {NULL}};
+    run_direct_opts(ps, "ok", &o);
+    char host[256] = "", want[512];
+    gethostname(host, sizeof host - 1);
+    for (int r = 0; r < 2; r++) {
+        ck_assert_msg(ps[r].code == 1, "rank %d exited with %d; stderr:\n%s", r, ps[r].code, ps[r].err);
+        ck_assert_msg(ps[r].seconds < 10, "rank %d took %.1f s (join limit 20 s)", r, ps[r].seconds);
+    }
+    snprintf(want, sizeof want, "nb_pg_init: ranks disagree on WORLD_SIZE: this process (rank 0) has WORLD_SIZE=2 "
+             "but rank 1 (host %s, pid %d) has WORLD_SIZE=3; start every rank with the same WORLD_SIZE", host,
+             (int)ps[1].pid);
+    EXPECT_IN(ps[0].err, want);
+    snprintf(want, sizeof want, "nb_pg_init: ranks disagree on WORLD_SIZE: this process (rank 1) has WORLD_SIZE=3 "
+             "but rank 0 (host %s, pid %d) has WORLD_SIZE=2; start every rank with the same WORLD_SIZE", host,
+             (int)ps[0].pid);
+    EXPECT_IN(ps[1].err, want);
+    for (int r = 0; r < 2; r++) nbt_proc_free(&ps[r]);
+}
+END_TEST
+
+/* Three ranks, the middle one with a smaller WORLD_SIZE: every rank names it. */
+START_TEST(test_world_size_disagreement_3_ranks) {
+    nbt_proc ps[3];
+    direct_opts o = {3, 3, false, -1, {"NABLA_JOIN_TIMEOUT=20", NULL}, {0, 2, 0}, {NULL}};
+    run_direct_opts(ps, "ok", &o);
+    char host[256] = "", want[512];
+    gethostname(host, sizeof host - 1);
+    for (int r = 0; r < 3; r++) {
+        ck_assert_msg(ps[r].code == 1, "rank %d exited with %d; stderr:\n%s", r, ps[r].code, ps[r].err);
+        ck_assert_msg(ps[r].seconds < 10, "rank %d took %.1f s (join limit 20 s)", r, ps[r].seconds);
+    }
+    for (int r = 0; r < 3; r += 2) {
+        snprintf(want, sizeof want, "ranks disagree on WORLD_SIZE: this process (rank %d) has WORLD_SIZE=3 but rank 1 "
+                 "(host %s, pid %d) has WORLD_SIZE=2;", r, host, (int)ps[1].pid);
+        EXPECT_IN(ps[r].err, want);
+    }
+    snprintf(want, sizeof want, "ranks disagree on WORLD_SIZE: this process (rank 1) has WORLD_SIZE=2 but rank 0 "
+             "(host %s, pid %d) has WORLD_SIZE=3;", host, (int)ps[0].pid);
+    EXPECT_IN(ps[1].err, want);
+    for (int r = 0; r < 3; r++) nbt_proc_free(&ps[r]);
+}
+END_TEST
+
+/* Gloo's connection set-up is bounded by NABLA_JOIN_TIMEOUT (2 s here),
+ * not NABLA_PG_TIMEOUT (60 s): rank 1 cannot open its Gloo device (no such
+ * interface), so it never publishes an address; rank 0 gives up on it
+ * within the join limit, saying which limit it was. */
+START_TEST(test_gloo_connect_bounded_by_join_timeout) {
+    nbt_proc ps[2];
+    direct_opts o = {2, 2, true, -1, {"NABLA_JOIN_TIMEOUT=2", NULL}, {0}, {NULL, "NABLA_SOCKET_IFNAME=nbnosuch0"}};
+    run_direct_opts(ps, "ok", &o);
+    for (int r = 0; r < 2; r++)
+        ck_assert_msg(ps[r].code == 1, "rank %d exited with %d; stderr:\n%s", r, ps[r].code, ps[r].err);
+    EXPECT_IN(ps[1].err, "nb_pg_init: cannot open a Gloo TCP device on nbnosuch0: ");
+    EXPECT_IN(ps[0].err, "nb_pg_init: Gloo could not connect rank 0 of 2: ");
+    EXPECT_IN(ps[0].err, "(within 2 s, NABLA_JOIN_TIMEOUT;");
+    ck_assert_msg(ps[0].seconds < 15, "rank 0 took %.1f s (join limit 2 s, collective timeout 60 s)", ps[0].seconds);
+    for (int r = 0; r < 2; r++) nbt_proc_free(&ps[r]);
 }
 END_TEST
 
@@ -288,7 +363,7 @@ START_TEST(test_held_port_reported_on_every_rank) {
     int port;
     int held = listen_free(&port);
     nbt_proc ps[2];
-    direct_opts o = {2, 2, true, held, {"NABLA_LIVENESS_TIMEOUT=1", "NABLA_JOIN_TIMEOUT=20", NULL}};
+    direct_opts o = {2, 2, true, held, {"NABLA_LIVENESS_TIMEOUT=1", "NABLA_JOIN_TIMEOUT=20", NULL}, {0}, {NULL}};
     run_direct_opts(ps, "ok", &o);
     close(held);
     for (int r = 0; r < 2; r++) {
@@ -305,7 +380,7 @@ END_TEST
 /* PyTorch's env:// variables only: no LOCAL_RANK, no LOCAL_WORLD_SIZE. */
 START_TEST(test_env_launch_without_local_variables) {
     nbt_proc ps[2];
-    direct_opts o = {2, 2, false, -1, {NULL}};
+    direct_opts o = {2, 2, false, -1, {NULL}, {0}, {NULL}};
     run_direct_opts(ps, "ok", &o);
     for (int r = 0; r < 2; r++) {
         ck_assert_msg(ps[r].code == 0, "rank %d exited with %d; stderr:\n%s", r, ps[r].code, ps[r].err);
@@ -389,6 +464,9 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_stopped_store_named_at_liveness_limit);
     tcase_add_test(tc, test_slow_rank_is_not_killed);
     tcase_add_test(tc, test_rank_that_never_joined);
+    tcase_add_test(tc, test_world_size_disagreement_2_ranks);
+    tcase_add_test(tc, test_world_size_disagreement_3_ranks);
+    tcase_add_test(tc, test_gloo_connect_bounded_by_join_timeout);
     tcase_add_test(tc, test_held_port_reported_on_every_rank);
     tcase_add_test(tc, test_env_launch_without_local_variables);
     tcase_add_test(tc, test_ddp_peer_failure_is_a_status);
