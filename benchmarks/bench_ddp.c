@@ -286,7 +286,10 @@ int main(int argc, char **argv) {
     int64_t n_params = 0;
     for (int i = 0; i < np; i++) n_params += nb_numel(p[i].tensor);
     nb_optim *opt = nb_optim_new(NB_OPTIM_ADAMW, p, np, &NB_ADAMW_DEFAULTS);
-    if (bucket_step) nb_ddp_set_optimizer(ddp, opt);
+    if (bucket_step && nb_ddp_set_optimizer(ddp, opt) != NB_OK) {
+        fprintf(stderr, "bench_ddp: %s\n", nb_last_error());
+        return 1;
+    }
     if (zero && nb_ddp_set_zero(ddp, opt) != NB_OK) {
         fprintf(stderr, "bench_ddp: %s\n", nb_last_error());
         return 1;

@@ -408,12 +408,16 @@ void nb_loader_position(const nb_loader *l, int64_t *epoch, int64_t *batch) {
     if (batch) *batch = l->consumed;
 }
 
-void nb_loader_seek(nb_loader *l, int64_t epoch, int64_t batch) {
+nb_status nb_loader_seek(nb_loader *l, int64_t epoch, int64_t batch) {
     NB__CHECK_HANDLE("nb_loader_seek", l, "loader");
-    NB_CHECK(batch >= 0 && batch <= l->n_batches, "nb_loader_seek: batch %lld is not in [0, %lld] "
-             "(batches per epoch)", (long long)batch, (long long)l->n_batches);
-    if (epoch == l->epoch && batch == l->consumed) return;
+    if (epoch < 0)
+        return nb_set_error(NB_ERR_INVALID, "nb_loader_seek: epoch %lld is negative", (long long)epoch);
+    if (batch < 0 || batch > l->n_batches)
+        return nb_set_error(NB_ERR_INVALID, "nb_loader_seek: batch %lld is not in [0, %lld] (batches per "
+                            "epoch)", (long long)batch, (long long)l->n_batches);
+    if (epoch == l->epoch && batch == l->consumed) return NB_OK;
     restart(l, epoch, batch);
+    return NB_OK;
 }
 
 void nb_loader_set_epoch(nb_loader *l, int64_t epoch) {

@@ -349,21 +349,25 @@ nb_module *nb_ddp_module(nb_ddp *d) {
     return d->model;
 }
 
-void nb_ddp_set_optimizer(nb_ddp *d, nb_optim *opt) {
+/* A combination the wrapper refuses is a status, as in nb_ddp_set_zero: a
+ * program may fall back to a plain step. Called inside a backward, it aborts. */
+nb_status nb_ddp_set_optimizer(nb_ddp *d, nb_optim *opt) {
     NB__CHECK_HANDLE("nb_ddp_set_optimizer", d, "DDP handle");
     NB_CHECK(!d->in_backward, "nb_ddp_set_optimizer: rank %d: called inside a backward", d->rank);
-    NB_CHECK(!opt || !d->join_on,
-             "nb_ddp_set_optimizer: rank %d: the wrapper is in join mode (nb_ddp_join_begin); "
-             "per-bucket optimizer steps cannot be combined with join", d->rank);
-    NB_CHECK(!opt || !d->zopt,
-             "nb_ddp_set_optimizer: rank %d: ZeRO-1 is on (nb_ddp_set_zero); per-bucket optimizer "
-             "steps cannot be combined with it", d->rank);
-    NB_CHECK(!opt || !opt->sharded_by,
-             "nb_ddp_set_optimizer: rank %d: this optimizer's state is sharded by ZeRO-1 "
-             "(nb_ddp_set_zero); per-bucket optimizer steps cannot be combined with it", d->rank);
-    NB_CHECK(!opt || opt == d->opt || !opt->stepped_by,
-             "nb_ddp_set_optimizer: rank %d: this optimizer is already stepped per bucket by "
-             "another DDP wrapper", d->rank);
+    if (opt && d->join_on)
+        return nb_set_error(NB_ERR_INVALID, "nb_ddp_set_optimizer: rank %d: the wrapper is in join mode "
+                            "(nb_ddp_join_begin); per-bucket optimizer steps cannot be combined with join",
+                            d->rank);
+    if (opt && d->zopt)
+        return nb_set_error(NB_ERR_INVALID, "nb_ddp_set_optimizer: rank %d: ZeRO-1 is on (nb_ddp_set_zero); "
+                            "per-bucket optimizer steps cannot be combined with it", d->rank);
+    if (opt && opt->sharded_by)
+        return nb_set_error(NB_ERR_INVALID, "nb_ddp_set_optimizer: rank %d: this optimizer's state is sharded "
+                            "by ZeRO-1 (nb_ddp_set_zero); per-bucket optimizer steps cannot be combined with it",
+                            d->rank);
+    if (opt && opt != d->opt && opt->stepped_by)
+        return nb_set_error(NB_ERR_INVALID, "nb_ddp_set_optimizer: rank %d: this optimizer is already stepped "
+                            "per bucket by another DDP wrapper", d->rank);
     if (opt && opt != d->opt) {
         int *index = nb__ddp_calloc((size_t)(d->n ? d->n : 1), sizeof(int));
         for (int i = 0; i < d->n; i++) index[i] = nb__optim_param_index(opt, d->p[i].tensor);
@@ -377,10 +381,10 @@ void nb_ddp_set_optimizer(nb_ddp *d, nb_optim *opt) {
                 if (!in) name = opt->params[j].name;
             }
             free(index);
-            NB_ABORT("nb_ddp_set_optimizer: rank %d: optimizer parameter \"%s\" is not a "
-                     "parameter (that requires grad) of the wrapped model; a per-bucket step "
-                     "updates only the wrapper's parameters, so it would never be stepped",
-                     d->rank, name);
+            return nb_set_error(NB_ERR_INVALID, "nb_ddp_set_optimizer: rank %d: optimizer parameter \"%s\" is "
+                                "not a parameter (that requires grad) of the wrapped model; a per-bucket step "
+                                "updates only the wrapper's parameters, so it would never be stepped",
+                                d->rank, name);
         }
         free(d->opt_index);
         free(d->step_idx);
@@ -390,6 +394,7 @@ void nb_ddp_set_optimizer(nb_ddp *d, nb_optim *opt) {
     if (d->opt && d->opt != opt) d->opt->stepped_by = NULL;
     d->opt = opt;
     if (opt) opt->stepped_by = "a DDP wrapper";
+    return NB_OK;
 }
 
 nb_optim *nb_ddp_optimizer(const nb_ddp *d) {

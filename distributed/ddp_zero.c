@@ -270,26 +270,35 @@ nb_status nb_ddp_set_zero(nb_ddp *d, nb_optim *opt) {
         }
         return NB_OK;
     }
-    NB_CHECK(!d->zopt, "nb_ddp_set_zero: rank %d: ZeRO-1 is already on with another optimizer; "
-             "detach it first with nb_ddp_set_zero(ddp, NULL)", d->rank);
-    NB_CHECK(!d->join_on, "nb_ddp_set_zero: rank %d: the wrapper is in join mode "
-             "(nb_ddp_join_begin); ZeRO-1 cannot be combined with join", d->rank);
-    NB_CHECK(!d->opt, "nb_ddp_set_zero: rank %d: the wrapper steps an optimizer per bucket "
-             "(nb_ddp_set_optimizer); ZeRO-1 cannot be combined with per-bucket steps", d->rank);
-    NB_CHECK(d->o.comm_hook == NB_DDP_HOOK_ALLREDUCE,
-             "nb_ddp_set_zero: rank %d: ZeRO-1 needs comm_hook NB_DDP_HOOK_ALLREDUCE (the bf16 "
-             "compression hook is not supported with it)", d->rank);
-    NB_CHECK(!opt->stepped_by, "nb_ddp_set_zero: rank %d: this optimizer is stepped per bucket by "
-             "%s (nb_ddp_set_optimizer); ZeRO-1 cannot be combined with per-bucket steps", d->rank,
-             opt->stepped_by);
-    NB_CHECK(!opt->sharded_by, "nb_ddp_set_zero: rank %d: this optimizer's state is already "
-             "sharded by %s", d->rank, opt->sharded_by);
+    /* combinations the wrapper refuses are statuses, as in nb_ddp_set_optimizer */
+    if (d->zopt)
+        return nb_set_error(NB_ERR_INVALID, "nb_ddp_set_zero: rank %d: ZeRO-1 is already on with another "
+                            "optimizer; detach it first with nb_ddp_set_zero(ddp, NULL)", d->rank);
+    if (d->join_on)
+        return nb_set_error(NB_ERR_INVALID, "nb_ddp_set_zero: rank %d: the wrapper is in join mode "
+                            "(nb_ddp_join_begin); ZeRO-1 cannot be combined with join", d->rank);
+    if (d->opt)
+        return nb_set_error(NB_ERR_INVALID, "nb_ddp_set_zero: rank %d: the wrapper steps an optimizer per "
+                            "bucket (nb_ddp_set_optimizer); ZeRO-1 cannot be combined with per-bucket steps",
+                            d->rank);
+    if (d->o.comm_hook != NB_DDP_HOOK_ALLREDUCE)
+        return nb_set_error(NB_ERR_INVALID, "nb_ddp_set_zero: rank %d: ZeRO-1 needs comm_hook "
+                            "NB_DDP_HOOK_ALLREDUCE (the bf16 compression hook is not supported with it)",
+                            d->rank);
+    if (opt->stepped_by)
+        return nb_set_error(NB_ERR_INVALID, "nb_ddp_set_zero: rank %d: this optimizer is stepped per bucket "
+                            "by %s (nb_ddp_set_optimizer); ZeRO-1 cannot be combined with per-bucket steps",
+                            d->rank, opt->stepped_by);
+    if (opt->sharded_by)
+        return nb_set_error(NB_ERR_INVALID, "nb_ddp_set_zero: rank %d: this optimizer's state is already "
+                            "sharded by %s", d->rank, opt->sharded_by);
     for (int j = 0; j < opt->n_params; j++) {
         bool in = false;
         for (int i = 0; i < d->n && !in; i++) in = d->p[i].tensor == opt->params[j].param;
-        NB_CHECK(in, "nb_ddp_set_zero: rank %d: optimizer parameter \"%s\" is not a parameter "
-                 "(that requires grad) of the wrapped model; ZeRO-1 shards only the wrapper's "
-                 "parameters", d->rank, opt->params[j].name);
+        if (!in)
+            return nb_set_error(NB_ERR_INVALID, "nb_ddp_set_zero: rank %d: optimizer parameter \"%s\" is not a "
+                                "parameter (that requires grad) of the wrapped model; ZeRO-1 shards only the "
+                                "wrapper's parameters", d->rank, opt->params[j].name);
     }
     d->zopt = opt;
     opt->sharded_by = SHARDED_BY;

@@ -155,10 +155,10 @@ static nb_status evaluate(run *r, double *loss, double *accuracy, double *count)
     nb_metric_sums sums;
     nb_metric_sums_init(&sums, 2);
     nb_status s = run_dist_sync_buffers(&r->d);
+    if (s == NB_OK) s = nb_loader_seek(r->test_loader, 0, 0);
     if (s != NB_OK) return s;
     nb_module_eval(r->model);
     bool prev = nb_no_grad_begin();
-    nb_loader_seek(r->test_loader, 0, 0);
     for (;;) {
         nb_ctx_reset(r->step_ctx);
         nb_batch b;

@@ -192,10 +192,10 @@ static nb_status evaluate(run *r, double *loss) {
     nb_metric_sums sums;
     nb_metric_sums_init(&sums, 1);
     nb_status s = run_dist_sync_buffers(&r->d);
+    if (s == NB_OK) s = nb_loader_seek(r->eval_loader, 0, 0);
     if (s != NB_OK) return s;
     nb_module_eval(r->model);
     bool prev = nb_no_grad_begin();
-    nb_loader_seek(r->eval_loader, 0, 0);
     for (;;) {
         nb_ctx_reset(r->step_ctx);
         nb_batch b;
@@ -278,7 +278,8 @@ static nb_status load_checkpoint(run *r) {
     s = nb_checkpoint_load_training(r->resume_path, r->state, r->n_state, r->opt, &st);
     if (s != NB_OK) return s;
     r->step = st.step;
-    nb_loader_seek(r->train_loader, st.epoch, st.data_position);
+    s = nb_loader_seek(r->train_loader, st.epoch, st.data_position); /* a checkpoint of other data? */
+    if (s != NB_OK) return s;
     /* every rank draws its own masks; all are at the same offset */
     *nb_gpt_dropout_rng(r->model) = (nb_rng){r->dropout_seed, st.rng.offset};
     return NB_OK;

@@ -67,12 +67,12 @@ static nb_status evaluate(nb_ddp *ddp, nb_pg *pg, nb_loader *test, nb_ctx *step,
                           double *loss, double *accuracy, double *rows) {
     nb_module *model = nb_ddp_module(ddp);
     nb_status s = nb_ddp_pre_forward(ddp); /* rank 0's buffers, if the model has any */
+    if (s == NB_OK) s = nb_loader_seek(test, 0, 0); /* the first test batch */
     if (s != NB_OK) return s;
     nb_metric_sums sums;
     nb_metric_sums_init(&sums, 2); /* loss sum, correct count */
     nb_module_eval(model);
     bool prev = nb_no_grad_begin();
-    nb_loader_seek(test, 0, 0);
     for (;;) {
         nb_ctx_reset(step);
         nb_batch b;

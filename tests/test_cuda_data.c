@@ -68,8 +68,8 @@ static void loader_case(int workers, bool pin, int prefetch) {
         }
     }
     /* a seek drops the prefetched batches */
-    nb_loader_seek(l, 5, 3);
-    nb_loader_seek(lc, 5, 3);
+    ck_assert_int_eq(nb_loader_seek(l, 5, 3), NB_OK);
+    ck_assert_int_eq(nb_loader_seek(lc, 5, 3), NB_OK);
     nb_batch b, bc;
     ck_assert_int_eq(nb_loader_next(l, dev, &b), NB_OK);
     ck_assert_int_eq(nb_loader_next(lc, cpu, &bc), NB_OK);

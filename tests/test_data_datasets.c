@@ -705,7 +705,7 @@ START_TEST(test_null_handles) {
     nb_batch b;
     NBT_EXPECT_ABORT(nb_loader_next(l, NULL, &b), "nb_loader_next: the loader is NULL");
     NBT_EXPECT_ABORT(nb_loader_len(l), "nb_loader_len: the loader is NULL");
-    NBT_EXPECT_ABORT(nb_loader_seek(l, 0, 0), "nb_loader_seek: the loader is NULL");
+    NBT_EXPECT_ABORT((void)!nb_loader_seek(l, 0, 0), "nb_loader_seek: the loader is NULL");
     NBT_EXPECT_ABORT(nb_sampler_len(NULL), "nb_sampler_len: the sampler is NULL");
     NBT_EXPECT_ABORT(nb_batch_sampler_new(NULL, 4, false), "nb_batch_sampler_new: the sampler is NULL");
     NBT_EXPECT_ABORT(nb_batch_sampler_get(NULL, 0, NULL), "nb_batch_sampler_get: the batch sampler");

@@ -272,7 +272,7 @@ START_TEST(test_resume) {
         memset(&rest, 0, sizeof rest);
         o.num_workers = workers;
         ck_assert_int_eq(nb_loader_new(&l, ds, &o), NB_OK);
-        nb_loader_seek(l, epoch, batch);
+        ck_assert_int_eq(nb_loader_seek(l, epoch, batch), NB_OK);
         nb_loader_set_epoch(l, epoch); /* what an epoch loop does on resume: a no-op */
         drain(l, &rest, 1, 1000);
         nb_loader_free(l);
@@ -293,18 +293,27 @@ START_TEST(test_resume) {
     o.num_workers = 2;
     ck_assert_int_eq(nb_loader_new(&l, ds, &o), NB_OK);
     drain(l, &seeked, 1, 3);
-    nb_loader_seek(l, 0, 12);
+    ck_assert_int_eq(nb_loader_seek(l, 0, 12), NB_OK);
     memset(&seeked, 0, sizeof seeked);
     drain(l, &seeked, 1, 1000);
     ck_assert_int_eq(seeked.n_batches, 3);
     ck_assert_int_eq(seeked.index[0], 12);
     ck_assert_mem_eq(seeked.indices, full.indices + 12 * 7, sizeof(int64_t) * 7);
-    nb_loader_seek(l, 0, 15); /* at the end: the next call reports the end */
+    ck_assert_int_eq(nb_loader_seek(l, 0, 15), NB_OK); /* at the end: the next call reports the end */
     nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
     nb_batch b;
     ck_assert_int_eq(nb_loader_next(l, ctx, &b), NB_OK);
     ck_assert_ptr_null(b.inputs);
-    NBT_EXPECT_ABORT(nb_loader_seek(l, 0, 16), "nb_loader_seek: batch 16 is not in [0, 15]");
+    /* a position from elsewhere (a checkpoint of other data) is refused, and the loader stays */
+    ck_assert_int_eq(nb_loader_seek(l, 0, 16), NB_ERR_INVALID);
+    ck_assert_str_eq(nb_last_error(), "nb_loader_seek: batch 16 is not in [0, 15] (batches per epoch)");
+    ck_assert_int_eq(nb_loader_seek(l, -1, 0), NB_ERR_INVALID);
+    ck_assert_str_eq(nb_last_error(), "nb_loader_seek: epoch -1 is negative");
+    ck_assert_int_eq(nb_loader_seek(l, 2, -1), NB_ERR_INVALID);
+    int64_t pe, pb;
+    nb_loader_position(l, &pe, &pb);
+    ck_assert_int_eq(pe, 1); /* where the end of epoch 0 left it */
+    ck_assert_int_eq(pb, 0);
     nb_loader_free(l);
     nb_ctx_free(ctx);
     nb_dataset_free(ds);
@@ -328,7 +337,7 @@ START_TEST(test_worker_error) {
             ck_assert_str_eq(nb_last_error(), "nb_loader_next: sample 13 (batch 2 of epoch 0, "
                              "probe dataset): probe: row 13 is corrupt");
         }
-        nb_loader_seek(l, 0, 3); /* skip it */
+        ck_assert_int_eq(nb_loader_seek(l, 0, 3), NB_OK); /* skip it */
         ck_assert_int_eq(nb_loader_next(l, ctx, &b), NB_OK);
         ck_assert_int_eq(b.indices[0], 15);
         nb_loader_free(l);

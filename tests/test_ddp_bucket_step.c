@@ -89,7 +89,7 @@ static void run_equivalence(nb_optim_kind kind, int steps, int accum) {
     nb_module *m = mlp(pctx), *ref = mlp(pctx);
     nb_ddp *ddp = wrap(m), *rddp = wrap(ref);
     nb_optim *opt = optim_for(m, kind), *ropt = optim_for(ref, kind);
-    nb_ddp_set_optimizer(ddp, opt);
+    ck_assert_int_eq(nb_ddp_set_optimizer(ddp, opt), NB_OK);
     ck_assert_ptr_eq(nb_ddp_optimizer(ddp), opt);
     for (int it = 0; it < steps; it++) {
         double lr = 0.02 / (1 + it);
@@ -150,9 +150,10 @@ START_TEST(test_refusals) {
     nb_module *m = mlp(pctx), *other = mlp(pctx);
     nb_ddp *ddp = wrap(m);
     nb_optim *opt = optim_for(m, NB_OPTIM_ADAMW), *foreign = optim_for(other, NB_OPTIM_ADAMW);
-    NBT_EXPECT_ABORT(nb_ddp_set_optimizer(ddp, foreign), "is not a parameter (that requires grad) of "
-                                                         "the wrapped model");
-    nb_ddp_set_optimizer(ddp, opt);
+    NBT_EXPECT_STATUS(nb_ddp_set_optimizer(ddp, foreign), NB_ERR_INVALID, "is not a parameter (that requires "
+                      "grad) of the wrapped model");
+    ck_assert_ptr_null(nb_ddp_optimizer(ddp)); /* nothing attached */
+    ck_assert_int_eq(nb_ddp_set_optimizer(ddp, opt), NB_OK);
     ck_assert_int_eq(nb_ddp_pre_forward(ddp), NB_OK);
     ck_assert_int_eq(nb_ddp_backward(ddp, loss_of(step, m, 0, 0)), NB_OK);
     NBT_EXPECT_ABORT(nb_optim_step(opt), "nb_optim_step: this optimizer is stepped per bucket by a "
@@ -167,17 +168,18 @@ START_TEST(test_refusals) {
                                                       "stepped per bucket");
     NBT_EXPECT_ABORT(nb_ddp_join_begin(ddp, NULL), "join mode cannot be combined with it");
     nb_ddp *second = wrap(other);
-    NBT_EXPECT_ABORT(nb_ddp_set_optimizer(second, opt), "already stepped per bucket by another DDP "
-                                                        "wrapper");
+    NBT_EXPECT_STATUS(nb_ddp_set_optimizer(second, opt), NB_ERR_INVALID, "already stepped per bucket by "
+                      "another DDP wrapper");
     nb_ddp_free(second);
     ck_assert_int_eq(nb_optim_step_count(opt), 1); /* the refused calls stepped nothing */
     /* detached, the optimizer is the user's again */
-    nb_ddp_set_optimizer(ddp, NULL);
+    ck_assert_int_eq(nb_ddp_set_optimizer(ddp, NULL), NB_OK);
     ck_assert_ptr_null(nb_ddp_optimizer(ddp));
     nb_optim_step(opt);
     ck_assert_int_eq(nb_optim_step_count(opt), 2);
     nb_ddp_join_begin(ddp, NULL);
-    NBT_EXPECT_ABORT(nb_ddp_set_optimizer(ddp, opt), "is in join mode");
+    NBT_EXPECT_STATUS(nb_ddp_set_optimizer(ddp, opt), NB_ERR_INVALID, "is in join mode");
+    ck_assert_ptr_null(nb_ddp_optimizer(ddp));
     ck_assert_int_eq(nb_ddp_join(ddp), NB_OK);
     nb_grad_scaler_free(gs);
     nb_ddp_free(ddp);

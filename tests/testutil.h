@@ -31,6 +31,16 @@ extern char nbt_abort_msg[1024];
                       "abort message \"%s\" lacks \"%s\"", nbt_abort_msg, substr);        \
     } while (0)
 
+/* `call` must return `status` with nb_last_error() containing `substr`. */
+#define NBT_EXPECT_STATUS(call, status, substr)                                           \
+    do {                                                                                  \
+        nb_status nbt_st_ = (call);                                                       \
+        ck_assert_msg(nbt_st_ == (status), "%s returned %s, not %s (%s)", #call,           \
+                      nb_status_str(nbt_st_), nb_status_str(status), nb_last_error());    \
+        ck_assert_msg(strstr(nb_last_error(), substr) != NULL,                            \
+                      "error message \"%s\" lacks \"%s\"", nb_last_error(), substr);        \
+    } while (0)
+
 /* Gradient check with the defaults; fails the test with the worst element. */
 #define NBT_GRADCHECK(fn, user, n, inputs)                                                \
     do {                                                                                  \

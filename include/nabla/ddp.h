@@ -95,10 +95,14 @@ void nb_ddp_set_no_sync(nb_ddp *ddp, bool no_sync);
  * nb_optim_clip_grad_norm, nb_grad_scaler_unscale and nb_grad_scaler_step
  * on opt abort with a message naming the situation (clipping needs the
  * norm of every gradient before any update; nb_clip_grad_norm on the
- * parameters' list must not be used either), and so does join mode.
- * nb_optim_zero_grad stays the user's. NULL detaches. Local: every rank
- * should make the same choice. */
-void nb_ddp_set_optimizer(nb_ddp *ddp, nb_optim *opt);
+ * parameters' list must not be used either). nb_optim_zero_grad stays the
+ * user's. NULL detaches. Local: every rank should make the same choice.
+ * NB_ERR_INVALID, with nothing attached and the reason in nb_last_error(),
+ * when the wrapper is in join mode or has ZeRO-1 on, when opt is sharded by
+ * ZeRO-1 or stepped by another wrapper, or when a parameter of opt is not
+ * one of the wrapper's (as nb_ddp_set_zero refuses what it cannot combine
+ * with). */
+NB_MUST_CHECK nb_status nb_ddp_set_optimizer(nb_ddp *ddp, nb_optim *opt);
 nb_optim *nb_ddp_optimizer(const nb_ddp *ddp);
 
 /* ---- ZeRO-1: optimizer state sharded over the ranks (docs/ddp.md, "ZeRO-1") ---- */
@@ -114,13 +118,16 @@ nb_optim *nb_ddp_optimizer(const nb_ddp *ddp);
  * nb_optim_clip_grad_norm, nb_grad_scaler_unscale / _step and nb_optim_state
  * on opt abort naming what to call instead (nb_ddp_step,
  * nb_ddp_clip_grad_norm, nb_ddp_scaler_unscale / _step,
- * nb_ddp_consolidate_optimizer); per-bucket steps
- * (nb_ddp_set_optimizer), join and the bf16 comm hook are refused.
+ * nb_ddp_consolidate_optimizer). Per-bucket steps (nb_ddp_set_optimizer),
+ * join, the bf16 comm hook, ZeRO-1 already on with another optimizer, an
+ * optimizer already sharded and a parameter of opt that is not one of the
+ * wrapper's are refused: NB_ERR_INVALID, nothing attached, the reason in
+ * nb_last_error().
  * Attaching is local (every rank makes the same call); NULL detaches and
  * is collective: every rank gets the whole state back into opt. Free the
  * wrapper only after detaching, or opt's state is lost (opt then refuses
  * to step). */
-nb_status nb_ddp_set_zero(nb_ddp *ddp, nb_optim *opt);
+NB_MUST_CHECK nb_status nb_ddp_set_zero(nb_ddp *ddp, nb_optim *opt);
 nb_optim *nb_ddp_zero_optimizer(const nb_ddp *ddp);
 /* The optimizer step under ZeRO-1 (after a synchronising nb_ddp_backward
  * and, if wanted, nb_ddp_clip_grad_norm): the rank's shard is updated with

@@ -45,6 +45,11 @@ const char *nb_last_error(void);
 nb_status nb_set_error(nb_status status, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
+/* On a call whose refusal leaves the run different from what the caller
+ * asked for (a loader not moved, an optimizer not attached): ignoring its
+ * status is a compiler warning, since going on would be a silent change. */
+#define NB_MUST_CHECK __attribute__((warn_unused_result))
+
 /* Programmer-error handler. It receives the source location and the full
  * message. If it returns, nb_abort() calls abort(): a handler that wants to
  * recover must leave by longjmp (tests do). */

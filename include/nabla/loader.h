@@ -86,9 +86,12 @@ nb_status nb_loader_next(nb_loader *l, nb_ctx *ctx, nb_batch *batch);
 
 int64_t nb_loader_len(const nb_loader *l); /* batches per epoch */
 void nb_loader_position(const nb_loader *l, int64_t *epoch, int64_t *batch);
-/* Continues from (epoch, batch), 0 <= batch <= len; work prefetched for
- * another position is dropped. Seeking to the current position keeps it. */
-void nb_loader_seek(nb_loader *l, int64_t epoch, int64_t batch);
+/* Continues from (epoch, batch), epoch >= 0 and 0 <= batch <= len; work
+ * prefetched for another position is dropped. Seeking to the current
+ * position keeps it. A position outside those bounds (one read from a
+ * checkpoint of another dataset or batch size, say) is NB_ERR_INVALID with
+ * the bounds in nb_last_error(), and the loader stays where it was. */
+NB_MUST_CHECK nb_status nb_loader_seek(nb_loader *l, int64_t epoch, int64_t batch);
 /* Starts epoch `epoch` at its first batch, unless the position is already
  * in that epoch (so that a resumed run's epoch loop may call it). */
 void nb_loader_set_epoch(nb_loader *l, int64_t epoch);
