@@ -349,6 +349,15 @@ nb_status nb_dataset_open_csv(nb_dataset **out, const char *path, const nb_csv_o
     size_t size;
     nb_status st = nb__read_file(path, &buf, &size);
     if (st) return st;
+    return nb__csv_parse(out, path, buf, size, &o);
+}
+
+nb_status nb__csv_parse(nb_dataset **out, const char *path, char *buf, size_t size,
+                        const nb_csv_options *opts) {
+    *out = NULL;
+    nb_csv_options o = *opts;
+    check_options(&o);
+    nb_status st = NB_OK;
     parser ps = {path, o.delimiter, buf, buf + size, buf, 0, NULL, 0, 0};
     table t = {0, 0, NULL};
     csv_ds *c = calloc(1, sizeof *c);

@@ -17,6 +17,13 @@ void nb__randperm(int64_t *out, int64_t n, uint64_t seed);
  * the end). NB_ERR_IO naming the path on failure. */
 nb_status nb__read_file(const char *path, char **data, size_t *size);
 
+/* nb_dataset_open_csv on the file's bytes buf[0, size), which must be
+ * malloc'ed with a spare byte after them (nb__read_file's buffer); takes
+ * buf and frees it. `path` names the file in messages. The fuzz target
+ * fuzz/fuzz_csv.c calls it. */
+nb_status nb__csv_parse(nb_dataset **out, const char *path, char *buf, size_t size,
+                        const nb_csv_options *opts);
+
 /* ds's `self` when it was made with vtable `vt`, else NULL. */
 void *nb__dataset_self(const nb_dataset *ds, const nb_dataset_vtable *vt);
 

@@ -87,15 +87,18 @@ static nb_status slurm_tasks_on_node(const char *spec, int node, int *tasks) {
         char *end;
         long count = strtol(p, &end, 10);
         long repeat = 1;
-        if (end == p || count < 0) break;
+        if (end == p || count < 0 || count > INT_MAX) break;
         p = end;
         if (*p == '(') {
             if (p[1] != 'x') break;
             repeat = strtol(p + 2, &end, 10);
-            if (end == p + 2 || *end != ')' || repeat < 1) break;
+            if (end == p + 2 || *end != ')' || repeat < 1 || repeat > INT_MAX) break;
             p = end + 1;
         }
-        if (node < index + repeat) {
+        /* node >= index here; node - index < repeat, not node < index +
+         * repeat, which overflows for a repeat near LONG_MAX (found by
+         * fuzz/fuzz_env.c) */
+        if ((long)node - index < repeat) {
             *tasks = (int)count;
             return NB_OK;
         }

@@ -194,6 +194,13 @@ START_TEST(test_slurm) {
     ck_assert_int_eq(e.local_world_size, 2);
     setenv("SLURM_NODEID", "4", 1);
     expect_error("SLURM_TASKS_PER_NODE='2(x3),1' does not say how many tasks run on node 4");
+    /* repeats up to INT_MAX; one past LONG_MAX's reach is refused, not an
+     * overflow (UBSan in make test-asan; found by fuzz/fuzz_env.c) */
+    setenv("SLURM_TASKS_PER_NODE", "1,2(x2147483647)", 1);
+    ck_assert_int_eq(nb_dist_env_read(&e), NB_OK);
+    ck_assert_int_eq(e.local_world_size, 2);
+    setenv("SLURM_TASKS_PER_NODE", "1,1(x9223372036854775807)", 1);
+    expect_error("SLURM_TASKS_PER_NODE='1,1(x9223372036854775807)' does not say how many tasks run on node 4");
     setenv("SLURM_TASKS_PER_NODE", "2(y3)", 1);
     expect_error("SLURM_TASKS_PER_NODE='2(y3)'");
     unsetenv("SLURM_TASKS_PER_NODE");
