@@ -8,6 +8,7 @@
  * name; an accepted one must give every sample, each label an integer in
  * [0, max_classes) when the label dtype is an integer one, and only finite
  * values unless non-finite cells were allowed. */
+/* smoke-instrument: data/dataset_csv.c */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>

@@ -8,6 +8,7 @@
  * local world <= world, ports in [0, 65535], strings terminated. Then
  * nb__dist_pick_gpu with a visible-GPU count from the input must give an
  * index among those GPUs, or refuse. */
+/* smoke-instrument: distributed/env.c */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>

@@ -3,6 +3,7 @@
  * Any input: the parser must not crash, leak or read out of bounds
  * (ASan, UBSan). An accepted input must round-trip: its dump parses again
  * to an equal tree, and dumping that tree gives the same text. */
+/* smoke-instrument: util/json.c */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>

@@ -5,6 +5,7 @@
  * header must describe tensors that lie inside the input, back to back,
  * and every name must be found again by nb__st_find; each tensor's bytes
  * are touched so that ASan would see a read past the input. */
+/* smoke-instrument: checkpoint/header.c */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>

@@ -6,6 +6,7 @@
  * replies included. A malformed frame ends the input, as it ends the
  * server's connection. Requests that would wait are answered as if their
  * timeout had passed. Build and run: fuzz/run_store.sh. */
+/* smoke-instrument: distributed/store_proto.c distributed/store_kv.c */
 #include <stdlib.h>
 #include <string.h>
 

@@ -6,6 +6,7 @@
  * accepted file is read (at most 512): x and y must be the file's bytes at
  * the window's place, through the vocabulary's table, shifted by one, and
  * every id below the vocabulary size. */
+/* smoke-instrument: data/dataset_text.c */
 #include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -15,6 +16,10 @@
 
 #include "data/internal.h"
 
+/* The directory of the file each input is written to: memory (/dev/shm)
+ * where there is one, since on a disk the write is the slowest part. */
+static const char *scratch_dir(void) { return access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp"; }
+
 static char path[64];
 
 static void remove_scratch(void) { unlink(path); }
@@ -22,7 +27,7 @@ static void remove_scratch(void) { unlink(path); }
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 1) return 0;
     if (!path[0]) {
-        snprintf(path, sizeof path, "/tmp/nb_fuzz_text_%d.txt", (int)getpid());
+        snprintf(path, sizeof path, "%s/nb_fuzz_text_%d.txt", scratch_dir(), (int)getpid());
         atexit(remove_scratch);
     }
     uint8_t f = data[0];

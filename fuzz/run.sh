@@ -43,7 +43,11 @@ cmake -S "$root" -B "$build/lib" -DCMAKE_C_COMPILER="$cc" -DCMAKE_BUILD_TYPE=Deb
   || { cat "$build/cmake.log" >&2; exit 1; }
 cmake --build "$build/lib" --target nabla -j"$jobs" >"$build/build.log" 2>&1 \
   || { cat "$build/build.log" >&2; exit 1; }
-libs=$(pkg-config --libs openblas 2>/dev/null || echo -lopenblas)
+# Everything the static library needs (OpenBLAS, oneDNN and its OpenMP
+# runtime, ...), as CMake found it: the Libs.private line of the nabla.pc it
+# generated, so that a new dependency of the library needs no edit here.
+libs=$(sed -n 's/^Libs.private: //p' "$build/lib/generated/nabla.pc")
+[ -n "$libs" ] || { echo "fuzz: no Libs.private in $build/lib/generated/nabla.pc" >&2; exit 1; }
 
 targets=()
 for src in "$root"/fuzz/fuzz_*.c; do
