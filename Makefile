@@ -21,7 +21,9 @@ DEB_PACKAGES ?= cmake pkg-config gcc g++ make check libsubunit-dev \
 # tests/test_gpt_names.py compare against (under CI=true they fail, not
 # skip, without it); iproute2 (ip), with which tests/test_multinode*.py make
 # two network namespaces.
-TEST_DEB_PACKAGES ?= python3-torch iproute2
+# clang-14 and libclang-rt-14-dev (libFuzzer), with which tests/test_fuzz.py
+# builds and briefly runs every fuzz target.
+TEST_DEB_PACKAGES ?= python3-torch iproute2 clang-14 libclang-rt-14-dev
 
 CTEST := ctest --output-on-failure --no-tests=error -j$(CTEST_JOBS) $(CTEST_ARGS)
 
@@ -117,7 +119,9 @@ bench-torch: build
 	@$(call install_debs,python3-torch,bench-torch)
 	/usr/bin/python3 benchmarks/compare_torch.py $(BENCH_TORCH_ARGS)
 
-# Not part of `make test`: libFuzzer runs take minutes. See fuzz/README.md.
+# Long libFuzzer runs (minutes per target) against an instrumented library;
+# `make test` only builds each target and runs it a few seconds
+# (tests/test_fuzz.py). See fuzz/README.md.
 fuzz:
 	fuzz/run.sh $(FUZZ_SECONDS)
 
