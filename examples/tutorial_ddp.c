@@ -18,7 +18,7 @@
 
 #include <nabla/nabla.h>
 
-static int rank = 0; /* for messages: set once the process group exists */
+static int rank = 0; /* for messages: the launcher's rank, then the group's */
 
 /* Every recoverable failure is a status with the story in nb_last_error(). */
 #define CHECK(call)                                                          \
@@ -129,6 +129,8 @@ int main(int argc, char **argv) {
     }
 
     /* 1. Join the run: rank, world size and device come from the launcher. */
+    nb_dist_env env; /* the rank for messages until the group exists */
+    if (nb_dist_env_read(&env) == NB_OK) rank = env.rank; /* if not, nb_pg_init says why */
     nb_pg *pg;
     CHECK(nb_pg_init(&pg, NULL));
     rank = nb_pg_rank(pg);

@@ -2,11 +2,13 @@
 
 `cmake --install` into a temporary prefix puts the libraries, headers,
 nabla.pc and the CMake package in place, nbrun and nb_plot in <prefix>/bin,
-the tutorial's program in <prefix>/share/nabla/examples and the shipped
-datasets in <prefix>/share/nabla/datasets. The installed tutorial_ddp.c is
-then built out of the tree twice, with pkg-config (libnabla.so) and with
-CMake's find_package(nabla) (libnabla.a), and each build trains one epoch
-on 2 processes under the installed nbrun, reading the installed table.
+the tutorial's two programs in <prefix>/share/nabla/examples and the
+shipped datasets in <prefix>/share/nabla/datasets. The installed
+tutorial_ddp.c is then built out of the tree twice, with pkg-config
+(libnabla.so) and with CMake's find_package(nabla) (libnabla.a), and each
+build trains one epoch on 2 processes under the installed nbrun, reading
+the installed table; tutorial_zero.c is built with pkg-config and trains
+on 2 processes with ZeRO-1, stops at a checkpoint and resumes from it.
 """
 import glob
 import os
@@ -40,7 +42,7 @@ def check_layout(prefix):
         if not os.access(path, os.X_OK):
             fail("the install lacks the program %s (docs send users to it)" % rel)
     for rel in ("include/nabla/nabla.h", "include/nabla/ops.h",
-                "share/nabla/examples/tutorial_ddp.c",
+                "share/nabla/examples/tutorial_ddp.c", "share/nabla/examples/tutorial_zero.c",
                 "share/nabla/datasets/breast_cancer.csv", "share/nabla/datasets/digits.csv"):
         if not os.path.isfile(os.path.join(prefix, rel)):
             fail("the install lacks %s" % rel)
@@ -99,6 +101,22 @@ def main():
             skip("the tutorial needs a process group, and this build has no Gloo (libgloo-dev)")
         print("pkg-config build:  " + train(prefix, app_pc, env={"LD_LIBRARY_PATH": libdir}))
         print("find_package build: " + train(prefix, app_cm))
+
+        # the second program, with pkg-config: ZeRO-1 on 2 processes, a checkpoint, a resume
+        zero_src = os.path.join(prefix, "share", "nabla", "examples", "tutorial_zero.c")
+        zero = os.path.join(tmp, "pc", "tutorial_zero")
+        sh([CC, "-O1", zero_src, "-o", zero] + flags.split(), "compiling tutorial_zero.c with pkg-config's flags")
+        digits = os.path.join(prefix, "share", "nabla", "datasets", "digits.csv")
+        ck = os.path.join(tmp, "zero_ck")
+        run_zero = [os.path.join(prefix, "bin", "nbrun"), "--nproc-per-node", "2", "--master-port", "0", zero,
+                    "--data", digits, "--steps", "20", "--ckpt-dir", ck]
+        sh(run_zero + ["--stop-at", "10"], "tutorial_zero to step 10", env={"LD_LIBRARY_PATH": libdir})
+        out, _ = sh(run_zero + ["--resume"], "tutorial_zero resumed", env={"LD_LIBRARY_PATH": libdir})
+        for want in ("resumed from %s/ckpt.safetensors at step 10" % ck, "steps 11..20 of 20",
+                     "step 20: test loss"):
+            if want not in out:
+                fail("the installed tutorial_zero's output lacks %r:\n%s" % (want, out))
+        print("tutorial_zero (pkg-config build): " + [l for l in out.splitlines() if "test loss" in l][0])
     print("ok")
 
 

@@ -6,10 +6,16 @@
    written by a run of another world size is refused with a message. With
    --cnn it learns the 8x8 digits with SyncBatchNorm on two processes. A
    table it cannot read is an error that says what --data is.
-2. The code blocks of docs/tutorial.md tagged "c tutorial_ddp.c", put
-   together in the file's order, are examples/tutorial_ddp.c word for word
-   (each block once, nothing of the file left out but blank lines between
-   blocks), so the tutorial is the whole program and cannot drift from it.
+2. The second program, examples/tutorial_zero.c (ZeRO-1, clipping, a
+   warm-up and cosine schedule, consolidated checkpoints): on two processes
+   a run stopped at step 70 and resumed ends with the same checkpoint, byte
+   for byte, as a run of 120 steps; each rank holds half the optimizer
+   state of one process; a checkpoint of two processes is refused on one.
+3. The code blocks of docs/tutorial.md tagged "c tutorial_ddp.c" (and
+   "c tutorial_zero.c"), put together in the file's order, are the program
+   word for word (each block once, nothing of the file left out but blank
+   lines between blocks), so the tutorial is the whole program and cannot
+   drift from it.
 """
 import os
 import re
@@ -91,40 +97,75 @@ def test_missing_data(tmp):
     print("a missing table is named, with the --data hint")
 
 
-def test_quotes():
+def test_zero(tmp):
+    def zero(nproc, *args, expect_rc=0):
+        return run(["tutorial_zero", "--data", os.path.join(DATA, "digits.csv")] + list(args), nproc,
+                   expect_rc=expect_rc, timeout=120)
+    whole, stopped = os.path.join(tmp, "zero_whole"), os.path.join(tmp, "zero_stopped")
+    out, _ = zero(2, "--steps", "120", "--ckpt-dir", whole)
+    final = re.search(r"step 120: test loss ([0-9.]+), accuracy ([0-9.]+)%", out)
+    state2 = re.search(r"2 processes, ZeRO-1: optimizer state (\d+) bytes per process", out)
+    if not final or not state2 or float(final.group(2)) < 90.0:
+        fail("tutorial_zero on 2 processes did not learn the digits or did not say so:\n" + out)
+    zero(2, "--steps", "120", "--stop-at", "70", "--ckpt-dir", stopped)
+    out, _ = zero(2, "--steps", "120", "--resume", "--ckpt-dir", stopped)
+    for want in ("resumed from %s/ckpt.safetensors at step 70 (epoch 1, batch 26)" % stopped,
+                 "steps 71..120 of 120", final.group(0)):
+        if want not in out:
+            fail("the resumed tutorial_zero lacks %r:\n%s" % (want, out))
+    if "step 50:" in out:
+        fail("the resumed run trained steps before 71 again:\n" + out)
+    a = open(os.path.join(whole, "ckpt.safetensors"), "rb").read()
+    b = open(os.path.join(stopped, "ckpt.safetensors"), "rb").read()
+    if a != b:
+        fail("stopped at 70 and resumed, the checkpoint at step 120 differs from the uninterrupted run's")
+    out, _ = zero(1, "--steps", "5")
+    state1 = re.search(r"1 process, ZeRO-1: optimizer state (\d+) bytes per process", out)
+    if not state1 or int(state1.group(1)) != 2 * int(state2.group(1)):
+        fail("one process should hold twice the optimizer state of each of two (%s):\n%s"
+             % (state2.group(1), out))
+    _, err = zero(1, "--steps", "120", "--resume", "--ckpt-dir", stopped, expect_rc=1)
+    if "was written by a run of 2 processes, this run has 1" not in err:
+        fail("a checkpoint of 2 processes was not refused on 1:\n" + err)
+    print("tutorial_zero: %s; stopped at 70 and resumed, the same checkpoint byte for byte" % final.group(0))
+
+
+def test_quotes(name="tutorial_ddp.c", at_least=8):
     doc = open(os.path.join(SOURCE, "docs", "tutorial.md")).read()
-    program = open(os.path.join(SOURCE, "examples", "tutorial_ddp.c")).read()
-    blocks = re.findall(r"^```c tutorial_ddp\.c\n(.*?)^```", doc, flags=re.M | re.S)
-    if len(blocks) < 8:
-        fail("docs/tutorial.md quotes %d blocks of tutorial_ddp.c, expected at least 8" % len(blocks))
+    program = open(os.path.join(SOURCE, "examples", name)).read()
+    path = "examples/" + name
+    blocks = re.findall(r"^```c " + re.escape(name) + r"\n(.*?)^```", doc, flags=re.M | re.S)
+    if len(blocks) < at_least:
+        fail("docs/tutorial.md quotes %d blocks of %s, expected at least %d" % (len(blocks), name, at_least))
     placed = []
     for b in blocks:
         first = b.strip().splitlines()[0] if b.strip() else "(empty)"
         at = program.find(b)
         if at < 0:
-            fail("docs/tutorial.md quotes a block that examples/tutorial_ddp.c does not have "
-                 "(it starts %r); copy the current code into the doc" % first)
+            fail("docs/tutorial.md quotes a block that %s does not have (it starts %r); copy the current "
+                 "code into the doc" % (path, first))
         if program.find(b, at + 1) >= 0:
-            fail("the block starting %r is in examples/tutorial_ddp.c twice: quote more of it" % first)
+            fail("the block starting %r is in %s twice: quote more of it" % (first, path))
         placed.append((at, at + len(b), first))
     placed.sort()
     end = 0
     for begin, stop, first in placed:
         if begin < end:
-            fail("the block starting %r overlaps the one before it in examples/tutorial_ddp.c" % first)
+            fail("the block starting %r overlaps the one before it in %s" % (first, path))
         gap = program[end:begin]
         if gap.strip():
-            fail("docs/tutorial.md leaves out lines of examples/tutorial_ddp.c before the block "
-                 "starting %r: %r" % (first, gap.strip()[:200]))
+            fail("docs/tutorial.md leaves out lines of %s before the block starting %r: %r"
+                 % (path, first, gap.strip()[:200]))
         end = stop
     if program[end:].strip():
-        fail("docs/tutorial.md leaves out the end of examples/tutorial_ddp.c: %r" % program[end:].strip()[:200])
-    print("%d quoted blocks make up examples/tutorial_ddp.c" % len(blocks))
+        fail("docs/tutorial.md leaves out the end of %s: %r" % (path, program[end:].strip()[:200]))
+    print("%d quoted blocks make up %s" % (len(blocks), path))
 
 
 def main():
     test_quotes_only = len(sys.argv) > 1 and sys.argv[1] == "--quotes"
     test_quotes()
+    test_quotes("tutorial_zero.c", 10)
     if not test_quotes_only:
         probe = subprocess.run([os.path.join(BIN, "tutorial_ddp"), "--epochs", "1", "--data",
                                 os.path.join(DATA, "breast_cancer.csv")],
@@ -135,6 +176,7 @@ def main():
             test_program(tmp)
             test_cnn()
             test_missing_data(tmp)
+            test_zero(tmp)
     print("ok")
 
 
