@@ -13,6 +13,10 @@
  * Note [Permutations] in data/randperm.c. */
 void nb__randperm(int64_t *out, int64_t n, uint64_t seed);
 
+/* Changes whenever the sampler's order of some epoch changes after it was
+ * made (nb_sampler_distributed_resume): the loader then recomputes its list. */
+uint64_t nb__sampler_version(const nb_sampler *s);
+
 /* The whole file into a malloc'ed buffer (one extra byte, set to 0, after
  * the end). NB_ERR_IO naming the path on failure. */
 nb_status nb__read_file(const char *path, char **data, size_t *size);

@@ -76,6 +76,7 @@ struct nb_loader {
     int64_t epoch, consumed, n_batches;
     int64_t *list, list_len;
     bool list_valid;
+    uint64_t sampler_version; /* the list's: nb__sampler_version */
 
     /* workers (n_workers == 0: none, no slots) */
     int n_workers, n_threads, n_slots;
@@ -203,8 +204,10 @@ static void set_list(nb_loader *l, int64_t *list, int64_t len) {
 /* Moves to (epoch, batch): Note [Loader pipeline]. */
 static void restart(nb_loader *l, int64_t epoch, int64_t batch) {
     int64_t *fresh = NULL, fresh_len = 0;
-    if (!l->list_valid || epoch != l->epoch)
+    uint64_t version = nb__sampler_version(l->sampler);
+    if (!l->list_valid || epoch != l->epoch || version != l->sampler_version)
         fresh = epoch_list(l->ds, l->sampler, epoch, &fresh_len);
+    l->sampler_version = version;
     int64_t *old = NULL;
     if (l->n_threads) {
         pthread_mutex_lock(&l->mu);
@@ -371,6 +374,7 @@ nb_status nb_loader_new(nb_loader **out, nb_dataset *ds, const nb_loader_options
     l->pinned = l->staged && opts->pin_memory;
     l->n_workers = opts->num_workers;
     set_list(l, list, len);
+    l->sampler_version = nb__sampler_version(sampler);
     if (l->staged) {
         int n_slots = l->n_workers > 0 ? (opts->prefetch_batches > 0 ? opts->prefetch_batches
                                                                      : 2 * l->n_workers)
@@ -415,7 +419,8 @@ nb_status nb_loader_seek(nb_loader *l, int64_t epoch, int64_t batch) {
     if (batch < 0 || batch > l->n_batches)
         return nb_set_error(NB_ERR_INVALID, "nb_loader_seek: batch %lld is not in [0, %lld] (batches per "
                             "epoch)", (long long)batch, (long long)l->n_batches);
-    if (epoch == l->epoch && batch == l->consumed) return NB_OK;
+    if (epoch == l->epoch && batch == l->consumed && nb__sampler_version(l->sampler) == l->sampler_version)
+        return NB_OK;
     restart(l, epoch, batch);
     return NB_OK;
 }

@@ -17,6 +17,7 @@
  * exactly where the checkpoint left off: the same batches, learning rates
  * and dropout masks as a run that never stopped. At the end rank 0 prints a
  * sample drawn from the model. docs/examples.md describes every flag. */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,6 +52,8 @@ typedef struct args {
     double temperature;
     const char *prompt, *metrics, *plot, *progress;
     bool print_device, bf16, synthetic, zero;
+    const char *keep_batch; /* --keep-batch: NULL, "global" or "rank" */
+    const char *log_samples;
 } args;
 
 /* Everything the training loop touches. */
@@ -74,6 +77,7 @@ typedef struct run {
     nb_lr_schedule sched;
     uint64_t dropout_seed;
     int64_t step, tokens_per_step;
+    double lr; /* this step's learning rate */
     double elapsed0; /* seconds of training before a resume */
     double loss_sum; /* training losses since the last metrics record */
     int64_t loss_count;
@@ -84,6 +88,16 @@ typedef struct run {
     nb_metrics_log *log;
     char ckpt_path[4096], plot_path[4096];
     char resume_path[4096]; /* the checkpoint --resume loads */
+    /* Note [Another world size]: */
+    int64_t end;            /* the step the schedule ends at (--steps, unless counted in samples) */
+    int64_t samples;        /* training sequences consumed since the start, over every rank */
+    int64_t schedule_batch; /* the global batch --steps and --warmup count in */
+    bool sample_schedule;   /* the learning rate follows samples / schedule_batch */
+    nb_lr_schedule sched_samples;
+    bool resized;           /* resumed from a checkpoint of another world size */
+    int64_t epoch_samples;  /* the checkpoint's position in its epoch (-1: an older file without it) */
+    char resize_note[512];  /* what the banner says about it */
+    FILE *sample_log;       /* --log-samples */
 } run;
 
 static int fail(const run *r, const char *what) {
@@ -214,8 +228,8 @@ static nb_status evaluate(run *r, double *loss) {
 
 /* ------------------------------------------------------------ checkpoints */
 typedef struct meta_buf {
-    char v[16][64];
-    nb_kv kv[16];
+    char v[24][64];
+    nb_kv kv[24];
     int n;
 } meta_buf;
 
@@ -229,13 +243,14 @@ static void meta_add(meta_buf *m, const char *key, const char *fmt, long long va
 static void run_meta(const run *r, meta_buf *m) {
     const args *a = &r->a;
     m->n = 0;
+    bool resized = r->resized; /* world and batch size were checked by plan_resume */
     meta_add(m, "vocab_size", "%lld", r->vocab);
     meta_add(m, "block_size", "%lld", a->seq_len);
     meta_add(m, "n_layer", "%lld", a->layers);
     meta_add(m, "n_head", "%lld", a->heads);
     meta_add(m, "n_embd", "%lld", a->width);
-    meta_add(m, "world_size", "%lld", r->d.world_size);
-    meta_add(m, "batch_size", "%lld", a->batch_size);
+    if (!resized) meta_add(m, "world_size", "%lld", r->d.world_size);
+    if (!resized) meta_add(m, "batch_size", "%lld", a->batch_size);
     meta_add(m, "grad_accum", "%lld", a->grad_accum);
     meta_add(m, "seed", "%lld", a->seed);
 }
@@ -250,6 +265,14 @@ static nb_status save_checkpoint(run *r, int64_t steps_done) {
     m.kv[m.n++] = (nb_kv){"program", "train_gpt"};
     m.kv[m.n++] = (nb_kv){"data", data_name(&r->a)};
     m.kv[m.n++] = (nb_kv){"elapsed_s", elapsed};
+    /* the epoch's position as a global sample count (Note [Another world size]), and in batches of
+     * this world size from the epoch's start (the same as the loader's unless the epoch was resumed) */
+    int64_t epoch_samples = nb_sampler_distributed_taken(r->train_sampler, position * r->a.batch_size);
+    position = epoch_samples / (r->a.batch_size * r->d.world_size);
+    meta_add(&m, "epoch_samples", "%lld", epoch_samples);
+    meta_add(&m, "samples", "%lld", r->samples);
+    meta_add(&m, "schedule_batch", "%lld", r->schedule_batch);
+    m.kv[m.n++] = (nb_kv){"schedule", r->sample_schedule ? "samples" : "steps"};
     nb_train_state st = {steps_done, epoch, position, *nb_gpt_dropout_rng(r->model)};
     /* never a diverged state over the last good checkpoint */
     char what[96];
@@ -278,7 +301,17 @@ static nb_status load_checkpoint(run *r) {
     s = nb_checkpoint_load_training(r->resume_path, r->state, r->n_state, r->opt, &st);
     if (s != NB_OK) return s;
     r->step = st.step;
-    s = nb_loader_seek(r->train_loader, st.epoch, st.data_position); /* a checkpoint of other data? */
+    if (r->epoch_samples >= 0) {
+        /* the position as the epoch's global sample count: Note [Another world size] */
+        if (r->epoch_samples > nb_dataset_len(r->train))
+            return nb_set_error(NB_ERR_MISMATCH, "%s: its position, %lld sequences into epoch %lld, is past the "
+                                "%lld training windows (a checkpoint of other data?)", r->resume_path,
+                                (long long)r->epoch_samples, (long long)st.epoch, (long long)nb_dataset_len(r->train));
+        nb_sampler_distributed_resume(r->train_sampler, st.epoch, r->epoch_samples);
+        s = nb_loader_seek(r->train_loader, st.epoch, 0);
+    } else {
+        s = nb_loader_seek(r->train_loader, st.epoch, st.data_position); /* a checkpoint of other data? */
+    }
     if (s != NB_OK) return s;
     /* every rank draws its own masks; all are at the same offset */
     *nb_gpt_dropout_rng(r->model) = (nb_rng){r->dropout_seed, st.rng.offset};
@@ -294,6 +327,128 @@ static nb_status find_resume(run *r) {
                               sizeof r->resume_path, &found, &step);
     r->a.resume = found;
     return s;
+}
+
+/* Note [Another world size]
+ * A checkpoint carries the data position as the epoch's global sample
+ * count ("epoch_samples", Note [Resuming at another world size] in
+ * data/sampler.c), the sequences consumed since the start ("samples") and
+ * the global batch that --steps and --warmup count in ("schedule_batch").
+ * Resumed on another number of processes R' (R before), the run keeps what
+ * --keep-batch says:
+ *   global: the global batch G = R x B x grad_accum; each process takes
+ *           G / (R' x grad_accum) sequences per micro-step (refused when
+ *           that is not a whole number). Every step consumes the same G
+ *           sequences of the epoch's list as before, so steps, schedule and
+ *           data are unchanged; only the sums' order differs (gradients
+ *           agree to rounding, not bit for bit).
+ *   rank:   the per-process batch B; a step consumes R' x B x grad_accum
+ *           sequences, and the learning rate follows the sequences consumed
+ *           (warmup and length scaled by schedule_batch), the run ending
+ *           once steps x schedule_batch sequences are consumed.
+ * Either way the epoch continues after the sequences already consumed, on
+ * the new ranks, with none taken twice. Once counted in samples, the
+ * schedule stays so in later resumes. A checkpoint without these keys
+ * (written before them) resumes only at its own world size. */
+static nb_status meta_int(nb_checkpoint *ck, const char *path, const char *key, int64_t *v) {
+    const char *s = nb_checkpoint_meta(ck, key);
+    char *end;
+    if (!s) return NB_ERR_NOT_FOUND;
+    long long x = strtoll(s, &end, 10);
+    if (end == s || *end || x < 0)
+        return nb_set_error(NB_ERR_FORMAT, "%s: metadata \"%s\" = \"%s\" is not a non-negative integer", path,
+                            key, s);
+    *v = x;
+    return NB_OK;
+}
+
+/* Reads the checkpoint's world size, batch and position before the data
+ * and the model are made: on another world size, decides the batch
+ * (--keep-batch) or refuses. */
+static nb_status plan_resume(run *r) {
+    args *a = &r->a;
+    nb_checkpoint *ck;
+    nb_status s = nb_checkpoint_open(r->resume_path, &ck);
+    if (s != NB_OK) return s;
+    const char *path = r->resume_path;
+    int64_t world0 = 0, batch0 = 0, accum0 = 0, steps0 = 0;
+    if ((s = meta_int(ck, path, "world_size", &world0)) != NB_OK || (s = meta_int(ck, path, "batch_size", &batch0)) != NB_OK ||
+        (s = meta_int(ck, path, "grad_accum", &accum0)) != NB_OK || (s = meta_int(ck, path, "step", &steps0)) != NB_OK) {
+        if (s == NB_ERR_NOT_FOUND)
+            s = nb_set_error(NB_ERR_FORMAT, "%s: not a train_gpt checkpoint (world_size, batch_size, grad_accum "
+                             "or step missing from its metadata)", path);
+        nb_checkpoint_close(ck);
+        return s;
+    }
+    int64_t global0 = world0 * batch0 * accum0;
+    r->epoch_samples = -1;
+    r->samples = steps0 * global0;
+    r->schedule_batch = global0;
+    const char *unit = nb_checkpoint_meta(ck, "schedule");
+    bool has_position = meta_int(ck, path, "epoch_samples", &r->epoch_samples) == NB_OK &&
+                        meta_int(ck, path, "samples", &r->samples) == NB_OK &&
+                        meta_int(ck, path, "schedule_batch", &r->schedule_batch) == NB_OK && unit;
+    if (!has_position) r->epoch_samples = -1;
+    r->sample_schedule = has_position && !strcmp(unit, "samples");
+    nb_checkpoint_close(ck);
+    int world = r->d.world_size;
+    if (world0 == world) return NB_OK; /* the settings are checked as always, by load_checkpoint */
+    if (!a->keep_batch) {
+        int64_t g = global0 / world, b = g / a->grad_accum;
+        char global_hint[128] = "";
+        if (global0 % (world * a->grad_accum) == 0)
+            snprintf(global_hint, sizeof global_hint, ", %lld per process", (long long)b);
+        else
+            snprintf(global_hint, sizeof global_hint, ", which %d processes cannot share", world);
+        return nb_set_error(NB_ERR_MISMATCH, "%s was written with world_size %lld, this run has %d: to continue on "
+                            "%d processes, choose what stays fixed: --keep-batch global (the global batch of %lld "
+                            "sequences%s) or --keep-batch rank (%lld sequences per process: %lld per step, the "
+                            "learning-rate schedule counted in sequences)", path, (long long)world0, world, world,
+                            (long long)global0, global_hint, (long long)batch0,
+                            (long long)(batch0 * world * accum0));
+    }
+    if (!has_position)
+        return nb_set_error(NB_ERR_MISMATCH, "%s was written with world_size %lld, this run has %d, and it lacks its "
+                            "data position in samples (\"epoch_samples\", written since nabla resumes at another "
+                            "world size): it resumes only on %lld processes", path, (long long)world0, world,
+                            (long long)world0);
+    if (accum0 != a->grad_accum)
+        return nb_set_error(NB_ERR_MISMATCH, "%s was written with grad_accum %lld, this run has %lld (resume with "
+                            "the same settings)", path, (long long)accum0, (long long)a->grad_accum);
+    r->resized = true;
+    if (!strcmp(a->keep_batch, "global")) {
+        if (global0 % ((int64_t)world * a->grad_accum) != 0)
+            return nb_set_error(NB_ERR_INVALID, "--keep-batch global: the global batch of %lld sequences (%lld "
+                                "processes x %lld x %lld micro-steps) cannot be shared by %d processes x %lld "
+                                "micro-steps; resume on a divisor of it, or with --keep-batch rank", (long long)global0,
+                                (long long)world0, (long long)batch0, (long long)accum0, world, (long long)a->grad_accum);
+        a->batch_size = global0 / ((int64_t)world * a->grad_accum);
+        snprintf(r->resize_note, sizeof r->resize_note, "world size %lld -> %d since the checkpoint, --keep-batch "
+                 "global: the global batch stays %lld sequences, now %lld per process (was %lld)", (long long)world0,
+                 world, (long long)global0, (long long)a->batch_size, (long long)batch0);
+    } else {
+        a->batch_size = batch0;
+        r->sample_schedule = true;
+        snprintf(r->resize_note, sizeof r->resize_note, "world size %lld -> %d since the checkpoint, --keep-batch "
+                 "rank: %lld sequences per process, %lld per step (was %lld); the learning-rate schedule counts "
+                 "sequences (%lld per scheduled step)", (long long)world0, world, (long long)batch0,
+                 (long long)(batch0 * world * accum0), (long long)global0, (long long)r->schedule_batch);
+    }
+    return NB_OK;
+}
+
+/* The learning-rate schedule and the last step, once the batch is known. */
+static void plan_schedule(run *r) {
+    const args *a = &r->a;
+    int64_t global = a->batch_size * r->d.world_size * a->grad_accum;
+    if (!r->schedule_batch) r->schedule_batch = global; /* a fresh start */
+    r->end = a->steps;
+    if (r->sample_schedule) {
+        int64_t total = a->steps * r->schedule_batch, left = total > r->samples ? total - r->samples : 0;
+        r->end = r->step + (left + global - 1) / global;
+        r->sched_samples = nb_lr_cosine(a->lr, a->warmup * r->schedule_batch, total, a->min_lr);
+    }
+    r->stop = a->stop_at > 0 && a->stop_at < r->end ? a->stop_at : r->end;
 }
 
 /* ------------------------------------------------------------- sampling */
@@ -406,6 +561,8 @@ static int parse_args(run *r, int argc, char **argv) {
         {"ckpt-dir", CLI_STRING, &a->ckpt_dir, "directory for ckpt.safetensors"},
         {"ckpt-interval", CLI_INT, &a->ckpt_interval, "steps between checkpoints (0: only at the end)"},
         {"resume", CLI_OPTIONAL, &a->resume_mode, "continue from --ckpt-dir/ckpt.safetensors; 'auto': from the newest checkpoint in --ckpt-dir, or afresh when there is none"},
+        {"keep-batch", CLI_STRING, &a->keep_batch, "resuming on another number of processes: keep the 'global' batch or the per-process batch ('rank', the schedule then counted in sequences)"},
+        {"log-samples", CLI_STRING, &a->log_samples, "append each micro-batch's dataset indices to FILE.<rank> (step, epoch, indices)"},
         {"seed", CLI_INT, &a->seed, "initialisation, data order, dropout and sampling"},
         {"sample-len", CLI_INT, &a->sample_len, "tokens to generate at the end (0: none)"},
         {"temperature", CLI_DOUBLE, &a->temperature, "sampling temperature (0: greedy)"},
@@ -425,6 +582,10 @@ static int parse_args(run *r, int argc, char **argv) {
     a->resume = a->resume_mode != NULL;
     if (a->resume_mode && *a->resume_mode && strcmp(a->resume_mode, "auto")) {
         fprintf(stderr, "train_gpt: --resume takes no value or 'auto', not \"%s\"\n", a->resume_mode);
+        return 2;
+    }
+    if (a->keep_batch && strcmp(a->keep_batch, "global") && strcmp(a->keep_batch, "rank")) {
+        fprintf(stderr, "train_gpt: --keep-batch must be global or rank, not \"%s\"\n", a->keep_batch);
         return 2;
     }
     if (!check_args(a)) return 2;
@@ -494,16 +655,17 @@ static void print_banner(run *r) {
     char steps[160];
     if (r->step < r->stop)
         snprintf(steps, sizeof steps, "steps %lld..%lld of %lld%s", (long long)r->step + 1, (long long)r->stop,
-                 (long long)a->steps, a->resume ? " (resumed)" : "");
+                 (long long)r->end, a->resume ? " (resumed)" : "");
     else /* resumed at or past the end: say so rather than "steps 801..800" */
         snprintf(steps, sizeof steps, "nothing to train: the checkpoint is at step %lld of %lld (%s)",
-                 (long long)r->step, (long long)a->steps,
-                 r->step >= a->steps ? "a larger --steps trains further" : "--stop-at is not after it");
+                 (long long)r->step, (long long)r->end,
+                 r->step >= r->end ? "a larger --steps trains further" : "--stop-at is not after it");
     nb_progress_printf(r->progress, "%d process%s%s: batch %lld x %lld tokens per process, %lld "
                        "micro-step%s per step = %lld tokens per step; %s",
                        r->d.world_size, r->d.world_size > 1 ? "es" : "", r->d.ddp ? " with DDP" : "",
                        (long long)a->batch_size, (long long)a->seq_len, (long long)a->grad_accum,
                        a->grad_accum > 1 ? "s" : "", (long long)r->tokens_per_step, steps);
+    if (r->resize_note[0]) nb_progress_printf(r->progress, "%s", r->resize_note);
     if (a->resume_mode && !strcmp(a->resume_mode, "auto"))
         nb_progress_printf(r->progress, a->resume ? "--resume auto: from %s" : "--resume auto: no checkpoint "
                            "in %s: a fresh start", a->resume ? r->resume_path : a->ckpt_dir);
@@ -523,10 +685,28 @@ static nb_status log_train(run *r, int64_t done, double loss, double grad_norm) 
     r->loss_sum += loss, r->loss_count++;
     if (!r->log || !due(r, done, r->a.metrics_interval)) return NB_OK;
     nb_status s = nb_metrics_log_write(r->log, "train", done, (nb_metric_value[]){
-        {"loss", r->loss_sum / (double)r->loss_count}, {"lr", nb_lr_schedule_at(&r->sched, done - 1)},
-        {"grad_norm", grad_norm}, {"tokens", (double)done * (double)r->tokens_per_step}}, 4);
+        {"loss", r->loss_sum / (double)r->loss_count}, {"lr", r->lr},
+        {"grad_norm", grad_norm}, {"tokens", (double)r->samples * (double)r->a.seq_len}}, 4);
     r->loss_sum = 0, r->loss_count = 0;
     return s;
+}
+
+/* --log-samples: FILE.<rank>, appended to (a resumed run continues it). */
+static nb_status open_sample_log(run *r) {
+    if (!r->a.log_samples) return NB_OK;
+    char path[4200];
+    snprintf(path, sizeof path, "%s.%d", r->a.log_samples, r->d.rank);
+    r->sample_log = fopen(path, "a");
+    if (!r->sample_log) return nb_set_error(NB_ERR_IO, "cannot open \"%s\": %s", path, strerror(errno));
+    return NB_OK;
+}
+
+/* "step S epoch E: i i ...", flushed so that a killed rank leaves whole lines. */
+static void log_samples(run *r, const nb_batch *b) {
+    fprintf(r->sample_log, "step %lld epoch %lld:", (long long)r->step + 1, (long long)b->epoch);
+    for (int64_t i = 0; i < b->size; i++) fprintf(r->sample_log, " %lld", (long long)b->indices[i]);
+    fputc('\n', r->sample_log);
+    fflush(r->sample_log);
 }
 
 /* ------------------------------------------------------------- the end */
@@ -543,7 +723,7 @@ static int finish(run *r) {
         TRY(r, evaluate(r, &r->val_loss), "evaluation");
         nb_progress_printf(r->progress, "val loss %.4f", r->val_loss);
     }
-    if (lead && a->sample_len > 0 && r->stop == a->steps) TRY(r, print_sample(r), "sampling");
+    if (lead && a->sample_len > 0 && r->stop == r->end) TRY(r, print_sample(r), "sampling");
     if (r->log) {
         nb_metrics_log_close(r->log);
         r->log = NULL;
@@ -568,6 +748,7 @@ static int finish(run *r) {
     nb_dataset_free(r->val);
     nb_ctx_free(r->step_ctx);
     nb_ctx_free(r->params);
+    if (r->sample_log) fclose(r->sample_log);
     free(r->state);
     free(r->param_list);
     free(r->groups_scratch);
@@ -585,10 +766,13 @@ int main(int argc, char **argv) {
         printf("%s\n", nb_device_name(r.d.device));
         return run_dist_finish(&r.d) == NB_OK ? 0 : 1;
     }
+    if (a->resume) TRY(&r, find_resume(&r), "resuming");
+    if (a->resume) TRY(&r, plan_resume(&r), "resuming");
     TRY(&r, open_data(&r), "data");
     build_model(&r);
-    if (a->resume) TRY(&r, find_resume(&r), "resuming");
     if (a->resume) TRY(&r, load_checkpoint(&r), "resuming");
+    plan_schedule(&r);
+    TRY(&r, open_sample_log(&r), "--log-samples");
     TRY(&r, run_dist_wrap(&r.d, r.model, false), "DDP");
     nb_ddp *zero = a->zero ? r.d.ddp : NULL; /* a world of one has nothing to shard */
     if (zero) TRY(&r, nb_ddp_set_zero(zero, r.opt), "ZeRO-1");
@@ -598,12 +782,14 @@ int main(int argc, char **argv) {
     /* the training loop: one optimizer step per iteration, over --grad-accum micro-batches */
     for (; r.step < r.stop; r.step++) {
         fault_at_step(r.d.rank, r.step + 1);
-        nb_optim_set_lr_all(r.opt, nb_lr_schedule_at(&r.sched, r.step));
+        r.lr = r.sample_schedule ? nb_lr_schedule_at(&r.sched_samples, r.samples) : nb_lr_schedule_at(&r.sched, r.step);
+        nb_optim_set_lr_all(r.opt, r.lr);
         double loss = 0;
         for (int64_t micro = 0; micro < a->grad_accum; micro++) {
             nb_ctx_reset(r.step_ctx);
             nb_batch b;
             TRY(&r, next_batch(&r, &b), "data");
+            if (r.sample_log) log_samples(&r, &b);
             run_dist_set_no_sync(&r.d, micro + 1 < a->grad_accum); /* all-reduce on the last only */
             nb_tensor *logits;
             TRY(&r, run_dist_forward(&r.d, r.step_ctx, b.inputs, &logits), "forward");
@@ -625,6 +811,7 @@ int main(int argc, char **argv) {
         TRY(&r, run_dist_sum(&r.d, &loss, 1), "all-reduce");
         loss /= r.d.world_size;
 
+        r.samples += a->batch_size * a->grad_accum * r.d.world_size;
         int64_t done = r.step + 1;
         nb_progress_update(r.progress, done, loss, r.tokens_per_step);
         TRY(&r, log_train(&r, done, loss, norm), "metrics");

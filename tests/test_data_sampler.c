@@ -345,6 +345,118 @@ START_TEST(test_batch_sampler) {
 }
 END_TEST
 
+/* An epoch begun on 3 ranks and resumed on R' after k indices per rank
+ * (c = 3k positions taken): rank r' takes positions c + r', c + r' + R',
+ * ... of the padded list, floor or ceil of (n - c) / R' of them. The
+ * reference is PyTorch's list spelled out (the permutation repeated), and
+ * the run as a whole takes each sample at most once with drop_last (all but
+ * fewer than R' of them), exactly the padding twice without. */
+START_TEST(test_distributed_resume_other_world) {
+    const int64_t sizes[] = {10, 23, 24};
+    for (int si = 0; si < 3; si++)
+        for (int drop = 0; drop < 2; drop++)
+            for (int shuffle = 0; shuffle < 2; shuffle++)
+                for (int64_t k = 0; k <= 3; k++)
+                    for (int world2 = 1; world2 <= 4; world2++) {
+                        int64_t n = sizes[si];
+                        const int64_t epoch = 2;
+                        int64_t *perm = shuffle ? perm_at(n, 7, epoch) : malloc(sizeof *perm * (size_t)n);
+                        if (!shuffle)
+                            for (int64_t i = 0; i < n; i++) perm[i] = i;
+                        int64_t c = 3 * k, m = n > c ? n - c : 0;
+                        int64_t per = drop ? m / world2 : (m + world2 - 1) / world2;
+                        int64_t *list = malloc(sizeof *list * (size_t)(c + per * world2 + 1));
+                        for (int64_t i = 0; i < c + per * world2; i++) list[i] = perm[i % n];
+                        int *count = calloc((size_t)n, sizeof *count);
+                        /* the first k of each of the 3 ranks */
+                        for (int r = 0; r < 3; r++) {
+                            nb_distributed_options o = {3, r, shuffle, 7, drop};
+                            nb_sampler *s = nb_sampler_distributed(n, &o);
+                            nb_sampler_set_epoch(s, epoch);
+                            ck_assert_int_eq(nb_sampler_distributed_taken(s, k), c);
+                            int64_t len;
+                            int64_t *v = indices_of(s, &len);
+                            for (int64_t j = 0; j < k && j < len; j++) count[v[j]]++;
+                            free(v);
+                            nb_sampler_free(s);
+                        }
+                        for (int r = 0; r < world2; r++) {
+                            nb_distributed_options o = {world2, r, shuffle, 7, drop};
+                            nb_sampler *s = nb_sampler_distributed(n, &o);
+                            nb_sampler_distributed_resume(s, epoch, c);
+                            nb_sampler_set_epoch(s, epoch);
+                            int64_t len;
+                            int64_t *v = indices_of(s, &len);
+                            ck_assert_msg(len == per, "n %lld, c %lld, R' %d: %lld indices, expected %lld",
+                                          (long long)n, (long long)c, world2, (long long)len, (long long)per);
+                            for (int64_t j = 0; j < len; j++) {
+                                ck_assert_msg(v[j] == list[c + r + j * world2], "n %lld, c %lld, R' %d, rank %d: "
+                                              "index %lld is %lld, expected %lld", (long long)n, (long long)c,
+                                              world2, r, (long long)j, (long long)v[j],
+                                              (long long)list[c + r + j * world2]);
+                                count[v[j]]++;
+                            }
+                            ck_assert_int_eq(nb_sampler_distributed_taken(s, 2), c + 2 * world2);
+                            free(v);
+                            /* the next epoch is whole again */
+                            nb_sampler_set_epoch(s, epoch + 1);
+                            ck_assert_int_eq(nb_sampler_len(s), drop ? n / world2 : (n + world2 - 1) / world2);
+                            ck_assert_int_eq(nb_sampler_distributed_taken(s, 1), world2);
+                            nb_sampler_free(s);
+                        }
+                        int64_t twice = 0, never = 0;
+                        for (int64_t i = 0; i < n; i++) {
+                            ck_assert_int_le(count[i], 2);
+                            twice += count[i] == 2;
+                            never += count[i] == 0;
+                        }
+                        if (drop) {
+                            ck_assert_int_eq(twice, 0);
+                            ck_assert_int_eq(never, m % world2);
+                        } else {
+                            ck_assert_int_eq(never, 0);
+                            ck_assert_int_eq(twice, c + per * world2 - n > 0 ? c + per * world2 - n : 0);
+                        }
+                        free(count);
+                        free(list);
+                        free(perm);
+                    }
+}
+END_TEST
+
+/* A loader notices a resumed epoch at its next seek. */
+START_TEST(test_loader_sees_resume) {
+    float x[12];
+    int64_t y[12];
+    for (int i = 0; i < 12; i++) x[i] = (float)i, y[i] = i;
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_dataset *ds = nb_dataset_from_tensors(nb_from_host(ctx, NB_F32, NB_SHAPE(12, 1), x),
+                                             nb_from_host(ctx, NB_I64, NB_SHAPE(12), y));
+    nb_distributed_options o = {2, 1, false, 0, true};
+    nb_sampler *s = nb_sampler_distributed(12, &o);
+    nb_loader *l;
+    nb_loader_options lo = {.batch_size = 2, .drop_last = true, .sampler = s};
+    ck_assert_int_eq(nb_loader_new(&l, ds, &lo), NB_OK);
+    ck_assert_int_eq(nb_loader_len(l), 3);
+    nb_sampler_distributed_resume(s, 0, 5); /* 5 taken: rank 1 of 2 takes 6, 8, 10 */
+    ck_assert_int_eq(nb_loader_seek(l, 0, 0), NB_OK);
+    ck_assert_int_eq(nb_loader_len(l), 1);
+    nb_batch b;
+    ck_assert_int_eq(nb_loader_next(l, ctx, &b), NB_OK);
+    ck_assert_int_eq(b.indices[0], 6);
+    ck_assert_int_eq(b.indices[1], 8);
+    ck_assert_int_eq(nb_loader_next(l, ctx, &b), NB_OK);
+    ck_assert_ptr_null(b.inputs); /* the end of epoch 0 */
+    ck_assert_int_eq(nb_loader_next(l, ctx, &b), NB_OK);
+    ck_assert_int_eq(b.indices[0], 1); /* epoch 1 whole: 1, 3, 5, ... */
+    ck_assert_int_eq(b.indices[1], 3);
+    nb_loader_free(l);
+    nb_sampler_free(s);
+    nb_dataset_free(ds);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
 START_TEST(test_sampler_misuse) {
     nb_distributed_options o = {.world_size = 2, .rank = 2};
     NBT_EXPECT_ABORT(nb_sampler_distributed(10, &o), "rank 2 is not in [0, 2)");
@@ -354,6 +466,12 @@ START_TEST(test_sampler_misuse) {
     NBT_EXPECT_ABORT(nb_sampler_shard(10, 3, -1), "nb_sampler_shard: rank -1 is not in [0, 3)");
     NBT_EXPECT_ABORT(nb_sampler_sequential(-1), "nb_sampler_sequential: n = -1");
     nb_sampler *s = nb_sampler_sequential(10);
+    NBT_EXPECT_ABORT(nb_sampler_distributed_resume(s, 0, 4),
+                     "nb_sampler_distributed_resume: the sampler is sequential, not a distributed sampler");
+    NBT_EXPECT_ABORT(nb_sampler_distributed_taken(s, 1),
+                     "nb_sampler_distributed_taken: the sampler is sequential, not a distributed sampler");
+    NBT_EXPECT_ABORT(nb_sampler_distributed_resume(NULL, 0, 4), "nb_sampler_distributed_resume: the sampler is NULL");
+    NBT_EXPECT_ABORT(nb_sampler_distributed_taken(NULL, 1), "nb_sampler_distributed_taken: the sampler is NULL");
     NBT_EXPECT_ABORT(nb_batch_sampler_new(s, 0, false), "batch_size 0 must be > 0");
     nb_batch_sampler *bs = nb_batch_sampler_new(s, 4, true);
     int64_t idx[4];
@@ -376,6 +494,8 @@ int main(void) {
     tcase_add_test(tc, test_set_epoch_changes_order);
     tcase_add_test(tc, test_exact_eval_shards_and_metrics);
     tcase_add_test(tc, test_batch_sampler);
+    tcase_add_test(tc, test_distributed_resume_other_world);
+    tcase_add_test(tc, test_loader_sees_resume);
     tcase_add_test(tc, test_sampler_misuse);
     suite_add_tcase(s, tc);
     return nbt_run(s);

@@ -673,7 +673,9 @@ static void supervise(int sfd, double grace, int *first_out, int *interrupted_ou
             for (int i = 0; i < nkids; i++) {
                 if (kids[i].pid != pid || !kids[i].running) continue;
                 if (WIFSTOPPED(status) || WIFCONTINUED(status)) {
-                    kids[i].stop_sig = WIFSTOPPED(status) ? WSTOPSIG(status) : 0;
+                    /* a resume is forgotten, unless nbrun's own SIGCONT (stopping) caused it */
+                    if (WIFSTOPPED(status)) kids[i].stop_sig = WSTOPSIG(status);
+                    else if (!stopping) kids[i].stop_sig = 0;
                     note_stop(&kids[i], status);
                     continue;
                 }

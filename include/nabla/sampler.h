@@ -51,6 +51,21 @@ typedef struct nb_distributed_options {
     bool drop_last;
 } nb_distributed_options;
 nb_sampler *nb_sampler_distributed(int64_t n, const nb_distributed_options *opts);
+/* The position in an epoch as one number, whatever the world size: the
+ * global count of positions of the epoch's list already taken (k per rank
+ * is kR). nb_sampler_distributed_taken(s, k) is that count once every rank
+ * has taken k indices of the current epoch; nb_sampler_distributed_resume(s,
+ * epoch, taken) makes `epoch` deal only the positions from `taken` on, to
+ * the sampler's own world size: rank r takes taken + r, taken + r + R, ...,
+ * floor(m / R) of them with drop_last and ceil(m / R) without (m = n -
+ * taken samples left; padding wraps to the list's start), so that an epoch
+ * begun at one world size ends at another with no sample taken twice and
+ * none skipped but a tail of fewer than R with drop_last (Note [Resuming at
+ * another world size] in data/sampler.c). Other epochs are unchanged; a
+ * loader using the sampler notices at its next seek. Both abort on a
+ * sampler that is not distributed. */
+void nb_sampler_distributed_resume(nb_sampler *s, int64_t epoch, int64_t taken);
+int64_t nb_sampler_distributed_taken(const nb_sampler *s, int64_t per_rank);
 
 /* Exact evaluation: rank's share of 0..n-1, unpadded (see above). */
 nb_sampler *nb_sampler_shard(int64_t n, int world_size, int rank);
