@@ -241,6 +241,7 @@ void nb__store_core_tick(nb_store_server *s, double now);
 bool nb__store_core_closing(const nb__store_conn *c); /* to be dropped once flushed */
 bool nb__store_core_authenticated(const nb__store_conn *c);
 int nb__store_core_rank(const nb__store_conn *c);     /* -1: anonymous or not admitted */
+bool nb__store_core_said_bye(const nb__store_conn *c);
 int nb__store_core_pending(const nb_store_server *s);
 size_t nb__store_core_in_buffered(const nb__store_conn *c);
 const char *nb__store_core_abort_reason(const nb_store_server *s); /* NULL: not aborted */

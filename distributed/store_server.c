@@ -685,6 +685,7 @@ void nb__store_core_tick(nb_store_server *s, double now) {
 bool nb__store_core_closing(const nb__store_conn *c) { return c->closing; }
 bool nb__store_core_authenticated(const nb__store_conn *c) { return c->state == C_READY; }
 int nb__store_core_rank(const nb__store_conn *c) { return c->rank; }
+bool nb__store_core_said_bye(const nb__store_conn *c) { return c->bye; }
 int nb__store_core_pending(const nb_store_server *s) { return pending_count(s); }
 size_t nb__store_core_in_buffered(const nb__store_conn *c) { return c->in.n; }
 const char *nb__store_core_abort_reason(const nb_store_server *s) {

@@ -14,8 +14,9 @@ mkdir -p "$out/corpus-store"
   -I include -I . fuzz/fuzz_store.c distributed/store_proto.c distributed/store_kv.c tensor/error.c \
   -o "$out/fuzz_store"
 
-# Seeds: HELLO (run "run-a", rank -1), then one request each.
-hello='\026\000\000\000\001NBS1\005\000\000\000run-a\377\377\377\377\377\377\377\377'
+# Seeds: HELLO (run "run-a", rank -1, a nonce of 32 zeros), then one request each.
+hello='\072\000\000\000\001NBS2\005\000\000\000run-a\377\377\377\377\377\377\377\377\040\000\000\000'
+hello="$hello$(printf '%.0s\\000' $(seq 32))"
 seed() { printf "$hello$2" > "$out/corpus-store/$1"; }
 seed set   '\013\000\000\000\002\001\000\000\000k\001\000\000\000v'
 seed get   '\013\000\000\000\002\001\000\000\000k\001\000\000\000v\016\000\000\000\004\001\000\000\000k\000\000\000\000\000\000\000\000'
