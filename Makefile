@@ -12,6 +12,7 @@ CTEST_JOBS     ?= 2
 CTEST_ARGS     ?=
 FUZZ_SECONDS   ?= 60
 DEMO_ARGS      ?=
+TORCH_VENV     ?= $(BUILD_DIR)/venv-torch
 
 # What `deps` makes sure is installed. The CUDA toolkit, cuDNN and NCCL are
 # not Debian packages here; CMake finds them when present (see README).
@@ -39,7 +40,8 @@ help:
 	@echo "make test-asan  the same with AddressSanitizer + UBSan, in $(ASAN_BUILD_DIR)/"
 	@echo "make demo       build, then train a small GPT on the shipped text with DDP (2 CPU processes or every GPU)"
 	@echo "make bench      build, then run every benchmark ($(BUILD_DIR)/bin/bench_*)"
-	@echo "make bench-torch  build, install python3-torch if missing, then time our training steps against PyTorch eager"
+	@echo "make bench-torch  build, set up $(TORCH_VENV) with PyPI's torch if missing, then time our training"
+	@echo "                 steps against it (eager, torch.compile; f32, bf16) and against Debian's 1.13 if installed"
 	@echo "make fuzz       build and run every fuzz/fuzz_*.c for FUZZ_SECONDS=$(FUZZ_SECONDS) s each (clang, libFuzzer)"
 	@echo "make install    install the library, headers, CMake and pkg-config files, nbrun, nb_plot, the"
 	@echo "                tutorial's program and the shipped datasets (share/nabla/) to PREFIX=$(PREFIX)"
@@ -112,12 +114,24 @@ bench: build
 	done; \
 	[ $$found -eq 1 ] || echo "bench: no benchmarks built yet (benchmarks/bench_*.c)"
 
-# Our training step against PyTorch eager's (Debian's python3-torch) on the
-# same models and batches; a benchmark, not a test. BENCH_TORCH_ARGS: flags of
-# benchmarks/compare_torch.py (e.g. --threads 2 --repeats 9).
+# Our training step against PyTorch's on the same models and batches; a
+# benchmark, not a test. The current PyTorch release comes from PyPI into a
+# virtual environment, $(TORCH_VENV), made on first use (PyPI's Linux wheel is
+# its CUDA build, ~3 GB with its libraries, run here on the CPU); Debian's
+# 1.13 (python3-torch, which the numerical tests use) is compared too where it
+# is installed. Eager and torch.compile, f32 and bf16 autocast, interleaved
+# (Note [Which PyTorch] in benchmarks/compare_torch.py). BENCH_TORCH_ARGS:
+# flags of benchmarks/compare_torch.py (e.g. --threads 2 --repeats 9).
 bench-torch: build
-	@$(call install_debs,python3-torch,bench-torch)
-	/usr/bin/python3 benchmarks/compare_torch.py $(BENCH_TORCH_ARGS)
+	@$(call install_debs,python3-venv,bench-torch)
+	@if ! $(TORCH_VENV)/bin/python -c 'import torch' 2>/dev/null; then \
+	  echo "bench-torch: installing PyPI's torch into $(TORCH_VENV) (once; a few GB)"; \
+	  /usr/bin/python3 -m venv $(TORCH_VENV) && $(TORCH_VENV)/bin/pip install --quiet torch numpy || exit 1; \
+	fi
+	@pythons=$(TORCH_VENV)/bin/python; \
+	if /usr/bin/python3 -c 'import torch' 2>/dev/null; then pythons=$$pythons,/usr/bin/python3; fi; \
+	echo "/usr/bin/python3 benchmarks/compare_torch.py --torch-python $$pythons --compile $(BENCH_TORCH_ARGS)"; \
+	/usr/bin/python3 benchmarks/compare_torch.py --torch-python $$pythons --compile $(BENCH_TORCH_ARGS)
 
 # Long libFuzzer runs (minutes per target) against an instrumented library;
 # `make test` only builds each target and runs it a few seconds

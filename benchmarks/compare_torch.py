@@ -37,8 +37,15 @@ imports torch. The runs alternate nabla, torch, nabla, torch ... and the
 thread settings actually in force on each side are read back and printed;
 when one did not take, the script says so and exits 1.
 
-    make bench-torch                  (installs python3-torch when missing)
+Against several PyTorch installations and modes (Note [Which PyTorch]):
+--torch-python PY[,PY...] runs the PyTorch side under each interpreter (the
+current release in a virtual environment, Debian's 1.13 in /usr/bin/python3),
+and --compile adds torch.compile rows (PyTorch 2.x) beside eager ones; every
+PyTorch variant is one more run in each interleaved round.
+
+    make bench-torch                  (a virtual environment with PyPI's torch, made on first use)
     /usr/bin/python3 benchmarks/compare_torch.py [--steps 20] [--repeats 5] [--threads 1]
+    python3 benchmarks/compare_torch.py --torch-python build/venv-torch/bin/python,/usr/bin/python3 --compile
     /usr/bin/python3 benchmarks/compare_torch.py --models gpt --bf16-models "" --ddp 2
     /usr/bin/python3 benchmarks/compare_torch.py --models gpt --bf16-models "" --ddp 2 \
         --ddp-bucket-mb 0.25 --nabla-bucket-step
@@ -79,6 +86,18 @@ message.
 # rank's steps without the time a bucket waited for a later rank
 # (nb_ddp_overlap_across_ranks); PyTorch's reducer does not report the
 # equivalent without its profiler.
+# Note [Which PyTorch]
+# Debian's python3-torch is 1.13; users run 2.x. A virtual environment with
+# PyPI's current torch (make bench-torch makes build/venv-torch on first use)
+# gives the 2.x figures; PyPI serves only its CUDA build of torch for Linux
+# (the CPU-only wheels live on PyTorch's own index), which runs on the CPU
+# like any other and is what a user who types "pip install torch" gets. Each
+# variant (interpreter x eager/compile) runs in its own fresh process per
+# run, in the same interleaved rounds as nabla, so that load falls on all of
+# them alike. torch.compile's first steps compile (the 3 warm-up steps absorb
+# that; Inductor's cache makes later runs start faster), and its compile
+# workers are limited to one thread (TORCHINDUCTOR_COMPILE_THREADS=1) so that
+# they do not compete with the timed steps.
 import argparse
 import ctypes
 import importlib.util
@@ -221,16 +240,21 @@ def torch_train(torch, F, model, x, y, steps, autocast=False):
     return times, most
 
 
-def torch_worker(model_name, steps, intra_op, autocast=False):
+def torch_worker(model_name, steps, intra_op, autocast=False, compile=False):
     """Runs in its own process (started by run_torch): one timed run, one JSON line."""
     torch, F, models = torch_models()
     torch.set_num_threads(intra_op)
     torch.set_num_interop_threads(1)
     torch.manual_seed(1)
     model = models[model_name]()
+    if compile:
+        if not hasattr(torch, "compile"):
+            raise SystemExit(f"compare_torch: torch {torch.__version__} has no torch.compile (2.0 and later)")
+        model = torch.compile(model)
     x, y = torch_batch(torch, model_name)
     times, most = torch_train(torch, F, model, x, y, steps, autocast)
     print(json.dumps({"ms": 1e3 * statistics.median(times), "params": sum(p.numel() for p in model.parameters()),
+                      "python": sys.executable,
                       "version": torch.__version__, "intra_op": torch.get_num_threads(),
                       "inter_op": torch.get_num_interop_threads(), "blas": openblas_threads(),
                       "threads": most}))
@@ -414,13 +438,20 @@ def run_torch_ddp(python, model_name, steps, world, env, timeout):
     return r
 
 
-def run_torch(python, model_name, steps, intra_op, env, autocast=False, timeout=600):
+def run_torch(python, model_name, steps, intra_op, env, autocast=False, timeout=600, compile=False):
     out, most = run_child([python, os.path.abspath(__file__), "--torch-worker", model_name, "--steps", str(steps),
-                           "--torch-intra-op", str(intra_op)] + (["--torch-autocast"] if autocast else []),
-                          env, timeout)
+                           "--torch-intra-op", str(intra_op)] + (["--torch-autocast"] if autocast else [])
+                          + (["--torch-compile"] if compile else []),
+                          dict(env, TORCHINDUCTOR_COMPILE_THREADS="1") if compile else env, timeout)
     r = json.loads(out.strip().splitlines()[-1])
     r["threads_seen"] = most
     return r
+
+
+def torch_version(python):
+    """torch.__version__ under `python` (in a child process), or None without torch."""
+    p = subprocess.run([python, "-c", "import torch; print(torch.__version__)"], capture_output=True, text=True)
+    return p.stdout.strip() if p.returncode == 0 else None
 
 
 def torch_python():
@@ -461,16 +492,22 @@ def main():
     ap.add_argument("--nabla-bucket-step", action="store_true",
                     help="DDP rows: nabla steps the optimizer per bucket as its all-reduce ends "
                          "(bench_ddp --bucket-step, nb_ddp_set_optimizer); torch's DDP has no such option")
+    ap.add_argument("--torch-python", default=None, metavar="PY[,PY...]",
+                    help="interpreters for the PyTorch side, each a set of rows (default: this one if it has "
+                         "torch, else /usr/bin/python3)")
+    ap.add_argument("--compile", action="store_true",
+                    help="also torch.compile rows, under every --torch-python whose torch has it")
     ap.add_argument("--timeout", type=int, default=600, help="seconds one run may take before it is stopped")
     ap.add_argument("--bin", default=os.environ.get("NABLA_BIN", os.path.join(HERE, "..", "build", "bin")))
     ap.add_argument("--torch-worker", metavar="MODEL", help=argparse.SUPPRESS)
     ap.add_argument("--torch-autocast", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--torch-compile", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--torch-ddp-worker", nargs=4, metavar=("RANK", "WORLD", "PORT", "MODEL"),
                     help=argparse.SUPPRESS)
     a = ap.parse_args()
     intra = a.torch_intra_op or a.threads
     if a.torch_worker:
-        return torch_worker(a.torch_worker, a.steps, intra, a.torch_autocast)
+        return torch_worker(a.torch_worker, a.steps, intra, a.torch_autocast, a.torch_compile)
     if a.torch_ddp_worker:
         r, w, port, m = a.torch_ddp_worker
         return torch_ddp_worker(int(r), int(w), int(port), m, a.steps, a.timeout)
@@ -482,61 +519,89 @@ def main():
     if a.ddp and (a.ddp < 2 or not os.access(nbrun, os.X_OK)):
         print(f"compare_torch: --ddp needs 2 or more ranks and {nbrun} (make build)", file=sys.stderr)
         return 1
-    python = torch_python()
-    if python is None:
-        print("compare_torch: torch is not importable (install python3-torch: make bench-torch); skipped")
+    if a.torch_python:
+        pythons = [p for p in a.torch_python.split(",") if p]
+        missing = [p for p in pythons if torch_version(p) is None]
+        if missing:
+            print(f"compare_torch: torch does not import under {', '.join(missing)}", file=sys.stderr)
+            return 1
+    else:
+        pythons = [p for p in [torch_python()] if p]
+    if not pythons:
+        print("compare_torch: torch is not importable (make bench-torch sets up a virtual environment "
+              "with it); skipped")
         return 0
+    python = pythons[0]  # the DDP rows' PyTorch
+    variants = []  # (label, interpreter, compile)
+    for p in pythons:
+        v = torch_version(p)
+        variants.append((f"torch {v} eager", p, False))
+        if a.compile and int(v.split(".")[0]) >= 2:
+            variants.append((f"torch {v} compile", p, True))
+    for label, p, _ in variants:
+        print(f"  {label}: {p}")
     base = {k: v for k, v in os.environ.items() if k not in THREAD_VARS and k not in ("GOMP_CPU_AFFINITY",
                                                                                         "OMP_PROC_BIND")}
     t = str(a.threads)
     env_nabla = dict(base, **{k: t for k in THREAD_VARS})
     env_torch = dict(env_nabla, OMP_NUM_THREADS=str(intra))
-    print(f"{a.steps} steps per run (median of each run), {a.repeats} interleaved pairs per model "
-          f"(nabla, torch, nabla, torch ...); load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    order = ", ".join(["nabla"] + [label for label, _, _ in variants])
+    print(f"{a.steps} steps per run (median of each run), {a.repeats} interleaved rounds per model "
+          f"({order}, then again); load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     print("  nabla env: " + " ".join(f"{k}={env_nabla[k]}" for k in THREAD_VARS))
     print("  torch env: " + " ".join(f"{k}={env_torch[k]}" for k in THREAD_VARS)
           + f"; torch.set_num_threads({intra}), set_num_interop_threads(1)")
     print("value [min-max] over runs; ratio = nabla / torch (below 1: nabla faster): of the medians, "
           "and per pair")
-    print(f"{'model':6} {'batch':>6} {'nabla ms':>27} {'(fwd':>7} {'bwd':>7} {'opt)':>7} {'torch ms':>27} "
-          f"{'ratio':>6} {'pair ratios':>19}")
+    print(f"{'model':6} {'batch':>6} {'nabla ms':>27} {'(fwd':>7} {'bwd':>7} {'opt)':>7} {'torch':>24} "
+          f"{'torch ms':>27} {'ratio':>6} {'pair ratios':>19}")
     seen = []
     for m in a.models.split(","):
-        ours, theirs = [], []
-        for _ in range(a.repeats):
+        ours, theirs = [], {label: [] for label, _, _ in variants}
+        for _ in range(a.repeats):  # one round: nabla, then every PyTorch variant
             ours.append(run_nabla(binary, m, a.steps, env_nabla, timeout=a.timeout))
-            theirs.append(run_torch(python, m, a.steps, intra, env_torch, timeout=a.timeout))
-            if theirs[-1]["params"] != ours[-1]["params"]:
-                print(f"compare_torch: {m}: {ours[-1]['params']} parameters in nabla's model, "
-                      f"{theirs[-1]['params']} in torch's: the models differ", file=sys.stderr)
-                return 1
-        o, th = [r["ms"] for r in ours], [r["ms"] for r in theirs]
+            for label, p, comp in variants:
+                theirs[label].append(run_torch(p, m, a.steps, intra, env_torch, timeout=a.timeout, compile=comp))
+                if theirs[label][-1]["params"] != ours[-1]["params"]:
+                    print(f"compare_torch: {m}: {ours[-1]['params']} parameters in nabla's model, "
+                          f"{theirs[label][-1]['params']} in {label}'s: the models differ", file=sys.stderr)
+                    return 1
+        o = [r["ms"] for r in ours]
         fb = [statistics.median(r[k] for r in ours) for k in ("fwd", "bwd", "opt")]
-        pairs = [x / y for x, y in zip(o, th)]
         b = f"{BATCH[m]}x{GPT_SHAPES[m][0]}" if m in GPT_SHAPES else str(BATCH[m])
-        print(f"{m:6} {b:>6} {spread(o, '{:.3f}'):>27} {fb[0]:7.3f} {fb[1]:7.3f} {fb[2]:7.3f} "
-              f"{spread(th, '{:.3f}'):>27} {statistics.median(o) / statistics.median(th):6.3f} "
-              f"{spread(pairs, '{:.3f}'):>19}", flush=True)
-        seen.append((m, ours, theirs))
+        for i, (label, _, _) in enumerate(variants):
+            th = [r["ms"] for r in theirs[label]]
+            pairs = [x / y for x, y in zip(o, th)]
+            mine = f"{spread(o, '{:.3f}'):>27} {fb[0]:7.3f} {fb[1]:7.3f} {fb[2]:7.3f}" if i == 0 else " " * 51
+            print(f"{m if i == 0 else '':6} {b if i == 0 else '':>6} {mine} {label:>24} "
+                  f"{spread(th, '{:.3f}'):>27} {statistics.median(o) / statistics.median(th):6.3f} "
+                  f"{spread(pairs, '{:.3f}'):>19}", flush=True)
+            seen.append((f"{m} ({label})", ours, theirs[label]))
     bf16_models = [m for m in a.bf16_models.split(",") if m]
     if bf16_models:
         print("bf16: nabla --bf16 (bf16 products, f32 accumulation and weights) against torch eager f32 and "
               "torch eager under autocast(cpu, bfloat16); triples interleaved (nabla, f32, autocast ...)")
-        print(f"{'model':6} {'batch':>6} {'nabla bf16 ms':>27} {'torch f32 ms':>27} {'ratio':>6} "
+        print(f"{'model':6} {'batch':>6} {'nabla bf16 ms':>27} {'torch':>24} {'torch f32 ms':>27} {'ratio':>6} "
               f"{'torch autocast ms':>27} {'ratio':>6} {'pair ratios (autocast)':>22}")
     for m in bf16_models:
-        ours, t32, tac = [], [], []
-        for _ in range(a.repeats):
+        ours = []
+        t32, tac = ({label: [] for label, _, _ in variants} for _ in range(2))
+        for _ in range(a.repeats):  # one round: nabla, then every variant in f32 and under autocast
             ours.append(run_nabla(binary, m, a.steps, env_nabla, bf16=True, timeout=a.timeout))
-            t32.append(run_torch(python, m, a.steps, intra, env_torch, timeout=a.timeout))
-            tac.append(run_torch(python, m, a.steps, intra, env_torch, autocast=True, timeout=a.timeout))
-        o, f, c = ([r["ms"] for r in rs] for rs in (ours, t32, tac))
-        pairs = [x / y for x, y in zip(o, c)]
+            for label, p, comp in variants:
+                t32[label].append(run_torch(p, m, a.steps, intra, env_torch, timeout=a.timeout, compile=comp))
+                tac[label].append(run_torch(p, m, a.steps, intra, env_torch, autocast=True, timeout=a.timeout,
+                                            compile=comp))
+        o = [r["ms"] for r in ours]
         b = f"{BATCH[m]}x{GPT_SHAPES[m][0]}" if m in GPT_SHAPES else str(BATCH[m])
-        print(f"{m:6} {b:>6} {spread(o, '{:.3f}'):>27} {spread(f, '{:.3f}'):>27} "
-              f"{statistics.median(o) / statistics.median(f):6.3f} {spread(c, '{:.3f}'):>27} "
-              f"{statistics.median(o) / statistics.median(c):6.3f} {spread(pairs, '{:.3f}'):>22}", flush=True)
-        seen.append((m + "-bf16", ours, t32 + tac))
+        for i, (label, _, _) in enumerate(variants):
+            f, c = [r["ms"] for r in t32[label]], [r["ms"] for r in tac[label]]
+            pairs = [x / y for x, y in zip(o, c)]
+            mine = f"{spread(o, '{:.3f}'):>27}" if i == 0 else " " * 27
+            print(f"{m if i == 0 else '':6} {b if i == 0 else '':>6} {mine} {label:>24} {spread(f, '{:.3f}'):>27} "
+                  f"{statistics.median(o) / statistics.median(f):6.3f} {spread(c, '{:.3f}'):>27} "
+                  f"{statistics.median(o) / statistics.median(c):6.3f} {spread(pairs, '{:.3f}'):>22}", flush=True)
+            seen.append((f"{m}-bf16 ({label})", ours, t32[label] + tac[label]))
     seen_ddp, env_ddp = [], dict(base, **{k: "1" for k in THREAD_VARS})
     extra = []
     if a.ddp_bucket_mb is not None:
