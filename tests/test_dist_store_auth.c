@@ -4,7 +4,8 @@
  * proof), ranks inside the world and held once, departures that abort the
  * run only for admitted ranks, the limits before admission (frame size,
  * deadline, pending connections) and after (value size, total bytes), the
- * loopback rule for a store without a secret, and where the secret comes
+ * loopback rule for a store without a secret (and a one-node world's
+ * store on loopback whatever MASTER_ADDR says), and where the secret comes
  * from. Servers run in this process on 127.0.0.1; raw sockets play the
  * clients the library would not be. */
 #define _GNU_SOURCE
@@ -641,6 +642,55 @@ START_TEST(test_several_nodes_need_a_secret) {
 }
 END_TEST
 
+/* Whether a socket listens on port, and on which IPv4 address
+ * (/proc/net/tcp: local address as hex in host order, state 0A). */
+static bool listening_on(int want_port, uint32_t *addr) {
+    FILE *f = fopen("/proc/net/tcp", "r");
+    ck_assert_ptr_nonnull(f);
+    char line[512];
+    bool found = false;
+    while (fgets(line, sizeof line, f)) {
+        unsigned a, p, st;
+        if (sscanf(line, " %*d: %8x:%4x %*8x:%*4x %2x", &a, &p, &st) == 3 && st == 0x0A && (int)p == want_port) {
+            *addr = a;
+            found = true;
+        }
+    }
+    fclose(f);
+    return found;
+}
+
+/* A world on one node serves its store on loopback, even when MASTER_ADDR
+ * is not a loopback address, and reaches it there. */
+START_TEST(test_one_node_listens_on_loopback) {
+    clear_secret_env();
+    unsetenv("NABLA_STORE_TRUSTED_NETWORK");
+    int gai = 0, err = 0;
+    int probe = nb__tcp_listen("127.0.0.1", 0, &gai, &err);
+    struct sockaddr_in a;
+    socklen_t sl = sizeof a;
+    getsockname(probe, (struct sockaddr *)&a, &sl);
+    int free_port = ntohs(a.sin_port);
+    close(probe);
+    char port_s[16];
+    snprintf(port_s, sizeof port_s, "%d", free_port);
+    setenv("RANK", "0", 1);
+    setenv("WORLD_SIZE", "1", 1);
+    setenv("LOCAL_WORLD_SIZE", "1", 1);
+    setenv("MASTER_ADDR", "0.0.0.0", 1); /* every interface, were it taken at its word */
+    setenv("MASTER_PORT", port_s, 1);
+    setenv("NABLA_RUN_ID", "one-node", 1);
+    nb_pg *pg = NULL;
+    nb_status st = nb_pg_init(&pg, NULL);
+    ck_assert_msg(st == NB_OK, "%s", nb_last_error());
+    uint32_t addr = 0;
+    ck_assert_msg(listening_on(free_port, &addr), "nothing listens on port %d", free_port);
+    ck_assert_msg(addr == 0x0100007Fu, "the store listens on %08x, not 127.0.0.1", addr);
+    ck_assert_str_eq(nb__store_host(nb_pg_store(pg)), "127.0.0.1");
+    ck_assert_int_eq(nb_pg_free(pg), NB_OK);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("dist_store_auth");
     TCase *tc = tcase_create("auth");
@@ -655,6 +705,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_no_secret_means_loopback);
     tcase_add_test(tc, test_secret_from_the_environment);
     tcase_add_test(tc, test_several_nodes_need_a_secret);
+    tcase_add_test(tc, test_one_node_listens_on_loopback);
     suite_add_tcase(s, tc);
     return s;
 }
