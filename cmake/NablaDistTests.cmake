@@ -61,7 +61,7 @@ endforeach()
 # skipped, 77, where a namespace cannot be made): tests/_netns.py. Their
 # fixed ports exist only inside namespaces named after the test's pid, so
 # parallel runs do not collide.
-foreach(_t test_multinode.py test_multinode_cut.py)
+foreach(_t test_multinode.py test_multinode_cut.py test_elastic.py)
   if(TEST ${_t})
     set_property(TEST ${_t} APPEND PROPERTY LABELS multiproc netns)
     set_tests_properties(${_t} PROPERTIES TIMEOUT 90)

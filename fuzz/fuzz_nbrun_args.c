@@ -6,8 +6,9 @@
  * it ends nbrun) and popen() failing (so "--nproc-per-node gpu" never runs
  * nvidia-smi). The input is the arguments after "nbrun", separated by NUL
  * bytes. A parse that returns must give 1 <= nproc <= 4096, 0 <= node
- * rank < nnodes, a port in [0, 65535], an address, and the program's
- * arguments inside argv; a usage error exits with 2 after a message, and
+ * rank < nnodes, 1 <= MIN <= nnodes, a positive rendezvous timeout, a port
+ * in [0, 65535], an address, restarts on several nodes only with --nnodes
+ * MIN:MAX, and the program's arguments inside argv; a usage error exits with 2 after a message, and
  * only --help exits with 0. */
 #define _GNU_SOURCE /* as tools/nbrun.c, which is included below */
 #include <setjmp.h>
@@ -55,7 +56,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             o.node_rank >= o.nnodes || o.port < 0 || o.port > 65535 || o.max_restarts < 0 || !o.addr)
             abort();
         if (o.argv <= argv || o.argv >= argv + argc || !o.argv[0]) abort();
-        if (o.nnodes > 1 && (o.port == 0 || o.max_restarts > 0)) abort();
+        if (o.nnodes > 1 && (o.port == 0 || (o.max_restarts > 0 && !o.elastic))) abort();
+        if (o.nnodes_min < 1 || o.nnodes_min > o.nnodes || !(o.rdzv_timeout > 0)) abort();
     } else if (fuzz_status != 2 && fuzz_status != 0) {
         abort();
     }

@@ -45,7 +45,8 @@ START_TEST(test_help) {
     const char *words[] = {"--nproc-per-node N|gpu", "--nnodes K", "--node-rank i", "--master-addr A",
                            "--master-port P", "[rank R] ", "SIGTERM", "SIGKILL", "NBRUN_GRACE",
                            "PR_SET_PDEATHSIG", "Ctrl-C", "exit status", "LOCAL_WORLD_SIZE", "NABLA_RUN_ID",
-                           "--max-restarts N", "NABLA_RESTART_COUNT", "--resume auto"};
+                           "--max-restarts N", "NABLA_RESTART_COUNT", "--resume auto", "--nnodes MIN:MAX",
+                           "--rdzv-timeout S"};
     for (unsigned i = 0; i < sizeof words / sizeof words[0]; i++) EXPECT_IN(p.out, words[i]);
     nbt_proc_free(&p);
 }
@@ -77,7 +78,11 @@ START_TEST(test_usage_errors) {
     const char *a7[] = {"--max-restarts", "-1", NULL};
     usage_error(NULL, a7, "true", "--max-restarts expects an integer in [0, 1048576], got '-1'");
     const char *a8[] = {"--nnodes", "2", "--master-addr", "h", "--master-port", "1", "--max-restarts", "1", NULL};
-    usage_error(NULL, a8, "true", "--max-restarts works on one node only");
+    usage_error(NULL, a8, "true", "--max-restarts with several nodes needs --nnodes MIN:MAX");
+    const char *a9[] = {"--nnodes", "3:2", "--master-addr", "h", "--master-port", "1", NULL};
+    usage_error(NULL, a9, "true", "--nnodes 3:2: MIN is above MAX");
+    const char *a10[] = {"--nnodes", "1:2", "--master-addr", "h", "--master-port", "1", "--rdzv-timeout", "0", NULL};
+    usage_error(NULL, a10, "true", "--rdzv-timeout expects a number of seconds > 0, got '0'");
 }
 END_TEST
 

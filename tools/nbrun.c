@@ -70,8 +70,16 @@ static const char *usage_text =
     "                          required with --nnodes > 1)\n"
     "  --master-port P         its port (default 0: a free port, one node only;\n"
     "                          required with --nnodes > 1)\n"
+    "  --nnodes MIN:MAX        elastic membership: at each start and restart, the\n"
+    "                          nodes that join within --rdzv-timeout (at least MIN,\n"
+    "                          at most MAX) form the run, ranks numbered densely;\n"
+    "                          node 0 (--node-rank 0, at --master-addr) serves the\n"
+    "                          rendezvous on --master-port; a node that comes later\n"
+    "                          joins at the next restart\n"
+    "  --rdzv-timeout S        how long node 0 waits for the other nodes (default 30)\n"
     "  --max-restarts N        after a failure, stop every process and start them all\n"
-    "                          again, up to N times (default 0); one node only\n"
+    "                          again, up to N times (default 0); several nodes need\n"
+    "                          --nnodes MIN:MAX\n"
     "  -h, --help              this text\n"
     "\n"
     "each process gets:\n"
@@ -120,7 +128,10 @@ static const char *usage_text =
     "generation of the run: a new store and run id ($NABLA_RUN_ID-r<k>), so nothing\n"
     "of the failed generation can join it. The program continues from its newest\n"
     "complete checkpoint (train_gpt and train_classifier: --resume auto). Ctrl-C\n"
-    "is never followed by a restart.\n"
+    "is never followed by a restart. With --nnodes MIN:MAX every node's nbrun\n"
+    "restarts when its processes fail (a lost node makes the others' fail), and the\n"
+    "nodes present agree on the new generation: \"nbrun: generation k: n nodes ...,\n"
+    "world size W\"; the generation is NABLA_RESTART_COUNT on every node.\n"
     "\n"
     "exit status: 0 when every process exits with 0; otherwise the exit code of the\n"
     "first process that failed (128 + N for signal N) in the last generation; 128 + N\n"
@@ -225,6 +236,9 @@ typedef struct options {
     int max_restarts;
     const char *addr;
     char **argv;
+    bool elastic;        /* --nnodes MIN:MAX */
+    int nnodes_min;      /* MIN (nnodes is MAX) */
+    double rdzv_timeout; /* --rdzv-timeout */
 } options;
 
 static bool flag_is(const char *arg, const char *name, const char **value) {
@@ -248,8 +262,25 @@ static bool flag_is(const char *arg, const char *name, const char **value) {
     return false;
 }
 
+/* --nnodes K, or MIN:MAX for elastic membership (Note [Elastic membership]). */
+static void parse_nnodes(options *o, const char *v) {
+    const char *colon = strchr(v, ':');
+    if (!colon) {
+        o->nnodes = (int)parse_long("--nnodes", v, 1, 1 << 20);
+        o->nnodes_min = o->nnodes;
+        o->elastic = false;
+        return;
+    }
+    char min[32];
+    snprintf(min, sizeof min, "%.*s", (int)(colon - v < 31 ? colon - v : 31), v);
+    o->nnodes_min = (int)parse_long("--nnodes MIN:MAX, MIN", min, 1, 1 << 20);
+    o->nnodes = (int)parse_long("--nnodes MIN:MAX, MAX", colon + 1, 1, 1 << 20);
+    if (o->nnodes_min > o->nnodes) die_usage("--nnodes %s: MIN is above MAX", v);
+    o->elastic = true;
+}
+
 static options parse_options(int argc, char **argv) {
-    options o = {1, 1, 0, 0, 0, NULL, NULL};
+    options o = {1, 1, 0, 0, 0, NULL, NULL, false, 1, 30.0};
     const char *nproc = "1";
     bool port_given = false;
     int i = 1;
@@ -265,9 +296,9 @@ static options parse_options(int argc, char **argv) {
         }
         if (a[0] != '-') break;
         const char *names[] = {"nproc-per-node", "nnodes", "node-rank", "master-addr", "master-port",
-                               "max-restarts"};
+                               "max-restarts", "rdzv-timeout"};
         int which = -1;
-        for (int k = 0; k < 6 && which < 0; k++)
+        for (int k = 0; k < 7 && which < 0; k++)
             if (flag_is(a, names[k], &v)) which = k;
         if (which < 0) die_usage("unknown option '%s'", a);
         if (!v) {
@@ -276,7 +307,7 @@ static options parse_options(int argc, char **argv) {
         }
         switch (which) {
         case 0: nproc = v; break;
-        case 1: o.nnodes = (int)parse_long("--nnodes", v, 1, 1 << 20); break;
+        case 1: parse_nnodes(&o, v); break;
         case 2: o.node_rank = (int)parse_long("--node-rank", v, 0, 1 << 20); break;
         case 3: o.addr = v; break;
         case 4:
@@ -284,6 +315,13 @@ static options parse_options(int argc, char **argv) {
             port_given = true;
             break;
         case 5: o.max_restarts = (int)parse_long("--max-restarts", v, 0, 1 << 20); break;
+        case 6: {
+            char *end;
+            o.rdzv_timeout = strtod(v, &end);
+            if (end == v || *end || !(o.rdzv_timeout > 0) || o.rdzv_timeout > 1e6)
+                die_usage("--rdzv-timeout expects a number of seconds > 0, got '%s'", v);
+            break;
+        }
         }
     }
     if (i >= argc) die_usage("no program to run");
@@ -305,9 +343,10 @@ static options parse_options(int argc, char **argv) {
         die_usage("--master-port must be a fixed port with --nnodes %d (port 0 picks a free port "
                   "on one node only)",
                   o.nnodes);
-    if (o.nnodes > 1 && o.max_restarts > 0)
-        die_usage("--max-restarts works on one node only: with --nnodes %d every node's nbrun would "
-                  "have to agree on each restart", o.nnodes);
+    if (o.nnodes > 1 && o.max_restarts > 0 && !o.elastic)
+        die_usage("--max-restarts with several nodes needs --nnodes MIN:MAX, through which every node's "
+                  "nbrun agrees on each restart (--nnodes %d:%d keeps the same nodes)", o.nnodes, o.nnodes);
+    if (o.nnodes == 1) o.elastic = false; /* one node: nothing to agree on */
     if (!o.addr) o.addr = "127.0.0.1";
     return o;
 }
@@ -398,6 +437,10 @@ static void prepare_secret(const options *o) {
 
 /* ------------------------------------------------------------ children */
 
+/* This generation's world: nproc * nnodes and node-rank, or what the
+ * rendezvous decided (Note [Elastic membership]). */
+static int gen_world, gen_group, gen_rank_base;
+
 static void setenv_int(const char *name, int v) {
     char s[32];
     snprintf(s, sizeof s, "%d", v);
@@ -429,10 +472,10 @@ static void spawn(child *c, const options *o, const char *run_id, int store_fd, 
         dup2(out[1], 1);
         dup2(err[1], 2);
         setenv_int("RANK", c->rank);
-        setenv_int("WORLD_SIZE", o->nproc * o->nnodes);
+        setenv_int("WORLD_SIZE", gen_world);
         setenv_int("LOCAL_RANK", c->local_rank);
         setenv_int("LOCAL_WORLD_SIZE", o->nproc);
-        setenv_int("GROUP_RANK", o->node_rank);
+        setenv_int("GROUP_RANK", gen_group);
         setenv("MASTER_ADDR", o->addr, 1);
         setenv_int("MASTER_PORT", port);
         setenv("NABLA_RUN_ID", run_id, 1);
@@ -587,16 +630,24 @@ static int exit_code(int status) {
  * TORCHELASTIC_RESTART_COUNT). */
 
 /* Starts generation `restart` (0: the first start): the store's socket on
- * node 0, the run id, every process. */
-static void start_generation(const options *o, const char *base_id, int restart) {
-    int store_fd = -1, port = o->port;
-    if (o->node_rank == 0) store_fd = open_store_socket(o->addr, o->nnodes, &port);
+ * node 0 (or the rendezvous's, store_fd / store_port when elastic), the run
+ * id, every process. */
+static void start_generation(const options *o, const char *base_id, int restart, int store_fd, int store_port) {
+    int port = o->port;
+    if (!o->elastic) {
+        gen_world = o->nproc * o->nnodes;
+        gen_group = o->node_rank;
+        gen_rank_base = o->node_rank * o->nproc;
+        if (o->node_rank == 0) store_fd = open_store_socket(o->addr, o->nnodes, &port);
+    } else {
+        port = store_port;
+    }
     char run_id[160];
     if (restart == 0) snprintf(run_id, sizeof run_id, "%s", base_id);
     else snprintf(run_id, sizeof run_id, "%s-r%d", base_id, restart);
     live = 0;
     for (int i = 0; i < nkids; i++) {
-        kids[i] = (child){.rank = o->node_rank * o->nproc + i, .local_rank = i};
+        kids[i] = (child){.rank = gen_rank_base + i, .local_rank = i};
         spawn(&kids[i], o, run_id, store_fd, port, restart);
     }
     if (store_fd >= 0) close(store_fd); /* rank 0 owns it now */
@@ -609,6 +660,208 @@ static void free_generation(void) {
         for (int k = 0; k < TAIL_LINES; k++) free(kids[i].tail[k]);
         kids[i] = (child){0};
     }
+}
+
+/* ------------------------------------------------------- elastic membership */
+
+/* Note [Elastic membership]
+ * With --nnodes MIN:MAX the nodes agree on each generation through a store
+ * that node 0's nbrun serves on --master-addr:--master-port (the ranks'
+ * store code, with the run's secret and its own run id, "<id>-rdzv"; node 0
+ * must stay up). For generation g, node 0 joins first and sets "current" =
+ * g; another node waits for a generation it has not run, joins it (an add
+ * on "g<g>/join" gives its place i, "g<g>/node<i>" says its process count)
+ * and waits for node 0 to close the round: at MAX nodes, or once the
+ * rendezvous timeout has passed with at least MIN (fewer after it: node 0
+ * gives up). Members are numbered by arrival, node 0 first, and the ranks
+ * densely in that order (a node's first rank is the process count of the
+ * members before it). Node 0 opens a new socket for the ranks' store at
+ * each generation and publishes its port with the closing
+ * ("g<g>/closed" = "n port"), so that no generation reuses another's store
+ * and no port beyond the rendezvous's need be fixed. A node that arrives
+ * after the round closed (late, or back after a failure) waits for the
+ * next one: it joins at the next restart. Each nbrun restarts on its own
+ * ranks' failure; a lost node makes the other nodes' ranks fail (a peer
+ * gone, or silent past the liveness limit), so every live node comes to
+ * the next round. When node 0's generation ends well it sets "done", which
+ * sends a node still waiting home. */
+static nb_store_server *rdzv_server; /* node 0 */
+static nb_store *rdzv_store;
+static nb__store_secret rdzv_secret;
+
+static void rdzv_die(const options *o, const char *what) {
+    fprintf(stderr, "nbrun: the rendezvous at %s:%d (served by node 0's nbrun): %s: %s\n", o->addr, o->port,
+            what, nb_last_error());
+    exit(1);
+}
+
+/* A signal that stops nbrun (Ctrl-C, SIGTERM, SIGHUP) while it waits for
+ * the other nodes: no process runs, so it ends at once. */
+static void rdzv_check_signal(int sfd) {
+    struct signalfd_siginfo si;
+    while (read(sfd, &si, sizeof si) == (ssize_t)sizeof si) {
+        if (si.ssi_signo == SIGCHLD) continue;
+        fprintf(stderr, "nbrun: stopped by signal %d (%s) during the rendezvous\n", (int)si.ssi_signo,
+                strsignal((int)si.ssi_signo));
+        exit(128 + (int)si.ssi_signo);
+    }
+}
+
+static void rdzv_open(const options *o, const char *base_id) {
+    static char run_id[160];
+    snprintf(run_id, sizeof run_id, "%s-rdzv", base_id);
+    if (nb__store_secret_from_env(&rdzv_secret) != NB_OK) rdzv_die(o, "the secret");
+    nb__store_config cfg = {.run_id = run_id, .secret = rdzv_secret.len ? rdzv_secret.bytes : NULL,
+                            .secret_len = rdzv_secret.len};
+    if (o->node_rank == 0) {
+        int port = o->port;
+        int fd = open_store_socket(o->addr, o->nnodes, &port);
+        if (nb__store_server_start(&rdzv_server, NULL, 0, fd, &cfg) != NB_OK) rdzv_die(o, "cannot serve it");
+    }
+    if (nb__store_connect(&rdzv_store, o->addr, o->port, &cfg, -1, o->rdzv_timeout) != NB_OK)
+        rdzv_die(o, "cannot reach it within --rdzv-timeout");
+}
+
+static void rdzv_set(const options *o, const char *key, const char *value) {
+    if (nb_store_set(rdzv_store, key, value, strlen(value)) != NB_OK) rdzv_die(o, key);
+}
+
+/* The value of `key` as an integer; waits up to timeout_s (0: none, false
+ * when absent). */
+static bool rdzv_get_int(const options *o, const char *key, double timeout_s, long long *v, long long *v2) {
+    void *val = NULL;
+    size_t len;
+    nb_status st = nb_store_get(rdzv_store, key, timeout_s, &val, &len);
+    if (st == NB_ERR_NOT_FOUND) return false;
+    if (st != NB_OK) rdzv_die(o, "reading a key");
+    int got = v2 ? sscanf(val, "%lld %lld", v, v2) : sscanf(val, "%lld", v);
+    free(val);
+    if (got != (v2 ? 2 : 1)) {
+        nb_set_error(NB_ERR_FORMAT, "malformed value");
+        rdzv_die(o, key);
+    }
+    return true;
+}
+
+static void rdzv_sleep(int sfd) {
+    rdzv_check_signal(sfd);
+    poll(NULL, 0, 50);
+}
+
+/* The members' process counts: this node's first rank and the world size. */
+static void rdzv_members(const options *o, int g, long long n, long long me) {
+    char key[64];
+    gen_world = 0;
+    for (long long i = 1; i <= n; i++) {
+        long long nproc;
+        snprintf(key, sizeof key, "g%d/node%lld", g, i);
+        if (!rdzv_get_int(o, key, o->rdzv_timeout, &nproc, NULL)) rdzv_die(o, key);
+        if (i == me) gen_rank_base = gen_world;
+        gen_world += (int)nproc;
+    }
+    gen_group = (int)me - 1;
+}
+
+/* Node 0: opens generation g, waits for the others, closes it. */
+static void rdzv_host_round(const options *o, int sfd, int g, int *store_fd, int *store_port) {
+    char key[64], value[64];
+    snprintf(key, sizeof key, "g%d/join", g);
+    int64_t count;
+    if (nb_store_add(rdzv_store, key, 1, &count) != NB_OK) rdzv_die(o, key);
+    snprintf(key, sizeof key, "g%d/node1", g);
+    snprintf(value, sizeof value, "%d", o->nproc);
+    rdzv_set(o, key, value);
+    snprintf(value, sizeof value, "%d", g);
+    rdzv_set(o, "current", value);
+    double t0 = now_s();
+    snprintf(key, sizeof key, "g%d/join", g);
+    for (;;) {
+        if (nb_store_add(rdzv_store, key, 0, &count) != NB_OK) rdzv_die(o, key);
+        double waited = now_s() - t0;
+        if (count >= o->nnodes || (waited >= o->rdzv_timeout && count >= o->nnodes_min)) break;
+        if (waited >= o->rdzv_timeout) {
+            fprintf(stderr, "nbrun: generation %d: %lld node%s joined within %g s (--rdzv-timeout), fewer than "
+                    "the %d of --nnodes %d:%d: the run stops\n", g, (long long)count, count == 1 ? "" : "s",
+                    o->rdzv_timeout, o->nnodes_min, o->nnodes_min, o->nnodes);
+            exit(1);
+        }
+        rdzv_sleep(sfd);
+    }
+    long long n = count < o->nnodes ? count : o->nnodes;
+    *store_port = 0;
+    *store_fd = open_store_socket(o->addr, o->nnodes, store_port);
+    snprintf(key, sizeof key, "g%d/closed", g);
+    snprintf(value, sizeof value, "%lld %d", n, *store_port);
+    rdzv_set(o, key, value);
+    rdzv_members(o, g, n, 1);
+    fprintf(stderr, "nbrun: generation %d: %lld node%s of --nnodes %d:%d after %.1f s, world size %d%s\n", g, n,
+            n == 1 ? "" : "s", o->nnodes_min, o->nnodes, now_s() - t0, gen_world,
+            n < o->nnodes ? " (the others did not join within --rdzv-timeout; they join at the next restart)" : "");
+}
+
+/* Another node: joins the next generation after `last` that is still open. */
+static int rdzv_join_round(const options *o, int sfd, int last, int *store_port) {
+    char key[64], value[64];
+    int skip = last; /* generations this node does not join */
+    bool said = false;
+    for (;;) {
+        long long cur, done, n, port;
+        if (rdzv_get_int(o, "done", 0, &done, NULL)) {
+            fprintf(stderr, "nbrun: the run ended without this node\n");
+            exit(0);
+        }
+        if (!rdzv_get_int(o, "current", 0, &cur, NULL) || cur <= skip) {
+            rdzv_sleep(sfd);
+            continue;
+        }
+        int g = (int)cur;
+        snprintf(key, sizeof key, "g%d/closed", g);
+        if (rdzv_get_int(o, key, 0, &n, &port)) {
+            if (!said)
+                fprintf(stderr, "nbrun: generation %d started without this node; it joins at the next restart\n", g);
+            said = true;
+            skip = g;
+            continue;
+        }
+        int64_t me;
+        snprintf(key, sizeof key, "g%d/join", g);
+        if (nb_store_add(rdzv_store, key, 1, &me) != NB_OK) rdzv_die(o, key);
+        snprintf(key, sizeof key, "g%d/node%lld", g, (long long)me);
+        snprintf(value, sizeof value, "%d", o->nproc);
+        rdzv_set(o, key, value);
+        snprintf(key, sizeof key, "g%d/closed", g);
+        /* node 0 closes the round within its timeout; a margin for the clocks' start */
+        if (!rdzv_get_int(o, key, 2 * o->rdzv_timeout + 10, &n, &port)) {
+            nb_set_error(NB_ERR_TIMEOUT, "generation %d was not closed in time", g);
+            rdzv_die(o, key);
+        }
+        if (me > n) {
+            skip = g;
+            continue;
+        }
+        *store_port = (int)port;
+        rdzv_members(o, g, n, me);
+        fprintf(stderr, "nbrun: generation %d: this node is member %lld of %lld, ranks %d..%d of world size %d\n",
+                g, (long long)me, n, gen_rank_base, gen_rank_base + o->nproc - 1, gen_world);
+        return g;
+    }
+}
+
+/* The next generation's membership (Note [Elastic membership]). */
+static int rdzv_round(const options *o, int sfd, int last, int *store_fd, int *store_port) {
+    *store_fd = -1;
+    if (o->node_rank != 0) return rdzv_join_round(o, sfd, last, store_port);
+    rdzv_host_round(o, sfd, last + 1, store_fd, store_port);
+    return last + 1;
+}
+
+static void rdzv_close(const options *o, bool done) {
+    if (done && o->node_rank == 0) rdzv_set(o, "done", "1");
+    nb_store_close(rdzv_store);
+    /* node 0 keeps serving briefly, so that a waiting node reads "done" */
+    if (rdzv_server) poll(NULL, 0, done ? 300 : 0);
+    nb_store_server_stop(rdzv_server);
+    nb__store_wipe(&rdzv_secret, sizeof rdzv_secret);
 }
 
 /* Supervises the running generation until every process has exited (and
@@ -789,15 +1042,19 @@ int main(int argc, char **argv) {
     nkids = o.nproc;
     kids = calloc((size_t)nkids, sizeof *kids);
     if (!kids) return 1;
-    int first = -1, interrupted = 0;
+    int first = -1, interrupted = 0, gen = -1;
+    if (o.elastic) rdzv_open(&o, base_id);
     for (int restart = 0;; restart++) {
-        start_generation(&o, base_id, restart);
+        int store_fd = -1, store_port = 0;
+        gen = o.elastic ? rdzv_round(&o, sfd, gen, &store_fd, &store_port) : restart;
+        start_generation(&o, base_id, gen, store_fd, store_port);
         supervise(sfd, grace, &first, &interrupted);
         if (first < 0 || interrupted || restart == o.max_restarts) break;
         report_failure(first);
         announce_restart(first, restart + 1, o.max_restarts);
         free_generation();
     }
+    if (o.elastic) rdzv_close(&o, first < 0 && !interrupted);
 
     int code = 0;
     if (first >= 0) {
