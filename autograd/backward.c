@@ -255,6 +255,8 @@ static void check_graph_tensor(const nb_tensor *x, bool read) {
         nb__stale_abort("nb_backward", x);
 }
 
+static void walk(nb_tensor *out, nb_tensor *grad_out, bool retain_graph, bool inner);
+
 void nb_backward_ex(nb_tensor *out, const nb_backward_options *opts) {
     nb_backward_options o = opts ? *opts : NB_BACKWARD_DEFAULTS;
     nb__check_live("nb_backward", out);
@@ -281,8 +283,8 @@ void nb_backward_ex(nb_tensor *out, const nb_backward_options *opts) {
              "it requires grad, or it was made with grad mode off)", nb_shape_str(out));
     NB_CHECK(nb_same_shape(out, grad_out), "nb_backward: gradient of shape %s for a tensor of shape %s",
              nb_shape_str(grad_out), nb_shape_str(out));
-    uint64_t id = ++bw_counter;
     if (out->node == NULL) { /* a leaf: its gradient is the seed */
+        uint64_t id = ++bw_counter;
         bool prev = nb_set_grad_enabled(false);
         leaf_used(out, id);
         nb__accum_grad(out->ctx, out, grad_out);
@@ -290,6 +292,15 @@ void nb_backward_ex(nb_tensor *out, const nb_backward_options *opts) {
         nb_set_grad_enabled(prev);
         return;
     }
+    walk(out, grad_out, o.retain_graph, false);
+}
+
+/* Passes 1 and 2 of Note [Tape] from out (a non-leaf) seeded with grad_out.
+ * An inner walk (Note [Recomputation] in nn/recompute.c) runs inside a
+ * backward function: leaves get their gradients but keep the outer walk's
+ * use counts, and their hooks wait for it. */
+static void walk(nb_tensor *out, nb_tensor *grad_out, bool retain_graph, bool inner) {
+    uint64_t id = ++bw_counter;
     nb_node *start = out->node;
     nb_ctx *ctx = start->ctx;
     NB_CHECK(!start->walked, /* Note [Walked graphs] */
@@ -312,7 +323,7 @@ void nb_backward_ex(nb_tensor *out, const nb_backward_options *opts) {
                          "nb_backward: the graph uses a tensor made by %s in another context; "
                          "build the whole forward pass in one context", x->node->op);
                 x->node->bw_id = id;
-            } else {
+            } else if (!inner) {
                 leaf_used(x, id);
             }
         }
@@ -332,20 +343,25 @@ void nb_backward_ex(nb_tensor *out, const nb_backward_options *opts) {
             n->backward(ctx, n, n->out->grad);
             nb__window_close();
         }
-        for (int i = 0; i < n->n_in; i++) {
+        for (int i = 0; i < n->n_in && !inner; i++) {
             nb_tensor *x = n->in[i];
             if (!x || !x->requires_grad || x->node) continue;
             if (--x->bw_pending == 0 && x->bw_seen) fire_hooks(x);
         }
         n->bw_id = 0;
-        n->walked = !o.retain_graph;
+        n->walked = !retain_graph;
         /* Note [Memory given back]: the library's gradients always go (as
          * PyTorch's non-leaf ones do), what the tape saved unless retained */
         if (n->out->mem && n->out->mem->library) nb__drop_grad(n->out);
-        if (!o.retain_graph) nb__node_release(n);
+        if (!retain_graph) nb__node_release(n);
     }
     nb_set_grad_enabled(prev);
-    nb__ctx_note_backward(ctx);
+    if (!inner) nb__ctx_note_backward(ctx);
+}
+
+void nb__backward_inner(nb_tensor *out, nb_tensor *grad_out) {
+    NB_CHECK(out->node, "nb_backward: internal error: an inner backward from a leaf");
+    walk(out, grad_out, false, true);
 }
 
 void nb_backward_with(nb_tensor *out, nb_tensor *grad_out) {

@@ -137,6 +137,11 @@ nb_tensor *nb_gpt_forward(nb_module *gpt_m, nb_ctx *ctx, nb_tensor *idx) {
     return nb_module_forward(gpt_m, ctx, idx);
 }
 
+void nb_gpt_set_recompute(nb_module *m, bool on) {
+    gpt *g = nb_module_self(m, &gpt_type);
+    for (int i = 0; i < g->cfg.n_layer; i++) nb_module_set_recompute(nb_module_child_at(g->h, i), on);
+}
+
 nb_tensor *nb_gpt_loss(nb_ctx *ctx, nb_tensor *logits, nb_tensor *targets) {
     NB_CHECK(logits->ndim == 3 && targets->ndim == 2 && targets->shape[0] == logits->shape[0] &&
                  targets->shape[1] == logits->shape[1],

@@ -29,6 +29,7 @@ struct nb_module {
     nb_ctx *ctx;
     void *self;
     bool training;
+    bool recompute; /* Note [Recomputation] in nn/recompute.c */
     nb__slots params, buffers, children; /* registration order */
     /* Flattened (name, tensor) lists relative to this module, rebuilt when
      * the subtree's registration count differs from cache_key. */
@@ -36,6 +37,10 @@ struct nb_module {
     nb_named_tensor *cache[NB__LIST_COUNT];
     int cache_n[NB__LIST_COUNT];
 };
+
+/* m's forward run without a tape, recorded as one node that runs it again
+ * during backward (nn/recompute.c). */
+nb_tensor *nb__module_forward_recompute(nb_module *m, nb_ctx *ctx, nb_tensor *x);
 
 /* The entry named `name` (len bytes, not terminated) or NULL. */
 void *nb__slots_find(const nb__slots *s, const char *name, size_t len);

@@ -148,6 +148,7 @@ nb_tensor *nb_module_forward(nb_module *m, nb_ctx *ctx, nb_tensor *x) {
     NB_CHECK(m->type->forward, "nb_module_forward: a %s has no single-input forward; call its "
              "own forward function", m->type->name);
     NB_CHECK(x, "nb_module_forward: input to the %s is NULL", m->type->name);
+    if (m->recompute && nb_grad_enabled()) return nb__module_forward_recompute(m, ctx, x);
     nb__scope_enter(ctx); /* Note [Memory given back] in tensor/memory.c */
     nb_tensor *y = m->type->forward(m, ctx, x);
     nb__scope_exit(ctx, y);

@@ -254,6 +254,23 @@ typedef struct nb__pool2d_geom {
     int64_t kh, kw, sh, sw, ph, pw;
 } nb__pool2d_geom;
 
+/* ---- generators a forward used (Note [Recomputation] in nn/recompute.c) ---- */
+#define NB__RNG_LOG 8
+typedef struct nb__rng_log {
+    int n;
+    nb_rng *rng[NB__RNG_LOG];
+    nb_rng before[NB__RNG_LOG], after[NB__RNG_LOG];
+} nb__rng_log;
+/* While a log is open on this thread, nb__rng_used records each generator
+ * the first time it is drawn from, with its state then. */
+void nb__rng_log_open(nb__rng_log *log);
+void nb__rng_log_close(void); /* records each generator's state now, in `after` */
+void nb__rng_used(nb_rng *rng);
+
+/* An inner backward from out (Note [Recomputation]): leaves get their
+ * gradients; their use counts and hooks are the enclosing backward's. */
+void nb__backward_inner(nb_tensor *out, nb_tensor *grad_out);
+
 /* ---- shape strings ---- */
 const char *nb__shape_str_n(int ndim, const int64_t *shape);
 

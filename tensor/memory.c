@@ -166,7 +166,10 @@ static void close_frame(frame *f, bool (*survives)(const nb__mem *m, const nb__m
         m->next = NULL;
         m->scoped = false;
         if (!survives(m, ret)) give_back(m);
-        else if (parent && parent->ctx == f->ctx) push(parent, m);
+        /* Under a window (a recomputed forward inside a backward function:
+         * Note [Recomputation]) only what nothing references waits for the
+         * window's end; the rest goes as the inner walk drops it. */
+        else if (parent && parent->ctx == f->ctx && (!parent->window || m->refs == 0)) push(parent, m);
         else if (m == ret && !f->window) m->library = false; /* rule 1: the user's now */
     }
     n_frames--;

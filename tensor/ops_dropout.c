@@ -22,6 +22,7 @@ nb_tensor *nb_dropout(nb_ctx *ctx, nb_tensor *x, double p, bool training, nb_rng
     nb_tensor *xc = nb__contig(ctx, x);
     nb_tensor *out = nb__empty(ctx, x->dtype, x->ndim, x->shape);
     nb_tensor *mask = nb__needs_grad(1, &x) ? nb__empty(ctx, x->dtype, x->ndim, x->shape) : NULL;
+    nb__rng_used(rng); /* Note [Recomputation] in nn/recompute.c */
     nb__backend_at(x)->dropout(out, mask, xc, p, rng->seed, rng->offset);
     rng->offset += (uint64_t)(n + 3) / 4;
     nb_node *node = nb__record(ctx, "nb_dropout", dropout_backward, out, 1, &x);

@@ -11,6 +11,7 @@
  * Afterwards the offset advances by ceil(n/4) (uniform, dropout) or
  * ceil(n/2) (normal). CUDA kernels compute the same function. */
 #include "nabla/random.h"
+#include "tensor/internal.h"
 
 static nb_rng default_rng = {0x6e61626c61ull, 0}; /* "nabla" */
 
@@ -36,4 +37,28 @@ void nb_philox4x32(uint64_t seed, uint64_t counter, uint32_t out[4]) {
         k1 += 0xBB67AE85u;
     }
     out[0] = c0; out[1] = c1; out[2] = c2; out[3] = c3;
+}
+
+/* Note [Recomputation] in nn/recompute.c */
+static _Thread_local nb__rng_log *open_log;
+
+void nb__rng_log_open(nb__rng_log *log) {
+    log->n = 0;
+    open_log = log;
+}
+
+void nb__rng_log_close(void) {
+    for (int i = 0; i < open_log->n; i++) open_log->after[i] = *open_log->rng[i];
+    open_log = NULL;
+}
+
+void nb__rng_used(nb_rng *rng) {
+    nb__rng_log *log = open_log;
+    if (!log) return;
+    for (int i = 0; i < log->n; i++)
+        if (log->rng[i] == rng) return;
+    NB_CHECK(log->n < NB__RNG_LOG, "nb_module_set_recompute: a recomputed forward draws from more "
+             "than %d generators", NB__RNG_LOG);
+    log->rng[log->n] = rng;
+    log->before[log->n++] = *rng;
 }

@@ -65,15 +65,24 @@ static void tokens(int64_t *idx, int64_t *tgt, int step) {
     }
 }
 
-/* `steps` AdamW steps of the GPT above; the step context gives back or not. */
-static gpt_run gpt_train(bool give_back, int steps) {
+static void count_hook(nb_tensor *leaf, void *user) {
+    (void)leaf;
+    ++*(int *)user;
+}
+
+/* `steps` AdamW steps of a GPT of configuration cfg; the step context gives
+ * back or not; the blocks are recomputed or not. Every gradient-ready hook
+ * must fire once per parameter and step. */
+static gpt_run gpt_train_ex(const nb_gpt_config *cfg, bool give_back, bool recompute, int steps) {
     gpt_run r = {0};
     nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
     nb_ctx_set_give_back(step, give_back);
     nb_rng rng = nb_rng_make(7);
-    nb_module *g = nb_gpt_new(pctx, NB_F32, &small, &rng);
+    nb_module *g = nb_gpt_new(pctx, NB_F32, cfg, &rng);
+    nb_gpt_set_recompute(g, recompute);
     nb_named_tensor p[64];
-    int np = nb_module_named_parameters(g, p, 64);
+    int np = nb_module_named_parameters(g, p, 64), fired = 0;
+    for (int i = 0; i < np; i++) nb_add_grad_hook(p[i].tensor, count_hook, &fired);
     nb_optim_hparams h = NB_ADAMW_DEFAULTS;
     nb_optim *opt = nb_optim_new(NB_OPTIM_ADAMW, p, np, &h);
     int64_t idx[BATCH * SEQ], tgt[BATCH * SEQ];
@@ -89,6 +98,7 @@ static gpt_run gpt_train(bool give_back, int steps) {
         r.loss[s] = (float)nb_item(loss);
         r.logits_sum = nb_item(nb_sum_all(step, logits)); /* the user's: still readable */
         nb_optim_step(opt);
+        ck_assert_int_eq(fired, (s + 1) * np);
     }
     r.peak = nb_ctx_peak(step);
     r.extent = nb_ctx_extent(step);
@@ -103,6 +113,10 @@ static gpt_run gpt_train(bool give_back, int steps) {
     nb_ctx_free(step);
     nb_ctx_free(pctx);
     return r;
+}
+
+static gpt_run gpt_train(bool give_back, int steps) {
+    return gpt_train_ex(&small, give_back, false, steps);
 }
 
 START_TEST(test_gpt_bitwise) {
@@ -135,6 +149,26 @@ START_TEST(test_gpt_peak) {
 }
 END_TEST
 
+
+/* Note [Recomputation]: the blocks run again in backward; the same
+ * parameters bit for bit after 3 steps, with dropout too (the masks drawn
+ * again from the generator's state of the first forward), and a lower peak. */
+START_TEST(test_gpt_recompute) {
+    nb_gpt_config drop = small;
+    drop.dropout = 0.1;
+    const nb_gpt_config *cfgs[2] = {&small, &drop};
+    for (int c = 0; c < 2; c++) {
+        gpt_run plain = gpt_train_ex(cfgs[c], true, false, 3);
+        gpt_run re = gpt_train_ex(cfgs[c], true, true, 3);
+        ck_assert(memcmp(plain.loss, re.loss, sizeof re.loss) == 0);
+        ck_assert_msg(memcmp(plain.params, re.params, (size_t)re.n_params * sizeof(float)) == 0,
+                      "parameters differ with recomputation (dropout %g)", cfgs[c]->dropout);
+        ck_assert_msg(re.peak < 0.8 * plain.peak, "recomputed peak %zu not below 0.8 x %zu",
+                      re.peak, plain.peak);
+        free(plain.params), free(re.params);
+    }
+}
+END_TEST
 
 /* ------------------------------------------------------------------ CNN */
 /* The CNN with BatchNorm: conv -> BN -> ReLU per block, 2x2 max pooling
@@ -366,6 +400,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_free_ranges);
     tcase_add_test(tc, test_gpt_bitwise);
     tcase_add_test(tc, test_gpt_peak);
+    tcase_add_test(tc, test_gpt_recompute);
     tcase_add_test(tc, test_cnn_peak);
     tcase_add_test(tc, test_given_back_read);
     tcase_add_test(tc, test_retain_graph);

@@ -71,6 +71,10 @@ nb_rng *nb_gpt_dropout_rng(nb_module *gpt);
 /* idx (N, T) of i32/i64 token ids, 1 <= T <= block_size -> logits
  * (N, T, V). nb_module_forward(gpt, ctx, idx) does the same. */
 nb_tensor *nb_gpt_forward(nb_module *gpt, nb_ctx *ctx, nb_tensor *idx);
+/* Recomputation of every block (nb_module_set_recompute): a block keeps
+ * its input only and runs again during backward; same gradients, a lower
+ * peak, about a third more compute (train_gpt --recompute). */
+void nb_gpt_set_recompute(nb_module *gpt, bool on);
 /* Mean next-token cross-entropy: logits (N, T, V) against targets (N, T). */
 nb_tensor *nb_gpt_loss(nb_ctx *ctx, nb_tensor *logits, nb_tensor *targets);
 

@@ -65,6 +65,14 @@ nb_tensor *nb_module_add_buffer(nb_module *m, const char *name, nb_tensor *t);
 /* ---- running ---- */
 /* Calls the module's single-input forward; aborts when it has none. */
 nb_tensor *nb_module_forward(nb_module *m, nb_ctx *ctx, nb_tensor *x);
+/* Recomputation (PyTorch's activation checkpointing): with `on`, m's
+ * forward keeps only its input, and backward runs the forward again to get
+ * what it needs, trading one more forward of m for its activations'
+ * memory. Gradients are bitwise those without it (dropout draws the same
+ * masks). For modules whose forward has one input and whose parameters
+ * are m's own (a transformer block: nb_gpt_set_recompute). Note
+ * [Recomputation] in nn/recompute.c. */
+void nb_module_set_recompute(nb_module *m, bool on);
 /* Sets training (true) or evaluation mode on m and every descendant. */
 void nb_module_train(nb_module *m, bool training);
 void nb_module_eval(nb_module *m);
