@@ -228,7 +228,14 @@ static nb_status load_checkpoint(run *r, int64_t *step, int64_t *epochs_done) {
     nb_kv kv[8];
     int n;
     run_meta(r, v, kv, &n);
-    s = resume_check_meta(ck, r->resume_path, kv, n);
+    const char *world0 = nb_checkpoint_meta(ck, "world_size");
+    if (world0 && atoi(world0) != r->d.world_size)
+        s = nb_set_error(NB_ERR_MISMATCH, "%s was written with world_size %s, this run has %d: train_classifier "
+                         "resumes only on the number of processes of its checkpoint (its batches per epoch and "
+                         "learning-rate schedule depend on it; train_gpt --keep-batch resumes on another)",
+                         r->resume_path, world0, r->d.world_size);
+    else
+        s = resume_check_meta(ck, r->resume_path, kv, n);
     nb_checkpoint_close(ck);
     if (s != NB_OK) return s;
     nb_train_state st;

@@ -22,7 +22,9 @@ processes is a global batch of 6, so an epoch is 9 steps of 3 x 18 windows
    same checkpoint bit for bit (--clip 0: with two ranks the reduce-scatter
    and the all-reduce add the same two numbers).
 5. Refusals: no --keep-batch (the message offers both), a global batch that
-   4 processes cannot share, a checkpoint without its position in samples.
+   4 processes cannot share, a checkpoint without its position in samples,
+   and train_classifier's checkpoints on another world size (it does not
+   reshard: its batches per epoch and schedule depend on the world size).
 """
 import json
 import math
@@ -204,7 +206,15 @@ def test_refusals(tmp, stop):
     out, _ = run(args(tmp, ["--ckpt-dir", old, "--resume", "--stop-at", "5"]), 3)  # still fine at its own size
     if "steps 5..5 of 14 (resumed)" not in out:
         fail("a checkpoint without epoch_samples on its own 3 ranks:\n" + out)
-    print("refusals: no --keep-batch, a global batch 4 cannot share, an older checkpoint on another world size")
+    tc = os.path.join(tmp, "classifier")
+    run(["train_classifier", "--epochs", "2", "--stop-at", "1", "--ckpt-dir", tc, "--progress", "off"])
+    _, err = run(["train_classifier", "--epochs", "2", "--ckpt-dir", tc, "--resume", "--progress", "off"], 2,
+                 expect_rc=1)
+    if "ckpt.safetensors was written with world_size 1, this run has 2: train_classifier resumes only on the " \
+            "number of processes of its checkpoint" not in err:
+        fail("train_classifier from 1 process to 2:\n" + err)
+    print("refusals: no --keep-batch, a global batch 4 cannot share, an older checkpoint on another world size, "
+          "train_classifier on another world size")
 
 
 def main():
