@@ -115,7 +115,7 @@ nb_tensor *nb__view(nb_ctx *ctx, nb_tensor *src, int ndim, const int64_t *shape,
 /* x if contiguous, else a contiguous copy (no node recorded). */
 nb_tensor *nb__contig(nb_ctx *ctx, nb_tensor *x);
 void nb__contig_strides(int ndim, const int64_t *shape, int64_t *strides);
-int64_t nb__numel_shape(int ndim, const int64_t *shape);
+int64_t nb__numel_shape(int ndim, const int64_t *shape); /* -1: more than INT64_MAX */
 
 /* Element access by raw pointer, converting to and from double. */
 double nb__load(const void *p, nb_dtype dtype);

@@ -9,10 +9,17 @@
 #include "tensor/internal.h"
 
 /* ---- facts ---- */
+/* -1 when the product exceeds INT64_MAX (Note [Creation sizes]); a zero
+ * size anywhere makes it 0. */
 int64_t nb__numel_shape(int ndim, const int64_t *shape) {
     int64_t n = 1;
-    for (int d = 0; d < ndim; d++) n *= shape[d];
-    return n;
+    bool over = false;
+    for (int d = 0; d < ndim; d++) {
+        if (shape[d] == 0) return 0;
+        if (shape[d] > 0 && n > INT64_MAX / shape[d]) over = true;
+        else n *= shape[d];
+    }
+    return over ? -1 : n;
 }
 
 int64_t nb_numel(const nb_tensor *t) { return nb__numel_shape(t->ndim, t->shape); }
@@ -190,7 +197,9 @@ void nb__store(void *p, nb_dtype dtype, double v) {
  * few bytes and memset or a kernel then writes far past them. The byte size
  * is held to PTRDIFF_MAX, the largest object C can address; anything that
  * passes but is more than the device has is the arena's out-of-memory
- * error, which names the request. */
+ * error, which names the request. Views are checked too (nb_reshape,
+ * nb_expand): (2^61 + 1) * 8 wraps to 8, and a reshape of 8 elements to
+ * that shape would otherwise be accepted and read far past them. */
 static void check_shape(const char *op, nb_dtype dtype, int ndim, const int64_t *shape) {
     NB_CHECK(ndim >= 0 && ndim <= NB_MAX_DIMS, "%s: %d dimensions requested; at most %d", op, ndim,
              NB_MAX_DIMS);

@@ -141,6 +141,9 @@ nb_tensor *nb_reshape(nb_ctx *ctx, nb_tensor *x, int ndim, const int64_t *shape_
             infer = d;
         } else {
             NB_CHECK(shape[d] >= 0, "nb_reshape: bad size in %s", nb__shape_str_n(ndim, shape_in));
+            NB_CHECK(shape[d] == 0 || known <= INT64_MAX / shape[d],
+                     "nb_reshape: shape %s has more than INT64_MAX elements",
+                     nb__shape_str_n(ndim, shape_in));
             known *= shape[d];
         }
     }
@@ -338,6 +341,8 @@ nb_tensor *nb_expand(nb_ctx *ctx, nb_tensor *x, int ndim, const int64_t *shape) 
         NB_CHECK(full[i] >= 0 && (d < 0 || x->shape[d] == full[i] || x->shape[d] == 1),
                  "nb_expand: cannot expand %s to %s", nb_shape_str(x), nb__shape_str_n(ndim, shape));
     }
+    NB_CHECK(nb__numel_shape(ndim, full) >= 0, "nb_expand: shape %s has more than INT64_MAX "
+             "elements", nb__shape_str_n(ndim, full));
     nb__broadcast_strides(x, ndim, full, strides);
     nb_tensor *out = nb__view(ctx, x, ndim, full, strides, x->data);
     nb__node_reads(nb__record(ctx, "nb_expand", expand_backward, out, 1, &x), 0);

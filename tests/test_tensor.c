@@ -113,6 +113,14 @@ START_TEST(test_creation_size_overflow) {
                      "nb_rand_normal: shape (1073741824, 1073741824, 4) of f32 needs more");
     NBT_EXPECT_ABORT(nb_from_host(ctx, NB_I64, NB_SHAPE(3, half), NULL), "nb_from_host: shape (3,");
     NBT_EXPECT_ABORT(nb_arange(ctx, NB_F32, 0, 1e30, 1), "nb_arange: start=0 stop=1e+30 step=1");
+    /* views: (2^61 + 1) * 8 wraps to 8, which must not pass for 8 elements */
+    nb_tensor *eight = nb_zeros(ctx, NB_F32, NB_SHAPE(8));
+    NBT_EXPECT_ABORT(nb_reshape(ctx, eight, NB_SHAPE((1LL << 61) + 1, 8)),
+                     "nb_reshape: shape (2305843009213693953, 8) has more than INT64_MAX elements");
+    NBT_EXPECT_ABORT(nb_reshape(ctx, eight, NB_SHAPE(-1, (1LL << 61) + 1, 8)),
+                     "nb_reshape: shape (-1, 2305843009213693953, 8) has more than INT64_MAX");
+    NBT_EXPECT_ABORT(nb_expand(ctx, nb_reshape(ctx, eight, NB_SHAPE(1, 8)), NB_SHAPE((1LL << 61) + 1, 8)),
+                     "nb_expand: shape (2305843009213693953, 8) has more than INT64_MAX elements");
     /* a zero anywhere makes an empty tensor, however large the other sizes */
     ck_assert_int_eq(nb_numel(nb_zeros(ctx, NB_F32, NB_SHAPE(INT64_MAX, 0, 8, INT64_MAX))), 0);
     nb_ctx_free(ctx);
