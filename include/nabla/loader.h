@@ -84,7 +84,9 @@ void nb_loader_free(nb_loader *l);
  * "nb_loader_next: sample I (batch K of epoch E): ..." */
 nb_status nb_loader_next(nb_loader *l, nb_ctx *ctx, nb_batch *batch);
 
-int64_t nb_loader_len(const nb_loader *l); /* batches per epoch */
+/* Batches in the current epoch: the same every epoch, except one resumed part way
+ * (nb_sampler_distributed_resume), which has only what is left. */
+int64_t nb_loader_len(const nb_loader *l);
 void nb_loader_position(const nb_loader *l, int64_t *epoch, int64_t *batch);
 /* Continues from (epoch, batch), epoch >= 0 and 0 <= batch <= len; work
  * prefetched for another position is dropped. Seeking to the current
