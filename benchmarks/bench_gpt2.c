@@ -15,6 +15,13 @@
  * H100/H200 SXM dense bf16 peak). --machine prints one key=value line for
  * benchmarks/gpt2_gpu.py.
  *
+ * Memory: the step context's peak and the model context's beside the floor
+ * from the model's shape (nb_gpt_memory_floor: parameters, gradients,
+ * AdamW state, what backward needs, the logits), and the process's peak
+ * RSS on the CPU. --recompute recomputes each block in backward
+ * (nb_gpt_set_recompute); --no-give-back keeps every tensor of a step
+ * until the reset (nb_ctx_set_give_back), as before memory was given back.
+ *
  * Exits 77 with a message when --device cuda but no GPU is visible;
  * --device cpu with small --layers/--width/--seq-len/--vocab checks the
  * program on the CPU. */
@@ -43,14 +50,16 @@ static int usage(const char *prog) {
     fprintf(stderr,
             "usage: %s [--device cuda|cpu] [--gpu N] [--bf16] [--tf32] [--layers 12] [--heads 12] "
             "[--width 768] [--seq-len 1024] [--vocab 50304] [--batch 8] [--steps 20] [--warmup 3] "
-            "[--no-clip] [--peak-tflops 989] [--machine]\n", prog);
+            "[--no-clip] [--recompute] [--no-give-back] [--peak-tflops 989] [--machine]\n", prog);
     return 2;
 }
 
 int main(int argc, char **argv) {
+    size_t start_rss = nb_peak_rss(); /* the libraries' baseline, before any tensor */
     int64_t layers = 12, heads = 12, width = 768, seq = 1024, vocab = 50304, batch = 8, steps = 20, warmup = 3;
     double peak = 989;
-    bool bf16 = false, tf32 = false, clip = true, machine = false, cpu = false;
+    bool bf16 = false, tf32 = false, clip = true, machine = false, cpu = false, recompute = false,
+         give_back = true;
     int gpu = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -58,6 +67,8 @@ int main(int argc, char **argv) {
         if (!strcmp(a, "--bf16")) bf16 = true;
         else if (!strcmp(a, "--tf32")) tf32 = true;
         else if (!strcmp(a, "--no-clip")) clip = false;
+        else if (!strcmp(a, "--recompute")) recompute = true;
+        else if (!strcmp(a, "--no-give-back")) give_back = false;
         else if (!strcmp(a, "--machine")) machine = true;
         else if (!strcmp(a, "--device") && has) {
             const char *d = argv[++i];
@@ -89,9 +100,11 @@ int main(int argc, char **argv) {
 
     nb_ctx *params = nb_ctx_new(dev, 0), *step = nb_ctx_new(dev, 0);
     if (bf16) nb_ctx_set_compute_dtype(step, NB_BF16);
+    nb_ctx_set_give_back(step, give_back);
     nb_gpt_config cfg = {vocab, seq, (int)layers, (int)heads, width, 0.0};
     nb_rng rng = nb_rng_make(1337);
     nb_module *model = nb_gpt_new(params, NB_F32, &cfg, &rng);
+    nb_gpt_set_recompute(model, recompute);
     int np = nb_module_named_parameters(model, NULL, 0);
     nb_named_tensor *p = malloc((size_t)np * sizeof *p);
     nb_module_named_parameters(model, p, np);
@@ -132,14 +145,21 @@ int main(int argc, char **argv) {
     double med = t[steps / 2], tok_s = (double)n_tok / med;
     double mfu = 6.0 * (double)n_params * tok_s / (peak * 1e12);
     const char *dtype = bf16 ? "bf16" : tf32 ? "tf32" : "f32";
+    nb_memory_floor floor = nb_gpt_memory_floor(model, batch, seq, 2);
+    char mem[512];
     if (machine) {
         printf("model=gpt device=%s dtype=%s layers=%lld heads=%lld width=%lld seq=%lld vocab=%lld "
                "batch=%lld steps=%lld params=%lld ms=%.4f min_ms=%.4f tok_s=%.1f mfu=%.4f "
-               "peak_tflops=%g first_loss=%.4f loss=%.4f step_ctx_gib=%.3f params_ctx_gib=%.3f\n",
+               "peak_tflops=%g first_loss=%.4f loss=%.4f step_ctx_gib=%.3f params_ctx_gib=%.3f "
+               "step_extent_gib=%.3f floor_step_gib=%.3f floor_model_gib=%.3f peak_rss_gib=%.3f "
+               "recompute=%d give_back=%d start_rss_gib=%.3f\n",
                nb_device_name(dev), dtype, (long long)layers, (long long)heads, (long long)width,
                (long long)seq, (long long)vocab, (long long)batch, (long long)steps,
                (long long)n_params, 1e3 * med, 1e3 * t[0], tok_s, mfu, peak, first_loss, loss,
-               (double)nb_ctx_peak(step) / (1 << 30), (double)nb_ctx_peak(params) / (1 << 30));
+               (double)nb_ctx_peak(step) / (1 << 30), (double)nb_ctx_peak(params) / (1 << 30),
+               (double)nb_ctx_extent(step) / (1 << 30), (double)(floor.saved + floor.logits) / (1 << 30),
+               (double)(floor.params + floor.grads + floor.optim_state) / (1 << 30),
+               (double)nb_peak_rss() / (1 << 30), recompute, give_back, (double)start_rss / (1 << 30));
     } else {
         printf("bench_gpt2: GPT %lld layers, %lld heads, width %lld, sequence %lld, vocabulary %lld: "
                "%.1fM parameters, on %s, %s, batch %lld\n",
@@ -149,6 +169,7 @@ int main(int argc, char **argv) {
                "%g TFLOP/s (6 N tokens/s); loss %.3f -> %.3f (ln V = %.3f)\n",
                1e3 * med, (long long)steps, (long long)warmup, tok_s, 100 * mfu, peak, first_loss, loss,
                log((double)vocab));
+        printf("%s\n", nb_memory_report(mem, sizeof mem, &floor, step, params));
     }
     nb_optim_free(opt);
     free(p);

@@ -51,7 +51,7 @@ typedef struct args {
     int64_t seed, sample_len, top_k;
     double temperature;
     const char *prompt, *metrics, *plot, *progress;
-    bool print_device, bf16, synthetic, zero;
+    bool print_device, bf16, synthetic, zero, recompute;
     const char *keep_batch; /* --keep-batch: NULL, "global" or "rank" */
     const char *log_samples;
 } args;
@@ -540,6 +540,7 @@ static int parse_args(run *r, int argc, char **argv) {
         {"width", CLI_INT, &a->width, "embedding width (a multiple of --heads)"},
         {"dropout", CLI_DOUBLE, &a->dropout, "dropout probability"},
         {"bf16", CLI_BOOL, &a->bf16, "matrix products in bf16 (f32 weights, f32 accumulation)"},
+        {"recompute", CLI_BOOL, &a->recompute, "keep each block's input only and run the block again in backward (less memory, ~1/3 more compute, same gradients)"},
         {"batch-size", CLI_INT, &a->batch_size, "sequences per process per micro-step"},
         {"seq-len", CLI_INT, &a->seq_len, "tokens per sequence (the model's block size)"},
         {"steps", CLI_INT, &a->steps, "optimizer steps (the schedule's length)"},
@@ -605,6 +606,7 @@ static void build_model(run *r) {
     nb_gpt_config cfg = {r->vocab, a->seq_len, (int)a->layers, (int)a->heads, a->width, a->dropout};
     nb_rng init = nb_rng_make((uint64_t)a->seed);
     r->model = nb_gpt_new(r->params, NB_F32, &cfg, &init);
+    nb_gpt_set_recompute(r->model, a->recompute);
     r->dropout_seed = (uint64_t)a->seed * 0x9E3779B97F4A7C15ull + 1 + (uint64_t)r->d.rank;
     *nb_gpt_dropout_rng(r->model) = nb_rng_make(r->dropout_seed);
     r->n_state = nb_module_state(r->model, NULL, 0);
@@ -732,6 +734,11 @@ static int finish(run *r) {
             nb_plot_opts o = {"train_gpt: loss per token (nats)", "step", "loss", 0, 0, false, false, false};
             TRY(r, report_plot(r->plot_path, a->metrics, "step", c, 2, &o), "plot");
         }
+    }
+    if (nb_ctx_peak(r->step_ctx) > 0) { /* the last step's memory beside the floor */
+        char mem[512];
+        nb_memory_floor floor = nb_gpt_memory_floor(r->model, a->batch_size, a->seq_len, 2);
+        nb_progress_printf(r->progress, "%s", nb_memory_report(mem, sizeof mem, &floor, r->step_ctx, r->params));
     }
     if (a->ckpt_dir) nb_progress_printf(r->progress, "checkpoint: %s (step %lld)", r->ckpt_path, (long long)r->stop);
     if (a->metrics) nb_progress_printf(r->progress, "metrics:    %s", a->metrics);

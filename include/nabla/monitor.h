@@ -19,6 +19,19 @@
 extern "C" {
 #endif
 
+/* -------------------------------------------------------------- memory */
+/* The process's peak resident set size in bytes (VmHWM), 0 where unknown. */
+size_t nb_peak_rss(void);
+struct nb_memory_floor;
+struct nb_ctx;
+/* One line (in buf, returned) setting a training step's memory beside the
+ * floor from the model's shape (nb_gpt_memory_floor in nabla/models.h):
+ * the step context's peak against what backward needs plus the logits,
+ * the blocks it touched, the model context's peak against parameters,
+ * gradients and optimizer state, and on the CPU the process's peak RSS. */
+char *nb_memory_report(char *buf, size_t size, const struct nb_memory_floor *floor,
+                       const struct nb_ctx *step, const struct nb_ctx *params);
+
 /* ------------------------------------------------------------ progress */
 typedef enum nb_progress_mode {
     NB_PROGRESS_AUTO = 0, /* LINE when the stream is a terminal, else PLAIN */
