@@ -421,7 +421,8 @@ void nb__ctx_note_backward(nb_ctx *ctx) {
             "nabla: warning: a context on %s has seen %d backward passes since its last reset and "
             "keeps growing (%.1f MiB in use, %.1f MiB %d passes ago): everything a step makes "
             "stays until nb_ctx_reset; call nb_ctx_reset(ctx) once per step, after the optimizer "
-            "step (docs/troubleshooting.md, \"Memory grows every step\")\n",
+            "step (docs/troubleshooting.md, \"A tensor that was given back, and memory that "
+            "grows every step\")\n",
             nb_device_name(ctx->device), ctx->backwards, ctx->data.used / 1048576.0,
             ctx->used_mark / 1048576.0, GROWTH_AT - GROWTH_FROM);
 }
