@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "distributed/pg.h"
 #include "nabla/dist.h"
 #include "testutil.h"
 
@@ -301,6 +302,21 @@ START_TEST(test_subgroup_mismatch) {
 }
 END_TEST
 
+/* Note [No exception crosses the shim]: what Gloo (or the shim) throws in
+ * the calling thread comes back as a status with its text. Both calls
+ * throw before anything is sent, so the ranks stay in step. */
+START_TEST(test_shim_exceptions_become_statuses) {
+    float x[4] = {0};
+    nb__coll bad_dtype = {NB__ALL_REDUCE, NB_REDUCE_SUM, (nb_dtype)99, 4, 0, x, NULL, 1000};
+    ck_assert_int_eq(nb__gloo_run(world->gloo, &bad_dtype), NB_ERR_NETWORK);
+    ck_assert_str_eq(nb_last_error(), "Gloo all_reduce: unsupported dtype");
+    nb__coll bad_root = {NB__BROADCAST, NB_REDUCE_SUM, NB_F32, 4, R + 5, x, NULL, 1001};
+    ck_assert_int_eq(nb__gloo_run(world->gloo, &bad_root), NB_ERR_NETWORK);
+    ck_assert_msg(strncmp(nb_last_error(), "Gloo broadcast: [enforce fail at ", 33) == 0, "%s", nb_last_error());
+    check_ok(nb_work_finish(nb_pg_barrier(world)));
+}
+END_TEST
+
 START_TEST(test_argument_checks) {
     nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
     nb_tensor *m = nb_zeros(ctx, NB_F32, NB_SHAPE(2, 3));
@@ -342,6 +358,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_agree);
     tcase_add_test(tc, test_subgroups);
     tcase_add_test(tc, test_subgroup_mismatch);
+    tcase_add_test(tc, test_shim_exceptions_become_statuses);
     tcase_add_test(tc, test_argument_checks);
     suite_add_tcase(s, tc);
     return s;

@@ -5,7 +5,8 @@
  * (distributed/pg_gloo.c), the count cases ended in SIGABRT inside Gloo and
  * the broadcast case returned NB_OK on every rank with stale data.
  *
- * Each case runs tests/dist_scenario mm_* under nbrun with 2 or 3 ranks.
+ * Each case runs tests/dist_scenario mm_* under nbrun with 2 or 3 ranks;
+ * one does it on a subgroup, whose ranks are named with their world ranks.
  * The expected lines are written out here from the scenarios' definitions
  * (tests/dist/dist_scenario.c), not taken from the library. */
 #include <stdio.h>
@@ -93,6 +94,45 @@ END_TEST
 START_TEST(test_mismatch_3_ranks) { run_case(&cases[_i], 3); }
 END_TEST
 
+/* A subgroup whose ranks are not the world's (group 'world.g1' is world
+ * ranks R-1, R-2, in that order): group ranks, with their world ranks. */
+static void run_group_case(int R) {
+    char np[8];
+    snprintf(np, sizeof np, "%d", R);
+    char *argv[] = {nbrun_path, "--nproc-per-node", np, "--master-port", "0", scenario_path, "mm_group", NULL};
+    nbt_proc p;
+    memset(&p, 0, sizeof p);
+    p.argv = argv;
+    p.env[0] = "NABLA_PG_TIMEOUT=60";
+    p.pass_fd = -1;
+    nbt_proc_start(&p);
+    nbt_proc_wait_all(&p, 1, 90);
+    ck_assert_msg(p.code == 1, "mm_group at %d ranks: nbrun exited with %d; stderr:\n%s", R, p.code, p.err);
+    /* A member's world rank is named where it differs from its group rank. */
+    char note[2][32], body[512], want[1024];
+    for (int g = 0; g < 2; g++) {
+        if (R - 1 - g != g) snprintf(note[g], sizeof note[g], " (world rank %d)", R - 1 - g);
+        else note[g][0] = 0;
+    }
+    snprintf(body, sizeof body, "ranks disagree on collective #1: rank 0%s issued all_reduce(sum, f32, count=5); "
+             "rank 1%s issued all_reduce(sum, f32, count=6) (they differ in count); no data was exchanged",
+             note[0], note[1]);
+    for (int g = 0; g < 2; g++) {
+        int w = R - 1 - g;
+        snprintf(want, sizeof want,
+                 "[rank %d] rank %d: mismatch between ranks or files: nb_pg_all_reduce: collective #1 all_reduce(sum, "
+                 "f32, count=%d) on group 'world.g1' (rank %d of 2) cannot run; %s",
+                 w, w, g == 0 ? 5 : 6, g, body);
+        EXPECT_IN(p.err, want);
+        snprintf(want, sizeof want, "[rank %d] rank %d: buffers untouched", w, w);
+        EXPECT_IN(p.err, want);
+    }
+    nbt_proc_free(&p);
+}
+
+START_TEST(test_mismatch_in_subgroup) { run_group_case(2 + _i); }
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("dist_mismatch");
     TCase *tc = tcase_create("mismatch");
@@ -100,6 +140,7 @@ static Suite *suite(void) {
     /* The four collectives at 2 ranks; every kind of difference at 3. */
     tcase_add_loop_test(tc, test_mismatch_2_ranks, 0, 4);
     tcase_add_loop_test(tc, test_mismatch_3_ranks, 0, (int)(sizeof cases / sizeof cases[0]));
+    tcase_add_loop_test(tc, test_mismatch_in_subgroup, 0, 2);
     suite_add_tcase(s, tc);
     return s;
 }

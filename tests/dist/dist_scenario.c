@@ -33,6 +33,9 @@
  *            mm_op      all-reduce, the last rank's max, the others' sum
  *            mm_root    broadcast, the last rank names root 1, the others 0
  *            mm_zero    all-reduce, rank 0 of no floats, the others of 8
+ *            mm_group   on the subgroup of world ranks R-1 and R-2 (in that
+ *                       order): all-reduce, R-1 of 5 floats, R-2 of 6; the
+ *                       other ranks are not members
  *            every rank prints its failure and whether its buffers kept
  *            their values ("buffers untouched"), then waits (through the
  *            store) until every rank has printed, so that nbrun stops no
@@ -105,6 +108,7 @@ static int mismatch(nb_pg *pg, const char *what) {
     bool first = rank == 0, last = rank == R - 1;
     nb_tensor *a = NULL, *b = NULL; /* b: the output of all-gather and reduce-scatter */
     nb_work *w = NULL;
+    nb_pg *sub = NULL;
     if (strcmp(what, "mm_count") == 0) {
         a = filled(NB_F32, rank, first ? 10 : 20);
         w = nb_pg_all_reduce(pg, a, NB_REDUCE_SUM);
@@ -133,12 +137,22 @@ static int mismatch(nb_pg *pg, const char *what) {
     } else if (strcmp(what, "mm_zero") == 0) {
         a = filled(NB_F32, rank, first ? 0 : 8);
         w = nb_pg_all_reduce(pg, a, NB_REDUCE_SUM);
+    } else if (strcmp(what, "mm_group") == 0) {
+        int members[2] = {R - 1, R - 2};
+        nb_status gst = nb_pg_new_group(pg, members, 2, &sub);
+        if (gst != NB_OK) return report(rank, gst);
+        if (sub) {
+            a = filled(NB_F32, rank, rank == R - 1 ? 5 : 6);
+            w = nb_pg_all_reduce(sub, a, NB_REDUCE_SUM);
+        }
     } else {
         fprintf(stderr, "dist_scenario: unknown scenario %s\n", what);
         return 2;
     }
-    nb_status st = nb_work_finish(w);
-    if (st == NB_OK) {
+    nb_status st = w ? nb_work_finish(w) : NB_OK;
+    if (!w) {
+        printf("rank %d: not a member\n", rank);
+    } else if (st == NB_OK) {
         printf("rank %d: collective #2 completed\n", rank);
     } else {
         fprintf(stderr, "rank %d: %s: %s\n", rank, nb_status_str(st), nb_last_error());
@@ -153,6 +167,7 @@ static int mismatch(nb_pg *pg, const char *what) {
     if (nb_store_add(store, "mm/spoken", 1, &n) == NB_OK && n == R) nb_store_set(store, "mm/all", "1", 1);
     const char *all = "mm/all";
     nb_store_wait(store, &all, 1, 30);
+    if (st == NB_OK && sub) st = nb_pg_free(sub);
     if (st == NB_OK) st = nb_pg_free(pg);
     nb_ctx_free(ctx);
     return st == NB_OK ? 0 : 1;
