@@ -91,6 +91,64 @@ START_TEST(test_exit_code_and_stderr_of_failing_rank) {
 }
 END_TEST
 
+/* The pids of `pid`'s children (at most n), from /proc; how many. */
+static int children_of(pid_t pid, pid_t *out, int n) {
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/task/%d/children", (int)pid, (int)pid);
+    FILE *f = fopen(path, "r");
+    int k = 0, c;
+    while (f && k < n && fscanf(f, "%d", &c) == 1) out[k++] = (pid_t)c;
+    if (f) fclose(f);
+    return k;
+}
+
+static void pause_s(double s) {
+    struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+    nanosleep(&ts, NULL);
+}
+
+static bool is_zombie(pid_t pid) {
+    char path[64], state = 0;
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return true;
+    int r = fscanf(f, "%*d (%*[^)]) %c", &state);
+    fclose(f);
+    return r == 1 && state == 'Z';
+}
+
+/* nbrun is stopped while rank 1 exits with 3 and the others, learning of
+ * it within milliseconds, fail too; resumed, it reaps all three at once
+ * (the kernel lists rank 0 first) and must still name rank 1, whose
+ * SIGCHLD came first. */
+START_TEST(test_first_failure_named_when_reaped_together) {
+    nbt_proc p;
+    char *argv[] = {nbrun_path, "--nproc-per-node", "3", scenario_path, "exit3", NULL};
+    memset(&p, 0, sizeof p);
+    p.argv = argv;
+    p.env[0] = "NABLA_PG_TIMEOUT=60";
+    p.pass_fd = -1;
+    nbt_proc_start(&p);
+    pid_t kids[3];
+    double t0 = nbt_now();
+    while (children_of(p.pid, kids, 3) < 3 && nbt_now() - t0 < 20) pause_s(0.001);
+    ck_assert_msg(children_of(p.pid, kids, 3) == 3, "nbrun did not start 3 ranks");
+    kill(p.pid, SIGSTOP);
+    bool all_dead = false;
+    while (!all_dead && nbt_now() - t0 < 40) {
+        pause_s(0.02);
+        all_dead = is_zombie(kids[0]) && is_zombie(kids[1]) && is_zombie(kids[2]);
+    }
+    kill(p.pid, SIGCONT);
+    ck_assert_msg(all_dead, "the ranks did not all end while nbrun was stopped");
+    nbt_proc_wait_all(&p, 1, 60);
+    ck_assert_msg(p.code == 3, "nbrun exited with %d; stderr:\n%s", p.code, p.err);
+    EXPECT_IN(p.err, "nbrun: rank 1 (local rank 1, pid ");
+    EXPECT_IN(p.err, "failed first: exited with code 3");
+    nbt_proc_free(&p);
+}
+END_TEST
+
 START_TEST(test_killed_rank_under_nbrun) {
     nbt_proc p;
     run_nbrun(&p, "killed", "NABLA_PG_TIMEOUT=60");
@@ -458,6 +516,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_desync_names_both_fingerprints);
     tcase_add_test(tc, test_exit_code_and_stderr_of_failing_rank);
     tcase_add_test(tc, test_killed_rank_under_nbrun);
+    tcase_add_test(tc, test_first_failure_named_when_reaped_together);
     tcase_add_test(tc, test_killed_rank_makes_others_fail_fast);
     tcase_add_test(tc, test_store_host_dies);
     tcase_add_test(tc, test_stopped_rank_named_at_liveness_limit);

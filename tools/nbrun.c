@@ -907,8 +907,12 @@ static void supervise(int sfd, double grace, int *first_out, int *interrupted_ou
         for (int i = 1; i < n; i++)
             if (fds[i].revents) pump(owner[i], who[i]);
         struct signalfd_siginfo si;
+        pid_t chld_pid = 0; /* the child of the SIGCHLD read now: the first to change state */
         while (read(sfd, &si, sizeof si) == (ssize_t)sizeof si) {
-            if (si.ssi_signo == SIGCHLD) continue;
+            if (si.ssi_signo == SIGCHLD) {
+                if (!chld_pid) chld_pid = (pid_t)si.ssi_pid;
+                continue;
+            }
             if (stopping && interrupted) { /* second interrupt: no more grace */
                 signal_all(SIGKILL);
                 continue;
@@ -922,6 +926,11 @@ static void supervise(int sfd, double grace, int *first_out, int *interrupted_ou
         }
         int status;
         pid_t pid;
+        /* Children that died close together are reaped together, in the
+         * kernel's order, not theirs: when a peer's death makes the others
+         * fail within milliseconds, the one that died first is the child
+         * named by the pending SIGCHLD (a second SIGCHLD merges into it). */
+        int batch_first = -1;
         while ((pid = waitpid(-1, &status, WNOHANG | WUNTRACED | WCONTINUED)) > 0) {
             for (int i = 0; i < nkids; i++) {
                 if (kids[i].pid != pid || !kids[i].running) continue;
@@ -938,13 +947,14 @@ static void supervise(int sfd, double grace, int *first_out, int *interrupted_ou
                 /* Reap what it left in its process group along with it. */
                 kill(-pid, SIGKILL);
                 bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-                if (failed && first < 0 && !stopping) {
-                    first = i;
-                    stopping = true;
-                    kill_at = now_s() + grace;
-                    signal_all(SIGTERM);
-                }
+                if (failed && first < 0 && !stopping && (batch_first < 0 || pid == chld_pid)) batch_first = i;
             }
+        }
+        if (batch_first >= 0) {
+            first = batch_first;
+            stopping = true;
+            kill_at = now_s() + grace;
+            signal_all(SIGTERM);
         }
         if (stopping && live > 0 && now_s() >= kill_at) {
             signal_all(SIGKILL);

@@ -7,7 +7,7 @@
  *            all-reduce and time out (NABLA_PG_TIMEOUT)
  *   desync   rank 0 broadcasts where the others all-reduce
  *   exit3    rank 1 writes to stderr and exits with 3; the others all-reduce
- *   killed   rank 1 kills itself (SIGKILL); the others, a second later, all-reduce
+ *   killed   rank 1 kills itself (SIGKILL); the others all-reduce
  *   store    rank 0, which serves the store, kills itself; the others all-reduce
  *   stopped  rank 1 stops itself (SIGSTOP); the others all-reduce and name it
  *            at the liveness limit (NABLA_LIVENESS_TIMEOUT)
@@ -205,12 +205,6 @@ int main(int argc, char **argv) {
     }
     if ((strcmp(what, "killed") == 0 && rank == 1) || (strcmp(what, "store") == 0 && rank == 0))
         raise(SIGKILL);
-    /* The others find rank 1 dead within milliseconds once they exchange
-     * collective #2's headers with it, and could exit before nbrun has
-     * reaped rank 1 (then it may reap them first and name one of them); a
-     * second's pause lets nbrun see the death first, as it would when the
-     * survivors are busy computing. */
-    if (strcmp(what, "killed") == 0) sleep(1);
     if ((strcmp(what, "stopped") == 0 && rank == 1) || (strcmp(what, "stopped0") == 0 && rank == 0))
         raise(SIGSTOP);
     if (strcmp(what, "slow") == 0 && rank == 1) sleep(5);
