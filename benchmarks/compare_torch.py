@@ -580,7 +580,8 @@ def main():
     bf16_models = [m for m in a.bf16_models.split(",") if m]
     if bf16_models:
         print("bf16: nabla --bf16 (bf16 products, f32 accumulation and weights) against torch eager f32 and "
-              "torch eager under autocast(cpu, bfloat16); triples interleaved (nabla, f32, autocast ...)")
+              "torch eager under autocast(cpu, bfloat16) (or compiled, per row); interleaved rounds (nabla, then "
+              "each variant in f32 and under autocast)")
         print(f"{'model':6} {'batch':>6} {'nabla bf16 ms':>27} {'torch':>24} {'torch f32 ms':>27} {'ratio':>6} "
               f"{'torch autocast ms':>27} {'ratio':>6} {'pair ratios (autocast)':>22}")
     for m in bf16_models:
