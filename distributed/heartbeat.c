@@ -299,8 +299,9 @@ static void join_linger(nb_pg *pg, double deadline) {
 }
 
 /* Note [Joining]: every rank registers "host pid world=W" under
- * nb/join/<rank> and polls all ranks' records (each second, waking early
- * when they arrive) until every rank below its WORLD_SIZE has registered.
+ * nb/join/<rank> and polls all ranks' records (each second, up to 5 s in
+ * worlds over 64 ranks; waking early when they arrive) until every rank
+ * below its WORLD_SIZE has registered.
  * A record that states another WORLD_SIZE fails the join at once, on every
  * rank that reads it: both values named, not a wait for a rank that will
  * never come, nor a Gloo connection that cannot be made. Rank 0, which
@@ -403,7 +404,9 @@ nb_status nb__join(nb_pg *pg) {
         int m = 0;
         for (int r = 0; r < n && m < NB_STORE_MAX_KEYS; r++)
             if (missing[r]) wait_keys[m++] = keys[r];
-        double left = deadline - now, slice = JOIN_POLL_S;
+        /* Each poll reads n records: a large world polls less often. */
+        double left = deadline - now, slice = n > 64 ? JOIN_POLL_S * n / 64 : JOIN_POLL_S;
+        if (slice > 5 * JOIN_POLL_S) slice = 5 * JOIN_POLL_S;
         if (next_note - now < slice) slice = next_note - now;
         if (left < slice) slice = left;
         st = nb_store_wait(pg->store_main, wait_keys, m, slice > 0.001 ? slice : 0.001);
