@@ -154,7 +154,7 @@ int main(int argc, char **argv) {
     for (int64_t s = 0; s < warmup + steps; s++) {
         double t0 = now_s();
         nb_ctx_reset(step);
-        nb_tensor *l = nb_gpt_loss(step, nb_gpt_forward(model, step, x[s % N_BATCHES]), y[s % N_BATCHES]);
+        nb_tensor *l = nb_gpt_forward_loss(model, step, x[s % N_BATCHES], y[s % N_BATCHES]);
         nb_backward(l);
         if (clip) nb_optim_clip_grad_norm(opt, 1.0, 2.0);
         nb_optim_step(opt);

@@ -137,6 +137,13 @@ nb_tensor *nb_gpt_forward(nb_module *gpt_m, nb_ctx *ctx, nb_tensor *idx) {
     return nb_module_forward(gpt_m, ctx, idx);
 }
 
+nb_tensor *nb_gpt_forward_loss(nb_module *gpt_m, nb_ctx *ctx, nb_tensor *idx, nb_tensor *targets) {
+    nb__scope_enter(ctx); /* the logits are the library's: Note [Memory given back] */
+    nb_tensor *loss = nb_gpt_loss(ctx, nb_module_forward(gpt_m, ctx, idx), targets);
+    nb__scope_exit(ctx, loss);
+    return loss;
+}
+
 void nb_gpt_set_recompute(nb_module *m, bool on) {
     gpt *g = nb_module_self(m, &gpt_type);
     for (int i = 0; i < g->cfg.n_layer; i++) nb_module_set_recompute(nb_module_child_at(g->h, i), on);

@@ -84,6 +84,11 @@ bool nb__in_forward_scope(void);
 /* The tape's references on a node's tensors, taken once and dropped once. */
 void nb__node_acquire(nb_node *n);
 void nb__node_release(nb_node *n);
+/* Note [Memory given back]: t's storage as a fresh tensor of t's shape for
+ * a gradient that a backward function writes in place of t's values, when
+ * t is the library's and only node n (running) still reads it; else NULL.
+ * t is then refused as given back. */
+nb_tensor *nb__reuse_for_grad(nb_ctx *ctx, nb_node *n, nb_tensor *t);
 /* t->grad = g, holding g's storage and dropping the old one's hold. */
 void nb__set_grad(nb_tensor *t, nb_tensor *g);
 /* Drops t's hold on its gradient (t->grad stays, to be reported if read). */

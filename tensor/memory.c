@@ -137,6 +137,30 @@ void nb__node_release(nb_node *n) {
     node_refs(n, mem_drop);
 }
 
+static _Thread_local const nb__mem *counting;
+static _Thread_local int counted;
+static void count_ref(nb__mem *m) { counted += m && m == counting; }
+
+nb_tensor *nb__reuse_for_grad(nb_ctx *ctx, nb_node *n, nb_tensor *t) {
+    nb__mem *m = t->mem;
+    size_t bytes = (size_t)nb_numel(t) * nb_dtype_size(t->dtype);
+    if (!m || !m->library || m->scoped || m->given_back || n->refs != NB__REFS_HELD ||
+        m->t->ctx != ctx || !nb_is_contiguous(t) || t->data != m->data || bytes != m->bytes)
+        return NULL;
+    counting = m, counted = 0;
+    node_refs(n, count_ref);
+    counting = NULL;
+    if (m->refs != counted) return NULL; /* some other node still reads it */
+    nb_tensor *g = nb__view(ctx, t, t->ndim, t->shape, t->strides, t->data);
+    g->base = NULL;
+    g->mem = NULL;
+    g->requires_grad = false;
+    g->node = NULL;
+    nb__mem_new(ctx, g, bytes); /* the storage's new record: the gradient's */
+    m->given_back = true;       /* t is refused from now on; its range goes with g's */
+    return g;
+}
+
 void nb__set_grad(nb_tensor *t, nb_tensor *g) {
     nb__mem *old = t->grad_held && t->grad ? t->grad->mem : NULL;
     t->grad = g;

@@ -73,7 +73,8 @@ static void count_hook(nb_tensor *leaf, void *user) {
 /* `steps` AdamW steps of a GPT of configuration cfg; the step context gives
  * back or not; the blocks are recomputed or not. Every gradient-ready hook
  * must fire once per parameter and step. */
-static gpt_run gpt_train_ex(const nb_gpt_config *cfg, bool give_back, bool recompute, int steps) {
+static gpt_run gpt_train_ex(const nb_gpt_config *cfg, bool give_back, bool recompute, bool fused,
+                            int steps) {
     gpt_run r = {0};
     nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
     nb_ctx_set_give_back(step, give_back);
@@ -92,11 +93,17 @@ static gpt_run gpt_train_ex(const nb_gpt_config *cfg, bool give_back, bool recom
         nb_tensor *x = nb_from_host(step, NB_I64, NB_SHAPE(BATCH, SEQ), idx);
         nb_tensor *y = nb_from_host(step, NB_I64, NB_SHAPE(BATCH, SEQ), tgt);
         nb_optim_zero_grad(opt);
-        nb_tensor *logits = nb_gpt_forward(g, step, x);
-        nb_tensor *loss = nb_gpt_loss(step, logits, y);
-        nb_backward(loss);
-        r.loss[s] = (float)nb_item(loss);
-        r.logits_sum = nb_item(nb_sum_all(step, logits)); /* the user's: still readable */
+        if (fused) { /* the logits are the library's: their gradient takes their place */
+            nb_tensor *loss = nb_gpt_forward_loss(g, step, x, y);
+            nb_backward(loss);
+            r.loss[s] = (float)nb_item(loss);
+        } else {
+            nb_tensor *logits = nb_gpt_forward(g, step, x);
+            nb_tensor *loss = nb_gpt_loss(step, logits, y);
+            nb_backward(loss);
+            r.loss[s] = (float)nb_item(loss);
+            r.logits_sum = nb_item(nb_sum_all(step, logits)); /* the user's: still readable */
+        }
         nb_optim_step(opt);
         ck_assert_int_eq(fired, (s + 1) * np);
     }
@@ -116,7 +123,7 @@ static gpt_run gpt_train_ex(const nb_gpt_config *cfg, bool give_back, bool recom
 }
 
 static gpt_run gpt_train(bool give_back, int steps) {
-    return gpt_train_ex(&small, give_back, false, steps);
+    return gpt_train_ex(&small, give_back, false, false, steps);
 }
 
 START_TEST(test_gpt_bitwise) {
@@ -158,8 +165,8 @@ START_TEST(test_gpt_recompute) {
     drop.dropout = 0.1;
     const nb_gpt_config *cfgs[2] = {&small, &drop};
     for (int c = 0; c < 2; c++) {
-        gpt_run plain = gpt_train_ex(cfgs[c], true, false, 3);
-        gpt_run re = gpt_train_ex(cfgs[c], true, true, 3);
+        gpt_run plain = gpt_train_ex(cfgs[c], true, false, false, 3);
+        gpt_run re = gpt_train_ex(cfgs[c], true, true, false, 3);
         ck_assert(memcmp(plain.loss, re.loss, sizeof re.loss) == 0);
         ck_assert_msg(memcmp(plain.params, re.params, (size_t)re.n_params * sizeof(float)) == 0,
                       "parameters differ with recomputation (dropout %g)", cfgs[c]->dropout);
@@ -167,6 +174,21 @@ START_TEST(test_gpt_recompute) {
                       re.peak, plain.peak);
         free(plain.params), free(re.params);
     }
+}
+END_TEST
+
+/* nb_gpt_forward_loss: the logits' gradient written over them; the same
+ * parameters bit for bit, and the peak lower by at least most of the
+ * logits' size. */
+START_TEST(test_gpt_forward_loss) {
+    gpt_run plain = gpt_train_ex(&small, true, false, false, 3);
+    gpt_run fused = gpt_train_ex(&small, true, false, true, 3);
+    ck_assert(memcmp(plain.loss, fused.loss, sizeof fused.loss) == 0);
+    ck_assert(memcmp(plain.params, fused.params, (size_t)fused.n_params * sizeof(float)) == 0);
+    size_t logits = (size_t)(BATCH * SEQ * small.vocab_size) * sizeof(float);
+    ck_assert_msg(fused.peak + logits * 3 / 4 <= plain.peak, "peak %zu, %zu without: less than "
+                  "3/4 of the logits' %zu bytes saved", fused.peak, plain.peak, logits);
+    free(plain.params), free(fused.params);
 }
 END_TEST
 
@@ -401,6 +423,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_gpt_bitwise);
     tcase_add_test(tc, test_gpt_peak);
     tcase_add_test(tc, test_gpt_recompute);
+    tcase_add_test(tc, test_gpt_forward_loss);
     tcase_add_test(tc, test_cnn_peak);
     tcase_add_test(tc, test_given_back_read);
     tcase_add_test(tc, test_retain_graph);

@@ -77,6 +77,11 @@ nb_tensor *nb_gpt_forward(nb_module *gpt, nb_ctx *ctx, nb_tensor *idx);
 void nb_gpt_set_recompute(nb_module *gpt, bool on);
 /* Mean next-token cross-entropy: logits (N, T, V) against targets (N, T). */
 nb_tensor *nb_gpt_loss(nb_ctx *ctx, nb_tensor *logits, nb_tensor *targets);
+/* nb_gpt_loss(nb_gpt_forward(idx), targets) without handing the logits to
+ * the caller: they are the library's, so their gradient is written over
+ * them in backward (on the CPU) and the step needs one (N, T, V) tensor
+ * less (Note [Memory given back] in tensor/memory.c). */
+nb_tensor *nb_gpt_forward_loss(nb_module *gpt, nb_ctx *ctx, nb_tensor *idx, nb_tensor *targets);
 
 /* Parameter elements without the position embedding (GPT-2's custom of
  * counting), and FLOPs of one training step per token (forward and

@@ -499,6 +499,10 @@ static void cudnn_backward(int dev, cudaStream_t st, nb_ctx *ctx, nb_tensor *dx,
     dnn_end(&d);
     if (dw && dwp != dw->data) vec_convert(st, dw->data, dw->dtype, dwp, pdt, c, 0);
     if (db && dbp != db->data) vec_convert(st, db->data, db->dtype, dbp, pdt, c, 0);
+    /* scratch the kernels above were the last to use (on the compute stream) */
+    if (!(db && db->dtype == pdt)) nb__ctx_scratch_done(ctx, dbp, pbytes);
+    if (!(dw && dw->dtype == pdt)) nb__ctx_scratch_done(ctx, dwp, pbytes);
+    if (!dx) nb__ctx_scratch_done(ctx, dxp, nb_dtype_size(x->dtype) * (size_t)(n * c * s));
     __atomic_fetch_add(&cudnn_bwd_calls, 1, __ATOMIC_RELAXED);
 }
 

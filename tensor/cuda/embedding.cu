@@ -175,4 +175,8 @@ void nb__cuda_embedding_backward(nb_tensor *gw, const nb_tensor *g, const nb_ten
                                                       pos_in, pos_out, n, 0, end_bit, s));
     BY_FLOAT_DTYPE(op, gw->dtype, launch_backward, s, gw, g, keys_out, pos_out, np);
     NB_CUDA_CHECK_LAUNCH(op);
+    /* later kernels on s reuse them after these: Note [Memory given back] */
+    nb__ctx_scratch_done(ctx, temp, temp_bytes ? temp_bytes : 1);
+    nb__ctx_scratch_done(ctx, pos_in, 2 * (size_t)n * sizeof(int32_t));
+    nb__ctx_scratch_done(ctx, keys_in, 2 * (size_t)n * sizeof(uint64_t));
 }

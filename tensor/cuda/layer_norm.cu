@@ -625,6 +625,7 @@ static bool launch_backward_regs(cudaStream_t s, nb_tensor *dx, nb_tensor *dw, n
             layer_norm_dwdb_sum_kernel<T><<<grid, block, 0, s>>>(
                 dw ? (T *)dw->data : NULL, db ? (T *)db->data : NULL, pw, pb, nb, d);
             NB_CUDA_CHECK_LAUNCH(op);
+            nb__ctx_scratch_done((dw ? dw : db)->ctx, pw, 2 * (size_t)nb * (size_t)d * sizeof(A));
         }
         return true;
     }
@@ -664,6 +665,7 @@ static void launch_backward(cudaStream_t s, nb_tensor *dx, nb_tensor *dw, nb_ten
     layer_norm_dwdb_final_kernel<T><<<(unsigned)(fb < 65536 ? fb : 65536), 256, 0, s>>>(
         dw ? (T *)dw->data : NULL, db ? (T *)db->data : NULL, pw, pb, chunks, d);
     NB_CUDA_CHECK_LAUNCH(op);
+    nb__ctx_scratch_done(ctx, pw, 2 * (size_t)chunks * (size_t)d * sizeof(A));
 }
 
 /* ------------------------------------------------------------- entry points */

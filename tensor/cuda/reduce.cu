@@ -150,6 +150,8 @@ static void run_rows(const char *op, cudaStream_t s, nb_ctx *ctx, const R &r, co
         NB_CUDA_CHECK_LAUNCH(op);
         partial_r<R> pr{r, part, splits};
         rows_warp_kernel<<<grid_for(outer, THREADS / 32), THREADS, 0, s>>>(pr, f, outer, splits);
+        NB_CUDA_CHECK_LAUNCH(op);
+        nb__ctx_scratch_done(ctx, part, (size_t)(outer * splits) * sizeof(A));
     }
     NB_CUDA_CHECK_LAUNCH(op);
 }
