@@ -1,5 +1,6 @@
-/* The launch environment: which launcher started this process, and where
- * it sits in the run.
+/* The launch environment: which launcher started this process, where it
+ * sits in the run, and the limits of Note [Liveness and progress]
+ * (heartbeat.c) that the environment sets.
  *
  * One family of variables is read, the first present of: torchrun's
  * (also what nbrun sets), OpenMPI's, Slurm's. Within it every variable is
@@ -253,4 +254,37 @@ nb_status nb_dist_select_device(const nb_dist_env *e, bool want_gpu, nb_device *
     if (st != NB_OK) return st;
     *device = nb_cuda(index);
     return NB_OK;
+}
+
+/* ---- the liveness limits (Note [Liveness and progress] in heartbeat.c) ---- */
+#define DEFAULT_LIVENESS_S 15.0
+#define DEFAULT_JOIN_S 120.0
+#define DEFAULT_STALL_S 20.0
+
+/* Seconds from `name`; `dflt` when unset. allow_zero: 0 is a value. */
+static nb_status read_seconds(const char *name, double dflt, bool allow_zero, double *out) {
+    *out = dflt;
+    const char *v = getenv(name);
+    if (!v || !*v) return NB_OK;
+    char *end;
+    double t = strtod(v, &end);
+    if (end == v || *end != 0 || !(allow_zero ? t >= 0 : t > 0) || t > 1e9)
+        return nb_set_error(NB_ERR_INVALID, "nb_pg_init: %s='%s' is not a %s number of seconds", name, v,
+                            allow_zero ? "non-negative" : "positive");
+    *out = t;
+    return NB_OK;
+}
+
+double nb__liveness_s(void) {
+    double t;
+    if (read_seconds("NABLA_LIVENESS_TIMEOUT", DEFAULT_LIVENESS_S, false, &t) != NB_OK)
+        return DEFAULT_LIVENESS_S;
+    return t;
+}
+
+nb_status nb__liveness_options(double *liveness, double *join, double *stall) {
+    nb_status st = read_seconds("NABLA_LIVENESS_TIMEOUT", DEFAULT_LIVENESS_S, false, liveness);
+    if (st == NB_OK) st = read_seconds("NABLA_JOIN_TIMEOUT", DEFAULT_JOIN_S, false, join);
+    if (st == NB_OK) st = read_seconds("NABLA_STALL_WARNING", DEFAULT_STALL_S, true, stall);
+    return st;
 }

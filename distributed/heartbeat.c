@@ -1,5 +1,4 @@
-/* Liveness: the limits (liveness, join, stall warning), the rendezvous
- * that names ranks that never joined, each process's heartbeat thread,
+/* Liveness: the rendezvous that names ranks that never joined, each process's heartbeat thread,
  * and the check that names a rank whose heartbeat stopped.
  *
  * Note [Liveness and progress]
@@ -42,41 +41,10 @@
 
 #include "distributed/pg.h"
 
-#define DEFAULT_LIVENESS_S 15.0
-#define DEFAULT_JOIN_S 120.0
-#define DEFAULT_STALL_S 20.0
 #define BEAT_MAX_S 1.0
 #define JOIN_POLL_S 1.0  /* Note [Joining] */
 #define JOIN_NOTE_S 20.0
 #define JOIN_LINGER_S 5.0
-
-/* Seconds from `name`; `dflt` when unset. allow_zero: 0 is a value. */
-static nb_status read_seconds(const char *name, double dflt, bool allow_zero, double *out) {
-    *out = dflt;
-    const char *v = getenv(name);
-    if (!v || !*v) return NB_OK;
-    char *end;
-    double t = strtod(v, &end);
-    if (end == v || *end != 0 || !(allow_zero ? t >= 0 : t > 0) || t > 1e9)
-        return nb_set_error(NB_ERR_INVALID, "nb_pg_init: %s='%s' is not a %s number of seconds", name, v,
-                            allow_zero ? "non-negative" : "positive");
-    *out = t;
-    return NB_OK;
-}
-
-double nb__liveness_s(void) {
-    double t;
-    if (read_seconds("NABLA_LIVENESS_TIMEOUT", DEFAULT_LIVENESS_S, false, &t) != NB_OK)
-        return DEFAULT_LIVENESS_S;
-    return t;
-}
-
-nb_status nb__liveness_options(double *liveness, double *join, double *stall) {
-    nb_status st = read_seconds("NABLA_LIVENESS_TIMEOUT", DEFAULT_LIVENESS_S, false, liveness);
-    if (st == NB_OK) st = read_seconds("NABLA_JOIN_TIMEOUT", DEFAULT_JOIN_S, false, join);
-    if (st == NB_OK) st = read_seconds("NABLA_STALL_WARNING", DEFAULT_STALL_S, true, stall);
-    return st;
-}
 
 /* ------------------------------------------------------------ heartbeat */
 

@@ -22,9 +22,13 @@ double nb__now(void); /* monotonic seconds */
  * getaddrinfo code in *gai_err or the errno in *sys_err. */
 int nb__tcp_listen(const char *host, int port, int *gai_err, int *sys_err);
 void nb__sleep(double seconds);
-/* NABLA_LIVENESS_TIMEOUT or its default: how long a live peer or store
- * may stay silent (Note [Liveness and progress] in heartbeat.c). */
+/* env.c: NABLA_LIVENESS_TIMEOUT or its default: how long a live peer or
+ * store may stay silent (Note [Liveness and progress] in heartbeat.c). */
 double nb__liveness_s(void);
+/* env.c: the three limits of that Note (NABLA_LIVENESS_TIMEOUT,
+ * NABLA_JOIN_TIMEOUT, NABLA_STALL_WARNING), or NB_ERR_INVALID naming a
+ * variable that is not a number of seconds. */
+nb_status nb__liveness_options(double *liveness, double *join, double *stall);
 /* The GPU index of a process from its local rank and the number of GPUs it
  * sees (Note [One GPU per process] in env.c); cvd only names the variable in
  * the error. */
@@ -154,7 +158,6 @@ void nb__kv_free(nb__kv *kv);
 const nb__bytes *nb__kv_find(const nb__kv *kv, const uint8_t *key, uint32_t klen);
 void nb__kv_set(nb__kv *kv, const uint8_t *key, uint32_t klen, const uint8_t *val, uint32_t vlen);
 bool nb__kv_delete(nb__kv *kv, const uint8_t *key, uint32_t klen);
-size_t nb__kv_count(const nb__kv *kv);
 size_t nb__kv_bytes(const nb__kv *kv); /* keys and values held */
 /* Executes SET, ADD, CAS, DELETE, MGET, and GET/WAIT when their keys are
  * present, appending the reply frame to `out`. Returns false when the

@@ -124,7 +124,6 @@ nb_status nb__pg_start_backend(nb_pg *pg, const char *prefix);
 nb_pg *nb__pg_alloc(nb_pg *root, nb_pg *parent, int rank, int size);
 
 /* heartbeat.c */
-nb_status nb__liveness_options(double *liveness, double *join, double *stall);
 /* Registers this rank (host, pid) and waits for every rank of the world
  * to do the same; names the ranks that never joined. */
 nb_status nb__join(nb_pg *root);

@@ -126,7 +126,6 @@ bool nb__kv_delete(nb__kv *kv, const uint8_t *key, uint32_t klen) {
     return true;
 }
 
-size_t nb__kv_count(const nb__kv *kv) { return kv->count; }
 size_t nb__kv_bytes(const nb__kv *kv) { return kv->bytes; }
 
 /* Whether `key` may hold a value of vlen bytes; if not, the ERROR reply

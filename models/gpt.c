@@ -39,7 +39,7 @@
 
 /* ---------------------------------------------------------------- MLP */
 typedef struct gpt_mlp {
-    nb_module *c_fc, *gelu, *c_proj, *dropout;
+    nb_module *c_fc, *c_proj, *dropout;
 } gpt_mlp;
 
 static nb_tensor *gpt_mlp_forward(nb_module *m, nb_ctx *ctx, nb_tensor *x);
@@ -176,7 +176,10 @@ static nb_module *block_new(nb_ctx *ctx, nb_dtype dtype, const nb_gpt_config *cf
     nb_module *mlp = nb_module_new(ctx, &gpt_mlp_type);
     gpt_mlp *p = nb_module_self(mlp, &gpt_mlp_type);
     p->c_fc = nb_module_add(mlp, "c_fc", nb_linear_new(ctx, dtype, c, 4 * c, true, scratch));
-    p->gelu = nb_module_add(mlp, "gelu", nb_gelu_new(ctx, NB_GELU_TANH));
+    /* The forward fuses GELU into c_fc (nb__linear_gelu) and never calls
+     * this module; it is registered so that the tree prints as nanoGPT's
+     * MLP does (c_fc, gelu, c_proj, dropout) and mlp.gelu can be found. */
+    nb_module_add(mlp, "gelu", nb_gelu_new(ctx, NB_GELU_TANH));
     p->c_proj = nb_module_add(mlp, "c_proj", nb_linear_new(ctx, dtype, 4 * c, c, true, scratch));
     p->dropout = nb_module_add(mlp, "dropout", nb_dropout_new(ctx, cfg->dropout, drop));
     b->mlp = nb_module_add(m, "mlp", mlp);

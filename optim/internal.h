@@ -3,22 +3,8 @@
 #define NABLA_OPTIM_INTERNAL_H
 
 #include "nabla/optim.h"
+#include "tensor/backend.h" /* NB__HP_*: the layout of a group's hyperparameters */
 #include "tensor/internal.h"
-
-/* A group's hyperparameters, in this order, are the elements of one f64
- * tensor of the optimizer's context (so checkpoints restore them). */
-enum {
-    NB__HP_LR,
-    NB__HP_WEIGHT_DECAY,
-    NB__HP_MOMENTUM,
-    NB__HP_DAMPENING,
-    NB__HP_NESTEROV,
-    NB__HP_BETA1,
-    NB__HP_BETA2,
-    NB__HP_EPS,
-    NB__HP_AMSGRAD, /* 0 or 1 */
-    NB__HP_COUNT
-};
 
 typedef struct nb__optim_param {
     nb_tensor *param;

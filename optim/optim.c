@@ -410,11 +410,6 @@ void nb__optim_check_not_bucket_stepped(const nb_optim *opt, const char *who) {
              who, opt->stepped_by, who);
 }
 
-/* Note [Optimizer step]: every parameter with a gradient, grouped by
- * dtype, goes into one multi-tensor update of the parameters' backend
- * (tensor/backend.h: on CUDA one fused launch, on the CPU a loop). Step
- * counts and hyperparameters stay in host memory (opt->host_ctx), so the
- * step reads nothing back from the device. */
 void nb__optim_check_not_sharded(const nb_optim *opt, const char *who, const char *instead) {
     NB_CHECK(!opt->sharded_by,
              "%s: this optimizer's state is sharded over the ranks by %s (ZeRO-1, "

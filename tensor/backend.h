@@ -17,7 +17,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "tensor/cpu/conv.h" /* nb__conv2d_geom */
 #include "tensor/internal.h"
 
 #ifdef __cplusplus
@@ -28,6 +27,23 @@ extern "C" {
  * CUDA; NULL on the CPU, where work is done when its call returns). */
 typedef struct CUstream_st *nb__stream;
 typedef struct CUevent_st *nb__event;
+
+/* The hyperparameters of an optimizer's parameter group, in this order:
+ * the multi-tensor updates (adam, sgd) read them from hp[i]; optim/
+ * keeps them as the elements of one f64 tensor per group (so checkpoints
+ * restore them). */
+enum {
+    NB__HP_LR,
+    NB__HP_WEIGHT_DECAY,
+    NB__HP_MOMENTUM,
+    NB__HP_DAMPENING,
+    NB__HP_NESTEROV,
+    NB__HP_BETA1,
+    NB__HP_BETA2,
+    NB__HP_EPS,
+    NB__HP_AMSGRAD, /* 0 or 1 */
+    NB__HP_COUNT
+};
 
 typedef struct nb__backend {
     const char *name;
@@ -180,7 +196,7 @@ typedef struct nb__backend {
                                 const nb_tensor *invstd, const nb_tensor *weight, bool training,
                                 double eps, int64_t n, int64_t c, int64_t s);
 
-    /* ---- convolution (geometry of tensor/cpu/conv.h; contiguous buffers
+    /* ---- convolution (nb__conv2d_geom, tensor/internal.h; contiguous buffers
      * of dtype dt; scratch from ctx) ---- */
     void (*conv2d)(nb_ctx *ctx, nb_dtype dt, const nb__conv2d_geom *g, void *out, const void *x,
                    const void *w, const void *b);
@@ -230,7 +246,7 @@ typedef struct nb__backend {
      * n tensors, each contiguous f32 or f64, one launch (CUDA) or loop
      * (CPU) per call; the order of operations of tensor/cpu/optim.c.
      * steps[i]: parameter i's step count after the increment; hp[i]: its
-     * group's hyper-parameters (optim/internal.h).
+     * group's hyperparameters (NB__HP_*, above).
      * Adam: vmax[i] non-NULL makes parameter i's update AMSGrad's
      * (vmax[i] = max(vmax[i], v[i]), NaN-propagating, is the denominator's
      * second moment); vmax itself may be NULL: no AMSGrad at all. */

@@ -134,7 +134,6 @@ void nb__check_product_float(const char *op, const nb_ctx *ctx, const nb_tensor 
 void nb__check_same_dtype(const char *op, const nb_tensor *a, const nb_tensor *b);
 void nb__check_index_dtype(const char *op, const nb_tensor *t); /* i32/i64 */
 void nb__check_ctx(const char *op, nb_ctx *ctx, const nb_tensor *t); /* same device */
-void nb__check_cpu(const char *op, const nb_tensor *t); /* for not-yet-ported kernels */
 
 /* Liveness (Note [Stale tensors] in tensor/context.c): a tensor is live
  * while its context's generation, the first member of struct nb_ctx, is the
@@ -252,6 +251,16 @@ nb_tensor *nb__linear_gelu(nb_ctx *ctx, nb_tensor *x, nb_tensor *w, nb_tensor *b
  * scaled by scale, as one recorded op (tensor/ops_softmax.c), or NULL where
  * the backend has no fused kernel for it (then the caller composes it). */
 nb_tensor *nb__causal_attention(nb_ctx *ctx, nb_tensor *qkv, int h, double scale);
+
+/* ---- convolution geometry (tensor/ops_conv.c; the kernels' letters in
+ * tensor/cpu/conv.h) ---- */
+typedef struct nb__conv2d_geom {
+    int64_t n, c, h, w;  /* input (N, C, H, W) */
+    int64_t o, kh, kw;   /* weight (O, C/G, KH, KW) */
+    int64_t oh, ow;      /* output (N, O, OH, OW) */
+    int64_t sh, sw, ph, pw, dh, dw;
+    int64_t groups;      /* G >= 1, dividing C and O */
+} nb__conv2d_geom;
 
 /* ---- pooling geometry (tensor/ops_pool.c) ---- */
 typedef struct nb__pool2d_geom {

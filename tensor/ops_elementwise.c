@@ -1,5 +1,7 @@
 /* Elementwise ops: front ends (checks, broadcasting, dispatch) and their
- * backward functions. The CPU kernels are in tensor/cpu/elementwise.c. */
+ * backward functions, and the unrecorded nb__unary / nb__binary that
+ * backward functions and optimizers use. The CPU kernels are in
+ * tensor/cpu/elementwise.c. */
 #include <stdlib.h>
 
 #include "tensor/backend.h"
@@ -21,6 +23,23 @@ const char *nb__unary_name(nb__unary_op op) {
 
 const char *nb__binary_name(nb__binary_op op) {
     return (unsigned)op < NB_B_COUNT ? binary_names[op] : "elementwise op";
+}
+
+/* ---- unrecorded helpers for backward functions and optimizers: the
+ * backend of a's device does the work ---- */
+nb_tensor *nb__unary(nb_ctx *ctx, nb__unary_op op, nb_tensor *a, double s) {
+    nb_tensor *out = nb__empty(ctx, a->dtype, a->ndim, a->shape);
+    nb__run_unary(op, out, a, s);
+    return out;
+}
+
+nb_tensor *nb__binary(nb_ctx *ctx, nb__binary_op op, nb_tensor *a, nb_tensor *b) {
+    int64_t shape[NB_MAX_DIMS];
+    int nd = nb__broadcast_shape("elementwise op", a, b, shape);
+    nb__check_same_dtype("elementwise op", a, b);
+    nb_tensor *out = nb__empty(ctx, a->dtype, nd, shape);
+    nb__run_binary(op, out, a, b);
+    return out;
 }
 
 /* ---- binary ---- */

@@ -130,12 +130,6 @@ void nb__check_ctx(const char *op, nb_ctx *ctx, const nb_tensor *t) {
              nb_device_name(t->device), nb_device_name(nb_ctx_device(ctx)));
 }
 
-void nb__check_cpu(const char *op, const nb_tensor *t) {
-    nb__check_live(op, t);
-    NB_CHECK(t->device.type == NB_DEVICE_CPU, "%s: not implemented for %s tensors", op,
-             nb_device_name(t->device));
-}
-
 int nb__broadcast_shape(const char *op, const nb_tensor *a, const nb_tensor *b, int64_t *out) {
     int nd = a->ndim > b->ndim ? a->ndim : b->ndim;
     for (int i = 0; i < nd; i++) {

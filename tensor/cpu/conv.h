@@ -12,15 +12,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "nabla/dtype.h"
+#include "tensor/internal.h" /* nb__conv2d_geom */
 
-typedef struct nb__conv2d_geom {
-    int64_t n, c, h, w;  /* input (N, C, H, W) */
-    int64_t o, kh, kw;   /* weight (O, C/G, KH, KW) */
-    int64_t oh, ow;      /* output (N, O, OH, OW) */
-    int64_t sh, sw, ph, pw, dh, dw;
-    int64_t groups;      /* G >= 1, dividing C and O */
-} nb__conv2d_geom;
 
 /* Elements of the column buffer (one group, the images of one GEMM: their
  * columns and their product, (K + OG) * P per image), or 0 for a 1x1

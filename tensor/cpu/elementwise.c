@@ -463,19 +463,3 @@ void nb__cpu_copy(nb_tensor *dst, const nb_tensor *src) {
     iter_run_on(&it, dst->dtype == src->dtype ? copy_same : copy_cast, &arg,
                 !overlaps(dst, src));
 }
-
-/* ---- unrecorded helpers for backward functions ---- */
-nb_tensor *nb__unary(nb_ctx *ctx, nb__unary_op op, nb_tensor *a, double s) {
-    nb_tensor *out = nb__empty(ctx, a->dtype, a->ndim, a->shape);
-    nb__run_unary(op, out, a, s);
-    return out;
-}
-
-nb_tensor *nb__binary(nb_ctx *ctx, nb__binary_op op, nb_tensor *a, nb_tensor *b) {
-    int64_t shape[NB_MAX_DIMS];
-    int nd = nb__broadcast_shape("elementwise op", a, b, shape);
-    nb__check_same_dtype("elementwise op", a, b);
-    nb_tensor *out = nb__empty(ctx, a->dtype, nd, shape);
-    nb__run_binary(op, out, a, b);
-    return out;
-}

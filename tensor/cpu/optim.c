@@ -34,7 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "optim/internal.h"
+#include "tensor/backend.h" /* NB__HP_* */
 #include "tensor/cpu/cpu.h"
 #include "tensor/cpu/threads.h"
 

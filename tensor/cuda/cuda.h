@@ -31,7 +31,6 @@
 #include <stdint.h>
 
 #include "tensor/backend.h" /* nb__stream, nb__event */
-#include "tensor/cpu/conv.h"
 #include "tensor/internal.h"
 
 #ifdef __cplusplus
@@ -238,10 +237,11 @@ void nb__cuda_matmul(nb_tensor *out, const nb_tensor *a, const nb_tensor *b, boo
                      bool trans_b, const nb_tensor *bias, bool gelu, nb_tensor *pre);
 
 /* ================================================= convolution (conv.cu)
- * cuDNN, NCHW, the geometry of tensor/cpu/conv.h; buffers contiguous of
- * dtype dt (f32, f64, bf16, f16; TF32 per nb__cuda_tf32()). The algorithm
- * is chosen once per geometry and dtype and cached; the workspace is the
- * device's cuDNN workspace (nothing is taken from ctx). */
+ * cuDNN, NCHW, the geometry nb__conv2d_geom (letters of
+ * tensor/cpu/conv.h); buffers contiguous of dtype dt (f32, f64, bf16,
+ * f16; TF32 per nb__cuda_tf32()). The algorithm is chosen once per
+ * geometry and dtype and cached; the workspace is the device's cuDNN
+ * workspace (nothing is taken from ctx). */
 void nb__cuda_conv2d_forward(nb_ctx *ctx, nb_dtype dt, const nb__conv2d_geom *g, void *out,
                              const void *x, const void *w, const void *b);
 /* Each of dx, dw, db is written (not accumulated) unless NULL. */
@@ -340,7 +340,8 @@ void nb__cuda_rand_normal(nb_tensor *t, double mean, double std, uint64_t seed, 
  * dtype; vmax or vmax[i] NULL: no AMSGrad), with
  * the order of operations of tensor/cpu/optim.c; steps[i] is
  * parameter i's step count after the increment, hp[i] its group's
- * hyper-parameters (optim/internal.h); buf[i] NULL: SGD without momentum. */
+ * hyperparameters (NB__HP_*, tensor/backend.h); buf[i] NULL: SGD
+ * without momentum. */
 void nb__cuda_adam(int n, nb_tensor *const *p, nb_tensor *const *g, nb_tensor *const *m,
                    nb_tensor *const *v, nb_tensor *const *vmax, const int64_t *steps,
                    const double *const *hp, bool decoupled);

@@ -20,7 +20,6 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "optim/internal.h"
 #include "tensor/cuda/check.h"
 #include "tensor/cuda/cuda.h"
 
