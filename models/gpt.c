@@ -169,7 +169,8 @@ static nb_module *block_new(nb_ctx *ctx, nb_dtype dtype, const nb_gpt_config *cf
     nb_module *m = nb_module_new(ctx, &gpt_block_type);
     gpt_block *b = nb_module_self(m, &gpt_block_type);
     b->ln_1 = nb_module_add(m, "ln_1", layer_norm(ctx, dtype, c));
-    nb_attention_opts ao = {true, cfg->dropout, cfg->dropout, drop};
+    nb_attention_opts ao = {.bias = true, .attn_dropout = cfg->dropout,
+                            .resid_dropout = cfg->dropout, .dropout_rng = drop};
     b->attn = nb_module_add(m, "attn",
                             nb_causal_self_attention_new(ctx, dtype, c, cfg->n_head, &ao, scratch));
     b->ln_2 = nb_module_add(m, "ln_2", layer_norm(ctx, dtype, c));

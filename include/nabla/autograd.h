@@ -33,7 +33,7 @@ typedef struct nb_backward_options {
     nb_tensor *grad;   /* seed gradient of out's shape; NULL: 1 (out has one element) */
     bool retain_graph; /* leave the graph walkable by another backward */
 } nb_backward_options;
-#define NB_BACKWARD_DEFAULTS ((nb_backward_options){NULL, false})
+#define NB_BACKWARD_DEFAULTS ((nb_backward_options){.grad = NULL, .retain_graph = false})
 /* nb_backward (grad NULL) or nb_backward_with (grad set) with options;
  * opts NULL: the defaults. */
 void nb_backward_ex(nb_tensor *out, const nb_backward_options *opts);

@@ -44,7 +44,13 @@ typedef struct nb_ddp_options {
     bool record_timeline;
 } nb_ddp_options;
 
-#define NB_DDP_DEFAULTS ((nb_ddp_options){0, 0, false, true, NB_DDP_HOOK_ALLREDUCE, false})
+#define NB_DDP_DEFAULTS                                                                        \
+    ((nb_ddp_options){.first_bucket_bytes = 0,                                             \
+                      .bucket_cap_bytes = 0,                                               \
+                      .find_unused_parameters = false,                                     \
+                      .broadcast_buffers = true,                                           \
+                      .comm_hook = NB_DDP_HOOK_ALLREDUCE,                                  \
+                      .record_timeline = false})
 
 /* Checks that every rank has the same parameters (count, names, dtypes,
  * shapes), broadcasts parameters and buffers from rank 0, and places the
@@ -167,7 +173,7 @@ typedef struct nb_ddp_join_options {
     bool divide_by_initial_world_size;
 } nb_ddp_join_options;
 
-#define NB_DDP_JOIN_DEFAULTS ((nb_ddp_join_options){true})
+#define NB_DDP_JOIN_DEFAULTS ((nb_ddp_join_options){.divide_by_initial_world_size = true})
 
 /* Enters join mode (local; every rank calls it before its training loop;
  * NULL opts: the defaults). From then on each step must go through

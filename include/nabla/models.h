@@ -116,7 +116,7 @@ typedef struct nb_sample_opts {
     double temperature; /* > 0; 0: always the most likely token */
     int top_k;          /* > 0: sample among the k most likely; 0: all */
 } nb_sample_opts;
-#define NB_SAMPLE_DEFAULTS ((nb_sample_opts){1.0, 0})
+#define NB_SAMPLE_DEFAULTS ((nb_sample_opts){.temperature = 1.0, .top_k = 0})
 
 /* One index in [0, n) drawn from softmax(logits / temperature) with one
  * Philox counter of rng (NULL: the default generator), which then advances

@@ -155,7 +155,9 @@ typedef struct nb_batch_norm_opts {
     bool track_running_stats; /* "running_mean" (zeros), "running_var" (ones),
                                  "num_batches_tracked" (i64, 0-d) */
 } nb_batch_norm_opts;
-#define NB_BATCH_NORM_DEFAULTS ((nb_batch_norm_opts){1e-5, 0.1, true, true})
+#define NB_BATCH_NORM_DEFAULTS                                                                 \
+    ((nb_batch_norm_opts){                                                                 \
+        .eps = 1e-5, .momentum = 0.1, .affine = true, .track_running_stats = true})
 /* Training mode normalises with the batch statistics and updates the
  * running ones (unbiased variance); evaluation mode uses the running ones,
  * or the batch's when the layer does not track them. opts NULL: defaults.
@@ -170,7 +172,8 @@ typedef struct nb_layer_norm_opts {
     bool elementwise_affine; /* "weight" (ones) */
     bool bias;               /* "bias" (zeros); only with elementwise_affine */
 } nb_layer_norm_opts;
-#define NB_LAYER_NORM_DEFAULTS ((nb_layer_norm_opts){1e-5, true, true})
+#define NB_LAYER_NORM_DEFAULTS                                                                 \
+    ((nb_layer_norm_opts){.eps = 1e-5, .elementwise_affine = true, .bias = true})
 /* Normalises over the trailing dims `shape` (NB_SHAPE(768) works for the
  * ndim, shape pair). x (.., shape) -> same. opts NULL: defaults. */
 nb_module *nb_layer_norm_new(nb_ctx *ctx, nb_dtype dtype, int ndim, const int64_t *shape,
@@ -210,7 +213,9 @@ typedef struct nb_attention_opts {
     double resid_dropout; /* on the output projection */
     nb_rng *dropout_rng;  /* kept; NULL: the default generator */
 } nb_attention_opts;
-#define NB_ATTENTION_DEFAULTS ((nb_attention_opts){true, 0.0, 0.0, NULL})
+#define NB_ATTENTION_DEFAULTS                                                                  \
+    ((nb_attention_opts){                                                                  \
+        .bias = true, .attn_dropout = 0.0, .resid_dropout = 0.0, .dropout_rng = NULL})
 /* Causal multi-head self-attention, x (N, T, C) -> (N, T, C), with
  * n_head heads of D = C / n_head. Children, in this order: "c_attn"
  * Linear(C, 3C) whose output is q, k, v in that order along the last dim,

@@ -96,7 +96,8 @@ typedef struct nb_cross_entropy_opts {
     int64_t ignore_index;   /* targets equal to it count for nothing; default -100 */
     double label_smoothing; /* in [0, 1] */
 } nb_cross_entropy_opts;
-#define NB_CROSS_ENTROPY_DEFAULTS ((nb_cross_entropy_opts){-100, 0.0})
+#define NB_CROSS_ENTROPY_DEFAULTS                                                              \
+    ((nb_cross_entropy_opts){.ignore_index = -100, .label_smoothing = 0.0})
 /* logits (N, C), targets (N) of i32/i64 class indices; mean over the
  * targets not ignored (all ignored: NaN, as 0/0, with a zero gradient).
  * Label smoothing eps: (1 - eps) (-log p_target) + eps/C sum_c (-log p_c).
@@ -133,7 +134,8 @@ typedef struct nb_conv2d_opts {
      * out) means 1. */
     int groups;
 } nb_conv2d_opts;
-#define NB_CONV2D_DEFAULTS ((nb_conv2d_opts){{1, 1}, {0, 0}, {1, 1}, 1})
+#define NB_CONV2D_DEFAULTS                                                                     \
+    ((nb_conv2d_opts){.stride = {1, 1}, .padding = {0, 0}, .dilation = {1, 1}, .groups = 1})
 /* x (N, C, H, W), weight (O, C/G, KH, KW), bias (O) or NULL -> (N, O, OH, OW);
  * G = opts->groups. */
 nb_tensor *nb_conv2d(nb_ctx *ctx, nb_tensor *x, nb_tensor *weight, nb_tensor *bias,
