@@ -383,6 +383,7 @@ nb_dtype nb_ctx_compute_dtype(const nb_ctx *ctx) { return ctx->compute_dtype; }
 
 void nb_ctx_free(nb_ctx *ctx) {
     if (!ctx) return;
+    nb__frames_forget(ctx);
     arena_release(&ctx->data);
     arena_release(&ctx->meta[0]);
     arena_release(&ctx->meta[1]);
@@ -391,6 +392,7 @@ void nb_ctx_free(nb_ctx *ctx) {
 
 /* Note [Stale tensors] */
 void nb_ctx_reset(nb_ctx *ctx) {
+    nb__frames_forget(ctx);
     ctx->head.gen++;
     arena_reset(&ctx->data, false);
     arena *m = &ctx->meta[ctx->head.gen & 1];
@@ -467,6 +469,11 @@ static NB_NORETURN void nb__given_back_abort(const char *op, const nb_tensor *t)
 /* Note [Stale tensors]. The name and shape are read only where the struct
  * is known intact: in the previous step's metadata arena. */
 void nb__stale_abort(const char *op, const nb_tensor *t) {
+    if (!t)
+        nb_abort(__FILE__, __LINE__,
+                 "%s: a tensor argument is NULL (a tensor a failed call did not make? check the "
+                 "status of the call that should have made it; last error: %s)", op,
+                 nb_last_error()[0] ? nb_last_error() : "none");
     static const char *const advice =
         "a tensor lives until the next nb_ctx_reset of its context: read what you keep "
         "across steps out before the reset (nb_item, nb_to_host) or nb_copy_ it into a "

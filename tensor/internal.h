@@ -80,7 +80,8 @@ void nb__scope_exit(nb_ctx *ctx, nb_tensor *ret);
  * gradient is given back at close. */
 void nb__window_open(nb_ctx *ctx);
 void nb__window_close(void);
-bool nb__in_forward_scope(void);
+/* Drops this thread's frames on ctx (its reset or free). */
+void nb__frames_forget(const nb_ctx *ctx);
 /* The tape's references on a node's tensors, taken once and dropped once. */
 void nb__node_acquire(nb_node *n);
 void nb__node_release(nb_node *n);
@@ -161,6 +162,7 @@ int __asan_address_is_poisoned(void const volatile *addr);
 #endif
 NB_NORETURN void nb__stale_abort(const char *op, const nb_tensor *t);
 static inline void nb__check_live(const char *op, const nb_tensor *t) {
+    if (!t) nb__stale_abort(op, t); /* says NULL */
     if (NB__RELEASED(t) || (t->ctx && (t->gen != nb__ctx_gen(t->ctx) ||
                                        (t->mem && t->mem->given_back))))
         nb__stale_abort(op, t);

@@ -226,4 +226,13 @@ void nb__window_close(void) {
     close_frame(&frames[n_frames - 1], window_survivor, NULL);
 }
 
-bool nb__in_forward_scope(void) { return n_frames > 0 && !frames[n_frames - 1].window; }
+/* A forward or backward left by a longjmp (an abort handler that returns
+ * to the caller, as the test suites install) leaves its frame behind; the
+ * context's reset or free forgets it, so that the next step's tensors do
+ * not join a list nothing will close. */
+void nb__frames_forget(const nb_ctx *ctx) {
+    int k = 0;
+    for (int i = 0; i < n_frames; i++)
+        if (frames[i].ctx != ctx) frames[k++] = frames[i];
+    n_frames = k;
+}

@@ -597,6 +597,19 @@ START_TEST(test_stale_older_than_one_step) {
 }
 END_TEST
 
+/* A NULL tensor (made by a call whose failure was ignored) is named, never
+ * dereferenced. */
+START_TEST(test_null_tensor) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *x = nb_ones(ctx, NB_F32, NB_SHAPE(2));
+    NBT_EXPECT_ABORT(nb_add(ctx, x, NULL), "nb_add: a tensor argument is NULL");
+    NBT_EXPECT_ABORT(nb_relu(ctx, NULL), "nb_relu: a tensor argument is NULL");
+    NBT_EXPECT_ABORT(nb_item(NULL), "nb_item: a tensor argument is NULL");
+    NBT_EXPECT_ABORT(nb_backward(NULL), "nb_backward: a tensor argument is NULL");
+    nb_ctx_free(ctx);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("tensor");
     TCase *tc = tcase_create("core");
@@ -615,6 +628,7 @@ int main(void) {
     tcase_add_test(tc, test_stale_reads_and_writes);
     tcase_add_test(tc, test_stale_inputs_every_op);
     tcase_add_test(tc, test_stale_older_than_one_step);
+    tcase_add_test(tc, test_null_tensor);
     suite_add_tcase(s, tc);
     return nbt_run(s);
 }
