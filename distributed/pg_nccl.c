@@ -391,10 +391,11 @@ static void nccl_work_free(nb_work *w) {
 
 /* The vote goes through the group's 16 bytes of device memory. */
 static nb_status nccl_agree(nb_pg *pg, int32_t *votes) {
-    nb__cuda_memcpy_h2d(pg->device.index, pg->agree_buf, votes, sizeof *votes);
+    const nb__backend *be = nb__backend_of(pg->device);
+    be->memcpy_h2d(pg->device.index, pg->agree_buf, votes, sizeof *votes);
     nb__coll c = {NB__ALL_REDUCE, NB_REDUCE_SUM, NB_I32, 1, 0, pg->agree_buf, NULL, 0};
     nb_status st = nb_work_finish(nb__pg_issue(pg, &c));
-    if (st == NB_OK) nb__cuda_memcpy_d2h(pg->device.index, votes, pg->agree_buf, sizeof *votes);
+    if (st == NB_OK) be->memcpy_d2h(pg->device.index, votes, pg->agree_buf, sizeof *votes);
     return st;
 }
 

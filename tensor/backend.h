@@ -6,10 +6,17 @@
  * front ends, never a device's kernels: Note [Backend interface] in
  * docs/design.md says what belongs here and how to add an entry point.
  *
- * Contracts are the device-neutral ones of the kernels each entry stands
- * for (tensor/cpu/ *.h, tensor/cuda/cuda.h): the front end has checked
- * shapes, dtypes and devices and allocated the outputs; an entry enqueues
- * its work on the device (on the CPU: does it) and returns. */
+ * Each entry's signature is written once, as a function type
+ * nb__backend_<entry>_fn below with its contract: the table's member
+ * points to that type, and each backend declares its kernel with it
+ * (`nb__backend_softmax_fn nb__cpu_softmax;` in tensor/cpu/softmax.h, the
+ * same for nb__cuda_softmax in tensor/cuda/cuda.h), so a kernel whose
+ * definition drifts from the contract fails to compile. A kernel with a
+ * narrower signature keeps its own prototype and is reached through an
+ * adapter in its backend's backend.c. Contracts are device-neutral: the
+ * front end has checked shapes, dtypes and devices and allocated the
+ * outputs; an entry enqueues its work on the device (on the CPU: does
+ * it) and returns. */
 #ifndef NABLA_TENSOR_BACKEND_H
 #define NABLA_TENSOR_BACKEND_H
 
@@ -45,6 +52,245 @@ enum {
     NB__HP_COUNT
 };
 
+/* ---- runtime ---- */
+/* Makes `device` current for the calling thread (aborts naming op). */
+typedef void nb__backend_use_fn(const char *op, int device);
+/* Blocks the host until the device has done everything queued. */
+typedef void nb__backend_sync_fn(int device);
+/* A context's arena memory on `device`: bytes a multiple of 64, the
+ * block aligned to 64 at least; NULL when there is none. */
+typedef void *nb__backend_mem_alloc_fn(int device, size_t bytes);
+typedef void nb__backend_mem_free_fn(int device, void *p);
+/* Fresh tensor data (nb__empty): filled with 0xFF bytes while Note
+ * [Poisoned outputs] (tensor/cuda/cuda.h) is on; else untouched. */
+typedef void nb__backend_poison_fn(int device, void *p, size_t bytes);
+typedef void nb__backend_memset_fn(int device, void *dst, int byte, size_t bytes);
+typedef void nb__backend_memcpy_d2d_fn(int device, void *dst, const void *src, size_t bytes);
+/* dst (device) = src (host); returns once src may be reused (small
+ * copies do not wait for the device: Note [Staged uploads] in
+ * tensor/cuda/runtime.cu). */
+typedef void nb__backend_memcpy_h2d_fn(int device, void *dst, const void *src, size_t bytes);
+/* dst (host) = src (device); returns when the copy is done, so after
+ * everything queued before it (and reports deferred device faults). */
+typedef void nb__backend_memcpy_d2h_fn(int device, void *dst, const void *src, size_t bytes);
+/* dst (device) = src (host, pinned where possible), on stream s. */
+typedef void nb__backend_memcpy_h2d_async_fn(int device, void *dst, const void *src, size_t bytes,
+                                             nb__stream s);
+/* Host memory the device reads fast (pinned); NULL when none. */
+typedef void *nb__backend_host_alloc_fn(size_t bytes);
+typedef void nb__backend_host_free_fn(void *p);
+typedef nb__stream nb__backend_compute_stream_fn(int device);
+typedef nb__stream nb__backend_copy_stream_fn(int device);
+typedef nb__event nb__backend_event_new_fn(int device);
+typedef void nb__backend_event_free_fn(nb__event e);
+typedef void nb__backend_event_record_fn(nb__event e, nb__stream s);
+/* Stream s waits for e (the host does not). */
+typedef void nb__backend_stream_wait_fn(nb__stream s, nb__event e);
+/* The host waits for e (at once when nothing was recorded). */
+typedef void nb__backend_event_wait_fn(nb__event e);
+
+/* ---- elementwise engine (nb__cpu_unary & co., tensor/internal.h) ---- */
+typedef void nb__backend_unary_fn(nb__unary_op op, nb_tensor *out, const nb_tensor *a, double s);
+typedef void nb__backend_binary_fn(nb__binary_op op, nb_tensor *out, const nb_tensor *a,
+                                   const nb_tensor *b);
+typedef void nb__backend_where_fn(nb_tensor *out, const nb_tensor *cond, const nb_tensor *a,
+                                  const nb_tensor *b);
+/* dst (any strides) = src broadcast to dst's shape, converting dtypes
+ * (integers included). src is on dst's device, or is a 0-d tensor in
+ * host memory (src->device the CPU): a fill (nb_fill_). Between two
+ * devices, tensor/tensor.c stages through the host with memcpy_h2d/d2h. */
+typedef void nb__backend_copy_fn(nb_tensor *dst, const nb_tensor *src);
+/* y (any strides) += alpha * x (same shape, any strides, y's float dtype). */
+typedef void nb__backend_axpy_fn(nb_tensor *y, double alpha, const nb_tensor *x);
+
+/* ---- row reductions (tensor/ops_reduce.c lays the input out as rows:
+ * contiguous (outer, inner), reduced along inner; CPU: in order, f32
+ * accumulating in f64; CUDA: a tree, f32 in f32 or f64) ---- */
+/* out (outer) = scale * sum of each row. */
+typedef void nb__backend_sum_rows_fn(nb_tensor *out, const nb_tensor *rows, int64_t outer,
+                                     int64_t inner, double scale);
+/* out (outer) = max of each row, arg (i64, outer) its index: the first
+ * maximum, NaN counting as the maximum (Note [Max with NaN] in
+ * tensor/cuda/reduce.cu); inner > 0 unless outer is 0. */
+typedef void nb__backend_max_rows_fn(nb_tensor *out, nb_tensor *arg, const nb_tensor *rows,
+                                     int64_t outer, int64_t inner);
+/* arg (i64, outer) = index of each row's first maximum, the first NaN
+ * if the row has one (torch.argmax); inner > 0. */
+typedef void nb__backend_argmax_rows_fn(nb_tensor *arg, const nb_tensor *rows, int64_t outer,
+                                        int64_t inner);
+/* gp (outer, inner) contiguous, fully written: g[o] (g contiguous,
+ * outer) at arg[o], 0 elsewhere. */
+typedef void nb__backend_max_rows_backward_fn(nb_tensor *gp, const nb_tensor *arg,
+                                              const nb_tensor *g, int64_t outer, int64_t inner);
+/* mean (outer) = mean of each row; out (outer) = sum (x - mean)^2 /
+ * denom, NaN when denom <= 0. */
+typedef void nb__backend_var_rows_fn(nb_tensor *out, nb_tensor *mean, const nb_tensor *rows,
+                                     int64_t outer, int64_t inner, double denom);
+
+/* ---- GEMM (tensor/cpu/matmul.h, nb__cuda_matmul) ---- */
+/* Whether the GEMM reads t in place (else the front end copies it). */
+typedef bool nb__backend_gemm_readable_fn(const nb_tensor *t);
+/* out (L, M, N) = op(a) @ op(b) (+ out when accumulate, only where
+ * gemm_accumulate), + bias (N) when not NULL; gelu: GELU(tanh) of that,
+ * the pre-activation written into pre when not NULL. */
+typedef void nb__backend_matmul_fn(nb_tensor *out, const nb_tensor *a, const nb_tensor *b,
+                                   bool trans_a, bool trans_b, const nb_tensor *bias, bool gelu,
+                                   nb_tensor *pre, bool accumulate);
+/* dx = g * GELU_tanh'(pre), all contiguous of one shape and dtype. */
+typedef void nb__backend_gelu_tanh_backward_fn(nb_tensor *dx, const nb_tensor *g,
+                                               const nb_tensor *pre);
+
+/* ---- softmax family (tensor/cpu/softmax.h) ---- */
+typedef void nb__backend_softmax_fn(nb_tensor *y, const nb_tensor *x, int64_t outer, int64_t k,
+                                    int64_t inner, bool take_log);
+typedef void nb__backend_softmax_backward_fn(nb_tensor *dx, const nb_tensor *y, const nb_tensor *g,
+                                             int64_t outer, int64_t k, int64_t inner,
+                                             bool take_log);
+typedef void nb__backend_softmax_causal_fn(nb_tensor *y, const nb_tensor *x, int64_t b, int64_t t,
+                                           int64_t s, double scale);
+typedef void nb__backend_softmax_causal_backward_fn(nb_tensor *dx, const nb_tensor *y,
+                                                    const nb_tensor *g, int64_t b, int64_t t,
+                                                    int64_t s, double scale);
+typedef void nb__backend_causal_attention_fn(nb_tensor *y, nb_tensor *p, const nb_tensor *qkv,
+                                             int h, double scale);
+typedef void nb__backend_causal_attention_backward_fn(nb_tensor *dqkv, nb_tensor *scratch,
+                                                      const nb_tensor *qkv, const nb_tensor *p,
+                                                      const nb_tensor *gy, int h, double scale);
+typedef void nb__backend_layer_norm_fn(nb_tensor *y, nb_tensor *mean, nb_tensor *rstd,
+                                       const nb_tensor *x, const nb_tensor *w, const nb_tensor *b,
+                                       int64_t m, int64_t d, double eps);
+/* dw, db written (not accumulated); ctx holds scratch. */
+typedef void nb__backend_layer_norm_backward_fn(nb_ctx *ctx, nb_tensor *dx, nb_tensor *dw,
+                                                nb_tensor *db, const nb_tensor *g,
+                                                const nb_tensor *x, const nb_tensor *mean,
+                                                const nb_tensor *rstd, const nb_tensor *w,
+                                                int64_t m, int64_t d);
+/* The whole batch norm, running statistics included (nb__cuda_batch_norm). */
+typedef void nb__backend_batch_norm_fn(nb_tensor *y, nb_tensor *save_mean, nb_tensor *save_invstd,
+                                       const nb_tensor *x, const nb_tensor *weight,
+                                       const nb_tensor *bias, nb_tensor *running_mean,
+                                       nb_tensor *running_var, bool training, double momentum,
+                                       double eps, int64_t n, int64_t c, int64_t s);
+typedef void nb__backend_batch_norm_backward_fn(nb_tensor *dx, nb_tensor *dw, nb_tensor *db,
+                                                const nb_tensor *g, const nb_tensor *x,
+                                                const nb_tensor *mean, const nb_tensor *invstd,
+                                                const nb_tensor *weight, bool training, double eps,
+                                                int64_t n, int64_t c, int64_t s);
+
+/* ---- convolution (nb__conv2d_geom, tensor/internal.h; contiguous buffers
+ * of dtype dt; scratch from ctx) ---- */
+typedef void nb__backend_conv2d_fn(nb_ctx *ctx, nb_dtype dt, const nb__conv2d_geom *g, void *out,
+                                   const void *x, const void *w, const void *b);
+/* Each of dx, dw, db is written (not accumulated) unless NULL. */
+typedef void nb__backend_conv2d_backward_fn(nb_ctx *ctx, nb_dtype dt, const nb__conv2d_geom *g,
+                                            void *dx, void *dw, void *db, const void *gout,
+                                            const void *x, const void *w);
+
+/* ---- pooling (tensor/ops_pool.c; contiguous) ---- */
+typedef void nb__backend_max_pool2d_fn(nb_tensor *out, nb_tensor *arg, const nb_tensor *x,
+                                       const nb__pool2d_geom *g);
+typedef void nb__backend_max_pool2d_backward_fn(nb_tensor *dx, const nb_tensor *arg,
+                                                const nb_tensor *gout, const nb__pool2d_geom *g);
+typedef void nb__backend_avg_pool2d_fn(nb_tensor *out, const nb_tensor *x,
+                                       const nb__pool2d_geom *g);
+typedef void nb__backend_avg_pool2d_backward_fn(nb_tensor *dx, const nb_tensor *gout,
+                                                const nb__pool2d_geom *g);
+
+/* ---- random fills, dropout, embedding, losses (contracts:
+ * tensor/cuda/cuda.h) ---- */
+/* t (contiguous, float) = the uniform or normal stream of generator
+ * (seed, offset) (Note [Random streams] in tensor/random.c); the caller
+ * advances the offset. */
+typedef void nb__backend_rand_uniform_fn(nb_tensor *t, double low, double high, uint64_t seed,
+                                         uint64_t offset);
+typedef void nb__backend_rand_normal_fn(nb_tensor *t, double mean, double std, uint64_t seed,
+                                        uint64_t offset);
+typedef void nb__backend_dropout_fn(nb_tensor *out, nb_tensor *mask, const nb_tensor *x, double p,
+                                    uint64_t seed, uint64_t offset);
+/* An index out of range: an abort naming it on the CPU, a deferred
+ * device fault on CUDA. */
+typedef void nb__backend_embedding_fn(nb_tensor *out, const nb_tensor *w, const nb_tensor *idx,
+                                      int64_t np);
+/* gw fully written. */
+typedef void nb__backend_embedding_backward_fn(nb_tensor *gw, const nb_tensor *g,
+                                               const nb_tensor *idx, int64_t np);
+/* Fused cross-entropy (contract: nb__cuda_cross_entropy). The entry
+ * makes lse (N) and count (0-d: the targets not ignored) in ctx, in
+ * the dtypes its backward reads; a target out of range is an abort
+ * naming it on the CPU, a deferred device fault on CUDA. */
+typedef void nb__backend_cross_entropy_fn(nb_ctx *ctx, nb_tensor *loss, nb_tensor **lse,
+                                          nb_tensor **count, const nb_tensor *logits,
+                                          const nb_tensor *targets, int64_t ignore_index,
+                                          double eps);
+/* g (0-d) and count as made by forward. */
+typedef void nb__backend_cross_entropy_backward_fn(nb_tensor *dlogits, const nb_tensor *logits,
+                                                   const nb_tensor *lse, const nb_tensor *targets,
+                                                   const nb_tensor *g, const nb_tensor *count,
+                                                   int64_t ignore_index, double eps);
+/* out (0-d) = mean of (a - b)^2 (kind 0) or of the BCE-with-logits term (kind 1). */
+typedef void nb__backend_pair_loss_fn(nb_tensor *out, int kind, const nb_tensor *a,
+                                      const nb_tensor *b);
+
+/* ---- multi-tensor updates (optimizers, clipping) ----
+ * n tensors, each contiguous f32 or f64, one launch (CUDA) or loop
+ * (CPU) per call; the order of operations of tensor/cpu/optim.c.
+ * steps[i]: parameter i's step count after the increment; hp[i]: its
+ * group's hyperparameters (NB__HP_*, above).
+ * Adam: vmax[i] non-NULL makes parameter i's update AMSGrad's
+ * (vmax[i] = max(vmax[i], v[i]), NaN-propagating, is the denominator's
+ * second moment); vmax itself may be NULL: no AMSGrad at all. */
+typedef void nb__backend_adam_fn(int n, nb_tensor *const *p, nb_tensor *const *g,
+                                 nb_tensor *const *m, nb_tensor *const *v, nb_tensor *const *vmax,
+                                 const int64_t *steps, const double *const *hp, bool decoupled);
+/* buf[i] NULL: SGD without momentum for parameter i. */
+typedef void nb__backend_sgd_fn(int n, nb_tensor *const *p, nb_tensor *const *g,
+                                nb_tensor *const *buf, const int64_t *steps,
+                                const double *const *hp);
+/* out (0-d f64) = sum of squares of every element of the n tensors,
+ * accumulated in f64 in a fixed order. */
+typedef void nb__backend_sum_squares_fn(nb_tensor *out, int n, nb_tensor *const *ts);
+/* out (0-d f64) = max |x| over the n tensors (NaN when any is NaN; 0
+ * when they are empty); ctx holds temporaries. */
+typedef void nb__backend_max_abs_fn(nb_ctx *ctx, nb_tensor *out, int n, nb_tensor *const *ts);
+/* Every element of the n tensors *= coef (computed in f64, rounded). */
+typedef void nb__backend_scale_fn(int n, nb_tensor *const *ts, double coef);
+/* Whether every element of the n tensors (any float dtype) is finite;
+ * one host read. CUDA answers from a sum of squares: f64 values
+ * above ~1e154 count as not finite there. */
+typedef bool nb__backend_all_finite_fn(nb_ctx *ctx, int n, nb_tensor *const *ts);
+
+/* ---- per-channel statistics (SyncBatchNorm; Note [SyncBatchNorm] in
+ * distributed/sync_batch_norm.c). x, y, dy, dx contiguous (N, C, S) of
+ * one float dtype; the statistics are f64 and computed in f64. */
+/* stats (3 C) = [count | sum | sum of squares] per channel. */
+typedef void nb__backend_channel_stats_fn(nb_tensor *stats, const nb_tensor *x, int64_t n,
+                                          int64_t c, int64_t s);
+/* From all-reduced stats: mean, invstd (C) with the biased variance;
+ * running_mean/var (C, f32 or f64, any stride, or NULL) updated with
+ * momentum and the unbiased variance. A global count of at most one
+ * is an error (naming the input on this rank, for the message): at
+ * once on the CPU, a deferred device fault on CUDA. */
+typedef void nb__backend_channel_finalize_fn(nb_tensor *mean, nb_tensor *invstd,
+                                             const nb_tensor *stats, nb_tensor *running_mean,
+                                             nb_tensor *running_var, double momentum, double eps,
+                                             int64_t c, const nb_tensor *input);
+/* y = (x - mean[c]) invstd[c] w[c] + b[c]; w, b (C) contiguous or NULL. */
+typedef void nb__backend_channel_normalize_fn(nb_tensor *y, const nb_tensor *x,
+                                              const nb_tensor *mean, const nb_tensor *invstd,
+                                              const nb_tensor *w, const nb_tensor *b, int64_t n,
+                                              int64_t c, int64_t s);
+/* sums (2 C) = [sum dy | sum dy xhat] per channel. */
+typedef void nb__backend_channel_backward_sums_fn(nb_tensor *sums, const nb_tensor *dy,
+                                                  const nb_tensor *x, const nb_tensor *mean,
+                                                  const nb_tensor *invstd, int64_t n, int64_t c,
+                                                  int64_t s);
+/* dx = w invstd (dy - sum dy / M - xhat sum(dy xhat) / M), M = stats[c]. */
+typedef void nb__backend_channel_backward_dx_fn(nb_tensor *dx, const nb_tensor *dy,
+                                                const nb_tensor *x, const nb_tensor *mean,
+                                                const nb_tensor *invstd, const nb_tensor *w,
+                                                const nb_tensor *sums, const nb_tensor *stats,
+                                                int64_t n, int64_t c, int64_t s);
+
 typedef struct nb__backend {
     const char *name;
     /* Device memory is not host memory: host data reaches it by a copy
@@ -73,228 +319,99 @@ typedef struct nb__backend {
     unsigned product_dtypes;
 
     /* ---- runtime ---- */
-    /* Makes `device` current for the calling thread (aborts naming op). */
-    void (*use)(const char *op, int device);
-    /* Blocks the host until the device has done everything queued. */
-    void (*sync)(int device);
-    /* A context's arena memory on `device`: bytes a multiple of 64, the
-     * block aligned to 64 at least; NULL when there is none. */
-    void *(*mem_alloc)(int device, size_t bytes);
-    void (*mem_free)(int device, void *p);
-    /* Fresh tensor data (nb__empty): filled with 0xFF bytes while Note
-     * [Poisoned outputs] (tensor/cuda/cuda.h) is on; else untouched. */
-    void (*poison)(int device, void *p, size_t bytes);
-    void (*memset)(int device, void *dst, int byte, size_t bytes);
-    void (*memcpy_d2d)(int device, void *dst, const void *src, size_t bytes);
-    /* dst (device) = src (host); returns once src may be reused (small
-     * copies do not wait for the device: Note [Staged uploads] in
-     * tensor/cuda/runtime.cu). */
-    void (*memcpy_h2d)(int device, void *dst, const void *src, size_t bytes);
-    /* dst (host) = src (device); returns when the copy is done, so after
-     * everything queued before it (and reports deferred device faults). */
-    void (*memcpy_d2h)(int device, void *dst, const void *src, size_t bytes);
-    /* dst (device) = src (host, pinned where possible), on stream s. */
-    void (*memcpy_h2d_async)(int device, void *dst, const void *src, size_t bytes, nb__stream s);
-    /* Host memory the device reads fast (pinned); NULL when none. */
-    void *(*host_alloc)(size_t bytes);
-    void (*host_free)(void *p);
-    nb__stream (*compute_stream)(int device);
-    nb__stream (*copy_stream)(int device);
-    nb__event (*event_new)(int device);
-    void (*event_free)(nb__event e);
-    void (*event_record)(nb__event e, nb__stream s);
-    /* Stream s waits for e (the host does not). */
-    void (*stream_wait)(nb__stream s, nb__event e);
-    /* The host waits for e (at once when nothing was recorded). */
-    void (*event_wait)(nb__event e);
+    nb__backend_use_fn *use;
+    nb__backend_sync_fn *sync;
+    nb__backend_mem_alloc_fn *mem_alloc;
+    nb__backend_mem_free_fn *mem_free;
+    nb__backend_poison_fn *poison;
+    nb__backend_memset_fn *memset;
+    nb__backend_memcpy_d2d_fn *memcpy_d2d;
+    nb__backend_memcpy_h2d_fn *memcpy_h2d;
+    nb__backend_memcpy_d2h_fn *memcpy_d2h;
+    nb__backend_memcpy_h2d_async_fn *memcpy_h2d_async;
+    nb__backend_host_alloc_fn *host_alloc;
+    nb__backend_host_free_fn *host_free;
+    nb__backend_compute_stream_fn *compute_stream;
+    nb__backend_copy_stream_fn *copy_stream;
+    nb__backend_event_new_fn *event_new;
+    nb__backend_event_free_fn *event_free;
+    nb__backend_event_record_fn *event_record;
+    nb__backend_stream_wait_fn *stream_wait;
+    nb__backend_event_wait_fn *event_wait;
 
-    /* ---- elementwise engine (nb__cpu_unary & co., tensor/internal.h) ---- */
-    void (*unary)(nb__unary_op op, nb_tensor *out, const nb_tensor *a, double s);
-    void (*binary)(nb__binary_op op, nb_tensor *out, const nb_tensor *a, const nb_tensor *b);
-    void (*where)(nb_tensor *out, const nb_tensor *cond, const nb_tensor *a, const nb_tensor *b);
-    /* dst (any strides) = src broadcast to dst's shape, converting dtypes
-     * (integers included). src is on dst's device, or is a 0-d tensor in
-     * host memory (src->device the CPU): a fill (nb_fill_). Between two
-     * devices, tensor/tensor.c stages through the host with memcpy_h2d/d2h. */
-    void (*copy)(nb_tensor *dst, const nb_tensor *src);
-    /* y (any strides) += alpha * x (same shape, any strides, y's float dtype). */
-    void (*axpy)(nb_tensor *y, double alpha, const nb_tensor *x);
+    /* ---- elementwise engine ---- */
+    nb__backend_unary_fn *unary;
+    nb__backend_binary_fn *binary;
+    nb__backend_where_fn *where;
+    nb__backend_copy_fn *copy;
+    nb__backend_axpy_fn *axpy;
 
-    /* ---- row reductions (tensor/ops_reduce.c lays the input out as rows:
-     * contiguous (outer, inner), reduced along inner; CPU: in order, f32
-     * accumulating in f64; CUDA: a tree, f32 in f32 or f64) ---- */
-    /* out (outer) = scale * sum of each row. */
-    void (*sum_rows)(nb_tensor *out, const nb_tensor *rows, int64_t outer, int64_t inner,
-                     double scale);
-    /* out (outer) = max of each row, arg (i64, outer) its index: the first
-     * maximum, NaN counting as the maximum (Note [Max with NaN] in
-     * tensor/cuda/reduce.cu); inner > 0 unless outer is 0. */
-    void (*max_rows)(nb_tensor *out, nb_tensor *arg, const nb_tensor *rows, int64_t outer,
-                     int64_t inner);
-    /* arg (i64, outer) = index of each row's first maximum, the first NaN
-     * if the row has one (torch.argmax); inner > 0. */
-    void (*argmax_rows)(nb_tensor *arg, const nb_tensor *rows, int64_t outer, int64_t inner);
-    /* gp (outer, inner) contiguous, fully written: g[o] (g contiguous,
-     * outer) at arg[o], 0 elsewhere. */
-    void (*max_rows_backward)(nb_tensor *gp, const nb_tensor *arg, const nb_tensor *g,
-                              int64_t outer, int64_t inner);
-    /* mean (outer) = mean of each row; out (outer) = sum (x - mean)^2 /
-     * denom, NaN when denom <= 0. */
-    void (*var_rows)(nb_tensor *out, nb_tensor *mean, const nb_tensor *rows, int64_t outer,
-                     int64_t inner, double denom);
+    /* ---- row reductions ---- */
+    nb__backend_sum_rows_fn *sum_rows;
+    nb__backend_max_rows_fn *max_rows;
+    nb__backend_argmax_rows_fn *argmax_rows;
+    nb__backend_max_rows_backward_fn *max_rows_backward;
+    nb__backend_var_rows_fn *var_rows;
 
-    /* ---- GEMM (tensor/cpu/matmul.h, nb__cuda_matmul) ---- */
-    /* Whether the GEMM reads t in place (else the front end copies it). */
-    bool (*gemm_readable)(const nb_tensor *t);
-    /* out (L, M, N) = op(a) @ op(b) (+ out when accumulate, only where
-     * gemm_accumulate), + bias (N) when not NULL; gelu: GELU(tanh) of that,
-     * the pre-activation written into pre when not NULL. */
-    void (*matmul)(nb_tensor *out, const nb_tensor *a, const nb_tensor *b, bool trans_a,
-                   bool trans_b, const nb_tensor *bias, bool gelu, nb_tensor *pre,
-                   bool accumulate);
-    /* dx = g * GELU_tanh'(pre), all contiguous of one shape and dtype. */
-    void (*gelu_tanh_backward)(nb_tensor *dx, const nb_tensor *g, const nb_tensor *pre);
+    /* ---- GEMM ---- */
+    nb__backend_gemm_readable_fn *gemm_readable;
+    nb__backend_matmul_fn *matmul;
+    nb__backend_gelu_tanh_backward_fn *gelu_tanh_backward;
 
-    /* ---- softmax family (tensor/cpu/softmax.h) ---- */
-    void (*softmax)(nb_tensor *y, const nb_tensor *x, int64_t outer, int64_t k, int64_t inner,
-                    bool take_log);
-    void (*softmax_backward)(nb_tensor *dx, const nb_tensor *y, const nb_tensor *g,
-                             int64_t outer, int64_t k, int64_t inner, bool take_log);
-    void (*softmax_causal)(nb_tensor *y, const nb_tensor *x, int64_t b, int64_t t, int64_t s,
-                           double scale);
-    void (*softmax_causal_backward)(nb_tensor *dx, const nb_tensor *y, const nb_tensor *g,
-                                    int64_t b, int64_t t, int64_t s, double scale);
+    /* ---- softmax family ---- */
+    nb__backend_softmax_fn *softmax;
+    nb__backend_softmax_backward_fn *softmax_backward;
+    nb__backend_softmax_causal_fn *softmax_causal;
+    nb__backend_softmax_causal_backward_fn *softmax_causal_backward;
 
-    /* ---- fused causal self-attention (tensor/cpu/attention.h) ----
-     * Everything between attention's qkv projection and its output
-     * projection as one op, for the dtypes in causal_attention_dtypes (a
-     * bit per nb_dtype; 0 and NULL entries where the device composes it of
-     * the ops above, nn/attention.c). qkv (N, T, 3C) contiguous, y (N, T,
-     * C), p (N, H, T, T) the softmax kept for backward; scratch T x T. */
+    /* ---- fused causal self-attention ---- */
     unsigned causal_attention_dtypes;
-    void (*causal_attention)(nb_tensor *y, nb_tensor *p, const nb_tensor *qkv, int h, double scale);
-    void (*causal_attention_backward)(nb_tensor *dqkv, nb_tensor *scratch, const nb_tensor *qkv,
-                                      const nb_tensor *p, const nb_tensor *gy, int h, double scale);
+    nb__backend_causal_attention_fn *causal_attention;
+    nb__backend_causal_attention_backward_fn *causal_attention_backward;
 
-    /* ---- normalisation (tensor/cpu/norm.h, tensor/cuda/cuda.h) ---- */
+    /* ---- normalisation ---- */
     /* Saved statistics (layer norm's mean/rstd, batch norm's mean/invstd)
      * are f32 for non-f64 inputs (else f64 everywhere). */
     bool f32_norm_stats;
-    void (*layer_norm)(nb_tensor *y, nb_tensor *mean, nb_tensor *rstd, const nb_tensor *x,
-                       const nb_tensor *w, const nb_tensor *b, int64_t m, int64_t d, double eps);
-    /* dw, db written (not accumulated); ctx holds scratch. */
-    void (*layer_norm_backward)(nb_ctx *ctx, nb_tensor *dx, nb_tensor *dw, nb_tensor *db,
-                                const nb_tensor *g, const nb_tensor *x, const nb_tensor *mean,
-                                const nb_tensor *rstd, const nb_tensor *w, int64_t m, int64_t d);
-    /* The whole batch norm, running statistics included (nb__cuda_batch_norm). */
-    void (*batch_norm)(nb_tensor *y, nb_tensor *save_mean, nb_tensor *save_invstd,
-                       const nb_tensor *x, const nb_tensor *weight, const nb_tensor *bias,
-                       nb_tensor *running_mean, nb_tensor *running_var, bool training,
-                       double momentum, double eps, int64_t n, int64_t c, int64_t s);
-    void (*batch_norm_backward)(nb_tensor *dx, nb_tensor *dw, nb_tensor *db, const nb_tensor *g,
-                                const nb_tensor *x, const nb_tensor *mean,
-                                const nb_tensor *invstd, const nb_tensor *weight, bool training,
-                                double eps, int64_t n, int64_t c, int64_t s);
+    nb__backend_layer_norm_fn *layer_norm;
+    nb__backend_layer_norm_backward_fn *layer_norm_backward;
+    nb__backend_batch_norm_fn *batch_norm;
+    nb__backend_batch_norm_backward_fn *batch_norm_backward;
 
-    /* ---- convolution (nb__conv2d_geom, tensor/internal.h; contiguous buffers
-     * of dtype dt; scratch from ctx) ---- */
-    void (*conv2d)(nb_ctx *ctx, nb_dtype dt, const nb__conv2d_geom *g, void *out, const void *x,
-                   const void *w, const void *b);
-    /* Each of dx, dw, db is written (not accumulated) unless NULL. */
-    void (*conv2d_backward)(nb_ctx *ctx, nb_dtype dt, const nb__conv2d_geom *g, void *dx,
-                            void *dw, void *db, const void *gout, const void *x, const void *w);
+    /* ---- convolution ---- */
+    nb__backend_conv2d_fn *conv2d;
+    nb__backend_conv2d_backward_fn *conv2d_backward;
 
-    /* ---- pooling (tensor/ops_pool.c; contiguous) ---- */
-    void (*max_pool2d)(nb_tensor *out, nb_tensor *arg, const nb_tensor *x,
-                       const nb__pool2d_geom *g);
-    void (*max_pool2d_backward)(nb_tensor *dx, const nb_tensor *arg, const nb_tensor *gout,
-                                const nb__pool2d_geom *g);
-    void (*avg_pool2d)(nb_tensor *out, const nb_tensor *x, const nb__pool2d_geom *g);
-    void (*avg_pool2d_backward)(nb_tensor *dx, const nb_tensor *gout, const nb__pool2d_geom *g);
+    /* ---- pooling ---- */
+    nb__backend_max_pool2d_fn *max_pool2d;
+    nb__backend_max_pool2d_backward_fn *max_pool2d_backward;
+    nb__backend_avg_pool2d_fn *avg_pool2d;
+    nb__backend_avg_pool2d_backward_fn *avg_pool2d_backward;
 
-    /* ---- random fills, dropout, embedding, losses (contracts:
-     * tensor/cuda/cuda.h) ---- */
-    /* t (contiguous, float) = the uniform or normal stream of generator
-     * (seed, offset) (Note [Random streams] in tensor/random.c); the caller
-     * advances the offset. */
-    void (*rand_uniform)(nb_tensor *t, double low, double high, uint64_t seed, uint64_t offset);
-    void (*rand_normal)(nb_tensor *t, double mean, double std, uint64_t seed, uint64_t offset);
-    void (*dropout)(nb_tensor *out, nb_tensor *mask, const nb_tensor *x, double p, uint64_t seed,
-                    uint64_t offset);
-    /* An index out of range: an abort naming it on the CPU, a deferred
-     * device fault on CUDA. */
-    void (*embedding)(nb_tensor *out, const nb_tensor *w, const nb_tensor *idx, int64_t np);
-    /* gw fully written. */
-    void (*embedding_backward)(nb_tensor *gw, const nb_tensor *g, const nb_tensor *idx,
-                               int64_t np);
-    /* Fused cross-entropy (contract: nb__cuda_cross_entropy). The entry
-     * makes lse (N) and count (0-d: the targets not ignored) in ctx, in
-     * the dtypes its backward reads; a target out of range is an abort
-     * naming it on the CPU, a deferred device fault on CUDA. */
-    void (*cross_entropy)(nb_ctx *ctx, nb_tensor *loss, nb_tensor **lse, nb_tensor **count,
-                          const nb_tensor *logits, const nb_tensor *targets,
-                          int64_t ignore_index, double eps);
-    /* g (0-d) and count as made by forward. */
-    void (*cross_entropy_backward)(nb_tensor *dlogits, const nb_tensor *logits,
-                                   const nb_tensor *lse, const nb_tensor *targets,
-                                   const nb_tensor *g, const nb_tensor *count,
-                                   int64_t ignore_index, double eps);
-    /* out (0-d) = mean of (a - b)^2 (kind 0) or of the BCE-with-logits term (kind 1). */
-    void (*pair_loss)(nb_tensor *out, int kind, const nb_tensor *a, const nb_tensor *b);
+    /* ---- random fills, dropout, embedding, losses ---- */
+    nb__backend_rand_uniform_fn *rand_uniform;
+    nb__backend_rand_normal_fn *rand_normal;
+    nb__backend_dropout_fn *dropout;
+    nb__backend_embedding_fn *embedding;
+    nb__backend_embedding_backward_fn *embedding_backward;
+    nb__backend_cross_entropy_fn *cross_entropy;
+    nb__backend_cross_entropy_backward_fn *cross_entropy_backward;
+    nb__backend_pair_loss_fn *pair_loss;
 
-    /* ---- multi-tensor updates (optimizers, clipping) ----
-     * n tensors, each contiguous f32 or f64, one launch (CUDA) or loop
-     * (CPU) per call; the order of operations of tensor/cpu/optim.c.
-     * steps[i]: parameter i's step count after the increment; hp[i]: its
-     * group's hyperparameters (NB__HP_*, above).
-     * Adam: vmax[i] non-NULL makes parameter i's update AMSGrad's
-     * (vmax[i] = max(vmax[i], v[i]), NaN-propagating, is the denominator's
-     * second moment); vmax itself may be NULL: no AMSGrad at all. */
-    void (*adam)(int n, nb_tensor *const *p, nb_tensor *const *g, nb_tensor *const *m,
-                 nb_tensor *const *v, nb_tensor *const *vmax, const int64_t *steps,
-                 const double *const *hp, bool decoupled);
-    /* buf[i] NULL: SGD without momentum for parameter i. */
-    void (*sgd)(int n, nb_tensor *const *p, nb_tensor *const *g, nb_tensor *const *buf,
-                const int64_t *steps, const double *const *hp);
-    /* out (0-d f64) = sum of squares of every element of the n tensors,
-     * accumulated in f64 in a fixed order. */
-    void (*sum_squares)(nb_tensor *out, int n, nb_tensor *const *ts);
-    /* out (0-d f64) = max |x| over the n tensors (NaN when any is NaN; 0
-     * when they are empty); ctx holds temporaries. */
-    void (*max_abs)(nb_ctx *ctx, nb_tensor *out, int n, nb_tensor *const *ts);
-    /* Every element of the n tensors *= coef (computed in f64, rounded). */
-    void (*scale)(int n, nb_tensor *const *ts, double coef);
-    /* Whether every element of the n tensors (any float dtype) is finite;
-     * one host read. CUDA answers from a sum of squares: f64 values
-     * above ~1e154 count as not finite there. */
-    bool (*all_finite)(nb_ctx *ctx, int n, nb_tensor *const *ts);
+    /* ---- multi-tensor updates ---- */
+    nb__backend_adam_fn *adam;
+    nb__backend_sgd_fn *sgd;
+    nb__backend_sum_squares_fn *sum_squares;
+    nb__backend_max_abs_fn *max_abs;
+    nb__backend_scale_fn *scale;
+    nb__backend_all_finite_fn *all_finite;
 
-    /* ---- per-channel statistics (SyncBatchNorm; Note [SyncBatchNorm] in
-     * distributed/sync_batch_norm.c). x, y, dy, dx contiguous (N, C, S) of
-     * one float dtype; the statistics are f64 and computed in f64. */
-    /* stats (3 C) = [count | sum | sum of squares] per channel. */
-    void (*channel_stats)(nb_tensor *stats, const nb_tensor *x, int64_t n, int64_t c, int64_t s);
-    /* From all-reduced stats: mean, invstd (C) with the biased variance;
-     * running_mean/var (C, f32 or f64, any stride, or NULL) updated with
-     * momentum and the unbiased variance. A global count of at most one
-     * is an error (naming the input on this rank, for the message): at
-     * once on the CPU, a deferred device fault on CUDA. */
-    void (*channel_finalize)(nb_tensor *mean, nb_tensor *invstd, const nb_tensor *stats,
-                             nb_tensor *running_mean, nb_tensor *running_var, double momentum,
-                             double eps, int64_t c, const nb_tensor *input);
-    /* y = (x - mean[c]) invstd[c] w[c] + b[c]; w, b (C) contiguous or NULL. */
-    void (*channel_normalize)(nb_tensor *y, const nb_tensor *x, const nb_tensor *mean,
-                              const nb_tensor *invstd, const nb_tensor *w, const nb_tensor *b,
-                              int64_t n, int64_t c, int64_t s);
-    /* sums (2 C) = [sum dy | sum dy xhat] per channel. */
-    void (*channel_backward_sums)(nb_tensor *sums, const nb_tensor *dy, const nb_tensor *x,
-                                  const nb_tensor *mean, const nb_tensor *invstd, int64_t n,
-                                  int64_t c, int64_t s);
-    /* dx = w invstd (dy - sum dy / M - xhat sum(dy xhat) / M), M = stats[c]. */
-    void (*channel_backward_dx)(nb_tensor *dx, const nb_tensor *dy, const nb_tensor *x,
-                                const nb_tensor *mean, const nb_tensor *invstd,
-                                const nb_tensor *w, const nb_tensor *sums,
-                                const nb_tensor *stats, int64_t n, int64_t c, int64_t s);
+    /* ---- per-channel statistics ---- */
+    nb__backend_channel_stats_fn *channel_stats;
+    nb__backend_channel_finalize_fn *channel_finalize;
+    nb__backend_channel_normalize_fn *channel_normalize;
+    nb__backend_channel_backward_sums_fn *channel_backward_sums;
+    nb__backend_channel_backward_dx_fn *channel_backward_dx;
 } nb__backend;
 
 extern const nb__backend nb__cpu_backend;

@@ -201,7 +201,7 @@ void nb__graph_leaves(nb_tensor *root, void (*fn)(nb_tensor *leaf, void *user), 
 /* Sums g down to `shape` (the inverse of broadcasting). */
 nb_tensor *nb__sum_to(nb_ctx *ctx, nb_tensor *g, int ndim, const int64_t *shape);
 
-/* ---- elementwise engine (tensor/cpu/elementwise.c) ---- */
+/* ---- elementwise ops: the tables, and who runs them ---- */
 /* The op enums come from the tables in tensor/op_table.h (Note [Op tables]). */
 #define NB__ENUM_U(E, f, name) NB_U_##E,
 #define NB__ENUM_B(E, f, name) NB_B_##E,
@@ -215,23 +215,8 @@ typedef enum nb__binary_op { NB_BINARY_OPS(NB__ENUM_B) } nb__binary_op;
 const char *nb__unary_name(nb__unary_op op);
 const char *nb__binary_name(nb__binary_op op);
 
-/* out (contiguous, shape of out) = op(a) with a broadcast to out's shape.
- * s is the scalar of POW/ADD_S/MUL_S. */
-void nb__cpu_unary(nb__unary_op op, nb_tensor *out, const nb_tensor *a, double s);
-/* out = a op b, with a and b broadcast to out's shape (out may alias
- * neither unless it is exactly the same tensor layout). */
-void nb__cpu_binary(nb__binary_op op, nb_tensor *out, const nb_tensor *a, const nb_tensor *b);
-/* dx = g * GELU_tanh'(x), all three contiguous f32 of one shape: the
- * gradient of nb_gelu(NB_GELU_TANH) in one pass. */
-void nb__cpu_gelu_tanh_backward(nb_tensor *dx, const nb_tensor *g, const nb_tensor *x);
-/* out = cond != 0 ? a : b, broadcast. */
-void nb__cpu_where(nb_tensor *out, const nb_tensor *cond, const nb_tensor *a,
-                   const nb_tensor *b);
-/* dst (any strides) = src broadcast to dst's shape, with dtype conversion. */
-void nb__cpu_copy(nb_tensor *dst, const nb_tensor *src);
-
-/* The same four, run by the backend of out's (dst's) device: the CPU
- * engine above or its CUDA twin (tensor/cuda/cuda.h). */
+/* Unary, binary, where and copy, run by the backend of out's (dst's)
+ * device: the CPU engine (tensor/cpu/elementwise.c) or its CUDA twin. */
 void nb__run_unary(nb__unary_op op, nb_tensor *out, const nb_tensor *a, double s);
 void nb__run_binary(nb__binary_op op, nb_tensor *out, const nb_tensor *a, const nb_tensor *b);
 void nb__run_where(nb_tensor *out, const nb_tensor *cond, const nb_tensor *a, const nb_tensor *b);

@@ -403,7 +403,7 @@ static void read_raw(const nb__backend *be, const nb_tensor *t, void *dst) {
 static void read_into(const char *op, nb_tensor *h, const nb_tensor *t) {
     const nb__backend *be = nb__backend_at(t);
     if (!be->device_memory) {
-        nb__cpu_copy(h, t);
+        be->copy(h, t);
         return;
     }
     if (h->dtype == t->dtype && nb_same_shape(h, t)) {
@@ -415,7 +415,7 @@ static void read_into(const char *op, nb_tensor *h, const nb_tensor *t) {
     NB_CHECK(raw, "%s: out of host memory staging %zu bytes", op, bytes);
     read_raw(be, t, raw);
     nb_tensor r = host_view(t, t->dtype, raw);
-    nb__cpu_copy(h, &r);
+    nb__cpu_backend.copy(h, &r); /* host to host */
     free(raw);
 }
 
@@ -423,7 +423,7 @@ static void read_into(const char *op, nb_tensor *h, const nb_tensor *t) {
 static void write_from(nb_tensor *t, const nb_tensor *h) {
     const nb__backend *be = nb__backend_at(t);
     if (!be->device_memory) {
-        nb__cpu_copy(t, h);
+        be->copy(t, h);
         return;
     }
     size_t bytes = (size_t)nb_numel(t) * nb_dtype_size(t->dtype);

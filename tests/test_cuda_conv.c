@@ -13,6 +13,7 @@
 #include <stdlib.h>
 
 #include "cuda_parity.h"
+#include "tensor/backend.h"
 #include "tensor/cuda/cuda.h"
 
 /* cuDNN's FFT and Winograd algorithms round differently from a direct sum. */
@@ -283,24 +284,50 @@ static int many_inputs(nb_dtype dt, nbt_input *in) {
     return k;
 }
 
+/* The CUDA runtime's workspace figures for device 0 (nothing without
+ * CUDA in the build, where the test that reads them never runs). */
+static size_t ws_size(int64_t *buffers) {
+#if NABLA_HAVE_CUDA
+    return nb__cuda_cudnn_workspace_size(0, buffers);
+#else
+    *buffers = 0;
+    return 0;
+#endif
+}
+static size_t ws_limit(void) {
+#if NABLA_HAVE_CUDA
+    return nb__cuda_cudnn_workspace_limit(0);
+#else
+    return 0;
+#endif
+}
+static void ws_chosen(nb_dtype dt, const nb__conv2d_geom *g, size_t *bytes) {
+#if NABLA_HAVE_CUDA
+    nb__cuda_conv2d_workspace_sizes(0, dt, g, bytes);
+#else
+    (void)dt, (void)g;
+    bytes[0] = bytes[1] = bytes[2] = 0;
+#endif
+}
+
 START_TEST(test_conv2d_shared_workspace) {
     NBT_DEVICE_ONLY("the device's cuDNN workspace");
     static const nb_dtype dts[] = {NB_F32, NB_BF16};
     nb_cuda_set_allow_tf32(false);
     int64_t buf0;
-    size_t size0 = nb__cuda_cudnn_workspace_size(0, &buf0);
+    size_t size0 = ws_size(&buf0);
     /* the largest workspace these calls ask for, from the algorithms chosen */
     size_t want = size0;
     for (size_t di = 0; di < 2; di++)
         for (size_t i = 0; i < WS_CASES; i++) {
             nb__conv2d_geom g = geom_of(&ws_cases[i]);
             size_t b[3];
-            nb__cuda_conv2d_workspace_sizes(0, dts[di], &g, b);
+            ws_chosen(dts[di], &g, b);
             for (int d = 0; d < 3; d++) want = b[d] > want ? b[d] : want;
         }
-    ck_assert_msg(want <= nb__cuda_cudnn_workspace_limit(0) || want == size0,
+    ck_assert_msg(want <= ws_limit() || want == size0,
                   "a workspace of %zu bytes was chosen over the limit of %zu", want,
-                  nb__cuda_cudnn_workspace_limit(0));
+                  ws_limit());
     size_t size_after[2];
     int64_t buf_after[2];
     for (int pass = 0; pass < 2; pass++) {
@@ -313,7 +340,7 @@ START_TEST(test_conv2d_shared_workspace) {
                      nb_dtype_name(dts[di]), pass);
             nbt_parity(name, op_conv_many, NULL, n, in, &o);
         }
-        size_after[pass] = nb__cuda_cudnn_workspace_size(0, &buf_after[pass]);
+        size_after[pass] = ws_size(&buf_after[pass]);
     }
     ck_assert_msg(size_after[0] == want,
                   "the cuDNN workspace is %zu bytes, the largest asked for is %zu (it was %zu)",
@@ -346,9 +373,10 @@ START_TEST(test_conv2d_workspace_not_in_context) {
         nb_tensor *y = nb_empty(ctx, NB_F32, 4, ys), *gy = nb_zeros(ctx, NB_F32, 4, ys);
         nb_tensor *dx = nb_empty(ctx, NB_F32, 4, c->x), *dw = nb_empty(ctx, NB_F32, 4, c->w);
         size_t used = nb_ctx_used(ctx);
-        nb__cuda_conv2d_forward(ctx, NB_F32, &g, y->data, x->data, w->data, NULL);
-        nb__cuda_conv2d_backward(ctx, NB_F32, &g, dx->data, dw->data, NULL, gy->data, x->data,
-                                 w->data);
+        const nb__backend *be = nb__backend_of(nb_cuda(0));
+        be->conv2d(ctx, NB_F32, &g, y->data, x->data, w->data, NULL);
+        be->conv2d_backward(ctx, NB_F32, &g, dx->data, dw->data, NULL, gy->data, x->data,
+                            w->data);
         ck_assert_msg(nb_ctx_used(ctx) == used,
                       "case %zu: the convolution took %zu bytes from the context", i,
                       nb_ctx_used(ctx) - used);
@@ -375,18 +403,35 @@ typedef struct bn_case {
 #define BN_EPS 1e-5
 
 /* cuDNN's switch and counters; the CPU stand-in has neither (one pass,
- * counters at 0, nothing asserted about the path). */
+ * counters at 0, nothing asserted about the path), nor has a build
+ * without CUDA. */
 static bool bn_set_cudnn(bool on) {
-    return nbt_standin() ? on : nb__cuda_batch_norm_set_cudnn(on);
+#if NABLA_HAVE_CUDA
+    if (!nbt_standin()) return nb__cuda_batch_norm_set_cudnn(on);
+#endif
+    return on;
 }
 static int bn_last_pass(void) { return nbt_standin() ? 1 : 0; }
 static void bn_calls(int64_t *forward, int64_t *backward) {
+#if NABLA_HAVE_CUDA
     if (!nbt_standin()) {
         nb__cuda_batch_norm_cudnn_calls(forward, backward);
         return;
     }
+#endif
     *forward = 0;
     if (backward) *backward = 0;
+}
+
+/* Whether the batch-norm selection picks cuDNN (false without CUDA). */
+static bool bn_cudnn_ok(const nb_tensor *x, const nb_tensor *rm, const nb_tensor *rv,
+                        bool training) {
+#if NABLA_HAVE_CUDA
+    return nb__cuda_batch_norm_cudnn_ok(x, rm, rv, training, BN_EPS);
+#else
+    (void)x, (void)rm, (void)rv, (void)training;
+    return false;
+#endif
 }
 
 /* The dtype of cuDNN's per-channel tensors for x of dtype dt. */
@@ -406,8 +451,8 @@ static nb_tensor *op_bn(nb_ctx *ctx, nb_tensor *const *in, void *user) {
         rv = in[k++];
     }
     if (nb_ctx_device(ctx).type == NB_DEVICE_CUDA) {
-        c->cudnn_fwd = nb__cuda_batch_norm_cudnn_ok(in[0], rm, rv, c->training, BN_EPS);
-        c->cudnn_bwd = c->training && nb__cuda_batch_norm_cudnn_ok(in[0], NULL, NULL, true, BN_EPS);
+        c->cudnn_fwd = bn_cudnn_ok(in[0], rm, rv, c->training);
+        c->cudnn_bwd = c->training && bn_cudnn_ok(in[0], NULL, NULL, true);
     }
     return nb_batch_norm(ctx, in[0], w, b, rm, rv, c->training, 0.1, BN_EPS);
 }
@@ -539,7 +584,7 @@ START_TEST(test_batch_norm_running_stats) {
             }
             bool want = cudnn && (kind == 0 || kind == 3) && !nbt_standin();
             if (!nbt_standin())
-                ck_assert_msg(nb__cuda_batch_norm_cudnn_ok(xd, rmd, rvd, true, 1e-5) == want,
+                ck_assert_msg(bn_cudnn_ok(xd, rmd, rvd, true) == want,
                               "cudnn=%d kind %d: the selection should %s cuDNN", cudnn, kind,
                               want ? "choose" : "not choose");
             int64_t f0, f1;

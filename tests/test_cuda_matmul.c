@@ -3,7 +3,7 @@
  * batches with broadcast (one stride and several), non-contiguous operands
  * (transposed views and narrowed columns), f32 with and without TF32,
  * bf16, f16 and f64, with gradients through the parity harness; K = 0;
- * the bias and GELU epilogues of nb__cuda_matmul, called directly, against
+ * the bias and GELU epilogues of the CUDA GEMM entry, called directly, against
  * CPU ops (folded and strided batches, a bias at an odd address); and nn's
  * Linear through them, mixed precision included.
  * Skipped without a GPU. */
@@ -11,6 +11,7 @@
 #include <stdlib.h>
 
 #include "cuda_parity.h"
+#include "tensor/backend.h"
 #include "tensor/cuda/cuda.h"
 #include "tensor/internal.h"
 
@@ -164,7 +165,7 @@ START_TEST(test_k_zero) {
 }
 END_TEST
 
-/* ---- epilogues: nb__cuda_matmul with bias and GELU, against CPU ops ---- */
+/* ---- epilogues: the CUDA GEMM entry with bias and GELU, against CPU ops ---- */
 static double *host_values(int64_t n, uint64_t seed) {
     double *v = malloc(sizeof *v * (size_t)n);
     uint64_t s = seed;
@@ -218,8 +219,9 @@ static void check_epilogue(nb_dtype dt, int64_t l, int64_t m, int64_t k, int64_t
     nb_tensor *out = nb__empty(dev, odt, 3, (int64_t[]){l, m, n});
     nb_tensor *pre = e->pre ? nb__empty(dev, odt, 3, (int64_t[]){l, m, n}) : NULL;
     nb__cuda_set_poison(prev);
-    nb__cuda_matmul(out, a, b, false, false, bias, e->gelu, pre);
-    nb__cuda_matmul(out, a, b, false, false, bias, e->gelu, pre); /* the cached plan */
+    const nb__backend *be = nb__backend_at(out);
+    be->matmul(out, a, b, false, false, bias, e->gelu, pre, false);
+    be->matmul(out, a, b, false, false, bias, e->gelu, pre, false); /* the cached plan */
 
     int64_t total = l * m * n;
     double *got = nbt_values(out), *want = nbt_values(ref);
@@ -247,7 +249,7 @@ static void check_epilogue(nb_dtype dt, int64_t l, int64_t m, int64_t k, int64_t
 }
 
 START_TEST(test_epilogues) {
-    NBT_DEVICE_ONLY("nb__cuda_matmul called directly");
+    NBT_DEVICE_ONLY("the CUDA GEMM's entry called directly");
     /* L, M, K, N: aligned; odd; N not a multiple of 8 (no aux matrix);
      * large; K = 0; one row; one column; a batch whose aux stride M N is a
      * multiple of 8 */
@@ -275,16 +277,17 @@ START_TEST(test_epilogues) {
 END_TEST
 
 START_TEST(test_gemm_readable) {
-    NBT_DEVICE_ONLY("nb__cuda_gemm_readable");
+    NBT_DEVICE_ONLY("the CUDA backend's gemm_readable");
     nb_ctx *dev = nb_ctx_new(nb_cuda(0), 0);
+    bool (*readable)(const nb_tensor *) = nb__backend_of(nb_cuda(0))->gemm_readable;
     nb_tensor *x = nb_zeros(dev, NB_F32, NB_SHAPE(2, 3, 4, 5));
-    ck_assert(nb__cuda_gemm_readable(x));
-    ck_assert(nb__cuda_gemm_readable(nb_transpose(dev, x, -1, -2)));
-    ck_assert(nb__cuda_gemm_readable(nb_narrow(dev, x, 3, 1, 3)));
+    ck_assert(readable(x));
+    ck_assert(readable(nb_transpose(dev, x, -1, -2)));
+    ck_assert(readable(nb_narrow(dev, x, 3, 1, 3)));
     /* batch dims (3, 2) with strides (20, 60): not one stride */
-    ck_assert(!nb__cuda_gemm_readable(nb_transpose(dev, x, 0, 1)));
+    ck_assert(!readable(nb_transpose(dev, x, 0, 1)));
     /* neither of the last two dims has unit stride */
-    ck_assert(!nb__cuda_gemm_readable(nb_transpose(dev, x, 1, 3)));
+    ck_assert(!readable(nb_transpose(dev, x, 1, 3)));
     nb_ctx_free(dev);
 }
 END_TEST

@@ -4,6 +4,7 @@
 #define _DEFAULT_SOURCE /* for M_PI */
 #include <math.h>
 
+#include "tensor/cpu/cpu.h" /* nb__cpu_unary, nb__cpu_binary */
 #include "tensor/internal.h"
 #include "testutil.h"
 

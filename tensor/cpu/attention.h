@@ -8,20 +8,17 @@
 #ifndef NABLA_TENSOR_CPU_ATTENTION_H
 #define NABLA_TENSOR_CPU_ATTENTION_H
 
-#include "nabla/tensor.h"
+#include "tensor/backend.h" /* nb__backend_*_fn */
 
 /* For each (n, h): p (N, H, T, T) = causal softmax of scale q k^T
  * (nb__cpu_softmax_causal's rows) and y[n, :, h D : h D + D] = p v, so y
  * (N, T, C) comes out in the layout the output projection reads. */
-void nb__cpu_causal_attention(nb_tensor *y, nb_tensor *p, const nb_tensor *qkv, int h,
-                              double scale);
+nb__backend_causal_attention_fn nb__cpu_causal_attention;
 
 /* dqkv (N, T, 3C), every element written, from qkv, the saved p and gy
  * (N, T, C), the gradient of y; scratch holds T x T elements. Per head:
  * dp = gy v^T, ds = scale p (dp - sum_j dp p) on the kept entries,
  * dq = ds k, dk = ds^T q, dv = p^T gy. */
-void nb__cpu_causal_attention_backward(nb_tensor *dqkv, nb_tensor *scratch, const nb_tensor *qkv,
-                                       const nb_tensor *p, const nb_tensor *gy, int h,
-                                       double scale);
+nb__backend_causal_attention_backward_fn nb__cpu_causal_attention_backward;
 
 #endif

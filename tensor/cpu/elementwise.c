@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "tensor/cpu/bf16.h"
+#include "tensor/cpu/cpu.h"
 #include "tensor/cpu/simd.h"
 #include "tensor/cpu/threads.h"
 #include "tensor/internal.h"

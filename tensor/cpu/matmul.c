@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tensor/cpu/cpu.h"
 #include "tensor/cpu/dnnl.h"
 #include "tensor/cpu/matmul.h"
 #include "tensor/internal.h"

@@ -7,11 +7,11 @@
 
 #include <stdbool.h>
 
-#include "nabla/tensor.h"
+#include "tensor/backend.h" /* nb__backend_*_fn */
 
 /* True when BLAS can read the last two dims of t in place: unit stride in
  * one of them and a leading dimension that fits an int in the other. */
-bool nb__cpu_gemm_readable(const nb_tensor *t);
+nb__backend_gemm_readable_fn nb__cpu_gemm_readable;
 
 /* out (L, M, N), contiguous = op(a) (La, M, K) @ op(b) (Lb, K, N), where
  * La and Lb broadcast to L and op() swaps the last two dims when the flag

@@ -10,12 +10,11 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "nabla/tensor.h"
+#include "tensor/backend.h" /* nb__backend_*_fn */
 
 /* y = (x - mean) rstd w + b per row, with the biased variance; writes
  * mean and rstd (M). w, b (D) or NULL. */
-void nb__cpu_layer_norm(nb_tensor *y, nb_tensor *mean, nb_tensor *rstd, const nb_tensor *x,
-                        const nb_tensor *w, const nb_tensor *b, int64_t m, int64_t d, double eps);
+nb__backend_layer_norm_fn nb__cpu_layer_norm;
 /* Any of dx (M, D), dw (D), db (D) may be NULL. ws: 2 D doubles of scratch. */
 void nb__cpu_layer_norm_backward(nb_tensor *dx, nb_tensor *dw, nb_tensor *db, double *ws,
                                  const nb_tensor *g, const nb_tensor *x, const nb_tensor *mean,
@@ -32,10 +31,7 @@ void nb__cpu_batch_norm(nb_tensor *y, const nb_tensor *x, const nb_tensor *mean,
  * training: the batch's statistics, the running ones (C, f32/f64, any
  * stride, or NULL) updated with momentum and the unbiased variance; eval:
  * the running ones. mean, invstd (C, f64) receive what y used. */
-void nb__cpu_batch_norm_full(nb_tensor *y, nb_tensor *mean, nb_tensor *invstd, const nb_tensor *x,
-                             const nb_tensor *w, const nb_tensor *b, nb_tensor *running_mean,
-                             nb_tensor *running_var, bool training, double momentum, double eps,
-                             int64_t n, int64_t c, int64_t s);
+nb__backend_batch_norm_fn nb__cpu_batch_norm_full;
 /* Any of dx, dw (C), db (C) may be NULL. training: mean and invstd are the
  * batch's, so dx goes through them; otherwise they are constants. */
 void nb__cpu_batch_norm_backward(nb_tensor *dx, nb_tensor *dw, nb_tensor *db, const nb_tensor *g,

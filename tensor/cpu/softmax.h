@@ -11,24 +11,20 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "nabla/tensor.h"
+#include "tensor/backend.h" /* nb__backend_*_fn */
 
 /* y = softmax(x) or log_softmax(x) along K. */
-void nb__cpu_softmax(nb_tensor *y, const nb_tensor *x, int64_t outer, int64_t k, int64_t inner,
-                     bool take_log);
+nb__backend_softmax_fn nb__cpu_softmax;
 /* dx from the output y and its gradient g:
  * softmax: dx = y (g - sum_K g y); log-softmax: dx = g - exp(y) sum_K g. */
-void nb__cpu_softmax_backward(nb_tensor *dx, const nb_tensor *y, const nb_tensor *g,
-                              int64_t outer, int64_t k, int64_t inner, bool take_log);
+nb__backend_softmax_backward_fn nb__cpu_softmax_backward;
 
 /* Causal softmax over the last dim of x seen as (B, T, S): row i of each
  * (T, S) matrix is softmax(scale x[i, :i+1]) followed by zeros, never
  * reading x[i, j > i]. Backward: dx = scale y (g - sum_j g y) on the kept
  * positions, 0 on the masked ones. */
-void nb__cpu_softmax_causal(nb_tensor *y, const nb_tensor *x, int64_t b, int64_t t, int64_t s,
-                            double scale);
-void nb__cpu_softmax_causal_backward(nb_tensor *dx, const nb_tensor *y, const nb_tensor *g,
-                                     int64_t b, int64_t t, int64_t s, double scale);
+nb__backend_softmax_causal_fn nb__cpu_softmax_causal;
+nb__backend_softmax_causal_backward_fn nb__cpu_softmax_causal_backward;
 
 /* The same on raw rows (b (T, S) matrices of dtype dt, f32 or f64), for
  * kernels that run them on their own buffers; dx may be g and y may be x. */

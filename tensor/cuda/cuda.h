@@ -4,10 +4,12 @@
  * and dtypes, allocate outputs with nb__empty and call these when their
  * inputs are on a CUDA device, through the backend table
  * (tensor/backend.h, filled by tensor/cuda/backend.c); the CPU kernels
- * they mirror are in tensor/cpu/. Implemented by tensor/cuda/ *.cu;
- * without CUDA in the build
- * tensor/cuda_stub.c provides versions that abort (they are unreachable:
- * no CUDA context can be made).
+ * they mirror are in tensor/cpu/. An entry point of the table is declared
+ * through its entry's function type (tensor/backend.h: the signature and
+ * contract, written once for both backends); what is said here adds the
+ * CUDA specifics. Implemented by tensor/cuda/ *.cu. Without CUDA in the
+ * build none of this is compiled; tensor/no_cuda.c answers the runtime
+ * queries that code outside tensor/cuda/ makes ("no device").
  *
  * Conventions for every kernel entry point:
  * - Tensors are on one device (the front end checked); the work is enqueued
@@ -44,30 +46,30 @@ int nb__cuda_device_count(void);
 nb_status nb__cuda_set_device(int device);
 /* Makes `device` current for the calling thread (aborts naming `op` when
  * it does not exist). Every entry point calls it first. */
-void nb__cuda_use(const char *op, int device);
+nb__backend_use_fn nb__cuda_use;
 
 /* Device memory for contexts' arenas (cudaMalloc); NULL when out of memory. */
-void *nb__cuda_malloc(int device, size_t bytes);
-void nb__cuda_free(int device, void *p);
+nb__backend_mem_alloc_fn nb__cuda_malloc;
+nb__backend_mem_free_fn nb__cuda_free;
 /* Pinned (page-locked) host memory; NULL when it cannot be had. */
-void *nb__cuda_host_alloc(size_t bytes);
-void nb__cuda_host_free(void *p);
+nb__backend_host_alloc_fn nb__cuda_host_alloc;
+nb__backend_host_free_fn nb__cuda_host_free;
 
 /* Per-device streams, created on first use: compute (every kernel of
  * every op), copy (the data loader's host-to-device copies). The
  * communication streams belong to the NCCL process groups. */
-nb__stream nb__cuda_compute_stream(int device);
-nb__stream nb__cuda_copy_stream(int device);
+nb__backend_compute_stream_fn nb__cuda_compute_stream;
+nb__backend_copy_stream_fn nb__cuda_copy_stream;
 /* Events, for ordering one stream after another (never a device-wide sync). */
-nb__event nb__cuda_event_new(int device);
-void nb__cuda_event_free(nb__event e);
-void nb__cuda_event_record(nb__event e, nb__stream s);
-void nb__cuda_stream_wait(nb__stream s, nb__event e);
+nb__backend_event_new_fn nb__cuda_event_new;
+nb__backend_event_free_fn nb__cuda_event_free;
+nb__backend_event_record_fn nb__cuda_event_record;
+nb__backend_stream_wait_fn nb__cuda_stream_wait;
 /* Blocks the host until e has happened (at once when nothing was recorded). */
-void nb__cuda_event_wait(nb__event e);
+nb__backend_event_wait_fn nb__cuda_event_wait;
 /* Blocks the host until the compute stream has finished everything queued,
  * then reports a pending deferred fault (aborting with its message). */
-void nb__cuda_sync(int device);
+nb__backend_sync_fn nb__cuda_sync;
 
 /* Copies on the compute stream. Host to device returns once the source
  * may be reused (small copies are staged through pinned memory and do not
@@ -75,13 +77,12 @@ void nb__cuda_sync(int device);
  * returns when the copy is done (so it waits for all queued work, and
  * checks deferred faults); device to device and memset do not wait. Host
  * memory may be pageable or pinned. */
-void nb__cuda_memcpy_h2d(int device, void *dst, const void *src, size_t bytes);
-void nb__cuda_memcpy_d2h(int device, void *dst, const void *src, size_t bytes);
-void nb__cuda_memcpy_d2d(int device, void *dst, const void *src, size_t bytes);
-void nb__cuda_memset(int device, void *dst, int byte, size_t bytes);
+nb__backend_memcpy_h2d_fn nb__cuda_memcpy_h2d;
+nb__backend_memcpy_d2h_fn nb__cuda_memcpy_d2h;
+nb__backend_memcpy_d2d_fn nb__cuda_memcpy_d2d;
+nb__backend_memset_fn nb__cuda_memset;
 /* Asynchronous host-to-device copy on stream s (src should be pinned). */
-void nb__cuda_memcpy_h2d_async(int device, void *dst, const void *src, size_t bytes,
-                               nb__stream s);
+nb__backend_memcpy_h2d_async_fn nb__cuda_memcpy_h2d_async;
 
 /* Handles, created on first use, bound to the compute stream. Returned as
  * void * so that C callers need no CUDA headers: cublasLtHandle_t and
@@ -149,49 +150,42 @@ bool nb__cuda_tf32(void);
  * contiguous with out's shape; inputs have any strides and broadcast to it
  * (stride 0); up to NB_MAX_DIMS dims; dtypes f32, f64, bf16, f16 (where's
  * cond: any dtype; copy: any pair of dtypes, integers included). */
-void nb__cuda_unary(nb__unary_op op, nb_tensor *out, const nb_tensor *a, double s);
-void nb__cuda_binary(nb__binary_op op, nb_tensor *out, const nb_tensor *a, const nb_tensor *b);
-void nb__cuda_where(nb_tensor *out, const nb_tensor *cond, const nb_tensor *a,
-                    const nb_tensor *b);
+nb__backend_unary_fn nb__cuda_unary;
+nb__backend_binary_fn nb__cuda_binary;
+nb__backend_where_fn nb__cuda_where;
 /* dst (any strides, not necessarily contiguous) = src broadcast to dst's
  * shape, converting dtypes. Also used for fills: src may be a 0-d tensor
  * whose data is HOST memory when src->device is the CPU (value passed by
  * the kernel launch, no copy). */
-void nb__cuda_copy(nb_tensor *dst, const nb_tensor *src);
+nb__backend_copy_fn nb__cuda_copy;
 /* y (any strides) += alpha * x (same shape, any strides, y's dtype). */
-void nb__cuda_axpy(nb_tensor *y, double alpha, const nb_tensor *x);
+nb__backend_axpy_fn nb__cuda_axpy;
 
 /* ================================================== reductions (reduce.cu)
  * rows: contiguous (outer, inner); reductions run along inner, f32 rows
  * accumulate in f32 with a tree (or f64: the kernel's choice), f64 in f64. */
-void nb__cuda_sum_rows(nb_tensor *out, const nb_tensor *rows, int64_t outer, int64_t inner,
-                       double scale);
+nb__backend_sum_rows_fn nb__cuda_sum_rows;
 /* out (outer) = max of each row, arg (i64, outer) = index of the first
  * maximum (NaN counts as the maximum, as on the CPU). */
-void nb__cuda_max_rows(nb_tensor *out, nb_tensor *arg, const nb_tensor *rows, int64_t outer,
-                       int64_t inner);
+nb__backend_max_rows_fn nb__cuda_max_rows;
 /* arg (i64, outer) = index of each row's first maximum, NaN first (as
  * nb__cuda_max_rows); inner > 0. */
-void nb__cuda_argmax_rows(nb_tensor *arg, const nb_tensor *rows, int64_t outer, int64_t inner);
+nb__backend_argmax_rows_fn nb__cuda_argmax_rows;
 /* gp (outer, inner) contiguous, fully written: g[o] at arg[o], 0 elsewhere. */
-void nb__cuda_max_rows_backward(nb_tensor *gp, const nb_tensor *arg, const nb_tensor *g,
-                                int64_t outer, int64_t inner);
+nb__backend_max_rows_backward_fn nb__cuda_max_rows_backward;
 /* out (outer) = sum (x - mean)^2 / denom (NaN when denom <= 0), mean (outer). */
-void nb__cuda_var_rows(nb_tensor *out, nb_tensor *mean, const nb_tensor *rows, int64_t outer,
-                       int64_t inner, double denom);
+nb__backend_var_rows_fn nb__cuda_var_rows;
 /* out (0-d) = mean over elements of (a - b)^2 (kind 0) or of
  * max(a,0) - a b + log1p(exp(-|a|)) (kind 1); a, b contiguous, same shape. */
-void nb__cuda_pair_loss(nb_tensor *out, int kind, const nb_tensor *a, const nb_tensor *b);
+nb__backend_pair_loss_fn nb__cuda_pair_loss;
 /* out (0-d, f64 or f32) = sum of squares of every element of the n tensors
  * (contiguous, float dtypes), accumulated in f64 (gradient clipping). */
-void nb__cuda_sum_squares(nb_tensor *out, int n, nb_tensor *const *ts);
+nb__backend_sum_squares_fn nb__cuda_sum_squares;
 
 /* =============================================== softmax family (softmax.cu)
  * Same contracts as tensor/cpu/softmax.h. */
-void nb__cuda_softmax(nb_tensor *y, const nb_tensor *x, int64_t outer, int64_t k, int64_t inner,
-                      bool take_log);
-void nb__cuda_softmax_backward(nb_tensor *dx, const nb_tensor *y, const nb_tensor *g,
-                               int64_t outer, int64_t k, int64_t inner, bool take_log);
+nb__backend_softmax_fn nb__cuda_softmax;
+nb__backend_softmax_backward_fn nb__cuda_softmax_backward;
 /* Fused cross-entropy over logits (N, C) contiguous and targets (N) i32/i64.
  * Writes lse (N, logits' dtype; f32 for bf16/f16 logits), count (0-d f32: the targets not
  * ignored) and loss (0-d, logits' dtype) = sum over those rows of
@@ -204,10 +198,7 @@ void nb__cuda_cross_entropy(nb_tensor *loss, nb_tensor *lse, nb_tensor *count,
 /* dlogits[i, c] = (g / count) (softmax(x)[i, c] - eps / C - (1 - eps)[c = t_i]) for
  * rows not ignored, 0 for ignored rows (0 everywhere when count is 0);
  * g (0-d) and count are device tensors (no host read). */
-void nb__cuda_cross_entropy_backward(nb_tensor *dlogits, const nb_tensor *logits,
-                                     const nb_tensor *lse, const nb_tensor *targets,
-                                     const nb_tensor *g, const nb_tensor *count,
-                                     int64_t ignore_index, double eps);
+nb__backend_cross_entropy_backward_fn nb__cuda_cross_entropy_backward;
 
 /* ====================================== causal softmax (softmax_causal.cu)
  * Same contracts as nb__cpu_softmax_causal(_backward) (tensor/cpu/softmax.h):
@@ -215,16 +206,14 @@ void nb__cuda_cross_entropy_backward(nb_tensor *dlogits, const nb_tensor *logits
  * j < min(i + 1, S): y = softmax(scale x) there, 0 elsewhere (x is not
  * read there); dx = scale y (g - sum_j g y) on the kept entries, 0
  * elsewhere. */
-void nb__cuda_softmax_causal(nb_tensor *y, const nb_tensor *x, int64_t b, int64_t t, int64_t s,
-                             double scale);
-void nb__cuda_softmax_causal_backward(nb_tensor *dx, const nb_tensor *y, const nb_tensor *g,
-                                      int64_t b, int64_t t, int64_t s, double scale);
+nb__backend_softmax_causal_fn nb__cuda_softmax_causal;
+nb__backend_softmax_causal_backward_fn nb__cuda_softmax_causal_backward;
 
 /* =========================================================== GEMM (matmul.cu) */
 /* True when cuBLASLt can read the last two dims of t in place (unit
  * stride in one of them, a leading dimension >= the other size) and the
  * batch dims, flattened, have one stride (or the tensor has one matrix). */
-bool nb__cuda_gemm_readable(const nb_tensor *t);
+nb__backend_gemm_readable_fn nb__cuda_gemm_readable;
 /* out (L, M, N) contiguous = op(a) (La, M, K) @ op(b) (Lb, K, N), La and
  * Lb broadcast to L (a batch of one is stride 0). a and b share a dtype:
  * f32 (TF32 when nb__cuda_tf32()), f64, bf16 or f16 (f32 accumulation);
@@ -242,12 +231,9 @@ void nb__cuda_matmul(nb_tensor *out, const nb_tensor *a, const nb_tensor *b, boo
  * f16; TF32 per nb__cuda_tf32()). The algorithm is chosen once per
  * geometry and dtype and cached; the workspace is the device's cuDNN
  * workspace (nothing is taken from ctx). */
-void nb__cuda_conv2d_forward(nb_ctx *ctx, nb_dtype dt, const nb__conv2d_geom *g, void *out,
-                             const void *x, const void *w, const void *b);
+nb__backend_conv2d_fn nb__cuda_conv2d_forward;
 /* Each of dx, dw, db is written (not accumulated) unless NULL. */
-void nb__cuda_conv2d_backward(nb_ctx *ctx, nb_dtype dt, const nb__conv2d_geom *g, void *dx,
-                              void *dw, void *db, const void *gout, const void *x,
-                              const void *w);
+nb__backend_conv2d_backward_fn nb__cuda_conv2d_backward;
 /* For tests: the workspace bytes of the algorithms chosen on `device` for
  * forward, backward data and backward filter (bytes[0], [1], [2]), choosing them
  * as a call would. */
@@ -264,17 +250,11 @@ void nb__cuda_conv2d_workspace_sizes(int device, nb_dtype dt, const nb__conv2d_g
  * save_mean/save_invstd receive mean and 1/sqrt(running var + eps), for
  * backward). Through cuDNN where it can, else our kernels: Note [Batch
  * norm: cuDNN or our kernels] in batch_norm.cu. */
-void nb__cuda_batch_norm(nb_tensor *y, nb_tensor *save_mean, nb_tensor *save_invstd,
-                         const nb_tensor *x, const nb_tensor *weight, const nb_tensor *bias,
-                         nb_tensor *running_mean, nb_tensor *running_var, bool training,
-                         double momentum, double eps, int64_t n, int64_t c, int64_t s);
+nb__backend_batch_norm_fn nb__cuda_batch_norm;
 /* Any of dx, dw, db may be NULL (dw, db: weight's dtype); g of x's dtype;
  * mean, invstd as saved by forward with the same eps; training as for the
  * CPU kernel. */
-void nb__cuda_batch_norm_backward(nb_tensor *dx, nb_tensor *dw, nb_tensor *db,
-                                  const nb_tensor *g, const nb_tensor *x, const nb_tensor *mean,
-                                  const nb_tensor *invstd, const nb_tensor *weight, bool training,
-                                  double eps, int64_t n, int64_t c, int64_t s);
+nb__backend_batch_norm_backward_fn nb__cuda_batch_norm_backward;
 /* Whether a call with these arguments goes through cuDNN (x (N, C, ...) on
  * a CUDA device; backward: running statistics NULL, training true). */
 bool nb__cuda_batch_norm_cudnn_ok(const nb_tensor *x, const nb_tensor *running_mean,
@@ -289,22 +269,17 @@ void nb__cuda_batch_norm_cudnn_calls(int64_t *forward, int64_t *backward);
 
 /* ===================================================== pooling (pool.cu) */
 /* Same semantics as tensor/ops_pool.c; x, out, dx, g contiguous. */
-void nb__cuda_max_pool2d(nb_tensor *out, nb_tensor *arg, const nb_tensor *x,
-                         const nb__pool2d_geom *g);
-void nb__cuda_max_pool2d_backward(nb_tensor *dx, const nb_tensor *arg, const nb_tensor *gout,
-                                  const nb__pool2d_geom *g);
-void nb__cuda_avg_pool2d(nb_tensor *out, const nb_tensor *x, const nb__pool2d_geom *g);
-void nb__cuda_avg_pool2d_backward(nb_tensor *dx, const nb_tensor *gout,
-                                  const nb__pool2d_geom *g);
+nb__backend_max_pool2d_fn nb__cuda_max_pool2d;
+nb__backend_max_pool2d_backward_fn nb__cuda_max_pool2d_backward;
+nb__backend_avg_pool2d_fn nb__cuda_avg_pool2d;
+nb__backend_avg_pool2d_backward_fn nb__cuda_avg_pool2d_backward;
 
 /* ================================================ layer norm (layer_norm.cu)
  * Same contracts as tensor/cpu/norm.h except that mean and rstd are f32
  * (M), or f64 when x is f64 (f32 statistics would cost f64 backward its
  * precision); x, y, g, dx contiguous (M, D); w, b (D) or NULL; dw, db
  * written (not accumulated), deterministically. */
-void nb__cuda_layer_norm(nb_tensor *y, nb_tensor *mean, nb_tensor *rstd, const nb_tensor *x,
-                         const nb_tensor *w, const nb_tensor *b, int64_t m, int64_t d,
-                         double eps);
+nb__backend_layer_norm_fn nb__cuda_layer_norm;
 void nb__cuda_layer_norm_backward(nb_tensor *dx, nb_tensor *dw, nb_tensor *db,
                                   const nb_tensor *g, const nb_tensor *x, const nb_tensor *mean,
                                   const nb_tensor *rstd, const nb_tensor *w, int64_t m,
@@ -314,11 +289,10 @@ void nb__cuda_layer_norm_backward(nb_tensor *dx, nb_tensor *dw, nb_tensor *db,
 /* out (P, C) contiguous = w[idx[p]] (w (V, C) any strides, idx contiguous
  * i32/i64 of P entries); an index outside [0, V) raises
  * NB__FAULT_EMBEDDING_INDEX (and that row is written as zeros). */
-void nb__cuda_embedding(nb_tensor *out, const nb_tensor *w, const nb_tensor *idx, int64_t np);
+nb__backend_embedding_fn nb__cuda_embedding;
 /* gw (V, C) contiguous, fully written: row v = sum of g's rows p with
  * idx[p] = v, summed in increasing p (deterministic, bitwise reproducible). */
-void nb__cuda_embedding_backward(nb_tensor *gw, const nb_tensor *g, const nb_tensor *idx,
-                                 int64_t np);
+nb__backend_embedding_backward_fn nb__cuda_embedding_backward;
 
 /* ===================================================== dropout (dropout.cu) */
 /* Note [Random streams] (tensor/random.c): element i of x (contiguous, n
@@ -326,13 +300,11 @@ void nb__cuda_embedding_backward(nb_tensor *gw, const nb_tensor *g, const nb_ten
  * nb_u32_to_unit, compared as a double, is >= p. out = x * mask, mask =
  * 1/(1-p) where kept, 0 elsewhere (mask may be NULL). Bit-identical masks
  * to the CPU. */
-void nb__cuda_dropout(nb_tensor *out, nb_tensor *mask, const nb_tensor *x, double p,
-                      uint64_t seed, uint64_t offset);
+nb__backend_dropout_fn nb__cuda_dropout;
 /* Same stream as tensor/tensor.c's uniform and normal fills, on the device:
  * t contiguous float (any of the four dtypes), n = numel(t). */
-void nb__cuda_rand_uniform(nb_tensor *t, double low, double high, uint64_t seed,
-                           uint64_t offset);
-void nb__cuda_rand_normal(nb_tensor *t, double mean, double std, uint64_t seed, uint64_t offset);
+nb__backend_rand_uniform_fn nb__cuda_rand_uniform;
+nb__backend_rand_normal_fn nb__cuda_rand_normal;
 
 /* ================================================== optimizers (optim.cu)
  * One fused multi-tensor launch per call over n parameters (contiguous,
@@ -342,31 +314,19 @@ void nb__cuda_rand_normal(nb_tensor *t, double mean, double std, uint64_t seed, 
  * parameter i's step count after the increment, hp[i] its group's
  * hyperparameters (NB__HP_*, tensor/backend.h); buf[i] NULL: SGD
  * without momentum. */
-void nb__cuda_adam(int n, nb_tensor *const *p, nb_tensor *const *g, nb_tensor *const *m,
-                   nb_tensor *const *v, nb_tensor *const *vmax, const int64_t *steps,
-                   const double *const *hp, bool decoupled);
-void nb__cuda_sgd(int n, nb_tensor *const *p, nb_tensor *const *g, nb_tensor *const *buf,
-                  const int64_t *steps, const double *const *hp);
+nb__backend_adam_fn nb__cuda_adam;
+nb__backend_sgd_fn nb__cuda_sgd;
 
 /* =========================================== per-channel statistics (channel.cu)
  * SyncBatchNorm's steps (contracts: nb__backend's channel_* in
  * tensor/backend.h); x, y, dy, dx of f32, f64, bf16 or f16; nothing is
  * read by the host. A global count of at most one per channel raises
  * NB__FAULT_SYNC_BATCH_NORM_COUNT. */
-void nb__cuda_channel_stats(nb_tensor *stats, const nb_tensor *x, int64_t n, int64_t c, int64_t s);
-void nb__cuda_channel_finalize(nb_tensor *mean, nb_tensor *invstd, const nb_tensor *stats,
-                               nb_tensor *running_mean, nb_tensor *running_var, double momentum,
-                               double eps, int64_t c, const nb_tensor *input);
-void nb__cuda_channel_normalize(nb_tensor *y, const nb_tensor *x, const nb_tensor *mean,
-                                const nb_tensor *invstd, const nb_tensor *w, const nb_tensor *b,
-                                int64_t n, int64_t c, int64_t s);
-void nb__cuda_channel_backward_sums(nb_tensor *sums, const nb_tensor *dy, const nb_tensor *x,
-                                    const nb_tensor *mean, const nb_tensor *invstd, int64_t n,
-                                    int64_t c, int64_t s);
-void nb__cuda_channel_backward_dx(nb_tensor *dx, const nb_tensor *dy, const nb_tensor *x,
-                                  const nb_tensor *mean, const nb_tensor *invstd,
-                                  const nb_tensor *w, const nb_tensor *sums,
-                                  const nb_tensor *stats, int64_t n, int64_t c, int64_t s);
+nb__backend_channel_stats_fn nb__cuda_channel_stats;
+nb__backend_channel_finalize_fn nb__cuda_channel_finalize;
+nb__backend_channel_normalize_fn nb__cuda_channel_normalize;
+nb__backend_channel_backward_sums_fn nb__cuda_channel_backward_sums;
+nb__backend_channel_backward_dx_fn nb__cuda_channel_backward_dx;
 
 #ifdef __cplusplus
 }

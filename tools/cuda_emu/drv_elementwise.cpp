@@ -1,4 +1,7 @@
 #include "check.h"
+extern "C" {
+#include "tensor/cpu/cpu.h" /* the CPU kernels compared against */
+}
 /* Every row of the unary and binary tables (tensor/op_table.h) through
  * elementwise.cu's three paths (vectorised, flat, strided), against the CPU
  * kernels in f64; where and fills (by_dtype_bits), casts, axpy. */
