@@ -45,6 +45,7 @@
 #define JOIN_POLL_S 1.0  /* Note [Joining] */
 #define JOIN_NOTE_S 20.0
 #define JOIN_LINGER_S 5.0
+#define JOIN_STRAYS_SAID 8 /* refused strays said on stderr, at most */
 
 /* ------------------------------------------------------------ heartbeat */
 
@@ -266,6 +267,39 @@ static void join_linger(nb_pg *pg, double deadline) {
     nb_set_error(NB_ERR_MISMATCH, "%s", msg);
 }
 
+/* Rank 0, which serves the store: the HELLOs its store refused for another
+ * run id since the last look (Note [Joining]). A claimed rank still missing
+ * fails the join (NB_ERR_MISMATCH, the status); any other is said on
+ * stderr (at most JOIN_STRAYS_SAID lines) and kept in `stray` for the
+ * timeout message. */
+static nb_status join_refusals(nb_pg *pg, const bool *missing, uint64_t *seen, int *said, char *stray,
+                               size_t len) {
+    nb__store_refusal rf[NB__STORE_REFUSALS_KEPT];
+    int k = pg->server ? nb__store_server_refusals(pg->server, seen, rf, NB__STORE_REFUSALS_KEPT) : 0;
+    for (int i = 0; i < k; i++) {
+        const nb__store_refusal *f = &rf[i];
+        bool in_world = f->rank >= 0 && f->rank < pg->size;
+        if (in_world && f->rank != pg->rank && missing[f->rank])
+            return nb_set_error(NB_ERR_MISMATCH,
+                                "nb_pg_init: rank %lld tried to join with run id '%s', this run's is '%s' "
+                                "(from %s; its store connection was refused); start every rank with the "
+                                "same run id (NABLA_RUN_ID)",
+                                (long long)f->rank, f->run_id, pg->env.run_id, f->peer);
+        snprintf(stray, len, "; a process at %s tried to join as rank %lld with run id '%s', this run's is '%s' "
+                 "(refused)", f->peer, (long long)f->rank, f->run_id, pg->env.run_id);
+        if (*said < JOIN_STRAYS_SAID)
+            fprintf(stderr,
+                    "nabla: rank %d: rank %lld tried to join with run id '%s', this run's is '%s' (from %s); "
+                    "refused, and ignored: %s\n",
+                    pg->rank, (long long)f->rank, f->run_id, pg->env.run_id, f->peer,
+                    in_world ? "that rank has already joined" : "not a rank of this run");
+        else if (*said == JOIN_STRAYS_SAID)
+            fprintf(stderr, "nabla: rank %d: more processes of other runs were refused; not said\n", pg->rank);
+        (*said)++;
+    }
+    return NB_OK;
+}
+
 /* Note [Joining]: every rank registers "host pid world=W" under
  * nb/join/<rank> and polls all ranks' records (each second, up to 5 s in
  * worlds over 64 ranks; waking early when they arrive) until every rank
@@ -279,7 +313,15 @@ static void join_linger(nb_pg *pg, double deadline) {
  * is outside rank 0's world: it reads rank 0's record and fails, while the
  * ranks of that world, which never read its record, go on (a launcher
  * stops them when it fails). The run id needs no record: the store
- * refuses a process of another run when it connects. Every 20 s (every
+ * refuses a process of another run when it connects, telling it only its
+ * own id (Note [Store authentication]), and rank 0 reads the refusals of
+ * its own store at each poll (join_refusals): one claiming a rank still
+ * missing fails rank 0's join at once, naming both ids, so that a
+ * misconfigured rank costs seconds, not the join timeout; one claiming a
+ * rank outside the world or one already joined is said and ignored (only
+ * a registered rank can stop the run). The price: during the join, a
+ * peer that can reach the port and names a rank not yet joined ends the
+ * join as that rank's misconfiguration would. Every 20 s (every
  * third of NABLA_JOIN_TIMEOUT when that is shorter) a waiting rank says on
  * stderr which ranks it still waits for, so a slow start is not silent
  * until the timeout. */
@@ -303,6 +345,9 @@ nb_status nb__join(nb_pg *pg) {
     double t0 = nb__now(), deadline = t0 + pg->join_s;
     double every = pg->join_s / 3 < JOIN_NOTE_S ? pg->join_s / 3 : JOIN_NOTE_S;
     double next_note = t0 + every;
+    uint64_t refusals_seen = 0;
+    int strays_said = 0;
+    char stray[320] = "";
     nb_status lost = NB_OK; /* the wait failed: one last look at the records */
     char lost_msg[NB__MSG_LEN];
     for (;;) {
@@ -337,6 +382,8 @@ nb_status nb__join(nb_pg *pg) {
             join_linger(pg, deadline);
             break;
         }
+        st = join_refusals(pg, missing, &refusals_seen, &strays_said, stray, sizeof stray);
+        if (st != NB_OK) break;
         if (lost != NB_OK) {
             st = nb_set_error(lost, "%s", lost_msg);
             break;
@@ -351,9 +398,9 @@ nb_status nb__join(nb_pg *pg) {
                               "nb_pg_init: rank%s %s of %d never joined within %.1f s (joined: rank%s "
                               "%s); start every rank with the same MASTER_ADDR (%s), MASTER_PORT (%d), "
                               "WORLD_SIZE (%d) and run id (%s), each with its own RANK; "
-                              "NABLA_JOIN_TIMEOUT sets how long to wait",
+                              "NABLA_JOIN_TIMEOUT sets how long to wait%s",
                               nmiss == 1 ? "" : "s", who, n, pg->join_s, n - nmiss == 1 ? "" : "s", in,
-                              e->master_addr, e->master_port, n, e->run_id);
+                              e->master_addr, e->master_port, n, e->run_id, stray);
             break;
         }
         if (now >= next_note) {

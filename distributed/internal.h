@@ -224,6 +224,22 @@ nb_status nb__store_connect(nb_store **out, const char *host, int port, const nb
 /* Another connection to the store `like` talks to, with its run id and secret. */
 nb_status nb__store_connect_like(nb_store **out, const nb_store *like, int rank, double timeout_s);
 
+/* A HELLO the server refused because it named another run id: the id
+ * (cut to NB__STORE_REFUSED_ID_LEN - 1 bytes, bytes outside printable
+ * ASCII as '?'), the rank it claimed and the peer's address ("?" when
+ * unknown). Rank 0's join names them (Note [Joining] in heartbeat.c). */
+#define NB__STORE_REFUSED_ID_LEN 48
+#define NB__STORE_REFUSALS_KEPT 8
+typedef struct nb__store_refusal {
+    int64_t rank;
+    char run_id[NB__STORE_REFUSED_ID_LEN];
+    char peer[80];
+} nb__store_refusal;
+/* Copies the refusals numbered *seen and on (the server keeps the last
+ * NB__STORE_REFUSALS_KEPT; older ones are skipped), at most max, and
+ * advances *seen past them; returns how many. Thread-safe. */
+int nb__store_server_refusals(nb_store_server *s, uint64_t *seen, nb__store_refusal *out, int max);
+
 /* The server without sockets or thread, for the fuzzer: connections are
  * handles fed with bytes; what the server answers piles up in their output
  * buffer. `now` is the caller's clock (seconds). */

@@ -19,7 +19,9 @@
  * only once it has shown that it belongs to the run:
  *   - HELLO names the run id and the rank, with a fresh client nonce. A
  *     wrong run id is refused with a message that repeats the client's id,
- *     never the store's.
+ *     never the store's. The server keeps the last few such refusals (id,
+ *     claimed rank, peer address) for rank 0's join, which names them in
+ *     its own process (nb__store_server_refusals).
  *   - A store with a secret answers CHALLENGE with a fresh server nonce;
  *     the client answers AUTH with HMAC-SHA256(secret, "nabla store
  *     client", both nonces, run id, rank), which the server compares in
@@ -102,6 +104,9 @@ struct nb_store_server {
     bool aborted;
     char abort_reason[512];
     atomic_bool stop;
+    pthread_mutex_t refusals_mu; /* guards the two below: the join reads them */
+    nb__store_refusal refusals[NB__STORE_REFUSALS_KEPT];
+    uint64_t refused;      /* HELLOs refused for their run id, ever */
     uint8_t *rbuf;         /* RECV_CHUNK bytes */
     nb__store_req scratch; /* parse target for requests that do not wait */
 };
@@ -207,8 +212,41 @@ static bool admit(nb_store_server *s, conn *c, int64_t rank) {
     return true;
 }
 
+/* Keeps a refused HELLO's run id, rank and peer for the join. */
+static void note_refusal(nb_store_server *s, const conn *c, const nb__store_req *req) {
+    nb__store_refusal r = {.rank = req->num, .peer = "?"};
+    size_t n = req->run_id.n < sizeof r.run_id - 1 ? req->run_id.n : sizeof r.run_id - 1;
+    for (size_t i = 0; i < n; i++) {
+        uint8_t b = ((const uint8_t *)req->run_id.p)[i];
+        r.run_id[i] = b >= 0x20 && b < 0x7f ? (char)b : '?';
+    }
+    r.run_id[n] = '\0';
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    char host[64], port[16];
+    if (c->fd >= 0 && getpeername(c->fd, (struct sockaddr *)&ss, &sl) == 0 &&
+        getnameinfo((struct sockaddr *)&ss, sl, host, sizeof host, port, sizeof port,
+                    NI_NUMERICHOST | NI_NUMERICSERV) == 0)
+        snprintf(r.peer, sizeof r.peer, "%s:%s", host, port);
+    pthread_mutex_lock(&s->refusals_mu);
+    s->refusals[s->refused % NB__STORE_REFUSALS_KEPT] = r;
+    s->refused++;
+    pthread_mutex_unlock(&s->refusals_mu);
+}
+
+int nb__store_server_refusals(nb_store_server *s, uint64_t *seen, nb__store_refusal *out, int max) {
+    int k = 0;
+    pthread_mutex_lock(&s->refusals_mu);
+    if (s->refused > NB__STORE_REFUSALS_KEPT && *seen < s->refused - NB__STORE_REFUSALS_KEPT)
+        *seen = s->refused - NB__STORE_REFUSALS_KEPT;
+    for (; *seen < s->refused && k < max; (*seen)++) out[k++] = s->refusals[*seen % NB__STORE_REFUSALS_KEPT];
+    pthread_mutex_unlock(&s->refusals_mu);
+    return k;
+}
+
 static bool on_hello(nb_store_server *s, conn *c, const nb__store_req *req) {
     if (req->run_id.n != strlen(s->run_id) || memcmp(req->run_id.p, s->run_id, req->run_id.n) != 0) {
+        note_refusal(s, c, req);
         /* The client's own id only: the store's would let anyone in. */
         char msg[512];
         snprintf(msg, sizeof msg,
@@ -493,6 +531,7 @@ static nb_store_server *server_new(const nb__store_config *cfg) {
     s->listen_fd = -1;
     s->wake[0] = s->wake[1] = -1;
     atomic_init(&s->stop, false);
+    pthread_mutex_init(&s->refusals_mu, NULL);
     return s;
 }
 
@@ -508,6 +547,7 @@ static void server_free(nb_store_server *s) {
     nb__kv_free(s->kv);
     free(s->rbuf);
     nb__store_wipe(s->secret, sizeof s->secret);
+    pthread_mutex_destroy(&s->refusals_mu);
     free(s);
 }
 

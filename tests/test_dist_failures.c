@@ -181,6 +181,7 @@ typedef struct direct_opts {
     const char *extra[4];
     int world_of[4];    /* > 0: WORLD_SIZE of that rank instead of `world` */
     const char *rank_env[4]; /* one more variable for that rank only */
+    const char *rank_env2[4]; /* and another (set after, so it may override) */
 } direct_opts;
 
 /* Starts ranks of `name` directly, as nbrun would (or as a hand launch
@@ -219,6 +220,7 @@ static void run_direct_opts(nbt_proc *ps, const char *name, const direct_opts *o
         ps[r].env[e++] = "NABLA_PG_TIMEOUT=60";
         for (int i = 0; i < 4 && o->extra[i]; i++) ps[r].env[e++] = o->extra[i];
         if (o->rank_env[r]) ps[r].env[e++] = o->rank_env[r];
+        if (o->rank_env2[r]) ps[r].env[e++] = o->rank_env2[r];
         ps[r].argv = argv;
         ps[r].pass_fd = pass ? lfd : -1;
         nbt_proc_start(&ps[r]);
@@ -228,7 +230,7 @@ static void run_direct_opts(nbt_proc *ps, const char *name, const direct_opts *o
 }
 
 static void run_direct(nbt_proc ps[3], const char *name) {
-    direct_opts o = {3, 3, true, -1, {NULL}, {0}, {NULL}};
+    direct_opts o = {3, 3, true, -1, {NULL}, {0}, {NULL}, {NULL}};
     run_direct_opts(ps, name, &o);
 }
 
@@ -334,7 +336,7 @@ END_TEST
  * limit (every 20 s at the default 120 s) names the ranks still missing. */
 START_TEST(test_rank_that_never_joined) {
     nbt_proc ps[1];
-    direct_opts o = {2, 1, true, -1, {"NABLA_JOIN_TIMEOUT=1.5", NULL}, {0}, {NULL}};
+    direct_opts o = {2, 1, true, -1, {"NABLA_JOIN_TIMEOUT=1.5", NULL}, {0}, {NULL}, {NULL}};
     run_direct_opts(ps, "ok", &o);
     ck_assert_msg(ps[0].code == 1, "rank 0 exited with %d; stderr:\n%s", ps[0].code, ps[0].err);
     EXPECT_IN(ps[0].err, "nabla: rank 0: still waiting for rank 1 of 2 to join (");
@@ -354,7 +356,7 @@ END_TEST
  * come or in Gloo's connection set-up. */
 START_TEST(test_world_size_disagreement_2_ranks) {
     nbt_proc ps[2];
-    direct_opts o = {2, 2, false, -1, {"NABLA_JOIN_TIMEOUT=20", NULL}, {0, 3}, {NULL}};
+    direct_opts o = {2, 2, false, -1, {"NABLA_JOIN_TIMEOUT=20", NULL}, {0, 3}, {NULL}, {NULL}};
     run_direct_opts(ps, "ok", &o);
     char host[256] = "", want[512];
     gethostname(host, sizeof host - 1);
@@ -377,7 +379,7 @@ END_TEST
 /* Three ranks, the middle one with a smaller WORLD_SIZE: every rank names it. */
 START_TEST(test_world_size_disagreement_3_ranks) {
     nbt_proc ps[3];
-    direct_opts o = {3, 3, false, -1, {"NABLA_JOIN_TIMEOUT=20", NULL}, {0, 2, 0}, {NULL}};
+    direct_opts o = {3, 3, false, -1, {"NABLA_JOIN_TIMEOUT=20", NULL}, {0, 2, 0}, {NULL}, {NULL}};
     run_direct_opts(ps, "ok", &o);
     char host[256] = "", want[512];
     gethostname(host, sizeof host - 1);
@@ -397,13 +399,61 @@ START_TEST(test_world_size_disagreement_3_ranks) {
 }
 END_TEST
 
+/* Note [Joining]: rank 1 started with another run id is refused by the
+ * store, which tells it its own id only; rank 0 reads the refusal from its
+ * store and fails at once naming both ids, long before the join limit. */
+START_TEST(test_run_id_disagreement_2_ranks) {
+    nbt_proc ps[2];
+    direct_opts o = {2, 2, false, -1, {"NABLA_JOIN_TIMEOUT=20", "NABLA_RUN_ID=runA", NULL}, {0}, {NULL,
+                     "NABLA_RUN_ID=runB"}, {NULL}};
+    run_direct_opts(ps, "ok", &o);
+    for (int r = 0; r < 2; r++) {
+        ck_assert_msg(ps[r].code == 1, "rank %d exited with %d; stderr:\n%s", r, ps[r].code, ps[r].err);
+        ck_assert_msg(ps[r].seconds < 10, "rank %d took %.1f s (join limit 20 s)", r, ps[r].seconds);
+    }
+    EXPECT_IN(ps[0].err, "nb_pg_init: rank 1 tried to join with run id 'runB', this run's is 'runA' (from 127.0.0.1:");
+    EXPECT_IN(ps[0].err, "; its store connection was refused); start every rank with the same run id (NABLA_RUN_ID)");
+    EXPECT_IN(ps[1].err, "refused rank 1: the process is of run 'runB' but this store serves another run");
+    ck_assert_msg(strstr(ps[1].err, "runA") == NULL, "rank 1 was told the store's run id:\n%s", ps[1].err);
+    for (int r = 0; r < 2; r++) nbt_proc_free(&ps[r]);
+}
+END_TEST
+
+/* A process of another run claiming a rank outside the world (5 of 2) is
+ * said on rank 0, its id cut and made printable, but does not end the
+ * join: rank 0 still waits for rank 1 until the join limit (3 s), and that
+ * message names the stray too. */
+START_TEST(test_stray_run_id_does_not_end_the_join) {
+    nbt_proc ps[2];
+    direct_opts o = {2, 2, false, -1, {"NABLA_JOIN_TIMEOUT=3", "NABLA_RUN_ID=runA", NULL}, {0, 8},
+                     {NULL, "NABLA_RUN_ID=runB\t012345678901234567890123456789012345678901234567890123456789"}, {NULL, "RANK=5"}};
+    run_direct_opts(ps, "ok", &o);
+    for (int r = 0; r < 2; r++)
+        ck_assert_msg(ps[r].code == 1, "rank %d exited with %d; stderr:\n%s", r, ps[r].code, ps[r].err);
+    const char *cut = "runB?012345678901234567890123456789012345678901'";
+    char want[512];
+    snprintf(want, sizeof want, "nabla: rank 0: rank 5 tried to join with run id '%s, this run's is 'runA' (from "
+             "127.0.0.1:", cut);
+    EXPECT_IN(ps[0].err, want);
+    EXPECT_IN(ps[0].err, "); refused, and ignored: not a rank of this run\n");
+    EXPECT_IN(ps[0].err, "nb_pg_init: rank 1 of 2 never joined within 3.0 s (joined: rank 0);");
+    snprintf(want, sizeof want, "; a process at 127.0.0.1:");
+    EXPECT_IN(ps[0].err, want);
+    snprintf(want, sizeof want, "tried to join as rank 5 with run id '%s, this run's is 'runA' (refused)", cut);
+    EXPECT_IN(ps[0].err, want);
+    ck_assert_msg(strstr(ps[0].err, "nb_pg_init: rank 5 tried") == NULL, "the stray ended the join:\n%s", ps[0].err);
+    ck_assert_msg(strstr(ps[1].err, "runA") == NULL, "the stray was told the store's run id:\n%s", ps[1].err);
+    for (int r = 0; r < 2; r++) nbt_proc_free(&ps[r]);
+}
+END_TEST
+
 /* Gloo's connection set-up is bounded by NABLA_JOIN_TIMEOUT (2 s here),
  * not NABLA_PG_TIMEOUT (60 s): rank 1 cannot open its Gloo device (no such
  * interface), so it never publishes an address; rank 0 gives up on it
  * within the join limit, saying which limit it was. */
 START_TEST(test_gloo_connect_bounded_by_join_timeout) {
     nbt_proc ps[2];
-    direct_opts o = {2, 2, true, -1, {"NABLA_JOIN_TIMEOUT=2", NULL}, {0}, {NULL, "NABLA_SOCKET_IFNAME=nbnosuch0"}};
+    direct_opts o = {2, 2, true, -1, {"NABLA_JOIN_TIMEOUT=2", NULL}, {0}, {NULL, "NABLA_SOCKET_IFNAME=nbnosuch0"}, {NULL}};
     run_direct_opts(ps, "ok", &o);
     for (int r = 0; r < 2; r++)
         ck_assert_msg(ps[r].code == 1, "rank %d exited with %d; stderr:\n%s", r, ps[r].code, ps[r].err);
@@ -421,7 +471,7 @@ START_TEST(test_held_port_reported_on_every_rank) {
     int port;
     int held = listen_free(&port);
     nbt_proc ps[2];
-    direct_opts o = {2, 2, true, held, {"NABLA_LIVENESS_TIMEOUT=1", "NABLA_JOIN_TIMEOUT=20", NULL}, {0}, {NULL}};
+    direct_opts o = {2, 2, true, held, {"NABLA_LIVENESS_TIMEOUT=1", "NABLA_JOIN_TIMEOUT=20", NULL}, {0}, {NULL}, {NULL}};
     run_direct_opts(ps, "ok", &o);
     close(held);
     for (int r = 0; r < 2; r++) {
@@ -438,7 +488,7 @@ END_TEST
 /* PyTorch's env:// variables only: no LOCAL_RANK, no LOCAL_WORLD_SIZE. */
 START_TEST(test_env_launch_without_local_variables) {
     nbt_proc ps[2];
-    direct_opts o = {2, 2, false, -1, {NULL}, {0}, {NULL}};
+    direct_opts o = {2, 2, false, -1, {NULL}, {0}, {NULL}, {NULL}};
     run_direct_opts(ps, "ok", &o);
     for (int r = 0; r < 2; r++) {
         ck_assert_msg(ps[r].code == 0, "rank %d exited with %d; stderr:\n%s", r, ps[r].code, ps[r].err);
@@ -525,6 +575,8 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_rank_that_never_joined);
     tcase_add_test(tc, test_world_size_disagreement_2_ranks);
     tcase_add_test(tc, test_world_size_disagreement_3_ranks);
+    tcase_add_test(tc, test_run_id_disagreement_2_ranks);
+    tcase_add_test(tc, test_stray_run_id_does_not_end_the_join);
     tcase_add_test(tc, test_gloo_connect_bounded_by_join_timeout);
     tcase_add_test(tc, test_held_port_reported_on_every_rank);
     tcase_add_test(tc, test_env_launch_without_local_variables);
