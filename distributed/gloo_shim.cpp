@@ -111,8 +111,18 @@ void allreduce_typed(nb__gloo *g, const nb__coll *c) {
     gloo::allreduce(opts);
 }
 
+/* The dtype as an int: an unknown value (tests/test_dist_collectives.c
+ * passes one) must reach `default`, and loading it as an nb_dtype would be
+ * undefined behaviour (UBSan reports it in `make test-asan`). */
+static int dtype_value(const nb__coll *c) {
+    static_assert(sizeof(nb_dtype) == sizeof(int), "nb_dtype is an int-sized enum");
+    int v;
+    std::memcpy(&v, &c->dtype, sizeof v);
+    return v;
+}
+
 void allreduce(nb__gloo *g, const nb__coll *c) {
-    switch (c->dtype) {
+    switch (dtype_value(c)) {
     case NB_F32: allreduce_typed<float>(g, c); break;
     case NB_F64: allreduce_typed<double>(g, c); break;
     case NB_I32: allreduce_typed<int32_t>(g, c); break;

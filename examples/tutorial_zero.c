@@ -162,13 +162,14 @@ int main(int argc, char **argv) {
     if (resume) {
         nb_checkpoint *ck;
         CHECK(nb_checkpoint_open(ckpt, &ck));
-        const char *saved = nb_checkpoint_meta(ck, "world_size");
-        bool same = saved && atoi(saved) == world;
+        const char *meta = nb_checkpoint_meta(ck, "world_size");
+        char saved[32]; /* a copy: the checkpoint's strings go with it */
+        snprintf(saved, sizeof saved, "%s", meta ? meta : "(unknown)");
+        bool same = meta && atoi(meta) == world;
         nb_checkpoint_close(ck);
         if (!same)
             CHECK(nb_set_error(NB_ERR_MISMATCH, "%s was written by a run of %s processes, this run has %d "
-                               "(the order of the data depends on it)", ckpt, saved ? saved : "(unknown)",
-                               world));
+                               "(the order of the data depends on it)", ckpt, saved, world));
         CHECK(nb_checkpoint_load_training(ckpt, state, n_state, opt, &ts));
         CHECK(nb_loader_seek(train_loader, ts.epoch, ts.data_position));
         if (rank == 0)
