@@ -279,7 +279,8 @@ static nb_status join_refusals(nb_pg *pg, const bool *missing, uint64_t *seen, i
     for (int i = 0; i < k; i++) {
         const nb__store_refusal *f = &rf[i];
         bool in_world = f->rank >= 0 && f->rank < pg->size;
-        if (in_world && f->rank != pg->rank && missing[f->rank])
+        /* with a secret, anyone on the network may have sent it: said, not trusted */
+        if (in_world && f->rank != pg->rank && missing[f->rank] && !pg->store_secret)
             return nb_set_error(NB_ERR_MISMATCH,
                                 "nb_pg_init: rank %lld tried to join with run id '%s', this run's is '%s' "
                                 "(from %s; its store connection was refused); start every rank with the "
@@ -292,7 +293,10 @@ static nb_status join_refusals(nb_pg *pg, const bool *missing, uint64_t *seen, i
                     "nabla: rank %d: rank %lld tried to join with run id '%s', this run's is '%s' (from %s); "
                     "refused, and ignored: %s\n",
                     pg->rank, (long long)f->rank, f->run_id, pg->env.run_id, f->peer,
-                    in_world ? "that rank has already joined" : "not a rank of this run");
+                    !in_world ? "not a rank of this run"
+                    : f->rank == pg->rank || !missing[f->rank] ? "that rank has already joined"
+                    : "the store has a secret and the refused process did not prove it, so its claim "
+                      "to be that rank is not trusted");
         else if (*said == JOIN_STRAYS_SAID)
             fprintf(stderr, "nabla: rank %d: more processes of other runs were refused; not said\n", pg->rank);
         (*said)++;
@@ -319,9 +323,13 @@ static nb_status join_refusals(nb_pg *pg, const bool *missing, uint64_t *seen, i
  * missing fails rank 0's join at once, naming both ids, so that a
  * misconfigured rank costs seconds, not the join timeout; one claiming a
  * rank outside the world or one already joined is said and ignored (only
- * a registered rank can stop the run). The price: during the join, a
- * peer that can reach the port and names a rank not yet joined ends the
- * join as that rank's misconfiguration would. Every 20 s (every
+ * a registered rank can stop the run). Failing early trusts the refused
+ * process's claim to be that rank, so it is done only where the store has
+ * no secret: such a store listens on loopback (or on a network declared
+ * trusted), and the misconfiguration it catches is a hand launch's (nbrun
+ * gives every rank the same run id and a secret). With a secret the claim
+ * is said on stderr and named in the timeout message, never trusted: a
+ * peer that can reach the port cannot end the join. Every 20 s (every
  * third of NABLA_JOIN_TIMEOUT when that is shorter) a waiting rank says on
  * stderr which ranks it still waits for, so a slow start is not silent
  * until the timeout. */

@@ -586,6 +586,7 @@ nb_status nb_pg_init_env(nb_pg **out, const nb_dist_env *env, const nb_pg_option
     if (st == NB_OK) st = store_access(env, &secret, &host);
     nb__store_config cfg = {.run_id = env->run_id, .secret = secret.bytes, .secret_len = secret.len,
                             .world_size = env->world_size};
+    pg->store_secret = secret.len > 0;
     if (st == NB_OK) st = start_store(pg, &cfg, host, &port);
     double join = pg->join_s;
     if (st == NB_OK) st = nb__store_connect(&pg->store_main, host, port, &cfg, env->rank, join);

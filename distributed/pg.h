@@ -74,6 +74,7 @@ struct nb_pg {
 
     /* World group only (children use root's). */
     nb_store_server *server;
+    bool store_secret;    /* the store admits only holders of the run's secret */
     nb_store *store_main;     /* the user's thread: setup, new_group, user keys */
     nb_store *store_monitor;  /* diagnostics and abort polls, under monitor_mu */
     pthread_mutex_t monitor_mu;

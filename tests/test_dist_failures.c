@@ -419,6 +419,26 @@ START_TEST(test_run_id_disagreement_2_ranks) {
 }
 END_TEST
 
+/* With a secret, the refused process proved nothing: its claim to be the
+ * missing rank 1 is said, not trusted, and the join waits for its limit
+ * (so a peer that can reach the port cannot end it). */
+START_TEST(test_run_id_claim_untrusted_with_secret) {
+    nbt_proc ps[2];
+    direct_opts o = {2, 2, false, -1, {"NABLA_JOIN_TIMEOUT=3", "NABLA_RUN_ID=runA",
+                     "NABLA_STORE_SECRET=0123456789abcdef0123456789abcdef"}, {0}, {NULL, "NABLA_RUN_ID=runB"}, {NULL}};
+    run_direct_opts(ps, "ok", &o);
+    for (int r = 0; r < 2; r++)
+        ck_assert_msg(ps[r].code == 1, "rank %d exited with %d; stderr:\n%s", r, ps[r].code, ps[r].err);
+    EXPECT_IN(ps[0].err, "nabla: rank 0: rank 1 tried to join with run id 'runB', this run's is 'runA'");
+    EXPECT_IN(ps[0].err, "did not prove it, so its claim to be that rank is not trusted");
+    EXPECT_IN(ps[0].err, "nb_pg_init: rank 1 of 2 never joined within 3.0 s");
+    ck_assert_msg(strstr(ps[0].err, "nb_pg_init: rank 1 tried") == NULL, "an unproven claim ended the join:\n%s",
+                  ps[0].err);
+    ck_assert_msg(strstr(ps[1].err, "runA") == NULL, "rank 1 was told the store's run id:\n%s", ps[1].err);
+    for (int r = 0; r < 2; r++) nbt_proc_free(&ps[r]);
+}
+END_TEST
+
 /* A process of another run claiming a rank outside the world (5 of 2) is
  * said on rank 0, its id cut and made printable, but does not end the
  * join: rank 0 still waits for rank 1 until the join limit (3 s), and that
@@ -577,6 +597,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_world_size_disagreement_3_ranks);
     tcase_add_test(tc, test_run_id_disagreement_2_ranks);
     tcase_add_test(tc, test_stray_run_id_does_not_end_the_join);
+    tcase_add_test(tc, test_run_id_claim_untrusted_with_secret);
     tcase_add_test(tc, test_gloo_connect_bounded_by_join_timeout);
     tcase_add_test(tc, test_held_port_reported_on_every_rank);
     tcase_add_test(tc, test_env_launch_without_local_variables);
