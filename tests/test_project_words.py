@@ -33,17 +33,17 @@ PROSE_EXT = {".md", ".sh", ".py", ".txt", ""}  # docs, scripts, Makefile, .ci/ru
 EVERYWHERE = [
     (r"\.\./shared\b", "names a folder outside the repository"),
     (r"(?<![\w.])/work/", "names a folder outside the repository"),
-    (r"\blent\b", "speaks of lent machines: say 'a machine with a GPU'"),
+    (r"\blent\b", "speaks of borrowed machines: say 'a machine with a GPU'"),
     (r"\bcarr(?:y|ied)\s*\[", "speaks of carried folders"),
     (r"\bother helpers\b", "speaks of helpers: say 'other builds and tests'"),
     (r"CUDA\s+backend\s+is\s+not\s+in\s+the\s+library", "the CUDA backend exists"),
     (r"until\s+the\s+CUDA\s+backend", "the CUDA backend exists"),
     (r"has\s+not\s+yet\s+run\s+on\s+a\s+GPU", "the CUDA backend has run on a GPU"),
 ]
-# only in prose and scripts (C code may speak of a CUDA "device call")
+# only in prose and scripts (C code may name a call made on a CUDA device)
 IN_PROSE = [
     (r"\bsessions?\b", "speaks of sessions: say what was run, when and where"),
-    (r"\bdevice\s+(?:tool|calls?)\b", "speaks of a device tool or its calls"),
+    (r"\bdevice\s+(?:tool|calls?)\b", "speaks of a tool for borrowing a GPU, or of its calls"),
 ]
 
 
