@@ -1,8 +1,9 @@
 /* The DDP reducer: buckets of gradients, gradient-ready hooks that launch
- * their all-reduce while backward runs, the end-of-backward wait and the
- * one-time bucket rebuild. The partition itself is ddp_buckets.c; the
- * checks at construction ddp_verify.c; the overlap measurements
- * ddp_stats.c.
+ * their collective while backward runs, the end-of-backward wait and the
+ * one-time bucket rebuild, and the hook points through which the features
+ * attach (Note [DDP hook points]). The partition itself is
+ * ddp_buckets.c; the checks at construction ddp_verify.c; the
+ * construction with the features the options ask for ddp_wrapper.c.
  *
  * Note [Buckets]
  * Parameters that require grad are numbered in registration order
@@ -34,7 +35,7 @@
  * The bucket flats are made in a context of the process group's device
  * (which every parameter is on), so on CUDA the gradients' views, the
  * all-reduce (NB_REDUCE_AVG: NCCL averages) and the bf16 hook's casts
- * (nb_copy_) all stay on the device; the host never reads gradient memory.
+ * (nb_copy_, ddp_wire.c) all stay on the device; the host never reads gradient memory.
  * Bookkeeping tensors (the rebuilt order) live in a CPU context and cross
  * to the device only to be broadcast. Bucket times are host times: launch
  * is when the host issued the all-reduce, finish when the host observed
@@ -45,40 +46,60 @@
  * anyway (tests of the bucket machinery on one GPU: NCCL allows one rank
  * per GPU).
  *
- * Note [Per-bucket step]
- * With an optimizer attached (nb_ddp_set_optimizer), the end-of-backward
- * loop that waits for bucket b, widens and averages it, then hands b's
- * parameters to the optimizer (nb__optim_step_params) before waiting for
- * bucket b + 1: the update of b runs while the later buckets' all-reduces
- * are still in flight. The update of each parameter is elementwise and
- * reads only that parameter's gradient and state, so stepping bucket by
- * bucket gives the same bits as one nb_optim_step after the last bucket;
- * the optimizer-wide step count is added once per backward and the
- * learning rates are those set before it. The decision to step is taken
- * before the first wait: a backward that failed, or one where a parameter
- * got no gradient without find_unused_parameters, steps nothing (as a
- * user would not step after the error). A bucket whose all-reduce fails
- * stops the stepping: the buckets before it were updated, it and the
- * later ones were not, and the error says the group is broken anyway.
- * Global-norm clipping needs every gradient before the first update, the
- * grad scaler's found-inf check too, and join replays steps on ranks that
- * do not train: those combinations abort (nb__optim_check_not_bucket_stepped,
- * nb_ddp_join_begin). A no_sync backward reduces nothing and steps
- * nothing; the synchronising backward after it steps on the accumulated
- * sums. */
+ * Note [DDP hook points]
+ * The reducer owns the parameters, the buckets, the gradient-ready hooks,
+ * the launch order and the wait; each feature owns its state in its own
+ * file and attaches a table of hooks (nb__ddp_hooks in ddp_reducer.h) into
+ * its slot: the statistics and trace (ddp_stats.c) and the overlap record
+ * (ddp_overlap.c) at construction when bucketed, the bf16 wire format
+ * (ddp_wire.c) with comm_hook NB_DDP_HOOK_BF16 (all three by
+ * ddp_wrapper.c), join from nb_ddp_join_begin to the end of nb_ddp_join,
+ * ZeRO-1 from nb_ddp_set_zero, the per-bucket step from
+ * nb_ddp_set_optimizer. Dependencies point one way: features call the
+ * reducer's API (ddp_reducer.h) and read its fields; the reducer calls no
+ * feature by name and has no branch for one, as c10d's Reducer meets its
+ * communication hook, Timer and Logger. A step through the hook points:
+ *   nb_ddp_pre_forward   before_forward (join's count), then the buffer
+ *                        broadcast from d->root
+ *   nb_ddp_backward      backward_begin (join's checks); on_ready per
+ *                        parameter (join's record); per bucket, in index
+ *                        order, the communication hook's launch (ZeRO-1's
+ *                        reduce-scatter, the bf16 all-reduce) or the
+ *                        default all-reduce with d->op; after backward
+ *                        sync_begin, then per bucket the wait, the hook's
+ *                        finish (bf16 widened back), the division by
+ *                        d->divisor (join) and grads_final (the per-bucket
+ *                        step); then sync_end (statistics, trace, overlap
+ *                        record, ZeRO-1's fresh gradients) and the one-time
+ *                        rebuild unless take_rebuild claims it (ZeRO-1
+ *                        rebuilds after its step)
+ *   new buckets          flat_numel (ZeRO-1's padding), buckets_made
+ *   nb_ddp_free          free
+ * Without buckets (a world of one) nb_ddp_backward is nb_backward followed
+ * by sync_begin, grads_final over every parameter and sync_end. Features
+ * that cannot be combined refuse each other by slot (nb__ddp_attached);
+ * the reducer refuses a second communication hook. Slots are called in
+ * their enum order at each point.
+ *
+ */
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "distributed/ddp_buckets.h"
-#include "distributed/ddp_internal.h"
+#include "distributed/ddp_reducer.h"
 #include "distributed/internal.h"
-#include "optim/internal.h"
 #include "tensor/internal.h"
 #include "util/handle.h"
 
 #define DEFAULT_FIRST_BUCKET (1u << 20)
 #define DEFAULT_BUCKET_CAP (25u << 20)
+
+/* Calls hook point `point` of every attached table that has it, in slot order. */
+#define EACH_HOOK(d, point, ...)                                  \
+    for (int f_ = 0; f_ < NB__DDP_FEATURES; f_++)                 \
+        if ((d)->feat[f_].h && (d)->feat[f_].h->point)            \
+            (d)->feat[f_].h->point((d), (d)->feat[f_].self, __VA_ARGS__)
 
 double nb__ddp_now(void) {
     struct timespec ts;
@@ -90,6 +111,54 @@ void *nb__ddp_calloc(size_t n, size_t size) {
     void *p = calloc(n ? n : 1, size);
     NB_CHECK(p, "nb_ddp: out of memory (%zu x %zu bytes)", n, size);
     return p;
+}
+
+/* ---- the default communication hook ---- */
+
+static nb_work *allreduce_launch(nb_ddp *d, void *self, int b, nb_reduce_op op, size_t *bytes) {
+    (void)self;
+    bucket *bk = &d->buckets[b];
+    *bytes = (size_t)bk->numel * nb_dtype_size(bk->dtype);
+    return nb_pg_all_reduce(d->pg, bk->flat, op);
+}
+
+static const nb__ddp_hooks allreduce_hook = {.name = "all-reduce", .collective = "all-reduce",
+                                             .launch = allreduce_launch};
+
+/* ---- features ---- */
+
+void nb__ddp_attach(nb_ddp *d, nb__ddp_feature f, const nb__ddp_hooks *h, void *self) {
+    NB_CHECK(f >= 0 && f < NB__DDP_FEATURES && h, "nb__ddp_attach: slot %d", (int)f);
+    NB_CHECK(!d->feat[f].h, "nb_ddp: rank %d: %s is attached already", d->rank, h->name);
+    if (h->launch) {
+        NB_CHECK(d->comm == &allreduce_hook, "nb_ddp: rank %d: %s and %s both replace the bucket collective",
+                 d->rank, d->comm->name, h->name);
+        NB_CHECK(!d->in_backward, "nb_ddp: rank %d: %s attached inside a backward", d->rank, h->name);
+        d->comm = h;
+        d->comm_self = self;
+    }
+    d->feat[f].h = h;
+    d->feat[f].self = self;
+}
+
+void nb__ddp_detach(nb_ddp *d, nb__ddp_feature f) {
+    if (!d->feat[f].h) return;
+    if (d->comm == d->feat[f].h) {
+        d->comm = &allreduce_hook;
+        d->comm_self = NULL;
+    }
+    d->feat[f].h = NULL;
+    d->feat[f].self = NULL;
+}
+
+void *nb__ddp_state(const nb_ddp *d, nb__ddp_feature f) { return d->feat[f].h ? d->feat[f].self : NULL; }
+
+const char *nb__ddp_collective(const nb_ddp *d) { return d->comm->collective; }
+
+void nb__ddp_set_reduction(nb_ddp *d, nb_reduce_op op, double divisor, int root) {
+    d->op = op;
+    d->divisor = divisor;
+    d->root = root;
 }
 
 /* ---- tensor -> parameter index ---- */
@@ -162,16 +231,8 @@ static void assign_buckets(nb_ddp *d, const int *order) {
     d->n_buckets = nb;
     for (int bi = 0; bi < nb; bi++) {
         bucket *b = &d->buckets[bi];
-        if (d->zopt) { /* Note [ZeRO-1] in ddp_zero.c */
-            b->chunk = (b->numel + d->world - 1) / d->world;
-            int64_t padded = b->chunk * d->world;
-            b->flat = nb_zeros(d->ctx, b->dtype, 1, &padded);
-            b->shard = nb_zeros(d->ctx, b->dtype, 1, &b->chunk);
-        } else {
-            b->flat = nb_zeros(d->ctx, b->dtype, 1, &b->numel);
-        }
-        if (d->o.comm_hook == NB_DDP_HOOK_BF16 && b->dtype != NB_BF16)
-            b->wire = nb_empty(d->ctx, NB_BF16, 1, &b->numel);
+        int64_t len = d->comm->flat_numel ? d->comm->flat_numel(d, d->comm_self, b->numel) : b->numel;
+        b->flat = nb_zeros(d->ctx, b->dtype, 1, &len);
         size_t esz = nb_dtype_size(b->dtype);
         for (int k = 0; k < b->n; k++) {
             nb_tensor *t = d->p[b->params[k]].tensor;
@@ -185,6 +246,8 @@ static void assign_buckets(nb_ddp *d, const int *order) {
     }
     free(d->times);
     d->times = nb__ddp_calloc((size_t)nb, sizeof(nb_ddp_bucket_time));
+    for (int f = 0; f < NB__DDP_FEATURES; f++)
+        if (d->feat[f].h && d->feat[f].h->buckets_made) d->feat[f].h->buckets_made(d, d->feat[f].self);
     nb_ctx_free(old);
 }
 
@@ -199,37 +262,23 @@ void nb__ddp_reassign_buckets(nb_ddp *d) {
 
 /* ---- launching ---- */
 
-static void launch(nb_ddp *d, bucket *b) {
-    b->t_launch = nb__ddp_now();
-    if (d->zopt) {
-        nb__ddp_zero_launch(d, b);
-        return;
-    }
-    nb_reduce_op op = nb__ddp_join_reduce_op(d); /* Note [Join] in ddp_join.c */
-    if (b->wire) {
-        nb_copy_(b->wire, b->flat);
-        b->work = nb_pg_all_reduce(d->pg, b->wire, op);
-    } else {
-        b->work = nb_pg_all_reduce(d->pg, b->flat, op);
-    }
-}
-
 static void launch_ready(nb_ddp *d) {
-    while (d->next_launch < d->n_buckets && d->buckets[d->next_launch].pending == 0)
-        launch(d, &d->buckets[d->next_launch++]);
+    while (d->next_launch < d->n_buckets && d->buckets[d->next_launch].pending == 0) {
+        bucket *b = &d->buckets[d->next_launch];
+        b->t_launch = nb__ddp_now();
+        b->work = d->comm->launch(d, d->comm_self, d->next_launch++, d->op, &b->bytes);
+    }
 }
 
-static void mark_ready(nb_ddp *d, int i) {
+void nb__ddp_mark_ready(nb_ddp *d, int i) {
     if (d->ready[i]) return;
     d->ready[i] = true;
-    if (d->join_on && !d->join_shadow) nb__ddp_join_record_param(d, i);
+    EACH_HOOK(d, on_ready, i);
     if (!d->synced_once) d->ready_order[d->n_ready] = i;
     d->n_ready++;
     d->buckets[d->bucket_of[i]].pending--;
     launch_ready(d);
 }
-
-void nb__ddp_mark_ready(nb_ddp *d, int i) { mark_ready(d, i); }
 
 void nb__ddp_reset_ready(nb_ddp *d) {
     d->n_ready = 0;
@@ -241,9 +290,21 @@ void nb__ddp_reset_ready(nb_ddp *d) {
     }
 }
 
+nb_status nb__ddp_finish_buckets(nb_ddp *d) {
+    nb_status st = NB_OK;
+    for (int b = 0; b < d->n_buckets; b++) {
+        if (!d->buckets[b].work) continue;
+        nb_status s = nb_work_finish(d->buckets[b].work);
+        d->buckets[b].work = NULL;
+        if (st == NB_OK) st = s;
+    }
+    return st;
+}
+
 static void grad_ready_hook(nb_tensor *leaf, void *user) {
+    (void)leaf;
     hook_ref *r = user;
-    if (r->ddp->in_backward) mark_ready(r->ddp, r->index);
+    if (r->ddp->in_backward) nb__ddp_mark_ready(r->ddp, r->index);
 }
 
 /* ---- construction ---- */
@@ -255,19 +316,12 @@ static void free_arrays(nb_ddp *d) {
     free(d->bucket_of);
     free(d->ready);
     free(d->ready_order);
+    free(d->all);
     free(d->slot);
     free(d->times);
-    free(d->stat_times);
-    free(d->events);
-    free(d->opt_index);
-    free(d->step_idx);
-    free(d->pieces);
-    for (int i = 0; i < d->n_trace; i++) free(d->trace[i].b);
-    nb__ddp_overlap_forget(d);
 }
 
-nb_status nb_ddp_new(nb_ddp **out, nb_module *model, nb_pg *pg, const nb_ddp_options *opts) {
-    NB_CHECK(out && model && pg, "nb_ddp_new: NULL argument");
+nb_status nb__ddp_reducer_new(nb_ddp **out, nb_module *model, nb_pg *pg, const nb_ddp_options *opts) {
     *out = NULL;
     nb_ddp *d = nb__ddp_calloc(1, sizeof *d);
     d->model = model;
@@ -275,6 +329,8 @@ nb_status nb_ddp_new(nb_ddp **out, nb_module *model, nb_pg *pg, const nb_ddp_opt
     d->o = opts ? *opts : NB_DDP_DEFAULTS;
     d->rank = nb_pg_rank(pg);
     d->world = nb_pg_size(pg);
+    d->comm = &allreduce_hook;
+    nb__ddp_set_reduction(d, NB_REDUCE_AVG, 0, 0);
     int total = nb_module_named_parameters(model, NULL, 0);
     nb_named_tensor *all = nb__ddp_calloc((size_t)total, sizeof *all);
     nb_module_named_parameters(model, all, total);
@@ -289,6 +345,8 @@ nb_status nb_ddp_new(nb_ddp **out, nb_module *model, nb_pg *pg, const nb_ddp_opt
                  nb_device_name(t->device), nb_device_name(nb_pg_device(pg)));
         NB_CHECK(nb_is_contiguous(t), "nb_ddp_new: parameter %s is not contiguous", d->p[i].name);
     }
+    d->all = nb__ddp_calloc((size_t)d->n, sizeof(int));
+    for (int i = 0; i < d->n; i++) d->all[i] = i;
     nb_status st = d->world > 1 ? nb__ddp_verify_params(d) : NB_OK;
     if (st == NB_OK && d->world > 1) st = nb__ddp_broadcast_tensors(d, false, 0);
     if (st != NB_OK) {
@@ -319,11 +377,13 @@ nb_status nb_ddp_new(nb_ddp **out, nb_module *model, nb_pg *pg, const nb_ddp_opt
     return NB_OK;
 }
 
-void nb_ddp_free(nb_ddp *d) {
-    if (!d) return;
-    if (d->opt) d->opt->stepped_by = NULL;
-    nb__ddp_zero_forget(d);
-    nb__ddp_join_forget(d);
+void nb__ddp_reducer_free(nb_ddp *d) {
+    for (int f = 0; f < NB__DDP_FEATURES; f++) {
+        const nb__ddp_hooks *h = d->feat[f].h;
+        void *self = d->feat[f].self;
+        nb__ddp_detach(d, (nb__ddp_feature)f);
+        if (h && h->free) h->free(d, self);
+    }
     for (int b = 0; b < d->n_buckets; b++)
         if (d->buckets[b].work) { /* left by a failed step */
             nb_work_finish(d->buckets[b].work);
@@ -349,66 +409,6 @@ nb_module *nb_ddp_module(nb_ddp *d) {
     return d->model;
 }
 
-/* A combination the wrapper refuses is a status, as in nb_ddp_set_zero: a
- * program may fall back to a plain step. Called inside a backward, it aborts. */
-nb_status nb_ddp_set_optimizer(nb_ddp *d, nb_optim *opt) {
-    NB__CHECK_HANDLE("nb_ddp_set_optimizer", d, "DDP handle");
-    NB_CHECK(!d->in_backward, "nb_ddp_set_optimizer: rank %d: called inside a backward", d->rank);
-    if (opt && d->join_on)
-        return nb_set_error(NB_ERR_INVALID, "nb_ddp_set_optimizer: rank %d: the wrapper is in join mode "
-                            "(nb_ddp_join_begin); per-bucket optimizer steps cannot be combined with join",
-                            d->rank);
-    if (opt && d->zopt)
-        return nb_set_error(NB_ERR_INVALID, "nb_ddp_set_optimizer: rank %d: ZeRO-1 is on (nb_ddp_set_zero); "
-                            "per-bucket optimizer steps cannot be combined with it", d->rank);
-    if (opt && opt->sharded_by)
-        return nb_set_error(NB_ERR_INVALID, "nb_ddp_set_optimizer: rank %d: this optimizer's state is sharded "
-                            "by ZeRO-1 (nb_ddp_set_zero); per-bucket optimizer steps cannot be combined with it",
-                            d->rank);
-    if (opt && opt != d->opt && opt->stepped_by)
-        return nb_set_error(NB_ERR_INVALID, "nb_ddp_set_optimizer: rank %d: this optimizer is already stepped "
-                            "per bucket by another DDP wrapper", d->rank);
-    if (opt && opt != d->opt) {
-        int *index = nb__ddp_calloc((size_t)(d->n ? d->n : 1), sizeof(int));
-        for (int i = 0; i < d->n; i++) index[i] = nb__optim_param_index(opt, d->p[i].tensor);
-        int found = 0;
-        for (int i = 0; i < d->n; i++) found += index[i] >= 0;
-        if (found != nb_optim_param_count(opt)) {
-            const char *name = "?";
-            for (int j = 0; j < nb_optim_param_count(opt) && name[0] == '?'; j++) {
-                bool in = false;
-                for (int i = 0; i < d->n && !in; i++) in = index[i] == j;
-                if (!in) name = opt->params[j].name;
-            }
-            free(index);
-            return nb_set_error(NB_ERR_INVALID, "nb_ddp_set_optimizer: rank %d: optimizer parameter \"%s\" is "
-                                "not a parameter (that requires grad) of the wrapped model; a per-bucket step "
-                                "updates only the wrapper's parameters, so it would never be stepped",
-                                d->rank, name);
-        }
-        free(d->opt_index);
-        free(d->step_idx);
-        d->opt_index = index;
-        d->step_idx = nb__ddp_calloc((size_t)(d->n ? d->n : 1), sizeof(int));
-    }
-    if (d->opt && d->opt != opt) d->opt->stepped_by = NULL;
-    d->opt = opt;
-    if (opt) opt->stepped_by = "a DDP wrapper";
-    return NB_OK;
-}
-
-nb_optim *nb_ddp_optimizer(const nb_ddp *d) {
-    NB__CHECK_HANDLE("nb_ddp_optimizer", d, "DDP handle");
-    return d->opt;
-}
-
-/* Steps the optimizer's parameters among params[0..n) (Note [Per-bucket step]). */
-static void step_params(nb_ddp *d, const int *params, int n) {
-    int k = 0;
-    for (int j = 0; j < n; j++)
-        if (d->opt_index[params[j]] >= 0) d->step_idx[k++] = d->opt_index[params[j]];
-    if (k) nb__optim_step_params(d->opt, d->step_idx, k);
-}
 void nb_ddp_set_no_sync(nb_ddp *d, bool no_sync) {
     NB__CHECK_HANDLE("nb_ddp_set_no_sync", d, "DDP handle");
     d->no_sync = no_sync;
@@ -429,30 +429,42 @@ int nb_ddp_bucket_params(const nb_ddp *d, int b, int *out, int cap) {
     return d->buckets[b].n;
 }
 
-nb_status nb_ddp_pre_forward(nb_ddp *d) {
-    NB__CHECK_HANDLE("nb_ddp_pre_forward", d, "DDP handle");
+/* ---- forward ---- */
+
+/* The step's collectives before forward; *what names the one that failed. */
+static nb_status pre_forward(nb_ddp *d, const char **what) {
     d->fwd_start = nb__ddp_now();
+    *what = "broadcasting the buffers";
     if (d->world == 1) return NB_OK;
-    int root = 0;
-    if (d->join_on) { /* Note [Join] in ddp_join.c */
-        nb_status st = nb__ddp_join_count(d);
-        if (st != NB_OK) return st;
-        root = d->join_root;
+    for (int f = 0; f < NB__DDP_FEATURES; f++) {
+        const nb__ddp_hooks *h = d->feat[f].h;
+        if (!h || !h->before_forward) continue;
+        nb_status st = h->before_forward(d, d->feat[f].self);
+        if (st != NB_OK) {
+            *what = h->before_forward_what ? h->before_forward_what : h->name;
+            return st;
+        }
     }
     if (!d->o.broadcast_buffers) return NB_OK;
-    return nb__ddp_broadcast_tensors(d, true, root);
+    return nb__ddp_broadcast_tensors(d, true, d->root);
+}
+
+nb_status nb_ddp_pre_forward(nb_ddp *d) {
+    NB__CHECK_HANDLE("nb_ddp_pre_forward", d, "DDP handle");
+    const char *what;
+    return pre_forward(d, &what);
 }
 
 nb_status nb_ddp_forward(nb_ddp *d, nb_ctx *ctx, nb_tensor *x, nb_tensor **out) {
     NB__CHECK_HANDLE("nb_ddp_forward", d, "DDP handle");
     NB_CHECK(d && out, "nb_ddp_forward: NULL argument");
     *out = NULL;
-    nb_status st = nb_ddp_pre_forward(d);
+    const char *what;
+    nb_status st = pre_forward(d, &what);
     if (st != NB_OK) {
         char why[2048];
         snprintf(why, sizeof why, "%s", nb_last_error());
-        return nb_set_error(st, "nb_ddp_forward: %s failed: %s",
-                            d->join_on ? "the step's count or buffer broadcast" : "broadcasting the buffers", why);
+        return nb_set_error(st, "nb_ddp_forward: %s failed: %s", what, why);
     }
     nb__dist_failure_clear();
     nb_tensor *y = nb_module_forward(d->model, ctx, x);
@@ -479,7 +491,7 @@ static void note_leaf(nb_tensor *leaf, void *user) {
     if (i >= 0) r->seen[i] = true;
 }
 
-/* Rank 0's ready order, broadcast, becomes every rank's bucket order;
+/* Rank root's ready order, broadcast, becomes every rank's bucket order;
  * parameters that were never ready go last, in reverse registration order. */
 nb_status nb__ddp_rebuild_buckets(nb_ddp *d) {
     nb_ctx *tmp = nb_ctx_new(nb_cpu(), 0);
@@ -492,13 +504,12 @@ nb_status nb__ddp_rebuild_buckets(nb_ddp *d) {
     free(mine);
     nb_status st = NB_OK;
     nb_device dev = nb_pg_device(d->pg);
-    int root = d->join_on ? d->join_root : 0; /* rank 0 may have joined (Note [Join]) */
     if (dev.type == NB_DEVICE_CPU) {
-        st = nb_work_finish(nb_pg_broadcast(d->pg, ord, root));
+        st = nb_work_finish(nb_pg_broadcast(d->pg, ord, d->root));
     } else { /* through the device, back to the host */
         nb_ctx *dctx = nb_ctx_new(dev, 0);
         nb_tensor *dord = nb_from_host(dctx, NB_I64, 1, &n, o);
-        st = nb_work_finish(nb_pg_broadcast(d->pg, dord, root));
+        st = nb_work_finish(nb_pg_broadcast(d->pg, dord, d->root));
         if (st == NB_OK) nb_to_host(dord, o);
         nb_ctx_free(dctx);
     }
@@ -511,6 +522,27 @@ nb_status nb__ddp_rebuild_buckets(nb_ddp *d) {
     nb_ctx_free(tmp);
     d->rebuilt = true;
     return st;
+}
+
+nb_status nb__ddp_synced(nb_ddp *d, bool rebuild) {
+    if (d->synced_once) return NB_OK;
+    d->synced_once = true;
+    if (!rebuild) return NB_OK;
+    for (int f = 0; f < NB__DDP_FEATURES; f++) {
+        const nb__ddp_hooks *h = d->feat[f].h;
+        if (h && h->take_rebuild && h->take_rebuild(d, d->feat[f].self)) return NB_OK;
+    }
+    return nb__ddp_rebuild_buckets(d);
+}
+
+void nb__ddp_step_timeline(const nb_ddp *d, double done, trace_step *t) {
+    t->fwd_start = d->fwd_start;
+    t->bw_start = d->bw_start;
+    t->bw_end = d->bw_end;
+    t->done = done;
+    t->n = d->n_buckets;
+    t->b = nb__ddp_calloc((size_t)d->n_buckets, sizeof *t->b);
+    memcpy(t->b, d->times, sizeof *t->b * (size_t)d->n_buckets);
 }
 
 /* A collective inside backward that failed (Note [Failures inside a
@@ -526,26 +558,15 @@ static nb_status backward_failure(void) {
 nb_status nb_ddp_backward(nb_ddp *d, nb_tensor *loss) {
     NB__CHECK_HANDLE("nb_ddp_backward", d, "DDP handle");
     nb__dist_failure_clear();
-    if (d->join_on && d->world > 1) { /* Note [Join] in ddp_join.c */
-        NB_CHECK(d->join_counted,
-                 "nb_ddp_backward: rank %d: after nb_ddp_join_begin, every step must start with "
-                 "nb_ddp_forward or nb_ddp_pre_forward (the ranks count who still trains there)",
-                 d->rank);
-        NB_CHECK(d->join_sync == !d->no_sync,
-                 "nb_ddp_backward: rank %d: no_sync changed between the step's forward and its "
-                 "backward; after nb_ddp_join_begin set it before nb_ddp_forward", d->rank);
-        d->join_counted = false;
-    }
+    for (int f = 0; f < NB__DDP_FEATURES; f++)
+        if (d->feat[f].h && d->feat[f].h->backward_begin) d->feat[f].h->backward_begin(d, d->feat[f].self);
     if (!d->bucketed || d->no_sync) {
         nb_backward(loss);
         nb_status st = backward_failure();
-        if (st == NB_OK && d->zopt && !d->no_sync) d->zero_fresh = true;
-        if (st == NB_OK && d->opt && !d->no_sync) { /* a world of one: the whole step at once */
-            int *all = nb__ddp_calloc((size_t)(d->n ? d->n : 1), sizeof(int));
-            for (int i = 0; i < d->n; i++) all[i] = i;
-            nb__optim_count_step(d->opt);
-            step_params(d, all, d->n);
-            free(all);
+        if (st == NB_OK && !d->no_sync) { /* a world of one: every gradient final at once */
+            EACH_HOOK(d, sync_begin, true);
+            EACH_HOOK(d, grads_final, d->all, d->n);
+            EACH_HOOK(d, sync_end, nb__ddp_now());
         }
         return st;
     }
@@ -556,7 +577,7 @@ nb_status nb_ddp_backward(nb_ddp *d, nb_tensor *loss) {
         reach r = {d, seen};
         nb__graph_leaves(loss, note_leaf, &r);
         for (int i = 0; i < d->n; i++)
-            if (!seen[i]) mark_ready(d, i);
+            if (!seen[i]) nb__ddp_mark_ready(d, i);
         free(seen);
     }
     d->bw_start = nb__ddp_now();
@@ -572,10 +593,10 @@ nb_status nb_ddp_backward(nb_ddp *d, nb_tensor *loss) {
         if (!d->ready[i]) {
             if (missing < 0) missing = i;
             n_missing++;
-            mark_ready(d, i); /* still reduce, so the other ranks are not left waiting */
+            nb__ddp_mark_ready(d, i); /* still reduce, so the other ranks are not left waiting */
         }
-    bool stepping = d->opt && bw_st == NB_OK && (n_missing == 0 || d->o.find_unused_parameters);
-    if (stepping) nb__optim_count_step(d->opt);
+    bool usable = bw_st == NB_OK && (n_missing == 0 || d->o.find_unused_parameters);
+    EACH_HOOK(d, sync_begin, usable);
     nb_status st = NB_OK;
     for (int b = 0; b < d->n_buckets; b++) {
         bucket *bk = &d->buckets[b];
@@ -583,27 +604,18 @@ nb_status nb_ddp_backward(nb_ddp *d, nb_tensor *loss) {
         if (s != NB_OK && st == NB_OK) st = s;
         double issued = 0, started = 0, finished = 0;
         nb_work_times(bk->work, &issued, &started, &finished);
-        d->times[b] = (nb_ddp_bucket_time){bk->t_launch, started, finished,
-                                           (size_t)bk->numel * nb_dtype_size(bk->wire ? NB_BF16 : bk->dtype)};
+        d->times[b] = (nb_ddp_bucket_time){bk->t_launch, started, finished, bk->bytes};
         nb_work_free(bk->work);
         bk->work = NULL;
-        if (s == NB_OK && bk->wire) nb_copy_(bk->flat, bk->wire);
-        double div = nb__ddp_join_divisor(d);
-        if (s == NB_OK && div > 0) nb_scale_(bk->flat, 1.0 / div);
-        if (stepping && st == NB_OK) step_params(d, bk->params, bk->n); /* Note [Per-bucket step] */
+        if (s == NB_OK && d->comm->finish) d->comm->finish(d, d->comm_self, b);
+        if (s == NB_OK && d->divisor > 0) nb_scale_(bk->flat, 1.0 / d->divisor);
+        if (st == NB_OK) EACH_HOOK(d, grads_final, bk->params, bk->n);
     }
     double done = nb__ddp_now();
     if (bw_st != NB_OK) return nb_set_error(bw_st, "%s", bw_why); /* it came first */
     if (st != NB_OK) return st;
-    nb__ddp_record_stats(d, done);
-    if (d->zopt) d->zero_fresh = true;
-    if (!d->synced_once) {
-        d->synced_once = true;
-        if (n_missing == 0 || d->o.find_unused_parameters) {
-            if (d->zopt) d->zero_rebuild = true; /* after the step (Note [ZeRO-1] in ddp_zero.c) */
-            else st = nb__ddp_rebuild_buckets(d);
-        }
-    }
+    EACH_HOOK(d, sync_end, done);
+    st = nb__ddp_synced(d, n_missing == 0 || d->o.find_unused_parameters);
     if (st != NB_OK) return st;
     if (n_missing && !d->o.find_unused_parameters)
         return nb_set_error(NB_ERR_INVALID,

@@ -41,70 +41,139 @@
  * When the count is zero every rank has joined; all ranks then receive
  * the whole state (parameters and buffers) from the lowest rank of the
  * last step in which anyone trained, so the models agree again. Optimizer
- * state is not synchronised: joined ranks keep theirs as it was. */
+ * state is not synchronised: joined ranks keep theirs as it was.
+ *
+ * Join is a feature of the reducer (Note [DDP hook points] in ddp.c),
+ * attached from nb_ddp_join_begin to the end of nb_ddp_join: its count
+ * runs before each step's forward (before_forward), its checks at the
+ * start of backward (backward_begin), its record as parameters become
+ * ready (on_ready); the sum and the divisor are the reducer's reduction
+ * (nb__ddp_set_reduction), and the replay goes through the reducer's own
+ * bucket logic (nb__ddp_mark_ready). */
 #include <stdlib.h>
 #include <string.h>
 
-#include "distributed/ddp_internal.h"
+#include "distributed/ddp_reducer.h"
 #include "distributed/internal.h"
 #include "util/handle.h"
+
+/* One collective-relevant event of a training step, recorded so that a
+ * joined rank can replay the step. */
+typedef struct join_event {
+    int param;      /* >= 0: parameter `param` became ready; -1: a SyncBatchNorm all-reduce */
+    nb_dtype dtype; /* of the SyncBatchNorm all-reduce */
+    int64_t numel;
+} join_event;
+
+typedef struct join_state {
+    bool div_initial; /* divide by the world size, not by the ranks still training */
+    bool counted;     /* this step's count was all-reduced (pre-forward) */
+    bool sync;        /* this step reduces gradients (some training rank is not in no_sync) */
+    bool shadow;      /* replaying a step on a joined rank */
+    int active;       /* ranks training in this step */
+    int root;         /* lowest of them: buffers and the bucket order come from it */
+    join_event *events; /* this rank's last training step (malloc'd) */
+    int n_events, cap_events;
+} join_state;
 
 /* The wrapper in join mode whose step runs on this thread. */
 static _Thread_local nb_ddp *recorder;
 
-static void record(nb_ddp *d, join_event e) {
-    if (d->n_events == d->cap_events) {
-        int cap = d->cap_events ? 2 * d->cap_events : 64;
-        join_event *ev = realloc(d->events, sizeof *ev * (size_t)cap);
+static join_state *join_of(const nb_ddp *d) { return nb__ddp_state(d, NB__DDP_JOIN); }
+
+static void record(join_state *j, join_event e) {
+    if (j->n_events == j->cap_events) {
+        int cap = j->cap_events ? 2 * j->cap_events : 64;
+        join_event *ev = realloc(j->events, sizeof *ev * (size_t)cap);
         NB_CHECK(ev, "nb_ddp: out of memory (%d join events)", cap);
-        d->events = ev;
-        d->cap_events = cap;
+        j->events = ev;
+        j->cap_events = cap;
     }
-    d->events[d->n_events++] = e;
+    j->events[j->n_events++] = e;
 }
 
 void nb__ddp_join_note(nb_pg *pg, const nb_tensor *t) {
     nb_ddp *d = recorder;
-    if (d && d->join_on && !d->join_shadow && d->pg == pg)
-        record(d, (join_event){-1, t->dtype, nb_numel(t)});
+    join_state *j = d ? join_of(d) : NULL;
+    if (j && !j->shadow && d->pg == pg) record(j, (join_event){-1, t->dtype, nb_numel(t)});
 }
 
-void nb__ddp_join_record_param(nb_ddp *d, int i) { record(d, (join_event){i, NB_F32, 0}); }
-
-nb_reduce_op nb__ddp_join_reduce_op(const nb_ddp *d) { return d->join_on ? NB_REDUCE_SUM : NB_REDUCE_AVG; }
-
-double nb__ddp_join_divisor(const nb_ddp *d) {
-    if (!d->join_on) return 0;
-    return d->join_div_initial ? (double)d->world : (double)d->join_active;
+/* The reducer's reduction for the step: a sum, divided as the options say. */
+static void set_reduction(nb_ddp *d, const join_state *j) {
+    nb__ddp_set_reduction(d, NB_REDUCE_SUM, j->div_initial ? (double)d->world : (double)j->active, j->root);
 }
 
-void nb__ddp_join_forget(nb_ddp *d) {
+/* ---- hook points ---- */
+
+static nb_status join_count(nb_ddp *d, void *self);
+
+static void join_backward_begin(nb_ddp *d, void *self) {
+    join_state *j = self;
+    if (d->world == 1) return;
+    NB_CHECK(j->counted,
+             "nb_ddp_backward: rank %d: after nb_ddp_join_begin, every step must start with "
+             "nb_ddp_forward or nb_ddp_pre_forward (the ranks count who still trains there)",
+             d->rank);
+    NB_CHECK(j->sync == !d->no_sync,
+             "nb_ddp_backward: rank %d: no_sync changed between the step's forward and its "
+             "backward; after nb_ddp_join_begin set it before nb_ddp_forward", d->rank);
+    j->counted = false;
+}
+
+static void join_on_ready(nb_ddp *d, void *self, int i) {
+    (void)d;
+    join_state *j = self;
+    if (!j->shadow) record(j, (join_event){i, NB_F32, 0});
+}
+
+/* Leaves join mode: the plain reduction back, the state freed. */
+static void join_end(nb_ddp *d, join_state *j) {
     if (recorder == d) recorder = NULL;
+    nb__ddp_detach(d, NB__DDP_JOIN);
+    nb__ddp_set_reduction(d, NB_REDUCE_AVG, 0, 0);
+    free(j->events);
+    free(j);
 }
+
+static void join_free(nb_ddp *d, void *self) { join_end(d, self); }
+
+static const nb__ddp_hooks join_hooks = {
+    .name = "join",
+    .before_forward = join_count,
+    .before_forward_what = "the step's count",
+    .backward_begin = join_backward_begin,
+    .on_ready = join_on_ready,
+    .free = join_free,
+};
 
 void nb_ddp_join_begin(nb_ddp *d, const nb_ddp_join_options *opts) {
     NB__CHECK_HANDLE("nb_ddp_join_begin", d, "DDP handle");
-    NB_CHECK(!d->join_counted, "nb_ddp_join_begin: rank %d: called between a step's forward and its backward",
+    join_state *j = join_of(d);
+    NB_CHECK(!(j && j->counted), "nb_ddp_join_begin: rank %d: called between a step's forward and its backward",
              d->rank);
-    NB_CHECK(!d->opt, "nb_ddp_join_begin: rank %d: the wrapper steps an optimizer per bucket "
+    NB_CHECK(!nb__ddp_attached(d, NB__DDP_BUCKET_STEP), "nb_ddp_join_begin: rank %d: the wrapper steps an optimizer per bucket "
              "(nb_ddp_set_optimizer); join mode cannot be combined with it (a joined rank replays "
              "steps without training); detach it with nb_ddp_set_optimizer(ddp, NULL) and call "
              "nb_optim_step after nb_ddp_backward", d->rank);
-    NB_CHECK(!d->zopt, "nb_ddp_join_begin: rank %d: ZeRO-1 is on (nb_ddp_set_zero); join mode "
+    NB_CHECK(!nb__ddp_attached(d, NB__DDP_ZERO), "nb_ddp_join_begin: rank %d: ZeRO-1 is on (nb_ddp_set_zero); join mode "
              "cannot be combined with it (a joined rank would have to step its shard on the "
              "others' gradients); detach it with nb_ddp_set_zero(ddp, NULL)", d->rank);
     nb_ddp_join_options o = opts ? *opts : NB_DDP_JOIN_DEFAULTS;
-    d->join_on = true;
-    d->join_div_initial = o.divide_by_initial_world_size;
-    d->join_active = d->world;
-    d->join_root = 0;
-    d->join_sync = true;
-    d->n_events = 0;
+    if (!j) {
+        j = nb__ddp_calloc(1, sizeof *j);
+        nb__ddp_attach(d, NB__DDP_JOIN, &join_hooks, j);
+    }
+    j->div_initial = o.divide_by_initial_world_size;
+    j->active = d->world;
+    j->root = 0;
+    j->sync = true;
+    j->n_events = 0;
+    set_reduction(d, j);
 }
 
 /* The step's count all-reduce (Note [Join]); `training`: this rank takes
  * part in the step. */
-static nb_status count(nb_ddp *d, bool training) {
+static nb_status count(nb_ddp *d, join_state *j, bool training) {
     int W = d->world;
     double *v = nb__ddp_calloc((size_t)W + 1, sizeof *v);
     if (training) {
@@ -131,9 +200,10 @@ static nb_status count(nb_ddp *d, bool training) {
         }
     int sync = (int)(v[W] + 0.5);
     free(v);
-    d->join_active = active;
-    if (active > 0) d->join_root = root;
-    d->join_sync = sync > 0;
+    j->active = active;
+    if (active > 0) j->root = root;
+    j->sync = sync > 0;
+    set_reduction(d, j);
     if (sync != 0 && sync != active)
         return nb_set_error(NB_ERR_MISMATCH,
                             "nb_ddp: rank %d: of the %d ranks still training, %d reduce gradients in this "
@@ -143,35 +213,36 @@ static nb_status count(nb_ddp *d, bool training) {
     return NB_OK;
 }
 
-nb_status nb__ddp_join_count(nb_ddp *d) {
-    NB_CHECK(!d->join_counted,
+static nb_status join_count(nb_ddp *d, void *self) {
+    join_state *j = self;
+    NB_CHECK(!j->counted,
              "nb_ddp_pre_forward: rank %d: called twice in one step in join mode (each step runs one "
              "forward through the wrapper, then nb_ddp_backward)",
              d->rank);
-    nb_status st = count(d, true);
+    nb_status st = count(d, j, true);
     if (st != NB_OK) return st;
-    d->join_counted = true;
-    d->n_events = 0;
+    j->counted = true;
+    j->n_events = 0;
     recorder = d;
     return NB_OK;
 }
 
 /* One step of the ranks still training, answered with zeros (Note [Join]). */
-static nb_status shadow_step(nb_ddp *d) {
+static nb_status shadow_step(nb_ddp *d, join_state *j) {
     nb_status st = NB_OK;
-    if (d->o.broadcast_buffers) st = nb__ddp_broadcast_tensors(d, true, d->join_root);
+    if (d->o.broadcast_buffers) st = nb__ddp_broadcast_tensors(d, true, j->root);
     if (st != NB_OK) return st;
-    bool buckets = d->bucketed && d->join_sync;
+    bool buckets = d->bucketed && j->sync;
     if (buckets) {
         for (int b = 0; b < d->n_buckets; b++) nb_fill_(d->buckets[b].flat, 0);
         nb__ddp_reset_ready(d);
     }
-    d->join_shadow = true;
+    j->shadow = true;
     nb_ctx *c = nb_ctx_new(nb_pg_device(d->pg), 0);
-    nb_work **w = nb__ddp_calloc((size_t)d->n_events + 1, sizeof *w);
+    nb_work **w = nb__ddp_calloc((size_t)j->n_events + 1, sizeof *w);
     int nw = 0;
-    for (int k = 0; k < d->n_events; k++) {
-        join_event e = d->events[k];
+    for (int k = 0; k < j->n_events; k++) {
+        join_event e = j->events[k];
         if (e.param < 0) {
             nb_tensor *z = nb_zeros(c, e.dtype, 1, &e.numel);
             w[nw++] = nb_pg_all_reduce(d->pg, z, NB_REDUCE_SUM);
@@ -188,19 +259,13 @@ static nb_status shadow_step(nb_ddp *d) {
     free(w);
     nb_ctx_free(c);
     if (buckets) {
-        for (int b = 0; b < d->n_buckets; b++) {
-            bucket *bk = &d->buckets[b];
-            nb_status s = nb_work_finish(bk->work);
-            bk->work = NULL;
-            if (st == NB_OK) st = s;
-            nb_fill_(bk->flat, 0); /* a joined rank's gradients are zero */
-        }
+        nb_status s = nb__ddp_finish_buckets(d);
+        if (st == NB_OK) st = s;
+        for (int b = 0; b < d->n_buckets; b++)
+            nb_fill_(d->buckets[b].flat, 0); /* a joined rank's gradients are zero */
     }
-    d->join_shadow = false;
-    if (st == NB_OK && buckets && !d->synced_once) {
-        d->synced_once = true;
-        st = nb__ddp_rebuild_buckets(d);
-    }
+    j->shadow = false;
+    if (st == NB_OK && buckets) st = nb__ddp_synced(d, true);
     return st;
 }
 
@@ -213,16 +278,16 @@ static bool has_sync_batch_norm(const nb_module *m) {
 
 nb_status nb_ddp_join(nb_ddp *d) {
     NB__CHECK_HANDLE("nb_ddp_join", d, "DDP handle");
-    NB_CHECK(d->join_on,
+    join_state *j = join_of(d);
+    NB_CHECK(j,
              "nb_ddp_join: rank %d: join mode is off; every rank calls nb_ddp_join_begin before its "
              "training loop",
              d->rank);
-    NB_CHECK(!d->join_counted,
+    NB_CHECK(!j->counted,
              "nb_ddp_join: rank %d: called between a step's forward and its backward; finish the step first",
              d->rank);
-    if (d->world > 1 && d->n_events == 0 && has_sync_batch_norm(d->model)) {
-        d->join_on = false;
-        nb__ddp_join_forget(d);
+    if (d->world > 1 && j->n_events == 0 && has_sync_batch_norm(d->model)) {
+        join_end(d, j);
         return nb_set_error(NB_ERR_INVALID,
                             "nb_ddp_join: rank %d joined without a synchronised training step, and the "
                             "model has SyncBatchNorm layers, whose all-reduces it cannot replay without "
@@ -233,17 +298,15 @@ nb_status nb_ddp_join(nb_ddp *d) {
     int steps = 0;
     if (d->world > 1) {
         for (;;) {
-            st = count(d, false);
-            if (st != NB_OK || d->join_active == 0) break;
-            st = shadow_step(d);
+            st = count(d, j, false);
+            if (st != NB_OK || j->active == 0) break;
+            st = shadow_step(d, j);
             if (st != NB_OK) break;
             steps++;
         }
-        if (st == NB_OK) st = nb__ddp_broadcast_tensors(d, false, d->join_root);
+        if (st == NB_OK) st = nb__ddp_broadcast_tensors(d, false, j->root);
     }
-    d->join_on = false;
-    d->n_events = 0;
-    nb__ddp_join_forget(d);
+    join_end(d, j);
     if (st != NB_OK) {
         char why[2048];
         snprintf(why, sizeof why, "%s", nb_last_error());

@@ -36,7 +36,11 @@
  *
  * The records travel through the store (the group's device may be a GPU,
  * the records are host data): one key per rank, read by all, deleted by
- * its owner after a barrier. */
+ * its owner after a barrier.
+ *
+ * The recording is a feature of the reducer (Note [DDP hook points] in
+ * ddp.c), attached at construction with record_timeline when the wrapper
+ * has buckets: it keeps each synchronised step's timeline (sync_end). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,6 +52,12 @@
 
 #define NB_BARRIERS 5
 #define MAGIC "nbovl01"
+#define MAX_STEPS 1024 /* between two nb_ddp_overlap_across_ranks */
+
+typedef struct overlap_state {
+    trace_step *steps; /* MAX_STEPS (malloc'd on first use) */
+    int n, lost, calls;
+} overlap_state;
 
 size_t nb__ddp_overlap_record_cap = 0;
 
@@ -60,28 +70,41 @@ typedef struct head {
 
 /* ---- recording ---- */
 
-void nb__ddp_overlap_note(nb_ddp *d, double done) {
-    if (d->n_ov == NB__DDP_MAX_OVERLAP_STEPS) {
-        d->ov_lost++;
+static void overlap_sync_end(nb_ddp *d, void *self, double done) {
+    overlap_state *o = self;
+    if (o->n == MAX_STEPS) {
+        o->lost++;
         return;
     }
-    if (!d->ov) d->ov = nb__ddp_calloc(NB__DDP_MAX_OVERLAP_STEPS, sizeof *d->ov);
-    nb__ddp_trace_take(&d->ov[d->n_ov++], d, done);
+    if (!o->steps) o->steps = nb__ddp_calloc(MAX_STEPS, sizeof *o->steps);
+    nb__ddp_step_timeline(d, done, &o->steps[o->n++]);
 }
 
-static void drop_steps(nb_ddp *d) {
-    for (int i = 0; i < d->n_ov; i++) {
-        free(d->ov[i].b);
-        d->ov[i].b = NULL;
+static void drop_steps(overlap_state *o) {
+    for (int i = 0; i < o->n; i++) {
+        free(o->steps[i].b);
+        o->steps[i].b = NULL;
     }
-    d->n_ov = 0;
-    d->ov_lost = 0;
+    o->n = 0;
+    o->lost = 0;
 }
 
-void nb__ddp_overlap_forget(nb_ddp *d) {
-    drop_steps(d);
-    free(d->ov);
-    d->ov = NULL;
+static void overlap_free(nb_ddp *d, void *self) {
+    (void)d;
+    overlap_state *o = self;
+    drop_steps(o);
+    free(o->steps);
+    free(o);
+}
+
+static const nb__ddp_hooks overlap_hooks = {
+    .name = "the overlap record",
+    .sync_end = overlap_sync_end,
+    .free = overlap_free,
+};
+
+void nb__ddp_overlap_attach(nb_ddp *d) {
+    nb__ddp_attach(d, NB__DDP_OVERLAP, &overlap_hooks, nb__ddp_calloc(1, sizeof(overlap_state)));
 }
 
 /* ---- the figures ---- */
@@ -148,9 +171,9 @@ static void clock_id(char *out, size_t cap) {
  * finish) triples, as doubles. One over the store's limit is sent as its
  * head alone with steps -1, so that every rank fails alike instead of
  * waiting for it. */
-static char *pack(nb_ddp *d, const double *left, size_t *len, size_t *full) {
+static char *pack(const overlap_state *o, const double *left, size_t *len, size_t *full) {
     size_t n = sizeof(head);
-    for (int s = 0; s < d->n_ov; s++) n += sizeof(double) * (2 + 3 * (size_t)d->ov[s].n);
+    for (int s = 0; s < o->n; s++) n += sizeof(double) * (2 + 3 * (size_t)o->steps[s].n);
     *full = n;
     bool over = n > (nb__ddp_overlap_record_cap ? nb__ddp_overlap_record_cap : NB_STORE_MAX_VALUE);
     if (over) n = sizeof(head);
@@ -159,20 +182,20 @@ static char *pack(nb_ddp *d, const double *left, size_t *len, size_t *full) {
     memset(&h, 0, sizeof h);
     memcpy(h.magic, MAGIC, sizeof h.magic);
     clock_id(h.host, sizeof h.host);
-    h.steps = over ? -1 : d->n_ov;
-    h.lost = d->ov_lost;
+    h.steps = over ? -1 : o->n;
+    h.lost = o->lost;
     memcpy(h.left, left, sizeof h.left);
     memcpy(buf, &h, sizeof h);
     *len = n;
     if (over) return buf;
     double *p = (double *)(buf + sizeof h);
-    for (int s = 0; s < d->n_ov; s++) {
-        *p++ = d->ov[s].n;
-        *p++ = d->ov[s].bw_end;
-        for (int b = 0; b < d->ov[s].n; b++) {
-            *p++ = d->ov[s].b[b].launch;
-            *p++ = d->ov[s].b[b].start;
-            *p++ = d->ov[s].b[b].finish;
+    for (int s = 0; s < o->n; s++) {
+        *p++ = o->steps[s].n;
+        *p++ = o->steps[s].bw_end;
+        for (int b = 0; b < o->steps[s].n; b++) {
+            *p++ = o->steps[s].b[b].launch;
+            *p++ = o->steps[s].b[b].start;
+            *p++ = o->steps[s].b[b].finish;
         }
     }
     return buf;
@@ -183,7 +206,7 @@ static char *pack(nb_ddp *d, const double *left, size_t *len, size_t *full) {
 static bool unpack(const char *buf, size_t len, head *h, trace_step **steps) {
     if (len < sizeof *h) return false;
     memcpy(h, buf, sizeof *h);
-    if (memcmp(h->magic, MAGIC, sizeof h->magic) != 0 || h->steps < -1 || h->steps > NB__DDP_MAX_OVERLAP_STEPS)
+    if (memcmp(h->magic, MAGIC, sizeof h->magic) != 0 || h->steps < -1 || h->steps > MAX_STEPS)
         return false;
     if (h->steps == -1) return len == sizeof *h;
     h->host[sizeof h->host - 1] = 0;
@@ -235,12 +258,14 @@ nb_status nb_ddp_overlap_across_ranks(nb_ddp *d, nb_ddp_overlap *out) {
     if (!d->o.record_timeline)
         return nb_set_error(NB_ERR_INVALID, "nb_ddp_overlap_across_ranks: the wrapper was made without "
                                             "record_timeline, so no step was recorded");
+    overlap_state none = {0}, *o = nb__ddp_state(d, NB__DDP_OVERLAP);
+    if (!o) o = &none; /* no buckets: no step recorded */
     if (d->world == 1) { /* one rank: no one to wait for */
-        trace_step *mine = d->ov;
+        trace_step *mine = o->steps;
         double zero = 0;
-        nb__ddp_overlap_compute(1, d->n_ov, &mine, &zero, out);
-        out->steps_lost = d->ov_lost;
-        drop_steps(d);
+        nb__ddp_overlap_compute(1, o->n, &mine, &zero, out);
+        out->steps_lost = o->lost;
+        drop_steps(o);
         return NB_OK;
     }
     double left[NB_BARRIERS];
@@ -249,11 +274,11 @@ nb_status nb_ddp_overlap_across_ranks(nb_ddp *d, nb_ddp_overlap *out) {
         if (st != NB_OK) return st;
         left[k] = nb__ddp_now();
     }
-    int call = ++d->ov_calls;
+    int call = ++o->calls;
     nb_store *store = nb_pg_store(d->pg);
     char key[128];
     size_t len, full;
-    char *mine = pack(d, left, &len, &full);
+    char *mine = pack(o, left, &len, &full);
     snprintf(key, sizeof key, "nb/ddp/%u/overlap/%d/%d", d->id, call, nb_pg_global_rank(d->pg, d->rank));
     nb_status st = nb_store_set(store, key, mine, len);
     free(mine);
@@ -271,7 +296,7 @@ nb_status nb_ddp_overlap_across_ranks(nb_ddp *d, nb_ddp_overlap *out) {
         else if (st == NB_OK && heads[r].steps == -1)
             st = nb_set_error(NB_ERR_INVALID, "nb_ddp_overlap_across_ranks: rank %d's %d steps of up to %d "
                                               "buckets make a record over the store's %zu bytes (this rank's: "
-                                              "%zu); call it more often", r, d->n_ov, d->n_buckets,
+                                              "%zu); call it more often", r, o->n, d->n_buckets,
                               nb__ddp_overlap_record_cap ? nb__ddp_overlap_record_cap
                                                          : (size_t)NB_STORE_MAX_VALUE, full);
         free(v);
@@ -317,7 +342,7 @@ nb_status nb_ddp_overlap_across_ranks(nb_ddp *d, nb_ddp_overlap *out) {
     }
     free(steps);
     free(heads);
-    drop_steps(d);
+    drop_steps(o);
     if (st != NB_OK) return st;
     st = barrier(d); /* everyone has read every record */
     if (st == NB_OK) nb_store_delete(store, key, NULL);

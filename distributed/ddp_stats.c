@@ -1,6 +1,9 @@
 /* DDP's measurements: per-step statistics (bucket launch, start and finish
  * times against the end of backward, the hidden fraction of
- * communication) and the Chrome trace of the recorded steps. */
+ * communication) and the Chrome trace of the recorded steps. A feature of
+ * the reducer (Note [DDP hook points] in ddp.c), attached at construction
+ * when the wrapper has buckets: it reads the reducer's times of every
+ * synchronised step (sync_end). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,23 +11,23 @@
 #include "distributed/ddp_internal.h"
 #include "util/handle.h"
 
-void nb__ddp_trace_take(trace_step *t, const nb_ddp *d, double done) {
-    t->fwd_start = d->fwd_start;
-    t->bw_start = d->bw_start;
-    t->bw_end = d->bw_end;
-    t->done = done;
-    t->n = d->n_buckets;
-    t->b = nb__ddp_calloc((size_t)d->n_buckets, sizeof *t->b);
-    memcpy(t->b, d->times, sizeof *t->b * (size_t)d->n_buckets);
-}
+#define MAX_TRACE_STEPS 256
 
-void nb__ddp_record_stats(nb_ddp *d, double done) {
-    nb_ddp_step_stats *s = &d->stats;
+typedef struct stats_state {
+    nb_ddp_step_stats stats;
+    nb_ddp_bucket_time *times;          /* the last step's, relative to bw_end (malloc'd) */
+    trace_step trace[MAX_TRACE_STEPS];  /* with record_timeline */
+    int n_trace;
+} stats_state;
+
+static void stats_sync_end(nb_ddp *d, void *self, double done) {
+    stats_state *ss = self;
+    nb_ddp_step_stats *s = &ss->stats;
     memset(s, 0, sizeof *s);
     s->n_buckets = d->n_buckets;
-    free(d->stat_times);
-    d->stat_times = nb__ddp_calloc((size_t)d->n_buckets, sizeof(nb_ddp_bucket_time));
-    s->buckets = d->stat_times;
+    free(ss->times);
+    ss->times = nb__ddp_calloc((size_t)d->n_buckets, sizeof(nb_ddp_bucket_time));
+    s->buckets = ss->times;
     s->backward_s = d->bw_end - d->bw_start;
     s->wait_s = done - d->bw_end;
     double hidden = 0;
@@ -37,22 +40,41 @@ void nb__ddp_record_stats(nb_ddp *d, double done) {
     }
     s->hidden_fraction = s->comm_s > 0 ? hidden / s->comm_s : 0;
     if (d->o.record_timeline) {
-        nb__ddp_overlap_note(d, done);
-        trace_step *ts = &d->trace[d->n_trace < NB__DDP_MAX_TRACE_STEPS ? d->n_trace++ : NB__DDP_MAX_TRACE_STEPS - 1];
+        trace_step *ts = &ss->trace[ss->n_trace < MAX_TRACE_STEPS ? ss->n_trace++ : MAX_TRACE_STEPS - 1];
         free(ts->b);
-        nb__ddp_trace_take(ts, d, done);
+        nb__ddp_step_timeline(d, done, ts);
     }
     for (int b = 0; b < d->n_buckets; b++) { /* relative to the end of backward */
-        d->stat_times[b] = d->times[b];
-        d->stat_times[b].launch -= d->bw_end;
-        d->stat_times[b].start -= d->bw_end;
-        d->stat_times[b].finish -= d->bw_end;
+        ss->times[b] = d->times[b];
+        ss->times[b].launch -= d->bw_end;
+        ss->times[b].start -= d->bw_end;
+        ss->times[b].finish -= d->bw_end;
     }
+}
+
+static void stats_free(nb_ddp *d, void *self) {
+    (void)d;
+    stats_state *ss = self;
+    free(ss->times);
+    for (int i = 0; i < ss->n_trace; i++) free(ss->trace[i].b);
+    free(ss);
+}
+
+static const nb__ddp_hooks stats_hooks = {
+    .name = "the step statistics",
+    .sync_end = stats_sync_end,
+    .free = stats_free,
+};
+
+void nb__ddp_stats_attach(nb_ddp *d) {
+    nb__ddp_attach(d, NB__DDP_STATS, &stats_hooks, nb__ddp_calloc(1, sizeof(stats_state)));
 }
 
 nb_ddp_step_stats nb_ddp_last_stats(const nb_ddp *d) {
     NB__CHECK_HANDLE("nb_ddp_last_stats", d, "DDP handle");
-    return d->stats;
+    const stats_state *ss = nb__ddp_state(d, NB__DDP_STATS);
+    if (!ss) return (nb_ddp_step_stats){0}; /* no buckets: nothing measured */
+    return ss->stats;
 }
 
 /* ---- Chrome trace ---- */
@@ -69,10 +91,13 @@ nb_status nb_ddp_write_trace(const nb_ddp *d, const char *path) {
     if (!d->o.record_timeline)
         return nb_set_error(NB_ERR_INVALID, "nb_ddp_write_trace: the wrapper was made without "
                                             "record_timeline, so there is nothing to write to %s", path);
+    const stats_state *ss = nb__ddp_state(d, NB__DDP_STATS);
+    const trace_step *trace = ss ? ss->trace : NULL;
+    int n_trace = ss ? ss->n_trace : 0;
     FILE *f = fopen(path, "w");
     if (!f) return nb_set_error(NB_ERR_IO, "nb_ddp_write_trace: cannot open %s for writing", path);
-    double t0 = d->n_trace ? d->trace[0].fwd_start : 0;
-    if (d->n_trace && (t0 == 0 || t0 > d->trace[0].bw_start)) t0 = d->trace[0].bw_start;
+    double t0 = n_trace ? trace[0].fwd_start : 0;
+    if (n_trace && (t0 == 0 || t0 > trace[0].bw_start)) t0 = trace[0].bw_start;
     int pid = nb_pg_global_rank(d->pg, d->rank);
     fprintf(f, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[");
     bool first = true;
@@ -80,15 +105,15 @@ nb_status nb_ddp_write_trace(const nb_ddp *d, const char *path) {
     fprintf(f, "\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"args\":{\"name\":\"compute\"}},", pid);
     fprintf(f, "\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":1,\"args\":{\"name\":\"communication\"}}", pid);
     first = false;
-    for (int s = 0; s < d->n_trace; s++) {
-        const trace_step *t = &d->trace[s];
+    for (int s = 0; s < n_trace; s++) {
+        const trace_step *t = &trace[s];
         if (t->fwd_start > 0 && t->fwd_start <= t->bw_start)
             trace_event(f, &first, "forward", pid, 0, t0, t->fwd_start, t->bw_start);
         trace_event(f, &first, "backward", pid, 0, t0, t->bw_start, t->bw_end);
         trace_event(f, &first, "wait for buckets", pid, 0, t0, t->bw_end, t->done);
         for (int b = 0; b < t->n; b++) {
             char name[48];
-            snprintf(name, sizeof name, "%s bucket %d", d->zopt ? "reduce-scatter" : "all-reduce", b);
+            snprintf(name, sizeof name, "%s bucket %d", nb__ddp_collective(d), b);
             trace_event(f, &first, name, pid, 1, t0, t->b[b].start, t->b[b].finish);
         }
     }

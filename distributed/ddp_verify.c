@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "distributed/ddp_internal.h"
+#include "distributed/ddp_reducer.h"
 
 /* "name dtype (shape)" lines, one per parameter: compared across ranks. */
 static char *describe_params(const nb_ddp *d, size_t *len) {

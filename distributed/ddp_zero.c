@@ -17,7 +17,7 @@
  * collective needs, and costs at most R - 1 elements per bucket. A shard
  * cuts across parameters (and so across parameter groups): the part of a
  * parameter inside the rank's chunk is a "piece", and the wrapper's shard
- * optimizer (d->zshard, an nb_optim of the user's kind) has one parameter
+ * optimizer (shard_opt, an nb_optim of the user's kind) has one parameter
  * per piece: a 1-D view of the parameter's memory whose gradient is a view
  * of the bucket's shard, in the group of its parameter. Its moments, made
  * by nb_optim_new_groups, are the only element-wise state on the rank; the
@@ -70,13 +70,20 @@
  * wrote the file.
  *
  * A world of one without buckets has nothing to shard: the optimizer keeps
- * its state and nb_ddp_step is its plain step. */
+ * its state and nb_ddp_step is its plain step.
+ *
+ * ZeRO-1 meets the reducer only through its hook points (Note [DDP hook
+ * points] in ddp.c): a communication hook that pads each bucket's flat
+ * (flat_numel) and reduce-scatters it (launch), per-bucket chunks and
+ * shards remade with the buckets (buckets_made), the averaged gradients
+ * marked fresh (sync_end) and the one-time rebuild taken over
+ * (take_rebuild). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "distributed/ddp_internal.h"
+#include "distributed/ddp_reducer.h"
 #include "distributed/internal.h"
 #include "optim/internal.h"
 #include "tensor/backend.h"
@@ -85,9 +92,86 @@
 
 #define SHARDED_BY "a DDP wrapper"
 
-void nb__ddp_zero_launch(nb_ddp *d, bucket *b) {
-    b->work = nb_pg_reduce_scatter(d->pg, b->shard, b->flat, NB_REDUCE_AVG);
+/* ZeRO-1: the part of one parameter that lies in this rank's chunk of its
+ * bucket. */
+typedef struct zero_piece {
+    int param;       /* wrapper index */
+    int bucket;
+    int64_t start;   /* first element, in the parameter */
+    int64_t len;
+    int64_t at;      /* first element, in the bucket's shard */
+    int opt_index;   /* the parameter's index in the user's optimizer, or -1 */
+    int shard_index; /* its index in the shard optimizer, or -1 */
+} zero_piece;
+
+typedef struct zero_state {
+    nb_optim *opt;         /* the user's optimizer whose state is sharded */
+    nb_optim *shard_opt;   /* optimizer over this rank's pieces (NULL: it owns none) */
+    zero_piece *pieces;    /* malloc'd */
+    int n_pieces;
+    /* per bucket (malloc'd, remade with the buckets): flat has chunk * world
+     * elements (zero padding after numel); shard receives this rank's
+     * averaged chunk (in the buckets' context) */
+    int64_t *chunk;
+    nb_tensor **shard;
+    nb_tensor *send, *gather; /* all-gather buffers (largest chunk, chunk * world) in d->ctx */
+    bool fresh;            /* a synchronised backward reduce-scattered since the last step */
+    bool rebuild;          /* the bucket rebuild waits for the end of nb_ddp_step */
+} zero_state;
+
+static zero_state *zero_of(const nb_ddp *d) { return nb__ddp_state(d, NB__DDP_ZERO); }
+
+/* ---- hook points ---- */
+
+static int64_t zero_flat_numel(const nb_ddp *d, void *self, int64_t numel) {
+    (void)self;
+    return (numel + d->world - 1) / d->world * d->world;
 }
+
+static void zero_buckets_made(nb_ddp *d, void *self) {
+    zero_state *z = self;
+    free(z->chunk);
+    free(z->shard);
+    z->chunk = nb__ddp_calloc((size_t)d->n_buckets, sizeof *z->chunk);
+    z->shard = nb__ddp_calloc((size_t)d->n_buckets, sizeof *z->shard);
+    for (int bi = 0; bi < d->n_buckets; bi++) {
+        z->chunk[bi] = (d->buckets[bi].numel + d->world - 1) / d->world;
+        z->shard[bi] = nb_zeros(d->ctx, d->buckets[bi].dtype, 1, &z->chunk[bi]);
+    }
+}
+
+static nb_work *zero_launch(nb_ddp *d, void *self, int b, nb_reduce_op op, size_t *bytes) {
+    (void)op; /* join, the only other reduction, is refused with ZeRO-1 */
+    zero_state *z = self;
+    bucket *bk = &d->buckets[b];
+    *bytes = (size_t)bk->numel * nb_dtype_size(bk->dtype);
+    return nb_pg_reduce_scatter(d->pg, z->shard[b], bk->flat, NB_REDUCE_AVG);
+}
+
+static void zero_sync_end(nb_ddp *d, void *self, double done) {
+    (void)d;
+    (void)done;
+    ((zero_state *)self)->fresh = true;
+}
+
+static bool zero_take_rebuild(nb_ddp *d, void *self) {
+    (void)d;
+    ((zero_state *)self)->rebuild = true; /* after the step (Note [ZeRO-1]) */
+    return true;
+}
+
+static void zero_forget(nb_ddp *d, void *self);
+
+static const nb__ddp_hooks zero_hooks = {
+    .name = "ZeRO-1",
+    .collective = "reduce-scatter",
+    .flat_numel = zero_flat_numel,
+    .launch = zero_launch,
+    .buckets_made = zero_buckets_made,
+    .sync_end = zero_sync_end,
+    .take_rebuild = zero_take_rebuild,
+    .free = zero_forget,
+};
 
 /* 1-D view of elements [start, start + len) of contiguous t. */
 static nb_tensor *flat_view(nb_ctx *ctx, nb_tensor *t, int64_t start, int64_t len) {
@@ -113,25 +197,26 @@ static int max_moments(const nb_optim *opt) { return opt->kind == NB_OPTIM_SGD ?
 /* The pieces of this rank's chunks and the shard optimizer over them, its
  * moments copied from the user's (full) optimizer, whose own are then
  * released. */
-static void zero_build(nb_ddp *d) {
-    nb_optim *opt = d->zopt;
-    free(d->pieces);
-    d->pieces = NULL;
-    d->n_pieces = 0;
+static void zero_build(nb_ddp *d, zero_state *z) {
+    nb_optim *opt = z->opt;
+    free(z->pieces);
+    z->pieces = NULL;
+    z->n_pieces = 0;
     int cap = d->n + d->n_buckets, *opt_index = nb__ddp_calloc((size_t)d->n, sizeof(int));
     for (int i = 0; i < d->n; i++) opt_index[i] = nb__optim_param_index(opt, d->p[i].tensor);
-    d->pieces = nb__ddp_calloc((size_t)cap, sizeof(zero_piece));
+    z->pieces = nb__ddp_calloc((size_t)cap, sizeof(zero_piece));
     int64_t max_chunk = 0;
     for (int bi = 0; bi < d->n_buckets; bi++) {
         bucket *b = &d->buckets[bi];
-        if (b->chunk > max_chunk) max_chunk = b->chunk;
-        int64_t lo = (int64_t)d->rank * b->chunk, hi = lo + b->chunk < b->numel ? lo + b->chunk : b->numel;
+        int64_t chunk = z->chunk[bi];
+        if (chunk > max_chunk) max_chunk = chunk;
+        int64_t lo = (int64_t)d->rank * chunk, hi = lo + chunk < b->numel ? lo + chunk : b->numel;
         for (int k = 0; k < b->n; k++) {
             int64_t o = b->offsets[k], m = nb_numel(d->p[b->params[k]].tensor);
             int64_t a = o > lo ? o : lo, e = o + m < hi ? o + m : hi;
             if (a >= e) continue;
-            NB_CHECK(d->n_pieces < cap, "nb_ddp_set_zero: more pieces than expected (%d)", cap);
-            d->pieces[d->n_pieces++] = (zero_piece){b->params[k], bi, a - o, e - a, a - lo,
+            NB_CHECK(z->n_pieces < cap, "nb_ddp_set_zero: more pieces than expected (%d)", cap);
+            z->pieces[z->n_pieces++] = (zero_piece){b->params[k], bi, a - o, e - a, a - lo,
                                                     opt_index[b->params[k]], -1};
         }
     }
@@ -140,25 +225,24 @@ static void zero_build(nb_ddp *d) {
     nb_dtype dt = d->n_buckets ? d->buckets[0].dtype : NB_F32;
     for (int bi = 0; bi < d->n_buckets; bi++)
         if (nb_dtype_size(d->buckets[bi].dtype) > nb_dtype_size(dt)) dt = d->buckets[bi].dtype;
-    d->zsend = nb_empty(d->ctx, dt, 1, &send);
-    d->zgather = nb_empty(d->ctx, dt, 1, &gather);
+    z->send = nb_empty(d->ctx, dt, 1, &send);
+    z->gather = nb_empty(d->ctx, dt, 1, &gather);
 
     /* the shard optimizer: one parameter per piece the user's optimizer steps */
     int ng = opt->n_groups, total = 0;
     nb_param_group *groups = nb__ddp_calloc((size_t)ng, sizeof *groups);
-    nb_named_tensor *list = nb__ddp_calloc((size_t)d->n_pieces, sizeof *list);
-    char **names = nb__ddp_calloc((size_t)d->n_pieces, sizeof *names);
+    nb_named_tensor *list = nb__ddp_calloc((size_t)z->n_pieces, sizeof *list);
+    char **names = nb__ddp_calloc((size_t)z->n_pieces, sizeof *names);
     for (int g = 0; g < ng; g++) {
         groups[g].params = list + total;
         groups[g].h = nb_optim_group_hparams(opt, g);
-        for (int j = 0; j < d->n_pieces; j++) {
-            zero_piece *pc = &d->pieces[j];
+        for (int j = 0; j < z->n_pieces; j++) {
+            zero_piece *pc = &z->pieces[j];
             if (pc->opt_index < 0 || opt->params[pc->opt_index].group != g) continue;
             nb_tensor *param = d->p[pc->param].tensor;
-            bucket *b = &d->buckets[pc->bucket];
             nb_tensor *v = flat_view(d->ctx, param, pc->start, pc->len);
             v->requires_grad = true;
-            v->grad = flat_view(d->ctx, b->shard, pc->at, pc->len);
+            v->grad = flat_view(d->ctx, z->shard[pc->bucket], pc->at, pc->len);
             size_t len = strlen(d->p[pc->param].name) + 48;
             names[total] = nb__ddp_calloc(len, 1);
             snprintf(names[total], len, "%s[%lld:%lld]", d->p[pc->param].name, (long long)pc->start,
@@ -168,18 +252,18 @@ static void zero_build(nb_ddp *d) {
             groups[g].n++;
         }
     }
-    d->zshard = total ? nb_optim_new_groups(opt->kind, ng, groups) : NULL;
+    z->shard_opt = total ? nb_optim_new_groups(opt->kind, ng, groups) : NULL;
     for (int j = 0; j < total; j++) free(names[j]);
     free(names);
     free(list);
     free(groups);
-    if (d->zshard) {
+    if (z->shard_opt) {
         NB_CHECK(!opt->released, "nb_ddp_set_zero: rank %d: the optimizer's state is released",
                  d->rank);
-        for (int j = 0; j < d->n_pieces; j++) {
-            zero_piece *pc = &d->pieces[j];
+        for (int j = 0; j < z->n_pieces; j++) {
+            zero_piece *pc = &z->pieces[j];
             if (pc->shard_index < 0) continue;
-            nb__optim_param *full = &opt->params[pc->opt_index], *part = &d->zshard->params[pc->shard_index];
+            nb__optim_param *full = &opt->params[pc->opt_index], *part = &z->shard_opt->params[pc->shard_index];
             for (int k = 0; k < max_moments(opt); k++) {
                 nb_tensor *src = *moment_of(full, opt->kind, k), *dst = *moment_of(part, opt->kind, k);
                 NB_CHECK((src == NULL) == (dst == NULL), "nb_ddp_set_zero: moment %d of \"%s\"", k,
@@ -189,19 +273,19 @@ static void zero_build(nb_ddp *d) {
         }
     }
     nb__optim_release_state(opt);
-    opt->shard = d->zshard;
+    opt->shard = z->shard_opt;
 }
 
-static void zero_drop_shard(nb_ddp *d) {
-    nb_optim_free(d->zshard);
-    d->zshard = NULL;
-    if (d->zopt) d->zopt->shard = NULL;
+static void zero_drop_shard(zero_state *z) {
+    nb_optim_free(z->shard_opt);
+    z->shard_opt = NULL;
+    z->opt->shard = NULL;
 }
 
 /* Moments of every piece gathered into the user's optimizer on `root`
  * (every rank when root < 0). Collective. */
-static nb_status zero_gather(nb_ddp *d, int root) {
-    nb_optim *opt = d->zopt;
+static nb_status zero_gather(nb_ddp *d, zero_state *z, int root) {
+    nb_optim *opt = z->opt;
     bool receive = root < 0 || root == d->rank;
     if (receive) nb__optim_alloc_state(opt);
     int K = 0; /* moments some parameter has (the same on every rank) */
@@ -209,15 +293,15 @@ static nb_status zero_gather(nb_ddp *d, int root) {
         if (opt->params[i].n_moments > K) K = opt->params[i].n_moments;
     for (int bi = 0; bi < d->n_buckets; bi++) {
         bucket *b = &d->buckets[bi];
-        nb_tensor *send = flat_view(d->ctx, d->zsend, 0, b->chunk);
-        nb_tensor *out = flat_view(d->ctx, d->zgather, 0, b->chunk * d->world);
+        nb_tensor *send = flat_view(d->ctx, z->send, 0, z->chunk[bi]);
+        nb_tensor *out = flat_view(d->ctx, z->gather, 0, z->chunk[bi] * d->world);
         send->dtype = out->dtype = b->dtype;
         for (int k = 0; k < K; k++) {
             nb_fill_(send, 0);
-            for (int j = 0; j < d->n_pieces; j++) {
-                zero_piece *pc = &d->pieces[j];
+            for (int j = 0; j < z->n_pieces; j++) {
+                zero_piece *pc = &z->pieces[j];
                 if (pc->bucket != bi || pc->shard_index < 0) continue;
-                nb_tensor **m = moment_of(&d->zshard->params[pc->shard_index], opt->kind, k);
+                nb_tensor **m = moment_of(&z->shard_opt->params[pc->shard_index], opt->kind, k);
                 if (m && *m) nb_copy_(flat_view(d->ctx, send, pc->at, pc->len), *m);
             }
             nb_status st = nb_work_finish(nb_pg_all_gather(d->pg, out, send));
@@ -234,50 +318,60 @@ static nb_status zero_gather(nb_ddp *d, int root) {
     return NB_OK;
 }
 
-nb_status nb__ddp_zero_rebuild(nb_ddp *d) {
-    nb_status st = zero_gather(d, -1);
+/* The bucket rebuild under ZeRO-1: state gathered, buckets rebuilt, shards
+ * taken again (Note [ZeRO-1]). */
+static nb_status zero_rebuild(nb_ddp *d, zero_state *z) {
+    nb_status st = zero_gather(d, z, -1);
     if (st != NB_OK) return st;
-    zero_drop_shard(d);
+    zero_drop_shard(z);
     st = nb__ddp_rebuild_buckets(d);
-    zero_build(d); /* from the full state, also when the rebuild's broadcast failed */
+    zero_build(d, z); /* from the full state, also when the rebuild's broadcast failed */
     return st;
 }
 
-void nb__ddp_zero_forget(nb_ddp *d) {
-    if (!d->zopt) return;
-    zero_drop_shard(d);
-    d->zopt->sharded_by = d->zopt->released
-                              ? "a DDP wrapper freed while attached (the shards are lost; call "
-                                "nb_ddp_set_zero(ddp, NULL) before nb_ddp_free to keep the state)"
-                              : NULL;
-    d->zopt = NULL;
+static void zero_state_free(zero_state *z) {
+    free(z->pieces);
+    free(z->chunk);
+    free(z->shard);
+    free(z);
+}
+
+/* nb_ddp_free while attached. */
+static void zero_forget(nb_ddp *d, void *self) {
+    (void)d;
+    zero_state *z = self;
+    zero_drop_shard(z);
+    z->opt->sharded_by = z->opt->released
+                             ? "a DDP wrapper freed while attached (the shards are lost; call "
+                               "nb_ddp_set_zero(ddp, NULL) before nb_ddp_free to keep the state)"
+                             : NULL;
+    zero_state_free(z);
 }
 
 nb_status nb_ddp_set_zero(nb_ddp *d, nb_optim *opt) {
     NB__CHECK_HANDLE("nb_ddp_set_zero", d, "DDP handle");
     NB_CHECK(!d->in_backward, "nb_ddp_set_zero: rank %d: called inside a backward", d->rank);
-    if (opt == d->zopt) return NB_OK;
+    zero_state *z = zero_of(d);
+    if (opt == (z ? z->opt : NULL)) return NB_OK;
     if (!opt) { /* detach: every rank gets the whole state back */
-        nb_status st = d->bucketed ? zero_gather(d, -1) : NB_OK;
+        nb_status st = d->bucketed ? zero_gather(d, z, -1) : NB_OK;
         if (st != NB_OK) return st;
-        zero_drop_shard(d);
-        d->zopt->sharded_by = NULL;
-        d->zopt = NULL;
-        d->zero_fresh = false;
-        if (d->zero_rebuild) { /* the rebuild a step would have done, unpadded now */
-            d->zero_rebuild = false;
-            return nb__ddp_rebuild_buckets(d);
-        }
+        zero_drop_shard(z);
+        z->opt->sharded_by = NULL;
+        bool rebuild = z->rebuild;
+        nb__ddp_detach(d, NB__DDP_ZERO);
+        zero_state_free(z);
+        if (rebuild) return nb__ddp_rebuild_buckets(d); /* the rebuild a step would have done, unpadded now */
         return NB_OK;
     }
     /* combinations the wrapper refuses are statuses, as in nb_ddp_set_optimizer */
-    if (d->zopt)
+    if (z)
         return nb_set_error(NB_ERR_INVALID, "nb_ddp_set_zero: rank %d: ZeRO-1 is already on with another "
                             "optimizer; detach it first with nb_ddp_set_zero(ddp, NULL)", d->rank);
-    if (d->join_on)
+    if (nb__ddp_attached(d, NB__DDP_JOIN))
         return nb_set_error(NB_ERR_INVALID, "nb_ddp_set_zero: rank %d: the wrapper is in join mode "
                             "(nb_ddp_join_begin); ZeRO-1 cannot be combined with join", d->rank);
-    if (d->opt)
+    if (nb__ddp_attached(d, NB__DDP_BUCKET_STEP))
         return nb_set_error(NB_ERR_INVALID, "nb_ddp_set_zero: rank %d: the wrapper steps an optimizer per "
                             "bucket (nb_ddp_set_optimizer); ZeRO-1 cannot be combined with per-bucket steps",
                             d->rank);
@@ -300,47 +394,51 @@ nb_status nb_ddp_set_zero(nb_ddp *d, nb_optim *opt) {
                                 "parameter (that requires grad) of the wrapped model; ZeRO-1 shards only the "
                                 "wrapper's parameters", d->rank, opt->params[j].name);
     }
-    d->zopt = opt;
+    z = nb__ddp_calloc(1, sizeof *z);
+    z->opt = opt;
     opt->sharded_by = SHARDED_BY;
-    d->zero_fresh = false;
+    nb__ddp_attach(d, NB__DDP_ZERO, &zero_hooks, z);
     if (d->bucketed) {
-        nb__ddp_reassign_buckets(d); /* padded, with shards */
-        zero_build(d);
+        nb__ddp_reassign_buckets(d); /* padded, with shards (zero_buckets_made) */
+        zero_build(d, z);
     }
     return NB_OK;
 }
 
 nb_optim *nb_ddp_zero_optimizer(const nb_ddp *d) {
     NB__CHECK_HANDLE("nb_ddp_zero_optimizer", d, "DDP handle");
-    return d->zopt;
+    zero_state *z = zero_of(d);
+    return z ? z->opt : NULL;
 }
 
 nb_status nb_ddp_consolidate_optimizer(nb_ddp *d, int root) {
     NB__CHECK_HANDLE("nb_ddp_consolidate_optimizer", d, "DDP handle");
-    NB_CHECK(d && d->zopt, "nb_ddp_consolidate_optimizer: %s",
+    zero_state *z = d ? zero_of(d) : NULL;
+    NB_CHECK(d && z, "nb_ddp_consolidate_optimizer: %s",
              d ? "ZeRO-1 is off (nb_ddp_set_zero)" : "NULL wrapper");
     NB_CHECK(root >= -1 && root < d->world,
              "nb_ddp_consolidate_optimizer: rank %d: root %d outside [-1, %d)", d->rank, root, d->world);
-    return d->bucketed ? zero_gather(d, root) : NB_OK;
+    return d->bucketed ? zero_gather(d, z, root) : NB_OK;
 }
 
 /* ---- the step ---- */
 
-/* Slot s (of two) of the all-gather buffers, typed for bucket b. */
-static void gather_slot(nb_ddp *d, nb_ctx *sc, const bucket *b, int s, nb_tensor **send, nb_tensor **out) {
-    int64_t max_chunk = nb_numel(d->zsend) / 2;
-    *send = flat_view(sc, d->zsend, s * max_chunk, b->chunk);
-    *out = flat_view(sc, d->zgather, s * max_chunk * d->world, b->chunk * d->world);
-    (*send)->dtype = (*out)->dtype = b->dtype;
+/* Slot s (of two) of the all-gather buffers, typed for bucket bi. */
+static void gather_slot(nb_ddp *d, zero_state *z, nb_ctx *sc, int bi, int s, nb_tensor **send,
+                        nb_tensor **out) {
+    int64_t max_chunk = nb_numel(z->send) / 2, chunk = z->chunk[bi];
+    *send = flat_view(sc, z->send, s * max_chunk, chunk);
+    *out = flat_view(sc, z->gather, s * max_chunk * d->world, chunk * d->world);
+    (*send)->dtype = (*out)->dtype = d->buckets[bi].dtype;
 }
 
 /* Waits for bucket bi's gather in slot s and copies it into the parameters. */
-static nb_status gather_finish(nb_ddp *d, nb_ctx *sc, int bi, int s, nb_work *w) {
+static nb_status gather_finish(nb_ddp *d, zero_state *z, nb_ctx *sc, int bi, int s, nb_work *w) {
     nb_status st = nb_work_finish(w);
     if (st != NB_OK) return st;
     bucket *b = &d->buckets[bi];
     nb_tensor *send, *out;
-    gather_slot(d, sc, b, s, &send, &out);
+    gather_slot(d, z, sc, bi, s, &send, &out);
     for (int j = 0; j < b->n; j++) {
         nb_tensor *t = d->p[b->params[j]].tensor;
         nb_copy_(t, shaped_view(sc, out, b->offsets[j], t));
@@ -352,8 +450,8 @@ static nb_status gather_finish(nb_ddp *d, nb_ctx *sc, int bi, int s, nb_work *w)
  * bucket with two gathers in flight (Note [ZeRO-1]): bucket bi's pieces
  * are updated while bucket bi-1's gather runs. Every gather has finished
  * and been copied back when it returns, also on failure. */
-static nb_status step_and_gather(nb_ddp *d) {
-    int *idx = nb__ddp_calloc((size_t)(d->n_pieces ? d->n_pieces : 1), sizeof(int));
+static nb_status step_and_gather(nb_ddp *d, zero_state *z) {
+    int *idx = nb__ddp_calloc((size_t)(z->n_pieces ? z->n_pieces : 1), sizeof(int));
     nb_ctx *sc = nb__optim_scratch(nb_pg_device(d->pg)); /* the views, reset at its next use */
     nb_work *work[2] = {NULL, NULL};
     int held[2] = {-1, -1}; /* the bucket whose gather a slot holds */
@@ -361,36 +459,37 @@ static nb_status step_and_gather(nb_ddp *d) {
     int j = 0;
     for (int bi = 0; bi < d->n_buckets; bi++) {
         bucket *b = &d->buckets[bi];
+        int64_t chunk = z->chunk[bi];
         int k = 0, first = j;
-        for (; j < d->n_pieces && d->pieces[j].bucket == bi; j++)
-            if (d->pieces[j].shard_index >= 0) idx[k++] = d->pieces[j].shard_index;
-        if (k) nb__optim_step_params(d->zshard, idx, k);
+        for (; j < z->n_pieces && z->pieces[j].bucket == bi; j++)
+            if (z->pieces[j].shard_index >= 0) idx[k++] = z->pieces[j].shard_index;
+        if (k) nb__optim_step_params(z->shard_opt, idx, k);
         int s = bi & 1;
         if (work[s]) {
-            nb_status f = gather_finish(d, sc, held[s], s, work[s]);
+            nb_status f = gather_finish(d, z, sc, held[s], s, work[s]);
             if (st == NB_OK) st = f;
             work[s] = NULL;
         }
         if (st != NB_OK) continue; /* a failed group: no new collective, the rest are drained */
         nb_tensor *send, *out;
-        gather_slot(d, sc, b, s, &send, &out);
-        int64_t own = b->numel - (int64_t)d->rank * b->chunk; /* the rest of the chunk is padding */
-        own = own < 0 ? 0 : own < b->chunk ? own : b->chunk;
-        if (own < b->chunk) nb_fill_(flat_view(sc, send, own, b->chunk - own), 0);
+        gather_slot(d, z, sc, bi, s, &send, &out);
+        int64_t own = b->numel - (int64_t)d->rank * chunk; /* the rest of the chunk is padding */
+        own = own < 0 ? 0 : own < chunk ? own : chunk;
+        if (own < chunk) nb_fill_(flat_view(sc, send, own, chunk - own), 0);
         for (int q = first; q < j; q++) {
-            zero_piece *pc = &d->pieces[q];
+            zero_piece *pc = &z->pieces[q];
             nb_copy_(flat_view(sc, send, pc->at, pc->len),
                      flat_view(sc, d->p[pc->param].tensor, pc->start, pc->len));
         }
         work[s] = nb_pg_all_gather(d->pg, out, send);
         held[s] = bi;
     }
-    NB_CHECK(j == d->n_pieces, "nb_ddp_step: rank %d: pieces out of bucket order (%d of %d)",
-             d->rank, j, d->n_pieces);
+    NB_CHECK(j == z->n_pieces, "nb_ddp_step: rank %d: pieces out of bucket order (%d of %d)",
+             d->rank, j, z->n_pieces);
     for (int n = 0; n < 2; n++) {
         int s = (d->n_buckets + n) & 1; /* the older gather first */
         if (!work[s]) continue;
-        nb_status f = gather_finish(d, sc, held[s], s, work[s]);
+        nb_status f = gather_finish(d, z, sc, held[s], s, work[s]);
         if (st == NB_OK) st = f;
     }
     free(idx);
@@ -399,13 +498,14 @@ static nb_status step_and_gather(nb_ddp *d) {
 
 nb_status nb_ddp_step(nb_ddp *d) {
     NB__CHECK_HANDLE("nb_ddp_step", d, "DDP handle");
-    NB_CHECK(d->zopt, "nb_ddp_step: rank %d: ZeRO-1 is off; attach the optimizer with "
+    zero_state *z = zero_of(d);
+    NB_CHECK(z, "nb_ddp_step: rank %d: ZeRO-1 is off; attach the optimizer with "
              "nb_ddp_set_zero(ddp, opt) (or step it yourself with nb_optim_step)", d->rank);
-    NB_CHECK(d->zero_fresh, "nb_ddp_step: rank %d: no synchronised nb_ddp_backward since the last "
+    NB_CHECK(z->fresh, "nb_ddp_step: rank %d: no synchronised nb_ddp_backward since the last "
              "step (a no_sync backward only accumulates locally: turn no_sync off for the "
              "backward that reduces)", d->rank);
-    nb_optim *opt = d->zopt;
-    d->zero_fresh = false;
+    nb_optim *opt = z->opt;
+    z->fresh = false;
     if (!d->bucketed) { /* nothing sharded: the plain step */
         int *all = nb__ddp_calloc((size_t)opt->n_params, sizeof(int));
         for (int i = 0; i < opt->n_params; i++) all[i] = i;
@@ -416,24 +516,24 @@ nb_status nb_ddp_step(nb_ddp *d) {
     }
     nb__optim_release_state(opt); /* a consolidated copy is stale from here */
     nb__optim_count_step(opt);
-    if (d->zshard) {
+    if (z->shard_opt) {
         for (int g = 0; g < opt->n_groups; g++)
-            memcpy(nb__optim_hp(d->zshard, g), nb__optim_hp(opt, g), sizeof(double) * NB__HP_COUNT);
-        for (int j = 0; j < d->n_pieces; j++) {
-            zero_piece *pc = &d->pieces[j];
+            memcpy(nb__optim_hp(z->shard_opt, g), nb__optim_hp(opt, g), sizeof(double) * NB__HP_COUNT);
+        for (int j = 0; j < z->n_pieces; j++) {
+            zero_piece *pc = &z->pieces[j];
             if (pc->shard_index >= 0)
-                *(int64_t *)d->zshard->params[pc->shard_index].step->data =
+                *(int64_t *)z->shard_opt->params[pc->shard_index].step->data =
                     *(int64_t *)opt->params[pc->opt_index].step->data;
         }
-        ++*(int64_t *)d->zshard->step_count->data;
+        ++*(int64_t *)z->shard_opt->step_count->data;
     }
     /* every parameter has a gradient (its bucket's view): each is updated */
     for (int i = 0; i < opt->n_params; i++) ++*(int64_t *)opt->params[i].step->data;
-    nb_status st = step_and_gather(d);
+    nb_status st = step_and_gather(d, z);
     if (st != NB_OK) return st;
-    if (d->zero_rebuild) {
-        d->zero_rebuild = false;
-        st = nb__ddp_zero_rebuild(d);
+    if (z->rebuild) {
+        z->rebuild = false;
+        st = zero_rebuild(d, z);
     }
     return st;
 }
@@ -444,9 +544,11 @@ nb_status nb_ddp_clip_grad_norm(nb_ddp *d, double max_norm, double norm_type, do
     NB__CHECK_HANDLE("nb_ddp_clip_grad_norm", d, "DDP handle");
     NB_CHECK(d && norm, "nb_ddp_clip_grad_norm: NULL argument");
     *norm = NAN;
-    NB_CHECK(!d->opt, "nb_ddp_clip_grad_norm: rank %d: the wrapper steps an optimizer per bucket "
-             "(nb_ddp_set_optimizer): nb_ddp_backward has already applied the gradients", d->rank);
-    if (!d->zopt || !d->bucketed) { /* every rank holds the averaged gradients */
+    NB_CHECK(!nb__ddp_attached(d, NB__DDP_BUCKET_STEP), "nb_ddp_clip_grad_norm: rank %d: the wrapper steps "
+             "an optimizer per bucket (nb_ddp_set_optimizer): nb_ddp_backward has already applied the "
+             "gradients", d->rank);
+    zero_state *z = zero_of(d);
+    if (!z || !d->bucketed) { /* every rank holds the averaged gradients */
         *norm = nb_clip_grad_norm(d->p, d->n, max_norm, norm_type);
         return NB_OK;
     }
@@ -454,17 +556,16 @@ nb_status nb_ddp_clip_grad_norm(nb_ddp *d, double max_norm, double norm_type, do
              "nb_ddp_clip_grad_norm: norm_type = %g; supported are 2 and INFINITY", norm_type);
     NB_CHECK(max_norm >= 0 && !isnan(max_norm), "nb_ddp_clip_grad_norm: max_norm = %g must be >= 0",
              max_norm);
-    NB_CHECK(d->zero_fresh, "nb_ddp_clip_grad_norm: rank %d: no synchronised nb_ddp_backward since "
+    NB_CHECK(z->fresh, "nb_ddp_clip_grad_norm: rank %d: no synchronised nb_ddp_backward since "
              "the last step: there are no averaged gradients to clip", d->rank);
     nb_device dev = nb_pg_device(d->pg);
     nb_ctx *sc = nb__optim_scratch(dev);
     nb_tensor **gl = nb__ctx_meta(sc, sizeof *gl * (size_t)(d->n_buckets ? d->n_buckets : 1));
     int k = 0;
     for (int bi = 0; bi < d->n_buckets; bi++) {
-        bucket *b = &d->buckets[bi];
-        int64_t lo = (int64_t)d->rank * b->chunk;
-        int64_t own = b->numel - lo < b->chunk ? b->numel - lo : b->chunk;
-        if (own > 0) gl[k++] = flat_view(sc, b->shard, 0, own);
+        int64_t lo = (int64_t)d->rank * z->chunk[bi];
+        int64_t own = d->buckets[bi].numel - lo < z->chunk[bi] ? d->buckets[bi].numel - lo : z->chunk[bi];
+        if (own > 0) gl[k++] = flat_view(sc, z->shard[bi], 0, own);
     }
     const nb__backend *be = nb__backend_of(dev);
     double local[2] = {0, 0}; /* sum of squares, max |g| */
@@ -508,19 +609,18 @@ nb_status nb_ddp_clip_grad_norm(nb_ddp *d, double max_norm, double norm_type, do
 
 /* This rank's averaged gradients: its part of each shard (bucketed), else
  * the gradients of opt's parameters. */
-static int own_grads(nb_ddp *d, nb_ctx *sc, nb_tensor ***out) {
-    int cap = (d->bucketed ? d->n_buckets : d->zopt->n_params) + 1, k = 0;
+static int own_grads(nb_ddp *d, zero_state *z, nb_ctx *sc, nb_tensor ***out) {
+    int cap = (d->bucketed ? d->n_buckets : z->opt->n_params) + 1, k = 0;
     nb_tensor **gl = nb__ctx_meta(sc, sizeof *gl * (size_t)cap);
     if (d->bucketed) {
         for (int bi = 0; bi < d->n_buckets; bi++) {
-            bucket *b = &d->buckets[bi];
-            int64_t lo = (int64_t)d->rank * b->chunk;
-            int64_t own = b->numel - lo < b->chunk ? b->numel - lo : b->chunk;
-            if (own > 0) gl[k++] = flat_view(sc, b->shard, 0, own);
+            int64_t lo = (int64_t)d->rank * z->chunk[bi];
+            int64_t own = d->buckets[bi].numel - lo < z->chunk[bi] ? d->buckets[bi].numel - lo : z->chunk[bi];
+            if (own > 0) gl[k++] = flat_view(sc, z->shard[bi], 0, own);
         }
     } else {
-        for (int i = 0; i < d->zopt->n_params; i++) {
-            nb_tensor *g = d->zopt->params[i].param->grad;
+        for (int i = 0; i < z->opt->n_params; i++) {
+            nb_tensor *g = z->opt->params[i].param->grad;
             if (g) gl[k++] = nb__contig(sc, g);
         }
     }
@@ -529,7 +629,7 @@ static int own_grads(nb_ddp *d, nb_ctx *sc, nb_tensor ***out) {
 }
 
 static void check_fresh(const nb_ddp *d, const char *who) {
-    NB_CHECK(d->zero_fresh, "%s: rank %d: no synchronised nb_ddp_backward since the last step: "
+    NB_CHECK(zero_of(d)->fresh, "%s: rank %d: no synchronised nb_ddp_backward since the last step: "
              "there are no averaged gradients to unscale", who, d->rank);
 }
 
@@ -539,7 +639,7 @@ static nb_status scaler_unscale(nb_ddp *d, nb_grad_scaler *s, const char *who) {
     nb_device dev = nb_pg_device(d->pg);
     nb_ctx *sc = nb__optim_scratch(dev);
     nb_tensor **gl;
-    int k = own_grads(d, sc, &gl);
+    int k = own_grads(d, zero_of(d), sc, &gl);
     const nb__backend *be = nb__backend_of(dev);
     for (int i = 0; i < k; i++) nb_scale_(gl[i], inv); /* the arithmetic of nb_grad_scaler_unscale */
     double bad = k && !be->all_finite(sc, k, gl) ? 1 : 0;
@@ -555,7 +655,7 @@ static nb_status scaler_unscale(nb_ddp *d, nb_grad_scaler *s, const char *who) {
 
 static void check_scaler_call(const nb_ddp *d, const nb_grad_scaler *s, const char *who) {
     NB_CHECK(d && s, "%s: NULL argument", who);
-    NB_CHECK(d->zopt, "%s: rank %d: ZeRO-1 is off (nb_ddp_set_zero); without it use "
+    NB_CHECK(zero_of(d), "%s: rank %d: ZeRO-1 is off (nb_ddp_set_zero); without it use "
              "nb_grad_scaler_unscale / nb_grad_scaler_step on the optimizer", who, d->rank);
 }
 
@@ -583,10 +683,11 @@ nb_status nb_ddp_scaler_step(nb_ddp *d, nb_grad_scaler *s, bool *stepped) {
         *stepped = true;
         return nb_ddp_step(d);
     }
-    d->zero_fresh = false;
-    if (d->zero_rebuild) {
-        d->zero_rebuild = false;
-        return nb__ddp_zero_rebuild(d);
+    zero_state *z = zero_of(d);
+    z->fresh = false;
+    if (z->rebuild) {
+        z->rebuild = false;
+        return zero_rebuild(d, z);
     }
     return NB_OK;
 }

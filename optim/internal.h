@@ -55,7 +55,7 @@ const char *nb__optim_check_hparams(nb_optim_kind kind, const double *hp, char *
  * reset at every call (what it held before is gone). */
 nb_ctx *nb__optim_scratch(nb_device device);
 
-/* Per-bucket stepping (Note [Per-bucket step] in distributed/ddp.c).
+/* Per-bucket stepping (Note [Per-bucket step] in distributed/ddp_bucket_step.c).
  * nb__optim_step_params updates parameters idx[0..n) (indices into
  * opt->params) exactly as nb_optim_step updates them: each one's step count
  * +1 and the group's current hyperparameters; nb__optim_count_step adds the

@@ -1,0 +1,187 @@
+/* The DDP reducer's state and its one-way API (Note [DDP hook points] in
+ * ddp.c). The reducer (ddp.c, with ddp_verify.c and ddp_buckets.c) owns
+ * the parameters, the buckets, the gradient-ready hooks, the launch order
+ * and the wait; every feature (the statistics and trace, the overlap
+ * record, the bf16 wire format, join, ZeRO-1, the per-bucket step) keeps
+ * its own state in its own file and attaches a table of hooks. Features
+ * read the reducer's fields below and call the functions declared here;
+ * the reducer includes no feature's header and calls features only
+ * through the tables attached to it. Not installed. */
+#ifndef NABLA_DISTRIBUTED_DDP_REDUCER_H
+#define NABLA_DISTRIBUTED_DDP_REDUCER_H
+
+#include "nabla/ddp.h"
+
+/* Reducer data only: what a feature keeps per bucket lives in its own
+ * arrays, indexed by bucket, remade by its buckets_made hook. */
+typedef struct bucket {
+    nb_dtype dtype;
+    int64_t numel;
+    nb_tensor *flat;    /* gradient memory: numel elements, then the comm hook's padding */
+    int n;              /* parameters */
+    int *params;        /* indices, in bucket order */
+    int64_t *offsets;   /* element offset of each parameter in flat */
+    int pending;        /* parameters not ready yet */
+    nb_work *work;      /* the collective in flight, or NULL */
+    double t_launch;
+    size_t bytes;       /* sent per rank by the last launch */
+} bucket;
+
+typedef struct hook_ref {
+    nb_ddp *ddp;
+    int index;
+} hook_ref;
+
+/* One synchronised step's timeline: absolute host times. */
+typedef struct trace_step {
+    double fwd_start, bw_start, bw_end, done;
+    int n;
+    nb_ddp_bucket_time *b; /* malloc'd */
+} trace_step;
+
+/* The features, one slot each. A slot's index is also the order in which
+ * the reducer calls the attached tables at each hook point. */
+typedef enum nb__ddp_feature {
+    NB__DDP_STATS,       /* ddp_stats.c: step statistics, the Chrome trace */
+    NB__DDP_OVERLAP,     /* ddp_overlap.c: steps kept for nb_ddp_overlap_across_ranks */
+    NB__DDP_WIRE,        /* ddp_wire.c: the bf16 communication hook */
+    NB__DDP_JOIN,        /* ddp_join.c: uneven inputs */
+    NB__DDP_ZERO,        /* ddp_zero.c: ZeRO-1 */
+    NB__DDP_BUCKET_STEP, /* ddp_bucket_step.c: the optimizer stepped per bucket */
+    NB__DDP_FEATURES
+} nb__ddp_feature;
+
+/* A feature's hook points; NULL where it has nothing to do. `self` is the
+ * state it attached. At most one attached table has `launch` (the
+ * communication hook); without one the reducer all-reduces each bucket's
+ * flat with the reduction set by nb__ddp_set_reduction. */
+typedef struct nb__ddp_hooks {
+    const char *name; /* in messages */
+    /* --- the communication hook --- */
+    const char *collective; /* its name in the trace ("reduce-scatter") */
+    /* Elements of a bucket's flat for numel gradient elements (padding). */
+    int64_t (*flat_numel)(const nb_ddp *d, void *self, int64_t numel);
+    /* Launches bucket b's collective; *bytes: what it sends per rank. */
+    nb_work *(*launch)(nb_ddp *d, void *self, int b, nb_reduce_op op, size_t *bytes);
+    /* Bucket b's collective succeeded: its result back into the flat. */
+    void (*finish)(nb_ddp *d, void *self, int b);
+    /* --- every feature --- */
+    /* New buckets (construction, reassignment, the rebuild): per-bucket
+     * arrays remade; memory that lives as long as the buckets goes in d->ctx. */
+    void (*buckets_made)(nb_ddp *d, void *self);
+    /* Before the buffer broadcast of a step's pre-forward (world > 1);
+     * `what` names it in nb_ddp_forward's message. */
+    nb_status (*before_forward)(nb_ddp *d, void *self);
+    const char *before_forward_what;
+    /* At the start of every nb_ddp_backward. */
+    void (*backward_begin)(nb_ddp *d, void *self);
+    /* Parameter i's gradient became final (bucketed backward). */
+    void (*on_ready)(nb_ddp *d, void *self, int i);
+    /* A synchronised backward is about to hand out its averaged gradients;
+     * usable: backward succeeded and every parameter has a gradient (or
+     * find_unused_parameters is on). */
+    void (*sync_begin)(nb_ddp *d, void *self, bool usable);
+    /* The gradients of params[0..n) are averaged and final (a bucket, or
+     * every parameter without buckets); only while no collective failed. */
+    void (*grads_final)(nb_ddp *d, void *self, const int *params, int n);
+    /* A synchronised backward succeeded, at `done` (times in d->times). */
+    void (*sync_end)(nb_ddp *d, void *self, double done);
+    /* The one-time bucket rebuild is due: true takes it over (the feature
+     * calls nb__ddp_rebuild_buckets itself later). */
+    bool (*take_rebuild)(nb_ddp *d, void *self);
+    /* nb_ddp_free: the feature gives up what it holds. */
+    void (*free)(nb_ddp *d, void *self);
+} nb__ddp_hooks;
+
+struct nb_ddp {
+    nb_module *model;
+    nb_pg *pg;
+    nb_ddp_options o;
+    int rank, world;
+    unsigned id;          /* the wrapper's number in the run (same on every rank) */
+    bool bucketed;        /* world > 1, or forced (Note [DDP on CUDA]) */
+    /* per parameter (those that require grad), malloc'd */
+    int n;
+    nb_named_tensor *p;
+    nb_tensor **own_grad; /* each parameter's grad before the wrapper took it */
+    hook_ref *refs;       /* registered with the tensors' hooks */
+    int *bucket_of;
+    bool *ready;
+    int n_ready;
+    int *ready_order;     /* the first synchronised backward's order */
+    int *all;             /* 0..n-1, for grads_final without buckets (malloc'd) */
+    int *slot;            /* open-addressing map: tensor pointer -> parameter index */
+    int slot_mask;
+    /* buckets: memory and records in ctx, replaced at every assignment */
+    nb_ctx *ctx;
+    int n_buckets;
+    bucket *buckets;
+    int next_launch;
+    bool in_backward, no_sync, rebuilt, synced_once;
+    /* the reduction (nb__ddp_set_reduction) */
+    nb_reduce_op op;
+    double divisor;       /* > 0: each bucket divided by it after its collective */
+    int root;             /* the rank whose buffers and bucket order the others take */
+    /* the step being measured */
+    double fwd_start, bw_start, bw_end;
+    nb_ddp_bucket_time *times; /* n_buckets (malloc'd) */
+    /* attached features */
+    struct {
+        const nb__ddp_hooks *h;
+        void *self;
+    } feat[NB__DDP_FEATURES];
+    const nb__ddp_hooks *comm; /* the communication hook's table (the default all-reduce) */
+    void *comm_self;
+};
+
+double nb__ddp_now(void);
+void *nb__ddp_calloc(size_t n, size_t size); /* aborts when out of memory */
+
+/* The wrapper's reducer: parameters checked and broadcast (world > 1),
+ * buckets made when bucketed; no feature attached. */
+nb_status nb__ddp_reducer_new(nb_ddp **out, nb_module *model, nb_pg *pg, const nb_ddp_options *opts);
+/* Every attached feature's free hook, then the reducer. */
+void nb__ddp_reducer_free(nb_ddp *d);
+
+/* Attaches feature f's table with its state (aborts when f is attached
+ * already, or when a second table brings a communication hook). */
+void nb__ddp_attach(nb_ddp *d, nb__ddp_feature f, const nb__ddp_hooks *h, void *self);
+/* Detaches f (its state is the feature's to free). */
+void nb__ddp_detach(nb_ddp *d, nb__ddp_feature f);
+/* f's state, or NULL when f is not attached. */
+void *nb__ddp_state(const nb_ddp *d, nb__ddp_feature f);
+static inline bool nb__ddp_attached(const nb_ddp *d, nb__ddp_feature f) { return d->feat[f].h != NULL; }
+/* The bucket collective's name ("all-reduce" without a communication hook). */
+const char *nb__ddp_collective(const nb_ddp *d);
+
+/* The bucket collectives' reduce op, the divisor applied after them (0:
+ * none) and the root of the buffer broadcasts and of the rebuilt order
+ * (by default NB_REDUCE_AVG, 0, 0). */
+void nb__ddp_set_reduction(nb_ddp *d, nb_reduce_op op, double divisor, int root);
+
+/* Starts a synchronised backward: nothing ready, no bucket launched. */
+void nb__ddp_reset_ready(nb_ddp *d);
+/* Parameter i's gradient is final: launches the buckets that are complete. */
+void nb__ddp_mark_ready(nb_ddp *d, int i);
+/* Waits for every bucket launched and forgets their works; the first
+ * failure. */
+nb_status nb__ddp_finish_buckets(nb_ddp *d);
+/* A synchronised backward has ended: after the first, the one-time bucket
+ * rebuild (Note [Buckets]) unless !rebuild or a feature takes it over. */
+nb_status nb__ddp_synced(nb_ddp *d, bool rebuild);
+/* The one-time bucket rebuild from the root's ready order (Note [Buckets]). */
+nb_status nb__ddp_rebuild_buckets(nb_ddp *d);
+/* New bucket memory for the current bucket order; gradients keep their
+ * values (after a communication hook that pads was attached). */
+void nb__ddp_reassign_buckets(nb_ddp *d);
+/* t = the step that just ended at `done` (its bucket times copied, malloc'd). */
+void nb__ddp_step_timeline(const nb_ddp *d, double done, trace_step *t);
+
+/* ddp_verify.c */
+/* Every rank's parameter list against rank 0's; a mismatch names the
+ * first differing parameter and the ranks (every rank gets the verdict). */
+nb_status nb__ddp_verify_params(nb_ddp *d);
+/* Broadcasts rank root's buffers (buffers_only) or whole state to every rank. */
+nb_status nb__ddp_broadcast_tensors(nb_ddp *d, bool buffers_only, int root);
+
+#endif
