@@ -46,6 +46,8 @@
 #define JOIN_NOTE_S 20.0
 #define JOIN_LINGER_S 5.0
 #define JOIN_STRAYS_SAID 8 /* refused strays said on stderr, at most */
+#define JOIN_ABORT_KEY "nb/join/abort" /* Note [Joining] */
+#define JOIN_STRAY_KEY "nb/join/stray"
 
 /* ------------------------------------------------------------ heartbeat */
 
@@ -226,9 +228,8 @@ static void list_ranks(const bool *sel, int n, char *out, size_t len) {
     }
 }
 
-/* Fetches every rank's join record (values[r] malloc'd or NULL). */
-static nb_status join_records(nb_pg *pg, char **keys, char **vals) {
-    int n = pg->size;
+/* Fetches the n keys of the join (values[r] malloc'd or NULL). */
+static nb_status join_records(nb_pg *pg, char **keys, char **vals, int n) {
     nb_status st = NB_OK;
     for (int i = 0; i < n && st == NB_OK; i += NB_STORE_MAX_KEYS) {
         int m = n - i < NB_STORE_MAX_KEYS ? n - i : NB_STORE_MAX_KEYS;
@@ -243,49 +244,70 @@ static long record_world(const char *v) {
     return w ? strtol(w + 7, NULL, 10) : 0;
 }
 
-/* After a disagreement: says so (nb/join/seen/<rank>), and, on rank 0,
- * which serves the store, waits a little for every other rank of its
- * world to say so too (those still starting included), so that they read
- * the records that show it before the store goes away with this process.
- * Keeps nb_last_error(). */
-static void join_linger(nb_pg *pg, double deadline) {
+/* After the join failed (status `st`, nb_last_error() its message): says
+ * so (nb/join/seen/<rank>), and, on rank 0, which serves the store, waits
+ * until `until` at most for every other rank of its world not in `skip`
+ * (NULL: none) to say so too (those still starting included), so that they
+ * read the records or the reason (JOIN_ABORT_KEY) that show it before the
+ * store goes away with this process. Returns `st` with the message kept. */
+static nb_status join_linger(nb_pg *pg, nb_status st, double until, const bool *skip, int beyond) {
     char msg[NB__MSG_LEN], key[64];
     snprintf(msg, sizeof msg, "%s", nb_last_error());
     snprintf(key, sizeof key, "nb/join/seen/%d", pg->rank);
     nb_store_set(pg->store_main, key, "1", 1);
     if (pg->rank == 0) {
-        double until = nb__now() + JOIN_LINGER_S;
-        if (until > deadline) until = deadline;
         for (int r = 1; r < pg->size; r++) {
             double left = until - nb__now();
             if (left <= 0) break;
+            if (skip && skip[r]) continue;
             snprintf(key, sizeof key, "nb/join/seen/%d", r);
             const char *k = key;
             if (nb_store_wait(pg->store_main, &k, 1, left) != NB_OK) break;
         }
+        /* ranks beyond this world cannot say it: the store tells each its world when it refuses it */
+        while (pg->server && beyond > 0 && nb__store_server_beyond(pg->server) < (uint64_t)beyond &&
+               nb__now() < until)
+            nb__sleep(0.02);
     }
-    nb_set_error(NB_ERR_MISMATCH, "%s", msg);
+    return nb_set_error(st, "%s", msg);
+}
+
+/* Rank 0 ends the join for every rank: publishes why (the thread's last
+ * error) under JOIN_ABORT_KEY, which the others read at their next poll,
+ * and lingers until they have. */
+static nb_status join_end(nb_pg *pg, nb_status st, double until, const bool *skip) {
+    const char *msg = nb_last_error();
+    nb_store_set(pg->store_main, JOIN_ABORT_KEY, msg, strlen(msg));
+    return join_linger(pg, st, until, skip, 0);
+}
+
+/* How long rank 0 lingers after a disagreement: a little, within the join limit. */
+static double linger_until(double deadline) {
+    double until = nb__now() + JOIN_LINGER_S;
+    return until < deadline ? until : deadline;
 }
 
 /* Rank 0, which serves the store: the HELLOs its store refused for another
  * run id since the last look (Note [Joining]). A claimed rank still missing
- * fails the join (NB_ERR_MISMATCH, the status); any other is said on
- * stderr (at most JOIN_STRAYS_SAID lines) and kept in `stray` for the
- * timeout message. */
+ * fails the join (NB_ERR_MISMATCH, the status; *claimed: that rank); any
+ * other is said on stderr (at most JOIN_STRAYS_SAID lines) and kept in
+ * `stray` for the timeout message. */
 static nb_status join_refusals(nb_pg *pg, const bool *missing, uint64_t *seen, int *said, char *stray,
-                               size_t len) {
+                               size_t len, int *claimed) {
     nb__store_refusal rf[NB__STORE_REFUSALS_KEPT];
     int k = pg->server ? nb__store_server_refusals(pg->server, seen, rf, NB__STORE_REFUSALS_KEPT) : 0;
     for (int i = 0; i < k; i++) {
         const nb__store_refusal *f = &rf[i];
         bool in_world = f->rank >= 0 && f->rank < pg->size;
         /* with a secret, anyone on the network may have sent it: said, not trusted */
-        if (in_world && f->rank != pg->rank && missing[f->rank] && !pg->store_secret)
+        if (in_world && f->rank != pg->rank && missing[f->rank] && !pg->store_secret) {
+            *claimed = (int)f->rank;
             return nb_set_error(NB_ERR_MISMATCH,
                                 "nb_pg_init: rank %lld tried to join with run id '%s', this run's is '%s' "
                                 "(from %s; its store connection was refused); start every rank with the "
                                 "same run id (NABLA_RUN_ID)",
                                 (long long)f->rank, f->run_id, pg->env.run_id, f->peer);
+        }
         snprintf(stray, len, "; a process at %s tried to join as rank %lld with run id '%s', this run's is '%s' "
                  "(refused)", f->peer, (long long)f->rank, f->run_id, pg->env.run_id);
         if (*said < JOIN_STRAYS_SAID)
@@ -314,25 +336,41 @@ static nb_status join_refusals(nb_pg *pg, const bool *missing, uint64_t *seen, i
  * serves the store, then waits up to 5 s for the other ranks of its world,
  * started or still starting, to read the records that show it before it
  * leaves (join_linger). A rank whose RANK lies beyond rank 0's WORLD_SIZE
- * is outside rank 0's world: it reads rank 0's record and fails, while the
- * ranks of that world, which never read its record, go on (a launcher
- * stops them when it fails). The run id needs no record: the store
- * refuses a process of another run when it connects, telling it only its
- * own id (Note [Store authentication]), and rank 0 reads the refusals of
- * its own store at each poll (join_refusals): one claiming a rank still
- * missing fails rank 0's join at once, naming both ids, so that a
- * misconfigured rank costs seconds, not the join timeout; one claiming a
- * rank outside the world or one already joined is said and ignored (only
- * a registered rank can stop the run). Failing early trusts the refused
- * process's claim to be that rank, so it is done only where the store has
- * no secret: such a store listens on loopback (or on a network declared
- * trusted), and the misconfiguration it catches is a hand launch's (nbrun
- * gives every rank the same run id and a secret). With a secret the claim
- * is said on stderr and named in the timeout message, never trusted: a
- * peer that can reach the port cannot end the join. Every 20 s (every
- * third of NABLA_JOIN_TIMEOUT when that is shorter) a waiting rank says on
- * stderr which ranks it still waits for, so a slow start is not silent
- * until the timeout. */
+ * is refused by the store, which tells it the world's ranks and size (its
+ * own WORLD_SIZE is added to the message); when a record of rank 0's
+ * world states a larger WORLD_SIZE, rank 0 also waits (within those 5 s)
+ * until its store has refused that many ranks beyond its world, so they
+ * hear it before the store goes. Ranks beyond the world when every record
+ * agrees (ranks 0 and 1 with WORLD_SIZE=2, rank 2 with 3) are refused
+ * too, but the world they meet is complete and goes on (a launcher stops
+ * it when the refused rank fails).
+ * The run id needs no record: the store refuses a process of another run
+ * when it connects, telling it only its own id (Note [Store
+ * authentication]), and rank 0 reads the refusals of its own store at each
+ * poll (join_refusals): one claiming a rank still missing fails rank 0's
+ * join at once, naming both ids, so that a misconfigured rank costs
+ * seconds, not the join timeout; one claiming a rank outside the world or
+ * one already joined is said and ignored (only a registered rank can stop
+ * the run). Failing early trusts the refused process's claim to be that
+ * rank, so it is done only where the store has no secret: such a store
+ * listens on loopback (or on a network declared trusted), and the
+ * misconfiguration it catches is a hand launch's (nbrun gives every rank
+ * the same run id and a secret). With a secret the claim is said on stderr
+ * and named in the timeout message, never trusted: a peer that can reach
+ * the port cannot end the join.
+ * The other ranks cannot read rank 0's refusals, so rank 0 publishes what
+ * it learns in the store: when it ends the join (a refusal it trusts, or
+ * its own timeout), the message under nb/join/abort, which every waiting
+ * rank reads at its next poll and fails with ("rank 0 ended the join:
+ * ..."), and rank 0 lingers until the ranks that joined have said so
+ * (nb/join/seen/<rank>), rather than leave them to find its store gone;
+ * an untrusted claim, said only, under nb/join/stray, which the others'
+ * timeout messages name as rank 0's does. So in a world of any size every
+ * rank that joined names both run ids; the refused process names its own
+ * only (the store never tells an unproven process the run's id). Every
+ * 20 s (every third of NABLA_JOIN_TIMEOUT when that is shorter) a waiting
+ * rank says on stderr which ranks it still waits for, so a slow start is
+ * not silent until the timeout. */
 nb_status nb__join(nb_pg *pg) {
     const nb_dist_env *e = &pg->env;
     char host[256] = "?", key[64], val[320];
@@ -342,7 +380,8 @@ nb_status nb__join(nb_pg *pg) {
     nb_status st = nb_store_set(pg->store_main, key, val, (size_t)vn);
     if (st != NB_OK) return st;
     int n = pg->size;
-    char **keys = malloc((size_t)n * sizeof *keys), **vals = calloc((size_t)n, sizeof *vals);
+    /* the records, then what rank 0 publishes for the others (JOIN_ABORT_KEY, JOIN_STRAY_KEY) */
+    char **keys = malloc((size_t)(n + 2) * sizeof *keys), **vals = calloc((size_t)n + 2, sizeof *vals);
     char *buf = malloc((size_t)n * 32);
     bool *missing = calloc((size_t)n, sizeof *missing), *joined = calloc((size_t)n, sizeof *joined);
     NB_CHECK(keys && vals && buf && missing && joined, "nb_pg_init: out of memory");
@@ -350,16 +389,18 @@ nb_status nb__join(nb_pg *pg) {
         keys[r] = buf + (size_t)r * 32;
         snprintf(keys[r], 32, "nb/join/%d", r);
     }
+    keys[n] = (char *)JOIN_ABORT_KEY;
+    keys[n + 1] = (char *)JOIN_STRAY_KEY;
     double t0 = nb__now(), deadline = t0 + pg->join_s;
     double every = pg->join_s / 3 < JOIN_NOTE_S ? pg->join_s / 3 : JOIN_NOTE_S;
     double next_note = t0 + every;
     uint64_t refusals_seen = 0;
     int strays_said = 0;
-    char stray[320] = "";
+    char stray[320] = "", stray_said[320] = "";
     nb_status lost = NB_OK; /* the wait failed: one last look at the records */
     char lost_msg[NB__MSG_LEN];
     for (;;) {
-        st = join_records(pg, keys, vals);
+        st = join_records(pg, keys, vals, n + 2);
         if (st != NB_OK && lost != NB_OK) st = nb_set_error(lost, "%s", lost_msg);
         if (st != NB_OK) break;
         int nmiss = 0, other = -1;
@@ -369,6 +410,15 @@ nb_status nb__join(nb_pg *pg) {
             nmiss += missing[r];
             if (other < 0 && vals[r] && record_world(vals[r]) != n) other = r;
         }
+        if (vals[n] && pg->rank != 0) {
+            /* rank 0 read a refusal that fails the join (join_refusals) */
+            const char *why = vals[n];
+            if (strncmp(why, "nb_pg_init: ", 12) == 0) why += 12;
+            st = nb_set_error(NB_ERR_MISMATCH, "nb_pg_init: rank 0 ended the join: %s", why);
+            st = join_linger(pg, st, nb__now(), NULL, 0);
+            break;
+        }
+        if (vals[n + 1] && pg->rank != 0) snprintf(stray, sizeof stray, "%s", vals[n + 1]);
         if (other >= 0) {
             char who[1024] = "";
             int listed = 0;
@@ -387,11 +437,27 @@ nb_status nb__join(nb_pg *pg) {
                               "nb_pg_init: ranks disagree on WORLD_SIZE: this process (rank %d) has WORLD_SIZE=%d but "
                               "%s; start every rank with the same WORLD_SIZE",
                               pg->rank, n, who);
-            join_linger(pg, deadline);
+            /* the ranks from n to the largest WORLD_SIZE stated are refused by this store */
+            long most = n;
+            for (int r = 0; r < n; r++)
+                if (vals[r] && record_world(vals[r]) > most) most = record_world(vals[r]);
+            st = join_linger(pg, st, linger_until(deadline), NULL, (int)(most - n));
             break;
         }
-        st = join_refusals(pg, missing, &refusals_seen, &strays_said, stray, sizeof stray);
-        if (st != NB_OK) break;
+        int claimed = -1;
+        st = join_refusals(pg, missing, &refusals_seen, &strays_said, stray, sizeof stray, &claimed);
+        if (st != NB_OK) {
+            /* the others wait for the claimed rank too: they read why from the store */
+            memset(missing, 0, (size_t)n * sizeof *missing);
+            missing[claimed] = true;
+            st = join_end(pg, st, linger_until(deadline), missing);
+            break;
+        }
+        if (pg->rank == 0 && strcmp(stray, stray_said) != 0) {
+            /* said, never trusted: the others' timeout messages name it too */
+            snprintf(stray_said, sizeof stray_said, "%s", stray);
+            nb_store_set(pg->store_main, JOIN_STRAY_KEY, stray, strlen(stray));
+        }
         if (lost != NB_OK) {
             st = nb_set_error(lost, "%s", lost_msg);
             break;
@@ -409,6 +475,9 @@ nb_status nb__join(nb_pg *pg) {
                               "NABLA_JOIN_TIMEOUT sets how long to wait%s",
                               nmiss == 1 ? "" : "s", who, n, pg->join_s, n - nmiss == 1 ? "" : "s", in,
                               e->master_addr, e->master_port, n, e->run_id, stray);
+            /* the ranks that joined hear it from rank 0 rather than lose its store */
+            st = pg->rank == 0 ? join_end(pg, st, nb__now() + JOIN_LINGER_S, missing)
+                               : join_linger(pg, st, nb__now(), NULL, 0);
             break;
         }
         if (now >= next_note) {
@@ -418,7 +487,7 @@ nb_status nb__join(nb_pg *pg) {
                     pg->rank, nmiss == 1 ? "" : "s", who, n, now - t0, pg->join_s, n - nmiss == 1 ? "" : "s", in);
             next_note += every;
         }
-        for (int r = 0; r < n; r++) {
+        for (int r = 0; r < n + 2; r++) {
             free(vals[r]);
             vals[r] = NULL;
         }
@@ -438,7 +507,7 @@ nb_status nb__join(nb_pg *pg) {
             snprintf(lost_msg, sizeof lost_msg, "%s", nb_last_error());
         }
     }
-    for (int r = 0; r < n; r++) free(vals[r]);
+    for (int r = 0; r < n + 2; r++) free(vals[r]);
     free(vals);
     free(missing);
     free(joined);

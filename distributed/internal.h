@@ -239,6 +239,9 @@ typedef struct nb__store_refusal {
  * NB__STORE_REFUSALS_KEPT; older ones are skipped), at most max, and
  * advances *seen past them; returns how many. Thread-safe. */
 int nb__store_server_refusals(nb_store_server *s, uint64_t *seen, nb__store_refusal *out, int max);
+/* How many connections the server refused, ever, for a rank beyond its
+ * world (told the world's ranks). Thread-safe. */
+uint64_t nb__store_server_beyond(nb_store_server *s);
 
 /* The server without sockets or thread, for the fuzzer: connections are
  * handles fed with bytes; what the server answers piles up in their output

@@ -590,6 +590,12 @@ nb_status nb_pg_init_env(nb_pg **out, const nb_dist_env *env, const nb_pg_option
     if (st == NB_OK) st = start_store(pg, &cfg, host, &port);
     double join = pg->join_s;
     if (st == NB_OK) st = nb__store_connect(&pg->store_main, host, port, &cfg, env->rank, join);
+    if (st == NB_ERR_MISMATCH) {
+        /* refused (Note [Joining]): what this process has, beside what the store said */
+        char why[NB__MSG_LEN];
+        snprintf(why, sizeof why, "%s", nb_last_error());
+        st = nb_set_error(st, "%s; this process has WORLD_SIZE=%d", why, env->world_size);
+    }
     nb__store_wipe(&secret, sizeof secret);
     if (st == NB_OK) st = nb__store_connect_like(&pg->store_monitor, pg->store_main, -1, join);
     if (st == NB_OK) st = nb__store_connect_like(&pg->store_worker, pg->store_main, -1, join);

@@ -104,9 +104,10 @@ struct nb_store_server {
     bool aborted;
     char abort_reason[512];
     atomic_bool stop;
-    pthread_mutex_t refusals_mu; /* guards the two below: the join reads them */
+    pthread_mutex_t refusals_mu; /* guards the three below: the join reads them */
     nb__store_refusal refusals[NB__STORE_REFUSALS_KEPT];
     uint64_t refused;      /* HELLOs refused for their run id, ever */
+    uint64_t beyond;       /* ranks refused as beyond the world, ever */
     uint8_t *rbuf;         /* RECV_CHUNK bytes */
     nb__store_req scratch; /* parse target for requests that do not wait */
 };
@@ -181,9 +182,12 @@ static void reject(conn *c, const char *msg) {
 static bool admit(nb_store_server *s, conn *c, int64_t rank) {
     char msg[512];
     if (rank >= 0 && s->world_size > 0 && rank >= s->world_size) {
-        snprintf(msg, sizeof msg, "rank %lld is not a rank of this run, whose ranks are 0 to %d",
-                 (long long)rank, s->world_size - 1);
+        snprintf(msg, sizeof msg, "rank %lld is not a rank of this run, whose ranks are 0 to %d (WORLD_SIZE=%d)",
+                 (long long)rank, s->world_size - 1, s->world_size);
         reject(c, msg);
+        pthread_mutex_lock(&s->refusals_mu);
+        s->beyond++;
+        pthread_mutex_unlock(&s->refusals_mu);
         return true;
     }
     if (rank >= 0) {
@@ -232,6 +236,13 @@ static void note_refusal(nb_store_server *s, const conn *c, const nb__store_req 
     s->refusals[s->refused % NB__STORE_REFUSALS_KEPT] = r;
     s->refused++;
     pthread_mutex_unlock(&s->refusals_mu);
+}
+
+uint64_t nb__store_server_beyond(nb_store_server *s) {
+    pthread_mutex_lock(&s->refusals_mu);
+    uint64_t n = s->beyond;
+    pthread_mutex_unlock(&s->refusals_mu);
+    return n;
 }
 
 int nb__store_server_refusals(nb_store_server *s, uint64_t *seen, nb__store_refusal *out, int max) {

@@ -419,6 +419,73 @@ START_TEST(test_run_id_disagreement_2_ranks) {
 }
 END_TEST
 
+/* Three ranks, the last with another run id: rank 0 reads the refusal and
+ * fails naming both ids; rank 1, which waits for rank 2 like rank 0 but
+ * has no store of its own to read refusals from, gets the same reason from
+ * rank 0 through the store (Note [Joining]), not "the store went away";
+ * rank 2 learns only that the store serves another run. All within the
+ * join limit. */
+START_TEST(test_run_id_disagreement_3_ranks) {
+    nbt_proc ps[3];
+    direct_opts o = {3, 3, false, -1, {"NABLA_JOIN_TIMEOUT=20", "NABLA_RUN_ID=runA", NULL}, {0}, {NULL, NULL,
+                     "NABLA_RUN_ID=runB"}, {NULL}};
+    run_direct_opts(ps, "ok", &o);
+    for (int r = 0; r < 3; r++) {
+        ck_assert_msg(ps[r].code == 1, "rank %d exited with %d; stderr:\n%s", r, ps[r].code, ps[r].err);
+        ck_assert_msg(ps[r].seconds < 10, "rank %d took %.1f s (join limit 20 s)", r, ps[r].seconds);
+    }
+    EXPECT_IN(ps[0].err, "nb_pg_init: rank 2 tried to join with run id 'runB', this run's is 'runA' (from 127.0.0.1:");
+    EXPECT_IN(ps[1].err, "nb_pg_init: rank 0 ended the join: rank 2 tried to join with run id 'runB', this run's is "
+                         "'runA' (from 127.0.0.1:");
+    EXPECT_IN(ps[1].err, "; its store connection was refused); start every rank with the same run id (NABLA_RUN_ID)");
+    EXPECT_IN(ps[2].err, "refused rank 2: the process is of run 'runB' but this store serves another run");
+    ck_assert_msg(strstr(ps[2].err, "runA") == NULL, "rank 2 was told the store's run id:\n%s", ps[2].err);
+    for (int r = 0; r < 3; r++) nbt_proc_free(&ps[r]);
+}
+END_TEST
+
+/* Three ranks, rank 0 with WORLD_SIZE=2: rank 1 reads rank 0's record and
+ * rank 0 rank 1's; rank 2, beyond rank 0's world, is refused by its store,
+ * and says both world sizes too. */
+START_TEST(test_world_size_disagreement_rank_beyond_store_world) {
+    nbt_proc ps[3];
+    direct_opts o = {3, 3, false, -1, {"NABLA_JOIN_TIMEOUT=20", NULL}, {2, 0, 0}, {NULL}, {NULL}};
+    run_direct_opts(ps, "ok", &o);
+    for (int r = 0; r < 3; r++) {
+        ck_assert_msg(ps[r].code == 1, "rank %d exited with %d; stderr:\n%s", r, ps[r].code, ps[r].err);
+        ck_assert_msg(ps[r].seconds < 10, "rank %d took %.1f s (join limit 20 s)", r, ps[r].seconds);
+    }
+    EXPECT_IN(ps[0].err, "ranks disagree on WORLD_SIZE: this process (rank 0) has WORLD_SIZE=2 but rank 1 ");
+    EXPECT_IN(ps[1].err, "ranks disagree on WORLD_SIZE: this process (rank 1) has WORLD_SIZE=3 but rank 0 ");
+    EXPECT_IN(ps[2].err, "rank 2 is not a rank of this run, whose ranks are 0 to 1 (WORLD_SIZE=2); this process has "
+                         "WORLD_SIZE=3");
+    for (int r = 0; r < 3; r++) nbt_proc_free(&ps[r]);
+}
+END_TEST
+
+/* With a secret, three ranks: rank 0 says the unproven claim and does not
+ * end the join before its limit; rank 1's message names the refused
+ * process as rank 0's does (published in the store), and is the timeout's,
+ * not that the store went away with rank 0. */
+START_TEST(test_run_id_claim_untrusted_with_secret_3_ranks) {
+    nbt_proc ps[3];
+    direct_opts o = {3, 3, false, -1, {"NABLA_JOIN_TIMEOUT=3", "NABLA_RUN_ID=runA",
+                     "NABLA_STORE_SECRET=0123456789abcdef0123456789abcdef"}, {0}, {NULL, NULL, "NABLA_RUN_ID=runB"},
+                     {NULL}};
+    run_direct_opts(ps, "ok", &o);
+    for (int r = 0; r < 3; r++)
+        ck_assert_msg(ps[r].code == 1, "rank %d exited with %d; stderr:\n%s", r, ps[r].code, ps[r].err);
+    for (int r = 0; r < 2; r++) {
+        EXPECT_IN(ps[r].err, "rank 2 of 3 never joined within 3.0 s");
+        EXPECT_IN(ps[r].err, "tried to join as rank 2 with run id 'runB', this run's is 'runA' (refused)");
+        ck_assert_msg(!strstr(ps[r].err, "nb_pg_init: rank 2 tried") && !strstr(ps[r].err, "ended the join: rank 2 tried"),
+                      "an unproven claim ended the join:\n%s", ps[r].err);
+    }
+    ck_assert_msg(strstr(ps[2].err, "runA") == NULL, "rank 2 was told the store's run id:\n%s", ps[2].err);
+    for (int r = 0; r < 3; r++) nbt_proc_free(&ps[r]);
+}
+END_TEST
+
 /* With a secret, the refused process proved nothing: its claim to be the
  * missing rank 1 is said, not trusted, and the join waits for its limit
  * (so a peer that can reach the port cannot end it). */
@@ -596,6 +663,9 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_world_size_disagreement_2_ranks);
     tcase_add_test(tc, test_world_size_disagreement_3_ranks);
     tcase_add_test(tc, test_run_id_disagreement_2_ranks);
+    tcase_add_test(tc, test_run_id_disagreement_3_ranks);
+    tcase_add_test(tc, test_world_size_disagreement_rank_beyond_store_world);
+    tcase_add_test(tc, test_run_id_claim_untrusted_with_secret_3_ranks);
     tcase_add_test(tc, test_stray_run_id_does_not_end_the_join);
     tcase_add_test(tc, test_run_id_claim_untrusted_with_secret);
     tcase_add_test(tc, test_gloo_connect_bounded_by_join_timeout);
