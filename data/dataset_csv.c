@@ -106,8 +106,8 @@ static nb_status split_line(parser *ps, char *s, char *e) {
     char *line_start = ps->line_start = s;
     ps->n_fields = 0;
     for (;;) {
-        char *fe = s;
-        while (fe < e && *fe != ps->delim) fe++;
+        char *fe = memchr(s, ps->delim, (size_t)(e - s));
+        if (!fe) fe = e;
         if (ps->n_fields == ps->cap_fields) {
             if (ps->cap_fields > INT_MAX / 2)
                 return nb_set_error(NB_ERR_FORMAT, "%s:%lld: more than %d fields on one line",

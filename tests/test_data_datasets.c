@@ -6,12 +6,14 @@
  * status and for a message naming the file and the line/column or byte
  * offset. */
 #define _POSIX_C_SOURCE 200809L
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "data/internal.h" /* nb__csv_parse */
 #include "testutil.h"
 
 #define SHIPPED(name) NABLA_SOURCE_DIR "/examples/datasets/" name
@@ -230,6 +232,33 @@ START_TEST(test_csv_formats) {
     ck_assert_int_eq(yl, 7);
     nb_dataset_free(ds);
     remove_tmpdir();
+}
+END_TEST
+
+/* A field longer than INT_MAX bytes is quoted to its first 40 bytes: with
+ * an int length it went negative and "%.*s" printed up to the next NUL.
+ * The file's bytes are parsed from memory (nb__csv_parse, what
+ * nb_dataset_open_csv does after reading the file): 2^31 + 100 bytes from
+ * calloc, of which only the first and last pages are written; the
+ * untouched middle reads as zero pages, so the test needs no 2 GiB of
+ * memory or disk. The field is 100 'Q's then NUL bytes up to the end of
+ * the line: unbounded, the message would quote all 100. */
+START_TEST(test_csv_field_beyond_int_max) {
+    const char *head = "x,y\n";
+    size_t q = 100, field = (size_t)INT_MAX + 1 + q, size = strlen(head) + field + strlen(",0\n");
+    char *buf = calloc(size + 1, 1);
+    ck_assert_ptr_nonnull(buf);
+    memcpy(buf, head, strlen(head));
+    memset(buf + strlen(head), 'Q', q);
+    memcpy(buf + strlen(head) + field, ",0\n", 3);
+    nb_dataset *ds = (nb_dataset *)1;
+    nb_csv_options o = nb_csv_defaults();
+    ck_assert_int_eq(nb__csv_parse(&ds, "big.csv", buf, size, &o), NB_ERR_FORMAT); /* takes buf */
+    ck_assert_ptr_null(ds);
+    char want[200];
+    snprintf(want, sizeof want, "big.csv:2:1: field 1 (\"x\"): \"%.40s\" is not a number",
+             "QQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQQ");
+    ck_assert_msg(strstr(nb_last_error(), want) != NULL, "expected \"%s\" in:\n%.300s", want, nb_last_error());
 }
 END_TEST
 
@@ -991,5 +1020,10 @@ int main(void) {
     tcase_add_test(tc, test_standardize);
     tcase_add_test(tc, test_docs_quote_the_compiled_example);
     suite_add_tcase(s, tc);
+    /* scans 2 GiB of zero pages (under a second on an idle machine) */
+    TCase *big = tcase_create("big");
+    tcase_add_test(big, test_csv_field_beyond_int_max);
+    tcase_set_timeout(big, 60);
+    suite_add_tcase(s, big);
     return nbt_run(s);
 }
