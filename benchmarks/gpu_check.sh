@@ -33,8 +33,8 @@
 #
 # From the project's root. A GPU machine without our Debian packages (Check,
 # OpenBLAS, oneDNN, Gloo) gets them as .deb files in .deps/, downloaded
-# elsewhere by tools/fetch_debs.sh; this script unpacks them
-# (tools/unpack_debs.sh) before anything else. test and bench build first
+# elsewhere by dev/fetch_debs.sh; this script unpacks them
+# (dev/unpack_debs.sh) before anything else. test and bench build first
 # when $BUILD_DIR has no build. Every log and table goes under $OUT/<phase>/
 # (OUT: default build-gpu-out/), with one line per step in $OUT/summary.txt;
 # the tables and the summary are printed last.
@@ -81,7 +81,7 @@ run() {
 # ---------------------------------------------------------------- deps
 if ls .deps/*.deb >/dev/null 2>&1; then
   # shellcheck disable=SC1091
-  source tools/unpack_debs.sh .deps || exit 1
+  source dev/unpack_debs.sh .deps || exit 1
 else
   note "no .deps/*.deb: Check, OpenBLAS, oneDNN and Gloo must be installed already (docs/gpu_check.md)"
 fi

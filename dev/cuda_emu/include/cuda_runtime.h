@@ -1,4 +1,4 @@
-/* Stand-in for the CUDA runtime header (tools/cuda_emu): the kernel model
+/* Stand-in for the CUDA runtime header (dev/cuda_emu): the kernel model
  * (emu.h) and the few runtime calls our kernel files make; streams are
  * ignored, every call runs at once. */
 #pragma once

@@ -1,15 +1,15 @@
-# Unpacks the Debian packages of a folder made by tools/fetch_debs.sh into a
+# Unpacks the Debian packages of a folder made by dev/fetch_debs.sh into a
 # prefix (never into /: nothing on the system changes) and points the
 # compilers, CMake, pkg-config and the loader at it. Sourced, not run:
 #
-#   source tools/unpack_debs.sh [DIR [PREFIX]]   DIR: .deps; PREFIX: DIR/root
+#   source dev/unpack_debs.sh [DIR [PREFIX]]   DIR: .deps; PREFIX: DIR/root
 #
 # Exports DEPS_PREFIX, CMAKE_PREFIX_PATH, PKG_CONFIG_PATH, CPATH, LIBRARY_PATH,
 # LD_LIBRARY_PATH and PATH (the unpacked programs, such as pkg-config, after
 # the system's own). Returns non-zero when DIR holds no package.
 nb_deps_dir=${1:-.deps}
 if ! ls "$nb_deps_dir"/*.deb >/dev/null 2>&1; then
-  echo "unpack_debs: no .deb files in $nb_deps_dir (make them with tools/fetch_debs.sh)" >&2
+  echo "unpack_debs: no .deb files in $nb_deps_dir (make them with dev/fetch_debs.sh)" >&2
   return 1 2>/dev/null || exit 1
 fi
 nb_deps_dir=$(cd "$nb_deps_dir" && pwd)

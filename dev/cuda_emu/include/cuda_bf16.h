@@ -1,4 +1,4 @@
-/* Stand-in for cuda_bf16.h (tools/cuda_emu): our own bf16 conversions,
+/* Stand-in for cuda_bf16.h (dev/cuda_emu): our own bf16 conversions,
  * round to nearest even, NaN kept NaN. */
 #pragma once
 #include <math.h>

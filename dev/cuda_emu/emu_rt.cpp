@@ -1,4 +1,4 @@
-/* The emulator's runtime (tools/cuda_emu): emu_launch, and the pieces of
+/* The emulator's runtime (dev/cuda_emu): emu_launch, and the pieces of
  * tensor/cuda/runtime.cu that the kernel files call. */
 #include <thread>
 

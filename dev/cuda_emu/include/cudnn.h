@@ -1,4 +1,4 @@
-/* Stand-in (tools/cuda_emu): the cuDNN types tensor/cuda/check.h names.
+/* Stand-in (dev/cuda_emu): the cuDNN types tensor/cuda/check.h names.
  * No driver runs a cuDNN call. */
 #pragma once
 typedef int cudnnStatus_t;

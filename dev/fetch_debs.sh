@@ -6,11 +6,11 @@
 # Debian 12 (bookworm, amd64) machine whose apt can reach the archive, from the
 # project's root:
 #
-#   tools/fetch_debs.sh [DIR]        DIR defaults to .deps (ignored by git)
+#   dev/fetch_debs.sh [DIR]          DIR defaults to .deps (ignored by git)
 #
 # Copy DIR to the GPU machine with the source tree, then there:
 #
-#   source tools/unpack_debs.sh DIR  (unpacks into DIR/root, sets the paths)
+#   source dev/unpack_debs.sh DIR    (unpacks into DIR/root, sets the paths)
 #
 # or let benchmarks/gpu_check.sh do it (it looks in .deps). Nothing is
 # installed on either machine: the packages are only downloaded, and later
@@ -45,4 +45,4 @@ fi
 # shellcheck disable=SC2086
 (cd "$dir" && apt-get download $build_debs ${EXTRA_DEBS:-})
 n=$(find "$dir" -maxdepth 1 -name '*.deb' | wc -l)
-echo "fetch_debs: $n packages in $dir ($(du -sh "$dir" | cut -f1)); on the GPU machine: source tools/unpack_debs.sh $dir"
+echo "fetch_debs: $n packages in $dir ($(du -sh "$dir" | cut -f1)); on the GPU machine: source dev/unpack_debs.sh $dir"

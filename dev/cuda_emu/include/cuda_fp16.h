@@ -1,4 +1,4 @@
-/* Stand-in for cuda_fp16.h (tools/cuda_emu): the compiler's _Float16,
+/* Stand-in for cuda_fp16.h (dev/cuda_emu): the compiler's _Float16,
  * whose conversions round to nearest even. */
 #pragma once
 struct __half { _Float16 x; };

@@ -1,4 +1,4 @@
-/* What the drivers share (tools/cuda_emu): tensors on the CPU, random
+/* What the drivers share (dev/cuda_emu): tensors on the CPU, random
  * fills, and comparisons that count checks and failures. */
 #pragma once
 #include <algorithm>

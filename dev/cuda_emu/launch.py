@@ -1,4 +1,4 @@
-"""Turns one of nabla's CUDA sources into C++ for the emulator (tools/cuda_emu).
+"""Turns one of nabla's CUDA sources into C++ for the emulator (dev/cuda_emu).
 
     python3 launch.py SRC DST
 

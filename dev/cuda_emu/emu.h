@@ -1,4 +1,4 @@
-/* The CUDA execution model on the CPU, for tools/cuda_emu (README.md there).
+/* The CUDA execution model on the CPU, for dev/cuda_emu (README.md there).
  *
  * A launch runs its blocks one after another; each block runs one
  * std::thread per CUDA thread. __syncthreads is a barrier over the block;

@@ -1,2 +1,0 @@
-/* Empty stand-in (tools/cuda_emu): tensor/cuda/check.h includes it. */
-#pragma once
