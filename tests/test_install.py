@@ -41,6 +41,11 @@ def check_layout(prefix):
         path = os.path.join(prefix, rel)
         if not os.access(path, os.X_OK):
             fail("the install lacks the program %s (docs send users to it)" % rel)
+    # Only those: the test drivers (tests/programs/), the examples and the
+    # benchmarks stay in the build tree.
+    extra = sorted(set(os.listdir(os.path.join(prefix, "bin"))) - {"nbrun", "nb_plot"})
+    if extra:
+        fail("the install has programs it should not ship in bin/: %s" % ", ".join(extra))
     for rel in ("include/nabla/nabla.h", "include/nabla/ops.h",
                 "share/nabla/examples/tutorial_ddp.c", "share/nabla/examples/tutorial_zero.c",
                 "share/nabla/datasets/breast_cancer.csv", "share/nabla/datasets/digits.csv"):
