@@ -88,7 +88,7 @@ typedef struct mm_arg {
 static void run_mm(void *p) {
     mm_arg *m = p;
     nb__dnnl_set_mode(m->mode);
-    nb__cpu_matmul(m->out, m->a, m->b, m->ta, m->tb, false);
+    nb__cpu_gemm(m->out, m->a, m->b, m->ta, m->tb, false);
 }
 
 typedef struct mm_row {
@@ -178,8 +178,8 @@ static void run_conv(void *p) {
     conv_arg *c = p;
     nb__dnnl_set_mode(c->mode);
     if (c->backward)
-        nb__cpu_conv2d_backward(c->dt, &c->g, c->dx, c->dw, NULL, c->y, c->x, c->w, c->cols);
-    else nb__cpu_conv2d_forward(c->dt, &c->g, c->y, c->x, c->w, NULL, c->cols);
+        nb__cpu_conv2d_backward_cols(c->dt, &c->g, c->dx, c->dw, NULL, c->y, c->x, c->w, c->cols);
+    else nb__cpu_conv2d_forward_cols(c->dt, &c->g, c->y, c->x, c->w, NULL, c->cols);
 }
 
 typedef struct conv_row {
@@ -298,7 +298,7 @@ static void run_ours(void *p) {
         nb__cpu_layer_norm(o->y, o->mean, o->rstd, o->x, o->w, o->b, o->d0, o->d1, 1e-5);
     else if (o->kind == 1) nb__cpu_softmax(o->y, o->x, o->d0, o->d1, 1, false);
     else
-        nb__cpu_batch_norm_full(o->y, o->mean, o->rstd, o->x, o->w, o->b, o->rm, o->rv, true, 0.1,
+        nb__cpu_batch_norm(o->y, o->mean, o->rstd, o->x, o->w, o->b, o->rm, o->rv, true, 0.1,
                                 1e-5, o->d0, o->d1, o->d2);
 }
 

@@ -7,16 +7,17 @@
  * docs/design.md says what belongs here and how to add an entry point.
  *
  * Each entry's signature is written once, as a function type
- * nb__backend_<entry>_fn below with its contract: the table's member
- * points to that type, and each backend declares its kernel with it
- * (`nb__backend_softmax_fn nb__cpu_softmax;` in tensor/cpu/softmax.h, the
- * same for nb__cuda_softmax in tensor/cuda/cuda.h), so a kernel whose
- * definition drifts from the contract fails to compile. A kernel with a
- * narrower signature keeps its own prototype and is reached through an
- * adapter in its backend's backend.c. Contracts are device-neutral: the
- * front end has checked shapes, dtypes and devices and allocated the
- * outputs; an entry enqueues its work on the device (on the CPU: does
- * it) and returns. */
+ * nb__backend_<entry>_fn below with its contract; each kernel entry is also
+ * a row of NB__BACKEND_KERNELS, from which the table's member, both
+ * backends' declarations (`nb__backend_softmax_fn nb__cpu_softmax;` in
+ * tensor/cpu/cpu.h, nb__cuda_softmax in tensor/cuda/cuda.h) and both
+ * tables' initialisers are generated, so a kernel whose definition drifts
+ * from the contract fails to compile and a missing one fails to link. A
+ * kernel with a narrower signature has a name of its own and is reached
+ * through an adapter named after the entry, in its backend's backend.c.
+ * Contracts are device-neutral: the front end has checked shapes, dtypes
+ * and devices and allocated the outputs; an entry enqueues its work on the
+ * device (on the CPU: does it) and returns. */
 #ifndef NABLA_TENSOR_BACKEND_H
 #define NABLA_TENSOR_BACKEND_H
 
@@ -127,7 +128,7 @@ typedef void nb__backend_max_rows_backward_fn(nb_tensor *gp, const nb_tensor *ar
 typedef void nb__backend_var_rows_fn(nb_tensor *out, nb_tensor *mean, const nb_tensor *rows,
                                      int64_t outer, int64_t inner, double denom);
 
-/* ---- GEMM (tensor/cpu/matmul.h, nb__cuda_matmul) ---- */
+/* ---- GEMM (tensor/cpu/matmul.h, nb__cuda_gemm) ---- */
 /* Whether the GEMM reads t in place (else the front end copies it). */
 typedef bool nb__backend_gemm_readable_fn(const nb_tensor *t);
 /* out (L, M, N) = op(a) @ op(b) (+ out when accumulate, only where
@@ -214,7 +215,7 @@ typedef void nb__backend_embedding_fn(nb_tensor *out, const nb_tensor *w, const 
 /* gw fully written. */
 typedef void nb__backend_embedding_backward_fn(nb_tensor *gw, const nb_tensor *g,
                                                const nb_tensor *idx, int64_t np);
-/* Fused cross-entropy (contract: nb__cuda_cross_entropy). The entry
+/* Fused cross-entropy (contract: nb__cuda_cross_entropy_rows). The entry
  * makes lse (N) and count (0-d: the targets not ignored) in ctx, in
  * the dtypes its backward reads; a target out of range is an abort
  * naming it on the CPU, a deferred device fault on CUDA. */
@@ -291,6 +292,73 @@ typedef void nb__backend_channel_backward_dx_fn(nb_tensor *dx, const nb_tensor *
                                                 const nb_tensor *sums, const nb_tensor *stats,
                                                 int64_t n, int64_t c, int64_t s);
 
+/* The kernel entries every backend fills, in the table's order. Each row
+ * e has its function type nb__backend_e_fn above, and becomes the member
+ * `e`, the declaration `nb__backend_e_fn nb__cpu_e;` (tensor/cpu/cpu.h)
+ * and `nb__backend_e_fn nb__cuda_e;` (tensor/cuda/cuda.h), the table
+ * entries `.e = nb__cpu_e` / `.e = nb__cuda_e`, and a line of
+ * tests/test_backend.c's completeness check: a new kernel entry is a
+ * function type and a row here, and each backend's kernel under that
+ * name (a kernel of narrower signature is reached through an adapter
+ * with the entry's name, in its backend's backend.c). */
+#define NB__BACKEND_KERNELS(X) \
+    /* elementwise engine */ \
+    X(unary) \
+    X(binary) \
+    X(where) \
+    X(copy) \
+    X(axpy) \
+    /* row reductions */ \
+    X(sum_rows) \
+    X(max_rows) \
+    X(argmax_rows) \
+    X(max_rows_backward) \
+    X(var_rows) \
+    /* GEMM */ \
+    X(gemm_readable) \
+    X(matmul) \
+    X(gelu_tanh_backward) \
+    /* softmax family */ \
+    X(softmax) \
+    X(softmax_backward) \
+    X(softmax_causal) \
+    X(softmax_causal_backward) \
+    /* normalisation */ \
+    X(layer_norm) \
+    X(layer_norm_backward) \
+    X(batch_norm) \
+    X(batch_norm_backward) \
+    /* convolution */ \
+    X(conv2d) \
+    X(conv2d_backward) \
+    /* pooling */ \
+    X(max_pool2d) \
+    X(max_pool2d_backward) \
+    X(avg_pool2d) \
+    X(avg_pool2d_backward) \
+    /* random fills, dropout, embedding, losses */ \
+    X(rand_uniform) \
+    X(rand_normal) \
+    X(dropout) \
+    X(embedding) \
+    X(embedding_backward) \
+    X(cross_entropy) \
+    X(cross_entropy_backward) \
+    X(pair_loss) \
+    /* multi-tensor updates */ \
+    X(adam) \
+    X(sgd) \
+    X(sum_squares) \
+    X(max_abs) \
+    X(scale) \
+    X(all_finite) \
+    /* per-channel statistics */ \
+    X(channel_stats) \
+    X(channel_finalize) \
+    X(channel_normalize) \
+    X(channel_backward_sums) \
+    X(channel_backward_dx)
+
 typedef struct nb__backend {
     const char *name;
     /* Device memory is not host memory: host data reaches it by a copy
@@ -317,6 +385,9 @@ typedef struct nb__backend {
      * tensors, and only in a context of that compute dtype (Note [Mixed
      * precision on the CPU] in tensor/context.c). */
     unsigned product_dtypes;
+    /* Saved statistics (layer norm's mean/rstd, batch norm's mean/invstd)
+     * are f32 for non-f64 inputs (else f64 everywhere). */
+    bool f32_norm_stats;
 
     /* ---- runtime ---- */
     nb__backend_use_fn *use;
@@ -339,79 +410,17 @@ typedef struct nb__backend {
     nb__backend_stream_wait_fn *stream_wait;
     nb__backend_event_wait_fn *event_wait;
 
-    /* ---- elementwise engine ---- */
-    nb__backend_unary_fn *unary;
-    nb__backend_binary_fn *binary;
-    nb__backend_where_fn *where;
-    nb__backend_copy_fn *copy;
-    nb__backend_axpy_fn *axpy;
+    /* ---- kernels: one member per row of NB__BACKEND_KERNELS ---- */
+#define NB__BACKEND_MEMBER(e) nb__backend_##e##_fn *e;
+    NB__BACKEND_KERNELS(NB__BACKEND_MEMBER)
+#undef NB__BACKEND_MEMBER
 
-    /* ---- row reductions ---- */
-    nb__backend_sum_rows_fn *sum_rows;
-    nb__backend_max_rows_fn *max_rows;
-    nb__backend_argmax_rows_fn *argmax_rows;
-    nb__backend_max_rows_backward_fn *max_rows_backward;
-    nb__backend_var_rows_fn *var_rows;
-
-    /* ---- GEMM ---- */
-    nb__backend_gemm_readable_fn *gemm_readable;
-    nb__backend_matmul_fn *matmul;
-    nb__backend_gelu_tanh_backward_fn *gelu_tanh_backward;
-
-    /* ---- softmax family ---- */
-    nb__backend_softmax_fn *softmax;
-    nb__backend_softmax_backward_fn *softmax_backward;
-    nb__backend_softmax_causal_fn *softmax_causal;
-    nb__backend_softmax_causal_backward_fn *softmax_causal_backward;
-
-    /* ---- fused causal self-attention ---- */
+    /* ---- optional: the fused causal self-attention (NULL, with
+     * causal_attention_dtypes 0, where a device has none: the front end
+     * composes it from matmul and softmax_causal) ---- */
     unsigned causal_attention_dtypes;
     nb__backend_causal_attention_fn *causal_attention;
     nb__backend_causal_attention_backward_fn *causal_attention_backward;
-
-    /* ---- normalisation ---- */
-    /* Saved statistics (layer norm's mean/rstd, batch norm's mean/invstd)
-     * are f32 for non-f64 inputs (else f64 everywhere). */
-    bool f32_norm_stats;
-    nb__backend_layer_norm_fn *layer_norm;
-    nb__backend_layer_norm_backward_fn *layer_norm_backward;
-    nb__backend_batch_norm_fn *batch_norm;
-    nb__backend_batch_norm_backward_fn *batch_norm_backward;
-
-    /* ---- convolution ---- */
-    nb__backend_conv2d_fn *conv2d;
-    nb__backend_conv2d_backward_fn *conv2d_backward;
-
-    /* ---- pooling ---- */
-    nb__backend_max_pool2d_fn *max_pool2d;
-    nb__backend_max_pool2d_backward_fn *max_pool2d_backward;
-    nb__backend_avg_pool2d_fn *avg_pool2d;
-    nb__backend_avg_pool2d_backward_fn *avg_pool2d_backward;
-
-    /* ---- random fills, dropout, embedding, losses ---- */
-    nb__backend_rand_uniform_fn *rand_uniform;
-    nb__backend_rand_normal_fn *rand_normal;
-    nb__backend_dropout_fn *dropout;
-    nb__backend_embedding_fn *embedding;
-    nb__backend_embedding_backward_fn *embedding_backward;
-    nb__backend_cross_entropy_fn *cross_entropy;
-    nb__backend_cross_entropy_backward_fn *cross_entropy_backward;
-    nb__backend_pair_loss_fn *pair_loss;
-
-    /* ---- multi-tensor updates ---- */
-    nb__backend_adam_fn *adam;
-    nb__backend_sgd_fn *sgd;
-    nb__backend_sum_squares_fn *sum_squares;
-    nb__backend_max_abs_fn *max_abs;
-    nb__backend_scale_fn *scale;
-    nb__backend_all_finite_fn *all_finite;
-
-    /* ---- per-channel statistics ---- */
-    nb__backend_channel_stats_fn *channel_stats;
-    nb__backend_channel_finalize_fn *channel_finalize;
-    nb__backend_channel_normalize_fn *channel_normalize;
-    nb__backend_channel_backward_sums_fn *channel_backward_sums;
-    nb__backend_channel_backward_dx_fn *channel_backward_dx;
 } nb__backend;
 
 extern const nb__backend nb__cpu_backend;

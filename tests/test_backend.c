@@ -15,39 +15,22 @@
 /* ---- the tables ---- */
 static void assert_complete(const nb__backend *be) {
     ck_assert_ptr_nonnull(be->name);
+    /* the runtime, written out; the kernels, one per row of NB__BACKEND_KERNELS */
     const void *entries[] = {
-        (const void *)be->use, (const void *)be->sync, (const void *)be->memset,
-        (const void *)be->memcpy_d2d, (const void *)be->memcpy_h2d_async,
-        (const void *)be->host_alloc, (const void *)be->host_free,
-        (const void *)be->compute_stream, (const void *)be->copy_stream,
-        (const void *)be->event_new, (const void *)be->event_free,
+        (const void *)be->use, (const void *)be->sync, (const void *)be->mem_alloc,
+        (const void *)be->mem_free, (const void *)be->poison, (const void *)be->memset,
+        (const void *)be->memcpy_d2d, (const void *)be->memcpy_h2d, (const void *)be->memcpy_d2h,
+        (const void *)be->memcpy_h2d_async, (const void *)be->host_alloc,
+        (const void *)be->host_free, (const void *)be->compute_stream,
+        (const void *)be->copy_stream, (const void *)be->event_new, (const void *)be->event_free,
         (const void *)be->event_record, (const void *)be->stream_wait,
-        (const void *)be->event_wait, (const void *)be->unary, (const void *)be->binary,
-        (const void *)be->where, (const void *)be->gemm_readable, (const void *)be->matmul,
-        (const void *)be->gelu_tanh_backward, (const void *)be->softmax,
-        (const void *)be->softmax_backward, (const void *)be->softmax_causal,
-        (const void *)be->softmax_causal_backward, (const void *)be->layer_norm,
-        (const void *)be->layer_norm_backward, (const void *)be->batch_norm,
-        (const void *)be->batch_norm_backward, (const void *)be->conv2d,
-        (const void *)be->conv2d_backward, (const void *)be->max_pool2d,
-        (const void *)be->max_pool2d_backward, (const void *)be->avg_pool2d,
-        (const void *)be->avg_pool2d_backward, (const void *)be->dropout,
-        (const void *)be->embedding, (const void *)be->embedding_backward,
-        (const void *)be->cross_entropy, (const void *)be->cross_entropy_backward,
-        (const void *)be->pair_loss, (const void *)be->adam, (const void *)be->sgd,
-        (const void *)be->sum_squares, (const void *)be->max_abs, (const void *)be->scale,
-        (const void *)be->all_finite, (const void *)be->channel_stats,
-        (const void *)be->channel_finalize, (const void *)be->channel_normalize,
-        (const void *)be->channel_backward_sums, (const void *)be->channel_backward_dx,
-        (const void *)be->mem_alloc, (const void *)be->mem_free, (const void *)be->poison,
-        (const void *)be->memcpy_h2d, (const void *)be->memcpy_d2h, (const void *)be->copy,
-        (const void *)be->axpy, (const void *)be->sum_rows, (const void *)be->max_rows,
-        (const void *)be->argmax_rows, (const void *)be->max_rows_backward,
-        (const void *)be->var_rows, (const void *)be->rand_uniform,
-        (const void *)be->rand_normal,
+        (const void *)be->event_wait,
     };
     for (size_t i = 0; i < sizeof entries / sizeof entries[0]; i++)
-        ck_assert_msg(entries[i] != NULL, "%s backend: entry %zu is empty", be->name, i);
+        ck_assert_msg(entries[i] != NULL, "%s backend: runtime entry %zu is empty", be->name, i);
+#define KERNEL(e) ck_assert_msg(be->e != NULL, "%s backend: kernel entry %s is empty", be->name, #e);
+    NB__BACKEND_KERNELS(KERNEL)
+#undef KERNEL
     /* optional: the fused causal attention, both entries and its dtypes or none of them */
     bool fused = be->causal_attention != NULL;
     ck_assert_msg((be->causal_attention_backward != NULL) == fused &&

@@ -257,7 +257,7 @@ START_TEST(test_matmul_bf16_needs_f32_out) {
     nb_tensor *a = rand_tensor(ctx, NB_BF16, 2, (int64_t[]){3, 4}, NULL);
     nb_tensor *out = nb_empty(ctx, NB_BF16, 2, (int64_t[]){3, 3});
     nb__dnnl_mode prev = nb__dnnl_set_mode(NB_DNNL_OFF);
-    NBT_EXPECT_ABORT(nb__cpu_matmul(out, a, a, false, true, false),
+    NBT_EXPECT_ABORT(nb__cpu_gemm(out, a, a, false, true, false),
                      "need an f32 output, got bf16");
     nb__dnnl_set_mode(prev);
     nb_ctx_free(ctx);
@@ -277,7 +277,7 @@ static void expanded_check(nb__dnnl_mode mode, bool expand_a) {
     nb_tensor *out = nb_empty(ctx, NB_F32, 3, (int64_t[]){3, 5, 4});
     nb__dnnl_mode prev = nb__dnnl_set_mode(mode);
     int64_t ran = nb__dnnl_executions();
-    nb__cpu_matmul(out, a, b, false, false, false);
+    nb__cpu_gemm(out, a, b, false, false, false);
     ran = nb__dnnl_executions() - ran;
     nb__dnnl_set_mode(prev);
     ck_assert_int_eq(ran, mode == NB_DNNL_OFF ? 0 : 1);
@@ -576,9 +576,9 @@ static void conv_check(int ci, nb_dtype dt, bool with_bias, nb__dnnl_mode mode) 
 
     nb__dnnl_mode prev = nb__dnnl_set_mode(mode);
     int64_t ran = nb__dnnl_executions();
-    nb__cpu_conv2d_forward(dt, &g, y->data, x->data, w->data, b ? b->data : NULL, scratch);
-    nb__cpu_conv2d_backward(dt, &g, dx->data, dw->data, db ? db->data : NULL, gy->data, x->data,
-                            w->data, scratch);
+    nb__cpu_conv2d_forward_cols(dt, &g, y->data, x->data, w->data, b ? b->data : NULL, scratch);
+    nb__cpu_conv2d_backward_cols(dt, &g, dx->data, dw->data, db ? db->data : NULL, gy->data,
+                                 x->data, w->data, scratch);
     ran = nb__dnnl_executions() - ran;
     nb__dnnl_set_mode(prev);
     int runs = dnnl_runs(dt, mode); /* forward, backward data, backward weights */

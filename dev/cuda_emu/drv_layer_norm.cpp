@@ -27,11 +27,11 @@ static void ln(nb_dtype dt, nb_dtype sdt, int64_t m, int64_t d, int off, bool w_
     nb_tensor *ms = as(mean64, sdt), *rs = as(rstd64, sdt), *g = mk(dt, {m, d}, off);
     fill(g, -1, 1);
     nb_tensor *dx = mk(dt, {m, d}, off), *dw = mk(dt, {d}), *db = mk(dt, {d});
-    nb__cuda_layer_norm_backward(dx_on ? dx : nullptr, dw_on ? dw : nullptr, db_on ? db : nullptr, g, x, ms, rs,
+    nb__cuda_layer_norm_backward_rows(dx_on ? dx : nullptr, dw_on ? dw : nullptr, db_on ? db : nullptr, g, x, ms, rs,
                                  w_on ? w : nullptr, m, d);
     nb_tensor *dx64 = mk(NB_F64, {m, d}), *dw64 = mk(NB_F64, {d}), *db64 = mk(NB_F64, {d});
     std::vector<double> ws(2 * d);
-    nb__cpu_layer_norm_backward(dx64, dw64, db64, ws.data(), as(g, NB_F64), x64, as(ms, NB_F64), as(rs, NB_F64),
+    nb__cpu_layer_norm_backward_ws(dx64, dw64, db64, ws.data(), as(g, NB_F64), x64, as(ms, NB_F64), as(rs, NB_F64),
                                 w_on ? w64 : nullptr, m, d);
     /* dw, db add m terms of size ~1: absolute error grows like sqrt(m) */
     if (dx_on) cmpt(nm + " dx", dx, dx64, tol * 8);

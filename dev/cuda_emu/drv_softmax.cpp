@@ -55,7 +55,7 @@ static void ce_case(nb_dtype dt, nb_dtype tdt, int64_t n, int64_t c, int64_t ign
     for (int64_t i = 0; i < n; i++) nb__store((char *)tc->data + i * nb_dtype_size(tdt), tdt, tv[i * tstride]);
     nb_tensor *loss = mk(dt, {}), *lse = mk(dt == NB_F64 ? NB_F64 : NB_F32, {n}), *count = mk(NB_F32, {});
     memset(nb__cuda_fault_slot(0), 0, sizeof(nb__cuda_fault));
-    nb__cuda_cross_entropy(loss, lse, count, x, t, ignore, eps);
+    nb__cuda_cross_entropy_rows(loss, lse, count, x, t, ignore, eps);
     nb__cuda_fault *f = nb__cuda_fault_slot(0);
     if (bad) {
         CHECKS++;
@@ -64,7 +64,7 @@ static void ce_case(nb_dtype dt, nb_dtype tdt, int64_t n, int64_t c, int64_t ign
     }
     if (f->code) { FAILS++; printf("FAIL %s: unexpected fault\n", nm.c_str()); }
     nb_tensor *x64 = as(x, NB_F64), *lse64 = mk(NB_F64, {n});
-    double tot = nb__cpu_cross_entropy(lse64, x64, tc, ignore, eps);
+    double tot = nb__cpu_cross_entropy_rows(lse64, x64, tc, ignore, eps);
     int64_t cnt = 0;
     for (int64_t i = 0; i < n; i++) cnt += (int64_t)tv[i * tstride] != ignore;
     cmpv(nm + " loss", get(loss), {tot / (double)cnt}, tol_of(dt));
@@ -74,7 +74,7 @@ static void ce_case(nb_dtype dt, nb_dtype tdt, int64_t n, int64_t c, int64_t ign
     put(g, {1.7});
     nb_tensor *dx = mk(dt, {n, c}), *dx64 = mk(NB_F64, {n, c});
     nb__cuda_cross_entropy_backward(dx, x, lse, t, g, count, ignore, eps);
-    nb__cpu_cross_entropy_backward(dx64, x64, lse64, tc, ignore, eps, cnt > 0 ? get(g)[0] / (double)cnt : 0);
+    nb__cpu_cross_entropy_backward_rows(dx64, x64, lse64, tc, ignore, eps, cnt > 0 ? get(g)[0] / (double)cnt : 0);
     cmpv(nm + " dx", get(dx), get(dx64), tol_of(dt) * 2, 1.7 / (double)(cnt > 0 ? cnt : 1));
 }
 int main(int argc, char **argv) {

@@ -1,6 +1,8 @@
 /* The CPU backend's table (tensor/backend.h): the kernels of tensor/cpu/
- * and a runtime with nothing to wait for (work is done when a call
- * returns; memory is host memory; streams and events are NULL). */
+ * (one nb__cpu_<entry> per row of NB__BACKEND_KERNELS, the adapters below
+ * where a kernel's own signature is narrower) and a runtime with nothing
+ * to wait for (work is done when a call returns; memory is host memory;
+ * streams and events are NULL). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -55,8 +57,8 @@ static void event_wait(nb__event e) { (void)e; }
  * when `pre` is not kept) as post-ops. Otherwise, bias: written into the
  * rows, then the GEMM adds the product to it (like addmm; no separate
  * pass). GELU: a pass over the product, from `pre` when it is kept. */
-static void matmul(nb_tensor *out, const nb_tensor *a, const nb_tensor *b, bool ta, bool tb,
-                   const nb_tensor *bias, bool gelu, nb_tensor *pre, bool accumulate) {
+void nb__cpu_matmul(nb_tensor *out, const nb_tensor *a, const nb_tensor *b, bool ta, bool tb,
+                    const nb_tensor *bias, bool gelu, nb_tensor *pre, bool accumulate) {
     nb_tensor *dst = gelu && pre ? pre : out;
     if (nb__dnnl_matmul(dst, a, b, ta, tb, bias, gelu && !pre, accumulate)) {
         if (gelu && pre) nb__cpu_unary(NB_U_GELU_TANH, out, dst, 0);
@@ -66,57 +68,57 @@ static void matmul(nb_tensor *out, const nb_tensor *a, const nb_tensor *b, bool 
         nb__cpu_copy(dst, bias);
         accumulate = true;
     }
-    nb__cpu_matmul(dst, a, b, ta, tb, accumulate);
+    nb__cpu_gemm(dst, a, b, ta, tb, accumulate);
     if (gelu) nb__cpu_unary(NB_U_GELU_TANH, out, dst, 0);
 }
 
-static void gelu_tanh_backward(nb_tensor *dx, const nb_tensor *g, const nb_tensor *pre) {
+void nb__cpu_gelu_tanh_backward(nb_tensor *dx, const nb_tensor *g, const nb_tensor *pre) {
     if (dx->dtype == NB_F32 && nb_is_contiguous(g)) { /* one pass, not two */
-        nb__cpu_gelu_tanh_backward(dx, g, pre);
+        nb__cpu_gelu_tanh_backward_f32(dx, g, pre);
         return;
     }
     nb__cpu_unary(NB_U_GELU_TANH_GRAD, dx, pre, 0);
     nb__cpu_binary(NB_B_MUL, dx, g, dx);
 }
 
-static void layer_norm_backward(nb_ctx *ctx, nb_tensor *dx, nb_tensor *dw, nb_tensor *db,
-                                const nb_tensor *g, const nb_tensor *x, const nb_tensor *mean,
-                                const nb_tensor *rstd, const nb_tensor *w, int64_t m, int64_t d) {
+void nb__cpu_layer_norm_backward(nb_ctx *ctx, nb_tensor *dx, nb_tensor *dw, nb_tensor *db,
+                                 const nb_tensor *g, const nb_tensor *x, const nb_tensor *mean,
+                                 const nb_tensor *rstd, const nb_tensor *w, int64_t m, int64_t d) {
     size_t bytes = 2 * (size_t)d * sizeof(double);
     double *ws = (dw || db) ? nb_ctx_alloc(ctx, bytes, 0) : NULL;
-    nb__cpu_layer_norm_backward(dx, dw, db, ws, g, x, mean, rstd, w, m, d);
+    nb__cpu_layer_norm_backward_ws(dx, dw, db, ws, g, x, mean, rstd, w, m, d);
     if (ws) nb__ctx_scratch_done(ctx, ws, bytes);
 }
 
-static void batch_norm_backward(nb_tensor *dx, nb_tensor *dw, nb_tensor *db, const nb_tensor *g,
-                                const nb_tensor *x, const nb_tensor *mean,
-                                const nb_tensor *invstd, const nb_tensor *w, bool training,
-                                double eps, int64_t n, int64_t c, int64_t s) {
+void nb__cpu_batch_norm_backward(nb_tensor *dx, nb_tensor *dw, nb_tensor *db, const nb_tensor *g,
+                                 const nb_tensor *x, const nb_tensor *mean,
+                                 const nb_tensor *invstd, const nb_tensor *w, bool training,
+                                 double eps, int64_t n, int64_t c, int64_t s) {
     (void)eps; /* invstd already has it */
-    nb__cpu_batch_norm_backward(dx, dw, db, g, x, mean, invstd, w, training, n, c, s);
+    nb__cpu_batch_norm_backward_invstd(dx, dw, db, g, x, mean, invstd, w, training, n, c, s);
 }
 
 /* im2col buffers from ctx */
-static void conv2d(nb_ctx *ctx, nb_dtype dt, const nb__conv2d_geom *g, void *out, const void *x,
-                   const void *w, const void *b) {
+void nb__cpu_conv2d(nb_ctx *ctx, nb_dtype dt, const nb__conv2d_geom *g, void *out, const void *x,
+                    const void *w, const void *b) {
     size_t bytes = nb__conv2d_cols_bytes(dt, g);
     void *cols = nb_ctx_alloc(ctx, bytes, 0);
-    nb__cpu_conv2d_forward(dt, g, out, x, w, b, cols);
+    nb__cpu_conv2d_forward_cols(dt, g, out, x, w, b, cols);
     nb__ctx_scratch_done(ctx, cols, bytes);
 }
 
-static void conv2d_backward(nb_ctx *ctx, nb_dtype dt, const nb__conv2d_geom *g, void *dx,
-                            void *dw, void *db, const void *gout, const void *x, const void *w) {
+void nb__cpu_conv2d_backward(nb_ctx *ctx, nb_dtype dt, const nb__conv2d_geom *g, void *dx,
+                             void *dw, void *db, const void *gout, const void *x, const void *w) {
     size_t bytes = nb__conv2d_cols_bytes(dt, g);
     void *cols = nb_ctx_alloc(ctx, bytes, 0);
-    nb__cpu_conv2d_backward(dt, g, dx, dw, db, gout, x, w, cols);
+    nb__cpu_conv2d_backward_cols(dt, g, dx, dw, db, gout, x, w, cols);
     nb__ctx_scratch_done(ctx, cols, bytes);
 }
 
 /* Targets are checked here, on the host; count is f64 (exact for any batch). */
-static void cross_entropy(nb_ctx *ctx, nb_tensor *loss, nb_tensor **lse, nb_tensor **count,
-                          const nb_tensor *logits, const nb_tensor *targets, int64_t ignore_index,
-                          double eps) {
+void nb__cpu_cross_entropy(nb_ctx *ctx, nb_tensor *loss, nb_tensor **lse, nb_tensor **count,
+                           const nb_tensor *logits, const nb_tensor *targets, int64_t ignore_index,
+                           double eps) {
     int64_t n = logits->shape[0], c = logits->shape[1], kept = 0;
     for (int64_t i = 0; i < n; i++) {
         int64_t t = nb__cpu_target_at(targets, i);
@@ -131,17 +133,17 @@ static void cross_entropy(nb_ctx *ctx, nb_tensor *loss, nb_tensor **lse, nb_tens
     *lse = nb__empty(ctx, logits->dtype, 1, &n);
     *count = nb__empty(ctx, NB_F64, 0, NULL);
     *(double *)(*count)->data = (double)kept;
-    double total = nb__cpu_cross_entropy(*lse, logits, targets, ignore_index, eps);
+    double total = nb__cpu_cross_entropy_rows(*lse, logits, targets, ignore_index, eps);
     nb__store(loss->data, loss->dtype, total / (double)kept);
 }
 
-static void cross_entropy_backward(nb_tensor *dlogits, const nb_tensor *logits,
-                                   const nb_tensor *lse, const nb_tensor *targets,
-                                   const nb_tensor *g, const nb_tensor *count,
-                                   int64_t ignore_index, double eps) {
+void nb__cpu_cross_entropy_backward(nb_tensor *dlogits, const nb_tensor *logits,
+                                    const nb_tensor *lse, const nb_tensor *targets,
+                                    const nb_tensor *g, const nb_tensor *count,
+                                    int64_t ignore_index, double eps) {
     double kept = *(const double *)count->data;
     double scale = kept > 0 ? nb__load(g->data, g->dtype) / kept : 0;
-    nb__cpu_cross_entropy_backward(dlogits, logits, lse, targets, ignore_index, eps, scale);
+    nb__cpu_cross_entropy_backward_rows(dlogits, logits, lse, targets, ignore_index, eps, scale);
 }
 
 const nb__backend nb__cpu_backend = {
@@ -152,6 +154,7 @@ const nb__backend nb__cpu_backend = {
     .strided_elementwise_out = true,
     .half_compute = false,
     .product_dtypes = 1u << NB_BF16,
+    .f32_norm_stats = false,
     .use = use,
     .sync = sync,
     .mem_alloc = mem_alloc,
@@ -171,54 +174,10 @@ const nb__backend nb__cpu_backend = {
     .event_record = event_record,
     .stream_wait = stream_wait,
     .event_wait = event_wait,
-    .unary = nb__cpu_unary,
-    .binary = nb__cpu_binary,
-    .where = nb__cpu_where,
-    .copy = nb__cpu_copy,
-    .axpy = nb__cpu_axpy,
-    .sum_rows = nb__cpu_sum_rows,
-    .max_rows = nb__cpu_max_rows,
-    .argmax_rows = nb__cpu_argmax_rows,
-    .max_rows_backward = nb__cpu_max_rows_backward,
-    .var_rows = nb__cpu_var_rows,
-    .gemm_readable = nb__cpu_gemm_readable,
-    .matmul = matmul,
-    .gelu_tanh_backward = gelu_tanh_backward,
-    .softmax = nb__cpu_softmax,
-    .softmax_backward = nb__cpu_softmax_backward,
-    .softmax_causal = nb__cpu_softmax_causal,
-    .softmax_causal_backward = nb__cpu_softmax_causal_backward,
+#define NB__CPU_ENTRY(e) .e = nb__cpu_##e,
+    NB__BACKEND_KERNELS(NB__CPU_ENTRY)
+#undef NB__CPU_ENTRY
     .causal_attention_dtypes = (1u << NB_F32) | (1u << NB_F64),
     .causal_attention = nb__cpu_causal_attention,
     .causal_attention_backward = nb__cpu_causal_attention_backward,
-    .f32_norm_stats = false,
-    .layer_norm = nb__cpu_layer_norm,
-    .layer_norm_backward = layer_norm_backward,
-    .batch_norm = nb__cpu_batch_norm_full,
-    .batch_norm_backward = batch_norm_backward,
-    .conv2d = conv2d,
-    .conv2d_backward = conv2d_backward,
-    .max_pool2d = nb__cpu_max_pool2d,
-    .max_pool2d_backward = nb__cpu_max_pool2d_backward,
-    .avg_pool2d = nb__cpu_avg_pool2d,
-    .avg_pool2d_backward = nb__cpu_avg_pool2d_backward,
-    .rand_uniform = nb__cpu_rand_uniform,
-    .rand_normal = nb__cpu_rand_normal,
-    .dropout = nb__cpu_dropout,
-    .embedding = nb__cpu_embedding,
-    .embedding_backward = nb__cpu_embedding_backward,
-    .cross_entropy = cross_entropy,
-    .cross_entropy_backward = cross_entropy_backward,
-    .pair_loss = nb__cpu_pair_loss,
-    .adam = nb__cpu_adam,
-    .sgd = nb__cpu_sgd,
-    .sum_squares = nb__cpu_sum_squares,
-    .max_abs = nb__cpu_max_abs,
-    .scale = nb__cpu_scale,
-    .all_finite = nb__cpu_all_finite,
-    .channel_stats = nb__cpu_channel_stats,
-    .channel_finalize = nb__cpu_channel_finalize,
-    .channel_normalize = nb__cpu_channel_normalize,
-    .channel_backward_sums = nb__cpu_channel_backward_sums,
-    .channel_backward_dx = nb__cpu_channel_backward_dx,
 };

@@ -435,16 +435,17 @@ static void backward_bf16(const nb__conv2d_geom *g, void *dx, void *dw, void *db
     free(fw);
 }
 
-void nb__cpu_conv2d_forward(nb_dtype dt, const nb__conv2d_geom *g, void *out, const void *x,
-                            const void *w, const void *b, void *cols) {
+void nb__cpu_conv2d_forward_cols(nb_dtype dt, const nb__conv2d_geom *g, void *out, const void *x,
+                                 const void *w, const void *b, void *cols) {
     if (nb__dnnl_conv2d_forward(dt, g, out, x, w, b)) return;
     if (dt == NB_BF16) forward_bf16(g, out, x, w, b, cols);
     else if (dt == NB_F32) forward_f32(g, out, x, w, b, cols);
     else forward_f64(g, out, x, w, b, cols);
 }
 
-void nb__cpu_conv2d_backward(nb_dtype dt, const nb__conv2d_geom *g, void *dx, void *dw, void *db,
-                             const void *gout, const void *x, const void *w, void *cols) {
+void nb__cpu_conv2d_backward_cols(nb_dtype dt, const nb__conv2d_geom *g, void *dx, void *dw,
+                                  void *db, const void *gout, const void *x, const void *w,
+                                  void *cols) {
     if (nb__dnnl_conv2d_backward(dt, g, dx, dw, db, gout, x, w)) return;
     if (dt == NB_BF16) backward_bf16(g, dx, dw, db, gout, x, w, cols);
     else if (dt == NB_F32) backward_f32(g, dx, dw, db, gout, x, w, cols);

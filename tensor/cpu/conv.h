@@ -26,13 +26,14 @@ size_t nb__conv2d_cols_bytes(nb_dtype dt, const nb__conv2d_geom *g);
 /* out (N, O, OH, OW) = conv(x (N, C, H, W), w (O, CG, KH, KW)) + b (O) or
  * no bias when b is NULL; dt f32, f64 or bf16 (computed in f32, rounded
  * once). cols: scratch of nb__conv2d_cols_bytes. */
-void nb__cpu_conv2d_forward(nb_dtype dt, const nb__conv2d_geom *g, void *out, const void *x,
-                            const void *w, const void *b, void *cols);
+void nb__cpu_conv2d_forward_cols(nb_dtype dt, const nb__conv2d_geom *g, void *out, const void *x,
+                                 const void *w, const void *b, void *cols);
 
 /* Gradients from gout (N, O, OH, OW); each of dx (N, C, H, W), dw
  * (O, CG, KH, KW), db (O) is written (not accumulated) unless NULL. x is
  * needed for dw, w for dx. */
-void nb__cpu_conv2d_backward(nb_dtype dt, const nb__conv2d_geom *g, void *dx, void *dw, void *db,
-                             const void *gout, const void *x, const void *w, void *cols);
+void nb__cpu_conv2d_backward_cols(nb_dtype dt, const nb__conv2d_geom *g, void *dx, void *dw,
+                                  void *db, const void *gout, const void *x, const void *w,
+                                  void *cols);
 
 #endif

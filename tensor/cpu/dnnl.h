@@ -50,14 +50,14 @@ int64_t nb__dnnl_primitives_created(void);
 int64_t nb__dnnl_cache_hits(void);
 int64_t nb__dnnl_executions(void);
 
-/* out (L, M, N) contiguous f32 = op(a) @ op(b) as nb__cpu_matmul
+/* out (L, M, N) contiguous f32 = op(a) @ op(b) as nb__cpu_gemm
  * (tensor/cpu/matmul.h), a and b both f32 or both bf16, + bias (N, f32)
  * when not NULL, GELU(tanh) of the whole when gelu, + out's previous
  * contents first when accumulate. */
 bool nb__dnnl_matmul(nb_tensor *out, const nb_tensor *a, const nb_tensor *b, bool trans_a,
                      bool trans_b, const nb_tensor *bias, bool gelu, bool accumulate);
 
-/* nb__cpu_conv2d_forward / _backward (tensor/cpu/conv.h) for dt f32 or
+/* nb__cpu_conv2d_forward_cols / _backward (tensor/cpu/conv.h) for dt f32 or
  * bf16 (every buffer of that dtype). */
 bool nb__dnnl_conv2d_forward(nb_dtype dt, const nb__conv2d_geom *g, void *out, const void *x,
                              const void *w, const void *b);

@@ -271,7 +271,7 @@ static void gelu_backward_chunk(void *varg, int64_t c, int tid) {
     gelu_tanh_backward_f32(j->dx + lo, j->g + lo, j->x + lo, len);
 }
 
-void nb__cpu_gelu_tanh_backward(nb_tensor *dx, const nb_tensor *g, const nb_tensor *x) {
+void nb__cpu_gelu_tanh_backward_f32(nb_tensor *dx, const nb_tensor *g, const nb_tensor *x) {
     gelu_job j = {dx->data, g->data, x->data, nb_numel(x)};
     if (j.n < 2 * GRAIN) gelu_tanh_backward_f32(j.dx, j.g, j.x, j.n);
     else nb__parallel_for(nb__chunk_count(j.n, GRAIN), gelu_backward_chunk, &j);

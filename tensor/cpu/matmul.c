@@ -125,18 +125,18 @@ static void f32_twin(nb_tensor *f, const nb_tensor *t) {
 static void matmul_bf16(nb_tensor *out, const nb_tensor *a, const nb_tensor *b, bool trans_a,
                         bool trans_b, bool accumulate) {
     NB_CHECK(out->dtype == NB_F32 && b->dtype == NB_BF16,
-             "nb__cpu_matmul: bf16 operands %s and %s (%s) need an f32 output, got %s",
+             "nb__cpu_gemm: bf16 operands %s and %s (%s) need an f32 output, got %s",
              nb_shape_str(a), nb_shape_str(b), nb_dtype_name(b->dtype), nb_dtype_name(out->dtype));
     nb_tensor fa, fb;
     f32_twin(&fa, a);
     f32_twin(&fb, b);
-    nb__cpu_matmul(out, &fa, &fb, trans_a, trans_b, accumulate);
+    nb__cpu_gemm(out, &fa, &fb, trans_a, trans_b, accumulate);
     free(fa.data);
     free(fb.data);
 }
 
-void nb__cpu_matmul(nb_tensor *out, const nb_tensor *a, const nb_tensor *b, bool trans_a,
-                    bool trans_b, bool accumulate) {
+void nb__cpu_gemm(nb_tensor *out, const nb_tensor *a, const nb_tensor *b, bool trans_a,
+                  bool trans_b, bool accumulate) {
     if (nb__dnnl_matmul(out, a, b, trans_a, trans_b, NULL, false, accumulate)) return;
     int nbd = out->ndim - 2;
     int64_t m = out->shape[nbd], n = out->shape[nbd + 1];
@@ -155,7 +155,7 @@ void nb__cpu_matmul(nb_tensor *out, const nb_tensor *a, const nb_tensor *b, bool
     double beta = accumulate ? 1.0 : 0.0;
     layout la, lb;
     NB_CHECK(get_layout(a, &la) && get_layout(b, &lb),
-             "nb__cpu_matmul: operands %s and %s are not readable by BLAS in place", nb_shape_str(a),
+             "nb__cpu_gemm: operands %s and %s are not readable by BLAS in place", nb_shape_str(a),
              nb_shape_str(b));
     bool fa = trans_a != la.col_major, fb = trans_b != lb.col_major;
     int64_t sa[NB_MAX_DIMS], sb[NB_MAX_DIMS];

@@ -19,7 +19,7 @@ nb__backend_gemm_readable_fn nb__cpu_gemm_readable;
  * or are both bf16 with out f32 (products of bf16 values summed in f32);
  * M, N and K fit an int. K = 0 gives zeros. With accumulate, the product
  * is added to what out holds (BLAS beta = 1) instead. */
-void nb__cpu_matmul(nb_tensor *out, const nb_tensor *a, const nb_tensor *b, bool trans_a,
-                    bool trans_b, bool accumulate);
+void nb__cpu_gemm(nb_tensor *out, const nb_tensor *a, const nb_tensor *b, bool trans_a,
+                  bool trans_b, bool accumulate);
 
 #endif

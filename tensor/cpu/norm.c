@@ -153,9 +153,10 @@ static void ln_backward_piece(void *varg, int64_t c, int tid) {
                                    j->want_wb);
 }
 
-void nb__cpu_layer_norm_backward(nb_tensor *dx, nb_tensor *dw, nb_tensor *db, double *ws,
-                                 const nb_tensor *g, const nb_tensor *x, const nb_tensor *mean,
-                                 const nb_tensor *rstd, const nb_tensor *w, int64_t m, int64_t d) {
+void nb__cpu_layer_norm_backward_ws(nb_tensor *dx, nb_tensor *dw, nb_tensor *db, double *ws,
+                                    const nb_tensor *g, const nb_tensor *x, const nb_tensor *mean,
+                                    const nb_tensor *rstd, const nb_tensor *w, int64_t m,
+                                    int64_t d) {
     bool want_wb = dw || db;
     /* pieces of rows: at least the pool's grain, at most 16 of them */
     int64_t rows = nb__grain(3 * d), cap = (m + 15) / 16;
@@ -280,9 +281,9 @@ void nb__cpu_batch_norm_stats(nb_tensor *mean, nb_tensor *var, const nb_tensor *
         batch_norm_stats_double(mean->data, var->data, x->data, n, c, s);
 }
 
-void nb__cpu_batch_norm(nb_tensor *y, const nb_tensor *x, const nb_tensor *mean,
-                        const nb_tensor *invstd, const nb_tensor *w, const nb_tensor *b, int64_t n,
-                        int64_t c, int64_t s) {
+void nb__cpu_batch_norm_apply(nb_tensor *y, const nb_tensor *x, const nb_tensor *mean,
+                              const nb_tensor *invstd, const nb_tensor *w, const nb_tensor *b,
+                              int64_t n, int64_t c, int64_t s) {
     if (x->dtype == NB_F32)
         batch_norm_float(y->data, x->data, mean->data, invstd->data, data_or_null(w),
                          data_or_null(b), n, c, s);
@@ -291,10 +292,11 @@ void nb__cpu_batch_norm(nb_tensor *y, const nb_tensor *x, const nb_tensor *mean,
                           data_or_null(b), n, c, s);
 }
 
-void nb__cpu_batch_norm_backward(nb_tensor *dx, nb_tensor *dw, nb_tensor *db, const nb_tensor *g,
-                                 const nb_tensor *x, const nb_tensor *mean,
-                                 const nb_tensor *invstd, const nb_tensor *w, bool training,
-                                 int64_t n, int64_t c, int64_t s) {
+void nb__cpu_batch_norm_backward_invstd(nb_tensor *dx, nb_tensor *dw, nb_tensor *db,
+                                        const nb_tensor *g, const nb_tensor *x,
+                                        const nb_tensor *mean, const nb_tensor *invstd,
+                                        const nb_tensor *w, bool training, int64_t n, int64_t c,
+                                        int64_t s) {
     if (x->dtype == NB_F32)
         batch_norm_backward_float(dx ? dx->data : NULL, dw ? dw->data : NULL,
                                   db ? db->data : NULL, g->data, x->data, mean->data,
@@ -310,10 +312,10 @@ static void *elem(const nb_tensor *t, int64_t i) {
     return (char *)t->data + i * t->strides[0] * (int64_t)nb_dtype_size(t->dtype);
 }
 
-void nb__cpu_batch_norm_full(nb_tensor *y, nb_tensor *mean, nb_tensor *invstd, const nb_tensor *x,
-                             const nb_tensor *w, const nb_tensor *b, nb_tensor *running_mean,
-                             nb_tensor *running_var, bool training, double momentum, double eps,
-                             int64_t n, int64_t c, int64_t s) {
+void nb__cpu_batch_norm(nb_tensor *y, nb_tensor *mean, nb_tensor *invstd, const nb_tensor *x,
+                        const nb_tensor *w, const nb_tensor *b, nb_tensor *running_mean,
+                        nb_tensor *running_var, bool training, double momentum, double eps,
+                        int64_t n, int64_t c, int64_t s) {
     double *mu = mean->data, *is = invstd->data;
     if (training) {
         nb__cpu_batch_norm_stats(mean, invstd, x, n, c, s); /* invstd holds the variance */
@@ -335,5 +337,5 @@ void nb__cpu_batch_norm_full(nb_tensor *y, nb_tensor *mean, nb_tensor *invstd, c
             is[k] = 1.0 / sqrt(rv + eps);
         }
     }
-    nb__cpu_batch_norm(y, x, mean, invstd, w, b, n, c, s);
+    nb__cpu_batch_norm_apply(y, x, mean, invstd, w, b, n, c, s);
 }

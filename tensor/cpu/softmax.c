@@ -372,8 +372,8 @@ static void ce_chunk(void *varg, int64_t piece, int tid) {
                                                  j->c, j->ignore, j->eps);
 }
 
-double nb__cpu_cross_entropy(nb_tensor *lse, const nb_tensor *logits, const nb_tensor *targets,
-                             int64_t ignore_index, double eps) {
+double nb__cpu_cross_entropy_rows(nb_tensor *lse, const nb_tensor *logits, const nb_tensor *targets,
+                                  int64_t ignore_index, double eps) {
     int64_t n = logits->shape[0], c = logits->shape[1], grain = nb__grain(c);
     int64_t pieces = nb__chunk_count(n, grain);
     double one, *partial = pieces == 1 ? &one : malloc((size_t)pieces * sizeof *partial);
@@ -397,9 +397,9 @@ static void ce_backward_range(void *varg, int64_t lo, int64_t hi) {
                                       j->ignore, j->eps, j->scale);
 }
 
-void nb__cpu_cross_entropy_backward(nb_tensor *dlogits, const nb_tensor *logits,
-                                    const nb_tensor *lse, const nb_tensor *targets,
-                                    int64_t ignore_index, double eps, double scale) {
+void nb__cpu_cross_entropy_backward_rows(nb_tensor *dlogits, const nb_tensor *logits,
+                                         const nb_tensor *lse, const nb_tensor *targets,
+                                         int64_t ignore_index, double eps, double scale) {
     int64_t n = logits->shape[0], c = logits->shape[1];
     ce_job j = {.lse = lse->data, .dx = dlogits->data, .logits = logits, .targets = targets,
                 .n = n, .c = c, .ignore = ignore_index, .eps = eps, .scale = scale};

@@ -39,12 +39,12 @@ int64_t nb__cpu_target_at(const nb_tensor *targets, int64_t i);
 /* Writes lse (N) = log sum_c exp(logits[i, c]) for every row and returns
  * the sum over rows whose target is not ignore_index of
  * (1 - eps) (lse - x[t]) + eps (lse - mean_c x[c]). */
-double nb__cpu_cross_entropy(nb_tensor *lse, const nb_tensor *logits, const nb_tensor *targets,
-                             int64_t ignore_index, double eps);
+double nb__cpu_cross_entropy_rows(nb_tensor *lse, const nb_tensor *logits, const nb_tensor *targets,
+                                  int64_t ignore_index, double eps);
 /* dlogits[i, c] = scale (exp(x[i, c] - lse[i]) - eps / C - (1 - eps) [c = t_i])
  * for rows not ignored, 0 for ignored rows. */
-void nb__cpu_cross_entropy_backward(nb_tensor *dlogits, const nb_tensor *logits,
-                                    const nb_tensor *lse, const nb_tensor *targets,
-                                    int64_t ignore_index, double eps, double scale);
+void nb__cpu_cross_entropy_backward_rows(nb_tensor *dlogits, const nb_tensor *logits,
+                                         const nb_tensor *lse, const nb_tensor *targets,
+                                         int64_t ignore_index, double eps, double scale);
 
 #endif

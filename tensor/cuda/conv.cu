@@ -406,8 +406,8 @@ static conv_plan *prepare(const conv_key *k, cudnnHandle_t h, size_t limit, dire
 }
 
 /* ---------------------------------------------------------- entry points */
-extern "C" void nb__cuda_conv2d_forward(nb_ctx *ctx, nb_dtype dt, const nb__conv2d_geom *g,
-                                        void *out, const void *x, const void *w, const void *b) {
+extern "C" void nb__cuda_conv2d(nb_ctx *ctx, nb_dtype dt, const nb__conv2d_geom *g,
+                                void *out, const void *x, const void *w, const void *b) {
     int dev = nb_ctx_device(ctx).index;
     nb__cuda_use(OP, dev);
     int64_t total = g->n * g->o * g->oh * g->ow;

@@ -1,6 +1,6 @@
 /* The CUDA backend's internal interface, callable from C: the runtime
  * (devices, streams, device memory, handles, deferred checks) and one entry
- * point per kernel family. The op front ends (tensor/ops_*.c) check shapes
+ * point per kernel entry. The op front ends (tensor/ops_*.c) check shapes
  * and dtypes, allocate outputs with nb__empty and call these when their
  * inputs are on a CUDA device, through the backend table
  * (tensor/backend.h, filled by tensor/cuda/backend.c); the CPU kernels
@@ -38,6 +38,14 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* The kernel entries: nb__cuda_<entry> for each row of NB__BACKEND_KERNELS
+ * (tensor/backend.h), defined in the family's .cu file, or, where the
+ * kernel's own signature is narrower, as an adapter in tensor/cuda/backend.c.
+ * Some are declared again below with what is CUDA-specific about them. */
+#define NB__CUDA_DECLARE(e) nb__backend_##e##_fn nb__cuda_##e;
+NB__BACKEND_KERNELS(NB__CUDA_DECLARE)
+#undef NB__CUDA_DECLARE
 
 /* ===================================================== runtime (runtime.cu) */
 /* Visible devices; 0 when there is no driver or no device. */
@@ -192,9 +200,9 @@ nb__backend_softmax_backward_fn nb__cuda_softmax_backward;
  * (1 - eps)(lse - x[t]) + eps (lse - mean_c x[c]), divided by count
  * (0/0 = NaN when all are ignored). A target outside [0, C) that is not
  * ignore_index raises NB__FAULT_CROSS_ENTROPY_TARGET. */
-void nb__cuda_cross_entropy(nb_tensor *loss, nb_tensor *lse, nb_tensor *count,
-                            const nb_tensor *logits, const nb_tensor *targets,
-                            int64_t ignore_index, double eps);
+void nb__cuda_cross_entropy_rows(nb_tensor *loss, nb_tensor *lse, nb_tensor *count,
+                                 const nb_tensor *logits, const nb_tensor *targets,
+                                 int64_t ignore_index, double eps);
 /* dlogits[i, c] = (g / count) (softmax(x)[i, c] - eps / C - (1 - eps)[c = t_i]) for
  * rows not ignored, 0 for ignored rows (0 everywhere when count is 0);
  * g (0-d) and count are device tensors (no host read). */
@@ -222,8 +230,8 @@ nb__backend_gemm_readable_fn nb__cuda_gemm_readable;
  * or NULL is added to every row (cuBLASLt epilogue); gelu applies
  * GELU(tanh) after the bias, writing the pre-activation into `pre` (same
  * shape as out) when pre is not NULL. K = 0 gives zeros (+ bias). */
-void nb__cuda_matmul(nb_tensor *out, const nb_tensor *a, const nb_tensor *b, bool trans_a,
-                     bool trans_b, const nb_tensor *bias, bool gelu, nb_tensor *pre);
+void nb__cuda_gemm(nb_tensor *out, const nb_tensor *a, const nb_tensor *b, bool trans_a,
+                   bool trans_b, const nb_tensor *bias, bool gelu, nb_tensor *pre);
 
 /* ================================================= convolution (conv.cu)
  * cuDNN, NCHW, the geometry nb__conv2d_geom (letters of
@@ -231,7 +239,7 @@ void nb__cuda_matmul(nb_tensor *out, const nb_tensor *a, const nb_tensor *b, boo
  * f16; TF32 per nb__cuda_tf32()). The algorithm is chosen once per
  * geometry and dtype and cached; the workspace is the device's cuDNN
  * workspace (nothing is taken from ctx). */
-nb__backend_conv2d_fn nb__cuda_conv2d_forward;
+nb__backend_conv2d_fn nb__cuda_conv2d;
 /* Each of dx, dw, db is written (not accumulated) unless NULL. */
 nb__backend_conv2d_backward_fn nb__cuda_conv2d_backward;
 /* For tests: the workspace bytes of the algorithms chosen on `device` for
@@ -280,10 +288,10 @@ nb__backend_avg_pool2d_backward_fn nb__cuda_avg_pool2d_backward;
  * precision); x, y, g, dx contiguous (M, D); w, b (D) or NULL; dw, db
  * written (not accumulated), deterministically. */
 nb__backend_layer_norm_fn nb__cuda_layer_norm;
-void nb__cuda_layer_norm_backward(nb_tensor *dx, nb_tensor *dw, nb_tensor *db,
-                                  const nb_tensor *g, const nb_tensor *x, const nb_tensor *mean,
-                                  const nb_tensor *rstd, const nb_tensor *w, int64_t m,
-                                  int64_t d);
+void nb__cuda_layer_norm_backward_rows(nb_tensor *dx, nb_tensor *dw, nb_tensor *db,
+                                       const nb_tensor *g, const nb_tensor *x,
+                                       const nb_tensor *mean, const nb_tensor *rstd,
+                                       const nb_tensor *w, int64_t m, int64_t d);
 
 /* ================================================== embedding (embedding.cu) */
 /* out (P, C) contiguous = w[idx[p]] (w (V, C) any strides, idx contiguous

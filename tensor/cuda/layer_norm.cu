@@ -695,10 +695,10 @@ void nb__cuda_layer_norm(nb_tensor *y, nb_tensor *mean, nb_tensor *rstd, const n
     NB_CUDA_CHECK_LAUNCH(op);
 }
 
-void nb__cuda_layer_norm_backward(nb_tensor *dx, nb_tensor *dw, nb_tensor *db,
-                                  const nb_tensor *g, const nb_tensor *x, const nb_tensor *mean,
-                                  const nb_tensor *rstd, const nb_tensor *w, int64_t m,
-                                  int64_t d) {
+void nb__cuda_layer_norm_backward_rows(nb_tensor *dx, nb_tensor *dw, nb_tensor *db,
+                                       const nb_tensor *g, const nb_tensor *x,
+                                       const nb_tensor *mean, const nb_tensor *rstd,
+                                       const nb_tensor *w, int64_t m, int64_t d) {
     const char *op = "nb_layer_norm (backward)";
     int dev = x->device.index;
     nb__cuda_use(op, dev);

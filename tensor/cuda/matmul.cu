@@ -421,9 +421,9 @@ static bool can_fold(int nbd, const int64_t *shape, const int64_t *sa, const int
 
 #define MAX_BATCH_PER_CALL 65535
 
-extern "C" void nb__cuda_matmul(nb_tensor *out, const nb_tensor *a, const nb_tensor *b,
-                                bool trans_a, bool trans_b, const nb_tensor *bias, bool gelu,
-                                nb_tensor *pre) {
+extern "C" void nb__cuda_gemm(nb_tensor *out, const nb_tensor *a, const nb_tensor *b,
+                              bool trans_a, bool trans_b, const nb_tensor *bias, bool gelu,
+                              nb_tensor *pre) {
     int dev = out->device.index;
     nb__cuda_use(OP, dev);
     cudaStream_t st = nb__cuda_compute_stream(dev);

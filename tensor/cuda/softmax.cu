@@ -355,9 +355,9 @@ static __global__ void cross_entropy_total_kernel(T *loss, float *count, const d
     }
 }
 
-void nb__cuda_cross_entropy(nb_tensor *loss, nb_tensor *lse, nb_tensor *count,
-                            const nb_tensor *logits, const nb_tensor *targets,
-                            int64_t ignore_index, double eps) {
+void nb__cuda_cross_entropy_rows(nb_tensor *loss, nb_tensor *lse, nb_tensor *count,
+                                 const nb_tensor *logits, const nb_tensor *targets,
+                                 int64_t ignore_index, double eps) {
     const char *op = "nb_cross_entropy";
     cudaStream_t s = stream_for(op, loss);
     int64_t n = logits->shape[0], c = logits->shape[1];
