@@ -69,6 +69,12 @@ void nb__coll_header(const nb__coll *c, int64_t h[NB__COLL_HEADER_WORDS]) {
     h[5] = c->kind == NB__BROADCAST ? c->root : 0;
 }
 
+bool nb__coll_header_wanted(nb__dist_check mode, bool cheap, const nb__coll *c) {
+    if (mode == NB__CHECK_OFF) return false;
+    if (mode == NB__CHECK_FULL || cheap) return true;
+    return c->kind == NB__BROADCAST || c->seq <= NB__CHECK_FIRST;
+}
+
 bool nb__coll_from_header(const int64_t h[NB__COLL_HEADER_WORDS], nb__coll *c) {
     memset(c, 0, sizeof *c);
     if (h[0] != HEADER_MAGIC || h[1] < NB__ALL_REDUCE || h[1] > NB__BARRIER || h[2] < NB_REDUCE_SUM ||

@@ -282,6 +282,17 @@ double nb__liveness_s(void) {
     return t;
 }
 
+nb_status nb__dist_check_option(nb__dist_check *out) {
+    const char *v = getenv("NABLA_DIST_CHECK");
+    *out = NB__CHECK_AUTO;
+    if (!v || !*v || strcmp(v, "auto") == 0) return NB_OK;
+    if (strcmp(v, "full") == 0) *out = NB__CHECK_FULL;
+    else if (strcmp(v, "off") == 0) *out = NB__CHECK_OFF;
+    else
+        return nb_set_error(NB_ERR_INVALID, "nb_pg_init: NABLA_DIST_CHECK='%s' is not auto, full or off", v);
+    return NB_OK;
+}
+
 nb_status nb__liveness_options(double *liveness, double *join, double *stall) {
     nb_status st = read_seconds("NABLA_LIVENESS_TIMEOUT", DEFAULT_LIVENESS_S, false, liveness);
     if (st == NB_OK) st = read_seconds("NABLA_JOIN_TIMEOUT", DEFAULT_JOIN_S, false, join);

@@ -29,6 +29,11 @@ double nb__liveness_s(void);
  * NABLA_JOIN_TIMEOUT, NABLA_STALL_WARNING), or NB_ERR_INVALID naming a
  * variable that is not a number of seconds. */
 nb_status nb__liveness_options(double *liveness, double *join, double *stall);
+/* Which collectives exchange headers before their data (Note [Collective
+ * headers on NCCL] in pg.c), from NABLA_DIST_CHECK: auto (unset), full or
+ * off; another value is NB_ERR_INVALID naming it. */
+typedef enum { NB__CHECK_AUTO = 0, NB__CHECK_FULL, NB__CHECK_OFF } nb__dist_check;
+nb_status nb__dist_check_option(nb__dist_check *out);
 /* The GPU index of a process from its local rank and the number of GPUs it
  * sees (Note [One GPU per process] in env.c); cvd only names the variable in
  * the error. */
@@ -305,6 +310,14 @@ void nb__coll_fingerprint(const nb__coll *c, char *buf, size_t len);
  * a header that nabla did not write (false). */
 #define NB__COLL_HEADER_WORDS 6
 void nb__coll_header(const nb__coll *c, int64_t h[NB__COLL_HEADER_WORDS]);
+/* Does collective c (c->seq numbered) exchange headers first? Under
+ * NB__CHECK_AUTO: always where the backend's exchange costs one message
+ * (`cheap`: Gloo); else (NCCL, where it stalls the host) every broadcast
+ * and the first NB__CHECK_FIRST collectives of the group. Depends on
+ * nothing that a mismatch could make differ between ranks except the
+ * kind (Note [Collective headers on NCCL] in pg.c). */
+#define NB__CHECK_FIRST 16
+bool nb__coll_header_wanted(nb__dist_check mode, bool cheap, const nb__coll *c);
 bool nb__coll_from_header(const int64_t h[NB__COLL_HEADER_WORDS], nb__coll *c);
 
 /* Elementwise reduction of n elements: acc = acc op x; 16-bit floats
@@ -358,6 +371,11 @@ int nb__nccl_query(nb__nccl *n, nb__nccl_work *work);
  * kernels see its result (never blocks the host). */
 nb_status nb__nccl_work_order(nb__nccl_work *work);
 void nb__nccl_work_free(nb__nccl_work *work);
+/* The header exchange of Note [Collective headers on NCCL] (pg.c), on the
+ * communication stream after the group's earlier collectives and before
+ * the next: `start` enqueues it for `mine`; then 1 when `all` holds every
+ * rank's header, 0 not yet, or a failure status. */
+int nb__nccl_headers(nb__nccl *n, const int64_t *mine, int64_t *all, bool start);
 /* Aborts the communicator (kills its kernels) after a failure. */
 void nb__nccl_abort(nb__nccl *n);
 

@@ -282,6 +282,77 @@ nb_status nb_work_finish(nb_work *w) {
 
 /* ------------------------------------------------------------------ issue */
 
+/* Note [Collective headers on NCCL]
+ * Gloo groups compare every collective's header before its data (Note
+ * [Collective headers] in pg_gloo.c) for the price of one message, on
+ * their worker thread. An NCCL group can do the same only by stalling the
+ * issuing thread: the headers go through the communicator, on the group's
+ * stream (an all-gather of 48 bytes per rank, copied back to pinned host
+ * memory), and the host must see them before it enqueues the data, since
+ * NCCL, given counts that differ, hangs, or worse completes with some
+ * buffers partly stale (a broadcast) or reads past the smaller one. The
+ * stream runs the exchange after the group's earlier collectives, which
+ * wait for the compute stream, so the stall is not one network latency
+ * but the drain of everything queued before it: on DDP's buckets it would
+ * take away the host's lead over the GPU at every bucket. So, under
+ * NABLA_DIST_CHECK=auto (the default), an NCCL group checks:
+ *   - every broadcast: a mismatched broadcast is the one that can finish
+ *     "successfully" with stale data, and broadcasts are rare (DDP's
+ *     parameters and buffers at construction, a checkpoint's state);
+ *   - its first NB__CHECK_FIRST (16) collectives: the set-up (DDP's
+ *     verification of shapes across ranks, parameter broadcast) and the
+ *     first steps, where a model or batch that differs between ranks
+ *     shows up; later, a collective that differs (a branch taken on one
+ *     rank only) hangs and is named by the fingerprints in the store
+ *     (Note [Hang diagnostics], about a second) or the timeout.
+ * NABLA_DIST_CHECK=full checks every collective (debugging; the stall at
+ * each); off checks none, on Gloo groups too (there a mismatch is then
+ * the transport's error, or stale data after a broadcast). Whether to
+ * check must be the same decision on every rank, or one rank's header
+ * exchange would meet another's data collective: it depends only on the
+ * sequence number, the option (the same on every rank, as the launcher
+ * sets it) and the kind, which differs only when the ranks already
+ * disagree on the collective, where NCCL's behaviour is undefined with or
+ * without the check. The wait polls the backend (headers in pg->ops) and
+ * runs the watchdog, as nb_work_wait does, so a rank that never arrives
+ * is named at the timeout and a dead one at once; the comparison and its
+ * message are the Gloo path's (nb__diag_headers). */
+static bool headers_agree(nb_pg *pg, nb_work *w) {
+    int64_t mine[NB__COLL_HEADER_WORDS];
+    int64_t *all = malloc((size_t)pg->size * sizeof mine);
+    NB_CHECK(all != NULL, "nb_pg: out of memory for %d collective headers", pg->size);
+    nb__coll_header(&w->coll, mine);
+    nb__diag_record(pg, w);
+    char what[NB__MSG_LEN];
+    int r = pg->ops->headers(pg, mine, all, true);
+    double pause = 2e-5;
+    while (r == 0) {
+        pthread_mutex_lock(&pg->mu);
+        bool broken = pg->broken != NB_OK;
+        pthread_mutex_unlock(&pg->mu);
+        if (broken) break;
+        nb__sleep(pause);
+        pause = pause * 2 > 1e-3 ? 1e-3 : pause * 2;
+        if (pg->ops->progress) pg->ops->progress(pg);
+        watchdog(pg);
+        r = pg->ops->headers(pg, mine, all, false);
+    }
+    nb_status st = NB_OK;
+    if (r < 0) {
+        snprintf(what, sizeof what, "failed in the header exchange (%s)", nb_last_error());
+        nb__pg_fail(pg, w, (nb_status)r, what);
+        st = (nb_status)r;
+    } else if (r == 1 && (st = nb__diag_headers(pg, w, all, what, sizeof what)) != NB_OK) {
+        nb__pg_break(pg, st, what);
+    }
+    free(all);
+    pthread_mutex_lock(&pg->mu);
+    bool ok = st == NB_OK && pg->broken == NB_OK;
+    if (!ok) nb__pg_finish_locked(pg, w, pg->broken, pg->broken_msg);
+    pthread_mutex_unlock(&pg->mu);
+    return ok;
+}
+
 nb_work *nb__pg_issue(nb_pg *pg, const nb__coll *c) {
     nb_work *w = calloc(1, sizeof *w);
     NB_CHECK(w != NULL, "nb_pg: out of memory for a work handle");
@@ -305,6 +376,9 @@ nb_work *nb__pg_issue(nb_pg *pg, const nb__coll *c) {
     else pg->q_head = w;
     pg->q_tail = w;
     pthread_mutex_unlock(&pg->mu);
+    if (pg->ops->headers && pg->size > 1 && nb__coll_header_wanted(pg->root->check, false, &w->coll) &&
+        !headers_agree(pg, w))
+        return w;
     pg->ops->submit(pg, w);
     return w;
 }
@@ -578,6 +652,7 @@ nb_status nb_pg_init_env(nb_pg **out, const nb_dist_env *env, const nb_pg_option
     pg->ops = nb__pg_ops_of(backend);
     pg->timeout_s = timeout;
     st = nb__liveness_options(&pg->liveness_s, &pg->join_s, &pg->stall_s);
+    if (st == NB_OK) st = nb__dist_check_option(&pg->check);
     if (st == NB_OK) st = nb_dist_select_device(env, backend == NB_PG_NCCL, &pg->device);
     int port = 0;
     const char *host = env->master_addr;

@@ -41,6 +41,13 @@ typedef struct nb__pg_ops {
     void (*work_free)(nb_work *w);
     /* All-reduces the sum of one i32 vote over the group (nb_pg_agree). */
     nb_status (*agree)(nb_pg *pg, int32_t *votes);
+    /* Note [Collective headers on NCCL] in pg.c: with `start`, starts
+     * exchanging this rank's header `mine` (NB__COLL_HEADER_WORDS words)
+     * for every member's; then polled (start false): 1 when `all` holds
+     * them in rank order, 0 not yet, or a failure status (< 0) with
+     * nb_last_error() set. NULL where the backend checks on its own (Gloo:
+     * Note [Collective headers] in pg_gloo.c). */
+    int (*headers)(nb_pg *pg, const int64_t *mine, int64_t *all, bool start);
 } nb__pg_ops;
 
 extern const nb__pg_ops nb__pg_gloo_ops, nb__pg_nccl_ops;
@@ -75,6 +82,7 @@ struct nb_pg {
     /* World group only (children use root's). */
     nb_store_server *server;
     bool store_secret;    /* the store admits only holders of the run's secret */
+    nb__dist_check check; /* NABLA_DIST_CHECK */
     nb_store *store_main;     /* the user's thread: setup, new_group, user keys */
     nb_store *store_monitor;  /* diagnostics and abort polls, under monitor_mu */
     pthread_mutex_t monitor_mu;
@@ -149,6 +157,10 @@ void nb__diag_explain(nb_pg *pg, const nb_work *w, const char *what, char *out, 
  * (Note [Collective headers] in pg_gloo.c); `headers`: every member's
  * NB__COLL_HEADER_WORDS words, in rank order. */
 void nb__diag_mismatch(nb_pg *pg, const nb_work *w, const int64_t *headers, char *out, size_t len);
+/* Compares every member's header (`headers`, in rank order) with w's:
+ * NB_OK when all equal; else NB_ERR_MISMATCH with nb__diag_mismatch's
+ * message in `out`. What both backends decide with. */
+nb_status nb__diag_headers(nb_pg *pg, const nb_work *w, const int64_t *headers, char *out, size_t len);
 /* Quick checks while w runs: has the run been aborted, or did some rank
  * arrive at w's sequence number with another collective? Fills `what`
  * and returns the status to fail with, or NB_OK. */

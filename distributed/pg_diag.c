@@ -18,9 +18,11 @@
  *   - after a second, some rank published this sequence number with a
  *     different fingerprint: fail now with both fingerprints (a desync
  *     never completes, so there is no point waiting for the timeout).
- *     On Gloo groups the headers ranks exchange before any data (Note
- *     [Collective headers] in pg_gloo.c) name such a mismatch first, on
- *     every rank; this comparison remains for NCCL groups.
+ *     The headers ranks exchange before any data (Note [Collective
+ *     headers] in pg_gloo.c) name such a mismatch first, on every rank,
+ *     wherever they are exchanged; this comparison remains for the NCCL
+ *     collectives that do not exchange them (Note [Collective headers on
+ *     NCCL] in pg.c) and under NABLA_DIST_CHECK=off.
  * At the timeout (measured from when the collective became the group's
  * oldest unfinished one on this rank) it fails, naming the ranks whose
  * slot does not hold this sequence number yet: they did not arrive, and
@@ -320,6 +322,17 @@ void nb__diag_mismatch(nb_pg *pg, const nb_work *w, const int64_t *headers, char
     free(valid);
     free(sel);
     free(seen);
+}
+
+nb_status nb__diag_headers(nb_pg *pg, const nb_work *w, const int64_t *headers, char *out, size_t len) {
+    int64_t mine[NB__COLL_HEADER_WORDS];
+    nb__coll_header(&w->coll, mine);
+    for (int r = 0; r < pg->size; r++)
+        if (memcmp(headers + (size_t)r * NB__COLL_HEADER_WORDS, mine, sizeof mine) != 0) {
+            nb__diag_mismatch(pg, w, headers, out, len);
+            return NB_ERR_MISMATCH;
+        }
+    return NB_OK;
 }
 
 void nb__diag_store_lost(nb_pg *pg, char *what, size_t len) {

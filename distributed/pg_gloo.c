@@ -38,7 +38,10 @@
  * What it cannot see is a rank that never arrives: the fingerprints in
  * the store (Note [Hang diagnostics] in pg_diag.c) still name it. It
  * costs one message latency per collective (benchmarks/bench_collectives
- * shows it on small counts; it is lost in the transfer of large ones). */
+ * shows it on small counts; it is lost in the transfer of large ones).
+ * NABLA_DIST_CHECK=off skips it; NCCL groups compare the same headers
+ * with the same code, on fewer collectives (Note [Collective headers on
+ * NCCL] in pg.c). */
 static nb_status check_headers(nb_pg *pg, const nb_work *w, char *what, size_t len, bool *explained) {
     int64_t mine[NB__COLL_HEADER_WORDS];
     int64_t *all = malloc((size_t)pg->size * sizeof mine);
@@ -48,12 +51,8 @@ static nb_status check_headers(nb_pg *pg, const nb_work *w, char *what, size_t l
     if (st != NB_OK) {
         snprintf(what, len, "failed in the transport (%s)", nb_last_error());
     } else {
-        for (int r = 0; r < pg->size && st == NB_OK; r++)
-            if (memcmp(all + (size_t)r * NB__COLL_HEADER_WORDS, mine, sizeof mine) != 0) st = NB_ERR_MISMATCH;
-        if (st != NB_OK) {
-            nb__diag_mismatch(pg, w, all, what, len);
-            *explained = true;
-        }
+        st = nb__diag_headers(pg, w, all, what, len);
+        *explained = st != NB_OK;
     }
     free(all);
     return st;
@@ -65,7 +64,8 @@ static nb_status run_gloo(nb_pg *pg, nb_work *w, char *what, size_t len, bool *e
     const nb__coll *c = &w->coll;
     *explained = false;
     nb__diag_record(pg, w);
-    nb_status st = pg->size > 1 ? check_headers(pg, w, what, len, explained) : NB_OK;
+    bool check = pg->size > 1 && nb__coll_header_wanted(pg->root->check, true, c);
+    nb_status st = check ? check_headers(pg, w, what, len, explained) : NB_OK;
     if (st != NB_OK) return st;
     if (c->kind == NB__BARRIER || c->count == 0) return NB_OK;
     st = nb__gloo_run(pg->gloo, c);

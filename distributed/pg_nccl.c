@@ -44,7 +44,13 @@ struct nb__nccl {
     int device;
     void *agree_buf;
     bool aborted;
+    int size;
+    void *hdr_dev;     /* this rank's header, then every rank's (all-gathered) */
+    int64_t *hdr_host; /* pinned: the same */
+    cudaEvent_t hdr_done;
 };
+
+#define HDR_BYTES (NB__COLL_HEADER_WORDS * sizeof(int64_t))
 
 struct nb__nccl_work {
     int device;
@@ -163,11 +169,20 @@ nb_status nb__nccl_init(nb__nccl **out, nb_store *store, const char *prefix, int
                           cudaGetErrorString(cudaGetLastError()));
     if (st == NB_OK && !(n->agree_buf = nb__cuda_malloc(device, 16)))
         st = nb_set_error(NB_ERR_NOMEM, "nb_pg_init: cannot allocate 16 bytes of device memory");
+    n->size = size;
+    if (st == NB_OK && (cudaMalloc(&n->hdr_dev, HDR_BYTES * (size_t)(size + 1)) != cudaSuccess ||
+                        cudaMallocHost((void **)&n->hdr_host, HDR_BYTES * (size_t)(size + 1)) != cudaSuccess ||
+                        cudaEventCreateWithFlags(&n->hdr_done, cudaEventDisableTiming) != cudaSuccess))
+        st = nb_set_error(NB_ERR_NOMEM, "nb_pg_init: cannot allocate the collective headers' buffers (%zu bytes): %s",
+                          HDR_BYTES * (size_t)(size + 1), cudaGetErrorString(cudaGetLastError()));
     if (st == NB_OK) st = init_comm(n, store, prefix, rank, size);
     if (st != NB_OK) {
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", nb_last_error());
         if (n->agree_buf) nb__cuda_free(device, n->agree_buf);
+        if (n->hdr_dev) cudaFree(n->hdr_dev);
+        if (n->hdr_host) cudaFreeHost(n->hdr_host);
+        if (n->hdr_done) cudaEventDestroy(n->hdr_done);
         if (n->ready) cudaEventDestroy(n->ready);
         if (n->stream) cudaStreamDestroy(n->stream);
         free(n);
@@ -188,6 +203,9 @@ void nb__nccl_free(nb__nccl *n) {
         ncclCommDestroy(n->comm);
     }
     nb__cuda_free(n->device, n->agree_buf);
+    cudaFree(n->hdr_dev);
+    cudaFreeHost(n->hdr_host);
+    cudaEventDestroy(n->hdr_done);
     cudaEventDestroy(n->ready);
     cudaStreamDestroy(n->stream);
     free(n);
@@ -250,6 +268,32 @@ nb_status nb__nccl_launch(nb__nccl *n, const nb__coll *c, nb__nccl_work **work) 
     return NB_OK;
 }
 
+int nb__nccl_headers(nb__nccl *n, const int64_t *mine, int64_t *all, bool start) {
+    if (start) {
+        /* no wait for the compute stream: the header is the host's */
+        CUDA_TRY(cudaSetDevice(n->device));
+        memcpy(n->hdr_host, mine, HDR_BYTES);
+        CUDA_TRY(cudaMemcpyAsync(n->hdr_dev, n->hdr_host, HDR_BYTES, cudaMemcpyHostToDevice, n->stream));
+        NCCL_TRY(ncclAllGather(n->hdr_dev, (char *)n->hdr_dev + HDR_BYTES, HDR_BYTES, ncclInt8, n->comm, n->stream));
+        CUDA_TRY(cudaMemcpyAsync(n->hdr_host + NB__COLL_HEADER_WORDS, (char *)n->hdr_dev + HDR_BYTES,
+                                 HDR_BYTES * (size_t)n->size, cudaMemcpyDeviceToHost, n->stream));
+        CUDA_TRY(cudaEventRecord(n->hdr_done, n->stream));
+        return 0;
+    }
+    cudaError_t e = cudaEventQuery(n->hdr_done);
+    if (e == cudaErrorNotReady) {
+        ncclResult_t async;
+        if (ncclCommGetAsyncError(n->comm, &async) == ncclSuccess && async != ncclSuccess &&
+            async != ncclInProgress)
+            return nb_set_error(NB_ERR_NETWORK, "NCCL: %s (%s)", ncclGetErrorString(async),
+                                ncclGetLastError(n->comm));
+        return 0;
+    }
+    if (e != cudaSuccess) return nb_set_error(NB_ERR_INTERNAL, "CUDA: %s", cudaGetErrorString(e));
+    memcpy(all, n->hdr_host + NB__COLL_HEADER_WORDS, HDR_BYTES * (size_t)n->size);
+    return 1;
+}
+
 int nb__nccl_query(nb__nccl *n, nb__nccl_work *w) {
     cudaError_t e = cudaEventQuery(w->done);
     if (e == cudaSuccess) return 1;
@@ -295,6 +339,10 @@ nb_status nb__nccl_launch(nb__nccl *n, const nb__coll *c, nb__nccl_work **work) 
     return no_cuda("nb_pg (nccl)");
 }
 int nb__nccl_query(nb__nccl *n, nb__nccl_work *w) { (void)n, (void)w; return 1; }
+int nb__nccl_headers(nb__nccl *n, const int64_t *mine, int64_t *all, bool start) {
+    (void)n, (void)mine, (void)all, (void)start;
+    return no_cuda("nb_pg (nccl)");
+}
 nb_status nb__nccl_work_order(nb__nccl_work *w) { (void)w; return NB_OK; }
 void nb__nccl_work_free(nb__nccl_work *w) { (void)w; }
 
@@ -390,6 +438,10 @@ static void nccl_work_free(nb_work *w) {
 }
 
 /* The vote goes through the group's 16 bytes of device memory. */
+static int nccl_headers(nb_pg *pg, const int64_t *mine, int64_t *all, bool start) {
+    return nb__nccl_headers(pg->nccl, mine, all, start);
+}
+
 static nb_status nccl_agree(nb_pg *pg, int32_t *votes) {
     const nb__backend *be = nb__backend_of(pg->device);
     be->memcpy_h2d(pg->device.index, pg->agree_buf, votes, sizeof *votes);
@@ -411,4 +463,5 @@ const nb__pg_ops nb__pg_nccl_ops = {
     .free = nccl_free,
     .work_free = nccl_work_free,
     .agree = nccl_agree,
+    .headers = nccl_headers,
 };

@@ -1,7 +1,13 @@
 /* The NCCL process group on one GPU, as a world of one, with tensors of
  * real CUDA contexts: every collective and the dtypes NCCL takes, zero
  * counts, ordering after work queued on the compute stream, ordering of
- * later compute after a wait, agree, barrier, and the device check.
+ * later compute after a wait, agree, barrier, the device check, and the
+ * header exchange of Note [Collective headers on NCCL] (distributed/pg.c):
+ * the headers come back through the communicator, behind collectives
+ * still queued, and every collective still gives its result when each
+ * one checks (NABLA_DIST_CHECK=full). A mismatch needs two ranks, hence
+ * two GPUs; its comparison and message are the Gloo path's, tested on
+ * the CPU in tests/test_dist_mismatch.c.
  * Skipped (77) without CUDA in the build or without a visible GPU. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,6 +15,7 @@
 
 #include "cuda_parity.h"
 #include "distributed/internal.h"
+#include "distributed/pg.h"
 #include "testutil.h"
 
 #if NABLA_HAVE_CUDA
@@ -124,6 +131,50 @@ START_TEST(test_many_in_flight) {
 }
 END_TEST
 
+/* The exchange itself: a header made up here comes back as every rank's
+ * (this rank's, in a world of one), also when issued behind an all-reduce
+ * still running on the group's stream. */
+START_TEST(test_headers_exchanged) {
+    int64_t mine[NB__COLL_HEADER_WORDS] = {0x3143424e, 1, 0, 0, 123456789, 0}, all[NB__COLL_HEADER_WORDS];
+    nb_tensor *big = nb_full(dev, NB_F32, NB_SHAPE(1 << 24), 1.0);
+    nb_work *w = nb_pg_all_reduce(pg, big, NB_REDUCE_SUM);
+    for (int round = 0; round < 3; round++) {
+        memset(all, 0, sizeof all);
+        mine[4] = 123456789 + round;
+        int r = nb__nccl_headers(pg->nccl, mine, all, true);
+        ck_assert_msg(r == 0, "start: %d: %s", r, nb_last_error());
+        while ((r = nb__nccl_headers(pg->nccl, mine, all, false)) == 0) nb__sleep(1e-5);
+        ck_assert_msg(r == 1, "poll: %d: %s", r, nb_last_error());
+        for (int i = 0; i < NB__COLL_HEADER_WORDS; i++) ck_assert_int_eq(all[i], mine[i]);
+    }
+    check_ok(nb_work_finish(w));
+    nb_ctx_reset(dev);
+}
+END_TEST
+
+/* With every collective checking first (NABLA_DIST_CHECK=full), the
+ * results are the same and a zero-count collective passes. */
+START_TEST(test_every_collective_checked) {
+    nb__dist_check saved = pg->check;
+    pg->check = NB__CHECK_FULL;
+    double v[257], got[257];
+    for (int i = 0; i < 257; i++) v[i] = i - 100;
+    for (int k = 0; k < 40; k++) {
+        nb_tensor *t = upload(NB_F32, 257, v);
+        check_ok(nb_work_finish(nb_pg_all_reduce(pg, t, NB_REDUCE_SUM)));
+        check_ok(nb_work_finish(nb_pg_broadcast(pg, t, 0)));
+        download(t, got);
+        for (int i = 0; i < 257; i++) ck_assert_double_eq(got[i], v[i]);
+        nb_ctx_reset(dev);
+    }
+    nb_tensor *z = nb_zeros(dev, NB_F32, NB_SHAPE(0));
+    check_ok(nb_work_finish(nb_pg_all_reduce(pg, z, NB_REDUCE_SUM)));
+    check_ok(nb_work_finish(nb_pg_barrier(pg)));
+    pg->check = saved;
+    nb_ctx_reset(dev);
+}
+END_TEST
+
 START_TEST(test_device_check) {
     nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
     nb_tensor *c = nb_zeros(ctx, NB_F32, NB_SHAPE(3));
@@ -154,6 +205,8 @@ int main(void) {
     tcase_add_test(tc, test_ordered_with_compute);
     tcase_add_test(tc, test_many_in_flight);
     tcase_add_test(tc, test_device_check);
+    tcase_add_test(tc, test_headers_exchanged);
+    tcase_add_test(tc, test_every_collective_checked);
     suite_add_tcase(s, tc);
     int rc = nbt_run(s);
     nb_ctx_free(dev);

@@ -8,12 +8,19 @@
  * Each case runs tests/dist_scenario mm_* under nbrun with 2 or 3 ranks;
  * one does it on a subgroup, whose ranks are named with their world ranks.
  * The expected lines are written out here from the scenarios' definitions
- * (tests/dist/dist_scenario.c), not taken from the library. */
+ * (tests/dist/dist_scenario.c), not taken from the library.
+ *
+ * Without processes (and without Gloo): the comparison both backends
+ * decide with (nb__diag_headers, what an NCCL group runs on the headers
+ * it all-gathers) on headers made up here, and which collectives an NCCL
+ * group checks under each NABLA_DIST_CHECK (Note [Collective headers on
+ * NCCL] in distributed/pg.c). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "dist/proc.h"
+#include "distributed/pg.h"
 #include "testutil.h"
 
 static char nbrun_path[4096], scenario_path[4096];
@@ -133,8 +140,96 @@ static void run_group_case(int R) {
 START_TEST(test_mismatch_in_subgroup) { run_group_case(2 + _i); }
 END_TEST
 
+/* A group of 3 seen from rank 1, which issued `mine` as collective #7. */
+static nb_status compare3(const nb__coll *mine, const nb__coll *each, char *out, size_t len) {
+    static int global[3] = {0, 1, 2};
+    nb_pg pg;
+    memset(&pg, 0, sizeof pg);
+    pg.root = &pg;
+    pg.rank = 1;
+    pg.size = 3;
+    pg.global = global;
+    snprintf(pg.name, sizeof pg.name, "world");
+    nb_work w;
+    memset(&w, 0, sizeof w);
+    w.coll = *mine;
+    w.coll.seq = 7;
+    nb__coll_fingerprint(&w.coll, w.fingerprint, sizeof w.fingerprint);
+    int64_t all[3 * NB__COLL_HEADER_WORDS];
+    for (int r = 0; r < 3; r++) nb__coll_header(&each[r], all + r * NB__COLL_HEADER_WORDS);
+    out[0] = 0;
+    return nb__diag_headers(&pg, &w, all, out, len);
+}
+
+START_TEST(test_headers_compared) {
+    char out[2048];
+    nb__coll b20 = {.kind = NB__BROADCAST, .dtype = NB_F32, .count = 20}, b10 = b20;
+    b10.count = 10;
+    /* the broadcast whose root sends fewer elements than the others expect */
+    nb__coll each[3] = {b10, b20, b20};
+    ck_assert_int_eq(compare3(&b20, each, out, sizeof out), NB_ERR_MISMATCH);
+    EXPECT_IN(out, "nb_pg_broadcast: collective #7 broadcast(f32, count=20, root=0) on group 'world' (rank 1 of 3) "
+                   "cannot run; ranks disagree on collective #7: rank 0 issued broadcast(f32, count=10, root=0); "
+                   "ranks 1, 2 issued broadcast(f32, count=20, root=0) (they differ in count); no data was exchanged");
+    /* all equal: no message */
+    nb__coll same[3] = {b20, b20, b20};
+    ck_assert_int_eq(compare3(&b20, same, out, sizeof out), NB_OK);
+    ck_assert_str_eq(out, "");
+    /* an all-reduce's reduction differs; fields a kind does not use do not count */
+    nb__coll sum = {.kind = NB__ALL_REDUCE, .op = NB_REDUCE_SUM, .dtype = NB_F32, .count = 8}, mx = sum;
+    mx.op = NB_REDUCE_MAX;
+    nb__coll ar[3] = {sum, sum, mx};
+    ck_assert_int_eq(compare3(&sum, ar, out, sizeof out), NB_ERR_MISMATCH);
+    EXPECT_IN(out, "ranks 0, 1 issued all_reduce(sum, f32, count=8); rank 2 issued all_reduce(max, f32, count=8) "
+                   "(they differ in reduction)");
+    nb__coll bar = {.kind = NB__BARRIER, .count = 5, .root = 2}, bar2 = {.kind = NB__BARRIER};
+    nb__coll bars[3] = {bar, bar2, bar};
+    ck_assert_int_eq(compare3(&bar2, bars, out, sizeof out), NB_OK);
+    /* different kinds */
+    nb__coll mixed[3] = {b20, sum, sum};
+    ck_assert_int_eq(compare3(&sum, mixed, out, sizeof out), NB_ERR_MISMATCH);
+    EXPECT_IN(out, "rank 0 issued broadcast(f32, count=20, root=0); ranks 1, 2 issued all_reduce(sum, f32, count=8) "
+                   "(different collectives)");
+}
+END_TEST
+
+/* Note [Collective headers on NCCL]: Gloo checks every collective unless
+ * off; NCCL by default every broadcast and the first 16 of a group. */
+START_TEST(test_which_collectives_check) {
+    nb__coll ar = {.kind = NB__ALL_REDUCE, .count = 8}, bc = {.kind = NB__BROADCAST, .count = 8};
+    for (uint64_t seq = 1; seq <= 40; seq++) {
+        ar.seq = bc.seq = seq;
+        ck_assert(nb__coll_header_wanted(NB__CHECK_AUTO, true, &ar));
+        ck_assert(nb__coll_header_wanted(NB__CHECK_AUTO, false, &ar) == (seq <= 16));
+        ck_assert(nb__coll_header_wanted(NB__CHECK_AUTO, false, &bc));
+        ck_assert(nb__coll_header_wanted(NB__CHECK_FULL, false, &ar));
+        ck_assert(!nb__coll_header_wanted(NB__CHECK_OFF, true, &ar));
+        ck_assert(!nb__coll_header_wanted(NB__CHECK_OFF, false, &bc));
+    }
+    nb__dist_check m = NB__CHECK_OFF;
+    unsetenv("NABLA_DIST_CHECK");
+    ck_assert_int_eq(nb__dist_check_option(&m), NB_OK);
+    ck_assert_int_eq(m, NB__CHECK_AUTO);
+    setenv("NABLA_DIST_CHECK", "full", 1);
+    ck_assert_int_eq(nb__dist_check_option(&m), NB_OK);
+    ck_assert_int_eq(m, NB__CHECK_FULL);
+    setenv("NABLA_DIST_CHECK", "off", 1);
+    ck_assert_int_eq(nb__dist_check_option(&m), NB_OK);
+    ck_assert_int_eq(m, NB__CHECK_OFF);
+    setenv("NABLA_DIST_CHECK", "always", 1);
+    ck_assert_int_eq(nb__dist_check_option(&m), NB_ERR_INVALID);
+    EXPECT_IN(nb_last_error(), "nb_pg_init: NABLA_DIST_CHECK='always' is not auto, full or off");
+    unsetenv("NABLA_DIST_CHECK");
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("dist_mismatch");
+    TCase *unit = tcase_create("headers");
+    tcase_add_test(unit, test_headers_compared);
+    tcase_add_test(unit, test_which_collectives_check);
+    suite_add_tcase(s, unit);
+    if (!NABLA_HAVE_GLOO) return s;
     TCase *tc = tcase_create("mismatch");
     tcase_set_timeout(tc, 120);
     /* The four collectives at 2 ranks; every kind of difference at 3. */
@@ -148,9 +243,6 @@ static Suite *suite(void) {
 int main(void) {
     snprintf(nbrun_path, sizeof nbrun_path, "%s/bin/nbrun", NABLA_BINARY_DIR);
     snprintf(scenario_path, sizeof scenario_path, "%s/tests/dist_scenario", NABLA_BINARY_DIR);
-    if (!NABLA_HAVE_GLOO) {
-        fprintf(stderr, "skipped: this build has no Gloo\n");
-        return 77;
-    }
+    if (!NABLA_HAVE_GLOO) fprintf(stderr, "this build has no Gloo: the scenarios under nbrun are skipped\n");
     return nbt_run(suite());
 }
