@@ -28,7 +28,7 @@ TEST_DEB_PACKAGES ?= python3-torch iproute2 clang-14 libclang-rt-14-dev
 
 CTEST := ctest --output-on-failure --no-tests=error -j$(CTEST_JOBS) $(CTEST_ARGS)
 
-.PHONY: all help deps test-deps build test test-asan demo bench bench-torch fuzz install clean
+.PHONY: all help deps test-deps build test test-emu test-asan demo bench bench-torch fuzz install clean
 
 all: build
 
@@ -37,6 +37,7 @@ help:
 	@echo "make test-deps  install the Debian packages the tests add: $(TEST_DEB_PACKAGES)"
 	@echo "make build      configure (once) and build into $(BUILD_DIR)/"
 	@echo "make test       build, install python3-torch if missing (test-deps), then run every test with ctest"
+	@echo "                but the CUDA kernel emulator's (label emu: minutes of CPU; make test-emu runs them)"
 	@echo "make test-asan  the same with AddressSanitizer + UBSan, in $(ASAN_BUILD_DIR)/"
 	@echo "make demo       build, then train a small GPT on the shipped text with DDP (2 CPU processes or every GPU)"
 	@echo "make bench      build, then run every benchmark ($(BUILD_DIR)/bin/bench_*)"
@@ -92,13 +93,18 @@ build: deps
 	@$(call configure,$(BUILD_DIR),-DCMAKE_BUILD_TYPE=$(BUILD_TYPE))
 	cmake --build $(BUILD_DIR) -j$(JOBS)
 
+# The emulator's drivers (label emu, dev/cuda_emu) take minutes of CPU:
+# test-emu runs them, test leaves them out.
 test: build test-deps
-	$(CTEST) --test-dir $(BUILD_DIR)
+	$(CTEST) --test-dir $(BUILD_DIR) -LE emu
+
+test-emu: build
+	$(CTEST) --test-dir $(BUILD_DIR) -L emu
 
 test-asan: deps test-deps
 	@$(call configure,$(ASAN_BUILD_DIR),-DCMAKE_BUILD_TYPE=Debug -DNABLA_SANITIZE=ON)
 	cmake --build $(ASAN_BUILD_DIR) -j$(JOBS)
-	$(CTEST) --test-dir $(ASAN_BUILD_DIR)
+	$(CTEST) --test-dir $(ASAN_BUILD_DIR) -LE emu
 
 # examples/run_demo.sh picks the processes (every GPU, or 2 on the CPU) and
 # the settings; DEMO_ARGS adds or overrides train_gpt flags.

@@ -2,7 +2,8 @@
 # ${CMAKE_BINARY_DIR}/tests, linked with tests/testutil.c (when present), the
 # static library and Check; every tests/*.py runs under python3. All run from
 # the build directory. Labels: unit, or gpu for tests/test_cuda_*.c.
-# tests/test_install.py has the label install. Exit code 77 means "skipped"
+# tests/test_install.py has the label install; the CUDA kernel emulator's
+# drivers (dev/cuda_emu) the label emu (cmake/NablaEmuTests.cmake). Exit code 77 means "skipped"
 # (e.g. no GPU; a missing dependency of a .py test fails instead under
 # CI=true: tests/_programs.py's skip()). A GPU suite whose source calls
 # nbt_parity or nbt_device also runs as <suite>_logic (label cpu) with
@@ -134,3 +135,4 @@ if(NABLA_PY_TESTS)
   endif()
 endif()
 include(${PROJECT_SOURCE_DIR}/cmake/NablaDistTests.cmake)
+include(${PROJECT_SOURCE_DIR}/cmake/NablaEmuTests.cmake)
