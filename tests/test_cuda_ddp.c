@@ -194,19 +194,8 @@ END_TEST
 
 int main(void) {
     nbt_cuda_require();
-    setenv("CK_FORK", "no", 1); /* one communicator for every test */
     setenv("NABLA_DDP_FORCE_BUCKETS", "1", 1);
-    nb_dist_env env;
-    memset(&env, 0, sizeof env);
-    env.world_size = env.local_world_size = 1;
-    snprintf(env.master_addr, sizeof env.master_addr, "127.0.0.1");
-    snprintf(env.run_id, sizeof env.run_id, "test-cuda-ddp");
-    env.source = "none";
-    nb_status st = nb_pg_init_env(&pg, &env, &(nb_pg_options){NB_PG_NCCL, 60});
-    if (st != NB_OK) {
-        fprintf(stderr, "nb_pg_init: %s\n", nb_last_error());
-        return 1;
-    }
+    if (!(pg = nbt_nccl_world_of_one("test-cuda-ddp"))) return 1;
     Suite *s = suite_create("cuda_ddp");
     TCase *tc = tcase_create("ddp");
     tcase_set_timeout(tc, 120);
@@ -216,12 +205,7 @@ int main(void) {
     tcase_add_test(tc, test_sync_batch_norm_f64);
     tcase_add_test(tc, test_sync_batch_norm_one_value_per_channel);
     suite_add_tcase(s, tc);
-    int rc = nbt_run(s);
-    if (nb_pg_free(pg) != NB_OK) {
-        fprintf(stderr, "nb_pg_free: %s\n", nb_last_error());
-        rc = 1;
-    }
-    return rc;
+    return nbt_pg_finish(pg, nbt_run(s));
 }
 
 #else

@@ -185,18 +185,7 @@ END_TEST
 
 int main(void) {
     nbt_cuda_require();
-    setenv("CK_FORK", "no", 1); /* one communicator for every test */
-    nb_dist_env env;
-    memset(&env, 0, sizeof env);
-    env.world_size = env.local_world_size = 1;
-    snprintf(env.master_addr, sizeof env.master_addr, "127.0.0.1");
-    snprintf(env.run_id, sizeof env.run_id, "test-nccl");
-    env.source = "none";
-    nb_status st = nb_pg_init_env(&pg, &env, &(nb_pg_options){NB_PG_NCCL, 60});
-    if (st != NB_OK) {
-        fprintf(stderr, "nb_pg_init: %s\n", nb_last_error());
-        return 1;
-    }
+    if (!(pg = nbt_nccl_world_of_one("test-nccl"))) return 1;
     dev = nb_ctx_new(nb_cuda(0), 0);
     Suite *s = suite_create("cuda_nccl");
     TCase *tc = tcase_create("nccl");
@@ -210,11 +199,7 @@ int main(void) {
     suite_add_tcase(s, tc);
     int rc = nbt_run(s);
     nb_ctx_free(dev);
-    if (nb_pg_free(pg) != NB_OK) {
-        fprintf(stderr, "nb_pg_free: %s\n", nb_last_error());
-        rc = 1;
-    }
-    return rc;
+    return nbt_pg_finish(pg, rc);
 }
 
 #else

@@ -15,21 +15,19 @@
 #include "ddp_common.h"
 #include "distributed/ddp_internal.h" /* nb__ddp_overlap_compute */
 
-/* ---- data and models ---- */
-
-/* nb_ddp_forward that must succeed. */
-static nb_tensor *ddp_fwd(nb_ddp *ddp, nb_ctx *ctx, nb_tensor *x) {
-    nb_tensor *out = NULL;
-    nb_status st = nb_ddp_forward(ddp, ctx, x, &out);
-    ck_assert_msg(st == NB_OK && out != NULL, "nb_ddp_forward: %s", nb_last_error());
-    return out;
-}
-
-static nb_module *mlp(nb_ctx *ctx, nb_dtype dt, int64_t hidden) {
-    nb_rng rng = nb_rng_make(7);
-    nb_module *c[3] = {nb_linear_new(ctx, dt, F_IN, hidden, true, &rng), nb_tanh_new(ctx),
-                       nb_linear_new(ctx, dt, hidden, N_CLASSES, true, &rng)};
-    return nb_sequential_new(ctx, 3, c);
+/* One training step on both sides: DDP on rank me's B rows of (x, y),
+ * then the reference on all of them; the ranks' models must agree. */
+static void step_both(nb_ctx *step, nb_ddp *ddp, nb_optim *opt, nb_module *ref, nb_optim *ropt, nb_tensor *x,
+                      nb_tensor *y, int64_t B) {
+    nb_tensor *loss = nb_cross_entropy(step, ddp_fwd(ddp, step, shard(step, x, me * B, B)),
+                                       shard(step, y, me * B, B), NULL);
+    ck_assert_int_eq(nb_ddp_backward(ddp, loss), NB_OK);
+    nb_optim_step(opt);
+    nb_optim_zero_grad(opt);
+    nb_backward(nb_cross_entropy(step, nb_module_forward(ref, step, x), y, NULL));
+    nb_optim_step(ropt);
+    nb_optim_zero_grad(ropt);
+    assert_same_on_all_ranks(nb_ddp_module(ddp));
 }
 
 /* ---- equivalence: MLP ---- */
@@ -37,27 +35,15 @@ static nb_module *mlp(nb_ctx *ctx, nb_dtype dt, int64_t hidden) {
 START_TEST(test_mlp_equivalence) {
     const int64_t B = 4;
     nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
-    nb_module *model = mlp(pctx, NB_F64, 16), *ref = mlp(pctx, NB_F64, 16);
-    nb_ddp_options o = NB_DDP_DEFAULTS;
-    o.first_bucket_bytes = 256; /* several buckets even for this small model */
-    o.bucket_cap_bytes = 512;
-    nb_ddp *ddp;
-    ck_assert_int_eq(nb_ddp_new(&ddp, model, world, &o), NB_OK);
-    if (R > 1) ck_assert_int_gt(nb_ddp_num_buckets(ddp), 1);
+    nb_module *model = mlp_of(pctx, NB_F64, 16), *ref = mlp_of(pctx, NB_F64, 16);
+    nb_ddp_options o = small_buckets(256, 512); /* several buckets even for this small model */
+    nb_ddp *ddp = ddp_wrap(model, &o, 1);
     nb_optim *opt = adamw_for(model), *ropt = adamw_for(ref);
     for (int it = 0; it < 5; it++) {
         nb_ctx_reset(step);
         nb_tensor *x, *y;
         make_batch(step, R * B, 100 + it, &x, &y);
-        nb_tensor *loss = nb_cross_entropy(step, ddp_fwd(ddp, step, shard(step, x, me * B, B)),
-                                           shard(step, y, me * B, B), NULL);
-        ck_assert_int_eq(nb_ddp_backward(ddp, loss), NB_OK);
-        nb_optim_step(opt);
-        nb_optim_zero_grad(opt);
-        nb_backward(nb_cross_entropy(step, nb_module_forward(ref, step, x), y, NULL));
-        nb_optim_step(ropt);
-        nb_optim_zero_grad(ropt);
-        assert_same_on_all_ranks(model);
+        step_both(step, ddp, opt, ref, ropt, x, y, B);
     }
     assert_models_close(model, ref, 1e-9);
     if (R > 1) ck_assert(nb_ddp_buckets_rebuilt(ddp));
@@ -71,19 +57,6 @@ END_TEST
 
 /* ---- equivalence: CNN with SyncBatchNorm ---- */
 
-static nb_module *cnn(nb_ctx *ctx) {
-    nb_rng rng = nb_rng_make(11);
-    nb_conv2d_opts co = NB_CONV2D_DEFAULTS;
-    co.padding[0] = co.padding[1] = 1;
-    nb_module *c[6] = {nb_conv2d_new(ctx, NB_F64, 1, 4, 3, 3, &co, false, &rng),
-                       nb_batch_norm2d_new(ctx, NB_F64, 4, NULL),
-                       nb_relu_new(ctx),
-                       nb_global_avg_pool2d_new(ctx),
-                       nb_flatten_new(ctx, 1, -1),
-                       nb_linear_new(ctx, NB_F64, 4, N_CLASSES, true, &rng)};
-    return nb_sequential_new(ctx, 6, c);
-}
-
 START_TEST(test_cnn_sync_bn_equivalence) {
     const int64_t B = 3;
     nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
@@ -91,23 +64,14 @@ START_TEST(test_cnn_sync_bn_equivalence) {
     ck_assert_int_eq(nb_convert_sync_batchnorm(model, world), 1);
     ck_assert_str_eq(nb_module_type_name(nb_module_child(model, "1")), "SyncBatchNorm");
     ck_assert_ptr_nonnull(nb_module_find(model, "1.running_var"));
-    nb_ddp *ddp;
-    ck_assert_int_eq(nb_ddp_new(&ddp, model, world, NULL), NB_OK);
+    nb_ddp *ddp = ddp_wrap(model, NULL, -1);
     nb_optim *opt = adamw_for(model), *ropt = adamw_for(ref);
     for (int it = 0; it < 5; it++) {
         nb_ctx_reset(step);
         nb_rng rng = nb_rng_make(200 + (uint64_t)it);
         nb_tensor *x = nb_rand_normal(step, NB_F64, NB_SHAPE(R * B, 1, 5, 5), 0.5, 2, &rng);
         nb_tensor *y = nb_from_host(step, NB_I64, NB_SHAPE(R * B), (int64_t[]){0, 1, 2, 1, 0, 2, 2, 1, 0, 0, 1, 2});
-        nb_tensor *loss = nb_cross_entropy(step, ddp_fwd(ddp, step, shard(step, x, me * B, B)),
-                                           shard(step, y, me * B, B), NULL);
-        ck_assert_int_eq(nb_ddp_backward(ddp, loss), NB_OK);
-        nb_optim_step(opt);
-        nb_optim_zero_grad(opt);
-        nb_backward(nb_cross_entropy(step, nb_module_forward(ref, step, x), y, NULL));
-        nb_optim_step(ropt);
-        nb_optim_zero_grad(ropt);
-        assert_same_on_all_ranks(model);
+        step_both(step, ddp, opt, ref, ropt, x, y, B);
     }
     assert_models_close(model, ref, 1e-9); /* parameters and running statistics */
     nb_ddp_free(ddp);
@@ -173,7 +137,7 @@ END_TEST
 START_TEST(test_no_sync_accumulation) {
     const int64_t B = 2, K = 3;
     nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
-    nb_module *model = mlp(pctx, NB_F64, 8), *ref = mlp(pctx, NB_F64, 8);
+    nb_module *model = mlp_of(pctx, NB_F64, 8), *ref = mlp_of(pctx, NB_F64, 8);
     nb_ddp *ddp;
     ck_assert_int_eq(nb_ddp_new(&ddp, model, world, NULL), NB_OK);
     nb_tensor *x, *y;
@@ -447,7 +411,7 @@ END_TEST
 
 START_TEST(test_bf16_hook) {
     nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
-    nb_module *model = mlp(pctx, NB_F32, 8), *ref = mlp(pctx, NB_F32, 8);
+    nb_module *model = mlp_of(pctx, NB_F32, 8), *ref = mlp_of(pctx, NB_F32, 8);
     nb_ddp_options o = NB_DDP_DEFAULTS;
     o.comm_hook = NB_DDP_HOOK_BF16;
     nb_ddp *ddp;
@@ -474,7 +438,7 @@ END_TEST
 START_TEST(test_mismatch_named) {
     if (R == 1) return;
     nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0);
-    nb_module *model = mlp(pctx, NB_F64, me == R - 1 ? 12 : 16); /* the last rank differs */
+    nb_module *model = mlp_of(pctx, NB_F64, me == R - 1 ? 12 : 16); /* the last rank differs */
     nb_ddp *ddp = NULL;
     ck_assert_int_eq(nb_ddp_new(&ddp, model, world, NULL), NB_ERR_MISMATCH);
     ck_assert_ptr_null(ddp);
@@ -488,7 +452,7 @@ END_TEST
 
 START_TEST(test_gradients_are_bucket_views) {
     nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
-    nb_module *model = mlp(pctx, NB_F64, 8);
+    nb_module *model = mlp_of(pctx, NB_F64, 8);
     nb_ddp *ddp;
     ck_assert_int_eq(nb_ddp_new(&ddp, model, world, NULL), NB_OK);
     nb_named_tensor p[4];

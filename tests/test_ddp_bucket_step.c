@@ -15,22 +15,10 @@
 
 #include "ddp_common.h"
 
-static nb_module *mlp(nb_ctx *ctx) {
-    nb_rng rng = nb_rng_make(7);
-    nb_module *c[5] = {nb_linear_new(ctx, NB_F64, F_IN, 16, true, &rng), nb_tanh_new(ctx),
-                       nb_linear_new(ctx, NB_F64, 16, 12, true, &rng), nb_tanh_new(ctx),
-                       nb_linear_new(ctx, NB_F64, 12, N_CLASSES, true, &rng)};
-    return nb_sequential_new(ctx, 5, c);
-}
-
+/* The model wrapped in DDP with several buckets even for this small model. */
 static nb_ddp *wrap(nb_module *m) {
-    nb_ddp_options o = NB_DDP_DEFAULTS;
-    o.first_bucket_bytes = 256; /* several buckets even for this small model */
-    o.bucket_cap_bytes = 512;
-    nb_ddp *ddp;
-    ck_assert_int_eq(nb_ddp_new(&ddp, m, world, &o), NB_OK);
-    if (R > 1) ck_assert_int_gt(nb_ddp_num_buckets(ddp), 2);
-    return ddp;
+    nb_ddp_options o = small_buckets(256, 512);
+    return ddp_wrap(m, &o, 2);
 }
 
 static nb_optim *optim_for(nb_module *m, nb_optim_kind kind) {
@@ -47,38 +35,10 @@ static nb_optim *optim_for(nb_module *m, nb_optim_kind kind) {
     return o;
 }
 
-/* Rank me's loss on micro-batch (it, micro) of the global batch. */
-static nb_tensor *loss_of(nb_ctx *step, nb_module *m, int it, int micro) {
-    const int64_t B = 3;
-    nb_tensor *x, *y;
-    make_batch(step, R * B, 100 + (uint64_t)(it * 10 + micro), &x, &y);
-    nb_tensor *out = nb_module_forward(m, step, shard(step, x, me * B, B));
-    return nb_cross_entropy(step, out, shard(step, y, me * B, B), NULL);
-}
-
-/* Every state tensor of a equals b's, bit for bit. */
-static void assert_bitwise(const nb_named_tensor *a, const nb_named_tensor *b, int n, const char *what) {
-    for (int i = 0; i < n; i++) {
-        ck_assert_str_eq(a[i].name, b[i].name);
-        size_t bytes = (size_t)nb_numel(a[i].tensor) * nb_dtype_size(a[i].tensor->dtype);
-        ck_assert_msg(memcmp(a[i].tensor->data, b[i].tensor->data, bytes) == 0,
-                      "rank %d: %s %s differs between the per-bucket and the plain step", me, what,
-                      a[i].name);
-    }
-}
-
+/* Model and optimizer state of a and b (per bucket and plain) are the same bits. */
 static void assert_same(nb_module *a, nb_module *b, nb_optim *oa, nb_optim *ob) {
-    int n = nb_module_state(a, NULL, 0);
-    nb_named_tensor *sa = malloc(sizeof *sa * (size_t)n), *sb = malloc(sizeof *sb * (size_t)n);
-    nb_module_state(a, sa, n);
-    nb_module_state(b, sb, n);
-    assert_bitwise(sa, sb, n, "model");
-    free(sa);
-    free(sb);
-    int na, nb;
-    const nb_named_tensor *ta = nb_optim_state(oa, &na), *tb = nb_optim_state(ob, &nb);
-    ck_assert_int_eq(na, nb);
-    assert_bitwise(ta, tb, na, "optimizer state");
+    assert_models_match(a, b, 0, 0);
+    assert_optim_states_match(oa, ob, 0, 0);
 }
 
 /* `steps` optimizer steps of `accum` micro-batches each (all but the last
@@ -86,7 +46,7 @@ static void assert_same(nb_module *a, nb_module *b, nb_optim *oa, nb_optim *ob) 
  * learning rate changed before each step. */
 static void run_equivalence(nb_optim_kind kind, int steps, int accum) {
     nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
-    nb_module *m = mlp(pctx), *ref = mlp(pctx);
+    nb_module *m = deep_mlp(pctx), *ref = deep_mlp(pctx);
     nb_ddp *ddp = wrap(m), *rddp = wrap(ref);
     nb_optim *opt = optim_for(m, kind), *ropt = optim_for(ref, kind);
     ck_assert_int_eq(nb_ddp_set_optimizer(ddp, opt), NB_OK);
@@ -101,11 +61,11 @@ static void run_equivalence(nb_optim_kind kind, int steps, int accum) {
             nb_ddp_set_no_sync(ddp, !last);
             nb_ddp_set_no_sync(rddp, !last);
             ck_assert_int_eq(nb_ddp_pre_forward(ddp), NB_OK);
-            ck_assert_int_eq(nb_ddp_backward(ddp, loss_of(step, m, it, k)), NB_OK);
+            ck_assert_int_eq(nb_ddp_backward(ddp, loss_of(step, m, it, k, false)), NB_OK);
             if (!last) /* accumulating: nothing stepped yet */
                 ck_assert_int_eq(nb_optim_step_count(opt), it);
             ck_assert_int_eq(nb_ddp_pre_forward(rddp), NB_OK);
-            ck_assert_int_eq(nb_ddp_backward(rddp, loss_of(step, ref, it, k)), NB_OK);
+            ck_assert_int_eq(nb_ddp_backward(rddp, loss_of(step, ref, it, k, false)), NB_OK);
         }
         nb_optim_step(ropt);
         ck_assert_int_eq(nb_optim_step_count(opt), it + 1);
@@ -115,18 +75,7 @@ static void run_equivalence(nb_optim_kind kind, int steps, int accum) {
     }
     assert_same_on_all_ranks(m);
     /* the parameters moved: the step was not a no-op on both sides */
-    nb_module *init = mlp(pctx);
-    int n = nb_module_named_parameters(m, NULL, 0);
-    nb_named_tensor *a = malloc(sizeof *a * (size_t)n), *b = malloc(sizeof *b * (size_t)n);
-    nb_module_named_parameters(m, a, n);
-    nb_module_named_parameters(init, b, n);
-    for (int i = 0; i < n; i++) {
-        size_t bytes = (size_t)nb_numel(a[i].tensor) * nb_dtype_size(a[i].tensor->dtype);
-        ck_assert_msg(memcmp(a[i].tensor->data, b[i].tensor->data, bytes) != 0, "%s never changed",
-                      a[i].name);
-    }
-    free(a);
-    free(b);
+    assert_params_moved(m, deep_mlp(pctx));
     nb_ddp_free(ddp);
     nb_ddp_free(rddp);
     nb_optim_free(opt);
@@ -147,7 +96,7 @@ END_TEST
 /* What cannot be combined with a per-bucket step is refused, by name. */
 START_TEST(test_refusals) {
     nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
-    nb_module *m = mlp(pctx), *other = mlp(pctx);
+    nb_module *m = deep_mlp(pctx), *other = deep_mlp(pctx);
     nb_ddp *ddp = wrap(m);
     nb_optim *opt = optim_for(m, NB_OPTIM_ADAMW), *foreign = optim_for(other, NB_OPTIM_ADAMW);
     NBT_EXPECT_STATUS(nb_ddp_set_optimizer(ddp, foreign), NB_ERR_INVALID, "is not a parameter (that requires "
@@ -155,7 +104,7 @@ START_TEST(test_refusals) {
     ck_assert_ptr_null(nb_ddp_optimizer(ddp)); /* nothing attached */
     ck_assert_int_eq(nb_ddp_set_optimizer(ddp, opt), NB_OK);
     ck_assert_int_eq(nb_ddp_pre_forward(ddp), NB_OK);
-    ck_assert_int_eq(nb_ddp_backward(ddp, loss_of(step, m, 0, 0)), NB_OK);
+    ck_assert_int_eq(nb_ddp_backward(ddp, loss_of(step, m, 0, 0, false)), NB_OK);
     NBT_EXPECT_ABORT(nb_optim_step(opt), "nb_optim_step: this optimizer is stepped per bucket by a "
                                          "DDP wrapper (nb_ddp_set_optimizer): nb_ddp_backward has "
                                          "already updated the parameters");

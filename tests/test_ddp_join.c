@@ -17,27 +17,7 @@
 
 #include "ddp_common.h"
 
-/* ---- data, models, comparisons ---- */
-
-static nb_module *mlp(nb_ctx *ctx) {
-    nb_rng rng = nb_rng_make(7);
-    nb_module *c[3] = {nb_linear_new(ctx, NB_F64, F_IN, 16, true, &rng), nb_tanh_new(ctx),
-                       nb_linear_new(ctx, NB_F64, 16, N_CLASSES, true, &rng)};
-    return nb_sequential_new(ctx, 3, c);
-}
-
-static nb_module *cnn(nb_ctx *ctx) {
-    nb_rng rng = nb_rng_make(11);
-    nb_conv2d_opts co = NB_CONV2D_DEFAULTS;
-    co.padding[0] = co.padding[1] = 1;
-    nb_module *c[6] = {nb_conv2d_new(ctx, NB_F64, 1, 4, 3, 3, &co, false, &rng),
-                       nb_batch_norm2d_new(ctx, NB_F64, 4, NULL),
-                       nb_relu_new(ctx),
-                       nb_global_avg_pool2d_new(ctx),
-                       nb_flatten_new(ctx, 1, -1),
-                       nb_linear_new(ctx, NB_F64, 4, N_CLASSES, true, &rng)};
-    return nb_sequential_new(ctx, 6, c);
-}
+/* ---- batches per rank ---- */
 
 /* Rank r's number of batches: `even` for even ranks, `odd` for odd ones. */
 static int batches_of(int r, int even, int odd) { return r % 2 == 0 ? even : odd; }
@@ -55,13 +35,10 @@ static int most_batches(int even, int odd) {
 static void run_mlp(int even, int odd, bool divide_by_initial) {
     const int64_t B = 4;
     nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
-    nb_module *model = mlp(pctx), *ref = mlp(pctx);
-    nb_ddp_options o = NB_DDP_DEFAULTS;
-    o.first_bucket_bytes = 256; /* several buckets, and a rebuild, even for this model */
-    o.bucket_cap_bytes = 512;
+    nb_module *model = mlp_of(pctx, NB_F64, 16), *ref = mlp_of(pctx, NB_F64, 16);
+    nb_ddp_options o = small_buckets(256, 512); /* several buckets, and a rebuild, even for this model */
     o.record_timeline = true;
-    nb_ddp *ddp;
-    ck_assert_int_eq(nb_ddp_new(&ddp, model, world, &o), NB_OK);
+    nb_ddp *ddp = ddp_wrap(model, &o, -1);
     nb_optim *opt = adamw_for(model), *ropt = adamw_for(ref);
     nb_ddp_join_options jo = NB_DDP_JOIN_DEFAULTS;
     jo.divide_by_initial_world_size = divide_by_initial;
@@ -72,9 +49,7 @@ static void run_mlp(int even, int odd, bool divide_by_initial) {
         nb_tensor *x, *y;
         make_batch(step, R * B, 300 + (uint64_t)s, &x, &y);
         if (s < mine) {
-            nb_tensor *out = NULL;
-            ck_assert_msg(nb_ddp_forward(ddp, step, shard(step, x, me * B, B), &out) == NB_OK,
-                          "nb_ddp_forward: %s", nb_last_error());
+            nb_tensor *out = ddp_fwd(ddp, step, shard(step, x, me * B, B));
             nb_tensor *loss = nb_cross_entropy(step, out, shard(step, y, me * B, B), NULL);
             ck_assert_msg(nb_ddp_backward(ddp, loss) == NB_OK, "nb_ddp_backward: %s", nb_last_error());
             nb_optim_step(opt);
@@ -150,8 +125,7 @@ START_TEST(test_join_sync_batch_norm) {
         nb_tensor *y = nb_from_host(step, NB_I64, NB_SHAPE(R * B), lab);
         nb_tensor *out = NULL;
         if (s < mine) {
-            ck_assert_msg(nb_ddp_forward(ddp, step, shard(step, x, me * B, B), &out) == NB_OK,
-                          "nb_ddp_forward: %s", nb_last_error());
+            out = ddp_fwd(ddp, step, shard(step, x, me * B, B));
             nb_tensor *loss = nb_cross_entropy(step, out, shard(step, y, me * B, B), NULL);
             ck_assert_msg(nb_ddp_backward(ddp, loss) == NB_OK, "nb_ddp_backward: %s", nb_last_error());
             nb_optim_step(opt);
@@ -191,7 +165,7 @@ END_TEST
 START_TEST(test_join_without_begin) {
     nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0);
     nb_ddp *ddp;
-    ck_assert_int_eq(nb_ddp_new(&ddp, mlp(pctx), world, NULL), NB_OK);
+    ck_assert_int_eq(nb_ddp_new(&ddp, mlp_of(pctx, NB_F64, 16), world, NULL), NB_OK);
     NBT_EXPECT_ABORT(nb_ddp_join(ddp), "nb_ddp_join: rank");
     NBT_EXPECT_ABORT(nb_ddp_join(ddp), "every rank calls nb_ddp_join_begin");
     nb_ddp_free(ddp);
@@ -204,7 +178,7 @@ END_TEST
 START_TEST(test_join_backward_needs_counted_forward) {
     if (R == 1) return; /* a world of one counts nothing */
     nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
-    nb_module *model = mlp(pctx);
+    nb_module *model = mlp_of(pctx, NB_F64, 16);
     nb_ddp *ddp;
     ck_assert_int_eq(nb_ddp_new(&ddp, model, world, NULL), NB_OK);
     nb_ddp_join_begin(ddp, NULL);
@@ -224,7 +198,7 @@ START_TEST(test_join_no_sync_disagreement) {
     if (R == 1) return;
     nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
     nb_ddp *ddp;
-    ck_assert_int_eq(nb_ddp_new(&ddp, mlp(pctx), world, NULL), NB_OK);
+    ck_assert_int_eq(nb_ddp_new(&ddp, mlp_of(pctx, NB_F64, 16), world, NULL), NB_OK);
     nb_ddp_join_begin(ddp, NULL);
     nb_ddp_set_no_sync(ddp, me == 0);
     nb_tensor *x, *y, *out = (nb_tensor *)1;

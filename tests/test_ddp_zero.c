@@ -30,22 +30,10 @@
 
 typedef enum cfg { C_ADAMW, C_SGD_NESTEROV, C_SGD_PLAIN, C_ADAM_AMSGRAD, C_GROUPS } cfg;
 
-static nb_module *mlp(nb_ctx *ctx) {
-    nb_rng rng = nb_rng_make(7);
-    nb_module *c[5] = {nb_linear_new(ctx, NB_F64, F_IN, 16, true, &rng), nb_tanh_new(ctx),
-                       nb_linear_new(ctx, NB_F64, 16, 12, true, &rng), nb_tanh_new(ctx),
-                       nb_linear_new(ctx, NB_F64, 12, N_CLASSES, true, &rng)};
-    return nb_sequential_new(ctx, 5, c);
-}
-
+/* The model wrapped in DDP with several buckets, so shards cut across parameters. */
 static nb_ddp *wrap(nb_module *m) {
-    nb_ddp_options o = NB_DDP_DEFAULTS;
-    o.first_bucket_bytes = 256; /* several buckets, so shards cut across parameters */
-    o.bucket_cap_bytes = 700;
-    nb_ddp *ddp;
-    ck_assert_int_eq(nb_ddp_new(&ddp, m, world, &o), NB_OK);
-    if (R > 1) ck_assert_int_gt(nb_ddp_num_buckets(ddp), 2);
-    return ddp;
+    nb_ddp_options o = small_buckets(256, 700);
+    return ddp_wrap(m, &o, 2);
 }
 
 static nb_optim *optim_for(nb_module *m, cfg c) {
@@ -90,64 +78,16 @@ static void set_lrs(nb_optim *o, int it) {
     for (int g = 0; g < nb_optim_group_count(o); g++) nb_optim_set_lr(o, g, 0.02 / (1 + it) / (1 + g));
 }
 
-/* Rank me's loss on micro-batch (it, micro) of the global batch; the whole
- * global batch when `whole`. */
-static nb_tensor *loss_of(nb_ctx *step, nb_module *m, int it, int micro, bool whole) {
-    const int64_t B = 3;
-    nb_tensor *x, *y;
-    make_batch(step, R * B, 100 + (uint64_t)(it * 10 + micro), &x, &y);
-    if (!whole) {
-        x = shard(step, x, me * B, B);
-        y = shard(step, y, me * B, B);
-    }
-    return nb_cross_entropy(step, nb_module_forward(m, step, x), y, NULL);
-}
-
-/* a within RTOL of b (relative to b's largest element); bitwise when `exact`. */
-static void assert_tensors(const nb_named_tensor *a, const nb_named_tensor *b, int n, bool exact,
-                           const char *what) {
-    for (int i = 0; i < n; i++) {
-        ck_assert_str_eq(a[i].name, b[i].name);
-        ck_assert(nb_same_shape(a[i].tensor, b[i].tensor));
-        int64_t k = nb_numel(a[i].tensor);
-        double *va = malloc(sizeof(double) * (size_t)(k + 1)), *vb = malloc(sizeof(double) * (size_t)(k + 1));
-        nb_to_host_f64(a[i].tensor, va);
-        nb_to_host_f64(b[i].tensor, vb);
-        double scale = 0;
-        for (int64_t j = 0; j < k; j++) scale = fmax(scale, fabs(vb[j]));
-        for (int64_t j = 0; j < k; j++) {
-            if (exact)
-                ck_assert_msg(memcmp(&va[j], &vb[j], sizeof(double)) == 0,
-                              "rank %d: %s %s[%lld]: %.17g vs %.17g (not the same bits)", me, what,
-                              a[i].name, (long long)j, va[j], vb[j]);
-            else
-                ck_assert_msg(fabs(va[j] - vb[j]) <= RTOL * fmax(scale, 1e-300),
-                              "rank %d: %s %s[%lld]: %.17g vs %.17g", me, what, a[i].name,
-                              (long long)j, va[j], vb[j]);
-        }
-        free(va);
-        free(vb);
-    }
-}
-
+/* a's parameters and buffers against b's: within RTOL of b's largest
+ * element, or the same bits when `exact`. */
 static void assert_models(nb_module *a, nb_module *b, bool exact) {
-    int n = nb_module_state(a, NULL, 0);
-    ck_assert_int_eq(n, nb_module_state(b, NULL, 0));
-    nb_named_tensor *sa = malloc(sizeof *sa * (size_t)n), *sb = malloc(sizeof *sb * (size_t)n);
-    nb_module_state(a, sa, n);
-    nb_module_state(b, sb, n);
-    assert_tensors(sa, sb, n, exact, "parameter");
-    free(sa);
-    free(sb);
+    assert_models_match(a, b, exact ? 0 : RTOL, 1e-300);
 }
 
 /* opt's whole state (consolidated on every rank) against ref's. */
 static void assert_states(nb_ddp *ddp, nb_optim *opt, nb_optim *ref, bool exact) {
     ck_assert_int_eq(nb_ddp_consolidate_optimizer(ddp, -1), NB_OK);
-    int na, nb;
-    const nb_named_tensor *ta = nb_optim_state(opt, &na), *tb = nb_optim_state(ref, &nb);
-    ck_assert_int_eq(na, nb);
-    assert_tensors(ta, tb, na, exact, "optimizer state");
+    assert_optim_states_match(opt, ref, exact ? 0 : RTOL, 1e-300);
 }
 
 /* `steps` steps of `accum` micro-batches (all but the last under no_sync),
@@ -155,7 +95,7 @@ static void assert_states(nb_ddp *ddp, nb_optim *opt, nb_optim *ref, bool exact)
  * to that global norm (norm_type clip_type) and the norms must agree. */
 static void run_equivalence(cfg c, int steps, int accum, double clip, double clip_type) {
     nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
-    nb_module *m = mlp(pctx), *ref = mlp(pctx);
+    nb_module *m = deep_mlp(pctx), *ref = deep_mlp(pctx);
     nb_ddp *ddp = wrap(m), *rddp = wrap(ref);
     nb_optim *opt = optim_for(m, c), *ropt = optim_for(ref, c);
     ck_assert_int_eq(nb_ddp_set_zero(ddp, opt), NB_OK);
@@ -198,18 +138,7 @@ static void run_equivalence(cfg c, int steps, int accum, double clip, double cli
     if (clip > 0) ck_assert_int_gt(clipped, 0); /* the clipping did something */
     assert_same_on_all_ranks(m);
     /* the parameters moved */
-    nb_module *init = mlp(pctx);
-    int n = nb_module_named_parameters(m, NULL, 0);
-    nb_named_tensor *a = malloc(sizeof *a * (size_t)n), *b = malloc(sizeof *b * (size_t)n);
-    nb_module_named_parameters(m, a, n);
-    nb_module_named_parameters(init, b, n);
-    for (int i = 0; i < n; i++) {
-        size_t bytes = (size_t)nb_numel(a[i].tensor) * nb_dtype_size(a[i].tensor->dtype);
-        ck_assert_msg(memcmp(a[i].tensor->data, b[i].tensor->data, bytes) != 0, "%s never changed",
-                      a[i].name);
-    }
-    free(a);
-    free(b);
+    assert_params_moved(m, deep_mlp(pctx));
     ck_assert_int_eq(nb_ddp_set_zero(ddp, NULL), NB_OK);
     ck_assert_ptr_null(nb_ddp_zero_optimizer(ddp));
     nb_ddp_free(ddp);
@@ -241,7 +170,7 @@ END_TEST
  * from the bucket lists and the parameters' sizes. */
 START_TEST(test_state_bytes) {
     nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
-    nb_module *m = mlp(pctx);
+    nb_module *m = deep_mlp(pctx);
     nb_ddp *ddp = wrap(m);
     nb_optim *opt = optim_for(m, C_GROUPS); /* 2 moments, 3 in the amsgrad group */
     int n = nb_module_named_parameters(m, NULL, 0);
@@ -350,7 +279,7 @@ START_TEST(test_checkpoint) {
     nb_train_state ts = {0};
 
     /* 1. R sharded ranks and plain DDP train 3 steps; rank 0 saves both */
-    nb_module *m = mlp(pctx), *ref = mlp(pctx);
+    nb_module *m = deep_mlp(pctx), *ref = deep_mlp(pctx);
     nb_ddp *ddp = wrap(m), *rddp = wrap(ref);
     nb_optim *opt = optim_for(m, c), *ropt = optim_for(ref, c);
     ck_assert_int_eq(nb_ddp_set_zero(ddp, opt), NB_OK);
@@ -379,7 +308,7 @@ START_TEST(test_checkpoint) {
     /* 2. the sharded run goes on to step 6; the file it wrote, loaded by one
      *    process, goes on alone: the same parameters */
     train_zero(step, ddp, m, opt, 3, 6);
-    nb_module *alone = mlp(pctx);
+    nb_module *alone = deep_mlp(pctx);
     nb_optim *aopt = optim_for(alone, c);
     nb_named_tensor *as;
     model_state(alone, &as);
@@ -389,10 +318,7 @@ START_TEST(test_checkpoint) {
     train_alone(step, alone, aopt, 3, 6);
     assert_models(m, alone, false);
     ck_assert_int_eq(nb_ddp_consolidate_optimizer(ddp, -1), NB_OK);
-    int na, nb;
-    const nb_named_tensor *ta = nb_optim_state(opt, &na), *tb = nb_optim_state(aopt, &nb);
-    ck_assert_int_eq(na, nb);
-    assert_tensors(ta, tb, na, false, "optimizer state");
+    assert_optim_states_match(opt, aopt, RTOL, 1e-300);
 
     /* 3. a file written by one process (6 steps) loads into R sharded ranks,
      *    which go on to step 9 as the process does alone */
@@ -400,7 +326,7 @@ START_TEST(test_checkpoint) {
     ts.step = 6;
     if (me == 0) ck_assert_int_eq(nb_checkpoint_save_training(apath, as, nm, aopt, &ts, NULL, 0), NB_OK);
     ck_assert_int_eq(nb_work_finish(nb_pg_barrier(world)), NB_OK);
-    nb_module *m2 = mlp(pctx);
+    nb_module *m2 = deep_mlp(pctx);
     nb_optim *opt2 = optim_for(m2, c);
     nb_named_tensor *ms2;
     model_state(m2, &ms2);
@@ -412,9 +338,7 @@ START_TEST(test_checkpoint) {
     assert_models(m2, alone, false);
     ck_assert_int_eq(nb_optim_step_count(opt2), 9);
     ck_assert_int_eq(nb_ddp_set_zero(ddp2, NULL), NB_OK); /* detached: the whole state back */
-    ta = nb_optim_state(opt2, &na);
-    tb = nb_optim_state(aopt, &nb);
-    assert_tensors(ta, tb, na, false, "optimizer state");
+    assert_optim_states_match(opt2, aopt, RTOL, 1e-300);
 
     ck_assert_int_eq(nb_work_finish(nb_pg_barrier(world)), NB_OK);
     if (me == 0) {
@@ -449,7 +373,7 @@ END_TEST
  * state as the reference's after every step. */
 START_TEST(test_scaler) {
     nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
-    nb_module *m = mlp(pctx), *ref = mlp(pctx);
+    nb_module *m = deep_mlp(pctx), *ref = deep_mlp(pctx);
     nb_ddp *ddp = wrap(m), *rddp = wrap(ref);
     nb_optim *opt = optim_for(m, C_ADAMW), *ropt = optim_for(ref, C_ADAMW);
     ck_assert_int_eq(nb_ddp_set_zero(ddp, opt), NB_OK);
@@ -520,7 +444,7 @@ END_TEST
 /* What ZeRO-1 does not combine with is refused, by name. */
 START_TEST(test_refusals) {
     nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
-    nb_module *m = mlp(pctx), *other = mlp(pctx);
+    nb_module *m = deep_mlp(pctx), *other = deep_mlp(pctx);
     nb_ddp *ddp = wrap(m);
     nb_optim *opt = optim_for(m, C_ADAMW), *foreign = optim_for(other, C_ADAMW);
     NBT_EXPECT_STATUS(nb_ddp_set_zero(ddp, foreign), NB_ERR_INVALID, "nb_ddp_set_zero: rank");

@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "nabla/dist.h"
 
@@ -89,9 +90,27 @@ int nbt_run_world(Suite *(*make_suite)(nb_pg *world)) {
         fprintf(stderr, "nb_pg_init: %s\n", nb_last_error());
         return 1;
     }
-    int rc = nbt_run(make_suite(world));
-    st = nb_pg_free(world);
-    if (st != NB_OK) {
+    return nbt_pg_finish(world, nbt_run(make_suite(world)));
+}
+
+nb_pg *nbt_nccl_world_of_one(const char *run_id) {
+    setenv("CK_FORK", "no", 1);
+    nb_dist_env env;
+    memset(&env, 0, sizeof env);
+    env.world_size = env.local_world_size = 1;
+    snprintf(env.master_addr, sizeof env.master_addr, "127.0.0.1");
+    snprintf(env.run_id, sizeof env.run_id, "%s", run_id);
+    env.source = "none";
+    nb_pg *pg = NULL;
+    if (nb_pg_init_env(&pg, &env, &(nb_pg_options){NB_PG_NCCL, 60}) != NB_OK) {
+        fprintf(stderr, "nb_pg_init: %s\n", nb_last_error());
+        return NULL;
+    }
+    return pg;
+}
+
+int nbt_pg_finish(nb_pg *pg, int rc) {
+    if (nb_pg_free(pg) != NB_OK) {
         fprintf(stderr, "nb_pg_free: %s\n", nb_last_error());
         rc = 1;
     }

@@ -76,4 +76,14 @@ int nbt_run(Suite *s);
 typedef struct nb_pg nb_pg;
 int nbt_run_world(Suite *(*make_suite)(nb_pg *world));
 
+/* For the GPU suites that need a process group: a world of one NCCL group
+ * on GPU 0 (NCCL allows one rank per GPU) with run id `run_id`, made
+ * without the environment; sets CK_FORK=no, so that every test shares the
+ * one communicator. NULL, after printing why, when it cannot be made. */
+nb_pg *nbt_nccl_world_of_one(const char *run_id);
+
+/* Frees pg after a suite that returned rc; returns rc, or 1 (after
+ * printing why) when freeing the group fails. */
+int nbt_pg_finish(nb_pg *pg, int rc);
+
 #endif
