@@ -150,28 +150,18 @@ static nb_tensor *as_input(run *r, nb_tensor *x) {
     return r->cnn ? nb_reshape(r->step_ctx, x, NB_SHAPE(x->shape[0], 1, r->side, r->side)) : x;
 }
 
+/* A test batch's summed loss and number of correct answers. */
+static void eval_batch(void *user, nb_ctx *ctx, const nb_batch *b, double *v) {
+    run *r = user;
+    nb_tensor *logits = nb_module_forward(r->model, ctx, as_input(r, b->inputs));
+    v[0] = nb_item(nb_cross_entropy(ctx, logits, b->targets, NULL)) * (double)b->size;
+    v[1] = (double)nb_count_correct(ctx, logits, b->targets);
+}
+
 /* Exact test metrics: loss and accuracy over every test row, once. */
 static nb_status evaluate(run *r, double *loss, double *accuracy, double *count) {
     nb_metric_sums sums;
-    nb_metric_sums_init(&sums, 2);
-    nb_status s = run_dist_sync_buffers(&r->d);
-    if (s == NB_OK) s = nb_loader_seek(r->test_loader, 0, 0);
-    if (s != NB_OK) return s;
-    nb_module_eval(r->model);
-    bool prev = nb_no_grad_begin();
-    for (;;) {
-        nb_ctx_reset(r->step_ctx);
-        nb_batch b;
-        s = nb_loader_next(r->test_loader, r->step_ctx, &b);
-        if (s != NB_OK || !b.inputs) break;
-        nb_tensor *logits = nb_module_forward(r->model, r->step_ctx, as_input(r, b.inputs));
-        double l = nb_item(nb_cross_entropy(r->step_ctx, logits, b.targets, NULL));
-        double correct = (double)nb_count_correct(r->step_ctx, logits, b.targets);
-        nb_metric_sums_add(&sums, (double[]){l * (double)b.size, correct}, b.size);
-    }
-    nb_no_grad_end(prev);
-    nb_module_train(r->model, true);
-    if (s == NB_OK) s = run_dist_sum(&r->d, nb_metric_sums_data(&sums), nb_metric_sums_size(&sums));
+    nb_status s = run_dist_evaluate(&r->d, r->model, r->test_loader, r->step_ctx, 2, eval_batch, r, &sums);
     *loss = nb_metric_sums_mean(&sums, 0);
     *accuracy = nb_metric_sums_mean(&sums, 1);
     *count = nb_metric_sums_count(&sums);

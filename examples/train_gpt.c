@@ -201,27 +201,16 @@ static nb_status next_batch(run *r, nb_batch *b) {
     return nb_set_error(NB_ERR_INTERNAL, "the training loader gave an empty epoch");
 }
 
+/* An evaluation batch's next-token loss, summed over its windows. */
+static void eval_batch(void *user, nb_ctx *ctx, const nb_batch *b, double *v) {
+    run *r = user;
+    v[0] = nb_item(nb_gpt_loss(ctx, nb_gpt_forward(r->model, ctx, b->inputs), b->targets)) * (double)b->size;
+}
+
 /* Mean next-token loss over the evaluation windows, the same on every rank. */
 static nb_status evaluate(run *r, double *loss) {
     nb_metric_sums sums;
-    nb_metric_sums_init(&sums, 1);
-    nb_status s = run_dist_sync_buffers(&r->d);
-    if (s == NB_OK) s = nb_loader_seek(r->eval_loader, 0, 0);
-    if (s != NB_OK) return s;
-    nb_module_eval(r->model);
-    bool prev = nb_no_grad_begin();
-    for (;;) {
-        nb_ctx_reset(r->step_ctx);
-        nb_batch b;
-        s = nb_loader_next(r->eval_loader, r->step_ctx, &b);
-        if (s != NB_OK || !b.inputs) break;
-        double l = nb_item(nb_gpt_loss(r->step_ctx, nb_gpt_forward(r->model, r->step_ctx, b.inputs),
-                                       b.targets));
-        nb_metric_sums_add(&sums, (double[]){l * (double)b.size}, b.size);
-    }
-    nb_no_grad_end(prev);
-    nb_module_train(r->model, true);
-    if (s == NB_OK) s = run_dist_sum(&r->d, nb_metric_sums_data(&sums), nb_metric_sums_size(&sums));
+    nb_status s = run_dist_evaluate(&r->d, r->model, r->eval_loader, r->step_ctx, 1, eval_batch, r, &sums);
     *loss = nb_metric_sums_mean(&sums, 0);
     return s;
 }

@@ -65,6 +65,29 @@ nb_status run_dist_sum(run_dist *d, double *v, int n) {
     return s;
 }
 
+nb_status run_dist_evaluate(run_dist *d, nb_module *model, nb_loader *loader, nb_ctx *ctx, int n,
+                            run_eval_fn *fn, void *user, nb_metric_sums *sums) {
+    nb_metric_sums_init(sums, n);
+    nb_status s = run_dist_sync_buffers(d);
+    if (s == NB_OK) s = nb_loader_seek(loader, 0, 0);
+    if (s != NB_OK) return s;
+    nb_module_eval(model);
+    bool prev = nb_no_grad_begin();
+    double v[NB_METRIC_MAX];
+    for (;;) {
+        nb_ctx_reset(ctx);
+        nb_batch b;
+        s = nb_loader_next(loader, ctx, &b);
+        if (s != NB_OK || !b.inputs) break;
+        fn(user, ctx, &b, v);
+        nb_metric_sums_add(sums, v, b.size);
+    }
+    nb_no_grad_end(prev);
+    nb_module_train(model, true);
+    if (s == NB_OK) s = run_dist_sum(d, nb_metric_sums_data(sums), nb_metric_sums_size(sums));
+    return s;
+}
+
 nb_status run_dist_finish(run_dist *d) {
     nb_ddp_free(d->ddp);
     d->ddp = NULL;

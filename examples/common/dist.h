@@ -39,6 +39,16 @@ void run_dist_set_no_sync(run_dist *d, bool no_sync);
 nb_status run_dist_sync_buffers(run_dist *d);
 /* v[0..n) = its sum over ranks. */
 nb_status run_dist_sum(run_dist *d, double *v, int n);
+/* One evaluation batch's n values for run_dist_evaluate, each a sum over the
+ * batch's samples (a mean loss times b->size, a count of correct answers). */
+typedef void run_eval_fn(void *user, nb_ctx *ctx, const nb_batch *b, double *v);
+/* Exact metrics over every batch of `loader`, once, the same on every rank:
+ * the buffers synchronised (run_dist_sync_buffers), model in evaluation
+ * mode without gradients (back in training mode after), each batch made in
+ * ctx (reset per batch) and measured by fn, the sums over the ranks left in
+ * `sums` (n metrics; nb_metric_sums_mean gives the means). */
+nb_status run_dist_evaluate(run_dist *d, nb_module *model, nb_loader *loader, nb_ctx *ctx, int n,
+                            run_eval_fn *fn, void *user, nb_metric_sums *sums);
 /* Unwraps and leaves the run (every rank calls it); the first failure. */
 nb_status run_dist_finish(run_dist *d);
 
