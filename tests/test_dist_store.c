@@ -35,14 +35,6 @@ static nb_store *client(int rank) {
     return s;
 }
 
-#define EXPECT_ERR(call, status, text)                                                        \
-    do {                                                                                      \
-        nb_status st_ = (call);                                                               \
-        ck_assert_msg(st_ == (status), "%s returned %d (%s)", #call, st_, nb_last_error());   \
-        ck_assert_msg(strstr(nb_last_error(), (text)) != NULL, "\"%s\" lacks \"%s\"",         \
-                      nb_last_error(), (text));                                               \
-    } while (0)
-
 static char *get_str(nb_store *s, const char *key) {
     void *v = NULL;
     size_t n = 0;
@@ -86,14 +78,14 @@ START_TEST(test_set_get_delete) {
     free(raw);
     free(b);
 
-    EXPECT_ERR(nb_store_get(s, "absent", 0, &raw, &n), NB_ERR_NOT_FOUND, "nb_store_get: key 'absent' is not in the store");
+    NBT_EXPECT_STATUS(nb_store_get(s, "absent", 0, &raw, &n), NB_ERR_NOT_FOUND, "nb_store_get: key 'absent' is not in the store");
     ck_assert_ptr_null(raw);
     bool existed = false;
     ck_assert_int_eq(nb_store_delete(s, "k", &existed), NB_OK);
     ck_assert(existed);
     ck_assert_int_eq(nb_store_delete(s, "k", &existed), NB_OK);
     ck_assert(!existed);
-    EXPECT_ERR(nb_store_get(s, "k", 0, &raw, &n), NB_ERR_NOT_FOUND, "'k' is not in the store");
+    NBT_EXPECT_STATUS(nb_store_get(s, "k", 0, &raw, &n), NB_ERR_NOT_FOUND, "'k' is not in the store");
     nb_store_close(s);
     nb_store_server_stop(server);
 }
@@ -134,10 +126,10 @@ START_TEST(test_waits) {
 
     /* and ones that time out with a status naming what is missing */
     const char *keys[] = {"later", "missing-1", "missing-2"};
-    EXPECT_ERR(nb_store_wait(s, keys, 3, 0.2), NB_ERR_TIMEOUT,
+    NBT_EXPECT_STATUS(nb_store_wait(s, keys, 3, 0.2), NB_ERR_TIMEOUT,
                "nb_store_wait: timed out after 0.2 s (missing: missing-1, missing-2)");
-    EXPECT_ERR(nb_store_wait(s, keys, 3, 0), NB_ERR_TIMEOUT, "missing: missing-1, missing-2");
-    EXPECT_ERR(nb_store_get(s, "nope", 0.2, &v, NULL), NB_ERR_TIMEOUT,
+    NBT_EXPECT_STATUS(nb_store_wait(s, keys, 3, 0), NB_ERR_TIMEOUT, "missing: missing-1, missing-2");
+    NBT_EXPECT_STATUS(nb_store_get(s, "nope", 0.2, &v, NULL), NB_ERR_TIMEOUT,
                "nb_store_get: key 'nope' did not appear within 0.2 s");
     /* the connection still works after a timeout */
     ck_assert_int_eq(nb_store_set(s, "after", "x", 1), NB_OK);
@@ -158,9 +150,9 @@ START_TEST(test_add_and_compare_set) {
     ck_assert_str_eq(v, "-2"); /* kept as decimal text */
     free(v);
     ck_assert_int_eq(nb_store_add(s, "big", INT64_MAX, &r), NB_OK);
-    EXPECT_ERR(nb_store_add(s, "big", 1, &r), NB_ERR_INVALID, "add: the sum overflows 64 bits");
+    NBT_EXPECT_STATUS(nb_store_add(s, "big", 1, &r), NB_ERR_INVALID, "add: the sum overflows 64 bits");
     nb_store_set(s, "text", "abc", 3);
-    EXPECT_ERR(nb_store_add(s, "text", 1, &r), NB_ERR_INVALID, "add: the key holds a value that is not an integer");
+    NBT_EXPECT_STATUS(nb_store_add(s, "text", 1, &r), NB_ERR_INVALID, "add: the key holds a value that is not an integer");
 
     void *cur = NULL;
     size_t n = 0;
@@ -216,13 +208,13 @@ END_TEST
 START_TEST(test_run_ids_and_ranks) {
     start("run-a");
     nb_store *s = NULL;
-    EXPECT_ERR(nb_store_connect(&s, "127.0.0.1", port, "run-b", 0, 5), NB_ERR_MISMATCH,
+    NBT_EXPECT_STATUS(nb_store_connect(&s, "127.0.0.1", port, "run-b", 0, 5), NB_ERR_MISMATCH,
                "the process is of run 'run-b' but this store serves another run (a process left over from an earlier run");
     /* the refusal names the client's run, never the store's */
     ck_assert_msg(strstr(nb_last_error(), "run-a") == NULL, "%s", nb_last_error());
     ck_assert_ptr_null(s);
     nb_store *r1 = client(1);
-    EXPECT_ERR(nb_store_connect(&s, "127.0.0.1", port, "run-a", 1, 5), NB_ERR_MISMATCH,
+    NBT_EXPECT_STATUS(nb_store_connect(&s, "127.0.0.1", port, "run-a", 1, 5), NB_ERR_MISMATCH,
                "rank 1 is already connected to this store (two processes with the same rank?)");
     /* anonymous connections are not limited */
     nb_store *a = client(-1), *b = client(-1);
@@ -238,7 +230,7 @@ START_TEST(test_run_ids_and_ranks) {
     nb_store_close(s0);
     nb_store_server_stop(server);
 
-    EXPECT_ERR(nb_store_connect(&s, "127.0.0.1", port, "run-a", 0, 0.3), NB_ERR_TIMEOUT, "could not reach the store at 127.0.0.1:");
+    NBT_EXPECT_STATUS(nb_store_connect(&s, "127.0.0.1", port, "run-a", 0, 0.3), NB_ERR_TIMEOUT, "could not reach the store at 127.0.0.1:");
 }
 END_TEST
 
@@ -361,7 +353,7 @@ START_TEST(test_rank_that_dies_aborts_waits) {
                                 "saying goodbye: its process exited or was killed"),
                   "%s", w.msg);
     const char *keys[] = {"other"};
-    EXPECT_ERR(nb_store_wait(s0, keys, 1, 60), NB_ERR_CLOSED, "rank 3 disconnected");
+    NBT_EXPECT_STATUS(nb_store_wait(s0, keys, 1, 60), NB_ERR_CLOSED, "rank 3 disconnected");
     /* what is there can still be read, including the reason */
     char *reason = get_str(s0, NB__STORE_ABORT_KEY);
     ck_assert(strstr(reason, "rank 3 disconnected") != NULL);
@@ -378,8 +370,8 @@ START_TEST(test_lost_server) {
     ck_assert_int_eq(nb_store_set(s, "k", "v", 1), NB_OK);
     nb_store_server_stop(server);
     void *v;
-    EXPECT_ERR(nb_store_get(s, "k", 1, &v, NULL), NB_ERR_CLOSED, "nb_store_get: lost the connection to the store at 127.0.0.1:");
-    EXPECT_ERR(nb_store_set(s, "k", "v", 1), NB_ERR_CLOSED, "nb_store_set: earlier, lost the connection to the store at 127.0.0.1:");
+    NBT_EXPECT_STATUS(nb_store_get(s, "k", 1, &v, NULL), NB_ERR_CLOSED, "nb_store_get: lost the connection to the store at 127.0.0.1:");
+    NBT_EXPECT_STATUS(nb_store_set(s, "k", "v", 1), NB_ERR_CLOSED, "nb_store_set: earlier, lost the connection to the store at 127.0.0.1:");
     nb_store_close(s);
 }
 END_TEST
@@ -409,7 +401,7 @@ START_TEST(test_port_held_by_another_program) {
     ck_assert_msg(took < 10, "took %.1f s (liveness 0.5 s, connect timeout 30 s)", took);
     /* Rank 0 cannot serve on it and says so. */
     nb_store_server *srv = NULL;
-    EXPECT_ERR(nb_store_server_start(&srv, "127.0.0.1", held, "run-a"), NB_ERR_NETWORK,
+    NBT_EXPECT_STATUS(nb_store_server_start(&srv, "127.0.0.1", held, "run-a"), NB_ERR_NETWORK,
                "another program holds the port (MASTER_PORT)");
     close(fd);
 }

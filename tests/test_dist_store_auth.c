@@ -45,14 +45,6 @@ static nb__store_config secret_cfg(int world) {
     return cfg;
 }
 
-#define EXPECT_ERR(call, status, text)                                                        \
-    do {                                                                                      \
-        nb_status st_ = (call);                                                               \
-        ck_assert_msg(st_ == (status), "%s returned %d (%s)", #call, st_, nb_last_error());   \
-        ck_assert_msg(strstr(nb_last_error(), (text)) != NULL, "\"%s\" lacks \"%s\"",         \
-                      nb_last_error(), (text));                                               \
-    } while (0)
-
 static nb_store *client_with(const char *secret, int rank) {
     nb__store_config cfg = {.run_id = RUN_ID, .secret = (const uint8_t *)secret,
                             .secret_len = secret ? strlen(secret) : 0};
@@ -166,7 +158,7 @@ START_TEST(test_refusal_never_echoes_the_run_id) {
     }
     /* and through the client library */
     nb_store *s = NULL;
-    EXPECT_ERR(nb_store_connect(&s, "127.0.0.1", port, "run-b", -1, 5), NB_ERR_MISMATCH,
+    NBT_EXPECT_STATUS(nb_store_connect(&s, "127.0.0.1", port, "run-b", -1, 5), NB_ERR_MISMATCH,
                "the process is of run 'run-b' but this store serves another run");
     ck_assert_msg(strstr(nb_last_error(), RUN_ID) == NULL, "%s", nb_last_error());
     nb_store_server_stop(server);
@@ -181,11 +173,11 @@ START_TEST(test_secret_right_wrong_missing) {
     nb_store *s = NULL;
     nb__store_config wrong = {.run_id = RUN_ID, .secret = (const uint8_t *)"0123456789abcdef-another-secret",
                               .secret_len = 31};
-    EXPECT_ERR(nb__store_connect(&s, "127.0.0.1", port, &wrong, 1, 5), NB_ERR_MISMATCH,
+    NBT_EXPECT_STATUS(nb__store_connect(&s, "127.0.0.1", port, &wrong, 1, 5), NB_ERR_MISMATCH,
                "refused rank 1: the process did not prove that it knows this run's secret");
     ck_assert_ptr_null(s);
     nb__store_config none = {.run_id = RUN_ID};
-    EXPECT_ERR(nb__store_connect(&s, "127.0.0.1", port, &none, 1, 5), NB_ERR_MISMATCH,
+    NBT_EXPECT_STATUS(nb__store_connect(&s, "127.0.0.1", port, &none, 1, 5), NB_ERR_MISMATCH,
                "asks for the run's secret, and this process has none");
     /* none of them became rank 1: the rank is still free, and nothing was aborted */
     nb_store *r1 = client_with(SECRET, 1);
@@ -198,7 +190,7 @@ START_TEST(test_secret_right_wrong_missing) {
     nb__store_config plain = {.run_id = RUN_ID};
     start_cfg(&plain);
     nb__store_config mine = secret_cfg(0);
-    EXPECT_ERR(nb__store_connect(&s, "127.0.0.1", port, &mine, 0, 5), NB_ERR_MISMATCH,
+    NBT_EXPECT_STATUS(nb__store_connect(&s, "127.0.0.1", port, &mine, 0, 5), NB_ERR_MISMATCH,
                "admitted this process without asking for the run's secret");
     nb_store_server_stop(server);
 }
@@ -307,7 +299,7 @@ START_TEST(test_secret_never_sent_and_store_must_prove_it) {
     pthread_create(&th, NULL, fake_store, &f);
     nb__store_config cfg = secret_cfg(0);
     nb_store *s = NULL;
-    EXPECT_ERR(nb__store_connect(&s, "127.0.0.1", port, &cfg, 0, 5), NB_ERR_MISMATCH,
+    NBT_EXPECT_STATUS(nb__store_connect(&s, "127.0.0.1", port, &cfg, 0, 5), NB_ERR_MISMATCH,
                "did not prove that it knows the run's secret: is another program answering on MASTER_PORT?");
     pthread_join(th, NULL);
     close(f.listen_fd);
@@ -329,12 +321,12 @@ START_TEST(test_ranks_inside_the_world_and_held_once) {
     nb_store *watch = client_with(SECRET, -1);
     nb_store *s = NULL;
     nb__store_config mine = secret_cfg(0);
-    EXPECT_ERR(nb__store_connect(&s, "127.0.0.1", port, &mine, 7, 5), NB_ERR_MISMATCH,
+    NBT_EXPECT_STATUS(nb__store_connect(&s, "127.0.0.1", port, &mine, 7, 5), NB_ERR_MISMATCH,
                "refused rank 7: rank 7 is not a rank of this run, whose ranks are 0 to 1");
-    EXPECT_ERR(nb__store_connect(&s, "127.0.0.1", port, &mine, 2, 5), NB_ERR_MISMATCH,
+    NBT_EXPECT_STATUS(nb__store_connect(&s, "127.0.0.1", port, &mine, 2, 5), NB_ERR_MISMATCH,
                "rank 2 is not a rank of this run");
     nb_store *r1 = client_with(SECRET, 1);
-    EXPECT_ERR(nb__store_connect(&s, "127.0.0.1", port, &mine, 1, 5), NB_ERR_MISMATCH,
+    NBT_EXPECT_STATUS(nb__store_connect(&s, "127.0.0.1", port, &mine, 1, 5), NB_ERR_MISMATCH,
                "rank 1 is already connected to this store");
     /* refused clients hung up: nothing happened to the run */
     pause_s(0.1);
@@ -384,7 +376,7 @@ START_TEST(test_ranks_inside_the_world_and_held_once) {
     free(r);
     close(fd);
     const char *keys[] = {"never"};
-    EXPECT_ERR(nb_store_wait(watch, keys, 1, 10), NB_ERR_CLOSED,
+    NBT_EXPECT_STATUS(nb_store_wait(watch, keys, 1, 10), NB_ERR_CLOSED,
                "the run was aborted: rank 1 disconnected from the store without saying goodbye");
     nb_store_close(watch);
     nb_store_server_stop(server);
@@ -478,18 +470,18 @@ START_TEST(test_limits_after_admission) {
     size_t half = 600 * 1024;
     char *v = calloc(1, half);
     ck_assert_int_eq(nb_store_set(s, "first", v, half), NB_OK);
-    EXPECT_ERR(nb_store_set(s, "second", v, half), NB_ERR_INVALID,
+    NBT_EXPECT_STATUS(nb_store_set(s, "second", v, half), NB_ERR_INVALID,
                "set 'second': a value of 614400 bytes would take the store to 1228811 bytes of keys "
                "and values, over its limit of 1048576 bytes");
     ck_assert_int_eq(nb_store_set(s, "first", v, 10), NB_OK); /* room again */
     ck_assert_int_eq(nb_store_set(s, "second", v, half), NB_OK);
     ck_assert_uint_eq(nb__kv_bytes(nb__store_core_kv(server)), 5 + 10 + 6 + half);
-    EXPECT_ERR(nb_store_compare_set(s, "third", NULL, 0, v, half, NULL, NULL), NB_ERR_INVALID,
+    NBT_EXPECT_STATUS(nb_store_compare_set(s, "third", NULL, 0, v, half, NULL, NULL), NB_ERR_INVALID,
                "compare_set 'third': a value of 614400 bytes would take the store");
     /* a quiet set over the limit: the next call says which key and why */
     ck_assert_int_eq(nb__store_set_quiet(s, "quiet", v, half), NB_OK);
     void *got = NULL;
-    EXPECT_ERR(nb_store_get(s, "first", 0, &got, NULL), NB_ERR_INVALID, "set 'quiet': a value of 614400 bytes");
+    NBT_EXPECT_STATUS(nb_store_get(s, "first", 0, &got, NULL), NB_ERR_INVALID, "set 'quiet': a value of 614400 bytes");
     nb_store_close(s);
     free(v);
 
@@ -533,18 +525,18 @@ END_TEST
 START_TEST(test_no_secret_means_loopback) {
     unsetenv("NABLA_STORE_TRUSTED_NETWORK");
     nb_store_server *s = NULL;
-    EXPECT_ERR(nb_store_server_start(&s, "0.0.0.0", 0, RUN_ID), NB_ERR_INVALID,
+    NBT_EXPECT_STATUS(nb_store_server_start(&s, "0.0.0.0", 0, RUN_ID), NB_ERR_INVALID,
                "the store would listen on 0.0.0.0:");
     ck_assert_msg(strstr(nb_last_error(), "beyond this host, without a secret") &&
                       strstr(nb_last_error(), "NABLA_STORE_TRUSTED_NETWORK=1"),
                   "%s", nb_last_error());
-    EXPECT_ERR(nb_store_server_start(&s, NULL, 0, RUN_ID), NB_ERR_INVALID, "without a secret");
+    NBT_EXPECT_STATUS(nb_store_server_start(&s, NULL, 0, RUN_ID), NB_ERR_INVALID, "without a secret");
     /* nbrun's socket on every interface, adopted without a secret: refused too */
     int gai = 0, err = 0;
     int lfd = nb__tcp_listen(NULL, 0, &gai, &err);
     ck_assert_int_ge(lfd, 0);
     nb__store_config plain = {.run_id = RUN_ID};
-    EXPECT_ERR(nb__store_server_start(&s, NULL, 0, lfd, &plain), NB_ERR_INVALID, "without a secret");
+    NBT_EXPECT_STATUS(nb__store_server_start(&s, NULL, 0, lfd, &plain), NB_ERR_INVALID, "without a secret");
     /* loopback, a secret, or a network declared trusted: served */
     ck_assert_int_eq(nb_store_server_start(&s, "127.0.0.1", 0, RUN_ID), NB_OK);
     nb_store_server_stop(s);
@@ -578,17 +570,17 @@ START_TEST(test_secret_from_the_environment) {
     close(fd);
     setenv("NABLA_STORE_SECRET_FILE", path, 1);
     chmod(path, 0644);
-    EXPECT_ERR(nb__store_secret_from_env(&sec), NB_ERR_INVALID, "may be read by other users (mode 0644)");
+    NBT_EXPECT_STATUS(nb__store_secret_from_env(&sec), NB_ERR_INVALID, "may be read by other users (mode 0644)");
     chmod(path, 0600);
     ck_assert_int_eq(nb__store_secret_from_env(&sec), NB_OK);
     ck_assert_uint_eq(sec.len, 22);
     ck_assert(memcmp(sec.bytes, "fedcba9876543210fedcba", 22) == 0);
     unlink(path);
-    EXPECT_ERR(nb__store_secret_from_env(&sec), NB_ERR_IO, "cannot open the store's secret");
+    NBT_EXPECT_STATUS(nb__store_secret_from_env(&sec), NB_ERR_IO, "cannot open the store's secret");
     unsetenv("NABLA_STORE_SECRET_FILE");
 
     setenv("NABLA_STORE_SECRET", "short", 1);
-    EXPECT_ERR(nb__store_secret_from_env(&sec), NB_ERR_INVALID,
+    NBT_EXPECT_STATUS(nb__store_secret_from_env(&sec), NB_ERR_INVALID,
                "the store's secret from NABLA_STORE_SECRET has 5 bytes; it needs 16 to 1024");
     setenv("NABLA_STORE_SECRET", "long enough, as a value", 1);
     ck_assert_int_eq(nb__store_secret_from_env(&sec), NB_OK);
