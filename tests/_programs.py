@@ -2,9 +2,12 @@
 skips files whose name starts with an underscore)."""
 import json
 import os
+import re
 import struct
 import subprocess
 import sys
+import threading
+import time
 
 BUILD = os.environ.get("NABLA_BINARY_DIR", "build")
 BIN = os.path.abspath(os.environ.get("NABLA_BIN_DIR") or os.path.join(BUILD, "bin"))
@@ -16,6 +19,48 @@ def fail(msg):
     print("FAIL: " + msg)
     sys.exit(1)
 
+
+
+def driver(name):
+    """The path of a test driver (tests/programs/NAME.c, built into BIN);
+    fails, naming it, when the build lacks it."""
+    path = os.path.join(BIN, name)
+    if not os.access(path, os.X_OK):
+        fail("%s is not built (tests/programs/%s.c)" % (path, name))
+    return path
+
+
+class Node:
+    """A running process (p, a Popen with text pipes) whose stdout and
+    stderr lines are collected as they come, by two threads, so that a test
+    can wait for a line while it runs (nbrun on one node)."""
+
+    def __init__(self, p):
+        self.p = p
+        self.out = []
+        self.ended = None  # for the caller: when it was seen to end
+        self.threads = [threading.Thread(target=self._read, args=(f,), daemon=True) for f in (p.stdout, p.stderr)]
+        for t in self.threads:
+            t.start()
+
+    def _read(self, f):
+        for line in f:
+            self.out.append(line)
+
+    def text(self):
+        return "".join(self.out)
+
+    def wait_for(self, pattern, timeout, what, others=()):
+        """Fails (with this output and the others') unless pattern shows
+        within timeout seconds, before the process ends."""
+        deadline = time.monotonic() + timeout
+        while not re.search(pattern, self.text(), re.M):
+            if self.p.poll() is not None or time.monotonic() > deadline:
+                fail("%s: no %r within %d s (exit %s):\n%s%s" % (what, pattern, timeout, self.p.poll(),
+                                                                  self.text()[-4000:],
+                                                                  "".join("\n--- other\n" + o.text()[-3000:]
+                                                                          for o in others)))
+            time.sleep(0.05)
 
 def skip(reason):
     """Ends the test as skipped (exit 77, CTest's SKIP_RETURN_CODE) because

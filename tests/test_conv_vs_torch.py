@@ -14,7 +14,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _programs import fail, import_torch  # noqa: E402
+from _programs import driver, fail, import_torch  # noqa: E402
 
 torch = import_torch()
 
@@ -33,9 +33,7 @@ def compare(got, want, dtype, what):
 
 def main():
     torch.set_num_threads(1)
-    bindir = os.environ.get("NABLA_BIN_DIR") or os.path.join(
-        os.environ.get("NABLA_BINARY_DIR", "build"), "bin")
-    out = subprocess.run([os.path.join(bindir, "nb_conv_trace")], stdout=subprocess.PIPE,
+    out = subprocess.run([driver("nb_conv_trace")], stdout=subprocess.PIPE,
                          check=True).stdout
     cases = json.loads(out.decode())["cases"]
     if len(cases) < 12:

@@ -21,41 +21,14 @@ import re
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _netns  # noqa: E402
-from _programs import BIN, fail  # noqa: E402
+from _programs import BIN, Node, fail  # noqa: E402
 
 LIVENESS_S = 3
 RDZV_S = 6
-
-
-class Node:
-    def __init__(self, p):
-        self.p = p
-        self.out = []
-        self.threads = [threading.Thread(target=self._read, args=(f,), daemon=True) for f in (p.stdout, p.stderr)]
-        for t in self.threads:
-            t.start()
-
-    def _read(self, f):
-        for line in f:
-            self.out.append(line)
-
-    def text(self):
-        return "".join(self.out)
-
-    def wait_for(self, pattern, timeout, what, others=()):
-        deadline = time.monotonic() + timeout
-        while not re.search(pattern, self.text(), re.M):
-            if self.p.poll() is not None or time.monotonic() > deadline:
-                fail("%s: no %r within %d s (exit %s):\n%s%s" % (what, pattern, timeout, self.p.poll(),
-                                                                  self.text()[-4000:],
-                                                                  "".join("\n--- other\n" + o.text()[-3000:]
-                                                                          for o in others)))
-            time.sleep(0.05)
 
 
 def nbrun(node_rank, port, addr, extra, program, spawn=None, env=None):

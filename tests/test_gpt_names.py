@@ -23,18 +23,13 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _programs import import_torch  # noqa: E402
+from _programs import driver, fail, import_torch  # noqa: E402
 
 torch = import_torch()
 nn = torch.nn
 
 # The Linear layers that GPT-2's checkpoints store transposed (Conv1D).
 CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
-
-
-def fail(msg):
-    print("FAIL: " + msg)
-    sys.exit(1)
 
 
 # ---------------------------------------------------- GPT-2, as GPT-2 has it
@@ -165,9 +160,7 @@ def read_safetensors(path):
 
 
 def main():
-    bindir = os.environ.get("NABLA_BIN_DIR") or os.path.join(
-        os.environ.get("NABLA_BINARY_DIR", "build"), "bin")
-    tool = os.path.join(bindir, "nb_gpt_sample")
+    tool = driver("nb_gpt_sample")
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "gpt.safetensors")
         run = subprocess.run([tool, path], capture_output=True, text=True)

@@ -15,35 +15,17 @@ Skipped (77) only where a network namespace cannot be made."""
 import os
 import re
 import sys
-import threading
 import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _netns  # noqa: E402
-from _programs import BIN, fail  # noqa: E402
+from _programs import BIN, Node, fail  # noqa: E402
 
 PORT = 29614
 LIVENESS_S = 3
 LIMIT_S = LIVENESS_S + 9  # detection + nb_pg_free's 2 s + nbrun's grace period (5 s at most)
 START_S = 40              # bound on the start: join, and the first steps
-
-
-class Node:
-    def __init__(self, p):
-        self.p = p
-        self.out = []
-        self.threads = [threading.Thread(target=self._read, args=(f,), daemon=True) for f in (p.stdout, p.stderr)]
-        for t in self.threads:
-            t.start()
-        self.ended = None
-
-    def _read(self, f):
-        for line in f:
-            self.out.append(line)
-
-    def text(self):
-        return "".join(self.out)
 
 
 def main():

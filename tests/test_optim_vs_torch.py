@@ -15,16 +15,11 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _programs import import_torch  # noqa: E402
+from _programs import driver, fail, import_torch  # noqa: E402
 
 torch = import_torch()
 
 SHAPES = [(3, 4), (4,), (2,)]
-
-
-def fail(msg):
-    print("FAIL: " + msg)
-    sys.exit(1)
 
 
 def compare(got, want, dtype, what):
@@ -62,9 +57,7 @@ def max_matters(opt, params):
 
 def main():
     torch.set_num_threads(1)
-    bindir = os.environ.get("NABLA_BIN_DIR") or os.path.join(
-        os.environ.get("NABLA_BINARY_DIR", "build"), "bin")
-    tool = os.path.join(bindir, "nb_optim_trace")
+    tool = driver("nb_optim_trace")
     out = subprocess.run([tool], stdout=subprocess.PIPE, check=True).stdout
     data = json.loads(out.decode())
     total = same = 0

@@ -21,16 +21,11 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _programs import import_torch  # noqa: E402
+from _programs import driver, fail, import_torch  # noqa: E402
 
 # dtype -> (struct code, bytes per element); floats compared by bit pattern
 FORMATS = {"F32": ("I", 4), "F64": ("Q", 8), "BF16": ("H", 2), "F16": ("H", 2),
            "I32": ("i", 4), "I64": ("q", 8)}
-
-
-def fail(msg):
-    print("FAIL: " + msg)
-    sys.exit(1)
 
 
 def decode_floats(dtype, raw, count):
@@ -184,11 +179,7 @@ def check_with_library(path, expected, torch, have_safetensors):
 
 def main():
     torch, have_safetensors = libraries()
-    bindir = os.environ.get("NABLA_BIN_DIR") or os.path.join(
-        os.environ.get("NABLA_BINARY_DIR", "build"), "bin")
-    tool = os.path.join(bindir, "nb_ckpt_sample")
-    if not os.access(tool, os.X_OK):
-        fail("%s is not built" % tool)
+    tool = driver("nb_ckpt_sample")
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "sample.safetensors")
         run = subprocess.run([tool, path], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
