@@ -24,15 +24,11 @@
 #include <nabla/nabla.h>
 #include <nabla/dist.h>
 
+#include "bench_time.h"
+
 #if NABLA_HAVE_CUDA
 #include <cuda_runtime.h>
 #endif
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static void check(nb_status st, const char *what) {
     if (st != NB_OK) {

@@ -28,6 +28,7 @@
 #include <time.h>
 
 #include <nabla/nabla.h>
+#include "bench_time.h"
 
 #define ROUNDS 5
 #define MAX_SETS 8
@@ -41,19 +42,8 @@ typedef struct bench_cfg {
     double budget_s; /* per measured case, over all rounds */
 } bench_cfg;
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static void sync_dev(const bench_cfg *c) {
     if (c->dev.type == NB_DEVICE_CUDA) nb_cuda_synchronize(c->dev);
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
 }
 
 /* Runs one call on input set `i` (modulo the number of sets). */

@@ -19,12 +19,7 @@
 #include <unistd.h>
 
 #include <nabla/nabla.h>
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+#include "bench_time.h"
 
 static void die(const char *what) {
     fprintf(stderr, "bench_data: %s: %s\n", what, nb_last_error());

@@ -59,17 +59,7 @@
 #include "nabla/models.h"
 #include "nabla/monitor.h"
 #include "nabla/nabla.h"
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
+#include "bench_time.h"
 
 static double median(double *v, int n) {
     qsort(v, (size_t)n, sizeof(double), cmp_double);

@@ -32,19 +32,9 @@
 #include <time.h>
 
 #include <nabla/nabla.h>
+#include "bench_time.h"
 
 #define N_BATCHES 4
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 static int usage(const char *prog) {
     fprintf(stderr,

@@ -29,17 +29,12 @@
 #include <nabla/nabla.h>
 
 #include "tensor/cpu/sgemm.h"
+#include "bench_time.h"
 
 typedef struct bench_cfg {
     bool quick, fixed_only, kernels;
     double budget_s; /* per measured function */
 } bench_cfg;
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 typedef void (*bench_fn)(void *arg);
 

@@ -25,12 +25,7 @@
 #include <time.h>
 
 #include <nabla/nabla.h>
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+#include "bench_time.h"
 
 typedef void (*bench_fn)(void *arg);
 
