@@ -132,13 +132,8 @@ static nb_status open_data(run *r) {
     if (n_train / r->d.world_size < a->batch_size)
         return nb_set_error(NB_ERR_INVALID, "%lld training rows are too few for batch %lld on %d "
                             "processes", (long long)n_train, (long long)a->batch_size, r->d.world_size);
-    /* drop_last in the sampler and the loader: every rank takes the same
-     * number of full batches */
-    nb_distributed_options o = {r->d.world_size, r->d.rank, true, (uint64_t)a->seed, true};
-    r->train_sampler = nb_sampler_distributed(n_train, &o);
-    nb_loader_options lo = {.batch_size = a->batch_size, .drop_last = true, .sampler = r->train_sampler,
-                           .device = r->d.device, .pin_memory = true /* only matters on a GPU */};
-    s = nb_loader_new(&r->train_loader, r->train, &lo);
+    s = run_dist_train_loader(&r->d, r->train, a->batch_size, (uint64_t)a->seed, &r->train_sampler,
+                              &r->train_loader);
     if (s != NB_OK) return s;
     r->test_sampler = nb_sampler_shard(nb_dataset_len(r->test), r->d.world_size, r->d.rank);
     nb_loader_options eo = {.batch_size = 64, .sampler = r->test_sampler, .device = r->d.device};

@@ -170,11 +170,8 @@ static nb_status open_data(run *r) {
         return nb_set_error(NB_ERR_INVALID, "%lld training windows are too few for batch %lld on "
                             "%d processes", (long long)n_train, (long long)a->batch_size,
                             r->d.world_size);
-    nb_distributed_options o = {r->d.world_size, r->d.rank, true, (uint64_t)a->seed, true};
-    r->train_sampler = nb_sampler_distributed(n_train, &o);
-    nb_loader_options lo = {.batch_size = a->batch_size, .drop_last = true, .sampler = r->train_sampler,
-                           .device = r->d.device, .pin_memory = true /* only matters on a GPU */};
-    s = nb_loader_new(&r->train_loader, r->train, &lo);
+    s = run_dist_train_loader(&r->d, r->train, a->batch_size, (uint64_t)a->seed, &r->train_sampler,
+                              &r->train_loader);
     if (s != NB_OK) return s;
 
     /* evaluation: eval_windows spread over the held-out windows, each

@@ -65,6 +65,15 @@ nb_status run_dist_sum(run_dist *d, double *v, int n) {
     return s;
 }
 
+nb_status run_dist_train_loader(run_dist *d, nb_dataset *ds, int64_t batch, uint64_t seed, nb_sampler **sampler,
+                                nb_loader **loader) {
+    nb_distributed_options o = {d->world_size, d->rank, true, seed, true};
+    *sampler = nb_sampler_distributed(nb_dataset_len(ds), &o);
+    nb_loader_options lo = {.batch_size = batch, .drop_last = true, .sampler = *sampler,
+                           .device = d->device, .pin_memory = true /* only matters on a GPU */};
+    return nb_loader_new(loader, ds, &lo);
+}
+
 nb_status run_dist_evaluate(run_dist *d, nb_module *model, nb_loader *loader, nb_ctx *ctx, int n,
                             run_eval_fn *fn, void *user, nb_metric_sums *sums) {
     nb_metric_sums_init(sums, n);

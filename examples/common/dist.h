@@ -33,6 +33,12 @@ nb_status run_dist_forward(run_dist *d, nb_ctx *ctx, nb_tensor *x, nb_tensor **o
  * locally while no_sync is on). */
 nb_status run_dist_backward(run_dist *d, nb_tensor *loss);
 void run_dist_set_no_sync(run_dist *d, bool no_sync);
+/* The training loader of every program: a distributed sampler over ds
+ * (shuffled with seed + epoch), batches of `batch` samples on this rank's
+ * device, with drop_last in the sampler and the loader, so that every rank
+ * takes the same number of full batches. */
+nb_status run_dist_train_loader(run_dist *d, nb_dataset *ds, int64_t batch, uint64_t seed, nb_sampler **sampler,
+                                nb_loader **loader);
 /* Gives every rank rank 0's buffers (BatchNorm running statistics): call
  * it on every rank before evaluating, which bypasses DDP because ranks may
  * evaluate different numbers of batches. */
