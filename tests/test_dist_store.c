@@ -236,18 +236,6 @@ END_TEST
 
 /* ---- raw wire-format helpers ---- */
 
-static int raw_connect(void) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {0};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = htons((uint16_t)port);
-    ck_assert_int_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
-    struct timeval tv = {5, 0};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    return fd;
-}
-
 static void raw_send(int fd, const void *p, size_t n) { ck_assert_int_eq(send(fd, p, n, MSG_NOSIGNAL), (ssize_t)n); }
 
 static void raw_hello(int fd, int rank) {
@@ -297,7 +285,7 @@ START_TEST(test_malformed_messages_close_only_their_connection) {
         {"second HELLO", {1, 0, 0, 0, NB__OP_HELLO}, 5, true},
     };
     for (unsigned i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        int fd = raw_connect();
+        int fd = nbt_loopback_connect(port);
         if (cases[i].hello) raw_hello(fd, -1);
         raw_send(fd, cases[i].bytes, cases[i].n);
         assert_closed(fd, cases[i].what);
@@ -307,7 +295,7 @@ START_TEST(test_malformed_messages_close_only_their_connection) {
         free(v);
     }
     /* half a frame, then hanging up */
-    int fd = raw_connect();
+    int fd = nbt_loopback_connect(port);
     raw_hello(fd, -1);
     raw_send(fd, (uint8_t[]){50, 0, 0, 0, NB__OP_SET, 1}, 6);
     close(fd);
@@ -344,7 +332,7 @@ START_TEST(test_rank_that_dies_aborts_waits) {
     pthread_create(&th, NULL, wait_forever, &w);
     struct timespec ts = {0, 100 * 1000 * 1000};
     nanosleep(&ts, NULL);
-    int fd = raw_connect();
+    int fd = nbt_loopback_connect(port);
     raw_hello(fd, 3);
     close(fd); /* rank 3 "dies" */
     pthread_join(th, NULL);

@@ -56,18 +56,6 @@ static nb_store *client_with(const char *secret, int rank) {
 
 /* ---- raw clients ---- */
 
-static int raw_connect(void) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {0};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = htons((uint16_t)port);
-    ck_assert_int_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
-    struct timeval tv = {5, 0};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    return fd;
-}
-
 static void raw_send(int fd, const void *p, size_t n) {
     ck_assert_int_eq(send(fd, p, n, MSG_NOSIGNAL), (ssize_t)n);
 }
@@ -144,7 +132,7 @@ START_TEST(test_refusal_never_echoes_the_run_id) {
     uint8_t nonce[NB__STORE_NONCE_LEN] = {1};
     const char *guesses[] = {"run-b", "", "run-7c1e4f09a2d", "default"};
     for (unsigned i = 0; i < sizeof guesses / sizeof guesses[0]; i++) {
-        int fd = raw_connect();
+        int fd = nbt_loopback_connect(port);
         send_hello(fd, guesses[i], 0, nonce);
         size_t n = 0;
         uint8_t *r = read_frame(fd, &n);
@@ -205,7 +193,7 @@ START_TEST(test_proof_cannot_be_replayed) {
     memset(cnonce, 7, sizeof cnonce);
     uint8_t seen[NB__STORE_MAC_LEN];
     for (int attempt = 0; attempt < 2; attempt++) {
-        int fd = raw_connect();
+        int fd = nbt_loopback_connect(port);
         send_hello(fd, RUN_ID, 2, cnonce);
         size_t n = 0;
         uint8_t *r = read_frame(fd, &n);
@@ -333,7 +321,7 @@ START_TEST(test_ranks_inside_the_world_and_held_once) {
     assert_not_aborted(watch);
 
     /* a client that claims rank 0 but never proves the secret, then hangs up */
-    int fd = raw_connect();
+    int fd = nbt_loopback_connect(port);
     uint8_t nonce[NB__STORE_NONCE_LEN] = {3};
     send_hello(fd, RUN_ID, 0, nonce);
     size_t n;
@@ -342,7 +330,7 @@ START_TEST(test_ranks_inside_the_world_and_held_once) {
     free(r);
     close(fd);
     /* one that answers with a wrong proof for rank 0, then hangs up */
-    fd = raw_connect();
+    fd = nbt_loopback_connect(port);
     send_hello(fd, RUN_ID, 0, nonce);
     r = read_frame(fd, &n);
     free(r);
@@ -362,7 +350,7 @@ START_TEST(test_ranks_inside_the_world_and_held_once) {
      * one that left cleanly, and dies */
     nb_store_close(r0);
     nb_store_close(r1);
-    fd = raw_connect();
+    fd = nbt_loopback_connect(port);
     uint8_t cn[NB__STORE_NONCE_LEN] = {9};
     send_hello(fd, RUN_ID, 1, cn);
     r = read_frame(fd, &n);
@@ -400,20 +388,20 @@ START_TEST(test_limits_before_admission) {
     nb_store *good = client_with(SECRET, 0);
 
     /* a frame over the small pre-admission limit: closed at once, unread */
-    int fd = raw_connect();
+    int fd = nbt_loopback_connect(port);
     uint8_t big[8] = {0x00, 0x00, 0x00, 0x01, NB__OP_HELLO}; /* 16 MiB announced */
     raw_send(fd, big, sizeof big);
     double t0 = nb__now();
     assert_closed(fd, "16 MiB frame before HELLO");
     ck_assert_msg(nb__now() - t0 < 0.4, "took %.2f s", nb__now() - t0);
-    fd = raw_connect();
+    fd = nbt_loopback_connect(port);
     uint8_t medium[4] = {(NB__STORE_PREAUTH_MAX_FRAME + 1) & 0xff, (NB__STORE_PREAUTH_MAX_FRAME + 1) >> 8, 0, 0};
     raw_send(fd, medium, sizeof medium);
     assert_closed(fd, "a frame just over the limit");
 
     /* an idle connection and a slow one (a byte every 0.1 s) are closed at the deadline */
-    int idle = raw_connect();
-    int slow = raw_connect();
+    int idle = nbt_loopback_connect(port);
+    int slow = nbt_loopback_connect(port);
     t0 = nb__now();
     uint8_t nonce[NB__STORE_NONCE_LEN] = {0};
     nb__buf b = {0};
@@ -445,7 +433,7 @@ START_TEST(test_limits_before_admission) {
     /* at most 4 pending connections are held: 10 idle ones cost the server 4 descriptors */
     int before = count_fds();
     int idles[10];
-    for (int i = 0; i < 10; i++) idles[i] = raw_connect();
+    for (int i = 0; i < 10; i++) idles[i] = nbt_loopback_connect(port);
     pause_s(0.2);
     int held = count_fds() - before - 10;
     ck_assert_msg(held <= 4, "the server holds %d unauthenticated connections (cap 4)", held);
@@ -486,7 +474,7 @@ START_TEST(test_limits_after_admission) {
     free(v);
 
     /* a value over NB_STORE_MAX_VALUE in a frame the server reads: refused by name */
-    int fd = raw_connect();
+    int fd = nbt_loopback_connect(port);
     uint8_t cn[NB__STORE_NONCE_LEN] = {5};
     send_hello(fd, RUN_ID, -1, cn);
     size_t n;
