@@ -104,6 +104,8 @@ struct nb_pg {
     nb__gloo *gloo;
     nb__nccl *nccl;
     void *agree_buf;          /* NCCL: 4 bytes of device memory for nb_pg_agree */
+    uint64_t from_header;     /* Gloo: collectives completed from the header exchange's
+                                 payloads (Note [Small collectives ride on the header]) */
 
     pthread_mutex_t mu;       /* everything below */
     pthread_cond_t cond;

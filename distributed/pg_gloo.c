@@ -37,24 +37,111 @@
  * that all-reduces 0 elements while another all-reduces 10 is a mismatch.
  * What it cannot see is a rank that never arrives: the fingerprints in
  * the store (Note [Hang diagnostics] in pg_diag.c) still name it. It
- * costs one message latency per collective (benchmarks/bench_collectives
- * shows it on small counts; it is lost in the transfer of large ones).
+ * costs one message latency per collective, except for small ones, whose
+ * data travel in the same message (Note [Small collectives ride on the
+ * header]); benchmarks/RESULTS.md has the figures.
  * NABLA_DIST_CHECK=off skips it; NCCL groups compare the same headers
  * with the same code, on fewer collectives (Note [Collective headers on
  * NCCL] in pg.c). */
-static nb_status check_headers(nb_pg *pg, const nb_work *w, char *what, size_t len, bool *explained) {
-    int64_t mine[NB__COLL_HEADER_WORDS];
-    int64_t *all = malloc((size_t)pg->size * sizeof mine);
-    NB_CHECK(all != NULL, "nb_pg: out of memory for %d collective headers", pg->size);
-    nb__coll_header(&w->coll, mine);
-    nb_status st = nb__gloo_exchange(pg->gloo, mine, all, sizeof mine, w->coll.seq);
+/* Note [Small collectives ride on the header]
+ * The header exchange is one message from each rank to each other, and
+ * under load its latency is that of a small collective itself (measured
+ * in benchmarks/RESULTS.md: 2-8 ms more per small all-reduce on a busy
+ * 2-core machine, about doubling it). So the message carries more than
+ * the header: a payload of P bytes, P = min(4096, 16384 / (R - 1)) rounded
+ * down to 8 (so that a rank sends at most 16 KB more per collective in
+ * any world), which is the collective's own data when it fits:
+ *   all-reduce and all-gather: the rank's elements; broadcast: the root's;
+ *   reduce-scatter: the rank's whole input (R chunks);
+ * and zeros otherwise. Every message has the same size whatever the
+ * collective (P depends on R only), so a mismatch cannot make Gloo's
+ * event loop meet a message of another size (Note [No exception crosses
+ * the shim] in gloo_shim.cpp). When the headers agree and the data fit,
+ * every rank computes the result from the payloads it received: the
+ * reduction in rank order (0, 1, ..., R - 1, the same on every rank, so
+ * every rank gets the same bits), the root's elements, or the
+ * concatenation; no Gloo collective runs. A small collective then costs
+ * one message latency in all, less than Gloo's own algorithms took
+ * before there was a header (a ring of 2 (R - 1) steps); a large one
+ * still pays one extra latency, lost in its transfer. */
+static size_t payload_bytes(int R) {
+    size_t p = 16384 / (size_t)(R > 1 ? R - 1 : 1);
+    return (p > 4096 ? 4096 : p) & ~(size_t)7;
+}
+
+/* The bytes of c's data this rank sends for the payload. */
+static size_t data_bytes(const nb__coll *c, int R) {
+    size_t n = (size_t)c->count * nb_dtype_size(c->dtype);
+    switch (c->kind) {
+    case NB__ALL_REDUCE:
+    case NB__BROADCAST:
+    case NB__ALL_GATHER: return n;
+    case NB__REDUCE_SCATTER: return n * (size_t)R;
+    case NB__BARRIER: return 0;
+    }
+    return n;
+}
+
+/* The result of c on this rank from every rank's payload (msg[r] at
+ * r * stride, the payload after the header). */
+static void finish_from_payloads(nb_pg *pg, const nb__coll *c, const unsigned char *msg, size_t stride) {
+    const size_t hb = NB__COLL_HEADER_WORDS * sizeof(int64_t);
+    size_t n = (size_t)c->count, b = n * nb_dtype_size(c->dtype);
+    int R = pg->size;
+    switch (c->kind) {
+    case NB__ALL_REDUCE:
+        memcpy(c->out, msg + hb, b);
+        for (int r = 1; r < R; r++) nb__reduce_into(c->dtype, c->op, c->out, msg + (size_t)r * stride + hb, n);
+        break;
+    case NB__BROADCAST:
+        memcpy(c->out, msg + (size_t)c->root * stride + hb, b);
+        break;
+    case NB__ALL_GATHER:
+        for (int r = 0; r < R; r++) memcpy((unsigned char *)c->out + (size_t)r * b, msg + (size_t)r * stride + hb, b);
+        break;
+    case NB__REDUCE_SCATTER: {
+        size_t mine = (size_t)pg->rank * b;
+        memcpy(c->out, msg + hb + mine, b);
+        for (int r = 1; r < R; r++)
+            nb__reduce_into(c->dtype, c->op, c->out, msg + (size_t)r * stride + hb + mine, n);
+        break;
+    }
+    case NB__BARRIER: break;
+    }
+}
+
+/* Note [Collective headers], [Small collectives ride on the header]:
+ * exchanges headers (and payloads); *done when the collective completed
+ * from the payloads. */
+static nb_status check_headers(nb_pg *pg, const nb_work *w, char *what, size_t len, bool *explained, bool *done) {
+    const nb__coll *c = &w->coll;
+    const size_t hb = NB__COLL_HEADER_WORDS * sizeof(int64_t);
+    int R = pg->size;
+    size_t p = payload_bytes(R), stride = hb + p, data = data_bytes(c, R);
+    bool fits = c->count > 0 && data <= p;
+    unsigned char *mine = calloc(1, stride), *all = malloc((size_t)R * stride);
+    int64_t *heads = malloc((size_t)R * hb);
+    NB_CHECK(mine && all && heads, "nb_pg: out of memory for %d collective headers", R);
+    nb__coll_header(c, (int64_t *)mine);
+    if (fits && (c->kind != NB__BROADCAST || c->root == pg->rank))
+        memcpy(mine + hb, c->kind == NB__ALL_REDUCE || c->kind == NB__BROADCAST ? c->out : c->in, data);
+    nb_status st = nb__gloo_exchange(pg->gloo, mine, all, stride, c->seq);
     if (st != NB_OK) {
         snprintf(what, len, "failed in the transport (%s)", nb_last_error());
     } else {
-        st = nb__diag_headers(pg, w, all, what, len);
+        for (int r = 0; r < R; r++) memcpy((unsigned char *)heads + (size_t)r * hb, all + (size_t)r * stride, hb);
+        st = nb__diag_headers(pg, w, heads, what, len);
         *explained = st != NB_OK;
+        /* the headers agree, so `fits` is the same decision on every rank */
+        if (st == NB_OK && fits) {
+            finish_from_payloads(pg, c, all, stride);
+            pg->from_header++;
+            *done = true;
+        }
     }
+    free(mine);
     free(all);
+    free(heads);
     return st;
 }
 
@@ -64,11 +151,11 @@ static nb_status run_gloo(nb_pg *pg, nb_work *w, char *what, size_t len, bool *e
     const nb__coll *c = &w->coll;
     *explained = false;
     nb__diag_record(pg, w);
-    bool check = pg->size > 1 && nb__coll_header_wanted(pg->root->check, true, c);
-    nb_status st = check ? check_headers(pg, w, what, len, explained) : NB_OK;
+    bool check = pg->size > 1 && nb__coll_header_wanted(pg->root->check, true, c), done = false;
+    nb_status st = check ? check_headers(pg, w, what, len, explained, &done) : NB_OK;
     if (st != NB_OK) return st;
     if (c->kind == NB__BARRIER || c->count == 0) return NB_OK;
-    st = nb__gloo_run(pg->gloo, c);
+    if (!done) st = nb__gloo_run(pg->gloo, c);
     if (st == NB_OK) {
         if (c->op == NB_REDUCE_AVG && (c->kind == NB__ALL_REDUCE || c->kind == NB__REDUCE_SCATTER))
             nb__scale_down(c->dtype, c->out, (size_t)c->count, (double)pg->size);

@@ -99,6 +99,54 @@ START_TEST(test_all_reduce) {
 }
 END_TEST
 
+/* Note [Small collectives ride on the header] (distributed/pg_gloo.c):
+ * with more than one rank, a collective whose data fit in the header
+ * message's payload, min(4096, 16384 / (R - 1)) bytes rounded down to 8,
+ * completes from it (the group counts them), one that does not goes
+ * through Gloo; both give the closed forms. Sizes on either side of the
+ * limit, for each kind. */
+static double *host_values(const nb_tensor *t) {
+    double *v = malloc((size_t)(nb_numel(t) + 1) * sizeof *v);
+    nb_to_host_f64(t, v);
+    return v;
+}
+
+START_TEST(test_small_collectives_ride_on_the_header) {
+    if (R == 1) return;
+    size_t p = 16384 / (size_t)(R - 1);
+    p = (p > 4096 ? 4096 : p) / 8 * 8;
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    for (int big = 0; big < 2; big++) {
+        int64_t n = (int64_t)(p / 4) + big; /* f32: p bytes, then one element more */
+        uint64_t before = world->from_header;
+        nb_tensor *t = input(ctx, NB_F32, me, n, 0);
+        check_ok(nb_work_finish(nb_pg_all_reduce(world, t, NB_REDUCE_SUM)));
+        assert_expected(t, NB_F32, NB_REDUCE_SUM, 0, "all_reduce");
+        nb_tensor *b = input(ctx, NB_F32, me, n, 0);
+        check_ok(nb_work_finish(nb_pg_broadcast(world, b, R - 1)));
+        double *got = host_values(b);
+        for (int64_t i = 0; i < n; i++) ck_assert_double_eq(got[i], (float)value(NB_F32, R - 1, i));
+        free(got);
+        nb_tensor *in = input(ctx, NB_F32, me, n, 0), *all = nb_zeros(ctx, NB_F32, NB_SHAPE((int64_t)R * n));
+        check_ok(nb_work_finish(nb_pg_all_gather(world, all, in)));
+        got = host_values(all);
+        for (int r = 0; r < R; r++)
+            for (int64_t i = 0; i < n; i++) ck_assert_double_eq(got[r * n + i], (float)value(NB_F32, r, i));
+        free(got);
+        int64_t g = (int64_t)(p / 4) / R + big; /* per rank: R g elements, the reduce-scatter's input */
+        nb_tensor *rin = input(ctx, NB_F32, me, (int64_t)R * g, 0), *rout = nb_zeros(ctx, NB_F32, NB_SHAPE(g));
+        check_ok(nb_work_finish(nb_pg_reduce_scatter(world, rout, rin, NB_REDUCE_MAX)));
+        assert_expected(rout, NB_F32, NB_REDUCE_MAX, (int64_t)me * g, "reduce_scatter");
+        uint64_t rode = world->from_header - before;
+        ck_assert_msg(rode == (big ? 0u : 4u), "%s: %llu of 4 collectives of %s completed from the header",
+                      big ? "over the limit" : "within the limit", (unsigned long long)rode,
+                      big ? "one element over the payload" : "a full payload");
+        nb_ctx_reset(ctx);
+    }
+    nb_ctx_free(ctx);
+}
+END_TEST
+
 START_TEST(test_broadcast) {
     const int64_t counts[] = {0, 13, 40001};
     nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
@@ -351,6 +399,7 @@ static Suite *suite(void) {
     TCase *tc = tcase_create("gloo");
     tcase_add_test(tc, test_all_reduce);
     tcase_add_test(tc, test_broadcast);
+    tcase_add_test(tc, test_small_collectives_ride_on_the_header);
     tcase_add_test(tc, test_all_gather);
     tcase_add_test(tc, test_reduce_scatter);
     tcase_add_test(tc, test_barrier);
