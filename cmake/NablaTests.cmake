@@ -25,6 +25,21 @@ if(NABLA_SANITIZE)
     ASAN_OPTIONS=protect_shadow_gap=0:detect_stack_use_after_return=1
     UBSAN_OPTIONS=print_stacktrace=1)
 endif()
+# Deadlines stretch by this factor: a Debug build under ASan and UBSan runs
+# the programs several times slower, so a test's time limit (CTest's, Check's
+# through CK_TIMEOUT_MULTIPLIER, the Python tests' through
+# NABLA_TEST_TIME_SCALE in tests/_programs.py) is a limit on a hang there,
+# not on the sanitizers' cost. Numbers of steps and tolerances never change.
+if(NABLA_SANITIZE)
+  set(_scale_default 4)
+else()
+  set(_scale_default 1)
+endif()
+set(NABLA_TEST_TIME_SCALE ${_scale_default} CACHE STRING
+    "Factor on every test's time limit (4 by default with NABLA_SANITIZE)")
+list(APPEND NABLA_TEST_ENVIRONMENT
+  CK_TIMEOUT_MULTIPLIER=${NABLA_TEST_TIME_SCALE}
+  NABLA_TEST_TIME_SCALE=${NABLA_TEST_TIME_SCALE})
 
 set(NABLA_TESTS "")
 if(NABLA_TEST_SOURCES)
@@ -136,3 +151,14 @@ if(NABLA_PY_TESTS)
 endif()
 include(${PROJECT_SOURCE_DIR}/cmake/NablaDistTests.cmake)
 include(${PROJECT_SOURCE_DIR}/cmake/NablaEmuTests.cmake)
+
+# Every test's CTest limit times NABLA_TEST_TIME_SCALE (above).
+if(NOT NABLA_TEST_TIME_SCALE EQUAL 1)
+  foreach(_t IN LISTS NABLA_TESTS)
+    get_test_property(${_t} TIMEOUT _limit)
+    if(_limit)
+      math(EXPR _limit "${_limit} * ${NABLA_TEST_TIME_SCALE}")
+      set_tests_properties(${_t} PROPERTIES TIMEOUT ${_limit})
+    endif()
+  endforeach()
+endif()

@@ -15,6 +15,11 @@ SOURCE = os.environ.get("NABLA_SOURCE_DIR",
                         os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+# Time limits stretch by this factor in a sanitized build (NABLA_TEST_TIME_SCALE,
+# set by cmake/NablaTests.cmake): they bound hangs, not the sanitizers' cost.
+TIME_SCALE = float(os.environ.get("NABLA_TEST_TIME_SCALE", "1"))
+
+
 def fail(msg):
     print("FAIL: " + msg)
     sys.exit(1)
@@ -53,6 +58,7 @@ class Node:
     def wait_for(self, pattern, timeout, what, others=()):
         """Fails (with this output and the others') unless pattern shows
         within timeout seconds, before the process ends."""
+        timeout *= TIME_SCALE
         deadline = time.monotonic() + timeout
         while not re.search(pattern, self.text(), re.M):
             if self.p.poll() is not None or time.monotonic() > deadline:
@@ -101,7 +107,8 @@ def run(args, nproc=1, expect_rc=0, timeout=240, env=None, cwd=None):
     e.setdefault("OPENBLAS_NUM_THREADS", "1")
     if env:
         e.update(env)
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=e, cwd=cwd)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout * TIME_SCALE, env=e,
+                       cwd=cwd)
     if p.returncode != expect_rc:
         fail("%s exited with %d, expected %d\n--- stdout\n%s\n--- stderr\n%s"
              % (" ".join(cmd), p.returncode, expect_rc, p.stdout[-3000:], p.stderr[-3000:]))
