@@ -5,7 +5,8 @@
 #   NABLA_OPENBLAS_LIBRARIES                libraries to link (full paths)
 #   NABLA_DNNL_LIBRARIES                    oneDNN (full path), always required
 #   NABLA_CRYPTO_LIBRARIES                  OpenSSL's libcrypto (full path), always required
-#   NABLA_BACKEND_LIBRARIES                 CUDA and Gloo libraries (full paths)
+#   NABLA_BACKEND_LIBRARIES                 Gloo library (full path)
+#   NABLA_CUDA_LIBRARIES                    CUDA libraries (full paths), for the CUDA plugin only
 #   NABLA_PRIVATE_INCLUDE_DIRS              headers the library's sources need
 #   NABLA_*_SUMMARY                         one line each for the summary
 #
@@ -17,6 +18,7 @@ set(THREADS_PREFER_PTHREAD_FLAG ON)
 find_package(Threads REQUIRED)
 
 set(NABLA_BACKEND_LIBRARIES "")
+set(NABLA_CUDA_LIBRARIES "")
 set(NABLA_PRIVATE_INCLUDE_DIRS "")
 
 # AUTO, ON or OFF from whatever the user wrote (TRUE, yes, 0, ...).
@@ -247,7 +249,7 @@ else()
       endif()
     endforeach()
     set(NABLA_HAVE_CUDA 1)
-    list(APPEND NABLA_BACKEND_LIBRARIES
+    list(APPEND NABLA_CUDA_LIBRARIES
       ${CUDA_cudart_LIBRARY} ${CUDA_cublas_LIBRARY} ${CUDA_cublasLt_LIBRARY}
       ${NABLA_CUDNN_LIBRARY} ${NABLA_NCCL_LIBRARY})
     list(APPEND NABLA_PRIVATE_INCLUDE_DIRS

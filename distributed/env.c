@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "distributed/internal.h"
+#include "tensor/cuda_plugin.h" /* why no GPU: Note [CUDA plugin] */
 
 static const char *env(const char *name) {
     const char *v = getenv(name);
@@ -223,10 +224,12 @@ nb_status nb_dist_env_read(nb_dist_env *e) {
  * processes that see the same single GPU are caught by NCCL at
  * nb_pg_init ("Duplicate GPU"). */
 nb_status nb__dist_pick_gpu(int local_rank, int visible, const char *cvd, int *index) {
-    if (visible <= 0)
+    if (visible <= 0) {
+        const char *why = nb__cuda_plugin_error(); /* "" when the CUDA backend is loaded */
         return nb_set_error(NB_ERR_UNSUPPORTED,
-                            "nb_dist_select_device: no GPU is visible to this process%s",
-                            NABLA_HAVE_CUDA ? "" : " (nabla was built without CUDA)");
+                            "nb_dist_select_device: no GPU is visible to this process%s%s%s",
+                            *why ? " (" : "", why, *why ? ")" : "");
+    }
     if (local_rank < visible) {
         *index = local_rank;
         return NB_OK;

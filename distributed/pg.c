@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "distributed/pg.h"
+#include "tensor/cuda_plugin.h" /* the nccl backend: Note [CUDA plugin] */
 
 #define SLICE_S 0.05         /* how often a waiting thread wakes to watch */
 #define POLL_AFTER_S 0.5     /* a collective this old gets abort polls... */
@@ -501,7 +502,10 @@ static void sigpipe_restore(const sigset_t *old) {
 }
 
 const nb__pg_ops *nb__pg_ops_of(nb_pg_backend backend) {
-    return backend == NB_PG_NCCL ? &nb__pg_nccl_ops : &nb__pg_gloo_ops;
+    if (backend != NB_PG_NCCL) return &nb__pg_gloo_ops;
+    const nb__pg_ops *ops = nb__cuda_nccl_ops(); /* loaded by resolve_options */
+    NB_CHECK(ops, "nb_pg_init: no nccl backend: %s", nb__cuda_plugin_error());
+    return ops;
 }
 
 nb_status nb__pg_start_backend(nb_pg *pg, const char *prefix) {
@@ -554,10 +558,11 @@ static nb_status resolve_options(const nb_pg_options *opts, nb_pg_backend *backe
         return nb_set_error(NB_ERR_UNSUPPORTED,
                             "nb_pg_init: the gloo backend is not in this build (install libgloo-dev "
                             "and g++, and reconfigure)");
-    if (*backend == NB_PG_NCCL && !NABLA_HAVE_CUDA)
+    if (*backend == NB_PG_NCCL && !nb__cuda_nccl_ops())
         return nb_set_error(NB_ERR_UNSUPPORTED,
-                            "nb_pg_init: the nccl backend is not in this build (configure with "
-                            "CUDA, cuDNN and NCCL present)");
+                            "nb_pg_init: the nccl backend is not available: %s%s",
+                            nb__cuda_plugin_error(),
+                            NABLA_HAVE_CUDA ? "" : " (configure with CUDA, cuDNN and NCCL present)");
     return NB_OK;
 }
 

@@ -1,6 +1,5 @@
 /* The NCCL backend (CUDA tensors), and the few CUDA runtime calls the
- * distributed code needs. Plain C against nccl.h and cuda_runtime.h;
- * without CUDA in the build, stubs that report "not in this build".
+ * distributed code needs. Plain C against nccl.h and cuda_runtime.h.
  *
  * Note [NCCL streams]
  * Each group has a communicator and its own non-blocking communication
@@ -21,8 +20,9 @@
  * its kernels.
  *
  * The end of the file is the backend table entries pg.c calls
- * (nb__pg_nccl_ops), written against the functions above (which have
- * stubs without CUDA). */
+ * (nb__pg_nccl_ops), written against the functions above. Compiled into
+ * the CUDA plugin only, which hands the table to pg.c (Note [CUDA plugin]
+ * in tensor/cuda_plugin.h). */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,9 +30,10 @@
 
 #include "distributed/pg.h"
 
-#if NABLA_HAVE_CUDA
 #include <cuda_runtime.h>
 #include <nccl.h>
+
+#include "tensor/cuda/cuda.h"
 
 #define POOL_KEEP 32 /* free completion events kept per device */
 #define POOL_DEVICES 64
@@ -319,34 +320,7 @@ void nb__nccl_work_free(nb__nccl_work *w) {
     free(w);
 }
 
-#else /* !NABLA_HAVE_CUDA */
 
-static nb_status no_cuda(const char *fn) {
-    return nb_set_error(NB_ERR_UNSUPPORTED, "%s: nabla was built without CUDA", fn);
-}
-
-nb_status nb__nccl_init(nb__nccl **out, nb_store *store, const char *prefix, int rank, int size,
-                        int device, void **agree_buf) {
-    (void)store, (void)prefix, (void)rank, (void)size, (void)device, (void)agree_buf;
-    *out = NULL;
-    return no_cuda("nb_pg_init");
-}
-void nb__nccl_free(nb__nccl *n) { (void)n; }
-void nb__nccl_abort(nb__nccl *n) { (void)n; }
-nb_status nb__nccl_launch(nb__nccl *n, const nb__coll *c, nb__nccl_work **work) {
-    (void)n, (void)c;
-    *work = NULL;
-    return no_cuda("nb_pg (nccl)");
-}
-int nb__nccl_query(nb__nccl *n, nb__nccl_work *w) { (void)n, (void)w; return 1; }
-int nb__nccl_headers(nb__nccl *n, const int64_t *mine, int64_t *all, bool start) {
-    (void)n, (void)mine, (void)all, (void)start;
-    return no_cuda("nb_pg (nccl)");
-}
-nb_status nb__nccl_work_order(nb__nccl_work *w) { (void)w; return NB_OK; }
-void nb__nccl_work_free(nb__nccl_work *w) { (void)w; }
-
-#endif
 
 /* ------------------------------------------------ the backend table */
 
@@ -443,11 +417,10 @@ static int nccl_headers(nb_pg *pg, const int64_t *mine, int64_t *all, bool start
 }
 
 static nb_status nccl_agree(nb_pg *pg, int32_t *votes) {
-    const nb__backend *be = nb__backend_of(pg->device);
-    be->memcpy_h2d(pg->device.index, pg->agree_buf, votes, sizeof *votes);
+    nb__cuda_memcpy_h2d(pg->device.index, pg->agree_buf, votes, sizeof *votes);
     nb__coll c = {NB__ALL_REDUCE, NB_REDUCE_SUM, NB_I32, 1, 0, pg->agree_buf, NULL, 0};
     nb_status st = nb_work_finish(nb__pg_issue(pg, &c));
-    if (st == NB_OK) be->memcpy_d2h(pg->device.index, votes, pg->agree_buf, sizeof *votes);
+    if (st == NB_OK) nb__cuda_memcpy_d2h(pg->device.index, votes, pg->agree_buf, sizeof *votes);
     return st;
 }
 

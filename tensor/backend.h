@@ -1,7 +1,7 @@
 /* The per-device backend interface: one struct of entry points per device
- * type, filled by tensor/cpu/backend.c and (built with CUDA only)
- * tensor/cuda/backend.c, looked up from a tensor's or context's device
- * with nb__backend_of. Code above tensor/ (layers, models, optimizers,
+ * type, filled by tensor/cpu/backend.c and (in the CUDA plugin, Note
+ * [CUDA plugin] in tensor/cuda_plugin.h) tensor/cuda/backend.c, looked
+ * up from a tensor's or context's device with nb__backend_of. Code above tensor/ (layers, models, optimizers,
  * data, distributed) calls the device-neutral wrappers below or the op
  * front ends, never a device's kernels: Note [Backend interface] in
  * docs/design.md says what belongs here and how to add an entry point.
@@ -428,9 +428,10 @@ extern const nb__backend nb__cpu_backend;
  * larger than this many bytes, as a device with that much memory left
  * would (Note [Arena growth], tensor/context.c). */
 extern size_t nb__cpu_alloc_cap;
-#if NABLA_HAVE_CUDA
-extern const nb__backend nb__cuda_backend;
-#endif
+/* The CUDA table: the loaded plugin's (Note [CUDA plugin] in
+ * tensor/cuda_plugin.h), NULL until it is loaded and in a build without
+ * CUDA. No CUDA context, hence no CUDA tensor, exists before it is. */
+extern const nb__backend *nb__cuda_table;
 
 /* NB_OK when tensors can be made on `device` in this process; else
  * NB_ERR_UNSUPPORTED, with "<op>: device <d> is not available (<why>)". */
@@ -442,9 +443,7 @@ void nb__backend_missing(nb_device device);
 
 static inline const nb__backend *nb__backend_of(nb_device device) {
     if (device.type == NB_DEVICE_CPU) return &nb__cpu_backend;
-#if NABLA_HAVE_CUDA
-    if (device.type == NB_DEVICE_CUDA) return &nb__cuda_backend;
-#endif
+    if (device.type == NB_DEVICE_CUDA && nb__cuda_table) return nb__cuda_table;
     nb__backend_missing(device);
     return &nb__cpu_backend;
 }

@@ -87,6 +87,7 @@
 
 #include "tensor/backend.h"
 #include "tensor/cuda/cuda.h" /* nb__cuda_device_count */
+#include "tensor/cuda_plugin.h"
 #include "tensor/internal.h"
 
 #ifdef NB__ASAN
@@ -343,7 +344,9 @@ nb_ctx *nb_ctx_new(nb_device device, size_t initial_bytes) {
     if (device.type == NB_DEVICE_CUDA) {
         NB_CHECK(NABLA_HAVE_CUDA, "nb_ctx_new: device %s: nabla was built without CUDA",
                  nb_device_name(device));
-        int n = nb__cuda_device_count();
+        int n = nb__cuda_device_count(); /* loads the CUDA plugin */
+        NB_CHECK(nb__cuda_plugin_get(), "nb_ctx_new: device %s: the CUDA backend could not be loaded: %s",
+                 nb_device_name(device), nb__cuda_plugin_error());
         NB_CHECK(device.index >= 0 && device.index < n,
                  "nb_ctx_new: device %s does not exist (%d CUDA device%s visible)",
                  nb_device_name(device), n, n == 1 ? "" : "s");

@@ -10,6 +10,7 @@
 
 #include "optim/internal.h"
 #include "tensor/backend.h"
+#include "tensor/cuda_plugin.h"
 #include "testutil.h"
 
 /* ---- the tables ---- */
@@ -46,11 +47,14 @@ START_TEST(test_tables_complete) {
     ck_assert_uint_eq(nb__cpu_backend.product_dtypes, 1u << NB_BF16);
     ck_assert_uint_eq(nb__cpu_backend.causal_attention_dtypes, (1u << NB_F32) | (1u << NB_F64));
 #if NABLA_HAVE_CUDA
-    assert_complete(&nb__cuda_backend);
-    ck_assert_str_eq(nb__cuda_backend.name, "cuda");
-    ck_assert(nb__cuda_backend.device_memory);
-    ck_assert(!nb__cuda_backend.strided_elementwise_out && nb__cuda_backend.half_compute);
-    ck_assert_uint_eq(nb__cuda_backend.product_dtypes, (1u << NB_BF16) | (1u << NB_F16));
+    const nb__cuda_plugin *plugin = nb__cuda_plugin_get(); /* the table is the plugin's */
+    ck_assert_msg(plugin, "%s", nb__cuda_plugin_error());
+    const nb__backend *cuda = plugin->backend;
+    assert_complete(cuda);
+    ck_assert_str_eq(cuda->name, "cuda");
+    ck_assert(cuda->device_memory);
+    ck_assert(!cuda->strided_elementwise_out && cuda->half_compute);
+    ck_assert_uint_eq(cuda->product_dtypes, (1u << NB_BF16) | (1u << NB_F16));
 #endif
 }
 END_TEST
@@ -64,7 +68,8 @@ START_TEST(test_lookup) {
     ck_assert_int_eq(nb__device_available("probe", nb_cuda(4096)), NB_ERR_UNSUPPORTED);
     ck_assert_ptr_nonnull(strstr(nb_last_error(), "probe: device cuda:4096 is not available"));
 #if NABLA_HAVE_CUDA
-    ck_assert_ptr_eq(nb__backend_of(nb_cuda(0)), &nb__cuda_backend);
+    ck_assert_ptr_nonnull(nb__cuda_plugin_get());
+    ck_assert_ptr_eq(nb__backend_of(nb_cuda(0)), nb__cuda_plugin_get()->backend);
 #else
     NBT_EXPECT_ABORT(nb__backend_of(nb_cuda(0)),
                      "nb__backend_of: no backend for device cuda:0 in this build (built without "

@@ -9,6 +9,12 @@ tutorial_ddp.c is then built out of the tree twice, with pkg-config
 build trains one epoch on 2 processes under the installed nbrun, reading
 the installed table; tutorial_zero.c is built with pkg-config and trains
 on 2 processes with ZeRO-1, stops at a checkpoint and resumes from it.
+
+The CUDA plugin (Note [CUDA plugin] in tensor/cuda_plugin.h): a small probe
+program, built both ways too, does CPU work and reads its /proc/self/maps:
+no CUDA library may be mapped. In a build with CUDA the plugin must be
+installed; asking for the device count then loads it, found beside
+libnabla.so (pkg-config build) or through NABLA_CUDA_PLUGIN (static build).
 """
 import glob
 import os
@@ -71,6 +77,62 @@ def train(prefix, exe, env=None):
     return [l for l in out.splitlines() if "epoch 1:" in l][0]
 
 
+PROBE = r"""
+#include <stdio.h>
+#include <string.h>
+#include <nabla/nabla.h>
+
+static void maps(const char *when) {
+    char line[4096];
+    FILE *f = fopen("/proc/self/maps", "r");
+    printf("%s=", when);
+    while (f && fgets(line, sizeof line, f)) {
+        char *p = strchr(line, '/');
+        if (!p || !(strstr(p, "libcu") || strstr(p, "libnccl") || strstr(p, "libnabla_cuda")))
+            continue;
+        p[strcspn(p, "\n")] = 0;
+        printf("%s ", p);
+    }
+    printf("\n");
+    if (f) fclose(f);
+}
+
+int main(int argc, char **argv) {
+    maps("start");
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *x = nb_arange(ctx, NB_F32, 0, 6, 1);
+    printf("sum=%g\n", nb_item(nb_sum(ctx, nb_mul(ctx, x, x), 0, NULL, false)));
+    nb_ctx_free(ctx);
+    maps("cpu");
+    if (argc > 1) {
+        printf("count=%d\n", nb_cuda_device_count());
+        maps("asked");
+    }
+    return 0;
+}
+"""
+
+
+def check_probe(exe, libdir, cuda, env=None):
+    """Runs the probe: no CUDA library for CPU work; with CUDA, asking
+    loads the installed plugin."""
+    out, _ = sh([exe, "ask"], os.path.basename(exe), env=env)
+    got = dict(l.split("=", 1) for l in out.splitlines() if "=" in l)
+    if got.get("sum") != "55":
+        fail("%s: sum of squares of 0..5 is %s, not 55:\n%s" % (exe, got.get("sum"), out))
+    for when in ("start", "cpu"):
+        if got.get(when, "?").strip():
+            fail("%s maps CUDA libraries after %s work: %s" % (exe, when, got.get(when)))
+    plugin = os.path.join(libdir, "libnabla_cuda.so")
+    if cuda and plugin not in got.get("asked", ""):
+        fail("%s: asking for the CUDA devices did not load %s; mapped: %s"
+             % (exe, plugin, got.get("asked")))
+    if not cuda and got.get("asked", "?").strip():
+        fail("%s: a build without CUDA mapped %s" % (exe, got.get("asked")))
+    print("%s: CPU work maps no CUDA library; device count %s%s"
+          % (os.path.basename(exe), got.get("count"), ", plugin loaded" if cuda else ""))
+
+
 def main():
     with tempfile.TemporaryDirectory(prefix="nb_test_install_") as tmp:
         prefix = os.path.join(tmp, "prefix")
@@ -85,6 +147,11 @@ def main():
         app_pc = os.path.join(tmp, "pc", "tutorial_ddp")
         os.makedirs(os.path.dirname(app_pc))
         sh([CC, "-O1", src, "-o", app_pc] + flags.split(), "compiling with pkg-config's flags")
+        probe_src = os.path.join(tmp, "probe.c")
+        with open(probe_src, "w") as f:
+            f.write(PROBE)
+        probe_pc = os.path.join(tmp, "pc", "probe")
+        sh([CC, "-O1", probe_src, "-o", probe_pc] + flags.split(), "compiling the probe with pkg-config's flags")
 
         # CMake find_package, static library
         app = os.path.join(tmp, "cm")
@@ -94,11 +161,23 @@ def main():
                     "project(tutorial C)\n"
                     "find_package(nabla 0.1 REQUIRED)\n"
                     "add_executable(tutorial_ddp %s)\n"
-                    "target_link_libraries(tutorial_ddp nabla::nabla)\n" % src.replace("\\", "/"))
+                    "target_link_libraries(tutorial_ddp nabla::nabla)\n"
+                    "add_executable(probe %s)\n"
+                    "target_link_libraries(probe nabla::nabla)\n"
+                    % (src.replace("\\", "/"), probe_src.replace("\\", "/")))
         sh([CMAKE, "-S", app, "-B", os.path.join(app, "build"), "-DCMAKE_PREFIX_PATH=" + prefix,
             "-DCMAKE_C_COMPILER=" + CC, "-DCMAKE_BUILD_TYPE=Release"], "cmake configure")
         sh([CMAKE, "--build", os.path.join(app, "build")], "cmake --build")
         app_cm = os.path.join(app, "build", "tutorial_ddp")
+
+        # the CUDA plugin: installed with a CUDA build, loaded only when asked for
+        cuda = os.path.exists(os.path.join(BUILD, "lib", "libnabla_cuda.so"))
+        if cuda != os.path.exists(os.path.join(libdir, "libnabla_cuda.so")):
+            fail("the build %s libnabla_cuda.so, the install %s"
+                 % (("has", "lacks") if cuda else ("lacks", "has")))
+        check_probe(probe_pc, libdir, cuda, env={"LD_LIBRARY_PATH": libdir})
+        check_probe(os.path.join(app, "build", "probe"), libdir, cuda,
+              env={"NABLA_CUDA_PLUGIN": os.path.join(libdir, "libnabla_cuda.so")})
 
         probe = subprocess.run([app_cm, "--epochs", "1", "--data", os.devnull],
                                capture_output=True, text=True, timeout=60)

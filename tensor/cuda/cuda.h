@@ -7,9 +7,10 @@
  * they mirror are in tensor/cpu/. An entry point of the table is declared
  * through its entry's function type (tensor/backend.h: the signature and
  * contract, written once for both backends); what is said here adds the
- * CUDA specifics. Implemented by tensor/cuda/ *.cu. Without CUDA in the
- * build none of this is compiled; tensor/no_cuda.c answers the runtime
- * queries that code outside tensor/cuda/ makes ("no device").
+ * CUDA specifics. Implemented by tensor/cuda/ *.cu, which are the CUDA
+ * plugin, not libnabla (Note [CUDA plugin] in tensor/cuda_plugin.h):
+ * libnabla's tensor/cuda_plugin.c answers the runtime queries that code
+ * outside tensor/cuda/ makes, through the plugin or as "no device".
  *
  * Conventions for every kernel entry point:
  * - Tensors are on one device (the front end checked); the work is enqueued

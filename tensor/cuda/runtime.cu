@@ -1,6 +1,7 @@
 /* The CUDA runtime layer: devices, per-device streams and library handles,
- * device and pinned memory, copies, deferred fault reporting, and the
- * public nb_cuda_* queries.
+ * device and pinned memory, copies, deferred fault reporting. (The
+ * public nb_cuda_* functions, the poisoning and TF32 switches are
+ * libnabla's: tensor/cuda_plugin.c.)
  *
  * Per-device state is made on first use and lives until the process ends
  * (streams and handles are cheap to keep; destroying them at exit races
@@ -54,7 +55,6 @@ typedef struct dev_state {
 
 static dev_state devs[NB_MAX_CUDA_DEVICES];
 static pthread_mutex_t devs_lock = PTHREAD_MUTEX_INITIALIZER;
-static bool poison_on, tf32_on;
 
 /* ---- devices ---- */
 int nb__cuda_device_count(void) {
@@ -426,11 +426,6 @@ size_t nb__cuda_cudnn_workspace_size(int device, int64_t *buffers) {
     return bytes;
 }
 
-/* ---- poisoning, TF32 ---- */
-void nb__cuda_set_poison(bool on) { poison_on = on; }
-bool nb__cuda_poison(void) { return poison_on; }
-bool nb__cuda_tf32(void) { return tf32_on; }
-
 /* ---- deferred faults ---- */
 nb__cuda_fault *nb__cuda_fault_slot(int device) { return state("nb_cuda", device)->fault_dev; }
 
@@ -462,16 +457,4 @@ static void check_fault(int device) {
         nb_abort(__FILE__, __LINE__, "cuda:%d: device fault %d (value %lld, position %lld)", device,
                  code, v, pos);
     }
-}
-
-/* ---- public ---- */
-bool nb_cuda_available(void) { return nb__cuda_device_count() > 0; }
-int nb_cuda_device_count(void) { return nb__cuda_device_count(); }
-void nb_cuda_set_allow_tf32(bool on) { tf32_on = on; }
-bool nb_cuda_allow_tf32(void) { return tf32_on; }
-
-void nb_cuda_synchronize(nb_device device) {
-    NB_CHECK(device.type == NB_DEVICE_CUDA, "nb_cuda_synchronize: %s is not a CUDA device",
-             nb_device_name(device));
-    nb__cuda_sync(device.index);
 }
