@@ -21,31 +21,14 @@
 #include "tensor/cpu/cpu.h"
 #include "tensor/cpu/dnnl.h"
 #include "tensor/cpu/matmul.h"
+#include "tensor/gemm_layout.h"
 #include "tensor/internal.h"
 
-typedef struct layout {
-    bool col_major; /* stored as the transpose of a row-major matrix */
-    int64_t ld;
-} layout;
+typedef nb__gemm_layout layout;
 
+/* In place, with a leading dimension that fits BLAS's int. */
 static bool get_layout(const nb_tensor *t, layout *l) {
-    int nd = t->ndim;
-    int64_t r = t->shape[nd - 2], c = t->shape[nd - 1];
-    int64_t rs = t->strides[nd - 2], cs = t->strides[nd - 1];
-    int64_t min_row = c > 1 ? c : 1, min_col = r > 1 ? r : 1;
-    if (r == 0 || c == 0) {
-        l->col_major = false;
-        l->ld = min_row;
-    } else if ((c == 1 || cs == 1) && (r == 1 || rs >= min_row)) {
-        l->col_major = false;
-        l->ld = r == 1 ? min_row : rs;
-    } else if ((r == 1 || rs == 1) && (c == 1 || cs >= min_col)) {
-        l->col_major = true;
-        l->ld = c == 1 ? min_col : cs;
-    } else {
-        return false;
-    }
-    return l->ld <= INT_MAX;
+    return nb__gemm_layout_of(t, l) && l->ld <= INT_MAX;
 }
 
 bool nb__cpu_gemm_readable(const nb_tensor *t) {

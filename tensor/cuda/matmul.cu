@@ -40,6 +40,7 @@
 #include "tensor/cuda/check.h"
 #include "tensor/cuda/cuda.h"
 #include "tensor/cuda/types.cuh"
+#include "tensor/gemm_layout.h"
 
 #define OP "nb_matmul"
 
@@ -81,31 +82,10 @@ static void epilogue(cudaStream_t st, nb_dtype dt, void *out, void *pre, const v
 }
 
 /* ------------------------------------------------------------- layouts */
-typedef struct layout {
-    bool col_major; /* stored as the transpose of a row-major matrix */
-    int64_t ld;
-} layout;
+typedef nb__gemm_layout layout;
 
-/* As tensor/cpu/matmul.c, without BLAS's int limit (cuBLASLt takes int64). */
-static bool get_layout(const nb_tensor *t, layout *l) {
-    int nd = t->ndim;
-    int64_t r = t->shape[nd - 2], c = t->shape[nd - 1];
-    int64_t rs = t->strides[nd - 2], cs = t->strides[nd - 1];
-    int64_t min_row = c > 1 ? c : 1, min_col = r > 1 ? r : 1;
-    if (r == 0 || c == 0) {
-        l->col_major = false;
-        l->ld = min_row;
-    } else if ((c == 1 || cs == 1) && (r == 1 || rs >= min_row)) {
-        l->col_major = false;
-        l->ld = r == 1 ? min_row : rs;
-    } else if ((r == 1 || rs == 1) && (c == 1 || cs >= min_col)) {
-        l->col_major = true;
-        l->ld = c == 1 ? min_col : cs;
-    } else {
-        return false;
-    }
-    return true;
-}
+/* tensor/gemm_layout.h, without BLAS's int limit (cuBLASLt takes int64). */
+static bool get_layout(const nb_tensor *t, layout *l) { return nb__gemm_layout_of(t, l); }
 
 /* Dims [lo, hi) of `shape` with strides st flatten to one stride (*s):
  * st[i] = *s * (product of the sizes after i), size-1 dims ignored. */

@@ -1,0 +1,50 @@
+/* How a GEMM library reads a matrix in place: the last two dims of a
+ * tensor as a row-major matrix with a leading dimension, or as the
+ * transpose of one (column-major). Shared by the CPU GEMM (BLAS,
+ * tensor/cpu/matmul.c) and the CUDA one (cuBLASLt, tensor/cuda/matmul.cu);
+ * each adds its own limits on the leading dimension. */
+#ifndef NABLA_TENSOR_GEMM_LAYOUT_H
+#define NABLA_TENSOR_GEMM_LAYOUT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "tensor/internal.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct nb__gemm_layout {
+    bool col_major; /* stored as the transpose of a row-major matrix */
+    int64_t ld;     /* elements between rows (columns when col_major) */
+} nb__gemm_layout;
+
+/* True when the last two dims (r, c) of t (ndim >= 2) are a matrix a GEMM
+ * reads in place: unit stride in one dim and a leading dimension of at
+ * least the other's size in the other (any, where that dim has size 1;
+ * empty matrices are row-major). Fills l. */
+static inline bool nb__gemm_layout_of(const nb_tensor *t, nb__gemm_layout *l) {
+    int nd = t->ndim;
+    int64_t r = t->shape[nd - 2], c = t->shape[nd - 1];
+    int64_t rs = t->strides[nd - 2], cs = t->strides[nd - 1];
+    int64_t min_row = c > 1 ? c : 1, min_col = r > 1 ? r : 1;
+    if (r == 0 || c == 0) {
+        l->col_major = false;
+        l->ld = min_row;
+    } else if ((c == 1 || cs == 1) && (r == 1 || rs >= min_row)) {
+        l->col_major = false;
+        l->ld = r == 1 ? min_row : rs;
+    } else if ((r == 1 || rs == 1) && (c == 1 || cs >= min_col)) {
+        l->col_major = true;
+        l->ld = c == 1 ? min_col : cs;
+    } else {
+        return false;
+    }
+    return true;
+}
+
+#ifdef __cplusplus
+}
+#endif
+#endif
