@@ -40,6 +40,12 @@ struct nb__gloo_dev {
     std::shared_ptr<gloo::transport::Device> dev;
 };
 
+/* A header exchange in flight (nb__gloo_exchange_post). */
+struct nb__gloo_xchg {
+    std::unique_ptr<gloo::transport::UnboundBuffer> buf;
+    int pending = 0; /* receives (and sends) not yet waited for */
+};
+
 struct nb__gloo {
     std::shared_ptr<gloo::rendezvous::Context> ctx;
     std::chrono::milliseconds timeout{0};
@@ -270,26 +276,48 @@ nb_status nb__gloo_run(nb__gloo *g, const nb__coll *c) {
     return r;
 }
 
-nb_status nb__gloo_exchange(nb__gloo *g, const void *mine, void *all, size_t n, uint64_t seq) {
+nb_status nb__gloo_exchange_post(nb__gloo *g, const void *mine, void *all, size_t n, uint64_t seq,
+                                 nb__gloo_xchg **out) {
+    *out = nullptr;
     nb_status r = guard(NB_ERR_NETWORK, "Gloo header exchange", [&] {
         const int R = g->ctx->size, me = g->ctx->rank;
         auto *bytes = static_cast<unsigned char *>(all);
         std::memcpy(bytes + static_cast<size_t>(me) * n, mine, n);
-        if (R == 1) return NB_OK;
-        auto buf = g->ctx->createUnboundBuffer(all, n * static_cast<size_t>(R));
-        const uint64_t slot = gloo::Slot::build(kHeaderSlot, static_cast<uint32_t>(seq));
-        for (int p = 0; p < R; p++)
-            if (p != me) buf->recv(p, slot, static_cast<size_t>(p) * n, n);
-        for (int p = 0; p < R; p++)
-            if (p != me) buf->send(p, slot, static_cast<size_t>(me) * n, n);
-        for (int k = 0; k < R - 1; k++)
-            if (!buf->waitRecv(g->timeout)) throw gloo::IoException("receive aborted");
-        for (int k = 0; k < R - 1; k++)
-            if (!buf->waitSend(g->timeout)) throw gloo::IoException("send aborted");
+        auto x = std::make_unique<nb__gloo_xchg>();
+        if (R > 1) {
+            x->buf = g->ctx->createUnboundBuffer(all, n * static_cast<size_t>(R));
+            const uint64_t slot = gloo::Slot::build(kHeaderSlot, static_cast<uint32_t>(seq));
+            for (int p = 0; p < R; p++)
+                if (p != me) x->buf->recv(p, slot, static_cast<size_t>(p) * n, n);
+            for (int p = 0; p < R; p++)
+                if (p != me) x->buf->send(p, slot, static_cast<size_t>(me) * n, n);
+            x->pending = R - 1;
+        }
+        *out = x.release();
         return NB_OK;
     });
     if (r != NB_OK && std::strstr(nb_last_error(), "Timed out")) r = NB_ERR_TIMEOUT;
     return r;
+}
+
+nb_status nb__gloo_exchange_wait(nb__gloo *g, nb__gloo_xchg *x) {
+    nb_status r = guard(NB_ERR_NETWORK, "Gloo header exchange", [&] {
+        for (; x->pending > 0; x->pending--) {
+            if (!x->buf->waitRecv(g->timeout)) throw gloo::IoException("receive aborted");
+            if (!x->buf->waitSend(g->timeout)) throw gloo::IoException("send aborted");
+        }
+        return NB_OK;
+    });
+    if (r != NB_OK && std::strstr(nb_last_error(), "Timed out")) r = NB_ERR_TIMEOUT;
+    /* a failed exchange may still have operations pending: left to leak */
+    if (r == NB_OK) delete x;
+    return r;
+}
+
+nb_status nb__gloo_exchange(nb__gloo *g, const void *mine, void *all, size_t n, uint64_t seq) {
+    nb__gloo_xchg *x = nullptr;
+    nb_status r = nb__gloo_exchange_post(g, mine, all, n, seq, &x);
+    return r == NB_OK ? nb__gloo_exchange_wait(g, x) : r;
 }
 
 } // extern "C"

@@ -352,6 +352,14 @@ nb_status nb__gloo_run(nb__gloo *g, const nb__coll *c);
  * rank's. Tagged with `seq`. Returns when every rank's has arrived here
  * and this rank's has left for every other. */
 nb_status nb__gloo_exchange(nb__gloo *g, const void *mine, void *all, size_t n, uint64_t seq);
+/* The same in two halves: post starts it (*out: the exchange in flight;
+ * `all` must live until the wait), wait finishes and frees it. An
+ * exchange posted and never waited for (its group broke) is left to leak:
+ * freeing it under a pending receive is not safe. */
+typedef struct nb__gloo_xchg nb__gloo_xchg;
+nb_status nb__gloo_exchange_post(nb__gloo *g, const void *mine, void *all, size_t n, uint64_t seq,
+                                 nb__gloo_xchg **out);
+nb_status nb__gloo_exchange_wait(nb__gloo *g, nb__gloo_xchg *x);
 
 /* ------------------------------------------------ NCCL (pg_nccl.c) */
 

@@ -66,6 +66,11 @@ struct nb_work {
     bool warned;             /* the stall warning was printed */
     nb_work *next;        /* the group's queue, issue order */
     nb__nccl_work *nccl;
+    /* Gloo: its header exchange, posted while the previous collective's
+     * data moved (Note [Small collectives ride on the header]), and the
+     * messages' buffer; both leak if the group breaks before it runs. */
+    nb__gloo_xchg *posted;
+    unsigned char *posted_all;
 };
 
 struct nb_pg {
@@ -106,6 +111,7 @@ struct nb_pg {
     void *agree_buf;          /* NCCL: 4 bytes of device memory for nb_pg_agree */
     uint64_t from_header;     /* Gloo: collectives completed from the header exchange's
                                  payloads (Note [Small collectives ride on the header]) */
+    uint64_t headers_early;   /* Gloo: header exchanges posted while the previous data moved */
 
     pthread_mutex_t mu;       /* everything below */
     pthread_cond_t cond;

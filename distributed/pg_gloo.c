@@ -62,8 +62,18 @@
  * every rank gets the same bits), the root's elements, or the
  * concatenation; no Gloo collective runs. A small collective then costs
  * one message latency in all, less than Gloo's own algorithms took
- * before there was a header (a ring of 2 (R - 1) steps); a large one
- * still pays one extra latency, lost in its transfer. */
+ * before there was a header (a ring of 2 (R - 1) steps). Each message
+ * also carries a flag (8 bytes after the header: the payload holds the
+ * data); the data are used only when every rank's flag is set, which
+ * every rank sees alike.
+ * A larger collective pays one latency more, unless it was issued while
+ * the previous one was running: when a collective's data start to move,
+ * the worker posts the header exchange of the next queued collective of
+ * the group (without its data, which the running one may still be
+ * writing; flag clear), and that collective waits for it instead of
+ * starting one. A run of collectives issued back to back (DDP's buckets,
+ * the benchmark) so pays the header's latency about once; one issued
+ * after waiting for the last still pays it. */
 static size_t payload_bytes(int R) {
     size_t p = 16384 / (size_t)(R > 1 ? R - 1 : 1);
     return (p > 4096 ? 4096 : p) & ~(size_t)7;
@@ -82,67 +92,122 @@ static size_t data_bytes(const nb__coll *c, int R) {
     return n;
 }
 
-/* The result of c on this rank from every rank's payload (msg[r] at
- * r * stride, the payload after the header). */
-static void finish_from_payloads(nb_pg *pg, const nb__coll *c, const unsigned char *msg, size_t stride) {
-    const size_t hb = NB__COLL_HEADER_WORDS * sizeof(int64_t);
+/* The result of c on this rank from every rank's payload (rank r's at
+ * pay + r * stride). */
+static void finish_from_payloads(nb_pg *pg, const nb__coll *c, const unsigned char *pay, size_t stride) {
     size_t n = (size_t)c->count, b = n * nb_dtype_size(c->dtype);
     int R = pg->size;
     switch (c->kind) {
     case NB__ALL_REDUCE:
-        memcpy(c->out, msg + hb, b);
-        for (int r = 1; r < R; r++) nb__reduce_into(c->dtype, c->op, c->out, msg + (size_t)r * stride + hb, n);
+        memcpy(c->out, pay, b);
+        for (int r = 1; r < R; r++) nb__reduce_into(c->dtype, c->op, c->out, pay + (size_t)r * stride, n);
         break;
     case NB__BROADCAST:
-        memcpy(c->out, msg + (size_t)c->root * stride + hb, b);
+        memcpy(c->out, pay + (size_t)c->root * stride, b);
         break;
     case NB__ALL_GATHER:
-        for (int r = 0; r < R; r++) memcpy((unsigned char *)c->out + (size_t)r * b, msg + (size_t)r * stride + hb, b);
+        for (int r = 0; r < R; r++) memcpy((unsigned char *)c->out + (size_t)r * b, pay + (size_t)r * stride, b);
         break;
     case NB__REDUCE_SCATTER: {
         size_t mine = (size_t)pg->rank * b;
-        memcpy(c->out, msg + hb + mine, b);
+        memcpy(c->out, pay + mine, b);
         for (int r = 1; r < R; r++)
-            nb__reduce_into(c->dtype, c->op, c->out, msg + (size_t)r * stride + hb + mine, n);
+            nb__reduce_into(c->dtype, c->op, c->out, pay + (size_t)r * stride + mine, n);
         break;
     }
     case NB__BARRIER: break;
     }
 }
 
-/* Note [Collective headers], [Small collectives ride on the header]:
- * exchanges headers (and payloads); *done when the collective completed
- * from the payloads. */
-static nb_status check_headers(nb_pg *pg, const nb_work *w, char *what, size_t len, bool *explained, bool *done) {
+#define HB (NB__COLL_HEADER_WORDS * sizeof(int64_t))
+#define FLAG_BYTES 8 /* after the header: 1 when the payload holds the data */
+
+/* One rank's message: its header, the flag, the payload (Note [Small
+ * collectives ride on the header]). */
+static size_t stride_of(int R) { return HB + FLAG_BYTES + payload_bytes(R); }
+
+/* Starts w's exchange: its header, and its data when `with_data` and they
+ * fit. *all: the R messages' buffer (malloc'd). */
+static nb_status post_exchange(nb_pg *pg, const nb_work *w, bool with_data, nb__gloo_xchg **x,
+                               unsigned char **all) {
     const nb__coll *c = &w->coll;
-    const size_t hb = NB__COLL_HEADER_WORDS * sizeof(int64_t);
     int R = pg->size;
-    size_t p = payload_bytes(R), stride = hb + p, data = data_bytes(c, R);
-    bool fits = c->count > 0 && data <= p;
-    unsigned char *mine = calloc(1, stride), *all = malloc((size_t)R * stride);
-    int64_t *heads = malloc((size_t)R * hb);
-    NB_CHECK(mine && all && heads, "nb_pg: out of memory for %d collective headers", R);
+    size_t stride = stride_of(R), data = data_bytes(c, R);
+    unsigned char *mine = calloc(1, stride);
+    *all = malloc((size_t)R * stride);
+    NB_CHECK(mine && *all, "nb_pg: out of memory for %d collective headers", R);
     nb__coll_header(c, (int64_t *)mine);
-    if (fits && (c->kind != NB__BROADCAST || c->root == pg->rank))
-        memcpy(mine + hb, c->kind == NB__ALL_REDUCE || c->kind == NB__BROADCAST ? c->out : c->in, data);
-    nb_status st = nb__gloo_exchange(pg->gloo, mine, all, stride, c->seq);
+    if (with_data && c->count > 0 && data <= payload_bytes(R)) {
+        mine[HB] = 1;
+        if (c->kind != NB__BROADCAST || c->root == pg->rank)
+            memcpy(mine + HB + FLAG_BYTES, c->kind == NB__ALL_REDUCE || c->kind == NB__BROADCAST ? c->out : c->in,
+                   data);
+    }
+    nb_status st = nb__gloo_exchange_post(pg->gloo, mine, *all, stride, c->seq, x);
+    free(mine);
+    return st;
+}
+
+/* Note [Collective headers], [Small collectives ride on the header]:
+ * exchanges headers (and payloads), or finishes the exchange posted
+ * earlier; *done when the collective completed from the payloads. */
+static nb_status check_headers(nb_pg *pg, nb_work *w, char *what, size_t len, bool *explained, bool *done) {
+    const nb__coll *c = &w->coll;
+    int R = pg->size;
+    size_t stride = stride_of(R);
+    nb__gloo_xchg *x = w->posted;
+    unsigned char *all = w->posted_all;
+    if (x) pg->headers_early++;
+    w->posted = NULL;
+    w->posted_all = NULL;
+    nb_status st = x ? NB_OK : post_exchange(pg, w, true, &x, &all);
+    if (st == NB_OK) st = nb__gloo_exchange_wait(pg->gloo, x);
     if (st != NB_OK) {
         snprintf(what, len, "failed in the transport (%s)", nb_last_error());
-    } else {
-        for (int r = 0; r < R; r++) memcpy((unsigned char *)heads + (size_t)r * hb, all + (size_t)r * stride, hb);
-        st = nb__diag_headers(pg, w, heads, what, len);
-        *explained = st != NB_OK;
-        /* the headers agree, so `fits` is the same decision on every rank */
-        if (st == NB_OK && fits) {
-            finish_from_payloads(pg, c, all, stride);
-            pg->from_header++;
-            *done = true;
-        }
+        return st; /* `all` may still be written by the transport: left to leak */
     }
-    free(mine);
-    free(all);
+    int64_t *heads = malloc((size_t)R * HB);
+    NB_CHECK(heads != NULL, "nb_pg: out of memory for %d collective headers", R);
+    bool payloads = true;
+    for (int r = 0; r < R; r++) {
+        memcpy((unsigned char *)heads + (size_t)r * HB, all + (size_t)r * stride, HB);
+        payloads = payloads && all[(size_t)r * stride + HB] == 1;
+    }
+    st = nb__diag_headers(pg, w, heads, what, len);
+    *explained = st != NB_OK;
+    /* the headers agree and every rank sees every flag: the same decision everywhere */
+    if (st == NB_OK && payloads) {
+        finish_from_payloads(pg, c, all + HB + FLAG_BYTES, stride);
+        pg->from_header++;
+        *done = true;
+    }
     free(heads);
+    free(all);
     return st;
+}
+
+/* While w's data move, the next queued collective's header can travel:
+ * posted now (without its data, which w may still be writing), waited
+ * for when it runs, so a run of collectives issued back to back pays the
+ * header's latency once. */
+static void post_next(nb_pg *pg, const nb_work *w) {
+    pthread_mutex_lock(&pg->mu);
+    nb_work *n = w->next;
+    bool go = n && n->state == NB__W_QUEUED && !n->posted && pg->broken == NB_OK &&
+              nb__coll_header_wanted(pg->root->check, true, &n->coll);
+    if (go) __atomic_add_fetch(&n->refs, 1, __ATOMIC_ACQ_REL);
+    pthread_mutex_unlock(&pg->mu);
+    if (!go) return;
+    nb__gloo_xchg *x = NULL;
+    unsigned char *all = NULL;
+    /* a failure here shows again when n runs its own exchange */
+    if (post_exchange(pg, n, false, &x, &all) == NB_OK) {
+        n->posted = x;
+        n->posted_all = all;
+    } else {
+        free(all);
+    }
+    nb__work_put(n);
 }
 
 /* Runs w; on failure `what` says what happened, or, with *explained set,
@@ -155,7 +220,10 @@ static nb_status run_gloo(nb_pg *pg, nb_work *w, char *what, size_t len, bool *e
     nb_status st = check ? check_headers(pg, w, what, len, explained, &done) : NB_OK;
     if (st != NB_OK) return st;
     if (c->kind == NB__BARRIER || c->count == 0) return NB_OK;
-    if (!done) st = nb__gloo_run(pg->gloo, c);
+    if (!done) {
+        if (pg->size > 1) post_next(pg, w);
+        st = nb__gloo_run(pg->gloo, c);
+    }
     if (st == NB_OK) {
         if (c->op == NB_REDUCE_AVG && (c->kind == NB__ALL_REDUCE || c->kind == NB__REDUCE_SCATTER))
             nb__scale_down(c->dtype, c->out, (size_t)c->count, (double)pg->size);
