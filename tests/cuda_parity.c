@@ -8,6 +8,7 @@
 
 #include "cuda_parity.h"
 #include "tensor/cuda/cuda.h"
+#include "tensor/cuda_plugin.h"
 
 /* Note [CPU stand-in mode] in cuda_parity.h. The counters are per test:
  * reset by the fixture of nbt_tcase_create. */
@@ -87,6 +88,12 @@ void nbt_cuda_require(void) {
         exit(77);
     }
     if (nb_cuda_device_count() == 0) {
+        /* A build with CUDA has its plugin (Note [CUDA plugin]): one that
+         * does not load is a failure, not a missing GPU. */
+        if (!nb__cuda_plugin_get()) {
+            printf("FAIL: the CUDA plugin could not be loaded: %s\n", nb__cuda_plugin_error());
+            exit(1);
+        }
         printf("skipped: no CUDA device is visible\n");
         exit(77);
     }
