@@ -7,6 +7,7 @@
  * [CUDA plugin] in tensor/cuda_plugin.h: why a plugin, where it is
  * looked for, what it is given. */
 #define _GNU_SOURCE /* dladdr */
+#define NB__CUDA_PLUGIN_SIDE
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdarg.h>

@@ -4,7 +4,8 @@
  * the plugin (tensor/cuda/plugin.c) answers with its backend table, its
  * NCCL process-group table and its runtime queries. Both sides are built
  * from one tree in one build and refuse each other unless their ABI
- * number and nabla version agree. Note [CUDA plugin].
+ * number, nabla version and the hash of the headers they share agree.
+ * Note [CUDA plugin].
  *
  * Note [CUDA plugin]
  * The CUDA backend (tensor/cuda/) and the NCCL process group
@@ -69,9 +70,18 @@ extern "C" {
 #define NB__CUDA_PLUGIN_INIT "nb__cuda_plugin_init"
 #define NB__CUDA_STR_(x) #x
 #define NB__CUDA_STR(x) NB__CUDA_STR_(x)
+/* The version and the id of the shared headers (a hash, made by the
+ * build: cmake/NablaLayoutId.cmake), "0.1.0+1f2e...": a plugin built
+ * from other headers than the library, even of the same version, is
+ * refused. Only the two files that compare it (tensor/cuda_plugin.c,
+ * tensor/cuda/plugin.c) define NB__CUDA_PLUGIN_SIDE and see it; the
+ * build gives them the generated header. */
+#ifdef NB__CUDA_PLUGIN_SIDE
+#include "nabla_layout_id.h"
 #define NB__CUDA_PLUGIN_VERSION                                                                   \
     NB__CUDA_STR(NABLA_VERSION_MAJOR) "." NB__CUDA_STR(NABLA_VERSION_MINOR) "." NB__CUDA_STR(     \
-        NABLA_VERSION_PATCH)
+        NABLA_VERSION_PATCH) "+" NB__LAYOUT_ID
+#endif
 
 struct nb__coll;
 struct nb__pg_ops;

@@ -7,7 +7,8 @@ covers programs linked with libnabla.a).
   then works or, without a GPU, is refused as a device that does not exist.
 - A shared object that exports the entry point but was built for another
   nabla version and plugin ABI is refused, and the error names the file,
-  both versions and both ABI numbers. The fake plugin is compiled here.
+  both versions (ours with the hash of the shared headers) and both ABI
+  numbers. The fake plugin is compiled here.
 
 In a build without CUDA, NABLA_CUDA_PLUGIN is ignored and a CUDA context is
 refused as "built without CUDA".
@@ -120,10 +121,11 @@ def main():
         # another build's plugin
         p = run(probe, {"NABLA_CUDA_PLUGIN": fake})
         if cuda:
-            want = ("nb_ctx_new: device cuda:0: the CUDA backend could not be loaded: %s: built for "
-                    "nabla 9.9.9 (plugin ABI 999), this is nabla %s (ABI 1) (the file "
-                    "NABLA_CUDA_PLUGIN names)" % (fake, nabla_version()))
-            if "count=0" not in p.stdout or p.returncode == 0 or want not in p.stderr:
+            # the version, then "+" and the 16-hex-digit hash of the shared headers
+            want = (r"nb_ctx_new: device cuda:0: the CUDA backend could not be loaded: %s: built for "
+                    r"nabla 9\.9\.9 \(plugin ABI 999\), this is nabla %s\+[0-9a-f]{16} \(ABI 1\) \(the "
+                    r"file NABLA_CUDA_PLUGIN names\)" % (re.escape(fake), re.escape(nabla_version())))
+            if "count=0" not in p.stdout or p.returncode == 0 or not re.search(want, p.stderr):
                 fail("a plugin of another version: expected no device and %r; exit %d\n--- stdout\n%s"
                      "--- stderr\n%s" % (want, p.returncode, p.stdout, p.stderr))
             if "fake_plugin" in p.stdout.split("mapped=", 1)[1].split("\n", 1)[0]:

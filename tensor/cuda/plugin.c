@@ -3,6 +3,7 @@
  * libnabla that the plugin's code calls a local function of the same
  * name that calls libnabla's through the table it was given (Note [CUDA
  * plugin] in tensor/cuda_plugin.h). Compiled only into the plugin. */
+#define NB__CUDA_PLUGIN_SIDE
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
