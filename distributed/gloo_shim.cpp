@@ -309,10 +309,11 @@ nb_status nb__gloo_exchange_wait(nb__gloo *g, nb__gloo_xchg *x) {
         return NB_OK;
     });
     if (r != NB_OK && std::strstr(nb_last_error(), "Timed out")) r = NB_ERR_TIMEOUT;
-    /* a failed exchange may still have operations pending: left to leak */
-    if (r == NB_OK) delete x;
+    delete x; /* pending operations of a failed one are dropped by Gloo */
     return r;
 }
+
+void nb__gloo_exchange_free(nb__gloo_xchg *x) { delete x; }
 
 nb_status nb__gloo_exchange(nb__gloo *g, const void *mine, void *all, size_t n, uint64_t seq) {
     nb__gloo_xchg *x = nullptr;

@@ -353,10 +353,11 @@ nb_status nb__gloo_run(nb__gloo *g, const nb__coll *c);
  * and this rank's has left for every other. */
 nb_status nb__gloo_exchange(nb__gloo *g, const void *mine, void *all, size_t n, uint64_t seq);
 /* The same in two halves: post starts it (*out: the exchange in flight;
- * `all` must live until the wait), wait finishes and frees it. An
- * exchange posted and never waited for (its group broke) is left to leak:
- * freeing it under a pending receive is not safe. */
+ * `all` must live until the wait or the free), wait finishes and frees
+ * it, free drops one never waited for (its group broke; Gloo ignores
+ * what arrives for a buffer that is gone, so `all` may go after it). */
 typedef struct nb__gloo_xchg nb__gloo_xchg;
+void nb__gloo_exchange_free(nb__gloo_xchg *x);
 nb_status nb__gloo_exchange_post(nb__gloo *g, const void *mine, void *all, size_t n, uint64_t seq,
                                  nb__gloo_xchg **out);
 nb_status nb__gloo_exchange_wait(nb__gloo *g, nb__gloo_xchg *x);

@@ -68,7 +68,8 @@ struct nb_work {
     nb__nccl_work *nccl;
     /* Gloo: its header exchange, posted while the previous collective's
      * data moved (Note [Small collectives ride on the header]), and the
-     * messages' buffer; both leak if the group breaks before it runs. */
+     * messages' buffer; freed with the work if it never runs (its group
+     * broke). */
     nb__gloo_xchg *posted;
     unsigned char *posted_all;
 };

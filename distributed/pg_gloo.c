@@ -164,7 +164,8 @@ static nb_status check_headers(nb_pg *pg, nb_work *w, char *what, size_t len, bo
     if (st == NB_OK) st = nb__gloo_exchange_wait(pg->gloo, x);
     if (st != NB_OK) {
         snprintf(what, len, "failed in the transport (%s)", nb_last_error());
-        return st; /* `all` may still be written by the transport: left to leak */
+        free(all); /* the exchange is gone: the transport no longer writes it */
+        return st;
     }
     int64_t *heads = malloc((size_t)R * HB);
     NB_CHECK(heads != NULL, "nb_pg: out of memory for %d collective headers", R);
@@ -386,6 +387,12 @@ static nb_status gloo_agree(nb_pg *pg, int32_t *votes) {
     return nb_work_finish(nb__pg_issue(pg, &c));
 }
 
+/* A work that never ran (its group broke) may hold a posted exchange. */
+static void gloo_work_free(nb_work *w) {
+    if (w->posted) nb__gloo_exchange_free(w->posted);
+    free(w->posted_all);
+}
+
 const nb__pg_ops nb__pg_gloo_ops = {
     .name = "gloo",
     .start = gloo_start,
@@ -396,6 +403,6 @@ const nb__pg_ops nb__pg_gloo_ops = {
     .abort = NULL,
     .stop = gloo_stop,
     .free = gloo_free,
-    .work_free = NULL,
+    .work_free = gloo_work_free,
     .agree = gloo_agree,
 };
