@@ -287,12 +287,15 @@ nb_memory_floor nb_gpt_memory_floor(nb_module *m, int64_t batch, int64_t seq_len
              (long long)g->cfg.block_size, optim_states);
     size_t e = nb_dtype_size(g->dtype), p = (size_t)nb_module_num_params(m) * e;
     double n = (double)batch, t = (double)seq_len, c = (double)g->cfg.n_embd,
-           h = g->cfg.n_head, v = (double)g->cfg.vocab_size;
+           v = (double)g->cfg.vocab_size;
     /* per block: x, ln_1(x), y, x + attn, ln_2(.) (5 NTC), qkv (3 NTC), the
-     * MLP's pre-activation and GELU (8 NTC), the probabilities (N H T T),
-     * two layer norms' mean and rstd (4 NT); then ln_f's input, output and
-     * statistics */
-    double block = 16 * n * t * c + n * h * t * t + 4 * n * t;
+     * MLP's pre-activation and GELU (8 NTC), two layer norms' mean and rstd
+     * (4 NT); then ln_f's input, output and statistics. Not the attention's
+     * probabilities (N H T T): a fused attention makes them again in its
+     * backward (Note [Attention without stored probabilities] in
+     * tensor/cpu/attention.c); where attention is composed of ops they are
+     * kept, above this floor. */
+    double block = 16 * n * t * c + 4 * n * t;
     double saved = g->cfg.n_layer * block + 2 * n * t * c + 2 * n * t;
     return (nb_memory_floor){p, p, (size_t)optim_states * p, (size_t)(saved * (double)e),
                              (size_t)(n * t * v * (double)e)};

@@ -152,11 +152,18 @@ typedef void nb__backend_softmax_causal_fn(nb_tensor *y, const nb_tensor *x, int
 typedef void nb__backend_softmax_causal_backward_fn(nb_tensor *dx, const nb_tensor *y,
                                                     const nb_tensor *g, int64_t b, int64_t t,
                                                     int64_t s, double scale);
-typedef void nb__backend_causal_attention_fn(nb_tensor *y, nb_tensor *p, const nb_tensor *qkv,
+/* Fused causal self-attention (optional: tensor/cpu/attention.h says what
+ * it computes): y (N, T, C) from qkv (N, T, 3C) with h heads, and dqkv
+ * from qkv and gy, the gradient of y; qkv and gy contiguous. Nothing of
+ * size (N, H, T, T) is kept between the two: the backward makes each
+ * head's probabilities again (Note [Attention without stored
+ * probabilities] in tensor/cpu/attention.c). Scratch comes from ctx and
+ * is given back before the call returns. */
+typedef void nb__backend_causal_attention_fn(nb_ctx *ctx, nb_tensor *y, const nb_tensor *qkv,
                                              int h, double scale);
-typedef void nb__backend_causal_attention_backward_fn(nb_tensor *dqkv, nb_tensor *scratch,
-                                                      const nb_tensor *qkv, const nb_tensor *p,
-                                                      const nb_tensor *gy, int h, double scale);
+typedef void nb__backend_causal_attention_backward_fn(nb_ctx *ctx, nb_tensor *dqkv,
+                                                      const nb_tensor *qkv, const nb_tensor *gy,
+                                                      int h, double scale);
 typedef void nb__backend_layer_norm_fn(nb_tensor *y, nb_tensor *mean, nb_tensor *rstd,
                                        const nb_tensor *x, const nb_tensor *w, const nb_tensor *b,
                                        int64_t m, int64_t d, double eps);

@@ -90,13 +90,11 @@ nb_tensor *nb_softmax_causal(nb_ctx *ctx, nb_tensor *x, double scale) {
 
 /* Runs with grad mode off (Note [Tape]). */
 static void causal_attention_backward(nb_ctx *ctx, nb_node *node, nb_tensor *g) {
-    nb_tensor *qkv = node->saved[1]; /* contiguous */
-    int64_t t = qkv->shape[1];
+    nb_tensor *qkv = node->saved[0]; /* contiguous */
     nb_tensor *gy = nb__contig(ctx, g);
     nb_tensor *dqkv = nb__empty(ctx, qkv->dtype, 3, qkv->shape);
-    nb_tensor *scratch = nb__empty(ctx, qkv->dtype, NB_SHAPE(t, t));
-    nb__backend_at(qkv)->causal_attention_backward(dqkv, scratch, qkv, node->saved[0], gy,
-                                                   (int)node->i[0], node->f[0]);
+    nb__backend_at(qkv)->causal_attention_backward(ctx, dqkv, qkv, gy, (int)node->i[0],
+                                                   node->f[0]);
     nb__accum_grad(ctx, node->in[0], dqkv);
 }
 
@@ -113,13 +111,10 @@ nb_tensor *nb__causal_attention(nb_ctx *ctx, nb_tensor *qkv, int h, double scale
         return NULL;
     nb_tensor *qc = nb__contig(ctx, qkv);
     nb_tensor *y = nb__empty(ctx, qkv->dtype, NB_SHAPE(n, t, c));
-    nb_tensor *p = nb__empty(ctx, qkv->dtype, NB_SHAPE(n, h, t, t));
-    be->causal_attention(y, p, qc, h, scale);
+    be->causal_attention(ctx, y, qc, h, scale);
     nb_node *node = nb__record(ctx, op, causal_attention_backward, y, 1, &qkv);
     if (node) {
-        node->saved[0] = p;
-        node->saved[1] = qc;
-        nb__mem_internal(node, p);
+        node->saved[0] = qc;
         nb__mem_internal(node, qc);
         node->i[0] = h;
         node->f[0] = scale;

@@ -46,6 +46,45 @@ START_TEST(test_free_ranges) {
 }
 END_TEST
 
+/* ------------------------------------------------------------ attention */
+/* The fused attention keeps nothing of size (N, H, T, T) from its forward
+ * for its backward (Note [Attention without stored probabilities] in
+ * tensor/cpu/attention.c): what the forward leaves in the context is y
+ * (and its record), a small fraction of the probabilities; the backward
+ * that makes them again gives the composed ops' gradient. */
+START_TEST(test_attention_keeps_no_probabilities) {
+    enum { N = 2, T = 128, H = 4, C = 16 };
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *qkv = nbt_randn(ctx, NB_F32, NB_SHAPE(N, T, 3 * C), 31);
+    qkv->requires_grad = true;
+    double scale = 1 / sqrt((double)(C / H));
+    size_t before = nb_ctx_used(ctx);
+    nb_tensor *y = nb__causal_attention(ctx, qkv, H, scale);
+    ck_assert_ptr_nonnull(y); /* the CPU has the fused op for f32 */
+    size_t kept = nb_ctx_used(ctx) - before, probs = (size_t)N * H * T * T * sizeof(float);
+    ck_assert_msg(kept < probs / 8, "the attention's forward kept %zu bytes; its probabilities "
+                  "are %zu", kept, probs);
+    nb_tensor *r = nbt_randn(ctx, NB_F32, NB_SHAPE(N, T, C), 32);
+    nb_backward(nb_sum_all(ctx, nb_mul(ctx, y, r)));
+    nb_tensor *fused = nb_clone(ctx, qkv->grad);
+    /* the composed form: q k^T, the causal softmax, times v, per head */
+    qkv->grad = NULL;
+    nb_tensor *q = nb_narrow(ctx, qkv, 2, 0, C), *k = nb_narrow(ctx, qkv, 2, C, C),
+              *v = nb_narrow(ctx, qkv, 2, 2 * C, C);
+    int64_t hs[] = {N, T, H, C / H};
+    q = nb_transpose(ctx, nb_reshape(ctx, q, 4, hs), 1, 2); /* (N, H, T, D) */
+    k = nb_transpose(ctx, nb_reshape(ctx, k, 4, hs), 1, 2);
+    v = nb_transpose(ctx, nb_reshape(ctx, v, 4, hs), 1, 2);
+    nb_tensor *att = nb_softmax_causal(ctx, nb_matmul_t(ctx, q, k, false, true), scale);
+    nb_tensor *yh = nb_contiguous(ctx, nb_transpose(ctx, nb_matmul(ctx, att, v), 1, 2));
+    nb_tensor *yc = nb_reshape(ctx, yh, NB_SHAPE(N, T, C));
+    nbt_assert_tensors_close(yc, y, 1e-5, 1e-5);
+    nb_backward(nb_sum_all(ctx, nb_mul(ctx, yc, r)));
+    nbt_assert_tensors_close(fused, qkv->grad, 1e-4, 1e-5);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
 /* ------------------------------------------------------------------ GPT */
 typedef struct gpt_run {
     size_t peak, extent;
@@ -420,6 +459,7 @@ static Suite *suite(void) {
     TCase *tc = tcase_create("core");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_free_ranges);
+    tcase_add_test(tc, test_attention_keeps_no_probabilities);
     tcase_add_test(tc, test_gpt_bitwise);
     tcase_add_test(tc, test_gpt_peak);
     tcase_add_test(tc, test_gpt_recompute);

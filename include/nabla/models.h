@@ -94,8 +94,9 @@ double nb_gpt_flops_per_token(nb_module *gpt, int64_t seq_len);
  * optimizer state per parameter (AdamW: 2, SGD with momentum: 1), the
  * tensors its ops keep for backward at batch (N, T) (per block: the
  * block's input, the layer norms' outputs and statistics, qkv, the
- * attention's probabilities (N, H, T, T) and output, the MLP's
- * pre-activation and activation; then the final layer norm's), and the
+ * attention's output, the MLP's pre-activation and activation; then the
+ * final layer norm's; not the attention's probabilities (N, H, T, T),
+ * which a fused attention makes again in backward), and the
  * logits (N, T, V). Activations in the parameters' dtype; dropout masks
  * (dropout > 0) are not counted. A step context's peak is this floor's
  * `saved + logits` plus the working set of the op running at the peak

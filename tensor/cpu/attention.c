@@ -20,10 +20,22 @@
  * products go through OpenBLAS (f64, or no AVX2 kernel for f32), it is set
  * to one thread for the duration of the kernel (openblas_set_num_threads
  * is process-wide; nothing else calls BLAS while a kernel runs, as kernels
- * run on the model's thread) and set back after. Each thread of the
- * backward has its own T x T scratch. */
+ * run on the model's thread) and set back after. Each thread has its own
+ * T x T scratch (two in backward), from the step's context.
+ *
+ * Note [Attention without stored probabilities]: the forward keeps no
+ * probabilities. They would be N H T T elements per block, against about
+ * 16 N T C for everything else a block keeps for its backward: at GPT-2
+ * small's shape (H = 12, T = 1024, C = 768) as much again. The backward makes
+ * each head's probabilities again in its scratch, with the same products
+ * and the same softmax rows as the forward, so they are the same bits and
+ * the gradients are what they were when the probabilities were kept; it
+ * costs one more T x T x D product (half of it, causal) and a softmax per
+ * head, about a sixth more attention work in a step. This is the shape of
+ * a fused ("flash") attention on a GPU, which keeps only each row's
+ * log-sum-exp; on the CPU a head's whole T x T block fits in cache, so
+ * the rows are simply made again. */
 #include <cblas.h>
-#include <stdlib.h>
 
 #include "tensor/cpu/attention.h"
 #include "tensor/cpu/sgemm.h"
@@ -62,23 +74,35 @@ static char *at(const void *base, const dims *s, int64_t w, int64_t b, int64_t c
 
 typedef struct heads_job {
     nb_tensor *y, *dqkv;
-    const nb_tensor *qkv, *p, *gy;
+    const nb_tensor *qkv, *gy;
     int h;
     double scale;
-    char *scratch0, *scratch_more; /* thread 0's, then one per other thread */
+    char *scratch; /* per thread: `blocks` T x T blocks */
+    int blocks;
 } heads_job;
 
+static char *scratch_of(const heads_job *j, const dims *s, int tid, int block) {
+    return j->scratch + ((int64_t)tid * j->blocks + block) * s->t * s->t * (int64_t)s->es;
+}
+
+/* p (T, T) = head hh of batch b's causal softmax of scale q k^T: the same
+ * products and rows in forward and backward, so the same bits. */
+static void probabilities(const heads_job *j, const dims *s, const char *q, const char *k,
+                          char *p) {
+    int64_t w = 3 * s->c;
+    gemm(j->qkv->dtype, NB_TRI_LOWER, false, true, s->t, s->t, s->d, q, w, k, w, p, s->t);
+    nb__cpu_causal_rows(j->qkv->dtype, p, p, 1, s->t, s->t, j->scale);
+}
+
 static void forward_pair(void *varg, int64_t pair, int tid) {
-    (void)tid;
     const heads_job *j = varg;
     dims s = get_dims(j->qkv, j->h);
-    int64_t w = 3 * s.c, tt = s.t * s.t, b = pair / j->h;
+    int64_t w = 3 * s.c, b = pair / j->h;
     int hh = (int)(pair % j->h);
     const char *q = at(j->qkv->data, &s, w, b, hh * s.d);
     const char *k = q + s.c * (int64_t)s.es, *v = q + 2 * s.c * (int64_t)s.es;
-    char *ph = (char *)j->p->data + pair * tt * (int64_t)s.es;
-    gemm(j->qkv->dtype, NB_TRI_LOWER, false, true, s.t, s.t, s.d, q, w, k, w, ph, s.t);
-    nb__cpu_causal_rows(j->qkv->dtype, ph, ph, 1, s.t, s.t, j->scale);
+    char *ph = scratch_of(j, &s, tid, 0);
+    probabilities(j, &s, q, k, ph);
     gemm(j->qkv->dtype, NB_TRI_K_UPTO_ROW, false, false, s.t, s.d, s.t, ph, s.t, v, w,
          at(j->y->data, &s, s.c, b, hh * s.d), s.c);
 }
@@ -86,14 +110,14 @@ static void forward_pair(void *varg, int64_t pair, int tid) {
 static void backward_pair(void *varg, int64_t pair, int tid) {
     const heads_job *j = varg;
     dims s = get_dims(j->qkv, j->h);
-    int64_t w = 3 * s.c, tt = s.t * s.t, cb = s.c * (int64_t)s.es, b = pair / j->h;
+    int64_t w = 3 * s.c, cb = s.c * (int64_t)s.es, b = pair / j->h;
     int hh = (int)(pair % j->h);
     nb_dtype dt = j->qkv->dtype;
-    void *ds = tid == 0 ? j->scratch0 : j->scratch_more + (tid - 1) * tt * (int64_t)s.es;
+    char *ph = scratch_of(j, &s, tid, 0), *ds = scratch_of(j, &s, tid, 1);
     const char *q = at(j->qkv->data, &s, w, b, hh * s.d), *k = q + cb, *v = q + 2 * cb;
     char *dq = at(j->dqkv->data, &s, w, b, hh * s.d), *dk = dq + cb, *dv = dq + 2 * cb;
     const char *g = at(j->gy->data, &s, s.c, b, hh * s.d);
-    const char *ph = (const char *)j->p->data + pair * tt * (int64_t)s.es;
+    probabilities(j, &s, q, k, ph);
     gemm(dt, NB_TRI_LOWER, false, true, s.t, s.t, s.d, g, s.c, v, w, ds, s.t); /* dp */
     nb__cpu_causal_rows_backward(dt, ds, ph, ds, 1, s.t, s.t, j->scale);
     gemm(dt, NB_TRI_K_UPTO_ROW, false, false, s.t, s.d, s.t, ds, s.t, k, w, dq, w);
@@ -121,7 +145,15 @@ static int64_t pairs_per_chunk(const nb_tensor *qkv, int h) {
     return work >= ((int64_t)1 << 18) ? 1 : ((int64_t)1 << 18) / work;
 }
 
-static void run_pairs(int64_t pairs, int64_t per, nb__task_fn fn, heads_job *j) {
+/* Runs fn over every (batch, head) pair with `blocks` T x T blocks of
+ * scratch per thread, taken from ctx and given back at the end. */
+static void run_pairs(nb_ctx *ctx, nb__task_fn fn, heads_job *j, int blocks) {
+    dims s = get_dims(j->qkv, j->h);
+    int64_t pairs = s.n * j->h, per = pairs_per_chunk(j->qkv, j->h);
+    int threads = nb__parallel_threads(nb__chunk_count(pairs, per));
+    size_t bytes = (size_t)threads * (size_t)blocks * (size_t)(s.t * s.t) * s.es;
+    j->blocks = blocks;
+    j->scratch = bytes ? nb_ctx_alloc(ctx, bytes, 0) : NULL;
     /* only when the products go through OpenBLAS (f64, or no AVX2 kernel) */
     bool via_blas = j->qkv->dtype != NB_F32 || !nb__sgemm_kernel_on();
     int blas = via_blas ? openblas_get_num_threads() : 1;
@@ -129,27 +161,17 @@ static void run_pairs(int64_t pairs, int64_t per, nb__task_fn fn, heads_job *j) 
     group_job gj = {fn, j, pairs, per};
     nb__parallel_for(nb__chunk_count(pairs, per), run_group, &gj);
     if (blas != 1) openblas_set_num_threads(blas);
+    if (bytes) nb__ctx_scratch_done(ctx, j->scratch, bytes);
 }
 
-void nb__cpu_causal_attention(nb_tensor *y, nb_tensor *p, const nb_tensor *qkv, int h,
+void nb__cpu_causal_attention(nb_ctx *ctx, nb_tensor *y, const nb_tensor *qkv, int h,
                               double scale) {
-    heads_job j = {.y = y, .qkv = qkv, .p = p, .h = h, .scale = scale};
-    run_pairs(qkv->shape[0] * h, pairs_per_chunk(qkv, h), forward_pair, &j);
+    heads_job j = {.y = y, .qkv = qkv, .h = h, .scale = scale};
+    run_pairs(ctx, forward_pair, &j, 1);
 }
 
-void nb__cpu_causal_attention_backward(nb_tensor *dqkv, nb_tensor *scratch, const nb_tensor *qkv,
-                                       const nb_tensor *p, const nb_tensor *gy, int h,
-                                       double scale) {
-    dims s = get_dims(qkv, h);
-    int64_t pairs = s.n * h, per = pairs_per_chunk(qkv, h);
-    int threads = nb__parallel_threads(nb__chunk_count(pairs, per));
-    heads_job j = {.dqkv = dqkv, .qkv = qkv, .p = p, .gy = gy, .h = h, .scale = scale,
-                   .scratch0 = scratch->data};
-    if (threads > 1) {
-        j.scratch_more = malloc((size_t)(threads - 1) * (size_t)(s.t * s.t) * s.es);
-        NB_CHECK(j.scratch_more, "nb causal attention backward: out of memory for %d scratch "
-                 "blocks of %lld x %lld", threads - 1, (long long)s.t, (long long)s.t);
-    }
-    run_pairs(pairs, per, backward_pair, &j);
-    free(j.scratch_more);
+void nb__cpu_causal_attention_backward(nb_ctx *ctx, nb_tensor *dqkv, const nb_tensor *qkv,
+                                       const nb_tensor *gy, int h, double scale) {
+    heads_job j = {.dqkv = dqkv, .qkv = qkv, .gy = gy, .h = h, .scale = scale};
+    run_pairs(ctx, backward_pair, &j, 2);
 }
