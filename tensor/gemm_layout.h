@@ -1,8 +1,9 @@
 /* How a GEMM library reads a matrix in place: the last two dims of a
  * tensor as a row-major matrix with a leading dimension, or as the
- * transpose of one (column-major). Shared by the CPU GEMM (BLAS,
- * tensor/cpu/matmul.c) and the CUDA one (cuBLASLt, tensor/cuda/matmul.cu);
- * each adds its own limits on the leading dimension. */
+ * transpose of one (column-major); and how the batch dims line up. Shared
+ * by the CPU GEMM (BLAS, tensor/cpu/matmul.c) and the CUDA one (cuBLASLt,
+ * tensor/cuda/matmul.cu); each adds its own limits on the leading
+ * dimension. */
 #ifndef NABLA_TENSOR_GEMM_LAYOUT_H
 #define NABLA_TENSOR_GEMM_LAYOUT_H
 
@@ -40,6 +41,29 @@ static inline bool nb__gemm_layout_of(const nb_tensor *t, nb__gemm_layout *l) {
         l->ld = c == 1 ? min_col : cs;
     } else {
         return false;
+    }
+    return true;
+}
+
+/* Strides (elements) of t's batch dims aligned to the output's nbd batch
+ * dims; missing and size-1 dims get 0. */
+static inline void nb__gemm_batch_strides(const nb_tensor *t, int nbd, int64_t *st) {
+    for (int i = 0; i < nbd; i++) {
+        int d = t->ndim - 2 - nbd + i;
+        st[i] = (d < 0 || t->shape[d] == 1) ? 0 : t->strides[d];
+    }
+}
+
+/* True when b (strides sb) is shared by every batch element and a's batch
+ * dims (strides sa) continue its m rows of row_stride: the batch folds
+ * into the rows of one product. */
+static inline bool nb__gemm_can_fold(int nbd, const int64_t *shape, const int64_t *sa,
+                                     const int64_t *sb, int64_t row_stride, int64_t m) {
+    int64_t expect = row_stride * m;
+    for (int i = nbd - 1; i >= 0; i--) {
+        if (shape[i] == 1) continue;
+        if (sb[i] != 0 || sa[i] != expect) return false;
+        expect *= shape[i];
     }
     return true;
 }

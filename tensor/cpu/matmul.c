@@ -47,27 +47,6 @@ static void gemm(nb_dtype dt, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
                     beta, c, (int)ldc);
 }
 
-/* Strides (elements) of t's batch dims aligned to the output's nbd batch
- * dims; missing and size-1 dims get 0. */
-static void batch_strides(const nb_tensor *t, int nbd, int64_t *st) {
-    for (int i = 0; i < nbd; i++) {
-        int d = t->ndim - 2 - nbd + i;
-        st[i] = (d < 0 || t->shape[d] == 1) ? 0 : t->strides[d];
-    }
-}
-
-/* b shared by every batch element, and a's batch dims continue its rows */
-static bool can_fold(int nbd, const int64_t *shape, const int64_t *sa, const int64_t *sb,
-                     int64_t row_stride, int64_t m) {
-    int64_t expect = row_stride * m;
-    for (int i = nbd - 1; i >= 0; i--) {
-        if (shape[i] == 1) continue;
-        if (sb[i] != 0 || sa[i] != expect) return false;
-        expect *= shape[i];
-    }
-    return true;
-}
-
 static void swap_last2(nb_tensor *t) {
     int64_t s = t->shape[t->ndim - 2], st = t->strides[t->ndim - 2];
     t->shape[t->ndim - 2] = t->shape[t->ndim - 1];
@@ -142,10 +121,11 @@ void nb__cpu_gemm(nb_tensor *out, const nb_tensor *a, const nb_tensor *b, bool t
              nb_shape_str(b));
     bool fa = trans_a != la.col_major, fb = trans_b != lb.col_major;
     int64_t sa[NB_MAX_DIMS], sb[NB_MAX_DIMS];
-    batch_strides(a, nbd, sa);
-    batch_strides(b, nbd, sb);
+    nb__gemm_batch_strides(a, nbd, sa);
+    nb__gemm_batch_strides(b, nbd, sb);
 
-    if (batch > 1 && !fa && batch * m <= INT_MAX && can_fold(nbd, out->shape, sa, sb, la.ld, m)) {
+    if (batch > 1 && !fa && batch * m <= INT_MAX &&
+        nb__gemm_can_fold(nbd, out->shape, sa, sb, la.ld, m)) {
         gemm(out->dtype, false, fb, batch * m, n, k, a->data, la.ld, b->data, lb.ld, beta, out->data,
              n);
         return;

@@ -378,27 +378,6 @@ static bool gemm_run(const gemm_call *c, bool with_epilogue) {
     return true;
 }
 
-/* Strides (elements) of t's batch dims aligned to out's nbd batch dims;
- * missing and size-1 dims get 0. */
-static void batch_strides(const nb_tensor *t, int nbd, int64_t *st) {
-    for (int i = 0; i < nbd; i++) {
-        int d = t->ndim - 2 - nbd + i;
-        st[i] = (d < 0 || t->shape[d] == 1) ? 0 : t->strides[d];
-    }
-}
-
-/* b shared by every batch element, and a's batch dims continue its rows */
-static bool can_fold(int nbd, const int64_t *shape, const int64_t *sa, const int64_t *sb,
-                     int64_t row_stride, int64_t m) {
-    int64_t expect = row_stride * m;
-    for (int i = nbd - 1; i >= 0; i--) {
-        if (shape[i] == 1) continue;
-        if (sb[i] != 0 || sa[i] != expect) return false;
-        expect *= shape[i];
-    }
-    return true;
-}
-
 #define MAX_BATCH_PER_CALL 65535
 
 extern "C" void nb__cuda_gemm(nb_tensor *out, const nb_tensor *a, const nb_tensor *b,
@@ -428,8 +407,8 @@ extern "C" void nb__cuda_gemm(nb_tensor *out, const nb_tensor *a, const nb_tenso
     /* Row-major flags as for BLAS: operand stored (R, C) row-major with ld. */
     bool fa = trans_a != la.col_major, fb = trans_b != lb.col_major;
     int64_t sa[NB_MAX_DIMS], sb[NB_MAX_DIMS];
-    batch_strides(a, nbd, sa);
-    batch_strides(b, nbd, sb);
+    nb__gemm_batch_strides(a, nbd, sa);
+    nb__gemm_batch_strides(b, nbd, sb);
 
     gemm_call c;
     memset(&c, 0, sizeof c);
@@ -453,7 +432,7 @@ extern "C" void nb__cuda_gemm(nb_tensor *out, const nb_tensor *a, const nb_tenso
     /* Batch split: dims [0, j) looped over, [j, nbd) one strided call. */
     int64_t run_a = 0, run_b = 0;
     int j = nbd;
-    bool fold = batch > 1 && !fa && can_fold(nbd, out->shape, sa, sb, la.ld, m);
+    bool fold = batch > 1 && !fa && nb__gemm_can_fold(nbd, out->shape, sa, sb, la.ld, m);
     if (fold) {
         c.n = batch * m;
         j = 0;
