@@ -269,6 +269,17 @@ nb_status nb__nccl_launch(nb__nccl *n, const nb__coll *c, nb__nccl_work **work) 
     return NB_OK;
 }
 
+/* Work not done yet: 0, or the status of an error NCCL met on its own
+ * (a peer gone, a network failure) while it ran. */
+static int async_error(nb__nccl *n) {
+    ncclResult_t async;
+    if (ncclCommGetAsyncError(n->comm, &async) == ncclSuccess && async != ncclSuccess &&
+        async != ncclInProgress)
+        return nb_set_error(NB_ERR_NETWORK, "NCCL: %s (%s)", ncclGetErrorString(async),
+                            ncclGetLastError(n->comm));
+    return 0;
+}
+
 int nb__nccl_headers(nb__nccl *n, const int64_t *mine, int64_t *all, bool start) {
     if (start) {
         /* no wait for the compute stream: the header is the host's */
@@ -282,14 +293,7 @@ int nb__nccl_headers(nb__nccl *n, const int64_t *mine, int64_t *all, bool start)
         return 0;
     }
     cudaError_t e = cudaEventQuery(n->hdr_done);
-    if (e == cudaErrorNotReady) {
-        ncclResult_t async;
-        if (ncclCommGetAsyncError(n->comm, &async) == ncclSuccess && async != ncclSuccess &&
-            async != ncclInProgress)
-            return nb_set_error(NB_ERR_NETWORK, "NCCL: %s (%s)", ncclGetErrorString(async),
-                                ncclGetLastError(n->comm));
-        return 0;
-    }
+    if (e == cudaErrorNotReady) return async_error(n);
     if (e != cudaSuccess) return nb_set_error(NB_ERR_INTERNAL, "CUDA: %s", cudaGetErrorString(e));
     memcpy(all, n->hdr_host + NB__COLL_HEADER_WORDS, HDR_BYTES * (size_t)n->size);
     return 1;
@@ -300,12 +304,7 @@ int nb__nccl_query(nb__nccl *n, nb__nccl_work *w) {
     if (e == cudaSuccess) return 1;
     if (e != cudaErrorNotReady)
         return nb_set_error(NB_ERR_INTERNAL, "CUDA: %s", cudaGetErrorString(e));
-    ncclResult_t async;
-    if (ncclCommGetAsyncError(n->comm, &async) == ncclSuccess && async != ncclSuccess &&
-        async != ncclInProgress)
-        return nb_set_error(NB_ERR_NETWORK, "NCCL: %s (%s)", ncclGetErrorString(async),
-                            ncclGetLastError(n->comm));
-    return 0;
+    return async_error(n);
 }
 
 nb_status nb__nccl_work_order(nb__nccl_work *w) {
