@@ -21,9 +21,12 @@ set(NABLA_TEST_ENVIRONMENT
   NABLA_BIN_DIR=${CMAKE_BINARY_DIR}/bin)
 if(NABLA_SANITIZE)
   # The CUDA runtime maps memory where ASan keeps its shadow gap.
+  # Programs a test compiles against the build's library need the same
+  # runtime (tests/test_plugin_abi.py adds NABLA_TEST_CFLAGS).
   list(APPEND NABLA_TEST_ENVIRONMENT
     ASAN_OPTIONS=protect_shadow_gap=0:detect_stack_use_after_return=1
-    UBSAN_OPTIONS=print_stacktrace=1)
+    UBSAN_OPTIONS=print_stacktrace=1
+    NABLA_TEST_CFLAGS=-fsanitize=address,undefined)
 endif()
 # Deadlines stretch by this factor: a Debug build under ASan and UBSan runs
 # the programs several times slower, so a test's time limit (CTest's, Check's

@@ -68,7 +68,9 @@ def nabla_version():
 
 
 def compile_c(src, out, args, what):
-    p = subprocess.run([CC, "-O1", src, "-o", out] + args, capture_output=True, text=True)
+    # NABLA_TEST_CFLAGS: a sanitized build's runtime (cmake/NablaTests.cmake)
+    flags = os.environ.get("NABLA_TEST_CFLAGS", "").split()
+    p = subprocess.run([CC, "-O1"] + flags + [src, "-o", out] + args, capture_output=True, text=True)
     if p.returncode != 0:
         fail("%s does not compile:\n%s" % (what, p.stderr[-3000:]))
 
