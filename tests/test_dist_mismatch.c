@@ -53,17 +53,23 @@ static void ranks_text(int lo, int hi, char *out, size_t len) {
     for (int r = lo; r < hi; r++) u += (size_t)snprintf(out + u, len - u, "%s%d", r > lo ? ", " : "", r);
 }
 
-static void run_case(const mm_case *c, int R) {
+/* Runs scenario `name` under nbrun at R ranks, to its end (90 s at most). */
+static void run_scenario(nbt_proc *p, const char *name, int R) {
     char np[8];
     snprintf(np, sizeof np, "%d", R);
-    char *argv[] = {nbrun_path, "--nproc-per-node", np, "--master-port", "0", scenario_path, (char *)c->name, NULL};
+    char *argv[] = {nbrun_path, "--nproc-per-node", np, "--master-port", "0", scenario_path, (char *)name, NULL};
+    memset(p, 0, sizeof *p);
+    p->argv = argv;
+    p->env[0] = "NABLA_PG_TIMEOUT=60";
+    p->pass_fd = -1;
+    nbt_proc_start(p);
+    nbt_proc_wait_all(p, 1, 90);
+    p->argv = NULL; /* argv was this function's */
+}
+
+static void run_case(const mm_case *c, int R) {
     nbt_proc p;
-    memset(&p, 0, sizeof p);
-    p.argv = argv;
-    p.env[0] = "NABLA_PG_TIMEOUT=60";
-    p.pass_fd = -1;
-    nbt_proc_start(&p);
-    nbt_proc_wait_all(&p, 1, 90);
+    run_scenario(&p, c->name, R);
     ck_assert_msg(p.code == 1, "%s at %d ranks: nbrun exited with %d; stdout:\n%s\nstderr:\n%s", c->name, R, p.code,
                   p.out, p.err);
     ck_assert_msg(p.seconds < 30, "%s at %d ranks took %.1f s (timeout 60 s)", c->name, R, p.seconds);
@@ -104,16 +110,8 @@ END_TEST
 /* A subgroup whose ranks are not the world's (group 'world.g1' is world
  * ranks R-1, R-2, in that order): group ranks, with their world ranks. */
 static void run_group_case(int R) {
-    char np[8];
-    snprintf(np, sizeof np, "%d", R);
-    char *argv[] = {nbrun_path, "--nproc-per-node", np, "--master-port", "0", scenario_path, "mm_group", NULL};
     nbt_proc p;
-    memset(&p, 0, sizeof p);
-    p.argv = argv;
-    p.env[0] = "NABLA_PG_TIMEOUT=60";
-    p.pass_fd = -1;
-    nbt_proc_start(&p);
-    nbt_proc_wait_all(&p, 1, 90);
+    run_scenario(&p, "mm_group", R);
     ck_assert_msg(p.code == 1, "mm_group at %d ranks: nbrun exited with %d; stderr:\n%s", R, p.code, p.err);
     /* A member's world rank is named where it differs from its group rank. */
     char note[2][32], body[512], want[1024];
