@@ -378,10 +378,12 @@ START_TEST(test_overlap_across_ranks) {
     if (R > 1) {
         ck_assert_int_gt(nb_ddp_num_buckets(ddp), 2);
         /* the sleeper ends >= 60 ms after the others; each of them waits for
-         * its later launches: at least (R - 1) * 60 ms over R ranks per step,
-         * less what the others' own backward covers (a few ms here) */
+         * its later launches: at most (R - 1) * 60 ms over R ranks per step,
+         * less what the others' own backward covers (a few ms on a quiet
+         * machine, 20 ms and more on a loaded one). Without the comparison
+         * across ranks the peer wait is 0, so a third of the most is the bar. */
         ck_assert_msg(ov.skew_s > 0.045, "skew %g s", ov.skew_s);
-        ck_assert_msg(ov.peer_wait_s > 0.045 * (R - 1) / R, "peer wait %g s of %g", ov.peer_wait_s, ov.comm_s);
+        ck_assert_msg(ov.peer_wait_s > 0.020 * (R - 1) / R, "peer wait %g s of %g", ov.peer_wait_s, ov.comm_s);
     } else {
         ck_assert_double_eq(ov.comm_s, 0);
     }
