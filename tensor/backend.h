@@ -153,16 +153,22 @@ typedef void nb__backend_softmax_causal_backward_fn(nb_tensor *dx, const nb_tens
                                                     const nb_tensor *g, int64_t b, int64_t t,
                                                     int64_t s, double scale);
 /* Fused causal self-attention (optional: tensor/cpu/attention.h says what
- * it computes): y (N, T, C) from qkv (N, T, 3C) with h heads, and dqkv
- * from qkv and gy, the gradient of y; qkv and gy contiguous. Nothing of
- * size (N, H, T, T) is kept between the two: the backward makes each
- * head's probabilities again (Note [Attention without stored
- * probabilities] in tensor/cpu/attention.c). Scratch comes from ctx and
- * is given back before the call returns. */
-typedef void nb__backend_causal_attention_fn(nb_ctx *ctx, nb_tensor *y, const nb_tensor *qkv,
-                                             int h, double scale);
+ * it computes). Note [Attention contract]: the forward writes y (N, T, C)
+ * from qkv (N, T, 3C) with h heads and lse (N, H, T), f32 whatever the
+ * dtype: row i's log-sum-exp of the scaled scores, log sum_{j <= i}
+ * exp(scale q_i . k_j). The backward writes every element of dqkv
+ * (N, T, 3C) in place (no zeroed buffer, slices or adds) from qkv, the
+ * forward's y and lse, and gy, the gradient of y. qkv, y and gy are
+ * contiguous of qkv's dtype. Nothing of size (N, H, T, T) is kept between
+ * the two: a backend makes the probabilities again, from lse
+ * (p = exp(scale q k^T - lse), the flash-attention way) or whole (the CPU:
+ * Note [Attention without stored probabilities] in tensor/cpu/attention.c).
+ * Scratch comes from ctx and is given back before the call returns. */
+typedef void nb__backend_causal_attention_fn(nb_ctx *ctx, nb_tensor *y, nb_tensor *lse,
+                                             const nb_tensor *qkv, int h, double scale);
 typedef void nb__backend_causal_attention_backward_fn(nb_ctx *ctx, nb_tensor *dqkv,
-                                                      const nb_tensor *qkv, const nb_tensor *gy,
+                                                      const nb_tensor *qkv, const nb_tensor *y,
+                                                      const nb_tensor *lse, const nb_tensor *gy,
                                                       int h, double scale);
 typedef void nb__backend_layer_norm_fn(nb_tensor *y, nb_tensor *mean, nb_tensor *rstd,
                                        const nb_tensor *x, const nb_tensor *w, const nb_tensor *b,

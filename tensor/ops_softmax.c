@@ -88,13 +88,16 @@ nb_tensor *nb_softmax_causal(nb_ctx *ctx, nb_tensor *x, double scale) {
     return y;
 }
 
-/* Runs with grad mode off (Note [Tape]). */
+/* Runs with grad mode off (Note [Tape]). Note [Attention contract] in
+ * tensor/backend.h: the backend writes every element of dqkv, which
+ * becomes qkv's gradient as it is (nb__accum_grad adopts it when qkv has
+ * none yet, which is the attention layer's case). */
 static void causal_attention_backward(nb_ctx *ctx, nb_node *node, nb_tensor *g) {
-    nb_tensor *qkv = node->saved[0]; /* contiguous */
+    nb_tensor *qkv = node->saved[0], *lse = node->saved[1]; /* contiguous */
     nb_tensor *gy = nb__contig(ctx, g);
     nb_tensor *dqkv = nb__empty(ctx, qkv->dtype, 3, qkv->shape);
-    nb__backend_at(qkv)->causal_attention_backward(ctx, dqkv, qkv, gy, (int)node->i[0],
-                                                   node->f[0]);
+    nb__backend_at(qkv)->causal_attention_backward(ctx, dqkv, qkv, node->out, lse, gy,
+                                                   (int)node->i[0], node->f[0]);
     nb__accum_grad(ctx, node->in[0], dqkv);
 }
 
@@ -111,11 +114,15 @@ nb_tensor *nb__causal_attention(nb_ctx *ctx, nb_tensor *qkv, int h, double scale
         return NULL;
     nb_tensor *qc = nb__contig(ctx, qkv);
     nb_tensor *y = nb__empty(ctx, qkv->dtype, NB_SHAPE(n, t, c));
-    be->causal_attention(ctx, y, qc, h, scale);
+    nb_tensor *lse = nb__empty(ctx, NB_F32, NB_SHAPE(n, h, t));
+    be->causal_attention(ctx, y, lse, qc, h, scale);
     nb_node *node = nb__record(ctx, op, causal_attention_backward, y, 1, &qkv);
+    nb__node_reads(node, NB__READS_OUT);
     if (node) {
         node->saved[0] = qc;
+        node->saved[1] = lse;
         nb__mem_internal(node, qc);
+        nb__mem_internal(node, lse);
         node->i[0] = h;
         node->f[0] = scale;
     }

@@ -305,13 +305,15 @@ START_TEST(test_values_at_threaded_sizes) {
 }
 END_TEST
 
-/* The attention across heads on 4 threads against the composed ops on 1. */
+/* The attention across heads on 4 threads against f64 loops, with each
+ * row's log-sum-exp. */
 START_TEST(test_attention_heads_against_composed) {
     nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
     int64_t n = 3, t = 40, h = 4, dd = 16, c = h * dd;
     nb_tensor *qkv = nbt_randn(ctx, NB_F64, NB_SHAPE(n, t, 3 * c), 31);
     double *hq = host(qkv), *want = calloc((size_t)(n * t * c), sizeof *want);
     double scale = 1 / sqrt((double)dd), *att = malloc((size_t)t * sizeof *att);
+    double *want_lse = malloc((size_t)(n * h * t) * sizeof *want_lse);
     for (int64_t b = 0; b < n; b++)
         for (int64_t hh = 0; hh < h; hh++)
             for (int64_t i = 0; i < t; i++) {
@@ -325,6 +327,7 @@ START_TEST(test_attention_heads_against_composed) {
                     mx = fmax(mx, att[j]);
                 }
                 for (int64_t j = 0; j <= i; j++) se += att[j] = exp(att[j] - mx);
+                want_lse[(b * h + hh) * t + i] = mx + log(se);
                 for (int64_t j = 0; j <= i; j++) {
                     const double *vj = hq + (b * t + j) * 3 * c + 2 * c + hh * dd;
                     for (int64_t e = 0; e < dd; e++)
@@ -333,9 +336,11 @@ START_TEST(test_attention_heads_against_composed) {
             }
     nb_set_num_threads(4);
     nb_tensor *y = nb_zeros(ctx, NB_F64, NB_SHAPE(n, t, c));
-    nb__cpu_causal_attention(ctx, y, qkv, (int)h, scale);
+    nb_tensor *lse = nb_zeros(ctx, NB_F32, NB_SHAPE(n, h, t));
+    nb__cpu_causal_attention(ctx, y, lse, qkv, (int)h, scale);
     nbt_assert_close(y, want, 1e-12, 1e-12);
-    free(hq), free(want), free(att);
+    nbt_assert_close(lse, want_lse, 1e-6, 1e-6); /* f32 */
+    free(hq), free(want), free(att), free(want_lse);
     nb_ctx_free(ctx);
     nb_set_num_threads(0);
 }

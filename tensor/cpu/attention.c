@@ -34,7 +34,10 @@
  * head, about a sixth more attention work in a step. This is the shape of
  * a fused ("flash") attention on a GPU, which keeps only each row's
  * log-sum-exp; on the CPU a head's whole T x T block fits in cache, so
- * the rows are simply made again. */
+ * the rows are simply made again, and the forward's y and log-sum-exp
+ * that the contract hands the backward (Note [Attention contract] in
+ * tensor/backend.h) go unread. The forward writes the log-sum-exp from
+ * its softmax rows' own maximum and sum, at no extra cost. */
 #include <cblas.h>
 
 #include "tensor/cpu/attention.h"
@@ -73,7 +76,7 @@ static char *at(const void *base, const dims *s, int64_t w, int64_t b, int64_t c
 }
 
 typedef struct heads_job {
-    nb_tensor *y, *dqkv;
+    nb_tensor *y, *dqkv, *lse;
     const nb_tensor *qkv, *gy;
     int h;
     double scale;
@@ -85,13 +88,14 @@ static char *scratch_of(const heads_job *j, const dims *s, int tid, int block) {
     return j->scratch + ((int64_t)tid * j->blocks + block) * s->t * s->t * (int64_t)s->es;
 }
 
-/* p (T, T) = head hh of batch b's causal softmax of scale q k^T: the same
- * products and rows in forward and backward, so the same bits. */
+/* p (T, T) = head hh of batch b's causal softmax of scale q k^T, and the
+ * rows' log-sum-exp in lse (T) unless NULL: the same products and rows in
+ * forward and backward, so the same bits. */
 static void probabilities(const heads_job *j, const dims *s, const char *q, const char *k,
-                          char *p) {
+                          char *p, float *lse) {
     int64_t w = 3 * s->c;
     gemm(j->qkv->dtype, NB_TRI_LOWER, false, true, s->t, s->t, s->d, q, w, k, w, p, s->t);
-    nb__cpu_causal_rows(j->qkv->dtype, p, p, 1, s->t, s->t, j->scale);
+    nb__cpu_causal_rows(j->qkv->dtype, p, lse, p, 1, s->t, s->t, j->scale);
 }
 
 static void forward_pair(void *varg, int64_t pair, int tid) {
@@ -102,7 +106,7 @@ static void forward_pair(void *varg, int64_t pair, int tid) {
     const char *q = at(j->qkv->data, &s, w, b, hh * s.d);
     const char *k = q + s.c * (int64_t)s.es, *v = q + 2 * s.c * (int64_t)s.es;
     char *ph = scratch_of(j, &s, tid, 0);
-    probabilities(j, &s, q, k, ph);
+    probabilities(j, &s, q, k, ph, (float *)j->lse->data + pair * s.t);
     gemm(j->qkv->dtype, NB_TRI_K_UPTO_ROW, false, false, s.t, s.d, s.t, ph, s.t, v, w,
          at(j->y->data, &s, s.c, b, hh * s.d), s.c);
 }
@@ -117,7 +121,7 @@ static void backward_pair(void *varg, int64_t pair, int tid) {
     const char *q = at(j->qkv->data, &s, w, b, hh * s.d), *k = q + cb, *v = q + 2 * cb;
     char *dq = at(j->dqkv->data, &s, w, b, hh * s.d), *dk = dq + cb, *dv = dq + 2 * cb;
     const char *g = at(j->gy->data, &s, s.c, b, hh * s.d);
-    probabilities(j, &s, q, k, ph);
+    probabilities(j, &s, q, k, ph, NULL);
     gemm(dt, NB_TRI_LOWER, false, true, s.t, s.t, s.d, g, s.c, v, w, ds, s.t); /* dp */
     nb__cpu_causal_rows_backward(dt, ds, ph, ds, 1, s.t, s.t, j->scale);
     gemm(dt, NB_TRI_K_UPTO_ROW, false, false, s.t, s.d, s.t, ds, s.t, k, w, dq, w);
@@ -164,14 +168,18 @@ static void run_pairs(nb_ctx *ctx, nb__task_fn fn, heads_job *j, int blocks) {
     if (bytes) nb__ctx_scratch_done(ctx, j->scratch, bytes);
 }
 
-void nb__cpu_causal_attention(nb_ctx *ctx, nb_tensor *y, const nb_tensor *qkv, int h,
-                              double scale) {
-    heads_job j = {.y = y, .qkv = qkv, .h = h, .scale = scale};
+void nb__cpu_causal_attention(nb_ctx *ctx, nb_tensor *y, nb_tensor *lse, const nb_tensor *qkv,
+                              int h, double scale) {
+    heads_job j = {.y = y, .lse = lse, .qkv = qkv, .h = h, .scale = scale};
     run_pairs(ctx, forward_pair, &j, 1);
 }
 
+/* y and lse are not read: the probabilities are made whole again
+ * (Note [Attention without stored probabilities]). */
 void nb__cpu_causal_attention_backward(nb_ctx *ctx, nb_tensor *dqkv, const nb_tensor *qkv,
+                                       const nb_tensor *y, const nb_tensor *lse,
                                        const nb_tensor *gy, int h, double scale) {
+    (void)y, (void)lse;
     heads_job j = {.dqkv = dqkv, .qkv = qkv, .gy = gy, .h = h, .scale = scale};
     run_pairs(ctx, backward_pair, &j, 2);
 }

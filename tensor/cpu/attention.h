@@ -11,13 +11,13 @@
 #include "tensor/backend.h" /* nb__backend_*_fn */
 
 /* For each (n, h): p (T, T) = causal softmax of scale q k^T
- * (nb__cpu_softmax_causal's rows), in scratch, and y[n, :, h D : h D + D]
- * = p v, so y (N, T, C) comes out in the layout the output projection
- * reads. */
+ * (nb__cpu_softmax_causal's rows), in scratch, lse[n, h] (T) its rows'
+ * log-sum-exp, and y[n, :, h D : h D + D] = p v, so y (N, T, C) comes out
+ * in the layout the output projection reads. */
 nb__backend_causal_attention_fn nb__cpu_causal_attention;
 
 /* dqkv (N, T, 3C), every element written, from qkv and gy (N, T, C), the
- * gradient of y. Per head: p made again (Note [Attention without stored
+ * gradient of y (y and lse are not read). Per head: p made again (Note [Attention without stored
  * probabilities] in tensor/cpu/attention.c), dp = gy v^T, ds = scale p
  * (dp - sum_j dp p) on the kept entries, dq = ds k, dk = ds^T q,
  * dv = p^T gy. */

@@ -153,6 +153,7 @@ typedef struct rows_job {
     int64_t k, inner, t, s;
     double scale;
     bool take_log;
+    float *lse; /* causal rows: each row's log-sum-exp, or NULL */
 } rows_job;
 
 static void softmax_range(void *varg, int64_t lo, int64_t hi) {
@@ -216,12 +217,16 @@ void nb__cpu_softmax_backward(nb_tensor *dx, const nb_tensor *y, const nb_tensor
  * Row i keeps l = min(i + 1, S) entries. The f32 rows are softmax's
  * (row_max_float, row_expsum_float) of scale * x; the f64 rows are the
  * plain reference (gradchecks). */
-NB_CPU_CLONES static void causal_row_float(float *y, const float *x, int64_t s, int64_t l, float scale) {
+/* Returns the row's log-sum-exp. */
+NB_CPU_CLONES static double causal_row_float(float *y, const float *x, int64_t s, int64_t l,
+                                             float scale) {
     float mx = row_max_float(x, l, scale);
-    float inv = (float)(1.0 / row_expsum_float(y, x, l, scale, mx));
+    double sum = row_expsum_float(y, x, l, scale, mx);
+    float inv = (float)(1.0 / sum);
     int64_t j = 0;
     for (; j < l; j++) y[j] *= inv;
     for (; j < s; j++) y[j] = 0;
+    return (double)mx + log(sum);
 }
 
 NB_CPU_CLONES static void causal_row_backward_float(float *dx, const float *y, const float *g, int64_t s,
@@ -238,12 +243,13 @@ NB_CPU_CLONES static void causal_row_backward_float(float *dx, const float *y, c
     for (; j < s; j++) dx[j] = 0;
 }
 
-static void causal_row_double(double *y, const double *x, int64_t s, int64_t l, double scale) {
+static double causal_row_double(double *y, const double *x, int64_t s, int64_t l, double scale) {
     double mx = -INFINITY, sum = 0;
     for (int64_t j = 0; j < l; j++) mx = scale * x[j] > mx ? scale * x[j] : mx;
     for (int64_t j = 0; j < l; j++) sum += y[j] = exp(scale * x[j] - mx);
     for (int64_t j = 0; j < l; j++) y[j] /= sum;
     for (int64_t j = l; j < s; j++) y[j] = 0;
+    return mx + log(sum);
 }
 
 static void causal_row_backward_double(double *dx, const double *y, const double *g, int64_t s,
@@ -259,11 +265,14 @@ static void causal_range(void *varg, int64_t lo, int64_t hi) {
     int64_t t = j->t, s = j->s;
     for (int64_t r = lo; r < hi; r++) {
         int64_t i = r % t, l = i + 1 < s ? i + 1 : s;
+        double lse;
         if (j->dt == NB_F32)
-            causal_row_float((float *)j->y + r * s, (const float *)j->x + r * s, s, l,
-                             (float)j->scale);
+            lse = causal_row_float((float *)j->y + r * s, (const float *)j->x + r * s, s, l,
+                                   (float)j->scale);
         else
-            causal_row_double((double *)j->y + r * s, (const double *)j->x + r * s, s, l, j->scale);
+            lse = causal_row_double((double *)j->y + r * s, (const double *)j->x + r * s, s, l,
+                                    j->scale);
+        if (j->lse) j->lse[r] = (float)lse;
     }
 }
 
@@ -283,9 +292,9 @@ static void causal_backward_range(void *varg, int64_t lo, int64_t hi) {
 
 /* Row i of each (T, S) block keeps min(i + 1, S) entries; half of S on
  * average is the work of a row. */
-void nb__cpu_causal_rows(nb_dtype dt, void *y, const void *x, int64_t b, int64_t t, int64_t s,
-                         double scale) {
-    rows_job j = {.dt = dt, .y = y, .x = x, .t = t, .s = s, .scale = scale};
+void nb__cpu_causal_rows(nb_dtype dt, void *y, float *lse, const void *x, int64_t b, int64_t t,
+                         int64_t s, double scale) {
+    rows_job j = {.dt = dt, .y = y, .x = x, .t = t, .s = s, .scale = scale, .lse = lse};
     nb__parallel_range(b * t, nb__grain(s / 2 + 1), causal_range, &j);
 }
 
@@ -297,7 +306,7 @@ void nb__cpu_causal_rows_backward(nb_dtype dt, void *dx, const void *y, const vo
 
 void nb__cpu_softmax_causal(nb_tensor *y, const nb_tensor *x, int64_t b, int64_t t, int64_t s,
                             double scale) {
-    nb__cpu_causal_rows(x->dtype, y->data, x->data, b, t, s, scale);
+    nb__cpu_causal_rows(x->dtype, y->data, NULL, x->data, b, t, s, scale);
 }
 
 void nb__cpu_softmax_causal_backward(nb_tensor *dx, const nb_tensor *y, const nb_tensor *g,

@@ -27,9 +27,11 @@ nb__backend_softmax_causal_fn nb__cpu_softmax_causal;
 nb__backend_softmax_causal_backward_fn nb__cpu_softmax_causal_backward;
 
 /* The same on raw rows (b (T, S) matrices of dtype dt, f32 or f64), for
- * kernels that run them on their own buffers; dx may be g and y may be x. */
-void nb__cpu_causal_rows(nb_dtype dt, void *y, const void *x, int64_t b, int64_t t, int64_t s,
-                         double scale);
+ * kernels that run them on their own buffers; dx may be g and y may be x.
+ * lse, when not NULL, gets each of the b T rows' log-sum-exp of its kept
+ * scaled entries, in f32. */
+void nb__cpu_causal_rows(nb_dtype dt, void *y, float *lse, const void *x, int64_t b, int64_t t,
+                         int64_t s, double scale);
 void nb__cpu_causal_rows_backward(nb_dtype dt, void *dx, const void *y, const void *g, int64_t b,
                                   int64_t t, int64_t s, double scale);
 
