@@ -143,15 +143,82 @@ nb_tensor *nb_module_add_buffer(nb_module *m, const char *name, nb_tensor *t) {
     return t;
 }
 
+/* Note [Module paths in errors]
+ * A shape or dtype error inside a model names the module by its path, as
+ * its parameters are named: "blocks.0.proj (Linear): input (8, 64, 256) has
+ * 256 features in its last dim, the layer takes 128". A module does not
+ * know its parents (one module may sit in several places of a tree), but
+ * the forward calls do: nb_module_forward, the one door to every vtable
+ * forward, pushes a frame naming its module on the thread's abort chain
+ * (tensor/error.c) for as long as the forward runs. When something aborts,
+ * the innermost frame walks the chain from the outermost forward down and
+ * finds each module under the one before it (a direct child, or deeper when
+ * a forward called a grandchild through a function of its own; the first
+ * such path in registration order). A module not found under the previous
+ * one starts the path again. The message is then prefixed with "path
+ * (Type): ", and a message that already begins with "Type: " (the layers
+ * say "Linear: ...") has that part replaced; errors of the module called
+ * directly (an empty path) are left as they are. Only the failing path pays:
+ * a forward costs two pointer writes. */
+typedef struct module_frame {
+    nb__abort_frame base; /* first: the chain holds &frame.base */
+    nb_module *m;
+} module_frame;
+
+/* Path of `target` below `m`, appended to buf[at..]; false if not found. */
+static bool find_path(const nb_module *m, const nb_module *target, char *buf, size_t size,
+                      size_t at, int depth) {
+    if (depth > 64) return false;
+    for (int i = 0; i < m->children.n; i++) {
+        const nb_module *c = m->children.v[i].ptr;
+        int k = snprintf(buf + at, size - at, "%s%s", at ? "." : "", m->children.v[i].name);
+        if (k < 0 || (size_t)k >= size - at) return false;
+        if (c == target || find_path(c, target, buf, size, at + (size_t)k, depth + 1)) return true;
+    }
+    buf[at] = 0;
+    return false;
+}
+
+static void module_annotate(const nb__abort_frame *f, const char *msg, char *out, size_t size) {
+    const nb_module *chain[256];
+    int n = 0;
+    for (const nb__abort_frame *g = f; g && n < 256; g = g->up)
+        if (g->annotate == module_annotate) chain[n++] = ((const module_frame *)g)->m;
+    char path[NB__NAME_MAX] = "";
+    size_t len = 0;
+    for (int i = n - 2; i >= 0; i--) { /* chain[n - 1] is the outermost forward */
+        if (chain[i] == chain[i + 1]) continue;
+        if (find_path(chain[i + 1], chain[i], path, sizeof path, len, 0))
+            len = strlen(path);
+        else
+            path[len = 0] = 0;
+    }
+    const char *type = chain[0]->type->name;
+    size_t tl = strlen(type);
+    if (!len)
+        snprintf(out, size, "%s", msg);
+    else if (strncmp(msg, type, tl) == 0 && msg[tl] == ':' && msg[tl + 1] == ' ')
+        snprintf(out, size, "%s (%s): %s", path, type, msg + tl + 2);
+    else
+        snprintf(out, size, "%s (%s): %s", path, type, msg);
+}
+
 nb_tensor *nb_module_forward(nb_module *m, nb_ctx *ctx, nb_tensor *x) {
     NB_CHECK(m, "nb_module_forward: module is NULL");
     NB_CHECK(m->type->forward, "nb_module_forward: a %s has no single-input forward; call its "
              "own forward function", m->type->name);
     NB_CHECK(x, "nb_module_forward: input to the %s is NULL", m->type->name);
-    if (m->recompute && nb_grad_enabled()) return nb__module_forward_recompute(m, ctx, x);
-    nb__scope_enter(ctx); /* Note [Memory given back] in tensor/memory.c */
-    nb_tensor *y = m->type->forward(m, ctx, x);
-    nb__scope_exit(ctx, y);
+    module_frame frame = {{NULL, module_annotate}, m};
+    nb__abort_frame_push(&frame.base);
+    nb_tensor *y;
+    if (m->recompute && nb_grad_enabled()) {
+        y = nb__module_forward_recompute(m, ctx, x);
+    } else {
+        nb__scope_enter(ctx); /* Note [Memory given back] in tensor/memory.c */
+        y = m->type->forward(m, ctx, x);
+        nb__scope_exit(ctx, y);
+    }
+    nb__abort_frame_pop(&frame.base);
     return y;
 }
 

@@ -1,10 +1,13 @@
-/* Status codes, the thread-local last-error message and nb_abort. */
+/* Status codes, the thread-local last-error message and nb_abort (with the
+ * thread's chain of frames that annotate its message). */
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "nabla/error.h"
+#include "tensor/internal.h"
 
 static _Thread_local char last_error[1024];
+static _Thread_local nb__abort_frame *frames;
 
 static nb_abort_handler abort_handler;
 static void *abort_user;
@@ -37,12 +40,27 @@ nb_abort_handler nb_set_abort_handler(nb_abort_handler handler, void *user) {
     return prev;
 }
 
+void nb__abort_frame_push(nb__abort_frame *f) {
+    f->up = frames;
+    frames = f;
+}
+
+void nb__abort_frame_pop(nb__abort_frame *f) {
+    if (frames == f) frames = f->up; /* else nb_abort emptied the chain */
+}
+
 NB_NORETURN void nb_abort(const char *file, int line, const char *fmt, ...) {
-    char msg[1024];
+    char raw[1024], msg[1280];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    vsnprintf(raw, sizeof raw, fmt, ap);
     va_end(ap);
+    nb__abort_frame *f = frames;
+    frames = NULL;
+    if (f)
+        f->annotate(f, raw, msg, sizeof msg);
+    else
+        snprintf(msg, sizeof msg, "%s", raw);
     if (abort_handler) abort_handler(file, line, msg, abort_user);
     fprintf(stderr, "nabla: %s\n  (at %s:%d)\n", msg, file, line);
     fflush(stderr);

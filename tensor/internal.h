@@ -127,6 +127,21 @@ int64_t nb__numel_shape(int ndim, const int64_t *shape); /* -1: more than INT64_
 double nb__load(const void *p, nb_dtype dtype);
 void nb__store(void *p, nb_dtype dtype, double v);
 
+/* ---- context for nb_abort's message ---- */
+/* A thread's chain of frames, innermost first (nb_module_forward pushes
+ * one: Note [Module paths in errors] in nn/module.c). nb_abort hands the
+ * message to the innermost frame's `annotate`, which writes the message to
+ * print into out, and empties the chain before calling the handler (a
+ * handler that longjmps leaves no frame behind). Frames live on the stack
+ * of the function that pushed them and are popped in reverse order. */
+typedef struct nb__abort_frame nb__abort_frame;
+struct nb__abort_frame {
+    nb__abort_frame *up;
+    void (*annotate)(const nb__abort_frame *f, const char *msg, char *out, size_t size);
+};
+void nb__abort_frame_push(nb__abort_frame *f);
+void nb__abort_frame_pop(nb__abort_frame *f);
+
 /* ---- checks (abort naming `op`) ---- */
 void nb__check_float(const char *op, const nb_tensor *t);  /* f32/f64 for math */
 /* nb__check_float, or for the matrix products a half dtype that is ctx's

@@ -645,6 +645,85 @@ START_TEST(test_layer_errors) {
 }
 END_TEST
 
+/* ---- module paths in errors (Note [Module paths in errors], nn/module.c) ---- */
+/* Block: x + proj(norm(x)) when the widths agree, else proj(norm(x)). */
+typedef struct block {
+    nb_module *norm, *proj;
+} block;
+static nb_tensor *block_forward(nb_module *m, nb_ctx *ctx, nb_tensor *x);
+static const nb_module_type block_type = {"Block", sizeof(block), block_forward, NULL};
+static nb_tensor *block_forward(nb_module *m, nb_ctx *ctx, nb_tensor *x) {
+    block *b = nb_module_self(m, &block_type);
+    nb_tensor *h = nb_module_forward(b->proj, ctx, nb_module_forward(b->norm, ctx, x));
+    return nb_add(ctx, x, h); /* aborts in the Block when proj changes the width */
+}
+static nb_module *block_new(nb_ctx *ctx, int64_t in, int64_t out) {
+    nb_module *m = nb_module_new(ctx, &block_type);
+    block *b = nb_module_self(m, &block_type);
+    b->norm = nb_module_add(m, "norm", nb_layer_norm_new(ctx, NB_F32, 1, (int64_t[]){in}, NULL));
+    b->proj = nb_module_add(m, "proj", nb_linear_new(ctx, NB_F32, in, out, true, NULL));
+    return m;
+}
+/* Net: blocks (a Sequential of Blocks), then head.fc (in a ModuleList) called directly. */
+static nb_tensor *net_forward(nb_module *m, nb_ctx *ctx, nb_tensor *x);
+static const nb_module_type net_type = {"Net", 0, net_forward, NULL};
+static nb_tensor *net_forward(nb_module *m, nb_ctx *ctx, nb_tensor *x) {
+    x = nb_module_forward(nb_module_child(m, "blocks"), ctx, x);
+    return nb_module_forward(nb_module_child(m, "head.fc"), ctx, x);
+}
+static nb_module *net_new(nb_ctx *ctx, int64_t w1, int64_t head_in) {
+    nb_module *m = nb_module_new(ctx, &net_type);
+    nb_module *blocks[2] = {block_new(ctx, 8, 8), block_new(ctx, 8, w1)};
+    nb_module_add(m, "blocks", nb_sequential_new(ctx, 2, blocks));
+    nb_module *head = nb_module_add(m, "head", nb_module_list_new(ctx));
+    nb_module_add(head, "fc", nb_linear_new(ctx, NB_F32, head_in, 2, false, NULL));
+    return m;
+}
+
+START_TEST(test_errors_name_module_path) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *x = nb_zeros(ctx, NB_F32, NB_SHAPE(2, 3, 8));
+    nb_module *ok = net_new(ctx, 8, 8);
+    nb_tensor *y = nb_module_forward(ok, ctx, x);
+    ck_assert_int_eq(y->shape[2], 2);
+
+    /* a layer's own message: "Linear: " becomes "path (Linear): " */
+    NBT_EXPECT_ABORT(nb_module_forward(net_new(ctx, 8, 6), ctx, x), "head.fc (Linear)");
+    ck_assert_str_eq(nbt_abort_msg, "head.fc (Linear): input (2, 3, 8) has 8 features in its last "
+                                    "dim, the layer takes 6");
+    NBT_EXPECT_ABORT(nb_module_forward(ok, ctx, nb_zeros(ctx, NB_F32, NB_SHAPE(2, 3, 5))),
+                     "blocks.0.norm (LayerNorm)");
+    ck_assert_str_eq(nbt_abort_msg, "blocks.0.norm (LayerNorm): input (2, 3, 5) does not end in "
+                                    "the normalized shape (8,)");
+    NBT_EXPECT_ABORT(nb_module_forward(ok, ctx, nb_zeros(ctx, NB_F64, NB_SHAPE(2, 3, 8))),
+                     "blocks.0.norm (LayerNorm)");
+    ck_assert_str_eq(nbt_abort_msg, "blocks.0.norm (LayerNorm): input (2, 3, 8) is f64 but the "
+                                    "layer's parameters are f32");
+    /* an op's message inside a user's module: prefixed with the module */
+    NBT_EXPECT_ABORT(nb_module_forward(net_new(ctx, 4, 4), ctx, x), "blocks.1 (Block): nb_add");
+    ck_assert_ptr_eq(strstr(nbt_abort_msg, "blocks.1 (Block): nb_add"), nbt_abort_msg);
+    /* inside a module called directly, below the root of the failing call */
+    nb_module *net = net_new(ctx, 8, 6);
+    NBT_EXPECT_ABORT(nb_module_forward(nb_module_child(net, "blocks"), ctx,
+                                       nb_zeros(ctx, NB_F32, NB_SHAPE(2, 3, 5))),
+                     "0.norm (LayerNorm)");
+    ck_assert_str_eq(nbt_abort_msg, "0.norm (LayerNorm): input (2, 3, 5) does not end in the "
+                                    "normalized shape (8,)");
+    /* the module called directly keeps its message, with nothing left over from
+     * the forwards the aborts above left by longjmp */
+    NBT_EXPECT_ABORT(nb_module_forward(nb_module_child(net, "head.fc"), ctx, x), "Linear");
+    ck_assert_str_eq(nbt_abort_msg, "Linear: input (2, 3, 8) has 8 features in its last dim, the "
+                                    "layer takes 6");
+    NBT_EXPECT_ABORT(nb_add(ctx, x, nb_zeros(ctx, NB_F32, NB_SHAPE(5))), "nb_add");
+    ck_assert_ptr_eq(strstr(nbt_abort_msg, "nb_add"), nbt_abort_msg);
+    /* under recomputation the forward is the same door */
+    nb_module_set_recompute(nb_module_child(net, "blocks.1"), true);
+    nb_tensor *xg = nbt_randn_leaf(ctx, NB_F32, NB_SHAPE(2, 3, 8), 1);
+    NBT_EXPECT_ABORT(nb_module_forward(net, ctx, xg), "head.fc (Linear)");
+    nb_ctx_free(ctx);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("nn_layers");
     TCase *tc = tcase_create("core");
@@ -664,6 +743,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_losses);
     tcase_add_test(tc, test_loss_gradcheck);
     tcase_add_test(tc, test_layer_errors);
+    tcase_add_test(tc, test_errors_name_module_path);
     suite_add_tcase(s, tc);
     return s;
 }
