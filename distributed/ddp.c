@@ -77,8 +77,9 @@
  *   nb_ddp_free          free
  * Without buckets (a world of one) nb_ddp_backward is nb_backward followed
  * by sync_begin, grads_final over every parameter and sync_end. Features
- * that cannot be combined refuse each other by slot (nb__ddp_attached);
- * the reducer refuses a second communication hook. Slots are called in
+ * that cannot be combined are pairs in one table (Note [Feature conflicts]
+ * in ddp_reducer.h), checked by nb__ddp_check_conflicts when a feature is
+ * switched on; the reducer refuses a second communication hook. Slots are called in
  * their enum order at each point.
  *
  */
@@ -149,6 +150,30 @@ void nb__ddp_detach(nb_ddp *d, nb__ddp_feature f) {
     }
     d->feat[f].h = NULL;
     d->feat[f].self = NULL;
+}
+
+nb_status nb__ddp_check_conflicts(const nb_ddp *d, nb__ddp_feature f, const char *who) {
+    static const char *const what[] = {
+#define FEATURE_WHAT(slot, text) text,
+        NB__DDP_FEATURE_LIST(FEATURE_WHAT)
+#undef FEATURE_WHAT
+    };
+    static const struct {
+        nb__ddp_feature a, b;
+        const char *why;
+    } pairs[] = {
+#define CONFLICT_PAIR(a, b, why) {a, b, why},
+        NB__DDP_CONFLICT_LIST(CONFLICT_PAIR)
+#undef CONFLICT_PAIR
+    };
+    _Static_assert(sizeof what / sizeof *what == NB__DDP_FEATURES, "one description per feature");
+    for (size_t k = 0; k < sizeof pairs / sizeof *pairs; k++) {
+        nb__ddp_feature other = pairs[k].a == f ? pairs[k].b : pairs[k].b == f ? pairs[k].a : f;
+        if (other != f && d->feat[other].h)
+            return nb_set_error(NB_ERR_INVALID, "%s: rank %d: %s cannot be combined with %s, which is on: %s",
+                                who, d->rank, what[f], what[other], pairs[k].why);
+    }
+    return NB_OK;
 }
 
 void *nb__ddp_state(const nb_ddp *d, nb__ddp_feature f) { return d->feat[f].h ? d->feat[f].self : NULL; }

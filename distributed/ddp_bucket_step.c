@@ -21,14 +21,14 @@
  * later ones were not, and the error says the group is broken anyway.
  * Global-norm clipping needs every gradient before the first update, the
  * grad scaler's found-inf check too, and join replays steps on ranks that
- * do not train: those combinations abort (nb__optim_check_not_bucket_stepped,
- * nb_ddp_join_begin). A no_sync backward reduces nothing and steps
+ * do not train: those combinations are refused (nb__optim_check_not_bucket_stepped,
+ * Note [Feature conflicts]). A no_sync backward reduces nothing and steps
  * nothing; the synchronising backward after it steps on the accumulated
  * sums. */
 #include <stdlib.h>
 
 #include "distributed/ddp_reducer.h"
-#include "optim/internal.h"
+#include "optim/sharded.h"
 #include "util/handle.h"
 
 typedef struct step_state {
@@ -59,7 +59,7 @@ static void step_grads_final(nb_ddp *d, void *self, const int *params, int n) {
 static void step_free(nb_ddp *d, void *self) {
     (void)d;
     step_state *s = self;
-    s->opt->stepped_by = NULL;
+    nb__optim_give_back(s->opt);
     free(s->opt_index);
     free(s->step_idx);
     free(s);
@@ -72,27 +72,22 @@ static const nb__ddp_hooks step_hooks = {
     .free = step_free,
 };
 
-/* A combination the wrapper refuses is a status, as in nb_ddp_set_zero: a
- * program may fall back to a plain step. Called inside a backward, it aborts. */
+/* A combination the wrapper refuses is a status (Note [Feature conflicts]
+ * in ddp_reducer.h): a program may fall back to a plain step. Called
+ * inside a backward, it aborts. */
 nb_status nb_ddp_set_optimizer(nb_ddp *d, nb_optim *opt) {
     NB__CHECK_HANDLE("nb_ddp_set_optimizer", d, "DDP handle");
     NB_CHECK(!d->in_backward, "nb_ddp_set_optimizer: rank %d: called inside a backward", d->rank);
     step_state *cur = nb__ddp_state(d, NB__DDP_BUCKET_STEP);
-    if (opt && nb__ddp_attached(d, NB__DDP_JOIN))
-        return nb_set_error(NB_ERR_INVALID, "nb_ddp_set_optimizer: rank %d: the wrapper is in join mode "
-                            "(nb_ddp_join_begin); per-bucket optimizer steps cannot be combined with join",
-                            d->rank);
-    if (opt && nb__ddp_attached(d, NB__DDP_ZERO))
-        return nb_set_error(NB_ERR_INVALID, "nb_ddp_set_optimizer: rank %d: ZeRO-1 is on (nb_ddp_set_zero); "
-                            "per-bucket optimizer steps cannot be combined with it", d->rank);
-    if (opt && opt->sharded_by)
-        return nb_set_error(NB_ERR_INVALID, "nb_ddp_set_optimizer: rank %d: this optimizer's state is sharded "
-                            "by ZeRO-1 (nb_ddp_set_zero); per-bucket optimizer steps cannot be combined with it",
-                            d->rank);
     if (cur && cur->opt == opt) return NB_OK;
-    if (opt && opt->stepped_by)
-        return nb_set_error(NB_ERR_INVALID, "nb_ddp_set_optimizer: rank %d: this optimizer is already stepped "
-                            "per bucket by another DDP wrapper", d->rank);
+    if (opt) {
+        nb_status st = nb__ddp_check_conflicts(d, NB__DDP_BUCKET_STEP, "nb_ddp_set_optimizer");
+        if (st != NB_OK) return st; /* Note [Feature conflicts] */
+    }
+    if (opt) {
+        nb_status st = nb__optim_can_take(opt, NB__OPTIM_BUCKET_STEPPED, "nb_ddp_set_optimizer", d->rank);
+        if (st != NB_OK) return st;
+    }
     int *index = NULL;
     if (opt) {
         index = nb__ddp_calloc((size_t)(d->n ? d->n : 1), sizeof(int));
@@ -104,13 +99,20 @@ nb_status nb_ddp_set_optimizer(nb_ddp *d, nb_optim *opt) {
             for (int j = 0; j < nb_optim_param_count(opt) && name[0] == '?'; j++) {
                 bool in = false;
                 for (int i = 0; i < d->n && !in; i++) in = index[i] == j;
-                if (!in) name = opt->params[j].name;
+                if (!in) name = nb__optim_param_name(opt, j);
             }
             free(index);
             return nb_set_error(NB_ERR_INVALID, "nb_ddp_set_optimizer: rank %d: optimizer parameter \"%s\" is "
                                 "not a parameter (that requires grad) of the wrapped model; a per-bucket step "
                                 "updates only the wrapper's parameters, so it would never be stepped",
                                 d->rank, name);
+        }
+    }
+    if (opt) {
+        nb_status st = nb__optim_take(opt, NB__OPTIM_BUCKET_STEPPED, "nb_ddp_set_optimizer", d->rank);
+        if (st != NB_OK) {
+            free(index);
+            return st;
         }
     }
     if (cur) {
@@ -122,7 +124,6 @@ nb_status nb_ddp_set_optimizer(nb_ddp *d, nb_optim *opt) {
     s->opt = opt;
     s->opt_index = index;
     s->step_idx = nb__ddp_calloc((size_t)(d->n ? d->n : 1), sizeof(int));
-    opt->stepped_by = "a DDP wrapper";
     nb__ddp_attach(d, NB__DDP_BUCKET_STEP, &step_hooks, s);
     return NB_OK;
 }

@@ -146,18 +146,15 @@ static const nb__ddp_hooks join_hooks = {
     .free = join_free,
 };
 
-void nb_ddp_join_begin(nb_ddp *d, const nb_ddp_join_options *opts) {
+nb_status nb_ddp_join_begin(nb_ddp *d, const nb_ddp_join_options *opts) {
     NB__CHECK_HANDLE("nb_ddp_join_begin", d, "DDP handle");
     join_state *j = join_of(d);
     NB_CHECK(!(j && j->counted), "nb_ddp_join_begin: rank %d: called between a step's forward and its backward",
              d->rank);
-    NB_CHECK(!nb__ddp_attached(d, NB__DDP_BUCKET_STEP), "nb_ddp_join_begin: rank %d: the wrapper steps an optimizer per bucket "
-             "(nb_ddp_set_optimizer); join mode cannot be combined with it (a joined rank replays "
-             "steps without training); detach it with nb_ddp_set_optimizer(ddp, NULL) and call "
-             "nb_optim_step after nb_ddp_backward", d->rank);
-    NB_CHECK(!nb__ddp_attached(d, NB__DDP_ZERO), "nb_ddp_join_begin: rank %d: ZeRO-1 is on (nb_ddp_set_zero); join mode "
-             "cannot be combined with it (a joined rank would have to step its shard on the "
-             "others' gradients); detach it with nb_ddp_set_zero(ddp, NULL)", d->rank);
+    if (!j) {
+        nb_status st = nb__ddp_check_conflicts(d, NB__DDP_JOIN, "nb_ddp_join_begin"); /* Note [Feature conflicts] */
+        if (st != NB_OK) return st;
+    }
     nb_ddp_join_options o = opts ? *opts : NB_DDP_JOIN_DEFAULTS;
     if (!j) {
         j = nb__ddp_calloc(1, sizeof *j);
@@ -169,6 +166,7 @@ void nb_ddp_join_begin(nb_ddp *d, const nb_ddp_join_options *opts) {
     j->sync = true;
     j->n_events = 0;
     set_reduction(d, j);
+    return NB_OK;
 }
 
 /* The step's count all-reduce (Note [Join]); `training`: this rank takes

@@ -40,16 +40,40 @@ typedef struct trace_step {
 } trace_step;
 
 /* The features, one slot each. A slot's index is also the order in which
- * the reducer calls the attached tables at each hook point. */
+ * the reducer calls the attached tables at each hook point. The string:
+ * what a message calls it (with the call that switches it on). */
+#define NB__DDP_FEATURE_LIST(X)                                                                     \
+    X(NB__DDP_STATS, "the step statistics")              /* ddp_stats.c: statistics, Chrome trace */ \
+    X(NB__DDP_OVERLAP, "the overlap record (record_timeline)") /* ddp_overlap.c */                 \
+    X(NB__DDP_WIRE, "the bf16 compression hook (comm_hook NB_DDP_HOOK_BF16)") /* ddp_wire.c */     \
+    X(NB__DDP_JOIN, "join mode (nb_ddp_join_begin)")      /* ddp_join.c: uneven inputs */          \
+    X(NB__DDP_ZERO, "ZeRO-1 (nb_ddp_set_zero)")           /* ddp_zero.c */                          \
+    X(NB__DDP_BUCKET_STEP, "per-bucket optimizer steps (nb_ddp_set_optimizer)") /* ddp_bucket_step.c */
+
 typedef enum nb__ddp_feature {
-    NB__DDP_STATS,       /* ddp_stats.c: step statistics, the Chrome trace */
-    NB__DDP_OVERLAP,     /* ddp_overlap.c: steps kept for nb_ddp_overlap_across_ranks */
-    NB__DDP_WIRE,        /* ddp_wire.c: the bf16 communication hook */
-    NB__DDP_JOIN,        /* ddp_join.c: uneven inputs */
-    NB__DDP_ZERO,        /* ddp_zero.c: ZeRO-1 */
-    NB__DDP_BUCKET_STEP, /* ddp_bucket_step.c: the optimizer stepped per bucket */
+#define NB__DDP_FEATURE_ENUM(slot, what) slot,
+    NB__DDP_FEATURE_LIST(NB__DDP_FEATURE_ENUM)
+#undef NB__DDP_FEATURE_ENUM
     NB__DDP_FEATURES
 } nb__ddp_feature;
+
+/* Note [Feature conflicts]
+ * The pairs of features that cannot be on together, each written once
+ * with the reason. nb__ddp_check_conflicts (ddp.c) reads this table
+ * before a feature attaches: the first pair whose other feature is on is
+ * an NB_ERR_INVALID naming both features and the reason, whichever of the
+ * two is switched on second, so both orders get the same answer. */
+#define NB__DDP_CONFLICT_LIST(X)                                                                    \
+    X(NB__DDP_JOIN, NB__DDP_ZERO,                                                                   \
+      "a joined rank would have to step its shard on the others' gradients")                       \
+    X(NB__DDP_JOIN, NB__DDP_BUCKET_STEP,                                                            \
+      "a joined rank replays the others' steps without training, and the per-bucket step "         \
+      "would update its parameters from zero gradients")                                           \
+    X(NB__DDP_ZERO, NB__DDP_BUCKET_STEP,                                                            \
+      "ZeRO steps each rank's shard after backward, the per-bucket step the whole "                \
+      "parameters inside it")                                                                      \
+    X(NB__DDP_ZERO, NB__DDP_WIRE,                                                                   \
+      "ZeRO's reduce-scatter replaces the bucket collective that the bf16 hook compresses")
 
 /* A feature's hook points; NULL where it has nothing to do. `self` is the
  * state it attached. At most one attached table has `launch` (the
@@ -148,6 +172,10 @@ void nb__ddp_reducer_free(nb_ddp *d);
 void nb__ddp_attach(nb_ddp *d, nb__ddp_feature f, const nb__ddp_hooks *h, void *self);
 /* Detaches f (its state is the feature's to free). */
 void nb__ddp_detach(nb_ddp *d, nb__ddp_feature f);
+/* NB_OK when f may attach beside the features attached now; else
+ * NB_ERR_INVALID naming who (the caller), the rank, both features and
+ * why (Note [Feature conflicts]). */
+nb_status nb__ddp_check_conflicts(const nb_ddp *d, nb__ddp_feature f, const char *who);
 /* f's state, or NULL when f is not attached. */
 void *nb__ddp_state(const nb_ddp *d, nb__ddp_feature f);
 static inline bool nb__ddp_attached(const nb_ddp *d, nb__ddp_feature f) { return d->feat[f].h != NULL; }

@@ -16,21 +16,14 @@
  * as it is; the padding makes every rank's piece the same length, as the
  * collective needs, and costs at most R - 1 elements per bucket. A shard
  * cuts across parameters (and so across parameter groups): the part of a
- * parameter inside the rank's chunk is a "piece", and the wrapper's shard
- * optimizer (shard_opt, an nb_optim of the user's kind) has one parameter
- * per piece: a 1-D view of the parameter's memory whose gradient is a view
- * of the bucket's shard, in the group of its parameter. Its moments, made
- * by nb_optim_new_groups, are the only element-wise state on the rank; the
- * user's optimizer gives its own up (nb__optim_release_state) and keeps the
- * step counts and hyperparameters, which nb_ddp_step copies into the shard
- * optimizer before each step (learning-rate schedules keep working on the
- * user's optimizer). The update rules are element-wise, so a piece updated
- * alone gets the bits the whole parameter would get from the same averaged
- * gradient.
+ * parameter inside the rank's chunk is a "piece", and the
+ * sharded optimizer (optim/sharded.c, Note [Sharded optimizer]) keeps the
+ * state of the pieces, each with a view of the bucket's shard as its
+ * gradient; this file hands it pieces and drives its steps through
+ * optim/sharded.h's verbs and touches no field of the optimizer.
  *
  * The step and the parameters' all-gather go bucket by bucket: the rank
- * updates its pieces of bucket b (nb__optim_step_params on the shard
- * optimizer), copies the updated elements of its chunk (every parameter in
+ * updates its pieces of bucket b (nb__optim_shard_step), copies the updated elements of its chunk (every parameter in
  * it, also those the optimizer does not step) into a send buffer and
  * launches b's all-gather without waiting; the gathered flat vector is
  * copied back into the parameters once the gather has finished. Two slots
@@ -85,12 +78,10 @@
 
 #include "distributed/ddp_reducer.h"
 #include "distributed/internal.h"
-#include "optim/internal.h"
+#include "optim/sharded.h"
 #include "tensor/backend.h"
 #include "tensor/internal.h"
 #include "util/handle.h"
-
-#define SHARDED_BY "a DDP wrapper"
 
 /* ZeRO-1: the part of one parameter that lies in this rank's chunk of its
  * bucket. */
@@ -100,13 +91,11 @@ typedef struct zero_piece {
     int64_t start;   /* first element, in the parameter */
     int64_t len;
     int64_t at;      /* first element, in the bucket's shard */
-    int opt_index;   /* the parameter's index in the user's optimizer, or -1 */
-    int shard_index; /* its index in the shard optimizer, or -1 */
 } zero_piece;
 
 typedef struct zero_state {
     nb_optim *opt;         /* the user's optimizer whose state is sharded */
-    nb_optim *shard_opt;   /* optimizer over this rank's pieces (NULL: it owns none) */
+    nb__optim_shard *sh;   /* the optimizer's state for this rank's pieces (optim/sharded.c) */
     zero_piece *pieces;    /* malloc'd */
     int n_pieces;
     /* per bucket (malloc'd, remade with the buckets): flat has chunk * world
@@ -187,23 +176,14 @@ static nb_tensor *shaped_view(nb_ctx *ctx, nb_tensor *flat, int64_t start, const
                     (char *)flat->data + start * (int64_t)nb_dtype_size(flat->dtype));
 }
 
-static nb_tensor **moment_of(nb__optim_param *p, nb_optim_kind kind, int k) {
-    if (kind == NB_OPTIM_SGD) return k == 0 ? &p->momentum_buffer : NULL;
-    return k == 0 ? &p->exp_avg : k == 1 ? &p->exp_avg_sq : k == 2 ? &p->max_exp_avg_sq : NULL;
-}
-
-static int max_moments(const nb_optim *opt) { return opt->kind == NB_OPTIM_SGD ? 1 : 3; }
-
-/* The pieces of this rank's chunks and the shard optimizer over them, its
- * moments copied from the user's (full) optimizer, whose own are then
- * released. */
+/* The pieces of this rank's chunks and the sharded optimizer over them,
+ * its moments taken from the user's (full) optimizer, whose own are then
+ * released (Note [Sharded optimizer] in optim/sharded.c). */
 static void zero_build(nb_ddp *d, zero_state *z) {
-    nb_optim *opt = z->opt;
     free(z->pieces);
     z->pieces = NULL;
     z->n_pieces = 0;
-    int cap = d->n + d->n_buckets, *opt_index = nb__ddp_calloc((size_t)d->n, sizeof(int));
-    for (int i = 0; i < d->n; i++) opt_index[i] = nb__optim_param_index(opt, d->p[i].tensor);
+    int cap = d->n + d->n_buckets;
     z->pieces = nb__ddp_calloc((size_t)cap, sizeof(zero_piece));
     int64_t max_chunk = 0;
     for (int bi = 0; bi < d->n_buckets; bi++) {
@@ -216,70 +196,28 @@ static void zero_build(nb_ddp *d, zero_state *z) {
             int64_t a = o > lo ? o : lo, e = o + m < hi ? o + m : hi;
             if (a >= e) continue;
             NB_CHECK(z->n_pieces < cap, "nb_ddp_set_zero: more pieces than expected (%d)", cap);
-            z->pieces[z->n_pieces++] = (zero_piece){b->params[k], bi, a - o, e - a, a - lo,
-                                                    opt_index[b->params[k]], -1};
+            z->pieces[z->n_pieces++] = (zero_piece){b->params[k], bi, a - o, e - a, a - lo};
         }
     }
-    free(opt_index);
     int64_t gather = 2 * max_chunk * d->world, send = 2 * max_chunk; /* two slots */
     nb_dtype dt = d->n_buckets ? d->buckets[0].dtype : NB_F32;
     for (int bi = 0; bi < d->n_buckets; bi++)
         if (nb_dtype_size(d->buckets[bi].dtype) > nb_dtype_size(dt)) dt = d->buckets[bi].dtype;
     z->send = nb_empty(d->ctx, dt, 1, &send);
     z->gather = nb_empty(d->ctx, dt, 1, &gather);
-
-    /* the shard optimizer: one parameter per piece the user's optimizer steps */
-    int ng = opt->n_groups, total = 0;
-    nb_param_group *groups = nb__ddp_calloc((size_t)ng, sizeof *groups);
-    nb_named_tensor *list = nb__ddp_calloc((size_t)z->n_pieces, sizeof *list);
-    char **names = nb__ddp_calloc((size_t)z->n_pieces, sizeof *names);
-    for (int g = 0; g < ng; g++) {
-        groups[g].params = list + total;
-        groups[g].h = nb_optim_group_hparams(opt, g);
-        for (int j = 0; j < z->n_pieces; j++) {
-            zero_piece *pc = &z->pieces[j];
-            if (pc->opt_index < 0 || opt->params[pc->opt_index].group != g) continue;
-            nb_tensor *param = d->p[pc->param].tensor;
-            nb_tensor *v = flat_view(d->ctx, param, pc->start, pc->len);
-            v->requires_grad = true;
-            v->grad = flat_view(d->ctx, z->shard[pc->bucket], pc->at, pc->len);
-            size_t len = strlen(d->p[pc->param].name) + 48;
-            names[total] = nb__ddp_calloc(len, 1);
-            snprintf(names[total], len, "%s[%lld:%lld]", d->p[pc->param].name, (long long)pc->start,
-                     (long long)(pc->start + pc->len));
-            list[total] = (nb_named_tensor){names[total], v};
-            pc->shard_index = total++;
-            groups[g].n++;
-        }
+    nb__optim_piece *pc = nb__ddp_calloc((size_t)(z->n_pieces ? z->n_pieces : 1), sizeof *pc);
+    for (int j = 0; j < z->n_pieces; j++) {
+        zero_piece *zp = &z->pieces[j];
+        pc[j] = (nb__optim_piece){d->p[zp->param].tensor, zp->start, zp->len,
+                                  flat_view(d->ctx, z->shard[zp->bucket], zp->at, zp->len), d->p[zp->param].name};
     }
-    z->shard_opt = total ? nb_optim_new_groups(opt->kind, ng, groups) : NULL;
-    for (int j = 0; j < total; j++) free(names[j]);
-    free(names);
-    free(list);
-    free(groups);
-    if (z->shard_opt) {
-        NB_CHECK(!opt->released, "nb_ddp_set_zero: rank %d: the optimizer's state is released",
-                 d->rank);
-        for (int j = 0; j < z->n_pieces; j++) {
-            zero_piece *pc = &z->pieces[j];
-            if (pc->shard_index < 0) continue;
-            nb__optim_param *full = &opt->params[pc->opt_index], *part = &z->shard_opt->params[pc->shard_index];
-            for (int k = 0; k < max_moments(opt); k++) {
-                nb_tensor *src = *moment_of(full, opt->kind, k), *dst = *moment_of(part, opt->kind, k);
-                NB_CHECK((src == NULL) == (dst == NULL), "nb_ddp_set_zero: moment %d of \"%s\"", k,
-                         full->name);
-                if (src) nb_copy_(dst, flat_view(d->ctx, src, pc->start, pc->len));
-            }
-        }
-    }
-    nb__optim_release_state(opt);
-    opt->shard = z->shard_opt;
+    z->sh = nb__optim_shard_new(z->opt, d->ctx, z->n_pieces, pc);
+    free(pc);
 }
 
 static void zero_drop_shard(zero_state *z) {
-    nb_optim_free(z->shard_opt);
-    z->shard_opt = NULL;
-    z->opt->shard = NULL;
+    nb__optim_shard_free(z->sh);
+    z->sh = NULL;
 }
 
 /* Moments of every piece gathered into the user's optimizer on `root`
@@ -288,9 +226,7 @@ static nb_status zero_gather(nb_ddp *d, zero_state *z, int root) {
     nb_optim *opt = z->opt;
     bool receive = root < 0 || root == d->rank;
     if (receive) nb__optim_alloc_state(opt);
-    int K = 0; /* moments some parameter has (the same on every rank) */
-    for (int i = 0; i < opt->n_params; i++)
-        if (opt->params[i].n_moments > K) K = opt->params[i].n_moments;
+    int K = nb__optim_moment_count(opt); /* the same on every rank */
     for (int bi = 0; bi < d->n_buckets; bi++) {
         bucket *b = &d->buckets[bi];
         nb_tensor *send = flat_view(d->ctx, z->send, 0, z->chunk[bi]);
@@ -300,9 +236,9 @@ static nb_status zero_gather(nb_ddp *d, zero_state *z, int root) {
             nb_fill_(send, 0);
             for (int j = 0; j < z->n_pieces; j++) {
                 zero_piece *pc = &z->pieces[j];
-                if (pc->bucket != bi || pc->shard_index < 0) continue;
-                nb_tensor **m = moment_of(&z->shard_opt->params[pc->shard_index], opt->kind, k);
-                if (m && *m) nb_copy_(flat_view(d->ctx, send, pc->at, pc->len), *m);
+                if (pc->bucket != bi) continue;
+                nb_tensor *m = nb__optim_shard_moment(z->sh, j, k);
+                if (m) nb_copy_(flat_view(d->ctx, send, pc->at, pc->len), m);
             }
             nb_status st = nb_work_finish(nb_pg_all_gather(d->pg, out, send));
             if (st != NB_OK) return st;
@@ -310,8 +246,8 @@ static nb_status zero_gather(nb_ddp *d, zero_state *z, int root) {
             for (int j = 0; j < b->n; j++) {
                 int oi = nb__optim_param_index(opt, d->p[b->params[j]].tensor);
                 if (oi < 0) continue;
-                nb_tensor **m = moment_of(&opt->params[oi], opt->kind, k);
-                if (m && *m) nb_copy_(*m, shaped_view(d->ctx, out, b->offsets[j], *m));
+                nb_tensor *m = nb__optim_moment(opt, oi, k);
+                if (m) nb_copy_(m, shaped_view(d->ctx, out, b->offsets[j], m));
             }
         }
     }
@@ -341,10 +277,7 @@ static void zero_forget(nb_ddp *d, void *self) {
     (void)d;
     zero_state *z = self;
     zero_drop_shard(z);
-    z->opt->sharded_by = z->opt->released
-                             ? "a DDP wrapper freed while attached (the shards are lost; call "
-                               "nb_ddp_set_zero(ddp, NULL) before nb_ddp_free to keep the state)"
-                             : NULL;
+    nb__optim_give_back(z->opt); /* the shards are lost unless the state was gathered back */
     zero_state_free(z);
 }
 
@@ -357,7 +290,7 @@ nb_status nb_ddp_set_zero(nb_ddp *d, nb_optim *opt) {
         nb_status st = d->bucketed ? zero_gather(d, z, -1) : NB_OK;
         if (st != NB_OK) return st;
         zero_drop_shard(z);
-        z->opt->sharded_by = NULL;
+        nb__optim_give_back(z->opt);
         bool rebuild = z->rebuild;
         nb__ddp_detach(d, NB__DDP_ZERO);
         zero_state_free(z);
@@ -368,35 +301,22 @@ nb_status nb_ddp_set_zero(nb_ddp *d, nb_optim *opt) {
     if (z)
         return nb_set_error(NB_ERR_INVALID, "nb_ddp_set_zero: rank %d: ZeRO-1 is already on with another "
                             "optimizer; detach it first with nb_ddp_set_zero(ddp, NULL)", d->rank);
-    if (nb__ddp_attached(d, NB__DDP_JOIN))
-        return nb_set_error(NB_ERR_INVALID, "nb_ddp_set_zero: rank %d: the wrapper is in join mode "
-                            "(nb_ddp_join_begin); ZeRO-1 cannot be combined with join", d->rank);
-    if (nb__ddp_attached(d, NB__DDP_BUCKET_STEP))
-        return nb_set_error(NB_ERR_INVALID, "nb_ddp_set_zero: rank %d: the wrapper steps an optimizer per "
-                            "bucket (nb_ddp_set_optimizer); ZeRO-1 cannot be combined with per-bucket steps",
-                            d->rank);
-    if (d->o.comm_hook != NB_DDP_HOOK_ALLREDUCE)
-        return nb_set_error(NB_ERR_INVALID, "nb_ddp_set_zero: rank %d: ZeRO-1 needs comm_hook "
-                            "NB_DDP_HOOK_ALLREDUCE (the bf16 compression hook is not supported with it)",
-                            d->rank);
-    if (opt->stepped_by)
-        return nb_set_error(NB_ERR_INVALID, "nb_ddp_set_zero: rank %d: this optimizer is stepped per bucket "
-                            "by %s (nb_ddp_set_optimizer); ZeRO-1 cannot be combined with per-bucket steps",
-                            d->rank, opt->stepped_by);
-    if (opt->sharded_by)
-        return nb_set_error(NB_ERR_INVALID, "nb_ddp_set_zero: rank %d: this optimizer's state is already "
-                            "sharded by %s", d->rank, opt->sharded_by);
-    for (int j = 0; j < opt->n_params; j++) {
+    nb_status st = nb__ddp_check_conflicts(d, NB__DDP_ZERO, "nb_ddp_set_zero"); /* Note [Feature conflicts] */
+    if (st != NB_OK) return st;
+    st = nb__optim_can_take(opt, NB__OPTIM_SHARDED, "nb_ddp_set_zero", d->rank);
+    if (st != NB_OK) return st;
+    for (int j = 0; j < nb_optim_param_count(opt); j++) {
         bool in = false;
-        for (int i = 0; i < d->n && !in; i++) in = d->p[i].tensor == opt->params[j].param;
+        for (int i = 0; i < d->n && !in; i++) in = d->p[i].tensor == nb__optim_param_tensor(opt, j);
         if (!in)
             return nb_set_error(NB_ERR_INVALID, "nb_ddp_set_zero: rank %d: optimizer parameter \"%s\" is not a "
                                 "parameter (that requires grad) of the wrapped model; ZeRO-1 shards only the "
-                                "wrapper's parameters", d->rank, opt->params[j].name);
+                                "wrapper's parameters", d->rank, nb__optim_param_name(opt, j));
     }
+    st = nb__optim_take(opt, NB__OPTIM_SHARDED, "nb_ddp_set_zero", d->rank);
+    if (st != NB_OK) return st;
     z = nb__ddp_calloc(1, sizeof *z);
     z->opt = opt;
-    opt->sharded_by = SHARDED_BY;
     nb__ddp_attach(d, NB__DDP_ZERO, &zero_hooks, z);
     if (d->bucketed) {
         nb__ddp_reassign_buckets(d); /* padded, with shards (zero_buckets_made) */
@@ -451,7 +371,6 @@ static nb_status gather_finish(nb_ddp *d, zero_state *z, nb_ctx *sc, int bi, int
  * are updated while bucket bi-1's gather runs. Every gather has finished
  * and been copied back when it returns, also on failure. */
 static nb_status step_and_gather(nb_ddp *d, zero_state *z) {
-    int *idx = nb__ddp_calloc((size_t)(z->n_pieces ? z->n_pieces : 1), sizeof(int));
     nb_ctx *sc = nb__optim_scratch(nb_pg_device(d->pg)); /* the views, reset at its next use */
     nb_work *work[2] = {NULL, NULL};
     int held[2] = {-1, -1}; /* the bucket whose gather a slot holds */
@@ -460,10 +379,9 @@ static nb_status step_and_gather(nb_ddp *d, zero_state *z) {
     for (int bi = 0; bi < d->n_buckets; bi++) {
         bucket *b = &d->buckets[bi];
         int64_t chunk = z->chunk[bi];
-        int k = 0, first = j;
-        for (; j < z->n_pieces && z->pieces[j].bucket == bi; j++)
-            if (z->pieces[j].shard_index >= 0) idx[k++] = z->pieces[j].shard_index;
-        if (k) nb__optim_step_params(z->shard_opt, idx, k);
+        int first = j;
+        while (j < z->n_pieces && z->pieces[j].bucket == bi) j++;
+        nb__optim_shard_step(z->sh, first, j);
         int s = bi & 1;
         if (work[s]) {
             nb_status f = gather_finish(d, z, sc, held[s], s, work[s]);
@@ -492,7 +410,6 @@ static nb_status step_and_gather(nb_ddp *d, zero_state *z) {
         nb_status f = gather_finish(d, z, sc, held[s], s, work[s]);
         if (st == NB_OK) st = f;
     }
-    free(idx);
     return st;
 }
 
@@ -507,28 +424,14 @@ nb_status nb_ddp_step(nb_ddp *d) {
     nb_optim *opt = z->opt;
     z->fresh = false;
     if (!d->bucketed) { /* nothing sharded: the plain step */
-        int *all = nb__ddp_calloc((size_t)opt->n_params, sizeof(int));
-        for (int i = 0; i < opt->n_params; i++) all[i] = i;
+        int n = nb_optim_param_count(opt), *all = nb__ddp_calloc((size_t)n, sizeof(int));
+        for (int i = 0; i < n; i++) all[i] = i;
         nb__optim_count_step(opt);
-        nb__optim_step_params(opt, all, opt->n_params);
+        nb__optim_step_params(opt, all, n);
         free(all);
         return NB_OK;
     }
-    nb__optim_release_state(opt); /* a consolidated copy is stale from here */
-    nb__optim_count_step(opt);
-    if (z->shard_opt) {
-        for (int g = 0; g < opt->n_groups; g++)
-            memcpy(nb__optim_hp(z->shard_opt, g), nb__optim_hp(opt, g), sizeof(double) * NB__HP_COUNT);
-        for (int j = 0; j < z->n_pieces; j++) {
-            zero_piece *pc = &z->pieces[j];
-            if (pc->shard_index >= 0)
-                *(int64_t *)z->shard_opt->params[pc->shard_index].step->data =
-                    *(int64_t *)opt->params[pc->opt_index].step->data;
-        }
-        ++*(int64_t *)z->shard_opt->step_count->data;
-    }
-    /* every parameter has a gradient (its bucket's view): each is updated */
-    for (int i = 0; i < opt->n_params; i++) ++*(int64_t *)opt->params[i].step->data;
+    nb__optim_shard_begin_step(z->sh);
     nb_status st = step_and_gather(d, z);
     if (st != NB_OK) return st;
     if (z->rebuild) {
@@ -610,7 +513,7 @@ nb_status nb_ddp_clip_grad_norm(nb_ddp *d, double max_norm, double norm_type, do
 /* This rank's averaged gradients: its part of each shard (bucketed), else
  * the gradients of opt's parameters. */
 static int own_grads(nb_ddp *d, zero_state *z, nb_ctx *sc, nb_tensor ***out) {
-    int cap = (d->bucketed ? d->n_buckets : z->opt->n_params) + 1, k = 0;
+    int cap = (d->bucketed ? d->n_buckets : nb_optim_param_count(z->opt)) + 1, k = 0;
     nb_tensor **gl = nb__ctx_meta(sc, sizeof *gl * (size_t)cap);
     if (d->bucketed) {
         for (int bi = 0; bi < d->n_buckets; bi++) {
@@ -619,8 +522,8 @@ static int own_grads(nb_ddp *d, zero_state *z, nb_ctx *sc, nb_tensor ***out) {
             if (own > 0) gl[k++] = flat_view(sc, z->shard[bi], 0, own);
         }
     } else {
-        for (int i = 0; i < z->opt->n_params; i++) {
-            nb_tensor *g = z->opt->params[i].param->grad;
+        for (int i = 0; i < nb_optim_param_count(z->opt); i++) {
+            nb_tensor *g = nb__optim_param_tensor(z->opt, i)->grad;
             if (g) gl[k++] = nb__contig(sc, g);
         }
     }

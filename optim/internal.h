@@ -3,6 +3,7 @@
 #define NABLA_OPTIM_INTERNAL_H
 
 #include "nabla/optim.h"
+#include "optim/sharded.h"
 #include "tensor/backend.h" /* NB__HP_*: the layout of a group's hyperparameters */
 #include "tensor/internal.h"
 
@@ -30,16 +31,14 @@ struct nb_optim {
     nb_tensor *step_count; /* i64 scalar */
     nb_named_tensor *state;
     int n_state;
-    /* Non-NULL while a DDP wrapper steps this optimizer per bucket
-     * (nb_ddp_set_optimizer): names the owner in the refusals of
-     * nb_optim_step, clipping and the grad scaler. */
-    const char *stepped_by;
-    /* Non-NULL while a DDP wrapper shards this optimizer's state (ZeRO-1,
-     * nb_ddp_set_zero; Note [ZeRO-1] in distributed/ddp_zero.c): names the
-     * owner in the refusals. `shard` is the wrapper's optimizer over this
-     * rank's shard (counted by nb_optim_state_bytes); `released` says the
-     * moments of opt itself are freed (nb_optim_state refuses then). */
-    const char *sharded_by;
+    /* Who owns it besides the user (0: nobody; nb__optim_take in
+     * sharded.c). `lost`: a sharded optimizer whose wrapper was freed
+     * before gathering the state back stays refused. `shard` is the
+     * sharded optimizer's part over this rank's pieces (counted by
+     * nb_optim_state_bytes); `released` says the moments of opt itself are
+     * freed (nb_optim_state refuses then). */
+    nb__optim_owner owner;
+    bool lost;
     nb_optim *shard;
     bool released;
 };
@@ -51,38 +50,9 @@ static inline double *nb__optim_hp(const nb_optim *opt, int group) {
 /* Checks hyperparameters; NULL when valid, else a message in buf. */
 const char *nb__optim_check_hparams(nb_optim_kind kind, const double *hp, char *buf, size_t n);
 
-/* A context for temporaries on `device`, one per thread and device,
- * reset at every call (what it held before is gone). */
-nb_ctx *nb__optim_scratch(nb_device device);
-
-/* Per-bucket stepping (Note [Per-bucket step] in distributed/ddp_bucket_step.c).
- * nb__optim_step_params updates parameters idx[0..n) (indices into
- * opt->params) exactly as nb_optim_step updates them: each one's step count
- * +1 and the group's current hyperparameters; nb__optim_count_step adds the
- * one optimizer-wide step (optim.step) that a whole step counts. */
-void nb__optim_step_params(nb_optim *opt, const int *idx, int n);
-void nb__optim_count_step(nb_optim *opt);
-/* Index of tensor t among the optimizer's parameters, or -1. */
-int nb__optim_param_index(const nb_optim *opt, const nb_tensor *t);
-/* Aborts, naming `who`, when a DDP wrapper steps opt per bucket. */
+/* Abort, naming `who` (and the call to use `instead`), while a DDP
+ * wrapper steps opt per bucket / shards its state. */
 void nb__optim_check_not_bucket_stepped(const nb_optim *opt, const char *who);
-
-/* ZeRO-1 (Note [ZeRO-1] in distributed/ddp_zero.c). */
-/* Aborts, naming `who` and the DDP call to use instead, while opt is sharded. */
 void nb__optim_check_not_sharded(const nb_optim *opt, const char *who, const char *instead);
-/* Frees the moments / momentum buffers (their memory, their entries in the
- * state list); step counts and hyperparameters stay. */
-void nb__optim_release_state(nb_optim *opt);
-/* Allocates them again, zero-filled, when released (no-op otherwise). */
-void nb__optim_alloc_state(nb_optim *opt);
-/* The grad scaler's stages, for nb_ddp_scaler_unscale / _step: begin_unscale
- * checks that nothing was unscaled since the last update (aborting, naming
- * who) and returns 1 / scale; end_unscale records the (agreed) found-inf;
- * begin_step checks that nothing was stepped and says whether the
- * gradients still need unscaling; end_step says whether to step. */
-double nb__grad_scaler_begin_unscale(nb_grad_scaler *s, const char *who);
-void nb__grad_scaler_end_unscale(nb_grad_scaler *s, bool found_inf);
-bool nb__grad_scaler_begin_step(nb_grad_scaler *s, const char *who);
-bool nb__grad_scaler_end_step(nb_grad_scaler *s);
 
 #endif

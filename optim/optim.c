@@ -300,6 +300,20 @@ void nb__optim_alloc_state(nb_optim *opt) {
     if (opt->released) alloc_moments(opt);
 }
 
+int nb__optim_moment_count(const nb_optim *opt) {
+    int k = 0;
+    for (int i = 0; i < opt->n_params; i++)
+        if (opt->params[i].n_moments > k) k = opt->params[i].n_moments;
+    return k;
+}
+
+nb_tensor *nb__optim_moment(nb_optim *opt, int i, int k) {
+    NB_CHECK(i >= 0 && i < opt->n_params && k >= 0, "nb__optim_moment: parameter %d of %d, moment %d", i,
+             opt->n_params, k);
+    nb__optim_param *p = &opt->params[i];
+    return k < p->n_moments && !opt->released ? *moment_slot(p, opt->kind, k) : NULL;
+}
+
 static size_t moment_bytes(const nb_optim *opt) {
     size_t bytes = 0;
     for (int i = 0; i < opt->n_params; i++) {
@@ -402,18 +416,24 @@ static void step_list(nb_optim *opt, const int *idx, int n) {
     free(hp);
 }
 
+static const char *sharded_by(const nb_optim *opt) {
+    return opt->lost ? "a DDP wrapper freed while attached (the shards are lost; call "
+                       "nb_ddp_set_zero(ddp, NULL) before nb_ddp_free to keep the state)"
+                     : "a DDP wrapper";
+}
+
 void nb__optim_check_not_bucket_stepped(const nb_optim *opt, const char *who) {
-    NB_CHECK(!opt->stepped_by,
-             "%s: this optimizer is stepped per bucket by %s (nb_ddp_set_optimizer): "
+    NB_CHECK(opt->owner != NB__OPTIM_BUCKET_STEPPED,
+             "%s: this optimizer is stepped per bucket by a DDP wrapper (nb_ddp_set_optimizer): "
              "nb_ddp_backward has already updated the parameters; do not call %s with it (to "
              "clip, scale or step by hand, detach it first with nb_ddp_set_optimizer(ddp, NULL))",
-             who, opt->stepped_by, who);
+             who, who);
 }
 
 void nb__optim_check_not_sharded(const nb_optim *opt, const char *who, const char *instead) {
-    NB_CHECK(!opt->sharded_by,
+    NB_CHECK(opt->owner != NB__OPTIM_SHARDED && !opt->lost,
              "%s: this optimizer's state is sharded over the ranks by %s (ZeRO-1, "
-             "nb_ddp_set_zero): %s", who, opt->sharded_by, instead);
+             "nb_ddp_set_zero): %s", who, sharded_by(opt), instead);
 }
 
 void nb_optim_step(nb_optim *opt) {
@@ -432,6 +452,16 @@ void nb__optim_step_params(nb_optim *opt, const int *idx, int n) {
 }
 
 void nb__optim_count_step(nb_optim *opt) { ++*(int64_t *)opt->step_count->data; }
+
+nb_tensor *nb__optim_param_tensor(const nb_optim *opt, int i) {
+    NB_CHECK(i >= 0 && i < opt->n_params, "nb__optim_param_tensor: %d of %d", i, opt->n_params);
+    return opt->params[i].param;
+}
+
+const char *nb__optim_param_name(const nb_optim *opt, int i) {
+    NB_CHECK(i >= 0 && i < opt->n_params, "nb__optim_param_name: %d of %d", i, opt->n_params);
+    return opt->params[i].name;
+}
 
 int nb__optim_param_index(const nb_optim *opt, const nb_tensor *t) {
     for (int i = 0; i < opt->n_params; i++)
@@ -529,19 +559,19 @@ const nb_named_tensor *nb_optim_state(nb_optim *opt, int *n) {
              "nb_ddp_set_zero); to save it, gather it first with "
              "nb_ddp_consolidate_optimizer(ddp, root) (on root, or every rank with root -1); to "
              "load a checkpoint, load before nb_ddp_set_zero or after nb_ddp_set_zero(ddp, NULL)",
-             opt->sharded_by ? opt->sharded_by : "a DDP wrapper");
+             sharded_by(opt));
     *n = opt->n_state;
     return opt->state;
 }
 
 nb_status nb_optim_state_validate(nb_optim *opt) {
     NB__CHECK_HANDLE("nb_optim_state_validate", opt, "optimizer");
-    NB_CHECK(!opt->sharded_by,
+    NB_CHECK(opt->owner != NB__OPTIM_SHARDED && !opt->lost,
              "nb_optim_state_validate: this optimizer's state is sharded over the ranks by %s "
              "(ZeRO-1, nb_ddp_set_zero), and a consolidated copy (nb_ddp_consolidate_optimizer) "
              "is only for saving: the next nb_ddp_step would ignore what was loaded into it; load "
              "a checkpoint before nb_ddp_set_zero or after nb_ddp_set_zero(ddp, NULL)",
-             opt->sharded_by);
+             sharded_by(opt));
     if (nb_optim_step_count(opt) < 0)
         return nb_set_error(NB_ERR_FORMAT, "optimizer state: optim.step = %lld is negative",
                             (long long)nb_optim_step_count(opt));

@@ -42,7 +42,7 @@ static void run_mlp(int even, int odd, bool divide_by_initial) {
     nb_optim *opt = adamw_for(model), *ropt = adamw_for(ref);
     nb_ddp_join_options jo = NB_DDP_JOIN_DEFAULTS;
     jo.divide_by_initial_world_size = divide_by_initial;
-    nb_ddp_join_begin(ddp, &jo);
+    ck_assert_int_eq(nb_ddp_join_begin(ddp, &jo), NB_OK);
     int mine = batches_of(me, even, odd), most = most_batches(even, odd);
     for (int s = 0; s < most; s++) {
         nb_ctx_reset(step);
@@ -114,7 +114,7 @@ START_TEST(test_join_sync_batch_norm) {
     nb_ddp *ddp;
     ck_assert_int_eq(nb_ddp_new(&ddp, model, world, NULL), NB_OK);
     nb_optim *opt = adamw_for(model), *ropt = adamw_for(ref);
-    nb_ddp_join_begin(ddp, NULL);
+    ck_assert_int_eq(nb_ddp_join_begin(ddp, NULL), NB_OK);
     int mine = batches_of(me, even, odd), most = most_batches(even, odd);
     for (int s = 0; s < most; s++) {
         nb_ctx_reset(step);
@@ -181,7 +181,7 @@ START_TEST(test_join_backward_needs_counted_forward) {
     nb_module *model = mlp_of(pctx, NB_F64, 16);
     nb_ddp *ddp;
     ck_assert_int_eq(nb_ddp_new(&ddp, model, world, NULL), NB_OK);
-    nb_ddp_join_begin(ddp, NULL);
+    ck_assert_int_eq(nb_ddp_join_begin(ddp, NULL), NB_OK);
     nb_tensor *x, *y;
     make_batch(step, 4, 1, &x, &y);
     nb_tensor *loss = nb_cross_entropy(step, nb_module_forward(model, step, x), y, NULL);
@@ -199,7 +199,7 @@ START_TEST(test_join_no_sync_disagreement) {
     nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
     nb_ddp *ddp;
     ck_assert_int_eq(nb_ddp_new(&ddp, mlp_of(pctx, NB_F64, 16), world, NULL), NB_OK);
-    nb_ddp_join_begin(ddp, NULL);
+    ck_assert_int_eq(nb_ddp_join_begin(ddp, NULL), NB_OK);
     nb_ddp_set_no_sync(ddp, me == 0);
     nb_tensor *x, *y, *out = (nb_tensor *)1;
     make_batch(step, 4, 2, &x, &y);
@@ -226,7 +226,7 @@ START_TEST(test_join_sync_bn_needs_a_step) {
     nb_convert_sync_batchnorm(model, world);
     nb_ddp *ddp;
     ck_assert_int_eq(nb_ddp_new(&ddp, model, world, NULL), NB_OK);
-    nb_ddp_join_begin(ddp, NULL);
+    ck_assert_int_eq(nb_ddp_join_begin(ddp, NULL), NB_OK);
     ck_assert_int_eq(nb_ddp_join(ddp), NB_ERR_INVALID);
     char want[120];
     snprintf(want, sizeof want, "nb_ddp_join: rank %d joined without a synchronised training step", me);

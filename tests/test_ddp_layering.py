@@ -10,6 +10,10 @@ reducer's three files taken as one), and no
 feature file calls another feature's functions: a feature depends on the
 reducer alone. A call is an identifier nb_... followed by "(" outside
 comments and strings.
+
+An optimizer is changed through optimizer verbs (optim/sharded.h, Note
+[Sharded optimizer] in optim/sharded.c): no file of distributed/ includes
+optim/internal.h, the optimizer's fields.
 """
 import glob
 import os
@@ -73,7 +77,7 @@ def main():
             if inc not in REDUCER_HEADERS:
                 fail("distributed/%s includes distributed/%s, a header of the features" % (f, inc))
         text = code_of(path)
-        for slot in re.findall(r"\bNB__DDP_(?!FEATURES\b)[A-Z_]+\b", text):
+        for slot in re.findall(r"\bNB__DDP_(?!FEATURES\b|FEATURE_LIST\b|CONFLICT_LIST\b)[A-Z_]+\b", text):
             if f != "ddp_reducer.h":
                 fail("distributed/%s names the feature slot %s; the reducer calls features only "
                      "through their hook tables" % (f, slot))
@@ -114,6 +118,12 @@ def main():
     for f in sorted(graph):
         if f not in state:
             visit(f, [f])
+
+    # optimizer fields stay optim/'s
+    for path in sorted(glob.glob(os.path.join(DIST, "*.[ch]")) + glob.glob(os.path.join(DIST, "*.cpp"))):
+        if re.search(r'#include\s+"optim/internal\.h"', open(path).read()):
+            fail("distributed/%s includes optim/internal.h: reach the optimizer through the verbs of "
+                 "optim/sharded.h instead of its fields" % os.path.basename(path))
     print("ok: %d files, reducer %s, %d features, no circle" % (len(files), sorted(REDUCER), len(features)))
 
 

@@ -470,13 +470,18 @@ START_TEST(test_refusals) {
                                                    "sharded");
     NBT_EXPECT_ABORT(nb_grad_scaler_unscale(gs, opt), "unscale with nb_ddp_scaler_unscale(ddp, scaler)");
     NBT_EXPECT_ABORT(nb_grad_scaler_step(gs, opt), "step with nb_ddp_scaler_step(ddp, scaler, &stepped)");
-    NBT_EXPECT_ABORT(nb_ddp_join_begin(ddp, NULL), "nb_ddp_join_begin: rank");
-    NBT_EXPECT_ABORT(nb_ddp_join_begin(ddp, NULL), "join mode cannot be combined with it");
-    NBT_EXPECT_STATUS(nb_ddp_set_optimizer(ddp, opt), NB_ERR_INVALID, "ZeRO-1 is on (nb_ddp_set_zero); "
-                      "per-bucket optimizer steps cannot be combined with it");
+    /* feature conflicts: a status both ways, naming both (Note [Feature conflicts]) */
+    NBT_EXPECT_STATUS(nb_ddp_join_begin(ddp, NULL), NB_ERR_INVALID, "nb_ddp_join_begin: rank");
+    NBT_EXPECT_STATUS(nb_ddp_join_begin(ddp, NULL), NB_ERR_INVALID, "join mode (nb_ddp_join_begin) cannot be "
+                      "combined with ZeRO-1 (nb_ddp_set_zero), which is on: a joined rank would have to step "
+                      "its shard");
+    NBT_EXPECT_STATUS(nb_ddp_set_optimizer(ddp, opt), NB_ERR_INVALID, "per-bucket optimizer steps "
+                      "(nb_ddp_set_optimizer) cannot be combined with ZeRO-1 (nb_ddp_set_zero), which is on: "
+                      "ZeRO steps each rank's shard");
     NBT_EXPECT_STATUS(nb_ddp_set_zero(ddp, foreign), NB_ERR_INVALID, "already on with another optimizer");
     nb_ddp *second = wrap(other);
-    NBT_EXPECT_STATUS(nb_ddp_set_optimizer(second, opt), NB_ERR_INVALID, "sharded by ZeRO-1");
+    NBT_EXPECT_STATUS(nb_ddp_set_optimizer(second, opt), NB_ERR_INVALID, "this optimizer is sharded over the "
+                      "ranks by a DDP wrapper (ZeRO, nb_ddp_set_zero); it cannot also be stepped per bucket");
     if (R > 1) NBT_EXPECT_ABORT(nb_optim_state(opt, &(int){0}), "nb_optim_state: this optimizer's "
                                                                 "state is sharded");
     /* a consolidated copy is for saving: loading into it is refused */
@@ -491,16 +496,24 @@ START_TEST(test_refusals) {
     ck_assert_int_eq(nb_optim_step_count(opt), 2);
     /* per-bucket steps and the bf16 hook refuse ZeRO-1 */
     ck_assert_int_eq(nb_ddp_set_optimizer(ddp, opt), NB_OK);
-    NBT_EXPECT_STATUS(nb_ddp_set_zero(ddp, opt), NB_ERR_INVALID, "ZeRO-1 cannot be combined with per-bucket steps");
+    NBT_EXPECT_STATUS(nb_ddp_set_zero(ddp, opt), NB_ERR_INVALID, "ZeRO-1 (nb_ddp_set_zero) cannot be combined "
+                      "with per-bucket optimizer steps (nb_ddp_set_optimizer), which is on: ZeRO steps each "
+                      "rank's shard");
     NBT_EXPECT_ABORT(nb_ddp_clip_grad_norm(ddp, 1.0, 2.0, &(double){0}),
                      "nb_ddp_backward has already applied the gradients");
     ck_assert_int_eq(nb_ddp_set_optimizer(ddp, NULL), NB_OK);
+    ck_assert_int_eq(nb_ddp_join_begin(ddp, NULL), NB_OK);
+    NBT_EXPECT_STATUS(nb_ddp_set_zero(ddp, opt), NB_ERR_INVALID, "ZeRO-1 (nb_ddp_set_zero) cannot be combined "
+                      "with join mode (nb_ddp_join_begin), which is on: a joined rank would have to step its "
+                      "shard");
+    ck_assert_int_eq(nb_ddp_join(ddp), NB_OK);
     nb_ddp_free(second);
     nb_ddp_options o = NB_DDP_DEFAULTS;
     o.comm_hook = NB_DDP_HOOK_BF16;
     nb_ddp *bf;
     ck_assert_int_eq(nb_ddp_new(&bf, other, world, &o), NB_OK);
-    NBT_EXPECT_STATUS(nb_ddp_set_zero(bf, foreign), NB_ERR_INVALID, "the bf16 compression hook is not supported");
+    NBT_EXPECT_STATUS(nb_ddp_set_zero(bf, foreign), NB_ERR_INVALID, "ZeRO-1 (nb_ddp_set_zero) cannot be combined "
+                      "with the bf16 compression hook (comm_hook NB_DDP_HOOK_BF16), which is on");
     nb_ddp_free(bf);
     /* a wrapper freed while attached: the state is gone, and the optimizer says so */
     if (R > 1) {

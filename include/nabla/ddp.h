@@ -104,10 +104,10 @@ void nb_ddp_set_no_sync(nb_ddp *ddp, bool no_sync);
  * parameters' list must not be used either). nb_optim_zero_grad stays the
  * user's. NULL detaches. Local: every rank should make the same choice.
  * NB_ERR_INVALID, with nothing attached and the reason in nb_last_error(),
- * when the wrapper is in join mode or has ZeRO-1 on, when opt is sharded by
+ * when the wrapper is in join mode or has ZeRO-1 on (naming both features,
+ * as join and ZeRO-1 do the other way round), when opt is sharded by
  * ZeRO-1 or stepped by another wrapper, or when a parameter of opt is not
- * one of the wrapper's (as nb_ddp_set_zero refuses what it cannot combine
- * with). */
+ * one of the wrapper's. */
 NB_MUST_CHECK nb_status nb_ddp_set_optimizer(nb_ddp *ddp, nb_optim *opt);
 nb_optim *nb_ddp_optimizer(const nb_ddp *ddp);
 
@@ -179,8 +179,11 @@ typedef struct nb_ddp_join_options {
  * NULL opts: the defaults). From then on each step must go through
  * nb_ddp_forward (or nb_ddp_pre_forward) and nb_ddp_backward, which count
  * the ranks still training and divide gradients as the options say; set
- * no_sync before a step's forward. */
-void nb_ddp_join_begin(nb_ddp *ddp, const nb_ddp_join_options *opts);
+ * no_sync before a step's forward. NB_ERR_INVALID, nothing changed and the
+ * reason in nb_last_error(), when per-bucket steps (nb_ddp_set_optimizer)
+ * or ZeRO-1 are on: the same refusal, naming both features, that those
+ * calls give in join mode. */
+NB_MUST_CHECK nb_status nb_ddp_join_begin(nb_ddp *ddp, const nb_ddp_join_options *opts);
 /* Called by a rank that has no batches left: answers the other ranks'
  * steps with zero contributions (buffer broadcasts, SyncBatchNorm
  * statistics and gradient sums, gradient buckets) until every rank has
