@@ -9,11 +9,30 @@
  * loss read back (nb_item, which waits for the device), timed on a
  * monotonic clock; the tokens come from a few random batches made on the
  * device beforehand, so no host copy is timed. Prints the median step
- * after --warmup steps, tokens/s and the model FLOPs utilisation
- * MFU = 6 * parameters * tokens/s / peak (the attention's FLOPs are not
- * counted, as in the usual 6N estimate; --peak-tflops, default 989, the
- * H100/H200 SXM dense bf16 peak). --machine prints one key=value line for
- * benchmarks/gpt2_gpu.py.
+ * after --warmup steps, tokens/s and, on a GPU, the model FLOPs
+ * utilisation MFU = 6 * parameters * tokens/s / peak (the attention's
+ * FLOPs are not counted, as in the usual 6N estimate; --peak-tflops,
+ * default 989, the H100/H200 SXM dense bf16 peak). A CPU's peak is not
+ * known to it, so there it prints no MFU. --machine prints one key=value
+ * line for benchmarks/gpt2_gpu.py.
+ *
+ * Before the first step it says what a step at these shapes costs: a pass
+ * on the meta device of the same kind (nabla/meta.h; meta:cuda for a GPU)
+ * gives the peak memory, the bytes moved, the products' FLOPs and, on a
+ * GPU, the kernel launches. Steps longer than 2 s print a progress line
+ * on stderr with the time left.
+ *
+ * --device meta:cuda --gpu h100|h200|a100 (or meta:cpu) runs no step on a
+ * device: it prints the meta device's per-entry table (calls, launches,
+ * bytes, FLOPs, projected microseconds by roofline with the efficiencies
+ * of nabla/meta.h and the GPU's peak figures with their source), the
+ * peak, and the projected step time, tokens/s, MFU and the roofline bound
+ * (6 N + 12 L C T) tokens / ((bytes / bandwidth + GEMM FLOPs / peak) peak).
+ * With --machine, one line with peak_bytes= bytes_moved= gemm_flops=
+ * launches= params= tokens=. peak_bytes (the step context's peak plus the
+ * model's memory: the parameters' context, which holds their gradients,
+ * and the optimizer's state) is printed the same way on every device, so a projection and a measurement sit side by
+ * side.
  *
  * Memory: the step context's peak and the model context's beside the floor
  * from the model's shape (nb_gpt_memory_floor: parameters, gradients,
@@ -35,13 +54,209 @@
 #include "bench_time.h"
 
 #define N_BATCHES 4
+#define GIB (1024.0 * 1024.0 * 1024.0)
 
 static int usage(const char *prog) {
     fprintf(stderr,
-            "usage: %s [--device cuda|cpu] [--gpu N] [--bf16] [--tf32] [--layers 12] [--heads 12] "
-            "[--width 768] [--seq-len 1024] [--vocab 50304] [--batch 8] [--steps 20] [--warmup 3] "
-            "[--no-clip] [--recompute] [--no-give-back] [--peak-tflops 989] [--machine]\n", prog);
+            "usage: %s [--device cuda|cpu|meta:cuda|meta:cpu] [--gpu N | --gpu h100|h200|a100] "
+            "[--bf16] [--tf32] [--layers 12] [--heads 12] [--width 768] [--seq-len 1024] "
+            "[--vocab 50304] [--batch 8] [--steps 20] [--warmup 3] [--no-clip] [--recompute] "
+            "[--no-give-back] [--peak-tflops 989] [--machine]\n"
+            "  --gpu: a GPU's index for --device cuda; for meta:cuda, the GPU whose figures the "
+            "projection uses (default h100)\n",
+            prog);
     return 2;
+}
+
+typedef struct opts {
+    int64_t layers, heads, width, seq, vocab, batch, steps, warmup;
+    bool bf16, clip, recompute, give_back;
+} opts;
+
+/* A model, its optimizer and (N, T) batches of tokens on one device. */
+typedef struct run {
+    nb_ctx *params, *step;
+    nb_module *model;
+    nb_named_tensor *p;
+    nb_optim *opt;
+    int64_t n_params;
+    nb_tensor *x[N_BATCHES], *y[N_BATCHES];
+} run;
+
+static void run_make(run *r, nb_device dev, const opts *o) {
+    r->params = nb_ctx_new(dev, 0);
+    r->step = nb_ctx_new(dev, 0);
+    if (o->bf16) nb_ctx_set_compute_dtype(r->step, NB_BF16);
+    nb_ctx_set_give_back(r->step, o->give_back);
+    nb_gpt_config cfg = {o->vocab, o->seq, (int)o->layers, (int)o->heads, o->width, 0.0};
+    nb_rng rng = nb_rng_make(1337);
+    r->model = nb_gpt_new(r->params, NB_F32, &cfg, &rng);
+    nb_gpt_set_recompute(r->model, o->recompute);
+    int np = nb_module_named_parameters(r->model, NULL, 0);
+    r->p = malloc((size_t)np * sizeof *r->p);
+    nb_module_named_parameters(r->model, r->p, np);
+    nb_optim_hparams h = NB_ADAMW_DEFAULTS;
+    h.lr = 6e-4, h.weight_decay = 0.1, h.beta2 = 0.95;
+    r->opt = nb_optim_new(NB_OPTIM_ADAMW, r->p, np, &h);
+    r->n_params = nb_module_num_params(r->model);
+
+    /* random tokens, made on the host and copied to the device */
+    int64_t n_tok = o->batch * o->seq;
+    int64_t *buf = malloc((size_t)(n_tok + 1) * sizeof *buf);
+    for (int b = 0; b < N_BATCHES; b++) {
+        uint32_t rnd[4];
+        for (int64_t i = 0; i <= n_tok; i++) {
+            if (i % 4 == 0) nb_philox4x32(99, (uint64_t)b * (uint64_t)(n_tok + 4) + (uint64_t)i / 4, rnd);
+            buf[i] = (int64_t)(rnd[i % 4] % (uint32_t)o->vocab);
+        }
+        r->x[b] = nb_from_host(r->params, NB_I64, NB_SHAPE(o->batch, o->seq), buf);
+        r->y[b] = nb_from_host(r->params, NB_I64, NB_SHAPE(o->batch, o->seq), buf + 1);
+    }
+    free(buf);
+}
+
+static void run_free(run *r) {
+    nb_optim_free(r->opt);
+    free(r->p);
+    nb_ctx_free(r->step);
+    nb_ctx_free(r->params);
+}
+
+/* Forward, loss, backward, clip, AdamW, zero_grad; the loss, not read. */
+static nb_tensor *run_step(run *r, int64_t s, bool clip) {
+    nb_ctx_reset(r->step);
+    nb_tensor *l = nb_gpt_forward_loss(r->model, r->step, r->x[s % N_BATCHES], r->y[s % N_BATCHES]);
+    nb_backward(l);
+    if (clip) nb_optim_clip_grad_norm(r->opt, 1.0, 2.0);
+    nb_optim_step(r->opt);
+    nb_optim_zero_grad(r->opt);
+    return l;
+}
+
+/* peak_bytes: the step context's peak plus the model's memory (the
+ * parameters' context, which holds their gradients, and the optimizer's
+ * state). */
+static size_t model_bytes(const run *r) {
+    return nb_ctx_peak(r->params) + nb_optim_state_bytes(r->opt);
+}
+static size_t peak_bytes(const run *r) { return nb_ctx_peak(r->step) + model_bytes(r); }
+
+/* What one steady step costs on the meta device standing for `of`: a first
+ * step makes the gradients and the optimizer's state, the second is
+ * counted (nb_meta_total, nb_meta_entries). */
+typedef struct cost {
+    size_t peak, step_peak, model_peak;
+    int64_t n_params;
+    nb_meta_entry total;
+} cost;
+
+static cost meta_cost(nb_device_type of, const opts *o, const nb_meta_gpu *gpu) {
+    run r;
+    run_make(&r, nb_meta(of), o);
+    nb_meta_set_gpu(gpu);
+    (void)run_step(&r, 0, o->clip);
+    nb_meta_reset();
+    (void)run_step(&r, 1, o->clip);
+    cost c = {peak_bytes(&r), nb_ctx_peak(r.step), model_bytes(&r), r.n_params, nb_meta_total()};
+    run_free(&r);
+    return c;
+}
+
+/* The products' peak of gpu in this dtype (nabla/meta.h). */
+static double gpu_peak(const nb_meta_gpu *g, bool bf16) {
+    return bf16 ? g->bf16_flops : nb_cuda_allow_tf32() ? g->tf32_flops : g->f32_flops;
+}
+
+static int cmp_us(const void *a, const void *b) {
+    const nb_meta_entry *x = a, *y = b;
+    double u = x->us > 0 || y->us > 0 ? x->us : x->bytes, v = x->us > 0 || y->us > 0 ? y->us : y->bytes;
+    return (u < v) - (u > v);
+}
+
+static int meta_main(nb_device dev, const opts *o, const nb_meta_gpu *gpu, bool machine,
+                     const char *dtype) {
+    bool cuda = dev.index == NB_DEVICE_CUDA;
+    cost c = meta_cost((nb_device_type)dev.index, o, cuda ? gpu : NULL);
+    int64_t tokens = o->batch * o->seq;
+    const nb_meta_entry *t = &c.total;
+    double step_s = t->us * 1e-6, tok_s = step_s > 0 ? (double)tokens / step_s : 0;
+    double peak = cuda ? gpu_peak(gpu, o->bf16) : 0;
+    double mfu = cuda ? 6.0 * (double)c.n_params * tok_s / peak : 0;
+    /* the issue's bound: model FLOPs over the time at full bandwidth and peak */
+    double model_flops = (6.0 * (double)c.n_params + 12.0 * (double)(o->layers * o->width * o->seq)) *
+                         (double)tokens;
+    double bound = cuda ? model_flops / ((t->bytes / gpu->bytes_per_s + t->gemm_flops / peak) * peak)
+                        : 0;
+    if (machine) {
+        printf("model=gpt device=%s gpu=%s dtype=%s layers=%lld heads=%lld width=%lld seq=%lld "
+               "vocab=%lld batch=%lld params=%lld tokens=%lld peak_bytes=%zu bytes_moved=%.0f "
+               "gemm_flops=%.0f flops=%.0f launches=%lld calls=%lld step_ctx_gib=%.3f "
+               "model_gib=%.3f",
+               nb_device_name(dev), cuda ? gpu->name : "none", dtype, (long long)o->layers,
+               (long long)o->heads, (long long)o->width, (long long)o->seq, (long long)o->vocab,
+               (long long)o->batch, (long long)c.n_params, (long long)tokens, c.peak, t->bytes,
+               t->gemm_flops, t->flops, (long long)t->launches, (long long)t->calls,
+               (double)c.step_peak / GIB, (double)c.model_peak / GIB);
+        if (cuda)
+            printf(" projected_ms=%.3f tok_s=%.1f mfu=%.4f roofline=%.4f peak_tflops=%g", 1e3 * step_s,
+                   tok_s, mfu, bound, peak / 1e12);
+        printf("\n");
+        return 0;
+    }
+    printf("bench_gpt2: GPT %lld layers, %lld heads, width %lld, sequence %lld, vocabulary %lld: "
+           "%.1fM parameters, %s, batch %lld, on %s: counted, not run\n",
+           (long long)o->layers, (long long)o->heads, (long long)o->width, (long long)o->seq,
+           (long long)o->vocab, (double)c.n_params / 1e6, dtype, (long long)o->batch,
+           nb_device_name(dev));
+    if (cuda)
+        printf("projection for the %s: %.3g TB/s, %.4g TFLOP/s for %s products (%s); efficiencies "
+               "%.0f%% of bandwidth, %.0f%% of the products' peak, at least %.0f us a launch\n",
+               gpu->label, gpu->bytes_per_s / 1e12, peak / 1e12, dtype, gpu->source,
+               100 * NB_META_BW_EFF, 100 * NB_META_GEMM_EFF, NB_META_LAUNCH_US);
+    int n = nb_meta_entries(NULL, 0);
+    nb_meta_entry *e = malloc((size_t)(n > 0 ? n : 1) * sizeof *e);
+    nb_meta_entries(e, n);
+    qsort(e, (size_t)n, sizeof *e, cmp_us);
+    printf("%-32s %7s %8s %10s %10s %11s %11s %6s\n", "entry (one steady step)", "calls",
+           "launches", "GB moved", "GFLOP", "GEMM GFLOP", cuda ? "proj. us" : "", cuda ? "share" : "");
+    for (int i = 0; i <= n; i++) {
+        const nb_meta_entry *x = i < n ? &e[i] : t;
+        printf("%-32s %7lld %8lld %10.3f %10.3f %11.2f", x->name, (long long)x->calls,
+               (long long)x->launches, x->bytes / 1e9, x->flops / 1e9, x->gemm_flops / 1e9);
+        if (cuda) printf(" %11.1f %5.1f%%", x->us, t->us > 0 ? 100 * x->us / t->us : 0);
+        printf("\n");
+    }
+    free(e);
+    printf("peak %.2f GiB (peak_bytes %zu: step context %.2f GiB + parameters, gradients and "
+           "optimizer state %.2f GiB)", c.peak / GIB,
+           c.peak, (double)c.step_peak / GIB, (double)c.model_peak / GIB);
+    if (cuda)
+        printf(", %s on the %s's %.0f GB", (double)c.peak <= gpu->memory_bytes ? "fits" : "DOES NOT FIT",
+               gpu->name, gpu->memory_bytes / 1e9);
+    printf("\n");
+    if (cuda)
+        printf("projected step %.2f ms (a projection: roofline, not measured): %.0f tokens/s, MFU "
+               "%.1f%% (6 N tokens/s / %.4g TFLOP/s); roofline bound (6 N + 12 L C T) tokens / "
+               "((bytes / %.3g TB/s + GEMM FLOPs / peak) peak) = %.1f%%\n",
+               1e3 * step_s, tok_s, 100 * mfu, peak / 1e12, gpu->bytes_per_s / 1e12, 100 * bound);
+    return 0;
+}
+
+/* The line before the first step (issue: a step's cost, said before it starts). */
+static void say_cost(nb_device dev, const opts *o) {
+    bool cuda = dev.type == NB_DEVICE_CUDA;
+    const nb_meta_gpu *h100 = nb_meta_gpu_find("h100");
+    cost c = meta_cost(dev.type, o, cuda ? h100 : NULL);
+    fprintf(stderr,
+            "bench_gpt2: a step at these shapes (meta device, %s): peak %.2f GiB, %.2f GB moved, "
+            "%.1f GFLOP in products, %.1f GFLOP other",
+            nb_device_name(nb_meta(dev.type)), c.peak / GIB, c.total.bytes / 1e9,
+            c.total.gemm_flops / 1e9, c.total.flops / 1e9);
+    if (cuda)
+        fprintf(stderr, ", %lld launches; about %.1f ms on an H100 (a roofline projection)",
+                (long long)c.total.launches, c.total.us / 1e3);
+    fprintf(stderr, "\n");
+    fflush(stderr);
 }
 
 /* The resident set now (VmRSS), in bytes; 0 where unknown. */
@@ -67,126 +282,126 @@ static size_t library_baseline(void) {
 }
 
 int main(int argc, char **argv) {
-    int64_t layers = 12, heads = 12, width = 768, seq = 1024, vocab = 50304, batch = 8, steps = 20, warmup = 3;
+    opts o = {12, 12, 768, 1024, 50304, 8, 20, 3, false, true, false, true};
     double peak = 989;
-    bool bf16 = false, tf32 = false, clip = true, machine = false, cpu = false, recompute = false,
-         give_back = true;
-    int gpu = 0;
+    bool tf32 = false, machine = false;
+    const char *gpu_arg = NULL;
+    nb_device dev = nb_cuda(0);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         bool has = i + 1 < argc;
-        if (!strcmp(a, "--bf16")) bf16 = true;
+        if (!strcmp(a, "--bf16")) o.bf16 = true;
         else if (!strcmp(a, "--tf32")) tf32 = true;
-        else if (!strcmp(a, "--no-clip")) clip = false;
-        else if (!strcmp(a, "--recompute")) recompute = true;
-        else if (!strcmp(a, "--no-give-back")) give_back = false;
+        else if (!strcmp(a, "--no-clip")) o.clip = false;
+        else if (!strcmp(a, "--recompute")) o.recompute = true;
+        else if (!strcmp(a, "--no-give-back")) o.give_back = false;
         else if (!strcmp(a, "--machine")) machine = true;
         else if (!strcmp(a, "--device") && has) {
-            const char *d = argv[++i];
-            if (!strcmp(d, "cpu")) cpu = true;
-            else if (strcmp(d, "cuda")) return usage(argv[0]);
-        } else if (!strcmp(a, "--gpu") && has) gpu = atoi(argv[++i]);
-        else if (!strcmp(a, "--layers") && has) layers = atoll(argv[++i]);
-        else if (!strcmp(a, "--heads") && has) heads = atoll(argv[++i]);
-        else if (!strcmp(a, "--width") && has) width = atoll(argv[++i]);
-        else if (!strcmp(a, "--seq-len") && has) seq = atoll(argv[++i]);
-        else if (!strcmp(a, "--vocab") && has) vocab = atoll(argv[++i]);
-        else if (!strcmp(a, "--batch") && has) batch = atoll(argv[++i]);
-        else if (!strcmp(a, "--steps") && has) steps = atoll(argv[++i]);
-        else if (!strcmp(a, "--warmup") && has) warmup = atoll(argv[++i]);
+            if (nb_device_parse(argv[++i], &dev) != NB_OK) {
+                fprintf(stderr, "bench_gpt2: %s\n", nb_last_error());
+                return usage(argv[0]);
+            }
+        } else if (!strcmp(a, "--gpu") && has) gpu_arg = argv[++i];
+        else if (!strcmp(a, "--layers") && has) o.layers = atoll(argv[++i]);
+        else if (!strcmp(a, "--heads") && has) o.heads = atoll(argv[++i]);
+        else if (!strcmp(a, "--width") && has) o.width = atoll(argv[++i]);
+        else if (!strcmp(a, "--seq-len") && has) o.seq = atoll(argv[++i]);
+        else if (!strcmp(a, "--vocab") && has) o.vocab = atoll(argv[++i]);
+        else if (!strcmp(a, "--batch") && has) o.batch = atoll(argv[++i]);
+        else if (!strcmp(a, "--steps") && has) o.steps = atoll(argv[++i]);
+        else if (!strcmp(a, "--warmup") && has) o.warmup = atoll(argv[++i]);
         else if (!strcmp(a, "--peak-tflops") && has) peak = atof(argv[++i]);
         else return usage(argv[0]);
     }
-    if (layers < 1 || heads < 1 || width < 1 || width % heads || seq < 1 || vocab < 2 || batch < 1 ||
-        steps < 1 || warmup < 0 || !(peak > 0)) {
+    if (o.layers < 1 || o.heads < 1 || o.width < 1 || o.width % o.heads || o.seq < 1 || o.vocab < 2 ||
+        o.batch < 1 || o.steps < 1 || o.warmup < 0 || !(peak > 0)) {
         fprintf(stderr, "bench_gpt2: sizes must be positive, --width a multiple of --heads\n");
         return 2;
     }
+    bool cpu = dev.type == NB_DEVICE_CPU;
+    nb_cuda_set_allow_tf32(tf32);
+    const char *dtype = o.bf16 ? "bf16" : tf32 ? "tf32" : "f32";
+    if (dev.type == NB_DEVICE_META) {
+        const nb_meta_gpu *gpu = nb_meta_gpu_find(gpu_arg ? gpu_arg : "h100");
+        if (!gpu && dev.index == NB_DEVICE_CUDA) {
+            fprintf(stderr, "bench_gpt2: --gpu %s: not a GPU the meta device knows (h100, h200, a100)\n",
+                    gpu_arg);
+            return 2;
+        }
+        return meta_main(dev, &o, gpu, machine, dtype);
+    }
+    if (gpu_arg) {
+        char *end;
+        long g = strtol(gpu_arg, &end, 10);
+        if (*end || g < 0) {
+            fprintf(stderr, "bench_gpt2: --gpu %s: an index for --device cuda (names are for "
+                    "--device meta:cuda)\n", gpu_arg);
+            return 2;
+        }
+        if (!cpu) dev = nb_cuda((int)g);
+    }
     size_t start_rss = library_baseline();
-    nb_device dev = cpu ? nb_cpu() : nb_cuda(gpu);
     if (!cpu && !nb_cuda_available()) {
         fprintf(stderr, "bench_gpt2: no GPU (nabla built without CUDA, or no device visible); skipped\n");
         return 77;
     }
-    if (!cpu) nb_cuda_set_allow_tf32(tf32);
+    say_cost(dev, &o);
 
-    nb_ctx *params = nb_ctx_new(dev, 0), *step = nb_ctx_new(dev, 0);
-    if (bf16) nb_ctx_set_compute_dtype(step, NB_BF16);
-    nb_ctx_set_give_back(step, give_back);
-    nb_gpt_config cfg = {vocab, seq, (int)layers, (int)heads, width, 0.0};
-    nb_rng rng = nb_rng_make(1337);
-    nb_module *model = nb_gpt_new(params, NB_F32, &cfg, &rng);
-    nb_gpt_set_recompute(model, recompute);
-    int np = nb_module_named_parameters(model, NULL, 0);
-    nb_named_tensor *p = malloc((size_t)np * sizeof *p);
-    nb_module_named_parameters(model, p, np);
-    nb_optim_hparams h = NB_ADAMW_DEFAULTS;
-    h.lr = 6e-4, h.weight_decay = 0.1, h.beta2 = 0.95;
-    nb_optim *opt = nb_optim_new(NB_OPTIM_ADAMW, p, np, &h);
-    int64_t n_params = nb_module_num_params(model);
-
-    /* (N, T) inputs and targets, random tokens, on the device */
-    nb_tensor *x[N_BATCHES], *y[N_BATCHES];
-    int64_t n_tok = batch * seq;
-    int64_t *buf = malloc((size_t)(n_tok + 1) * sizeof *buf);
-    for (int b = 0; b < N_BATCHES; b++) {
-        uint32_t r[4];
-        for (int64_t i = 0; i <= n_tok; i++) {
-            if (i % 4 == 0) nb_philox4x32(99, (uint64_t)b * (uint64_t)(n_tok + 4) + (uint64_t)i / 4, r);
-            buf[i] = (int64_t)(r[i % 4] % (uint32_t)vocab);
-        }
-        x[b] = nb_from_host(params, NB_I64, NB_SHAPE(batch, seq), buf);
-        y[b] = nb_from_host(params, NB_I64, NB_SHAPE(batch, seq), buf + 1);
-    }
-    free(buf);
-
-    double *t = malloc((size_t)steps * sizeof *t), loss = NAN, first_loss = NAN;
-    for (int64_t s = 0; s < warmup + steps; s++) {
+    run r;
+    run_make(&r, dev, &o);
+    int64_t n_tok = o.batch * o.seq;
+    double *t = malloc((size_t)o.steps * sizeof *t), loss = NAN, first_loss = NAN;
+    double started = now_s();
+    for (int64_t s = 0; s < o.warmup + o.steps; s++) {
         double t0 = now_s();
-        nb_ctx_reset(step);
-        nb_tensor *l = nb_gpt_forward_loss(model, step, x[s % N_BATCHES], y[s % N_BATCHES]);
-        nb_backward(l);
-        if (clip) nb_optim_clip_grad_norm(opt, 1.0, 2.0);
-        nb_optim_step(opt);
-        nb_optim_zero_grad(opt);
+        nb_tensor *l = run_step(&r, s, o.clip);
         loss = nb_item(l);
+        double dt = now_s() - t0;
         if (s == 0) first_loss = loss;
-        if (s >= warmup) t[s - warmup] = now_s() - t0;
+        if (s >= o.warmup) t[s - o.warmup] = dt;
+        if (dt > 2.0) { /* a long step: say where the run is */
+            int64_t left = o.warmup + o.steps - s - 1;
+            fprintf(stderr, "bench_gpt2: step %lld/%lld took %.1f s (loss %.3f); about %.0f s left\n",
+                    (long long)(s + 1), (long long)(o.warmup + o.steps), dt, loss,
+                    (double)left * (now_s() - started) / (double)(s + 1));
+            fflush(stderr);
+        }
     }
-    qsort(t, (size_t)steps, sizeof *t, cmp_double);
-    double med = t[steps / 2], tok_s = (double)n_tok / med;
-    double mfu = 6.0 * (double)n_params * tok_s / (peak * 1e12);
-    const char *dtype = bf16 ? "bf16" : tf32 ? "tf32" : "f32";
-    nb_memory_floor floor = nb_gpt_memory_floor(model, batch, seq, 2);
+    qsort(t, (size_t)o.steps, sizeof *t, cmp_double);
+    double med = t[o.steps / 2], tok_s = (double)n_tok / med;
+    double mfu = 6.0 * (double)r.n_params * tok_s / (peak * 1e12);
+    nb_memory_floor floor = nb_gpt_memory_floor(r.model, o.batch, o.seq, 2);
     char mem[512];
     if (machine) {
         printf("model=gpt device=%s dtype=%s layers=%lld heads=%lld width=%lld seq=%lld vocab=%lld "
-               "batch=%lld steps=%lld params=%lld ms=%.4f min_ms=%.4f tok_s=%.1f mfu=%.4f "
-               "peak_tflops=%g first_loss=%.4f loss=%.4f step_ctx_gib=%.3f params_ctx_gib=%.3f "
+               "batch=%lld steps=%lld params=%lld tokens=%lld ms=%.4f min_ms=%.4f tok_s=%.1f ",
+               nb_device_name(dev), dtype, (long long)o.layers, (long long)o.heads, (long long)o.width,
+               (long long)o.seq, (long long)o.vocab, (long long)o.batch, (long long)o.steps,
+               (long long)r.n_params, (long long)n_tok, 1e3 * med, 1e3 * t[0], tok_s);
+        if (!cpu) printf("mfu=%.4f peak_tflops=%g ", mfu, peak);
+        printf("first_loss=%.4f loss=%.4f peak_bytes=%zu step_ctx_gib=%.3f params_ctx_gib=%.3f "
                "step_extent_gib=%.3f floor_step_gib=%.3f floor_model_gib=%.3f peak_rss_gib=%.3f "
                "recompute=%d give_back=%d start_rss_gib=%.3f\n",
-               nb_device_name(dev), dtype, (long long)layers, (long long)heads, (long long)width,
-               (long long)seq, (long long)vocab, (long long)batch, (long long)steps,
-               (long long)n_params, 1e3 * med, 1e3 * t[0], tok_s, mfu, peak, first_loss, loss,
-               (double)nb_ctx_peak(step) / (1 << 30), (double)nb_ctx_peak(params) / (1 << 30),
-               (double)nb_ctx_extent(step) / (1 << 30), (double)(floor.saved + floor.logits) / (1 << 30),
-               (double)(floor.params + floor.grads + floor.optim_state) / (1 << 30),
-               (double)nb_peak_rss() / (1 << 30), recompute, give_back, (double)start_rss / (1 << 30));
+               first_loss, loss, peak_bytes(&r), (double)nb_ctx_peak(r.step) / GIB,
+               (double)nb_ctx_peak(r.params) / GIB, (double)nb_ctx_extent(r.step) / GIB,
+               (double)(floor.saved + floor.logits) / GIB,
+               (double)(floor.params + floor.grads + floor.optim_state) / GIB,
+               (double)nb_peak_rss() / GIB, o.recompute, o.give_back, (double)start_rss / GIB);
     } else {
         printf("bench_gpt2: GPT %lld layers, %lld heads, width %lld, sequence %lld, vocabulary %lld: "
                "%.1fM parameters, on %s, %s, batch %lld\n",
-               (long long)layers, (long long)heads, (long long)width, (long long)seq, (long long)vocab,
-               (double)n_params / 1e6, nb_device_name(dev), dtype, (long long)batch);
-        printf("median step %.2f ms over %lld steps (after %lld warm-up): %.0f tokens/s, MFU %.1f%% of "
-               "%g TFLOP/s (6 N tokens/s); loss %.3f -> %.3f (ln V = %.3f)\n",
-               1e3 * med, (long long)steps, (long long)warmup, tok_s, 100 * mfu, peak, first_loss, loss,
-               log((double)vocab));
-        printf("%s\n", nb_memory_report(mem, sizeof mem, &floor, step, params));
+               (long long)o.layers, (long long)o.heads, (long long)o.width, (long long)o.seq,
+               (long long)o.vocab, (double)r.n_params / 1e6, nb_device_name(dev), dtype,
+               (long long)o.batch);
+        printf("median step %.2f ms over %lld steps (after %lld warm-up): %.0f tokens/s", 1e3 * med,
+               (long long)o.steps, (long long)o.warmup, tok_s);
+        if (!cpu) printf(", MFU %.1f%% of %g TFLOP/s (6 N tokens/s)", 100 * mfu, peak);
+        printf("; loss %.3f -> %.3f (ln V = %.3f)\n", first_loss, loss, log((double)o.vocab));
+        printf("peak_bytes %zu (the step context's peak + parameters, gradients and optimizer "
+               "state)\n", peak_bytes(&r));
+        printf("%s\n", nb_memory_report(mem, sizeof mem, &floor, r.step, r.params));
     }
-    nb_optim_free(opt);
-    free(p);
     free(t);
-    nb_ctx_free(step);
-    nb_ctx_free(params);
+    run_free(&r);
     return 0;
 }

@@ -5,6 +5,7 @@
 
 nb_status nb__device_available(const char *op, nb_device device) {
     if (device.type == NB_DEVICE_CPU) return NB_OK;
+    if (device.type == NB_DEVICE_META && nb__meta_backend(device.index)) return NB_OK;
     if (device.type == NB_DEVICE_CUDA && device.index >= 0 &&
         device.index < nb__cuda_device_count())
         return NB_OK;

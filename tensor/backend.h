@@ -401,6 +401,10 @@ typedef struct nb__backend {
     /* Saved statistics (layer norm's mean/rstd, batch norm's mean/invstd)
      * are f32 for non-f64 inputs (else f64 everywhere). */
     bool f32_norm_stats;
+    /* The meta device (tensor/meta.c): kernels compute nothing and data
+     * pointers address no memory, so the host reads no values from it
+     * (nb__meta_no_values says so, naming the op). */
+    bool meta;
 
     /* ---- runtime ---- */
     nb__backend_use_fn *use;
@@ -454,9 +458,17 @@ nb_status nb__device_available(const char *op, nb_device device);
  * context, which refuses such a device when it is made). */
 void nb__backend_missing(nb_device device);
 
+/* The meta device's table for the device type it stands for (tensor/meta.c);
+ * NULL for another type. */
+const nb__backend *nb__meta_backend(int of);
+/* Aborts: `op` asked for the values of t, which is on the meta device. */
+NB_NORETURN void nb__meta_no_values(const char *op, const nb_tensor *t);
+
 static inline const nb__backend *nb__backend_of(nb_device device) {
     if (device.type == NB_DEVICE_CPU) return &nb__cpu_backend;
     if (device.type == NB_DEVICE_CUDA && nb__cuda_table) return nb__cuda_table;
+    if (device.type == NB_DEVICE_META && nb__meta_backend(device.index))
+        return nb__meta_backend(device.index);
     nb__backend_missing(device);
     return &nb__cpu_backend;
 }

@@ -146,7 +146,7 @@ struct nb_ctx {
 static size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
 /* Host memory is poisoned for ASan while no tensor holds it. */
-static bool host_memory(const arena *a) { return !a->be->device_memory; }
+static bool host_memory(const arena *a) { return !a->be->device_memory && !a->be->meta; }
 
 static block *block_new(size_t size, const arena *a) {
     size = round_up(size, NB_ALIGN);
@@ -350,6 +350,9 @@ nb_ctx *nb_ctx_new(nb_device device, size_t initial_bytes) {
         NB_CHECK(device.index >= 0 && device.index < n,
                  "nb_ctx_new: device %s does not exist (%d CUDA device%s visible)",
                  nb_device_name(device), n, n == 1 ? "" : "s");
+    } else if (device.type == NB_DEVICE_META) {
+        NB_CHECK(nb__meta_backend(device.index), "nb_ctx_new: %s is not a meta device (meta:cpu, "
+                 "meta:cuda)", nb_device_name(device));
     } else {
         NB_CHECK(device.type == NB_DEVICE_CPU, "nb_ctx_new: unknown device type %d",
                  (int)device.type);

@@ -64,7 +64,7 @@ extern "C" {
 /* Raised whenever either table below, or a struct the plugin shares with
  * libnabla (nb_tensor, nb_ctx internals, nb_pg, nb_work, nb__coll),
  * changes its layout or meaning. */
-#define NB__CUDA_PLUGIN_ABI 1
+#define NB__CUDA_PLUGIN_ABI 2
 #define NB__CUDA_PLUGIN_FILE "libnabla_cuda.so"
 #define NB__CUDA_PLUGIN_ENV "NABLA_CUDA_PLUGIN"
 #define NB__CUDA_PLUGIN_INIT "nb__cuda_plugin_init"

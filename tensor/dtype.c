@@ -1,6 +1,7 @@
 /* dtype facts and the bf16/f16 conversions (round to nearest even). */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "nabla/dtype.h"
@@ -31,8 +32,30 @@ const char *nb_device_name(nb_device device) {
     static _Thread_local unsigned next;
     if (device.type == NB_DEVICE_CPU) return "cpu";
     char *buf = bufs[next++ & 3];
-    snprintf(buf, sizeof bufs[0], "cuda:%d", device.index);
+    if (device.type == NB_DEVICE_META)
+        snprintf(buf, sizeof bufs[0], "meta:%s",
+                 device.index == NB_DEVICE_CPU    ? "cpu"
+                 : device.index == NB_DEVICE_CUDA ? "cuda"
+                                                  : "?");
+    else snprintf(buf, sizeof bufs[0], "cuda:%d", device.index);
     return buf;
+}
+
+nb_status nb_device_parse(const char *name, nb_device *out) {
+    char *end = NULL;
+    if (name && !strcmp(name, "cpu")) *out = nb_cpu();
+    else if (name && !strcmp(name, "cuda")) *out = nb_cuda(0);
+    else if (name && !strcmp(name, "meta:cpu")) *out = nb_meta(NB_DEVICE_CPU);
+    else if (name && !strcmp(name, "meta:cuda")) *out = nb_meta(NB_DEVICE_CUDA);
+    else if (name && !strncmp(name, "cuda:", 5) && name[5] >= '0' && name[5] <= '9' &&
+             (strtol(name + 5, &end, 10), *end == 0) && end - (name + 5) < 9)
+        *out = nb_cuda((int)strtol(name + 5, NULL, 10));
+    else
+        return nb_set_error(NB_ERR_INVALID,
+                            "nb_device_parse: '%s' is not a device (cpu, cuda, cuda:N, meta:cpu, "
+                            "meta:cuda)",
+                            name ? name : "(null)");
+    return NB_OK;
 }
 
 static uint32_t f32_bits(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }

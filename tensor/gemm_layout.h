@@ -68,6 +68,26 @@ static inline bool nb__gemm_can_fold(int nbd, const int64_t *shape, const int64_
     return true;
 }
 
+/* Dims [lo, hi) of `shape` with strides st flatten to one stride (*s):
+ * st[i] = *s * (product of the sizes after i), size-1 dims ignored. */
+static inline bool nb__gemm_flat_stride(const int64_t *shape, const int64_t *st, int lo, int hi,
+                                        int64_t *s) {
+    int64_t cnt = 1, s0 = 0;
+    bool have = false;
+    for (int i = hi - 1; i >= lo; i--) {
+        if (shape[i] == 1) continue;
+        if (!have) {
+            s0 = st[i];
+            have = true;
+        } else if (st[i] != s0 * cnt) {
+            return false;
+        }
+        cnt *= shape[i];
+    }
+    *s = s0;
+    return true;
+}
+
 #ifdef __cplusplus
 }
 #endif

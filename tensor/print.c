@@ -99,6 +99,7 @@ void nb_tensor_fprint(FILE *f, const nb_tensor *t) {
     const nb_tensor *orig = t;
     nb_tensor host;
     void *buf = NULL;
+    if (nb__backend_at(t)->meta) nb__meta_no_values("nb_tensor_fprint", t);
     if (nb__backend_at(t)->device_memory) { /* a contiguous host copy of the values */
         buf = malloc((size_t)nb_numel(t) * nb_dtype_size(t->dtype) + 1);
         NB_CHECK(buf, "nb_tensor_fprint: out of host memory for %s", nb_shape_str(t));

@@ -330,6 +330,7 @@ nb_tensor *nb_arange(nb_ctx *ctx, nb_dtype dtype, double start, double stop, dou
     nb_tensor *t = nb__empty(ctx, dtype, 1, &n);
     size_t sz = nb_dtype_size(dtype);
     const nb__backend *be = nb__backend_at(t);
+    if (be->meta) return t; /* no values to write */
     char *host = be->device_memory ? malloc((size_t)n * sz + 1) : t->data;
     NB_CHECK(host, "nb_arange: out of host memory for %lld elements", (long long)n);
     for (int64_t i = 0; i < n; i++) nb__store(host + i * (int64_t)sz, dtype, start + (double)i * step);
@@ -402,6 +403,7 @@ static void read_raw(const nb__backend *be, const nb_tensor *t, void *dst) {
 /* h (a host view) = t (any device) broadcast to h's shape, in h's dtype. */
 static void read_into(const char *op, nb_tensor *h, const nb_tensor *t) {
     const nb__backend *be = nb__backend_at(t);
+    if (be->meta) nb__meta_no_values(op, t);
     if (!be->device_memory) {
         be->copy(h, t);
         return;
@@ -475,6 +477,7 @@ static char *element_ptr(const char *op, const nb_tensor *t, const int64_t *inde
 
 static double get(const char *op, const nb_tensor *t, const int64_t *index) {
     char *p = element_ptr(op, t, index), buf[8];
+    if (nb__backend_at(t)->meta) nb__meta_no_values(op, t);
     nb__backend_at(t)->memcpy_d2h(t->device.index, buf, p, nb_dtype_size(t->dtype));
     return nb__load(buf, t->dtype);
 }

@@ -8,6 +8,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "nabla/error.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -32,21 +34,36 @@ float nb_bf16_to_f32(uint16_t x);
 uint16_t nb_f32_to_f16(float x);
 float nb_f16_to_f32(uint16_t x);
 
-typedef enum nb_device_type { NB_DEVICE_CPU = 0, NB_DEVICE_CUDA = 1 } nb_device_type;
+/* NB_DEVICE_META: the meta device (nabla/meta.h), which computes nothing
+ * and counts what another device's backend would do: its index is that
+ * device's type (nb_meta(NB_DEVICE_CUDA) is "meta:cuda"). */
+typedef enum nb_device_type {
+    NB_DEVICE_CPU = 0,
+    NB_DEVICE_CUDA = 1,
+    NB_DEVICE_META = 2
+} nb_device_type;
 
 typedef struct nb_device {
     nb_device_type type;
-    int index; /* CUDA ordinal; 0 for the CPU */
+    int index; /* CUDA ordinal; 0 for the CPU; the device type a meta device stands for */
 } nb_device;
 
 static inline nb_device nb_cpu(void) { nb_device d = {NB_DEVICE_CPU, 0}; return d; }
 static inline nb_device nb_cuda(int index) { nb_device d = {NB_DEVICE_CUDA, index}; return d; }
+static inline nb_device nb_meta(nb_device_type of) {
+    nb_device d = {NB_DEVICE_META, (int)of};
+    return d;
+}
 static inline bool nb_device_eq(nb_device a, nb_device b) {
     return a.type == b.type && a.index == b.index;
 }
-/* "cpu" or "cuda:1", in a thread-local buffer (four in rotation, so a few
- * calls can share one printf). */
+/* "cpu", "cuda:1" or "meta:cuda", in a thread-local buffer (four in
+ * rotation, so a few calls can share one printf). */
 const char *nb_device_name(nb_device device);
+/* The device a name names: "cpu", "cuda" (cuda:0), "cuda:N", "meta:cpu",
+ * "meta:cuda"; NB_ERR_INVALID with a message naming the text otherwise.
+ * Whether the device exists is a separate question (nb_ctx_new). */
+nb_status nb_device_parse(const char *name, nb_device *out);
 
 #ifdef __cplusplus
 }

@@ -9,6 +9,7 @@
 #include "nabla/error.h"
 #include "nabla/dtype.h"
 #include "nabla/cuda.h"
+#include "nabla/meta.h"
 #include "nabla/context.h"
 #include "nabla/random.h"
 #include "nabla/tensor.h"

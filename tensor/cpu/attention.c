@@ -149,13 +149,19 @@ static int64_t pairs_per_chunk(const nb_tensor *qkv, int h) {
     return work >= ((int64_t)1 << 18) ? 1 : ((int64_t)1 << 18) / work;
 }
 
+size_t nb__cpu_attention_scratch_bytes(const nb_tensor *qkv, int h, int blocks) {
+    dims s = get_dims(qkv, h);
+    int64_t pairs = s.n * h, per = pairs_per_chunk(qkv, h);
+    int threads = nb__parallel_threads(nb__chunk_count(pairs, per));
+    return (size_t)threads * (size_t)blocks * (size_t)(s.t * s.t) * s.es;
+}
+
 /* Runs fn over every (batch, head) pair with `blocks` T x T blocks of
  * scratch per thread, taken from ctx and given back at the end. */
 static void run_pairs(nb_ctx *ctx, nb__task_fn fn, heads_job *j, int blocks) {
     dims s = get_dims(j->qkv, j->h);
     int64_t pairs = s.n * j->h, per = pairs_per_chunk(j->qkv, j->h);
-    int threads = nb__parallel_threads(nb__chunk_count(pairs, per));
-    size_t bytes = (size_t)threads * (size_t)blocks * (size_t)(s.t * s.t) * s.es;
+    size_t bytes = nb__cpu_attention_scratch_bytes(j->qkv, j->h, blocks);
     j->blocks = blocks;
     j->scratch = bytes ? nb_ctx_alloc(ctx, bytes, 0) : NULL;
     /* only when the products go through OpenBLAS (f64, or no AVX2 kernel) */

@@ -23,4 +23,9 @@ nb__backend_causal_attention_fn nb__cpu_causal_attention;
  * dv = p^T gy. */
 nb__backend_causal_attention_backward_fn nb__cpu_causal_attention_backward;
 
+/* The scratch each of them takes from its context: `blocks` (T, T) blocks
+ * per thread (1 forward, 2 backward); the meta device's meta:cpu takes the
+ * same. */
+size_t nb__cpu_attention_scratch_bytes(const nb_tensor *qkv, int h, int blocks);
+
 #endif

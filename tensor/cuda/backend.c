@@ -6,6 +6,7 @@
 
 #include "tensor/backend.h"
 #include "tensor/cuda/cuda.h"
+#include "tensor/cuda/flags.h"
 
 void nb__cuda_matmul(nb_tensor *out, const nb_tensor *a, const nb_tensor *b, bool ta, bool tb,
                      const nb_tensor *bias, bool gelu, nb_tensor *pre, bool accumulate) {
@@ -72,13 +73,7 @@ static void poison(int device, void *p, size_t bytes) {
 
 const nb__backend nb__cuda_backend = {
     .name = "cuda",
-    .device_memory = true,
-    .gemm_accumulate = false,
-    .ordered_elementwise = false,
-    .strided_elementwise_out = false,
-    .half_compute = true,
-    .product_dtypes = (1u << NB_BF16) | (1u << NB_F16),
-    .f32_norm_stats = true,
+    NB__CUDA_BACKEND_FLAGS, /* tensor/cuda/flags.h */
     .use = nb__cuda_use,
     .sync = nb__cuda_sync,
     .mem_alloc = nb__cuda_malloc,
@@ -101,5 +96,4 @@ const nb__backend nb__cuda_backend = {
 #define NB__CUDA_ENTRY(e) .e = nb__cuda_##e,
     NB__BACKEND_KERNELS(NB__CUDA_ENTRY)
 #undef NB__CUDA_ENTRY
-    /* no fused causal attention yet: the front end composes it */
 };

@@ -87,23 +87,9 @@ typedef nb__gemm_layout layout;
 /* tensor/gemm_layout.h, without BLAS's int limit (cuBLASLt takes int64). */
 static bool get_layout(const nb_tensor *t, layout *l) { return nb__gemm_layout_of(t, l); }
 
-/* Dims [lo, hi) of `shape` with strides st flatten to one stride (*s):
- * st[i] = *s * (product of the sizes after i), size-1 dims ignored. */
+/* tensor/gemm_layout.h (the meta device counts the calls the same way). */
 static bool flat_stride(const int64_t *shape, const int64_t *st, int lo, int hi, int64_t *s) {
-    int64_t cnt = 1, s0 = 0;
-    bool have = false;
-    for (int i = hi - 1; i >= lo; i--) {
-        if (shape[i] == 1) continue;
-        if (!have) {
-            s0 = st[i];
-            have = true;
-        } else if (st[i] != s0 * cnt) {
-            return false;
-        }
-        cnt *= shape[i];
-    }
-    *s = s0;
-    return true;
+    return nb__gemm_flat_stride(shape, st, lo, hi, s);
 }
 
 extern "C" bool nb__cuda_gemm_readable(const nb_tensor *t) {

@@ -1,0 +1,97 @@
+/* Kernel launches (and memsets, copies, library calls) per call of each
+ * CUDA backend entry, read from tensor/cuda/ *.cu: the meta device's
+ * meta:cuda counts `launches` from this table (tensor/meta.c, Note [Meta
+ * device]). A change to how many kernels an entry launches updates its row
+ * here, in the same commit; where the count depends on the shapes, the row
+ * is the fixed part and the comment names what tensor/meta.c adds. Plain
+ * C, no CUDA header: the meta device exists in every build. */
+#ifndef NABLA_TENSOR_CUDA_LAUNCHES_H
+#define NABLA_TENSOR_CUDA_LAUNCHES_H
+
+enum {
+    /* ---- runtime ---- */
+    NB__CUDA_LAUNCHES_memset = 1,     /* cudaMemsetAsync */
+    NB__CUDA_LAUNCHES_memcpy = 1,     /* cudaMemcpyAsync (d2d, h2d, d2h) */
+    /* ---- elementwise.cu ---- */
+    NB__CUDA_LAUNCHES_unary = 1,      /* flat_kernel, strided_kernel or vec_kernel */
+    NB__CUDA_LAUNCHES_binary = 1,     /* same */
+    NB__CUDA_LAUNCHES_where = 1,      /* same */
+    NB__CUDA_LAUNCHES_copy = 1,       /* cudaMemcpyAsync (contiguous, one dtype) or a copy kernel;
+                                         a fill from the host: one fill kernel */
+    NB__CUDA_LAUNCHES_axpy = 1,       /* vec_kernel or strided_kernel */
+    /* ---- reduce.cu (run_rows: one rows_{thread,warp,block}_kernel; plus
+     * one, rows_split_kernel then rows_warp_kernel, when inner > 65536 and
+     * outer < 256: tensor/meta.c) ---- */
+    NB__CUDA_LAUNCHES_sum_rows = 1,
+    NB__CUDA_LAUNCHES_max_rows = 1,
+    NB__CUDA_LAUNCHES_argmax_rows = 1,
+    NB__CUDA_LAUNCHES_max_rows_backward = 1, /* max_backward_kernel */
+    NB__CUDA_LAUNCHES_var_rows = 2,   /* run_rows for the mean, then for the variance */
+    NB__CUDA_LAUNCHES_pair_loss = 1,  /* run_rows over one row */
+    /* ---- matmul.cu: one cublasLtMatmul per batch call (the batch split
+     * of nb__cuda_gemm: tensor/meta.c counts the calls), bias and GELU in
+     * its epilogue; plus epilogue_kernel per call where the GELU's aux
+     * output is not 8-element aligned (cuBLASLt is assumed to have an
+     * algorithm with the epilogue otherwise); k = 0: a memset (and the
+     * epilogue kernel with a bias or GELU) ---- */
+    NB__CUDA_LAUNCHES_matmul = 1,
+    NB__CUDA_LAUNCHES_gelu_tanh_backward = 2, /* backend.c: unary GELU_TANH_GRAD, then binary MUL */
+    /* ---- softmax.cu, softmax_causal.cu ---- */
+    NB__CUDA_LAUNCHES_softmax = 1,    /* softmax_rows(_reg)_kernel or softmax_cols_kernel */
+    NB__CUDA_LAUNCHES_softmax_backward = 1,
+    NB__CUDA_LAUNCHES_softmax_causal = 1,          /* causal(_reg)_kernel */
+    NB__CUDA_LAUNCHES_softmax_causal_backward = 1, /* causal_backward(_reg)_kernel */
+    NB__CUDA_LAUNCHES_cross_entropy = 2,           /* cross_entropy_rows_kernel, _total_kernel */
+    NB__CUDA_LAUNCHES_cross_entropy_backward = 1,  /* cross_entropy_backward_kernel */
+    /* no fused attention on CUDA yet (flags.h: causal_attention_dtypes 0):
+     * the kernel that fills the contract sets these */
+    NB__CUDA_LAUNCHES_causal_attention = 1,
+    NB__CUDA_LAUNCHES_causal_attention_backward = 1,
+    /* ---- layer_norm.cu ---- */
+    NB__CUDA_LAUNCHES_layer_norm = 1, /* layer_norm_regs_kernel or layer_norm_kernel */
+    /* with dw/db, rows in registers (d <= 16 * MAX_ROW_THREADS, 8192):
+     * layer_norm_backward_regs_kernel, layer_norm_dwdb_sum_kernel; else
+     * layer_norm_dx_kernel, _dwdb_partial_kernel, _dwdb_final_kernel (3);
+     * without dw/db, one */
+    NB__CUDA_LAUNCHES_layer_norm_backward = 2,
+    NB__CUDA_LAUNCHES_layer_norm_backward_wide = 3,
+    /* ---- batch_norm.cu: as cuDNN's path (one call each way) ---- */
+    NB__CUDA_LAUNCHES_batch_norm = 1,
+    NB__CUDA_LAUNCHES_batch_norm_backward = 1,
+    /* ---- conv.cu: one cuDNN call per product, plus bias_add_kernel /
+     * bias_grad_kernel with a bias ---- */
+    NB__CUDA_LAUNCHES_conv2d = 1,
+    NB__CUDA_LAUNCHES_conv2d_backward = 0, /* + one per gradient asked for */
+    /* ---- pool.cu ---- */
+    NB__CUDA_LAUNCHES_max_pool2d = 1,
+    NB__CUDA_LAUNCHES_max_pool2d_backward = 1,
+    NB__CUDA_LAUNCHES_avg_pool2d = 1,
+    NB__CUDA_LAUNCHES_avg_pool2d_backward = 1,
+    /* ---- dropout.cu, embedding.cu ---- */
+    NB__CUDA_LAUNCHES_rand_uniform = 1,
+    NB__CUDA_LAUNCHES_rand_normal = 1,
+    NB__CUDA_LAUNCHES_dropout = 1,
+    NB__CUDA_LAUNCHES_embedding = 1,  /* embedding_kernel */
+    /* cudaMemsetAsync of gw, embedding_keys_kernel, embedding_backward_kernel;
+     * plus CUB's DeviceRadixSort::SortPairs: an upsweep and one pass per 8
+     * key bits (tensor/meta.c adds them) */
+    NB__CUDA_LAUNCHES_embedding_backward = 3,
+    /* ---- optim.cu, reduce.cu: multi-tensor updates ---- */
+    NB__CUDA_OPTIM_TENSORS_PER_LAUNCH = 192, /* adam_kernel / sgd_kernel: MAX_TENSORS */
+    NB__CUDA_SUMSQ_TENSORS_PER_LAUNCH = 32,  /* sumsq_partial_kernel: SQ_BATCH; then one
+                                                sumsq_final_kernel */
+    /* backend.c: per tensor nb_abs, nb_max, a copy; then nb_stack, nb_max, a copy */
+    NB__CUDA_LAUNCHES_max_abs_per_tensor = 3,
+    NB__CUDA_LAUNCHES_max_abs = 3,
+    NB__CUDA_LAUNCHES_scale_per_tensor = 1, /* backend.c: nb_scale_ per tensor */
+    /* backend.c: nb__cuda_sum_squares, then the result read by the host */
+    NB__CUDA_LAUNCHES_all_finite = 1,
+    /* ---- channel.cu ---- */
+    NB__CUDA_LAUNCHES_channel_stats = 2,          /* cudaMemsetAsync, stats_kernel */
+    NB__CUDA_LAUNCHES_channel_finalize = 1,       /* finalize_kernel */
+    NB__CUDA_LAUNCHES_channel_normalize = 1,      /* apply_kernel */
+    NB__CUDA_LAUNCHES_channel_backward_sums = 2,  /* cudaMemsetAsync, backward_sums_kernel */
+    NB__CUDA_LAUNCHES_channel_backward_dx = 1,    /* backward_dx_kernel */
+};
+
+#endif

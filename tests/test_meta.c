@@ -1,0 +1,234 @@
+/* The meta device (nabla/meta.h, tensor/meta.c): each counted op's bytes,
+ * FLOPs and launches against formulas written here from the definitions
+ * (bytes: every tensor read plus every tensor written, whole; GEMM FLOPs
+ * 2 m n k; launches from the CUDA kernels), meta:cpu's peak for a GPT step
+ * against the real CPU step's, and host reads refused by name. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "testutil.h"
+
+/* The counts of `name` since the last nb_meta_reset (calls 0 if none). */
+static nb_meta_entry find(const char *name) {
+    nb_meta_entry e[256];
+    int n = nb_meta_entries(e, 256);
+    for (int i = 0; i < n && i < 256; i++)
+        if (!strcmp(e[i].name, name)) return e[i];
+    return (nb_meta_entry){.name = name};
+}
+
+static void expect(const char *name, int64_t calls, double bytes, double flops, double gemm_flops,
+                   int64_t launches) {
+    nb_meta_entry e = find(name);
+    ck_assert_msg(e.calls == calls, "%s: %lld calls, expected %lld", name, (long long)e.calls,
+                  (long long)calls);
+    ck_assert_msg(e.bytes == bytes, "%s: %.0f bytes, expected %.0f", name, e.bytes, bytes);
+    ck_assert_msg(e.flops == flops, "%s: %.0f FLOPs, expected %.0f", name, e.flops, flops);
+    ck_assert_msg(e.gemm_flops == gemm_flops, "%s: %.0f GEMM FLOPs, expected %.0f", name,
+                  e.gemm_flops, gemm_flops);
+    ck_assert_msg(e.launches == launches, "%s: %lld launches, expected %lld", name,
+                  (long long)e.launches, (long long)launches);
+}
+
+static const nb_device_type kinds[2] = {NB_DEVICE_CPU, NB_DEVICE_CUDA};
+
+START_TEST(test_matmul) {
+    enum { M = 48, K = 40, N = 24 };
+    for (int i = 0; i < 2; i++) {
+        bool cuda = kinds[i] == NB_DEVICE_CUDA;
+        nb_ctx *ctx = nb_ctx_new(nb_meta(kinds[i]), 0);
+        nb_tensor *a = nb_empty(ctx, NB_F32, NB_SHAPE(M, K)), *b = nb_empty(ctx, NB_F32, NB_SHAPE(K, N));
+        nb_meta_reset();
+        nb_tensor *c = nb_matmul(ctx, a, b);
+        ck_assert_int_eq(c->shape[0], M);
+        expect("matmul", 1, 4.0 * (M * K + K * N + M * N), 0, 2.0 * M * N * K, cuda ? 1 : 0);
+        ck_assert_int_eq(nb_meta_total().calls, 1);
+        nb_ctx_free(ctx);
+    }
+}
+END_TEST
+
+START_TEST(test_batched_matmul) {
+    enum { B = 6, M = 16, K = 8, N = 32 };
+    nb_ctx *ctx = nb_ctx_new(nb_meta(NB_DEVICE_CUDA), 0);
+    nb_ctx_set_compute_dtype(ctx, NB_BF16);
+    nb_tensor *a = nb_empty(ctx, NB_BF16, NB_SHAPE(B, M, K));
+    nb_tensor *b = nb_empty(ctx, NB_BF16, NB_SHAPE(B, K, N));
+    nb_meta_reset();
+    nb_tensor *c = nb_matmul(ctx, a, b);
+    /* bf16 operands, f32 result (Note [Mixed precision on the CPU]) */
+    ck_assert_int_eq(c->dtype, NB_F32);
+    expect("matmul", 1, 2.0 * (B * M * K + B * K * N) + 4.0 * B * M * N, 0, 2.0 * B * M * N * K, 1);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+START_TEST(test_layer_norm) {
+    enum { M = 10, D = 64 };
+    for (int i = 0; i < 2; i++) {
+        bool cuda = kinds[i] == NB_DEVICE_CUDA;
+        nb_ctx *ctx = nb_ctx_new(nb_meta(kinds[i]), 0);
+        nb_tensor *x = nb_empty(ctx, NB_F32, NB_SHAPE(M, D));
+        nb_tensor *w = nb_empty(ctx, NB_F32, NB_SHAPE(D)), *b = nb_empty(ctx, NB_F32, NB_SHAPE(D));
+        nb_meta_reset();
+        nb_layer_norm(ctx, x, 1, w, b, 1e-5);
+        /* x, w, b read; y written, and mean and rstd per row: f32 on CUDA,
+         * f64 on the CPU */
+        double stats = 2.0 * M * (cuda ? 4 : 8);
+        expect("layer_norm", 1, 4.0 * (M * D + 2 * D + M * D) + stats, 8.0 * M * D, 0, cuda ? 1 : 0);
+        nb_ctx_free(ctx);
+    }
+}
+END_TEST
+
+START_TEST(test_softmax) {
+    enum { R = 12, C = 100 };
+    nb_ctx *ctx = nb_ctx_new(nb_meta(NB_DEVICE_CUDA), 0);
+    nb_tensor *x = nb_empty(ctx, NB_F32, NB_SHAPE(R, C));
+    nb_meta_reset();
+    nb_softmax(ctx, x, -1);
+    expect("softmax", 1, 2 * 4.0 * R * C, 5.0 * R * C, 0, 1);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+START_TEST(test_cross_entropy) {
+    enum { N = 16, C = 50 };
+    for (int i = 0; i < 2; i++) {
+        bool cuda = kinds[i] == NB_DEVICE_CUDA;
+        nb_ctx *ctx = nb_ctx_new(nb_meta(kinds[i]), 0);
+        nb_tensor *logits = nb_empty(ctx, NB_F32, NB_SHAPE(N, C));
+        logits->requires_grad = true;
+        nb_tensor *t = nb_zeros(ctx, NB_I64, NB_SHAPE(N));
+        nb_meta_reset();
+        nb_tensor *loss = nb_cross_entropy(ctx, logits, t, NULL);
+        /* reads logits and targets; writes the loss, the log-sum-exp per
+         * row and the count (f32 on CUDA, f64 on the CPU) */
+        double count = cuda ? 4 : 8;
+        expect("cross_entropy", 1, 4.0 * N * C + 8.0 * N + 4 + 4.0 * N + count, 4.0 * N * C, 0,
+               cuda ? 2 : 0);
+        nb_meta_reset();
+        nb_backward(loss);
+        /* reads logits, lse, targets, the loss's gradient and the count;
+         * writes dlogits */
+        expect("cross_entropy_backward", 1, 4.0 * N * C + 4.0 * N + 8.0 * N + 4 + count + 4.0 * N * C,
+               3.0 * N * C, 0, cuda ? 1 : 0);
+        nb_ctx_free(ctx);
+    }
+}
+END_TEST
+
+START_TEST(test_adamw) {
+    int64_t sizes[3] = {1000, 37, 4096};
+    nb_ctx *ctx = nb_ctx_new(nb_meta(NB_DEVICE_CUDA), 0);
+    nb_named_tensor p[3];
+    double elems = 0;
+    for (int i = 0; i < 3; i++) {
+        p[i].name = i == 0 ? "a" : i == 1 ? "b" : "c";
+        p[i].tensor = nb_empty(ctx, NB_F32, NB_SHAPE(sizes[i]));
+        p[i].tensor->requires_grad = true;
+        p[i].tensor->grad = nb_zeros(ctx, NB_F32, NB_SHAPE(sizes[i]));
+        elems += (double)sizes[i];
+    }
+    nb_optim_hparams h = NB_ADAMW_DEFAULTS;
+    nb_optim *opt = nb_optim_new(NB_OPTIM_ADAMW, p, 3, &h);
+    nb_meta_reset();
+    nb_optim_step(opt);
+    /* reads p, g, m, v and writes p, m, v: 7 f32 per element; one launch
+     * takes up to 192 tensors */
+    expect("adam", 1, 7 * 4.0 * elems, 12 * elems, 0, 1);
+    nb_optim_free(opt);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+/* One GPT step, twice (the first makes the gradients and AdamW's state):
+ * the step context's peak, the parameters' context and the state. */
+static void gpt_step_peaks(nb_device dev, size_t *step_peak, size_t *model) {
+    nb_gpt_config cfg = {128, 32, 2, 2, 32, 0.0};
+    nb_ctx *params = nb_ctx_new(dev, 0), *step = nb_ctx_new(dev, 0);
+    nb_rng rng = nb_rng_make(7);
+    nb_module *gpt = nb_gpt_new(params, NB_F32, &cfg, &rng);
+    int np = nb_module_named_parameters(gpt, NULL, 0);
+    nb_named_tensor *p = malloc((size_t)np * sizeof *p);
+    nb_module_named_parameters(gpt, p, np);
+    nb_optim_hparams h = NB_ADAMW_DEFAULTS;
+    nb_optim *opt = nb_optim_new(NB_OPTIM_ADAMW, p, np, &h);
+    nb_tensor *x = nb_zeros(params, NB_I64, NB_SHAPE(4, 32)), *y = nb_zeros(params, NB_I64, NB_SHAPE(4, 32));
+    for (int s = 0; s < 2; s++) {
+        nb_ctx_reset(step);
+        nb_backward(nb_gpt_forward_loss(gpt, step, x, y));
+        nb_optim_clip_grad_norm(opt, 1.0, 2.0);
+        nb_optim_step(opt);
+        nb_optim_zero_grad(opt);
+    }
+    *step_peak = nb_ctx_peak(step);
+    *model = nb_ctx_peak(params) + nb_optim_state_bytes(opt);
+    nb_optim_free(opt);
+    free(p);
+    nb_ctx_free(step);
+    nb_ctx_free(params);
+}
+
+START_TEST(test_gpt_peak_matches_cpu) {
+    size_t real_step, real_model, meta_step, meta_model;
+    gpt_step_peaks(nb_cpu(), &real_step, &real_model);
+    gpt_step_peaks(nb_meta(NB_DEVICE_CPU), &meta_step, &meta_model);
+    ck_assert_msg(fabs((double)meta_step - (double)real_step) <= 0.02 * (double)real_step,
+                  "meta:cpu step peak %zu, the CPU's %zu", meta_step, real_step);
+    ck_assert_uint_eq(meta_model, real_model);
+}
+END_TEST
+
+START_TEST(test_no_values) {
+    nb_ctx *ctx = nb_ctx_new(nb_meta(NB_DEVICE_CUDA), 0);
+    nb_tensor *s = nb_sum_all(ctx, nb_ones(ctx, NB_F32, NB_SHAPE(3, 4)));
+    NBT_EXPECT_ABORT(nb_item(s), "nb_item: tensor f32 () is on meta:cuda, which holds no values");
+    float buf[12];
+    NBT_EXPECT_ABORT(nb_to_host(nb_ones(ctx, NB_F32, NB_SHAPE(3, 4)), buf), "nb_to_host");
+    nb_ctx *cpu = nb_ctx_new(nb_cpu(), 0);
+    NBT_EXPECT_ABORT(nb_copy_(nb_zeros(cpu, NB_F32, NB_SHAPE(2)), nb_ones(ctx, NB_F32, NB_SHAPE(2))),
+                     "nb_copy_");
+    nb_ctx *mcpu = nb_ctx_new(nb_meta(NB_DEVICE_CPU), 0);
+    NBT_EXPECT_ABORT(nb_item(nb_ones(mcpu, NB_F32, NB_SHAPE(1))), "meta:cpu, which holds no values");
+    nb_ctx_free(mcpu);
+    nb_ctx_free(cpu);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+START_TEST(test_device_names) {
+    nb_device d;
+    ck_assert_int_eq(nb_device_parse("meta:cuda", &d), NB_OK);
+    ck_assert(nb_device_eq(d, nb_meta(NB_DEVICE_CUDA)));
+    ck_assert_str_eq(nb_device_name(d), "meta:cuda");
+    ck_assert_int_eq(nb_device_parse("meta:cpu", &d), NB_OK);
+    ck_assert_str_eq(nb_device_name(d), "meta:cpu");
+    ck_assert_int_eq(nb_device_parse("cuda:3", &d), NB_OK);
+    ck_assert(nb_device_eq(d, nb_cuda(3)));
+    NBT_EXPECT_STATUS(nb_device_parse("meta:tpu", &d), NB_ERR_INVALID, "'meta:tpu' is not a device");
+    NBT_EXPECT_STATUS(nb_device_parse("cuda:x", &d), NB_ERR_INVALID, "not a device");
+    NBT_EXPECT_ABORT(nb_ctx_new(nb_meta((nb_device_type)7), 0), "is not a meta device");
+}
+END_TEST
+
+static Suite *suite(void) {
+    Suite *s = suite_create("meta");
+    TCase *tc = tcase_create("core");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_matmul);
+    tcase_add_test(tc, test_batched_matmul);
+    tcase_add_test(tc, test_layer_norm);
+    tcase_add_test(tc, test_softmax);
+    tcase_add_test(tc, test_cross_entropy);
+    tcase_add_test(tc, test_adamw);
+    tcase_add_test(tc, test_gpt_peak_matches_cpu);
+    tcase_add_test(tc, test_no_values);
+    tcase_add_test(tc, test_device_names);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) { return nbt_run(suite()); }

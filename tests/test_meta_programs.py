@@ -1,0 +1,75 @@
+"""The meta device's programs: bench_gpt2 says what a step costs before it
+starts (a meta pass), prints no MFU on a CPU, and prints peak_bytes the same
+way on the CPU and on meta:cpu (equal within 2%); bench_gpt2 --device
+meta:cuda prints the per-entry table and the --machine keys; gpu_fit (the
+example) answers whether a GPT fits on a GPU.
+"""
+import os
+import re
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _programs import BIN, TIME_SCALE, fail  # noqa: E402
+
+SMALL = ["--layers", "2", "--heads", "2", "--width", "32", "--seq-len", "32", "--vocab", "128",
+         "--batch", "4"]
+
+
+def run(name, args, code=0):
+    path = os.path.join(BIN, name)
+    if not os.access(path, os.X_OK):
+        fail("%s is not built" % path)
+    p = subprocess.run([path] + args, capture_output=True, text=True, timeout=120 * TIME_SCALE)
+    if p.returncode != code:
+        fail("%s %s exited %d, not %d\n%s%s" % (name, " ".join(args), p.returncode, code, p.stdout,
+                                                 p.stderr))
+    return p
+
+
+def keys(text):
+    return dict(re.findall(r"(\w+)=(\S+)", text))
+
+
+def main():
+    p = run("bench_gpt2", ["--device", "cpu", "--steps", "2", "--warmup", "0"] + SMALL)
+    if "a step at these shapes (meta device, meta:cpu): peak" not in p.stderr:
+        fail("no cost line before the first step:\n" + p.stderr)
+    if "MFU" in p.stdout:
+        fail("an MFU on a CPU, whose peak is unknown:\n" + p.stdout)
+    if "peak_bytes" not in p.stdout:
+        fail("no peak_bytes:\n" + p.stdout)
+    cpu = keys(run("bench_gpt2", ["--device", "cpu", "--steps", "2", "--warmup", "0", "--machine"]
+                   + SMALL).stdout)
+    if "mfu" in cpu:
+        fail("mfu= on a CPU: %s" % cpu)
+    meta = keys(run("bench_gpt2", ["--device", "meta:cpu", "--machine"] + SMALL).stdout)
+    a, b = int(cpu["peak_bytes"]), int(meta["peak_bytes"])
+    if abs(a - b) > 0.02 * a:
+        fail("peak_bytes: cpu %d, meta:cpu %d" % (a, b))
+
+    p = run("bench_gpt2", ["--device", "meta:cuda", "--gpu", "a100", "--bf16"] + SMALL)
+    for want in ("counted, not run", "NVIDIA A100", "matmul", "total", "projected step",
+                 "roofline bound"):
+        if want not in p.stdout:
+            fail("meta:cuda table lacks %r:\n%s" % (want, p.stdout))
+    m = keys(run("bench_gpt2", ["--device", "meta:cuda", "--gpu", "h100", "--bf16", "--machine"]
+                 + SMALL).stdout)
+    for k in ("peak_bytes", "bytes_moved", "gemm_flops", "launches", "params", "tokens", "mfu"):
+        if k not in m:
+            fail("meta:cuda --machine lacks %s=: %s" % (k, m))
+    if int(m["tokens"]) != 4 * 32 or int(m["launches"]) <= 0 or float(m["gemm_flops"]) <= 0:
+        fail("meta:cuda --machine figures: %s" % m)
+    run("bench_gpt2", ["--device", "meta:cuda", "--gpu", "v100"] + SMALL, code=2)
+
+    p = run("gpu_fit", ["--gpu", "h100"] + SMALL)
+    if not re.search(r"batch +4: peak .* fits", p.stdout):
+        fail("gpu_fit:\n" + p.stdout)
+    p = run("gpu_fit", ["--gpu", "a100", "--batch", "4096"], code=1)
+    if "DOES NOT FIT" not in p.stdout:
+        fail("gpu_fit at batch 4096:\n" + p.stdout)
+    print("ok")
+
+
+if __name__ == "__main__":
+    main()
