@@ -19,8 +19,8 @@
  * Before the first step it says what a step at these shapes costs: a pass
  * on the meta device of the same kind (nabla/meta.h; meta:cuda for a GPU)
  * gives the peak memory, the bytes moved, the products' FLOPs and, on a
- * GPU, the kernel launches. Steps longer than 2 s print a progress line
- * on stderr with the time left.
+ * GPU, the kernel launches. Steps longer than 2 s (--progress-after) print
+ * a progress line on stderr with the time left.
  *
  * --device meta:cuda --gpu h100|h200|a100 (or meta:cpu) runs no step on a
  * device: it prints the meta device's per-entry table (calls, launches,
@@ -61,9 +61,10 @@ static int usage(const char *prog) {
             "usage: %s [--device cuda|cpu|meta:cuda|meta:cpu] [--gpu N | --gpu h100|h200|a100] "
             "[--bf16] [--tf32] [--layers 12] [--heads 12] [--width 768] [--seq-len 1024] "
             "[--vocab 50304] [--batch 8] [--steps 20] [--warmup 3] [--no-clip] [--recompute] "
-            "[--no-give-back] [--peak-tflops 989] [--machine]\n"
+            "[--no-give-back] [--peak-tflops 989] [--progress-after 2] [--machine]\n"
             "  --gpu: a GPU's index for --device cuda; for meta:cuda, the GPU whose figures the "
-            "projection uses (default h100)\n",
+            "projection uses (default h100)\n"
+            "  --progress-after S: a progress line on stderr after each step longer than S seconds\n",
             prog);
     return 2;
 }
@@ -283,7 +284,7 @@ static size_t library_baseline(void) {
 
 int main(int argc, char **argv) {
     opts o = {12, 12, 768, 1024, 50304, 8, 20, 3, false, true, false, true};
-    double peak = 989;
+    double peak = 989, progress_after = 2.0;
     bool tf32 = false, machine = false;
     const char *gpu_arg = NULL;
     nb_device dev = nb_cuda(0);
@@ -311,6 +312,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--steps") && has) o.steps = atoll(argv[++i]);
         else if (!strcmp(a, "--warmup") && has) o.warmup = atoll(argv[++i]);
         else if (!strcmp(a, "--peak-tflops") && has) peak = atof(argv[++i]);
+        else if (!strcmp(a, "--progress-after") && has) progress_after = atof(argv[++i]);
         else return usage(argv[0]);
     }
     if (o.layers < 1 || o.heads < 1 || o.width < 1 || o.width % o.heads || o.seq < 1 || o.vocab < 2 ||
@@ -359,7 +361,7 @@ int main(int argc, char **argv) {
         double dt = now_s() - t0;
         if (s == 0) first_loss = loss;
         if (s >= o.warmup) t[s - o.warmup] = dt;
-        if (dt > 2.0) { /* a long step: say where the run is */
+        if (dt > progress_after) { /* a long step: say where the run is */
             int64_t left = o.warmup + o.steps - s - 1;
             fprintf(stderr, "bench_gpt2: step %lld/%lld took %.1f s (loss %.3f); about %.0f s left\n",
                     (long long)(s + 1), (long long)(o.warmup + o.steps), dt, loss,

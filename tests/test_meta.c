@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tensor/backend.h"
+#include "tensor/cuda_plugin.h"
 #include "testutil.h"
 
 /* The counts of `name` since the last nb_meta_reset (calls 0 if none). */
@@ -214,10 +216,50 @@ START_TEST(test_device_names) {
 }
 END_TEST
 
+/* Each meta table fills every entry and carries the flags of the backend it
+ * stands for (Note [Meta device]): the CPU's, and CUDA's (tensor/cuda/
+ * flags.h; in a CUDA build, the loaded plugin's table). */
+static void assert_same_flags(const nb__backend *m, const nb__backend *of) {
+    ck_assert(m->meta && !of->meta);
+    ck_assert_int_eq(m->device_memory, of->device_memory);
+    ck_assert_int_eq(m->gemm_accumulate, of->gemm_accumulate);
+    ck_assert_int_eq(m->ordered_elementwise, of->ordered_elementwise);
+    ck_assert_int_eq(m->strided_elementwise_out, of->strided_elementwise_out);
+    ck_assert_int_eq(m->half_compute, of->half_compute);
+    ck_assert_uint_eq(m->product_dtypes, of->product_dtypes);
+    ck_assert_int_eq(m->f32_norm_stats, of->f32_norm_stats);
+    ck_assert_uint_eq(m->causal_attention_dtypes, of->causal_attention_dtypes);
+    ck_assert_int_eq(m->causal_attention != NULL, of->causal_attention != NULL);
+#define KERNEL(e) ck_assert_msg(m->e != NULL, "%s: kernel entry %s is empty", m->name, #e);
+    NB__BACKEND_KERNELS(KERNEL)
+#undef KERNEL
+}
+
+START_TEST(test_tables) {
+    const nb__backend *mcpu = nb__backend_of(nb_meta(NB_DEVICE_CPU));
+    const nb__backend *mcuda = nb__backend_of(nb_meta(NB_DEVICE_CUDA));
+    ck_assert_str_eq(mcpu->name, "meta:cpu");
+    ck_assert_str_eq(mcuda->name, "meta:cuda");
+    assert_same_flags(mcpu, &nb__cpu_backend);
+    /* what the CUDA backend is today, written here */
+    ck_assert(mcuda->device_memory && mcuda->half_compute && !mcuda->strided_elementwise_out);
+    ck_assert_uint_eq(mcuda->product_dtypes, (1u << NB_BF16) | (1u << NB_F16));
+#if NABLA_HAVE_CUDA
+    const nb__cuda_plugin *plugin = nb__cuda_plugin_get();
+    if (plugin) assert_same_flags(mcuda, plugin->backend);
+#endif
+    /* a bf16 compute dtype is refused on meta:cpu's products only for f16, as on the CPU */
+    nb_ctx *c = nb_ctx_new(nb_meta(NB_DEVICE_CPU), 0);
+    NBT_EXPECT_ABORT(nb_ctx_set_compute_dtype(c, NB_F16), "f16 compute is not supported on meta:cpu");
+    nb_ctx_free(c);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("meta");
     TCase *tc = tcase_create("core");
     tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_tables);
     tcase_add_test(tc, test_matmul);
     tcase_add_test(tc, test_batched_matmul);
     tcase_add_test(tc, test_layer_norm);

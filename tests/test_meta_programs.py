@@ -35,6 +35,13 @@ def main():
     p = run("bench_gpt2", ["--device", "cpu", "--steps", "2", "--warmup", "0"] + SMALL)
     if "a step at these shapes (meta device, meta:cpu): peak" not in p.stderr:
         fail("no cost line before the first step:\n" + p.stderr)
+    if "step 1/2 took" in p.stderr:
+        fail("a progress line for a step under 2 s:\n" + p.stderr)
+    p = run("bench_gpt2", ["--device", "cpu", "--steps", "2", "--warmup", "1", "--progress-after", "0"]
+            + SMALL)
+    if not re.search(r"step 1/3 took [0-9.]+ s \(loss [0-9.]+\); about [0-9]+ s left\n.*step 3/3 took",
+                     p.stderr, re.S):
+        fail("no progress line per step with --progress-after 0:\n" + p.stderr)
     if "MFU" in p.stdout:
         fail("an MFU on a CPU, whose peak is unknown:\n" + p.stdout)
     if "peak_bytes" not in p.stdout:
