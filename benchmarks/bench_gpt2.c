@@ -28,6 +28,7 @@
  * of nabla/meta.h and the GPU's peak figures with their source), the
  * peak, and the projected step time, tokens/s, MFU and the roofline bound
  * (6 N + 12 L C T) tokens / ((bytes / bandwidth + GEMM FLOPs / peak) peak).
+ * --trace FILE writes one line per counted call (nb_meta_trace).
  * With --machine, one line with peak_bytes= bytes_moved= gemm_flops=
  * launches= params= tokens=. peak_bytes (the step context's peak plus the
  * model's memory: the parameters' context, which holds their gradients,
@@ -61,10 +62,12 @@ static int usage(const char *prog) {
             "usage: %s [--device cuda|cpu|meta:cuda|meta:cpu] [--gpu N | --gpu h100|h200|a100] "
             "[--bf16] [--tf32] [--layers 12] [--heads 12] [--width 768] [--seq-len 1024] "
             "[--vocab 50304] [--batch 8] [--steps 20] [--warmup 3] [--no-clip] [--recompute] "
-            "[--no-give-back] [--peak-tflops 989] [--progress-after 2] [--machine]\n"
+            "[--no-give-back] [--peak-tflops 989] [--progress-after 2] [--trace FILE] [--machine]\n"
             "  --gpu: a GPU's index for --device cuda; for meta:cuda, the GPU whose figures the "
             "projection uses (default h100)\n"
-            "  --progress-after S: a progress line on stderr after each step longer than S seconds\n",
+            "  --progress-after S: a progress line on stderr after each step longer than S seconds\n"
+            "  --trace FILE: with a meta device, one line per counted call (entry, shapes, dtypes, "
+            "bytes, FLOPs, launches)\n",
             prog);
     return 2;
 }
@@ -151,13 +154,15 @@ typedef struct cost {
     nb_meta_entry total;
 } cost;
 
-static cost meta_cost(nb_device_type of, const opts *o, const nb_meta_gpu *gpu) {
+static cost meta_cost(nb_device_type of, const opts *o, const nb_meta_gpu *gpu, FILE *trace) {
     run r;
     run_make(&r, nb_meta(of), o);
     nb_meta_set_gpu(gpu);
     (void)run_step(&r, 0, o->clip);
     nb_meta_reset();
+    nb_meta_trace(trace);
     (void)run_step(&r, 1, o->clip);
+    nb_meta_trace(NULL);
     cost c = {peak_bytes(&r), nb_ctx_peak(r.step), model_bytes(&r), r.n_params, nb_meta_total()};
     run_free(&r);
     return c;
@@ -175,9 +180,9 @@ static int cmp_us(const void *a, const void *b) {
 }
 
 static int meta_main(nb_device dev, const opts *o, const nb_meta_gpu *gpu, bool machine,
-                     const char *dtype) {
+                     const char *dtype, FILE *trace) {
     bool cuda = dev.index == NB_DEVICE_CUDA;
-    cost c = meta_cost((nb_device_type)dev.index, o, cuda ? gpu : NULL);
+    cost c = meta_cost((nb_device_type)dev.index, o, cuda ? gpu : NULL, trace);
     int64_t tokens = o->batch * o->seq;
     const nb_meta_entry *t = &c.total;
     double step_s = t->us * 1e-6, tok_s = step_s > 0 ? (double)tokens / step_s : 0;
@@ -247,7 +252,7 @@ static int meta_main(nb_device dev, const opts *o, const nb_meta_gpu *gpu, bool 
 static void say_cost(nb_device dev, const opts *o) {
     bool cuda = dev.type == NB_DEVICE_CUDA;
     const nb_meta_gpu *h100 = nb_meta_gpu_find("h100");
-    cost c = meta_cost(dev.type, o, cuda ? h100 : NULL);
+    cost c = meta_cost(dev.type, o, cuda ? h100 : NULL, NULL);
     fprintf(stderr,
             "bench_gpt2: a step at these shapes (meta device, %s): peak %.2f GiB, %.2f GB moved, "
             "%.1f GFLOP in products, %.1f GFLOP other",
@@ -286,7 +291,7 @@ int main(int argc, char **argv) {
     opts o = {12, 12, 768, 1024, 50304, 8, 20, 3, false, true, false, true};
     double peak = 989, progress_after = 2.0;
     bool tf32 = false, machine = false;
-    const char *gpu_arg = NULL;
+    const char *gpu_arg = NULL, *trace = NULL;
     nb_device dev = nb_cuda(0);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -313,6 +318,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--warmup") && has) o.warmup = atoll(argv[++i]);
         else if (!strcmp(a, "--peak-tflops") && has) peak = atof(argv[++i]);
         else if (!strcmp(a, "--progress-after") && has) progress_after = atof(argv[++i]);
+        else if (!strcmp(a, "--trace") && has) trace = argv[++i];
         else return usage(argv[0]);
     }
     if (o.layers < 1 || o.heads < 1 || o.width < 1 || o.width % o.heads || o.seq < 1 || o.vocab < 2 ||
@@ -330,7 +336,14 @@ int main(int argc, char **argv) {
                     gpu_arg);
             return 2;
         }
-        return meta_main(dev, &o, gpu, machine, dtype);
+        FILE *tf = trace ? fopen(trace, "w") : NULL;
+        if (trace && !tf) {
+            perror(trace);
+            return 2;
+        }
+        int rc = meta_main(dev, &o, gpu, machine, dtype, tf);
+        if (tf) fclose(tf);
+        return rc;
     }
     if (gpu_arg) {
         char *end;

@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _programs import BIN, TIME_SCALE, fail  # noqa: E402
@@ -68,6 +69,14 @@ def main():
     if int(m["tokens"]) != 4 * 32 or int(m["launches"]) <= 0 or float(m["gemm_flops"]) <= 0:
         fail("meta:cuda --machine figures: %s" % m)
     run("bench_gpt2", ["--device", "meta:cuda", "--gpu", "v100"] + SMALL, code=2)
+    with tempfile.TemporaryDirectory(prefix="nb_test_meta_") as d:
+        path = os.path.join(d, "trace")
+        run("bench_gpt2", ["--device", "meta:cuda", "--bf16", "--machine", "--trace", path] + SMALL)
+        lines = open(path).read().splitlines()
+        if len(lines) != int(m["calls"]) or not any(
+                re.match(r"matmul w\(4, 32, 96\)f32 r\(4, 32, 32\)bf16 r\(96, 32\)bf16 .*launches=1$", x)
+                for x in lines):
+            fail("trace: %d lines for %s calls:\n%s" % (len(lines), m["calls"], "\n".join(lines[:20])))
 
     p = run("gpu_fit", ["--gpu", "h100"] + SMALL)
     if not re.search(r"batch +4: peak .* fits", p.stdout):
