@@ -33,6 +33,8 @@
  * versions, are left alone. The cleanup is best effort: it never turns a
  * successful save into a failure.
  *
+ * Missing folders above `path` are made first: Note [Missing folders].
+ *
  * Tensors on a CUDA device (or not contiguous) are written through a host
  * staging buffer filled by nb_to_host, which waits for the device. */
 #include <dirent.h>
@@ -208,6 +210,49 @@ static char *dir_of(const char *path) {
     return d;
 }
 
+/* Note [Missing folders]
+ * A save makes the folders missing above `path` (mkdir -p: each with mode
+ * 0777 less the umask, as a new folder of any program), so that a run
+ * given --ckpt-dir runs/a/b does not train for an epoch and then fail at
+ * its first save. nb_checkpoint_make_dir is the same walk for a program
+ * that wants to know at its start that its checkpoints can be written: it
+ * also requires the folder to be one this process can write in. */
+static nb_status make_dirs(const char *fn, const char *dir, const char *for_path) {
+    size_t n = strlen(dir);
+    char *buf = malloc(n + 1);
+    if (!buf) return nb_set_error(NB_ERR_NOMEM, "%s: out of memory", fn);
+    memcpy(buf, dir, n + 1);
+    nb_status st = NB_OK;
+    for (size_t i = 1; i <= n && st == NB_OK; i++) {
+        if (buf[i] != '/' && buf[i] != 0) continue;
+        if (buf[i - 1] == '/') continue; /* "a//b", or a trailing slash */
+        char c = buf[i];
+        buf[i] = 0;
+        if (mkdir(buf, 0777) != 0 && errno != EEXIST)
+            st = nb_set_error(NB_ERR_IO, "%s: cannot create the folder \"%s\"%s%s%s: %s", fn, buf,
+                              for_path ? " for \"" : "", for_path ? for_path : "",
+                              for_path ? "\"" : "", strerror(errno));
+        buf[i] = c;
+    }
+    free(buf);
+    if (st != NB_OK) return st;
+    struct stat sb;
+    if (stat(dir, &sb) != 0)
+        return nb_set_error(NB_ERR_IO, "%s: \"%s\": %s", fn, dir, strerror(errno));
+    if (!S_ISDIR(sb.st_mode))
+        return nb_set_error(NB_ERR_IO, "%s: \"%s\" exists and is not a folder", fn, dir);
+    return NB_OK;
+}
+
+nb_status nb_checkpoint_make_dir(const char *dir) {
+    NB_CHECK(dir && dir[0], "nb_checkpoint_make_dir: the folder is NULL or empty");
+    nb_status st = make_dirs("nb_checkpoint_make_dir", dir, NULL);
+    if (st == NB_OK && access(dir, W_OK | X_OK) != 0)
+        st = nb_set_error(NB_ERR_IO, "nb_checkpoint_make_dir: cannot write in the folder \"%s\": %s",
+                          dir, strerror(errno));
+    return st;
+}
+
 /* This host's part of temporary names: Note [Stale temporary files]. */
 static void host_tag(char *out, size_t n) {
     char host[256];
@@ -297,7 +342,15 @@ nb_status nb_checkpoint_save(const char *path, const nb_named_tensor *tensors, i
         nb__strbuf_free(&header);
         return nb_set_error(NB_ERR_NOMEM, "nb_checkpoint_save: out of memory");
     }
-    nb_status st = NB_OK;
+    char *parent = dir_of(path);
+    nb_status st = parent ? make_dirs("nb_checkpoint_save", parent, path)
+                          : nb_set_error(NB_ERR_NOMEM, "nb_checkpoint_save: out of memory");
+    free(parent);
+    if (st != NB_OK) {
+        nb__strbuf_free(&header);
+        free(tmp);
+        return st;
+    }
     int fd = open_temp(path, tmp, tmp_cap);
     if (fd < 0) {
         st = nb_set_error(NB_ERR_IO, "nb_checkpoint_save: cannot create a temporary file next to "

@@ -14,7 +14,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include <nabla/nabla.h>
 
@@ -202,6 +201,7 @@ int main(int argc, char **argv) {
     /* 5. Resume: every rank loads the same file, before DDP is set up. */
     char ckpt[4096] = "";
     if (ckpt_dir) snprintf(ckpt, sizeof ckpt, "%s/ckpt.safetensors", ckpt_dir);
+    if (rank == 0 && ckpt_dir) CHECK(nb_checkpoint_make_dir(ckpt_dir)); /* now, not after an epoch */
     int n_state = nb_module_state(model, NULL, 0);
     nb_named_tensor *state = malloc((size_t)n_state * sizeof *state);
     nb_module_state(model, state, n_state);
@@ -251,7 +251,6 @@ int main(int argc, char **argv) {
                    (long long)epoch + 1, nb_metric_sums_mean(&seen, 0), test_loss, 100 * accuracy,
                    rows);
         if (rank == 0 && ckpt_dir) {
-            mkdir(ckpt_dir, 0777); /* an existing directory is fine; a real failure shows below */
             char world_s[16];
             snprintf(world_s, sizeof world_s, "%d", world);
             nb_kv meta[] = {{"world_size", world_s}};

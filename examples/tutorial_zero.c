@@ -16,7 +16,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include <nabla/nabla.h>
 
@@ -67,10 +66,9 @@ static nb_status evaluate(nb_ddp *ddp, nb_pg *pg, nb_loader *test, nb_ctx *step,
 /* Saves the run at `step`: a collective (the shards are gathered on rank
  * 0), then rank 0 writes. The file is the one plain DDP would write. */
 static nb_status save(nb_ddp *ddp, nb_optim *opt, nb_loader *train, const nb_named_tensor *state,
-                      int n_state, const char *dir, const char *path, int64_t step, int world) {
+                      int n_state, const char *path, int64_t step, int world) {
     nb_status s = nb_ddp_consolidate_optimizer(ddp, 0);
     if (s != NB_OK || rank != 0) return s;
-    mkdir(dir, 0777); /* an existing directory is fine; a real failure shows when saving */
     nb_train_state ts = {.step = step, .rng = nb_rng_make(0)};
     nb_loader_position(train, &ts.epoch, &ts.data_position); /* the next batch to read */
     char world_s[16];
@@ -155,6 +153,7 @@ int main(int argc, char **argv) {
     /* 4. Resume: load the whole state into the optimizer before ZeRO-1 shards it. */
     char ckpt[4096] = "";
     if (ckpt_dir) snprintf(ckpt, sizeof ckpt, "%s/ckpt.safetensors", ckpt_dir);
+    if (rank == 0 && ckpt_dir) CHECK(nb_checkpoint_make_dir(ckpt_dir)); /* now, not at the first save */
     int n_state = nb_module_state(model, NULL, 0);
     nb_named_tensor *state = malloc((size_t)n_state * sizeof *state);
     nb_module_state(model, state, n_state);
@@ -208,7 +207,7 @@ int main(int argc, char **argv) {
             printf("step %lld: loss %.4f, gradient norm %.3f, lr %.2e\n", (long long)step, nb_item(loss),
                    norm, nb_lr_schedule_at(&schedule, step - 1));
         if (ckpt_dir && (step % save_every == 0 || step == stop))
-            CHECK(save(ddp, opt, train_loader, state, n_state, ckpt_dir, ckpt, step, world));
+            CHECK(save(ddp, opt, train_loader, state, n_state, ckpt, step, world));
     }
 
     /* 7. Evaluate, then leave: the whole state back on every rank before the wrapper goes. */

@@ -36,18 +36,20 @@ static int count_files(const char *substr) {
     return n;
 }
 
-static void teardown(void) {
-    DIR *d = opendir(tmpdir);
+static void remove_tree(const char *dir) {
+    DIR *d = opendir(dir);
     if (!d) return;
-    char p[512];
+    char p[1024];
     for (struct dirent *e; (e = readdir(d));) {
         if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
-        snprintf(p, sizeof p, "%s/%s", tmpdir, e->d_name);
-        if (rmdir(p) != 0) unlink(p);
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        if (unlink(p) != 0) remove_tree(p);
     }
     closedir(d);
-    rmdir(tmpdir);
+    rmdir(dir);
 }
+
+static void teardown(void) { remove_tree(tmpdir); }
 
 static const char *path_of(const char *name) {
     static char bufs[4][4096];
@@ -351,10 +353,49 @@ START_TEST(test_atomic_save) {
     nbt_assert_tensors_close(w, v2[0].tensor, 0, 0);
     ck_assert_int_eq(count_files(NULL), 1);
 
-    /* a directory that does not exist: nothing can be created */
-    ck_assert_int_eq(nb_checkpoint_save(path_of("no/such/dir/x.safetensors"), v2, 1, NULL, 0), NB_ERR_IO);
-    ck_assert(strstr(nb_last_error(), "cannot create a temporary file next to \""));
-    ck_assert(strstr(nb_last_error(), "no/such/dir/x.safetensors\": No such file or directory"));
+    /* folders that do not exist are made (mkdir -p, 0777 less the umask: Note [Missing folders]) */
+    mode_t old_mask = umask(027);
+    ck_assert_int_eq(nb_checkpoint_save(path_of("no/such/dir/x.safetensors"), v2, 1, NULL, 0), NB_OK);
+    umask(old_mask);
+    const char *made[] = {"no", "no/such", "no/such/dir"};
+    for (int i = 0; i < 3; i++) {
+        struct stat sb;
+        ck_assert_int_eq(stat(path_of(made[i]), &sb), 0);
+        ck_assert(S_ISDIR(sb.st_mode));
+        ck_assert_int_eq(sb.st_mode & 0777, 0750);
+    }
+    nb_named_tensor one[] = {{"w", w}};
+    ck_assert_int_eq(nb_checkpoint_load(path_of("no/such/dir/x.safetensors"), one, 1), NB_OK);
+    nbt_assert_tensors_close(w, v2[0].tensor, 0, 0);
+    /* a file where a folder should be: refused, naming it */
+    FILE *f = fopen(path_of("afile"), "w");
+    fclose(f);
+    ck_assert_int_eq(nb_checkpoint_save(path_of("afile/x.safetensors"), v2, 1, NULL, 0), NB_ERR_IO);
+    ck_assert_msg(strstr(nb_last_error(), "nb_checkpoint_save: \"") &&
+                      strstr(nb_last_error(), "afile\" exists and is not a folder"),
+                  "message: %s", nb_last_error());
+    ck_assert_int_eq(nb_checkpoint_save(path_of("afile/sub/x.safetensors"), v2, 1, NULL, 0), NB_ERR_IO);
+    ck_assert_msg(strstr(nb_last_error(), "nb_checkpoint_save: cannot create the folder \"") &&
+                      strstr(nb_last_error(), "afile/sub\" for \"") &&
+                      strstr(nb_last_error(), "afile/sub/x.safetensors\": Not a directory"),
+                  "message: %s", nb_last_error());
+    /* nb_checkpoint_make_dir: the same walk, at a program's start */
+    ck_assert_int_eq(nb_checkpoint_make_dir(path_of("runs/a/b/")), NB_OK);
+    struct stat sb;
+    ck_assert_int_eq(stat(path_of("runs/a/b"), &sb), 0);
+    ck_assert(S_ISDIR(sb.st_mode));
+    ck_assert_int_eq(nb_checkpoint_make_dir(path_of("runs/a/b")), NB_OK); /* there already */
+    ck_assert_int_eq(nb_checkpoint_make_dir(path_of("afile")), NB_ERR_IO);
+    ck_assert(strstr(nb_last_error(), "afile\" exists and is not a folder"));
+    if (geteuid() != 0) { /* root writes anywhere */
+        ck_assert_int_eq(chmod(path_of("runs/a/b"), 0500), 0);
+        ck_assert_int_eq(nb_checkpoint_make_dir(path_of("runs/a/b")), NB_ERR_IO);
+        ck_assert_msg(strstr(nb_last_error(), "nb_checkpoint_make_dir: cannot write in the folder \"") &&
+                          strstr(nb_last_error(), "runs/a/b\": Permission denied"),
+                      "message: %s", nb_last_error());
+        ck_assert_int_eq(chmod(path_of("runs/a/b"), 0700), 0);
+    }
+    NBT_EXPECT_ABORT((void)!nb_checkpoint_make_dir(""), "nb_checkpoint_make_dir: the folder is NULL or empty");
     /* the target is a directory: the rename fails, the temporary file goes */
     mkdir(path_of("adir"), 0755);
     ck_assert_int_eq(nb_checkpoint_save(path_of("adir"), v2, 1, NULL, 0), NB_ERR_IO);

@@ -5,7 +5,9 @@
    accuracy; a checkpoint written by rank 0 resumes on both ranks, and one
    written by a run of another world size is refused with a message. With
    --cnn it learns the 8x8 digits with SyncBatchNorm on two processes. A
-   table it cannot read is an error that says what --data is.
+   table it cannot read is an error that says what --data is. Checkpoint
+   folders are made with their parents; one that cannot be made stops both
+   programs before they train.
 2. The second program, examples/tutorial_zero.c (ZeRO-1, clipping, a
    warm-up and cosine schedule, consolidated checkpoints): on two processes
    a run stopped at step 70 and resumed ends with the same checkpoint, byte
@@ -46,7 +48,7 @@ def epochs(out, test_rows=114):
 def test_program(tmp):
     table = ["--data", os.path.join(DATA, "breast_cancer.csv")]
     for nproc in (1, 2):
-        ck = os.path.join(tmp, "ck%d" % nproc)
+        ck = os.path.join(tmp, "ck%d" % nproc, "runs")  # two folders that do not exist yet
         out, _ = run(["tutorial_ddp", "--epochs", "3", "--ckpt-dir", ck] + table, nproc, timeout=60)
         want = "%d process%s (gloo backend" % (nproc, "es" if nproc > 1 else "")
         if want not in out:
@@ -66,11 +68,27 @@ def test_program(tmp):
             fail("the resumed run should train epoch 4 only:\n" + out)
         print("%d process(es): train loss %.4f -> %.4f, test accuracy %.2f%%, resumed at epoch 3"
               % (nproc, got[0][1], got[-1][1], got[-1][2]))
-    _, err = run(["tutorial_ddp", "--epochs", "5", "--ckpt-dir", os.path.join(tmp, "ck1"), "--resume"]
+    _, err = run(["tutorial_ddp", "--epochs", "5", "--ckpt-dir", os.path.join(tmp, "ck1", "runs"), "--resume"]
                  + table, 2, expect_rc=1, timeout=60)
     if "was written by a run of 1 processes, this run has 2" not in err:
         fail("a world-size change was not refused with the message:\n" + err)
     print("a checkpoint of 1 process is refused on 2")
+
+
+def test_unusable_ckpt_dir(tmp):
+    """A --ckpt-dir that cannot be made stops both programs before they train."""
+    blocker = os.path.join(tmp, "a_file")
+    open(blocker, "w").close()
+    bad = os.path.join(blocker, "ck")
+    for args in (["tutorial_ddp", "--epochs", "3", "--data", os.path.join(DATA, "breast_cancer.csv")],
+                 ["tutorial_zero", "--steps", "120", "--data", os.path.join(DATA, "digits.csv")]):
+        out, err = run(args + ["--ckpt-dir", bad], expect_rc=1, timeout=60)
+        want = 'nb_checkpoint_make_dir: cannot create the folder "%s": Not a directory' % bad
+        if want not in err:
+            fail("%s with --ckpt-dir under a file should say %r:\n%s" % (args[0], want, err))
+        if "epoch 1:" in out or "step 50:" in out:
+            fail("%s trained before refusing its checkpoint folder:\n%s" % (args[0], out))
+    print("a checkpoint folder that cannot be made stops both programs before training")
 
 
 def test_cnn():
@@ -101,7 +119,7 @@ def test_zero(tmp):
     def zero(nproc, *args, expect_rc=0):
         return run(["tutorial_zero", "--data", os.path.join(DATA, "digits.csv")] + list(args), nproc,
                    expect_rc=expect_rc, timeout=120)
-    whole, stopped = os.path.join(tmp, "zero_whole"), os.path.join(tmp, "zero_stopped")
+    whole, stopped = os.path.join(tmp, "zero_whole"), os.path.join(tmp, "zero", "stopped")
     out, _ = zero(2, "--steps", "120", "--ckpt-dir", whole)
     final = re.search(r"step 120: test loss ([0-9.]+), accuracy ([0-9.]+)%", out)
     state2 = re.search(r"2 processes, ZeRO-1: optimizer state (\d+) bytes per process", out)
@@ -176,6 +194,7 @@ def main():
             test_program(tmp)
             test_cnn()
             test_missing_data(tmp)
+            test_unusable_ckpt_dir(tmp)
             test_zero(tmp)
     print("ok")
 

@@ -42,11 +42,17 @@ typedef struct nb_kv {
 } nb_kv;
 
 /* ---- whole files ---- */
-/* Writes the tensors (any strides, any device) and metadata to `path` atomically.
- * Names must be unique, valid UTF-8, and not "__metadata__"; metadata keys
- * unique. Returns NB_ERR_IO with the file and the failing call. */
+/* Writes the tensors (any strides, any device) and metadata to `path` atomically,
+ * making the folders missing above it first (mkdir -p, mode 0777 less the
+ * umask). Names must be unique, valid UTF-8, and not "__metadata__";
+ * metadata keys unique. Returns NB_ERR_IO with the file and the failing call. */
 nb_status nb_checkpoint_save(const char *path, const nb_named_tensor *tensors, int n,
                              const nb_kv *meta, int n_meta);
+/* Makes the folder `dir` and the ones missing above it, as a save would, and
+ * checks that this process can write in it: for a program to refuse a
+ * checkpoint folder at its start rather than at its first save. NB_ERR_IO
+ * naming the folder and the reason. */
+nb_status nb_checkpoint_make_dir(const char *dir);
 /* Strict load into existing tensors: every name must be in the file with
  * the same shape and dtype, and the file must hold nothing else; otherwise
  * NB_ERR_MISMATCH with a message listing the missing keys, the unexpected
