@@ -237,7 +237,9 @@ static int meta_main(nb_device dev, const opts *o, const nb_meta_gpu *gpu, bool 
            "optimizer state %.2f GiB)", c.peak / GIB,
            c.peak, (double)c.step_peak / GIB, (double)c.model_peak / GIB);
     if (cuda)
-        printf(", %s on the %s's %.0f GB", (double)c.peak <= gpu->memory_bytes ? "fits" : "DOES NOT FIT",
+        printf(", %.2f GB: %s on the %s's %.0f GB (with about 1 GB more for the CUDA runtime and "
+               "the libraries' workspaces)",
+               (double)c.peak / 1e9, (double)c.peak <= gpu->memory_bytes ? "fits" : "DOES NOT FIT",
                gpu->name, gpu->memory_bytes / 1e9);
     printf("\n");
     if (cuda)

@@ -65,8 +65,8 @@ static answer try_batch(const shape *s, int64_t batch, const nb_meta_gpu *gpu) {
 
 static void line(const shape *s, int64_t batch, const nb_meta_gpu *gpu, const answer *a) {
     bool fits = (double)a->peak <= gpu->memory_bytes;
-    printf("batch %4lld: peak %7.2f GiB of %.0f GB: %-12s step %8.2f ms, %9.0f tokens/s\n",
-           (long long)batch, (double)a->peak / (1 << 30), gpu->memory_bytes / 1e9,
+    printf("batch %4lld: peak %7.2f GB of %.0f GB: %-12s step %8.2f ms, %9.0f tokens/s\n",
+           (long long)batch, (double)a->peak / 1e9, gpu->memory_bytes / 1e9,
            fits ? "fits" : "DOES NOT FIT", a->step_ms,
            (double)(batch * s->seq) / (a->step_ms / 1e3));
 }
@@ -105,6 +105,8 @@ int main(int argc, char **argv) {
            "the %s (projected by the meta device: a roofline, not a measurement)\n",
            (long long)s.layers, (long long)s.heads, (long long)s.width, (long long)s.seq,
            (long long)s.vocab, s.bf16 ? "bf16 products" : "f32", gpu->label);
+    printf("(peak: the step's tensors, parameters, gradients and AdamW's state; the CUDA runtime "
+           "and the libraries' workspaces take about 1 GB more)\n");
     answer asked = try_batch(&s, batch, gpu);
     line(&s, batch, gpu, &asked);
     printf("other batch sizes:\n");
