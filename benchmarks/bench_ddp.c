@@ -197,7 +197,8 @@ int main(int argc, char **argv) {
     double bucket_mb = 0; /* 0: the wrapper's defaults (first bucket 1 MiB, then 25 MiB) */
     const char *device_arg = "auto";
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--no-ddp")) use_ddp = false;
+        if (!strcmp(argv[i], "--info")) return fputs(nb_config_string(), stdout) < 0;
+        else if (!strcmp(argv[i], "--no-ddp")) use_ddp = false;
         else if (!strcmp(argv[i], "--bucket-step")) bucket_step = true;
         else if (!strcmp(argv[i], "--bf16")) bf16 = true;
         else if (!strcmp(argv[i], "--zero")) zero = true;
@@ -219,7 +220,7 @@ int main(int argc, char **argv) {
             }
         } else {
             fprintf(stderr, "usage: %s [--model wide|mlp|cnn|gpt|gpt6] [--device auto|cpu|cuda] [--no-ddp] "
-                            "[--bucket-step | --zero] [--bf16] [--bucket-mb MB] [--steps N] [--batch B] [--width W] [--layers L] [--no-header | --machine]\n"
+                            "[--bucket-step | --zero] [--bf16] [--bucket-mb MB] [--steps N] [--batch B] [--width W] [--layers L] [--no-header | --machine] [--info]\n"
                             "       %s --plot-scaling LINES SVG\n", argv[0], argv[0]);
             return 2;
         }

@@ -387,7 +387,8 @@ int main(int argc, char **argv) {
     const char *only = "";
     double budget = 0.05;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--quick")) rounds = 2, budget = 0.002;
+        if (!strcmp(argv[i], "--info")) return fputs(nb_config_string(), stdout) < 0;
+        else if (!strcmp(argv[i], "--quick")) rounds = 2, budget = 0.002;
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--rounds") && i + 1 < argc) rounds = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--ms") && i + 1 < argc) budget = atof(argv[++i]) * 1e-3;
@@ -395,7 +396,7 @@ int main(int argc, char **argv) {
         else {
             fprintf(stderr,
                     "usage: %s [--threads N] [--rounds R] [--ms MS] [--only matmul|conv|norm] "
-                    "[--quick]\n",
+                    "[--quick] [--info]\n",
                     argv[0]);
             return 2;
         }

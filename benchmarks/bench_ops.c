@@ -559,7 +559,9 @@ static bool bench_throughput(const bench_cfg *cfg, nb_ctx *pers, nb_ctx *step) {
 int main(int argc, char **argv) {
     bench_cfg cfg = {false, false, false, 0.3};
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--quick") == 0) {
+        if (strcmp(argv[i], "--info") == 0) {
+            return fputs(nb_config_string(), stdout) < 0;
+        } else if (strcmp(argv[i], "--quick") == 0) {
             cfg.quick = true;
             cfg.budget_s = 0.01;
         } else if (strcmp(argv[i], "--fixed-cost") == 0) {
@@ -567,7 +569,7 @@ int main(int argc, char **argv) {
         } else if (strcmp(argv[i], "--kernels") == 0) {
             cfg.kernels = true;
         } else {
-            fprintf(stderr, "usage: %s [--quick] [--fixed-cost] [--kernels]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--fixed-cost] [--kernels] [--info]\n", argv[0]);
             return 2;
         }
     }

@@ -108,6 +108,14 @@ if(NABLA_TEST_SOURCES)
       endif()
     endif()
   endforeach()
+  if(TARGET test_config)
+    # OpenBLAS on its generic SSE3 core, as on a CPU it does not know (the one test that
+    # sets OPENBLAS_CORETYPE): f32 products and convolutions must still take oneDNN
+    add_test(NAME test_config_prescott COMMAND test_config WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
+    set_tests_properties(test_config_prescott PROPERTIES LABELS unit TIMEOUT 300
+      ENVIRONMENT "${NABLA_TEST_ENVIRONMENT};OPENBLAS_CORETYPE=Prescott")
+    list(APPEND NABLA_TESTS test_config_prescott)
+  endif()
   if(TARGET test_dnnl)
     # oneDNN limited to AVX2, as on a CPU without AVX-512: bf16 through the f32 fallbacks
     add_test(NAME test_dnnl_avx2 COMMAND test_dnnl WORKING_DIRECTORY ${CMAKE_BINARY_DIR})

@@ -14,6 +14,7 @@
  * itself is bf16 (convolutions in bf16) it carries one more rounding to an
  * 8-bit significand: 2^-8 relative to the output, on top. */
 #include <cblas.h>
+#include <dnnl.h>
 #include <math.h>
 #include <omp.h>
 #include <pthread.h>
@@ -21,6 +22,7 @@
 
 #include "tensor/backend.h"
 #include "tensor/cpu/conv.h"
+#include "tensor/cpu/cpuinfo.h"
 #include "tensor/cpu/dnnl.h"
 #include "tensor/cpu/matmul.h"
 #include "testutil.h"
@@ -165,7 +167,9 @@ enum { V_PLAIN, V_BIAS, V_GELU, V_ACC, V_BIAS_GELU_PRE };
  * rule (checked for bf16): bf16 on native bf16 only, else the f32 fallback. */
 static int dnnl_runs(nb_dtype dt, nb__dnnl_mode mode) {
     if (mode == NB_DNNL_OFF) return 0;
-    if (mode == NB_DNNL_AUTO) return dt == NB_BF16 ? nb__dnnl_native_bf16() : -1;
+    /* (on a generic OpenBLAS core the bf16 fallback's f32 products may go to oneDNN too) */
+    if (mode == NB_DNNL_AUTO)
+        return dt == NB_BF16 && (nb__dnnl_native_bf16() || !nb__blas_generic()) ? nb__dnnl_native_bf16() : -1;
     return dt == NB_F32 || nb__dnnl_bf16_kernels() ? 1 : -1;
 }
 
@@ -363,13 +367,17 @@ START_TEST(test_f32_rule) {
     int blas = openblas_get_num_threads();
     openblas_set_num_threads(1);
     bool avx512 = nb__dnnl_bf16_kernels(); /* AVX-512 core, as oneDNN sees it */
+    /* OpenBLAS on a generic core (Note [BLAS that does not know the CPU]):
+     * every large product, at any thread count (test_config_prescott) */
+    bool generic = nb__blas_generic() && nb__dnnl_mode_now() == NB_DNNL_AUTO &&
+                   dnnl_get_effective_cpu_isa() >= dnnl_cpu_isa_avx2;
     ck_assert(!f32_auto_takes(false, 64, 64, 64));           /* 2^18 multiply-adds */
     ck_assert(f32_auto_takes(false, 1024, 256, 256));        /* a forward product */
     ck_assert(f32_auto_takes(false, 1024, 256, 512));
-    ck_assert_int_eq(f32_auto_takes(true, 256, 256, 1024), avx512);  /* a weight gradient */
-    ck_assert_int_eq(f32_auto_takes(false, 1024, 256, 1024), avx512); /* K 1024 */
+    ck_assert_int_eq(f32_auto_takes(true, 256, 256, 1024), avx512 || generic); /* a weight gradient */
+    ck_assert_int_eq(f32_auto_takes(false, 1024, 256, 1024), avx512 || generic); /* K 1024 */
     openblas_set_num_threads(2); /* more threads: f32 stays on OpenBLAS */
-    ck_assert(!f32_auto_takes(false, 1024, 256, 256));
+    ck_assert_int_eq(f32_auto_takes(false, 1024, 256, 256), generic);
     openblas_set_num_threads(blas);
 }
 END_TEST
@@ -389,9 +397,9 @@ START_TEST(test_thread_count) {
     openblas_set_num_threads(1);
     ck_assert(nb__dnnl_matmul(out, a, a, false, false, NULL, false, false));
     ck_assert_int_eq(omp_get_max_threads(), 1);
-    openblas_set_num_threads(2);
+    openblas_set_num_threads(2); /* OpenBLAS's count where its core is generic */
     ck_assert(nb__dnnl_matmul(out, a, a, false, false, NULL, false, false));
-    ck_assert_int_eq(omp_get_max_threads(), 1);
+    ck_assert_int_eq(omp_get_max_threads(), nb__blas_generic() ? 2 : 1);
     nb__dnnl_set_num_threads(2);
     ck_assert(nb__dnnl_matmul(out, a, a, false, false, NULL, false, false));
     ck_assert_int_eq(omp_get_max_threads(), 2);

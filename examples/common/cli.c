@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "nabla/config.h"
+
 #define MAX_FLAGS 128
 
 static const cli_flag *given_table;
@@ -44,6 +46,9 @@ static void usage(FILE *f, const char *program, const char *summary, const cli_f
         print_default(f, &flags[i]);
         fputc('\n', f);
     }
+    fprintf(f, "  --info%*sprint which library, instruction set and threads each kind of "
+               "product uses here, and exit\n", 24 - 8, "");
+    fprintf(f, "  --help, -h%*sprint this and exit\n", 24 - 12, "");
 }
 
 static int set_value(const cli_flag *fl, const char *text, const char *program) {
@@ -79,6 +84,10 @@ int cli_parse(int argc, char **argv, const char *program, const char *summary,
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage(stdout, program, summary, flags, n_flags);
+            return 1;
+        }
+        if (!strcmp(a, "--info")) {
+            fputs(nb_config_string(), stdout);
             return 1;
         }
         if (strncmp(a, "--", 2) != 0) {

@@ -20,7 +20,8 @@ typedef struct cli_flag {
 } cli_flag;
 
 /* Parses argv against the table. Returns 0 when the program should go on,
- * 1 after printing the usage for --help (exit 0), 2 after printing an error
+ * 1 after printing the usage for --help or nb_config_string() for --info
+ * (exit 0), 2 after printing an error
  * and the usage hint to stderr (exit 2). */
 int cli_parse(int argc, char **argv, const char *program, const char *summary,
               const cli_flag *flags, int n_flags);

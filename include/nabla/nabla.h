@@ -26,5 +26,6 @@
 #include "nabla/models.h"
 #include "nabla/monitor.h"
 #include "nabla/threads.h"
+#include "nabla/config.h"
 
 #endif

@@ -413,7 +413,7 @@ static void forward_bf16(const nb__conv2d_geom *g, void *out, const void *x, con
                          const void *b, float *cols) {
     float *fx = bf16_to_f32(x, x_numel(g)), *fw = bf16_to_f32(w, w_numel(g));
     float *fb = bf16_to_f32(b, g->o), *fo = f32_buf(out_numel(g));
-    forward_f32(g, fo, fx, fw, fb, cols);
+    if (!nb__dnnl_conv2d_forward(NB_F32, g, fo, fx, fw, fb)) forward_f32(g, fo, fx, fw, fb, cols);
     f32_to_bf16(out, fo, out_numel(g));
     free(fx);
     free(fw);
@@ -426,7 +426,8 @@ static void backward_bf16(const nb__conv2d_geom *g, void *dx, void *dw, void *db
     float *fx = bf16_to_f32(x, x_numel(g)), *fw = bf16_to_f32(w, w_numel(g));
     float *fdx = dx ? f32_buf(x_numel(g)) : NULL, *fdw = dw ? f32_buf(w_numel(g)) : NULL;
     float *fdb = db ? f32_buf(g->o) : NULL;
-    backward_f32(g, fdx, fdw, fdb, fg, fx, fw, cols);
+    if (!nb__dnnl_conv2d_backward(NB_F32, g, fdx, fdw, fdb, fg, fx, fw))
+        backward_f32(g, fdx, fdw, fdb, fg, fx, fw, cols);
     f32_to_bf16(dx, fdx, x_numel(g));
     f32_to_bf16(dw, fdw, w_numel(g));
     f32_to_bf16(db, fdb, g->o);

@@ -46,6 +46,16 @@
  *    products run at half OpenBLAS's speed there (figures below);
  *  - f32 convolution: our im2col + OpenBLAS; bf16 convolution: oneDNN
  *    (on native bf16, as for matmul).
+ *  - OpenBLAS on a generic core (Note [BLAS that does not know the CPU]
+ *    in tensor/cpu/cpuinfo.h; oneDNN with AVX2 kernels or better): every
+ *    f32 product from 2^20 multiply-adds and every f32 convolution go to
+ *    oneDNN, at every thread count, on OpenBLAS's count whatever the wait
+ *    policy: generic SSE3 kernels on N threads are slower than oneDNN on
+ *    one, and spinning workers cost less than that (a 2-core Xeon with
+ *    AVX-512 and AMX, 2026-12-01: GPT L6
+ *    f32 step 833 ms at 2 threads on the Prescott core, 390 ms on one
+ *    thread through oneDNN, 207 ms with OPENBLAS_CORETYPE=SkylakeX). The
+ *    bf16 fallbacks' f32 products follow the same rule.
  *  - layer norm, softmax, batch norm: our kernels (see below);
  *  - oneDNN on one thread when OpenBLAS runs on more, unless
  *    OMP_WAIT_POLICY=passive (see below).
@@ -172,6 +182,7 @@
 #include <omp.h>
 #endif
 
+#include "tensor/cpu/cpuinfo.h"
 #include "tensor/cpu/matmul.h"
 #include "tensor/internal.h"
 
@@ -247,6 +258,13 @@ static int blas_threads(void) {
     return n > 0 ? n : 1;
 }
 
+/* OpenBLAS runs a generic core on a CPU that oneDNN has AVX2 kernels for
+ * (Note [BLAS that does not know the CPU]): f32 products and convolutions
+ * come here at every size above the small-product threshold and every
+ * thread count. */
+static bool has_isa(dnnl_cpu_isa_t want);
+static bool generic_blas(void) { return nb__blas_generic() && has_isa(dnnl_cpu_isa_avx2); }
+
 /* Whether OpenMP's workers sleep while they wait (OMP_WAIT_POLICY=passive,
  * read by the OpenMP runtime when it loads, so read here the same way). */
 static bool passive_wait(void) {
@@ -265,7 +283,7 @@ static bool passive_wait(void) {
 static int want_threads(void) {
     if (threads_set > 0) return threads_set;
     int n = blas_threads();
-    return n > 1 && !passive_wait() ? 1 : n;
+    return n > 1 && !passive_wait() && !generic_blas() ? 1 : n;
 }
 
 static void set_threads(int n) {
@@ -739,16 +757,91 @@ bool nb__dnnl_conv2d_backward(nb_dtype dt, const nb__conv2d_geom *g, void *dx, v
 /* Note [oneDNN dispatch]: bf16 on native bf16; f32 on one thread from 2^20
  * multiply-adds, and below AVX-512 only with A not transposed and K at
  * most 512; never f32 on more threads. */
+enum { SMALL_MACS = 1 << 20 };
+
 static bool rule_matmul(nb_dtype dt, int64_t batch, int64_t m, int64_t n, int64_t k, bool trans_a) {
     if (dt == NB_BF16) return nb__dnnl_native_bf16();
-    if (blas_threads() != 1 || (double)batch * (double)m * (double)n * (double)k < 1048576.0)
-        return false;
+    if ((double)batch * (double)m * (double)n * (double)k < (double)SMALL_MACS) return false;
+    if (generic_blas()) return true;
+    if (blas_threads() != 1) return false;
     return has_isa(dnnl_cpu_isa_avx512_core) || (!trans_a && k <= 512);
 }
 
-/* Note [oneDNN dispatch]: bf16 on native bf16 only; f32 stays on im2col +
- * OpenBLAS. */
+/* Note [oneDNN dispatch]: bf16 on native bf16; f32 where OpenBLAS runs a
+ * generic core, else im2col + OpenBLAS. */
 static bool rule_conv(nb_dtype dt, const nb__conv2d_geom *g) {
     (void)g;
-    return dt == NB_BF16 && nb__dnnl_native_bf16();
+    if (dt == NB_BF16) return nb__dnnl_native_bf16();
+    return generic_blas();
+}
+
+/* ------------------------------------------------------------ the report */
+
+static const char *dnnl_isa_name(void) {
+    switch (dnnl_get_effective_cpu_isa()) {
+    case dnnl_cpu_isa_sse41: return "sse41";
+    case dnnl_cpu_isa_avx: return "avx";
+    case dnnl_cpu_isa_avx2: return "avx2";
+    case dnnl_cpu_isa_avx2_vnni: return "avx2_vnni";
+    case dnnl_cpu_isa_avx512_core: return "avx512_core";
+    case dnnl_cpu_isa_avx512_core_vnni: return "avx512_core_vnni";
+    case dnnl_cpu_isa_avx512_core_bf16: return "avx512_core_bf16";
+    case dnnl_cpu_isa_avx512_core_amx: return "avx512_core_amx";
+    default: return "other";
+    }
+}
+
+#define ADD(...) (len += (size_t)snprintf(buf + (len < cap ? len : cap), len < cap ? cap - len : 0, __VA_ARGS__))
+
+static size_t threads_str(char *buf, size_t cap, int n) {
+    size_t len = 0;
+    ADD("%d thread%s", n, n == 1 ? "" : "s");
+    return len;
+}
+
+size_t nb__dnnl_describe(char *buf, size_t cap) {
+    size_t len = 0;
+    const dnnl_version_t *v = dnnl_version();
+    int bt = blas_threads(), dt = want_threads();
+    char bth[32], dth[32], blas[96], dnnl[96];
+    threads_str(bth, sizeof bth, bt);
+    threads_str(dth, sizeof dth, dt);
+    int core_isa = nb__blas_core_isa(nb__blas_core());
+    snprintf(blas, sizeof blas, "openblas %s %s (%s)", nb__blas_core(),
+             core_isa < 0 ? "unknown-isa" : nb__isa_name((nb__isa)core_isa), bth);
+    snprintf(dnnl, sizeof dnnl, "onednn %s (%s)", dnnl_isa_name(), dth);
+    nb__dnnl_mode mode = nb__dnnl_mode_now();
+    ADD("onednn: %d.%d.%d, isa %s, %s, %s%s\n", v->major, v->minor, v->patch, dnnl_isa_name(),
+        DNNL_CPU_RUNTIME == DNNL_RUNTIME_OMP ? "OpenMP" : "its own threads", dth,
+        mode == NB_DNNL_OFF ? " (off: NABLA_DNNL=0)" : mode == NB_DNNL_FORCE ? " (forced: NABLA_DNNL=2)" : "");
+    /* the rule of rule_matmul and rule_conv, in words: the first library
+     * named is the one a large product (A as stored, K <= 512) takes */
+    if (mode == NB_DNNL_OFF) {
+        ADD("f32 matmul: %s\n", blas);
+        ADD("f32 conv2d: %s on im2col columns\n", blas);
+    } else if (mode == NB_DNNL_FORCE) {
+        ADD("f32 matmul: %s wherever it has a kernel, else %s\n", dnnl, blas);
+        ADD("f32 conv2d: %s wherever it has a kernel, else %s on im2col columns\n", dnnl, blas);
+    } else if (generic_blas()) {
+        ADD("f32 matmul: %s from 2^20 multiply-adds, %s below\n", dnnl, blas);
+        ADD("f32 conv2d: %s\n", dnnl);
+    } else if (bt == 1) {
+        ADD("f32 matmul: %s from 2^20 multiply-adds%s, %s for the rest\n", dnnl,
+            has_isa(dnnl_cpu_isa_avx512_core) ? "" : " with A as stored and K <= 512", blas);
+        ADD("f32 conv2d: %s on im2col columns\n", blas);
+    } else {
+        ADD("f32 matmul: %s (onednn on one thread only)\n", blas);
+        ADD("f32 conv2d: %s on im2col columns\n", blas);
+    }
+    bool bf = mode == NB_DNNL_FORCE ? nb__dnnl_bf16_kernels()
+                                    : mode == NB_DNNL_AUTO && nb__dnnl_native_bf16();
+    if (bf) {
+        ADD("bf16 matmul: %s\n", dnnl);
+        ADD("bf16 conv2d: %s\n", dnnl);
+    } else {
+        ADD("bf16 matmul: as f32 matmul, on exact f32 copies (no native bf16 in onednn here)\n");
+        ADD("bf16 conv2d: as f32 conv2d, on exact f32 copies\n");
+    }
+    ADD("f64 matmul: %s\n", blas);
+    return len;
 }

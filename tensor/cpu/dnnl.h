@@ -12,6 +12,7 @@
 #define NABLA_TENSOR_CPU_DNNL_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "nabla/tensor.h"
@@ -63,5 +64,13 @@ bool nb__dnnl_conv2d_forward(nb_dtype dt, const nb__conv2d_geom *g, void *out, c
                              const void *w, const void *b);
 bool nb__dnnl_conv2d_backward(nb_dtype dt, const nb__conv2d_geom *g, void *dx, void *dw,
                               void *db, const void *gout, const void *x, const void *w);
+
+/* Appends to buf (snprintf's way: returns the length the whole text
+ * needs) oneDNN's version, instruction set and threads, and one line per
+ * kind of product (f32, bf16, f64 matmul; f32, bf16 conv2d) naming the
+ * library, its instruction set and thread count that the rule picks now:
+ * the first library named is the one a large product takes (for
+ * nb_config_string, include/nabla/config.h). */
+size_t nb__dnnl_describe(char *buf, size_t cap);
 
 #endif

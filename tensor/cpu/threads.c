@@ -341,6 +341,17 @@ void nb_set_num_threads(int n) {
     pthread_mutex_unlock(&busy);
 }
 
+const char *nb__threads_source(void) {
+    if (explicit_size) return "nb_set_num_threads";
+    const char *v = getenv("NABLA_NUM_THREADS");
+    if (v && *v) return "NABLA_NUM_THREADS";
+    v = getenv("OMP_NUM_THREADS");
+    if (v && *v) return "OMP_NUM_THREADS";
+    v = getenv("LOCAL_WORLD_SIZE");
+    return v && *v ? "the cores this process may use / LOCAL_WORLD_SIZE"
+                   : "the cores this process may use";
+}
+
 int nb_get_num_threads(void) {
     int s = P.size;
     if (s) return s;

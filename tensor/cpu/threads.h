@@ -40,6 +40,10 @@ static inline int64_t nb__grain(int64_t cost) {
     return cost >= NB__PARALLEL_GRAIN ? 1 : NB__PARALLEL_GRAIN / (cost > 0 ? cost : 1);
 }
 
+/* Where the pool's size came from, in words ("NABLA_NUM_THREADS", "the
+ * cores this process may use", ...), for nb_config_string. */
+const char *nb__threads_source(void);
+
 /* ceil(n / grain), at least 1 */
 static inline int64_t nb__chunk_count(int64_t n, int64_t grain) {
     return n <= grain ? 1 : (n + grain - 1) / grain;
