@@ -385,11 +385,16 @@ nb_status nb__checkpoint_read_strict(nb_checkpoint *ck, const nb_named_tensor *t
         list_end(&missing, n_missing);
         list_end(&unexpected, n_unexpected);
         if (n_mismatch > 4) nb__strbuf_printf(&mismatch, "; and %d more mismatches", n_mismatch - 4);
-        st = nb_set_error(NB_ERR_MISMATCH, "%s: error(s) loading %d tensors, nothing was read: "
-                          "missing key(s) (%d): %s; unexpected key(s) (%d): %s%s", ck->path, n,
-                          n_missing, n_missing ? missing.data : "none", n_unexpected,
-                          n_unexpected ? unexpected.data : "none",
-                          n_mismatch ? mismatch.data : "");
+        nb_strbuf parts = {0}; /* only the kinds of error there are, each after "; " */
+        if (n_missing) nb__strbuf_printf(&parts, "; missing key(s) (%d): %s", n_missing,
+                                         missing.data ? missing.data : "?");
+        if (n_unexpected)
+            nb__strbuf_printf(&parts, "; unexpected key(s) (%d): %s", n_unexpected,
+                              unexpected.data ? unexpected.data : "?");
+        if (n_mismatch) nb__strbuf_printf(&parts, "%s", mismatch.data ? mismatch.data : "; ?");
+        st = nb_set_error(NB_ERR_MISMATCH, "%s: error(s) loading %d tensors, nothing was read: %s",
+                          ck->path, n, parts.data && parts.len > 2 ? parts.data + 2 : "(out of memory)");
+        nb__strbuf_free(&parts);
     }
     nb__strbuf_free(&missing);
     nb__strbuf_free(&unexpected);
