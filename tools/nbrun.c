@@ -101,6 +101,9 @@ static const char *usage_text =
     "                          only you can read) or NABLA_STORE_SECRET, else nbrun\n"
     "                          refuses to start unless NABLA_STORE_TRUSTED_NETWORK=1\n"
     "  NABLA_RESTART_COUNT     0 for the first start, k for the k-th restart\n"
+    "  NABLA_LINE_BUFFERED=1   (unless set) nabla makes the process's stdout line-\n"
+    "                          buffered, so each line shows when it is printed; set\n"
+    "                          it to 0 to keep the C library's block buffering\n"
     "  stdin from /dev/null; each in its own process group (what a process leaves\n"
     "  running in its group when it exits is killed)\n"
     "\n"
@@ -480,6 +483,7 @@ static void spawn(child *c, const options *o, const char *run_id, int store_fd, 
         setenv_int("MASTER_PORT", port);
         setenv("NABLA_RUN_ID", run_id, 1);
         setenv_int("NABLA_RESTART_COUNT", restart);
+        setenv("NABLA_LINE_BUFFERED", "1", 0); /* Note [Line-buffered stdout under a launcher] */
         /* Note: several ranks on one machine each running a full-width BLAS
          * thread pool oversubscribe the cores; like torchrun, default to one
          * thread per rank unless the user chose. nabla's kernel pool reads
