@@ -48,7 +48,7 @@ help:
 	@echo "                tutorial's program and the shipped datasets (share/nabla/) to PREFIX=$(PREFIX)"
 	@echo "make clean      remove $(BUILD_DIR)/ and $(ASAN_BUILD_DIR)/"
 	@echo "Variables: BUILD_DIR BUILD_TYPE CMAKE_ARGS (e.g. -DNABLA_CUDA=OFF) PREFIX JOBS CTEST_JOBS CTEST_ARGS FUZZ_SECONDS"
-	@echo "           BENCH_TORCH_ARGS (benchmarks/compare_torch.py flags, e.g. --threads 2)"
+	@echo "           BENCH_TORCH_ARGS (benchmarks/compare_torch.py flags, e.g. --quick or --threads 2)"
 	@echo "           DEMO_ARGS (train_gpt flags for make demo, e.g. DEMO_ARGS=\"--steps 100\")"
 
 # Installs only what dpkg does not already list as installed, so that the

@@ -7,7 +7,17 @@ of 6 layers, width 256, 128 tokens, batch 8, on request with --models), times N 
 steps (forward, loss, backward, AdamW step, zero_grad) of our C program
 (build/bin/bench_ddp --no-ddp --device cpu --model M --machine) and of the PyTorch
 equivalent, and prints medians with their spread and our time over theirs
-(below 1: we are faster).
+(below 1: we are faster), with the same in words beside it ("nabla 1.32x
+faster", "nabla 1.30x slower").
+
+Thread settings (--threads, default "default,1"): every row is measured at
+each setting, in its own table: "default" sets no thread variable on either
+side (what a user gets: nabla's choice, PyTorch's), a count N sets the four
+thread variables to N on both sides and torch.set_num_threads(N). The
+PyTorch GPT computes attention with F.scaled_dot_product_attention (causal),
+as PyTorch 2 users write it (PyTorch 1.x, without it, the explicit masked
+softmax). --quick is a first look in under 3 minutes: 5 steps, 2 rounds, no
+bf16 and no torch.compile rows.
 
 bf16 rows (--bf16-models, default cnn,gpt; "" for none): ours with --bf16
 (the step context's compute dtype: bf16 products, f32 accumulation and
@@ -44,7 +54,7 @@ and --compile adds torch.compile rows (PyTorch 2.x) beside eager ones; every
 PyTorch variant is one more run in each interleaved round.
 
     make bench-torch                  (a virtual environment with PyPI's torch, made on first use)
-    /usr/bin/python3 benchmarks/compare_torch.py [--steps 20] [--repeats 5] [--threads 1]
+    /usr/bin/python3 benchmarks/compare_torch.py [--steps 20] [--repeats 5] [--threads default,1] [--quick]
     python3 benchmarks/compare_torch.py --torch-python build/venv-torch/bin/python,/usr/bin/python3 --compile
     /usr/bin/python3 benchmarks/compare_torch.py --models gpt --bf16-models "" --ddp 2
     /usr/bin/python3 benchmarks/compare_torch.py --models gpt --bf16-models "" --ddp 2 \
@@ -162,6 +172,9 @@ def torch_models():
             n, t, c = x.shape
             q, k, v = self.c_attn(x).split(c, dim=2)
             q, k, v = (z.view(n, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
+            if hasattr(F, "scaled_dot_product_attention"):  # PyTorch 2: as its users write attention
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                return self.attn_proj(y.transpose(1, 2).reshape(n, t, c))
             att = (q @ k.transpose(-2, -1)) * (1.0 / (c // self.n_head) ** 0.5)
             mask = torch.ones(t, t, dtype=torch.bool).tril()
             att = F.softmax(att.masked_fill(~mask, float("-inf")), dim=-1)
@@ -198,16 +211,33 @@ def proc_threads(pid="self"):
         return None
 
 
-def openblas_threads():
-    """openblas_get_num_threads() of the OpenBLAS this process loaded, or None."""
+def openblas_lib():
+    """The OpenBLAS this process loaded (ctypes), or None."""
     with open("/proc/self/maps") as f:
         libs = sorted({line.split()[-1] for line in f if "openblas" in line and ".so" in line})
     for lib in libs:
         try:
-            return ctypes.CDLL(lib).openblas_get_num_threads()
+            dll = ctypes.CDLL(lib)
+            dll.openblas_get_num_threads
+            return dll
         except (OSError, AttributeError):
             continue
     return None
+
+
+def openblas_threads():
+    """openblas_get_num_threads() of the OpenBLAS this process loaded, or None."""
+    lib = openblas_lib()
+    return lib.openblas_get_num_threads() if lib else None
+
+
+def openblas_core():
+    """openblas_get_corename() of the OpenBLAS this process loaded ("Prescott", "Zen"), or None."""
+    lib = openblas_lib()
+    if not lib or not hasattr(lib, "openblas_get_corename"):
+        return None
+    lib.openblas_get_corename.restype = ctypes.c_char_p
+    return lib.openblas_get_corename().decode()
 
 
 def torch_batch(torch, model_name):
@@ -243,8 +273,9 @@ def torch_train(torch, F, model, x, y, steps, autocast=False):
 def torch_worker(model_name, steps, intra_op, autocast=False, compile=False):
     """Runs in its own process (started by run_torch): one timed run, one JSON line."""
     torch, F, models = torch_models()
-    torch.set_num_threads(intra_op)
-    torch.set_num_interop_threads(1)
+    if intra_op:  # 0: PyTorch's own defaults, as a user gets them
+        torch.set_num_threads(intra_op)
+        torch.set_num_interop_threads(1)
     torch.manual_seed(1)
     model = models[model_name]()
     if compile:
@@ -257,7 +288,7 @@ def torch_worker(model_name, steps, intra_op, autocast=False, compile=False):
                       "python": sys.executable,
                       "version": torch.__version__, "intra_op": torch.get_num_threads(),
                       "inter_op": torch.get_num_interop_threads(), "blas": openblas_threads(),
-                      "threads": most}))
+                      "blas_core": openblas_core(), "threads": most}))
     return 0
 
 
@@ -440,7 +471,7 @@ def run_torch_ddp(python, model_name, steps, world, env, timeout):
 
 def run_torch(python, model_name, steps, intra_op, env, autocast=False, timeout=600, compile=False):
     out, most = run_child([python, os.path.abspath(__file__), "--torch-worker", model_name, "--steps", str(steps),
-                           "--torch-intra-op", str(intra_op)] + (["--torch-autocast"] if autocast else [])
+                           "--torch-intra-op-worker", str(intra_op)] + (["--torch-autocast"] if autocast else [])
                           + (["--torch-compile"] if compile else []),
                           dict(env, TORCHINDUCTOR_COMPILE_THREADS="1") if compile else env, timeout)
     r = json.loads(out.strip().splitlines()[-1])
@@ -470,18 +501,91 @@ def spread(xs, fmt):
     return f"{fmt.format(statistics.median(xs))} [{fmt.format(min(xs))}-{fmt.format(max(xs))}]"
 
 
-def main():
+def verdict(ratio):
+    """nabla's time over torch's in words: "nabla 1.32x faster", "nabla 1.30x slower", or "even"
+    within half a percent."""
+    if not ratio > 0:
+        return "?"
+    if abs(ratio - 1) < 0.005:
+        return "even"
+    return f"nabla {1 / ratio:.2f}x faster" if ratio < 1 else f"nabla {ratio:.2f}x slower"
+
+
+def ratio_cell(ours, theirs):
+    """The ratio of the medians and its verdict, for a table cell."""
+    r = statistics.median(ours) / statistics.median(theirs)
+    return f"{r:6.3f} {verdict(r):>19}"
+
+
+# OpenBLAS's cores older than AVX2 (its generic kernels on a CPU it does not know)
+OLD_BLAS_CORES = {"katmai", "coppermine", "northwood", "prescott", "banias", "atom", "core2", "penryn",
+                  "dunnington", "nehalem", "athlon", "opteron", "opteron_sse3", "barcelona", "nano", "bobcat",
+                  "sandybridge", "bulldozer", "piledriver", "steamroller"}
+
+
+def old_torch_line(versions):
+    """One line on why torch 1.x is slower than torch 2.x when both were measured: `versions` holds
+    (torch version, the OpenBLAS core its process ran, or None) per interpreter. None when there
+    is not one of each."""
+    old = [(v, c) for v, c in versions if v.split(".")[0] == "1"]
+    new = [v for v, _ in versions if v.split(".")[0] != "1"]
+    if not old or not new:
+        return None
+    v, core = old[0]
+    generic = bool(core) and core.lower() in OLD_BLAS_CORES
+    blas = "the system's OpenBLAS" + (f" (core {core}" + (": generic SSE kernels, it does not know this CPU)"
+                                                          if generic else ")") if core else "")
+    why = ("most of the gap is those generic kernels" if generic else
+           "the gap is the libraries' kernels and 2.x's fused attention, not the thread settings")
+    return (f"torch {v} against {new[0]}: Debian's torch {v} computes its products with {blas}, PyPI's torch "
+            f"{new[0]} with the oneDNN and MKL it bundles, which pick their kernels by instruction set when they "
+            f"run; {why}.")
+
+
+COMPILE_THREADS_NOTE = (
+    "torch.compile rows hold more threads than asked: Inductor starts a pool of compile workers (and the "
+    "threads that feed and watch them) during the warm-up steps and keeps them, idle, while the timed steps "
+    "run the compiled code on get_num_threads() OpenMP threads; 'timed' counts them all.")
+
+
+def thread_settings(text):
+    """--threads: a comma-separated list of 'default' (no thread variable set on either side, each
+    library's own choice) and counts (every thread variable at that count on both sides)."""
+    out = []
+    for x in text.split(","):
+        x = x.strip()
+        if x == "default":
+            out.append(None)
+        elif x.isdigit() and int(x) >= 1:
+            out.append(int(x))
+        else:
+            raise argparse.ArgumentTypeError(f"--threads: '{x}' is neither 'default' nor a count of 1 or more")
+    if not out:
+        raise argparse.ArgumentTypeError("--threads: no setting")
+    return out
+
+
+def parse_args(argv=None):
+    """The command line, with --quick's defaults filled in (steps, repeats, bf16 models, no compile)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--steps", type=int, default=20, help="timed steps per run (after 3 warm-up steps)")
-    ap.add_argument("--repeats", type=int, default=5, help="interleaved (nabla, torch) pairs per model")
-    ap.add_argument("--threads", type=int, default=int(os.environ.get("OPENBLAS_NUM_THREADS", "1")),
-                    help="OMP/OPENBLAS/MKL/NABLA_NUM_THREADS of both sides")
+    ap.add_argument("--steps", type=int, default=None, help="timed steps per run, after 3 warm-up steps "
+                    "(default 20; 5 with --quick)")
+    ap.add_argument("--repeats", type=int, default=None, help="interleaved (nabla, torch) rounds per model "
+                    "(default 5; 2 with --quick)")
+    ap.add_argument("--quick", action="store_true",
+                    help="a first look in under 3 minutes: 5 steps, 2 rounds, no bf16 rows, no torch.compile rows")
+    ap.add_argument("--threads", type=thread_settings, default=thread_settings("default,1"),
+                    metavar="default|N[,...]",
+                    help="thread settings, each a set of rows: 'default' sets no thread variable (each side "
+                         "as a user gets it), N sets OMP/OPENBLAS/MKL/NABLA_NUM_THREADS to N on both sides "
+                         "(default: default,1)")
     ap.add_argument("--torch-intra-op", type=int, default=None,
-                    help="PyTorch's OMP_NUM_THREADS and set_num_threads, when it should differ from --threads "
-                         "(e.g. 1 with --threads 2: BLAS on 2 threads, ATen's own kernels on 1)")
+                    help="PyTorch's OMP_NUM_THREADS and set_num_threads in the counted settings, when it should "
+                         "differ from the count (e.g. 1 with --threads 2: BLAS on 2 threads, ATen's own kernels on 1)")
     ap.add_argument("--models", default="mlp,cnn,gpt")
-    ap.add_argument("--bf16-models", default="cnn,gpt",
-                    help="models with bf16 rows: nabla --bf16 against torch f32 and torch CPU autocast bf16")
+    ap.add_argument("--bf16-models", default=None,
+                    help="models with bf16 rows: nabla --bf16 against torch f32 and torch CPU autocast bf16 "
+                         "(default cnn,gpt; none with --quick)")
     ap.add_argument("--ddp", type=int, default=0, metavar="N",
                     help="also DDP rows for --models: bench_ddp under nbrun on N ranks against PyTorch "
                          "DistributedDataParallel over Gloo in N processes, 1 thread per rank")
@@ -496,18 +600,47 @@ def main():
                     help="interpreters for the PyTorch side, each a set of rows (default: this one if it has "
                          "torch, else /usr/bin/python3)")
     ap.add_argument("--compile", action="store_true",
-                    help="also torch.compile rows, under every --torch-python whose torch has it")
+                    help="also torch.compile rows, under every --torch-python whose torch has it (not with --quick)")
     ap.add_argument("--timeout", type=int, default=600, help="seconds one run may take before it is stopped")
     ap.add_argument("--bin", default=os.environ.get("NABLA_BIN", os.path.join(HERE, "..", "build", "bin")))
     ap.add_argument("--torch-worker", metavar="MODEL", help=argparse.SUPPRESS)
+    ap.add_argument("--torch-intra-op-worker", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--torch-autocast", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--torch-compile", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--torch-ddp-worker", nargs=4, metavar=("RANK", "WORLD", "PORT", "MODEL"),
                     help=argparse.SUPPRESS)
-    a = ap.parse_args()
-    intra = a.torch_intra_op or a.threads
+    a = ap.parse_args(argv)
+    if a.steps is None:
+        a.steps = 5 if a.quick else 20
+    if a.repeats is None:
+        a.repeats = 2 if a.quick else 5
+    if a.bf16_models is None:
+        a.bf16_models = "" if a.quick else "cnn,gpt"
+    if a.quick:
+        a.compile = False
+    return a
+
+
+def setting_envs(base, setting, torch_intra_op):
+    """(nabla's environment, torch's, torch's set_num_threads or 0 for its default) for a thread
+    setting (None: default)."""
+    if setting is None:
+        return dict(base), dict(base), 0
+    t = str(setting)
+    intra = torch_intra_op or setting
+    env_nabla = dict(base, **{k: t for k in THREAD_VARS})
+    return env_nabla, dict(env_nabla, OMP_NUM_THREADS=str(intra)), intra
+
+
+def setting_name(setting):
+    return "default threads (no thread variable set)" if setting is None else f"{setting} thread" + (
+        "s" if setting > 1 else "")
+
+
+def main():
+    a = parse_args()
     if a.torch_worker:
-        return torch_worker(a.torch_worker, a.steps, intra, a.torch_autocast, a.torch_compile)
+        return torch_worker(a.torch_worker, a.steps, a.torch_intra_op_worker, a.torch_autocast, a.torch_compile)
     if a.torch_ddp_worker:
         r, w, port, m = a.torch_ddp_worker
         return torch_ddp_worker(int(r), int(w), int(port), m, a.steps, a.timeout)
@@ -542,67 +675,82 @@ def main():
         print(f"  {label}: {p}")
     base = {k: v for k, v in os.environ.items() if k not in THREAD_VARS and k not in ("GOMP_CPU_AFFINITY",
                                                                                         "OMP_PROC_BIND")}
-    t = str(a.threads)
-    env_nabla = dict(base, **{k: t for k in THREAD_VARS})
-    env_torch = dict(env_nabla, OMP_NUM_THREADS=str(intra))
+    info = subprocess.run([binary, "--info"], env=base, capture_output=True, text=True).stdout
+    print("  nabla --info (default threads):\n" + "".join(f"    {x}\n" for x in info.splitlines()), end="")
     order = ", ".join(["nabla"] + [label for label, _, _ in variants])
     print(f"{a.steps} steps per run (median of each run), {a.repeats} interleaved rounds per model "
           f"({order}, then again); load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
-    print("  nabla env: " + " ".join(f"{k}={env_nabla[k]}" for k in THREAD_VARS))
-    print("  torch env: " + " ".join(f"{k}={env_torch[k]}" for k in THREAD_VARS)
-          + f"; torch.set_num_threads({intra}), set_num_interop_threads(1)")
-    print("value [min-max] over runs; ratio = nabla / torch (below 1: nabla faster): of the medians, "
-          "and per pair")
-    print(f"{'model':6} {'batch':>6} {'nabla ms':>27} {'(fwd':>7} {'bwd':>7} {'opt)':>7} {'torch':>24} "
-          f"{'torch ms':>27} {'ratio':>6} {'pair ratios':>19}")
-    seen = []
-    for m in a.models.split(","):
-        ours, theirs = [], {label: [] for label, _, _ in variants}
-        for _ in range(a.repeats):  # one round: nabla, then every PyTorch variant
-            ours.append(run_nabla(binary, m, a.steps, env_nabla, timeout=a.timeout))
-            for label, p, comp in variants:
-                theirs[label].append(run_torch(p, m, a.steps, intra, env_torch, timeout=a.timeout, compile=comp))
-                if theirs[label][-1]["params"] != ours[-1]["params"]:
-                    print(f"compare_torch: {m}: {ours[-1]['params']} parameters in nabla's model, "
-                          f"{theirs[label][-1]['params']} in {label}'s: the models differ", file=sys.stderr)
-                    return 1
-        o = [r["ms"] for r in ours]
-        fb = [statistics.median(r[k] for r in ours) for k in ("fwd", "bwd", "opt")]
-        b = f"{BATCH[m]}x{GPT_SHAPES[m][0]}" if m in GPT_SHAPES else str(BATCH[m])
-        for i, (label, _, _) in enumerate(variants):
-            th = [r["ms"] for r in theirs[label]]
-            pairs = [x / y for x, y in zip(o, th)]
-            mine = f"{spread(o, '{:.3f}'):>27} {fb[0]:7.3f} {fb[1]:7.3f} {fb[2]:7.3f}" if i == 0 else " " * 51
-            print(f"{m if i == 0 else '':6} {b if i == 0 else '':>6} {mine} {label:>24} "
-                  f"{spread(th, '{:.3f}'):>27} {statistics.median(o) / statistics.median(th):6.3f} "
-                  f"{spread(pairs, '{:.3f}'):>19}", flush=True)
-            seen.append((f"{m} ({label})", ours, theirs[label]))
+    print("value [min-max] over runs; ratio = nabla / torch (below 1: nabla faster), of the medians, in words "
+          "beside it; pair ratios: the same per interleaved pair")
+    seen, wrong = [], []
     bf16_models = [m for m in a.bf16_models.split(",") if m]
-    if bf16_models:
-        print("bf16: nabla --bf16 (bf16 products, f32 accumulation and weights) against torch eager f32 and "
-              "torch eager under autocast(cpu, bfloat16) (or compiled, per row); interleaved rounds (nabla, then "
-              "each variant in f32 and under autocast)")
-        print(f"{'model':6} {'batch':>6} {'nabla bf16 ms':>27} {'torch':>24} {'torch f32 ms':>27} {'ratio':>6} "
-              f"{'torch autocast ms':>27} {'ratio':>6} {'pair ratios (autocast)':>22}")
-    for m in bf16_models:
-        ours = []
-        t32, tac = ({label: [] for label, _, _ in variants} for _ in range(2))
-        for _ in range(a.repeats):  # one round: nabla, then every variant in f32 and under autocast
-            ours.append(run_nabla(binary, m, a.steps, env_nabla, bf16=True, timeout=a.timeout))
-            for label, p, comp in variants:
-                t32[label].append(run_torch(p, m, a.steps, intra, env_torch, timeout=a.timeout, compile=comp))
-                tac[label].append(run_torch(p, m, a.steps, intra, env_torch, autocast=True, timeout=a.timeout,
-                                            compile=comp))
-        o = [r["ms"] for r in ours]
-        b = f"{BATCH[m]}x{GPT_SHAPES[m][0]}" if m in GPT_SHAPES else str(BATCH[m])
-        for i, (label, _, _) in enumerate(variants):
-            f, c = [r["ms"] for r in t32[label]], [r["ms"] for r in tac[label]]
-            pairs = [x / y for x, y in zip(o, c)]
-            mine = f"{spread(o, '{:.3f}'):>27}" if i == 0 else " " * 27
-            print(f"{m if i == 0 else '':6} {b if i == 0 else '':>6} {mine} {label:>24} {spread(f, '{:.3f}'):>27} "
-                  f"{statistics.median(o) / statistics.median(f):6.3f} {spread(c, '{:.3f}'):>27} "
-                  f"{statistics.median(o) / statistics.median(c):6.3f} {spread(pairs, '{:.3f}'):>22}", flush=True)
-            seen.append((f"{m}-bf16 ({label})", ours, t32[label] + tac[label]))
+    for setting in a.threads:
+        env_nabla, env_torch, intra = setting_envs(base, setting, a.torch_intra_op)
+        print(f"== {setting_name(setting)}")
+        if setting is not None:
+            print("  nabla env: " + " ".join(f"{k}={env_nabla[k]}" for k in THREAD_VARS))
+            print("  torch env: " + " ".join(f"{k}={env_torch[k]}" for k in THREAD_VARS)
+                  + f"; torch.set_num_threads({intra}), set_num_interop_threads(1)")
+        print(f"{'model':6} {'batch':>6} {'nabla ms':>27} {'(fwd':>7} {'bwd':>7} {'opt)':>7} {'torch':>24} "
+              f"{'torch ms':>27} {'ratio':>26} {'pair ratios':>19}")
+        for m in a.models.split(","):
+            ours, theirs = [], {label: [] for label, _, _ in variants}
+            for _ in range(a.repeats):  # one round: nabla, then every PyTorch variant
+                ours.append(run_nabla(binary, m, a.steps, env_nabla, timeout=a.timeout))
+                for label, p, comp in variants:
+                    theirs[label].append(run_torch(p, m, a.steps, intra, env_torch, timeout=a.timeout,
+                                                   compile=comp))
+                    if theirs[label][-1]["params"] != ours[-1]["params"]:
+                        print(f"compare_torch: {m}: {ours[-1]['params']} parameters in nabla's model, "
+                              f"{theirs[label][-1]['params']} in {label}'s: the models differ", file=sys.stderr)
+                        return 1
+            o = [r["ms"] for r in ours]
+            fb = [statistics.median(r[k] for r in ours) for k in ("fwd", "bwd", "opt")]
+            b = f"{BATCH[m]}x{GPT_SHAPES[m][0]}" if m in GPT_SHAPES else str(BATCH[m])
+            for i, (label, _, _) in enumerate(variants):
+                th = [r["ms"] for r in theirs[label]]
+                pairs = [x / y for x, y in zip(o, th)]
+                mine = f"{spread(o, '{:.3f}'):>27} {fb[0]:7.3f} {fb[1]:7.3f} {fb[2]:7.3f}" if i == 0 else " " * 51
+                print(f"{m if i == 0 else '':6} {b if i == 0 else '':>6} {mine} {label:>24} "
+                      f"{spread(th, '{:.3f}'):>27} {ratio_cell(o, th)} {spread(pairs, '{:.3f}'):>19}", flush=True)
+                seen.append((setting, f"{m} ({label})", ours, theirs[label]))
+        if bf16_models:
+            print("bf16: nabla --bf16 (bf16 products, f32 accumulation and weights) against torch eager f32 and "
+                  "torch eager under autocast(cpu, bfloat16) (or compiled, per row); interleaved rounds (nabla, "
+                  "then each variant in f32 and under autocast)")
+            print(f"{'model':6} {'batch':>6} {'nabla bf16 ms':>27} {'torch':>24} {'torch f32 ms':>27} "
+                  f"{'ratio':>26} {'torch autocast ms':>27} {'ratio':>26} {'pair ratios (autocast)':>22}")
+        for m in bf16_models:
+            ours = []
+            t32, tac = ({label: [] for label, _, _ in variants} for _ in range(2))
+            for _ in range(a.repeats):  # one round: nabla, then every variant in f32 and under autocast
+                ours.append(run_nabla(binary, m, a.steps, env_nabla, bf16=True, timeout=a.timeout))
+                for label, p, comp in variants:
+                    t32[label].append(run_torch(p, m, a.steps, intra, env_torch, timeout=a.timeout, compile=comp))
+                    tac[label].append(run_torch(p, m, a.steps, intra, env_torch, autocast=True,
+                                                timeout=a.timeout, compile=comp))
+            o = [r["ms"] for r in ours]
+            b = f"{BATCH[m]}x{GPT_SHAPES[m][0]}" if m in GPT_SHAPES else str(BATCH[m])
+            for i, (label, _, _) in enumerate(variants):
+                f, c = [r["ms"] for r in t32[label]], [r["ms"] for r in tac[label]]
+                pairs = [x / y for x, y in zip(o, c)]
+                mine = f"{spread(o, '{:.3f}'):>27}" if i == 0 else " " * 27
+                print(f"{m if i == 0 else '':6} {b if i == 0 else '':>6} {mine} {label:>24} "
+                      f"{spread(f, '{:.3f}'):>27} {ratio_cell(o, f)} {spread(c, '{:.3f}'):>27} "
+                      f"{ratio_cell(o, c)} {spread(pairs, '{:.3f}'):>22}", flush=True)
+                seen.append((setting, f"{m}-bf16 ({label})", ours, t32[label] + tac[label]))
+        if setting is None:
+            continue
+        # nabla at N threads: the main thread, OpenBLAS's N - 1 workers, its own pool's N - 1
+        # and, where oneDNN runs on N threads, OpenMP's N - 1 (docs/threads.md), one op at a time
+        most = 3 * setting - 2
+        wrong += [f"{m}: nabla ran {r['threads']} threads (at most {most} expected)"
+                  for st, m, ours, _ in seen if st == setting for r in ours if r["threads"] > most]
+        wrong += [f"{m}: torch.get_num_threads() = {r['intra_op']}, not {intra}"
+                  for st, m, _, theirs in seen if st == setting for r in theirs if r["intra_op"] != intra]
+        wrong += [f"{m}: PyTorch's openblas_get_num_threads() = {r['blas']}, not {setting}"
+                  for st, m, _, theirs in seen if st == setting for r in theirs
+                  if r["blas"] is not None and r["blas"] != setting]
     seen_ddp, env_ddp = [], dict(base, **{k: "1" for k in THREAD_VARS})
     extra = []
     if a.ddp_bucket_mb is not None:
@@ -628,7 +776,7 @@ def main():
               "waited for a rank that launched it later (peer wait, ms per rank and step), hidden behind "
               "the last rank's backward (nb_ddp_overlap_across_ranks)")
         print(f"{'model':6} {'batch':>6} {'nabla ms':>27} {'hidden':>18} {'all ranks':>18} {'peer wait':>18} "
-              f"{'torch ms':>27} {'ratio':>6} {'pair ratios':>19}")
+              f"{'torch ms':>27} {'ratio':>26} {'pair ratios':>19}")
     for m in a.models.split(",") if a.ddp else []:
         ours, theirs = [], []
         for _ in range(a.repeats):
@@ -646,18 +794,21 @@ def main():
         b = f"{BATCH[m]}x{GPT_SHAPES[m][0]}" if m in GPT_SHAPES else str(BATCH[m])
         print(f"{m:6} {b:>6} {spread(o, '{:.3f}'):>27} {spread(hid, '{:.2f}'):>18} "
               f"{spread(hall, '{:.2f}'):>18} {spread(pw, '{:.1f}'):>18} "
-              f"{spread(th, '{:.3f}'):>27} {statistics.median(o) / statistics.median(th):6.3f} "
+              f"{spread(th, '{:.3f}'):>27} {ratio_cell(o, th)} "
               f"{spread(pairs, '{:.3f}'):>19}", flush=True)
         seen_ddp.append((f"{m}-ddp{a.ddp}", ours, theirs))
     print("threads in force, read back: 'process' = most kernel threads the parent saw in the process "
           "(start and exit included); 'timed' = most the PyTorch process counted in itself after each timed step")
-    for m, ours, theirs in seen:
+    for setting, m, ours, theirs in seen:
         r = theirs[0]
-        print(f"  {m:4} nabla: process {sorted({x['threads'] for x in ours})}; "
+        print(f"  [{'default' if setting is None else setting}] {m:4} nabla: process "
+              f"{sorted({x['threads'] for x in ours})}; "
               f"torch {r['version']}: get_num_threads {sorted({x['intra_op'] for x in theirs})}, "
               f"get_num_interop_threads {sorted({x['inter_op'] for x in theirs})}, "
               f"openblas_get_num_threads {sorted({x['blas'] for x in theirs}, key=str)}, "
               f"timed {sorted({x['threads'] for x in theirs})}, process {sorted({x['threads_seen'] for x in theirs})}")
+    if any(comp for _, _, comp in variants):
+        print("  " + COMPILE_THREADS_NOTE)
     if seen_ddp:
         print("  DDP rows, per rank ('process': the most of any one rank, Gloo's threads included; "
               "'timed': rank 0's):")
@@ -671,16 +822,13 @@ def main():
               f"{r['world']}): get_num_threads {seen_of(theirs, 'intra_op')}, get_num_interop_threads "
               f"{seen_of(theirs, 'inter_op')}, openblas_get_num_threads {seen_of(theirs, 'blas')}, "
               f"timed {seen_of(theirs, 'threads')}, process {seen_of(theirs, 'threads_seen')}")
-    # nabla at N threads: the main thread, OpenBLAS's N - 1 workers and its
-    # own pool's N - 1 (docs/threads.md: products on OpenBLAS's, the other
-    # ops on the pool's, one op at a time), so up to 2N - 1 threads exist
-    most = 2 * a.threads - 1
-    wrong = [f"{m}: nabla ran {r['threads']} threads (at most {most} expected)" for m, ours, _ in seen
-             for r in ours if r["threads"] > most]
-    wrong += [f"{m}: torch.get_num_threads() = {r['intra_op']}, not {intra}" for m, _, theirs in seen
-              for r in theirs if r["intra_op"] != intra]
-    wrong += [f"{m}: PyTorch's openblas_get_num_threads() = {r['blas']}, not {a.threads}" for m, _, theirs in seen
-              for r in theirs if r["blas"] is not None and r["blas"] != a.threads]
+    versions = {}
+    for _, _, _, theirs in seen:
+        for r in theirs:
+            versions.setdefault(r["version"], r.get("blas_core"))
+    line = old_torch_line(sorted(versions.items()))
+    if line:
+        print(line)
     wrong += [f"{m}: torch rank 0's get_num_threads() = {r['intra_op']}, openblas_get_num_threads() = "
               f"{r['blas']}, not 1" for m, _, theirs in seen_ddp for r in theirs if r["intra_op"] != 1
               or r["blas"] not in (None, 1)]
