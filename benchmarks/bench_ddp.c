@@ -4,8 +4,9 @@
  * Each rank trains one model on its own batch (weak scaling) for `--steps`
  * steps with AdamW; rank 0 prints a line naming the run, the table's header
  * (--no-header leaves both out) and one row: world size, mode,
- * milliseconds per step (median), samples (or tokens) per second over all
- * ranks, time in backward, time waiting for buckets after backward, and
+ * milliseconds per step, samples (or tokens) per second over all
+ * ranks, time in backward, time waiting for buckets after backward (each
+ * the median over the timed steps), and
  * the share of all-reduce time hidden behind backward as the rank sees it,
  * and the same across ranks (nb_ddp_overlap_across_ranks: the time a
  * bucket waits for a rank that launches it later, "peer-wait" in ms per
@@ -129,7 +130,7 @@ static void make_batch(nb_ctx *step, int kind, int64_t batch, int width, int s, 
 typedef struct row {
     char model[16];
     int world;
-    double per_s, hidden;
+    double per_s, hidden, ms, wait_ms;
 } row;
 
 /* Reads the --machine lines in `path`, prints the scaling table and writes
@@ -153,10 +154,14 @@ static int plot_scaling(const char *path, const char *svg) {
             sscanf(q, "per_s=%lf", &r->per_s) != 1)
             continue;
         r->hidden = h && sscanf(h, "hidden=%31s", hid) == 1 ? atof(hid) : NAN;
+        char *ms = strstr(p, " ms="), *wt = strstr(p, " wait_ms=");
+        r->ms = ms && sscanf(ms, " ms=%31s", hid) == 1 ? atof(hid) : NAN;
+        r->wait_ms = wt && sscanf(wt, " wait_ms=%31s", hid) == 1 ? atof(hid) : NAN;
         n++;
     }
     fclose(f);
-    printf("%-6s %6s %14s %11s %8s\n", "model", "world", "throughput/s", "efficiency", "hidden");
+    printf("%-6s %6s %14s %11s %8s %9s %9s\n", "model", "world", "throughput/s", "efficiency", "hidden", "ms/step",
+           "wait ms");
     nb_plot_series ser[8];
     double xs[8][MAX_ROWS], ys[8][MAX_ROWS];
     char names[8][16];
@@ -168,7 +173,10 @@ static int plot_scaling(const char *path, const char *svg) {
         double eff = rows[i].per_s / (base * rows[i].world); /* 100%: N ranks do N times the work */
         char hid[16] = "-";
         if (rows[i].world > 1 && !isnan(rows[i].hidden)) snprintf(hid, sizeof hid, "%.0f%%", 100 * rows[i].hidden);
-        printf("%-6s %6d %14.0f %10.0f%% %8s\n", rows[i].model, rows[i].world, rows[i].per_s, 100 * eff, hid);
+        char wts[16] = "-";
+        if (rows[i].world > 1 && !isnan(rows[i].wait_ms)) snprintf(wts, sizeof wts, "%.2f", rows[i].wait_ms);
+        printf("%-6s %6d %14.0f %10.0f%% %8s %9.2f %9s\n", rows[i].model, rows[i].world, rows[i].per_s, 100 * eff,
+               hid, rows[i].ms, wts);
         int s = 0;
         while (s < ns && strcmp(names[s], rows[i].model)) s++;
         if (s == ns) {
@@ -287,8 +295,11 @@ int main(int argc, char **argv) {
     }
     const char *mode = !ddp ? "no-ddp" : bucket_step ? "ddp-bs" : zero ? "zero" : "ddp";
     nb_rng data = nb_rng_make(100 + (uint64_t)rank);
-    double *t_step = calloc((size_t)steps * 4, sizeof(double)), *t_fwd = t_step + steps,
-           *t_bwd = t_fwd + steps, *t_opt = t_bwd + steps, bw = 0, wait = 0, hidden = 0;
+    /* per timed step; the table and --machine give medians of all of them, so that the
+     * wait stands beside a step time of the same kind */
+    double *t_step = calloc((size_t)steps * 7, sizeof(double)), *t_fwd = t_step + steps,
+           *t_bwd = t_fwd + steps, *t_opt = t_bwd + steps, *s_bw = t_opt + steps, *s_wait = s_bw + steps,
+           *s_hidden = s_wait + steps;
     int measured = 0;
     nb_ddp_overlap ov = {0};
     for (int s = 0; s < steps + 3; s++) { /* 3 warm-up steps */
@@ -335,9 +346,9 @@ int main(int argc, char **argv) {
             t_step[measured++] = t1 - t0;
             if (ddp && world > 1) {
                 nb_ddp_step_stats st = nb_ddp_last_stats(ddp);
-                bw += st.backward_s;
-                wait += st.wait_s;
-                hidden += st.hidden_fraction;
+                s_bw[measured - 1] = st.backward_s;
+                s_wait[measured - 1] = st.wait_s;
+                s_hidden[measured - 1] = st.hidden_fraction;
             }
         }
     }
@@ -347,6 +358,7 @@ int main(int argc, char **argv) {
     }
     bool across = ddp && world > 1 && ov.steps > 0;
     size_t state_bytes = nb_optim_state_bytes(opt);
+    double hidden = median(s_hidden, measured), bw = median(s_bw, measured), wait = median(s_wait, measured);
     double med = median(t_step, measured), per_s = (double)batch * (IS_GPT(kind) ? GPT_T(kind) : 1) * world / med;
     if (rank == 0 && machine) {
         printf("model=%s mode=%s world=%d batch=%lld ms=%.4f fwd=%.4f bwd=%.4f opt=%.4f per_s=%.1f unit=%s "
@@ -354,10 +366,10 @@ int main(int argc, char **argv) {
                "params=%lld state_bytes=%zu\n",
                model_names[kind], mode, world, (long long)batch, 1e3 * med,
                1e3 * median(t_fwd, measured), 1e3 * median(t_bwd, measured), 1e3 * median(t_opt, measured),
-               per_s, IS_GPT(kind) ? "tokens" : "samples", ddp && world > 1 ? hidden / measured : NAN,
+               per_s, IS_GPT(kind) ? "tokens" : "samples", ddp && world > 1 ? hidden : NAN,
                across ? ov.hidden_fraction : NAN, across ? 1e3 * ov.peer_wait_s : NAN,
-               across ? 1e3 * ov.skew_s : NAN, ddp && world > 1 ? 1e3 * bw / measured : NAN,
-               ddp && world > 1 ? 1e3 * wait / measured : NAN, (long long)n_params, state_bytes);
+               across ? 1e3 * ov.skew_s : NAN, ddp && world > 1 ? 1e3 * bw : NAN,
+               ddp && world > 1 ? 1e3 * wait : NAN, (long long)n_params, state_bytes);
     } else if (rank == 0) {
         if (header) {
             char toks[32] = "";
@@ -377,9 +389,9 @@ int main(int argc, char **argv) {
             snprintf(hall, sizeof hall, "%.0f%%", 100 * ov.hidden_fraction);
         }
         if (ddp && world > 1) {
-            snprintf(hid, sizeof hid, "%.0f%%", 100 * hidden / measured);
-            snprintf(bws, sizeof bws, "%.2f ms", 1e3 * bw / measured);
-            snprintf(ws, sizeof ws, "%.2f ms", 1e3 * wait / measured);
+            snprintf(hid, sizeof hid, "%.0f%%", 100 * hidden);
+            snprintf(bws, sizeof bws, "%.2f ms", 1e3 * bw);
+            snprintf(ws, sizeof ws, "%.2f ms", 1e3 * wait);
         }
         char sts[24];
         snprintf(sts, sizeof sts, "%.2f MiB", (double)state_bytes / (1 << 20));

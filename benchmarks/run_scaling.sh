@@ -5,11 +5,13 @@
 # for each world size, then prints throughput over all ranks, efficiency
 # against world size 1 and the share of communication hidden behind
 # backward, and writes an SVG plot of the efficiency (throughput over N
-# ranks / N x throughput of 1 rank).
+# ranks / N x throughput of 1 rank). Step time, wait and hidden share are
+# medians over the timed steps. It warns when ranks x threads exceed the
+# cores, and prints the load average before and after beside the table.
 #   benchmarks/run_scaling.sh [--max-world N] [--models "mlp cnn gpt"] [--out DIR] [bench_ddp args...]
 set -euo pipefail
 bin=${NABLA_BIN:-$(dirname "$0")/../build/bin}
-max="" models="mlp cnn gpt" out=. extra=()
+max="" models="mlp cnn gpt" out=. extra=() gpu=0
 while [ $# -gt 0 ]; do
   case $1 in
     --max-world) max=$2; shift 2 ;;
@@ -23,12 +25,24 @@ if [ -z "$max" ]; then
   max=4
   case " ${extra[*]-} " in *" --device cpu "*) ;; *)
     gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
-    if [ "${gpus:-0}" -gt 0 ] && "$bin/train_gpt" --print-device 2>/dev/null | grep -q cuda; then max=$gpus; fi ;;
+    if [ "${gpus:-0}" -gt 0 ] && "$bin/train_gpt" --print-device 2>/dev/null | grep -q cuda; then max=$gpus gpu=1; fi ;;
   esac
 fi
 # One BLAS thread per rank at every world size (nbrun sets it only for two
 # or more ranks), so that world size 1 is the same work on one core.
 export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1} OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+# More ranks x threads than cores: the ranks take turns on the cores, and the
+# efficiency measures the machine being full, not DDP (GPU runs use a GPU per rank).
+cores=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc 2>/dev/null || echo 1) # nproc obeys OMP_NUM_THREADS
+threads=${NABLA_NUM_THREADS:-$OMP_NUM_THREADS}
+case " ${extra[*]-} " in *" --device cuda"*) gpu=1 ;; esac
+if [ "$gpu" = 0 ] && [ $((max * threads)) -gt "$cores" ]; then
+  echo "run_scaling: warning: up to $max ranks x $threads thread(s) = $((max * threads)) on $cores core(s):" \
+       "the rows past $((cores / threads > 0 ? cores / threads : 1)) rank(s) share cores and say little about scaling" \
+       "(--max-world $((cores / threads > 0 ? cores / threads : 1)) stays within them)" >&2
+fi
+load() { cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || uptime | sed 's/.*average[s]*: //'; }
+load_before=$(load)
 lines=$(mktemp "${TMPDIR:-/tmp}/nabla_scaling.XXXXXX")
 trap 'rm -f "$lines"' EXIT
 for m in $models; do
@@ -41,3 +55,5 @@ for m in $models; do
 done
 echo
 "$bin/bench_ddp" --plot-scaling "$lines" "$out/scaling.svg"
+# The load beside the table: other work on the machine moves these figures.
+echo "load average (1, 5, 15 min): $load_before before, $(load) after; $cores core(s)"
