@@ -8,7 +8,9 @@ out of every tracked text file:
   has;
 * the vocabulary of the environment the project happened to be measured in
   rather than of the project (machines "lent", "sessions", calls of some
-  tool, folders "carried" to a machine), in docs, scripts and the README;
+  tool, "device time", folders "carried" to a machine), in docs, scripts
+  and the README;
+* the names of scripts that were renamed or removed (RETIRED);
 * sentences the code has made false and that came back before: the CUDA
   backend said not to exist, torchrun shown running a binary without
   --no_python.
@@ -29,6 +31,16 @@ SELF = os.path.relpath(os.path.abspath(__file__), SOURCE)
 TEXT_EXT = {".md", ".sh", ".py", ".c", ".h", ".cpp", ".cu", ".cuh", ".cmake", ".txt", ".in", ".json"}
 PROSE_EXT = {".md", ".sh", ".py", ".txt", ""}  # docs, scripts, Makefile, .ci/run
 
+# Scripts that were renamed or removed (what they became), so that no text
+# sends a reader to a file that is not there, even as "then named ...".
+RETIRED = {
+    "gpu_session.sh": "benchmarks/gpu_check.sh",
+    "tools/fetch_debs.sh": "dev/fetch_debs.sh",
+    "tools/unpack_debs.sh": "dev/unpack_debs.sh",
+    "tools/cuda_emu": "dev/cuda_emu",
+    "gen_stub.py": "the CUDA plugin (tensor/cuda_plugin.c)",
+}
+
 # (pattern, why): anywhere in a tracked text file
 EVERYWHERE = [
     (r"\.\./shared\b", "names a folder outside the repository"),
@@ -39,11 +51,13 @@ EVERYWHERE = [
     (r"CUDA\s+backend\s+is\s+not\s+in\s+the\s+library", "the CUDA backend exists"),
     (r"until\s+the\s+CUDA\s+backend", "the CUDA backend exists"),
     (r"has\s+not\s+yet\s+run\s+on\s+a\s+GPU", "the CUDA backend has run on a GPU"),
-]
+] + [(r"(?<![\w/])" + re.escape(old) + r"\b", f"names a retired script: it is {new} now")
+     for old, new in RETIRED.items()]
 # only in prose and scripts (C code may name a call made on a CUDA device)
 IN_PROSE = [
     (r"\bsessions?\b", "speaks of sessions: say what was run, when and where"),
     (r"\bdevice\s+(?:tool|calls?)\b", "speaks of a tool for borrowing a GPU, or of its calls"),
+    (r"\bdevice[\s-]+time\b", "speaks of borrowed GPU time: say what was run and how long it took"),
 ]
 
 
