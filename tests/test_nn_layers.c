@@ -646,7 +646,7 @@ START_TEST(test_layer_errors) {
 END_TEST
 
 /* ---- module paths in errors (Note [Module paths in errors], nn/module.c) ---- */
-/* Block: x + proj(norm(x)) when the widths agree, else proj(norm(x)). */
+/* Block: x + proj(norm(x)); the sum aborts inside the Block when proj changes the width. */
 typedef struct block {
     nb_module *norm, *proj;
 } block;
