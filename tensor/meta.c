@@ -224,25 +224,25 @@ static void mem_free(int device, void *p) {
 
 static void poison(int device, void *p, size_t bytes) { (void)device, (void)p, (void)bytes; }
 
-static void raw(const char *name, int device, double bytes) {
+static void raw(const char *name, int device, double bytes, int64_t launches) {
     call c = {.name = name, .extra_bytes = bytes};
-    c.launches = device == NB_DEVICE_CUDA ? NB__CUDA_LAUNCHES_memset : 0;
+    c.launches = device == NB_DEVICE_CUDA ? launches : 0;
     record(&c);
 }
 
 static void set_bytes(int device, void *dst, int byte, size_t bytes) {
     (void)dst, (void)byte;
-    raw("memset", device, (double)bytes);
+    raw("memset", device, (double)bytes, NB__CUDA_LAUNCHES_memset);
 }
 
 static void copy_d2d(int device, void *dst, const void *src, size_t bytes) {
     (void)dst, (void)src;
-    raw("memcpy", device, 2.0 * (double)bytes);
+    raw("memcpy", device, 2.0 * (double)bytes, NB__CUDA_LAUNCHES_memcpy);
 }
 
 static void copy_h2d(int device, void *dst, const void *src, size_t bytes) {
     (void)dst, (void)src;
-    raw("memcpy_h2d", device, (double)bytes);
+    raw("memcpy_h2d", device, (double)bytes, NB__CUDA_LAUNCHES_memcpy);
 }
 
 static void copy_h2d_async(int device, void *dst, const void *src, size_t bytes, nb__stream s) {
