@@ -23,18 +23,26 @@ nabla_own_flags(dist_scenario)
 # Registers `target` (a Check suite) under nbrun at each of `ranks`, as
 # <target>_np<R>, with the CTest timeout `timeout` and NABLA_PG_TIMEOUT
 # `pg_timeout` (short, so that a rank left waiting fails in seconds).
+# Optional: the tests' name instead of the target's, and one more
+# environment entry (the suite run another way).
 function(nabla_add_ranked_test target ranks timeout pg_timeout)
   if(NOT TARGET ${target})
     return()
   endif()
+  set(_base ${target})
+  set(_env "${NABLA_TEST_ENVIRONMENT};NABLA_PG_TIMEOUT=${pg_timeout}")
+  if(ARGC GREATER 4)
+    set(_base ${ARGV4})
+    list(APPEND _env "${ARGV5}")
+  endif()
   foreach(_np ${ranks})
-    set(_name ${target}_np${_np})
+    set(_name ${_base}_np${_np})
     add_test(NAME ${_name}
       COMMAND $<TARGET_FILE:nbrun> --nproc-per-node ${_np} --master-port 0 $<TARGET_FILE:${target}>
       WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
     set_tests_properties(${_name} PROPERTIES
       LABELS "unit;multiproc" TIMEOUT ${timeout} SKIP_RETURN_CODE 77
-      ENVIRONMENT "${NABLA_TEST_ENVIRONMENT};NABLA_PG_TIMEOUT=${pg_timeout}")
+      ENVIRONMENT "${_env}")
     list(APPEND NABLA_TESTS ${_name})
   endforeach()
   set(NABLA_TESTS ${NABLA_TESTS} PARENT_SCOPE)
@@ -47,6 +55,14 @@ nabla_add_ranked_test(test_ddp "2;3" 180 60)
 nabla_add_ranked_test(test_ddp_bucket_step "2;3" 120 30)
 # DDP with ZeRO-1 (optimizer state sharded); 3 ranks make uneven shards.
 nabla_add_ranked_test(test_ddp_zero "2;3" 120 30)
+# The same suite with ZeRO-2 (gradients sharded too), alone and under nbrun.
+if(TARGET test_ddp_zero)
+  add_test(NAME test_ddp_zero2 COMMAND test_ddp_zero WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
+  set_tests_properties(test_ddp_zero2 PROPERTIES LABELS unit TIMEOUT 300 SKIP_RETURN_CODE 77
+    ENVIRONMENT "${NABLA_TEST_ENVIRONMENT};NBT_ZERO_STAGE=2")
+  list(APPEND NABLA_TESTS test_ddp_zero2)
+endif()
+nabla_add_ranked_test(test_ddp_zero "2;3" 120 30 test_ddp_zero2 NBT_ZERO_STAGE=2)
 # DDP join (uneven inputs): without join, a rank left waiting fails the
 # test in seconds, not at the CTest timeout.
 nabla_add_ranked_test(test_ddp_join "2;3" 120 10)

@@ -11,9 +11,10 @@
  * backward makes the last layers' gradients ready first: the first bucket
  * closes past first_bucket_bytes (small, so communication starts early),
  * the others past bucket_cap_bytes; a bucket holds one dtype. Each bucket
- * is one flat tensor in the wrapper's context and each parameter's ->grad
- * is a view of its slice (nb_set_grad), so autograd accumulates straight
- * into communication memory: nothing is copied in or out.
+ * is one flat tensor, in a context of its own (so that ZeRO-2 can give it
+ * back between steps), and each parameter's ->grad is a view of its slice
+ * (nb_set_grad), so autograd accumulates straight into communication
+ * memory: nothing is copied in or out.
  *
  * Every rank must issue the same collectives in the same order, so buckets
  * are launched strictly by index: a bucket whose parameters are all ready
@@ -218,12 +219,46 @@ static int param_index(const nb_ddp *d, const nb_tensor *t) {
 
 /* ---- bucket assignment (Note [Buckets]) ---- */
 
+/* b's flat (padded as the communication hook asks) in a context of its
+ * own, with each parameter's ->grad a view of its slice holding the
+ * gradient's current value (zeros without one). */
+static void make_grads(nb_ddp *d, bucket *b) {
+    int64_t len = d->comm->flat_numel ? d->comm->flat_numel(d, d->comm_self, b->numel) : b->numel;
+    b->gctx = nb_ctx_new(nb_pg_device(d->pg), 0);
+    b->flat = nb_zeros(b->gctx, b->dtype, 1, &len);
+    size_t esz = nb_dtype_size(b->dtype);
+    for (int k = 0; k < b->n; k++) {
+        nb_tensor *t = d->p[b->params[k]].tensor;
+        int64_t st[NB_MAX_DIMS];
+        nb__contig_strides(t->ndim, t->shape, st);
+        nb_tensor *view = nb__view(b->gctx, b->flat, t->ndim, t->shape, st,
+                                   (char *)b->flat->data + b->offsets[k] * (int64_t)esz);
+        if (t->grad) nb_copy_(view, t->grad);
+        nb_set_grad(t, view);
+    }
+}
+
+void nb__ddp_drop_bucket_grads(nb_ddp *d, int bi) {
+    bucket *b = &d->buckets[bi];
+    if (!b->gctx) return;
+    for (int k = 0; k < b->n; k++) nb_set_grad(d->p[b->params[k]].tensor, NULL);
+    nb_ctx_free(b->gctx);
+    b->gctx = NULL;
+    b->flat = NULL;
+}
+
+void nb__ddp_make_bucket_grads(nb_ddp *d, int bi) {
+    if (!d->buckets[bi].gctx) make_grads(d, &d->buckets[bi]);
+}
+
 /* Fresh buckets in a fresh context from parameter order `order`; the
  * gradients' current values move into the new memory. */
 static void assign_buckets(nb_ddp *d, const int *order) {
     size_t first = d->o.first_bucket_bytes ? d->o.first_bucket_bytes : DEFAULT_FIRST_BUCKET;
     size_t cap = d->o.bucket_cap_bytes ? d->o.bucket_cap_bytes : DEFAULT_BUCKET_CAP;
     nb_ctx *old = d->ctx;
+    bucket *old_buckets = d->buckets;
+    int old_n = d->n_buckets;
     d->ctx = nb_ctx_new(nb_pg_device(d->pg), 0);
     d->buckets = nb__ctx_meta(d->ctx, sizeof(bucket) * (size_t)(d->n ? d->n : 1));
     int *members = nb__ctx_meta(d->ctx, sizeof(int) * (size_t)(d->n ? d->n : 1));
@@ -254,21 +289,8 @@ static void assign_buckets(nb_ddp *d, const int *order) {
     free(dtype);
     free(starts);
     d->n_buckets = nb;
-    for (int bi = 0; bi < nb; bi++) {
-        bucket *b = &d->buckets[bi];
-        int64_t len = d->comm->flat_numel ? d->comm->flat_numel(d, d->comm_self, b->numel) : b->numel;
-        b->flat = nb_zeros(d->ctx, b->dtype, 1, &len);
-        size_t esz = nb_dtype_size(b->dtype);
-        for (int k = 0; k < b->n; k++) {
-            nb_tensor *t = d->p[b->params[k]].tensor;
-            int64_t st[NB_MAX_DIMS];
-            nb__contig_strides(t->ndim, t->shape, st);
-            nb_tensor *view = nb__view(d->ctx, b->flat, t->ndim, t->shape, st,
-                                       (char *)b->flat->data + b->offsets[k] * (int64_t)esz);
-            if (t->grad) nb_copy_(view, t->grad);
-            nb_set_grad(t, view);
-        }
-    }
+    for (int bi = 0; bi < nb; bi++) make_grads(d, &d->buckets[bi]);
+    for (int bi = 0; bi < old_n; bi++) nb_ctx_free(old_buckets[bi].gctx); /* after the copies */
     free(d->times);
     d->times = nb__ddp_calloc((size_t)nb, sizeof(nb_ddp_bucket_time));
     for (int f = 0; f < NB__DDP_FEATURES; f++)
@@ -419,11 +441,16 @@ void nb__ddp_reducer_free(nb_ddp *d) {
             nb_tensor *t = d->p[i].tensor;
             nb_remove_grad_hook(t, grad_ready_hook, &d->refs[i]);
             nb_tensor *own = d->own_grad[i];
-            if (!own) own = nb_zeros(t->ctx, t->dtype, t->ndim, t->shape);
-            nb_copy_(own, t->grad);
+            if (t->grad) { /* the gradient's value back in memory of its own */
+                if (!own) own = nb_zeros(t->ctx, t->dtype, t->ndim, t->shape);
+                nb_copy_(own, t->grad);
+            } else if (own) { /* given back by ZeRO-2: consumed */
+                nb_fill_(own, 0);
+            }
             nb_set_grad(t, own);
         }
     }
+    for (int b = 0; b < d->n_buckets; b++) nb_ctx_free(d->buckets[b].gctx);
     nb_ctx_free(d->ctx);
     free_arrays(d);
     free(d);

@@ -18,6 +18,8 @@ typedef struct bucket {
     nb_dtype dtype;
     int64_t numel;
     nb_tensor *flat;    /* gradient memory: numel elements, then the comm hook's padding */
+    nb_ctx *gctx;       /* flat's memory and the parameters' views of it; NULL (and flat
+                           NULL, the parameters' ->grad NULL) while given back */
     int n;              /* parameters */
     int *params;        /* indices, in bucket order */
     int64_t *offsets;   /* element offset of each parameter in flat */
@@ -47,7 +49,7 @@ typedef struct trace_step {
     X(NB__DDP_OVERLAP, "the overlap record (record_timeline)") /* ddp_overlap.c */                 \
     X(NB__DDP_WIRE, "the bf16 compression hook (comm_hook NB_DDP_HOOK_BF16)") /* ddp_wire.c */     \
     X(NB__DDP_JOIN, "join mode (nb_ddp_join_begin)")      /* ddp_join.c: uneven inputs */          \
-    X(NB__DDP_ZERO, "ZeRO-1 (nb_ddp_set_zero)")           /* ddp_zero.c */                          \
+    X(NB__DDP_ZERO, "ZeRO (nb_ddp_set_zero)")             /* ddp_zero.c: ZeRO-1, ZeRO-2 */         \
     X(NB__DDP_BUCKET_STEP, "per-bucket optimizer steps (nb_ddp_set_optimizer)") /* ddp_bucket_step.c */
 
 typedef enum nb__ddp_feature {
@@ -202,6 +204,11 @@ nb_status nb__ddp_rebuild_buckets(nb_ddp *d);
 /* New bucket memory for the current bucket order; gradients keep their
  * values (after a communication hook that pads was attached). */
 void nb__ddp_reassign_buckets(nb_ddp *d);
+/* Bucket b's gradient memory given back at once; its parameters' ->grad
+ * become NULL (ZeRO-2, Note [ZeRO-2] in ddp_zero.c). No-op when given back. */
+void nb__ddp_drop_bucket_grads(nb_ddp *d, int b);
+/* Bucket b's gradient memory made again, zeros, when given back. */
+void nb__ddp_make_bucket_grads(nb_ddp *d, int b);
 /* t = the step that just ended at `done` (its bucket times copied, malloc'd). */
 void nb__ddp_step_timeline(const nb_ddp *d, double done, trace_step *t);
 

@@ -1,5 +1,6 @@
-/* ZeRO-1 for DDP: the optimizer's state sharded over the ranks
- * (nb_ddp_set_zero), the sharded step with its all-gather pipelined per
+/* ZeRO-1 and ZeRO-2 for DDP: the optimizer's state sharded over the ranks
+ * (nb_ddp_set_zero), with the gradients too (nb_ddp_set_zero_stage, Note
+ * [ZeRO-2]), the sharded step with its all-gather pipelined per
  * bucket (nb_ddp_step), global-norm clipping over the shards
  * (nb_ddp_clip_grad_norm), the grad scaler over the shards
  * (nb_ddp_scaler_unscale / _step) and the consolidation of the state for
@@ -70,7 +71,27 @@
  * (flat_numel) and reduce-scatters it (launch), per-bucket chunks and
  * shards remade with the buckets (buckets_made), the averaged gradients
  * marked fresh (sync_end) and the one-time rebuild taken over
- * (take_rebuild). */
+ * (take_rebuild).
+ *
+ * Note [ZeRO-2]
+ * After a synchronised backward a rank needs only its averaged shard of
+ * each bucket; the bucket's flat (the local sums) is dead once the
+ * reduce-scatter has read it. With stage 2 that memory is given back as
+ * soon as the bucket's collective has been waited for (grads_final, in
+ * the end-of-backward loop, bucket by bucket: nb__ddp_drop_bucket_grads,
+ * which frees the bucket's own context and sets its parameters' ->grad to
+ * NULL), and made again, zeros, when the next nb_ddp_backward begins
+ * (backward_begin, nb__ddp_make_bucket_grads), so that autograd still
+ * accumulates straight into communication memory. A no_sync backward
+ * reduces nothing and frees nothing: the accumulated sums stay until the
+ * synchronising one. The arithmetic is ZeRO-1's (the same reduce-scatter
+ * into the same shards, the same step), so the results are the same bits.
+ * The memory saved is what lives between backwards (the forward, the step,
+ * the data loading); during the backward every bucket's flat exists from
+ * its start, so the step's peak is plain DDP's. Making a bucket's flat
+ * only when its first gradient arrives would need autograd to ask before
+ * it writes a leaf's first gradient; it does not, yet. After the bucket
+ * rebuild (new flats, zeros) they are given back again at once. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -104,6 +125,7 @@ typedef struct zero_state {
     int64_t *chunk;
     nb_tensor **shard;
     nb_tensor *send, *gather; /* all-gather buffers (largest chunk, chunk * world) in d->ctx */
+    int stage;             /* 1: optimizer state sharded; 2: and gradients (Note [ZeRO-2]) */
     bool fresh;            /* a synchronised backward reduce-scattered since the last step */
     bool rebuild;          /* the bucket rebuild waits for the end of nb_ddp_step */
 } zero_state;
@@ -149,14 +171,38 @@ static bool zero_take_rebuild(nb_ddp *d, void *self) {
     return true;
 }
 
+/* ZeRO-2: the buckets' gradient memory is made again for a backward ... */
+static void zero_backward_begin(nb_ddp *d, void *self) {
+    zero_state *z = self;
+    if (z->stage < 2 || !d->bucketed) return;
+    for (int b = 0; b < d->n_buckets; b++) nb__ddp_make_bucket_grads(d, b);
+}
+
+/* ... and given back as soon as the bucket's reduce-scatter has finished. */
+static void zero_grads_final(nb_ddp *d, void *self, const int *params, int n) {
+    zero_state *z = self;
+    if (z->stage < 2 || !d->bucketed || n == 0) return;
+    nb__ddp_drop_bucket_grads(d, d->bucket_of[params[0]]);
+}
+
+static void drop_all_grads(nb_ddp *d) {
+    for (int b = 0; b < d->n_buckets; b++) nb__ddp_drop_bucket_grads(d, b);
+}
+
+static void make_all_grads(nb_ddp *d) {
+    for (int b = 0; b < d->n_buckets; b++) nb__ddp_make_bucket_grads(d, b);
+}
+
 static void zero_forget(nb_ddp *d, void *self);
 
 static const nb__ddp_hooks zero_hooks = {
-    .name = "ZeRO-1",
+    .name = "ZeRO",
     .collective = "reduce-scatter",
     .flat_numel = zero_flat_numel,
     .launch = zero_launch,
     .buckets_made = zero_buckets_made,
+    .backward_begin = zero_backward_begin,
+    .grads_final = zero_grads_final,
     .sync_end = zero_sync_end,
     .take_rebuild = zero_take_rebuild,
     .free = zero_forget,
@@ -262,6 +308,7 @@ static nb_status zero_rebuild(nb_ddp *d, zero_state *z) {
     zero_drop_shard(z);
     st = nb__ddp_rebuild_buckets(d);
     zero_build(d, z); /* from the full state, also when the rebuild's broadcast failed */
+    if (z->stage >= 2) drop_all_grads(d); /* the new buckets' memory: consumed gradients */
     return st;
 }
 
@@ -281,17 +328,25 @@ static void zero_forget(nb_ddp *d, void *self) {
     zero_state_free(z);
 }
 
-nb_status nb_ddp_set_zero(nb_ddp *d, nb_optim *opt) {
-    NB__CHECK_HANDLE("nb_ddp_set_zero", d, "DDP handle");
-    NB_CHECK(!d->in_backward, "nb_ddp_set_zero: rank %d: called inside a backward", d->rank);
+static nb_status set_zero(nb_ddp *d, nb_optim *opt, int stage, const char *who) {
+    NB__CHECK_HANDLE(who, d, "DDP handle");
+    NB_CHECK(!d->in_backward, "%s: rank %d: called inside a backward", who, d->rank);
+    NB_CHECK(stage == 1 || stage == 2, "%s: rank %d: stage %d; 1 shards the optimizer state, 2 the "
+             "gradients too (parameter sharding, stage 3, is not available)", who, d->rank, stage);
     zero_state *z = zero_of(d);
-    if (opt == (z ? z->opt : NULL)) return NB_OK;
+    if (z && opt == z->opt) {
+        if (z->stage == 2 && stage == 1) make_all_grads(d);
+        z->stage = stage;
+        return NB_OK;
+    }
+    if (!opt && !z) return NB_OK;
     if (!opt) { /* detach: every rank gets the whole state back */
         nb_status st = d->bucketed ? zero_gather(d, z, -1) : NB_OK;
         if (st != NB_OK) return st;
         zero_drop_shard(z);
         nb__optim_give_back(z->opt);
         bool rebuild = z->rebuild;
+        make_all_grads(d); /* ZeRO-2 gave them back: zeros, as after zero_grad */
         nb__ddp_detach(d, NB__DDP_ZERO);
         zero_state_free(z);
         if (rebuild) return nb__ddp_rebuild_buckets(d); /* the rebuild a step would have done, unpadded now */
@@ -299,30 +354,62 @@ nb_status nb_ddp_set_zero(nb_ddp *d, nb_optim *opt) {
     }
     /* combinations the wrapper refuses are statuses, as in nb_ddp_set_optimizer */
     if (z)
-        return nb_set_error(NB_ERR_INVALID, "nb_ddp_set_zero: rank %d: ZeRO-1 is already on with another "
-                            "optimizer; detach it first with nb_ddp_set_zero(ddp, NULL)", d->rank);
-    nb_status st = nb__ddp_check_conflicts(d, NB__DDP_ZERO, "nb_ddp_set_zero"); /* Note [Feature conflicts] */
+        return nb_set_error(NB_ERR_INVALID, "%s: rank %d: ZeRO is already on with another "
+                            "optimizer; detach it first with nb_ddp_set_zero(ddp, NULL)", who, d->rank);
+    nb_status st = nb__ddp_check_conflicts(d, NB__DDP_ZERO, who); /* Note [Feature conflicts] */
     if (st != NB_OK) return st;
-    st = nb__optim_can_take(opt, NB__OPTIM_SHARDED, "nb_ddp_set_zero", d->rank);
+    st = nb__optim_can_take(opt, NB__OPTIM_SHARDED, who, d->rank);
     if (st != NB_OK) return st;
     for (int j = 0; j < nb_optim_param_count(opt); j++) {
         bool in = false;
         for (int i = 0; i < d->n && !in; i++) in = d->p[i].tensor == nb__optim_param_tensor(opt, j);
         if (!in)
-            return nb_set_error(NB_ERR_INVALID, "nb_ddp_set_zero: rank %d: optimizer parameter \"%s\" is not a "
-                                "parameter (that requires grad) of the wrapped model; ZeRO-1 shards only the "
-                                "wrapper's parameters", d->rank, nb__optim_param_name(opt, j));
+            return nb_set_error(NB_ERR_INVALID, "%s: rank %d: optimizer parameter \"%s\" is not a "
+                                "parameter (that requires grad) of the wrapped model; ZeRO shards only the "
+                                "wrapper's parameters", who, d->rank, nb__optim_param_name(opt, j));
     }
-    st = nb__optim_take(opt, NB__OPTIM_SHARDED, "nb_ddp_set_zero", d->rank);
+    st = nb__optim_take(opt, NB__OPTIM_SHARDED, who, d->rank);
     if (st != NB_OK) return st;
     z = nb__ddp_calloc(1, sizeof *z);
     z->opt = opt;
+    z->stage = stage;
     nb__ddp_attach(d, NB__DDP_ZERO, &zero_hooks, z);
     if (d->bucketed) {
         nb__ddp_reassign_buckets(d); /* padded, with shards (zero_buckets_made) */
         zero_build(d, z);
     }
     return NB_OK;
+}
+
+nb_status nb_ddp_set_zero(nb_ddp *d, nb_optim *opt) {
+    zero_state *z = d ? zero_of(d) : NULL;
+    return set_zero(d, opt, z && z->opt == opt ? z->stage : 1, "nb_ddp_set_zero");
+}
+
+nb_status nb_ddp_set_zero_stage(nb_ddp *d, nb_optim *opt, int stage) {
+    return set_zero(d, opt, stage, "nb_ddp_set_zero_stage");
+}
+
+int nb_ddp_zero_stage(const nb_ddp *d) {
+    NB__CHECK_HANDLE("nb_ddp_zero_stage", d, "DDP handle");
+    zero_state *z = zero_of(d);
+    return z ? z->stage : 0;
+}
+
+size_t nb_ddp_state_bytes(const nb_ddp *d, const nb_optim *opt) {
+    NB__CHECK_HANDLE("nb_ddp_state_bytes", d, "DDP handle");
+    size_t bytes = opt ? nb_optim_state_bytes(opt) : 0;
+    for (int i = 0; i < d->n; i++) {
+        const nb_tensor *t = d->p[i].tensor;
+        bytes += (size_t)nb_numel(t) * nb_dtype_size(t->dtype);
+        if (!d->bucketed && t->grad) bytes += (size_t)nb_numel(t->grad) * nb_dtype_size(t->grad->dtype);
+    }
+    for (int b = 0; b < d->n_buckets; b++)
+        if (d->buckets[b].flat) bytes += (size_t)nb_numel(d->buckets[b].flat) * nb_dtype_size(d->buckets[b].dtype);
+    zero_state *z = zero_of(d);
+    if (z && d->bucketed)
+        for (int b = 0; b < d->n_buckets; b++) bytes += (size_t)z->chunk[b] * nb_dtype_size(d->buckets[b].dtype);
+    return bytes;
 }
 
 nb_optim *nb_ddp_zero_optimizer(const nb_ddp *d) {

@@ -1,6 +1,10 @@
 /* ZeRO-1 (nb_ddp_set_zero): optimizer state sharded over R ranks, on Gloo
  * (CTest runs it under nbrun with 2 and 3 ranks, and alone as a world of
- * one, where nothing is sharded).
+ * one, where nothing is sharded). With NBT_ZERO_STAGE=2 (CTest's
+ * test_ddp_zero2*) every sharded wrapper runs ZeRO-2 instead, gradients
+ * sharded too: the same results are asserted against the same references,
+ * and after each synchronised backward every parameter's gradient memory
+ * must be gone (->grad NULL) and nb_ddp_state_bytes count only the shards.
  *
  * The reference is plain DDP on a second copy of the model (its own
  * wrapper, nb_ddp_backward, nb_optim_step) or, for checkpoints written or
@@ -27,6 +31,21 @@
 #include "nabla/checkpoint.h"
 
 #define RTOL 1e-9
+
+static int STAGE = 1; /* NBT_ZERO_STAGE */
+
+static nb_status zero_on(nb_ddp *ddp, nb_optim *opt) { return nb_ddp_set_zero_stage(ddp, opt, STAGE); }
+
+/* After a synchronised backward under ZeRO-2 with buckets, no parameter
+ * holds gradient memory; under ZeRO-1 all do. */
+static void assert_grads_held(nb_module *m) {
+    nb_named_tensor p[64];
+    int n = nb_module_named_parameters(m, p, 64);
+    bool gone = STAGE == 2 && R > 1;
+    for (int i = 0; i < n; i++)
+        ck_assert_msg((p[i].tensor->grad == NULL) == gone, "rank %d, stage %d: %s's gradient %s", me, STAGE,
+                      p[i].name, gone ? "is still held" : "is gone");
+}
 
 typedef enum cfg { C_ADAMW, C_SGD_NESTEROV, C_SGD_PLAIN, C_ADAM_AMSGRAD, C_GROUPS } cfg;
 
@@ -98,8 +117,9 @@ static void run_equivalence(cfg c, int steps, int accum, double clip, double cli
     nb_module *m = deep_mlp(pctx), *ref = deep_mlp(pctx);
     nb_ddp *ddp = wrap(m), *rddp = wrap(ref);
     nb_optim *opt = optim_for(m, c), *ropt = optim_for(ref, c);
-    ck_assert_int_eq(nb_ddp_set_zero(ddp, opt), NB_OK);
+    ck_assert_int_eq(zero_on(ddp, opt), NB_OK);
     ck_assert_ptr_eq(nb_ddp_zero_optimizer(ddp), opt);
+    ck_assert_int_eq(nb_ddp_zero_stage(ddp), STAGE);
     bool exact = R <= 2;
     int clipped = 0;
     for (int it = 0; it < steps; it++) {
@@ -113,6 +133,7 @@ static void run_equivalence(cfg c, int steps, int accum, double clip, double cli
             ck_assert_int_eq(nb_ddp_backward(ddp, loss_of(step, m, it, k, false)), NB_OK);
             ck_assert_int_eq(nb_ddp_backward(rddp, loss_of(step, ref, it, k, false)), NB_OK);
         }
+        assert_grads_held(m);
         if (R > 1) { /* the reduce-scatters start during backward, as the all-reduces do */
             nb_ddp_step_stats st = nb_ddp_last_stats(ddp);
             ck_assert_int_eq(st.n_buckets, nb_ddp_num_buckets(ddp));
@@ -179,7 +200,12 @@ START_TEST(test_state_bytes) {
     size_t full = 0;
     for (int i = 0; i < n; i++) full += (size_t)nb_numel(p[i].tensor) * 8 * (p[i].tensor->ndim >= 2 ? 2 : 3);
     ck_assert_uint_eq(nb_optim_state_bytes(opt), full);
-    ck_assert_int_eq(nb_ddp_set_zero(ddp, opt), NB_OK);
+    size_t param_bytes = 0;
+    for (int i = 0; i < n; i++) param_bytes += (size_t)nb_numel(p[i].tensor) * 8;
+    /* plain DDP: parameters, gradients (the buckets; a world of one has
+     * none before its first backward), the whole state */
+    ck_assert_uint_eq(nb_ddp_state_bytes(ddp, opt), (R > 1 ? 2 : 1) * param_bytes + full);
+    ck_assert_int_eq(zero_on(ddp, opt), NB_OK);
     for (int round = 0; round < 2; round++) { /* before and after the bucket rebuild */
         size_t expect = R == 1 ? full : 0; /* a world of one has no buckets: nothing sharded */
         for (int b = 0; b < nb_ddp_num_buckets(ddp); b++) {
@@ -205,6 +231,19 @@ START_TEST(test_state_bytes) {
         ck_assert_int_eq(nb_work_finish(nb_pg_all_reduce(world, sum, NB_REDUCE_SUM)), NB_OK);
         ck_assert_int_eq((int64_t)nb_item(sum), (int64_t)full);
         ck_assert_int_eq(nb_ddp_backward(ddp, loss_of(step, m, round, 0, false)), NB_OK);
+        /* gradient memory: ZeRO-1 keeps the buckets (padded to chunk * R) and
+         * the shards (chunk), ZeRO-2 the shards only; a world of one the gradients */
+        size_t grads = R == 1 ? param_bytes : 0;
+        for (int b = 0; R > 1 && b < nb_ddp_num_buckets(ddp); b++) {
+            int idx[64];
+            int k = nb_ddp_bucket_params(ddp, b, idx, 64);
+            int64_t numel = 0;
+            for (int j = 0; j < k; j++) numel += nb_numel(p[idx[j]].tensor);
+            int64_t chunk = (numel + R - 1) / R;
+            grads += (size_t)chunk * 8 * (STAGE == 2 ? 1 : (size_t)R + 1);
+        }
+        ck_assert_uint_eq(nb_ddp_state_bytes(ddp, opt), param_bytes + grads + expect);
+        assert_grads_held(m);
         ck_assert_int_eq(nb_ddp_step(ddp), NB_OK);
         if (R > 1) ck_assert(nb_ddp_buckets_rebuilt(ddp));
     }
@@ -282,7 +321,7 @@ START_TEST(test_checkpoint) {
     nb_module *m = deep_mlp(pctx), *ref = deep_mlp(pctx);
     nb_ddp *ddp = wrap(m), *rddp = wrap(ref);
     nb_optim *opt = optim_for(m, c), *ropt = optim_for(ref, c);
-    ck_assert_int_eq(nb_ddp_set_zero(ddp, opt), NB_OK);
+    ck_assert_int_eq(zero_on(ddp, opt), NB_OK);
     train_zero(step, ddp, m, opt, 0, 3);
     for (int it = 0; it < 3; it++) {
         nb_ctx_reset(step);
@@ -332,7 +371,7 @@ START_TEST(test_checkpoint) {
     model_state(m2, &ms2);
     ck_assert_int_eq(nb_checkpoint_load_training(apath, ms2, nm, opt2, &ts), NB_OK);
     nb_ddp *ddp2 = wrap(m2);
-    ck_assert_int_eq(nb_ddp_set_zero(ddp2, opt2), NB_OK);
+    ck_assert_int_eq(zero_on(ddp2, opt2), NB_OK);
     train_zero(step, ddp2, m2, opt2, 6, 9);
     train_alone(step, alone, aopt, 6, 9);
     assert_models(m2, alone, false);
@@ -376,7 +415,7 @@ START_TEST(test_scaler) {
     nb_module *m = deep_mlp(pctx), *ref = deep_mlp(pctx);
     nb_ddp *ddp = wrap(m), *rddp = wrap(ref);
     nb_optim *opt = optim_for(m, C_ADAMW), *ropt = optim_for(ref, C_ADAMW);
-    ck_assert_int_eq(nb_ddp_set_zero(ddp, opt), NB_OK);
+    ck_assert_int_eq(zero_on(ddp, opt), NB_OK);
     nb_grad_scaler *gs = nb_grad_scaler_new(1e10, 2, 0.5, 2), *rgs = nb_grad_scaler_new(1e10, 2, 0.5, 2);
     nb_named_tensor p[16], rp[16];
     int n = nb_module_named_parameters(m, p, 16);
@@ -473,10 +512,10 @@ START_TEST(test_refusals) {
     /* feature conflicts: a status both ways, naming both (Note [Feature conflicts]) */
     NBT_EXPECT_STATUS(nb_ddp_join_begin(ddp, NULL), NB_ERR_INVALID, "nb_ddp_join_begin: rank");
     NBT_EXPECT_STATUS(nb_ddp_join_begin(ddp, NULL), NB_ERR_INVALID, "join mode (nb_ddp_join_begin) cannot be "
-                      "combined with ZeRO-1 (nb_ddp_set_zero), which is on: a joined rank would have to step "
+                      "combined with ZeRO (nb_ddp_set_zero), which is on: a joined rank would have to step "
                       "its shard");
     NBT_EXPECT_STATUS(nb_ddp_set_optimizer(ddp, opt), NB_ERR_INVALID, "per-bucket optimizer steps "
-                      "(nb_ddp_set_optimizer) cannot be combined with ZeRO-1 (nb_ddp_set_zero), which is on: "
+                      "(nb_ddp_set_optimizer) cannot be combined with ZeRO (nb_ddp_set_zero), which is on: "
                       "ZeRO steps each rank's shard");
     NBT_EXPECT_STATUS(nb_ddp_set_zero(ddp, foreign), NB_ERR_INVALID, "already on with another optimizer");
     nb_ddp *second = wrap(other);
@@ -496,14 +535,14 @@ START_TEST(test_refusals) {
     ck_assert_int_eq(nb_optim_step_count(opt), 2);
     /* per-bucket steps and the bf16 hook refuse ZeRO-1 */
     ck_assert_int_eq(nb_ddp_set_optimizer(ddp, opt), NB_OK);
-    NBT_EXPECT_STATUS(nb_ddp_set_zero(ddp, opt), NB_ERR_INVALID, "ZeRO-1 (nb_ddp_set_zero) cannot be combined "
+    NBT_EXPECT_STATUS(nb_ddp_set_zero(ddp, opt), NB_ERR_INVALID, "ZeRO (nb_ddp_set_zero) cannot be combined "
                       "with per-bucket optimizer steps (nb_ddp_set_optimizer), which is on: ZeRO steps each "
                       "rank's shard");
     NBT_EXPECT_ABORT(nb_ddp_clip_grad_norm(ddp, 1.0, 2.0, &(double){0}),
                      "nb_ddp_backward has already applied the gradients");
     ck_assert_int_eq(nb_ddp_set_optimizer(ddp, NULL), NB_OK);
     ck_assert_int_eq(nb_ddp_join_begin(ddp, NULL), NB_OK);
-    NBT_EXPECT_STATUS(nb_ddp_set_zero(ddp, opt), NB_ERR_INVALID, "ZeRO-1 (nb_ddp_set_zero) cannot be combined "
+    NBT_EXPECT_STATUS(nb_ddp_set_zero(ddp, opt), NB_ERR_INVALID, "ZeRO (nb_ddp_set_zero) cannot be combined "
                       "with join mode (nb_ddp_join_begin), which is on: a joined rank would have to step its "
                       "shard");
     ck_assert_int_eq(nb_ddp_join(ddp), NB_OK);
@@ -512,7 +551,7 @@ START_TEST(test_refusals) {
     o.comm_hook = NB_DDP_HOOK_BF16;
     nb_ddp *bf;
     ck_assert_int_eq(nb_ddp_new(&bf, other, world, &o), NB_OK);
-    NBT_EXPECT_STATUS(nb_ddp_set_zero(bf, foreign), NB_ERR_INVALID, "ZeRO-1 (nb_ddp_set_zero) cannot be combined "
+    NBT_EXPECT_STATUS(nb_ddp_set_zero(bf, foreign), NB_ERR_INVALID, "ZeRO (nb_ddp_set_zero) cannot be combined "
                       "with the bf16 compression hook (comm_hook NB_DDP_HOOK_BF16), which is on");
     nb_ddp_free(bf);
     /* a wrapper freed while attached: the state is gone, and the optimizer says so */
@@ -551,4 +590,12 @@ static Suite *suite(void) {
     return s;
 }
 
-int main(void) { return nbt_run_world(ddp_setup); }
+int main(void) {
+    const char *stage = getenv("NBT_ZERO_STAGE");
+    if (stage) STAGE = atoi(stage);
+    if (STAGE != 1 && STAGE != 2) {
+        fprintf(stderr, "test_ddp_zero: NBT_ZERO_STAGE=%s: 1 or 2\n", stage);
+        return 1;
+    }
+    return nbt_run_world(ddp_setup);
+}

@@ -134,7 +134,23 @@ nb_optim *nb_ddp_optimizer(const nb_ddp *ddp);
  * wrapper only after detaching, or opt's state is lost (opt then refuses
  * to step). */
 NB_MUST_CHECK nb_status nb_ddp_set_zero(nb_ddp *ddp, nb_optim *opt);
+/* nb_ddp_set_zero with a stage: 1 shards the optimizer state (what
+ * nb_ddp_set_zero does), 2 the gradients too (ZeRO-2, docs/ddp.md): the
+ * buckets' gradient memory exists only from the start of an
+ * nb_ddp_backward until its bucket's reduce-scatter has finished, and each
+ * rank keeps only its averaged shard; between steps the parameters' ->grad
+ * are NULL. Called with the optimizer already attached it changes the
+ * stage; other stages abort. nb_ddp_set_zero keeps the stage of an
+ * optimizer already attached, else attaches with stage 1. */
+NB_MUST_CHECK nb_status nb_ddp_set_zero_stage(nb_ddp *ddp, nb_optim *opt, int stage);
+/* 0 (ZeRO off), 1 or 2. */
+int nb_ddp_zero_stage(const nb_ddp *ddp);
 nb_optim *nb_ddp_zero_optimizer(const nb_ddp *ddp);
+/* The bytes of state this rank holds now: the wrapper's parameters (those
+ * that require grad), their gradient memory (the buckets', ZeRO's
+ * averaged shards) and opt's state (nb_optim_state_bytes, with its
+ * shards; opt may be NULL). Communication buffers are not counted. */
+size_t nb_ddp_state_bytes(const nb_ddp *ddp, const nb_optim *opt);
 /* The optimizer step under ZeRO-1 (after a synchronising nb_ddp_backward
  * and, if wanted, nb_ddp_clip_grad_norm): the rank's shard is updated with
  * the averaged gradients, then every bucket's parameters are all-gathered.
