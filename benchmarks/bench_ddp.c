@@ -41,8 +41,12 @@
  * --zero shards the optimizer's state over the ranks (ZeRO-1,
  * nb_ddp_set_zero): gradients are reduce-scattered, each rank steps its
  * shard and the parameters are all-gathered (nb_ddp_step); mode "zero".
- * The last column, "state", is the optimizer state (AdamW's two moments)
- * held per rank (nb_optim_state_bytes): about 1/R of the "ddp" row's.
+ * --zero2 shards the gradients too (ZeRO-2, nb_ddp_set_zero_stage): each
+ * bucket's gradient memory is given back once its reduce-scatter is done;
+ * mode "zero2". The column "state" is the optimizer state (AdamW's two
+ * moments) held per rank (nb_optim_state_bytes): about 1/R of the "ddp"
+ * row's under ZeRO; "held" adds the parameters and the gradient memory
+ * (nb_ddp_state_bytes) at the end of the last step.
  *
  * docs/benchmarks.md explains every column.
  * --machine prints one key=value line (with forward / backward / optimizer
@@ -202,6 +206,7 @@ int main(int argc, char **argv) {
     int steps = 30, width = 512, layers = 4, header = 1, machine = 0, kind = WIDE;
     int64_t batch = 0;
     bool use_ddp = true, bucket_step = false, bf16 = false, zero = false;
+    int zero_stage = 1;
     double bucket_mb = 0; /* 0: the wrapper's defaults (first bucket 1 MiB, then 25 MiB) */
     const char *device_arg = "auto";
     for (int i = 1; i < argc; i++) {
@@ -210,6 +215,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--bucket-step")) bucket_step = true;
         else if (!strcmp(argv[i], "--bf16")) bf16 = true;
         else if (!strcmp(argv[i], "--zero")) zero = true;
+        else if (!strcmp(argv[i], "--zero2")) zero = true, zero_stage = 2;
         else if (!strcmp(argv[i], "--no-header")) header = 0;
         else if (!strcmp(argv[i], "--machine")) machine = 1;
         else if (!strcmp(argv[i], "--plot-scaling") && i + 2 < argc) return plot_scaling(argv[i + 1], argv[i + 2]);
@@ -228,7 +234,7 @@ int main(int argc, char **argv) {
             }
         } else {
             fprintf(stderr, "usage: %s [--model wide|mlp|cnn|gpt|gpt6] [--device auto|cpu|cuda] [--no-ddp] "
-                            "[--bucket-step | --zero] [--bf16] [--bucket-mb MB] [--steps N] [--batch B] [--width W] [--layers L] [--no-header | --machine] [--info]\n"
+                            "[--bucket-step | --zero | --zero2] [--bf16] [--bucket-mb MB] [--steps N] [--batch B] [--width W] [--layers L] [--no-header | --machine] [--info]\n"
                             "       %s --plot-scaling LINES SVG\n", argv[0], argv[0]);
             return 2;
         }
@@ -289,11 +295,11 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_ddp: %s\n", nb_last_error());
         return 1;
     }
-    if (zero && nb_ddp_set_zero(ddp, opt) != NB_OK) {
+    if (zero && nb_ddp_set_zero_stage(ddp, opt, zero_stage) != NB_OK) {
         fprintf(stderr, "bench_ddp: %s\n", nb_last_error());
         return 1;
     }
-    const char *mode = !ddp ? "no-ddp" : bucket_step ? "ddp-bs" : zero ? "zero" : "ddp";
+    const char *mode = !ddp ? "no-ddp" : bucket_step ? "ddp-bs" : zero ? (zero_stage == 2 ? "zero2" : "zero") : "ddp";
     nb_rng data = nb_rng_make(100 + (uint64_t)rank);
     /* per timed step; the table and --machine give medians of all of them, so that the
      * wait stands beside a step time of the same kind */
@@ -357,19 +363,19 @@ int main(int argc, char **argv) {
         return 1;
     }
     bool across = ddp && world > 1 && ov.steps > 0;
-    size_t state_bytes = nb_optim_state_bytes(opt);
+    size_t state_bytes = nb_optim_state_bytes(opt), held = ddp ? nb_ddp_state_bytes(ddp, opt) : 0;
     double hidden = median(s_hidden, measured), bw = median(s_bw, measured), wait = median(s_wait, measured);
     double med = median(t_step, measured), per_s = (double)batch * (IS_GPT(kind) ? GPT_T(kind) : 1) * world / med;
     if (rank == 0 && machine) {
         printf("model=%s mode=%s world=%d batch=%lld ms=%.4f fwd=%.4f bwd=%.4f opt=%.4f per_s=%.1f unit=%s "
                "hidden=%.4f hidden_all=%.4f peer_wait_ms=%.4f skew_ms=%.4f ddp_backward_ms=%.4f wait_ms=%.4f "
-               "params=%lld state_bytes=%zu\n",
+               "params=%lld state_bytes=%zu held_bytes=%zu\n",
                model_names[kind], mode, world, (long long)batch, 1e3 * med,
                1e3 * median(t_fwd, measured), 1e3 * median(t_bwd, measured), 1e3 * median(t_opt, measured),
                per_s, IS_GPT(kind) ? "tokens" : "samples", ddp && world > 1 ? hidden : NAN,
                across ? ov.hidden_fraction : NAN, across ? 1e3 * ov.peer_wait_s : NAN,
                across ? 1e3 * ov.skew_s : NAN, ddp && world > 1 ? 1e3 * bw : NAN,
-               ddp && world > 1 ? 1e3 * wait : NAN, (long long)n_params, state_bytes);
+               ddp && world > 1 ? 1e3 * wait : NAN, (long long)n_params, state_bytes, held);
     } else if (rank == 0) {
         if (header) {
             char toks[32] = "";
@@ -379,9 +385,9 @@ int main(int argc, char **argv) {
                    model_names[kind], (long long)n_params, (long long)batch, toks,
                    cuda ? "one GPU per rank" : "CPU processes", ddp ? (cuda ? " over NCCL" : " over Gloo") : "",
                    bf16 ? ", bf16 products" : "", steps);
-            printf("%-6s %-7s %10s %12s %11s %9s %8s %10s %8s %10s\n", "world", "mode", "ms/step",
+            printf("%-6s %-7s %10s %12s %11s %9s %8s %10s %8s %10s %10s\n", "world", "mode", "ms/step",
                    IS_GPT(kind) ? "tokens/s" : "samples/s", "backward", "wait", "hidden", "peer-wait", "hid-all",
-                   "state");
+                   "state", "held");
         }
         char hid[16] = "-", bws[16] = "-", ws[16] = "-", pw[16] = "-", hall[16] = "-";
         if (across) {
@@ -393,10 +399,11 @@ int main(int argc, char **argv) {
             snprintf(bws, sizeof bws, "%.2f ms", 1e3 * bw);
             snprintf(ws, sizeof ws, "%.2f ms", 1e3 * wait);
         }
-        char sts[24];
+        char sts[24], hs[24] = "-";
         snprintf(sts, sizeof sts, "%.2f MiB", (double)state_bytes / (1 << 20));
-        printf("%-6d %-7s %10.2f %12.0f %11s %9s %8s %10s %8s %10s\n", world, mode, 1e3 * med, per_s, bws,
-               ws, hid, pw, hall, sts);
+        if (ddp) snprintf(hs, sizeof hs, "%.2f MiB", (double)held / (1 << 20));
+        printf("%-6d %-7s %10.2f %12.0f %11s %9s %8s %10s %8s %10s %10s\n", world, mode, 1e3 * med, per_s, bws,
+               ws, hid, pw, hall, sts, hs);
     }
     if (zero && nb_ddp_set_zero(ddp, NULL) != NB_OK) { /* the whole state back before the free */
         fprintf(stderr, "bench_ddp: %s\n", nb_last_error());

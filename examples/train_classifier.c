@@ -17,8 +17,10 @@
  * checkpoint after every epoch; --resume continues from the epoch after
  * it on every rank. --bf16 computes the matrix products and convolutions
  * in bf16 (f32 weights, f32 accumulation), on a GPU or the CPU. --zero
- * shards the optimizer's state over the processes (ZeRO-1, docs/ddp.md):
- * each keeps only its share, the checkpoints are the same. docs/examples.md
+ * shards the optimizer's state over the processes (ZeRO-1, docs/ddp.md),
+ * --zero 2 the gradients too (ZeRO-2): each keeps only its share, the
+ * checkpoints are the same; the last line gives state_bytes=, what this
+ * process holds at the end of the last step. docs/examples.md
  * describes every flag. */
 #include <math.h>
 #include <stdio.h>
@@ -38,13 +40,16 @@ typedef struct args {
     const char *model, *data, *hidden, *channels, *optim;
     int64_t epochs, stop_at, batch_size, seed, split_seed, max_skipped_steps;
     double lr, momentum, weight_decay, test_fraction;
-    bool sync_bn, resume, bf16, zero; /* resume: a checkpoint is loaded */
+    bool sync_bn, resume, bf16; /* resume: a checkpoint is loaded */
+    const char *zero;           /* --zero: NULL, "", "1" or "2" */
+    int zero_stage;             /* 0 (off), 1 or 2 */
     const char *ckpt_dir, *metrics, *plot, *progress;
     const char *resume_mode; /* --resume: NULL, "" or "auto" */
 } args;
 
 typedef struct run {
     args a;
+    size_t state_bytes; /* run_dist_state_bytes at the end of the last step */
     bool cnn, sgd;
     int64_t widths[16]; /* --hidden or --channels */
     int n_widths;
@@ -245,7 +250,7 @@ static int parse_args(run *r, int argc, char **argv) {
         {"channels", CLI_STRING, &a->channels, "cnn: channels of the conv-BatchNorm-ReLU blocks"},
         {"bf16", CLI_BOOL, &a->bf16, "matrix products and convolutions in bf16 (f32 weights, f32 accumulation)"},
         {"sync-bn", CLI_BOOL, &a->sync_bn, "cnn: BatchNorm statistics over all processes (SyncBatchNorm)"},
-        {"zero", CLI_BOOL, &a->zero, "ZeRO-1: shard the optimizer's state over the processes"},
+        {"zero", CLI_OPTIONAL, &a->zero, "ZeRO: 1 (the flag alone) shards the optimizer's state over the processes, 2 the gradients too"},
         {"epochs", CLI_INT, &a->epochs, "passes over the training rows (0: 20 for mlp, 15 for cnn)"},
         {"stop-at", CLI_INT, &a->stop_at, "stop after this epoch, saving a checkpoint (0: --epochs)"},
         {"batch-size", CLI_INT, &a->batch_size, "rows per process per step (0: 8 for mlp, 32 for cnn)"},
@@ -284,6 +289,8 @@ static int parse_args(run *r, int argc, char **argv) {
         return 2;
     }
     if (!a->lr) a->lr = r->sgd ? 0.01 : 0.003;
+    a->zero_stage = run_dist_zero_stage(a->zero, "train_classifier");
+    if (a->zero_stage < 0) return 2;
     a->resume = a->resume_mode != NULL;
     if (a->resume_mode && *a->resume_mode && strcmp(a->resume_mode, "auto")) {
         fprintf(stderr, "train_classifier: --resume takes no value or 'auto', not \"%s\"\n", a->resume_mode);
@@ -381,7 +388,8 @@ static void print_banner(run *r) {
         nb_progress_printf(r->progress, a->resume ? "--resume auto: from %s" : "--resume auto: no checkpoint "
                            "in %s: a fresh start", a->resume ? r->resume_path : a->ckpt_dir);
     nb_progress_printf(r->progress, "optimizer state per process: %zu bytes%s", nb_optim_state_bytes(r->opt),
-                       r->d.ddp && nb_ddp_zero_optimizer(r->d.ddp) ? " (ZeRO-1)" : "");
+                       !r->d.ddp || !nb_ddp_zero_stage(r->d.ddp) ? "" : nb_ddp_zero_stage(r->d.ddp) == 1 ? " (ZeRO-1)"
+                                                                                           : " (ZeRO-2)");
 }
 
 /* ----------------------------------------------------- during training */
@@ -408,7 +416,8 @@ static int finish(run *r, test_result *t) {
     nb_progress_free(r->progress);
     if (r->epoch0 >= r->stop) TRY(r, evaluate(r, &t->loss, &t->accuracy, &t->count), "evaluation");
     if (r->d.rank == 0) {
-        printf("test accuracy %.2f%% (%.0f rows), test loss %.4f\n", 100 * t->accuracy, t->count, t->loss);
+        printf("test accuracy %.2f%% (%.0f rows), test loss %.4f; state_bytes=%zu\n", 100 * t->accuracy, t->count,
+               t->loss, r->state_bytes);
         if (a->ckpt_dir) printf("checkpoint: %s (epoch %lld)\n", r->ckpt_path, (long long)r->stop);
     }
     if (r->log) {
@@ -445,8 +454,8 @@ int main(int argc, char **argv) {
     build_model(&r);
     if (a->resume) TRY(&r, load_checkpoint(&r, &r.step, &r.epoch0), "resuming");
     TRY(&r, run_dist_wrap(&r.d, r.model, r.cnn && a->sync_bn), "DDP");
-    nb_ddp *zero = a->zero ? r.d.ddp : NULL; /* a world of one has nothing to shard */
-    if (zero) TRY(&r, nb_ddp_set_zero(zero, r.opt), "ZeRO-1");
+    nb_ddp *zero = a->zero_stage ? r.d.ddp : NULL; /* a world of one has nothing to shard */
+    TRY(&r, run_dist_set_zero(&r.d, r.opt, a->zero_stage), "ZeRO");
     TRY(&r, open_monitor(&r), "metrics");
     print_banner(&r);
 
@@ -469,11 +478,12 @@ int main(int argc, char **argv) {
             double norm;
             if (zero) TRY(&r, nb_ddp_clip_grad_norm(zero, INFINITY, 2.0, &norm), "gradient norm");
             else norm = nb_optim_clip_grad_norm(r.opt, INFINITY, 2.0);
-            if (isfinite(norm) && zero) TRY(&r, nb_ddp_step(zero), "ZeRO-1 step");
+            if (isfinite(norm) && zero) TRY(&r, nb_ddp_step(zero), "ZeRO step");
             else if (isfinite(norm)) nb_optim_step(r.opt);
             else nb_progress_printf(r.progress, "step %lld: gradient norm %g, step skipped", (long long)r.step + 1, norm);
             TRY(&r, divergence_step(&r.guard, r.step_ctx, r.param_list, nb_optim_param_count(r.opt), r.step + 1, norm), "stopping");
             nb_optim_zero_grad(r.opt);
+            r.state_bytes = run_dist_state_bytes(&r.d, r.opt); /* at the end of the step, before a checkpoint gathers */
             double l = nb_item(loss);
             double correct = (double)nb_count_correct(r.step_ctx, logits, b.targets);
             nb_metric_sums_add(&train, (double[]){l * (double)b.size, correct}, b.size);
@@ -486,6 +496,6 @@ int main(int argc, char **argv) {
         if (zero && a->ckpt_dir) TRY(&r, nb_ddp_consolidate_optimizer(zero, 0), "gathering the optimizer state");
         if (r.d.rank == 0 && a->ckpt_dir) TRY(&r, save_checkpoint(&r, r.step, epoch + 1), "checkpoint");
     }
-    if (zero) TRY(&r, nb_ddp_set_zero(zero, NULL), "ZeRO-1"); /* the whole state back before the unwrap */
+    if (zero) TRY(&r, nb_ddp_set_zero(zero, NULL), "ZeRO"); /* the whole state back before the unwrap */
     return finish(&r, &test);
 }

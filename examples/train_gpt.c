@@ -11,7 +11,10 @@
  * --val-data). AdamW with the usual two
  * parameter groups (no decay on biases and LayerNorm weights), linear
  * warmup then cosine decay, gradient accumulation, global-norm clipping;
- * --zero shards AdamW's state over the processes (ZeRO-1, docs/ddp.md).
+ * --zero shards AdamW's state over the processes (ZeRO-1, docs/ddp.md);
+ * --zero 2 the gradients too (ZeRO-2). The end-of-run memory line gives
+ * state_bytes=, the parameter, gradient and optimizer-state bytes this
+ * process holds at the end of the last step.
  * Only rank 0 prints, writes the metrics log and the plot, and saves
  * checkpoints (atomically); every rank loads on --resume and continues
  * exactly where the checkpoint left off: the same batches, learning rates
@@ -51,7 +54,9 @@ typedef struct args {
     int64_t seed, sample_len, top_k;
     double temperature;
     const char *prompt, *metrics, *plot, *progress;
-    bool print_device, bf16, synthetic, zero, recompute;
+    bool print_device, bf16, synthetic, recompute;
+    const char *zero; /* --zero: NULL, "", "1" or "2" */
+    int zero_stage;   /* 0 (off), 1 or 2 */
     const char *keep_batch; /* --keep-batch: NULL, "global" or "rank" */
     const char *log_samples;
 } args;
@@ -59,6 +64,7 @@ typedef struct args {
 /* Everything the training loop touches. */
 typedef struct run {
     args a;
+    size_t state_bytes;             /* run_dist_state_bytes at the end of the last step */
     nb_progress_mode progress_mode; /* --progress */
     int64_t stop;                   /* the step this invocation ends at (--stop-at or --steps) */
     run_dist d;
@@ -540,7 +546,7 @@ static int parse_args(run *r, int argc, char **argv) {
         {"grad-accum", CLI_INT, &a->grad_accum, "micro-steps per optimizer step"},
         {"clip", CLI_DOUBLE, &a->clip, "gradient-norm clipping threshold (0: off)"},
         {"max-skipped-steps", CLI_INT, &a->max_skipped_steps, "stop after this many consecutive steps skipped for a non-finite gradient (0: never)"},
-        {"zero", CLI_BOOL, &a->zero, "ZeRO-1: shard AdamW's state over the processes"},
+        {"zero", CLI_OPTIONAL, &a->zero, "ZeRO: 1 (the flag alone) shards AdamW's state over the processes, 2 the gradients too"},
         {"eval-interval", CLI_INT, &a->eval_interval, "steps between evaluations (0: only at the end)"},
         {"eval-windows", CLI_INT, &a->eval_windows, "held-out windows per evaluation (0: all)"},
         {"log-interval", CLI_INT, &a->log_interval, "steps between progress lines when output is not a terminal"},
@@ -566,6 +572,8 @@ static int parse_args(run *r, int argc, char **argv) {
     if (rc) return rc == 1 ? 0 : 2;
     if (!report_progress_mode("train_gpt", a->progress, &r->progress_mode)) return 2;
     if (a->min_lr < 0) a->min_lr = a->lr / 10;
+    a->zero_stage = run_dist_zero_stage(a->zero, "train_gpt");
+    if (a->zero_stage < 0) return 2;
     a->resume = a->resume_mode != NULL;
     if (a->resume_mode && *a->resume_mode && strcmp(a->resume_mode, "auto")) {
         fprintf(stderr, "train_gpt: --resume takes no value or 'auto', not \"%s\"\n", a->resume_mode);
@@ -658,7 +666,8 @@ static void print_banner(run *r) {
         nb_progress_printf(r->progress, a->resume ? "--resume auto: from %s" : "--resume auto: no checkpoint "
                            "in %s: a fresh start", a->resume ? r->resume_path : a->ckpt_dir);
     nb_progress_printf(r->progress, "optimizer state per process: %zu bytes%s", nb_optim_state_bytes(r->opt),
-                       r->d.ddp && nb_ddp_zero_optimizer(r->d.ddp) ? " (ZeRO-1)" : "");
+                       !r->d.ddp || !nb_ddp_zero_stage(r->d.ddp) ? "" : nb_ddp_zero_stage(r->d.ddp) == 1 ? " (ZeRO-1)"
+                                                                                           : " (ZeRO-2)");
 }
 
 /* ----------------------------------------------------- during training */
@@ -724,7 +733,8 @@ static int finish(run *r) {
     if (nb_ctx_peak(r->step_ctx) > 0) { /* the last step's memory beside the floor */
         char mem[512];
         nb_memory_floor floor = nb_gpt_memory_floor(r->model, a->batch_size, a->seq_len, 2);
-        nb_progress_printf(r->progress, "%s", nb_memory_report(mem, sizeof mem, &floor, r->step_ctx, r->params));
+        nb_progress_printf(r->progress, "%s; state_bytes=%zu", nb_memory_report(mem, sizeof mem, &floor, r->step_ctx, r->params),
+                           r->state_bytes);
     }
     if (a->ckpt_dir) nb_progress_printf(r->progress, "checkpoint: %s (step %lld)", r->ckpt_path, (long long)r->stop);
     if (a->metrics) nb_progress_printf(r->progress, "metrics:    %s", a->metrics);
@@ -767,8 +777,8 @@ int main(int argc, char **argv) {
     plan_schedule(&r);
     TRY(&r, open_sample_log(&r), "--log-samples");
     TRY(&r, run_dist_wrap(&r.d, r.model, false), "DDP");
-    nb_ddp *zero = a->zero ? r.d.ddp : NULL; /* a world of one has nothing to shard */
-    if (zero) TRY(&r, nb_ddp_set_zero(zero, r.opt), "ZeRO-1");
+    nb_ddp *zero = a->zero_stage ? r.d.ddp : NULL; /* a world of one has nothing to shard */
+    TRY(&r, run_dist_set_zero(&r.d, r.opt, a->zero_stage), "ZeRO");
     TRY(&r, open_monitor(&r), "metrics");
     print_banner(&r);
 
@@ -796,11 +806,12 @@ int main(int argc, char **argv) {
         double norm, max_norm = a->clip > 0 ? a->clip : INFINITY;
         if (zero) TRY(&r, nb_ddp_clip_grad_norm(zero, max_norm, 2.0, &norm), "clipping");
         else norm = nb_optim_clip_grad_norm(r.opt, max_norm, 2.0);
-        if (isfinite(norm) && zero) TRY(&r, nb_ddp_step(zero), "ZeRO-1 step");
+        if (isfinite(norm) && zero) TRY(&r, nb_ddp_step(zero), "ZeRO step");
         else if (isfinite(norm)) nb_optim_step(r.opt);
         else nb_progress_printf(r.progress, "step %lld: gradient norm %g, step skipped", (long long)r.step + 1, norm);
         TRY(&r, divergence_step(&r.guard, r.step_ctx, r.param_list, nb_optim_param_count(r.opt), r.step + 1, norm), "stopping");
         nb_optim_zero_grad(r.opt);
+        r.state_bytes = run_dist_state_bytes(&r.d, r.opt); /* at the end of the step, before a checkpoint gathers */
         TRY(&r, run_dist_sum(&r.d, &loss, 1), "all-reduce");
         loss /= r.d.world_size;
 
@@ -819,6 +830,6 @@ int main(int argc, char **argv) {
             if (r.d.rank == 0) TRY(&r, save_checkpoint(&r, done), "checkpoint");
         }
     }
-    if (zero) TRY(&r, nb_ddp_set_zero(zero, NULL), "ZeRO-1"); /* the whole state back before the unwrap */
+    if (zero) TRY(&r, nb_ddp_set_zero(zero, NULL), "ZeRO"); /* the whole state back before the unwrap */
     return finish(&r);
 }

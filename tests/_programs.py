@@ -146,6 +146,11 @@ def read_metrics(path):
     return [json.loads(line) for line in open(path) if line.strip()]
 
 
+def logged_losses(path):
+    """(step, value) of every loss and val_loss record in a metrics log."""
+    return [(r["step"], r[k]) for r in read_metrics(path) for k in ("loss", "val_loss") if k in r]
+
+
 def check_svg(path, min_polylines=1):
     import xml.etree.ElementTree as ET
     root = ET.parse(path).getroot()

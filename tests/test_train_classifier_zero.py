@@ -9,7 +9,11 @@
    resumes for 1 more, ends with the checkpoint of 3 straight epochs.
 3. CNN (Adam, BatchNorm buffers) on two processes: 1 epoch with --zero ends
    with the plain run's checkpoint, bit for bit.
+4. MLP with --zero 2 (ZeRO-2, the gradients sharded too): the plain run's
+   checkpoint of 3 epochs, bit for bit, with less state per process than
+   --zero (state_bytes= on the last line).
 """
+import re
 import os
 import sys
 import tempfile
@@ -35,6 +39,7 @@ def state_bytes(out):
 def main():
     with tempfile.TemporaryDirectory(prefix="nb_test_train_classifier_zero_") as tmp:
         plain, out_p = train(tmp, "plain", "mlp", 3, [])
+        plain_mlp = plain
         zero, out_z = train(tmp, "zero", "mlp", 3, ["--zero"])
         (bp, zp), (bz, zz) = state_bytes(out_p), state_bytes(out_z)
         # two ranks: half the state each, up to one padding element per bucket
@@ -61,6 +66,17 @@ def main():
         if why:
             fail("cnn: --zero and the plain run end with different checkpoints: " + why)
         print("cnn --zero (Adam): the plain run's checkpoint, bit for bit")
+
+        two, out_2 = train(tmp, "zero2", "mlp", 3, ["--zero", "2"])
+        if "(ZeRO-2)" not in out_2:
+            fail("mlp --zero 2: the banner does not say ZeRO-2:\n" + out_2)
+        why = same_training_state(plain_mlp, two)
+        if why:
+            fail("mlp: --zero 2 and the plain run end with different checkpoints: " + why)
+        b1, b2 = (int(re.search(r"state_bytes=(\d+)", o).group(1)) for o in (out_z, out_2))
+        if not b2 < b1:
+            fail("mlp: state_bytes=%d with --zero 2, %d with --zero: expected less" % (b2, b1))
+        print("mlp --zero 2: the plain run's checkpoint, bit for bit; state_bytes %d (--zero: %d)" % (b2, b1))
     print("ok")
 
 

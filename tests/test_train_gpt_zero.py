@@ -17,7 +17,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _programs import fail, read_metrics, run, same_training_state  # noqa: E402
+from _programs import fail, logged_losses, run, same_training_state  # noqa: E402
 
 SMALL = ["--layers", "2", "--heads", "2", "--width", "32", "--seq-len", "32", "--batch-size", "4",
          "--dropout", "0.1", "--grad-accum", "2", "--warmup", "4", "--eval-interval", "8",
@@ -36,10 +36,6 @@ def state_bytes(out):
         if "optimizer state per process: " in line:
             return int(line.split("optimizer state per process: ")[1].split()[0]), "(ZeRO-1)" in line
     fail("no optimizer-state line in:\n" + out)
-
-
-def losses(d):
-    return [(r["step"], r[k]) for r in read_metrics(d + "/m.jsonl") for k in ("loss", "val_loss") if k in r]
 
 
 def main():
@@ -67,7 +63,7 @@ def main():
 
         a, _ = train(tmp, "clip_plain", [])
         b, _ = train(tmp, "clip_zero", ["--zero"])
-        la, lb = losses(a), losses(b)
+        la, lb = logged_losses(a + "/m.jsonl"), logged_losses(b + "/m.jsonl")
         if len(la) < 8 or [s for s, _ in la] != [s for s, _ in lb]:
             fail("the metrics logs differ in their records: %s vs %s" % (la, lb))
         for (s, x), (_, y) in zip(la, lb):

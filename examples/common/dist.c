@@ -4,6 +4,8 @@
  * makes the launcher stop the other ranks (and their collectives fail fast
  * with a message naming the rank that left). */
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "dist.h"
 
@@ -49,6 +51,36 @@ nb_status run_dist_backward(run_dist *d, nb_tensor *loss) {
 
 void run_dist_set_no_sync(run_dist *d, bool no_sync) {
     if (d->ddp) nb_ddp_set_no_sync(d->ddp, no_sync);
+}
+
+int run_dist_zero_stage(const char *value, const char *program) {
+    if (!value) return 0;
+    if (!*value || !strcmp(value, "1")) return 1;
+    if (!strcmp(value, "2")) return 2;
+    fprintf(stderr, "%s: --zero takes no value, 1 (optimizer state sharded) or 2 (gradients too), not \"%s\"%s\n",
+            program, value, strcmp(value, "3") ? "" : "; parameter sharding (3) is not available");
+    return -1;
+}
+
+nb_status run_dist_set_zero(run_dist *d, nb_optim *opt, int stage) {
+    return d->ddp && stage > 0 ? nb_ddp_set_zero_stage(d->ddp, opt, stage) : NB_OK;
+}
+
+size_t run_dist_state_bytes(run_dist *d, nb_optim *opt) {
+    if (d->ddp) return nb_ddp_state_bytes(d->ddp, opt);
+    size_t bytes = nb_optim_state_bytes(opt);
+    int n = nb_module_named_parameters(d->model, NULL, 0);
+    nb_named_tensor *p = malloc(sizeof *p * (size_t)(n ? n : 1));
+    if (!p) return 0;
+    nb_module_named_parameters(d->model, p, n);
+    for (int i = 0; i < n; i++) {
+        const nb_tensor *t = p[i].tensor;
+        if (!t->requires_grad) continue;
+        bytes += (size_t)nb_numel(t) * nb_dtype_size(t->dtype);
+        if (t->grad) bytes += (size_t)nb_numel(t->grad) * nb_dtype_size(t->grad->dtype);
+    }
+    free(p);
+    return bytes;
 }
 
 nb_status run_dist_sync_buffers(run_dist *d) { return d->ddp ? nb_ddp_pre_forward(d->ddp) : NB_OK; }

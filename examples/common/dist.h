@@ -55,6 +55,16 @@ typedef void run_eval_fn(void *user, nb_ctx *ctx, const nb_batch *b, double *v);
  * `sums` (n metrics; nb_metric_sums_mean gives the means). */
 nb_status run_dist_evaluate(run_dist *d, nb_module *model, nb_loader *loader, nb_ctx *ctx, int n,
                             run_eval_fn *fn, void *user, nb_metric_sums *sums);
+/* --zero's value (a CLI_OPTIONAL flag): NULL (not given) 0, "" (the flag
+ * alone) or "1" ZeRO-1, "2" ZeRO-2; anything else -1, after a message to
+ * stderr naming the program. */
+int run_dist_zero_stage(const char *value, const char *program);
+/* Shards opt over the ranks with ZeRO of `stage` (1 or 2; nothing to do
+ * for 0 or in a world of one). */
+nb_status run_dist_set_zero(run_dist *d, nb_optim *opt, int stage);
+/* The parameter, gradient and optimizer-state bytes this rank holds now
+ * (nb_ddp_state_bytes; counted the same way in a world of one). */
+size_t run_dist_state_bytes(run_dist *d, nb_optim *opt);
 /* Unwraps and leaves the run (every rank calls it); the first failure. */
 nb_status run_dist_finish(run_dist *d);
 
