@@ -67,6 +67,12 @@ def nabla_version():
     return ".".join(parts)
 
 
+def plugin_abi():
+    # the ABI number both sides compare, as tensor/cuda_plugin.h defines it
+    text = open(os.path.join(SOURCE, "tensor", "cuda_plugin.h")).read()
+    return re.search(r"#define NB__CUDA_PLUGIN_ABI (\d+)", text).group(1)
+
+
 def compile_c(src, out, args, what):
     # NABLA_TEST_CFLAGS: a sanitized build's runtime (cmake/NablaTests.cmake)
     flags = os.environ.get("NABLA_TEST_CFLAGS", "").split()
@@ -125,8 +131,9 @@ def main():
         if cuda:
             # the version, then "+" and the 16-hex-digit hash of the shared headers
             want = (r"nb_ctx_new: device cuda:0: the CUDA backend could not be loaded: %s: built for "
-                    r"nabla 9\.9\.9 \(plugin ABI 999\), this is nabla %s\+[0-9a-f]{16} \(ABI 1\) \(the "
-                    r"file NABLA_CUDA_PLUGIN names\)" % (re.escape(fake), re.escape(nabla_version())))
+                    r"nabla 9\.9\.9 \(plugin ABI 999\), this is nabla %s\+[0-9a-f]{16} \(ABI %s\) \(the "
+                    r"file NABLA_CUDA_PLUGIN names\)" % (re.escape(fake), re.escape(nabla_version()),
+                                                         plugin_abi()))
             if "count=0" not in p.stdout or p.returncode == 0 or not re.search(want, p.stderr):
                 fail("a plugin of another version: expected no device and %r; exit %d\n--- stdout\n%s"
                      "--- stderr\n%s" % (want, p.returncode, p.stdout, p.stderr))
