@@ -48,6 +48,15 @@
  * row's under ZeRO; "held" adds the parameters and the gradient memory
  * (nb_ddp_state_bytes) at the end of the last step.
  *
+ * --trace FILE writes this rank's step trace (Note [Step trace] in
+ * distributed/scale.c): the median forward, backward and optimizer times
+ * and each parameter's median gradient-ready time in backward, for
+ * tools/nb_scale. Run it with --no-ddp (one process) so that backward is
+ * compute alone. --project LINK prints the scaling model's projection of
+ * that trace to 1 .. 1024 ranks, one per machine, joined by LINK (a
+ * preset, measured:FILE or ALPHA_US,GB/S; as nb_scale TRACE --per-node 1
+ * --inter LINK), under the measured table.
+ *
  * docs/benchmarks.md explains every column.
  * --machine prints one key=value line (with forward / backward / optimizer
  * medians) for scripts instead of the table; --plot-scaling LINES SVG reads
@@ -65,6 +74,7 @@
 #include "nabla/monitor.h"
 #include "nabla/nabla.h"
 #include "bench_time.h"
+#include "distributed/scale.h"
 
 static double median(double *v, int n) {
     qsort(v, (size_t)n, sizeof(double), cmp_double);
@@ -128,6 +138,61 @@ static void make_batch(nb_ctx *step, int kind, int64_t batch, int width, int s, 
     if (kind == MLP) *x = nb_rand_normal(step, NB_F32, NB_SHAPE(batch, 30), 0, 1, data);
     else if (kind == CNN) *x = nb_rand_normal(step, NB_F32, NB_SHAPE(batch, 1, 8, 8), 0, 1, data);
     else *x = nb_rand_normal(step, NB_F32, NB_SHAPE(batch, width), 0, 1, data);
+}
+
+/* Gradient-ready times of every parameter, per timed step (--trace). */
+typedef struct ready_rec {
+    double t0;      /* when this step's backward began */
+    double *t;      /* steps x n */
+    int n, step;    /* step < 0: not recording */
+} ready_rec;
+typedef struct ready_ref {
+    ready_rec *r;
+    int i;
+} ready_ref;
+
+static void on_ready(nb_tensor *leaf, void *user) {
+    (void)leaf;
+    ready_ref *ref = user;
+    if (ref->r->step >= 0) ref->r->t[(size_t)ref->r->step * ref->r->n + ref->i] = now_s() - ref->r->t0;
+}
+
+typedef struct ready_order {
+    double t;
+    int i;
+} ready_order;
+static int cmp_ready(const void *a, const void *b) {
+    const ready_order *x = a, *y = b;
+    return x->t < y->t ? -1 : x->t > y->t ? 1 : x->i - y->i;
+}
+
+/* The step trace of the timed steps: medians of the phases and of each
+ * parameter's ready time, parameters in the order of those medians. */
+static void make_trace(nb__scale_trace *t, const ready_rec *rec, const nb_named_tensor *p, int steps, double fwd,
+                       double bwd, double opt, const char *source) {
+    ready_order *o = calloc((size_t)rec->n, sizeof *o);
+    double *v = calloc((size_t)steps, sizeof *v);
+    t->p = calloc((size_t)rec->n, sizeof *t->p);
+    if (!o || !v || !t->p) {
+        fprintf(stderr, "bench_ddp: out of memory for the trace\n");
+        exit(1);
+    }
+    for (int i = 0; i < rec->n; i++) {
+        for (int s = 0; s < steps; s++) v[s] = rec->t[(size_t)s * rec->n + i];
+        o[i] = (ready_order){median(v, steps), i};
+    }
+    qsort(o, (size_t)rec->n, sizeof *o, cmp_ready);
+    t->n = rec->n;
+    t->forward_s = fwd, t->backward_s = bwd, t->optimizer_s = opt;
+    snprintf(t->source, sizeof t->source, "%s", source);
+    for (int k = 0; k < rec->n; k++) {
+        nb__scale_param *q = &t->p[k];
+        const nb_tensor *x = p[o[k].i].tensor;
+        snprintf(q->name, sizeof q->name, "%s", p[o[k].i].name);
+        q->dtype = x->dtype, q->numel = nb_numel(x), q->ready_s = o[k].t;
+    }
+    free(o);
+    free(v);
 }
 
 #define MAX_ROWS 64
@@ -208,7 +273,7 @@ int main(int argc, char **argv) {
     bool use_ddp = true, bucket_step = false, bf16 = false, zero = false;
     int zero_stage = 1;
     double bucket_mb = 0; /* 0: the wrapper's defaults (first bucket 1 MiB, then 25 MiB) */
-    const char *device_arg = "auto";
+    const char *device_arg = "auto", *trace_path = NULL, *project = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--info")) return fputs(nb_config_string(), stdout) < 0;
         else if (!strcmp(argv[i], "--no-ddp")) use_ddp = false;
@@ -225,6 +290,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--width") && i + 1 < argc) width = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--layers") && i + 1 < argc) layers = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--device") && i + 1 < argc) device_arg = argv[++i];
+        else if (!strcmp(argv[i], "--trace") && i + 1 < argc) trace_path = argv[++i];
+        else if (!strcmp(argv[i], "--project") && i + 1 < argc) project = argv[++i];
         else if (!strcmp(argv[i], "--model") && i + 1 < argc) {
             const char *m = argv[++i];
             for (kind = 0; kind < 5 && strcmp(m, model_names[kind]); kind++) {}
@@ -234,7 +301,7 @@ int main(int argc, char **argv) {
             }
         } else {
             fprintf(stderr, "usage: %s [--model wide|mlp|cnn|gpt|gpt6] [--device auto|cpu|cuda] [--no-ddp] "
-                            "[--bucket-step | --zero | --zero2] [--bf16] [--bucket-mb MB] [--steps N] [--batch B] [--width W] [--layers L] [--no-header | --machine] [--info]\n"
+                            "[--bucket-step | --zero | --zero2] [--bf16] [--bucket-mb MB] [--steps N] [--batch B] [--width W] [--layers L] [--no-header | --machine] [--trace FILE] [--project LINK] [--info]\n"
                             "       %s --plot-scaling LINES SVG\n", argv[0], argv[0]);
             return 2;
         }
@@ -299,6 +366,15 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_ddp: %s\n", nb_last_error());
         return 1;
     }
+    ready_rec rec = {0, NULL, np, -1};
+    ready_ref *refs = calloc((size_t)np, sizeof *refs);
+    if (trace_path || project) {
+        rec.t = calloc((size_t)steps * (size_t)np, sizeof(double));
+        for (int i = 0; i < np; i++) {
+            refs[i] = (ready_ref){&rec, i};
+            nb_add_grad_hook(p[i].tensor, on_ready, &refs[i]);
+        }
+    }
     const char *mode = !ddp ? "no-ddp" : bucket_step ? "ddp-bs" : zero ? (zero_stage == 2 ? "zero2" : "zero") : "ddp";
     nb_rng data = nb_rng_make(100 + (uint64_t)rank);
     /* per timed step; the table and --machine give medians of all of them, so that the
@@ -326,6 +402,7 @@ int main(int argc, char **argv) {
         nb_tensor *loss = IS_GPT(kind) ? nb_gpt_loss(step, out, y) : nb_cross_entropy(step, out, y, NULL);
         if (cuda) nb_cuda_synchronize(dev); /* GPU work is queued: time it done */
         double tf = now_s();
+        rec.t0 = tf, rec.step = s >= 3 && rec.t ? s - 3 : -1;
         if (ddp) {
             if (nb_ddp_backward(ddp, loss) != NB_OK) {
                 fprintf(stderr, "bench_ddp: %s\n", nb_last_error());
@@ -405,6 +482,34 @@ int main(int argc, char **argv) {
         printf("%-6d %-7s %10.2f %12.0f %11s %9s %8s %10s %8s %10s %10s\n", world, mode, 1e3 * med, per_s, bws,
                ws, hid, pw, hall, sts, hs);
     }
+    if (rank == 0 && (trace_path || project)) {
+        char src[256];
+        snprintf(src, sizeof src, "bench_ddp --model %s, batch %lld, %s%s, mode %s, world %d, median of %d steps",
+                 model_names[kind], (long long)batch, cuda ? "cuda" : "cpu", bf16 ? ", bf16 products" : "", mode,
+                 world, measured);
+        nb__scale_trace tr;
+        make_trace(&tr, &rec, p, measured, median(t_fwd, measured), median(t_bwd, measured),
+                   median(t_opt, measured), src);
+        if (trace_path && nb__scale_trace_write(trace_path, &tr) != NB_OK) {
+            fprintf(stderr, "bench_ddp: %s\n", nb_last_error());
+            return 1;
+        }
+        if (project) {
+            nb__scale_config c = {.nodes = 1, .per_node = 1, .mode = zero ? NB__SCALE_ZERO1 : NB__SCALE_DDP,
+                                  .algo = NB__SCALE_BEST, .first_bucket = dopts.first_bucket_bytes,
+                                  .bucket_cap = dopts.bucket_cap_bytes};
+            if (!c.first_bucket) c.first_bucket = 1u << 20;
+            if (!c.bucket_cap) c.bucket_cap = 25u << 20;
+            if (nb__scale_link_parse(project, &c.inter) != NB_OK) {
+                fprintf(stderr, "bench_ddp: %s\n", nb_last_error());
+                return 1;
+            }
+            c.intra = c.inter;
+            nb__scale_report(stdout, &tr, &c, 1024);
+        }
+        nb__scale_trace_free(&tr);
+    }
+    free(rec.t);
     if (zero && nb_ddp_set_zero(ddp, NULL) != NB_OK) { /* the whole state back before the free */
         fprintf(stderr, "bench_ddp: %s\n", nb_last_error());
         return 1;
@@ -415,5 +520,6 @@ int main(int argc, char **argv) {
     free(t_step);
     nb_ctx_free(step);
     nb_ctx_free(pctx);
+    free(refs);
     return !pg || nb_pg_free(pg) == NB_OK ? 0 : 1;
 }
