@@ -16,7 +16,8 @@
  * one "note:" line and f32 products and convolutions must take oneDNN at
  * every thread count (and give the right values: checked against f64
  * loops, to 1e-5 relative to the sum of the terms' magnitudes, since
- * oneDNN sums in another order than OpenBLAS). */
+ * oneDNN sums in another order than OpenBLAS), the large ones in row blocks
+ * on the pool with the same bits for any pool size. */
 #include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
@@ -243,6 +244,45 @@ START_TEST(test_prescott_fast_path) {
 }
 END_TEST
 
+/* The blocks of Note [oneDNN products on the pool] (generic core only): a
+ * weight-gradient-like product, op(A) = A^T with A (K, M), M = 300 rows (two
+ * whole blocks of 128 and one of 44), added to C's previous contents, against
+ * f64 loops; bitwise the same on 1 and 2 pool threads. */
+START_TEST(test_prescott_blocks) {
+    if (!forced_prescott() || !cpu_avx2_fma()) return;
+    enum { M = 300, K = 160, N = 96 };
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    float *ha, *hb, *hc0;
+    nb_tensor *a = rand_f32(ctx, 2, (int64_t[]){K, M}, &ha);
+    nb_tensor *b = rand_f32(ctx, 2, (int64_t[]){K, N}, &hb);
+    (void)rand_f32(ctx, 2, (int64_t[]){M, N}, &hc0);
+    float *got[2];
+    for (int t = 1; t <= 2; t++) {
+        nb_set_num_threads(t);
+        nb_tensor *c = nb_from_host(ctx, NB_F32, 2, (int64_t[]){M, N}, hc0);
+        int64_t before = nb__dnnl_executions();
+        ck_assert(nb__dnnl_matmul(c, a, b, true, false, NULL, false, true));
+        ck_assert_int_eq(nb__dnnl_executions() - before, 3); /* one per block */
+        got[t - 1] = malloc(sizeof(float) * M * N);
+        nb_to_host(c, got[t - 1]);
+    }
+    nb_set_num_threads(0);
+    ck_assert(!memcmp(got[0], got[1], sizeof(float) * M * N));
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            double ref = hc0[i * N + j], mag = fabs(ref);
+            for (int p = 0; p < K; p++) {
+                ref += (double)ha[p * M + i] * hb[p * N + j];
+                mag += fabs((double)ha[p * M + i] * hb[p * N + j]);
+            }
+            ck_assert_msg(fabs(got[0][i * N + j] - ref) <= 1e-5 * mag + 1e-6, "c[%d][%d] = %g, expected %g",
+                          i, j, got[0][i * N + j], ref);
+        }
+    free(got[0]), free(got[1]), free(ha), free(hb), free(hc0);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
 static Suite *config_suite(void) {
     Suite *s = suite_create("config");
     TCase *tc = tcase_create("core");
@@ -251,6 +291,7 @@ static Suite *config_suite(void) {
     tcase_add_test(tc, test_generic_core_note);
     tcase_add_test(tc, test_report_matches_what_runs);
     tcase_add_test(tc, test_prescott_fast_path);
+    tcase_add_test(tc, test_prescott_blocks);
     suite_add_tcase(s, tc);
     return s;
 }

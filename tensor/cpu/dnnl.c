@@ -49,10 +49,11 @@
  *  - OpenBLAS on a generic core (Note [BLAS that does not know the CPU]
  *    in tensor/cpu/cpuinfo.h; oneDNN with AVX2 kernels or better): every
  *    f32 product from 2^20 multiply-adds and every f32 convolution go to
- *    oneDNN, at every thread count, on OpenBLAS's count whatever the wait
- *    policy: generic SSE3 kernels on N threads are slower than oneDNN on
- *    one, and spinning workers cost less than that (a 2-core Xeon with
- *    AVX-512 and AMX, 2026-12-01: GPT L6
+ *    oneDNN, at every thread count: the large 2-D products in row blocks
+ *    on nabla's pool (Note [oneDNN products on the pool]), the others on
+ *    oneDNN's own threads as below (one unless OMP_WAIT_POLICY=passive).
+ *    Generic SSE3 kernels on N threads are slower than oneDNN on one (a
+ *    2-core Xeon with AVX-512 and AMX, 2026-12-01: GPT L6
  *    f32 step 833 ms at 2 threads on the Prescott core, 390 ms on one
  *    thread through oneDNN, 207 ms with OPENBLAS_CORETYPE=SkylakeX). The
  *    bf16 fallbacks' f32 products follow the same rule.
@@ -182,8 +183,10 @@
 #include <omp.h>
 #endif
 
+#include "nabla/threads.h"
 #include "tensor/cpu/cpuinfo.h"
 #include "tensor/cpu/matmul.h"
+#include "tensor/cpu/threads.h"
 #include "tensor/internal.h"
 
 /* ------------------------------------------------------------ state */
@@ -283,7 +286,7 @@ static bool passive_wait(void) {
 static int want_threads(void) {
     if (threads_set > 0) return threads_set;
     int n = blas_threads();
-    return n > 1 && !passive_wait() && !generic_blas() ? 1 : n;
+    return n > 1 && !passive_wait() ? 1 : n;
 }
 
 static void set_threads(int n) {
@@ -564,6 +567,71 @@ static entry *matmul_entry(const pkey *k) {
 
 static bool rule_matmul(nb_dtype dt, int64_t batch, int64_t m, int64_t n, int64_t k, bool trans_a);
 
+/* Note [oneDNN products on the pool]
+ * ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+ * Where OpenBLAS's core is generic, f32 products come to oneDNN at every
+ * thread count, but oneDNN's own threads are OpenMP's, whose workers spin
+ * and then stall at barriers whenever a core is taken (Note [oneDNN
+ * dispatch]): on the loaded 2-core Zen 3 of 2026-12-02 (load average
+ * 70-110) the digits CNN's step took 338 ms once with oneDNN on 2 OpenMP
+ * threads, against 1.4-13 ms on one. So a large 2-D product (the Linear
+ * layers' forward and gradients: at least 256 rows and 2^22
+ * multiply-adds) is cut into blocks of BLOCK_ROWS rows of C, each a
+ * one-thread oneDNN product on its rows of op(A), and the blocks run on
+ * nabla's pool, which never waits for a thread the system has not
+ * scheduled (docs/threads.md). The blocks depend only on the shape, so
+ * the result is the same for any pool size. Every block's primitive
+ * (two shapes at most: whole blocks and the last) is made before any
+ * block runs, so a product oneDNN declines is declined whole and the
+ * caller's kernel runs on untouched memory (an accumulating product must
+ * not be added twice). */
+enum { BLOCK_ROWS = 128 };
+
+typedef struct block_job {
+    const pkey *key;
+    entry *whole, *last; /* the primitives of whole blocks and of the last one */
+    void *const *ptr;
+    size_t es;
+    int64_t rows;
+} block_job;
+
+static void matmul_block(void *arg, int64_t blk, int tid) {
+    (void)tid;
+    const block_job *j = arg;
+    int64_t r0 = blk * BLOCK_ROWS;
+    entry *e = r0 + BLOCK_ROWS < j->rows ? j->whole : j->last;
+    void *ptr[MAX_MD];
+    memcpy(ptr, j->ptr, sizeof ptr);
+    ptr[0] = (char *)ptr[0] + (size_t)(r0 * j->key->strides[0][0]) * j->es;
+    ptr[2] = (char *)ptr[2] + (size_t)(r0 * j->key->strides[2][0]) * sizeof(float);
+    execute(e, ptr, 1);
+}
+
+static entry *block_entry(const pkey *whole, int64_t rows) {
+    pkey k = *whole;
+    k.dims[0][0] = k.dims[2][0] = rows;
+    if (rows == 1) k.strides[0][0] = k.strides[2][0] = 0; /* as matrix_layout normalises */
+    return matmul_entry(&k);
+}
+
+static bool matmul_blocks(const pkey *key, void *const *ptr, size_t es) {
+    int64_t rows = key->dims[2][0], n_blocks = (rows + BLOCK_ROWS - 1) / BLOCK_ROWS;
+    int64_t last_rows = rows - (n_blocks - 1) * BLOCK_ROWS;
+    pthread_mutex_lock(&lock);
+    init_engine();
+    entry *whole = block_entry(key, BLOCK_ROWS);
+    entry *last = last_rows == BLOCK_ROWS ? whole : block_entry(key, last_rows);
+    pthread_mutex_unlock(&lock);
+    bool ok = whole->prim && last->prim;
+    if (ok) {
+        block_job j = {key, whole, last, ptr, es, rows};
+        nb__parallel_for(n_blocks, matmul_block, &j);
+    }
+    if (last != whole) release(last);
+    release(whole);
+    return ok;
+}
+
 bool nb__dnnl_matmul(nb_tensor *out, const nb_tensor *a, const nb_tensor *b, bool trans_a,
                      bool trans_b, const nb_tensor *bias, bool gelu, bool accumulate) {
     nb__dnnl_mode mode = nb__dnnl_mode_now();
@@ -598,15 +666,16 @@ bool nb__dnnl_matmul(nb_tensor *out, const nb_tensor *a, const nb_tensor *b, boo
             for (int i = 2; i < NB_MAX_DIMS; i++) key.dims[j][i] = key.strides[j][i] = 0;
     }
 
+    void *ptr[MAX_MD] = {(void *)a->data, (void *)b->data, out->data, bias ? bias->data : NULL};
+    if (key.nd[2] == 2 && a->dtype == NB_F32 && generic_blas() && key.nthr == 1 &&
+        key.dims[2][0] >= 2 * BLOCK_ROWS && (double)key.dims[2][0] * key.dims[2][1] * k >= 4194304.0)
+        return matmul_blocks(&key, ptr, nb_dtype_size(a->dtype));
     pthread_mutex_lock(&lock);
     init_engine();
     entry *e = matmul_entry(&key);
     pthread_mutex_unlock(&lock);
     bool ok = e->prim != NULL;
-    if (ok) {
-        void *ptr[MAX_MD] = {(void *)a->data, (void *)b->data, out->data, bias ? bias->data : NULL};
-        execute(e, ptr, key.nthr);
-    }
+    if (ok) execute(e, ptr, key.nthr);
     release(e);
     return ok;
 }
@@ -823,7 +892,13 @@ size_t nb__dnnl_describe(char *buf, size_t cap) {
         ADD("f32 matmul: %s wherever it has a kernel, else %s\n", dnnl, blas);
         ADD("f32 conv2d: %s wherever it has a kernel, else %s on im2col columns\n", dnnl, blas);
     } else if (generic_blas()) {
-        ADD("f32 matmul: %s from 2^20 multiply-adds, %s below\n", dnnl, blas);
+        if (dt == 1)
+            ADD("f32 matmul: onednn %s (blocks of %d rows, one thread each, on the pool's %d thread%s) "
+                "from 2^22 multiply-adds and 256 rows, %s from 2^20, %s below\n",
+                dnnl_isa_name(), BLOCK_ROWS, nb_get_num_threads(), nb_get_num_threads() == 1 ? "" : "s",
+                dnnl, blas);
+        else
+            ADD("f32 matmul: %s from 2^20 multiply-adds, %s below\n", dnnl, blas);
         ADD("f32 conv2d: %s\n", dnnl);
     } else if (bt == 1) {
         ADD("f32 matmul: %s from 2^20 multiply-adds%s, %s for the rest\n", dnnl,
