@@ -187,6 +187,65 @@ END_TEST
 START_TEST(test_clip_inf) { run_equivalence(C_SGD_NESTEROV, 4, 1, 0.01, INFINITY); }
 END_TEST
 
+/* The averaged gradients themselves, against plain DDP's: the sharded
+ * path keeps them only in its shards, so they are read through a step of
+ * SGD with learning rate 1 and nothing else (p' = p - g): g = p - p' on
+ * every element of the model (the all-gather brings every rank's part),
+ * compared with the reference wrapper's ->grad after the same backward
+ * within 1e-6 of the largest |g| (the subtraction's rounding is ~1e-16 of
+ * |p|). Two steps, so the second runs on the rebuilt buckets. */
+START_TEST(test_gradients) {
+    nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
+    nb_module *m = deep_mlp(pctx), *ref = deep_mlp(pctx);
+    nb_ddp *ddp = wrap(m), *rddp = wrap(ref);
+    nb_named_tensor p[64], rp[64];
+    int n = nb_module_named_parameters(m, p, 64);
+    ck_assert_int_eq(nb_module_named_parameters(ref, rp, 64), n);
+    nb_optim_hparams h = NB_SGD_DEFAULTS;
+    h.lr = 1;
+    h.weight_decay = 0;
+    h.momentum = 0;
+    nb_optim *opt = nb_optim_new(NB_OPTIM_SGD, p, n, &h);
+    ck_assert_int_eq(zero_on(ddp, opt), NB_OK);
+    for (int it = 0; it < 2; it++) {
+        nb_ctx_reset(step);
+        nb_tensor *before[64];
+        for (int i = 0; i < n; i++) before[i] = nb_clone(step, p[i].tensor);
+        ck_assert_int_eq(nb_ddp_backward(ddp, loss_of(step, m, it, 0, false)), NB_OK);
+        ck_assert_int_eq(nb_ddp_backward(rddp, loss_of(step, ref, it, 0, false)), NB_OK);
+        ck_assert_int_eq(nb_ddp_step(ddp), NB_OK);
+        double gmax = 0, worst = 0;
+        for (int i = 0; i < n; i++) {
+            int64_t k = nb_numel(p[i].tensor);
+            double *b = malloc(sizeof *b * (size_t)k), *a = malloc(sizeof *a * (size_t)k), *g = malloc(sizeof *g * (size_t)k);
+            nb_to_host(before[i], b);
+            nb_to_host(p[i].tensor, a);
+            nb_to_host(rp[i].tensor->grad, g);
+            for (int64_t j = 0; j < k; j++) {
+                gmax = fmax(gmax, fabs(g[j]));
+                worst = fmax(worst, fabs((b[j] - a[j]) - g[j]));
+            }
+            free(b);
+            free(a);
+            free(g);
+        }
+        ck_assert_msg(gmax > 0, "rank %d: the reference gradients are all zero", me);
+        ck_assert_msg(worst <= 1e-6 * gmax, "rank %d, stage %d, step %d: a gradient differs from plain DDP's by %g "
+                      "(largest |g| %g)", me, STAGE, it, worst, gmax);
+        /* the reference follows with the same plain step */
+        for (int i = 0; i < n; i++) nb_axpy_(rp[i].tensor, -1.0, rp[i].tensor->grad);
+        nb_optim_zero_grad(opt);
+        for (int i = 0; i < n; i++) nb_zero_grad(rp[i].tensor);
+    }
+    ck_assert_int_eq(nb_ddp_set_zero(ddp, NULL), NB_OK);
+    nb_ddp_free(ddp);
+    nb_ddp_free(rddp);
+    nb_optim_free(opt);
+    nb_ctx_free(step);
+    nb_ctx_free(pctx);
+}
+END_TEST
+
 /* Bytes of state per rank: the rank's share of each bucket, counted here
  * from the bucket lists and the parameters' sizes. */
 START_TEST(test_state_bytes) {
@@ -582,6 +641,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_no_sync);
     tcase_add_test(tc, test_clip_l2);
     tcase_add_test(tc, test_clip_inf);
+    tcase_add_test(tc, test_gradients);
     tcase_add_test(tc, test_state_bytes);
     tcase_add_test(tc, test_checkpoint);
     tcase_add_test(tc, test_scaler);
