@@ -8,6 +8,7 @@
 #   NABLA_BACKEND_LIBRARIES                 Gloo library (full path)
 #   NABLA_CUDA_LIBRARIES                    CUDA libraries (full paths), for the CUDA plugin only
 #   NABLA_PRIVATE_INCLUDE_DIRS              headers the library's sources need
+#   NABLA_CUDNN_FRONTEND_INCLUDE_DIR        cudnn-frontend's headers (CUDA builds; empty: none)
 #   NABLA_*_SUMMARY                         one line each for the summary
 #
 # Libraries are linked by full path, not through imported targets, so that
@@ -133,6 +134,75 @@ set(NABLA_CRYPTO_LIBRARIES ${NABLA_CRYPTO_LIBRARY})
 list(APPEND NABLA_PRIVATE_INCLUDE_DIRS ${NABLA_CRYPTO_INCLUDE_DIR})
 set(NABLA_CRYPTO_SUMMARY "${NABLA_CRYPTO_LIBRARY} (openssl/evp.h in ${NABLA_CRYPTO_INCLUDE_DIR})")
 
+# ---------------------------------------------------------- cudnn-frontend
+# cuDNN's fused attention (tensor/cuda/attention_cudnn.cpp) is written
+# against NVIDIA's cudnn-frontend, a header-only C++ library shipped on PyPI
+# as nvidia-cudnn-frontend. It is not ours and never committed: its include/
+# is taken from NABLA_CUDNN_FRONTEND_ROOT, from .deps/cudnn_frontend
+# (dev/fetch_debs.sh, for a machine without a package registry), from an
+# earlier fetch in this build tree, or fetched now into the build tree with
+# `pip download` and unpacked (CMake reads the wheel as a zip). Without it the
+# CUDA plugin is built with the cuDNN attention path left out, and the
+# summary says why. It needs libnvrtc at run time (cuDNN compiles some of its
+# attention kernels when a graph is built).
+set(NABLA_CUDNN_FRONTEND_VERSION "1.32.0" CACHE STRING
+    "nvidia-cudnn-frontend version the build fetches with pip")
+set(NABLA_CUDNN_FRONTEND_ROOT "" CACHE PATH
+    "Prefix holding cudnn-frontend's include/cudnn_frontend.h (empty: .deps, the build tree, or pip)")
+set(NABLA_CUDNN_FRONTEND_INCLUDE_DIR "")
+function(nabla_cudnn_frontend out_line)
+  set(_fe_build ${CMAKE_BINARY_DIR}/_deps/cudnn_frontend)
+  set(_fe_roots ${NABLA_CUDNN_FRONTEND_ROOT} ${PROJECT_SOURCE_DIR}/.deps/cudnn_frontend ${_fe_build})
+  set(_dir "")
+  foreach(_r ${_fe_roots})
+    if(NOT _dir AND EXISTS "${_r}/include/cudnn_frontend.h")
+      set(_dir "${_r}/include")
+    endif()
+  endforeach()
+  set(_why "")
+  if(NOT _dir AND NOT NABLA_PYTHON3)
+    set(_why "no python3 to fetch it with pip")
+  elseif(NOT _dir)
+    message(STATUS "Fetching the cudnn-frontend ${NABLA_CUDNN_FRONTEND_VERSION} headers (pip download nvidia-cudnn-frontend)")
+    file(REMOVE_RECURSE ${_fe_build})
+    execute_process(
+      COMMAND "${NABLA_PYTHON3}" -m pip download --no-deps --only-binary=:all: --disable-pip-version-check
+              --timeout 15 --retries 1 -q -d ${_fe_build}/wheel
+              nvidia-cudnn-frontend==${NABLA_CUDNN_FRONTEND_VERSION}
+      RESULT_VARIABLE _rc OUTPUT_VARIABLE _out ERROR_VARIABLE _out TIMEOUT 300)
+    file(GLOB _whl ${_fe_build}/wheel/*.whl)
+    if(_rc EQUAL 0 AND _whl)
+      list(GET _whl 0 _whl)
+      file(ARCHIVE_EXTRACT INPUT ${_whl} DESTINATION ${_fe_build}/unpacked PATTERNS include)
+      if(EXISTS ${_fe_build}/unpacked/include/cudnn_frontend.h)
+        file(RENAME ${_fe_build}/unpacked/include ${_fe_build}/include)
+        set(_dir ${_fe_build}/include)
+      else()
+        set(_why "the nvidia-cudnn-frontend wheel has no include/cudnn_frontend.h")
+      endif()
+      file(REMOVE_RECURSE ${_fe_build}/wheel ${_fe_build}/unpacked)
+    else()
+      string(REGEX REPLACE "\n.*" "" _out "${_out}")
+      set(_why "pip download nvidia-cudnn-frontend==${NABLA_CUDNN_FRONTEND_VERSION} failed: ${_out}")
+    endif()
+  endif()
+  if(_dir AND NOT CUDA_nvrtc_LIBRARY)
+    set(_why "the CUDA toolkit has no libnvrtc")
+    set(_dir "")
+  endif()
+  if(_dir)
+    nabla_header_version(_fe_version "${_dir}/cudnn_frontend_version.h"
+                         CUDNN_FRONTEND_MAJOR_VERSION CUDNN_FRONTEND_MINOR_VERSION
+                         CUDNN_FRONTEND_PATCH_VERSION)
+    set(NABLA_CUDNN_FRONTEND_INCLUDE_DIR ${_dir} PARENT_SCOPE)
+    set(NABLA_CUDA_LIBRARIES ${NABLA_CUDA_LIBRARIES} ${CUDA_nvrtc_LIBRARY} PARENT_SCOPE)
+    set(${out_line} "cuDNN attention: on, cudnn-frontend ${_fe_version}: ${_dir}" PARENT_SCOPE)
+  else()
+    message(STATUS "cuDNN's fused attention left out: ${_why}")
+    set(${out_line} "cuDNN attention: off (${_why}); nabla's own attention kernels only" PARENT_SCOPE)
+  endif()
+endfunction()
+
 # -------------------------------------------------------------------- CUDA
 nabla_tristate(NABLA_CUDA)
 set(NABLA_HAVE_CUDA 0)
@@ -241,6 +311,11 @@ else()
     # The same libcudart.so that the C code links, not a static copy.
     set(CMAKE_CUDA_RUNTIME_LIBRARY Shared)
     enable_language(CUDA)
+    # tensor/cuda/attention_cudnn.cpp (nvcc needs a host C++ compiler anyway)
+    set(CMAKE_CXX_STANDARD 17)
+    set(CMAKE_CXX_STANDARD_REQUIRED ON)
+    set(CMAKE_CXX_EXTENSIONS OFF)
+    enable_language(CXX)
     set(CUDAToolkit_ROOT "${NABLA_CUDA_ROOT}")
     find_package(CUDAToolkit REQUIRED)
     foreach(_lib cudart cublas cublasLt)
@@ -264,12 +339,14 @@ else()
     endif()
     nabla_header_version(_nccl_version "${NABLA_NCCL_INCLUDE_DIR}/nccl.h"
                          NCCL_MAJOR NCCL_MINOR NCCL_PATCH)
+    nabla_cudnn_frontend(_fe_line)
     list(JOIN CMAKE_CUDA_ARCHITECTURES ", " _archs)
     set(NABLA_CUDA_SUMMARY "on (NABLA_CUDA=${NABLA_CUDA_MODE})")
     set(NABLA_CUDA_DETAILS
       "nvcc ${NABLA_NVCC_VERSION}: ${NABLA_NVCC}"
       "archs: ${_archs}"
       "cuDNN ${_cudnn_version}: ${NABLA_CUDNN_LIBRARY}"
+      "${_fe_line}"
       "NCCL ${_nccl_version}: ${NABLA_NCCL_LIBRARY}")
   elseif(NABLA_NVCC)
     set(NABLA_CUDA_DETAILS "nvcc ${NABLA_NVCC_VERSION}: ${NABLA_NVCC}")

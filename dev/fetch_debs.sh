@@ -15,6 +15,13 @@
 # or let benchmarks/gpu_check.sh do it (it looks in .deps). Nothing is
 # installed on either machine: the packages are only downloaded, and later
 # only unpacked (docs/gpu_check.md). EXTRA_DEBS adds package names.
+#
+# It also puts NVIDIA's cudnn-frontend headers (PyPI nvidia-cudnn-frontend,
+# the version cmake/NablaDependencies.cmake names; cuDNN's fused attention is
+# written against them) in DIR/cudnn_frontend/include, where a build looks
+# for them before fetching them itself (with DIR other than .deps, configure
+# with -DNABLA_CUDNN_FRONTEND_ROOT=DIR/cudnn_frontend). This needs python3
+# with pip and a reachable package index.
 set -euo pipefail
 
 dir=${1:-.deps}
@@ -44,5 +51,18 @@ if [ -z "$(find /var/lib/apt/lists -name '*Packages*' 2>/dev/null | head -1)" ];
 fi
 # shellcheck disable=SC2086
 (cd "$dir" && apt-get download $build_debs ${EXTRA_DEBS:-})
+fe_version=$(sed -n 's/^set(NABLA_CUDNN_FRONTEND_VERSION "\([^"]*\)".*/\1/p' \
+  "$(dirname "$0")/../cmake/NablaDependencies.cmake")
+wheels=$(mktemp -d)
+python3 -m pip download --no-deps --only-binary=:all: --disable-pip-version-check -q -d "$wheels" \
+  "nvidia-cudnn-frontend==$fe_version"
+rm -rf "$dir/cudnn_frontend"
+python3 - "$wheels" "$dir/cudnn_frontend" <<'EOF'
+import glob, sys, zipfile
+wheel = zipfile.ZipFile(glob.glob(sys.argv[1] + "/*.whl")[0])
+wheel.extractall(sys.argv[2], [n for n in wheel.namelist() if n.startswith("include/")])
+EOF
+rm -rf "$wheels"
 n=$(find "$dir" -maxdepth 1 -name '*.deb' | wc -l)
+echo "fetch_debs: cudnn-frontend $fe_version headers in $dir/cudnn_frontend/include"
 echo "fetch_debs: $n packages in $dir ($(du -sh "$dir" | cut -f1)); on the GPU machine: source dev/unpack_debs.sh $dir"

@@ -170,6 +170,10 @@ typedef void nb__backend_causal_attention_backward_fn(nb_ctx *ctx, nb_tensor *dq
                                                       const nb_tensor *qkv, const nb_tensor *y,
                                                       const nb_tensor *lse, const nb_tensor *gy,
                                                       int h, double scale);
+/* Whether the fused attention takes this call of its dtypes (a head
+ * dimension it has tiles for, a path a setting has not turned off); NULL
+ * where it takes every one. */
+typedef bool nb__backend_causal_attention_takes_fn(const nb_tensor *qkv, int h);
 typedef void nb__backend_layer_norm_fn(nb_tensor *y, nb_tensor *mean, nb_tensor *rstd,
                                        const nb_tensor *x, const nb_tensor *w, const nb_tensor *b,
                                        int64_t m, int64_t d, double eps);
@@ -436,6 +440,7 @@ typedef struct nb__backend {
      * causal_attention_dtypes 0, where a device has none: the front end
      * composes it from matmul and softmax_causal) ---- */
     unsigned causal_attention_dtypes;
+    nb__backend_causal_attention_takes_fn *causal_attention_takes;
     nb__backend_causal_attention_fn *causal_attention;
     nb__backend_causal_attention_backward_fn *causal_attention_backward;
 } nb__backend;

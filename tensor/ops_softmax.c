@@ -110,7 +110,8 @@ nb_tensor *nb__causal_attention(nb_ctx *ctx, nb_tensor *qkv, int h, double scale
     const nb__backend *be = nb__backend_at(qkv);
     int64_t n = qkv->shape[0], t = qkv->shape[1], c = qkv->shape[2] / 3;
     if (!be->causal_attention || !(be->causal_attention_dtypes & (1u << qkv->dtype)) ||
-        3 * c > INT_MAX || t > INT_MAX)
+        3 * c > INT_MAX || t > INT_MAX ||
+        (be->causal_attention_takes && !be->causal_attention_takes(qkv, h)))
         return NULL;
     nb_tensor *qc = nb__contig(ctx, qkv);
     nb_tensor *y = nb__empty(ctx, qkv->dtype, NB_SHAPE(n, t, c));

@@ -2,7 +2,8 @@
  * (tests/cuda_parity.h), through the public ops: sum, mean, max and var
  * over various axes and row shapes (one thread, one warp, one block per
  * row, and rows split across blocks), softmax and log-softmax on every
- * axis (rows and column tiles), the causal softmax of attention,
+ * axis (rows and column tiles), the causal softmax of attention and the
+ * fused causal attention,
  * cross-entropy with ignore_index and label
  * smoothing, mse and bce; the gradient norm of many tensors; argmax on
  * every row layout, with ties and NaNs; and the
@@ -13,6 +14,7 @@
 #include <stdlib.h>
 
 #include "cuda_parity.h"
+#include "tensor/internal.h" /* nb__causal_attention */
 
 static const nb_dtype float_dtypes[] = {NB_F32, NB_BF16, NB_F16, NB_F64};
 #define N_FLOAT_DTYPES 4
@@ -358,6 +360,44 @@ START_TEST(test_cross_entropy_bad_target) {
 }
 END_TEST
 
+/* The fused causal attention (nb__causal_attention; on CUDA
+ * tensor/cuda/attention.cu, cuDNN's for bf16 where NABLA_CUDA_ATTENTION
+ * allows) against the CPU's in f64: y and the gradient of qkv, with T odd
+ * and not a multiple of the tiles, head dimensions 32 to 128 and 40,
+ * 1-3 heads, batch 1-2. */
+typedef struct attention_case {
+    int h;
+    double scale;
+} attention_case;
+
+static nb_tensor *op_attention(nb_ctx *ctx, nb_tensor *const *in, void *user) {
+    const attention_case *c = user;
+    nb_tensor *y = nb__causal_attention(ctx, in[0], c->h, c->scale);
+    ck_assert_msg(y != NULL, "%s: no fused attention for %s %s", nb_device_name(in[0]->device),
+                  nb_dtype_name(in[0]->dtype), nb_shape_str(in[0]));
+    return y;
+}
+
+START_TEST(test_causal_attention) {
+    static const struct { int64_t n, t; int h; int64_t d; } cases[] = {
+        {1, 1, 1, 32}, {2, 37, 3, 32}, {1, 77, 2, 64}, {1, 50, 1, 128}, {2, 130, 2, 64}, {1, 33, 3, 40},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
+        for (int d = 0; d < 2; d++) {
+            nb_dtype dt = d ? NB_BF16 : NB_F32;
+            if (!nbt_dtype_runs(dt)) continue;
+            attention_case c = {cases[k].h, 1 / sqrt((double)cases[k].d)};
+            nbt_input in = {.dtype = dt, .ndim = 3, .lo = -2, .hi = 2,
+                            .shape = {cases[k].n, cases[k].t, 3 * cases[k].h * cases[k].d}};
+            char name[96];
+            snprintf(name, sizeof name, "causal attention N %lld T %lld H %d D %lld %s",
+                     (long long)cases[k].n, (long long)cases[k].t, cases[k].h,
+                     (long long)cases[k].d, nb_dtype_name(dt));
+            nbt_parity(name, op_attention, &c, 1, &in, NULL);
+        }
+}
+END_TEST
+
 /* nb_softmax_causal on CUDA (tensor/cuda/softmax_causal.cu) against the
  * CPU's kernel: square, wide and tall score matrices with batch dims (a
  * warp per row) in f32, bf16 and f64; a negative scale; rows longer than
@@ -501,6 +541,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_softmax_special_values);
     tcase_add_test(tc, test_softmax_causal);
     tcase_add_test(tc, test_softmax_causal_special_values);
+    tcase_add_test(tc, test_causal_attention);
     tcase_add_test(tc, test_cross_entropy);
     tcase_add_test(tc, test_cross_entropy_special_values);
     tcase_add_test(tc, test_cross_entropy_all_ignored);

@@ -55,6 +55,16 @@ static nb__cuda_fault emu_fault;
 void nb__cuda_use(const char *, int) {}
 nb__stream nb__cuda_compute_stream(int) { return nullptr; }
 nb__cuda_fault *nb__cuda_fault_slot(int) { return &emu_fault; }
+/* cuDNN cannot run here: attention.cu's own kernels are what is tested */
+bool nb__cuda_cudnn_attention(nb_tensor *, nb_tensor *, const nb_tensor *, int, double, const char **why) {
+    *why = "the emulator has no cuDNN";
+    return false;
+}
+bool nb__cuda_cudnn_attention_backward(nb_tensor *, const nb_tensor *, const nb_tensor *, const nb_tensor *,
+                                       const nb_tensor *, int, double, const char **why) {
+    *why = "the emulator has no cuDNN";
+    return false;
+}
 
 /* Scratch from the context comes filled with 0xff bytes (NaN in f32/f64/
  * bf16/f16, -1 in integers) unless zeroing was asked for, so that a kernel

@@ -96,4 +96,8 @@ const nb__backend nb__cuda_backend = {
 #define NB__CUDA_ENTRY(e) .e = nb__cuda_##e,
     NB__BACKEND_KERNELS(NB__CUDA_ENTRY)
 #undef NB__CUDA_ENTRY
+    /* the fused attention's dtypes are a flag (flags.h) */
+    .causal_attention_takes = nb__cuda_causal_attention_takes,
+    .causal_attention = nb__cuda_causal_attention,
+    .causal_attention_backward = nb__cuda_causal_attention_backward,
 };

@@ -209,6 +209,26 @@ void nb__cuda_cross_entropy_rows(nb_tensor *loss, nb_tensor *lse, nb_tensor *cou
  * g (0-d) and count are device tensors (no host read). */
 nb__backend_cross_entropy_backward_fn nb__cuda_cross_entropy_backward;
 
+/* ============================ fused causal attention (attention.cu)
+ * Note [Attention contract] in tensor/backend.h; f32, bf16 and f16, D at
+ * most 128 (takes says so); the path (cuDNN's, our kernels, none) is
+ * NABLA_CUDA_ATTENTION's (Note [CUDA attention paths] in attention.cu). */
+nb__backend_causal_attention_takes_fn nb__cuda_causal_attention_takes;
+nb__backend_causal_attention_fn nb__cuda_causal_attention;
+nb__backend_causal_attention_backward_fn nb__cuda_causal_attention_backward;
+/* cuDNN's fused attention through the cudnn-frontend graph API
+ * (attention_cudnn.cpp), the same contract: true when it enqueued the
+ * call; false, with *why saying why in a few words, when cuDNN cannot take
+ * it (then nothing was enqueued). Graphs are built once per shape and
+ * dtype and kept. In a build without the cudnn-frontend headers it always
+ * says so. */
+bool nb__cuda_cudnn_attention(nb_tensor *y, nb_tensor *lse, const nb_tensor *qkv, int h,
+                              double scale, const char **why);
+bool nb__cuda_cudnn_attention_backward(nb_tensor *dqkv, const nb_tensor *qkv,
+                                       const nb_tensor *y, const nb_tensor *lse,
+                                       const nb_tensor *gy, int h, double scale,
+                                       const char **why);
+
 /* ====================================== causal softmax (softmax_causal.cu)
  * Same contracts as nb__cpu_softmax_causal(_backward) (tensor/cpu/softmax.h):
  * x, y, g, dx contiguous (B, T, S) of one dtype; row i keeps

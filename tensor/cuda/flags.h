@@ -16,7 +16,7 @@
     .half_compute = true, \
     .product_dtypes = (1u << NB_BF16) | (1u << NB_F16), \
     .f32_norm_stats = true, \
-    /* no fused causal attention yet: the front end composes it */ \
-    .causal_attention_dtypes = 0
+    /* tensor/cuda/attention.cu (f64 composes) */ \
+    .causal_attention_dtypes = (1u << NB_F32) | (1u << NB_BF16) | (1u << NB_F16)
 
 #endif

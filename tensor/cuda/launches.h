@@ -43,10 +43,10 @@ enum {
     NB__CUDA_LAUNCHES_softmax_causal_backward = 1, /* causal_backward(_reg)_kernel */
     NB__CUDA_LAUNCHES_cross_entropy = 2,           /* cross_entropy_rows_kernel, _total_kernel */
     NB__CUDA_LAUNCHES_cross_entropy_backward = 1,  /* cross_entropy_backward_kernel */
-    /* no fused attention on CUDA yet (flags.h: causal_attention_dtypes 0):
-     * the kernel that fills the contract sets these */
+    /* ---- attention.cu: our kernels (attention_kernel; attention_dq_kernel,
+     * attention_dkdv_kernel), or one cuDNN call each (attention_cudnn.cpp) ---- */
     NB__CUDA_LAUNCHES_causal_attention = 1,
-    NB__CUDA_LAUNCHES_causal_attention_backward = 1,
+    NB__CUDA_LAUNCHES_causal_attention_backward = 2,
     /* ---- layer_norm.cu ---- */
     NB__CUDA_LAUNCHES_layer_norm = 1, /* layer_norm_regs_kernel or layer_norm_kernel */
     /* with dw/db, rows in registers (d <= 16 * MAX_ROW_THREADS, 8192):
