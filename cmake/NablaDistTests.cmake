@@ -55,6 +55,7 @@ nabla_add_ranked_test(test_ddp "2;3" 180 60)
 nabla_add_ranked_test(test_ddp_bucket_step "2;3" 120 30)
 # DDP with ZeRO-1 (optimizer state sharded); 3 ranks make uneven shards.
 nabla_add_ranked_test(test_ddp_zero "2;3" 120 30)
+nabla_add_ranked_test(test_ddp_powersgd "2;3" 120 30)
 # The same suite with ZeRO-2 (gradients sharded too), alone and under nbrun.
 if(TARGET test_ddp_zero)
   add_test(NAME test_ddp_zero2 COMMAND test_ddp_zero WORKING_DIRECTORY ${CMAKE_BINARY_DIR})

@@ -50,7 +50,8 @@ typedef struct trace_step {
     X(NB__DDP_WIRE, "the bf16 compression hook (comm_hook NB_DDP_HOOK_BF16)") /* ddp_wire.c */     \
     X(NB__DDP_JOIN, "join mode (nb_ddp_join_begin)")      /* ddp_join.c: uneven inputs */          \
     X(NB__DDP_ZERO, "ZeRO (nb_ddp_set_zero)")             /* ddp_zero.c: ZeRO-1, ZeRO-2 */         \
-    X(NB__DDP_BUCKET_STEP, "per-bucket optimizer steps (nb_ddp_set_optimizer)") /* ddp_bucket_step.c */
+    X(NB__DDP_BUCKET_STEP, "per-bucket optimizer steps (nb_ddp_set_optimizer)") /* ddp_bucket_step.c */ \
+    X(NB__DDP_POWERSGD, "the PowerSGD communication hook (nb_ddp_set_powersgd)") /* ddp_powersgd.c */
 
 typedef enum nb__ddp_feature {
 #define NB__DDP_FEATURE_ENUM(slot, what) slot,
@@ -75,7 +76,12 @@ typedef enum nb__ddp_feature {
       "ZeRO steps each rank's shard after backward, the per-bucket step the whole "                \
       "parameters inside it")                                                                      \
     X(NB__DDP_ZERO, NB__DDP_WIRE,                                                                   \
-      "ZeRO's reduce-scatter replaces the bucket collective that the bf16 hook compresses")
+      "ZeRO's reduce-scatter replaces the bucket collective that the bf16 hook compresses")                       \
+    X(NB__DDP_WIRE, NB__DDP_POWERSGD, "both are communication hooks: a bucket is sent one way")      \
+    X(NB__DDP_ZERO, NB__DDP_POWERSGD,                                                               \
+      "ZeRO's reduce-scatter replaces the bucket collective that PowerSGD compresses")              \
+    X(NB__DDP_JOIN, NB__DDP_POWERSGD,                                                               \
+      "a joined rank shadows one all-reduce per bucket, PowerSGD issues two")
 
 /* A feature's hook points; NULL where it has nothing to do. `self` is the
  * state it attached. At most one attached table has `launch` (the

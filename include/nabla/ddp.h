@@ -134,6 +134,37 @@ nb_optim *nb_ddp_optimizer(const nb_ddp *ddp);
  * wrapper only after detaching, or opt's state is lost (opt then refuses
  * to step). */
 NB_MUST_CHECK nb_status nb_ddp_set_zero(nb_ddp *ddp, nb_optim *opt);
+
+/* PowerSGD gradient compression (Vogels et al., 2019), with the semantics
+ * of PyTorch's powerSGD_hook: after start_iter synchronised steps of plain
+ * all-reduce, each gradient matrix (a parameter viewed as shape[0] x the
+ * rest) worth compressing is sent as a rank-`rank` approximation P Q^T
+ * (two all-reduces: P = M Q, then Q = M^T P), the others as they are;
+ * error_feedback adds each rank's compression error to its next gradient,
+ * warm_start starts Q from the last step's. Note [PowerSGD] in
+ * distributed/ddp_powersgd.c gives the arithmetic. */
+typedef struct nb_ddp_powersgd_options {
+    int rank;                    /* of the approximation, >= 1 */
+    int start_iter;              /* synchronised steps of plain all-reduce first */
+    double min_compression_rate; /* compress n x m when (n + m) rank * this < n m */
+    bool error_feedback, warm_start;
+    uint64_t seed;               /* of the random first Q (the same on every rank) */
+} nb_ddp_powersgd_options;
+
+#define NB_DDP_POWERSGD_DEFAULTS                                                               \
+    ((nb_ddp_powersgd_options){.rank = 1,                                                  \
+                               .start_iter = 1000,                                         \
+                               .min_compression_rate = 2.0,                                \
+                               .error_feedback = true,                                     \
+                               .warm_start = true,                                         \
+                               .seed = 0})
+
+/* Attaches PowerSGD as the communication hook (NULL detaches; a second
+ * call replaces the first, starting afresh). Every rank makes the same
+ * call before a backward. CPU gradients of f32 or f64 only
+ * (NB_ERR_UNSUPPORTED otherwise); with the bf16 hook, ZeRO or join on,
+ * NB_ERR_INVALID naming the conflict; nothing attached on an error. */
+NB_MUST_CHECK nb_status nb_ddp_set_powersgd(nb_ddp *ddp, const nb_ddp_powersgd_options *opts);
 /* nb_ddp_set_zero with a stage: 1 shards the optimizer state (what
  * nb_ddp_set_zero does), 2 the gradients too (ZeRO-2, docs/ddp.md): the
  * buckets' gradient memory exists only from the start of an
