@@ -18,7 +18,9 @@
 #include <math.h>
 #include <omp.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "tensor/backend.h"
 #include "tensor/cpu/conv.h"
@@ -410,6 +412,40 @@ START_TEST(test_thread_count) {
 }
 END_TEST
 
+/* The thread count of the key holds from the primitive's making (Note
+ * [oneDNN threads at creation]): a convolution made and run on one thread
+ * while OpenMP's default would be more starts no OpenMP worker (the
+ * gemm-based convolution reads the count when it is made; each test runs
+ * in a fresh child, so no OpenMP team exists before). */
+static int process_threads(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    int n = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "Threads:", 8)) n = atoi(line + 8);
+    if (f) fclose(f);
+    return n;
+}
+
+START_TEST(test_threads_at_creation) {
+    if (omp_get_max_threads() < 2) return; /* one core: nothing to tell apart */
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb__conv2d_geom g = {8, 16, 16, 16, 32, 3, 3, 16, 16, 1, 1, 1, 1, 1, 1, 1};
+    nb_tensor *x = rand_tensor(ctx, NB_F32, 4, (int64_t[]){g.n, g.c, g.h, g.w}, NULL);
+    nb_tensor *w = rand_tensor(ctx, NB_F32, 4, (int64_t[]){g.o, g.c, 3, 3}, NULL);
+    nb_tensor *y = nb_empty(ctx, NB_F32, 4, (int64_t[]){g.n, g.o, g.oh, g.ow});
+    nb__dnnl_mode prev = nb__dnnl_set_mode(NB_DNNL_FORCE);
+    nb__dnnl_set_num_threads(1);
+    int before = process_threads();
+    ck_assert(nb__dnnl_conv2d_forward(NB_F32, &g, y->data, x->data, w->data, NULL));
+    ck_assert(nb__dnnl_conv2d_forward(NB_F32, &g, y->data, x->data, w->data, NULL));
+    ck_assert_int_eq(process_threads(), before);
+    nb__dnnl_set_num_threads(0);
+    nb__dnnl_set_mode(prev);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
 /* ---- several threads at once ---- */
 
 typedef struct mt_job {
@@ -663,6 +699,7 @@ static Suite *dnnl_suite(void) {
     tcase_add_test(tc, test_concurrent_execution);
     tcase_add_test(tc, test_f32_rule);
     tcase_add_test(tc, test_thread_count);
+    tcase_add_test(tc, test_threads_at_creation);
     tcase_add_loop_test(tc, test_conv_f32_dnnl, 0, ncv);
     tcase_add_loop_test(tc, test_conv_f32_im2col, 0, ncv);
     tcase_add_loop_test(tc, test_conv_bf16_dnnl, 0, ncv);

@@ -530,6 +530,7 @@ static entry *matmul_entry(const pkey *k) {
         return e;
     }
     e = insert(k, slot);
+    set_threads(k->nthr); /* read when the primitive is made: Note [oneDNN threads at creation] */
     int nd = k->nd[2];
     dnnl_data_type_t dt = (dnnl_data_type_t)k->dt;
     dnnl_memory_desc_t a, b, c, bias;
@@ -746,6 +747,15 @@ static entry *conv_entry(int op, nb_dtype dt, const nb__conv2d_geom *g, bool bia
         return e;
     }
     e = insert(&k, slot);
+    /* Note [oneDNN threads at creation]
+     * Some oneDNN implementations fix their thread count when the primitive
+     * is made (the gemm-based convolution of plain layouts reads
+     * omp_get_max_threads() then and runs that many at every execution),
+     * so the count of the key is set before, not only before executing:
+     * made on 2 OpenMP threads and executed "on 1", the digits CNN's step
+     * took 27-32 ms against 1.6 ms on the loaded 2-core Zen 3 of
+     * 2026-12-02 (OpenMP's spinning workers; bench_ddp --model cnn). */
+    set_threads(k.nthr);
     conv_mds d;
     conv_descs(&d, dnnl_dt(dt), g);
     dnnl_primitive_desc_t pd = NULL;
