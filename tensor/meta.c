@@ -467,11 +467,26 @@ static void meta_causal_attention(nb_ctx *ctx, nb_tensor *y, nb_tensor *lse, con
                    .launches = L(y, causal_attention)});
 }
 
+/* What the CUDA backend's causal_attention_takes answers (tensor/cuda/
+ * attention.cu): a head dimension its kernels have, and not
+ * NABLA_CUDA_ATTENTION=composed, which meta:cuda honours too. */
+static bool meta_cuda_attention_takes(const nb_tensor *qkv, int h) {
+    const char *e = getenv("NABLA_CUDA_ATTENTION");
+    int64_t d = qkv->shape[2] / 3 / h;
+    return !(e && !strcmp(e, "composed")) && d >= 1 && d <= NB__CUDA_ATTENTION_MAX_D &&
+           (int64_t)qkv->shape[0] * h <= INT32_MAX;
+}
+
 static void meta_causal_attention_backward(nb_ctx *ctx, nb_tensor *dqkv, const nb_tensor *qkv,
                                            const nb_tensor *y, const nb_tensor *lse,
                                            const nb_tensor *gy, int h, double scale) {
     (void)scale;
     attention_scratch(ctx, qkv, h, 2);
+    if (on_cuda(qkv)) { /* our kernels' row sums, f32 (N, H, T), given back (cuDNN's path: none) */
+        size_t bytes = sizeof(float) * (size_t)(qkv->shape[0] * h * qkv->shape[1]);
+        void *p = nb_ctx_alloc(ctx, bytes, 0);
+        nb__ctx_scratch_done(ctx, p, bytes);
+    }
     double t = (double)qkv->shape[1];
     /* p again (q k^T), dp = gy v^T, dq = ds k, dk = ds^T q, dv = p^T gy;
      * y and lse are read (Note [Attention contract], tensor/backend.h) */
@@ -834,6 +849,9 @@ const nb__backend *nb__meta_backend(int of) {
     if (!flags_set) { /* the same values on every call: a race writes them twice */
         take_flags(&meta_tables[NB_DEVICE_CPU], &nb__cpu_backend);
         take_flags(&meta_tables[NB_DEVICE_CUDA], &cuda_flags);
+        meta_tables[NB_DEVICE_CPU].causal_attention_takes = nb__cpu_backend.causal_attention_takes;
+        if (cuda_flags.causal_attention_dtypes)
+            meta_tables[NB_DEVICE_CUDA].causal_attention_takes = meta_cuda_attention_takes;
         flags_set = true;
     }
     return &meta_tables[of];

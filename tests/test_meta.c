@@ -10,6 +10,7 @@
 
 #include "tensor/backend.h"
 #include "tensor/cuda_plugin.h"
+#include "tensor/internal.h"
 #include "testutil.h"
 
 /* The counts of `name` since the last nb_meta_reset (calls 0 if none). */
@@ -255,6 +256,29 @@ START_TEST(test_tables) {
 }
 END_TEST
 
+/* meta:cuda fuses the attention where the CUDA backend does: head
+ * dimensions up to its kernels' largest, not under
+ * NABLA_CUDA_ATTENTION=composed (then the front end composes it). */
+START_TEST(test_attention_path) {
+    nb_ctx *ctx = nb_ctx_new(nb_meta(NB_DEVICE_CUDA), 0);
+    nb_tensor *small = nb_empty(ctx, NB_BF16, NB_SHAPE(2, 16, 3 * 2 * 64)); /* D = 64 */
+    nb_tensor *wide = nb_empty(ctx, NB_BF16, NB_SHAPE(2, 16, 3 * 2 * 256)); /* D = 256 */
+    unsetenv("NABLA_CUDA_ATTENTION");
+    ck_assert_ptr_nonnull(nb__causal_attention(ctx, small, 2, 0.125));
+    ck_assert_ptr_null(nb__causal_attention(ctx, wide, 2, 0.0625));
+    nb_meta_reset();
+    ck_assert_ptr_nonnull(nb__causal_attention(ctx, small, 2, 0.125));
+    /* y (2, 16, 128) and lse (2, 2, 16) f32 written, qkv read; 2 causal
+     * products of 16 * 17 / 2 rows by 64 per head */
+    expect("causal_attention", 1, 2.0 * 2 * 16 * 384 + 2.0 * 2 * 16 * 128 + 4.0 * 2 * 2 * 16,
+           5.0 * 2 * 2 * 16 * 17 / 2, 2 * (2.0 * 2 * 16 * 17 / 2 * 2 * 64), 1);
+    setenv("NABLA_CUDA_ATTENTION", "composed", 1);
+    ck_assert_ptr_null(nb__causal_attention(ctx, small, 2, 0.125));
+    unsetenv("NABLA_CUDA_ATTENTION");
+    nb_ctx_free(ctx);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("meta");
     TCase *tc = tcase_create("core");
@@ -266,6 +290,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_softmax);
     tcase_add_test(tc, test_cross_entropy);
     tcase_add_test(tc, test_adamw);
+    tcase_add_test(tc, test_attention_path);
     tcase_add_test(tc, test_gpt_peak_matches_cpu);
     tcase_add_test(tc, test_no_values);
     tcase_add_test(tc, test_device_names);

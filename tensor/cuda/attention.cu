@@ -40,6 +40,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tensor/cuda/flags.h"
 #include "tensor/cuda/types.cuh"
 
 #define WARPS 4  /* warps per block */
@@ -47,7 +48,7 @@
 /* Static shared memory per block, for every instantiation: within the
  * 48 KiB a block may have without opting in, with room to spare. */
 #define SMEM_BUDGET (44 * 1024)
-#define MAX_D 128
+#define MAX_D NB__CUDA_ATTENTION_MAX_D /* tensor/cuda/flags.h */
 
 /* Rows of a warp: query rows (forward, dq) or key rows (dk/dv). */
 static __host__ __device__ constexpr int fwd_rows(int dc) { return dc <= 3 ? 8 : 4; }

@@ -19,4 +19,8 @@
     /* tensor/cuda/attention.cu (f64 composes) */ \
     .causal_attention_dtypes = (1u << NB_F32) | (1u << NB_BF16) | (1u << NB_F16)
 
+/* The largest head dimension tensor/cuda/attention.cu's kernels take (a
+ * larger one composes); meta:cuda's causal_attention_takes reads it too. */
+#define NB__CUDA_ATTENTION_MAX_D 128
+
 #endif
