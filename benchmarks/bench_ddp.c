@@ -48,6 +48,11 @@
  * row's under ZeRO; "held" adds the parameters and the gradient memory
  * (nb_ddp_state_bytes) at the end of the last step.
  *
+ * --powersgd RANK makes PowerSGD the communication hook
+ * (nb_ddp_set_powersgd: rank RANK, compressed from the third step, that
+ * is within the warm-up; the other options PyTorch's defaults); mode
+ * "psgd".
+ *
  * --trace FILE writes this rank's step trace (Note [Step trace] in
  * distributed/scale.c): the median forward, backward and optimizer times
  * and each parameter's median gradient-ready time in backward, for
@@ -157,41 +162,21 @@ static void on_ready(nb_tensor *leaf, void *user) {
     if (ref->r->step >= 0) ref->r->t[(size_t)ref->r->step * ref->r->n + ref->i] = now_s() - ref->r->t0;
 }
 
-typedef struct ready_order {
-    double t;
-    int i;
-} ready_order;
-static int cmp_ready(const void *a, const void *b) {
-    const ready_order *x = a, *y = b;
-    return x->t < y->t ? -1 : x->t > y->t ? 1 : x->i - y->i;
-}
-
 /* The step trace of the timed steps: medians of the phases and of each
- * parameter's ready time, parameters in the order of those medians. */
+ * parameter's ready time. */
 static void make_trace(nb__scale_trace *t, const ready_rec *rec, const nb_named_tensor *p, int steps, double fwd,
                        double bwd, double opt, const char *source) {
-    ready_order *o = calloc((size_t)rec->n, sizeof *o);
-    double *v = calloc((size_t)steps, sizeof *v);
-    t->p = calloc((size_t)rec->n, sizeof *t->p);
-    if (!o || !v || !t->p) {
+    double *med = calloc((size_t)(rec->n ? rec->n : 1), sizeof *med), *v = calloc((size_t)steps, sizeof *v);
+    if (!med || !v) {
         fprintf(stderr, "bench_ddp: out of memory for the trace\n");
         exit(1);
     }
     for (int i = 0; i < rec->n; i++) {
         for (int s = 0; s < steps; s++) v[s] = rec->t[(size_t)s * rec->n + i];
-        o[i] = (ready_order){median(v, steps), i};
+        med[i] = median(v, steps);
     }
-    qsort(o, (size_t)rec->n, sizeof *o, cmp_ready);
-    t->n = rec->n;
-    t->forward_s = fwd, t->backward_s = bwd, t->optimizer_s = opt;
-    snprintf(t->source, sizeof t->source, "%s", source);
-    for (int k = 0; k < rec->n; k++) {
-        nb__scale_param *q = &t->p[k];
-        const nb_tensor *x = p[o[k].i].tensor;
-        snprintf(q->name, sizeof q->name, "%s", p[o[k].i].name);
-        q->dtype = x->dtype, q->numel = nb_numel(x), q->ready_s = o[k].t;
-    }
-    free(o);
+    nb__scale_trace_make(t, rec->n, p, med, fwd, bwd, opt, source);
+    free(med);
     free(v);
 }
 
@@ -274,6 +259,7 @@ int main(int argc, char **argv) {
     int zero_stage = 1;
     double bucket_mb = 0; /* 0: the wrapper's defaults (first bucket 1 MiB, then 25 MiB) */
     const char *device_arg = "auto", *trace_path = NULL, *project = NULL;
+    int powersgd = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--info")) return fputs(nb_config_string(), stdout) < 0;
         else if (!strcmp(argv[i], "--no-ddp")) use_ddp = false;
@@ -292,6 +278,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--device") && i + 1 < argc) device_arg = argv[++i];
         else if (!strcmp(argv[i], "--trace") && i + 1 < argc) trace_path = argv[++i];
         else if (!strcmp(argv[i], "--project") && i + 1 < argc) project = argv[++i];
+        else if (!strcmp(argv[i], "--powersgd") && i + 1 < argc) powersgd = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--model") && i + 1 < argc) {
             const char *m = argv[++i];
             for (kind = 0; kind < 5 && strcmp(m, model_names[kind]); kind++) {}
@@ -301,7 +288,7 @@ int main(int argc, char **argv) {
             }
         } else {
             fprintf(stderr, "usage: %s [--model wide|mlp|cnn|gpt|gpt6] [--device auto|cpu|cuda] [--no-ddp] "
-                            "[--bucket-step | --zero | --zero2] [--bf16] [--bucket-mb MB] [--steps N] [--batch B] [--width W] [--layers L] [--no-header | --machine] [--trace FILE] [--project LINK] [--info]\n"
+                            "[--bucket-step | --zero | --zero2] [--bf16] [--bucket-mb MB] [--steps N] [--batch B] [--width W] [--layers L] [--no-header | --machine] [--powersgd RANK] [--trace FILE] [--project LINK] [--info]\n"
                             "       %s --plot-scaling LINES SVG\n", argv[0], argv[0]);
             return 2;
         }
@@ -314,6 +301,11 @@ int main(int argc, char **argv) {
     if (zero && (!use_ddp || bucket_step)) {
         fprintf(stderr, "bench_ddp: --zero shards the optimizer over DDP's ranks; it needs DDP and "
                         "cannot be combined with --bucket-step\n");
+        return 2;
+    }
+    if (powersgd < 0 || (powersgd && (!use_ddp || zero))) {
+        fprintf(stderr, "bench_ddp: --powersgd RANK compresses DDP's buckets: it needs DDP, a rank >= 1, "
+                        "and not --zero\n");
         return 2;
     }
     if (!batch) batch = kind == MLP ? 8 : kind == CNN ? 32 : kind == GPT ? 16 : kind == GPT6 ? 8 : 64;
@@ -375,7 +367,19 @@ int main(int argc, char **argv) {
             nb_add_grad_hook(p[i].tensor, on_ready, &refs[i]);
         }
     }
-    const char *mode = !ddp ? "no-ddp" : bucket_step ? "ddp-bs" : zero ? (zero_stage == 2 ? "zero2" : "zero") : "ddp";
+    if (powersgd) {
+        nb_ddp_powersgd_options pso = NB_DDP_POWERSGD_DEFAULTS;
+        pso.rank = powersgd, pso.start_iter = 2;
+        if (nb_ddp_set_powersgd(ddp, &pso) != NB_OK) {
+            fprintf(stderr, "bench_ddp: %s\n", nb_last_error());
+            return 1;
+        }
+    }
+    const char *mode = !ddp                ? "no-ddp"
+                       : bucket_step       ? "ddp-bs"
+                       : zero              ? (zero_stage == 2 ? "zero2" : "zero")
+                       : powersgd          ? "psgd"
+                                           : "ddp";
     nb_rng data = nb_rng_make(100 + (uint64_t)rank);
     /* per timed step; the table and --machine give medians of all of them, so that the
      * wait stands beside a step time of the same kind */
@@ -497,7 +501,8 @@ int main(int argc, char **argv) {
         if (project) {
             nb__scale_config c = {.nodes = 1, .per_node = 1, .mode = zero ? NB__SCALE_ZERO1 : NB__SCALE_DDP,
                                   .algo = NB__SCALE_BEST, .first_bucket = dopts.first_bucket_bytes,
-                                  .bucket_cap = dopts.bucket_cap_bytes};
+                                  .bucket_cap = dopts.bucket_cap_bytes, .powersgd_rank = powersgd,
+                                  .powersgd_min_rate = NB_DDP_POWERSGD_DEFAULTS.min_compression_rate};
             if (!c.first_bucket) c.first_bucket = 1u << 20;
             if (!c.bucket_cap) c.bucket_cap = 25u << 20;
             if (nb__scale_link_parse(project, &c.inter) != NB_OK) {

@@ -29,6 +29,11 @@
  * peak, and the projected step time, tokens/s, MFU and the roofline bound
  * (6 N + 12 L C T) tokens / ((bytes / bandwidth + GEMM FLOPs / peak) peak).
  * --trace FILE writes one line per counted call (nb_meta_trace).
+ * --step-trace FILE writes the projected step as a step trace for
+ * tools/nb_scale (Note [Step trace] in distributed/scale.c): forward,
+ * backward and optimizer on the projected clock (the sum of the counted
+ * calls' projected microseconds so far), and each parameter's gradient-
+ * ready time in backward on that clock.
  * With --machine, one line with peak_bytes= bytes_moved= gemm_flops=
  * launches= params= tokens=. peak_bytes (the step context's peak plus the
  * model's memory: the parameters' context, which holds their gradients,
@@ -53,6 +58,7 @@
 
 #include <nabla/nabla.h>
 #include "bench_time.h"
+#include "distributed/scale.h"
 
 #define N_BATCHES 4
 #define GIB (1024.0 * 1024.0 * 1024.0)
@@ -62,12 +68,13 @@ static int usage(const char *prog) {
             "usage: %s [--device cuda|cpu|meta:cuda|meta:cpu] [--gpu N | --gpu h100|h200|a100] "
             "[--bf16] [--tf32] [--layers 12] [--heads 12] [--width 768] [--seq-len 1024] "
             "[--vocab 50304] [--batch 8] [--steps 20] [--warmup 3] [--no-clip] [--recompute] "
-            "[--no-give-back] [--peak-tflops 989] [--progress-after 2] [--trace FILE] [--machine]\n"
+            "[--no-give-back] [--peak-tflops 989] [--progress-after 2] [--trace FILE] [--step-trace FILE] [--machine]\n"
             "  --gpu: a GPU's index for --device cuda; for meta:cuda, the GPU whose figures the "
             "projection uses (default h100)\n"
             "  --progress-after S: a progress line on stderr after each step longer than S seconds\n"
             "  --trace FILE: with a meta device, one line per counted call (entry, shapes, dtypes, "
-            "bytes, FLOPs, launches)\n",
+            "bytes, FLOPs, launches)\n"
+            "  --step-trace FILE: with a meta device, the projected step as a step trace for nb_scale\n",
             prog);
     return 2;
 }
@@ -166,6 +173,52 @@ static cost meta_cost(nb_device_type of, const opts *o, const nb_meta_gpu *gpu, 
     cost c = {peak_bytes(&r), nb_ctx_peak(r.step), model_bytes(&r), r.n_params, nb_meta_total()};
     run_free(&r);
     return c;
+}
+
+/* Gradient-ready hook: the projected clock (microseconds) into *user. */
+static void ready_on_clock(nb_tensor *leaf, void *user) {
+    (void)leaf;
+    *(double *)user = nb_meta_total().us;
+}
+
+/* --step-trace: a steady step on the meta device, timed on its projected clock. */
+static int meta_step_trace(nb_device_type of, const opts *o, const nb_meta_gpu *gpu, const char *path) {
+    run r;
+    run_make(&r, nb_meta(of), o);
+    nb_meta_set_gpu(gpu);
+    (void)run_step(&r, 0, o->clip);
+    int np = nb_module_named_parameters(r.model, NULL, 0);
+    double *ready = calloc((size_t)np, sizeof *ready);
+    for (int i = 0; i < np; i++) nb_add_grad_hook(r.p[i].tensor, ready_on_clock, &ready[i]);
+    nb_meta_reset();
+    nb_ctx_reset(r.step);
+    nb_tensor *l = nb_gpt_forward_loss(r.model, r.step, r.x[1], r.y[1]);
+    double f = nb_meta_total().us;
+    nb_backward(l);
+    double b = nb_meta_total().us;
+    if (o->clip) nb_optim_clip_grad_norm(r.opt, 1.0, 2.0);
+    nb_optim_step(r.opt);
+    nb_optim_zero_grad(r.opt);
+    double e = nb_meta_total().us;
+    for (int i = 0; i < np; i++) ready[i] = (ready[i] - f) * 1e-6;
+    char src[256];
+    snprintf(src, sizeof src,
+             "bench_gpt2 --device %s --gpu %s: GPT %lld layers, width %lld, sequence %lld, batch %lld, %s; "
+             "projected by the meta device's roofline, not measured",
+             nb_device_name(nb_meta(of)), gpu ? gpu->name : "none", (long long)o->layers, (long long)o->width,
+             (long long)o->seq, (long long)o->batch, o->bf16 ? "bf16" : "f32");
+    nb__scale_trace t;
+    nb__scale_trace_make(&t, np, r.p, ready, f * 1e-6, (b - f) * 1e-6, (e - b) * 1e-6, src);
+    nb_status st = nb__scale_trace_write(path, &t);
+    nb__scale_trace_free(&t);
+    free(ready);
+    run_free(&r);
+    if (st != NB_OK) {
+        fprintf(stderr, "bench_gpt2: %s\n", nb_last_error());
+        return 1;
+    }
+    printf("bench_gpt2: step trace (projected) written to %s\n", path);
+    return 0;
 }
 
 /* The products' peak of gpu in this dtype (nabla/meta.h). */
@@ -293,7 +346,7 @@ int main(int argc, char **argv) {
     opts o = {12, 12, 768, 1024, 50304, 8, 20, 3, false, true, false, true};
     double peak = 989, progress_after = 2.0;
     bool tf32 = false, machine = false;
-    const char *gpu_arg = NULL, *trace = NULL;
+    const char *gpu_arg = NULL, *trace = NULL, *step_trace = NULL;
     nb_device dev = nb_cuda(0);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -321,6 +374,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--peak-tflops") && has) peak = atof(argv[++i]);
         else if (!strcmp(a, "--progress-after") && has) progress_after = atof(argv[++i]);
         else if (!strcmp(a, "--trace") && has) trace = argv[++i];
+        else if (!strcmp(a, "--step-trace") && has) step_trace = argv[++i];
         else return usage(argv[0]);
     }
     if (o.layers < 1 || o.heads < 1 || o.width < 1 || o.width % o.heads || o.seq < 1 || o.vocab < 2 ||
@@ -338,6 +392,7 @@ int main(int argc, char **argv) {
                     gpu_arg);
             return 2;
         }
+        if (step_trace) return meta_step_trace((nb_device_type)dev.index, &o, gpu, step_trace);
         FILE *tf = trace ? fopen(trace, "w") : NULL;
         if (trace && !tf) {
             perror(trace);

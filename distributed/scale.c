@@ -24,8 +24,11 @@
  * on one communication stream; the optimizer starts after backward and the
  * last collective. ZeRO-1 reduce-scatters each bucket instead, steps 1/R of
  * the optimizer's work and then all-gathers the parameters (not hidden).
- * The bf16 wire halves the bytes of f32 buckets. Efficiency is the world-1
- * step over the projected step.
+ * The bf16 wire halves the bytes of f32 buckets. PowerSGD (steady state,
+ * after its plain steps) sends per bucket one all-reduce of the
+ * uncompressed values and the Ps, which backward waits for (nabla's hook
+ * waits inside the launch), then one of the Qs; its products are not
+ * counted. Efficiency is the world-1 step over the projected step.
  *
  * What it leaves out (docs/benchmarks.md lists it for users): compute
  * slowed by communication sharing memory bandwidth and cores, the casts of
@@ -133,10 +136,12 @@ double nb__scale_collective(nb__scale_coll c, nb__scale_algo a, int nodes, int p
  *   forward_s <seconds>              (forward and the loss)
  *   backward_s <seconds>             (backward alone, no communication)
  *   optimizer_s <seconds>            (the optimizer step and zero_grad)
- *   param <name> <dtype> <numel> <ready_s>
+ *   param <name> <dtype> <numel> <ready_s> <rows>
  * one `param` per parameter that requires a gradient, in the order their
  * gradients became final, ready_s counted from the start of backward
- * (nondecreasing). Buckets are not in the file: the model makes them
+ * (nondecreasing), and rows its first dimension when it has two or more
+ * (0 for a vector; the field may be left out, meaning 0), which PowerSGD's
+ * projection needs. Buckets are not in the file: the model makes them
  * from the parameters at any cap, as DDP would. */
 #define TRACE_MAGIC "nabla-step-trace 1"
 
@@ -179,13 +184,15 @@ nb_status nb__scale_trace_read(const char *path, nb__scale_trace *t) {
             t->backward_s = v, seen[1] = true;
         } else if (sscanf(s, "optimizer_s %lf", &v) == 1 && v >= 0) {
             t->optimizer_s = v, seen[2] = true;
-        } else if (sscanf(s, "param %95s %15s %lld %lf", p.name, dt, (long long *)&p.numel, &p.ready_s) == 4) {
-            if (!parse_dtype(dt, &p.dtype) || p.numel <= 0 || p.ready_s < 0 ||
+        } else if (sscanf(s, "param %95s %15s %lld %lf %lld", p.name, dt, (long long *)&p.numel, &p.ready_s,
+                          (long long *)&p.rows) >= 4) {
+            if (!parse_dtype(dt, &p.dtype) || p.numel <= 0 || p.ready_s < 0 || p.rows < 0 ||
+                (p.rows > 0 && p.numel % p.rows) ||
                 (t->n && p.ready_s < t->p[t->n - 1].ready_s)) {
                 st = nb_set_error(NB_ERR_FORMAT,
-                                  "nb_scale: %s:%d: parameter %s: bad dtype \"%s\", numel %lld or ready time %g "
-                                  "(times must not decrease)",
-                                  path, ln, p.name, dt, (long long)p.numel, p.ready_s);
+                                  "nb_scale: %s:%d: parameter %s: bad dtype \"%s\", numel %lld, ready time %g or "
+                                  "rows %lld (times must not decrease; rows divide numel)",
+                                  path, ln, p.name, dt, (long long)p.numel, p.ready_s, (long long)p.rows);
                 break;
             }
             if (t->n == cap) {
@@ -220,8 +227,8 @@ nb_status nb__scale_trace_write(const char *path, const nb__scale_trace *t) {
     fprintf(f, "source %s\nforward_s %.9g\nbackward_s %.9g\noptimizer_s %.9g\n", t->source, t->forward_s,
             t->backward_s, t->optimizer_s);
     for (int i = 0; i < t->n; i++)
-        fprintf(f, "param %s %s %lld %.9g\n", t->p[i].name, nb_dtype_name(t->p[i].dtype), (long long)t->p[i].numel,
-                t->p[i].ready_s);
+        fprintf(f, "param %s %s %lld %.9g %lld\n", t->p[i].name, nb_dtype_name(t->p[i].dtype),
+                (long long)t->p[i].numel, t->p[i].ready_s, (long long)t->p[i].rows);
     if (fclose(f) != 0) return nb_set_error(NB_ERR_IO, "nb_scale: writing %s failed", path);
     return NB_OK;
 }
@@ -232,15 +239,46 @@ void nb__scale_trace_free(nb__scale_trace *t) {
     t->n = 0;
 }
 
+typedef struct ready_at {
+    double t;
+    int i;
+} ready_at;
+static int cmp_ready(const void *a, const void *b) {
+    const ready_at *x = a, *y = b;
+    return x->t < y->t ? -1 : x->t > y->t ? 1 : x->i - y->i;
+}
+
+void nb__scale_trace_make(nb__scale_trace *t, int n, const nb_named_tensor *p, const double *ready_s,
+                          double forward_s, double backward_s, double optimizer_s, const char *source) {
+    ready_at *o = malloc(sizeof *o * (size_t)(n ? n : 1));
+    memset(t, 0, sizeof *t);
+    t->p = calloc((size_t)(n ? n : 1), sizeof *t->p);
+    NB_CHECK(o && t->p, "nb_scale: out of memory for a trace of %d parameters", n);
+    for (int i = 0; i < n; i++) o[i] = (ready_at){ready_s[i], i};
+    qsort(o, (size_t)n, sizeof *o, cmp_ready);
+    t->n = n;
+    t->forward_s = forward_s, t->backward_s = backward_s, t->optimizer_s = optimizer_s;
+    snprintf(t->source, sizeof t->source, "%s", source);
+    for (int k = 0; k < n; k++) {
+        const nb_tensor *x = p[o[k].i].tensor;
+        nb__scale_param *q = &t->p[k];
+        snprintf(q->name, sizeof q->name, "%s", p[o[k].i].name);
+        q->dtype = x->dtype, q->numel = nb_numel(x), q->ready_s = o[k].t;
+        q->rows = x->ndim >= 2 ? x->shape[0] : 0;
+    }
+    free(o);
+}
+
 /* --------------------------------------------------------------- replay */
 
-nb__scale_result nb__scale_replay_buckets(int nb, const double *cost, const double *ready, double forward_s,
-                                          double backward_s, double optimizer_s, double after_s,
+nb__scale_result nb__scale_replay_buckets(int nb, const double *cost, const double *block, const double *ready,
+                                          double forward_s, double backward_s, double optimizer_s, double after_s,
                                           double *start, double *end) {
     nb__scale_result r = {0};
-    double t = 0; /* the communication stream's clock, from the start of backward */
+    double t = 0, stall = 0; /* the communication stream's clock; backward held up so far */
     for (int b = 0; b < nb; b++) {
-        double s = fmax(ready[b], t);
+        double at = ready[b] + stall, s = fmax(at, t), first = block ? block[b] : 0;
+        if (first > 0) stall += s + first - at; /* backward waits for the first collective */
         t = s + cost[b];
         r.comm_s += cost[b];
         if (start) start[b] = s;
@@ -248,7 +286,7 @@ nb__scale_result nb__scale_replay_buckets(int nb, const double *cost, const doub
     }
     r.comm_s += after_s;
     r.compute_s = forward_s + backward_s + optimizer_s;
-    r.step_s = forward_s + fmax(backward_s, t) + optimizer_s + after_s;
+    r.step_s = forward_s + fmax(backward_s + stall, t) + optimizer_s + after_s;
     r.exposed_s = r.step_s - r.compute_s;
     r.n_buckets = nb;
     return r;
@@ -259,8 +297,10 @@ nb__scale_result nb__scale_replay(const nb__scale_trace *t, const nb__scale_conf
     int *order = malloc(sizeof(int) * (size_t)n), *starts = malloc(sizeof(int) * (size_t)(n + 1));
     int64_t *numel = malloc(sizeof(int64_t) * (size_t)n);
     nb_dtype *dtype = malloc(sizeof(nb_dtype) * (size_t)n);
-    double *cost = malloc(sizeof(double) * (size_t)n), *ready = malloc(sizeof(double) * (size_t)n);
-    NB_CHECK(order && starts && numel && dtype && cost && ready, "nb_scale: out of memory for %d parameters", n);
+    double *cost = malloc(sizeof(double) * (size_t)n), *ready = malloc(sizeof(double) * (size_t)n),
+           *block = calloc((size_t)n, sizeof(double));
+    NB_CHECK(order && starts && numel && dtype && cost && ready && block, "nb_scale: out of memory for %d parameters",
+             n);
     double param_bytes = 0;
     for (int i = 0; i < n; i++) {
         order[i] = i, numel[i] = t->p[i].numel, dtype[i] = t->p[i].dtype;
@@ -273,7 +313,25 @@ nb__scale_result nb__scale_replay(const nb__scale_trace *t, const nb__scale_conf
         double bytes = 0;
         for (int i = starts[b]; i < starts[b + 1]; i++) bytes += (double)numel[i] * (double)nb_dtype_size(dt);
         if (c->bf16_wire && dt == NB_F32) bytes /= 2;
-        cost[b] = nb__scale_collective(coll, c->algo, c->nodes, c->per_node, bytes, &c->intra, &c->inter);
+        double pq[2] = {0, 0}; /* PowerSGD: elements of its first all-reduce (uncompressed and Ps) and second (Qs) */
+        for (int i = starts[b]; c->powersgd_rank > 0 && i < starts[b + 1]; i++) {
+            int64_t rows = t->p[i].rows, cols = rows > 0 ? numel[i] / rows : 0, k = c->powersgd_rank;
+            if (k > rows) k = rows;
+            if (k > cols) k = cols;
+            if (rows > 0 && k > 0 &&
+                (double)(rows + cols) * (double)k * c->powersgd_min_rate < (double)rows * (double)cols)
+                pq[0] += (double)(rows * k), pq[1] += (double)(cols * k);
+            else
+                pq[0] += (double)numel[i];
+        }
+        if (c->powersgd_rank > 0 && pq[1] > 0) {
+            double es = (double)nb_dtype_size(dt);
+            block[b] = nb__scale_collective(coll, c->algo, c->nodes, c->per_node, pq[0] * es, &c->intra, &c->inter);
+            cost[b] = block[b] +
+                      nb__scale_collective(coll, c->algo, c->nodes, c->per_node, pq[1] * es, &c->intra, &c->inter);
+        } else {
+            cost[b] = nb__scale_collective(coll, c->algo, c->nodes, c->per_node, bytes, &c->intra, &c->inter);
+        }
         ready[b] = t->p[starts[b + 1] - 1].ready_s;
     }
     double opt = t->optimizer_s, after = 0;
@@ -283,9 +341,9 @@ nb__scale_result nb__scale_replay(const nb__scale_trace *t, const nb__scale_conf
                                      &c->inter);
     }
     nb__scale_result r =
-        nb__scale_replay_buckets(nb, cost, ready, t->forward_s, t->backward_s, opt, after, NULL, NULL);
+        nb__scale_replay_buckets(nb, cost, block, ready, t->forward_s, t->backward_s, opt, after, NULL, NULL);
     r.efficiency = (t->forward_s + t->backward_s + t->optimizer_s) / r.step_s;
-    free(order), free(starts), free(numel), free(dtype), free(cost), free(ready);
+    free(order), free(starts), free(numel), free(dtype), free(cost), free(ready), free(block);
     return r;
 }
 
@@ -337,10 +395,13 @@ void nb__scale_report(FILE *f, const nb__scale_trace *t, const nb__scale_config 
             c->intra.bw / 1e9, c->intra.source);
     fprintf(f, "  between nodes: %s (alpha %.1f us, %.2f GB/s; %s)\n", c->inter.name, 1e6 * c->inter.alpha_s,
             c->inter.bw / 1e9, c->inter.source);
-    fprintf(f, "  %s, %s all-reduce%s, buckets: first %.2f MiB then %.2f MiB, %d devices per node\n",
+    char psgd[64] = "";
+    if (c->powersgd_rank > 0)
+        snprintf(psgd, sizeof psgd, ", PowerSGD rank %d (min rate %g)", c->powersgd_rank, c->powersgd_min_rate);
+    fprintf(f, "  %s, %s all-reduce%s%s, buckets: first %.2f MiB then %.2f MiB, %d devices per node\n",
             c->mode == NB__SCALE_ZERO1 ? "ZeRO-1" : "DDP",
             c->algo == NB__SCALE_RING ? "ring" : c->algo == NB__SCALE_TREE ? "tree" : "ring or tree (cheaper)",
-            c->bf16_wire ? ", bf16 wire" : "", c->first_bucket / 1048576.0, c->bucket_cap / 1048576.0,
+            c->bf16_wire ? ", bf16 wire" : "", psgd, c->first_bucket / 1048576.0, c->bucket_cap / 1048576.0,
             c->per_node);
     fprintf(f, "%6s %12s %8s %10s %10s %11s %11s %12s\n", "world", "nodes x dev", "buckets", "step ms", "comm ms",
             "exposed ms", "efficiency", "best bucket");

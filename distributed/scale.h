@@ -14,6 +14,7 @@
 
 #include "nabla/dtype.h"
 #include "nabla/error.h"
+#include "nabla/nn.h"
 
 /* A link level: the latency of one message and the bandwidth one device
  * gets in one direction (bytes per second). */
@@ -63,6 +64,7 @@ typedef struct nb__scale_param {
     nb_dtype dtype;
     int64_t numel;
     double ready_s;
+    int64_t rows; /* shape[0] of a tensor of 2 dimensions or more; 0 for a vector */
 } nb__scale_param;
 
 /* A step trace (the file format: Note [Step trace] in scale.c). */
@@ -76,6 +78,11 @@ typedef struct nb__scale_trace {
 nb_status nb__scale_trace_read(const char *path, nb__scale_trace *t);
 nb_status nb__scale_trace_write(const char *path, const nb__scale_trace *t);
 void nb__scale_trace_free(nb__scale_trace *t);
+/* A trace of the n parameters p, parameter i's gradient final ready_s[i]
+ * after backward began: sorted by that time (ties by index), t->p
+ * malloc'd. */
+void nb__scale_trace_make(nb__scale_trace *t, int n, const nb_named_tensor *p, const double *ready_s,
+                          double forward_s, double backward_s, double optimizer_s, const char *source);
 
 typedef enum nb__scale_mode { NB__SCALE_DDP, NB__SCALE_ZERO1 } nb__scale_mode;
 
@@ -84,6 +91,8 @@ typedef struct nb__scale_config {
     nb__scale_mode mode;
     nb__scale_algo algo;
     bool bf16_wire;                  /* f32 gradients sent as bf16: half the bytes */
+    int powersgd_rank;               /* > 0: PowerSGD at this rank (Note [PowerSGD], ddp_powersgd.c) */
+    double powersgd_min_rate;        /* its min_compression_rate */
     size_t first_bucket, bucket_cap; /* bytes (DDP's defaults: 1 MiB, 25 MiB) */
     nb__scale_link intra, inter;
 } nb__scale_config;
@@ -97,11 +106,13 @@ typedef struct nb__scale_result {
     int n_buckets;
 } nb__scale_result;
 
-/* The replay of nb buckets (bytes on the wire, ready time after backward
- * began, in launch order) with a per-bucket cost: start[b], end[b] filled
- * when not NULL (seconds after backward began). */
-nb__scale_result nb__scale_replay_buckets(int nb, const double *cost, const double *ready, double forward_s,
-                                          double backward_s, double optimizer_s, double after_s,
+/* The replay of nb buckets (in launch order; ready: seconds after backward
+ * began) with a per-bucket collective cost, of which block[b] (NULL: none)
+ * comes first and holds up backward until it is done (PowerSGD's first
+ * all-reduce, waited for inside the launch): start[b], end[b] filled when
+ * not NULL (seconds after backward began). */
+nb__scale_result nb__scale_replay_buckets(int nb, const double *cost, const double *block, const double *ready,
+                                          double forward_s, double backward_s, double optimizer_s, double after_s,
                                           double *start, double *end);
 /* The trace's parameters bucketed as DDP does (nb__ddp_partition, in the
  * ready order) and replayed under `c`. */

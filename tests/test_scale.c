@@ -51,11 +51,11 @@ START_TEST(test_hierarchical_closed_forms) {
 END_TEST
 
 /* The made-up trace: forward 10 ms, backward 100 ms, optimizer 5 ms; f32
- * parameters a (1e6 B, ready at 20 ms), b (1e6 B, 50 ms), c (2e6 B, 90 ms),
- * d (1e6 B, 100 ms). */
+ * parameters a (1e6 B, ready at 20 ms), b (1e6 B, 50 ms), c (2e6 B, 90 ms,
+ * a 500 x 1000 matrix), d (1e6 B, 100 ms); the others vectors. */
 static nb__scale_trace made_up(void) {
-    static nb__scale_param p[4] = {{"a", NB_F32, 250000, 0.02}, {"b", NB_F32, 250000, 0.05},
-                                   {"c", NB_F32, 500000, 0.09}, {"d", NB_F32, 250000, 0.10}};
+    static nb__scale_param p[4] = {{"a", NB_F32, 250000, 0.02, 0}, {"b", NB_F32, 250000, 0.05, 0},
+                                   {"c", NB_F32, 500000, 0.09, 500}, {"d", NB_F32, 250000, 0.10, 0}};
     nb__scale_trace t = {0.010, 0.100, 0.005, 4, p, "made up"};
     return t;
 }
@@ -66,7 +66,7 @@ START_TEST(test_replay_timeline) {
      * b0 runs 20..30, b1 90..120, b2 waits for b1: 120..130. The step is 10 + 130 + 5 = 145 ms,
      * 30 ms exposed, 50 ms of communication; efficiency 115/145. */
     double cost[] = {0.01, 0.03, 0.01}, ready[] = {0.02, 0.09, 0.10}, s[3], e[3];
-    nb__scale_result r = nb__scale_replay_buckets(3, cost, ready, 0.010, 0.100, 0.005, 0, s, e);
+    nb__scale_result r = nb__scale_replay_buckets(3, cost, NULL, ready, 0.010, 0.100, 0.005, 0, s, e);
     double ws[] = {0.02, 0.09, 0.12}, we[] = {0.03, 0.12, 0.13};
     for (int b = 0; b < 3; b++) {
         NEAR(s[b], ws[b]);
@@ -77,7 +77,8 @@ START_TEST(test_replay_timeline) {
 
     nb__scale_trace t = made_up();
     nb__scale_link wire = {"wire", 0, 1e8, "test"};
-    nb__scale_config c = {1, 2, NB__SCALE_DDP, NB__SCALE_RING, false, 1000000, 2000000, wire, wire};
+    nb__scale_config c = {.nodes = 1, .per_node = 2, .mode = NB__SCALE_DDP, .algo = NB__SCALE_RING,
+                          .first_bucket = 1000000, .bucket_cap = 2000000, .intra = wire, .inter = wire};
     r = nb__scale_replay(&t, &c);
     ck_assert_int_eq(r.n_buckets, 3);
     NEAR(r.step_s, 0.145);
@@ -97,6 +98,21 @@ START_TEST(test_replay_timeline) {
     r = nb__scale_replay(&t, &c);
     NEAR(r.step_s, 0.1475);
     NEAR(r.comm_s, 0.050);
+    /* PowerSGD rank 4 (min rate 2): c is compressed ((500 + 1000) 4 2 = 12000 < 5e5), P 2000
+     * and Q 4000 elements. {a}: one all-reduce, 20..30. {b, c}: first all-reduce of b and P,
+     * 252000 x 4 B, 10.08 ms, 90..100.08, backward held up 10.08 ms; then Q's, 16000 B, 0.16 ms:
+     * ends at 100.24. {d}: ready at 100 + 10.08 = 110.08, runs to 120.08. Step 10 + 120.08 + 5
+     * = 135.08 ms, 20.08 exposed, 30.24 ms of communication. */
+    c.mode = NB__SCALE_DDP;
+    c.powersgd_rank = 4, c.powersgd_min_rate = 2;
+    r = nb__scale_replay(&t, &c);
+    NEAR(r.step_s, 0.13508);
+    NEAR(r.exposed_s, 0.02008);
+    NEAR(r.comm_s, 0.03024);
+    /* a rank above the matrix's rate: nothing compressed, plain DDP's 145 ms */
+    c.powersgd_rank = 400;
+    NEAR(nb__scale_replay(&t, &c).step_s, 0.145);
+    c.powersgd_rank = 0;
     /* one device: no communication at all, efficiency 1 */
     c.mode = NB__SCALE_DDP;
     c.per_node = 1;
@@ -112,7 +128,8 @@ START_TEST(test_suggest_bucket) {
      * 4 MiB, the smallest cap with one bucket. */
     nb__scale_trace t = made_up();
     nb__scale_link lat = {"lat", 1.0, 1e9, "test"};
-    nb__scale_config c = {1, 2, NB__SCALE_DDP, NB__SCALE_RING, false, 1 << 20, 25 << 20, lat, lat};
+    nb__scale_config c = {.nodes = 1, .per_node = 2, .mode = NB__SCALE_DDP, .algo = NB__SCALE_RING,
+                          .first_bucket = 1 << 20, .bucket_cap = 25 << 20, .intra = lat, .inter = lat};
     double step;
     NEAR(nb__scale_suggest(&t, &c, &step), 4);
     /* one bucket ready at 100 ms: 2 s of latency + 5e6/1e9 s, then the optimizer */
@@ -132,6 +149,8 @@ START_TEST(test_trace_file) {
     ck_assert_str_eq(back.source, "made up");
     ck_assert_str_eq(back.p[2].name, "c");
     ck_assert_int_eq(back.p[2].numel, 500000);
+    ck_assert_int_eq(back.p[2].rows, 500);
+    ck_assert_int_eq(back.p[1].rows, 0);
     NEAR(back.p[3].ready_s, 0.10);
     NEAR(back.backward_s, 0.100);
     nb__scale_trace_free(&back);

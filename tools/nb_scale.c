@@ -5,7 +5,8 @@
  * projections, and it says so.
  *
  *   nb_scale TRACE [--intra LINK] [--inter LINK] [--per-node G] [--max-world N]
- *            [--mode ddp|zero1] [--bf16-wire] [--algo ring|tree|best] [--bucket-mb MB]
+ *            [--mode ddp|zero1] [--bf16-wire] [--powersgd RANK] [--algo ring|tree|best]
+ *            [--bucket-mb MB]
  *   nb_scale --presets
  *
  * LINK: a preset (nb_scale --presets lists them with their sources),
@@ -14,6 +15,8 @@
  * --per-node 8 --max-world 1024 --mode ddp --algo best, DDP's buckets
  * (first 1 MiB, then 25 MiB; --bucket-mb sets both). The last column
  * names the bucket cap with the shortest projected step at that size.
+ * --powersgd RANK projects PowerSGD's steady state (nb_ddp_set_powersgd,
+ * min_compression_rate 2 as its default).
  * docs/benchmarks.md explains how to read it. Exit status 0, 1 when the
  * trace or a measured table cannot be read, 2 on bad usage. */
 #include <stdio.h>
@@ -24,7 +27,8 @@
 
 static int usage(void) {
     fprintf(stderr, "usage: nb_scale TRACE [--intra LINK] [--inter LINK] [--per-node G] [--max-world N]\n"
-                    "                [--mode ddp|zero1] [--bf16-wire] [--algo ring|tree|best] [--bucket-mb MB]\n"
+                    "                [--mode ddp|zero1] [--bf16-wire] [--powersgd RANK] [--algo ring|tree|best]\n"
+                    "                [--bucket-mb MB]\n"
                     "       nb_scale --presets\n"
                     "LINK: a preset, measured:FILE (bench_collectives' table) or ALPHA_US,GB/S\n");
     return 2;
@@ -35,7 +39,7 @@ int main(int argc, char **argv) {
     int max_world = 1024;
     double bucket_mb = 0;
     nb__scale_config c = {.nodes = 1, .per_node = 8, .mode = NB__SCALE_DDP, .algo = NB__SCALE_BEST,
-                          .first_bucket = 1u << 20, .bucket_cap = 25u << 20};
+                          .first_bucket = 1u << 20, .bucket_cap = 25u << 20, .powersgd_min_rate = 2.0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--presets")) {
@@ -49,6 +53,9 @@ int main(int argc, char **argv) {
             inter = argv[++i];
         } else if (v && !strcmp(a, "--per-node")) {
             c.per_node = atoi(argv[++i]);
+        } else if (v && !strcmp(a, "--powersgd")) {
+            c.powersgd_rank = atoi(argv[++i]);
+            if (c.powersgd_rank < 1) return usage();
         } else if (v && !strcmp(a, "--max-world")) {
             max_world = atoi(argv[++i]);
         } else if (v && !strcmp(a, "--bucket-mb")) {
