@@ -56,8 +56,9 @@
  * --trace FILE writes this rank's step trace (Note [Step trace] in
  * distributed/scale.c): the median forward, backward and optimizer times
  * and each parameter's median gradient-ready time in backward, for
- * tools/nb_scale. Run it with --no-ddp (one process) so that backward is
- * compute alone. --project LINK prints the scaling model's projection of
+ * tools/nb_scale. Under DDP at world > 1 rank 0 writes it with backward
+ * alone (nb_ddp_last_stats' backward_s) as the backward time: the compute
+ * of that run, for checking the model's communication against it. --project LINK prints the scaling model's projection of
  * that trace to 1 .. 1024 ranks, one per machine, joined by LINK (a
  * preset, measured:FILE or ALPHA_US,GB/S; as nb_scale TRACE --per-node 1
  * --inter LINK), under the measured table.
@@ -492,7 +493,8 @@ int main(int argc, char **argv) {
                  model_names[kind], (long long)batch, cuda ? "cuda" : "cpu", bf16 ? ", bf16 products" : "", mode,
                  world, measured);
         nb__scale_trace tr;
-        make_trace(&tr, &rec, p, measured, median(t_fwd, measured), median(t_bwd, measured),
+        /* under DDP at world > 1, backward alone (the statistics' backward_s), not nb_ddp_backward's wait */
+        make_trace(&tr, &rec, p, measured, median(t_fwd, measured), ddp && world > 1 ? bw : median(t_bwd, measured),
                    median(t_opt, measured), src);
         if (trace_path && nb__scale_trace_write(trace_path, &tr) != NB_OK) {
             fprintf(stderr, "bench_ddp: %s\n", nb_last_error());

@@ -5,7 +5,13 @@
 # with tc's token bucket filter (tbf) on both ends, and one table row per
 # rate: step time, backward, the wait for buckets after backward, the share
 # of all-reduce time hidden behind backward, the bytes the veth carried per
-# step and what they take on the wire at that rate.
+# step and what they take on the wire at that rate, and beside the measured
+# step the scaling model's projection (tools/nb_scale, a PROJECTION) from
+# rank 0's step trace of the same run (bench_ddp --trace: its forward,
+# backward alone, optimizer and gradient-ready times), with the link given
+# as 50 us of latency (assumed) and the tbf rate, and the ratio projected /
+# measured: a check of the model's communication, the compute being the
+# run's own.
 #
 #   benchmarks/run_netns.sh                                   # unlimited, 1gbit, 100mbit
 #   benchmarks/run_netns.sh --rates "1gbit 10mbit" --nproc-per-node 2 -- --model gpt --steps 20
@@ -27,7 +33,7 @@ while [ $# -gt 0 ]; do
     --nproc-per-node) nproc=$2; shift 2 ;;
     --port) port=$2; shift 2 ;;
     --) shift; break ;;
-    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) break ;;
   esac
 done
@@ -42,7 +48,7 @@ cleanup() {
     ip netns del "$n" 2>/dev/null || true
   done
 }
-trap cleanup EXIT
+trap 'cleanup; rm -f "${trace:-}"' EXIT
 trap 'exit 130' INT TERM
 
 ip netns add "${ns[0]}"
@@ -72,9 +78,13 @@ steps=30
 for ((k = 0; k < ${#bench[@]}; k++)); do [ "${bench[k]}" = --steps ] && steps=${bench[k + 1]}; done
 params=$("$bin/bench_ddp" --no-ddp --machine --steps 1 "${bench[@]}" | sed -n 's/.*params=\([0-9]*\).*/\1/p')
 world=$((2 * nproc))
+# both nodes' store secret (nbrun --nnodes needs one): random, for this run only
+export NABLA_STORE_SECRET=${NABLA_STORE_SECRET:-$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')}
+trace=$(mktemp /tmp/nb_netns_trace.XXXXXX)
 echo "bench_ddp ${bench[*]:-(defaults)} on 2 nodes x $nproc (world $world): $params parameters," \
      "$((params * 4)) bytes of gradients per step"
-printf '%-10s %9s %10s %10s %8s %13s %9s\n' link ms/step backward wait hidden "veth B/step" "wire ms"
+printf '%-10s %9s %10s %10s %8s %13s %9s %9s %9s\n' link ms/step backward wait hidden "veth B/step" "wire ms" \
+  "proj ms" "proj/meas"
 for rate in $rates; do
   for i in 0 1; do
     if [ "$rate" = unlimited ]; then
@@ -92,7 +102,8 @@ for rate in $rates; do
   other=$!
   row=$(env NABLA_RUN_ID="netns-bench-$$-$rate" OPENBLAS_NUM_THREADS=1 NABLA_PG_TIMEOUT=120 \
     timeout "$run_s" ip netns exec "${ns[0]}" "$bin/nbrun" --nnodes 2 --node-rank 0 --nproc-per-node "$nproc" \
-    --master-addr "${addr[0]}" --master-port "$port" "$bin/bench_ddp" --machine "${bench[@]}" | sed -n 's/^\[rank 0\] //p')
+    --master-addr "${addr[0]}" --master-port "$port" "$bin/bench_ddp" --machine --trace "$trace" "${bench[@]}" |
+    sed -n 's/^\[rank 0\] //p')
   wait "$other"
   sent=$(( ($(tx 0) - before) / (steps + 3) ))
   # bench_ddp --machine: key=value fields
@@ -100,5 +111,13 @@ for rate in $rates; do
   ms=$(printf '%.2f' "$(field ms)") bw=$(printf '%.2f' "$(field ddp_backward_ms)")
   wt=$(printf '%.2f' "$(field wait_ms)") hid=$(awk -v h="$(field hidden)" 'BEGIN { printf "%.0f%%", 100 * h }')
   if [ "$rate" = unlimited ]; then wire=-; else wire=$(awk -v s="$sent" -v b="$(bits "$rate")" 'BEGIN { printf "%.1f", 8e3 * s / b }'); fi
-  printf '%-10s %9s %10s %10s %8s %13s %9s\n' "$rate" "$ms" "$bw ms" "$wt ms" "$hid" "$sent" "$wire"
+  proj=- ratio=-
+  if [ "$rate" != unlimited ]; then
+    link="50,$(awk -v b="$(bits "$rate")" 'BEGIN { printf "%.6g", b / 8e9 }')"
+    proj=$("$bin/nb_scale" "$trace" --per-node "$nproc" --intra "$link" --inter "$link" --max-world "$world" |
+      awk -v w="$world" '$1 == w && $3 == "x" { print $6 }')
+    ratio=$(awk -v p="$proj" -v m="$ms" 'BEGIN { printf "%.2f", p / m }')
+  fi
+  printf '%-10s %9s %10s %10s %8s %13s %9s %9s %9s\n' "$rate" "$ms" "$bw ms" "$wt ms" "$hid" "$sent" "$wire" \
+    "$proj" "$ratio"
 done
