@@ -81,6 +81,7 @@
  * bf16-rounded operands; a CPU without AVX512_BF16 is slower, not wrong.
  * f16 is refused on the CPU: it would need loss scaling (5 exponent bits)
  * and buys nothing without an f16 GEMM; bf16 has f32's exponent range. */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -141,7 +142,31 @@ struct nb_ctx {
     arena data;
     arena meta[2]; /* meta[head.gen & 1] is in use; meta[1] is made at the first reset */
     nb_node *tape;
+    /* Note [Freed contexts] */
+    uint32_t born_gen;     /* head.gen when nb_ctx_new handed this struct out */
+    bool freed, meta_kept; /* in the registry; its metadata arenas still hold their structs */
+    struct nb_ctx *next_freed;
 };
+
+/* Note [Freed contexts]
+ * A tensor outlives nb_ctx_free as a pointer in the program, and the first
+ * op given it reads its context's generation through t->ctx (Note [Stale
+ * tensors]). Were the context's struct returned to malloc, that read would
+ * see whatever took its place, and the report that follows would walk
+ * freed blocks (SIGSEGV). So a freed context's struct is never returned:
+ * it goes to a registry with its generation bumped, and the next
+ * nb_ctx_new takes it from there, its generation going on from where it
+ * was (born_gen), never back. A tensor of a freed context is then always
+ * stale, and the report says its context was freed: with its name and
+ * shape while the context's metadata arenas are kept (its structs
+ * intact), which the last FREED_KEEP_META freed contexts are; the others'
+ * metadata memory is rewound for reuse but never returned to malloc either,
+ * so a tensor struct there holds a tensor's bytes, not the allocator's.
+ * Under AddressSanitizer the metadata is released as before (poisoned, so
+ * any use is reported). Device and data memory are released at once. */
+#define FREED_KEEP_META 8
+static pthread_mutex_t freed_mu = PTHREAD_MUTEX_INITIALIZER;
+static nb_ctx *freed_list; /* most recently freed first */
 
 static size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
@@ -357,15 +382,35 @@ nb_ctx *nb_ctx_new(nb_device device, size_t initial_bytes) {
         NB_CHECK(device.type == NB_DEVICE_CPU, "nb_ctx_new: unknown device type %d",
                  (int)device.type);
     }
-    nb_ctx *ctx = calloc(1, sizeof *ctx);
-    NB_CHECK(ctx, "nb_ctx_new: out of memory");
+    /* Note [Freed contexts]: a struct from the registry, its generation going on */
+    pthread_mutex_lock(&freed_mu);
+    nb_ctx *ctx = freed_list;
+    if (ctx) freed_list = ctx->next_freed;
+    pthread_mutex_unlock(&freed_mu);
+    arena meta[2];
+    uint32_t gen = 0;
+    if (ctx) {
+        gen = ctx->head.gen;
+        memcpy(meta, ctx->meta, sizeof meta);
+        memset(ctx, 0, sizeof *ctx);
+    } else {
+        ctx = calloc(1, sizeof *ctx);
+        NB_CHECK(ctx, "nb_ctx_new: out of memory");
+        memset(meta, 0, sizeof meta);
+    }
+    ctx->head.gen = ctx->born_gen = gen;
     ctx->device = device;
     ctx->compute_dtype = NB_F32;
     ctx->give_back = true;
     arena_init(&ctx->data, initial_bytes ? initial_bytes : NB_DEFAULT_BYTES,
                nb__backend_of(device), device.index);
-    arena_init(&ctx->meta[0], META_BYTES, &nb__cpu_backend, 0);
-    ctx->meta[1].be = &nb__cpu_backend;
+    for (int i = 0; i < 2; i++) {
+        ctx->meta[i] = meta[i];
+        if (meta[i].first) arena_reset(&ctx->meta[i], false);
+        ctx->meta[i].be = &nb__cpu_backend;
+    }
+    arena *m = &ctx->meta[gen & 1];
+    if (!m->first) arena_init(m, META_BYTES, &nb__cpu_backend, 0);
     return ctx;
 }
 
@@ -387,13 +432,32 @@ void nb_ctx_set_compute_dtype(nb_ctx *ctx, nb_dtype dtype) {
 
 nb_dtype nb_ctx_compute_dtype(const nb_ctx *ctx) { return ctx->compute_dtype; }
 
+/* Note [Freed contexts] */
 void nb_ctx_free(nb_ctx *ctx) {
     if (!ctx) return;
+    NB_CHECK(!ctx->freed, "nb_ctx_free: the context was already freed");
     nb__frames_forget(ctx);
     arena_release(&ctx->data);
-    arena_release(&ctx->meta[0]);
-    arena_release(&ctx->meta[1]);
-    free(ctx);
+    if (FRESH_META) {
+        arena_release(&ctx->meta[0]);
+        arena_release(&ctx->meta[1]);
+    }
+    ctx->head.gen++;
+    ctx->freed = true;
+    ctx->meta_kept = !FRESH_META;
+    ctx->tape = NULL;
+    pthread_mutex_lock(&freed_mu);
+    ctx->next_freed = freed_list;
+    freed_list = ctx;
+    int n = 0;
+    for (nb_ctx *c = freed_list; c; c = c->next_freed)
+        if (c->meta_kept && ++n > FREED_KEEP_META) {
+            /* rewound for reuse, kept from malloc */
+            for (int i = 0; i < 2; i++)
+                if (c->meta[i].first) arena_reset(&c->meta[i], false);
+            c->meta_kept = false;
+        }
+    pthread_mutex_unlock(&freed_mu);
 }
 
 /* Note [Stale tensors] */
@@ -492,6 +556,19 @@ void nb__stale_abort(const char *op, const nb_tensor *t) {
                  "%s: a tensor made before a reset of its context was used (its memory was "
                  "released by an nb_ctx_reset or nb_ctx_free of its context); %s", op, advice);
     const nb_ctx *ctx = t->ctx;
+    /* Note [Freed contexts] */
+    if (ctx->freed || (int32_t)(t->gen - ctx->born_gen) < 0) {
+        bool intact = ctx->freed && ctx->meta_kept && in_arena(&ctx->meta[t->gen & 1], t);
+        if (intact)
+            nb_abort(__FILE__, __LINE__,
+                     "%s: tensor%s%s%s %s %s belongs to a context that was freed (nb_ctx_free): "
+                     "its memory is gone; %s",
+                     op, t->name ? " '" : "", t->name ? t->name : "", t->name ? "'" : "",
+                     nb_dtype_name(t->dtype), nb_shape_str(t), advice);
+        nb_abort(__FILE__, __LINE__,
+                 "%s: a tensor of a context that was freed (nb_ctx_free) was used: its memory is "
+                 "gone%s; %s", op, ctx->freed ? "" : " (another context now uses it)", advice);
+    }
     if (ctx->head.gen - t->gen == 1 && in_arena(&ctx->meta[t->gen & 1], t))
         nb_abort(__FILE__, __LINE__,
                  "%s: tensor%s%s%s %s %s was made before a reset of its context (it belongs "

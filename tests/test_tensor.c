@@ -575,7 +575,7 @@ START_TEST(test_stale_older_than_one_step) {
     NBT_EXPECT_ABORT(nb_item(nb_sum_all(step, y)), "nb_sum: tensor f32 (3,) " STALE);
     /* a generation that matches nothing: the contents are not trusted */
     nb_tensor fake = *y;
-    fake.gen -= 5;
+    fake.gen -= 1; /* older than the previous step, not older than the context */
     NBT_EXPECT_ABORT(nb_get(&fake, (int64_t[]){0}),
                      "nb_get: a tensor made before a reset of its context was used (more than one "
                      "reset ago: its name and shape are gone)");
@@ -594,6 +594,35 @@ START_TEST(test_stale_older_than_one_step) {
     (void)x;
 #endif
     nb_ctx_free(step);
+}
+END_TEST
+
+/* Note [Freed contexts]: a tensor of a freed context is named as such,
+ * before and after another context takes the freed one's place, and a
+ * context freed twice is refused. */
+START_TEST(test_freed_context_tensor) {
+    nb_ctx *gone = nb_ctx_new(nb_cpu(), 0), *live = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *w = nb_full(gone, NB_F32, NB_SHAPE(3), 1);
+    nb_set_name(w, "w");
+    nb_tensor *v = nb_full(live, NB_F32, NB_SHAPE(3), 2);
+    nb_ctx_free(gone);
+#ifdef NB__ASAN
+    NBT_EXPECT_ABORT(nb_add(live, v, w), "nb_add: a tensor made before a reset of its context was used (its "
+                     "memory was released by an nb_ctx_reset or nb_ctx_free");
+    (void)v;
+#else
+    NBT_EXPECT_ABORT(nb_add(live, v, w), "nb_add: tensor 'w' f32 (3,) belongs to a context that was freed "
+                     "(nb_ctx_free)");
+    NBT_EXPECT_ABORT(nb_item(nb_sum_all(live, w)), "belongs to a context that was freed");
+    NBT_EXPECT_ABORT(nb_ctx_free(gone), "nb_ctx_free: the context was already freed");
+    nb_ctx *next = nb_ctx_new(nb_cpu(), 0); /* may take the freed one's place */
+    NBT_EXPECT_ABORT(nb_to_host(w, (float[3]){0}), "nb_to_host: ");
+    ck_assert_msg(strstr(nbt_abort_msg, "context that was freed (nb_ctx_free)") != NULL, "%s", nbt_abort_msg);
+    nb_tensor *u = nb_full(next, NB_F32, NB_SHAPE(3), 4);
+    ck_assert_float_eq(nb_item(nb_sum_all(next, u)), 12);
+    nb_ctx_free(next);
+#endif
+    nb_ctx_free(live);
 }
 END_TEST
 
@@ -628,6 +657,7 @@ int main(void) {
     tcase_add_test(tc, test_stale_reads_and_writes);
     tcase_add_test(tc, test_stale_inputs_every_op);
     tcase_add_test(tc, test_stale_older_than_one_step);
+    tcase_add_test(tc, test_freed_context_tensor);
     tcase_add_test(tc, test_null_tensor);
     suite_add_tcase(s, tc);
     return nbt_run(s);
