@@ -59,6 +59,7 @@ typedef struct slot {
 } slot;
 
 struct nb_loader {
+    nb__handle handle; /* first: Note [Freed handles] in util/handle.h */
     nb_dataset *ds;
     nb_sampler *sampler;
     bool own_sampler;
@@ -242,6 +243,7 @@ static void stop_workers(nb_loader *l) {
 
 void nb_loader_free(nb_loader *l) {
     if (!l) return;
+    NB__CHECK_HANDLE("nb_loader_free", l, "loader"); /* freed twice: Note [Freed handles] */
     stop_workers(l);
     if (l->sync_ready) {
         pthread_mutex_destroy(&l->mu);
@@ -258,7 +260,7 @@ void nb_loader_free(nb_loader *l) {
     free(l->list);
     if (l->own_sampler) nb_sampler_free(l->sampler);
     nb_dataset_free(l->ds);
-    free(l);
+    nb__handle_retire(l);
 }
 
 static void *alloc_buffer(size_t bytes) {
@@ -353,6 +355,7 @@ nb_status nb_loader_new(nb_loader **out, nb_dataset *ds, const nb_loader_options
     int64_t epoch = nb_sampler_epoch(sampler), len;
     int64_t *list = epoch_list(ds, sampler, epoch, &len);
     nb_loader *l = calloc(1, sizeof *l);
+    if (l) nb__handle_init(&l->handle, "nb_loader_free");
     if (!l) {
         free(list);
         if (!opts->sampler) nb_sampler_free(sampler);

@@ -371,6 +371,7 @@ static void free_arrays(nb_ddp *d) {
 nb_status nb__ddp_reducer_new(nb_ddp **out, nb_module *model, nb_pg *pg, const nb_ddp_options *opts) {
     *out = NULL;
     nb_ddp *d = nb__ddp_calloc(1, sizeof *d);
+    nb__handle_init(&d->handle, "nb_ddp_free"); /* Note [Freed handles] */
     d->model = model;
     d->pg = pg;
     d->o = opts ? *opts : NB_DDP_DEFAULTS;
@@ -453,7 +454,7 @@ void nb__ddp_reducer_free(nb_ddp *d) {
     for (int b = 0; b < d->n_buckets; b++) nb_ctx_free(d->buckets[b].gctx);
     nb_ctx_free(d->ctx);
     free_arrays(d);
-    free(d);
+    nb__handle_retire(d);
 }
 
 nb_module *nb_ddp_module(nb_ddp *d) {

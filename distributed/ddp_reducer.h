@@ -11,6 +11,7 @@
 #define NABLA_DISTRIBUTED_DDP_REDUCER_H
 
 #include "nabla/ddp.h"
+#include "util/handle.h"
 
 /* Reducer data only: what a feature keeps per bucket lives in its own
  * arrays, indexed by bucket, remade by its buckets_made hook. */
@@ -126,6 +127,7 @@ typedef struct nb__ddp_hooks {
 } nb__ddp_hooks;
 
 struct nb_ddp {
+    nb__handle handle; /* first: Note [Freed handles] in util/handle.h */
     nb_module *model;
     nb_pg *pg;
     nb_ddp_options o;

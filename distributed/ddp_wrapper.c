@@ -22,5 +22,6 @@ nb_status nb_ddp_new(nb_ddp **out, nb_module *model, nb_pg *pg, const nb_ddp_opt
 
 void nb_ddp_free(nb_ddp *d) {
     if (!d) return;
+    NB__CHECK_HANDLE("nb_ddp_free", d, "DDP handle"); /* freed twice: Note [Freed handles] */
     nb__ddp_reducer_free(d);
 }

@@ -39,8 +39,14 @@ const char *nb_pg_backend_name(nb_pg_backend backend) {
     return "?";
 }
 
-int nb_pg_rank(const nb_pg *pg) { return pg->rank; }
-int nb_pg_size(const nb_pg *pg) { return pg->size; }
+int nb_pg_rank(const nb_pg *pg) {
+    NB__CHECK_HANDLE("nb_pg_rank", pg, "process group");
+    return pg->rank;
+}
+int nb_pg_size(const nb_pg *pg) {
+    NB__CHECK_HANDLE("nb_pg_size", pg, "process group");
+    return pg->size;
+}
 nb_pg_backend nb_pg_backend_of(const nb_pg *pg) { return pg->backend; }
 nb_device nb_pg_device(const nb_pg *pg) { return pg->device; }
 const nb_dist_env *nb_pg_env(const nb_pg *pg) { return &pg->root->env; }
@@ -196,6 +202,7 @@ static nb_status work_result(nb_work *w, bool *done) {
 
 nb_status nb_pg_status(nb_pg *pg) {
     NB_CHECK(pg != NULL, "nb_pg_status: process group is NULL");
+    nb__handle_check_live("nb_pg_status", pg, "process group");
     pthread_mutex_lock(&pg->mu);
     nb_status st = pg->broken;
     char msg[NB__MSG_LEN];
@@ -390,6 +397,7 @@ static bool dtype_ok(nb_dtype d) {
 
 static void check_tensor(const char *fn, const nb_pg *pg, const nb_tensor *t, const char *what) {
     NB_CHECK(pg != NULL, "%s: process group is NULL (is this rank a member of the subgroup?)", fn);
+    nb__handle_check_live(fn, pg, "process group");
     NB_CHECK(t != NULL, "%s: %s is NULL", fn, what);
     NB_CHECK(nb_is_contiguous(t), "%s: %s must be contiguous (shape %s)", fn, what, nb_shape_str(t));
     NB_CHECK(nb_device_eq(t->device, pg->device),
@@ -454,6 +462,7 @@ nb_work *nb_pg_reduce_scatter(nb_pg *pg, nb_tensor *out, const nb_tensor *in, nb
 
 nb_work *nb_pg_barrier(nb_pg *pg) {
     NB_CHECK(pg != NULL, "nb_pg_barrier: process group is NULL (is this rank a member of the subgroup?)");
+    nb__handle_check_live("nb_pg_barrier", pg, "process group");
     nb__coll c = {NB__BARRIER, NB_REDUCE_SUM, NB_I32, 0, 0, NULL, NULL, 0};
     return nb__pg_issue(pg, &c);
 }
@@ -520,6 +529,7 @@ nb_status nb__pg_start_backend(nb_pg *pg, const char *prefix) {
 nb_pg *nb__pg_alloc(nb_pg *root, nb_pg *parent, int rank, int size) {
     nb_pg *pg = calloc(1, sizeof *pg);
     NB_CHECK(pg != NULL, "nb_pg: out of memory");
+    nb__handle_init(&pg->handle, "nb_pg_free");
     pg->global = calloc((size_t)size, sizeof *pg->global);
     NB_CHECK(pg->global != NULL, "nb_pg: out of memory");
     pg->root = root ? root : pg;
@@ -639,7 +649,7 @@ static void free_group(nb_pg *pg, bool stuck) {
     pthread_mutex_destroy(&pg->watch_mu);
     pthread_mutex_destroy(&pg->monitor_mu);
     free(pg->global);
-    free(pg);
+    nb__handle_retire(pg); /* Note [Freed handles] */
 }
 
 nb_status nb_pg_init_env(nb_pg **out, const nb_dist_env *env, const nb_pg_options *opts) {
@@ -738,6 +748,7 @@ static nb_status exit_handshake(nb_pg *pg) {
 
 nb_status nb_pg_free(nb_pg *pg) {
     if (!pg) return NB_OK;
+    NB__CHECK_HANDLE("nb_pg_free", pg, "process group"); /* freed twice: Note [Freed handles] */
     NB_CHECK(pg->n_children == 0, "nb_pg_free: group '%s' still has %d subgroup%s; free them first",
              pg->name, pg->n_children, pg->n_children == 1 ? "" : "s");
     double pause = 2e-5;

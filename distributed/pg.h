@@ -7,6 +7,7 @@
 #include <pthread.h>
 
 #include "distributed/internal.h"
+#include "util/handle.h"
 
 /* Fingerprints are kept in a ring of this many slots per rank and group. */
 #define NB__FP_SLOTS 16
@@ -75,6 +76,7 @@ struct nb_work {
 };
 
 struct nb_pg {
+    nb__handle handle; /* first: Note [Freed handles] in util/handle.h */
     nb_pg *root, *parent;
     char name[64];        /* "world", "world.g1", ... */
     int rank, size;

@@ -65,7 +65,7 @@ static nb_status check_lists(nb_pg *pg, const char *name, const int *ranks, cons
 
 nb_status nb_pg_new_group(nb_pg *pg, const int *ranks, int n, nb_pg **out) {
     const char *fn = "nb_pg_new_group";
-    NB_CHECK(pg != NULL, "%s: process group is NULL", fn);
+    NB__CHECK_HANDLE(fn, pg, "process group");
     NB_CHECK(out != NULL && ranks != NULL, "%s: NULL argument", fn);
     NB_CHECK(n >= 1 && n <= pg->size, "%s: %d ranks for a subgroup of a group of %d", fn, n, pg->size);
     for (int i = 0; i < n; i++) {

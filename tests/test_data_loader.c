@@ -177,6 +177,9 @@ START_TEST(test_collation_and_epochs) {
     ck_assert_int_eq(nb_loader_new(&l, ds, &o), NB_OK);
     ck_assert_int_eq(nb_loader_len(l), 2);
     nb_loader_free(l);
+    /* Note [Freed handles]: a loader used after nb_loader_free is named */
+    NBT_EXPECT_ABORT(nb_loader_next(l, ctx, &b), "nb_loader_next: the loader was freed (nb_loader_free)");
+    NBT_EXPECT_ABORT(nb_loader_free(l), "nb_loader_free: the loader was freed (nb_loader_free)");
     nb_dataset_free(ds);
     nb_ctx_free(ctx);
 }

@@ -452,6 +452,24 @@ START_TEST(test_mismatch_named) {
 }
 END_TEST
 
+/* Note [Freed handles]: a wrapper used after nb_ddp_free aborts with a
+ * message naming the call and the free, instead of reading freed memory. */
+START_TEST(test_freed_wrapper_named) {
+    nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
+    nb_module *model = mlp_of(pctx, NB_F64, 16);
+    nb_ddp *ddp = NULL;
+    ck_assert_int_eq(nb_ddp_new(&ddp, model, world, NULL), NB_OK);
+    nb_ddp_free(ddp);
+    nb_tensor *x = nb_zeros(step, NB_F64, NB_SHAPE(2, 6));
+    nb_tensor *y = NULL;
+    NBT_EXPECT_ABORT(nb_ddp_forward(ddp, step, x, &y), "nb_ddp_forward: the DDP handle was freed (nb_ddp_free)");
+    NBT_EXPECT_ABORT(nb_ddp_module(ddp), "nb_ddp_module: the DDP handle was freed (nb_ddp_free)");
+    NBT_EXPECT_ABORT(nb_ddp_free(ddp), "nb_ddp_free: the DDP handle was freed (nb_ddp_free)");
+    nb_ctx_free(step);
+    nb_ctx_free(pctx);
+}
+END_TEST
+
 START_TEST(test_gradients_are_bucket_views) {
     nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
     nb_module *model = mlp_of(pctx, NB_F64, 8);
@@ -491,6 +509,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_overlap_across_ranks);
     tcase_add_test(tc, test_bf16_hook);
     tcase_add_test(tc, test_mismatch_named);
+    tcase_add_test(tc, test_freed_wrapper_named);
     tcase_add_test(tc, test_gradients_are_bucket_views);
     suite_add_tcase(s, tc);
     return s;

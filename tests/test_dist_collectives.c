@@ -349,6 +349,11 @@ START_TEST(test_subgroups) {
             ck_assert_double_eq(nb_item(t), 5);
             NBT_EXPECT_ABORT(nb_pg_free(g), "still has 1 subgroup");
             check_ok(nb_pg_free(gg));
+            /* Note [Freed handles]: a group used after nb_pg_free is named */
+            NBT_EXPECT_ABORT(nb_pg_all_reduce(gg, t, NB_REDUCE_SUM),
+                             "nb_pg_all_reduce: the process group was freed (nb_pg_free)");
+            NBT_EXPECT_ABORT(nb_pg_rank(gg), "nb_pg_rank: the process group was freed (nb_pg_free)");
+            NBT_EXPECT_ABORT(nb_pg_free(gg), "nb_pg_free: the process group was freed (nb_pg_free)");
         }
         check_ok(nb_pg_free(g));
     }
