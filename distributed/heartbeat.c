@@ -34,9 +34,12 @@
  * limit bounds Gloo's connection set-up that follows (pg_gloo.c). */
 #include <errno.h>
 #include <inttypes.h>
+#include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "distributed/pg.h"
@@ -48,6 +51,61 @@
 #define JOIN_STRAYS_SAID 8 /* refused strays said on stderr, at most */
 #define JOIN_ABORT_KEY "nb/join/abort" /* Note [Joining] */
 #define JOIN_STRAY_KEY "nb/join/stray"
+
+/* Note [Launcher lifeline]
+ * A rank must not outlive the launcher that started it. PR_SET_PDEATHSIG
+ * reaches only nbrun's direct child: a rank started through a wrapper
+ * (`nbrun sh -c 'prog; ...'`, a script that forks, a double fork) is a
+ * grandchild, and after `kill -9 nbrun` it would go on training with
+ * parent 1. So nbrun also hands every process it starts the read end of a
+ * pipe whose only write end nbrun holds (NABLA_LAUNCHER_FD); descriptors
+ * are inherited through any wrapper and fork. The kernel closes the write
+ * end when nbrun dies however it dies, and the read end then reports end
+ * of file. When a program makes its world group (nb__launcher_lifeline,
+ * before the join), the library takes the descriptor, and the heartbeat
+ * thread looks at it at each beat (a poll that does not wait: no thread of
+ * its own, since one more thread made a killed rank's death reach nbrun
+ * after the death of the peer it made fail, in one run in two under load).
+ * At end of file it says so on stderr and kills its own process with
+ * SIGKILL: the end PR_SET_PDEATHSIG gives a direct child, within a beat
+ * (a second at most). A descriptor that is not a pipe is ignored (a
+ * variable inherited by a program that is not nbrun's). */
+static int lifeline_fd = -1;
+
+static void lifeline_take(void) {
+    const char *v = getenv("NABLA_LAUNCHER_FD");
+    if (!v || !*v) return;
+    char *end;
+    long fd = strtol(v, &end, 10);
+    struct stat st;
+    if (end == v || *end || fd < 0 || fd > INT32_MAX || fstat((int)fd, &st) != 0 || !S_ISFIFO(st.st_mode))
+        return;
+    lifeline_fd = (int)fd;
+}
+
+void nb__launcher_lifeline(void) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, lifeline_take);
+}
+
+/* The heartbeat thread's look: the launcher is gone when the pipe reads end of file. */
+static void lifeline_check(void) {
+    if (lifeline_fd < 0) return;
+    struct pollfd p = {lifeline_fd, POLLIN, 0};
+    if (poll(&p, 1, 0) <= 0) return;
+    char buf[64];
+    ssize_t got = read(lifeline_fd, buf, sizeof buf);
+    if (got != 0) return; /* nbrun never writes; an error is not its death */
+    const char *rank = getenv("RANK");
+    char line[256];
+    int n = snprintf(line, sizeof line,
+                     "nabla: rank %s (pid %ld): the launcher that started this process is gone "
+                     "(NABLA_LAUNCHER_FD %d closed); stopping, as its direct children do\n",
+                     rank ? rank : "?", (long)getpid(), lifeline_fd);
+    ssize_t w = write(2, line, (size_t)n);
+    (void)w;
+    kill(getpid(), SIGKILL);
+}
 
 /* ------------------------------------------------------------ heartbeat */
 
@@ -63,6 +121,7 @@ static void *beat_main(void *arg) {
         int len = snprintf(val, sizeof val, "%" PRId64, ++n);
         /* A store that is gone is reported by the waits, not here. */
         nb_status st = nb__store_set_quiet(pg->store_hb, key, val, (size_t)len);
+        lifeline_check();
         pthread_mutex_lock(&pg->hb_mu);
         if (st != NB_OK) break;
         struct timespec ts;

@@ -655,6 +655,7 @@ static void free_group(nb_pg *pg, bool stuck) {
 nb_status nb_pg_init_env(nb_pg **out, const nb_dist_env *env, const nb_pg_options *opts) {
     NB_CHECK(out != NULL && env != NULL, "nb_pg_init: NULL argument");
     *out = NULL;
+    nb__launcher_lifeline();
     nb_pg_backend backend = NB_PG_GLOO;
     double timeout = 0;
     nb_status st = resolve_options(opts, &backend, &timeout);

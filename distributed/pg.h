@@ -148,6 +148,7 @@ nb_pg *nb__pg_alloc(nb_pg *root, nb_pg *parent, int rank, int size);
  * to do the same; names the ranks that never joined. */
 nb_status nb__join(nb_pg *root);
 nb_status nb__hb_start(nb_pg *root);
+void nb__launcher_lifeline(void); /* Note [Launcher lifeline] */
 void nb__hb_stop(nb_pg *root);
 /* Has a member of pg been silent for the liveness limit? Fills `what`
  * naming it and returns the status to fail with, or NB_OK. */

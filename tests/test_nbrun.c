@@ -12,7 +12,7 @@
 #include "dist/proc.h"
 #include "testutil.h"
 
-static char nbrun_path[4096];
+static char nbrun_path[4096], scenario_path[4096];
 
 #define EXPECT_IN(text, needle) \
     ck_assert_msg(strstr((text), (needle)) != NULL, "expected \"%s\" in:\n%s", (needle), (text))
@@ -386,6 +386,39 @@ START_TEST(test_children_die_with_nbrun) {
 }
 END_TEST
 
+/* Note [Launcher lifeline]: ranks that are grandchildren of nbrun (a
+ * wrapper that does not exec, a double fork) die within 3 s of kill -9 of
+ * nbrun; PR_SET_PDEATHSIG reaches only the wrapper. */
+static void lifeline_case(const char *script) {
+    nbt_proc p;
+    const char *a[] = {"--nproc-per-node", "2", NULL};
+    run(&p, NULL, a, script);
+    p.trigger = "pid ";
+    p.trigger_count = 2;
+    p.trigger_signal = SIGKILL;
+    nbt_proc_wait_all(&p, 1, 60);
+    double t0 = nbt_now();
+    ck_assert_int_eq(p.code, 137);
+    int pids[2], n = 0;
+    for (const char *s = p.out; (s = strstr(s, "pid ")) != NULL && n < 2; s += 4) pids[n++] = atoi(s + 4);
+    ck_assert_msg(n == 2, "expected two pids in:\n%s\n%s", p.out, p.err);
+    while ((alive(pids[0]) || alive(pids[1])) && nbt_now() - t0 < 3) poll(NULL, 0, 20);
+    ck_assert_msg(!alive(pids[0]) && !alive(pids[1]), "ranks %d and %d outlived nbrun by 3 s (%s)", pids[0],
+                  pids[1], script);
+    nbt_proc_free(&p);
+}
+
+START_TEST(test_wrapped_ranks_die_with_nbrun) {
+    char script[4400];
+    /* sh runs the program as its child and waits: the rank is nbrun's grandchild */
+    snprintf(script, sizeof script, "%s orphan; echo done", scenario_path);
+    lifeline_case(script);
+    /* the rank's parent exits at once: it is reparented to init */
+    snprintf(script, sizeof script, "(%s orphan &); exec sleep 60", scenario_path);
+    lifeline_case(script);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("nbrun");
     TCase *tc = tcase_create("launcher");
@@ -401,6 +434,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_term_then_kill);
     tcase_add_test(tc, test_interrupt_stops_all);
     tcase_add_test(tc, test_children_die_with_nbrun);
+    tcase_add_test(tc, test_wrapped_ranks_die_with_nbrun);
     tcase_add_test(tc, test_max_restarts);
     suite_add_tcase(s, tc);
     return s;
@@ -408,5 +442,6 @@ static Suite *suite(void) {
 
 int main(void) {
     snprintf(nbrun_path, sizeof nbrun_path, "%s/bin/nbrun", NABLA_BINARY_DIR);
+    snprintf(scenario_path, sizeof scenario_path, "%s/tests/dist_scenario", NABLA_BINARY_DIR);
     return nbt_run(suite());
 }

@@ -9,7 +9,14 @@
  * signal) decides nbrun's exit code; the others get SIGTERM, then SIGKILL
  * after a grace period, sent to each child's process group so that what
  * they started goes too. Every child asks the kernel for SIGKILL when
- * nbrun dies (PR_SET_PDEATHSIG), so no rank outlives a killed launcher.
+ * nbrun dies (PR_SET_PDEATHSIG); a rank started through a wrapper is a
+ * grandchild, which that does not reach, so every process also inherits
+ * the read end of a pipe only nbrun holds open for writing
+ * (NABLA_LAUNCHER_FD), whose end of file the library turns into SIGKILL
+ * (Note [Launcher lifeline] in distributed/heartbeat.c). nbrun is not a
+ * subreaper (PR_SET_CHILD_SUBREAPER): with it, a rank killed by a signal
+ * was reaped after the peer its death made fail, about one run in three
+ * on a loaded machine, and that peer was named as failing first.
  *
  * On the node of rank 0, nbrun opens the store's listening socket itself
  * and hands it to rank 0 (NABLA_STORE_FD); with --master-port 0 that is
@@ -104,6 +111,8 @@ static const char *usage_text =
     "  NABLA_LINE_BUFFERED=1   (unless set) nabla makes the process's stdout line-\n"
     "                          buffered, so each line shows when it is printed; set\n"
     "                          it to 0 to keep the C library's block buffering\n"
+    "  NABLA_LAUNCHER_FD       the read end of a pipe that closes when nbrun dies;\n"
+    "                          a nabla program stops then, however it was started\n"
     "  stdin from /dev/null; each in its own process group (what a process leaves\n"
     "  running in its group when it exits is killed)\n"
     "\n"
@@ -122,7 +131,9 @@ static const char *usage_text =
     "\n"
     "Ctrl-C (SIGINT), SIGTERM or SIGHUP to nbrun stops every process the same way;\n"
     "a second one kills them at once. If nbrun itself dies, the kernel kills the\n"
-    "processes (PR_SET_PDEATHSIG).\n"
+    "processes (PR_SET_PDEATHSIG), and a nabla program started through a wrapper\n"
+    "(sh -c, a script that forks) stops within a second, when its inherited\n"
+    "NABLA_LAUNCHER_FD closes.\n"
     "\n"
     "restarts: with --max-restarts N, when a process fails (its exit code, a signal,\n"
     "or the others' failure when it is dead or silent past the liveness limit),\n"
@@ -444,6 +455,19 @@ static void prepare_secret(const options *o) {
  * rendezvous decided (Note [Elastic membership]). */
 static int gen_world, gen_group, gen_rank_base;
 
+/* Note [Launcher lifeline]: the read end every process inherits; the
+ * write end, close-on-exec, stays with nbrun alone. */
+static int lifeline_fd = -1;
+
+static void open_lifeline(void) {
+    int p[2];
+    if (pipe2(p, O_CLOEXEC) != 0) {
+        perror("nbrun: pipe");
+        exit(1);
+    }
+    lifeline_fd = p[0]; /* p[1] is never written, and closes when nbrun dies */
+}
+
 static void setenv_int(const char *name, int v) {
     char s[32];
     snprintf(s, sizeof s, "%d", v);
@@ -494,6 +518,10 @@ static void spawn(child *c, const options *o, const char *run_id, int store_fd, 
         }
         unsetenv("NABLA_STORE_FD");
         unsetenv("NABLA_STORE_PORT"); /* the store is on MASTER_PORT */
+        if (lifeline_fd >= 0) {
+            fcntl(lifeline_fd, F_SETFD, 0);
+            setenv_int("NABLA_LAUNCHER_FD", lifeline_fd);
+        }
         if (secret_fd >= 0) {
             fcntl(secret_fd, F_SETFD, 0);
             setenv_int("NABLA_STORE_SECRET_FD", secret_fd);
@@ -868,11 +896,25 @@ static void rdzv_close(const options *o, bool done) {
     nb__store_wipe(&rdzv_secret, sizeof rdzv_secret);
 }
 
+/* Note [Who failed first]
+ * A rank killed by a signal (SIGKILL, a crash) makes its peers fail within
+ * milliseconds (their connections to it break), and under load a peer's
+ * exit can reach nbrun before the killed rank's: a process killed with
+ * many threads is reaped only once every thread has gone. Named first,
+ * the peer would hide the cause. So a rank that exits with an error is
+ * taken as the first failure only after FIRST_WINDOW_S in which no rank
+ * was killed by a signal; one that was is taken at once, and outranks
+ * the exit. The others are stopped after that, at most FIRST_WINDOW_S
+ * later than before. */
+#define FIRST_WINDOW_S 0.3
+
 /* Supervises the running generation until every process has exited (and
  * its pipes are drained). *first: the index of the first child that
  * failed, or -1; *interrupted: the signal that stopped nbrun, or 0. */
 static void supervise(int sfd, double grace, int *first_out, int *interrupted_out) {
     int first = -1;          /* index of the first child that failed */
+    int exited = -1;         /* one that exited with an error, while a killed peer may be reaped */
+    double decide_at = 0;    /* ... until then (Note [Who failed first]) */
     int interrupted = 0;     /* signal that stopped nbrun */
     bool stopping = false;
     double kill_at = 0, drain_until = 0;
@@ -902,6 +944,7 @@ static void supervise(int sfd, double grace, int *first_out, int *interrupted_ou
         if (live == 0 && now >= drain_until) break; /* a grandchild holds a pipe open */
         double wake = 1e9;
         if (stopping && kill_at > now) wake = kill_at - now;
+        if (exited >= 0 && decide_at - now < wake) wake = decide_at > now ? decide_at - now : 0;
         if (live == 0) wake = drain_until - now;
         int ms = wake > 1e6 ? -1 : (int)(wake * 1000) + 1;
         if (poll(fds, (nfds_t)n, ms) < 0 && errno != EINTR) {
@@ -951,11 +994,23 @@ static void supervise(int sfd, double grace, int *first_out, int *interrupted_ou
                 /* Reap what it left in its process group along with it. */
                 kill(-pid, SIGKILL);
                 bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-                if (failed && first < 0 && !stopping && (batch_first < 0 || pid == chld_pid)) batch_first = i;
+                /* Note [Who failed first]: a rank killed by a signal outranks one that exited */
+                bool killed = WIFSIGNALED(status);
+                bool outranks = killed && (batch_first < 0 || !WIFSIGNALED(kids[batch_first].status));
+                if (failed && first < 0 && !stopping &&
+                    (exited < 0 ? batch_first < 0 || pid == chld_pid || outranks : outranks))
+                    batch_first = i;
             }
         }
+        if (batch_first >= 0 && exited < 0 && !WIFSIGNALED(kids[batch_first].status)) {
+            exited = batch_first;
+            decide_at = now_s() + FIRST_WINDOW_S;
+            batch_first = -1;
+        }
+        if (batch_first < 0 && exited >= 0 && first < 0 && !stopping && now_s() >= decide_at) batch_first = exited;
         if (batch_first >= 0) {
             first = batch_first;
+            exited = -1;
             stopping = true;
             kill_at = now_s() + grace;
             signal_all(SIGTERM);
@@ -968,6 +1023,7 @@ static void supervise(int sfd, double grace, int *first_out, int *interrupted_ou
     free(fds);
     free(who);
     free(owner);
+    if (first < 0) first = exited; /* every process ended within the window */
     *first_out = first;
     *interrupted_out = interrupted;
 }
@@ -1043,6 +1099,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     signal(SIGPIPE, SIG_IGN);
+    open_lifeline();
 
     double grace = 5.0;
     const char *g = getenv("NBRUN_GRACE");

@@ -15,6 +15,8 @@
  *   slow     rank 1 sleeps 5 s (its heartbeat goes on) before all-reducing;
  *            every rank completes
  *   ok       every rank all-reduces (a launch test)
+ *   orphan   every rank prints "pid P" and sleeps 60 s (a test kills the
+ *            launcher and looks for the pids: Note [Launcher lifeline])
  *   ddp      every rank wraps a Linear + BatchNorm in DDP; rank 1 kills
  *            itself; the others' nb_ddp_forward (a buffer broadcast) fails
  *   sbnfwd   the same model with its BatchNorm converted to SyncBatchNorm
@@ -175,7 +177,7 @@ static int mismatch(nb_pg *pg, const char *what) {
 
 int main(int argc, char **argv) {
     if (argc != 2) {
-        fprintf(stderr, "usage: dist_scenario absent|desync|exit3|killed|store|stopped|stopped0|slow|ok|ddp|sbnfwd|sbnbwd|mm_*\n");
+        fprintf(stderr, "usage: dist_scenario orphan|absent|desync|exit3|killed|store|stopped|stopped0|slow|ok|ddp|sbnfwd|sbnbwd|mm_*\n");
         return 2;
     }
     const char *what = argv[1];
@@ -193,6 +195,12 @@ int main(int argc, char **argv) {
     if (st != NB_OK) return report(rank, st);
 
     if (strncmp(what, "mm_", 3) == 0) return mismatch(pg, what);
+    if (strcmp(what, "orphan") == 0) {
+        printf("pid %ld\n", (long)getpid());
+        fflush(stdout);
+        sleep(60);
+        return 0;
+    }
     if (strcmp(what, "absent") == 0 && rank == 2) {
         sleep(30);
         nb_ctx_free(ctx);
