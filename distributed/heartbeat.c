@@ -47,10 +47,13 @@
 #define BEAT_MAX_S 1.0
 #define JOIN_POLL_S 1.0  /* Note [Joining] */
 #define JOIN_NOTE_S 20.0
+#define JOIN_FIRST_NOTE_S 5.0 /* Note [Joining]: the first line comes sooner */
 #define JOIN_LINGER_S 5.0
 #define JOIN_STRAYS_SAID 8 /* refused strays said on stderr, at most */
 #define JOIN_ABORT_KEY "nb/join/abort" /* Note [Joining] */
 #define JOIN_STRAY_KEY "nb/join/stray"
+
+/* ------------------------------------------------------------ the launcher's lifeline */
 
 /* Note [Launcher lifeline]
  * A rank must not outlive the launcher that started it. PR_SET_PDEATHSIG
@@ -385,6 +388,33 @@ static nb_status join_refusals(nb_pg *pg, const bool *missing, uint64_t *seen, i
     return NB_OK;
 }
 
+/* Rank 0, which serves the store (Note [Joining]): what its store saw of
+ * the missing ranks, appended to `out`: those no process ever connected
+ * as, and the connections that never proved they belong to the run. */
+static void join_seen(nb_pg *pg, const bool *missing, char *out, size_t len) {
+    if (!pg->server) return;
+    int n = pg->size;
+    bool *seen = calloc((size_t)n, sizeof *seen), *never = calloc((size_t)n, sizeof *never);
+    NB_CHECK(seen && never, "nb_pg_init: out of memory");
+    int m = nb__store_server_ranks_seen(pg->server, seen, n), count = 0;
+    for (int r = 0; r < m; r++) count += never[r] = missing[r] && !seen[r];
+    if (count) {
+        char who[512] = "";
+        list_ranks(never, n, who, sizeof who);
+        size_t u = strlen(out);
+        snprintf(out + u, len - u, "; no process has connected to the store as rank%s %s: %s not started, or "
+                 "started with another MASTER_ADDR (%s) or MASTER_PORT (%d)", count == 1 ? "" : "s", who,
+                 count == 1 ? "it is" : "they are", pg->env.master_addr, pg->env.master_port);
+    }
+    char unproven[800];
+    if (nb__store_server_unproven(pg->server, unproven, sizeof unproven)) {
+        size_t u = strlen(out);
+        snprintf(out + u, len - u, "; the store closed %s", unproven);
+    }
+    free(seen);
+    free(never);
+}
+
 /* Note [Joining]: every rank registers "host pid world=W" under
  * nb/join/<rank> and polls all ranks' records (each second, up to 5 s in
  * worlds over 64 ranks; waking early when they arrive) until every rank
@@ -429,7 +459,12 @@ static nb_status join_refusals(nb_pg *pg, const bool *missing, uint64_t *seen, i
  * only (the store never tells an unproven process the run's id). Every
  * 20 s (every third of NABLA_JOIN_TIMEOUT when that is shorter) a waiting
  * rank says on stderr which ranks it still waits for, so a slow start is
- * not silent until the timeout. */
+ * not silent until the timeout; the first comes after 5 s at most, and on
+ * rank 0 it says what its store saw (join_seen): the ranks no process has
+ * connected as (nothing started for them: a launcher that failed, a node
+ * never started, another MASTER_PORT), and the connections that never
+ * proved they belong to the run (Note [Admission under a flood] in
+ * store_server.c), which the timeout message repeats. */
 nb_status nb__join(nb_pg *pg) {
     const nb_dist_env *e = &pg->env;
     char host[256] = "?", key[64], val[320];
@@ -452,7 +487,7 @@ nb_status nb__join(nb_pg *pg) {
     keys[n + 1] = (char *)JOIN_STRAY_KEY;
     double t0 = nb__now(), deadline = t0 + pg->join_s;
     double every = pg->join_s / 3 < JOIN_NOTE_S ? pg->join_s / 3 : JOIN_NOTE_S;
-    double next_note = t0 + every;
+    double next_note = t0 + (every < JOIN_FIRST_NOTE_S ? every : JOIN_FIRST_NOTE_S);
     uint64_t refusals_seen = 0;
     int strays_said = 0;
     char stray[320] = "", stray_said[320] = "";
@@ -526,14 +561,16 @@ nb_status nb__join(nb_pg *pg) {
         char who[512] = "", in[512] = "";
         list_ranks(missing, n, who, sizeof who);
         list_ranks(joined, n, in, sizeof in);
+        char seen[1600] = "";
+        if (now >= deadline || now >= next_note) join_seen(pg, missing, seen, sizeof seen);
         if (now >= deadline) {
             st = nb_set_error(NB_ERR_TIMEOUT,
                               "nb_pg_init: rank%s %s of %d never joined within %.1f s (joined: rank%s "
                               "%s); start every rank with the same MASTER_ADDR (%s), MASTER_PORT (%d), "
                               "WORLD_SIZE (%d) and run id (%s), each with its own RANK; "
-                              "NABLA_JOIN_TIMEOUT sets how long to wait%s",
+                              "NABLA_JOIN_TIMEOUT sets how long to wait%s%s",
                               nmiss == 1 ? "" : "s", who, n, pg->join_s, n - nmiss == 1 ? "" : "s", in,
-                              e->master_addr, e->master_port, n, e->run_id, stray);
+                              e->master_addr, e->master_port, n, e->run_id, stray, seen);
             /* the ranks that joined hear it from rank 0 rather than lose its store */
             st = pg->rank == 0 ? join_end(pg, st, nb__now() + JOIN_LINGER_S, missing)
                                : join_linger(pg, st, nb__now(), NULL, 0);
@@ -542,9 +579,10 @@ nb_status nb__join(nb_pg *pg) {
         if (now >= next_note) {
             fprintf(stderr,
                     "nabla: rank %d: still waiting for rank%s %s of %d to join (%.0f s of NABLA_JOIN_TIMEOUT=%g s; "
-                    "joined: rank%s %s)\n",
-                    pg->rank, nmiss == 1 ? "" : "s", who, n, now - t0, pg->join_s, n - nmiss == 1 ? "" : "s", in);
-            next_note += every;
+                    "joined: rank%s %s)%s\n",
+                    pg->rank, nmiss == 1 ? "" : "s", who, n, now - t0, pg->join_s, n - nmiss == 1 ? "" : "s", in,
+                    seen);
+            next_note = (next_note - t0 < every ? t0 : next_note) + every;
         }
         for (int r = 0; r < n + 2; r++) {
             free(vals[r]);

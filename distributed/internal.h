@@ -91,8 +91,13 @@ enum nb__store_reply {
 #define NB__STORE_SECRET_MIN 16
 #define NB__STORE_SECRET_MAX 1024
 #define NB__STORE_PREAUTH_MAX_FRAME 512    /* bytes in a frame before authentication */
-#define NB__STORE_AUTH_TIMEOUT_S 5.0       /* from accept to authenticated */
-#define NB__STORE_MAX_PENDING 64           /* connections accepted, not yet authenticated */
+#define NB__STORE_AUTH_TIMEOUT_S 3.0       /* from accept to authenticated */
+/* Note [Admission under a flood] in store_server.c */
+#define NB__STORE_MAX_PENDING 256          /* connections accepted, not yet authenticated */
+#define NB__STORE_SOURCE_QUOTA 64          /* of them from one source address */
+#define NB__STORE_SUMMARY_S 10.0           /* the closed-unproven line on stderr, at most this often */
+#define NB__STORE_SUMMARY_SOURCES 8        /* sources it names */
+#define NB__STORE_DROPPED "dropped to make room" /* how an evicted connection's refusal begins */
 #define NB__STORE_MAX_BYTES ((size_t)1 << 30) /* keys and values the table holds */
 /* The key the server sets when a rank's connection drops. */
 #define NB__STORE_ABORT_KEY "nb/abort"
@@ -247,6 +252,13 @@ int nb__store_server_refusals(nb_store_server *s, uint64_t *seen, nb__store_refu
 /* How many connections the server refused, ever, for a rank beyond its
  * world (told the world's ranks). Thread-safe. */
 uint64_t nb__store_server_beyond(nb_store_server *s);
+/* "N connections that never proved they belong to the run (up to M at
+ * once; lately from 127.0.0.1 (480))" into out, and 1; 0 and "" when
+ * there were none. Thread-safe. */
+int nb__store_server_unproven(nb_store_server *s, char *out, size_t len);
+/* seen[r] for r below n and the world size: a connection was ever admitted
+ * as rank r. Returns how many it filled (0 without a world size). */
+int nb__store_server_ranks_seen(nb_store_server *s, bool *seen, int n);
 
 /* The server without sockets or thread, for the fuzzer: connections are
  * handles fed with bytes; what the server answers piles up in their output

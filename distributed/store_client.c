@@ -228,20 +228,32 @@ static nb_status hello(nb_store *s, int rank) {
                                "NABLA_STORE_SECRET_FILE set on every node?), or another program "
                                "answers on MASTER_PORT");
     }
+    if (st == NB_ERR_TIMEOUT)
+        return nb_set_error(st,
+                            "nb_store_connect: the store at %s:%d accepted the connection but did not "
+                            "answer its greeting within %.1f s (NABLA_LIVENESS_TIMEOUT): rank 0, which "
+                            "serves it, is stopped or overloaded (its stderr says how many connections "
+                            "that never proved they belong to the run it closed, and from where), or "
+                            "another program holds MASTER_PORT",
+                            s->host, s->port, s->reply_s);
     if (st != NB_OK) {
         char why[1024];
         snprintf(why, sizeof why, "%s", nb_last_error());
         return nb_set_error(st,
                             "%s; a program accepts connections at %s:%d but does not answer as "
-                            "nabla's store: is MASTER_PORT taken by another program, or is rank 0 "
-                            "stopped?",
+                            "nabla's store: is MASTER_PORT taken by another program, or did rank 0 "
+                            "exit?",
                             why, s->host, s->port);
     }
     if (status == NB__R_OK) return NB_OK;
     nb__reader r = reply_reader(s);
     nb__bytes text = nb__rd_bytes(&r);
-    return nb_set_error(NB_ERR_MISMATCH, "nb_store_connect: the store at %s:%d refused rank %d: %.*s",
-                        s->host, s->port, rank, (int)text.n, text.p ? (const char *)text.p : "");
+    nb_status refused = text.n >= strlen(NB__STORE_DROPPED) &&
+                                memcmp(text.p, NB__STORE_DROPPED, strlen(NB__STORE_DROPPED)) == 0
+                            ? NB_ERR_NETWORK /* evicted: connect_once's caller tries again */
+                            : NB_ERR_MISMATCH;
+    return nb_set_error(refused, "nb_store_connect: the store at %s:%d refused rank %d: %.*s", s->host,
+                        s->port, rank, (int)text.n, text.p ? (const char *)text.p : "");
 }
 
 /* One connection attempt to any address of host:port; -1 and errno set. */
@@ -305,7 +317,8 @@ nb_status nb__store_connect(nb_store **out, const char *host, int port, const nb
     char port_s[16];
     snprintf(port_s, sizeof port_s, "%d", port);
     double deadline = nb__now() + timeout_s;
-    int rc, tries = 0;
+    int rc, tries = 0, evicted = 0;
+    char evicted_why[1024] = "";
     /* DNS may not know the master yet when a cluster starts. */
     while ((rc = getaddrinfo(host, port_s, &hints, &res)) != 0) {
         if (rc != EAI_AGAIN || nb__now() > deadline)
@@ -315,6 +328,7 @@ nb_status nb__store_connect(nb_store **out, const char *host, int port, const nb
     }
     int fd = -1;
     double pause = 0.01;
+again:
     while ((fd = try_connect(res, deadline)) < 0) {
         int err = errno;
         tries++;
@@ -330,7 +344,6 @@ nb_status nb__store_connect(nb_store **out, const char *host, int port, const nb
         nb__sleep(pause);
         pause = pause * 2 > 0.25 ? 0.25 : pause * 2;
     }
-    freeaddrinfo(res);
     nb_store *s = calloc(1, sizeof *s);
     NB_CHECK(s != NULL, "nb_store_connect: out of memory");
     s->fd = fd;
@@ -344,8 +357,24 @@ nb_status nb__store_connect(nb_store **out, const char *host, int port, const nb
         s->secret_len = cfg->secret_len;
     }
     nb_status st = hello(s, rank);
+    if (st == NB_ERR_NETWORK && nb__now() + pause < deadline) {
+        /* Note [Admission under a flood] in store_server.c: dropped to make room; again */
+        snprintf(evicted_why, sizeof evicted_why, "%s", nb_last_error());
+        evicted++;
+        store_free(s);
+        nb__sleep(pause);
+        pause = pause * 2 > 0.25 ? 0.25 : pause * 2;
+        goto again;
+    }
+    freeaddrinfo(res);
     if (st != NB_OK) {
         store_free(s);
+        if (st == NB_ERR_NETWORK) {
+            snprintf(evicted_why, sizeof evicted_why, "%s", nb_last_error());
+            return nb_set_error(NB_ERR_TIMEOUT, "%s (%d time%s within %.1f s: the store is flooded with "
+                                "connections that do not belong to the run; its stderr names their "
+                                "sources)", evicted_why, evicted + 1, evicted ? "s" : "", timeout_s);
+        }
         return st;
     }
     *out = s;

@@ -34,12 +34,31 @@
  *     aborts the run: a refused or unauthenticated peer hanging up changes
  *     nothing.
  * Before admission a connection may send frames of at most
- * NB__STORE_PREAUTH_MAX_FRAME bytes (a HELLO is under 200), must be
- * admitted within NB__STORE_AUTH_TIMEOUT_S of its accept, and at most
- * NB__STORE_MAX_PENDING such connections are held: further ones wait in
- * the kernel's backlog, so idle or slow connections cannot exhaust rank
- * 0's memory or descriptors. After admission the limits are the table's
- * (NB_STORE_MAX_VALUE per value, NB__STORE_MAX_BYTES in all).
+ * NB__STORE_PREAUTH_MAX_FRAME bytes (a HELLO is under 200) and must be
+ * admitted within NB__STORE_AUTH_TIMEOUT_S of its accept. After admission
+ * the limits are the table's (NB_STORE_MAX_VALUE per value,
+ * NB__STORE_MAX_BYTES in all).
+ *
+ * Note [Admission under a flood]
+ * Idle connections opened faster than the deadline closes them (500 held,
+ * 20 new a second) must not keep the run's ranks out. The store once held
+ * at most 64 unproven connections and left the others in the kernel's
+ * backlog: a rank's connection queued behind hundreds of strangers' and
+ * was not read before its own deadline. Now every pending connection is
+ * accepted at once, so a rank's HELLO is read in the round it arrives, and
+ * the memory and descriptors strangers can take are bounded by eviction
+ * instead of by the backlog: at most NB__STORE_SOURCE_QUOTA unproven
+ * connections per source address and NB__STORE_MAX_PENDING in all; past
+ * either, the oldest unproven one (of that source, then of all) is told
+ * why and closed. A rank proves itself within a round trip of connecting,
+ * so it is the newest, never the oldest; and a stranger on another host
+ * cannot push a rank out, since the quota is per source. A rank whose
+ * connection is evicted anyway (a flood from its own host) connects again
+ * until its own deadline and, if it fails, names what the store said.
+ * Every NB__STORE_SUMMARY_S at most, the store says on stderr how many
+ * connections it refused, dropped or closed unproven since the last line,
+ * and from which sources; rank 0's join names them when a rank never
+ * comes (nb__store_server_unproven).
  *
  * Without a secret, HELLO alone admits, and the store must listen on
  * loopback only (a world on one node), unless the user declares the
@@ -75,6 +94,7 @@ struct nb__store_conn {
     int64_t hello_rank;       /* what HELLO asked for, admitted after AUTH */
     uint8_t client_nonce[NB__STORE_NONCE_LEN], server_nonce[NB__STORE_NONCE_LEN];
     double auth_deadline;     /* admitted by then, or closed */
+    char peer[48];            /* the source's numeric address ("" for core connections) */
     bool waiting;
     uint8_t *wait_body;       /* the parked request's frame body... */
     nb__store_req *wait_req;  /* ...parsed, pointing into it */
@@ -98,7 +118,8 @@ struct nb_store_server {
     size_t secret_len;
     int world_size;
     double auth_timeout_s;
-    int max_pending;
+    int max_pending, source_quota;
+    double accept_pause_until; /* out of descriptors: accept again then */
     nb__kv *kv;
     conn *conns;
     bool aborted;
@@ -109,6 +130,13 @@ struct nb_store_server {
     uint64_t refused;      /* HELLOs refused for their run id, ever */
     uint64_t beyond;       /* ranks refused as beyond the world, ever */
     uint8_t *rbuf;         /* RECV_CHUNK bytes */
+    /* Note [Admission under a flood]: unproven connections refused, dropped
+     * or closed, by source, since the last summary line (and ever) */
+    struct { char peer[48]; uint64_t n; } lost[NB__STORE_SUMMARY_SOURCES];
+    int n_lost_sources;
+    uint64_t lost_now, lost_other, lost_ever, unproven_peak;
+    double summary_at, summary_from;
+    bool *rank_seen; /* [world_size]: a connection was admitted as that rank */
     nb__store_req scratch; /* parse target for requests that do not wait */
 };
 
@@ -128,8 +156,87 @@ static void conn_free(conn *c) {
 
 static int pending_count(const nb_store_server *s) {
     int n = 0;
-    for (const conn *c = s->conns; c; c = c->next) n += c->state != C_READY;
+    for (const conn *c = s->conns; c; c = c->next) n += c->state != C_READY && !c->closing;
     return n;
+}
+
+/* Note [Admission under a flood]: one more unproven connection of c's
+ * source closed (refused, dropped, or past its deadline). */
+static void count_lost(nb_store_server *s, const conn *c) {
+    if (c->fd < 0) return;
+    pthread_mutex_lock(&s->refusals_mu);
+    s->lost_now++;
+    s->lost_ever++;
+    int i = 0;
+    while (i < s->n_lost_sources && strcmp(s->lost[i].peer, c->peer) != 0) i++;
+    if (i == s->n_lost_sources && i < NB__STORE_SUMMARY_SOURCES) {
+        snprintf(s->lost[i].peer, sizeof s->lost[i].peer, "%s", c->peer);
+        s->lost[i].n = 0;
+        s->n_lost_sources++;
+    }
+    if (i < s->n_lost_sources) s->lost[i].n++;
+    else s->lost_other++;
+    pthread_mutex_unlock(&s->refusals_mu);
+}
+
+/* "127.0.0.1 (480), 10.0.0.2 (3)" of what count_lost gathered (under refusals_mu). */
+static void lost_sources(const nb_store_server *s, char *out, size_t len) {
+    out[0] = '\0';
+    for (int i = 0; i < s->n_lost_sources; i++) {
+        size_t u = strlen(out);
+        snprintf(out + u, len - u, "%s%s (%llu)", i ? ", " : "", s->lost[i].peer,
+                 (unsigned long long)s->lost[i].n);
+    }
+    if (s->lost_other) {
+        size_t u = strlen(out);
+        snprintf(out + u, len - u, ", other sources (%llu)", (unsigned long long)s->lost_other);
+    }
+}
+
+/* The line on stderr, at most every NB__STORE_SUMMARY_S. */
+static void summarize(nb_store_server *s, double now) {
+    if (now < s->summary_at) return;
+    pthread_mutex_lock(&s->refusals_mu);
+    if (s->lost_now) {
+        char from[600];
+        lost_sources(s, from, sizeof from);
+        fprintf(stderr,
+                "nabla: the store on port %d closed %llu connection%s in %.1f s that did not prove they "
+                "belong to the run (refused, idle past %.1f s, or dropped to make room; up to %llu held "
+                "at once), from %s; the run's ranks are still admitted first (a port scan? a flood?)\n",
+                s->port, (unsigned long long)s->lost_now, s->lost_now == 1 ? "" : "s",
+                now - s->summary_from, s->auth_timeout_s,
+                (unsigned long long)s->unproven_peak, from);
+        s->lost_now = 0;
+        s->lost_other = 0;
+        s->n_lost_sources = 0;
+    }
+    s->summary_at = now + NB__STORE_SUMMARY_S;
+    s->summary_from = now;
+    pthread_mutex_unlock(&s->refusals_mu);
+}
+
+int nb__store_server_ranks_seen(nb_store_server *s, bool *seen, int n) {
+    if (!s->rank_seen) return 0;
+    pthread_mutex_lock(&s->refusals_mu);
+    int m = n < s->world_size ? n : s->world_size;
+    for (int r = 0; r < m; r++) seen[r] = s->rank_seen[r];
+    pthread_mutex_unlock(&s->refusals_mu);
+    return m;
+}
+
+int nb__store_server_unproven(nb_store_server *s, char *out, size_t len) {
+    pthread_mutex_lock(&s->refusals_mu);
+    uint64_t ever = s->lost_ever;
+    char from[600];
+    lost_sources(s, from, sizeof from);
+    if (ever)
+        snprintf(out, len, "%llu connection%s that never proved they belong to the run (up to %llu "
+                 "at once%s%s)", (unsigned long long)ever, ever == 1 ? "" : "s",
+                 (unsigned long long)s->unproven_peak, from[0] ? "; lately from " : "", from);
+    else if (len) out[0] = '\0';
+    pthread_mutex_unlock(&s->refusals_mu);
+    return ever > 0;
 }
 
 static void abort_run(nb_store_server *s, const char *why) {
@@ -178,13 +285,19 @@ static void reject(conn *c, const char *msg) {
     c->closing = true;
 }
 
+/* A connection that never was a rank's closes: counted for the summary. */
+static void reject_unproven(nb_store_server *s, conn *c, const char *msg) {
+    if (!c->closing) count_lost(s, c);
+    reject(c, msg);
+}
+
 /* The last step of Note [Store authentication]: the rank's checks. */
 static bool admit(nb_store_server *s, conn *c, int64_t rank) {
     char msg[512];
     if (rank >= 0 && s->world_size > 0 && rank >= s->world_size) {
         snprintf(msg, sizeof msg, "rank %lld is not a rank of this run, whose ranks are 0 to %d (WORLD_SIZE=%d)",
                  (long long)rank, s->world_size - 1, s->world_size);
-        reject(c, msg);
+        reject_unproven(s, c, msg);
         pthread_mutex_lock(&s->refusals_mu);
         s->beyond++;
         pthread_mutex_unlock(&s->refusals_mu);
@@ -197,13 +310,18 @@ static bool admit(nb_store_server *s, conn *c, int64_t rank) {
                          "rank %d is already connected to this store (two processes with the "
                          "same rank?)",
                          (int)rank);
-                reject(c, msg);
+                reject_unproven(s, c, msg);
                 return true;
             }
         }
     }
     c->rank = (int)rank;
     c->state = C_READY;
+    if (rank >= 0 && s->rank_seen) {
+        pthread_mutex_lock(&s->refusals_mu);
+        s->rank_seen[rank] = true;
+        pthread_mutex_unlock(&s->refusals_mu);
+    }
     size_t f = nb__buf_frame_begin(&c->out);
     nb__buf_u8(&c->out, NB__R_OK);
     if (s->secret_len) {
@@ -264,7 +382,7 @@ static bool on_hello(nb_store_server *s, conn *c, const nb__store_req *req) {
                  "the process is of run '%.*s' but this store serves another run (a process left "
                  "over from an earlier run, or MASTER_ADDR and MASTER_PORT of another run?)",
                  (int)req->run_id.n, (const char *)req->run_id.p);
-        reject(c, msg);
+        reject_unproven(s, c, msg);
         return true;
     }
     memcpy(c->client_nonce, req->nonce.p, NB__STORE_NONCE_LEN);
@@ -286,7 +404,7 @@ static bool on_auth(nb_store_server *s, conn *c, const nb__store_req *req) {
     bool ok = nb__store_mac_equal(want, req->mac.p);
     nb__store_wipe(want, sizeof want);
     if (!ok) {
-        reject(c, "the process did not prove that it knows this run's secret (is "
+        reject_unproven(s, c, "the process did not prove that it knows this run's secret (is "
                   "NABLA_STORE_SECRET_FILE or NABLA_STORE_SECRET the same on every node? a process "
                   "of another run?)");
         return true;
@@ -412,6 +530,7 @@ static bool on_writable(conn *c) {
 }
 
 static void drop(nb_store_server *s, conn *c) {
+    if (c->state != C_READY && !c->closing) count_lost(s, c); /* hung up unproven, or malformed */
     /* c->rank is set only once admitted (Note [Store authentication]). */
     if (c->rank >= 0 && !c->bye && !atomic_load(&s->stop)) {
         char why[256];
@@ -448,21 +567,69 @@ static void auth_deadlines(nb_store_server *s, double now) {
         char msg[160];
         snprintf(msg, sizeof msg, "not admitted within %.1f s of connecting (HELLO and the secret's "
                  "proof must come at once)", s->auth_timeout_s);
-        reject(c, msg);
+        reject_unproven(s, c, msg);
     }
 }
 
+/* The oldest live unproven connection (of `peer`, or of any source when
+ * NULL) other than `keep`, and how many there are; new ones are at the
+ * head of the list, so the oldest is the last met. */
+static conn *oldest_unproven(nb_store_server *s, const char *peer, const conn *keep, int *count) {
+    conn *old = NULL;
+    *count = 0;
+    for (conn *c = s->conns; c; c = c->next) {
+        if (c->state == C_READY || c->closing || (peer && strcmp(c->peer, peer) != 0)) continue;
+        (*count)++;
+        if (c != keep) old = c;
+    }
+    return old;
+}
+
+/* Note [Admission under a flood]: makes room for c within the quotas. */
+static void evict_for(nb_store_server *s, conn *c) {
+    char msg[320];
+    for (int pass = 0; pass < 2; pass++) {
+        int count, cap = pass == 0 ? s->source_quota : s->max_pending;
+        conn *old = oldest_unproven(s, pass == 0 ? c->peer : NULL, c, &count);
+        if (count > (int)s->unproven_peak) s->unproven_peak = (uint64_t)count;
+        while (old && count > cap) {
+            snprintf(msg, sizeof msg,
+                     NB__STORE_DROPPED ": the store holds %d connections that have not proved they "
+                     "belong to the run%s%s, and this was the oldest (a flood of connections?)",
+                     count, pass == 0 ? " from " : "", pass == 0 ? c->peer : "");
+            reject_unproven(s, old, msg);
+            old = oldest_unproven(s, pass == 0 ? c->peer : NULL, c, &count);
+        }
+    }
+}
+
+/* Accepts every connection pending (Note [Admission under a flood]). */
 static void accept_all(nb_store_server *s, double now) {
-    int pending = pending_count(s);
-    while (pending < s->max_pending) {
-        int fd = accept(s->listen_fd, NULL, NULL);
-        if (fd < 0) return;
+    for (;;) {
+        struct sockaddr_storage ss;
+        socklen_t sl = sizeof ss;
+        int fd = accept(s->listen_fd, (struct sockaddr *)&ss, &sl);
+        if (fd < 0) {
+            if (errno == EINTR || errno == ECONNABORTED) continue;
+            /* out of descriptors: make room and leave the rest for the next round */
+            if ((errno == EMFILE || errno == ENFILE) && s->conns) {
+                int count;
+                conn *old = oldest_unproven(s, NULL, NULL, &count);
+                if (old) reject_unproven(s, old, NB__STORE_DROPPED ": the store is out of descriptors");
+                s->accept_pause_until = now + 0.05;
+            }
+            return;
+        }
         set_nonblocking(fd);
         fcntl(fd, F_SETFD, FD_CLOEXEC);
         int one = 1;
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-        add_conn(s, fd, now);
-        pending++;
+        conn *c = add_conn(s, fd, now);
+        char port[16];
+        if (getnameinfo((struct sockaddr *)&ss, sl, c->peer, sizeof c->peer, port, sizeof port,
+                        NI_NUMERICHOST | NI_NUMERICSERV) != 0)
+            snprintf(c->peer, sizeof c->peer, "?");
+        evict_for(s, c);
     }
 }
 
@@ -480,11 +647,13 @@ static void *serve(void *arg) {
             who = realloc(who, cap * sizeof *who);
             NB_CHECK(fds && who, "nb_store: out of memory");
         }
-        /* At the cap on pending connections, new ones wait in the backlog. */
-        bool room = pending_count(s) < s->max_pending;
+        double now = nb__now(), next = now + 3600;
+        /* Note [Admission under a flood]: every pending connection is accepted */
+        bool room = now >= s->accept_pause_until;
+        if (!room) next = s->accept_pause_until;
+        if (s->lost_now && s->summary_at < next) next = s->summary_at;
         fds[0] = (struct pollfd){s->listen_fd, (short)(room ? POLLIN : 0), 0};
         fds[1] = (struct pollfd){s->wake[0], POLLIN, 0};
-        double now = nb__now(), next = now + 3600;
         size_t i = 2;
         for (conn *c = s->conns; c; c = c->next, i++) {
             who[i] = c;
@@ -509,6 +678,7 @@ static void *serve(void *arg) {
         }
         resolve_waits(s, now);
         auth_deadlines(s, now);
+        summarize(s, now);
         /* Replies produced for other connections while handling this round. */
         for (conn *c = s->conns, *next_c; c; c = next_c) {
             next_c = c->next;
@@ -536,12 +706,18 @@ static nb_store_server *server_new(const nb__store_config *cfg) {
         s->secret_len = cfg->secret_len;
     }
     s->world_size = cfg ? cfg->world_size : 0;
+    if (s->world_size > 0) {
+        s->rank_seen = calloc((size_t)s->world_size, sizeof *s->rank_seen);
+        NB_CHECK(s->rank_seen != NULL, "nb_store_server_start: out of memory");
+    }
     s->auth_timeout_s = cfg && cfg->auth_timeout_s > 0 ? cfg->auth_timeout_s : NB__STORE_AUTH_TIMEOUT_S;
     s->max_pending = cfg && cfg->max_pending > 0 ? cfg->max_pending : NB__STORE_MAX_PENDING;
+    s->source_quota = NB__STORE_SOURCE_QUOTA < s->max_pending ? NB__STORE_SOURCE_QUOTA : s->max_pending;
     s->kv = nb__kv_new(cfg ? cfg->max_bytes : 0);
     s->listen_fd = -1;
     s->wake[0] = s->wake[1] = -1;
     atomic_init(&s->stop, false);
+    s->summary_from = nb__now();
     pthread_mutex_init(&s->refusals_mu, NULL);
     return s;
 }
@@ -557,6 +733,7 @@ static void server_free(nb_store_server *s) {
     if (s->wake[1] >= 0) close(s->wake[1]);
     nb__kv_free(s->kv);
     free(s->rbuf);
+    free(s->rank_seen);
     nb__store_wipe(s->secret, sizeof s->secret);
     pthread_mutex_destroy(&s->refusals_mu);
     free(s);

@@ -340,11 +340,14 @@ START_TEST(test_rank_that_never_joined) {
     run_direct_opts(ps, "ok", &o);
     ck_assert_msg(ps[0].code == 1, "rank 0 exited with %d; stderr:\n%s", ps[0].code, ps[0].err);
     EXPECT_IN(ps[0].err, "nabla: rank 0: still waiting for rank 1 of 2 to join (");
-    int lines = nbt_count(ps[0].err, " s of NABLA_JOIN_TIMEOUT=1.5 s; joined: rank 0)\n");
+    int lines = nbt_count(ps[0].err, " s of NABLA_JOIN_TIMEOUT=1.5 s; joined: rank 0); no process has connected "
+                                     "to the store as rank 1: it is not started, or started with another "
+                                     "MASTER_ADDR (127.0.0.1) or MASTER_PORT (");
     ck_assert_msg(lines >= 2 && lines <= 3, "expected 2 progress lines (at 0.5 and 1 s) in:\n%s", ps[0].err);
     EXPECT_IN(ps[0].err, "nb_pg_init: rank 1 of 2 never joined within 1.5 s (joined: rank 0); start every "
                          "rank with the same MASTER_ADDR (127.0.0.1), MASTER_PORT (");
-    EXPECT_IN(ps[0].err, "WORLD_SIZE (2) and run id (default), each with its own RANK");
+    EXPECT_IN(ps[0].err, "WORLD_SIZE (2) and run id (default), each with its own RANK; NABLA_JOIN_TIMEOUT sets how "
+                         "long to wait; no process has connected to the store as rank 1: it is not started");
     ck_assert_msg(ps[0].seconds < 20, "took %.1f s (join timeout 1 s)", ps[0].seconds);
     nbt_proc_free(&ps[0]);
 }
@@ -566,8 +569,9 @@ START_TEST(test_held_port_reported_on_every_rank) {
         ck_assert_msg(ps[r].seconds < 10, "rank %d took %.1f s", r, ps[r].seconds);
     }
     EXPECT_IN(ps[0].err, "another program holds the port (MASTER_PORT)");
-    EXPECT_IN(ps[1].err, "does not answer as nabla's store: is MASTER_PORT taken by another program, or is "
-                         "rank 0 stopped?");
+    EXPECT_IN(ps[1].err, "accepted the connection but did not answer its greeting within 1.0 s "
+                         "(NABLA_LIVENESS_TIMEOUT): rank 0, which serves it, is stopped or overloaded");
+    EXPECT_IN(ps[1].err, "or another program holds MASTER_PORT");
     for (int r = 0; r < 2; r++) nbt_proc_free(&ps[r]);
 }
 END_TEST

@@ -450,6 +450,44 @@ START_TEST(test_limits_before_admission) {
 }
 END_TEST
 
+/* Note [Admission under a flood]: 300 idle connections from this host
+ * (over the per-source quota, 64) cost the server at most 64 descriptors,
+ * the oldest are told why they are closed, a rank still gets in at once
+ * (before, it waited in the backlog behind them past its deadline), and
+ * the store can say what it saw. */
+START_TEST(test_flood_cannot_starve_ranks) {
+    nb__store_config cfg = secret_cfg(2);
+    start_cfg(&cfg);
+    int before = count_fds();
+    enum { FLOOD = 300 };
+    static int idles[FLOOD];
+    for (int i = 0; i < FLOOD; i++) idles[i] = nbt_loopback_connect(port);
+    pause_s(0.3);
+    int held = count_fds() - before - FLOOD;
+    ck_assert_msg(held <= NB__STORE_SOURCE_QUOTA, "the server holds %d unproven connections from one source (quota %d)",
+                  held, NB__STORE_SOURCE_QUOTA);
+    double t0 = nb__now();
+    nb_store *r0 = client_with(SECRET, 0);
+    double took = nb__now() - t0;
+    ck_assert_msg(took < 1.0, "a rank was admitted %.2f s after 300 idle connections", took);
+    size_t n = 0;
+    uint8_t *r = read_frame(idles[0], &n);
+    ck_assert_ptr_nonnull(r);
+    ck_assert_msg(contains(r, n, NB__STORE_DROPPED ": the store holds 65 connections that have not proved they "
+                                 "belong to the run from 127.0.0.1"), "%.*s", (int)n - 1, r + 1);
+    free(r);
+    char seen[800];
+    ck_assert_int_eq(nb__store_server_unproven(server, seen, sizeof seen), 1);
+    ck_assert_msg(strstr(seen, "connections that never proved they belong to the run (up to 65 at once; lately "
+                               "from 127.0.0.1 ("), "%s", seen);
+    for (int i = 0; i < FLOOD; i++) close(idles[i]);
+    nb_store *r1 = client_with(SECRET, 1);
+    nb_store_close(r1);
+    nb_store_close(r0);
+    nb_store_server_stop(server);
+}
+END_TEST
+
 START_TEST(test_limits_after_admission) {
     nb__store_config cfg = secret_cfg(1);
     cfg.max_bytes = 1 << 20;
@@ -682,6 +720,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_ranks_inside_the_world_and_held_once);
     tcase_add_test(tc, test_limits_before_admission);
     tcase_add_test(tc, test_limits_after_admission);
+    tcase_add_test(tc, test_flood_cannot_starve_ranks);
     tcase_add_test(tc, test_no_secret_means_loopback);
     tcase_add_test(tc, test_secret_from_the_environment);
     tcase_add_test(tc, test_several_nodes_need_a_secret);
