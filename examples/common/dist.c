@@ -14,6 +14,7 @@ nb_status run_dist_init(run_dist *d) {
     nb_dist_env env;
     nb_status s = nb_dist_env_read(&env);
     if (s != NB_OK) return s;
+    d->rank = env.rank; /* the label of errors before the group exists (the join's own) */
     if (env.world_size == 1) {
         /* a GPU when the build has CUDA and one is visible, else the CPU */
         s = nb_dist_select_device(&env, true, &d->device);
