@@ -75,8 +75,13 @@ tx() { ip -n "${ns[$1]}" -s -j link show "${veth[$1]}" | python3 -c 'import json
 
 bench=("$@")
 steps=30
-for ((k = 0; k < ${#bench[@]}; k++)); do [ "${bench[k]}" = --steps ] && steps=${bench[k + 1]}; done
-params=$("$bin/bench_ddp" --no-ddp --machine --steps 1 "${bench[@]}" | sed -n 's/.*params=\([0-9]*\).*/\1/p')
+psgd=() plain=()  # plain: the arguments without --powersgd, for the run without DDP below
+for ((k = 0; k < ${#bench[@]}; k++)); do
+  [ "${bench[k]}" = --steps ] && steps=${bench[k + 1]}
+  if [ "${bench[k]}" = --powersgd ]; then psgd=(--powersgd "${bench[k + 1]}"); k=$((k + 1)); continue; fi
+  plain+=("${bench[k]}")
+done
+params=$("$bin/bench_ddp" --no-ddp --machine --steps 1 "${plain[@]}" | sed -n 's/.*params=\([0-9]*\).*/\1/p')
 world=$((2 * nproc))
 # both nodes' store secret (nbrun --nnodes needs one): random, for this run only
 export NABLA_STORE_SECRET=${NABLA_STORE_SECRET:-$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')}
@@ -114,7 +119,7 @@ for rate in $rates; do
   proj=- ratio=-
   if [ "$rate" != unlimited ]; then
     link="50,$(awk -v b="$(bits "$rate")" 'BEGIN { printf "%.6g", b / 8e9 }')"
-    proj=$("$bin/nb_scale" "$trace" --per-node "$nproc" --intra "$link" --inter "$link" --max-world "$world" |
+    proj=$("$bin/nb_scale" "$trace" --per-node "$nproc" --intra "$link" --inter "$link" --max-world "$world" "${psgd[@]}" |
       awk -v w="$world" '$1 == w && $3 == "x" { print $6 }')
     ratio=$(awk -v p="$proj" -v m="$ms" 'BEGIN { printf "%.2f", p / m }')
   fi
