@@ -196,11 +196,20 @@ static int plot_scaling(const char *path, const char *svg) {
         fprintf(stderr, "bench_ddp: cannot open %s\n", path);
         return 1;
     }
-    row rows[MAX_ROWS];
-    int n = 0;
-    char line[512];
+    row rows[MAX_ROWS], proj[MAX_ROWS];
+    int n = 0, np = 0;
+    char line[512], link[32] = "";
     while (n < MAX_ROWS && fgets(line, sizeof line, f)) {
         char *p = strstr(line, "model=");
+        char *pe = strstr(line, " efficiency="), *pw = strstr(line, " world="), *pl = strstr(line, " link=");
+        if (p && strstr(line, "mode=projected") && pe && pw && np < MAX_ROWS) { /* run_scaling.sh's nb_scale rows */
+            row *r = &proj[np];
+            if (sscanf(p, "model=%15s", r->model) == 1 && sscanf(pw, " world=%d", &r->world) == 1 &&
+                sscanf(pe, " efficiency=%lf", &r->per_s) == 1) /* per_s holds the efficiency */
+                np++;
+            if (pl && sscanf(pl, " link=%31s", link) != 1) link[0] = 0;
+            continue;
+        }
         if (!p || !strstr(line, "mode=ddp")) continue;
         row *r = &rows[n];
         char hid[32] = "";
@@ -243,8 +252,24 @@ static int plot_scaling(const char *path, const char *svg) {
         xs[s][ser[s].n] = rows[i].world;
         ys[s][ser[s].n++] = 100 * eff;
     }
-    nb_plot_opts o = {"Weak scaling (each rank its own batch)", "world size",
-                      "efficiency vs world size 1 (%)", 0, 0, false, .markers = true, .integer_x = true};
+    for (int i = 0; i < np; i++) { /* the projected curves: "M projected", beside the measured */
+        char nm[16];
+        snprintf(nm, sizeof nm, "%.5s projected", proj[i].model);
+        int s = 0;
+        while (s < ns && strcmp(names[s], nm)) s++;
+        if (s == ns) {
+            if (ns == 8) continue;
+            snprintf(names[ns], sizeof names[ns], "%s", nm);
+            ser[ns] = (nb_plot_series){names[ns], xs[ns], ys[ns], 0};
+            ns++;
+        }
+        xs[s][ser[s].n] = proj[i].world;
+        ys[s][ser[s].n++] = 100 * proj[i].per_s;
+    }
+    char title[128] = "Weak scaling (each rank its own batch)";
+    if (np) snprintf(title, sizeof title, "Weak scaling: measured, and projected (nb_scale) on link %s", link);
+    nb_plot_opts o = {title, "world size", "efficiency vs world size 1 (%)", 0, 0, false, .markers = true,
+                      .integer_x = true};
     if (nb_plot_svg(svg, ser, ns, &o) != NB_OK) {
         fprintf(stderr, "bench_ddp: %s\n", nb_last_error());
         return 1;

@@ -8,15 +8,21 @@
 # ranks / N x throughput of 1 rank). Step time, wait and hidden share are
 # medians over the timed steps. It warns when ranks x threads exceed the
 # cores, and prints the load average before and after beside the table.
-#   benchmarks/run_scaling.sh [--max-world N] [--models "mlp cnn gpt"] [--out DIR] [bench_ddp args...]
+# The plot also draws, per model, the scaling model's PROJECTED efficiency
+# (tools/nb_scale, from the world-1 run's step trace, one rank per node on
+# --link LINK); the default link is "measured", fitted to bench_collectives
+# --quick at 2 ranks run first, and the plot's title names the link.
+#   benchmarks/run_scaling.sh [--max-world N] [--models "mlp cnn gpt"] [--out DIR] [--link LINK]
+#                             [bench_ddp args...]
 set -euo pipefail
 bin=${NABLA_BIN:-$(dirname "$0")/../build/bin}
-max="" models="mlp cnn gpt" out=. extra=() gpu=0
+max="" models="mlp cnn gpt" out=. extra=() gpu=0 link=measured
 while [ $# -gt 0 ]; do
   case $1 in
     --max-world) max=$2; shift 2 ;;
     --models) models=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
+    --link) link=$2; shift 2 ;;
     *) extra+=("$1"); shift ;;
   esac
 done
@@ -48,11 +54,28 @@ trap 'rm -f "$lines"' EXIT
 for m in $models; do
   n=1
   while [ "$n" -le "$max" ]; do
-    "$bin/nbrun" --nproc-per-node "$n" --master-port 0 "$bin/bench_ddp" --model "$m" --machine ${extra[@]+"${extra[@]}"} \
-      | sed 's/^\[rank 0\] //' | tee -a "$lines"
+    trace=()
+    [ "$n" = 1 ] && trace=(--trace "$out/trace_$m.txt")
+    "$bin/nbrun" --nproc-per-node "$n" --master-port 0 "$bin/bench_ddp" --model "$m" --machine "${trace[@]}" \
+      ${extra[@]+"${extra[@]}"} | sed 's/^\[rank 0\] //' | tee -a "$lines"
     n=$((n * 2))
   done
 done
+if [ "$max" -gt 1 ]; then
+  if [ "$link" = measured ]; then
+    "$bin/nbrun" --nproc-per-node 2 --master-port 0 "$bin/bench_collectives" --quick | sed 's/^\[rank 0\] //' \
+      > "$out/collectives.txt"
+    link="measured:$out/collectives.txt"
+  fi
+  for m in $models; do  # "model=M mode=projected world=W efficiency=E link=L" lines for the plot
+    if proj=$("$bin/nb_scale" "$out/trace_$m.txt" --per-node 1 --intra "$link" --inter "$link" --max-world "$max"); then
+      awk -v m="$m" -v l="${link%%:*}" '$3 == "x" { sub("%", "", $9); printf "model=%s mode=projected world=%s efficiency=%s link=%s\n", m, $1, $9 / 100, l }' \
+        <<<"$proj" >> "$lines"
+    else
+      echo "run_scaling: no projected curve for $m (the message above says why)" >&2
+    fi
+  done
+fi
 echo
 "$bin/bench_ddp" --plot-scaling "$lines" "$out/scaling.svg"
 # The load beside the table: other work on the machine moves these figures.

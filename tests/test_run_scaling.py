@@ -6,7 +6,10 @@
   is printed beside it;
 - medians beside medians: each step's wait for the buckets is part of that
   step, so the median wait cannot exceed the median step (a mean wait could,
-  and did: 2.16 ms beside a median step of 0.78 ms)."""
+  and did: 2.16 ms beside a median step of 0.78 ms);
+- the plot draws the projected curve (nb_scale on the world-1 trace) and its
+  title names the link: here one given by hand (--link 10,1), 100% at world
+  size 1 by construction."""
 import os
 import re
 import subprocess
@@ -19,11 +22,11 @@ from _programs import BIN, SOURCE, TIME_SCALE, fail  # noqa: E402
 SCRIPT = os.path.join(SOURCE, "benchmarks", "run_scaling.sh")
 
 
-def scaling(out_dir, max_world, threads):
+def scaling(out_dir, max_world, threads, more=()):
     env = dict(os.environ, NABLA_BIN=BIN, OMP_NUM_THREADS=str(threads), NABLA_NUM_THREADS=str(threads),
                NABLA_PG_TIMEOUT="60")
     p = subprocess.run(["bash", SCRIPT, "--models", "mlp", "--max-world", str(max_world), "--steps", "5",
-                        "--out", out_dir], capture_output=True, text=True, env=env, timeout=120 * TIME_SCALE)
+                        "--out", out_dir] + list(more), capture_output=True, text=True, env=env, timeout=120 * TIME_SCALE)
     if p.returncode != 0:
         fail("run_scaling.sh exited with %d:\n%s\n%s" % (p.returncode, p.stdout[-3000:], p.stderr[-3000:]))
     return p.stdout, p.stderr
@@ -56,6 +59,15 @@ def main():
             fail("the table's world-2 row does not show the median step %.2f and wait %.2f:\n%s" % (step, wait, out))
         print("2 ranks x %d threads on %d cores: warned; median wait %.3f ms <= median step %.3f ms"
               % (cores, cores, wait, step))
+        scaling(tmp, 2, 1, ["--link", "10,1"])
+        svg = open(os.path.join(tmp, "scaling.svg")).read()
+        if "projected (nb_scale) on link 10,1<" not in svg or ">mlp projected<" not in svg:
+            fail("the plot has no projected curve or does not name the link:\n" + svg)
+        # the series' polylines in legend order: mlp measured, then mlp projected, whose first point
+        # (world 1) lies on the 100% gridline as the measured one's does
+        lines = re.findall(r'<polyline [^>]*points="([0-9.]+),([0-9.]+) ', svg)
+        if len(lines) != 2 or lines[0][1] != lines[1][1]:
+            fail("the projected curve does not start at the measured one's 100%%: %s" % lines)
         _, err = scaling(tmp, 1, 1)
         if "warning" in err:
             fail("one rank of one thread should not warn:\n" + err)
