@@ -44,7 +44,8 @@ typedef struct args {
     const char *zero;           /* --zero: NULL, "", "1" or "2" */
     int zero_stage;             /* 0 (off), 1 or 2 */
     const char *ckpt_dir, *metrics, *plot, *progress;
-    const char *resume_mode; /* --resume: NULL, "" or "auto" */
+    const char *resume_mode; /* --resume: NULL, "", "auto" or "auto-or-fresh" */
+    int64_t keep_checkpoints; /* --keep-checkpoints: Note [Kept checkpoints] in common/resume.c */
 } args;
 
 typedef struct run {
@@ -198,6 +199,7 @@ static nb_status save_checkpoint(run *r, int64_t step, int64_t epochs_done) {
     nb_status s = divergence_check_finite(r->step_ctx, r->state, r->n_state, what);
     if (s == NB_OK) s = divergence_check_finite(r->step_ctx, opt_state, n_opt, what);
     if (s == NB_OK) s = files_make_dirs(r->a.ckpt_dir);
+    if (s == NB_OK) s = resume_keep(r->a.ckpt_dir, "train_classifier", (int)r->a.keep_checkpoints);
     if (s == NB_OK) s = nb_checkpoint_save_training(r->ckpt_path, r->state, r->n_state, r->opt, &st, kv, n);
     return s;
 }
@@ -242,7 +244,7 @@ static int parse_args(run *r, int argc, char **argv) {
     args *a = &r->a;
     *a = (args){.model = "mlp", .hidden = "64,32", .channels = "16,32,64", .epochs = 0, .batch_size = 0,
                 .seed = 0, .split_seed = 42, .lr = 0, .momentum = 0.9, .test_fraction = 0.2,
-                .max_skipped_steps = DIVERGENCE_DEFAULT_MAX_SKIPPED, .progress = "auto"};
+                .max_skipped_steps = DIVERGENCE_DEFAULT_MAX_SKIPPED, .progress = "auto", .keep_checkpoints = 3};
     cli_flag flags[] = {
         {"model", CLI_STRING, &a->model, "mlp (breast-cancer table) or cnn (8x8 digits)"},
         {"data", CLI_STRING, &a->data, "CSV table, label in the last column (default: the model's shipped table)"},
@@ -263,7 +265,8 @@ static int parse_args(run *r, int argc, char **argv) {
         {"seed", CLI_INT, &a->seed, "initialisation and shuffling"},
         {"max-skipped-steps", CLI_INT, &a->max_skipped_steps, "stop after this many consecutive steps skipped for a non-finite gradient (0: never)"},
         {"ckpt-dir", CLI_STRING, &a->ckpt_dir, "directory for ckpt.safetensors (saved every epoch)"},
-        {"resume", CLI_OPTIONAL, &a->resume_mode, "continue from --ckpt-dir/ckpt.safetensors; 'auto': from the newest checkpoint in --ckpt-dir, or afresh when there is none"},
+        {"resume", CLI_OPTIONAL, &a->resume_mode, "continue from --ckpt-dir/ckpt.safetensors; 'auto': from the newest checkpoint in --ckpt-dir that loads (saying which it passes over and why), afresh when there is none, and refusing to start when every one is damaged; 'auto-or-fresh': the same, but afresh then"},
+        {"keep-checkpoints", CLI_INT, &a->keep_checkpoints, "checkpoints kept in --ckpt-dir: ckpt.safetensors and the older ckpt.step<N>.safetensors (1: the newest only)"},
         {"metrics", CLI_STRING, &a->metrics, "JSON-lines metrics file"},
         {"plot", CLI_STRING, &a->plot, "SVG loss and accuracy plot (default: --metrics with .svg)"},
         {"progress", CLI_STRING, &a->progress, "auto, line, plain or off"},
@@ -292,14 +295,18 @@ static int parse_args(run *r, int argc, char **argv) {
     a->zero_stage = run_dist_zero_stage(a->zero, "train_classifier");
     if (a->zero_stage < 0) return 2;
     a->resume = a->resume_mode != NULL;
-    if (a->resume_mode && *a->resume_mode && strcmp(a->resume_mode, "auto")) {
-        fprintf(stderr, "train_classifier: --resume takes no value or 'auto', not \"%s\"\n", a->resume_mode);
+    if (a->resume_mode && *a->resume_mode && strcmp(a->resume_mode, "auto") && strcmp(a->resume_mode, "auto-or-fresh")) {
+        fprintf(stderr, "train_classifier: --resume takes no value, 'auto' or 'auto-or-fresh', not \"%s\"\n", a->resume_mode);
         return 2;
     }
     r->n_widths = parse_list(r->cnn ? a->channels : a->hidden, r->widths, 16);
     if (r->n_widths < 0 || (r->cnn && r->n_widths == 0)) {
         fprintf(stderr, "train_classifier: --%s must be a comma-separated list of positive widths\n",
                 r->cnn ? "channels" : "hidden");
+        return 2;
+    }
+    if (a->keep_checkpoints < 1) {
+        fprintf(stderr, "train_classifier: --keep-checkpoints must be >= 1\n");
         return 2;
     }
     if (a->max_skipped_steps < 0) {
@@ -384,7 +391,7 @@ static void print_banner(run *r) {
                        r->d.world_size, r->d.world_size > 1 ? "es" : "", r->d.ddp ? " with DDP" : "",
                        (long long)a->batch_size, (long long)r->per_epoch, a->optim, a->lr,
                        r->cnn && a->sync_bn ? ", SyncBatchNorm" : "");
-    if (a->resume_mode && !strcmp(a->resume_mode, "auto"))
+    if (a->resume_mode && !strncmp(a->resume_mode, "auto", 4))
         nb_progress_printf(r->progress, a->resume ? "--resume auto: from %s" : "--resume auto: no checkpoint "
                            "in %s: a fresh start", a->resume ? r->resume_path : a->ckpt_dir);
     nb_progress_printf(r->progress, "optimizer state per process: %zu bytes%s", nb_optim_state_bytes(r->opt),

@@ -49,7 +49,8 @@ typedef struct args {
     int64_t eval_interval, eval_windows, log_interval, metrics_interval;
     const char *ckpt_dir;
     int64_t ckpt_interval;
-    const char *resume_mode; /* --resume: NULL, "" or "auto" */
+    const char *resume_mode; /* --resume: NULL, "", "auto" or "auto-or-fresh" */
+    int64_t keep_checkpoints; /* --keep-checkpoints: Note [Kept checkpoints] in common/resume.c */
     bool resume;             /* a checkpoint is loaded */
     int64_t seed, sample_len, top_k;
     double temperature;
@@ -274,6 +275,7 @@ static nb_status save_checkpoint(run *r, int64_t steps_done) {
     nb_status s = divergence_check_finite(r->step_ctx, r->state, r->n_state, what);
     if (s == NB_OK) s = divergence_check_finite(r->step_ctx, opt_state, n_opt, what);
     if (s == NB_OK) s = files_make_dirs(r->a.ckpt_dir);
+    if (s == NB_OK) s = resume_keep(r->a.ckpt_dir, "train_gpt", (int)r->a.keep_checkpoints);
     if (s == NB_OK) s = nb_checkpoint_save_training(r->ckpt_path, r->state, r->n_state, r->opt, &st, m.kv, m.n);
     return s;
 }
@@ -502,6 +504,7 @@ static bool check_args(const args *a) {
     else if (a->dropout < 0 || a->dropout >= 1) bad = "--dropout must be in [0, 1)";
     else if (a->resume && !a->ckpt_dir) bad = "--resume needs --ckpt-dir";
     else if (a->max_skipped_steps < 0) bad = "--max-skipped-steps must be >= 0 (0: never stop)";
+    else if (a->keep_checkpoints < 1) bad = "--keep-checkpoints must be >= 1";
     else if (a->eval_interval < 0 || a->ckpt_interval < 0 || a->log_interval < 1 || a->metrics_interval < 1 || a->sample_len < 0) bad = "--eval-interval, --ckpt-interval, --sample-len must be >= 0, --log-interval and --metrics-interval >= 1";
     else if ((a->data || a->synthetic) && a->vocab_size < 2) bad = "--vocab-size must be >= 2";
     else if (a->synthetic && (a->data || a->val_data)) bad = "--synthetic makes its own tokens: drop --data and --val-data";
@@ -519,7 +522,7 @@ static int parse_args(run *r, int argc, char **argv) {
                 .max_skipped_steps = DIVERGENCE_DEFAULT_MAX_SKIPPED,
                 .min_lr = -1, .weight_decay = 0.1, .beta1 = 0.9, .beta2 = 0.99, .clip = 1.0,
                 .eval_interval = 250, .eval_windows = 256, .log_interval = 10, .metrics_interval = 10, .seed = 1337,
-                .sample_len = 300, .temperature = 0.8, .prompt = "\n", .progress = "auto"};
+                .sample_len = 300, .temperature = 0.8, .prompt = "\n", .progress = "auto", .keep_checkpoints = 3};
     cli_flag flags[] = {
         {"text", CLI_STRING, &a->text, "character-level training text"},
         {"data", CLI_STRING, &a->data, "llm.c token shards (file or glob) instead of --text"},
@@ -553,7 +556,8 @@ static int parse_args(run *r, int argc, char **argv) {
         {"metrics-interval", CLI_INT, &a->metrics_interval, "steps between records in the metrics file"},
         {"ckpt-dir", CLI_STRING, &a->ckpt_dir, "directory for ckpt.safetensors"},
         {"ckpt-interval", CLI_INT, &a->ckpt_interval, "steps between checkpoints (0: only at the end)"},
-        {"resume", CLI_OPTIONAL, &a->resume_mode, "continue from --ckpt-dir/ckpt.safetensors; 'auto': from the newest checkpoint in --ckpt-dir, or afresh when there is none"},
+        {"resume", CLI_OPTIONAL, &a->resume_mode, "continue from --ckpt-dir/ckpt.safetensors; 'auto': from the newest checkpoint in --ckpt-dir that loads (saying which it passes over and why), afresh when there is none, and refusing to start when every one is damaged; 'auto-or-fresh': the same, but afresh then"},
+        {"keep-checkpoints", CLI_INT, &a->keep_checkpoints, "checkpoints kept in --ckpt-dir: ckpt.safetensors and the older ckpt.step<N>.safetensors (1: the newest only)"},
         {"keep-batch", CLI_STRING, &a->keep_batch, "resuming on another number of processes: keep the 'global' batch or the per-process batch ('rank', the schedule then counted in sequences)"},
         {"log-samples", CLI_STRING, &a->log_samples, "append each micro-batch's dataset indices to FILE.<rank> (step, epoch, indices)"},
         {"seed", CLI_INT, &a->seed, "initialisation, data order, dropout and sampling"},
@@ -575,8 +579,8 @@ static int parse_args(run *r, int argc, char **argv) {
     a->zero_stage = run_dist_zero_stage(a->zero, "train_gpt");
     if (a->zero_stage < 0) return 2;
     a->resume = a->resume_mode != NULL;
-    if (a->resume_mode && *a->resume_mode && strcmp(a->resume_mode, "auto")) {
-        fprintf(stderr, "train_gpt: --resume takes no value or 'auto', not \"%s\"\n", a->resume_mode);
+    if (a->resume_mode && *a->resume_mode && strcmp(a->resume_mode, "auto") && strcmp(a->resume_mode, "auto-or-fresh")) {
+        fprintf(stderr, "train_gpt: --resume takes no value, 'auto' or 'auto-or-fresh', not \"%s\"\n", a->resume_mode);
         return 2;
     }
     if (a->keep_batch && strcmp(a->keep_batch, "global") && strcmp(a->keep_batch, "rank")) {
@@ -662,7 +666,7 @@ static void print_banner(run *r) {
                        (long long)a->batch_size, (long long)a->seq_len, (long long)a->grad_accum,
                        a->grad_accum > 1 ? "s" : "", (long long)r->tokens_per_step, steps);
     if (r->resize_note[0]) nb_progress_printf(r->progress, "%s", r->resize_note);
-    if (a->resume_mode && !strcmp(a->resume_mode, "auto"))
+    if (a->resume_mode && !strncmp(a->resume_mode, "auto", 4))
         nb_progress_printf(r->progress, a->resume ? "--resume auto: from %s" : "--resume auto: no checkpoint "
                            "in %s: a fresh start", a->resume ? r->resume_path : a->ckpt_dir);
     nb_progress_printf(r->progress, "optimizer state per process: %zu bytes%s", nb_optim_state_bytes(r->opt),

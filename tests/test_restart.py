@@ -121,7 +121,7 @@ def test_resume_auto_picks(tmp):
     if "--resume auto: no checkpoint in %s: a fresh start" % e not in out or "steps 1..2 of 2\n" not in out:
         fail("--resume auto without a directory:\n" + out)
     _, err = run(["train_gpt"] + TINY + ["--ckpt-dir", e, "--resume", "newest"], expect_rc=2)
-    if "--resume takes no value or 'auto', not \"newest\"" not in err:
+    if "--resume takes no value, 'auto' or 'auto-or-fresh', not \"newest\"" not in err:
         fail("--resume newest: " + err)
     print("--resume auto: the newest complete checkpoint (not a temporary file, not a damaged one); "
           "none: a fresh start")

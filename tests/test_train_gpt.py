@@ -14,7 +14,15 @@
    (random tokens, no dataset) runs with a first loss near ln V.
 4. Errors: a checkpoint from another world size is refused with a message;
    bad flags exit with status 2.
+5. Kept checkpoints (Note [Kept checkpoints] in examples/common/resume.c):
+   checkpoints at steps 4, 8 and 12 leave ckpt.safetensors and the two
+   before it; --resume auto passes over a truncated newest (naming it and
+   its fault) and resumes from step 8, then over a newest with a NaN
+   (resuming from step 12);
+   with every file damaged it exits 1 naming each, and --resume
+   auto-or-fresh starts afresh.
 """
+import json
 import collections
 import math
 import os
@@ -129,6 +137,56 @@ def test_errors(tmp, ckpt_dir_2proc):
     print("errors: refused with messages")
 
 
+def put_nan(path):
+    """Writes a NaN over the first element of the file's first f32 tensor."""
+    raw = bytearray(open(path, "rb").read())
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    name = next(k for k, v in header.items() if k != "__metadata__" and v["dtype"] == "F32")
+    at = 8 + n + header[name]["data_offsets"][0]
+    raw[at:at + 4] = struct.pack("<f", float("nan"))
+    open(path, "wb").write(bytes(raw))
+    return name
+
+
+def test_kept_checkpoints(tmp):
+    d = os.path.join(tmp, "kept")
+    base = SMALL + ["--ckpt-dir", d, "--ckpt-interval", "4"]
+    run(["train_gpt"] + base + ["--steps", "12"])
+    files = sorted(f for f in os.listdir(d) if f.endswith(".safetensors"))
+    if files != ["ckpt.safetensors", "ckpt.step000000004.safetensors", "ckpt.step000000008.safetensors"]:
+        fail("checkpoints kept at steps 4, 8, 12: " + str(files))
+    newest = os.path.join(d, "ckpt.safetensors")
+    data = open(newest, "rb").read()
+    open(newest, "wb").write(data[:len(data) // 2])
+    out, err = run(["train_gpt"] + base + ["--steps", "14", "--resume", "auto"])
+    if "--resume auto passes over %s: " % newest not in err or "steps 9..14 of 14 (resumed)" not in out \
+            or "--resume auto: from %s/ckpt.step000000008.safetensors" % d not in out:
+        fail("a truncated newest checkpoint: not resumed from step 8:\n" + out + err)
+    # the resumed run saved steps 12 and 14 (the damaged file was not kept): 8, 12 and 14 remain
+    files = sorted(f for f in os.listdir(d) if f.endswith(".safetensors"))
+    if files != ["ckpt.safetensors", "ckpt.step000000008.safetensors", "ckpt.step000000012.safetensors"]:
+        fail("checkpoints kept after the resume: " + str(files))
+    name = put_nan(newest)
+    out, err = run(["train_gpt"] + base + ["--steps", "14", "--resume", "auto"])
+    if "--resume auto passes over %s: " % newest not in err or '"%s"' % name not in err \
+            or "--resume auto: from %s/ckpt.step000000012.safetensors" % d not in out:
+        fail("a NaN in the newest checkpoint: not resumed from step 12:\n" + out + err)
+    for f in os.listdir(d):
+        if f.endswith(".safetensors"):
+            p = os.path.join(d, f)
+            open(p, "wb").write(open(p, "rb").read()[:100])
+    _, err = run(["train_gpt"] + base + ["--steps", "14", "--resume", "auto"], expect_rc=1)
+    names = [f for f in os.listdir(d) if f.endswith(".safetensors")]
+    if "none can be resumed from" not in err or any(os.path.join(d, f) not in err for f in names):
+        fail("every checkpoint damaged: not refused naming each of %s:\n%s" % (names, err))
+    out, _ = run(["train_gpt"] + base + ["--steps", "2", "--resume", "auto-or-fresh"])
+    if "steps 1..2 of 2\n" not in out:
+        fail("--resume auto-or-fresh over damaged files: not a fresh start:\n" + out)
+    print("kept checkpoints: a truncated and a NaN newest fall back to the one before; all damaged refused, "
+          "auto-or-fresh starts afresh")
+
+
 def main():
     with tempfile.TemporaryDirectory(prefix="nb_test_train_gpt_") as tmp:
         test_learns(tmp)
@@ -137,6 +195,7 @@ def main():
         test_tokens(tmp)
         test_synthetic(tmp)
         test_errors(tmp, two)
+        test_kept_checkpoints(tmp)
     print("ok")
 
 

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 nb_status resume_check_meta(nb_checkpoint *ck, const char *path, const nb_kv *kv, int n) {
     for (int i = 0; i < n; i++) {
@@ -24,55 +25,183 @@ static bool ends_with(const char *s, const char *suffix) {
     return n >= m && strcmp(s + n - m, suffix) == 0;
 }
 
-/* The "step" of a well-formed checkpoint of `program` at `path`; false for
- * anything else (a damaged file is named on stderr). */
-static bool checkpoint_step(const char *path, const char *program, long long *step) {
+/* Note [Kept checkpoints]
+ * A training program writes DIR/ckpt.safetensors (atomically: a temporary
+ * file, fsync, rename). Before each save, rank 0 keeps the one it replaces
+ * under DIR/ckpt.step<N>.safetensors (a hard link, so the file stays
+ * whole and the name ckpt.safetensors is never missing), and removes the
+ * oldest of those beyond keep - 1, so the folder holds the newest `keep`
+ * (--keep-checkpoints, default 3). --resume auto then has an older one to
+ * fall back to when the newest is damaged (truncated, corrupt, NaN). */
+nb_status resume_keep(const char *dir, const char *program, int keep) {
+    char cur[4096], old[4200];
+    if (keep < 2 || snprintf(cur, sizeof cur, "%s/ckpt.safetensors", dir) >= (int)sizeof cur) return NB_OK;
     nb_checkpoint *ck;
-    if (nb_checkpoint_open(path, &ck) != NB_OK) {
-        fprintf(stderr, "%s: --resume auto passes over %s: %s\n", program, path, nb_last_error());
-        return false;
+    if (access(cur, F_OK) != 0 || nb_checkpoint_open(cur, &ck) != NB_OK) {
+        nb_set_error(NB_OK, "%s", "");
+        return NB_OK; /* none, or damaged: nothing worth keeping */
+    }
+    const char *prog = nb_checkpoint_meta(ck, "program"), *st = nb_checkpoint_meta(ck, "step");
+    long long step = st ? strtoll(st, NULL, 10) : -1;
+    bool ours = prog && strcmp(prog, program) == 0 && step >= 0;
+    nb_checkpoint_close(ck);
+    if (!ours) return NB_OK;
+    snprintf(old, sizeof old, "%s/ckpt.step%09lld.safetensors", dir, step);
+    if (access(old, F_OK) != 0 && link(cur, old) != 0)
+        return nb_set_error(NB_ERR_IO, "--keep-checkpoints: cannot keep %s as %s: %s", cur, old, strerror(errno));
+    /* the kept ones, oldest first: names sort by step */
+    DIR *d = opendir(dir);
+    if (!d) return nb_set_error(NB_ERR_IO, "--keep-checkpoints: cannot read \"%s\": %s", dir, strerror(errno));
+    char **names = NULL;
+    int n = 0, cap = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (strncmp(e->d_name, "ckpt.step", 9) != 0 || !ends_with(e->d_name, ".safetensors")) continue;
+        if (n == cap) {
+            cap = cap ? 2 * cap : 8;
+            char **p = realloc(names, (size_t)cap * sizeof *p);
+            if (!p) break;
+            names = p;
+        }
+        names[n++] = strdup(e->d_name);
+    }
+    closedir(d);
+    for (int i = 1; i < n; i++) /* insertion sort: a handful of names */
+        for (int j = i; j > 0 && strcmp(names[j - 1], names[j]) > 0; j--) {
+            char *t = names[j];
+            names[j] = names[j - 1];
+            names[j - 1] = t;
+        }
+    for (int i = 0; i < n; i++) {
+        if (i < n - (keep - 1)) {
+            snprintf(old, sizeof old, "%s/%s", dir, names[i]);
+            unlink(old);
+        }
+        free(names[i]);
+    }
+    free(names);
+    return NB_OK;
+}
+
+/* A candidate of --resume auto: a regular *.safetensors file of DIR. */
+typedef struct candidate {
+    char path[4096];
+    long long step;   /* -1: not known (it did not open) */
+    struct timespec mtime;
+    bool ours;        /* opened, and of this program */
+    char fault[600];  /* why it cannot be resumed from ("": none found yet) */
+} candidate;
+
+/* Opens c: its "step" when it is a well-formed checkpoint of `program`. */
+static void candidate_open(candidate *c, const char *program) {
+    nb_checkpoint *ck;
+    c->step = -1;
+    if (nb_checkpoint_open(c->path, &ck) != NB_OK) {
+        snprintf(c->fault, sizeof c->fault, "%s", nb_last_error());
+        return;
     }
     const char *prog = nb_checkpoint_meta(ck, "program"), *s = nb_checkpoint_meta(ck, "step");
     char *end = NULL;
-    bool ok = prog && s && strcmp(prog, program) == 0;
-    if (ok) {
-        *step = strtoll(s, &end, 10);
-        ok = end != s && *end == 0 && *step >= 0;
+    if (prog && s && strcmp(prog, program) == 0) {
+        c->step = strtoll(s, &end, 10);
+        c->ours = end != s && *end == 0 && c->step >= 0;
+        if (!c->ours) snprintf(c->fault, sizeof c->fault, "its step \"%s\" is not a count", s);
     }
+    nb_checkpoint_close(ck);
+}
+
+/* Reads every tensor of c (the loader refuses NaN and infinite values with
+ * the tensor and element named), so that a file chosen will load. */
+static bool candidate_check(candidate *c) {
+    nb_checkpoint *ck;
+    if (nb_checkpoint_open(c->path, &ck) != NB_OK) {
+        snprintf(c->fault, sizeof c->fault, "%s", nb_last_error());
+        return false;
+    }
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    bool ok = true;
+    for (int i = 0; i < nb_checkpoint_count(ck) && ok; i++) {
+        const nb_checkpoint_entry *e = nb_checkpoint_entry_at(ck, i);
+        nb_tensor *t = nb_empty(ctx, e->dtype, e->ndim, e->shape);
+        if (nb_checkpoint_read(ck, e->name, t) != NB_OK) {
+            snprintf(c->fault, sizeof c->fault, "%s", nb_last_error());
+            ok = false;
+        }
+        nb_ctx_reset(ctx);
+    }
+    nb_ctx_free(ctx);
     nb_checkpoint_close(ck);
     return ok;
 }
 
-static nb_status find_latest(const char *dir, const char *program, char *path, size_t cap, bool *found,
-                             int64_t *best) {
+static bool newer(const candidate *a, const candidate *b) {
+    if (a->step != b->step) return a->step > b->step;
+    if (a->mtime.tv_sec != b->mtime.tv_sec) return a->mtime.tv_sec > b->mtime.tv_sec;
+    return a->mtime.tv_nsec > b->mtime.tv_nsec;
+}
+
+/* Note [Resume auto]: the newest checkpoint of `program` in `dir` that
+ * loads; each newer one it passes over is said on stderr with its fault.
+ * When files are there and none loads, NB_ERR_FORMAT naming each with its
+ * fault, unless `fresh_ok` (--resume auto-or-fresh). */
+static nb_status find_latest(const char *dir, const char *program, bool fresh_ok, char *path, size_t cap,
+                             bool *found, int64_t *best) {
     DIR *d = opendir(dir);
     if (!d) {
         if (errno == ENOENT) return NB_OK; /* no directory yet: nothing to resume */
         return nb_set_error(NB_ERR_IO, "--resume auto: cannot read directory \"%s\": %s", dir, strerror(errno));
     }
-    long long best_step = -1;
-    struct timespec best_time = {0, 0};
+    candidate *cs = NULL;
+    int n = 0, room = 0;
     struct dirent *e;
-    char candidate[4096];
     while ((e = readdir(d)) != NULL) {
         if (!ends_with(e->d_name, ".safetensors")) continue; /* temporary files end in .tmp.<host>.<pid>.<n> */
-        if (snprintf(candidate, sizeof candidate, "%s/%s", dir, e->d_name) >= (int)sizeof candidate) continue;
-        struct stat st;
-        if (stat(candidate, &st) != 0 || !S_ISREG(st.st_mode)) continue;
-        long long step;
-        if (!checkpoint_step(candidate, program, &step)) continue;
-        bool newer = st.st_mtim.tv_sec > best_time.tv_sec ||
-                     (st.st_mtim.tv_sec == best_time.tv_sec && st.st_mtim.tv_nsec > best_time.tv_nsec);
-        if (step > best_step || (step == best_step && newer)) {
-            best_step = step;
-            best_time = st.st_mtim;
-            snprintf(path, cap, "%s", candidate);
-            *found = true;
-            *best = step;
+        if (n == room) {
+            room = room ? 2 * room : 8;
+            candidate *p = realloc(cs, (size_t)room * sizeof *p);
+            NB_CHECK(p != NULL, "--resume auto: out of memory");
+            cs = p;
         }
+        candidate *c = &cs[n];
+        memset(c, 0, sizeof *c);
+        if (snprintf(c->path, sizeof c->path, "%s/%s", dir, e->d_name) >= (int)sizeof c->path) continue;
+        struct stat st;
+        if (stat(c->path, &st) != 0 || !S_ISREG(st.st_mode)) continue;
+        c->mtime = st.st_mtim;
+        candidate_open(c, program);
+        if (c->ours || c->fault[0]) n++; /* another program's checkpoint is none of ours */
     }
     closedir(d);
-    return NB_OK;
+    for (int i = 1; i < n; i++) /* newest first; files that did not open last */
+        for (int j = i; j > 0 && newer(&cs[j], &cs[j - 1]); j--) {
+            candidate t = cs[j];
+            cs[j] = cs[j - 1];
+            cs[j - 1] = t;
+        }
+    int chosen = -1;
+    for (int i = 0; i < n && chosen < 0; i++)
+        if (cs[i].ours && candidate_check(&cs[i])) chosen = i;
+    for (int i = 0; i < n; i++)
+        if (cs[i].fault[0] && (chosen < 0 || cs[i].step >= cs[chosen].step || !cs[i].ours))
+            fprintf(stderr, "%s: --resume auto passes over %s: %s\n", program, cs[i].path, cs[i].fault);
+    nb_status s = NB_OK;
+    if (chosen >= 0) {
+        snprintf(path, cap, "%s", cs[chosen].path);
+        *found = true;
+        *best = cs[chosen].step;
+    } else if (n > 0 && !fresh_ok) {
+        char list[3000] = "";
+        for (int i = 0; i < n; i++) {
+            size_t u = strlen(list);
+            snprintf(list + u, sizeof list - u, "%s%s (%s)", i ? "; " : "", cs[i].path, cs[i].fault);
+        }
+        s = nb_set_error(NB_ERR_FORMAT,
+                         "--resume auto: %d checkpoint file%s in %s, and none can be resumed from: %s; not "
+                         "starting afresh over them (--resume auto-or-fresh would)",
+                         n, n == 1 ? "" : "s", dir, list);
+    }
+    free(cs);
+    return s;
 }
 
 /* Every rank chose the same step: sum(x^2) * R == sum(x)^2 only when all x are equal. */
@@ -96,8 +225,10 @@ nb_status resume_find(run_dist *d, const char *dir, const char *mode, const char
         *found = true;
         return NB_OK;
     }
-    if (strcmp(mode, "auto") != 0)
-        return nb_set_error(NB_ERR_INVALID, "--resume takes no value or \"auto\", not \"%s\"", mode);
-    nb_status s = find_latest(dir, program, path, cap, found, step);
+    bool fresh_ok = strcmp(mode, "auto-or-fresh") == 0;
+    if (strcmp(mode, "auto") != 0 && !fresh_ok)
+        return nb_set_error(NB_ERR_INVALID, "--resume takes no value, \"auto\" or \"auto-or-fresh\", not \"%s\"",
+                            mode);
+    nb_status s = find_latest(dir, program, fresh_ok, path, cap, found, step);
     return s == NB_OK ? check_agreed(d, *step) : s;
 }

@@ -3,9 +3,11 @@
  * seed) as metadata, and the resuming run checks them before loading.
  *
  * --resume alone continues from DIR/ckpt.safetensors, which must exist;
- * --resume auto takes the newest complete checkpoint of the program in DIR
- * and starts afresh when there is none, so that the same command line
- * serves the first start and every restart (nbrun --max-restarts). */
+ * --resume auto takes the newest checkpoint of the program in DIR that
+ * loads and starts afresh when there is none, so that the same command
+ * line serves the first start and every restart (nbrun --max-restarts);
+ * when checkpoints are there but none loads it refuses to start, unless
+ * --resume auto-or-fresh. Note [Kept checkpoints] in resume.c. */
 #ifndef NABLA_EXAMPLES_RESUME_H
 #define NABLA_EXAMPLES_RESUME_H
 
@@ -21,17 +23,25 @@
 nb_status resume_check_meta(nb_checkpoint *ck, const char *path, const nb_kv *kv, int n);
 
 /* The checkpoint --resume[=mode] names: mode "" is `dir`/ckpt.safetensors,
- * "auto" the newest complete checkpoint of `program` in `dir` (the largest
- * "step", then the latest modified, among the regular files named
- * *.safetensors that open as well-formed files with "program" = program
- * in their metadata: a temporary file of a save in progress,
- * <name>.safetensors.tmp.<host>.<pid>.<n>, is never taken; a damaged file
- * is passed over with a line on stderr). *found is false when "auto"
- * found none (start afresh); *step is the chosen file's step with "auto"
+ * "auto" the newest checkpoint of `program` in `dir` that loads (the
+ * largest "step", then the latest modified, among the regular files named
+ * *.safetensors with "program" = program in their metadata whose every
+ * tensor reads, NaN and infinity refused: a temporary file of a save in
+ * progress, <name>.safetensors.tmp.<host>.<pid>.<n>, is never taken; each
+ * newer or damaged file passed over is said on stderr with its fault).
+ * When *.safetensors files are there and none can be resumed from, "auto"
+ * fails with NB_ERR_FORMAT naming each file and its fault, and
+ * "auto-or-fresh" starts afresh. *found is false when there is none
+ * (start afresh); *step is the chosen file's step with "auto"
  * (-1 when none), else -1. With "auto", every rank must choose the same
  * step (checked with a sum over the ranks of `d`: NB_ERR_MISMATCH, since
  * the ranks would resume from different states). NB_ERR_INVALID for
  * another mode, NB_ERR_IO when `dir` exists but cannot be read. */
+/* Before rank 0 saves DIR/ckpt.safetensors: keeps the file it replaces as
+ * DIR/ckpt.step<N>.safetensors and removes the oldest of those beyond
+ * keep - 1 (Note [Kept checkpoints]); keep < 2 keeps none. */
+nb_status resume_keep(const char *dir, const char *program, int keep);
+
 nb_status resume_find(run_dist *d, const char *dir, const char *mode, const char *program, char *path,
                       size_t cap, bool *found, int64_t *step);
 
