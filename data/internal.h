@@ -17,6 +17,13 @@ void nb__randperm(int64_t *out, int64_t n, uint64_t seed);
  * made (nb_sampler_distributed_resume): the loader then recomputes its list. */
 uint64_t nb__sampler_version(const nb_sampler *s);
 
+/* Indices per rank of the sampler's current epoch that count as taken
+ * before a resume (nb_sampler_distributed_resume): floor(taken / R) for
+ * the resumed epoch of a distributed sampler, 0 otherwise. The loader
+ * counts its batches of that epoch from there: Note [Batches of a resumed
+ * epoch] in data/loader.c. */
+int64_t nb__sampler_skipped(const nb_sampler *s);
+
 /* The whole file into a malloc'ed buffer (one extra byte, set to 0, after
  * the end). NB_ERR_IO naming the path on failure. */
 nb_status nb__read_file(const char *path, char **data, size_t *size);

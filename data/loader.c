@@ -34,7 +34,26 @@
  * thread does the same with one slot. The CPU path is unchanged. Each
  * worker makes the loader's device current for itself before its first
  * CUDA call (the current device is per thread). Every device call goes
- * through the device's backend table. */
+ * through the device's backend table.
+ *
+ * Note [Batches of a resumed epoch]
+ * An epoch resumed part way at another world size
+ * (nb_sampler_distributed_resume, Note [Resuming at another world size]
+ * in data/sampler.c) deals each rank only the indices after the resume
+ * point. The loader still numbers its batches from the start of the
+ * epoch: the batches before the resume point, base = floor(s / B) with s
+ * the indices per rank the sampler counts as taken (floor(taken / R),
+ * nb__sampler_skipped) and B the batch size, count as taken, so the first
+ * batch after the resume is batch `base` (its nb_batch.index), the
+ * position starts at (epoch, base) and nb_loader_len is base plus the
+ * batches left. That is the index the epoch would have reached at this
+ * world size after `taken` samples, rounded down when taken is not a
+ * multiple of B R: a saved position then means the same thing before and
+ * after a resume (the exact point is the sample count,
+ * nb_sampler_distributed_taken(s, (batch - base) B)). A seek to a batch
+ * below base starts at the resume point, since those samples are no
+ * longer dealt. Internally `consumed` counts from the resume point and
+ * every public number adds base; base is 0 in every other epoch. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,7 +93,8 @@ struct nb_loader {
     slot stage;         /* CUDA without workers: the caller's one slot */
 
     /* position and the epoch's order */
-    int64_t epoch, consumed, n_batches;
+    int64_t epoch, consumed, n_batches; /* consumed and n_batches count from base */
+    int64_t base; /* batches taken before a resume: Note [Batches of a resumed epoch] */
     int64_t *list, list_len;
     bool list_valid;
     uint64_t sampler_version; /* the list's: nb__sampler_version */
@@ -195,20 +215,40 @@ static int64_t *epoch_list(const nb_dataset *ds, nb_sampler *sampler, int64_t ep
     return list;
 }
 
-static void set_list(nb_loader *l, int64_t *list, int64_t len) {
-    l->list = list;
-    l->list_len = len;
-    l->n_batches = nb_batch_count(len, l->batch_size, l->drop_last);
+/* An epoch's order: its index list, its batches and the batches taken
+ * before a resume (Note [Batches of a resumed epoch]). */
+typedef struct epoch_order {
+    int64_t *list, len, n_batches, base;
+} epoch_order;
+
+/* The order of `epoch` (which sets the sampler's epoch to it). */
+static epoch_order make_order(const nb_loader *l, int64_t epoch) {
+    epoch_order o;
+    o.list = epoch_list(l->ds, l->sampler, epoch, &o.len);
+    o.n_batches = nb_batch_count(o.len, l->batch_size, l->drop_last);
+    o.base = nb__sampler_skipped(l->sampler) / l->batch_size;
+    return o;
+}
+
+static void set_list(nb_loader *l, epoch_order o) {
+    l->list = o.list;
+    l->list_len = o.len;
+    l->n_batches = o.n_batches;
+    l->base = o.base;
     l->list_valid = true;
 }
 
-/* Moves to (epoch, batch): Note [Loader pipeline]. */
-static void restart(nb_loader *l, int64_t epoch, int64_t batch) {
-    int64_t *fresh = NULL, fresh_len = 0;
-    uint64_t version = nb__sampler_version(l->sampler);
-    if (!l->list_valid || epoch != l->epoch || version != l->sampler_version)
-        fresh = epoch_list(l->ds, l->sampler, epoch, &fresh_len);
-    l->sampler_version = version;
+/* Whether the loader's list is not that of `epoch` as the sampler deals it
+ * now. */
+static bool list_stale(const nb_loader *l, int64_t epoch) {
+    return !l->list_valid || epoch != l->epoch || nb__sampler_version(l->sampler) != l->sampler_version;
+}
+
+/* Moves to (epoch, batch), batch counted from the epoch's start, with the
+ * order `fresh` (NULL: the current list stays valid): Note [Loader
+ * pipeline]. */
+static void restart_with(nb_loader *l, int64_t epoch, int64_t batch, const epoch_order *fresh) {
+    l->sampler_version = nb__sampler_version(l->sampler);
     int64_t *old = NULL;
     if (l->n_threads) {
         pthread_mutex_lock(&l->mu);
@@ -219,16 +259,26 @@ static void restart(nb_loader *l, int64_t epoch, int64_t batch) {
     }
     if (fresh) {
         old = l->list;
-        set_list(l, fresh, fresh_len);
+        set_list(l, *fresh);
     }
     l->epoch = epoch;
-    l->consumed = l->next_claim = batch < l->n_batches ? batch : l->n_batches;
+    int64_t k = batch > l->base ? batch - l->base : 0; /* below base: the resume point */
+    l->consumed = l->next_claim = k < l->n_batches ? k : l->n_batches;
     if (l->n_threads) {
         l->active = true;
         pthread_cond_broadcast(&l->work_cv);
         pthread_mutex_unlock(&l->mu);
     }
     free(old);
+}
+
+static void restart(nb_loader *l, int64_t epoch, int64_t batch) {
+    if (!list_stale(l, epoch)) {
+        restart_with(l, epoch, batch, NULL);
+        return;
+    }
+    epoch_order fresh = make_order(l, epoch);
+    restart_with(l, epoch, batch, &fresh);
 }
 
 static void stop_workers(nb_loader *l) {
@@ -376,7 +426,8 @@ nb_status nb_loader_new(nb_loader **out, nb_dataset *ds, const nb_loader_options
     l->staged = l->be->device_memory;
     l->pinned = l->staged && opts->pin_memory;
     l->n_workers = opts->num_workers;
-    set_list(l, list, len);
+    set_list(l, (epoch_order){list, len, nb_batch_count(len, opts->batch_size, opts->drop_last),
+                              nb__sampler_skipped(sampler) / opts->batch_size});
     l->sampler_version = nb__sampler_version(sampler);
     if (l->staged) {
         int n_slots = l->n_workers > 0 ? (opts->prefetch_batches > 0 ? opts->prefetch_batches
@@ -406,25 +457,37 @@ nb_status nb_loader_new(nb_loader **out, nb_dataset *ds, const nb_loader_options
 
 int64_t nb_loader_len(const nb_loader *l) {
     NB__CHECK_HANDLE("nb_loader_len", l, "loader");
-    return l->n_batches;
+    return l->base + l->n_batches;
 }
 
 void nb_loader_position(const nb_loader *l, int64_t *epoch, int64_t *batch) {
     NB__CHECK_HANDLE("nb_loader_position", l, "loader");
     if (epoch) *epoch = l->epoch;
-    if (batch) *batch = l->consumed;
+    if (batch) *batch = l->base + l->consumed;
 }
 
 nb_status nb_loader_seek(nb_loader *l, int64_t epoch, int64_t batch) {
     NB__CHECK_HANDLE("nb_loader_seek", l, "loader");
     if (epoch < 0)
         return nb_set_error(NB_ERR_INVALID, "nb_loader_seek: epoch %lld is negative", (long long)epoch);
-    if (batch < 0 || batch > l->n_batches)
+    /* the bounds are those of the epoch sought, as the sampler deals it now */
+    epoch_order fresh = {0}, *target = NULL;
+    int64_t end = l->base + l->n_batches;
+    if (list_stale(l, epoch)) {
+        fresh = make_order(l, epoch);
+        target = &fresh;
+        end = fresh.base + fresh.n_batches;
+    }
+    if (batch < 0 || batch > end) {
+        if (target) {
+            free(fresh.list);
+            nb_sampler_set_epoch(l->sampler, l->epoch); /* make_order moved it */
+        }
         return nb_set_error(NB_ERR_INVALID, "nb_loader_seek: batch %lld is not in [0, %lld] (batches per "
-                            "epoch)", (long long)batch, (long long)l->n_batches);
-    if (epoch == l->epoch && batch == l->consumed && nb__sampler_version(l->sampler) == l->sampler_version)
-        return NB_OK;
-    restart(l, epoch, batch);
+                            "epoch)", (long long)batch, (long long)end);
+    }
+    if (!target && (batch > l->base ? batch - l->base : 0) == l->consumed) return NB_OK;
+    restart_with(l, epoch, batch, target);
     return NB_OK;
 }
 
@@ -435,7 +498,7 @@ void nb_loader_set_epoch(nb_loader *l, int64_t epoch) {
 
 static nb_status batch_error(const nb_loader *l, nb_status st, int64_t failed, const char *msg) {
     return nb_set_error(st, "nb_loader_next: sample %lld (batch %lld of epoch %lld, %s dataset): "
-                        "%s", (long long)failed, (long long)l->consumed, (long long)l->epoch,
+                        "%s", (long long)failed, (long long)(l->base + l->consumed), (long long)l->epoch,
                         nb_dataset_name(l->ds), msg);
 }
 
@@ -467,7 +530,7 @@ static void make_batch(const nb_loader *l, nb_ctx *ctx, int64_t size, nb_batch *
     memcpy(b->indices, l->list + l->consumed * l->batch_size, sizeof(int64_t) * (size_t)size);
     b->size = size;
     b->epoch = l->epoch;
-    b->index = l->consumed;
+    b->index = l->base + l->consumed;
 }
 
 nb_status nb_loader_next(nb_loader *l, nb_ctx *ctx, nb_batch *batch) {
@@ -478,7 +541,7 @@ nb_status nb_loader_next(nb_loader *l, nb_ctx *ctx, nb_batch *batch) {
     memset(batch, 0, sizeof *batch);
     if (l->consumed >= l->n_batches) {
         batch->epoch = l->epoch;
-        batch->index = l->consumed;
+        batch->index = l->base + l->consumed;
         restart(l, l->epoch + 1, 0);
         return NB_OK;
     }

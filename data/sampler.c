@@ -184,6 +184,12 @@ void nb_sampler_distributed_resume(nb_sampler *s, int64_t epoch, int64_t taken) 
     s->version++;
 }
 
+int64_t nb__sampler_skipped(const nb_sampler *s) {
+    if (s->vt != &distributed_vt) return 0;
+    const order *o = s->self;
+    return dist_taken(o) / o->world;
+}
+
 int64_t nb_sampler_distributed_taken(const nb_sampler *s, int64_t per_rank) {
     order *o = distributed_order(s, "nb_sampler_distributed_taken");
     NB_CHECK(per_rank >= 0, "nb_sampler_distributed_taken: per_rank %lld must be >= 0", (long long)per_rank);

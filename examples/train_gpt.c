@@ -258,10 +258,12 @@ static nb_status save_checkpoint(run *r, int64_t steps_done) {
     m.kv[m.n++] = (nb_kv){"program", "train_gpt"};
     m.kv[m.n++] = (nb_kv){"data", data_name(&r->a)};
     m.kv[m.n++] = (nb_kv){"elapsed_s", elapsed};
-    /* the epoch's position as a global sample count (Note [Another world size]), and in batches of
-     * this world size from the epoch's start (the same as the loader's unless the epoch was resumed) */
-    int64_t epoch_samples = nb_sampler_distributed_taken(r->train_sampler, position * r->a.batch_size);
-    position = epoch_samples / (r->a.batch_size * r->d.world_size);
+    /* the epoch's position as a global sample count (Note [Another world size]); the loader counts
+     * from the epoch's start, the batches before a resume point (base) included, and the sampler
+     * adds the samples taken before it */
+    int64_t before = nb_sampler_distributed_taken(r->train_sampler, 0);
+    int64_t base = before / (r->a.batch_size * r->d.world_size);
+    int64_t epoch_samples = nb_sampler_distributed_taken(r->train_sampler, (position - base) * r->a.batch_size);
     meta_add(&m, "epoch_samples", "%lld", epoch_samples);
     meta_add(&m, "samples", "%lld", r->samples);
     meta_add(&m, "schedule_batch", "%lld", r->schedule_batch);

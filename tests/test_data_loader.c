@@ -323,6 +323,107 @@ START_TEST(test_resume) {
 }
 END_TEST
 
+/* An epoch begun on 3 ranks and resumed on 2 (nb_sampler_distributed_resume)
+ * keeps numbering its batches from the epoch's start: 24 samples, batch 2
+ * per rank; 3 ranks take 3 batches each (18 samples), so at 2 ranks the
+ * first batch dealt is batch floor(18 / (2 * 2)) = 4 of 6, not batch 0.
+ * Every sample of the epoch is seen once over both worlds. */
+START_TEST(test_position_after_resume_at_another_world) {
+    nb_dataset *ds = probe_new(24, -1, 0);
+    int seen[24] = {0};
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_batch b;
+    int64_t taken = -1;
+    for (int r = 0; r < 3; r++) {
+        nb_distributed_options d = {3, r, true, 5, true};
+        nb_sampler *s = nb_sampler_distributed(24, &d);
+        nb_loader *l;
+        nb_loader_options o = {.batch_size = 2, .sampler = s};
+        ck_assert_int_eq(nb_loader_new(&l, ds, &o), NB_OK);
+        for (int k = 0; k < 3; k++) {
+            ck_assert_int_eq(nb_loader_next(l, ctx, &b), NB_OK);
+            for (int i = 0; i < b.size; i++) seen[b.indices[i]]++;
+            nb_ctx_reset(ctx);
+        }
+        int64_t e, k;
+        nb_loader_position(l, &e, &k);
+        ck_assert_int_eq(k, 3);
+        taken = nb_sampler_distributed_taken(s, k * 2);
+        nb_loader_free(l);
+        nb_sampler_free(s);
+    }
+    ck_assert_int_eq(taken, 18);
+    for (int workers = 0; workers <= 2; workers += 2) {
+        int seen2[24];
+        memcpy(seen2, seen, sizeof seen);
+        for (int r = 0; r < 2; r++) {
+            nb_distributed_options d = {2, r, true, 5, true};
+            nb_sampler *s = nb_sampler_distributed(24, &d);
+            nb_loader *l;
+            nb_loader_options o = {.batch_size = 2, .sampler = s, .num_workers = workers};
+            ck_assert_int_eq(nb_loader_new(&l, ds, &o), NB_OK);
+            ck_assert_int_eq(nb_loader_len(l), 6); /* 12 per rank at 2 ranks */
+            nb_sampler_distributed_resume(s, 0, taken);
+            ck_assert_int_eq(nb_loader_seek(l, 0, 0), NB_OK); /* below the base: the resume point */
+            int64_t e, k;
+            nb_loader_position(l, &e, &k);
+            ck_assert_int_eq(e, 0);
+            ck_assert_int_eq(k, 4);
+            ck_assert_int_eq(nb_loader_len(l), 6); /* 4 before the resume point, 3 samples = 2 batches left */
+            int64_t first[2];
+            ck_assert_int_eq(nb_loader_next(l, ctx, &b), NB_OK);
+            ck_assert_int_eq(b.index, 4);
+            ck_assert_int_eq(b.size, 2);
+            memcpy(first, b.indices, sizeof first);
+            nb_ctx_reset(ctx);
+            nb_loader_position(l, &e, &k);
+            ck_assert_int_eq(k, 5);
+            /* the exact position as a sample count, from the loader's batch */
+            ck_assert_int_eq(nb_sampler_distributed_taken(s, (k - 4) * 2), 18 + 2 * 2);
+            ck_assert_int_eq(nb_loader_next(l, ctx, &b), NB_OK);
+            ck_assert_int_eq(b.index, 5);
+            ck_assert_int_eq(b.size, 1);
+            for (int i = 0; i < b.size; i++) seen2[b.indices[i]]++;
+            for (int i = 0; i < 2; i++) seen2[first[i]]++;
+            nb_ctx_reset(ctx);
+            ck_assert_int_eq(nb_loader_next(l, ctx, &b), NB_OK);
+            ck_assert_ptr_null(b.inputs);
+            ck_assert_int_eq(b.index, 6); /* the end, at the epoch's length */
+            /* seeking within the resumed epoch: by the epoch's numbering */
+            ck_assert_int_eq(nb_loader_seek(l, 0, 2), NB_OK); /* below the base */
+            nb_loader_position(l, &e, &k);
+            ck_assert_int_eq(e, 0);
+            ck_assert_int_eq(k, 4);
+            ck_assert_int_eq(nb_loader_next(l, ctx, &b), NB_OK);
+            ck_assert_mem_eq(b.indices, first, sizeof first);
+            nb_ctx_reset(ctx);
+            ck_assert_int_eq(nb_loader_seek(l, 0, 7), NB_ERR_INVALID);
+            ck_assert_str_eq(nb_last_error(), "nb_loader_seek: batch 7 is not in [0, 6] (batches per epoch)");
+            nb_loader_position(l, &e, &k);
+            ck_assert_int_eq(k, 5); /* stays */
+            /* the next epoch is whole: its bounds, not the resumed epoch's */
+            ck_assert_int_eq(nb_loader_seek(l, 1, 5), NB_OK);
+            nb_loader_position(l, &e, &k);
+            ck_assert_int_eq(e, 1);
+            ck_assert_int_eq(k, 5);
+            ck_assert_int_eq(nb_loader_len(l), 6);
+            ck_assert_int_eq(nb_loader_seek(l, 0, 9), NB_ERR_INVALID); /* refused, and stays in epoch 1 */
+            ck_assert_int_eq(nb_sampler_epoch(s), 1);
+            ck_assert_int_eq(nb_sampler_distributed_taken(s, 0), 0);
+            ck_assert_int_eq(nb_loader_next(l, ctx, &b), NB_OK);
+            ck_assert_int_eq(b.index, 5);
+            ck_assert_int_eq(b.epoch, 1);
+            nb_ctx_reset(ctx);
+            nb_loader_free(l);
+            nb_sampler_free(s);
+        }
+        for (int i = 0; i < 24; i++) ck_assert_int_eq(seen2[i], 1);
+    }
+    nb_ctx_free(ctx);
+    nb_dataset_free(ds);
+}
+END_TEST
+
 START_TEST(test_worker_error) {
     for (int workers = 0; workers <= 3; workers += 3) {
         nb_dataset *ds = probe_new(40, 13, 0);
@@ -437,6 +538,7 @@ int main(void) {
     tcase_add_test(tc, test_collation_and_epochs);
     tcase_add_test(tc, test_same_batches_for_any_worker_count);
     tcase_add_test(tc, test_resume);
+    tcase_add_test(tc, test_position_after_resume_at_another_world);
     tcase_add_test(tc, test_worker_error);
     tcase_add_test(tc, test_shutdown_joins_every_thread);
     tcase_add_test(tc, test_text_batches);

@@ -11,7 +11,9 @@ processes is a global batch of 6, so an epoch is 9 steps of 3 x 18 windows
    L[24 + r' + 2j], in order, until the epoch's end: with the 24 taken before,
    exactly the 54 windows of the uninterrupted epoch, none twice; the next
    epoch starts whole. The losses follow the uninterrupted run's (the same
-   windows in every step; sums in another order).
+   windows in every step; sums in another order). Stopped at step 7 instead,
+   its checkpoint says batch 7 of epoch 0 (42 windows), counted from the
+   epoch's start and not from the resume.
 3. --keep-batch rank on 2 ranks (2 per process, 4 per step): the epoch's 32
    remaining windows, all of them, none twice; the run ends once --steps x 6
    windows are consumed (step 19), and every step's learning rate is the
@@ -121,6 +123,19 @@ def test_order(tmp):
         fail("--keep-batch global: val loss %.5f after 14 steps, the uninterrupted run's %.5f" % (b, a))
     print("--keep-batch global: 3 -> 2 ranks at step 4 takes L[24:54] in PyTorch's layout, the epoch whole and "
           "once; val loss %.5f vs %.5f uninterrupted" % (b, a))
+
+    # the resumed epoch's position, saved mid-epoch: counted from the epoch's start, not from the resume
+    m = os.path.join(tmp, "mid")
+    os.makedirs(m)
+    for f in os.listdir(stop):
+        open(os.path.join(m, f), "wb").write(open(os.path.join(stop, f), "rb").read())
+    run(args(tmp, ["--ckpt-dir", m, "--resume", "--keep-batch", "global", "--stop-at", "7"]), 2)
+    meta = read_safetensors(os.path.join(m, "ckpt.safetensors"))[1]
+    # 24 windows before the resume, 3 steps of 6 after it; 6 per step: batch 42 / 6 = 7 of the epoch
+    got = {k: meta.get(k) for k in ("epoch", "data_position", "epoch_samples", "samples")}
+    if got != {"epoch": "0", "data_position": "7", "epoch_samples": "42", "samples": "42"}:
+        fail("--keep-batch global stopped at step 7 saves the position %s, expected epoch 0, batch 7, 42 windows"
+             % got)
 
     # 3. the per-process batch kept, the schedule in samples
     k = os.path.join(tmp, "rank")

@@ -16,6 +16,17 @@
  * it in a new process gives exactly the batches the first process would
  * have seen next. When an epoch's batches are exhausted, nb_loader_next
  * reports the end once and the position moves to (epoch + 1, 0).
+ * Batches are numbered from the start of the epoch, also in an epoch
+ * resumed part way at another world size (nb_sampler_distributed_resume):
+ * there the batches before the resume point count as taken, so the first
+ * batch the loader gives is batch base = floor(taken / (R B)) (R the
+ * sampler's world size, B the batch size), nb_batch.index and the
+ * position go on from there, and a seek below base starts at the resume
+ * point. The position then means what it means in an epoch never
+ * interrupted, rounded down to a whole batch when `taken` is not a
+ * multiple of R B; the exact point in such an epoch is the sample count,
+ * nb_sampler_distributed_taken(sampler, (batch - base) * B). Note [Batches
+ * of a resumed epoch] in data/loader.c.
  *
  * Errors: a failing get in a worker reaches the caller of nb_loader_next
  * as that status, with a message naming the sample index. The loader does
@@ -85,10 +96,13 @@ void nb_loader_free(nb_loader *l);
 nb_status nb_loader_next(nb_loader *l, nb_ctx *ctx, nb_batch *batch);
 
 /* Batches in the current epoch: the same every epoch, except one resumed part way
- * (nb_sampler_distributed_resume), which has only what is left. */
+ * (nb_sampler_distributed_resume), whose length is base (the batches before
+ * the resume point, see Position above) plus the batches left: the position
+ * at which it ends. */
 int64_t nb_loader_len(const nb_loader *l);
 void nb_loader_position(const nb_loader *l, int64_t *epoch, int64_t *batch);
-/* Continues from (epoch, batch), epoch >= 0 and 0 <= batch <= len; work
+/* Continues from (epoch, batch), epoch >= 0 and 0 <= batch <= that epoch's len
+ * (a batch below a resumed epoch's base: its resume point); work
  * prefetched for another position is dropped. Seeking to the current
  * position keeps it. A position outside those bounds (one read from a
  * checkpoint of another dataset or batch size, say) is NB_ERR_INVALID with
