@@ -97,7 +97,7 @@ nb_status nb__scale_fit(const char *path, nb__scale_link *out) {
                             "nb_scale: %s is not bench_collectives' table of 2 ranks or more (%d ranks, %d rows)",
                             path, R, n);
     double den = n * sxx - sx * sx, slope = den > 0 ? (n * sxy - sx * sy) / den : 0, icpt = (sy - slope * sx) / n;
-    if (!(slope > 0))
+    if (!(slope > 0 && isfinite(slope) && isfinite(icpt) && 2.0 * (R - 1) / ((double)R * slope) > 0))
         return nb_set_error(NB_ERR_FORMAT, "nb_scale: the times in %s do not grow with the size: no bandwidth to fit",
                             path);
     *out = (nb__scale_link){"measured", icpt > 0 ? icpt / (2.0 * (R - 1)) : 0,
@@ -178,15 +178,15 @@ nb_status nb__scale_trace_read(const char *path, nb__scale_trace *t) {
         nb__scale_param p = {0};
         if (!strncmp(s, "source ", 7)) {
             snprintf(t->source, sizeof t->source, "%s", s + 7);
-        } else if (sscanf(s, "forward_s %lf", &v) == 1 && v >= 0) {
+        } else if (sscanf(s, "forward_s %lf", &v) == 1 && v >= 0 && isfinite(v)) {
             t->forward_s = v, seen[0] = true;
-        } else if (sscanf(s, "backward_s %lf", &v) == 1 && v >= 0) {
+        } else if (sscanf(s, "backward_s %lf", &v) == 1 && v >= 0 && isfinite(v)) {
             t->backward_s = v, seen[1] = true;
-        } else if (sscanf(s, "optimizer_s %lf", &v) == 1 && v >= 0) {
+        } else if (sscanf(s, "optimizer_s %lf", &v) == 1 && v >= 0 && isfinite(v)) {
             t->optimizer_s = v, seen[2] = true;
         } else if (sscanf(s, "param %95s %15s %lld %lf %lld", p.name, dt, (long long *)&p.numel, &p.ready_s,
                           (long long *)&p.rows) >= 4) {
-            if (!parse_dtype(dt, &p.dtype) || p.numel <= 0 || p.ready_s < 0 || p.rows < 0 ||
+            if (!parse_dtype(dt, &p.dtype) || p.numel <= 0 || !(p.ready_s >= 0 && isfinite(p.ready_s)) || p.rows < 0 ||
                 (p.rows > 0 && p.numel % p.rows) ||
                 (t->n && p.ready_s < t->p[t->n - 1].ready_s)) {
                 st = nb_set_error(NB_ERR_FORMAT,

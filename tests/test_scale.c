@@ -165,6 +165,15 @@ START_TEST(test_trace_file) {
     fclose(f);
     ck_assert_int_eq(nb__scale_trace_read(path, &back), NB_ERR_FORMAT);
     ck_assert_msg(strstr(nb_last_error(), ":3: cannot read \"bogus 3\"") != NULL, "%s", nb_last_error());
+    f = fopen(path, "w"); /* a time that is not a number */
+    fputs("nabla-step-trace 1\nforward_s 1\nbackward_s 1\noptimizer_s 1\nparam x f32 4 nan\n", f);
+    fclose(f);
+    ck_assert_int_eq(nb__scale_trace_read(path, &back), NB_ERR_FORMAT);
+    ck_assert_msg(strstr(nb_last_error(), ":5: parameter x") != NULL, "%s", nb_last_error());
+    f = fopen(path, "w");
+    fputs("nabla-step-trace 1\nforward_s inf\n", f);
+    fclose(f);
+    ck_assert_int_eq(nb__scale_trace_read(path, &back), NB_ERR_FORMAT);
     f = fopen(path, "w");
     fputs("step 1\n", f);
     fclose(f);
