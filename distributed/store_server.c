@@ -39,6 +39,16 @@
  * the limits are the table's (NB_STORE_MAX_VALUE per value,
  * NB__STORE_MAX_BYTES in all).
  *
+ * Note [Stale greetings]
+ * A rank that gives up on the store (its deadline passed while the store
+ * was busy) closes its connection with its HELLO still unread in the
+ * store's socket. Read later, that HELLO would admit a rank whose process
+ * is gone, and the end of file that follows would abort the run with a
+ * false story ("rank 1 disconnected ... without saying goodbye"), or hold
+ * the rank's place against its next attempt. So a connection not yet
+ * admitted whose peer has hung up (POLLRDHUP: the end of file is queued)
+ * is closed without reading what it sent.
+ *
  * Note [Admission under a flood]
  * Idle connections opened faster than the deadline closes them (500 held,
  * 20 new a second) must not keep the run's ranks out. The store once held
@@ -65,6 +75,7 @@
  * network trusted (NABLA_STORE_TRUSTED_NETWORK=1). docs/distributed.md
  * ("Security") says what this protects and what it does not: nothing is
  * encrypted, and the backends' own traffic is not authenticated. */
+#define _GNU_SOURCE /* POLLRDHUP: Note [Stale greetings] */
 #include <errno.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -657,7 +668,8 @@ static void *serve(void *arg) {
         size_t i = 2;
         for (conn *c = s->conns; c; c = c->next, i++) {
             who[i] = c;
-            short ev = (short)((c->closing ? 0 : POLLIN) | (c->out.n > c->out_off ? POLLOUT : 0));
+            short ev = (short)((c->closing ? 0 : POLLIN) | (c->out.n > c->out_off ? POLLOUT : 0) |
+                               (c->state != C_READY ? POLLRDHUP : 0));
             fds[i] = (struct pollfd){c->fd, ev, 0};
             if (c->waiting && c->deadline < next) next = c->deadline;
             if (c->state != C_READY) {
@@ -672,7 +684,9 @@ static void *serve(void *arg) {
         for (i = 2; i < n; i++) {
             conn *c = who[i];
             bool ok = true;
-            if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) ok = on_readable(s, c, now);
+            /* Note [Stale greetings]: a peer that hung up before it was admitted is not */
+            if (c->state != C_READY && (fds[i].revents & (POLLRDHUP | POLLHUP | POLLERR))) ok = false;
+            else if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) ok = on_readable(s, c, now);
             if (ok && c->out.n > c->out_off) ok = on_writable(c);
             if (!ok) drop(s, c);
         }
@@ -840,6 +854,15 @@ nb_status nb__store_server_start(nb_store_server **out, const char *host, int po
                             "node), or set NABLA_STORE_TRUSTED_NETWORK=1 if only trusted machines "
                             "can reach this network (docs/distributed.md, \"Security\")",
                             addr, bound);
+    }
+    if (!secret && !is_loopback(&ss)) {
+        char addr[INET6_ADDRSTRLEN];
+        fprintf(stderr,
+                "nabla: the store listens on %s:%d without a secret (NABLA_STORE_TRUSTED_NETWORK=1): any "
+                "host that can reach this port can join the run, read its keys or stop it; to refuse "
+                "them, give every process the same secret (NABLA_STORE_SECRET_FILE, a file only you can "
+                "read; docs/distributed.md, \"Security\")\n",
+                describe(&ss, addr, sizeof addr), bound);
     }
     nb_store_server *s = server_new(cfg);
     s->listen_fd = fd;

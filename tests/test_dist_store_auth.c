@@ -488,6 +488,37 @@ START_TEST(test_flood_cannot_starve_ranks) {
 }
 END_TEST
 
+/* Note [Stale greetings]: a HELLO whose sender hung up before the store
+ * read it admits nothing: the rank's place stays free and the run goes on. */
+START_TEST(test_closed_greeting_never_admitted) {
+    /* greetings sent and closed before the store reads them: queued on the
+     * listening socket before the server starts on it */
+    int gai = 0, err = 0;
+    int lfd = nb__tcp_listen("127.0.0.1", 0, &gai, &err);
+    ck_assert_int_ge(lfd, 0);
+    struct sockaddr_in a;
+    socklen_t sl = sizeof a;
+    getsockname(lfd, (struct sockaddr *)&a, &sl);
+    for (int i = 0; i < 5; i++) {
+        int fd = nbt_loopback_connect(ntohs(a.sin_port));
+        uint8_t cn[NB__STORE_NONCE_LEN] = {(uint8_t)i};
+        send_hello(fd, RUN_ID, 1, cn);
+        close(fd);
+    }
+    nb__store_config cfg = {.run_id = RUN_ID, .world_size = 2};
+    ck_assert_int_eq(nb__store_server_start(&server, NULL, 0, lfd, &cfg), NB_OK);
+    port = nb_store_server_port(server);
+    pause_s(0.3);
+    nb_store *r0 = client_with(NULL, 0);
+    assert_not_aborted(r0);
+    nb_store *r1 = client_with(NULL, 1); /* not "rank 1 is already connected" */
+    assert_not_aborted(r0);
+    nb_store_close(r1);
+    nb_store_close(r0);
+    nb_store_server_stop(server);
+}
+END_TEST
+
 START_TEST(test_limits_after_admission) {
     nb__store_config cfg = secret_cfg(1);
     cfg.max_bytes = 1 << 20;
@@ -721,6 +752,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_limits_before_admission);
     tcase_add_test(tc, test_limits_after_admission);
     tcase_add_test(tc, test_flood_cannot_starve_ranks);
+    tcase_add_test(tc, test_closed_greeting_never_admitted);
     tcase_add_test(tc, test_no_secret_means_loopback);
     tcase_add_test(tc, test_secret_from_the_environment);
     tcase_add_test(tc, test_several_nodes_need_a_secret);
