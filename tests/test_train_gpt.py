@@ -125,6 +125,17 @@ def test_errors(tmp, ckpt_dir_2proc):
                  expect_rc=1)
     if "was written with world_size 2, this run has 1" not in err:
         fail("resuming a 2-process checkpoint on 1 process: " + err)
+    # an error before the group exists carries the launcher's rank, not 0
+    import socket
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    free_port = sock.getsockname()[1]
+    sock.close()
+    _, err = run(["train_gpt"] + SMALL + ["--steps", "2"], expect_rc=1,
+                 env={"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+                      "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port), "NABLA_JOIN_TIMEOUT": "1"})
+    if "train_gpt (rank 1): joining the run: " not in err:
+        fail("an error of rank 1 before the join is not labelled rank 1: " + err)
     _, err = run(["train_gpt", "--no-such-flag"], expect_rc=2)
     if 'unknown flag "--no-such-flag"' not in err:
         fail("unknown flag: " + err)
