@@ -5,8 +5,9 @@
  * Data: character-level text (default: the shipped Austen novels; each
  * distinct byte is a token) or, with --data, token shards in llm.c's
  * format, or with --synthetic random tokens (for benchmarks: no dataset
- * needed). --bf16 computes the matrix products in bf16 (f32 weights, f32
- * accumulation), on a GPU or the CPU. Training windows are the first part
+ * needed). --bf16 computes the matrix products in bf16 and keeps the
+ * activations in bf16 (f32 weights, f32 accumulation, f32 loss), on a GPU
+ * or the CPU. Training windows are the first part
  * of the data, the held-out windows the last --val-fraction (or
  * --val-data). AdamW with the usual two
  * parameter groups (no decay on biases and LayerNorm weights), linear
@@ -536,7 +537,7 @@ static int parse_args(run *r, int argc, char **argv) {
         {"heads", CLI_INT, &a->heads, "attention heads"},
         {"width", CLI_INT, &a->width, "embedding width (a multiple of --heads)"},
         {"dropout", CLI_DOUBLE, &a->dropout, "dropout probability"},
-        {"bf16", CLI_BOOL, &a->bf16, "matrix products in bf16 (f32 weights, f32 accumulation)"},
+        {"bf16", CLI_BOOL, &a->bf16, "bf16 matrix products and activations (f32 weights and accumulation)"},
         {"recompute", CLI_BOOL, &a->recompute, "keep each block's input only and run the block again in backward (less memory, ~1/3 more compute, same gradients)"},
         {"batch-size", CLI_INT, &a->batch_size, "sequences per process per micro-step"},
         {"seq-len", CLI_INT, &a->seq_len, "tokens per sequence (the model's block size)"},

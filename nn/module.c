@@ -322,7 +322,11 @@ void nb__nn_check_dtype(const char *fn, nb_dtype dtype) {
              (unsigned)dtype < NB_DTYPE_COUNT ? nb_dtype_name(dtype) : "(invalid)");
 }
 
+/* A half input may meet f32 parameters: the activations of a compute
+ * dtype and their master weights (Note [Compute dtype] in tensor/context.c;
+ * the ops refuse it outside such a context). */
 void nb__nn_check_input_dtype(const char *layer, const nb_tensor *x, nb_dtype dtype) {
-    NB_CHECK(x->dtype == dtype, "%s: input %s is %s but the layer's parameters are %s", layer,
+    bool half = x->dtype == NB_BF16 || x->dtype == NB_F16;
+    NB_CHECK(x->dtype == dtype || (half && dtype == NB_F32), "%s: input %s is %s but the layer's parameters are %s", layer,
              nb_shape_str(x), nb_dtype_name(x->dtype), nb_dtype_name(dtype));
 }

@@ -57,27 +57,39 @@
  * outlives the one holding its storage (the view stays live; keep views in
  * the context of what they view).
  *
- * Note [Mixed precision on the CPU]
+ * Note [Compute dtype]
  * A context's compute dtype (nb_ctx_set_compute_dtype) is a dtype its
  * backend lists in product_dtypes (tensor/backend.h): bf16 and f16 on
- * CUDA, bf16 only on the CPU. The products (nb_matmul and its family,
- * nb_linear, the GPT MLP's linear+GELU, nb_conv2d) cast f32 operands to it
- * with recorded casts, multiply in it and accumulate in f32; matmul's
- * output is f32, conv2d's is cast back to f32. Everything else stays f32:
- * parameters, their gradients and the optimizer's state (the master
- * weights), activations between products, the reductions of the backward.
- * The backward's products run in the same context and so in the same
- * precision (the incoming gradient cast once for both); their f32 results
- * go to the f32 tensors that were cast without a round trip through bf16
- * (Note [Wide gradients] in autograd/backward.c).
- * On the CPU bf16 is otherwise a storage type (no half_compute), so a bf16
- * tensor reaches only: casts; the products, and only in a context whose
- * compute dtype is bf16 (nb__check_product_float in tensor/tensor.c; any
- * other math refuses it); and gradient accumulation, which adds two bf16
- * contributions in f32 and rounds once (nb__accum_grad). The CPU products
+ * CUDA, bf16 only on the CPU. Under it the activations between ops are in
+ * it, as llm.c and autocast keep them; parameters, their gradients and the
+ * optimizer's state stay f32 (the master weights). The table of what each
+ * op returns is docs/cuda.md's "What each op returns under a compute
+ * dtype"; in short:
+ *   - the products (nb_matmul and its family, nb_linear, the GPT MLP's
+ *     linear+GELU) cast f32 operands to it with recorded casts (a weight,
+ *     a bias), multiply in it, accumulate in f32 and write it; conv2d's
+ *     output is cast back to f32;
+ *   - layer norm, softmax, the causal softmax and attention, dropout and
+ *     the elementwise ops take it and return it, computing in f32 inside
+ *     (layer norm's weight and bias may stay f32; its statistics are f32);
+ *   - a loss (cross-entropy) reads it and returns f32;
+ *   - a gradient comes in its tensor's dtype, except that a product's
+ *     gradient for an f32 tensor that was cast (a weight, a bias) is f32
+ *     and goes straight to that tensor, unrounded (Note [Wide gradients]
+ *     in autograd/backward.c).
+ * The GPT keeps its residual stream in the compute dtype (Note [Residual
+ * stream under a compute dtype] in models/gpt.c).
+ * On the CPU bf16 is otherwise a storage type (no half_compute): a bf16
+ * tensor reaches only casts, gradient accumulation (two bf16 contributions
+ * added in f32, rounded once: nb__accum_grad), and the ops of the table,
+ * and those only in a context whose compute dtype is bf16
+ * (nb__check_compute_float in tensor/tensor.c; any other math refuses it).
+ * The CPU computes them as CUDA does, in f32 on the bf16 values with each
+ * output rounded once (Note [bf16 activations on the CPU] in
+ * tensor/cpu/bf16.c), so CI tests the table's semantics; its products
  * convert bf16 operands to f32 (exact: bf16 is f32's top half) and run the
  * f32 GEMM/im2col path (tensor/cpu/matmul.c, conv.c) where no faster bf16
- * kernel takes them, so the result is exactly the f32 computation on the
+ * kernel takes them, so a product is exactly the f32 computation on the
  * bf16-rounded operands; a CPU without AVX512_BF16 is slower, not wrong.
  * f16 is refused on the CPU: it would need loss scaling (5 exponent bits)
  * and buys nothing without an f16 GEMM; bf16 has f32's exponent range. */
@@ -418,7 +430,7 @@ void nb_ctx_set_compute_dtype(nb_ctx *ctx, nb_dtype dtype) {
     NB_CHECK(dtype == NB_F32 || dtype == NB_BF16 || dtype == NB_F16,
              "nb_ctx_set_compute_dtype: %s is not a compute dtype (f32, bf16 or f16)",
              nb_dtype_name(dtype));
-    /* Note [Mixed precision on the CPU] */
+    /* Note [Compute dtype] */
     const nb__backend *be = nb__backend_of(ctx->device);
     NB_CHECK(dtype == NB_F32 || (be->product_dtypes & (1u << dtype)),
              "nb_ctx_set_compute_dtype: %s compute is not supported on %s%s",

@@ -144,9 +144,10 @@ void nb__abort_frame_pop(nb__abort_frame *f);
 
 /* ---- checks (abort naming `op`) ---- */
 void nb__check_float(const char *op, const nb_tensor *t);  /* f32/f64 for math */
-/* nb__check_float, or for the matrix products a half dtype that is ctx's
- * compute dtype (Note [Mixed precision on the CPU] in tensor/context.c). */
-void nb__check_product_float(const char *op, const nb_ctx *ctx, const nb_tensor *t);
+/* nb__check_float, or, for the ops of the compute-dtype table, a half
+ * dtype that is ctx's compute dtype (Note [Compute dtype] in
+ * tensor/context.c). */
+void nb__check_compute_float(const char *op, const nb_ctx *ctx, const nb_tensor *t);
 void nb__check_same_dtype(const char *op, const nb_tensor *a, const nb_tensor *b);
 void nb__check_index_dtype(const char *op, const nb_tensor *t); /* i32/i64 */
 void nb__check_ctx(const char *op, nb_ctx *ctx, const nb_tensor *t); /* same device */

@@ -46,7 +46,7 @@ nb_tensor *nb_conv2d(nb_ctx *ctx, nb_tensor *x, nb_tensor *weight, nb_tensor *bi
     }
     nb__check_ctx(op, ctx, x);
     nb__check_ctx(op, ctx, weight);
-    nb__check_product_float(op, ctx, x);
+    nb__check_compute_float(op, ctx, x);
     nb__check_same_dtype(op, x, weight);
     NB_CHECK(x->ndim == 4, "nb_conv2d: input must be 4-D (N, C, H, W), got shape %s",
              nb_shape_str(x));

@@ -15,7 +15,7 @@ nb_tensor *nb_dropout(nb_ctx *ctx, nb_tensor *x, double p, bool training, nb_rng
     NB_CHECK(p >= 0 && p <= 1, "nb_dropout: p must be in [0, 1], got %g (input %s)", p,
              nb_shape_str(x));
     nb__check_ctx("nb_dropout", ctx, x);
-    nb__check_float("nb_dropout", x);
+    nb__check_compute_float("nb_dropout", ctx, x);
     if (!training || p == 0) return x;
     if (!rng) rng = nb_rng_default();
     int64_t n = nb_numel(x);

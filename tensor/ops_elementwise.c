@@ -60,9 +60,7 @@ static nb_tensor *binary(nb_ctx *ctx, const char *name, nb__binary_op op, nb_ten
                          nb_tensor *b, nb_backward_fn bw) {
     nb__check_ctx(name, ctx, a);
     nb__check_same_dtype(name, a, b);
-    NB_CHECK((a->dtype != NB_BF16 && a->dtype != NB_F16) || nb__backend_at(a)->half_compute,
-             "%s: dtype %s is a storage type on the CPU; nb_cast to f32 first (shapes %s, %s)", name,
-             nb_dtype_name(a->dtype), nb_shape_str(a), nb_shape_str(b));
+    if (a->dtype == NB_BF16 || a->dtype == NB_F16) nb__check_compute_float(name, ctx, a);
     int64_t shape[NB_MAX_DIMS];
     int nd = nb__broadcast_shape(name, a, b, shape);
     nb_tensor *out = nb__empty(ctx, a->dtype, nd, shape);
@@ -148,7 +146,7 @@ nb_tensor *nb_div(nb_ctx *ctx, nb_tensor *a, nb_tensor *b) {
 static nb_tensor *unary(nb_ctx *ctx, const char *name, nb__unary_op op, nb_tensor *a, double s,
                         nb_backward_fn bw) {
     nb__check_ctx(name, ctx, a);
-    nb__check_float(name, a);
+    nb__check_compute_float(name, ctx, a);
     nb_tensor *out = nb__empty(ctx, a->dtype, a->ndim, a->shape);
     nb__run_unary(op, out, a, s);
     nb_node *n = nb__record(ctx, name, bw, out, 1, &a);

@@ -39,7 +39,7 @@ nb_tensor *nb_cross_entropy(nb_ctx *ctx, nb_tensor *logits, nb_tensor *targets,
     nb_cross_entropy_opts o = opts ? *opts : NB_CROSS_ENTROPY_DEFAULTS;
     nb__check_ctx(op, ctx, logits);
     nb__check_ctx(op, ctx, targets);
-    nb__check_float(op, logits);
+    nb__check_compute_float(op, ctx, logits);
     NB_CHECK(targets->dtype == NB_I32 || targets->dtype == NB_I64,
              "%s: targets must be i32 or i64 class indices, got %s of shape %s", op,
              nb_dtype_name(targets->dtype), nb_shape_str(targets));
@@ -50,7 +50,9 @@ nb_tensor *nb_cross_entropy(nb_ctx *ctx, nb_tensor *logits, nb_tensor *targets,
     NB_CHECK(o.label_smoothing >= 0 && o.label_smoothing <= 1,
              "%s: label_smoothing must be in [0, 1], got %g", op, o.label_smoothing);
     nb_tensor *tc = nb__contig(ctx, targets), *xc = nb__contig(ctx, logits), *lse, *cnt;
-    nb_tensor *out = nb__empty(ctx, logits->dtype, 0, NULL);
+    /* a loss is f32 under a compute dtype (Note [Compute dtype] in tensor/context.c) */
+    bool half = logits->dtype == NB_BF16 || logits->dtype == NB_F16;
+    nb_tensor *out = nb__empty(ctx, half ? NB_F32 : logits->dtype, 0, NULL);
     nb__backend_at(logits)->cross_entropy(ctx, out, &lse, &cnt, xc, tc, o.ignore_index,
                                           o.label_smoothing);
     nb_node *node = nb__record(ctx, op, cross_entropy_backward, out, 1, &logits);

@@ -13,10 +13,11 @@
  *
  * Mixed precision: in a context whose compute dtype is bf16 or f16
  * (nb_ctx_set_compute_dtype; bf16 only on the CPU) f32 operands are cast
- * to it first (recorded casts, so gradients reach the f32 originals) and
- * the product, accumulated in f32, comes out in f32. The backward's
- * products run in the same context and so in the same precision (Note
- * [Mixed precision on the CPU] in tensor/context.c).
+ * to it first (recorded casts, so gradients reach the f32 originals; a
+ * bias too) and the product, accumulated in f32, comes out in the compute
+ * dtype. The backward's products run in the same context and so in the
+ * same precision; the gradient of an f32 tensor that was cast (a weight)
+ * comes out in f32 (Note [Compute dtype] in tensor/context.c).
  *
  * nb__linear (x @ w^T + b, the Linear layer) fuses the bias into the
  * GEMM, through the backend table (tensor/backend.h): on CUDA it rides
@@ -38,20 +39,22 @@ static void matmul_bias_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g);
 /* bias: NULL, or (N) of the output's dtype, added by the GEMM (nb__linear
  * checked it). */
 static nb_tensor *matmul_impl_ex(nb_ctx *ctx, const char *name, nb_tensor *a, nb_tensor *b,
-                                 bool ta, bool tb, nb_tensor *bias, nb_tensor **pre);
+                                 bool ta, bool tb, nb_tensor *bias, nb_tensor **pre, bool wide);
 
 static nb_tensor *matmul_impl(nb_ctx *ctx, const char *name, nb_tensor *a, nb_tensor *b, bool ta,
                               bool tb, nb_tensor *bias) {
-    return matmul_impl_ex(ctx, name, a, b, ta, tb, bias, NULL);
+    return matmul_impl_ex(ctx, name, a, b, ta, tb, bias, NULL, false);
 }
 
 static void linear_gelu_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g);
 
 /* pre: NULL, or where to return the pre-activation of a GELU(tanh)
  * applied after the GEMM (on CUDA in its epilogue); the node then
- * differentiates through the GELU too. */
+ * differentiates through the GELU too. wide: under a compute dtype, the
+ * output is f32 instead of the compute dtype (the gradient of an f32
+ * tensor that was cast, Note [Wide gradients] in autograd/backward.c). */
 static nb_tensor *matmul_impl_ex(nb_ctx *ctx, const char *name, nb_tensor *a, nb_tensor *b,
-                                 bool ta, bool tb, nb_tensor *bias, nb_tensor **pre) {
+                                 bool ta, bool tb, nb_tensor *bias, nb_tensor **pre, bool wide) {
     nb__check_ctx(name, ctx, a);
     nb__check_ctx(name, ctx, b);
     const char *sfx_a = ta ? "^T" : "", *sfx_b = tb ? "^T" : "";
@@ -65,7 +68,7 @@ static nb_tensor *matmul_impl_ex(nb_ctx *ctx, const char *name, nb_tensor *a, nb
         if (b->dtype == NB_F32) b = nb_cast(ctx, b, cd);
     }
     nb__check_same_dtype(name, a, b);
-    nb__check_product_float(name, ctx, a);
+    nb__check_compute_float(name, ctx, a);
     int na = a->ndim, nbn = b->ndim;
     int64_t m = a->shape[na - (ta ? 1 : 2)], ka = a->shape[na - (ta ? 2 : 1)];
     int64_t kb = b->shape[nbn - (tb ? 1 : 2)], n = b->shape[nbn - (tb ? 2 : 1)];
@@ -90,7 +93,8 @@ static nb_tensor *matmul_impl_ex(nb_ctx *ctx, const char *name, nb_tensor *a, nb
     shape[nbd + 1] = n;
 
     /* f64 operands are not cast and stay f64 (cuBLASLt has no f64 -> f32 GEMM) */
-    nb_tensor *out = nb__empty(ctx, mixed && a->dtype != NB_F64 ? NB_F32 : a->dtype, nd, shape);
+    nb_dtype out_dt = !mixed || a->dtype == NB_F64 ? a->dtype : wide ? NB_F32 : cd;
+    nb_tensor *out = nb__empty(ctx, out_dt, nd, shape);
     const nb__backend *be = nb__backend_at(a);
     nb_tensor *ca = be->gemm_readable(a) ? a : nb__contig(ctx, a);
     nb_tensor *cb = be->gemm_readable(b) ? b : nb__contig(ctx, b);
@@ -122,6 +126,20 @@ nb_tensor *nb_matmul_t(nb_ctx *ctx, nb_tensor *a, nb_tensor *b, bool trans_a, bo
 
 static int64_t batch_numel(const nb_tensor *t) { return nb__numel_shape(t->ndim - 2, t->shape); }
 
+/* Whether x's gradient goes, wide, to the f32 tensor x was cast from
+ * (Note [Wide gradients] in autograd/backward.c): a parameter's, for one. */
+static bool cast_of_f32(const nb_tensor *x) {
+    return x->node && x->node->backward == nb__cast_backward && x->node->in[0]->dtype == NB_F32 &&
+           x->dtype != NB_F32;
+}
+
+/* op(x) @ op(y) for the gradient of `of`: in of's compute dtype, or f32
+ * when `of` is a cast of an f32 tensor. */
+static nb_tensor *grad_product(nb_ctx *ctx, const nb_tensor *of, nb_tensor *x, nb_tensor *y,
+                               bool tx, bool ty) {
+    return matmul_impl_ex(ctx, "nb_matmul_t", x, y, tx, ty, NULL, NULL, cast_of_f32(of));
+}
+
 /* op(x) flattened to (rows, cols) over its batch dims; copies when the
  * view cannot express it. */
 static nb_tensor *flat_op(nb_ctx *ctx, nb_tensor *x, bool trans, int64_t rows, int64_t cols) {
@@ -131,9 +149,13 @@ static nb_tensor *flat_op(nb_ctx *ctx, nb_tensor *x, bool trans, int64_t rows, i
 
 /* x @ w^T + bias fused (nb__linear): the product's gradients, plus the
  * bias's (g summed over the rows, by nb__accum_grad's broadcast reduction). */
+static bool cast_of_f32(const nb_tensor *x);
+
 static void matmul_bias_backward(nb_ctx *ctx, nb_node *node, nb_tensor *g) {
     matmul_backward(ctx, node, g);
-    nb__accum_grad(ctx, node->in[2], g);
+    nb_tensor *bias = node->in[2];
+    /* summed in f32 straight into an f32 bias that was cast (Note [Wide gradients]) */
+    nb__accum_grad(ctx, cast_of_f32(bias) ? bias->node->in[0] : bias, g);
 }
 
 /* gelu(x @ w^T + b) fused: the gradient of the pre-activation,
@@ -166,7 +188,7 @@ static void matmul_backward(nb_ctx *ctx, nb_node *node, nb_tensor *g) {
     if (cd != NB_F32 && g->dtype == NB_F32 && a->requires_grad && b->requires_grad)
         g = nb_cast(ctx, g, cd);
     if (a->requires_grad) {
-        nb_tensor *ga = ta ? nb_matmul_t(ctx, b, g, tb, true) : nb_matmul_t(ctx, g, b, false, !tb);
+        nb_tensor *ga = ta ? grad_product(ctx, a, b, g, tb, true) : grad_product(ctx, a, g, b, false, !tb);
         nb__accum_grad(ctx, a, ga);
     }
     if (b->requires_grad) {
@@ -187,7 +209,7 @@ static void matmul_backward(nb_ctx *ctx, nb_node *node, nb_tensor *g) {
                 else matmul_add(ctx, dst, fa, fg, true, false);
                 return;
             }
-            gb = tb ? nb_matmul_t(ctx, fg, fa, true, false) : nb_matmul_t(ctx, fa, fg, true, false);
+            gb = tb ? grad_product(ctx, b, fg, fa, true, false) : grad_product(ctx, b, fa, fg, true, false);
             gb = nb_reshape(ctx, gb, b->ndim, b->shape);
         } else {
             bool same_batch = b->ndim == g->ndim;
@@ -198,15 +220,25 @@ static void matmul_backward(nb_ctx *ctx, nb_node *node, nb_tensor *g) {
                 else matmul_add(ctx, dst, a, g, !ta, false);
                 return;
             }
-            gb = tb ? nb_matmul_t(ctx, g, a, true, ta) : nb_matmul_t(ctx, a, g, !ta, false);
+            gb = tb ? grad_product(ctx, b, g, a, true, ta) : grad_product(ctx, b, a, g, !ta, false);
         }
         nb__accum_grad(ctx, b, gb);
     }
 }
 
+/* The bias in the output's dtype: under a compute dtype an f32 bias is
+ * cast to it (a recorded cast, so its gradient reaches the f32 master
+ * wide), as the weight is. */
+static nb_tensor *bias_for(nb_ctx *ctx, const nb_tensor *x, nb_tensor *b) {
+    nb_dtype cd = nb_ctx_compute_dtype(ctx);
+    if (b && cd != NB_F32 && b->dtype == NB_F32 && x->dtype != NB_F64) return nb_cast(ctx, b, cd);
+    return b;
+}
+
 /* Whether b (N) can ride x @ w^T's GEMM: the output's dtype, device and width. */
 static bool bias_fuses(nb_ctx *ctx, const nb_tensor *x, const nb_tensor *w, const nb_tensor *b) {
-    nb_dtype out_dt = nb_ctx_compute_dtype(ctx) != NB_F32 && x->dtype != NB_F64 ? NB_F32 : x->dtype;
+    nb_dtype cd = nb_ctx_compute_dtype(ctx);
+    nb_dtype out_dt = cd != NB_F32 && x->dtype != NB_F64 ? cd : x->dtype;
     return x->ndim >= 2 && w->ndim == 2 &&
            (!b || (b->ndim == 1 && b->shape[0] == w->shape[0] && b->dtype == out_dt &&
                    nb_device_eq(b->device, x->device)));
@@ -214,14 +246,16 @@ static bool bias_fuses(nb_ctx *ctx, const nb_tensor *x, const nb_tensor *w, cons
 
 nb_tensor *nb__linear(nb_ctx *ctx, nb_tensor *x, nb_tensor *w, nb_tensor *b) {
     if (!b) return nb_matmul_t(ctx, x, w, false, true);
+    b = bias_for(ctx, x, b);
     if (bias_fuses(ctx, x, w, b)) return matmul_impl(ctx, "nb_linear", x, w, false, true, b);
     return nb_add(ctx, nb_matmul_t(ctx, x, w, false, true), b);
 }
 
 nb_tensor *nb__linear_gelu(nb_ctx *ctx, nb_tensor *x, nb_tensor *w, nb_tensor *b) {
+    b = bias_for(ctx, x, b);
     if (bias_fuses(ctx, x, w, b)) {
         nb_tensor *pre = NULL;
-        return matmul_impl_ex(ctx, "nb_linear_gelu", x, w, false, true, b, &pre);
+        return matmul_impl_ex(ctx, "nb_linear_gelu", x, w, false, true, b, &pre, false);
     }
     return nb_gelu(ctx, nb__linear(ctx, x, w, b), NB_GELU_TANH);
 }

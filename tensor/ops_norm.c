@@ -35,6 +35,8 @@ static void layer_norm_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) {
     if (db) nb__accum_grad(ctx, b, db);
 }
 
+/* p: x's dtype, or f32 for a half x (the master weights: Note [Compute
+ * dtype] in tensor/context.c) */
 static void check_layer_norm_param(const char *name, const nb_tensor *p, const nb_tensor *x,
                                    int norm_ndim, nb_ctx *ctx) {
     if (!p) return;
@@ -44,15 +46,17 @@ static void check_layer_norm_param(const char *name, const nb_tensor *p, const n
     for (int k = 0; ok && k < norm_ndim; k++) ok = p->shape[k] == dims[k];
     NB_CHECK(ok, "nb_layer_norm: %s has shape %s but the normalised dims of input %s are %s", name,
              nb_shape_str(p), nb_shape_str(x), nb__shape_str_n(norm_ndim, dims));
-    NB_CHECK(p->dtype == x->dtype, "nb_layer_norm: %s is %s but the input is %s", name,
-             nb_dtype_name(p->dtype), nb_dtype_name(x->dtype));
+    bool half = x->dtype == NB_BF16 || x->dtype == NB_F16;
+    NB_CHECK(p->dtype == x->dtype || (half && p->dtype == NB_F32),
+             "nb_layer_norm: %s is %s but the input is %s", name, nb_dtype_name(p->dtype),
+             nb_dtype_name(x->dtype));
 }
 
 nb_tensor *nb_layer_norm(nb_ctx *ctx, nb_tensor *x, int norm_ndim, nb_tensor *weight,
                          nb_tensor *bias, double eps) {
     const char *op = "nb_layer_norm";
     nb__check_ctx(op, ctx, x);
-    nb__check_float(op, x);
+    nb__check_compute_float(op, ctx, x);
     NB_CHECK(norm_ndim >= 1 && norm_ndim <= x->ndim,
              "%s: norm_ndim %d out of range for input %s (need 1..%d)", op, norm_ndim,
              nb_shape_str(x), x->ndim);

@@ -92,7 +92,7 @@ static void sum_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) {
 static nb_tensor *sum_impl(nb_ctx *ctx, const char *op, nb_tensor *x, int naxes, const int *axes,
                            bool keepdim, bool mean) {
     nb__check_ctx(op, ctx, x);
-    nb__check_float(op, x);
+    nb__check_compute_float(op, ctx, x);
     plan p;
     make_plan(op, x, naxes, axes, keepdim, &p);
     double scale = mean ? (p.inner > 0 ? 1.0 / (double)p.inner : NAN) : 1.0;
@@ -134,7 +134,7 @@ static void max_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) {
 nb_tensor *nb_max(nb_ctx *ctx, nb_tensor *x, int naxes, const int *axes, bool keepdim) {
     const char *op = "nb_max";
     nb__check_ctx(op, ctx, x);
-    nb__check_float(op, x);
+    nb__check_compute_float(op, ctx, x);
     plan p;
     make_plan(op, x, naxes, axes, keepdim, &p);
     NB_CHECK(p.inner > 0 || p.outer == 0, "nb_max: cannot reduce an empty dimension of %s", nb_shape_str(x));
@@ -166,7 +166,7 @@ static void var_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) {
 nb_tensor *nb_var(nb_ctx *ctx, nb_tensor *x, int naxes, const int *axes, int correction, bool keepdim) {
     const char *op = "nb_var";
     nb__check_ctx(op, ctx, x);
-    nb__check_float(op, x);
+    nb__check_compute_float(op, ctx, x);
     NB_CHECK(correction >= 0, "nb_var: negative correction %d", correction);
     plan p;
     make_plan(op, x, naxes, axes, keepdim, &p);
@@ -195,7 +195,7 @@ nb_tensor *nb_var(nb_ctx *ctx, nb_tensor *x, int naxes, const int *axes, int cor
 nb_tensor *nb_argmax(nb_ctx *ctx, nb_tensor *x, int dim, bool keepdim) {
     const char *op = "nb_argmax";
     nb__check_ctx(op, ctx, x);
-    nb__check_float(op, x);
+    nb__check_compute_float(op, ctx, x);
     plan p;
     make_plan(op, x, 1, &dim, keepdim, &p);
     NB_CHECK(p.inner > 0, "nb_argmax: dimension %d of %s is empty", dim,

@@ -32,7 +32,7 @@ static void softmax_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) {
 static nb_tensor *softmax_impl(nb_ctx *ctx, const char *op, nb_tensor *x, int axis,
                                bool take_log) {
     nb__check_ctx(op, ctx, x);
-    nb__check_float(op, x);
+    nb__check_compute_float(op, ctx, x);
     int d = nb_normalize_dim(op, axis, x->ndim);
     int64_t outer = nb__numel_shape(d, x->shape), k = x->shape[d];
     int64_t inner = nb__numel_shape(x->ndim - d - 1, x->shape + d + 1);
@@ -69,7 +69,7 @@ static void softmax_causal_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) {
 nb_tensor *nb_softmax_causal(nb_ctx *ctx, nb_tensor *x, double scale) {
     const char *op = "nb_softmax_causal";
     nb__check_ctx(op, ctx, x);
-    nb__check_float(op, x);
+    nb__check_compute_float(op, ctx, x);
     NB_CHECK(x->ndim >= 2, "%s: input %s needs at least 2 dims (.., T, S)", op, nb_shape_str(x));
     NB_CHECK(isfinite(scale) && scale != 0, "%s: scale %g must be finite and nonzero", op, scale);
     int64_t t = x->shape[x->ndim - 2], s = x->shape[x->ndim - 1];
@@ -107,6 +107,7 @@ nb_tensor *nb__causal_attention(nb_ctx *ctx, nb_tensor *qkv, int h, double scale
     NB_CHECK(qkv->ndim == 3 && h > 0 && qkv->shape[2] % (3 * (int64_t)h) == 0,
              "%s: qkv %s must be (N, T, 3C) with C a multiple of the %d heads", op,
              nb_shape_str(qkv), h);
+    nb__check_compute_float(op, ctx, qkv);
     const nb__backend *be = nb__backend_at(qkv);
     int64_t n = qkv->shape[0], t = qkv->shape[1], c = qkv->shape[2] / 3;
     if (!be->causal_attention || !(be->causal_attention_dtypes & (1u << qkv->dtype)) ||

@@ -87,8 +87,8 @@ void nb__check_float(const char *op, const nb_tensor *t) {
              nb_shape_str(t));
 }
 
-/* Note [Mixed precision on the CPU] in tensor/context.c */
-void nb__check_product_float(const char *op, const nb_ctx *ctx, const nb_tensor *t) {
+/* Note [Compute dtype] in tensor/context.c */
+void nb__check_compute_float(const char *op, const nb_ctx *ctx, const nb_tensor *t) {
     nb__check_live(op, t);
     const nb__backend *be = nb__backend_at(t);
     bool half = t->dtype == NB_BF16 || t->dtype == NB_F16;
@@ -101,8 +101,8 @@ void nb__check_product_float(const char *op, const nb_ctx *ctx, const nb_tensor 
              "%s: dtype %s is a storage type on %s%s%s; nb_cast to f32 first (tensor of shape "
              "%s)",
              op, nb_dtype_name(t->dtype), nb_device_name(t->device),
-             product ? ", taken by the products only in a context whose compute dtype is it "
-                       "(nb_ctx_set_compute_dtype), and this context's is "
+             product ? ", taken by the ops of the compute-dtype table only in a context whose "
+                       "compute dtype is it (nb_ctx_set_compute_dtype), and this context's is "
                      : "",
              product ? nb_dtype_name(nb_ctx_compute_dtype(ctx)) : "", nb_shape_str(t));
 }

@@ -45,7 +45,8 @@ START_TEST(test_tables_complete) {
     ck_assert(!nb__cpu_backend.device_memory);
     ck_assert(nb__cpu_backend.strided_elementwise_out && !nb__cpu_backend.half_compute);
     ck_assert_uint_eq(nb__cpu_backend.product_dtypes, 1u << NB_BF16);
-    ck_assert_uint_eq(nb__cpu_backend.causal_attention_dtypes, (1u << NB_F32) | (1u << NB_F64));
+    ck_assert_uint_eq(nb__cpu_backend.causal_attention_dtypes,
+                      (1u << NB_F32) | (1u << NB_F64) | (1u << NB_BF16));
 #if NABLA_HAVE_CUDA
     const nb__cuda_plugin *plugin = nb__cuda_plugin_get(); /* the table is the plugin's */
     ck_assert_msg(plugin, "%s", nb__cuda_plugin_error());

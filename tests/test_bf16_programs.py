@@ -1,5 +1,5 @@
 """train_gpt --bf16 and train_classifier --bf16, briefly, on whatever device
-the build computes on (the CPU in CI: Note [Mixed precision on the CPU] in
+the build computes on (the CPU in CI: Note [Compute dtype] in
 tensor/context.c).
 
 1. train_gpt: a small GPT for 30 steps with --bf16 says so in its banner,

@@ -61,9 +61,9 @@ START_TEST(test_batched_matmul) {
     nb_tensor *b = nb_empty(ctx, NB_BF16, NB_SHAPE(B, K, N));
     nb_meta_reset();
     nb_tensor *c = nb_matmul(ctx, a, b);
-    /* bf16 operands, f32 result (Note [Mixed precision on the CPU]) */
-    ck_assert_int_eq(c->dtype, NB_F32);
-    expect("matmul", 1, 2.0 * (B * M * K + B * K * N) + 4.0 * B * M * N, 0, 2.0 * B * M * N * K, 1);
+    /* bf16 operands, bf16 result (Note [Compute dtype] in tensor/context.c) */
+    ck_assert_int_eq(c->dtype, NB_BF16);
+    expect("matmul", 1, 2.0 * (B * M * K + B * K * N) + 2.0 * B * M * N, 0, 2.0 * B * M * N * K, 1);
     nb_ctx_free(ctx);
 }
 END_TEST

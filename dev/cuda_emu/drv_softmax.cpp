@@ -39,8 +39,11 @@ static void softmax_special(nb_dtype dt, int64_t k, bool lg) {
     cmpt(nm, y, y64, tol_of(dt));
 }
 
-static void ce_case(nb_dtype dt, nb_dtype tdt, int64_t n, int64_t c, int64_t ignore, double eps, int tstride, bool bad = false) {
-    std::string nm = fmt("ce %s t%s (%lld,%lld) ign %lld eps %g ts %d%s", dtn(dt), dtn(tdt), (long long)n, (long long)c, (long long)ignore, eps, tstride, bad ? " bad" : "");
+/* f32_loss: the loss of bf16/f16 logits in f32 (Note [Compute dtype] in tensor/context.c) */
+static void ce_case(nb_dtype dt, nb_dtype tdt, int64_t n, int64_t c, int64_t ignore, double eps, int tstride, bool bad = false,
+                    bool f32_loss = false) {
+    std::string nm = fmt("ce %s t%s (%lld,%lld) ign %lld eps %g ts %d%s%s", dtn(dt), dtn(tdt), (long long)n, (long long)c, (long long)ignore, eps, tstride, bad ? " bad" : "",
+                         f32_loss ? " f32 loss" : "");
     nb_tensor *x = mk(dt, {n, c});
     fill(x, -6, 6);
     nb_tensor *tb = mk(tdt, {n * tstride});
@@ -53,7 +56,7 @@ static void ce_case(nb_dtype dt, nb_dtype tdt, int64_t n, int64_t c, int64_t ign
     nb_tensor *t = nb__view(CTX, tb, 1, sh, st, tb->data);
     nb_tensor *tc = mk(tdt, {n});
     for (int64_t i = 0; i < n; i++) nb__store((char *)tc->data + i * nb_dtype_size(tdt), tdt, tv[i * tstride]);
-    nb_tensor *loss = mk(dt, {}), *lse = mk(dt == NB_F64 ? NB_F64 : NB_F32, {n}), *count = mk(NB_F32, {});
+    nb_tensor *loss = mk(f32_loss ? NB_F32 : dt, {}), *lse = mk(dt == NB_F64 ? NB_F64 : NB_F32, {n}), *count = mk(NB_F32, {});
     memset(nb__cuda_fault_slot(0), 0, sizeof(nb__cuda_fault));
     nb__cuda_cross_entropy_rows(loss, lse, count, x, t, ignore, eps);
     nb__cuda_fault *f = nb__cuda_fault_slot(0);
@@ -67,7 +70,7 @@ static void ce_case(nb_dtype dt, nb_dtype tdt, int64_t n, int64_t c, int64_t ign
     double tot = nb__cpu_cross_entropy_rows(lse64, x64, tc, ignore, eps);
     int64_t cnt = 0;
     for (int64_t i = 0; i < n; i++) cnt += (int64_t)tv[i * tstride] != ignore;
-    cmpv(nm + " loss", get(loss), {tot / (double)cnt}, tol_of(dt));
+    cmpv(nm + " loss", get(loss), {tot / (double)cnt}, tol_of(f32_loss ? NB_F32 : dt));
     cmpv(nm + " count", get(count), {(double)cnt}, 0);
     cmpt(nm + " lse", lse, lse64, dt == NB_F64 ? 1e-12 : 2e-6);
     nb_tensor *g = mk(NB_F32, {});
@@ -100,6 +103,10 @@ int main(int argc, char **argv) {
                 ce_case(dt, tdt, 9, 33, -1, 0, 1);
                 ce_case(dt, tdt, 9, 33, -100, 0, 1, true);
                 ce_case(dt, tdt, 1, 10, 0, 0, 1); /* maybe everything ignored? first row ignored always */
+                if (nb_dtype_size(dt) == 2) {
+                    ce_case(dt, tdt, 19, 10, 2, 0.1, 2, false, true);
+                    ce_case(dt, tdt, 2, 1500, -100, 0.2, 1, false, true);
+                }
             }
     return done("softmax");
 }

@@ -46,10 +46,11 @@ void nb_ctx_set_give_back(nb_ctx *ctx, int on);
 
 /* The dtype that nb_matmul and nb_conv2d compute in for f32 inputs made
  * in this context: NB_F32 (default), NB_BF16 (CPU and CUDA) or NB_F16
- * (CUDA only; refused on the CPU) (inputs cast, recorded by autograd,
- * products accumulated in f32, f32 results: mixed precision with f32
- * parameters and master weights; docs/design.md, "Mixed precision on
- * the CPU"). */
+ * (CUDA only; refused on the CPU). Inputs are cast (recorded by autograd),
+ * products accumulate in f32 and write the compute dtype, the activations
+ * between ops stay in it (f32 arithmetic inside each op) and a loss is
+ * f32: mixed precision with f32 parameters and master weights. What each
+ * op returns: docs/cuda.md, "What each op returns under a compute dtype". */
 void nb_ctx_set_compute_dtype(nb_ctx *ctx, nb_dtype dtype);
 nb_dtype nb_ctx_compute_dtype(const nb_ctx *ctx);
 

@@ -1,6 +1,8 @@
 /* Element types and devices. bf16 and f16 are storage types on the CPU:
  * they can be created, cast and copied, and math on them needs a cast to f32
- * (CUDA computes on them directly). */
+ * (CUDA computes on them directly), except for bf16 in the ops of the
+ * compute-dtype table in a context whose compute dtype is bf16
+ * (nb_ctx_set_compute_dtype). */
 #ifndef NABLA_DTYPE_H
 #define NABLA_DTYPE_H
 

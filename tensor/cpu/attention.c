@@ -41,6 +41,7 @@
 #include <cblas.h>
 
 #include "tensor/cpu/attention.h"
+#include "tensor/cpu/bf16.h"
 #include "tensor/cpu/sgemm.h"
 #include "tensor/cpu/softmax.h"
 #include "tensor/cpu/threads.h"
@@ -176,6 +177,10 @@ static void run_pairs(nb_ctx *ctx, nb__task_fn fn, heads_job *j, int blocks) {
 
 void nb__cpu_causal_attention(nb_ctx *ctx, nb_tensor *y, nb_tensor *lse, const nb_tensor *qkv,
                               int h, double scale) {
+    if (nb__cpu_is_bf16(qkv)) {
+        nb__cpu_causal_attention_bf16(ctx, y, lse, qkv, h, scale);
+        return;
+    }
     heads_job j = {.y = y, .lse = lse, .qkv = qkv, .h = h, .scale = scale};
     run_pairs(ctx, forward_pair, &j, 1);
 }
@@ -185,6 +190,10 @@ void nb__cpu_causal_attention(nb_ctx *ctx, nb_tensor *y, nb_tensor *lse, const n
 void nb__cpu_causal_attention_backward(nb_ctx *ctx, nb_tensor *dqkv, const nb_tensor *qkv,
                                        const nb_tensor *y, const nb_tensor *lse,
                                        const nb_tensor *gy, int h, double scale) {
+    if (nb__cpu_is_bf16(qkv)) {
+        nb__cpu_causal_attention_backward_bf16(ctx, dqkv, qkv, y, lse, gy, h, scale);
+        return;
+    }
     (void)y, (void)lse;
     heads_job j = {.dqkv = dqkv, .qkv = qkv, .gy = gy, .h = h, .scale = scale};
     run_pairs(ctx, backward_pair, &j, 2);

@@ -8,6 +8,7 @@
 
 #include "tensor/backend.h"
 #include "tensor/cpu/attention.h"
+#include "tensor/cpu/bf16.h"
 #include "tensor/cpu/cpu.h"
 #include "tensor/cpu/dnnl.h"
 #include "tensor/cpu/matmul.h"
@@ -59,6 +60,12 @@ static void event_wait(nb__event e) { (void)e; }
  * pass). GELU: a pass over the product, from `pre` when it is kept. */
 void nb__cpu_matmul(nb_tensor *out, const nb_tensor *a, const nb_tensor *b, bool ta, bool tb,
                     const nb_tensor *bias, bool gelu, nb_tensor *pre, bool accumulate) {
+    if (nb__cpu_is_bf16(out)) {
+        NB_CHECK(!accumulate, "nb__cpu_matmul: a bf16 output %s is written, never added into",
+                 nb_shape_str(out));
+        nb__cpu_matmul_bf16_out(out, a, b, ta, tb, bias, gelu, pre);
+        return;
+    }
     nb_tensor *dst = gelu && pre ? pre : out;
     if (nb__dnnl_matmul(dst, a, b, ta, tb, bias, gelu && !pre, accumulate)) {
         if (gelu && pre) nb__cpu_unary(NB_U_GELU_TANH, out, dst, 0);
@@ -73,6 +80,10 @@ void nb__cpu_matmul(nb_tensor *out, const nb_tensor *a, const nb_tensor *b, bool
 }
 
 void nb__cpu_gelu_tanh_backward(nb_tensor *dx, const nb_tensor *g, const nb_tensor *pre) {
+    if (nb__cpu_is_bf16(dx)) {
+        nb__cpu_gelu_tanh_backward_bf16(dx, g, pre);
+        return;
+    }
     if (dx->dtype == NB_F32 && nb_is_contiguous(g)) { /* one pass, not two */
         nb__cpu_gelu_tanh_backward_f32(dx, g, pre);
         return;
@@ -84,6 +95,10 @@ void nb__cpu_gelu_tanh_backward(nb_tensor *dx, const nb_tensor *g, const nb_tens
 void nb__cpu_layer_norm_backward(nb_ctx *ctx, nb_tensor *dx, nb_tensor *dw, nb_tensor *db,
                                  const nb_tensor *g, const nb_tensor *x, const nb_tensor *mean,
                                  const nb_tensor *rstd, const nb_tensor *w, int64_t m, int64_t d) {
+    if (nb__cpu_is_bf16(x)) {
+        nb__cpu_layer_norm_backward_bf16(ctx, dx, dw, db, g, x, mean, rstd, w, m, d);
+        return;
+    }
     size_t bytes = 2 * (size_t)d * sizeof(double);
     double *ws = (dw || db) ? nb_ctx_alloc(ctx, bytes, 0) : NULL;
     nb__cpu_layer_norm_backward_ws(dx, dw, db, ws, g, x, mean, rstd, w, m, d);
@@ -119,6 +134,10 @@ void nb__cpu_conv2d_backward(nb_ctx *ctx, nb_dtype dt, const nb__conv2d_geom *g,
 void nb__cpu_cross_entropy(nb_ctx *ctx, nb_tensor *loss, nb_tensor **lse, nb_tensor **count,
                            const nb_tensor *logits, const nb_tensor *targets, int64_t ignore_index,
                            double eps) {
+    if (nb__cpu_is_bf16(logits)) {
+        nb__cpu_cross_entropy_bf16(ctx, loss, lse, count, logits, targets, ignore_index, eps);
+        return;
+    }
     int64_t n = logits->shape[0], c = logits->shape[1], kept = 0;
     for (int64_t i = 0; i < n; i++) {
         int64_t t = nb__cpu_target_at(targets, i);
@@ -141,6 +160,11 @@ void nb__cpu_cross_entropy_backward(nb_tensor *dlogits, const nb_tensor *logits,
                                     const nb_tensor *lse, const nb_tensor *targets,
                                     const nb_tensor *g, const nb_tensor *count,
                                     int64_t ignore_index, double eps) {
+    if (nb__cpu_is_bf16(logits)) {
+        nb__cpu_cross_entropy_backward_bf16(dlogits, logits, lse, targets, g, count, ignore_index,
+                                            eps);
+        return;
+    }
     double kept = *(const double *)count->data;
     double scale = kept > 0 ? nb__load(g->data, g->dtype) / kept : 0;
     nb__cpu_cross_entropy_backward_rows(dlogits, logits, lse, targets, ignore_index, eps, scale);
@@ -177,7 +201,7 @@ const nb__backend nb__cpu_backend = {
 #define NB__CPU_ENTRY(e) .e = nb__cpu_##e,
     NB__BACKEND_KERNELS(NB__CPU_ENTRY)
 #undef NB__CPU_ENTRY
-    .causal_attention_dtypes = (1u << NB_F32) | (1u << NB_F64),
+    .causal_attention_dtypes = (1u << NB_F32) | (1u << NB_F64) | (1u << NB_BF16),
     .causal_attention = nb__cpu_causal_attention,
     .causal_attention_backward = nb__cpu_causal_attention_backward,
 };

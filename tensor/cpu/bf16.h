@@ -39,4 +39,35 @@ NB_CPU_CLONES __attribute__((unused)) static void nb__f32_from_bf16_n(float *res
     for (int64_t i = 0; i < n; i++) dst[i] = nb__f32_of_bf16(src[i]);
 }
 
+/* ---- bf16 activations (Note [bf16 activations on the CPU] in
+ * tensor/cpu/bf16.c): the entries of the compute-dtype table that take
+ * bf16 tensors widen them to f32 twins, run their f32 kernel and round
+ * the outputs once. Each is called by its entry when a tensor it is given
+ * is bf16. ---- */
+#include "tensor/cpu/cpu.h"
+
+void nb__cpu_unary_bf16(nb__unary_op op, nb_tensor *out, const nb_tensor *a, double s);
+void nb__cpu_binary_bf16(nb__binary_op op, nb_tensor *out, const nb_tensor *a,
+                         const nb_tensor *b);
+void nb__cpu_matmul_bf16_out(nb_tensor *out, const nb_tensor *a, const nb_tensor *b, bool ta,
+                             bool tb, const nb_tensor *bias, bool gelu, nb_tensor *pre);
+nb__backend_gelu_tanh_backward_fn nb__cpu_gelu_tanh_backward_bf16;
+nb__backend_softmax_fn nb__cpu_softmax_bf16;
+nb__backend_softmax_backward_fn nb__cpu_softmax_backward_bf16;
+nb__backend_softmax_causal_fn nb__cpu_softmax_causal_bf16;
+nb__backend_softmax_causal_backward_fn nb__cpu_softmax_causal_backward_bf16;
+nb__backend_causal_attention_fn nb__cpu_causal_attention_bf16;
+nb__backend_causal_attention_backward_fn nb__cpu_causal_attention_backward_bf16;
+nb__backend_layer_norm_fn nb__cpu_layer_norm_bf16;
+nb__backend_layer_norm_backward_fn nb__cpu_layer_norm_backward_bf16;
+nb__backend_cross_entropy_fn nb__cpu_cross_entropy_bf16;
+nb__backend_cross_entropy_backward_fn nb__cpu_cross_entropy_backward_bf16;
+nb__backend_dropout_fn nb__cpu_dropout_bf16;
+nb__backend_sum_rows_fn nb__cpu_sum_rows_bf16;
+nb__backend_max_rows_fn nb__cpu_max_rows_bf16;
+nb__backend_argmax_rows_fn nb__cpu_argmax_rows_bf16;
+nb__backend_var_rows_fn nb__cpu_var_rows_bf16;
+
+static inline bool nb__cpu_is_bf16(const nb_tensor *t) { return t && t->dtype == NB_BF16; }
+
 #endif

@@ -13,7 +13,7 @@
  * bf16 (mixed precision): the operands are converted to f32 (exact), the
  * f32 path runs, and its results are rounded to bf16 once: exactly the f32
  * convolution of the bf16-rounded values, the portable fallback where no
- * bf16 kernel takes them (Note [Mixed precision on the CPU] in
+ * bf16 kernel takes them (Note [Compute dtype] in
  * tensor/context.c). The column buffer is then f32
  * (nb__conv2d_cols_bytes). */
 #include <cblas.h>

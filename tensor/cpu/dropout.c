@@ -1,5 +1,6 @@
 /* The CPU backend's dropout (tensor/backend.h; the mask's stream is
  * described in tensor/ops_dropout.c): x, out, mask contiguous f32 or f64. */
+#include "tensor/cpu/bf16.h"
 #include "tensor/cpu/cpu.h"
 
 #define DEFINE_DROPOUT(T, S)                                                                  \
@@ -20,6 +21,10 @@ DEFINE_DROPOUT(double, f64)
 
 void nb__cpu_dropout(nb_tensor *out, nb_tensor *mask, const nb_tensor *x, double p, uint64_t seed,
                      uint64_t offset) {
+    if (nb__cpu_is_bf16(x)) {
+        nb__cpu_dropout_bf16(out, mask, x, p, seed, offset);
+        return;
+    }
     int64_t n = nb_numel(x);
     void *m = mask ? mask->data : NULL;
     if (x->dtype == NB_F32) dropout_f32(n, out->data, m, x->data, p, seed, offset);

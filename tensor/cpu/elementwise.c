@@ -245,6 +245,10 @@ static void unary_f64(int64_t n, char **p, const int64_t *st, const void *varg) 
 }
 
 void nb__cpu_unary(nb__unary_op op, nb_tensor *out, const nb_tensor *a, double s) {
+    if (nb__cpu_is_bf16(out)) {
+        nb__cpu_unary_bf16(op, out, a, s);
+        return;
+    }
     iter it;
     iter_init(&it, out, 1, &a);
     unary_arg arg = {op, s};
@@ -334,6 +338,10 @@ static void binary_i64(int64_t n, char **p, const int64_t *st, const void *varg)
 #undef FORMULA
 
 void nb__cpu_binary(nb__binary_op op, nb_tensor *out, const nb_tensor *a, const nb_tensor *b) {
+    if (nb__cpu_is_bf16(out)) {
+        nb__cpu_binary_bf16(op, out, a, b);
+        return;
+    }
     const nb_tensor *in[2] = {a, b};
     iter it;
     iter_init(&it, out, 2, in);

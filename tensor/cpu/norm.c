@@ -11,6 +11,7 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "tensor/cpu/bf16.h"
 #include "tensor/cpu/norm.h"
 #include "tensor/cpu/simd.h"
 #include "tensor/cpu/threads.h"
@@ -133,6 +134,10 @@ static void ln_range(void *varg, int64_t lo, int64_t hi) {
 
 void nb__cpu_layer_norm(nb_tensor *y, nb_tensor *mean, nb_tensor *rstd, const nb_tensor *x,
                         const nb_tensor *w, const nb_tensor *b, int64_t m, int64_t d, double eps) {
+    if (nb__cpu_is_bf16(x)) {
+        nb__cpu_layer_norm_bf16(y, mean, rstd, x, w, b, m, d, eps);
+        return;
+    }
     ln_job j = {.y = y->data, .mean = mean->data, .rstd = rstd->data, .x = x->data,
                 .w = data_or_null(w), .b = data_or_null(b), .m = m, .d = d, .eps = eps,
                 .f32 = x->dtype == NB_F32};

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tensor/cpu/bf16.h"
 #include "tensor/cpu/cpu.h"
 #include "tensor/cpu/threads.h"
 
@@ -88,6 +89,10 @@ static void sum_range(void *varg, int64_t lo, int64_t hi) {
 
 void nb__cpu_sum_rows(nb_tensor *out, const nb_tensor *rows, int64_t outer, int64_t inner,
                       double scale) {
+    if (nb__cpu_is_bf16(rows)) {
+        nb__cpu_sum_rows_bf16(out, rows, outer, inner, scale);
+        return;
+    }
     red_job j = {.out = out->data, .rows = rows->data, .dt = out->dtype, .inner = inner,
                  .scale = scale};
     if (outer == 1 && inner > 2 * PIECE) {
@@ -122,6 +127,10 @@ static void max_range(void *varg, int64_t lo, int64_t hi) {
 
 void nb__cpu_max_rows(nb_tensor *out, nb_tensor *arg, const nb_tensor *rows, int64_t outer,
                       int64_t inner) {
+    if (nb__cpu_is_bf16(rows)) {
+        nb__cpu_max_rows_bf16(out, arg, rows, outer, inner);
+        return;
+    }
     red_job j = {.out = out->data, .aux = arg->data, .rows = rows->data, .dt = out->dtype,
                  .inner = inner};
     nb__parallel_range(outer, nb__grain(inner), max_range, &j);
@@ -146,6 +155,10 @@ static void argmax_range(void *varg, int64_t lo, int64_t hi) {
 }
 
 void nb__cpu_argmax_rows(nb_tensor *arg, const nb_tensor *rows, int64_t outer, int64_t inner) {
+    if (nb__cpu_is_bf16(rows)) {
+        nb__cpu_argmax_rows_bf16(arg, rows, outer, inner);
+        return;
+    }
     red_job j = {.aux = arg->data, .rows = rows->data, .dt = rows->dtype, .inner = inner};
     nb__parallel_range(outer, nb__grain(inner), argmax_range, &j);
 }
@@ -186,6 +199,10 @@ static void var_range(void *varg, int64_t lo, int64_t hi) {
 /* (red_job: scale is the denominator, aux the means) */
 void nb__cpu_var_rows(nb_tensor *out, nb_tensor *mean, const nb_tensor *rows, int64_t outer,
                       int64_t inner, double denom) {
+    if (nb__cpu_is_bf16(rows)) {
+        nb__cpu_var_rows_bf16(out, mean, rows, outer, inner, denom);
+        return;
+    }
     red_job j = {.out = out->data, .aux = mean->data, .rows = rows->data, .dt = out->dtype,
                  .inner = inner, .scale = denom};
     if (outer == 1 && inner > 2 * PIECE) {

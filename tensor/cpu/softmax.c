@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tensor/cpu/bf16.h"
 #include "tensor/cpu/simd.h"
 #include "tensor/cpu/softmax.h"
 #include "tensor/cpu/threads.h"
@@ -164,6 +165,10 @@ static void softmax_range(void *varg, int64_t lo, int64_t hi) {
 
 void nb__cpu_softmax(nb_tensor *y, const nb_tensor *x, int64_t outer, int64_t k, int64_t inner,
                      bool take_log) {
+    if (nb__cpu_is_bf16(x)) {
+        nb__cpu_softmax_bf16(y, x, outer, k, inner, take_log);
+        return;
+    }
     rows_job j = {.dt = x->dtype, .y = y->data, .x = x->data, .k = k, .inner = inner,
                   .take_log = take_log};
     nb__parallel_range(outer, nb__grain(k * inner), softmax_range, &j);
@@ -208,6 +213,10 @@ static void softmax_backward_range(void *varg, int64_t lo, int64_t hi) {
 /* (rows_job: y is dx, x is y) */
 void nb__cpu_softmax_backward(nb_tensor *dx, const nb_tensor *y, const nb_tensor *g,
                               int64_t outer, int64_t k, int64_t inner, bool take_log) {
+    if (nb__cpu_is_bf16(y)) {
+        nb__cpu_softmax_backward_bf16(dx, y, g, outer, k, inner, take_log);
+        return;
+    }
     rows_job j = {.dt = y->dtype, .y = dx->data, .x = y->data, .g = g->data, .k = k,
                   .inner = inner, .take_log = take_log};
     nb__parallel_range(outer, nb__grain(k * inner), softmax_backward_range, &j);
@@ -306,11 +315,19 @@ void nb__cpu_causal_rows_backward(nb_dtype dt, void *dx, const void *y, const vo
 
 void nb__cpu_softmax_causal(nb_tensor *y, const nb_tensor *x, int64_t b, int64_t t, int64_t s,
                             double scale) {
+    if (nb__cpu_is_bf16(x)) {
+        nb__cpu_softmax_causal_bf16(y, x, b, t, s, scale);
+        return;
+    }
     nb__cpu_causal_rows(x->dtype, y->data, NULL, x->data, b, t, s, scale);
 }
 
 void nb__cpu_softmax_causal_backward(nb_tensor *dx, const nb_tensor *y, const nb_tensor *g,
                                      int64_t b, int64_t t, int64_t s, double scale) {
+    if (nb__cpu_is_bf16(y)) {
+        nb__cpu_softmax_causal_backward_bf16(dx, y, g, b, t, s, scale);
+        return;
+    }
     nb__cpu_causal_rows_backward(y->dtype, dx->data, y->data, g->data, b, t, s, scale);
 }
 

@@ -98,10 +98,10 @@ static const int MAX_CHUNKS = 512;   /* dw/db: row chunks (grid.y) */
 
 /* ------------------------------------------------------------------ kernels */
 // y, x (M, D); w, b (D) or NULL; mean, rstd (M)
-template <typename T, typename S>
+template <typename T, typename S, typename P>
 static __global__ void layer_norm_kernel(T *__restrict__ y, S *__restrict__ mean,
                                          S *__restrict__ rstd, const T *__restrict__ x,
-                                         const T *__restrict__ w, const T *__restrict__ b,
+                                         const P *__restrict__ w, const P *__restrict__ b,
                                          int64_t m, int64_t d, double eps) {
     typedef math_t<T> A;
     int lane = threadIdx.x & 31;
@@ -132,10 +132,10 @@ static __global__ void layer_norm_kernel(T *__restrict__ y, S *__restrict__ mean
 }
 
 // dx, g, x (M, D); w (D) or NULL
-template <typename T, typename S>
+template <typename T, typename S, typename P>
 static __global__ void layer_norm_dx_kernel(T *__restrict__ dx, const T *__restrict__ g,
                                             const T *__restrict__ x, const S *__restrict__ mean,
-                                            const S *__restrict__ rstd, const T *__restrict__ w,
+                                            const S *__restrict__ rstd, const P *__restrict__ w,
                                             int64_t m, int64_t d) {
     typedef math_t<T> A;
     int lane = threadIdx.x & 31;
@@ -210,9 +210,9 @@ static __global__ void layer_norm_dwdb_partial_kernel(
 }
 
 // dw, db (D) or NULL = sums of pw, pb (chunks, D) over the chunks, in order
-template <typename T>
+template <typename T, typename P>
 static __global__ void layer_norm_dwdb_final_kernel(
-    T *__restrict__ dw, T *__restrict__ db, const math_t<T> *__restrict__ pw,
+    P *__restrict__ dw, P *__restrict__ db, const math_t<T> *__restrict__ pw,
     const math_t<T> *__restrict__ pb, int64_t chunks, int64_t d) {
     typedef math_t<T> A;
     for (int64_t col = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; col < d;
@@ -222,8 +222,8 @@ static __global__ void layer_norm_dwdb_final_kernel(
             tw += pw[c * d + col];
             tb += pb[c * d + col];
         }
-        if (dw) dw[col] = store_as<T>(tw);
-        if (db) db[col] = store_as<T>(tb);
+        if (dw) dw[col] = store_as<P>(tw);
+        if (db) db[col] = store_as<P>(tb);
     }
 }
 
@@ -253,6 +253,22 @@ template <typename T, int W> static constexpr int min_blocks() {
 template <typename T, int N> struct alignas(sizeof(T) * N) vec {
     T v[N];
 };
+
+/* W parameters at p (aligned to 16 bytes where W > 1): one access when
+ * they fill at most 16 bytes (the parameters of the input's dtype), else
+ * one per element (f32 weights of a bf16 or f16 input, Note [Compute
+ * dtype] in tensor/context.c). */
+template <typename P, int W>
+static __device__ __forceinline__ vec<P, W> load_params(const P *p) {
+    if constexpr (sizeof(P) * W <= 16) {
+        return *(const vec<P, W> *)p;
+    } else {
+        vec<P, W> r;
+#pragma unroll
+        for (int j = 0; j < W; j++) r.v[j] = p[j];
+        return r;
+    }
+}
 
 /* The sum of v over the row group of the calling thread (threadIdx.x of
  * blockDim.x; row group threadIdx.y), returned to all of its threads, in a
@@ -294,11 +310,11 @@ static __device__ __forceinline__ void group_sum2(A &a, A &b, A *sma, A *smb) {
 
 // y, x (M, D); w, b (D) or NULL; mean, rstd (M)
 // block (P, rows per block), E values per thread, W elements per access
-template <typename T, typename S, int E, int W>
+template <typename T, typename S, typename P, int E, int W>
 static __global__ void __launch_bounds__(MAX_ROW_THREADS, min_blocks<T, W>())
     layer_norm_regs_kernel(T *__restrict__ y, S *__restrict__ mean, S *__restrict__ rstd,
-                           const T *__restrict__ x, const T *__restrict__ w,
-                           const T *__restrict__ b, int64_t m, int d, double eps) {
+                           const T *__restrict__ x, const P *__restrict__ w,
+                           const P *__restrict__ b, int64_t m, int d, double eps) {
     typedef math_t<T> A;
     typedef vec<T, W> V;
     const int K = E / W, t = threadIdx.x, p = blockDim.x;
@@ -347,9 +363,10 @@ static __global__ void __launch_bounds__(MAX_ROW_THREADS, min_blocks<T, W>())
         for (int k = 0; k < K; k++) {
             int i = (k * p + t) * W;
             if (i >= d) continue;
-            V o, wv, bv;
-            if (w) wv = *(const V *)(w + i);
-            if (b) bv = *(const V *)(b + i);
+            V o;
+            vec<P, W> wv, bv;
+            if (w) wv = load_params<P, W>(w + i);
+            if (b) bv = load_params<P, W>(b + i);
 #pragma unroll
             for (int j = 0; j < W; j++) {
                 A h = (v[k * W + j] - mu) * r;
@@ -365,12 +382,12 @@ static __global__ void __launch_bounds__(MAX_ROW_THREADS, min_blocks<T, W>())
 // dx, g, x (M, D) (dx or NULL); w (D) or NULL; mean, rstd (M);
 // pw, pb (gridDim.x, D) or NULL = per block, the sums over its rows of g xhat and g
 // block (P, rows per block), E values per thread, W elements per access
-template <typename T, typename S, int E, int W>
+template <typename T, typename S, typename P, int E, int W>
 static __global__ void __launch_bounds__(MAX_ROW_THREADS) layer_norm_backward_regs_kernel(
     T *__restrict__ dx, math_t<T> *__restrict__ pw,
     math_t<T> *__restrict__ pb, const T *__restrict__ g,
     const T *__restrict__ x, const S *__restrict__ mean, const S *__restrict__ rstd,
-    const T *__restrict__ w, int64_t m, int d) {
+    const P *__restrict__ w, int64_t m, int d) {
     typedef math_t<T> A;
     typedef vec<T, W> V;
     const int K = E / W, t = threadIdx.x, p = blockDim.x;
@@ -392,8 +409,9 @@ static __global__ void __launch_bounds__(MAX_ROW_THREADS) layer_norm_backward_re
         for (int k = 0; k < K; k++) {
             int i = (k * p + t) * W;
             if (live && i < d) {
-                V xv = *(const V *)(xr + i), gv = *(const V *)(gr + i), wv;
-                if (w) wv = *(const V *)(w + i);
+                V xv = *(const V *)(xr + i), gv = *(const V *)(gr + i);
+                vec<P, W> wv;
+                if (w) wv = load_params<P, W>(w + i);
 #pragma unroll
                 for (int j = 0; j < W; j++) {
                     A hj = (to_math(xv.v[j]) - mu) * r, gj = to_math(gv.v[j]);
@@ -466,8 +484,8 @@ static __global__ void __launch_bounds__(MAX_ROW_THREADS) layer_norm_backward_re
 // dw, db (D) or NULL = sums of pw, pb (chunks, D) over the chunks
 // block (COL_TILE, SUM_LANES), grid ceil(D / COL_TILE): lane l adds chunks
 // l, l + SUM_LANES, ... in order, then the lanes are added in order
-template <typename T>
-static __global__ void layer_norm_dwdb_sum_kernel(T *__restrict__ dw, T *__restrict__ db,
+template <typename T, typename P>
+static __global__ void layer_norm_dwdb_sum_kernel(P *__restrict__ dw, P *__restrict__ db,
                                                   const math_t<T> *__restrict__ pw,
                                                   const math_t<T> *__restrict__ pb,
                                                   int64_t chunks, int64_t d) {
@@ -484,8 +502,8 @@ static __global__ void layer_norm_dwdb_sum_kernel(T *__restrict__ dw, T *__restr
         }
     A tw, tb;
     if (sum_over_lanes<SUM_LANES>(sw, sb, aw, ab, &tw, &tb) && col < d) {
-        if (dw) dw[col] = store_as<T>(tw);
-        if (db) db[col] = store_as<T>(tb);
+        if (dw) dw[col] = store_as<P>(tw);
+        if (db) db[col] = store_as<P>(tb);
     }
 }
 
@@ -530,70 +548,70 @@ static bool regs_config(int64_t d, int e_max, const void *const *ptrs, int n, re
     return false;
 }
 
-template <typename T, typename S, int E>
+template <typename T, typename S, typename P, int E>
 static void forward_regs(const regs_cfg &c, unsigned grid, cudaStream_t s, T *y, S *mean,
-                         S *rstd, const T *x, const T *w, const T *b, int64_t m, int64_t d,
+                         S *rstd, const T *x, const P *w, const P *b, int64_t m, int64_t d,
                          double eps) {
     if constexpr (E <= max_values<T>::fwd) {
         if (c.e != E) {
-            forward_regs<T, S, E + 8>(c, grid, s, y, mean, rstd, x, w, b, m, d, eps);
+            forward_regs<T, S, P, E + 8>(c, grid, s, y, mean, rstd, x, w, b, m, d, eps);
             return;
         }
         const int wide = (int)(16 / sizeof(T));
         dim3 block((unsigned)c.p, (unsigned)c.rows);
         if (c.w == wide)
-            layer_norm_regs_kernel<T, S, E, wide>
+            layer_norm_regs_kernel<T, S, P, E, wide>
                 <<<grid, block, 0, s>>>(y, mean, rstd, x, w, b, m, (int)d, eps);
         else
-            layer_norm_regs_kernel<T, S, E, 1>
+            layer_norm_regs_kernel<T, S, P, E, 1>
                 <<<grid, block, 0, s>>>(y, mean, rstd, x, w, b, m, (int)d, eps);
     }
 }
 
-template <typename T, typename S, int E>
+template <typename T, typename S, typename P, int E>
 static void backward_regs(const regs_cfg &c, unsigned grid, cudaStream_t s, T *dx,
                           math_t<T> *pw, math_t<T> *pb,
-                          const T *g, const T *x, const S *mean, const S *rstd, const T *w,
+                          const T *g, const T *x, const S *mean, const S *rstd, const P *w,
                           int64_t m, int64_t d) {
     if constexpr (E <= max_values<T>::bwd) {
         if (c.e != E) {
-            backward_regs<T, S, E + 8>(c, grid, s, dx, pw, pb, g, x, mean, rstd, w, m, d);
+            backward_regs<T, S, P, E + 8>(c, grid, s, dx, pw, pb, g, x, mean, rstd, w, m, d);
             return;
         }
         const int wide = (int)(16 / sizeof(T));
         dim3 block((unsigned)c.p, (unsigned)c.rows);
         if (c.w == wide)
-            layer_norm_backward_regs_kernel<T, S, E, wide>
+            layer_norm_backward_regs_kernel<T, S, P, E, wide>
                 <<<grid, block, 0, s>>>(dx, pw, pb, g, x, mean, rstd, w, m, (int)d);
         else
-            layer_norm_backward_regs_kernel<T, S, E, 1>
+            layer_norm_backward_regs_kernel<T, S, P, E, 1>
                 <<<grid, block, 0, s>>>(dx, pw, pb, g, x, mean, rstd, w, m, (int)d);
     }
 }
 
-template <typename T, typename S>
+template <typename T, typename S, typename P>
 static void launch_forward(cudaStream_t s, nb_tensor *y, nb_tensor *mean, nb_tensor *rstd,
                            const nb_tensor *x, const nb_tensor *w, const nb_tensor *b, int64_t m,
                            int64_t d, double eps) {
-    const T *wp = (const T *)data_or_null(w), *bp = (const T *)data_or_null(b);
+    const P *wp = (const P *)data_or_null(w), *bp = (const P *)data_or_null(b);
     if constexpr (regs_path_for<T, S>()) {
         const void *ptrs[4] = {x->data, y->data, wp, bp};
         regs_cfg c;
         if (regs_config<T>(d, max_values<T>::fwd, ptrs, 4, &c)) {
             int64_t nb = (m + c.rows - 1) / c.rows;
-            forward_regs<T, S, 8>(c, (unsigned)(nb < 65536 ? nb : 65536), s, (T *)y->data,
+            forward_regs<T, S, P, 8>(c, (unsigned)(nb < 65536 ? nb : 65536), s, (T *)y->data,
                                   (S *)mean->data, (S *)rstd->data, (const T *)x->data, wp, bp,
                                   m, d, eps);
             return;
         }
     }
-    layer_norm_kernel<T, S><<<row_grid(m), WARPS * 32, 0, s>>>(
+    layer_norm_kernel<T, S, P><<<row_grid(m), WARPS * 32, 0, s>>>(
         (T *)y->data, (S *)mean->data, (S *)rstd->data, (const T *)x->data, wp, bp, m, d, eps);
 }
 
 /* The register path of the backward; false (nothing done) when it does not
  * apply. */
-template <typename T, typename S>
+template <typename T, typename S, typename P>
 static bool launch_backward_regs(cudaStream_t s, nb_tensor *dx, nb_tensor *dw, nb_tensor *db,
                                  const nb_tensor *g, const nb_tensor *x, const nb_tensor *mean,
                                  const nb_tensor *rstd, const nb_tensor *w, int64_t m,
@@ -616,14 +634,14 @@ static bool launch_backward_regs(cudaStream_t s, nb_tensor *dx, nb_tensor *dw, n
             pw = (A *)nb_ctx_alloc((dw ? dw : db)->ctx, 2 * (size_t)nb * (size_t)d * sizeof(A), 0);
             pb = pw + nb * d;
         }
-        backward_regs<T, S, 8>(c, (unsigned)nb, s, dx ? (T *)dx->data : NULL, pw, pb,
-                               (const T *)g->data, (const T *)x->data, (const S *)mean->data,
-                               (const S *)rstd->data, (const T *)data_or_null(w), m, d);
+        backward_regs<T, S, P, 8>(c, (unsigned)nb, s, dx ? (T *)dx->data : NULL, pw, pb,
+                                  (const T *)g->data, (const T *)x->data, (const S *)mean->data,
+                                  (const S *)rstd->data, (const P *)data_or_null(w), m, d);
         NB_CUDA_CHECK_LAUNCH(op);
         if (sums) {
             dim3 grid((unsigned)((d + COL_TILE - 1) / COL_TILE)), block(COL_TILE, SUM_LANES);
-            layer_norm_dwdb_sum_kernel<T><<<grid, block, 0, s>>>(
-                dw ? (T *)dw->data : NULL, db ? (T *)db->data : NULL, pw, pb, nb, d);
+            layer_norm_dwdb_sum_kernel<T, P><<<grid, block, 0, s>>>(
+                dw ? (P *)dw->data : NULL, db ? (P *)db->data : NULL, pw, pb, nb, d);
             NB_CUDA_CHECK_LAUNCH(op);
             nb__ctx_scratch_done((dw ? dw : db)->ctx, pw, 2 * (size_t)nb * (size_t)d * sizeof(A));
         }
@@ -631,18 +649,18 @@ static bool launch_backward_regs(cudaStream_t s, nb_tensor *dx, nb_tensor *dw, n
     }
 }
 
-template <typename T, typename S>
+template <typename T, typename S, typename P>
 static void launch_backward(cudaStream_t s, nb_tensor *dx, nb_tensor *dw, nb_tensor *db,
                             const nb_tensor *g, const nb_tensor *x, const nb_tensor *mean,
                             const nb_tensor *rstd, const nb_tensor *w, int64_t m, int64_t d,
                             const char *op) {
     typedef math_t<T> A;
-    if (launch_backward_regs<T, S>(s, dx, dw, db, g, x, mean, rstd, w, m, d, op)) return;
+    if (launch_backward_regs<T, S, P>(s, dx, dw, db, g, x, mean, rstd, w, m, d, op)) return;
     const S *mu = (const S *)mean->data, *r = (const S *)rstd->data;
     if (dx && m > 0) {
-        layer_norm_dx_kernel<T, S><<<row_grid(m), WARPS * 32, 0, s>>>(
+        layer_norm_dx_kernel<T, S, P><<<row_grid(m), WARPS * 32, 0, s>>>(
             (T *)dx->data, (const T *)g->data, (const T *)x->data, mu, r,
-            (const T *)data_or_null(w), m, d);
+            (const P *)data_or_null(w), m, d);
         NB_CUDA_CHECK_LAUNCH(op);
     }
     if (!dw && !db) return;
@@ -662,13 +680,26 @@ static void launch_backward(cudaStream_t s, nb_tensor *dx, nb_tensor *dw, nb_ten
         NB_CUDA_CHECK(op, cudaMemsetAsync(pw, 0, 2 * (size_t)d * sizeof(A), s));
     }
     int64_t fb = (d + 255) / 256;
-    layer_norm_dwdb_final_kernel<T><<<(unsigned)(fb < 65536 ? fb : 65536), 256, 0, s>>>(
-        dw ? (T *)dw->data : NULL, db ? (T *)db->data : NULL, pw, pb, chunks, d);
+    layer_norm_dwdb_final_kernel<T, P><<<(unsigned)(fb < 65536 ? fb : 65536), 256, 0, s>>>(
+        dw ? (P *)dw->data : NULL, db ? (P *)db->data : NULL, pw, pb, chunks, d);
     NB_CUDA_CHECK_LAUNCH(op);
     nb__ctx_scratch_done(ctx, pw, 2 * (size_t)chunks * (size_t)d * sizeof(A));
 }
 
 /* ------------------------------------------------------------- entry points */
+/* Whether the weight and bias (and their gradients), those given, are f32
+ * for a bf16 or f16 x; else they must be of x's dtype. */
+static bool params_f32(const char *op, const nb_tensor *x, const nb_tensor *p,
+                       const nb_tensor *q) {
+    nb_dtype pd = p ? p->dtype : q ? q->dtype : x->dtype;
+    bool half = x->dtype == NB_BF16 || x->dtype == NB_F16;
+    NB_CHECK((!p || p->dtype == pd) && (!q || q->dtype == pd) &&
+                 (pd == x->dtype || (half && pd == NB_F32)),
+             "%s: weight and bias must be of the input's dtype %s (or f32 for a bf16 or f16 "
+             "input), got %s", op, nb_dtype_name(x->dtype), nb_dtype_name(pd));
+    return pd != x->dtype;
+}
+
 void nb__cuda_layer_norm(nb_tensor *y, nb_tensor *mean, nb_tensor *rstd, const nb_tensor *x,
                          const nb_tensor *w, const nb_tensor *b, int64_t m, int64_t d,
                          double eps) {
@@ -682,15 +713,22 @@ void nb__cuda_layer_norm(nb_tensor *y, nb_tensor *mean, nb_tensor *rstd, const n
                  (mean->dtype == NB_F32 || (f64_stats && x->dtype == NB_F64)),
              "%s: statistics must be f32 (or f64 for f64 input), got %s for %s input", op,
              nb_dtype_name(mean->dtype), nb_dtype_name(x->dtype));
+    bool f32_params = params_f32(op, x, w, b);
     by_float_dtype(op, x->dtype, [&](auto t) {
         typedef typename decltype(t)::type T;
         if constexpr (std::is_same_v<T, double>) {
             if (f64_stats) {
-                launch_forward<double, double>(s, y, mean, rstd, x, w, b, m, d, eps);
+                launch_forward<double, double, double>(s, y, mean, rstd, x, w, b, m, d, eps);
                 return;
             }
         }
-        launch_forward<T, float>(s, y, mean, rstd, x, w, b, m, d, eps);
+        if constexpr (sizeof(T) == 2) {
+            if (f32_params) {
+                launch_forward<T, float, float>(s, y, mean, rstd, x, w, b, m, d, eps);
+                return;
+            }
+        }
+        launch_forward<T, float, T>(s, y, mean, rstd, x, w, b, m, d, eps);
     });
     NB_CUDA_CHECK_LAUNCH(op);
 }
@@ -705,14 +743,22 @@ void nb__cuda_layer_norm_backward_rows(nb_tensor *dx, nb_tensor *dw, nb_tensor *
     if (d == 0 || (!dx && !dw && !db)) return;
     cudaStream_t s = nb__cuda_compute_stream(dev);
     bool f64_stats = mean->dtype == NB_F64;
+    bool f32_params = params_f32(op, x, w, dw ? dw : db);
     by_float_dtype(op, x->dtype, [&](auto t) {
         typedef typename decltype(t)::type T;
         if constexpr (std::is_same_v<T, double>) {
             if (f64_stats) {
-                launch_backward<double, double>(s, dx, dw, db, g, x, mean, rstd, w, m, d, op);
+                launch_backward<double, double, double>(s, dx, dw, db, g, x, mean, rstd, w, m, d,
+                                                        op);
                 return;
             }
         }
-        launch_backward<T, float>(s, dx, dw, db, g, x, mean, rstd, w, m, d, op);
+        if constexpr (sizeof(T) == 2) {
+            if (f32_params) {
+                launch_backward<T, float, float>(s, dx, dw, db, g, x, mean, rstd, w, m, d, op);
+                return;
+            }
+        }
+        launch_backward<T, float, T>(s, dx, dw, db, g, x, mean, rstd, w, m, d, op);
     });
 }

@@ -364,11 +364,15 @@ void nb__cuda_cross_entropy_rows(nb_tensor *loss, nb_tensor *lse, nb_tensor *cou
     NB_CHECK(logits->ndim == 2 && nb_is_contiguous(logits) && targets->ndim == 1 &&
                  targets->shape[0] == n &&
                  (targets->dtype == NB_I32 || targets->dtype == NB_I64) &&
-                 count->dtype == NB_F32,
-             "%s: expects contiguous logits (N, C), i32/i64 targets (N) and an f32 count; got "
-             "logits %s, targets %s %s, count %s",
-             op, nb_shape_str(logits), nb_dtype_name(targets->dtype), nb_shape_str(targets),
-             nb_dtype_name(count->dtype));
+                 count->dtype == NB_F32 &&
+                 (loss->dtype == logits->dtype ||
+                  (loss->dtype == NB_F32 && nb_dtype_size(logits->dtype) == 2)),
+             "%s: expects contiguous logits (N, C), i32/i64 targets (N), an f32 count and a loss "
+             "of the logits' dtype (f32 for bf16/f16); got logits %s %s, targets %s %s, count "
+             "%s, loss %s",
+             op, nb_dtype_name(logits->dtype), nb_shape_str(logits),
+             nb_dtype_name(targets->dtype), nb_shape_str(targets), nb_dtype_name(count->dtype),
+             nb_dtype_name(loss->dtype));
     nb__cuda_fault *slot = nb__cuda_fault_slot(logits->device.index);
     by_float_dtype(op, logits->dtype, [&](auto t) {
         typedef typename decltype(t)::type T;
@@ -391,8 +395,15 @@ void nb__cuda_cross_entropy_rows(nb_tensor *loss, nb_tensor *lse, nb_tensor *cou
              * front end rejects C = 0, so this is not reached in practice */
             NB_ABORT("%s: logits %s have no classes", op, nb_shape_str(logits));
         }
-        cross_entropy_total_kernel<T><<<1, 1024, 0, s>>>((T *)loss->data, (float *)count->data,
-                                                         row_loss, counted, n);
+        /* the loss of bf16/f16 logits is f32 (Note [Compute dtype] in tensor/context.c) */
+        if (loss->dtype == logits->dtype)
+            cross_entropy_total_kernel<T><<<1, 1024, 0, s>>>((T *)loss->data,
+                                                             (float *)count->data, row_loss,
+                                                             counted, n);
+        else
+            cross_entropy_total_kernel<float><<<1, 1024, 0, s>>>((float *)loss->data,
+                                                                 (float *)count->data, row_loss,
+                                                                 counted, n);
         NB_CUDA_CHECK_LAUNCH(op);
     });
 }
