@@ -74,7 +74,7 @@ def main():
         run("bench_gpt2", ["--device", "meta:cuda", "--bf16", "--machine", "--trace", path] + SMALL)
         lines = open(path).read().splitlines()
         if len(lines) != int(m["calls"]) or not any(
-                re.match(r"matmul w\(4, 32, 96\)f32 r\(4, 32, 32\)bf16 r\(96, 32\)bf16 .*launches=1$", x)
+                re.match(r"matmul w\(4, 32, 96\)b?f(16|32) r\(4, 32, 32\)bf16 r\(96, 32\)bf16 .*launches=1$", x)
                 for x in lines):
             fail("trace: %d lines for %s calls:\n%s" % (len(lines), m["calls"], "\n".join(lines[:20])))
 
