@@ -29,7 +29,19 @@
 #          step, with the overlap across ranks: on a host with cores to spare
 #          for communication (~3 min)
 #
-#   benchmarks/gpu_check.sh [--phase probe,build,test,bench,cpu|all]   (default all)
+#   perf   the whole performance decision in one call of at most
+#          $PERF_BUDGET seconds (540): build for the GPU's architecture
+#          only, the GPU suites, the attention micro-benchmark
+#          (attention_gpu.py: composed, own and cudnn against PyTorch's
+#          scaled_dot_product_attention), bench_gpt2 --bf16 at batch 8 and
+#          the best batch on each attention path there is (peak, and the
+#          device memory in use), a per-kernel profile of one step (ncu
+#          --clock-control none) beside the meta device's projection, then
+#          a pack step: at most 8 files under $OUT (summary, tables, one
+#          archive of the logs). Without a GPU it says so and ends at once.
+#          Not in `all`; run it alone, first, with a fresh $OUT.
+#
+#   benchmarks/gpu_check.sh [--phase probe,build,test,bench,cpu,perf|all]   (default all)
 #
 # From the project's root. A GPU machine without our Debian packages (Check,
 # OpenBLAS, oneDNN, Gloo) gets them as .deb files in .deps/, downloaded
@@ -54,6 +66,20 @@ done
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT" || exit 1
 OUT=${OUT:-$ROOT/build-gpu-out}  # ignored by git, as every build-*/
+
+# A GPU is there when nvidia-smi lists one and CUDA_VISIBLE_DEVICES (when
+# set) does not hide them all ("" or -1).
+have_gpu() {
+  case ${CUDA_VISIBLE_DEVICES-unset} in ""|-1) return 1 ;; esac
+  command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU '
+}
+# perf alone on a machine without a GPU: nothing to unpack, build or measure
+if [ "$phases" = perf ] && ! have_gpu; then
+  mkdir -p "$OUT"
+  echo "gpu_check --phase perf: no GPU here (nvidia-smi lists none, or CUDA_VISIBLE_DEVICES hides them): nothing measured" |
+    tee "$OUT/summary.txt"
+  exit 0
+fi
 BUILD_DIR=${BUILD_DIR:-build-gpu}
 SANITIZE_BUDGET=${SANITIZE_BUDGET:-240}
 SANITIZE_TIMEOUT=${SANITIZE_TIMEOUT:-150}
@@ -135,8 +161,8 @@ phase_probe() {
   note "probe: $(nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader 2>/dev/null); nvcc $(nvcc --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\).*/\1/p'); cuDNN in ${CUDNN_PREFIX:-?}; NCCL in ${NCCL_PREFIX:-?}"
 }
 
-phase_build() {
-  local d=$OUT/build; mkdir -p "$d"
+phase_build() { # [LOG_DIR]
+  local d=${1:-$OUT/build}; mkdir -p "$d"
   if [ ! -f "$BUILD_DIR/CMakeCache.txt" ]; then
     local cc gen=()
     cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')
@@ -148,6 +174,7 @@ phase_build() {
   run build "$d/build.log" cmake --build "$BUILD_DIR" -j"$JOBS" || { grep -B2 -A8 -m5 'error' "$d/build.log"; tail -20 "$d/build.log"; return 1; }
   note "build: $(grep -c 'warning:' "$d/build.log") compiler warnings (first ones below)"
   grep -m5 'warning:' "$d/build.log" | tee -a "$SUMMARY"
+  return 0 # (no warnings: grep's 1 is no failure)
 }
 
 ensure_built() { [ -x "$BUILD_DIR/bin/bench_cuda" ] || phase_build; }
@@ -311,12 +338,113 @@ phase_dnnl() {
   done
 }
 
+# ------------------------------------------------------------------ perf
+# Each step gets what is left of $PERF_BUDGET (less 20 s kept for the pack)
+# or its own limit, whichever is less; the logs go to $OUT/perf-logs/,
+# packed at the end into $OUT/perf-logs.tar.gz.
+PERF_BUDGET=${PERF_BUDGET:-540}
+perf_left() { echo $(( PERF_BUDGET - 20 - ($(date +%s) - T0) )); }
+perf_run() { # NAME LIMIT LOG CMD...: run under min(LIMIT, what is left)
+  local name=$1 limit=$2 log=$3 left; shift 3
+  left=$(perf_left)
+  [ "$left" -lt "$limit" ] && limit=$left
+  if [ "$limit" -lt 5 ]; then note "$name: not run (PERF_BUDGET ${PERF_BUDGET}s spent)"; return 1; fi
+  STEP_TIMEOUT=$limit run "$name" "$log" "$@"
+}
+# the highest memory.used nvidia-smi reports (MiB, the driver's total - free
+# that cudaMemGetInfo gives) while CMD runs
+perf_mem_run() { # FILE LIMIT CMD...: CMD's output in FILE, then "mem_used_mib=N" appended
+  local file=$1 limit=$2 pid max=0 v rc=0; shift 2
+  timeout "$limit" "$@" >"$file" 2>&1 &
+  pid=$!
+  while kill -0 "$pid" 2>/dev/null; do
+    v=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0 2>/dev/null | tr -d ' ')
+    [ -n "$v" ] && [ "$v" -gt "$max" ] && max=$v
+    sleep 0.2
+  done
+  wait "$pid" || rc=$?
+  echo "mem_used_mib=$max" >>"$file"
+  return $rc
+}
+# bench_gpt2's --machine line and the memory in use, as one table row
+gpt2_row() { # LOG PATH BATCH
+  local m
+  m=$(grep -m1 '^model=' "$1")
+  if [ -z "$m" ]; then echo "$2 batch $3: no result ($(grep -m1 -i 'error\|out of memory\|abort' "$1" | cut -c1-120))"; return 1; fi
+  echo "$2 batch $3: $(echo "$m" | tr ' ' '\n' | grep -E '^(ms|tok_s|mfu|step_ctx_gib|params_ctx_gib)=' | tr '\n' ' ')$(grep -m1 -o 'mem_used_mib=[0-9]*' "$1")"
+}
+
+phase_perf() {
+  if ! have_gpu; then note "perf: no GPU here: nothing measured"; return 0; fi
+  local logs=$OUT/perf-logs bin=$BUILD_DIR/bin
+  rm -rf "$logs"; mkdir -p "$logs"
+  # 1. build for this GPU's architecture only (phase_build reads its compute capability)
+  local left; left=$(perf_left)
+  STEP_TIMEOUT=$(( left < 240 ? left : 240 )) phase_build "$logs" || { perf_pack; return 1; }
+  # 2. the GPU parity suites
+  perf_run "ctest -L gpu" 150 "$logs/ctest-gpu.log" ctest --test-dir "$BUILD_DIR" -L gpu \
+    --output-on-failure --timeout 120 -j4
+  grep -E "tests passed|Failed|\*\*\*" "$logs/ctest-gpu.log" | tee -a "$SUMMARY"
+  # 3. attention at (8, 12, 1024, 64): each path there is, and PyTorch's SDPA
+  perf_run "attention_gpu.py" 120 "$logs/attention.log" python3 benchmarks/attention_gpu.py \
+    --bin "$bin" --out "$logs/attention.json"
+  sed -n '/^causal attention/,$p' "$logs/attention.log" >"$OUT/attention.txt"
+  # 4. GPT-2 small, bf16: batch 8 and the best batch, on each attention path that ran fused
+  local paths="composed" p b best
+  for p in own cudnn; do
+    grep -qE "^$p +fused" "$OUT/attention.txt" && paths="$paths $p"
+  done
+  {
+    echo "bench_gpt2 --bf16 (GPT-2 small, T=1024, 6 steps after 2): step ms, tokens/s, MFU (6N),"
+    echo "step and model context peaks (GiB), device memory in use (MiB, nvidia-smi's, as cudaMemGetInfo)"
+  } >"$OUT/gpt2.txt"
+  for p in $paths; do
+    best=""
+    for b in 8 16 32; do
+      [ "$(perf_left)" -lt 40 ] && { note "bench_gpt2 $p batch $b: not run (PERF_BUDGET spent)"; continue; }
+      left=$(perf_left)
+      perf_mem_run "$logs/gpt2-$p-b$b.log" $(( left < 90 ? left : 90 )) env NABLA_CUDA_ATTENTION="$p" \
+        "$bin/bench_gpt2" --bf16 --batch "$b" --steps 6 --warmup 2 --machine
+      if gpt2_row "$logs/gpt2-$p-b$b.log" "$p" "$b" >>"$OUT/gpt2.txt"; then best=$b; else break; fi
+    done
+    note "bench_gpt2 $p: largest batch that ran ${best:-none} (the best tokens/s is in gpt2.txt)"
+  done
+  # 5. one step, kernel by kernel, beside the meta device's projection
+  local gpu meta_gpu
+  gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader -i 0 2>/dev/null)
+  case $gpu in *H200*) meta_gpu=h200 ;; *H100*) meta_gpu=h100 ;; *A100*) meta_gpu=a100 ;; *) meta_gpu="" ;; esac
+  perf_run "bench_gpt2 --device meta:cuda" 30 "$logs/meta.log" "$bin/bench_gpt2" --device meta:cuda \
+    ${meta_gpu:+--gpu $meta_gpu} --bf16 --batch 8 --steps 1 --warmup 0
+  local ncu
+  ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)
+  if [ -n "$ncu" ]; then
+    perf_run "ncu, one step at batch 8" 180 "$logs/ncu.csv" "$ncu" --clock-control none \
+      --metrics gpu__time_duration.sum --csv --print-units base "$bin/bench_gpt2" --bf16 --batch 8 \
+      --steps 1 --warmup 0
+    python3 benchmarks/kernel_profile.py --ncu "$logs/ncu.csv" --meta "$logs/meta.log" >"$OUT/profile.txt" 2>&1
+  else
+    python3 benchmarks/kernel_profile.py --meta "$logs/meta.log" >"$OUT/profile.txt" 2>&1
+    note "profile: ncu not found: the meta device's projection only (profile.txt)"
+  fi
+  perf_pack
+}
+
+# 6. pack: the logs into one archive, so $OUT holds summary.txt, attention.txt,
+# gpt2.txt, profile.txt and perf-logs.tar.gz
+perf_pack() {
+  local logs=$OUT/perf-logs
+  [ -d "$logs" ] || return 0
+  tar -czf "$OUT/perf-logs.tar.gz" -C "$OUT" perf-logs && rm -rf "$logs"
+  note "perf: $(find "$OUT" -type f | wc -l) files under $OUT; the logs are in perf-logs.tar.gz"
+  for f in attention gpt2 profile; do [ -f "$OUT/$f.txt" ] && { echo; cat "$OUT/$f.txt"; }; done
+}
+
 status=0
 IFS=, read -ra list <<<"$phases"
 for p in "${list[@]}"; do
   case $p in
-    probe|build|test|sanitize|bench|cpu|dnnl|cpuddp) note "== phase $p"; "phase_$p" || status=1 ;;
-    *) echo "gpu_check: unknown phase $p (probe, build, test, sanitize, bench, cpu, dnnl, all)" >&2; exit 2 ;;
+    probe|build|test|sanitize|bench|cpu|dnnl|cpuddp|perf) note "== phase $p"; "phase_$p" || status=1 ;;
+    *) echo "gpu_check: unknown phase $p (probe, build, test, sanitize, bench, cpu, dnnl, cpuddp, perf, all)" >&2; exit 2 ;;
   esac
 done
 echo; echo "== summary ($OUT/summary.txt)"; cat "$SUMMARY"

@@ -1,0 +1,89 @@
+"""benchmarks/gpu_check.sh --phase perf on a machine without a GPU (or with
+every GPU hidden by CUDA_VISIBLE_DEVICES=-1): it ends cleanly within a
+minute, says so, and leaves at most 8 files under $OUT. Beside it, the
+pieces the phase runs that work without a GPU: kernel_profile.py's grouping
+of an ncu CSV (a small one written here, totals worked by hand), and
+bench_attention on the CPU, which must report the fused path there and the
+composed one with --composed."""
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _programs import BIN, SOURCE, TIME_SCALE, fail  # noqa: E402
+
+NCU_CSV = '''==PROF== Connected to process 1 (bench_gpt2)
+"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"
+"0","1","bench_gpt2","h","void layer_norm_kernel<__nv_bfloat16, 4>(float *, const float *, long)","1","7","(256, 1, 1)","(96, 1, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","ns","1,500"
+"1","1","bench_gpt2","h","sm90_xmma_gemm_bf16bf16_bf16f32","1","7","(384, 1, 1)","(132, 1, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","ns","7000"
+"2","1","bench_gpt2","h","void layer_norm_kernel<float, 4>(float *, const float *, long)","1","7","(256, 1, 1)","(96, 1, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","ns","1500"
+'''
+
+
+def perf_without_gpu():
+    with tempfile.TemporaryDirectory() as out:
+        env = dict(os.environ, OUT=out, CUDA_VISIBLE_DEVICES="-1")
+        t0 = time.monotonic()
+        p = subprocess.run(["bash", os.path.join(SOURCE, "benchmarks", "gpu_check.sh"), "--phase", "perf"],
+                           capture_output=True, text=True, env=env, timeout=120 * TIME_SCALE)
+        took = time.monotonic() - t0
+        text = p.stdout + p.stderr
+        if p.returncode != 0:
+            fail("gpu_check.sh --phase perf without a GPU: exit %d\n%s" % (p.returncode, text))
+        if took >= 60 * TIME_SCALE:
+            fail("gpu_check.sh --phase perf without a GPU took %.1f s (at most 60)" % took)
+        if "no GPU here" not in text:
+            fail("gpu_check.sh --phase perf without a GPU does not say so:\n%s" % text)
+        files = [os.path.join(d, f) for d, _, fs in os.walk(out) for f in fs]
+        if len(files) > 8:
+            fail("gpu_check.sh --phase perf left %d files under $OUT (at most 8): %s" % (len(files), files))
+        if not any("no GPU here" in open(f).read() for f in files):
+            fail("the summary under $OUT does not say there was no GPU: %s" % files)
+        print("perf without a GPU: exit 0 in %.1f s, %d file(s)" % (took, len(files)))
+
+
+def profile_table():
+    with tempfile.TemporaryDirectory() as d:
+        csv_path = os.path.join(d, "ncu.csv")
+        with open(csv_path, "w") as f:
+            f.write(NCU_CSV)
+        meta = os.path.join(d, "meta.log")
+        with open(meta, "w") as f:
+            f.write("model=gpt2 launches=2 bytes_moved=1\n")
+        p = subprocess.run([sys.executable, os.path.join(SOURCE, "benchmarks", "kernel_profile.py"),
+                            "--ncu", csv_path, "--meta", meta], capture_output=True, text=True, timeout=60)
+        text = p.stdout + p.stderr
+        if p.returncode != 0:
+            fail("kernel_profile.py: exit %d\n%s" % (p.returncode, text))
+        # two layer_norm_kernel launches of 1.5 us make one row of 3.0 us; 10 us in all
+        want = ["3 kernels, 0.010 ms", "launches: measured 3, projected 2 (1.50x)"]
+        rows = [l.split() for l in text.splitlines()]
+        ln = [r for r in rows if r and r[0] == "layer_norm_kernel"]
+        if not ln or ln[0][1:4] != ["2", "3.0", "1.50"] or ln[0][4] != "30.0%":
+            fail("kernel_profile.py: layer_norm_kernel should be 2 launches, 3.0 us, 30%%:\n%s" % text)
+        for w in want:
+            if w not in text:
+                fail("kernel_profile.py: %r missing:\n%s" % (w, text))
+        print("kernel_profile.py: grouped and totalled")
+
+
+def attention_on_cpu():
+    exe = os.path.join(BIN, "bench_attention")
+    if not os.access(exe, os.X_OK):
+        fail("%s is not built (benchmarks/bench_attention.c)" % exe)
+    for extra, path in (([], "fused"), (["--composed"], "composed")):
+        p = subprocess.run([exe, "--cpu", "--calls", "1", "--machine"] + extra, capture_output=True,
+                           text=True, timeout=120 * TIME_SCALE)
+        if p.returncode != 0 or " path=%s " % path not in p.stdout:
+            fail("bench_attention --cpu %s: exit %d, expected path=%s:\n%s%s" % (
+                " ".join(extra), p.returncode, path, p.stdout, p.stderr))
+    print("bench_attention --cpu: fused, and composed when asked")
+
+
+if __name__ == "__main__":
+    perf_without_gpu()
+    profile_table()
+    attention_on_cpu()
+    print("ok")
