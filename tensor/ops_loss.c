@@ -22,11 +22,13 @@
 /* ---- cross-entropy ---- */
 /* When the logits are the library's and read by nothing after this node
  * (nb_gpt_forward_loss's), their gradient is written over them, element by
- * element from the same index (the CPU kernel reads x[j] before it writes
- * dx[j]): the (N, C) gradient costs no memory. Note [Memory given back]. */
+ * element from the same index (each kernel reads x[j] before it writes
+ * dx[j], in the same thread on CUDA; dev/cuda_emu's drv_softmax runs the
+ * CUDA kernel so aliased): the (N, C) gradient costs no memory, on every
+ * device. Note [Memory given back]. */
 static void cross_entropy_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) {
     nb_tensor *logits = n->saved[0], *targets = n->saved[1], *lse = n->saved[2];
-    nb_tensor *dx = nb__backend_at(logits)->device_memory ? NULL : nb__reuse_for_grad(ctx, n, logits);
+    nb_tensor *dx = nb__reuse_for_grad(ctx, n, logits);
     if (!dx) dx = nb__empty(ctx, logits->dtype, logits->ndim, logits->shape);
     nb__backend_at(logits)->cross_entropy_backward(dx, logits, lse, targets, nb__contig(ctx, g),
                                                    n->saved[3], n->i[0], n->f[1]);
