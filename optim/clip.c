@@ -1,6 +1,7 @@
 /* Global gradient-norm clipping, device-neutral: the norm is one
- * multi-tensor reduction of the gradients' backend (tensor/backend.h) and
- * one host read, the scaling one multi-tensor update.
+ * multi-tensor reduction of the gradients' backend (tensor/backend.h), the
+ * scaling one multi-tensor update by a coefficient formed on the device
+ * (Note [Clipping without a host read]).
  *
  * The 2-norm is accumulated in f64 over every gradient as one vector
  * (tensor/cpu/optim.c: eight partial sums in a fixed order; CUDA: one
@@ -11,7 +12,23 @@
  * infinity norm is the max of |g| (NaN when any is NaN). A non-finite
  * norm leaves the gradients untouched (see nabla/optim.h). Gradients that
  * are not contiguous are read through contiguous copies. Temporaries go
- * into a per-thread, per-device scratch context, reset at each use. */
+ * into a per-thread, per-device scratch context, reset at each use.
+ *
+ * Note [Clipping without a host read]
+ * Reading the norm on the host (nb_item) mid-step makes the host wait for
+ * the whole backward on a GPU before it can queue the clip's scaling and
+ * the optimizer's step, and the device then idles while they are queued.
+ * So when every gradient is f32 and contiguous, the norm is formed on the
+ * gradients' device and stays there (a 0-d f64 tensor: a sum of squares,
+ * then its square root; or the max |g|), and the scaling takes its
+ * coefficient from it where it lives (the backend's clip_scale: coef =
+ * max_norm / (norm + 1e-6) in double, applied when below 1 and the norm is
+ * finite), so nothing waits: nb_clip_grad_norm_tensor returns that tensor,
+ * and its value is read only when the caller asks (nb_item, which waits).
+ * nb_clip_grad_norm reads it once, after the scaling is queued. The
+ * arithmetic is the host path's, so results are bitwise the same. f64
+ * gradients (whose sum of squares can overflow and is then formed again
+ * from scaled copies), 16-bit and non-contiguous ones keep the host path. */
 #include <math.h>
 #include <stdlib.h>
 
@@ -83,47 +100,118 @@ static void scale_grads(nb_device dev, const nb_named_tensor *params, int n, dou
     if (k) nb__backend_of(dev)->scale(k, gl, coef);
 }
 
-double nb_clip_grad_norm(const nb_named_tensor *params, int n, double max_norm,
-                         double norm_type) {
-    NB_CHECK(n >= 0 && (n == 0 || params), "nb_clip_grad_norm: bad parameter list (n = %d)", n);
+/* The checks; the gradients' device, and whether they can stay there
+ * (Note [Clipping without a host read]: all f32 and contiguous). */
+static nb_device check_args(const char *fn, const nb_named_tensor *params, int n, double max_norm,
+                            double norm_type, bool *on_device) {
+    NB_CHECK(n >= 0 && (n == 0 || params), "%s: bad parameter list (n = %d)", fn, n);
     NB_CHECK(norm_type == 2.0 || (isinf(norm_type) && norm_type > 0),
-             "nb_clip_grad_norm: norm_type = %g; supported are 2 and INFINITY", norm_type);
-    NB_CHECK(max_norm >= 0 && !isnan(max_norm),
-             "nb_clip_grad_norm: max_norm = %g must be >= 0", max_norm);
+             "%s: norm_type = %g; supported are 2 and INFINITY", fn, norm_type);
+    NB_CHECK(max_norm >= 0 && !isnan(max_norm), "%s: max_norm = %g must be >= 0", fn, max_norm);
     nb_device dev = nb_cpu();
     bool first = true;
+    *on_device = true;
     for (int i = 0; i < n; i++) {
         const nb_tensor *t = params[i].tensor;
-        NB_CHECK(t, "nb_clip_grad_norm: parameter %d is NULL", i);
+        NB_CHECK(t, "%s: parameter %d is NULL", fn, i);
         if (t->grad) {
-            nb__check_float("nb_clip_grad_norm", t->grad);
+            nb__check_float(fn, t->grad);
             NB_CHECK(first || nb_device_eq(dev, t->grad->device),
-                     "nb_clip_grad_norm: gradients on %s and %s; all must be on one device",
+                     "%s: gradients on %s and %s; all must be on one device", fn,
                      nb_device_name(dev), nb_device_name(t->grad->device));
             dev = t->grad->device;
             first = false;
+            *on_device &= t->grad->dtype == NB_F32 && nb_is_contiguous(t->grad);
         }
     }
-    double norm = grad_norm(dev, params, n, norm_type == 2.0);
+    return dev;
+}
+
+/* Note [Clipping without a host read]: the norm (0-d f64, in ctx) and the
+ * scaling queued, nothing read. */
+static nb_tensor *clip_on_device(nb_ctx *ctx, nb_device dev, const nb_named_tensor *params, int n,
+                                 double max_norm, bool l2) {
+    const nb__backend *be = nb__backend_of(dev);
+    nb_tensor **gl = nb__ctx_meta(ctx, sizeof *gl * (size_t)(n > 0 ? n : 1));
+    int k = 0;
+    for (int i = 0; i < n; i++)
+        if (params[i].tensor->grad) gl[k++] = params[i].tensor->grad;
+    nb_tensor *norm = nb__empty(ctx, NB_F64, 0, NULL);
+    if (l2) {
+        be->sum_squares(norm, k, gl);
+        nb__run_unary(NB_U_SQRT, norm, norm, 0);
+    } else {
+        be->max_abs(ctx, norm, k, gl);
+    }
+    if (k) be->clip_scale(k, gl, norm, max_norm);
+    return norm;
+}
+
+/* the host path: the norm read, then the scaling */
+static double clip_on_host(nb_device dev, const nb_named_tensor *params, int n, double max_norm,
+                           bool l2) {
+    double norm = grad_norm(dev, params, n, l2);
     if (!isfinite(norm)) return norm;
     double coef = max_norm / (norm + 1e-6);
     if (coef < 1.0) scale_grads(dev, params, n, coef);
     return norm;
 }
 
-double nb_optim_clip_grad_norm(nb_optim *opt, double max_norm, double norm_type) {
-    NB__CHECK_HANDLE("nb_optim_clip_grad_norm", opt, "optimizer");
-    nb__optim_check_not_bucket_stepped(opt, "nb_optim_clip_grad_norm");
-    nb__optim_check_not_sharded(opt, "nb_optim_clip_grad_norm",
+double nb_clip_grad_norm(const nb_named_tensor *params, int n, double max_norm,
+                         double norm_type) {
+    bool on_device;
+    nb_device dev = check_args("nb_clip_grad_norm", params, n, max_norm, norm_type, &on_device);
+    if (!on_device) return clip_on_host(dev, params, n, max_norm, norm_type == 2.0);
+    nb_tensor *norm = clip_on_device(nb__optim_scratch(dev), dev, params, n, max_norm, norm_type == 2.0);
+    return nb__backend_of(dev)->meta ? 1e30 : nb_item(norm); /* a norm that clips: nabla/meta.h */
+}
+
+nb_tensor *nb_clip_grad_norm_tensor(nb_ctx *ctx, const nb_named_tensor *params, int n,
+                                    double max_norm, double norm_type) {
+    const char *fn = "nb_clip_grad_norm_tensor";
+    NB_CHECK(ctx, "%s: NULL context", fn);
+    bool on_device;
+    nb_device dev = check_args(fn, params, n, max_norm, norm_type, &on_device);
+    if (!on_device) { /* the host path, its norm made a tensor */
+        double v = clip_on_host(dev, params, n, max_norm, norm_type == 2.0);
+        return nb_from_host(ctx, NB_F64, 0, NULL, &v);
+    }
+    bool any = false;
+    for (int i = 0; i < n && !any; i++) any = params[i].tensor->grad != NULL;
+    if (!any) dev = nb_ctx_device(ctx); /* no gradient: the norm is 0 */
+    NB_CHECK(nb_device_eq(nb_ctx_device(ctx), dev),
+             "%s: the context is on %s, the gradients on %s", fn,
+             nb_device_name(nb_ctx_device(ctx)), nb_device_name(dev));
+    return clip_on_device(ctx, dev, params, n, max_norm, norm_type == 2.0);
+}
+
+/* the optimizer's parameters as a list (malloc'ed) */
+static nb_named_tensor *optim_list(nb_optim *opt, const char *fn) {
+    NB__CHECK_HANDLE(fn, opt, "optimizer");
+    nb__optim_check_not_bucket_stepped(opt, fn);
+    nb__optim_check_not_sharded(opt, fn,
                                 "each rank holds only its shard of the averaged gradients; clip "
                                 "with nb_ddp_clip_grad_norm(ddp, ...)");
-    nb_named_tensor *list = malloc(sizeof *list * (size_t)opt->n_params);
-    NB_CHECK(list, "nb_optim_clip_grad_norm: out of memory");
+    nb_named_tensor *list = malloc(sizeof *list * (size_t)(opt->n_params ? opt->n_params : 1));
+    NB_CHECK(list, "%s: out of memory", fn);
     for (int i = 0; i < opt->n_params; i++) {
         list[i].name = opt->params[i].name;
         list[i].tensor = opt->params[i].param;
     }
+    return list;
+}
+
+double nb_optim_clip_grad_norm(nb_optim *opt, double max_norm, double norm_type) {
+    nb_named_tensor *list = optim_list(opt, "nb_optim_clip_grad_norm");
     double norm = nb_clip_grad_norm(list, opt->n_params, max_norm, norm_type);
+    free(list);
+    return norm;
+}
+
+nb_tensor *nb_optim_clip_grad_norm_tensor(nb_optim *opt, nb_ctx *ctx, double max_norm,
+                                          double norm_type) {
+    nb_named_tensor *list = optim_list(opt, "nb_optim_clip_grad_norm_tensor");
+    nb_tensor *norm = nb_clip_grad_norm_tensor(ctx, list, opt->n_params, max_norm, norm_type);
     free(list);
     return norm;
 }

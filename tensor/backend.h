@@ -272,6 +272,12 @@ typedef void nb__backend_sum_squares_fn(nb_tensor *out, int n, nb_tensor *const 
 typedef void nb__backend_max_abs_fn(nb_ctx *ctx, nb_tensor *out, int n, nb_tensor *const *ts);
 /* Every element of the n tensors *= coef (computed in f64, rounded). */
 typedef void nb__backend_scale_fn(int n, nb_tensor *const *ts, double coef);
+/* Gradient clipping by a norm that stays where it was computed: norm is
+ * 0-d f64 on the tensors' device; when it is finite and coef = max_norm /
+ * (norm + 1e-6) < 1, every element *= coef as scale does, else nothing.
+ * No host read (Note [Clipping without a host read] in optim/clip.c). */
+typedef void nb__backend_clip_scale_fn(int n, nb_tensor *const *ts, const nb_tensor *norm,
+                                       double max_norm);
 /* Whether every element of the n tensors (any float dtype) is finite;
  * one host read. CUDA answers from a sum of squares: f64 values
  * above ~1e154 count as not finite there. */
@@ -368,6 +374,7 @@ typedef void nb__backend_channel_backward_dx_fn(nb_tensor *dx, const nb_tensor *
     X(sum_squares) \
     X(max_abs) \
     X(scale) \
+    X(clip_scale) \
     X(all_finite) \
     /* per-channel statistics */ \
     X(channel_stats) \

@@ -757,6 +757,15 @@ static void meta_scale(int n, nb_tensor *const *ts, double coef) {
                                               : 0});
 }
 
+/* counted as when it clips (each tensor read and written); the norm read */
+static void meta_clip_scale(int n, nb_tensor *const *ts, const nb_tensor *norm, double max_norm) {
+    (void)max_norm;
+    if (n <= 0) return;
+    record(&(call){.name = "clip_scale", .r = {norm}, .extra_bytes = 2 * sum_bytes(n, ts),
+                   .flops = sum_numel(n, ts),
+                   .launches = per_launch(ts[0], n, NB__CUDA_CLIP_TENSORS_PER_LAUNCH)});
+}
+
 /* nabla/meta.h: the values are taken as finite. */
 static bool meta_all_finite(nb_ctx *ctx, int n, nb_tensor *const *ts) {
     (void)ctx;

@@ -218,6 +218,16 @@ START_TEST(test_clip_grad_norm) {
                  * (the GPU sums the squares in another order than the CPU) */
                 compare("clipped gradient", gs.p[k]->grad, cs.p[k]->grad,
                         dts[d] == NB_F32 ? 1e-6 : 1e-12);
+            /* the norm left on the device (f32: the clip_scale kernel), clipped again */
+            nb_tensor *tg = nb_clip_grad_norm_tensor(gs.scratch, gs.named, NP, 0.25, norm_types[nt]);
+            nb_tensor *tc = nb_clip_grad_norm_tensor(cs.scratch, cs.named, NP, 0.25, norm_types[nt]);
+            ck_assert(nb_device_eq(tg->device, nbt_device()) && tg->dtype == NB_F64);
+            nc = nb_item(tc);
+            ng = nb_item(tg);
+            ck_assert_msg(fabs(nc - ng) <= 1e-12 * nc, "tensor norm %.17g vs CPU %.17g", ng, nc);
+            for (int k = 0; k < NP; k++)
+                compare("clipped gradient (norm on the device)", gs.p[k]->grad, cs.p[k]->grad,
+                        dts[d] == NB_F32 ? 1e-6 : 1e-12);
             /* non-finite: the norm says so and the gradients stay as they were */
             const double bad[] = {INFINITY, NAN};
             for (int b = 0; b < 2; b++) {

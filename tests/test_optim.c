@@ -833,6 +833,65 @@ START_TEST(test_clip_grad_norm) {
 }
 END_TEST
 
+/* x rounded to f32 (through memory: GCC 12 at -O3 has been seen to drop a
+ * (float) cast inside a vectorised initialiser of doubles) */
+static double round_f32(double x) {
+    volatile float f = (float)x;
+    return f;
+}
+
+/* The norm left on the device (Note [Clipping without a host read]): f32
+ * gradients, the norm a 0-d f64 tensor of the context given, the values
+ * worked by hand: 3, -4, 12 have the 2-norm 13 and the inf-norm 12. */
+START_TEST(test_clip_grad_norm_tensor) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *a = leaf_with_grad(ctx, NB_F32, 2, 1);
+    nb_tensor *b = leaf_with_grad(ctx, NB_F32, 1, 2);
+    int64_t one = 1;
+    nb_tensor *c = nbt_randn_leaf(ctx, NB_F32, 1, &one, 3); /* no gradient: ignored */
+    nb_named_tensor ps[] = {{"a", a}, {"b", b}, {"c", c}};
+    const double norm_types[] = {2.0, INFINITY}, norms[] = {13.0, 12.0};
+    for (int nt = 0; nt < 2; nt++) {
+        set1(a->grad, 0, 3);
+        set1(a->grad, 1, -4);
+        set1(b->grad, 0, 12);
+        nb_tensor *n = nb_clip_grad_norm_tensor(step, ps, 3, 20.0, norm_types[nt]);
+        ck_assert(n->ndim == 0 && n->dtype == NB_F64 && n->ctx == step);
+        ck_assert(nb_item(n) == norms[nt]);
+        nbt_assert_close(b->grad, (double[]){12}, 0, 0); /* below the limit: untouched */
+        n = nb_clip_grad_norm_tensor(step, ps, 3, 6.5, norm_types[nt]);
+        ck_assert(nb_item(n) == norms[nt]);
+        /* scaled as the host path scales: (float)(x * coef), coef in double */
+        double k = 6.5 / (norms[nt] + 1e-6);
+        nbt_assert_close(a->grad, (double[]){round_f32(3 * k), round_f32(-4 * k)}, 0, 0);
+        nbt_assert_close(b->grad, (double[]){round_f32(12 * k)}, 0, 0);
+        /* non-finite: the norm says so, the gradients stay */
+        set1(a->grad, 0, 3);
+        set1(b->grad, 0, nt ? -INFINITY : NAN);
+        n = nb_clip_grad_norm_tensor(step, ps, 3, 1.0, norm_types[nt]);
+        ck_assert(nt ? isinf(nb_item(n)) : isnan(nb_item(n)));
+        ck_assert(get1(a->grad, 0) == 3 && get1(a->grad, 1) == round_f32(-4 * k));
+    }
+    /* through the optimizer, and with no gradient at all: 0 */
+    set1(b->grad, 0, 12);
+    nb_optim *opt = nb_optim_new(NB_OPTIM_SGD, ps, 3, &NB_SGD_DEFAULTS);
+    ck_assert(nb_item(nb_optim_clip_grad_norm_tensor(opt, step, 100.0, INFINITY)) == 12.0);
+    nb_optim_free(opt);
+    ck_assert(nb_item(nb_clip_grad_norm_tensor(step, ps + 2, 1, 1.0, 2.0)) == 0.0);
+    /* f64 gradients take the host path: still a tensor, the overflow handled */
+    nb_tensor *d = leaf_with_grad(ctx, NB_F64, 2, 4);
+    set1(d->grad, 0, 3e200);
+    set1(d->grad, 1, 4e200);
+    nb_named_tensor pd = {"d", d};
+    double nd = nb_item(nb_clip_grad_norm_tensor(step, &pd, 1, 1.0, 2.0));
+    ck_assert_msg(fabs(nd - 5e200) <= 1e-15 * 5e200, "norm %g", nd);
+    NBT_EXPECT_ABORT(nb_clip_grad_norm_tensor(step, ps, 3, 1.0, 1.0),
+                     "nb_clip_grad_norm_tensor: norm_type = 1; supported are 2 and INFINITY");
+    nb_ctx_free(step);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
 START_TEST(test_clip_accumulates_in_double) {
     /* 2^20 f32 values of 1e-3: a float accumulator is off by more than
      * 1e-5 relative, a double one by less than n * 2^-53 ~ 1e-10 */
@@ -1040,6 +1099,7 @@ int main(void) {
     tcase_add_test(tc, test_state_export);
     tcase_add_test(tc, test_schedules);
     tcase_add_test(tc, test_clip_grad_norm);
+    tcase_add_test(tc, test_clip_grad_norm_tensor);
     tcase_add_test(tc, test_clip_accumulates_in_double);
     tcase_add_test(tc, test_training_decreases_loss);
     tcase_add_test(tc, test_grad_scaler_unscaled_equal_plain);

@@ -1,5 +1,6 @@
 /* Driver: the CUDA Adam/AdamW kernel (tensor/cuda/optim.cu, amsgrad
- * included) against the CPU's (tensor/cpu/optim.c), bit for bit: both do
+ * included) and the clip scaling against the CPU's (tensor/cpu/optim.c),
+ * bit for bit: both do
  * the same operations in the same order without contraction. Lists mix
  * parameters with and without max_exp_avg_sq, f32 and f64, sizes across
  * block boundaries, per-parameter step counts, both lerp forms, L2 and
@@ -84,6 +85,25 @@ static void run(nb_dtype dt, const std::vector<int64_t> &sizes, bool (*ams)(int)
     }
 }
 
+/* Gradient clipping's scaling by a norm on the device (nb__cuda_clip_scale)
+ * against tensor/cpu/optim.c's, bit for bit: a norm that clips, one that
+ * does not, NaN and infinity (nothing written), over n f32 tensors. */
+static void clip(const std::vector<int64_t> &sizes, double normv, double max_norm) {
+    std::string nm = fmt("clip_scale %zu tensors, norm %g, max %g", sizes.size(), normv, max_norm);
+    std::vector<nb_tensor *> a, b;
+    for (int64_t m : sizes) {
+        nb_tensor *t = mk(NB_F32, {m});
+        fill(t, -3, 3);
+        a.push_back(t);
+        b.push_back(as(t, NB_F32));
+    }
+    nb_tensor *norm = mk(NB_F64, {});
+    put(norm, {normv});
+    nb__cpu_clip_scale((int)a.size(), a.data(), norm, max_norm);
+    nb__cuda_clip_scale((int)b.size(), b.data(), norm, max_norm);
+    for (size_t k = 0; k < a.size(); k++) cmpt(nm + fmt(" [%zu]", k), b[k], a[k], 0);
+}
+
 int main() {
     init();
     const std::vector<int64_t> sizes = {1, 7, 1000, 1025, 4099, 3, 0};
@@ -96,5 +116,7 @@ int main() {
     run(NB_F32, sizes, ams_odd, true, 0.9, 3, true);
     run(NB_F64, sizes, ams_all, false, 0.9, 3, true);
     run(NB_F32, std::vector<int64_t>(200, 2), ams_odd, true, 0.9, 2, false); /* two launches */
+    for (double nv : {13.0, 0.3, (double)NAN, (double)INFINITY}) clip(sizes, nv, 0.5);
+    clip(std::vector<int64_t>(300, 3), 7.0, 1.0); /* three launches */
     return done("optim");
 }

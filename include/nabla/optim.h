@@ -148,6 +148,18 @@ double nb_clip_grad_norm(const nb_named_tensor *params, int n, double max_norm,
                          double norm_type);
 /* The same over all parameters of an optimizer. */
 double nb_optim_clip_grad_norm(nb_optim *opt, double max_norm, double norm_type);
+/* The same clipping without waiting for the device: the norm is returned
+ * as a 0-d f64 tensor made in ctx (on the gradients' device) and the
+ * gradients are scaled by a coefficient formed there, so on a GPU the
+ * host goes on queueing the optimizer's step while the norm is computed.
+ * Read the norm with nb_item only when you want it (after the step, say):
+ * that read waits for the device. The results are those of
+ * nb_clip_grad_norm, bit for bit. Gradients that are not all f32 and
+ * contiguous are clipped as nb_clip_grad_norm does (one host read inside). */
+nb_tensor *nb_clip_grad_norm_tensor(nb_ctx *ctx, const nb_named_tensor *params, int n,
+                                    double max_norm, double norm_type);
+nb_tensor *nb_optim_clip_grad_norm_tensor(nb_optim *opt, nb_ctx *ctx, double max_norm,
+                                          double norm_type);
 
 /* ---- dynamic loss scaling (f16 training) ----
  * PyTorch's GradScaler: multiply the loss by the scale before backward

@@ -329,6 +329,12 @@ void nb__cpu_scale(int n, nb_tensor *const *ts, double coef) {
     finish_pieces(&j);
 }
 
+/* the norm is host memory here: read it, and scale as nb_clip_grad_norm did */
+void nb__cpu_clip_scale(int n, nb_tensor *const *ts, const nb_tensor *norm, double max_norm) {
+    double v = *(const double *)norm->data, coef = max_norm / (v + 1e-6);
+    if (isfinite(v) && coef < 1.0) nb__cpu_scale(n, ts, coef);
+}
+
 /* flag[c] = the piece holds a NaN or an infinity */
 static void finite_piece(const multi_job *j, const piece *pc, int64_t c) {
     const nb_tensor *g = j->p[pc->t];

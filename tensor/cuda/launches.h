@@ -84,6 +84,7 @@ enum {
     NB__CUDA_LAUNCHES_max_abs_per_tensor = 3,
     NB__CUDA_LAUNCHES_max_abs = 3,
     NB__CUDA_LAUNCHES_scale_per_tensor = 1, /* backend.c: nb_scale_ per tensor */
+    NB__CUDA_CLIP_TENSORS_PER_LAUNCH = 128,  /* optim.cu: clip_scale_kernel, CLIP_BATCH */
     /* backend.c: nb__cuda_sum_squares, then the result read by the host */
     NB__CUDA_LAUNCHES_all_finite = 1,
     /* ---- channel.cu ---- */

@@ -1,4 +1,5 @@
-/* Adam/AdamW and SGD on CUDA: one fused launch over many parameters.
+/* Adam/AdamW and SGD on CUDA: one fused launch over many parameters; and
+ * gradient clipping's scaling by a norm on the device, one launch too.
  *
  * The per-tensor descriptors (pointers, size, the step's scalars) travel
  * by value as the kernel's parameter, up to MAX_TENSORS per launch (about
@@ -22,6 +23,7 @@
 
 #include "tensor/cuda/check.h"
 #include "tensor/cuda/cuda.h"
+#include "tensor/cuda/launches.h"
 
 enum { MAX_TENSORS = 192, THREADS = 256, ELEMS = 4 * THREADS };
 
@@ -121,6 +123,40 @@ template <typename T> static __global__ void sgd_kernel(const optim_batch batch)
         }
         p[i] = add(pi, mul(neg_lr, di));
     }
+}
+
+/* Gradient clipping's scaling (nb__backend_clip_scale_fn): f32 tensors,
+ * the coefficient formed here from the norm on the device, in double as
+ * optim/clip.c forms it on the host, each element (float)(x * coef) as
+ * tensor/cpu/optim.c's scale: the CPU's bits. CLIP_BATCH tensors per
+ * launch, ELEMS elements per block. */
+enum { CLIP_BATCH = 128 };
+static_assert((int)CLIP_BATCH == (int)NB__CUDA_CLIP_TENSORS_PER_LAUNCH &&
+                  (int)MAX_TENSORS == (int)NB__CUDA_OPTIM_TENSORS_PER_LAUNCH,
+              "tensor/cuda/launches.h counts this file's launches");
+typedef struct clip_batch {
+    int count;
+    int pad;
+    int64_t block_start[CLIP_BATCH + 1];
+    float *p[CLIP_BATCH];
+    int64_t n[CLIP_BATCH];
+} clip_batch;
+static_assert(sizeof(clip_batch) <= 4096, "clip_batch: keep the launch's parameters small");
+
+static __global__ void clip_scale_kernel(const clip_batch b, const double *norm, double max_norm) {
+    double v = *norm, coef = div_(max_norm, add(v, 1e-6));
+    if (!isfinite(v) || !(coef < 1.0)) return;
+    int lo = 0, hi = b.count - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (b.block_start[mid] <= (int64_t)blockIdx.x) lo = mid;
+        else hi = mid - 1;
+    }
+    float *x = b.p[lo];
+    int64_t i0 = ((int64_t)blockIdx.x - b.block_start[lo]) * ELEMS;
+    int64_t end = i0 + ELEMS < b.n[lo] ? i0 + ELEMS : b.n[lo];
+    for (int64_t i = i0 + threadIdx.x; i < end; i += THREADS)
+        x[i] = (float)mul((double)x[i], coef); /* round to nearest, as the CPU */
 }
 
 /* ---------------------------------------------------------------- launchers */
@@ -238,4 +274,42 @@ void nb__cuda_sgd(int n, nb_tensor *const *p, nb_tensor *const *g, nb_tensor *co
     if (p[0]->dtype == NB_F32) launch_batches<float>(op, s, false, desc, n);
     else launch_batches<double>(op, s, false, desc, n);
     free(desc);
+}
+
+void nb__cuda_clip_scale(int n, nb_tensor *const *ts, const nb_tensor *norm, double max_norm) {
+    const char *op = "nb_clip_grad_norm";
+    int dev = norm->device.index;
+    nb__cuda_use(op, dev);
+    NB_CHECK(norm->dtype == NB_F64 && norm->ndim == 0,
+             "%s: the norm must be a 0-d f64 tensor, got %s %s", op, nb_dtype_name(norm->dtype),
+             nb_shape_str(norm));
+    cudaStream_t s = nb__cuda_compute_stream(dev);
+    clip_batch b;
+    for (int first = 0; first < n; first += CLIP_BATCH) {
+        int count = n - first < CLIP_BATCH ? n - first : CLIP_BATCH;
+        int64_t blocks = 0;
+        b.count = 0;
+        b.pad = 0;
+        for (int k = 0; k < count; k++) {
+            const nb_tensor *t = ts[first + k];
+            NB_CHECK(t->dtype == NB_F32 && nb_is_contiguous(t) && nb_device_eq(t->device, norm->device),
+                     "%s: gradient %d must be a contiguous f32 tensor on %s, got %s %s on %s", op,
+                     first + k, nb_device_name(norm->device), nb_dtype_name(t->dtype),
+                     nb_shape_str(t), nb_device_name(t->device));
+            int64_t m = nb_numel(t);
+            if (m == 0) continue;
+            b.p[b.count] = (float *)t->data;
+            b.n[b.count] = m;
+            b.block_start[b.count] = blocks;
+            blocks += (m + ELEMS - 1) / ELEMS;
+            b.count++;
+        }
+        b.block_start[b.count] = blocks;
+        if (blocks == 0) continue;
+        NB_CHECK(blocks <= INT32_MAX, "%s: %lld blocks in one launch; too many elements", op,
+                 (long long)blocks);
+        clip_scale_kernel<<<(unsigned)blocks, THREADS, 0, s>>>(b, (const double *)norm->data,
+                                                               max_norm);
+        NB_CUDA_CHECK_LAUNCH(op);
+    }
 }
