@@ -69,7 +69,10 @@
  * nb__accum_grad would add into it, and marks the contribution seen for the
  * gradient-ready hooks exactly as nb__accum_grad does. The sum is rounded
  * differently (the GEMM adds its partial sums to the old gradient instead
- * of forming the product first), deterministically. */
+ * of forming the product first), deterministically. Under a bf16 or f16
+ * compute dtype the product of the weight's cast comes out in f32 and
+ * would go to the f32 weight (Note [Wide gradients]): the GEMM adds it
+ * into that weight's gradient the same way. */
 #include <string.h>
 
 #include "tensor/backend.h"
@@ -212,7 +215,14 @@ void nb__accum_grad(nb_ctx *ctx, nb_tensor *t, nb_tensor *g) {
     }
 }
 
-nb_tensor *nb__leaf_grad_target(nb_tensor *t) {
+nb_tensor *nb__leaf_grad_target(nb_tensor *t, nb_dtype dt) {
+    if (t->dtype != dt) { /* Note [Wide gradients]: a cast's input takes dt as it is */
+        const nb_node *n = t->node;
+        if (!n || n->backward != nb__cast_backward || n->in[0]->dtype != dt ||
+            nb_dtype_size(dt) <= nb_dtype_size(t->dtype))
+            return NULL;
+        t = n->in[0];
+    }
     nb_tensor *g = t->grad;
     if (!t->requires_grad || t->node || !g || g->dtype != t->dtype || !nb_is_contiguous(g) ||
         !nb_device_eq(g->device, t->device) || !nb_same_shape(g, t))

@@ -206,11 +206,14 @@ void nb__cast_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g);
  * caller may add into in place (zeros when t had none yet); for backward
  * functions that scatter a gradient into a part of t's (narrowing views). */
 nb_tensor *nb__grad_to_update(nb_ctx *ctx, nb_tensor *t);
-/* Leaf t's existing gradient tensor when a backward function may add its
- * contribution straight into it (contiguous, t's dtype and device), counted
- * as this pass's contribution; NULL otherwise (use nb__accum_grad). Note
- * [Gradients added in place] in autograd/backward.c. */
-nb_tensor *nb__leaf_grad_target(nb_tensor *t);
+/* The existing gradient tensor a backward function may add its
+ * contribution to t, of dtype dt, straight into (contiguous, of dt and t's
+ * device): leaf t's own when dt is t's dtype, or, when t is a recorded
+ * cast of a leaf of the wider dtype dt (a weight cast to the compute
+ * dtype), that leaf's (Note [Wide gradients]); counted as this pass's
+ * contribution. NULL otherwise (use nb__accum_grad). Note [Gradients added
+ * in place] in autograd/backward.c. */
+nb_tensor *nb__leaf_grad_target(nb_tensor *t, nb_dtype dt);
 /* Calls fn for each leaf requiring grad that a backward from root would
  * reach (a leaf may be reported more than once). */
 void nb__graph_leaves(nb_tensor *root, void (*fn)(nb_tensor *leaf, void *user), void *user);

@@ -387,8 +387,8 @@ static void meta_matmul(nb_tensor *out, const nb_tensor *a, const nb_tensor *b, 
     double mn = numel(out), k = (double)a->shape[a->ndim - (trans_a ? 2 : 1)];
     int64_t launches = 0;
     if (on_cuda(out) && mn > 0) {
-        if (k == 0) {
-            launches = NB__CUDA_LAUNCHES_memset + (bias || gelu ? 1 : 0);
+        if (k == 0) { /* zeros (+ the epilogue); adding zeros launches nothing */
+            launches = accumulate ? 0 : NB__CUDA_LAUNCHES_memset + (bias || gelu ? 1 : 0);
         } else {
             int64_t calls = gemm_calls(out, a, b, trans_a);
             int64_t n = out->shape[nbd + 1], m = out->shape[nbd];

@@ -194,16 +194,19 @@ static void matmul_backward(nb_ctx *ctx, nb_node *node, nb_tensor *g) {
     if (b->requires_grad) {
         nb_tensor *gb;
         int64_t batch = batch_numel(g);
-        /* Note [Gradients added in place]: a weight whose gradient exists */
-        bool direct = nb__backend_at(g)->gemm_accumulate && g->dtype == b->dtype &&
-                      b->node == NULL && b->grad;
+        /* Note [Gradients added in place]: a weight (or the weight a cast
+         * to the compute dtype came from) whose gradient exists, in the
+         * products' dtype pd */
+        bool direct = nb__backend_at(g)->gemm_accumulate;
+        nb_dtype pd = cd != NB_F32 && g->dtype != NB_F64 ? NB_F32 : g->dtype;
+        if (direct && cd != NB_F32 && g->dtype == NB_F32) g = nb_cast(ctx, g, cd); /* as a product would */
         if (batch > 1 && batch_numel(b) == 1) {
             int64_t m = g->shape[g->ndim - 2], n = g->shape[g->ndim - 1];
             int64_t k = a->shape[a->ndim - (ta ? 2 : 1)];
             nb_tensor *fa = flat_op(ctx, a, ta, batch * m, k);
             nb_tensor *fg = flat_op(ctx, g, false, batch * m, n);
-            nb_tensor *dst = direct && b->ndim == 2 && batch * m <= INT_MAX ? nb__leaf_grad_target(b)
-                                                                            : NULL;
+            nb_tensor *dst =
+                direct && b->ndim == 2 && batch * m <= INT_MAX ? nb__leaf_grad_target(b, pd) : NULL;
             if (dst) {
                 if (tb) matmul_add(ctx, dst, fg, fa, true, false);
                 else matmul_add(ctx, dst, fa, fg, true, false);
@@ -214,7 +217,7 @@ static void matmul_backward(nb_ctx *ctx, nb_node *node, nb_tensor *g) {
         } else {
             bool same_batch = b->ndim == g->ndim;
             for (int d = 0; same_batch && d < g->ndim - 2; d++) same_batch = b->shape[d] == g->shape[d];
-            nb_tensor *dst = direct && same_batch ? nb__leaf_grad_target(b) : NULL;
+            nb_tensor *dst = direct && same_batch ? nb__leaf_grad_target(b, pd) : NULL;
             if (dst) {
                 if (tb) matmul_add(ctx, dst, g, a, true, ta);
                 else matmul_add(ctx, dst, a, g, !ta, false);

@@ -10,9 +10,7 @@
 
 void nb__cuda_matmul(nb_tensor *out, const nb_tensor *a, const nb_tensor *b, bool ta, bool tb,
                      const nb_tensor *bias, bool gelu, nb_tensor *pre, bool accumulate) {
-    NB_CHECK(!accumulate, "nb_matmul (%s): the CUDA GEMM does not add into its output",
-             nb_device_name(out->device));
-    nb__cuda_gemm(out, a, b, ta, tb, bias, gelu, pre);
+    nb__cuda_gemm(out, a, b, ta, tb, bias, gelu, pre, accumulate);
 }
 
 void nb__cuda_gelu_tanh_backward(nb_tensor *dx, const nb_tensor *g, const nb_tensor *pre) {

@@ -250,9 +250,11 @@ nb__backend_gemm_readable_fn nb__cuda_gemm_readable;
  * in a context whose compute dtype is bf16/f16). bias (N) of out's dtype
  * or NULL is added to every row (cuBLASLt epilogue); gelu applies
  * GELU(tanh) after the bias, writing the pre-activation into `pre` (same
- * shape as out) when pre is not NULL. K = 0 gives zeros (+ bias). */
+ * shape as out) when pre is not NULL. K = 0 gives zeros (+ bias).
+ * accumulate (no bias, no gelu): out += the product (beta = 1). */
 void nb__cuda_gemm(nb_tensor *out, const nb_tensor *a, const nb_tensor *b, bool trans_a,
-                   bool trans_b, const nb_tensor *bias, bool gelu, nb_tensor *pre);
+                   bool trans_b, const nb_tensor *bias, bool gelu, nb_tensor *pre,
+                   bool accumulate);
 
 /* ================================================= convolution (conv.cu)
  * cuDNN, NCHW, the geometry nb__conv2d_geom (letters of

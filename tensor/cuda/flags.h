@@ -10,7 +10,7 @@
 
 #define NB__CUDA_BACKEND_FLAGS \
     .device_memory = true, \
-    .gemm_accumulate = false, \
+    .gemm_accumulate = true, \
     .ordered_elementwise = false, \
     .strided_elementwise_out = false, \
     .half_compute = true, \

@@ -33,7 +33,7 @@ enum {
      * its epilogue; plus epilogue_kernel per call where the GELU's aux
      * output is not 8-element aligned (cuBLASLt is assumed to have an
      * algorithm with the epilogue otherwise); k = 0: a memset (and the
-     * epilogue kernel with a bias or GELU) ---- */
+     * epilogue kernel with a bias or GELU; nothing when it accumulates) ---- */
     NB__CUDA_LAUNCHES_matmul = 1,
     NB__CUDA_LAUNCHES_gelu_tanh_backward = 2, /* backend.c: unary GELU_TANH_GRAD, then binary MUL */
     /* ---- softmax.cu, softmax_causal.cu ---- */

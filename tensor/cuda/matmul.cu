@@ -29,7 +29,12 @@
  * GELU_AUX_BIAS with aux = pre) when its heuristic finds an algorithm for
  * them (it needs, e.g., N divisible by 8 for the aux matrix); otherwise the
  * GEMM runs plain and a small kernel applies them. K = 0 is a zero fill and
- * the same kernel. */
+ * the same kernel.
+ *
+ * Accumulation: with `accumulate` the GEMM adds its product to out (beta =
+ * 1, C = D), which is how a weight's gradient is formed in place (Note
+ * [Gradients added in place] in autograd/backward.c): no product tensor,
+ * no add kernel, no second read of the gradient. Not with an epilogue. */
 #include <pthread.h>
 #include <stdint.h>
 #include <string.h>
@@ -287,7 +292,8 @@ typedef struct gemm_call {
     void *d;
     const void *bias;
     bool gelu;
-    void *pre; /* aux: pre-activation, same layout as d */
+    void *pre;       /* aux: pre-activation, same layout as d */
+    bool accumulate; /* beta = 1: d += product */
 } gemm_call;
 
 /* D = op(A) op(B) (+ epilogue); returns false when the epilogue was not
@@ -355,11 +361,11 @@ static bool gemm_run(const gemm_call *c, bool with_epilogue) {
     if (aux)
         LT_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
                                                 &aux, sizeof aux));
-    float one_f = 1.0f, zero_f = 0.0f;
-    double one_d = 1.0, zero_d = 0.0;
+    float one_f = 1.0f, beta_f = c->accumulate ? 1.0f : 0.0f;
+    double one_d = 1.0, beta_d = c->accumulate ? 1.0 : 0.0;
     bool f64 = c->dt_in == NB_F64;
     LT_CHECK(cublasLtMatmul(c->h, p->desc, f64 ? (const void *)&one_d : (const void *)&one_f, c->a,
-                            p->la, c->b, p->lb, f64 ? (const void *)&zero_d : (const void *)&zero_f,
+                            p->la, c->b, p->lb, f64 ? (const void *)&beta_d : (const void *)&beta_f,
                             c->d, p->ld, c->d, p->ld, &p->algo, c->ws, c->ws_bytes, c->st));
     return true;
 }
@@ -368,7 +374,7 @@ static bool gemm_run(const gemm_call *c, bool with_epilogue) {
 
 extern "C" void nb__cuda_gemm(nb_tensor *out, const nb_tensor *a, const nb_tensor *b,
                               bool trans_a, bool trans_b, const nb_tensor *bias, bool gelu,
-                              nb_tensor *pre) {
+                              nb_tensor *pre, bool accumulate) {
     int dev = out->device.index;
     nb__cuda_use(OP, dev);
     cudaStream_t st = nb__cuda_compute_stream(dev);
@@ -378,10 +384,13 @@ extern "C" void nb__cuda_gemm(nb_tensor *out, const nb_tensor *a, const nb_tenso
     int64_t batch = nb__numel_shape(nbd, out->shape);
     nb_dtype dt_out = out->dtype;
     size_t ein = nb_dtype_size(a->dtype), eout = nb_dtype_size(dt_out);
+    NB_CHECK(!accumulate || (!bias && !gelu), "%s: a GEMM that adds into its output %s takes no "
+             "bias or GELU epilogue", OP, nb_shape_str(out));
     if (batch == 0 || m == 0 || n == 0) return;
     void *pre_data = gelu && pre ? pre->data : NULL;
     const void *bias_data = bias ? bias->data : NULL;
     if (k == 0) {
+        if (accumulate) return; /* out += 0 */
         NB_CUDA_CHECK(OP, cudaMemsetAsync(out->data, 0, (size_t)(batch * m * n) * eout, st));
         if (bias || gelu) epilogue(st, dt_out, out->data, pre_data, bias_data, batch * m * n, n, gelu);
         return;
@@ -414,6 +423,7 @@ extern "C" void nb__cuda_gemm(nb_tensor *out, const nb_tensor *a, const nb_tenso
     c.ldd = n;
     c.bias = bias_data;
     c.gelu = gelu;
+    c.accumulate = accumulate;
 
     /* Batch split: dims [0, j) looped over, [j, nbd) one strided call. */
     int64_t run_a = 0, run_b = 0;
