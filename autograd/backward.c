@@ -72,7 +72,22 @@
  * of forming the product first), deterministically. Under a bf16 or f16
  * compute dtype the product of the weight's cast comes out in f32 and
  * would go to the f32 weight (Note [Wide gradients]): the GEMM adds it
- * into that weight's gradient the same way. */
+ * into that weight's gradient the same way.
+ *
+ * Note [Flat gradients]
+ * The gradients of an optimizer's parameters live in one contiguous buffer
+ * per context and dtype: nb_optim_new reserves a slot for each parameter
+ * that has no gradient yet (nb__grad_flat_reserve), in reverse order of its
+ * list (the order in which backward makes them, and DDP fills its buckets),
+ * each slot starting at a multiple of 64 bytes as the arena's allocations
+ * do. The buffer is made in the parameters' context at the first gradient
+ * any of them receives, and a parameter's first gradient is its slot (a
+ * view) instead of a tensor of its own: the same values, the same rules (no
+ * gradient until the first backward, as PyTorch's None; nb_set_grad, as
+ * DDP's bucket views, replaces it and the slot stays unused). So
+ * nb_optim_zero_grad clears every gradient with one memset over the buffer
+ * when each slot holds its parameter's gradient and the optimizer has all
+ * of the buffer's parameters. */
 #include <string.h>
 
 #include "tensor/backend.h"
@@ -158,6 +173,57 @@ static nb_tensor *wide_target(const nb_tensor *t, const nb_tensor *g) {
     return x;
 }
 
+/* ---- Note [Flat gradients] ---- */
+enum { SLOT_ALIGN = 64 }; /* bytes, as the arena's (tensor/context.c) */
+enum { MAX_FLATS = 16 };  /* (context, dtype) pairs in one reservation */
+
+void nb__grad_flat_reserve(nb_tensor *const *ts, int n) {
+    nb__grad_flat *flats[MAX_FLATS];
+    int nf = 0;
+    for (int i = n - 1; i >= 0; i--) {
+        nb_tensor *t = ts[i];
+        if (!t || !t->requires_grad || t->node || t->grad || t->grad_slot || nb_numel(t) == 0)
+            continue;
+        nb__grad_flat *f = NULL;
+        for (int k = 0; k < nf && !f; k++)
+            if (flats[k]->ctx == t->ctx && flats[k]->dtype == t->dtype) f = flats[k];
+        if (!f) {
+            if (nf == MAX_FLATS) continue; /* gradients of their own, as without a reservation */
+            f = nb__ctx_meta(t->ctx, sizeof *f);
+            *f = (nb__grad_flat){.ctx = t->ctx, .dtype = t->dtype};
+            flats[nf++] = f;
+        }
+        int64_t align = SLOT_ALIGN / (int64_t)nb_dtype_size(t->dtype);
+        nb__grad_slot *s = nb__ctx_meta(t->ctx, sizeof *s);
+        s->flat = f;
+        s->offset = (f->numel + align - 1) / align * align;
+        f->numel = s->offset + nb_numel(t);
+        f->n_slots++;
+        t->grad_slot = s;
+    }
+}
+
+/* t's slot, the buffer made at the first gradient of any of its parameters */
+static nb_tensor *slot_grad(nb_tensor *t) {
+    nb__grad_slot *s = t->grad_slot;
+    nb__grad_flat *f = s->flat;
+    if (!f->buf) {
+        f->buf = nb__empty(f->ctx, f->dtype, 1, &f->numel);
+        nb__keep(f->buf);
+    }
+    int64_t st[NB_MAX_DIMS];
+    nb__contig_strides(t->ndim, t->shape, st);
+    return nb__view(f->ctx, f->buf, t->ndim, t->shape, st,
+                    (char *)f->buf->data + s->offset * (int64_t)nb_dtype_size(f->dtype));
+}
+
+nb__grad_flat *nb__grad_in_flat(const nb_tensor *t) {
+    const nb__grad_slot *s = t->grad_slot;
+    if (!s || !s->flat->buf || !t->grad || !nb_is_contiguous(t->grad)) return NULL;
+    const char *at = (const char *)s->flat->buf->data + s->offset * (int64_t)nb_dtype_size(s->flat->dtype);
+    return t->grad->data == at && t->grad->dtype == s->flat->dtype ? s->flat : NULL;
+}
+
 void nb__accum_grad(nb_ctx *ctx, nb_tensor *t, nb_tensor *g) {
     if (!t->requires_grad) return;
     nb_tensor *wide = wide_target(t, g);
@@ -186,7 +252,7 @@ void nb__accum_grad(nb_ctx *ctx, nb_tensor *t, nb_tensor *g) {
     }
     if (t->node == NULL) {
         if (!t->grad) { /* the first gradient: a copy, not zeros plus an add */
-            t->grad = nb__empty(t->ctx, t->dtype, t->ndim, t->shape);
+            t->grad = t->grad_slot ? slot_grad(t) : nb__empty(t->ctx, t->dtype, t->ndim, t->shape);
             nb__keep(t->grad); /* a leaf's gradient is never given back */
             nb__run_copy(t->grad, g);
         } else {

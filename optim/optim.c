@@ -209,6 +209,12 @@ nb_optim *nb_optim_new_groups(nb_optim_kind kind, int n_groups, const nb_param_g
             p->group = g;
         }
     }
+    /* Note [Flat gradients] in autograd/backward.c: the gradients to come in one buffer */
+    nb_tensor **ts = malloc(sizeof *ts * (size_t)total);
+    NB_CHECK(ts, "%s: out of memory", who);
+    for (int i = 0; i < total; i++) ts[i] = opt->params[i].param;
+    nb__grad_flat_reserve(ts, total);
+    free(ts);
 
     /* state: optim.step, the groups' hyperparameters, then per parameter */
     int per_param = kind == NB_OPTIM_SGD ? 2 : 4;
@@ -469,11 +475,45 @@ int nb__optim_param_index(const nb_optim *opt, const nb_tensor *t) {
     return -1;
 }
 
+/* Note [Flat gradients] in autograd/backward.c: the buffers (made) whose
+ * every slot is one of opt's parameters', one memset each (a slot whose
+ * parameter holds another gradient, or none, is not read). */
+enum { MAX_FLATS = 16 };
+static int whole_flats(nb_optim *opt, nb__grad_flat **flats) {
+    int count[MAX_FLATS] = {0}, nf = 0, nw = 0;
+    for (int i = 0; i < opt->n_params; i++) {
+        const nb__grad_slot *s = opt->params[i].param->grad_slot;
+        nb__grad_flat *f = s && s->flat->buf ? s->flat : NULL;
+        if (!f) continue;
+        int k = 0;
+        while (k < nf && flats[k] != f) k++;
+        if (k == nf) {
+            if (nf == MAX_FLATS) continue;
+            flats[nf++] = f;
+        }
+        count[k]++;
+    }
+    for (int k = 0; k < nf; k++)
+        if (count[k] == flats[k]->n_slots) flats[nw++] = flats[k];
+    return nw;
+}
+
 void nb_optim_zero_grad(nb_optim *opt) {
     NB__CHECK_HANDLE("nb_optim_zero_grad", opt, "optimizer");
+    nb__grad_flat *flats[MAX_FLATS];
+    int nw = whole_flats(opt, flats);
+    for (int k = 0; k < nw; k++) {
+        nb_tensor *b = flats[k]->buf;
+        nb__backend_at(b)->memset(b->device.index, b->data, 0,
+                                  (size_t)nb_numel(b) * nb_dtype_size(b->dtype));
+    }
     for (int i = 0; i < opt->n_params; i++) {
         nb_tensor *g = opt->params[i].param->grad;
         if (!g) continue;
+        nb__grad_flat *f = nb_numel(g) ? nb__grad_in_flat(opt->params[i].param) : NULL;
+        bool cleared = false;
+        for (int k = 0; k < nw && f && !cleared; k++) cleared = flats[k] == f;
+        if (cleared) continue;
         size_t bytes = (size_t)nb_numel(g) * nb_dtype_size(g->dtype); /* 0.0 is all zeros */
         if (!nb_is_contiguous(g) || bytes == 0)
             nb_zero_grad(opt->params[i].param);

@@ -214,6 +214,25 @@ nb_tensor *nb__grad_to_update(nb_ctx *ctx, nb_tensor *t);
  * contribution. NULL otherwise (use nb__accum_grad). Note [Gradients added
  * in place] in autograd/backward.c. */
 nb_tensor *nb__leaf_grad_target(nb_tensor *t, nb_dtype dt);
+/* Note [Flat gradients] in autograd/backward.c: one buffer for the
+ * gradients of parameters of one context and dtype, made at the first
+ * gradient one of them receives; a slot per parameter. */
+typedef struct nb__grad_flat {
+    nb_ctx *ctx;
+    nb_dtype dtype;
+    int64_t numel;  /* elements, the slots' alignment included */
+    int n_slots;
+    nb_tensor *buf; /* NULL until the first gradient */
+} nb__grad_flat;
+typedef struct nb__grad_slot {
+    nb__grad_flat *flat;
+    int64_t offset; /* elements */
+} nb__grad_slot;
+/* Gives each of the n leaves that requires grad and has neither gradient
+ * nor slot a slot, in reverse order of the list. */
+void nb__grad_flat_reserve(nb_tensor *const *ts, int n);
+/* The buffer whose slot holds t's gradient, or NULL. */
+nb__grad_flat *nb__grad_in_flat(const nb_tensor *t);
 /* Calls fn for each leaf requiring grad that a backward from root would
  * reach (a leaf may be reported more than once). */
 void nb__graph_leaves(nb_tensor *root, void (*fn)(nb_tensor *leaf, void *user), void *user);

@@ -523,6 +523,73 @@ START_TEST(test_zero_grad_keeps_buffers) {
 }
 END_TEST
 
+/* Note [Flat gradients]: an optimizer's parameters get their gradients in
+ * one buffer, in reverse order of its list, 64-byte aligned; the values
+ * are those made without an optimizer (bitwise); a parameter backward
+ * does not reach keeps no gradient; zero_grad clears them all; a gradient
+ * set by hand replaces the slot and zero_grad still clears both. */
+static bool all_zero(const nb_tensor *t) { /* f32, at most 64 elements */
+    float v[64];
+    nb_to_host(t, v);
+    bool z = true;
+    for (int64_t i = 0; i < nb_numel(t); i++) z &= v[i] == 0;
+    return z;
+}
+
+static nb_tensor *flat_model_loss(nb_ctx *ctx, nb_tensor *const *p, nb_tensor *x) {
+    nb_tensor *h = nb_tanh(ctx, nb_add(ctx, nb_matmul(ctx, x, p[0]), p[1]));
+    return nb_sum_all(ctx, nb_mul(ctx, nb_matmul(ctx, h, p[2]), nb_matmul(ctx, h, p[2])));
+}
+
+START_TEST(test_flat_gradients) {
+    nb_ctx *params = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *p[4] = {nbt_randn_leaf(params, NB_F32, NB_SHAPE(5, 7), 1),
+                       nbt_randn_leaf(params, NB_F32, NB_SHAPE(7), 2),
+                       nbt_randn_leaf(params, NB_F32, NB_SHAPE(7, 3), 3),
+                       nbt_randn_leaf(params, NB_F32, NB_SHAPE(2), 4)}; /* unused */
+    nb_tensor *x = nbt_randn(params, NB_F32, NB_SHAPE(4, 5), 5);
+    /* the reference: gradients of their own, no optimizer */
+    nb_backward(flat_model_loss(step, p, x));
+    float want[3][35];
+    for (int i = 0; i < 3; i++) {
+        nb_to_host(p[i]->grad, want[i]);
+        nb_set_grad(p[i], NULL);
+    }
+    nb_ctx_reset(step);
+    nb_named_tensor np[4] = {{"w1", p[0]}, {"b1", p[1]}, {"w2", p[2]}, {"unused", p[3]}};
+    nb_optim *opt = nb_optim_new(NB_OPTIM_SGD, np, 4, &(nb_optim_hparams){.lr = 0.1});
+    ck_assert(p[0]->grad == NULL); /* reserved, not made: PyTorch's None */
+    nb_backward(flat_model_loss(step, p, x));
+    ck_assert(p[3]->grad == NULL);
+    for (int i = 0; i < 3; i++) {
+        float got[35];
+        nb_to_host(p[i]->grad, got);
+        ck_assert_msg(memcmp(got, want[i], sizeof(float) * (size_t)nb_numel(p[i])) == 0,
+                      "parameter %d's gradient differs from the one made without an optimizer", i);
+        ck_assert(p[i]->grad->base && p[i]->grad->base == p[0]->grad->base);
+        ck_assert((uintptr_t)p[i]->grad->data % 64 == 0);
+    }
+    /* reverse order of the list, each slot at a multiple of 16 floats: unused (2
+     * floats) at 0, w2 (21) at 16, b1 (7) at 48, w1 (35) at 64 */
+    const char *base = p[0]->grad->base->data;
+    ck_assert_ptr_eq(p[2]->grad->data, base + 4 * 16);
+    ck_assert_ptr_eq(p[1]->grad->data, base + 4 * 48);
+    ck_assert_ptr_eq(p[0]->grad->data, base + 4 * 64);
+    ck_assert_int_eq(nb_numel(p[0]->grad->base), 64 + 35);
+    nb_optim_zero_grad(opt);
+    for (int i = 0; i < 3; i++) ck_assert(all_zero(p[i]->grad));
+    /* a gradient set by hand: the slot is left, zero_grad clears both kinds */
+    nb_set_grad(p[1], nb_full(params, NB_F32, NB_SHAPE(7), 2.0));
+    nb_backward(flat_model_loss(step, p, x));
+    ck_assert(p[1]->grad->base != p[0]->grad->base);
+    nb_optim_zero_grad(opt);
+    for (int i = 0; i < 3; i++) ck_assert(all_zero(p[i]->grad));
+    nb_optim_free(opt);
+    nb_ctx_free(step);
+    nb_ctx_free(params);
+}
+END_TEST
+
 START_TEST(test_param_groups) {
     nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
     nb_tensor *w = nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(2, 3), 1);
@@ -1094,6 +1161,7 @@ int main(void) {
     tcase_add_test(tc, test_adam_moment_exact_at_beta1_zero);
     tcase_add_test(tc, test_skips_params_without_grad);
     tcase_add_test(tc, test_zero_grad_keeps_buffers);
+    tcase_add_test(tc, test_flat_gradients);
     tcase_add_test(tc, test_param_groups);
     tcase_add_test(tc, test_construction_errors);
     tcase_add_test(tc, test_state_export);

@@ -48,6 +48,7 @@ struct nb_tensor {
     uint32_t gen;    /* ctx's generation when made: Note [Stale tensors] */
     bool grad_held;  /* holds a reference on grad's storage: Note [Memory given back] */
     struct nb__mem *mem; /* its storage's record (shared by views), or NULL */
+    struct nb__grad_slot *grad_slot; /* where its first gradient goes: Note [Flat gradients] */
 };
 
 /* A tensor with a PyTorch-style dotted name ("blocks.0.attn.qkv.weight"):
