@@ -68,6 +68,20 @@ class Node:
                                                                           for o in others)))
             time.sleep(0.05)
 
+def run_bin(name, args, code=0):
+    """Runs BIN/name with args (no launcher) and returns the finished
+    process; fails, with its output, when it is not built or does not exit
+    with `code`."""
+    path = os.path.join(BIN, name)
+    if not os.access(path, os.X_OK):
+        fail("%s is not built" % path)
+    p = subprocess.run([path] + args, capture_output=True, text=True, timeout=120 * TIME_SCALE)
+    if p.returncode != code:
+        fail("%s %s exited %d, not %d\n%s%s" % (name, " ".join(args), p.returncode, code, p.stdout,
+                                                 p.stderr))
+    return p
+
+
 def skip(reason):
     """Ends the test as skipped (exit 77, CTest's SKIP_RETURN_CODE) because
     something it needs is missing; under CI=true (as CI runs it, after

@@ -6,26 +6,14 @@ example) answers whether a GPT fits on a GPU.
 """
 import os
 import re
-import subprocess
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _programs import BIN, TIME_SCALE, fail  # noqa: E402
+from _programs import fail, run_bin as run  # noqa: E402
 
 SMALL = ["--layers", "2", "--heads", "2", "--width", "32", "--seq-len", "32", "--vocab", "128",
          "--batch", "4"]
-
-
-def run(name, args, code=0):
-    path = os.path.join(BIN, name)
-    if not os.access(path, os.X_OK):
-        fail("%s is not built" % path)
-    p = subprocess.run([path] + args, capture_output=True, text=True, timeout=120 * TIME_SCALE)
-    if p.returncode != code:
-        fail("%s %s exited %d, not %d\n%s%s" % (name, " ".join(args), p.returncode, code, p.stdout,
-                                                 p.stderr))
-    return p
 
 
 def keys(text):
