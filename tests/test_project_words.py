@@ -7,9 +7,8 @@ out of every tracked text file:
   directories of the machine the project is developed on), which no user
   has;
 * the vocabulary of the environment the project happened to be measured in
-  rather than of the project (machines "lent", "sessions", calls of some
-  tool, "device time", folders "carried" to a machine), in docs, scripts
-  and the README;
+  rather than of the project (the words the patterns below list), in docs,
+  scripts and the README;
 * the names of scripts that were renamed or removed (RETIRED);
 * sentences the code has made false and that came back before: the CUDA
   backend said not to exist, torchrun shown running a binary without
