@@ -55,6 +55,8 @@ nabla_add_ranked_test(test_ddp "2;3" 180 60)
 nabla_add_ranked_test(test_ddp_bucket_step "2;3" 120 30)
 # DDP with ZeRO-1 (optimizer state sharded); 3 ranks make uneven shards.
 nabla_add_ranked_test(test_ddp_zero "2;3" 120 30)
+# ZeRO-3 / FSDP against DDP (tests/test_fsdp.c); 4 ranks for the memory ratio.
+nabla_add_ranked_test(test_fsdp "2;3;4" 120 30)
 nabla_add_ranked_test(test_ddp_powersgd "2;3" 120 30)
 # The same suite with ZeRO-2 (gradients sharded too), alone and under nbrun.
 if(TARGET test_ddp_zero)

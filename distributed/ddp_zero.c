@@ -259,7 +259,7 @@ static void zero_build(nb_ddp *d, zero_state *z) {
     for (int j = 0; j < z->n_pieces; j++) {
         zero_piece *zp = &z->pieces[j];
         pc[j] = (nb__optim_piece){d->p[zp->param].tensor, zp->start, zp->len,
-                                  flat_view(d->ctx, z->shard[zp->bucket], zp->at, zp->len), d->p[zp->param].name};
+                                  flat_view(d->ctx, z->shard[zp->bucket], zp->at, zp->len), d->p[zp->param].name, NULL};
     }
     z->sh = nb__optim_shard_new(z->opt, d->ctx, z->n_pieces, pc);
     free(pc);

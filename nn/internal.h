@@ -30,6 +30,7 @@ struct nb_module {
     void *self;
     bool training;
     bool recompute; /* Note [Recomputation] in nn/recompute.c */
+    const struct nb__unit_hook *unit; /* a sharding unit's forward (distributed/fsdp.c), or NULL */
     nb__slots params, buffers, children; /* registration order */
     /* Flattened (name, tensor) lists relative to this module, rebuilt when
      * the subtree's registration count differs from cache_key. */
@@ -41,6 +42,35 @@ struct nb_module {
 /* m's forward run without a tape, recorded as one node that runs it again
  * during backward (nn/recompute.c). */
 nb_tensor *nb__module_forward_recompute(nb_module *m, nb_ctx *ctx, nb_tensor *x);
+
+/* A recomputed forward whose owner acts around each run (Note [FSDP] in
+ * distributed/fsdp.c): before(user, backward) runs before the forward
+ * (backward: before the run during backward and its inner walk),
+ * after(user, backward) after it (backward: after the inner walk); the
+ * node's inputs are x and leaves[0..n_leaves), which stand for the
+ * module's parameters (their hooks fire after the node), instead of the
+ * parameters themselves. */
+typedef struct nb__recompute_ops {
+    void (*before)(void *user, bool backward);
+    void (*after)(void *user, bool backward);
+    void *user;
+    int n_leaves;
+    nb_tensor **leaves;
+} nb__recompute_ops;
+nb_tensor *nb__module_forward_recompute_ops(nb_module *m, nb_ctx *ctx, nb_tensor *x,
+                                            const nb__recompute_ops *ops);
+
+/* A module whose forward a sharding layer runs: nb_module_forward calls
+ * forward(m, ctx, x, user) in place of its own dispatch (recomputation
+ * included). */
+typedef struct nb__unit_hook {
+    nb_tensor *(*forward)(nb_module *m, nb_ctx *ctx, nb_tensor *x, void *user);
+    void *user;
+} nb__unit_hook;
+/* Sets or (NULL) clears m's hook; the hook struct outlives it. */
+void nb__module_set_unit(nb_module *m, const nb__unit_hook *hook);
+/* nb_module_forward without the unit hook. */
+nb_tensor *nb__module_forward_own(nb_module *m, nb_ctx *ctx, nb_tensor *x);
 
 /* The entry named `name` (len bytes, not terminated) or NULL. */
 void *nb__slots_find(const nb__slots *s, const char *name, size_t len);

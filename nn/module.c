@@ -210,17 +210,20 @@ nb_tensor *nb_module_forward(nb_module *m, nb_ctx *ctx, nb_tensor *x) {
     NB_CHECK(x, "nb_module_forward: input to the %s is NULL", m->type->name);
     module_frame frame = {{NULL, module_annotate}, m};
     nb__abort_frame_push(&frame.base);
-    nb_tensor *y;
-    if (m->recompute && nb_grad_enabled()) {
-        y = nb__module_forward_recompute(m, ctx, x);
-    } else {
-        nb__scope_enter(ctx); /* Note [Memory given back] in tensor/memory.c */
-        y = m->type->forward(m, ctx, x);
-        nb__scope_exit(ctx, y);
-    }
+    nb_tensor *y = m->unit ? m->unit->forward(m, ctx, x, m->unit->user) : nb__module_forward_own(m, ctx, x);
     nb__abort_frame_pop(&frame.base);
     return y;
 }
+
+nb_tensor *nb__module_forward_own(nb_module *m, nb_ctx *ctx, nb_tensor *x) {
+    if (m->recompute && nb_grad_enabled()) return nb__module_forward_recompute(m, ctx, x);
+    nb__scope_enter(ctx); /* Note [Memory given back] in tensor/memory.c */
+    nb_tensor *y = m->type->forward(m, ctx, x);
+    nb__scope_exit(ctx, y);
+    return y;
+}
+
+void nb__module_set_unit(nb_module *m, const nb__unit_hook *hook) { m->unit = hook; }
 
 void nb_module_train(nb_module *m, bool training) {
     m->training = training;

@@ -27,13 +27,21 @@
  * passes them. A module whose forward reads tensors other than its input
  * and its own parameters (a closure over a mask, a parameter shared with a
  * module outside it) cannot be recomputed this way: its gradient would not
- * reach them. */
+ * reach them.
+ *
+ * A sharding layer (Note [FSDP] in distributed/fsdp.c) recomputes its
+ * units with nb__module_forward_recompute_ops: its before/after calls
+ * gather the unit's parameters around each run and reduce-scatter their
+ * gradients after the inner walk, and the node's inputs are the unit's
+ * parameter shards in place of the parameters, whose values exist only
+ * while gathered. */
 #include <string.h>
 
 #include "nn/internal.h"
 
 typedef struct recompute {
     nb_module *m;
+    nb__recompute_ops ops; /* zeros: none */
     nb__rng_log rngs;
     int n_buffers;
     nb_tensor **buffers;
@@ -60,6 +68,7 @@ static void recompute_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) {
         kept[i] = nb__empty(ctx, r->buffers[i]->dtype, r->buffers[i]->ndim, r->buffers[i]->shape);
         nb__run_copy(kept[i], r->buffers[i]);
     }
+    if (r->ops.before) r->ops.before(r->ops.user, true);
     bool prev = nb_set_grad_enabled(true);
     nb__scope_enter(ctx);
     nb_tensor *y = r->m->type->forward(r->m, ctx, stand);
@@ -79,6 +88,7 @@ static void recompute_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) {
              "first time", nb_module_type_name(r->m), nb_dtype_name(y->dtype), nb_shape_str(y),
              nb_dtype_name(n->out->dtype), nb_shape_str(n->out));
     nb__backward_inner(y, g);
+    if (r->ops.after) r->ops.after(r->ops.user, true);
     if (stand->grad) {
         nb__accum_grad(ctx, x, stand->grad);
         nb__drop_grad(stand);
@@ -86,8 +96,14 @@ static void recompute_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) {
 }
 
 nb_tensor *nb__module_forward_recompute(nb_module *m, nb_ctx *ctx, nb_tensor *x) {
+    return nb__module_forward_recompute_ops(m, ctx, x, NULL);
+}
+
+nb_tensor *nb__module_forward_recompute_ops(nb_module *m, nb_ctx *ctx, nb_tensor *x,
+                                            const nb__recompute_ops *ops) {
     recompute *r = nb__ctx_meta(ctx, sizeof *r);
     r->m = m;
+    if (ops) r->ops = *ops;
     int nb = nb_module_named_buffers(m, NULL, 0), np = nb_module_named_parameters(m, NULL, 0);
     nb_named_tensor *list = nb__ctx_meta(ctx, sizeof *list * (size_t)(nb + np + 1));
     nb_module_named_buffers(m, list, nb);
@@ -96,6 +112,7 @@ nb_tensor *nb__module_forward_recompute(nb_module *m, nb_ctx *ctx, nb_tensor *x)
         if (nb_dtype_is_float(list[i].tensor->dtype) || list[i].tensor->dtype == NB_I64)
             r->buffers[r->n_buffers++] = list[i].tensor;
 
+    if (r->ops.before) r->ops.before(r->ops.user, false);
     nb__rng_log_open(&r->rngs);
     bool prev = nb_set_grad_enabled(false);
     nb__scope_enter(ctx);
@@ -103,16 +120,21 @@ nb_tensor *nb__module_forward_recompute(nb_module *m, nb_ctx *ctx, nb_tensor *x)
     nb__scope_exit(ctx, y);
     nb_set_grad_enabled(prev);
     nb__rng_log_close();
+    if (r->ops.after) r->ops.after(r->ops.user, false);
     NB_CHECK((y->base ? y->base : y) != (x->base ? x->base : x),
              "nb_module_set_recompute: the %s returns its input or a view of it; there is "
              "nothing to recompute", nb_module_type_name(m));
 
     nb_module_named_parameters(m, list, np);
-    nb_tensor **in = nb__ctx_meta(ctx, sizeof *in * (size_t)(np + 1));
+    int nl = ops ? ops->n_leaves : 0;
+    nb_tensor **in = nb__ctx_meta(ctx, sizeof *in * (size_t)(np + nl + 1));
     int k = 0;
     in[k++] = x;
-    for (int i = 0; i < np; i++)
-        if (list[i].tensor->requires_grad) in[k++] = list[i].tensor;
+    if (ops)
+        for (int i = 0; i < nl; i++) in[k++] = ops->leaves[i];
+    else
+        for (int i = 0; i < np; i++)
+            if (list[i].tensor->requires_grad) in[k++] = list[i].tensor;
     nb_node *n = nb__record(ctx, "nb_module_forward (recomputed)", recompute_backward, y, k, in);
     if (n) n->extra = r;
     return y;

@@ -97,7 +97,7 @@ nb__optim_shard *nb__optim_shard_new(nb_optim *opt, nb_ctx *ctx, int n, const nb
         for (int j = 0; j < n; j++) {
             const nb__optim_piece *pc = &pieces[j];
             if (s->full[j] < 0 || opt->params[s->full[j]].group != g) continue;
-            nb_tensor *v = flat_view(ctx, pc->param, pc->start, pc->len);
+            nb_tensor *v = pc->data ? flat_view(ctx, pc->data, 0, pc->len) : flat_view(ctx, pc->param, pc->start, pc->len);
             v->requires_grad = true;
             v->grad = pc->grad;
             size_t len = strlen(pc->name) + 48;

@@ -49,12 +49,18 @@ const char *nb__optim_param_name(const nb_optim *opt, int i);
 /* ---- the sharded optimizer (Note [Sharded optimizer] in optim/sharded.c) ---- */
 
 /* A piece: elements [start, start + len) of a parameter (contiguous),
- * with its gradient (a 1-D tensor of len elements) and its name. */
+ * with its gradient (a 1-D tensor of len elements) and its name. `data`
+ * is the 1-D tensor (len elements) that holds the piece's values: NULL
+ * when they are the parameter's own memory (ZeRO-1 and 2, every rank
+ * holds the whole parameter), a view of the rank's parameter shard under
+ * ZeRO-3 (distributed/fsdp.c), where the parameter's own memory exists
+ * only while its unit is gathered. */
 typedef struct nb__optim_piece {
     nb_tensor *param;
     int64_t start, len;
     nb_tensor *grad;
     const char *name;
+    nb_tensor *data;
 } nb__optim_piece;
 
 typedef struct nb__optim_shard nb__optim_shard;

@@ -530,6 +530,13 @@ static bool in_arena(const arena *a, const void *p) {
 /* Note [Memory given back] in tensor/memory.c: the struct is intact (this
  * step's), its storage's memory was reused. */
 static NB_NORETURN void nb__given_back_abort(const char *op, const nb_tensor *t) {
+    if (t->mem->sharded)
+        nb_abort(__FILE__, __LINE__,
+                 "%s: parameter%s%s%s %s %s is sharded over the ranks (ZeRO-3, nb_fsdp_new): its "
+                 "values exist only inside its unit's forward and backward; call "
+                 "nb_fsdp_gather_full() to have every parameter whole until the next forward "
+                 "(docs/ddp.md, \"ZeRO-3\")", op, t->name ? " '" : "", t->name ? t->name : "",
+                 t->name ? "'" : "", nb_dtype_name(t->dtype), nb_shape_str(t));
     const nb_tensor *made = t->mem->t;
     const char *by = made->node ? made->node->op : t->node ? t->node->op : NULL;
     nb_abort(__FILE__, __LINE__,

@@ -64,6 +64,7 @@ typedef struct nb__mem {
     bool library;     /* the library's (may be given back), else the user's */
     bool scoped;      /* on an open frame's list: that frame decides */
     bool given_back;
+    bool sharded;     /* a parameter whose values are sharded over ranks (distributed/fsdp.c) */
     struct nb__mem *next;
 } nb__mem;
 /* Gives t (made by nb__empty, `bytes` of data) its record when ctx gives back. */
@@ -71,6 +72,9 @@ void nb__mem_new(nb_ctx *ctx, nb_tensor *t, size_t bytes);
 /* t, saved by node n, was made by the op itself: the library's. */
 void nb__mem_internal(nb_node *n, nb_tensor *t);
 void nb__keep(nb_tensor *t);
+/* Gives t's storage (the user's, made by nb__empty) back now; t is then
+ * refused as given back. Nothing where its context does not give back. */
+void nb__give_back_now(nb_tensor *t);
 /* A module's forward: tensors made in ctx between enter and exit are the
  * library's; at exit those nothing uses are given back, and ret (the
  * returned tensor) becomes the user's when no other forward is open. */

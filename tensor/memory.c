@@ -107,6 +107,11 @@ void nb__keep(nb_tensor *t) {
     if (t->mem) t->mem->library = false;
 }
 
+void nb__give_back_now(nb_tensor *t) {
+    nb__mem *m = t->mem;
+    if (m && !m->given_back) give_back(m); /* a frame that closes later keeps it: not the library's */
+}
+
 void nb__mem_internal(nb_node *n, nb_tensor *t) {
     nb__mem *m = t ? t->mem : NULL;
     if (!m || m->library) return;

@@ -23,6 +23,7 @@
 #include "nabla/loader.h"
 #include "nabla/dist.h"
 #include "nabla/ddp.h"
+#include "nabla/fsdp.h"
 #include "nabla/models.h"
 #include "nabla/monitor.h"
 #include "nabla/threads.h"
