@@ -506,9 +506,11 @@ static nb_status verify(nb_fsdp *f) {
     return NB_OK;
 }
 
-static nb_status broadcast_all(nb_fsdp *f) {
+/* Rank 0's parameters (with_params) and buffers to every rank. */
+static nb_status broadcast_all(nb_fsdp *f, bool with_params) {
     if (f->world == 1) return NB_OK;
-    int np = nb_module_named_parameters(f->model, NULL, 0), nbuf = nb_module_named_buffers(f->model, NULL, 0);
+    int np = with_params ? nb_module_named_parameters(f->model, NULL, 0) : 0;
+    int nbuf = nb_module_named_buffers(f->model, NULL, 0);
     nb_named_tensor *l = xcalloc((size_t)(np + nbuf), sizeof *l);
     nb_module_named_parameters(f->model, l, np);
     nb_module_named_buffers(f->model, l + np, nbuf);
@@ -550,7 +552,7 @@ nb_status nb_fsdp_new(nb_fsdp **out, nb_module *model, nb_pg *pg, const nb_fsdp_
     }
     free(l);
     if (st == NB_OK) st = verify(f);
-    if (st == NB_OK) st = broadcast_all(f);
+    if (st == NB_OK) st = broadcast_all(f, true);
     if (st == NB_OK) st = wrap(f, model, true);
     if (st != NB_OK) {
         for (int i = 0; i < f->n_units; i++) free(f->units[i].params);
@@ -780,6 +782,7 @@ nb_status nb_fsdp_gather_full(nb_fsdp *f) {
     }
     nb_ctx_free(sc);
     f->whole = f->status == NB_OK;
+    if (f->status == NB_OK) fail(f, broadcast_all(f, false));
     return take_status(f);
 }
 

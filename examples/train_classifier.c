@@ -19,7 +19,8 @@
  * in bf16 (f32 weights, f32 accumulation), on a GPU or the CPU. --zero
  * shards the optimizer's state over the processes (ZeRO-1, docs/ddp.md),
  * --zero 2 the gradients too (ZeRO-2): each keeps only its share, the
- * checkpoints are the same; the last line gives state_bytes=, what this
+ * checkpoints are the same; --zero 3 the parameters too (ZeRO-3 / FSDP,
+ * no checkpoints yet); the last line gives state_bytes=, what this
  * process holds at the end of the last step. docs/examples.md
  * describes every flag. */
 #include <math.h>
@@ -41,8 +42,8 @@ typedef struct args {
     int64_t epochs, stop_at, batch_size, seed, split_seed, max_skipped_steps;
     double lr, momentum, weight_decay, test_fraction;
     bool sync_bn, resume, bf16; /* resume: a checkpoint is loaded */
-    const char *zero;           /* --zero: NULL, "", "1" or "2" */
-    int zero_stage;             /* 0 (off), 1 or 2 */
+    const char *zero;           /* --zero: NULL, "", "1", "2" or "3" */
+    int zero_stage;             /* 0 (off), 1, 2 or 3 */
     const char *ckpt_dir, *metrics, *plot, *progress;
     const char *resume_mode; /* --resume: NULL, "", "auto" or "auto-or-fresh" */
     int64_t keep_checkpoints; /* --keep-checkpoints: Note [Kept checkpoints] in common/resume.c */
@@ -252,7 +253,7 @@ static int parse_args(run *r, int argc, char **argv) {
         {"channels", CLI_STRING, &a->channels, "cnn: channels of the conv-BatchNorm-ReLU blocks"},
         {"bf16", CLI_BOOL, &a->bf16, "matrix products and convolutions in bf16 (f32 weights, f32 accumulation)"},
         {"sync-bn", CLI_BOOL, &a->sync_bn, "cnn: BatchNorm statistics over all processes (SyncBatchNorm)"},
-        {"zero", CLI_OPTIONAL, &a->zero, "ZeRO: 1 (the flag alone) shards the optimizer's state over the processes, 2 the gradients too"},
+        {"zero", CLI_OPTIONAL, &a->zero, "ZeRO: 1 (the flag alone) shards the optimizer's state over the processes, 2 the gradients too, 3 the parameters too (FSDP)"},
         {"epochs", CLI_INT, &a->epochs, "passes over the training rows (0: 20 for mlp, 15 for cnn)"},
         {"stop-at", CLI_INT, &a->stop_at, "stop after this epoch, saving a checkpoint (0: --epochs)"},
         {"batch-size", CLI_INT, &a->batch_size, "rows per process per step (0: 8 for mlp, 32 for cnn)"},
@@ -311,6 +312,11 @@ static int parse_args(run *r, int argc, char **argv) {
     }
     if (a->max_skipped_steps < 0) {
         fprintf(stderr, "train_classifier: --max-skipped-steps must be >= 0 (0: never stop)\n");
+        return 2;
+    }
+    if (a->zero_stage == 3 && (a->ckpt_dir || a->resume)) {
+        fprintf(stderr, "train_classifier: --zero 3 writes and reads no checkpoints yet (its parameters are "
+                        "sharded); drop --ckpt-dir and --resume, or use --zero 2\n");
         return 2;
     }
     r->guard.max_skipped = a->max_skipped_steps;
@@ -388,15 +394,14 @@ static void print_banner(run *r) {
                        (long long)nb_dataset_len(r->train), (long long)nb_dataset_len(r->test),
                        (long long)r->n_classes, nb_device_name(r->d.device), a->bf16 ? ", bf16" : "");
     nb_progress_printf(r->progress, "%d process%s%s, batch %lld per process, %lld steps per epoch, %s lr %g%s",
-                       r->d.world_size, r->d.world_size > 1 ? "es" : "", r->d.ddp ? " with DDP" : "",
+                       r->d.world_size, r->d.world_size > 1 ? "es" : "", r->d.ddp ? " with DDP" : r->d.fsdp ? " with ZeRO-3" : "",
                        (long long)a->batch_size, (long long)r->per_epoch, a->optim, a->lr,
                        r->cnn && a->sync_bn ? ", SyncBatchNorm" : "");
     if (a->resume_mode && !strncmp(a->resume_mode, "auto", 4))
         nb_progress_printf(r->progress, a->resume ? "--resume auto: from %s" : "--resume auto: no checkpoint "
                            "in %s: a fresh start", a->resume ? r->resume_path : a->ckpt_dir);
     nb_progress_printf(r->progress, "optimizer state per process: %zu bytes%s", nb_optim_state_bytes(r->opt),
-                       !r->d.ddp || !nb_ddp_zero_stage(r->d.ddp) ? "" : nb_ddp_zero_stage(r->d.ddp) == 1 ? " (ZeRO-1)"
-                                                                                           : " (ZeRO-2)");
+                       run_dist_zero_label(&r->d));
 }
 
 /* ----------------------------------------------------- during training */
@@ -460,8 +465,8 @@ int main(int argc, char **argv) {
     TRY(&r, count_classes(&r), "data");
     build_model(&r);
     if (a->resume) TRY(&r, load_checkpoint(&r, &r.step, &r.epoch0), "resuming");
-    TRY(&r, run_dist_wrap(&r.d, r.model, r.cnn && a->sync_bn), "DDP");
-    nb_ddp *zero = a->zero_stage ? r.d.ddp : NULL; /* a world of one has nothing to shard */
+    r.d.zero_stage = a->zero_stage;
+    TRY(&r, run_dist_wrap(&r.d, r.model, r.cnn && a->sync_bn), a->zero_stage == 3 ? "ZeRO-3" : "DDP");
     TRY(&r, run_dist_set_zero(&r.d, r.opt, a->zero_stage), "ZeRO");
     TRY(&r, open_monitor(&r), "metrics");
     print_banner(&r);
@@ -483,10 +488,8 @@ int main(int argc, char **argv) {
             TRY(&r, run_dist_backward(&r.d, loss), "backward");
             /* a non-finite gradient (the same on every rank) skips the step */
             double norm;
-            if (zero) TRY(&r, nb_ddp_clip_grad_norm(zero, INFINITY, 2.0, &norm), "gradient norm");
-            else norm = nb_optim_clip_grad_norm(r.opt, INFINITY, 2.0);
-            if (isfinite(norm) && zero) TRY(&r, nb_ddp_step(zero), "ZeRO step");
-            else if (isfinite(norm)) nb_optim_step(r.opt);
+            TRY(&r, run_dist_clip(&r.d, r.opt, INFINITY, &norm), "gradient norm");
+            if (isfinite(norm)) TRY(&r, run_dist_step(&r.d, r.opt), "optimizer step");
             else nb_progress_printf(r.progress, "step %lld: gradient norm %g, step skipped", (long long)r.step + 1, norm);
             TRY(&r, divergence_step(&r.guard, r.step_ctx, r.param_list, nb_optim_param_count(r.opt), r.step + 1, norm), "stopping");
             nb_optim_zero_grad(r.opt);
@@ -500,9 +503,9 @@ int main(int argc, char **argv) {
         TRY(&r, run_dist_sum(&r.d, nb_metric_sums_data(&train), nb_metric_sums_size(&train)), "all-reduce");
         TRY(&r, evaluate(&r, &test.loss, &test.accuracy, &test.count), "evaluation");
         TRY(&r, report_epoch(&r, epoch, &train, &test), "metrics");
-        if (zero && a->ckpt_dir) TRY(&r, nb_ddp_consolidate_optimizer(zero, 0), "gathering the optimizer state");
+        if (a->zero_stage && r.d.ddp && a->ckpt_dir) TRY(&r, nb_ddp_consolidate_optimizer(r.d.ddp, 0), "gathering the optimizer state");
         if (r.d.rank == 0 && a->ckpt_dir) TRY(&r, save_checkpoint(&r, r.step, epoch + 1), "checkpoint");
     }
-    if (zero) TRY(&r, nb_ddp_set_zero(zero, NULL), "ZeRO"); /* the whole state back before the unwrap */
+    TRY(&r, run_dist_unshard(&r.d), "ZeRO"); /* the whole state back before the unwrap */
     return finish(&r, &test);
 }

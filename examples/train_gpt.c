@@ -13,7 +13,9 @@
  * parameter groups (no decay on biases and LayerNorm weights), linear
  * warmup then cosine decay, gradient accumulation, global-norm clipping;
  * --zero shards AdamW's state over the processes (ZeRO-1, docs/ddp.md);
- * --zero 2 the gradients too (ZeRO-2). The end-of-run memory line gives
+ * --zero 2 the gradients too (ZeRO-2), --zero 3 the parameters too
+ * (ZeRO-3 / FSDP: each block gathered for its forward and backward; no
+ * checkpoints yet). The end-of-run memory line gives
  * state_bytes=, the parameter, gradient and optimizer-state bytes this
  * process holds at the end of the last step.
  * Only rank 0 prints, writes the metrics log and the plot, and saves
@@ -57,8 +59,8 @@ typedef struct args {
     double temperature;
     const char *prompt, *metrics, *plot, *progress;
     bool print_device, bf16, synthetic, recompute;
-    const char *zero; /* --zero: NULL, "", "1" or "2" */
-    int zero_stage;   /* 0 (off), 1 or 2 */
+    const char *zero; /* --zero: NULL, "", "1", "2" or "3" */
+    int zero_stage;   /* 0 (off), 1, 2 or 3 */
     const char *keep_batch; /* --keep-batch: NULL, "global" or "rank" */
     const char *log_samples;
 } args;
@@ -506,6 +508,7 @@ static bool check_args(const args *a) {
     else if (!(a->val_fraction > 0 && a->val_fraction < 1)) bad = "--val-fraction must be in (0, 1)";
     else if (a->dropout < 0 || a->dropout >= 1) bad = "--dropout must be in [0, 1)";
     else if (a->resume && !a->ckpt_dir) bad = "--resume needs --ckpt-dir";
+    else if (a->zero_stage == 3 && a->ckpt_dir) bad = "--zero 3 writes and reads no checkpoints yet (its parameters are sharded); drop --ckpt-dir, or use --zero 2";
     else if (a->max_skipped_steps < 0) bad = "--max-skipped-steps must be >= 0 (0: never stop)";
     else if (a->keep_checkpoints < 1) bad = "--keep-checkpoints must be >= 1";
     else if (a->eval_interval < 0 || a->ckpt_interval < 0 || a->log_interval < 1 || a->metrics_interval < 1 || a->sample_len < 0) bad = "--eval-interval, --ckpt-interval, --sample-len must be >= 0, --log-interval and --metrics-interval >= 1";
@@ -552,7 +555,7 @@ static int parse_args(run *r, int argc, char **argv) {
         {"grad-accum", CLI_INT, &a->grad_accum, "micro-steps per optimizer step"},
         {"clip", CLI_DOUBLE, &a->clip, "gradient-norm clipping threshold (0: off)"},
         {"max-skipped-steps", CLI_INT, &a->max_skipped_steps, "stop after this many consecutive steps skipped for a non-finite gradient (0: never)"},
-        {"zero", CLI_OPTIONAL, &a->zero, "ZeRO: 1 (the flag alone) shards AdamW's state over the processes, 2 the gradients too"},
+        {"zero", CLI_OPTIONAL, &a->zero, "ZeRO: 1 (the flag alone) shards AdamW's state over the processes, 2 the gradients too, 3 the parameters too (FSDP)"},
         {"eval-interval", CLI_INT, &a->eval_interval, "steps between evaluations (0: only at the end)"},
         {"eval-windows", CLI_INT, &a->eval_windows, "held-out windows per evaluation (0: all)"},
         {"log-interval", CLI_INT, &a->log_interval, "steps between progress lines when output is not a terminal"},
@@ -665,7 +668,7 @@ static void print_banner(run *r) {
                  r->step >= r->end ? "a larger --steps trains further" : "--stop-at is not after it");
     nb_progress_printf(r->progress, "%d process%s%s: batch %lld x %lld tokens per process, %lld "
                        "micro-step%s per step = %lld tokens per step; %s",
-                       r->d.world_size, r->d.world_size > 1 ? "es" : "", r->d.ddp ? " with DDP" : "",
+                       r->d.world_size, r->d.world_size > 1 ? "es" : "", r->d.ddp ? " with DDP" : r->d.fsdp ? " with ZeRO-3" : "",
                        (long long)a->batch_size, (long long)a->seq_len, (long long)a->grad_accum,
                        a->grad_accum > 1 ? "s" : "", (long long)r->tokens_per_step, steps);
     if (r->resize_note[0]) nb_progress_printf(r->progress, "%s", r->resize_note);
@@ -673,8 +676,7 @@ static void print_banner(run *r) {
         nb_progress_printf(r->progress, a->resume ? "--resume auto: from %s" : "--resume auto: no checkpoint "
                            "in %s: a fresh start", a->resume ? r->resume_path : a->ckpt_dir);
     nb_progress_printf(r->progress, "optimizer state per process: %zu bytes%s", nb_optim_state_bytes(r->opt),
-                       !r->d.ddp || !nb_ddp_zero_stage(r->d.ddp) ? "" : nb_ddp_zero_stage(r->d.ddp) == 1 ? " (ZeRO-1)"
-                                                                                           : " (ZeRO-2)");
+                       run_dist_zero_label(&r->d));
 }
 
 /* ----------------------------------------------------- during training */
@@ -783,8 +785,8 @@ int main(int argc, char **argv) {
     if (a->resume) TRY(&r, load_checkpoint(&r), "resuming");
     plan_schedule(&r);
     TRY(&r, open_sample_log(&r), "--log-samples");
-    TRY(&r, run_dist_wrap(&r.d, r.model, false), "DDP");
-    nb_ddp *zero = a->zero_stage ? r.d.ddp : NULL; /* a world of one has nothing to shard */
+    r.d.zero_stage = a->zero_stage;
+    TRY(&r, run_dist_wrap(&r.d, r.model, false), a->zero_stage == 3 ? "ZeRO-3" : "DDP");
     TRY(&r, run_dist_set_zero(&r.d, r.opt, a->zero_stage), "ZeRO");
     TRY(&r, open_monitor(&r), "metrics");
     print_banner(&r);
@@ -811,10 +813,8 @@ int main(int argc, char **argv) {
             loss += nb_item(l) / (double)a->grad_accum;
         }
         double norm, max_norm = a->clip > 0 ? a->clip : INFINITY;
-        if (zero) TRY(&r, nb_ddp_clip_grad_norm(zero, max_norm, 2.0, &norm), "clipping");
-        else norm = nb_optim_clip_grad_norm(r.opt, max_norm, 2.0);
-        if (isfinite(norm) && zero) TRY(&r, nb_ddp_step(zero), "ZeRO step");
-        else if (isfinite(norm)) nb_optim_step(r.opt);
+        TRY(&r, run_dist_clip(&r.d, r.opt, max_norm, &norm), "clipping");
+        if (isfinite(norm)) TRY(&r, run_dist_step(&r.d, r.opt), "optimizer step");
         else nb_progress_printf(r.progress, "step %lld: gradient norm %g, step skipped", (long long)r.step + 1, norm);
         TRY(&r, divergence_step(&r.guard, r.step_ctx, r.param_list, nb_optim_param_count(r.opt), r.step + 1, norm), "stopping");
         nb_optim_zero_grad(r.opt);
@@ -833,10 +833,10 @@ int main(int argc, char **argv) {
             if (r.log) TRY(&r, nb_metrics_log_write(r.log, "eval", done, (nb_metric_value[]){{"val_loss", r.val_loss}}, 1), "metrics");
         }
         if (a->ckpt_dir && due(&r, done, a->ckpt_interval)) {
-            if (zero) TRY(&r, nb_ddp_consolidate_optimizer(zero, 0), "gathering the optimizer state");
+            if (a->zero_stage && r.d.ddp) TRY(&r, nb_ddp_consolidate_optimizer(r.d.ddp, 0), "gathering the optimizer state");
             if (r.d.rank == 0) TRY(&r, save_checkpoint(&r, done), "checkpoint");
         }
     }
-    if (zero) TRY(&r, nb_ddp_set_zero(zero, NULL), "ZeRO"); /* the whole state back before the unwrap */
+    TRY(&r, run_dist_unshard(&r.d), "ZeRO"); /* the whole state back before the unwrap */
     return finish(&r);
 }

@@ -171,3 +171,11 @@ def check_svg(path, min_polylines=1):
     lines = [e for e in root.iter() if e.tag.endswith("polyline")]
     if len(lines) < min_polylines:
         fail("%s has %d polylines, expected at least %d" % (path, len(lines), min_polylines))
+
+
+def state_bytes(out):
+    """The state_bytes= figure of a training program's last lines."""
+    m = re.search(r"state_bytes=(\d+)", out)
+    if not m:
+        fail("no state_bytes= on the memory line:\n" + out)
+    return int(m.group(1))

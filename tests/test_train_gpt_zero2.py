@@ -13,15 +13,14 @@
 3. On one and three processes, 20 steps with clipping on: --zero 2 and the
    plain run log the same losses, relative difference at most 1e-5 (with
    three ranks the reduce-scatter and the all-reduce add in other orders).
-4. --zero 3 is refused (exit 2), naming what is available.
+4. --zero 4 is refused (exit 2), naming what is available.
 """
 import os
-import re
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _programs import fail, logged_losses, run, same_training_state  # noqa: E402
+from _programs import fail, logged_losses, run, same_training_state, state_bytes  # noqa: E402
 
 SMALL = ["--layers", "2", "--heads", "2", "--width", "32", "--seq-len", "32", "--batch-size", "4",
          "--dropout", "0.1", "--grad-accum", "2", "--warmup", "4", "--eval-interval", "8",
@@ -33,13 +32,6 @@ def train(tmp, name, extra, nproc=2, steps=16):
     out, _ = run(["train_gpt"] + SMALL + ["--steps", str(steps), "--ckpt-dir", d, "--metrics", d + "/m.jsonl"]
                  + extra, nproc)
     return d, out
-
-
-def state_bytes(out):
-    m = re.search(r"state_bytes=(\d+)", out)
-    if not m:
-        fail("no state_bytes= on the memory line:\n" + out)
-    return int(m.group(1))
 
 
 def main():
@@ -75,9 +67,9 @@ def main():
             print("--zero 2 on %d process%s with clipping: the plain run's losses (%d records)"
                   % (nproc, "es" if nproc > 1 else "", len(la)))
 
-        _, err = run(["train_gpt", "--zero", "3"], 1, expect_rc=2)
-        if "--zero takes no value, 1" not in err or "parameter sharding (3) is not available" not in err:
-            fail("--zero 3: the refusal does not say what is available:\n" + err)
+        _, err = run(["train_gpt", "--zero", "4"], 1, expect_rc=2)
+        if "--zero takes no value, 1" not in err or "or 3 (parameters too)" not in err:
+            fail("--zero 4: the refusal does not say what is available:\n" + err)
     print("ok")
 
 

@@ -10,7 +10,7 @@
 #include "dist.h"
 
 nb_status run_dist_init(run_dist *d) {
-    *d = (run_dist){0, 1, 0, nb_cpu(), NULL, NULL, NULL, NULL};
+    *d = (run_dist){0, 1, 0, nb_cpu(), NULL, NULL, NULL, 0, NULL, NULL};
     nb_dist_env env;
     nb_status s = nb_dist_env_read(&env);
     if (s != NB_OK) return s;
@@ -32,19 +32,22 @@ nb_status run_dist_init(run_dist *d) {
 
 nb_status run_dist_wrap(run_dist *d, nb_module *model, bool sync_bn) {
     d->model = model;
+    if (d->pg && sync_bn) nb_convert_sync_batchnorm(model, d->pg);
+    if (d->zero_stage == 3) return nb_fsdp_new(&d->fsdp, model, d->pg, NULL); /* a world of one too */
     if (!d->pg) return NB_OK;
-    if (sync_bn) nb_convert_sync_batchnorm(model, d->pg);
     nb_ddp_options o = NB_DDP_DEFAULTS;
     return nb_ddp_new(&d->ddp, model, d->pg, &o);
 }
 
 nb_status run_dist_forward(run_dist *d, nb_ctx *ctx, nb_tensor *x, nb_tensor **out) {
+    if (d->fsdp) return nb_fsdp_forward(d->fsdp, ctx, x, out);
     if (d->ddp) return nb_ddp_forward(d->ddp, ctx, x, out);
     *out = nb_module_forward(d->model, ctx, x);
     return NB_OK;
 }
 
 nb_status run_dist_backward(run_dist *d, nb_tensor *loss) {
+    if (d->fsdp) return nb_fsdp_backward(d->fsdp, loss);
     if (d->ddp) return nb_ddp_backward(d->ddp, loss);
     nb_backward(loss);
     return NB_OK;
@@ -58,16 +61,46 @@ int run_dist_zero_stage(const char *value, const char *program) {
     if (!value) return 0;
     if (!*value || !strcmp(value, "1")) return 1;
     if (!strcmp(value, "2")) return 2;
-    fprintf(stderr, "%s: --zero takes no value, 1 (optimizer state sharded) or 2 (gradients too), not \"%s\"%s\n",
-            program, value, strcmp(value, "3") ? "" : "; parameter sharding (3) is not available");
+    if (!strcmp(value, "3")) return 3;
+    fprintf(stderr, "%s: --zero takes no value, 1 (optimizer state sharded), 2 (gradients too) or 3 (parameters "
+            "too), not \"%s\"\n", program, value);
     return -1;
 }
 
 nb_status run_dist_set_zero(run_dist *d, nb_optim *opt, int stage) {
+    if (d->fsdp) return nb_fsdp_set_optimizer(d->fsdp, opt);
     return d->ddp && stage > 0 ? nb_ddp_set_zero_stage(d->ddp, opt, stage) : NB_OK;
 }
 
+static nb_ddp *ddp_zero(const run_dist *d) { return d->ddp && nb_ddp_zero_stage(d->ddp) ? d->ddp : NULL; }
+
+nb_status run_dist_clip(run_dist *d, nb_optim *opt, double max_norm, double *norm) {
+    if (d->fsdp) return nb_fsdp_clip_grad_norm(d->fsdp, max_norm, 2.0, norm);
+    if (ddp_zero(d)) return nb_ddp_clip_grad_norm(d->ddp, max_norm, 2.0, norm);
+    *norm = nb_optim_clip_grad_norm(opt, max_norm, 2.0);
+    return NB_OK;
+}
+
+nb_status run_dist_step(run_dist *d, nb_optim *opt) {
+    if (d->fsdp) return nb_fsdp_step(d->fsdp);
+    if (ddp_zero(d)) return nb_ddp_step(d->ddp);
+    nb_optim_step(opt);
+    return NB_OK;
+}
+
+nb_status run_dist_unshard(run_dist *d) {
+    if (d->fsdp) return nb_fsdp_gather_full(d->fsdp);
+    return ddp_zero(d) ? nb_ddp_set_zero(d->ddp, NULL) : NB_OK;
+}
+
+const char *run_dist_zero_label(const run_dist *d) {
+    static const char *const label[] = {"", " (ZeRO-1)", " (ZeRO-2)"};
+    if (d->fsdp) return " (ZeRO-3)";
+    return d->ddp ? label[nb_ddp_zero_stage(d->ddp)] : "";
+}
+
 size_t run_dist_state_bytes(run_dist *d, nb_optim *opt) {
+    if (d->fsdp) return nb_fsdp_state_bytes(d->fsdp, opt);
     if (d->ddp) return nb_ddp_state_bytes(d->ddp, opt);
     size_t bytes = nb_optim_state_bytes(opt);
     int n = nb_module_named_parameters(d->model, NULL, 0);
@@ -84,7 +117,10 @@ size_t run_dist_state_bytes(run_dist *d, nb_optim *opt) {
     return bytes;
 }
 
-nb_status run_dist_sync_buffers(run_dist *d) { return d->ddp ? nb_ddp_pre_forward(d->ddp) : NB_OK; }
+nb_status run_dist_sync_buffers(run_dist *d) {
+    if (d->fsdp) return nb_fsdp_gather_full(d->fsdp); /* evaluation reads the parameters whole */
+    return d->ddp ? nb_ddp_pre_forward(d->ddp) : NB_OK;
+}
 
 nb_status run_dist_sum(run_dist *d, double *v, int n) {
     if (!d->pg) return NB_OK;
@@ -133,6 +169,8 @@ nb_status run_dist_evaluate(run_dist *d, nb_module *model, nb_loader *loader, nb
 nb_status run_dist_finish(run_dist *d) {
     nb_ddp_free(d->ddp);
     d->ddp = NULL;
+    nb_fsdp_free(d->fsdp);
+    d->fsdp = NULL;
     nb_ctx_free(d->sum_ctx);
     d->sum_ctx = NULL;
     nb_status s = d->pg ? nb_pg_free(d->pg) : NB_OK;

@@ -100,7 +100,9 @@ nb_status nb_fsdp_step(nb_fsdp *f);
 nb_status nb_fsdp_clip_grad_norm(nb_fsdp *f, double max_norm, double norm_type, double *norm);
 /* Gathers every parameter whole into fresh memory of its own context, until
  * the next nb_fsdp_forward (for a checkpoint, an evaluation through
- * nb_module_forward, reading values). Collective. */
+ * nb_module_forward, reading values), and gives every rank rank 0's buffers
+ * (BatchNorm's running statistics, which the wrapper does not broadcast
+ * before each forward). Collective. */
 nb_status nb_fsdp_gather_full(nb_fsdp *f);
 
 /* The bytes of state this rank holds between steps: its parameter shards,
