@@ -48,6 +48,14 @@
  * row's under ZeRO; "held" adds the parameters and the gradient memory
  * (nb_ddp_state_bytes) at the end of the last step.
  *
+ * --zero3 wraps the model in nb_fsdp instead (ZeRO-3: parameters sharded
+ * too, each unit all-gathered before its forward and again in backward,
+ * its gradients reduce-scattered; nabla/fsdp.h); mode "zero3". Its
+ * "backward" column is nb_fsdp_backward's whole time, "wait" the time the
+ * host waited for gathers and reduce-scatters in the step (forward
+ * included), and "hidden" 1 - wait / their running time
+ * (nb_fsdp_take_stats): the share of its communication that compute hid.
+ *
  * --powersgd RANK makes PowerSGD the communication hook
  * (nb_ddp_set_powersgd: rank RANK, compressed from the third step, that
  * is within the warm-up; the other options PyTorch's defaults); mode
@@ -76,6 +84,7 @@
 #include <time.h>
 
 #include "nabla/ddp.h"
+#include "nabla/fsdp.h"
 #include "nabla/models.h"
 #include "nabla/monitor.h"
 #include "nabla/nabla.h"
@@ -281,7 +290,7 @@ static int plot_scaling(const char *path, const char *svg) {
 int main(int argc, char **argv) {
     int steps = 30, width = 512, layers = 4, header = 1, machine = 0, kind = WIDE;
     int64_t batch = 0;
-    bool use_ddp = true, bucket_step = false, bf16 = false, zero = false;
+    bool use_ddp = true, bucket_step = false, bf16 = false, zero = false, zero3 = false;
     int zero_stage = 1;
     double bucket_mb = 0; /* 0: the wrapper's defaults (first bucket 1 MiB, then 25 MiB) */
     const char *device_arg = "auto", *trace_path = NULL, *project = NULL;
@@ -293,6 +302,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--bf16")) bf16 = true;
         else if (!strcmp(argv[i], "--zero")) zero = true;
         else if (!strcmp(argv[i], "--zero2")) zero = true, zero_stage = 2;
+        else if (!strcmp(argv[i], "--zero3")) zero3 = true;
         else if (!strcmp(argv[i], "--no-header")) header = 0;
         else if (!strcmp(argv[i], "--machine")) machine = 1;
         else if (!strcmp(argv[i], "--plot-scaling") && i + 2 < argc) return plot_scaling(argv[i + 1], argv[i + 2]);
@@ -314,7 +324,7 @@ int main(int argc, char **argv) {
             }
         } else {
             fprintf(stderr, "usage: %s [--model wide|mlp|cnn|gpt|gpt6] [--device auto|cpu|cuda] [--no-ddp] "
-                            "[--bucket-step | --zero | --zero2] [--bf16] [--bucket-mb MB] [--steps N] [--batch B] [--width W] [--layers L] [--no-header | --machine] [--powersgd RANK] [--trace FILE] [--project LINK] [--info]\n"
+                            "[--bucket-step | --zero | --zero2 | --zero3] [--bf16] [--bucket-mb MB] [--steps N] [--batch B] [--width W] [--layers L] [--no-header | --machine] [--powersgd RANK] [--trace FILE] [--project LINK] [--info]\n"
                             "       %s --plot-scaling LINES SVG\n", argv[0], argv[0]);
             return 2;
         }
@@ -327,6 +337,11 @@ int main(int argc, char **argv) {
     if (zero && (!use_ddp || bucket_step)) {
         fprintf(stderr, "bench_ddp: --zero shards the optimizer over DDP's ranks; it needs DDP and "
                         "cannot be combined with --bucket-step\n");
+        return 2;
+    }
+    if (zero3 && (!use_ddp || bucket_step || zero || powersgd || trace_path || project)) {
+        fprintf(stderr, "bench_ddp: --zero3 replaces DDP by nb_fsdp: it cannot be combined with --no-ddp, "
+                        "--bucket-step, --zero, --zero2, --powersgd, --trace or --project\n");
         return 2;
     }
     if (powersgd < 0 || (powersgd && (!use_ddp || zero))) {
@@ -366,7 +381,7 @@ int main(int argc, char **argv) {
     nb_ddp_options dopts = NB_DDP_DEFAULTS;
     dopts.first_bucket_bytes = dopts.bucket_cap_bytes = (size_t)(bucket_mb * 1048576.0);
     dopts.record_timeline = true; /* for nb_ddp_overlap_across_ranks */
-    if (use_ddp && nb_ddp_new(&ddp, model, pg, &dopts) != NB_OK) {
+    if (use_ddp && !zero3 && nb_ddp_new(&ddp, model, pg, &dopts) != NB_OK) {
         fprintf(stderr, "bench_ddp: %s\n", nb_last_error());
         return 1;
     }
@@ -376,6 +391,11 @@ int main(int argc, char **argv) {
     int64_t n_params = 0;
     for (int i = 0; i < np; i++) n_params += nb_numel(p[i].tensor);
     nb_optim *opt = nb_optim_new(NB_OPTIM_ADAMW, p, np, &NB_ADAMW_DEFAULTS);
+    nb_fsdp *fsdp = NULL; /* --zero3: made after the optimizer, whose state is shaped like the parameters */
+    if (zero3 && (nb_fsdp_new(&fsdp, model, pg, NULL) != NB_OK || nb_fsdp_set_optimizer(fsdp, opt) != NB_OK)) {
+        fprintf(stderr, "bench_ddp: %s\n", nb_last_error());
+        return 1;
+    }
     if (bucket_step && nb_ddp_set_optimizer(ddp, opt) != NB_OK) {
         fprintf(stderr, "bench_ddp: %s\n", nb_last_error());
         return 1;
@@ -401,7 +421,8 @@ int main(int argc, char **argv) {
             return 1;
         }
     }
-    const char *mode = !ddp                ? "no-ddp"
+    const char *mode = fsdp                ? "zero3"
+                       : !ddp              ? "no-ddp"
                        : bucket_step       ? "ddp-bs"
                        : zero              ? (zero_stage == 2 ? "zero2" : "zero")
                        : powersgd          ? "psgd"
@@ -424,8 +445,9 @@ int main(int argc, char **argv) {
         make_batch(step, kind, batch, width, s, &data, &x, &y);
         double t0 = now_s();
         nb_tensor *out;
-        if (!ddp) out = nb_module_forward(model, step, x);
-        else if (nb_ddp_forward(ddp, step, x, &out) != NB_OK) {
+        nb_status fst = fsdp ? nb_fsdp_forward(fsdp, step, x, &out) : NB_OK;
+        if (!ddp && !fsdp) out = nb_module_forward(model, step, x);
+        else if (fst != NB_OK || (ddp && nb_ddp_forward(ddp, step, x, &out) != NB_OK)) {
             fprintf(stderr, "bench_ddp: %s\n", nb_last_error());
             return 1;
         }
@@ -433,8 +455,8 @@ int main(int argc, char **argv) {
         if (cuda) nb_cuda_synchronize(dev); /* GPU work is queued: time it done */
         double tf = now_s();
         rec.t0 = tf, rec.step = s >= 3 && rec.t ? s - 3 : -1;
-        if (ddp) {
-            if (nb_ddp_backward(ddp, loss) != NB_OK) {
+        if (ddp || fsdp) {
+            if ((ddp ? nb_ddp_backward(ddp, loss) : nb_fsdp_backward(fsdp, loss)) != NB_OK) {
                 fprintf(stderr, "bench_ddp: %s\n", nb_last_error());
                 return 1;
             }
@@ -443,8 +465,8 @@ int main(int argc, char **argv) {
         }
         if (cuda) nb_cuda_synchronize(dev);
         double tb = now_s();
-        if (zero) {
-            if (nb_ddp_step(ddp) != NB_OK) {
+        if (zero || fsdp) {
+            if ((fsdp ? nb_fsdp_step(fsdp) : nb_ddp_step(ddp)) != NB_OK) {
                 fprintf(stderr, "bench_ddp: %s\n", nb_last_error());
                 return 1;
             }
@@ -463,14 +485,23 @@ int main(int argc, char **argv) {
                 s_wait[measured - 1] = st.wait_s;
                 s_hidden[measured - 1] = st.hidden_fraction;
             }
+            if (fsdp && world > 1) { /* the step's gathers and reduce-scatters: exposed, and the share hidden */
+                nb_fsdp_stats st = nb_fsdp_take_stats(fsdp);
+                s_bw[measured - 1] = tb - tf;
+                s_wait[measured - 1] = st.exposed_s;
+                s_hidden[measured - 1] = st.hidden_fraction;
+            }
         }
+        if (fsdp) nb_fsdp_take_stats(fsdp); /* the warm-up's are dropped */
     }
     if (ddp && nb_ddp_overlap_across_ranks(ddp, &ov) != NB_OK) {
         fprintf(stderr, "bench_ddp: %s\n", nb_last_error());
         return 1;
     }
     bool across = ddp && world > 1 && ov.steps > 0;
-    size_t state_bytes = nb_optim_state_bytes(opt), held = ddp ? nb_ddp_state_bytes(ddp, opt) : 0;
+    size_t state_bytes = nb_optim_state_bytes(opt),
+           held = ddp ? nb_ddp_state_bytes(ddp, opt) : fsdp ? nb_fsdp_state_bytes(fsdp, opt) : 0;
+    bool comm = (ddp || fsdp) && world > 1; /* the wait and hidden columns */
     double hidden = median(s_hidden, measured), bw = median(s_bw, measured), wait = median(s_wait, measured);
     double med = median(t_step, measured), per_s = (double)batch * (IS_GPT(kind) ? GPT_T(kind) : 1) * world / med;
     if (rank == 0 && machine) {
@@ -479,10 +510,10 @@ int main(int argc, char **argv) {
                "params=%lld state_bytes=%zu held_bytes=%zu\n",
                model_names[kind], mode, world, (long long)batch, 1e3 * med,
                1e3 * median(t_fwd, measured), 1e3 * median(t_bwd, measured), 1e3 * median(t_opt, measured),
-               per_s, IS_GPT(kind) ? "tokens" : "samples", ddp && world > 1 ? hidden : NAN,
+               per_s, IS_GPT(kind) ? "tokens" : "samples", comm ? hidden : NAN,
                across ? ov.hidden_fraction : NAN, across ? 1e3 * ov.peer_wait_s : NAN,
-               across ? 1e3 * ov.skew_s : NAN, ddp && world > 1 ? 1e3 * bw : NAN,
-               ddp && world > 1 ? 1e3 * wait : NAN, (long long)n_params, state_bytes, held);
+               across ? 1e3 * ov.skew_s : NAN, comm ? 1e3 * bw : NAN,
+               comm ? 1e3 * wait : NAN, (long long)n_params, state_bytes, held);
     } else if (rank == 0) {
         if (header) {
             char toks[32] = "";
@@ -490,7 +521,7 @@ int main(int argc, char **argv) {
             printf("bench_ddp: model %s (%lld parameters), batch %lld%s per rank, %s%s%s, AdamW, median of %d "
                    "steps after 3 warm-up steps\n",
                    model_names[kind], (long long)n_params, (long long)batch, toks,
-                   cuda ? "one GPU per rank" : "CPU processes", ddp ? (cuda ? " over NCCL" : " over Gloo") : "",
+                   cuda ? "one GPU per rank" : "CPU processes", ddp || fsdp ? (cuda ? " over NCCL" : " over Gloo") : "",
                    bf16 ? ", bf16 products" : "", steps);
             printf("%-6s %-7s %10s %12s %11s %9s %8s %10s %8s %10s %10s\n", "world", "mode", "ms/step",
                    IS_GPT(kind) ? "tokens/s" : "samples/s", "backward", "wait", "hidden", "peer-wait", "hid-all",
@@ -501,14 +532,14 @@ int main(int argc, char **argv) {
             snprintf(pw, sizeof pw, "%.2f ms", 1e3 * ov.peer_wait_s);
             snprintf(hall, sizeof hall, "%.0f%%", 100 * ov.hidden_fraction);
         }
-        if (ddp && world > 1) {
+        if (comm) {
             snprintf(hid, sizeof hid, "%.0f%%", 100 * hidden);
             snprintf(bws, sizeof bws, "%.2f ms", 1e3 * bw);
             snprintf(ws, sizeof ws, "%.2f ms", 1e3 * wait);
         }
         char sts[24], hs[24] = "-";
         snprintf(sts, sizeof sts, "%.2f MiB", (double)state_bytes / (1 << 20));
-        if (ddp) snprintf(hs, sizeof hs, "%.2f MiB", (double)held / (1 << 20));
+        if (ddp || fsdp) snprintf(hs, sizeof hs, "%.2f MiB", (double)held / (1 << 20));
         printf("%-6d %-7s %10.2f %12.0f %11s %9s %8s %10s %8s %10s %10s\n", world, mode, 1e3 * med, per_s, bws,
                ws, hid, pw, hall, sts, hs);
     }
@@ -547,6 +578,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     nb_ddp_free(ddp); /* first: it detaches the optimizer */
+    nb_fsdp_free(fsdp);
     nb_optim_free(opt);
     free(p);
     free(t_step);

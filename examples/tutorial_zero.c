@@ -9,8 +9,10 @@
  * global norm clipped, a learning rate that warms up then follows a cosine,
  * a checkpoint of the whole optimizer state (consolidated on rank 0) every
  * few steps, and an exact resume: same step, same schedule, same batch.
+ * With --zero3 the parameters and gradients are sharded too (ZeRO-3 /
+ * FSDP, nb_fsdp), without checkpoints.
  *
- *   tutorial_zero [--data FILE] [--steps N] [--stop-at N] [--ckpt-dir DIR] [--resume]
+ *   tutorial_zero [--data FILE] [--steps N] [--stop-at N] [--ckpt-dir DIR] [--resume] [--zero3]
  */
 #include <math.h>
 #include <stdio.h>
@@ -32,9 +34,8 @@ static int rank = 0; /* for messages: from the launcher's variables, then from t
     } while (0)
 
 /* Test loss and accuracy over every test row, each counted once. */
-static nb_status evaluate(nb_ddp *ddp, nb_pg *pg, nb_loader *test, nb_ctx *step, double *loss,
+static nb_status evaluate(nb_module *model, nb_pg *pg, nb_loader *test, nb_ctx *step, double *loss,
                           double *accuracy) {
-    nb_module *model = nb_ddp_module(ddp);
     nb_status s = nb_loader_seek(test, 0, 0);
     if (s != NB_OK) return s;
     double sums[3] = {0, 0, 0}; /* loss sum, correct count, rows */
@@ -81,21 +82,23 @@ int main(int argc, char **argv) {
     const char *data = "examples/datasets/digits.csv", *ckpt_dir = NULL;
     int64_t steps = 200, stop_at = 0, warmup = 20, save_every = 50, log_every = 50;
     double lr = 3e-3, max_norm = 1.0;
-    bool resume = false;
+    bool resume = false, zero3 = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--data") && i + 1 < argc) data = argv[++i];
         else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--stop-at") && i + 1 < argc) stop_at = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--ckpt-dir") && i + 1 < argc) ckpt_dir = argv[++i];
         else if (!strcmp(argv[i], "--resume")) resume = true;
+        else if (!strcmp(argv[i], "--zero3")) zero3 = true;
         else {
             fprintf(stderr, "usage: tutorial_zero [--data FILE] [--steps N] [--stop-at N] "
-                            "[--ckpt-dir DIR] [--resume]\n");
+                            "[--ckpt-dir DIR] [--resume] [--zero3]\n");
             return 2;
         }
     }
-    if (steps < 1 || stop_at < 0 || ((resume || stop_at) && !ckpt_dir)) {
-        fprintf(stderr, "tutorial_zero: need --steps >= 1, and --ckpt-dir with --resume or --stop-at\n");
+    if (steps < 1 || stop_at < 0 || ((resume || stop_at) && !ckpt_dir) || (zero3 && ckpt_dir)) {
+        fprintf(stderr, "tutorial_zero: need --steps >= 1, and --ckpt-dir with --resume or --stop-at "
+                        "(not with --zero3)\n");
         return 2;
     }
     int64_t stop = stop_at > 0 && stop_at < steps ? stop_at : steps;
@@ -176,12 +179,23 @@ int main(int argc, char **argv) {
                    (long long)ts.epoch, (long long)ts.data_position);
     }
 
-    /* 5. DDP with ZeRO-1: each rank keeps and updates its share of the state. */
-    nb_ddp *ddp;
+    /* 5. DDP with ZeRO-1: each rank keeps and updates its share of the state.
+     * --zero3: nb_fsdp instead, each rank keeping its share of the parameters too. */
+    nb_ddp *ddp = NULL;
+    nb_fsdp *fsdp = NULL;
     nb_ddp_options dopts = NB_DDP_DEFAULTS;
-    CHECK(nb_ddp_new(&ddp, model, pg, &dopts));
-    CHECK(nb_ddp_set_zero(ddp, opt));
-    if (rank == 0)
+    if (zero3) {
+        CHECK(nb_fsdp_new(&fsdp, model, pg, NULL)); /* after the optimizer: its state is shaped like them */
+        CHECK(nb_fsdp_set_optimizer(fsdp, opt));
+    } else {
+        CHECK(nb_ddp_new(&ddp, model, pg, &dopts));
+        CHECK(nb_ddp_set_zero(ddp, opt));
+    }
+    if (rank == 0 && zero3)
+        printf("%d process%s, ZeRO-3: parameters, gradients and optimizer state %zu bytes per process; "
+               "steps %lld..%lld of %lld\n", world, world > 1 ? "es" : "", nb_fsdp_state_bytes(fsdp, opt),
+               (long long)ts.step + 1, (long long)stop, (long long)steps);
+    else if (rank == 0)
         printf("%d process%s, ZeRO-1: optimizer state %zu bytes per process; steps %lld..%lld of %lld\n",
                world, world > 1 ? "es" : "", nb_optim_state_bytes(opt), (long long)ts.step + 1,
                (long long)stop, (long long)steps);
@@ -195,12 +209,15 @@ int main(int argc, char **argv) {
         if (!b.inputs) continue; /* the end of an epoch: the loader moves on to the next one */
         nb_optim_set_lr_all(opt, nb_lr_schedule_at(&schedule, step));
         nb_tensor *logits;
-        CHECK(nb_ddp_forward(ddp, step_ctx, b.inputs, &logits));
+        CHECK(zero3 ? nb_fsdp_forward(fsdp, step_ctx, b.inputs, &logits)
+                    : nb_ddp_forward(ddp, step_ctx, b.inputs, &logits));
         nb_tensor *loss = nb_cross_entropy(step_ctx, logits, b.targets, NULL);
-        CHECK(nb_ddp_backward(ddp, loss)); /* reduce-scatter: each rank gets its share, averaged */
-        double norm;
-        CHECK(nb_ddp_clip_grad_norm(ddp, max_norm, 2.0, &norm)); /* the global norm, over the shards */
-        CHECK(nb_ddp_step(ddp));                                 /* update the share, all-gather */
+        /* reduce-scatter: each rank gets its share, averaged */
+        CHECK(zero3 ? nb_fsdp_backward(fsdp, loss) : nb_ddp_backward(ddp, loss));
+        double norm; /* the global norm, over the shards */
+        CHECK(zero3 ? nb_fsdp_clip_grad_norm(fsdp, max_norm, 2.0, &norm)
+                    : nb_ddp_clip_grad_norm(ddp, max_norm, 2.0, &norm));
+        CHECK(zero3 ? nb_fsdp_step(fsdp) : nb_ddp_step(ddp)); /* update the share (ZeRO-1: all-gather) */
         nb_optim_zero_grad(opt);
         step++;
         if (rank == 0 && (step % log_every == 0 || step == stop))
@@ -212,13 +229,15 @@ int main(int argc, char **argv) {
 
     /* 7. Evaluate, then leave: the whole state back on every rank before the wrapper goes. */
     double test_loss, accuracy;
-    CHECK(evaluate(ddp, pg, test_loader, step_ctx, &test_loss, &accuracy));
+    if (zero3) CHECK(nb_fsdp_gather_full(fsdp)); /* the parameters whole: ranks may evaluate unequal batches */
+    CHECK(evaluate(model, pg, test_loader, step_ctx, &test_loss, &accuracy));
     if (rank == 0) {
         printf("step %lld: test loss %.6f, accuracy %.2f%%\n", (long long)step, test_loss, 100 * accuracy);
         if (ckpt_dir) printf("checkpoint: %s (step %lld)\n", ckpt, (long long)step);
     }
-    CHECK(nb_ddp_set_zero(ddp, NULL));
+    if (ddp) CHECK(nb_ddp_set_zero(ddp, NULL));
     nb_ddp_free(ddp);
+    nb_fsdp_free(fsdp);
     CHECK(nb_pg_free(pg));
     nb_optim_free(opt);
     nb_loader_free(train_loader), nb_loader_free(test_loader);

@@ -13,6 +13,8 @@
    a run stopped at step 70 and resumed ends with the same checkpoint, byte
    for byte, as a run of 120 steps; each rank holds half the optimizer
    state of one process; a checkpoint of two processes is refused on one.
+   With --zero3 (ZeRO-3) it ends with ZeRO-1's test loss within 1e-5,
+   each of two ranks holding half of the parameters, gradients and moments.
 3. The code blocks of docs/tutorial.md tagged "c tutorial_ddp.c" (and
    "c tutorial_zero.c"), put together in the file's order, are the program
    word for word (each block once, nothing of the file left out but blank
@@ -146,6 +148,18 @@ def test_zero(tmp):
     if "was written by a run of 2 processes, this run has 1" not in err:
         fail("a checkpoint of 2 processes was not refused on 1:\n" + err)
     print("tutorial_zero: %s; stopped at 70 and resumed, the same checkpoint byte for byte" % final.group(0))
+    out, _ = zero(2, "--steps", "120", "--zero3")
+    z3 = re.search(r"step 120: test loss ([0-9.]+), accuracy ([0-9.]+)%", out)
+    held = re.search(r"2 processes, ZeRO-3: parameters, gradients and optimizer state (\d+) bytes per process", out)
+    if not z3 or not held or abs(float(z3.group(1)) - float(final.group(1))) > 1e-5 * float(final.group(1)):
+        fail("tutorial_zero --zero3 should end with ZeRO-1's test loss (%s) and say what it holds:\n%s"
+             % (final.group(1), out))
+    # P bytes of parameters: one process holds P + P of gradients + 2P of moments, each of two ranks a half
+    p = int(state2.group(1))
+    if not 2 * p <= int(held.group(1)) <= 2 * p + 3 * 4 * 2 * 16:  # up to 16 elements of padding per layer
+        fail("--zero3 on 2 processes holds %s bytes, expected about %d" % (held.group(1), 2 * p))
+    _, err = zero(1, "--zero3", "--ckpt-dir", os.path.join(tmp, "z3"), expect_rc=2)
+    print("tutorial_zero --zero3: %s, %s bytes per process" % (z3.group(0), held.group(1)))
 
 
 def test_quotes(name="tutorial_ddp.c", at_least=8):
