@@ -1,6 +1,6 @@
 /* What every backend shares about a collective: names, the fingerprint
  * ranks compare (Note [Hang diagnostics] in pg_diag.c), its fixed-size
- * header (Note [Collective headers] in pg_gloo.c), and the elementwise
+ * header (Note [Collective headers] in pg_check.c), and the elementwise
  * reductions the Gloo shim hands to Gloo.
  *
  * bf16 and f16 reduce through f32: each pair of elements is widened,

@@ -11,10 +11,11 @@
  * in f32. This Gloo has no reduce-scatter with the new-style options, so
  * reduce_scatter is a ring over Gloo's unbound buffers: R - 1 steps, each
  * sending one chunk to the right neighbour and reducing one from the
- * left; after them rank r holds chunk r summed over all ranks. The header
- * exchange that precedes every collective (nb__gloo_exchange) is one
- * message from each rank to each other, also over unbound buffers. Tags
- * are the collective's sequence number. */
+ * left; after them rank r holds chunk r summed over all ranks. The
+ * exchanges (nb__gloo_exchange_post: the check layer's headers, lane 0,
+ * and a small collective's data, lane 1) are one message from each rank
+ * to each other, also over unbound buffers. Tags are the collective's
+ * sequence number. */
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -40,7 +41,7 @@ struct nb__gloo_dev {
     std::shared_ptr<gloo::transport::Device> dev;
 };
 
-/* A header exchange in flight (nb__gloo_exchange_post). */
+/* An exchange in flight (nb__gloo_exchange_post). */
 struct nb__gloo_xchg {
     std::unique_ptr<gloo::transport::UnboundBuffer> buf;
     int pending = 0; /* receives (and sends) not yet waited for */
@@ -57,6 +58,7 @@ namespace {
 /* Slot prefixes of nabla's own exchanges; Gloo's collectives use 0x01-0x08. */
 constexpr uint8_t kReduceScatterSlot = 0x31;
 constexpr uint8_t kHeaderSlot = 0x32;
+constexpr uint8_t kSmallSlot = 0x33; /* lane 1: a small collective's data */
 
 /* Gloo's store interface over an nb_store connection, keys under a prefix. */
 class StoreAdapter : public gloo::rendezvous::Store {
@@ -277,16 +279,16 @@ nb_status nb__gloo_run(nb__gloo *g, const nb__coll *c) {
 }
 
 nb_status nb__gloo_exchange_post(nb__gloo *g, const void *mine, void *all, size_t n, uint64_t seq,
-                                 nb__gloo_xchg **out) {
+                                 int lane, nb__gloo_xchg **out) {
     *out = nullptr;
-    nb_status r = guard(NB_ERR_NETWORK, "Gloo header exchange", [&] {
+    nb_status r = guard(NB_ERR_NETWORK, lane ? "Gloo small collective" : "Gloo header exchange", [&] {
         const int R = g->ctx->size, me = g->ctx->rank;
         auto *bytes = static_cast<unsigned char *>(all);
         std::memcpy(bytes + static_cast<size_t>(me) * n, mine, n);
         auto x = std::make_unique<nb__gloo_xchg>();
         if (R > 1) {
             x->buf = g->ctx->createUnboundBuffer(all, n * static_cast<size_t>(R));
-            const uint64_t slot = gloo::Slot::build(kHeaderSlot, static_cast<uint32_t>(seq));
+            const uint64_t slot = gloo::Slot::build(lane ? kSmallSlot : kHeaderSlot, static_cast<uint32_t>(seq));
             for (int p = 0; p < R; p++)
                 if (p != me) x->buf->recv(p, slot, static_cast<size_t>(p) * n, n);
             for (int p = 0; p < R; p++)
@@ -314,11 +316,5 @@ nb_status nb__gloo_exchange_wait(nb__gloo *g, nb__gloo_xchg *x) {
 }
 
 void nb__gloo_exchange_free(nb__gloo_xchg *x) { delete x; }
-
-nb_status nb__gloo_exchange(nb__gloo *g, const void *mine, void *all, size_t n, uint64_t seq) {
-    nb__gloo_xchg *x = nullptr;
-    nb_status r = nb__gloo_exchange_post(g, mine, all, n, seq, &x);
-    return r == NB_OK ? nb__gloo_exchange_wait(g, x) : r;
-}
 
 } // extern "C"

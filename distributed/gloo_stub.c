@@ -25,13 +25,9 @@ nb_status nb__gloo_run(nb__gloo *g, const nb__coll *c) {
     (void)g, (void)c;
     return no_gloo();
 }
-nb_status nb__gloo_exchange(nb__gloo *g, const void *mine, void *all, size_t n, uint64_t seq) {
-    (void)g, (void)mine, (void)all, (void)n, (void)seq;
-    return no_gloo();
-}
 nb_status nb__gloo_exchange_post(nb__gloo *g, const void *mine, void *all, size_t n, uint64_t seq,
-                                 nb__gloo_xchg **out) {
-    (void)g, (void)mine, (void)all, (void)n, (void)seq;
+                                 int lane, nb__gloo_xchg **out) {
+    (void)g, (void)mine, (void)all, (void)n, (void)seq, (void)lane;
     *out = NULL;
     return no_gloo();
 }

@@ -29,8 +29,8 @@ double nb__liveness_s(void);
  * NABLA_JOIN_TIMEOUT, NABLA_STALL_WARNING), or NB_ERR_INVALID naming a
  * variable that is not a number of seconds. */
 nb_status nb__liveness_options(double *liveness, double *join, double *stall);
-/* Which collectives exchange headers before their data (Note [Collective
- * headers on NCCL] in pg.c), from NABLA_DIST_CHECK: auto (unset), full or
+/* Which collectives exchange headers before their data (Note [Which
+ * collectives are checked] in pg_check.c), from NABLA_DIST_CHECK: auto (unset), full or
  * off; another value is NB_ERR_INVALID naming it. */
 typedef enum { NB__CHECK_AUTO = 0, NB__CHECK_FULL, NB__CHECK_OFF } nb__dist_check;
 nb_status nb__dist_check_option(nb__dist_check *out);
@@ -252,6 +252,11 @@ int nb__store_server_refusals(nb_store_server *s, uint64_t *seen, nb__store_refu
 /* How many connections the server refused, ever, for a rank beyond its
  * world (told the world's ranks). Thread-safe. */
 uint64_t nb__store_server_beyond(nb_store_server *s);
+/* How many sets of a key under NB__STORE_FP_PREFIX (the flight recorder's
+ * publications, Note [Hang diagnostics] in pg_diag.c) the server has
+ * handled, ever. Thread-safe. */
+#define NB__STORE_FP_PREFIX "nb/fp/"
+uint64_t nb__store_server_fp_writes(nb_store_server *s);
 /* "N connections that never proved they belong to the run (up to M at
  * once; lately from 127.0.0.1 (480))" into out, and 1; 0 and "" when
  * there were none. Thread-safe. */
@@ -316,7 +321,7 @@ const char *nb__reduce_name(nb_reduce_op op);    /* "sum" */
 void nb__coll_fingerprint(const nb__coll *c, char *buf, size_t len);
 
 /* The header ranks exchange before a collective's data (Note [Collective
- * headers] in pg_gloo.c): kind, reduction, dtype, count, root, with the
+ * headers] in pg_check.c): kind, reduction, dtype, count, root, with the
  * fields that do not apply to the kind zeroed, so that two headers are
  * equal exactly when the collectives match. nb__coll_from_header refuses
  * a header that nabla did not write (false). */
@@ -327,7 +332,7 @@ void nb__coll_header(const nb__coll *c, int64_t h[NB__COLL_HEADER_WORDS]);
  * (`cheap`: Gloo); else (NCCL, where it stalls the host) every broadcast
  * and the first NB__CHECK_FIRST collectives of the group. Depends on
  * nothing that a mismatch could make differ between ranks except the
- * kind (Note [Collective headers on NCCL] in pg.c). */
+ * kind (Note [Which collectives are checked] in pg_check.c). */
 #define NB__CHECK_FIRST 16
 bool nb__coll_header_wanted(nb__dist_check mode, bool cheap, const nb__coll *c);
 bool nb__coll_from_header(const int64_t h[NB__COLL_HEADER_WORDS], nb__coll *c);
@@ -361,17 +366,17 @@ void nb__gloo_free(nb__gloo *g);
 nb_status nb__gloo_run(nb__gloo *g, const nb__coll *c);
 /* Every rank's `n` bytes to every rank, one message per pair, all at
  * once: `all` (size x n bytes) gets rank r's at r x n; `mine` is this
- * rank's. Tagged with `seq`. Returns when every rank's has arrived here
- * and this rank's has left for every other. */
-nb_status nb__gloo_exchange(nb__gloo *g, const void *mine, void *all, size_t n, uint64_t seq);
-/* The same in two halves: post starts it (*out: the exchange in flight;
- * `all` must live until the wait or the free), wait finishes and frees
- * it, free drops one never waited for (its group broke; Gloo ignores
+ * rank's. Tagged with `seq`; `lane` keeps apart exchanges of the same
+ * sequence number: 0 the check layer's headers, 1 a small collective's
+ * data (pg_gloo.c). Post starts it (*out: the exchange in flight; `all`
+ * must live until the wait or the free), wait returns when every rank's
+ * has arrived here and this rank's has left for every other, and frees
+ * it; free drops one never waited for (its group broke; Gloo ignores
  * what arrives for a buffer that is gone, so `all` may go after it). */
 typedef struct nb__gloo_xchg nb__gloo_xchg;
 void nb__gloo_exchange_free(nb__gloo_xchg *x);
 nb_status nb__gloo_exchange_post(nb__gloo *g, const void *mine, void *all, size_t n, uint64_t seq,
-                                 nb__gloo_xchg **out);
+                                 int lane, nb__gloo_xchg **out);
 nb_status nb__gloo_exchange_wait(nb__gloo *g, nb__gloo_xchg *x);
 
 /* ------------------------------------------------ NCCL (pg_nccl.c) */
@@ -392,11 +397,12 @@ int nb__nccl_query(nb__nccl *n, nb__nccl_work *work);
  * kernels see its result (never blocks the host). */
 nb_status nb__nccl_work_order(nb__nccl_work *work);
 void nb__nccl_work_free(nb__nccl_work *work);
-/* The header exchange of Note [Collective headers on NCCL] (pg.c), on the
- * communication stream after the group's earlier collectives and before
- * the next: `start` enqueues it for `mine`; then 1 when `all` holds every
- * rank's header, 0 not yet, or a failure status. */
-int nb__nccl_headers(nb__nccl *n, const int64_t *mine, int64_t *all, bool start);
+/* The check layer's exchange (xpost/xtest in distributed/pg.h) of at
+ * most NB__COLL_HEADER_WORDS words per rank, on the communication stream
+ * after the group's earlier collectives and before the next: `start`
+ * enqueues it for this rank's `n` bytes `mine`; then 1 when `all` holds
+ * every rank's, 0 not yet, or a failure status. One at a time. */
+int nb__nccl_exchange(nb__nccl *n, const void *mine, void *all, size_t bytes, bool start);
 /* Aborts the communicator (kills its kernels) after a failure. */
 void nb__nccl_abort(nb__nccl *n);
 

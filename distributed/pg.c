@@ -3,21 +3,24 @@
  * with the watchdog of Note [Hang diagnostics] (pg_diag.c) and of Note
  * [Liveness and progress] (heartbeat.c), and shut-down.
  *
- * What runs the collectives is the group's backend, reached through its
- * table (nb__pg_ops in pg.h): Gloo calls block, so pg_gloo.c runs each
+ * What moves the collectives' bytes is the group's backend, reached
+ * through its table (nb__pg_ops in pg.h), and the collective checks are a
+ * layer around that table (pg_check.c), present only when
+ * NABLA_DIST_CHECK is not off. Gloo calls block, so this file runs each
  * group's collectives on one background thread, strictly in issue order
- * (every rank must see the same order); NCCL calls are asynchronous
- * already, so pg_nccl.c enqueues them on the group's stream from the
- * issuing thread, and a wait orders the compute stream after the
- * collective, then polls its completion event. Either way the group keeps
- * its unfinished works in issue order, and only the oldest is watched: a
- * later one cannot finish before it. */
+ * (every rank must see the same order), calling the table's `run`; NCCL
+ * calls are asynchronous already, so its `launch` enqueues them on the
+ * group's stream from the issuing thread, and a wait orders the compute
+ * stream after the collective, then polls its completion event. Either
+ * way the group keeps its unfinished works in issue order, and only the
+ * oldest is watched: a later one cannot finish before it. */
 #include <errno.h>
 #include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "distributed/pg.h"
@@ -27,6 +30,7 @@
 #define POLL_AFTER_S 0.5     /* a collective this old gets abort polls... */
 #define DESYNC_AFTER_S 1.0   /* ...and, this old, fingerprint comparisons */
 #define POLL_EVERY_S 0.5
+#define STUCK_WAIT_S 2.0     /* Note [Stuck worker] */
 
 /* ---------------------------------------------------------------- basics */
 
@@ -83,7 +87,7 @@ static char *dup_str(const char *s) {
 void nb__work_put(nb_work *w) {
     if (__atomic_sub_fetch(&w->refs, 1, __ATOMIC_ACQ_REL) == 0) {
         free(w->msg);
-        if (w->ops && w->ops->work_free) w->ops->work_free(w);
+        if (w->ops && w->ops->work_free) w->ops->work_free(w); /* the layer's, then the backend's */
         free(w);
     }
 }
@@ -167,6 +171,7 @@ static void watchdog(nb_pg *pg) {
             nb__pg_fail(pg, h, NB_ERR_TIMEOUT, what);
         } else if (age > POLL_AFTER_S && due) {
             pg->next_poll = now + POLL_EVERY_S;
+            nb__diag_publish(pg); /* a wait that runs long: Note [Hang diagnostics] */
             nb_status st = nb__diag_check(pg, h, age > DESYNC_AFTER_S, what, sizeof what);
             if (st == NB_OK) st = nb__hb_check(pg, what, sizeof what);
             if (st != NB_OK) nb__pg_fail(pg, h, st, what);
@@ -179,11 +184,35 @@ static void watchdog(nb_pg *pg) {
 
 /* One round of waiting: the backend's slice of sleep (and progress), then
  * the watchdog. With pg->mu held on entry and exit. */
+static void wait_one_slice(nb_pg *pg) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += (long)(SLICE_S * 1e9);
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    pthread_cond_timedwait(&pg->cond, &pg->mu, &ts);
+}
+
 static void wait_round(nb_pg *pg, double *pause) {
-    pg->ops->wait_slice(pg, pause);
+    if (pg->ops->wait_slice) pg->ops->wait_slice(pg, pause);
+    else wait_one_slice(pg); /* the worker signals pg->cond when a work finishes */
     pthread_mutex_unlock(&pg->mu);
     watchdog(pg);
     pthread_mutex_lock(&pg->mu);
+}
+
+bool nb__pg_wait_step(nb_pg *pg, double *pause) {
+    pthread_mutex_lock(&pg->mu);
+    bool broken = pg->broken != NB_OK;
+    pthread_mutex_unlock(&pg->mu);
+    if (broken) return false;
+    nb__sleep(*pause);
+    *pause = *pause * 2 > 1e-3 ? 1e-3 : *pause * 2;
+    if (pg->ops->progress) pg->ops->progress(pg);
+    watchdog(pg);
+    return true;
 }
 
 /* ------------------------------------------------------------ work handles */
@@ -290,75 +319,66 @@ nb_status nb_work_finish(nb_work *w) {
 
 /* ------------------------------------------------------------------ issue */
 
-/* Note [Collective headers on NCCL]
- * Gloo groups compare every collective's header before its data (Note
- * [Collective headers] in pg_gloo.c) for the price of one message, on
- * their worker thread. An NCCL group can do the same only by stalling the
- * issuing thread: the headers go through the communicator, on the group's
- * stream (an all-gather of 48 bytes per rank, copied back to pinned host
- * memory), and the host must see them before it enqueues the data, since
- * NCCL, given counts that differ, hangs, or worse completes with some
- * buffers partly stale (a broadcast) or reads past the smaller one. The
- * stream runs the exchange after the group's earlier collectives, which
- * wait for the compute stream, so the stall is not one network latency
- * but the drain of everything queued before it: on DDP's buckets it would
- * take away the host's lead over the GPU at every bucket. So, under
- * NABLA_DIST_CHECK=auto (the default), an NCCL group checks:
- *   - every broadcast: a mismatched broadcast is the one that can finish
- *     "successfully" with stale data, and broadcasts are rare (DDP's
- *     parameters and buffers at construction, a checkpoint's state);
- *   - its first NB__CHECK_FIRST (16) collectives: the set-up (DDP's
- *     verification of shapes across ranks, parameter broadcast) and the
- *     first steps, where a model or batch that differs between ranks
- *     shows up; later, a collective that differs (a branch taken on one
- *     rank only) hangs and is named by the fingerprints in the store
- *     (Note [Hang diagnostics], about a second) or the timeout.
- * NABLA_DIST_CHECK=full checks every collective (debugging; the stall at
- * each); off checks none, on Gloo groups too (there a mismatch is then
- * the transport's error, or stale data after a broadcast). Whether to
- * check must be the same decision on every rank, or one rank's header
- * exchange would meet another's data collective: it depends only on the
- * sequence number, the option (the same on every rank, as the launcher
- * sets it) and the kind, which differs only when the ranks already
- * disagree on the collective, where NCCL's behaviour is undefined with or
- * without the check. The wait polls the backend (headers in pg->ops) and
- * runs the watchdog, as nb_work_wait does, so a rank that never arrives
- * is named at the timeout and a dead one at once; the comparison and its
- * message are the Gloo path's (nb__diag_headers). */
-static bool headers_agree(nb_pg *pg, nb_work *w) {
-    int64_t mine[NB__COLL_HEADER_WORDS];
-    int64_t *all = malloc((size_t)pg->size * sizeof mine);
-    NB_CHECK(all != NULL, "nb_pg: out of memory for %d collective headers", pg->size);
-    nb__coll_header(&w->coll, mine);
-    nb__diag_record(pg, w);
+/* Runs a backend's works whose calls block, one after another in issue
+ * order (every rank must run the same order), on the group's worker. */
+static void *worker_main(void *arg) {
+    nb_pg *pg = arg;
     char what[NB__MSG_LEN];
-    int r = pg->ops->headers(pg, mine, all, true);
-    double pause = 2e-5;
-    while (r == 0) {
-        pthread_mutex_lock(&pg->mu);
-        bool broken = pg->broken != NB_OK;
-        pthread_mutex_unlock(&pg->mu);
-        if (broken) break;
-        nb__sleep(pause);
-        pause = pause * 2 > 1e-3 ? 1e-3 : pause * 2;
-        if (pg->ops->progress) pg->ops->progress(pg);
-        watchdog(pg);
-        r = pg->ops->headers(pg, mine, all, false);
-    }
-    nb_status st = NB_OK;
-    if (r < 0) {
-        snprintf(what, sizeof what, "failed in the header exchange (%s)", nb_last_error());
-        nb__pg_fail(pg, w, (nb_status)r, what);
-        st = (nb_status)r;
-    } else if (r == 1 && (st = nb__diag_headers(pg, w, all, what, sizeof what)) != NB_OK) {
-        nb__pg_break(pg, st, what);
-    }
-    free(all);
     pthread_mutex_lock(&pg->mu);
-    bool ok = st == NB_OK && pg->broken == NB_OK;
-    if (!ok) nb__pg_finish_locked(pg, w, pg->broken, pg->broken_msg);
+    for (;;) {
+        nb_work *w = pg->q_head;
+        while (w && w->state != NB__W_QUEUED) w = w->next;
+        if (!w) {
+            if (pg->stopping) break;
+            pthread_cond_wait(&pg->cond, &pg->mu);
+            continue;
+        }
+        w->state = NB__W_RUNNING;
+        nb_status st = pg->broken;
+        pthread_mutex_unlock(&pg->mu);
+        if (st == NB_OK) {
+            bool explained = false;
+            nb__diag_record(pg, w);
+            st = pg->ops->run(pg, w, what, sizeof what, &explained);
+            if (st != NB_OK && explained) nb__pg_break(pg, st, what);
+            else if (st != NB_OK) nb__pg_fail(pg, w, st, what);
+        }
+        pthread_mutex_lock(&pg->mu);
+        if (st != NB_OK) st = pg->broken;
+        nb__pg_finish_locked(pg, w, st, pg->broken_msg);
+    }
+    pg->worker_done = true;
+    pthread_cond_broadcast(&pg->cond);
     pthread_mutex_unlock(&pg->mu);
-    return ok;
+    return NULL;
+}
+
+/* Note [Stuck worker]: after a failure, the worker may be blocked inside a
+ * collective whose peer is stopped rather than dead (its sockets stay
+ * open), until the transport's own timeout, the progress timeout (30
+ * minutes by default). nb_pg_free of a broken group waits a moment for the
+ * worker and then detaches it, leaving the group's struct and the
+ * backend's state allocated for it, so that a program that reports a
+ * failure and cleans up is not held for the timeout. The process is
+ * expected to exit soon. */
+static bool worker_stuck(nb_pg *pg) {
+    pthread_mutex_lock(&pg->mu);
+    double deadline = nb__now() + STUCK_WAIT_S;
+    while (pg->broken != NB_OK && !pg->worker_done && nb__now() < deadline) wait_one_slice(pg);
+    bool stuck = pg->broken != NB_OK && !pg->worker_done;
+    pthread_mutex_unlock(&pg->mu);
+    if (stuck) pthread_detach(pg->worker);
+    return stuck;
+}
+
+/* With pg->stopping set: joins the worker, or detaches it when stuck;
+ * true if it is stuck. */
+static bool stop_worker(nb_pg *pg) {
+    if (!pg->worker_started) return false;
+    bool stuck = worker_stuck(pg);
+    if (!stuck) pthread_join(pg->worker, NULL);
+    pg->worker_started = false;
+    return stuck;
 }
 
 nb_work *nb__pg_issue(nb_pg *pg, const nb__coll *c) {
@@ -366,6 +386,7 @@ nb_work *nb__pg_issue(nb_pg *pg, const nb__coll *c) {
     NB_CHECK(w != NULL, "nb_pg: out of memory for a work handle");
     w->pg = pg;
     w->ops = pg->ops;
+    w->base = pg->base;
     w->coll = *c;
     w->refs = 2;
     pthread_mutex_lock(&pg->mu);
@@ -383,11 +404,14 @@ nb_work *nb__pg_issue(nb_pg *pg, const nb__coll *c) {
     if (pg->q_tail) pg->q_tail->next = w;
     else pg->q_head = w;
     pg->q_tail = w;
-    pthread_mutex_unlock(&pg->mu);
-    if (pg->ops->headers && pg->size > 1 && nb__coll_header_wanted(pg->root->check, false, &w->coll) &&
-        !headers_agree(pg, w))
+    if (pg->ops->run) {
+        pthread_cond_broadcast(&pg->cond); /* the worker takes it */
+        pthread_mutex_unlock(&pg->mu);
         return w;
-    pg->ops->submit(pg, w);
+    }
+    pthread_mutex_unlock(&pg->mu);
+    nb__diag_record(pg, w);
+    pg->ops->launch(pg, w);
     return w;
 }
 
@@ -511,6 +535,7 @@ static void sigpipe_restore(const sigset_t *old) {
 }
 
 const nb__pg_ops *nb__pg_ops_of(nb_pg_backend backend) {
+    /* Every backend table has `run` or `launch`, and the exchange. */
     if (backend != NB_PG_NCCL) return &nb__pg_gloo_ops;
     const nb__pg_ops *ops = nb__cuda_nccl_ops(); /* loaded by resolve_options */
     NB_CHECK(ops, "nb_pg_init: no nccl backend: %s", nb__cuda_plugin_error());
@@ -521,6 +546,11 @@ nb_status nb__pg_start_backend(nb_pg *pg, const char *prefix) {
     sigset_t old;
     sigpipe_block(&old);
     nb_status st = pg->ops->start(pg, prefix);
+    if (st == NB_OK && pg->ops->run) {
+        if (pthread_create(&pg->worker, NULL, worker_main, pg) != 0)
+            st = nb_set_error(NB_ERR_INTERNAL, "nb_pg_init: cannot start the group's worker thread");
+        else pg->worker_started = true;
+    }
     sigpipe_restore(&old);
     return st;
 }
@@ -627,20 +657,18 @@ static nb_status start_store(nb_pg *pg, const nb__store_config *cfg, const char 
     return NB_OK;
 }
 
-/* `stuck`: the worker is still blocked in Gloo (Note [Stuck worker] in pg_gloo.c);
+/* `stuck`: the worker is still blocked in the transport (Note [Stuck worker]);
  * what it touches (the group struct, its locks, the Gloo context) is
  * left allocated. */
 static void free_group(nb_pg *pg, bool stuck) {
     sigset_t old;
     sigpipe_block(&old);
     if (pg->ops) pg->ops->free(pg, stuck);
-    if (!stuck) nb_store_close(pg->store_worker);
     if (pg->root == pg) {
         nb__hb_stop(pg);
         nb_store_close(pg->store_monitor);
         nb_store_close(pg->store_main);
         nb_store_server_stop(pg->server);
-        if (pg->gloo_dev) nb__gloo_dev_free(pg->gloo_dev); /* after every group's Gloo context */
     }
     sigpipe_restore(&old);
     if (stuck) return;
@@ -665,10 +693,11 @@ nb_status nb_pg_init_env(nb_pg **out, const nb_dist_env *env, const nb_pg_option
     for (int r = 0; r < pg->size; r++) pg->global[r] = r;
     pg->env = *env;
     pg->backend = backend;
-    pg->ops = nb__pg_ops_of(backend);
+    pg->base = pg->ops = nb__pg_ops_of(backend);
     pg->timeout_s = timeout;
     st = nb__liveness_options(&pg->liveness_s, &pg->join_s, &pg->stall_s);
     if (st == NB_OK) st = nb__dist_check_option(&pg->check);
+    if (st == NB_OK && pg->check != NB__CHECK_OFF) pg->ops = nb__pg_checked(pg->base);
     if (st == NB_OK) st = nb_dist_select_device(env, backend == NB_PG_NCCL, &pg->device);
     int port = 0;
     const char *host = env->master_addr;
@@ -689,11 +718,9 @@ nb_status nb_pg_init_env(nb_pg **out, const nb_dist_env *env, const nb_pg_option
     }
     nb__store_wipe(&secret, sizeof secret);
     if (st == NB_OK) st = nb__store_connect_like(&pg->store_monitor, pg->store_main, -1, join);
-    if (st == NB_OK) st = nb__store_connect_like(&pg->store_worker, pg->store_main, -1, join);
     if (st == NB_OK) {
         nb__store_set_timeout(pg->store_main, timeout);
         nb__store_set_timeout(pg->store_monitor, timeout);
-        nb__store_set_timeout(pg->store_worker, timeout);
         st = nb__hb_start(pg);
     }
     if (st == NB_OK) st = nb__join(pg);
@@ -709,7 +736,7 @@ nb_status nb_pg_init_env(nb_pg **out, const nb_dist_env *env, const nb_pg_option
         pg->stopping = true;
         pthread_cond_broadcast(&pg->cond);
         pthread_mutex_unlock(&pg->mu);
-        pg->ops->stop(pg);
+        stop_worker(pg);
         free_group(pg, false);
         return nb_set_error(st, "%s", msg);
     }
@@ -758,7 +785,7 @@ nb_status nb_pg_free(nb_pg *pg) {
     pg->stopping = true;
     pthread_cond_broadcast(&pg->cond);
     pthread_mutex_unlock(&pg->mu);
-    bool stuck = pg->ops->stop(pg);
+    bool stuck = stop_worker(pg);
     pthread_mutex_lock(&pg->mu);
     while (pg->q_head && !stuck) nb__pg_finish_locked(pg, pg->q_head, pg->broken, pg->broken_msg);
     nb_status st = pg->broken;

@@ -1,14 +1,21 @@
-/* Hang diagnostics: fingerprints in the store, and the messages that name
- * the ranks at fault.
+/* Hang diagnostics: the flight recorder of fingerprints, their
+ * publication in the store, and the messages that name the ranks at
+ * fault.
  *
  * Note [Hang diagnostics]
  * Every collective of a group gets a sequence number (1, 2, ... in issue
  * order, the same on every rank when the program is right) and a
  * fingerprint: op, reduction, dtype, count, root. When a collective
- * starts on a rank, that rank publishes "<seq> <fingerprint>" under
- * nb/fp/<group>/<rank>/<seq mod 16> with a SET that expects no reply, so
- * the collective does not wait for the store. Nothing else is exchanged
- * while collectives complete in time.
+ * starts on a rank, the rank notes "<seq> <fingerprint>" in the group's
+ * flight recorder, a ring of NB__FP_SLOTS entries in memory (as NCCL's
+ * flight recorder): nothing leaves the process while collectives complete
+ * in time (test_dist_store counts the store's fingerprint writes). A
+ * rank publishes the entries it has not published yet, each under
+ * nb/fp/<group>/<rank>/<seq mod 16> with a SET that expects no reply,
+ * when one of its waits runs long (the watchdog's first poll, half a
+ * second in) and before it writes a failure's diagnosis, which then waits
+ * until the failed collective is POLL_AFTER_S + POLL_EVERY_S old on this
+ * rank (1 s), so that the members waiting on it have published too.
  *
  * While a rank waits on a collective that has run for more than half a
  * second, the waiting thread polls the store every half second:
@@ -19,14 +26,17 @@
  *     different fingerprint: fail now with both fingerprints (a desync
  *     never completes, so there is no point waiting for the timeout).
  *     The headers ranks exchange before any data (Note [Collective
- *     headers] in pg_gloo.c) name such a mismatch first, on every rank,
+ *     headers] in pg_check.c) name such a mismatch first, on every rank,
  *     wherever they are exchanged; this comparison remains for the NCCL
- *     collectives that do not exchange them (Note [Collective headers on
- *     NCCL] in pg.c) and under NABLA_DIST_CHECK=off.
+ *     collectives that do not exchange them (Note [Which collectives are
+ *     checked] in pg_check.c) and under NABLA_DIST_CHECK=off.
  * At the timeout (measured from when the collective became the group's
  * oldest unfinished one on this rank) it fails, naming the ranks whose
  * slot does not hold this sequence number yet: they did not arrive, and
- * their newest slot says where they are. A failure inside the transport
+ * their newest slot says where they are, or, when newer, the collective
+ * before this one, which completed here and so had every member. A rank
+ * that arrived but never waited long (it issued the collective and went
+ * on computing) has published nothing and is counted as not arrived. A failure inside the transport
  * (Gloo's or NCCL's own error) gets the same diagnosis appended, since
  * "connection closed by peer" alone does not say which rank died.
  *
@@ -39,16 +49,55 @@
 
 #include "distributed/pg.h"
 
+#define PUBLISHED_AFTER_S 1.0 /* the watchdog's first poll (pg.c) and one more */
+
 static void fp_key(const nb_pg *pg, int rank, uint64_t seq, char *key, size_t len) {
-    snprintf(key, len, "nb/fp/%s/%d/%u", pg->name, rank, (unsigned)(seq % NB__FP_SLOTS));
+    snprintf(key, len, NB__STORE_FP_PREFIX "%s/%d/%u", pg->name, rank, (unsigned)(seq % NB__FP_SLOTS));
 }
 
 void nb__diag_record(nb_pg *pg, const nb_work *w) {
-    char key[160], val[256];
-    fp_key(pg, pg->rank, w->coll.seq, key, sizeof key);
-    int n = snprintf(val, sizeof val, "%" PRIu64 " %s", w->coll.seq, w->fingerprint);
-    /* A store that is gone is reported by the waits; the record is best effort. */
-    nb__store_set_quiet(pg->store_worker, key, val, (size_t)n);
+    pthread_mutex_lock(&pg->mu);
+    nb__fp_entry *e = &pg->ring[w->coll.seq % NB__FP_SLOTS];
+    e->seq = w->coll.seq;
+    snprintf(e->fp, sizeof e->fp, "%s", w->fingerprint);
+    pthread_mutex_unlock(&pg->mu);
+}
+
+void nb__diag_publish(nb_pg *pg) {
+    nb__fp_entry ring[NB__FP_SLOTS];
+    pthread_mutex_lock(&pg->mu);
+    memcpy(ring, pg->ring, sizeof ring);
+    uint64_t from = pg->ring_published;
+    pthread_mutex_unlock(&pg->mu);
+    uint64_t newest = from;
+    nb_pg *root = pg->root;
+    pthread_mutex_lock(&root->monitor_mu);
+    for (int k = 0; k < NB__FP_SLOTS; k++) {
+        if (ring[k].seq <= from) continue;
+        char key[160], val[256];
+        fp_key(pg, pg->rank, ring[k].seq, key, sizeof key);
+        int n = snprintf(val, sizeof val, "%" PRIu64 " %s", ring[k].seq, ring[k].fp);
+        /* A store that is gone is reported by the waits; publishing is best effort. */
+        nb__store_set_quiet(root->store_monitor, key, val, (size_t)n);
+        pg->stats.published++;
+        if (ring[k].seq > newest) newest = ring[k].seq;
+    }
+    pthread_mutex_unlock(&root->monitor_mu);
+    pthread_mutex_lock(&pg->mu);
+    if (newest > pg->ring_published) pg->ring_published = newest;
+    pthread_mutex_unlock(&pg->mu);
+}
+
+/* The newest collective before `seq` this rank started: every member
+ * entered it, or it would not have completed here (the group's works
+ * complete in issue order, and `seq` is the oldest unfinished one). */
+static nb__fp_entry completed_before(nb_pg *pg, uint64_t seq) {
+    nb__fp_entry best = {0, ""};
+    pthread_mutex_lock(&pg->mu);
+    for (int k = 0; k < NB__FP_SLOTS; k++)
+        if (pg->ring[k].seq < seq && pg->ring[k].seq > best.seq) best = pg->ring[k];
+    pthread_mutex_unlock(&pg->mu);
+    return best;
 }
 
 /* MGET on the monitor connection, in chunks of NB_STORE_MAX_KEYS. */
@@ -136,12 +185,15 @@ static void append_ranks(const nb_pg *pg, const bool *sel, char *out, size_t len
         if (u_ < len) snprintf(out + u_, len - u_, __VA_ARGS__);                       \
     } while (0)
 
-/* Appends "its last collective on this group was #N fingerprint" for member r. */
-static void last_collective(nb_pg *pg, int r, char *out, size_t len) {
+/* Appends "its last collective on this group was #N fingerprint" for
+ * member r, which did not arrive at `seq`: the newest of its published
+ * slots, or, when newer, the collective before `seq` that completed here
+ * (a member that never waited long published nothing). */
+static void last_collective(nb_pg *pg, int r, uint64_t seq, char *out, size_t len) {
     char *keys[NB__FP_SLOTS], *vals[NB__FP_SLOTS], buf[NB__FP_SLOTS][160];
     for (int k = 0; k < NB__FP_SLOTS; k++) {
         keys[k] = buf[k];
-        snprintf(buf[k], sizeof buf[k], "nb/fp/%s/%d/%d", pg->name, r, k);
+        snprintf(buf[k], sizeof buf[k], NB__STORE_FP_PREFIX "%s/%d/%d", pg->name, r, k);
     }
     if (nb__diag_mget(pg, keys, NB__FP_SLOTS, vals) != NB_OK) return;
     slot best = {false, 0, ""};
@@ -153,15 +205,18 @@ static void last_collective(nb_pg *pg, int r, char *out, size_t len) {
             best_k = k;
         }
     }
-    if (best_k < 0) APPEND("it has not started any collective on this group");
+    nb__fp_entry here = completed_before(pg, seq);
+    if (here.seq > 0 && (best_k < 0 || here.seq > best.seq))
+        APPEND("its last collective on this group was #%" PRIu64 " %s", here.seq, here.fp);
+    else if (best_k < 0) APPEND("it has not started any collective on this group");
     else APPEND("its last collective on this group was #%" PRIu64 " %s", best.seq, best.fp);
     for (int k = 0; k < NB__FP_SLOTS; k++) free(vals[k]);
 }
 
 /* Where a rank that did not arrive is: the newest of its slots. */
-static void describe_absent(nb_pg *pg, int r, char *out, size_t len) {
+static void describe_absent(nb_pg *pg, int r, uint64_t seq, char *out, size_t len) {
     char last[400] = "";
-    last_collective(pg, r, last, sizeof last);
+    last_collective(pg, r, seq, last, sizeof last);
     if (*last) APPEND(" (%s)", last);
 }
 
@@ -187,6 +242,12 @@ void nb__diag_explain(nb_pg *pg, const nb_work *w, const char *what, char *out, 
     }
     if (reason) APPEND("; the run was aborted: %s", reason);
     free(reason);
+
+    /* Note [Hang diagnostics]: this rank's fingerprints, and time for the
+     * members waiting on w to publish theirs. */
+    nb__diag_publish(pg);
+    double age = nb__now() - w->t_start;
+    if (age < PUBLISHED_AFTER_S) nb__sleep(PUBLISHED_AFTER_S - age);
 
     int n = pg->size;
     char **vals = calloc((size_t)n, sizeof *vals);
@@ -230,7 +291,7 @@ void nb__diag_explain(nb_pg *pg, const nb_work *w, const char *what, char *out, 
             char note[48];
             world_note(pg, r, note, sizeof note);
             APPEND("; rank %d%s did not arrive", r, note);
-            describe_absent(pg, r, out, len);
+            describe_absent(pg, r, seq, out, len);
             described++;
         }
     }

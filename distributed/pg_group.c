@@ -100,14 +100,12 @@ nb_status nb_pg_new_group(nb_pg *pg, const int *ranks, int n, nb_pg **out) {
     g->env = root->env;
     g->backend = pg->backend;
     g->ops = pg->ops;
+    g->base = pg->base;
     g->device = pg->device;
     g->timeout_s = pg->timeout_s;
-    st = nb__store_connect_like(&g->store_worker, root->store_main, -1, g->timeout_s);
-    if (st == NB_OK) {
-        char prefix[96];
-        snprintf(prefix, sizeof prefix, "nb/%s/%s/", nb_pg_backend_name(g->backend), name);
-        st = nb__pg_start_backend(g, prefix);
-    }
+    char prefix[96];
+    snprintf(prefix, sizeof prefix, "nb/%s/%s/", nb_pg_backend_name(g->backend), name);
+    st = nb__pg_start_backend(g, prefix);
     pg->n_children++;
     if (st != NB_OK) {
         char msg[NB__MSG_LEN];

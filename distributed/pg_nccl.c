@@ -280,22 +280,25 @@ static int async_error(nb__nccl *n) {
     return 0;
 }
 
-int nb__nccl_headers(nb__nccl *n, const int64_t *mine, int64_t *all, bool start) {
+int nb__nccl_exchange(nb__nccl *n, const void *mine, void *all, size_t bytes, bool start) {
+    if (bytes > HDR_BYTES)
+        return nb_set_error(NB_ERR_INTERNAL, "nb_pg (nccl): an exchange of %zu bytes per rank (at most %zu)", bytes,
+                            (size_t)HDR_BYTES);
     if (start) {
-        /* no wait for the compute stream: the header is the host's */
+        /* no wait for the compute stream: the bytes are the host's */
         CUDA_TRY(cudaSetDevice(n->device));
-        memcpy(n->hdr_host, mine, HDR_BYTES);
-        CUDA_TRY(cudaMemcpyAsync(n->hdr_dev, n->hdr_host, HDR_BYTES, cudaMemcpyHostToDevice, n->stream));
-        NCCL_TRY(ncclAllGather(n->hdr_dev, (char *)n->hdr_dev + HDR_BYTES, HDR_BYTES, ncclInt8, n->comm, n->stream));
+        memcpy(n->hdr_host, mine, bytes);
+        CUDA_TRY(cudaMemcpyAsync(n->hdr_dev, n->hdr_host, bytes, cudaMemcpyHostToDevice, n->stream));
+        NCCL_TRY(ncclAllGather(n->hdr_dev, (char *)n->hdr_dev + HDR_BYTES, bytes, ncclInt8, n->comm, n->stream));
         CUDA_TRY(cudaMemcpyAsync(n->hdr_host + NB__COLL_HEADER_WORDS, (char *)n->hdr_dev + HDR_BYTES,
-                                 HDR_BYTES * (size_t)n->size, cudaMemcpyDeviceToHost, n->stream));
+                                 bytes * (size_t)n->size, cudaMemcpyDeviceToHost, n->stream));
         CUDA_TRY(cudaEventRecord(n->hdr_done, n->stream));
         return 0;
     }
     cudaError_t e = cudaEventQuery(n->hdr_done);
     if (e == cudaErrorNotReady) return async_error(n);
     if (e != cudaSuccess) return nb_set_error(NB_ERR_INTERNAL, "CUDA: %s", cudaGetErrorString(e));
-    memcpy(all, n->hdr_host + NB__COLL_HEADER_WORDS, HDR_BYTES * (size_t)n->size);
+    memcpy(all, n->hdr_host + NB__COLL_HEADER_WORDS, bytes * (size_t)n->size);
     return 1;
 }
 
@@ -334,7 +337,7 @@ static void nccl_progress(nb_pg *pg) {
     while (pg->q_head && pg->broken == NB_OK) {
         nb_work *w = pg->q_head;
         if (w->state == NB__W_QUEUED) break; /* still being launched */
-        int r = w->nccl ? nb__nccl_query(pg->nccl, w->nccl) : 1;
+        int r = w->impl ? nb__nccl_query(pg->impl, w->impl) : 1;
         if (r == 0) break;
         if (r == 1) {
             nb__pg_finish_locked(pg, w, NB_OK, "");
@@ -353,20 +356,22 @@ static void nccl_progress(nb_pg *pg) {
 
 static nb_status nccl_start(nb_pg *pg, const char *prefix) {
     nb_pg *root = pg->root;
-    return nb__nccl_init(&pg->nccl, root->store_main, prefix, pg->rank, pg->size, pg->device.index,
-                         &pg->agree_buf);
+    nb__nccl *n = NULL;
+    void *agree_buf = NULL;
+    nb_status st = nb__nccl_init(&n, root->store_main, prefix, pg->rank, pg->size, pg->device.index, &agree_buf);
+    pg->impl = n;
+    return st;
 }
 
 /* Launched from the issuing thread. The work stays QUEUED until it has its
  * completion event, so that nccl_progress (possibly on another thread)
  * does not take it for finished. */
-static void nccl_submit(nb_pg *pg, nb_work *w) {
-    nb__diag_record(pg, w);
+static void nccl_launch(nb_pg *pg, nb_work *w) {
     nb_status st = NB_OK;
     nb__nccl_work *nw = NULL;
-    if (w->coll.count > 0 || w->coll.kind == NB__BARRIER) st = nb__nccl_launch(pg->nccl, &w->coll, &nw);
+    if (w->coll.count > 0 || w->coll.kind == NB__BARRIER) st = nb__nccl_launch(pg->impl, &w->coll, &nw);
     pthread_mutex_lock(&pg->mu);
-    w->nccl = nw;
+    w->impl = nw;
     w->state = NB__W_RUNNING;
     pthread_mutex_unlock(&pg->mu);
     if (st != NB_OK) {
@@ -389,51 +394,75 @@ static void nccl_wait_slice(nb_pg *pg, double *pause) {
 
 /* Note [NCCL streams]: the compute stream waits for the collective. */
 static nb_status nccl_order(nb_work *w) {
-    return w->nccl ? nb__nccl_work_order(w->nccl) : NB_OK;
+    return w->impl ? nb__nccl_work_order(w->impl) : NB_OK;
 }
 
 static void nccl_abort(nb_pg *pg) {
-    if (pg->nccl) nb__nccl_abort(pg->nccl);
-}
-
-static bool nccl_stop(nb_pg *pg) {
-    (void)pg;
-    return false;
+    if (pg->impl) nb__nccl_abort(pg->impl);
 }
 
 static void nccl_free(nb_pg *pg, bool stuck) {
     (void)stuck;
-    if (pg->nccl) nb__nccl_free(pg->nccl);
+    if (pg->impl) nb__nccl_free(pg->impl);
+    pg->impl = NULL;
 }
 
 static void nccl_work_free(nb_work *w) {
-    if (w->nccl) nb__nccl_work_free(w->nccl);
+    if (w->impl) nb__nccl_work_free(w->impl);
 }
 
 /* The vote goes through the group's 16 bytes of device memory. */
-static int nccl_headers(nb_pg *pg, const int64_t *mine, int64_t *all, bool start) {
-    return nb__nccl_headers(pg->nccl, mine, all, start);
-}
-
 static nb_status nccl_agree(nb_pg *pg, int32_t *votes) {
-    nb__cuda_memcpy_h2d(pg->device.index, pg->agree_buf, votes, sizeof *votes);
-    nb__coll c = {NB__ALL_REDUCE, NB_REDUCE_SUM, NB_I32, 1, 0, pg->agree_buf, NULL, 0};
+    nb__nccl *n = pg->impl;
+    nb__cuda_memcpy_h2d(pg->device.index, n->agree_buf, votes, sizeof *votes);
+    nb__coll c = {NB__ALL_REDUCE, NB_REDUCE_SUM, NB_I32, 1, 0, n->agree_buf, NULL, 0};
     nb_status st = nb_work_finish(nb__pg_issue(pg, &c));
-    if (st == NB_OK) nb__cuda_memcpy_d2h(pg->device.index, votes, pg->agree_buf, sizeof *votes);
+    if (st == NB_OK) nb__cuda_memcpy_d2h(pg->device.index, votes, n->agree_buf, sizeof *votes);
     return st;
 }
+
+/* The check layer's exchange (pg.h): one at a time, on the group's
+ * stream; the issuing thread polls it. */
+typedef struct nccl_xchg {
+    void *all;
+    size_t n;
+} nccl_xchg;
+
+static nb_status nccl_xpost(nb_pg *pg, const void *mine, void *all, size_t n, uint64_t tag, void **x) {
+    (void)tag; /* the stream orders them */
+    *x = NULL;
+    int r = nb__nccl_exchange(pg->impl, mine, all, n, true);
+    if (r < 0) return (nb_status)r;
+    nccl_xchg *e = malloc(sizeof *e);
+    NB_CHECK(e != NULL, "nb_pg (nccl): out of memory");
+    e->all = all;
+    e->n = n;
+    *x = e;
+    return NB_OK;
+}
+
+static int nccl_xtest(nb_pg *pg, void *x) {
+    nccl_xchg *e = x;
+    int r = nb__nccl_exchange(pg->impl, NULL, e->all, e->n, false);
+    if (r != 0) free(e);
+    return r;
+}
+
+static void nccl_xdrop(void *x) { free(x); }
 
 const nb__pg_ops nb__pg_nccl_ops = {
     .name = "nccl",
     .start = nccl_start,
-    .submit = nccl_submit,
+    .run = NULL,
+    .launch = nccl_launch,
     .progress = nccl_progress,
     .wait_slice = nccl_wait_slice,
     .order = nccl_order,
     .abort = nccl_abort,
-    .stop = nccl_stop,
     .free = nccl_free,
     .work_free = nccl_work_free,
     .agree = nccl_agree,
-    .headers = nccl_headers,
+    .xpost = nccl_xpost,
+    .xtest = nccl_xtest,
+    .xdrop = nccl_xdrop,
 };

@@ -140,6 +140,7 @@ struct nb_store_server {
     nb__store_refusal refusals[NB__STORE_REFUSALS_KEPT];
     uint64_t refused;      /* HELLOs refused for their run id, ever */
     uint64_t beyond;       /* ranks refused as beyond the world, ever */
+    atomic_ullong fp_writes; /* sets of keys under NB__STORE_FP_PREFIX, ever */
     uint8_t *rbuf;         /* RECV_CHUNK bytes */
     /* Note [Admission under a flood]: unproven connections refused, dropped
      * or closed, by source, since the last summary line (and ever) */
@@ -367,6 +368,8 @@ static void note_refusal(nb_store_server *s, const conn *c, const nb__store_req 
     pthread_mutex_unlock(&s->refusals_mu);
 }
 
+uint64_t nb__store_server_fp_writes(nb_store_server *s) { return atomic_load(&s->fp_writes); }
+
 uint64_t nb__store_server_beyond(nb_store_server *s) {
     pthread_mutex_lock(&s->refusals_mu);
     uint64_t n = s->beyond;
@@ -438,6 +441,9 @@ static bool handle(nb_store_server *s, conn *c, const uint8_t *body, uint32_t le
         return true;
     }
     size_t before = c->out.n;
+    if ((req->op == NB__OP_SET || req->op == NB__OP_SET_QUIET) && req->key.n >= strlen(NB__STORE_FP_PREFIX) &&
+        memcmp(req->key.p, NB__STORE_FP_PREFIX, strlen(NB__STORE_FP_PREFIX)) == 0)
+        atomic_fetch_add(&s->fp_writes, 1);
     if (nb__kv_apply(s->kv, req, &c->out)) {
         /* A quiet set the table refused has no reply to carry its error:
          * the client reads it at its next call, and the connection ends. */

@@ -238,8 +238,8 @@ bool nb__cuda_batch_norm_cudnn_ok(const nb_tensor *x, const nb_tensor *running_m
         ->batch_norm_cudnn_ok(x, running_mean, running_var, training, eps);
 }
 
-int nb__nccl_headers(nb__nccl *n, const int64_t *mine, int64_t *all, bool start) {
-    return loaded("nb__nccl_headers")->nccl_headers(n, mine, all, start);
+int nb__nccl_exchange(nb__nccl *n, const void *mine, void *all, size_t bytes, bool start) {
+    return loaded("nb__nccl_exchange")->nccl_exchange(n, mine, all, bytes, start);
 }
 
 /* ---- public ---- */

@@ -132,8 +132,7 @@ struct nb__nccl;
     X(void, nb__pg_finish_locked, (nb_pg * pg, nb_work *w, nb_status st, const char *msg),        \
       (pg, w, st, msg))                                                                           \
     X(void, nb__pg_fail, (nb_pg * pg, nb_work *w, nb_status st, const char *what),                \
-      (pg, w, st, what))                                                                          \
-    X(void, nb__diag_record, (nb_pg * pg, const nb_work *w), (pg, w))
+      (pg, w, st, what))
 
 /* What libnabla hands the plugin. abi and version first, in every ABI. */
 typedef struct nb__cuda_host {
@@ -167,7 +166,7 @@ typedef struct nb__cuda_plugin {
     bool (*batch_norm_cudnn_ok)(const nb_tensor *x, const nb_tensor *running_mean,
                                 const nb_tensor *running_var, bool training, double eps);
     /* distributed/internal.h says what it does */
-    int (*nccl_headers)(struct nb__nccl *n, const int64_t *mine, int64_t *all, bool start);
+    int (*nccl_exchange)(struct nb__nccl *n, const void *mine, void *all, size_t bytes, bool start);
 } nb__cuda_plugin;
 
 /* The plugin's one exported function (NB__CUDA_PLUGIN_INIT). It keeps

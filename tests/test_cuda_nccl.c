@@ -2,7 +2,7 @@
  * real CUDA contexts: every collective and the dtypes NCCL takes, zero
  * counts, ordering after work queued on the compute stream, ordering of
  * later compute after a wait, agree, barrier, the device check, and the
- * header exchange of Note [Collective headers on NCCL] (distributed/pg.c):
+ * header exchange of Note [Which collectives are checked] (distributed/pg_check.c):
  * the headers come back through the communicator, behind collectives
  * still queued, and every collective still gives its result when each
  * one checks (NABLA_DIST_CHECK=full). A mismatch needs two ranks, hence
@@ -141,9 +141,9 @@ START_TEST(test_headers_exchanged) {
     for (int round = 0; round < 3; round++) {
         memset(all, 0, sizeof all);
         mine[4] = 123456789 + round;
-        int r = nb__nccl_headers(pg->nccl, mine, all, true);
+        int r = nb__nccl_exchange(pg->impl, mine, all, sizeof mine, true);
         ck_assert_msg(r == 0, "start: %d: %s", r, nb_last_error());
-        while ((r = nb__nccl_headers(pg->nccl, mine, all, false)) == 0) nb__sleep(1e-5);
+        while ((r = nb__nccl_exchange(pg->impl, mine, all, sizeof mine, false)) == 0) nb__sleep(1e-5);
         ck_assert_msg(r == 1, "poll: %d: %s", r, nb_last_error());
         for (int i = 0; i < NB__COLL_HEADER_WORDS; i++) ck_assert_int_eq(all[i], mine[i]);
     }

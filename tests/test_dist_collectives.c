@@ -99,26 +99,26 @@ START_TEST(test_all_reduce) {
 }
 END_TEST
 
-/* Note [Small collectives ride on the header] (distributed/pg_gloo.c):
- * with more than one rank, a collective whose data fit in the header
- * message's payload, min(4096, 16384 / (R - 1)) bytes rounded down to 8,
- * completes from it (the group counts them), one that does not goes
- * through Gloo; both give the closed forms. Sizes on either side of the
- * limit, for each kind. */
+/* Note [Small collectives in one message] (distributed/pg_gloo.c): with
+ * more than one rank, a collective whose data fit in min(4096, 16384 /
+ * (R - 1)) bytes rounded down to 8 goes in one message from each rank to
+ * each other (the group counts them), one that does not goes through
+ * Gloo's algorithms; both give the closed forms. Sizes on either side of
+ * the limit, for each kind. */
 static double *host_values(const nb_tensor *t) {
     double *v = malloc((size_t)(nb_numel(t) + 1) * sizeof *v);
     nb_to_host_f64(t, v);
     return v;
 }
 
-START_TEST(test_small_collectives_ride_on_the_header) {
+START_TEST(test_small_collectives_in_one_message) {
     if (R == 1) return;
     size_t p = 16384 / (size_t)(R - 1);
     p = (p > 4096 ? 4096 : p) / 8 * 8;
     nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
     for (int big = 0; big < 2; big++) {
         int64_t n = (int64_t)(p / 4) + big; /* f32: p bytes, then one element more */
-        uint64_t before = world->from_header;
+        uint64_t before = world->stats.small;
         nb_tensor *t = input(ctx, NB_F32, me, n, 0);
         check_ok(nb_work_finish(nb_pg_all_reduce(world, t, NB_REDUCE_SUM)));
         assert_expected(t, NB_F32, NB_REDUCE_SUM, 0, "all_reduce");
@@ -137,12 +137,154 @@ START_TEST(test_small_collectives_ride_on_the_header) {
         nb_tensor *rin = input(ctx, NB_F32, me, (int64_t)R * g, 0), *rout = nb_zeros(ctx, NB_F32, NB_SHAPE(g));
         check_ok(nb_work_finish(nb_pg_reduce_scatter(world, rout, rin, NB_REDUCE_MAX)));
         assert_expected(rout, NB_F32, NB_REDUCE_MAX, (int64_t)me * g, "reduce_scatter");
-        uint64_t rode = world->from_header - before;
-        ck_assert_msg(rode == (big ? 0u : 4u), "%s: %llu of 4 collectives of %s completed from the header",
+        uint64_t rode = world->stats.small - before;
+        ck_assert_msg(rode == (big ? 0u : 4u), "%s: %llu of 4 collectives of %s went in one message",
                       big ? "over the limit" : "within the limit", (unsigned long long)rode,
                       big ? "one element over the payload" : "a full payload");
         nb_ctx_reset(ctx);
     }
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+/* Note [Small collectives in one message]: the collective checks neither
+ * choose nor carry the data, so NABLA_DIST_CHECK gives bitwise the same
+ * all-reduce for every size class: tiny, on either side of the
+ * one-message limit, large; f32, f64 and bf16; sum, avg and max. The
+ * option puts the check layer (distributed/pg_check.c) around the backend
+ * (auto, full) or leaves it out (off); the group's table is switched here
+ * as nb_pg_init switches it. The values are irregular, so that the order
+ * of a sum shows in the last bits (with three ranks and more). Within the
+ * limit, the result is also the reduction in rank order worked here from
+ * every rank's values, rounded as each dtype rounds. */
+static double irregular(nb_dtype dt, int r, int64_t i) {
+    float v = (float)(sin(1.0 + 0.37 * (double)i + 1.91 * r) * 1000.0 / (double)(1 + i % 7));
+    return dt == NB_BF16 ? nb_bf16_to_f32(nb_f32_to_bf16(v)) : dt == NB_F32 ? v : v * (1 + 1e-9 * (double)i);
+}
+
+static float bf16_round(float x) { return nb_bf16_to_f32(nb_f32_to_bf16(x)); }
+
+/* Rank 0's value, then rank 1's, ... combined one at a time, as dtype dt holds them. */
+static void rank_order(nb_dtype dt, nb_reduce_op op, int64_t n, void *out) {
+    for (int64_t i = 0; i < n; i++) {
+        double a64 = irregular(dt, 0, i);
+        float a32 = (float)a64;
+        for (int r = 1; r < R; r++) {
+            double b = irregular(dt, r, i);
+            if (op == NB_REDUCE_MAX) {
+                a64 = b > a64 ? b : a64;
+                a32 = (float)b > a32 ? (float)b : a32;
+            } else {
+                a64 = a64 + b;
+                a32 = dt == NB_BF16 ? bf16_round(a32 + (float)b) : a32 + (float)b;
+            }
+        }
+        if (op == NB_REDUCE_AVG) {
+            a64 = a64 / R;
+            a32 = (float)((double)a32 / R);
+        }
+        if (dt == NB_F64) ((double *)out)[i] = a64;
+        else if (dt == NB_F32) ((float *)out)[i] = a32;
+        else ((uint16_t *)out)[i] = nb_f32_to_bf16(a32);
+    }
+}
+
+START_TEST(test_checks_do_not_choose_the_arithmetic) {
+    if (R == 1) return;
+    size_t limit = 16384 / (size_t)(R - 1);
+    limit = (limit > 4096 ? 4096 : limit) / 8 * 8;
+    const nb_dtype dts[] = {NB_F32, NB_F64, NB_BF16};
+    const nb_reduce_op ops[] = {NB_REDUCE_SUM, NB_REDUCE_AVG, NB_REDUCE_MAX};
+    const nb__dist_check modes[] = {NB__CHECK_OFF, NB__CHECK_AUTO, NB__CHECK_FULL};
+    const nb__pg_ops *saved = world->ops;
+    nb__dist_check saved_mode = world->check;
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    int differ_from_rank_order = 0;
+    for (int d = 0; d < 3; d++) {
+        nb_dtype dt = dts[d];
+        size_t es = nb_dtype_size(dt);
+        int64_t lim = (int64_t)(limit / es);
+        const int64_t counts[] = {1, 3, lim - 1, lim, lim + 1, 3 * lim + 5, 20000};
+        for (int o = 0; o < 3; o++) {
+            for (int k = 0; k < 7; k++) {
+                int64_t n = counts[k];
+                double *v = malloc((size_t)n * sizeof *v);
+                unsigned char *got[3], *want = malloc((size_t)n * es);
+                for (int m = 0; m < 3; m++) {
+                    world->check = modes[m];
+                    world->ops = modes[m] == NB__CHECK_OFF ? world->base : nb__pg_checked(world->base);
+                    for (int64_t i = 0; i < n; i++) v[i] = irregular(dt, me, i);
+                    nb_tensor *t = nb_from_host(ctx, NB_F64, NB_SHAPE(n), v);
+                    if (dt != NB_F64) t = nb_cast(ctx, t, dt);
+                    check_ok(nb_work_finish(nb_pg_all_reduce(world, t, ops[o])));
+                    got[m] = malloc((size_t)n * es);
+                    memcpy(got[m], t->data, (size_t)n * es);
+                    nb_ctx_reset(ctx);
+                }
+                for (int m = 1; m < 3; m++)
+                    ck_assert_msg(memcmp(got[0], got[m], (size_t)n * es) == 0,
+                                  "all_reduce(%s, %s, count=%lld): NABLA_DIST_CHECK=off and %s give different bits",
+                                  nb__reduce_name(ops[o]), nb_dtype_name(dt), (long long)n,
+                                  modes[m] == NB__CHECK_AUTO ? "auto" : "full");
+                if ((size_t)n * es <= limit) {
+                    rank_order(dt, ops[o], n, want);
+                    ck_assert_msg(memcmp(got[0], want, (size_t)n * es) == 0,
+                                  "all_reduce(%s, %s, count=%lld) within the one-message limit is not the "
+                                  "reduction in rank order",
+                                  nb__reduce_name(ops[o]), nb_dtype_name(dt), (long long)n);
+                } else if (ops[o] != NB_REDUCE_MAX) {
+                    rank_order(dt, ops[o], n, want);
+                    differ_from_rank_order += memcmp(got[0], want, (size_t)n * es) != 0;
+                }
+                for (int m = 0; m < 3; m++) free(got[m]);
+                free(want);
+                free(v);
+            }
+        }
+    }
+    world->ops = saved;
+    world->check = saved_mode;
+    /* the large ones went through Gloo's own algorithms: some sums came out
+     * in another order (with three ranks and more), which the bitwise
+     * comparison above then had to match */
+    if (me == 0 && R >= 3) printf("%d large sums differ from the rank order\n", differ_from_rank_order);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+/* Note [Hang diagnostics] (distributed/pg_diag.c): while waits are short,
+ * fingerprints stay in the flight recorder and the store receives none
+ * (rank 0 serves it and counts the sets of keys under nb/fp/); a wait that
+ * runs long publishes them. */
+static uint64_t fp_writes_settled(void) {
+    nb__sleep(0.3); /* the publications are sets without a reply */
+    return me == 0 ? nb__store_server_fp_writes(world->server) : 0;
+}
+
+START_TEST(test_fingerprints_stay_home_while_waits_are_short) {
+    if (R == 1) return;
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    check_ok(nb_work_finish(nb_pg_barrier(world)));
+    check_ok(nb_work_finish(nb_pg_barrier(world)));
+    uint64_t before = fp_writes_settled(), mine = world->stats.published;
+    for (int k = 0; k < 30; k++) {
+        nb_tensor *t = input(ctx, NB_F32, me, 1 + 300 * (k % 3), 0);
+        check_ok(nb_work_finish(nb_pg_all_reduce(world, t, NB_REDUCE_SUM)));
+        nb_ctx_reset(ctx);
+    }
+    check_ok(nb_work_finish(nb_pg_barrier(world)));
+    uint64_t after = fp_writes_settled();
+    ck_assert_msg(after == before, "the store received %llu fingerprints while no wait ran long",
+                  (unsigned long long)(after - before));
+    ck_assert_uint_eq(world->stats.published, mine);
+    /* rank 1 arrives a second late: the others' waits run long */
+    if (me == 1) nb__sleep(1.2);
+    nb_tensor *t = input(ctx, NB_F32, me, 8, 0);
+    check_ok(nb_work_finish(nb_pg_all_reduce(world, t, NB_REDUCE_SUM)));
+    if (me != 1) ck_assert_msg(world->stats.published > mine, "rank %d waited 1.2 s and published nothing", me);
+    check_ok(nb_work_finish(nb_pg_barrier(world)));
+    after = fp_writes_settled();
+    if (me == 0) ck_assert_msg(after > before, "a long wait sent no fingerprint to the store");
     nb_ctx_free(ctx);
 }
 END_TEST
@@ -162,7 +304,7 @@ START_TEST(test_headers_posted_while_data_move) {
     nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
     nb_tensor *t[K];
     nb_work *w[K];
-    uint64_t before = world->headers_early;
+    uint64_t before = world->stats.headers_early;
     if (me == 0) nb__sleep(0.2);
     for (int k = 0; k < K; k++) {
         t[k] = input(ctx, NB_F32, me, n, 0);
@@ -170,7 +312,7 @@ START_TEST(test_headers_posted_while_data_move) {
     }
     for (int k = 0; k < K; k++) check_ok(nb_work_finish(w[k]));
     for (int k = 0; k < K; k++) assert_expected(t[k], NB_F32, NB_REDUCE_SUM, 0, "all_reduce");
-    uint64_t early = world->headers_early - before;
+    uint64_t early = world->stats.headers_early - before;
     ck_assert_msg(early <= K - 1 && (me == 0 || early >= 1), "rank %d: %llu of %d headers were posted early", me,
                   (unsigned long long)early, K - 1);
     nb_ctx_free(ctx);
@@ -391,10 +533,10 @@ END_TEST
 START_TEST(test_shim_exceptions_become_statuses) {
     float x[4] = {0};
     nb__coll bad_dtype = {NB__ALL_REDUCE, NB_REDUCE_SUM, (nb_dtype)99, 4, 0, x, NULL, 1000};
-    ck_assert_int_eq(nb__gloo_run(world->gloo, &bad_dtype), NB_ERR_NETWORK);
+    ck_assert_int_eq(nb__gloo_run(nb__pg_gloo(world), &bad_dtype), NB_ERR_NETWORK);
     ck_assert_str_eq(nb_last_error(), "Gloo all_reduce: unsupported dtype");
     nb__coll bad_root = {NB__BROADCAST, NB_REDUCE_SUM, NB_F32, 4, R + 5, x, NULL, 1001};
-    ck_assert_int_eq(nb__gloo_run(world->gloo, &bad_root), NB_ERR_NETWORK);
+    ck_assert_int_eq(nb__gloo_run(nb__pg_gloo(world), &bad_root), NB_ERR_NETWORK);
     ck_assert_msg(strncmp(nb_last_error(), "Gloo broadcast: [enforce fail at ", 33) == 0, "%s", nb_last_error());
     check_ok(nb_work_finish(nb_pg_barrier(world)));
 }
@@ -434,8 +576,10 @@ static Suite *suite(void) {
     TCase *tc = tcase_create("gloo");
     tcase_add_test(tc, test_all_reduce);
     tcase_add_test(tc, test_broadcast);
-    tcase_add_test(tc, test_small_collectives_ride_on_the_header);
+    tcase_add_test(tc, test_small_collectives_in_one_message);
     tcase_add_test(tc, test_headers_posted_while_data_move);
+    tcase_add_test(tc, test_checks_do_not_choose_the_arithmetic);
+    tcase_add_test(tc, test_fingerprints_stay_home_while_waits_are_short);
     tcase_add_test(tc, test_all_gather);
     tcase_add_test(tc, test_reduce_scatter);
     tcase_add_test(tc, test_barrier);

@@ -191,7 +191,7 @@ START_TEST(test_headers_compared) {
 }
 END_TEST
 
-/* Note [Collective headers on NCCL]: Gloo checks every collective unless
+/* Note [Which collectives are checked] (distributed/pg_check.c): Gloo checks every collective unless
  * off; NCCL by default every broadcast and the first 16 of a group. */
 START_TEST(test_which_collectives_check) {
     nb__coll ar = {.kind = NB__ALL_REDUCE, .count = 8}, bc = {.kind = NB__BROADCAST, .count = 8};

@@ -54,7 +54,7 @@ static const nb__cuda_plugin self = {
     .batch_norm_set_cudnn = nb__cuda_batch_norm_set_cudnn,
     .batch_norm_cudnn_calls = nb__cuda_batch_norm_cudnn_calls,
     .batch_norm_cudnn_ok = nb__cuda_batch_norm_cudnn_ok,
-    .nccl_headers = nb__nccl_headers,
+    .nccl_exchange = nb__nccl_exchange,
 };
 
 __attribute__((visibility("default"))) const nb__cuda_plugin *
