@@ -252,6 +252,30 @@ START_TEST(test_checks_do_not_choose_the_arithmetic) {
 }
 END_TEST
 
+/* A barrier holds every rank until the last arrives, with the check layer
+ * (whose header exchange is a barrier too) and without it: under
+ * NABLA_DIST_CHECK=off it used to return at once. Rank 1 arrives 0.4 s
+ * late. */
+START_TEST(test_barrier_waits_without_checks) {
+    if (R == 1) return;
+    const nb__pg_ops *saved = world->ops;
+    nb__dist_check saved_mode = world->check;
+    for (int m = 0; m < 2; m++) {
+        world->check = m ? NB__CHECK_AUTO : NB__CHECK_OFF;
+        world->ops = m ? nb__pg_checked(world->base) : world->base;
+        check_ok(nb_work_finish(nb_pg_barrier(world)));
+        double t0 = nb__now();
+        if (me == 1) nb__sleep(0.4);
+        check_ok(nb_work_finish(nb_pg_barrier(world)));
+        double waited = nb__now() - t0;
+        if (me != 1) ck_assert_msg(waited > 0.3, "checks %s: rank %d left the barrier after %.3f s, before rank 1 came",
+                                   m ? "on" : "off", me, waited);
+    }
+    world->ops = saved;
+    world->check = saved_mode;
+}
+END_TEST
+
 /* Note [Hang diagnostics] (distributed/pg_diag.c): while waits are short,
  * fingerprints stay in the flight recorder and the store receives none
  * (rank 0 serves it and counts the sets of keys under nb/fp/); a wait that
@@ -579,6 +603,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_small_collectives_in_one_message);
     tcase_add_test(tc, test_headers_posted_while_data_move);
     tcase_add_test(tc, test_checks_do_not_choose_the_arithmetic);
+    tcase_add_test(tc, test_barrier_waits_without_checks);
     tcase_add_test(tc, test_fingerprints_stay_home_while_waits_are_short);
     tcase_add_test(tc, test_all_gather);
     tcase_add_test(tc, test_reduce_scatter);
