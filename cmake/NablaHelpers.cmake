@@ -17,6 +17,15 @@ function(nabla_own_flags target)
   endif()
 endfunction()
 
+# A library target of ours exports only what is marked for export
+# (NB_API, include/nabla/api.h): C, C++ and CUDA code compiled with
+# -fvisibility=hidden, inline functions of C++ headers included.
+function(nabla_hidden_symbols target)
+  set_target_properties(${target} PROPERTIES
+    C_VISIBILITY_PRESET hidden CXX_VISIBILITY_PRESET hidden CUDA_VISIBILITY_PRESET hidden
+    VISIBILITY_INLINES_HIDDEN ON)
+endfunction()
+
 if(NABLA_SANITIZE)
   # Everything, third-party code built here included; nvcc's device
   # compiler does not take these, the host objects it makes are not

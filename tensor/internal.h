@@ -20,6 +20,11 @@
 extern "C" { /* the CUDA backend's .cu files include this header */
 #endif
 
+/* Marks an internal function the CUDA plugin calls: libnabla.so exports it
+ * beside the public NB_API surface (include/nabla/api.h); the list stays
+ * short (tests/test_exports.py). */
+#define NB_PLUGIN_API NB_API
+
 typedef void (*nb_backward_fn)(nb_ctx *ctx, nb_node *node, nb_tensor *grad_out);
 
 #define NB_NODE_SAVED 4

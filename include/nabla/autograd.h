@@ -12,6 +12,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "nabla/api.h"
 #include "nabla/tensor.h"
 
 #ifdef __cplusplus
@@ -19,9 +20,9 @@ extern "C" {
 #endif
 
 /* Backpropagates from a one-element tensor (seed 1). */
-void nb_backward(nb_tensor *loss);
+NB_API void nb_backward(nb_tensor *loss);
 /* Backpropagates from any tensor with the given seed gradient (same shape). */
-void nb_backward_with(nb_tensor *out, nb_tensor *grad_out);
+NB_API void nb_backward_with(nb_tensor *out, nb_tensor *grad_out);
 
 /* A backward marks the graph it walked; a backward from the same loss, or
  * from any tensor of that graph, aborts ("already walked by a backward")
@@ -36,32 +37,32 @@ typedef struct nb_backward_options {
 #define NB_BACKWARD_DEFAULTS ((nb_backward_options){.grad = NULL, .retain_graph = false})
 /* nb_backward (grad NULL) or nb_backward_with (grad set) with options;
  * opts NULL: the defaults. */
-void nb_backward_ex(nb_tensor *out, const nb_backward_options *opts);
+NB_API void nb_backward_ex(nb_tensor *out, const nb_backward_options *opts);
 
 /* Grad mode is per thread and on by default. */
-bool nb_grad_enabled(void);
-bool nb_set_grad_enabled(bool enabled); /* returns the previous mode */
+NB_API bool nb_grad_enabled(void);
+NB_API bool nb_set_grad_enabled(bool enabled); /* returns the previous mode */
 /* Scope helpers: bool prev = nb_no_grad_begin(); ...; nb_no_grad_end(prev); */
 static inline bool nb_no_grad_begin(void) { return nb_set_grad_enabled(false); }
 static inline void nb_no_grad_end(bool previous) { nb_set_grad_enabled(previous); }
 
 /* A view of x's storage that does not require grad. */
-nb_tensor *nb_detach(nb_ctx *ctx, nb_tensor *x);
+NB_API nb_tensor *nb_detach(nb_ctx *ctx, nb_tensor *x);
 
 /* Gradient-ready hook: called with the leaf whose ->grad is now final for
  * this backward pass. Hooks run in registration order, on the thread that
  * called nb_backward. The hook record lives in the leaf's context. */
 typedef void (*nb_grad_hook_fn)(nb_tensor *leaf, void *user);
-void nb_add_grad_hook(nb_tensor *leaf, nb_grad_hook_fn fn, void *user);
+NB_API void nb_add_grad_hook(nb_tensor *leaf, nb_grad_hook_fn fn, void *user);
 /* Unregisters the hook added with the same (fn, user); false if none. */
-bool nb_remove_grad_hook(nb_tensor *leaf, nb_grad_hook_fn fn, void *user);
+NB_API bool nb_remove_grad_hook(nb_tensor *leaf, nb_grad_hook_fn fn, void *user);
 
 /* Zeroes the gradient in place (keeps the buffer); no-op without one. */
-void nb_zero_grad(nb_tensor *t);
+NB_API void nb_zero_grad(nb_tensor *t);
 /* Makes `grad` (same shape and dtype, any context) the gradient buffer of
  * leaf t; later backwards accumulate into it. DDP uses this to place
  * gradients in bucket memory. */
-void nb_set_grad(nb_tensor *t, nb_tensor *grad);
+NB_API void nb_set_grad(nb_tensor *t, nb_tensor *grad);
 
 /* ---- gradient check against float64 central differences ----
  * fn builds an output from the inputs in ctx; the check compares the
@@ -81,7 +82,7 @@ typedef struct nb_gradcheck_result {
 
 /* eps 0 -> 1e-6, atol 0 -> 1e-5, rtol 0 -> 1e-4; an element fails when
  * |a - n| > atol + rtol * |n|. */
-nb_gradcheck_result nb_gradcheck(nb_gradcheck_fn fn, void *user, int n_inputs,
+NB_API nb_gradcheck_result nb_gradcheck(nb_gradcheck_fn fn, void *user, int n_inputs,
                                  nb_tensor *const *inputs, double eps, double atol,
                                  double rtol);
 

@@ -22,6 +22,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "nabla/api.h"
 #include "nabla/error.h"
 #include "nabla/optim.h"
 #include "nabla/random.h"
@@ -46,18 +47,18 @@ typedef struct nb_kv {
  * making the folders missing above it first (mkdir -p, mode 0777 less the
  * umask). Names must be unique, valid UTF-8, and not "__metadata__";
  * metadata keys unique. Returns NB_ERR_IO with the file and the failing call. */
-nb_status nb_checkpoint_save(const char *path, const nb_named_tensor *tensors, int n,
+NB_API nb_status nb_checkpoint_save(const char *path, const nb_named_tensor *tensors, int n,
                              const nb_kv *meta, int n_meta);
 /* Makes the folder `dir` and the ones missing above it, as a save would, and
  * checks that this process can write in it: for a program to refuse a
  * checkpoint folder at its start rather than at its first save. NB_ERR_IO
  * naming the folder and the reason. */
-nb_status nb_checkpoint_make_dir(const char *dir);
+NB_API nb_status nb_checkpoint_make_dir(const char *dir);
 /* Strict load into existing tensors: every name must be in the file with
  * the same shape and dtype, and the file must hold nothing else; otherwise
  * NB_ERR_MISMATCH with a message listing the missing keys, the unexpected
  * keys and the shape or dtype mismatches (nothing is written then). */
-nb_status nb_checkpoint_load(const char *path, const nb_named_tensor *tensors, int n);
+NB_API nb_status nb_checkpoint_load(const char *path, const nb_named_tensor *tensors, int n);
 
 /* ---- reading ---- */
 typedef struct nb_checkpoint nb_checkpoint;
@@ -73,25 +74,26 @@ typedef struct nb_checkpoint_entry {
 
 /* Opens and validates a file (header and layout; the data is read on
  * demand). *out is NULL on failure. */
-nb_status nb_checkpoint_open(const char *path, nb_checkpoint **out);
-void nb_checkpoint_close(nb_checkpoint *ck); /* NULL is fine */
-const char *nb_checkpoint_path(const nb_checkpoint *ck);
+NB_API nb_status nb_checkpoint_open(const char *path, nb_checkpoint **out);
+NB_API void nb_checkpoint_close(nb_checkpoint *ck); /* NULL is fine */
+NB_API const char *nb_checkpoint_path(const nb_checkpoint *ck);
 /* Entries in file order. */
-int nb_checkpoint_count(const nb_checkpoint *ck);
-const nb_checkpoint_entry *nb_checkpoint_entry_at(const nb_checkpoint *ck, int i);
-const nb_checkpoint_entry *nb_checkpoint_find(const nb_checkpoint *ck, const char *name);
+NB_API int nb_checkpoint_count(const nb_checkpoint *ck);
+NB_API const nb_checkpoint_entry *nb_checkpoint_entry_at(const nb_checkpoint *ck, int i);
+NB_API const nb_checkpoint_entry *nb_checkpoint_find(const nb_checkpoint *ck, const char *name);
 /* Metadata in file order; nb_checkpoint_meta gives NULL for a missing key. */
-int nb_checkpoint_meta_count(const nb_checkpoint *ck);
-nb_kv nb_checkpoint_meta_at(const nb_checkpoint *ck, int i);
-const char *nb_checkpoint_meta(const nb_checkpoint *ck, const char *key);
+NB_API int nb_checkpoint_meta_count(const nb_checkpoint *ck);
+NB_API nb_kv nb_checkpoint_meta_at(const nb_checkpoint *ck, int i);
+NB_API const char *nb_checkpoint_meta(const nb_checkpoint *ck, const char *key);
 /* Reads one tensor into dst (same shape, any strides; converted when the
  * dtypes differ). NB_ERR_NOT_FOUND, NB_ERR_MISMATCH or NB_ERR_IO. */
-nb_status nb_checkpoint_read(nb_checkpoint *ck, const char *name, nb_tensor *dst);
+NB_API nb_status nb_checkpoint_read(nb_checkpoint *ck, const char *name, nb_tensor *dst);
 /* nb_checkpoint_load on an open file. */
-nb_status nb_checkpoint_read_strict(nb_checkpoint *ck, const nb_named_tensor *tensors, int n);
+NB_API nb_status nb_checkpoint_read_strict(nb_checkpoint *ck, const nb_named_tensor *tensors,
+                                           int n);
 /* Reads of ck accept NaN and infinite values (refused by default: every
  * read then fails with NB_ERR_FORMAT naming the tensor and the element). */
-void nb_checkpoint_set_allow_nonfinite(nb_checkpoint *ck, bool allow);
+NB_API void nb_checkpoint_set_allow_nonfinite(nb_checkpoint *ck, bool allow);
 
 /* ---- training checkpoints ----
  * Model tensors under their own names, the optimizer's state under
@@ -106,7 +108,7 @@ typedef struct nb_train_state {
 /* opt may be NULL; extra metadata keys must not collide with nabla's
  * (format, nabla_version, step, epoch, data_position, rng_seed,
  * rng_offset, optimizer). */
-nb_status nb_checkpoint_save_training(const char *path, const nb_named_tensor *model,
+NB_API nb_status nb_checkpoint_save_training(const char *path, const nb_named_tensor *model,
                                       int n_model, nb_optim *opt, const nb_train_state *state,
                                       const nb_kv *extra, int n_extra);
 /* Strict load of model and optimizer (the optimizer's kind must match the
@@ -115,7 +117,7 @@ nb_status nb_checkpoint_save_training(const char *path, const nb_named_tensor *m
  * or a negative Adam second moment (exp_avg_sq), is refused with
  * NB_ERR_FORMAT naming the tensor and the element. On failure the tensors'
  * contents are unspecified unless the message says nothing was read. */
-nb_status nb_checkpoint_load_training(const char *path, const nb_named_tensor *model,
+NB_API nb_status nb_checkpoint_load_training(const char *path, const nb_named_tensor *model,
                                       int n_model, nb_optim *opt, nb_train_state *state);
 
 typedef struct nb_checkpoint_load_options {
@@ -123,7 +125,7 @@ typedef struct nb_checkpoint_load_options {
 } nb_checkpoint_load_options;
 
 /* nb_checkpoint_load_training with options (NULL: the defaults, all zero). */
-nb_status nb_checkpoint_load_training_ex(const char *path, const nb_named_tensor *model,
+NB_API nb_status nb_checkpoint_load_training_ex(const char *path, const nb_named_tensor *model,
                                          int n_model, nb_optim *opt, nb_train_state *state,
                                          const nb_checkpoint_load_options *opts);
 

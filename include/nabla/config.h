@@ -5,6 +5,8 @@
 #ifndef NABLA_CONFIG_H
 #define NABLA_CONFIG_H
 
+#include "nabla/api.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -23,7 +25,7 @@ extern "C" {
  * instead (docs/threads.md). The text reflects the thread counts and
  * switches in force when it is called; it lives in a buffer of the
  * calling thread, valid until that thread's next call. */
-const char *nb_config_string(void);
+NB_API const char *nb_config_string(void);
 
 #ifdef __cplusplus
 }

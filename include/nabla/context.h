@@ -12,6 +12,7 @@
 
 #include <stddef.h>
 
+#include "nabla/api.h"
 #include "nabla/dtype.h"
 
 #ifdef __cplusplus
@@ -22,19 +23,19 @@ typedef struct nb_ctx nb_ctx;
 
 /* A context whose tensors live on `device`. `initial_bytes` = 0 picks a
  * default (1 MiB); the arena grows on demand either way. */
-nb_ctx *nb_ctx_new(nb_device device, size_t initial_bytes);
-void nb_ctx_free(nb_ctx *ctx); /* NULL is fine */
+NB_API nb_ctx *nb_ctx_new(nb_device device, size_t initial_bytes);
+NB_API void nb_ctx_free(nb_ctx *ctx); /* NULL is fine */
 
 /* Forgets every tensor and tape node made in the context. */
-void nb_ctx_reset(nb_ctx *ctx);
+NB_API void nb_ctx_reset(nb_ctx *ctx);
 
-nb_device nb_ctx_device(const nb_ctx *ctx);
-size_t nb_ctx_used(const nb_ctx *ctx);     /* bytes handed out and not given back */
-size_t nb_ctx_peak(const nb_ctx *ctx);     /* largest nb_ctx_used() seen */
-size_t nb_ctx_reserved(const nb_ctx *ctx); /* bytes held from the system */
+NB_API nb_device nb_ctx_device(const nb_ctx *ctx);
+NB_API size_t nb_ctx_used(const nb_ctx *ctx);     /* bytes handed out and not given back */
+NB_API size_t nb_ctx_peak(const nb_ctx *ctx);     /* largest nb_ctx_used() seen */
+NB_API size_t nb_ctx_reserved(const nb_ctx *ctx); /* bytes held from the system */
 /* Largest extent of the context's blocks ever touched: the peak plus the
  * holes that memory given back left between live tensors. */
-size_t nb_ctx_extent(const nb_ctx *ctx);
+NB_API size_t nb_ctx_extent(const nb_ctx *ctx);
 
 /* Whether the library gives back, within a step, the memory of tensors it
  * made for itself once nothing needs them (default on): module-internal
@@ -42,7 +43,7 @@ size_t nb_ctx_extent(const nb_ctx *ctx);
  * backward temporaries. Off, every tensor lives until nb_ctx_reset.
  * Results are the same either way; only the peak memory differs. Note
  * [Memory given back] in tensor/memory.c; nb_keep in nabla/tensor.h. */
-void nb_ctx_set_give_back(nb_ctx *ctx, int on);
+NB_API void nb_ctx_set_give_back(nb_ctx *ctx, int on);
 
 /* The dtype that nb_matmul and nb_conv2d compute in for f32 inputs made
  * in this context: NB_F32 (default), NB_BF16 (CPU and CUDA) or NB_F16
@@ -51,13 +52,13 @@ void nb_ctx_set_give_back(nb_ctx *ctx, int on);
  * between ops stay in it (f32 arithmetic inside each op) and a loss is
  * f32: mixed precision with f32 parameters and master weights. What each
  * op returns: docs/cuda.md, "What each op returns under a compute dtype". */
-void nb_ctx_set_compute_dtype(nb_ctx *ctx, nb_dtype dtype);
-nb_dtype nb_ctx_compute_dtype(const nb_ctx *ctx);
+NB_API void nb_ctx_set_compute_dtype(nb_ctx *ctx, nb_dtype dtype);
+NB_API nb_dtype nb_ctx_compute_dtype(const nb_ctx *ctx);
 
 /* Raw memory from the context's arena (device memory for a CUDA context),
  * aligned to 64 bytes, zero-filled when `zero` is set. Never NULL: running out of memory is reported through
  * nb_abort with the context's usage. */
-void *nb_ctx_alloc(nb_ctx *ctx, size_t bytes, int zero);
+NB_API void *nb_ctx_alloc(nb_ctx *ctx, size_t bytes, int zero);
 
 #ifdef __cplusplus
 }

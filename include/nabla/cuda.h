@@ -14,6 +14,7 @@
 
 #include <stdbool.h>
 
+#include "nabla/api.h"
 #include "nabla/dtype.h"
 
 #ifdef __cplusplus
@@ -21,16 +22,16 @@ extern "C" {
 #endif
 
 /* True when nabla was built with CUDA and at least one GPU is visible. */
-bool nb_cuda_available(void);
+NB_API bool nb_cuda_available(void);
 /* Visible GPUs (0 without CUDA in the build or without a driver). */
-int nb_cuda_device_count(void);
+NB_API int nb_cuda_device_count(void);
 /* Waits until every op queued on the device has run, then reports any
  * fault a kernel found (through nb_abort, naming the op). */
-void nb_cuda_synchronize(nb_device device);
+NB_API void nb_cuda_synchronize(nb_device device);
 /* TF32 tensor cores for f32 matrix products and convolutions (about 10
  * bits of mantissa in the products): off by default, as in PyTorch. */
-void nb_cuda_set_allow_tf32(bool on);
-bool nb_cuda_allow_tf32(void);
+NB_API void nb_cuda_set_allow_tf32(bool on);
+NB_API bool nb_cuda_allow_tf32(void);
 
 #ifdef __cplusplus
 }

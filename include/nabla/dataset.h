@@ -23,6 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "nabla/api.h"
 #include "nabla/dtype.h"
 #include "nabla/error.h"
 #include "nabla/tensor.h"
@@ -40,9 +41,9 @@ typedef struct nb_field {
 } nb_field;
 
 /* nb_field_of(NB_F32, NB_SHAPE(30)); nb_field_of(NB_I64, 0, NULL) for a scalar. */
-nb_field nb_field_of(nb_dtype dtype, int ndim, const int64_t *shape);
-int64_t nb_field_numel(const nb_field *f);
-size_t nb_field_bytes(const nb_field *f);
+NB_API nb_field nb_field_of(nb_dtype dtype, int ndim, const int64_t *shape);
+NB_API int64_t nb_field_numel(const nb_field *f);
+NB_API size_t nb_field_bytes(const nb_field *f);
 
 typedef struct nb_dataset nb_dataset;
 
@@ -59,22 +60,22 @@ typedef struct nb_dataset_vtable {
 
 /* Wraps `self`; the dataset frees it with vt->free when the last reference
  * goes. `vt` must outlive the dataset (a static const table). */
-nb_dataset *nb_dataset_new(const nb_dataset_vtable *vt, void *self, nb_field input,
+NB_API nb_dataset *nb_dataset_new(const nb_dataset_vtable *vt, void *self, nb_field input,
                            nb_field target);
-nb_dataset *nb_dataset_retain(nb_dataset *ds); /* returns ds */
-void nb_dataset_free(nb_dataset *ds);          /* drops one reference; NULL is fine */
+NB_API nb_dataset *nb_dataset_retain(nb_dataset *ds); /* returns ds */
+NB_API void nb_dataset_free(nb_dataset *ds);          /* drops one reference; NULL is fine */
 
-int64_t nb_dataset_len(const nb_dataset *ds);
-nb_field nb_dataset_input(const nb_dataset *ds);
-nb_field nb_dataset_target(const nb_dataset *ds);
-const char *nb_dataset_name(const nb_dataset *ds);
+NB_API int64_t nb_dataset_len(const nb_dataset *ds);
+NB_API nb_field nb_dataset_input(const nb_dataset *ds);
+NB_API nb_field nb_dataset_target(const nb_dataset *ds);
+NB_API const char *nb_dataset_name(const nb_dataset *ds);
 /* Sample `index` into caller memory (an index out of range aborts). */
-nb_status nb_dataset_get(const nb_dataset *ds, int64_t index, void *input, void *target);
+NB_API nb_status nb_dataset_get(const nb_dataset *ds, int64_t index, void *input, void *target);
 
 /* ---- in memory ---- */
 /* inputs (N, ...) and targets (N, ...) of any dtypes, copied: the tensors
  * and their context may go away afterwards. Sample i is row i of each. */
-nb_dataset *nb_dataset_from_tensors(const nb_tensor *inputs, const nb_tensor *targets);
+NB_API nb_dataset *nb_dataset_from_tensors(const nb_tensor *inputs, const nb_tensor *targets);
 
 /* ---- CSV ---- */
 #define NB_CSV_MAX_CLASSES (1 << 20)
@@ -101,7 +102,7 @@ typedef struct nb_csv_options {
 
 /* label_index -1, label_dtype NB_I64, input_dtype NB_F32, delimiter ',',
  * non-finite values refused, flat samples. */
-nb_csv_options nb_csv_defaults(void);
+NB_API nb_csv_options nb_csv_defaults(void);
 
 /* A table of numbers: every column but the label is an input feature, in
  * file order (input shape (F), or sample_shape), the label is the target
@@ -115,7 +116,8 @@ nb_csv_options nb_csv_defaults(void);
  * not below max_classes,
  * sample_shape does not hold F values (NB_ERR_FORMAT); the label column
  * does not exist (NB_ERR_NOT_FOUND). */
-nb_status nb_dataset_open_csv(nb_dataset **out, const char *path, const nb_csv_options *opts);
+NB_API nb_status nb_dataset_open_csv(nb_dataset **out, const char *path,
+                                     const nb_csv_options *opts);
 
 /* ---- token sequences ----
  * Sample i of a windowed token stream is the pair x = tok[s .. s+T),
@@ -135,12 +137,12 @@ nb_status nb_dataset_open_csv(nb_dataset **out, const char *path, const nb_csv_o
  * message naming the file and byte offset. The files stay open and each
  * window is read when it is fetched: a file truncated after the open makes
  * that fetch fail with NB_ERR_IO naming the file and offset. */
-nb_status nb_dataset_open_tokens(nb_dataset **out, const char *pattern, int64_t seq_len,
+NB_API nb_status nb_dataset_open_tokens(nb_dataset **out, const char *pattern, int64_t seq_len,
                                  int64_t stride, int64_t vocab_size);
 
 /* Writes `tokens` as one shard in that format (for tests, benchmarks and
  * programs that tokenize). */
-nb_status nb_tokens_write(const char *path, const uint16_t *tokens, int64_t n);
+NB_API nb_status nb_tokens_write(const char *path, const uint16_t *tokens, int64_t n);
 
 /* Character-level text: each byte of the file is one token. */
 typedef enum nb_text_vocab {
@@ -150,31 +152,32 @@ typedef enum nb_text_vocab {
 
 /* The whole file is read into memory. Errors: cannot read (NB_ERR_IO);
  * fewer than T + 1 bytes (NB_ERR_FORMAT). */
-nb_status nb_dataset_open_text(nb_dataset **out, const char *path, int64_t seq_len,
+NB_API nb_status nb_dataset_open_text(nb_dataset **out, const char *path, int64_t seq_len,
                                int64_t stride, nb_text_vocab vocab);
 /* Vocabulary size V of a text dataset; fills bytes[id] = the byte of
  * token id for id < V (bytes may be NULL). Aborts for other datasets. */
-int nb_dataset_text_vocab(const nb_dataset *ds, uint8_t bytes[256]);
+NB_API int nb_dataset_text_vocab(const nb_dataset *ds, uint8_t bytes[256]);
 
 /* ---- subsets, splits, standardisation ---- */
 /* Sample i is base sample indices[i] (copied; each in range). */
-nb_dataset *nb_dataset_subset(nb_dataset *base, const int64_t *indices, int64_t n);
+NB_API nb_dataset *nb_dataset_subset(nb_dataset *base, const int64_t *indices, int64_t n);
 
 /* Partitions `ds` with a permutation seeded by `seed`: round(test_fraction
  * * N) samples go to *test, the rest to *train, each subset keeping the
  * base order. test_fraction in [0, 1]. */
-void nb_dataset_split(nb_dataset *ds, double test_fraction, uint64_t seed, nb_dataset **train,
+NB_API void nb_dataset_split(nb_dataset *ds, double test_fraction, uint64_t seed,
+                             nb_dataset **train,
                       nb_dataset **test);
 
 /* Per-element mean and standard deviation (population, divisor N) of the
  * inputs over all samples of `ds`, into arrays of nb_field_numel(input)
  * doubles; a zero deviation is reported as 1 so that it divides safely.
  * Fit it on the training split only. Fails only when a get fails. */
-nb_status nb_dataset_fit_standardizer(const nb_dataset *ds, double *mean, double *std);
+NB_API nb_status nb_dataset_fit_standardizer(const nb_dataset *ds, double *mean, double *std);
 
 /* A dataset whose inputs are (x - mean) / std elementwise (float inputs;
  * arrays copied); targets unchanged. */
-nb_dataset *nb_dataset_standardize(nb_dataset *base, const double *mean, const double *std);
+NB_API nb_dataset *nb_dataset_standardize(nb_dataset *base, const double *mean, const double *std);
 
 #ifdef __cplusplus
 }

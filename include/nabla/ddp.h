@@ -15,6 +15,7 @@
 #include <stddef.h>
 #include <stdio.h>
 
+#include "nabla/api.h"
 #include "nabla/dist.h"
 #include "nabla/nn.h"
 #include "nabla/optim.h"
@@ -58,22 +59,22 @@ typedef struct nb_ddp_options {
  * the wrapper. Collective: every rank of `pg` calls it. A mismatch returns
  * NB_ERR_MISMATCH on every rank, naming the first differing parameter and
  * the ranks. */
-nb_status nb_ddp_new(nb_ddp **out, nb_module *model, nb_pg *pg, const nb_ddp_options *opts);
+NB_API nb_status nb_ddp_new(nb_ddp **out, nb_module *model, nb_pg *pg, const nb_ddp_options *opts);
 /* Gives the gradients back their own memory (values kept) and frees the
  * wrapper. NULL is fine. */
-void nb_ddp_free(nb_ddp *ddp);
+NB_API void nb_ddp_free(nb_ddp *ddp);
 
-nb_module *nb_ddp_module(nb_ddp *ddp);
+NB_API nb_module *nb_ddp_module(nb_ddp *ddp);
 
 /* Broadcasts buffers from rank 0 when broadcast_buffers is set (a
  * collective); programs whose modules take several inputs call it before
  * their forward. */
-nb_status nb_ddp_pre_forward(nb_ddp *ddp);
+NB_API nb_status nb_ddp_pre_forward(nb_ddp *ddp);
 /* nb_ddp_pre_forward, then nb_module_forward into *out. A failed broadcast
  * or a failed collective inside the forward (a SyncBatchNorm's, when a peer
  * died or froze) is returned, naming the peer in nb_last_error(), with
  * *out NULL. */
-nb_status nb_ddp_forward(nb_ddp *ddp, nb_ctx *ctx, nb_tensor *x, nb_tensor **out);
+NB_API nb_status nb_ddp_forward(nb_ddp *ddp, nb_ctx *ctx, nb_tensor *x, nb_tensor **out);
 
 /* Runs backward from `loss` with bucketed, overlapped all-reduce and
  * returns once every gradient holds the average over ranks. Use it in place
@@ -83,11 +84,11 @@ nb_status nb_ddp_forward(nb_ddp *ddp, nb_ctx *ctx, nb_tensor *x, nb_tensor **out
  * still reduced so that other ranks do not hang); a communication failure
  * (a bucket's, or a SyncBatchNorm's inside backward) is returned with the
  * message naming the peer. */
-nb_status nb_ddp_backward(nb_ddp *ddp, nb_tensor *loss);
+NB_API nb_status nb_ddp_backward(nb_ddp *ddp, nb_tensor *loss);
 
 /* Gradient accumulation: while on, nb_ddp_backward communicates nothing;
  * the first backward after turning it off reduces the accumulated sums. */
-void nb_ddp_set_no_sync(nb_ddp *ddp, bool no_sync);
+NB_API void nb_ddp_set_no_sync(nb_ddp *ddp, bool no_sync);
 
 /* ---- optimizer step overlapped per bucket (docs/ddp.md, "Per-bucket
  * optimizer step") ---- */
@@ -108,8 +109,8 @@ void nb_ddp_set_no_sync(nb_ddp *ddp, bool no_sync);
  * as join and ZeRO-1 do the other way round), when opt is sharded by
  * ZeRO-1 or stepped by another wrapper, or when a parameter of opt is not
  * one of the wrapper's. */
-NB_MUST_CHECK nb_status nb_ddp_set_optimizer(nb_ddp *ddp, nb_optim *opt);
-nb_optim *nb_ddp_optimizer(const nb_ddp *ddp);
+NB_API NB_MUST_CHECK nb_status nb_ddp_set_optimizer(nb_ddp *ddp, nb_optim *opt);
+NB_API nb_optim *nb_ddp_optimizer(const nb_ddp *ddp);
 
 /* ---- ZeRO-1: optimizer state sharded over the ranks (docs/ddp.md, "ZeRO-1") ---- */
 /* Shards opt's state: each rank keeps the moments / momentum buffers of
@@ -133,7 +134,7 @@ nb_optim *nb_ddp_optimizer(const nb_ddp *ddp);
  * is collective: every rank gets the whole state back into opt. Free the
  * wrapper only after detaching, or opt's state is lost (opt then refuses
  * to step). */
-NB_MUST_CHECK nb_status nb_ddp_set_zero(nb_ddp *ddp, nb_optim *opt);
+NB_API NB_MUST_CHECK nb_status nb_ddp_set_zero(nb_ddp *ddp, nb_optim *opt);
 
 /* PowerSGD gradient compression (Vogels et al., 2019), with the semantics
  * of PyTorch's powerSGD_hook: after start_iter synchronised steps of plain
@@ -164,7 +165,8 @@ typedef struct nb_ddp_powersgd_options {
  * call before a backward. CPU gradients of f32 or f64 only
  * (NB_ERR_UNSUPPORTED otherwise); with the bf16 hook, ZeRO or join on,
  * NB_ERR_INVALID naming the conflict; nothing attached on an error. */
-NB_MUST_CHECK nb_status nb_ddp_set_powersgd(nb_ddp *ddp, const nb_ddp_powersgd_options *opts);
+NB_API NB_MUST_CHECK nb_status nb_ddp_set_powersgd(nb_ddp *ddp,
+                                                   const nb_ddp_powersgd_options *opts);
 /* nb_ddp_set_zero with a stage: 1 shards the optimizer state (what
  * nb_ddp_set_zero does), 2 the gradients too (ZeRO-2, docs/ddp.md): the
  * buckets' gradient memory exists only from the start of an
@@ -173,20 +175,20 @@ NB_MUST_CHECK nb_status nb_ddp_set_powersgd(nb_ddp *ddp, const nb_ddp_powersgd_o
  * are NULL. Called with the optimizer already attached it changes the
  * stage; other stages abort. nb_ddp_set_zero keeps the stage of an
  * optimizer already attached, else attaches with stage 1. */
-NB_MUST_CHECK nb_status nb_ddp_set_zero_stage(nb_ddp *ddp, nb_optim *opt, int stage);
+NB_API NB_MUST_CHECK nb_status nb_ddp_set_zero_stage(nb_ddp *ddp, nb_optim *opt, int stage);
 /* 0 (ZeRO off), 1 or 2. */
-int nb_ddp_zero_stage(const nb_ddp *ddp);
-nb_optim *nb_ddp_zero_optimizer(const nb_ddp *ddp);
+NB_API int nb_ddp_zero_stage(const nb_ddp *ddp);
+NB_API nb_optim *nb_ddp_zero_optimizer(const nb_ddp *ddp);
 /* The bytes of state this rank holds now: the wrapper's parameters (those
  * that require grad), their gradient memory (the buckets', ZeRO's
  * averaged shards) and opt's state (nb_optim_state_bytes, with its
  * shards; opt may be NULL). Communication buffers are not counted. */
-size_t nb_ddp_state_bytes(const nb_ddp *ddp, const nb_optim *opt);
+NB_API size_t nb_ddp_state_bytes(const nb_ddp *ddp, const nb_optim *opt);
 /* The optimizer step under ZeRO-1 (after a synchronising nb_ddp_backward
  * and, if wanted, nb_ddp_clip_grad_norm): the rank's shard is updated with
  * the averaged gradients, then every bucket's parameters are all-gathered.
  * Collective. One step of opt (optim.step + 1, each parameter's step + 1). */
-nb_status nb_ddp_step(nb_ddp *ddp);
+NB_API nb_status nb_ddp_step(nb_ddp *ddp);
 /* Global-norm clipping of the averaged gradients, as nb_clip_grad_norm
  * over every parameter of the wrapper (same norm_type, max_norm and
  * non-finite rules); the norm goes to *norm. Under ZeRO-1 the norm is the
@@ -194,12 +196,13 @@ nb_status nb_ddp_step(nb_ddp *ddp);
  * for INFINITY) and only the shards are scaled; collective then. Without
  * ZeRO-1 it is nb_clip_grad_norm on the parameters (local). Aborts while
  * an optimizer is stepped per bucket (nb_ddp_set_optimizer). */
-nb_status nb_ddp_clip_grad_norm(nb_ddp *ddp, double max_norm, double norm_type, double *norm);
+NB_API nb_status nb_ddp_clip_grad_norm(nb_ddp *ddp, double max_norm, double norm_type,
+                                       double *norm);
 /* Gathers the whole optimizer state into opt on rank `root` (every rank
  * with -1), for nb_optim_state / nb_checkpoint_save_training: the file is
  * the same as the one a plain optimizer with that state writes. Valid until
  * the next nb_ddp_step, which frees it again. Collective. */
-nb_status nb_ddp_consolidate_optimizer(nb_ddp *ddp, int root);
+NB_API nb_status nb_ddp_consolidate_optimizer(nb_ddp *ddp, int root);
 /* The grad scaler under ZeRO-1 (nb_grad_scaler_unscale / _step refuse a
  * sharded optimizer): nb_ddp_scaler_unscale divides the averaged gradients
  * (the rank's shards) by the scale and checks them; the ranks agree on
@@ -209,8 +212,8 @@ nb_status nb_ddp_consolidate_optimizer(nb_ddp *ddp, int root);
  * skips the step otherwise, on every rank alike; nb_grad_scaler_update(s)
  * follows as without ZeRO. Both are collective (Note [ZeRO-1 grad scaler]
  * in distributed/ddp_zero.c). */
-nb_status nb_ddp_scaler_unscale(nb_ddp *ddp, nb_grad_scaler *s);
-nb_status nb_ddp_scaler_step(nb_ddp *ddp, nb_grad_scaler *s, bool *stepped);
+NB_API nb_status nb_ddp_scaler_unscale(nb_ddp *ddp, nb_grad_scaler *s);
+NB_API nb_status nb_ddp_scaler_step(nb_ddp *ddp, nb_grad_scaler *s, bool *stepped);
 
 /* ---- uneven inputs: join (docs/ddp.md, "Uneven inputs: join") ---- */
 typedef struct nb_ddp_join_options {
@@ -230,7 +233,7 @@ typedef struct nb_ddp_join_options {
  * reason in nb_last_error(), when per-bucket steps (nb_ddp_set_optimizer)
  * or ZeRO-1 are on: the same refusal, naming both features, that those
  * calls give in join mode. */
-NB_MUST_CHECK nb_status nb_ddp_join_begin(nb_ddp *ddp, const nb_ddp_join_options *opts);
+NB_API NB_MUST_CHECK nb_status nb_ddp_join_begin(nb_ddp *ddp, const nb_ddp_join_options *opts);
 /* Called by a rank that has no batches left: answers the other ranks'
  * steps with zero contributions (buffer broadcasts, SyncBatchNorm
  * statistics and gradient sums, gradient buckets) until every rank has
@@ -238,15 +241,15 @@ NB_MUST_CHECK nb_status nb_ddp_join_begin(nb_ddp *ddp, const nb_ddp_join_options
  * rank(s) still training, and leaves join mode. The joined rank's
  * gradients are zero; its optimizer state is left as it was. A failed
  * collective (a peer died) is returned, naming it. */
-nb_status nb_ddp_join(nb_ddp *ddp);
+NB_API nb_status nb_ddp_join(nb_ddp *ddp);
 
 /* ---- buckets and measured overlap ---- */
-int nb_ddp_num_buckets(const nb_ddp *ddp);
+NB_API int nb_ddp_num_buckets(const nb_ddp *ddp);
 /* Parameter indices (in nb_module_named_parameters order, counting only
  * those that require grad) of bucket b, in bucket order; returns the count,
  * writes at most cap. */
-int nb_ddp_bucket_params(const nb_ddp *ddp, int b, int *out, int cap);
-bool nb_ddp_buckets_rebuilt(const nb_ddp *ddp);
+NB_API int nb_ddp_bucket_params(const nb_ddp *ddp, int b, int *out, int cap);
+NB_API bool nb_ddp_buckets_rebuilt(const nb_ddp *ddp);
 
 typedef struct nb_ddp_bucket_time {
     double launch;   /* seconds, relative to the end of backward (negative: before it) */
@@ -267,7 +270,7 @@ typedef struct nb_ddp_step_stats {
 } nb_ddp_step_stats;
 
 /* The last synchronised step's figures. */
-nb_ddp_step_stats nb_ddp_last_stats(const nb_ddp *ddp);
+NB_API nb_ddp_step_stats nb_ddp_last_stats(const nb_ddp *ddp);
 
 /* Overlap across ranks (Note [Overlap across ranks] in
  * distributed/ddp_overlap.c). A rank's own figures (nb_ddp_step_stats)
@@ -296,12 +299,12 @@ typedef struct nb_ddp_overlap {
  * record_timeline; NB_ERR_MISMATCH when the ranks recorded different steps
  * or buckets; the store's or group's failure otherwise. A world of one has
  * no buckets and records no step (steps 0). */
-nb_status nb_ddp_overlap_across_ranks(nb_ddp *ddp, nb_ddp_overlap *out);
+NB_API nb_status nb_ddp_overlap_across_ranks(nb_ddp *ddp, nb_ddp_overlap *out);
 
 /* Chrome trace JSON (opens in Perfetto / chrome://tracing) of the steps
  * recorded so far (record_timeline): forward, backward and each bucket's
  * all-reduce on their own tracks, process = rank. */
-nb_status nb_ddp_write_trace(const nb_ddp *ddp, const char *path);
+NB_API nb_status nb_ddp_write_trace(const nb_ddp *ddp, const char *path);
 
 /* ---- SyncBatchNorm ---- */
 /* Batch norm whose training statistics are those of the whole global
@@ -313,14 +316,14 @@ nb_status nb_ddp_write_trace(const nb_ddp *ddp, const char *path);
  * input's gradient) is all NaN, the running statistics are unchanged and
  * the group is broken: nb_ddp_forward / nb_ddp_backward return the
  * failure, and so do nb_pg_status(pg) and every later collective on pg. */
-nb_tensor *nb_sync_batch_norm(nb_ctx *ctx, nb_pg *pg, nb_tensor *x, nb_tensor *weight,
+NB_API nb_tensor *nb_sync_batch_norm(nb_ctx *ctx, nb_pg *pg, nb_tensor *x, nb_tensor *weight,
                               nb_tensor *bias, nb_tensor *running_mean, nb_tensor *running_var,
                               bool training, double momentum, double eps);
 
 /* Replaces every BatchNorm1d/2d in the tree by a SyncBatchNorm over `pg`
  * that keeps the same parameter and buffer tensors (and names). Returns the
  * number replaced. */
-int nb_convert_sync_batchnorm(nb_module *model, nb_pg *pg);
+NB_API int nb_convert_sync_batchnorm(nb_module *model, nb_pg *pg);
 
 #ifdef __cplusplus
 }

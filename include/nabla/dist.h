@@ -16,6 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "nabla/api.h"
 #include "nabla/dtype.h"
 #include "nabla/error.h"
 #include "nabla/tensor.h"
@@ -48,12 +49,12 @@ typedef struct nb_dist_env {
 
 /* Fills `env`; a missing, malformed or inconsistent variable is
  * NB_ERR_INVALID with a message naming it. */
-nb_status nb_dist_env_read(nb_dist_env *env);
+NB_API nb_status nb_dist_env_read(nb_dist_env *env);
 
 /* The device a process of `env` computes on: with the CUDA backend and a
  * visible GPU, cuda:LOCAL_RANK, made the current device (call it before
  * anything touches a GPU; nb_pg_init does); otherwise the CPU. */
-nb_status nb_dist_select_device(const nb_dist_env *env, bool want_gpu, nb_device *device);
+NB_API nb_status nb_dist_select_device(const nb_dist_env *env, bool want_gpu, nb_device *device);
 
 /* ------------------------------------------------------------------ store */
 
@@ -75,10 +76,10 @@ typedef struct nb_store_server nb_store_server;
  * NABLA_STORE_TRUSTED_NETWORK=1 ("0.0.0.0" or NULL: every interface);
  * otherwise NB_ERR_INVALID (docs/distributed.md, "Security"). nb_pg_init
  * serves the run's store with its secret. */
-nb_status nb_store_server_start(nb_store_server **out, const char *host, int port,
+NB_API nb_status nb_store_server_start(nb_store_server **out, const char *host, int port,
                                 const char *run_id);
-int nb_store_server_port(const nb_store_server *server);
-void nb_store_server_stop(nb_store_server *server); /* NULL is fine */
+NB_API int nb_store_server_port(const nb_store_server *server);
+NB_API void nb_store_server_stop(nb_store_server *server); /* NULL is fine */
 
 /* Connects to the store at host:port, retrying until `timeout_s`, which is
  * also the default timeout of the blocking calls. `run_id` must be the
@@ -87,29 +88,29 @@ void nb_store_server_stop(nb_store_server *server); /* NULL is fine */
  * one per rank, and if it drops without nb_store_close (the process died)
  * the server marks the run aborted, and every wait, on every rank, fails
  * at once with NB_ERR_CLOSED naming the rank. -1: an anonymous client. */
-nb_status nb_store_connect(nb_store **out, const char *host, int port, const char *run_id,
+NB_API nb_status nb_store_connect(nb_store **out, const char *host, int port, const char *run_id,
                            int rank, double timeout_s);
 /* Says goodbye and closes; NULL is fine. */
-void nb_store_close(nb_store *store);
+NB_API void nb_store_close(nb_store *store);
 
-nb_status nb_store_set(nb_store *store, const char *key, const void *value, size_t len);
+NB_API nb_status nb_store_set(nb_store *store, const char *key, const void *value, size_t len);
 /* Waits until `key` exists, at most `timeout_s` (< 0: the connection's
  * default; 0: no wait, NB_ERR_NOT_FOUND if absent; else NB_ERR_TIMEOUT).
  * *value is malloc'd (NUL-terminated for convenience; free() it). */
-nb_status nb_store_get(nb_store *store, const char *key, double timeout_s, void **value,
+NB_API nb_status nb_store_get(nb_store *store, const char *key, double timeout_s, void **value,
                        size_t *len);
 /* Waits until all `n` keys exist; NB_ERR_TIMEOUT names the missing ones. */
-nb_status nb_store_wait(nb_store *store, const char *const *keys, int n, double timeout_s);
+NB_API nb_status nb_store_wait(nb_store *store, const char *const *keys, int n, double timeout_s);
 /* Adds `delta` to the integer at `key` (absent: 0) and returns the sum. */
-nb_status nb_store_add(nb_store *store, const char *key, int64_t delta, int64_t *result);
+NB_API nb_status nb_store_add(nb_store *store, const char *key, int64_t delta, int64_t *result);
 /* Sets `key` to `desired` if it holds `expected` (NULL `expected`: if it is
  * absent). *current (malloc'd, may be NULL if not wanted) receives what the
  * key holds afterwards: `desired` when the swap happened. */
-nb_status nb_store_compare_set(nb_store *store, const char *key, const void *expected,
+NB_API nb_status nb_store_compare_set(nb_store *store, const char *key, const void *expected,
                                size_t expected_len, const void *desired, size_t desired_len,
                                void **current, size_t *current_len);
 /* Removes `key`; *existed (may be NULL) says whether it was there. */
-nb_status nb_store_delete(nb_store *store, const char *key, bool *existed);
+NB_API nb_status nb_store_delete(nb_store *store, const char *key, bool *existed);
 
 /* ---------------------------------------------------------- process groups */
 
@@ -139,37 +140,37 @@ typedef struct nb_pg_options {
 /* The world group of the run described by the environment (or by `env`):
  * picks the device from the local rank, starts the store on rank 0,
  * connects every rank, and sets up the backend. `opts` may be NULL. */
-nb_status nb_pg_init(nb_pg **out, const nb_pg_options *opts);
-nb_status nb_pg_init_env(nb_pg **out, const nb_dist_env *env, const nb_pg_options *opts);
+NB_API nb_status nb_pg_init(nb_pg **out, const nb_pg_options *opts);
+NB_API nb_status nb_pg_init_env(nb_pg **out, const nb_dist_env *env, const nb_pg_options *opts);
 
 /* A subgroup of `pg` made of the `n` (distinct) ranks of `ranks`, in that
  * order: ranks[i] has rank i in the new group. Every rank of `pg` calls it
  * with the same list; members get the group, the others get NULL. */
-nb_status nb_pg_new_group(nb_pg *pg, const int *ranks, int n, nb_pg **out);
+NB_API nb_status nb_pg_new_group(nb_pg *pg, const int *ranks, int n, nb_pg **out);
 
 /* Waits for this group's outstanding collectives, stops its worker and
  * frees it; subgroups must be freed before their parent. Freeing the world
  * group shuts the run down: rank 0 keeps the store up until every rank has
  * freed its world group. The status says whether that went cleanly (after
  * a failure it repeats the failure); the group is freed either way. */
-nb_status nb_pg_free(nb_pg *pg);
+NB_API nb_status nb_pg_free(nb_pg *pg);
 /* NB_OK while the group works; once one of its collectives has failed (a
  * peer died or froze, a timeout, a desync), that failure's status, with
  * its message (naming the peer) in nb_last_error(). Every later collective
  * fails with the same. For code that cannot return a status where the
  * failure happened: SyncBatchNorm outside DDP (docs/ddp.md). */
-nb_status nb_pg_status(nb_pg *pg);
+NB_API nb_status nb_pg_status(nb_pg *pg);
 
-int nb_pg_rank(const nb_pg *pg);
-int nb_pg_size(const nb_pg *pg);
-int nb_pg_global_rank(const nb_pg *pg, int group_rank); /* world rank of a member */
-nb_pg_backend nb_pg_backend_of(const nb_pg *pg);
-const char *nb_pg_backend_name(nb_pg_backend backend); /* "gloo", "nccl", "auto" */
-nb_device nb_pg_device(const nb_pg *pg);
-const nb_dist_env *nb_pg_env(const nb_pg *pg);
+NB_API int nb_pg_rank(const nb_pg *pg);
+NB_API int nb_pg_size(const nb_pg *pg);
+NB_API int nb_pg_global_rank(const nb_pg *pg, int group_rank); /* world rank of a member */
+NB_API nb_pg_backend nb_pg_backend_of(const nb_pg *pg);
+NB_API const char *nb_pg_backend_name(nb_pg_backend backend); /* "gloo", "nccl", "auto" */
+NB_API nb_device nb_pg_device(const nb_pg *pg);
+NB_API const nb_dist_env *nb_pg_env(const nb_pg *pg);
 /* The store connection of the calling (main) thread, for the program's own
  * keys; keys starting with "nb/" are nabla's. */
-nb_store *nb_pg_store(nb_pg *pg);
+NB_API nb_store *nb_pg_store(nb_pg *pg);
 
 /* Collectives. Every rank of the group issues the same collectives in the
  * same order. Tensors are contiguous, on the group's device, of dtype f32,
@@ -181,19 +182,20 @@ nb_store *nb_pg_store(nb_pg *pg);
 
 /* In place: t = op over ranks of t. bf16 and f16 travel as 16-bit values
  * and each reduction step computes in f32 (docs/distributed.md). */
-nb_work *nb_pg_all_reduce(nb_pg *pg, nb_tensor *t, nb_reduce_op op);
+NB_API nb_work *nb_pg_all_reduce(nb_pg *pg, nb_tensor *t, nb_reduce_op op);
 /* In place: every rank gets `root`'s t. */
-nb_work *nb_pg_broadcast(nb_pg *pg, nb_tensor *t, int root);
+NB_API nb_work *nb_pg_broadcast(nb_pg *pg, nb_tensor *t, int root);
 /* out (size * numel(in) elements) = the ranks' `in`, concatenated in rank order. */
-nb_work *nb_pg_all_gather(nb_pg *pg, nb_tensor *out, const nb_tensor *in);
+NB_API nb_work *nb_pg_all_gather(nb_pg *pg, nb_tensor *out, const nb_tensor *in);
 /* out (numel(in) / size elements) = rank r's slice of op over ranks of `in`. */
-nb_work *nb_pg_reduce_scatter(nb_pg *pg, nb_tensor *out, const nb_tensor *in, nb_reduce_op op);
-nb_work *nb_pg_barrier(nb_pg *pg);
+NB_API nb_work *nb_pg_reduce_scatter(nb_pg *pg, nb_tensor *out, const nb_tensor *in,
+                                     nb_reduce_op op);
+NB_API nb_work *nb_pg_barrier(nb_pg *pg);
 
 /* Takes a decision together: *any (may be NULL) says whether some rank
  * passed true, *all whether every rank did. For "skip this step: its loss
  * is not finite on some rank". Blocking. */
-nb_status nb_pg_agree(nb_pg *pg, bool flag, bool *any, bool *all);
+NB_API nb_status nb_pg_agree(nb_pg *pg, bool flag, bool *any, bool *all);
 
 /* Blocks until the work is done; NB_OK, or the failure (NB_ERR_TIMEOUT,
  * NB_ERR_MISMATCH, NB_ERR_CLOSED, NB_ERR_NETWORK) with the diagnosis in
@@ -201,20 +203,20 @@ nb_status nb_pg_agree(nb_pg *pg, bool flag, bool *any, bool *all);
  * collective fails with the same message. With NCCL it also makes the CUDA
  * compute stream wait for the collective (no device-wide sync), so every
  * op issued afterwards reads its result. */
-nb_status nb_work_wait(nb_work *work);
+NB_API nb_status nb_work_wait(nb_work *work);
 /* Non-blocking: *done says whether the work finished; the status is its
  * result if it did (NB_OK while it runs). Also runs the hang checks. */
-nb_status nb_work_test(nb_work *work, bool *done);
+NB_API nb_status nb_work_test(nb_work *work, bool *done);
 /* Releases the handle; an unfinished collective still completes. NULL is fine. */
-void nb_work_free(nb_work *work);
+NB_API void nb_work_free(nb_work *work);
 /* nb_work_wait, then nb_work_free. */
-nb_status nb_work_finish(nb_work *work);
+NB_API nb_status nb_work_finish(nb_work *work);
 /* When the collective was issued, began running (became the oldest work of
  * its group) and finished (0 while unfinished), on CLOCK_MONOTONIC in
  * seconds. For NCCL these are host-side times. Any pointer may be NULL. */
-void nb_work_times(const nb_work *work, double *issued, double *started, double *finished);
+NB_API void nb_work_times(const nb_work *work, double *issued, double *started, double *finished);
 /* The collective's sequence number in its group (1, 2, ...). */
-uint64_t nb_work_seq(const nb_work *work);
+NB_API uint64_t nb_work_seq(const nb_work *work);
 
 #ifdef __cplusplus
 }

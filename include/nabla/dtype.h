@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "nabla/api.h"
 #include "nabla/error.h"
 
 #ifdef __cplusplus
@@ -26,15 +27,15 @@ typedef enum nb_dtype {
     NB_DTYPE_COUNT
 } nb_dtype;
 
-size_t nb_dtype_size(nb_dtype dtype);
-const char *nb_dtype_name(nb_dtype dtype); /* "f32", "bf16", ... */
-bool nb_dtype_is_float(nb_dtype dtype);    /* f32, f64, bf16, f16 */
+NB_API size_t nb_dtype_size(nb_dtype dtype);
+NB_API const char *nb_dtype_name(nb_dtype dtype); /* "f32", "bf16", ... */
+NB_API bool nb_dtype_is_float(nb_dtype dtype);    /* f32, f64, bf16, f16 */
 
 /* Round-to-nearest-even conversions; NaN stays NaN, overflow gives inf. */
-uint16_t nb_f32_to_bf16(float x);
-float nb_bf16_to_f32(uint16_t x);
-uint16_t nb_f32_to_f16(float x);
-float nb_f16_to_f32(uint16_t x);
+NB_API uint16_t nb_f32_to_bf16(float x);
+NB_API float nb_bf16_to_f32(uint16_t x);
+NB_API uint16_t nb_f32_to_f16(float x);
+NB_API float nb_f16_to_f32(uint16_t x);
 
 /* NB_DEVICE_META: the meta device (nabla/meta.h), which computes nothing
  * and counts what another device's backend would do: its index is that
@@ -61,11 +62,11 @@ static inline bool nb_device_eq(nb_device a, nb_device b) {
 }
 /* "cpu", "cuda:1" or "meta:cuda", in a thread-local buffer (four in
  * rotation, so a few calls can share one printf). */
-const char *nb_device_name(nb_device device);
+NB_API const char *nb_device_name(nb_device device);
 /* The device a name names: "cpu", "cuda" (cuda:0), "cuda:N", "meta:cpu",
  * "meta:cuda"; NB_ERR_INVALID with a message naming the text otherwise.
  * Whether the device exists is a separate question (nb_ctx_new). */
-nb_status nb_device_parse(const char *name, nb_device *out);
+NB_API nb_status nb_device_parse(const char *name, nb_device *out);
 
 #ifdef __cplusplus
 }

@@ -9,6 +9,8 @@
 
 #include <stdarg.h>
 
+#include "nabla/api.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -35,14 +37,14 @@ typedef enum nb_status {
 } nb_status;
 
 /* Short description of a status code ("timed out"). */
-const char *nb_status_str(nb_status status);
+NB_API const char *nb_status_str(nb_status status);
 
 /* Detailed message of the last failure on this thread ("" if none). */
-const char *nb_last_error(void);
+NB_API const char *nb_last_error(void);
 
 /* Sets the thread's last error message and returns `status` (for library
  * code and for user code that wants to report through the same channel). */
-nb_status nb_set_error(nb_status status, const char *fmt, ...)
+NB_API nb_status nb_set_error(nb_status status, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
 /* On a call whose refusal leaves the run different from what the caller
@@ -58,14 +60,14 @@ typedef void (*nb_abort_handler)(const char *file, int line, const char *message
 
 /* Installs `handler` (NULL restores the default) for the whole process and
  * returns the previous one. */
-nb_abort_handler nb_set_abort_handler(nb_abort_handler handler, void *user);
+NB_API nb_abort_handler nb_set_abort_handler(nb_abort_handler handler, void *user);
 
 #ifdef __cplusplus
 #define NB_NORETURN [[noreturn]]
 #else
 #define NB_NORETURN _Noreturn
 #endif
-NB_NORETURN void nb_abort(const char *file, int line, const char *fmt, ...)
+NB_NORETURN NB_API void nb_abort(const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
 #define NB_ABORT(...) nb_abort(__FILE__, __LINE__, __VA_ARGS__)

@@ -22,6 +22,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "nabla/api.h"
 #include "nabla/dist.h"
 #include "nabla/nn.h"
 #include "nabla/optim.h"
@@ -62,25 +63,26 @@ typedef struct nb_fsdp_options {
  * before wrapping (its state is shaped like the parameters). Parameters must share
  * one float dtype and be contiguous (NB_ERR_UNSUPPORTED); a parameter
  * shared by two units is refused too. */
-nb_status nb_fsdp_new(nb_fsdp **out, nb_module *model, nb_pg *pg, const nb_fsdp_options *opts);
+NB_API nb_status nb_fsdp_new(nb_fsdp **out, nb_module *model, nb_pg *pg,
+                             const nb_fsdp_options *opts);
 /* Frees the wrapper. Parameters made whole by nb_fsdp_gather_full keep
  * that memory; otherwise they stay refused. An attached optimizer is given
  * back with its state lost (it refuses to step). NULL is fine. Local. */
-void nb_fsdp_free(nb_fsdp *f);
+NB_API void nb_fsdp_free(nb_fsdp *f);
 
-nb_module *nb_fsdp_module(nb_fsdp *f);
-int nb_fsdp_num_units(const nb_fsdp *f); /* the root unit not counted */
+NB_API nb_module *nb_fsdp_module(nb_fsdp *f);
+NB_API int nb_fsdp_num_units(const nb_fsdp *f); /* the root unit not counted */
 
 /* The forward: gathers the root unit, then nb_module_forward into *out
  * (each unit gathered on the way). Collective. A failed collective is
  * returned (the step's values are then meaningless), naming the peer. */
-nb_status nb_fsdp_forward(nb_fsdp *f, nb_ctx *ctx, nb_tensor *x, nb_tensor **out);
+NB_API nb_status nb_fsdp_forward(nb_fsdp *f, nb_ctx *ctx, nb_tensor *x, nb_tensor **out);
 /* Backward from `loss` (made from nb_fsdp_forward's output); when it
  * returns, each rank's shard gradients hold the average over the ranks of
  * the gradients, added to what they held (several backwards before a step
  * accumulate, each one communicating). Parameters' ->grad are NULL.
  * Collective. */
-nb_status nb_fsdp_backward(nb_fsdp *f, nb_tensor *loss);
+NB_API nb_status nb_fsdp_backward(nb_fsdp *f, nb_tensor *loss);
 
 /* Shards opt's state as nb_ddp_set_zero does (opt fresh, or loaded from a
  * checkpoint of any world size: each rank takes its pieces, then opt's own
@@ -90,26 +92,27 @@ nb_status nb_fsdp_backward(nb_fsdp *f, nb_tensor *loss);
  * and nb_optim_state on opt abort. NB_ERR_INVALID (an optimizer attached
  * already, opt owned by something else, a parameter not the wrapper's),
  * nothing attached. Local. */
-NB_MUST_CHECK nb_status nb_fsdp_set_optimizer(nb_fsdp *f, nb_optim *opt);
+NB_API NB_MUST_CHECK nb_status nb_fsdp_set_optimizer(nb_fsdp *f, nb_optim *opt);
 /* Updates every rank's shards from their gradients (one step of opt), then
  * zeroes the shard gradients. Nothing is gathered: the next forward gathers
  * the updated values. Local. */
-nb_status nb_fsdp_step(nb_fsdp *f);
+NB_API nb_status nb_fsdp_step(nb_fsdp *f);
 /* Global-norm clipping over the shard gradients, as nb_clip_grad_norm over
  * every parameter (norm_type 2 or INFINITY); the norm to *norm. Collective. */
-nb_status nb_fsdp_clip_grad_norm(nb_fsdp *f, double max_norm, double norm_type, double *norm);
+NB_API nb_status nb_fsdp_clip_grad_norm(nb_fsdp *f, double max_norm, double norm_type,
+                                        double *norm);
 /* Gathers every parameter whole into fresh memory of its own context, until
  * the next nb_fsdp_forward (for a checkpoint, an evaluation through
  * nb_module_forward, reading values), and gives every rank rank 0's buffers
  * (BatchNorm's running statistics, which the wrapper does not broadcast
  * before each forward). Collective. */
-nb_status nb_fsdp_gather_full(nb_fsdp *f);
+NB_API nb_status nb_fsdp_gather_full(nb_fsdp *f);
 
 /* The bytes of state this rank holds between steps: its parameter shards,
  * their gradients and opt's state (nb_optim_state_bytes, shards included;
  * opt may be NULL). Gathered parameters, which live in the step context,
  * are not counted. */
-size_t nb_fsdp_state_bytes(const nb_fsdp *f, const nb_optim *opt);
+NB_API size_t nb_fsdp_state_bytes(const nb_fsdp *f, const nb_optim *opt);
 
 /* Communication since the last call (then reset). A collective's running
  * time is from when it began running to when it finished; exposed is the
@@ -121,7 +124,7 @@ typedef struct nb_fsdp_stats {
     double exposed_s;        /* time spent waiting for them */
     double hidden_fraction;  /* 1 - exposed / comm (1 without communication) */
 } nb_fsdp_stats;
-nb_fsdp_stats nb_fsdp_take_stats(nb_fsdp *f);
+NB_API nb_fsdp_stats nb_fsdp_take_stats(nb_fsdp *f);
 
 #ifdef __cplusplus
 }

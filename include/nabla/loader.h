@@ -47,6 +47,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "nabla/api.h"
 #include "nabla/context.h"
 #include "nabla/dataset.h"
 #include "nabla/error.h"
@@ -86,31 +87,31 @@ typedef struct nb_batch {
  * (a CUDA device in a build without CUDA, or not visible:
  * NB_ERR_UNSUPPORTED), threads or memory that cannot be had
  * (NB_ERR_INTERNAL, NB_ERR_NOMEM). */
-nb_status nb_loader_new(nb_loader **out, nb_dataset *ds, const nb_loader_options *opts);
+NB_API nb_status nb_loader_new(nb_loader **out, nb_dataset *ds, const nb_loader_options *opts);
 /* Stops and joins every worker, whatever state they are in. NULL is fine. */
-void nb_loader_free(nb_loader *l);
+NB_API void nb_loader_free(nb_loader *l);
 
 /* The next batch into `ctx`, or the end of the epoch (batch->inputs NULL,
  * NB_OK). On error, the status of the failing get and a message
  * "nb_loader_next: sample I (batch K of epoch E): ..." */
-nb_status nb_loader_next(nb_loader *l, nb_ctx *ctx, nb_batch *batch);
+NB_API nb_status nb_loader_next(nb_loader *l, nb_ctx *ctx, nb_batch *batch);
 
 /* Batches in the current epoch: the same every epoch, except one resumed part way
  * (nb_sampler_distributed_resume), whose length is base (the batches before
  * the resume point, see Position above) plus the batches left: the position
  * at which it ends. */
-int64_t nb_loader_len(const nb_loader *l);
-void nb_loader_position(const nb_loader *l, int64_t *epoch, int64_t *batch);
+NB_API int64_t nb_loader_len(const nb_loader *l);
+NB_API void nb_loader_position(const nb_loader *l, int64_t *epoch, int64_t *batch);
 /* Continues from (epoch, batch), epoch >= 0 and 0 <= batch <= that epoch's len
  * (a batch below a resumed epoch's base: its resume point); work
  * prefetched for another position is dropped. Seeking to the current
  * position keeps it. A position outside those bounds (one read from a
  * checkpoint of another dataset or batch size, say) is NB_ERR_INVALID with
  * the bounds in nb_last_error(), and the loader stays where it was. */
-NB_MUST_CHECK nb_status nb_loader_seek(nb_loader *l, int64_t epoch, int64_t batch);
+NB_API NB_MUST_CHECK nb_status nb_loader_seek(nb_loader *l, int64_t epoch, int64_t batch);
 /* Starts epoch `epoch` at its first batch, unless the position is already
  * in that epoch (so that a resumed run's epoch loop may call it). */
-void nb_loader_set_epoch(nb_loader *l, int64_t epoch);
+NB_API void nb_loader_set_epoch(nb_loader *l, int64_t epoch);
 
 #ifdef __cplusplus
 }

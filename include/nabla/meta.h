@@ -41,6 +41,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "nabla/api.h"
 #include "nabla/dtype.h"
 
 #ifdef __cplusplus
@@ -79,22 +80,22 @@ typedef struct nb_meta_gpu {
 #define NB_META_LAUNCH_US 2.0
 
 /* The GPU named ("h100", "h200", "a100"), or NULL. */
-const nb_meta_gpu *nb_meta_gpu_find(const char *name);
+NB_API const nb_meta_gpu *nb_meta_gpu_find(const char *name);
 /* The known GPUs, for listing: *n receives their count. */
-const nb_meta_gpu *nb_meta_gpus(int *n);
+NB_API const nb_meta_gpu *nb_meta_gpus(int *n);
 /* Projects each later call onto gpu (NULL: no projection). */
-void nb_meta_set_gpu(const nb_meta_gpu *gpu);
+NB_API void nb_meta_set_gpu(const nb_meta_gpu *gpu);
 /* Zeroes the counters (the memory figures are the contexts': nb_ctx_peak). */
-void nb_meta_reset(void);
+NB_API void nb_meta_reset(void);
 /* Totals since the last reset (name "total"). */
-nb_meta_entry nb_meta_total(void);
+NB_API nb_meta_entry nb_meta_total(void);
 /* The entries seen since the last reset, in the order first seen: copies
  * up to cap of them into out (out may be NULL with cap 0) and returns how
  * many there are. */
-int nb_meta_entries(nb_meta_entry *out, int cap);
+NB_API int nb_meta_entries(nb_meta_entry *out, int cap);
 /* One line per recorded call to f (entry, each tensor's shape and dtype,
  * bytes, FLOPs, launches); NULL stops. */
-void nb_meta_trace(FILE *f);
+NB_API void nb_meta_trace(FILE *f);
 
 #ifdef __cplusplus
 }

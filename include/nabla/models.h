@@ -13,6 +13,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "nabla/api.h"
 #include "nabla/context.h"
 #include "nabla/nn.h"
 #include "nabla/random.h"
@@ -59,35 +60,36 @@ typedef struct nb_gpt_config {
 
 /* A GPT with parameters of `dtype` (f32; f64 for gradient checks) in ctx.
  * Aborts, naming the field, on a configuration that does not make sense. */
-nb_module *nb_gpt_new(nb_ctx *ctx, nb_dtype dtype, const nb_gpt_config *cfg, nb_rng *rng);
-bool nb_gpt_is(const nb_module *m);
-nb_gpt_config nb_gpt_get_config(nb_module *gpt);
+NB_API nb_module *nb_gpt_new(nb_ctx *ctx, nb_dtype dtype, const nb_gpt_config *cfg, nb_rng *rng);
+NB_API bool nb_gpt_is(const nb_module *m);
+NB_API nb_gpt_config nb_gpt_get_config(nb_module *gpt);
 /* The generator of every dropout mask of the model, owned by it (in its
  * context): save and restore it with a training checkpoint, and set it per
  * rank when ranks should draw different masks. It starts as the state of
  * `rng` (or of the default generator) after initialisation. */
-nb_rng *nb_gpt_dropout_rng(nb_module *gpt);
+NB_API nb_rng *nb_gpt_dropout_rng(nb_module *gpt);
 
 /* idx (N, T) of i32/i64 token ids, 1 <= T <= block_size -> logits
  * (N, T, V). nb_module_forward(gpt, ctx, idx) does the same. */
-nb_tensor *nb_gpt_forward(nb_module *gpt, nb_ctx *ctx, nb_tensor *idx);
+NB_API nb_tensor *nb_gpt_forward(nb_module *gpt, nb_ctx *ctx, nb_tensor *idx);
 /* Recomputation of every block (nb_module_set_recompute): a block keeps
  * its input only and runs again during backward; same gradients, a lower
  * peak, about a third more compute (train_gpt --recompute). */
-void nb_gpt_set_recompute(nb_module *gpt, bool on);
+NB_API void nb_gpt_set_recompute(nb_module *gpt, bool on);
 /* Mean next-token cross-entropy: logits (N, T, V) against targets (N, T). */
-nb_tensor *nb_gpt_loss(nb_ctx *ctx, nb_tensor *logits, nb_tensor *targets);
+NB_API nb_tensor *nb_gpt_loss(nb_ctx *ctx, nb_tensor *logits, nb_tensor *targets);
 /* nb_gpt_loss(nb_gpt_forward(idx), targets) without handing the logits to
  * the caller: they are the library's, so their gradient is written over
  * them in backward (on the CPU) and the step needs one (N, T, V) tensor
  * less (Note [Memory given back] in tensor/memory.c). */
-nb_tensor *nb_gpt_forward_loss(nb_module *gpt, nb_ctx *ctx, nb_tensor *idx, nb_tensor *targets);
+NB_API nb_tensor *nb_gpt_forward_loss(nb_module *gpt, nb_ctx *ctx, nb_tensor *idx,
+                                      nb_tensor *targets);
 
 /* Parameter elements without the position embedding (GPT-2's custom of
  * counting), and FLOPs of one training step per token (forward and
  * backward: 6 N + 12 L T C, the attention term for sequence length T). */
-int64_t nb_gpt_num_params_non_embedding(nb_module *gpt);
-double nb_gpt_flops_per_token(nb_module *gpt, int64_t seq_len);
+NB_API int64_t nb_gpt_num_params_non_embedding(nb_module *gpt);
+NB_API double nb_gpt_flops_per_token(nb_module *gpt, int64_t seq_len);
 
 /* The memory a training step of the GPT cannot do without, in bytes, from
  * its shape: its parameters, their gradients, `optim_states` tensors of
@@ -107,10 +109,10 @@ typedef struct nb_memory_floor {
     size_t saved;                      /* what backward needs, in the step's */
     size_t logits;                     /* the logits, in the step's */
 } nb_memory_floor;
-nb_memory_floor nb_gpt_memory_floor(nb_module *gpt, int64_t batch, int64_t seq_len,
+NB_API nb_memory_floor nb_gpt_memory_floor(nb_module *gpt, int64_t batch, int64_t seq_len,
                                     int optim_states);
 /* Sum of every field. */
-size_t nb_memory_floor_total(const nb_memory_floor *f);
+NB_API size_t nb_memory_floor_total(const nb_memory_floor *f);
 
 /* ---- sampling ---- */
 typedef struct nb_sample_opts {
@@ -124,7 +126,7 @@ typedef struct nb_sample_opts {
  * by one. Top-k keeps every logit at least the k-th largest (ties
  * included). Temperature 0 returns the first largest logit and draws
  * nothing. */
-int64_t nb_sample_logits(const double *logits, int64_t n, const nb_sample_opts *opts,
+NB_API int64_t nb_sample_logits(const double *logits, int64_t n, const nb_sample_opts *opts,
                          nb_rng *rng);
 
 /* Extends tokens[0 .. n_prompt) (n_prompt >= 1) to tokens[0 .. n_total),
@@ -132,7 +134,7 @@ int64_t nb_sample_logits(const double *logits, int64_t n, const nb_sample_opts *
  * Runs without recording gradients and in evaluation mode (the module's
  * mode is restored afterwards). `scratch` is a step context on the model's
  * device; it is reset before each token. opts NULL: the defaults. */
-void nb_gpt_generate(nb_module *gpt, nb_ctx *scratch, int64_t *tokens, int64_t n_prompt,
+NB_API void nb_gpt_generate(nb_module *gpt, nb_ctx *scratch, int64_t *tokens, int64_t n_prompt,
                      int64_t n_total, const nb_sample_opts *opts, nb_rng *rng);
 
 /* ------------------------------------------------------------ classifiers */
@@ -140,7 +142,7 @@ void nb_gpt_generate(nb_module *gpt, nb_ctx *scratch, int64_t *tokens, int64_t n
  * in a Sequential (names "0.weight", "0.bias", "2.weight", ...), PyTorch's
  * default initialisation. n_hidden may be 0 (logistic regression).
  * x (N, F) -> logits (N, K). */
-nb_module *nb_mlp_new(nb_ctx *ctx, nb_dtype dtype, int64_t in_features, int n_hidden,
+NB_API nb_module *nb_mlp_new(nb_ctx *ctx, nb_dtype dtype, int64_t in_features, int n_hidden,
                       const int64_t *hidden, int64_t n_classes, nb_rng *rng);
 
 /* A small CNN for (N, C_in, H, W) images: n_blocks blocks
@@ -150,7 +152,7 @@ nb_module *nb_mlp_new(nb_ctx *ctx, nb_dtype dtype, int64_t in_features, int n_hi
  * flatten and a Linear "head" (channels[n-1] -> K). The BatchNorms are
  * ordinary BatchNorm2d modules, so nb_convert_sync_batchnorm (nabla/ddp.h)
  * turns them into SyncBatchNorm. */
-nb_module *nb_cnn_new(nb_ctx *ctx, nb_dtype dtype, int64_t in_channels, int n_blocks,
+NB_API nb_module *nb_cnn_new(nb_ctx *ctx, nb_dtype dtype, int64_t in_channels, int n_blocks,
                       const int64_t *channels, int64_t n_classes, nb_rng *rng);
 
 #ifdef __cplusplus

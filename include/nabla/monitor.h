@@ -13,6 +13,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "nabla/api.h"
 #include "nabla/error.h"
 
 #ifdef __cplusplus
@@ -21,7 +22,7 @@ extern "C" {
 
 /* -------------------------------------------------------------- memory */
 /* The process's peak resident set size in bytes (VmHWM), 0 where unknown. */
-size_t nb_peak_rss(void);
+NB_API size_t nb_peak_rss(void);
 struct nb_memory_floor;
 struct nb_ctx;
 /* One line (in buf, returned) setting a training step's memory beside the
@@ -29,7 +30,7 @@ struct nb_ctx;
  * the step context's peak against what backward needs plus the logits,
  * the blocks it touched, the model context's peak against parameters,
  * gradients and optimizer state, and on the CPU the process's peak RSS. */
-char *nb_memory_report(char *buf, size_t size, const struct nb_memory_floor *floor,
+NB_API char *nb_memory_report(char *buf, size_t size, const struct nb_memory_floor *floor,
                        const struct nb_ctx *step, const struct nb_ctx *params);
 
 /* ------------------------------------------------------------ progress */
@@ -51,29 +52,30 @@ typedef struct nb_progress nb_progress;
 
 /* A display for steps first_step+1 .. total_steps written to `out` (not
  * owned). opts NULL: AUTO, defaults. Aborts only on bad arguments. */
-nb_progress *nb_progress_new(FILE *out, int64_t first_step, int64_t total_steps,
+NB_API nb_progress *nb_progress_new(FILE *out, int64_t first_step, int64_t total_steps,
                              const nb_progress_opts *opts);
 /* `step` steps are now done, the last with `loss` (NaN: not shown), and
  * `items` items (tokens, samples) were processed since the previous call.
  * Rates and the ETA are measured from the first call on, so that the
  * first step's one-time costs do not count. */
-void nb_progress_update(nb_progress *p, int64_t step, double loss, int64_t items);
+NB_API void nb_progress_update(nb_progress *p, int64_t step, double loss, int64_t items);
 /* A line of its own (a newline is added) that does not garble the display:
  * the live line is cleared, the message printed, the live line redrawn.
  * Printed in every mode but OFF. */
-void nb_progress_printf(nb_progress *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+NB_API void nb_progress_printf(nb_progress *p, const char *fmt, ...) __attribute__((format(printf,
+                               2, 3)));
 /* Ends the live line and frees the display. NULL is fine. */
-void nb_progress_free(nb_progress *p);
-nb_progress_mode nb_progress_get_mode(const nb_progress *p); /* AUTO resolved */
+NB_API void nb_progress_free(nb_progress *p);
+NB_API nb_progress_mode nb_progress_get_mode(const nb_progress *p); /* AUTO resolved */
 
 /* The status text, e.g. "step 120/1000 | loss 2.3456 | 15.2k tok/s | eta 1m05s".
  * NaN loss, rate or eta leave their field out. Returns buf. */
-char *nb_progress_format(char *buf, size_t size, int64_t step, int64_t total, double loss,
+NB_API char *nb_progress_format(char *buf, size_t size, int64_t step, int64_t total, double loss,
                          double items_per_s, const char *unit, double eta_s);
 /* "950", "15.2k", "3.40M", "1.20G". Returns buf. */
-char *nb_format_count(char *buf, size_t size, double value);
+NB_API char *nb_format_count(char *buf, size_t size, double value);
 /* "42s", "5m03s", "2h07m", "3d04h". Returns buf. */
-char *nb_format_duration(char *buf, size_t size, double seconds);
+NB_API char *nb_format_duration(char *buf, size_t size, double seconds);
 
 /* --------------------------------------------------------- metrics log
  * One JSON object per line, flushed as written, e.g.
@@ -90,13 +92,13 @@ typedef struct nb_metric_value {
 
 /* Creates (truncates) or, with `append`, extends the file. NB_ERR_IO with
  * the path and the reason when it cannot be opened. */
-nb_status nb_metrics_log_open(nb_metrics_log **out, const char *path, bool append,
+NB_API nb_status nb_metrics_log_open(nb_metrics_log **out, const char *path, bool append,
                               double time_offset);
 /* Appends one line. NB_ERR_IO when the write fails. */
-nb_status nb_metrics_log_write(nb_metrics_log *log, const char *kind, int64_t step,
+NB_API nb_status nb_metrics_log_write(nb_metrics_log *log, const char *kind, int64_t step,
                                const nb_metric_value *values, int n);
-double nb_metrics_log_time(const nb_metrics_log *log); /* seconds, as written */
-void nb_metrics_log_close(nb_metrics_log *log);         /* NULL is fine */
+NB_API double nb_metrics_log_time(const nb_metrics_log *log); /* seconds, as written */
+NB_API void nb_metrics_log_close(nb_metrics_log *log);         /* NULL is fine */
 
 /* Reads the series (x_key, y_key) of the lines whose "kind" is `kind`
  * (NULL: any) and that have both keys as numbers, into malloc'd arrays
@@ -105,7 +107,7 @@ void nb_metrics_log_close(nb_metrics_log *log);         /* NULL is fine */
  * A final line without its newline that does not parse (a run killed while
  * writing) is ignored; any other malformed line is NB_ERR_FORMAT naming the
  * file and line. */
-nb_status nb_metrics_log_read(const char *path, const char *kind, const char *x_key,
+NB_API nb_status nb_metrics_log_read(const char *path, const char *kind, const char *x_key,
                               const char *y_key, double **x, double **y, int64_t *n);
 
 /* ---------------------------------------------------------- SVG plots */
@@ -128,7 +130,7 @@ typedef struct nb_plot_opts {
  * (atomically: a temporary file renamed over `path`). NB_ERR_IO on failure.
  * Options left zero (a struct written as {title, x, y, w, h, log_y}) keep
  * lines without markers and ticks anywhere. */
-nb_status nb_plot_svg(const char *path, const nb_plot_series *series, int n_series,
+NB_API nb_status nb_plot_svg(const char *path, const nb_plot_series *series, int n_series,
                       const nb_plot_opts *opts);
 
 #ifdef __cplusplus

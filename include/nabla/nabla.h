@@ -6,6 +6,7 @@
 #define NABLA_VERSION_MINOR 1
 #define NABLA_VERSION_PATCH 0
 
+#include "nabla/api.h"
 #include "nabla/error.h"
 #include "nabla/dtype.h"
 #include "nabla/cuda.h"

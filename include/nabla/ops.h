@@ -12,6 +12,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "nabla/api.h"
 #include "nabla/random.h"
 #include "nabla/tensor.h"
 
@@ -20,58 +21,58 @@ extern "C" {
 #endif
 
 /* ---- elementwise, with NumPy broadcasting ---- */
-nb_tensor *nb_add(nb_ctx *ctx, nb_tensor *a, nb_tensor *b);
-nb_tensor *nb_sub(nb_ctx *ctx, nb_tensor *a, nb_tensor *b);
-nb_tensor *nb_mul(nb_ctx *ctx, nb_tensor *a, nb_tensor *b);
+NB_API nb_tensor *nb_add(nb_ctx *ctx, nb_tensor *a, nb_tensor *b);
+NB_API nb_tensor *nb_sub(nb_ctx *ctx, nb_tensor *a, nb_tensor *b);
+NB_API nb_tensor *nb_mul(nb_ctx *ctx, nb_tensor *a, nb_tensor *b);
 /* i32/i64: truncates toward zero; a zero divisor aborts naming it */
-nb_tensor *nb_div(nb_ctx *ctx, nb_tensor *a, nb_tensor *b);
-nb_tensor *nb_add_scalar(nb_ctx *ctx, nb_tensor *a, double s);
-nb_tensor *nb_sub_scalar(nb_ctx *ctx, nb_tensor *a, double s);
-nb_tensor *nb_mul_scalar(nb_ctx *ctx, nb_tensor *a, double s);
-nb_tensor *nb_div_scalar(nb_ctx *ctx, nb_tensor *a, double s);
-nb_tensor *nb_neg(nb_ctx *ctx, nb_tensor *a);
-nb_tensor *nb_pow(nb_ctx *ctx, nb_tensor *a, double exponent);
-nb_tensor *nb_exp(nb_ctx *ctx, nb_tensor *a);
-nb_tensor *nb_log(nb_ctx *ctx, nb_tensor *a);
-nb_tensor *nb_sqrt(nb_ctx *ctx, nb_tensor *a);
-nb_tensor *nb_rsqrt(nb_ctx *ctx, nb_tensor *a);
-nb_tensor *nb_abs(nb_ctx *ctx, nb_tensor *a);
-nb_tensor *nb_tanh(nb_ctx *ctx, nb_tensor *a);
-nb_tensor *nb_sigmoid(nb_ctx *ctx, nb_tensor *a);
-nb_tensor *nb_relu(nb_ctx *ctx, nb_tensor *a);
+NB_API nb_tensor *nb_div(nb_ctx *ctx, nb_tensor *a, nb_tensor *b);
+NB_API nb_tensor *nb_add_scalar(nb_ctx *ctx, nb_tensor *a, double s);
+NB_API nb_tensor *nb_sub_scalar(nb_ctx *ctx, nb_tensor *a, double s);
+NB_API nb_tensor *nb_mul_scalar(nb_ctx *ctx, nb_tensor *a, double s);
+NB_API nb_tensor *nb_div_scalar(nb_ctx *ctx, nb_tensor *a, double s);
+NB_API nb_tensor *nb_neg(nb_ctx *ctx, nb_tensor *a);
+NB_API nb_tensor *nb_pow(nb_ctx *ctx, nb_tensor *a, double exponent);
+NB_API nb_tensor *nb_exp(nb_ctx *ctx, nb_tensor *a);
+NB_API nb_tensor *nb_log(nb_ctx *ctx, nb_tensor *a);
+NB_API nb_tensor *nb_sqrt(nb_ctx *ctx, nb_tensor *a);
+NB_API nb_tensor *nb_rsqrt(nb_ctx *ctx, nb_tensor *a);
+NB_API nb_tensor *nb_abs(nb_ctx *ctx, nb_tensor *a);
+NB_API nb_tensor *nb_tanh(nb_ctx *ctx, nb_tensor *a);
+NB_API nb_tensor *nb_sigmoid(nb_ctx *ctx, nb_tensor *a);
+NB_API nb_tensor *nb_relu(nb_ctx *ctx, nb_tensor *a);
 
 typedef enum nb_gelu_approx { NB_GELU_EXACT = 0, NB_GELU_TANH = 1 } nb_gelu_approx;
-nb_tensor *nb_gelu(nb_ctx *ctx, nb_tensor *a, nb_gelu_approx approx);
+NB_API nb_tensor *nb_gelu(nb_ctx *ctx, nb_tensor *a, nb_gelu_approx approx);
 
 /* where(cond, a, b): a where cond != 0, else b; all three broadcast. cond
  * may have any dtype and gets no gradient. */
-nb_tensor *nb_where(nb_ctx *ctx, nb_tensor *cond, nb_tensor *a, nb_tensor *b);
+NB_API nb_tensor *nb_where(nb_ctx *ctx, nb_tensor *cond, nb_tensor *a, nb_tensor *b);
 /* x with `value` where mask != 0; mask broadcasts to x. */
-nb_tensor *nb_masked_fill(nb_ctx *ctx, nb_tensor *x, nb_tensor *mask, double value);
+NB_API nb_tensor *nb_masked_fill(nb_ctx *ctx, nb_tensor *x, nb_tensor *mask, double value);
 
 /* ---- matrix products (OpenBLAS on the CPU) ---- */
 /* a (.., M, K) @ b (.., K, N) -> (.., M, N); 1-D operands are not
  * promoted; batch dims broadcast. */
-nb_tensor *nb_matmul(nb_ctx *ctx, nb_tensor *a, nb_tensor *b);
+NB_API nb_tensor *nb_matmul(nb_ctx *ctx, nb_tensor *a, nb_tensor *b);
 /* Same with op(a) = a^T when trans_a (swap the last two dims, no copy). */
-nb_tensor *nb_matmul_t(nb_ctx *ctx, nb_tensor *a, nb_tensor *b, bool trans_a, bool trans_b);
+NB_API nb_tensor *nb_matmul_t(nb_ctx *ctx, nb_tensor *a, nb_tensor *b, bool trans_a, bool trans_b);
 
 /* ---- reductions ----
  * `axes` lists `naxes` dims (negative allowed); naxes = 0 reduces all. */
-nb_tensor *nb_sum(nb_ctx *ctx, nb_tensor *x, int naxes, const int *axes, bool keepdim);
-nb_tensor *nb_mean(nb_ctx *ctx, nb_tensor *x, int naxes, const int *axes, bool keepdim);
+NB_API nb_tensor *nb_sum(nb_ctx *ctx, nb_tensor *x, int naxes, const int *axes, bool keepdim);
+NB_API nb_tensor *nb_mean(nb_ctx *ctx, nb_tensor *x, int naxes, const int *axes, bool keepdim);
 /* Gradient goes to the first maximum in each reduced group. */
-nb_tensor *nb_max(nb_ctx *ctx, nb_tensor *x, int naxes, const int *axes, bool keepdim);
+NB_API nb_tensor *nb_max(nb_ctx *ctx, nb_tensor *x, int naxes, const int *axes, bool keepdim);
 /* i64 index of the maximum along `dim` (negative allowed): the first of
  * equal maxima, and the first NaN when the slice has one (as torch.argmax).
  * Not differentiable: the output never requires grad. An empty `dim` is an
  * error. */
-nb_tensor *nb_argmax(nb_ctx *ctx, nb_tensor *x, int dim, bool keepdim);
+NB_API nb_tensor *nb_argmax(nb_ctx *ctx, nb_tensor *x, int dim, bool keepdim);
 /* Variance with divisor (n - correction): 1 unbiased, 0 biased. */
-nb_tensor *nb_var(nb_ctx *ctx, nb_tensor *x, int naxes, const int *axes, int correction,
+NB_API nb_tensor *nb_var(nb_ctx *ctx, nb_tensor *x, int naxes, const int *axes, int correction,
                   bool keepdim);
-nb_tensor *nb_sum_all(nb_ctx *ctx, nb_tensor *x);
-nb_tensor *nb_mean_all(nb_ctx *ctx, nb_tensor *x);
+NB_API nb_tensor *nb_sum_all(nb_ctx *ctx, nb_tensor *x);
+NB_API nb_tensor *nb_mean_all(nb_ctx *ctx, nb_tensor *x);
 
 /* ---- classification metrics (no gradient) ----
  * How many rows of logits (N, C) have their argmax (nb_argmax's rule:
@@ -79,18 +80,18 @@ nb_tensor *nb_mean_all(nb_ctx *ctx, nb_tensor *x);
  * logits' device); a target outside [0, C) never matches. The argmax goes
  * in ctx; the count is read back to the host, so on CUDA this waits for the
  * logits. */
-int64_t nb_count_correct(nb_ctx *ctx, nb_tensor *logits, nb_tensor *targets);
+NB_API int64_t nb_count_correct(nb_ctx *ctx, nb_tensor *logits, nb_tensor *targets);
 
 /* ---- softmax and losses ---- */
-nb_tensor *nb_softmax(nb_ctx *ctx, nb_tensor *x, int axis);
-nb_tensor *nb_log_softmax(nb_ctx *ctx, nb_tensor *x, int axis);
+NB_API nb_tensor *nb_softmax(nb_ctx *ctx, nb_tensor *x, int axis);
+NB_API nb_tensor *nb_log_softmax(nb_ctx *ctx, nb_tensor *x, int axis);
 /* Causal attention weights from scores x (.., T, S): along the last dim,
  * softmax(scale x) where key j <= query i and exactly 0 where j > i,
  * i.e. nb_softmax(nb_masked_fill(scale x, j > i, -inf), -1) in one pass
  * that never reads the masked scores (CPU and CUDA). Every row keeps j = 0,
  * so no row is all masked. scale: finite, nonzero (1 / sqrt(D) in
  * attention). */
-nb_tensor *nb_softmax_causal(nb_ctx *ctx, nb_tensor *x, double scale);
+NB_API nb_tensor *nb_softmax_causal(nb_ctx *ctx, nb_tensor *x, double scale);
 
 typedef struct nb_cross_entropy_opts {
     int64_t ignore_index;   /* targets equal to it count for nothing; default -100 */
@@ -102,25 +103,25 @@ typedef struct nb_cross_entropy_opts {
  * targets not ignored (all ignored: NaN, as 0/0, with a zero gradient).
  * Label smoothing eps: (1 - eps) (-log p_target) + eps/C sum_c (-log p_c).
  * opts NULL: the defaults. */
-nb_tensor *nb_cross_entropy(nb_ctx *ctx, nb_tensor *logits, nb_tensor *targets,
+NB_API nb_tensor *nb_cross_entropy(nb_ctx *ctx, nb_tensor *logits, nb_tensor *targets,
                             const nb_cross_entropy_opts *opts);
 /* mean((pred - target)^2); same shapes. */
-nb_tensor *nb_mse_loss(nb_ctx *ctx, nb_tensor *pred, nb_tensor *target);
+NB_API nb_tensor *nb_mse_loss(nb_ctx *ctx, nb_tensor *pred, nb_tensor *target);
 /* mean(max(x,0) - x*y + log(1 + exp(-|x|))); same shapes; y gets no gradient. */
-nb_tensor *nb_bce_with_logits(nb_ctx *ctx, nb_tensor *logits, nb_tensor *targets);
+NB_API nb_tensor *nb_bce_with_logits(nb_ctx *ctx, nb_tensor *logits, nb_tensor *targets);
 
 /* ---- layers' math ---- */
 /* weight (V, C), indices (..) of i32/i64 -> (.., C). */
-nb_tensor *nb_embedding(nb_ctx *ctx, nb_tensor *weight, nb_tensor *indices);
+NB_API nb_tensor *nb_embedding(nb_ctx *ctx, nb_tensor *weight, nb_tensor *indices);
 /* Normalises over the last `norm_ndim` dims; weight and bias have those
  * dims' shape or are NULL. */
-nb_tensor *nb_layer_norm(nb_ctx *ctx, nb_tensor *x, int norm_ndim, nb_tensor *weight,
+NB_API nb_tensor *nb_layer_norm(nb_ctx *ctx, nb_tensor *x, int norm_ndim, nb_tensor *weight,
                          nb_tensor *bias, double eps);
 /* x (N, C, ..). Training: batch statistics (needs more than one value per
  * channel); running_mean/var (C), both or neither, updated
  * in place when given (momentum; the running variance is unbiased).
  * Eval: running statistics. weight, bias (C) or NULL. */
-nb_tensor *nb_batch_norm(nb_ctx *ctx, nb_tensor *x, nb_tensor *weight, nb_tensor *bias,
+NB_API nb_tensor *nb_batch_norm(nb_ctx *ctx, nb_tensor *x, nb_tensor *weight, nb_tensor *bias,
                          nb_tensor *running_mean, nb_tensor *running_var, bool training,
                          double momentum, double eps);
 
@@ -138,7 +139,7 @@ typedef struct nb_conv2d_opts {
     ((nb_conv2d_opts){.stride = {1, 1}, .padding = {0, 0}, .dilation = {1, 1}, .groups = 1})
 /* x (N, C, H, W), weight (O, C/G, KH, KW), bias (O) or NULL -> (N, O, OH, OW);
  * G = opts->groups. */
-nb_tensor *nb_conv2d(nb_ctx *ctx, nb_tensor *x, nb_tensor *weight, nb_tensor *bias,
+NB_API nb_tensor *nb_conv2d(nb_ctx *ctx, nb_tensor *x, nb_tensor *weight, nb_tensor *bias,
                      const nb_conv2d_opts *opts);
 
 typedef struct nb_pool2d_opts {
@@ -148,19 +149,19 @@ typedef struct nb_pool2d_opts {
 } nb_pool2d_opts;
 /* x (N, C, H, W). Max pooling ignores padding; average pooling counts
  * padded zeros (PyTorch's count_include_pad=True). */
-nb_tensor *nb_max_pool2d(nb_ctx *ctx, nb_tensor *x, const nb_pool2d_opts *opts);
-nb_tensor *nb_avg_pool2d(nb_ctx *ctx, nb_tensor *x, const nb_pool2d_opts *opts);
+NB_API nb_tensor *nb_max_pool2d(nb_ctx *ctx, nb_tensor *x, const nb_pool2d_opts *opts);
+NB_API nb_tensor *nb_avg_pool2d(nb_ctx *ctx, nb_tensor *x, const nb_pool2d_opts *opts);
 
 /* Zeroes each element with probability p and scales the rest by 1/(1-p).
  * The mask is a function of (rng, element index); see Note [Random streams].
  * When !training or p == 0 it returns x. rng NULL: the default generator. */
-nb_tensor *nb_dropout(nb_ctx *ctx, nb_tensor *x, double p, bool training, nb_rng *rng);
+NB_API nb_tensor *nb_dropout(nb_ctx *ctx, nb_tensor *x, double p, bool training, nb_rng *rng);
 
 /* ---- joining and splitting ---- */
-nb_tensor *nb_concat(nb_ctx *ctx, int n, nb_tensor *const *xs, int axis);
-nb_tensor *nb_stack(nb_ctx *ctx, int n, nb_tensor *const *xs, int axis);
+NB_API nb_tensor *nb_concat(nb_ctx *ctx, int n, nb_tensor *const *xs, int axis);
+NB_API nb_tensor *nb_stack(nb_ctx *ctx, int n, nb_tensor *const *xs, int axis);
 /* Splits along `axis` into n pieces of sizes[i] (views), written to out[i]. */
-void nb_split(nb_ctx *ctx, nb_tensor *x, int n, const int64_t *sizes, int axis,
+NB_API void nb_split(nb_ctx *ctx, nb_tensor *x, int n, const int64_t *sizes, int axis,
               nb_tensor **out);
 
 #ifdef __cplusplus

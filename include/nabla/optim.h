@@ -20,6 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "nabla/api.h"
 #include "nabla/error.h"
 #include "nabla/tensor.h"
 
@@ -32,7 +33,7 @@ typedef struct nb_optim nb_optim;
 typedef enum nb_optim_kind { NB_OPTIM_SGD = 0, NB_OPTIM_ADAM, NB_OPTIM_ADAMW } nb_optim_kind;
 
 /* "sgd", "adam", "adamw". */
-const char *nb_optim_kind_name(nb_optim_kind kind);
+NB_API const char *nb_optim_kind_name(nb_optim_kind kind);
 
 /* Hyperparameters of one parameter group. Fields that do not apply to the
  * optimizer's kind are ignored. */
@@ -73,35 +74,36 @@ typedef struct nb_param_group {
  * f64, contiguous, with a unique non-empty name, in exactly one group;
  * groups may be empty but not all of them. Aborts with a message naming
  * the parameter or hyperparameter otherwise. */
-nb_optim *nb_optim_new_groups(nb_optim_kind kind, int n_groups, const nb_param_group *groups);
+NB_API nb_optim *nb_optim_new_groups(nb_optim_kind kind, int n_groups,
+                                     const nb_param_group *groups);
 /* One group. */
-nb_optim *nb_optim_new(nb_optim_kind kind, const nb_named_tensor *params, int n,
+NB_API nb_optim *nb_optim_new(nb_optim_kind kind, const nb_named_tensor *params, int n,
                        const nb_optim_hparams *h);
-void nb_optim_free(nb_optim *opt); /* NULL is fine */
+NB_API void nb_optim_free(nb_optim *opt); /* NULL is fine */
 
 /* The usual two groups: group 0 holds the parameters with ndim >= 2
  * (weight matrices, embeddings, kernels) with h's weight decay; group 1
  * holds those with ndim < 2 (biases, norm weights) with weight decay 0.
  * `scratch` receives the n parameters reordered (group 0 first) and must
  * live until the groups are passed to nb_optim_new_groups. */
-void nb_optim_split_decay(const nb_named_tensor *params, int n, const nb_optim_hparams *h,
+NB_API void nb_optim_split_decay(const nb_named_tensor *params, int n, const nb_optim_hparams *h,
                           nb_named_tensor *scratch, nb_param_group out[2]);
 
 /* One update of every parameter that has a gradient. */
-void nb_optim_step(nb_optim *opt);
+NB_API void nb_optim_step(nb_optim *opt);
 /* Zeroes the gradient of every parameter (buffers are kept). */
-void nb_optim_zero_grad(nb_optim *opt);
+NB_API void nb_optim_zero_grad(nb_optim *opt);
 
-nb_optim_kind nb_optim_get_kind(const nb_optim *opt);
-int nb_optim_group_count(const nb_optim *opt);
-int nb_optim_param_count(const nb_optim *opt);
+NB_API nb_optim_kind nb_optim_get_kind(const nb_optim *opt);
+NB_API int nb_optim_group_count(const nb_optim *opt);
+NB_API int nb_optim_param_count(const nb_optim *opt);
 /* Number of nb_optim_step calls so far (restored from checkpoints). */
-int64_t nb_optim_step_count(const nb_optim *opt);
-nb_optim_hparams nb_optim_group_hparams(const nb_optim *opt, int group);
-double nb_optim_lr(const nb_optim *opt, int group);
-void nb_optim_set_lr(nb_optim *opt, int group, double lr);
-void nb_optim_set_lr_all(nb_optim *opt, double lr);
-void nb_optim_set_weight_decay(nb_optim *opt, int group, double weight_decay);
+NB_API int64_t nb_optim_step_count(const nb_optim *opt);
+NB_API nb_optim_hparams nb_optim_group_hparams(const nb_optim *opt, int group);
+NB_API double nb_optim_lr(const nb_optim *opt, int group);
+NB_API void nb_optim_set_lr(nb_optim *opt, int group, double lr);
+NB_API void nb_optim_set_lr_all(nb_optim *opt, double lr);
+NB_API void nb_optim_set_weight_decay(nb_optim *opt, int group, double weight_decay);
 
 /* ---- state, for checkpoints ----
  * Named views of the optimizer's whole state, in its own context (valid
@@ -125,17 +127,17 @@ void nb_optim_set_weight_decay(nb_optim *opt, int group, double weight_decay);
  * Loading a checkpoint writes into these tensors, hyperparameters
  * included (as PyTorch's load_state_dict does); call
  * nb_optim_state_validate afterwards (nb_checkpoint_load_training does). */
-const nb_named_tensor *nb_optim_state(nb_optim *opt, int *n);
+NB_API const nb_named_tensor *nb_optim_state(nb_optim *opt, int *n);
 /* NB_ERR_FORMAT, with a message naming the value, when loaded state is out
  * of range (negative step count or learning rate, beta outside [0, 1),
  * nesterov or amsgrad neither 0 nor 1, ...); NB_ERR_MISMATCH when it asks
  * for state the optimizer was not made with (momentum without momentum
  * buffers, amsgrad turned off in a group made with it). */
-nb_status nb_optim_state_validate(nb_optim *opt);
+NB_API nb_status nb_optim_state_validate(nb_optim *opt);
 /* Bytes of element-wise state this rank holds for opt (moments, momentum
  * buffers, max_exp_avg_sq; not the scalars): with ZeRO-1
  * (nb_ddp_set_zero) the shard's, about 1/R of the whole. */
-size_t nb_optim_state_bytes(const nb_optim *opt);
+NB_API size_t nb_optim_state_bytes(const nb_optim *opt);
 
 /* ---- gradient clipping ----
  * Total norm of the gradients of params (those with a gradient), over all
@@ -144,10 +146,10 @@ size_t nb_optim_state_bytes(const nb_optim *opt);
  * max_norm / (norm + 1e-6). When the norm is inf or NaN the gradients are
  * left untouched and the non-finite norm is returned, so the caller can
  * skip the step (PyTorch would scale them by NaN). */
-double nb_clip_grad_norm(const nb_named_tensor *params, int n, double max_norm,
+NB_API double nb_clip_grad_norm(const nb_named_tensor *params, int n, double max_norm,
                          double norm_type);
 /* The same over all parameters of an optimizer. */
-double nb_optim_clip_grad_norm(nb_optim *opt, double max_norm, double norm_type);
+NB_API double nb_optim_clip_grad_norm(nb_optim *opt, double max_norm, double norm_type);
 /* The same clipping without waiting for the device: the norm is returned
  * as a 0-d f64 tensor made in ctx (on the gradients' device) and the
  * gradients are scaled by a coefficient formed there, so on a GPU the
@@ -156,9 +158,9 @@ double nb_optim_clip_grad_norm(nb_optim *opt, double max_norm, double norm_type)
  * that read waits for the device. The results are those of
  * nb_clip_grad_norm, bit for bit. Gradients that are not all f32 and
  * contiguous are clipped as nb_clip_grad_norm does (one host read inside). */
-nb_tensor *nb_clip_grad_norm_tensor(nb_ctx *ctx, const nb_named_tensor *params, int n,
+NB_API nb_tensor *nb_clip_grad_norm_tensor(nb_ctx *ctx, const nb_named_tensor *params, int n,
                                     double max_norm, double norm_type);
-nb_tensor *nb_optim_clip_grad_norm_tensor(nb_optim *opt, nb_ctx *ctx, double max_norm,
+NB_API nb_tensor *nb_optim_clip_grad_norm_tensor(nb_optim *opt, nb_ctx *ctx, double max_norm,
                                           double norm_type);
 
 /* ---- dynamic loss scaling (f16 training) ----
@@ -172,22 +174,22 @@ nb_tensor *nb_optim_clip_grad_norm_tensor(nb_optim *opt, nb_ctx *ctx, double max
  * 0.5, 2000. CPU and CUDA parameters. docs/optim.md has an example. */
 typedef struct nb_grad_scaler nb_grad_scaler;
 
-nb_grad_scaler *nb_grad_scaler_new(double init_scale, double growth_factor,
+NB_API nb_grad_scaler *nb_grad_scaler_new(double init_scale, double growth_factor,
                                    double backoff_factor, int64_t growth_interval);
-void nb_grad_scaler_free(nb_grad_scaler *s); /* NULL is fine */
+NB_API void nb_grad_scaler_free(nb_grad_scaler *s); /* NULL is fine */
 /* loss * scale, recorded by autograd (in ctx). */
-nb_tensor *nb_grad_scaler_scale(nb_grad_scaler *s, nb_ctx *ctx, nb_tensor *loss);
+NB_API nb_tensor *nb_grad_scaler_scale(nb_grad_scaler *s, nb_ctx *ctx, nb_tensor *loss);
 /* Divides the gradients by the scale and checks them, without stepping
  * (to clip unscaled gradients before nb_grad_scaler_step, which then does
  * not unscale again). At most once between two updates. */
-void nb_grad_scaler_unscale(nb_grad_scaler *s, nb_optim *opt);
+NB_API void nb_grad_scaler_unscale(nb_grad_scaler *s, nb_optim *opt);
 /* Unscales (unless nb_grad_scaler_unscale did) and steps the optimizer
  * when every gradient is finite; returns whether it stepped. Once between
  * two updates. */
-bool nb_grad_scaler_step(nb_grad_scaler *s, nb_optim *opt);
+NB_API bool nb_grad_scaler_step(nb_grad_scaler *s, nb_optim *opt);
 /* Adjusts the scale after nb_grad_scaler_step. */
-void nb_grad_scaler_update(nb_grad_scaler *s);
-double nb_grad_scaler_get_scale(const nb_grad_scaler *s);
+NB_API void nb_grad_scaler_update(nb_grad_scaler *s);
+NB_API double nb_grad_scaler_get_scale(const nb_grad_scaler *s);
 
 /* ---- learning-rate schedules ----
  * A schedule is a pure function of the step (the 0-based index of the
@@ -210,11 +212,13 @@ typedef struct nb_lr_schedule {
     double min_lr;        /* COSINE */
 } nb_lr_schedule;
 
-nb_lr_schedule nb_lr_constant(double lr, int64_t warmup_steps);
-nb_lr_schedule nb_lr_step_decay(double lr, int64_t warmup_steps, int64_t step_size, double gamma);
-nb_lr_schedule nb_lr_cosine(double lr, int64_t warmup_steps, int64_t total_steps, double min_lr);
+NB_API nb_lr_schedule nb_lr_constant(double lr, int64_t warmup_steps);
+NB_API nb_lr_schedule nb_lr_step_decay(double lr, int64_t warmup_steps, int64_t step_size,
+                                       double gamma);
+NB_API nb_lr_schedule nb_lr_cosine(double lr, int64_t warmup_steps, int64_t total_steps,
+                                   double min_lr);
 /* The rate at `step` (>= 0). */
-double nb_lr_schedule_at(const nb_lr_schedule *s, int64_t step);
+NB_API double nb_lr_schedule_at(const nb_lr_schedule *s, int64_t step);
 
 #ifdef __cplusplus
 }

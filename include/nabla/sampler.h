@@ -20,6 +20,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "nabla/api.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -35,13 +37,13 @@ typedef struct nb_sampler_vtable {
     void (*free)(void *self); /* may be NULL */
 } nb_sampler_vtable;
 
-nb_sampler *nb_sampler_new(const nb_sampler_vtable *vt, void *self);
-void nb_sampler_free(nb_sampler *s); /* NULL is fine */
+NB_API nb_sampler *nb_sampler_new(const nb_sampler_vtable *vt, void *self);
+NB_API void nb_sampler_free(nb_sampler *s); /* NULL is fine */
 
 /* 0, 1, ..., n-1 every epoch. */
-nb_sampler *nb_sampler_sequential(int64_t n);
+NB_API nb_sampler *nb_sampler_sequential(int64_t n);
 /* A permutation of 0..n-1 (without replacement), new for each epoch. */
-nb_sampler *nb_sampler_random(int64_t n, uint64_t seed);
+NB_API nb_sampler *nb_sampler_random(int64_t n, uint64_t seed);
 
 typedef struct nb_distributed_options {
     int world_size; /* R >= 1 */
@@ -50,7 +52,7 @@ typedef struct nb_distributed_options {
     uint64_t seed;  /* the same on every rank */
     bool drop_last;
 } nb_distributed_options;
-nb_sampler *nb_sampler_distributed(int64_t n, const nb_distributed_options *opts);
+NB_API nb_sampler *nb_sampler_distributed(int64_t n, const nb_distributed_options *opts);
 /* The position in an epoch as one number, whatever the world size: the
  * global count of positions of the epoch's list already taken (k per rank
  * is kR). nb_sampler_distributed_taken(s, k) is that count once every rank
@@ -64,34 +66,35 @@ nb_sampler *nb_sampler_distributed(int64_t n, const nb_distributed_options *opts
  * another world size] in data/sampler.c). Other epochs are unchanged; a
  * loader using the sampler notices at its next seek. Both abort on a
  * sampler that is not distributed. */
-void nb_sampler_distributed_resume(nb_sampler *s, int64_t epoch, int64_t taken);
-int64_t nb_sampler_distributed_taken(const nb_sampler *s, int64_t per_rank);
+NB_API void nb_sampler_distributed_resume(nb_sampler *s, int64_t epoch, int64_t taken);
+NB_API int64_t nb_sampler_distributed_taken(const nb_sampler *s, int64_t per_rank);
 
 /* Exact evaluation: rank's share of 0..n-1, unpadded (see above). */
-nb_sampler *nb_sampler_shard(int64_t n, int world_size, int rank);
+NB_API nb_sampler *nb_sampler_shard(int64_t n, int world_size, int rank);
 
-int64_t nb_sampler_len(const nb_sampler *s);
-void nb_sampler_set_epoch(nb_sampler *s, int64_t epoch);
-int64_t nb_sampler_epoch(const nb_sampler *s);
+NB_API int64_t nb_sampler_len(const nb_sampler *s);
+NB_API void nb_sampler_set_epoch(nb_sampler *s, int64_t epoch);
+NB_API int64_t nb_sampler_epoch(const nb_sampler *s);
 /* The current epoch's nb_sampler_len() indices. */
-void nb_sampler_indices(const nb_sampler *s, int64_t *out);
+NB_API void nb_sampler_indices(const nb_sampler *s, int64_t *out);
 
 /* ---- batches ---- */
 typedef struct nb_batch_sampler nb_batch_sampler;
 
 /* Groups `sampler`'s indices (borrowed) into batches of `batch_size`; the
  * last, smaller batch is dropped when drop_last. */
-nb_batch_sampler *nb_batch_sampler_new(nb_sampler *sampler, int64_t batch_size, bool drop_last);
-void nb_batch_sampler_free(nb_batch_sampler *bs);
+NB_API nb_batch_sampler *nb_batch_sampler_new(nb_sampler *sampler, int64_t batch_size,
+                                              bool drop_last);
+NB_API void nb_batch_sampler_free(nb_batch_sampler *bs);
 /* Batches per epoch: floor(len / B) with drop_last, else ceil(len / B). */
-int64_t nb_batch_sampler_len(const nb_batch_sampler *bs);
+NB_API int64_t nb_batch_sampler_len(const nb_batch_sampler *bs);
 /* Number of batches of `batch_size` that `n` indices make. */
-int64_t nb_batch_count(int64_t n, int64_t batch_size, bool drop_last);
+NB_API int64_t nb_batch_count(int64_t n, int64_t batch_size, bool drop_last);
 /* Sets the sampler's epoch. */
-void nb_batch_sampler_set_epoch(nb_batch_sampler *bs, int64_t epoch);
+NB_API void nb_batch_sampler_set_epoch(nb_batch_sampler *bs, int64_t epoch);
 /* Batch k (0 <= k < len) of the sampler's current epoch into out[0..B);
  * returns its size. */
-int64_t nb_batch_sampler_get(nb_batch_sampler *bs, int64_t k, int64_t *out);
+NB_API int64_t nb_batch_sampler_get(nb_batch_sampler *bs, int64_t k, int64_t *out);
 
 /* ---- exact metric reduction ----
  * Sums and a sample count, all doubles so that the whole struct reduces as
@@ -104,14 +107,14 @@ typedef struct nb_metric_sums {
     double v[1 + NB_METRIC_MAX];    /* v[0] = count, v[1 + k] = sum of metric k */
 } nb_metric_sums;
 
-void nb_metric_sums_init(nb_metric_sums *m, int n_metrics);
+NB_API void nb_metric_sums_init(nb_metric_sums *m, int n_metrics);
 /* Adds a batch: `sums[k]` summed over its `count` samples. */
-void nb_metric_sums_add(nb_metric_sums *m, const double *sums, int64_t count);
-void nb_metric_sums_merge(nb_metric_sums *dst, const nb_metric_sums *src);
-double *nb_metric_sums_data(nb_metric_sums *m);
-int nb_metric_sums_size(const nb_metric_sums *m); /* 1 + n */
-double nb_metric_sums_count(const nb_metric_sums *m);
-double nb_metric_sums_mean(const nb_metric_sums *m, int k); /* sum_k / count (NaN if 0) */
+NB_API void nb_metric_sums_add(nb_metric_sums *m, const double *sums, int64_t count);
+NB_API void nb_metric_sums_merge(nb_metric_sums *dst, const nb_metric_sums *src);
+NB_API double *nb_metric_sums_data(nb_metric_sums *m);
+NB_API int nb_metric_sums_size(const nb_metric_sums *m); /* 1 + n */
+NB_API double nb_metric_sums_count(const nb_metric_sums *m);
+NB_API double nb_metric_sums_mean(const nb_metric_sums *m, int k); /* sum_k / count (NaN if 0) */
 
 #ifdef __cplusplus
 }

@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "nabla/api.h"
 #include "nabla/context.h"
 #include "nabla/dtype.h"
 #include "nabla/random.h"
@@ -63,94 +64,95 @@ typedef struct nb_named_tensor {
     (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), (int64_t[]){__VA_ARGS__}
 
 /* ---- facts ---- */
-int64_t nb_numel(const nb_tensor *t);
-bool nb_is_contiguous(const nb_tensor *t);
-bool nb_is_leaf(const nb_tensor *t); /* requires grad and made by no op */
-bool nb_same_shape(const nb_tensor *a, const nb_tensor *b);
+NB_API int64_t nb_numel(const nb_tensor *t);
+NB_API bool nb_is_contiguous(const nb_tensor *t);
+NB_API bool nb_is_leaf(const nb_tensor *t); /* requires grad and made by no op */
+NB_API bool nb_same_shape(const nb_tensor *a, const nb_tensor *b);
 /* "(2, 3)": a thread-local buffer, eight of them in rotation. */
-const char *nb_shape_str(const nb_tensor *t);
+NB_API const char *nb_shape_str(const nb_tensor *t);
 
 /* ---- creation ---- */
-nb_tensor *nb_empty(nb_ctx *ctx, nb_dtype dtype, int ndim, const int64_t *shape);
-nb_tensor *nb_zeros(nb_ctx *ctx, nb_dtype dtype, int ndim, const int64_t *shape);
-nb_tensor *nb_ones(nb_ctx *ctx, nb_dtype dtype, int ndim, const int64_t *shape);
-nb_tensor *nb_full(nb_ctx *ctx, nb_dtype dtype, int ndim, const int64_t *shape, double value);
-nb_tensor *nb_scalar(nb_ctx *ctx, nb_dtype dtype, double value); /* 0-d */
+NB_API nb_tensor *nb_empty(nb_ctx *ctx, nb_dtype dtype, int ndim, const int64_t *shape);
+NB_API nb_tensor *nb_zeros(nb_ctx *ctx, nb_dtype dtype, int ndim, const int64_t *shape);
+NB_API nb_tensor *nb_ones(nb_ctx *ctx, nb_dtype dtype, int ndim, const int64_t *shape);
+NB_API nb_tensor *nb_full(nb_ctx *ctx, nb_dtype dtype, int ndim, const int64_t *shape,
+                          double value);
+NB_API nb_tensor *nb_scalar(nb_ctx *ctx, nb_dtype dtype, double value); /* 0-d */
 /* start, start + step, ... while < stop (> stop for a negative step). */
-nb_tensor *nb_arange(nb_ctx *ctx, nb_dtype dtype, double start, double stop, double step);
+NB_API nb_tensor *nb_arange(nb_ctx *ctx, nb_dtype dtype, double start, double stop, double step);
 /* Copies `numel` elements of `dtype` from contiguous host memory. */
-nb_tensor *nb_from_host(nb_ctx *ctx, nb_dtype dtype, int ndim, const int64_t *shape,
+NB_API nb_tensor *nb_from_host(nb_ctx *ctx, nb_dtype dtype, int ndim, const int64_t *shape,
                         const void *src);
-nb_tensor *nb_zeros_like(nb_ctx *ctx, const nb_tensor *t);
-nb_tensor *nb_empty_like(nb_ctx *ctx, const nb_tensor *t);
+NB_API nb_tensor *nb_zeros_like(nb_ctx *ctx, const nb_tensor *t);
+NB_API nb_tensor *nb_empty_like(nb_ctx *ctx, const nb_tensor *t);
 
 /* Random tensors from `rng` (NULL: the default generator), float dtypes. */
-nb_tensor *nb_rand_uniform(nb_ctx *ctx, nb_dtype dtype, int ndim, const int64_t *shape,
+NB_API nb_tensor *nb_rand_uniform(nb_ctx *ctx, nb_dtype dtype, int ndim, const int64_t *shape,
                            double low, double high, nb_rng *rng);
-nb_tensor *nb_rand_normal(nb_ctx *ctx, nb_dtype dtype, int ndim, const int64_t *shape,
+NB_API nb_tensor *nb_rand_normal(nb_ctx *ctx, nb_dtype dtype, int ndim, const int64_t *shape,
                           double mean, double std, nb_rng *rng);
 
 /* ---- reading ---- */
 /* Copies the elements, in row-major order, to contiguous host memory in
  * the tensor's own dtype. */
-void nb_to_host(const nb_tensor *t, void *dst);
+NB_API void nb_to_host(const nb_tensor *t, void *dst);
 /* Same, converted to double (any dtype). */
-void nb_to_host_f64(const nb_tensor *t, double *dst);
+NB_API void nb_to_host_f64(const nb_tensor *t, double *dst);
 /* One element as a double; `index` has t->ndim entries (NULL for 0-d). */
-double nb_get(const nb_tensor *t, const int64_t *index);
+NB_API double nb_get(const nb_tensor *t, const int64_t *index);
 /* The value of a tensor with one element. */
-double nb_item(const nb_tensor *t);
+NB_API double nb_item(const nb_tensor *t);
 
 /* ---- writing in place (never recorded by autograd) ---- */
-void nb_fill_(nb_tensor *t, double value);
-void nb_copy_(nb_tensor *dst, const nb_tensor *src);     /* same shape; casts */
-void nb_axpy_(nb_tensor *y, double alpha, const nb_tensor *x); /* y += alpha * x */
-void nb_scale_(nb_tensor *t, double alpha);                 /* t *= alpha */
-void nb_set(nb_tensor *t, const int64_t *index, double value);
+NB_API void nb_fill_(nb_tensor *t, double value);
+NB_API void nb_copy_(nb_tensor *dst, const nb_tensor *src);     /* same shape; casts */
+NB_API void nb_axpy_(nb_tensor *y, double alpha, const nb_tensor *x); /* y += alpha * x */
+NB_API void nb_scale_(nb_tensor *t, double alpha);                 /* t *= alpha */
+NB_API void nb_set(nb_tensor *t, const int64_t *index, double value);
 
 /* ---- copies and casts (recorded by autograd) ---- */
-nb_tensor *nb_cast(nb_ctx *ctx, nb_tensor *x, nb_dtype dtype);
-nb_tensor *nb_contiguous(nb_ctx *ctx, nb_tensor *x); /* x itself if already contiguous */
-nb_tensor *nb_clone(nb_ctx *ctx, nb_tensor *x);      /* always a fresh copy */
+NB_API nb_tensor *nb_cast(nb_ctx *ctx, nb_tensor *x, nb_dtype dtype);
+NB_API nb_tensor *nb_contiguous(nb_ctx *ctx, nb_tensor *x); /* x itself if already contiguous */
+NB_API nb_tensor *nb_clone(nb_ctx *ctx, nb_tensor *x);      /* always a fresh copy */
 /* x on ctx's device (a copy; x itself when already there), same dtype;
  * the gradient flows back to x's device. Copies from a GPU wait for it. */
-nb_tensor *nb_to(nb_ctx *ctx, nb_tensor *x);
+NB_API nb_tensor *nb_to(nb_ctx *ctx, nb_tensor *x);
 
 /* ---- views (share storage; recorded by autograd) ---- */
 /* One entry of `shape` may be -1. Copies when the strides do not allow a view. */
-nb_tensor *nb_reshape(nb_ctx *ctx, nb_tensor *x, int ndim, const int64_t *shape);
-nb_tensor *nb_flatten(nb_ctx *ctx, nb_tensor *x, int start_dim, int end_dim);
-nb_tensor *nb_narrow(nb_ctx *ctx, nb_tensor *x, int dim, int64_t start, int64_t length);
+NB_API nb_tensor *nb_reshape(nb_ctx *ctx, nb_tensor *x, int ndim, const int64_t *shape);
+NB_API nb_tensor *nb_flatten(nb_ctx *ctx, nb_tensor *x, int start_dim, int end_dim);
+NB_API nb_tensor *nb_narrow(nb_ctx *ctx, nb_tensor *x, int dim, int64_t start, int64_t length);
 /* Elements start, start+step, ... < end of `dim` (step > 0). */
-nb_tensor *nb_slice(nb_ctx *ctx, nb_tensor *x, int dim, int64_t start, int64_t end,
+NB_API nb_tensor *nb_slice(nb_ctx *ctx, nb_tensor *x, int dim, int64_t start, int64_t end,
                     int64_t step);
-nb_tensor *nb_select(nb_ctx *ctx, nb_tensor *x, int dim, int64_t index); /* drops dim */
-nb_tensor *nb_transpose(nb_ctx *ctx, nb_tensor *x, int dim0, int dim1);
-nb_tensor *nb_permute(nb_ctx *ctx, nb_tensor *x, const int *perm);
+NB_API nb_tensor *nb_select(nb_ctx *ctx, nb_tensor *x, int dim, int64_t index); /* drops dim */
+NB_API nb_tensor *nb_transpose(nb_ctx *ctx, nb_tensor *x, int dim0, int dim1);
+NB_API nb_tensor *nb_permute(nb_ctx *ctx, nb_tensor *x, const int *perm);
 /* Size-1 dimensions broadcast to `shape` with stride 0; new leading dims allowed. */
-nb_tensor *nb_expand(nb_ctx *ctx, nb_tensor *x, int ndim, const int64_t *shape);
-nb_tensor *nb_unsqueeze(nb_ctx *ctx, nb_tensor *x, int dim);
-nb_tensor *nb_squeeze(nb_ctx *ctx, nb_tensor *x, int dim);
+NB_API nb_tensor *nb_expand(nb_ctx *ctx, nb_tensor *x, int ndim, const int64_t *shape);
+NB_API nb_tensor *nb_unsqueeze(nb_ctx *ctx, nb_tensor *x, int dim);
+NB_API nb_tensor *nb_squeeze(nb_ctx *ctx, nb_tensor *x, int dim);
 
 /* ---- names and flags ---- */
-void nb_set_name(nb_tensor *t, const char *name); /* copied into t's context */
-void nb_set_requires_grad(nb_tensor *t, bool requires_grad);
+NB_API void nb_set_name(nb_tensor *t, const char *name); /* copied into t's context */
+NB_API void nb_set_requires_grad(nb_tensor *t, bool requires_grad);
 /* Makes t (and every view of its storage) the user's: it lives until its
  * context's reset even if a module's forward made it. Needed only for a
  * tensor made inside a module that is read after nb_backward, for
  * example one a custom module keeps for inspection (Note [Memory given
  * back] in tensor/memory.c; a module's returned output is the user's
  * already). Returns t. */
-nb_tensor *nb_keep(nb_tensor *t);
+NB_API nb_tensor *nb_keep(nb_tensor *t);
 
 /* ---- printing ---- */
 /* PyTorch-style: tensor([[...]], dtype=f32, shape=(2, 3)); long
  * dimensions are abbreviated with "...". */
-void nb_tensor_fprint(FILE *f, const nb_tensor *t);
-void nb_tensor_print(const nb_tensor *t);
+NB_API void nb_tensor_fprint(FILE *f, const nb_tensor *t);
+NB_API void nb_tensor_print(const nb_tensor *t);
 
 /* Negative dims count from the end; aborts naming `op` when out of range. */
-int nb_normalize_dim(const char *op, int dim, int ndim);
+NB_API int nb_normalize_dim(const char *op, int dim, int ndim);
 
 #ifdef __cplusplus
 }

@@ -17,6 +17,8 @@
 #ifndef NABLA_THREADS_H
 #define NABLA_THREADS_H
 
+#include "nabla/api.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -29,11 +31,11 @@ extern "C" {
  * changing OpenBLAS's count may change GEMMs in the last bits (its
  * one-thread path uses other kernels for some shapes). Call it between
  * steps, from the thread that runs the model. */
-void nb_set_num_threads(int n);
+NB_API void nb_set_num_threads(int n);
 
 /* The number of threads the CPU kernels run on (resolving the environment
  * on first use). */
-int nb_get_num_threads(void);
+NB_API int nb_get_num_threads(void);
 
 #ifdef __cplusplus
 }
