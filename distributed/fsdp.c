@@ -122,6 +122,8 @@ struct nb_fsdp {
     nb_optim *opt;
     nb__optim_shard *sh;
     int n_pieces;
+    int *piece_unit;   /* per piece of sh: its unit, and its first element in the unit's chunk (malloc'd) */
+    int64_t *piece_at;
     bool whole;        /* every parameter whole (nb_fsdp_gather_full) */
     nb_status status;  /* the first failure inside a forward or backward */
     char error[512];
@@ -606,6 +608,8 @@ void nb_fsdp_free(nb_fsdp *f) {
         nb__optim_shard_free(f->sh);
         nb__optim_give_back(f->opt);
     }
+    free(f->piece_unit);
+    free(f->piece_at);
     for (int i = 0; i <= f->n_units; i++) free(f->units[i].params);
     free(f->units);
     for (int i = 0; i < f->n; i++) free(f->p[i].name);
@@ -695,6 +699,8 @@ nb_status nb_fsdp_set_optimizer(nb_fsdp *f, nb_optim *opt) {
     nb_status st = nb__optim_take(opt, NB__OPTIM_SHARDED, "nb_fsdp_set_optimizer", f->rank);
     if (st != NB_OK) return st;
     nb__optim_piece *pc = xcalloc((size_t)f->n_pieces, sizeof *pc);
+    f->piece_unit = xcalloc((size_t)f->n_pieces, sizeof *f->piece_unit);
+    f->piece_at = xcalloc((size_t)f->n_pieces, sizeof *f->piece_at);
     int k = 0;
     for (int ui = 0; ui <= f->n_units; ui++) {
         unit *u = &f->units[ui];
@@ -704,6 +710,7 @@ nb_status nb_fsdp_set_optimizer(nb_fsdp *f, nb_optim *opt) {
             int64_t a = pi->offset > lo ? pi->offset : lo, e = pi->offset + nb_numel(pi->t);
             if (e > hi) e = hi;
             if (a >= e) continue;
+            f->piece_unit[k] = ui, f->piece_at[k] = a - lo;
             pc[k++] = (nb__optim_piece){pi->t, a - pi->offset, e - a, flat_view(f->ctx, u->shard_grad, a - lo, e - a),
                                         pi->name, flat_view(f->ctx, u->shard, a - lo, e - a)};
         }
@@ -759,6 +766,48 @@ nb_status nb_fsdp_clip_grad_norm(nb_fsdp *f, double max_norm, double norm_type, 
     double coef = max_norm / (total + 1e-6);
     if (coef < 1.0 && k) be->scale(k, gl, coef);
     return NB_OK;
+}
+
+/* As ZeRO-1's consolidation (Note [ZeRO-1] in ddp_zero.c), per unit: each
+ * moment's pieces placed in the unit's chunk layout, all-gathered, and
+ * copied out of the unit's flat into the optimizer's moments. */
+nb_status nb_fsdp_consolidate_optimizer(nb_fsdp *f, int root) {
+    NB__CHECK_HANDLE("nb_fsdp_consolidate_optimizer", f, "FSDP handle");
+    NB_CHECK(f->opt, "nb_fsdp_consolidate_optimizer: rank %d: no optimizer attached (nb_fsdp_set_optimizer)",
+             f->rank);
+    NB_CHECK(root >= -1 && root < f->world, "nb_fsdp_consolidate_optimizer: rank %d: root %d outside [-1, %d)",
+             f->rank, root, f->world);
+    if (f->status != NB_OK) return take_status(f);
+    nb_optim *opt = f->opt;
+    bool receive = root < 0 || root == f->rank;
+    if (receive) nb__optim_alloc_state(opt);
+    int K = nb__optim_moment_count(opt); /* the same on every rank */
+    nb_ctx *sc = nb_ctx_new(nb_ctx_device(f->ctx), 0);
+    for (int ui = 0; ui <= f->n_units && f->status == NB_OK; ui++) {
+        unit *u = &f->units[ui];
+        if (u->np == 0) continue;
+        nb_tensor *send = nb_empty(sc, f->dtype, NB_SHAPE(u->chunk));
+        nb_tensor *out = nb_empty(sc, f->dtype, NB_SHAPE(u->chunk * f->world));
+        for (int k = 0; k < K && f->status == NB_OK; k++) {
+            nb_fill_(send, 0);
+            for (int j = 0; j < f->n_pieces; j++) {
+                nb_tensor *m = f->piece_unit[j] == ui ? nb__optim_shard_moment(f->sh, j, k) : NULL;
+                if (m) nb_copy_(flat_view(sc, send, f->piece_at[j], nb_numel(m)), m);
+            }
+            if (f->world == 1) nb_copy_(out, send);
+            else finish_work(f, nb_pg_all_gather(f->pg, out, send));
+            if (!receive || f->status != NB_OK) continue;
+            for (int i = 0; i < u->np; i++) {
+                param_info *pi = &f->p[u->params[i]];
+                int oi = nb__optim_param_index(opt, pi->t);
+                nb_tensor *m = oi < 0 ? NULL : nb__optim_moment(opt, oi, k);
+                if (m) nb_copy_(m, nb__view(sc, out, m->ndim, m->shape, m->strides,
+                                            (char *)out->data + pi->offset * (int64_t)nb_dtype_size(f->dtype)));
+            }
+        }
+    }
+    nb_ctx_free(sc);
+    return take_status(f);
 }
 
 nb_status nb_fsdp_gather_full(nb_fsdp *f) {

@@ -20,7 +20,7 @@
  * shards the optimizer's state over the processes (ZeRO-1, docs/ddp.md),
  * --zero 2 the gradients too (ZeRO-2): each keeps only its share, the
  * checkpoints are the same; --zero 3 the parameters too (ZeRO-3 / FSDP,
- * no checkpoints yet); the last line gives state_bytes=, what this
+ * the same checkpoints too); the last line gives state_bytes=, what this
  * process holds at the end of the last step. docs/examples.md
  * describes every flag. */
 #include <math.h>
@@ -314,11 +314,6 @@ static int parse_args(run *r, int argc, char **argv) {
         fprintf(stderr, "train_classifier: --max-skipped-steps must be >= 0 (0: never stop)\n");
         return 2;
     }
-    if (a->zero_stage == 3 && (a->ckpt_dir || a->resume)) {
-        fprintf(stderr, "train_classifier: --zero 3 writes and reads no checkpoints yet (its parameters are "
-                        "sharded); drop --ckpt-dir and --resume, or use --zero 2\n");
-        return 2;
-    }
     r->guard.max_skipped = a->max_skipped_steps;
     if (a->epochs < 1 || a->batch_size < 1 || !(a->lr > 0) || a->momentum < 0 || a->weight_decay < 0 ||
         !(a->test_fraction > 0 && a->test_fraction < 1) || (a->resume && !a->ckpt_dir)) {
@@ -503,7 +498,7 @@ int main(int argc, char **argv) {
         TRY(&r, run_dist_sum(&r.d, nb_metric_sums_data(&train), nb_metric_sums_size(&train)), "all-reduce");
         TRY(&r, evaluate(&r, &test.loss, &test.accuracy, &test.count), "evaluation");
         TRY(&r, report_epoch(&r, epoch, &train, &test), "metrics");
-        if (a->zero_stage && r.d.ddp && a->ckpt_dir) TRY(&r, nb_ddp_consolidate_optimizer(r.d.ddp, 0), "gathering the optimizer state");
+        if (a->ckpt_dir) TRY(&r, run_dist_consolidate(&r.d, 0), "gathering the state");
         if (r.d.rank == 0 && a->ckpt_dir) TRY(&r, save_checkpoint(&r, r.step, epoch + 1), "checkpoint");
     }
     TRY(&r, run_dist_unshard(&r.d), "ZeRO"); /* the whole state back before the unwrap */

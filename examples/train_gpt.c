@@ -14,8 +14,8 @@
  * warmup then cosine decay, gradient accumulation, global-norm clipping;
  * --zero shards AdamW's state over the processes (ZeRO-1, docs/ddp.md);
  * --zero 2 the gradients too (ZeRO-2), --zero 3 the parameters too
- * (ZeRO-3 / FSDP: each block gathered for its forward and backward; no
- * checkpoints yet). The end-of-run memory line gives
+ * (ZeRO-3 / FSDP: each block gathered for its forward and backward; its
+ * checkpoints are consolidated on rank 0 too). The end-of-run memory line gives
  * state_bytes=, the parameter, gradient and optimizer-state bytes this
  * process holds at the end of the last step.
  * Only rank 0 prints, writes the metrics log and the plot, and saves
@@ -508,7 +508,6 @@ static bool check_args(const args *a) {
     else if (!(a->val_fraction > 0 && a->val_fraction < 1)) bad = "--val-fraction must be in (0, 1)";
     else if (a->dropout < 0 || a->dropout >= 1) bad = "--dropout must be in [0, 1)";
     else if (a->resume && !a->ckpt_dir) bad = "--resume needs --ckpt-dir";
-    else if (a->zero_stage == 3 && a->ckpt_dir) bad = "--zero 3 writes and reads no checkpoints yet (its parameters are sharded); drop --ckpt-dir, or use --zero 2";
     else if (a->max_skipped_steps < 0) bad = "--max-skipped-steps must be >= 0 (0: never stop)";
     else if (a->keep_checkpoints < 1) bad = "--keep-checkpoints must be >= 1";
     else if (a->eval_interval < 0 || a->ckpt_interval < 0 || a->log_interval < 1 || a->metrics_interval < 1 || a->sample_len < 0) bad = "--eval-interval, --ckpt-interval, --sample-len must be >= 0, --log-interval and --metrics-interval >= 1";
@@ -833,7 +832,7 @@ int main(int argc, char **argv) {
             if (r.log) TRY(&r, nb_metrics_log_write(r.log, "eval", done, (nb_metric_value[]){{"val_loss", r.val_loss}}, 1), "metrics");
         }
         if (a->ckpt_dir && due(&r, done, a->ckpt_interval)) {
-            if (a->zero_stage && r.d.ddp) TRY(&r, nb_ddp_consolidate_optimizer(r.d.ddp, 0), "gathering the optimizer state");
+            TRY(&r, run_dist_consolidate(&r.d, 0), "gathering the state");
             if (r.d.rank == 0) TRY(&r, save_checkpoint(&r, done), "checkpoint");
         }
     }

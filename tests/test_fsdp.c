@@ -124,6 +124,8 @@ START_TEST(test_loss_matches_ddp) {
     printf("rank %d of %d: loss after 20 steps %.9g, DDP's %.9g\n", me, R, last, rlast);
     ck_assert_int_eq(nb_fsdp_gather_full(f), NB_OK);
     assert_models_match(m, ref, 1e-3, 1.0); /* a key bias, whose gradient is rounding noise, moves by Adam's lr either way */
+    ck_assert_int_eq(nb_fsdp_consolidate_optimizer(f, -1), NB_OK); /* the whole state, as DDP's optimizer holds it */
+    assert_optim_states_match(opt, ropt, 1e-2, 1e-6);
     nb_fsdp_free(f);
     nb_ddp_free(ddp);
     nb_optim_free(opt);

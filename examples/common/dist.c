@@ -88,6 +88,14 @@ nb_status run_dist_step(run_dist *d, nb_optim *opt) {
     return NB_OK;
 }
 
+nb_status run_dist_consolidate(run_dist *d, int root) {
+    if (d->fsdp) {
+        nb_status s = nb_fsdp_gather_full(d->fsdp);
+        return s == NB_OK ? nb_fsdp_consolidate_optimizer(d->fsdp, root) : s;
+    }
+    return ddp_zero(d) ? nb_ddp_consolidate_optimizer(d->ddp, root) : NB_OK;
+}
+
 nb_status run_dist_unshard(run_dist *d) {
     if (d->fsdp) return nb_fsdp_gather_full(d->fsdp);
     return ddp_zero(d) ? nb_ddp_set_zero(d->ddp, NULL) : NB_OK;

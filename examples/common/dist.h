@@ -72,6 +72,11 @@ nb_status run_dist_set_zero(run_dist *d, nb_optim *opt, int stage);
 nb_status run_dist_clip(run_dist *d, nb_optim *opt, double max_norm, double *norm);
 /* The optimizer step (ZeRO's sharded one under ZeRO). */
 nb_status run_dist_step(run_dist *d, nb_optim *opt);
+/* Before a checkpoint (collective): under ZeRO the whole optimizer state
+ * gathered into opt on rank `root` (every rank with -1), and under ZeRO-3
+ * the parameters made whole on every rank too, so that the file is the one
+ * a run without sharding writes. Valid until the next step. */
+nb_status run_dist_consolidate(run_dist *d, int root);
 /* Before leaving: ZeRO-1 and 2 give the whole state back to opt (ZeRO-3
  * keeps it sharded; its parameters are made whole). Collective. */
 nb_status run_dist_unshard(run_dist *d);

@@ -108,6 +108,14 @@ NB_API nb_status nb_fsdp_clip_grad_norm(nb_fsdp *f, double max_norm, double norm
  * before each forward). Collective. */
 NB_API nb_status nb_fsdp_gather_full(nb_fsdp *f);
 
+/* Gathers the whole optimizer state into opt on rank `root` (every rank
+ * with -1), as nb_ddp_consolidate_optimizer does for ZeRO-1: with the
+ * parameters made whole (nb_fsdp_gather_full), nb_checkpoint_save_training
+ * then writes the file a run without sharding writes; load such a file
+ * into the model and optimizer before nb_fsdp_new, at any world size.
+ * Valid until the next nb_fsdp_step, which frees it again. Collective. */
+nb_status nb_fsdp_consolidate_optimizer(nb_fsdp *f, int root);
+
 /* The bytes of state this rank holds between steps: its parameter shards,
  * their gradients and opt's state (nb_optim_state_bytes, shards included;
  * opt may be NULL). Gathered parameters, which live in the step context,
