@@ -2,8 +2,8 @@
 """How long a 2-rank run takes to start under a flood of idle connections
 to its store (Note [Admission under a flood] in distributed/store_server.c).
 
-A thread holds --conns idle TCP connections to 127.0.0.1:PORT (the run's
-MASTER_PORT), closes the oldest and opens a new one --rate times a second,
+A thread holds --conns idle connections to the run's store, closes the
+oldest and opens a new one --rate times a second,
 and reopens at once those the store closed (at most --burst a tick), for as
 long as the runs last: nothing leaves this host, and it stops by itself.
 Each run starts `nbrun --nproc-per-node 2 --master-port PORT sh -c 'sleep
@@ -15,6 +15,12 @@ W, rank 1 kills itself) under --max-restarts 1, so the restarted
 generation must join under the same flood (its time is the whole run's
 less W). The rows also say the exit code and how many summary lines the
 store wrote on stderr.
+
+--transport unix (the default, what a run on one node uses: Note [Store on
+one node] in distributed/store_unix.c) floods the store's Unix-domain
+socket, $NABLA_STORE_DIR or /tmp/nabla-<uid>/store-PORT.sock, as a process
+of the same user (another user's connections never reach it); --transport
+tcp sets NABLA_STORE_TRANSPORT=tcp and floods 127.0.0.1:PORT.
 
     python3 benchmarks/store_flood.py --bin build/bin --runs 3 --restart
 """
@@ -37,19 +43,26 @@ def free_port():
     return port
 
 
+def unix_path(port):
+    folder = os.environ.get("NABLA_STORE_DIR") or "/tmp/nabla-%d" % os.geteuid()
+    return os.path.join(folder, "store-%d.sock" % port)
+
+
 class Flood(threading.Thread):
-    def __init__(self, port, conns, rate, burst):
+    def __init__(self, port, conns, rate, burst, transport):
         super().__init__(daemon=True)
         self.port, self.conns, self.rate, self.burst = port, conns, rate, burst
+        self.transport = transport
         self.stop = threading.Event()
         self.opened = 0
         self.peak = 0
 
     def connect(self):
-        s = socket.socket()
+        unix = self.transport == "unix"
+        s = socket.socket(socket.AF_UNIX if unix else socket.AF_INET)
         s.settimeout(0.2)
         try:
-            s.connect(("127.0.0.1", self.port))
+            s.connect(unix_path(self.port) if unix else ("127.0.0.1", self.port))
         except OSError:
             s.close()
             return None
@@ -94,10 +107,14 @@ def main():
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--restart", action="store_true", help="also a run restarted once under the flood")
     ap.add_argument("--warmup", type=float, default=3.0, help="seconds of flood before rank 0 starts")
+    ap.add_argument("--transport", choices=("unix", "tcp"), default="unix",
+                    help="the store's socket on one node (tcp: NABLA_STORE_TRANSPORT=tcp)")
     a = ap.parse_args()
     nbrun = os.path.join(a.bin, "nbrun")
     scenario = os.path.join(a.bin, "..", "tests", "dist_scenario")
     env = dict(os.environ, NABLA_JOIN_TIMEOUT="60")
+    if a.transport == "tcp":
+        env["NABLA_STORE_TRANSPORT"] = "tcp"
     w = a.warmup
     cases = [("join", ["sh", "-c", "sleep %g; exec %s ok" % (w, scenario)], [])] * a.runs
     if a.restart:
@@ -109,7 +126,7 @@ def main():
     worst = 0
     for name, prog, extra in cases:
         port = free_port()
-        flood = Flood(port, a.conns, a.rate, a.burst)
+        flood = Flood(port, a.conns, a.rate, a.burst, a.transport)
         cmd = [nbrun, "--nproc-per-node", "2", "--master-port", str(port)] + extra + prog
         flood.start()
         try:

@@ -442,7 +442,9 @@ static void join_seen(nb_pg *pg, const bool *missing, char *out, size_t len) {
  * one already joined is said and ignored (only a registered rank can stop
  * the run). Failing early trusts the refused process's claim to be that
  * rank, so it is done only where the store has no secret: such a store
- * listens on loopback (or on a network declared trusted), and the
+ * is reached only by the user's own processes (a Unix-domain socket, Note
+ * [Store on one node] in store_unix.c), on loopback, or on a network
+ * declared trusted, and the
  * misconfiguration it catches is a hand launch's (nbrun gives every rank
  * the same run id and a secret). With a secret the claim is said on stderr
  * and named in the timeout message, never trusted: a peer that can reach

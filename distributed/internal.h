@@ -182,6 +182,8 @@ void nb__store_reply_text(nb__buf *out, int status, const char *text);
 nb_status nb__store_set_quiet(nb_store *s, const char *key, const void *value, size_t len);
 nb_status nb__store_mget(nb_store *s, const char *const *keys, int n, char **values);
 const char *nb__store_host(const nb_store *s);
+/* The Unix-domain socket a store client talks to; "" over TCP. */
+const char *nb__store_path(const nb_store *s);
 /* Changes the default timeout of the connection's blocking calls. */
 void nb__store_set_timeout(nb_store *s, double timeout_s);
 int nb__store_port(const nb_store *s);
@@ -212,21 +214,38 @@ void nb__store_random(uint8_t *p, size_t n);
 /* Wipes secret bytes (not optimized away). */
 void nb__store_wipe(void *p, size_t n);
 
+/* Note [Store on one node] (store_unix.c). The transport a world uses:
+ * Unix-domain on one node unless NABLA_STORE_TRANSPORT=tcp. */
+nb_status nb__store_transport_unix(bool one_node, bool *use_unix);
+/* <NABLA_STORE_DIR or /tmp/nabla-<uid>>/store-<port>.sock, the folder made
+ * (0700) when missing and refused unless it is this user's, closed to others. */
+nb_status nb__store_unix_path(int port, char *path, size_t len);
+/* Listens on path, removing a stale socket file; -1 with *sys_err set
+ * (EADDRINUSE: a live store of this user serves there). */
+int nb__store_unix_listen(const char *path, int *sys_err);
+/* Connects to path within timeout_s; -1 with errno set (EPERM: the socket is
+ * not served by this user). */
+int nb__store_unix_connect(const char *path, double timeout_s);
+/* The kernel's word on who is at the other end of a Unix-domain socket. */
+bool nb__store_peer_uid(int fd, unsigned *uid, int *pid);
+
 /* Who may use a store, and its limits. */
 typedef struct nb__store_config {
     const char *run_id;       /* NULL: "default" */
     const uint8_t *secret;    /* NULL or secret_len 0: none */
     size_t secret_len;
     int world_size;           /* server: HELLO ranks in [0, world_size); 0: any rank */
+    const char *unix_path;    /* non-NULL: the store's Unix-domain socket (Note [Store on one
+                               * node] in store_unix.c), instead of host:port */
     /* Server limits; 0: the NB__STORE_* defaults. */
     double auth_timeout_s;
     int max_pending;
     size_t max_bytes;
 } nb__store_config;
 
-/* Serves on host:port, or on listen_fd when it is >= 0 (nbrun passes one,
- * NABLA_STORE_FD). Without a secret the socket must be on loopback unless
- * NABLA_STORE_TRUSTED_NETWORK=1. */
+/* Serves on host:port, on cfg->unix_path, or on listen_fd when it is >= 0
+ * (nbrun passes one, NABLA_STORE_FD; TCP or Unix-domain). Without a secret
+ * a TCP socket must be on loopback unless NABLA_STORE_TRUSTED_NETWORK=1. */
 nb_status nb__store_server_start(nb_store_server **out, const char *host, int port, int listen_fd,
                                  const nb__store_config *cfg);
 nb_status nb__store_connect(nb_store **out, const char *host, int port, const nb__store_config *cfg,

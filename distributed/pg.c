@@ -608,21 +608,33 @@ static nb_status resolve_options(const nb_pg_options *opts, nb_pg_backend *backe
 
 /* Note [Store access]: who may use the store (Note [Store authentication]
  * in store_server.c) and where it listens. A world on one node
- * (LOCAL_WORLD_SIZE == WORLD_SIZE) serves and reaches its store on
- * loopback whatever MASTER_ADDR says, so that nothing beyond the host can
- * connect; the secret is then optional (nbrun always gives one; torchrun,
- * mpirun and srun need none). Over several nodes the store listens on
- * every interface, and every rank refuses to start without the run's
- * secret unless NABLA_STORE_TRUSTED_NETWORK=1. */
-static nb_status store_access(const nb_dist_env *e, nb__store_secret *secret, const char **host) {
+ * (LOCAL_WORLD_SIZE == WORLD_SIZE) serves and reaches its store on a
+ * Unix-domain socket named after the store's port in a folder of the
+ * user's (Note [Store on one node] in store_unix.c), whatever MASTER_ADDR
+ * says, so that neither another host nor another user can connect; the
+ * secret is then optional (nbrun always gives one; torchrun, mpirun and
+ * srun need none). NABLA_STORE_TRANSPORT=tcp keeps it on TCP loopback.
+ * Over several nodes the store listens on every interface, and every rank
+ * refuses to start without the run's secret unless
+ * NABLA_STORE_TRUSTED_NETWORK=1. */
+static nb_status store_access(const nb_dist_env *e, nb__store_secret *secret, const char **host,
+                              char *unix_path, size_t path_len) {
     nb_status st = nb__store_secret_from_env(secret);
     if (st != NB_OK) {
         char why[NB__MSG_LEN];
         snprintf(why, sizeof why, "%s", nb_last_error());
         return nb_set_error(st, "nb_pg_init: %s", why);
     }
-    bool one_node = e->local_world_size == e->world_size;
+    bool one_node = e->local_world_size == e->world_size, use_unix = false;
     *host = !one_node || nb__pg_is_loopback(e->master_addr) ? e->master_addr : "127.0.0.1";
+    unix_path[0] = '\0';
+    st = nb__store_transport_unix(one_node, &use_unix);
+    if (st == NB_OK && use_unix) st = nb__store_unix_path(e->store_port, unix_path, path_len);
+    if (st != NB_OK) {
+        char why[NB__MSG_LEN];
+        snprintf(why, sizeof why, "%s", nb_last_error());
+        return nb_set_error(st, "nb_pg_init: %s", why);
+    }
     if (!one_node && !secret->len && !nb__store_trusted_network())
         return nb_set_error(NB_ERR_INVALID,
                             "nb_pg_init: a run over several nodes (WORLD_SIZE=%d, LOCAL_WORLD_SIZE=%d) "
@@ -648,12 +660,14 @@ static nb_status start_store(nb_pg *pg, const nb__store_config *cfg, const char 
             return nb_set_error(NB_ERR_INVALID, "nb_pg_init: NABLA_STORE_FD='%s' is not a descriptor", fd_s);
         st = nb__store_server_start(&pg->server, NULL, 0, (int)fd, cfg);
         unsetenv("NABLA_STORE_FD"); /* it is ours now; children must not see it */
+    } else if (cfg->unix_path) {
+        return nb__store_server_start(&pg->server, NULL, e->store_port, -1, cfg);
     } else {
         const char *bind = nb__pg_is_loopback(host) ? host : "0.0.0.0";
         st = nb__store_server_start(&pg->server, bind, e->store_port, -1, cfg);
     }
     if (st != NB_OK) return st;
-    *port = nb_store_server_port(pg->server);
+    if (!cfg->unix_path) *port = nb_store_server_port(pg->server);
     return NB_OK;
 }
 
@@ -703,9 +717,10 @@ nb_status nb_pg_init_env(nb_pg **out, const nb_dist_env *env, const nb_pg_option
     const char *host = env->master_addr;
     nb__store_secret secret;
     memset(&secret, 0, sizeof secret);
-    if (st == NB_OK) st = store_access(env, &secret, &host);
+    char unix_path[128] = "";
+    if (st == NB_OK) st = store_access(env, &secret, &host, unix_path, sizeof unix_path);
     nb__store_config cfg = {.run_id = env->run_id, .secret = secret.bytes, .secret_len = secret.len,
-                            .world_size = env->world_size};
+                            .world_size = env->world_size, .unix_path = unix_path[0] ? unix_path : NULL};
     pg->store_secret = secret.len > 0;
     if (st == NB_OK) st = start_store(pg, &cfg, host, &port);
     double join = pg->join_s;

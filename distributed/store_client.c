@@ -1,4 +1,6 @@
-/* The store client: one blocking TCP connection per nb_store.
+/* The store client: one blocking connection per nb_store, over TCP or,
+ * on one node, the store's Unix-domain socket (Note [Store on one node]
+ * in store_unix.c).
  *
  * Every call sends one frame and reads one reply (SET_QUIET reads none).
  * The server answers a GET or WAIT by its own deadline, so the client's
@@ -28,6 +30,8 @@ struct nb_store {
     int fd;
     char host[256];
     int port;
+    char path[128];   /* the Unix-domain socket; "" over TCP */
+    char where[300];  /* "host:port" or the socket's path, for messages */
     double timeout_s;
     double reply_s;  /* the margin: how long a live store may take to answer */
     bool lost;
@@ -55,8 +59,8 @@ static void check_value(const char *fn, const void *value, size_t len) {
 
 static nb_status lost(nb_store *s, const char *fn, const char *what) {
     s->lost = true;
-    snprintf(s->lost_why, sizeof s->lost_why, "lost the connection to the store at %s:%d (%s); the "
-             "process that serves it (rank 0) has probably exited", s->host, s->port, what);
+    snprintf(s->lost_why, sizeof s->lost_why, "lost the connection to the store at %s (%s); the "
+             "process that serves it (rank 0) has probably exited", s->where, what);
     return nb_set_error(NB_ERR_CLOSED, "%s: %s", fn, s->lost_why);
 }
 
@@ -64,9 +68,9 @@ static nb_status lost(nb_store *s, const char *fn, const char *what) {
 static nb_status silent(nb_store *s, const char *fn) {
     s->lost = true;
     snprintf(s->lost_why, sizeof s->lost_why,
-             "no reply from the store at %s:%d within %.1f s (NABLA_LIVENESS_TIMEOUT): rank 0, "
+             "no reply from the store at %s within %.1f s (NABLA_LIVENESS_TIMEOUT): rank 0, "
              "which serves it, is stopped (SIGSTOP, a debugger) or frozen, or its host is unreachable",
-             s->host, s->port, s->reply_s);
+             s->where, s->reply_s);
     return nb_set_error(NB_ERR_TIMEOUT, "%s: %s", fn, s->lost_why);
 }
 
@@ -176,8 +180,7 @@ static nb_status reply_error(nb_store *s, const char *fn, const char *key, int s
 /* The store's answer to the greeting was not what a store of this run
  * says; `what` tells how. */
 static nb_status refused_auth(nb_store *s, const char *what) {
-    return nb_set_error(NB_ERR_MISMATCH, "nb_store_connect: the store at %s:%d %s", s->host, s->port,
-                        what);
+    return nb_set_error(NB_ERR_MISMATCH, "nb_store_connect: the store at %s %s", s->where, what);
 }
 
 static nb_status hello(nb_store *s, int rank) {
@@ -230,20 +233,20 @@ static nb_status hello(nb_store *s, int rank) {
     }
     if (st == NB_ERR_TIMEOUT)
         return nb_set_error(st,
-                            "nb_store_connect: the store at %s:%d accepted the connection but did not "
+                            "nb_store_connect: the store at %s accepted the connection but did not "
                             "answer its greeting within %.1f s (NABLA_LIVENESS_TIMEOUT): rank 0, which "
                             "serves it, is stopped or overloaded (its stderr says how many connections "
                             "that never proved they belong to the run it closed, and from where), or "
                             "another program holds MASTER_PORT",
-                            s->host, s->port, s->reply_s);
+                            s->where, s->reply_s);
     if (st != NB_OK) {
         char why[1024];
         snprintf(why, sizeof why, "%s", nb_last_error());
         return nb_set_error(st,
-                            "%s; a program accepts connections at %s:%d but does not answer as "
+                            "%s; a program accepts connections at %s but does not answer as "
                             "nabla's store: is MASTER_PORT taken by another program, or did rank 0 "
                             "exit?",
-                            why, s->host, s->port);
+                            why, s->where);
     }
     if (status == NB__R_OK) return NB_OK;
     nb__reader r = reply_reader(s);
@@ -252,8 +255,8 @@ static nb_status hello(nb_store *s, int rank) {
                                 memcmp(text.p, NB__STORE_DROPPED, strlen(NB__STORE_DROPPED)) == 0
                             ? NB_ERR_NETWORK /* evicted: connect_once's caller tries again */
                             : NB_ERR_MISMATCH;
-    return nb_set_error(refused, "nb_store_connect: the store at %s:%d refused rank %d: %.*s", s->host,
-                        s->port, rank, (int)text.n, text.p ? (const char *)text.p : "");
+    return nb_set_error(refused, "nb_store_connect: the store at %s refused rank %d: %.*s", s->where,
+                        rank, (int)text.n, text.p ? (const char *)text.p : "");
 }
 
 /* One connection attempt to any address of host:port; -1 and errno set. */
@@ -297,15 +300,24 @@ static void store_free(nb_store *s) {
     free(s);
 }
 
+/* One attempt at the store's Unix-domain socket or at any address of host:port. */
+static int connect_once(const char *path, struct addrinfo *res, double deadline) {
+    if (!path) return try_connect(res, deadline);
+    return nb__store_unix_connect(path, deadline - nb__now());
+}
+
 nb_status nb__store_connect(nb_store **out, const char *host, int port, const nb__store_config *cfg,
                             int rank, double timeout_s) {
     *out = NULL;
     const char *run_id = cfg ? cfg->run_id : NULL;
+    const char *path = cfg && cfg->unix_path && *cfg->unix_path ? cfg->unix_path : NULL;
     NB_CHECK(!cfg || !cfg->secret_len || cfg->secret_len <= NB__STORE_SECRET_MAX,
              "nb_store_connect: a secret of %zu bytes is over %d", cfg ? cfg->secret_len : 0,
              NB__STORE_SECRET_MAX);
-    NB_CHECK(host != NULL && *host, "nb_store_connect: host is empty");
-    NB_CHECK(port > 0 && port <= 65535, "nb_store_connect: port %d out of range [1, 65535]", port);
+    NB_CHECK(path || (host != NULL && *host), "nb_store_connect: host is empty");
+    NB_CHECK(path || (port > 0 && port <= 65535), "nb_store_connect: port %d out of range [1, 65535]", port);
+    NB_CHECK(!path || strlen(path) < sizeof ((nb_store *)0)->path, "nb_store_connect: socket path %s too long",
+             path ? path : "");
     NB_CHECK(timeout_s > 0, "nb_store_connect: timeout %g s must be positive", timeout_s);
     NB_CHECK(rank >= -1, "nb_store_connect: rank %d must be >= -1", rank);
     if (!run_id) run_id = "default";
@@ -316,11 +328,14 @@ nb_status nb__store_connect(nb_store **out, const char *host, int port, const nb
     hints.ai_socktype = SOCK_STREAM;
     char port_s[16];
     snprintf(port_s, sizeof port_s, "%d", port);
+    char where[300];
+    if (path) snprintf(where, sizeof where, "%s", path);
+    else snprintf(where, sizeof where, "%s:%d", host, port);
     double deadline = nb__now() + timeout_s;
     int rc, tries = 0, evicted = 0;
     char evicted_why[1024] = "";
     /* DNS may not know the master yet when a cluster starts. */
-    while ((rc = getaddrinfo(host, port_s, &hints, &res)) != 0) {
+    while (!path && (rc = getaddrinfo(host, port_s, &hints, &res)) != 0) {
         if (rc != EAI_AGAIN || nb__now() > deadline)
             return nb_set_error(NB_ERR_NETWORK, "nb_store_connect: cannot resolve '%s': %s", host,
                                 gai_strerror(rc));
@@ -329,17 +344,27 @@ nb_status nb__store_connect(nb_store **out, const char *host, int port, const nb
     int fd = -1;
     double pause = 0.01;
 again:
-    while ((fd = try_connect(res, deadline)) < 0) {
+    while ((fd = connect_once(path, res, deadline)) < 0) {
         int err = errno;
         tries++;
+        if (path && err == EPERM) {
+            if (res) freeaddrinfo(res);
+            return nb_set_error(NB_ERR_MISMATCH,
+                                "nb_store_connect: the socket %s is served by a process of another "
+                                "user (SO_PEERCRED), not by this run's rank 0: refused", path);
+        }
         if (nb__now() + pause > deadline) {
-            freeaddrinfo(res);
+            if (res) freeaddrinfo(res);
             return nb_set_error(NB_ERR_TIMEOUT,
-                                "nb_store_connect: could not reach the store at %s:%d within %.1f s "
+                                "nb_store_connect: could not reach the store at %s within %.1f s "
                                 "(%d attempts, last: %s); is rank 0 running (it serves the store: "
                                 "did it fail, for instance because another program holds "
-                                "MASTER_PORT?), and are MASTER_ADDR and MASTER_PORT right?",
-                                host, port, timeout_s, tries, strerror(err));
+                                "MASTER_PORT?), and are MASTER_ADDR and MASTER_PORT right?%s",
+                                where, timeout_s, tries, strerror(err),
+                                path ? " On one node the store is this Unix-domain socket (Note "
+                                       "[Store on one node]); ranks that do not share /tmp (or "
+                                       "NABLA_STORE_DIR), as in separate containers, need "
+                                       "NABLA_STORE_TRANSPORT=tcp on every rank" : "");
         }
         nb__sleep(pause);
         pause = pause * 2 > 0.25 ? 0.25 : pause * 2;
@@ -347,8 +372,10 @@ again:
     nb_store *s = calloc(1, sizeof *s);
     NB_CHECK(s != NULL, "nb_store_connect: out of memory");
     s->fd = fd;
-    snprintf(s->host, sizeof s->host, "%s", host);
+    snprintf(s->host, sizeof s->host, "%s", host ? host : "");
     s->port = port;
+    snprintf(s->path, sizeof s->path, "%s", path ? path : "");
+    snprintf(s->where, sizeof s->where, "%s", where);
     s->timeout_s = timeout_s;
     s->reply_s = nb__liveness_s();
     snprintf(s->run_id, sizeof s->run_id, "%s", run_id);
@@ -366,7 +393,7 @@ again:
         pause = pause * 2 > 0.25 ? 0.25 : pause * 2;
         goto again;
     }
-    freeaddrinfo(res);
+    if (res) freeaddrinfo(res);
     if (st != NB_OK) {
         store_free(s);
         if (st == NB_ERR_NETWORK) {
@@ -388,7 +415,8 @@ nb_status nb_store_connect(nb_store **out, const char *host, int port, const cha
 }
 
 nb_status nb__store_connect_like(nb_store **out, const nb_store *like, int rank, double timeout_s) {
-    nb__store_config cfg = {.run_id = like->run_id, .secret = like->secret, .secret_len = like->secret_len};
+    nb__store_config cfg = {.run_id = like->run_id, .secret = like->secret, .secret_len = like->secret_len,
+                            .unix_path = like->path[0] ? like->path : NULL};
     return nb__store_connect(out, like->host, like->port, &cfg, rank, timeout_s);
 }
 
@@ -606,5 +634,6 @@ nb_status nb__store_mget(nb_store *s, const char *const *keys, int n, char **val
 }
 
 const char *nb__store_host(const nb_store *s) { return s->host; }
+const char *nb__store_path(const nb_store *s) { return s->path; }
 void nb__store_set_timeout(nb_store *s, double timeout_s) { s->timeout_s = timeout_s; }
 int nb__store_port(const nb_store *s) { return s->port; }

@@ -70,9 +70,12 @@
  * and from which sources; rank 0's join names them when a rank never
  * comes (nb__store_server_unproven).
  *
- * Without a secret, HELLO alone admits, and the store must listen on
- * loopback only (a world on one node), unless the user declares the
- * network trusted (NABLA_STORE_TRUSTED_NETWORK=1). docs/distributed.md
+ * Without a secret, HELLO alone admits, and the store must listen on a
+ * Unix-domain socket whose peers the kernel names (a world on one node:
+ * Note [Store on one node] in store_unix.c; connections of another user
+ * are refused before a byte is read) or on loopback (NABLA_STORE_TRANSPORT
+ * =tcp), unless the user declares the network trusted
+ * (NABLA_STORE_TRUSTED_NETWORK=1). docs/distributed.md
  * ("Security") says what this protects and what it does not: nothing is
  * encrypted, and the backends' own traffic is not authenticated. */
 #define _GNU_SOURCE /* POLLRDHUP: Note [Stale greetings] */
@@ -89,6 +92,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "distributed/internal.h"
@@ -119,8 +124,17 @@ typedef struct nb__store_conn conn;
  * flushed (its peer does not read) is dropped this much later anyway. */
 #define AUTH_GRACE_S 1.0
 
+/* Note [Store on one node]: the socket file is touched this often. */
+#define TOUCH_S 3600.0
+
 struct nb_store_server {
     int listen_fd, port;
+    bool local;            /* a Unix-domain socket: peers are checked by uid */
+    char where[128];       /* "port N" or the socket's path, for messages */
+    char path[112];        /* its file, removed at stop while it is still ours */
+    dev_t path_dev;
+    ino_t path_ino;
+    double touch_at;
     int wake[2];
     bool threaded;
     pthread_t thread;
@@ -213,10 +227,10 @@ static void summarize(nb_store_server *s, double now) {
         char from[600];
         lost_sources(s, from, sizeof from);
         fprintf(stderr,
-                "nabla: the store on port %d closed %llu connection%s in %.1f s that did not prove they "
+                "nabla: the store at %s closed %llu connection%s in %.1f s that did not prove they "
                 "belong to the run (refused, idle past %.1f s, or dropped to make room; up to %llu held "
                 "at once), from %s; the run's ranks are still admitted first (a port scan? a flood?)\n",
-                s->port, (unsigned long long)s->lost_now, s->lost_now == 1 ? "" : "s",
+                s->where, (unsigned long long)s->lost_now, s->lost_now == 1 ? "" : "s",
                 now - s->summary_from, s->auth_timeout_s,
                 (unsigned long long)s->unproven_peak, from);
         s->lost_now = 0;
@@ -358,7 +372,8 @@ static void note_refusal(nb_store_server *s, const conn *c, const nb__store_req 
     struct sockaddr_storage ss;
     socklen_t sl = sizeof ss;
     char host[64], port[16];
-    if (c->fd >= 0 && getpeername(c->fd, (struct sockaddr *)&ss, &sl) == 0 &&
+    if (s->local) snprintf(r.peer, sizeof r.peer, "%s", c->peer);
+    else if (c->fd >= 0 && getpeername(c->fd, (struct sockaddr *)&ss, &sl) == 0 &&
         getnameinfo((struct sockaddr *)&ss, sl, host, sizeof host, port, sizeof port,
                     NI_NUMERICHOST | NI_NUMERICSERV) == 0)
         snprintf(r.peer, sizeof r.peer, "%s:%s", host, port);
@@ -639,13 +654,29 @@ static void accept_all(nb_store_server *s, double now) {
         }
         set_nonblocking(fd);
         fcntl(fd, F_SETFD, FD_CLOEXEC);
-        int one = 1;
-        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
         conn *c = add_conn(s, fd, now);
-        char port[16];
-        if (getnameinfo((struct sockaddr *)&ss, sl, c->peer, sizeof c->peer, port, sizeof port,
-                        NI_NUMERICHOST | NI_NUMERICSERV) != 0)
-            snprintf(c->peer, sizeof c->peer, "?");
+        if (s->local) {
+            /* Note [Store on one node]: the source is the peer's uid, and
+             * another user's connection is refused before a byte is read */
+            unsigned uid = 0;
+            int pid = 0;
+            bool known = nb__store_peer_uid(fd, &uid, &pid);
+            snprintf(c->peer, sizeof c->peer, known ? "uid %u" : "uid ?", uid);
+            if (!known || uid != (unsigned)geteuid()) {
+                char msg[200];
+                snprintf(msg, sizeof msg, "this store admits only processes of its own user (uid %u); "
+                         "this process runs as %s (pid %d)", (unsigned)geteuid(), c->peer, pid);
+                reject_unproven(s, c, msg);
+                continue;
+            }
+        } else {
+            int one = 1;
+            setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+            char port[16];
+            if (getnameinfo((struct sockaddr *)&ss, sl, c->peer, sizeof c->peer, port, sizeof port,
+                            NI_NUMERICHOST | NI_NUMERICSERV) != 0)
+                snprintf(c->peer, sizeof c->peer, "?");
+        }
         evict_for(s, c);
     }
 }
@@ -669,6 +700,7 @@ static void *serve(void *arg) {
         bool room = now >= s->accept_pause_until;
         if (!room) next = s->accept_pause_until;
         if (s->lost_now && s->summary_at < next) next = s->summary_at;
+        if (s->local && s->touch_at < next) next = s->touch_at;
         fds[0] = (struct pollfd){s->listen_fd, (short)(room ? POLLIN : 0), 0};
         fds[1] = (struct pollfd){s->wake[0], POLLIN, 0};
         size_t i = 2;
@@ -699,6 +731,10 @@ static void *serve(void *arg) {
         resolve_waits(s, now);
         auth_deadlines(s, now);
         summarize(s, now);
+        if (s->local && now >= s->touch_at) {
+            utimensat(AT_FDCWD, s->path, NULL, AT_SYMLINK_NOFOLLOW); /* Note [Store on one node] */
+            s->touch_at = now + TOUCH_S;
+        }
         /* Replies produced for other connections while handling this round. */
         for (conn *c = s->conns, *next_c; c; c = next_c) {
             next_c = c->next;
@@ -749,6 +785,10 @@ static void server_free(nb_store_server *s) {
         conn_free(c);
     }
     if (s->listen_fd >= 0) close(s->listen_fd);
+    struct stat st;
+    if (s->local && s->path[0] && stat(s->path, &st) == 0 && st.st_dev == s->path_dev &&
+        st.st_ino == s->path_ino)
+        unlink(s->path); /* Note [Store on one node]: our file, not a later run's */
     if (s->wake[0] >= 0) close(s->wake[0]);
     if (s->wake[1] >= 0) close(s->wake[1]);
     nb__kv_free(s->kv);
@@ -811,6 +851,7 @@ nb_status nb__store_server_start(nb_store_server **out, const char *host, int po
                                  const nb__store_config *cfg) {
     *out = NULL;
     int fd = listen_fd;
+    const char *path = cfg && cfg->unix_path && *cfg->unix_path ? cfg->unix_path : NULL;
     if (fd >= 0) {
         int listening = 0;
         socklen_t sl = sizeof listening;
@@ -819,6 +860,17 @@ nb_status nb__store_server_start(nb_store_server **out, const char *host, int po
                                 "nb_store_server_start: NABLA_STORE_FD=%d is not a listening socket",
                                 fd);
         fcntl(fd, F_SETFD, FD_CLOEXEC);
+    } else if (path) {
+        int err = 0;
+        fd = nb__store_unix_listen(path, &err);
+        if (fd < 0 && err == EADDRINUSE)
+            return nb_set_error(NB_ERR_NETWORK,
+                                "nb_store_server_start: a store of this user already serves %s: "
+                                "another run on the same port (MASTER_PORT %d)? pick a free one "
+                                "(nbrun --master-port 0 does)", path, port);
+        if (fd < 0)
+            return nb_set_error(NB_ERR_NETWORK, "nb_store_server_start: cannot listen on %s: %s", path,
+                                strerror(err));
     } else {
         NB_CHECK(port >= 0 && port <= 65535, "nb_store_server_start: port %d out of range", port);
         const char *h = host && *host ? host : NULL;
@@ -845,10 +897,22 @@ nb_status nb__store_server_start(nb_store_server **out, const char *host, int po
         close(fd);
         return nb_set_error(NB_ERR_NETWORK, "nb_store_server_start: getsockname: %s", strerror(err));
     }
-    int bound = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
-                                               : ((struct sockaddr_in *)&ss)->sin_port);
+    bool local = ss.ss_family == AF_UNIX;
+    if (listen_fd >= 0 && path &&
+        (!local || strncmp(((const struct sockaddr_un *)&ss)->sun_path, path,
+                           sizeof ((const struct sockaddr_un *)&ss)->sun_path) != 0)) {
+        close(fd);
+        return nb_set_error(NB_ERR_INVALID,
+                            "nb_store_server_start: NABLA_STORE_FD=%d is not the Unix-domain socket %s "
+                            "through which the ranks of a world on one node reach the store (Note "
+                            "[Store on one node]); a launcher that hands over a TCP socket needs "
+                            "NABLA_STORE_TRANSPORT=tcp on every rank", fd, path);
+    }
+    int bound = local ? port
+                      : ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                                       : ((struct sockaddr_in *)&ss)->sin_port);
     bool secret = cfg && cfg->secret && cfg->secret_len;
-    if (!secret && !is_loopback(&ss) && !nb__store_trusted_network()) {
+    if (!local && !secret && !is_loopback(&ss) && !nb__store_trusted_network()) {
         char addr[INET6_ADDRSTRLEN];
         describe(&ss, addr, sizeof addr);
         close(fd);
@@ -861,18 +925,33 @@ nb_status nb__store_server_start(nb_store_server **out, const char *host, int po
                             "can reach this network (docs/distributed.md, \"Security\")",
                             addr, bound);
     }
-    if (!secret && !is_loopback(&ss)) {
+    if (!local && !secret && !is_loopback(&ss)) {
         char addr[INET6_ADDRSTRLEN];
         fprintf(stderr,
                 "nabla: the store listens on %s:%d without a secret (NABLA_STORE_TRUSTED_NETWORK=1): any "
                 "host that can reach this port can join the run, read its keys or stop it; to refuse "
                 "them, give every process the same secret (NABLA_STORE_SECRET_FILE, a file only you can "
-                "read; docs/distributed.md, \"Security\")\n",
+                "read; nbrun cannot draw one for several nodes, having no private way to hand it to the "
+                "other nodes; docs/distributed.md, \"Security\")\n",
                 describe(&ss, addr, sizeof addr), bound);
     }
     nb_store_server *s = server_new(cfg);
     s->listen_fd = fd;
     s->port = bound;
+    s->local = local;
+    if (local) {
+        const struct sockaddr_un *u = (const struct sockaddr_un *)&ss;
+        snprintf(s->path, sizeof s->path, "%.*s", (int)sizeof u->sun_path, u->sun_path);
+        struct stat st;
+        if (s->path[0] && stat(s->path, &st) == 0) {
+            s->path_dev = st.st_dev;
+            s->path_ino = st.st_ino;
+        }
+        snprintf(s->where, sizeof s->where, "%s", s->path[0] ? s->path : "(a Unix-domain socket)");
+        s->touch_at = nb__now() + TOUCH_S;
+    } else {
+        snprintf(s->where, sizeof s->where, "port %d", bound);
+    }
     set_nonblocking(fd);
     s->rbuf = malloc(RECV_CHUNK);
     NB_CHECK(s->rbuf != NULL, "nb_store_server_start: out of memory");

@@ -5,8 +5,10 @@
  * run only for admitted ranks, the limits before admission (frame size,
  * deadline, pending connections) and after (value size, total bytes), the
  * loopback rule for a store without a secret (and a one-node world's
- * store on loopback whatever MASTER_ADDR says), and where the secret comes
- * from. Servers run in this process on 127.0.0.1; raw sockets play the
+ * store on a Unix-domain socket, or on loopback with
+ * NABLA_STORE_TRANSPORT=tcp, whatever MASTER_ADDR says: its folder's rules,
+ * a stale socket file, a closed greeting), and where the secret comes
+ * from. Other users are kept out in test_dist_store_uid. Servers run in this process on 127.0.0.1; raw sockets play the
  * clients the library would not be. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -21,6 +23,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -709,34 +712,152 @@ static bool listening_on(int want_port, uint32_t *addr) {
     return found;
 }
 
-/* A world on one node serves its store on loopback, even when MASTER_ADDR
- * is not a loopback address, and reaches it there. */
-START_TEST(test_one_node_listens_on_loopback) {
-    clear_secret_env();
-    unsetenv("NABLA_STORE_TRUSTED_NETWORK");
-    int gai = 0, err = 0;
-    int probe = nb__tcp_listen("127.0.0.1", 0, &gai, &err);
-    struct sockaddr_in a;
-    socklen_t sl = sizeof a;
-    getsockname(probe, (struct sockaddr *)&a, &sl);
-    int free_port = ntohs(a.sin_port);
-    close(probe);
+/* A folder of mode 0700 under /tmp for the store's socket (NABLA_STORE_DIR). */
+static void private_dir(char *dir, size_t len) {
+    snprintf(dir, len, "/tmp/nbt-store-XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    ck_assert_int_eq(chmod(dir, 0700), 0);
+    setenv("NABLA_STORE_DIR", dir, 1);
+}
+
+static void one_node_env(int p) {
     char port_s[16];
-    snprintf(port_s, sizeof port_s, "%d", free_port);
+    snprintf(port_s, sizeof port_s, "%d", p);
     setenv("RANK", "0", 1);
     setenv("WORLD_SIZE", "1", 1);
     setenv("LOCAL_WORLD_SIZE", "1", 1);
     setenv("MASTER_ADDR", "0.0.0.0", 1); /* every interface, were it taken at its word */
     setenv("MASTER_PORT", port_s, 1);
     setenv("NABLA_RUN_ID", "one-node", 1);
+}
+
+/* Note [Store on one node]: a world on one node serves its store on a
+ * Unix-domain socket named after MASTER_PORT in the user's folder, not on
+ * TCP (even when MASTER_ADDR is not a loopback address), and removes the
+ * file when it stops. */
+START_TEST(test_one_node_serves_a_unix_socket) {
+    clear_secret_env();
+    unsetenv("NABLA_STORE_TRUSTED_NETWORK");
+    unsetenv("NABLA_STORE_TRANSPORT");
+    char dir[64], want[128];
+    private_dir(dir, sizeof dir);
+    int free_port = nbt_free_port();
+    one_node_env(free_port);
+    snprintf(want, sizeof want, "%s/store-%d.sock", dir, free_port);
     nb_pg *pg = NULL;
+    nb_status st = nb_pg_init(&pg, NULL);
+    ck_assert_msg(st == NB_OK, "%s", nb_last_error());
+    uint32_t addr = 0;
+    ck_assert_msg(!listening_on(free_port, &addr), "the store listens on TCP port %d", free_port);
+    ck_assert_str_eq(nb__store_path(nb_pg_store(pg)), want);
+    struct stat sb;
+    ck_assert_int_eq(stat(want, &sb), 0);
+    ck_assert(S_ISSOCK(sb.st_mode));
+    ck_assert_int_eq(nb_pg_free(pg), NB_OK);
+    ck_assert_msg(stat(want, &sb) != 0, "%s is left behind", want);
+    rmdir(dir);
+    unsetenv("NABLA_STORE_DIR");
+}
+END_TEST
+
+/* NABLA_STORE_TRANSPORT=tcp keeps a one-node store on TCP loopback,
+ * whatever MASTER_ADDR says; another value is refused. */
+START_TEST(test_one_node_tcp_on_loopback) {
+    clear_secret_env();
+    unsetenv("NABLA_STORE_TRUSTED_NETWORK");
+    int free_port = nbt_free_port();
+    one_node_env(free_port);
+    setenv("NABLA_STORE_TRANSPORT", "udp", 1);
+    nb_pg *pg = NULL;
+    NBT_EXPECT_STATUS(nb_pg_init(&pg, NULL), NB_ERR_INVALID, "NABLA_STORE_TRANSPORT='udp' is not auto or tcp");
+    setenv("NABLA_STORE_TRANSPORT", "tcp", 1);
     nb_status st = nb_pg_init(&pg, NULL);
     ck_assert_msg(st == NB_OK, "%s", nb_last_error());
     uint32_t addr = 0;
     ck_assert_msg(listening_on(free_port, &addr), "nothing listens on port %d", free_port);
     ck_assert_msg(addr == 0x0100007Fu, "the store listens on %08x, not 127.0.0.1", addr);
     ck_assert_str_eq(nb__store_host(nb_pg_store(pg)), "127.0.0.1");
+    ck_assert_str_eq(nb__store_path(nb_pg_store(pg)), "");
     ck_assert_int_eq(nb_pg_free(pg), NB_OK);
+    unsetenv("NABLA_STORE_TRANSPORT");
+}
+END_TEST
+
+/* The socket's folder must be a folder of this user closed to others; a
+ * socket file left by a killed run is replaced, one a live store serves
+ * is not. */
+START_TEST(test_unix_socket_folder_and_stale_file) {
+    char dir[64], p[128];
+    private_dir(dir, sizeof dir);
+    ck_assert_int_eq(chmod(dir, 0755), 0);
+    NBT_EXPECT_STATUS(nb__store_unix_path(29200, p, sizeof p), NB_ERR_INVALID, "has mode 0755: other users may enter it");
+    ck_assert_int_eq(chmod(dir, 0700), 0);
+    char link[80];
+    snprintf(link, sizeof link, "%s-link", dir);
+    ck_assert_int_eq(symlink(dir, link), 0);
+    setenv("NABLA_STORE_DIR", link, 1);
+    NBT_EXPECT_STATUS(nb__store_unix_path(29200, p, sizeof p), NB_ERR_INVALID, "is not a folder (a link");
+    unlink(link);
+    setenv("NABLA_STORE_DIR", dir, 1);
+    ck_assert_int_eq(nb__store_unix_path(29200, p, sizeof p), NB_OK);
+    /* a stale file: bound, never accepted on, its listener gone */
+    int err = 0;
+    int fd = nb__store_unix_listen(p, &err);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    struct stat sb;
+    ck_assert_int_eq(stat(p, &sb), 0);
+    nb__store_config cfg = {.run_id = RUN_ID, .unix_path = p};
+    ck_assert_int_eq(nb__store_server_start(&server, NULL, 29200, -1, &cfg), NB_OK);
+    nb_store_server *other = NULL;
+    NBT_EXPECT_STATUS(nb__store_server_start(&other, NULL, 29200, -1, &cfg), NB_ERR_NETWORK,
+                      "a store of this user already serves");
+    nb_store *c = NULL;
+    ck_assert_int_eq(nb__store_connect(&c, NULL, 29200, &cfg, -1, 5.0), NB_OK);
+    nb_store_close(c);
+    nb_store_server_stop(server);
+    ck_assert_msg(stat(p, &sb) != 0, "%s is left behind", p);
+    /* a launcher's TCP socket where the ranks expect the Unix one: said, not a hang */
+    int gai = 0;
+    int tcp = nb__tcp_listen("127.0.0.1", 0, &gai, &err);
+    NBT_EXPECT_STATUS(nb__store_server_start(&server, NULL, 0, tcp, &cfg), NB_ERR_INVALID,
+                      "is not the Unix-domain socket");
+    rmdir(dir);
+    unsetenv("NABLA_STORE_DIR");
+}
+END_TEST
+
+/* Note [Stale greetings] over the Unix-domain socket too. */
+START_TEST(test_closed_greeting_never_admitted_unix) {
+    char dir[64], p[100];
+    private_dir(dir, sizeof dir);
+    ck_assert_int_eq(nb__store_unix_path(29201, p, sizeof p), NB_OK);
+    int err = 0;
+    int lfd = nb__store_unix_listen(p, &err);
+    ck_assert_int_ge(lfd, 0);
+    for (int i = 0; i < 5; i++) {
+        int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+        struct sockaddr_un a = {.sun_family = AF_UNIX};
+        snprintf(a.sun_path, sizeof a.sun_path, "%s", p);
+        ck_assert_int_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+        uint8_t cn[NB__STORE_NONCE_LEN] = {(uint8_t)i};
+        send_hello(fd, RUN_ID, 1, cn);
+        close(fd);
+    }
+    nb__store_config cfg = {.run_id = RUN_ID, .world_size = 2, .unix_path = p};
+    ck_assert_int_eq(nb__store_server_start(&server, NULL, 29201, lfd, &cfg), NB_OK);
+    pause_s(0.3);
+    nb_store *r0 = NULL, *r1 = NULL;
+    ck_assert_int_eq(nb__store_connect(&r0, NULL, 29201, &cfg, 0, 5.0), NB_OK);
+    assert_not_aborted(r0);
+    nb_status st = nb__store_connect(&r1, NULL, 29201, &cfg, 1, 5.0); /* not "rank 1 is already connected" */
+    ck_assert_msg(st == NB_OK, "%s", nb_last_error());
+    assert_not_aborted(r0);
+    nb_store_close(r1);
+    nb_store_close(r0);
+    nb_store_server_stop(server);
+    rmdir(dir);
+    unsetenv("NABLA_STORE_DIR");
 }
 END_TEST
 
@@ -756,7 +877,10 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_no_secret_means_loopback);
     tcase_add_test(tc, test_secret_from_the_environment);
     tcase_add_test(tc, test_several_nodes_need_a_secret);
-    tcase_add_test(tc, test_one_node_listens_on_loopback);
+    tcase_add_test(tc, test_one_node_serves_a_unix_socket);
+    tcase_add_test(tc, test_one_node_tcp_on_loopback);
+    tcase_add_test(tc, test_unix_socket_folder_and_stale_file);
+    tcase_add_test(tc, test_closed_greeting_never_admitted_unix);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -357,6 +357,33 @@ START_TEST(test_max_restarts) {
 }
 END_TEST
 
+/* Note [Store on one node]: on one node rank 0's store is the Unix-domain
+ * socket NABLA_STORE_DIR/store-<port>.sock, mode 0600; a restart on the same
+ * --master-port binds it again and joins; nothing is left when nbrun ends. */
+START_TEST(test_store_socket_on_one_node) {
+    nbt_proc p;
+    char dir[] = "/tmp/nb_test_sock_XXXXXX", env[64], script[9000], sock[128];
+    ck_assert(mkdtemp(dir) != NULL);
+    snprintf(env, sizeof env, "NABLA_STORE_DIR=%s", dir);
+    char port[16];
+    snprintf(port, sizeof port, "%d", nbt_free_port());
+    snprintf(sock, sizeof sock, "%s/store-%s.sock", dir, port);
+    snprintf(script, sizeof script,
+             "echo \"sock $(stat -c %%a:%%F %s)\"; if [ \"$NABLA_RESTART_COUNT\" = 0 ]; then exec %s killed; "
+             "else exec %s ok; fi", sock, scenario_path, scenario_path);
+    const char *args[] = {"--nproc-per-node", "2", "--master-port", port, "--max-restarts", "1", NULL};
+    run(&p, env, args, script);
+    nbt_proc_wait_all(&p, 1, 60);
+    ck_assert_msg(p.code == 0, "exit %d\n%s", p.code, p.err);
+    EXPECT_IN(p.err, "nbrun: restart 1 of 1 after: rank 1 ");
+    EXPECT_IN(p.out, "[rank 0] sock 600:socket\n");
+    struct stat sb;
+    ck_assert_msg(stat(sock, &sb) != 0, "%s is left behind", sock);
+    ck_assert_int_eq(rmdir(dir), 0);
+    nbt_proc_free(&p);
+}
+END_TEST
+
 static bool alive(int pid) {
     char path[64], buf[512];
     snprintf(path, sizeof path, "/proc/%d/stat", pid);
@@ -436,6 +463,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_children_die_with_nbrun);
     tcase_add_test(tc, test_wrapped_ranks_die_with_nbrun);
     tcase_add_test(tc, test_max_restarts);
+    tcase_add_test(tc, test_store_socket_on_one_node);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -79,6 +79,8 @@ int nbt_run_world(Suite *(*make_suite)(nb_pg *world));
 /* A raw TCP connection to 127.0.0.1:port with a 5 s receive timeout, for
  * tests that speak a wire format byte by byte; the connect must succeed. */
 int nbt_loopback_connect(int port);
+/* A TCP port of 127.0.0.1 that was free a moment ago (bound, then closed). */
+int nbt_free_port(void);
 
 /* For the GPU suites that need a process group: a world of one NCCL group
  * on GPU 0 (NCCL allows one rank per GPU) with run id `run_id`, made

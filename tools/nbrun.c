@@ -21,7 +21,10 @@
  * On the node of rank 0, nbrun opens the store's listening socket itself
  * and hands it to rank 0 (NABLA_STORE_FD); with --master-port 0 that is
  * how a free port is picked without a race between choosing and binding.
- * On one node it listens on loopback only, and nbrun draws the run's
+ * On one node it is the Unix-domain socket named after the port in a
+ * folder of the user's (Note [Store on one node] in
+ * distributed/store_unix.c; TCP loopback with NABLA_STORE_TRANSPORT=tcp),
+ * removed when nbrun exits, and nbrun draws the run's
  * secret (Note [Store authentication] in distributed/store_server.c) into
  * a memory file of mode 0600 that every rank inherits as a descriptor
  * (NABLA_STORE_SECRET_FD): never on a command line or in a variable's
@@ -100,7 +103,10 @@ static const char *usage_text =
     "                          node, master-addr:port on several); the store refuses\n"
     "                          processes of another run\n"
     "  NABLA_STORE_FD          (rank 0 only) the store's listening socket, opened by\n"
-    "                          nbrun on node 0 (on one node: on loopback only)\n"
+    "                          nbrun on node 0; on one node a Unix-domain socket,\n"
+    "                          /tmp/nabla-<uid>/store-<port>.sock (NABLA_STORE_DIR\n"
+    "                          instead of the folder), that only your user can\n"
+    "                          reach; NABLA_STORE_TRANSPORT=tcp: TCP on loopback\n"
     "  NABLA_STORE_SECRET_FD   (one node) a descriptor holding the run's secret, drawn\n"
     "                          by nbrun, with which the store admits only the run's\n"
     "                          processes; with --nnodes > 1 every node needs the same\n"
@@ -367,9 +373,73 @@ static options parse_options(int argc, char **argv) {
 
 /* ------------------------------------------------------------ the store port */
 
+/* Note [Store on one node]: the socket file this nbrun made, removed when a
+ * generation's store is replaced and at exit (while it is still that file). */
+static char store_path[128];
+static struct stat store_path_st;
+
+static void forget_store_path(void) {
+    struct stat st;
+    if (store_path[0] && stat(store_path, &st) == 0 && st.st_dev == store_path_st.st_dev &&
+        st.st_ino == store_path_st.st_ino)
+        unlink(store_path);
+    store_path[0] = '\0';
+}
+
+/* Whether a world on this node alone reaches its store on a Unix-domain
+ * socket: what its ranks decide from the same variables (distributed/pg.c). */
+static bool store_on_unix(const options *o) {
+    bool use_unix = false;
+    if (nb__store_transport_unix(o->nnodes == 1 && !o->elastic, &use_unix) != NB_OK)
+        die_usage("%s", nb_last_error());
+    return use_unix;
+}
+
+/* The Unix-domain socket of the store on *port; 0: a free TCP port's number,
+ * drawn again while a live store of this user holds its name. */
+static int open_unix_store_socket(int *port) {
+    bool pick = *port == 0;
+    forget_store_path(); /* the last generation's, before its path can be bound again */
+    for (int attempt = 0; attempt < 20; attempt++) {
+        if (pick) {
+            int gai = 0, err = 0;
+            int t = nb__tcp_listen("127.0.0.1", 0, &gai, &err);
+            struct sockaddr_in a;
+            socklen_t sl = sizeof a;
+            if (t < 0 || getsockname(t, (struct sockaddr *)&a, &sl) != 0) {
+                fprintf(stderr, "nbrun: cannot find a free port: %s\n", strerror(err ? err : errno));
+                exit(2);
+            }
+            *port = ntohs(a.sin_port);
+            close(t);
+        }
+        char path[sizeof store_path];
+        if (nb__store_unix_path(*port, path, sizeof path) != NB_OK) {
+            fprintf(stderr, "nbrun: %s\n", nb_last_error());
+            exit(2);
+        }
+        int err = 0;
+        int fd = nb__store_unix_listen(path, &err);
+        if (fd >= 0) {
+            snprintf(store_path, sizeof store_path, "%s", path);
+            stat(store_path, &store_path_st);
+            return fd;
+        }
+        if (err != EADDRINUSE || !pick) {
+            fprintf(stderr, "nbrun: cannot listen on %s for the store: %s%s\n", path, strerror(err),
+                    err == EADDRINUSE ? " (a store of another run of yours serves it: pick another "
+                                        "--master-port, or 0)" : "");
+            exit(2);
+        }
+    }
+    fprintf(stderr, "nbrun: no free store socket after 20 ports\n");
+    exit(2);
+}
+
 /* Listens on addr:port for rank 0's store (on loopback when the run is on
  * this node alone); returns the fd and the port. */
-static int open_store_socket(const char *addr, int nnodes, int *port) {
+static int open_store_socket(const options *o, const char *addr, int nnodes, int *port) {
+    if (store_on_unix(o)) return open_unix_store_socket(port);
     bool loop = strncmp(addr, "127.", 4) == 0 || strcmp(addr, "localhost") == 0 || strcmp(addr, "::1") == 0;
     const char *host = loop ? addr : nnodes == 1 ? "127.0.0.1" : NULL;
     int gai = 0, err = 0;
@@ -518,6 +588,8 @@ static void spawn(child *c, const options *o, const char *run_id, int store_fd, 
         }
         unsetenv("NABLA_STORE_FD");
         unsetenv("NABLA_STORE_PORT"); /* the store is on MASTER_PORT */
+        /* an elastic generation on one node still has a TCP store (Note [Elastic membership]) */
+        if (o->elastic) setenv("NABLA_STORE_TRANSPORT", "tcp", 1);
         if (lifeline_fd >= 0) {
             fcntl(lifeline_fd, F_SETFD, 0);
             setenv_int("NABLA_LAUNCHER_FD", lifeline_fd);
@@ -670,7 +742,7 @@ static void start_generation(const options *o, const char *base_id, int restart,
         gen_world = o->nproc * o->nnodes;
         gen_group = o->node_rank;
         gen_rank_base = o->node_rank * o->nproc;
-        if (o->node_rank == 0) store_fd = open_store_socket(o->addr, o->nnodes, &port);
+        if (o->node_rank == 0) store_fd = open_store_socket(o, o->addr, o->nnodes, &port);
     } else {
         port = store_port;
     }
@@ -747,7 +819,7 @@ static void rdzv_open(const options *o, const char *base_id) {
                             .secret_len = rdzv_secret.len};
     if (o->node_rank == 0) {
         int port = o->port;
-        int fd = open_store_socket(o->addr, o->nnodes, &port);
+        int fd = open_store_socket(o, o->addr, o->nnodes, &port);
         if (nb__store_server_start(&rdzv_server, NULL, 0, fd, &cfg) != NB_OK) rdzv_die(o, "cannot serve it");
     }
     if (nb__store_connect(&rdzv_store, o->addr, o->port, &cfg, -1, o->rdzv_timeout) != NB_OK)
@@ -821,7 +893,7 @@ static void rdzv_host_round(const options *o, int sfd, int g, int *store_fd, int
     }
     long long n = count < o->nnodes ? count : o->nnodes;
     *store_port = 0;
-    *store_fd = open_store_socket(o->addr, o->nnodes, store_port);
+    *store_fd = open_store_socket(o, o->addr, o->nnodes, store_port);
     snprintf(key, sizeof key, "g%d/closed", g);
     snprintf(value, sizeof value, "%lld %d", n, *store_port);
     rdzv_set(o, key, value);
@@ -1082,6 +1154,8 @@ static void announce_restart(int first, int restart, int max_restarts) {
 
 int main(int argc, char **argv) {
     options o = parse_options(argc, argv);
+    store_on_unix(&o); /* NABLA_STORE_TRANSPORT checked before anything starts */
+    atexit(forget_store_path);
     prepare_secret(&o);
     char base_id[128];
     make_run_id(&o, base_id, sizeof base_id);
