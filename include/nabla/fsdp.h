@@ -114,7 +114,7 @@ NB_API nb_status nb_fsdp_gather_full(nb_fsdp *f);
  * then writes the file a run without sharding writes; load such a file
  * into the model and optimizer before nb_fsdp_new, at any world size.
  * Valid until the next nb_fsdp_step, which frees it again. Collective. */
-nb_status nb_fsdp_consolidate_optimizer(nb_fsdp *f, int root);
+NB_API nb_status nb_fsdp_consolidate_optimizer(nb_fsdp *f, int root);
 
 /* The bytes of state this rank holds between steps: its parameter shards,
  * their gradients and opt's state (nb_optim_state_bytes, shards included;
