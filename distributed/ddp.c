@@ -337,12 +337,31 @@ void nb__ddp_reset_ready(nb_ddp *d) {
     }
 }
 
+/* Waits for bucket b's collective and lets the communication hook complete
+ * it (Note [Two-stage communication hooks]); the first failure. */
+static nb_status finish_bucket(nb_ddp *d, int b, bool keep, double *started, double *finished) {
+    bucket *bk = &d->buckets[b];
+    nb_status st = NB_OK;
+    *started = *finished = 0;
+    if (bk->work) {
+        st = nb_work_wait(bk->work);
+        double issued = 0;
+        nb_work_times(bk->work, &issued, started, finished);
+        nb_work_free(bk->work);
+        bk->work = NULL;
+    }
+    if (d->comm->finish && b < d->next_launch) {
+        nb_status s = d->comm->finish(d, d->comm_self, b, keep && st == NB_OK, started, finished);
+        if (st == NB_OK) st = s;
+    }
+    return st;
+}
+
 nb_status nb__ddp_finish_buckets(nb_ddp *d) {
     nb_status st = NB_OK;
     for (int b = 0; b < d->n_buckets; b++) {
-        if (!d->buckets[b].work) continue;
-        nb_status s = nb_work_finish(d->buckets[b].work);
-        d->buckets[b].work = NULL;
+        double started, finished;
+        nb_status s = finish_bucket(d, b, false, &started, &finished);
         if (st == NB_OK) st = s;
     }
     return st;
@@ -653,14 +672,10 @@ nb_status nb_ddp_backward(nb_ddp *d, nb_tensor *loss) {
     nb_status st = NB_OK;
     for (int b = 0; b < d->n_buckets; b++) {
         bucket *bk = &d->buckets[b];
-        nb_status s = nb_work_wait(bk->work);
+        double started, finished;
+        nb_status s = finish_bucket(d, b, true, &started, &finished);
         if (s != NB_OK && st == NB_OK) st = s;
-        double issued = 0, started = 0, finished = 0;
-        nb_work_times(bk->work, &issued, &started, &finished);
         d->times[b] = (nb_ddp_bucket_time){bk->t_launch, started, finished, bk->bytes};
-        nb_work_free(bk->work);
-        bk->work = NULL;
-        if (s == NB_OK && d->comm->finish) d->comm->finish(d, d->comm_self, b);
         if (s == NB_OK && d->divisor > 0) nb_scale_(bk->flat, 1.0 / d->divisor);
         if (st == NB_OK) EACH_HOOK(d, grads_final, bk->params, bk->n);
     }

@@ -87,17 +87,42 @@ typedef enum nb__ddp_feature {
 /* A feature's hook points; NULL where it has nothing to do. `self` is the
  * state it attached. At most one attached table has `launch` (the
  * communication hook); without one the reducer all-reduces each bucket's
- * flat with the reduction set by nb__ddp_set_reduction. */
+ * flat with the reduction set by nb__ddp_set_reduction.
+ *
+ * Note [Two-stage communication hooks]
+ * A communication hook has two stages, as c10d's hooks return a future
+ * that later callbacks complete. `launch` runs inside backward, when the
+ * bucket is complete: it starts the bucket's communication and returns
+ * without waiting for it, so backward goes on while it travels. `finish`
+ * runs after backward, bucket by bucket in index order: it completes the
+ * bucket (waits for what launch started, issues and waits for any further
+ * collective, puts the result into the flat) and returns a status. A hook
+ * whose communication is one collective returns it from launch and the
+ * reducer waits for it before finish (the default, bf16, ZeRO); a hook of
+ * several dependent collectives (PowerSGD: P, then Q from P's result)
+ * returns NULL and holds its own works. Every rank must issue the same
+ * collectives in the same order, so a hook may start a later stage of an
+ * earlier bucket inside a launch (PowerSGD starts bucket b-1's Q in bucket
+ * b's launch) only at a point fixed by the bucket order, never because a
+ * collective happens to have finished. */
 typedef struct nb__ddp_hooks {
     const char *name; /* in messages */
     /* --- the communication hook --- */
     const char *collective; /* its name in the trace ("reduce-scatter") */
     /* Elements of a bucket's flat for numel gradient elements (padding). */
     int64_t (*flat_numel)(const nb_ddp *d, void *self, int64_t numel);
-    /* Launches bucket b's collective; *bytes: what it sends per rank. */
+    /* Starts bucket b's communication and returns at once: the collective
+     * the reducer waits for before finish, or NULL when the hook holds its
+     * own; *bytes: what the bucket sends per rank. */
     nb_work *(*launch)(nb_ddp *d, void *self, int b, nb_reduce_op op, size_t *bytes);
-    /* Bucket b's collective succeeded: its result back into the flat. */
-    void (*finish)(nb_ddp *d, void *self, int b);
+    /* Completes bucket b once launch's collective (if any) is done: with
+     * `keep` (it succeeded and the result is wanted) the result goes into
+     * the flat; without, the hook only gives back what it holds (a failed
+     * step, join's shadow). NB_OK or the hook's own first failure.
+     * *started, *finished: the bucket's communication times, set by the
+     * reducer from launch's collective (0 without one); a hook with
+     * collectives of its own sets them. NULL: nothing to complete. */
+    nb_status (*finish)(nb_ddp *d, void *self, int b, bool keep, double *started, double *finished);
     /* --- every feature --- */
     /* New buckets (construction, reassignment, the rebuild): per-bucket
      * arrays remade; memory that lives as long as the buckets goes in d->ctx. */

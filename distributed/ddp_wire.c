@@ -28,9 +28,11 @@ static nb_work *wire_launch(nb_ddp *d, void *self, int b, nb_reduce_op op, size_
     return nb_pg_all_reduce(d->pg, w->wire[b], op);
 }
 
-static void wire_finish(nb_ddp *d, void *self, int b) {
+static nb_status wire_finish(nb_ddp *d, void *self, int b, bool keep, double *started, double *finished) {
+    (void)started, (void)finished; /* the launch's all-reduce's, as the reducer set them */
     wire_state *w = self;
-    if (w->wire[b]) nb_copy_(d->buckets[b].flat, w->wire[b]);
+    if (keep && w->wire[b]) nb_copy_(d->buckets[b].flat, w->wire[b]);
+    return NB_OK;
 }
 
 static void wire_free(nb_ddp *d, void *self) {

@@ -26,9 +26,12 @@
  * the optimizer's work and then all-gathers the parameters (not hidden).
  * The bf16 wire halves the bytes of f32 buckets. PowerSGD (steady state,
  * after its plain steps) sends per bucket one all-reduce of the
- * uncompressed values and the Ps, which backward waits for (nabla's hook
- * waits inside the launch), then one of the Qs; its products are not
- * counted. Efficiency is the world-1 step over the projected step.
+ * uncompressed values and the Ps, started at the bucket's ready time, and
+ * one of the Qs, started by the next bucket's launch (or at the end of
+ * backward for the last) once the Ps have arrived: that launch, and so
+ * backward, waits for them (Note [PowerSGD] in ddp_powersgd.c); its
+ * products are not counted. Efficiency is the world-1 step over the
+ * projected step.
  *
  * What it leaves out (docs/benchmarks.md lists it for users): compute
  * slowed by communication sharing memory bandwidth and cores, the casts of
@@ -271,18 +274,29 @@ void nb__scale_trace_make(nb__scale_trace *t, int n, const nb_named_tensor *p, c
 
 /* --------------------------------------------------------------- replay */
 
-nb__scale_result nb__scale_replay_buckets(int nb, const double *cost, const double *block, const double *ready,
+nb__scale_result nb__scale_replay_buckets(int nb, const double *cost, const double *second, const double *ready,
                                           double forward_s, double backward_s, double optimizer_s, double after_s,
                                           double *start, double *end) {
     nb__scale_result r = {0};
     double t = 0, stall = 0; /* the communication stream's clock; backward held up so far */
-    for (int b = 0; b < nb; b++) {
-        double at = ready[b] + stall, s = fmax(at, t), first = block ? block[b] : 0;
-        if (first > 0) stall += s + first - at; /* backward waits for the first collective */
+    int due = -1;            /* the bucket whose second collective the next launch starts */
+    double due_p = 0;        /* when that bucket's first collective ends */
+    for (int b = 0; b <= nb; b++) {
+        double at = (b < nb ? ready[b] : backward_s) + stall; /* bucket b's launch, or the end of backward */
+        if (due >= 0) { /* it waits for the due bucket's first collective, then starts its second */
+            if (due_p > at && b < nb) stall += due_p - at, at = due_p;
+            t = fmax(fmax(at, due_p), t) + second[due];
+            r.comm_s += second[due];
+            if (end) end[due] = t;
+            due = -1;
+        }
+        if (b == nb) break;
+        double s = fmax(at, t);
         t = s + cost[b];
         r.comm_s += cost[b];
         if (start) start[b] = s;
         if (end) end[b] = t;
+        if (second && second[b] > 0) due = b, due_p = t;
     }
     r.comm_s += after_s;
     r.compute_s = forward_s + backward_s + optimizer_s;
@@ -298,8 +312,8 @@ nb__scale_result nb__scale_replay(const nb__scale_trace *t, const nb__scale_conf
     int64_t *numel = malloc(sizeof(int64_t) * (size_t)n);
     nb_dtype *dtype = malloc(sizeof(nb_dtype) * (size_t)n);
     double *cost = malloc(sizeof(double) * (size_t)n), *ready = malloc(sizeof(double) * (size_t)n),
-           *block = calloc((size_t)n, sizeof(double));
-    NB_CHECK(order && starts && numel && dtype && cost && ready && block, "nb_scale: out of memory for %d parameters",
+           *second = calloc((size_t)n, sizeof(double));
+    NB_CHECK(order && starts && numel && dtype && cost && ready && second, "nb_scale: out of memory for %d parameters",
              n);
     double param_bytes = 0;
     for (int i = 0; i < n; i++) {
@@ -326,9 +340,8 @@ nb__scale_result nb__scale_replay(const nb__scale_trace *t, const nb__scale_conf
         }
         if (c->powersgd_rank > 0 && pq[1] > 0) {
             double es = (double)nb_dtype_size(dt);
-            block[b] = nb__scale_collective(coll, c->algo, c->nodes, c->per_node, pq[0] * es, &c->intra, &c->inter);
-            cost[b] = block[b] +
-                      nb__scale_collective(coll, c->algo, c->nodes, c->per_node, pq[1] * es, &c->intra, &c->inter);
+            cost[b] = nb__scale_collective(coll, c->algo, c->nodes, c->per_node, pq[0] * es, &c->intra, &c->inter);
+            second[b] = nb__scale_collective(coll, c->algo, c->nodes, c->per_node, pq[1] * es, &c->intra, &c->inter);
         } else {
             cost[b] = nb__scale_collective(coll, c->algo, c->nodes, c->per_node, bytes, &c->intra, &c->inter);
         }
@@ -341,9 +354,9 @@ nb__scale_result nb__scale_replay(const nb__scale_trace *t, const nb__scale_conf
                                      &c->inter);
     }
     nb__scale_result r =
-        nb__scale_replay_buckets(nb, cost, block, ready, t->forward_s, t->backward_s, opt, after, NULL, NULL);
+        nb__scale_replay_buckets(nb, cost, second, ready, t->forward_s, t->backward_s, opt, after, NULL, NULL);
     r.efficiency = (t->forward_s + t->backward_s + t->optimizer_s) / r.step_s;
-    free(order), free(starts), free(numel), free(dtype), free(cost), free(ready), free(block);
+    free(order), free(starts), free(numel), free(dtype), free(cost), free(ready), free(second);
     return r;
 }
 
@@ -391,9 +404,9 @@ void nb__scale_report(FILE *f, const nb__scale_trace *t, const nb__scale_config 
     fprintf(f, "PROJECTION (a model, not a measurement) from the step trace of \"%s\"\n", t->source);
     fprintf(f, "  one rank's step: forward %.3f ms, backward %.3f ms, optimizer %.3f ms; %d parameters, %.2f MiB\n",
             1e3 * t->forward_s, 1e3 * t->backward_s, 1e3 * t->optimizer_s, t->n, bytes / 1048576.0);
-    fprintf(f, "  inside a node: %s (alpha %.1f us, %.2f GB/s; %s)\n", c->intra.name, 1e6 * c->intra.alpha_s,
+    fprintf(f, "  inside a node: %s (alpha %.1f us, %.4g GB/s; %s)\n", c->intra.name, 1e6 * c->intra.alpha_s,
             c->intra.bw / 1e9, c->intra.source);
-    fprintf(f, "  between nodes: %s (alpha %.1f us, %.2f GB/s; %s)\n", c->inter.name, 1e6 * c->inter.alpha_s,
+    fprintf(f, "  between nodes: %s (alpha %.1f us, %.4g GB/s; %s)\n", c->inter.name, 1e6 * c->inter.alpha_s,
             c->inter.bw / 1e9, c->inter.source);
     char psgd[64] = "";
     if (c->powersgd_rank > 0)

@@ -107,11 +107,13 @@ typedef struct nb__scale_result {
 } nb__scale_result;
 
 /* The replay of nb buckets (in launch order; ready: seconds after backward
- * began) with a per-bucket collective cost, of which block[b] (NULL: none)
- * comes first and holds up backward until it is done (PowerSGD's first
- * all-reduce, waited for inside the launch): start[b], end[b] filled when
- * not NULL (seconds after backward began). */
-nb__scale_result nb__scale_replay_buckets(int nb, const double *cost, const double *block, const double *ready,
+ * began), bucket b's collective costing cost[b]; second[b] > 0 (second
+ * may be NULL) is a second collective of bucket b that bucket b+1's launch
+ * starts (the end of backward for the last bucket) after waiting for
+ * bucket b's first, holding backward up meanwhile (PowerSGD's Q stage,
+ * Note [PowerSGD]). start[b], end[b] filled when not NULL (seconds after
+ * backward began; end: of the last collective of the bucket). */
+nb__scale_result nb__scale_replay_buckets(int nb, const double *cost, const double *second, const double *ready,
                                           double forward_s, double backward_s, double optimizer_s, double after_s,
                                           double *start, double *end);
 /* The trace's parameters bucketed as DDP does (nb__ddp_partition, in the

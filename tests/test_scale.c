@@ -100,15 +100,22 @@ START_TEST(test_replay_timeline) {
     NEAR(r.comm_s, 0.050);
     /* PowerSGD rank 4 (min rate 2): c is compressed ((500 + 1000) 4 2 = 12000 < 5e5), P 2000
      * and Q 4000 elements. {a}: one all-reduce, 20..30. {b, c}: first all-reduce of b and P,
-     * 252000 x 4 B, 10.08 ms, 90..100.08, backward held up 10.08 ms; then Q's, 16000 B, 0.16 ms:
-     * ends at 100.24. {d}: ready at 100 + 10.08 = 110.08, runs to 120.08. Step 10 + 120.08 + 5
-     * = 135.08 ms, 20.08 exposed, 30.24 ms of communication. */
+     * 252000 x 4 B, 10.08 ms, 90..100.08. {d}'s launch at 100 waits for it (backward held up
+     * 0.08 ms), starts the Qs', 16000 B, 0.16 ms: 100.08..100.24, then its own 10 ms:
+     * 100.24..110.24. Step 10 + 110.24 + 5 = 125.24 ms, 10.24 exposed, 30.24 ms of
+     * communication. */
     c.mode = NB__SCALE_DDP;
     c.powersgd_rank = 4, c.powersgd_min_rate = 2;
     r = nb__scale_replay(&t, &c);
-    NEAR(r.step_s, 0.13508);
-    NEAR(r.exposed_s, 0.02008);
+    NEAR(r.step_s, 0.12524);
+    NEAR(r.exposed_s, 0.01024);
     NEAR(r.comm_s, 0.03024);
+    /* the same buckets by hand, {b, c}'s Qs started at the end of backward when it is the last:
+     * b0 20..30, b1 90..100.08, its Qs at max(100, 100.08) .. 100.24; step 10 + 100.24 + 5 */
+    double two[] = {0, 0.00016};
+    r = nb__scale_replay_buckets(2, (double[]){0.01, 0.01008}, two, ready, 0.010, 0.100, 0.005, 0, s, e);
+    NEAR(e[1], 0.10024);
+    NEAR(r.step_s, 0.11524);
     /* a rank above the matrix's rate: nothing compressed, plain DDP's 145 ms */
     c.powersgd_rank = 400;
     NEAR(nb__scale_replay(&t, &c).step_s, 0.145);
