@@ -11,29 +11,38 @@
 # backward alone, optimizer and gradient-ready times), with the link given
 # as 50 us of latency (assumed) and the tbf rate, and the ratio projected /
 # measured: a check of the model's communication, the compute being the
-# run's own.
+# run's own. The projection is of a flat ring over all the ranks (nb_scale
+# --per-node 1), as Gloo runs it: its ring crosses the veth in each
+# direction whatever the ranks per node. With --fit the link is instead the "measured" one (nb_scale's
+# measured:FILE) fitted to bench_collectives --quick run on the same
+# shaped link with the same ranks just before, and its fitted latency and
+# bandwidth are printed above the row.
 #
 #   benchmarks/run_netns.sh                                   # unlimited, 1gbit, 100mbit
 #   benchmarks/run_netns.sh --rates "1gbit 10mbit" --nproc-per-node 2 -- --model gpt --steps 20
+#   benchmarks/run_netns.sh --fit --rates 100mbit -- --model cnn --steps 10
 #
 # Options before `--` are the script's; what follows goes to bench_ddp
 # (default: --model wide, 4 x 512, batch 64, 30 steps). Needs root (ip netns,
 # tc). Everything it makes is deleted on exit, even on failure or Ctrl-C.
 # tbf's queue is sized for 100 ms at the rate (latency) and its burst for
-# 2 ms (at least 64 KiB); netem (delay, loss) is not needed for this.
+# 2 ms (at least 64 KiB); netem (delay, loss) is not needed for this. Every
+# rank computes on one thread (OPENBLAS_NUM_THREADS=1, NABLA_NUM_THREADS=1).
 set -euo pipefail
 bin=${NABLA_BIN:-$(dirname "$0")/../build/bin}
 rates="unlimited 1gbit 100mbit"
 nproc=1
 port=29615
 run_s=300
+fit=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --rates) rates=$2; shift 2 ;;
     --nproc-per-node) nproc=$2; shift 2 ;;
     --port) port=$2; shift 2 ;;
+    --fit) fit=1; shift ;;
     --) shift; break ;;
-    -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) break ;;
   esac
 done
@@ -48,7 +57,7 @@ cleanup() {
     ip netns del "$n" 2>/dev/null || true
   done
 }
-trap 'cleanup; rm -f "${trace:-}"' EXIT
+trap 'cleanup; rm -f "${trace:-}" "${table:-}"' EXIT
 trap 'exit 130' INT TERM
 
 ip netns add "${ns[0]}"
@@ -86,6 +95,19 @@ world=$((2 * nproc))
 # both nodes' store secret (nbrun --nnodes needs one): random, for this run only
 export NABLA_STORE_SECRET=${NABLA_STORE_SECRET:-$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')}
 trace=$(mktemp /tmp/nb_netns_trace.XXXXXX)
+table=$(mktemp /tmp/nb_netns_coll.XXXXXX)
+# runs "$@" (a program and its arguments) on both nodes under nbrun; rank 0's output, prefix removed
+on_both() {
+  local id=$1; shift
+  env NABLA_RUN_ID="$id" OPENBLAS_NUM_THREADS=1 NABLA_NUM_THREADS=1 NABLA_PG_TIMEOUT=120 \
+    timeout "$run_s" ip netns exec "${ns[1]}" "$bin/nbrun" --nnodes 2 --node-rank 1 --nproc-per-node "$nproc" \
+    --master-addr "${addr[0]}" --master-port "$port" "$@" >/dev/null &
+  local other=$!
+  env NABLA_RUN_ID="$id" OPENBLAS_NUM_THREADS=1 NABLA_NUM_THREADS=1 NABLA_PG_TIMEOUT=120 \
+    timeout "$run_s" ip netns exec "${ns[0]}" "$bin/nbrun" --nnodes 2 --node-rank 0 --nproc-per-node "$nproc" \
+    --master-addr "${addr[0]}" --master-port "$port" "$@" | sed -n 's/^\[rank 0\] //p'
+  wait "$other"
+}
 echo "bench_ddp ${bench[*]:-(defaults)} on 2 nodes x $nproc (world $world): $params parameters," \
      "$((params * 4)) bytes of gradients per step"
 printf '%-10s %9s %10s %10s %8s %13s %9s %9s %9s\n' link ms/step backward wait hidden "veth B/step" "wire ms" \
@@ -100,16 +122,11 @@ for rate in $rates; do
       tc -n "${ns[i]}" qdisc replace dev "${veth[i]}" root tbf rate "$rate" burst "$burst" latency 100ms
     fi
   done
+  if [ "$fit" = 1 ] && [ "$rate" != unlimited ]; then
+    on_both "netns-coll-$$-$rate" "$bin/bench_collectives" --quick >"$table"
+  fi
   before=$(tx 0)
-  env NABLA_RUN_ID="netns-bench-$$-$rate" OPENBLAS_NUM_THREADS=1 NABLA_PG_TIMEOUT=120 \
-    timeout "$run_s" ip netns exec "${ns[1]}" "$bin/nbrun" --nnodes 2 --node-rank 1 --nproc-per-node "$nproc" \
-    --master-addr "${addr[0]}" --master-port "$port" "$bin/bench_ddp" --machine "${bench[@]}" >/dev/null &
-  other=$!
-  row=$(env NABLA_RUN_ID="netns-bench-$$-$rate" OPENBLAS_NUM_THREADS=1 NABLA_PG_TIMEOUT=120 \
-    timeout "$run_s" ip netns exec "${ns[0]}" "$bin/nbrun" --nnodes 2 --node-rank 0 --nproc-per-node "$nproc" \
-    --master-addr "${addr[0]}" --master-port "$port" "$bin/bench_ddp" --machine --trace "$trace" "${bench[@]}" |
-    sed -n 's/^\[rank 0\] //p')
-  wait "$other"
+  row=$(on_both "netns-bench-$$-$rate" "$bin/bench_ddp" --machine --trace "$trace" "${bench[@]}")
   sent=$(( ($(tx 0) - before) / (steps + 3) ))
   # bench_ddp --machine: key=value fields
   field() { sed -n "s/.* $1=\([^ ]*\).*/\1/p" <<<" $row"; }
@@ -119,7 +136,12 @@ for rate in $rates; do
   proj=- ratio=-
   if [ "$rate" != unlimited ]; then
     link="50,$(awk -v b="$(bits "$rate")" 'BEGIN { printf "%.6g", b / 8e9 }')"
-    proj=$("$bin/nb_scale" "$trace" --per-node "$nproc" --intra "$link" --inter "$link" --max-world "$world" "${psgd[@]}" |
+    if [ "$fit" = 1 ]; then
+      link="measured:$table"
+      "$bin/nb_scale" "$trace" --per-node 1 --inter "$link" --max-world 1 |
+        sed -n 's/^  between nodes: measured (\(.*\); fitted.*/# '"$rate"': fitted link \1/p'
+    fi
+    proj=$("$bin/nb_scale" "$trace" --per-node 1 --inter "$link" --max-world "$world" "${psgd[@]}" |
       awk -v w="$world" '$1 == w && $3 == "x" { print $6 }')
     ratio=$(awk -v p="$proj" -v m="$ms" 'BEGIN { printf "%.2f", p / m }')
   fi

@@ -1,12 +1,19 @@
-"""The scaling model against a shaped link: benchmarks/run_netns.sh runs
-the CNN's DDP on two nodes (two network namespaces joined by a veth pair
-that tc's tbf limits to 10 Mbit/s, where the gradients' all-reduce is most
-of the step) and prints beside the measured step nb_scale's projection
-from that run's own step trace. The projection must be within a factor of
-2 of the measured step, a bound that a wrong unit or formula (bits for
-bytes, a missing factor of the ring) breaks and the noise of a loaded
-machine does not; the 15% figures are a benchmark (RESULTS.md), not this
-test. The veth must carry at least the gradients' bytes each step.
+"""The scaling model held to 15% on a shaped link: benchmarks/run_netns.sh
+--fit runs DDP on two nodes (two network namespaces joined by a veth pair
+that tc's tbf limits to 100 Mbit/s, where the gradients' all-reduce is most
+of the step) for the CNN (batch 32) and the character GPT (batch 1 x 64
+tokens), at world sizes 2 (one rank per node) and 4 (two per node; four
+ranks on this machine's cores, one thread each), and prints beside each
+measured step nb_scale's projection.
+
+Only the communication model is judged: the projection replays the same
+run's own step trace (its forward, backward and optimizer times and each
+gradient's ready time, medians over the timed steps), and the link is the
+"measured" one fitted to bench_collectives run on the same shaped link with
+the same ranks just before. Each of the 4 projections must be within 15%
+of the measured step (median over the steps); a configuration outside is
+run once more (a loaded machine's noise) before the test fails. The veth
+must carry at least the gradients' bytes each step.
 
 Needs root and the ip and tc tools: where a network namespace cannot be
 made the test ends as skipped (77) with the reason, under CI=true too
@@ -21,10 +28,37 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _programs import BIN, SOURCE, TIME_SCALE, fail  # noqa: E402
 
+RATE = "100mbit"
+CONFIGS = [("cnn", 1, []), ("gpt", 1, ["--batch", "1"]), ("cnn", 2, []), ("gpt", 2, ["--batch", "1"])]
+BOUND = 0.15
+
 
 def skip(reason):
     print("skipped: " + reason)
     sys.exit(77)
+
+
+def run(model, nproc, extra, port):
+    script = os.path.join(SOURCE, "benchmarks", "run_netns.sh")
+    env = dict(os.environ, NABLA_BIN=BIN)
+    p = subprocess.run([script, "--fit", "--rates", RATE, "--nproc-per-node", str(nproc), "--port", str(port),
+                        "--", "--model", model, "--steps", "8"] + extra,
+                       capture_output=True, text=True, env=env, timeout=240 * TIME_SCALE)
+    if p.returncode != 0:
+        fail("run_netns.sh (%s, world %d) exited %d\n%s%s" % (model, 2 * nproc, p.returncode, p.stdout, p.stderr))
+    grad = re.search(r"(\d+) bytes of gradients per step", p.stdout)
+    fitted = re.search(r"^# %s: fitted link (.*)$" % RATE, p.stdout, re.M)
+    row = re.search(r"^%s\s+([\d.]+)\s+.*?\s(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s*$" % RATE, p.stdout, re.M)
+    if not grad or not row or not fitted:
+        fail("cannot read run_netns.sh's table (%s, world %d):\n%s" % (model, 2 * nproc, p.stdout))
+    measured, sent, proj, ratio = float(row.group(1)), int(row.group(2)), float(row.group(4)), float(row.group(5))
+    if sent < int(grad.group(1)):
+        fail("%s, world %d: the veth carried %d bytes per step, less than the %s bytes of gradients"
+             % (model, 2 * nproc, sent, grad.group(1)))
+    if abs(ratio - proj / measured) > 0.01:
+        fail("%s, world %d: ratio printed %.2f, but %.1f / %.1f ms\n%s"
+             % (model, 2 * nproc, ratio, proj, measured, p.stdout))
+    return measured, proj, fitted.group(1)
 
 
 def main():
@@ -39,24 +73,19 @@ def main():
         skip("ip netns add: " + p.stderr.strip())
     subprocess.run(["ip", "netns", "del", probe], capture_output=True)
 
-    script = os.path.join(SOURCE, "benchmarks", "run_netns.sh")
-    env = dict(os.environ, NABLA_BIN=BIN)
-    p = subprocess.run([script, "--rates", "10mbit", "--port", str(29700 + os.getpid() % 200), "--",
-                        "--model", "cnn", "--steps", "8"],
-                       capture_output=True, text=True, env=env, timeout=240 * TIME_SCALE)
-    if p.returncode != 0:
-        fail("run_netns.sh exited %d\n%s%s" % (p.returncode, p.stdout, p.stderr))
-    grad = re.search(r"(\d+) bytes of gradients per step", p.stdout)
-    row = re.search(r"^10mbit\s+([\d.]+)\s+.*?\s(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s*$", p.stdout, re.M)
-    if not grad or not row:
-        fail("cannot read run_netns.sh's table:\n" + p.stdout)
-    measured, sent, proj, ratio = float(row.group(1)), int(row.group(2)), float(row.group(4)), float(row.group(5))
-    if sent < int(grad.group(1)):
-        fail("the veth carried %d bytes per step, less than the %s bytes of gradients" % (sent, grad.group(1)))
-    if not 0.5 <= proj / measured <= 2.0 or abs(ratio - proj / measured) > 0.01:
-        fail("projected %.1f ms against %.1f ms measured (ratio printed %.2f): off by more than 2x\n%s"
-             % (proj, measured, ratio, p.stdout))
-    print("measured %.1f ms, projected %.1f ms (%.2f)" % (measured, proj, ratio))
+    port = 29700 + os.getpid() % 150
+    for model, nproc, extra in CONFIGS:
+        for attempt in (1, 2):
+            measured, proj, fitted = run(model, nproc, extra, port)
+            port += 1
+            off = proj / measured - 1
+            print("%s world %d, %s (%s), attempt %d: measured %.1f ms, projected %.1f ms (%+.0f%%)"
+                  % (model, 2 * nproc, RATE, fitted, attempt, measured, proj, 100 * off))
+            if abs(off) <= BOUND:
+                break
+        else:
+            fail("%s at world %d on %s: projected %.1f ms against %.1f ms measured, %+.0f%%: outside %.0f%% twice"
+                 % (model, 2 * nproc, RATE, proj, measured, 100 * off, 100 * BOUND))
 
 
 if __name__ == "__main__":
