@@ -34,6 +34,12 @@ const char *nb__st_dtype_name(nb_dtype dtype) {
     return "?";
 }
 
+int nb__st_dtype_parse(const char *name) {
+    for (int i = 0; i < N_DTYPES; i++)
+        if (strcmp(name, dtype_table[i].name) == 0) return (int)dtype_table[i].dtype;
+    return -1;
+}
+
 const char *nb__st_quote(const char *name, char *buf, size_t n) {
     size_t len = strlen(name), max = n > 4 ? n - 4 : 0;
     size_t k = len < max ? len : max;
@@ -134,13 +140,9 @@ static nb_status parse_entry(ctx *c, const nb_json *t, uint64_t data_start, uint
                     !dtype ? "dtype" : !shape ? "shape" : "data_offsets");
 
     e->name = t->key;
-    bool known = false;
-    if (dtype->type == NB_JSON_STRING)
-        for (int i = 0; i < N_DTYPES && !known; i++)
-            if (strcmp(dtype->str, dtype_table[i].name) == 0 && !has_nul(dtype->str, dtype->len)) {
-                e->dtype = dtype_table[i].dtype;
-                known = true;
-            }
+    int code = dtype->type == NB_JSON_STRING && !has_nul(dtype->str, dtype->len) ? nb__st_dtype_parse(dtype->str) : -1;
+    bool known = code >= 0;
+    if (known) e->dtype = (nb_dtype)code;
     if (!known) {
         char dq[64];
         return fail(c, NB_ERR_FORMAT, "tensor \"%s\": unknown dtype %s%s%s (nabla reads F32, F64, "
@@ -213,6 +215,25 @@ static int cmp_name(const void *a, const void *b) {
                   (*(const nb_checkpoint_entry *const *)b)->name);
 }
 
+nb_status nb__st_sort_names(nb__st_header *h, const char *where) {
+    int n = h->n;
+    const nb_checkpoint_entry **byname = malloc(sizeof *byname * (size_t)(n ? n : 1));
+    if (!byname) return nb_set_error(NB_ERR_NOMEM, "%s: out of memory", where);
+    for (int i = 0; i < n; i++) byname[i] = &h->entries[i];
+    qsort(byname, (size_t)n, sizeof *byname, cmp_name);
+    for (int i = 0; i < n; i++) {
+        if (i > 0 && strcmp(byname[i - 1]->name, byname[i]->name) == 0) {
+            char q[96];
+            nb__st_quote(byname[i]->name, q, sizeof q);
+            free(byname);
+            return nb_set_error(NB_ERR_FORMAT, "%s: tensor \"%s\" appears twice", where, q);
+        }
+        h->by_name[i] = (int)(byname[i] - h->entries);
+    }
+    free(byname);
+    return NB_OK;
+}
+
 nb_status nb__st_parse_header(const char *json, size_t len, uint64_t data_start,
                               uint64_t data_bytes, const char *where, nb__st_header *out) {
     memset(out, 0, sizeof *out);
@@ -255,20 +276,11 @@ nb_status nb__st_parse_header(const char *json, size_t len, uint64_t data_start,
 
     /* file order, then names: unique */
     qsort(out->entries, (size_t)out->n, sizeof *out->entries, cmp_offset);
-    const nb_checkpoint_entry **byname = malloc(sizeof *byname * (n_tensors ? n_tensors : 1));
-    if (!byname) return fail(&c, NB_ERR_NOMEM, "out of memory");
-    for (int i = 0; i < out->n; i++) byname[i] = &out->entries[i];
-    qsort(byname, (size_t)out->n, sizeof *byname, cmp_name);
-    for (int i = 0; i < out->n; i++) {
-        if (i > 0 && strcmp(byname[i - 1]->name, byname[i]->name) == 0) {
-            char q[96];
-            nb__st_quote(byname[i]->name, q, sizeof q);
-            free(byname);
-            return fail(&c, NB_ERR_FORMAT, "tensor \"%s\" appears twice", q);
-        }
-        out->by_name[i] = (int)(byname[i] - out->entries);
+    st = nb__st_sort_names(out, where);
+    if (st != NB_OK) {
+        nb__st_header_free(out);
+        return st;
     }
-    free(byname);
 
     /* layout: back to back from 0 to data_bytes */
     uint64_t expect = 0;

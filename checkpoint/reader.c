@@ -198,21 +198,23 @@ static double element(nb_dtype dtype, const unsigned char *p) {
     }
 }
 
-/* Note [Values checked at load]: the first element of e's data (host bytes
- * in the file's dtype) that is not finite, or negative when `nonneg`. */
-static nb_status check_values(const nb_checkpoint *ck, const nb_checkpoint_entry *e,
-                              const void *data, bool nonneg) {
+/* Note [Values checked at load]: the first of `count` elements of `data`
+ * (host bytes in e's dtype) that is not finite, or negative when
+ * `nonneg`; they are elements [first, first + count) of e, which the
+ * message names with its shape. */
+static nb_status check_values(const nb_checkpoint *ck, const nb_checkpoint_entry *e, int64_t first,
+                              int64_t count, const void *data, bool nonneg) {
     if (!nb_dtype_is_float(e->dtype) || (ck->allow_nonfinite && !nonneg)) return NB_OK;
     size_t size = nb_dtype_size(e->dtype);
-    int64_t n = (int64_t)(e->nbytes / size), bad = -1;
+    int64_t bad = -1;
     const unsigned char *p = data;
     double v = 0;
-    for (int64_t i = 0; i < n && bad < 0; i++) {
+    for (int64_t i = 0; i < count && bad < 0; i++) {
         v = element(e->dtype, p + (size_t)i * size);
         if ((!ck->allow_nonfinite && !isfinite(v)) || (nonneg && v < 0)) bad = i;
     }
     if (bad < 0) return NB_OK;
-    int64_t index[NB_MAX_DIMS], rest = bad;
+    int64_t index[NB_MAX_DIMS], rest = first + bad;
     for (int d = e->ndim - 1; d >= 0; d--) {
         index[d] = rest % e->shape[d];
         rest /= e->shape[d];
@@ -244,6 +246,26 @@ void nb_checkpoint_set_allow_nonfinite(nb_checkpoint *ck, bool allow) {
 
 void nb__checkpoint_set_second_moments(nb_checkpoint *ck, bool on) { ck->second_moments = on; }
 
+void nb__checkpoint_copy_in(nb_tensor *dst, nb_dtype dtype, void *buf) {
+    nb_tensor src = {0};
+    src.dtype = dtype;
+    src.device = nb_cpu();
+    src.ndim = dst->ndim;
+    memcpy(src.shape, dst->shape, sizeof src.shape);
+    nb__contig_strides(src.ndim, src.shape, src.strides);
+    src.data = buf;
+    nb_copy_(dst, &src); /* waits for a device before buf goes */
+}
+
+/* The entry named `name`, or NULL with NB_ERR_NOT_FOUND set. */
+static const nb_checkpoint_entry *find_entry(nb_checkpoint *ck, const char *name) {
+    int i = nb__st_find(&ck->h, name);
+    if (i >= 0) return &ck->h.entries[i];
+    char q[96];
+    nb_set_error(NB_ERR_NOT_FOUND, "%s: no tensor named \"%s\"", ck->path, nb__st_quote(name, q, sizeof q));
+    return NULL;
+}
+
 static nb_status read_entry(nb_checkpoint *ck, const nb_checkpoint_entry *e, nb_tensor *dst) {
     if (e->nbytes == 0) return NB_OK;
     /* Straight into dst when it is host memory of the stored layout;
@@ -264,20 +286,14 @@ static nb_status read_entry(nb_checkpoint *ck, const nb_checkpoint_entry *e, nb_
                             nb__st_quote(e->name, q, sizeof q), (unsigned long long)e->nbytes,
                             (unsigned long long)e->offset);
     }
-    nb_status st = check_values(ck, e, buf, is_second_moment(ck, e->name));
+    nb_status st = check_values(ck, e, 0, (int64_t)(e->nbytes / nb_dtype_size(e->dtype)), buf,
+                                is_second_moment(ck, e->name));
     if (st != NB_OK) {
         if (!direct) free(buf);
         return st;
     }
     if (!direct) {
-        nb_tensor src = {0};
-        src.dtype = e->dtype;
-        src.device = nb_cpu();
-        src.ndim = e->ndim;
-        memcpy(src.shape, e->shape, sizeof src.shape);
-        nb__contig_strides(src.ndim, src.shape, src.strides);
-        src.data = buf;
-        nb_copy_(dst, &src); /* waits for a device before buf goes */
+        nb__checkpoint_copy_in(dst, e->dtype, buf);
         free(buf);
     }
     return NB_OK;
@@ -287,16 +303,32 @@ nb_status nb_checkpoint_read(nb_checkpoint *ck, const char *name, nb_tensor *dst
     NB__CHECK_HANDLE("nb_checkpoint_read", ck, "checkpoint");
     NB_CHECK(ck && name && dst, "nb_checkpoint_read: NULL argument");
     char q[96];
-    int i = nb__st_find(&ck->h, name);
-    if (i < 0)
-        return nb_set_error(NB_ERR_NOT_FOUND, "%s: no tensor named \"%s\"", ck->path,
-                            nb__st_quote(name, q, sizeof q));
-    const nb_checkpoint_entry *e = &ck->h.entries[i];
+    const nb_checkpoint_entry *e = find_entry(ck, name);
+    if (!e) return NB_ERR_NOT_FOUND;
     if (!same_shape(e, dst))
         return nb_set_error(NB_ERR_MISMATCH, "%s: tensor \"%s\" has shape %s in the file, the "
                             "destination has %s", ck->path, nb__st_quote(name, q, sizeof q),
                             nb__shape_str_n(e->ndim, e->shape), nb_shape_str(dst));
     return read_entry(ck, e, dst);
+}
+
+nb_status nb__checkpoint_read_elements(nb_checkpoint *ck, const char *name, int64_t first, int64_t count,
+                                       void *buf, const nb_checkpoint_entry *whole, int64_t whole_first) {
+    char q[96];
+    const nb_checkpoint_entry *e = find_entry(ck, name);
+    if (!e) return NB_ERR_NOT_FOUND;
+    size_t size = nb_dtype_size(e->dtype);
+    NB_CHECK(first >= 0 && count >= 0 && (uint64_t)(first + count) * size <= e->nbytes,
+             "nb__checkpoint_read_elements: elements [%lld, %lld) of \"%s\" (%llu bytes)", (long long)first,
+             (long long)(first + count), nb__st_quote(name, q, sizeof q), (unsigned long long)e->nbytes);
+    if (count == 0) return NB_OK;
+    uint64_t at = e->offset + (uint64_t)first * size, bytes = (uint64_t)count * size;
+    if (fseeko(ck->f, (off_t)at, SEEK_SET) != 0 || fread(buf, 1, (size_t)bytes, ck->f) != bytes)
+        return nb_set_error(NB_ERR_IO, "%s: short read of tensor \"%s\" (%llu bytes at offset "
+                            "%llu): the file changed or shrank while open", ck->path,
+                            nb__st_quote(name, q, sizeof q), (unsigned long long)bytes, (unsigned long long)at);
+    if (!whole) whole = e, whole_first = first;
+    return check_values(ck, whole, whole_first, count, buf, is_second_moment(ck, whole->name));
 }
 
 /* Appends `name` to a list of at most `max` names ("a", "b", ... and k more). */
@@ -342,24 +374,23 @@ void nb__checkpoint_check_targets(const char *who, const nb_named_tensor *tensor
     }
 }
 
-nb_status nb__checkpoint_read_strict(nb_checkpoint *ck, const nb_named_tensor *tensors, int n,
-                                     const char *ignore_prefix) {
-    NB_CHECK(ck, "nb_checkpoint_load: NULL checkpoint");
+nb_status nb__checkpoint_match(const char *path, const nb__st_header *h, const nb_named_tensor *tensors,
+                               int n, const char *ignore_prefix) {
     nb__checkpoint_check_targets("nb_checkpoint_load", tensors, n, NULL);
-    bool *used = calloc((size_t)(ck->h.n ? ck->h.n : 1), 1);
+    bool *used = calloc((size_t)(h->n ? h->n : 1), 1);
     NB_CHECK(used, "nb_checkpoint_load: out of memory");
 
     nb_strbuf missing = {0}, unexpected = {0}, mismatch = {0};
     int n_missing = 0, n_unexpected = 0, n_mismatch = 0;
     for (int i = 0; i < n; i++) {
         const nb_tensor *t = tensors[i].tensor;
-        int j = nb__st_find(&ck->h, tensors[i].name);
+        int j = nb__st_find(h, tensors[i].name);
         if (j < 0) {
             list_add(&missing, &n_missing, tensors[i].name);
             continue;
         }
         used[j] = true;
-        const nb_checkpoint_entry *e = &ck->h.entries[j];
+        const nb_checkpoint_entry *e = &h->entries[j];
         char q[96];
         if (!same_shape(e, t)) {
             if (n_mismatch++ < 4)
@@ -374,8 +405,8 @@ nb_status nb__checkpoint_read_strict(nb_checkpoint *ck, const nb_named_tensor *t
         }
     }
     size_t prefix_len = ignore_prefix ? strlen(ignore_prefix) : 0;
-    for (int j = 0; j < ck->h.n; j++) {
-        const char *name = ck->h.entries[j].name;
+    for (int j = 0; j < h->n; j++) {
+        const char *name = h->entries[j].name;
         if (used[j] || (ignore_prefix && strncmp(name, ignore_prefix, prefix_len) == 0)) continue;
         list_add(&unexpected, &n_unexpected, name);
     }
@@ -393,12 +424,19 @@ nb_status nb__checkpoint_read_strict(nb_checkpoint *ck, const nb_named_tensor *t
                               unexpected.data ? unexpected.data : "?");
         if (n_mismatch) nb__strbuf_printf(&parts, "%s", mismatch.data ? mismatch.data : "; ?");
         st = nb_set_error(NB_ERR_MISMATCH, "%s: error(s) loading %d tensors, nothing was read: %s",
-                          ck->path, n, parts.data && parts.len > 2 ? parts.data + 2 : "(out of memory)");
+                          path, n, parts.data && parts.len > 2 ? parts.data + 2 : "(out of memory)");
         nb__strbuf_free(&parts);
     }
     nb__strbuf_free(&missing);
     nb__strbuf_free(&unexpected);
     nb__strbuf_free(&mismatch);
+    return st;
+}
+
+nb_status nb__checkpoint_read_strict(nb_checkpoint *ck, const nb_named_tensor *tensors, int n,
+                                     const char *ignore_prefix) {
+    NB_CHECK(ck, "nb_checkpoint_load: NULL checkpoint");
+    nb_status st = nb__checkpoint_match(ck->path, &ck->h, tensors, n, ignore_prefix);
     for (int i = 0; i < n && st == NB_OK; i++)
         st = read_entry(ck, &ck->h.entries[nb__st_find(&ck->h, tensors[i].name)],
                         tensors[i].tensor);

@@ -28,6 +28,9 @@ typedef struct nb__st_header {
 nb_status nb__st_parse_header(const char *json, size_t len, uint64_t data_start,
                               uint64_t data_bytes, const char *where, nb__st_header *out);
 void nb__st_header_free(nb__st_header *h);
+/* Fills h->by_name (allocated, h->n entries) from h->entries; a name
+ * that appears twice is NB_ERR_FORMAT naming it, after `where`. */
+nb_status nb__st_sort_names(nb__st_header *h, const char *where);
 /* Index of the entry named `name`, or -1. */
 int nb__st_find(const nb__st_header *h, const char *name);
 
@@ -35,6 +38,30 @@ int nb__st_find(const nb__st_header *h, const char *name);
  * with ignore_prefix (when not NULL) are neither loaded nor unexpected. */
 nb_status nb__checkpoint_read_strict(nb_checkpoint *ck, const nb_named_tensor *tensors, int n,
                                      const char *ignore_prefix);
+
+/* The strict check of nb__checkpoint_read_strict alone, against the
+ * entries of h (a file's, or a sharded checkpoint's, named `path`):
+ * NB_ERR_MISMATCH listing what is missing, unexpected or of another shape
+ * or dtype; NB_OK when the tensors can be read. */
+nb_status nb__checkpoint_match(const char *path, const nb__st_header *h, const nb_named_tensor *tensors,
+                               int n, const char *ignore_prefix);
+
+/* Reads elements [first, first + count) of the entry named `name` (in the
+ * file's dtype, row-major) into host memory buf, with the value checks of
+ * a whole read (Note [Values checked at load]). The elements are
+ * [whole_first, whole_first + count) of `whole` (a sharded checkpoint's
+ * tensor, for messages and the second-moment check; NULL: the entry). */
+nb_status nb__checkpoint_read_elements(nb_checkpoint *ck, const char *name, int64_t first, int64_t count,
+                                       void *buf, const nb_checkpoint_entry *whole, int64_t whole_first);
+
+/* Copies host memory buf, dst's elements row-major in `dtype`, into dst
+ * (any strides and device; converted). */
+void nb__checkpoint_copy_in(nb_tensor *dst, nb_dtype dtype, void *buf);
+
+/* nb__checkpoint_read_strict on a sharded checkpoint (sharded.c), with
+ * the reads' checks set first. */
+nb_status nb__checkpoint_sharded_read_strict(nb_checkpoint_sharded *s, const nb_named_tensor *tensors, int n,
+                                             const char *ignore_prefix, bool allow_nonfinite, bool second_moments);
 
 /* Makes the reads of ck require Adam's second moments ("optim.state.*
  * exp_avg_sq") to be >= 0 (Note [Values checked at load] in reader.c). */
@@ -46,8 +73,14 @@ void nb__checkpoint_set_second_moments(nb_checkpoint *ck, bool on);
 void nb__checkpoint_check_targets(const char *who, const nb_named_tensor *tensors, int n,
                                   void *free_on_abort);
 
+/* The folder part of path, malloc'ed ("." when there is none; NULL when
+ * out of memory). */
+char *nb__st_dir_of(const char *path);
+
 /* "F32", "BF16", ...: the format's dtype names. */
 const char *nb__st_dtype_name(nb_dtype dtype);
+/* The dtype so named, or -1. */
+int nb__st_dtype_parse(const char *name);
 
 /* `name`, shortened and with control characters replaced, for messages. */
 const char *nb__st_quote(const char *name, char *buf, size_t n);

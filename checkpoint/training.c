@@ -35,24 +35,21 @@ static nb_named_tensor *join(const nb_named_tensor *model, int n_model, nb_optim
     return all;
 }
 
-nb_status nb_checkpoint_save_training(const char *path, const nb_named_tensor *model,
-                                      int n_model, nb_optim *opt, const nb_train_state *state,
-                                      const nb_kv *extra, int n_extra) {
-    NB_CHECK(state, "nb_checkpoint_save_training: NULL state");
-    NB_CHECK(n_model >= 0 && (n_model == 0 || model) && n_extra >= 0 && (n_extra == 0 || extra),
-             "nb_checkpoint_save_training: bad arguments (n_model = %d, n_extra = %d)", n_model,
-             n_extra);
+/* The metadata of a training checkpoint, malloc'ed: nabla's keys
+ * (their values in num), then extra. */
+static nb_kv *training_meta(const char *who, nb_optim *opt, const nb_train_state *state, const nb_kv *extra,
+                            int n_extra, char num[5][32], int *n_meta) {
+    NB_CHECK(state, "%s: NULL state", who);
+    NB_CHECK(n_extra >= 0 && (n_extra == 0 || extra), "%s: bad arguments (n_extra = %d)", who, n_extra);
     for (int i = 0; i < n_extra; i++)
         for (int r = 0; r < N_RESERVED; r++)
             NB_CHECK(!extra[i].key || strcmp(extra[i].key, reserved[r]) != 0,
-                     "nb_checkpoint_save_training: extra metadata key \"%s\" is reserved",
-                     reserved[r]);
-    char num[5][32];
-    snprintf(num[0], sizeof num[0], "%lld", (long long)state->step);
-    snprintf(num[1], sizeof num[1], "%lld", (long long)state->epoch);
-    snprintf(num[2], sizeof num[2], "%lld", (long long)state->data_position);
-    snprintf(num[3], sizeof num[3], "%llu", (unsigned long long)state->rng.seed);
-    snprintf(num[4], sizeof num[4], "%llu", (unsigned long long)state->rng.offset);
+                     "%s: extra metadata key \"%s\" is reserved", who, reserved[r]);
+    snprintf(num[0], 32, "%lld", (long long)state->step);
+    snprintf(num[1], 32, "%lld", (long long)state->epoch);
+    snprintf(num[2], 32, "%lld", (long long)state->data_position);
+    snprintf(num[3], 32, "%llu", (unsigned long long)state->rng.seed);
+    snprintf(num[4], 32, "%llu", (unsigned long long)state->rng.offset);
     nb_kv fixed[N_RESERVED] = {
         {"format", "pt"},          {"nabla_version", NABLA_VERSION_STRING},
         {"step", num[0]},          {"epoch", num[1]},
@@ -60,13 +57,35 @@ nb_status nb_checkpoint_save_training(const char *path, const nb_named_tensor *m
         {"rng_offset", num[4]},    {"optimizer", opt ? nb_optim_kind_name(nb_optim_get_kind(opt)) : "none"},
     };
     nb_kv *meta = malloc(sizeof *meta * (size_t)(N_RESERVED + n_extra));
-    NB_CHECK(meta, "nb_checkpoint_save_training: out of memory");
+    NB_CHECK(meta, "%s: out of memory", who);
     memcpy(meta, fixed, sizeof fixed);
     if (n_extra) memcpy(meta + N_RESERVED, extra, sizeof *meta * (size_t)n_extra);
-    int n;
+    *n_meta = N_RESERVED + n_extra;
+    return meta;
+}
+
+nb_status nb_checkpoint_save_training(const char *path, const nb_named_tensor *model,
+                                      int n_model, nb_optim *opt, const nb_train_state *state,
+                                      const nb_kv *extra, int n_extra) {
+    NB_CHECK(n_model >= 0 && (n_model == 0 || model), "nb_checkpoint_save_training: bad arguments "
+             "(n_model = %d)", n_model);
+    char num[5][32];
+    int n_meta, n;
+    nb_kv *meta = training_meta("nb_checkpoint_save_training", opt, state, extra, n_extra, num, &n_meta);
     nb_named_tensor *all = join(model, n_model, opt, &n);
-    nb_status st = nb_checkpoint_save(path, all, n, meta, N_RESERVED + n_extra);
+    nb_status st = nb_checkpoint_save(path, all, n, meta, n_meta);
     free(all);
+    free(meta);
+    return st;
+}
+
+nb_status nb_checkpoint_save_training_index(const char *index_path, const char *save_id, int world,
+                                            nb_optim *opt, const nb_train_state *state,
+                                            const nb_kv *extra, int n_extra) {
+    char num[5][32];
+    int n_meta;
+    nb_kv *meta = training_meta("nb_checkpoint_save_training_index", opt, state, extra, n_extra, num, &n_meta);
+    nb_status st = nb_checkpoint_save_index(index_path, save_id, world, meta, n_meta);
     free(meta);
     return st;
 }
@@ -140,11 +159,21 @@ nb_status nb_checkpoint_load_training_ex(const char *path, const nb_named_tensor
         free(all);
         return st;
     }
-    nb_checkpoint_set_allow_nonfinite(ck, opts && opts->allow_nonfinite);
-    nb__checkpoint_set_second_moments(ck, opt && nb_optim_get_kind(opt) != NB_OPTIM_SGD);
+    bool allow = opts && opts->allow_nonfinite, second = opt && nb_optim_get_kind(opt) != NB_OPTIM_SGD;
     nb_train_state s = {0};
     st = read_meta(ck, opt, &s);
-    if (st == NB_OK) st = nb__checkpoint_read_strict(ck, all, n, opt ? NULL : "optim.");
+    if (st == NB_OK && nb_checkpoint_is_sharded(ck)) {
+        nb_checkpoint_close(ck); /* an index: the tensors are in its shards */
+        ck = NULL;
+        nb_checkpoint_sharded *sh;
+        st = nb_checkpoint_sharded_open(path, &sh);
+        if (st == NB_OK) st = nb__checkpoint_sharded_read_strict(sh, all, n, opt ? NULL : "optim.", allow, second);
+        nb_checkpoint_sharded_close(sh);
+    } else if (st == NB_OK) {
+        nb_checkpoint_set_allow_nonfinite(ck, allow);
+        nb__checkpoint_set_second_moments(ck, second);
+        st = nb__checkpoint_read_strict(ck, all, n, opt ? NULL : "optim.");
+    }
     free(all);
     nb_checkpoint_close(ck);
     if (st == NB_OK && opt) {

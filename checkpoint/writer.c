@@ -197,8 +197,7 @@ io_error:
                         o->tmp, (unsigned long long)o->offset, strerror(errno));
 }
 
-/* The directory part of path ("." when there is none). */
-static char *dir_of(const char *path) {
+char *nb__st_dir_of(const char *path) {
     const char *slash = strrchr(path, '/');
     size_t n = slash ? (size_t)(slash - path) : 1;
     if (slash == path) n = 1;
@@ -342,7 +341,7 @@ nb_status nb_checkpoint_save(const char *path, const nb_named_tensor *tensors, i
         nb__strbuf_free(&header);
         return nb_set_error(NB_ERR_NOMEM, "nb_checkpoint_save: out of memory");
     }
-    char *parent = dir_of(path);
+    char *parent = nb__st_dir_of(path);
     nb_status st = parent ? make_dirs("nb_checkpoint_save", parent, path)
                           : nb_set_error(NB_ERR_NOMEM, "nb_checkpoint_save: out of memory");
     free(parent);
@@ -396,7 +395,7 @@ nb_status nb_checkpoint_save(const char *path, const nb_named_tensor *tensors, i
     nb__strbuf_free(&header);
     free(tmp);
 
-    char *dir = dir_of(path);
+    char *dir = nb__st_dir_of(path);
     int dfd = dir ? open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
     if (dfd < 0 || (fsync(dfd) != 0 && errno != EINVAL)) { /* EINVAL: cannot sync dirs */
         st = nb_set_error(NB_ERR_IO, "nb_checkpoint_save: \"%s\" was written, but syncing its "

@@ -18,16 +18,11 @@
 #include "tensor/internal.h"
 #include "testutil.h"
 
-static char tmpdir[64];
+static void setup(void) { nbt_tmpdir_make("nb_ckpt_"); }
 
-static void setup(void) {
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/nb_ckpt_XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(tmpdir));
-}
-
-/* Files left in tmpdir (named, so a test can assert that there are none). */
+/* Files left in nbt_tmpdir (named, so a test can assert that there are none). */
 static int count_files(const char *substr) {
-    DIR *d = opendir(tmpdir);
+    DIR *d = opendir(nbt_tmpdir);
     ck_assert_ptr_nonnull(d);
     int n = 0;
     for (struct dirent *e; (e = readdir(d));)
@@ -36,41 +31,9 @@ static int count_files(const char *substr) {
     return n;
 }
 
-static void remove_tree(const char *dir) {
-    DIR *d = opendir(dir);
-    if (!d) return;
-    char p[1024];
-    for (struct dirent *e; (e = readdir(d));) {
-        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
-        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-        if (unlink(p) != 0) remove_tree(p);
-    }
-    closedir(d);
-    rmdir(dir);
-}
+static void teardown(void) { nbt_tmpdir_remove(); }
 
-static void teardown(void) { remove_tree(tmpdir); }
 
-static const char *path_of(const char *name) {
-    static char bufs[4][4096];
-    static int next;
-    char *b = bufs[next++ & 3];
-    snprintf(b, 4096, "%s/%s", tmpdir, name);
-    return b;
-}
-
-static unsigned char *slurp(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    ck_assert_msg(f != NULL, "cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    unsigned char *b = malloc((size_t)n + 1);
-    ck_assert_uint_eq(fread(b, 1, (size_t)n, f), (size_t)n);
-    fclose(f);
-    *len = (size_t)n;
-    return b;
-}
 
 static void write_bytes(const char *path, const void *data, size_t len) {
     FILE *f = fopen(path, "wb");
@@ -104,7 +67,7 @@ static void expect_open_fails(const char *path, nb_status want, const char *subs
 
 /* A header with one JSON text, its length as declared, data_len bytes. */
 static void expect_header_fails(const char *json, size_t data_len, const char *substr) {
-    const char *p = path_of("bad.safetensors");
+    const char *p = nbt_tmp_path("bad.safetensors");
     write_raw(p, strlen(json), json, data_len);
     expect_open_fails(p, NB_ERR_FORMAT, substr);
 }
@@ -126,13 +89,13 @@ START_TEST(test_layout_and_read_back) {
                             {"half.f16", f16}, {"ints", i32}, {"longs", i64},
                             {"empty", empty}, {"t \"quoted\"\n\xc3\xa9", strided}};
     nb_kv meta[] = {{"step", "12"}, {"note", "a \"quote\", a \\ and \xe2\x82\xac"}};
-    const char *path = path_of("a.safetensors");
+    const char *path = nbt_tmp_path("a.safetensors");
     ck_assert_int_eq(nb_checkpoint_save(path, ts, 8, meta, 2), NB_OK);
     ck_assert_int_eq(count_files(".tmp."), 0);
 
     /* the bytes: length, padded JSON, data back to back in the given order */
     size_t len;
-    unsigned char *raw = slurp(path, &len);
+    unsigned char *raw = nbt_slurp(path, &len);
     uint64_t n = 0;
     for (int i = 7; i >= 0; i--) n = n << 8 | raw[i];
     ck_assert_uint_eq((8 + n) % 8, 0);
@@ -206,12 +169,12 @@ START_TEST(test_layout_and_read_back) {
 
     /* no metadata at all: no __metadata__ key */
     ck_assert_int_eq(nb_checkpoint_save(path, ts, 1, NULL, 0), NB_OK);
-    raw = slurp(path, &len);
+    raw = nbt_slurp(path, &len);
     ck_assert_mem_eq(raw + 8, "{\"w.f32\":", 9);
     free(raw);
     /* nothing at all */
     ck_assert_int_eq(nb_checkpoint_save(path, NULL, 0, NULL, 0), NB_OK);
-    raw = slurp(path, &len);
+    raw = nbt_slurp(path, &len);
     ck_assert_uint_eq(len, 16);
     ck_assert_mem_eq(raw, "\x08\0\0\0\0\0\0\0{}      ", 16);
     free(raw);
@@ -226,7 +189,7 @@ START_TEST(test_strict_load) {
                                {"b", nbt_randn(ctx, NB_F32, NB_SHAPE(2, 3), 2)},
                                {"c", nbt_randn(ctx, NB_F64, NB_SHAPE(1), 3)},
                                {"e", nbt_randn(ctx, NB_F64, NB_SHAPE(2), 4)}};
-    const char *path = path_of("s.safetensors");
+    const char *path = nbt_tmp_path("s.safetensors");
     ck_assert_int_eq(nb_checkpoint_save(path, saved, 4, NULL, 0), NB_OK);
     nb_tensor *a = nb_full(ctx, NB_F32, NB_SHAPE(4), 7.0);
     nb_named_tensor want[] = {{"a", a},
@@ -285,7 +248,7 @@ START_TEST(test_strict_load) {
                                  nb_numel(saved[j].tensor) * nb_dtype_size(saved[j].tensor->dtype));
     nb_named_tensor twice[] = {{"a", a}, {"a", a}};
     NBT_EXPECT_ABORT(nb_checkpoint_load(path, twice, 2), "nb_checkpoint_load: two tensors are named \"a\"");
-    ck_assert_int_eq(nb_checkpoint_load(path_of("none.safetensors"), right, 4), NB_ERR_NOT_FOUND);
+    ck_assert_int_eq(nb_checkpoint_load(nbt_tmp_path("none.safetensors"), right, 4), NB_ERR_NOT_FOUND);
     ck_assert(strstr(nb_last_error(), "none.safetensors: cannot open: No such file or directory"));
     nb_ctx_free(ctx);
 }
@@ -294,7 +257,7 @@ END_TEST
 START_TEST(test_save_argument_errors) {
     nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
     nb_tensor *t = nb_zeros(ctx, NB_F32, NB_SHAPE(2));
-    const char *path = path_of("e.safetensors");
+    const char *path = nbt_tmp_path("e.safetensors");
     nb_named_tensor dup[] = {{"x", t}, {"y", t}, {"x", t}};
     NBT_EXPECT_ABORT(nb_checkpoint_save(path, dup, 3, NULL, 0), "nb_checkpoint_save: two tensors are named \"x\"");
     nb_named_tensor reserved[] = {{"__metadata__", t}};
@@ -334,10 +297,10 @@ START_TEST(test_atomic_save) {
                             {"big", nb_zeros(ctx, NB_F32, 1, &big)}};
     nb_named_tensor v2[] = {{"w", nbt_randn(ctx, NB_F32, NB_SHAPE(3, 4), 2)}, v1[1]};
     nb_kv m1[] = {{"version", "1"}}, m2[] = {{"version", "2"}};
-    const char *path = path_of("ckpt.safetensors");
+    const char *path = nbt_tmp_path("ckpt.safetensors");
     ck_assert_int_eq(nb_checkpoint_save(path, v1, 2, m1, 1), NB_OK);
     size_t len1;
-    unsigned char *before = slurp(path, &len1);
+    unsigned char *before = nbt_slurp(path, &len1);
 
     /* a write fails at the first byte, in the header, in the first tensor,
      * and in the second chunk of the big tensor: the old file survives */
@@ -354,7 +317,7 @@ START_TEST(test_atomic_save) {
                       "message: %s", nb_last_error());
         ck_assert_int_ge(f.writes, k == 3 ? 4 : 1);
         size_t len;
-        unsigned char *after = slurp(path, &len);
+        unsigned char *after = nbt_slurp(path, &len);
         ck_assert_uint_eq(len, len1);
         ck_assert(memcmp(after, before, len) == 0);
         free(after);
@@ -375,50 +338,50 @@ START_TEST(test_atomic_save) {
 
     /* folders that do not exist are made (mkdir -p, 0777 less the umask: Note [Missing folders]) */
     mode_t old_mask = umask(027);
-    ck_assert_int_eq(nb_checkpoint_save(path_of("no/such/dir/x.safetensors"), v2, 1, NULL, 0), NB_OK);
+    ck_assert_int_eq(nb_checkpoint_save(nbt_tmp_path("no/such/dir/x.safetensors"), v2, 1, NULL, 0), NB_OK);
     umask(old_mask);
     const char *made[] = {"no", "no/such", "no/such/dir"};
     for (int i = 0; i < 3; i++) {
         struct stat sb;
-        ck_assert_int_eq(stat(path_of(made[i]), &sb), 0);
+        ck_assert_int_eq(stat(nbt_tmp_path(made[i]), &sb), 0);
         ck_assert(S_ISDIR(sb.st_mode));
         ck_assert_int_eq(sb.st_mode & 0777, 0750);
     }
     nb_named_tensor one[] = {{"w", w}};
-    ck_assert_int_eq(nb_checkpoint_load(path_of("no/such/dir/x.safetensors"), one, 1), NB_OK);
+    ck_assert_int_eq(nb_checkpoint_load(nbt_tmp_path("no/such/dir/x.safetensors"), one, 1), NB_OK);
     nbt_assert_tensors_close(w, v2[0].tensor, 0, 0);
     /* a file where a folder should be: refused, naming it */
-    FILE *f = fopen(path_of("afile"), "w");
+    FILE *f = fopen(nbt_tmp_path("afile"), "w");
     fclose(f);
-    ck_assert_int_eq(nb_checkpoint_save(path_of("afile/x.safetensors"), v2, 1, NULL, 0), NB_ERR_IO);
+    ck_assert_int_eq(nb_checkpoint_save(nbt_tmp_path("afile/x.safetensors"), v2, 1, NULL, 0), NB_ERR_IO);
     ck_assert_msg(strstr(nb_last_error(), "nb_checkpoint_save: \"") &&
                       strstr(nb_last_error(), "afile\" exists and is not a folder"),
                   "message: %s", nb_last_error());
-    ck_assert_int_eq(nb_checkpoint_save(path_of("afile/sub/x.safetensors"), v2, 1, NULL, 0), NB_ERR_IO);
+    ck_assert_int_eq(nb_checkpoint_save(nbt_tmp_path("afile/sub/x.safetensors"), v2, 1, NULL, 0), NB_ERR_IO);
     ck_assert_msg(strstr(nb_last_error(), "nb_checkpoint_save: cannot create the folder \"") &&
                       strstr(nb_last_error(), "afile/sub\" for \"") &&
                       strstr(nb_last_error(), "afile/sub/x.safetensors\": Not a directory"),
                   "message: %s", nb_last_error());
     /* nb_checkpoint_make_dir: the same walk, at a program's start */
-    ck_assert_int_eq(nb_checkpoint_make_dir(path_of("runs/a/b/")), NB_OK);
+    ck_assert_int_eq(nb_checkpoint_make_dir(nbt_tmp_path("runs/a/b/")), NB_OK);
     struct stat sb;
-    ck_assert_int_eq(stat(path_of("runs/a/b"), &sb), 0);
+    ck_assert_int_eq(stat(nbt_tmp_path("runs/a/b"), &sb), 0);
     ck_assert(S_ISDIR(sb.st_mode));
-    ck_assert_int_eq(nb_checkpoint_make_dir(path_of("runs/a/b")), NB_OK); /* there already */
-    ck_assert_int_eq(nb_checkpoint_make_dir(path_of("afile")), NB_ERR_IO);
+    ck_assert_int_eq(nb_checkpoint_make_dir(nbt_tmp_path("runs/a/b")), NB_OK); /* there already */
+    ck_assert_int_eq(nb_checkpoint_make_dir(nbt_tmp_path("afile")), NB_ERR_IO);
     ck_assert(strstr(nb_last_error(), "afile\" exists and is not a folder"));
     if (geteuid() != 0) { /* root writes anywhere */
-        ck_assert_int_eq(chmod(path_of("runs/a/b"), 0500), 0);
-        ck_assert_int_eq(nb_checkpoint_make_dir(path_of("runs/a/b")), NB_ERR_IO);
+        ck_assert_int_eq(chmod(nbt_tmp_path("runs/a/b"), 0500), 0);
+        ck_assert_int_eq(nb_checkpoint_make_dir(nbt_tmp_path("runs/a/b")), NB_ERR_IO);
         ck_assert_msg(strstr(nb_last_error(), "nb_checkpoint_make_dir: cannot write in the folder \"") &&
                           strstr(nb_last_error(), "runs/a/b\": Permission denied"),
                       "message: %s", nb_last_error());
-        ck_assert_int_eq(chmod(path_of("runs/a/b"), 0700), 0);
+        ck_assert_int_eq(chmod(nbt_tmp_path("runs/a/b"), 0700), 0);
     }
     NBT_EXPECT_ABORT((void)!nb_checkpoint_make_dir(""), "nb_checkpoint_make_dir: the folder is NULL or empty");
     /* the target is a directory: the rename fails, the temporary file goes */
-    mkdir(path_of("adir"), 0755);
-    ck_assert_int_eq(nb_checkpoint_save(path_of("adir"), v2, 1, NULL, 0), NB_ERR_IO);
+    mkdir(nbt_tmp_path("adir"), 0755);
+    ck_assert_int_eq(nb_checkpoint_save(nbt_tmp_path("adir"), v2, 1, NULL, 0), NB_ERR_IO);
     ck_assert(strstr(nb_last_error(), "renaming \""));
     ck_assert(strstr(nb_last_error(), "Is a directory"));
     ck_assert_int_eq(count_files(".tmp."), 0);
@@ -431,7 +394,7 @@ END_TEST
     "\"" name "\":{\"dtype\":\"" dtype "\",\"shape\":" shape ",\"data_offsets\":[" #b "," #e "]}"
 
 START_TEST(test_corrupt_files) {
-    const char *p = path_of("c.safetensors");
+    const char *p = nbt_tmp_path("c.safetensors");
     write_bytes(p, "", 0);
     expect_open_fails(p, NB_ERR_FORMAT, "truncated: the file has 0 bytes, fewer than the 8-byte header length");
     write_bytes(p, "\x10\0\0\0\0", 5);
@@ -443,9 +406,9 @@ START_TEST(test_corrupt_files) {
                       "100000000-byte limit (not a safetensors file, or a corrupt one)");
     write_raw(p, 100000001, "{}", 0);
     expect_open_fails(p, NB_ERR_FORMAT, "header length 100000001 is larger than");
-    expect_open_fails(path_of("missing"), NB_ERR_NOT_FOUND, "cannot open: No such file or directory");
-    mkdir(path_of("d"), 0755);
-    expect_open_fails(path_of("d"), NB_ERR_IO, "not a regular file");
+    expect_open_fails(nbt_tmp_path("missing"), NB_ERR_NOT_FOUND, "cannot open: No such file or directory");
+    mkdir(nbt_tmp_path("d"), 0755);
+    expect_open_fails(nbt_tmp_path("d"), NB_ERR_IO, "not a regular file");
 
     expect_header_fails("hello", 0, "the header is not valid JSON: JSON: expected a value, found "
                         "'h' at byte 0");
@@ -523,10 +486,10 @@ START_TEST(test_truncations_and_flips) {
                             {"b", nb_from_host(ctx, NB_I64, NB_SHAPE(2), (int64_t[]){5, 6})},
                             {"c", nb_zeros(ctx, NB_F16, NB_SHAPE(0))}};
     nb_kv meta[] = {{"k", "v"}};
-    const char *good = path_of("good.safetensors"), *p = path_of("x.safetensors");
+    const char *good = nbt_tmp_path("good.safetensors"), *p = nbt_tmp_path("x.safetensors");
     ck_assert_int_eq(nb_checkpoint_save(good, ts, 3, meta, 1), NB_OK);
     size_t len;
-    unsigned char *raw = slurp(good, &len);
+    unsigned char *raw = nbt_slurp(good, &len);
     for (size_t cut = 0; cut < len; cut++) {
         write_bytes(p, raw, cut);
         nb_checkpoint *ck;
@@ -669,7 +632,7 @@ START_TEST(test_resume_is_bit_identical) {
         model_init(&b, kinds[k], 1);
         nb_train_state sb = {0, 0, 0, nb_rng_make(7)};
         for (int i = 0; i < half; i++) train_step(&b, &sb);
-        const char *path = path_of("train.safetensors");
+        const char *path = nbt_tmp_path("train.safetensors");
         nb_kv extra[] = {{"run", "test"}};
         ck_assert_int_eq(nb_checkpoint_save_training(path, b.named, 3, b.opt, &sb, extra, 1), NB_OK);
         model_free(&b);
@@ -717,7 +680,7 @@ START_TEST(test_training_load_errors) {
     model_init(&m, NB_OPTIM_ADAMW, 1);
     nb_train_state st = {3, 0, 3, nb_rng_make(5)};
     train_step(&m, &st);
-    const char *path = path_of("t.safetensors");
+    const char *path = nbt_tmp_path("t.safetensors");
     ck_assert_int_eq(nb_checkpoint_save_training(path, m.named, 3, m.opt, &st, NULL, 0), NB_OK);
     nb_train_state out = {0};
 
@@ -741,7 +704,7 @@ START_TEST(test_training_load_errors) {
                       !strstr(nb_last_error(), "missing"),
                   "%s", nb_last_error());
     /* not a training checkpoint */
-    const char *plain = path_of("plain.safetensors");
+    const char *plain = nbt_tmp_path("plain.safetensors");
     ck_assert_int_eq(nb_checkpoint_save(plain, m.named, 3, NULL, 0), NB_OK);
     ck_assert_int_eq(nb_checkpoint_load_training(plain, m.named, 3, NULL, &out), NB_ERR_FORMAT);
     ck_assert(strstr(nb_last_error(), "not a training checkpoint: metadata key \"step\" is missing"));
@@ -810,7 +773,7 @@ static pid_t dead_pid(void) {
 static bool exists(const char *path) { return access(path, F_OK) == 0; }
 
 static const char *touch(const char *name) {
-    const char *p = path_of(name);
+    const char *p = nbt_tmp_path(name);
     write_bytes(p, "partial", 7);
     return p;
 }
@@ -833,22 +796,22 @@ START_TEST(test_stale_temps_removed) {
     snprintf(name[7], 256, "ckpt.safetensors.tmp.%s.0.0", host);             /* pid 0: a group */
     snprintf(name[8], 256, "notes.txt");
     for (int i = 0; i < 9; i++) touch(name[i]);
-    ck_assert(exists(path_of(name[0])));
-    ck_assert_int_eq(nb_checkpoint_save(path_of("ckpt.safetensors"), v, 1, NULL, 0), NB_OK);
-    ck_assert_msg(!exists(path_of(name[0])), "%s (writer %ld gone) was not removed", name[0],
+    ck_assert(exists(nbt_tmp_path(name[0])));
+    ck_assert_int_eq(nb_checkpoint_save(nbt_tmp_path("ckpt.safetensors"), v, 1, NULL, 0), NB_OK);
+    ck_assert_msg(!exists(nbt_tmp_path(name[0])), "%s (writer %ld gone) was not removed", name[0],
                   dead);
     for (int i = 1; i < 9; i++)
-        ck_assert_msg(exists(path_of(name[i])), "%s was removed", name[i]);
+        ck_assert_msg(exists(nbt_tmp_path(name[i])), "%s was removed", name[i]);
     ck_assert_int_eq(count_files(NULL), 9); /* 8 kept + the checkpoint */
     /* a path without a directory part scans the working directory */
     char cwd[4096];
     ck_assert_ptr_nonnull(getcwd(cwd, sizeof cwd));
-    ck_assert_int_eq(chdir(tmpdir), 0);
+    ck_assert_int_eq(chdir(nbt_tmpdir), 0);
     touch(name[0]);
     nb_status st = nb_checkpoint_save("ckpt.safetensors", v, 1, NULL, 0);
     ck_assert_int_eq(chdir(cwd), 0);
     ck_assert_int_eq(st, NB_OK);
-    ck_assert(!exists(path_of(name[0])));
+    ck_assert(!exists(nbt_tmp_path(name[0])));
     nb_ctx_free(ctx);
 }
 END_TEST
@@ -866,10 +829,10 @@ START_TEST(test_killed_writer_cleaned_by_next_save) {
     int64_t big = (int64_t)10 << 20; /* 40 MiB of f32: written in 16 MiB chunks */
     nb_named_tensor v1[] = {{"w", nbt_randn(ctx, NB_F32, NB_SHAPE(3, 4), 1)}};
     nb_named_tensor v2[] = {v1[0], {"big", nb_zeros(ctx, NB_F32, 1, &big)}};
-    const char *path = path_of("ckpt.safetensors");
+    const char *path = nbt_tmp_path("ckpt.safetensors");
     ck_assert_int_eq(nb_checkpoint_save(path, v1, 1, NULL, 0), NB_OK);
     size_t len1;
-    unsigned char *before = slurp(path, &len1);
+    unsigned char *before = nbt_slurp(path, &len1);
     pid_t pid = fork();
     ck_assert_int_ge(pid, 0);
     if (pid == 0) { /* dies after the first 16 MiB chunk reached the file */
@@ -885,16 +848,16 @@ START_TEST(test_killed_writer_cleaned_by_next_save) {
     host_tag(host, sizeof host);
     snprintf(tmp, sizeof tmp, "ckpt.safetensors.tmp.%s.%ld.", host, (long)pid);
     ck_assert_int_eq(count_files(tmp), 1); /* the crash left its partial file */
-    DIR *d = opendir(tmpdir);
+    DIR *d = opendir(nbt_tmpdir);
     for (struct dirent *e; (e = readdir(d));)
         if (strstr(e->d_name, tmp)) {
             struct stat sb;
-            ck_assert_int_eq(stat(path_of(e->d_name), &sb), 0);
+            ck_assert_int_eq(stat(nbt_tmp_path(e->d_name), &sb), 0);
             ck_assert_int_ge(sb.st_size, 16 << 20);
         }
     closedir(d);
     size_t len;
-    unsigned char *after = slurp(path, &len);
+    unsigned char *after = nbt_slurp(path, &len);
     ck_assert_uint_eq(len, len1);
     ck_assert(memcmp(after, before, len) == 0);
     free(after);
@@ -930,7 +893,7 @@ START_TEST(test_nonfinite_refused) {
     model_init(&m, NB_OPTIM_ADAMW, 1);
     nb_train_state st = {0, 0, 0, nb_rng_make(5)};
     train_step(&m, &st);
-    const char *path = path_of("nan.safetensors");
+    const char *path = nbt_tmp_path("nan.safetensors");
     nb_set(m.w2, (int64_t[]){5, 1}, NAN);
     ck_assert_int_eq(nb_checkpoint_save_training(path, m.named, 3, m.opt, &st, NULL, 0), NB_OK);
     nb_set(m.w2, (int64_t[]){5, 1}, 0.25);
@@ -946,7 +909,7 @@ START_TEST(test_nonfinite_refused) {
     ck_assert(isnan(nb_get(m.w2, (int64_t[]){5, 1})));
     nb_set(m.w2, (int64_t[]){5, 1}, 0.25);
     /* the reading handle: refused, then allowed */
-    const char *plain = path_of("plain_inf.safetensors");
+    const char *plain = nbt_tmp_path("plain_inf.safetensors");
     nb_set(m.b1, (int64_t[]){7}, -INFINITY);
     ck_assert_int_eq(nb_checkpoint_save(plain, m.named, 3, NULL, 0), NB_OK);
     nb_set(m.b1, (int64_t[]){7}, 0);
@@ -963,7 +926,7 @@ START_TEST(test_nonfinite_refused) {
     /* bf16 in the file, read into f32: the file's values are checked */
     nb_ctx *c = nb_ctx_new(nb_cpu(), 0);
     nb_tensor *h = nb_cast(c, nb_from_host(c, NB_F32, NB_SHAPE(3), (float[]){1, INFINITY, 2}), NB_BF16);
-    const char *half = path_of("bf16.safetensors");
+    const char *half = nbt_tmp_path("bf16.safetensors");
     ck_assert_int_eq(nb_checkpoint_save(half, &(nb_named_tensor){"h", h}, 1, NULL, 0), NB_OK);
     ck_assert_int_eq(nb_checkpoint_open(half, &ck), NB_OK);
     ck_assert_int_eq(nb_checkpoint_read(ck, "h", nb_zeros(c, NB_F32, NB_SHAPE(3))), NB_ERR_FORMAT);

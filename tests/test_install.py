@@ -1,7 +1,7 @@
 """An installed nabla is complete and usable from outside the tree.
 
 `cmake --install` into a temporary prefix puts the libraries, headers,
-nabla.pc and the CMake package in place, nbrun, nb_plot and nb_scale in <prefix>/bin,
+nabla.pc and the CMake package in place, nbrun, nb_plot, nb_scale and nb_ckpt in <prefix>/bin,
 the tutorial's two programs in <prefix>/share/nabla/examples and the
 shipped datasets in <prefix>/share/nabla/datasets. The installed
 tutorial_ddp.c is then built out of the tree twice, with pkg-config
@@ -43,13 +43,13 @@ def sh(cmd, what, env=None, cwd=None, timeout=120):
 
 
 def check_layout(prefix):
-    for rel in ("bin/nbrun", "bin/nb_plot", "bin/nb_scale"):
+    for rel in ("bin/nbrun", "bin/nb_plot", "bin/nb_scale", "bin/nb_ckpt"):
         path = os.path.join(prefix, rel)
         if not os.access(path, os.X_OK):
             fail("the install lacks the program %s (docs send users to it)" % rel)
     # Only those: the test drivers (tests/programs/), the examples and the
     # benchmarks stay in the build tree.
-    extra = sorted(set(os.listdir(os.path.join(prefix, "bin"))) - {"nbrun", "nb_plot", "nb_scale"})
+    extra = sorted(set(os.listdir(os.path.join(prefix, "bin"))) - {"nbrun", "nb_plot", "nb_scale", "nb_ckpt"})
     if extra:
         fail("the install has programs it should not ship in bin/: %s" % ", ".join(extra))
     for rel in ("include/nabla/nabla.h", "include/nabla/ops.h",

@@ -8,6 +8,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <dirent.h>
 #include <sys/time.h>
 #include <unistd.h>
 
@@ -146,4 +147,47 @@ int nbt_pg_finish(nb_pg *pg, int rc) {
         rc = 1;
     }
     return rc;
+}
+
+char nbt_tmpdir[64];
+
+void nbt_tmpdir_make(const char *prefix) {
+    snprintf(nbt_tmpdir, sizeof nbt_tmpdir, "/tmp/%sXXXXXX", prefix);
+    ck_assert_ptr_nonnull(mkdtemp(nbt_tmpdir));
+}
+
+void nbt_remove_tree(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    char p[1024];
+    for (struct dirent *e; (e = readdir(d));) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        if (unlink(p) != 0) nbt_remove_tree(p);
+    }
+    closedir(d);
+    rmdir(dir);
+}
+
+void nbt_tmpdir_remove(void) { nbt_remove_tree(nbt_tmpdir); }
+
+const char *nbt_tmp_path(const char *name) {
+    static char bufs[4][4096];
+    static int next;
+    char *b = bufs[next++ & 3];
+    snprintf(b, 4096, "%s/%s", nbt_tmpdir, name);
+    return b;
+}
+
+unsigned char *nbt_slurp(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    ck_assert_msg(f != NULL, "cannot open %s", path);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    unsigned char *b = malloc((size_t)n + 1);
+    ck_assert_uint_eq(fread(b, 1, (size_t)n, f), (size_t)n);
+    fclose(f);
+    *len = (size_t)n;
+    return b;
 }

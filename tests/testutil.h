@@ -88,6 +88,20 @@ int nbt_free_port(void);
  * one communicator. NULL, after printing why, when it cannot be made. */
 nb_pg *nbt_nccl_world_of_one(const char *run_id);
 
+/* A scratch folder for a test that writes files: nbt_tmpdir_make makes
+ * /tmp/<prefix>XXXXXX into nbt_tmpdir (a fixture's setup), nbt_tmpdir_remove
+ * removes it and all it holds (its teardown); nbt_tmp_path(name) is the
+ * path of `name` in it, in one of 4 buffers used in turn (copy it when
+ * more are needed at once). nbt_remove_tree removes any folder so. */
+extern char nbt_tmpdir[64];
+void nbt_tmpdir_make(const char *prefix);
+void nbt_tmpdir_remove(void);
+const char *nbt_tmp_path(const char *name);
+void nbt_remove_tree(const char *dir);
+/* The whole file at `path`, malloc'ed (one byte more, for a NUL), its
+ * size in *len; the test fails when it cannot be read. */
+unsigned char *nbt_slurp(const char *path, size_t *len);
+
 /* Frees pg after a suite that returned rc; returns rc, or 1 (after
  * printing why) when freeing the group fails. */
 int nbt_pg_finish(nb_pg *pg, int rc);

@@ -112,7 +112,9 @@ NB_API nb_status nb_checkpoint_save_training(const char *path, const nb_named_te
                                       int n_model, nb_optim *opt, const nb_train_state *state,
                                       const nb_kv *extra, int n_extra);
 /* Strict load of model and optimizer (the optimizer's kind must match the
- * file's), then state is filled in from the metadata. With opt NULL the
+ * file's), then state is filled in from the metadata. `path` may be the
+ * index of a sharded checkpoint of any world size (below): each tensor is
+ * then read whole from the shards that hold it. With opt NULL the
  * file's "optim." tensors are ignored. A NaN or infinite value in a tensor,
  * or a negative Adam second moment (exp_avg_sq), is refused with
  * NB_ERR_FORMAT naming the tensor and the element. On failure the tensors'
@@ -128,6 +130,88 @@ typedef struct nb_checkpoint_load_options {
 NB_API nb_status nb_checkpoint_load_training_ex(const char *path, const nb_named_tensor *model,
                                          int n_model, nb_optim *opt, nb_train_state *state,
                                          const nb_checkpoint_load_options *opts);
+
+/* ---- sharded checkpoints (docs/checkpoints.md, "Sharded checkpoints") ----
+ * Each rank writes its pieces of the state to a shard file of its own;
+ * then rank 0 writes one index, which names every tensor's shape and dtype
+ * and which shard holds which element range, with the metadata of the
+ * checkpoint. The index is what makes the checkpoint exist: written
+ * atomically after every shard is durable, it replaces the previous one
+ * in one step. It is a safetensors file without tensors, so
+ * nb_checkpoint_open and nb_checkpoint_meta read its metadata as any
+ * checkpoint's, and nb_checkpoint_load_training loads it (reading each
+ * tensor from the shards that hold it) at any world size. Note [Sharded
+ * checkpoint] in checkpoint/sharded.c. */
+
+/* A piece of a tensor: elements [start, start + numel(data)) of the
+ * tensor `name` of shape shape[0..ndim), in row-major order. data has
+ * the whole tensor's dtype, any shape and strides. `order` is the
+ * tensor's place among the checkpoint's tensors: the pieces of all ranks
+ * together cover each tensor exactly once, and tensors of the same name
+ * agree on order, shape and dtype. */
+typedef struct nb_checkpoint_piece {
+    const char *name;
+    int order;
+    int ndim;
+    int64_t shape[NB_MAX_DIMS];
+    int64_t start;
+    nb_tensor *data;
+} nb_checkpoint_piece;
+
+/* The shard file of `rank` (of `world`) for the index `index_path`:
+ * DIR/<save_id>.shards/rank<r>-of-<R>.safetensors, DIR the index's
+ * folder; written atomically (nb_checkpoint_save). save_id names this save
+ * (letters, digits, '.', '-', '_'; another for each save, so that a save
+ * never writes over a file a standing index names); every rank passes the
+ * same. NB_ERR_IO as nb_checkpoint_save. */
+NB_API nb_status nb_checkpoint_save_shard(const char *index_path, const char *save_id, int rank, int world,
+                                          const nb_checkpoint_piece *pieces, int n);
+/* Rank 0, once every rank's nb_checkpoint_save_shard has returned NB_OK
+ * (the caller's barrier): opens the world shards of save_id, checks that
+ * their pieces cover every tensor exactly once, and writes the index at
+ * index_path atomically with meta (then the keys "shard_dir" and
+ * "shard_index"). NB_ERR_FORMAT or NB_ERR_NOT_FOUND naming the shard file
+ * at fault; the previous file at index_path is then untouched. */
+NB_API nb_status nb_checkpoint_save_index(const char *index_path, const char *save_id, int world,
+                                          const nb_kv *meta, int n_meta);
+/* nb_checkpoint_save_index with the metadata nb_checkpoint_save_training
+ * writes (state, the kind of opt or none, extra). */
+NB_API nb_status nb_checkpoint_save_training_index(const char *index_path, const char *save_id, int world,
+                                                   nb_optim *opt, const nb_train_state *state,
+                                                   const nb_kv *extra, int n_extra);
+/* Whether the open file ck is the index of a sharded checkpoint. */
+NB_API bool nb_checkpoint_is_sharded(const nb_checkpoint *ck);
+
+typedef struct nb_checkpoint_sharded nb_checkpoint_sharded;
+/* Opens an index and every shard it names, checking each shard against
+ * the index (its save, its size, the pieces it must hold): a missing,
+ * truncated or foreign shard is NB_ERR_NOT_FOUND or NB_ERR_FORMAT naming
+ * that file. *out is NULL on failure. */
+NB_API nb_status nb_checkpoint_sharded_open(const char *path, nb_checkpoint_sharded **out);
+NB_API void nb_checkpoint_sharded_close(nb_checkpoint_sharded *s); /* NULL is fine */
+       /* The index, for its metadata (owned by s). */
+       NB_API nb_checkpoint *nb_checkpoint_sharded_index(nb_checkpoint_sharded *s);
+/* Tensors in checkpoint order; offset and nbytes are 0 and the size. */
+NB_API int nb_checkpoint_sharded_count(const nb_checkpoint_sharded *s);
+NB_API const nb_checkpoint_entry *nb_checkpoint_sharded_entry_at(const nb_checkpoint_sharded *s, int i);
+NB_API int nb_checkpoint_sharded_shards(const nb_checkpoint_sharded *s);
+/* Reads elements [start, start + numel(dst)) of tensor `name` (row-major)
+ * into dst (any shape and strides; converted when the dtypes differ),
+ * from whichever shards hold them: what a rank reads of the pieces it
+ * owns at another world size. NaN and infinity are refused as in
+ * nb_checkpoint_read, naming the shard file and the element. */
+NB_API nb_status nb_checkpoint_sharded_read_range(nb_checkpoint_sharded *s, const char *name, int64_t start,
+                                                  nb_tensor *dst);
+/* The whole tensor (dst of its shape). */
+NB_API nb_status nb_checkpoint_sharded_read(nb_checkpoint_sharded *s, const char *name, nb_tensor *dst);
+NB_API void nb_checkpoint_sharded_set_allow_nonfinite(nb_checkpoint_sharded *s, bool allow);
+/* Writes the ordinary single-file checkpoint of the sharded one at
+ * index_path to out_path (atomically): the tensors in checkpoint order
+ * and the index's metadata but "shard_dir" and "shard_index", so that a
+ * training checkpoint saved sharded becomes, byte for byte, the file
+ * nb_checkpoint_save_training writes from the same state. Holds the whole
+ * state in memory once. */
+NB_API nb_status nb_checkpoint_consolidate(const char *index_path, const char *out_path);
 
 #ifdef __cplusplus
 }
