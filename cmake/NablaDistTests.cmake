@@ -70,7 +70,7 @@ nabla_add_ranked_test(test_ddp_zero "2;3" 120 30 test_ddp_zero2 NBT_ZERO_STAGE=2
 # test in seconds, not at the CTest timeout.
 nabla_add_ranked_test(test_ddp_join "2;3" 120 10)
 
-foreach(_t test_dist_failures test_dist_mismatch test_nbrun test_train_gpt.py test_train_gpt_zero.py test_train_gpt_zero2.py test_train_gpt_zero3.py test_train_classifier.py test_train_classifier_zero.py test_demo.py)
+foreach(_t test_dist_failures test_dist_mismatch test_nbrun test_train_gpt.py test_train_gpt_zero.py test_train_gpt_zero2.py test_train_gpt_zero3.py test_train_classifier.py test_train_classifier_zero.py test_train_gpt_shard.py test_train_classifier_shard.py test_demo.py)
   if(TEST ${_t})
     set_property(TEST ${_t} APPEND PROPERTY LABELS multiproc)
   endif()

@@ -47,6 +47,7 @@ typedef struct args {
     const char *ckpt_dir, *metrics, *plot, *progress;
     const char *resume_mode; /* --resume: NULL, "", "auto" or "auto-or-fresh" */
     int64_t keep_checkpoints; /* --keep-checkpoints: Note [Kept checkpoints] in common/resume.c */
+    bool ckpt_sharded;        /* --ckpt-sharded: Note [Sharded save] in common/resume.c */
 } args;
 
 typedef struct run {
@@ -185,13 +186,16 @@ static void run_meta(const run *r, char v[][64], nb_kv *kv, int *n) {
 #undef ADD
 }
 
-static nb_status save_checkpoint(run *r, int64_t step, int64_t epochs_done) {
+static nb_status save_checkpoint(run *r, int64_t step, int64_t epochs_done, nb_ddp *zero) {
     char v[8][64];
     nb_kv kv[8];
     int n;
     run_meta(r, v, kv, &n);
     kv[n++] = (nb_kv){"program", "train_classifier"};
     nb_train_state st = {step, epochs_done, 0, nb_rng_make(0)};
+    if (zero) /* --ckpt-sharded: every rank writes its shard, rank 0 the index */
+        return resume_save_sharded(&r->d, zero, r->a.ckpt_dir, r->ckpt_path, "train_classifier",
+                                   (int)r->a.keep_checkpoints, r->step_ctx, r->state, r->n_state, r->opt, &st, kv, n);
     /* never a diverged state over the last good checkpoint */
     char what[96];
     snprintf(what, sizeof what, "epoch %lld not saved", (long long)epochs_done);
@@ -267,6 +271,7 @@ static int parse_args(run *r, int argc, char **argv) {
         {"max-skipped-steps", CLI_INT, &a->max_skipped_steps, "stop after this many consecutive steps skipped for a non-finite gradient (0: never)"},
         {"ckpt-dir", CLI_STRING, &a->ckpt_dir, "directory for ckpt.safetensors (saved every epoch)"},
         {"resume", CLI_OPTIONAL, &a->resume_mode, "continue from --ckpt-dir/ckpt.safetensors; 'auto': from the newest checkpoint in --ckpt-dir that loads (saying which it passes over and why), afresh when there is none, and refusing to start when every one is damaged; 'auto-or-fresh': the same, but afresh then"},
+        {"ckpt-sharded", CLI_BOOL, &a->ckpt_sharded, "with --zero on several processes: each writes its shard of the state, rank 0 an index (ckpt.safetensors); nb_ckpt consolidate makes the single file"},
         {"keep-checkpoints", CLI_INT, &a->keep_checkpoints, "checkpoints kept in --ckpt-dir: ckpt.safetensors and the older ckpt.step<N>.safetensors (1: the newest only)"},
         {"metrics", CLI_STRING, &a->metrics, "JSON-lines metrics file"},
         {"plot", CLI_STRING, &a->plot, "SVG loss and accuracy plot (default: --metrics with .svg)"},
@@ -319,6 +324,10 @@ static int parse_args(run *r, int argc, char **argv) {
         !(a->test_fraction > 0 && a->test_fraction < 1) || (a->resume && !a->ckpt_dir)) {
         fprintf(stderr, "train_classifier: need --epochs, --batch-size >= 1, --lr > 0, --momentum "
                         "and --weight-decay >= 0, --test-fraction in (0, 1), and --ckpt-dir with --resume\n");
+        return 2;
+    }
+    if (a->ckpt_sharded && (!a->ckpt_dir || !a->zero || a->zero_stage == 3)) {
+        fprintf(stderr, "train_classifier: --ckpt-sharded needs --ckpt-dir and --zero 1 or 2 (--zero 3 writes the single file)\n");
         return 2;
     }
     r->stop = a->stop_at > 0 && a->stop_at < a->epochs ? a->stop_at : a->epochs;
@@ -498,8 +507,12 @@ int main(int argc, char **argv) {
         TRY(&r, run_dist_sum(&r.d, nb_metric_sums_data(&train), nb_metric_sums_size(&train)), "all-reduce");
         TRY(&r, evaluate(&r, &test.loss, &test.accuracy, &test.count), "evaluation");
         TRY(&r, report_epoch(&r, epoch, &train, &test), "metrics");
-        if (a->ckpt_dir) TRY(&r, run_dist_consolidate(&r.d, 0), "gathering the state");
-        if (r.d.rank == 0 && a->ckpt_dir) TRY(&r, save_checkpoint(&r, r.step, epoch + 1), "checkpoint");
+        if (a->ckpt_dir && a->ckpt_sharded && r.d.ddp) {
+            TRY(&r, save_checkpoint(&r, r.step, epoch + 1, r.d.ddp), "checkpoint");
+        } else if (a->ckpt_dir) {
+            TRY(&r, run_dist_consolidate(&r.d, 0), "gathering the state");
+            if (r.d.rank == 0) TRY(&r, save_checkpoint(&r, r.step, epoch + 1, NULL), "checkpoint");
+        }
     }
     TRY(&r, run_dist_unshard(&r.d), "ZeRO"); /* the whole state back before the unwrap */
     return finish(&r, &test);

@@ -54,6 +54,7 @@ typedef struct args {
     int64_t ckpt_interval;
     const char *resume_mode; /* --resume: NULL, "", "auto" or "auto-or-fresh" */
     int64_t keep_checkpoints; /* --keep-checkpoints: Note [Kept checkpoints] in common/resume.c */
+    bool ckpt_sharded;        /* --ckpt-sharded: Note [Sharded save] in common/resume.c */
     bool resume;             /* a checkpoint is loaded */
     int64_t seed, sample_len, top_k;
     double temperature;
@@ -251,27 +252,33 @@ static void run_meta(const run *r, meta_buf *m) {
     meta_add(m, "seed", "%lld", a->seed);
 }
 
-static nb_status save_checkpoint(run *r, int64_t steps_done) {
+/* The metadata and loop state of a checkpoint after steps_done steps. */
+static nb_train_state checkpoint_meta(run *r, int64_t steps_done, meta_buf *m, char *elapsed, size_t cap) {
     int64_t epoch, position;
     nb_loader_position(r->train_loader, &epoch, &position);
-    meta_buf m;
-    run_meta(r, &m);
-    char elapsed[64];
-    snprintf(elapsed, sizeof elapsed, "%.3f", r->log ? nb_metrics_log_time(r->log) : 0.0);
-    m.kv[m.n++] = (nb_kv){"program", "train_gpt"};
-    m.kv[m.n++] = (nb_kv){"data", data_name(&r->a)};
-    m.kv[m.n++] = (nb_kv){"elapsed_s", elapsed};
+    run_meta(r, m);
+    snprintf(elapsed, cap, "%.3f", r->log ? nb_metrics_log_time(r->log) : 0.0);
+    m->kv[m->n++] = (nb_kv){"program", "train_gpt"};
+    m->kv[m->n++] = (nb_kv){"data", data_name(&r->a)};
+    m->kv[m->n++] = (nb_kv){"elapsed_s", elapsed};
     /* the epoch's position as a global sample count (Note [Another world size]); the loader counts
      * from the epoch's start, the batches before a resume point (base) included, and the sampler
      * adds the samples taken before it */
     int64_t before = nb_sampler_distributed_taken(r->train_sampler, 0);
     int64_t base = before / (r->a.batch_size * r->d.world_size);
     int64_t epoch_samples = nb_sampler_distributed_taken(r->train_sampler, (position - base) * r->a.batch_size);
-    meta_add(&m, "epoch_samples", "%lld", epoch_samples);
-    meta_add(&m, "samples", "%lld", r->samples);
-    meta_add(&m, "schedule_batch", "%lld", r->schedule_batch);
-    m.kv[m.n++] = (nb_kv){"schedule", r->sample_schedule ? "samples" : "steps"};
-    nb_train_state st = {steps_done, epoch, position, *nb_gpt_dropout_rng(r->model)};
+    meta_add(m, "epoch_samples", "%lld", epoch_samples);
+    meta_add(m, "samples", "%lld", r->samples);
+    meta_add(m, "schedule_batch", "%lld", r->schedule_batch);
+    m->kv[m->n++] = (nb_kv){"schedule", r->sample_schedule ? "samples" : "steps"};
+    return (nb_train_state){steps_done, epoch, position, *nb_gpt_dropout_rng(r->model)};
+}
+
+/* Rank 0, the optimizer's state whole (consolidated under ZeRO). */
+static nb_status save_checkpoint(run *r, int64_t steps_done) {
+    meta_buf m;
+    char elapsed[64];
+    nb_train_state st = checkpoint_meta(r, steps_done, &m, elapsed, sizeof elapsed);
     /* never a diverged state over the last good checkpoint */
     char what[96];
     snprintf(what, sizeof what, "step %lld not saved", (long long)steps_done);
@@ -283,6 +290,15 @@ static nb_status save_checkpoint(run *r, int64_t steps_done) {
     if (s == NB_OK) s = resume_keep(r->a.ckpt_dir, "train_gpt", (int)r->a.keep_checkpoints);
     if (s == NB_OK) s = nb_checkpoint_save_training(r->ckpt_path, r->state, r->n_state, r->opt, &st, m.kv, m.n);
     return s;
+}
+
+/* --ckpt-sharded under ZeRO: every rank writes its shard, rank 0 the index. */
+static nb_status save_sharded(run *r, int64_t steps_done, nb_ddp *zero) {
+    meta_buf m;
+    char elapsed[64];
+    nb_train_state st = checkpoint_meta(r, steps_done, &m, elapsed, sizeof elapsed);
+    return resume_save_sharded(&r->d, zero, r->a.ckpt_dir, r->ckpt_path, "train_gpt", (int)r->a.keep_checkpoints,
+                               r->step_ctx, r->state, r->n_state, r->opt, &st, m.kv, m.n);
 }
 
 static nb_status load_checkpoint(run *r) {
@@ -510,6 +526,7 @@ static bool check_args(const args *a) {
     else if (a->resume && !a->ckpt_dir) bad = "--resume needs --ckpt-dir";
     else if (a->max_skipped_steps < 0) bad = "--max-skipped-steps must be >= 0 (0: never stop)";
     else if (a->keep_checkpoints < 1) bad = "--keep-checkpoints must be >= 1";
+    else if (a->ckpt_sharded && (!a->ckpt_dir || !a->zero || a->zero_stage == 3)) bad = "--ckpt-sharded needs --ckpt-dir and --zero 1 or 2 (--zero 3 writes the single file)";
     else if (a->eval_interval < 0 || a->ckpt_interval < 0 || a->log_interval < 1 || a->metrics_interval < 1 || a->sample_len < 0) bad = "--eval-interval, --ckpt-interval, --sample-len must be >= 0, --log-interval and --metrics-interval >= 1";
     else if ((a->data || a->synthetic) && a->vocab_size < 2) bad = "--vocab-size must be >= 2";
     else if (a->synthetic && (a->data || a->val_data)) bad = "--synthetic makes its own tokens: drop --data and --val-data";
@@ -562,6 +579,7 @@ static int parse_args(run *r, int argc, char **argv) {
         {"ckpt-dir", CLI_STRING, &a->ckpt_dir, "directory for ckpt.safetensors"},
         {"ckpt-interval", CLI_INT, &a->ckpt_interval, "steps between checkpoints (0: only at the end)"},
         {"resume", CLI_OPTIONAL, &a->resume_mode, "continue from --ckpt-dir/ckpt.safetensors; 'auto': from the newest checkpoint in --ckpt-dir that loads (saying which it passes over and why), afresh when there is none, and refusing to start when every one is damaged; 'auto-or-fresh': the same, but afresh then"},
+        {"ckpt-sharded", CLI_BOOL, &a->ckpt_sharded, "with --zero on several processes: each writes its shard of the state, rank 0 an index (ckpt.safetensors); it resumes at any world size, and nb_ckpt consolidate makes the single file"},
         {"keep-checkpoints", CLI_INT, &a->keep_checkpoints, "checkpoints kept in --ckpt-dir: ckpt.safetensors and the older ckpt.step<N>.safetensors (1: the newest only)"},
         {"keep-batch", CLI_STRING, &a->keep_batch, "resuming on another number of processes: keep the 'global' batch or the per-process batch ('rank', the schedule then counted in sequences)"},
         {"log-samples", CLI_STRING, &a->log_samples, "append each micro-batch's dataset indices to FILE.<rank> (step, epoch, indices)"},
@@ -832,8 +850,12 @@ int main(int argc, char **argv) {
             if (r.log) TRY(&r, nb_metrics_log_write(r.log, "eval", done, (nb_metric_value[]){{"val_loss", r.val_loss}}, 1), "metrics");
         }
         if (a->ckpt_dir && due(&r, done, a->ckpt_interval)) {
-            TRY(&r, run_dist_consolidate(&r.d, 0), "gathering the state");
-            if (r.d.rank == 0) TRY(&r, save_checkpoint(&r, done), "checkpoint");
+            if (a->ckpt_sharded && r.d.ddp) {
+                TRY(&r, save_sharded(&r, done, r.d.ddp), "checkpoint");
+            } else {
+                TRY(&r, run_dist_consolidate(&r.d, 0), "gathering the state");
+                if (r.d.rank == 0) TRY(&r, save_checkpoint(&r, done), "checkpoint");
+            }
         }
     }
     TRY(&r, run_dist_unshard(&r.d), "ZeRO"); /* the whole state back before the unwrap */

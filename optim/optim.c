@@ -320,6 +320,17 @@ nb_tensor *nb__optim_moment(nb_optim *opt, int i, int k) {
     return k < p->n_moments && !opt->released ? *moment_slot(p, opt->kind, k) : NULL;
 }
 
+const nb_named_tensor *nb__optim_state_entries(const nb_optim *opt, int *n) {
+    *n = opt->n_state;
+    return opt->state;
+}
+
+int nb__optim_moment_entry(const nb_optim *opt, int i, int k) {
+    NB_CHECK(i >= 0 && i < opt->n_params && k >= 0, "nb__optim_moment_entry: parameter %d of %d, moment %d", i,
+             opt->n_params, k);
+    return k < opt->params[i].n_moments ? opt->params[i].state_at + k : -1;
+}
+
 static size_t moment_bytes(const nb_optim *opt) {
     size_t bytes = 0;
     for (int i = 0; i < opt->n_params; i++) {

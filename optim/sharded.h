@@ -87,6 +87,12 @@ nb_tensor *nb__optim_shard_moment(nb__optim_shard *s, int j, int k);
 int nb__optim_moment_count(const nb_optim *opt);
 /* Moment k of parameter i of opt, or NULL (also while released). */
 nb_tensor *nb__optim_moment(nb_optim *opt, int i, int k);
+/* opt's state list as nb_optim_state gives it, also while its moments
+ * are released (their entries' tensors are then NULL), for a sharded
+ * checkpoint's names and order; and the entry of moment k of parameter i
+ * in it (-1: none). */
+const nb_named_tensor *nb__optim_state_entries(const nb_optim *opt, int *n);
+int nb__optim_moment_entry(const nb_optim *opt, int i, int k);
 /* Frees opt's moments (their memory, their entries in the state list);
  * step counts and hyperparameters stay. */
 void nb__optim_release_state(nb_optim *opt);

@@ -156,6 +156,19 @@ def same_training_state(a, b):
     return None
 
 
+def sample_records(path, ranks):
+    """{rank: [(step, epoch, [indices])]} from a program's --log-samples files."""
+    out = {}
+    for r in range(ranks):
+        rows = []
+        for line in open("%s.%d" % (path, r)):
+            head, idx = line.split(":")
+            _, step, _, epoch = head.split()
+            rows.append((int(step), int(epoch), [int(i) for i in idx.split()]))
+        out[r] = rows
+    return out
+
+
 def read_metrics(path):
     return [json.loads(line) for line in open(path) if line.strip()]
 

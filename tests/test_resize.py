@@ -36,7 +36,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _programs import SOURCE, fail, read_metrics, read_safetensors, run, same_training_state  # noqa: E402
+from _programs import SOURCE, fail, sample_records, read_metrics, read_safetensors, run, same_training_state  # noqa: E402
 
 STEPS = 14
 
@@ -46,19 +46,6 @@ def args(tmp, extra):
             "16", "--seq-len", "32", "--batch-size", "2", "--warmup", "2", "--lr", "3e-3", "--eval-interval",
             "0", "--eval-windows", "4", "--sample-len", "0", "--progress", "plain", "--log-interval", "1",
             "--metrics-interval", "1", "--clip", "0", "--steps", str(STEPS)] + extra
-
-
-def records(path, ranks):
-    """{rank: [(step, epoch, [indices])]} from --log-samples files."""
-    out = {}
-    for r in range(ranks):
-        rows = []
-        for line in open("%s.%d" % (path, r)):
-            head, idx = line.split(":")
-            _, step, _, epoch = head.split()
-            rows.append((int(step), int(epoch), [int(i) for i in idx.split()]))
-        out[r] = rows
-    return out
 
 
 def epoch_indices(rows, epoch, steps=None):
@@ -75,7 +62,7 @@ def val_loss(out):
 def test_order(tmp):
     ref = os.path.join(tmp, "ref")
     out_ref, _ = run(args(tmp, ["--ckpt-dir", ref, "--log-samples", ref + ".log"]), 3)
-    rec = records(ref + ".log", 3)
+    rec = sample_records(ref + ".log", 3)
     per_rank = {r: epoch_indices(rec[r], 0) for r in range(3)}
     if any(len(v) != 18 for v in per_rank.values()):
         fail("the uninterrupted epoch 0: %s windows per rank, expected 18" % [len(v) for v in per_rank.values()])
@@ -85,7 +72,7 @@ def test_order(tmp):
 
     stop = os.path.join(tmp, "stop")
     run(args(tmp, ["--ckpt-dir", stop, "--stop-at", "4", "--log-samples", stop + ".log"]), 3)
-    first = records(stop + ".log", 3)
+    first = sample_records(stop + ".log", 3)
     taken = [i for r in range(3) for i in epoch_indices(first[r], 0)]
     if sorted(taken) != sorted(L[:24]):
         fail("the first 4 steps took %s, not L[:24]" % sorted(taken))
@@ -103,7 +90,7 @@ def test_order(tmp):
             "now 3 per process (was 2)")
     if want not in out or "steps 5..14 of 14 (resumed)" not in out:
         fail("--keep-batch global does not say what it keeps:\n" + out)
-    rec = records(g + ".log", 2)
+    rec = sample_records(g + ".log", 2)
     for r in range(2):
         got = epoch_indices(rec[r], 0)
         exp = [L[24 + r + 2 * j] for j in range(15)]
@@ -147,7 +134,7 @@ def test_order(tmp):
     if "steps 5..19 of 19 (resumed)" not in out or "--keep-batch rank: 2 sequences per process, 4 per step " \
             "(was 6); the learning-rate schedule counts sequences (6 per scheduled step)" not in out:
         fail("--keep-batch rank does not say what it keeps:\n" + out)
-    rec = records(k + ".log", 2)
+    rec = sample_records(k + ".log", 2)
     for r in range(2):
         got = epoch_indices(rec[r], 0)
         if len(got) != 16 or got[:15] != [L[24 + r + 2 * j] for j in range(15)]:

@@ -23,8 +23,8 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _programs import SOURCE, fail, logged_losses, run, state_bytes  # noqa: E402
-from test_resize import args as resize_args, epoch_indices, records, val_loss  # noqa: E402
+from _programs import SOURCE, fail, logged_losses, run, sample_records as records, state_bytes  # noqa: E402
+from test_resize import args as resize_args, epoch_indices, val_loss  # noqa: E402
 
 SMALL = ["--layers", "2", "--heads", "2", "--width", "32", "--seq-len", "32", "--batch-size", "4",
          "--dropout", "0.1", "--grad-accum", "2", "--warmup", "4", "--eval-interval", "8",

@@ -26,8 +26,9 @@ nb_status resume_check_meta(nb_checkpoint *ck, const char *path, const nb_kv *kv
  * "auto" the newest checkpoint of `program` in `dir` that loads (the
  * largest "step", then the latest modified, among the regular files named
  * *.safetensors with "program" = program in their metadata whose every
- * tensor reads, NaN and infinity refused: a temporary file of a save in
- * progress, <name>.safetensors.tmp.<host>.<pid>.<n>, is never taken; each
+ * tensor reads, NaN and infinity refused; the index of a sharded
+ * checkpoint with every shard it names, as one unit: a temporary file of a
+ * save in progress, <name>.safetensors.tmp.<host>.<pid>.<n>, is never taken; each
  * newer or damaged file passed over is said on stderr with its fault).
  * When *.safetensors files are there and none can be resumed from, "auto"
  * fails with NB_ERR_FORMAT naming each file and its fault, and
@@ -41,6 +42,22 @@ nb_status resume_check_meta(nb_checkpoint *ck, const char *path, const nb_kv *kv
  * DIR/ckpt.step<N>.safetensors and removes the oldest of those beyond
  * keep - 1 (Note [Kept checkpoints]); keep < 2 keeps none. */
 nb_status resume_keep(const char *dir, const char *program, int keep);
+
+/* After rank 0 has written the index of a sharded checkpoint in `dir`:
+ * removes the shards folders no index in `dir` names (Note [Kept sharded
+ * checkpoints] in resume.c). */
+void resume_prune_shards(const char *dir);
+
+/* Saves a sharded checkpoint of a ZeRO run, the index at index_path in
+ * `dir` (Note [Sharded save] in resume.c). Collective: every rank calls
+ * it with the same arguments. model, opt, st and extra as for
+ * nb_checkpoint_save_training; ctx takes the pieces' views. NB_ERR_FORMAT
+ * when some piece is not finite, NB_ERR_IO when some rank could not write
+ * its shard: no index is written then, and the previous checkpoint stands. */
+nb_status resume_save_sharded(run_dist *d, nb_ddp *zero, const char *dir, const char *index_path,
+                              const char *program, int keep, nb_ctx *ctx, const nb_named_tensor *model,
+                              int n_model, nb_optim *opt, const nb_train_state *st, const nb_kv *extra,
+                              int n_extra);
 
 nb_status resume_find(run_dist *d, const char *dir, const char *mode, const char *program, char *path,
                       size_t cap, bool *found, int64_t *step);

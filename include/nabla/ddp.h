@@ -16,6 +16,7 @@
 #include <stdio.h>
 
 #include "nabla/api.h"
+#include "nabla/checkpoint.h"
 #include "nabla/dist.h"
 #include "nabla/nn.h"
 #include "nabla/optim.h"
@@ -203,6 +204,19 @@ NB_API nb_status nb_ddp_clip_grad_norm(nb_ddp *ddp, double max_norm, double norm
  * the same as the one a plain optimizer with that state writes. Valid until
  * the next nb_ddp_step, which frees it again. Collective. */
 NB_API nb_status nb_ddp_consolidate_optimizer(nb_ddp *ddp, int root);
+/* This rank's share of the training state for a sharded checkpoint
+ * (nb_checkpoint_save_shard, docs/checkpoints.md): model[0..n_model) (the
+ * checkpoint's model tensors, the wrapper's parameters among them), then
+ * the state of the optimizer ZeRO shards, in the order and under the names
+ * nb_checkpoint_save_training writes them. Each rank gives the elements of
+ * its chunks (Note [ZeRO-1]) of the parameters and of their moments; rank
+ * 0 also gives whole every other tensor (buffers, parameters in no bucket,
+ * step counts, hyperparameters). With nothing sharded (no buckets yet),
+ * rank 0 gives everything whole. *pieces is malloc'ed (the caller frees
+ * it); the views are made in ctx and stay valid until the next
+ * nb_ddp_step. Aborts when ZeRO is off. Local. */
+NB_API nb_status nb_ddp_zero_checkpoint_pieces(nb_ddp *ddp, const nb_named_tensor *model, int n_model, nb_ctx *ctx,
+                                        nb_checkpoint_piece **pieces, int *n);
 /* The grad scaler under ZeRO-1 (nb_grad_scaler_unscale / _step refuse a
  * sharded optimizer): nb_ddp_scaler_unscale divides the averaged gradients
  * (the rank's shards) by the scale and checks them; the ranks agree on
