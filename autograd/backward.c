@@ -6,7 +6,10 @@
  * every input of a node was made before it. nb_backward(loss) walks from
  * loss's node towards older nodes twice:
  *  1. mark: a node is needed when its output is the loss or an input of a
- *     needed node; for each leaf, count the needed (node, input) uses;
+ *     needed node; for each leaf, count the needed (node, input) uses (and
+ *     for each other input too, in its bw_pending: a backward function may
+ *     ask whether it is a tensor's only consumer, Note [GEMM epilogues in
+ *     backward] in tensor/ops_matmul.c);
  *  2. run: for each needed node whose output received a gradient, call its
  *     backward function, then decrement the use count of its leaf inputs.
  *     A leaf whose count reaches zero has its final gradient: its
@@ -399,6 +402,7 @@ static void walk(nb_tensor *out, nb_tensor *grad_out, bool retain_graph, bool in
                          "nb_backward: the graph uses a tensor made by %s in another context; "
                          "build the whole forward pass in one context", x->node->op);
                 x->node->bw_id = id;
+                leaf_used(x, id); /* its uses, never counted down */
             } else if (!inner) {
                 leaf_used(x, id);
             }

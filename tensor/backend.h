@@ -131,12 +131,27 @@ typedef void nb__backend_var_rows_fn(nb_tensor *out, nb_tensor *mean, const nb_t
 /* ---- GEMM (tensor/cpu/matmul.h, nb__cuda_gemm) ---- */
 /* Whether the GEMM reads t in place (else the front end copies it). */
 typedef bool nb__backend_gemm_readable_fn(const nb_tensor *t);
-/* out (L, M, N) = op(a) @ op(b) (+ out when accumulate, only where
- * gemm_accumulate), + bias (N) when not NULL; gelu: GELU(tanh) of that,
- * the pre-activation written into pre when not NULL. */
+/* What a GEMM does besides the product (NULL: nothing). bias (N), of
+ * out's dtype or f32, is added to every row; gelu: GELU(tanh) of that,
+ * the pre-activation written into pre (out's shape and dtype) when not
+ * NULL. accumulate (only where gemm_accumulate, with neither): out += the
+ * product. dgelu_pre (out's shape and dtype): out = product *
+ * GELU_tanh'(dgelu_pre), the gradient through a GELU (cuBLASLt's DGELU).
+ * bgrad (M) f32, out 2-D: written with op(a)'s rows summed over K, a bias
+ * gradient (cuBLASLt's BGRADB); with accumulate or alone, never with the
+ * others. The last two only where gemm_epilogues (Note [GEMM epilogues in
+ * backward] in tensor/ops_matmul.c); every backend computes them. */
+typedef struct nb__gemm_epilogue {
+    const nb_tensor *bias;
+    bool gelu;
+    nb_tensor *pre;
+    bool accumulate;
+    const nb_tensor *dgelu_pre;
+    nb_tensor *bgrad;
+} nb__gemm_epilogue;
+/* out (L, M, N) = op(a) @ op(b), then epi (when not NULL). */
 typedef void nb__backend_matmul_fn(nb_tensor *out, const nb_tensor *a, const nb_tensor *b,
-                                   bool trans_a, bool trans_b, const nb_tensor *bias, bool gelu,
-                                   nb_tensor *pre, bool accumulate);
+                                   bool trans_a, bool trans_b, const nb__gemm_epilogue *epi);
 /* dx = g * GELU_tanh'(pre), all contiguous of one shape and dtype. */
 typedef void nb__backend_gelu_tanh_backward_fn(nb_tensor *dx, const nb_tensor *g,
                                                const nb_tensor *pre);
@@ -392,6 +407,11 @@ typedef struct nb__backend {
      * leaf's gradient may be written in place (Note [Gradients added in
      * place] in autograd/backward.c). */
     bool gemm_accumulate;
+    /* The front end hands the GEMM the backward's epilogues (matmul's
+     * dgelu_pre and bgrad): a bias's gradient formed by the weight's
+     * gradient GEMM, GELU's backward by the product before it (Note [GEMM
+     * epilogues in backward] in tensor/ops_matmul.c). */
+    bool gemm_epilogues;
     /* Elementwise kernels visit elements in order on one thread, so an
      * output aliased through zero strides accumulates (nb__sum_to sums a
      * broadcast gradient so); otherwise each element has its own writer. */

@@ -281,6 +281,10 @@ nb_tensor *nb__binary(nb_ctx *ctx, nb__binary_op op, nb_tensor *a, nb_tensor *b)
 nb_tensor *nb__linear(nb_ctx *ctx, nb_tensor *x, nb_tensor *w, nb_tensor *b);
 /* gelu_tanh(nb__linear(x, w, b)) as one op on every device (tensor/ops_matmul.c). */
 nb_tensor *nb__linear_gelu(nb_ctx *ctx, nb_tensor *x, nb_tensor *w, nb_tensor *b);
+/* Tests: 1 or 0 makes the matrix products use (or not) the backward's GEMM
+ * epilogues whatever the backend says, -1 follows it again (Note [GEMM
+ * epilogues in backward] in tensor/ops_matmul.c). */
+void nb__gemm_epilogues_force(int on);
 /* Causal self-attention from qkv (N, T, 3C) of h heads to y (N, T, C), scores
  * scaled by scale, as one recorded op (tensor/ops_softmax.c), or NULL where
  * the backend has no fused kernel for it (then the caller composes it). */

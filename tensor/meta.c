@@ -379,25 +379,35 @@ static int64_t gemm_calls(const nb_tensor *out, const nb_tensor *a, const nb_ten
     return outer * ((inner + 65534) / 65535);
 }
 
+/* Bytes: the operands, the bias (or the bias gradient written), C when
+ * it accumulates, D, and the aux matrix (the pre-activation written by
+ * GELU_AUX, read by DGELU). FLOPs besides the product: the bias add, 8 for
+ * GELU, 10 for its gradient, one add per summed element of a bias gradient. */
 static void meta_matmul(nb_tensor *out, const nb_tensor *a, const nb_tensor *b, bool trans_a,
-                        bool trans_b, const nb_tensor *bias, bool gelu, nb_tensor *pre,
-                        bool accumulate) {
+                        bool trans_b, const nb__gemm_epilogue *epi) {
     (void)trans_b;
+    nb__gemm_epilogue e = epi ? *epi : (nb__gemm_epilogue){0};
     int nbd = out->ndim - 2;
     double mn = numel(out), k = (double)a->shape[a->ndim - (trans_a ? 2 : 1)];
     int64_t launches = 0;
     if (on_cuda(out) && mn > 0) {
         if (k == 0) { /* zeros (+ the epilogue); adding zeros launches nothing */
-            launches = accumulate ? 0 : NB__CUDA_LAUNCHES_memset + (bias || gelu ? 1 : 0);
+            launches = (e.bgrad ? NB__CUDA_LAUNCHES_memset : 0) +
+                       (e.accumulate ? 0 : NB__CUDA_LAUNCHES_memset + (e.bias || e.gelu ? 1 : 0));
         } else {
             int64_t calls = gemm_calls(out, a, b, trans_a);
             int64_t n = out->shape[nbd + 1], m = out->shape[nbd];
             bool aux_ok = n % 8 == 0 && (m * n) % 8 == 0;
-            launches = calls * (NB__CUDA_LAUNCHES_matmul + (gelu && pre && !aux_ok ? 1 : 0));
+            bool kernel = (e.gelu && e.pre && !aux_ok) || (e.dgelu_pre && !aux_ok);
+            launches = calls * (NB__CUDA_LAUNCHES_matmul + (kernel ? 1 : 0));
         }
+    } else if (on_cuda(out) && e.bgrad && nb_numel(e.bgrad) > 0) {
+        launches = NB__CUDA_LAUNCHES_memset; /* no column to sum: zeros */
     }
-    record(&(call){.name = "matmul", .r = {a, b, bias, accumulate ? out : NULL},
-                   .w = {out, gelu ? pre : NULL}, .flops = (bias ? mn : 0) + (gelu ? 8 * mn : 0),
+    record(&(call){.name = "matmul", .r = {a, b, e.bias, e.accumulate ? out : NULL, e.dgelu_pre},
+                   .w = {out, e.gelu ? e.pre : NULL, e.bgrad},
+                   .flops = (e.bias ? mn : 0) + (e.gelu ? 8 * mn : 0) + (e.dgelu_pre ? 10 * mn : 0) +
+                            (e.bgrad ? numel(a) : 0),
                    .gemm_flops = 2 * mn * k, .gemm_dtype = a->dtype, .launches = launches});
 }
 
@@ -842,6 +852,7 @@ static bool flags_set;
 static void take_flags(nb__backend *m, const nb__backend *of) {
     m->device_memory = of->device_memory;
     m->gemm_accumulate = of->gemm_accumulate;
+    m->gemm_epilogues = of->gemm_epilogues;
     m->ordered_elementwise = of->ordered_elementwise;
     m->strided_elementwise_out = of->strided_elementwise_out;
     m->half_compute = of->half_compute;

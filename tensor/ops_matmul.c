@@ -27,7 +27,33 @@
  * third input. Where the bias does not fit (another dtype or shape) it is
  * nb_matmul_t then nb_add. nb__linear_gelu adds GELU(tanh) after it, on
  * every device (in the CUDA epilogue; a pass over the product on the
- * CPU), keeping the pre-activation for backward: one node for the pair. */
+ * CPU), keeping the pre-activation for backward: one node for the pair.
+ * Under a compute dtype an f32 bias is added as it is, in f32, to the
+ * GEMM's f32 sums (no cast of it; its gradient goes to it directly).
+ *
+ * Note [GEMM epilogues in backward]
+ * Where the backend says gemm_epilogues (CUDA: cuBLASLt's BGRADB and DGELU
+ * epilogues), the backward of a Linear with a bias and of a Linear after
+ * GELU ride the GEMMs they already run:
+ *  - a bias's gradient, the sum of g over the rows, is formed by the
+ *    weight's gradient GEMM g^T x, which reads g anyway (BGRADB: the row
+ *    sums of its op(a) = g^T over K), in f32 into a (N) vector that is
+ *    then added to the f32 bias's gradient: no pass over g of its own, and
+ *    none widening a bf16 g to f32 first;
+ *  - the gradient of h = gelu(x w1^T + b1), when h's only consumer in this
+ *    backward is a product (the MLP's c_proj), is taken through the GELU by
+ *    that product's input-gradient GEMM: g w2 * gelu'(pre), pre the
+ *    pre-activation the forward kept (DGELU), written as h's gradient and
+ *    marked on h's node (i[2]), whose backward then skips GELU's own
+ *    backward pass. h's consumers are counted by nb_backward's first pass
+ *    (bw_pending: Note [Tape] in autograd/backward.c); another consumer,
+ *    or a gradient already there, keeps the unfused path, since it would
+ *    add a gradient of h to one of pre.
+ * The sums and products are the same, rounded in other places (f32 sums in
+ * the GEMM's order; GELU's gradient in the GEMM's f32 registers before the
+ * output's rounding). The CPU computes both epilogues (in f64 sums) but
+ * does not set the flag, so its f32 results stay those of the separate
+ * ops; nb__gemm_epilogues_force turns the front end's use on for tests. */
 #include <limits.h>
 
 #include "tensor/backend.h"
@@ -36,14 +62,32 @@
 static void matmul_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g);
 static void matmul_bias_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g);
 
-/* bias: NULL, or (N) of the output's dtype, added by the GEMM (nb__linear
- * checked it). */
+/* bias: NULL, or (N) of the output's dtype or f32, added by the GEMM
+ * (nb__linear checked it). back: NULL, or a backward's epilogue (dgelu_pre,
+ * bgrad; grad mode is off there). */
 static nb_tensor *matmul_impl_ex(nb_ctx *ctx, const char *name, nb_tensor *a, nb_tensor *b,
-                                 bool ta, bool tb, nb_tensor *bias, nb_tensor **pre, bool wide);
+                                 bool ta, bool tb, nb_tensor *bias, nb_tensor **pre, bool wide,
+                                 const nb__gemm_epilogue *back);
 
 static nb_tensor *matmul_impl(nb_ctx *ctx, const char *name, nb_tensor *a, nb_tensor *b, bool ta,
                               bool tb, nb_tensor *bias) {
-    return matmul_impl_ex(ctx, name, a, b, ta, tb, bias, NULL, false);
+    return matmul_impl_ex(ctx, name, a, b, ta, tb, bias, NULL, false, NULL);
+}
+
+static int epilogues_forced = -1;
+
+void nb__gemm_epilogues_force(int on) { epilogues_forced = on; }
+
+/* Note [GEMM epilogues in backward]: whether t's backend takes them. */
+static bool epilogues_on(const nb_tensor *t) {
+    return epilogues_forced >= 0 ? epilogues_forced != 0 : nb__backend_at(t)->gemm_epilogues;
+}
+
+/* The dtype of a product of x-dtype operands in ctx: the compute dtype
+ * (f32 when wide) under one, f64 and plain f32 as they are. */
+static nb_dtype product_dtype(nb_ctx *ctx, nb_dtype x, bool wide) {
+    nb_dtype cd = nb_ctx_compute_dtype(ctx);
+    return cd == NB_F32 || x == NB_F64 ? x : wide ? NB_F32 : cd;
 }
 
 static void linear_gelu_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g);
@@ -54,7 +98,8 @@ static void linear_gelu_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g);
  * output is f32 instead of the compute dtype (the gradient of an f32
  * tensor that was cast, Note [Wide gradients] in autograd/backward.c). */
 static nb_tensor *matmul_impl_ex(nb_ctx *ctx, const char *name, nb_tensor *a, nb_tensor *b,
-                                 bool ta, bool tb, nb_tensor *bias, nb_tensor **pre, bool wide) {
+                                 bool ta, bool tb, nb_tensor *bias, nb_tensor **pre, bool wide,
+                                 const nb__gemm_epilogue *back) {
     nb__check_ctx(name, ctx, a);
     nb__check_ctx(name, ctx, b);
     const char *sfx_a = ta ? "^T" : "", *sfx_b = tb ? "^T" : "";
@@ -93,14 +138,17 @@ static nb_tensor *matmul_impl_ex(nb_ctx *ctx, const char *name, nb_tensor *a, nb
     shape[nbd + 1] = n;
 
     /* f64 operands are not cast and stay f64 (cuBLASLt has no f64 -> f32 GEMM) */
-    nb_dtype out_dt = !mixed || a->dtype == NB_F64 ? a->dtype : wide ? NB_F32 : cd;
+    nb_dtype out_dt = product_dtype(ctx, a->dtype, wide);
     nb_tensor *out = nb__empty(ctx, out_dt, nd, shape);
     const nb__backend *be = nb__backend_at(a);
     nb_tensor *ca = be->gemm_readable(a) ? a : nb__contig(ctx, a);
     nb_tensor *cb = be->gemm_readable(b) ? b : nb__contig(ctx, b);
-    nb_tensor *cbias = bias ? nb__contig(ctx, bias) : NULL;
+    nb__gemm_epilogue epi = back ? *back : (nb__gemm_epilogue){0};
+    epi.bias = bias ? nb__contig(ctx, bias) : NULL;
     if (pre) *pre = nb__empty(ctx, out->dtype, out->ndim, out->shape);
-    be->matmul(out, ca, cb, ta, tb, cbias, pre != NULL, pre ? *pre : NULL, false);
+    epi.gelu = pre != NULL;
+    epi.pre = pre ? *pre : NULL;
+    be->matmul(out, ca, cb, ta, tb, &epi);
 
     nb_tensor *in[3] = {a, b, bias};
     nb_backward_fn bw = pre ? linear_gelu_backward : bias ? matmul_bias_backward : matmul_backward;
@@ -137,7 +185,7 @@ static bool cast_of_f32(const nb_tensor *x) {
  * when `of` is a cast of an f32 tensor. */
 static nb_tensor *grad_product(nb_ctx *ctx, const nb_tensor *of, nb_tensor *x, nb_tensor *y,
                                bool tx, bool ty) {
-    return matmul_impl_ex(ctx, "nb_matmul_t", x, y, tx, ty, NULL, NULL, cast_of_f32(of));
+    return matmul_impl_ex(ctx, "nb_matmul_t", x, y, tx, ty, NULL, NULL, cast_of_f32(of), NULL);
 }
 
 /* op(x) flattened to (rows, cols) over its batch dims; copies when the
@@ -147,40 +195,86 @@ static nb_tensor *flat_op(nb_ctx *ctx, nb_tensor *x, bool trans, int64_t rows, i
     return nb_reshape(ctx, x, 2, (int64_t[]){rows, cols});
 }
 
-/* x @ w^T + bias fused (nb__linear): the product's gradients, plus the
- * bias's (g summed over the rows, by nb__accum_grad's broadcast reduction). */
-static bool cast_of_f32(const nb_tensor *x);
+static void matmul_backward_ex(nb_ctx *ctx, nb_node *node, nb_tensor *g, nb_tensor *bgrad);
 
+static void matmul_backward(nb_ctx *ctx, nb_node *node, nb_tensor *g) {
+    matmul_backward_ex(ctx, node, g, NULL);
+}
+
+/* The f32 tensor that takes a bias's gradient summed by the weight's
+ * gradient GEMM (Note [GEMM epilogues in backward]), else NULL. */
+static nb_tensor *bias_grad_fuses(const nb_node *node, const nb_tensor *g) {
+    nb_tensor *bias = node->in[2], *w = node->in[1];
+    nb_tensor *bt = cast_of_f32(bias) ? bias->node->in[0] : bias;
+    bool ok = epilogues_on(g) && bt->requires_grad && bt->dtype == NB_F32 && bt->ndim == 1 &&
+              w->requires_grad && w->ndim == 2 && node->i[1] && g->dtype != NB_F64 &&
+              nb__numel_shape(g->ndim - 1, g->shape) <= INT_MAX;
+    return ok ? bt : NULL;
+}
+
+/* x @ w^T + bias fused (nb__linear): the product's gradients, plus the
+ * bias's (g summed over the rows: by the weight's gradient GEMM where the
+ * backend takes the epilogue, else by nb__accum_grad's broadcast
+ * reduction, which sums a 16-bit g in f32 into the f32 bias). */
 static void matmul_bias_backward(nb_ctx *ctx, nb_node *node, nb_tensor *g) {
-    matmul_backward(ctx, node, g);
     nb_tensor *bias = node->in[2];
+    nb_tensor *bt = bias_grad_fuses(node, g);
+    if (bt) {
+        nb_tensor *db = nb__empty(ctx, NB_F32, 1, bt->shape);
+        matmul_backward_ex(ctx, node, g, db);
+        nb__accum_grad(ctx, bt, db);
+        return;
+    }
+    matmul_backward(ctx, node, g);
     /* summed in f32 straight into an f32 bias that was cast (Note [Wide gradients]) */
     nb__accum_grad(ctx, cast_of_f32(bias) ? bias->node->in[0] : bias, g);
 }
 
 /* gelu(x @ w^T + b) fused: the gradient of the pre-activation,
- * g gelu'(pre), goes through the product's and the bias's backward. */
+ * g gelu'(pre), goes through the product's and the bias's backward. When
+ * the consumer's GEMM already took it through the GELU (i[2], Note [GEMM
+ * epilogues in backward]), g is that gradient. */
 static void linear_gelu_backward(nb_ctx *ctx, nb_node *node, nb_tensor *g) {
-    nb_tensor *pre = node->saved[0];
-    nb_tensor *gp = nb__empty(ctx, pre->dtype, pre->ndim, pre->shape);
-    nb__backend_at(pre)->gelu_tanh_backward(gp, nb__contig(ctx, g), pre);
+    nb_tensor *pre = node->saved[0], *gp = g;
+    if (node->i[2]) {
+        node->i[2] = 0;
+    } else {
+        gp = nb__empty(ctx, pre->dtype, pre->ndim, pre->shape);
+        nb__backend_at(pre)->gelu_tanh_backward(gp, nb__contig(ctx, g), pre);
+    }
     if (node->n_in == 3) matmul_bias_backward(ctx, node, gp);
     else matmul_backward(ctx, node, gp);
 }
 
+/* The pre-activation to take x's gradient through by a DGELU epilogue
+ * (Note [GEMM epilogues in backward]): x is the output of
+ * nb__linear_gelu, this backward's only use of it, and has no gradient. */
+static nb_tensor *gelu_pre_of(const nb_tensor *x) {
+    const nb_node *n = x->node;
+    if (!n || n->backward != linear_gelu_backward || x->grad || x->bw_pending != 1 ||
+        !epilogues_on(x))
+        return NULL;
+    nb_tensor *pre = n->saved[0];
+    return nb_same_shape(pre, x) && nb_is_contiguous(pre) ? pre : NULL;
+}
+
 /* out += op(x) @ op(y), out contiguous with the product's shape, where
  * the backend's GEMM accumulates (a leaf's gradient: Note [Gradients added
- * in place] in autograd/backward.c). */
+ * in place] in autograd/backward.c); bgrad: NULL, or op(x)'s row sums
+ * written there (Note [GEMM epilogues in backward]). */
 static void matmul_add(nb_ctx *ctx, nb_tensor *out, nb_tensor *x, nb_tensor *y, bool tx,
-                       bool ty) {
+                       bool ty, nb_tensor *bgrad) {
     const nb__backend *be = nb__backend_at(out);
     nb_tensor *cx = be->gemm_readable(x) ? x : nb__contig(ctx, x);
     nb_tensor *cy = be->gemm_readable(y) ? y : nb__contig(ctx, y);
-    be->matmul(out, cx, cy, tx, ty, NULL, false, NULL, true);
+    be->matmul(out, cx, cy, tx, ty, &(nb__gemm_epilogue){.accumulate = true, .bgrad = bgrad});
 }
 
-/* Runs with grad mode off (Note [Tape]), so the ops below record nothing. */
-static void matmul_backward(nb_ctx *ctx, nb_node *node, nb_tensor *g) {
+/* Runs with grad mode off (Note [Tape]), so the ops below record nothing.
+ * bgrad: NULL, or the (N) f32 vector the weight's gradient GEMM writes
+ * the bias's gradient into (bias_grad_fuses said so: b is a 2-D weight
+ * used transposed). */
+static void matmul_backward_ex(nb_ctx *ctx, nb_node *node, nb_tensor *g, nb_tensor *bgrad) {
     nb_tensor *a = node->in[0], *b = node->in[1];
     bool ta = node->i[0] != 0, tb = node->i[1] != 0;
     /* under a compute dtype both products would cast g: cast it once */
@@ -188,8 +282,17 @@ static void matmul_backward(nb_ctx *ctx, nb_node *node, nb_tensor *g) {
     if (cd != NB_F32 && g->dtype == NB_F32 && a->requires_grad && b->requires_grad)
         g = nb_cast(ctx, g, cd);
     if (a->requires_grad) {
-        nb_tensor *ga = ta ? grad_product(ctx, a, b, g, tb, true) : grad_product(ctx, a, g, b, false, !tb);
-        nb__accum_grad(ctx, a, ga);
+        nb_tensor *pre = ta || a->ndim != g->ndim ? NULL : gelu_pre_of(a);
+        nb_dtype gd = cd != NB_F32 && g->dtype == NB_F32 ? cd : g->dtype; /* as the product casts */
+        if (pre && product_dtype(ctx, gd, false) == pre->dtype) {
+            nb_tensor *ga = matmul_impl_ex(ctx, "nb_matmul_t", g, b, false, !tb, NULL, NULL, false,
+                                           &(nb__gemm_epilogue){.dgelu_pre = pre});
+            nb__accum_grad(ctx, a, ga);
+            a->node->i[2] = 1; /* a's gradient is its pre-activation's */
+        } else {
+            nb_tensor *ga = ta ? grad_product(ctx, a, b, g, tb, true) : grad_product(ctx, a, g, b, false, !tb);
+            nb__accum_grad(ctx, a, ga);
+        }
     }
     if (b->requires_grad) {
         nb_tensor *gb;
@@ -200,7 +303,7 @@ static void matmul_backward(nb_ctx *ctx, nb_node *node, nb_tensor *g) {
         bool direct = nb__backend_at(g)->gemm_accumulate;
         nb_dtype pd = cd != NB_F32 && g->dtype != NB_F64 ? NB_F32 : g->dtype;
         if (direct && cd != NB_F32 && g->dtype == NB_F32) g = nb_cast(ctx, g, cd); /* as a product would */
-        if (batch > 1 && batch_numel(b) == 1) {
+        if ((batch > 1 && batch_numel(b) == 1) || bgrad) {
             int64_t m = g->shape[g->ndim - 2], n = g->shape[g->ndim - 1];
             int64_t k = a->shape[a->ndim - (ta ? 2 : 1)];
             nb_tensor *fa = flat_op(ctx, a, ta, batch * m, k);
@@ -208,19 +311,23 @@ static void matmul_backward(nb_ctx *ctx, nb_node *node, nb_tensor *g) {
             nb_tensor *dst =
                 direct && b->ndim == 2 && batch * m <= INT_MAX ? nb__leaf_grad_target(b, pd) : NULL;
             if (dst) {
-                if (tb) matmul_add(ctx, dst, fg, fa, true, false);
-                else matmul_add(ctx, dst, fa, fg, true, false);
+                if (tb) matmul_add(ctx, dst, fg, fa, true, false, bgrad);
+                else matmul_add(ctx, dst, fa, fg, true, false, NULL);
                 return;
             }
-            gb = tb ? grad_product(ctx, b, fg, fa, true, false) : grad_product(ctx, b, fa, fg, true, false);
+            if (bgrad) /* tb (bias_grad_fuses): the bias's sums are op(fg^T)'s rows' */
+                gb = matmul_impl_ex(ctx, "nb_matmul_t", fg, fa, true, false, NULL, NULL,
+                                    cast_of_f32(b), &(nb__gemm_epilogue){.bgrad = bgrad});
+            else
+                gb = tb ? grad_product(ctx, b, fg, fa, true, false) : grad_product(ctx, b, fa, fg, true, false);
             gb = nb_reshape(ctx, gb, b->ndim, b->shape);
         } else {
             bool same_batch = b->ndim == g->ndim;
             for (int d = 0; same_batch && d < g->ndim - 2; d++) same_batch = b->shape[d] == g->shape[d];
             nb_tensor *dst = direct && same_batch ? nb__leaf_grad_target(b, pd) : NULL;
             if (dst) {
-                if (tb) matmul_add(ctx, dst, g, a, true, ta);
-                else matmul_add(ctx, dst, a, g, !ta, false);
+                if (tb) matmul_add(ctx, dst, g, a, true, ta, NULL);
+                else matmul_add(ctx, dst, a, g, !ta, false, NULL);
                 return;
             }
             gb = tb ? grad_product(ctx, b, g, a, true, ta) : grad_product(ctx, b, a, g, !ta, false);
@@ -229,36 +336,38 @@ static void matmul_backward(nb_ctx *ctx, nb_node *node, nb_tensor *g) {
     }
 }
 
-/* The bias in the output's dtype: under a compute dtype an f32 bias is
- * cast to it (a recorded cast, so its gradient reaches the f32 master
- * wide), as the weight is. */
-static nb_tensor *bias_for(nb_ctx *ctx, const nb_tensor *x, nb_tensor *b) {
-    nb_dtype cd = nb_ctx_compute_dtype(ctx);
-    if (b && cd != NB_F32 && b->dtype == NB_F32 && x->dtype != NB_F64) return nb_cast(ctx, b, cd);
-    return b;
+/* Whether b (N) can ride x @ w^T's GEMM: the output's dtype (or f32 for
+ * a 16-bit output: added to the GEMM's f32 sums), device and width. */
+static bool bias_fuses(nb_ctx *ctx, const nb_tensor *x, const nb_tensor *w, const nb_tensor *b) {
+    nb_dtype out_dt = product_dtype(ctx, x->dtype, false);
+    bool dt_ok = b && (b->dtype == out_dt || (b->dtype == NB_F32 && nb_dtype_size(out_dt) == 2));
+    return x->ndim >= 2 && w->ndim == 2 &&
+           (!b || (b->ndim == 1 && b->shape[0] == w->shape[0] && dt_ok &&
+                   nb_device_eq(b->device, x->device)));
 }
 
-/* Whether b (N) can ride x @ w^T's GEMM: the output's dtype, device and width. */
-static bool bias_fuses(nb_ctx *ctx, const nb_tensor *x, const nb_tensor *w, const nb_tensor *b) {
+/* The bias as the GEMM takes it: an f32 bias as it is (bias_fuses), else
+ * cast to the output's dtype under a compute dtype (a recorded cast, so
+ * its gradient reaches the f32 master wide), as the weight is. */
+static nb_tensor *bias_for(nb_ctx *ctx, const nb_tensor *x, const nb_tensor *w, nb_tensor *b) {
     nb_dtype cd = nb_ctx_compute_dtype(ctx);
-    nb_dtype out_dt = cd != NB_F32 && x->dtype != NB_F64 ? cd : x->dtype;
-    return x->ndim >= 2 && w->ndim == 2 &&
-           (!b || (b->ndim == 1 && b->shape[0] == w->shape[0] && b->dtype == out_dt &&
-                   nb_device_eq(b->device, x->device)));
+    if (b && cd != NB_F32 && b->dtype == NB_F32 && x->dtype != NB_F64 && !bias_fuses(ctx, x, w, b))
+        return nb_cast(ctx, b, cd);
+    return b;
 }
 
 nb_tensor *nb__linear(nb_ctx *ctx, nb_tensor *x, nb_tensor *w, nb_tensor *b) {
     if (!b) return nb_matmul_t(ctx, x, w, false, true);
-    b = bias_for(ctx, x, b);
+    b = bias_for(ctx, x, w, b);
     if (bias_fuses(ctx, x, w, b)) return matmul_impl(ctx, "nb_linear", x, w, false, true, b);
     return nb_add(ctx, nb_matmul_t(ctx, x, w, false, true), b);
 }
 
 nb_tensor *nb__linear_gelu(nb_ctx *ctx, nb_tensor *x, nb_tensor *w, nb_tensor *b) {
-    b = bias_for(ctx, x, b);
+    b = bias_for(ctx, x, w, b);
     if (bias_fuses(ctx, x, w, b)) {
         nb_tensor *pre = NULL;
-        return matmul_impl_ex(ctx, "nb_linear_gelu", x, w, false, true, b, &pre, false);
+        return matmul_impl_ex(ctx, "nb_linear_gelu", x, w, false, true, b, &pre, false, NULL);
     }
     return nb_gelu(ctx, nb__linear(ctx, x, w, b), NB_GELU_TANH);
 }

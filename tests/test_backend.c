@@ -134,6 +134,113 @@ START_TEST(test_linear_gelu_gradcheck) {
 }
 END_TEST
 
+/* ---- Note [GEMM epilogues in backward] ---- */
+/* An MLP x -> gelu(x w1^T + b1) -> . w2^T + b2, then a weighted sum; its
+ * leaves' gradients after `steps` backwards (the second adds into existing
+ * gradients), in a context of compute dtype cd, with the backward's GEMM
+ * epilogues forced on or off. xs, ws: leaves of dtype dt, made from seeds. */
+static void mlp_grads(nb_dtype dt, nb_dtype cd, bool fused, int steps, double out[5][512],
+                      int64_t *counts) {
+    enum { R = 6, C = 8, H = 16 };
+    nb__gemm_epilogues_force(fused);
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *p[5] = {nbt_randn_leaf(ctx, dt, 3, (int64_t[]){2, R / 2, C}, 1),
+                       nbt_randn_leaf(ctx, NB_F32 == cd ? dt : NB_F32, 2, (int64_t[]){H, C}, 2),
+                       nbt_randn_leaf(ctx, NB_F32 == cd ? dt : NB_F32, 1, (int64_t[]){H}, 3),
+                       nbt_randn_leaf(ctx, NB_F32 == cd ? dt : NB_F32, 2, (int64_t[]){C, H}, 4),
+                       nbt_randn_leaf(ctx, NB_F32 == cd ? dt : NB_F32, 1, (int64_t[]){C}, 5)};
+    nb_ctx *step = nb_ctx_new(nb_cpu(), 0);
+    nb_ctx_set_compute_dtype(step, cd);
+    for (int s = 0; s < steps; s++) {
+        nb_tensor *h = nb__linear_gelu(step, p[0], p[1], p[2]);
+        nb_tensor *y = nb__linear(step, h, p[3], p[4]);
+        nb_backward(nbt_weighted_sum(step, y));
+        nb_ctx_reset(step);
+    }
+    for (int k = 0; k < 5; k++) {
+        counts[k] = nb_numel(p[k]);
+        ck_assert_ptr_nonnull(p[k]->grad);
+        nb_tensor *v = nb_contiguous(ctx, nb_cast(ctx, p[k]->grad, NB_F64));
+        memcpy(out[k], v->data, (size_t)counts[k] * sizeof(double));
+    }
+    nb_ctx_free(step);
+    nb_ctx_free(ctx);
+    nb__gemm_epilogues_force(-1);
+}
+
+/* The epilogues' gradients against the separate ops' (bias sums by
+ * nb__accum_grad, GELU's own backward), in f32 and under bf16, after one
+ * backward and after two (the second adds into existing gradients: the
+ * GEMM's beta = 1 with the bias sums beside it). */
+START_TEST(test_gemm_epilogues_backward) {
+    static double a[5][512], b[5][512];
+    int64_t n[5];
+    struct { nb_dtype dt, cd; double tol; } cases[] = {{NB_F32, NB_F32, 1e-5},
+                                                       {NB_F32, NB_BF16, 2e-2}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        for (int steps = 1; steps <= 2; steps++) {
+            mlp_grads(cases[c].dt, cases[c].cd, true, steps, a, n);
+            mlp_grads(cases[c].dt, cases[c].cd, false, steps, b, n);
+            for (int k = 0; k < 5; k++) {
+                double scale = 1e-3;
+                for (int64_t i = 0; i < n[k]; i++) scale = fmax(scale, fabs(b[k][i]));
+                for (int64_t i = 0; i < n[k]; i++)
+                    ck_assert_msg(fabs(a[k][i] - b[k][i]) <= cases[c].tol * scale,
+                                  "case %zu, %d steps, leaf %d [%lld]: fused %.9g, separate %.9g",
+                                  c, steps, k, (long long)i, a[k][i], b[k][i]);
+            }
+        }
+    }
+}
+END_TEST
+
+static nb_tensor *mlp_fn(nb_ctx *ctx, nb_tensor *const *in, void *user) {
+    (void)user;
+    nb_tensor *h = nb__linear_gelu(ctx, in[0], in[1], in[2]);
+    return nb__linear(ctx, h, in[3], in[4]);
+}
+
+/* f64 with the epilogues on: GELU's gradient taken by the product (DGELU;
+ * f64 bias gradients stay nb__accum_grad's) against finite differences. */
+START_TEST(test_gemm_epilogues_gradcheck) {
+    nb__gemm_epilogues_force(1);
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *in[5] = {nbt_randn_leaf(ctx, NB_F64, 3, (int64_t[]){2, 3, 4}, 1),
+                        nbt_randn_leaf(ctx, NB_F64, 2, (int64_t[]){8, 4}, 2),
+                        nbt_randn_leaf(ctx, NB_F64, 1, (int64_t[]){8}, 3),
+                        nbt_randn_leaf(ctx, NB_F64, 2, (int64_t[]){5, 8}, 4),
+                        nbt_randn_leaf(ctx, NB_F64, 1, (int64_t[]){5}, 5)};
+    NBT_GRADCHECK(mlp_fn, NULL, 5, in);
+    nb_ctx_free(ctx);
+    nb__gemm_epilogues_force(-1);
+}
+END_TEST
+
+/* The CPU entry's bias gradient: op(a)'s rows summed over K, both layouts. */
+START_TEST(test_gemm_bgrad_entry) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    for (int ta = 0; ta < 2; ta++) {
+        int64_t m = 5, k = 7, n = 3;
+        nb_tensor *a = nbt_randn(ctx, NB_F32, 2, ta ? (int64_t[]){k, m} : (int64_t[]){m, k}, 7);
+        nb_tensor *b = nbt_randn(ctx, NB_F32, 2, (int64_t[]){k, n}, 8);
+        nb_tensor *out = nb_zeros(ctx, NB_F32, 2, (int64_t[]){m, n});
+        nb_tensor *bg = nb_zeros(ctx, NB_F32, 1, &m);
+        nb__cpu_backend.matmul(out, a, b, ta, false,
+                               &(nb__gemm_epilogue){.accumulate = true, .bgrad = bg});
+        nb_tensor *ref = nb_matmul_t(ctx, a, b, ta, false);
+        nbt_assert_tensors_close(out, ref, 1e-5, 1e-5);
+        for (int64_t i = 0; i < m; i++) {
+            double s = 0;
+            for (int64_t j = 0; j < k; j++)
+                s += nb_get(a, ta ? (int64_t[]){j, i} : (int64_t[]){i, j});
+            ck_assert_msg(fabs(nb_get(bg, &i) - s) <= 1e-5 * fmax(1, fabs(s)),
+                          "ta %d: bgrad[%lld] %.9g, sum %.9g", ta, (long long)i, nb_get(bg, &i), s);
+        }
+    }
+    nb_ctx_free(ctx);
+}
+END_TEST
+
 /* ---- multi-tensor updates ---- */
 #define NT 3
 #define LEN 5
@@ -395,6 +502,9 @@ int main(void) {
     tcase_add_test(tc, test_lookup);
     tcase_add_test(tc, test_linear_gelu_matches_composition);
     tcase_add_test(tc, test_linear_gelu_gradcheck);
+    tcase_add_test(tc, test_gemm_epilogues_backward);
+    tcase_add_test(tc, test_gemm_epilogues_gradcheck);
+    tcase_add_test(tc, test_gemm_bgrad_entry);
     tcase_add_test(tc, test_multi_tensor_adam);
     tcase_add_test(tc, test_multi_tensor_sgd);
     tcase_add_test(tc, test_optim_step_mixed_dtypes);

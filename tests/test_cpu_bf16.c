@@ -189,13 +189,14 @@ static void mm_case_run(const mm_case *c) {
     ck_assert(h.b->dtype == NB_F32 && h.b->grad && h.b->grad->dtype == NB_F32);
 
     double *a = host(h.a), *b = host(h.b), *g = host(gy), *bias = h.bias ? host(h.bias) : NULL;
-    /* forward: pre = sum_k a~ b~ (+ bias~), rounded to bf16 */
+    /* forward: pre = sum_k a~ b~ (+ bias, the f32 bias added as it is),
+     * rounded to bf16 */
     expect pre = expect_new(nl * M * N, K + (bias != NULL), true);
     for (int64_t l = 0; l < nl; l++)
         for (int64_t i = 0; i < M; i++)
             for (int64_t j = 0; j < N; j++) {
                 int64_t o = (l * M + i) * N + j;
-                if (bias) expect_add(&pre, o, bf16_round(bias[j]));
+                if (bias) expect_add(&pre, o, bias[j]);
                 for (int64_t k = 0; k < K; k++) {
                     int64_t ia = (c->a_batched ? l * M * K : 0) + (c->ta ? k * M + i : i * K + k);
                     int64_t ib = (c->b_batched ? l * K * N : 0) + (c->tb ? j * K + k : k * N + j);

@@ -220,8 +220,9 @@ static void check_epilogue(nb_dtype dt, int64_t l, int64_t m, int64_t k, int64_t
     nb_tensor *pre = e->pre ? nb__empty(dev, odt, 3, (int64_t[]){l, m, n}) : NULL;
     nb__cuda_set_poison(prev);
     const nb__backend *be = nb__backend_at(out);
-    be->matmul(out, a, b, false, false, bias, e->gelu, pre, false);
-    be->matmul(out, a, b, false, false, bias, e->gelu, pre, false); /* the cached plan */
+    nb__gemm_epilogue epi = {.bias = bias, .gelu = e->gelu, .pre = pre};
+    be->matmul(out, a, b, false, false, &epi);
+    be->matmul(out, a, b, false, false, &epi); /* the cached plan */
 
     int64_t total = l * m * n;
     double *got = nbt_values(out), *want = nbt_values(ref);

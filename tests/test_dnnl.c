@@ -207,7 +207,9 @@ static void mm_check(int ci, nb_dtype dt, int variant, nb__dnnl_mode mode) {
     nb__dnnl_mode prev = nb__dnnl_set_mode(mode);
     int64_t ran = nb__dnnl_executions();
     bool gelu = variant == V_GELU || variant == V_BIAS_GELU_PRE;
-    nb__cpu_backend.matmul(out, a, b, c->ta, c->tb, bias, gelu, pre, variant == V_ACC);
+    nb__cpu_backend.matmul(out, a, b, c->ta, c->tb,
+                           &(nb__gemm_epilogue){.bias = bias, .gelu = gelu, .pre = pre,
+                                                .accumulate = variant == V_ACC});
     ran = nb__dnnl_executions() - ran;
     nb__dnnl_set_mode(prev);
     int runs = dnnl_runs(dt, mode); /* one primitive */

@@ -279,6 +279,56 @@ START_TEST(test_attention_path) {
 }
 END_TEST
 
+/* An MLP's Linear layers under a bf16 compute dtype (f32 weights and
+ * biases): on meta:cuda the biases ride the GEMMs as f32 (no cast), the
+ * bias gradients come from the weights' gradient GEMMs (BGRADB) and GELU's
+ * gradient from c_proj's input-gradient GEMM (DGELU): Note [GEMM
+ * epilogues in backward]. Bytes and FLOPs of each GEMM by formula; on
+ * meta:cpu the separate ops remain. */
+START_TEST(test_linear_epilogues) {
+    enum { R = 64, C = 32, H = 128 };
+    for (int i = 0; i < 2; i++) {
+        bool cuda = kinds[i] == NB_DEVICE_CUDA;
+        nb_ctx *ctx = nb_ctx_new(nb_meta(kinds[i]), 0);
+        nb_tensor *w1 = nb_empty(ctx, NB_F32, NB_SHAPE(H, C)), *b1 = nb_empty(ctx, NB_F32, NB_SHAPE(H));
+        nb_tensor *w2 = nb_empty(ctx, NB_F32, NB_SHAPE(C, H)), *b2 = nb_empty(ctx, NB_F32, NB_SHAPE(C));
+        nb_tensor *ps[4] = {w1, b1, w2, b2};
+        for (int k = 0; k < 4; k++) nb_set_requires_grad(ps[k], true);
+        nb_ctx *step = nb_ctx_new(nb_meta(kinds[i]), 0);
+        nb_ctx_set_compute_dtype(step, NB_BF16);
+        nb_tensor *x = nb_empty(step, NB_BF16, NB_SHAPE(R, C));
+        nb_meta_reset();
+        nb_tensor *h = nb__linear_gelu(step, x, w1, b1);
+        nb_tensor *y = nb__linear(step, h, w2, b2);
+        ck_assert_int_eq(y->dtype, NB_BF16);
+        /* c_fc: x, w1 (bf16), b1 (f32) read; h and pre written; c_proj: h,
+         * w2, b2 read, y written */
+        double fwd = 2.0 * R * C + 2.0 * H * C + 4.0 * H + 2 * 2.0 * R * H;
+        fwd += 2.0 * R * H + 2.0 * C * H + 4.0 * C + 2.0 * R * C;
+        expect("matmul", 2, fwd, 9.0 * R * H + 1.0 * R * C, 4.0 * R * H * C, cuda ? 2 : 0);
+        /* the weights are cast, the biases not */
+        expect("copy.f32>bf16", 2, 6.0 * H * C + 6.0 * C * H, 0, 0, cuda ? 2 : 0);
+        nb_meta_reset();
+        nb_backward_with(y, nb_empty(step, NB_BF16, NB_SHAPE(R, C)));
+        if (cuda) {
+            /* dh through GELU: g, w2, pre read, dpre written; dw2 (f32) and
+             * db2 from g^T h; dw1 and db1 from dpre^T x */
+            double bw = 2.0 * R * C + 2.0 * C * H + 2.0 * R * H + 2.0 * R * H;
+            bw += 2.0 * R * C + 2.0 * R * H + 4.0 * C * H + 4.0 * C;
+            bw += 2.0 * R * H + 2.0 * R * C + 4.0 * H * C + 4.0 * H;
+            expect("matmul", 3, bw, 10.0 * R * H + 1.0 * R * C + 1.0 * R * H, 6.0 * R * H * C, 3);
+            ck_assert_int_eq(find("gelu_tanh_backward").calls, 0);
+            ck_assert_int_eq(find("sum_rows").calls, 0);
+        } else {
+            ck_assert_int_eq(find("gelu_tanh_backward").calls, 1);
+        }
+        for (int k = 0; k < 4; k++) ck_assert_int_eq(ps[k]->grad->dtype, NB_F32);
+        nb_ctx_free(step);
+        nb_ctx_free(ctx);
+    }
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("meta");
     TCase *tc = tcase_create("core");
@@ -286,6 +336,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_tables);
     tcase_add_test(tc, test_matmul);
     tcase_add_test(tc, test_batched_matmul);
+    tcase_add_test(tc, test_linear_epilogues);
     tcase_add_test(tc, test_layer_norm);
     tcase_add_test(tc, test_softmax);
     tcase_add_test(tc, test_cross_entropy);

@@ -54,29 +54,68 @@ static void event_record(nb__event e, nb__stream s) { (void)e, (void)s; }
 static void stream_wait(nb__stream s, nb__event e) { (void)s, (void)e; }
 static void event_wait(nb__event e) { (void)e; }
 
+/* epi->bgrad (M) = op(a)'s rows summed over K, in f64, rounded once. */
+static void bias_grad(nb_tensor *bgrad, const nb_tensor *a, bool ta) {
+    NB_CHECK(a->ndim == 2 && bgrad->dtype == NB_F32 && bgrad->ndim == 1 &&
+                 bgrad->shape[0] == a->shape[ta ? 1 : 0],
+             "nb__cpu_matmul: a bias gradient %s %s for op(a) of %s%s", nb_dtype_name(bgrad->dtype),
+             nb_shape_str(bgrad), nb_shape_str(a), ta ? "^T" : "");
+    int64_t m = bgrad->shape[0], k = a->shape[ta ? 0 : 1];
+    int64_t sm = a->strides[ta ? 1 : 0], sk = a->strides[ta ? 0 : 1];
+    size_t es = nb_dtype_size(a->dtype);
+    float *out = bgrad->data;
+    for (int64_t i = 0; i < m; i++) {
+        double s = 0;
+        for (int64_t j = 0; j < k; j++)
+            s += nb__load((const char *)a->data + (i * sm + j * sk) * (int64_t)es, a->dtype);
+        out[i] = (float)s;
+    }
+}
+
+/* out *= GELU_tanh'(pre), both contiguous f32 or f64 (bf16 comes widened). */
+static void dgelu(nb_tensor *out, const nb_tensor *pre) {
+    NB_CHECK((out->dtype == NB_F32 || out->dtype == NB_F64) && pre->dtype == out->dtype &&
+                 nb_same_shape(pre, out) && nb_is_contiguous(pre),
+             "nb__cpu_matmul: a DGELU epilogue takes a contiguous pre-activation of the output's "
+             "shape and dtype (%s %s), got %s %s", nb_dtype_name(out->dtype), nb_shape_str(out),
+             nb_dtype_name(pre->dtype), nb_shape_str(pre));
+    if (out->dtype == NB_F32) { /* one pass; out is read before it is written */
+        nb__cpu_gelu_tanh_backward_f32(out, out, pre);
+        return;
+    }
+    double *o = out->data;
+    const double *p = pre->data;
+    for (int64_t i = 0, n = nb_numel(out); i < n; i++) o[i] *= nb__f_gelu_tanh_grad_f64(p[i], 0);
+}
+
 /* oneDNN where Note [oneDNN dispatch] picks it, with the bias (and GELU
  * when `pre` is not kept) as post-ops. Otherwise, bias: written into the
  * rows, then the GEMM adds the product to it (like addmm; no separate
- * pass). GELU: a pass over the product, from `pre` when it is kept. */
+ * pass). GELU: a pass over the product, from `pre` when it is kept; its
+ * gradient (dgelu_pre) a pass over the product too. */
 void nb__cpu_matmul(nb_tensor *out, const nb_tensor *a, const nb_tensor *b, bool ta, bool tb,
-                    const nb_tensor *bias, bool gelu, nb_tensor *pre, bool accumulate) {
+                    const nb__gemm_epilogue *epi) {
+    nb__gemm_epilogue e = epi ? *epi : (nb__gemm_epilogue){0};
+    if (e.bgrad) bias_grad(e.bgrad, a, ta);
     if (nb__cpu_is_bf16(out)) {
-        NB_CHECK(!accumulate, "nb__cpu_matmul: a bf16 output %s is written, never added into",
+        NB_CHECK(!e.accumulate, "nb__cpu_matmul: a bf16 output %s is written, never added into",
                  nb_shape_str(out));
-        nb__cpu_matmul_bf16_out(out, a, b, ta, tb, bias, gelu, pre);
+        nb__cpu_matmul_bf16_out(out, a, b, ta, tb, e.bias, e.gelu, e.pre, e.dgelu_pre);
         return;
     }
-    nb_tensor *dst = gelu && pre ? pre : out;
-    if (nb__dnnl_matmul(dst, a, b, ta, tb, bias, gelu && !pre, accumulate)) {
-        if (gelu && pre) nb__cpu_unary(NB_U_GELU_TANH, out, dst, 0);
+    nb_tensor *dst = e.gelu && e.pre ? e.pre : out;
+    if (!e.dgelu_pre && nb__dnnl_matmul(dst, a, b, ta, tb, e.bias, e.gelu && !e.pre, e.accumulate)) {
+        if (e.gelu && e.pre) nb__cpu_unary(NB_U_GELU_TANH, out, dst, 0);
         return;
     }
-    if (bias) {
-        nb__cpu_copy(dst, bias);
+    bool accumulate = e.accumulate;
+    if (e.bias) {
+        nb__cpu_copy(dst, e.bias);
         accumulate = true;
     }
     nb__cpu_gemm(dst, a, b, ta, tb, accumulate);
-    if (gelu) nb__cpu_unary(NB_U_GELU_TANH, out, dst, 0);
+    if (e.gelu) nb__cpu_unary(NB_U_GELU_TANH, out, dst, 0);
+    if (e.dgelu_pre) dgelu(out, e.dgelu_pre);
 }
 
 void nb__cpu_gelu_tanh_backward(nb_tensor *dx, const nb_tensor *g, const nb_tensor *pre) {
@@ -174,6 +213,7 @@ const nb__backend nb__cpu_backend = {
     .name = "cpu",
     .device_memory = false,
     .gemm_accumulate = true,
+    .gemm_epilogues = false, /* f32 results as before: the bias sums and GELU's backward stay their own ops */
     .ordered_elementwise = true,
     .strided_elementwise_out = true,
     .half_compute = false,

@@ -83,14 +83,18 @@ void nb__cpu_binary_bf16(nb__binary_op op, nb_tensor *y, const nb_tensor *a, con
     narrow(&wy, y);
 }
 
-/* bf16 output (and pre-activation): the product, bias and GELU in f32,
- * each output rounded once. */
+/* bf16 output (and pre-activation): the product, bias and GELU (or
+ * GELU's gradient) in f32, each output rounded once. */
 void nb__cpu_matmul_bf16_out(nb_tensor *y, const nb_tensor *a, const nb_tensor *b, bool ta,
-                             bool tb, const nb_tensor *bias, bool gelu, nb_tensor *pre) {
-    twin wy, wp, wbias;
+                             bool tb, const nb_tensor *bias, bool gelu, nb_tensor *pre,
+                             const nb_tensor *dgelu_pre) {
+    twin wy, wp, wbias, wd;
     nb_tensor *ty = out(&wy, y), *tp = out(&wp, pre);
-    nb__cpu_matmul(ty, a, b, ta, tb, in(&wbias, bias), gelu, tp, false);
+    nb__cpu_matmul(ty, a, b, ta, tb,
+                   &(nb__gemm_epilogue){.bias = in(&wbias, bias), .gelu = gelu, .pre = tp,
+                                        .dgelu_pre = in(&wd, dgelu_pre)});
     done(&wbias);
+    done(&wd);
     narrow(&wy, y);
     narrow(&wp, pre);
 }

@@ -50,7 +50,8 @@ void nb__cpu_unary_bf16(nb__unary_op op, nb_tensor *out, const nb_tensor *a, dou
 void nb__cpu_binary_bf16(nb__binary_op op, nb_tensor *out, const nb_tensor *a,
                          const nb_tensor *b);
 void nb__cpu_matmul_bf16_out(nb_tensor *out, const nb_tensor *a, const nb_tensor *b, bool ta,
-                             bool tb, const nb_tensor *bias, bool gelu, nb_tensor *pre);
+                             bool tb, const nb_tensor *bias, bool gelu, nb_tensor *pre,
+                             const nb_tensor *dgelu_pre);
 nb__backend_gelu_tanh_backward_fn nb__cpu_gelu_tanh_backward_bf16;
 nb__backend_softmax_fn nb__cpu_softmax_bf16;
 nb__backend_softmax_backward_fn nb__cpu_softmax_backward_bf16;

@@ -9,8 +9,8 @@
 #include "tensor/cuda/flags.h"
 
 void nb__cuda_matmul(nb_tensor *out, const nb_tensor *a, const nb_tensor *b, bool ta, bool tb,
-                     const nb_tensor *bias, bool gelu, nb_tensor *pre, bool accumulate) {
-    nb__cuda_gemm(out, a, b, ta, tb, bias, gelu, pre, accumulate);
+                     const nb__gemm_epilogue *epi) {
+    nb__cuda_gemm(out, a, b, ta, tb, epi);
 }
 
 void nb__cuda_gelu_tanh_backward(nb_tensor *dx, const nb_tensor *g, const nb_tensor *pre) {

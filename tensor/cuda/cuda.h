@@ -248,13 +248,16 @@ nb__backend_gemm_readable_fn nb__cuda_gemm_readable;
  * f32 (TF32 when nb__cuda_tf32()), f64, bf16 or f16 (f32 accumulation);
  * out has a's dtype, or f32 when a is bf16/f16 (the front end asks for f32
  * in a context whose compute dtype is bf16/f16). bias (N) of out's dtype
- * or NULL is added to every row (cuBLASLt epilogue); gelu applies
+ * or f32, or NULL, is added to every row (cuBLASLt epilogue); gelu applies
  * GELU(tanh) after the bias, writing the pre-activation into `pre` (same
  * shape as out) when pre is not NULL. K = 0 gives zeros (+ bias).
- * accumulate (no bias, no gelu): out += the product (beta = 1). */
+ * accumulate (no bias, no gelu): out += the product (beta = 1). dgelu_pre:
+ * out = product * GELU_tanh'(dgelu_pre) (DGELU); bgrad (M) f32 for a 2-D
+ * out: op(a)'s rows summed over K (BGRADB), with accumulate or alone
+ * (nb__gemm_epilogue in tensor/backend.h). An epilogue cuBLASLt has no
+ * algorithm for runs as a kernel after the plain GEMM. */
 void nb__cuda_gemm(nb_tensor *out, const nb_tensor *a, const nb_tensor *b, bool trans_a,
-                   bool trans_b, const nb_tensor *bias, bool gelu, nb_tensor *pre,
-                   bool accumulate);
+                   bool trans_b, const nb__gemm_epilogue *epi);
 
 /* ================================================= convolution (conv.cu)
  * cuDNN, NCHW, the geometry nb__conv2d_geom (letters of

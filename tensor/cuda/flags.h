@@ -11,6 +11,7 @@
 #define NB__CUDA_BACKEND_FLAGS \
     .device_memory = true, \
     .gemm_accumulate = true, \
+    .gemm_epilogues = true, \
     .ordered_elementwise = false, \
     .strided_elementwise_out = false, \
     .half_compute = true, \

@@ -29,11 +29,13 @@ enum {
     NB__CUDA_LAUNCHES_var_rows = 2,   /* run_rows for the mean, then for the variance */
     NB__CUDA_LAUNCHES_pair_loss = 1,  /* run_rows over one row */
     /* ---- matmul.cu: one cublasLtMatmul per batch call (the batch split
-     * of nb__cuda_gemm: tensor/meta.c counts the calls), bias and GELU in
-     * its epilogue; plus epilogue_kernel per call where the GELU's aux
-     * output is not 8-element aligned (cuBLASLt is assumed to have an
-     * algorithm with the epilogue otherwise); k = 0: a memset (and the
-     * epilogue kernel with a bias or GELU; nothing when it accumulates) ---- */
+     * of nb__cuda_gemm: tensor/meta.c counts the calls), bias, GELU, DGELU
+     * and a bias gradient (BGRADB) in its epilogue; plus epilogue_kernel
+     * per call where the GELU's or DGELU's aux matrix is not 8-element
+     * aligned (cuBLASLt is assumed to have an algorithm with the epilogue
+     * otherwise; without one, bgrad_kernel sums the bias gradient); k = 0:
+     * a memset (and the epilogue kernel with a bias or GELU; nothing when
+     * it accumulates), plus a memset of a bias gradient ---- */
     NB__CUDA_LAUNCHES_matmul = 1,
     NB__CUDA_LAUNCHES_gelu_tanh_backward = 2, /* backend.c: unary GELU_TANH_GRAD, then binary MUL */
     /* ---- softmax.cu, softmax_causal.cu ---- */

@@ -29,12 +29,20 @@
  * GELU_AUX_BIAS with aux = pre) when its heuristic finds an algorithm for
  * them (it needs, e.g., N divisible by 8 for the aux matrix); otherwise the
  * GEMM runs plain and a small kernel applies them. K = 0 is a zero fill and
- * the same kernel.
+ * the same kernel. The bias may be f32 with a 16-bit output
+ * (CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE), so an f32 bias is read as it is
+ * stored. In backward (Note [GEMM epilogues in backward] in
+ * tensor/ops_matmul.c): DGELU (aux = the GELU's pre-activation, read)
+ * multiplies the product by GELU_tanh'(pre), and BGRADB writes the sums of
+ * cuBLASLt's B (our op(a)) over K, the bias gradient that the weight's
+ * gradient GEMM g^T x forms from g on the way; the same fallbacks apply
+ * (epilogue_kernel, bgrad_kernel).
  *
  * Accumulation: with `accumulate` the GEMM adds its product to out (beta =
  * 1, C = D), which is how a weight's gradient is formed in place (Note
  * [Gradients added in place] in autograd/backward.c): no product tensor,
- * no add kernel, no second read of the gradient. Not with an epilogue. */
+ * no add kernel, no second read of the gradient. Not with an epilogue but
+ * BGRADB (which writes the bias gradient and leaves D's beta alone). */
 #include <pthread.h>
 #include <stdint.h>
 #include <string.h>
@@ -54,36 +62,93 @@
 /* nb_gelu(NB_GELU_TANH)'s formula (tensor/op_table.h) */
 static __device__ __forceinline__ float gelu_tanh(float x) { return nb__f_gelu_tanh_f32(x, 0); }
 static __device__ __forceinline__ double gelu_tanh(double x) { return nb__f_gelu_tanh_f64(x, 0); }
+static __device__ __forceinline__ float gelu_tanh_grad(float x) {
+    return nb__f_gelu_tanh_grad_f32(x, 0);
+}
+static __device__ __forceinline__ double gelu_tanh_grad(double x) {
+    return nb__f_gelu_tanh_grad_f64(x, 0);
+}
 
-/* out (R, N) contiguous: v = out + bias[col]; pre = v; out = gelu(v). */
-template <typename T>
-static __global__ void epilogue_kernel(T *out, T *pre, const T *bias, int64_t total, int64_t n,
-                                       bool gelu) {
+/* out (R, N) contiguous. dpre: out *= gelu'(dpre). Else v = out +
+ * bias[col] (bias of B: T, or float with a 16-bit T); pre = v; out = gelu(v). */
+template <typename T, typename B>
+static __global__ void epilogue_kernel(T *out, T *pre, const B *bias, const T *dpre,
+                                       int64_t total, int64_t n, bool gelu) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (int64_t)gridDim.x * blockDim.x) {
         auto v = to_math(out[i]);
-        if (bias) v += to_math(bias[i % n]);
+        if (dpre) {
+            put(&out[i], v * gelu_tanh_grad(to_math(dpre[i])));
+            continue;
+        }
+        if (bias) v += (decltype(v))to_math(bias[i % n]);
         if (pre) put(&pre[i], v);
         if (gelu) v = gelu_tanh(v);
         put(&out[i], v);
     }
 }
 
+#define BGRAD_THREADS 256
+/* out[i] = sum over j < k of a[i * si + j * sk] (op(a)'s row i), one block
+ * per row, in the math type of T (f32 for 16-bit), written as f32. */
+template <typename T>
+static __global__ void bgrad_kernel(float *out, const T *a, int64_t m, int64_t k, int64_t si,
+                                    int64_t sk) {
+    using M = decltype(to_math(T{}));
+    __shared__ M part[BGRAD_THREADS / 32];
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    for (int64_t i = blockIdx.x; i < m; i += gridDim.x) {
+        M s = 0;
+        for (int64_t j = threadIdx.x; j < k; j += BGRAD_THREADS) s += to_math(a[i * si + j * sk]);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_down_sync(0xffffffffu, s, o);
+        if (lane == 0) part[w] = s;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            M t = 0;
+            for (int q = 0; q < BGRAD_THREADS / 32; q++) t += part[q];
+            out[i] = (float)t;
+        }
+        __syncthreads();
+    }
+}
+
 /* ----------------------------------------------------------- launchers */
 template <typename T>
 static void epilogue_launch(cudaStream_t st, void *out, void *pre, const void *bias,
-                            int64_t total, int64_t n, bool gelu) {
+                            bool bias_f32, const void *dpre, int64_t total, int64_t n, bool gelu) {
     int64_t blocks = (total + 255) / 256;
     if (blocks > 65536) blocks = 65536;
-    epilogue_kernel<T><<<(unsigned)blocks, 256, 0, st>>>((T *)out, (T *)pre, (const T *)bias,
-                                                         total, n, gelu);
+    if (bias_f32)
+        epilogue_kernel<T, float><<<(unsigned)blocks, 256, 0, st>>>(
+            (T *)out, (T *)pre, (const float *)bias, (const T *)dpre, total, n, gelu);
+    else
+        epilogue_kernel<T, T><<<(unsigned)blocks, 256, 0, st>>>(
+            (T *)out, (T *)pre, (const T *)bias, (const T *)dpre, total, n, gelu);
     NB_CUDA_CHECK_LAUNCH(OP);
 }
 
+/* bias_dt: the bias's dtype (f32, or dt). */
 static void epilogue(cudaStream_t st, nb_dtype dt, void *out, void *pre, const void *bias,
-                     int64_t total, int64_t n, bool gelu) {
+                     nb_dtype bias_dt, const void *dpre, int64_t total, int64_t n, bool gelu) {
     if (total == 0) return;
-    BY_FLOAT_DTYPE(OP, dt, epilogue_launch, st, out, pre, bias, total, n, gelu);
+    bool bias_f32 = bias && bias_dt == NB_F32 && dt != NB_F32;
+    BY_FLOAT_DTYPE(OP, dt, epilogue_launch, st, out, pre, bias, bias_f32, dpre, total, n, gelu);
+}
+
+template <typename T>
+static void bgrad_launch(cudaStream_t st, float *out, const void *a, int64_t m, int64_t k,
+                         int64_t si, int64_t sk) {
+    int64_t blocks = m < 65536 ? m : 65536;
+    bgrad_kernel<T><<<(unsigned)blocks, BGRAD_THREADS, 0, st>>>(out, (const T *)a, m, k, si, sk);
+    NB_CUDA_CHECK_LAUNCH(OP);
+}
+
+/* out (m) f32 = row sums of the (m, k) matrix at a with strides (si, sk). */
+static void bgrad(cudaStream_t st, nb_dtype dt, float *out, const void *a, int64_t m, int64_t k,
+                  int64_t si, int64_t sk) {
+    if (m == 0) return;
+    BY_FLOAT_DTYPE(OP, dt, bgrad_launch, st, out, a, m, k, si, sk);
 }
 
 /* ------------------------------------------------------------- layouts */
@@ -111,7 +176,7 @@ typedef struct gemm_key {
     int64_t m, n, k;          /* cuBLASLt's: m = our N, n = our M */
     int64_t lda, ldb, ldd;
     int64_t batch, stride_a, stride_b, stride_d;
-    int64_t epilogue, aux_ld, aux_stride;
+    int64_t epilogue, aux_ld, aux_stride, bias_dt;
     int64_t align_a, align_b, align_d, align_bias, align_aux;
 } gemm_key;
 
@@ -211,9 +276,13 @@ static void plan_make(gemm_plan *p, const gemm_key *k, const void *bias, void *a
     cublasLtEpilogue_t epi = (cublasLtEpilogue_t)k->epilogue;
     LT_CHECK(
         cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
-    if (bias)
+    if (bias) {
         LT_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                                 sizeof bias));
+        int32_t bt = (int32_t)cuda_type((nb_dtype)k->bias_dt);
+        LT_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt,
+                                                sizeof bt));
+    }
     if (aux) {
         LT_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
                                                 &aux, sizeof aux));
@@ -291,9 +360,12 @@ typedef struct gemm_call {
     const void *a, *b;                           /* cuBLASLt's A (our b) and B (our a) */
     void *d;
     const void *bias;
+    nb_dtype bias_dt; /* f32, or dt_out */
     bool gelu;
-    void *pre;       /* aux: pre-activation, same layout as d */
-    bool accumulate; /* beta = 1: d += product */
+    void *pre;        /* aux: pre-activation, same layout as d (written; with dgelu read) */
+    bool dgelu;       /* d = product * gelu'(pre) */
+    float *bgrad;     /* (our M): cuBLASLt's B summed over k */
+    bool accumulate;  /* beta = 1: d += product */
 } gemm_call;
 
 /* D = op(A) op(B) (+ epilogue); returns false when the epilogue was not
@@ -324,10 +396,22 @@ static bool gemm_run(const gemm_call *c, bool with_epilogue) {
     const void *bias = NULL;
     void *aux = NULL;
     cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
-    if (with_epilogue && (c->bias || c->gelu)) {
+    bool aux_ok = c->pre && c->ldd % 8 == 0 && k.stride_d % 8 == 0 &&
+                  align_of(c->pre, c->ldd * (int64_t)eout, k.stride_d * (int64_t)eout) >= 16;
+    if (with_epilogue && c->dgelu) {
+        if (!aux_ok) return false;
+        aux = c->pre;
+        epi = CUBLASLT_EPILOGUE_DGELU;
+        k.aux_ld = c->ldd;
+        k.aux_stride = k.stride_d;
+        k.align_aux = align_of(aux, c->ldd * (int64_t)eout, k.stride_d * (int64_t)eout);
+    } else if (with_epilogue && c->bgrad) {
+        bias = c->bgrad;
+        epi = CUBLASLT_EPILOGUE_BGRADB;
+        k.bias_dt = NB_F32;
+        k.align_bias = align_of(bias, 0, 0);
+    } else if (with_epilogue && (c->bias || c->gelu)) {
         bias = c->bias;
-        bool aux_ok = c->pre && c->ldd % 8 == 0 && k.stride_d % 8 == 0 &&
-                      align_of(c->pre, c->ldd * (int64_t)eout, k.stride_d * (int64_t)eout) >= 16;
         if (c->gelu && c->pre && !aux_ok) return false;
         if (c->gelu && c->pre) {
             aux = c->pre;
@@ -340,7 +424,10 @@ static bool gemm_run(const gemm_call *c, bool with_epilogue) {
         } else {
             epi = CUBLASLT_EPILOGUE_BIAS;
         }
-        if (bias) k.align_bias = align_of(bias, 0, 0);
+        if (bias) {
+            k.align_bias = align_of(bias, 0, 0);
+            k.bias_dt = c->bias_dt;
+        }
     }
     k.epilogue = epi;
     gemm_plan *p = plan_get(&k, bias, aux, c->h, c->ws_bytes);
@@ -373,8 +460,12 @@ static bool gemm_run(const gemm_call *c, bool with_epilogue) {
 #define MAX_BATCH_PER_CALL 65535
 
 extern "C" void nb__cuda_gemm(nb_tensor *out, const nb_tensor *a, const nb_tensor *b,
-                              bool trans_a, bool trans_b, const nb_tensor *bias, bool gelu,
-                              nb_tensor *pre, bool accumulate) {
+                              bool trans_a, bool trans_b, const nb__gemm_epilogue *epi) {
+    nb__gemm_epilogue e;
+    if (epi) e = *epi;
+    else memset(&e, 0, sizeof e);
+    const nb_tensor *bias = e.bias;
+    bool gelu = e.gelu, accumulate = e.accumulate;
     int dev = out->device.index;
     nb__cuda_use(OP, dev);
     cudaStream_t st = nb__cuda_compute_stream(dev);
@@ -384,15 +475,36 @@ extern "C" void nb__cuda_gemm(nb_tensor *out, const nb_tensor *a, const nb_tenso
     int64_t batch = nb__numel_shape(nbd, out->shape);
     nb_dtype dt_out = out->dtype;
     size_t ein = nb_dtype_size(a->dtype), eout = nb_dtype_size(dt_out);
-    NB_CHECK(!accumulate || (!bias && !gelu), "%s: a GEMM that adds into its output %s takes no "
-             "bias or GELU epilogue", OP, nb_shape_str(out));
-    if (batch == 0 || m == 0 || n == 0) return;
-    void *pre_data = gelu && pre ? pre->data : NULL;
+    NB_CHECK(!accumulate || (!bias && !gelu && !e.dgelu_pre), "%s: a GEMM that adds into its "
+             "output %s takes no bias, GELU or DGELU epilogue", OP, nb_shape_str(out));
+    bool pre_ok = e.dgelu_pre && e.dgelu_pre->ndim == out->ndim;
+    for (int i = 0; pre_ok && i < out->ndim; i++) pre_ok = e.dgelu_pre->shape[i] == out->shape[i];
+    NB_CHECK(!e.dgelu_pre || (!bias && !gelu && !e.bgrad && e.dgelu_pre->dtype == dt_out && pre_ok &&
+                              nb_is_contiguous(e.dgelu_pre)),
+             "%s: a DGELU epilogue takes a contiguous pre-activation of the output's shape and "
+             "dtype (%s %s) and no other epilogue", OP, nb_dtype_name(dt_out), nb_shape_str(out));
+    NB_CHECK(!e.bgrad || (!bias && !gelu && out->ndim == 2 && e.bgrad->dtype == NB_F32 &&
+                          e.bgrad->ndim == 1 && e.bgrad->shape[0] == m),
+             "%s: a bias gradient takes a 2-D output (got %s), an f32 vector of its %lld rows and "
+             "no bias or GELU", OP, nb_shape_str(out), (long long)m);
+    NB_CHECK(!bias || bias->dtype == dt_out || bias->dtype == NB_F32,
+             "%s: a bias %s for an output %s: it is the output's dtype or f32", OP,
+             nb_dtype_name(bias->dtype), nb_dtype_name(dt_out));
+    if (batch == 0 || m == 0 || n == 0) {
+        if (e.bgrad && m > 0) /* sums over K = 0 or over no column: zeros */
+            NB_CUDA_CHECK(OP, cudaMemsetAsync(e.bgrad->data, 0, (size_t)m * sizeof(float), st));
+        return;
+    }
+    void *pre_data = gelu && e.pre ? e.pre->data : e.dgelu_pre ? e.dgelu_pre->data : NULL;
     const void *bias_data = bias ? bias->data : NULL;
+    nb_dtype bias_dt = bias ? bias->dtype : dt_out;
     if (k == 0) {
+        if (e.bgrad) NB_CUDA_CHECK(OP, cudaMemsetAsync(e.bgrad->data, 0, (size_t)m * sizeof(float), st));
         if (accumulate) return; /* out += 0 */
         NB_CUDA_CHECK(OP, cudaMemsetAsync(out->data, 0, (size_t)(batch * m * n) * eout, st));
-        if (bias || gelu) epilogue(st, dt_out, out->data, pre_data, bias_data, batch * m * n, n, gelu);
+        if (bias || gelu)
+            epilogue(st, dt_out, out->data, pre_data, bias_data, bias_dt, NULL, batch * m * n, n,
+                     gelu);
         return;
     }
     layout la, lb;
@@ -422,7 +534,10 @@ extern "C" void nb__cuda_gemm(nb_tensor *out, const nb_tensor *a, const nb_tenso
     c.ldb = la.ld;
     c.ldd = n;
     c.bias = bias_data;
+    c.bias_dt = bias_dt;
     c.gelu = gelu;
+    c.dgelu = e.dgelu_pre != NULL;
+    c.bgrad = e.bgrad ? (float *)e.bgrad->data : NULL;
     c.accumulate = accumulate;
 
     /* Batch split: dims [0, j) looped over, [j, nbd) one strided call. */
@@ -466,9 +581,13 @@ extern "C" void nb__cuda_gemm(nb_tensor *out, const nb_tensor *a, const nb_tenso
             c.pre = pre_data ? (char *)pre_data + od : NULL;
             if (!gemm_run(&c, true)) {
                 (void)gemm_run(&c, false);
-                /* the kernel needs no plan: launched (and checked) outside the lock */
+                /* the kernels need no plan: launched (and checked) outside the lock */
                 pthread_mutex_unlock(&plans_lock);
-                epilogue(st, dt_out, c.d, c.pre, bias_data, cnt * c.n * c.m, n, gelu);
+                if (c.bgrad) /* op(a) (M, K) of the 2-D a: row i at i * ld, or column i */
+                    bgrad(st, a->dtype, c.bgrad, c.b, m, k, fa ? 1 : la.ld, fa ? la.ld : 1);
+                else
+                    epilogue(st, dt_out, c.d, c.dgelu ? NULL : c.pre, bias_data, bias_dt,
+                             c.dgelu ? c.pre : NULL, cnt * c.n * c.m, n, gelu);
                 pthread_mutex_lock(&plans_lock);
             }
         }
