@@ -5,7 +5,9 @@
  * bf16, f16 and f64, with gradients through the parity harness; K = 0;
  * the bias and GELU epilogues of the CUDA GEMM entry, called directly, against
  * CPU ops (folded and strided batches, a bias at an odd address); and nn's
- * Linear through them, mixed precision included.
+ * Linear through them, mixed precision included; the backward's epilogues
+ * (a bias gradient beside an accumulating GEMM, DGELU) called directly
+ * against f64 loops, and an MLP whose backward uses them against the CPU.
  * Skipped without a GPU. */
 #include <math.h>
 #include <stdlib.h>
@@ -388,6 +390,95 @@ START_TEST(test_linear_bias_epilogue) {
 }
 END_TEST
 
+/* The MLP x -> gelu(x w1^T + b1) -> . w2^T + b2: on CUDA its backward
+ * takes GELU's gradient in c_proj's input-gradient GEMM (DGELU) and the
+ * biases' gradients in the weights' gradient GEMMs (BGRADB), Note [GEMM
+ * epilogues in backward]; against the CPU's separate ops. */
+static nb_tensor *op_mlp(nb_ctx *ctx, nb_tensor *const *in, void *user) {
+    if (user && nb_ctx_device(ctx).type == NB_DEVICE_CUDA)
+        nb_ctx_set_compute_dtype(ctx, *(const nb_dtype *)user);
+    return nb__linear(ctx, nb__linear_gelu(ctx, in[0], in[1], in[2]), in[3], in[4]);
+}
+
+START_TEST(test_mlp_backward_epilogues) {
+    nbt_input in[5] = {
+        {.dtype = NB_F32, .ndim = 3, .shape = {2, 9, 24}, .lo = -2, .hi = 2},
+        {.dtype = NB_F32, .ndim = 2, .shape = {64, 24}},
+        {.dtype = NB_F32, .ndim = 1, .shape = {64}},
+        {.dtype = NB_F32, .ndim = 2, .shape = {16, 64}},
+        {.dtype = NB_F32, .ndim = 1, .shape = {16}},
+    };
+    nbt_parity("mlp f32", op_mlp, NULL, 5, in, &(nbt_parity_opts){.tol = 1e-4});
+    if (nbt_dtype_runs(compute_bf16))
+        nbt_parity("mlp, bf16 compute", op_mlp, (void *)&compute_bf16, 5, in,
+                   &(nbt_parity_opts){.tol = NBT_TOL_BF16});
+    in[1].shape[0] = in[2].shape[0] = in[3].shape[1] = 60; /* no aligned aux matrix: kernels */
+    nbt_parity("mlp f32, hidden 60", op_mlp, NULL, 5, in, &(nbt_parity_opts){.tol = 1e-4});
+}
+END_TEST
+
+/* The CUDA GEMM entry's backward epilogues, called directly, against f64
+ * loops: out (M, N) f32 += a^T b with a (K, M), b (K, N) of dtype dt and
+ * bgrad (M) the sums of a's columns (BGRADB beside beta = 1); then d (M, N)
+ * of dt = (a^T b) * GELU_tanh'(pre) (DGELU). */
+static double gelu_grad_ref(double x) {
+    double c = 0.7978845608028654, t = tanh(c * (x + 0.044715 * x * x * x));
+    return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * c * (1 + 3 * 0.044715 * x * x);
+}
+
+static void check_backward_epilogues(nb_dtype dt, int64_t m, int64_t k, int64_t n, double tol) {
+    nb_ctx *host = nb_ctx_new(nb_cpu(), 0), *dev = nb_ctx_new(nb_cuda(0), 0);
+    double *av = host_values(k * m, 21), *bv = host_values(k * n, 22), *cv = host_values(m * n, 23);
+    nb_tensor *ah = nb_cast(host, nb_cast(host, nb_from_host(host, NB_F64, 2, (int64_t[]){k, m}, av), dt), NB_F64);
+    nb_tensor *bh = nb_cast(host, nb_cast(host, nb_from_host(host, NB_F64, 2, (int64_t[]){k, n}, bv), dt), NB_F64);
+    nb_tensor *ph = nb_cast(host, nb_cast(host, nb_from_host(host, NB_F64, 2, (int64_t[]){m, n}, cv), dt), NB_F64);
+    double *a = nbt_values(ah), *b = nbt_values(bh), *pre = nbt_values(ph);
+    nb_tensor *ad = nb_to(dev, nb_cast(host, ah, dt)), *bd = nb_to(dev, nb_cast(host, bh, dt));
+    nb_tensor *pd = nb_to(dev, nb_cast(host, ph, dt));
+    nb_tensor *acc = nb_to(dev, nb_cast(host, ph, NB_F32)); /* the gradient added into */
+    nb_tensor *bg = nb_full(dev, NB_F32, 1, &m, NAN), *d = nb_full(dev, dt, 2, (int64_t[]){m, n}, NAN);
+    const nb__backend *be = nb__backend_at(ad);
+    for (int rep = 0; rep < 2; rep++) { /* the second through the cached plan */
+        if (rep) nb_copy_(acc, nb_to(dev, nb_cast(host, ph, NB_F32)));
+        be->matmul(acc, ad, bd, true, false, &(nb__gemm_epilogue){.accumulate = true, .bgrad = bg});
+        be->matmul(d, ad, bd, true, false, &(nb__gemm_epilogue){.dgelu_pre = pd});
+    }
+    double *gacc = nbt_values(acc), *gbg = nbt_values(bg), *gd = nbt_values(d);
+    double scale = 1, err_acc = 0, err_bg = 0, err_d = 0;
+    for (int64_t i = 0; i < m; i++) {
+        double s = 0;
+        for (int64_t j = 0; j < k; j++) s += a[j * m + i];
+        err_bg = fmax(err_bg, isnan(gbg[i]) ? INFINITY : fabs(gbg[i] - s) / fmax(scale, k));
+        for (int64_t c = 0; c < n; c++) {
+            double p = 0;
+            for (int64_t j = 0; j < k; j++) p += a[j * m + i] * b[j * n + c];
+            double want_acc = (double)(float)pre[i * n + c] + p, want_d = p * gelu_grad_ref(pre[i * n + c]);
+            err_acc = fmax(err_acc, isnan(gacc[i * n + c]) ? INFINITY : fabs(gacc[i * n + c] - want_acc) / fmax(scale, k));
+            err_d = fmax(err_d, isnan(gd[i * n + c]) ? INFINITY : fabs(gd[i * n + c] - want_d) / fmax(scale, k));
+        }
+    }
+    ck_assert_msg(err_acc <= tol && err_bg <= tol && err_d <= tol,
+                  "backward epilogues %s M=%lld K=%lld N=%lld: accumulated %g, bias sums %g, DGELU "
+                  "%g (tol %g)", nb_dtype_name(dt), (long long)m, (long long)k, (long long)n,
+                  err_acc, err_bg, err_d, tol);
+    free(a), free(b), free(pre), free(gacc), free(gbg), free(gd), free(av), free(bv), free(cv);
+    nb_ctx_free(dev);
+    nb_ctx_free(host);
+}
+
+START_TEST(test_backward_epilogues) {
+    NBT_DEVICE_ONLY("the CUDA GEMM's entry called directly");
+    /* M, K, N: aligned; odd (the DGELU aux not 8-aligned: the kernel); K = 1 */
+    static const int64_t shapes[][3] = {{64, 96, 32}, {37, 51, 19}, {16, 1, 24}};
+    static const struct { nb_dtype dt; double tol; } dts[] = {
+        {NB_F32, 1e-4}, {NB_BF16, NBT_TOL_BF16}, {NB_F16, NBT_TOL_F16}};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+        for (size_t di = 0; di < sizeof dts / sizeof dts[0]; di++)
+            check_backward_epilogues(dts[di].dt, shapes[si][0], shapes[si][1], shapes[si][2],
+                                     dts[di].tol);
+}
+END_TEST
+
 int main(void) {
     nbt_cuda_require();
     Suite *s = suite_create("cuda_matmul");
@@ -405,6 +496,8 @@ int main(void) {
     tcase_add_test(tc, test_gemm_readable);
     tcase_add_test(tc, test_linear_bias_epilogue);
     tcase_add_test(tc, test_linear_gelu_epilogue);
+    tcase_add_test(tc, test_mlp_backward_epilogues);
+    tcase_add_test(tc, test_backward_epilogues);
     suite_add_tcase(s, tc);
     return nbt_run(s);
 }

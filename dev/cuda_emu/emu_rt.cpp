@@ -2,6 +2,8 @@
  * tensor/cuda/runtime.cu that the kernel files call. */
 #include <thread>
 
+#include <cublasLt.h>
+
 #include "emu.h"
 #include "tensor/cuda/cuda.h"
 
@@ -65,6 +67,19 @@ bool nb__cuda_cudnn_attention_backward(nb_tensor *, const nb_tensor *, const nb_
     *why = "the emulator has no cuDNN";
     return false;
 }
+
+/* matmul.cu's handle, workspace and TF32 switch (include/cublasLt.h's
+ * stand-in computes the products) */
+void *nb__cuda_cublaslt(int) {
+    static emu_lt_handle h;
+    return &h;
+}
+void *nb__cuda_gemm_workspace(int, size_t *bytes) {
+    static unsigned char ws[256];
+    *bytes = sizeof ws;
+    return ws;
+}
+bool nb__cuda_tf32(void) { return false; }
 
 /* Scratch from the context comes filled with 0xff bytes (NaN in f32/f64/
  * bf16/f16, -1 in integers) unless zeroing was asked for, so that a kernel
