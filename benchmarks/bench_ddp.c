@@ -61,6 +61,14 @@
  * is within the warm-up; the other options PyTorch's defaults); mode
  * "psgd".
  *
+ * --text FILE (GPT models) trains on the bytes of FILE (at most 79
+ * distinct bytes, numbered in byte order; examples/datasets/austen.txt has
+ * exactly 79) instead of the made-up tokens: each rank's sequences start at
+ * offsets drawn from its own seed and the step. The --machine line then
+ * has loss=, rank 0's mean training loss over the last 10 steps (or all,
+ * if fewer), for comparing the loss a setting reaches after N steps
+ * (PowerSGD against plain DDP).
+ *
  * --trace FILE writes this rank's step trace (Note [Step trace] in
  * distributed/scale.c): the median forward, backward and optimizer times
  * and each parameter's median gradient-ready time in backward, for
@@ -127,8 +135,56 @@ static nb_module *build(nb_ctx *ctx, int kind, int width, int layers, nb_rng *rn
     }
 }
 
-/* One batch of random inputs and labels in `step`. */
-static void make_batch(nb_ctx *step, int kind, int64_t batch, int width, int s, nb_rng *data,
+/* --text: the file's bytes as token ids, the ids in byte order. */
+typedef struct text {
+    int64_t *tok, n;
+} text;
+
+static int text_load(const char *path, text *t) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "bench_ddp: --text: cannot open %s\n", path);
+        return 1;
+    }
+    unsigned char *raw = NULL;
+    size_t cap = 0, n = 0, got;
+    do {
+        if (n == cap && !(raw = realloc(raw, cap = cap ? 2 * cap : 1 << 20))) break;
+        got = fread(raw + n, 1, cap - n, f);
+        n += got;
+    } while (got > 0);
+    fclose(f);
+    int id[256], v = 0;
+    for (int c = 0; c < 256; c++) id[c] = -1;
+    for (size_t i = 0; raw && i < n; i++) id[raw[i]] = 0;
+    for (int c = 0; c < 256; c++)
+        if (id[c] == 0) id[c] = v++;
+    if (!raw || n < (size_t)GPT_T(GPT6) + 2 || v > GPT_VOCAB) {
+        fprintf(stderr, "bench_ddp: --text %s: %zu bytes, %d distinct; the GPT needs at least %d bytes and at most "
+                        "%d distinct ones\n", path, n, v, GPT_T(GPT6) + 2, GPT_VOCAB);
+        free(raw);
+        return 1;
+    }
+    t->tok = malloc(sizeof(int64_t) * n);
+    if (!t->tok) {
+        free(raw);
+        fprintf(stderr, "bench_ddp: out of memory\n");
+        return 1;
+    }
+    for (size_t i = 0; i < n; i++) t->tok[i] = id[raw[i]];
+    t->n = (int64_t)n;
+    free(raw);
+    return 0;
+}
+
+static uint64_t mix64(uint64_t z) { /* splitmix64's finaliser */
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* One batch of random inputs and labels in `step` (from `txt` when it has tokens). */
+static void make_batch(nb_ctx *step, int kind, int64_t batch, int width, int s, nb_rng *data, const text *txt,
                        nb_tensor **x, nb_tensor **y) {
     int64_t n_lab = IS_GPT(kind) ? batch * GPT_T(kind) : batch, n_cls = kind == MLP ? 2 : 10;
     /* host arrays (the step context may be on a GPU) */
@@ -138,7 +194,14 @@ static void make_batch(nb_ctx *step, int kind, int64_t batch, int width, int s, 
         exit(1);
     }
     if (IS_GPT(kind)) {
+        int64_t T = GPT_T(kind);
         for (int64_t i = 0; i < n_lab; i++) {
+            if (txt->tok) { /* sequence i / T starts at an offset drawn from the rank's seed and the step */
+                int64_t at = (int64_t)(mix64(data->seed * 0x9e3779b97f4a7c15ull + (uint64_t)s * 1000003u +
+                                             (uint64_t)(i / T)) % (uint64_t)(txt->n - T - 1));
+                tok[i] = txt->tok[at + i % T], lab[i] = txt->tok[at + i % T + 1];
+                continue;
+            }
             tok[i] = (i * 37 + s * 11 + (int64_t)data->seed) % GPT_VOCAB;
             lab[i] = (i * 53 + s * 7) % GPT_VOCAB;
         }
@@ -293,7 +356,7 @@ int main(int argc, char **argv) {
     bool use_ddp = true, bucket_step = false, bf16 = false, zero = false, zero3 = false;
     int zero_stage = 1;
     double bucket_mb = 0; /* 0: the wrapper's defaults (first bucket 1 MiB, then 25 MiB) */
-    const char *device_arg = "auto", *trace_path = NULL, *project = NULL;
+    const char *device_arg = "auto", *trace_path = NULL, *project = NULL, *text_path = NULL;
     int powersgd = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--info")) return fputs(nb_config_string(), stdout) < 0;
@@ -314,6 +377,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--device") && i + 1 < argc) device_arg = argv[++i];
         else if (!strcmp(argv[i], "--trace") && i + 1 < argc) trace_path = argv[++i];
         else if (!strcmp(argv[i], "--project") && i + 1 < argc) project = argv[++i];
+        else if (!strcmp(argv[i], "--text") && i + 1 < argc) text_path = argv[++i];
         else if (!strcmp(argv[i], "--powersgd") && i + 1 < argc) powersgd = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--model") && i + 1 < argc) {
             const char *m = argv[++i];
@@ -324,7 +388,7 @@ int main(int argc, char **argv) {
             }
         } else {
             fprintf(stderr, "usage: %s [--model wide|mlp|cnn|gpt|gpt6] [--device auto|cpu|cuda] [--no-ddp] "
-                            "[--bucket-step | --zero | --zero2 | --zero3] [--bf16] [--bucket-mb MB] [--steps N] [--batch B] [--width W] [--layers L] [--no-header | --machine] [--powersgd RANK] [--trace FILE] [--project LINK] [--info]\n"
+                            "[--bucket-step | --zero | --zero2 | --zero3] [--bf16] [--bucket-mb MB] [--steps N] [--batch B] [--width W] [--layers L] [--no-header | --machine] [--powersgd RANK] [--text FILE] [--trace FILE] [--project LINK] [--info]\n"
                             "       %s --plot-scaling LINES SVG\n", argv[0], argv[0]);
             return 2;
         }
@@ -349,6 +413,12 @@ int main(int argc, char **argv) {
                         "and not --zero\n");
         return 2;
     }
+    text txt = {NULL, 0};
+    if (text_path && !IS_GPT(kind)) {
+        fprintf(stderr, "bench_ddp: --text trains the GPT models (--model gpt or gpt6) on a file\n");
+        return 2;
+    }
+    if (text_path && text_load(text_path, &txt)) return 1;
     if (!batch) batch = kind == MLP ? 8 : kind == CNN ? 32 : kind == GPT ? 16 : kind == GPT6 ? 8 : 64;
     /* auto: one GPU per rank (cuda:LOCAL_RANK, NCCL) when there are GPUs, else the CPU (Gloo) */
     bool cuda = !strcmp(device_arg, "cuda") || (!strcmp(device_arg, "auto") && nb_cuda_available());
@@ -433,6 +503,8 @@ int main(int argc, char **argv) {
     double *t_step = calloc((size_t)steps * 7, sizeof(double)), *t_fwd = t_step + steps,
            *t_bwd = t_fwd + steps, *t_opt = t_bwd + steps, *s_bw = t_opt + steps, *s_wait = s_bw + steps,
            *s_hidden = s_wait + steps;
+    double loss_sum = 0; /* rank 0's loss over the last 10 steps (--text) */
+    int loss_n = 0;
     int measured = 0;
     nb_ddp_overlap ov = {0};
     for (int s = 0; s < steps + 3; s++) { /* 3 warm-up steps */
@@ -442,7 +514,7 @@ int main(int argc, char **argv) {
         }
         nb_ctx_reset(step);
         nb_tensor *x, *y;
-        make_batch(step, kind, batch, width, s, &data, &x, &y);
+        make_batch(step, kind, batch, width, s, &data, &txt, &x, &y);
         double t0 = now_s();
         nb_tensor *out;
         nb_status fst = fsdp ? nb_fsdp_forward(fsdp, step, x, &out) : NB_OK;
@@ -452,6 +524,7 @@ int main(int argc, char **argv) {
             return 1;
         }
         nb_tensor *loss = IS_GPT(kind) ? nb_gpt_loss(step, out, y) : nb_cross_entropy(step, out, y, NULL);
+        if (txt.tok && s >= steps + 3 - 10) loss_sum += nb_item(loss), loss_n++; /* on a GPU this waits for forward, as the synchronize below */
         if (cuda) nb_cuda_synchronize(dev); /* GPU work is queued: time it done */
         double tf = now_s();
         rec.t0 = tf, rec.step = s >= 3 && rec.t ? s - 3 : -1;
@@ -507,13 +580,15 @@ int main(int argc, char **argv) {
     if (rank == 0 && machine) {
         printf("model=%s mode=%s world=%d batch=%lld ms=%.4f fwd=%.4f bwd=%.4f opt=%.4f per_s=%.1f unit=%s "
                "hidden=%.4f hidden_all=%.4f peer_wait_ms=%.4f skew_ms=%.4f ddp_backward_ms=%.4f wait_ms=%.4f "
-               "params=%lld state_bytes=%zu held_bytes=%zu\n",
+               "params=%lld state_bytes=%zu held_bytes=%zu",
                model_names[kind], mode, world, (long long)batch, 1e3 * med,
                1e3 * median(t_fwd, measured), 1e3 * median(t_bwd, measured), 1e3 * median(t_opt, measured),
                per_s, IS_GPT(kind) ? "tokens" : "samples", comm ? hidden : NAN,
                across ? ov.hidden_fraction : NAN, across ? 1e3 * ov.peer_wait_s : NAN,
                across ? 1e3 * ov.skew_s : NAN, comm ? 1e3 * bw : NAN,
                comm ? 1e3 * wait : NAN, (long long)n_params, state_bytes, held);
+        if (loss_n) printf(" loss=%.5f", loss_sum / loss_n);
+        printf("\n");
     } else if (rank == 0) {
         if (header) {
             char toks[32] = "";
@@ -542,6 +617,7 @@ int main(int argc, char **argv) {
         if (ddp || fsdp) snprintf(hs, sizeof hs, "%.2f MiB", (double)held / (1 << 20));
         printf("%-6d %-7s %10.2f %12.0f %11s %9s %8s %10s %8s %10s %10s\n", world, mode, 1e3 * med, per_s, bws,
                ws, hid, pw, hall, sts, hs);
+        if (loss_n) printf("loss %.5f (rank 0's training loss, mean of the last %d steps)\n", loss_sum / loss_n, loss_n);
     }
     if (rank == 0 && (trace_path || project)) {
         char src[256];
@@ -573,6 +649,7 @@ int main(int argc, char **argv) {
         nb__scale_trace_free(&tr);
     }
     free(rec.t);
+    free(txt.tok);
     if (zero && nb_ddp_set_zero(ddp, NULL) != NB_OK) { /* the whole state back before the free */
         fprintf(stderr, "bench_ddp: %s\n", nb_last_error());
         return 1;

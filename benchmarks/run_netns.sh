@@ -16,7 +16,8 @@
 # direction whatever the ranks per node. With --fit the link is instead the "measured" one (nb_scale's
 # measured:FILE) fitted to bench_collectives --quick run on the same
 # shaped link with the same ranks just before, and its fitted latency and
-# bandwidth are printed above the row.
+# bandwidth are printed above the row. With bench_ddp --text the row ends
+# with rank 0's training loss (the mean of the last 10 steps).
 #
 #   benchmarks/run_netns.sh                                   # unlimited, 1gbit, 100mbit
 #   benchmarks/run_netns.sh --rates "1gbit 10mbit" --nproc-per-node 2 -- --model gpt --steps 20
@@ -42,7 +43,7 @@ while [ $# -gt 0 ]; do
     --port) port=$2; shift 2 ;;
     --fit) fit=1; shift ;;
     --) shift; break ;;
-    -h|--help) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) break ;;
   esac
 done
@@ -90,7 +91,7 @@ for ((k = 0; k < ${#bench[@]}; k++)); do
   if [ "${bench[k]}" = --powersgd ]; then psgd=(--powersgd "${bench[k + 1]}"); k=$((k + 1)); continue; fi
   plain+=("${bench[k]}")
 done
-params=$("$bin/bench_ddp" --no-ddp --machine --steps 1 "${plain[@]}" | sed -n 's/.*params=\([0-9]*\).*/\1/p')
+params=$("$bin/bench_ddp" --no-ddp --machine "${plain[@]}" --steps 1 | sed -n 's/.*params=\([0-9]*\).*/\1/p')
 world=$((2 * nproc))
 # both nodes' store secret (nbrun --nnodes needs one): random, for this run only
 export NABLA_STORE_SECRET=${NABLA_STORE_SECRET:-$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')}
@@ -145,6 +146,7 @@ for rate in $rates; do
       awk -v w="$world" '$1 == w && $3 == "x" { print $6 }')
     ratio=$(awk -v p="$proj" -v m="$ms" 'BEGIN { printf "%.2f", p / m }')
   fi
-  printf '%-10s %9s %10s %10s %8s %13s %9s %9s %9s\n' "$rate" "$ms" "$bw ms" "$wt ms" "$hid" "$sent" "$wire" \
-    "$proj" "$ratio"
+  loss=$(field loss)
+  printf '%-10s %9s %10s %10s %8s %13s %9s %9s %9s%s\n' "$rate" "$ms" "$bw ms" "$wt ms" "$hid" "$sent" "$wire" \
+    "$proj" "$ratio" "${loss:+   loss $loss}"
 done
