@@ -30,6 +30,12 @@ typedef struct nb__pg_ops {
      * failure `what` says what happened, or, with *explained set, is the
      * whole message (a layer's verdict: pg_check.c). */
     nb_status (*run)(nb_pg *pg, nb_work *w, char *what, size_t len, bool *explained);
+    /* With `run`, may be NULL: the check layer calls it after it posted
+     * w's header exchange and before it waits for the verdict, to start
+     * what can move meanwhile; it writes nothing of w's outputs, `run`
+     * finishes it and work_free drops it (Gloo: a small collective's
+     * message). What it sends must not depend on timing. */
+    void (*prepare)(nb_pg *pg, nb_work *w);
     /* Or: starts w from the issuing thread (pg->mu not held), sets it
      * RUNNING, and finishes it when it failed to start. */
     void (*launch)(nb_pg *pg, nb_work *w);
@@ -83,7 +89,8 @@ struct nb_work {
     double t_end;            /* when it finished (0 while unfinished) */
     bool warned;             /* the stall warning was printed */
     nb_work *next;        /* the group's queue, issue order */
-    void *impl;           /* the backend's part (NCCL: its completion event) */
+    void *impl;           /* the backend's part (NCCL: its completion event;
+                             Gloo: a small collective's message sent early) */
     void *check;          /* the check layer's: a header exchange posted early */
 };
 

@@ -13,7 +13,9 @@
  * the same headers and reaches the same verdict. If they are all equal,
  * the data collective runs; if not, every rank fails with
  * NB_ERR_MISMATCH, naming the ranks and what each issued
- * (nb__diag_mismatch in pg_diag.c), and no data has moved. Without this,
+ * (nb__diag_mismatch in pg_diag.c), and no buffer has changed (a small
+ * collective's message may have left meanwhile, Note [Small collectives in
+ * one message] in pg_gloo.c; what arrived is not used). Without this,
  * Gloo met a count that differs between ranks with an exception on its
  * own event-loop thread, which ends the process (Note [No exception
  * crosses the shim] in gloo_shim.cpp), or, for a broadcast whose root
@@ -112,7 +114,8 @@ static void release(const nb__pg_ops *base, posted *p, bool x_done) {
 }
 
 /* Exchanges w's header with every member's (or finishes the exchange
- * posted early) and compares them. On failure `what` says what happened,
+ * posted early) and compares them; meanwhile the backend's `prepare`
+ * starts what can move before the verdict. On failure `what` says what happened,
  * or, with *explained, is the whole message. */
 static nb_status gate(nb_pg *pg, nb_work *w, char *what, size_t len, bool *explained) {
     *explained = false;
@@ -121,6 +124,7 @@ static nb_status gate(nb_pg *pg, nb_work *w, char *what, size_t len, bool *expla
     w->check = NULL;
     if (p) pg->stats.headers_early++;
     nb_status st = p ? NB_OK : post(pg, w, &p);
+    if (st == NB_OK && pg->base->prepare) pg->base->prepare(pg, w);
     int r = st == NB_OK ? pg->base->xtest(pg, p->x) : (int)st;
     double pause = 2e-5;
     while (r == 0) {
