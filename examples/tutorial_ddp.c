@@ -8,7 +8,8 @@
  * environment, the distributed sampler, DDP (and SyncBatchNorm with
  * --cnn), exact evaluation, rank-0 checkpoints and resume on every rank.
  *
- *   tutorial_ddp [--data FILE] [--cnn] [--epochs N] [--ckpt-dir DIR] [--resume]
+ *   tutorial_ddp [--data FILE] [--cnn] [--epochs N] [--ckpt-dir DIR]
+ *                [--resume [auto|auto-or-fresh]]
  */
 #include <math.h>
 #include <stdio.h>
@@ -91,6 +92,24 @@ static nb_status evaluate(nb_ddp *ddp, nb_pg *pg, nb_loader *test, nb_ctx *step,
     return s;
 }
 
+/* --resume auto: the newest checkpoint in dir that loads, by the rule of
+ * nb_checkpoint_find_latest (it says what it passes over, and refuses when
+ * files are there but none loads, unless auto-or-fresh), the same on every
+ * rank: n * sum(x^2) equals sum(x)^2 only when the n steps x are equal.
+ * *found false: start afresh. */
+static nb_status find_resume(nb_pg *pg, const char *dir, const char *mode, char *path, size_t cap,
+                             bool *found) {
+    int64_t step;
+    nb_status s = nb_checkpoint_find_latest(dir, "tutorial_ddp", strcmp(mode, "auto-or-fresh") == 0, path,
+                                            cap, found, &step);
+    double v[2] = {(double)step, (double)step * (double)step};
+    if (s == NB_OK) s = sum_over_ranks(pg, v, 2);
+    if (s == NB_OK && v[1] * nb_pg_size(pg) != v[0] * v[0])
+        s = nb_set_error(NB_ERR_MISMATCH, "--resume %s: the ranks found different checkpoints in %s (is "
+                         "the folder the same on every node?)", mode, dir);
+    return s;
+}
+
 /* Refuses a checkpoint written by a run with a different world size: the
  * sampler's shards, and so the order of the data, depend on it. */
 static nb_status check_world_size(const char *path, int world) {
@@ -107,7 +126,8 @@ static nb_status check_world_size(const char *path, int world) {
 
 int main(int argc, char **argv) {
     const char *data = "examples/datasets/breast_cancer.csv"; /* from the source tree's root */
-    bool cnn = false, resume = false;
+    bool cnn = false;
+    const char *resume = NULL; /* --resume: "" (DIR/ckpt.safetensors), "auto" or "auto-or-fresh" */
     int64_t epochs = 10;
     const char *ckpt_dir = NULL;
     for (int i = 1; i < argc; i++) {
@@ -115,15 +135,17 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--cnn")) cnn = true;
         else if (!strcmp(argv[i], "--epochs") && i + 1 < argc) epochs = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--ckpt-dir") && i + 1 < argc) ckpt_dir = argv[++i];
-        else if (!strcmp(argv[i], "--resume")) resume = true;
+        else if (!strcmp(argv[i], "--resume"))
+            resume = i + 1 < argc && !strncmp(argv[i + 1], "auto", 4) ? argv[++i] : "";
         else {
             fprintf(stderr, "usage: tutorial_ddp [--data FILE] [--cnn] [--epochs N] "
-                            "[--ckpt-dir DIR] [--resume]\n");
+                            "[--ckpt-dir DIR] [--resume [auto|auto-or-fresh]]\n");
             return 2;
         }
     }
-    if (epochs < 1 || (resume && !ckpt_dir)) {
-        fprintf(stderr, "tutorial_ddp: need --epochs >= 1, and --ckpt-dir with --resume\n");
+    bool resume_ok = !resume || !*resume || !strcmp(resume, "auto") || !strcmp(resume, "auto-or-fresh");
+    if (epochs < 1 || (resume && !ckpt_dir) || !resume_ok) {
+        fprintf(stderr, "tutorial_ddp: need --epochs >= 1, and --ckpt-dir with --resume [auto|auto-or-fresh]\n");
         return 2;
     }
 
@@ -206,12 +228,16 @@ int main(int argc, char **argv) {
     nb_named_tensor *state = malloc((size_t)n_state * sizeof *state);
     nb_module_state(model, state, n_state);
     int64_t first_epoch = 0;
-    if (resume) {
-        CHECK(check_world_size(ckpt, world));
+    char from[4096] = ""; /* the file to resume from; saves still go to ckpt */
+    bool found = resume && !*resume; /* --resume alone: ckpt, which must exist */
+    if (found) snprintf(from, sizeof from, "%s", ckpt);
+    if (resume && *resume) CHECK(find_resume(pg, ckpt_dir, resume, from, sizeof from, &found));
+    if (found) {
+        CHECK(check_world_size(from, world));
         nb_train_state ts;
-        CHECK(nb_checkpoint_load_training(ckpt, state, n_state, opt, &ts));
+        CHECK(nb_checkpoint_load_training(from, state, n_state, opt, &ts));
         first_epoch = ts.epoch;
-        if (rank == 0) printf("resumed from %s at epoch %lld\n", ckpt, (long long)first_epoch);
+        if (rank == 0) printf("resumed from %s at epoch %lld\n", from, (long long)first_epoch);
     }
 
     /* 6. Wrap the model: same parameters everywhere, gradients averaged. */
@@ -253,10 +279,10 @@ int main(int argc, char **argv) {
         if (rank == 0 && ckpt_dir) {
             char world_s[16];
             snprintf(world_s, sizeof world_s, "%d", world);
-            nb_kv meta[] = {{"world_size", world_s}};
+            nb_kv meta[] = {{"world_size", world_s}, {"program", "tutorial_ddp"}};
             nb_train_state ts = {.step = nb_optim_step_count(opt), .epoch = epoch + 1,
                                  .rng = nb_rng_make(0)};
-            CHECK(nb_checkpoint_save_training(ckpt, state, n_state, opt, &ts, meta, 1));
+            CHECK(nb_checkpoint_save_training(ckpt, state, n_state, opt, &ts, meta, 2));
         }
     }
 

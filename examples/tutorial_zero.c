@@ -12,7 +12,8 @@
  * With --zero3 the parameters and gradients are sharded too (ZeRO-3 /
  * FSDP, nb_fsdp), without checkpoints.
  *
- *   tutorial_zero [--data FILE] [--steps N] [--stop-at N] [--ckpt-dir DIR] [--resume] [--zero3]
+ *   tutorial_zero [--data FILE] [--steps N] [--stop-at N] [--ckpt-dir DIR]
+ *                 [--resume [auto|auto-or-fresh]] [--zero3]
  */
 #include <math.h>
 #include <stdio.h>
@@ -64,6 +65,29 @@ static nb_status evaluate(nb_module *model, nb_pg *pg, nb_loader *test, nb_ctx *
     return NB_OK;
 }
 
+/* --resume auto: the newest checkpoint in dir that loads (nb_checkpoint_find_latest
+ * says what it passes over, and refuses when files are there but none
+ * loads, unless auto-or-fresh), the same on every rank: the largest step
+ * found and the largest of minus each, that is the smallest, must agree.
+ * *found false: start afresh. */
+static nb_status find_resume(nb_pg *pg, const char *dir, const char *mode, char *path, size_t cap,
+                             bool *found) {
+    int64_t step;
+    nb_status s = nb_checkpoint_find_latest(dir, "tutorial_zero", strcmp(mode, "auto-or-fresh") == 0, path,
+                                            cap, found, &step);
+    if (s != NB_OK) return s;
+    nb_ctx *ctx = nb_ctx_new(nb_pg_device(pg), 0);
+    nb_tensor *t = nb_from_host(ctx, NB_F64, NB_SHAPE(2), (double[]){(double)step, -(double)step});
+    s = nb_work_finish(nb_pg_all_reduce(pg, t, NB_REDUCE_MAX));
+    double range[2];
+    if (s == NB_OK) nb_to_host(t, range);
+    nb_ctx_free(ctx);
+    if (s == NB_OK && range[0] != -range[1])
+        s = nb_set_error(NB_ERR_MISMATCH, "--resume %s: the ranks found checkpoints of steps %g to %g in %s "
+                         "(is the folder the same on every node?)", mode, -range[1], range[0], dir);
+    return s;
+}
+
 /* Saves the run at `step`: a collective (the shards are gathered on rank
  * 0), then rank 0 writes. The file is the one plain DDP would write. */
 static nb_status save(nb_ddp *ddp, nb_optim *opt, nb_loader *train, const nb_named_tensor *state,
@@ -74,29 +98,32 @@ static nb_status save(nb_ddp *ddp, nb_optim *opt, nb_loader *train, const nb_nam
     nb_loader_position(train, &ts.epoch, &ts.data_position); /* the next batch to read */
     char world_s[16];
     snprintf(world_s, sizeof world_s, "%d", world);
-    nb_kv meta[] = {{"world_size", world_s}};
-    return nb_checkpoint_save_training(path, state, n_state, opt, &ts, meta, 1);
+    nb_kv meta[] = {{"world_size", world_s}, {"program", "tutorial_zero"}};
+    return nb_checkpoint_save_training(path, state, n_state, opt, &ts, meta, 2);
 }
 
 int main(int argc, char **argv) {
     const char *data = "examples/datasets/digits.csv", *ckpt_dir = NULL;
     int64_t steps = 200, stop_at = 0, warmup = 20, save_every = 50, log_every = 50;
     double lr = 3e-3, max_norm = 1.0;
-    bool resume = false, zero3 = false;
+    bool zero3 = false;
+    const char *resume = NULL; /* --resume: "" (DIR/ckpt.safetensors), "auto" or "auto-or-fresh" */
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--data") && i + 1 < argc) data = argv[++i];
         else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--stop-at") && i + 1 < argc) stop_at = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--ckpt-dir") && i + 1 < argc) ckpt_dir = argv[++i];
-        else if (!strcmp(argv[i], "--resume")) resume = true;
+        else if (!strcmp(argv[i], "--resume"))
+            resume = i + 1 < argc && !strncmp(argv[i + 1], "auto", 4) ? argv[++i] : "";
         else if (!strcmp(argv[i], "--zero3")) zero3 = true;
         else {
             fprintf(stderr, "usage: tutorial_zero [--data FILE] [--steps N] [--stop-at N] "
-                            "[--ckpt-dir DIR] [--resume] [--zero3]\n");
+                            "[--ckpt-dir DIR] [--resume [auto|auto-or-fresh]] [--zero3]\n");
             return 2;
         }
     }
-    if (steps < 1 || stop_at < 0 || ((resume || stop_at) && !ckpt_dir) || (zero3 && ckpt_dir)) {
+    bool resume_ok = !resume || !*resume || !strcmp(resume, "auto") || !strcmp(resume, "auto-or-fresh");
+    if (steps < 1 || stop_at < 0 || ((resume || stop_at) && !ckpt_dir) || (zero3 && ckpt_dir) || !resume_ok) {
         fprintf(stderr, "tutorial_zero: need --steps >= 1, and --ckpt-dir with --resume or --stop-at "
                         "(not with --zero3)\n");
         return 2;
@@ -161,9 +188,13 @@ int main(int argc, char **argv) {
     nb_named_tensor *state = malloc((size_t)n_state * sizeof *state);
     nb_module_state(model, state, n_state);
     nb_train_state ts = {0};
-    if (resume) {
+    char from[4096] = ""; /* the file to resume from; saves still go to ckpt */
+    bool found = resume && !*resume; /* --resume alone: ckpt, which must exist */
+    if (found) snprintf(from, sizeof from, "%s", ckpt);
+    if (resume && *resume) CHECK(find_resume(pg, ckpt_dir, resume, from, sizeof from, &found));
+    if (found) {
         nb_checkpoint *ck;
-        CHECK(nb_checkpoint_open(ckpt, &ck));
+        CHECK(nb_checkpoint_open(from, &ck));
         const char *meta = nb_checkpoint_meta(ck, "world_size");
         char saved[32]; /* a copy: the checkpoint's strings go with it */
         snprintf(saved, sizeof saved, "%s", meta ? meta : "(unknown)");
@@ -171,11 +202,11 @@ int main(int argc, char **argv) {
         nb_checkpoint_close(ck);
         if (!same)
             CHECK(nb_set_error(NB_ERR_MISMATCH, "%s was written by a run of %s processes, this run has %d "
-                               "(the order of the data depends on it)", ckpt, saved, world));
-        CHECK(nb_checkpoint_load_training(ckpt, state, n_state, opt, &ts));
+                               "(the order of the data depends on it)", from, saved, world));
+        CHECK(nb_checkpoint_load_training(from, state, n_state, opt, &ts));
         CHECK(nb_loader_seek(train_loader, ts.epoch, ts.data_position));
         if (rank == 0)
-            printf("resumed from %s at step %lld (epoch %lld, batch %lld)\n", ckpt, (long long)ts.step,
+            printf("resumed from %s at step %lld (epoch %lld, batch %lld)\n", from, (long long)ts.step,
                    (long long)ts.epoch, (long long)ts.data_position);
     }
 

@@ -15,6 +15,10 @@
    state of one process; a checkpoint of two processes is refused on one.
    With --zero3 (ZeRO-3) it ends with ZeRO-1's test loss within 1e-5,
    each of two ranks holding half of the parameters, gradients and moments.
+   Both follow --resume auto's rule (Note [Resume auto],
+   nb_checkpoint_find_latest): a truncated newest checkpoint is passed
+   over, named, for an older one that loads; with every file damaged the
+   program exits non-zero naming each, and auto-or-fresh starts afresh.
 3. The code blocks of docs/tutorial.md tagged "c tutorial_ddp.c" (and
    "c tutorial_zero.c"), put together in the file's order, are the program
    word for word (each block once, nothing of the file left out but blank
@@ -75,6 +79,37 @@ def test_program(tmp):
     if "was written by a run of 1 processes, this run has 2" not in err:
         fail("a world-size change was not refused with the message:\n" + err)
     print("a checkpoint of 1 process is refused on 2")
+
+
+def truncate(path):
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) // 2)
+
+
+def test_resume_auto(tmp, program, args, done):
+    """--resume auto: a truncated newest file is passed over for an older one; all damaged: refused."""
+    ck = os.path.join(tmp, "auto-" + program)
+    first = run([program, "--ckpt-dir", ck, "--resume", "auto"] + args[0], 2, timeout=90)[0]
+    if "resumed from" in first:
+        fail("%s --resume auto with no checkpoint should start afresh:\n%s" % (program, first))
+    older = os.path.join(ck, "ckpt.older.safetensors")
+    os.link(os.path.join(ck, "ckpt.safetensors"), older)  # as a kept checkpoint would be
+    run([program, "--ckpt-dir", ck, "--resume", "auto"] + args[1], 2, timeout=90)
+    newest = os.path.join(ck, "ckpt.safetensors")
+    truncate(newest)
+    out, err = run([program, "--ckpt-dir", ck, "--resume", "auto"] + args[1], 2, timeout=90)
+    if "%s: --resume auto passes over %s: " % (program, newest) not in err or "resumed from %s at %s" % (older, done) \
+            not in out:
+        fail("%s --resume auto over a truncated newest file:\n%s\n%s" % (program, out, err))
+    truncate(newest)  # the run above wrote it again
+    truncate(older)
+    _, err = run([program, "--ckpt-dir", ck, "--resume", "auto"] + args[1], 2, expect_rc=1, timeout=90)
+    if "none can be resumed from" not in err or newest not in err or older not in err:
+        fail("%s --resume auto with every checkpoint damaged:\n%s" % (program, err))
+    out, _ = run([program, "--ckpt-dir", ck, "--resume", "auto-or-fresh"] + args[1], 2, timeout=90)
+    if "resumed from" in out:
+        fail("%s --resume auto-or-fresh over damaged files should start afresh:\n%s" % (program, out))
+    print("%s --resume auto: passes over a truncated newest file; all damaged: refused, naming both" % program)
 
 
 def test_unusable_ckpt_dir(tmp):
@@ -210,6 +245,12 @@ def main():
             test_missing_data(tmp)
             test_unusable_ckpt_dir(tmp)
             test_zero(tmp)
+            table = ["--data", os.path.join(DATA, "breast_cancer.csv")]
+            test_resume_auto(tmp, "tutorial_ddp", (["--epochs", "1"] + table, ["--epochs", "2"] + table),
+                             "epoch 1")
+            digits = ["--data", os.path.join(DATA, "digits.csv")]
+            test_resume_auto(tmp, "tutorial_zero", (["--steps", "20"] + digits, ["--steps", "40"] + digits),
+                             "step 20")
     print("ok")
 
 

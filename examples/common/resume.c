@@ -151,137 +151,6 @@ void resume_prune_shards(const char *dir) {
     free(used);
 }
 
-/* A candidate of --resume auto: a regular *.safetensors file of DIR. */
-typedef struct candidate {
-    char path[4096];
-    long long step;   /* -1: not known (it did not open) */
-    struct timespec mtime;
-    bool ours;        /* opened, and of this program */
-    char fault[600];  /* why it cannot be resumed from ("": none found yet) */
-} candidate;
-
-/* Opens c: its "step" when it is a well-formed checkpoint of `program`. */
-static void candidate_open(candidate *c, const char *program) {
-    nb_checkpoint *ck;
-    c->step = -1;
-    if (nb_checkpoint_open(c->path, &ck) != NB_OK) {
-        snprintf(c->fault, sizeof c->fault, "%s", nb_last_error());
-        return;
-    }
-    const char *prog = nb_checkpoint_meta(ck, "program"), *s = nb_checkpoint_meta(ck, "step");
-    char *end = NULL;
-    if (prog && s && strcmp(prog, program) == 0) {
-        c->step = strtoll(s, &end, 10);
-        c->ours = end != s && *end == 0 && c->step >= 0;
-        if (!c->ours) snprintf(c->fault, sizeof c->fault, "its step \"%s\" is not a count", s);
-    }
-    nb_checkpoint_close(ck);
-}
-
-/* Reads every tensor of c (the loader refuses NaN and infinite values with
- * the tensor and element named), so that a file chosen will load. The
- * index of a sharded checkpoint is checked with all its shards, as one
- * unit: a shard missing, cut short or of another save is c's fault, named. */
-static bool candidate_check(candidate *c) {
-    nb_checkpoint *ck;
-    nb_checkpoint_sharded *sh = NULL;
-    if (nb_checkpoint_open(c->path, &ck) != NB_OK) {
-        snprintf(c->fault, sizeof c->fault, "%s", nb_last_error());
-        return false;
-    }
-    if (nb_checkpoint_is_sharded(ck) && nb_checkpoint_sharded_open(c->path, &sh) != NB_OK) {
-        snprintf(c->fault, sizeof c->fault, "%s", nb_last_error());
-        nb_checkpoint_close(ck);
-        return false;
-    }
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
-    bool ok = true;
-    int n = sh ? nb_checkpoint_sharded_count(sh) : nb_checkpoint_count(ck);
-    for (int i = 0; i < n && ok; i++) {
-        const nb_checkpoint_entry *e = sh ? nb_checkpoint_sharded_entry_at(sh, i) : nb_checkpoint_entry_at(ck, i);
-        nb_tensor *t = nb_empty(ctx, e->dtype, e->ndim, e->shape);
-        if ((sh ? nb_checkpoint_sharded_read(sh, e->name, t) : nb_checkpoint_read(ck, e->name, t)) != NB_OK) {
-            snprintf(c->fault, sizeof c->fault, "%s", nb_last_error());
-            ok = false;
-        }
-        nb_ctx_reset(ctx);
-    }
-    nb_ctx_free(ctx);
-    nb_checkpoint_sharded_close(sh);
-    nb_checkpoint_close(ck);
-    return ok;
-}
-
-static bool newer(const candidate *a, const candidate *b) {
-    if (a->step != b->step) return a->step > b->step;
-    if (a->mtime.tv_sec != b->mtime.tv_sec) return a->mtime.tv_sec > b->mtime.tv_sec;
-    return a->mtime.tv_nsec > b->mtime.tv_nsec;
-}
-
-/* Note [Resume auto]: the newest checkpoint of `program` in `dir` that
- * loads; each newer one it passes over is said on stderr with its fault.
- * When files are there and none loads, NB_ERR_FORMAT naming each with its
- * fault, unless `fresh_ok` (--resume auto-or-fresh). */
-static nb_status find_latest(const char *dir, const char *program, bool fresh_ok, char *path, size_t cap,
-                             bool *found, int64_t *best) {
-    DIR *d = opendir(dir);
-    if (!d) {
-        if (errno == ENOENT) return NB_OK; /* no directory yet: nothing to resume */
-        return nb_set_error(NB_ERR_IO, "--resume auto: cannot read directory \"%s\": %s", dir, strerror(errno));
-    }
-    candidate *cs = NULL;
-    int n = 0, room = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL) {
-        if (!ends_with(e->d_name, ".safetensors")) continue; /* temporary files end in .tmp.<host>.<pid>.<n> */
-        if (n == room) {
-            room = room ? 2 * room : 8;
-            candidate *p = realloc(cs, (size_t)room * sizeof *p);
-            NB_CHECK(p != NULL, "--resume auto: out of memory");
-            cs = p;
-        }
-        candidate *c = &cs[n];
-        memset(c, 0, sizeof *c);
-        if (snprintf(c->path, sizeof c->path, "%s/%s", dir, e->d_name) >= (int)sizeof c->path) continue;
-        struct stat st;
-        if (stat(c->path, &st) != 0 || !S_ISREG(st.st_mode)) continue;
-        c->mtime = st.st_mtim;
-        candidate_open(c, program);
-        if (c->ours || c->fault[0]) n++; /* another program's checkpoint is none of ours */
-    }
-    closedir(d);
-    for (int i = 1; i < n; i++) /* newest first; files that did not open last */
-        for (int j = i; j > 0 && newer(&cs[j], &cs[j - 1]); j--) {
-            candidate t = cs[j];
-            cs[j] = cs[j - 1];
-            cs[j - 1] = t;
-        }
-    int chosen = -1;
-    for (int i = 0; i < n && chosen < 0; i++)
-        if (cs[i].ours && candidate_check(&cs[i])) chosen = i;
-    for (int i = 0; i < n; i++)
-        if (cs[i].fault[0] && (chosen < 0 || cs[i].step >= cs[chosen].step || !cs[i].ours))
-            fprintf(stderr, "%s: --resume auto passes over %s: %s\n", program, cs[i].path, cs[i].fault);
-    nb_status s = NB_OK;
-    if (chosen >= 0) {
-        snprintf(path, cap, "%s", cs[chosen].path);
-        *found = true;
-        *best = cs[chosen].step;
-    } else if (n > 0 && !fresh_ok) {
-        char list[3000] = "";
-        for (int i = 0; i < n; i++) {
-            size_t u = strlen(list);
-            snprintf(list + u, sizeof list - u, "%s%s (%s)", i ? "; " : "", cs[i].path, cs[i].fault);
-        }
-        s = nb_set_error(NB_ERR_FORMAT,
-                         "--resume auto: %d checkpoint file%s in %s, and none can be resumed from: %s; not "
-                         "starting afresh over them (--resume auto-or-fresh would)",
-                         n, n == 1 ? "" : "s", dir, list);
-    }
-    free(cs);
-    return s;
-}
-
 /* Every rank chose the same step: sum(x^2) * R == sum(x)^2 only when all x are equal. */
 static nb_status check_agreed(run_dist *d, int64_t step) {
     double v[2] = {(double)step, (double)step * (double)step};
@@ -307,7 +176,7 @@ nb_status resume_find(run_dist *d, const char *dir, const char *mode, const char
     if (strcmp(mode, "auto") != 0 && !fresh_ok)
         return nb_set_error(NB_ERR_INVALID, "--resume takes no value, \"auto\" or \"auto-or-fresh\", not \"%s\"",
                             mode);
-    nb_status s = find_latest(dir, program, fresh_ok, path, cap, found, step);
+    nb_status s = nb_checkpoint_find_latest(dir, program, fresh_ok, path, cap, found, step);
     return s == NB_OK ? check_agreed(d, *step) : s;
 }
 

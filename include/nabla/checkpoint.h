@@ -213,6 +213,21 @@ NB_API void nb_checkpoint_sharded_set_allow_nonfinite(nb_checkpoint_sharded *s, 
  * state in memory once. */
 NB_API nb_status nb_checkpoint_consolidate(const char *index_path, const char *out_path);
 
+/* A program's --resume auto (Note [Resume auto] in checkpoint/latest.c):
+ * the newest checkpoint in `dir` whose metadata has "program" = program
+ * and a "step" count and whose every tensor reads (NaN and infinity
+ * refused): the largest step, then the latest modified, among the regular
+ * files *.safetensors. Each newer or damaged file passed over is said on
+ * stderr ("<program>: --resume auto passes over <file>: <fault>"). *found
+ * false: nothing to resume (no folder, or no checkpoint), *step -1. When
+ * *.safetensors files are there and none can be resumed from,
+ * NB_ERR_FORMAT naming each file and its fault, unless fresh_ok
+ * (--resume auto-or-fresh: *found false). NB_ERR_IO when dir exists but
+ * cannot be read. Every rank of a run must choose the same file: compare
+ * *step over the ranks. */
+NB_API nb_status nb_checkpoint_find_latest(const char *dir, const char *program, bool fresh_ok, char *path,
+                                           size_t cap, bool *found, int64_t *step);
+
 #ifdef __cplusplus
 }
 #endif
