@@ -402,8 +402,7 @@ bool nb__cuda_causal_attention_takes(const nb_tensor *qkv, int h) {
  * stream) launches our kernels for the storage type T. */
 template <class Cudnn, class Own>
 static void run(const char *op, const nb_tensor *out, const nb_tensor *qkv, Cudnn cudnn, Own own) {
-    nb__cuda_use(op, out->device.index);
-    cudaStream_t st = (cudaStream_t)nb__cuda_compute_stream(out->device.index);
+    cudaStream_t st = nb__cuda_enter(op, out->device.index);
     if (qkv->shape[0] == 0 || qkv->shape[1] == 0) return;
     if (attention_path() != PATH_OWN) {
         const char *why = "";

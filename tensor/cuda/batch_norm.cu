@@ -535,7 +535,7 @@ extern "C" void nb__cuda_batch_norm(nb_tensor *y, nb_tensor *save_mean, nb_tenso
                                     nb_tensor *running_var, bool training, double momentum,
                                     double eps, int64_t n, int64_t c, int64_t s) {
     int dev = y->device.index;
-    nb__cuda_use(OP, dev);
+    cudaStream_t st = nb__cuda_enter(OP, dev);
     if (c == 0) return;
     check_float("weight", weight);
     check_float("bias", bias);
@@ -552,7 +552,6 @@ extern "C" void nb__cuda_batch_norm(nb_tensor *y, nb_tensor *save_mean, nb_tenso
     } else if (!running_mean || !running_var) {
         NB_ABORT("%s: eval mode needs running_mean and running_var", OP);
     }
-    cudaStream_t st = nb__cuda_compute_stream(dev);
     if (use_cudnn(dev, x->dtype, running_mean, running_var, training, eps, n, c, s)) {
         cudnn_forward(dev, st, y, save_mean, save_invstd, x, weight, bias, running_mean,
                       running_var, training, momentum, eps, n, c, s);
@@ -604,7 +603,7 @@ extern "C" void nb__cuda_batch_norm_backward(nb_tensor *dx, nb_tensor *dw, nb_te
                                              const nb_tensor *weight, bool training, double eps,
                                              int64_t n, int64_t c, int64_t s) {
     int dev = g->device.index;
-    nb__cuda_use(OP, dev);
+    cudaStream_t st = nb__cuda_enter(OP, dev);
     nb_tensor *out = dx ? dx : dw ? dw : db;
     if (!out || c == 0) return;
     check_float("weight", weight);
@@ -617,7 +616,6 @@ extern "C" void nb__cuda_batch_norm_backward(nb_tensor *dx, nb_tensor *dw, nb_te
     int wdt = weight ? weight->dtype : dw ? dw->dtype : db ? db->dtype : NB_F32;
     if ((dw && dw->dtype != wdt) || (db && db->dtype != wdt))
         NB_ABORT("%s: dw, db and weight differ in dtype", OP);
-    cudaStream_t st = nb__cuda_compute_stream(dev);
     if (training && use_cudnn(dev, x->dtype, NULL, NULL, true, eps, n, c, s)) {
         cudnn_backward(dev, st, out->ctx, dx, dw, db, g, x, mean, invstd, weight, eps, n, c, s);
         return;

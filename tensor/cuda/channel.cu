@@ -141,18 +141,13 @@ static unsigned blocks_for(int64_t work, int64_t per_block) {
     return (unsigned)(b < MAX_BLOCKS ? b : MAX_BLOCKS);
 }
 
-static cudaStream_t stream_of(const char *op, const nb_tensor *t) {
-    nb__cuda_use(op, t->device.index);
-    return (cudaStream_t)nb__cuda_compute_stream(t->device.index);
-}
-
 /* CALL with T the storage type of the float dtype dt (types.cuh). */
 #define DISPATCH(op, dt, CALL)                                                                   \
     by_float_dtype(op, dt, [&](auto t_) { typedef typename decltype(t_)::type T; CALL; })
 
 void nb__cuda_channel_stats(nb_tensor *stats, const nb_tensor *x, int64_t n, int64_t c, int64_t s) {
     const char *op = "nb_sync_batch_norm";
-    cudaStream_t st = stream_of(op, x);
+    cudaStream_t st = nb__cuda_enter(op, x->device.index);
     if (c == 0) return;
     if (n * s == 0) {
         NB_CUDA_CHECK(op, cudaMemsetAsync(stats->data, 0, 3 * (size_t)c * sizeof(double), st));
@@ -170,7 +165,7 @@ void nb__cuda_channel_finalize(nb_tensor *mean, nb_tensor *invstd, const nb_tens
                                double eps, int64_t c, const nb_tensor *input) {
     (void)input; /* the count is checked on the device: no shape in the message */
     const char *op = "nb_sync_batch_norm";
-    cudaStream_t st = stream_of(op, stats);
+    cudaStream_t st = nb__cuda_enter(op, stats->device.index);
     if (c == 0) return;
     void *rm = running_mean ? running_mean->data : NULL;
     void *rv = running_var ? running_var->data : NULL;
@@ -186,7 +181,7 @@ void nb__cuda_channel_normalize(nb_tensor *y, const nb_tensor *x, const nb_tenso
                                 const nb_tensor *invstd, const nb_tensor *w, const nb_tensor *b,
                                 int64_t n, int64_t c, int64_t s){
     const char *op = "nb_sync_batch_norm";
-    cudaStream_t st = stream_of(op, x);
+    cudaStream_t st = nb__cuda_enter(op, x->device.index);
     int64_t total = n * c * s;
     if (total == 0) return;
     const void *wp = w ? w->data : NULL, *bp = b ? b->data : NULL;
@@ -202,7 +197,7 @@ void nb__cuda_channel_backward_sums(nb_tensor *sums, const nb_tensor *dy, const 
                                     const nb_tensor *mean, const nb_tensor *invstd, int64_t n,
                                     int64_t c, int64_t s){
     const char *op = "nb_sync_batch_norm (backward)";
-    cudaStream_t st = stream_of(op, x);
+    cudaStream_t st = nb__cuda_enter(op, x->device.index);
     if (c == 0) return;
     if (n * s == 0) {
         NB_CUDA_CHECK(op, cudaMemsetAsync(sums->data, 0, 2 * (size_t)c * sizeof(double), st));
@@ -221,7 +216,7 @@ void nb__cuda_channel_backward_dx(nb_tensor *dx, const nb_tensor *dy, const nb_t
                                   const nb_tensor *sums, const nb_tensor *stats, int64_t n, int64_t c,
                                   int64_t s){
     const char *op = "nb_sync_batch_norm (backward)";
-    cudaStream_t st = stream_of(op, x);
+    cudaStream_t st = nb__cuda_enter(op, x->device.index);
     int64_t total = n * c * s;
     if (total == 0) return;
     const void *wp = w ? w->data : NULL;

@@ -103,18 +103,25 @@ typedef struct conv_key {
     int64_t device, dtype, tf32;
 } conv_key;
 
+typedef enum direction { FWD, BWD_DATA, BWD_FILTER } direction;
+
+/* The algorithm chosen for one direction: cuDNN's enum of that direction
+ * (cudnnConvolutionFwdAlgo_t, ...BwdDataAlgo_t, ...BwdFilterAlgo_t) as an
+ * int, the math it runs with and its workspace. */
+typedef struct conv_choice {
+    bool have;
+    int algo;
+    cudnnMathType_t math;
+    size_t ws;
+} conv_choice;
+
 typedef struct conv_plan {
     bool used;
     conv_key key;
     cudnnTensorDescriptor_t xd, yd;
     cudnnFilterDescriptor_t wd;
     cudnnConvolutionDescriptor_t cd;
-    bool have_fwd, have_bwd_data, have_bwd_filter;
-    cudnnConvolutionFwdAlgo_t fwd;
-    cudnnConvolutionBwdDataAlgo_t bwd_data;
-    cudnnConvolutionBwdFilterAlgo_t bwd_filter;
-    cudnnMathType_t fwd_math, bwd_data_math, bwd_filter_math;
-    size_t fwd_ws, bwd_data_ws, bwd_filter_ws;
+    conv_choice c[3]; /* by direction */
 } conv_plan;
 
 #define PLAN_SLOTS 128
@@ -237,7 +244,7 @@ static void plan_make(conv_plan *p, const conv_key *k) {
                  OP, on, oc, ohh, oww, (long long)g->n, (long long)g->o, (long long)g->oh,
                  (long long)g->ow);
     }
-    p->have_fwd = p->have_bwd_data = p->have_bwd_filter = false;
+    for (int d = FWD; d <= BWD_FILTER; d++) p->c[d].have = false;
     p->key = *k;
     p->used = true;
 }
@@ -295,61 +302,33 @@ static cudnnMathType_t run_math(const conv_plan *p, cudnnMathType_t chosen) {
 
 #define MAX_ALGOS 16
 
-static void choose_fwd(conv_plan *p, cudnnHandle_t h, size_t limit) {
-    cudnnConvolutionFwdAlgoPerf_t r[MAX_ALGOS];
-    int cnt = 0;
-    DNN_CHECK(cudnnSetConvolutionMathType(p->cd, base_math(&p->key)));
-    DNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, p->xd, p->wd, p->cd, p->yd,
-                                                     MAX_ALGOS, &cnt, r));
-    int i = pick(r, cnt, limit);
-    if (i < 0) {
-        unlock_all();
-        NB_ABORT("%s: cuDNN has no forward algorithm for %s", OP, geom_str(&p->key).s);
-    }
-    p->fwd = r[i].algo;
-    p->fwd_math = run_math(p, r[i].mathType);
-    DNN_CHECK(cudnnSetConvolutionMathType(p->cd, p->fwd_math));
-    DNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(h, p->xd, p->wd, p->cd, p->yd,
-                                                      p->fwd, &p->fwd_ws));
-    p->have_fwd = true;
+static const char *direction_name(direction d) {
+    return d == FWD ? "forward" : d == BWD_DATA ? "backward-data" : "backward-filter";
 }
 
-static void choose_bwd_data(conv_plan *p, cudnnHandle_t h, size_t limit) {
-    cudnnConvolutionBwdDataAlgoPerf_t r[MAX_ALGOS];
+/* Chooses direction d's algorithm from cuDNN's heuristic results (pick),
+ * for the plan's base math, and sizes its workspace. What differs between
+ * the directions is cuDNN's query for the results (algos(r, &cnt), r an
+ * array of MAX_ALGOS of its Perf type) and for an algorithm's workspace
+ * (ws(algo, &bytes)). */
+template <typename Perf, typename Algos, typename Ws>
+static void choose(conv_plan *p, direction d, size_t limit, Algos algos, Ws ws) {
+    Perf r[MAX_ALGOS];
     int cnt = 0;
     DNN_CHECK(cudnnSetConvolutionMathType(p->cd, base_math(&p->key)));
-    DNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, p->wd, p->yd, p->cd, p->xd,
-                                                          MAX_ALGOS, &cnt, r));
+    DNN_CHECK(algos(r, &cnt));
     int i = pick(r, cnt, limit);
     if (i < 0) {
         unlock_all();
-        NB_ABORT("%s: cuDNN has no backward-data algorithm for %s", OP, geom_str(&p->key).s);
+        NB_ABORT("%s: cuDNN has no %s algorithm for %s", OP, direction_name(d),
+                 geom_str(&p->key).s);
     }
-    p->bwd_data = r[i].algo;
-    p->bwd_data_math = run_math(p, r[i].mathType);
-    DNN_CHECK(cudnnSetConvolutionMathType(p->cd, p->bwd_data_math));
-    DNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(h, p->wd, p->yd, p->cd, p->xd,
-                                                           p->bwd_data, &p->bwd_data_ws));
-    p->have_bwd_data = true;
-}
-
-static void choose_bwd_filter(conv_plan *p, cudnnHandle_t h, size_t limit) {
-    cudnnConvolutionBwdFilterAlgoPerf_t r[MAX_ALGOS];
-    int cnt = 0;
-    DNN_CHECK(cudnnSetConvolutionMathType(p->cd, base_math(&p->key)));
-    DNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, p->xd, p->yd, p->cd, p->wd,
-                                                            MAX_ALGOS, &cnt, r));
-    int i = pick(r, cnt, limit);
-    if (i < 0) {
-        unlock_all();
-        NB_ABORT("%s: cuDNN has no backward-filter algorithm for %s", OP, geom_str(&p->key).s);
-    }
-    p->bwd_filter = r[i].algo;
-    p->bwd_filter_math = run_math(p, r[i].mathType);
-    DNN_CHECK(cudnnSetConvolutionMathType(p->cd, p->bwd_filter_math));
-    DNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(h, p->xd, p->yd, p->cd, p->wd,
-                                                             p->bwd_filter, &p->bwd_filter_ws));
-    p->have_bwd_filter = true;
+    conv_choice *c = &p->c[d];
+    c->algo = (int)r[i].algo;
+    c->math = run_math(p, r[i].mathType);
+    DNN_CHECK(cudnnSetConvolutionMathType(p->cd, c->math));
+    DNN_CHECK(ws(r[i].algo, &c->ws));
+    c->have = true;
 }
 
 /* Validates what plan_make would otherwise abort on under the lock. */
@@ -370,24 +349,45 @@ static conv_key make_key(int device, nb_dtype dt, const nb__conv2d_geom *g) {
     return k;
 }
 
-typedef enum direction { FWD, BWD_DATA, BWD_FILTER } direction;
-
-static const char *direction_name(direction d) {
-    return d == FWD ? "forward" : d == BWD_DATA ? "backward-data" : "backward-filter";
-}
-
 /* The plan of k with the algorithm of direction d chosen. Called with the
  * locks held. */
 static conv_plan *plan_for(const conv_key *k, cudnnHandle_t h, size_t limit, direction d) {
     conv_plan *p = plan_get(k);
-    if (d == FWD && !p->have_fwd) choose_fwd(p, h, limit);
-    if (d == BWD_DATA && !p->have_bwd_data) choose_bwd_data(p, h, limit);
-    if (d == BWD_FILTER && !p->have_bwd_filter) choose_bwd_filter(p, h, limit);
+    if (p->c[d].have) return p;
+    if (d == FWD)
+        choose<cudnnConvolutionFwdAlgoPerf_t>(
+            p, d, limit,
+            [&](cudnnConvolutionFwdAlgoPerf_t *r, int *cnt) {
+                return cudnnGetConvolutionForwardAlgorithm_v7(h, p->xd, p->wd, p->cd, p->yd,
+                                                              MAX_ALGOS, cnt, r);
+            },
+            [&](cudnnConvolutionFwdAlgo_t a, size_t *bytes) {
+                return cudnnGetConvolutionForwardWorkspaceSize(h, p->xd, p->wd, p->cd, p->yd, a,
+                                                               bytes);
+            });
+    else if (d == BWD_DATA)
+        choose<cudnnConvolutionBwdDataAlgoPerf_t>(
+            p, d, limit,
+            [&](cudnnConvolutionBwdDataAlgoPerf_t *r, int *cnt) {
+                return cudnnGetConvolutionBackwardDataAlgorithm_v7(h, p->wd, p->yd, p->cd, p->xd,
+                                                                   MAX_ALGOS, cnt, r);
+            },
+            [&](cudnnConvolutionBwdDataAlgo_t a, size_t *bytes) {
+                return cudnnGetConvolutionBackwardDataWorkspaceSize(h, p->wd, p->yd, p->cd, p->xd,
+                                                                    a, bytes);
+            });
+    else
+        choose<cudnnConvolutionBwdFilterAlgoPerf_t>(
+            p, d, limit,
+            [&](cudnnConvolutionBwdFilterAlgoPerf_t *r, int *cnt) {
+                return cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, p->xd, p->yd, p->cd,
+                                                                     p->wd, MAX_ALGOS, cnt, r);
+            },
+            [&](cudnnConvolutionBwdFilterAlgo_t a, size_t *bytes) {
+                return cudnnGetConvolutionBackwardFilterWorkspaceSize(h, p->xd, p->yd, p->cd,
+                                                                      p->wd, a, bytes);
+            });
     return p;
-}
-
-static size_t ws_bytes(const conv_plan *p, direction d) {
-    return d == FWD ? p->fwd_ws : d == BWD_DATA ? p->bwd_data_ws : p->bwd_filter_ws;
 }
 
 /* The plan of direction d and, in *ws, the device's workspace grown to
@@ -396,7 +396,7 @@ static size_t ws_bytes(const conv_plan *p, direction d) {
 static conv_plan *prepare(const conv_key *k, cudnnHandle_t h, size_t limit, direction d,
                           void **ws) {
     conv_plan *p = plan_for(k, h, limit, d);
-    size_t bytes = ws_bytes(p, d);
+    size_t bytes = p->c[d].ws;
     if (nb__cuda_cudnn_workspace((int)k->device, bytes, ws) != NB_OK) {
         unlock_all();
         NB_ABORT("%s: the %s workspace of %zu bytes for %s cannot be had: %s", OP,
@@ -406,28 +406,33 @@ static conv_plan *prepare(const conv_key *k, cudnnHandle_t h, size_t limit, dire
 }
 
 /* ---------------------------------------------------------- entry points */
+/* cuDNN's alpha (1) or beta (0) in the type its calls read for dt. */
+static const void *scalar(nb_dtype dt, int v) {
+    static const float f[2] = {0.0f, 1.0f};
+    static const double d[2] = {0.0, 1.0};
+    return dt == NB_F64 ? (const void *)&d[v] : (const void *)&f[v];
+}
+
 extern "C" void nb__cuda_conv2d(nb_ctx *ctx, nb_dtype dt, const nb__conv2d_geom *g,
                                 void *out, const void *x, const void *w, const void *b) {
     int dev = nb_ctx_device(ctx).index;
-    nb__cuda_use(OP, dev);
+    cudaStream_t st = nb__cuda_enter(OP, dev);
     int64_t total = g->n * g->o * g->oh * g->ow;
     if (total == 0) return;
-    cudaStream_t st = nb__cuda_compute_stream(dev);
     if (g->c * g->kh * g->kw == 0) {
         NB_CUDA_CHECK(OP, cudaMemsetAsync(out, 0, (size_t)total * nb_dtype_size(dt), st));
     } else {
         conv_key k = make_key(dev, dt, g);
         size_t limit = nb__cuda_cudnn_workspace_limit(dev);
-        float one_f = 1.0f, zero_f = 0.0f;
-        double one_d = 1.0, zero_d = 0.0;
-        const void *one = dt == NB_F64 ? (const void *)&one_d : (const void *)&one_f;
-        const void *zero = dt == NB_F64 ? (const void *)&zero_d : (const void *)&zero_f;
+        const void *one = scalar(dt, 1), *zero = scalar(dt, 0);
         void *ws;
         cudnnHandle_t h = lock_all(dev);
         conv_plan *p = prepare(&k, h, limit, FWD, &ws);
-        DNN_CHECK(cudnnSetConvolutionMathType(p->cd, p->fwd_math));
-        DNN_CHECK(cudnnConvolutionForward(h, one, p->xd, x, p->wd, w, p->cd, p->fwd, ws, p->fwd_ws,
-                                          zero, p->yd, out));
+        const conv_choice *c = &p->c[FWD];
+        DNN_CHECK(cudnnSetConvolutionMathType(p->cd, c->math));
+        DNN_CHECK(cudnnConvolutionForward(h, one, p->xd, x, p->wd, w, p->cd,
+                                          (cudnnConvolutionFwdAlgo_t)c->algo, ws, c->ws, zero,
+                                          p->yd, out));
         unlock_all();
     }
     if (b) bias_add(st, dt, out, b, total, g->o, g->oh * g->ow);
@@ -437,8 +442,7 @@ extern "C" void nb__cuda_conv2d_backward(nb_ctx *ctx, nb_dtype dt, const nb__con
                                          void *dx, void *dw, void *db, const void *gout,
                                          const void *x, const void *w) {
     int dev = nb_ctx_device(ctx).index;
-    nb__cuda_use(OP, dev);
-    cudaStream_t st = nb__cuda_compute_stream(dev);
+    cudaStream_t st = nb__cuda_enter(OP, dev);
     size_t es = nb_dtype_size(dt);
     int64_t nx = g->n * g->c * g->h * g->w, nw = g->o * (g->c / g->groups) * g->kh * g->kw;
     int64_t ny = g->n * g->o * g->oh * g->ow;
@@ -455,27 +459,26 @@ extern "C" void nb__cuda_conv2d_backward(nb_ctx *ctx, nb_dtype dt, const nb__con
     if (dx || dw) {
         conv_key k = make_key(dev, dt, g);
         size_t limit = nb__cuda_cudnn_workspace_limit(dev);
-        float one_f = 1.0f, zero_f = 0.0f;
-        double one_d = 1.0, zero_d = 0.0;
-        const void *one = dt == NB_F64 ? (const void *)&one_d : (const void *)&one_f;
-        const void *zero = dt == NB_F64 ? (const void *)&zero_d : (const void *)&zero_f;
+        const void *one = scalar(dt, 1), *zero = scalar(dt, 0);
         void *ws;
         cudnnHandle_t h = lock_all(dev);
         if (dx) {
             conv_plan *p = prepare(&k, h, limit, BWD_DATA, &ws);
-            DNN_CHECK(cudnnSetConvolutionMathType(p->cd, p->bwd_data_math));
+            const conv_choice *c = &p->c[BWD_DATA];
+            DNN_CHECK(cudnnSetConvolutionMathType(p->cd, c->math));
             DNN_CHECK(cudnnConvolutionBackwardData(h, one, p->wd, w, p->yd, gout, p->cd,
-                                                   p->bwd_data, ws, p->bwd_data_ws, zero, p->xd,
-                                                   dx));
+                                                   (cudnnConvolutionBwdDataAlgo_t)c->algo, ws,
+                                                   c->ws, zero, p->xd, dx));
         }
         if (dw) {
             /* may grow the workspace: the old buffer's free is queued after
              * the backward-data call above (Note [cuDNN workspace]) */
             conv_plan *p = prepare(&k, h, limit, BWD_FILTER, &ws);
-            DNN_CHECK(cudnnSetConvolutionMathType(p->cd, p->bwd_filter_math));
+            const conv_choice *c = &p->c[BWD_FILTER];
+            DNN_CHECK(cudnnSetConvolutionMathType(p->cd, c->math));
             DNN_CHECK(cudnnConvolutionBackwardFilter(h, one, p->xd, x, p->yd, gout, p->cd,
-                                                     p->bwd_filter, ws, p->bwd_filter_ws, zero,
-                                                     p->wd, dw));
+                                                     (cudnnConvolutionBwdFilterAlgo_t)c->algo, ws,
+                                                     c->ws, zero, p->wd, dw));
         }
         unlock_all();
     }
@@ -490,7 +493,7 @@ extern "C" void nb__cuda_conv2d_workspace_sizes(int device, nb_dtype dt, const n
     cudnnHandle_t h = lock_all(device);
     for (int i = FWD; i <= BWD_FILTER; i++) {
         direction d = (direction)i;
-        bytes[i] = ws_bytes(plan_for(&k, h, limit, d), d);
+        bytes[i] = plan_for(&k, h, limit, d)->c[d].ws;
     }
     unlock_all();
 }

@@ -69,6 +69,13 @@ nb__backend_host_free_fn nb__cuda_host_free;
  * communication streams belong to the NCCL process groups. */
 nb__backend_compute_stream_fn nb__cuda_compute_stream;
 nb__backend_copy_stream_fn nb__cuda_copy_stream;
+/* The prologue of every CUDA entry point: `device` checked and made
+ * current for `op` (nb__cuda_use), and its compute stream, where the
+ * entry queues its work. */
+static inline nb__stream nb__cuda_enter(const char *op, int device) {
+    nb__cuda_use(op, device);
+    return nb__cuda_compute_stream(device);
+}
 /* Events, for ordering one stream after another (never a device-wide sync). */
 nb__backend_event_new_fn nb__cuda_event_new;
 nb__backend_event_free_fn nb__cuda_event_free;
@@ -125,7 +132,7 @@ size_t nb__cuda_cudnn_workspace_size(int device, int64_t *buffers);
  * CUDA tensor with 0xFF bytes (NaN for floats, -1 for integers), so an
  * element a kernel forgot to write shows up in a comparison. */
 void nb__cuda_set_poison(bool on);
-bool nb__cuda_poison(void);
+NB_PLUGIN_API bool nb__cuda_poison(void);
 
 /* Note [Deferred device checks]
  * Kernels that find bad data (an embedding index or a cross-entropy
@@ -152,7 +159,7 @@ typedef struct nb__cuda_fault {
 nb__cuda_fault *nb__cuda_fault_slot(int device);
 
 /* TF32 for f32 GEMM and convolution (nb_cuda_set_allow_tf32). */
-bool nb__cuda_tf32(void);
+NB_PLUGIN_API bool nb__cuda_tf32(void);
 
 /* ============================================ elementwise (elementwise.cu)
  * Same contracts as the nb__cpu_* engine in tensor/internal.h: out is

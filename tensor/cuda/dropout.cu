@@ -196,10 +196,9 @@ void nb__cuda_dropout(nb_tensor *out, nb_tensor *mask, const nb_tensor *x, doubl
                       uint64_t seed, uint64_t offset) {
     const char *op = "nb_dropout";
     int dev = x->device.index;
-    nb__cuda_use(op, dev);
+    cudaStream_t s = nb__cuda_enter(op, dev);
     int64_t n = nb_numel(x);
     if (n == 0) return;
-    cudaStream_t s = nb__cuda_compute_stream(dev);
     void *m = mask ? mask->data : NULL;
     BY_FLOAT_DTYPE(op, x->dtype, launch_dropout, s, out->data, m, x->data, n, p, seed, offset);
     NB_CUDA_CHECK_LAUNCH(op);
@@ -209,10 +208,9 @@ void nb__cuda_rand_uniform(nb_tensor *t, double low, double high, uint64_t seed,
                            uint64_t offset) {
     const char *op = "nb_rand_uniform";
     int dev = t->device.index;
-    nb__cuda_use(op, dev);
+    cudaStream_t s = nb__cuda_enter(op, dev);
     int64_t n = nb_numel(t);
     if (n == 0) return;
-    cudaStream_t s = nb__cuda_compute_stream(dev);
     BY_FLOAT_DTYPE(op, t->dtype, launch_uniform, s, t->data, n, low, high, seed, offset);
     NB_CUDA_CHECK_LAUNCH(op);
 }
@@ -221,10 +219,9 @@ void nb__cuda_rand_normal(nb_tensor *t, double mean, double std, uint64_t seed,
                           uint64_t offset) {
     const char *op = "nb_rand_normal";
     int dev = t->device.index;
-    nb__cuda_use(op, dev);
+    cudaStream_t s = nb__cuda_enter(op, dev);
     int64_t n = nb_numel(t);
     if (n == 0) return;
-    cudaStream_t s = nb__cuda_compute_stream(dev);
     BY_FLOAT_DTYPE(op, t->dtype, launch_normal, s, t->data, n, mean, std, seed, offset);
     NB_CUDA_CHECK_LAUNCH(op);
 }

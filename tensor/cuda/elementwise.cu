@@ -227,11 +227,6 @@ static void launch_vec(const char *op, cudaStream_t s, F f, int64_t n, const geo
     NB_CUDA_CHECK_LAUNCH(op);
 }
 
-static cudaStream_t stream_for(const char *op, const nb_tensor *t) {
-    nb__cuda_use(op, t->device.index);
-    return (cudaStream_t)nb__cuda_compute_stream(t->device.index);
-}
-
 /* ------------------------------------------------------------ unary */
 /* One case per table row, calling the formula of tensor/op_table.h for the
  * compute type (Note [Op tables]); FORMULA(f) names it. */
@@ -266,7 +261,7 @@ template <class T> struct unary_f {
 
 void nb__cuda_unary(nb__unary_op op, nb_tensor *out, const nb_tensor *a, double s) {
     const char *name = nb__unary_name(op);
-    cudaStream_t st = stream_for(name, out);
+    cudaStream_t st = nb__cuda_enter(name, out->device.index);
     geom<2> g;
     int64_t n = make_geom<2>(&g, out, &a);
     if (n == 0) return;
@@ -318,7 +313,7 @@ template <class T> struct binary_f {
 
 void nb__cuda_binary(nb__binary_op op, nb_tensor *out, const nb_tensor *a, const nb_tensor *b) {
     const char *name = nb__binary_name(op);
-    cudaStream_t st = stream_for(name, out);
+    cudaStream_t st = nb__cuda_enter(name, out->device.index);
     const nb_tensor *in[2] = {a, b};
     geom<3> g;
     int64_t n = make_geom<3>(&g, out, in);
@@ -360,7 +355,7 @@ template <class U> struct where_f {
 void nb__cuda_where(nb_tensor *out, const nb_tensor *cond, const nb_tensor *a,
                     const nb_tensor *b) {
     const char *name = "nb_where";
-    cudaStream_t st = stream_for(name, out);
+    cudaStream_t st = nb__cuda_enter(name, out->device.index);
     const nb_tensor *in[3] = {cond, a, b};
     geom<4> g;
     int64_t n = make_geom<4>(&g, out, in);
@@ -426,7 +421,7 @@ static void fill_from_host(const char *name, cudaStream_t st, nb_tensor *dst,
 
 void nb__cuda_copy(nb_tensor *dst, const nb_tensor *src) {
     const char *name = "nb_copy_";
-    cudaStream_t st = stream_for(name, dst);
+    cudaStream_t st = nb__cuda_enter(name, dst->device.index);
     if (nb_numel(dst) == 0) return;
     if (src->device.type == NB_DEVICE_CPU) {
         fill_from_host(name, st, dst, src);
@@ -468,7 +463,7 @@ template <class T> struct axpy_f {
 
 void nb__cuda_axpy(nb_tensor *y, double alpha, const nb_tensor *x) {
     const char *name = "nb_axpy_";
-    cudaStream_t st = stream_for(name, y);
+    cudaStream_t st = nb__cuda_enter(name, y->device.index);
     geom<2> g;
     int64_t n = make_geom<2>(&g, y, &x);
     if (n == 0) return;

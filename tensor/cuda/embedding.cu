@@ -127,9 +127,8 @@ static void launch_backward(cudaStream_t s, nb_tensor *gw, const nb_tensor *g, c
 void nb__cuda_embedding(nb_tensor *out, const nb_tensor *w, const nb_tensor *idx, int64_t np) {
     const char *op = "nb_embedding";
     int dev = w->device.index;
-    nb__cuda_use(op, dev);
+    cudaStream_t s = nb__cuda_enter(op, dev);
     if (np == 0 || w->shape[1] == 0) return;
-    cudaStream_t s = nb__cuda_compute_stream(dev);
     nb__cuda_fault *fault = nb__cuda_fault_slot(dev);
     by_dtype_bits(w->dtype, [&](auto t) {
         launch_forward<typename decltype(t)::type>(s, out, w, idx, np, fault);
@@ -141,10 +140,9 @@ void nb__cuda_embedding_backward(nb_tensor *gw, const nb_tensor *g, const nb_ten
                                  int64_t np) {
     const char *op = "nb_embedding (backward)";
     int dev = gw->device.index;
-    nb__cuda_use(op, dev);
+    cudaStream_t s = nb__cuda_enter(op, dev);
     int64_t v = gw->shape[0], c = gw->shape[1];
     if (v == 0 || c == 0) return;
-    cudaStream_t s = nb__cuda_compute_stream(dev);
     size_t es = nb_dtype_size(gw->dtype);
     NB_CUDA_CHECK(op, cudaMemsetAsync(gw->data, 0, (size_t)(v * c) * es, s));
     if (np == 0) return;

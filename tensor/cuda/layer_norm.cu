@@ -705,9 +705,8 @@ void nb__cuda_layer_norm(nb_tensor *y, nb_tensor *mean, nb_tensor *rstd, const n
                          double eps) {
     const char *op = "nb_layer_norm";
     int dev = x->device.index;
-    nb__cuda_use(op, dev);
+    cudaStream_t s = nb__cuda_enter(op, dev);
     if (m == 0) return;
-    cudaStream_t s = nb__cuda_compute_stream(dev);
     bool f64_stats = mean->dtype == NB_F64;
     NB_CHECK(mean->dtype == rstd->dtype &&
                  (mean->dtype == NB_F32 || (f64_stats && x->dtype == NB_F64)),
@@ -739,9 +738,8 @@ void nb__cuda_layer_norm_backward_rows(nb_tensor *dx, nb_tensor *dw, nb_tensor *
                                        const nb_tensor *w, int64_t m, int64_t d) {
     const char *op = "nb_layer_norm (backward)";
     int dev = x->device.index;
-    nb__cuda_use(op, dev);
+    cudaStream_t s = nb__cuda_enter(op, dev);
     if (d == 0 || (!dx && !dw && !db)) return;
-    cudaStream_t s = nb__cuda_compute_stream(dev);
     bool f64_stats = mean->dtype == NB_F64;
     bool f32_params = params_f32(op, x, w, dw ? dw : db);
     by_float_dtype(op, x->dtype, [&](auto t) {

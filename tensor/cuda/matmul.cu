@@ -467,8 +467,7 @@ extern "C" void nb__cuda_gemm(nb_tensor *out, const nb_tensor *a, const nb_tenso
     const nb_tensor *bias = e.bias;
     bool gelu = e.gelu, accumulate = e.accumulate;
     int dev = out->device.index;
-    nb__cuda_use(OP, dev);
-    cudaStream_t st = nb__cuda_compute_stream(dev);
+    cudaStream_t st = nb__cuda_enter(OP, dev);
     int nbd = out->ndim - 2;
     int64_t m = out->shape[nbd], n = out->shape[nbd + 1];
     int64_t k = a->shape[a->ndim - (trans_a ? 2 : 1)];

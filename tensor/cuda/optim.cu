@@ -188,12 +188,6 @@ static void launch_batches(const char *op, cudaStream_t s, bool adam, const opti
     }
 }
 
-static optim_desc *alloc_desc(const char *op, int n) {
-    optim_desc *d = (optim_desc *)calloc((size_t)(n > 0 ? n : 1), sizeof *d);
-    NB_CHECK(d, "%s: out of memory for %d descriptors", op, n);
-    return d;
-}
-
 static void check_params(const char *op, int n, nb_tensor *const *p, nb_tensor *const *g) {
     for (int i = 0; i < n; i++) {
         NB_CHECK(p[i]->dtype == p[0]->dtype && nb_device_eq(p[i]->device, p[0]->device),
@@ -211,28 +205,42 @@ static void check_params(const char *op, int n, nb_tensor *const *p, nb_tensor *
 }
 
 /* ------------------------------------------------------------- entry points */
+/* One multi-tensor update: the parameters and gradients checked, one
+ * descriptor per parameter (its pointers and size here; its state and
+ * scalars from fill(i, d), the descriptor zeroed before), launched in
+ * batches (adam: Adam's kernel, else SGD's). */
+template <typename Fill>
+static void update(const char *op, bool adam, int n, nb_tensor *const *p, nb_tensor *const *g,
+                   Fill fill) {
+    if (n <= 0) return;
+    cudaStream_t s = nb__cuda_enter(op, p[0]->device.index);
+    check_params(op, n, p, g);
+    optim_desc *desc = (optim_desc *)calloc((size_t)n, sizeof *desc);
+    NB_CHECK(desc, "%s: out of memory for %d descriptors", op, n);
+    for (int i = 0; i < n; i++) {
+        optim_desc *d = &desc[i];
+        d->p = p[i]->data;
+        d->g = g[i]->data;
+        d->n = nb_numel(p[i]);
+        fill(i, d);
+    }
+    if (p[0]->dtype == NB_F32) launch_batches<float>(op, s, adam, desc, n);
+    else launch_batches<double>(op, s, adam, desc, n);
+    free(desc);
+}
+
 void nb__cuda_adam(int n, nb_tensor *const *p, nb_tensor *const *g, nb_tensor *const *m,
                    nb_tensor *const *v, nb_tensor *const *vmax, const int64_t *steps,
                    const double *const *hp, bool decoupled) {
     const char *op = decoupled ? "nb_optim_step (adamw)" : "nb_optim_step (adam)";
-    if (n <= 0) return;
-    int dev = p[0]->device.index;
-    nb__cuda_use(op, dev);
-    check_params(op, n, p, g);
-    cudaStream_t s = nb__cuda_compute_stream(dev);
-    optim_desc *desc = alloc_desc(op, n);
-    for (int i = 0; i < n; i++) {
+    update(op, true, n, p, g, [&](int i, optim_desc *d) {
         const double *h = hp[i];
         double lr = h[NB__HP_LR], wd = h[NB__HP_WEIGHT_DECAY];
         double b1 = h[NB__HP_BETA1], b2 = h[NB__HP_BETA2];
         double bc1 = 1.0 - pow(b1, (double)steps[i]), bc2 = 1.0 - pow(b2, (double)steps[i]);
-        optim_desc *d = &desc[i];
-        d->p = p[i]->data;
-        d->g = g[i]->data;
         d->a = m[i]->data;
         d->b = v[i]->data;
         d->c = vmax && vmax[i] ? vmax[i]->data : NULL;
-        d->n = nb_numel(p[i]);
         d->s[0] = decoupled ? 0.0 : wd;
         d->s[1] = 1.0 - lr * wd;
         d->s[2] = 1.0 - b1;
@@ -242,48 +250,30 @@ void nb__cuda_adam(int n, nb_tensor *const *p, nb_tensor *const *g, nb_tensor *c
         d->s[6] = sqrt(bc2);
         d->s[7] = h[NB__HP_EPS];
         d->flags = decoupled && wd != 0 ? F_SHRINK : 0;
-    }
-    if (p[0]->dtype == NB_F32) launch_batches<float>(op, s, true, desc, n);
-    else launch_batches<double>(op, s, true, desc, n);
-    free(desc);
+    });
 }
 
 void nb__cuda_sgd(int n, nb_tensor *const *p, nb_tensor *const *g, nb_tensor *const *buf,
                   const int64_t *steps, const double *const *hp) {
-    const char *op = "nb_optim_step (sgd)";
-    if (n <= 0) return;
-    int dev = p[0]->device.index;
-    nb__cuda_use(op, dev);
-    check_params(op, n, p, g);
-    cudaStream_t s = nb__cuda_compute_stream(dev);
-    optim_desc *desc = alloc_desc(op, n);
-    for (int i = 0; i < n; i++) {
+    update("nb_optim_step (sgd)", false, n, p, g, [&](int i, optim_desc *d) {
         const double *h = hp[i];
-        optim_desc *d = &desc[i];
-        d->p = p[i]->data;
-        d->g = g[i]->data;
         d->a = buf && buf[i] ? buf[i]->data : NULL;
-        d->n = nb_numel(p[i]);
         d->s[0] = h[NB__HP_LR];
         d->s[1] = h[NB__HP_WEIGHT_DECAY];
         d->s[2] = h[NB__HP_MOMENTUM];
         d->s[3] = 1.0 - h[NB__HP_DAMPENING];
         d->flags = (steps[i] == 1 ? F_FIRST : 0) | (h[NB__HP_NESTEROV] != 0 ? F_NESTEROV : 0) |
                    (h[NB__HP_WEIGHT_DECAY] != 0 ? F_DECAY : 0);
-    }
-    if (p[0]->dtype == NB_F32) launch_batches<float>(op, s, false, desc, n);
-    else launch_batches<double>(op, s, false, desc, n);
-    free(desc);
+    });
 }
 
 void nb__cuda_clip_scale(int n, nb_tensor *const *ts, const nb_tensor *norm, double max_norm) {
     const char *op = "nb_clip_grad_norm";
     int dev = norm->device.index;
-    nb__cuda_use(op, dev);
+    cudaStream_t s = nb__cuda_enter(op, dev);
     NB_CHECK(norm->dtype == NB_F64 && norm->ndim == 0,
              "%s: the norm must be a 0-d f64 tensor, got %s %s", op, nb_dtype_name(norm->dtype),
              nb_shape_str(norm));
-    cudaStream_t s = nb__cuda_compute_stream(dev);
     clip_batch b;
     for (int first = 0; first < n; first += CLIP_BATCH) {
         int count = n - first < CLIP_BATCH ? n - first : CLIP_BATCH;

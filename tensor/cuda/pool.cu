@@ -141,16 +141,14 @@ static void avg_bwd_launch(cudaStream_t st, void *dx, const void *gout, const po
     NB_CUDA_CHECK_LAUNCH("nb_avg_pool2d");
 }
 
-
 /* --------------------------------------------------------- entry points */
 extern "C" void nb__cuda_max_pool2d(nb_tensor *out, nb_tensor *arg, const nb_tensor *x,
                                     const nb__pool2d_geom *g) {
     const char *op = "nb_max_pool2d";
     int dev = out->device.index;
-    nb__cuda_use(op, dev);
+    cudaStream_t st = nb__cuda_enter(op, dev);
     int64_t total = g->planes * g->oh * g->ow;
     if (total == 0) return;
-    cudaStream_t st = nb__cuda_compute_stream(dev);
     BY_FLOAT_DTYPE(op, x->dtype, max_fwd_launch, st, out->data, (int64_t *)arg->data, x->data, g,
                    total);
 }
@@ -159,10 +157,9 @@ extern "C" void nb__cuda_max_pool2d_backward(nb_tensor *dx, const nb_tensor *arg
                                              const nb_tensor *gout, const nb__pool2d_geom *g) {
     const char *op = "nb_max_pool2d";
     int dev = dx->device.index;
-    nb__cuda_use(op, dev);
+    cudaStream_t st = nb__cuda_enter(op, dev);
     int64_t total = g->planes * g->h * g->w;
     if (total == 0) return;
-    cudaStream_t st = nb__cuda_compute_stream(dev);
     BY_FLOAT_DTYPE(op, dx->dtype, max_bwd_launch, st, dx->data, (const int64_t *)arg->data,
                    gout->data, g, total);
 }
@@ -170,10 +167,9 @@ extern "C" void nb__cuda_max_pool2d_backward(nb_tensor *dx, const nb_tensor *arg
 extern "C" void nb__cuda_avg_pool2d(nb_tensor *out, const nb_tensor *x, const nb__pool2d_geom *g) {
     const char *op = "nb_avg_pool2d";
     int dev = out->device.index;
-    nb__cuda_use(op, dev);
+    cudaStream_t st = nb__cuda_enter(op, dev);
     int64_t total = g->planes * g->oh * g->ow;
     if (total == 0) return;
-    cudaStream_t st = nb__cuda_compute_stream(dev);
     BY_FLOAT_DTYPE(op, x->dtype, avg_fwd_launch, st, out->data, x->data, g, total);
 }
 
@@ -181,9 +177,8 @@ extern "C" void nb__cuda_avg_pool2d_backward(nb_tensor *dx, const nb_tensor *gou
                                              const nb__pool2d_geom *g) {
     const char *op = "nb_avg_pool2d";
     int dev = dx->device.index;
-    nb__cuda_use(op, dev);
+    cudaStream_t st = nb__cuda_enter(op, dev);
     int64_t total = g->planes * g->h * g->w;
     if (total == 0) return;
-    cudaStream_t st = nb__cuda_compute_stream(dev);
     BY_FLOAT_DTYPE(op, dx->dtype, avg_bwd_launch, st, dx->data, gout->data, g, total);
 }

@@ -156,11 +156,6 @@ static void run_rows(const char *op, cudaStream_t s, nb_ctx *ctx, const R &r, co
     NB_CUDA_CHECK_LAUNCH(op);
 }
 
-static cudaStream_t stream_for(const char *op, const nb_tensor *t) {
-    nb__cuda_use(op, t->device.index);
-    return (cudaStream_t)nb__cuda_compute_stream(t->device.index);
-}
-
 /* ------------------------------------------------------------ reducers */
 template <class A> struct add_combine {
     static __device__ A combine(A a, A b) { return a + b; }
@@ -252,7 +247,7 @@ template <class T> struct var_fin {
 void nb__cuda_sum_rows(nb_tensor *out, const nb_tensor *rows, int64_t outer, int64_t inner,
                        double scale) {
     const char *op = "nb_sum";
-    cudaStream_t s = stream_for(op, out);
+    cudaStream_t s = nb__cuda_enter(op, out->device.index);
     by_float_dtype(op, rows->dtype, [&](auto t) {
         typedef typename decltype(t)::type T;
         sum_r<T> r;
@@ -265,7 +260,7 @@ void nb__cuda_sum_rows(nb_tensor *out, const nb_tensor *rows, int64_t outer, int
 void nb__cuda_max_rows(nb_tensor *out, nb_tensor *arg, const nb_tensor *rows, int64_t outer,
                        int64_t inner) {
     const char *op = "nb_max";
-    cudaStream_t s = stream_for(op, out);
+    cudaStream_t s = nb__cuda_enter(op, out->device.index);
     if (outer == 0) return;
     NB_CHECK(inner > 0, "%s: cannot reduce an empty dimension", op);
     by_float_dtype(op, rows->dtype, [&](auto t) {
@@ -306,7 +301,7 @@ static __global__ void max_backward_kernel(T *gp, const int64_t *arg, const T *g
 void nb__cuda_max_rows_backward(nb_tensor *gp, const nb_tensor *arg, const nb_tensor *g,
                                 int64_t outer, int64_t inner) {
     const char *op = "nb_max backward";
-    cudaStream_t s = stream_for(op, gp);
+    cudaStream_t s = nb__cuda_enter(op, gp->device.index);
     if (outer == 0 || inner == 0) return;
     NB_CHECK(g->dtype == gp->dtype && nb_numel(g) == outer,
              "%s: g must be %s with %lld elements, got %s of shape %s", op,
@@ -329,7 +324,7 @@ void nb__cuda_max_rows_backward(nb_tensor *gp, const nb_tensor *arg, const nb_te
 void nb__cuda_var_rows(nb_tensor *out, nb_tensor *mean, const nb_tensor *rows, int64_t outer,
                        int64_t inner, double denom) {
     const char *op = "nb_var";
-    cudaStream_t s = stream_for(op, out);
+    cudaStream_t s = nb__cuda_enter(op, out->device.index);
     if (outer == 0) return;
     by_float_dtype(op, rows->dtype, [&](auto t) {
         typedef typename decltype(t)::type T;
@@ -378,7 +373,7 @@ template <class T> struct mean_out_fin {
 
 void nb__cuda_pair_loss(nb_tensor *out, int kind, const nb_tensor *a, const nb_tensor *b) {
     const char *op = kind == 0 ? "nb_mse_loss" : "nb_bce_with_logits";
-    cudaStream_t s = stream_for(op, out);
+    cudaStream_t s = nb__cuda_enter(op, out->device.index);
     int64_t n = nb_numel(a);
     by_float_dtype(op, a->dtype, [&](auto t) {
         typedef typename decltype(t)::type T;
@@ -436,7 +431,7 @@ static __global__ void sumsq_final_kernel(void *out, int out_dt, const double *p
 
 void nb__cuda_sum_squares(nb_tensor *out, int n, nb_tensor *const *ts) {
     const char *op = "nb_clip_grad_norm";
-    cudaStream_t s = stream_for(op, out);
+    cudaStream_t s = nb__cuda_enter(op, out->device.index);
     NB_CHECK(out->dtype == NB_F32 || out->dtype == NB_F64,
              "%s: the sum of squares goes to f32 or f64, not %s", op, nb_dtype_name(out->dtype));
     int64_t total = 0;
@@ -483,7 +478,7 @@ template <class T> struct argmax_fin {
 
 void nb__cuda_argmax_rows(nb_tensor *arg, const nb_tensor *rows, int64_t outer, int64_t inner) {
     const char *op = "nb_argmax";
-    cudaStream_t s = stream_for(op, arg);
+    cudaStream_t s = nb__cuda_enter(op, arg->device.index);
     if (outer == 0) return;
     NB_CHECK(inner > 0, "%s: cannot reduce an empty dimension", op);
     by_float_dtype(op, rows->dtype, [&](auto t) {

@@ -49,11 +49,6 @@ static unsigned grid_for(int64_t units, int64_t per_block) {
     return (unsigned)(b < 1 ? 1 : b > MAX_BLOCKS ? MAX_BLOCKS : b);
 }
 
-static cudaStream_t stream_for(const char *op, const nb_tensor *t) {
-    nb__cuda_use(op, t->device.index);
-    return (cudaStream_t)nb__cuda_compute_stream(t->device.index);
-}
-
 /* ------------------------------------------------------------ softmax forward */
 // x, y: (O * K) rows of K (I = 1)
 template <class T>
@@ -154,7 +149,7 @@ static __global__ void softmax_cols_kernel(T *y, const T *x, int64_t outer, int6
 void nb__cuda_softmax(nb_tensor *y, const nb_tensor *x, int64_t outer, int64_t k, int64_t inner,
                       bool take_log) {
     const char *op = take_log ? "nb_log_softmax" : "nb_softmax";
-    cudaStream_t s = stream_for(op, y);
+    cudaStream_t s = nb__cuda_enter(op, y->device.index);
     if (outer == 0 || k == 0 || inner == 0) return;
     by_float_dtype(op, x->dtype, [&](auto t) {
         typedef typename decltype(t)::type T;
@@ -257,7 +252,7 @@ static __global__ void softmax_backward_cols_kernel(T *dx, const T *y, const T *
 void nb__cuda_softmax_backward(nb_tensor *dx, const nb_tensor *y, const nb_tensor *g,
                                int64_t outer, int64_t k, int64_t inner, bool take_log) {
     const char *op = take_log ? "nb_log_softmax backward" : "nb_softmax backward";
-    cudaStream_t s = stream_for(op, dx);
+    cudaStream_t s = nb__cuda_enter(op, dx->device.index);
     if (outer == 0 || k == 0 || inner == 0) return;
     NB_CHECK(g->dtype == y->dtype && dx->dtype == y->dtype, "%s: dtypes differ: dx %s, y %s, g %s",
              op, nb_dtype_name(dx->dtype), nb_dtype_name(y->dtype), nb_dtype_name(g->dtype));
@@ -359,7 +354,7 @@ void nb__cuda_cross_entropy_rows(nb_tensor *loss, nb_tensor *lse, nb_tensor *cou
                                  const nb_tensor *logits, const nb_tensor *targets,
                                  int64_t ignore_index, double eps) {
     const char *op = "nb_cross_entropy";
-    cudaStream_t s = stream_for(op, loss);
+    cudaStream_t s = nb__cuda_enter(op, loss->device.index);
     int64_t n = logits->shape[0], c = logits->shape[1];
     NB_CHECK(logits->ndim == 2 && nb_is_contiguous(logits) && targets->ndim == 1 &&
                  targets->shape[0] == n &&
@@ -436,7 +431,7 @@ void nb__cuda_cross_entropy_backward(nb_tensor *dlogits, const nb_tensor *logits
                                      const nb_tensor *g, const nb_tensor *count,
                                      int64_t ignore_index, double eps) {
     const char *op = "nb_cross_entropy backward";
-    cudaStream_t s = stream_for(op, dlogits);
+    cudaStream_t s = nb__cuda_enter(op, dlogits->device.index);
     int64_t n = logits->shape[0], c = logits->shape[1], total = n * c;
     if (total == 0) return;
     NB_CHECK(nb_dtype_is_float(g->dtype) && count->dtype == NB_F32 &&

@@ -82,8 +82,7 @@ static __global__ void causal_reg_kernel(T *y, const T *x, int64_t rows, int64_t
 void nb__cuda_softmax_causal(nb_tensor *y, const nb_tensor *x, int64_t b, int64_t t, int64_t s,
                              double scale) {
     const char *op = "nb_softmax_causal";
-    nb__cuda_use(op, y->device.index);
-    cudaStream_t st = (cudaStream_t)nb__cuda_compute_stream(y->device.index);
+    cudaStream_t st = nb__cuda_enter(op, y->device.index);
     if (b == 0 || t == 0 || s == 0) return;
     NB_CHECK(x->dtype == y->dtype, "%s: dtypes differ: y %s, x %s", op, nb_dtype_name(y->dtype),
              nb_dtype_name(x->dtype));
@@ -154,8 +153,7 @@ static __global__ void causal_backward_reg_kernel(T *dx, const T *y, const T *g,
 void nb__cuda_softmax_causal_backward(nb_tensor *dx, const nb_tensor *y, const nb_tensor *g,
                                       int64_t b, int64_t t, int64_t s, double scale) {
     const char *op = "nb_softmax_causal backward";
-    nb__cuda_use(op, dx->device.index);
-    cudaStream_t st = (cudaStream_t)nb__cuda_compute_stream(dx->device.index);
+    cudaStream_t st = nb__cuda_enter(op, dx->device.index);
     if (b == 0 || t == 0 || s == 0) return;
     NB_CHECK(g->dtype == y->dtype && dx->dtype == y->dtype, "%s: dtypes differ: dx %s, y %s, g %s",
              op, nb_dtype_name(dx->dtype), nb_dtype_name(y->dtype), nb_dtype_name(g->dtype));
