@@ -1,7 +1,9 @@
 /* The CUDA backend's table (tensor/backend.h), compiled only when nabla is
  * built with CUDA: one nb__cuda_<entry> per row of NB__BACKEND_KERNELS
  * (tensor/cuda/cuda.h), and below the adapters where a kernel's own
- * signature is narrower than the entry's. */
+ * signature is narrower than the entry's. An adapter composes other
+ * entries of this backend, never an op front end (nb_abs, nb_max, ...):
+ * those would check, record and dispatch again. */
 #include <math.h>
 
 #include "tensor/backend.h"
@@ -18,24 +20,41 @@ void nb__cuda_gelu_tanh_backward(nb_tensor *dx, const nb_tensor *g, const nb_ten
     nb__cuda_binary(NB_B_MUL, dx, g, dx);
 }
 
-/* max over the tensors' maxima of |x| (op front ends: NaN counts as the
- * maximum), gathered in f64 */
+/* max over the tensors' maxima of |x| (NaN counts as the maximum: Note
+ * [Max with NaN] in reduce.cu), gathered in f64: per tensor |x| and its
+ * maximum, cast into its slot of an f64 row whose maximum is the result */
 void nb__cuda_max_abs(nb_ctx *ctx, nb_tensor *out, int n, nb_tensor *const *ts) {
-    nb_tensor **m = nb__ctx_meta(ctx, sizeof *m * (size_t)(n > 0 ? n : 1));
-    int nm = 0;
-    for (int i = 0; i < n; i++) {
-        if (nb_numel(ts[i]) == 0) continue;
-        nb_tensor *mi = nb_max(ctx, nb_abs(ctx, ts[i]), 0, NULL, false);
-        m[nm] = nb__empty(ctx, NB_F64, 0, NULL);
-        nb_copy_(m[nm], mi);
-        nm++;
+    int64_t nm = 0;
+    for (int i = 0; i < n; i++) nm += nb_numel(ts[i]) > 0;
+    if (nm == 0) {
+        nb__cuda_memset(out->device.index, out->data, 0, sizeof(double));
+        return;
     }
-    if (nm == 0) nb__cuda_memset(out->device.index, out->data, 0, sizeof(double));
-    else nb_copy_(out, nb_max(ctx, nb_stack(ctx, nm, m, 0), 0, NULL, false));
+    int64_t one = 1;
+    nb_tensor *row = nb__empty(ctx, NB_F64, 1, &nm);
+    nb_tensor *arg = nb__empty(ctx, NB_I64, 1, &one);
+    int64_t k = 0;
+    for (int i = 0; i < n; i++) {
+        nb_tensor *t = ts[i];
+        if (nb_numel(t) == 0) continue;
+        nb_tensor *a = nb__empty(ctx, t->dtype, t->ndim, t->shape);
+        nb_tensor *m = nb__empty(ctx, t->dtype, 1, &one);
+        nb__cuda_unary(NB_U_ABS, a, t, 0);
+        nb__cuda_max_rows(m, arg, a, 1, nb_numel(t));
+        nb_tensor slot = *m; /* element k of row, as m's shape */
+        slot.dtype = NB_F64;
+        slot.data = (double *)row->data + k++;
+        nb__cuda_copy(&slot, m);
+    }
+    nb_tensor res = *out; /* out viewed as row's one maximum, shape (1) */
+    res.ndim = 1;
+    res.shape[0] = 1;
+    res.strides[0] = 1;
+    nb__cuda_max_rows(&res, arg, row, 1, nm);
 }
 
 void nb__cuda_scale(int n, nb_tensor *const *ts, double coef) {
-    for (int i = 0; i < n; i++) nb_scale_(ts[i], coef);
+    for (int i = 0; i < n; i++) nb__cuda_unary(NB_U_MUL_S, ts[i], ts[i], coef);
 }
 
 /* finite exactly when every square is: f64 values above ~1e154 overflow */
@@ -43,7 +62,9 @@ bool nb__cuda_all_finite(nb_ctx *ctx, int n, nb_tensor *const *ts) {
     if (n == 0) return true;
     nb_tensor *out = nb__empty(ctx, NB_F64, 0, NULL);
     nb__cuda_sum_squares(out, n, ts);
-    return isfinite(nb_item(out)) != 0;
+    double v;
+    nb__cuda_memcpy_d2h(out->device.index, &v, out->data, sizeof v);
+    return isfinite(v) != 0;
 }
 
 void nb__cuda_layer_norm_backward(nb_ctx *ctx, nb_tensor *dx, nb_tensor *dw, nb_tensor *db,

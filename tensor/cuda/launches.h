@@ -82,10 +82,11 @@ enum {
     NB__CUDA_OPTIM_TENSORS_PER_LAUNCH = 192, /* adam_kernel / sgd_kernel: MAX_TENSORS */
     NB__CUDA_SUMSQ_TENSORS_PER_LAUNCH = 32,  /* sumsq_partial_kernel: SQ_BATCH; then one
                                                 sumsq_final_kernel */
-    /* backend.c: per tensor nb_abs, nb_max, a copy; then nb_stack, nb_max, a copy */
+    /* backend.c: per tensor |x|, its maximum (max_rows), a copy into the f64
+     * row; then the row's maximum (max_rows) */
     NB__CUDA_LAUNCHES_max_abs_per_tensor = 3,
-    NB__CUDA_LAUNCHES_max_abs = 3,
-    NB__CUDA_LAUNCHES_scale_per_tensor = 1, /* backend.c: nb_scale_ per tensor */
+    NB__CUDA_LAUNCHES_max_abs = 1,
+    NB__CUDA_LAUNCHES_scale_per_tensor = 1, /* backend.c: the unary MUL_S per tensor */
     NB__CUDA_CLIP_TENSORS_PER_LAUNCH = 128,  /* optim.cu: clip_scale_kernel, CLIP_BATCH */
     /* backend.c: nb__cuda_sum_squares, then the result read by the host */
     NB__CUDA_LAUNCHES_all_finite = 1,
