@@ -1,7 +1,8 @@
 /* What a CPU program costs before it computes anything: after a small
  * CPU step (a product, a GELU, a backward), the process's resident
  * memory (VmRSS, and its peak VmHWM, from /proc/self/status) and the
- * CUDA libraries it has mapped (/proc/self/maps). With --cuda it then
+ * CUDA libraries it has mapped (/proc/self/maps); linked with libnabla.so
+ * (libnabla.a has the CUDA backend linked in). With --cuda it then
  * asks for the CUDA device count, which loads the CUDA plugin (Note
  * [CUDA plugin] in tensor/cuda_plugin.h), and prints the same again: the
  * difference is what the CUDA libraries cost a process that uses them.

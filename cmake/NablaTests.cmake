@@ -74,10 +74,22 @@ if(NABLA_TEST_SOURCES)
     set_target_properties(${_name} PROPERTIES
       RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests
       LINKER_LANGUAGE ${NABLA_LINKER_LANGUAGE})
-    if(TARGET nabla_testutil)
-      target_link_libraries(${_name} PRIVATE nabla_testutil)
+    if(_name STREQUAL "test_plugin")
+      # A program linked with libnabla.so, which opens the CUDA plugin
+      # (libnabla.a has the backend linked in): public functions only.
+      target_sources(${_name} PRIVATE ${PROJECT_SOURCE_DIR}/tests/testutil.c)
+      target_link_libraries(${_name} PRIVATE nabla_shared PkgConfig::NABLA_CHECK)
+      target_compile_definitions(${_name} PRIVATE NABLA_HAVE_CUDA=${NABLA_HAVE_CUDA}
+                                 ${NABLA_C_DEFINES})
+      if(TARGET nabla_cuda)
+        add_dependencies(${_name} nabla_cuda)
+      endif()
+    else()
+      if(TARGET nabla_testutil)
+        target_link_libraries(${_name} PRIVATE nabla_testutil)
+      endif()
+      target_link_libraries(${_name} PRIVATE nabla nabla_internal PkgConfig::NABLA_CHECK)
     endif()
-    target_link_libraries(${_name} PRIVATE nabla nabla_internal PkgConfig::NABLA_CHECK)
     target_include_directories(${_name} PRIVATE ${PROJECT_SOURCE_DIR}/tests)
     target_compile_definitions(${_name} PRIVATE
       NABLA_SOURCE_DIR="${PROJECT_SOURCE_DIR}" NABLA_BINARY_DIR="${CMAKE_BINARY_DIR}")

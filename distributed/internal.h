@@ -21,7 +21,7 @@ double nb__now(void); /* monotonic seconds */
  * 0: a free one), close-on-exec, SO_REUSEADDR. -1 on failure, with the
  * getaddrinfo code in *gai_err or the errno in *sys_err. */
 int nb__tcp_listen(const char *host, int port, int *gai_err, int *sys_err);
-void nb__sleep(double seconds);
+NB_PLUGIN_API void nb__sleep(double seconds);
 /* env.c: NABLA_LIVENESS_TIMEOUT or its default: how long a live peer or
  * store may stay silent (Note [Liveness and progress] in heartbeat.c). */
 double nb__liveness_s(void);

@@ -534,10 +534,17 @@ static void sigpipe_restore(const sigset_t *old) {
     pthread_sigmask(SIG_SETMASK, old, NULL);
 }
 
+/* The NCCL process group's table, which the CUDA backend carries (Note
+ * [CUDA plugin] in tensor/cuda_plugin.h); NULL when it is not there. */
+static const nb__pg_ops *nccl_ops(void) {
+    const nb__cuda_plugin *p = nb__cuda_plugin_get();
+    return p ? p->nccl : NULL;
+}
+
 const nb__pg_ops *nb__pg_ops_of(nb_pg_backend backend) {
     /* Every backend table has `run` or `launch`, and the exchange. */
     if (backend != NB_PG_NCCL) return &nb__pg_gloo_ops;
-    const nb__pg_ops *ops = nb__cuda_nccl_ops(); /* loaded by resolve_options */
+    const nb__pg_ops *ops = nccl_ops(); /* loaded by resolve_options */
     NB_CHECK(ops, "nb_pg_init: no nccl backend: %s", nb__cuda_plugin_error());
     return ops;
 }
@@ -598,7 +605,7 @@ static nb_status resolve_options(const nb_pg_options *opts, nb_pg_backend *backe
         return nb_set_error(NB_ERR_UNSUPPORTED,
                             "nb_pg_init: the gloo backend is not in this build (install libgloo-dev "
                             "and g++, and reconfigure)");
-    if (*backend == NB_PG_NCCL && !nb__cuda_nccl_ops())
+    if (*backend == NB_PG_NCCL && !nccl_ops())
         return nb_set_error(NB_ERR_UNSUPPORTED,
                             "nb_pg_init: the nccl backend is not available: %s%s",
                             nb__cuda_plugin_error(),

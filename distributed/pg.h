@@ -159,20 +159,20 @@ struct nb_pg {
 };
 
 /* pg.c */
-void nb__work_put(nb_work *w);
+NB_PLUGIN_API void nb__work_put(nb_work *w);
 const nb__pg_ops *nb__pg_ops_of(nb_pg_backend backend);
 /* Numbers, fingerprints and queues a collective, and submits it. */
-nb_work *nb__pg_issue(nb_pg *pg, const nb__coll *c);
+NB_PLUGIN_API nb_work *nb__pg_issue(nb_pg *pg, const nb__coll *c);
 /* One round of a wait outside nb_work_wait (the check layer's on an
  * issuing thread): sleeps `pause`, progress, the watchdog. false when the
  * group broke meanwhile. pg->mu not held. */
 bool nb__pg_wait_step(nb_pg *pg, double *pause);
 /* With pg->mu held: w is finished; unlinks it and starts the next one's clock. */
-void nb__pg_finish_locked(nb_pg *pg, nb_work *w, nb_status st, const char *msg);
+NB_PLUGIN_API void nb__pg_finish_locked(nb_pg *pg, nb_work *w, nb_status st, const char *msg);
 bool nb__pg_is_loopback(const char *addr);
 /* Marks the group broken by `w` (first failure wins), with a diagnosis;
  * wakes every waiter. */
-void nb__pg_fail(nb_pg *pg, nb_work *w, nb_status st, const char *what);
+NB_PLUGIN_API void nb__pg_fail(nb_pg *pg, nb_work *w, nb_status st, const char *what);
 nb_status nb__pg_start_backend(nb_pg *pg, const char *prefix);
 nb_pg *nb__pg_alloc(nb_pg *root, nb_pg *parent, int rank, int size);
 

@@ -1,13 +1,17 @@
-/* libnabla's side of the CUDA backend: loading the plugin
- * (libnabla_cuda.so) on first use, and what code outside tensor/cuda/
- * asks about CUDA (device count and selection, the poisoning and TF32
+/* libnabla's side of the CUDA backend: getting it on first use (opening
+ * the plugin, libnabla_cuda.so, from libnabla.so; linked in, in
+ * libnabla.a: NB__CUDA_LINKED), and what code outside tensor/cuda/ asks
+ * about CUDA (device count and selection, the poisoning and TF32
  * switches, the public nabla/cuda.h functions, the GPU suites' hooks),
- * answered through the plugin once it is loaded and as "no device"
- * before, when it cannot be loaded, and in a build without CUDA. Note
- * [CUDA plugin] in tensor/cuda_plugin.h: why a plugin, where it is
- * looked for, what it is given. */
+ * answered through the backend once it is there and as "no device"
+ * before, when it cannot be had, and in a build without CUDA. Note [CUDA
+ * plugin] in tensor/cuda_plugin.h: why a plugin, where it is looked for.
+ *
+ * Compiled once for each library (CMakeLists.txt), with NB__CUDA_LINKED
+ * 1 for libnabla.a of a CUDA build (the backend's objects are in the
+ * archive: its functions are called directly, and this file defines none
+ * of them again) and 0 for libnabla.so and a build without CUDA. */
 #define _GNU_SOURCE /* dladdr */
-#define NB__CUDA_PLUGIN_SIDE
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -16,15 +20,18 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "distributed/pg.h" /* what the NCCL process group calls */
 #include "nabla/cuda.h"
 #include "tensor/cuda/cuda.h"
 #include "tensor/cuda_plugin.h"
 
+#ifndef NB__CUDA_LINKED
+#define NB__CUDA_LINKED 0
+#endif
+
 const nb__backend *nb__cuda_table;
 
 /* Note [Poisoned outputs] and nb_cuda_set_allow_tf32: switches kept here,
- * so that setting them loads nothing; the plugin reads them. */
+ * so that setting them loads nothing; the backend reads them. */
 static bool poison_on, tf32_on;
 void nb__cuda_set_poison(bool on) { poison_on = on; }
 bool nb__cuda_poison(void) { return poison_on; }
@@ -32,7 +39,22 @@ void nb_cuda_set_allow_tf32(bool on) { tf32_on = on && NABLA_HAVE_CUDA; } /* sta
 bool nb_cuda_allow_tf32(void) { return tf32_on; }
 bool nb__cuda_tf32(void) { return tf32_on; }
 
-#if NABLA_HAVE_CUDA
+#if NB__CUDA_LINKED
+static const nb__cuda_plugin *linked;
+static pthread_once_t link_once = PTHREAD_ONCE_INIT;
+
+static void link_backend(void) {
+    linked = nb__cuda_plugin_init();
+    __atomic_store_n(&nb__cuda_table, linked->backend, __ATOMIC_RELEASE);
+}
+
+const nb__cuda_plugin *nb__cuda_plugin_get(void) {
+    pthread_once(&link_once, link_backend);
+    return linked;
+}
+
+const char *nb__cuda_plugin_error(void) { return ""; }
+#elif NABLA_HAVE_CUDA
 static const nb__cuda_plugin *plugin;
 static char load_error[1024];
 
@@ -44,23 +66,6 @@ static char load_error[1024];
 #endif
 
 static pthread_once_t load_once = PTHREAD_ONCE_INIT;
-
-static void host_abort(const char *file, int line, const char *message) {
-    nb_abort(file, line, "%s", message);
-}
-static nb_status host_set_error(nb_status status, const char *message) {
-    return nb_set_error(status, "%s", message);
-}
-
-static const nb__cuda_host host = {
-    .abi = NB__CUDA_PLUGIN_ABI,
-    .version = NB__CUDA_PLUGIN_VERSION,
-    .abort = host_abort,
-    .set_error = host_set_error,
-#define HOST_FN(ret, name, params, args) .name = name,
-    NB__CUDA_HOST_FUNCS(HOST_FN)
-#undef HOST_FN
-};
 
 /* Appends "; " (after the first) and the formatted text to load_error,
  * cut at its size. */
@@ -94,7 +99,7 @@ static bool try_load(const char *path) {
         dlclose(h);
         return false;
     }
-    const nb__cuda_plugin *p = init(&host);
+    const nb__cuda_plugin *p = init();
     if (!p || p->abi != NB__CUDA_PLUGIN_ABI || !p->version ||
         strcmp(p->version, NB__CUDA_PLUGIN_VERSION) != 0) {
         note("%s: built for nabla %s (plugin ABI %u), this is nabla %s (ABI %u)", path,
@@ -188,7 +193,9 @@ const nb__cuda_plugin *nb__cuda_plugin_get(void) { return NULL; }
 const char *nb__cuda_plugin_error(void) { return "nabla was built without CUDA"; }
 #endif
 
-/* ---- runtime queries ---- */
+/* ---- runtime queries, through the plugin's table (libnabla.a calls the
+ * backend's functions of these names directly) ---- */
+#if !NB__CUDA_LINKED
 int nb__cuda_device_count(void) {
     const nb__cuda_plugin *p = nb__cuda_plugin_get();
     return p ? p->device_count() : 0;
@@ -200,11 +207,6 @@ nb_status nb__cuda_set_device(int device) {
         return nb_set_error(NB_ERR_UNSUPPORTED, "nb__cuda_set_device: device %d: %s", device,
                             nb__cuda_plugin_error());
     return p->set_device(device);
-}
-
-const struct nb__pg_ops *nb__cuda_nccl_ops(void) {
-    const nb__cuda_plugin *p = nb__cuda_plugin_get();
-    return p ? p->nccl : NULL;
 }
 
 /* Every caller below has a CUDA device in hand, so the plugin is loaded. */
@@ -237,10 +239,7 @@ bool nb__cuda_batch_norm_cudnn_ok(const nb_tensor *x, const nb_tensor *running_m
     return loaded("nb__cuda_batch_norm_cudnn_ok")
         ->batch_norm_cudnn_ok(x, running_mean, running_var, training, eps);
 }
-
-int nb__nccl_exchange(nb__nccl *n, const void *mine, void *all, size_t bytes, bool start) {
-    return loaded("nb__nccl_exchange")->nccl_exchange(n, mine, all, bytes, start);
-}
+#endif
 
 /* ---- public ---- */
 bool nb_cuda_available(void) { return nb__cuda_device_count() > 0; }

@@ -109,7 +109,7 @@ void nb__ctx_give_back(nb_ctx *ctx, void *p, size_t bytes);
 /* A kernel's scratch (nb_ctx_alloc) that nothing reads after the kernel:
  * given back where ctx gives back. On CUDA, call it after the last launch
  * that uses it: a later kernel reusing the memory runs after on the stream. */
-void nb__ctx_scratch_done(nb_ctx *ctx, void *p, size_t bytes);
+NB_PLUGIN_API void nb__ctx_scratch_done(nb_ctx *ctx, void *p, size_t bytes);
 /* Counts backward passes since the last reset (Note [Growing contexts]). */
 void nb__ctx_note_backward(nb_ctx *ctx);
 
@@ -118,11 +118,11 @@ void nb__ctx_note_backward(nb_ctx *ctx);
 nb_node *nb__ctx_tape(nb_ctx *ctx);
 void nb__ctx_push_node(nb_ctx *ctx, nb_node *node);
 /* Host memory for metadata (tensor structs, nodes), from the context's arena. */
-void *nb__ctx_meta(nb_ctx *ctx, size_t bytes);
+NB_PLUGIN_API void *nb__ctx_meta(nb_ctx *ctx, size_t bytes);
 
 /* ---- tensors ---- */
 /* A contiguous tensor, uninitialised. */
-nb_tensor *nb__empty(nb_ctx *ctx, nb_dtype dtype, int ndim, const int64_t *shape);
+NB_PLUGIN_API nb_tensor *nb__empty(nb_ctx *ctx, nb_dtype dtype, int ndim, const int64_t *shape);
 /* A tensor struct that views `src`'s storage with a new shape, strides and
  * data pointer (no node recorded). */
 nb_tensor *nb__view(nb_ctx *ctx, nb_tensor *src, int ndim, const int64_t *shape,
@@ -130,11 +130,11 @@ nb_tensor *nb__view(nb_ctx *ctx, nb_tensor *src, int ndim, const int64_t *shape,
 /* x if contiguous, else a contiguous copy (no node recorded). */
 nb_tensor *nb__contig(nb_ctx *ctx, nb_tensor *x);
 void nb__contig_strides(int ndim, const int64_t *shape, int64_t *strides);
-int64_t nb__numel_shape(int ndim, const int64_t *shape); /* -1: more than INT64_MAX */
+NB_PLUGIN_API int64_t nb__numel_shape(int ndim, const int64_t *shape); /* -1: more than INT64_MAX */
 
 /* Element access by raw pointer, converting to and from double. */
-double nb__load(const void *p, nb_dtype dtype);
-void nb__store(void *p, nb_dtype dtype, double v);
+NB_PLUGIN_API double nb__load(const void *p, nb_dtype dtype);
+NB_PLUGIN_API void nb__store(void *p, nb_dtype dtype, double v);
 
 /* ---- context for nb_abort's message ---- */
 /* A thread's chain of frames, innermost first (nb_module_forward pushes
@@ -259,8 +259,8 @@ typedef enum nb__binary_op { NB_BINARY_OPS(NB__ENUM_B) } nb__binary_op;
 #define NB_U_COUNT NB__COUNT(NB_UNARY_OPS)
 #define NB_B_COUNT NB__COUNT(NB_BINARY_OPS)
 /* The op's name for messages ("nb_exp"), from the table. */
-const char *nb__unary_name(nb__unary_op op);
-const char *nb__binary_name(nb__binary_op op);
+NB_PLUGIN_API const char *nb__unary_name(nb__unary_op op);
+NB_PLUGIN_API const char *nb__binary_name(nb__binary_op op);
 
 /* Unary, binary, where and copy, run by the backend of out's (dst's)
  * device: the CPU engine (tensor/cpu/elementwise.c) or its CUDA twin. */

@@ -10,11 +10,14 @@ build trains one epoch on 2 processes under the installed nbrun, reading
 the installed table; tutorial_zero.c is built with pkg-config and trains
 on 2 processes with ZeRO-1, stops at a checkpoint and resumes from it.
 
-The CUDA plugin (Note [CUDA plugin] in tensor/cuda_plugin.h): a small probe
-program, built both ways too, does CPU work and reads its /proc/self/maps:
-no CUDA library may be mapped. In a build with CUDA the plugin must be
-installed; asking for the device count then loads it, found beside
-libnabla.so (pkg-config build) or through NABLA_CUDA_PLUGIN (static build).
+The CUDA backend (Note [CUDA plugin] in tensor/cuda_plugin.h): a small
+probe program, built both ways too, does CPU work and reads its
+/proc/self/maps. Linked with libnabla.so (pkg-config), it maps no CUDA
+library; in a build with CUDA the plugin must be installed, and asking for
+the device count loads it, found beside libnabla.so. Linked with libnabla.a
+(find_package), it has the CUDA backend linked in (a build with CUDA): the
+CUDA runtime is mapped from the start and no plugin ever is; without CUDA,
+nothing is.
 """
 import glob
 import os
@@ -113,13 +116,22 @@ int main(int argc, char **argv) {
 """
 
 
-def check_probe(exe, libdir, cuda, env=None):
+def check_probe(exe, libdir, cuda, env=None, linked=False):
     """Runs the probe: no CUDA library for CPU work; with CUDA, asking
-    loads the installed plugin."""
+    loads the installed plugin. linked: the static build, whose CUDA
+    backend (with CUDA) is linked in."""
     out, _ = sh([exe, "ask"], os.path.basename(exe), env=env)
     got = dict(l.split("=", 1) for l in out.splitlines() if "=" in l)
     if got.get("sum") != "55":
         fail("%s: sum of squares of 0..5 is %s, not 55:\n%s" % (exe, got.get("sum"), out))
+    if linked and cuda:
+        for when in ("start", "cpu", "asked"):
+            if "libcudart" not in got.get(when, "") or "libnabla_cuda" in got.get(when, ""):
+                fail("%s (libnabla.a with the CUDA backend linked in) should map the CUDA runtime "
+                     "and no plugin; after %s it maps: %s" % (exe, when, got.get(when)))
+        print("%s: the CUDA backend linked in, no plugin; device count %s"
+              % (os.path.basename(exe), got.get("count")))
+        return
     for when in ("start", "cpu"):
         if got.get(when, "?").strip():
             fail("%s maps CUDA libraries after %s work: %s" % (exe, when, got.get(when)))
@@ -176,8 +188,7 @@ def main():
             fail("the build %s libnabla_cuda.so, the install %s"
                  % (("has", "lacks") if cuda else ("lacks", "has")))
         check_probe(probe_pc, libdir, cuda, env={"LD_LIBRARY_PATH": libdir})
-        check_probe(os.path.join(app, "build", "probe"), libdir, cuda,
-              env={"NABLA_CUDA_PLUGIN": os.path.join(libdir, "libnabla_cuda.so")})
+        check_probe(os.path.join(app, "build", "probe"), libdir, cuda, linked=True)
 
         probe = subprocess.run([app_cm, "--epochs", "1", "--data", os.devnull],
                                capture_output=True, text=True, timeout=60)
