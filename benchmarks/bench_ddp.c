@@ -55,6 +55,8 @@
  * host waited for gathers and reduce-scatters in the step (forward
  * included), and "hidden" 1 - wait / their running time
  * (nb_fsdp_take_stats): the share of its communication that compute hid.
+ * --zero3-kept keeps each unit gathered from its forward to its backward
+ * (keep_gathered: no second gather, no second forward); mode "zero3k".
  *
  * --powersgd RANK makes PowerSGD the communication hook
  * (nb_ddp_set_powersgd: rank RANK, compressed from the third step, that
@@ -353,7 +355,7 @@ static int plot_scaling(const char *path, const char *svg) {
 int main(int argc, char **argv) {
     int steps = 30, width = 512, layers = 4, header = 1, machine = 0, kind = WIDE;
     int64_t batch = 0;
-    bool use_ddp = true, bucket_step = false, bf16 = false, zero = false, zero3 = false;
+    bool use_ddp = true, bucket_step = false, bf16 = false, zero = false, zero3 = false, kept = false;
     int zero_stage = 1;
     double bucket_mb = 0; /* 0: the wrapper's defaults (first bucket 1 MiB, then 25 MiB) */
     const char *device_arg = "auto", *trace_path = NULL, *project = NULL, *text_path = NULL;
@@ -366,6 +368,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--zero")) zero = true;
         else if (!strcmp(argv[i], "--zero2")) zero = true, zero_stage = 2;
         else if (!strcmp(argv[i], "--zero3")) zero3 = true;
+        else if (!strcmp(argv[i], "--zero3-kept")) zero3 = kept = true;
         else if (!strcmp(argv[i], "--no-header")) header = 0;
         else if (!strcmp(argv[i], "--machine")) machine = 1;
         else if (!strcmp(argv[i], "--plot-scaling") && i + 2 < argc) return plot_scaling(argv[i + 1], argv[i + 2]);
@@ -388,7 +391,7 @@ int main(int argc, char **argv) {
             }
         } else {
             fprintf(stderr, "usage: %s [--model wide|mlp|cnn|gpt|gpt6] [--device auto|cpu|cuda] [--no-ddp] "
-                            "[--bucket-step | --zero | --zero2 | --zero3] [--bf16] [--bucket-mb MB] [--steps N] [--batch B] [--width W] [--layers L] [--no-header | --machine] [--powersgd RANK] [--text FILE] [--trace FILE] [--project LINK] [--info]\n"
+                            "[--bucket-step | --zero | --zero2 | --zero3 | --zero3-kept] [--bf16] [--bucket-mb MB] [--steps N] [--batch B] [--width W] [--layers L] [--no-header | --machine] [--powersgd RANK] [--text FILE] [--trace FILE] [--project LINK] [--info]\n"
                             "       %s --plot-scaling LINES SVG\n", argv[0], argv[0]);
             return 2;
         }
@@ -462,7 +465,9 @@ int main(int argc, char **argv) {
     for (int i = 0; i < np; i++) n_params += nb_numel(p[i].tensor);
     nb_optim *opt = nb_optim_new(NB_OPTIM_ADAMW, p, np, &NB_ADAMW_DEFAULTS);
     nb_fsdp *fsdp = NULL; /* --zero3: made after the optimizer, whose state is shaped like the parameters */
-    if (zero3 && (nb_fsdp_new(&fsdp, model, pg, NULL) != NB_OK || nb_fsdp_set_optimizer(fsdp, opt) != NB_OK)) {
+    nb_fsdp_options fo = NB_FSDP_DEFAULTS;
+    fo.keep_gathered = kept;
+    if (zero3 && (nb_fsdp_new(&fsdp, model, pg, &fo) != NB_OK || nb_fsdp_set_optimizer(fsdp, opt) != NB_OK)) {
         fprintf(stderr, "bench_ddp: %s\n", nb_last_error());
         return 1;
     }
@@ -491,7 +496,7 @@ int main(int argc, char **argv) {
             return 1;
         }
     }
-    const char *mode = fsdp                ? "zero3"
+    const char *mode = fsdp                ? (kept ? "zero3k" : "zero3")
                        : !ddp              ? "no-ddp"
                        : bucket_step       ? "ddp-bs"
                        : zero              ? (zero_stage == 2 ? "zero2" : "zero")

@@ -45,6 +45,16 @@
  * nb_fsdp_forward and kept, its gradients go to a flat set up by
  * nb_fsdp_backward before the walk and reduce-scattered after it.
  *
+ * Kept. With keep_gathered (FSDP's reshard_after_forward off) a unit stays
+ * gathered from its forward to the end of its backward, and is neither
+ * gathered nor run again: its forward is the ordinary one (tape on) between
+ * two identity nodes whose inputs include the shard, so that the walk
+ * meets them in tape order, the output's first (zeroed gradient views for
+ * the parameters) and the input's last (the reduce-scatter and the
+ * release). The step context then holds every unit gathered at the end of
+ * the forward, as DDP holds its parameters; communication is 2/3 of the
+ * default's and there is no second forward.
+ *
  * Collective order. Every rank issues the same collectives in the same
  * order: gathers in forward order (a prefetch launches unit i + 1's during
  * unit i), in backward the reverse order, a unit's reduce-scatter after its
@@ -369,6 +379,32 @@ static void unit_after(void *user, bool backward) {
     gather_release(u);
 }
 
+/* keep_gathered (Note [FSDP], "Kept"): the node after a unit's forward
+ * (the first of its backward) gives its parameters zeroed gradients ... */
+static void kept_output_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) {
+    unit *u = n->extra;
+    grads_begin(u, u->sctx);
+    nb__accum_grad(ctx, n->in[0], g);
+}
+
+/* ... and the node before it (the last) reduce-scatters them and releases
+ * the unit. */
+static void kept_input_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) {
+    unit_after(n->extra, true);
+    nb__accum_grad(ctx, n->in[0], g);
+}
+
+/* x's storage under a node of its own whose inputs are x and the unit's shard. */
+static nb_tensor *identity(nb_ctx *ctx, unit *u, nb_tensor *x, const char *op, nb_backward_fn bw) {
+    nb_tensor *v = nb__view(ctx, x, x->ndim, x->shape, x->strides, x->data);
+    nb_node *n = nb__record(ctx, op, bw, v, 2, (nb_tensor *[]){x, u->leaf});
+    if (n) {
+        n->extra = u;
+        nb__node_reads(n, 0); /* passes the gradient on, reads no data */
+    }
+    return v;
+}
+
 static nb_tensor *unit_forward(nb_module *m, nb_ctx *ctx, nb_tensor *x, void *user) {
     unit *u = user;
     if (u->f->whole) return nb__module_forward_own(m, ctx, x); /* nb_fsdp_gather_full's */
@@ -384,7 +420,10 @@ static nb_tensor *unit_forward(nb_module *m, nb_ctx *ctx, nb_tensor *x, void *us
         gather_release(u);
         return y;
     }
-    return nb__module_forward_recompute_ops(m, ctx, x, &u->ops);
+    if (!u->f->o.keep_gathered) return nb__module_forward_recompute_ops(m, ctx, x, &u->ops);
+    unit_before(u, false);
+    nb_tensor *y = nb__module_forward_own(m, ctx, identity(ctx, u, x, "a sharded unit's input", kept_input_backward));
+    return identity(ctx, u, y, "a sharded unit's output", kept_output_backward);
 }
 
 /* ---- construction ---- */

@@ -51,9 +51,13 @@ static void batch(nb_ctx *ctx, int it, nb_tensor **idx, nb_tensor **tgt) {
     *tgt = nb_from_host(ctx, NB_I64, NB_SHAPE(B_ROWS, T_SEQ), out);
 }
 
+static bool KEEP; /* keep_gathered for the wrappers fsdp_wrap makes */
+
 static nb_fsdp *fsdp_wrap(nb_module *m) {
     nb_fsdp *f = NULL;
-    nb_status st = nb_fsdp_new(&f, m, world, NULL);
+    nb_fsdp_options o = NB_FSDP_DEFAULTS;
+    o.keep_gathered = KEEP;
+    nb_status st = nb_fsdp_new(&f, m, world, &o);
     ck_assert_msg(st == NB_OK, "nb_fsdp_new: %s", nb_last_error());
     return f;
 }
@@ -102,7 +106,7 @@ static double step_both(nb_ddp *ddp, nb_optim *ropt, nb_ctx *rstep, nb_fsdp *f, 
 
 /* 20 AdamW steps: the same losses as DDP's, step by step, within 1e-5
  * relative; then the parameters, gathered whole, close to DDP's. */
-START_TEST(test_loss_matches_ddp) {
+static void loss_matches_ddp(void) {
     nb_ctx *pa = nb_ctx_new(nb_cpu(), 0), *pb = nb_ctx_new(nb_cpu(), 0);
     nb_ctx *step = nb_ctx_new(nb_cpu(), 0), *rstep = nb_ctx_new(nb_cpu(), 0);
     nb_module *m = tiny_gpt(pa), *ref = tiny_gpt(pb);
@@ -135,12 +139,25 @@ START_TEST(test_loss_matches_ddp) {
     nb_ctx_free(pa);
     nb_ctx_free(pb);
 }
+
+START_TEST(test_loss_matches_ddp) {
+    KEEP = false;
+    loss_matches_ddp();
+}
+END_TEST
+
+/* The same with each unit kept gathered from its forward to its backward. */
+START_TEST(test_loss_matches_ddp_kept) {
+    KEEP = true;
+    loss_matches_ddp();
+    KEEP = false;
+}
 END_TEST
 
 /* Gradients: one SGD step of learning rate 1 from the same parameters moves
  * each parameter by minus its averaged gradient; both paths' moves agree
  * within 1e-6, and they are not all zero. */
-START_TEST(test_gradients_match_ddp) {
+static void gradients_match_ddp(void) {
     nb_ctx *pa = nb_ctx_new(nb_cpu(), 0), *pb = nb_ctx_new(nb_cpu(), 0), *pc = nb_ctx_new(nb_cpu(), 0);
     nb_ctx *step = nb_ctx_new(nb_cpu(), 0), *rstep = nb_ctx_new(nb_cpu(), 0);
     nb_module *m = tiny_gpt(pa), *ref = tiny_gpt(pb), *init = tiny_gpt(pc);
@@ -184,6 +201,18 @@ START_TEST(test_gradients_match_ddp) {
     nb_ctx_free(pb);
     nb_ctx_free(pc);
 }
+
+START_TEST(test_gradients_match_ddp) {
+    KEEP = false;
+    gradients_match_ddp();
+}
+END_TEST
+
+START_TEST(test_gradients_match_ddp_kept) {
+    KEEP = true;
+    gradients_match_ddp();
+    KEEP = false;
+}
 END_TEST
 
 /* Bytes of block 0's parameters (a unit), from the configuration: two
@@ -196,6 +225,7 @@ static size_t unit_bytes(void) {
 
 /* Memory: the state held between steps, and the step context's peak. */
 START_TEST(test_memory) {
+    KEEP = false; /* the bound is the default's: one unit gathered at a time (and the prefetched one) */
     nb_ctx *pa = nb_ctx_new(nb_cpu(), 0), *pb = nb_ctx_new(nb_cpu(), 0);
     nb_ctx *step = nb_ctx_new(nb_cpu(), 0), *rstep = nb_ctx_new(nb_cpu(), 0);
     nb_module *m = tiny_gpt(pa), *ref = tiny_gpt(pb);
@@ -235,6 +265,7 @@ END_TEST
 /* A sharded parameter read outside its unit is refused by name; made whole,
  * it reads as DDP's; clipping agrees with DDP's norm. */
 START_TEST(test_refusals_and_clip) {
+    KEEP = false;
     nb_ctx *pa = nb_ctx_new(nb_cpu(), 0), *pb = nb_ctx_new(nb_cpu(), 0);
     nb_ctx *step = nb_ctx_new(nb_cpu(), 0), *rstep = nb_ctx_new(nb_cpu(), 0);
     nb_module *m = tiny_gpt(pa), *ref = tiny_gpt(pb);
@@ -283,6 +314,8 @@ static Suite *suite(void) {
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_loss_matches_ddp);
     tcase_add_test(tc, test_gradients_match_ddp);
+    tcase_add_test(tc, test_loss_matches_ddp_kept);
+    tcase_add_test(tc, test_gradients_match_ddp_kept);
     tcase_add_test(tc, test_memory);
     tcase_add_test(tc, test_refusals_and_clip);
     suite_add_tcase(s, tc);

@@ -50,9 +50,15 @@ typedef struct nb_fsdp_options {
      * rounded to bf16 (FSDP's param_dtype); the shards, their gradients and
      * the optimizer stay in the parameters' dtype. */
     bool bf16_gather;
+    /* Keep each unit gathered from its forward to the end of its backward
+     * (FSDP's reshard_after_forward off): no second all-gather and no
+     * second forward, but every unit's parameters are in the step context
+     * at the end of the forward. Off: gathered again, run again. */
+    bool keep_gathered;
 } nb_fsdp_options;
 
-#define NB_FSDP_DEFAULTS ((nb_fsdp_options){.min_unit_params = 0, .prefetch = true, .bf16_gather = true})
+#define NB_FSDP_DEFAULTS                                                                         \
+    ((nb_fsdp_options){.min_unit_params = 0, .prefetch = true, .bf16_gather = true, .keep_gathered = false})
 
 /* Collective. Checks that every rank has the same parameters (count and
  * elements), broadcasts parameters and buffers from rank 0, forms the
