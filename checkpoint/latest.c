@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "checkpoint/safetensors.h"
 #include "tensor/internal.h"
@@ -157,3 +158,61 @@ nb_status nb_checkpoint_find_latest(const char *dir, const char *program, bool f
     return s;
 }
 
+/* Note [Kept checkpoints]
+ * A training program writes DIR/ckpt.safetensors (atomically: a temporary
+ * file, fsync, rename). Before each save, rank 0 keeps the one it replaces
+ * under DIR/ckpt.step<N>.safetensors (a hard link, so the file stays
+ * whole and the name ckpt.safetensors is never missing), and removes the
+ * oldest of those beyond keep - 1, so the folder holds the newest `keep`
+ * (--keep-checkpoints in the bundled programs, default 3; the tutorials
+ * keep 3). --resume auto then has an older one to fall back to when the
+ * newest is damaged (truncated, corrupt, NaN). */
+nb_status nb_checkpoint_keep(const char *dir, const char *program, int keep) {
+    char cur[4096], old[4200];
+    if (keep < 2 || snprintf(cur, sizeof cur, "%s/ckpt.safetensors", dir) >= (int)sizeof cur) return NB_OK;
+    nb_checkpoint *ck;
+    if (access(cur, F_OK) != 0 || nb_checkpoint_open(cur, &ck) != NB_OK) {
+        nb_set_error(NB_OK, "%s", "");
+        return NB_OK; /* none, or damaged: nothing worth keeping */
+    }
+    const char *prog = nb_checkpoint_meta(ck, "program"), *st = nb_checkpoint_meta(ck, "step");
+    long long step = st ? strtoll(st, NULL, 10) : -1;
+    bool ours = prog && strcmp(prog, program) == 0 && step >= 0;
+    nb_checkpoint_close(ck);
+    if (!ours) return NB_OK;
+    snprintf(old, sizeof old, "%s/ckpt.step%09lld.safetensors", dir, step);
+    if (access(old, F_OK) != 0 && link(cur, old) != 0)
+        return nb_set_error(NB_ERR_IO, "nb_checkpoint_keep: cannot keep %s as %s: %s", cur, old, strerror(errno));
+    /* the kept ones, oldest first: names sort by step */
+    DIR *d = opendir(dir);
+    if (!d) return nb_set_error(NB_ERR_IO, "nb_checkpoint_keep: cannot read \"%s\": %s", dir, strerror(errno));
+    char **names = NULL;
+    int n = 0, cap = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (strncmp(e->d_name, "ckpt.step", 9) != 0 || !ends_with(e->d_name, ".safetensors")) continue;
+        if (n == cap) {
+            cap = cap ? 2 * cap : 8;
+            char **p = realloc(names, (size_t)cap * sizeof *p);
+            if (!p) break;
+            names = p;
+        }
+        names[n++] = strdup(e->d_name);
+    }
+    closedir(d);
+    for (int i = 1; i < n; i++) /* insertion sort: a handful of names */
+        for (int j = i; j > 0 && strcmp(names[j - 1], names[j]) > 0; j--) {
+            char *t = names[j];
+            names[j] = names[j - 1];
+            names[j - 1] = t;
+        }
+    for (int i = 0; i < n; i++) {
+        if (i < n - (keep - 1)) {
+            snprintf(old, sizeof old, "%s/%s", dir, names[i]);
+            unlink(old);
+        }
+        free(names[i]);
+    }
+    free(names);
+    return NB_OK;
+}

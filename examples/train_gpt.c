@@ -287,7 +287,7 @@ static nb_status save_checkpoint(run *r, int64_t steps_done) {
     nb_status s = divergence_check_finite(r->step_ctx, r->state, r->n_state, what);
     if (s == NB_OK) s = divergence_check_finite(r->step_ctx, opt_state, n_opt, what);
     if (s == NB_OK) s = files_make_dirs(r->a.ckpt_dir);
-    if (s == NB_OK) s = resume_keep(r->a.ckpt_dir, "train_gpt", (int)r->a.keep_checkpoints);
+    if (s == NB_OK) s = nb_checkpoint_keep(r->a.ckpt_dir, "train_gpt", (int)r->a.keep_checkpoints);
     if (s == NB_OK) s = nb_checkpoint_save_training(r->ckpt_path, r->state, r->n_state, r->opt, &st, m.kv, m.n);
     return s;
 }

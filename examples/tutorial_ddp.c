@@ -282,6 +282,7 @@ int main(int argc, char **argv) {
             nb_kv meta[] = {{"world_size", world_s}, {"program", "tutorial_ddp"}};
             nb_train_state ts = {.step = nb_optim_step_count(opt), .epoch = epoch + 1,
                                  .rng = nb_rng_make(0)};
+            CHECK(nb_checkpoint_keep(ckpt_dir, "tutorial_ddp", 3)); /* the file it replaces, for --resume auto */
             CHECK(nb_checkpoint_save_training(ckpt, state, n_state, opt, &ts, meta, 2));
         }
     }

@@ -88,12 +88,17 @@ static nb_status find_resume(nb_pg *pg, const char *dir, const char *mode, char 
     return s;
 }
 
-/* Saves the run at `step`: a collective (the shards are gathered on rank
- * 0), then rank 0 writes. The file is the one plain DDP would write. */
+/* Saves the run at `step` as dir/ckpt.safetensors: a collective (the
+ * shards are gathered on rank 0), then rank 0 keeps the file it replaces
+ * (the last 3, for --resume auto) and writes. The file is the one plain
+ * DDP would write. */
 static nb_status save(nb_ddp *ddp, nb_optim *opt, nb_loader *train, const nb_named_tensor *state,
-                      int n_state, const char *path, int64_t step, int world) {
+                      int n_state, const char *dir, int64_t step, int world) {
     nb_status s = nb_ddp_consolidate_optimizer(ddp, 0);
+    if (s == NB_OK && rank == 0) s = nb_checkpoint_keep(dir, "tutorial_zero", 3);
     if (s != NB_OK || rank != 0) return s;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/ckpt.safetensors", dir);
     nb_train_state ts = {.step = step, .rng = nb_rng_make(0)};
     nb_loader_position(train, &ts.epoch, &ts.data_position); /* the next batch to read */
     char world_s[16];
@@ -255,7 +260,7 @@ int main(int argc, char **argv) {
             printf("step %lld: loss %.4f, gradient norm %.3f, lr %.2e\n", (long long)step, nb_item(loss),
                    norm, nb_lr_schedule_at(&schedule, step - 1));
         if (ckpt_dir && (step % save_every == 0 || step == stop))
-            CHECK(save(ddp, opt, train_loader, state, n_state, ckpt, step, world));
+            CHECK(save(ddp, opt, train_loader, state, n_state, ckpt_dir, step, world));
     }
 
     /* 7. Evaluate, then leave: the whole state back on every rank before the wrapper goes. */

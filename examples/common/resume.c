@@ -28,64 +28,6 @@ static bool ends_with(const char *s, const char *suffix) {
     return n >= m && strcmp(s + n - m, suffix) == 0;
 }
 
-/* Note [Kept checkpoints]
- * A training program writes DIR/ckpt.safetensors (atomically: a temporary
- * file, fsync, rename). Before each save, rank 0 keeps the one it replaces
- * under DIR/ckpt.step<N>.safetensors (a hard link, so the file stays
- * whole and the name ckpt.safetensors is never missing), and removes the
- * oldest of those beyond keep - 1, so the folder holds the newest `keep`
- * (--keep-checkpoints, default 3). --resume auto then has an older one to
- * fall back to when the newest is damaged (truncated, corrupt, NaN). */
-nb_status resume_keep(const char *dir, const char *program, int keep) {
-    char cur[4096], old[4200];
-    if (keep < 2 || snprintf(cur, sizeof cur, "%s/ckpt.safetensors", dir) >= (int)sizeof cur) return NB_OK;
-    nb_checkpoint *ck;
-    if (access(cur, F_OK) != 0 || nb_checkpoint_open(cur, &ck) != NB_OK) {
-        nb_set_error(NB_OK, "%s", "");
-        return NB_OK; /* none, or damaged: nothing worth keeping */
-    }
-    const char *prog = nb_checkpoint_meta(ck, "program"), *st = nb_checkpoint_meta(ck, "step");
-    long long step = st ? strtoll(st, NULL, 10) : -1;
-    bool ours = prog && strcmp(prog, program) == 0 && step >= 0;
-    nb_checkpoint_close(ck);
-    if (!ours) return NB_OK;
-    snprintf(old, sizeof old, "%s/ckpt.step%09lld.safetensors", dir, step);
-    if (access(old, F_OK) != 0 && link(cur, old) != 0)
-        return nb_set_error(NB_ERR_IO, "--keep-checkpoints: cannot keep %s as %s: %s", cur, old, strerror(errno));
-    /* the kept ones, oldest first: names sort by step */
-    DIR *d = opendir(dir);
-    if (!d) return nb_set_error(NB_ERR_IO, "--keep-checkpoints: cannot read \"%s\": %s", dir, strerror(errno));
-    char **names = NULL;
-    int n = 0, cap = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL) {
-        if (strncmp(e->d_name, "ckpt.step", 9) != 0 || !ends_with(e->d_name, ".safetensors")) continue;
-        if (n == cap) {
-            cap = cap ? 2 * cap : 8;
-            char **p = realloc(names, (size_t)cap * sizeof *p);
-            if (!p) break;
-            names = p;
-        }
-        names[n++] = strdup(e->d_name);
-    }
-    closedir(d);
-    for (int i = 1; i < n; i++) /* insertion sort: a handful of names */
-        for (int j = i; j > 0 && strcmp(names[j - 1], names[j]) > 0; j--) {
-            char *t = names[j];
-            names[j] = names[j - 1];
-            names[j - 1] = t;
-        }
-    for (int i = 0; i < n; i++) {
-        if (i < n - (keep - 1)) {
-            snprintf(old, sizeof old, "%s/%s", dir, names[i]);
-            unlink(old);
-        }
-        free(names[i]);
-    }
-    free(names);
-    return NB_OK;
-}
-
 /* Removes the folder `path` and the files in it (a shards folder holds
  * files only). */
 static void remove_folder(const char *path) {
@@ -234,7 +176,7 @@ nb_status resume_save_sharded(run_dist *d, nb_ddp *zero, const char *dir, const 
                             "why), so no index was written: the previous checkpoint stands", (int)v[0],
                             (long long)st->step);
     if (d->rank != 0) return NB_OK;
-    s = resume_keep(dir, program, keep);
+    s = nb_checkpoint_keep(dir, program, keep);
     if (s == NB_OK) s = nb_checkpoint_save_training_index(index_path, id, d->world_size, opt, st, extra, n_extra);
     if (s == NB_OK) resume_prune_shards(dir);
     return s;

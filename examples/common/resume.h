@@ -38,10 +38,6 @@ nb_status resume_check_meta(nb_checkpoint *ck, const char *path, const nb_kv *kv
  * step (checked with a sum over the ranks of `d`: NB_ERR_MISMATCH, since
  * the ranks would resume from different states). NB_ERR_INVALID for
  * another mode, NB_ERR_IO when `dir` exists but cannot be read. */
-/* Before rank 0 saves DIR/ckpt.safetensors: keeps the file it replaces as
- * DIR/ckpt.step<N>.safetensors and removes the oldest of those beyond
- * keep - 1 (Note [Kept checkpoints]); keep < 2 keeps none. */
-nb_status resume_keep(const char *dir, const char *program, int keep);
 
 /* After rank 0 has written the index of a sharded checkpoint in `dir`:
  * removes the shards folders no index in `dir` names (Note [Kept sharded

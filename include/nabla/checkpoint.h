@@ -227,6 +227,15 @@ NB_API nb_status nb_checkpoint_consolidate(const char *index_path, const char *o
  * *step over the ranks. */
 NB_API nb_status nb_checkpoint_find_latest(const char *dir, const char *program, bool fresh_ok, char *path,
                                            size_t cap, bool *found, int64_t *step);
+/* Before rank 0 saves DIR/ckpt.safetensors again: keeps the file it is
+ * about to replace, when it is a valid checkpoint of `program` with a
+ * "step", as DIR/ckpt.step<N>.safetensors (a hard link), and removes the
+ * oldest of those beyond keep - 1, so that the folder holds the newest
+ * `keep` and nb_checkpoint_find_latest has an older one to fall back to
+ * when the newest is damaged (Note [Kept checkpoints] in
+ * checkpoint/latest.c). keep < 2 keeps none. NB_ERR_IO naming the file or
+ * folder when a link or the folder's listing fails. */
+NB_API nb_status nb_checkpoint_keep(const char *dir, const char *program, int keep);
 
 #ifdef __cplusplus
 }
