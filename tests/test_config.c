@@ -284,16 +284,9 @@ START_TEST(test_prescott_blocks) {
 END_TEST
 
 static Suite *config_suite(void) {
-    Suite *s = suite_create("config");
-    TCase *tc = tcase_create("core");
-    tcase_set_timeout(tc, 60);
-    tcase_add_test(tc, test_cpu_and_blas_lines);
-    tcase_add_test(tc, test_generic_core_note);
-    tcase_add_test(tc, test_report_matches_what_runs);
-    tcase_add_test(tc, test_prescott_fast_path);
-    tcase_add_test(tc, test_prescott_blocks);
-    suite_add_tcase(s, tc);
-    return s;
+    const TTest *tests[] = {test_cpu_and_blas_lines, test_generic_core_note, test_report_matches_what_runs,
+                             test_prescott_fast_path, test_prescott_blocks, NULL};
+    return nbt_suite("config", "core", 60, tests);
 }
 
 int main(void) { return nbt_run(config_suite()); }

@@ -454,26 +454,13 @@ START_TEST(test_groups_errors) {
 END_TEST
 
 static Suite *conv_suite(void) {
-    Suite *s = suite_create("conv");
-    TCase *tc = tcase_create("conv2d");
-    tcase_add_test(tc, test_forward_f64);
-    tcase_add_test(tc, test_forward_shapes);
-    tcase_add_test(tc, test_forward_f32);
-    tcase_add_test(tc, test_images_per_gemm);
-    tcase_add_test(tc, test_default_opts);
-    tcase_add_test(tc, test_gradcheck);
-    tcase_add_test(tc, test_gradcheck_pointwise);
-    tcase_add_test(tc, test_gradcheck_partial);
-    tcase_add_test(tc, test_non_contiguous);
-    tcase_add_test(tc, test_backward_accumulates);
-    tcase_add_test(tc, test_errors);
-    tcase_add_test(tc, test_groups_forward);
-    tcase_add_test(tc, test_groups_gradcheck);
-    tcase_add_test(tc, test_groups_gradcheck_partial);
-    tcase_add_test(tc, test_groups_non_contiguous);
-    tcase_add_test(tc, test_groups_errors);
-    suite_add_tcase(s, tc);
-    return s;
+    const TTest *tests[] = {test_forward_f64, test_forward_shapes, test_forward_f32, test_images_per_gemm,
+                             test_default_opts, test_gradcheck, test_gradcheck_pointwise,
+                             test_gradcheck_partial, test_non_contiguous, test_backward_accumulates,
+                             test_errors, test_groups_forward, test_groups_gradcheck,
+                             test_groups_gradcheck_partial, test_groups_non_contiguous, test_groups_errors,
+                             NULL};
+    return nbt_suite("conv", "conv2d", 0, tests);
 }
 
 int main(void) { return nbt_run(conv_suite()); }

@@ -495,24 +495,12 @@ START_TEST(test_gradients_are_bucket_views) {
 END_TEST
 
 static Suite *suite(void) {
-    Suite *s = suite_create("ddp");
-    TCase *tc = tcase_create("ddp");
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, test_mlp_equivalence);
-    tcase_add_test(tc, test_cnn_sync_bn_equivalence);
-    tcase_add_test(tc, test_sync_bn_unequal_batches);
-    tcase_add_test(tc, test_no_sync_accumulation);
-    tcase_add_test(tc, test_unused_parameters);
-    tcase_add_test(tc, test_bucket_rebuild_agrees);
-    tcase_add_test(tc, test_overlap_recorded);
-    tcase_add_test(tc, test_overlap_figures);
-    tcase_add_test(tc, test_overlap_across_ranks);
-    tcase_add_test(tc, test_bf16_hook);
-    tcase_add_test(tc, test_mismatch_named);
-    tcase_add_test(tc, test_freed_wrapper_named);
-    tcase_add_test(tc, test_gradients_are_bucket_views);
-    suite_add_tcase(s, tc);
-    return s;
+    const TTest *tests[] = {test_mlp_equivalence, test_cnn_sync_bn_equivalence, test_sync_bn_unequal_batches,
+                             test_no_sync_accumulation, test_unused_parameters, test_bucket_rebuild_agrees,
+                             test_overlap_recorded, test_overlap_figures, test_overlap_across_ranks,
+                             test_bf16_hook, test_mismatch_named, test_freed_wrapper_named,
+                             test_gradients_are_bucket_views, NULL};
+    return nbt_suite("ddp", "ddp", 120, tests);
 }
 
 int main(void) { return nbt_run_world(ddp_setup); }

@@ -147,15 +147,9 @@ START_TEST(test_refusals) {
 END_TEST
 
 static Suite *suite(void) {
-    Suite *s = suite_create("ddp_bucket_step");
-    TCase *tc = tcase_create("ddp_bucket_step");
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, test_adamw_equivalence);
-    tcase_add_test(tc, test_sgd_momentum_equivalence);
-    tcase_add_test(tc, test_no_sync_accumulation);
-    tcase_add_test(tc, test_refusals);
-    suite_add_tcase(s, tc);
-    return s;
+    const TTest *tests[] = {test_adamw_equivalence, test_sgd_momentum_equivalence, test_no_sync_accumulation,
+                             test_refusals, NULL};
+    return nbt_suite("ddp_bucket_step", "ddp_bucket_step", 120, tests);
 }
 
 int main(void) { return nbt_run_world(ddp_setup); }

@@ -238,19 +238,11 @@ START_TEST(test_join_sync_bn_needs_a_step) {
 END_TEST
 
 static Suite *suite(void) {
-    Suite *s = suite_create("ddp_join");
-    TCase *tc = tcase_create("ddp_join");
-    tcase_set_timeout(tc, 60);
-    tcase_add_test(tc, test_join_3_and_5_batches);
-    tcase_add_test(tc, test_join_divide_by_active_ranks);
-    tcase_add_test(tc, test_join_rank0_without_batches);
-    tcase_add_test(tc, test_join_sync_batch_norm);
-    tcase_add_test(tc, test_join_without_begin);
-    tcase_add_test(tc, test_join_backward_needs_counted_forward);
-    tcase_add_test(tc, test_join_no_sync_disagreement);
-    tcase_add_test(tc, test_join_sync_bn_needs_a_step);
-    suite_add_tcase(s, tc);
-    return s;
+    const TTest *tests[] = {test_join_3_and_5_batches, test_join_divide_by_active_ranks,
+                             test_join_rank0_without_batches, test_join_sync_batch_norm,
+                             test_join_without_begin, test_join_backward_needs_counted_forward,
+                             test_join_no_sync_disagreement, test_join_sync_bn_needs_a_step, NULL};
+    return nbt_suite("ddp_join", "ddp_join", 60, tests);
 }
 
 int main(void) { return nbt_run_world(ddp_setup); }

@@ -189,15 +189,9 @@ START_TEST(test_refusals) {
 END_TEST
 
 static Suite *suite(void) {
-    Suite *s = suite_create("ddp_powersgd");
-    TCase *tc = tcase_create("ddp_powersgd");
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, test_against_direct_ef_warm);
-    tcase_add_test(tc, test_against_direct_plain_restart);
-    tcase_add_test(tc, test_against_direct_bucket_per_param);
-    tcase_add_test(tc, test_refusals);
-    suite_add_tcase(s, tc);
-    return s;
+    const TTest *tests[] = {test_against_direct_ef_warm, test_against_direct_plain_restart,
+                             test_against_direct_bucket_per_param, test_refusals, NULL};
+    return nbt_suite("ddp_powersgd", "ddp_powersgd", 120, tests);
 }
 
 int main(void) { return nbt_run_world(ddp_setup); }

@@ -630,24 +630,10 @@ START_TEST(test_refusals) {
 END_TEST
 
 static Suite *suite(void) {
-    Suite *s = suite_create("ddp_zero");
-    TCase *tc = tcase_create("ddp_zero");
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, test_adamw);
-    tcase_add_test(tc, test_sgd_nesterov);
-    tcase_add_test(tc, test_sgd_plain);
-    tcase_add_test(tc, test_adam_amsgrad);
-    tcase_add_test(tc, test_two_groups);
-    tcase_add_test(tc, test_no_sync);
-    tcase_add_test(tc, test_clip_l2);
-    tcase_add_test(tc, test_clip_inf);
-    tcase_add_test(tc, test_gradients);
-    tcase_add_test(tc, test_state_bytes);
-    tcase_add_test(tc, test_checkpoint);
-    tcase_add_test(tc, test_scaler);
-    tcase_add_test(tc, test_refusals);
-    suite_add_tcase(s, tc);
-    return s;
+    const TTest *tests[] = {test_adamw, test_sgd_nesterov, test_sgd_plain, test_adam_amsgrad, test_two_groups,
+                             test_no_sync, test_clip_l2, test_clip_inf, test_gradients, test_state_bytes,
+                             test_checkpoint, test_scaler, test_refusals, NULL};
+    return nbt_suite("ddp_zero", "ddp_zero", 120, tests);
 }
 
 int main(void) {

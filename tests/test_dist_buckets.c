@@ -95,15 +95,9 @@ START_TEST(test_rebuild_from_ready_order) {
 END_TEST
 
 static Suite *suite(void) {
-    Suite *s = suite_create("dist_buckets");
-    TCase *tc = tcase_create("partition");
-    tcase_add_test(tc, test_first_bucket_then_cap);
-    tcase_add_test(tc, test_small_first_bucket);
-    tcase_add_test(tc, test_one_dtype_per_bucket);
-    tcase_add_test(tc, test_oversized_and_empty);
-    tcase_add_test(tc, test_rebuild_from_ready_order);
-    suite_add_tcase(s, tc);
-    return s;
+    const TTest *tests[] = {test_first_bucket_then_cap, test_small_first_bucket, test_one_dtype_per_bucket,
+                             test_oversized_and_empty, test_rebuild_from_ready_order, NULL};
+    return nbt_suite("dist_buckets", "partition", 0, tests);
 }
 
 int main(void) { return nbt_run(suite()); }

@@ -596,26 +596,14 @@ START_TEST(test_argument_checks) {
 END_TEST
 
 static Suite *suite(void) {
-    Suite *s = suite_create("dist_collectives");
-    TCase *tc = tcase_create("gloo");
-    tcase_add_test(tc, test_all_reduce);
-    tcase_add_test(tc, test_broadcast);
-    tcase_add_test(tc, test_small_collectives_in_one_message);
-    tcase_add_test(tc, test_headers_posted_while_data_move);
-    tcase_add_test(tc, test_checks_do_not_choose_the_arithmetic);
-    tcase_add_test(tc, test_barrier_waits_without_checks);
-    tcase_add_test(tc, test_fingerprints_stay_home_while_waits_are_short);
-    tcase_add_test(tc, test_all_gather);
-    tcase_add_test(tc, test_reduce_scatter);
-    tcase_add_test(tc, test_barrier);
-    tcase_add_test(tc, test_async_in_order);
-    tcase_add_test(tc, test_agree);
-    tcase_add_test(tc, test_subgroups);
-    tcase_add_test(tc, test_subgroup_mismatch);
-    tcase_add_test(tc, test_shim_exceptions_become_statuses);
-    tcase_add_test(tc, test_argument_checks);
-    suite_add_tcase(s, tc);
-    return s;
+    const TTest *tests[] = {test_all_reduce, test_broadcast, test_small_collectives_in_one_message,
+                             test_headers_posted_while_data_move, test_checks_do_not_choose_the_arithmetic,
+                             test_barrier_waits_without_checks,
+                             test_fingerprints_stay_home_while_waits_are_short, test_all_gather,
+                             test_reduce_scatter, test_barrier, test_async_in_order, test_agree,
+                             test_subgroups, test_subgroup_mismatch, test_shim_exceptions_become_statuses,
+                             test_argument_checks, NULL};
+    return nbt_suite("dist_collectives", "gloo", 0, tests);
 }
 
 static Suite *setup(nb_pg *pg) {

@@ -275,19 +275,10 @@ START_TEST(test_pick_gpu) {
 END_TEST
 
 static Suite *suite(void) {
-    Suite *s = suite_create("dist_env");
-    TCase *tc = tcase_create("env");
-    tcase_add_test(tc, test_no_launcher_is_a_world_of_one);
-    tcase_add_test(tc, test_torchrun);
-    tcase_add_test(tc, test_torchrun_without_local);
-    tcase_add_test(tc, test_torchrun_errors);
-    tcase_add_test(tc, test_openmpi);
-    tcase_add_test(tc, test_slurm);
-    tcase_add_test(tc, test_run_ids);
-    tcase_add_test(tc, test_device_and_options);
-    tcase_add_test(tc, test_pick_gpu);
-    suite_add_tcase(s, tc);
-    return s;
+    const TTest *tests[] = {test_no_launcher_is_a_world_of_one, test_torchrun, test_torchrun_without_local,
+                             test_torchrun_errors, test_openmpi, test_slurm, test_run_ids,
+                             test_device_and_options, test_pick_gpu, NULL};
+    return nbt_suite("dist_env", "env", 0, tests);
 }
 
 int main(void) { return nbt_run(suite()); }

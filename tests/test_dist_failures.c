@@ -653,36 +653,23 @@ START_TEST(test_sync_batch_norm_peer_failure_in_backward) {
 END_TEST
 
 static Suite *suite(void) {
-    Suite *s = suite_create("dist_failures");
-    TCase *tc = tcase_create("failures");
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, test_absent_rank_times_out);
-    tcase_add_test(tc, test_desync_names_both_fingerprints);
-    tcase_add_test(tc, test_exit_code_and_stderr_of_failing_rank);
-    tcase_add_test(tc, test_killed_rank_under_nbrun);
-    tcase_add_test(tc, test_first_failure_named_when_reaped_together);
-    tcase_add_test(tc, test_killed_rank_makes_others_fail_fast);
-    tcase_add_test(tc, test_store_host_dies);
-    tcase_add_test(tc, test_stopped_rank_named_at_liveness_limit);
-    tcase_add_test(tc, test_stopped_store_named_at_liveness_limit);
-    tcase_add_test(tc, test_slow_rank_is_not_killed);
-    tcase_add_test(tc, test_rank_that_never_joined);
-    tcase_add_test(tc, test_world_size_disagreement_2_ranks);
-    tcase_add_test(tc, test_world_size_disagreement_3_ranks);
-    tcase_add_test(tc, test_run_id_disagreement_2_ranks);
-    tcase_add_test(tc, test_run_id_disagreement_3_ranks);
-    tcase_add_test(tc, test_world_size_disagreement_rank_beyond_store_world);
-    tcase_add_test(tc, test_run_id_claim_untrusted_with_secret_3_ranks);
-    tcase_add_test(tc, test_stray_run_id_does_not_end_the_join);
-    tcase_add_test(tc, test_run_id_claim_untrusted_with_secret);
-    tcase_add_test(tc, test_gloo_connect_bounded_by_join_timeout);
-    tcase_add_test(tc, test_held_port_reported_on_every_rank);
-    tcase_add_test(tc, test_env_launch_without_local_variables);
-    tcase_add_test(tc, test_ddp_peer_failure_is_a_status);
-    tcase_add_test(tc, test_sync_batch_norm_peer_failure_in_forward);
-    tcase_add_test(tc, test_sync_batch_norm_peer_failure_in_backward);
-    suite_add_tcase(s, tc);
-    return s;
+    const TTest *tests[] = {test_absent_rank_times_out, test_desync_names_both_fingerprints,
+                             test_exit_code_and_stderr_of_failing_rank, test_killed_rank_under_nbrun,
+                             test_first_failure_named_when_reaped_together,
+                             test_killed_rank_makes_others_fail_fast, test_store_host_dies,
+                             test_stopped_rank_named_at_liveness_limit,
+                             test_stopped_store_named_at_liveness_limit, test_slow_rank_is_not_killed,
+                             test_rank_that_never_joined, test_world_size_disagreement_2_ranks,
+                             test_world_size_disagreement_3_ranks, test_run_id_disagreement_2_ranks,
+                             test_run_id_disagreement_3_ranks,
+                             test_world_size_disagreement_rank_beyond_store_world,
+                             test_run_id_claim_untrusted_with_secret_3_ranks,
+                             test_stray_run_id_does_not_end_the_join, test_run_id_claim_untrusted_with_secret,
+                             test_gloo_connect_bounded_by_join_timeout, test_held_port_reported_on_every_rank,
+                             test_env_launch_without_local_variables, test_ddp_peer_failure_is_a_status,
+                             test_sync_batch_norm_peer_failure_in_forward,
+                             test_sync_batch_norm_peer_failure_in_backward, NULL};
+    return nbt_suite("dist_failures", "failures", 120, tests);
 }
 
 int main(void) {

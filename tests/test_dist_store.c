@@ -398,19 +398,11 @@ START_TEST(test_port_held_by_another_program) {
 END_TEST
 
 static Suite *suite(void) {
-    Suite *s = suite_create("dist_store");
-    TCase *tc = tcase_create("store");
-    tcase_add_test(tc, test_set_get_delete);
-    tcase_add_test(tc, test_waits);
-    tcase_add_test(tc, test_add_and_compare_set);
-    tcase_add_test(tc, test_argument_limits);
-    tcase_add_test(tc, test_run_ids_and_ranks);
-    tcase_add_test(tc, test_malformed_messages_close_only_their_connection);
-    tcase_add_test(tc, test_rank_that_dies_aborts_waits);
-    tcase_add_test(tc, test_lost_server);
-    tcase_add_test(tc, test_port_held_by_another_program);
-    suite_add_tcase(s, tc);
-    return s;
+    const TTest *tests[] = {test_set_get_delete, test_waits, test_add_and_compare_set, test_argument_limits,
+                             test_run_ids_and_ranks, test_malformed_messages_close_only_their_connection,
+                             test_rank_that_dies_aborts_waits, test_lost_server,
+                             test_port_held_by_another_program, NULL};
+    return nbt_suite("dist_store", "store", 0, tests);
 }
 
 int main(void) { return nbt_run(suite()); }

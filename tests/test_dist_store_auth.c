@@ -862,27 +862,16 @@ START_TEST(test_closed_greeting_never_admitted_unix) {
 END_TEST
 
 static Suite *suite(void) {
-    Suite *s = suite_create("dist_store_auth");
-    TCase *tc = tcase_create("auth");
-    tcase_set_timeout(tc, 60);
-    tcase_add_test(tc, test_refusal_never_echoes_the_run_id);
-    tcase_add_test(tc, test_secret_right_wrong_missing);
-    tcase_add_test(tc, test_proof_cannot_be_replayed);
-    tcase_add_test(tc, test_secret_never_sent_and_store_must_prove_it);
-    tcase_add_test(tc, test_ranks_inside_the_world_and_held_once);
-    tcase_add_test(tc, test_limits_before_admission);
-    tcase_add_test(tc, test_limits_after_admission);
-    tcase_add_test(tc, test_flood_cannot_starve_ranks);
-    tcase_add_test(tc, test_closed_greeting_never_admitted);
-    tcase_add_test(tc, test_no_secret_means_loopback);
-    tcase_add_test(tc, test_secret_from_the_environment);
-    tcase_add_test(tc, test_several_nodes_need_a_secret);
-    tcase_add_test(tc, test_one_node_serves_a_unix_socket);
-    tcase_add_test(tc, test_one_node_tcp_on_loopback);
-    tcase_add_test(tc, test_unix_socket_folder_and_stale_file);
-    tcase_add_test(tc, test_closed_greeting_never_admitted_unix);
-    suite_add_tcase(s, tc);
-    return s;
+    const TTest *tests[] = {test_refusal_never_echoes_the_run_id, test_secret_right_wrong_missing,
+                             test_proof_cannot_be_replayed, test_secret_never_sent_and_store_must_prove_it,
+                             test_ranks_inside_the_world_and_held_once, test_limits_before_admission,
+                             test_limits_after_admission, test_flood_cannot_starve_ranks,
+                             test_closed_greeting_never_admitted, test_no_secret_means_loopback,
+                             test_secret_from_the_environment, test_several_nodes_need_a_secret,
+                             test_one_node_serves_a_unix_socket, test_one_node_tcp_on_loopback,
+                             test_unix_socket_folder_and_stale_file, test_closed_greeting_never_admitted_unix,
+                             NULL};
+    return nbt_suite("dist_store_auth", "auth", 60, tests);
 }
 
 int main(void) { return nbt_run(suite()); }

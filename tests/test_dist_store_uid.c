@@ -216,15 +216,11 @@ START_TEST(test_folder_of_another_user_refused) {
 END_TEST
 
 static Suite *suite(void) {
-    Suite *s = suite_create("dist_store_uid");
-    TCase *tc = tcase_create("uid");
-    tcase_set_timeout(tc, 30);
-    tcase_add_test(tc, test_other_uid_cannot_reach_the_socket);
-    tcase_add_test(tc, test_other_uid_refused_by_peer_credentials);
-    tcase_add_test(tc, test_client_refuses_a_store_of_another_uid);
-    tcase_add_test(tc, test_folder_of_another_user_refused);
-    suite_add_tcase(s, tc);
-    return s;
+    const TTest *tests[] = {test_other_uid_cannot_reach_the_socket,
+                             test_other_uid_refused_by_peer_credentials,
+                             test_client_refuses_a_store_of_another_uid, test_folder_of_another_user_refused,
+                             NULL};
+    return nbt_suite("dist_store_uid", "uid", 30, tests);
 }
 
 int main(void) {

@@ -196,19 +196,10 @@ START_TEST(test_errors) {
 END_TEST
 
 static Suite *dropout_suite(void) {
-    Suite *s = suite_create("dropout");
-    TCase *tc = tcase_create("dropout");
-    tcase_add_test(tc, test_mask_matches_philox);
-    tcase_add_test(tc, test_non_contiguous_rowmajor);
-    tcase_add_test(tc, test_fraction_kept);
-    tcase_add_test(tc, test_streams);
-    tcase_add_test(tc, test_identity_cases);
-    tcase_add_test(tc, test_gradient_is_mask);
-    tcase_add_test(tc, test_gradcheck);
-    tcase_add_test(tc, test_p_one);
-    tcase_add_test(tc, test_errors);
-    suite_add_tcase(s, tc);
-    return s;
+    const TTest *tests[] = {test_mask_matches_philox, test_non_contiguous_rowmajor, test_fraction_kept,
+                             test_streams, test_identity_cases, test_gradient_is_mask, test_gradcheck,
+                             test_p_one, test_errors, NULL};
+    return nbt_suite("dropout", "dropout", 0, tests);
 }
 
 int main(void) { return nbt_run(dropout_suite()); }

@@ -155,15 +155,9 @@ START_TEST(test_errors) {
 END_TEST
 
 static Suite *embedding_suite(void) {
-    Suite *s = suite_create("embedding");
-    TCase *t = tcase_create("embedding");
-    tcase_add_test(t, test_forward_shapes_dtypes);
-    tcase_add_test(t, test_forward_strided);
-    tcase_add_test(t, test_backward_repeated_indices);
-    tcase_add_test(t, test_gradcheck);
-    tcase_add_test(t, test_errors);
-    suite_add_tcase(s, t);
-    return s;
+    const TTest *tests[] = {test_forward_shapes_dtypes, test_forward_strided, test_backward_repeated_indices,
+                             test_gradcheck, test_errors, NULL};
+    return nbt_suite("embedding", "embedding", 0, tests);
 }
 
 int main(void) { return nbt_run(embedding_suite()); }

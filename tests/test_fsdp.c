@@ -309,17 +309,9 @@ START_TEST(test_refusals_and_clip) {
 END_TEST
 
 static Suite *suite(void) {
-    Suite *s = suite_create("fsdp");
-    TCase *tc = tcase_create("fsdp");
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, test_loss_matches_ddp);
-    tcase_add_test(tc, test_gradients_match_ddp);
-    tcase_add_test(tc, test_loss_matches_ddp_kept);
-    tcase_add_test(tc, test_gradients_match_ddp_kept);
-    tcase_add_test(tc, test_memory);
-    tcase_add_test(tc, test_refusals_and_clip);
-    suite_add_tcase(s, tc);
-    return s;
+    const TTest *tests[] = {test_loss_matches_ddp, test_gradients_match_ddp, test_loss_matches_ddp_kept,
+                             test_gradients_match_ddp_kept, test_memory, test_refusals_and_clip, NULL};
+    return nbt_suite("fsdp", "fsdp", 120, tests);
 }
 
 int main(void) { return nbt_run_world(ddp_setup); }

@@ -252,18 +252,10 @@ START_TEST(test_errors) {
 END_TEST
 
 static Suite *join_suite(void) {
-    Suite *s = suite_create("join");
-    TCase *tc = tcase_create("join");
-    tcase_add_test(tc, test_concat_values);
-    tcase_add_test(tc, test_concat_non_contiguous);
-    tcase_add_test(tc, test_stack_values);
-    tcase_add_test(tc, test_split_values);
-    tcase_add_test(tc, test_gradcheck_concat);
-    tcase_add_test(tc, test_gradcheck_stack);
-    tcase_add_test(tc, test_gradcheck_split);
-    tcase_add_test(tc, test_errors);
-    suite_add_tcase(s, tc);
-    return s;
+    const TTest *tests[] = {test_concat_values, test_concat_non_contiguous, test_stack_values,
+                             test_split_values, test_gradcheck_concat, test_gradcheck_stack,
+                             test_gradcheck_split, test_errors, NULL};
+    return nbt_suite("join", "join", 0, tests);
 }
 
 int main(void) { return nbt_run(join_suite()); }

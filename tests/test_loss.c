@@ -316,22 +316,11 @@ START_TEST(test_bce_errors) {
 END_TEST
 
 static Suite *suite(void) {
-    Suite *s = suite_create("loss");
-    TCase *tc = tcase_create("core");
-    tcase_add_test(tc, test_ce_values);
-    tcase_add_test(tc, test_ce_large_logits_and_all_ignored);
-    tcase_add_test(tc, test_ce_grad_closed_form);
-    tcase_add_test(tc, test_ce_gradcheck);
-    tcase_add_test(tc, test_f32_backward);
-    tcase_add_test(tc, test_ce_errors);
-    tcase_add_test(tc, test_mse_values);
-    tcase_add_test(tc, test_mse_gradcheck);
-    tcase_add_test(tc, test_mse_errors);
-    tcase_add_test(tc, test_bce_values);
-    tcase_add_test(tc, test_bce_gradcheck);
-    tcase_add_test(tc, test_bce_errors);
-    suite_add_tcase(s, tc);
-    return s;
+    const TTest *tests[] = {test_ce_values, test_ce_large_logits_and_all_ignored, test_ce_grad_closed_form,
+                             test_ce_gradcheck, test_f32_backward, test_ce_errors, test_mse_values,
+                             test_mse_gradcheck, test_mse_errors, test_bce_values, test_bce_gradcheck,
+                             test_bce_errors, NULL};
+    return nbt_suite("loss", "core", 0, tests);
 }
 
 int main(void) { return nbt_run(suite()); }

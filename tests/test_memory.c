@@ -455,22 +455,11 @@ START_TEST(test_growth_warning) {
 END_TEST
 
 static Suite *suite(void) {
-    Suite *s = suite_create("memory");
-    TCase *tc = tcase_create("core");
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, test_free_ranges);
-    tcase_add_test(tc, test_attention_keeps_no_probabilities);
-    tcase_add_test(tc, test_gpt_bitwise);
-    tcase_add_test(tc, test_gpt_peak);
-    tcase_add_test(tc, test_gpt_recompute);
-    tcase_add_test(tc, test_gpt_forward_loss);
-    tcase_add_test(tc, test_cnn_peak);
-    tcase_add_test(tc, test_given_back_read);
-    tcase_add_test(tc, test_retain_graph);
-    tcase_add_test(tc, test_second_loss_after_give_back);
-    tcase_add_test(tc, test_growth_warning);
-    suite_add_tcase(s, tc);
-    return s;
+    const TTest *tests[] = {test_free_ranges, test_attention_keeps_no_probabilities, test_gpt_bitwise,
+                             test_gpt_peak, test_gpt_recompute, test_gpt_forward_loss, test_cnn_peak,
+                             test_given_back_read, test_retain_graph, test_second_loss_after_give_back,
+                             test_growth_warning, NULL};
+    return nbt_suite("memory", "core", 120, tests);
 }
 
 int main(void) { return nbt_run(suite()); }

@@ -330,23 +330,11 @@ START_TEST(test_linear_epilogues) {
 END_TEST
 
 static Suite *suite(void) {
-    Suite *s = suite_create("meta");
-    TCase *tc = tcase_create("core");
-    tcase_set_timeout(tc, 60);
-    tcase_add_test(tc, test_tables);
-    tcase_add_test(tc, test_matmul);
-    tcase_add_test(tc, test_batched_matmul);
-    tcase_add_test(tc, test_linear_epilogues);
-    tcase_add_test(tc, test_layer_norm);
-    tcase_add_test(tc, test_softmax);
-    tcase_add_test(tc, test_cross_entropy);
-    tcase_add_test(tc, test_adamw);
-    tcase_add_test(tc, test_attention_path);
-    tcase_add_test(tc, test_gpt_peak_matches_cpu);
-    tcase_add_test(tc, test_no_values);
-    tcase_add_test(tc, test_device_names);
-    suite_add_tcase(s, tc);
-    return s;
+    const TTest *tests[] = {test_tables, test_matmul, test_batched_matmul, test_linear_epilogues,
+                             test_layer_norm, test_softmax, test_cross_entropy, test_adamw,
+                             test_attention_path, test_gpt_peak_matches_cpu, test_no_values,
+                             test_device_names, NULL};
+    return nbt_suite("meta", "core", 60, tests);
 }
 
 int main(void) { return nbt_run(suite()); }

@@ -316,18 +316,9 @@ START_TEST(test_plot_markers) {
 END_TEST
 
 static Suite *suite(void) {
-    Suite *s = suite_create("monitor");
-    TCase *tc = tcase_create("core");
-    tcase_add_test(tc, test_format);
-    tcase_add_test(tc, test_plot_markers);
-    tcase_add_test(tc, test_progress_plain);
-    tcase_add_test(tc, test_progress_line);
-    tcase_add_test(tc, test_progress_off);
-    tcase_add_test(tc, test_metrics_roundtrip);
-    tcase_add_test(tc, test_metrics_errors);
-    tcase_add_test(tc, test_plot);
-    suite_add_tcase(s, tc);
-    return s;
+    const TTest *tests[] = {test_format, test_plot_markers, test_progress_plain, test_progress_line,
+                             test_progress_off, test_metrics_roundtrip, test_metrics_errors, test_plot, NULL};
+    return nbt_suite("monitor", "core", 0, tests);
 }
 
 int main(void) { return nbt_run(suite()); }

@@ -447,25 +447,13 @@ START_TEST(test_wrapped_ranks_die_with_nbrun) {
 END_TEST
 
 static Suite *suite(void) {
-    Suite *s = suite_create("nbrun");
-    TCase *tc = tcase_create("launcher");
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, test_help);
-    tcase_add_test(tc, test_usage_errors);
-    tcase_add_test(tc, test_environment_and_prefixes);
-    tcase_add_test(tc, test_multinode_environment);
-    tcase_add_test(tc, test_secret_by_descriptor);
-    tcase_add_test(tc, test_several_nodes_need_a_secret);
-    tcase_add_test(tc, test_lines_never_mix);
-    tcase_add_test(tc, test_first_failure_decides);
-    tcase_add_test(tc, test_term_then_kill);
-    tcase_add_test(tc, test_interrupt_stops_all);
-    tcase_add_test(tc, test_children_die_with_nbrun);
-    tcase_add_test(tc, test_wrapped_ranks_die_with_nbrun);
-    tcase_add_test(tc, test_max_restarts);
-    tcase_add_test(tc, test_store_socket_on_one_node);
-    suite_add_tcase(s, tc);
-    return s;
+    const TTest *tests[] = {test_help, test_usage_errors, test_environment_and_prefixes,
+                             test_multinode_environment, test_secret_by_descriptor,
+                             test_several_nodes_need_a_secret, test_lines_never_mix,
+                             test_first_failure_decides, test_term_then_kill, test_interrupt_stops_all,
+                             test_children_die_with_nbrun, test_wrapped_ranks_die_with_nbrun,
+                             test_max_restarts, test_store_socket_on_one_node, NULL};
+    return nbt_suite("nbrun", "launcher", 120, tests);
 }
 
 int main(void) {

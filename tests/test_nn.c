@@ -668,27 +668,12 @@ START_TEST(test_init_in_place) {
 END_TEST
 
 static Suite *suite(void) {
-    Suite *s = suite_create("nn");
-    TCase *tc = tcase_create("core");
-    tcase_add_test(tc, test_names_and_order);
-    tcase_add_test(tc, test_cap_protocol);
-    tcase_add_test(tc, test_late_registration);
-    tcase_add_test(tc, test_tied_and_shared);
-    tcase_add_test(tc, test_find_and_children);
-    tcase_add_test(tc, test_train_eval);
-    tcase_add_test(tc, test_zero_grad);
-    tcase_add_test(tc, test_module_to);
-    tcase_add_test(tc, test_print);
-    tcase_add_test(tc, test_custom_module);
-    tcase_add_test(tc, test_docs_example_runs);
-    tcase_add_test(tc, test_docs_show_example);
-    tcase_add_test(tc, test_registration_errors);
-    tcase_add_test(tc, test_constructor_errors);
-    tcase_add_test(tc, test_init_schemes);
-    tcase_add_test(tc, test_init_reproducible);
-    tcase_add_test(tc, test_init_in_place);
-    suite_add_tcase(s, tc);
-    return s;
+    const TTest *tests[] = {test_names_and_order, test_cap_protocol, test_late_registration,
+                             test_tied_and_shared, test_find_and_children, test_train_eval, test_zero_grad,
+                             test_module_to, test_print, test_custom_module, test_docs_example_runs,
+                             test_docs_show_example, test_registration_errors, test_constructor_errors,
+                             test_init_schemes, test_init_reproducible, test_init_in_place, NULL};
+    return nbt_suite("nn", "core", 0, tests);
 }
 
 int main(void) { return nbt_run(suite()); }

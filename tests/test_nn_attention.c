@@ -316,19 +316,9 @@ START_TEST(test_errors) {
 END_TEST
 
 static Suite *suite(void) {
-    Suite *s = suite_create("nn_attention");
-    TCase *tc = tcase_create("core");
-    tcase_add_test(tc, test_values);
-    tcase_add_test(tc, test_causal_values);
-    tcase_add_test(tc, test_causal_gradients);
-    tcase_add_test(tc, test_gradcheck);
-    tcase_add_test(tc, test_f32_long);
-    tcase_add_test(tc, test_dropout);
-    tcase_add_test(tc, test_fused_path);
-    tcase_add_test(tc, test_names);
-    tcase_add_test(tc, test_errors);
-    suite_add_tcase(s, tc);
-    return s;
+    const TTest *tests[] = {test_values, test_causal_values, test_causal_gradients, test_gradcheck,
+                             test_f32_long, test_dropout, test_fused_path, test_names, test_errors, NULL};
+    return nbt_suite("nn_attention", "core", 0, tests);
 }
 
 int main(void) { return nbt_run(suite()); }

@@ -271,18 +271,10 @@ START_TEST(test_errors) {
 END_TEST
 
 static Suite *suite(void) {
-    Suite *s = suite_create("nn_batch_norm");
-    TCase *tc = tcase_create("core");
-    tcase_add_test(tc, test_train_then_eval);
-    tcase_add_test(tc, test_long_planes);
-    tcase_add_test(tc, test_cumulative_average);
-    tcase_add_test(tc, test_momentum_zero);
-    tcase_add_test(tc, test_no_tracking_no_affine);
-    tcase_add_test(tc, test_mode_through_parent);
-    tcase_add_test(tc, test_gradcheck);
-    tcase_add_test(tc, test_errors);
-    suite_add_tcase(s, tc);
-    return s;
+    const TTest *tests[] = {test_train_then_eval, test_long_planes, test_cumulative_average,
+                             test_momentum_zero, test_no_tracking_no_affine, test_mode_through_parent,
+                             test_gradcheck, test_errors, NULL};
+    return nbt_suite("nn_batch_norm", "core", 0, tests);
 }
 
 int main(void) { return nbt_run(suite()); }

@@ -725,27 +725,12 @@ START_TEST(test_errors_name_module_path) {
 END_TEST
 
 static Suite *suite(void) {
-    Suite *s = suite_create("nn_layers");
-    TCase *tc = tcase_create("core");
-    tcase_add_test(tc, test_linear_values);
-    tcase_add_test(tc, test_linear_gradcheck);
-    tcase_add_test(tc, test_linear_matches_composed);
-    tcase_add_test(tc, test_conv2d_values);
-    tcase_add_test(tc, test_conv2d_gradcheck);
-    tcase_add_test(tc, test_conv2d_groups);
-    tcase_add_test(tc, test_embedding);
-    tcase_add_test(tc, test_layer_norm);
-    tcase_add_test(tc, test_dropout);
-    tcase_add_test(tc, test_activations);
-    tcase_add_test(tc, test_pooling);
-    tcase_add_test(tc, test_flatten);
-    tcase_add_test(tc, test_sequential);
-    tcase_add_test(tc, test_losses);
-    tcase_add_test(tc, test_loss_gradcheck);
-    tcase_add_test(tc, test_layer_errors);
-    tcase_add_test(tc, test_errors_name_module_path);
-    suite_add_tcase(s, tc);
-    return s;
+    const TTest *tests[] = {test_linear_values, test_linear_gradcheck, test_linear_matches_composed,
+                             test_conv2d_values, test_conv2d_gradcheck, test_conv2d_groups, test_embedding,
+                             test_layer_norm, test_dropout, test_activations, test_pooling, test_flatten,
+                             test_sequential, test_losses, test_loss_gradcheck, test_layer_errors,
+                             test_errors_name_module_path, NULL};
+    return nbt_suite("nn_layers", "core", 0, tests);
 }
 
 int main(void) { return nbt_run(suite()); }

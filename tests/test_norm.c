@@ -361,19 +361,11 @@ START_TEST(test_batch_norm_errors) {
 END_TEST
 
 static Suite *suite(void) {
-    Suite *s = suite_create("norm");
-    TCase *tc = tcase_create("core");
-    tcase_add_test(tc, test_layer_norm_values);
-    tcase_add_test(tc, test_layer_norm_gradcheck);
-    tcase_add_test(tc, test_layer_norm_errors);
-    tcase_add_test(tc, test_batch_norm_train_values);
-    tcase_add_test(tc, test_batch_norm_running_update_f32);
-    tcase_add_test(tc, test_batch_norm_eval_values);
-    tcase_add_test(tc, test_batch_norm_gradcheck);
-    tcase_add_test(tc, test_f32_backward);
-    tcase_add_test(tc, test_batch_norm_errors);
-    suite_add_tcase(s, tc);
-    return s;
+    const TTest *tests[] = {test_layer_norm_values, test_layer_norm_gradcheck, test_layer_norm_errors,
+                             test_batch_norm_train_values, test_batch_norm_running_update_f32,
+                             test_batch_norm_eval_values, test_batch_norm_gradcheck, test_f32_backward,
+                             test_batch_norm_errors, NULL};
+    return nbt_suite("norm", "core", 0, tests);
 }
 
 int main(void) { return nbt_run(suite()); }

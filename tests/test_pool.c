@@ -344,19 +344,10 @@ START_TEST(test_errors) {
 END_TEST
 
 static Suite *pool_suite(void) {
-    Suite *s = suite_create("pool");
-    TCase *tc = tcase_create("pool2d");
-    tcase_add_test(tc, test_forward);
-    tcase_add_test(tc, test_avg_counts_padding);
-    tcase_add_test(tc, test_gradcheck);
-    tcase_add_test(tc, test_non_contiguous);
-    tcase_add_test(tc, test_max_ties_first);
-    tcase_add_test(tc, test_max_nan);
-    tcase_add_test(tc, test_max_2x2_vector_paths);
-    tcase_add_test(tc, test_errors);
-    tcase_add_test(tc, test_empty_input_with_padding);
-    suite_add_tcase(s, tc);
-    return s;
+    const TTest *tests[] = {test_forward, test_avg_counts_padding, test_gradcheck, test_non_contiguous,
+                             test_max_ties_first, test_max_nan, test_max_2x2_vector_paths, test_errors,
+                             test_empty_input_with_padding, NULL};
+    return nbt_suite("pool", "pool2d", 0, tests);
 }
 
 int main(void) { return nbt_run(pool_suite()); }

@@ -227,16 +227,9 @@ START_TEST(test_fit_measured) {
 END_TEST
 
 static Suite *suite(void) {
-    Suite *s = suite_create("scale");
-    TCase *tc = tcase_create("model");
-    tcase_add_test(tc, test_flat_closed_forms);
-    tcase_add_test(tc, test_hierarchical_closed_forms);
-    tcase_add_test(tc, test_replay_timeline);
-    tcase_add_test(tc, test_suggest_bucket);
-    tcase_add_test(tc, test_trace_file);
-    tcase_add_test(tc, test_fit_measured);
-    suite_add_tcase(s, tc);
-    return s;
+    const TTest *tests[] = {test_flat_closed_forms, test_hierarchical_closed_forms, test_replay_timeline,
+                             test_suggest_bucket, test_trace_file, test_fit_measured, NULL};
+    return nbt_suite("scale", "model", 0, tests);
 }
 
 int main(void) { return nbt_run(suite()); }

@@ -379,24 +379,12 @@ START_TEST(test_causal_errors) {
 END_TEST
 
 static Suite *suite(void) {
-    Suite *s = suite_create("softmax");
-    TCase *tc = tcase_create("core");
-    tcase_add_test(tc, test_values_axes);
-    tcase_add_test(tc, test_rows_sum_to_one);
-    tcase_add_test(tc, test_non_contiguous);
-    tcase_add_test(tc, test_large_logits);
-    tcase_add_test(tc, test_nonfinite_rows);
-    tcase_add_test(tc, test_gradcheck);
-    tcase_add_test(tc, test_backward_closed_form);
-    tcase_add_test(tc, test_f32_backward);
-    tcase_add_test(tc, test_errors);
-    tcase_add_test(tc, test_causal_values);
-    tcase_add_test(tc, test_causal_non_contiguous_and_extremes);
-    tcase_add_test(tc, test_causal_gradcheck);
-    tcase_add_test(tc, test_causal_f32_backward);
-    tcase_add_test(tc, test_causal_errors);
-    suite_add_tcase(s, tc);
-    return s;
+    const TTest *tests[] = {test_values_axes, test_rows_sum_to_one, test_non_contiguous, test_large_logits,
+                             test_nonfinite_rows, test_gradcheck, test_backward_closed_form,
+                             test_f32_backward, test_errors, test_causal_values,
+                             test_causal_non_contiguous_and_extremes, test_causal_gradcheck,
+                             test_causal_f32_backward, test_causal_errors, NULL};
+    return nbt_suite("softmax", "core", 0, tests);
 }
 
 int main(void) { return nbt_run(suite()); }

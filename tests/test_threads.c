@@ -537,25 +537,13 @@ START_TEST(test_pool_exit_with_idle_workers) {
 END_TEST
 
 static Suite *suite(void) {
-    Suite *s = suite_create("threads");
-    TCase *tc = tcase_create("core");
-    tcase_set_timeout(tc, 240);
-    tcase_add_test(tc, test_same_bits_elementwise);
-    tcase_add_test(tc, test_same_bits_rows);
-    tcase_add_test(tc, test_same_bits_norm_loss);
-    tcase_add_test(tc, test_same_bits_reductions);
-    tcase_add_test(tc, test_same_bits_gpt_step);
-    tcase_add_test(tc, test_values_at_threaded_sizes);
-    tcase_add_test(tc, test_attention_heads_against_composed);
-    tcase_add_test(tc, test_size_precedence);
-    tcase_add_test(tc, test_size_errors);
-    tcase_add_test(tc, test_pool_many_jobs_and_resizes);
-    tcase_add_test(tc, test_pool_runs_on_other_threads);
-    tcase_add_test(tc, test_pool_nested_runs_inline);
-    tcase_add_test(tc, test_pool_after_fork);
-    tcase_add_test(tc, test_pool_exit_with_idle_workers);
-    suite_add_tcase(s, tc);
-    return s;
+    const TTest *tests[] = {test_same_bits_elementwise, test_same_bits_rows, test_same_bits_norm_loss,
+                             test_same_bits_reductions, test_same_bits_gpt_step,
+                             test_values_at_threaded_sizes, test_attention_heads_against_composed,
+                             test_size_precedence, test_size_errors, test_pool_many_jobs_and_resizes,
+                             test_pool_runs_on_other_threads, test_pool_nested_runs_inline,
+                             test_pool_after_fork, test_pool_exit_with_idle_workers, NULL};
+    return nbt_suite("threads", "core", 240, tests);
 }
 
 int main(void) {

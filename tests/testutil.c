@@ -83,6 +83,17 @@ int nbt_run(Suite *s) {
     return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }
 
+Suite *nbt_suite(const char *name, const char *tcase, double timeout_s, const TTest *const *tests) {
+    Suite *s = suite_create(name);
+    TCase *tc = tcase_create(tcase);
+    if (timeout_s > 0)
+        tcase_set_timeout(tc, timeout_s);
+    for (; *tests; tests++)
+        tcase_add_test(tc, *tests);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
 int nbt_run_world(Suite *(*make_suite)(nb_pg *world)) {
     setenv("CK_FORK", "no", 1);
     nb_pg *world = NULL;

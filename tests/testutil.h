@@ -69,6 +69,10 @@ void nbt_assert_tensors_close(const nb_tensor *a, const nb_tensor *b, double ato
 /* Runs one suite with CK_NORMAL output; returns the process exit code. */
 int nbt_run(Suite *s);
 
+/* A suite `name` of one test case `tcase` holding `tests` (ended by NULL),
+ * each test given timeout_s seconds (0: Check's default). */
+Suite *nbt_suite(const char *name, const char *tcase, double timeout_s, const TTest *const *tests);
+
 /* For suites that every rank runs under nbrun (or alone, as a world of
  * one): makes the Gloo world group, calls make_suite(world), runs the
  * suite in CK_NOFORK mode (the tests share the group), frees the group.
