@@ -438,9 +438,48 @@ void nb_store_close(nb_store *s) {
     store_free(s);
 }
 
-static void put_key_frame(nb_store *s, int op, const char *key) {
+/* Begins a request frame with op and key; returns the frame's start for send_request. */
+static size_t key_request(nb_store *s, int op, const char *key) {
+    size_t f = nb__buf_frame_begin(&s->out);
     nb__buf_u8(&s->out, (uint8_t)op);
     nb__buf_bytes(&s->out, key, strlen(key));
+    return f;
+}
+
+/* Begins a request frame with op and n checked keys; returns the frame's start. */
+static size_t keys_request(nb_store *s, const char *fn, int op, const char *const *keys, int n) {
+    size_t f = nb__buf_frame_begin(&s->out);
+    nb__buf_u8(&s->out, (uint8_t)op);
+    nb__buf_u32(&s->out, (uint32_t)n);
+    for (int i = 0; i < n; i++) {
+        check_key(fn, keys[i]);
+        nb__buf_bytes(&s->out, keys[i], strlen(keys[i]));
+    }
+    return f;
+}
+
+/* Ends the frame begun at f, sends it and reads the reply's status (waiting up to wait_s
+ * beyond the store's timeout). */
+static nb_status send_request(nb_store *s, const char *fn, size_t f, double wait_s, bool quiet, int *status) {
+    nb__buf_frame_end(&s->out, f);
+    return roundtrip(s, fn, wait_s, quiet, status);
+}
+
+/* The bytes of a reply whose status must be NB__R_VALUE; any other status is
+ * the error reply_error names. */
+static nb_status reply_value(nb_store *s, const char *fn, const char *key, int status, nb__bytes *v) {
+    if (status != NB__R_VALUE) return reply_error(s, fn, key, status);
+    nb__reader r = reply_reader(s);
+    *v = nb__rd_bytes(&r);
+    return r.bad ? lost(s, fn, "malformed reply") : NB_OK;
+}
+
+/* The integer of a reply whose status must be NB__R_INT. */
+static nb_status reply_int(nb_store *s, const char *fn, const char *key, int status, int64_t *v) {
+    if (status != NB__R_INT) return reply_error(s, fn, key, status);
+    nb__reader r = reply_reader(s);
+    *v = nb__rd_i64(&r);
+    return r.bad ? lost(s, fn, "malformed reply") : NB_OK;
 }
 
 static nb_status set_common(nb_store *s, const char *fn, const char *key, const void *value,
@@ -448,12 +487,10 @@ static nb_status set_common(nb_store *s, const char *fn, const char *key, const 
     NB_CHECK(s != NULL, "%s: store is NULL", fn);
     check_key(fn, key);
     check_value(fn, value, len);
-    size_t f = nb__buf_frame_begin(&s->out);
-    put_key_frame(s, quiet ? NB__OP_SET_QUIET : NB__OP_SET, key);
+    size_t f = key_request(s, quiet ? NB__OP_SET_QUIET : NB__OP_SET, key);
     nb__buf_bytes(&s->out, value, len);
-    nb__buf_frame_end(&s->out, f);
     int status = NB__R_OK;
-    nb_status st = roundtrip(s, fn, 0, quiet, &status);
+    nb_status st = send_request(s, fn, f, 0, quiet, &status);
     if (st != NB_OK) return st;
     return status == NB__R_OK ? NB_OK : reply_error(s, fn, key, status);
 }
@@ -492,19 +529,15 @@ nb_status nb_store_get(nb_store *s, const char *key, double timeout_s, void **va
     *value = NULL;
     if (len) *len = 0;
     double t = effective_timeout(s, timeout_s);
-    size_t f = nb__buf_frame_begin(&s->out);
-    put_key_frame(s, NB__OP_GET, key);
+    size_t f = key_request(s, NB__OP_GET, key);
     nb__buf_i64(&s->out, to_ms(t));
-    nb__buf_frame_end(&s->out, f);
     int status;
-    nb_status st = roundtrip(s, fn, t, false, &status);
+    nb_status st = send_request(s, fn, f, t, false, &status);
     if (st != NB_OK) return st;
     if (status == NB__R_TIMEOUT)
         return nb_set_error(NB_ERR_TIMEOUT, "%s: key '%s' did not appear within %.1f s", fn, key, t);
-    if (status != NB__R_VALUE) return reply_error(s, fn, key, status);
-    nb__reader r = reply_reader(s);
-    nb__bytes v = nb__rd_bytes(&r);
-    if (r.bad) return lost(s, fn, "malformed reply");
+    nb__bytes v = {0};
+    if ((st = reply_value(s, fn, key, status, &v)) != NB_OK) return st;
     *value = dup_bytes(v);
     if (len) *len = v.n;
     return NB_OK;
@@ -516,21 +549,14 @@ nb_status nb_store_wait(nb_store *s, const char *const *keys, int n, double time
     NB_CHECK(n >= 1 && n <= NB_STORE_MAX_KEYS, "%s: %d keys is outside [1, %d]", fn, n,
              NB_STORE_MAX_KEYS);
     double t = effective_timeout(s, timeout_s);
-    size_t f = nb__buf_frame_begin(&s->out);
-    nb__buf_u8(&s->out, NB__OP_WAIT);
-    nb__buf_u32(&s->out, (uint32_t)n);
-    for (int i = 0; i < n; i++) {
-        check_key(fn, keys[i]);
-        nb__buf_bytes(&s->out, keys[i], strlen(keys[i]));
-    }
+    size_t f = keys_request(s, fn, NB__OP_WAIT, keys, n);
     nb__buf_i64(&s->out, to_ms(t));
-    nb__buf_frame_end(&s->out, f);
     if (s->out.n > NB_STORE_MAX_MESSAGE) {
         s->out.n = 0;
         NB_ABORT("%s: %d keys do not fit in one message", fn, n);
     }
     int status;
-    nb_status st = roundtrip(s, fn, t, false, &status);
+    nb_status st = send_request(s, fn, f, t, false, &status);
     if (st != NB_OK) return st;
     if (status == NB__R_TIMEOUT) {
         nb__reader r = reply_reader(s);
@@ -545,19 +571,14 @@ nb_status nb_store_add(nb_store *s, const char *key, int64_t delta, int64_t *res
     const char *fn = "nb_store_add";
     NB_CHECK(s != NULL, "%s: store is NULL", fn);
     check_key(fn, key);
-    size_t f = nb__buf_frame_begin(&s->out);
-    put_key_frame(s, NB__OP_ADD, key);
+    size_t f = key_request(s, NB__OP_ADD, key);
     nb__buf_i64(&s->out, delta);
-    nb__buf_frame_end(&s->out, f);
     int status;
-    nb_status st = roundtrip(s, fn, 0, false, &status);
-    if (st != NB_OK) return st;
-    if (status != NB__R_INT) return reply_error(s, fn, key, status);
-    nb__reader r = reply_reader(s);
-    int64_t v = nb__rd_i64(&r);
-    if (r.bad) return lost(s, fn, "malformed reply");
-    if (result) *result = v;
-    return NB_OK;
+    int64_t v = 0;
+    nb_status st = send_request(s, fn, f, 0, false, &status);
+    if (st == NB_OK) st = reply_int(s, fn, key, status, &v);
+    if (st == NB_OK && result) *result = v;
+    return st;
 }
 
 nb_status nb_store_compare_set(nb_store *s, const char *key, const void *expected,
@@ -570,20 +591,16 @@ nb_status nb_store_compare_set(nb_store *s, const char *key, const void *expecte
     check_value(fn, desired, desired_len);
     if (current) *current = NULL;
     if (current_len) *current_len = 0;
-    size_t f = nb__buf_frame_begin(&s->out);
-    put_key_frame(s, NB__OP_CAS, key);
+    size_t f = key_request(s, NB__OP_CAS, key);
     nb__buf_u8(&s->out, expected != NULL);
     nb__buf_bytes(&s->out, expected, expected ? expected_len : 0);
     nb__buf_bytes(&s->out, desired, desired_len);
-    nb__buf_frame_end(&s->out, f);
     int status;
-    nb_status st = roundtrip(s, fn, 0, false, &status);
+    nb_status st = send_request(s, fn, f, 0, false, &status);
     if (st != NB_OK) return st;
     if (status == NB__R_NOT_FOUND) return NB_OK; /* absent afterwards: *current stays NULL */
-    if (status != NB__R_VALUE) return reply_error(s, fn, key, status);
-    nb__reader r = reply_reader(s);
-    nb__bytes v = nb__rd_bytes(&r);
-    if (r.bad) return lost(s, fn, "malformed reply");
+    nb__bytes v = {0};
+    if ((st = reply_value(s, fn, key, status, &v)) != NB_OK) return st;
     if (current) *current = dup_bytes(v);
     if (current_len) *current_len = v.n;
     return NB_OK;
@@ -593,32 +610,21 @@ nb_status nb_store_delete(nb_store *s, const char *key, bool *existed) {
     const char *fn = "nb_store_delete";
     NB_CHECK(s != NULL, "%s: store is NULL", fn);
     check_key(fn, key);
-    size_t f = nb__buf_frame_begin(&s->out);
-    put_key_frame(s, NB__OP_DELETE, key);
-    nb__buf_frame_end(&s->out, f);
+    size_t f = key_request(s, NB__OP_DELETE, key);
     int status;
-    nb_status st = roundtrip(s, fn, 0, false, &status);
-    if (st != NB_OK) return st;
-    if (status != NB__R_INT) return reply_error(s, fn, key, status);
-    nb__reader r = reply_reader(s);
-    int64_t v = nb__rd_i64(&r);
-    if (existed) *existed = v != 0;
-    return NB_OK;
+    int64_t v = 0;
+    nb_status st = send_request(s, fn, f, 0, false, &status);
+    if (st == NB_OK) st = reply_int(s, fn, key, status, &v);
+    if (st == NB_OK && existed) *existed = v != 0;
+    return st;
 }
 
 nb_status nb__store_mget(nb_store *s, const char *const *keys, int n, char **values) {
     const char *fn = "nb_store_mget";
-    size_t f = nb__buf_frame_begin(&s->out);
-    nb__buf_u8(&s->out, NB__OP_MGET);
-    nb__buf_u32(&s->out, (uint32_t)n);
-    for (int i = 0; i < n; i++) {
-        check_key(fn, keys[i]);
-        nb__buf_bytes(&s->out, keys[i], strlen(keys[i]));
-    }
-    nb__buf_frame_end(&s->out, f);
+    size_t f = keys_request(s, fn, NB__OP_MGET, keys, n);
     for (int i = 0; i < n; i++) values[i] = NULL;
     int status;
-    nb_status st = roundtrip(s, fn, 0, false, &status);
+    nb_status st = send_request(s, fn, f, 0, false, &status);
     if (st != NB_OK) return st;
     if (status != NB__R_VALUES) return reply_error(s, fn, NULL, status);
     nb__reader r = reply_reader(s);
