@@ -434,20 +434,14 @@ nb_status nb_ddp_consolidate_optimizer(nb_ddp *d, int root) {
 
 /* ---- sharded checkpoints ---- */
 
-/* Whether wrapper parameter wi lies in a bucket (its elements are then
- * cut over the ranks' chunks). */
-static bool in_bucket(const nb_ddp *d, int wi) {
+/* Whether t is a wrapper parameter in a bucket (its elements are then cut
+ * over the ranks' chunks). */
+static bool in_bucket(void *user, const nb_tensor *t) {
+    const nb_ddp *d = user;
     for (int bi = 0; bi < d->n_buckets; bi++)
         for (int k = 0; k < d->buckets[bi].n; k++)
-            if (d->buckets[bi].params[k] == wi) return true;
+            if (d->p[d->buckets[bi].params[k]].tensor == t) return true;
     return false;
-}
-
-static void add_piece(nb_checkpoint_piece *out, int *n, const char *name, int order, const nb_tensor *whole,
-                      int64_t start, nb_tensor *data) {
-    nb_checkpoint_piece *p = &out[(*n)++];
-    *p = (nb_checkpoint_piece){.name = name, .order = order, .ndim = whole->ndim, .start = start, .data = data};
-    memcpy(p->shape, whole->shape, sizeof p->shape);
 }
 
 nb_status nb_ddp_zero_checkpoint_pieces(nb_ddp *d, const nb_named_tensor *model, int n_model, nb_ctx *ctx,
@@ -457,55 +451,15 @@ nb_status nb_ddp_zero_checkpoint_pieces(nb_ddp *d, const nb_named_tensor *model,
     NB_CHECK(z, "nb_ddp_zero_checkpoint_pieces: ZeRO is off (nb_ddp_set_zero)");
     NB_CHECK(n_model >= 0 && (n_model == 0 || model) && ctx && pieces && n_out,
              "nb_ddp_zero_checkpoint_pieces: bad arguments");
-    nb_optim *opt = z->opt;
-    int n_state, K = nb__optim_moment_count(opt);
-    const nb_named_tensor *state = nb__optim_state_entries(opt, &n_state);
-    bool sharded = z->sh != NULL, lead = d->rank == 0;
-    nb_checkpoint_piece *out = nb__ddp_calloc((size_t)(n_model + n_state + z->n_pieces * (1 + K) + 1), sizeof *out);
-    int n = 0;
-    /* per state entry: the parameter (its optimizer index) and moment it holds, or -1 */
-    int *param_of = nb__ddp_calloc((size_t)(n_state + 1), sizeof *param_of), *moment_of =
-        nb__ddp_calloc((size_t)(n_state + 1), sizeof *moment_of);
-    for (int j = 0; j < n_state; j++) param_of[j] = moment_of[j] = -1;
-    for (int i = 0; i < d->n; i++) {
-        int oi = nb__optim_param_index(opt, d->p[i].tensor);
-        for (int k = 0; oi >= 0 && k < K; k++) {
-            int j = nb__optim_moment_entry(opt, oi, k);
-            if (j >= 0) param_of[j] = i, moment_of[j] = k;
-        }
+    nb__optim_piece *pc = nb__ddp_calloc((size_t)(z->n_pieces + 1), sizeof *pc);
+    for (int j = 0; j < z->n_pieces; j++) {
+        nb_tensor *t = d->p[z->pieces[j].param].tensor;
+        pc[j] = (nb__optim_piece){.param = t, .start = z->pieces[j].start, .len = z->pieces[j].len,
+                                  .data = flat_view(ctx, t, z->pieces[j].start, z->pieces[j].len)};
     }
-    for (int m = 0; m < n_model; m++) {
-        nb_tensor *t = model[m].tensor;
-        int wi = -1;
-        for (int i = 0; i < d->n && wi < 0; i++)
-            if (d->p[i].tensor == t) wi = i;
-        if (!sharded || wi < 0 || !in_bucket(d, wi)) {
-            if (lead) add_piece(out, &n, model[m].name, m, t, 0, t);
-            continue;
-        }
-        for (int q = 0; q < z->n_pieces; q++)
-            if (z->pieces[q].param == wi)
-                add_piece(out, &n, model[m].name, m, t, z->pieces[q].start,
-                          flat_view(ctx, t, z->pieces[q].start, z->pieces[q].len));
-    }
-    for (int j = 0; j < n_state; j++) {
-        int wi = param_of[j], order = n_model + j;
-        if (!sharded || wi < 0) {
-            NB_CHECK(state[j].tensor, "nb_ddp_zero_checkpoint_pieces: \"%s\" is released", state[j].name);
-            if (lead) add_piece(out, &n, state[j].name, order, state[j].tensor, 0, state[j].tensor);
-            continue;
-        }
-        for (int q = 0; q < z->n_pieces; q++) {
-            if (z->pieces[q].param != wi) continue;
-            nb_tensor *mom = nb__optim_shard_moment(z->sh, q, moment_of[j]);
-            NB_CHECK(mom, "nb_ddp_zero_checkpoint_pieces: rank %d: no moment for \"%s\"", d->rank, state[j].name);
-            add_piece(out, &n, state[j].name, order, d->p[wi].tensor, z->pieces[q].start, mom);
-        }
-    }
-    free(param_of);
-    free(moment_of);
-    *pieces = out;
-    *n_out = n;
+    nb__optim_checkpoint_pieces(z->opt, z->sh, pc, z->sh ? z->n_pieces : 0, d->rank == 0, in_bucket, d, model,
+                                n_model, pieces, n_out);
+    free(pc);
     return NB_OK;
 }
 

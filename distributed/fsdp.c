@@ -725,6 +725,28 @@ nb_status nb_fsdp_backward(nb_fsdp *f, nb_tensor *loss) {
 
 /* ---- the optimizer ---- */
 
+/* The rank's pieces (Note [FSDP]), unit by unit, into pc (f->n_pieces of
+ * them; views in ctx); each one's unit and first element in the unit's
+ * chunk into unit_of and at when they are not NULL. Returns the count. */
+static int rank_pieces(nb_fsdp *f, nb_ctx *ctx, nb__optim_piece *pc, int *unit_of, int64_t *at) {
+    int k = 0;
+    for (int ui = 0; ui <= f->n_units; ui++) {
+        unit *u = &f->units[ui];
+        int64_t lo = (int64_t)f->rank * u->chunk, hi = lo + u->chunk;
+        for (int i = 0; i < u->np; i++) {
+            param_info *pi = &f->p[u->params[i]];
+            int64_t a = pi->offset > lo ? pi->offset : lo, e = pi->offset + nb_numel(pi->t);
+            if (e > hi) e = hi;
+            if (a >= e) continue;
+            NB_CHECK(k < f->n_pieces, "nb_fsdp: rank %d: more pieces than the %d counted", f->rank, f->n_pieces);
+            if (unit_of) unit_of[k] = ui, at[k] = a - lo;
+            pc[k++] = (nb__optim_piece){pi->t, a - pi->offset, e - a, flat_view(ctx, u->shard_grad, a - lo, e - a),
+                                        pi->name, flat_view(ctx, u->shard, a - lo, e - a)};
+        }
+    }
+    return k;
+}
+
 nb_status nb_fsdp_set_optimizer(nb_fsdp *f, nb_optim *opt) {
     NB__CHECK_HANDLE("nb_fsdp_set_optimizer", f, "FSDP handle");
     NB_CHECK(opt, "nb_fsdp_set_optimizer: optimizer is NULL");
@@ -740,20 +762,7 @@ nb_status nb_fsdp_set_optimizer(nb_fsdp *f, nb_optim *opt) {
     nb__optim_piece *pc = xcalloc((size_t)f->n_pieces, sizeof *pc);
     f->piece_unit = xcalloc((size_t)f->n_pieces, sizeof *f->piece_unit);
     f->piece_at = xcalloc((size_t)f->n_pieces, sizeof *f->piece_at);
-    int k = 0;
-    for (int ui = 0; ui <= f->n_units; ui++) {
-        unit *u = &f->units[ui];
-        int64_t lo = (int64_t)f->rank * u->chunk, hi = lo + u->chunk;
-        for (int i = 0; i < u->np; i++) {
-            param_info *pi = &f->p[u->params[i]];
-            int64_t a = pi->offset > lo ? pi->offset : lo, e = pi->offset + nb_numel(pi->t);
-            if (e > hi) e = hi;
-            if (a >= e) continue;
-            f->piece_unit[k] = ui, f->piece_at[k] = a - lo;
-            pc[k++] = (nb__optim_piece){pi->t, a - pi->offset, e - a, flat_view(f->ctx, u->shard_grad, a - lo, e - a),
-                                        pi->name, flat_view(f->ctx, u->shard, a - lo, e - a)};
-        }
-    }
+    int k = rank_pieces(f, f->ctx, pc, f->piece_unit, f->piece_at);
     f->sh = nb__optim_shard_new(opt, f->ctx, k, pc);
     free(pc);
     f->opt = opt;
@@ -847,6 +856,26 @@ nb_status nb_fsdp_consolidate_optimizer(nb_fsdp *f, int root) {
     }
     nb_ctx_free(sc);
     return take_status(f);
+}
+
+static bool is_param(void *user, const nb_tensor *t) { return param_index(user, t) >= 0; }
+
+/* Every parameter is in a unit (the root unit holds the rest): each rank
+ * gives the parameters' elements of its chunks, read from its shards, and
+ * the optimizer's moments of them (Note [Sharded checkpoint] in
+ * checkpoint/sharded.c). */
+nb_status nb_fsdp_checkpoint_pieces(nb_fsdp *f, const nb_named_tensor *model, int n_model, nb_ctx *ctx,
+                                    nb_checkpoint_piece **pieces, int *n) {
+    NB__CHECK_HANDLE("nb_fsdp_checkpoint_pieces", f, "FSDP handle");
+    NB_CHECK(f->opt, "nb_fsdp_checkpoint_pieces: rank %d: no optimizer attached (nb_fsdp_set_optimizer)", f->rank);
+    NB_CHECK(n_model >= 0 && (n_model == 0 || model) && ctx && pieces && n,
+             "nb_fsdp_checkpoint_pieces: bad arguments");
+    if (f->status != NB_OK) return take_status(f);
+    nb__optim_piece *pc = xcalloc((size_t)f->n_pieces + 1, sizeof *pc);
+    int k = rank_pieces(f, ctx, pc, NULL, NULL); /* in nb_fsdp_set_optimizer's order */
+    nb__optim_checkpoint_pieces(f->opt, f->sh, pc, k, f->rank == 0, is_param, f, model, n_model, pieces, n);
+    free(pc);
+    return NB_OK;
 }
 
 nb_status nb_fsdp_gather_full(nb_fsdp *f) {

@@ -186,15 +186,15 @@ static void run_meta(const run *r, char v[][64], nb_kv *kv, int *n) {
 #undef ADD
 }
 
-static nb_status save_checkpoint(run *r, int64_t step, int64_t epochs_done, nb_ddp *zero) {
+static nb_status save_checkpoint(run *r, int64_t step, int64_t epochs_done, bool sharded) {
     char v[8][64];
     nb_kv kv[8];
     int n;
     run_meta(r, v, kv, &n);
     kv[n++] = (nb_kv){"program", "train_classifier"};
     nb_train_state st = {step, epochs_done, 0, nb_rng_make(0)};
-    if (zero) /* --ckpt-sharded: every rank writes its shard, rank 0 the index */
-        return resume_save_sharded(&r->d, zero, r->a.ckpt_dir, r->ckpt_path, "train_classifier",
+    if (sharded) /* --ckpt-sharded: every rank writes its shard, rank 0 the index */
+        return resume_save_sharded(&r->d, r->a.ckpt_dir, r->ckpt_path, "train_classifier",
                                    (int)r->a.keep_checkpoints, r->step_ctx, r->state, r->n_state, r->opt, &st, kv, n);
     /* never a diverged state over the last good checkpoint */
     char what[96];
@@ -326,8 +326,8 @@ static int parse_args(run *r, int argc, char **argv) {
                         "and --weight-decay >= 0, --test-fraction in (0, 1), and --ckpt-dir with --resume\n");
         return 2;
     }
-    if (a->ckpt_sharded && (!a->ckpt_dir || !a->zero || a->zero_stage == 3)) {
-        fprintf(stderr, "train_classifier: --ckpt-sharded needs --ckpt-dir and --zero 1 or 2 (--zero 3 writes the single file)\n");
+    if (a->ckpt_sharded && (!a->ckpt_dir || !a->zero)) {
+        fprintf(stderr, "train_classifier: --ckpt-sharded needs --ckpt-dir and --zero\n");
         return 2;
     }
     r->stop = a->stop_at > 0 && a->stop_at < a->epochs ? a->stop_at : a->epochs;
@@ -507,11 +507,11 @@ int main(int argc, char **argv) {
         TRY(&r, run_dist_sum(&r.d, nb_metric_sums_data(&train), nb_metric_sums_size(&train)), "all-reduce");
         TRY(&r, evaluate(&r, &test.loss, &test.accuracy, &test.count), "evaluation");
         TRY(&r, report_epoch(&r, epoch, &train, &test), "metrics");
-        if (a->ckpt_dir && a->ckpt_sharded && r.d.ddp) {
-            TRY(&r, save_checkpoint(&r, r.step, epoch + 1, r.d.ddp), "checkpoint");
+        if (a->ckpt_dir && a->ckpt_sharded && (r.d.ddp || r.d.fsdp)) {
+            TRY(&r, save_checkpoint(&r, r.step, epoch + 1, true), "checkpoint");
         } else if (a->ckpt_dir) {
             TRY(&r, run_dist_consolidate(&r.d, 0), "gathering the state");
-            if (r.d.rank == 0) TRY(&r, save_checkpoint(&r, r.step, epoch + 1, NULL), "checkpoint");
+            if (r.d.rank == 0) TRY(&r, save_checkpoint(&r, r.step, epoch + 1, false), "checkpoint");
         }
     }
     TRY(&r, run_dist_unshard(&r.d), "ZeRO"); /* the whole state back before the unwrap */

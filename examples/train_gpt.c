@@ -292,12 +292,12 @@ static nb_status save_checkpoint(run *r, int64_t steps_done) {
     return s;
 }
 
-/* --ckpt-sharded under ZeRO: every rank writes its shard, rank 0 the index. */
-static nb_status save_sharded(run *r, int64_t steps_done, nb_ddp *zero) {
+/* --ckpt-sharded under ZeRO (1, 2 or 3): every rank writes its shard, rank 0 the index. */
+static nb_status save_sharded(run *r, int64_t steps_done) {
     meta_buf m;
     char elapsed[64];
     nb_train_state st = checkpoint_meta(r, steps_done, &m, elapsed, sizeof elapsed);
-    return resume_save_sharded(&r->d, zero, r->a.ckpt_dir, r->ckpt_path, "train_gpt", (int)r->a.keep_checkpoints,
+    return resume_save_sharded(&r->d, r->a.ckpt_dir, r->ckpt_path, "train_gpt", (int)r->a.keep_checkpoints,
                                r->step_ctx, r->state, r->n_state, r->opt, &st, m.kv, m.n);
 }
 
@@ -526,7 +526,7 @@ static bool check_args(const args *a) {
     else if (a->resume && !a->ckpt_dir) bad = "--resume needs --ckpt-dir";
     else if (a->max_skipped_steps < 0) bad = "--max-skipped-steps must be >= 0 (0: never stop)";
     else if (a->keep_checkpoints < 1) bad = "--keep-checkpoints must be >= 1";
-    else if (a->ckpt_sharded && (!a->ckpt_dir || !a->zero || a->zero_stage == 3)) bad = "--ckpt-sharded needs --ckpt-dir and --zero 1 or 2 (--zero 3 writes the single file)";
+    else if (a->ckpt_sharded && (!a->ckpt_dir || !a->zero)) bad = "--ckpt-sharded needs --ckpt-dir and --zero";
     else if (a->eval_interval < 0 || a->ckpt_interval < 0 || a->log_interval < 1 || a->metrics_interval < 1 || a->sample_len < 0) bad = "--eval-interval, --ckpt-interval, --sample-len must be >= 0, --log-interval and --metrics-interval >= 1";
     else if ((a->data || a->synthetic) && a->vocab_size < 2) bad = "--vocab-size must be >= 2";
     else if (a->synthetic && (a->data || a->val_data)) bad = "--synthetic makes its own tokens: drop --data and --val-data";
@@ -850,8 +850,8 @@ int main(int argc, char **argv) {
             if (r.log) TRY(&r, nb_metrics_log_write(r.log, "eval", done, (nb_metric_value[]){{"val_loss", r.val_loss}}, 1), "metrics");
         }
         if (a->ckpt_dir && due(&r, done, a->ckpt_interval)) {
-            if (a->ckpt_sharded && r.d.ddp) {
-                TRY(&r, save_sharded(&r, done, r.d.ddp), "checkpoint");
+            if (a->ckpt_sharded && (r.d.ddp || r.d.fsdp)) {
+                TRY(&r, save_sharded(&r, done), "checkpoint");
             } else {
                 TRY(&r, run_dist_consolidate(&r.d, 0), "gathering the state");
                 if (r.d.rank == 0) TRY(&r, save_checkpoint(&r, done), "checkpoint");

@@ -171,3 +171,57 @@ nb_tensor *nb__optim_shard_moment(nb__optim_shard *s, int j, int k) {
     NB_CHECK(j >= 0 && j < s->n, "nb__optim_shard_moment: piece %d of %d", j, s->n);
     return s->index[j] < 0 ? NULL : nb__optim_moment(s->part, s->index[j], k);
 }
+
+static void add_piece(nb_checkpoint_piece *out, int *n, const char *name, int order, const nb_tensor *whole,
+                      int64_t start, nb_tensor *data) {
+    nb_checkpoint_piece *p = &out[(*n)++];
+    *p = (nb_checkpoint_piece){.name = name, .order = order, .ndim = whole->ndim, .start = start, .data = data};
+    memcpy(p->shape, whole->shape, sizeof p->shape);
+}
+
+void nb__optim_checkpoint_pieces(nb_optim *opt, nb__optim_shard *s, const nb__optim_piece *pieces, int n,
+                                 bool lead, bool (*is_sharded)(void *user, const nb_tensor *t), void *user,
+                                 const nb_named_tensor *model, int n_model, nb_checkpoint_piece **out,
+                                 int *n_out) {
+    int n_state = 0, K = opt ? nb__optim_moment_count(opt) : 0;
+    const nb_named_tensor *state = opt ? nb__optim_state_entries(opt, &n_state) : NULL;
+    nb_checkpoint_piece *o = xcalloc((size_t)(n_model + n_state + n * (1 + K) + 1), sizeof *o);
+    int k = 0;
+    /* per state entry: the parameter (an optimizer index) and moment it holds, or -1 */
+    int *param_of = xcalloc((size_t)(n_state + 1), sizeof *param_of), *moment_of = xcalloc((size_t)(n_state + 1),
+                                                                                            sizeof *moment_of);
+    for (int j = 0; j < n_state; j++) param_of[j] = moment_of[j] = -1;
+    for (int i = 0; opt && i < opt->n_params; i++)
+        for (int m = 0; m < K; m++) {
+            int j = nb__optim_moment_entry(opt, i, m);
+            if (j >= 0) param_of[j] = i, moment_of[j] = m;
+        }
+    for (int m = 0; m < n_model; m++) {
+        nb_tensor *t = model[m].tensor;
+        if (!s || !is_sharded(user, t)) {
+            if (lead) add_piece(o, &k, model[m].name, m, t, 0, t);
+            continue;
+        }
+        for (int q = 0; q < n; q++)
+            if (pieces[q].param == t) add_piece(o, &k, model[m].name, m, t, pieces[q].start, pieces[q].data);
+    }
+    for (int j = 0; j < n_state; j++) {
+        int i = param_of[j];
+        nb_tensor *p = i >= 0 ? opt->params[i].param : NULL;
+        if (!s || !p || !is_sharded(user, p)) {
+            NB_CHECK(state[j].tensor, "nb__optim_checkpoint_pieces: \"%s\" is released", state[j].name);
+            if (lead) add_piece(o, &k, state[j].name, n_model + j, state[j].tensor, 0, state[j].tensor);
+            continue;
+        }
+        for (int q = 0; q < n; q++) {
+            if (pieces[q].param != p) continue;
+            nb_tensor *mom = nb__optim_shard_moment(s, q, moment_of[j]);
+            NB_CHECK(mom, "nb__optim_checkpoint_pieces: no moment for \"%s\"", state[j].name);
+            add_piece(o, &k, state[j].name, n_model + j, p, pieces[q].start, mom);
+        }
+    }
+    free(param_of);
+    free(moment_of);
+    *out = o;
+    *n_out = k;
+}

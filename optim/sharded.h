@@ -6,6 +6,7 @@
 #ifndef NABLA_OPTIM_SHARDED_H
 #define NABLA_OPTIM_SHARDED_H
 
+#include "nabla/checkpoint.h"
 #include "nabla/optim.h"
 #include "nabla/error.h"
 
@@ -93,6 +94,18 @@ nb_tensor *nb__optim_moment(nb_optim *opt, int i, int k);
  * in it (-1: none). */
 const nb_named_tensor *nb__optim_state_entries(const nb_optim *opt, int *n);
 int nb__optim_moment_entry(const nb_optim *opt, int i, int k);
+/* The pieces of a sharded checkpoint (nabla/checkpoint.h) this rank
+ * writes, for model[0..n_model) then opt's state list, in that order and
+ * under nb_checkpoint_save_training's names. pieces[0..n) are the rank's
+ * (in s's order, `data` a view of the parameter's current elements; n = 0
+ * and s NULL when nothing is sharded yet). A model tensor for which
+ * is_sharded(user, t) holds goes as this rank's pieces of it, and so do
+ * the moments of its parameter; every other tensor goes whole, from the
+ * `lead` rank only. *out is malloc'ed (the caller frees it). */
+void nb__optim_checkpoint_pieces(nb_optim *opt, nb__optim_shard *s, const nb__optim_piece *pieces, int n,
+                                 bool lead, bool (*is_sharded)(void *user, const nb_tensor *t), void *user,
+                                 const nb_named_tensor *model, int n_model, nb_checkpoint_piece **out,
+                                 int *n_out);
 /* Frees opt's moments (their memory, their entries in the state list);
  * step counts and hyperparameters stay. */
 void nb__optim_release_state(nb_optim *opt);

@@ -17,7 +17,10 @@ micro-batch's dataset indices per rank.
    after step 4 are all taken but the 40 % 6 = 4 short of a global batch at
    the epoch's end (dropped as every epoch's tail is); the end state is the
    single-file path's, bit for bit.
-4. Kept checkpoints and --resume auto treat index and shards as one unit:
+4. ZeRO-3 (--zero 3, parameters sharded too): a checkpoint sharded at 3
+   ranks consolidates into the single file, resumes at 2 with the epoch's
+   remaining 30 windows each once, and ends as the single file resumed.
+5. Kept checkpoints and --resume auto treat index and shards as one unit:
    --keep-checkpoints 2 leaves two indexes and their two shard folders; a
    truncated shard of the newest makes --resume auto pass over it, naming
    the shard, and take the older; with a shard of that one gone too it
@@ -107,6 +110,40 @@ def test_3_to_2(tmp):
         fail("3 -> 2: val loss %.5f after 14 steps, the uninterrupted run's %.5f" % (b, a))
     print("3 -> 2: the epoch's remaining 30 windows once; the single-file resume's state bit for bit; val loss "
           "%.5f vs %.5f uninterrupted" % (b, a))
+    return L
+
+
+def test_zero3(tmp, L):
+    z = os.path.join(tmp, "z3")
+    run(args(tmp, ["3", "--ckpt-sharded", "--ckpt-dir", z, "--stop-at", "4", "--log-samples", z + ".log"]), 3)
+    one = os.path.join(tmp, "z3one")
+    run(args(tmp, ["3", "--ckpt-dir", one, "--stop-at", "4"]), 3)
+    if len(shard_dirs(z)) != 1 or len(os.listdir(os.path.join(z, shard_dirs(z)[0]))) != 3:
+        fail("--zero 3 --ckpt-sharded at 3 ranks: %s" % os.listdir(z))
+    why = same_training_state(os.path.join(one, "ckpt.safetensors"), consolidated(tmp, z, "z3c"))
+    if why:
+        fail("--zero 3: the consolidated sharded checkpoint is not the single file: " + why)
+    g = copy(z, os.path.join(tmp, "z3to2"))
+    out, _ = run(args(tmp, ["3", "--ckpt-sharded", "--ckpt-dir", g, "--resume", "--keep-batch", "global",
+                            "--log-samples", g + ".log"]), 2)
+    if "steps 5..14 of 14 (resumed)" not in out or "ZeRO-3" not in out:
+        fail("--zero 3: the 2-rank resume of the sharded checkpoint:\n" + out)
+    after = sample_records(g + ".log", 2)
+    for r in range(2):
+        got = [i for _, e, idx in after[r] if e == 0 for i in idx]
+        if got != [L[24 + r + 2 * j] for j in range(15)]:
+            fail("--zero 3, 3 -> 2, rank %d, epoch 0: %s, expected L[24 + %d + 2j]" % (r, got, r))
+    whole = epoch0(sample_records(z + ".log", 3)) + epoch0(after)
+    if sorted(whole) != sorted(L) or len(set(whole)) != 54:
+        fail("--zero 3, 3 -> 2: epoch 0 took %d windows (%d distinct), not the epoch's 54 once"
+             % (len(whole), len(set(whole))))
+    o = copy(one, os.path.join(tmp, "z3oneto2"))
+    run(args(tmp, ["3", "--ckpt-dir", o, "--resume", "--keep-batch", "global"]), 2)
+    why = same_training_state(os.path.join(o, "ckpt.safetensors"), consolidated(tmp, g, "z3to2c"))
+    if why:
+        fail("--zero 3, 3 -> 2: the sharded resume ends unlike the single-file resume: " + why)
+    print("--zero 3: a checkpoint sharded at 3 ranks (consolidated: the single file) resumes at 2, the epoch's "
+          "remaining 30 windows once, the single-file resume's state bit for bit")
 
 
 def test_2_to_3(tmp):
@@ -166,8 +203,9 @@ def main():
     with tempfile.TemporaryDirectory(prefix="nb_test_train_gpt_shard_") as tmp:
         open(os.path.join(tmp, "t.txt"), "wb").write(
             open(os.path.join(SOURCE, "examples", "datasets", "austen.txt"), "rb").read()[:2000])
-        test_3_to_2(tmp)
+        L = test_3_to_2(tmp)
         test_2_to_3(tmp)
+        test_zero3(tmp, L)
         test_kept_and_auto(tmp)
     print("ok")
 

@@ -123,7 +123,8 @@ nb_status resume_find(run_dist *d, const char *dir, const char *mode, const char
 }
 
 /* Note [Sharded save]
- * Every rank: its pieces (nb_ddp_zero_checkpoint_pieces), checked finite
+ * Every rank: its pieces (nb_ddp_zero_checkpoint_pieces under ZeRO-1 and
+ * 2, nb_fsdp_checkpoint_pieces under ZeRO-3), checked finite
  * (Note [Divergence] in divergence.c: never a diverged state over a good
  * checkpoint), written to its shard; the ranks then agree that all shards
  * were written (a sum of failures), and only then rank 0 keeps the
@@ -131,7 +132,7 @@ nb_status resume_find(run_dist *d, const char *dir, const char *mode, const char
  * names. The save id is the step and a number rank 0 draws, agreed through
  * the same sum (ids differ per save, so a save writes no file a standing
  * index names, Note [Sharded checkpoint] in checkpoint/sharded.c). */
-nb_status resume_save_sharded(run_dist *d, nb_ddp *zero, const char *dir, const char *index_path,
+nb_status resume_save_sharded(run_dist *d, const char *dir, const char *index_path,
                               const char *program, int keep, nb_ctx *ctx, const nb_named_tensor *model,
                               int n_model, nb_optim *opt, const nb_train_state *st, const nb_kv *extra,
                               int n_extra) {
@@ -150,7 +151,8 @@ nb_status resume_save_sharded(run_dist *d, nb_ddp *zero, const char *dir, const 
     snprintf(id, sizeof id, "ckpt.step%09lld-%010llx", (long long)st->step, (unsigned long long)v[0]);
     nb_checkpoint_piece *pc = NULL;
     int n = 0;
-    nb_status mine = nb_ddp_zero_checkpoint_pieces(zero, model, n_model, ctx, &pc, &n);
+    nb_status mine = d->fsdp ? nb_fsdp_checkpoint_pieces(d->fsdp, model, n_model, ctx, &pc, &n)
+                             : nb_ddp_zero_checkpoint_pieces(d->ddp, model, n_model, ctx, &pc, &n);
     if (mine == NB_OK) {
         nb_named_tensor *named = malloc(sizeof *named * (size_t)(n ? n : 1));
         NB_CHECK(named, "%s: out of memory", program);

@@ -44,13 +44,13 @@ nb_status resume_check_meta(nb_checkpoint *ck, const char *path, const nb_kv *kv
  * checkpoints] in resume.c). */
 void resume_prune_shards(const char *dir);
 
-/* Saves a sharded checkpoint of a ZeRO run, the index at index_path in
- * `dir` (Note [Sharded save] in resume.c). Collective: every rank calls
- * it with the same arguments. model, opt, st and extra as for
+/* Saves a sharded checkpoint of a ZeRO run (d->ddp with ZeRO-1 or 2 on,
+ * or d->fsdp), the index at index_path in `dir` (Note [Sharded save] in
+ * resume.c). Collective: every rank calls it with the same arguments. model, opt, st and extra as for
  * nb_checkpoint_save_training; ctx takes the pieces' views. NB_ERR_FORMAT
  * when some piece is not finite, NB_ERR_IO when some rank could not write
  * its shard: no index is written then, and the previous checkpoint stands. */
-nb_status resume_save_sharded(run_dist *d, nb_ddp *zero, const char *dir, const char *index_path,
+nb_status resume_save_sharded(run_dist *d, const char *dir, const char *index_path,
                               const char *program, int keep, nb_ctx *ctx, const nb_named_tensor *model,
                               int n_model, nb_optim *opt, const nb_train_state *st, const nb_kv *extra,
                               int n_extra);

@@ -23,6 +23,7 @@
 #include <stdint.h>
 
 #include "nabla/api.h"
+#include "nabla/checkpoint.h"
 #include "nabla/dist.h"
 #include "nabla/nn.h"
 #include "nabla/optim.h"
@@ -121,6 +122,19 @@ NB_API nb_status nb_fsdp_gather_full(nb_fsdp *f);
  * into the model and optimizer before nb_fsdp_new, at any world size.
  * Valid until the next nb_fsdp_step, which frees it again. Collective. */
 NB_API nb_status nb_fsdp_consolidate_optimizer(nb_fsdp *f, int root);
+
+/* This rank's share of the training state for a sharded checkpoint
+ * (nb_checkpoint_save_shard, docs/checkpoints.md), as
+ * nb_ddp_zero_checkpoint_pieces gives ZeRO-1's: model[0..n_model) (the
+ * wrapper's parameters among them) then the attached optimizer's state, in
+ * nb_checkpoint_save_training's order and names; the elements of the
+ * rank's chunks of every parameter (from its shards, nothing gathered) and
+ * of their moments; rank 0 also gives whole the tensors nobody shards
+ * (buffers, step counts, hyperparameters). *pieces is malloc'ed (the
+ * caller frees it); views in ctx, valid until the next nb_fsdp_step.
+ * Aborts without an attached optimizer. Local. */
+NB_API nb_status nb_fsdp_checkpoint_pieces(nb_fsdp *f, const nb_named_tensor *model, int n_model, nb_ctx *ctx,
+                                           nb_checkpoint_piece **pieces, int *n);
 
 /* The bytes of state this rank holds between steps: its parameter shards,
  * their gradients and opt's state (nb_optim_state_bytes, shards included;
