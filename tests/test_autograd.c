@@ -590,30 +590,14 @@ START_TEST(test_retain_graph) {
 END_TEST
 
 int main(void) {
-    Suite *s = suite_create("autograd");
-    TCase *tc = tcase_create("core");
-    tcase_add_test(tc, test_simple_chain);
-    tcase_add_test(tc, test_reused_intermediate);
-    tcase_add_test(tc, test_no_grad_and_detach);
-    tcase_add_test(tc, test_errors);
-    tcase_add_test(tc, test_cross_context_graph_rejected);
-    tcase_add_test(tc, test_hooks_fire_once_and_early);
-    tcase_add_test(tc, test_cast_backward);
-    tcase_add_test(tc, test_remove_hook);
-    tcase_add_test(tc, test_graph_leaves);
-    tcase_add_test(tc, test_set_grad_buffer);
-    tcase_add_test(tc, test_gradcheck_catches_wrong_gradients);
-    tcase_add_test(tc, test_gradcheck_views);
-    tcase_add_test(tc, test_adopt_x_plus_x);
-    tcase_add_test(tc, test_adopt_diamond);
-    tcase_add_test(tc, test_adopt_add_and_mul);
-    tcase_add_test(tc, test_adopt_concat_views);
-    tcase_add_test(tc, test_adopt_hooks_see_final_gradient);
-    tcase_add_test(tc, test_adopt_slices_share_a_buffer);
-    tcase_add_test(tc, test_gradcheck_nonleaf_views);
-    tcase_add_test(tc, test_backward_stale_root_and_leaf);
-    tcase_add_test(tc, test_second_backward_refused);
-    tcase_add_test(tc, test_retain_graph);
-    suite_add_tcase(s, tc);
-    return nbt_run(s);
+    const TTest *tests[] = {test_simple_chain, test_reused_intermediate, test_no_grad_and_detach, test_errors,
+                             test_cross_context_graph_rejected, test_hooks_fire_once_and_early,
+                             test_cast_backward, test_remove_hook, test_graph_leaves, test_set_grad_buffer,
+                             test_gradcheck_catches_wrong_gradients, test_gradcheck_views,
+                             test_adopt_x_plus_x, test_adopt_diamond, test_adopt_add_and_mul,
+                             test_adopt_concat_views, test_adopt_hooks_see_final_gradient,
+                             test_adopt_slices_share_a_buffer, test_gradcheck_nonleaf_views,
+                             test_backward_stale_root_and_leaf, test_second_backward_refused,
+                             test_retain_graph, NULL};
+    return nbt_run(nbt_suite("autograd", "core", 0, tests));
 }

@@ -496,21 +496,10 @@ START_TEST(test_cpu_row_reductions) {
 END_TEST
 
 int main(void) {
-    Suite *s = suite_create("backend");
-    TCase *tc = tcase_create("core");
-    tcase_add_test(tc, test_tables_complete);
-    tcase_add_test(tc, test_lookup);
-    tcase_add_test(tc, test_linear_gelu_matches_composition);
-    tcase_add_test(tc, test_linear_gelu_gradcheck);
-    tcase_add_test(tc, test_gemm_epilogues_backward);
-    tcase_add_test(tc, test_gemm_epilogues_gradcheck);
-    tcase_add_test(tc, test_gemm_bgrad_entry);
-    tcase_add_test(tc, test_multi_tensor_adam);
-    tcase_add_test(tc, test_multi_tensor_sgd);
-    tcase_add_test(tc, test_optim_step_mixed_dtypes);
-    tcase_add_test(tc, test_multi_tensor_reductions);
-    tcase_add_test(tc, test_channel_steps);
-    tcase_add_test(tc, test_cpu_row_reductions);
-    suite_add_tcase(s, tc);
-    return nbt_run(s);
+    const TTest *tests[] = {test_tables_complete, test_lookup, test_linear_gelu_matches_composition,
+                             test_linear_gelu_gradcheck, test_gemm_epilogues_backward,
+                             test_gemm_epilogues_gradcheck, test_gemm_bgrad_entry, test_multi_tensor_adam,
+                             test_multi_tensor_sgd, test_optim_step_mixed_dtypes,
+                             test_multi_tensor_reductions, test_channel_steps, test_cpu_row_reductions, NULL};
+    return nbt_run(nbt_suite("backend", "core", 0, tests));
 }

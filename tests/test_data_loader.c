@@ -532,17 +532,8 @@ START_TEST(test_loader_misuse) {
 END_TEST
 
 int main(void) {
-    Suite *s = suite_create("data_loader");
-    TCase *tc = tcase_create("loader");
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, test_collation_and_epochs);
-    tcase_add_test(tc, test_same_batches_for_any_worker_count);
-    tcase_add_test(tc, test_resume);
-    tcase_add_test(tc, test_position_after_resume_at_another_world);
-    tcase_add_test(tc, test_worker_error);
-    tcase_add_test(tc, test_shutdown_joins_every_thread);
-    tcase_add_test(tc, test_text_batches);
-    tcase_add_test(tc, test_loader_misuse);
-    suite_add_tcase(s, tc);
-    return nbt_run(s);
+    const TTest *tests[] = {test_collation_and_epochs, test_same_batches_for_any_worker_count, test_resume,
+                             test_position_after_resume_at_another_world, test_worker_error,
+                             test_shutdown_joins_every_thread, test_text_batches, test_loader_misuse, NULL};
+    return nbt_run(nbt_suite("data_loader", "loader", 120, tests));
 }

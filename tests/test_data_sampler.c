@@ -484,19 +484,10 @@ START_TEST(test_sampler_misuse) {
 END_TEST
 
 int main(void) {
-    Suite *s = suite_create("data_sampler");
-    TCase *tc = tcase_create("sampler");
-    tcase_add_test(tc, test_sequential_and_random);
-    tcase_add_test(tc, test_permutations_are_uniform);
-    tcase_add_test(tc, test_ddp_walkthrough);
-    tcase_add_test(tc, test_ten_on_three_ranks);
-    tcase_add_test(tc, test_distributed_against_reference);
-    tcase_add_test(tc, test_set_epoch_changes_order);
-    tcase_add_test(tc, test_exact_eval_shards_and_metrics);
-    tcase_add_test(tc, test_batch_sampler);
-    tcase_add_test(tc, test_distributed_resume_other_world);
-    tcase_add_test(tc, test_loader_sees_resume);
-    tcase_add_test(tc, test_sampler_misuse);
-    suite_add_tcase(s, tc);
-    return nbt_run(s);
+    const TTest *tests[] = {test_sequential_and_random, test_permutations_are_uniform, test_ddp_walkthrough,
+                             test_ten_on_three_ranks, test_distributed_against_reference,
+                             test_set_epoch_changes_order, test_exact_eval_shards_and_metrics,
+                             test_batch_sampler, test_distributed_resume_other_world, test_loader_sees_resume,
+                             test_sampler_misuse, NULL};
+    return nbt_run(nbt_suite("data_sampler", "sampler", 0, tests));
 }

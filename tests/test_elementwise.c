@@ -431,20 +431,9 @@ START_TEST(test_integer_division) {
 END_TEST
 
 int main(void) {
-    Suite *s = suite_create("elementwise");
-    TCase *tc = tcase_create("core");
-    tcase_set_timeout(tc, 60);
-    tcase_add_test(tc, test_unary_values);
-    tcase_add_test(tc, test_unary_gradcheck);
-    tcase_add_test(tc, test_gelu_tanh_f32_backward);
-    tcase_add_test(tc, test_binary_broadcast_values);
-    tcase_add_test(tc, test_binary_gradcheck);
-    tcase_add_test(tc, test_where_masked_fill);
-    tcase_add_test(tc, test_errors);
-    tcase_add_test(tc, test_inplace_helpers);
-    tcase_add_test(tc, test_table_unary_ops);
-    tcase_add_test(tc, test_table_binary_ops);
-    tcase_add_test(tc, test_integer_division);
-    suite_add_tcase(s, tc);
-    return nbt_run(s);
+    const TTest *tests[] = {test_unary_values, test_unary_gradcheck, test_gelu_tanh_f32_backward,
+                             test_binary_broadcast_values, test_binary_gradcheck, test_where_masked_fill,
+                             test_errors, test_inplace_helpers, test_table_unary_ops, test_table_binary_ops,
+                             test_integer_division, NULL};
+    return nbt_run(nbt_suite("elementwise", "core", 60, tests));
 }

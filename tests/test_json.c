@@ -284,16 +284,7 @@ START_TEST(test_utf8_valid) {
 END_TEST
 
 int main(void) {
-    Suite *s = suite_create("json");
-    TCase *tc = tcase_create("core");
-    tcase_add_test(tc, test_values);
-    tcase_add_test(tc, test_strings);
-    tcase_add_test(tc, test_numbers);
-    tcase_add_test(tc, test_malformed);
-    tcase_add_test(tc, test_depth_limit);
-    tcase_add_test(tc, test_large_array);
-    tcase_add_test(tc, test_dump);
-    tcase_add_test(tc, test_utf8_valid);
-    suite_add_tcase(s, tc);
-    return nbt_run(s);
+    const TTest *tests[] = {test_values, test_strings, test_numbers, test_malformed, test_depth_limit,
+                             test_large_array, test_dump, test_utf8_valid, NULL};
+    return nbt_run(nbt_suite("json", "core", 0, tests));
 }

@@ -1148,32 +1148,14 @@ START_TEST(test_null_handles) {
 END_TEST
 
 int main(void) {
-    Suite *s = suite_create("optim");
-    TCase *tc = tcase_create("core");
-    tcase_add_test(tc, test_sgd_closed_form);
-    tcase_add_test(tc, test_sgd_reference);
-    tcase_add_test(tc, test_adam_closed_form);
-    tcase_add_test(tc, test_adam_reference);
-    tcase_add_test(tc, test_amsgrad_reference);
-    tcase_add_test(tc, test_amsgrad_nan_propagates);
-    tcase_add_test(tc, test_amsgrad_state);
-    tcase_add_test(tc, test_amsgrad_checkpoint_resume);
-    tcase_add_test(tc, test_adam_moment_exact_at_beta1_zero);
-    tcase_add_test(tc, test_skips_params_without_grad);
-    tcase_add_test(tc, test_zero_grad_keeps_buffers);
-    tcase_add_test(tc, test_flat_gradients);
-    tcase_add_test(tc, test_param_groups);
-    tcase_add_test(tc, test_construction_errors);
-    tcase_add_test(tc, test_state_export);
-    tcase_add_test(tc, test_schedules);
-    tcase_add_test(tc, test_clip_grad_norm);
-    tcase_add_test(tc, test_clip_grad_norm_tensor);
-    tcase_add_test(tc, test_clip_accumulates_in_double);
-    tcase_add_test(tc, test_training_decreases_loss);
-    tcase_add_test(tc, test_grad_scaler_unscaled_equal_plain);
-    tcase_add_test(tc, test_grad_scaler_skip_growth_backoff);
-    tcase_add_test(tc, test_kind_names);
-    tcase_add_test(tc, test_null_handles);
-    suite_add_tcase(s, tc);
-    return nbt_run(s);
+    const TTest *tests[] = {test_sgd_closed_form, test_sgd_reference, test_adam_closed_form,
+                             test_adam_reference, test_amsgrad_reference, test_amsgrad_nan_propagates,
+                             test_amsgrad_state, test_amsgrad_checkpoint_resume,
+                             test_adam_moment_exact_at_beta1_zero, test_skips_params_without_grad,
+                             test_zero_grad_keeps_buffers, test_flat_gradients, test_param_groups,
+                             test_construction_errors, test_state_export, test_schedules, test_clip_grad_norm,
+                             test_clip_grad_norm_tensor, test_clip_accumulates_in_double,
+                             test_training_decreases_loss, test_grad_scaler_unscaled_equal_plain,
+                             test_grad_scaler_skip_growth_backoff, test_kind_names, test_null_handles, NULL};
+    return nbt_run(nbt_suite("optim", "core", 0, tests));
 }

@@ -269,16 +269,7 @@ START_TEST(test_errors) {
 END_TEST
 
 int main(void) {
-    Suite *s = suite_create("reduce");
-    TCase *tc = tcase_create("core");
-    tcase_set_timeout(tc, 60);
-    tcase_add_test(tc, test_values);
-    tcase_add_test(tc, test_sum_to);
-    tcase_add_test(tc, test_gradcheck);
-    tcase_add_test(tc, test_max_ties_gradient_to_first);
-    tcase_add_test(tc, test_argmax);
-    tcase_add_test(tc, test_count_correct);
-    tcase_add_test(tc, test_errors);
-    suite_add_tcase(s, tc);
-    return nbt_run(s);
+    const TTest *tests[] = {test_values, test_sum_to, test_gradcheck, test_max_ties_gradient_to_first,
+                             test_argmax, test_count_correct, test_errors, NULL};
+    return nbt_run(nbt_suite("reduce", "core", 60, tests));
 }

@@ -640,25 +640,12 @@ START_TEST(test_null_tensor) {
 END_TEST
 
 int main(void) {
-    Suite *s = suite_create("tensor");
-    TCase *tc = tcase_create("core");
-    tcase_add_test(tc, test_ctx_reset_and_peak);
-    tcase_add_test(tc, test_ctx_growth_within_what_is_left);
-    tcase_add_test(tc, test_creation);
-    tcase_add_test(tc, test_creation_size_overflow);
-    tcase_add_test(tc, test_half_conversions);
-    tcase_add_test(tc, test_casts);
-    tcase_add_test(tc, test_views_share_storage);
-    tcase_add_test(tc, test_view_errors);
-    tcase_add_test(tc, test_random_streams);
-    tcase_add_test(tc, test_philox_known_answer);
-    tcase_add_test(tc, test_print);
-    tcase_add_test(tc, test_devices_without_gpu);
-    tcase_add_test(tc, test_stale_reads_and_writes);
-    tcase_add_test(tc, test_stale_inputs_every_op);
-    tcase_add_test(tc, test_stale_older_than_one_step);
-    tcase_add_test(tc, test_freed_context_tensor);
-    tcase_add_test(tc, test_null_tensor);
-    suite_add_tcase(s, tc);
-    return nbt_run(s);
+    const TTest *tests[] = {test_ctx_reset_and_peak, test_ctx_growth_within_what_is_left, test_creation,
+                             test_creation_size_overflow, test_half_conversions, test_casts,
+                             test_views_share_storage, test_view_errors, test_random_streams,
+                             test_philox_known_answer, test_print, test_devices_without_gpu,
+                             test_stale_reads_and_writes, test_stale_inputs_every_op,
+                             test_stale_older_than_one_step, test_freed_context_tensor, test_null_tensor,
+                             NULL};
+    return nbt_run(nbt_suite("tensor", "core", 0, tests));
 }
