@@ -60,6 +60,21 @@ static void expect_csv_error(const char *path, const nb_csv_options *o, nb_statu
                       sub2);
 }
 
+/* A file written with the default options that nb_dataset_open_csv refuses with
+ * NB_ERR_FORMAT, its message holding want (with %s the file's path) and sub2. */
+typedef struct csv_case {
+    const char *name, *text, *want, *sub2;
+} csv_case;
+
+static void expect_csv_cases(const csv_case *cases, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        char want[1024];
+        const char *p = write_file(cases[i].name, cases[i].text, -1);
+        snprintf(want, sizeof want, cases[i].want, p);
+        expect_csv_error(p, NULL, NB_ERR_FORMAT, want, cases[i].sub2);
+    }
+}
+
 static void expect_tokens_error_vocab(const char *pattern, int64_t T, int64_t vocab,
                                       nb_status status, const char *sub1, const char *sub2) {
     nb_dataset *ds = (nb_dataset *)1;
@@ -265,35 +280,29 @@ END_TEST
 START_TEST(test_csv_errors) {
     make_tmpdir();
     char want[1024];
-    /* ragged rows: too few and too many fields */
-    const char *p = write_file("ragged.csv", "a,b,c\n1,2,3\n4,5\n", -1);
-    snprintf(want, sizeof want, "%s:3:4: ragged row: 2 fields, but the header has 3", p);
-    expect_csv_error(p, NULL, NB_ERR_FORMAT, want, NULL);
-    p = write_file("ragged2.csv", "a,b\n1,2\n3,4\n5,6,7\n", -1);
-    snprintf(want, sizeof want, "%s:4:5: ragged row: 3 fields", p);
-    expect_csv_error(p, NULL, NB_ERR_FORMAT, want, NULL);
-    /* a non-numeric cell: line 3, byte column 5, field 2 named "b" */
-    p = write_file("text.csv", "a,b,c\n1,2,3\n4, abc,6\n", -1);
-    snprintf(want, sizeof want, "%s:3:3: field 2 (\"b\"): \"abc\" is not a number", p);
-    expect_csv_error(p, NULL, NB_ERR_FORMAT, want, NULL);
-    p = write_file("partial.csv", "a,b\n1.5x,2\n", -1);
-    snprintf(want, sizeof want, "%s:2:1: field 1 (\"a\"): \"1.5x\" is not a number", p);
-    expect_csv_error(p, NULL, NB_ERR_FORMAT, want, NULL);
-    p = write_file("emptycell.csv", "a,b\n,2\n", -1);
-    snprintf(want, sizeof want, "%s:2:1: field 1 (\"a\") is empty", p);
-    expect_csv_error(p, NULL, NB_ERR_FORMAT, want, NULL);
-    /* an empty file, blank lines only, a header without rows */
-    p = write_file("empty.csv", "", -1);
-    snprintf(want, sizeof want, "%s: empty file", p);
-    expect_csv_error(p, NULL, NB_ERR_FORMAT, want, NULL);
-    p = write_file("blank.csv", "\n  \n", -1);
-    snprintf(want, sizeof want, "%s:2: no header after 0 skipped line(s)", p);
-    expect_csv_error(p, NULL, NB_ERR_FORMAT, want, NULL);
-    p = write_file("header.csv", "a,b\n", -1);
-    snprintf(want, sizeof want, "%s:1: no data rows after the header", p);
-    expect_csv_error(p, NULL, NB_ERR_FORMAT, want, NULL);
+    static const csv_case cases[] = {
+        /* ragged rows: too few and too many fields */
+        {"ragged.csv", "a,b,c\n1,2,3\n4,5\n", "%s:3:4: ragged row: 2 fields, but the header has 3", NULL},
+        {"ragged2.csv", "a,b\n1,2\n3,4\n5,6,7\n", "%s:4:5: ragged row: 3 fields", NULL},
+        /* a non-numeric cell: line 3, byte column 5, field 2 named "b" */
+        {"text.csv", "a,b,c\n1,2,3\n4, abc,6\n", "%s:3:3: field 2 (\"b\"): \"abc\" is not a number", NULL},
+        {"partial.csv", "a,b\n1.5x,2\n", "%s:2:1: field 1 (\"a\"): \"1.5x\" is not a number", NULL},
+        {"emptycell.csv", "a,b\n,2\n", "%s:2:1: field 1 (\"a\") is empty", NULL},
+        /* an empty file, blank lines only, a header without rows */
+        {"empty.csv", "", "%s: empty file", NULL},
+        {"blank.csv", "\n  \n", "%s:2: no header after 0 skipped line(s)", NULL},
+        {"header.csv", "a,b\n", "%s:1: no data rows after the header", NULL},
+        /* a class label that is not an integer */
+        {"frac.csv", "x,y\n1,0\n2,0.5\n", "%s:3:3: field 2 (\"y\"): label 0.5 is not an integer", NULL},
+        /* a long bad field is quoted to 40 bytes */
+        {"long.csv", "x,y\n1,0\nabcdefghijabcdefghijabcdefghijabcdefghijXYZ,0\n",
+         "%s:3:1: field 1 (\"x\"): \"abcdefghijabcdefghijabcdefghijabcdefghij\" is not a number", NULL},
+        /* one column only */
+        {"one.csv", "x\n1\n", "%s:1: 1 column", "delimiter"},
+    };
+    expect_csv_cases(cases, sizeof cases / sizeof cases[0]);
     /* a missing label column, by name and by index */
-    p = write_file("nolabel.csv", "a,b,c\n1,2,3\n", -1);
+    const char *p = write_file("nolabel.csv", "a,b,c\n1,2,3\n", -1);
     nb_csv_options o = nb_csv_defaults();
     o.label = "target";
     snprintf(want, sizeof want, "%s:1: no column named \"target\" in the header", p);
@@ -305,10 +314,6 @@ START_TEST(test_csv_errors) {
     expect_csv_error(p, &o, NB_ERR_NOT_FOUND, want, NULL);
     o.label_index = -4;
     expect_csv_error(p, &o, NB_ERR_NOT_FOUND, "label column index -4", NULL);
-    /* a class label that is not an integer */
-    p = write_file("frac.csv", "x,y\n1,0\n2,0.5\n", -1);
-    snprintf(want, sizeof want, "%s:3:3: field 2 (\"y\"): label 0.5 is not an integer", p);
-    expect_csv_error(p, NULL, NB_ERR_FORMAT, want, NULL);
     /* a class label beyond max_classes (default NB_CSV_MAX_CLASSES = 2^20),
      * named where it is instead of sizing an output layer by it */
     p = write_file("huge.csv", "x,y\n1,0\n2,1048575\n3, 1000000000\n", -1);
@@ -331,16 +336,6 @@ START_TEST(test_csv_errors) {
     o.label_dtype = NB_F32;
     ck_assert_int_eq(nb_dataset_open_csv(&big, p, &o), NB_OK);
     nb_dataset_free(big);
-    /* a long bad field is quoted to 40 bytes */
-    p = write_file("long.csv", "x,y\n1,0\n"
-                   "abcdefghijabcdefghijabcdefghijabcdefghijXYZ,0\n", -1);
-    snprintf(want, sizeof want, "%s:3:1: field 1 (\"x\"): \"abcdefghijabcdefghijabcdefghijabcdefghij\" "
-             "is not a number", p);
-    expect_csv_error(p, NULL, NB_ERR_FORMAT, want, NULL);
-    /* one column only */
-    p = write_file("one.csv", "x\n1\n", -1);
-    snprintf(want, sizeof want, "%s:1: 1 column", p);
-    expect_csv_error(p, NULL, NB_ERR_FORMAT, want, "delimiter");
     /* no header: names are absent from messages, the first row sets the width */
     p = write_file("nohdr.csv", "1,2\n3\n", -1);
     o = nb_csv_defaults();
@@ -366,17 +361,16 @@ END_TEST
 START_TEST(test_csv_bad_values) {
     make_tmpdir();
     char want[1024];
-    const char *p = write_file("nan.csv", "a,b,y\n1,2,0\n3, nan,1\n", -1);
-    snprintf(want, sizeof want, "%s:3:3: field 2 (\"b\"): \"nan\" is not a finite number", p);
-    expect_csv_error(p, NULL, NB_ERR_FORMAT, want, "allow_nonfinite");
-    p = write_file("inf.csv", "a,b,y\n-inf,2,0\n", -1);
-    snprintf(want, sizeof want, "%s:2:1: field 1 (\"a\"): \"-inf\" is not a finite number", p);
-    expect_csv_error(p, NULL, NB_ERR_FORMAT, want, NULL);
-    p = write_file("huge.csv", "a,b,y\n1,2,0\n1,2,1\n5,1e400,0\n", -1);
-    snprintf(want, sizeof want, "%s:4:3: field 2 (\"b\"): \"1e400\" is not a finite number", p);
-    expect_csv_error(p, NULL, NB_ERR_FORMAT, want, NULL);
+    static const csv_case cases[] = {
+        {"nan.csv", "a,b,y\n1,2,0\n3, nan,1\n", "%s:3:3: field 2 (\"b\"): \"nan\" is not a finite number",
+         "allow_nonfinite"},
+        {"inf.csv", "a,b,y\n-inf,2,0\n", "%s:2:1: field 1 (\"a\"): \"-inf\" is not a finite number", NULL},
+        {"huge.csv", "a,b,y\n1,2,0\n1,2,1\n5,1e400,0\n", "%s:4:3: field 2 (\"b\"): \"1e400\" is not a finite number",
+         NULL},
+    };
+    expect_csv_cases(cases, sizeof cases / sizeof cases[0]);
     /* finite as a double, infinite as an f32 */
-    p = write_file("f32.csv", "a,y\n1e39,0\n", -1);
+    const char *p = write_file("f32.csv", "a,y\n1e39,0\n", -1);
     snprintf(want, sizeof want, "%s:2:1: field 1 (\"a\"): 1e39 is beyond the range of f32", p);
     expect_csv_error(p, NULL, NB_ERR_FORMAT, want, NULL);
     nb_csv_options o = nb_csv_defaults();
