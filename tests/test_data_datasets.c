@@ -996,28 +996,12 @@ END_TEST
 
 int main(void) {
     Suite *s = suite_create("data_datasets");
-    TCase *tc = tcase_create("datasets");
-    tcase_add_test(tc, test_from_tensors);
-    tcase_add_test(tc, test_csv_breast_cancer);
-    tcase_add_test(tc, test_csv_digits);
-    tcase_add_test(tc, test_csv_formats);
-    tcase_add_test(tc, test_csv_errors);
-    tcase_add_test(tc, test_csv_bad_values);
-    tcase_add_test(tc, test_csv_sample_shape);
-    tcase_add_test(tc, test_tokens);
-    tcase_add_test(tc, test_tokens_errors);
-    tcase_add_test(tc, test_tokens_vocab);
-    tcase_add_test(tc, test_tokens_shrunk_after_open);
-    tcase_add_test(tc, test_null_handles);
-    tcase_add_test(tc, test_text);
-    tcase_add_test(tc, test_split);
-    tcase_add_test(tc, test_standardize);
-    tcase_add_test(tc, test_docs_quote_the_compiled_example);
-    suite_add_tcase(s, tc);
+    nbt_suite_add(s, "datasets", 0, (const TTest *[]){test_from_tensors, test_csv_breast_cancer,
+                  test_csv_digits, test_csv_formats, test_csv_errors, test_csv_bad_values,
+                  test_csv_sample_shape, test_tokens, test_tokens_errors, test_tokens_vocab,
+                  test_tokens_shrunk_after_open, test_null_handles, test_text, test_split, test_standardize,
+                  test_docs_quote_the_compiled_example, NULL});
     /* scans 2 GiB of zero pages (under a second on an idle machine) */
-    TCase *big = tcase_create("big");
-    tcase_add_test(big, test_csv_field_beyond_int_max);
-    tcase_set_timeout(big, 60);
-    suite_add_tcase(s, big);
+    nbt_suite_add(s, "big", 60, (const TTest *[]){test_csv_field_beyond_int_max, NULL});
     return nbt_run(s);
 }

@@ -223,10 +223,8 @@ END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("dist_mismatch");
-    TCase *unit = tcase_create("headers");
-    tcase_add_test(unit, test_headers_compared);
-    tcase_add_test(unit, test_which_collectives_check);
-    suite_add_tcase(s, unit);
+    nbt_suite_add(s, "headers", 0, (const TTest *[]){test_headers_compared, test_which_collectives_check,
+                  NULL});
     if (!NABLA_HAVE_GLOO) return s;
     TCase *tc = tcase_create("mismatch");
     tcase_set_timeout(tc, 120);

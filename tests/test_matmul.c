@@ -496,26 +496,12 @@ END_TEST
 
 static Suite *matmul_suite(void) {
     Suite *s = suite_create("matmul");
-    TCase *f = tcase_create("forward");
-    tcase_add_test(f, test_2d_all_transposes);
-    tcase_add_test(f, test_f32_against_f64);
-    tcase_add_test(f, test_batched_and_broadcast);
-    tcase_add_test(f, test_large_folded);
-    tcase_add_test(f, test_noncontiguous);
-    tcase_add_test(f, test_zero_size);
-    tcase_add_test(f, test_causal_products);
-    tcase_add_test(f, test_causal_skips);
-    tcase_add_test(f, test_causal_env);
-    suite_add_tcase(s, f);
-    TCase *g = tcase_create("backward");
-    tcase_add_test(g, test_grad_2d_transposes);
-    tcase_add_test(g, test_grad_batched_broadcast);
-    tcase_add_test(g, test_grad_noncontiguous);
-    tcase_add_test(g, test_grad_shared_weight_values);
-    suite_add_tcase(s, g);
-    TCase *e = tcase_create("errors");
-    tcase_add_test(e, test_errors);
-    suite_add_tcase(s, e);
+    nbt_suite_add(s, "forward", 0, (const TTest *[]){test_2d_all_transposes, test_f32_against_f64,
+                  test_batched_and_broadcast, test_large_folded, test_noncontiguous, test_zero_size,
+                  test_causal_products, test_causal_skips, test_causal_env, NULL});
+    nbt_suite_add(s, "backward", 0, (const TTest *[]){test_grad_2d_transposes, test_grad_batched_broadcast,
+                  test_grad_noncontiguous, test_grad_shared_weight_values, NULL});
+    nbt_suite_add(s, "errors", 0, (const TTest *[]){test_errors, NULL});
     return s;
 }
 

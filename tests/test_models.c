@@ -626,28 +626,12 @@ END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("models");
-    TCase *tc = tcase_create("gpt");
-    tcase_add_test(tc, test_gpt_names);
-    tcase_add_test(tc, test_gpt_print);
-    tcase_add_test(tc, test_gpt_init);
-    tcase_add_test(tc, test_gpt_values);
-    tcase_add_test(tc, test_gpt_causal);
-    tcase_add_test(tc, test_gpt_gradcheck);
-    tcase_add_test(tc, test_gpt_loss);
-    tcase_add_test(tc, test_gpt_dropout);
-    tcase_add_test(tc, test_gpt_flops);
-    tcase_add_test(tc, test_gpt_errors);
-    suite_add_tcase(s, tc);
-    TCase *ts = tcase_create("sampling");
-    tcase_add_test(ts, test_sample_argmax_topk);
-    tcase_add_test(ts, test_sample_frequencies);
-    tcase_add_test(ts, test_generate);
-    suite_add_tcase(s, ts);
-    TCase *tk = tcase_create("classifiers");
-    tcase_add_test(tk, test_mlp);
-    tcase_add_test(tk, test_cnn);
-    tcase_add_test(tk, test_cnn_sync_bn);
-    suite_add_tcase(s, tk);
+    nbt_suite_add(s, "gpt", 0, (const TTest *[]){test_gpt_names, test_gpt_print, test_gpt_init,
+                  test_gpt_values, test_gpt_causal, test_gpt_gradcheck, test_gpt_loss, test_gpt_dropout,
+                  test_gpt_flops, test_gpt_errors, NULL});
+    nbt_suite_add(s, "sampling", 0, (const TTest *[]){test_sample_argmax_topk, test_sample_frequencies,
+                  test_generate, NULL});
+    nbt_suite_add(s, "classifiers", 0, (const TTest *[]){test_mlp, test_cnn, test_cnn_sync_bn, NULL});
     return s;
 }
 

@@ -83,14 +83,18 @@ int nbt_run(Suite *s) {
     return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }
 
-Suite *nbt_suite(const char *name, const char *tcase, double timeout_s, const TTest *const *tests) {
-    Suite *s = suite_create(name);
+void nbt_suite_add(Suite *s, const char *tcase, double timeout_s, const TTest *const *tests) {
     TCase *tc = tcase_create(tcase);
     if (timeout_s > 0)
         tcase_set_timeout(tc, timeout_s);
     for (; *tests; tests++)
         tcase_add_test(tc, *tests);
     suite_add_tcase(s, tc);
+}
+
+Suite *nbt_suite(const char *name, const char *tcase, double timeout_s, const TTest *const *tests) {
+    Suite *s = suite_create(name);
+    nbt_suite_add(s, tcase, timeout_s, tests);
     return s;
 }
 

@@ -72,6 +72,8 @@ int nbt_run(Suite *s);
 /* A suite `name` of one test case `tcase` holding `tests` (ended by NULL),
  * each test given timeout_s seconds (0: Check's default). */
 Suite *nbt_suite(const char *name, const char *tcase, double timeout_s, const TTest *const *tests);
+/* Adds to s a test case `tcase` holding `tests` (ended by NULL), as nbt_suite does. */
+void nbt_suite_add(Suite *s, const char *tcase, double timeout_s, const TTest *const *tests);
 
 /* For suites that every rank runs under nbrun (or alone, as a world of
  * one): makes the Gloo world group, calls make_suite(world), runs the
