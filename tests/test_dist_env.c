@@ -37,6 +37,11 @@ static void expect_error(const char *msg) {
     ck_assert_msg(strstr(nb_last_error(), msg) != NULL, "\"%s\" lacks \"%s\"", nb_last_error(), msg);
 }
 
+/* Sets each NAME, VALUE pair of vars (ended by NULL) in the environment. */
+static void set_vars(const char *const *vars) {
+    for (; *vars; vars += 2) setenv(vars[0], vars[1], 1);
+}
+
 START_TEST(test_no_launcher_is_a_world_of_one) {
     clear_env();
     nb_dist_env e;
@@ -149,13 +154,10 @@ END_TEST
 
 START_TEST(test_openmpi) {
     clear_env();
-    setenv("OMPI_COMM_WORLD_RANK", "3", 1);
-    setenv("OMPI_COMM_WORLD_SIZE", "4", 1);
-    setenv("OMPI_COMM_WORLD_LOCAL_RANK", "1", 1);
-    setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "2", 1);
-    setenv("MASTER_ADDR", "node0", 1);
-    setenv("MASTER_PORT", "1234", 1);
-    setenv("PMIX_NAMESPACE", "prterun-node0-42@1", 1);
+    set_vars((const char *const[]){"OMPI_COMM_WORLD_RANK", "3", "OMPI_COMM_WORLD_SIZE", "4",
+                                    "OMPI_COMM_WORLD_LOCAL_RANK", "1", "OMPI_COMM_WORLD_LOCAL_SIZE", "2",
+                                    "MASTER_ADDR", "node0", "MASTER_PORT", "1234",
+                                    "PMIX_NAMESPACE", "prterun-node0-42@1", NULL});
     nb_dist_env e;
     ck_assert_int_eq(nb_dist_env_read(&e), NB_OK);
     ck_assert_str_eq(e.source, "OpenMPI");
@@ -171,15 +173,10 @@ END_TEST
 
 START_TEST(test_slurm) {
     clear_env();
-    setenv("SLURM_PROCID", "6", 1);
-    setenv("SLURM_NTASKS", "7", 1);
-    setenv("SLURM_LOCALID", "0", 1);
-    setenv("SLURM_NODEID", "3", 1);
-    setenv("SLURM_TASKS_PER_NODE", "2(x3),1", 1);
-    setenv("SLURM_JOB_ID", "777", 1);
-    setenv("SLURM_STEP_ID", "2", 1);
-    setenv("MASTER_ADDR", "node0", 1);
-    setenv("MASTER_PORT", "1234", 1);
+    set_vars((const char *const[]){"SLURM_PROCID", "6", "SLURM_NTASKS", "7", "SLURM_LOCALID", "0",
+                                    "SLURM_NODEID", "3", "SLURM_TASKS_PER_NODE", "2(x3),1",
+                                    "SLURM_JOB_ID", "777", "SLURM_STEP_ID", "2", "MASTER_ADDR", "node0",
+                                    "MASTER_PORT", "1234", NULL});
     nb_dist_env e;
     ck_assert_int_eq(nb_dist_env_read(&e), NB_OK);
     ck_assert_str_eq(e.source, "Slurm");
@@ -187,9 +184,7 @@ START_TEST(test_slurm) {
     ck_assert_int_eq(e.world_size, 7);
     ck_assert_int_eq(e.local_world_size, 1);
     ck_assert_str_eq(e.run_id, "slurm-777.2");
-    setenv("SLURM_NODEID", "1", 1);
-    setenv("SLURM_PROCID", "3", 1);
-    setenv("SLURM_LOCALID", "1", 1);
+    set_vars((const char *const[]){"SLURM_NODEID", "1", "SLURM_PROCID", "3", "SLURM_LOCALID", "1", NULL});
     ck_assert_int_eq(nb_dist_env_read(&e), NB_OK);
     ck_assert_int_eq(e.local_world_size, 2);
     setenv("SLURM_NODEID", "4", 1);
