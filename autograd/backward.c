@@ -185,7 +185,7 @@ void nb__grad_flat_reserve(nb_tensor *const *ts, int n) {
     int nf = 0;
     for (int i = n - 1; i >= 0; i--) {
         nb_tensor *t = ts[i];
-        if (!t || !t->requires_grad || t->node || t->grad || t->grad_slot || nb_numel(t) == 0)
+        if (!t || !t->requires_grad || t->node || t->grad || t->priv->grad_slot || nb_numel(t) == 0)
             continue;
         nb__grad_flat *f = NULL;
         for (int k = 0; k < nf && !f; k++)
@@ -202,13 +202,13 @@ void nb__grad_flat_reserve(nb_tensor *const *ts, int n) {
         s->offset = (f->numel + align - 1) / align * align;
         f->numel = s->offset + nb_numel(t);
         f->n_slots++;
-        t->grad_slot = s;
+        t->priv->grad_slot = s;
     }
 }
 
 /* t's slot, the buffer made at the first gradient of any of its parameters */
 static nb_tensor *slot_grad(nb_tensor *t) {
-    nb__grad_slot *s = t->grad_slot;
+    nb__grad_slot *s = t->priv->grad_slot;
     nb__grad_flat *f = s->flat;
     if (!f->buf) {
         f->buf = nb__empty(f->ctx, f->dtype, 1, &f->numel);
@@ -221,7 +221,7 @@ static nb_tensor *slot_grad(nb_tensor *t) {
 }
 
 nb__grad_flat *nb__grad_in_flat(const nb_tensor *t) {
-    const nb__grad_slot *s = t->grad_slot;
+    const nb__grad_slot *s = t->priv->grad_slot;
     if (!s || !s->flat->buf || !t->grad || !nb_is_contiguous(t->grad)) return NULL;
     const char *at = (const char *)s->flat->buf->data + s->offset * (int64_t)nb_dtype_size(s->flat->dtype);
     return t->grad->data == at && t->grad->dtype == s->flat->dtype ? s->flat : NULL;
@@ -237,15 +237,15 @@ void nb__accum_grad(nb_ctx *ctx, nb_tensor *t, nb_tensor *g) {
     if (storage_half(g) && !nb_same_shape(g, t)) g = as_f32(ctx, g); /* summed in f32 */
     g = nb__sum_to(ctx, g, t->ndim, t->shape);
     if (storage_half(t) && t->grad) { /* a second contribution */
-        if (t->node == NULL || t->grad_owned) {
+        if (t->node == NULL || t->priv->grad_owned) {
             add_half(ctx, t->grad, t->grad, g);
         } else { /* Note [Adopted gradients] */
             nb_tensor *sum = nb__empty(ctx, t->dtype, t->ndim, t->shape);
             add_half(ctx, sum, t->grad, g);
             nb__set_grad(t, sum);
-            t->grad_owned = true;
+            t->priv->grad_owned = true;
         }
-        if (t->node == NULL) t->bw_seen = true;
+        if (t->node == NULL) t->priv->bw_seen = true;
         return;
     }
     if (g->dtype != t->dtype) {
@@ -255,32 +255,32 @@ void nb__accum_grad(nb_ctx *ctx, nb_tensor *t, nb_tensor *g) {
     }
     if (t->node == NULL) {
         if (!t->grad) { /* the first gradient: a copy, not zeros plus an add */
-            t->grad = t->grad_slot ? slot_grad(t) : nb__empty(t->ctx, t->dtype, t->ndim, t->shape);
+            t->grad = t->priv->grad_slot ? slot_grad(t) : nb__empty(t->ctx, t->dtype, t->ndim, t->shape);
             nb__keep(t->grad); /* a leaf's gradient is never given back */
             nb__run_copy(t->grad, g);
         } else {
             nb__run_binary(NB_B_ADD, t->grad, t->grad, g);
         }
-        t->bw_seen = true;
+        t->priv->bw_seen = true;
         return;
     }
     /* Note [Adopted gradients] */
     if (!t->grad) {
         if (nb_is_contiguous(g) && nb_device_eq(g->device, t->device)) {
             nb__set_grad(t, g);
-            t->grad_owned = false;
+            t->priv->grad_owned = false;
         } else {
             nb__set_grad(t, nb__empty(ctx, t->dtype, t->ndim, t->shape));
             nb__run_copy(t->grad, g);
-            t->grad_owned = true;
+            t->priv->grad_owned = true;
         }
-    } else if (t->grad_owned) {
+    } else if (t->priv->grad_owned) {
         nb__run_binary(NB_B_ADD, t->grad, t->grad, g);
     } else {
         nb_tensor *sum = nb__empty(ctx, t->dtype, t->ndim, t->shape);
         nb__run_binary(NB_B_ADD, sum, t->grad, g);
         nb__set_grad(t, sum);
-        t->grad_owned = true;
+        t->priv->grad_owned = true;
     }
 }
 
@@ -296,33 +296,33 @@ nb_tensor *nb__leaf_grad_target(nb_tensor *t, nb_dtype dt) {
     if (!t->requires_grad || t->node || !g || g->dtype != t->dtype || !nb_is_contiguous(g) ||
         !nb_device_eq(g->device, t->device) || !nb_same_shape(g, t))
         return NULL;
-    t->bw_seen = true;
+    t->priv->bw_seen = true;
     return g;
 }
 
 nb_tensor *nb__grad_to_update(nb_ctx *ctx, nb_tensor *t) {
     if (!t->grad) {
         nb__set_grad(t, nb_zeros(ctx, t->dtype, t->ndim, t->shape));
-    } else if (!t->grad_owned) { /* Note [Adopted gradients]: copy before writing */
+    } else if (!t->priv->grad_owned) { /* Note [Adopted gradients]: copy before writing */
         nb_tensor *own = nb__empty(ctx, t->dtype, t->ndim, t->shape);
         nb__run_copy(own, t->grad);
         nb__set_grad(t, own);
     }
-    t->grad_owned = true;
+    t->priv->grad_owned = true;
     return t->grad;
 }
 
 static void fire_hooks(nb_tensor *leaf) {
-    for (nb_hook *h = leaf->hooks; h; h = h->next) h->fn(leaf, h->user);
+    for (nb_hook *h = leaf->priv->hooks; h; h = h->next) h->fn(leaf, h->user);
 }
 
 static void leaf_used(nb_tensor *x, uint64_t id) {
-    if (x->bw_id != id) {
-        x->bw_id = id;
-        x->bw_pending = 0;
-        x->bw_seen = false;
+    if (x->priv->bw_id != id) {
+        x->priv->bw_id = id;
+        x->priv->bw_pending = 0;
+        x->priv->bw_seen = false;
     }
-    x->bw_pending++;
+    x->priv->bw_pending++;
 }
 
 /* A tensor whose data the backward does not read may have been given back
@@ -330,7 +330,7 @@ static void leaf_used(nb_tensor *x, uint64_t id) {
 static void check_graph_tensor(const nb_tensor *x, bool read) {
     if (!x) return;
     if (read) nb__check_live("nb_backward", x);
-    else if (NB__RELEASED(x) || (x->ctx && x->gen != nb__ctx_gen(x->ctx)))
+    else if (NB__RELEASED(x) || (x->ctx && x->priv->gen != nb__ctx_gen(x->ctx)))
         nb__stale_abort("nb_backward", x);
 }
 
@@ -340,6 +340,8 @@ void nb_backward_ex(nb_tensor *out, const nb_backward_options *opts) {
     nb_backward_options o = opts ? *opts : NB_BACKWARD_DEFAULTS;
     nb__check_live("nb_backward", out);
     nb_tensor seed = {0};
+    nb__tensor_priv seed_priv = {0}; /* Note [Tensor bookkeeping] */
+    seed.priv = &seed_priv;
     double one = 1.0;
     if (!o.grad) {
         NB_CHECK(nb_numel(out) == 1,
@@ -415,7 +417,7 @@ static void walk(nb_tensor *out, nb_tensor *grad_out, bool retain_graph, bool in
     bool prev = nb_set_grad_enabled(false);
     nb__set_grad(out, nb__empty(ctx, out->dtype, out->ndim, out->shape));
     nb__run_copy(out->grad, grad_out);
-    out->grad_owned = true;
+    out->priv->grad_owned = true;
     for (nb_node *n = start; n; n = n->prev) { /* pass 2 */
         if (n->bw_id != id) continue;
         if (n->out->grad) {
@@ -426,13 +428,13 @@ static void walk(nb_tensor *out, nb_tensor *grad_out, bool retain_graph, bool in
         for (int i = 0; i < n->n_in && !inner; i++) {
             nb_tensor *x = n->in[i];
             if (!x || !x->requires_grad || x->node) continue;
-            if (--x->bw_pending == 0 && x->bw_seen) fire_hooks(x);
+            if (--x->priv->bw_pending == 0 && x->priv->bw_seen) fire_hooks(x);
         }
         n->bw_id = 0;
         n->walked = !retain_graph;
         /* Note [Memory given back]: the library's gradients always go (as
          * PyTorch's non-leaf ones do), what the tape saved unless retained */
-        if (n->out->mem && n->out->mem->library) nb__drop_grad(n->out);
+        if (n->out->priv->mem && n->out->priv->mem->library) nb__drop_grad(n->out);
         if (!retain_graph) nb__node_release(n);
     }
     nb_set_grad_enabled(prev);
@@ -459,13 +461,13 @@ void nb_add_grad_hook(nb_tensor *leaf, nb_grad_hook_fn fn, void *user) {
     nb_hook *h = nb__ctx_meta(leaf->ctx, sizeof *h);
     h->fn = fn;
     h->user = user;
-    nb_hook **p = &leaf->hooks;
+    nb_hook **p = &leaf->priv->hooks;
     while (*p) p = &(*p)->next;
     *p = h;
 }
 
 bool nb_remove_grad_hook(nb_tensor *leaf, nb_grad_hook_fn fn, void *user) {
-    for (nb_hook **p = &leaf->hooks; *p; p = &(*p)->next)
+    for (nb_hook **p = &leaf->priv->hooks; *p; p = &(*p)->next)
         if ((*p)->fn == fn && (*p)->user == user) {
             *p = (*p)->next; /* the record stays in the context's arena */
             return true;
@@ -512,5 +514,5 @@ void nb_set_grad(nb_tensor *t, nb_tensor *grad) {
              nb_dtype_name(t->dtype), nb_shape_str(t));
     if (t->node) nb__set_grad(t, grad);
     else t->grad = grad;
-    t->grad_owned = false;
+    t->priv->grad_owned = false;
 }

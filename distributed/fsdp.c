@@ -160,7 +160,7 @@ static nb_tensor *flat_view(nb_ctx *ctx, nb_tensor *t, int64_t start, int64_t le
 }
 
 static bool live(const unit *u, const nb_tensor *t) {
-    return t && u->sctx && nb__ctx_gen(u->sctx) == u->sgen && !(t->mem && t->mem->given_back);
+    return t && u->sctx && nb__ctx_gen(u->sctx) == u->sgen && !(t->priv->mem && t->priv->mem->given_back);
 }
 
 /* ---- failures: kept until the forward or backward returns them ---- */
@@ -189,7 +189,7 @@ static void finish_work(nb_fsdp *f, nb_work *w) {
 static void param_release(param_info *pi) {
     pi->t->data = NULL;
     pi->rec.given_back = true;
-    pi->t->mem = &pi->rec;
+    pi->t->priv->mem = &pi->rec;
 }
 
 /* The parameter's values at `data`. */
@@ -197,7 +197,7 @@ static void param_at(param_info *pi, void *data) {
     pi->t->data = data;
     pi->rec.data = data;
     pi->rec.given_back = false;
-    pi->t->mem = &pi->rec;
+    pi->t->priv->mem = &pi->rec;
 }
 
 /* Gives back the parameters' memory from nb_fsdp_gather_full. */
@@ -640,7 +640,7 @@ void nb_fsdp_free(nb_fsdp *f) {
         param_info *pi = &f->p[i];
         if (pi->whole) { /* the parameter keeps that memory */
             pi->t->data = pi->whole->data;
-            pi->t->mem = pi->whole->mem;
+            pi->t->priv->mem = pi->whole->priv->mem;
         }
     }
     if (f->opt) {

@@ -493,7 +493,7 @@ enum { MAX_FLATS = 16 };
 static int whole_flats(nb_optim *opt, nb__grad_flat **flats) {
     int count[MAX_FLATS] = {0}, nf = 0, nw = 0;
     for (int i = 0; i < opt->n_params; i++) {
-        const nb__grad_slot *s = opt->params[i].param->grad_slot;
+        const nb__grad_slot *s = opt->params[i].param->priv->grad_slot;
         nb__grad_flat *f = s && s->flat->buf ? s->flat : NULL;
         if (!f) continue;
         int k = 0;

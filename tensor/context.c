@@ -530,14 +530,14 @@ static bool in_arena(const arena *a, const void *p) {
 /* Note [Memory given back] in tensor/memory.c: the struct is intact (this
  * step's), its storage's memory was reused. */
 static NB_NORETURN void nb__given_back_abort(const char *op, const nb_tensor *t) {
-    if (t->mem->sharded)
+    if (t->priv->mem->sharded)
         nb_abort(__FILE__, __LINE__,
                  "%s: parameter%s%s%s %s %s is sharded over the ranks (ZeRO-3, nb_fsdp_new): its "
                  "values exist only inside its unit's forward and backward; call "
                  "nb_fsdp_gather_full() to have every parameter whole until the next forward "
                  "(docs/ddp.md, \"ZeRO-3\")", op, t->name ? " '" : "", t->name ? t->name : "",
                  t->name ? "'" : "", nb_dtype_name(t->dtype), nb_shape_str(t));
-    const nb_tensor *made = t->mem->t;
+    const nb_tensor *made = t->priv->mem->t;
     const char *by = made->node ? made->node->op : t->node ? t->node->op : NULL;
     nb_abort(__FILE__, __LINE__,
              "%s: tensor%s%s%s %s %s%s%s was given back to its context during the step (the "
@@ -567,8 +567,8 @@ void nb__stale_abort(const char *op, const nb_tensor *t) {
         "a tensor lives until the next nb_ctx_reset of its context: read what you keep "
         "across steps out before the reset (nb_item, nb_to_host) or nb_copy_ it into a "
         "tensor of a context that is not reset";
-    if (!NB__RELEASED(t) && t->ctx && t->gen == nb__ctx_gen(t->ctx) && t->mem &&
-        t->mem->given_back)
+    if (!NB__RELEASED(t) && t->ctx && t->priv->gen == nb__ctx_gen(t->ctx) && t->priv->mem &&
+        t->priv->mem->given_back)
         nb__given_back_abort(op, t);
     if (NB__RELEASED(t))
         nb_abort(__FILE__, __LINE__,
@@ -576,8 +576,8 @@ void nb__stale_abort(const char *op, const nb_tensor *t) {
                  "released by an nb_ctx_reset or nb_ctx_free of its context); %s", op, advice);
     const nb_ctx *ctx = t->ctx;
     /* Note [Freed contexts] */
-    if (ctx->freed || (int32_t)(t->gen - ctx->born_gen) < 0) {
-        bool intact = ctx->freed && ctx->meta_kept && in_arena(&ctx->meta[t->gen & 1], t);
+    if (ctx->freed || (int32_t)(t->priv->gen - ctx->born_gen) < 0) {
+        bool intact = ctx->freed && ctx->meta_kept && in_arena(&ctx->meta[t->priv->gen & 1], t);
         if (intact)
             nb_abort(__FILE__, __LINE__,
                      "%s: tensor%s%s%s %s %s belongs to a context that was freed (nb_ctx_free): "
@@ -588,7 +588,7 @@ void nb__stale_abort(const char *op, const nb_tensor *t) {
                  "%s: a tensor of a context that was freed (nb_ctx_free) was used: its memory is "
                  "gone%s; %s", op, ctx->freed ? "" : " (another context now uses it)", advice);
     }
-    if (ctx->head.gen - t->gen == 1 && in_arena(&ctx->meta[t->gen & 1], t))
+    if (ctx->head.gen - t->priv->gen == 1 && in_arena(&ctx->meta[t->priv->gen & 1], t))
         nb_abort(__FILE__, __LINE__,
                  "%s: tensor%s%s%s %s %s was made before a reset of its context (it belongs "
                  "to the step before the last nb_ctx_reset, whose memory the current step "

@@ -20,6 +20,27 @@
 extern "C" { /* the CUDA backend's .cu files include this header */
 #endif
 
+/* Note [Tensor bookkeeping]
+ * What the library keeps about a tensor beside its public fields: made
+ * with the tensor, in the same allocation of the context's metadata
+ * (nb__empty, nb__view: no allocation of its own), and reached through
+ * t->priv, an opaque pointer in the public struct (include/nabla/tensor.h
+ * shows none of it). A copy of the struct shares its original's part, so
+ * it is as live or stale as the original; a tensor struct the library
+ * makes on the stack from nothing (a host view of a buffer, backward's
+ * seed) has a context of NULL, which nb__check_live never looks past. */
+typedef struct nb__tensor_priv {
+    nb_hook *hooks;      /* gradient-ready hooks (leaves) */
+    uint64_t bw_id;      /* the backward that last counted its uses */
+    int64_t bw_pending;  /* uses left in that backward */
+    bool bw_seen;
+    bool grad_owned;     /* grad was made for this tensor alone: may be added into */
+    bool grad_held;      /* holds a reference on grad's storage: Note [Memory given back] */
+    uint32_t gen;        /* ctx's generation when made: Note [Stale tensors] */
+    struct nb__mem *mem; /* its storage's record (shared by views), or NULL */
+    struct nb__grad_slot *grad_slot; /* where its first gradient goes: Note [Flat gradients] */
+} nb__tensor_priv;
+
 /* Marks an internal function the CUDA plugin calls: libnabla.so exports it
  * beside the public NB_API surface (include/nabla/api.h); the list stays
  * short (tests/test_exports.py). */
@@ -181,15 +202,15 @@ static inline uint32_t nb__ctx_gen(const nb_ctx *ctx) {
 #endif
 #ifdef NB__ASAN
 int __asan_address_is_poisoned(void const volatile *addr);
-#define NB__RELEASED(t) __asan_address_is_poisoned(&(t)->gen) /* freed by a reset */
+#define NB__RELEASED(t) __asan_address_is_poisoned(&(t)->dtype) /* freed by a reset */
 #else
 #define NB__RELEASED(t) 0
 #endif
 NB_NORETURN void nb__stale_abort(const char *op, const nb_tensor *t);
 static inline void nb__check_live(const char *op, const nb_tensor *t) {
     if (!t) nb__stale_abort(op, t); /* says NULL */
-    if (NB__RELEASED(t) || (t->ctx && (t->gen != nb__ctx_gen(t->ctx) ||
-                                       (t->mem && t->mem->given_back))))
+    if (NB__RELEASED(t) || (t->ctx && (t->priv->gen != nb__ctx_gen(t->ctx) ||
+                                       (t->priv->mem && t->priv->mem->given_back))))
         nb__stale_abort(op, t);
 }
 

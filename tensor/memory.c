@@ -84,7 +84,7 @@ void nb__mem_new(nb_ctx *ctx, nb_tensor *t, size_t bytes) {
     m->t = t;
     m->data = t->data;
     m->bytes = bytes;
-    t->mem = m;
+    t->priv->mem = m;
     frame *f = n_frames ? &frames[n_frames - 1] : NULL;
     if (f && f->ctx == ctx) {
         m->library = true;
@@ -104,30 +104,30 @@ static void mem_drop(nb__mem *m) {
 }
 
 void nb__keep(nb_tensor *t) {
-    if (t->mem) t->mem->library = false;
+    if (t->priv->mem) t->priv->mem->library = false;
 }
 
 void nb__give_back_now(nb_tensor *t) {
-    nb__mem *m = t->mem;
+    nb__mem *m = t->priv->mem;
     if (m && !m->given_back) give_back(m); /* a frame that closes later keeps it: not the library's */
 }
 
 void nb__mem_internal(nb_node *n, nb_tensor *t) {
-    nb__mem *m = t ? t->mem : NULL;
+    nb__mem *m = t ? t->priv->mem : NULL;
     if (!m || m->library) return;
-    if (n->out && n->out->mem == m) return;
+    if (n->out && n->out->priv->mem == m) return;
     for (int i = 0; i < n->n_in; i++)
-        if (n->in[i] && n->in[i]->mem == m) return;
+        if (n->in[i] && n->in[i]->priv->mem == m) return;
     m->library = true; /* made by the op for its backward: no user has it */
 }
 
 static void node_refs(nb_node *n, void (*fn)(nb__mem *)) {
-    if (n->reads & NB__READS_OUT) fn(n->out->mem);
+    if (n->reads & NB__READS_OUT) fn(n->out->priv->mem);
     if (n->reads & NB__READS_IN)
         for (int i = 0; i < n->n_in; i++)
-            if (n->in[i]) fn(n->in[i]->mem);
+            if (n->in[i]) fn(n->in[i]->priv->mem);
     for (int k = 0; k < NB_NODE_SAVED; k++)
-        if (n->saved[k]) fn(n->saved[k]->mem);
+        if (n->saved[k]) fn(n->saved[k]->priv->mem);
 }
 
 void nb__node_acquire(nb_node *n) {
@@ -147,7 +147,7 @@ static _Thread_local int counted;
 static void count_ref(nb__mem *m) { counted += m && m == counting; }
 
 nb_tensor *nb__reuse_for_grad(nb_ctx *ctx, nb_node *n, nb_tensor *t) {
-    nb__mem *m = t->mem;
+    nb__mem *m = t->priv->mem;
     size_t bytes = (size_t)nb_numel(t) * nb_dtype_size(t->dtype);
     if (!m || !m->library || m->scoped || m->given_back || n->refs != NB__REFS_HELD ||
         m->t->ctx != ctx || !nb_is_contiguous(t) || t->data != m->data || bytes != m->bytes)
@@ -158,7 +158,7 @@ nb_tensor *nb__reuse_for_grad(nb_ctx *ctx, nb_node *n, nb_tensor *t) {
     if (m->refs != counted) return NULL; /* some other node still reads it */
     nb_tensor *g = nb__view(ctx, t, t->ndim, t->shape, t->strides, t->data);
     g->base = NULL;
-    g->mem = NULL;
+    g->priv->mem = NULL;
     g->requires_grad = false;
     g->node = NULL;
     nb__mem_new(ctx, g, bytes); /* the storage's new record: the gradient's */
@@ -167,17 +167,17 @@ nb_tensor *nb__reuse_for_grad(nb_ctx *ctx, nb_node *n, nb_tensor *t) {
 }
 
 void nb__set_grad(nb_tensor *t, nb_tensor *g) {
-    nb__mem *old = t->grad_held && t->grad ? t->grad->mem : NULL;
+    nb__mem *old = t->priv->grad_held && t->grad ? t->grad->priv->mem : NULL;
     t->grad = g;
-    t->grad_held = g && g->mem;
-    if (t->grad_held) mem_hold(g->mem);
+    t->priv->grad_held = g && g->priv->mem;
+    if (t->priv->grad_held) mem_hold(g->priv->mem);
     mem_drop(old);
 }
 
 void nb__drop_grad(nb_tensor *t) {
-    if (!t->grad_held) return;
-    t->grad_held = false;
-    mem_drop(t->grad->mem);
+    if (!t->priv->grad_held) return;
+    t->priv->grad_held = false;
+    mem_drop(t->grad->priv->mem);
 }
 
 static void open_frame(nb_ctx *ctx, bool window) {
@@ -215,7 +215,7 @@ void nb__scope_exit(nb_ctx *ctx, nb_tensor *ret) {
              "nb_module_forward: internal error: unbalanced forward scopes");
     frame *f = &frames[n_frames - 1];
     for (nb_node *n = nb__ctx_tape(ctx); n && n != f->mark; n = n->prev) nb__node_acquire(n);
-    close_frame(f, scope_survivor, ret ? ret->mem : NULL);
+    close_frame(f, scope_survivor, ret ? ret->priv->mem : NULL);
 }
 
 void nb__window_open(nb_ctx *ctx) { open_frame(ctx, true); }

@@ -251,7 +251,7 @@ static void linear_gelu_backward(nb_ctx *ctx, nb_node *node, nb_tensor *g) {
  * nb__linear_gelu, this backward's only use of it, and has no gradient. */
 static nb_tensor *gelu_pre_of(const nb_tensor *x) {
     const nb_node *n = x->node;
-    if (!n || n->backward != linear_gelu_backward || x->grad || x->bw_pending != 1 ||
+    if (!n || n->backward != linear_gelu_backward || x->grad || x->priv->bw_pending != 1 ||
         !epilogues_on(x))
         return NULL;
     nb_tensor *pre = n->saved[0];

@@ -217,17 +217,28 @@ nb_tensor *nb__empty(nb_ctx *ctx, nb_dtype dtype, int ndim, const int64_t *shape
     return empty_named("nb_empty", ctx, dtype, ndim, shape);
 }
 
+/* A zeroed tensor struct and its bookkeeping, in one allocation of ctx's
+ * metadata (Note [Tensor bookkeeping] in tensor/internal.h). */
+static nb_tensor *new_tensor(nb_ctx *ctx) {
+    struct both {
+        nb_tensor t;
+        nb__tensor_priv p;
+    } *b = nb__ctx_meta(ctx, sizeof *b);
+    b->t.priv = &b->p;
+    return &b->t;
+}
+
 static nb_tensor *empty_named(const char *op, nb_ctx *ctx, nb_dtype dtype, int ndim,
                               const int64_t *shape) {
     check_shape(op, dtype, ndim, shape);
-    nb_tensor *t = nb__ctx_meta(ctx, sizeof *t);
+    nb_tensor *t = new_tensor(ctx);
     t->dtype = dtype;
     t->device = nb_ctx_device(ctx);
     t->ndim = ndim;
     for (int d = 0; d < ndim; d++) t->shape[d] = shape[d];
     nb__contig_strides(ndim, t->shape, t->strides);
     t->ctx = ctx;
-    t->gen = nb__ctx_gen(ctx);
+    t->priv->gen = nb__ctx_gen(ctx);
     size_t bytes = (size_t)nb__numel_shape(ndim, shape) * nb_dtype_size(dtype);
     t->data = nb_ctx_alloc(ctx, bytes, 0);
     nb__backend_at(t)->poison(t->device.index, t->data, bytes);
@@ -262,7 +273,7 @@ void nb__run_copy(nb_tensor *dst, const nb_tensor *src) {
 
 nb_tensor *nb__view(nb_ctx *ctx, nb_tensor *src, int ndim, const int64_t *shape,
                     const int64_t *strides, void *data) {
-    nb_tensor *t = nb__ctx_meta(ctx, sizeof *t);
+    nb_tensor *t = new_tensor(ctx);
     t->dtype = src->dtype;
     t->device = src->device;
     t->ndim = ndim;
@@ -273,8 +284,8 @@ nb_tensor *nb__view(nb_ctx *ctx, nb_tensor *src, int ndim, const int64_t *shape,
     t->data = data;
     t->base = src->base ? src->base : src;
     t->ctx = ctx;
-    t->gen = nb__ctx_gen(ctx);
-    t->mem = src->mem;
+    t->priv->gen = nb__ctx_gen(ctx);
+    t->priv->mem = src->priv->mem;
     return t;
 }
 

@@ -7,6 +7,10 @@
 - The library exports no other nb_/nb__ symbol, except the internals
   marked NB_PLUGIN_API in the internal headers (the CUDA plugin's short
   list, at most 40), each of which is exported.
+- The public tensor struct shows no private field: its members are the
+  public ones listed here and `priv`, the opaque pointer to the library's
+  bookkeeping (Note [Tensor bookkeeping] in tensor/internal.h). A new
+  member is a decision about the public interface: add it here too.
 """
 import glob
 import os
@@ -19,6 +23,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _programs import BUILD, SOURCE, fail, skip  # noqa: E402
 
 PLUGIN_MAX = 40
+TENSOR_FIELDS = ["dtype", "device", "ndim", "shape", "strides", "data", "base", "ctx", "name",
+                 "requires_grad", "grad", "node", "priv"]
 INTERNAL_DIRS = ("tensor", "tensor/cuda", "tensor/cpu", "distributed", "autograd", "nn", "optim",
                  "checkpoint", "data", "models", "monitor", "util")
 
@@ -77,7 +83,21 @@ def exported(lib):
     return {line.split()[-1] for line in p.stdout.splitlines() if len(line.split()) >= 3}
 
 
+def tensor_fields():
+    text = code_of(open(os.path.join(SOURCE, "include", "nabla", "tensor.h")).read())
+    m = re.search(r"struct nb_tensor \{(.*?)\};", text, flags=re.S)
+    if not m:
+        fail("include/nabla/tensor.h: no struct nb_tensor { ... }: fix this test")
+    return [re.search(r"(\w+)\s*(?:\[[^\]]*\])?\s*$", d).group(1)
+            for d in m.group(1).split(";") if d.strip()]
+
+
 def main():
+    fields = tensor_fields()
+    if fields != TENSOR_FIELDS:
+        fail("struct nb_tensor (include/nabla/tensor.h) has the members %s, not %s: the library's "
+             "own bookkeeping goes behind priv (struct nb__tensor_priv, tensor/internal.h)"
+             % (", ".join(fields), ", ".join(TENSOR_FIELDS)))
     public = {}
     for path in sorted(glob.glob(os.path.join(SOURCE, "include", "nabla", "*.h"))):
         for name, marks in declared(open(path).read()):

@@ -575,7 +575,9 @@ START_TEST(test_stale_older_than_one_step) {
     NBT_EXPECT_ABORT(nb_item(nb_sum_all(step, y)), "nb_sum: tensor f32 (3,) " STALE);
     /* a generation that matches nothing: the contents are not trusted */
     nb_tensor fake = *y;
-    fake.gen -= 1; /* older than the previous step, not older than the context */
+    nb__tensor_priv fake_priv = *y->priv; /* a copy shares y's: its own, older */
+    fake.priv = &fake_priv;
+    fake_priv.gen -= 1; /* older than the previous step, not older than the context */
     NBT_EXPECT_ABORT(nb_get(&fake, (int64_t[]){0}),
                      "nb_get: a tensor made before a reset of its context was used (more than one "
                      "reset ago: its name and shape are gone)");

@@ -39,17 +39,7 @@ struct nb_tensor {
     bool requires_grad;
     nb_tensor *grad;              /* accumulated gradient (leaves), last gradient (others) */
     nb_node *node;                /* the op that made it; NULL for leaves */
-
-    /* Autograd bookkeeping; internal. */
-    nb_hook *hooks;
-    uint64_t bw_id;
-    int64_t bw_pending;
-    bool bw_seen;
-    bool grad_owned; /* grad was made for this tensor alone: may be added into */
-    uint32_t gen;    /* ctx's generation when made: Note [Stale tensors] */
-    bool grad_held;  /* holds a reference on grad's storage: Note [Memory given back] */
-    struct nb__mem *mem; /* its storage's record (shared by views), or NULL */
-    struct nb__grad_slot *grad_slot; /* where its first gradient goes: Note [Flat gradients] */
+    struct nb__tensor_priv *priv; /* the library's bookkeeping: not for programs */
 };
 
 /* A tensor with a PyTorch-style dotted name ("blocks.0.attn.qkv.weight"):
