@@ -192,3 +192,12 @@ def state_bytes(out):
     if not m:
         fail("no state_bytes= on the memory line:\n" + out)
     return int(m.group(1))
+
+
+def optimizer_state(out):
+    """(bytes, sharded) from a training program's "optimizer state per process:" line:
+    the bytes one process holds, and whether the line names ZeRO-1."""
+    for line in out.splitlines():
+        if "optimizer state per process: " in line:
+            return int(line.split("optimizer state per process: ")[1].split()[0]), "(ZeRO-1)" in line
+    fail("no optimizer-state line in:\n" + out)

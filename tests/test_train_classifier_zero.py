@@ -19,7 +19,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _programs import fail, run, same_training_state  # noqa: E402
+from _programs import fail, optimizer_state, run, same_training_state  # noqa: E402
 
 
 def train(tmp, name, model, epochs, extra):
@@ -29,19 +29,12 @@ def train(tmp, name, model, epochs, extra):
     return d + "/ckpt.safetensors", out
 
 
-def state_bytes(out):
-    for line in out.splitlines():
-        if "optimizer state per process: " in line:
-            return int(line.split("optimizer state per process: ")[1].split()[0]), "(ZeRO-1)" in line
-    fail("no optimizer-state line in:\n" + out)
-
-
 def main():
     with tempfile.TemporaryDirectory(prefix="nb_test_train_classifier_zero_") as tmp:
         plain, out_p = train(tmp, "plain", "mlp", 3, [])
         plain_mlp = plain
         zero, out_z = train(tmp, "zero", "mlp", 3, ["--zero"])
-        (bp, zp), (bz, zz) = state_bytes(out_p), state_bytes(out_z)
+        (bp, zp), (bz, zz) = optimizer_state(out_p), optimizer_state(out_z)
         # two ranks: half the state each, up to one padding element per bucket
         if zp or not zz or not (bp / 2 <= bz <= bp / 2 + 64):
             fail("optimizer state per process: %d bytes plain, %d with --zero (expected half)" % (bp, bz))

@@ -17,7 +17,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _programs import fail, logged_losses, run, same_training_state  # noqa: E402
+from _programs import fail, logged_losses, optimizer_state, run, same_training_state  # noqa: E402
 
 SMALL = ["--layers", "2", "--heads", "2", "--width", "32", "--seq-len", "32", "--batch-size", "4",
          "--dropout", "0.1", "--grad-accum", "2", "--warmup", "4", "--eval-interval", "8",
@@ -31,18 +31,11 @@ def train(tmp, name, extra):
     return d, out
 
 
-def state_bytes(out):
-    for line in out.splitlines():
-        if "optimizer state per process: " in line:
-            return int(line.split("optimizer state per process: ")[1].split()[0]), "(ZeRO-1)" in line
-    fail("no optimizer-state line in:\n" + out)
-
-
 def main():
     with tempfile.TemporaryDirectory(prefix="nb_test_train_gpt_zero_") as tmp:
         plain, out_p = train(tmp, "plain", ["--clip", "0"])
         zero, out_z = train(tmp, "zero", ["--clip", "0", "--zero"])
-        (bp, zp), (bz, zz) = state_bytes(out_p), state_bytes(out_z)
+        (bp, zp), (bz, zz) = optimizer_state(out_p), optimizer_state(out_z)
         # two ranks: half the state each, up to one padding element per bucket and moment
         if zp or not zz or not (bp / 2 <= bz <= bp / 2 + 4096):
             fail("optimizer state per process: %d bytes plain, %d with --zero (expected half)" % (bp, bz))
