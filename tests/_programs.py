@@ -201,3 +201,16 @@ def optimizer_state(out):
         if "optimizer state per process: " in line:
             return int(line.split("optimizer state per process: ")[1].split()[0]), "(ZeRO-1)" in line
     fail("no optimizer-state line in:\n" + out)
+
+
+def same_losses(a, b, label, min_records, where=""):
+    """The (step, loss) records of the metrics logs a (a plain run) and b (the run label names, as
+    "--zero 2"), after checking they hold the same steps, at least min_records of them, and losses
+    within 1e-5 relative; where (as "3 processes") starts each message."""
+    la, lb = logged_losses(a), logged_losses(b)
+    if len(la) < min_records or [s for s, _ in la] != [s for s, _ in lb]:
+        fail("%sthe metrics logs differ in their records: %s vs %s" % (where + ": " if where else "", la, lb))
+    for (s, x), (_, y) in zip(la, lb):
+        if abs(x - y) > 1e-5 * abs(x):
+            fail("%sstep %d: loss %.8g (plain) vs %.8g (%s)" % (where + ", " if where else "", s, x, y, label))
+    return la, lb

@@ -20,7 +20,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _programs import fail, logged_losses, run, same_training_state, state_bytes  # noqa: E402
+from _programs import fail, run, same_losses, same_training_state, state_bytes  # noqa: E402
 
 SMALL = ["--layers", "2", "--heads", "2", "--width", "32", "--seq-len", "32", "--batch-size", "4",
          "--dropout", "0.1", "--grad-accum", "2", "--warmup", "4", "--eval-interval", "8",
@@ -58,12 +58,7 @@ def main():
         for nproc in (1, 3):
             a, _ = train(tmp, "clip_plain_%d" % nproc, [], nproc, 20)
             b, _ = train(tmp, "clip_zero2_%d" % nproc, ["--zero", "2"], nproc, 20)
-            la, lb = logged_losses(a + "/m.jsonl"), logged_losses(b + "/m.jsonl")
-            if len(la) < 10 or [s for s, _ in la] != [s for s, _ in lb]:
-                fail("%d processes: the metrics logs differ in their records: %s vs %s" % (nproc, la, lb))
-            for (s, x), (_, y) in zip(la, lb):
-                if abs(x - y) > 1e-5 * abs(x):
-                    fail("%d processes, step %d: loss %.8g (plain) vs %.8g (--zero 2)" % (nproc, s, x, y))
+            la, lb = same_losses(a + "/m.jsonl", b + "/m.jsonl", "--zero 2", 10, "%d processes" % nproc)
             print("--zero 2 on %d process%s with clipping: the plain run's losses (%d records)"
                   % (nproc, "es" if nproc > 1 else "", len(la)))
 

@@ -23,7 +23,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _programs import SOURCE, fail, logged_losses, run, sample_records as records, state_bytes  # noqa: E402
+from _programs import SOURCE, fail, run, same_losses, sample_records as records, state_bytes  # noqa: E402
 from test_resize import args as resize_args, epoch_indices, val_loss  # noqa: E402
 
 SMALL = ["--layers", "2", "--heads", "2", "--width", "32", "--seq-len", "32", "--batch-size", "4",
@@ -77,12 +77,7 @@ def main():
             b, out = train(tmp, "zero3_%d" % nproc, ["--zero", "3"], nproc)
             if "(ZeRO-3)" not in out:
                 fail("--zero 3: the banner does not say ZeRO-3:\n" + out)
-            la, lb = logged_losses(a + "/m.jsonl"), logged_losses(b + "/m.jsonl")
-            if len(la) < 10 or [s for s, _ in la] != [s for s, _ in lb]:
-                fail("%d processes: the metrics logs differ in their records: %s vs %s" % (nproc, la, lb))
-            for (s, x), (_, y) in zip(la, lb):
-                if abs(x - y) > 1e-5 * abs(x):
-                    fail("%d processes, step %d: loss %.8g (plain) vs %.8g (--zero 3)" % (nproc, s, x, y))
+            la, lb = same_losses(a + "/m.jsonl", b + "/m.jsonl", "--zero 3", 10, "%d processes" % nproc)
             print("--zero 3 on %d process%s: the plain run's losses (%d records, last %.8g vs %.8g)"
                   % (nproc, "es" if nproc > 1 else "", len(la), la[-1][1], lb[-1][1]))
 
