@@ -667,9 +667,13 @@ static void meta_embedding_backward(nb_tensor *gw, const nb_tensor *g, const nb_
         launches = np ? NB__CUDA_LAUNCHES_embedding_backward + 1 + (end_bit + 7) / 8
                       : NB__CUDA_LAUNCHES_memset;
     }
-    /* gw zeroed, then each of the np rows of g added into its row */
-    record(&(call){.name = "embedding_backward", .r = {g, idx}, .w = {gw},
-                   .extra_bytes = 2 * (double)tbytes(g), .flops = numel(g), .launches = launches});
+    /* CUDA: every row of gw written once, from the rows of g that hit it
+     * (tensor/cuda/embedding.cu; without positions, gw zeroed); the CPU:
+     * gw zeroed, then each of the np rows of g added into its row */
+    bool cuda = on_cuda(gw);
+    record(&(call){.name = "embedding_backward", .r = {np ? g : NULL, np ? idx : NULL}, .w = {gw},
+                   .extra_bytes = cuda ? 0 : 2 * (double)tbytes(g), .flops = numel(g),
+                   .launches = launches});
 }
 
 /* The tensors each backend's entry keeps for the backward: the CPU's lse in

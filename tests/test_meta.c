@@ -175,6 +175,28 @@ static void gpt_step_peaks(nb_device dev, size_t *step_peak, size_t *model) {
     nb_ctx_free(params);
 }
 
+/* Embedding backward: on CUDA every row of the weight's gradient written
+ * once (no zeroing pass): the keys kernel, CUB's radix sort (an upsweep
+ * and one pass per 8 bits of V: V = 100 takes 7 bits, one pass), the row
+ * kernel; on the CPU gw zeroed and each row of g added into its row. */
+START_TEST(test_embedding_backward) {
+    enum { V = 100, C = 16, B = 4, T = 5 };
+    for (int i = 0; i < 2; i++) {
+        bool cuda = kinds[i] == NB_DEVICE_CUDA;
+        nb_ctx *ctx = nb_ctx_new(nb_meta(kinds[i]), 0);
+        nb_tensor *w = nb_empty(ctx, NB_F32, NB_SHAPE(V, C));
+        w->requires_grad = true;
+        nb_tensor *idx = nb_zeros(ctx, NB_I64, NB_SHAPE(B, T));
+        nb_tensor *y = nb_embedding(ctx, w, idx);
+        nb_meta_reset();
+        nb_backward_with(y, nb_ones(ctx, NB_F32, NB_SHAPE(B, T, C)));
+        double g = 4.0 * B * T * C, gw = 4.0 * V * C, ib = 8.0 * B * T;
+        expect("embedding_backward", 1, g + ib + gw + (cuda ? 0 : 2 * g), B * T * C, 0, cuda ? 4 : 0);
+        nb_ctx_free(ctx);
+    }
+}
+END_TEST
+
 START_TEST(test_gpt_peak_matches_cpu) {
     size_t real_step, real_model, meta_step, meta_model;
     gpt_step_peaks(nb_cpu(), &real_step, &real_model);
@@ -332,6 +354,7 @@ END_TEST
 static Suite *suite(void) {
     const TTest *tests[] = {test_tables, test_matmul, test_batched_matmul, test_linear_epilogues,
                              test_layer_norm, test_softmax, test_cross_entropy, test_adamw,
+                             test_embedding_backward,
                              test_attention_path, test_gpt_peak_matches_cpu, test_no_values,
                              test_device_names, NULL};
     return nbt_suite("meta", "core", 60, tests);

@@ -8,14 +8,15 @@
  * Backward without atomics: the (index, position) pairs are sorted by
  * index with CUB's radix sort, which is stable, so equal indices keep
  * their positions in increasing order; out-of-range indices get the key V
- * and sort last, where they are skipped. Then, for each sorted entry that
- * starts a run of equal keys and each tile of 32 columns (grid.y), one
- * warp sums that run's rows of g, in increasing position, into its row of
- * gw (a lane per column); rows no index hits were zeroed first. Tiles of
- * one run go to different warps, so a frequent index (a padding token)
- * does not leave all of C to one warp. For f32
- * this is the CPU's own sequence of additions, so the result is
- * bit-identical to it; 16-bit gradients accumulate in f32.
+ * and sort last, where no row looks. Then, for each row r of gw and each
+ * tile of 32 columns (grid.y), one warp finds r's run of equal keys by
+ * binary search in the sorted keys and sums that run's rows of g, in
+ * increasing position, into row r (a lane per column); a row no index
+ * hits is written 0 the same way, so gw needs no zeroing pass first and
+ * each of its elements is written once. Tiles of one run go to different
+ * warps, so a frequent index (a padding token) does not leave all of C to
+ * one warp. For f32 this is the CPU's own sequence of additions, so the
+ * result is bit-identical to it; 16-bit gradients accumulate in f32.
  *
  * Letters: V rows of the table, C columns, P index positions. */
 #include <cub/device/device_radix_sort.cuh>
@@ -74,8 +75,20 @@ static __global__ void embedding_keys_kernel(uint64_t *__restrict__ keys, int32_
     }
 }
 
-// gw (V, C) rows hit by some index = sums of g (P, C) rows by run of equal sorted keys;
-// grid (entries / WARPS, column tiles of 32)
+// The first of keys[0, np) (sorted) that is >= r.
+static __device__ __forceinline__ int64_t first_at_least(const uint64_t *__restrict__ keys,
+                                                         int64_t np, uint64_t r) {
+    int64_t lo = 0, hi = np;
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo) / 2;
+        if (keys[mid] < r) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+// gw (V, C), every row: the sum of g (P, C)'s rows of its run of equal sorted keys, 0 for a row
+// no index hits; grid (rows / WARPS, column tiles of 32)
 template <typename T>
 static __global__ void embedding_backward_kernel(T *__restrict__ gw, const T *__restrict__ g,
                                                  const uint64_t *__restrict__ keys,
@@ -83,13 +96,11 @@ static __global__ void embedding_backward_kernel(T *__restrict__ gw, const T *__
                                                  int64_t v, int64_t c) {
     typedef math_t<T> A;
     int lane = threadIdx.x & 31;
-    for (int64_t i = (int64_t)blockIdx.x * WARPS + (threadIdx.x >> 5); i < np;
-         i += (int64_t)gridDim.x * WARPS) {
-        uint64_t key = keys[i];
-        if (key >= (uint64_t)v || (i > 0 && keys[i - 1] == key)) continue;
-        int64_t end = i + 1;
-        while (end < np && keys[end] == key) end++;
-        T *dst = gw + (int64_t)key * c;
+    for (int64_t r = (int64_t)blockIdx.x * WARPS + (threadIdx.x >> 5); r < v;
+         r += (int64_t)gridDim.x * WARPS) {
+        int64_t i = first_at_least(keys, np, (uint64_t)r), end = i;
+        while (end < np && keys[end] == (uint64_t)r) end++;
+        T *dst = gw + r * c;
         for (int64_t j = (int64_t)blockIdx.y * 32 + lane; j < c; j += (int64_t)gridDim.y * 32) {
             A acc = 0;
             for (int64_t k = i; k < end; k++) acc += to_math(g[(int64_t)pos[k] * c + j]);
@@ -118,7 +129,7 @@ template <typename T>
 static void launch_backward(cudaStream_t s, nb_tensor *gw, const nb_tensor *g, const uint64_t *keys,
                             const int32_t *pos, int64_t np) {
     int64_t c = gw->shape[1], tiles = (c + 31) / 32;
-    dim3 grid(grid_for(np, WARPS), (unsigned)(tiles < 65535 ? tiles : 65535));
+    dim3 grid(grid_for(gw->shape[0], WARPS), (unsigned)(tiles < 65535 ? tiles : 65535));
     embedding_backward_kernel<T><<<grid, THREADS, 0, s>>>((T *)gw->data, (const T *)g->data, keys,
                                                           pos, np, gw->shape[0], c);
 }
@@ -143,9 +154,10 @@ void nb__cuda_embedding_backward(nb_tensor *gw, const nb_tensor *g, const nb_ten
     cudaStream_t s = nb__cuda_enter(op, dev);
     int64_t v = gw->shape[0], c = gw->shape[1];
     if (v == 0 || c == 0) return;
-    size_t es = nb_dtype_size(gw->dtype);
-    NB_CUDA_CHECK(op, cudaMemsetAsync(gw->data, 0, (size_t)(v * c) * es, s));
-    if (np == 0) return;
+    if (np == 0) { /* nothing to sort: zeros */
+        NB_CUDA_CHECK(op, cudaMemsetAsync(gw->data, 0, (size_t)(v * c) * nb_dtype_size(gw->dtype), s));
+        return;
+    }
     NB_CHECK(np <= INT32_MAX, "%s: %lld index positions; at most %d are supported", op,
              (long long)np, INT32_MAX);
     int n = (int)np;

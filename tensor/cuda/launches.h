@@ -74,10 +74,11 @@ enum {
     NB__CUDA_LAUNCHES_rand_normal = 1,
     NB__CUDA_LAUNCHES_dropout = 1,
     NB__CUDA_LAUNCHES_embedding = 1,  /* embedding_kernel */
-    /* cudaMemsetAsync of gw, embedding_keys_kernel, embedding_backward_kernel;
-     * plus CUB's DeviceRadixSort::SortPairs: an upsweep and one pass per 8
-     * key bits (tensor/meta.c adds them) */
-    NB__CUDA_LAUNCHES_embedding_backward = 3,
+    /* embedding_keys_kernel, embedding_backward_kernel (every row of gw
+     * written: no memset); plus CUB's DeviceRadixSort::SortPairs: an
+     * upsweep and one pass per 8 key bits (tensor/meta.c adds them); no
+     * index positions: one cudaMemsetAsync of gw instead */
+    NB__CUDA_LAUNCHES_embedding_backward = 2,
     /* ---- optim.cu, reduce.cu: multi-tensor updates ---- */
     NB__CUDA_OPTIM_TENSORS_PER_LAUNCH = 192, /* adam_kernel / sgd_kernel: MAX_TENSORS */
     NB__CUDA_SUMSQ_TENSORS_PER_LAUNCH = 32,  /* sumsq_partial_kernel: SQ_BATCH; then one
