@@ -22,7 +22,9 @@
  * ptrace the ranks anyway); a secret still applies on top when given.
  * The socket is named after the store's port (store-<port>.sock), so every
  * rank finds it from MASTER_PORT alone, however it was launched (nbrun,
- * torchrun, mpirun, by hand). A socket file left by a killed run is
+ * torchrun, mpirun, by hand); a run of one process with MASTER_PORT=0
+ * (which no other rank joins) names it after its pid instead
+ * (store-0.<pid>.sock), so that many such runs can start at once. A socket file left by a killed run is
  * stale: nothing accepts on it, so the next server of that port removes it
  * and binds again; one that still accepts belongs to a live run of the
  * same user on the same port, which is refused with a message. The server
@@ -86,11 +88,17 @@ nb_status nb__store_unix_path(int port, char *path, size_t len) {
     nb_status st = check_dir(dir);
     if (st != NB_OK) return st;
     struct sockaddr_un a;
-    int n = snprintf(path, len, "%s/store-%d.sock", dir, port);
+    /* Port 0 is a run of one process (nb_dist_env_read refuses it for
+     * more: no other rank could find the store), and many such runs may
+     * start at once (a test suite, a sweep): the name is this process's
+     * own, not a shared store-0.sock. */
+    char name[64];
+    if (port == 0) snprintf(name, sizeof name, "store-0.%ld.sock", (long)getpid());
+    else snprintf(name, sizeof name, "store-%d.sock", port);
+    int n = snprintf(path, len, "%s/%s", dir, name);
     if (n < 0 || (size_t)n >= len || (size_t)n >= sizeof a.sun_path)
-        return nb_set_error(NB_ERR_INVALID, "the store's socket path %s/store-%d.sock is longer than "
-                            "%zu bytes: set NABLA_STORE_DIR to a shorter folder", dir, port,
-                            sizeof a.sun_path - 1);
+        return nb_set_error(NB_ERR_INVALID, "the store's socket path %s/%s is longer than %zu bytes: set "
+                            "NABLA_STORE_DIR to a shorter folder", dir, name, sizeof a.sun_path - 1);
     return NB_OK;
 }
 

@@ -24,6 +24,7 @@
 #include <sys/stat.h>
 #include <sys/time.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -760,6 +761,46 @@ START_TEST(test_one_node_serves_a_unix_socket) {
 }
 END_TEST
 
+/* MASTER_PORT=0 is a run of one process, and several start at once (a
+ * test suite under ctest -j, a sweep): each serves its own socket,
+ * store-0.<pid>.sock, instead of all refusing one another on store-0.sock.
+ * Two processes hold a process group at port 0 at the same time. */
+START_TEST(test_port0_runs_side_by_side) {
+    clear_secret_env();
+    unsetenv("NABLA_STORE_TRUSTED_NETWORK");
+    unsetenv("NABLA_STORE_TRANSPORT");
+    char dir[64];
+    private_dir(dir, sizeof dir);
+    one_node_env(0);
+    pid_t kids[2];
+    for (int k = 0; k < 2; k++) {
+        kids[k] = fork();
+        ck_assert_int_ge(kids[k], 0);
+        if (kids[k] == 0) {
+            nb_pg *pg = NULL;
+            if (nb_pg_init(&pg, NULL) != NB_OK) {
+                fprintf(stderr, "port 0, process %d: %s\n", k, nb_last_error());
+                _exit(1);
+            }
+            char want[128];
+            snprintf(want, sizeof want, "%s/store-0.%ld.sock", dir, (long)getpid());
+            bool named = strcmp(nb__store_path(nb_pg_store(pg)), want) == 0;
+            pause_s(1.0); /* both hold their store now */
+            _exit(named && nb_pg_free(pg) == NB_OK ? 0 : 2);
+        }
+    }
+    for (int k = 0; k < 2; k++) {
+        int status = 0;
+        ck_assert_int_eq(waitpid(kids[k], &status, 0), kids[k]);
+        ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+                      "process %d of two at MASTER_PORT=0 ended with status %d (1: refused, 2: misnamed)", k,
+                      WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+    }
+    rmdir(dir);
+    unsetenv("NABLA_STORE_DIR");
+}
+END_TEST
+
 /* NABLA_STORE_TRANSPORT=tcp keeps a one-node store on TCP loopback,
  * whatever MASTER_ADDR says; another value is refused. */
 START_TEST(test_one_node_tcp_on_loopback) {
@@ -870,6 +911,7 @@ static Suite *suite(void) {
                              test_secret_from_the_environment, test_several_nodes_need_a_secret,
                              test_one_node_serves_a_unix_socket, test_one_node_tcp_on_loopback,
                              test_unix_socket_folder_and_stale_file, test_closed_greeting_never_admitted_unix,
+                             test_port0_runs_side_by_side,
                              NULL};
     return nbt_suite("dist_store_auth", "auth", 60, tests);
 }
