@@ -198,7 +198,7 @@ void nb__grad_flat_reserve(nb_tensor *const *ts, int n) {
         }
         int64_t align = SLOT_ALIGN / (int64_t)nb_dtype_size(t->dtype);
         nb__grad_slot *s = nb__ctx_meta(t->ctx, sizeof *s);
-        s->flat = f;
+        *s = (nb__grad_slot){.flat = f};
         s->offset = (f->numel + align - 1) / align * align;
         f->numel = s->offset + nb_numel(t);
         f->n_slots++;

@@ -133,13 +133,13 @@ static void run_free(run *r) {
     nb_ctx_free(r->params);
 }
 
-/* Forward, loss, backward, clip, AdamW, zero_grad; the loss, not read. */
+/* Forward, loss, backward, AdamW with the clip inside, zero_grad; the loss, not read. */
 static nb_tensor *run_step(run *r, int64_t s, bool clip) {
     nb_ctx_reset(r->step);
     nb_tensor *l = nb_gpt_forward_loss(r->model, r->step, r->x[s % N_BATCHES], r->y[s % N_BATCHES]);
     nb_backward(l);
-    if (clip) nb_optim_clip_grad_norm(r->opt, 1.0, 2.0);
-    nb_optim_step(r->opt);
+    if (clip) nb_optim_step_clipped(r->opt, r->step, 1.0, 2.0); /* the norm not read */
+    else nb_optim_step(r->opt);
     nb_optim_zero_grad(r->opt);
     return l;
 }
@@ -196,8 +196,8 @@ static int meta_step_trace(nb_device_type of, const opts *o, const nb_meta_gpu *
     double f = nb_meta_total().us;
     nb_backward(l);
     double b = nb_meta_total().us;
-    if (o->clip) nb_optim_clip_grad_norm(r.opt, 1.0, 2.0);
-    nb_optim_step(r.opt);
+    if (o->clip) nb_optim_step_clipped(r.opt, r.step, 1.0, 2.0);
+    else nb_optim_step(r.opt);
     nb_optim_zero_grad(r.opt);
     double e = nb_meta_total().us;
     for (int i = 0; i < np; i++) ready[i] = (ready[i] - f) * 1e-6;

@@ -442,6 +442,7 @@ nb_work *nb_pg_all_reduce(nb_pg *pg, nb_tensor *t, nb_reduce_op op) {
     const char *fn = "nb_pg_all_reduce";
     check_tensor(fn, pg, t, "tensor");
     check_op(fn, op, t->dtype);
+    nb__values_written(t); /* Note [Parameter shadows] in tensor/shadow.c */
     nb__coll c = {NB__ALL_REDUCE, op, t->dtype, nb_numel(t), 0, t->data, NULL, 0};
     return nb__pg_issue(pg, &c);
 }
@@ -451,6 +452,7 @@ nb_work *nb_pg_broadcast(nb_pg *pg, nb_tensor *t, int root) {
     check_tensor(fn, pg, t, "tensor");
     NB_CHECK(root >= 0 && root < pg->size, "%s: root %d is outside the group of %d ranks", fn, root,
              pg->size);
+    nb__values_written(NULL); /* whatever it writes: Note [Parameter shadows] */
     nb__coll c = {NB__BROADCAST, NB_REDUCE_SUM, t->dtype, nb_numel(t), root, t->data, NULL, 0};
     return nb__pg_issue(pg, &c);
 }
@@ -465,6 +467,7 @@ nb_work *nb_pg_all_gather(nb_pg *pg, nb_tensor *out, const nb_tensor *in) {
              "%s: out %s has %" PRId64 " elements but %d ranks x in %s make %" PRId64, fn,
              nb_shape_str(out), nb_numel(out), pg->size, nb_shape_str(in),
              (int64_t)pg->size * nb_numel(in));
+    nb__values_written(NULL); /* whatever it writes: Note [Parameter shadows] */
     nb__coll c = {NB__ALL_GATHER, NB_REDUCE_SUM, in->dtype, nb_numel(in), 0, out->data, in->data, 0};
     return nb__pg_issue(pg, &c);
 }
@@ -480,6 +483,7 @@ nb_work *nb_pg_reduce_scatter(nb_pg *pg, nb_tensor *out, const nb_tensor *in, nb
              "%s: in %s has %" PRId64 " elements but %d ranks x out %s make %" PRId64, fn,
              nb_shape_str(in), nb_numel(in), pg->size, nb_shape_str(out),
              (int64_t)pg->size * nb_numel(out));
+    nb__values_written(out); /* Note [Parameter shadows] in tensor/shadow.c */
     nb__coll c = {NB__REDUCE_SCATTER, op, in->dtype, nb_numel(out), 0, out->data, in->data, 0};
     return nb__pg_issue(pg, &c);
 }

@@ -50,8 +50,7 @@ static answer try_batch(const shape *s, int64_t batch, const nb_meta_gpu *gpu) {
         nb_meta_reset();
         nb_ctx_reset(step);
         nb_backward(nb_gpt_forward_loss(gpt, step, x, y));
-        nb_optim_clip_grad_norm(opt, 1.0, 2.0);
-        nb_optim_step(opt);
+        nb_optim_step_clipped(opt, step, 1.0, 2.0);
         nb_optim_zero_grad(opt);
     }
     answer a = {nb_ctx_peak(step) + nb_ctx_peak(params) + nb_optim_state_bytes(opt),

@@ -830,9 +830,11 @@ int main(int argc, char **argv) {
             loss += nb_item(l) / (double)a->grad_accum;
         }
         double norm, max_norm = a->clip > 0 ? a->clip : INFINITY;
-        TRY(&r, run_dist_clip(&r.d, r.opt, max_norm, &norm), "clipping");
-        if (isfinite(norm)) TRY(&r, run_dist_step(&r.d, r.opt), "optimizer step");
-        else nb_progress_printf(r.progress, "step %lld: gradient norm %g, step skipped", (long long)r.step + 1, norm);
+        /* the clip inside the optimizer's update where nothing is sharded: the norm stays
+         * on the device while the step is queued, read once all of it is (the divergence
+         * guard and a skipped step's counts need it every step) */
+        TRY(&r, run_dist_clip_step(&r.d, r.opt, r.step_ctx, max_norm, &norm), "optimizer step");
+        if (!isfinite(norm)) nb_progress_printf(r.progress, "step %lld: gradient norm %g, step skipped", (long long)r.step + 1, norm);
         TRY(&r, divergence_step(&r.guard, r.step_ctx, r.param_list, nb_optim_param_count(r.opt), r.step + 1, norm), "stopping");
         nb_optim_zero_grad(r.opt);
         r.state_bytes = run_dist_state_bytes(&r.d, r.opt); /* at the end of the step, before a checkpoint gathers */

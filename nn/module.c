@@ -298,6 +298,7 @@ static void move_tensor(nb_tensor *t, nb_ctx *ctx) {
         fresh = nb_from_host(ctx, t->dtype, t->ndim, t->shape, buf);
         free(buf);
     }
+    nb__values_written(NULL); /* Note [Parameter shadows] in tensor/shadow.c */
     t->device = dev;
     t->data = fresh->data;
     memcpy(t->strides, fresh->strides, sizeof t->strides);

@@ -127,10 +127,10 @@ static nb_device check_args(const char *fn, const nb_named_tensor *params, int n
     return dev;
 }
 
-/* Note [Clipping without a host read]: the norm (0-d f64, in ctx) and the
- * scaling queued, nothing read. */
-static nb_tensor *clip_on_device(nb_ctx *ctx, nb_device dev, const nb_named_tensor *params, int n,
-                                 double max_norm, bool l2) {
+/* Note [Clipping without a host read]: the norm (0-d f64, in ctx) queued,
+ * nothing read; *k receives the gradients' count, gl them (when not NULL). */
+static nb_tensor *norm_on_device(nb_ctx *ctx, nb_device dev, const nb_named_tensor *params, int n,
+                                 bool l2, nb_tensor ***gl_out, int *k_out) {
     const nb__backend *be = nb__backend_of(dev);
     nb_tensor **gl = nb__ctx_meta(ctx, sizeof *gl * (size_t)(n > 0 ? n : 1));
     int k = 0;
@@ -143,7 +143,18 @@ static nb_tensor *clip_on_device(nb_ctx *ctx, nb_device dev, const nb_named_tens
     } else {
         be->max_abs(ctx, norm, k, gl);
     }
-    if (k) be->clip_scale(k, gl, norm, max_norm);
+    if (gl_out) *gl_out = gl;
+    if (k_out) *k_out = k;
+    return norm;
+}
+
+/* the norm and the scaling queued, nothing read */
+static nb_tensor *clip_on_device(nb_ctx *ctx, nb_device dev, const nb_named_tensor *params, int n,
+                                 double max_norm, bool l2) {
+    nb_tensor **gl;
+    int k;
+    nb_tensor *norm = norm_on_device(ctx, dev, params, n, l2, &gl, &k);
+    if (k) nb__backend_of(dev)->clip_scale(k, gl, norm, max_norm);
     return norm;
 }
 
@@ -213,5 +224,44 @@ nb_tensor *nb_optim_clip_grad_norm_tensor(nb_optim *opt, nb_ctx *ctx, double max
     nb_named_tensor *list = optim_list(opt, "nb_optim_clip_grad_norm_tensor");
     nb_tensor *norm = nb_clip_grad_norm_tensor(ctx, list, opt->n_params, max_norm, norm_type);
     free(list);
+    return norm;
+}
+
+/* Note [Clipping inside the step]
+ * Clipping then stepping reads and writes every gradient once more than
+ * the step alone (clip_scale's pass: a read and a write of 4 bytes per
+ * parameter, 1 GB a step for GPT-2 small) and launches for it. So
+ * nb_optim_step_clipped hands the norm to the update itself
+ * (nb__update_extras in tensor/backend.h): each kernel forms the
+ * coefficient from the norm where it lives, exactly as clip_scale does
+ * (max_norm / (norm + 1e-6) in double, applied when below 1), and reads
+ * each gradient element as clip_scale would have written it, (g * coef)
+ * rounded, so the parameters and state are bit for bit those of the two
+ * passes; the gradients stay unscaled. A norm that is not finite makes
+ * every block of the update return at once (the step skipped on the
+ * device), and the caller who reads it takes the host's step counts back
+ * with nb_optim_unstep. On the CPU the norm is host memory and the update
+ * reads a scaled copy of each piece of a gradient. */
+nb_tensor *nb_optim_step_clipped(nb_optim *opt, nb_ctx *ctx, double max_norm, double norm_type) {
+    const char *fn = "nb_optim_step_clipped";
+    NB_CHECK(ctx, "%s: NULL context", fn);
+    nb_named_tensor *list = optim_list(opt, fn);
+    bool on_device;
+    nb_device dev = check_args(fn, list, opt->n_params, max_norm, norm_type, &on_device);
+    bool any = false;
+    for (int i = 0; i < opt->n_params && !any; i++) any = list[i].tensor->grad != NULL;
+    if (!any) dev = nb_ctx_device(ctx);
+    if (!on_device) { /* the host path */
+        opt->n_counted = -1;
+        double v = clip_on_host(dev, list, opt->n_params, max_norm, norm_type == 2.0);
+        free(list);
+        if (isfinite(v)) nb_optim_step(opt);
+        return nb_from_host(ctx, NB_F64, 0, NULL, &v);
+    }
+    NB_CHECK(nb_device_eq(nb_ctx_device(ctx), dev), "%s: the context is on %s, the gradients on %s",
+             fn, nb_device_name(nb_ctx_device(ctx)), nb_device_name(dev));
+    nb_tensor *norm = norm_on_device(ctx, dev, list, opt->n_params, norm_type == 2.0, NULL, NULL);
+    free(list);
+    nb__optim_step_extras(opt, &(nb__update_extras){.clip_norm = norm, .max_norm = max_norm}, true);
     return norm;
 }

@@ -41,11 +41,21 @@ struct nb_optim {
     bool lost;
     nb_optim *shard;
     bool released;
+    /* the parameters whose step counts the last nb_optim_step_clipped
+     * advanced without knowing whether the device skipped the update
+     * (nb_optim_unstep takes them back); n_counted < 0: none */
+    int *counted;
+    int n_counted;
 };
 
 static inline double *nb__optim_hp(const nb_optim *opt, int group) {
     return (double *)opt->group_hp[group]->data;
 }
+
+/* One step of every parameter with a gradient, with the update's extras
+ * (tensor/backend.h; NULL: none). When `record` is set, the parameters
+ * counted go to opt->counted (for nb_optim_unstep). */
+void nb__optim_step_extras(nb_optim *opt, const nb__update_extras *x, bool record);
 
 /* Checks hyperparameters; NULL when valid, else a message in buf. */
 const char *nb__optim_check_hparams(nb_optim_kind kind, const double *hp, char *buf, size_t n);

@@ -191,6 +191,7 @@ nb_optim *nb_optim_new_groups(nb_optim_kind kind, int n_groups, const nb_param_g
     nb_optim *opt = calloc(1, sizeof *opt);
     NB_CHECK(opt, "%s: out of memory", who);
     opt->kind = kind;
+    opt->n_counted = -1;
     /* the moments in a context of their own, so that ZeRO-1 can free them
      * (nb__optim_release_state) */
     opt->host_ctx = nb_ctx_new(nb_cpu(), 4096);
@@ -358,6 +359,7 @@ void nb_optim_free(nb_optim *opt) {
     if (!opt) return;
     nb_ctx_free(opt->host_ctx);
     nb_ctx_free(opt->ctx);
+    free(opt->counted);
     free(opt);
 }
 
@@ -400,33 +402,51 @@ static void check_grad(const nb__optim_param *p, const nb_tensor *g) {
  * step reads nothing back from the device. */
 /* The parameters idx[0..n) (all of them when idx is NULL) that have a
  * gradient: one multi-tensor update per dtype. */
-static void step_list(nb_optim *opt, const int *idx, int n) {
+static void step_list(nb_optim *opt, const int *idx, int n, const nb__update_extras *x,
+                      bool record) {
     const nb__backend *be = nb__backend_of(opt->params[0].param->device);
-    nb_tensor **t = malloc(sizeof *t * 5 * (size_t)(n > 0 ? n : 1));
+    nb_tensor **t = malloc(sizeof *t * 6 * (size_t)(n > 0 ? n : 1));
     int64_t *steps = malloc(sizeof *steps * (size_t)(n > 0 ? n : 1));
     const double **hp = malloc(sizeof *hp * (size_t)(n > 0 ? n : 1));
     NB_CHECK(t && steps && hp, "nb_optim_step: out of memory");
     nb_tensor **ps = t, **gs = t + n, **as = t + 2 * n, **bs = t + 3 * n, **cs = t + 4 * n;
+    nb_tensor **hs = t + 5 * n; /* Note [Parameter shadows] in tensor/shadow.c */
     static const nb_dtype dtypes[2] = {NB_F32, NB_F64};
+    if (record) {
+        free(opt->counted);
+        opt->counted = malloc(sizeof *opt->counted * (size_t)(n > 0 ? n : 1));
+        NB_CHECK(opt->counted, "nb_optim_step: out of memory");
+        opt->n_counted = 0;
+    } else {
+        opt->n_counted = -1;
+    }
     for (int pass = 0; pass < 2; pass++) {
         int k = 0;
+        bool any_shadow = false;
         for (int j = 0; j < n; j++) {
             nb__optim_param *p = &opt->params[idx ? idx[j] : j];
             nb_tensor *g = p->param->grad;
             if (!g || p->param->dtype != dtypes[pass]) continue;
             check_grad(p, g);
             steps[k] = ++*(int64_t *)p->step->data;
+            if (record) opt->counted[opt->n_counted++] = idx ? idx[j] : j;
             hp[k] = nb__optim_hp(opt, p->group);
             ps[k] = p->param;
             gs[k] = g;
             as[k] = opt->kind == NB_OPTIM_SGD ? p->momentum_buffer : p->exp_avg;
             bs[k] = p->exp_avg_sq;
             cs[k] = p->max_exp_avg_sq;
+            hs[k] = nb__shadow_for_update(p->param);
+            any_shadow |= hs[k] != NULL;
             k++;
         }
         if (k == 0) continue;
-        if (opt->kind == NB_OPTIM_SGD) be->sgd(k, ps, gs, as, steps, hp);
-        else be->adam(k, ps, gs, as, bs, cs, steps, hp, opt->kind == NB_OPTIM_ADAMW);
+        nb__update_extras xs = x ? *x : (nb__update_extras){0};
+        xs.shadow = any_shadow ? hs : NULL;
+        if (opt->kind == NB_OPTIM_SGD) be->sgd(k, ps, gs, as, steps, hp, &xs);
+        else be->adam(k, ps, gs, as, bs, cs, steps, hp, opt->kind == NB_OPTIM_ADAMW, &xs);
+        for (int j = 0; j < k; j++)
+            if (hs[j]) nb__shadow_stamp(ps[j]);
     }
     free(t);
     free(steps);
@@ -458,14 +478,29 @@ void nb_optim_step(nb_optim *opt) {
     nb__optim_check_not_bucket_stepped(opt, "nb_optim_step");
     nb__optim_check_not_sharded(opt, "nb_optim_step", "step with nb_ddp_step(ddp)");
     ++*(int64_t *)opt->step_count->data;
-    step_list(opt, NULL, opt->n_params);
+    step_list(opt, NULL, opt->n_params, NULL, false);
+}
+
+void nb__optim_step_extras(nb_optim *opt, const nb__update_extras *x, bool record) {
+    ++*(int64_t *)opt->step_count->data;
+    step_list(opt, NULL, opt->n_params, x, record);
+}
+
+void nb_optim_unstep(nb_optim *opt) {
+    NB__CHECK_HANDLE("nb_optim_unstep", opt, "optimizer");
+    NB_CHECK(opt->n_counted >= 0,
+             "nb_optim_unstep: the optimizer's last step was not an nb_optim_step_clipped that "
+             "advanced the step counts (or it was taken back already)");
+    for (int j = 0; j < opt->n_counted; j++) --*(int64_t *)opt->params[opt->counted[j]].step->data;
+    --*(int64_t *)opt->step_count->data;
+    opt->n_counted = -1;
 }
 
 void nb__optim_step_params(nb_optim *opt, const int *idx, int n) {
     for (int j = 0; j < n; j++)
         NB_CHECK(idx[j] >= 0 && idx[j] < opt->n_params,
                  "nb__optim_step_params: index %d of %d parameters", idx[j], opt->n_params);
-    step_list(opt, idx, n);
+    step_list(opt, idx, n, NULL, false);
 }
 
 void nb__optim_count_step(nb_optim *opt) { ++*(int64_t *)opt->step_count->data; }

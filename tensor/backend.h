@@ -264,6 +264,25 @@ typedef void nb__backend_cross_entropy_backward_fn(nb_tensor *dlogits, const nb_
 typedef void nb__backend_pair_loss_fn(nb_tensor *out, int kind, const nb_tensor *a,
                                       const nb_tensor *b);
 
+/* What an update does besides its rule (nb__backend_adam_fn, _sgd_fn;
+ * NULL: nothing):
+ * - clip_norm: NULL, or a gradient norm (0-d f64 on the parameters'
+ *   device, never read by the host): when it is finite, each gradient
+ *   element is read as (g * coef) rounded to g's dtype, coef = max_norm /
+ *   (norm + 1e-6) in double, where coef < 1 (clip_scale's rule, so the
+ *   update is the one after clip_scale, bit for bit); when it is not
+ *   finite, the update writes nothing (a skipped step). The gradients
+ *   themselves are not written (Note [Clipping inside the step] in
+ *   optim/clip.c).
+ * - shadow: NULL, or per parameter NULL or a contiguous 16-bit tensor of
+ *   its shape, written with the updated parameter rounded to nearest
+ *   (Note [Parameter shadows] in tensor/shadow.c). */
+typedef struct nb__update_extras {
+    const nb_tensor *clip_norm;
+    double max_norm;
+    nb_tensor *const *shadow;
+} nb__update_extras;
+
 /* ---- multi-tensor updates (optimizers, clipping) ----
  * n tensors, each contiguous f32 or f64, one launch (CUDA) or loop
  * (CPU) per call; the order of operations of tensor/cpu/optim.c.
@@ -274,11 +293,12 @@ typedef void nb__backend_pair_loss_fn(nb_tensor *out, int kind, const nb_tensor 
  * second moment); vmax itself may be NULL: no AMSGrad at all. */
 typedef void nb__backend_adam_fn(int n, nb_tensor *const *p, nb_tensor *const *g,
                                  nb_tensor *const *m, nb_tensor *const *v, nb_tensor *const *vmax,
-                                 const int64_t *steps, const double *const *hp, bool decoupled);
+                                 const int64_t *steps, const double *const *hp, bool decoupled,
+                                 const nb__update_extras *x);
 /* buf[i] NULL: SGD without momentum for parameter i. */
 typedef void nb__backend_sgd_fn(int n, nb_tensor *const *p, nb_tensor *const *g,
                                 nb_tensor *const *buf, const int64_t *steps,
-                                const double *const *hp);
+                                const double *const *hp, const nb__update_extras *x);
 /* out (0-d f64) = sum of squares of every element of the n tensors,
  * accumulated in f64 in a fixed order. */
 typedef void nb__backend_sum_squares_fn(nb_tensor *out, int n, nb_tensor *const *ts);

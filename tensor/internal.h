@@ -257,7 +257,27 @@ typedef struct nb__grad_flat {
 typedef struct nb__grad_slot {
     nb__grad_flat *flat;
     int64_t offset; /* elements */
+    /* Note [Parameter shadows] in tensor/shadow.c: the shadow (NULL until
+     * a product casts the parameter), the write epoch it was stamped with
+     * and the parameter storage it copies */
+    nb_tensor *shadow;
+    uint64_t shadow_epoch;
+    const void *shadow_of;
 } nb__grad_slot;
+/* ---- Note [Parameter shadows] in tensor/shadow.c ---- */
+/* t's values were written other than by an optimizer's update: the
+ * shadows go stale when t is a parameter (a leaf that requires grad) or a
+ * view of one; t NULL: whatever was written. */
+void nb__values_written(const nb_tensor *t);
+/* x cast to cd, recorded as nb_cast: an f32 parameter's valid shadow
+ * (no kernel), else nb_cast. */
+nb_tensor *nb__cast_param(nb_ctx *ctx, nb_tensor *x, nb_dtype cd);
+/* For an update of p about to be queued: the shadow it is to write
+ * (refreshed by a cast when stale, so that a skipped update leaves it
+ * right), or NULL when no product made one. */
+nb_tensor *nb__shadow_for_update(nb_tensor *p);
+/* After that update is queued: p's shadow is valid. */
+void nb__shadow_stamp(nb_tensor *p);
 /* Gives each of the n leaves that requires grad and has neither gradient
  * nor slot a slot, in reverse order of the list. */
 void nb__grad_flat_reserve(nb_tensor *const *ts, int n);

@@ -723,23 +723,30 @@ static double sum_numel(int n, nb_tensor *const *ts) {
     return e;
 }
 
+/* The extras of an update (tensor/backend.h): the norm read (the
+ * gradients are read once either way), each shadow written. */
+static double extras_bytes(int n, const nb__update_extras *x) {
+    if (!x) return 0;
+    return (double)tbytes(x->clip_norm) + sum_bytes(n, x->shadow);
+}
+
 static void meta_adam(int n, nb_tensor *const *p, nb_tensor *const *g, nb_tensor *const *m,
                       nb_tensor *const *v, nb_tensor *const *vmax, const int64_t *steps,
-                      const double *const *hp, bool decoupled) {
+                      const double *const *hp, bool decoupled, const nb__update_extras *x) {
     (void)steps, (void)hp, (void)decoupled;
     if (n <= 0) return;
     /* reads p, g, m, v (vmax); writes p, m, v (vmax) */
     double bytes = 2 * sum_bytes(n, p) + sum_bytes(n, g) + 2 * sum_bytes(n, m) +
-                   2 * sum_bytes(n, v) + 2 * sum_bytes(n, vmax);
+                   2 * sum_bytes(n, v) + 2 * sum_bytes(n, vmax) + extras_bytes(n, x);
     record(&(call){.name = "adam", .extra_bytes = bytes, .flops = 12 * sum_numel(n, p),
                    .launches = per_launch(p[0], n, NB__CUDA_OPTIM_TENSORS_PER_LAUNCH)});
 }
 
 static void meta_sgd(int n, nb_tensor *const *p, nb_tensor *const *g, nb_tensor *const *buf,
-                     const int64_t *steps, const double *const *hp) {
+                     const int64_t *steps, const double *const *hp, const nb__update_extras *x) {
     (void)steps, (void)hp;
     if (n <= 0) return;
-    double bytes = 2 * sum_bytes(n, p) + sum_bytes(n, g) + 2 * sum_bytes(n, buf);
+    double bytes = 2 * sum_bytes(n, p) + sum_bytes(n, g) + 2 * sum_bytes(n, buf) + extras_bytes(n, x);
     record(&(call){.name = "sgd", .extra_bytes = bytes, .flops = 4 * sum_numel(n, p),
                    .launches = per_launch(p[0], n, NB__CUDA_OPTIM_TENSORS_PER_LAUNCH)});
 }

@@ -108,9 +108,9 @@ static nb_tensor *matmul_impl_ex(nb_ctx *ctx, const char *name, nb_tensor *a, nb
              name, nb_shape_str(a), sfx_a, nb_shape_str(b), sfx_b);
     nb_dtype cd = nb_ctx_compute_dtype(ctx);
     bool mixed = cd != NB_F32;
-    if (mixed) {
-        if (a->dtype == NB_F32) a = nb_cast(ctx, a, cd);
-        if (b->dtype == NB_F32) b = nb_cast(ctx, b, cd);
+    if (mixed) { /* a parameter's shadow when it has one (Note [Parameter shadows]) */
+        if (a->dtype == NB_F32) a = nb__cast_param(ctx, a, cd);
+        if (b->dtype == NB_F32) b = nb__cast_param(ctx, b, cd);
     }
     nb__check_same_dtype(name, a, b);
     nb__check_compute_float(name, ctx, a);

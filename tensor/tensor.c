@@ -500,6 +500,7 @@ double nb_get(const nb_tensor *t, const int64_t *index) {
 
 void nb_set(nb_tensor *t, const int64_t *index, double value) {
     nb__check_live("nb_set", t);
+    nb__values_written(t); /* Note [Parameter shadows] */
     char *p = element_ptr("nb_set", t, index), buf[8];
     nb__store(buf, t->dtype, value);
     nb__backend_at(t)->memcpy_h2d(t->device.index, p, buf, nb_dtype_size(t->dtype));
@@ -516,6 +517,7 @@ double nb_item(const nb_tensor *t) {
 /* ---- in place ---- */
 void nb_fill_(nb_tensor *t, double value) {
     nb__check_live("nb_fill_", t);
+    nb__values_written(t); /* Note [Parameter shadows] */
     nb_tensor s = {0};
     s.dtype = t->dtype;
     s.device = nb_cpu(); /* buf is host memory: the copy entry's fill */
@@ -527,6 +529,7 @@ void nb_fill_(nb_tensor *t, double value) {
 
 void nb_copy_(nb_tensor *dst, const nb_tensor *src) {
     nb__check_live("nb_copy_", dst);
+    nb__values_written(dst); /* Note [Parameter shadows] */
     nb__check_live("nb_copy_", src);
     NB_CHECK(nb_same_shape(dst, src), "nb_copy_: shapes differ: %s vs %s", nb_shape_str(dst),
              nb_shape_str(src));
@@ -535,6 +538,7 @@ void nb_copy_(nb_tensor *dst, const nb_tensor *src) {
 
 void nb_axpy_(nb_tensor *y, double alpha, const nb_tensor *x) {
     nb__check_live("nb_axpy_", y);
+    nb__values_written(y); /* Note [Parameter shadows] */
     nb__check_live("nb_axpy_", x);
     NB_CHECK(nb_same_shape(y, x), "nb_axpy_: shapes differ: %s vs %s", nb_shape_str(y),
              nb_shape_str(x));
@@ -545,6 +549,7 @@ void nb_axpy_(nb_tensor *y, double alpha, const nb_tensor *x) {
 
 void nb_scale_(nb_tensor *t, double alpha) {
     nb__check_float("nb_scale_", t);
+    nb__values_written(t); /* Note [Parameter shadows] */
     nb__run_unary(NB_U_MUL_S, t, t, alpha);
 }
 

@@ -302,7 +302,7 @@ START_TEST(test_multi_tensor_adam) {
                     rp[k][i] -= lr * mh / (sqrt(vh) + hp[k][NB__HP_EPS]);
                 }
             }
-            nb__cpu_backend.adam(NT, p, g, m, v, vmax, steps, hps, decoupled);
+            nb__cpu_backend.adam(NT, p, g, m, v, vmax, steps, hps, decoupled, NULL);
         }
         ck_assert(amsgrad ? below_max > 0 : below_max == 0);
         for (int k = 0; k < NT; k++) {
@@ -355,7 +355,7 @@ START_TEST(test_multi_tensor_sgd) {
                 rp[k][i] -= lr * d;
             }
         }
-        nb__cpu_backend.sgd(NT, p, g, buf, steps, hps);
+        nb__cpu_backend.sgd(NT, p, g, buf, steps, hps, NULL);
     }
     for (int k = 0; k < NT; k++) {
         double tol = dtype_of(k) == NB_F64 ? 1e-12 : 2e-6;

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "cuda_parity.h"
+#include "tensor/internal.h" /* nb__grad_slot: the shadow */
 #include "testutil.h"
 
 #define NP 5
@@ -249,6 +250,73 @@ START_TEST(test_clip_grad_norm) {
 }
 END_TEST
 
+/* The clip inside the step (nb_optim_step_clipped): the update reads the
+ * clipped gradients on both devices (the coefficient carries the norm's
+ * rounding, the GPU summing in another order), the gradients stay as they
+ * were, a NaN norm updates nothing. */
+START_TEST(test_step_clipped_cuda) {
+    side cs, gs;
+    side_init(&cs, nb_cpu(), NB_F32);
+    side_init(&gs, nbt_device(), NB_F32);
+    nb_optim_hparams h = NB_ADAMW_DEFAULTS;
+    nb_optim *oc = nb_optim_new(NB_OPTIM_ADAMW, cs.named, NP, &h);
+    nb_optim *og = nb_optim_new(NB_OPTIM_ADAMW, gs.named, NP, &h);
+    for (int t = 1; t <= 4; t++) {
+        side_set_grads(&cs, t);
+        side_set_grads(&gs, t);
+        double max_norm = t % 2 ? 0.5 : 1e9;
+        double nc = nb_item(nb_optim_step_clipped(oc, cs.scratch, max_norm, 2.0));
+        double ng = nb_item(nb_optim_step_clipped(og, gs.scratch, max_norm, 2.0));
+        ck_assert_msg(fabs(nc - ng) <= 1e-12 * nc, "norm %.17g vs CPU %.17g", ng, nc);
+        for (int k = 0; k < NP; k++) {
+            compare("parameter after the clipped step", gs.p[k], cs.p[k], 1e-6);
+            if (gs.p[k]->grad) compare("gradient (not scaled)", gs.p[k]->grad, cs.p[k]->grad, 0);
+        }
+    }
+    side_set_grads(&gs, 5);
+    double *v = nbt_values(gs.p[2]->grad);
+    v[3] = NAN;
+    set_values(gs.scratch, gs.p[2]->grad, v);
+    free(v);
+    ck_assert(isnan(nb_item(nb_optim_step_clipped(og, gs.scratch, 0.5, 2.0))));
+    nb_optim_unstep(og);
+    for (int k = 0; k < NP; k++) compare("parameter after a skipped step", gs.p[k], cs.p[k], 1e-6);
+    nb_optim_free(oc);
+    nb_optim_free(og);
+    side_free(&gs);
+    side_free(&cs);
+}
+END_TEST
+
+/* Note [Parameter shadows] on the GPU: the bf16 shadow the update writes
+ * holds the bits nb_cast makes of the updated parameter. */
+START_TEST(test_shadows_cuda) {
+    nb_ctx *ctx = nb_ctx_new(nbt_device(), 0), *step = nb_ctx_new(nbt_device(), 0);
+    nb_ctx_set_compute_dtype(step, NB_BF16);
+    nb_tensor *w = nb_rand_normal(ctx, NB_F32, NB_SHAPE(40, 24), 0, 1, NULL);
+    nb_set_requires_grad(w, true);
+    nb_tensor *x = nb_rand_normal(ctx, NB_F32, NB_SHAPE(8, 40), 0, 1, NULL);
+    nb_named_tensor p = {"w", w};
+    nb_optim_hparams h = NB_ADAMW_DEFAULTS;
+    nb_optim *opt = nb_optim_new(NB_OPTIM_ADAMW, &p, 1, &h);
+    for (int t = 0; t < 3; t++) {
+        nb_ctx_reset(step);
+        nb_tensor *y = nb_matmul(step, x, w);
+        nb_backward(nb_sum_all(step, nb_mul(step, y, y)));
+        nb_optim_step(opt);
+        nb_optim_zero_grad(opt);
+        ck_assert(w->grad_slot && w->grad_slot->shadow);
+        uint16_t a[40 * 24], b[40 * 24];
+        nb_to_host(w->grad_slot->shadow, a);
+        nb_to_host(nb_cast(step, w, NB_BF16), b);
+        ck_assert_msg(memcmp(a, b, sizeof a) == 0, "step %d: the shadow is not the cast", t);
+    }
+    nb_optim_free(opt);
+    nb_ctx_free(step);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
 /* ---- grad scaler ---- */
 START_TEST(test_grad_scaler_cuda) {
     side cs, gs;
@@ -317,6 +385,8 @@ int main(void) {
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_adam_adamw_sgd);
     tcase_add_test(tc, test_clip_grad_norm);
+    tcase_add_test(tc, test_step_clipped_cuda);
+    tcase_add_test(tc, test_shadows_cuda);
     tcase_add_test(tc, test_grad_scaler_cuda);
     suite_add_tcase(s, tc);
     return nbt_run(s);

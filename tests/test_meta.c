@@ -142,6 +142,42 @@ START_TEST(test_adamw) {
     /* reads p, g, m, v and writes p, m, v: 7 f32 per element; one launch
      * takes up to 192 tensors */
     expect("adam", 1, 7 * 4.0 * elems, 12 * elems, 0, 1);
+    /* the clip inside the step (Note [Clipping inside the step]): the sum
+     * of squares (each gradient read, the f64 sum written; one partial
+     * launch for up to 192 tensors, then the final one), its square root,
+     * and the update reading the norm too; no clip_scale pass */
+    nb_meta_reset();
+    nb_tensor *norm = nb_optim_step_clipped(opt, ctx, 1.0, 2.0);
+    ck_assert(norm->dtype == NB_F64 && norm->ndim == 0);
+    expect("sum_squares", 1, 4.0 * elems + 8, 2 * elems, 0, 2);
+    expect("unary.sqrt", 1, 16, 1, 0, 1);
+    expect("adam", 1, 7 * 4.0 * elems + 8, 12 * elems, 0, 1);
+    expect("clip_scale", 0, 0, 0, 0, 0);
+    ck_assert_int_eq(nb_meta_total().launches, 4);
+    nb_optim_free(opt);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+/* 200 gradients: two launches of each multi-tensor kernel (192 a launch). */
+START_TEST(test_adamw_many) {
+    enum { NP = 200 };
+    nb_ctx *ctx = nb_ctx_new(nb_meta(NB_DEVICE_CUDA), 0);
+    nb_named_tensor p[NP];
+    char names[NP][8];
+    for (int i = 0; i < NP; i++) {
+        snprintf(names[i], sizeof names[i], "p%d", i);
+        p[i].name = names[i];
+        p[i].tensor = nb_empty(ctx, NB_F32, NB_SHAPE(64));
+        p[i].tensor->requires_grad = true;
+        p[i].tensor->grad = nb_zeros(ctx, NB_F32, NB_SHAPE(64));
+    }
+    nb_optim_hparams h = NB_ADAMW_DEFAULTS;
+    nb_optim *opt = nb_optim_new(NB_OPTIM_ADAMW, p, NP, &h);
+    nb_meta_reset();
+    (void)nb_optim_step_clipped(opt, ctx, 1.0, 2.0);
+    expect("sum_squares", 1, 4.0 * 64 * NP + 8, 2.0 * 64 * NP, 0, 3);
+    expect("adam", 1, 7 * 4.0 * 64 * NP + 8, 12.0 * 64 * NP, 0, 2);
     nb_optim_free(opt);
     nb_ctx_free(ctx);
 }
@@ -194,6 +230,54 @@ START_TEST(test_embedding_backward) {
         expect("embedding_backward", 1, g + ib + gw + (cuda ? 0 : 2 * g), B * T * C, 0, cuda ? 4 : 0);
         nb_ctx_free(ctx);
     }
+}
+END_TEST
+
+/* Note [Parameter shadows]: under bf16 on meta:cuda, the first step casts
+ * each weight and bias at its use; from the second on the products read
+ * the shadows the update wrote (2 bytes per parameter element more in the
+ * update), and the one cast left is the embeddings' sum (an activation). */
+START_TEST(test_gpt_shadows) {
+    nb_gpt_config cfg = {128, 32, 2, 2, 32, 0.0};
+    nb_device dev = nb_meta(NB_DEVICE_CUDA);
+    nb_ctx *params = nb_ctx_new(dev, 0), *step = nb_ctx_new(dev, 0);
+    nb_ctx_set_compute_dtype(step, NB_BF16);
+    nb_rng rng = nb_rng_make(7);
+    nb_module *gpt = nb_gpt_new(params, NB_F32, &cfg, &rng);
+    int np = nb_module_named_parameters(gpt, NULL, 0);
+    nb_named_tensor *p = malloc((size_t)np * sizeof *p);
+    nb_module_named_parameters(gpt, p, np);
+    double elems = 0;
+    for (int i = 0; i < np; i++) elems += (double)nb_numel(p[i].tensor);
+    nb_optim_hparams h = NB_ADAMW_DEFAULTS;
+    nb_optim *opt = nb_optim_new(NB_OPTIM_ADAMW, p, np, &h);
+    nb_tensor *x = nb_zeros(params, NB_I64, NB_SHAPE(4, 32)), *y = nb_zeros(params, NB_I64, NB_SHAPE(4, 32));
+    int64_t casts[3];
+    for (int s = 0; s < 3; s++) {
+        nb_ctx_reset(step);
+        nb_meta_reset();
+        nb_backward(nb_gpt_forward_loss(gpt, step, x, y));
+        casts[s] = find("copy.f32>bf16").calls;
+        nb_optim_step(opt);
+        nb_optim_zero_grad(opt);
+    }
+    /* the first step: each block's four weights, the tied lm_head's, and the
+     * activation (biases ride the GEMM in f32, uncast) */
+    ck_assert_msg(casts[0] == 4 * 2 + 2 && casts[1] == 1 && casts[2] == 1, "casts %lld, %lld, %lld",
+                  (long long)casts[0], (long long)casts[1], (long long)casts[2]);
+    /* the steady update: p, g, m, v, 7 f32 per element, and the shadows
+     * of the matrices the products use, 2 bytes each */
+    nb_meta_entry a = find("adam");
+    double shadowed = 0;
+    for (int i = 0; i < np; i++)
+        if (p[i].tensor->grad_slot && p[i].tensor->grad_slot->shadow)
+            shadowed += (double)nb_numel(p[i].tensor);
+    ck_assert(shadowed > 0.5 * elems && shadowed < elems);
+    ck_assert_msg(a.bytes == 28.0 * elems + 2.0 * shadowed, "adam %.0f bytes", a.bytes);
+    nb_optim_free(opt);
+    free(p);
+    nb_ctx_free(step);
+    nb_ctx_free(params);
 }
 END_TEST
 
@@ -354,7 +438,7 @@ END_TEST
 static Suite *suite(void) {
     const TTest *tests[] = {test_tables, test_matmul, test_batched_matmul, test_linear_epilogues,
                              test_layer_norm, test_softmax, test_cross_entropy, test_adamw,
-                             test_embedding_backward,
+                             test_embedding_backward, test_adamw_many, test_gpt_shadows,
                              test_attention_path, test_gpt_peak_matches_cpu, test_no_values,
                              test_device_names, NULL};
     return nbt_suite("meta", "core", 60, tests);

@@ -959,6 +959,177 @@ START_TEST(test_clip_grad_norm_tensor) {
 }
 END_TEST
 
+/* f32 tensors' bytes equal */
+static bool same_bits(const nb_tensor *a, const nb_tensor *b) {
+    size_t n = (size_t)nb_numel(a) * nb_dtype_size(a->dtype);
+    return nb_same_shape(a, b) && a->dtype == b->dtype && memcmp(a->data, b->data, n) == 0;
+}
+
+/* Two optimizers over parameters of the same values (the sizes straddle
+ * the CPU kernels' pieces), their gradients set alike. */
+typedef struct clip_side {
+    nb_tensor *p[2];
+    nb_optim *opt;
+} clip_side;
+
+static void clip_side_new(nb_ctx *ctx, clip_side *c, nb_optim_kind kind) {
+    const int64_t sizes[2] = {70001, 37};
+    nb_named_tensor ps[2];
+    for (int i = 0; i < 2; i++) {
+        c->p[i] = nbt_randn_leaf(ctx, NB_F32, 1, &sizes[i], 10 + (uint64_t)i);
+        ps[i] = (nb_named_tensor){i ? "b" : "a", c->p[i]};
+    }
+    nb_optim_hparams h = kind == NB_OPTIM_SGD ? NB_SGD_DEFAULTS : NB_ADAMW_DEFAULTS;
+    if (kind == NB_OPTIM_SGD) h.momentum = 0.9, h.lr = 0.1;
+    c->opt = nb_optim_new(kind, ps, 2, &h);
+}
+
+static void clip_side_grads(nb_ctx *step, clip_side *c, int t) {
+    for (int i = 0; i < 2; i++) {
+        nb_tensor *p = c->p[i];
+        nb_tensor *g = nbt_randn_leaf(step, NB_F32, 1, p->shape, 100 + (uint64_t)(10 * t + i));
+        if (!p->grad) nb_set_grad(p, nb_zeros_like(p->ctx, p));
+        nb_copy_(p->grad, g);
+    }
+}
+
+static void assert_same_optim(clip_side *a, clip_side *b) {
+    for (int i = 0; i < 2; i++) ck_assert(same_bits(a->p[i], b->p[i]));
+    int na, nb;
+    const nb_named_tensor *sa = nb_optim_state(a->opt, &na), *sb = nb_optim_state(b->opt, &nb);
+    ck_assert_int_eq(na, nb);
+    for (int k = 0; k < na; k++) ck_assert_msg(same_bits(sa[k].tensor, sb[k].tensor), "%s", sa[k].name);
+}
+
+/* Note [Clipping inside the step]: nb_optim_step_clipped leaves the
+ * parameters and state bit for bit as clipping then stepping does, whether
+ * the norm clips or not, and the gradients unscaled; a non-finite norm
+ * skips the update, and nb_optim_unstep takes the step counts back. */
+START_TEST(test_step_clipped) {
+    const nb_optim_kind kinds[2] = {NB_OPTIM_ADAMW, NB_OPTIM_SGD};
+    for (int kk = 0; kk < 2; kk++) {
+        nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
+        clip_side two, one; /* clip then step; the step with the clip inside */
+        clip_side_new(ctx, &two, kinds[kk]);
+        clip_side_new(ctx, &one, kinds[kk]);
+        /* clips (the 2-norm is about 265, the inf-norm about 4), does not, clipping off */
+        const double max_norms[3] = {50.0, 1e9, INFINITY};
+        for (int t = 0; t < 6; t++) {
+            nb_ctx_reset(step);
+            clip_side_grads(step, &two, t);
+            clip_side_grads(step, &one, t);
+            nb_tensor *g0 = nb_cast(step, one.p[0]->grad, NB_F32); /* a copy */
+            double mx = t == 3 ? 1.0 : max_norms[t % 3];
+            double n2 = nb_optim_clip_grad_norm(two.opt, mx, t < 3 ? 2.0 : INFINITY);
+            nb_optim_step(two.opt);
+            double n1 = nb_item(nb_optim_step_clipped(one.opt, step, mx, t < 3 ? 2.0 : INFINITY));
+            ck_assert(n1 == n2);
+            assert_same_optim(&two, &one);
+            ck_assert(same_bits(one.p[0]->grad, g0)); /* not scaled */
+            ck_assert(t % 3 != 0 || !same_bits(two.p[0]->grad, g0)); /* the two-pass one is */
+        }
+        /* a NaN gradient: nothing updated; unstep leaves the skipped step's state */
+        nb_ctx_reset(step);
+        clip_side_grads(step, &one, 7);
+        nb_set(one.p[1]->grad, (int64_t[]){3}, NAN);
+        nb_tensor *before = nb_cast(step, one.p[0], NB_F32);
+        int64_t count = nb_optim_step_count(one.opt);
+        ck_assert(isnan(nb_item(nb_optim_step_clipped(one.opt, step, 1.0, 2.0))));
+        ck_assert(same_bits(one.p[0], before));
+        ck_assert(nb_optim_step_count(one.opt) == count + 1);
+        nb_optim_unstep(one.opt);
+        ck_assert(nb_optim_step_count(one.opt) == count);
+        assert_same_optim(&two, &one); /* as two, which skipped that step */
+        int n;
+        const nb_named_tensor *st = nb_optim_state(one.opt, &n);
+        for (int k = 0; k < n; k++)
+            if (strstr(st[k].name, ".step")) ck_assert(*(int64_t *)st[k].tensor->data == count);
+        NBT_EXPECT_ABORT(nb_optim_unstep(one.opt), "nb_optim_unstep: the optimizer's last step");
+        nb_optim_step(one.opt); /* a plain step: nothing to undo */
+        NBT_EXPECT_ABORT(nb_optim_unstep(one.opt), "nb_optim_unstep");
+        nb_optim_free(two.opt);
+        nb_optim_free(one.opt);
+        nb_ctx_free(step);
+        nb_ctx_free(ctx);
+    }
+}
+END_TEST
+
+/* Note [Parameter shadows]: a two-layer product model under a bf16
+ * compute dtype, trained by an optimizer whose parameters have shadows
+ * (made before any gradient) and by one whose have none (gradients given
+ * first, so no slot): the same bits at every step, through writes that
+ * make the shadows stale (nb_copy_, nb_fill_, nb_set on a parameter) and
+ * a step the device skips (a NaN gradient, nb_optim_step_clipped). */
+typedef struct shadow_model {
+    nb_tensor *w1, *w2;
+    nb_optim *opt;
+} shadow_model;
+
+static void shadow_model_new(nb_ctx *ctx, shadow_model *m, bool slots) {
+    m->w1 = nbt_randn_leaf(ctx, NB_F32, NB_SHAPE(16, 24), 21);
+    m->w2 = nbt_randn_leaf(ctx, NB_F32, NB_SHAPE(24, 8), 22);
+    if (!slots) {
+        nb_set_grad(m->w1, nb_zeros_like(ctx, m->w1));
+        nb_set_grad(m->w2, nb_zeros_like(ctx, m->w2));
+    }
+    nb_named_tensor ps[] = {{"w1", m->w1}, {"w2", m->w2}};
+    nb_optim_hparams h = NB_ADAMW_DEFAULTS;
+    h.lr = 0.05;
+    m->opt = nb_optim_new(NB_OPTIM_ADAMW, ps, 2, &h);
+}
+
+/* One step; the loss, and w1's gradient zeroed after. */
+static double shadow_model_step(nb_ctx *step, shadow_model *m, nb_tensor *x, bool nan) {
+    nb_ctx_reset(step);
+    nb_tensor *y = nb_matmul(step, nb_matmul(step, x, m->w1), m->w2); /* bf16 */
+    nb_tensor *l = nb_sum_all(step, nb_mul(step, y, y));
+    nb_backward(l);
+    if (nan) nb_set(m->w2->grad, (int64_t[]){1, 2}, NAN);
+    double norm = nb_item(nb_optim_step_clipped(m->opt, step, 5.0, 2.0));
+    if (!isfinite(norm)) nb_optim_unstep(m->opt);
+    nb_optim_zero_grad(m->opt);
+    return nb_item(l);
+}
+
+START_TEST(test_param_shadows) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0), *s1 = nb_ctx_new(nb_cpu(), 0), *s2 = nb_ctx_new(nb_cpu(), 0);
+    nb_ctx_set_compute_dtype(s1, NB_BF16);
+    nb_ctx_set_compute_dtype(s2, NB_BF16);
+    nb_tensor *x = nbt_randn_leaf(ctx, NB_F32, NB_SHAPE(6, 16), 23);
+    x->requires_grad = false;
+    shadow_model a, b; /* with shadows; without */
+    shadow_model_new(ctx, &a, true);
+    shadow_model_new(ctx, &b, false);
+    ck_assert(a.w1->grad_slot && !b.w1->grad_slot);
+    for (int t = 0; t < 12; t++) {
+        if (t == 4) { /* writes the shadows must see */
+            nb_tensor *v = nbt_randn_leaf(s1, NB_F32, NB_SHAPE(16, 24), 30);
+            nb_copy_(a.w1, v), nb_copy_(b.w1, v);
+        }
+        if (t == 6) nb_fill_(a.w2, 0.01), nb_fill_(b.w2, 0.01);
+        if (t == 8) nb_set(a.w1, (int64_t[]){3, 5}, 2.5), nb_set(b.w1, (int64_t[]){3, 5}, 2.5);
+        double la = shadow_model_step(s1, &a, x, t == 9);
+        double lb = shadow_model_step(s2, &b, x, t == 9);
+        ck_assert_msg(la == lb, "step %d: loss %.9g with shadows, %.9g without", t, la, lb);
+        ck_assert(same_bits(a.w1, b.w1) && same_bits(a.w2, b.w2));
+        ck_assert(nb_optim_step_count(a.opt) == nb_optim_step_count(b.opt));
+    }
+    ck_assert(a.w1->grad_slot->shadow && a.w1->grad_slot->shadow->dtype == NB_BF16);
+    /* a valid shadow is read in place of a cast: its bits are the cast's */
+    nb_ctx_reset(s1);
+    nb_tensor *c = nb_matmul(s1, x, a.w1);
+    (void)c;
+    nb_tensor *cast = nb_cast(s1, a.w1, NB_BF16);
+    ck_assert(memcmp(cast->data, a.w1->grad_slot->shadow->data, 16 * 24 * 2) == 0);
+    nb_optim_free(a.opt);
+    nb_optim_free(b.opt);
+    nb_ctx_free(s1);
+    nb_ctx_free(s2);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
 START_TEST(test_clip_accumulates_in_double) {
     /* 2^20 f32 values of 1e-3: a float accumulator is off by more than
      * 1e-5 relative, a double one by less than n * 2^-53 ~ 1e-10 */
@@ -1154,7 +1325,8 @@ int main(void) {
                              test_adam_moment_exact_at_beta1_zero, test_skips_params_without_grad,
                              test_zero_grad_keeps_buffers, test_flat_gradients, test_param_groups,
                              test_construction_errors, test_state_export, test_schedules, test_clip_grad_norm,
-                             test_clip_grad_norm_tensor, test_clip_accumulates_in_double,
+                             test_clip_grad_norm_tensor, test_step_clipped, test_param_shadows,
+                             test_clip_accumulates_in_double,
                              test_training_decreases_loss, test_grad_scaler_unscaled_equal_plain,
                              test_grad_scaler_skip_growth_backoff, test_kind_names, test_null_handles, NULL};
     return nbt_run(nbt_suite("optim", "core", 0, tests));

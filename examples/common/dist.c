@@ -3,6 +3,7 @@
  * a status with nb_last_error() set, and the program exits non-zero, which
  * makes the launcher stop the other ranks (and their collectives fail fast
  * with a message naming the rank that left). */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -94,6 +95,16 @@ nb_status run_dist_consolidate(run_dist *d, int root) {
         return s == NB_OK ? nb_fsdp_consolidate_optimizer(d->fsdp, root) : s;
     }
     return ddp_zero(d) ? nb_ddp_consolidate_optimizer(d->ddp, root) : NB_OK;
+}
+
+nb_status run_dist_clip_step(run_dist *d, nb_optim *opt, nb_ctx *ctx, double max_norm, double *norm) {
+    if (d->fsdp || ddp_zero(d)) {
+        nb_status st = run_dist_clip(d, opt, max_norm, norm);
+        return st != NB_OK || !isfinite(*norm) ? st : run_dist_step(d, opt);
+    }
+    *norm = nb_item(nb_optim_step_clipped(opt, ctx, max_norm, 2.0));
+    if (!isfinite(*norm)) nb_optim_unstep(opt); /* the device skipped the update */
+    return NB_OK;
 }
 
 nb_status run_dist_unshard(run_dist *d) {

@@ -77,6 +77,10 @@ nb_status run_dist_step(run_dist *d, nb_optim *opt);
  * the parameters made whole on every rank too, so that the file is the one
  * a run without sharding writes. Valid until the next step. */
 nb_status run_dist_consolidate(run_dist *d, int root);
+/* run_dist_clip, then run_dist_step when the norm is finite, into *norm; without
+ * sharding the clip rides the optimizer's update (nb_optim_step_clipped: no pass
+ * over the gradients, the norm read once the step is queued). */
+nb_status run_dist_clip_step(run_dist *d, nb_optim *opt, nb_ctx *ctx, double max_norm, double *norm);
 /* Before leaving: ZeRO-1 and 2 give the whole state back to opt (ZeRO-3
  * keeps it sharded; its parameters are made whole). Collective. */
 nb_status run_dist_unshard(run_dist *d);

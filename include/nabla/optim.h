@@ -162,6 +162,27 @@ NB_API nb_tensor *nb_clip_grad_norm_tensor(nb_ctx *ctx, const nb_named_tensor *p
                                     double max_norm, double norm_type);
 NB_API nb_tensor *nb_optim_clip_grad_norm_tensor(nb_optim *opt, nb_ctx *ctx, double max_norm,
                                           double norm_type);
+/* Clipping folded into the step (Note [Clipping inside the step] in
+ * optim/clip.c): the norm of the optimizer's gradients is formed on their
+ * device (a 0-d f64 tensor made in ctx, returned) and the update reads
+ * each gradient element as nb_optim_clip_grad_norm would have left it,
+ * coefficient included, so no pass scales the gradients and the host
+ * reads nothing: the parameters and state come out bit for bit as after
+ * nb_optim_clip_grad_norm then nb_optim_step. The gradients themselves
+ * are left unscaled. A norm that is not finite skips the update (the
+ * parameters and state stay as they were); the host cannot know that
+ * without reading the norm, so the step counts have advanced: a caller
+ * that reads a non-finite norm calls nb_optim_unstep to take them back,
+ * which leaves the optimizer exactly as a skipped nb_optim_step would.
+ * Gradients that are not all f32 and contiguous take the host path
+ * (nb_optim_clip_grad_norm, then nb_optim_step when the norm is finite;
+ * one host read; nb_optim_unstep is then refused as nothing is to undo). */
+NB_API nb_tensor *nb_optim_step_clipped(nb_optim *opt, nb_ctx *ctx, double max_norm,
+                                        double norm_type);
+/* After nb_optim_step_clipped whose norm turned out not finite: takes
+ * back the step counts it advanced (the device did not update). Aborts
+ * when the last step was not such a step. */
+NB_API void nb_optim_unstep(nb_optim *opt);
 
 /* ---- dynamic loss scaling (f16 training) ----
  * PyTorch's GradScaler: multiply the loss by the scale before backward

@@ -35,6 +35,7 @@
 #include <string.h>
 
 #include "tensor/backend.h" /* NB__HP_* */
+#include "tensor/cpu/bf16.h"
 #include "tensor/cpu/cpu.h"
 #include "tensor/cpu/threads.h"
 
@@ -100,6 +101,10 @@ typedef struct multi_job {
     const double *const *hp;
     bool decoupled;
     double coef;
+    /* nb__update_extras: gradients read times gcoef when gscale; shadows */
+    bool gscale;
+    double gcoef;
+    nb_tensor *const *shadow;
     piece *pieces;
     double *partial;
     bool *flag;
@@ -164,24 +169,73 @@ static void finish_pieces(multi_job *j) {
     free(j->flag);
 }
 
+/* The piece [lo, lo + k) of gradient i as the update reads it: in place,
+ * or clipped (each element (g * coef) rounded, as scale_piece writes it)
+ * into *own, which the caller frees. */
+static const void *grad_piece(const multi_job *j, int i, int64_t lo, int64_t k, void **own) {
+    *own = NULL;
+    if (!j->gscale) return at(j->g[i], lo);
+    const nb_tensor *g = j->g[i];
+    *own = malloc((size_t)(k > 0 ? k : 1) * nb_dtype_size(g->dtype));
+    NB_CHECK(*own, "optimizer kernels: out of memory for a clipped gradient piece");
+    if (g->dtype == NB_F32) {
+        const float *x = at(g, lo);
+        float *y = *own;
+        for (int64_t e = 0; e < k; e++) y[e] = (float)((double)x[e] * j->gcoef);
+    } else {
+        const double *x = at(g, lo);
+        double *y = *own;
+        for (int64_t e = 0; e < k; e++) y[e] = x[e] * j->gcoef;
+    }
+    return *own;
+}
+
+/* Note [Parameter shadows] in tensor/shadow.c: the updated piece, rounded. */
+static void shadow_piece(const multi_job *j, int i, int64_t lo, int64_t k) {
+    nb_tensor *s = j->shadow ? j->shadow[i] : NULL;
+    if (!s) return;
+    const float *x = at(j->p[i], lo);
+    uint16_t *y = at(s, lo);
+    if (s->dtype == NB_BF16) nb__bf16_from_f32_n(y, x, k);
+    else
+        for (int64_t e = 0; e < k; e++) y[e] = nb_f32_to_f16(x[e]);
+}
+
 static void adam_piece(const multi_job *j, const piece *pc, int64_t c) {
     (void)c;
     int i = pc->t;
     int64_t lo = pc->lo, k = pc->hi - pc->lo;
-    void *vm = j->vmax && j->vmax[i] ? at(j->vmax[i], lo) : NULL;
+    void *vm = j->vmax && j->vmax[i] ? at(j->vmax[i], lo) : NULL, *own;
+    const void *g = grad_piece(j, i, lo, k, &own);
     if (j->p[i]->dtype == NB_F32)
-        adam_f32(at(j->p[i], lo), at(j->g[i], lo), at(j->m[i], lo), at(j->v[i], lo), vm, k,
-                 j->hp[i], j->steps[i], j->decoupled);
+        adam_f32(at(j->p[i], lo), g, at(j->m[i], lo), at(j->v[i], lo), vm, k, j->hp[i],
+                 j->steps[i], j->decoupled);
     else
-        adam_f64(at(j->p[i], lo), at(j->g[i], lo), at(j->m[i], lo), at(j->v[i], lo), vm, k,
-                 j->hp[i], j->steps[i], j->decoupled);
+        adam_f64(at(j->p[i], lo), g, at(j->m[i], lo), at(j->v[i], lo), vm, k, j->hp[i],
+                 j->steps[i], j->decoupled);
+    free(own);
+    shadow_piece(j, i, lo, k);
+}
+
+/* The extras' clip: false when the update is skipped (a norm that is not
+ * finite); else whether and by what the gradients are scaled. The norm
+ * is host memory here. */
+static bool take_extras(multi_job *j, const nb__update_extras *x) {
+    j->shadow = x ? x->shadow : NULL;
+    if (!x || !x->clip_norm) return true;
+    double v = *(const double *)x->clip_norm->data, coef = x->max_norm / (v + 1e-6);
+    if (!isfinite(v)) return false;
+    j->gscale = coef < 1.0;
+    j->gcoef = coef;
+    return true;
 }
 
 void nb__cpu_adam(int n, nb_tensor *const *p, nb_tensor *const *g, nb_tensor *const *m,
                   nb_tensor *const *v, nb_tensor *const *vmax, const int64_t *steps,
-                  const double *const *hp, bool decoupled) {
+                  const double *const *hp, bool decoupled, const nb__update_extras *x) {
     multi_job j = {.p = p, .g = g, .m = m, .v = v, .vmax = vmax, .steps = steps, .hp = hp,
                    .decoupled = decoupled, .fn = adam_piece};
+    if (!take_extras(&j, x)) return;
     int64_t np;
     run_pieces(n, p, &j, &np, false);
     finish_pieces(&j);
@@ -217,15 +271,20 @@ static void sgd_piece(const multi_job *j, const piece *pc, int64_t c) {
     int i = pc->t;
     int64_t lo = pc->lo, k = pc->hi - pc->lo;
     void *b = j->buf[i] ? at(j->buf[i], lo) : NULL;
+    void *own;
+    const void *g = grad_piece(j, i, lo, k, &own);
     if (j->p[i]->dtype == NB_F32)
-        sgd_f32(at(j->p[i], lo), at(j->g[i], lo), b, k, j->steps[i] == 1, j->hp[i]);
+        sgd_f32(at(j->p[i], lo), g, b, k, j->steps[i] == 1, j->hp[i]);
     else
-        sgd_f64(at(j->p[i], lo), at(j->g[i], lo), b, k, j->steps[i] == 1, j->hp[i]);
+        sgd_f64(at(j->p[i], lo), g, b, k, j->steps[i] == 1, j->hp[i]);
+    free(own);
+    shadow_piece(j, i, lo, k);
 }
 
 void nb__cpu_sgd(int n, nb_tensor *const *p, nb_tensor *const *g, nb_tensor *const *buf,
-                 const int64_t *steps, const double *const *hp) {
+                 const int64_t *steps, const double *const *hp, const nb__update_extras *x) {
     multi_job j = {.p = p, .g = g, .buf = buf, .steps = steps, .hp = hp, .fn = sgd_piece};
+    if (!take_extras(&j, x)) return;
     int64_t np;
     run_pieces(n, p, &j, &np, false);
     finish_pieces(&j);

@@ -81,7 +81,7 @@ enum {
     NB__CUDA_LAUNCHES_embedding_backward = 2,
     /* ---- optim.cu, reduce.cu: multi-tensor updates ---- */
     NB__CUDA_OPTIM_TENSORS_PER_LAUNCH = 192, /* adam_kernel / sgd_kernel: MAX_TENSORS */
-    NB__CUDA_SUMSQ_TENSORS_PER_LAUNCH = 32,  /* sumsq_partial_kernel: SQ_BATCH; then one
+    NB__CUDA_SUMSQ_TENSORS_PER_LAUNCH = 192, /* sumsq_partial_kernel: SQ_BATCH; then one
                                                 sumsq_final_kernel */
     /* backend.c: per tensor |x|, its maximum (max_rows), a copy into the f64
      * row; then the row's maximum (max_rows) */

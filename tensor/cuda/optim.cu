@@ -24,6 +24,7 @@
 #include "tensor/cuda/check.h"
 #include "tensor/cuda/cuda.h"
 #include "tensor/cuda/launches.h"
+#include "tensor/cuda/types.cuh"
 
 enum { MAX_TENSORS = 192, THREADS = 256, ELEMS = 4 * THREADS };
 
@@ -32,10 +33,11 @@ enum { F_FIRST = 1, F_NESTEROV = 2, F_DECAY = 4, F_SHRINK = 8 };
 typedef struct optim_desc {
     void *p, *g, *a, *b; /* Adam: a = exp_avg, b = exp_avg_sq; SGD: a = momentum buffer or NULL */
     void *c;             /* Adam: max_exp_avg_sq (AMSGrad) or NULL */
+    void *h;             /* the parameter's 16-bit shadow (f32 parameters), or NULL */
     int64_t n;
     double s[8]; /* the step's scalars, in double; see the launchers */
     int flags;
-    int pad;
+    int hdt; /* the shadow's dtype (NB_BF16 or NB_F16) */
 } optim_desc;
 
 typedef struct optim_batch {
@@ -58,6 +60,33 @@ static __device__ __forceinline__ double div_(double a, double b) { return __ddi
 static __device__ __forceinline__ float sqrt_(float a) { return __fsqrt_rn(a); }
 static __device__ __forceinline__ double sqrt_(double a) { return __dsqrt_rn(a); }
 
+/* nb__update_extras' clip (tensor/backend.h): false when the update is
+ * skipped (a norm that is not finite); else *coef is what the gradients
+ * are multiplied by (1: not clipped), formed as clip_scale_kernel forms it. */
+static __device__ __forceinline__ bool clip_coef(const double *norm, double max_norm, double *coef) {
+    *coef = 1.0;
+    if (!norm) return true;
+    double v = *norm, c = div_(max_norm, add(v, 1e-6));
+    if (!isfinite(v)) return false;
+    if (c < 1.0) *coef = c;
+    return true;
+}
+
+/* Gradient element gi as the update reads it: (gi * coef) rounded, as
+ * clip_scale_kernel writes it. */
+template <typename T> static __device__ __forceinline__ T clipped(T gi, double coef) {
+    return coef < 1.0 ? (T)mul((double)gi, coef) : gi;
+}
+
+/* Note [Parameter shadows] (tensor/shadow.c): the updated f32 element,
+ * rounded to nearest into the shadow; f64 parameters have none. */
+static __device__ __forceinline__ void shadow_put(const optim_desc &d, int64_t i, float v) {
+    if (!d.h) return;
+    if (d.hdt == NB_BF16) ((bf16 *)d.h)[i] = __float2bfloat16_rn(v);
+    else ((f16 *)d.h)[i] = __float2half_rn(v);
+}
+static __device__ __forceinline__ void shadow_put(const optim_desc &, int64_t, double) {}
+
 /* The tensor of block `b`: the last t with block_start[t] <= b. */
 static __device__ __forceinline__ int find_tensor(const optim_batch &batch, int64_t b) {
     int lo = 0, hi = batch.count - 1;
@@ -72,7 +101,10 @@ static __device__ __forceinline__ int find_tensor(const optim_batch &batch, int6
 /* ------------------------------------------------------------------ kernels */
 /* tensor/cpu/optim.c's Adam loop; s = {l2, shrink, w, beta2, c2, neg_step, bc2_sqrt, eps};
  * AMSGrad when d.c is set (its maximum propagates NaN, as the CPU's does) */
-template <typename T> static __global__ void adam_kernel(const optim_batch batch) {
+template <typename T>
+static __global__ void adam_kernel(const optim_batch batch, const double *clip, double max_norm) {
+    double coef;
+    if (!clip_coef(clip, max_norm, &coef)) return;
     int t = find_tensor(batch, blockIdx.x);
     const optim_desc &d = batch.d[t];
     int64_t start = ((int64_t)blockIdx.x - batch.block_start[t]) * ELEMS;
@@ -84,7 +116,7 @@ template <typename T> static __global__ void adam_kernel(const optim_batch batch
     const T beta2 = (T)d.s[3], c2 = (T)d.s[4], neg_step = (T)d.s[5], bc2_sqrt = (T)d.s[6];
     const T eps = (T)d.s[7];
     for (int64_t i = start + threadIdx.x; i < end; i += THREADS) {
-        T pi = p[i], gi = g[i], mo = m[i];
+        T pi = p[i], gi = clipped(g[i], coef), mo = m[i];
         if (l2 != (T)0) gi = add(gi, mul(l2, pi));
         if (shrink_on) pi = mul(pi, shrink);
         T mi = lerp_lo ? add(mo, mul(w, sub(gi, mo))) : sub(gi, mul(sub(gi, mo), w1));
@@ -96,14 +128,19 @@ template <typename T> static __global__ void adam_kernel(const optim_batch batch
             vmax[i] = si;
         }
         T denom = add(div_(sqrt_(si), bc2_sqrt), eps);
-        p[i] = add(pi, mul(neg_step, div_(mi, denom)));
+        T pn = add(pi, mul(neg_step, div_(mi, denom)));
+        p[i] = pn;
+        shadow_put(d, i, pn);
         m[i] = mi;
         v[i] = vi;
     }
 }
 
 /* tensor/cpu/optim.c's SGD loop; s = {lr, wd, momentum, 1 - dampening} */
-template <typename T> static __global__ void sgd_kernel(const optim_batch batch) {
+template <typename T>
+static __global__ void sgd_kernel(const optim_batch batch, const double *clip, double max_norm) {
+    double coef;
+    if (!clip_coef(clip, max_norm, &coef)) return;
     int t = find_tensor(batch, blockIdx.x);
     const optim_desc &d = batch.d[t];
     int64_t start = ((int64_t)blockIdx.x - batch.block_start[t]) * ELEMS;
@@ -115,13 +152,16 @@ template <typename T> static __global__ void sgd_kernel(const optim_batch batch)
     const bool decay = (d.flags & F_DECAY) != 0;
     for (int64_t i = start + threadIdx.x; i < end; i += THREADS) {
         T pi = p[i];
-        T di = decay ? add(g[i], mul(wd, pi)) : g[i];
+        T gi = clipped(g[i], coef);
+        T di = decay ? add(gi, mul(wd, pi)) : gi;
         if (buf) {
             T b = first ? di : add(mul(buf[i], mom), mul(keep, di));
             buf[i] = b;
             di = nesterov ? add(di, mul(mom, b)) : b;
         }
-        p[i] = add(pi, mul(neg_lr, di));
+        T pn = add(pi, mul(neg_lr, di));
+        p[i] = pn;
+        shadow_put(d, i, pn);
     }
 }
 
@@ -163,7 +203,9 @@ static __global__ void clip_scale_kernel(const clip_batch b, const double *norm,
 /* Launches kernel over descriptors [0, n) in batches of MAX_TENSORS. */
 template <typename T>
 static void launch_batches(const char *op, cudaStream_t s, bool adam, const optim_desc *desc,
-                           int n) {
+                           int n, const nb__update_extras *x) {
+    const double *clip = x && x->clip_norm ? (const double *)x->clip_norm->data : nullptr;
+    double max_norm = x ? x->max_norm : 0;
     optim_batch batch;
     for (int first = 0; first < n; first += MAX_TENSORS) {
         int count = n - first < MAX_TENSORS ? n - first : MAX_TENSORS;
@@ -182,8 +224,8 @@ static void launch_batches(const char *op, cudaStream_t s, bool adam, const opti
         if (blocks == 0) continue;
         NB_CHECK(blocks <= INT32_MAX, "%s: %lld blocks in one launch; too many elements", op,
                  (long long)blocks);
-        if (adam) adam_kernel<T><<<(unsigned)blocks, THREADS, 0, s>>>(batch);
-        else sgd_kernel<T><<<(unsigned)blocks, THREADS, 0, s>>>(batch);
+        if (adam) adam_kernel<T><<<(unsigned)blocks, THREADS, 0, s>>>(batch, clip, max_norm);
+        else sgd_kernel<T><<<(unsigned)blocks, THREADS, 0, s>>>(batch, clip, max_norm);
         NB_CUDA_CHECK_LAUNCH(op);
     }
 }
@@ -204,6 +246,32 @@ static void check_params(const char *op, int n, nb_tensor *const *p, nb_tensor *
              nb_dtype_name(p[0]->dtype));
 }
 
+/* The extras (tensor/backend.h) on p's device: the norm 0-d f64, each
+ * shadow a contiguous 16-bit tensor of an f32 parameter's size. */
+static void check_extras(const char *op, int n, nb_tensor *const *p, const nb__update_extras *x) {
+    if (!x) return;
+    const nb_tensor *c = x->clip_norm;
+    NB_CHECK(!c || (c->dtype == NB_F64 && c->ndim == 0 && nb_device_eq(c->device, p[0]->device)),
+             "%s: the clip norm must be a 0-d f64 tensor on %s, got %s %s on %s", op,
+             nb_device_name(p[0]->device), c ? nb_dtype_name(c->dtype) : "", c ? nb_shape_str(c) : "",
+             c ? nb_device_name(c->device) : "");
+    for (int i = 0; x->shadow && i < n; i++) {
+        const nb_tensor *h = x->shadow[i];
+        NB_CHECK(!h || ((h->dtype == NB_BF16 || h->dtype == NB_F16) && p[i]->dtype == NB_F32 &&
+                        nb_is_contiguous(h) && nb_numel(h) == nb_numel(p[i]) &&
+                        nb_device_eq(h->device, p[i]->device)),
+                 "%s: the shadow of parameter %d (%s %s) is %s %s", op, i,
+                 nb_dtype_name(p[i]->dtype), nb_shape_str(p[i]), nb_dtype_name(h->dtype),
+                 nb_shape_str(h));
+    }
+}
+
+static void put_shadow(optim_desc *d, int i, const nb__update_extras *x) {
+    const nb_tensor *h = x && x->shadow ? x->shadow[i] : NULL;
+    d->h = h ? h->data : NULL;
+    d->hdt = h ? (int)h->dtype : 0;
+}
+
 /* ------------------------------------------------------------- entry points */
 /* One multi-tensor update: the parameters and gradients checked, one
  * descriptor per parameter (its pointers and size here; its state and
@@ -211,10 +279,11 @@ static void check_params(const char *op, int n, nb_tensor *const *p, nb_tensor *
  * batches (adam: Adam's kernel, else SGD's). */
 template <typename Fill>
 static void update(const char *op, bool adam, int n, nb_tensor *const *p, nb_tensor *const *g,
-                   Fill fill) {
+                   const nb__update_extras *x, Fill fill) {
     if (n <= 0) return;
     cudaStream_t s = nb__cuda_enter(op, p[0]->device.index);
     check_params(op, n, p, g);
+    check_extras(op, n, p, x);
     optim_desc *desc = (optim_desc *)calloc((size_t)n, sizeof *desc);
     NB_CHECK(desc, "%s: out of memory for %d descriptors", op, n);
     for (int i = 0; i < n; i++) {
@@ -222,18 +291,19 @@ static void update(const char *op, bool adam, int n, nb_tensor *const *p, nb_ten
         d->p = p[i]->data;
         d->g = g[i]->data;
         d->n = nb_numel(p[i]);
+        put_shadow(d, i, x);
         fill(i, d);
     }
-    if (p[0]->dtype == NB_F32) launch_batches<float>(op, s, adam, desc, n);
-    else launch_batches<double>(op, s, adam, desc, n);
+    if (p[0]->dtype == NB_F32) launch_batches<float>(op, s, adam, desc, n, x);
+    else launch_batches<double>(op, s, adam, desc, n, x);
     free(desc);
 }
 
 void nb__cuda_adam(int n, nb_tensor *const *p, nb_tensor *const *g, nb_tensor *const *m,
                    nb_tensor *const *v, nb_tensor *const *vmax, const int64_t *steps,
-                   const double *const *hp, bool decoupled) {
+                   const double *const *hp, bool decoupled, const nb__update_extras *x) {
     const char *op = decoupled ? "nb_optim_step (adamw)" : "nb_optim_step (adam)";
-    update(op, true, n, p, g, [&](int i, optim_desc *d) {
+    update(op, true, n, p, g, x, [&](int i, optim_desc *d) {
         const double *h = hp[i];
         double lr = h[NB__HP_LR], wd = h[NB__HP_WEIGHT_DECAY];
         double b1 = h[NB__HP_BETA1], b2 = h[NB__HP_BETA2];
@@ -254,8 +324,8 @@ void nb__cuda_adam(int n, nb_tensor *const *p, nb_tensor *const *g, nb_tensor *c
 }
 
 void nb__cuda_sgd(int n, nb_tensor *const *p, nb_tensor *const *g, nb_tensor *const *buf,
-                  const int64_t *steps, const double *const *hp) {
-    update("nb_optim_step (sgd)", false, n, p, g, [&](int i, optim_desc *d) {
+                  const int64_t *steps, const double *const *hp, const nb__update_extras *x) {
+    update("nb_optim_step (sgd)", false, n, p, g, x, [&](int i, optim_desc *d) {
         const double *h = hp[i];
         d->a = buf && buf[i] ? buf[i]->data : NULL;
         d->s[0] = h[NB__HP_LR];

@@ -22,6 +22,7 @@
  * under cancellation. Max compares in the dtype (exact). */
 #include <math.h>
 
+#include "tensor/cuda/launches.h"
 #include "tensor/cuda/types.cuh"
 
 #define THREADS 256
@@ -386,8 +387,12 @@ void nb__cuda_pair_loss(nb_tensor *out, int kind, const nb_tensor *a, const nb_t
 }
 
 /* ------------------------------------------------------------ sum of squares */
-#define SQ_BATCH 32
+/* SQ_BATCH tensors per sumsq_partial_kernel launch: GPT-2's 148 gradients
+ * in one (the partials do not depend on the batching: the same sum). */
+#define SQ_BATCH 192
 #define SQ_MAX_BLOCKS_PER_TENSOR 256
+static_assert(SQ_BATCH == (int)NB__CUDA_SUMSQ_TENSORS_PER_LAUNCH,
+              "tensor/cuda/launches.h counts sumsq_partial_kernel's launches");
 
 /* Up to SQ_BATCH tensors; tensor k owns blocks [first[k], first[k + 1]). */
 typedef struct sq_batch {
@@ -405,8 +410,12 @@ struct dsum_r : add_combine<double> {
 
 static __global__ void sumsq_partial_kernel(sq_batch b, double *part) {
     __shared__ double sm[32];
-    int k = 0;
-    while (k + 1 < b.n && (int64_t)blockIdx.x >= b.first[k + 1]) k++;
+    int k = 0, hi = b.n - 1; /* the last k with first[k] <= blockIdx.x */
+    while (k < hi) {
+        int mid = (k + hi + 1) / 2;
+        if (b.first[mid] <= (int64_t)blockIdx.x) k = mid;
+        else hi = mid - 1;
+    }
     int64_t nblk = b.first[k + 1] - b.first[k], bi = (int64_t)blockIdx.x - b.first[k];
     double a = 0;
     for (int64_t j = bi * blockDim.x + threadIdx.x; j < b.numel[k]; j += nblk * blockDim.x) {
