@@ -523,7 +523,17 @@ int nb__optim_param_index(const nb_optim *opt, const nb_tensor *t) {
 
 /* Note [Flat gradients] in autograd/backward.c: the buffers (made) whose
  * every slot is one of opt's parameters', one memset each (a slot whose
- * parameter holds another gradient, or none, is not read). */
+ * parameter holds another gradient, or none, is not read).
+ * The memset is kept although the first gradient of a step could be
+ * written rather than added (a copy, a GEMM with beta = 0): a zeroed
+ * gradient is read by more than the next backward's first writer. A
+ * parameter that gets no gradient in the next backward keeps zeros, which
+ * Adam's update and weight decay still apply to (leaving it stale, or
+ * absent as PyTorch's set_to_none, would change those results); DDP's
+ * all-reduce reads every slot of a bucket, used this step or not; and the
+ * program may read a gradient (nb_get, a norm) before any backward. Each
+ * would need to know the slot's "not yet written" state, which lives
+ * nowhere but in the zeros. */
 enum { MAX_FLATS = 16 };
 static int whole_flats(nb_optim *opt, nb__grad_flat **flats) {
     int count[MAX_FLATS] = {0}, nf = 0, nw = 0;

@@ -72,10 +72,12 @@ static bool valid(const nb__grad_slot *s, const nb_tensor *p, nb_dtype dt) {
            nb_device_eq(s->shadow->device, p->device) && nb_same_shape(s->shadow, p);
 }
 
-/* The slot of an f32 parameter that may have a shadow, or NULL. */
+/* The slot of an f32 parameter that may have a shadow, or NULL; not one
+ * sharded over the ranks (ZeRO-3, distributed/fsdp.c: a whole shadow
+ * would undo the sharding's saving, and its values come and go). */
 static nb__grad_slot *slot_of(const nb_tensor *p) {
     return p->dtype == NB_F32 && p->grad_slot && !p->node && p->requires_grad &&
-                   nb_is_contiguous(p)
+                   nb_is_contiguous(p) && !(p->mem && p->mem->sharded)
                ? p->grad_slot
                : NULL;
 }
