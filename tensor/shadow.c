@@ -76,9 +76,9 @@ static bool valid(const nb__grad_slot *s, const nb_tensor *p, nb_dtype dt) {
  * sharded over the ranks (ZeRO-3, distributed/fsdp.c: a whole shadow
  * would undo the sharding's saving, and its values come and go). */
 static nb__grad_slot *slot_of(const nb_tensor *p) {
-    return p->dtype == NB_F32 && p->grad_slot && !p->node && p->requires_grad &&
-                   nb_is_contiguous(p) && !(p->mem && p->mem->sharded)
-               ? p->grad_slot
+    return p->dtype == NB_F32 && p->priv->grad_slot && !p->node && p->requires_grad &&
+                   nb_is_contiguous(p) && !(p->priv->mem && p->priv->mem->sharded)
+               ? p->priv->grad_slot
                : NULL;
 }
 

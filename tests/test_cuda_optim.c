@@ -305,9 +305,9 @@ START_TEST(test_shadows_cuda) {
         nb_backward(nb_sum_all(step, nb_mul(step, y, y)));
         nb_optim_step(opt);
         nb_optim_zero_grad(opt);
-        ck_assert(w->grad_slot && w->grad_slot->shadow);
+        ck_assert(w->priv->grad_slot && w->priv->grad_slot->shadow);
         uint16_t a[40 * 24], b[40 * 24];
-        nb_to_host(w->grad_slot->shadow, a);
+        nb_to_host(w->priv->grad_slot->shadow, a);
         nb_to_host(nb_cast(step, w, NB_BF16), b);
         ck_assert_msg(memcmp(a, b, sizeof a) == 0, "step %d: the shadow is not the cast", t);
     }

@@ -270,7 +270,7 @@ START_TEST(test_gpt_shadows) {
     nb_meta_entry a = find("adam");
     double shadowed = 0;
     for (int i = 0; i < np; i++)
-        if (p[i].tensor->grad_slot && p[i].tensor->grad_slot->shadow)
+        if (p[i].tensor->priv->grad_slot && p[i].tensor->priv->grad_slot->shadow)
             shadowed += (double)nb_numel(p[i].tensor);
     ck_assert(shadowed > 0.5 * elems && shadowed < elems);
     ck_assert_msg(a.bytes == 28.0 * elems + 2.0 * shadowed, "adam %.0f bytes", a.bytes);

@@ -1101,7 +1101,7 @@ START_TEST(test_param_shadows) {
     shadow_model a, b; /* with shadows; without */
     shadow_model_new(ctx, &a, true);
     shadow_model_new(ctx, &b, false);
-    ck_assert(a.w1->grad_slot && !b.w1->grad_slot);
+    ck_assert(a.w1->priv->grad_slot && !b.w1->priv->grad_slot);
     for (int t = 0; t < 12; t++) {
         if (t == 4) { /* writes the shadows must see */
             nb_tensor *v = nbt_randn_leaf(s1, NB_F32, NB_SHAPE(16, 24), 30);
@@ -1115,13 +1115,13 @@ START_TEST(test_param_shadows) {
         ck_assert(same_bits(a.w1, b.w1) && same_bits(a.w2, b.w2));
         ck_assert(nb_optim_step_count(a.opt) == nb_optim_step_count(b.opt));
     }
-    ck_assert(a.w1->grad_slot->shadow && a.w1->grad_slot->shadow->dtype == NB_BF16);
+    ck_assert(a.w1->priv->grad_slot->shadow && a.w1->priv->grad_slot->shadow->dtype == NB_BF16);
     /* a valid shadow is read in place of a cast: its bits are the cast's */
     nb_ctx_reset(s1);
     nb_tensor *c = nb_matmul(s1, x, a.w1);
     (void)c;
     nb_tensor *cast = nb_cast(s1, a.w1, NB_BF16);
-    ck_assert(memcmp(cast->data, a.w1->grad_slot->shadow->data, 16 * 24 * 2) == 0);
+    ck_assert(memcmp(cast->data, a.w1->priv->grad_slot->shadow->data, 16 * 24 * 2) == 0);
     nb_optim_free(a.opt);
     nb_optim_free(b.opt);
     nb_ctx_free(s1);
