@@ -104,21 +104,49 @@ static double step_both(nb_ddp *ddp, nb_optim *ropt, nb_ctx *rstep, nb_fsdp *f, 
     return mean_over_ranks(nb_item(l));
 }
 
+/* A model under FSDP beside an identical one under DDP, each with its
+ * optimizer (of `kind`, learning rate lr) and its step context; the FSDP
+ * side's optimizer is attached when `attach`. */
+typedef struct pair {
+    nb_ctx *pa, *pb, *step, *rstep;
+    nb_module *m, *ref;
+    nb_ddp *ddp;
+    nb_optim *opt, *ropt;
+    nb_fsdp *f;
+} pair;
+
+static pair pair_new(nb_optim_kind kind, double lr, bool attach) {
+    pair p = {.pa = nb_ctx_new(nb_cpu(), 0), .pb = nb_ctx_new(nb_cpu(), 0), .step = nb_ctx_new(nb_cpu(), 0),
+              .rstep = nb_ctx_new(nb_cpu(), 0)};
+    p.m = tiny_gpt(p.pa);
+    p.ref = tiny_gpt(p.pb);
+    p.ddp = ddp_wrap(p.ref, NULL, -1);
+    p.ropt = optim_of(p.ref, kind, lr);
+    p.opt = optim_of(p.m, kind, lr);
+    p.f = fsdp_wrap(p.m);
+    if (attach) ck_assert_int_eq(nb_fsdp_set_optimizer(p.f, p.opt), NB_OK);
+    return p;
+}
+
+static void pair_free(pair *p) {
+    nb_fsdp_free(p->f);
+    nb_ddp_free(p->ddp);
+    nb_optim_free(p->opt);
+    nb_optim_free(p->ropt);
+    nb_ctx_free(p->step);
+    nb_ctx_free(p->rstep);
+    nb_ctx_free(p->pa);
+    nb_ctx_free(p->pb);
+}
+
 /* 20 AdamW steps: the same losses as DDP's, step by step, within 1e-5
  * relative; then the parameters, gathered whole, close to DDP's. */
 static void loss_matches_ddp(void) {
-    nb_ctx *pa = nb_ctx_new(nb_cpu(), 0), *pb = nb_ctx_new(nb_cpu(), 0);
-    nb_ctx *step = nb_ctx_new(nb_cpu(), 0), *rstep = nb_ctx_new(nb_cpu(), 0);
-    nb_module *m = tiny_gpt(pa), *ref = tiny_gpt(pb);
-    nb_ddp *ddp = ddp_wrap(ref, NULL, -1);
-    nb_optim *ropt = optim_of(ref, NB_OPTIM_ADAMW, 1e-2);
-    nb_optim *opt = optim_of(m, NB_OPTIM_ADAMW, 1e-2);
-    nb_fsdp *f = fsdp_wrap(m);
-    ck_assert_int_eq(nb_fsdp_num_units(f), CFG.n_layer); /* the blocks; the rest is the root */
-    ck_assert_int_eq(nb_fsdp_set_optimizer(f, opt), NB_OK);
+    pair p = pair_new(NB_OPTIM_ADAMW, 1e-2, true);
+    ck_assert_int_eq(nb_fsdp_num_units(p.f), CFG.n_layer); /* the blocks; the rest is the root */
     double first = 0, last = 0, rlast = 0;
     for (int it = 0; it < 20; it++) {
-        double r, l = step_both(ddp, ropt, rstep, f, step, it, &r);
+        double r, l = step_both(p.ddp, p.ropt, p.rstep, p.f, p.step, it, &r);
         ck_assert_msg(fabs(l - r) <= 1e-5 * fabs(r), "rank %d of %d, step %d: loss %.9g, DDP's %.9g", me, R,
                       it + 1, l, r);
         if (it == 0) first = l;
@@ -126,18 +154,11 @@ static void loss_matches_ddp(void) {
     }
     ck_assert_msg(last < first - 0.1, "the loss did not go down: %g -> %g", first, last);
     printf("rank %d of %d: loss after 20 steps %.9g, DDP's %.9g\n", me, R, last, rlast);
-    ck_assert_int_eq(nb_fsdp_gather_full(f), NB_OK);
-    assert_models_match(m, ref, 1e-3, 1.0); /* a key bias, whose gradient is rounding noise, moves by Adam's lr either way */
-    ck_assert_int_eq(nb_fsdp_consolidate_optimizer(f, -1), NB_OK); /* the whole state, as DDP's optimizer holds it */
-    assert_optim_states_match(opt, ropt, 1e-2, 1e-6);
-    nb_fsdp_free(f);
-    nb_ddp_free(ddp);
-    nb_optim_free(opt);
-    nb_optim_free(ropt);
-    nb_ctx_free(step);
-    nb_ctx_free(rstep);
-    nb_ctx_free(pa);
-    nb_ctx_free(pb);
+    ck_assert_int_eq(nb_fsdp_gather_full(p.f), NB_OK);
+    assert_models_match(p.m, p.ref, 1e-3, 1.0); /* a key bias, whose gradient is rounding noise, moves by Adam's lr either way */
+    ck_assert_int_eq(nb_fsdp_consolidate_optimizer(p.f, -1), NB_OK); /* the whole state, as DDP's optimizer holds it */
+    assert_optim_states_match(p.opt, p.ropt, 1e-2, 1e-6);
+    pair_free(&p);
 }
 
 START_TEST(test_loss_matches_ddp) {
@@ -158,19 +179,15 @@ END_TEST
  * each parameter by minus its averaged gradient; both paths' moves agree
  * within 1e-6, and they are not all zero. */
 static void gradients_match_ddp(void) {
-    nb_ctx *pa = nb_ctx_new(nb_cpu(), 0), *pb = nb_ctx_new(nb_cpu(), 0), *pc = nb_ctx_new(nb_cpu(), 0);
-    nb_ctx *step = nb_ctx_new(nb_cpu(), 0), *rstep = nb_ctx_new(nb_cpu(), 0);
-    nb_module *m = tiny_gpt(pa), *ref = tiny_gpt(pb), *init = tiny_gpt(pc);
-    nb_ddp *ddp = ddp_wrap(ref, NULL, -1);
-    nb_optim *ropt = optim_of(ref, NB_OPTIM_SGD, 1.0), *opt = optim_of(m, NB_OPTIM_SGD, 1.0);
-    nb_fsdp *f = fsdp_wrap(m);
-    ck_assert_int_eq(nb_fsdp_set_optimizer(f, opt), NB_OK);
+    pair p = pair_new(NB_OPTIM_SGD, 1.0, true);
+    nb_ctx *pc = nb_ctx_new(nb_cpu(), 0);
+    nb_module *init = tiny_gpt(pc);
     double r;
-    step_both(ddp, ropt, rstep, f, step, 3, &r);
-    ck_assert_int_eq(nb_fsdp_gather_full(f), NB_OK);
+    step_both(p.ddp, p.ropt, p.rstep, p.f, p.step, 3, &r);
+    ck_assert_int_eq(nb_fsdp_gather_full(p.f), NB_OK);
     nb_named_tensor a[64], b[64], c[64];
-    int n = nb_module_named_parameters(m, a, 64);
-    ck_assert_int_eq(nb_module_named_parameters(ref, b, 64), n);
+    int n = nb_module_named_parameters(p.m, a, 64);
+    ck_assert_int_eq(nb_module_named_parameters(p.ref, b, 64), n);
     nb_module_named_parameters(init, c, 64);
     double biggest = 0;
     for (int i = 0; i < n; i++) {
@@ -191,14 +208,7 @@ static void gradients_match_ddp(void) {
         free(vc);
     }
     ck_assert_msg(biggest > 1e-3, "no parameter moved (largest gradient %g)", biggest);
-    nb_fsdp_free(f);
-    nb_ddp_free(ddp);
-    nb_optim_free(opt);
-    nb_optim_free(ropt);
-    nb_ctx_free(step);
-    nb_ctx_free(rstep);
-    nb_ctx_free(pa);
-    nb_ctx_free(pb);
+    pair_free(&p);
     nb_ctx_free(pc);
 }
 
@@ -226,21 +236,19 @@ static size_t unit_bytes(void) {
 /* Memory: the state held between steps, and the step context's peak. */
 START_TEST(test_memory) {
     KEEP = false; /* the bound is the default's: one unit gathered at a time (and the prefetched one) */
-    nb_ctx *pa = nb_ctx_new(nb_cpu(), 0), *pb = nb_ctx_new(nb_cpu(), 0);
-    nb_ctx *step = nb_ctx_new(nb_cpu(), 0), *rstep = nb_ctx_new(nb_cpu(), 0);
-    nb_module *m = tiny_gpt(pa), *ref = tiny_gpt(pb);
+    nb_ctx *pm = nb_ctx_new(nb_cpu(), 0);
     nb_named_tensor blk[32];
-    int nb = nb_module_named_parameters(nb_module_child_at(nb_module_child(m, "transformer.h"), 0), blk, 32);
+    nb_module *shapes = tiny_gpt(pm);
+    int nb = nb_module_named_parameters(nb_module_child_at(nb_module_child(shapes, "transformer.h"), 0), blk, 32);
     size_t counted = 0;
     for (int i = 0; i < nb; i++) counted += (size_t)nb_numel(blk[i].tensor) * sizeof(float);
     ck_assert_uint_eq(counted, unit_bytes()); /* the formula holds the model's shapes */
-    nb_ddp *ddp = ddp_wrap(ref, NULL, -1);
-    nb_optim *ropt = optim_of(ref, NB_OPTIM_ADAMW, 1e-3), *opt = optim_of(m, NB_OPTIM_ADAMW, 1e-3);
-    nb_fsdp *f = fsdp_wrap(m);
-    ck_assert_int_eq(nb_fsdp_set_optimizer(f, opt), NB_OK);
+    nb_ctx_free(pm);
+    pair p = pair_new(NB_OPTIM_ADAMW, 1e-3, true);
+    nb_ctx *step = p.step, *rstep = p.rstep;
     double r;
-    for (int it = 0; it < 2; it++) step_both(ddp, ropt, rstep, f, step, it, &r);
-    size_t mine = nb_fsdp_state_bytes(f, opt), dp = nb_ddp_state_bytes(ddp, ropt);
+    for (int it = 0; it < 2; it++) step_both(p.ddp, p.ropt, rstep, p.f, step, it, &r);
+    size_t mine = nb_fsdp_state_bytes(p.f, p.opt), dp = nb_ddp_state_bytes(p.ddp, p.ropt);
     printf("rank %d of %d: state_bytes ZeRO-3 %zu, DDP %zu (%.3fx); step peak ZeRO-3 %zu, DDP %zu, one unit %zu\n",
            me, R, mine, dp, (double)mine / (double)dp, nb_ctx_peak(step), nb_ctx_peak(rstep), unit_bytes());
     /* 1/R of everything, plus each unit's padding (at most 16 elements per
@@ -251,14 +259,7 @@ START_TEST(test_memory) {
     ck_assert_msg(nb_ctx_peak(step) <= nb_ctx_peak(rstep) + unit_bytes(),
                   "rank %d: the step's peak %zu is more than DDP's %zu plus one unit (%zu)", me,
                   nb_ctx_peak(step), nb_ctx_peak(rstep), unit_bytes());
-    nb_fsdp_free(f);
-    nb_ddp_free(ddp);
-    nb_optim_free(opt);
-    nb_optim_free(ropt);
-    nb_ctx_free(step);
-    nb_ctx_free(rstep);
-    nb_ctx_free(pa);
-    nb_ctx_free(pb);
+    pair_free(&p);
 }
 END_TEST
 
@@ -266,12 +267,12 @@ END_TEST
  * it reads as DDP's; clipping agrees with DDP's norm. */
 START_TEST(test_refusals_and_clip) {
     KEEP = false;
-    nb_ctx *pa = nb_ctx_new(nb_cpu(), 0), *pb = nb_ctx_new(nb_cpu(), 0);
-    nb_ctx *step = nb_ctx_new(nb_cpu(), 0), *rstep = nb_ctx_new(nb_cpu(), 0);
-    nb_module *m = tiny_gpt(pa), *ref = tiny_gpt(pb);
-    nb_ddp *ddp = ddp_wrap(ref, NULL, -1);
-    nb_optim *opt = optim_of(m, NB_OPTIM_ADAMW, 1e-3), *ropt = optim_of(ref, NB_OPTIM_ADAMW, 1e-3);
-    nb_fsdp *f = fsdp_wrap(m);
+    pair pr = pair_new(NB_OPTIM_ADAMW, 1e-3, false);
+    nb_ctx *step = pr.step, *rstep = pr.rstep;
+    nb_module *m = pr.m, *ref = pr.ref;
+    nb_ddp *ddp = pr.ddp;
+    nb_optim *opt = pr.opt, *ropt = pr.ropt;
+    nb_fsdp *f = pr.f;
     nb_named_tensor p[64];
     nb_module_named_parameters(m, p, 64);
     NBT_EXPECT_ABORT(nb_mul_scalar(step, p[0].tensor, 2.0), "is sharded over the ranks (ZeRO-3");
@@ -297,14 +298,7 @@ START_TEST(test_refusals_and_clip) {
     nb_optim_step(ropt);
     ck_assert_int_eq(nb_fsdp_gather_full(f), NB_OK);
     assert_models_close(m, ref, 1e-5);
-    nb_fsdp_free(f);
-    nb_ddp_free(ddp);
-    nb_optim_free(opt);
-    nb_optim_free(ropt);
-    nb_ctx_free(step);
-    nb_ctx_free(rstep);
-    nb_ctx_free(pa);
-    nb_ctx_free(pb);
+    pair_free(&pr);
 }
 END_TEST
 
