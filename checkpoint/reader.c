@@ -137,14 +137,8 @@ void nb_checkpoint_close(nb_checkpoint *ck) {
     free(ck);
 }
 
-const char *nb_checkpoint_path(const nb_checkpoint *ck) {
-    NB__CHECK_HANDLE("nb_checkpoint_path", ck, "checkpoint");
-    return ck->path;
-}
-int nb_checkpoint_count(const nb_checkpoint *ck) {
-    NB__CHECK_HANDLE("nb_checkpoint_count", ck, "checkpoint");
-    return ck->h.n;
-}
+NB__HANDLE_GETTER(const char *, nb_checkpoint_path, const nb_checkpoint, ck, "checkpoint", ck->path)
+NB__HANDLE_GETTER(int, nb_checkpoint_count, const nb_checkpoint, ck, "checkpoint", ck->h.n)
 
 const nb_checkpoint_entry *nb_checkpoint_entry_at(const nb_checkpoint *ck, int i) {
     NB__CHECK_HANDLE("nb_checkpoint_entry_at", ck, "checkpoint");
@@ -159,10 +153,8 @@ const nb_checkpoint_entry *nb_checkpoint_find(const nb_checkpoint *ck, const cha
     return i < 0 ? NULL : &ck->h.entries[i];
 }
 
-int nb_checkpoint_meta_count(const nb_checkpoint *ck) {
-    NB__CHECK_HANDLE("nb_checkpoint_meta_count", ck, "checkpoint");
-    return ck->h.n_meta;
-}
+NB__HANDLE_GETTER(int, nb_checkpoint_meta_count, const nb_checkpoint, ck, "checkpoint",
+                  ck->h.n_meta)
 
 nb_kv nb_checkpoint_meta_at(const nb_checkpoint *ck, int i) {
     NB__CHECK_HANDLE("nb_checkpoint_meta_at", ck, "checkpoint");

@@ -39,10 +39,8 @@ void nb_batch_sampler_free(nb_batch_sampler *bs) {
     free(bs);
 }
 
-int64_t nb_batch_sampler_len(const nb_batch_sampler *bs) {
-    NB__CHECK_HANDLE("nb_batch_sampler_len", bs, "batch sampler");
-    return nb_batch_count(nb_sampler_len(bs->sampler), bs->batch_size, bs->drop_last);
-}
+NB__HANDLE_GETTER(int64_t, nb_batch_sampler_len, const nb_batch_sampler, bs, "batch sampler",
+                  nb_batch_count(nb_sampler_len(bs->sampler), bs->batch_size, bs->drop_last))
 
 void nb_batch_sampler_set_epoch(nb_batch_sampler *bs, int64_t epoch) {
     NB__CHECK_HANDLE("nb_batch_sampler_set_epoch", bs, "batch sampler");

@@ -76,22 +76,11 @@ void nb_dataset_free(nb_dataset *ds) {
     free(ds);
 }
 
-int64_t nb_dataset_len(const nb_dataset *ds) {
-    NB__CHECK_HANDLE("nb_dataset_len", ds, "dataset");
-    return ds->vt->len(ds->self);
-}
-nb_field nb_dataset_input(const nb_dataset *ds) {
-    NB__CHECK_HANDLE("nb_dataset_input", ds, "dataset");
-    return ds->input;
-}
-nb_field nb_dataset_target(const nb_dataset *ds) {
-    NB__CHECK_HANDLE("nb_dataset_target", ds, "dataset");
-    return ds->target;
-}
-const char *nb_dataset_name(const nb_dataset *ds) {
-    NB__CHECK_HANDLE("nb_dataset_name", ds, "dataset");
-    return ds->vt->name ? ds->vt->name : "dataset";
-}
+NB__HANDLE_GETTER(int64_t, nb_dataset_len, const nb_dataset, ds, "dataset", ds->vt->len(ds->self))
+NB__HANDLE_GETTER(nb_field, nb_dataset_input, const nb_dataset, ds, "dataset", ds->input)
+NB__HANDLE_GETTER(nb_field, nb_dataset_target, const nb_dataset, ds, "dataset", ds->target)
+NB__HANDLE_GETTER(const char *, nb_dataset_name, const nb_dataset, ds, "dataset",
+                  ds->vt->name ? ds->vt->name : "dataset")
 
 nb_status nb_dataset_get(const nb_dataset *ds, int64_t index, void *input, void *target) {
     NB__CHECK_HANDLE("nb_dataset_get", ds, "dataset");

@@ -455,10 +455,7 @@ nb_status nb_loader_new(nb_loader **out, nb_dataset *ds, const nb_loader_options
     return NB_OK;
 }
 
-int64_t nb_loader_len(const nb_loader *l) {
-    NB__CHECK_HANDLE("nb_loader_len", l, "loader");
-    return l->base + l->n_batches;
-}
+NB__HANDLE_GETTER(int64_t, nb_loader_len, const nb_loader, l, "loader", l->base + l->n_batches)
 
 void nb_loader_position(const nb_loader *l, int64_t *epoch, int64_t *batch) {
     NB__CHECK_HANDLE("nb_loader_position", l, "loader");

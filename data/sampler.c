@@ -35,19 +35,13 @@ void nb_sampler_free(nb_sampler *s) {
 static const nb_sampler_vtable distributed_vt;
 static void dist_set_epoch(void *self, int64_t epoch);
 
-int64_t nb_sampler_len(const nb_sampler *s) {
-    NB__CHECK_HANDLE("nb_sampler_len", s, "sampler");
-    return s->vt->len(s->self);
-}
+NB__HANDLE_GETTER(int64_t, nb_sampler_len, const nb_sampler, s, "sampler", s->vt->len(s->self))
 void nb_sampler_set_epoch(nb_sampler *s, int64_t epoch) {
     NB__CHECK_HANDLE("nb_sampler_set_epoch", s, "sampler");
     s->epoch = epoch;
     if (s->vt == &distributed_vt) dist_set_epoch(s->self, epoch);
 }
-int64_t nb_sampler_epoch(const nb_sampler *s) {
-    NB__CHECK_HANDLE("nb_sampler_epoch", s, "sampler");
-    return s->epoch;
-}
+NB__HANDLE_GETTER(int64_t, nb_sampler_epoch, const nb_sampler, s, "sampler", s->epoch)
 void nb_sampler_indices(const nb_sampler *s, int64_t *out) {
     NB__CHECK_HANDLE("nb_sampler_indices", s, "sampler");
     s->vt->indices(s->self, s->epoch, out);

@@ -476,23 +476,14 @@ void nb__ddp_reducer_free(nb_ddp *d) {
     nb__handle_retire(d);
 }
 
-nb_module *nb_ddp_module(nb_ddp *d) {
-    NB__CHECK_HANDLE("nb_ddp_module", d, "DDP handle");
-    return d->model;
-}
+NB__HANDLE_GETTER(nb_module *, nb_ddp_module, nb_ddp, d, "DDP handle", d->model)
 
 void nb_ddp_set_no_sync(nb_ddp *d, bool no_sync) {
     NB__CHECK_HANDLE("nb_ddp_set_no_sync", d, "DDP handle");
     d->no_sync = no_sync;
 }
-bool nb_ddp_buckets_rebuilt(const nb_ddp *d) {
-    NB__CHECK_HANDLE("nb_ddp_buckets_rebuilt", d, "DDP handle");
-    return d->rebuilt;
-}
-int nb_ddp_num_buckets(const nb_ddp *d) {
-    NB__CHECK_HANDLE("nb_ddp_num_buckets", d, "DDP handle");
-    return d->n_buckets;
-}
+NB__HANDLE_GETTER(bool, nb_ddp_buckets_rebuilt, const nb_ddp, d, "DDP handle", d->rebuilt)
+NB__HANDLE_GETTER(int, nb_ddp_num_buckets, const nb_ddp, d, "DDP handle", d->n_buckets)
 
 int nb_ddp_bucket_params(const nb_ddp *d, int b, int *out, int cap) {
     NB__CHECK_HANDLE("nb_ddp_bucket_params", d, "DDP handle");

@@ -658,15 +658,9 @@ void nb_fsdp_free(nb_fsdp *f) {
     free(f);
 }
 
-nb_module *nb_fsdp_module(nb_fsdp *f) {
-    NB__CHECK_HANDLE("nb_fsdp_module", f, "FSDP handle");
-    return f->model;
-}
+NB__HANDLE_GETTER(nb_module *, nb_fsdp_module, nb_fsdp, f, "FSDP handle", f->model)
 
-int nb_fsdp_num_units(const nb_fsdp *f) {
-    NB__CHECK_HANDLE("nb_fsdp_num_units", f, "FSDP handle");
-    return f->n_units;
-}
+NB__HANDLE_GETTER(int, nb_fsdp_num_units, const nb_fsdp, f, "FSDP handle", f->n_units)
 
 static nb_status take_status(nb_fsdp *f) {
     nb_status st = f->status;

@@ -48,10 +48,8 @@ nb_grad_scaler *nb_grad_scaler_new(double init_scale, double growth_factor,
 
 void nb_grad_scaler_free(nb_grad_scaler *s) { free(s); }
 
-double nb_grad_scaler_get_scale(const nb_grad_scaler *s) {
-    NB__CHECK_HANDLE("nb_grad_scaler_get_scale", s, "gradient scaler");
-    return s->scale;
-}
+NB__HANDLE_GETTER(double, nb_grad_scaler_get_scale, const nb_grad_scaler, s, "gradient scaler",
+                  s->scale)
 
 nb_tensor *nb_grad_scaler_scale(nb_grad_scaler *s, nb_ctx *ctx, nb_tensor *loss) {
     NB__CHECK_HANDLE("nb_grad_scaler_scale", s, "gradient scaler");

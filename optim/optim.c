@@ -343,10 +343,8 @@ static size_t moment_bytes(const nb_optim *opt) {
     return bytes;
 }
 
-size_t nb_optim_state_bytes(const nb_optim *opt) {
-    NB__CHECK_HANDLE("nb_optim_state_bytes", opt, "optimizer");
-    return moment_bytes(opt) + (opt->shard ? moment_bytes(opt->shard) : 0);
-}
+NB__HANDLE_GETTER(size_t, nb_optim_state_bytes, const nb_optim, opt, "optimizer",
+                  moment_bytes(opt) + (opt->shard ? moment_bytes(opt->shard) : 0))
 
 nb_optim *nb_optim_new(nb_optim_kind kind, const nb_named_tensor *params, int n,
                        const nb_optim_hparams *h) {
@@ -585,22 +583,11 @@ static void check_group(const char *who, const nb_optim *opt, int group) {
              who, group, opt->n_groups);
 }
 
-nb_optim_kind nb_optim_get_kind(const nb_optim *opt) {
-    NB__CHECK_HANDLE("nb_optim_get_kind", opt, "optimizer");
-    return opt->kind;
-}
-int nb_optim_group_count(const nb_optim *opt) {
-    NB__CHECK_HANDLE("nb_optim_group_count", opt, "optimizer");
-    return opt->n_groups;
-}
-int nb_optim_param_count(const nb_optim *opt) {
-    NB__CHECK_HANDLE("nb_optim_param_count", opt, "optimizer");
-    return opt->n_params;
-}
-int64_t nb_optim_step_count(const nb_optim *opt) {
-    NB__CHECK_HANDLE("nb_optim_step_count", opt, "optimizer");
-    return *(const int64_t *)opt->step_count->data;
-}
+NB__HANDLE_GETTER(nb_optim_kind, nb_optim_get_kind, const nb_optim, opt, "optimizer", opt->kind)
+NB__HANDLE_GETTER(int, nb_optim_group_count, const nb_optim, opt, "optimizer", opt->n_groups)
+NB__HANDLE_GETTER(int, nb_optim_param_count, const nb_optim, opt, "optimizer", opt->n_params)
+NB__HANDLE_GETTER(int64_t, nb_optim_step_count, const nb_optim, opt, "optimizer",
+                  *(const int64_t *)opt->step_count->data)
 
 nb_optim_hparams nb_optim_group_hparams(const nb_optim *opt, int group) {
     NB__CHECK_HANDLE("nb_optim_group_hparams", opt, "optimizer");

@@ -64,4 +64,13 @@ struct nb_loader;
         NB__HANDLE_CHECKER(h)(fn, (const void *)(h), what);                                   \
     } while (0)
 
+/* Defines the public function `Ret fn(T *h)` that checks its handle h
+ * (`what` in the message) and returns expr: the message names fn itself
+ * (#fn), so a getter written after another cannot name the other. */
+#define NB__HANDLE_GETTER(Ret, fn, T, h, what, expr)                                          \
+    Ret fn(T *h) {                                                                            \
+        NB__CHECK_HANDLE(#fn, h, what);                                                       \
+        return expr;                                                                          \
+    }
+
 #endif
