@@ -67,8 +67,7 @@ static nb_tensor *domain_input(nb_ctx *ctx, nb_dtype dt, int ndim, const int64_t
 START_TEST(test_unary_values) {
     nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
     for (int k = 0; k < N_UNARY; k++) {
-        for (int dti = 0; dti < 2; dti++) {
-            nb_dtype dt = dti ? NB_F32 : NB_F64;
+        NBT_FOR_F64_F32(dti, dt) {
             nb_tensor *x = domain_input(ctx, dt, NB_SHAPE(3, 7), unaries[k].positive, 10 + k);
             nb_tensor *y = unaries[k].op(ctx, x);
             double xv[21], e[21];

@@ -44,8 +44,7 @@ START_TEST(test_ce_values) {
     } cases[] = {{-100, 0.0, true}, {-100, 0.0, false}, {-100, 0.1, false}, {2, 0.25, false},
                  {-100, 1.0, false}};
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
-        for (int dti = 0; dti < 2; dti++) {
-            nb_dtype dt = dti ? NB_F32 : NB_F64;
+        NBT_FOR_F64_F32(dti, dt) {
             nb_tensor *x = nb_mul_scalar(ctx, nbt_randn(ctx, dt, NB_SHAPE(6, 5), 40 + k), 2.0);
             nb_to_host_f64(x, xv);
             nb_tensor *tt = targets_tensor(ctx, dti ? NB_I32 : NB_I64, 6, t);
@@ -189,8 +188,7 @@ END_TEST
 /* ---- MSE ---- */
 START_TEST(test_mse_values) {
     nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
-    for (int dti = 0; dti < 2; dti++) {
-        nb_dtype dt = dti ? NB_F32 : NB_F64;
+    NBT_FOR_F64_F32(dti, dt) {
         nb_tensor *p = nbt_randn(ctx, dt, NB_SHAPE(4, 3), 1);
         nb_tensor *base = nbt_randn(ctx, dt, NB_SHAPE(3, 4), 2);
         nb_tensor *q = nb_transpose(ctx, base, 0, 1); /* non-contiguous target */
@@ -248,8 +246,7 @@ static double ref_bce(double x, double y) { return -(y * log_sigmoid(x) + (1 - y
 
 START_TEST(test_bce_values) {
     nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
-    for (int dti = 0; dti < 2; dti++) {
-        nb_dtype dt = dti ? NB_F32 : NB_F64;
+    NBT_FOR_F64_F32(dti, dt) {
         nb_tensor *x = nb_mul_scalar(ctx, nbt_randn(ctx, dt, NB_SHAPE(3, 5), 9), 3.0);
         nb_tensor *y = nb_rand_uniform(ctx, dt, NB_SHAPE(3, 5), 0, 1, NULL);
         double xv[15], yv[15], e = 0;

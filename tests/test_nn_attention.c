@@ -129,8 +129,7 @@ END_TEST
 /* Changing positions >= s leaves the outputs at positions < s bit for bit. */
 START_TEST(test_causal_values) {
     nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
-    for (int k = 0; k < 2; k++) {
-        nb_dtype dt = k ? NB_F32 : NB_F64;
+    NBT_FOR_F64_F32(k, dt) {
         nb_module *m = nb_causal_self_attention_new(ctx, dt, 8, 2, NULL, NULL);
         nb_tensor *x = nbt_randn(ctx, dt, NB_SHAPE(2, 6, 8), 300);
         nb_tensor *y = nb_module_forward(m, ctx, x);

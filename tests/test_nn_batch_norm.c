@@ -55,8 +55,7 @@ static void randomize(nb_tensor *t, uint64_t seed) {
 
 START_TEST(test_train_then_eval) {
     nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
-    for (int k = 0; k < 2; k++) {
-        nb_dtype dt = k ? NB_F32 : NB_F64;
+    NBT_FOR_F64_F32(k, dt) {
         double tol = k ? 2e-5 : 1e-12, eps = 1e-3, mom = 0.25;
         nb_batch_norm_opts o = {eps, mom, true, true};
         nb_module *bn = nb_batch_norm2d_new(ctx, dt, 3, &o);
@@ -226,8 +225,7 @@ END_TEST
  * and eval) by finite differences. */
 START_TEST(test_long_planes) {
     nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
-    for (int k = 0; k < 2; k++) {
-        nb_dtype dt = k ? NB_F32 : NB_F64;
+    NBT_FOR_F64_F32(k, dt) {
         double tol = k ? 2e-5 : 1e-12;
         nb_module *bn = nb_batch_norm2d_new(ctx, dt, 2, NULL);
         nb_tensor *w = nb_module_find(bn, "weight"), *b = nb_module_find(bn, "bias");

@@ -75,8 +75,7 @@ static void check_linear(nb_ctx *ctx, nb_dtype dt, bool bias, nb_tensor *x) {
 
 START_TEST(test_linear_values) {
     nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
-    for (int k = 0; k < 2; k++) {
-        nb_dtype dt = k ? NB_F32 : NB_F64;
+    NBT_FOR_F64_F32(k, dt) {
         check_linear(ctx, dt, true, nbt_randn(ctx, dt, NB_SHAPE(3, 5), 1));
         check_linear(ctx, dt, false, nbt_randn(ctx, dt, NB_SHAPE(3, 5), 2));
         check_linear(ctx, dt, true, nbt_randn(ctx, dt, NB_SHAPE(2, 3, 5), 3));  /* (N, T, C) */
@@ -279,8 +278,7 @@ END_TEST
 /* ---- Embedding ---- */
 START_TEST(test_embedding) {
     nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
-    for (int k = 0; k < 2; k++) {
-        nb_dtype dt = k ? NB_F32 : NB_F64;
+    NBT_FOR_F64_F32(k, dt) {
         nb_module *m = nb_embedding_new(ctx, dt, 7, 3, NULL);
         int64_t idx[6] = {6, 0, 2, 2, 5, 0};
         nb_tensor *ix = k ? nb_from_host(ctx, NB_I64, NB_SHAPE(2, 3), idx)
@@ -464,8 +462,7 @@ START_TEST(test_pooling) {
                     gradcheck_module(m, nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(1, 2, 4, 3), 95 + is_max));
             }
     /* global average pooling */
-    for (int k = 0; k < 2; k++) {
-        nb_dtype dt = k ? NB_F32 : NB_F64;
+    NBT_FOR_F64_F32(k, dt) {
         nb_module *g = nb_global_avg_pool2d_new(ctx);
         nb_tensor *x = nbt_randn(ctx, dt, NB_SHAPE(2, 3, 4, 5), 99);
         nb_tensor *y = nb_module_forward(g, ctx, x);
@@ -529,8 +526,7 @@ END_TEST
 /* ---- losses ---- */
 START_TEST(test_losses) {
     nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
-    for (int k = 0; k < 2; k++) {
-        nb_dtype dt = k ? NB_F32 : NB_F64;
+    NBT_FOR_F64_F32(k, dt) {
         /* cross entropy with an ignored target and label smoothing */
         nb_cross_entropy_opts co = {2, 0.1};
         nb_module *ce = nb_cross_entropy_loss_new(ctx, &co);

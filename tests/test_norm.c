@@ -43,8 +43,7 @@ static void check_layer_norm(nb_ctx *ctx, nb_tensor *x, int norm_ndim, nb_tensor
 
 START_TEST(test_layer_norm_values) {
     nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
-    for (int dti = 0; dti < 2; dti++) {
-        nb_dtype dt = dti ? NB_F32 : NB_F64;
+    NBT_FOR_F64_F32(dti, dt) {
         /* an offset mean tests the two-pass variance */
         nb_tensor *x = nb_add_scalar(ctx, nbt_randn(ctx, dt, NB_SHAPE(4, 6), 1), 5.0);
         nb_tensor *w = nbt_randn(ctx, dt, NB_SHAPE(6), 2), *b = nbt_randn(ctx, dt, NB_SHAPE(6), 3);
@@ -160,8 +159,7 @@ START_TEST(test_batch_norm_train_values) {
     static const int64_t shapes[][4] = {{6, 3, 0, 0}, {2, 3, 4, 5}, {3, 2, 5, 0}};
     static const int ndims[] = {2, 4, 3};
     for (int si = 0; si < 3; si++) {
-        for (int dti = 0; dti < 2; dti++) {
-            nb_dtype dt = dti ? NB_F32 : NB_F64;
+        NBT_FOR_F64_F32(dti, dt) {
             const int64_t *shape = shapes[si];
             int64_t n = shape[0], c = shape[1], s = 1;
             for (int k = 2; k < ndims[si]; k++) s *= shape[k];
@@ -222,8 +220,7 @@ END_TEST
 
 START_TEST(test_batch_norm_eval_values) {
     nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
-    for (int dti = 0; dti < 2; dti++) {
-        nb_dtype dt = dti ? NB_F32 : NB_F64;
+    NBT_FOR_F64_F32(dti, dt) {
         int64_t c = 3;
         nb_tensor *x = nbt_randn(ctx, dt, NB_SHAPE(2, 3, 2, 2), 80);
         nb_tensor *w = nbt_randn(ctx, dt, 1, &c, 81), *b = nbt_randn(ctx, dt, 1, &c, 82);

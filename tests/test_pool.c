@@ -202,8 +202,7 @@ END_TEST
 START_TEST(test_max_nan) {
     nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
     double v[20] = {1, NAN, 2, 3, 7, 4, 5, NAN, NAN, 7, 0, 0, 1, 1, 7, 0, 9, 1, 1, 7};
-    for (int k = 0; k < 2; k++) {
-        nb_dtype dt = k ? NB_F32 : NB_F64;
+    NBT_FOR_F64_F32(k, dt) {
         nb_tensor *x = nb_cast(ctx, nb_from_host(ctx, NB_F64, NB_SHAPE(1, 1, 4, 5), v), dt);
         nb_set_requires_grad(x, true);
         nb_pool2d_opts o = POPTS(2, 2, 2, 2, 0, 0); /* the fifth column is dropped */
@@ -266,8 +265,7 @@ static void check_max_2x2(int64_t planes, int64_t H, int64_t W, uint32_t seed) {
                 e[(pl * OH + oh) * OW + ow] = v[bi];
                 eg[bi] += 1;
             }
-    for (int k = 0; k < 2; k++) {
-        nb_dtype dt = k ? NB_F32 : NB_F64;
+    NBT_FOR_F64_F32(k, dt) {
         nb_tensor *x = nb_cast(ctx, nb_from_host(ctx, NB_F64, NB_SHAPE(1, planes, H, W), v), dt);
         nb_set_requires_grad(x, true);
         nb_pool2d_opts o = POPTS(2, 2, 2, 2, 0, 0);

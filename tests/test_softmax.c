@@ -134,8 +134,7 @@ START_TEST(test_nonfinite_rows) {
     double z = 0;
     for (int j = 0; j < 11; j++)
         if (j != 2 && j != 10) z += exp(0.25 * j - 1.0);
-    for (int k = 0; k < 2; k++) {
-        nb_dtype dt = k ? NB_F32 : NB_F64;
+    NBT_FOR_F64_F32(k, dt) {
         nb_tensor *x = nb_cast(ctx, nb_from_host(ctx, NB_F64, NB_SHAPE(3, 11), v), dt);
         double y[33], ly[33];
         nb_to_host_f64(nb_softmax(ctx, x, 1), y);
@@ -276,8 +275,7 @@ START_TEST(test_causal_values) {
     static double xv[MAXN], e[MAXN];
     for (int si = 0; si < 5; si++)
         for (int sc = 0; sc < 3; sc++)
-            for (int dti = 0; dti < 2; dti++) {
-                nb_dtype dt = dti ? NB_F32 : NB_F64;
+            NBT_FOR_F64_F32(dti, dt) {
                 nb_tensor *x = nb_mul_scalar(ctx, nbt_randn(ctx, dt, ndims[si], shapes[si], (uint64_t)(500 + si)), 3.0);
                 int64_t t = x->shape[x->ndim - 2], s = x->shape[x->ndim - 1];
                 int64_t b = nb_numel(x) / (t * s);

@@ -48,6 +48,14 @@ extern char nbt_abort_msg[1024];
         ck_assert_msg(nbt_r_.ok, "%s", nbt_r_.message);                                   \
     } while (0)
 
+/* Runs the statement after it twice: `dt` NB_F64 with `k` 0, then NB_F32 with
+ * `k` 1 (a test's f64 pass and its f32 pass, `k ? f32_tol : f64_tol`). A
+ * `break` in the statement ends only the current pass. */
+#define NBT_FOR_F64_F32(k, dt)                                                            \
+    for (int k = 0; k < 2; k++)                                                           \
+        for (nb_dtype dt = (k) ? NB_F32 : NB_F64, *nbt_dt_once_ = &dt; nbt_dt_once_;      \
+             nbt_dt_once_ = NULL)
+
 /* Normal(0, 1) random tensor of any float dtype, from its own seed. */
 nb_tensor *nbt_randn(nb_ctx *ctx, nb_dtype dtype, int ndim, const int64_t *shape, uint64_t seed);
 /* Same, made to require grad (a leaf). */
