@@ -565,6 +565,39 @@ nb_status nb_ddp_step(nb_ddp *d) {
 
 /* ---- clipping ---- */
 
+/* Each rank holds slices of the gradient (ZeRO's shards of each bucket,
+ * FSDP's of each unit), so the norm is the all-reduced sum of the squares
+ * of every rank's slices (the max of the maxima for norm_type inf), and
+ * each rank scales its own slices by the coefficient nb_clip_grad_norm
+ * would use. A NaN anywhere makes the sum NaN (the max may have dropped
+ * it); a non-finite norm scales nothing. */
+nb_status nb__shard_clip_grad_norm(nb_pg *pg, nb_ctx *sc, int k, nb_tensor **gl, double max_norm,
+                                   double norm_type, double *norm) {
+    const nb__backend *be = nb__backend_of(nb_ctx_device(sc));
+    double v2[2] = {0, 0}; /* sum of squares, max |g| */
+    nb_tensor *out = nb__empty(sc, NB_F64, 0, NULL);
+    be->sum_squares(out, k, gl);
+    v2[0] = nb_item(out);
+    if (norm_type != 2.0) {
+        be->max_abs(sc, out, k, gl);
+        v2[1] = nb_item(out);
+    }
+    if (pg) {
+        nb_tensor *v = nb_from_host(sc, NB_F64, NB_SHAPE(2), v2);
+        nb_status st = nb_work_finish(nb_pg_all_reduce(pg, flat_view(sc, v, 0, 1), NB_REDUCE_SUM));
+        if (st == NB_OK && norm_type != 2.0)
+            st = nb_work_finish(nb_pg_all_reduce(pg, flat_view(sc, v, 1, 1), NB_REDUCE_MAX));
+        if (st != NB_OK) return st;
+        nb_to_host(v, v2);
+    }
+    double total = isnan(v2[0]) ? NAN : norm_type == 2.0 ? sqrt(v2[0]) : v2[1];
+    *norm = total;
+    if (!isfinite(total)) return NB_OK;
+    double coef = max_norm / (total + 1e-6);
+    if (coef < 1.0 && k) be->scale(k, gl, coef);
+    return NB_OK;
+}
+
 nb_status nb_ddp_clip_grad_norm(nb_ddp *d, double max_norm, double norm_type, double *norm) {
     NB__CHECK_HANDLE("nb_ddp_clip_grad_norm", d, "DDP handle");
     NB_CHECK(d && norm, "nb_ddp_clip_grad_norm: NULL argument");
@@ -592,29 +625,7 @@ nb_status nb_ddp_clip_grad_norm(nb_ddp *d, double max_norm, double norm_type, do
         int64_t own = d->buckets[bi].numel - lo < z->chunk[bi] ? d->buckets[bi].numel - lo : z->chunk[bi];
         if (own > 0) gl[k++] = flat_view(sc, z->shard[bi], 0, own);
     }
-    const nb__backend *be = nb__backend_of(dev);
-    double local[2] = {0, 0}; /* sum of squares, max |g| */
-    nb_tensor *out = nb__empty(sc, NB_F64, 0, NULL);
-    be->sum_squares(out, k, gl);
-    local[0] = nb_item(out);
-    if (norm_type != 2.0) {
-        be->max_abs(sc, out, k, gl);
-        local[1] = nb_item(out);
-    }
-    nb_tensor *v = nb_from_host(sc, NB_F64, NB_SHAPE(2), local);
-    nb_status st = nb_work_finish(nb_pg_all_reduce(d->pg, flat_view(sc, v, 0, 1), NB_REDUCE_SUM));
-    if (st == NB_OK && norm_type != 2.0)
-        st = nb_work_finish(nb_pg_all_reduce(d->pg, flat_view(sc, v, 1, 1), NB_REDUCE_MAX));
-    if (st != NB_OK) return st;
-    double global[2];
-    nb_to_host(v, global);
-    /* a NaN anywhere makes the sum NaN (the max may have dropped it) */
-    double total = isnan(global[0]) ? NAN : norm_type == 2.0 ? sqrt(global[0]) : global[1];
-    *norm = total;
-    if (!isfinite(total)) return NB_OK;
-    double coef = max_norm / (total + 1e-6);
-    if (coef < 1.0 && k) be->scale(k, gl, coef);
-    return NB_OK;
+    return nb__shard_clip_grad_norm(d->pg, sc, k, gl, max_norm, norm_type, norm);
 }
 
 /* ---- the grad scaler (Note [ZeRO-1 grad scaler]) ----

@@ -73,6 +73,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "distributed/internal.h"
 #include "nabla/fsdp.h"
 #include "nn/internal.h"
 #include "optim/sharded.h"
@@ -499,6 +500,19 @@ static nb_status wrap(nb_fsdp *f, nb_module *m, bool root) {
     return NB_OK;
 }
 
+/* The part of u's parameter pi in this rank's chunk of u: len elements
+ * from pi's element start, at element at of the chunk (len 0: none). */
+typedef struct part {
+    int64_t at, start, len;
+} part;
+
+static part rank_part(const nb_fsdp *f, const unit *u, const param_info *pi) {
+    int64_t lo = (int64_t)f->rank * u->chunk, hi = lo + u->chunk;
+    int64_t a = pi->offset > lo ? pi->offset : lo, e = pi->offset + nb_numel(pi->t);
+    if (e > hi) e = hi;
+    return a < e ? (part){a - lo, a - pi->offset, e - a} : (part){0, 0, 0};
+}
+
 static void layout(nb_fsdp *f, unit *u) {
     int64_t off = 0;
     for (int i = 0; i < u->np; i++) {
@@ -513,13 +527,11 @@ static void layout(nb_fsdp *f, unit *u) {
     u->shard->requires_grad = true;
     u->shard->grad = u->shard_grad;
     u->leaf = u->shard;
-    int64_t lo = (int64_t)f->rank * u->chunk, hi = lo + u->chunk;
     for (int i = 0; i < u->np; i++) {
         param_info *pi = &f->p[u->params[i]];
-        int64_t a = pi->offset > lo ? pi->offset : lo, e = pi->offset + nb_numel(pi->t);
-        if (e > hi) e = hi;
-        if (a >= e) continue;
-        nb_copy_(flat_view(f->ctx, u->shard, a - lo, e - a), flat_view(f->ctx, pi->t, a - pi->offset, e - a));
+        part q = rank_part(f, u, pi);
+        if (!q.len) continue;
+        nb_copy_(flat_view(f->ctx, u->shard, q.at, q.len), flat_view(f->ctx, pi->t, q.start, q.len));
         f->n_pieces++;
     }
     u->f = f;
@@ -726,16 +738,14 @@ static int rank_pieces(nb_fsdp *f, nb_ctx *ctx, nb__optim_piece *pc, int *unit_o
     int k = 0;
     for (int ui = 0; ui <= f->n_units; ui++) {
         unit *u = &f->units[ui];
-        int64_t lo = (int64_t)f->rank * u->chunk, hi = lo + u->chunk;
         for (int i = 0; i < u->np; i++) {
             param_info *pi = &f->p[u->params[i]];
-            int64_t a = pi->offset > lo ? pi->offset : lo, e = pi->offset + nb_numel(pi->t);
-            if (e > hi) e = hi;
-            if (a >= e) continue;
+            part q = rank_part(f, u, pi);
+            if (!q.len) continue;
             NB_CHECK(k < f->n_pieces, "nb_fsdp: rank %d: more pieces than the %d counted", f->rank, f->n_pieces);
-            if (unit_of) unit_of[k] = ui, at[k] = a - lo;
-            pc[k++] = (nb__optim_piece){pi->t, a - pi->offset, e - a, flat_view(ctx, u->shard_grad, a - lo, e - a),
-                                        pi->name, flat_view(ctx, u->shard, a - lo, e - a)};
+            if (unit_of) unit_of[k] = ui, at[k] = q.at;
+            pc[k++] = (nb__optim_piece){pi->t, q.start, q.len, flat_view(ctx, u->shard_grad, q.at, q.len),
+                                        pi->name, flat_view(ctx, u->shard, q.at, q.len)};
         }
     }
     return k;
@@ -785,29 +795,8 @@ nb_status nb_fsdp_clip_grad_norm(nb_fsdp *f, double max_norm, double norm_type, 
     int k = 0;
     for (int i = 0; i <= f->n_units; i++)
         if (f->units[i].chunk > 0) gl[k++] = f->units[i].shard_grad; /* padding: zeros */
-    const nb__backend *be = nb__backend_of(dev);
-    double local[2] = {0, 0};
-    nb_tensor *o = nb__empty(sc, NB_F64, 0, NULL);
-    be->sum_squares(o, k, gl);
-    local[0] = nb_item(o);
-    if (norm_type != 2.0) {
-        be->max_abs(sc, o, k, gl);
-        local[1] = nb_item(o);
-    }
-    if (f->world > 1) {
-        nb_tensor *v = nb_from_host(sc, NB_F64, NB_SHAPE(2), local);
-        nb_status st = nb_work_finish(nb_pg_all_reduce(f->pg, flat_view(sc, v, 0, 1), NB_REDUCE_SUM));
-        if (st == NB_OK && norm_type != 2.0)
-            st = nb_work_finish(nb_pg_all_reduce(f->pg, flat_view(sc, v, 1, 1), NB_REDUCE_MAX));
-        if (st != NB_OK) return st;
-        nb_to_host(v, local);
-    }
-    double total = isnan(local[0]) ? NAN : norm_type == 2.0 ? sqrt(local[0]) : local[1];
-    *norm = total;
-    if (!isfinite(total)) return NB_OK;
-    double coef = max_norm / (total + 1e-6);
-    if (coef < 1.0 && k) be->scale(k, gl, coef);
-    return NB_OK;
+    return nb__shard_clip_grad_norm(f->world > 1 ? f->pg : NULL, sc, k, gl, max_norm, norm_type,
+                                    norm);
 }
 
 /* As ZeRO-1's consolidation (Note [ZeRO-1] in ddp_zero.c), per unit: each

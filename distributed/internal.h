@@ -55,6 +55,13 @@ nb_status nb__dist_failure_take(void);
  * DDP wrapper in join mode on this thread records it, so that ranks that
  * have joined can issue a matching one (Note [Join] in ddp_join.c). */
 void nb__ddp_join_note(nb_pg *pg, const nb_tensor *t);
+/* ddp_zero.c: the norm of a gradient each rank holds slices of (ZeRO's
+ * shards of the buckets, FSDP's of the units): this rank's slices
+ * gl[0..k) in sc, norm_type 2 or inf, all-reduced on pg (NULL: the slices
+ * are the whole gradient); each slice scaled as nb_clip_grad_norm scales.
+ * The norm in *norm (NaN when any element is). */
+nb_status nb__shard_clip_grad_norm(nb_pg *pg, nb_ctx *sc, int k, nb_tensor **gl, double max_norm,
+                                   double norm_type, double *norm);
 
 /* ------------------------------------------------ store wire format */
 
