@@ -91,13 +91,18 @@ bool nb__grad_scaler_end_step(nb_grad_scaler *s) {
     return !s->found_inf;
 }
 
+/* who's checks: both handles, and opt neither stepped per bucket nor
+ * sharded (`instead`: what to call for a sharded one). */
+static void check_args(nb_grad_scaler *s, nb_optim *opt, const char *who, const char *instead) {
+    NB__CHECK_HANDLE(who, s, "gradient scaler");
+    NB__CHECK_HANDLE(who, opt, "optimizer");
+    NB_CHECK(s && opt, "%s: NULL argument", who);
+    nb__optim_check_not_bucket_stepped(opt, who);
+    nb__optim_check_not_sharded(opt, who, instead);
+}
+
 void nb_grad_scaler_unscale(nb_grad_scaler *s, nb_optim *opt) {
-    NB__CHECK_HANDLE("nb_grad_scaler_unscale", s, "gradient scaler");
-    NB__CHECK_HANDLE("nb_grad_scaler_unscale", opt, "optimizer");
-    NB_CHECK(s && opt, "nb_grad_scaler_unscale: NULL argument");
-    nb__optim_check_not_bucket_stepped(opt, "nb_grad_scaler_unscale");
-    nb__optim_check_not_sharded(opt, "nb_grad_scaler_unscale",
-                                "unscale with nb_ddp_scaler_unscale(ddp, scaler)");
+    check_args(s, opt, "nb_grad_scaler_unscale", "unscale with nb_ddp_scaler_unscale(ddp, scaler)");
     double inv = nb__grad_scaler_begin_unscale(s, "nb_grad_scaler_unscale");
     for (int i = 0; i < opt->n_params; i++) {
         nb_tensor *g = opt->params[i].param->grad;
@@ -107,12 +112,7 @@ void nb_grad_scaler_unscale(nb_grad_scaler *s, nb_optim *opt) {
 }
 
 bool nb_grad_scaler_step(nb_grad_scaler *s, nb_optim *opt) {
-    NB__CHECK_HANDLE("nb_grad_scaler_step", s, "gradient scaler");
-    NB__CHECK_HANDLE("nb_grad_scaler_step", opt, "optimizer");
-    NB_CHECK(s && opt, "nb_grad_scaler_step: NULL argument");
-    nb__optim_check_not_bucket_stepped(opt, "nb_grad_scaler_step");
-    nb__optim_check_not_sharded(opt, "nb_grad_scaler_step",
-                                "step with nb_ddp_scaler_step(ddp, scaler, &stepped)");
+    check_args(s, opt, "nb_grad_scaler_step", "step with nb_ddp_scaler_step(ddp, scaler, &stepped)");
     if (nb__grad_scaler_begin_step(s, "nb_grad_scaler_step")) nb_grad_scaler_unscale(s, opt);
     if (!nb__grad_scaler_end_step(s)) return false;
     nb_optim_step(opt);

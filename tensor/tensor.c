@@ -361,27 +361,31 @@ nb_tensor *nb_from_host(nb_ctx *ctx, nb_dtype dtype, int ndim, const int64_t *sh
     return t;
 }
 
-/* Note [Random streams] in tensor/random.c defines the streams. */
+/* A float tensor of the uniform (a, b: low, high) or normal (mean, std)
+ * stream of rng, whose offset then advances past the counters used: 4
+ * values a counter uniform, 2 normal (Note [Random streams] in
+ * tensor/random.c). */
+static nb_tensor *rand_fill(const char *op, bool normal, nb_ctx *ctx, nb_dtype dtype, int ndim,
+                            const int64_t *shape, double a, double b, nb_rng *rng) {
+    NB_CHECK(nb_dtype_is_float(dtype), "%s: dtype %s is not a float type", op,
+             nb_dtype_name(dtype));
+    nb_tensor *t = empty_named(op, ctx, dtype, ndim, shape);
+    if (!rng) rng = nb_rng_default();
+    const nb__backend *be = nb__backend_at(t);
+    (normal ? be->rand_normal : be->rand_uniform)(t, a, b, rng->seed, rng->offset);
+    int64_t per = normal ? 2 : 4;
+    rng->offset += (uint64_t)((nb_numel(t) + per - 1) / per);
+    return t;
+}
+
 nb_tensor *nb_rand_uniform(nb_ctx *ctx, nb_dtype dtype, int ndim, const int64_t *shape,
                            double low, double high, nb_rng *rng) {
-    NB_CHECK(nb_dtype_is_float(dtype), "nb_rand_uniform: dtype %s is not a float type",
-             nb_dtype_name(dtype));
-    nb_tensor *t = empty_named("nb_rand_uniform", ctx, dtype, ndim, shape);
-    if (!rng) rng = nb_rng_default();
-    nb__backend_at(t)->rand_uniform(t, low, high, rng->seed, rng->offset);
-    rng->offset += (uint64_t)((nb_numel(t) + 3) / 4);
-    return t;
+    return rand_fill("nb_rand_uniform", false, ctx, dtype, ndim, shape, low, high, rng);
 }
 
 nb_tensor *nb_rand_normal(nb_ctx *ctx, nb_dtype dtype, int ndim, const int64_t *shape,
                           double mean, double std, nb_rng *rng) {
-    NB_CHECK(nb_dtype_is_float(dtype), "nb_rand_normal: dtype %s is not a float type",
-             nb_dtype_name(dtype));
-    nb_tensor *t = empty_named("nb_rand_normal", ctx, dtype, ndim, shape);
-    if (!rng) rng = nb_rng_default();
-    nb__backend_at(t)->rand_normal(t, mean, std, rng->seed, rng->offset);
-    rng->offset += (uint64_t)((nb_numel(t) + 1) / 2);
-    return t;
+    return rand_fill("nb_rand_normal", true, ctx, dtype, ndim, shape, mean, std, rng);
 }
 
 /* ---- reading ---- */
