@@ -35,6 +35,35 @@ function(nabla_tristate var)
   set(${var}_MODE ${_mode} PARENT_SCOPE)
 endfunction()
 
+# NABLA_<name>_INCLUDE_DIR (the directory of `header`; ARGN: find_path's
+# further options) and NABLA_<name>_LIBRARY (lib`library`) of a dependency
+# nabla cannot do without, the directory added to the private includes; or
+# a stop saying what is missing (`what`) and how to install it (Debian's
+# `package`, or `install` on CMAKE_PREFIX_PATH).
+macro(nabla_find_required name header library package install what)
+  find_path(NABLA_${name}_INCLUDE_DIR ${header} ${ARGN})
+  find_library(NABLA_${name}_LIBRARY NAMES ${library})
+  if(NOT NABLA_${name}_INCLUDE_DIR OR NOT NABLA_${name}_LIBRARY)
+    message(FATAL_ERROR "${what}.\n"
+      "On Debian or Ubuntu install the package ${package} (`make deps` does it), "
+      "or point CMAKE_PREFIX_PATH at ${install}.")
+  endif()
+  list(APPEND NABLA_PRIVATE_INCLUDE_DIRS ${NABLA_${name}_INCLUDE_DIR})
+endmacro()
+
+# A piece of the optional dependency NABLA_<name> (AUTO, ON or OFF) is
+# missing: with ON the configuration stops, naming it and `advice` (how to
+# get it); with AUTO the dependency is turned off (`ok` FALSE) and the
+# summary says why.
+macro(nabla_missing name ok reason advice)
+  if(NABLA_${name}_MODE STREQUAL "ON")
+    message(FATAL_ERROR "NABLA_${name}=ON, but ${reason}.\n"
+      "${advice} or configure with -DNABLA_${name}=OFF.")
+  endif()
+  set(NABLA_${name}_SUMMARY "off (AUTO: ${reason})")
+  set(${ok} FALSE)
+endmacro()
+
 # "MAJOR.MINOR.PATCH" from three #defines in a header.
 function(nabla_header_version out header major minor patch)
   set(_version "")
@@ -87,16 +116,9 @@ set(NABLA_OPENBLAS_SUMMARY "${_openblas_libs} (${_openblas_how}; cblas.h in ${NA
 # The CPU's primitive library beside OpenBLAS (tensor/cpu/dnnl.c): bf16
 # matmul and convolutions. Debian's libdnnl-dev ships no pkg-config file, so
 # the header and library are searched for directly.
-find_path(NABLA_DNNL_INCLUDE_DIR dnnl.h PATH_SUFFIXES oneapi/dnnl)
-find_library(NABLA_DNNL_LIBRARY NAMES dnnl)
-if(NOT NABLA_DNNL_INCLUDE_DIR OR NOT NABLA_DNNL_LIBRARY)
-  message(FATAL_ERROR
-    "oneDNN not found: nabla needs dnnl.h and libdnnl (version 2.x).\n"
-    "On Debian or Ubuntu install the package libdnnl-dev "
-    "(`make deps` does it), or point CMAKE_PREFIX_PATH at a oneDNN install.")
-endif()
+nabla_find_required(DNNL dnnl.h dnnl libdnnl-dev "a oneDNN install"
+  "oneDNN not found: nabla needs dnnl.h and libdnnl (version 2.x)" PATH_SUFFIXES oneapi/dnnl)
 set(NABLA_DNNL_LIBRARIES ${NABLA_DNNL_LIBRARY})
-list(APPEND NABLA_PRIVATE_INCLUDE_DIRS ${NABLA_DNNL_INCLUDE_DIR})
 set(_dnnl_version "")
 if(EXISTS "${NABLA_DNNL_INCLUDE_DIR}/dnnl_version.h")
   file(STRINGS "${NABLA_DNNL_INCLUDE_DIR}/dnnl_version.h" _dnnl_v REGEX "define DNNL_VERSION_(MAJOR|MINOR|PATCH) ")
@@ -122,16 +144,9 @@ set(NABLA_DNNL_SUMMARY "${NABLA_DNNL_LIBRARY} ${_dnnl_version}, CPU runtime ${_d
 # ---------------------------------------------------------------- libcrypto
 # The store proves the run's secret with HMAC-SHA256 and draws its nonces
 # from OpenSSL's libcrypto (distributed/store_auth.c); Debian's libssl-dev.
-find_path(NABLA_CRYPTO_INCLUDE_DIR openssl/evp.h)
-find_library(NABLA_CRYPTO_LIBRARY NAMES crypto)
-if(NOT NABLA_CRYPTO_INCLUDE_DIR OR NOT NABLA_CRYPTO_LIBRARY)
-  message(FATAL_ERROR
-    "OpenSSL's libcrypto not found: nabla's store authenticates with it.\n"
-    "On Debian or Ubuntu install the package libssl-dev (`make deps` does it), "
-    "or point CMAKE_PREFIX_PATH at an OpenSSL 3 install.")
-endif()
+nabla_find_required(CRYPTO openssl/evp.h crypto libssl-dev "an OpenSSL 3 install"
+  "OpenSSL's libcrypto not found: nabla's store authenticates with it")
 set(NABLA_CRYPTO_LIBRARIES ${NABLA_CRYPTO_LIBRARY})
-list(APPEND NABLA_PRIVATE_INCLUDE_DIRS ${NABLA_CRYPTO_INCLUDE_DIR})
 set(NABLA_CRYPTO_SUMMARY "${NABLA_CRYPTO_LIBRARY} (openssl/evp.h in ${NABLA_CRYPTO_INCLUDE_DIR})")
 
 # ---------------------------------------------------------- cudnn-frontend
@@ -208,14 +223,8 @@ nabla_tristate(NABLA_CUDA)
 set(NABLA_HAVE_CUDA 0)
 set(NABLA_CUDA_SUMMARY "")
 
-# With ON a missing piece stops the configuration; with AUTO it turns CUDA off.
 macro(nabla_cuda_missing reason)
-  if(NABLA_CUDA_MODE STREQUAL "ON")
-    message(FATAL_ERROR "NABLA_CUDA=ON, but ${reason}.\n"
-      "Install it, set NABLA_CUDA_EXTRA_ROOT to its prefix, or configure with -DNABLA_CUDA=OFF.")
-  endif()
-  set(NABLA_CUDA_SUMMARY "off (AUTO: ${reason})")
-  set(_cuda_ok FALSE)
+  nabla_missing(CUDA _cuda_ok "${reason}" "Install it, set NABLA_CUDA_EXTRA_ROOT to its prefix,")
 endmacro()
 
 if(NABLA_CUDA_MODE STREQUAL "OFF")
@@ -357,13 +366,8 @@ endif()
 nabla_tristate(NABLA_GLOO)
 set(NABLA_HAVE_GLOO 0)
 macro(nabla_gloo_missing reason)
-  if(NABLA_GLOO_MODE STREQUAL "ON")
-    message(FATAL_ERROR "NABLA_GLOO=ON, but ${reason}.\n"
-      "On Debian or Ubuntu install the packages libgloo-dev and g++ (`make deps` does it), "
-      "or configure with -DNABLA_GLOO=OFF.")
-  endif()
-  set(NABLA_GLOO_SUMMARY "off (AUTO: ${reason})")
-  set(_gloo_ok FALSE)
+  nabla_missing(GLOO _gloo_ok "${reason}"
+    "On Debian or Ubuntu install the packages libgloo-dev and g++ (`make deps` does it),")
 endmacro()
 
 if(NABLA_GLOO_MODE STREQUAL "OFF")
