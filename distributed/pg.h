@@ -30,12 +30,6 @@ typedef struct nb__pg_ops {
      * failure `what` says what happened, or, with *explained set, is the
      * whole message (a layer's verdict: pg_check.c). */
     nb_status (*run)(nb_pg *pg, nb_work *w, char *what, size_t len, bool *explained);
-    /* With `run`, may be NULL: the check layer calls it after it posted
-     * w's header exchange and before it waits for the verdict, to start
-     * what can move meanwhile; it writes nothing of w's outputs, `run`
-     * finishes it and work_free drops it (Gloo: a small collective's
-     * message). What it sends must not depend on timing. */
-    void (*prepare)(nb_pg *pg, nb_work *w);
     /* Or: starts w from the issuing thread (pg->mu not held), sets it
      * RUNNING, and finishes it when it failed to start. */
     void (*launch)(nb_pg *pg, nb_work *w);
@@ -55,14 +49,23 @@ typedef struct nb__pg_ops {
     void (*work_free)(nb_work *w);
     /* All-reduces the sum of one i32 vote over the group (nb_pg_agree). */
     nb_status (*agree)(nb_pg *pg, int32_t *votes);
-    /* A small all-gather of host bytes, apart from the collectives' data
-     * (the check layer's headers): xpost sends this rank's `n` bytes and
-     * posts the receives of every member's into `all` (size x n, rank
-     * order) under `tag`; xtest: 1 when they are all there (then the
-     * exchange is over and freed), 0 not yet, or a failure status (< 0,
+    /* A small all-gather of host bytes beside collective w (the check
+     * layer's headers), under w's sequence number: xpost sends this rank's
+     * `n` bytes and posts the receives of every member's into `all` (size x
+     * n, rank order); xtest: 1 when they are all there (then the exchange
+     * is over and freed), 0 not yet, or a failure status (< 0,
      * nb_last_error() set; freed too); it may block until one of those.
-     * xdrop frees one never tested to the end (its group broke). */
-    nb_status (*xpost)(nb_pg *pg, const void *mine, void *all, size_t n, uint64_t tag, void **x);
+     * xdrop frees one never tested to the end (its group broke).
+     * A backend whose `run` moves w's data in one message may send them in
+     * the exchange's message, reading w's inputs at xpost (so the caller
+     * posts only when no unfinished collective writes them); `run` then
+     * computes from what arrived, with the arithmetic it uses without the
+     * exchange, instead of exchanging them again (Gloo: Note [Small
+     * collectives in one message] in pg_gloo.c). Every message of a
+     * group's exchanges then has one size whatever w, so ranks that
+     * disagree about w still meet, and what arrived for a w that the
+     * caller does not let run is dropped with it. */
+    nb_status (*xpost)(nb_pg *pg, nb_work *w, const void *mine, void *all, size_t n, void **x);
     int (*xtest)(nb_pg *pg, void *x);
     void (*xdrop)(void *x);
 } nb__pg_ops;
@@ -90,7 +93,8 @@ struct nb_work {
     bool warned;             /* the stall warning was printed */
     nb_work *next;        /* the group's queue, issue order */
     void *impl;           /* the backend's part (NCCL: its completion event;
-                             Gloo: a small collective's message sent early) */
+                             Gloo: a small collective's data that arrived in
+                             the check layer's exchange) */
     void *check;          /* the check layer's: a header exchange posted early */
 };
 
@@ -137,7 +141,8 @@ struct nb_pg {
     int n_children, n_groups_made; /* subgroups alive / ever made from this one */
     struct {
         uint64_t small;         /* Gloo: collectives run by its one-message algorithm
-                                   (Note [Small collectives in one message] in pg_gloo.c) */
+                                   (Note [Small collectives in one message] in pg_gloo.c), */
+        uint64_t small_framed;  /* of which the data came in the check layer's exchange */
         uint64_t headers_early; /* check layer: header exchanges posted while the
                                    previous collective's data moved */
         uint64_t published;     /* flight recorder: fingerprints sent to the store */

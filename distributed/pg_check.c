@@ -4,18 +4,24 @@
  * through the backend's small exchange (xpost/xtest in pg.h). With
  * NABLA_DIST_CHECK=off the layer is absent: pg.c calls the backend's
  * table directly, and what the backend computes does not depend on it.
+ * The backend may send a collective's data in the same message as its
+ * header when its own algorithm would move them in one message anyway
+ * (Gloo's small collectives), so that a checked one costs one exchange;
+ * the layer never looks at them.
  *
  * Note [Collective headers]
  * Before any of its data moves, a collective's header (kind, reduction,
  * dtype, count, root: nb__coll_header, 48 bytes) goes from every rank of
  * the group to every other, one message per pair, all in flight at once:
- * one network latency, no store round trip, no data. Every rank then holds
+ * one network latency, no store round trip. Every rank then holds
  * the same headers and reaches the same verdict. If they are all equal,
  * the data collective runs; if not, every rank fails with
  * NB_ERR_MISMATCH, naming the ranks and what each issued
  * (nb__diag_mismatch in pg_diag.c), and no buffer has changed (a small
- * collective's message may have left meanwhile, Note [Small collectives in
- * one message] in pg_gloo.c; what arrived is not used). Without this,
+ * collective's data may have travelled with the header, Note [Small
+ * collectives in one message] in pg_gloo.c; what arrived is not used:
+ * every message of the exchange has one size, so ranks that disagree on
+ * a count, within the small limit or across it, still meet). Without this,
  * Gloo met a count that differs between ranks with an exception on its
  * own event-loop thread, which ends the process (Note [No exception
  * crosses the shim] in gloo_shim.cpp), or, for a broadcast whose root
@@ -34,7 +40,9 @@
  * issued back to back: when a collective's data start to move, the layer
  * posts the header exchange of the next queued collective of the group,
  * and that one waits for it instead of starting one, so the run pays the
- * header's latency about once (pg->stats.headers_early counts them).
+ * header's latency about once (pg->stats.headers_early counts them),
+ * unless the running collective writes what the next one reads (its data
+ * may travel with its header, and are not there yet).
  *
  * Note [Which collectives are checked]
  * A backend that launches from the issuing thread (NCCL) can check only by
@@ -69,6 +77,7 @@
  * wait polls the exchange and runs the watchdog, as nb_work_wait does, so
  * a rank that never arrives is named at the timeout and a dead one at
  * once. */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -88,14 +97,14 @@ static bool wanted(const nb_pg *pg, const nb__coll *c) {
     return pg->size > 1 && nb__coll_header_wanted(pg->root->check, pg->base->run != NULL, c);
 }
 
-static nb_status post(nb_pg *pg, const nb_work *w, posted **out) {
+static nb_status post(nb_pg *pg, nb_work *w, posted **out) {
     posted *p = calloc(1, sizeof *p);
     NB_CHECK(p != NULL, "nb_pg: out of memory for %d collective headers", pg->size);
     p->all = malloc((size_t)pg->size * HB);
     NB_CHECK(p->all != NULL, "nb_pg: out of memory for %d collective headers", pg->size);
     int64_t mine[NB__COLL_HEADER_WORDS];
     nb__coll_header(&w->coll, mine);
-    nb_status st = pg->base->xpost(pg, mine, p->all, HB, w->coll.seq, &p->x);
+    nb_status st = pg->base->xpost(pg, w, mine, p->all, HB, &p->x);
     if (st != NB_OK) {
         free(p->all);
         free(p);
@@ -114,8 +123,7 @@ static void release(const nb__pg_ops *base, posted *p, bool x_done) {
 }
 
 /* Exchanges w's header with every member's (or finishes the exchange
- * posted early) and compares them; meanwhile the backend's `prepare`
- * starts what can move before the verdict. On failure `what` says what happened,
+ * posted early) and compares them. On failure `what` says what happened,
  * or, with *explained, is the whole message. */
 static nb_status gate(nb_pg *pg, nb_work *w, char *what, size_t len, bool *explained) {
     *explained = false;
@@ -124,7 +132,6 @@ static nb_status gate(nb_pg *pg, nb_work *w, char *what, size_t len, bool *expla
     w->check = NULL;
     if (p) pg->stats.headers_early++;
     nb_status st = p ? NB_OK : post(pg, w, &p);
-    if (st == NB_OK && pg->base->prepare) pg->base->prepare(pg, w);
     int r = st == NB_OK ? pg->base->xtest(pg, p->x) : (int)st;
     double pause = 2e-5;
     while (r == 0) {
@@ -150,12 +157,50 @@ static nb_status gate(nb_pg *pg, nb_work *w, char *what, size_t len, bool *expla
     return st;
 }
 
+/* The bytes c reads and those it writes, as [lo, hi). */
+typedef struct span {
+    uintptr_t lo, hi;
+} span;
+
+static span span_of(const void *p, size_t n) { return (span){(uintptr_t)p, (uintptr_t)p + n}; }
+
+static span reads(const nb__coll *c, int R) {
+    size_t b = (size_t)c->count * nb_dtype_size(c->dtype);
+    switch (c->kind) {
+    case NB__ALL_REDUCE:
+    case NB__BROADCAST: return span_of(c->out, b);
+    case NB__ALL_GATHER: return span_of(c->in, b);
+    case NB__REDUCE_SCATTER: return span_of(c->in, b * (size_t)R);
+    case NB__BARRIER: break;
+    }
+    return span_of(NULL, 0);
+}
+
+static span writes(const nb__coll *c, int R) {
+    size_t b = (size_t)c->count * nb_dtype_size(c->dtype);
+    switch (c->kind) {
+    case NB__ALL_REDUCE:
+    case NB__BROADCAST:
+    case NB__REDUCE_SCATTER: return span_of(c->out, b);
+    case NB__ALL_GATHER: return span_of(c->out, b * (size_t)R);
+    case NB__BARRIER: break;
+    }
+    return span_of(NULL, 0);
+}
+
 /* While w's data move, the next queued collective's header can travel:
- * posted now, waited for when it runs. */
+ * posted now, waited for when it runs. Not when w writes what the next
+ * one reads (the same tensor all-reduced twice in a row): the backend may
+ * read its data with its header (xpost in pg.h), and they are not there
+ * yet. */
 static void post_next(nb_pg *pg, const nb_work *w) {
     pthread_mutex_lock(&pg->mu);
     nb_work *n = w->next;
     bool go = n && n->state == NB__W_QUEUED && !n->check && pg->broken == NB_OK && wanted(pg, &n->coll);
+    if (go) {
+        span r = reads(&n->coll, pg->size), wr = writes(&w->coll, pg->size);
+        go = r.hi <= wr.lo || wr.hi <= r.lo;
+    }
     if (go) __atomic_add_fetch(&n->refs, 1, __ATOMIC_ACQ_REL);
     pthread_mutex_unlock(&pg->mu);
     if (!go) return;

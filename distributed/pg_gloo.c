@@ -46,11 +46,23 @@ nb__gloo *nb__pg_gloo(const nb_pg *pg) { return impl(pg)->g; }
  * the shim] in gloo_shim.cpp). The choice depends on the size alone: the
  * collective checks (pg_check.c) neither choose nor carry the data, so
  * NABLA_DIST_CHECK=auto, full and off compute the same bits
- * (test_dist_collectives test_checks_do_not_choose_the_arithmetic). Under
- * the check layer the message leaves while the header exchange travels
- * (gloo_prepare), so the check adds no message latency in sequence,
- * though the worker then waits for two exchanges where it waited for one
- * when the data rode in the header's message. */
+ * (test_dist_collectives test_checks_do_not_choose_the_arithmetic).
+ *
+ * Under the check layer (pg_check.c) the data travel in the layer's own
+ * exchange (gloo_xpost): each of its messages is a frame, the header and
+ * then P bytes, which hold a small collective's message as above and
+ * zeros for any other. A checked small collective so costs one exchange,
+ * as an unchecked one does, and a checked large one exchanges a frame
+ * and then runs Gloo's algorithm. Every frame of a group has one size
+ * whatever the collective, so ranks that disagree on it (a count of 10
+ * against 20, or 8 within P against 2000 beyond it, or a kind) still
+ * exchange frames, compare headers and fail with the mismatch message;
+ * what arrived is dropped unread with the work. When the headers agree,
+ * every rank decided alike that the collective is small (the decision
+ * depends on what the headers hold), and `run` computes from the frames
+ * with finish_from_messages, the arithmetic of its own exchange. The
+ * layer posts a collective's frame while the previous one runs only when
+ * that one writes none of its inputs (a frame reads them when posted). */
 static size_t small_bytes(int R) {
     size_t p = 16384 / (size_t)(R > 1 ? R - 1 : 1);
     return (p > 4096 ? 4096 : p) & ~(size_t)7;
@@ -100,77 +112,59 @@ static bool is_small(const nb_pg *pg, const nb__coll *c) {
     return pg->size > 1 && c->kind != NB__BARRIER && c->count > 0 && data_bytes(c, pg->size) <= small_bytes(pg->size);
 }
 
-/* A small collective's message exchange in flight (work->impl). */
-typedef struct small_xchg {
-    nb__gloo_xchg *x;
-    unsigned char *all; /* every rank's message */
-} small_xchg;
-
-/* Note [Small collectives in one message]: sends this rank's message and
- * posts the receives of the others'; writes nothing of c's outputs. */
-static nb_status small_post(nb_pg *pg, const nb__coll *c, small_xchg *s) {
-    int R = pg->size;
-    size_t P = small_bytes(R);
-    unsigned char *mine = calloc(1, P);
-    s->all = malloc((size_t)R * P);
-    NB_CHECK(mine && s->all, "nb_pg: out of memory for a small collective (%d x %zu bytes)", R, P);
+/* Note [Small collectives in one message]: this rank's message of c's
+ * data into `p` (P bytes, zeroed). */
+static void small_fill(const nb_pg *pg, const nb__coll *c, unsigned char *p) {
     if (c->kind != NB__BROADCAST || c->root == pg->rank)
-        memcpy(mine, c->kind == NB__ALL_REDUCE || c->kind == NB__BROADCAST ? c->out : c->in, data_bytes(c, R));
-    s->x = NULL;
-    nb_status st = nb__gloo_exchange_post(impl(pg)->g, mine, s->all, P, c->seq, 1, &s->x);
-    free(mine);
-    return st;
+        memcpy(p, c->kind == NB__ALL_REDUCE || c->kind == NB__BROADCAST ? c->out : c->in, data_bytes(c, pg->size));
 }
 
-static void small_free(small_xchg *s) {
-    if (s->x) nb__gloo_exchange_free(s->x);
-    s->x = NULL;
-    free(s->all);
-    s->all = NULL;
-}
+/* The check layer's exchange in frames (gloo_xpost); when its collective
+ * is small, it becomes that work's impl once everything has arrived. */
+typedef struct frames {
+    nb__gloo_xchg *x;   /* in flight; NULL once over */
+    nb_work *w;         /* the collective whose data the frames hold; NULL: none */
+    unsigned char *buf; /* every rank's frame, rank r's at r * stride */
+    void *all;          /* the caller's: every rank's n bytes */
+    size_t n, head, stride; /* head: n rounded up to 8, where the data start */
+} frames;
 
-/* Under the check layer, before the verdict on w's header: a small
- * collective's message leaves now, so that it travels with the header
- * exchange rather than after it. Nothing of w's outputs is written before
- * the verdict; after a mismatch the exchange is dropped (gloo_work_free)
- * and what arrived is ignored. Every rank sends a small collective's
- * message on its own lane whether it left early or not, so the ranks'
- * messages match whatever the timing. */
-static void gloo_prepare(nb_pg *pg, nb_work *w) {
-    if (!is_small(pg, &w->coll)) return;
-    small_xchg *s = calloc(1, sizeof *s);
-    NB_CHECK(s != NULL, "nb_pg: out of memory for a small collective");
-    if (small_post(pg, &w->coll, s) == NB_OK) {
-        w->impl = s;
-        return;
-    }
-    /* a failure here shows again when w posts its own */
-    small_free(s);
-    free(s);
+static void frames_free(frames *f) {
+    if (!f) return;
+    if (f->x) nb__gloo_exchange_free(f->x);
+    free(f->buf);
+    free(f);
 }
 
 static void gloo_work_free(nb_work *w) {
-    small_xchg *s = w->impl;
-    if (!s) return;
-    small_free(s);
-    free(s);
+    frames_free(w->impl);
     w->impl = NULL;
 }
 
-/* Posts the message (unless `prepare` did), waits for every rank's and
- * writes the result. */
+/* Sends this rank's message, waits for every rank's and writes the
+ * result; or, when they came in the check layer's frames, writes it from
+ * those. */
 static nb_status run_small(nb_pg *pg, nb_work *w) {
-    small_xchg own = {NULL, NULL}, *s = w->impl ? w->impl : &own;
-    nb_status st = s == &own ? small_post(pg, &w->coll, s) : NB_OK;
-    if (st == NB_OK) {
-        st = nb__gloo_exchange_wait(impl(pg)->g, s->x);
-        s->x = NULL;
+    const nb__coll *c = &w->coll;
+    const frames *f = w->impl;
+    nb_status st = NB_OK;
+    if (f) {
+        finish_from_messages(pg, c, f->buf + f->head, f->stride);
+        pg->stats.small_framed++;
+    } else {
+        int R = pg->size;
+        size_t P = small_bytes(R);
+        unsigned char *mine = calloc(1, P), *all = malloc((size_t)R * P);
+        NB_CHECK(mine && all, "nb_pg: out of memory for a small collective (%d x %zu bytes)", R, P);
+        small_fill(pg, c, mine);
+        nb__gloo_xchg *x = NULL;
+        st = nb__gloo_exchange_post(impl(pg)->g, mine, all, P, c->seq, 1, &x);
+        free(mine);
+        if (st == NB_OK) st = nb__gloo_exchange_wait(impl(pg)->g, x);
+        if (st == NB_OK) finish_from_messages(pg, c, all, P);
+        free(all); /* Gloo drops what arrives for a buffer that is gone */
     }
-    if (st == NB_OK) {
-        finish_from_messages(pg, &w->coll, s->all, small_bytes(pg->size));
-        pg->stats.small++;
-    }
-    small_free(s);
+    if (st == NB_OK) pg->stats.small++;
     return st;
 }
 
@@ -267,27 +261,58 @@ static nb_status gloo_agree(nb_pg *pg, int32_t *votes) {
     return nb_work_finish(nb__pg_issue(pg, &c));
 }
 
-/* The check layer's exchange (pg.h): Gloo's, on its own lane. */
-static nb_status gloo_xpost(nb_pg *pg, const void *mine, void *all, size_t n, uint64_t tag, void **x) {
-    nb__gloo_xchg *g = NULL;
-    nb_status st = nb__gloo_exchange_post(impl(pg)->g, mine, all, n, tag, 0, &g);
-    *x = g;
+/* The check layer's exchange (pg.h), on its own lane: one frame per
+ * rank, `mine` and then room for a small collective's data, which w's
+ * fill when it is small (Note [Small collectives in one message]). */
+static nb_status gloo_xpost(nb_pg *pg, nb_work *w, const void *mine, void *all, size_t n, void **x) {
+    int R = pg->size;
+    frames *f = calloc(1, sizeof *f);
+    NB_CHECK(f != NULL, "nb_pg: out of memory for %d collective headers", R);
+    f->all = all;
+    f->n = n;
+    f->head = (n + 7) & ~(size_t)7;
+    f->stride = f->head + small_bytes(R);
+    unsigned char *me = calloc(1, f->stride);
+    f->buf = malloc((size_t)R * f->stride);
+    NB_CHECK(me && f->buf, "nb_pg: out of memory for %d collective headers (%zu bytes each)", R, f->stride);
+    memcpy(me, mine, n);
+    if (is_small(pg, &w->coll)) {
+        small_fill(pg, &w->coll, me + f->head);
+        f->w = w;
+    }
+    nb_status st = nb__gloo_exchange_post(impl(pg)->g, me, f->buf, f->stride, w->coll.seq, 0, &f->x);
+    free(me);
+    if (st != NB_OK) {
+        frames_free(f);
+        f = NULL;
+    }
+    *x = f;
     return st;
 }
 
-/* Blocks until the exchange is over (pg.c's worker runs it). */
+/* Blocks until the exchange is over (pg.c's worker runs it); the data of
+ * a small collective stay with its work, for `run`. */
 static int gloo_xtest(nb_pg *pg, void *x) {
-    nb_status st = nb__gloo_exchange_wait(impl(pg)->g, x);
-    return st == NB_OK ? 1 : (int)st;
+    frames *f = x;
+    nb_status st = nb__gloo_exchange_wait(impl(pg)->g, f->x);
+    f->x = NULL;
+    if (st != NB_OK) {
+        frames_free(f);
+        return (int)st;
+    }
+    for (int r = 0; r < pg->size; r++)
+        memcpy((unsigned char *)f->all + (size_t)r * f->n, f->buf + (size_t)r * f->stride, f->n);
+    if (f->w && !f->w->impl) f->w->impl = f;
+    else frames_free(f);
+    return 1;
 }
 
-static void gloo_xdrop(void *x) { nb__gloo_exchange_free(x); }
+static void gloo_xdrop(void *x) { frames_free(x); }
 
 const nb__pg_ops nb__pg_gloo_ops = {
     .name = "gloo",
     .start = gloo_start,
     .run = gloo_run,
-    .prepare = gloo_prepare,
     .launch = NULL,
     .progress = NULL,
     .wait_slice = NULL,

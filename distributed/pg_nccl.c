@@ -428,8 +428,8 @@ typedef struct nccl_xchg {
     size_t n;
 } nccl_xchg;
 
-static nb_status nccl_xpost(nb_pg *pg, const void *mine, void *all, size_t n, uint64_t tag, void **x) {
-    (void)tag; /* the stream orders them */
+static nb_status nccl_xpost(nb_pg *pg, nb_work *w, const void *mine, void *all, size_t n, void **x) {
+    (void)w; /* the stream orders them; the data move apart */
     *x = NULL;
     int r = nb__nccl_exchange(pg->impl, mine, all, n, true);
     if (r < 0) return (nb_status)r;

@@ -104,7 +104,10 @@ END_TEST
  * (R - 1)) bytes rounded down to 8 goes in one message from each rank to
  * each other (the group counts them), one that does not goes through
  * Gloo's algorithms; both give the closed forms. Sizes on either side of
- * the limit, for each kind. */
+ * the limit, for each kind, with the check layer (NABLA_DIST_CHECK=auto)
+ * and without it (off; the group's table switched as nb_pg_init switches
+ * it): under the layer the small ones' data travel in its header
+ * exchange, one exchange in all (the group counts those too). */
 static double *host_values(const nb_tensor *t) {
     double *v = malloc((size_t)(nb_numel(t) + 1) * sizeof *v);
     nb_to_host_f64(t, v);
@@ -115,40 +118,95 @@ START_TEST(test_small_collectives_in_one_message) {
     if (R == 1) return;
     size_t p = 16384 / (size_t)(R - 1);
     p = (p > 4096 ? 4096 : p) / 8 * 8;
+    const nb__pg_ops *saved = world->ops;
+    nb__dist_check saved_mode = world->check;
     nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
-    for (int big = 0; big < 2; big++) {
-        int64_t n = (int64_t)(p / 4) + big; /* f32: p bytes, then one element more */
-        uint64_t before = world->stats.small;
-        nb_tensor *t = input(ctx, NB_F32, me, n, 0);
-        check_ok(nb_work_finish(nb_pg_all_reduce(world, t, NB_REDUCE_SUM)));
-        assert_expected(t, NB_F32, NB_REDUCE_SUM, 0, "all_reduce");
-        nb_tensor *b = input(ctx, NB_F32, me, n, 0);
-        check_ok(nb_work_finish(nb_pg_broadcast(world, b, R - 1)));
-        double *got = host_values(b);
-        for (int64_t i = 0; i < n; i++) ck_assert_double_eq(got[i], (float)value(NB_F32, R - 1, i));
-        free(got);
-        nb_tensor *in = input(ctx, NB_F32, me, n, 0), *all = nb_zeros(ctx, NB_F32, NB_SHAPE((int64_t)R * n));
-        check_ok(nb_work_finish(nb_pg_all_gather(world, all, in)));
-        got = host_values(all);
-        for (int r = 0; r < R; r++)
-            for (int64_t i = 0; i < n; i++) ck_assert_double_eq(got[r * n + i], (float)value(NB_F32, r, i));
-        free(got);
-        int64_t g = (int64_t)(p / 4) / R + big; /* per rank: R g elements, the reduce-scatter's input */
-        nb_tensor *rin = input(ctx, NB_F32, me, (int64_t)R * g, 0), *rout = nb_zeros(ctx, NB_F32, NB_SHAPE(g));
-        check_ok(nb_work_finish(nb_pg_reduce_scatter(world, rout, rin, NB_REDUCE_MAX)));
-        assert_expected(rout, NB_F32, NB_REDUCE_MAX, (int64_t)me * g, "reduce_scatter");
-        uint64_t rode = world->stats.small - before;
-        ck_assert_msg(rode == (big ? 0u : 4u), "%s: %llu of 4 collectives of %s went in one message",
-                      big ? "over the limit" : "within the limit", (unsigned long long)rode,
-                      big ? "one element over the payload" : "a full payload");
-        nb_ctx_reset(ctx);
+    for (int checked = 0; checked < 2; checked++) {
+        world->check = checked ? NB__CHECK_AUTO : NB__CHECK_OFF;
+        world->ops = checked ? nb__pg_checked(world->base) : world->base;
+        for (int big = 0; big < 2; big++) {
+            int64_t n = (int64_t)(p / 4) + big; /* f32: p bytes, then one element more */
+            uint64_t before = world->stats.small, framed_before = world->stats.small_framed;
+            nb_tensor *t = input(ctx, NB_F32, me, n, 0);
+            check_ok(nb_work_finish(nb_pg_all_reduce(world, t, NB_REDUCE_SUM)));
+            assert_expected(t, NB_F32, NB_REDUCE_SUM, 0, "all_reduce");
+            nb_tensor *b = input(ctx, NB_F32, me, n, 0);
+            check_ok(nb_work_finish(nb_pg_broadcast(world, b, R - 1)));
+            double *got = host_values(b);
+            for (int64_t i = 0; i < n; i++) ck_assert_double_eq(got[i], (float)value(NB_F32, R - 1, i));
+            free(got);
+            nb_tensor *in = input(ctx, NB_F32, me, n, 0), *all = nb_zeros(ctx, NB_F32, NB_SHAPE((int64_t)R * n));
+            check_ok(nb_work_finish(nb_pg_all_gather(world, all, in)));
+            got = host_values(all);
+            for (int r = 0; r < R; r++)
+                for (int64_t i = 0; i < n; i++) ck_assert_double_eq(got[r * n + i], (float)value(NB_F32, r, i));
+            free(got);
+            int64_t g = (int64_t)(p / 4) / R + big; /* per rank: R g elements, the reduce-scatter's input */
+            nb_tensor *rin = input(ctx, NB_F32, me, (int64_t)R * g, 0), *rout = nb_zeros(ctx, NB_F32, NB_SHAPE(g));
+            check_ok(nb_work_finish(nb_pg_reduce_scatter(world, rout, rin, NB_REDUCE_MAX)));
+            assert_expected(rout, NB_F32, NB_REDUCE_MAX, (int64_t)me * g, "reduce_scatter");
+            uint64_t rode = world->stats.small - before, framed = world->stats.small_framed - framed_before;
+            ck_assert_msg(rode == (big ? 0u : 4u), "checks %s, %s: %llu of 4 collectives of %s went in one message",
+                          checked ? "on" : "off", big ? "over the limit" : "within the limit",
+                          (unsigned long long)rode, big ? "one element over the payload" : "a full payload");
+            ck_assert_msg(framed == (checked && !big ? 4u : 0u),
+                          "checks %s, %s: %llu of 4 collectives had their data in the header exchange",
+                          checked ? "on" : "off", big ? "over the limit" : "within the limit",
+                          (unsigned long long)framed);
+            nb_ctx_reset(ctx);
+        }
     }
+    world->ops = saved;
+    world->check = saved_mode;
     nb_ctx_free(ctx);
 }
 END_TEST
 
-/* Note [Small collectives in one message]: the collective checks neither
- * choose nor carry the data, so NABLA_DIST_CHECK gives bitwise the same
+/* A small collective's data travel with its header, and a header may be
+ * posted while the previous collective runs (Note [Collective headers] in
+ * distributed/pg_check.c): so it is not posted then when that collective
+ * writes what the next one reads. Rank 0 issues 0.2 s after the others, so
+ * on every other rank the first collective waits while the rest are
+ * queued. Four all-reduces (sum) of one tensor, issued at once, then
+ * waited for: each reads the one before's result, R^3 (R (R + 1) / 2) in
+ * all; then four of distinct tensors, whose headers may go early with
+ * their data: each the sum. */
+START_TEST(test_small_collectives_back_to_back) {
+    if (R == 1) return;
+    enum { K = 4 };
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *one = nb_full(ctx, NB_F32, NB_SHAPE(8), (double)(me + 1)), *t[K];
+    nb_work *w[K];
+    uint64_t early = world->stats.headers_early;
+    if (me == 0) nb__sleep(0.2);
+    for (int k = 0; k < K; k++) w[k] = nb_pg_all_reduce(world, one, NB_REDUCE_SUM);
+    for (int k = 0; k < K; k++) check_ok(nb_work_finish(w[k]));
+    double want = (double)R * (R + 1) / 2 * R * R * R, got[8];
+    nb_to_host_f64(one, got);
+    for (int i = 0; i < 8; i++)
+        ck_assert_msg(got[i] == want, "rank %d: four all-reduces of one tensor issued at once give %g, want %g", me,
+                      got[i], want);
+    ck_assert_msg(world->stats.headers_early == early, "rank %d: %llu headers of all-reduces of one tensor went early",
+                  me, (unsigned long long)(world->stats.headers_early - early));
+    if (me == 0) nb__sleep(0.2);
+    early = world->stats.headers_early;
+    for (int k = 0; k < K; k++) {
+        t[k] = input(ctx, NB_F32, me, 100 + k, 0);
+        w[k] = nb_pg_all_reduce(world, t[k], NB_REDUCE_SUM);
+    }
+    for (int k = 0; k < K; k++) check_ok(nb_work_finish(w[k]));
+    for (int k = 0; k < K; k++) assert_expected(t[k], NB_F32, NB_REDUCE_SUM, 0, "all_reduce");
+    if (me != 0)
+        ck_assert_msg(world->stats.headers_early > early, "rank %d: no header of four distinct all-reduces went early",
+                      me);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+/* Note [Small collectives in one message]: the collective checks do not
+ * choose the arithmetic (a small collective's data may travel in the
+ * check's exchange, and are then reduced as they would be from the
+ * backend's own message), so NABLA_DIST_CHECK gives bitwise the same
  * all-reduce for every size class: tiny, on either side of the
  * one-message limit, large; f32, f64 and bf16; sum, avg and max. The
  * option puts the check layer (distributed/pg_check.c) around the backend
@@ -597,6 +655,7 @@ END_TEST
 
 static Suite *suite(void) {
     const TTest *tests[] = {test_all_reduce, test_broadcast, test_small_collectives_in_one_message,
+                             test_small_collectives_back_to_back,
                              test_headers_posted_while_data_move, test_checks_do_not_choose_the_arithmetic,
                              test_barrier_waits_without_checks,
                              test_fingerprints_stay_home_while_waits_are_short, test_all_gather,

@@ -45,6 +45,10 @@ static const mm_case cases[] = {
     {"mm_op", "nb_pg_all_reduce", true, "all_reduce(max, f32, count=8)", "all_reduce(sum, f32, count=8)", "reduction"},
     {"mm_root", "nb_pg_broadcast", true, "broadcast(f32, count=8, root=1)", "broadcast(f32, count=8, root=0)", "root"},
     {"mm_zero", "nb_pg_all_reduce", false, "all_reduce(sum, f32, count=0)", "all_reduce(sum, f32, count=8)", "count"},
+    /* Note [Small collectives in one message] (distributed/pg_gloo.c): the counts both within the one-message
+     * limit (4096 bytes at 2-5 ranks), whose data travel with the header; then one within, one beyond it */
+    {"mm_small", "nb_pg_all_reduce", false, "all_reduce(sum, f32, count=1000)", "all_reduce(sum, f32, count=1024)", "count"},
+    {"mm_limit", "nb_pg_broadcast", false, "broadcast(f32, count=8, root=0)", "broadcast(f32, count=2000, root=0)", "count"},
 };
 
 /* "rank 1" or "ranks 1, 2": the ranks of [lo, hi). */
@@ -228,8 +232,9 @@ static Suite *suite(void) {
     if (!NABLA_HAVE_GLOO) return s;
     TCase *tc = tcase_create("mismatch");
     tcase_set_timeout(tc, 120);
-    /* The four collectives at 2 ranks; every kind of difference at 3. */
+    /* The four collectives and the counts about the one-message limit at 2 ranks; every case at 3. */
     tcase_add_loop_test(tc, test_mismatch_2_ranks, 0, 4);
+    tcase_add_loop_test(tc, test_mismatch_2_ranks, 8, 10);
     tcase_add_loop_test(tc, test_mismatch_3_ranks, 0, (int)(sizeof cases / sizeof cases[0]));
     tcase_add_loop_test(tc, test_mismatch_in_subgroup, 0, 2);
     suite_add_tcase(s, tc);

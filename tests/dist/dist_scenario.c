@@ -35,6 +35,8 @@
  *            mm_op      all-reduce, the last rank's max, the others' sum
  *            mm_root    broadcast, the last rank names root 1, the others 0
  *            mm_zero    all-reduce, rank 0 of no floats, the others of 8
+ *            mm_small   all-reduce, rank 0 of 1000 floats, the others of 1024
+ *            mm_limit   broadcast from rank 0 of 8 floats, the others 2000
  *            mm_group   on the subgroup of world ranks R-1 and R-2 (in that
  *                       order): all-reduce, R-1 of 5 floats, R-2 of 6; the
  *                       other ranks are not members
@@ -139,6 +141,12 @@ static int mismatch(nb_pg *pg, const char *what) {
     } else if (strcmp(what, "mm_zero") == 0) {
         a = filled(NB_F32, rank, first ? 0 : 8);
         w = nb_pg_all_reduce(pg, a, NB_REDUCE_SUM);
+    } else if (strcmp(what, "mm_small") == 0) {
+        a = filled(NB_F32, rank, first ? 1000 : 1024);
+        w = nb_pg_all_reduce(pg, a, NB_REDUCE_SUM);
+    } else if (strcmp(what, "mm_limit") == 0) {
+        a = filled(NB_F32, rank, first ? 8 : 2000);
+        w = nb_pg_broadcast(pg, a, 0);
     } else if (strcmp(what, "mm_group") == 0) {
         int members[2] = {R - 1, R - 2};
         nb_status gst = nb_pg_new_group(pg, members, 2, &sub);
