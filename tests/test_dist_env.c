@@ -33,8 +33,21 @@ static void torchrun(const char *rank, const char *world, const char *lrank, con
 static void expect_error(const char *msg) {
     nb_dist_env e;
     nb_status st = nb_dist_env_read(&e);
-    ck_assert_int_eq(st, NB_ERR_INVALID);
+    ck_assert_msg(st == NB_ERR_INVALID, "expected an error \"%s\", got %s", msg, nb_status_str(st));
     ck_assert_msg(strstr(nb_last_error(), msg) != NULL, "\"%s\" lacks \"%s\"", nb_last_error(), msg);
+}
+
+/* nb_dist_env_read succeeds and reads a launch by `source` with these
+ * ranks and sizes; returns what it read, for the other fields. */
+static nb_dist_env expect_launch(const char *source, int rank, int world, int lrank, int lworld) {
+    nb_dist_env e;
+    ck_assert_int_eq(nb_dist_env_read(&e), NB_OK);
+    ck_assert_str_eq(e.source, source);
+    ck_assert_int_eq(e.rank, rank);
+    ck_assert_int_eq(e.world_size, world);
+    ck_assert_int_eq(e.local_rank, lrank);
+    ck_assert_int_eq(e.local_world_size, lworld);
+    return e;
 }
 
 /* Sets each NAME, VALUE pair of vars (ended by NULL) in the environment. */
@@ -44,12 +57,7 @@ static void set_vars(const char *const *vars) {
 
 START_TEST(test_no_launcher_is_a_world_of_one) {
     clear_env();
-    nb_dist_env e;
-    ck_assert_int_eq(nb_dist_env_read(&e), NB_OK);
-    ck_assert_str_eq(e.source, "none");
-    ck_assert_int_eq(e.rank, 0);
-    ck_assert_int_eq(e.world_size, 1);
-    ck_assert_int_eq(e.local_world_size, 1);
+    nb_dist_env e = expect_launch("none", 0, 1, 0, 1);
     ck_assert_str_eq(e.master_addr, "127.0.0.1");
     ck_assert_int_eq(e.master_port, 0);
     ck_assert_str_eq(e.run_id, "default");
@@ -59,13 +67,7 @@ END_TEST
 START_TEST(test_torchrun) {
     clear_env();
     torchrun("5", "8", "1", "4");
-    nb_dist_env e;
-    ck_assert_int_eq(nb_dist_env_read(&e), NB_OK);
-    ck_assert_str_eq(e.source, "torchrun");
-    ck_assert_int_eq(e.rank, 5);
-    ck_assert_int_eq(e.world_size, 8);
-    ck_assert_int_eq(e.local_rank, 1);
-    ck_assert_int_eq(e.local_world_size, 4);
+    nb_dist_env e = expect_launch("torchrun", 5, 8, 1, 4);
     ck_assert_str_eq(e.master_addr, "10.1.2.3");
     ck_assert_int_eq(e.master_port, 29500);
     ck_assert_int_eq(e.store_port, 29500);
@@ -98,13 +100,7 @@ START_TEST(test_torchrun_without_local) {
     torchrun("3", "4", "0", "0");
     unsetenv("LOCAL_RANK");
     unsetenv("LOCAL_WORLD_SIZE");
-    nb_dist_env e;
-    ck_assert_int_eq(nb_dist_env_read(&e), NB_OK);
-    ck_assert_str_eq(e.source, "torchrun");
-    ck_assert_int_eq(e.rank, 3);
-    ck_assert_int_eq(e.world_size, 4);
-    ck_assert_int_eq(e.local_rank, 3);       /* one node: local = global */
-    ck_assert_int_eq(e.local_world_size, 4);
+    nb_dist_env e = expect_launch("torchrun", 3, 4, 3, 4); /* one node: local = global */
     setenv("LOCAL_WORLD_SIZE", "2", 1);      /* two nodes of two: rank 3 is the second of node 1 */
     ck_assert_int_eq(nb_dist_env_read(&e), NB_OK);
     ck_assert_int_eq(e.local_rank, 1);
@@ -125,22 +121,21 @@ START_TEST(test_torchrun_errors) {
     unsetenv("RANK");
     setenv("LOCAL_RANK", "1", 1);
     expect_error("nb_dist_env_read: LOCAL_RANK is set but RANK and WORLD_SIZE are not");
-    torchrun("1", "2", "x", "2");
-    expect_error("LOCAL_RANK='x' is not an integer");
-    torchrun("1", "2", "1", "-2");
-    expect_error("LOCAL_WORLD_SIZE='-2' is not an integer");
-    torchrun("x1", "2", "0", "2");
-    expect_error("RANK='x1' is not an integer in [0, 2147483647]");
-    torchrun("-1", "2", "0", "2");
-    expect_error("RANK='-1' is not an integer");
-    torchrun("2", "2", "0", "2");
-    expect_error("rank 2 is not below the world size 2 (torchrun variables)");
-    torchrun("1", "2", "2", "2");
-    expect_error("local rank 2 is not below the local world size 2");
-    torchrun("1", "2", "0", "3");
-    expect_error("local world size 3 exceeds the world size 2");
-    torchrun("0", "0", "0", "1");
-    expect_error("world size 0 (from torchrun) must be >= 1");
+    /* RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, and the error */
+    static const char *const bad[][5] = {
+        {"1", "2", "x", "2", "LOCAL_RANK='x' is not an integer"},
+        {"1", "2", "1", "-2", "LOCAL_WORLD_SIZE='-2' is not an integer"},
+        {"x1", "2", "0", "2", "RANK='x1' is not an integer in [0, 2147483647]"},
+        {"-1", "2", "0", "2", "RANK='-1' is not an integer"},
+        {"2", "2", "0", "2", "rank 2 is not below the world size 2 (torchrun variables)"},
+        {"1", "2", "2", "2", "local rank 2 is not below the local world size 2"},
+        {"1", "2", "0", "3", "local world size 3 exceeds the world size 2"},
+        {"0", "0", "0", "1", "world size 0 (from torchrun) must be >= 1"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        torchrun(bad[i][0], bad[i][1], bad[i][2], bad[i][3]);
+        expect_error(bad[i][4]);
+    }
     torchrun("1", "2", "1", "2");
     unsetenv("MASTER_ADDR");
     expect_error("MASTER_ADDR is not set; a run of 2 processes needs MASTER_ADDR and MASTER_PORT");
@@ -158,13 +153,7 @@ START_TEST(test_openmpi) {
                                     "OMPI_COMM_WORLD_LOCAL_RANK", "1", "OMPI_COMM_WORLD_LOCAL_SIZE", "2",
                                     "MASTER_ADDR", "node0", "MASTER_PORT", "1234",
                                     "PMIX_NAMESPACE", "prterun-node0-42@1", NULL});
-    nb_dist_env e;
-    ck_assert_int_eq(nb_dist_env_read(&e), NB_OK);
-    ck_assert_str_eq(e.source, "OpenMPI");
-    ck_assert_int_eq(e.rank, 3);
-    ck_assert_int_eq(e.world_size, 4);
-    ck_assert_int_eq(e.local_rank, 1);
-    ck_assert_int_eq(e.local_world_size, 2);
+    nb_dist_env e = expect_launch("OpenMPI", 3, 4, 1, 2);
     ck_assert_str_eq(e.run_id, "prterun-node0-42@1");
     unsetenv("OMPI_COMM_WORLD_LOCAL_SIZE");
     expect_error("OMPI_COMM_WORLD_LOCAL_RANK is set but OMPI_COMM_WORLD_LOCAL_SIZE is not (a OpenMPI launch");
@@ -177,12 +166,7 @@ START_TEST(test_slurm) {
                                     "SLURM_NODEID", "3", "SLURM_TASKS_PER_NODE", "2(x3),1",
                                     "SLURM_JOB_ID", "777", "SLURM_STEP_ID", "2", "MASTER_ADDR", "node0",
                                     "MASTER_PORT", "1234", NULL});
-    nb_dist_env e;
-    ck_assert_int_eq(nb_dist_env_read(&e), NB_OK);
-    ck_assert_str_eq(e.source, "Slurm");
-    ck_assert_int_eq(e.rank, 6);
-    ck_assert_int_eq(e.world_size, 7);
-    ck_assert_int_eq(e.local_world_size, 1);
+    nb_dist_env e = expect_launch("Slurm", 6, 7, 0, 1);
     ck_assert_str_eq(e.run_id, "slurm-777.2");
     set_vars((const char *const[]){"SLURM_NODEID", "1", "SLURM_PROCID", "3", "SLURM_LOCALID", "1", NULL});
     ck_assert_int_eq(nb_dist_env_read(&e), NB_OK);
