@@ -39,19 +39,6 @@ static void scramble(nb_module *m, double std, uint64_t seed) {
 }
 
 /* ------------------------------------------------- a naive GPT in double */
-static void ref_layer_norm(double *out, const double *x, const double *w, const double *b,
-                           int64_t rows, int64_t c) {
-    for (int64_t r = 0; r < rows; r++) {
-        double mean = 0, var = 0;
-        for (int64_t i = 0; i < c; i++) mean += x[r * c + i];
-        mean /= (double)c;
-        for (int64_t i = 0; i < c; i++) var += (x[r * c + i] - mean) * (x[r * c + i] - mean);
-        var /= (double)c;
-        for (int64_t i = 0; i < c; i++)
-            out[r * c + i] = (x[r * c + i] - mean) / sqrt(var + 1e-5) * w[i] + b[i];
-    }
-}
-
 /* out (rows, o) = x (rows, in) w^T (w is (o, in)) + b */
 static void ref_linear(double *out, const double *x, const double *w, const double *b,
                        int64_t rows, int64_t in, int64_t o) {
@@ -82,7 +69,7 @@ static void ref_gpt(double *logits, nb_module *g, const int64_t *tok, int64_t t)
                *ln2w = P("ln_2.weight"), *ln2b = P("ln_2.bias"), *wf = P("mlp.c_fc.weight"),
                *bf = P("mlp.c_fc.bias"), *wm = P("mlp.c_proj.weight"), *bm = P("mlp.c_proj.bias");
 #undef P
-        ref_layer_norm(a, x, ln1w, ln1b, t, c);
+        nbt_ref_layer_norm(a, x, ln1w, ln1b, t, c, 1e-5);
         ref_linear(qkv, a, wa, ba, t, c, 3 * c);
         for (int64_t hh = 0; hh < h; hh++)
             for (int64_t i = 0; i < t; i++) {
@@ -103,7 +90,7 @@ static void ref_gpt(double *logits, nb_module *g, const int64_t *tok, int64_t t)
             }
         ref_linear(o, y, wp, bp, t, c, c);
         for (int64_t i = 0; i < t * c; i++) x[i] += o[i];
-        ref_layer_norm(a, x, ln2w, ln2b, t, c);
+        nbt_ref_layer_norm(a, x, ln2w, ln2b, t, c, 1e-5);
         ref_linear(f, a, wf, bf, t, c, 4 * c);
         for (int64_t i = 0; i < t * 4 * c; i++) {
             double u = f[i];
@@ -115,7 +102,7 @@ static void ref_gpt(double *logits, nb_module *g, const int64_t *tok, int64_t t)
         free(ln2w), free(ln2b), free(wf), free(bf), free(wm), free(bm);
     }
     double *lnw = param(g, "transformer.ln_f.weight"), *lnb = param(g, "transformer.ln_f.bias");
-    ref_layer_norm(a, x, lnw, lnb, t, c);
+    nbt_ref_layer_norm(a, x, lnw, lnb, t, c, 1e-5);
     ref_linear(logits, a, wte, NULL, t, c, v); /* the head is the token embedding */
     free(lnw), free(lnb), free(wte), free(wpe);
     free(x), free(a), free(qkv), free(y), free(f), free(o), free(p);

@@ -301,18 +301,6 @@ START_TEST(test_embedding) {
 END_TEST
 
 /* ---- LayerNorm ---- */
-/* x (M, D), w and b (D) or NULL */
-static void ref_ln(double *y, const double *x, const double *w, const double *b, int64_t m,
-                   int64_t d, double eps) {
-    for (int64_t i = 0; i < m; i++) {
-        double mu = 0, var = 0;
-        for (int64_t j = 0; j < d; j++) mu += x[i * d + j] / (double)d;
-        for (int64_t j = 0; j < d; j++) var += (x[i * d + j] - mu) * (x[i * d + j] - mu) / (double)d;
-        for (int64_t j = 0; j < d; j++)
-            y[i * d + j] = (x[i * d + j] - mu) / sqrt(var + eps) * (w ? w[j] : 1) + (b ? b[j] : 0);
-    }
-}
-
 START_TEST(test_layer_norm) {
     nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
     nb_layer_norm_opts variants[] = {NB_LAYER_NORM_DEFAULTS, {1e-3, true, false}, {1e-5, false, true}};
@@ -326,7 +314,7 @@ START_TEST(test_layer_norm) {
             nb_tensor *x = nb_add_scalar(ctx, nbt_randn(ctx, dt, NB_SHAPE(2, 5, 3, 4), 51), 3.0);
             if (v == 1) x = nb_transpose(ctx, nbt_randn(ctx, dt, NB_SHAPE(5, 2, 3, 4), 52), 0, 1);
             double *xv = host(x), *wv = w ? host(w) : NULL, *bv = b ? host(b) : NULL, e[120];
-            ref_ln(e, xv, wv, bv, 10, 12, variants[v].eps);
+            nbt_ref_layer_norm(e, xv, wv, bv, 10, 12, variants[v].eps);
             nbt_assert_close(nb_module_forward(m, ctx, x), e, tol_for(dt), tol_for(dt));
             free(xv);
             free(wv);

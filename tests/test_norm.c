@@ -10,20 +10,6 @@
 #define MAXN 512
 
 /* ---- layer norm ---- */
-/* x (M, D) row-major; w, b (D) or NULL */
-static void ref_layer_norm(double *y, const double *x, const double *w, const double *b, int64_t m,
-                           int64_t d, double eps) {
-    for (int64_t i = 0; i < m; i++) {
-        double mu = 0, var = 0;
-        for (int64_t j = 0; j < d; j++) mu += x[i * d + j] / (double)d;
-        for (int64_t j = 0; j < d; j++) var += (x[i * d + j] - mu) * (x[i * d + j] - mu) / (double)d;
-        for (int64_t j = 0; j < d; j++) {
-            double v = (x[i * d + j] - mu) / sqrt(var + eps);
-            y[i * d + j] = v * (w ? w[j] : 1.0) + (b ? b[j] : 0.0);
-        }
-    }
-}
-
 static void check_layer_norm(nb_ctx *ctx, nb_tensor *x, int norm_ndim, nb_tensor *w, nb_tensor *b,
                              double eps) {
     static double xv[MAXN], wv[MAXN], bv[MAXN], e[MAXN];
@@ -34,7 +20,7 @@ static void check_layer_norm(nb_ctx *ctx, nb_tensor *x, int norm_ndim, nb_tensor
     nb_to_host_f64(x, xv);
     if (w) nb_to_host_f64(w, wv);
     if (b) nb_to_host_f64(b, bv);
-    ref_layer_norm(e, xv, w ? wv : NULL, b ? bv : NULL, n / d, d, eps);
+    nbt_ref_layer_norm(e, xv, w ? wv : NULL, b ? bv : NULL, n / d, d, eps);
     nb_tensor *y = nb_layer_norm(ctx, x, norm_ndim, w, b, eps);
     ck_assert(y->dtype == x->dtype && nb_same_shape(y, x));
     bool f32 = x->dtype == NB_F32;

@@ -206,3 +206,16 @@ unsigned char *nbt_slurp(const char *path, size_t *len) {
     *len = (size_t)n;
     return b;
 }
+
+void nbt_ref_layer_norm(double *y, const double *x, const double *w, const double *b, int64_t m, int64_t d,
+                        double eps) {
+    for (int64_t i = 0; i < m; i++) {
+        double mu = 0, var = 0;
+        for (int64_t j = 0; j < d; j++) mu += x[i * d + j] / (double)d;
+        for (int64_t j = 0; j < d; j++) var += (x[i * d + j] - mu) * (x[i * d + j] - mu) / (double)d;
+        for (int64_t j = 0; j < d; j++) {
+            double v = (x[i * d + j] - mu) / sqrt(var + eps);
+            y[i * d + j] = v * (w ? w[j] : 1.0) + (b ? b[j] : 0.0);
+        }
+    }
+}

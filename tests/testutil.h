@@ -68,6 +68,12 @@ void nbt_twin_leaves(nb_ctx *ctx, int ndim, const int64_t *shape, uint64_t seed,
  * weighs every element of y differently. */
 nb_tensor *nbt_weighted_sum(nb_ctx *ctx, nb_tensor *y);
 
+/* Layer norm in double, the tests' reference: y = (x - mean) / sqrt(var +
+ * eps) * w + b over each of the m rows of x (m, d) (biased variance; w, b
+ * (d) or NULL). */
+void nbt_ref_layer_norm(double *y, const double *x, const double *w, const double *b, int64_t m, int64_t d,
+                        double eps);
+
 /* Asserts |t[i] - expect[i]| <= atol + rtol |expect[i]| for every element
  * (row-major order), reporting the first failing index. */
 void nbt_assert_close(const nb_tensor *t, const double *expect, double atol, double rtol);
