@@ -6,6 +6,7 @@ import re
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -129,6 +130,24 @@ def run(args, nproc=1, expect_rc=0, timeout=240, env=None, cwd=None):
     return p.stdout, p.stderr
 
 
+def small_text(tmp):
+    """Writes tmp/t.txt, the first 2000 bytes of the shipped austen.txt (a
+    corpus a few train_gpt steps go through), and returns its path."""
+    path = os.path.join(tmp, "t.txt")
+    with open(os.path.join(SOURCE, "examples", "datasets", "austen.txt"), "rb") as f, open(path, "wb") as out:
+        out.write(f.read()[:2000])
+    return path
+
+
+def run_in_scratch(name, *tests):
+    """A test's main: calls each of tests with one scratch folder
+    (/tmp/nb_test_<name>_*, removed afterwards), in turn, then prints ok."""
+    with tempfile.TemporaryDirectory(prefix="nb_test_%s_" % name) as tmp:
+        for test in tests:
+            test(tmp)
+    print("ok")
+
+
 def read_safetensors(path):
     """(header without metadata, metadata, data section bytes)"""
     raw = open(path, "rb").read()
@@ -154,6 +173,14 @@ def same_training_state(a, b):
     if ma != mb:
         return "metadata differ: %r vs %r" % (ma, mb)
     return None
+
+
+def assert_same_training_state(a, b, what):
+    """Fails with `what` and the reason unless checkpoints a and b hold the
+    same training state (same_training_state)."""
+    why = same_training_state(a, b)
+    if why:
+        fail("%s: %s" % (what, why))
 
 
 def sample_records(path, ranks):

@@ -12,10 +12,9 @@ tensor/context.c).
 import os
 import re
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _programs import fail, run  # noqa: E402
+from _programs import fail, run, run_in_scratch  # noqa: E402
 
 GPT = ["train_gpt", "--layers", "2", "--heads", "2", "--width", "32", "--seq-len", "32",
        "--batch-size", "4", "--steps", "30", "--warmup", "4", "--eval-interval", "10",
@@ -56,10 +55,7 @@ def test_classifier(tmp):
 
 
 def main():
-    with tempfile.TemporaryDirectory(prefix="nb_test_bf16_programs_") as tmp:
-        test_gpt(tmp)
-        test_classifier(tmp)
-    print("ok")
+    run_in_scratch("bf16_programs", test_gpt, test_classifier)
 
 
 if __name__ == "__main__":

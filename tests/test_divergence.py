@@ -12,10 +12,9 @@ parameters up (1e39: Adam's first update is past f32's range) must
 import hashlib
 import os
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _programs import fail, run  # noqa: E402
+from _programs import fail, run, run_in_scratch  # noqa: E402
 
 
 def digest(path):
@@ -85,10 +84,7 @@ def test_gpt(tmp):
 
 
 def main():
-    with tempfile.TemporaryDirectory(prefix="nb_test_divergence_") as tmp:
-        test_classifier(tmp)
-        test_gpt(tmp)
-    print("ok")
+    run_in_scratch("divergence", test_classifier, test_gpt)
 
 
 if __name__ == "__main__":

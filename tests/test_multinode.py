@@ -32,7 +32,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _netns  # noqa: E402
-from _programs import BIN, fail, run, same_training_state  # noqa: E402
+from _programs import assert_same_training_state, BIN, fail, run  # noqa: E402
 
 PORT = 29613
 RUN_S = 60  # bound on one two-node run (it takes a few seconds)
@@ -156,10 +156,8 @@ def main():
             # test_multinode_cut.py
             if ranks1 and ranks1 != list(range(nproc, world)):
                 fail("node 1 ran ranks %s, expected %s" % (ranks1, list(range(nproc, world))))
-            why = same_training_state(os.path.join(one, "ckpt.safetensors"),
-                                      os.path.join(two, "ckpt.safetensors"))
-            if why:
-                fail("world %d: one node and two nodes differ: %s" % (world, why))
+            assert_same_training_state(os.path.join(one, "ckpt.safetensors"), os.path.join(two, "ckpt.safetensors"),
+                                       "world %d: one node and two nodes differ" % world)
             a, b = final_lines(out_one), final_lines(outs[0])
             if a != b:
                 fail("world %d: final lines differ:\none node:  %s\ntwo nodes: %s" % (world, a, b))

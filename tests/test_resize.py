@@ -36,7 +36,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _programs import SOURCE, fail, sample_records, read_metrics, read_safetensors, run, same_training_state  # noqa: E402
+from _programs import assert_same_training_state, fail, read_metrics, read_safetensors, run, sample_records, small_text  # noqa: E402
 
 STEPS = 14
 
@@ -172,9 +172,7 @@ def test_zero(tmp):
         if name == "resharded" and "(ZeRO-1)" not in out:
             fail("the resumed --zero run does not shard:\n" + out)
         ends.append(os.path.join(d, "ckpt.safetensors"))
-    why = same_training_state(*ends)
-    if why:
-        fail("a 3-rank ZeRO-1 checkpoint resumed on 2 ranks: re-split and whole differ: " + why)
+    assert_same_training_state(*ends, "a 3-rank ZeRO-1 checkpoint resumed on 2 ranks: re-split and whole differ")
     print("ZeRO-1: 3 -> 2 ranks, the state re-split ends like the consolidated state, bit for bit")
 
 
@@ -221,8 +219,7 @@ def test_refusals(tmp, stop):
 
 def main():
     with tempfile.TemporaryDirectory(prefix="nb_test_resize_") as tmp:
-        open(os.path.join(tmp, "t.txt"), "wb").write(
-            open(os.path.join(SOURCE, "examples", "datasets", "austen.txt"), "rb").read()[:2000])
+        small_text(tmp)
         stop = test_order(tmp)
         test_zero(tmp)
         test_refusals(tmp, stop)

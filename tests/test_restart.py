@@ -23,10 +23,9 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _programs import BIN, fail, run, same_training_state  # noqa: E402
+from _programs import assert_same_training_state, BIN, fail, run, run_in_scratch  # noqa: E402
 
 TINY = ["--layers", "2", "--heads", "2", "--width", "32", "--seq-len", "32", "--batch-size", "4",
         "--dropout", "0.1", "--grad-accum", "2", "--warmup", "4", "--eval-interval", "0",
@@ -73,9 +72,8 @@ def test_restarts(tmp):
              % (starts, out[-6000:]))
     if "no restart left" in out:
         fail("a restart was refused:\n" + out[-4000:])
-    why = same_training_state(os.path.join(ref, "ckpt.safetensors"), os.path.join(d, "ckpt.safetensors"))
-    if why:
-        fail("after two restarts the checkpoint differs from the uninterrupted run's: " + why)
+    assert_same_training_state(os.path.join(ref, "ckpt.safetensors"), os.path.join(d, "ckpt.safetensors"),
+                               "after two restarts the checkpoint differs from the uninterrupted run's")
     print("--max-restarts 2: SIGKILL of rank 0 at step 5, SIGSTOP of rank 1 at step 8; resumed at "
           "steps 4 and 7; the last checkpoint equals the uninterrupted run's bit for bit")
 
@@ -112,9 +110,8 @@ def test_resume_auto_picks(tmp):
         fail("--resume auto did not take step3.safetensors:\n" + out)
     if "--resume auto passes over %s/damaged.safetensors" % c not in err:
         fail("the damaged file is not named:\n" + err)
-    why = same_training_state(os.path.join(a, "ckpt.safetensors"), os.path.join(c, "ckpt.safetensors"))
-    if why:
-        fail("resumed from step3.safetensors, the run ends elsewhere than the uninterrupted one: " + why)
+    assert_same_training_state(os.path.join(a, "ckpt.safetensors"), os.path.join(c, "ckpt.safetensors"),
+                               "resumed from step3.safetensors, the run ends elsewhere than the uninterrupted one")
 
     e = os.path.join(tmp, "picks_missing")
     out, _ = run(["train_gpt"] + TINY + ["--steps", "2", "--ckpt-dir", e, "--resume", "auto"])
@@ -128,10 +125,7 @@ def test_resume_auto_picks(tmp):
 
 
 def main():
-    with tempfile.TemporaryDirectory(prefix="nb_test_restart_") as tmp:
-        test_restarts(tmp)
-        test_resume_auto_picks(tmp)
-    print("ok")
+    run_in_scratch("restart", test_restarts, test_resume_auto_picks)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _programs import check_svg, fail, read_metrics, run, same_training_state  # noqa: E402
+from _programs import assert_same_training_state, check_svg, fail, read_metrics, run  # noqa: E402
 
 
 def accuracy(out, rows):
@@ -62,9 +62,8 @@ def test_resume(tmp):
     out, _ = run(base + ["--ckpt-dir", b, "--resume"])
     if "checkpoint: %s/ckpt.safetensors (epoch 4)" % b not in out:
         fail("resumed run:\n" + out)
-    why = same_training_state(a + "/ckpt.safetensors", b + "/ckpt.safetensors")
-    if why:
-        fail("4 epochs straight and 2 + 2 resumed differ: " + why)
+    assert_same_training_state(a + "/ckpt.safetensors", b + "/ckpt.safetensors",
+                               "4 epochs straight and 2 + 2 resumed differ")
     print("resume: bitwise equal checkpoints (model, BatchNorm statistics, Adam state)")
 
 

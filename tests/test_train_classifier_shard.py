@@ -13,7 +13,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _programs import fail, read_safetensors, run, same_training_state  # noqa: E402
+from _programs import assert_same_training_state, fail, read_safetensors, run  # noqa: E402
 
 
 def train(tmp, name, model, epochs, extra):
@@ -39,17 +39,15 @@ def main():
                 ["rank0-of-2.safetensors", "rank1-of-2.safetensors"]:
             fail("cnn --ckpt-sharded: the index has %d tensors; %s holds %s" % (
                 len(header), folder, os.listdir(folder) if os.path.isdir(folder) else "nothing"))
-        why = same_training_state(os.path.join(one, "ckpt.safetensors"), consolidated(sh))
-        if why:
-            fail("cnn: the consolidated sharded checkpoint is not the single file: " + why)
+        assert_same_training_state(os.path.join(one, "ckpt.safetensors"), consolidated(sh),
+                                   "cnn: the consolidated sharded checkpoint is not the single file")
         print("cnn --zero --ckpt-sharded: 2 shards; consolidated, the single-file checkpoint bit for bit")
 
         straight = train(tmp, "mlp", "mlp", 3, ["--zero", "2"])
         part = train(tmp, "mlp_part", "mlp", 3, ["--zero", "2", "--ckpt-sharded", "--stop-at", "2"])
         train(tmp, "mlp_part", "mlp", 3, ["--zero", "2", "--ckpt-sharded", "--resume"])
-        why = same_training_state(os.path.join(straight, "ckpt.safetensors"), consolidated(part))
-        if why:
-            fail("mlp --zero 2: 3 epochs straight and 2 + 1 resumed from shards differ: " + why)
+        assert_same_training_state(os.path.join(straight, "ckpt.safetensors"), consolidated(part),
+                                   "mlp --zero 2: 3 epochs straight and 2 + 1 resumed from shards differ")
         print("mlp --zero 2: resumed from a sharded checkpoint, the straight run's state bit for bit")
     print("ok")
 

@@ -19,7 +19,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _programs import fail, optimizer_state, run, same_training_state  # noqa: E402
+from _programs import assert_same_training_state, fail, optimizer_state, run  # noqa: E402
 
 
 def train(tmp, name, model, epochs, extra):
@@ -38,34 +38,26 @@ def main():
         # two ranks: half the state each, up to one padding element per bucket
         if zp or not zz or not (bp / 2 <= bz <= bp / 2 + 64):
             fail("optimizer state per process: %d bytes plain, %d with --zero (expected half)" % (bp, bz))
-        why = same_training_state(plain, zero)
-        if why:
-            fail("mlp: --zero and the plain run end with different checkpoints: " + why)
+        assert_same_training_state(plain, zero, "mlp: --zero and the plain run end with different checkpoints")
         print("mlp --zero on 2 processes: %d of %d bytes of optimizer state per process; the plain "
               "run's checkpoint, bit for bit" % (bz, bp))
 
         part, _ = train(tmp, "part", "mlp", 3, ["--zero", "--stop-at", "2"])
         _, out = train(tmp, "part", "mlp", 3, ["--zero", "--resume"])
-        why = same_training_state(zero, part)
-        if why:
-            fail("mlp --zero: 3 epochs straight and 2 + 1 resumed differ: " + why)
+        assert_same_training_state(zero, part, "mlp --zero: 3 epochs straight and 2 + 1 resumed differ")
         print("mlp --zero resume: bitwise equal checkpoints")
 
         plain, _ = train(tmp, "cnn_plain", "cnn", 1, [])
         zero, out = train(tmp, "cnn_zero", "cnn", 1, ["--zero"])
         if "(ZeRO-1)" not in out:
             fail("cnn --zero: the banner does not say ZeRO-1:\n" + out)
-        why = same_training_state(plain, zero)
-        if why:
-            fail("cnn: --zero and the plain run end with different checkpoints: " + why)
+        assert_same_training_state(plain, zero, "cnn: --zero and the plain run end with different checkpoints")
         print("cnn --zero (Adam): the plain run's checkpoint, bit for bit")
 
         two, out_2 = train(tmp, "zero2", "mlp", 3, ["--zero", "2"])
         if "(ZeRO-2)" not in out_2:
             fail("mlp --zero 2: the banner does not say ZeRO-2:\n" + out_2)
-        why = same_training_state(plain_mlp, two)
-        if why:
-            fail("mlp: --zero 2 and the plain run end with different checkpoints: " + why)
+        assert_same_training_state(plain_mlp, two, "mlp: --zero 2 and the plain run end with different checkpoints")
         b1, b2 = (int(re.search(r"state_bytes=(\d+)", o).group(1)) for o in (out_z, out_2))
         if not b2 < b1:
             fail("mlp: state_bytes=%d with --zero 2, %d with --zero: expected less" % (b2, b1))

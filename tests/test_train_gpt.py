@@ -31,7 +31,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _programs import SOURCE, check_svg, fail, read_metrics, run, same_training_state  # noqa: E402
+from _programs import assert_same_training_state, check_svg, fail, read_metrics, run, SOURCE  # noqa: E402
 
 TEXT = os.path.join(SOURCE, "examples", "datasets", "austen.txt")
 SMALL = ["--layers", "2", "--heads", "2", "--width", "32", "--seq-len", "32", "--batch-size", "4",
@@ -82,9 +82,8 @@ def test_resume(tmp, nproc):
     out, _ = run(["train_gpt"] + base + ["--ckpt-dir", b, "--metrics", b + "/m.jsonl", "--resume"], nproc)
     if "steps 9..16 of 16 (resumed)" not in out:
         fail("the resumed run does not say where it starts:\n" + out)
-    why = same_training_state(a + "/ckpt.safetensors", b + "/ckpt.safetensors")
-    if why:
-        fail("%d process(es): 16 steps straight and 8 + 8 resumed differ: %s" % (nproc, why))
+    assert_same_training_state(a + "/ckpt.safetensors", b + "/ckpt.safetensors",
+                               "%d process(es): 16 steps straight and 8 + 8 resumed differ" % nproc)
     strip = lambda rows: [{k: v for k, v in r.items() if k != "time"} for r in rows]
     ma, mb = strip(read_metrics(a + "/m.jsonl")), strip(read_metrics(b + "/m.jsonl"))
     if ma != mb:

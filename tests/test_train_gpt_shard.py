@@ -32,7 +32,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _programs import SOURCE, fail, sample_records, read_safetensors, run, same_training_state  # noqa: E402
+from _programs import assert_same_training_state, fail, read_safetensors, run, sample_records, small_text  # noqa: E402
 import test_resize  # noqa: E402  (its small train_gpt command line)
 
 
@@ -80,9 +80,8 @@ def test_3_to_2(tmp):
     out, _ = run(["nb_ckpt", "check", os.path.join(sh, "ckpt.safetensors")])
     if "sharded over 3 files" not in out or "every tensor reads" not in out:
         fail("nb_ckpt check: " + out)
-    why = same_training_state(os.path.join(one, "ckpt.safetensors"), consolidated(tmp, sh, "c3"))
-    if why:
-        fail("the consolidated sharded checkpoint is not the single file: " + why)
+    assert_same_training_state(os.path.join(one, "ckpt.safetensors"), consolidated(tmp, sh, "c3"),
+                               "the consolidated sharded checkpoint is not the single file")
     print("3 ranks: index + 3 shards; consolidated, the single-file checkpoint bit for bit")
 
     g = copy(sh, os.path.join(tmp, "sh3to2"))
@@ -102,9 +101,8 @@ def test_3_to_2(tmp):
              % (len(whole), len(set(whole))))
     o = copy(one, os.path.join(tmp, "one3to2"))
     run(args(tmp, ["--ckpt-dir", o, "--resume", "--keep-batch", "global"]), 2)
-    why = same_training_state(os.path.join(o, "ckpt.safetensors"), consolidated(tmp, g, "c3to2"))
-    if why:
-        fail("3 -> 2: the sharded resume ends unlike the single-file resume: " + why)
+    assert_same_training_state(os.path.join(o, "ckpt.safetensors"), consolidated(tmp, g, "c3to2"),
+                               "3 -> 2: the sharded resume ends unlike the single-file resume")
     a, b = test_resize.val_loss(out_ref), test_resize.val_loss(out)
     if abs(a - b) > 1e-3:
         fail("3 -> 2: val loss %.5f after 14 steps, the uninterrupted run's %.5f" % (b, a))
@@ -120,9 +118,8 @@ def test_zero3(tmp, L):
     run(args(tmp, ["3", "--ckpt-dir", one, "--stop-at", "4"]), 3)
     if len(shard_dirs(z)) != 1 or len(os.listdir(os.path.join(z, shard_dirs(z)[0]))) != 3:
         fail("--zero 3 --ckpt-sharded at 3 ranks: %s" % os.listdir(z))
-    why = same_training_state(os.path.join(one, "ckpt.safetensors"), consolidated(tmp, z, "z3c"))
-    if why:
-        fail("--zero 3: the consolidated sharded checkpoint is not the single file: " + why)
+    assert_same_training_state(os.path.join(one, "ckpt.safetensors"), consolidated(tmp, z, "z3c"),
+                               "--zero 3: the consolidated sharded checkpoint is not the single file")
     g = copy(z, os.path.join(tmp, "z3to2"))
     out, _ = run(args(tmp, ["3", "--ckpt-sharded", "--ckpt-dir", g, "--resume", "--keep-batch", "global",
                             "--log-samples", g + ".log"]), 2)
@@ -139,9 +136,8 @@ def test_zero3(tmp, L):
              % (len(whole), len(set(whole))))
     o = copy(one, os.path.join(tmp, "z3oneto2"))
     run(args(tmp, ["3", "--ckpt-dir", o, "--resume", "--keep-batch", "global"]), 2)
-    why = same_training_state(os.path.join(o, "ckpt.safetensors"), consolidated(tmp, g, "z3to2c"))
-    if why:
-        fail("--zero 3, 3 -> 2: the sharded resume ends unlike the single-file resume: " + why)
+    assert_same_training_state(os.path.join(o, "ckpt.safetensors"), consolidated(tmp, g, "z3to2c"),
+                               "--zero 3, 3 -> 2: the sharded resume ends unlike the single-file resume")
     print("--zero 3: a checkpoint sharded at 3 ranks (consolidated: the single file) resumes at 2, the epoch's "
           "remaining 30 windows once, the single-file resume's state bit for bit")
 
@@ -162,9 +158,8 @@ def test_2_to_3(tmp):
              "of a global batch of 6 left)" % (len(before), len(after), len(set(whole))))
     o = copy(one, os.path.join(tmp, "one2to3"))
     run(args(tmp, ["--ckpt-dir", o, "--resume", "--keep-batch", "rank"]), 3)
-    why = same_training_state(os.path.join(o, "ckpt.safetensors"), consolidated(tmp, g, "c2to3"))
-    if why:
-        fail("2 -> 3: the sharded resume ends unlike the single-file resume: " + why)
+    assert_same_training_state(os.path.join(o, "ckpt.safetensors"), consolidated(tmp, g, "c2to3"),
+                               "2 -> 3: the sharded resume ends unlike the single-file resume")
     print("2 -> 3: 16 + 36 windows of epoch 0, none twice; the single-file resume's state bit for bit")
 
 
@@ -201,8 +196,7 @@ def test_kept_and_auto(tmp):
 
 def main():
     with tempfile.TemporaryDirectory(prefix="nb_test_train_gpt_shard_") as tmp:
-        open(os.path.join(tmp, "t.txt"), "wb").write(
-            open(os.path.join(SOURCE, "examples", "datasets", "austen.txt"), "rb").read()[:2000])
+        small_text(tmp)
         L = test_3_to_2(tmp)
         test_2_to_3(tmp)
         test_zero3(tmp, L)

@@ -17,7 +17,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _programs import fail, optimizer_state, run, same_losses, same_training_state  # noqa: E402
+from _programs import assert_same_training_state, fail, optimizer_state, run, same_losses  # noqa: E402
 
 SMALL = ["--layers", "2", "--heads", "2", "--width", "32", "--seq-len", "32", "--batch-size", "4",
          "--dropout", "0.1", "--grad-accum", "2", "--warmup", "4", "--eval-interval", "8",
@@ -39,9 +39,8 @@ def main():
         # two ranks: half the state each, up to one padding element per bucket and moment
         if zp or not zz or not (bp / 2 <= bz <= bp / 2 + 4096):
             fail("optimizer state per process: %d bytes plain, %d with --zero (expected half)" % (bp, bz))
-        why = same_training_state(plain + "/ckpt.safetensors", zero + "/ckpt.safetensors")
-        if why:
-            fail("--zero and the plain run end with different checkpoints: " + why)
+        assert_same_training_state(plain + "/ckpt.safetensors", zero + "/ckpt.safetensors",
+                                   "--zero and the plain run end with different checkpoints")
         print("--zero on 2 processes: %d of %d bytes of optimizer state per process; the plain "
               "run's checkpoint, bit for bit" % (bz, bp))
 
@@ -49,9 +48,8 @@ def main():
         _, out = train(tmp, "part", ["--clip", "0", "--zero", "--resume"])
         if "steps 9..16 of 16 (resumed)" not in out:
             fail("the resumed run does not say where it starts:\n" + out)
-        why = same_training_state(zero + "/ckpt.safetensors", part + "/ckpt.safetensors")
-        if why:
-            fail("--zero: 16 steps straight and 8 + 8 resumed differ: " + why)
+        assert_same_training_state(zero + "/ckpt.safetensors", part + "/ckpt.safetensors",
+                                   "--zero: 16 steps straight and 8 + 8 resumed differ")
         print("--zero resume: bitwise equal checkpoints")
 
         a, _ = train(tmp, "clip_plain", [])

@@ -20,7 +20,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _programs import fail, run, same_losses, same_training_state, state_bytes  # noqa: E402
+from _programs import assert_same_training_state, fail, run, same_losses, state_bytes  # noqa: E402
 
 SMALL = ["--layers", "2", "--heads", "2", "--width", "32", "--seq-len", "32", "--batch-size", "4",
          "--dropout", "0.1", "--grad-accum", "2", "--warmup", "4", "--eval-interval", "8",
@@ -41,9 +41,8 @@ def main():
         two, out_2 = train(tmp, "zero2", ["--clip", "0", "--zero", "2"])
         if "(ZeRO-2)" not in out_2:
             fail("--zero 2: the banner does not say ZeRO-2:\n" + out_2)
-        why = same_training_state(plain + "/ckpt.safetensors", two + "/ckpt.safetensors")
-        if why:
-            fail("--zero 2 and the plain run end with different checkpoints: " + why)
+        assert_same_training_state(plain + "/ckpt.safetensors", two + "/ckpt.safetensors",
+                                   "--zero 2 and the plain run end with different checkpoints")
         print("--zero 2 on 2 processes: the plain run's checkpoint, bit for bit")
 
         sp, s1, s2 = state_bytes(out_p), state_bytes(out_1), state_bytes(out_2)

@@ -23,7 +23,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _programs import SOURCE, fail, run, same_losses, sample_records as records, state_bytes  # noqa: E402
+from _programs import fail, run, same_losses, sample_records as records, state_bytes, small_text  # noqa: E402
 from test_resize import args as resize_args, epoch_indices, val_loss  # noqa: E402
 
 SMALL = ["--layers", "2", "--heads", "2", "--width", "32", "--seq-len", "32", "--batch-size", "4",
@@ -40,8 +40,7 @@ def train(tmp, name, extra, nproc, steps=20):
 
 
 def test_resize(tmp):
-    open(os.path.join(tmp, "t.txt"), "wb").write(
-        open(os.path.join(SOURCE, "examples", "datasets", "austen.txt"), "rb").read()[:2000])
+    small_text(tmp)
     ref = os.path.join(tmp, "z3ref")
     out_ref, _ = run(resize_args(tmp, ["--zero", "3", "--ckpt-dir", ref, "--log-samples", ref + ".log"]), 3)
     rec = records(ref + ".log", 3)
