@@ -45,19 +45,26 @@ static const char *write_file(const char *name, const char *text, long len) {
     return p;
 }
 
-/* Opens a CSV that must fail with `status` and a message containing each
- * of the given substrings. */
-static void expect_csv_error(const char *path, const nb_csv_options *o, nb_status status,
-                             const char *sub1, const char *sub2) {
-    nb_dataset *ds = (nb_dataset *)1;
-    nb_status st = nb_dataset_open_csv(&ds, path, o);
-    ck_assert_msg(st == status, "%s: status %s, expected %s (message: %s)", path,
+/* An open of `what` that returned st and ds failed as expected: with
+ * `status`, no dataset, and a message containing sub1 (and sub2 unless NULL). */
+static void expect_open_failed(const char *what, nb_status st, const nb_dataset *ds, nb_status status,
+                               const char *sub1, const char *sub2) {
+    ck_assert_msg(st == status, "%s: status %s, expected %s (message: %s)", what,
                   nb_status_str(st), nb_status_str(status), nb_last_error());
     ck_assert_ptr_null(ds);
     ck_assert_msg(strstr(nb_last_error(), sub1), "message \"%s\" lacks \"%s\"", nb_last_error(), sub1);
     if (sub2)
         ck_assert_msg(strstr(nb_last_error(), sub2), "message \"%s\" lacks \"%s\"", nb_last_error(),
                       sub2);
+}
+
+/* Opens a CSV that must fail with `status` and a message containing each
+ * of the given substrings. */
+static void expect_csv_error(const char *path, const nb_csv_options *o, nb_status status,
+                             const char *sub1, const char *sub2) {
+    nb_dataset *ds = (nb_dataset *)1;
+    nb_status st = nb_dataset_open_csv(&ds, path, o);
+    expect_open_failed(path, st, ds, status, sub1, sub2);
 }
 
 /* A file written with the default options that nb_dataset_open_csv refuses with
@@ -79,13 +86,7 @@ static void expect_tokens_error_vocab(const char *pattern, int64_t T, int64_t vo
                                       nb_status status, const char *sub1, const char *sub2) {
     nb_dataset *ds = (nb_dataset *)1;
     nb_status st = nb_dataset_open_tokens(&ds, pattern, T, 0, vocab);
-    ck_assert_msg(st == status, "%s: status %s, expected %s (message: %s)", pattern,
-                  nb_status_str(st), nb_status_str(status), nb_last_error());
-    ck_assert_ptr_null(ds);
-    ck_assert_msg(strstr(nb_last_error(), sub1), "message \"%s\" lacks \"%s\"", nb_last_error(), sub1);
-    if (sub2)
-        ck_assert_msg(strstr(nb_last_error(), sub2), "message \"%s\" lacks \"%s\"", nb_last_error(),
-                      sub2);
+    expect_open_failed(pattern, st, ds, status, sub1, sub2);
 }
 
 static void expect_tokens_error(const char *pattern, int64_t T, nb_status status,
