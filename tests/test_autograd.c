@@ -5,9 +5,8 @@
 #include "tensor/internal.h"
 #include "testutil.h"
 
-START_TEST(test_simple_chain) {
+NBT_CPU_TEST(test_simple_chain) {
     /* y = sum((a * b + a)^2): dy/da = 2 (ab + a)(b + 1), dy/db = 2 (ab + a) a */
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
     nb_tensor *a = nb_from_host(ctx, NB_F64, NB_SHAPE(3), (double[]){1, 2, -1});
     nb_tensor *b = nb_from_host(ctx, NB_F64, NB_SHAPE(3), (double[]){0.5, -1, 3});
     nb_set_requires_grad(a, true);
@@ -32,13 +31,10 @@ START_TEST(test_simple_chain) {
     nb_zero_grad(a);
     double zero[3] = {0};
     nbt_assert_close(a->grad, zero, 0, 0);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_reused_intermediate) {
+NBT_CPU_TEST(test_reused_intermediate) {
     /* z = x * x used twice: y = sum(z + z * z) -> dy/dx = (1 + 2 z) 2x */
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
     nb_tensor *x = nb_from_host(ctx, NB_F64, NB_SHAPE(2), (double[]){1.5, -0.5});
     nb_set_requires_grad(x, true);
     nb_tensor *z = nb_mul(ctx, x, x);
@@ -47,12 +43,9 @@ START_TEST(test_reused_intermediate) {
     double xv[2] = {1.5, -0.5};
     for (int i = 0; i < 2; i++) e[i] = (1 + 2 * xv[i] * xv[i]) * 2 * xv[i];
     nbt_assert_close(x->grad, e, 1e-12, 1e-12);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_no_grad_and_detach) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_no_grad_and_detach) {
     nb_tensor *x = nbt_randn_leaf(ctx, NB_F32, NB_SHAPE(4), 1);
     ck_assert(nb_grad_enabled());
     bool prev = nb_no_grad_begin();
@@ -68,21 +61,16 @@ START_TEST(test_no_grad_and_detach) {
     /* gradient flows only through the non-detached factor */
     nb_backward(nb_sum_all(ctx, nb_mul(ctx, x, d)));
     nbt_assert_tensors_close(x->grad, x, 0, 0);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_errors) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_errors) {
     nb_tensor *x = nbt_randn_leaf(ctx, NB_F32, NB_SHAPE(2, 3), 1);
     NBT_EXPECT_ABORT(nb_backward(nb_mul(ctx, x, x)), "one element, got shape (2, 3)");
     nb_tensor *i = nb_zeros(ctx, NB_I64, NB_SHAPE(2));
     NBT_EXPECT_ABORT(nb_set_requires_grad(i, true), "only float tensors");
     nb_tensor *y = nb_mul(ctx, x, x);
     NBT_EXPECT_ABORT(nb_add_grad_hook(y, NULL, NULL), "NULL hook");
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 START_TEST(test_cross_context_graph_rejected) {
     nb_ctx *c1 = nb_ctx_new(nb_cpu(), 0), *c2 = nb_ctx_new(nb_cpu(), 0);
@@ -169,23 +157,19 @@ START_TEST(test_hooks_fire_once_and_early) {
 }
 END_TEST
 
-START_TEST(test_cast_backward) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_cast_backward) {
     nb_tensor *x = nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(3), 1);
     nb_tensor *y = nb_cast(ctx, nb_mul_scalar(ctx, nb_cast(ctx, x, NB_F32), 2), NB_F64);
     nb_backward(nb_sum_all(ctx, y));
     ck_assert_int_eq(x->grad->dtype, NB_F64);
     double e[3] = {2, 2, 2};
     nbt_assert_close(x->grad, e, 0, 0);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 static int removed_calls;
 static void counting_hook(nb_tensor *t, void *u) { removed_calls += (int)(intptr_t)u; }
 
-START_TEST(test_remove_hook) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_remove_hook) {
     nb_tensor *w = nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(3), 1);
     nb_add_grad_hook(w, counting_hook, (void *)1);
     nb_add_grad_hook(w, counting_hook, (void *)10);
@@ -195,9 +179,7 @@ START_TEST(test_remove_hook) {
     ck_assert(!nb_remove_grad_hook(w, counting_hook, (void *)1));
     nb_backward(nb_sum_all(ctx, w));
     ck_assert_int_eq(removed_calls, 21);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 static void count_leaf(nb_tensor *leaf, void *u) {
     nb_tensor **seen = u;
@@ -208,8 +190,7 @@ static void count_leaf(nb_tensor *leaf, void *u) {
         }
 }
 
-START_TEST(test_graph_leaves) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_graph_leaves) {
     nb_tensor *a = nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(3), 1);
     nb_tensor *b = nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(3), 2);
     nb_tensor *unused = nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(3), 3);
@@ -224,12 +205,9 @@ START_TEST(test_graph_leaves) {
     nb_backward(loss);
     ck_assert_ptr_nonnull(a->grad);
     ck_assert_ptr_null(unused->grad);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_set_grad_buffer) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_set_grad_buffer) {
     nb_tensor *w = nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(2, 2), 1);
     nb_tensor *bucket = nb_zeros(ctx, NB_F64, NB_SHAPE(6));
     nb_tensor *view = nb_reshape(ctx, nb_narrow(ctx, bucket, 0, 1, 4), NB_SHAPE(2, 2));
@@ -238,9 +216,7 @@ START_TEST(test_set_grad_buffer) {
     double e[6] = {0, 3, 3, 3, 3, 0};
     nbt_assert_close(bucket, e, 0, 0);
     NBT_EXPECT_ABORT(nb_set_grad(w, bucket), "does not match");
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 static nb_tensor *wrong_grad_fn(nb_ctx *ctx, nb_tensor *const *in, void *u) {
     /* forward is x^2, but the tape says the derivative of 2.1 x^2 (via a detached scale) */
@@ -253,8 +229,7 @@ static nb_tensor *wrong_grad_fn(nb_ctx *ctx, nb_tensor *const *in, void *u) {
 
 static nb_tensor *right_fn(nb_ctx *ctx, nb_tensor *const *in, void *u) { return nb_mul(ctx, in[0], in[0]); }
 
-START_TEST(test_gradcheck_catches_wrong_gradients) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_gradcheck_catches_wrong_gradients) {
     nb_tensor *x = nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(5), 1);
     nb_gradcheck_result ok = nb_gradcheck(right_fn, NULL, 1, &x, 0, 0, 0);
     ck_assert_msg(ok.ok, "%s", ok.message);
@@ -265,9 +240,7 @@ START_TEST(test_gradcheck_catches_wrong_gradients) {
     ck_assert(strstr(bad.message, "FAILED") != NULL);
     nb_tensor *f = nbt_randn_leaf(ctx, NB_F32, NB_SHAPE(5), 1);
     NBT_EXPECT_ABORT(nb_gradcheck(right_fn, NULL, 1, &f, 0, 0, 0), "gradcheck needs f64");
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 static nb_tensor *views_fn(nb_ctx *ctx, nb_tensor *const *in, void *u) {
     /* every view op in one graph */
@@ -283,14 +256,11 @@ static nb_tensor *views_fn(nb_ctx *ctx, nb_tensor *const *in, void *u) {
     return nb_add(ctx, nb_mul(ctx, r, r), nb_mul(ctx, q, c));
 }
 
-START_TEST(test_gradcheck_views) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_gradcheck_views) {
     nb_tensor *x = nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(2, 3, 4), 9);
     nb_gradcheck_result r = nb_gradcheck(views_fn, NULL, 1, &x, 1e-6, 1e-4, 1e-3);
     ck_assert_msg(r.ok, "%s", r.message);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* ---- adopted gradients (Note [Adopted gradients]) ----
  * A non-leaf's first gradient is the backward function's own tensor, which
@@ -301,9 +271,8 @@ static const double cw[3] = {0.5, -2, 3};
 
 static nb_tensor *weights(nb_ctx *ctx) { return nb_from_host(ctx, NB_F64, NB_SHAPE(3), (double[]){0.5, -2, 3}); }
 
-START_TEST(test_adopt_x_plus_x) {
+NBT_CPU_TEST(test_adopt_x_plus_x) {
     /* x = 3w, s = x + x, loss = sum(s c): add_backward hands s's gradient to x twice */
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
     nb_tensor *w = nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(3), 1);
     nb_tensor *x = nb_mul_scalar(ctx, w, 3);
     nb_tensor *s = nb_add(ctx, x, x);
@@ -314,15 +283,12 @@ START_TEST(test_adopt_x_plus_x) {
     nbt_assert_close(x->grad, e_x, 0, 0);
     nbt_assert_close(w->grad, e_w, 0, 0);
     ck_assert_ptr_ne(x->grad, s->grad);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_adopt_diamond) {
+NBT_CPU_TEST(test_adopt_diamond) {
     /* x = 3w; a = 2x; b = x + 1; o = a + b; loss = sum(o c).
      * o, a, b and (first) x all receive the one tensor o's gradient; x's
      * second contribution must not write into it. */
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
     nb_tensor *w = nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(3), 2);
     nb_tensor *x = nb_mul_scalar(ctx, w, 3);
     nb_tensor *a = nb_mul_scalar(ctx, x, 2);
@@ -348,14 +314,11 @@ START_TEST(test_adopt_diamond) {
     nbt_assert_close(b2->grad, e_c, 0, 0);
     nbt_assert_close(x2->grad, e_x, 0, 0);
     nbt_assert_close(w2->grad, e_w, 0, 0);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_adopt_add_and_mul) {
+NBT_CPU_TEST(test_adopt_add_and_mul) {
     /* x = 1.5p; s = x + q; m = s x; loss = sum(m c):
      * dp = 1.5 c (2x + q), dq = c x, ds = c x */
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
     nb_tensor *p = nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(3), 3);
     nb_tensor *q = nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(3), 4);
     nb_tensor *x = nb_mul_scalar(ctx, p, 1.5);
@@ -375,14 +338,11 @@ START_TEST(test_adopt_add_and_mul) {
     nbt_assert_close(q->grad, e_q, 1e-12, 1e-12);
     nbt_assert_close(s->grad, e_q, 1e-12, 1e-12);
     nbt_assert_close(m->grad, e_m, 0, 0);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_adopt_concat_views) {
+NBT_CPU_TEST(test_adopt_concat_views) {
     /* concat's backward hands each input a narrow view of one gradient
      * (contiguous along axis 0, so adopted); x1 is used again after it. */
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
     nb_tensor *w = nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(3), 5);
     nb_tensor *x1 = nb_mul_scalar(ctx, w, 2), *x2 = nb_mul_scalar(ctx, w, -1);
     nb_tensor *other = nb_sum_all(ctx, nb_mul(ctx, x1, weights(ctx))); /* its backward runs last */
@@ -399,9 +359,7 @@ START_TEST(test_adopt_concat_views) {
     nbt_assert_close(x1->grad, e_x1, 0, 0);
     nbt_assert_close(x2->grad, e_x2, 0, 0);
     nbt_assert_close(w->grad, e_w, 0, 0);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 typedef struct final_grad {
     double seen[3];
@@ -439,10 +397,9 @@ START_TEST(test_adopt_hooks_see_final_gradient) {
 }
 END_TEST
 
-START_TEST(test_adopt_slices_share_a_buffer) {
+NBT_CPU_TEST(test_adopt_slices_share_a_buffer) {
     /* the pieces of a split non-leaf add into one gradient buffer of x;
      * a full-width narrow next to x itself takes the copy-on-write path */
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
     nb_tensor *w = nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(6), 7);
     nb_tensor *x = nb_mul_scalar(ctx, w, 1.5);
     nb_tensor *p[2];
@@ -467,9 +424,7 @@ START_TEST(test_adopt_slices_share_a_buffer) {
     nbt_assert_close(p[1]->grad, e_p + 2, 0, 0);
     nbt_assert_close(x->grad, e_x, 0, 0);
     nbt_assert_close(w->grad, e_w, 1e-12, 0);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 static nb_tensor *nonleaf_views_fn(nb_ctx *ctx, nb_tensor *const *in, void *u) {
     /* slices, a strided slice, selects and narrows of one non-leaf */
@@ -481,13 +436,10 @@ static nb_tensor *nonleaf_views_fn(nb_ctx *ctx, nb_tensor *const *in, void *u) {
     return nb_add(ctx, nb_sum_all(ctx, r), nb_sum_all(ctx, nb_mul(ctx, b, b)));
 }
 
-START_TEST(test_gradcheck_nonleaf_views) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_gradcheck_nonleaf_views) {
     nb_tensor *x = nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(4, 6), 11);
     NBT_GRADCHECK(nonleaf_views_fn, NULL, 1, &x);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* ---- stale roots and leaves (Note [Stale tensors] in tensor/context.c) ---- */
 START_TEST(test_backward_stale_root_and_leaf) {
@@ -526,8 +478,7 @@ END_TEST
 /* ---- walking a graph twice (Note [Walked graphs] in autograd/backward.c) ---- */
 #define WALKED "nb_backward: the graph of this loss was already walked by a backward"
 
-START_TEST(test_second_backward_refused) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_second_backward_refused) {
     nb_tensor *w = nb_from_host(ctx, NB_F64, NB_SHAPE(3), (double[]){1, 2, -3});
     nb_tensor *c = nb_from_host(ctx, NB_F64, NB_SHAPE(3), (double[]){0.5, 1, 2});
     nb_set_requires_grad(w, true);
@@ -557,12 +508,9 @@ START_TEST(test_second_backward_refused) {
     nb_backward_with(w, seed);
     nb_backward_with(w, seed);
     nbt_assert_close(w->grad, (double[]){2, 2, 2}, 0, 0);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_retain_graph) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_retain_graph) {
     nb_tensor *w = nb_from_host(ctx, NB_F64, NB_SHAPE(3), (double[]){1, 2, -3});
     nb_tensor *c = nb_from_host(ctx, NB_F64, NB_SHAPE(3), (double[]){0.5, 1, 2});
     nb_set_requires_grad(w, true);
@@ -585,9 +533,7 @@ START_TEST(test_retain_graph) {
     nb_tensor *y3 = nb_sum_all(ctx, nb_mul(ctx, w, c));
     nb_backward_ex(y3, NULL);
     NBT_EXPECT_ABORT(nb_backward_ex(y3, &NB_BACKWARD_DEFAULTS), WALKED);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 int main(void) {
     const TTest *tests[] = {test_simple_chain, test_reused_intermediate, test_no_grad_and_detach, test_errors,

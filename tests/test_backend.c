@@ -124,15 +124,12 @@ static nb_tensor *linear_gelu_fn(nb_ctx *ctx, nb_tensor *const *in, void *user) 
     return nb__linear_gelu(ctx, in[0], in[1], in[2]);
 }
 
-START_TEST(test_linear_gelu_gradcheck) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_linear_gelu_gradcheck) {
     nb_tensor *in[3] = {nbt_randn_leaf(ctx, NB_F64, 3, (int64_t[]){2, 3, 4}, 1),
                         nbt_randn_leaf(ctx, NB_F64, 2, (int64_t[]){5, 4}, 2),
                         nbt_randn_leaf(ctx, NB_F64, 1, (int64_t[]){5}, 3)};
     NBT_GRADCHECK(linear_gelu_fn, NULL, 3, in);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* ---- Note [GEMM epilogues in backward] ---- */
 /* An MLP x -> gelu(x w1^T + b1) -> . w2^T + b2, then a weighted sum; its
@@ -217,8 +214,7 @@ START_TEST(test_gemm_epilogues_gradcheck) {
 END_TEST
 
 /* The CPU entry's bias gradient: op(a)'s rows summed over K, both layouts. */
-START_TEST(test_gemm_bgrad_entry) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_gemm_bgrad_entry) {
     for (int ta = 0; ta < 2; ta++) {
         int64_t m = 5, k = 7, n = 3;
         nb_tensor *a = nbt_randn(ctx, NB_F32, 2, ta ? (int64_t[]){k, m} : (int64_t[]){m, k}, 7);
@@ -237,9 +233,7 @@ START_TEST(test_gemm_bgrad_entry) {
                           "ta %d: bgrad[%lld] %.9g, sum %.9g", ta, (long long)i, nb_get(bg, &i), s);
         }
     }
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* ---- multi-tensor updates ---- */
 #define NT 3
@@ -317,8 +311,7 @@ START_TEST(test_multi_tensor_adam) {
 }
 END_TEST
 
-START_TEST(test_multi_tensor_sgd) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_multi_tensor_sgd) {
     nb_tensor *p[NT], *g[NT], *buf[NT];
     double rp[NT][LEN], rb[NT][LEN] = {{0}};
     double hp[NT][NB__HP_COUNT];
@@ -362,14 +355,11 @@ START_TEST(test_multi_tensor_sgd) {
         nbt_assert_close(p[k], rp[k], tol, tol);
         if (buf[k]) nbt_assert_close(buf[k], rb[k], tol, tol);
     }
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* An optimizer over f32 and f64 parameters steps both (one multi-tensor
  * update per dtype). */
-START_TEST(test_optim_step_mixed_dtypes) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_optim_step_mixed_dtypes) {
     int64_t n = 4;
     nb_tensor *a = nbt_randn_leaf(ctx, NB_F32, 1, &n, 40), *b = nbt_randn_leaf(ctx, NB_F64, 1, &n, 41);
     double a0[4], b0[4], ea[4], eb[4];
@@ -389,12 +379,9 @@ START_TEST(test_optim_step_mixed_dtypes) {
     nbt_assert_close(a, ea, 1e-6, 1e-6);
     nbt_assert_close(b, eb, 1e-15, 1e-15);
     nb_optim_free(opt);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_multi_tensor_reductions) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_multi_tensor_reductions) {
     nb_tensor *t[3] = {nb_from_host(ctx, NB_F32, NB_SHAPE(3), (float[]){1, -2, 3}),
                        nb_from_host(ctx, NB_F64, NB_SHAPE(11),
                                     (double[]){0, 0, 0, 0, 0, 0, 0, 0, 0, 0, -5}),
@@ -415,15 +402,12 @@ START_TEST(test_multi_tensor_reductions) {
     ck_assert(!nb__cpu_backend.all_finite(ctx, 3, t));
     nb__cpu_backend.max_abs(ctx, out, 3, t);
     ck_assert(isnan(nb_item(out)));
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* SyncBatchNorm's per-channel steps on the CPU: statistics, then the
  * finalize that refuses a global batch of one value per channel (here
  * after a pretend all-reduce left the count at 1). */
-START_TEST(test_channel_steps) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_channel_steps) {
     /* x (N=2, C=2, S=2): channel 0 = {1, 2, 3, 4}, channel 1 = {0, 0, 2, 2} */
     nb_tensor *x = nb_from_host(ctx, NB_F64, NB_SHAPE(2, 2, 2), (double[]){1, 2, 0, 0, 3, 4, 2, 2});
     nb_tensor *stats = nb_zeros(ctx, NB_F64, NB_SHAPE(6));
@@ -437,9 +421,7 @@ START_TEST(test_channel_steps) {
     NBT_EXPECT_ABORT(nb__cpu_backend.channel_finalize(mean, invstd, one, NULL, NULL, 0.1, 1e-5, 2, x),
                      "nb_sync_batch_norm: the global batch has 1 value(s) per channel; training "
                      "needs more than one (input (2, 2, 2) on this rank)");
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* ---- row reductions: the CPU entries' contract (in order, f32 in f64) ----
  * Values of mixed magnitude make the summation order visible: a pairwise

@@ -73,8 +73,7 @@ static void expect_header_fails(const char *json, size_t data_len, const char *s
 }
 
 /* ---- layout and reading ---- */
-START_TEST(test_layout_and_read_back) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_layout_and_read_back) {
     nb_tensor *f32 = nb_from_host(ctx, NB_F32, NB_SHAPE(2, 3), (float[]){1, -2, 3.5f, 0, 1e-30f, -0.0f});
     nb_tensor *f64 = nb_scalar(ctx, NB_F64, 3.141592653589793);
     nb_tensor *bf16 = nb_from_host(ctx, NB_BF16, NB_SHAPE(3), (uint16_t[]){0x3f80, 0xc000, 0x7fc0});
@@ -179,12 +178,9 @@ START_TEST(test_layout_and_read_back) {
     ck_assert_mem_eq(raw, "\x08\0\0\0\0\0\0\0{}      ", 16);
     free(raw);
     ck_assert_int_eq(nb_checkpoint_load(path, NULL, 0), NB_OK);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_strict_load) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_strict_load) {
     nb_named_tensor saved[] = {{"a", nbt_randn(ctx, NB_F32, NB_SHAPE(4), 1)},
                                {"b", nbt_randn(ctx, NB_F32, NB_SHAPE(2, 3), 2)},
                                {"c", nbt_randn(ctx, NB_F64, NB_SHAPE(1), 3)},
@@ -250,12 +246,9 @@ START_TEST(test_strict_load) {
     NBT_EXPECT_ABORT(nb_checkpoint_load(path, twice, 2), "nb_checkpoint_load: two tensors are named \"a\"");
     ck_assert_int_eq(nb_checkpoint_load(nbt_tmp_path("none.safetensors"), right, 4), NB_ERR_NOT_FOUND);
     ck_assert(strstr(nb_last_error(), "none.safetensors: cannot open: No such file or directory"));
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_save_argument_errors) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_save_argument_errors) {
     nb_tensor *t = nb_zeros(ctx, NB_F32, NB_SHAPE(2));
     const char *path = nbt_tmp_path("e.safetensors");
     nb_named_tensor dup[] = {{"x", t}, {"y", t}, {"x", t}};
@@ -274,9 +267,7 @@ START_TEST(test_save_argument_errors) {
     NBT_EXPECT_ABORT(nb_checkpoint_save(path, dup, 1, null_meta, 1), "metadata entry 0 has a NULL key or value");
     NBT_EXPECT_ABORT(nb_checkpoint_save(NULL, dup, 1, NULL, 0), "no path given");
     ck_assert_int_eq(count_files(NULL), 0);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* ---- atomic saves ---- */
 typedef struct fault {
@@ -290,8 +281,7 @@ static bool fail_at(uint64_t offset, size_t bytes, void *user) {
     return offset + bytes > f->at;
 }
 
-START_TEST(test_atomic_save) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_atomic_save) {
     int64_t big = (int64_t)5 << 20; /* 20 MiB of f32: written in two chunks */
     nb_named_tensor v1[] = {{"w", nbt_randn(ctx, NB_F32, NB_SHAPE(3, 4), 1)},
                             {"big", nb_zeros(ctx, NB_F32, 1, &big)}};
@@ -385,9 +375,7 @@ START_TEST(test_atomic_save) {
     ck_assert(strstr(nb_last_error(), "renaming \""));
     ck_assert(strstr(nb_last_error(), "Is a directory"));
     ck_assert_int_eq(count_files(".tmp."), 0);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* ---- corrupt files ---- */
 #define ENTRY(name, dtype, shape, b, e) \
@@ -480,8 +468,7 @@ END_TEST
 
 /* Every prefix of a valid file, and every header byte changed, is refused
  * or read without going out of bounds (ASan checks the latter). */
-START_TEST(test_truncations_and_flips) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_truncations_and_flips) {
     nb_named_tensor ts[] = {{"a", nbt_randn(ctx, NB_F32, NB_SHAPE(3, 2), 1)},
                             {"b", nb_from_host(ctx, NB_I64, NB_SHAPE(2), (int64_t[]){5, 6})},
                             {"c", nb_zeros(ctx, NB_F16, NB_SHAPE(0))}};
@@ -521,9 +508,7 @@ START_TEST(test_truncations_and_flips) {
     ck_assert_int_gt(accepted, 0); /* e.g. a changed name or metadata value */
     free(mut);
     free(raw);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* ---- training checkpoints ---- */
 #define IN 4
@@ -780,8 +765,7 @@ static const char *touch(const char *name) {
 
 /* A save removes the temporaries of its own path whose writer (on this
  * host) is gone, and nothing else. */
-START_TEST(test_stale_temps_removed) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_stale_temps_removed) {
     nb_named_tensor v[] = {{"w", nbt_randn(ctx, NB_F32, NB_SHAPE(3, 4), 1)}};
     char host[72], name[9][256];
     host_tag(host, sizeof host);
@@ -812,9 +796,7 @@ START_TEST(test_stale_temps_removed) {
     ck_assert_int_eq(chdir(cwd), 0);
     ck_assert_int_eq(st, NB_OK);
     ck_assert(!exists(nbt_tmp_path(name[0])));
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 static bool kill_self_at(uint64_t offset, size_t bytes, void *user) {
     (void)bytes;
@@ -824,8 +806,7 @@ static bool kill_self_at(uint64_t offset, size_t bytes, void *user) {
 
 /* A writer killed outright in the middle of a large checkpoint: the old
  * file is intact, the partial temporary file stays until the next save. */
-START_TEST(test_killed_writer_cleaned_by_next_save) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_killed_writer_cleaned_by_next_save) {
     int64_t big = (int64_t)10 << 20; /* 40 MiB of f32: written in 16 MiB chunks */
     nb_named_tensor v1[] = {{"w", nbt_randn(ctx, NB_F32, NB_SHAPE(3, 4), 1)}};
     nb_named_tensor v2[] = {v1[0], {"big", nb_zeros(ctx, NB_F32, 1, &big)}};
@@ -865,9 +846,7 @@ START_TEST(test_killed_writer_cleaned_by_next_save) {
     ck_assert_int_eq(nb_checkpoint_save(path, v1, 1, NULL, 0), NB_OK);
     ck_assert_int_eq(count_files(".tmp."), 0);
     ck_assert_int_eq(count_files(NULL), 1);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* Note [NULL handles] in util/handle.h */
 START_TEST(test_null_handles) {

@@ -329,8 +329,7 @@ START_TEST(test_shard_crash_before_index) {
 END_TEST
 
 /* Pieces that leave elements out or hold some twice: no index. */
-START_TEST(test_shard_cover_refused) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_shard_cover_refused) {
     nb_tensor *w = nb_arange(ctx, NB_F32, 0, 12, 1);
     const char *index = nbt_tmp_path("ckpt.safetensors");
     nb_checkpoint_piece p = {.name = "w", .order = 0, .ndim = 2, .shape = {3, 4}};
@@ -360,9 +359,7 @@ START_TEST(test_shard_cover_refused) {
     NBT_EXPECT_ABORT(nb_checkpoint_save_shard(index, "t", 0, 1, &(nb_checkpoint_piece){.name = "w", .ndim = 1,
                      .shape = {4}, .data = w}, 1), "elements [0, 12) outside its (4,)");
     NBT_EXPECT_ABORT(nb_checkpoint_save_shard(index, "../x", 0, 1, NULL, 0), "is not a plain name");
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 int main(void) {
     Suite *s = suite_create("checkpoint_shard");

@@ -126,16 +126,13 @@ START_TEST(test_forward_f32) {
 }
 END_TEST
 
-START_TEST(test_default_opts) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_default_opts) {
     nb_tensor *x = nbt_randn(ctx, NB_F64, 4, (int64_t[]){1, 2, 5, 4}, 4);
     nb_tensor *w = nbt_randn(ctx, NB_F64, 4, (int64_t[]){3, 2, 2, 2}, 5);
     nb_conv2d_opts def = NB_CONV2D_DEFAULTS;
     nbt_assert_tensors_close(nb_conv2d(ctx, x, w, NULL, NULL), nb_conv2d(ctx, x, w, NULL, &def), 0,
                              0);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* ---- gradients ---- */
 typedef struct conv_case {
@@ -154,8 +151,7 @@ static nb_tensor *conv_fn_nobias(nb_ctx *ctx, nb_tensor *const *in, void *user) 
     return nb_conv2d(ctx, in[0], in[1], NULL, &cc->opts);
 }
 
-START_TEST(test_gradcheck) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_gradcheck) {
     for (int k = 0; k < NCOMBOS; k++) {
         conv_case cc = {combos[k], false};
         nb_tensor *in[3] = {
@@ -166,12 +162,9 @@ START_TEST(test_gradcheck) {
         NBT_GRADCHECK(conv_fn, &cc, 3, in);
         NBT_GRADCHECK(conv_fn_nobias, &cc, 2, in);
     }
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_gradcheck_pointwise) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_gradcheck_pointwise) {
     conv_case cc = {OPTS(1, 1, 0, 0, 1, 1), false};
     nb_tensor *in[3] = {
         nbt_randn_leaf(ctx, NB_F64, 4, (int64_t[]){2, 3, 3, 4}, 40),
@@ -179,13 +172,10 @@ START_TEST(test_gradcheck_pointwise) {
         nbt_randn_leaf(ctx, NB_F64, 1, (int64_t[]){2}, 42),
     };
     NBT_GRADCHECK(conv_fn, &cc, 3, in);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_gradcheck_partial) {
+NBT_CPU_TEST(test_gradcheck_partial) {
     /* only one of the operands requires grad at a time */
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
     conv_case cc = {OPTS(2, 1, 1, 1, 1, 2), false};
     for (int which = 0; which < 3; which++) {
         nb_tensor *in[3] = {
@@ -196,12 +186,9 @@ START_TEST(test_gradcheck_partial) {
         nb_set_requires_grad(in[which], true);
         NBT_GRADCHECK(conv_fn, &cc, 3, in);
     }
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_non_contiguous) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_non_contiguous) {
     conv_case cc = {OPTS(1, 2, 1, 0, 1, 1), true};
     /* x stored as (N, C, W, H); weight a strided slice of a larger tensor */
     nb_tensor *xt = nbt_randn_leaf(ctx, NB_F64, 4, (int64_t[]){2, 2, 5, 6}, 60);
@@ -224,14 +211,11 @@ START_TEST(test_non_contiguous) {
     nb_tensor *in[3] = {xt, nbt_randn_leaf(ctx, NB_F64, 4, (int64_t[]){3, 2, 3, 2}, 62),
                         nbt_randn_leaf(ctx, NB_F64, 1, (int64_t[]){3}, 63)};
     NBT_GRADCHECK(conv_fn, &cc, 3, in);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_backward_accumulates) {
+NBT_CPU_TEST(test_backward_accumulates) {
     /* the weight gradient sums over images: a batch of two equals the sum of
      * two batches of one */
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
     nb_conv2d_opts o = OPTS(1, 1, 1, 1, 1, 1);
     nb_tensor *x = nbt_randn(ctx, NB_F64, 4, (int64_t[]){2, 2, 4, 4}, 70);
     nb_tensor *w = nbt_randn_leaf(ctx, NB_F64, 4, (int64_t[]){3, 2, 3, 3}, 71);
@@ -247,9 +231,7 @@ START_TEST(test_backward_accumulates) {
     /* bias gradient of sum(y) is N * OH * OW */
     double expect_b[3] = {2 * 16, 2 * 16, 2 * 16};
     nbt_assert_close(gb_batch, expect_b, 0, 0);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* ---- errors ---- */
 /* Several images per GEMM (Note [Images per GEMM] in tensor/cpu/conv.c):
@@ -257,8 +239,7 @@ END_TEST
  * batch of 3 runs a chunk of two and one of one, in two groups. Forward and
  * the three gradients of sum(y * r) against loops in double straight from
  * the definition. */
-START_TEST(test_images_per_gemm) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_images_per_gemm) {
     nb_conv2d_opts o = OPTS(1, 1, 1, 1, 1, 1);
     o.groups = 2;
     const geom g = {3, 4, 64, 64, 28, 3, 3, o};
@@ -297,12 +278,9 @@ START_TEST(test_images_per_gemm) {
     nbt_assert_close(w->grad, dw, 1e-11, 1e-11);
     nbt_assert_close(b->grad, db, 1e-11, 1e-11);
     free(xh), free(wh), free(bh), free(rh), free(ref), free(dx), free(dw), free(db);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_errors) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_errors) {
     nb_tensor *x = nb_zeros(ctx, NB_F32, NB_SHAPE(2, 3, 8, 8));
     nb_tensor *w = nb_zeros(ctx, NB_F32, NB_SHAPE(16, 4, 3, 3));
     NBT_EXPECT_ABORT(nb_conv2d(ctx, x, w, NULL, NULL),
@@ -331,9 +309,7 @@ START_TEST(test_errors) {
                      "nb_conv2d: dtypes differ");
     NBT_EXPECT_ABORT(nb_conv2d(ctx, nb_zeros(ctx, NB_I32, NB_SHAPE(2, 3, 8, 8)), w3, NULL, NULL),
                      "nb_conv2d: dtype i32 is not supported");
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* ---- channel groups ---- */
 static nb_conv2d_opts with_groups(nb_conv2d_opts o, int groups) {
@@ -372,8 +348,7 @@ START_TEST(test_groups_forward) {
 }
 END_TEST
 
-START_TEST(test_groups_gradcheck) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_groups_gradcheck) {
     const nb_conv2d_opts settings[] = {OPTS(1, 1, 0, 0, 1, 1), OPTS(2, 1, 1, 2, 1, 1),
                                        OPTS(1, 2, 2, 1, 2, 1), OPTS(1, 1, 1, 0, 1, 1)};
     const int64_t kernels[][2] = {{3, 2}, {2, 3}, {3, 3}, {1, 1}};
@@ -392,14 +367,11 @@ START_TEST(test_groups_gradcheck) {
             NBT_GRADCHECK(conv_fn, &cc, 3, in);
             NBT_GRADCHECK(conv_fn_nobias, &cc, 2, in);
         }
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_groups_gradcheck_partial) {
+NBT_CPU_TEST(test_groups_gradcheck_partial) {
     /* one operand requiring grad at a time, grouped (GEMM path) and
      * depthwise (direct path) */
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
     const int64_t shapes[][3] = {{4, 6, 2}, {4, 8, 4}};
     for (int s = 0; s < 2; s++)
         for (int which = 0; which < 3; which++) {
@@ -413,24 +385,18 @@ START_TEST(test_groups_gradcheck_partial) {
             nb_set_requires_grad(in[which], true);
             NBT_GRADCHECK(conv_fn, &cc, 3, in);
         }
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_groups_non_contiguous) {
+NBT_CPU_TEST(test_groups_non_contiguous) {
     /* a transposed input through a depthwise convolution */
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
     conv_case cc = {with_groups(OPTS(1, 2, 1, 0, 1, 1), 3), true};
     nb_tensor *in[3] = {nbt_randn_leaf(ctx, NB_F64, 4, (int64_t[]){2, 3, 5, 6}, 210),
                         nbt_randn_leaf(ctx, NB_F64, 4, (int64_t[]){6, 1, 3, 2}, 211),
                         nbt_randn_leaf(ctx, NB_F64, 1, (int64_t[]){6}, 212)};
     NBT_GRADCHECK(conv_fn, &cc, 3, in);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_groups_errors) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_groups_errors) {
     nb_tensor *x = nb_zeros(ctx, NB_F32, NB_SHAPE(2, 6, 8, 8));
     nb_conv2d_opts g4 = with_groups(OPTS(1, 1, 0, 0, 1, 1), 4);
     NBT_EXPECT_ABORT(nb_conv2d(ctx, x, nb_zeros(ctx, NB_F32, NB_SHAPE(8, 1, 3, 3)), NULL, &g4),
@@ -449,9 +415,7 @@ START_TEST(test_groups_errors) {
     nb_conv2d_opts g0 = with_groups(OPTS(1, 1, 0, 0, 1, 1), 0);
     nb_tensor *y = nb_conv2d(ctx, x, nb_zeros(ctx, NB_F32, NB_SHAPE(5, 6, 3, 3)), NULL, &g0);
     ck_assert_int_eq(y->shape[1], 5);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 static Suite *conv_suite(void) {
     const TTest *tests[] = {test_forward_f64, test_forward_shapes, test_forward_f32, test_images_per_gemm,

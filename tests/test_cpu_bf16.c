@@ -417,8 +417,7 @@ END_TEST
 /* One bf16 cast used by two products: its two f32 gradient contributions
  * reach the f32 leaf unrounded and are added there in f32 (Note [Wide
  * gradients]); the cast's own output gets no gradient. */
-START_TEST(test_cast_gradient_accumulates) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_cast_gradient_accumulates) {
     nb_ctx_set_compute_dtype(ctx, NB_BF16);
     nb_tensor *x = nbt_randn_leaf(ctx, NB_F32, NB_SHAPE(5, 24), 31);
     nb_tensor *w1 = nbt_randn(ctx, NB_F32, NB_SHAPE(24, 7), 32);
@@ -450,9 +449,7 @@ START_TEST(test_cast_gradient_accumulates) {
     free(v2);
     free(g);
     free(got);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* A Linear layer's f32 parameters (the master weights) get f32 gradients
  * through the casts and an optimizer step updates them in f32. */
@@ -493,8 +490,7 @@ START_TEST(test_masters_stay_f32) {
 }
 END_TEST
 
-START_TEST(test_refusals) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_refusals) {
     nb_tensor *x = nb_cast(ctx, nbt_randn(ctx, NB_F32, NB_SHAPE(3, 4), 51), NB_BF16);
     nb_tensor *w = nb_cast(ctx, nbt_randn(ctx, NB_F32, NB_SHAPE(4, 2), 52), NB_BF16);
     nb_tensor *img = nb_cast(ctx, nbt_randn(ctx, NB_F32, NB_SHAPE(1, 1, 4, 4), 53), NB_BF16);
@@ -522,16 +518,13 @@ START_TEST(test_refusals) {
     nb_tensor *h = nb_cast(ctx, nbt_randn(ctx, NB_F32, NB_SHAPE(3, 4), 55), NB_F16);
     NBT_EXPECT_ABORT(nb_matmul(ctx, h, nb_cast(ctx, w, NB_F16)),
                      "nb_matmul: dtype f16 is a storage type on cpu; nb_cast to f32 first");
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* bf16 operands that are views BLAS reads in place (a row slice with a
  * leading dimension above its width, a transpose, a batch broadcast with
  * stride 0): converted to f32 twins of their own layout; the product is
  * the exact one of their values up to f32 summation, rounded to bf16. */
-START_TEST(test_bf16_views) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_bf16_views) {
     nb_ctx_set_compute_dtype(ctx, NB_BF16);
     nb_tensor *big = nb_cast(ctx, nbt_randn(ctx, NB_F32, NB_SHAPE(6, 10), 71), NB_BF16);
     nb_tensor *a = nb_narrow(ctx, big, 1, 2, 8);                                   /* (6, 8), ld 10 */
@@ -560,15 +553,12 @@ START_TEST(test_bf16_views) {
     }
     free(av);
     free(bv);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* Casts f32 <-> bf16 (contiguous runs take a vectorised loop): round to
  * nearest even, ties both ways, infinities, NaN kept a NaN, overflow to
  * infinity; the same bits strided and contiguous. */
-START_TEST(test_casts) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_casts) {
     float v[16] = {1.0f, 1.00390625f /* tie, to even: 1 */, 1.01171875f /* tie, up */, -2.5f,
                    0x1.fffffep127f /* rounds to inf */, -0.0f, 1e-40f, 0x1.010002p0f,
                    3.14159265f, -1e30f, (float)INFINITY, -(float)INFINITY, (float)NAN,
@@ -604,9 +594,7 @@ START_TEST(test_casts) {
         memcpy(&f, &u, sizeof f);
         ck_assert(memcmp(&back[i], &f, sizeof f) == 0);
     }
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* ---- the compute-dtype table (docs/cuda.md) on the CPU ---- */
 

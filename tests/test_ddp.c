@@ -84,8 +84,7 @@ END_TEST
 
 /* ---- SyncBatchNorm alone, unequal batches ---- */
 
-START_TEST(test_sync_bn_unequal_batches) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_sync_bn_unequal_batches) {
     const int64_t C = 3;
     int64_t total = 0, offset = 0;
     for (int r = 0; r < R; r++) {
@@ -128,9 +127,7 @@ START_TEST(test_sync_bn_unequal_batches) {
     nb_tensor *ye = nb_sync_batch_norm(ctx, world, x, w, b, rm, rv, false, 0.1, 1e-5);
     nb_tensor *ye2 = nb_batch_norm(ctx, x, w, b, rm, rv, false, 0.1, 1e-5);
     nbt_assert_tensors_close(ye, ye2, 0, 0);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* ---- no_sync ---- */
 

@@ -260,17 +260,14 @@ END_TEST
 START_TEST(test_matmul_bf16_auto) { mm_check(5, NB_BF16, V_BIAS, NB_DNNL_AUTO); }
 END_TEST
 
-START_TEST(test_matmul_bf16_needs_f32_out) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_matmul_bf16_needs_f32_out) {
     nb_tensor *a = rand_tensor(ctx, NB_BF16, 2, (int64_t[]){3, 4}, NULL);
     nb_tensor *out = nb_empty(ctx, NB_BF16, 2, (int64_t[]){3, 3});
     nb__dnnl_mode prev = nb__dnnl_set_mode(NB_DNNL_OFF);
     NBT_EXPECT_ABORT(nb__cpu_gemm(out, a, a, false, true, false),
                      "need an f32 output, got bf16");
     nb__dnnl_set_mode(prev);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* An operand expanded along a batch dim (stride 0, size > 1): every batch
  * element reads the same matrix, in both paths. */
@@ -319,8 +316,7 @@ END_TEST
 
 /* ---- primitive cache ---- */
 
-START_TEST(test_cache_reuses_primitives) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_cache_reuses_primitives) {
     nb__dnnl_mode prev = nb__dnnl_set_mode(NB_DNNL_FORCE);
     nb_tensor *a = rand_tensor(ctx, NB_F32, 2, (int64_t[]){17, 19}, NULL);
     nb_tensor *b = rand_tensor(ctx, NB_F32, 2, (int64_t[]){19, 23}, NULL);
@@ -345,9 +341,7 @@ START_TEST(test_cache_reuses_primitives) {
     nb__dnnl_set_num_threads(0);
     ck_assert_int_ge(nb__dnnl_primitives_created(), made + 3);
     nb__dnnl_set_mode(prev);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* The default rule for f32 on one thread (Note [oneDNN dispatch]): a product
  * under 2^20 multiply-adds stays on OpenBLAS; above it, one with A as it is
@@ -464,8 +458,7 @@ static void *mt_run(void *p) {
 
 /* One primitive run by four threads at once on their own buffers (each
  * thread its own stream and scratchpad) gives each thread's product. */
-START_TEST(test_concurrent_execution) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_concurrent_execution) {
     nb_dtype dt = nb__dnnl_bf16_kernels() ? NB_BF16 : NB_F32;
     nb__dnnl_mode prev = nb__dnnl_set_mode(NB_DNNL_FORCE);
     enum { NT = 4, REPS = 25 };
@@ -506,14 +499,11 @@ START_TEST(test_concurrent_execution) {
     }
     free(got);
     nb__dnnl_set_mode(prev);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* ---- the switch ---- */
 
-START_TEST(test_env_switch) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_env_switch) {
     nb_tensor *a = rand_tensor(ctx, NB_BF16, 2, (int64_t[]){3, 4}, NULL);
     nb_tensor *out = nb_empty(ctx, NB_F32, 2, (int64_t[]){3, 3});
     nb__dnnl_mode prev = nb__dnnl_set_mode(-1);
@@ -532,9 +522,7 @@ START_TEST(test_env_switch) {
     ck_assert_int_eq(nb__dnnl_mode_now(), NB_DNNL_AUTO);
     NBT_EXPECT_ABORT(nb__dnnl_set_mode(5), "nb__dnnl_set_mode: mode 5");
     nb__dnnl_set_mode((int)prev);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* ---- convolution ---- */
 

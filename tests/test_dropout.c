@@ -20,8 +20,7 @@ static double *expected_mask(uint64_t seed, uint64_t offset, int64_t n, double p
     return m;
 }
 
-START_TEST(test_mask_matches_philox) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_mask_matches_philox) {
     const int64_t n = 1003; /* not a multiple of 4 */
     const double p = 0.3;
     nb_dtype dts[2] = {NB_F64, NB_F32};
@@ -37,13 +36,10 @@ START_TEST(test_mask_matches_philox) {
         ck_assert_uint_eq(rng.offset, 5 + (n + 3) / 4);
         free(m);
     }
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_non_contiguous_rowmajor) {
+NBT_CPU_TEST(test_non_contiguous_rowmajor) {
     /* element i is the row-major index of x, whatever x's strides */
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
     nb_tensor *base = nbt_randn(ctx, NB_F64, NB_SHAPE(6, 5), 3);
     nb_tensor *x = nb_transpose(ctx, base, 0, 1); /* (5, 6) */
     ck_assert(!nb_is_contiguous(x));
@@ -56,12 +52,9 @@ START_TEST(test_non_contiguous_rowmajor) {
         m[i] *= xh[i];
     nbt_assert_close(y, m, 1e-15, 0);
     free(m);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_fraction_kept) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_fraction_kept) {
     const int64_t n = 100000;
     double ps[3] = {0.1, 0.5, 0.8};
     for (int k = 0; k < 3; k++) {
@@ -84,12 +77,9 @@ START_TEST(test_fraction_kept) {
         ck_assert_msg(fabs(frac - (1 - ps[k])) < 0.01, "p = %g: kept %g", ps[k], frac);
         free(v);
     }
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_streams) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_streams) {
     nb_tensor *x = nb_ones(ctx, NB_F64, NB_SHAPE(64));
     nb_rng a = nb_rng_make(77), b = nb_rng_make(77);
     nb_tensor *ya1 = nb_dropout(ctx, x, 0.5, true, &a);
@@ -113,24 +103,18 @@ START_TEST(test_streams) {
     nb_tensor *yd = nb_dropout(ctx, x, 0.5, true, NULL);
     nbt_assert_tensors_close(yd, ya1, 0, 0);
     ck_assert_uint_eq(nb_rng_default()->offset, 16);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_identity_cases) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_identity_cases) {
     nb_tensor *x = nbt_randn_leaf(ctx, NB_F32, NB_SHAPE(3, 4), 1);
     nb_rng rng = nb_rng_make(5);
     ck_assert_ptr_eq(nb_dropout(ctx, x, 0.5, false, &rng), x);
     ck_assert_ptr_eq(nb_dropout(ctx, x, 0.0, true, &rng), x);
     ck_assert_ptr_eq(nb_dropout(ctx, x, 1.0, false, &rng), x);
     ck_assert_uint_eq(rng.offset, 0);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_gradient_is_mask) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_gradient_is_mask) {
     nb_dtype dts[2] = {NB_F64, NB_F32};
     for (int k = 0; k < 2; k++) {
         nb_tensor *x = nbt_randn_leaf(ctx, dts[k], NB_SHAPE(7, 9), 11);
@@ -142,9 +126,7 @@ START_TEST(test_gradient_is_mask) {
         nbt_assert_close(x->grad, m, 0, 1e-6);
         free(m);
     }
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 static nb_tensor *dropout_fn(nb_ctx *ctx, nb_tensor *const *in, void *user) {
     nb_rng rng = *(const nb_rng *)user; /* the same mask at every evaluation */
@@ -156,18 +138,14 @@ static nb_tensor *dropout_t_fn(nb_ctx *ctx, nb_tensor *const *in, void *user) {
     return nb_dropout(ctx, nb_transpose(ctx, in[0], 0, 2), 0.35, true, &rng);
 }
 
-START_TEST(test_gradcheck) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_gradcheck) {
     nb_rng rng = {3, 100};
     nb_tensor *x = nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(3, 5, 2), 2);
     NBT_GRADCHECK(dropout_fn, &rng, 1, &x);
     NBT_GRADCHECK(dropout_t_fn, &rng, 1, &x);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_p_one) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_p_one) {
     nb_tensor *x = nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(5, 3), 4);
     nb_rng rng = nb_rng_make(8);
     nb_tensor *y = nb_dropout(ctx, x, 1.0, true, &rng);
@@ -176,12 +154,9 @@ START_TEST(test_p_one) {
     ck_assert_uint_eq(rng.offset, 4);
     nb_backward(nb_sum_all(ctx, y));
     nbt_assert_close(x->grad, zeros, 0, 0);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_errors) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_errors) {
     nb_tensor *x = nb_ones(ctx, NB_F32, NB_SHAPE(2, 3));
     NBT_EXPECT_ABORT(nb_dropout(ctx, x, -0.1, true, NULL),
                      "nb_dropout: p must be in [0, 1], got -0.1");
@@ -191,9 +166,7 @@ START_TEST(test_errors) {
     NBT_EXPECT_ABORT(nb_dropout(ctx, x, NAN, true, NULL), "p must be in [0, 1]");
     NBT_EXPECT_ABORT(nb_dropout(ctx, nb_ones(ctx, NB_I32, NB_SHAPE(4)), 0.5, true, NULL),
                      "nb_dropout: dtype i32 is not supported");
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 static Suite *dropout_suite(void) {
     const TTest *tests[] = {test_mask_matches_philox, test_non_contiguous_rowmajor, test_fraction_kept,

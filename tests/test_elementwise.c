@@ -64,8 +64,7 @@ static nb_tensor *domain_input(nb_ctx *ctx, nb_dtype dt, int ndim, const int64_t
     return nb_cast(ctx, x, dt);
 }
 
-START_TEST(test_unary_values) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_unary_values) {
     for (int k = 0; k < N_UNARY; k++) {
         NBT_FOR_F64_F32(dti, dt) {
             nb_tensor *x = domain_input(ctx, dt, NB_SHAPE(3, 7), unaries[k].positive, 10 + k);
@@ -81,17 +80,14 @@ START_TEST(test_unary_values) {
     nb_tensor *big = nb_from_host(ctx, NB_F32, NB_SHAPE(2), (float[]){-100.0f, 100.0f});
     double e[2] = {ref_sigmoid(-100), 1.0};
     nbt_assert_close(nb_sigmoid(ctx, big), e, 1e-30, 1e-5);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 static int current_unary;
 static nb_tensor *unary_fn(nb_ctx *ctx, nb_tensor *const *in, void *u) {
     return unaries[current_unary].op(ctx, in[0]);
 }
 
-START_TEST(test_unary_gradcheck) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_unary_gradcheck) {
     for (int k = 0; k < N_UNARY; k++) {
         current_unary = k;
         nb_tensor *x = domain_input(ctx, NB_F64, NB_SHAPE(3, 4), unaries[k].positive, 50 + k);
@@ -106,9 +102,7 @@ START_TEST(test_unary_gradcheck) {
         nb_tensor *yc = unaries[k].op(ctx, nb_contiguous(ctx, xt));
         nbt_assert_tensors_close(yt, yc, 0, 0);
     }
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 typedef nb_tensor *(*binary_op)(nb_ctx *, nb_tensor *, nb_tensor *);
 static const struct {
@@ -126,8 +120,7 @@ static double apply(char sym, double a, double b) {
     }
 }
 
-START_TEST(test_binary_broadcast_values) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_binary_broadcast_values) {
     for (int k = 0; k < 4; k++) {
         /* a (2, 1, 3) with b (4, 1): result (2, 4, 3) */
         nb_tensor *a = domain_input(ctx, NB_F64, NB_SHAPE(2, 1, 3), false, 1);
@@ -156,9 +149,7 @@ START_TEST(test_binary_broadcast_values) {
     nb_tensor *ia = nb_arange(ctx, NB_I64, 0, 4, 1);
     double ei[4] = {0, 2, 4, 6};
     nbt_assert_close(nb_add(ctx, ia, ia), ei, 0, 0);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 static int current_binary;
 static nb_tensor *binary_fn(nb_ctx *ctx, nb_tensor *const *in, void *u) {
@@ -169,8 +160,7 @@ static nb_tensor *binary_strided_fn(nb_ctx *ctx, nb_tensor *const *in, void *u) 
     return binaries[current_binary].op(ctx, nb_transpose(ctx, in[0], 0, 1), in[1]);
 }
 
-START_TEST(test_binary_gradcheck) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_binary_gradcheck) {
     for (int k = 0; k < 4; k++) {
         current_binary = k;
         nb_tensor *in[2] = {domain_input(ctx, NB_F64, NB_SHAPE(2, 3, 4), false, 3),
@@ -186,9 +176,7 @@ START_TEST(test_binary_gradcheck) {
         r = nb_gradcheck(binary_strided_fn, NULL, 2, in2, 0, 0, 0);
         ck_assert_msg(r.ok, "%s strided: %s", binaries[k].name, r.message);
     }
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 static nb_tensor *where_fn(nb_ctx *ctx, nb_tensor *const *in, void *u) {
     nb_tensor *cond = u;
@@ -196,8 +184,7 @@ static nb_tensor *where_fn(nb_ctx *ctx, nb_tensor *const *in, void *u) {
     return nb_masked_fill(ctx, nb_mul(ctx, w, in[0]), nb_transpose(ctx, cond, 0, 1), -2.0);
 }
 
-START_TEST(test_where_masked_fill) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_where_masked_fill) {
     nb_tensor *cond = nb_from_host(ctx, NB_I32, NB_SHAPE(3, 3), (int32_t[]){1, 0, 0, 1, 1, 0, 1, 1, 1});
     nb_tensor *a = nbt_randn(ctx, NB_F64, NB_SHAPE(3, 3), 1);
     nb_tensor *b = nbt_randn(ctx, NB_F64, NB_SHAPE(3), 2); /* broadcasts */
@@ -215,12 +202,9 @@ START_TEST(test_where_masked_fill) {
     nb_tensor *in[2] = {nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(3, 3), 5), nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(3, 3), 6)};
     NBT_GRADCHECK(where_fn, cond, 2, in);
     NBT_EXPECT_ABORT(nb_masked_fill(ctx, b, mask, 0), "does not broadcast to the input's shape (3,)");
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_errors) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_errors) {
     nb_tensor *a = nb_zeros(ctx, NB_F32, NB_SHAPE(2, 3));
     nb_tensor *b = nb_zeros(ctx, NB_F32, NB_SHAPE(4, 3));
     NBT_EXPECT_ABORT(nb_add(ctx, a, b), "nb_add: shapes (2, 3) and (4, 3) cannot be broadcast");
@@ -230,12 +214,9 @@ START_TEST(test_errors) {
     NBT_EXPECT_ABORT(nb_exp(ctx, i), "nb_exp: dtype i32 is not supported");
     NBT_EXPECT_ABORT(nb_div_scalar(ctx, a, 0), "division by zero");
     NBT_EXPECT_ABORT(nb_gelu(ctx, a, (nb_gelu_approx)7), "unknown approximation");
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_inplace_helpers) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_inplace_helpers) {
     nb_tensor *y = nb_from_host(ctx, NB_F32, NB_SHAPE(3), (float[]){1, 2, 3});
     nb_tensor *x = nb_from_host(ctx, NB_F32, NB_SHAPE(3), (float[]){1, 1, 2});
     nb_axpy_(y, -0.5, x);
@@ -257,14 +238,11 @@ START_TEST(test_inplace_helpers) {
     double e5[4] = {0, 1, 0, 7};
     nbt_assert_close(m, e5, 0, 0);
     NBT_EXPECT_ABORT(nb_copy_(col, y), "nb_copy_: shapes differ: (2,) vs (3,)");
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* GELU(tanh)'s f32 backward (one fused pass when x and g are contiguous,
  * the generic two passes otherwise) against the f64 one. */
-START_TEST(test_gelu_tanh_f32_backward) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_gelu_tanh_f32_backward) {
     for (int tr = 0; tr < 2; tr++) {
         nb_tensor *x64, *x32;
         nbt_twin_leaves(ctx, NB_SHAPE(5, 37), 90 + tr, &x64, &x32);
@@ -277,9 +255,7 @@ START_TEST(test_gelu_tanh_f32_backward) {
         nb_backward(nbt_weighted_sum(ctx, nb_gelu(ctx, a32, NB_GELU_TANH)));
         nbt_assert_tensors_close(x32->grad, x64->grad, 1e-5, 1e-4);
     }
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* ---- every row of the op tables (Note [Op tables] in tensor/op_table.h) ---- */
 static double r_sign(double x, double s) { return x > 0 ? 1 : x < 0 ? -1 : 0; }
@@ -339,8 +315,7 @@ _Static_assert(sizeof table_binary / sizeof table_binary[0] == NB_B_COUNT,
                "a reference for every binary op");
 
 /* The kernels on (7, 9) contiguous and transposed inputs, f64 and f32. */
-START_TEST(test_table_unary_ops) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_table_unary_ops) {
     for (int op = 0; op < NB_U_COUNT; op++) {
         ck_assert_ptr_nonnull(table_unary[op].ref);
         ck_assert_msg(nb__unary_name((nb__unary_op)op)[0] != 0, "op %d has no name", op);
@@ -364,13 +339,10 @@ START_TEST(test_table_unary_ops) {
     nb_tensor *i = nb_zeros(ctx, NB_I32, NB_SHAPE(2));
     NBT_EXPECT_ABORT(nb__cpu_unary(NB_U_SIGN, nb_zeros(ctx, NB_I32, NB_SHAPE(2)), i, 0),
                      "sign: dtype i32 has no CPU math");
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* Every binary op on every dtype with CPU math, broadcast (3, 1) with (4). */
-START_TEST(test_table_binary_ops) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_table_binary_ops) {
     static const nb_dtype dts[] = {NB_F64, NB_F32, NB_I32, NB_I64};
     double av[3] = {7, -9, 12}, bv[4] = {2, -3, 5, 4};
     for (int op = 0; op < NB_B_COUNT; op++)
@@ -392,14 +364,11 @@ START_TEST(test_table_binary_ops) {
     nb_tensor *h = nb_zeros(ctx, NB_F16, NB_SHAPE(2));
     NBT_EXPECT_ABORT(nb__cpu_binary(NB_B_MUL, nb_zeros(ctx, NB_F16, NB_SHAPE(2)), h, h),
                      "nb_mul: dtype f16 has no CPU math");
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* Note [Integer division]: truncation toward zero, a zero divisor refused
  * naming the op and the element (never SIGFPE), MIN / -1 wrapping to MIN. */
-START_TEST(test_integer_division) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_integer_division) {
     nb_tensor *a = nb_from_host(ctx, NB_I64, NB_SHAPE(4), (int64_t[]){7, -7, INT64_MIN, 5});
     nb_tensor *b = nb_from_host(ctx, NB_I64, NB_SHAPE(4), (int64_t[]){2, 2, -1, -5});
     int64_t q[4];
@@ -425,9 +394,7 @@ START_TEST(test_integer_division) {
     /* floats keep IEEE division */
     nb_tensor *f = nb_div(ctx, nb_ones(ctx, NB_F32, NB_SHAPE(1)), nb_zeros(ctx, NB_F32, NB_SHAPE(1)));
     ck_assert(isinf(nb_item(f)));
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 int main(void) {
     const TTest *tests[] = {test_unary_values, test_unary_gradcheck, test_gelu_tanh_f32_backward,

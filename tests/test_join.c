@@ -29,8 +29,7 @@ static void check_shape3(const nb_tensor *t, int64_t a, int64_t b, int64_t c) {
     ck_assert_int_eq(t->shape[2], c);
 }
 
-START_TEST(test_concat_values) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_concat_values) {
     const double bases[3] = {0, 1000, 2000};
     const int64_t sz[3] = {2, 1, 3};
     nb_dtype dts[3] = {NB_F64, NB_F32, NB_I64};
@@ -63,12 +62,9 @@ START_TEST(test_concat_values) {
             free(expect);
         }
     }
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_concat_non_contiguous) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_concat_non_contiguous) {
     nb_tensor *a = coded(ctx, NB_F64, 2, 3, 4, 0);
     nb_tensor *bt = coded(ctx, NB_F64, 2, 4, 5, 1000);
     nb_tensor *b = nb_slice(ctx, nb_transpose(ctx, bt, 1, 2), 1, 1, 5, 2); /* (2, 2, 4), strided */
@@ -82,12 +78,9 @@ START_TEST(test_concat_non_contiguous) {
                 expect[(i * 5 + j) * 4 + k] =
                     j < 3 ? coded_at(0, i, j, k) : coded_at(1000, i, k, 1 + 2 * (j - 3));
     nbt_assert_close(y, expect, 0, 0);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_stack_values) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_stack_values) {
     nb_tensor *xs[3];
     for (int k = 0; k < 3; k++)
         xs[k] = nb_reshape(ctx, coded(ctx, NB_F64, 1, 2, 3, 1000.0 * k), 2, (int64_t[]){2, 3});
@@ -111,12 +104,9 @@ START_TEST(test_stack_values) {
                 }
         nbt_assert_close(y, expect, 0, 0);
     }
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_split_values) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_split_values) {
     nb_tensor *x = coded(ctx, NB_F64, 2, 6, 4, 0);
     const int64_t sizes[3] = {1, 3, 2};
     int axes[2] = {1, -2};
@@ -141,9 +131,7 @@ START_TEST(test_split_values) {
     nb_split(ctx, x, 3, (int64_t[]){3, 0, 1}, -1, pieces);
     check_shape3(pieces[1], 2, 6, 0);
     nbt_assert_tensors_close(nb_concat(ctx, 3, pieces, 2), x, 0, 0);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* ---- gradients ---- */
 static nb_tensor *concat_fn(nb_ctx *ctx, nb_tensor *const *in, void *user) {
@@ -152,8 +140,7 @@ static nb_tensor *concat_fn(nb_ctx *ctx, nb_tensor *const *in, void *user) {
     return nb_concat(ctx, 3, (nb_tensor *[]){in[0], b, in[2]}, axis);
 }
 
-START_TEST(test_gradcheck_concat) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_gradcheck_concat) {
     int axis = -2;
     nb_tensor *in[3] = {
         nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(3, 2, 4), 1),
@@ -167,23 +154,18 @@ START_TEST(test_gradcheck_concat) {
     nb_backward(nb_sum_all(ctx, y));
     double twos[6] = {2, 2, 2, 2, 2, 2};
     nbt_assert_close(x->grad, twos, 0, 0);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 static nb_tensor *stack_fn(nb_ctx *ctx, nb_tensor *const *in, void *user) {
     return nb_stack(ctx, 2, in, *(const int *)user);
 }
 
-START_TEST(test_gradcheck_stack) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_gradcheck_stack) {
     nb_tensor *in[2] = {nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(3, 2), 5),
                         nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(3, 2), 6)};
     for (int axis = -3; axis < 3; axis++)
         NBT_GRADCHECK(stack_fn, &axis, 2, in);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* x split in four: the last piece followed by the product of the two
  * equal-size pieces; the second piece is unused */
@@ -194,8 +176,7 @@ static nb_tensor *split_fn(nb_ctx *ctx, nb_tensor *const *in, void *user) {
     return nb_concat(ctx, 2, (nb_tensor *[]){p[3], prod}, *(const int *)user);
 }
 
-START_TEST(test_gradcheck_split) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_gradcheck_split) {
     nb_tensor *x = nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(8, 3), 7);
     int axis = 0;
     NBT_GRADCHECK(split_fn, &axis, 1, &x);
@@ -209,13 +190,10 @@ START_TEST(test_gradcheck_split) {
         for (int c = 0; c < 3; c++)
             expect[r * 3 + c] = 3.0;
     nbt_assert_close(xt->grad, expect, 0, 0);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* ---- errors ---- */
-START_TEST(test_errors) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_errors) {
     nb_tensor *a = nb_zeros(ctx, NB_F32, NB_SHAPE(2, 3, 4));
     nb_tensor *b = nb_zeros(ctx, NB_F32, NB_SHAPE(2, 5, 4));
     nb_tensor *c = nb_zeros(ctx, NB_F32, NB_SHAPE(3, 1, 4));
@@ -247,9 +225,7 @@ START_TEST(test_errors) {
                      "nb_split: size 1 is negative");
     NBT_EXPECT_ABORT(nb_split(ctx, a, 2, (const int64_t[]){1, 2}, -4, out),
                      "nb_split: dimension -4 out of range");
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 static Suite *join_suite(void) {
     const TTest *tests[] = {test_concat_values, test_concat_non_contiguous, test_stack_values,

@@ -86,8 +86,7 @@ static void check_against_ref(nb_tensor *out, const nb_tensor *a, const nb_tenso
 static const nb_dtype dtypes[2] = {NB_F64, NB_F32};
 static const double tols[2] = {1e-11, 2e-5};
 
-START_TEST(test_2d_all_transposes) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_2d_all_transposes) {
     int64_t m = 5, k = 7, n = 3;
     for (int di = 0; di < 2; di++)
         for (int ta = 0; ta < 2; ta++)
@@ -102,21 +101,16 @@ START_TEST(test_2d_all_transposes) {
             }
     nb_tensor *a = nbt_randn(ctx, NB_F64, NB_SHAPE(4, 6), 3), *b = nbt_randn(ctx, NB_F64, NB_SHAPE(6, 2), 4);
     check_against_ref(nb_matmul(ctx, a, b), a, b, false, false, 1e-12);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_f32_against_f64) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_f32_against_f64) {
     nb_tensor *a = nbt_randn(ctx, NB_F64, NB_SHAPE(3, 33, 40), 5);
     nb_tensor *b = nbt_randn(ctx, NB_F64, NB_SHAPE(40, 17), 6);
     nb_tensor *c64 = nb_matmul(ctx, a, b);
     nb_tensor *c32 = nb_matmul(ctx, nb_cast(ctx, a, NB_F32), nb_cast(ctx, b, NB_F32));
     ck_assert_int_eq(c32->dtype, NB_F32);
     nbt_assert_tensors_close(c32, c64, 1e-4, 1e-4);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 typedef struct bcase {
     int na, nb;
@@ -143,8 +137,7 @@ static const bcase batch_cases[] = {
     {4, 4, {1, 3, 4, 5}, {2, 1, 6, 5}, false, true},
 };
 
-START_TEST(test_batched_and_broadcast) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_batched_and_broadcast) {
     for (size_t i = 0; i < sizeof batch_cases / sizeof batch_cases[0]; i++) {
         const bcase *bc = &batch_cases[i];
         for (int di = 0; di < 2; di++) {
@@ -153,21 +146,16 @@ START_TEST(test_batched_and_broadcast) {
             check_against_ref(nb_matmul_t(ctx, a, b, bc->ta, bc->tb), a, b, bc->ta, bc->tb, tols[di]);
         }
     }
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* Linear-layer shape, large enough that OpenBLAS uses its threaded path. */
-START_TEST(test_large_folded) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_large_folded) {
     nb_tensor *x = nbt_randn(ctx, NB_F32, NB_SHAPE(4, 32, 64), 30);
     nb_tensor *w = nbt_randn(ctx, NB_F32, NB_SHAPE(64, 96), 31);
     check_against_ref(nb_matmul(ctx, x, w), x, w, false, false, 1e-4);
     nb_tensor *wt = nbt_randn(ctx, NB_F32, NB_SHAPE(96, 64), 32);
     check_against_ref(nb_matmul_t(ctx, x, wt, false, true), x, wt, false, true, 1e-4);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* Bytes of data a matmul allocated beyond its output. */
 static size_t extra_bytes(nb_ctx *ctx, nb_tensor *a, nb_tensor *b, bool ta, bool tb) {
@@ -319,8 +307,7 @@ START_TEST(test_grad_noncontiguous) {
 END_TEST
 
 /* The b-shared fold in backward against the plain batched formula. */
-START_TEST(test_grad_shared_weight_values) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_grad_shared_weight_values) {
     int64_t B = 3, M = 4, K = 5, N = 6;
     nb_tensor *x = nbt_randn(ctx, NB_F64, NB_SHAPE(B, M, K), 60);
     nb_tensor *w = nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(K, N), 61);
@@ -339,9 +326,7 @@ START_TEST(test_grad_shared_weight_values) {
     nb_backward_with(nb_matmul(ctx, x, w), gy);
     for (int i = 0; i < 30; i++) expect[i] *= 2;
     nbt_assert_close(w->grad, expect, 1e-12, 1e-12);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* ---- errors ---- */
 
@@ -471,8 +456,7 @@ START_TEST(test_causal_env) {
 }
 END_TEST
 
-START_TEST(test_errors) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_errors) {
     nb_tensor *a = nb_zeros(ctx, NB_F32, NB_SHAPE(32, 64));
     nb_tensor *b = nb_zeros(ctx, NB_F32, NB_SHAPE(32, 10));
     NBT_EXPECT_ABORT(nb_matmul(ctx, a, b), "nb_matmul: inner dimensions differ: (32, 64) @ (32, 10)");
@@ -490,9 +474,7 @@ START_TEST(test_errors) {
     nb_tensor *p = nb_zeros(ctx, NB_F32, NB_SHAPE(2, 3, 4)), *q = nb_zeros(ctx, NB_F32, NB_SHAPE(5, 4, 6));
     NBT_EXPECT_ABORT(nb_matmul(ctx, p, q),
                      "nb_matmul: batch dimensions do not broadcast: (2, 3, 4) @ (5, 4, 6)");
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 static Suite *matmul_suite(void) {
     Suite *s = suite_create("matmul");

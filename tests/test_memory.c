@@ -415,8 +415,7 @@ START_TEST(test_second_loss_after_give_back) {
 END_TEST
 
 /* Note [Growing contexts]: a loop that never resets is told once. */
-START_TEST(test_growth_warning) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_growth_warning) {
     nb_tensor *w = nb_ones(ctx, NB_F32, NB_SHAPE(64));
     nb_set_requires_grad(w, true);
     fflush(stderr);
@@ -450,9 +449,7 @@ START_TEST(test_growth_warning) {
     ck_assert_int_eq(ftell(tmp), 0);
     fclose(tmp);
     nb_ctx_free(step);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 static Suite *suite(void) {
     const TTest *tests[] = {test_free_ranges, test_attention_keeps_no_probabilities, test_gpt_bitwise,

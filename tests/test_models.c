@@ -111,8 +111,7 @@ static void ref_gpt(double *logits, nb_module *g, const int64_t *tok, int64_t t)
 static const nb_gpt_config tiny = {11, 6, 2, 2, 8, 0.0};
 
 /* ------------------------------------------------------------------ GPT */
-START_TEST(test_gpt_names) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_gpt_names) {
     nb_gpt_config cfg = {13, 7, 2, 2, 8, 0.0};
     nb_module *g = nb_gpt_new(ctx, NB_F32, &cfg, NULL);
     /* GPT-2's keys in its own order, minus the tied lm_head.weight */
@@ -155,12 +154,9 @@ START_TEST(test_gpt_names) {
     ck_assert(nb_gpt_is(g));
     ck_assert(!nb_gpt_is(nb_module_child(g, "transformer")));
     ck_assert_str_eq(nb_module_type_name(nb_module_child(g, "transformer.h.1")), "Block");
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_gpt_print) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_gpt_print) {
     nb_gpt_config cfg = {13, 7, 1, 2, 8, 0.1};
     nb_module *g = nb_gpt_new(ctx, NB_F32, &cfg, NULL);
     char *buf = NULL;
@@ -175,12 +171,9 @@ START_TEST(test_gpt_print) {
     ck_assert_msg(strstr(buf, "(mlp): MLP(\n          (c_fc): Linear(in_features=8, out_features=32"),
                   "%s", buf);
     free(buf);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_gpt_init) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_gpt_init) {
     nb_gpt_config cfg = {256, 64, 4, 4, 64, 0.0};
     nb_rng r = nb_rng_make(5);
     nb_module *g = nb_gpt_new(ctx, NB_F32, &cfg, &r);
@@ -216,12 +209,9 @@ START_TEST(test_gpt_init) {
     /* the dropout generator starts where initialisation left rng */
     ck_assert_uint_eq(nb_gpt_dropout_rng(g)->seed, 5);
     ck_assert_uint_eq(nb_gpt_dropout_rng(g)->offset, r.offset);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_gpt_values) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_gpt_values) {
     const nb_dtype dtypes[2] = {NB_F64, NB_F32};
     for (int di = 0; di < 2; di++) {
         nb_module *g = nb_gpt_new(ctx, dtypes[di], &tiny, NULL);
@@ -241,12 +231,9 @@ START_TEST(test_gpt_values) {
         nbt_assert_tensors_close(again, logits, 0, 0);
         free(want);
     }
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_gpt_causal) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_gpt_causal) {
     nb_module *g = nb_gpt_new(ctx, NB_F64, &tiny, NULL);
     scramble(g, 0.5, 3);
     int64_t a[6] = {1, 2, 3, 4, 5, 6}, b[6] = {1, 2, 3, 9, 0, 10};
@@ -258,9 +245,7 @@ START_TEST(test_gpt_causal) {
     for (int64_t i = 3 * v; i < 6 * v; i++) differs |= la[i] != lb[i];
     ck_assert(differs);
     free(la), free(lb);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 typedef struct gpt_case {
     nb_module *g;
@@ -273,8 +258,7 @@ static nb_tensor *gpt_loss_fn(nb_ctx *ctx, nb_tensor *const *inputs, void *user)
     return nb_gpt_loss(ctx, nb_gpt_forward(c->g, ctx, c->idx), c->targets);
 }
 
-START_TEST(test_gpt_gradcheck) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_gpt_gradcheck) {
     nb_gpt_config cfg = {7, 4, 2, 2, 4, 0.0};
     nb_module *g = nb_gpt_new(ctx, NB_F64, &cfg, NULL);
     scramble(g, 0.4, 11);
@@ -286,12 +270,9 @@ START_TEST(test_gpt_gradcheck) {
     nb_tensor *inputs[64];
     for (int i = 0; i < n; i++) inputs[i] = p[i].tensor;
     NBT_GRADCHECK(gpt_loss_fn, &c, n, inputs);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_gpt_loss) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_gpt_loss) {
     nb_tensor *logits = nbt_randn(ctx, NB_F64, NB_SHAPE(2, 3, 5), 1);
     int64_t y[6] = {0, 4, 2, 2, 1, 3};
     nb_tensor *loss = nb_gpt_loss(ctx, logits, nb_from_host(ctx, NB_I64, NB_SHAPE(2, 3), y));
@@ -305,12 +286,9 @@ START_TEST(test_gpt_loss) {
     NBT_EXPECT_ABORT(nb_gpt_loss(ctx, logits, nb_from_host(ctx, NB_I64, NB_SHAPE(3, 2), y)),
                      "nb_gpt_loss: logits (2, 3, 5) must be (N, T, V) and targets (3, 2) (N, T)");
     free(l);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_gpt_dropout) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_gpt_dropout) {
     nb_gpt_config cfg = tiny;
     cfg.dropout = 0.3;
     nb_module *g = nb_gpt_new(ctx, NB_F64, &cfg, NULL);
@@ -336,23 +314,17 @@ START_TEST(test_gpt_dropout) {
     nbt_assert_close(nb_gpt_forward(g, ctx, idx), want, 1e-10, 1e-10);
     ck_assert_uint_eq(nb_gpt_dropout_rng(g)->offset, off);
     free(va), free(vb), free(want);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_gpt_flops) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_gpt_flops) {
     nb_module *g = nb_gpt_new(ctx, NB_F32, &tiny, NULL);
     double n = (double)nb_gpt_num_params_non_embedding(g);
     ck_assert_double_eq(nb_gpt_flops_per_token(g, 4), 6 * n + 12.0 * 2 * 4 * 8);
     NBT_EXPECT_ABORT(nb_gpt_flops_per_token(g, 7),
                      "nb_gpt_flops_per_token: seq_len 7 must be in [1, block_size 6]");
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_gpt_errors) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_gpt_errors) {
     nb_gpt_config c = tiny;
     c.n_embd = 9;
     NBT_EXPECT_ABORT(nb_gpt_new(ctx, NB_F32, &c, NULL),
@@ -387,9 +359,7 @@ START_TEST(test_gpt_errors) {
     tok[0] = 12;
     NBT_EXPECT_ABORT(nb_gpt_generate(g, ctx, tok, 1, 2, NULL, NULL),
                      "nb_gpt_generate: prompt token 12 at position 0 is outside [0, 11)");
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* ------------------------------------------------------------- sampling */
 START_TEST(test_sample_argmax_topk) {
@@ -479,8 +449,7 @@ START_TEST(test_generate) {
 END_TEST
 
 /* ---------------------------------------------------------- classifiers */
-START_TEST(test_mlp) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_mlp) {
     nb_rng r = nb_rng_make(4);
     nb_module *m = nb_mlp_new(ctx, NB_F64, 3, 2, (int64_t[]){5, 4}, 2, &r);
     nb_named_tensor p[8];
@@ -510,9 +479,7 @@ START_TEST(test_mlp) {
     NBT_EXPECT_ABORT(nb_mlp_new(ctx, NB_F32, 0, 0, NULL, 2, NULL), "nb_mlp_new: need in_features (0) > 0");
     for (int i = 0; i < 6; i++) free(w[i]);
     free(w0), free(xv);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* The CNN's forward by hand, from nn's tested ops and the parameters. */
 static nb_tensor *ref_cnn(nb_ctx *ctx, nb_module *m, nb_tensor *x, int n_blocks) {
@@ -532,8 +499,7 @@ static nb_tensor *ref_cnn(nb_ctx *ctx, nb_module *m, nb_tensor *x, int n_blocks)
                   nb_module_find(m, "head.bias"));
 }
 
-START_TEST(test_cnn) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_cnn) {
     nb_module *m = nb_cnn_new(ctx, NB_F64, 1, 3, (int64_t[]){4, 6, 8}, 10, NULL);
     const char *names[] = {"blocks.0.conv.weight", "blocks.0.bn.weight", "blocks.0.bn.bias",
                            "blocks.1.conv.weight", "blocks.1.bn.weight", "blocks.1.bn.bias",
@@ -565,9 +531,7 @@ START_TEST(test_cnn) {
                      "nb_cnn_new: channels[1] = -1 must be positive");
     NBT_EXPECT_ABORT(nb_cnn_new(ctx, NB_F32, 1, 0, NULL, 10, NULL), "nb_cnn_new: need in_channels (1) > 0, n_blocks (0) > 0");
     free(want), free(want2);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* What nb_convert_sync_batchnorm does, with a stand-in for the all-reduced
  * math: every BatchNorm of the CNN is found, converted in place with its
@@ -589,8 +553,7 @@ static int convert_tree(nb_module *m, bn_calls *calls) {
     return n;
 }
 
-START_TEST(test_cnn_sync_bn) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_cnn_sync_bn) {
     nb_module *m = nb_cnn_new(ctx, NB_F32, 1, 2, (int64_t[]){4, 8}, 10, NULL);
     nb_named_tensor before[32], after[32];
     int n = nb_module_state(m, before, 32);
@@ -607,9 +570,7 @@ START_TEST(test_cnn_sync_bn) {
     nb_tensor *y1 = nb_module_forward(m, ctx, x); /* training mode: batch statistics again */
     ck_assert_int_eq(calls.n, 2);
     nbt_assert_tensors_close(y1, y0, 0, 0);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("models");

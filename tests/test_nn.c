@@ -47,8 +47,7 @@ static void expect_names(const nb_named_tensor *got, int n, const char *const *w
 
 #define COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
-START_TEST(test_names_and_order) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_names_and_order) {
     nb_rng rng = nb_rng_make(1);
     nb_module *m = make_net(ctx, NB_F32, &rng);
     /* a module's own parameters come before its children's, whatever the
@@ -84,13 +83,10 @@ START_TEST(test_names_and_order) {
     /* 4 + (12 + 4) + (4 + 4) + (16 + 4) + 16 + (8 + 2) */
     ck_assert_int_eq(nb_module_num_params(m), 74);
     ck_assert_int_eq(nb_module_num_params(nb_module_child(m, "blocks.1")), 16);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* count-then-fill: the return value is the total, at most cap entries are written */
-START_TEST(test_cap_protocol) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_cap_protocol) {
     nb_module *m = make_net(ctx, NB_F32, NULL);
     ck_assert_int_eq(nb_module_named_parameters(m, NULL, 0), 10);
     ck_assert_int_eq(nb_module_named_buffers(m, NULL, 0), 3);
@@ -106,13 +102,10 @@ START_TEST(test_cap_protocol) {
     ck_assert_int_eq(nb_module_num_params(relu), 0);
     NBT_EXPECT_ABORT(nb_module_state(m, NULL, 4), "nb_module_state: out is NULL with cap 4");
     NBT_EXPECT_ABORT(nb_module_named_parameters(NULL, out, 1), "nb_module_named_parameters: module is NULL");
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* Registration after a first listing shows up in the next one, from any level. */
-START_TEST(test_late_registration) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_late_registration) {
     nb_module *m = make_net(ctx, NB_F32, NULL);
     ck_assert_int_eq(nb_module_named_parameters(m, NULL, 0), 10);
     nb_module *b1 = nb_module_child(m, "blocks.1");
@@ -124,13 +117,10 @@ START_TEST(test_late_registration) {
     ck_assert_ptr_eq(out[7].tensor, extra);
     ck_assert_str_eq(out[9].name, "blocks.1.0.post.weight");
     ck_assert_int_eq(nb_module_num_params(m), 74 + 2 + 4);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* Tied weights and a child shared by two parents appear once, first name wins. */
-START_TEST(test_tied_and_shared) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_tied_and_shared) {
     nb_module *root = nb_module_new(ctx, &net_type);
     nb_module *wte = nb_module_add(root, "wte", nb_embedding_new(ctx, NB_F32, 10, 4, NULL));
     nb_module *head = nb_module_add(root, "lm_head", nb_linear_new(ctx, NB_F32, 4, 10, false, NULL));
@@ -150,12 +140,9 @@ START_TEST(test_tied_and_shared) {
     ck_assert_ptr_eq(nb_module_find(root, "tied_head.weight"), nb_module_find(root, "wte.weight"));
     ck_assert_ptr_eq(nb_module_find(root, "b.bias"), nb_module_find(root, "a.bias"));
     (void)head;
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_find_and_children) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_find_and_children) {
     nb_module *m = make_net(ctx, NB_F32, NULL);
     ck_assert_ptr_nonnull(nb_module_find(m, "bn1.running_var"));
     ck_assert_ptr_null(nb_module_find(m, "bn1.running"));
@@ -182,12 +169,9 @@ START_TEST(test_find_and_children) {
     NBT_EXPECT_ABORT(nb_module_child_at(blocks, 2),
                      "nb_module_child_at: index 2 out of range for a ModuleList with 2 children");
     NBT_EXPECT_ABORT(nb_module_child_name_at(m, -1), "nb_module_child_name_at: index -1 out of range");
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_train_eval) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_train_eval) {
     nb_module *m = make_net(ctx, NB_F32, NULL);
     nb_module *leaves[] = {m, nb_module_child(m, "fc1"), nb_module_child(m, "bn1"),
                            nb_module_child(m, "blocks"), nb_module_child(m, "blocks.0"),
@@ -201,9 +185,7 @@ START_TEST(test_train_eval) {
     ck_assert(nb_module_is_training(leaves[4]) && nb_module_is_training(leaves[5]));
     nb_module_train(m, true);
     for (int i = 0; i < COUNT(leaves); i++) ck_assert(nb_module_is_training(leaves[i]));
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 START_TEST(test_zero_grad) {
     nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
@@ -296,8 +278,7 @@ static char *print_to_string(nb_module *m) {
     return buf;
 }
 
-START_TEST(test_print) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_print) {
     nb_module *seq = nb_sequential_new(
         ctx, 4,
         (nb_module *[]){nb_conv2d_new(ctx, NB_F32, 3, 8, 3, 3, &(nb_conv2d_opts){{1, 1}, {1, 1}, {1, 1}, 1}, false, NULL),
@@ -341,9 +322,7 @@ START_TEST(test_print) {
         ")\n";
     ck_assert_str_eq(s, want);
     free(s);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* ---- a user module with a two-input forward, the way docs/modules.md shows ---- */
 typedef struct gated {
@@ -375,8 +354,7 @@ static nb_tensor *gated_fn(nb_ctx *ctx, nb_tensor *const *in, void *user) {
     return gated_forward(((gated_case *)user)->m, ctx, in[0], in[1]);
 }
 
-START_TEST(test_custom_module) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_custom_module) {
     nb_rng rng = nb_rng_make(5);
     gated_case c = {gated_new(ctx, 3, &rng)};
     nb_named_tensor p[3];
@@ -393,9 +371,7 @@ START_TEST(test_custom_module) {
                      "nb_module_self: the module is a Linear, not a Gated");
     NBT_EXPECT_ABORT(nb_module_forward(c.m, ctx, in[0]),
                      "nb_module_forward: a Gated has no single-input forward; call its own forward function");
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* The example program of docs/modules.md runs and succeeds. */
 START_TEST(test_docs_example_runs) {
@@ -433,8 +409,7 @@ START_TEST(test_docs_show_example) {
 }
 END_TEST
 
-START_TEST(test_registration_errors) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_registration_errors) {
     nb_module *m = nb_module_new(ctx, &net_type);
     nb_tensor *w = nb_zeros(ctx, NB_F32, NB_SHAPE(2));
     nb_module_add_param(m, "w", w);
@@ -474,12 +449,9 @@ START_TEST(test_registration_errors) {
                      "nb_module_forward: a ModuleList has no single-input forward");
     NBT_EXPECT_ABORT(nb_module_forward(nb_relu_new(ctx), ctx, NULL),
                      "nb_module_forward: input to the ReLU is NULL");
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_constructor_errors) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_constructor_errors) {
     NBT_EXPECT_ABORT(nb_linear_new(ctx, NB_I32, 3, 4, true, NULL),
                      "nb_linear_new: dtype i32; layers compute in f32 or f64");
     NBT_EXPECT_ABORT(nb_linear_new(ctx, NB_BF16, 3, 4, true, NULL), "nb_linear_new: dtype bf16");
@@ -528,9 +500,7 @@ START_TEST(test_constructor_errors) {
     co.label_smoothing = 2;
     NBT_EXPECT_ABORT(nb_cross_entropy_loss_new(ctx, &co),
                      "nb_cross_entropy_loss_new: label_smoothing 2 must be in [0, 1]");
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* ---- initialisation ---- */
 typedef struct moments {
@@ -573,8 +543,7 @@ static void check_constant(const nb_tensor *t, double value) {
     ck_assert(m.min == value && m.max == value);
 }
 
-START_TEST(test_init_schemes) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_init_schemes) {
     nb_rng rng = nb_rng_make(99);
     nb_module *lin = nb_linear_new(ctx, NB_F64, 400, 300, true, &rng);
     check_uniform(nb_module_find(lin, "weight"), 1.0 / 20);
@@ -604,14 +573,11 @@ START_TEST(test_init_schemes) {
     check_constant(nb_module_find(bn, "running_mean"), 0);
     check_constant(nb_module_find(bn, "running_var"), 1);
     ck_assert(nb_item(nb_module_find(bn, "num_batches_tracked")) == 0);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* Same generator state, same parameters; the generator advances across
  * layers, weight first then bias. */
-START_TEST(test_init_reproducible) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_init_reproducible) {
     nb_rng a = nb_rng_make(7), b = nb_rng_make(7);
     nb_module *l1 = nb_linear_new(ctx, NB_F32, 5, 6, true, &a);
     nb_module *l2 = nb_linear_new(ctx, NB_F32, 5, 6, true, &b);
@@ -627,12 +593,9 @@ START_TEST(test_init_reproducible) {
     nb_module *l3 = nb_linear_new(ctx, NB_F32, 5, 6, true, &a);
     ck_assert(nb_get(nb_module_find(l3, "weight"), (int64_t[]){0, 0}) !=
               nb_get(nb_module_find(l1, "weight"), (int64_t[]){0, 0}));
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_init_in_place) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_init_in_place) {
     nb_tensor *t = nb_zeros(ctx, NB_F64, NB_SHAPE(300, 200));
     nb_rng r1 = nb_rng_make(3), r2 = nb_rng_make(3);
     nb_init_uniform_(t, -0.5, 0.5, &r1);
@@ -663,9 +626,7 @@ START_TEST(test_init_in_place) {
                      "nb_init_normal_: tensor (2,) has dtype i32; only float tensors can be initialised");
     NBT_EXPECT_ABORT(nb_init_fan_in(nb_zeros(ctx, NB_F32, NB_SHAPE(3))),
                      "nb_init_fan_in: weight (3,) needs at least 2 dims");
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 static Suite *suite(void) {
     const TTest *tests[] = {test_names_and_order, test_cap_protocol, test_late_registration,

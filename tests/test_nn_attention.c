@@ -103,8 +103,7 @@ static void check_against_ref(nb_module *m, nb_ctx *ctx, nb_tensor *x, int h, co
     free(e);
 }
 
-START_TEST(test_values) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_values) {
     int heads[] = {1, 2, 4};
     for (int k = 0; k < 2; k++)
         for (int hi = 0; hi < 3; hi++)
@@ -122,13 +121,10 @@ START_TEST(test_values) {
                 nb_tensor *xt = nb_transpose(ctx, nbt_randn(ctx, dt, NB_SHAPE(4, 2, 8), 220), 0, 1);
                 check_against_ref(m, ctx, xt, heads[hi], NULL, k ? 1e-5 : 1e-12);
             }
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* Changing positions >= s leaves the outputs at positions < s bit for bit. */
-START_TEST(test_causal_values) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_causal_values) {
     NBT_FOR_F64_F32(k, dt) {
         nb_module *m = nb_causal_self_attention_new(ctx, dt, 8, 2, NULL, NULL);
         nb_tensor *x = nbt_randn(ctx, dt, NB_SHAPE(2, 6, 8), 300);
@@ -147,13 +143,10 @@ START_TEST(test_causal_values) {
             free(b);
         }
     }
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* The gradient of an output position with respect to later inputs is exactly zero. */
-START_TEST(test_causal_gradients) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_causal_gradients) {
     nb_module *m = nb_causal_self_attention_new(ctx, NB_F64, 8, 4, NULL, NULL);
     for (int s = 0; s < 4; s++) {
         nb_tensor *x = nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(2, 4, 8), 400);
@@ -169,9 +162,7 @@ START_TEST(test_causal_gradients) {
         free(g);
         nb_module_zero_grad(m);
     }
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 typedef struct attn_case {
     nb_module *m;
@@ -193,24 +184,20 @@ static void gradcheck_attention(attn_case *c, nb_tensor *x) {
     NBT_GRADCHECK(attn_fn, c, 1 + n, in);
 }
 
-START_TEST(test_gradcheck) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_gradcheck) {
     nb_rng rng = nb_rng_make(500);
     attn_case c = {nb_causal_self_attention_new(ctx, NB_F64, 4, 2, NULL, &rng), NULL, 0};
     gradcheck_attention(&c, nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(2, 3, 4), 501));
     nb_attention_opts o = {false, 0.3, 0.2, &rng};
     attn_case d = {nb_causal_self_attention_new(ctx, NB_F64, 4, 1, &o, &rng), &rng, 17};
     gradcheck_attention(&d, nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(1, 4, 4), 502));
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* f32 (the vectorised rows and the f32 products of the CPU's fused path)
  * against f64 at a longer sequence: values against the naive reference,
  * gradients of the input and every parameter against the f64 module's
  * (which test_gradcheck checks against central differences). */
-START_TEST(test_f32_long) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_f32_long) {
     int heads[] = {1, 4};
     for (int hi = 0; hi < 2; hi++) {
         int h = heads[hi];
@@ -232,12 +219,9 @@ START_TEST(test_f32_long) {
         nbt_assert_tensors_close(x32->grad, x64->grad, 1e-4, 1e-4);
         for (int i = 0; i < 4; i++) nbt_assert_tensors_close(p32[i].tensor->grad, p64[i].tensor->grad, 1e-4, 1e-4);
     }
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_dropout) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_dropout) {
     nb_rng init = nb_rng_make(600), drop = nb_rng_make(601);
     nb_attention_opts o = {true, 0.4, 0.25, &drop};
     nb_module *m = nb_causal_self_attention_new(ctx, NB_F64, 8, 2, &o, &init);
@@ -251,16 +235,13 @@ START_TEST(test_dropout) {
     nb_module_eval(m);
     check_against_ref(m, ctx, x, 2, NULL, 1e-12);
     ck_assert_int_eq(drop.offset, 9 + 45);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* Without active attention dropout the CPU runs everything between c_attn
  * and c_proj as one recorded op (nb__causal_attention, the backend's fused
  * kernel); with it, the layer composes the ops (split, products, causal
  * softmax, dropout). Both paths' values are checked above. */
-START_TEST(test_fused_path) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_fused_path) {
     nb_rng drop = nb_rng_make(801);
     nb_attention_opts o = {true, 0.3, 0.0, &drop};
     for (int k = 0; k < 3; k++) {
@@ -274,12 +255,9 @@ START_TEST(test_fused_path) {
         if (k < 2) ck_assert_str_eq(inner->node->op, "CausalSelfAttention");
         else ck_assert_str_ne(inner->node->op, "CausalSelfAttention");
     }
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_names) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_names) {
     nb_module *block = nb_module_list_new(ctx);
     nb_module_append(block, nb_causal_self_attention_new(ctx, NB_F32, 12, 3, NULL, NULL));
     nb_named_tensor p[8];
@@ -297,12 +275,9 @@ START_TEST(test_names) {
     nb_attention_opts o = NB_ATTENTION_DEFAULTS;
     o.bias = false;
     ck_assert_int_eq(nb_module_named_parameters(nb_causal_self_attention_new(ctx, NB_F32, 12, 3, &o, NULL), NULL, 0), 2);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_errors) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_errors) {
     nb_module *m = nb_causal_self_attention_new(ctx, NB_F32, 8, 2, NULL, NULL);
     NBT_EXPECT_ABORT(nb_module_forward(m, ctx, nb_zeros(ctx, NB_F32, NB_SHAPE(5, 8))),
                      "CausalSelfAttention: input (5, 8) must be (N, T, 8)");
@@ -310,9 +285,7 @@ START_TEST(test_errors) {
                      "CausalSelfAttention: input (2, 5, 6) must be (N, T, 8)");
     NBT_EXPECT_ABORT(nb_module_forward(m, ctx, nb_zeros(ctx, NB_F64, NB_SHAPE(2, 5, 8))),
                      "CausalSelfAttention: input (2, 5, 8) is f64 but the layer's parameters are f32");
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 static Suite *suite(void) {
     const TTest *tests[] = {test_values, test_causal_values, test_causal_gradients, test_gradcheck,

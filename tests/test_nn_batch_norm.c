@@ -53,8 +53,7 @@ static void randomize(nb_tensor *t, uint64_t seed) {
     nb_init_normal_(t, 0.0, 1.0, &rng);
 }
 
-START_TEST(test_train_then_eval) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_train_then_eval) {
     NBT_FOR_F64_F32(k, dt) {
         double tol = k ? 2e-5 : 1e-12, eps = 1e-3, mom = 0.25;
         nb_batch_norm_opts o = {eps, mom, true, true};
@@ -92,14 +91,11 @@ START_TEST(test_train_then_eval) {
         nb_tensor *x1 = nbt_randn(ctx, dt, NB_SHAPE(1, 3, 1, 1), 21);
         check_normalized(nb_module_forward(bn, ctx, x1), x1, erm, erv, w, b, eps, tol);
     }
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* momentum NB_BATCH_NORM_CUMULATIVE: the running statistics are the plain
  * averages of the batch statistics seen so far */
-START_TEST(test_cumulative_average) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_cumulative_average) {
     nb_batch_norm_opts o = {1e-5, NB_BATCH_NORM_CUMULATIVE, false, true};
     nb_module *bn = nb_batch_norm1d_new(ctx, NB_F64, 2, &o);
     double sum_m[2] = {0, 0}, sum_v[2] = {0, 0};
@@ -125,26 +121,20 @@ START_TEST(test_cumulative_average) {
     double em[2] = {sum_m[0] / 4, sum_m[1] / 4}, ev[2] = {sum_v[0] / 4, sum_v[1] / 4};
     check_normalized(nb_module_forward(bn, ctx, x), x, em, ev, NULL, NULL, 1e-5, 1e-12);
     ck_assert(nb_item(nb_module_find(bn, "num_batches_tracked")) == 4);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* momentum 0 freezes the statistics but still counts batches */
-START_TEST(test_momentum_zero) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_momentum_zero) {
     nb_batch_norm_opts o = {1e-5, 0.0, true, true};
     nb_module *bn = nb_batch_norm1d_new(ctx, NB_F32, 3, &o);
     nb_module_forward(bn, ctx, nbt_randn(ctx, NB_F32, NB_SHAPE(4, 3, 5), 50));
     nbt_assert_close(nb_module_find(bn, "running_mean"), (double[]){0, 0, 0}, 0, 0);
     nbt_assert_close(nb_module_find(bn, "running_var"), (double[]){1, 1, 1}, 0, 0);
     ck_assert(nb_item(nb_module_find(bn, "num_batches_tracked")) == 1);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* Without running statistics: no buffers, and batch statistics in both modes. */
-START_TEST(test_no_tracking_no_affine) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_no_tracking_no_affine) {
     nb_batch_norm_opts o = {1e-5, 0.1, true, false};
     nb_module *bn = nb_batch_norm1d_new(ctx, NB_F64, 3, &o);
     ck_assert_int_eq(nb_module_named_buffers(bn, NULL, 0), 0);
@@ -166,13 +156,10 @@ START_TEST(test_no_tracking_no_affine) {
     nb_tensor *x3 = nbt_randn(ctx, NB_F64, NB_SHAPE(2, 3, 4), 63); /* (N, C, L) */
     batch_stats(x3, mean, var);
     check_normalized(nb_module_forward(bn2, ctx, x3), x3, mean, var, NULL, NULL, 1e-5, 1e-12);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* The mode set on a parent reaches the layer. */
-START_TEST(test_mode_through_parent) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_mode_through_parent) {
     nb_module *bn = nb_batch_norm2d_new(ctx, NB_F64, 2, NULL);
     nb_module *seq = nb_sequential_new(ctx, 2, (nb_module *[]){bn, nb_relu_new(ctx)});
     nb_tensor *x = nb_add_scalar(ctx, nbt_randn(ctx, NB_F64, NB_SHAPE(3, 2, 2, 2), 70), 4.0);
@@ -184,9 +171,7 @@ START_TEST(test_mode_through_parent) {
     nb_tensor *y = nb_module_forward(nb_module_child(seq, "0"), ctx, x);
     check_normalized(y, x, rm, rv, NULL, NULL, 1e-5, 1e-12);
     nbt_assert_close(nb_module_find(seq, "0.running_mean"), rm, 0, 0);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 typedef struct mod_case {
     nb_module *m;
@@ -196,8 +181,7 @@ static nb_tensor *mod_fn(nb_ctx *ctx, nb_tensor *const *in, void *user) {
     return nb_module_forward(((mod_case *)user)->m, ctx, in[0]);
 }
 
-START_TEST(test_gradcheck) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_gradcheck) {
     for (int mode = 0; mode < 2; mode++) {
         nb_module *bn = nb_batch_norm2d_new(ctx, NB_F64, 2, NULL);
         nb_tensor *w = nb_module_find(bn, "weight"), *b = nb_module_find(bn, "bias");
@@ -215,16 +199,13 @@ START_TEST(test_gradcheck) {
     nb_tensor *in[3] = {nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(4, 3), 83), nb_module_find(bn1, "weight"),
                         nb_module_find(bn1, "bias")};
     NBT_GRADCHECK(mod_fn, &c, 3, in);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* Planes of 25 elements: three full blocks of the kernels' 8 summing lanes
  * and a tail (the other tests' planes are shorter than a block): forward
  * against the statistics in double, in f64 and f32, and gradients (train
  * and eval) by finite differences. */
-START_TEST(test_long_planes) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_long_planes) {
     NBT_FOR_F64_F32(k, dt) {
         double tol = k ? 2e-5 : 1e-12;
         nb_module *bn = nb_batch_norm2d_new(ctx, dt, 2, NULL);
@@ -246,12 +227,9 @@ START_TEST(test_long_planes) {
         nb_tensor *in[3] = {nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(3, 2, 5, 5), 95), w, b};
         NBT_GRADCHECK(mod_fn, &c, 3, in);
     }
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_errors) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_errors) {
     nb_module *bn2 = nb_batch_norm2d_new(ctx, NB_F32, 3, NULL);
     NBT_EXPECT_ABORT(nb_module_forward(bn2, ctx, nb_zeros(ctx, NB_F32, NB_SHAPE(2, 4, 3, 3))),
                      "BatchNorm2d: input (2, 4, 3, 3) must be (N, 3, H, W)");
@@ -264,9 +242,7 @@ START_TEST(test_errors) {
                      "BatchNorm1d: input (2, 3, 3, 3) must be (N, 3) or (N, 3, L)");
     NBT_EXPECT_ABORT(nb_module_forward(bn1, ctx, nb_zeros(ctx, NB_F32, NB_SHAPE(1, 3))),
                      "training needs more than one value per channel, got input (1, 3)");
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 static Suite *suite(void) {
     const TTest *tests[] = {test_train_then_eval, test_long_planes, test_cumulative_average,

@@ -73,8 +73,7 @@ static void check_linear(nb_ctx *ctx, nb_dtype dt, bool bias, nb_tensor *x) {
     free(e);
 }
 
-START_TEST(test_linear_values) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_linear_values) {
     NBT_FOR_F64_F32(k, dt) {
         check_linear(ctx, dt, true, nbt_randn(ctx, dt, NB_SHAPE(3, 5), 1));
         check_linear(ctx, dt, false, nbt_randn(ctx, dt, NB_SHAPE(3, 5), 2));
@@ -84,15 +83,12 @@ START_TEST(test_linear_values) {
         check_linear(ctx, dt, false,
                      nb_transpose(ctx, nbt_randn(ctx, dt, NB_SHAPE(5, 2, 3), 6), 0, 2)); /* (3, 2, 5) */
     }
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* Linear's fused CPU product (the bias written first, the GEMM adding to
  * it) against matmul_t + add, values and every gradient, f32 and f64, with
  * a contiguous and a transposed input. */
-START_TEST(test_linear_matches_composed) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_linear_matches_composed) {
     nb_rng rng = nb_rng_make(21);
     for (int k = 0; k < 4; k++) {
         nb_dtype dt = k & 1 ? NB_F32 : NB_F64;
@@ -115,12 +111,9 @@ START_TEST(test_linear_matches_composed) {
         nbt_assert_tensors_close(gw, w->grad, tol, tol);
         nbt_assert_tensors_close(gb, b->grad, tol, tol);
     }
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_linear_gradcheck) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_linear_gradcheck) {
     nb_rng rng = nb_rng_make(10);
     gradcheck_module(nb_linear_new(ctx, NB_F64, 3, 4, true, &rng),
                      nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(2, 2, 3), 11));
@@ -129,9 +122,7 @@ START_TEST(test_linear_gradcheck) {
     /* the input need not require grad */
     gradcheck_module(nb_linear_new(ctx, NB_F64, 3, 2, true, &rng),
                      nbt_randn(ctx, NB_F64, NB_SHAPE(4, 3), 13));
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* ---- Conv2d ---- */
 /* x (N, C, H, W), w (O, C/G, KH, KW), G = p->groups (0: 1) */
@@ -158,8 +149,7 @@ static void ref_conv(double *y, const double *x, const double *w, const double *
                 }
 }
 
-START_TEST(test_conv2d_values) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_conv2d_values) {
     nb_conv2d_opts opts[] = {NB_CONV2D_DEFAULTS, {{2, 1}, {1, 0}, {1, 2}, 1}, {{1, 2}, {2, 1}, {2, 1}, 1}};
     for (int k = 0; k < 2; k++)
         for (int j = 0; j < 3; j++) {
@@ -184,23 +174,17 @@ START_TEST(test_conv2d_values) {
             free(bv);
             free(e);
         }
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_conv2d_gradcheck) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_conv2d_gradcheck) {
     nb_conv2d_opts p = {{2, 1}, {1, 1}, {1, 1}, 1};
     gradcheck_module(nb_conv2d_new(ctx, NB_F64, 2, 3, 3, 2, &p, true, NULL),
                      nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(2, 2, 4, 3), 40));
     gradcheck_module(nb_conv2d_new(ctx, NB_F64, 1, 2, 2, 2, NULL, false, NULL),
                      nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(1, 1, 3, 3), 41));
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_conv2d_groups) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_conv2d_groups) {
     nb_rng rng = nb_rng_make(50);
     /* 4 groups of 2 input channels: weight (12, 2, 3, 3), fan_in 2 * 9 */
     nb_conv2d_opts g4 = {{1, 1}, {1, 1}, {1, 1}, 4};
@@ -271,13 +255,10 @@ START_TEST(test_conv2d_groups) {
                      "nb_conv2d_new: groups -1 must be positive");
     NBT_EXPECT_ABORT(nb_module_forward(m, ctx, nb_zeros(ctx, NB_F32, NB_SHAPE(1, 2, 5, 5))),
                      "Conv2d: input (1, 2, 5, 5) must be (N, 8, H, W)");
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* ---- Embedding ---- */
-START_TEST(test_embedding) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_embedding) {
     NBT_FOR_F64_F32(k, dt) {
         nb_module *m = nb_embedding_new(ctx, dt, 7, 3, NULL);
         int64_t idx[6] = {6, 0, 2, 2, 5, 0};
@@ -296,13 +277,10 @@ START_TEST(test_embedding) {
     gradcheck_module(m, nb_from_host(ctx, NB_I64, NB_SHAPE(4), (int64_t[]){1, 3, 1, 1}));
     NBT_EXPECT_ABORT(nb_module_forward(m, ctx, nb_from_host(ctx, NB_I64, NB_SHAPE(2), (int64_t[]){1, 5})),
                      "nb_embedding: index 5 at position 1 is out of range for 5 rows");
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* ---- LayerNorm ---- */
-START_TEST(test_layer_norm) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_layer_norm) {
     nb_layer_norm_opts variants[] = {NB_LAYER_NORM_DEFAULTS, {1e-3, true, false}, {1e-5, false, true}};
     for (int k = 0; k < 2; k++)
         for (int v = 0; v < 3; v++) {
@@ -327,13 +305,10 @@ START_TEST(test_layer_norm) {
                      "LayerNorm: input (4, 3) does not end in the normalized shape (4,)");
     NBT_EXPECT_ABORT(nb_module_forward(m, ctx, nb_zeros(ctx, NB_F32, NB_SHAPE(2, 4))),
                      "LayerNorm: input (2, 4) is f32 but the layer's parameters are f64");
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* ---- Dropout ---- */
-START_TEST(test_dropout) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_dropout) {
     nb_rng rng = nb_rng_make(77);
     rng.offset = 5;
     double p = 0.3;
@@ -372,9 +347,7 @@ START_TEST(test_dropout) {
     free(xv);
     free(a);
     free(b);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* ---- activations ---- */
 static double gelu_exact(double x) { return 0.5 * x * (1 + erf(x / sqrt(2.0))); }
@@ -383,8 +356,7 @@ static double gelu_tanh(double x) {
 }
 static double relu(double x) { return x > 0 ? x : 0; }
 
-START_TEST(test_activations) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_activations) {
     nb_module *mods[] = {nb_relu_new(ctx), nb_gelu_new(ctx, NB_GELU_EXACT),
                          nb_gelu_new(ctx, NB_GELU_TANH), nb_tanh_new(ctx)};
     double (*ref[])(double) = {relu, gelu_exact, gelu_tanh, tanh};
@@ -398,9 +370,7 @@ START_TEST(test_activations) {
             free(xv);
             if (!k) gradcheck_module(mods[a], nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(3, 4), 80 + a));
         }
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* ---- pooling ---- */
 /* x (P, H, W) planes; max (is_max) or average counting padded zeros */
@@ -425,8 +395,7 @@ static void ref_pool(double *y, const double *x, int64_t planes, int64_t h, int6
             }
 }
 
-START_TEST(test_pooling) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_pooling) {
     nb_pool2d_opts opts[] = {{{2, 2}, {0, 0}, {0, 0}}, {{3, 2}, {2, 1}, {1, 1}}};
     for (int k = 0; k < 2; k++)
         for (int j = 0; j < 2; j++)
@@ -467,13 +436,10 @@ START_TEST(test_pooling) {
         NBT_EXPECT_ABORT(nb_module_forward(g, ctx, nb_zeros(ctx, dt, NB_SHAPE(2, 3, 4))),
                          "GlobalAvgPool2d: input must be 4-D (N, C, H, W), got shape (2, 3, 4)");
     }
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* ---- Flatten and Sequential ---- */
-START_TEST(test_flatten) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_flatten) {
     nb_tensor *x = nbt_randn(ctx, NB_F32, NB_SHAPE(2, 3, 4, 5), 110);
     nb_tensor *y = nb_module_forward(nb_flatten_new(ctx, 1, -1), ctx, x);
     ck_assert(y->ndim == 2 && y->shape[0] == 2 && y->shape[1] == 60);
@@ -485,12 +451,9 @@ START_TEST(test_flatten) {
     double *xv = host(nb_contiguous(ctx, nb_transpose(ctx, x, 0, 3)));
     nbt_assert_close(y, xv, 0, 0);
     free(xv);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_sequential) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_sequential) {
     nb_rng rng = nb_rng_make(120);
     nb_module *l1 = nb_linear_new(ctx, NB_F64, 4, 6, true, &rng);
     nb_module *act = nb_gelu_new(ctx, NB_GELU_EXACT);
@@ -507,13 +470,10 @@ START_TEST(test_sequential) {
     nb_module *list = nb_module_list_new(ctx);
     nb_module_append(list, l1);
     ck_assert_ptr_eq(nb_module_child(list, "0"), l1);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* ---- losses ---- */
-START_TEST(test_losses) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_losses) {
     NBT_FOR_F64_F32(k, dt) {
         /* cross entropy with an ignored target and label smoothing */
         nb_cross_entropy_opts co = {2, 0.1};
@@ -571,9 +531,7 @@ START_TEST(test_losses) {
     NBT_EXPECT_ABORT(nb_loss_forward(lin, ctx, x, x), "nb_loss_forward: the module is a Linear, not a loss");
     NBT_EXPECT_ABORT(nb_loss_forward(nb_mse_loss_new(ctx), ctx, x, NULL),
                      "nb_loss_forward: MSELoss needs an input and a target");
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 typedef struct loss_case {
     nb_module *lin, *loss;
@@ -585,8 +543,7 @@ static nb_tensor *loss_fn(nb_ctx *ctx, nb_tensor *const *in, void *user) {
     return nb_loss_forward(c->loss, ctx, nb_module_forward(c->lin, ctx, in[0]), c->target);
 }
 
-START_TEST(test_loss_gradcheck) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_loss_gradcheck) {
     nb_cross_entropy_opts co = {-100, 0.2};
     loss_case cases[3] = {
         {nb_linear_new(ctx, NB_F64, 3, 4, true, NULL), nb_cross_entropy_loss_new(ctx, &co),
@@ -602,12 +559,9 @@ START_TEST(test_loss_gradcheck) {
         nb_tensor *in[3] = {nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(2, 3), 142 + k), p[0].tensor, p[1].tensor};
         NBT_GRADCHECK(loss_fn, &cases[k], 3, in);
     }
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_layer_errors) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_layer_errors) {
     nb_module *lin = nb_linear_new(ctx, NB_F64, 5, 3, true, NULL);
     NBT_EXPECT_ABORT(nb_module_forward(lin, ctx, nb_zeros(ctx, NB_F64, NB_SHAPE(2, 6))),
                      "Linear: input (2, 6) has 6 features in its last dim, the layer takes 5");
@@ -625,9 +579,7 @@ START_TEST(test_layer_errors) {
     nb_module *pool = nb_max_pool2d_new(ctx, &(nb_pool2d_opts){{2, 2}, {0, 0}, {0, 0}});
     NBT_EXPECT_ABORT(nb_module_forward(pool, ctx, nb_zeros(ctx, NB_F32, NB_SHAPE(2, 3))),
                      "nb_max_pool2d: input must be 4-D (N, C, H, W), got shape (2, 3)");
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* ---- module paths in errors (Note [Module paths in errors], nn/module.c) ---- */
 /* Block: x + proj(norm(x)); the sum aborts inside the Block when proj changes the width. */
@@ -664,8 +616,7 @@ static nb_module *net_new(nb_ctx *ctx, int64_t w1, int64_t head_in) {
     return m;
 }
 
-START_TEST(test_errors_name_module_path) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_errors_name_module_path) {
     nb_tensor *x = nb_zeros(ctx, NB_F32, NB_SHAPE(2, 3, 8));
     nb_module *ok = net_new(ctx, 8, 8);
     nb_tensor *y = nb_module_forward(ok, ctx, x);
@@ -704,9 +655,7 @@ START_TEST(test_errors_name_module_path) {
     nb_module_set_recompute(nb_module_child(net, "blocks.1"), true);
     nb_tensor *xg = nbt_randn_leaf(ctx, NB_F32, NB_SHAPE(2, 3, 8), 1);
     NBT_EXPECT_ABORT(nb_module_forward(net, ctx, xg), "head.fc (Linear)");
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 static Suite *suite(void) {
     const TTest *tests[] = {test_linear_values, test_linear_gradcheck, test_linear_matches_composed,

@@ -300,9 +300,8 @@ START_TEST(test_amsgrad_reference) {
 }
 END_TEST
 
-START_TEST(test_amsgrad_nan_propagates) {
+NBT_CPU_TEST(test_amsgrad_nan_propagates) {
     /* max(vmax, NaN) is NaN, as torch.maximum gives (fmax would keep vmax) */
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
     nb_tensor *p = leaf_with_grad(ctx, NB_F32, N, 3);
     nb_optim_hparams h = NB_ADAM_DEFAULTS;
     h.amsgrad = true;
@@ -316,12 +315,9 @@ START_TEST(test_amsgrad_nan_propagates) {
     ck_assert(isnan(get1(vm, 2)) && isnan(get1(p, 2)));
     ck_assert(!isnan(get1(vm, 1)) && !isnan(get1(p, 1)));
     nb_optim_free(opt);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_amsgrad_state) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_amsgrad_state) {
     nb_tensor *w = nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(2, 2), 1);
     nb_tensor *b = leaf_with_grad(ctx, NB_F32, 2, 2);
     nb_named_tensor ps[] = {{"w", w}, {"b", b}};
@@ -370,9 +366,7 @@ START_TEST(test_amsgrad_state) {
     ck_assert_int_eq(n, 8);
     for (int i = 0; i < n; i++) ck_assert(!strstr(st[i].name, "amsgrad") && !strstr(st[i].name, "max_"));
     nb_optim_free(opt);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* An AMSGrad AdamW over one f32 parameter "w" of N elements. */
 static nb_optim *amsgrad_optim(nb_ctx *ctx, bool amsgrad, uint64_t seed, nb_named_tensor *np) {
@@ -461,10 +455,9 @@ START_TEST(test_amsgrad_checkpoint_resume) {
 }
 END_TEST
 
-START_TEST(test_adam_moment_exact_at_beta1_zero) {
+NBT_CPU_TEST(test_adam_moment_exact_at_beta1_zero) {
     /* lerp(m, g, 1) is exactly g in the form the library uses (PyTorch's);
      * m + 1 * (g - m) would round */
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
     nb_tensor *p = leaf_with_grad(ctx, NB_F32, 64, 1);
     nb_optim_hparams h = NB_ADAM_DEFAULTS;
     h.beta1 = 0;
@@ -479,12 +472,9 @@ START_TEST(test_adam_moment_exact_at_beta1_zero) {
         ck_assert(memcmp(st[7].tensor->data, p->grad->data, 64 * sizeof(float)) == 0);
     }
     nb_optim_free(opt);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_skips_params_without_grad) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_skips_params_without_grad) {
     nb_tensor *a = leaf_with_grad(ctx, NB_F64, N, 1);
     int64_t n = N;
     nb_tensor *b = nbt_randn_leaf(ctx, NB_F64, 1, &n, 2); /* never gets a gradient */
@@ -503,12 +493,9 @@ START_TEST(test_skips_params_without_grad) {
         if (strcmp(st[i].name, "optim.state.b.step") == 0) ck_assert_int_eq(nb_item(st[i].tensor), 0);
     }
     nb_optim_free(opt);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_zero_grad_keeps_buffers) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_zero_grad_keeps_buffers) {
     nb_tensor *a = leaf_with_grad(ctx, NB_F32, N, 1);
     nb_tensor *grad = a->grad;
     for (int i = 0; i < N; i++) set1(a->grad, i, 3.0);
@@ -519,9 +506,7 @@ START_TEST(test_zero_grad_keeps_buffers) {
     double zero[N] = {0};
     nbt_assert_close(a->grad, zero, 0, 0);
     nb_optim_free(opt);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* Note [Flat gradients]: an optimizer's parameters get their gradients in
  * one buffer, in reverse order of its list, 64-byte aligned; the values
@@ -590,8 +575,7 @@ START_TEST(test_flat_gradients) {
 }
 END_TEST
 
-START_TEST(test_param_groups) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_param_groups) {
     nb_tensor *w = nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(2, 3), 1);
     nb_tensor *bias = nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(3), 2);
     nb_tensor *norm = nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(3), 3);
@@ -645,12 +629,9 @@ START_TEST(test_param_groups) {
     opt = nb_optim_new_groups(NB_OPTIM_ADAM, 2, only_vectors);
     ck_assert_int_eq(nb_optim_param_count(opt), 2);
     nb_optim_free(opt);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_construction_errors) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_construction_errors) {
     nb_tensor *a = leaf_with_grad(ctx, NB_F32, 3, 1);
     nb_tensor *b = leaf_with_grad(ctx, NB_F32, 3, 2);
     nb_tensor *not_leaf = nb_mul(ctx, a, b);
@@ -712,12 +693,9 @@ START_TEST(test_construction_errors) {
     h.weight_decay = INFINITY;
     NBT_EXPECT_ABORT(nb_optim_new(NB_OPTIM_ADAM, ok, 1, &h), "weight_decay = inf must be finite");
     NBT_EXPECT_ABORT(nb_optim_new((nb_optim_kind)7, ok, 1, &adam), "unknown optimizer kind 7");
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_state_export) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_state_export) {
     nb_tensor *w = leaf_with_grad(ctx, NB_F64, 4, 1);
     nb_tensor *b = leaf_with_grad(ctx, NB_F64, 2, 2);
     nb_named_tensor ps[] = {{"w", w}, {"b", b}};
@@ -782,9 +760,7 @@ START_TEST(test_state_export) {
     ck_assert_str_eq(st[7].name, "optim.state.w.momentum_buffer");
     ck_assert_str_eq(st[9].name, "optim.state.b.momentum_buffer");
     nb_optim_free(opt);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* ---- schedules ---- */
 START_TEST(test_schedules) {
@@ -838,8 +814,7 @@ START_TEST(test_schedules) {
 END_TEST
 
 /* ---- clipping ---- */
-START_TEST(test_clip_grad_norm) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_clip_grad_norm) {
     nb_tensor *a = leaf_with_grad(ctx, NB_F64, 2, 1);
     nb_tensor *b = leaf_with_grad(ctx, NB_F32, 1, 2);
     int64_t one = 1;
@@ -896,9 +871,7 @@ START_TEST(test_clip_grad_norm) {
     NBT_EXPECT_ABORT(nb_clip_grad_norm(ps, 3, 1.0, 1.0), "nb_clip_grad_norm: norm_type = 1; "
                      "supported are 2 and INFINITY");
     NBT_EXPECT_ABORT(nb_clip_grad_norm(ps, 3, -1.0, 2.0), "max_norm = -1 must be >= 0");
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* x rounded to f32 (through memory: GCC 12 at -O3 has been seen to drop a
  * (float) cast inside a vectorised initialiser of doubles) */
@@ -1130,10 +1103,9 @@ START_TEST(test_param_shadows) {
 }
 END_TEST
 
-START_TEST(test_clip_accumulates_in_double) {
+NBT_CPU_TEST(test_clip_accumulates_in_double) {
     /* 2^20 f32 values of 1e-3: a float accumulator is off by more than
      * 1e-5 relative, a double one by less than n * 2^-53 ~ 1e-10 */
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
     int64_t n = 1 << 20;
     nb_tensor *p = nbt_randn_leaf(ctx, NB_F32, 1, &n, 1);
     nb_set_grad(p, nb_full(ctx, NB_F32, 1, &n, 1e-3));
@@ -1142,9 +1114,7 @@ START_TEST(test_clip_accumulates_in_double) {
     double expect = sqrt((double)n * x * x);
     double norm = nb_clip_grad_norm(&np, 1, 1e9, 2.0);
     ck_assert_msg(fabs(norm - expect) <= 1e-10 * expect, "norm %.17g expected %.17g", norm, expect);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 START_TEST(test_training_decreases_loss) {
     /* a least-squares problem: every optimizer must make progress */
@@ -1225,8 +1195,7 @@ START_TEST(test_grad_scaler_unscaled_equal_plain) {
 }
 END_TEST
 
-START_TEST(test_grad_scaler_skip_growth_backoff) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_grad_scaler_skip_growth_backoff) {
     nb_tensor *p = leaf_with_grad(ctx, NB_F32, N, 5);
     nb_tensor *q = leaf_with_grad(ctx, NB_F64, 2, 6);
     nb_named_tensor np[] = {{"p", p}, {"q", q}};
@@ -1287,9 +1256,7 @@ START_TEST(test_grad_scaler_skip_growth_backoff) {
     nb_grad_scaler_free(gs);
     nb_grad_scaler_free(NULL);
     nb_optim_free(opt);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 START_TEST(test_kind_names) {
     ck_assert_str_eq(nb_optim_kind_name(NB_OPTIM_SGD), "sgd");

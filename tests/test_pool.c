@@ -101,10 +101,9 @@ START_TEST(test_forward) {
 }
 END_TEST
 
-START_TEST(test_avg_counts_padding) {
+NBT_CPU_TEST(test_avg_counts_padding) {
     /* ones (1, 1, 2, 2), kernel 3, padding 1, stride 1: every window holds
      * the 4 ones and 5 padded zeros */
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
     nb_tensor *x = nb_ones(ctx, NB_F64, NB_SHAPE(1, 1, 2, 2));
     nb_pool2d_opts o = POPTS(3, 3, 1, 1, 1, 1);
     double expect[4] = {4.0 / 9, 4.0 / 9, 4.0 / 9, 4.0 / 9};
@@ -112,9 +111,7 @@ START_TEST(test_avg_counts_padding) {
     nb_tensor *neg = nb_full(ctx, NB_F64, NB_SHAPE(1, 1, 2, 2), -2.0);
     double expect_max[4] = {-2, -2, -2, -2};
     nbt_assert_close(nb_max_pool2d(ctx, neg, &o), expect_max, 0, 0);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* ---- gradients ---- */
 typedef struct pool_grad_case {
@@ -129,8 +126,7 @@ static nb_tensor *pool_fn(nb_ctx *ctx, nb_tensor *const *in, void *user) {
     return pg->is_max ? nb_max_pool2d(ctx, x, &pg->opts) : nb_avg_pool2d(ctx, x, &pg->opts);
 }
 
-START_TEST(test_gradcheck) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_gradcheck) {
     for (int k = 0; k < NCASES; k++) {
         const pcase *pc = &cases[k];
         int64_t shape[4] = {pc->n, pc->c, pc->h, pc->w};
@@ -141,12 +137,9 @@ START_TEST(test_gradcheck) {
             NBT_GRADCHECK(pool_fn, &pg, 1, &x);
         }
     }
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_non_contiguous) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_non_contiguous) {
     nb_tensor *xt = distinct(ctx, 4, (int64_t[]){2, 2, 5, 6}); /* (N, C, W, H) */
     nb_set_requires_grad(xt, true);
     nb_tensor *x = nb_transpose(ctx, xt, 2, 3);
@@ -164,14 +157,11 @@ START_TEST(test_non_contiguous) {
         NBT_GRADCHECK(pool_fn, &pg, 1, &xt);
     }
     free(xh);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_max_ties_first) {
+NBT_CPU_TEST(test_max_ties_first) {
     /* equal values: the gradient goes to the first maximum of each window;
      * windows of stride 1 overlap, so shared maxima accumulate */
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
     nb_tensor *x = nb_ones(ctx, NB_F64, NB_SHAPE(1, 1, 2, 2));
     nb_set_requires_grad(x, true);
     nb_pool2d_opts o = POPTS(2, 2, 0, 0, 0, 0);
@@ -191,16 +181,13 @@ START_TEST(test_max_ties_first) {
      */
     double expect_g[9] = {0, 2, 0, 1, 1, 0, 0, 0, 0};
     nbt_assert_close(y->grad, expect_g, 0, 0);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* NaN: a window with a NaN gives NaN, and its gradient goes to the first
  * NaN; among numbers to the first maximum (2x2 windows of stride 2, the
  * common case with its own loop, in f32 and f64; and a 3x3 window of
  * stride 1 through the general loop). */
-START_TEST(test_max_nan) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_max_nan) {
     double v[20] = {1, NAN, 2, 3, 7, 4, 5, NAN, NAN, 7, 0, 0, 1, 1, 7, 0, 9, 1, 1, 7};
     NBT_FOR_F64_F32(k, dt) {
         nb_tensor *x = nb_cast(ctx, nb_from_host(ctx, NB_F64, NB_SHAPE(1, 1, 4, 5), v), dt);
@@ -230,9 +217,7 @@ START_TEST(test_max_nan) {
      * of row 0 that contain it, (1,2) for the other four */
     double expect[20] = {0, 2, 0, 0, 0, 0, 0, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
     for (int i = 0; i < 20; i++) ck_assert_msg(g[i] == expect[i], "3x3: grad[%d] = %g", i, g[i]);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* 2x2 windows of stride 2 through the vectorised paths: rows long enough
  * for 8 outputs at a time (OW = 18: two blocks and a scalar tail; an odd
@@ -298,8 +283,7 @@ END_TEST
 /* ---- errors ---- */
 /* An empty input with padding still has windows (of padding only): max
  * gives 0 there and backward writes nothing (index -1 is skipped). */
-START_TEST(test_empty_input_with_padding) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_empty_input_with_padding) {
     nb_tensor *x = nb_zeros(ctx, NB_F32, NB_SHAPE(1, 1, 0, 2));
     nb_set_requires_grad(x, true);
     nb_pool2d_opts o = {{2, 2}, {0, 0}, {1, 1}};
@@ -310,12 +294,9 @@ START_TEST(test_empty_input_with_padding) {
     nb_backward(nb_sum_all(ctx, y));
     ck_assert_ptr_nonnull(x->grad);
     ck_assert_int_eq(nb_numel(x->grad), 0);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_errors) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_errors) {
     nb_tensor *x = nb_zeros(ctx, NB_F32, NB_SHAPE(2, 3, 8, 8));
     nb_pool2d_opts big_pad = POPTS(3, 3, 1, 1, 2, 1);
     NBT_EXPECT_ABORT(
@@ -337,9 +318,7 @@ START_TEST(test_errors) {
     NBT_EXPECT_ABORT(nb_max_pool2d(ctx, x, NULL), "nb_max_pool2d: opts is NULL");
     NBT_EXPECT_ABORT(nb_avg_pool2d(ctx, nb_zeros(ctx, NB_I64, NB_SHAPE(1, 1, 4, 4)), &ok),
                      "nb_avg_pool2d: dtype i64 is not supported");
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 static Suite *pool_suite(void) {
     const TTest *tests[] = {test_forward, test_avg_counts_padding, test_gradcheck, test_non_contiguous,

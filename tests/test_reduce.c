@@ -45,8 +45,7 @@ static nb_tensor *reduce(nb_ctx *ctx, char kind, nb_tensor *x, int naxes, const 
 static const int axis_sets[][3] = {{0}, {1}, {-1}, {0, 2}, {2, 0}, {1, 2}, {0, 1, 2}};
 static const int axis_counts[] = {1, 1, 1, 2, 2, 2, 3};
 
-START_TEST(test_values) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_values) {
     const char kinds[] = "smxv";
     nb_tensor *base = nbt_randn(ctx, NB_F64, NB_SHAPE(4, 3, 2), 3);
     nb_tensor *xs[2] = {nbt_randn(ctx, NB_F64, NB_SHAPE(2, 3, 4), 1), nb_permute(ctx, base, (int[]){2, 1, 0})};
@@ -77,9 +76,7 @@ START_TEST(test_values) {
     double ev[6];
     naive(xs[0], (bool[]){false, false, true}, 'v', 0, ev);
     nbt_assert_close(nb_var(ctx, xs[0], 1, (int[]){2}, 0, false), ev, 1e-12, 1e-12);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 static char g_kind;
 static int g_set;
@@ -92,8 +89,7 @@ static nb_tensor *reduce_fn(nb_ctx *ctx, nb_tensor *const *in, void *u) {
 /* The gradient of a broadcast input: summed over the broadcast dims; a
  * gradient that only has extra leading dims of size 1 is viewed, not
  * copied (a batch-of-one product's weight gradient). */
-START_TEST(test_sum_to) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_sum_to) {
     nb_tensor *g = nb_arange(ctx, NB_F32, 0, 24, 1);
     nb_tensor *g3 = nb_reshape(ctx, g, NB_SHAPE(1, 4, 6));
     nb_tensor *v = nb__sum_to(ctx, g3, 2, (int64_t[]){4, 6});
@@ -107,12 +103,9 @@ START_TEST(test_sum_to) {
     ck_assert_float_eq(nb_get(s, (int64_t[]){1, 2}), 8 + 32);
     nb_tensor *r = nb__sum_to(ctx, nb_reshape(ctx, g, NB_SHAPE(4, 6)), 2, (int64_t[]){1, 6});
     ck_assert_float_eq(nb_get(r, (int64_t[]){0, 1}), 1 + 7 + 13 + 19);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_gradcheck) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_gradcheck) {
     const char kinds[] = "smxv";
     for (int ki = 0; ki < 4; ki++)
         for (int s = 0; s < 7; s++) {
@@ -125,20 +118,15 @@ START_TEST(test_gradcheck) {
             r = nb_gradcheck(reduce_fn, (void *)1, 1, &xt, 0, 0, 0);
             ck_assert_msg(r.ok, "%c strided axes set %d: %s", kinds[ki], s, r.message);
         }
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_max_ties_gradient_to_first) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_max_ties_gradient_to_first) {
     nb_tensor *x = nb_from_host(ctx, NB_F64, NB_SHAPE(2, 3), (double[]){1, 5, 5, 2, 2, -1});
     nb_set_requires_grad(x, true);
     nb_backward(nb_sum_all(ctx, nb_max(ctx, x, 1, (int[]){1}, false)));
     double e[6] = {0, 1, 0, 1, 0, 0};
     nbt_assert_close(x->grad, e, 0, 0);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* index of the maximum of x[.., i, ..] over dim d of a (2, 3, 4) tensor at
  * the other coordinates in `at`, by a plain scan: strict > keeps the first
@@ -180,8 +168,7 @@ static void check_argmax(nb_ctx *ctx, nb_tensor *x, const char *what) {
         }
 }
 
-START_TEST(test_argmax) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_argmax) {
     /* distinct values, f64 and f32, contiguous and a permuted view */
     nb_tensor *x = nbt_randn(ctx, NB_F64, NB_SHAPE(2, 3, 4), 5);
     check_argmax(ctx, x, "randn f64");
@@ -226,12 +213,9 @@ START_TEST(test_argmax) {
     nb_tensor *e = nb_argmax(ctx, nb_zeros(ctx, NB_F32, NB_SHAPE(0, 3)), 1, false);
     ck_assert_int_eq(e->ndim, 1);
     ck_assert_int_eq(e->shape[0], 0);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_count_correct) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_count_correct) {
     /* rows: argmax 1, tie -> 0, NaN -> 2, argmax 2 */
     nb_tensor *logits = nb_from_host(ctx, NB_F32, NB_SHAPE(4, 3),
                                      (float[]){0, 2, 1, 3, 3, 0, 1, 9, NAN, -1, -2, 0});
@@ -247,12 +231,9 @@ START_TEST(test_count_correct) {
                      "nb_count_correct: targets must have shape (4,) for logits of shape (4, 3), got shape (3,)");
     NBT_EXPECT_ABORT(nb_count_correct(ctx, logits, nb_zeros(ctx, NB_F32, NB_SHAPE(4))),
                      "nb_count_correct: targets must be i32 or i64 class indices, got f32");
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_errors) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_errors) {
     nb_tensor *x = nb_zeros(ctx, NB_F32, NB_SHAPE(2, 3));
     NBT_EXPECT_ABORT(nb_sum(ctx, x, 1, (int[]){2}, false), "nb_sum: dimension 2 out of range for a 2-d tensor");
     NBT_EXPECT_ABORT(nb_mean(ctx, x, 2, (int[]){1, -1}, false), "axis -1 given twice");
@@ -264,9 +245,7 @@ START_TEST(test_errors) {
     NBT_EXPECT_ABORT(nb_argmax(ctx, nb_zeros(ctx, NB_F32, NB_SHAPE(0, 0)), -1, false),
                      "nb_argmax: dimension -1 of (0, 0) is empty");
     NBT_EXPECT_ABORT(nb_argmax(ctx, nb_zeros(ctx, NB_I64, NB_SHAPE(2)), 0, false), "nb_argmax: dtype i64");
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 int main(void) {
     const TTest *tests[] = {test_values, test_sum_to, test_gradcheck, test_max_ties_gradient_to_first,

@@ -44,8 +44,7 @@ static void check_against_ref(nb_tensor *x, int axis, bool take_log) {
     nbt_assert_close(y, e, f32 ? 1e-6 : 1e-14, f32 ? 1e-5 : 1e-12);
 }
 
-START_TEST(test_values_axes) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_values_axes) {
     static const int64_t shapes[][3] = {{3, 5, 1}, {2, 3, 4}, {2, 3, 70}};
     static const int ndims[] = {2, 3, 3};
     for (int si = 0; si < 3; si++) {
@@ -59,12 +58,9 @@ START_TEST(test_values_axes) {
             }
         }
     }
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_rows_sum_to_one) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_rows_sum_to_one) {
     nb_tensor *x = nbt_randn(ctx, NB_F32, NB_SHAPE(4, 6, 5), 7);
     nb_tensor *y = nb_softmax(ctx, x, 1);
     double v[120];
@@ -82,12 +78,9 @@ START_TEST(test_rows_sum_to_one) {
     /* exp(log_softmax) is softmax */
     nb_tensor *ly = nb_exp(ctx, nb_log_softmax(ctx, x, 1));
     nbt_assert_tensors_close(ly, y, 1e-6, 1e-5);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_non_contiguous) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_non_contiguous) {
     nb_tensor *base = nbt_randn(ctx, NB_F64, NB_SHAPE(5, 4, 3), 11);
     nb_tensor *xt = nb_transpose(ctx, base, 0, 2);             /* (3, 4, 5) */
     nb_tensor *xs = nb_slice(ctx, base, 1, 0, 4, 2);            /* (5, 2, 3) */
@@ -98,12 +91,9 @@ START_TEST(test_non_contiguous) {
         check_against_ref(xs, axis, false);
         check_against_ref(xs, axis, true);
     }
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_large_logits) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_large_logits) {
     float xv[6] = {1000.0f, 1001.0f, 1002.0f, -1000.0f, -1001.0f, -3000.0f};
     nb_tensor *x = nb_from_host(ctx, NB_F32, NB_SHAPE(2, 3), xv);
     /* closed forms: softmax(0, 1, 2) and softmax(0, -1, -2000) */
@@ -116,16 +106,13 @@ START_TEST(test_large_logits) {
     nb_tensor *xt = nb_transpose(ctx, x, 0, 1);
     double et[6] = {e[0], e[3], e[1], e[4], e[2], e[5]};
     nbt_assert_close(nb_softmax(ctx, nb_contiguous(ctx, xt), 0), et, 1e-7, 1e-6);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* Rows of 11 (a block of 8 lanes and a tail) with non-finite entries: a
  * NaN or a +inf makes the whole row NaN, a -inf entry is exactly 0 (and
  * -inf in log-softmax) while the others are the softmax of the finite
  * ones; f32 and f64. */
-START_TEST(test_nonfinite_rows) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_nonfinite_rows) {
     double v[33];
     for (int i = 0; i < 33; i++) v[i] = 0.25 * (i % 11) - 1.0;
     v[4] = NAN;           /* row 0 */
@@ -155,9 +142,7 @@ START_TEST(test_nonfinite_rows) {
                           nb_dtype_name(dt), j, ly[22 + j], x_j - log(z));
         }
     }
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 typedef struct sm_case {
     int axis;
@@ -172,8 +157,7 @@ static nb_tensor *sm_fn(nb_ctx *ctx, nb_tensor *const *in, void *user) {
     return c->take_log ? nb_log_softmax(ctx, x, c->axis) : nb_softmax(ctx, x, c->axis);
 }
 
-START_TEST(test_gradcheck) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_gradcheck) {
     static const int64_t shapes[][3] = {{3, 4, 0}, {2, 3, 4}};
     static const int ndims[] = {2, 3};
     for (int si = 0; si < 2; si++)
@@ -185,13 +169,10 @@ START_TEST(test_gradcheck) {
                                                   (uint64_t)(200 + si * 10 + axis));
                     NBT_GRADCHECK(sm_fn, &c, 1, &x);
                 }
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* The analytic gradient equals the closed form for a one-hot seed. */
-START_TEST(test_backward_closed_form) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_backward_closed_form) {
     nb_tensor *x = nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(1, 4), 3);
     nb_tensor *y = nb_softmax(ctx, x, 1);
     double yv[4];
@@ -200,13 +181,10 @@ START_TEST(test_backward_closed_form) {
     double e[4];
     for (int j = 0; j < 4; j++) e[j] = yv[2] * ((j == 2) - yv[j]);
     nbt_assert_close(x->grad, e, 1e-14, 1e-12);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* The f32 backward kernels agree with the f64 ones. */
-START_TEST(test_f32_backward) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_f32_backward) {
     for (int axis = 0; axis < 3; axis++)
         for (int lg = 0; lg < 2; lg++) {
             nb_tensor *x64, *x32;
@@ -216,21 +194,16 @@ START_TEST(test_f32_backward) {
             nb_backward(nbt_weighted_sum(ctx, f(ctx, x32, axis)));
             nbt_assert_tensors_close(x32->grad, x64->grad, 1e-5, 1e-4);
         }
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_errors) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_errors) {
     nb_tensor *x = nb_zeros(ctx, NB_F32, NB_SHAPE(2, 3));
     NBT_EXPECT_ABORT(nb_softmax(ctx, x, 2), "nb_softmax: dimension 2 out of range");
     NBT_EXPECT_ABORT(nb_log_softmax(ctx, x, -3), "nb_log_softmax: dimension -3 out of range");
     nb_tensor *xi = nb_zeros(ctx, NB_I32, NB_SHAPE(2, 3));
     NBT_EXPECT_ABORT(nb_softmax(ctx, xi, 1), "nb_softmax: dtype i32");
     NBT_EXPECT_ABORT(nb_log_softmax(ctx, xi, 1), "nb_log_softmax: dtype i32");
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* ---- causal softmax ---- */
 
@@ -265,8 +238,7 @@ static void assert_upper_zero(const nb_tensor *y) {
         if (e % s > (e / s) % t) ck_assert_msg(v[e] == 0, "element %lld is %g, not 0", (long long)e, v[e]);
 }
 
-START_TEST(test_causal_values) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_causal_values) {
     /* square, wider and taller than square, rows longer than the kernel's
      * 8 lanes with tails, a single element */
     static const int64_t shapes[][4] = {{5, 5}, {3, 7}, {7, 3}, {2, 1, 19, 21}, {1, 1}};
@@ -289,12 +261,9 @@ START_TEST(test_causal_values) {
                 nb_tensor *c = composed_causal(ctx, x, scales[sc]);
                 nbt_assert_tensors_close(y, c, dti ? 1e-6 : 1e-14, dti ? 1e-5 : 1e-12);
             }
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_causal_non_contiguous_and_extremes) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_causal_non_contiguous_and_extremes) {
     static double xv[MAXN], e[MAXN];
     /* a transposed view: made contiguous first */
     nb_tensor *x = nbt_randn(ctx, NB_F32, NB_SHAPE(3, 10, 10), 7);
@@ -315,9 +284,7 @@ START_TEST(test_causal_non_contiguous_and_extremes) {
         nbt_assert_close(y, ev, 1e-6, 1e-6);
         assert_upper_zero(y);
     }
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 typedef struct causal_case {
     double scale;
@@ -331,8 +298,7 @@ static nb_tensor *causal_fn(nb_ctx *ctx, nb_tensor *const *in, void *user) {
     return nb_softmax_causal(ctx, x, c->scale);
 }
 
-START_TEST(test_causal_gradcheck) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_causal_gradcheck) {
     static const int64_t shapes[][3] = {{4, 4, 0}, {3, 6, 0}, {6, 3, 0}, {2, 3, 5}};
     static const int ndims[] = {2, 2, 2, 3};
     for (int si = 0; si < 4; si++)
@@ -341,14 +307,11 @@ START_TEST(test_causal_gradcheck) {
             nb_tensor *x = nbt_randn_leaf(ctx, NB_F64, ndims[si], shapes[si], (uint64_t)(600 + si));
             NBT_GRADCHECK(causal_fn, &c, 1, &x);
         }
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* The f32 backward kernel (lanes and tails) agrees with the f64 one and
  * with the composed path; nothing flows to the masked scores. */
-START_TEST(test_causal_f32_backward) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_causal_f32_backward) {
     nb_tensor *x64, *x32;
     nbt_twin_leaves(ctx, NB_SHAPE(1, 2, 19, 21), 700, &x64, &x32);
     nb_backward(nbt_weighted_sum(ctx, nb_softmax_causal(ctx, x64, 0.3)));
@@ -359,12 +322,9 @@ START_TEST(test_causal_f32_backward) {
     nbt_twin_leaves(ctx, NB_SHAPE(1, 2, 19, 21), 700, &c64, &c32);
     nb_backward(nbt_weighted_sum(ctx, composed_causal(ctx, c64, 0.3)));
     nbt_assert_tensors_close(x64->grad, c64->grad, 1e-13, 1e-11);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_causal_errors) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_causal_errors) {
     nb_tensor *x = nb_zeros(ctx, NB_F32, NB_SHAPE(3, 3));
     NBT_EXPECT_ABORT(nb_softmax_causal(ctx, nb_zeros(ctx, NB_F32, NB_SHAPE(3)), 1.0),
                      "nb_softmax_causal: input (3,) needs at least 2 dims");
@@ -372,9 +332,7 @@ START_TEST(test_causal_errors) {
     NBT_EXPECT_ABORT(nb_softmax_causal(ctx, x, NAN), "must be finite");
     NBT_EXPECT_ABORT(nb_softmax_causal(ctx, nb_zeros(ctx, NB_I64, NB_SHAPE(3, 3)), 1.0),
                      "nb_softmax_causal: dtype i64");
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 static Suite *suite(void) {
     const TTest *tests[] = {test_values_axes, test_rows_sum_to_one, test_non_contiguous, test_large_logits,

@@ -63,8 +63,7 @@ START_TEST(test_ctx_growth_within_what_is_left) {
 }
 END_TEST
 
-START_TEST(test_creation) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_creation) {
     nb_tensor *z = nb_zeros(ctx, NB_F64, NB_SHAPE(2, 3));
     nb_tensor *o = nb_ones(ctx, NB_I32, NB_SHAPE(4));
     nb_tensor *f = nb_full(ctx, NB_F32, NB_SHAPE(2, 2), 2.5);
@@ -92,15 +91,12 @@ START_TEST(test_creation) {
     nb_tensor *s = nb_scalar(ctx, NB_F64, 7);
     ck_assert_int_eq(s->ndim, 0);
     ck_assert_double_eq(nb_item(s), 7);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* Note [Creation sizes] in tensor/tensor.c: a shape whose element count or
  * byte size overflows is refused, naming the function and the shape, before
  * anything is allocated or written. */
-START_TEST(test_creation_size_overflow) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_creation_size_overflow) {
     int64_t half = INT64_MAX / 2;
     NBT_EXPECT_ABORT(nb_zeros(ctx, NB_F32, NB_SHAPE(half, 4)),
                      "nb_zeros: shape (4611686018427387903, 4) has more than INT64_MAX elements");
@@ -123,9 +119,7 @@ START_TEST(test_creation_size_overflow) {
                      "nb_expand: shape (2305843009213693953, 8) has more than INT64_MAX elements");
     /* a zero anywhere makes an empty tensor, however large the other sizes */
     ck_assert_int_eq(nb_numel(nb_zeros(ctx, NB_F32, NB_SHAPE(INT64_MAX, 0, 8, INT64_MAX))), 0);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 START_TEST(test_half_conversions) {
     /* closed forms: exactly representable values round-trip, halfway cases round to even */
@@ -151,8 +145,7 @@ START_TEST(test_half_conversions) {
 }
 END_TEST
 
-START_TEST(test_casts) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_casts) {
     nb_tensor *x = nb_from_host(ctx, NB_F64, NB_SHAPE(4), (double[]){1.5, -2.25, 3.0, 1e-3});
     nb_tensor *b = nb_cast(ctx, x, NB_BF16);
     nb_tensor *h = nb_cast(ctx, x, NB_F16);
@@ -165,12 +158,9 @@ START_TEST(test_casts) {
     double ei[4] = {1, -2, 3, 0};
     nbt_assert_close(i, ei, 0, 0);
     NBT_EXPECT_ABORT(nb_add(ctx, b, b), "storage type");
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_views_share_storage) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_views_share_storage) {
     nb_tensor *x = nb_arange(ctx, NB_F64, 0, 24, 1);
     nb_tensor *m = nb_reshape(ctx, x, NB_SHAPE(2, 3, 4));
     ck_assert_ptr_eq(m->data, x->data);
@@ -209,12 +199,9 @@ START_TEST(test_views_share_storage) {
     ck_assert_int_eq(nb_squeeze(ctx, u, 0)->ndim, 2);
     nb_tensor *fl = nb_flatten(ctx, m, 1, 2);
     ck_assert_int_eq(fl->shape[1], 12);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_view_errors) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_view_errors) {
     nb_tensor *x = nb_zeros(ctx, NB_F32, NB_SHAPE(2, 3));
     NBT_EXPECT_ABORT(nb_reshape(ctx, x, NB_SHAPE(4, 2)), "cannot reshape (2, 3)");
     NBT_EXPECT_ABORT(nb_narrow(ctx, x, 1, 2, 2), "out of bounds");
@@ -222,12 +209,9 @@ START_TEST(test_view_errors) {
     NBT_EXPECT_ABORT(nb_expand(ctx, x, NB_SHAPE(2, 4)), "cannot expand (2, 3) to (2, 4)");
     NBT_EXPECT_ABORT(nb_get(x, (int64_t[]){0, 3}), "index 3 out of range");
     NBT_EXPECT_ABORT(nb_zeros(ctx, NB_F32, NB_SHAPE(1, 1, 1, 1, 1, 1, 1)), "at most 6");
-    nb_ctx_free(ctx);
 }
-END_TEST
 
-START_TEST(test_random_streams) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_random_streams) {
     nb_rng rng = nb_rng_make(42);
     nb_tensor *u = nb_rand_uniform(ctx, NB_F64, NB_SHAPE(10), -1, 1, &rng);
     ck_assert_uint_eq(rng.offset, 3); /* ceil(10 / 4) */
@@ -253,9 +237,7 @@ START_TEST(test_random_streams) {
     nb_tensor *ub = nb_rand_uniform(ctx, NB_F64, NB_SHAPE(200000), 0, 1, &rng);
     ck_assert_double_eq_tol(nb_item(nb_mean_all(ctx, ub)), 0.5, 0.005);
     ck_assert_double_eq_tol(nb_item(nb_max(ctx, ub, 0, NULL, false)), 1.0, 1e-3);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 START_TEST(test_philox_known_answer) {
     /* Published Philox-4x32-10 known-answer vector (Random123 kat_vectors):
@@ -269,8 +251,7 @@ START_TEST(test_philox_known_answer) {
 }
 END_TEST
 
-START_TEST(test_print) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_print) {
     char *buf = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
@@ -286,9 +267,7 @@ START_TEST(test_print) {
     ck_assert_str_eq(buf, "tensor([   0,    1,    2, ..., 1997, 1998, 1999], dtype=i64, shape=(2000,))\n");
     fclose(f);
     free(buf);
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* The device-facing API on a machine (or build) without a GPU: the
  * queries agree with each other, a CUDA context is refused with a message
@@ -630,16 +609,13 @@ END_TEST
 
 /* A NULL tensor (made by a call whose failure was ignored) is named, never
  * dereferenced. */
-START_TEST(test_null_tensor) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_null_tensor) {
     nb_tensor *x = nb_ones(ctx, NB_F32, NB_SHAPE(2));
     NBT_EXPECT_ABORT(nb_add(ctx, x, NULL), "nb_add: a tensor argument is NULL");
     NBT_EXPECT_ABORT(nb_relu(ctx, NULL), "nb_relu: a tensor argument is NULL");
     NBT_EXPECT_ABORT(nb_item(NULL), "nb_item: a tensor argument is NULL");
     NBT_EXPECT_ABORT(nb_backward(NULL), "nb_backward: a tensor argument is NULL");
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 int main(void) {
     const TTest *tests[] = {test_ctx_reset_and_peak, test_ctx_growth_within_what_is_left, test_creation,

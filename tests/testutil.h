@@ -48,6 +48,21 @@ extern char nbt_abort_msg[1024];
         ck_assert_msg(nbt_r_.ok, "%s", nbt_r_.message);                                   \
     } while (0)
 
+/* A Check test whose body gets a fresh CPU context `ctx`, freed after it:
+ *     NBT_CPU_TEST(test_x) { ... ctx ... }
+ * stands for START_TEST(test_x) { nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+ * ... nb_ctx_free(ctx); } END_TEST (a failed assertion ends the test, as
+ * in any other). */
+#define NBT_CPU_TEST(name)                                                                \
+    static void name##_body(nb_ctx *ctx);                                                 \
+    START_TEST(name) {                                                                    \
+        nb_ctx *nbt_ctx_ = nb_ctx_new(nb_cpu(), 0);                                       \
+        name##_body(nbt_ctx_);                                                            \
+        nb_ctx_free(nbt_ctx_);                                                            \
+    }                                                                                     \
+    END_TEST                                                                              \
+    static void name##_body(nb_ctx *ctx)
+
 /* Runs the statement after it twice: `dt` NB_F64 with `k` 0, then NB_F32 with
  * `k` 1 (a test's f64 pass and its f32 pass, `k ? f32_tol : f64_tol`). A
  * `break` in the statement ends only the current pass. */
