@@ -123,6 +123,46 @@ static inline nb_optim *adamw_for(nb_module *m) {
     return o;
 }
 
+/* A DDP test's handles: two copies of one model (m, under test, and ref,
+ * its reference, built alike in pctx), a step context, and the wrappers
+ * and optimizers the test makes for them (NULL until it does).
+ * ddp_pair_free frees all of them. */
+typedef struct ddp_pair {
+    nb_ctx *pctx, *step;
+    nb_module *m, *ref;
+    nb_ddp *ddp, *rddp;
+    nb_optim *opt, *ropt;
+} ddp_pair;
+
+/* The contexts and the two copies of what `make` builds. */
+static inline ddp_pair ddp_pair_new(nb_module *(*make)(nb_ctx *)) {
+    ddp_pair p = {.pctx = nb_ctx_new(nb_cpu(), 0), .step = nb_ctx_new(nb_cpu(), 0)};
+    p.m = make(p.pctx);
+    p.ref = make(p.pctx);
+    return p;
+}
+
+/* ddp_pair_new(deep_mlp), m wrapped by `wrap` (and ref too when
+ * `wrap_ref`), each copy given its optimizer by optim(copy, arg). */
+static inline ddp_pair ddp_pair_wrapped(nb_ddp *(*wrap)(nb_module *), nb_optim *(*optim)(nb_module *, int),
+                                        int arg, bool wrap_ref) {
+    ddp_pair p = ddp_pair_new(deep_mlp);
+    p.ddp = wrap(p.m);
+    if (wrap_ref) p.rddp = wrap(p.ref);
+    p.opt = optim(p.m, arg);
+    p.ropt = optim(p.ref, arg);
+    return p;
+}
+
+static inline void ddp_pair_free(ddp_pair *p) {
+    nb_ddp_free(p->ddp);
+    nb_ddp_free(p->rddp);
+    nb_optim_free(p->opt);
+    nb_optim_free(p->ropt);
+    nb_ctx_free(p->step);
+    nb_ctx_free(p->pctx);
+}
+
 /* ---- comparisons ---- */
 
 /* Every tensor of m's state equals rank 0's, bit for bit. */

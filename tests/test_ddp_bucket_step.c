@@ -21,7 +21,7 @@ static nb_ddp *wrap(nb_module *m) {
     return ddp_wrap(m, &o, 2);
 }
 
-static nb_optim *optim_for(nb_module *m, nb_optim_kind kind) {
+static nb_optim *optim_for(nb_module *m, int kind) {
     int n = nb_module_named_parameters(m, NULL, 0);
     nb_named_tensor *p = malloc(sizeof *p * (size_t)n);
     nb_module_named_parameters(m, p, n);
@@ -30,7 +30,7 @@ static nb_optim *optim_for(nb_module *m, nb_optim_kind kind) {
         h.momentum = 0.9;
         h.weight_decay = 1e-3;
     }
-    nb_optim *o = nb_optim_new(kind, p, n, &h);
+    nb_optim *o = nb_optim_new((nb_optim_kind)kind, p, n, &h);
     free(p);
     return o;
 }
@@ -45,43 +45,35 @@ static void assert_same(nb_module *a, nb_module *b, nb_optim *oa, nb_optim *ob) 
  * under no_sync), per bucket on one copy and plain on the other, with a
  * learning rate changed before each step. */
 static void run_equivalence(nb_optim_kind kind, int steps, int accum) {
-    nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
-    nb_module *m = deep_mlp(pctx), *ref = deep_mlp(pctx);
-    nb_ddp *ddp = wrap(m), *rddp = wrap(ref);
-    nb_optim *opt = optim_for(m, kind), *ropt = optim_for(ref, kind);
-    ck_assert_int_eq(nb_ddp_set_optimizer(ddp, opt), NB_OK);
-    ck_assert_ptr_eq(nb_ddp_optimizer(ddp), opt);
+    ddp_pair p = ddp_pair_wrapped(wrap, optim_for, kind, true);
+    ck_assert_int_eq(nb_ddp_set_optimizer(p.ddp, p.opt), NB_OK);
+    ck_assert_ptr_eq(nb_ddp_optimizer(p.ddp), p.opt);
     for (int it = 0; it < steps; it++) {
         double lr = 0.02 / (1 + it);
-        nb_optim_set_lr_all(opt, lr);
-        nb_optim_set_lr_all(ropt, lr);
+        nb_optim_set_lr_all(p.opt, lr);
+        nb_optim_set_lr_all(p.ropt, lr);
         for (int k = 0; k < accum; k++) {
-            nb_ctx_reset(step);
+            nb_ctx_reset(p.step);
             bool last = k == accum - 1;
-            nb_ddp_set_no_sync(ddp, !last);
-            nb_ddp_set_no_sync(rddp, !last);
-            ck_assert_int_eq(nb_ddp_pre_forward(ddp), NB_OK);
-            ck_assert_int_eq(nb_ddp_backward(ddp, loss_of(step, m, it, k, false)), NB_OK);
+            nb_ddp_set_no_sync(p.ddp, !last);
+            nb_ddp_set_no_sync(p.rddp, !last);
+            ck_assert_int_eq(nb_ddp_pre_forward(p.ddp), NB_OK);
+            ck_assert_int_eq(nb_ddp_backward(p.ddp, loss_of(p.step, p.m, it, k, false)), NB_OK);
             if (!last) /* accumulating: nothing stepped yet */
-                ck_assert_int_eq(nb_optim_step_count(opt), it);
-            ck_assert_int_eq(nb_ddp_pre_forward(rddp), NB_OK);
-            ck_assert_int_eq(nb_ddp_backward(rddp, loss_of(step, ref, it, k, false)), NB_OK);
+                ck_assert_int_eq(nb_optim_step_count(p.opt), it);
+            ck_assert_int_eq(nb_ddp_pre_forward(p.rddp), NB_OK);
+            ck_assert_int_eq(nb_ddp_backward(p.rddp, loss_of(p.step, p.ref, it, k, false)), NB_OK);
         }
-        nb_optim_step(ropt);
-        ck_assert_int_eq(nb_optim_step_count(opt), it + 1);
-        assert_same(m, ref, opt, ropt);
-        nb_optim_zero_grad(opt);
-        nb_optim_zero_grad(ropt);
+        nb_optim_step(p.ropt);
+        ck_assert_int_eq(nb_optim_step_count(p.opt), it + 1);
+        assert_same(p.m, p.ref, p.opt, p.ropt);
+        nb_optim_zero_grad(p.opt);
+        nb_optim_zero_grad(p.ropt);
     }
-    assert_same_on_all_ranks(m);
+    assert_same_on_all_ranks(p.m);
     /* the parameters moved: the step was not a no-op on both sides */
-    assert_params_moved(m, deep_mlp(pctx));
-    nb_ddp_free(ddp);
-    nb_ddp_free(rddp);
-    nb_optim_free(opt);
-    nb_optim_free(ropt);
-    nb_ctx_free(step);
-    nb_ctx_free(pctx);
+    assert_params_moved(p.m, deep_mlp(p.pctx));
+    ddp_pair_free(&p);
 }
 
 START_TEST(test_adamw_equivalence) { run_equivalence(NB_OPTIM_ADAMW, 5, 1); }
@@ -95,54 +87,48 @@ END_TEST
 
 /* What cannot be combined with a per-bucket step is refused, by name. */
 START_TEST(test_refusals) {
-    nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
-    nb_module *m = deep_mlp(pctx), *other = deep_mlp(pctx);
-    nb_ddp *ddp = wrap(m);
-    nb_optim *opt = optim_for(m, NB_OPTIM_ADAMW), *foreign = optim_for(other, NB_OPTIM_ADAMW);
-    NBT_EXPECT_STATUS(nb_ddp_set_optimizer(ddp, foreign), NB_ERR_INVALID, "is not a parameter (that requires "
+    /* p.ref, unwrapped, and p.ropt: another model and its optimizer */
+    ddp_pair p = ddp_pair_wrapped(wrap, optim_for, NB_OPTIM_ADAMW, false);
+    NBT_EXPECT_STATUS(nb_ddp_set_optimizer(p.ddp, p.ropt), NB_ERR_INVALID, "is not a parameter (that requires "
                       "grad) of the wrapped model");
-    ck_assert_ptr_null(nb_ddp_optimizer(ddp)); /* nothing attached */
-    ck_assert_int_eq(nb_ddp_set_optimizer(ddp, opt), NB_OK);
-    ck_assert_int_eq(nb_ddp_pre_forward(ddp), NB_OK);
-    ck_assert_int_eq(nb_ddp_backward(ddp, loss_of(step, m, 0, 0, false)), NB_OK);
-    NBT_EXPECT_ABORT(nb_optim_step(opt), "nb_optim_step: this optimizer is stepped per bucket by a "
+    ck_assert_ptr_null(nb_ddp_optimizer(p.ddp)); /* nothing attached */
+    ck_assert_int_eq(nb_ddp_set_optimizer(p.ddp, p.opt), NB_OK);
+    ck_assert_int_eq(nb_ddp_pre_forward(p.ddp), NB_OK);
+    ck_assert_int_eq(nb_ddp_backward(p.ddp, loss_of(p.step, p.m, 0, 0, false)), NB_OK);
+    NBT_EXPECT_ABORT(nb_optim_step(p.opt), "nb_optim_step: this optimizer is stepped per bucket by a "
                                          "DDP wrapper (nb_ddp_set_optimizer): nb_ddp_backward has "
                                          "already updated the parameters");
-    NBT_EXPECT_ABORT(nb_optim_clip_grad_norm(opt, 1.0, 2.0),
+    NBT_EXPECT_ABORT(nb_optim_clip_grad_norm(p.opt, 1.0, 2.0),
                      "nb_optim_clip_grad_norm: this optimizer is stepped per bucket");
     nb_grad_scaler *gs = nb_grad_scaler_new(1024, 2, 0.5, 100);
-    NBT_EXPECT_ABORT(nb_grad_scaler_step(gs, opt), "nb_grad_scaler_step: this optimizer is stepped "
+    NBT_EXPECT_ABORT(nb_grad_scaler_step(gs, p.opt), "nb_grad_scaler_step: this optimizer is stepped "
                                                    "per bucket");
-    NBT_EXPECT_ABORT(nb_grad_scaler_unscale(gs, opt), "nb_grad_scaler_unscale: this optimizer is "
+    NBT_EXPECT_ABORT(nb_grad_scaler_unscale(gs, p.opt), "nb_grad_scaler_unscale: this optimizer is "
                                                       "stepped per bucket");
     /* a feature conflict: the same status both ways, naming both (Note [Feature conflicts]) */
-    NBT_EXPECT_STATUS(nb_ddp_join_begin(ddp, NULL), NB_ERR_INVALID, "nb_ddp_join_begin: rank");
-    NBT_EXPECT_STATUS(nb_ddp_join_begin(ddp, NULL), NB_ERR_INVALID, "join mode (nb_ddp_join_begin) cannot be "
+    NBT_EXPECT_STATUS(nb_ddp_join_begin(p.ddp, NULL), NB_ERR_INVALID, "nb_ddp_join_begin: rank");
+    NBT_EXPECT_STATUS(nb_ddp_join_begin(p.ddp, NULL), NB_ERR_INVALID, "join mode (nb_ddp_join_begin) cannot be "
                       "combined with per-bucket optimizer steps (nb_ddp_set_optimizer), which is on: a joined "
                       "rank replays");
-    nb_ddp *second = wrap(other);
-    NBT_EXPECT_STATUS(nb_ddp_set_optimizer(second, opt), NB_ERR_INVALID, "this optimizer is stepped per "
+    nb_ddp *second = wrap(p.ref);
+    NBT_EXPECT_STATUS(nb_ddp_set_optimizer(second, p.opt), NB_ERR_INVALID, "this optimizer is stepped per "
                       "bucket by a DDP wrapper (nb_ddp_set_optimizer) already; it cannot also be stepped");
     nb_ddp_free(second);
-    ck_assert_int_eq(nb_optim_step_count(opt), 1); /* the refused calls stepped nothing */
+    ck_assert_int_eq(nb_optim_step_count(p.opt), 1); /* the refused calls stepped nothing */
     /* detached, the optimizer is the user's again */
-    ck_assert_int_eq(nb_ddp_set_optimizer(ddp, NULL), NB_OK);
-    ck_assert_ptr_null(nb_ddp_optimizer(ddp));
-    nb_optim_step(opt);
-    ck_assert_int_eq(nb_optim_step_count(opt), 2);
-    ck_assert_int_eq(nb_ddp_join_begin(ddp, NULL), NB_OK);
-    NBT_EXPECT_STATUS(nb_ddp_set_optimizer(ddp, opt), NB_ERR_INVALID, "nb_ddp_set_optimizer: rank");
-    NBT_EXPECT_STATUS(nb_ddp_set_optimizer(ddp, opt), NB_ERR_INVALID, "per-bucket optimizer steps "
+    ck_assert_int_eq(nb_ddp_set_optimizer(p.ddp, NULL), NB_OK);
+    ck_assert_ptr_null(nb_ddp_optimizer(p.ddp));
+    nb_optim_step(p.opt);
+    ck_assert_int_eq(nb_optim_step_count(p.opt), 2);
+    ck_assert_int_eq(nb_ddp_join_begin(p.ddp, NULL), NB_OK);
+    NBT_EXPECT_STATUS(nb_ddp_set_optimizer(p.ddp, p.opt), NB_ERR_INVALID, "nb_ddp_set_optimizer: rank");
+    NBT_EXPECT_STATUS(nb_ddp_set_optimizer(p.ddp, p.opt), NB_ERR_INVALID, "per-bucket optimizer steps "
                       "(nb_ddp_set_optimizer) cannot be combined with join mode (nb_ddp_join_begin), which is "
                       "on: a joined rank replays");
-    ck_assert_ptr_null(nb_ddp_optimizer(ddp));
-    ck_assert_int_eq(nb_ddp_join(ddp), NB_OK);
+    ck_assert_ptr_null(nb_ddp_optimizer(p.ddp));
+    ck_assert_int_eq(nb_ddp_join(p.ddp), NB_OK);
     nb_grad_scaler_free(gs);
-    nb_ddp_free(ddp);
-    nb_optim_free(opt);
-    nb_optim_free(foreign);
-    nb_ctx_free(step);
-    nb_ctx_free(pctx);
+    ddp_pair_free(&p);
 }
 END_TEST
 

@@ -55,13 +55,13 @@ static nb_ddp *wrap(nb_module *m) {
     return ddp_wrap(m, &o, 2);
 }
 
-static nb_optim *optim_for(nb_module *m, cfg c) {
+static nb_optim *optim_for(nb_module *m, int c) {
     int n = nb_module_named_parameters(m, NULL, 0);
     nb_named_tensor *p = malloc(sizeof *p * (size_t)n), *scratch = malloc(sizeof *p * (size_t)n);
     nb_module_named_parameters(m, p, n);
     nb_optim *o = NULL;
     nb_optim_hparams h = NB_ADAMW_DEFAULTS;
-    switch (c) {
+    switch ((cfg)c) {
     case C_ADAMW: o = nb_optim_new(NB_OPTIM_ADAMW, p, n, &h); break;
     case C_ADAM_AMSGRAD:
         h = NB_ADAM_DEFAULTS;
@@ -113,61 +113,53 @@ static void assert_states(nb_ddp *ddp, nb_optim *opt, nb_optim *ref, bool exact)
  * sharded on one copy and plain DDP on the other; with clip > 0 both clip
  * to that global norm (norm_type clip_type) and the norms must agree. */
 static void run_equivalence(cfg c, int steps, int accum, double clip, double clip_type) {
-    nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
-    nb_module *m = deep_mlp(pctx), *ref = deep_mlp(pctx);
-    nb_ddp *ddp = wrap(m), *rddp = wrap(ref);
-    nb_optim *opt = optim_for(m, c), *ropt = optim_for(ref, c);
-    ck_assert_int_eq(zero_on(ddp, opt), NB_OK);
-    ck_assert_ptr_eq(nb_ddp_zero_optimizer(ddp), opt);
-    ck_assert_int_eq(nb_ddp_zero_stage(ddp), STAGE);
+    ddp_pair p = ddp_pair_wrapped(wrap, optim_for, c, true);
+    ck_assert_int_eq(zero_on(p.ddp, p.opt), NB_OK);
+    ck_assert_ptr_eq(nb_ddp_zero_optimizer(p.ddp), p.opt);
+    ck_assert_int_eq(nb_ddp_zero_stage(p.ddp), STAGE);
     bool exact = R <= 2;
     int clipped = 0;
     for (int it = 0; it < steps; it++) {
-        set_lrs(opt, it);
-        set_lrs(ropt, it);
+        set_lrs(p.opt, it);
+        set_lrs(p.ropt, it);
         for (int k = 0; k < accum; k++) {
-            nb_ctx_reset(step);
+            nb_ctx_reset(p.step);
             bool last = k == accum - 1;
-            nb_ddp_set_no_sync(ddp, !last);
-            nb_ddp_set_no_sync(rddp, !last);
-            ck_assert_int_eq(nb_ddp_backward(ddp, loss_of(step, m, it, k, false)), NB_OK);
-            ck_assert_int_eq(nb_ddp_backward(rddp, loss_of(step, ref, it, k, false)), NB_OK);
+            nb_ddp_set_no_sync(p.ddp, !last);
+            nb_ddp_set_no_sync(p.rddp, !last);
+            ck_assert_int_eq(nb_ddp_backward(p.ddp, loss_of(p.step, p.m, it, k, false)), NB_OK);
+            ck_assert_int_eq(nb_ddp_backward(p.rddp, loss_of(p.step, p.ref, it, k, false)), NB_OK);
         }
-        assert_grads_held(m);
+        assert_grads_held(p.m);
         if (R > 1) { /* the reduce-scatters start during backward, as the all-reduces do */
-            nb_ddp_step_stats st = nb_ddp_last_stats(ddp);
-            ck_assert_int_eq(st.n_buckets, nb_ddp_num_buckets(ddp));
+            nb_ddp_step_stats st = nb_ddp_last_stats(p.ddp);
+            ck_assert_int_eq(st.n_buckets, nb_ddp_num_buckets(p.ddp));
             ck_assert_int_ge(st.launched_before_end, 1);
         }
         if (clip > 0) {
             double norm = 0, rnorm = 0;
-            ck_assert_int_eq(nb_ddp_clip_grad_norm(ddp, clip, clip_type, &norm), NB_OK);
-            ck_assert_int_eq(nb_ddp_clip_grad_norm(rddp, clip, clip_type, &rnorm), NB_OK);
+            ck_assert_int_eq(nb_ddp_clip_grad_norm(p.ddp, clip, clip_type, &norm), NB_OK);
+            ck_assert_int_eq(nb_ddp_clip_grad_norm(p.rddp, clip, clip_type, &rnorm), NB_OK);
             /* the reference norm, independently: nb_clip_grad_norm is what plain DDP users call */
             ck_assert_msg(fabs(norm - rnorm) <= 1e-12 * rnorm, "rank %d: norm %.17g vs %.17g", me,
                           norm, rnorm);
             clipped += rnorm > clip;
         }
-        ck_assert_int_eq(nb_ddp_step(ddp), NB_OK);
-        nb_optim_step(ropt);
-        ck_assert_int_eq(nb_optim_step_count(opt), it + 1);
-        assert_models(m, ref, exact && clip == 0);
-        assert_states(ddp, opt, ropt, exact && clip == 0);
-        nb_optim_zero_grad(opt);
-        nb_optim_zero_grad(ropt);
+        ck_assert_int_eq(nb_ddp_step(p.ddp), NB_OK);
+        nb_optim_step(p.ropt);
+        ck_assert_int_eq(nb_optim_step_count(p.opt), it + 1);
+        assert_models(p.m, p.ref, exact && clip == 0);
+        assert_states(p.ddp, p.opt, p.ropt, exact && clip == 0);
+        nb_optim_zero_grad(p.opt);
+        nb_optim_zero_grad(p.ropt);
     }
     if (clip > 0) ck_assert_int_gt(clipped, 0); /* the clipping did something */
-    assert_same_on_all_ranks(m);
+    assert_same_on_all_ranks(p.m);
     /* the parameters moved */
-    assert_params_moved(m, deep_mlp(pctx));
-    ck_assert_int_eq(nb_ddp_set_zero(ddp, NULL), NB_OK);
-    ck_assert_ptr_null(nb_ddp_zero_optimizer(ddp));
-    nb_ddp_free(ddp);
-    nb_ddp_free(rddp);
-    nb_optim_free(opt);
-    nb_optim_free(ropt);
-    nb_ctx_free(step);
-    nb_ctx_free(pctx);
+    assert_params_moved(p.m, deep_mlp(p.pctx));
+    ck_assert_int_eq(nb_ddp_set_zero(p.ddp, NULL), NB_OK);
+    ck_assert_ptr_null(nb_ddp_zero_optimizer(p.ddp));
+    ddp_pair_free(&p);
 }
 
 START_TEST(test_adamw) { run_equivalence(C_ADAMW, 5, 1, 0, 2); }
@@ -470,162 +462,148 @@ END_TEST
  * that rebuilds the buckets), the others step; scales, parameters and
  * state as the reference's after every step. */
 START_TEST(test_scaler) {
-    nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
-    nb_module *m = deep_mlp(pctx), *ref = deep_mlp(pctx);
-    nb_ddp *ddp = wrap(m), *rddp = wrap(ref);
-    nb_optim *opt = optim_for(m, C_ADAMW), *ropt = optim_for(ref, C_ADAMW);
-    ck_assert_int_eq(zero_on(ddp, opt), NB_OK);
+    ddp_pair p = ddp_pair_wrapped(wrap, optim_for, C_ADAMW, true);
+    ck_assert_int_eq(zero_on(p.ddp, p.opt), NB_OK);
     nb_grad_scaler *gs = nb_grad_scaler_new(1e10, 2, 0.5, 2), *rgs = nb_grad_scaler_new(1e10, 2, 0.5, 2);
-    nb_named_tensor p[16], rp[16];
-    int n = nb_module_named_parameters(m, p, 16);
-    ck_assert_int_eq(nb_module_named_parameters(ref, rp, 16), n);
-    ck_assert_int_eq(nb_numel(p[n - 1].tensor), N_CLASSES); /* the last layer's bias */
+    nb_named_tensor np[16], rnp[16];
+    int n = nb_module_named_parameters(p.m, np, 16);
+    ck_assert_int_eq(nb_module_named_parameters(p.ref, rnp, 16), n);
+    ck_assert_int_eq(nb_numel(np[n - 1].tensor), N_CLASSES); /* the last layer's bias */
     bool exact = R <= 2;
     int skipped = 0;
     for (int it = 0; it < 6; it++) {
-        set_lrs(opt, it);
-        set_lrs(ropt, it);
-        nb_ctx_reset(step);
+        set_lrs(p.opt, it);
+        set_lrs(p.ropt, it);
+        nb_ctx_reset(p.step);
         bool poison = it == 0 || it == 3;
-        nb_tensor *l = loss_of(step, m, it, 0, false), *rl = loss_of(step, ref, it, 0, false);
+        nb_tensor *l = loss_of(p.step, p.m, it, 0, false), *rl = loss_of(p.step, p.ref, it, 0, false);
         if (poison && me == R - 1) {
-            l = nb_add(step, l, nb_mul_scalar(step, nb_sum(step, p[n - 1].tensor, 0, NULL, false), 1e300));
-            rl = nb_add(step, rl, nb_mul_scalar(step, nb_sum(step, rp[n - 1].tensor, 0, NULL, false), 1e300));
+            l = nb_add(p.step, l, nb_mul_scalar(p.step, nb_sum(p.step, np[n - 1].tensor, 0, NULL, false), 1e300));
+            rl = nb_add(p.step, rl, nb_mul_scalar(p.step, nb_sum(p.step, rnp[n - 1].tensor, 0, NULL, false), 1e300));
         }
-        ck_assert_int_eq(nb_ddp_backward(ddp, nb_grad_scaler_scale(gs, step, l)), NB_OK);
-        ck_assert_int_eq(nb_ddp_backward(rddp, nb_grad_scaler_scale(rgs, step, rl)), NB_OK);
+        ck_assert_int_eq(nb_ddp_backward(p.ddp, nb_grad_scaler_scale(gs, p.step, l)), NB_OK);
+        ck_assert_int_eq(nb_ddp_backward(p.rddp, nb_grad_scaler_scale(rgs, p.step, rl)), NB_OK);
         if (it == 4) { /* unscaled first (as before clipping), then stepped */
-            ck_assert_int_eq(nb_ddp_scaler_unscale(ddp, gs), NB_OK);
-            nb_grad_scaler_unscale(rgs, ropt);
-            NBT_EXPECT_ABORT(nb_ddp_scaler_unscale(ddp, gs), "nb_ddp_scaler_unscale: the gradients "
+            ck_assert_int_eq(nb_ddp_scaler_unscale(p.ddp, gs), NB_OK);
+            nb_grad_scaler_unscale(rgs, p.ropt);
+            NBT_EXPECT_ABORT(nb_ddp_scaler_unscale(p.ddp, gs), "nb_ddp_scaler_unscale: the gradients "
                                                              "were already unscaled");
         }
         bool stepped = !poison;
-        ck_assert_int_eq(nb_ddp_scaler_step(ddp, gs, &stepped), NB_OK);
-        bool rstepped = nb_grad_scaler_step(rgs, ropt);
+        ck_assert_int_eq(nb_ddp_scaler_step(p.ddp, gs, &stepped), NB_OK);
+        bool rstepped = nb_grad_scaler_step(rgs, p.ropt);
         ck_assert_msg(rstepped == !poison, "rank %d, step %d: the reference %s", me, it,
                       rstepped ? "stepped" : "skipped");
         ck_assert_msg(stepped == rstepped, "rank %d, step %d: ZeRO-1 %s, plain DDP %s", me, it,
                       stepped ? "stepped" : "skipped", rstepped ? "stepped" : "skipped");
         skipped += !stepped;
-        NBT_EXPECT_ABORT(nb_ddp_scaler_step(ddp, gs, &stepped), "called twice without "
+        NBT_EXPECT_ABORT(nb_ddp_scaler_step(p.ddp, gs, &stepped), "called twice without "
                                                                "nb_grad_scaler_update");
         nb_grad_scaler_update(gs);
         nb_grad_scaler_update(rgs);
         ck_assert(nb_grad_scaler_get_scale(gs) == nb_grad_scaler_get_scale(rgs));
-        ck_assert_int_eq(nb_optim_step_count(opt), nb_optim_step_count(ropt));
-        assert_models(m, ref, exact);
-        assert_states(ddp, opt, ropt, exact);
-        nb_optim_zero_grad(opt);
-        nb_optim_zero_grad(ropt);
+        ck_assert_int_eq(nb_optim_step_count(p.opt), nb_optim_step_count(p.ropt));
+        assert_models(p.m, p.ref, exact);
+        assert_states(p.ddp, p.opt, p.ropt, exact);
+        nb_optim_zero_grad(p.opt);
+        nb_optim_zero_grad(p.ropt);
     }
     ck_assert_int_eq(skipped, 2);
-    ck_assert_int_eq(nb_optim_step_count(opt), 4);
-    if (R > 1) ck_assert(nb_ddp_buckets_rebuilt(ddp));
-    assert_same_on_all_ranks(m);
-    NBT_EXPECT_ABORT(nb_ddp_scaler_step(ddp, gs, &(bool){0}), "no synchronised nb_ddp_backward "
+    ck_assert_int_eq(nb_optim_step_count(p.opt), 4);
+    if (R > 1) ck_assert(nb_ddp_buckets_rebuilt(p.ddp));
+    assert_same_on_all_ranks(p.m);
+    NBT_EXPECT_ABORT(nb_ddp_scaler_step(p.ddp, gs, &(bool){0}), "no synchronised nb_ddp_backward "
                                                              "since the last step");
-    ck_assert_int_eq(nb_ddp_set_zero(ddp, NULL), NB_OK);
-    NBT_EXPECT_ABORT(nb_ddp_scaler_unscale(ddp, gs), "nb_ddp_scaler_unscale: rank");
-    NBT_EXPECT_ABORT(nb_ddp_scaler_unscale(ddp, gs), "ZeRO-1 is off");
+    ck_assert_int_eq(nb_ddp_set_zero(p.ddp, NULL), NB_OK);
+    NBT_EXPECT_ABORT(nb_ddp_scaler_unscale(p.ddp, gs), "nb_ddp_scaler_unscale: rank");
+    NBT_EXPECT_ABORT(nb_ddp_scaler_unscale(p.ddp, gs), "ZeRO-1 is off");
     nb_grad_scaler_free(gs);
     nb_grad_scaler_free(rgs);
-    nb_ddp_free(ddp);
-    nb_ddp_free(rddp);
-    nb_optim_free(opt);
-    nb_optim_free(ropt);
-    nb_ctx_free(step);
-    nb_ctx_free(pctx);
+    ddp_pair_free(&p);
 }
 END_TEST
 
 /* What ZeRO-1 does not combine with is refused, by name. */
 START_TEST(test_refusals) {
-    nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
-    nb_module *m = deep_mlp(pctx), *other = deep_mlp(pctx);
-    nb_ddp *ddp = wrap(m);
-    nb_optim *opt = optim_for(m, C_ADAMW), *foreign = optim_for(other, C_ADAMW);
-    NBT_EXPECT_STATUS(nb_ddp_set_zero(ddp, foreign), NB_ERR_INVALID, "nb_ddp_set_zero: rank");
-    NBT_EXPECT_STATUS(nb_ddp_set_zero(ddp, foreign), NB_ERR_INVALID, "is not a parameter (that requires grad) "
+    /* p.ref, unwrapped, and p.ropt: another model and its optimizer */
+    ddp_pair p = ddp_pair_wrapped(wrap, optim_for, C_ADAMW, false);
+    NBT_EXPECT_STATUS(nb_ddp_set_zero(p.ddp, p.ropt), NB_ERR_INVALID, "nb_ddp_set_zero: rank");
+    NBT_EXPECT_STATUS(nb_ddp_set_zero(p.ddp, p.ropt), NB_ERR_INVALID, "is not a parameter (that requires grad) "
                                                                     "of the wrapped model");
-    NBT_EXPECT_ABORT(nb_ddp_step(ddp), "nb_ddp_step: rank");
-    NBT_EXPECT_ABORT(nb_ddp_step(ddp), "ZeRO-1 is off");
-    ck_assert_int_eq(nb_ddp_set_zero(ddp, opt), NB_OK);
-    NBT_EXPECT_ABORT(nb_ddp_step(ddp), "no synchronised nb_ddp_backward since the last step");
-    nb_ddp_set_no_sync(ddp, true);
-    ck_assert_int_eq(nb_ddp_backward(ddp, loss_of(step, m, 0, 0, false)), NB_OK);
-    NBT_EXPECT_ABORT(nb_ddp_step(ddp), "a no_sync backward only accumulates locally");
-    nb_ddp_set_no_sync(ddp, false);
-    ck_assert_int_eq(nb_ddp_backward(ddp, loss_of(step, m, 0, 1, false)), NB_OK);
-    NBT_EXPECT_ABORT(nb_optim_step(opt), "nb_optim_step: this optimizer's state is sharded over the "
+    NBT_EXPECT_ABORT(nb_ddp_step(p.ddp), "nb_ddp_step: rank");
+    NBT_EXPECT_ABORT(nb_ddp_step(p.ddp), "ZeRO-1 is off");
+    ck_assert_int_eq(nb_ddp_set_zero(p.ddp, p.opt), NB_OK);
+    NBT_EXPECT_ABORT(nb_ddp_step(p.ddp), "no synchronised nb_ddp_backward since the last step");
+    nb_ddp_set_no_sync(p.ddp, true);
+    ck_assert_int_eq(nb_ddp_backward(p.ddp, loss_of(p.step, p.m, 0, 0, false)), NB_OK);
+    NBT_EXPECT_ABORT(nb_ddp_step(p.ddp), "a no_sync backward only accumulates locally");
+    nb_ddp_set_no_sync(p.ddp, false);
+    ck_assert_int_eq(nb_ddp_backward(p.ddp, loss_of(p.step, p.m, 0, 1, false)), NB_OK);
+    NBT_EXPECT_ABORT(nb_optim_step(p.opt), "nb_optim_step: this optimizer's state is sharded over the "
                                          "ranks by a DDP wrapper (ZeRO-1, nb_ddp_set_zero): step "
                                          "with nb_ddp_step(ddp)");
-    NBT_EXPECT_ABORT(nb_optim_clip_grad_norm(opt, 1.0, 2.0),
+    NBT_EXPECT_ABORT(nb_optim_clip_grad_norm(p.opt, 1.0, 2.0),
                      "nb_optim_clip_grad_norm: this optimizer's state is sharded");
-    NBT_EXPECT_ABORT(nb_optim_clip_grad_norm(opt, 1.0, 2.0), "clip with nb_ddp_clip_grad_norm");
+    NBT_EXPECT_ABORT(nb_optim_clip_grad_norm(p.opt, 1.0, 2.0), "clip with nb_ddp_clip_grad_norm");
     nb_grad_scaler *gs = nb_grad_scaler_new(1024, 2, 0.5, 100);
-    NBT_EXPECT_ABORT(nb_grad_scaler_step(gs, opt), "nb_grad_scaler_step: this optimizer's state is "
+    NBT_EXPECT_ABORT(nb_grad_scaler_step(gs, p.opt), "nb_grad_scaler_step: this optimizer's state is "
                                                    "sharded");
-    NBT_EXPECT_ABORT(nb_grad_scaler_unscale(gs, opt), "unscale with nb_ddp_scaler_unscale(ddp, scaler)");
-    NBT_EXPECT_ABORT(nb_grad_scaler_step(gs, opt), "step with nb_ddp_scaler_step(ddp, scaler, &stepped)");
+    NBT_EXPECT_ABORT(nb_grad_scaler_unscale(gs, p.opt), "unscale with nb_ddp_scaler_unscale(ddp, scaler)");
+    NBT_EXPECT_ABORT(nb_grad_scaler_step(gs, p.opt), "step with nb_ddp_scaler_step(ddp, scaler, &stepped)");
     /* feature conflicts: a status both ways, naming both (Note [Feature conflicts]) */
-    NBT_EXPECT_STATUS(nb_ddp_join_begin(ddp, NULL), NB_ERR_INVALID, "nb_ddp_join_begin: rank");
-    NBT_EXPECT_STATUS(nb_ddp_join_begin(ddp, NULL), NB_ERR_INVALID, "join mode (nb_ddp_join_begin) cannot be "
+    NBT_EXPECT_STATUS(nb_ddp_join_begin(p.ddp, NULL), NB_ERR_INVALID, "nb_ddp_join_begin: rank");
+    NBT_EXPECT_STATUS(nb_ddp_join_begin(p.ddp, NULL), NB_ERR_INVALID, "join mode (nb_ddp_join_begin) cannot be "
                       "combined with ZeRO (nb_ddp_set_zero), which is on: a joined rank would have to step "
                       "its shard");
-    NBT_EXPECT_STATUS(nb_ddp_set_optimizer(ddp, opt), NB_ERR_INVALID, "per-bucket optimizer steps "
+    NBT_EXPECT_STATUS(nb_ddp_set_optimizer(p.ddp, p.opt), NB_ERR_INVALID, "per-bucket optimizer steps "
                       "(nb_ddp_set_optimizer) cannot be combined with ZeRO (nb_ddp_set_zero), which is on: "
                       "ZeRO steps each rank's shard");
-    NBT_EXPECT_STATUS(nb_ddp_set_zero(ddp, foreign), NB_ERR_INVALID, "already on with another optimizer");
-    nb_ddp *second = wrap(other);
-    NBT_EXPECT_STATUS(nb_ddp_set_optimizer(second, opt), NB_ERR_INVALID, "this optimizer is sharded over the "
+    NBT_EXPECT_STATUS(nb_ddp_set_zero(p.ddp, p.ropt), NB_ERR_INVALID, "already on with another optimizer");
+    nb_ddp *second = wrap(p.ref);
+    NBT_EXPECT_STATUS(nb_ddp_set_optimizer(second, p.opt), NB_ERR_INVALID, "this optimizer is sharded over the "
                       "ranks by a DDP wrapper (ZeRO, nb_ddp_set_zero); it cannot also be stepped per bucket");
-    if (R > 1) NBT_EXPECT_ABORT(nb_optim_state(opt, &(int){0}), "nb_optim_state: this optimizer's "
+    if (R > 1) NBT_EXPECT_ABORT(nb_optim_state(p.opt, &(int){0}), "nb_optim_state: this optimizer's "
                                                                 "state is sharded");
     /* a consolidated copy is for saving: loading into it is refused */
-    ck_assert_int_eq(nb_ddp_consolidate_optimizer(ddp, -1), NB_OK);
-    NBT_EXPECT_ABORT(nb_optim_state_validate(opt), "is only for saving: the next nb_ddp_step would "
+    ck_assert_int_eq(nb_ddp_consolidate_optimizer(p.ddp, -1), NB_OK);
+    NBT_EXPECT_ABORT(nb_optim_state_validate(p.opt), "is only for saving: the next nb_ddp_step would "
                                                    "ignore what was loaded into it");
-    ck_assert_int_eq(nb_ddp_step(ddp), NB_OK);
-    ck_assert_int_eq(nb_optim_step_count(opt), 1); /* the refused calls stepped nothing */
+    ck_assert_int_eq(nb_ddp_step(p.ddp), NB_OK);
+    ck_assert_int_eq(nb_optim_step_count(p.opt), 1); /* the refused calls stepped nothing */
     /* detached, the optimizer is the user's again */
-    ck_assert_int_eq(nb_ddp_set_zero(ddp, NULL), NB_OK);
-    nb_optim_step(opt);
-    ck_assert_int_eq(nb_optim_step_count(opt), 2);
+    ck_assert_int_eq(nb_ddp_set_zero(p.ddp, NULL), NB_OK);
+    nb_optim_step(p.opt);
+    ck_assert_int_eq(nb_optim_step_count(p.opt), 2);
     /* per-bucket steps and the bf16 hook refuse ZeRO-1 */
-    ck_assert_int_eq(nb_ddp_set_optimizer(ddp, opt), NB_OK);
-    NBT_EXPECT_STATUS(nb_ddp_set_zero(ddp, opt), NB_ERR_INVALID, "ZeRO (nb_ddp_set_zero) cannot be combined "
+    ck_assert_int_eq(nb_ddp_set_optimizer(p.ddp, p.opt), NB_OK);
+    NBT_EXPECT_STATUS(nb_ddp_set_zero(p.ddp, p.opt), NB_ERR_INVALID, "ZeRO (nb_ddp_set_zero) cannot be combined "
                       "with per-bucket optimizer steps (nb_ddp_set_optimizer), which is on: ZeRO steps each "
                       "rank's shard");
-    NBT_EXPECT_ABORT(nb_ddp_clip_grad_norm(ddp, 1.0, 2.0, &(double){0}),
+    NBT_EXPECT_ABORT(nb_ddp_clip_grad_norm(p.ddp, 1.0, 2.0, &(double){0}),
                      "nb_ddp_backward has already applied the gradients");
-    ck_assert_int_eq(nb_ddp_set_optimizer(ddp, NULL), NB_OK);
-    ck_assert_int_eq(nb_ddp_join_begin(ddp, NULL), NB_OK);
-    NBT_EXPECT_STATUS(nb_ddp_set_zero(ddp, opt), NB_ERR_INVALID, "ZeRO (nb_ddp_set_zero) cannot be combined "
+    ck_assert_int_eq(nb_ddp_set_optimizer(p.ddp, NULL), NB_OK);
+    ck_assert_int_eq(nb_ddp_join_begin(p.ddp, NULL), NB_OK);
+    NBT_EXPECT_STATUS(nb_ddp_set_zero(p.ddp, p.opt), NB_ERR_INVALID, "ZeRO (nb_ddp_set_zero) cannot be combined "
                       "with join mode (nb_ddp_join_begin), which is on: a joined rank would have to step its "
                       "shard");
-    ck_assert_int_eq(nb_ddp_join(ddp), NB_OK);
+    ck_assert_int_eq(nb_ddp_join(p.ddp), NB_OK);
     nb_ddp_free(second);
     nb_ddp_options o = NB_DDP_DEFAULTS;
     o.comm_hook = NB_DDP_HOOK_BF16;
     nb_ddp *bf;
-    ck_assert_int_eq(nb_ddp_new(&bf, other, world, &o), NB_OK);
-    NBT_EXPECT_STATUS(nb_ddp_set_zero(bf, foreign), NB_ERR_INVALID, "ZeRO (nb_ddp_set_zero) cannot be combined "
+    ck_assert_int_eq(nb_ddp_new(&bf, p.ref, world, &o), NB_OK);
+    NBT_EXPECT_STATUS(nb_ddp_set_zero(bf, p.ropt), NB_ERR_INVALID, "ZeRO (nb_ddp_set_zero) cannot be combined "
                       "with the bf16 compression hook (comm_hook NB_DDP_HOOK_BF16), which is on");
     nb_ddp_free(bf);
     /* a wrapper freed while attached: the state is gone, and the optimizer says so */
     if (R > 1) {
-        nb_ddp *lost = wrap(other);
-        ck_assert_int_eq(nb_ddp_set_zero(lost, foreign), NB_OK);
+        nb_ddp *lost = wrap(p.ref);
+        ck_assert_int_eq(nb_ddp_set_zero(lost, p.ropt), NB_OK);
         nb_ddp_free(lost);
-        NBT_EXPECT_ABORT(nb_optim_step(foreign), "freed while attached (the shards are lost");
+        NBT_EXPECT_ABORT(nb_optim_step(p.ropt), "freed while attached (the shards are lost");
     }
     nb_grad_scaler_free(gs);
-    nb_ddp_free(ddp);
-    nb_optim_free(opt);
-    nb_optim_free(foreign);
-    nb_ctx_free(step);
-    nb_ctx_free(pctx);
+    ddp_pair_free(&p);
 }
 END_TEST
 
