@@ -123,6 +123,23 @@ static inline nb_optim *adamw_for(nb_module *m) {
     return o;
 }
 
+/* A Check test whose body gets a parameter context `pctx` and a step
+ * context `step`, freed after it:
+ *     DDP_TEST(test_x) { ... }
+ * stands for START_TEST(test_x) { nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0),
+ * *step = nb_ctx_new(nb_cpu(), 0); ... nb_ctx_free(step);
+ * nb_ctx_free(pctx); } END_TEST. */
+#define DDP_TEST(name)                                                                    \
+    static void name##_body(nb_ctx *pctx, nb_ctx *step);                                  \
+    START_TEST(name) {                                                                    \
+        nb_ctx *pctx_ = nb_ctx_new(nb_cpu(), 0), *step_ = nb_ctx_new(nb_cpu(), 0);        \
+        name##_body(pctx_, step_);                                                        \
+        nb_ctx_free(step_);                                                               \
+        nb_ctx_free(pctx_);                                                               \
+    }                                                                                     \
+    END_TEST                                                                              \
+    static void name##_body(nb_ctx *pctx, nb_ctx *step)
+
 /* A DDP test's handles: two copies of one model (m, under test, and ref,
  * its reference, built alike in pctx), a step context, and the wrappers
  * and optimizers the test makes for them (NULL until it does).

@@ -32,9 +32,8 @@ static void step_both(nb_ctx *step, nb_ddp *ddp, nb_optim *opt, nb_module *ref, 
 
 /* ---- equivalence: MLP ---- */
 
-START_TEST(test_mlp_equivalence) {
+DDP_TEST(test_mlp_equivalence) {
     const int64_t B = 4;
-    nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
     nb_module *model = mlp_of(pctx, NB_F64, 16), *ref = mlp_of(pctx, NB_F64, 16);
     nb_ddp_options o = small_buckets(256, 512); /* several buckets even for this small model */
     nb_ddp *ddp = ddp_wrap(model, &o, 1);
@@ -50,16 +49,12 @@ START_TEST(test_mlp_equivalence) {
     nb_ddp_free(ddp);
     nb_optim_free(opt);
     nb_optim_free(ropt);
-    nb_ctx_free(step);
-    nb_ctx_free(pctx);
 }
-END_TEST
 
 /* ---- equivalence: CNN with SyncBatchNorm ---- */
 
-START_TEST(test_cnn_sync_bn_equivalence) {
+DDP_TEST(test_cnn_sync_bn_equivalence) {
     const int64_t B = 3;
-    nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
     nb_module *model = cnn(pctx), *ref = cnn(pctx);
     ck_assert_int_eq(nb_convert_sync_batchnorm(model, world), 1);
     ck_assert_str_eq(nb_module_type_name(nb_module_child(model, "1")), "SyncBatchNorm");
@@ -77,10 +72,7 @@ START_TEST(test_cnn_sync_bn_equivalence) {
     nb_ddp_free(ddp);
     nb_optim_free(opt);
     nb_optim_free(ropt);
-    nb_ctx_free(step);
-    nb_ctx_free(pctx);
 }
-END_TEST
 
 /* ---- SyncBatchNorm alone, unequal batches ---- */
 
@@ -161,8 +153,7 @@ END_TEST
 
 /* ---- unused parameters ---- */
 
-START_TEST(test_unused_parameters) {
-    nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
+DDP_TEST(test_unused_parameters) {
     for (int find = 0; find < 2; find++) {
         nb_module *root = nb_module_list_new(pctx);
         nb_rng rng = nb_rng_make(3);
@@ -191,10 +182,7 @@ START_TEST(test_unused_parameters) {
         }
         nb_ddp_free(ddp);
     }
-    nb_ctx_free(step);
-    nb_ctx_free(pctx);
 }
-END_TEST
 
 /* ---- bucket rebuild ---- */
 
@@ -248,9 +236,8 @@ static nb_module *layers(nb_ctx *pctx, int L, int64_t W, nb_module **c) {
     return nb_sequential_new(pctx, 2 * L, c);
 }
 
-START_TEST(test_overlap_recorded) {
+DDP_TEST(test_overlap_recorded) {
     if (R == 1) return;
-    nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
     nb_module *c[12], *model = layers(pctx, 6, 192, c);
     nb_ddp_options o = NB_DDP_DEFAULTS;
     o.first_bucket_bytes = 64 << 10;
@@ -289,10 +276,7 @@ START_TEST(test_overlap_recorded) {
     remove(path);
     ck_assert(strstr(buf, "\"traceEvents\"") && strstr(buf, "\"backward\"") && strstr(buf, "all-reduce bucket 0"));
     nb_ddp_free(ddp);
-    nb_ctx_free(step);
-    nb_ctx_free(pctx);
 }
-END_TEST
 
 /* The figures of Note [Overlap across ranks] on a timeline worked by hand:
  * 2 ranks, 3 buckets; rank 0's backward ends at 10 s, rank 1's at 12 s.
@@ -336,8 +320,7 @@ static void sleep_hook(nb_tensor *leaf, void *user) {
 
 /* The last rank sleeps 60 ms when its last layer's weight gradient is
  * ready: every later bucket waits for it on the other ranks. */
-START_TEST(test_overlap_across_ranks) {
-    nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
+DDP_TEST(test_overlap_across_ranks) {
     enum { L = 4 };
     nb_module *c[2 * L], *model = layers(pctx, L, 128, c);
     nb_ddp_options o = NB_DDP_DEFAULTS;
@@ -401,15 +384,11 @@ START_TEST(test_overlap_across_ranks) {
     }
     if (me == R - 1 && R > 1) ck_assert(nb_remove_grad_hook(last_w, sleep_hook, NULL));
     nb_ddp_free(ddp);
-    nb_ctx_free(step);
-    nb_ctx_free(pctx);
 }
-END_TEST
 
 /* ---- bf16 compression ---- */
 
-START_TEST(test_bf16_hook) {
-    nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
+DDP_TEST(test_bf16_hook) {
     nb_module *model = mlp_of(pctx, NB_F32, 8), *ref = mlp_of(pctx, NB_F32, 8);
     nb_ddp_options o = NB_DDP_DEFAULTS;
     o.comm_hook = NB_DDP_HOOK_BF16;
@@ -427,10 +406,7 @@ START_TEST(test_bf16_hook) {
     nb_module_named_parameters(ref, q, 4);
     for (int i = 0; i < 4; i++) nbt_assert_tensors_close(p[i].tensor->grad, q[i].tensor->grad, 2e-3, 1e-2);
     nb_ddp_free(ddp);
-    nb_ctx_free(step);
-    nb_ctx_free(pctx);
 }
-END_TEST
 
 /* ---- construction ---- */
 
@@ -451,8 +427,7 @@ END_TEST
 
 /* Note [Freed handles]: a wrapper used after nb_ddp_free aborts with a
  * message naming the call and the free, instead of reading freed memory. */
-START_TEST(test_freed_wrapper_named) {
-    nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
+DDP_TEST(test_freed_wrapper_named) {
     nb_module *model = mlp_of(pctx, NB_F64, 16);
     nb_ddp *ddp = NULL;
     ck_assert_int_eq(nb_ddp_new(&ddp, model, world, NULL), NB_OK);
@@ -462,13 +437,9 @@ START_TEST(test_freed_wrapper_named) {
     NBT_EXPECT_ABORT(nb_ddp_forward(ddp, step, x, &y), "nb_ddp_forward: the DDP handle was freed (nb_ddp_free)");
     NBT_EXPECT_ABORT(nb_ddp_module(ddp), "nb_ddp_module: the DDP handle was freed (nb_ddp_free)");
     NBT_EXPECT_ABORT(nb_ddp_free(ddp), "nb_ddp_free: the DDP handle was freed (nb_ddp_free)");
-    nb_ctx_free(step);
-    nb_ctx_free(pctx);
 }
-END_TEST
 
-START_TEST(test_gradients_are_bucket_views) {
-    nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
+DDP_TEST(test_gradients_are_bucket_views) {
     nb_module *model = mlp_of(pctx, NB_F64, 8);
     nb_ddp *ddp;
     ck_assert_int_eq(nb_ddp_new(&ddp, model, world, NULL), NB_OK);
@@ -486,10 +457,7 @@ START_TEST(test_gradients_are_bucket_views) {
     nb_ddp_free(ddp);
     /* freed: the gradients have memory of their own again, values kept */
     for (int i = 0; i < 4; i++) ck_assert(p[i].tensor->grad == NULL || p[i].tensor->grad->ctx == pctx);
-    nb_ctx_free(step);
-    nb_ctx_free(pctx);
 }
-END_TEST
 
 static Suite *suite(void) {
     const TTest *tests[] = {test_mlp_equivalence, test_cnn_sync_bn_equivalence, test_sync_bn_unequal_batches,

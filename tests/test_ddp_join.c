@@ -194,9 +194,8 @@ START_TEST(test_join_backward_needs_counted_forward) {
 END_TEST
 
 /* Ranks that disagree on no_sync in a step fail together, naming it. */
-START_TEST(test_join_no_sync_disagreement) {
+DDP_TEST(test_join_no_sync_disagreement) {
     if (R == 1) return;
-    nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
     nb_ddp *ddp;
     ck_assert_int_eq(nb_ddp_new(&ddp, mlp_of(pctx, NB_F64, 16), world, NULL), NB_OK);
     ck_assert_int_eq(nb_ddp_join_begin(ddp, NULL), NB_OK);
@@ -212,10 +211,7 @@ START_TEST(test_join_no_sync_disagreement) {
     nb_ddp_set_no_sync(ddp, false);
     ck_assert_int_eq(nb_ddp_join(ddp), NB_OK);
     nb_ddp_free(ddp);
-    nb_ctx_free(step);
-    nb_ctx_free(pctx);
 }
-END_TEST
 
 /* A rank without a step cannot replay SyncBatchNorm's all-reduces: it says
  * so before any collective (here every rank, so nobody waits). */

@@ -186,8 +186,7 @@ END_TEST
  * compared with the reference wrapper's ->grad after the same backward
  * within 1e-6 of the largest |g| (the subtraction's rounding is ~1e-16 of
  * |p|). Two steps, so the second runs on the rebuilt buckets. */
-START_TEST(test_gradients) {
-    nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
+DDP_TEST(test_gradients) {
     nb_module *m = deep_mlp(pctx), *ref = deep_mlp(pctx);
     nb_ddp *ddp = wrap(m), *rddp = wrap(ref);
     nb_named_tensor p[64], rp[64];
@@ -233,15 +232,11 @@ START_TEST(test_gradients) {
     nb_ddp_free(ddp);
     nb_ddp_free(rddp);
     nb_optim_free(opt);
-    nb_ctx_free(step);
-    nb_ctx_free(pctx);
 }
-END_TEST
 
 /* Bytes of state per rank: the rank's share of each bucket, counted here
  * from the bucket lists and the parameters' sizes. */
-START_TEST(test_state_bytes) {
-    nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
+DDP_TEST(test_state_bytes) {
     nb_module *m = deep_mlp(pctx);
     nb_ddp *ddp = wrap(m);
     nb_optim *opt = optim_for(m, C_GROUPS); /* 2 moments, 3 in the amsgrad group */
@@ -303,10 +298,7 @@ START_TEST(test_state_bytes) {
     free(p);
     nb_ddp_free(ddp);
     nb_optim_free(opt);
-    nb_ctx_free(step);
-    nb_ctx_free(pctx);
 }
-END_TEST
 
 static bool same_file(const char *a, const char *b) {
     FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
