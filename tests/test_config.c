@@ -283,10 +283,6 @@ START_TEST(test_prescott_blocks) {
 }
 END_TEST
 
-static Suite *config_suite(void) {
-    const TTest *tests[] = {test_cpu_and_blas_lines, test_generic_core_note, test_report_matches_what_runs,
-                             test_prescott_fast_path, test_prescott_blocks, NULL};
-    return nbt_suite("config", "core", 60, tests);
-}
-
-int main(void) { return nbt_run(config_suite()); }
+NBT_MAIN("config", "core", 60,
+         test_cpu_and_blas_lines, test_generic_core_note, test_report_matches_what_runs, test_prescott_fast_path,
+         test_prescott_blocks)

@@ -94,10 +94,6 @@ START_TEST(test_rebuild_from_ready_order) {
 }
 END_TEST
 
-static Suite *suite(void) {
-    const TTest *tests[] = {test_first_bucket_then_cap, test_small_first_bucket, test_one_dtype_per_bucket,
-                             test_oversized_and_empty, test_rebuild_from_ready_order, NULL};
-    return nbt_suite("dist_buckets", "partition", 0, tests);
-}
-
-int main(void) { return nbt_run(suite()); }
+NBT_MAIN("dist_buckets", "partition", 0,
+         test_first_bucket_then_cap, test_small_first_bucket, test_one_dtype_per_bucket, test_oversized_and_empty,
+         test_rebuild_from_ready_order)

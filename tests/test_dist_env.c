@@ -253,11 +253,6 @@ START_TEST(test_pick_gpu) {
 }
 END_TEST
 
-static Suite *suite(void) {
-    const TTest *tests[] = {test_no_launcher_is_a_world_of_one, test_torchrun, test_torchrun_without_local,
-                             test_torchrun_errors, test_openmpi, test_slurm, test_run_ids,
-                             test_device_and_options, test_pick_gpu, NULL};
-    return nbt_suite("dist_env", "env", 0, tests);
-}
-
-int main(void) { return nbt_run(suite()); }
+NBT_MAIN("dist_env", "env", 0,
+         test_no_launcher_is_a_world_of_one, test_torchrun, test_torchrun_without_local, test_torchrun_errors,
+         test_openmpi, test_slurm, test_run_ids, test_device_and_options, test_pick_gpu)

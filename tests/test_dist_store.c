@@ -397,12 +397,7 @@ START_TEST(test_port_held_by_another_program) {
 }
 END_TEST
 
-static Suite *suite(void) {
-    const TTest *tests[] = {test_set_get_delete, test_waits, test_add_and_compare_set, test_argument_limits,
-                             test_run_ids_and_ranks, test_malformed_messages_close_only_their_connection,
-                             test_rank_that_dies_aborts_waits, test_lost_server,
-                             test_port_held_by_another_program, NULL};
-    return nbt_suite("dist_store", "store", 0, tests);
-}
-
-int main(void) { return nbt_run(suite()); }
+NBT_MAIN("dist_store", "store", 0,
+         test_set_get_delete, test_waits, test_add_and_compare_set, test_argument_limits, test_run_ids_and_ranks,
+         test_malformed_messages_close_only_their_connection, test_rank_that_dies_aborts_waits, test_lost_server,
+         test_port_held_by_another_program)

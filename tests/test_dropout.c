@@ -168,11 +168,6 @@ NBT_CPU_TEST(test_errors) {
                      "nb_dropout: dtype i32 is not supported");
 }
 
-static Suite *dropout_suite(void) {
-    const TTest *tests[] = {test_mask_matches_philox, test_non_contiguous_rowmajor, test_fraction_kept,
-                             test_streams, test_identity_cases, test_gradient_is_mask, test_gradcheck,
-                             test_p_one, test_errors, NULL};
-    return nbt_suite("dropout", "dropout", 0, tests);
-}
-
-int main(void) { return nbt_run(dropout_suite()); }
+NBT_MAIN("dropout", "dropout", 0,
+         test_mask_matches_philox, test_non_contiguous_rowmajor, test_fraction_kept, test_streams,
+         test_identity_cases, test_gradient_is_mask, test_gradcheck, test_p_one, test_errors)

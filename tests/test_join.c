@@ -227,11 +227,6 @@ NBT_CPU_TEST(test_errors) {
                      "nb_split: dimension -4 out of range");
 }
 
-static Suite *join_suite(void) {
-    const TTest *tests[] = {test_concat_values, test_concat_non_contiguous, test_stack_values,
-                             test_split_values, test_gradcheck_concat, test_gradcheck_stack,
-                             test_gradcheck_split, test_errors, NULL};
-    return nbt_suite("join", "join", 0, tests);
-}
-
-int main(void) { return nbt_run(join_suite()); }
+NBT_MAIN("join", "join", 0,
+         test_concat_values, test_concat_non_contiguous, test_stack_values, test_split_values, test_gradcheck_concat,
+         test_gradcheck_stack, test_gradcheck_split, test_errors)

@@ -451,12 +451,7 @@ NBT_CPU_TEST(test_growth_warning) {
     nb_ctx_free(step);
 }
 
-static Suite *suite(void) {
-    const TTest *tests[] = {test_free_ranges, test_attention_keeps_no_probabilities, test_gpt_bitwise,
-                             test_gpt_peak, test_gpt_recompute, test_gpt_forward_loss, test_cnn_peak,
-                             test_given_back_read, test_retain_graph, test_second_loss_after_give_back,
-                             test_growth_warning, NULL};
-    return nbt_suite("memory", "core", 120, tests);
-}
-
-int main(void) { return nbt_run(suite()); }
+NBT_MAIN("memory", "core", 120,
+         test_free_ranges, test_attention_keeps_no_probabilities, test_gpt_bitwise, test_gpt_peak, test_gpt_recompute,
+         test_gpt_forward_loss, test_cnn_peak, test_given_back_read, test_retain_graph,
+         test_second_loss_after_give_back, test_growth_warning)

@@ -315,10 +315,6 @@ START_TEST(test_plot_markers) {
 }
 END_TEST
 
-static Suite *suite(void) {
-    const TTest *tests[] = {test_format, test_plot_markers, test_progress_plain, test_progress_line,
-                             test_progress_off, test_metrics_roundtrip, test_metrics_errors, test_plot, NULL};
-    return nbt_suite("monitor", "core", 0, tests);
-}
-
-int main(void) { return nbt_run(suite()); }
+NBT_MAIN("monitor", "core", 0,
+         test_format, test_plot_markers, test_progress_plain, test_progress_line, test_progress_off,
+         test_metrics_roundtrip, test_metrics_errors, test_plot)

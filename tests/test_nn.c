@@ -628,13 +628,8 @@ NBT_CPU_TEST(test_init_in_place) {
                      "nb_init_fan_in: weight (3,) needs at least 2 dims");
 }
 
-static Suite *suite(void) {
-    const TTest *tests[] = {test_names_and_order, test_cap_protocol, test_late_registration,
-                             test_tied_and_shared, test_find_and_children, test_train_eval, test_zero_grad,
-                             test_module_to, test_print, test_custom_module, test_docs_example_runs,
-                             test_docs_show_example, test_registration_errors, test_constructor_errors,
-                             test_init_schemes, test_init_reproducible, test_init_in_place, NULL};
-    return nbt_suite("nn", "core", 0, tests);
-}
-
-int main(void) { return nbt_run(suite()); }
+NBT_MAIN("nn", "core", 0,
+         test_names_and_order, test_cap_protocol, test_late_registration, test_tied_and_shared,
+         test_find_and_children, test_train_eval, test_zero_grad, test_module_to, test_print, test_custom_module,
+         test_docs_example_runs, test_docs_show_example, test_registration_errors, test_constructor_errors,
+         test_init_schemes, test_init_reproducible, test_init_in_place)

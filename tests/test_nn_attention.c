@@ -287,10 +287,6 @@ NBT_CPU_TEST(test_errors) {
                      "CausalSelfAttention: input (2, 5, 8) is f64 but the layer's parameters are f32");
 }
 
-static Suite *suite(void) {
-    const TTest *tests[] = {test_values, test_causal_values, test_causal_gradients, test_gradcheck,
-                             test_f32_long, test_dropout, test_fused_path, test_names, test_errors, NULL};
-    return nbt_suite("nn_attention", "core", 0, tests);
-}
-
-int main(void) { return nbt_run(suite()); }
+NBT_MAIN("nn_attention", "core", 0,
+         test_values, test_causal_values, test_causal_gradients, test_gradcheck, test_f32_long, test_dropout,
+         test_fused_path, test_names, test_errors)

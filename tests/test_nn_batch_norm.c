@@ -244,11 +244,6 @@ NBT_CPU_TEST(test_errors) {
                      "training needs more than one value per channel, got input (1, 3)");
 }
 
-static Suite *suite(void) {
-    const TTest *tests[] = {test_train_then_eval, test_long_planes, test_cumulative_average,
-                             test_momentum_zero, test_no_tracking_no_affine, test_mode_through_parent,
-                             test_gradcheck, test_errors, NULL};
-    return nbt_suite("nn_batch_norm", "core", 0, tests);
-}
-
-int main(void) { return nbt_run(suite()); }
+NBT_MAIN("nn_batch_norm", "core", 0,
+         test_train_then_eval, test_long_planes, test_cumulative_average, test_momentum_zero,
+         test_no_tracking_no_affine, test_mode_through_parent, test_gradcheck, test_errors)

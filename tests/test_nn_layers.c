@@ -657,13 +657,8 @@ NBT_CPU_TEST(test_errors_name_module_path) {
     NBT_EXPECT_ABORT(nb_module_forward(net, ctx, xg), "head.fc (Linear)");
 }
 
-static Suite *suite(void) {
-    const TTest *tests[] = {test_linear_values, test_linear_gradcheck, test_linear_matches_composed,
-                             test_conv2d_values, test_conv2d_gradcheck, test_conv2d_groups, test_embedding,
-                             test_layer_norm, test_dropout, test_activations, test_pooling, test_flatten,
-                             test_sequential, test_losses, test_loss_gradcheck, test_layer_errors,
-                             test_errors_name_module_path, NULL};
-    return nbt_suite("nn_layers", "core", 0, tests);
-}
-
-int main(void) { return nbt_run(suite()); }
+NBT_MAIN("nn_layers", "core", 0,
+         test_linear_values, test_linear_gradcheck, test_linear_matches_composed, test_conv2d_values,
+         test_conv2d_gradcheck, test_conv2d_groups, test_embedding, test_layer_norm, test_dropout, test_activations,
+         test_pooling, test_flatten, test_sequential, test_losses, test_loss_gradcheck, test_layer_errors,
+         test_errors_name_module_path)

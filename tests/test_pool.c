@@ -320,11 +320,6 @@ NBT_CPU_TEST(test_errors) {
                      "nb_avg_pool2d: dtype i64 is not supported");
 }
 
-static Suite *pool_suite(void) {
-    const TTest *tests[] = {test_forward, test_avg_counts_padding, test_gradcheck, test_non_contiguous,
-                             test_max_ties_first, test_max_nan, test_max_2x2_vector_paths, test_errors,
-                             test_empty_input_with_padding, NULL};
-    return nbt_suite("pool", "pool2d", 0, tests);
-}
-
-int main(void) { return nbt_run(pool_suite()); }
+NBT_MAIN("pool", "pool2d", 0,
+         test_forward, test_avg_counts_padding, test_gradcheck, test_non_contiguous, test_max_ties_first,
+         test_max_nan, test_max_2x2_vector_paths, test_errors, test_empty_input_with_padding)

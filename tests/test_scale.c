@@ -226,10 +226,6 @@ START_TEST(test_fit_measured) {
 }
 END_TEST
 
-static Suite *suite(void) {
-    const TTest *tests[] = {test_flat_closed_forms, test_hierarchical_closed_forms, test_replay_timeline,
-                             test_suggest_bucket, test_trace_file, test_fit_measured, NULL};
-    return nbt_suite("scale", "model", 0, tests);
-}
-
-int main(void) { return nbt_run(suite()); }
+NBT_MAIN("scale", "model", 0,
+         test_flat_closed_forms, test_hierarchical_closed_forms, test_replay_timeline, test_suggest_bucket,
+         test_trace_file, test_fit_measured)

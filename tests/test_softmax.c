@@ -334,13 +334,7 @@ NBT_CPU_TEST(test_causal_errors) {
                      "nb_softmax_causal: dtype i64");
 }
 
-static Suite *suite(void) {
-    const TTest *tests[] = {test_values_axes, test_rows_sum_to_one, test_non_contiguous, test_large_logits,
-                             test_nonfinite_rows, test_gradcheck, test_backward_closed_form,
-                             test_f32_backward, test_errors, test_causal_values,
-                             test_causal_non_contiguous_and_extremes, test_causal_gradcheck,
-                             test_causal_f32_backward, test_causal_errors, NULL};
-    return nbt_suite("softmax", "core", 0, tests);
-}
-
-int main(void) { return nbt_run(suite()); }
+NBT_MAIN("softmax", "core", 0,
+         test_values_axes, test_rows_sum_to_one, test_non_contiguous, test_large_logits, test_nonfinite_rows,
+         test_gradcheck, test_backward_closed_form, test_f32_backward, test_errors, test_causal_values,
+         test_causal_non_contiguous_and_extremes, test_causal_gradcheck, test_causal_f32_backward, test_causal_errors)

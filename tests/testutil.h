@@ -95,6 +95,16 @@ void nbt_assert_close(const nb_tensor *t, const double *expect, double atol, dou
 /* Same between two tensors of equal shape. */
 void nbt_assert_tensors_close(const nb_tensor *a, const nb_tensor *b, double atol, double rtol);
 
+/* The main of a program whose one suite `name` has one test case `tcase`
+ * holding the tests listed after timeout_s (as nbt_suite takes them):
+ *     NBT_MAIN("json", "core", 0, test_parse, test_strings)
+ * runs it and returns the exit code. */
+#define NBT_MAIN(name, tcase, timeout_s, ...)                                             \
+    int main(void) {                                                                      \
+        const TTest *nbt_tests_[] = {__VA_ARGS__, NULL};                                  \
+        return nbt_run(nbt_suite(name, tcase, timeout_s, nbt_tests_));                    \
+    }
+
 /* Runs one suite with CK_NORMAL output; returns the process exit code. */
 int nbt_run(Suite *s);
 
