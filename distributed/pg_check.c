@@ -38,11 +38,13 @@
  * On a backend whose collectives run on the group's worker (Gloo), the
  * check costs one message latency, and less for a run of collectives
  * issued back to back: when a collective's data start to move, the layer
- * posts the header exchange of the next queued collective of the group,
- * and that one waits for it instead of starting one, so the run pays the
- * header's latency about once (pg->stats.headers_early counts them),
- * unless the running collective writes what the next one reads (its data
- * may travel with its header, and are not there yet).
+ * posts the header exchanges of the collectives queued behind it, and each
+ * waits for its own instead of starting one, so the run pays the header's
+ * latency about once (pg->stats.headers_early counts them), and a run of
+ * small ones, whose data travel with their headers, about one latency in
+ * all (DDP's buffer broadcasts); not from the first one that reads what
+ * the running collective or one queued before it writes (its data are not
+ * there yet).
  *
  * Note [Which collectives are checked]
  * A backend that launches from the issuing thread (NCCL) can check only by
@@ -188,32 +190,42 @@ static span writes(const nb__coll *c, int R) {
     return span_of(NULL, 0);
 }
 
-/* While w's data move, the next queued collective's header can travel:
- * posted now, waited for when it runs. Not when w writes what the next
- * one reads (the same tensor all-reduced twice in a row): the backend may
+/* While w's data move, the headers of the collectives queued behind it
+ * can travel: posted now (up to EARLY_MAX of them), each waited for when
+ * it runs. Not from the first one that reads what w or one queued before
+ * it writes (the same tensor all-reduced twice in a row): the backend may
  * read its data with its header (xpost in pg.h), and they are not there
  * yet. */
-static void post_next(nb_pg *pg, const nb_work *w) {
+#define EARLY_MAX 32
+
+static bool disjoint(span a, span b) { return a.hi <= b.lo || b.hi <= a.lo; }
+
+static void post_queued(nb_pg *pg, const nb_work *w) {
+    nb_work *go[EARLY_MAX];
+    int k = 0;
     pthread_mutex_lock(&pg->mu);
-    nb_work *n = w->next;
-    bool go = n && n->state == NB__W_QUEUED && !n->check && pg->broken == NB_OK && wanted(pg, &n->coll);
-    if (go) {
-        span r = reads(&n->coll, pg->size), wr = writes(&w->coll, pg->size);
-        go = r.hi <= wr.lo || wr.hi <= r.lo;
+    for (nb_work *n = w->next; n && k < EARLY_MAX && pg->broken == NB_OK; n = n->next) {
+        if (n->state != NB__W_QUEUED || !wanted(pg, &n->coll)) break;
+        span r = reads(&n->coll, pg->size);
+        bool clear = disjoint(r, writes(&w->coll, pg->size));
+        for (int i = 0; i < k && clear; i++) clear = disjoint(r, writes(&go[i]->coll, pg->size));
+        if (!clear) break;
+        __atomic_add_fetch(&n->refs, 1, __ATOMIC_ACQ_REL);
+        go[k++] = n;
     }
-    if (go) __atomic_add_fetch(&n->refs, 1, __ATOMIC_ACQ_REL);
     pthread_mutex_unlock(&pg->mu);
-    if (!go) return;
-    posted *p = NULL;
-    /* a failure here shows again when n runs its own exchange */
-    if (post(pg, n, &p) == NB_OK) n->check = p;
-    nb__work_put(n);
+    for (int i = 0; i < k; i++) {
+        posted *p = NULL;
+        /* a failure here shows again when the collective runs its own exchange */
+        if (!go[i]->check && post(pg, go[i], &p) == NB_OK) go[i]->check = p;
+        nb__work_put(go[i]);
+    }
 }
 
 static nb_status check_run(nb_pg *pg, nb_work *w, char *what, size_t len, bool *explained) {
     nb_status st = gate(pg, w, what, len, explained);
     if (st != NB_OK) return st;
-    if (w->coll.count > 0 && w->coll.kind != NB__BARRIER) post_next(pg, w);
+    if (w->coll.count > 0 && w->coll.kind != NB__BARRIER) post_queued(pg, w);
     return pg->base->run(pg, w, what, len, explained);
 }
 
