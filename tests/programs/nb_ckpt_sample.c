@@ -19,6 +19,8 @@
 
 #include <nabla/nabla.h>
 
+#include "driver.h"
+
 /* A JSON string: quotes, backslashes and control characters escaped,
  * everything else (UTF-8) as it is. */
 static void print_string(const char *s) {
@@ -86,10 +88,7 @@ static void print_tensor(const nb_named_tensor *nt) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 2) {
-        fprintf(stderr, "usage: %s OUT.safetensors\n", argv[0]);
-        return 2;
-    }
+    driver_args(argc, argv, 1, "OUT.safetensors");
     nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
     nb_rng rng = nb_rng_make(2024);
     nb_tensor *w = nb_rand_normal(ctx, NB_F32, NB_SHAPE(3, 4), 0, 1, &rng);

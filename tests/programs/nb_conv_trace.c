@@ -13,6 +13,8 @@
 
 #include <nabla/nabla.h>
 
+#include "driver.h"
+
 typedef struct conv_cfg {
     int64_t n, c, h, w, o, kh, kw;
     nb_conv2d_opts opts;
@@ -74,10 +76,7 @@ static void run(const conv_cfg *cf, nb_dtype dt, int index) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 1) {
-        fprintf(stderr, "usage: %s   (prints JSON on stdout)\n", argv[0]);
-        return 2;
-    }
+    driver_args(argc, argv, 0, "  (prints JSON on stdout)");
     static const conv_cfg cfgs[] = {
         {2, 4, 7, 6, 6, 3, 3, {{1, 1}, {1, 1}, {1, 1}, 1}, true},  /* ungrouped */
         {2, 4, 7, 6, 6, 3, 3, {{1, 1}, {1, 1}, {1, 1}, 2}, true},  /* 2 groups */

@@ -15,6 +15,8 @@
 
 #include <nabla/nabla.h>
 
+#include "driver.h"
+
 #define STEPS 5
 
 static void print_values(const nb_tensor *t) {
@@ -120,10 +122,7 @@ static void clip_run(double norm_type, double max_norm, int index) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 1) {
-        fprintf(stderr, "usage: %s   (prints JSON on stdout)\n", argv[0]);
-        return 2;
-    }
+    driver_args(argc, argv, 0, "  (prints JSON on stdout)");
     nb_optim_hparams sgd = NB_SGD_DEFAULTS, adam = NB_ADAM_DEFAULTS, adamw = NB_ADAMW_DEFAULTS;
     run_cfg cfgs[10];
     int n = 0;
