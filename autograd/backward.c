@@ -355,6 +355,7 @@ void nb_backward_ex(nb_tensor *out, const nb_backward_options *opts) {
         seed.ndim = out->ndim;
         memcpy(seed.shape, out->shape, sizeof seed.shape);
         seed.data = &one; /* all strides 0: every index reads the one value */
+        seed_priv.seed_one = true;
         o.grad = &seed;
     }
     nb_tensor *grad_out = o.grad;
@@ -417,6 +418,7 @@ static void walk(nb_tensor *out, nb_tensor *grad_out, bool retain_graph, bool in
     bool prev = nb_set_grad_enabled(false);
     nb__set_grad(out, nb__empty(ctx, out->dtype, out->ndim, out->shape));
     nb__run_copy(out->grad, grad_out);
+    out->grad->priv->seed_one = grad_out->priv && grad_out->priv->seed_one;
     out->priv->grad_owned = true;
     for (nb_node *n = start; n; n = n->prev) { /* pass 2 */
         if (n->bw_id != id) continue;

@@ -158,9 +158,23 @@ nb_tensor *nb_gpt_forward(nb_module *gpt_m, nb_ctx *ctx, nb_tensor *idx) {
     return nb_module_forward(gpt_m, ctx, idx);
 }
 
+/* The loss of logits (N, T, V); fused: the logits are the library's and
+ * nothing reads them after (Note [Fused classifier] in tensor/ops_loss.c) */
+static nb_tensor *gpt_loss(nb_ctx *ctx, nb_tensor *logits, nb_tensor *targets, bool fused) {
+    NB_CHECK(logits->ndim == 3 && targets->ndim == 2 && targets->shape[0] == logits->shape[0] &&
+                 targets->shape[1] == logits->shape[1],
+             "nb_gpt_loss: logits %s must be (N, T, V) and targets %s (N, T)",
+             nb_shape_str(logits), nb_shape_str(targets));
+    int64_t nt = logits->shape[0] * logits->shape[1];
+    nb_tensor *flat = nb_reshape(ctx, logits, NB_SHAPE(nt, logits->shape[2]));
+    nb_tensor *tflat = nb_reshape(ctx, targets, NB_SHAPE(nt));
+    return fused ? nb__cross_entropy_fused(ctx, flat, tflat, NULL)
+                 : nb_cross_entropy(ctx, flat, tflat, NULL);
+}
+
 nb_tensor *nb_gpt_forward_loss(nb_module *gpt_m, nb_ctx *ctx, nb_tensor *idx, nb_tensor *targets) {
     nb__scope_enter(ctx); /* the logits are the library's: Note [Memory given back] */
-    nb_tensor *loss = nb_gpt_loss(ctx, nb_module_forward(gpt_m, ctx, idx), targets);
+    nb_tensor *loss = gpt_loss(ctx, nb_module_forward(gpt_m, ctx, idx), targets, true);
     nb__scope_exit(ctx, loss);
     return loss;
 }
@@ -171,13 +185,7 @@ void nb_gpt_set_recompute(nb_module *m, bool on) {
 }
 
 nb_tensor *nb_gpt_loss(nb_ctx *ctx, nb_tensor *logits, nb_tensor *targets) {
-    NB_CHECK(logits->ndim == 3 && targets->ndim == 2 && targets->shape[0] == logits->shape[0] &&
-                 targets->shape[1] == logits->shape[1],
-             "nb_gpt_loss: logits %s must be (N, T, V) and targets %s (N, T)",
-             nb_shape_str(logits), nb_shape_str(targets));
-    int64_t nt = logits->shape[0] * logits->shape[1];
-    return nb_cross_entropy(ctx, nb_reshape(ctx, logits, NB_SHAPE(nt, logits->shape[2])),
-                            nb_reshape(ctx, targets, NB_SHAPE(nt)), NULL);
+    return gpt_loss(ctx, logits, targets, false);
 }
 
 static nb_module *layer_norm(nb_ctx *ctx, nb_dtype dtype, int64_t c) {

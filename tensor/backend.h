@@ -250,12 +250,18 @@ typedef void nb__backend_embedding_backward_fn(nb_tensor *gw, const nb_tensor *g
 /* Fused cross-entropy (contract: nb__cuda_cross_entropy_rows). The entry
  * makes lse (N) and count (0-d: the targets not ignored) in ctx, in
  * the dtypes its backward reads; a target out of range is an abort
- * naming it on the CPU, a deferred device fault on CUDA. */
+ * naming it on the CPU, a deferred device fault on CUDA. With dlogits
+ * (the fused classifier, Note [Fused classifier] in tensor/ops_loss.c)
+ * it also writes dlogits = the backward's result for g = 1 (dlogits may
+ * be logits: each element read before it is written) and makes no lse
+ * (*lse = NULL). */
 typedef void nb__backend_cross_entropy_fn(nb_ctx *ctx, nb_tensor *loss, nb_tensor **lse,
-                                          nb_tensor **count, const nb_tensor *logits,
-                                          const nb_tensor *targets, int64_t ignore_index,
-                                          double eps);
-/* g (0-d) and count as made by forward. */
+                                          nb_tensor **count, nb_tensor *dlogits,
+                                          const nb_tensor *logits, const nb_tensor *targets,
+                                          int64_t ignore_index, double eps);
+/* g (0-d) and count as made by forward. lse NULL: logits hold the fused
+ * forward's dlogits for g = 1, and dlogits = g logits (one elementwise
+ * pass; dlogits may be logits). */
 typedef void nb__backend_cross_entropy_backward_fn(nb_tensor *dlogits, const nb_tensor *logits,
                                                    const nb_tensor *lse, const nb_tensor *targets,
                                                    const nb_tensor *g, const nb_tensor *count,

@@ -39,6 +39,7 @@ typedef struct nb__tensor_priv {
     uint32_t gen;        /* ctx's generation when made: Note [Stale tensors] */
     struct nb__mem *mem; /* its storage's record (shared by views), or NULL */
     struct nb__grad_slot *grad_slot; /* where its first gradient goes: Note [Flat gradients] */
+    bool seed_one;       /* a root's gradient nb_backward seeded with ones (no host read needed) */
 } nb__tensor_priv;
 
 /* Marks an internal function the CUDA plugin calls: libnabla.so exports it
@@ -120,6 +121,18 @@ void nb__node_release(nb_node *n);
  * t is the library's and only node n (running) still reads it; else NULL.
  * t is then refused as given back. */
 nb_tensor *nb__reuse_for_grad(nb_ctx *ctx, nb_node *n, nb_tensor *t);
+/* Whether an op may write over t's values now and its backward then take
+ * t's storage for a gradient (nb__reuse_for_grad): t is the library's,
+ * made in a scope still open, covers its storage, and no node on the tape
+ * reads it. The caller answers for the nodes recorded later (Note [Fused
+ * classifier] in tensor/ops_loss.c). */
+bool nb__overwritable(nb_ctx *ctx, const nb_tensor *t);
+/* nb_cross_entropy, writing the logits' gradient over them in the forward
+ * when nb__overwritable allows (Note [Fused classifier] in
+ * tensor/ops_loss.c); the caller promises that nothing reads the logits
+ * after the loss. */
+nb_tensor *nb__cross_entropy_fused(nb_ctx *ctx, nb_tensor *logits, nb_tensor *targets,
+                                   const nb_cross_entropy_opts *opts);
 /* t->grad = g, holding g's storage and dropping the old one's hold. */
 void nb__set_grad(nb_tensor *t, nb_tensor *g);
 /* Drops t's hold on its gradient (t->grad stays, to be reported if read). */

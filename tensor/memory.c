@@ -166,6 +166,18 @@ nb_tensor *nb__reuse_for_grad(nb_ctx *ctx, nb_node *n, nb_tensor *t) {
     return g;
 }
 
+bool nb__overwritable(nb_ctx *ctx, const nb_tensor *t) {
+    nb__mem *m = t->priv->mem;
+    size_t bytes = (size_t)nb_numel(t) * nb_dtype_size(t->dtype);
+    if (!m || !m->library || !m->scoped || m->given_back || m->t->ctx != ctx ||
+        !nb_is_contiguous(t) || t->data != m->data || bytes != m->bytes)
+        return false;
+    counting = m, counted = 0;
+    for (nb_node *n = nb__ctx_tape(ctx); n; n = n->prev) node_refs(n, count_ref);
+    counting = NULL;
+    return counted == 0;
+}
+
 void nb__set_grad(nb_tensor *t, nb_tensor *g) {
     nb__mem *old = t->priv->grad_held && t->grad ? t->grad->priv->mem : NULL;
     t->grad = g;

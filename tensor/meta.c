@@ -679,30 +679,36 @@ static void meta_embedding_backward(nb_tensor *gw, const nb_tensor *g, const nb_
 /* The tensors each backend's entry keeps for the backward: the CPU's lse in
  * the logits' dtype and an f64 count; CUDA's an f32 lse for 16-bit logits
  * and an f32 count, and its per-row partials (n f64 and n int), never given
- * back (tensor/cuda/softmax.cu). */
+ * back (tensor/cuda/softmax.cu). Fused (dlogits): no lse, dlogits written,
+ * CUDA's count kernel reads the targets once more and writes the count
+ * (Note [Fused classifier] in tensor/ops_loss.c). */
 static void meta_cross_entropy(nb_ctx *ctx, nb_tensor *loss, nb_tensor **lse, nb_tensor **count,
-                               const nb_tensor *logits, const nb_tensor *targets,
-                               int64_t ignore_index, double eps) {
+                               nb_tensor *dlogits, const nb_tensor *logits,
+                               const nb_tensor *targets, int64_t ignore_index, double eps) {
     (void)ignore_index, (void)eps;
     int64_t n = logits->shape[0];
     bool cuda = on_cuda(logits), half = logits->dtype == NB_BF16 || logits->dtype == NB_F16;
-    *lse = nb__empty(ctx, cuda && half ? NB_F32 : logits->dtype, 1, &n);
+    *lse = dlogits ? NULL : nb__empty(ctx, cuda && half ? NB_F32 : logits->dtype, 1, &n);
     *count = nb__empty(ctx, cuda ? NB_F32 : NB_F64, 0, NULL);
     if (cuda && n > 0) {
         (void)nb_ctx_alloc(ctx, (size_t)n * sizeof(double), 0);
         (void)nb_ctx_alloc(ctx, (size_t)n * sizeof(int), 0);
     }
-    record(&(call){.name = "cross_entropy", .r = {logits, targets}, .w = {loss, *lse, *count},
-                   .flops = 4 * numel(logits), .launches = L(logits, cross_entropy)});
+    double counting = cuda && dlogits ? (double)(tbytes(targets) + tbytes(*count)) : 0;
+    record(&(call){.name = "cross_entropy", .r = {logits, targets}, .w = {loss, *lse, *count, dlogits},
+                   .extra_bytes = counting, .flops = (dlogits ? 7 : 4) * numel(logits),
+                   .launches = dlogits ? L(logits, cross_entropy_fused) : L(logits, cross_entropy)});
 }
 
+/* lse NULL: dlogits = g logits (after a fused forward) */
 static void meta_cross_entropy_backward(nb_tensor *dlogits, const nb_tensor *logits,
                                         const nb_tensor *lse, const nb_tensor *targets,
                                         const nb_tensor *g, const nb_tensor *count,
                                         int64_t ignore_index, double eps) {
     (void)ignore_index, (void)eps;
-    record(&(call){.name = "cross_entropy_backward", .r = {logits, lse, targets, g, count},
-                   .w = {dlogits}, .flops = 3 * numel(logits),
+    record(&(call){.name = "cross_entropy_backward",
+                   .r = {logits, lse, lse ? targets : NULL, g, lse ? count : NULL},
+                   .w = {dlogits}, .flops = (lse ? 3 : 1) * numel(logits),
                    .launches = L(dlogits, cross_entropy_backward)});
 }
 

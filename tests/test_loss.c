@@ -1,9 +1,14 @@
 /* Losses: cross-entropy against a naive double reference (ignore_index,
  * label smoothing, i32/i64 targets, all-ignored NaN, large logits), MSE
  * and BCE-with-logits against their formulas (BCE for large |x| too),
- * gradchecks including non-contiguous inputs, and error messages. */
+ * gradchecks including non-contiguous inputs, and error messages. The
+ * fused classifier (Note [Fused classifier] in tensor/ops_loss.c): its
+ * gradient for g = 1 bitwise the unfused one, for any g by gradcheck,
+ * and the logits written only when a backward can come. */
 #include <math.h>
+#include <string.h>
 
+#include "tensor/internal.h" /* nb__cross_entropy_fused, scopes */
 #include "testutil.h"
 
 /* ---- cross-entropy ---- */
@@ -87,7 +92,19 @@ START_TEST(test_ce_large_logits_and_all_ignored) {
 }
 END_TEST
 
-/* Gradient of the mean loss: (softmax - smoothed one-hot) / count. */
+/* Gradient of the mean loss over 3 rows of 4, targets tv (-100 ignored;
+ * two counted): (softmax - smoothed one-hot) / 2. */
+static void ce_grad_3x4(const double *xv, const int64_t *tv, double eps, double *e) {
+    for (int i = 0; i < 3; i++) {
+        double s = 0;
+        for (int j = 0; j < 4; j++) s += exp(xv[i * 4 + j]);
+        for (int j = 0; j < 4; j++) {
+            double target = eps / 4 + (j == tv[i] ? 1 - eps : 0.0);
+            e[i * 4 + j] = tv[i] == -100 ? 0 : (exp(xv[i * 4 + j]) / s - target) / 2;
+        }
+    }
+}
+
 START_TEST(test_ce_grad_closed_form) {
     nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
     nb_tensor *x = nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(3, 4), 8);
@@ -96,15 +113,7 @@ START_TEST(test_ce_grad_closed_form) {
     nb_backward(nb_cross_entropy(ctx, x, t, &o));
     double xv[12], e[12];
     nb_to_host_f64(x, xv);
-    int64_t tv[3] = {3, -100, 0};
-    for (int i = 0; i < 3; i++) {
-        double s = 0;
-        for (int j = 0; j < 4; j++) s += exp(xv[i * 4 + j]);
-        for (int j = 0; j < 4; j++) {
-            double target = 0.2 / 4 + (j == tv[i] ? 0.8 : 0.0);
-            e[i * 4 + j] = tv[i] == -100 ? 0 : (exp(xv[i * 4 + j]) / s - target) / 2;
-        }
-    }
+    ce_grad_3x4(xv, (int64_t[]){3, -100, 0}, 0.2, e);
     nbt_assert_close(x->grad, e, 1e-14, 1e-12);
     nb_ctx_free(ctx);
 }
@@ -122,6 +131,38 @@ static nb_tensor *ce_fn(nb_ctx *ctx, nb_tensor *const *in, void *user) {
     return nb_cross_entropy(ctx, x, c->targets, &c->opts);
 }
 
+/* ---- the fused classifier ---- */
+/* The loss of logits the library makes (x * 1 inside a scope, as
+ * nb_gpt_forward_loss's are), through the fused entry; *fused says whether
+ * the forward wrote the gradient (its node keeps no lse). */
+static nb_tensor *fused_loss(nb_ctx *ctx, nb_tensor *x, nb_tensor *t,
+                             const nb_cross_entropy_opts *o, nb_dtype dt, bool *fused) {
+    nb__scope_enter(ctx);
+    nb_tensor *logits = dt == x->dtype ? nb_mul_scalar(ctx, x, 1.0) : nb_cast(ctx, x, dt);
+    nb_tensor *loss = nb__cross_entropy_fused(ctx, logits, t, o);
+    if (fused) *fused = loss->node && loss->node->saved[0] && !loss->node->saved[2];
+    nb__scope_exit(ctx, loss);
+    return loss;
+}
+
+static nb_tensor *plain_loss(nb_ctx *ctx, nb_tensor *x, nb_tensor *t,
+                             const nb_cross_entropy_opts *o, nb_dtype dt) {
+    nb_tensor *logits = dt == x->dtype ? nb_mul_scalar(ctx, x, 1.0) : nb_cast(ctx, x, dt);
+    return nb_cross_entropy(ctx, logits, t, o);
+}
+
+static nb_tensor *fused_fn(nb_ctx *ctx, nb_tensor *const *in, void *user) {
+    ce_case *c = user;
+    nb_tensor *x = c->transpose ? nb_transpose(ctx, in[0], 0, 1) : in[0];
+    bool fused = false;
+    nb_tensor *loss = fused_loss(ctx, x, c->targets, &c->opts, x->dtype, &fused);
+    ck_assert(fused || !nb_grad_enabled());
+    return loss;
+}
+
+/* the plain loss, and the fused one for any g: gradcheck weighs the loss
+ * by a random factor, so the backward scales the forward's gradient (one
+ * pass, in place) */
 START_TEST(test_ce_gradcheck) {
     nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
     nb_tensor *t = nb_from_host(ctx, NB_I64, NB_SHAPE(4), (int64_t[]){2, -100, 0, 4});
@@ -130,10 +171,11 @@ START_TEST(test_ce_gradcheck) {
         {t, {-100, 0.0}, false}, {t, {-100, 0.3}, false}, {t, {-100, 0.1}, true},
         {t32, {1, 0.2}, false},  {t32, {-100, 0.0}, true},
     };
-    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
-        nb_tensor *x = cases[k].transpose ? nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(5, 4), 60 + k)
-                                          : nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(4, 5), 60 + k);
-        NBT_GRADCHECK(ce_fn, &cases[k], 1, &x);
+    for (size_t k = 0; k < 2 * (sizeof cases / sizeof cases[0]); k++) {
+        ce_case *c = &cases[k / 2];
+        nb_tensor *x = c->transpose ? nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(5, 4), 60 + k)
+                                    : nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(4, 5), 60 + k);
+        NBT_GRADCHECK(k % 2 ? fused_fn : ce_fn, c, 1, &x);
     }
     nb_ctx_free(ctx);
 }
@@ -155,6 +197,88 @@ START_TEST(test_f32_backward) {
     nb_backward(nb_bce_with_logits(ctx, x64, y64));
     nb_backward(nb_bce_with_logits(ctx, x32, y32));
     nbt_assert_tensors_close(x32->grad, x64->grad, 1e-6, 1e-5);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+/* g = 1 (nb_backward(loss): no kernel in the backward): loss and gradient
+ * bitwise the unfused ones, in f64, f32 and bf16 logits; g = 0.37 (a
+ * scaled loss: the scaling pass) within rounding of the unfused one. */
+START_TEST(test_ce_fused_matches_unfused) {
+    static const struct {
+        nb_dtype dt;
+        int64_t ignore;
+        double eps;
+    } cases[] = {{NB_F64, -100, 0.0}, {NB_F32, -100, 0.0}, {NB_F32, 3, 0.1},
+                 {NB_F32, -100, 0.25}, {NB_BF16, -100, 0.0}, {NB_BF16, 3, 0.1}};
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        const int64_t tv[6] = {0, 4, cases[k].ignore, 3, 1, 2};
+        nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+        nb_dtype dt = cases[k].dt, leaf = dt == NB_F64 ? NB_F64 : NB_F32;
+        if (dt == NB_BF16) nb_ctx_set_compute_dtype(ctx, NB_BF16);
+        nb_tensor *x = nbt_randn_leaf(ctx, leaf, NB_SHAPE(6, 7), 90 + k);
+        nb_tensor *t = nb_from_host(ctx, NB_I64, NB_SHAPE(6), tv);
+        nb_cross_entropy_opts o = {cases[k].ignore, cases[k].eps};
+        double lp, lf, gp[42], gf[42];
+        for (int scaled = 0; scaled < 2; scaled++) {
+            nb_zero_grad(x);
+            nb_tensor *loss = plain_loss(ctx, x, t, &o, dt);
+            lp = nb_item(loss);
+            nb_backward(scaled ? nb_mul_scalar(ctx, loss, 0.37) : loss);
+            nb_to_host_f64(x->grad, gp);
+            nb_zero_grad(x);
+            bool fused = false;
+            loss = fused_loss(ctx, x, t, &o, dt, &fused);
+            ck_assert_msg(fused, "case %zu: the forward did not write the gradient", k);
+            lf = nb_item(loss);
+            nb_backward(scaled ? nb_mul_scalar(ctx, loss, 0.37) : loss);
+            nb_to_host_f64(x->grad, gf);
+            ck_assert_msg(memcmp(&lp, &lf, sizeof lp) == 0, "case %zu: loss %.17g, unfused %.17g",
+                          k, lf, lp);
+            double tol = dt == NB_F64 ? 1e-15 : dt == NB_F32 ? 4e-7 : 1e-2; /* two roundings */
+            for (int i = 0; i < 42; i++)
+                if (scaled)
+                    ck_assert_msg(fabs(gf[i] - gp[i]) <= tol * (fabs(gp[i]) + 1e-3),
+                                  "case %zu g 0.37: dx[%d] = %.9g, unfused %.9g", k, i, gf[i],
+                                  gp[i]);
+                else
+                    ck_assert_msg(memcmp(&gf[i], &gp[i], sizeof gf[i]) == 0,
+                                  "case %zu g 1: dx[%d] = %.17g, unfused %.17g", k, i, gf[i],
+                                  gp[i]);
+        }
+        nb_ctx_free(ctx);
+    }
+}
+END_TEST
+
+/* The forward writes over the logits only when a backward can come: the
+ * logits hold (softmax - onehot) / count after a training forward, and
+ * their values after one under no-grad (eval); and never the user's. */
+START_TEST(test_ce_fused_writes) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *x = nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(3, 4), 11);
+    nb_tensor *t = nb_from_host(ctx, NB_I64, NB_SHAPE(3), (int64_t[]){3, -100, 0});
+    double xv[12], after[12], e[12];
+    nb_to_host_f64(x, xv);
+    ce_grad_3x4(xv, (int64_t[]){3, -100, 0}, 0, e);
+    for (int grad = 0; grad < 2; grad++) {
+        bool prev = nb_set_grad_enabled(grad);
+        nb__scope_enter(ctx);
+        nb_tensor *logits = nb_mul_scalar(ctx, x, 1.0);
+        nb_tensor *loss = nb__cross_entropy_fused(ctx, logits, t, NULL);
+        nb_to_host_f64(logits, after);
+        nb__scope_exit(ctx, loss);
+        nb_set_grad_enabled(prev);
+        for (int i = 0; i < 12; i++)
+            ck_assert_msg(fabs(after[i] - (grad ? e[i] : xv[i])) <= 1e-14, "%s: logits[%d] = %.17g",
+                          grad ? "training" : "eval", i, after[i]);
+    }
+    /* the user's logits (made outside any scope) are never written */
+    nb_tensor *mine = nb_mul_scalar(ctx, x, 1.0);
+    nb_tensor *loss = nb__cross_entropy_fused(ctx, mine, t, NULL);
+    nb_to_host_f64(mine, after);
+    ck_assert(memcmp(after, xv, sizeof xv) == 0);
+    ck_assert_ptr_nonnull(loss->node->saved[2]);
     nb_ctx_free(ctx);
 }
 END_TEST
@@ -314,7 +438,8 @@ END_TEST
 
 static Suite *suite(void) {
     const TTest *tests[] = {test_ce_values, test_ce_large_logits_and_all_ignored, test_ce_grad_closed_form,
-                             test_ce_gradcheck, test_f32_backward, test_ce_errors, test_mse_values,
+                             test_ce_gradcheck, test_ce_fused_matches_unfused,
+                             test_ce_fused_writes, test_f32_backward, test_ce_errors, test_mse_values,
                              test_mse_gradcheck, test_mse_errors, test_bce_values, test_bce_gradcheck,
                              test_bce_errors, NULL};
     return nbt_suite("loss", "core", 0, tests);

@@ -123,6 +123,44 @@ START_TEST(test_cross_entropy) {
 }
 END_TEST
 
+/* Note [Fused classifier]: logits the library made (in a scope) get their
+ * gradient in the forward: it reads logits and targets once, writes the
+ * loss, the count and dlogits (no lse); CUDA counts the targets first (a
+ * kernel reading them and writing the count). The backward of
+ * nb_backward(loss) then runs no entry; with g = 0.5 one pass reads
+ * dlogits and g and writes dlogits. */
+START_TEST(test_cross_entropy_fused) {
+    enum { N = 16, C = 50 };
+    for (int i = 0; i < 2; i++) {
+        bool cuda = kinds[i] == NB_DEVICE_CUDA;
+        nb_ctx *ctx = nb_ctx_new(nb_meta(kinds[i]), 0);
+        nb_tensor *x = nb_empty(ctx, NB_F32, NB_SHAPE(N, C));
+        x->requires_grad = true;
+        nb_tensor *t = nb_zeros(ctx, NB_I64, NB_SHAPE(N));
+        double count = cuda ? 4 : 8;
+        for (int scaled = 0; scaled < 2; scaled++) {
+            nb__scope_enter(ctx);
+            nb_tensor *logits = nb_mul_scalar(ctx, x, 1.0);
+            nb_meta_reset();
+            nb_tensor *loss = nb__cross_entropy_fused(ctx, logits, t, NULL);
+            nb__scope_exit(ctx, loss);
+            expect("cross_entropy", 1,
+                   4.0 * N * C + 8.0 * N + 4 + count + 4.0 * N * C + (cuda ? 8.0 * N + 4 : 0),
+                   7.0 * N * C, 0, cuda ? 3 : 0);
+            if (scaled) loss = nb_mul_scalar(ctx, loss, 0.5);
+            nb_meta_reset();
+            nb_backward(loss);
+            if (scaled)
+                expect("cross_entropy_backward", 1, 4.0 * N * C + 4 + 4.0 * N * C, 1.0 * N * C, 0,
+                       cuda ? 1 : 0);
+            else
+                ck_assert_int_eq(find("cross_entropy_backward").calls, 0);
+        }
+        nb_ctx_free(ctx);
+    }
+}
+END_TEST
+
 START_TEST(test_adamw) {
     int64_t sizes[3] = {1000, 37, 4096};
     nb_ctx *ctx = nb_ctx_new(nb_meta(NB_DEVICE_CUDA), 0);
@@ -258,6 +296,9 @@ START_TEST(test_gpt_shadows) {
         nb_meta_reset();
         nb_backward(nb_gpt_forward_loss(gpt, step, x, y));
         casts[s] = find("copy.f32>bf16").calls;
+        /* the fused classifier: three launches forward, none backward */
+        ck_assert_int_eq(find("cross_entropy").launches, 3);
+        ck_assert_int_eq(find("cross_entropy_backward").calls, 0);
         nb_optim_step(opt);
         nb_optim_zero_grad(opt);
     }
@@ -437,8 +478,8 @@ END_TEST
 
 static Suite *suite(void) {
     const TTest *tests[] = {test_tables, test_matmul, test_batched_matmul, test_linear_epilogues,
-                             test_layer_norm, test_softmax, test_cross_entropy, test_adamw,
-                             test_embedding_backward, test_adamw_many, test_gpt_shadows,
+                             test_layer_norm, test_softmax, test_cross_entropy,
+                             test_cross_entropy_fused, test_adamw, test_embedding_backward, test_adamw_many, test_gpt_shadows,
                              test_attention_path, test_gpt_peak_matches_cpu, test_no_values,
                              test_device_names, NULL};
     return nbt_suite("meta", "core", 60, tests);

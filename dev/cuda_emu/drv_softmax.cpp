@@ -58,7 +58,7 @@ static void ce_case(nb_dtype dt, nb_dtype tdt, int64_t n, int64_t c, int64_t ign
     for (int64_t i = 0; i < n; i++) nb__store((char *)tc->data + i * nb_dtype_size(tdt), tdt, tv[i * tstride]);
     nb_tensor *loss = mk(f32_loss ? NB_F32 : dt, {}), *lse = mk(dt == NB_F64 ? NB_F64 : NB_F32, {n}), *count = mk(NB_F32, {});
     memset(nb__cuda_fault_slot(0), 0, sizeof(nb__cuda_fault));
-    nb__cuda_cross_entropy_rows(loss, lse, count, x, t, ignore, eps);
+    nb__cuda_cross_entropy_rows(loss, lse, count, nullptr, x, t, ignore, eps);
     nb__cuda_fault *f = nb__cuda_fault_slot(0);
     if (bad) {
         CHECKS++;
@@ -67,7 +67,7 @@ static void ce_case(nb_dtype dt, nb_dtype tdt, int64_t n, int64_t c, int64_t ign
     }
     if (f->code) { FAILS++; printf("FAIL %s: unexpected fault\n", nm.c_str()); }
     nb_tensor *x64 = as(x, NB_F64), *lse64 = mk(NB_F64, {n});
-    double tot = nb__cpu_cross_entropy_rows(lse64, x64, tc, ignore, eps);
+    double tot = nb__cpu_cross_entropy_rows(lse64, nullptr, x64, tc, ignore, eps, 0);
     int64_t cnt = 0;
     for (int64_t i = 0; i < n; i++) cnt += (int64_t)tv[i * tstride] != ignore;
     cmpv(nm + " loss", get(loss), {tot / (double)cnt}, tol_of(f32_loss ? NB_F32 : dt));
@@ -85,6 +85,20 @@ static void ce_case(nb_dtype dt, nb_dtype tdt, int64_t n, int64_t c, int64_t ign
     put(xa, get(x));
     nb__cuda_cross_entropy_backward(xa, xa, lse, t, g, count, ignore, eps);
     cmpv(nm + " dx over x", get(xa), get(dx64), tol_of(dt) * 2, 1.7 / (double)(cnt > 0 ? cnt : 1));
+    /* fused (Note [Fused classifier] in tensor/ops_loss.c): the forward
+     * writes the gradient for g = 1 over the logits, no lse; then the
+     * backward's scaling pass, in place, for g = 1.7 */
+    nb_tensor *xf = mk(dt, {n, c}), *lossf = mk(f32_loss ? NB_F32 : dt, {}), *countf = mk(NB_F32, {});
+    put(xf, get(x));
+    nb__cuda_cross_entropy_rows(lossf, nullptr, countf, xf, xf, t, ignore, eps);
+    if (f->code) { FAILS++; printf("FAIL %s: unexpected fault (fused)\n", nm.c_str()); }
+    cmpv(nm + " fused loss", get(lossf), {tot / (double)cnt}, tol_of(f32_loss ? NB_F32 : dt));
+    cmpv(nm + " fused count", get(countf), {(double)cnt}, 0);
+    nb_tensor *dx1 = mk(NB_F64, {n, c});
+    nb__cpu_cross_entropy_backward_rows(dx1, x64, lse64, tc, ignore, eps, cnt > 0 ? 1.0 / (double)cnt : 0);
+    cmpv(nm + " fused dx", get(xf), get(dx1), tol_of(dt) * 2, 1.0 / (double)(cnt > 0 ? cnt : 1));
+    nb__cuda_cross_entropy_backward(xf, xf, nullptr, t, g, countf, ignore, eps);
+    cmpv(nm + " fused dx * g", get(xf), get(dx64), tol_of(dt) * 3, 1.7 / (double)(cnt > 0 ? cnt : 1));
 }
 int main(int argc, char **argv) {
     init();

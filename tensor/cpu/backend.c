@@ -171,10 +171,11 @@ void nb__cpu_conv2d_backward(nb_ctx *ctx, nb_dtype dt, const nb__conv2d_geom *g,
 
 /* Targets are checked here, on the host; count is f64 (exact for any batch). */
 void nb__cpu_cross_entropy(nb_ctx *ctx, nb_tensor *loss, nb_tensor **lse, nb_tensor **count,
-                           const nb_tensor *logits, const nb_tensor *targets, int64_t ignore_index,
-                           double eps) {
+                           nb_tensor *dlogits, const nb_tensor *logits, const nb_tensor *targets,
+                           int64_t ignore_index, double eps) {
     if (nb__cpu_is_bf16(logits)) {
-        nb__cpu_cross_entropy_bf16(ctx, loss, lse, count, logits, targets, ignore_index, eps);
+        nb__cpu_cross_entropy_bf16(ctx, loss, lse, count, dlogits, logits, targets, ignore_index,
+                                   eps);
         return;
     }
     int64_t n = logits->shape[0], c = logits->shape[1], kept = 0;
@@ -188,10 +189,12 @@ void nb__cpu_cross_entropy(nb_ctx *ctx, nb_tensor *loss, nb_tensor **lse, nb_ten
                  (long long)ignore_index, nb_shape_str(logits));
         kept++;
     }
-    *lse = nb__empty(ctx, logits->dtype, 1, &n);
+    *lse = dlogits ? NULL : nb__empty(ctx, logits->dtype, 1, &n);
     *count = nb__empty(ctx, NB_F64, 0, NULL);
     *(double *)(*count)->data = (double)kept;
-    double total = nb__cpu_cross_entropy_rows(*lse, logits, targets, ignore_index, eps);
+    /* the scale the backward uses for g = 1 */
+    double total = nb__cpu_cross_entropy_rows(*lse, dlogits, logits, targets, ignore_index, eps,
+                                              kept > 0 ? 1.0 / (double)kept : 0);
     nb__store(loss->data, loss->dtype, total / (double)kept);
 }
 
@@ -204,8 +207,8 @@ void nb__cpu_cross_entropy_backward(nb_tensor *dlogits, const nb_tensor *logits,
                                             eps);
         return;
     }
-    double kept = *(const double *)count->data;
-    double scale = kept > 0 ? nb__load(g->data, g->dtype) / kept : 0;
+    double kept = *(const double *)count->data, gv = nb__load(g->data, g->dtype);
+    double scale = lse ? (kept > 0 ? gv / kept : 0) : gv; /* lse NULL: logits hold dlogits for g = 1 */
     nb__cpu_cross_entropy_backward_rows(dlogits, logits, lse, targets, ignore_index, eps, scale);
 }
 

@@ -195,11 +195,14 @@ void nb__cpu_layer_norm_backward_bf16(nb_ctx *ctx, nb_tensor *dx, nb_tensor *dw,
 
 /* bf16 logits; the loss and the log-sum-exp f32 */
 void nb__cpu_cross_entropy_bf16(nb_ctx *ctx, nb_tensor *loss, nb_tensor **lse, nb_tensor **count,
-                                const nb_tensor *logits, const nb_tensor *targets,
-                                int64_t ignore_index, double eps) {
-    twin wx;
-    nb__cpu_cross_entropy(ctx, loss, lse, count, in(&wx, logits), targets, ignore_index, eps);
+                                nb_tensor *dlogits, const nb_tensor *logits,
+                                const nb_tensor *targets, int64_t ignore_index, double eps) {
+    twin wd, wx;
+    const nb_tensor *tx = in(&wx, logits); /* before dlogits, which may be the logits' storage */
+    nb_tensor *td = out(&wd, dlogits);
+    nb__cpu_cross_entropy(ctx, loss, lse, count, td, tx, targets, ignore_index, eps);
     done(&wx);
+    narrow(&wd, dlogits);
 }
 
 void nb__cpu_cross_entropy_backward_bf16(nb_tensor *dlogits, const nb_tensor *logits,

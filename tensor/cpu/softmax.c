@@ -337,9 +337,26 @@ int64_t nb__cpu_target_at(const nb_tensor *targets, int64_t i) {
     return ((const int64_t *)targets->data)[i];
 }
 
+/* Row i's gradient for the scale g / count, from its lse li (in T, as
+ * the backward reads it); the fused forward and the backward both write
+ * it so, so that their results are bitwise one (Note [Fused classifier]
+ * in tensor/ops_loss.c). drow may be row: each element is read before it
+ * is written, and row[t] is not read. */
 #define DEFINE_CROSS_ENTROPY(T, EXP)                                                        \
-    static double cross_entropy_##T(T *lse, const T *x, const nb_tensor *targets, int64_t i0,  \
-                                    int64_t i1, int64_t c, int64_t ignore, double eps) {    \
+    static void ce_grad_row_##T(T *drow, const T *row, T li, int64_t t, int64_t c,           \
+                                int64_t ignore, T sc, T off, T on) {                        \
+        if (t == ignore) {                                                                  \
+            for (int64_t j = 0; j < c; j++) drow[j] = 0;                                    \
+            return;                                                                         \
+        }                                                                                   \
+        for (int64_t j = 0; j < c; j++) drow[j] = sc * EXP(row[j] - li) - off;              \
+        drow[t] -= on;                                                                      \
+    }                                                                                       \
+    /* dx, when not NULL, gets the gradient for the scale `scale` (fused) */                \
+    static double cross_entropy_##T(T *lse, T *dx, const T *x, const nb_tensor *targets,    \
+                                    int64_t i0, int64_t i1, int64_t c, int64_t ignore,      \
+                                    double eps, double scale) {                             \
+        T off = (T)(scale * eps / (double)c), on = (T)(scale * (1 - eps)), sc = (T)scale;    \
         double total = 0;                                                                   \
         for (int64_t i = i0; i < i1; i++) {                                                 \
             const T *row = x + i * c;                                                       \
@@ -347,30 +364,29 @@ int64_t nb__cpu_target_at(const nb_tensor *targets, int64_t i) {
             double l = (double)mx + log(row_expsum_##T(NULL, row, c, 1, mx)), sx = 0;          \
             if (eps != 0)                                                                   \
                 for (int64_t j = 0; j < c; j++) sx += row[j];                               \
-            lse[i] = (T)l;                                                                  \
+            if (lse) lse[i] = (T)l;                                                         \
             int64_t t = nb__cpu_target_at(targets, i);                                      \
-            if (t == ignore) continue;                                                      \
-            double nll = l - (double)row[t];                                                \
-            total += eps == 0 ? nll : (1 - eps) * nll + eps * (l - sx / (double)c);         \
+            if (t != ignore) {                                                              \
+                double nll = l - (double)row[t];                                            \
+                total += eps == 0 ? nll : (1 - eps) * nll + eps * (l - sx / (double)c);     \
+            }                                                                               \
+            if (dx) ce_grad_row_##T(dx + i * c, row, (T)l, t, c, ignore, sc, off, on);      \
         }                                                                                   \
         return total;                                                                       \
     }                                                                                       \
+    /* lse NULL: x holds the fused forward's gradient, dx = scale x */                      \
     static void cross_entropy_backward_##T(T *dx, const T *x, const T *lse,                   \
                                            const nb_tensor *targets, int64_t i0, int64_t i1, \
                                            int64_t c, int64_t ignore, double eps,           \
                                            double scale) {                                  \
         T off = (T)(scale * eps / (double)c), on = (T)(scale * (1 - eps)), sc = (T)scale;    \
-        for (int64_t i = i0; i < i1; i++) {                                                 \
-            const T *row = x + i * c;                                                       \
-            T *drow = dx + i * c;                                                           \
-            int64_t t = nb__cpu_target_at(targets, i);                                      \
-            if (t == ignore) {                                                              \
-                for (int64_t j = 0; j < c; j++) drow[j] = 0;                                \
-                continue;                                                                   \
-            }                                                                               \
-            for (int64_t j = 0; j < c; j++) drow[j] = sc * EXP(row[j] - lse[i]) - off;      \
-            drow[t] -= on;                                                                  \
+        if (!lse) {                                                                         \
+            for (int64_t e = i0 * c; e < i1 * c; e++) dx[e] = sc * x[e];                    \
+            return;                                                                         \
         }                                                                                   \
+        for (int64_t i = i0; i < i1; i++)                                                   \
+            ce_grad_row_##T(dx + i * c, x + i * c, lse[i], nb__cpu_target_at(targets, i), c,  \
+                            ignore, sc, off, on);                                           \
     }
 
 DEFINE_CROSS_ENTROPY(float, exp_or_zero)
@@ -391,21 +407,23 @@ static void ce_chunk(void *varg, int64_t piece, int tid) {
     const ce_job *j = varg;
     int64_t i0 = piece * j->grain, i1 = i0 + j->grain < j->n ? i0 + j->grain : j->n;
     if (j->logits->dtype == NB_F32)
-        j->partial[piece] = cross_entropy_float(j->lse, j->logits->data, j->targets, i0, i1, j->c,
-                                                j->ignore, j->eps);
+        j->partial[piece] = cross_entropy_float(j->lse, j->dx, j->logits->data, j->targets, i0,
+                                                i1, j->c, j->ignore, j->eps, j->scale);
     else
-        j->partial[piece] = cross_entropy_double(j->lse, j->logits->data, j->targets, i0, i1,
-                                                 j->c, j->ignore, j->eps);
+        j->partial[piece] = cross_entropy_double(j->lse, j->dx, j->logits->data, j->targets, i0,
+                                                 i1, j->c, j->ignore, j->eps, j->scale);
 }
 
-double nb__cpu_cross_entropy_rows(nb_tensor *lse, const nb_tensor *logits, const nb_tensor *targets,
-                                  int64_t ignore_index, double eps) {
+double nb__cpu_cross_entropy_rows(nb_tensor *lse, nb_tensor *dlogits, const nb_tensor *logits,
+                                  const nb_tensor *targets, int64_t ignore_index, double eps,
+                                  double scale) {
     int64_t n = logits->shape[0], c = logits->shape[1], grain = nb__grain(c);
     int64_t pieces = nb__chunk_count(n, grain);
     double one, *partial = pieces == 1 ? &one : malloc((size_t)pieces * sizeof *partial);
     NB_CHECK(partial, "nb_cross_entropy: out of memory for %lld partial sums", (long long)pieces);
-    ce_job j = {.lse = lse->data, .logits = logits, .targets = targets, .n = n, .c = c,
-                .grain = grain, .ignore = ignore_index, .eps = eps, .partial = partial};
+    ce_job j = {.lse = lse ? lse->data : NULL, .dx = dlogits ? dlogits->data : NULL,
+                .logits = logits, .targets = targets, .n = n, .c = c, .grain = grain,
+                .ignore = ignore_index, .eps = eps, .scale = scale, .partial = partial};
     nb__parallel_for(pieces, ce_chunk, &j);
     double total = 0;
     for (int64_t p = 0; p < pieces; p++) total += partial[p];
@@ -427,7 +445,8 @@ void nb__cpu_cross_entropy_backward_rows(nb_tensor *dlogits, const nb_tensor *lo
                                          const nb_tensor *lse, const nb_tensor *targets,
                                          int64_t ignore_index, double eps, double scale) {
     int64_t n = logits->shape[0], c = logits->shape[1];
-    ce_job j = {.lse = lse->data, .dx = dlogits->data, .logits = logits, .targets = targets,
+    ce_job j = {.lse = lse ? lse->data : NULL, .dx = dlogits->data, .logits = logits,
+                .targets = targets,
                 .n = n, .c = c, .ignore = ignore_index, .eps = eps, .scale = scale};
     nb__parallel_range(n, nb__grain(c), ce_backward_range, &j);
 }

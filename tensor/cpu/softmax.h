@@ -38,13 +38,18 @@ void nb__cpu_causal_rows_backward(nb_dtype dt, void *dx, const void *y, const vo
 /* Class index of row i of targets (i32 or i64). */
 int64_t nb__cpu_target_at(const nb_tensor *targets, int64_t i);
 
-/* Writes lse (N) = log sum_c exp(logits[i, c]) for every row and returns
- * the sum over rows whose target is not ignore_index of
- * (1 - eps) (lse - x[t]) + eps (lse - mean_c x[c]). */
-double nb__cpu_cross_entropy_rows(nb_tensor *lse, const nb_tensor *logits, const nb_tensor *targets,
-                                  int64_t ignore_index, double eps);
+/* Writes lse (N) = log sum_c exp(logits[i, c]) for every row (lse may be
+ * NULL) and returns the sum over rows whose target is not ignore_index of
+ * (1 - eps) (lse - x[t]) + eps (lse - mean_c x[c]). With dlogits (the
+ * fused classifier; it may be logits) it also writes what
+ * nb__cpu_cross_entropy_backward_rows writes for `scale`, bitwise. */
+double nb__cpu_cross_entropy_rows(nb_tensor *lse, nb_tensor *dlogits, const nb_tensor *logits,
+                                  const nb_tensor *targets, int64_t ignore_index, double eps,
+                                  double scale);
 /* dlogits[i, c] = scale (exp(x[i, c] - lse[i]) - eps / C - (1 - eps) [c = t_i])
- * for rows not ignored, 0 for ignored rows. */
+ * for rows not ignored, 0 for ignored rows. lse NULL: logits hold the
+ * fused forward's gradient and dlogits = scale logits. dlogits may be
+ * logits. */
 void nb__cpu_cross_entropy_backward_rows(nb_tensor *dlogits, const nb_tensor *logits,
                                          const nb_tensor *lse, const nb_tensor *targets,
                                          int64_t ignore_index, double eps, double scale);

@@ -74,15 +74,16 @@ void nb__cuda_layer_norm_backward(nb_ctx *ctx, nb_tensor *dx, nb_tensor *dw, nb_
     nb__cuda_layer_norm_backward_rows(dx, dw, db, g, x, mean, rstd, w, m, d);
 }
 
-/* lse in f32 for 16-bit logits; count 0-d f32; nothing read by the host */
+/* lse in f32 for 16-bit logits (none when fused); count 0-d f32; nothing
+ * read by the host */
 void nb__cuda_cross_entropy(nb_ctx *ctx, nb_tensor *loss, nb_tensor **lse, nb_tensor **count,
-                            const nb_tensor *logits, const nb_tensor *targets, int64_t ignore_index,
-                            double eps) {
+                            nb_tensor *dlogits, const nb_tensor *logits, const nb_tensor *targets,
+                            int64_t ignore_index, double eps) {
     int64_t n = logits->shape[0];
     bool half = logits->dtype == NB_BF16 || logits->dtype == NB_F16;
-    *lse = nb__empty(ctx, half ? NB_F32 : logits->dtype, 1, &n);
+    *lse = dlogits ? NULL : nb__empty(ctx, half ? NB_F32 : logits->dtype, 1, &n);
     *count = nb__empty(ctx, NB_F32, 0, NULL);
-    nb__cuda_cross_entropy_rows(loss, *lse, *count, logits, targets, ignore_index, eps);
+    nb__cuda_cross_entropy_rows(loss, *lse, *count, dlogits, logits, targets, ignore_index, eps);
 }
 
 /* Note [Poisoned outputs] */

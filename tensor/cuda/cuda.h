@@ -208,12 +208,18 @@ nb__backend_softmax_backward_fn nb__cuda_softmax_backward;
  * (1 - eps)(lse - x[t]) + eps (lse - mean_c x[c]), divided by count
  * (0/0 = NaN when all are ignored). A target outside [0, C) that is not
  * ignore_index raises NB__FAULT_CROSS_ENTROPY_TARGET. */
+/* With dlogits (contiguous, the logits' shape and dtype; may be logits:
+ * the fused classifier) it also writes dlogits = what the backward below
+ * writes for g = 1, and lse may be NULL; three launches (a count kernel
+ * first) instead of two. */
 void nb__cuda_cross_entropy_rows(nb_tensor *loss, nb_tensor *lse, nb_tensor *count,
-                                 const nb_tensor *logits, const nb_tensor *targets,
-                                 int64_t ignore_index, double eps);
+                                 nb_tensor *dlogits, const nb_tensor *logits,
+                                 const nb_tensor *targets, int64_t ignore_index, double eps);
 /* dlogits[i, c] = (g / count) (softmax(x)[i, c] - eps / C - (1 - eps)[c = t_i]) for
  * rows not ignored, 0 for ignored rows (0 everywhere when count is 0);
- * g (0-d) and count are device tensors (no host read). */
+ * g (0-d) and count are device tensors (no host read). lse NULL: logits
+ * hold the fused forward's dlogits, and dlogits = g logits (dlogits may
+ * be logits). */
 nb__backend_cross_entropy_backward_fn nb__cuda_cross_entropy_backward;
 
 /* ============================ fused causal attention (attention.cu)

@@ -44,7 +44,9 @@ enum {
     NB__CUDA_LAUNCHES_softmax_causal = 1,          /* causal(_reg)_kernel */
     NB__CUDA_LAUNCHES_softmax_causal_backward = 1, /* causal_backward(_reg)_kernel */
     NB__CUDA_LAUNCHES_cross_entropy = 2,           /* cross_entropy_rows_kernel, _total_kernel */
-    NB__CUDA_LAUNCHES_cross_entropy_backward = 1,  /* cross_entropy_backward_kernel */
+    NB__CUDA_LAUNCHES_cross_entropy_fused = 3,     /* + cross_entropy_count_kernel first */
+    NB__CUDA_LAUNCHES_cross_entropy_backward = 1,  /* cross_entropy_backward_kernel, or
+                                                      _scale_kernel after a fused forward */
     /* ---- attention.cu: our kernels (attention_kernel; attention_dq_kernel,
      * attention_dkdv_kernel), or one cuDNN call each (attention_cudnn.cpp) ---- */
     NB__CUDA_LAUNCHES_causal_attention = 1,

@@ -14,7 +14,11 @@
  *
  * Cross-entropy: one group per row writes lse, the row's loss (f64) and
  * whether it counts into scratch; one block then sums them in a fixed
- * order (deterministic, no atomics) into loss and count. A target outside
+ * order (deterministic, no atomics) into loss and count. Fused (Note
+ * [Fused classifier] in tensor/ops_loss.c): one block counts the targets
+ * first, and each row's group, after its merge, reads its row a second
+ * time (from L2: a row of GPT-2's 50304 bf16 logits is 100 KB) to write
+ * the gradient over it; no lse. A target outside
  * [0, C) that is not ignore_index raises NB__FAULT_CROSS_ENTROPY_TARGET
  * (Note [Deferred device checks] in cuda.h) and its row counts for nothing.
  * 16-bit types compute in f32, f64 in f64. */
@@ -29,19 +33,21 @@ static __device__ __forceinline__ int64_t load_target(const void *p, int64_t i, 
 static __device__ __forceinline__ float m_log(float x) { return logf(x); }
 static __device__ __forceinline__ double m_log(double x) { return log(x); }
 
-/* Cross-entropy's row state: online max and sum, and the sum of x. */
+/* Cross-entropy's row state: online max and sum, the sum of x, and
+ * x[t] (from the one thread that read it, 0 from the others: the fused
+ * kernel writes over x, so nothing reads x[t] after the merge). */
 template <class C> struct ce_st {
     ms<C> e;
-    C sx;
+    C sx, xt;
 };
 template <class C> static __device__ __forceinline__ ce_st<C> combine(ce_st<C> a, ce_st<C> b) {
-    return ce_st<C>{combine(a.e, b.e), a.sx + b.sx};
+    return ce_st<C>{combine(a.e, b.e), a.sx + b.sx, a.xt + b.xt};
 }
 template <class C> static __device__ __forceinline__ ce_st<C> shfl_down(ce_st<C> v, int o) {
-    return ce_st<C>{shfl_down(v.e, o), shfl_down(v.sx, o)};
+    return ce_st<C>{shfl_down(v.e, o), shfl_down(v.sx, o), shfl_down(v.xt, o)};
 }
 template <class C> static __device__ __forceinline__ ce_st<C> shfl_0(ce_st<C> v) {
-    return ce_st<C>{shfl_0(v.e), shfl_0(v.sx)};
+    return ce_st<C>{shfl_0(v.e), shfl_0(v.sx), shfl_0(v.xt)};
 }
 
 static unsigned grid_for(int64_t units, int64_t per_block) {
@@ -290,37 +296,67 @@ static __device__ void raise_target_fault(nb__cuda_fault *slot, int64_t t, int64
     }
 }
 
-// x: (N, C); lse: (N); row_loss, counted: (N) scratch
+/* Whether row i's target counts (not ignored, in range). */
+static __device__ __forceinline__ bool target_counts(int64_t t, int64_t ignore, int64_t c) {
+    return t != ignore && t >= 0 && t < c;
+}
+
+/* Row `row`'s gradient for the scale 1 / count (the backward's for g = 1,
+ * same arithmetic as cross_entropy_backward_kernel), written by the
+ * group's threads over dx (which may be x: each thread reads x[j] then
+ * writes dx[j]). */
+template <class T>
+static __device__ void ce_grad_row(T *dxr, const T *xr, math_t<T> l, int64_t t, bool counts,
+                                   double cnt, int64_t c, double eps) {
+    typedef math_t<T> C;
+    double scale = cnt > 0 ? 1.0 / cnt : 0.0;
+    C sc = (C)scale, off = (C)(scale * eps / (double)c), on = (C)(scale * (1 - eps));
+    for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
+        if (cnt <= 0 || !counts) {
+            dxr[j] = store_as<T>((C)0);
+            continue;
+        }
+        C v = sc * m_exp(to_math(xr[j]) - l) - off;
+        if (j == t) v -= on;
+        dxr[j] = store_as<T>(v);
+    }
+}
+
+// x, dx: (N, C); lse: (N) or null; row_loss, counted: (N) scratch; dx null
+// (unfused) or the fused gradient, count then already written
 template <class T>
 static __global__ void cross_entropy_rows_kernel(math_t<T> *lse, double *row_loss, int *counted,
-                                                 const T *x, const void *tg, int tdt,
-                                                 int64_t tstride, int64_t n, int64_t c,
-                                                 int64_t ignore, double eps,
+                                                 T *dx, const float *count, const T *x,
+                                                 const void *tg, int tdt, int64_t tstride,
+                                                 int64_t n, int64_t c, int64_t ignore, double eps,
                                                  nb__cuda_fault *slot) {
     typedef math_t<T> C;
     __shared__ ce_st<C> sm[32];
     for (int64_t row = blockIdx.x * (int64_t)blockDim.y + threadIdx.y; row < n;
          row += (int64_t)gridDim.x * blockDim.y) {
         const T *xr = x + row * c;
-        ce_st<C> st{{(C)-INFINITY, (C)0}, (C)0};
+        int64_t t = load_target(tg, row * tstride, tdt);
+        ce_st<C> st{{(C)-INFINITY, (C)0}, (C)0, (C)0};
         for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
             C v = to_math(xr[j]);
             ms_add(st.e, v);
             st.sx += v;
+            if (j == t) st.xt = v;
         }
         st = group_allreduce(st, sm);
-        if (threadIdx.x != 0) continue;
         st.e = ms_done(st.e);
         C l = st.e.m + m_log(st.e.s);
-        lse[row] = l;
-        int64_t t = load_target(tg, row * tstride, tdt);
+        bool counts = target_counts(t, ignore, c);
+        if (dx) ce_grad_row(dx + row * c, xr, l, t, counts, (double)*count, c, eps);
+        if (threadIdx.x != 0) continue;
+        if (lse) lse[row] = l;
         double loss = 0;
         int cnt = 0;
         if (t != ignore) {
-            if (t < 0 || t >= c) {
+            if (!counts) {
                 raise_target_fault(slot, t, row, c);
             } else {
-                double nll = (double)l - (double)to_math(xr[t]);
+                double nll = (double)l - (double)st.xt;
                 loss = eps == 0 ? nll
                                 : (1 - eps) * nll + eps * ((double)l - (double)st.sx / (double)c);
                 cnt = 1;
@@ -329,6 +365,19 @@ static __global__ void cross_entropy_rows_kernel(math_t<T> *lse, double *row_los
         row_loss[row] = loss;
         counted[row] = cnt;
     }
+}
+
+/* One block of 1024: count = the targets that count (the fused kernel
+ * scales by it before any row's loss is known). */
+static __global__ void cross_entropy_count_kernel(float *count, const void *tg, int tdt,
+                                                  int64_t tstride, int64_t n, int64_t c,
+                                                  int64_t ignore) {
+    __shared__ double sm[32];
+    double k = 0;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+        k += target_counts(load_target(tg, i * tstride, tdt), ignore, c);
+    k = group_allreduce(k, sm);
+    if (threadIdx.x == 0) *count = (float)k;
 }
 
 /* One block of 1024: loss = sum of row_loss / count, count = rows counted. */
@@ -351,23 +400,26 @@ static __global__ void cross_entropy_total_kernel(T *loss, float *count, const d
 }
 
 void nb__cuda_cross_entropy_rows(nb_tensor *loss, nb_tensor *lse, nb_tensor *count,
-                                 const nb_tensor *logits, const nb_tensor *targets,
-                                 int64_t ignore_index, double eps) {
+                                 nb_tensor *dlogits, const nb_tensor *logits,
+                                 const nb_tensor *targets, int64_t ignore_index, double eps) {
     const char *op = "nb_cross_entropy";
     cudaStream_t s = nb__cuda_enter(op, loss->device.index);
     int64_t n = logits->shape[0], c = logits->shape[1];
     NB_CHECK(logits->ndim == 2 && nb_is_contiguous(logits) && targets->ndim == 1 &&
                  targets->shape[0] == n &&
                  (targets->dtype == NB_I32 || targets->dtype == NB_I64) &&
-                 count->dtype == NB_F32 &&
+                 count->dtype == NB_F32 && (lse || dlogits) &&
+                 (!dlogits || (dlogits->dtype == logits->dtype && nb_is_contiguous(dlogits) &&
+                               nb_same_shape(dlogits, logits))) &&
                  (loss->dtype == logits->dtype ||
                   (loss->dtype == NB_F32 && nb_dtype_size(logits->dtype) == 2)),
-             "%s: expects contiguous logits (N, C), i32/i64 targets (N), an f32 count and a loss "
-             "of the logits' dtype (f32 for bf16/f16); got logits %s %s, targets %s %s, count "
-             "%s, loss %s",
+             "%s: expects contiguous logits (N, C), i32/i64 targets (N), an f32 count, a loss "
+             "of the logits' dtype (f32 for bf16/f16), and an lse or contiguous dlogits like the "
+             "logits; got logits %s %s, targets %s %s, count %s, loss %s, lse %s, dlogits %s",
              op, nb_dtype_name(logits->dtype), nb_shape_str(logits),
              nb_dtype_name(targets->dtype), nb_shape_str(targets), nb_dtype_name(count->dtype),
-             nb_dtype_name(loss->dtype));
+             nb_dtype_name(loss->dtype), lse ? "given" : "none",
+             dlogits ? nb_shape_str(dlogits) : "none");
     nb__cuda_fault *slot = nb__cuda_fault_slot(logits->device.index);
     by_float_dtype(op, logits->dtype, [&](auto t) {
         typedef typename decltype(t)::type T;
@@ -378,12 +430,20 @@ void nb__cuda_cross_entropy_rows(nb_tensor *loss, nb_tensor *lse, nb_tensor *cou
             counted = (int *)nb_ctx_alloc(loss->ctx, (size_t)n * sizeof(int), 0);
         }
         if (n > 0 && c > 0) {
+            if (dlogits) {
+                cross_entropy_count_kernel<<<1, 1024, 0, s>>>((float *)count->data, targets->data,
+                                                             (int)targets->dtype,
+                                                             targets->strides[0], n, c,
+                                                             ignore_index);
+                NB_CUDA_CHECK_LAUNCH(op);
+            }
             dim3 grid, block;
             row_config(n, c, &grid, &block);
             cross_entropy_rows_kernel<T><<<grid, block, 0, s>>>(
-                (math_t<T> *)lse->data, row_loss, counted, (const T *)logits->data,
-                targets->data, (int)targets->dtype, targets->strides[0], n, c, ignore_index,
-                eps, slot);
+                lse ? (math_t<T> *)lse->data : nullptr, row_loss, counted,
+                dlogits ? (T *)dlogits->data : nullptr, (const float *)count->data,
+                (const T *)logits->data, targets->data, (int)targets->dtype, targets->strides[0],
+                n, c, ignore_index, eps, slot);
             NB_CUDA_CHECK_LAUNCH(op);
         } else if (n > 0) {
             /* no classes: every target is out of range unless ignored; the
@@ -426,6 +486,16 @@ static __global__ void cross_entropy_backward_kernel(T *dx, const T *x, const ma
     }
 }
 
+// x, dx: (N C) flat, x the fused forward's gradient for g = 1: dx = g x
+template <class T, class I>
+static __global__ void cross_entropy_scale_kernel(T *dx, const T *x, const void *g, int gdt,
+                                                  I total) {
+    typedef math_t<T> C;
+    C gv = (C)load_f64(g, 0, gdt);
+    for (I e = blockIdx.x * (I)blockDim.x + threadIdx.x; e < total; e += (I)gridDim.x * blockDim.x)
+        dx[e] = store_as<T>(gv * to_math(x[e]));
+}
+
 void nb__cuda_cross_entropy_backward(nb_tensor *dlogits, const nb_tensor *logits,
                                      const nb_tensor *lse, const nb_tensor *targets,
                                      const nb_tensor *g, const nb_tensor *count,
@@ -443,7 +513,14 @@ void nb__cuda_cross_entropy_backward(nb_tensor *dlogits, const nb_tensor *logits
     by_float_dtype(op, logits->dtype, [&](auto t) {
         typedef typename decltype(t)::type T;
         unsigned grid = grid_for(total, THREADS);
-        if (total <= INT32_MAX)
+        if (!lse && total <= INT32_MAX)
+            cross_entropy_scale_kernel<T, uint32_t><<<grid, THREADS, 0, s>>>(
+                (T *)dlogits->data, (const T *)logits->data, g->data, (int)g->dtype,
+                (uint32_t)total);
+        else if (!lse)
+            cross_entropy_scale_kernel<T, int64_t><<<grid, THREADS, 0, s>>>(
+                (T *)dlogits->data, (const T *)logits->data, g->data, (int)g->dtype, total);
+        else if (total <= INT32_MAX)
             cross_entropy_backward_kernel<T, uint32_t><<<grid, THREADS, 0, s>>>(
                 (T *)dlogits->data, (const T *)logits->data, (const math_t<T> *)lse->data,
                 targets->data, (int)targets->dtype, targets->strides[0], g->data, (int)g->dtype,
