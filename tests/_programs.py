@@ -110,6 +110,18 @@ def import_torch():
         skip("torch does not import (install python3-torch: make test-deps)")
 
 
+def compare_with_torch(torch, got, want, dtype, rtol, atol, what):
+    """nabla's values want (a flat list) as a torch tensor of got's shape and
+    of dtype, returned; fails, naming `what`, the largest difference and the
+    first values, unless torch.allclose(got, it, rtol, atol)."""
+    w = torch.tensor(want, dtype=dtype).reshape(got.shape)
+    if not torch.allclose(got, w, rtol=rtol, atol=atol):
+        worst = (got - w).abs().max().item()
+        fail("%s: differs from torch by up to %g (torch %s, nabla %s)"
+             % (what, worst, got.flatten().tolist()[:6], w.flatten().tolist()[:6]))
+    return w
+
+
 def run(args, nproc=1, expect_rc=0, timeout=240, env=None, cwd=None):
     """Runs build/bin/args[0] with the rest of args, under nbrun with nproc
     processes when nproc > 1, in cwd (None: this one). Returns (stdout,

@@ -14,21 +14,14 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _programs import driver, fail, import_torch  # noqa: E402
+from _programs import compare_with_torch, driver, fail, import_torch  # noqa: E402
 
 torch = import_torch()
 
 
 def compare(got, want, dtype, what):
-    w = torch.tensor(want, dtype=dtype).reshape(got.shape)
-    if dtype == torch.float64:
-        ok = torch.allclose(got, w, rtol=1e-12, atol=1e-12)
-    else:
-        ok = torch.allclose(got, w, rtol=1e-5, atol=1e-5)
-    if not ok:
-        worst = (got - w).abs().max().item()
-        fail("%s: differs from torch by up to %g (torch %s, nabla %s)"
-             % (what, worst, got.flatten().tolist()[:4], w.flatten().tolist()[:4]))
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    compare_with_torch(torch, got, want, dtype, tol, tol, what)
 
 
 def main():

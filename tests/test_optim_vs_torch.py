@@ -15,7 +15,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _programs import driver, fail, import_torch  # noqa: E402
+from _programs import compare_with_torch, driver, fail, import_torch  # noqa: E402
 
 torch = import_torch()
 
@@ -24,13 +24,8 @@ SHAPES = [(3, 4), (4,), (2,)]
 
 def compare(got, want, dtype, what):
     """got: torch tensor; want: list of nabla's values. Returns bitwise-equal count."""
-    w = torch.tensor(want, dtype=dtype).reshape(got.shape)
-    if dtype == torch.float64:
-        ok = torch.allclose(got, w, rtol=1e-12, atol=1e-14)
-    else:
-        ok = torch.allclose(got, w, rtol=4e-6, atol=1e-7)
-    if not ok:
-        fail("%s: torch %s, nabla %s" % (what, got.flatten().tolist()[:6], w.flatten().tolist()[:6]))
+    rtol, atol = (1e-12, 1e-14) if dtype == torch.float64 else (4e-6, 1e-7)
+    w = compare_with_torch(torch, got, want, dtype, rtol, atol, what)
     return int((got == w).sum())
 
 
