@@ -271,49 +271,45 @@ static const double cw[3] = {0.5, -2, 3};
 
 static nb_tensor *weights(nb_ctx *ctx) { return nb_from_host(ctx, NB_F64, NB_SHAPE(3), (double[]){0.5, -2, 3}); }
 
+/* t's gradient is k c, bit for bit. */
+static void expect_grad_kc(const nb_tensor *t, double k) {
+    double e[3];
+    for (int i = 0; i < 3; i++) e[i] = k * cw[i];
+    nbt_assert_close(t->grad, e, 0, 0);
+}
+
 NBT_CPU_TEST(test_adopt_x_plus_x) {
     /* x = 3w, s = x + x, loss = sum(s c): add_backward hands s's gradient to x twice */
     nb_tensor *w = nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(3), 1);
     nb_tensor *x = nb_mul_scalar(ctx, w, 3);
     nb_tensor *s = nb_add(ctx, x, x);
     nb_backward(nb_sum_all(ctx, nb_mul(ctx, s, weights(ctx))));
-    double e_s[3], e_x[3], e_w[3];
-    for (int i = 0; i < 3; i++) e_s[i] = cw[i], e_x[i] = 2 * cw[i], e_w[i] = 6 * cw[i];
-    nbt_assert_close(s->grad, e_s, 0, 0);
-    nbt_assert_close(x->grad, e_x, 0, 0);
-    nbt_assert_close(w->grad, e_w, 0, 0);
+    expect_grad_kc(s, 1);
+    expect_grad_kc(x, 2);
+    expect_grad_kc(w, 6);
     ck_assert_ptr_ne(x->grad, s->grad);
 }
 
 NBT_CPU_TEST(test_adopt_diamond) {
     /* x = 3w; a = 2x; b = x + 1; o = a + b; loss = sum(o c).
      * o, a, b and (first) x all receive the one tensor o's gradient; x's
-     * second contribution must not write into it. */
-    nb_tensor *w = nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(3), 2);
-    nb_tensor *x = nb_mul_scalar(ctx, w, 3);
-    nb_tensor *a = nb_mul_scalar(ctx, x, 2);
-    nb_tensor *b = nb_add_scalar(ctx, x, 1);
-    nb_tensor *o = nb_add(ctx, a, b);
-    nb_backward(nb_sum_all(ctx, nb_mul(ctx, o, weights(ctx))));
-    double e_c[3], e_x[3], e_w[3];
-    for (int i = 0; i < 3; i++) e_c[i] = cw[i], e_x[i] = 3 * cw[i], e_w[i] = 9 * cw[i];
-    nbt_assert_close(o->grad, e_c, 0, 0);
-    nbt_assert_close(a->grad, e_c, 0, 0);
-    nbt_assert_close(b->grad, e_c, 0, 0);
-    nbt_assert_close(x->grad, e_x, 0, 0);
-    nbt_assert_close(w->grad, e_w, 0, 0);
-    /* the same with the order of a and b's creation swapped: the
-     * pass-through branch then runs last and adds into a made gradient */
-    nb_tensor *w2 = nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(3), 2);
-    nb_tensor *x2 = nb_mul_scalar(ctx, w2, 3);
-    nb_tensor *b2 = nb_add_scalar(ctx, x2, 1);
-    nb_tensor *a2 = nb_mul_scalar(ctx, x2, 2);
-    nb_tensor *o2 = nb_add(ctx, b2, a2);
-    nb_backward(nb_sum_all(ctx, nb_mul(ctx, o2, weights(ctx))));
-    nbt_assert_close(o2->grad, e_c, 0, 0);
-    nbt_assert_close(b2->grad, e_c, 0, 0);
-    nbt_assert_close(x2->grad, e_x, 0, 0);
-    nbt_assert_close(w2->grad, e_w, 0, 0);
+     * second contribution must not write into it. Then the same with the
+     * order of a and b's creation swapped (o = b + a): the pass-through
+     * branch then runs last and adds into a made gradient. */
+    for (int a_first = 1; a_first >= 0; a_first--) {
+        nb_tensor *w = nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(3), 2);
+        nb_tensor *x = nb_mul_scalar(ctx, w, 3), *a = NULL, *b = NULL;
+        if (a_first) a = nb_mul_scalar(ctx, x, 2);
+        b = nb_add_scalar(ctx, x, 1);
+        if (!a_first) a = nb_mul_scalar(ctx, x, 2);
+        nb_tensor *o = a_first ? nb_add(ctx, a, b) : nb_add(ctx, b, a);
+        nb_backward(nb_sum_all(ctx, nb_mul(ctx, o, weights(ctx))));
+        expect_grad_kc(o, 1);
+        if (a_first) expect_grad_kc(a, 1);
+        expect_grad_kc(b, 1);
+        expect_grad_kc(x, 3);
+        expect_grad_kc(w, 9);
+    }
 }
 
 NBT_CPU_TEST(test_adopt_add_and_mul) {
