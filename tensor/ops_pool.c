@@ -49,47 +49,45 @@ static nb_tensor *pool_setup(nb_ctx *ctx, const char *op, nb_tensor *x, const nb
     return nb__contig(ctx, x);
 }
 
-static void max_pool_backward(nb_ctx *ctx, nb_node *node, nb_tensor *g) {
+/* node->i[0]: max pooling, whose backward sends g to the saved argmax
+ * (node->saved[0]); else average pooling, which spreads it over each
+ * window. */
+static void pool_backward(nb_ctx *ctx, nb_node *node, nb_tensor *g) {
     const pool_geom *geom = node->extra;
     nb_tensor *x = node->in[0];
     g = nb__contig(ctx, g);
     nb_tensor *dx = nb__empty(ctx, x->dtype, 4, x->shape);
-    nb__backend_at(x)->max_pool2d_backward(dx, node->saved[0], g, geom);
+    const nb__backend *be = nb__backend_at(x);
+    if (node->i[0]) be->max_pool2d_backward(dx, node->saved[0], g, geom);
+    else be->avg_pool2d_backward(dx, g, geom);
     nb__accum_grad(ctx, x, dx);
 }
 
-nb_tensor *nb_max_pool2d(nb_ctx *ctx, nb_tensor *x, const nb_pool2d_opts *opts) {
+static nb_tensor *pool(nb_ctx *ctx, const char *op, bool max, nb_tensor *x,
+                       const nb_pool2d_opts *opts) {
     pool_geom *g = nb__ctx_meta(ctx, sizeof *g);
-    nb_tensor *xc = pool_setup(ctx, "nb_max_pool2d", x, opts, g);
+    nb_tensor *xc = pool_setup(ctx, op, x, opts, g);
     int64_t shape[4] = {x->shape[0], x->shape[1], g->oh, g->ow};
     nb_tensor *out = nb__empty(ctx, x->dtype, 4, shape);
-    nb_tensor *arg = nb__empty(ctx, NB_I64, 4, shape);
-    nb__backend_at(x)->max_pool2d(out, arg, xc, g);
-    nb_node *node = nb__record(ctx, "nb_max_pool2d", max_pool_backward, out, 1, &x);
+    nb_tensor *arg = max ? nb__empty(ctx, NB_I64, 4, shape) : NULL;
+    if (max) nb__backend_at(x)->max_pool2d(out, arg, xc, g);
+    else nb__backend_at(x)->avg_pool2d(out, xc, g);
+    nb_node *node = nb__record(ctx, op, pool_backward, out, 1, &x);
     if (node) {
-        node->saved[0] = arg;
-        nb__mem_internal(node, arg);
+        node->i[0] = max;
         node->extra = g;
+        if (max) {
+            node->saved[0] = arg;
+            nb__mem_internal(node, arg);
+        }
     }
     return out;
 }
 
-static void avg_pool_backward(nb_ctx *ctx, nb_node *node, nb_tensor *g) {
-    const pool_geom *geom = node->extra;
-    nb_tensor *x = node->in[0];
-    g = nb__contig(ctx, g);
-    nb_tensor *dx = nb__empty(ctx, x->dtype, 4, x->shape);
-    nb__backend_at(x)->avg_pool2d_backward(dx, g, geom);
-    nb__accum_grad(ctx, x, dx);
+nb_tensor *nb_max_pool2d(nb_ctx *ctx, nb_tensor *x, const nb_pool2d_opts *opts) {
+    return pool(ctx, "nb_max_pool2d", true, x, opts);
 }
 
 nb_tensor *nb_avg_pool2d(nb_ctx *ctx, nb_tensor *x, const nb_pool2d_opts *opts) {
-    pool_geom *g = nb__ctx_meta(ctx, sizeof *g);
-    nb_tensor *xc = pool_setup(ctx, "nb_avg_pool2d", x, opts, g);
-    int64_t shape[4] = {x->shape[0], x->shape[1], g->oh, g->ow};
-    nb_tensor *out = nb__empty(ctx, x->dtype, 4, shape);
-    nb__backend_at(x)->avg_pool2d(out, xc, g);
-    nb_node *node = nb__record(ctx, "nb_avg_pool2d", avg_pool_backward, out, 1, &x);
-    if (node) node->extra = g;
-    return out;
+    return pool(ctx, "nb_avg_pool2d", false, x, opts);
 }
