@@ -349,50 +349,42 @@ static conv_key make_key(int device, nb_dtype dt, const nb__conv2d_geom *g) {
     return k;
 }
 
+/* Chooses direction d's algorithm with cuDNN's queries of that direction:
+ * its heuristic (Find) and its workspace (Ws), named by their middles
+ * (ForwardAlgorithm_v7, ForwardWorkspaceSize), which take the
+ * descriptors in the order a, b, the convolution, o. */
+#define CHOOSE(Perf, Find, Ws, a, b, o)                                                       \
+    choose<Perf>(                                                                             \
+        p, d, limit,                                                                          \
+        [&](Perf *r, int *cnt) {                                                              \
+            return cudnnGetConvolution##Find(h, p->a, p->b, p->cd, p->o, MAX_ALGOS, cnt, r);  \
+        },                                                                                    \
+        [&](decltype(Perf::algo) al, size_t *bytes) {                                         \
+            return cudnnGetConvolution##Ws(h, p->a, p->b, p->cd, p->o, al, bytes);            \
+        })
+
 /* The plan of k with the algorithm of direction d chosen. Called with the
  * locks held. */
 static conv_plan *plan_for(const conv_key *k, cudnnHandle_t h, size_t limit, direction d) {
     conv_plan *p = plan_get(k);
     if (p->c[d].have) return p;
     if (d == FWD)
-        choose<cudnnConvolutionFwdAlgoPerf_t>(
-            p, d, limit,
-            [&](cudnnConvolutionFwdAlgoPerf_t *r, int *cnt) {
-                return cudnnGetConvolutionForwardAlgorithm_v7(h, p->xd, p->wd, p->cd, p->yd,
-                                                              MAX_ALGOS, cnt, r);
-            },
-            [&](cudnnConvolutionFwdAlgo_t a, size_t *bytes) {
-                return cudnnGetConvolutionForwardWorkspaceSize(h, p->xd, p->wd, p->cd, p->yd, a,
-                                                               bytes);
-            });
+        CHOOSE(cudnnConvolutionFwdAlgoPerf_t, ForwardAlgorithm_v7, ForwardWorkspaceSize, xd, wd,
+               yd);
     else if (d == BWD_DATA)
-        choose<cudnnConvolutionBwdDataAlgoPerf_t>(
-            p, d, limit,
-            [&](cudnnConvolutionBwdDataAlgoPerf_t *r, int *cnt) {
-                return cudnnGetConvolutionBackwardDataAlgorithm_v7(h, p->wd, p->yd, p->cd, p->xd,
-                                                                   MAX_ALGOS, cnt, r);
-            },
-            [&](cudnnConvolutionBwdDataAlgo_t a, size_t *bytes) {
-                return cudnnGetConvolutionBackwardDataWorkspaceSize(h, p->wd, p->yd, p->cd, p->xd,
-                                                                    a, bytes);
-            });
+        CHOOSE(cudnnConvolutionBwdDataAlgoPerf_t, BackwardDataAlgorithm_v7,
+               BackwardDataWorkspaceSize, wd, yd, xd);
     else
-        choose<cudnnConvolutionBwdFilterAlgoPerf_t>(
-            p, d, limit,
-            [&](cudnnConvolutionBwdFilterAlgoPerf_t *r, int *cnt) {
-                return cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, p->xd, p->yd, p->cd,
-                                                                     p->wd, MAX_ALGOS, cnt, r);
-            },
-            [&](cudnnConvolutionBwdFilterAlgo_t a, size_t *bytes) {
-                return cudnnGetConvolutionBackwardFilterWorkspaceSize(h, p->xd, p->yd, p->cd,
-                                                                      p->wd, a, bytes);
-            });
+        CHOOSE(cudnnConvolutionBwdFilterAlgoPerf_t, BackwardFilterAlgorithm_v7,
+               BackwardFilterWorkspaceSize, xd, yd, wd);
     return p;
 }
+#undef CHOOSE
 
-/* The plan of direction d and, in *ws, the device's workspace grown to
- * what its algorithm needs. Called with the locks held (lock_all); they
- * stay held until the call that uses *ws is enqueued. */
+/* The plan of direction d, its descriptor set to the math of d's
+ * algorithm, and, in *ws, the device's workspace grown to what that
+ * algorithm needs. Called with the locks held (lock_all); they stay held
+ * until the call that uses *ws is enqueued. */
 static conv_plan *prepare(const conv_key *k, cudnnHandle_t h, size_t limit, direction d,
                           void **ws) {
     conv_plan *p = plan_for(k, h, limit, d);
@@ -402,6 +394,7 @@ static conv_plan *prepare(const conv_key *k, cudnnHandle_t h, size_t limit, dire
         NB_ABORT("%s: the %s workspace of %zu bytes for %s cannot be had: %s", OP,
                  direction_name(d), bytes, geom_str(k).s, nb_last_error());
     }
+    DNN_CHECK(cudnnSetConvolutionMathType(p->cd, p->c[d].math));
     return p;
 }
 
@@ -429,7 +422,6 @@ extern "C" void nb__cuda_conv2d(nb_ctx *ctx, nb_dtype dt, const nb__conv2d_geom 
         cudnnHandle_t h = lock_all(dev);
         conv_plan *p = prepare(&k, h, limit, FWD, &ws);
         const conv_choice *c = &p->c[FWD];
-        DNN_CHECK(cudnnSetConvolutionMathType(p->cd, c->math));
         DNN_CHECK(cudnnConvolutionForward(h, one, p->xd, x, p->wd, w, p->cd,
                                           (cudnnConvolutionFwdAlgo_t)c->algo, ws, c->ws, zero,
                                           p->yd, out));
@@ -465,7 +457,6 @@ extern "C" void nb__cuda_conv2d_backward(nb_ctx *ctx, nb_dtype dt, const nb__con
         if (dx) {
             conv_plan *p = prepare(&k, h, limit, BWD_DATA, &ws);
             const conv_choice *c = &p->c[BWD_DATA];
-            DNN_CHECK(cudnnSetConvolutionMathType(p->cd, c->math));
             DNN_CHECK(cudnnConvolutionBackwardData(h, one, p->wd, w, p->yd, gout, p->cd,
                                                    (cudnnConvolutionBwdDataAlgo_t)c->algo, ws,
                                                    c->ws, zero, p->xd, dx));
@@ -475,7 +466,6 @@ extern "C" void nb__cuda_conv2d_backward(nb_ctx *ctx, nb_dtype dt, const nb__con
              * the backward-data call above (Note [cuDNN workspace]) */
             conv_plan *p = prepare(&k, h, limit, BWD_FILTER, &ws);
             const conv_choice *c = &p->c[BWD_FILTER];
-            DNN_CHECK(cudnnSetConvolutionMathType(p->cd, c->math));
             DNN_CHECK(cudnnConvolutionBackwardFilter(h, one, p->xd, x, p->yd, gout, p->cd,
                                                      (cudnnConvolutionBwdFilterAlgo_t)c->algo, ws,
                                                      c->ws, zero, p->wd, dw));

@@ -87,15 +87,31 @@ static __device__ __forceinline__ void shadow_put(const optim_desc &d, int64_t i
 }
 static __device__ __forceinline__ void shadow_put(const optim_desc &, int64_t, double) {}
 
-/* The tensor of block `b`: the last t with block_start[t] <= b. */
-static __device__ __forceinline__ int find_tensor(const optim_batch &batch, int64_t b) {
-    int lo = 0, hi = batch.count - 1;
+/* A launch over `count` tensors gives tensor t the blocks from
+ * block_start[t] on, ELEMS elements each. This block's tensor (the last t
+ * with block_start[t] <= blockIdx.x) and, in [*start, *end), the elements
+ * of its n_of(t) it takes. */
+template <typename N>
+static __device__ __forceinline__ int block_part(const int64_t *block_start, int count, N n_of,
+                                                 int64_t *start, int64_t *end) {
+    const int64_t b = blockIdx.x;
+    int lo = 0, hi = count - 1;
     while (lo < hi) {
         int mid = (lo + hi + 1) / 2;
-        if (batch.block_start[mid] <= b) lo = mid;
+        if (block_start[mid] <= b) lo = mid;
         else hi = mid - 1;
     }
+    const int64_t n = n_of(lo);
+    *start = (b - block_start[lo]) * ELEMS;
+    *end = *start + ELEMS < n ? *start + ELEMS : n;
     return lo;
+}
+
+/* The descriptor of this block's tensor and its elements [*start, *end). */
+static __device__ __forceinline__ const optim_desc &block_desc(const optim_batch &batch,
+                                                               int64_t *start, int64_t *end) {
+    auto n_of = [&](int t) { return batch.d[t].n; };
+    return batch.d[block_part(batch.block_start, batch.count, n_of, start, end)];
 }
 
 /* ------------------------------------------------------------------ kernels */
@@ -105,10 +121,8 @@ template <typename T>
 static __global__ void adam_kernel(const optim_batch batch, const double *clip, double max_norm) {
     double coef;
     if (!clip_coef(clip, max_norm, &coef)) return;
-    int t = find_tensor(batch, blockIdx.x);
-    const optim_desc &d = batch.d[t];
-    int64_t start = ((int64_t)blockIdx.x - batch.block_start[t]) * ELEMS;
-    int64_t end = start + ELEMS < d.n ? start + ELEMS : d.n;
+    int64_t start, end;
+    const optim_desc &d = block_desc(batch, &start, &end);
     T *p = (T *)d.p, *m = (T *)d.a, *v = (T *)d.b, *vmax = (T *)d.c;
     const T *g = (const T *)d.g;
     const T l2 = (T)d.s[0], shrink = (T)d.s[1], w = (T)d.s[2], w1 = sub((T)1, w);
@@ -141,10 +155,8 @@ template <typename T>
 static __global__ void sgd_kernel(const optim_batch batch, const double *clip, double max_norm) {
     double coef;
     if (!clip_coef(clip, max_norm, &coef)) return;
-    int t = find_tensor(batch, blockIdx.x);
-    const optim_desc &d = batch.d[t];
-    int64_t start = ((int64_t)blockIdx.x - batch.block_start[t]) * ELEMS;
-    int64_t end = start + ELEMS < d.n ? start + ELEMS : d.n;
+    int64_t start, end;
+    const optim_desc &d = block_desc(batch, &start, &end);
     T *p = (T *)d.p, *buf = (T *)d.a;
     const T *g = (const T *)d.g;
     const T lr = (T)d.s[0], wd = (T)d.s[1], mom = (T)d.s[2], keep = (T)d.s[3], neg_lr = -lr;
@@ -186,15 +198,8 @@ static_assert(sizeof(clip_batch) <= 4096, "clip_batch: keep the launch's paramet
 static __global__ void clip_scale_kernel(const clip_batch b, const double *norm, double max_norm) {
     double v = *norm, coef = div_(max_norm, add(v, 1e-6));
     if (!isfinite(v) || !(coef < 1.0)) return;
-    int lo = 0, hi = b.count - 1;
-    while (lo < hi) {
-        int mid = (lo + hi + 1) / 2;
-        if (b.block_start[mid] <= (int64_t)blockIdx.x) lo = mid;
-        else hi = mid - 1;
-    }
-    float *x = b.p[lo];
-    int64_t i0 = ((int64_t)blockIdx.x - b.block_start[lo]) * ELEMS;
-    int64_t end = i0 + ELEMS < b.n[lo] ? i0 + ELEMS : b.n[lo];
+    int64_t i0, end;
+    float *x = b.p[block_part(b.block_start, b.count, [&](int t) { return b.n[t]; }, &i0, &end)];
     for (int64_t i = i0 + threadIdx.x; i < end; i += THREADS)
         x[i] = (float)mul((double)x[i], coef); /* round to nearest, as the CPU */
 }
