@@ -21,30 +21,8 @@
 #include "data/internal.h"
 #include "tensor/internal.h"
 
-typedef struct csv_ds {
-    int64_t n;
-    size_t in_bytes, label_bytes;
-    char *features, *labels;
-} csv_ds;
-
-static int64_t csv_len(void *self) { return ((csv_ds *)self)->n; }
-
-static nb_status csv_get(void *self, int64_t i, void *input, void *target) {
-    csv_ds *c = self;
-    memcpy(input, c->features + (size_t)i * c->in_bytes, c->in_bytes);
-    memcpy(target, c->labels + (size_t)i * c->label_bytes, c->label_bytes);
-    return NB_OK;
-}
-
-static void csv_free(void *self) {
-    csv_ds *c = self;
-    if (!c) return;
-    free(c->features);
-    free(c->labels);
-    free(c);
-}
-
-static const nb_dataset_vtable csv_vt = {"csv", csv_len, csv_get, csv_free};
+/* rows in memory (data/internal.h): the features as inputs, the labels as targets */
+static const nb_dataset_vtable csv_vt = {"csv", nb__rows_len, nb__rows_get, nb__rows_free};
 
 nb_csv_options nb_csv_defaults(void) {
     nb_csv_options o;
@@ -291,13 +269,13 @@ static nb_status input_field(const parser *ps, const table *t, const nb_csv_opti
 
 /* Parses the data rows into c; when `have_first`, the line last split is
  * the first row (a file without a header). */
-static nb_status parse_rows(parser *ps, table *t, const nb_csv_options *o, csv_ds *c,
+static nb_status parse_rows(parser *ps, table *t, const nb_csv_options *o, nb__rows *c,
                             bool have_first, int64_t max_rows) {
     int n_feat = t->n_cols - 1;
     size_t fsz = nb_dtype_size(o->input_dtype), lsz = nb_dtype_size(o->label_dtype);
-    c->features = malloc((size_t)max_rows * (size_t)n_feat * fsz + 1);
-    c->labels = malloc((size_t)max_rows * lsz + 1);
-    if (!c->features || !c->labels)
+    c->inputs = malloc((size_t)max_rows * (size_t)n_feat * fsz + 1);
+    c->targets = malloc((size_t)max_rows * lsz + 1);
+    if (!c->inputs || !c->targets)
         return nb_set_error(NB_ERR_NOMEM, "%s: out of memory for %lld rows", ps->path,
                             (long long)max_rows);
     char *s, *e;
@@ -319,7 +297,7 @@ static nb_status parse_rows(parser *ps, table *t, const nb_csv_options *o, csv_d
                                 "has %d", ps->path, (long long)ps->line, (long long)col,
                                 ps->n_fields, t->names ? "header" : "first row", t->n_cols);
         }
-        char *frow = c->features + (size_t)c->n * (size_t)n_feat * fsz;
+        char *frow = c->inputs + (size_t)c->n * (size_t)n_feat * fsz;
         int k = 0;
         for (int col = 0; col < t->n_cols; col++) {
             double v = 0;
@@ -331,7 +309,7 @@ static nb_status parse_rows(parser *ps, table *t, const nb_csv_options *o, csv_d
             if (col == t->label_col) {
                 st = check_label(ps, t, &ps->fields[col], o, v);
                 if (st) return st;
-                nb__store(c->labels + (size_t)c->n * lsz, o->label_dtype, v);
+                nb__store(c->targets + (size_t)c->n * lsz, o->label_dtype, v);
             } else {
                 nb__store(frow + (size_t)k++ * fsz, o->input_dtype, v);
             }
@@ -360,7 +338,7 @@ nb_status nb__csv_parse(nb_dataset **out, const char *path, char *buf, size_t si
     nb_status st = NB_OK;
     parser ps = {path, o.delimiter, buf, buf + size, buf, 0, NULL, 0, 0};
     table t = {0, 0, NULL};
-    csv_ds *c = calloc(1, sizeof *c);
+    nb__rows *c = calloc(1, sizeof *c);
     if (!c) {
         st = nb_set_error(NB_ERR_NOMEM, "%s: out of memory", path);
         goto done;
@@ -422,11 +400,11 @@ nb_status nb__csv_parse(nb_dataset **out, const char *path, char *buf, size_t si
     }
     nb_field lab = nb_field_of(o.label_dtype, 0, NULL);
     c->in_bytes = nb_field_bytes(&in);
-    c->label_bytes = nb_field_bytes(&lab);
+    c->tgt_bytes = nb_field_bytes(&lab);
     *out = nb_dataset_new(&csv_vt, c, in, lab);
     c = NULL;
 done:
-    csv_free(c);
+    nb__rows_free(c);
     if (t.names)
         for (int col = 0; col < t.n_cols; col++) free(t.names[col]);
     free(t.names);

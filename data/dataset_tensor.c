@@ -5,29 +5,24 @@
 
 #include "data/internal.h"
 
-typedef struct tensor_ds {
-    int64_t n;
-    size_t in_bytes, tgt_bytes; /* per sample */
-    char *inputs, *targets;
-} tensor_ds;
+int64_t nb__rows_len(void *self) { return ((nb__rows *)self)->n; }
 
-static int64_t tensor_len(void *self) { return ((tensor_ds *)self)->n; }
-
-static nb_status tensor_get(void *self, int64_t i, void *input, void *target) {
-    tensor_ds *t = self;
-    memcpy(input, t->inputs + (size_t)i * t->in_bytes, t->in_bytes);
-    memcpy(target, t->targets + (size_t)i * t->tgt_bytes, t->tgt_bytes);
+nb_status nb__rows_get(void *self, int64_t i, void *input, void *target) {
+    nb__rows *r = self;
+    memcpy(input, r->inputs + (size_t)i * r->in_bytes, r->in_bytes);
+    memcpy(target, r->targets + (size_t)i * r->tgt_bytes, r->tgt_bytes);
     return NB_OK;
 }
 
-static void tensor_free(void *self) {
-    tensor_ds *t = self;
-    free(t->inputs);
-    free(t->targets);
-    free(t);
+void nb__rows_free(void *self) {
+    nb__rows *r = self;
+    if (!r) return;
+    free(r->inputs);
+    free(r->targets);
+    free(r);
 }
 
-static const nb_dataset_vtable tensor_vt = {"tensors", tensor_len, tensor_get, tensor_free};
+static const nb_dataset_vtable tensor_vt = {"tensors", nb__rows_len, nb__rows_get, nb__rows_free};
 
 static nb_field row_field(const nb_tensor *t) {
     return nb_field_of(t->dtype, t->ndim - 1, t->shape + 1);
@@ -52,7 +47,7 @@ nb_dataset *nb_dataset_from_tensors(const nb_tensor *inputs, const nb_tensor *ta
     NB_CHECK(inputs->device.type == NB_DEVICE_CPU && targets->device.type == NB_DEVICE_CPU,
              "nb_dataset_from_tensors: tensors on %s and %s; datasets hold host memory, "
              "give CPU tensors", nb_device_name(inputs->device), nb_device_name(targets->device));
-    tensor_ds *t = calloc(1, sizeof *t);
+    nb__rows *t = calloc(1, sizeof *t);
     NB_CHECK(t, "nb_dataset_from_tensors: out of memory");
     nb_field in = row_field(inputs), tgt = row_field(targets);
     t->n = inputs->shape[0];

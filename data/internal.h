@@ -35,6 +35,19 @@ nb_status nb__read_file(const char *path, char **data, size_t *size);
 nb_status nb__csv_parse(nb_dataset **out, const char *path, char *buf, size_t size,
                         const nb_csv_options *opts);
 
+/* A dataset's rows held in memory (nb_dataset_from_tensors, CSV tables):
+ * sample i is bytes [i * in_bytes, (i + 1) * in_bytes) of inputs and
+ * likewise of targets, both malloc'ed; nb__rows_len, _get and _free are
+ * the functions of a vtable over it (data/dataset_tensor.c). */
+typedef struct nb__rows {
+    int64_t n;
+    size_t in_bytes, tgt_bytes; /* per sample */
+    char *inputs, *targets;
+} nb__rows;
+int64_t nb__rows_len(void *self);
+nb_status nb__rows_get(void *self, int64_t i, void *input, void *target);
+void nb__rows_free(void *self); /* NULL is fine */
+
 /* ds's `self` when it was made with vtable `vt`, else NULL. */
 void *nb__dataset_self(const nb_dataset *ds, const nb_dataset_vtable *vt);
 
