@@ -52,24 +52,39 @@
 
 #include "nabla/models.h"
 #include "nabla/ops.h"
+#include "nn/internal.h" /* nb__module_forward_residual */
 #include "tensor/internal.h" /* nb__linear_gelu */
 
 /* ---------------------------------------------------------------- MLP */
 typedef struct gpt_mlp {
     nb_module *c_fc, *c_proj, *dropout;
+    double p; /* dropout's probability */
 } gpt_mlp;
 
 static nb_tensor *gpt_mlp_forward(nb_module *m, nb_ctx *ctx, nb_tensor *x);
 static const nb_module_type gpt_mlp_type = {"MLP", sizeof(gpt_mlp), gpt_mlp_forward, NULL};
 
+/* x (N, T, C) -> h (N, T, 4C): c_fc and GELU(tanh) as one op (on CUDA in
+ * the GEMM's epilogue) */
+static nb_tensor *gpt_mlp_hidden(gpt_mlp *s, nb_ctx *ctx, nb_tensor *x) {
+    return nb__linear_gelu(ctx, x, nb_module_find(s->c_fc, "weight"), nb_module_find(s->c_fc, "bias"));
+}
+
 /* x (N, T, C) -> (N, T, C) */
 static nb_tensor *gpt_mlp_forward(nb_module *m, nb_ctx *ctx, nb_tensor *x) {
     gpt_mlp *s = nb_module_self(m, &gpt_mlp_type);
-    /* c_fc and GELU(tanh) as one op (on CUDA in the GEMM's epilogue) */
-    nb_tensor *h = nb__linear_gelu(ctx, x, nb_module_find(s->c_fc, "weight"),
-                                   nb_module_find(s->c_fc, "bias")); /* (N, T, 4C) */
-    h = nb_module_forward(s->c_proj, ctx, h);
+    nb_tensor *h = nb_module_forward(s->c_proj, ctx, gpt_mlp_hidden(s, ctx, x));
     return nb_module_forward(s->dropout, ctx, h);
+}
+
+/* r + the MLP of x, the add in c_proj's GEMM when the dropout does nothing
+ * (Note [Residual in the GEMM] in tensor/ops_matmul.c) */
+static nb_tensor *gpt_mlp_forward_residual(nb_module *m, nb_ctx *ctx, nb_tensor *x, nb_tensor *r) {
+    gpt_mlp *s = nb_module_self(m, &gpt_mlp_type);
+    nb_tensor *h = gpt_mlp_hidden(s, ctx, x);
+    if (s->p == 0 || !nb_module_is_training(s->dropout))
+        return nb__linear_forward_residual(s->c_proj, ctx, h, r);
+    return nb_add(ctx, r, nb_module_forward(s->dropout, ctx, nb_module_forward(s->c_proj, ctx, h)));
 }
 
 /* -------------------------------------------------------------- Block */
@@ -83,8 +98,10 @@ static const nb_module_type gpt_block_type = {"Block", sizeof(gpt_block), gpt_bl
 /* x (N, T, C) -> (N, T, C), pre-LayerNorm residual branches */
 static nb_tensor *gpt_block_forward(nb_module *m, nb_ctx *ctx, nb_tensor *x) {
     gpt_block *s = nb_module_self(m, &gpt_block_type);
-    x = nb_add(ctx, x, nb_module_forward(s->attn, ctx, nb_module_forward(s->ln_1, ctx, x)));
-    return nb_add(ctx, x, nb_module_forward(s->mlp, ctx, nb_module_forward(s->ln_2, ctx, x)));
+    /* each branch's residual add rides its last GEMM */
+    x = nb__attention_forward_residual(s->attn, ctx, nb_module_forward(s->ln_1, ctx, x), x);
+    return nb__module_forward_residual(s->mlp, ctx, nb_module_forward(s->ln_2, ctx, x), x,
+                                       gpt_mlp_forward_residual);
 }
 
 /* ------------------------------------------------- containers and head */
@@ -212,6 +229,7 @@ static nb_module *block_new(nb_ctx *ctx, nb_dtype dtype, const nb_gpt_config *cf
     nb_module_add(mlp, "gelu", nb_gelu_new(ctx, NB_GELU_TANH));
     p->c_proj = nb_module_add(mlp, "c_proj", nb_linear_new(ctx, dtype, 4 * c, c, true, scratch));
     p->dropout = nb_module_add(mlp, "dropout", nb_dropout_new(ctx, cfg->dropout, drop));
+    p->p = cfg->dropout;
     b->mlp = nb_module_add(m, "mlp", mlp);
     return m;
 }

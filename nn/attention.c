@@ -10,6 +10,9 @@
  *         (nb_softmax_causal: one fused pass); attn_dropout
  *   y = att v                                (N, H, T, D) -> (N, T, H, D) -> (N, T, C)
  *   out = resid_dropout(c_proj(y))
+ * A block's residual add after it (r + out, nb__attention_forward_residual)
+ * rides c_proj's GEMM when resid_dropout does nothing (p 0, or not
+ * training): Note [Residual in the GEMM] in tensor/ops_matmul.c.
  * The children are named as in nanoGPT's CausalSelfAttention (c_attn,
  * c_proj, attn_dropout, resid_dropout); their Linear weights are (out, in),
  * the transpose of GPT-2's Conv1D checkpoints.
@@ -28,7 +31,7 @@ typedef struct attention {
     int64_t c;
     int h;
     nb_dtype dtype;
-    double attn_p; /* attention dropout probability */
+    double attn_p, resid_p; /* attention and output dropout probabilities */
     nb_module *c_attn, *c_proj, *attn_dropout, *resid_dropout;
 } attention;
 
@@ -42,7 +45,8 @@ static nb_tensor *split_heads(nb_ctx *ctx, nb_tensor *x, int64_t n, int64_t t, i
     return nb_transpose(ctx, nb_reshape(ctx, x, NB_SHAPE(n, t, h, d)), 1, 2);
 }
 
-static nb_tensor *attn_forward(nb_module *m, nb_ctx *ctx, nb_tensor *x) {
+/* x (N, T, C) -> y (N, T, C), the heads' outputs before c_proj */
+static nb_tensor *attn_heads(nb_module *m, nb_ctx *ctx, nb_tensor *x) {
     const attention *a = m->self;
     NB_CHECK(x->ndim == 3 && x->shape[2] == a->c,
              "CausalSelfAttention: input %s must be (N, T, %lld)", nb_shape_str(x),
@@ -55,7 +59,7 @@ static nb_tensor *attn_forward(nb_module *m, nb_ctx *ctx, nb_tensor *x) {
     nb_tensor *y = a->attn_p == 0 || !nb_module_is_training(a->attn_dropout)
                        ? nb__causal_attention(ctx, qkv, a->h, scale)
                        : NULL;
-    if (y) return nb_module_forward(a->resid_dropout, ctx, nb_module_forward(a->c_proj, ctx, y));
+    if (y) return y;
     nb_tensor *parts[3];
     nb_split(ctx, qkv, 3, (int64_t[]){c, c, c}, 2, parts);
     nb_tensor *q = split_heads(ctx, parts[0], n, t, a->h, d);
@@ -64,12 +68,30 @@ static nb_tensor *attn_forward(nb_module *m, nb_ctx *ctx, nb_tensor *x) {
     nb_tensor *att = nb_softmax_causal(ctx, nb_matmul_t(ctx, q, k, false, true), scale);
     att = nb_module_forward(a->attn_dropout, ctx, att);
     y = nb_matmul(ctx, att, v);                                        /* (N, H, T, D) */
-    y = nb_reshape(ctx, nb_transpose(ctx, y, 1, 2), NB_SHAPE(n, t, c)); /* copies once */
+    return nb_reshape(ctx, nb_transpose(ctx, y, 1, 2), NB_SHAPE(n, t, c)); /* copies once */
+}
+
+static nb_tensor *attn_forward(nb_module *m, nb_ctx *ctx, nb_tensor *x) {
+    const attention *a = m->self;
+    nb_tensor *y = attn_heads(m, ctx, x);
     return nb_module_forward(a->resid_dropout, ctx, nb_module_forward(a->c_proj, ctx, y));
+}
+
+static nb_tensor *attn_forward_residual(nb_module *m, nb_ctx *ctx, nb_tensor *x, nb_tensor *r) {
+    const attention *a = m->self;
+    nb_tensor *y = attn_heads(m, ctx, x);
+    if (a->resid_p == 0 || !nb_module_is_training(a->resid_dropout))
+        return nb__linear_forward_residual(a->c_proj, ctx, y, r);
+    return nb_add(ctx, r, nb_module_forward(a->resid_dropout, ctx, nb_module_forward(a->c_proj, ctx, y)));
 }
 
 static const nb_module_type attn_type = {"CausalSelfAttention", sizeof(attention), attn_forward,
                                          attn_describe};
+
+nb_tensor *nb__attention_forward_residual(nb_module *m, nb_ctx *ctx, nb_tensor *x, nb_tensor *r) {
+    nb_module_self(m, &attn_type);
+    return nb__module_forward_residual(m, ctx, x, r, attn_forward_residual);
+}
 
 nb_module *nb_causal_self_attention_new(nb_ctx *ctx, nb_dtype dtype, int64_t n_embd, int n_head,
                                         const nb_attention_opts *opts, nb_rng *rng) {
@@ -89,6 +111,7 @@ nb_module *nb_causal_self_attention_new(nb_ctx *ctx, nb_dtype dtype, int64_t n_e
     a->h = n_head;
     a->dtype = dtype;
     a->attn_p = o.attn_dropout;
+    a->resid_p = o.resid_dropout;
     a->c_attn = nb_module_add(m, "c_attn", nb_linear_new(ctx, dtype, n_embd, 3 * n_embd, o.bias, rng));
     a->c_proj = nb_module_add(m, "c_proj", nb_linear_new(ctx, dtype, n_embd, n_embd, o.bias, rng));
     a->attn_dropout =

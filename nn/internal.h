@@ -72,6 +72,22 @@ void nb__module_set_unit(nb_module *m, const nb__unit_hook *hook);
 /* nb_module_forward without the unit hook. */
 nb_tensor *nb__module_forward_own(nb_module *m, nb_ctx *ctx, nb_tensor *x);
 
+/* r + m(x) for a residual branch m whose forward fwd(m, ctx, x, r) adds r
+ * itself, fused into its last op (Note [Residual in the GEMM] in
+ * tensor/ops_matmul.c): fwd runs as nb_module_forward runs m's own forward
+ * (its frame on the abort chain, its memory scope). A module run through
+ * a unit hook or recomputation, which take x alone, is run by
+ * nb_module_forward and r added after it. */
+typedef nb_tensor *(*nb__residual_forward_fn)(nb_module *m, nb_ctx *ctx, nb_tensor *x,
+                                              nb_tensor *r);
+nb_tensor *nb__module_forward_residual(nb_module *m, nb_ctx *ctx, nb_tensor *x, nb_tensor *r,
+                                       nb__residual_forward_fn fwd);
+/* r + the Linear m of x, the add in its GEMM (nn/linear.c). */
+nb_tensor *nb__linear_forward_residual(nb_module *m, nb_ctx *ctx, nb_tensor *x, nb_tensor *r);
+/* r + the causal self-attention m of x, the add in c_proj's GEMM when no
+ * active dropout stands between them (nn/attention.c). */
+nb_tensor *nb__attention_forward_residual(nb_module *m, nb_ctx *ctx, nb_tensor *x, nb_tensor *r);
+
 /* The entry named `name` (len bytes, not terminated) or NULL. */
 void *nb__slots_find(const nb__slots *s, const char *name, size_t len);
 /* The cached list `which` of m, brought up to date. */

@@ -22,17 +22,34 @@ static nb_tensor *linear_forward(nb_module *m, nb_ctx *ctx, nb_tensor *x);
 static const nb_module_type linear_type = {"Linear", sizeof(linear), linear_forward,
                                            linear_describe};
 
-/* x (.., in) -> (.., out) */
-static nb_tensor *linear_forward(nb_module *m, nb_ctx *ctx, nb_tensor *x) {
-    const linear *l = m->self;
+static void check_input(const linear *l, const nb_tensor *x) {
     NB_CHECK(x->ndim >= 1 && x->shape[x->ndim - 1] == l->in,
              "Linear: input %s has %lld features in its last dim, the layer takes %lld",
              nb_shape_str(x), x->ndim ? (long long)x->shape[x->ndim - 1] : 0LL, (long long)l->in);
     nb__nn_check_input_dtype("Linear", x, l->weight->dtype);
+}
+
+/* x (.., in) -> (.., out) */
+static nb_tensor *linear_forward(nb_module *m, nb_ctx *ctx, nb_tensor *x) {
+    const linear *l = m->self;
+    check_input(l, x);
     bool vec = x->ndim == 1;
     if (vec) x = nb_unsqueeze(ctx, x, 0);
     nb_tensor *y = nb__linear(ctx, x, l->weight, l->bias);
     return vec ? nb_squeeze(ctx, y, 0) : y;
+}
+
+/* r + x (.., in) -> (.., out), the add in the GEMM */
+static nb_tensor *linear_forward_residual(nb_module *m, nb_ctx *ctx, nb_tensor *x, nb_tensor *r) {
+    const linear *l = m->self;
+    check_input(l, x);
+    if (x->ndim == 1) return nb_add(ctx, r, linear_forward(m, ctx, x));
+    return nb__linear_residual(ctx, x, l->weight, l->bias, r);
+}
+
+nb_tensor *nb__linear_forward_residual(nb_module *m, nb_ctx *ctx, nb_tensor *x, nb_tensor *r) {
+    nb_module_self(m, &linear_type);
+    return nb__module_forward_residual(m, ctx, x, r, linear_forward_residual);
 }
 
 nb_module *nb_linear_new(nb_ctx *ctx, nb_dtype dtype, int64_t in_features, int64_t out_features,

@@ -215,6 +215,20 @@ nb_tensor *nb_module_forward(nb_module *m, nb_ctx *ctx, nb_tensor *x) {
     return y;
 }
 
+nb_tensor *nb__module_forward_residual(nb_module *m, nb_ctx *ctx, nb_tensor *x, nb_tensor *r,
+                                       nb__residual_forward_fn fwd) {
+    NB_CHECK(m && x && r, "nb_module_forward: a residual branch's module, input or residual is NULL");
+    if (m->unit || (m->recompute && nb_grad_enabled()))
+        return nb_add(ctx, r, nb_module_forward(m, ctx, x));
+    module_frame frame = {{NULL, module_annotate}, m};
+    nb__abort_frame_push(&frame.base);
+    nb__scope_enter(ctx);
+    nb_tensor *y = fwd(m, ctx, x, r);
+    nb__scope_exit(ctx, y);
+    nb__abort_frame_pop(&frame.base);
+    return y;
+}
+
 nb_tensor *nb__module_forward_own(nb_module *m, nb_ctx *ctx, nb_tensor *x) {
     if (m->recompute && nb_grad_enabled()) return nb__module_forward_recompute(m, ctx, x);
     nb__scope_enter(ctx); /* Note [Memory given back] in tensor/memory.c */

@@ -140,7 +140,11 @@ typedef bool nb__backend_gemm_readable_fn(const nb_tensor *t);
  * bgrad (M) f32, out 2-D: written with op(a)'s rows summed over K, a bias
  * gradient (cuBLASLt's BGRADB); with accumulate or alone, never with the
  * others. The last two only where gemm_epilogues (Note [GEMM epilogues in
- * backward] in tensor/ops_matmul.c); every backend computes them. */
+ * backward] in tensor/ops_matmul.c); every backend computes them.
+ * residual (out's shape and dtype, contiguous, never out itself): out =
+ * residual + the product and bias (C in with beta = 1, D apart; cuBLASLt's
+ * one rounding, the CPU's two: Note [Residual in the GEMM]); with bias
+ * only, every backend. */
 typedef struct nb__gemm_epilogue {
     const nb_tensor *bias;
     bool gelu;
@@ -148,6 +152,7 @@ typedef struct nb__gemm_epilogue {
     bool accumulate;
     const nb_tensor *dgelu_pre;
     nb_tensor *bgrad;
+    const nb_tensor *residual;
 } nb__gemm_epilogue;
 /* out (L, M, N) = op(a) @ op(b), then epi (when not NULL). */
 typedef void nb__backend_matmul_fn(nb_tensor *out, const nb_tensor *a, const nb_tensor *b,

@@ -335,6 +335,14 @@ nb_tensor *nb__binary(nb_ctx *ctx, nb__binary_op op, nb_tensor *a, nb_tensor *b)
 nb_tensor *nb__linear(nb_ctx *ctx, nb_tensor *x, nb_tensor *w, nb_tensor *b);
 /* gelu_tanh(nb__linear(x, w, b)) as one op on every device (tensor/ops_matmul.c). */
 nb_tensor *nb__linear_gelu(nb_ctx *ctx, nb_tensor *x, nb_tensor *w, nb_tensor *b);
+/* r + nb__linear(x, w, b) as one op, the add in the GEMM where r has the
+ * product's shape, dtype and device (Note [Residual in the GEMM] in
+ * tensor/ops_matmul.c). */
+nb_tensor *nb__linear_residual(nb_ctx *ctx, nb_tensor *x, nb_tensor *w, nb_tensor *b,
+                               nb_tensor *r);
+/* Tests: false makes nb__linear_residual the add after nb__linear (the
+ * path without the fusion), true (the default) fuses again. */
+void nb__linear_residual_fuse(bool on);
 /* Tests: 1 or 0 makes the matrix products use (or not) the backward's GEMM
  * epilogues whatever the backend says, -1 follows it again (Note [GEMM
  * epilogues in backward] in tensor/ops_matmul.c). */

@@ -380,9 +380,10 @@ static int64_t gemm_calls(const nb_tensor *out, const nb_tensor *a, const nb_ten
 }
 
 /* Bytes: the operands, the bias (or the bias gradient written), C when
- * it accumulates, D, and the aux matrix (the pre-activation written by
- * GELU_AUX, read by DGELU). FLOPs besides the product: the bias add, 8 for
- * GELU, 10 for its gradient, one add per summed element of a bias gradient. */
+ * it accumulates or is a residual (read once, D apart), D, and the aux
+ * matrix (the pre-activation written by GELU_AUX, read by DGELU). FLOPs
+ * besides the product: the bias and residual adds, 8 for GELU, 10 for its
+ * gradient, one add per summed element of a bias gradient. */
 static void meta_matmul(nb_tensor *out, const nb_tensor *a, const nb_tensor *b, bool trans_a,
                         bool trans_b, const nb__gemm_epilogue *epi) {
     (void)trans_b;
@@ -393,7 +394,9 @@ static void meta_matmul(nb_tensor *out, const nb_tensor *a, const nb_tensor *b, 
     if (on_cuda(out) && mn > 0) {
         if (k == 0) { /* zeros (+ the epilogue); adding zeros launches nothing */
             launches = (e.bgrad ? NB__CUDA_LAUNCHES_memset : 0) +
-                       (e.accumulate ? 0 : NB__CUDA_LAUNCHES_memset + (e.bias || e.gelu ? 1 : 0));
+                       (e.accumulate ? 0
+                                     : NB__CUDA_LAUNCHES_memset +
+                                           (e.bias || e.gelu || e.residual ? 1 : 0));
         } else {
             int64_t calls = gemm_calls(out, a, b, trans_a);
             int64_t n = out->shape[nbd + 1], m = out->shape[nbd];
@@ -404,10 +407,11 @@ static void meta_matmul(nb_tensor *out, const nb_tensor *a, const nb_tensor *b, 
     } else if (on_cuda(out) && e.bgrad && nb_numel(e.bgrad) > 0) {
         launches = NB__CUDA_LAUNCHES_memset; /* no column to sum: zeros */
     }
-    record(&(call){.name = "matmul", .r = {a, b, e.bias, e.accumulate ? out : NULL, e.dgelu_pre},
+    record(&(call){.name = "matmul",
+                   .r = {a, b, e.bias, e.accumulate ? out : NULL, e.dgelu_pre, e.residual},
                    .w = {out, e.gelu ? e.pre : NULL, e.bgrad},
-                   .flops = (e.bias ? mn : 0) + (e.gelu ? 8 * mn : 0) + (e.dgelu_pre ? 10 * mn : 0) +
-                            (e.bgrad ? numel(a) : 0),
+                   .flops = (e.bias ? mn : 0) + (e.residual ? mn : 0) + (e.gelu ? 8 * mn : 0) +
+                            (e.dgelu_pre ? 10 * mn : 0) + (e.bgrad ? numel(a) : 0),
                    .gemm_flops = 2 * mn * k, .gemm_dtype = a->dtype, .launches = launches});
 }
 

@@ -53,7 +53,23 @@
  * the GEMM's order; GELU's gradient in the GEMM's f32 registers before the
  * output's rounding). The CPU computes both epilogues (in f64 sums) but
  * does not set the flag, so its f32 results stay those of the separate
- * ops; nb__gemm_epilogues_force turns the front end's use on for tests. */
+ * ops; nb__gemm_epilogues_force turns the front end's use on for tests.
+ *
+ * Note [Residual in the GEMM]
+ * nb__linear_residual(x, w, b, r) = r + (x w^T + b), a residual branch's
+ * last product and the add after it (a transformer block's two), is one
+ * op and one node, on every device. CUDA: one cuBLASLt call, D = A B +
+ * bias + C with C = r (beta = 1) and D a fresh tensor (C is read once,
+ * never added into), each output rounded once; where cuBLASLt has no
+ * algorithm for it, the plain GEMM and a kernel adding the bias and r
+ * (tensor/cuda/matmul.cu). The CPU computes the linear as nb__linear does
+ * and then adds r with the add's own kernel, so its results are those of
+ * nb_add(r, nb__linear(x, w, b)) bit for bit; CUDA's differ by rounding
+ * the sum once instead of twice. Backward: the linear's (and its
+ * epilogues above), and r's gradient is g itself, passed through as
+ * nb_add's backward passes it (no copy, no kernel). Where r does not fit
+ * (another shape, dtype or device than the product's) it is nb_add(r,
+ * nb__linear(x, w, b)), with the add's checks and messages. */
 #include <limits.h>
 
 #include "tensor/backend.h"
@@ -91,6 +107,7 @@ static nb_dtype product_dtype(nb_ctx *ctx, nb_dtype x, bool wide) {
 }
 
 static void linear_gelu_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g);
+static void linear_residual_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g);
 
 /* pre: NULL, or where to return the pre-activation of a GELU(tanh)
  * applied after the GEMM (on CUDA in its epilogue); the node then
@@ -144,15 +161,22 @@ static nb_tensor *matmul_impl_ex(nb_ctx *ctx, const char *name, nb_tensor *a, nb
     nb_tensor *ca = be->gemm_readable(a) ? a : nb__contig(ctx, a);
     nb_tensor *cb = be->gemm_readable(b) ? b : nb__contig(ctx, b);
     nb__gemm_epilogue epi = back ? *back : (nb__gemm_epilogue){0};
+    nb_tensor *resid = (nb_tensor *)epi.residual; /* nb__linear_residual checked it */
+    if (resid) epi.residual = nb__contig(ctx, resid);
     epi.bias = bias ? nb__contig(ctx, bias) : NULL;
     if (pre) *pre = nb__empty(ctx, out->dtype, out->ndim, out->shape);
     epi.gelu = pre != NULL;
     epi.pre = pre ? *pre : NULL;
     be->matmul(out, ca, cb, ta, tb, &epi);
 
-    nb_tensor *in[3] = {a, b, bias};
-    nb_backward_fn bw = pre ? linear_gelu_backward : bias ? matmul_bias_backward : matmul_backward;
-    nb_node *node = nb__record(ctx, name, bw, out, bias ? 3 : 2, in);
+    /* inputs: a, b, then the bias, then the residual (last) */
+    nb_tensor *in[4] = {a, b, bias ? bias : resid, resid};
+    int n_in = 2 + (bias != NULL) + (resid != NULL);
+    nb_backward_fn bw = resid  ? linear_residual_backward
+                        : pre  ? linear_gelu_backward
+                        : bias ? matmul_bias_backward
+                               : matmul_backward;
+    nb_node *node = nb__record(ctx, name, bw, out, n_in, in);
     if (node) {
         node->i[0] = ta;
         node->i[1] = tb;
@@ -244,6 +268,14 @@ static void linear_gelu_backward(nb_ctx *ctx, nb_node *node, nb_tensor *g) {
     }
     if (node->n_in == 3) matmul_bias_backward(ctx, node, gp);
     else matmul_backward(ctx, node, gp);
+}
+
+/* r + (x @ w^T [+ b]) fused (Note [Residual in the GEMM]): r's gradient
+ * is g, passed first, as nb_add's backward passes its first input's. */
+static void linear_residual_backward(nb_ctx *ctx, nb_node *node, nb_tensor *g) {
+    nb__accum_grad(ctx, node->in[node->n_in - 1], g);
+    if (node->n_in == 4) matmul_bias_backward(ctx, node, g);
+    else matmul_backward(ctx, node, g);
 }
 
 /* The pre-activation to take x's gradient through by a DGELU epilogue
@@ -370,4 +402,34 @@ nb_tensor *nb__linear_gelu(nb_ctx *ctx, nb_tensor *x, nb_tensor *w, nb_tensor *b
         return matmul_impl_ex(ctx, "nb_linear_gelu", x, w, false, true, b, &pre, false, NULL);
     }
     return nb_gelu(ctx, nb__linear(ctx, x, w, b), NB_GELU_TANH);
+}
+
+/* Whether r can be added by x @ w^T's GEMM: the product's shape, dtype
+ * (after the casts a compute dtype makes) and device. */
+static bool residual_fuses(nb_ctx *ctx, const nb_tensor *x, const nb_tensor *w,
+                           const nb_tensor *r) {
+    nb_dtype cd = nb_ctx_compute_dtype(ctx);
+    nb_dtype xd = cd != NB_F32 && x->dtype == NB_F32 ? cd : x->dtype;
+    if (x->ndim < 2 || w->ndim != 2 || r->ndim != x->ndim || r->dtype != product_dtype(ctx, xd, false) ||
+        !nb_device_eq(r->device, x->device) || r->shape[r->ndim - 1] != w->shape[0])
+        return false;
+    for (int d = 0; d < x->ndim - 1; d++)
+        if (r->shape[d] != x->shape[d]) return false;
+    return true;
+}
+
+static bool residual_fusion = true;
+
+void nb__linear_residual_fuse(bool on) { residual_fusion = on; }
+
+nb_tensor *nb__linear_residual(nb_ctx *ctx, nb_tensor *x, nb_tensor *w, nb_tensor *b,
+                               nb_tensor *r) {
+    if (!residual_fusion || !residual_fuses(ctx, x, w, r))
+        return nb_add(ctx, r, nb__linear(ctx, x, w, b));
+    b = bias_for(ctx, x, w, b);
+    if (!bias_fuses(ctx, x, w, b)) /* as nb__linear, then the add */
+        return nb_add(ctx, r, nb_add(ctx, nb_matmul_t(ctx, x, w, false, true), b));
+    nb__check_ctx("nb_linear", ctx, r);
+    return matmul_impl_ex(ctx, "nb_linear", x, w, false, true, b, NULL, false,
+                          &(nb__gemm_epilogue){.residual = r});
 }

@@ -235,6 +235,128 @@ NBT_CPU_TEST(test_gemm_bgrad_entry) {
     }
 }
 
+/* ---- Note [Residual in the GEMM] ---- */
+/* Bytes of t and u, contiguous of one dtype and shape, equal. */
+static void assert_same_bits(const char *what, const nb_tensor *t, const nb_tensor *u) {
+    ck_assert_msg(t->dtype == u->dtype && nb_same_shape(t, u) && nb_is_contiguous(t) &&
+                      nb_is_contiguous(u),
+                  "%s: %s %s vs %s %s", what, nb_dtype_name(t->dtype), nb_shape_str(t),
+                  nb_dtype_name(u->dtype), nb_shape_str(u));
+    ck_assert_msg(!memcmp(t->data, u->data, (size_t)nb_numel(t) * nb_dtype_size(t->dtype)),
+                  "%s: the bits differ", what);
+}
+
+/* r + (x w^T [+ b]) on the CPU, in f32 and under bf16 (f32 leaves, r
+ * cast to the stream's bf16 as the GPT's is): one node for the pair, and
+ * its value and every leaf's gradient bit for bit those of nb_add(r,
+ * nb__linear(x, w, b)), the separate ops. */
+static void residual_vs_add(nb_dtype cd, bool bias) {
+    enum { N = 2, T = 5, C = 8, K = 12 };
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
+    nb_ctx_set_compute_dtype(step, cd);
+    nb_tensor *x[2], *w[2], *b[2], *r[2], *y[2];
+    for (int k = 0; k < 2; k++) {
+        x[k] = nbt_randn_leaf(ctx, NB_F32, 3, (int64_t[]){N, T, K}, 1);
+        w[k] = nbt_randn_leaf(ctx, NB_F32, 2, (int64_t[]){C, K}, 2);
+        b[k] = bias ? nbt_randn_leaf(ctx, NB_F32, 1, (int64_t[]){C}, 3) : NULL;
+        r[k] = nbt_randn_leaf(ctx, NB_F32, 3, (int64_t[]){N, T, C}, 4);
+    }
+    for (int k = 0; k < 2; k++) {
+        nb_tensor *rs = cd == NB_F32 ? r[k] : nb_cast(step, r[k], cd);
+        y[k] = k == 0 ? nb__linear_residual(step, x[k], w[k], b[k], rs)
+                      : nb_add(step, rs, nb__linear(step, x[k], w[k], b[k]));
+    }
+    ck_assert_str_eq(y[0]->node->op, "nb_linear");
+    ck_assert_int_eq(y[0]->node->n_in, bias ? 4 : 3);
+    assert_same_bits("value", y[0], y[1]);
+    for (int k = 0; k < 2; k++) nb_backward(nbt_weighted_sum(step, y[k]));
+    assert_same_bits("x's gradient", x[0]->grad, x[1]->grad);
+    assert_same_bits("w's gradient", w[0]->grad, w[1]->grad);
+    assert_same_bits("r's gradient", r[0]->grad, r[1]->grad);
+    if (bias) assert_same_bits("b's gradient", b[0]->grad, b[1]->grad);
+    nb_ctx_free(step);
+    nb_ctx_free(ctx);
+}
+
+START_TEST(test_linear_residual_matches_add) {
+    for (int bias = 0; bias < 2; bias++) {
+        residual_vs_add(NB_F32, bias);
+        residual_vs_add(NB_BF16, bias);
+    }
+}
+END_TEST
+
+static nb_tensor *linear_residual_fn(nb_ctx *ctx, nb_tensor *const *in, void *user) {
+    bool bias = user != NULL;
+    return nb__linear_residual(ctx, in[0], in[1], bias ? in[2] : NULL, in[bias ? 3 : 2]);
+}
+
+/* A block's MLP branch and its residual add: r + gelu(x w1^T + b1) w2^T + b2. */
+static nb_tensor *mlp_residual_fn(nb_ctx *ctx, nb_tensor *const *in, void *user) {
+    (void)user;
+    nb_tensor *h = nb__linear_gelu(ctx, in[0], in[1], in[2]);
+    return nb__linear_residual(ctx, h, in[3], in[4], in[5]);
+}
+
+/* f64 against finite differences: the op with and without a bias, and
+ * after nb__linear_gelu with the backward's epilogues on (DGELU through
+ * the fused node's input gradient). r's gradient is the incoming one, the
+ * very tensor (no copy). */
+START_TEST(test_linear_residual_gradcheck) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *in[4] = {nbt_randn_leaf(ctx, NB_F64, 3, (int64_t[]){2, 3, 4}, 1),
+                        nbt_randn_leaf(ctx, NB_F64, 2, (int64_t[]){5, 4}, 2),
+                        nbt_randn_leaf(ctx, NB_F64, 1, (int64_t[]){5}, 3),
+                        nbt_randn_leaf(ctx, NB_F64, 3, (int64_t[]){2, 3, 5}, 4)};
+    NBT_GRADCHECK(linear_residual_fn, (void *)1, 4, in);
+    nb_tensor *nobias[3] = {in[0], in[1], in[3]};
+    NBT_GRADCHECK(linear_residual_fn, NULL, 3, nobias);
+    nb__gemm_epilogues_force(1);
+    nb_tensor *mlp[6] = {nbt_randn_leaf(ctx, NB_F64, 3, (int64_t[]){2, 3, 4}, 5),
+                         nbt_randn_leaf(ctx, NB_F64, 2, (int64_t[]){8, 4}, 6),
+                         nbt_randn_leaf(ctx, NB_F64, 1, (int64_t[]){8}, 7),
+                         nbt_randn_leaf(ctx, NB_F64, 2, (int64_t[]){4, 8}, 8),
+                         nbt_randn_leaf(ctx, NB_F64, 1, (int64_t[]){4}, 9),
+                         in[0]};
+    NBT_GRADCHECK(mlp_residual_fn, NULL, 6, mlp);
+    nb__gemm_epilogues_force(-1);
+    /* r made by an op (not a leaf): its gradient is y's itself */
+    nb_ctx *step = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *r = nb_mul_scalar(step, in[3], 2.0);
+    nb_tensor *y = nb__linear_residual(step, in[0], in[1], in[2], r);
+    nb_tensor *g = nbt_randn(step, NB_F64, 3, (int64_t[]){2, 3, 5}, 10);
+    nb_backward_with(y, g);
+    ck_assert_ptr_nonnull(y->grad);
+    ck_assert_ptr_eq(r->grad, y->grad);
+    nb_ctx_free(step);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+/* Where r is not of the product's shape, dtype or device, the op is the
+ * add after the linear: broadcast as nb_add broadcasts, refused with
+ * nb_add's message. The CPU entry refuses a residual it cannot add. */
+START_TEST(test_linear_residual_fallback) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_tensor *x = nbt_randn(ctx, NB_F32, 2, (int64_t[]){3, 4}, 1);
+    nb_tensor *w = nbt_randn(ctx, NB_F32, 2, (int64_t[]){5, 4}, 2);
+    nb_tensor *b = nbt_randn(ctx, NB_F32, 1, (int64_t[]){5}, 3);
+    nb_tensor *row = nbt_randn(ctx, NB_F32, 1, (int64_t[]){5}, 4);
+    nb_tensor *y = nb__linear_residual(ctx, x, w, b, row);
+    ck_assert_str_eq(y->node ? y->node->op : "nb_add", "nb_add");
+    nbt_assert_tensors_close(y, nb_add(ctx, row, nb__linear(ctx, x, w, b)), 0, 0);
+    nb_tensor *r64 = nbt_randn(ctx, NB_F64, 2, (int64_t[]){3, 5}, 5);
+    NBT_EXPECT_ABORT(nb__linear_residual(ctx, x, w, b, r64),
+                     "nb_add: dtypes differ: f64 (3, 5) vs f32 (3, 5)");
+    nb_tensor *out = nb_empty(ctx, NB_F32, 2, (int64_t[]){3, 5});
+    NBT_EXPECT_ABORT(nb__cpu_backend.matmul(out, x, w, false, true,
+                                            &(nb__gemm_epilogue){.bias = b, .residual = out}),
+                     "nb__cpu_matmul: a residual f32 (3, 5) for an output f32 (3, 5): it is "
+                     "contiguous, of the output's shape and dtype, not the output itself");
+    nb_ctx_free(ctx);
+}
+END_TEST
+
 /* ---- multi-tensor updates ---- */
 #define NT 3
 #define LEN 5
@@ -480,7 +602,9 @@ END_TEST
 int main(void) {
     const TTest *tests[] = {test_tables_complete, test_lookup, test_linear_gelu_matches_composition,
                              test_linear_gelu_gradcheck, test_gemm_epilogues_backward,
-                             test_gemm_epilogues_gradcheck, test_gemm_bgrad_entry, test_multi_tensor_adam,
+                             test_gemm_epilogues_gradcheck, test_gemm_bgrad_entry,
+                             test_linear_residual_matches_add, test_linear_residual_gradcheck,
+                             test_linear_residual_fallback, test_multi_tensor_adam,
                              test_multi_tensor_sgd, test_optim_step_mixed_dtypes,
                              test_multi_tensor_reductions, test_channel_steps, test_cpu_row_reductions, NULL};
     return nbt_run(nbt_suite("backend", "core", 0, tests));

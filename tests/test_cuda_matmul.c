@@ -7,10 +7,12 @@
  * CPU ops (folded and strided batches, a bias at an odd address); and nn's
  * Linear through them, mixed precision included; the backward's epilogues
  * (a bias gradient beside an accumulating GEMM, DGELU) called directly
- * against f64 loops, and an MLP whose backward uses them against the CPU.
+ * against f64 loops, and an MLP whose backward uses them against the CPU;
+ * a residual added by the GEMM (C apart from D), alone and after an MLP.
  * Skipped without a GPU. */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "cuda_parity.h"
 #include "tensor/backend.h"
@@ -400,20 +402,71 @@ static nb_tensor *op_mlp(nb_ctx *ctx, nb_tensor *const *in, void *user) {
     return nb__linear(ctx, nb__linear_gelu(ctx, in[0], in[1], in[2]), in[3], in[4]);
 }
 
+/* x, w1, b1, w2, b2, and a residual of the output's shape */
+static const nbt_input mlp_inputs[6] = {
+    {.dtype = NB_F32, .ndim = 3, .shape = {2, 9, 24}, .lo = -2, .hi = 2},
+    {.dtype = NB_F32, .ndim = 2, .shape = {64, 24}},
+    {.dtype = NB_F32, .ndim = 1, .shape = {64}},
+    {.dtype = NB_F32, .ndim = 2, .shape = {16, 64}},
+    {.dtype = NB_F32, .ndim = 1, .shape = {16}},
+    {.dtype = NB_F32, .ndim = 3, .shape = {2, 9, 16}, .lo = -4, .hi = 4},
+};
+
 START_TEST(test_mlp_backward_epilogues) {
-    nbt_input in[5] = {
-        {.dtype = NB_F32, .ndim = 3, .shape = {2, 9, 24}, .lo = -2, .hi = 2},
-        {.dtype = NB_F32, .ndim = 2, .shape = {64, 24}},
-        {.dtype = NB_F32, .ndim = 1, .shape = {64}},
-        {.dtype = NB_F32, .ndim = 2, .shape = {16, 64}},
-        {.dtype = NB_F32, .ndim = 1, .shape = {16}},
-    };
+    nbt_input in[5];
+    memcpy(in, mlp_inputs, sizeof in);
     nbt_parity("mlp f32", op_mlp, NULL, 5, in, &(nbt_parity_opts){.tol = 1e-4});
     if (nbt_dtype_runs(compute_bf16))
         nbt_parity("mlp, bf16 compute", op_mlp, (void *)&compute_bf16, 5, in,
                    &(nbt_parity_opts){.tol = NBT_TOL_BF16});
     in[1].shape[0] = in[2].shape[0] = in[3].shape[1] = 60; /* no aligned aux matrix: kernels */
     nbt_parity("mlp f32, hidden 60", op_mlp, NULL, 5, in, &(nbt_parity_opts){.tol = 1e-4});
+}
+END_TEST
+
+/* r + (x w^T + b) with the add in the GEMM on CUDA (C = r with beta = 1,
+ * D apart: Note [Residual in the GEMM] in tensor/ops_matmul.c) against the
+ * CPU's product and add, gradients included (r's is the incoming one);
+ * under a bf16 compute dtype r is cast to it, as the GPT's residual
+ * stream is. Then a GPT block's MLP branch and its add: c_proj's input
+ * gradient through GELU (DGELU) beside the residual. */
+static nb_tensor *residual_of(nb_ctx *ctx, nb_tensor *r, void *user) {
+    if (!user || nb_ctx_device(ctx).type != NB_DEVICE_CUDA) return r;
+    nb_ctx_set_compute_dtype(ctx, *(const nb_dtype *)user);
+    return nb_cast(ctx, r, *(const nb_dtype *)user);
+}
+
+static nb_tensor *op_linear_residual(nb_ctx *ctx, nb_tensor *const *in, void *user) {
+    nb_tensor *r = residual_of(ctx, in[3], user);
+    return nb__linear_residual(ctx, in[0], in[1], in[2], r);
+}
+
+static nb_tensor *op_mlp_residual(nb_ctx *ctx, nb_tensor *const *in, void *user) {
+    nb_tensor *r = residual_of(ctx, in[5], user);
+    return nb__linear_residual(ctx, nb__linear_gelu(ctx, in[0], in[1], in[2]), in[3], in[4], r);
+}
+
+START_TEST(test_linear_residual) {
+    nbt_input in[4] = {
+        {.dtype = NB_F32, .ndim = 3, .shape = {4, 7, 32}},
+        {.dtype = NB_F32, .ndim = 2, .shape = {24, 32}},
+        {.dtype = NB_F32, .ndim = 1, .shape = {24}},
+        {.dtype = NB_F32, .ndim = 3, .shape = {4, 7, 24}, .lo = -4, .hi = 4},
+    };
+    nbt_parity("linear+residual f32", op_linear_residual, NULL, 4, in, NULL);
+    if (nbt_dtype_runs(compute_bf16))
+        nbt_parity("linear+residual, bf16 compute", op_linear_residual, (void *)&compute_bf16, 4,
+                   in, &(nbt_parity_opts){.tol = NBT_TOL_BF16});
+    in[0].transposed = true; /* not folded into M: a strided batch of 4, C and D at M N apart */
+    nbt_parity("linear+residual f32, transposed x", op_linear_residual, NULL, 4, in, NULL);
+    in[0].transposed = false;
+    in[1].shape[0] = in[2].shape[0] = in[3].shape[2] = 19; /* odd N */
+    nbt_parity("linear+residual f32, N = 19", op_linear_residual, NULL, 4, in, NULL);
+    nbt_parity("mlp+residual f32", op_mlp_residual, NULL, 6, mlp_inputs,
+               &(nbt_parity_opts){.tol = 1e-4});
+    if (nbt_dtype_runs(compute_bf16))
+        nbt_parity("mlp+residual, bf16 compute", op_mlp_residual, (void *)&compute_bf16, 6,
+                   mlp_inputs, &(nbt_parity_opts){.tol = NBT_TOL_BF16});
 }
 END_TEST
 
@@ -498,6 +551,7 @@ int main(void) {
     tcase_add_test(tc, test_linear_gelu_epilogue);
     tcase_add_test(tc, test_mlp_backward_epilogues);
     tcase_add_test(tc, test_backward_epilogues);
+    tcase_add_test(tc, test_linear_residual);
     suite_add_tcase(s, tc);
     return nbt_run(s);
 }

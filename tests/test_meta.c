@@ -221,13 +221,22 @@ START_TEST(test_adamw_many) {
 }
 END_TEST
 
+/* A GPT of 2 layers, width 32 and T 32 on dev: its parameters in a
+ * context *params, and a step context *step of compute dtype cd. */
+static nb_module *small_gpt(nb_device dev, nb_dtype cd, nb_ctx **params, nb_ctx **step) {
+    nb_gpt_config cfg = {128, 32, 2, 2, 32, 0.0};
+    *params = nb_ctx_new(dev, 0);
+    *step = nb_ctx_new(dev, 0);
+    nb_ctx_set_compute_dtype(*step, cd);
+    nb_rng rng = nb_rng_make(7);
+    return nb_gpt_new(*params, NB_F32, &cfg, &rng);
+}
+
 /* One GPT step, twice (the first makes the gradients and AdamW's state):
  * the step context's peak, the parameters' context and the state. */
 static void gpt_step_peaks(nb_device dev, size_t *step_peak, size_t *model) {
-    nb_gpt_config cfg = {128, 32, 2, 2, 32, 0.0};
-    nb_ctx *params = nb_ctx_new(dev, 0), *step = nb_ctx_new(dev, 0);
-    nb_rng rng = nb_rng_make(7);
-    nb_module *gpt = nb_gpt_new(params, NB_F32, &cfg, &rng);
+    nb_ctx *params, *step;
+    nb_module *gpt = small_gpt(dev, NB_F32, &params, &step);
     int np = nb_module_named_parameters(gpt, NULL, 0);
     nb_named_tensor *p = malloc((size_t)np * sizeof *p);
     nb_module_named_parameters(gpt, p, np);
@@ -276,12 +285,8 @@ END_TEST
  * the shadows the update wrote (2 bytes per parameter element more in the
  * update), and the one cast left is the embeddings' sum (an activation). */
 START_TEST(test_gpt_shadows) {
-    nb_gpt_config cfg = {128, 32, 2, 2, 32, 0.0};
-    nb_device dev = nb_meta(NB_DEVICE_CUDA);
-    nb_ctx *params = nb_ctx_new(dev, 0), *step = nb_ctx_new(dev, 0);
-    nb_ctx_set_compute_dtype(step, NB_BF16);
-    nb_rng rng = nb_rng_make(7);
-    nb_module *gpt = nb_gpt_new(params, NB_F32, &cfg, &rng);
+    nb_ctx *params, *step;
+    nb_module *gpt = small_gpt(nb_meta(NB_DEVICE_CUDA), NB_BF16, &params, &step);
     int np = nb_module_named_parameters(gpt, NULL, 0);
     nb_named_tensor *p = malloc((size_t)np * sizeof *p);
     nb_module_named_parameters(gpt, p, np);
@@ -476,8 +481,89 @@ START_TEST(test_linear_epilogues) {
 }
 END_TEST
 
+/* Note [Residual in the GEMM]: r + (x w^T + b) under bf16 (f32 w and b,
+ * bf16 x and r) is one GEMM call that reads x, w (its bf16 cast), b (f32)
+ * and r (C, once) and writes y (D, apart): one launch on meta:cuda, no
+ * add. Its backward makes the calls the separate ops' backward makes (the
+ * add's is none: r's gradient is the incoming one). */
+START_TEST(test_linear_residual) {
+    enum { R = 64, C = 32, K = 128 };
+    for (int i = 0; i < 2; i++) {
+        bool cuda = kinds[i] == NB_DEVICE_CUDA;
+        nb_meta_entry bw[2];
+        for (int fuse = 1; fuse >= 0; fuse--) {
+            nb_ctx *ctx = nb_ctx_new(nb_meta(kinds[i]), 0), *step = nb_ctx_new(nb_meta(kinds[i]), 0);
+            nb_tensor *w = nb_empty(ctx, NB_F32, NB_SHAPE(C, K)), *b = nb_empty(ctx, NB_F32, NB_SHAPE(C));
+            nb_set_requires_grad(w, true);
+            nb_set_requires_grad(b, true);
+            nb_ctx_set_compute_dtype(step, NB_BF16);
+            nb_tensor *x = nb_empty(step, NB_BF16, NB_SHAPE(R, K));
+            nb_tensor *r = nb_empty(step, NB_BF16, NB_SHAPE(R, C));
+            nb_set_requires_grad(x, true);
+            nb_set_requires_grad(r, true);
+            nb__linear_residual_fuse(fuse);
+            nb_meta_reset();
+            nb_tensor *y = nb__linear_residual(step, x, w, b, r);
+            nb__linear_residual_fuse(true);
+            ck_assert_int_eq(y->dtype, NB_BF16);
+            double gemm = 2.0 * R * K + 2.0 * C * K + 4.0 * C + 2.0 * R * C; /* x, w, b; D */
+            if (fuse) {
+                expect("matmul", 1, gemm + 2.0 * R * C, 2.0 * R * C, 2.0 * R * C * K, cuda ? 1 : 0);
+                ck_assert_int_eq(find("binary.add").calls, 0);
+            } else {
+                expect("matmul", 1, gemm, 1.0 * R * C, 2.0 * R * C * K, cuda ? 1 : 0);
+                expect("binary.add", 1, 3 * 2.0 * R * C, 1.0 * R * C, 0, cuda ? 1 : 0);
+            }
+            nb_meta_reset();
+            nb_backward_with(y, nb_empty(step, NB_BF16, NB_SHAPE(R, C)));
+            bw[fuse] = nb_meta_total();
+            nb_ctx_free(step);
+            nb_ctx_free(ctx);
+        }
+        ck_assert_int_eq(bw[1].calls, bw[0].calls);
+        ck_assert_int_eq(bw[1].launches, bw[0].launches);
+        ck_assert(bw[1].bytes == bw[0].bytes && bw[1].gemm_flops == bw[0].gemm_flops);
+    }
+}
+END_TEST
+
+/* One GPT step under bf16 on meta:cuda (the trace of bench_gpt2), with
+ * the residual adds in the projections' GEMMs or apart: each of the 2 L
+ * adds fused is one launch fewer and 2 (N, T, C) bf16 tensors fewer moved
+ * (apart: the product writes one, the add reads two and writes one; fused:
+ * C read, D written). Nothing else changes. */
+static nb_meta_entry gpt_step_counts(bool fuse, int64_t *adds) {
+    nb_ctx *params, *step;
+    nb_module *gpt = small_gpt(nb_meta(NB_DEVICE_CUDA), NB_BF16, &params, &step);
+    nb_tensor *x = nb_zeros(params, NB_I64, NB_SHAPE(4, 32)), *y = nb_zeros(params, NB_I64, NB_SHAPE(4, 32));
+    nb__linear_residual_fuse(fuse);
+    nb_meta_reset();
+    nb_backward(nb_gpt_forward_loss(gpt, step, x, y));
+    nb__linear_residual_fuse(true);
+    nb_meta_entry total = nb_meta_total();
+    *adds = find("binary.add").calls;
+    nb_ctx_free(step);
+    nb_ctx_free(params);
+    return total;
+}
+
+START_TEST(test_gpt_residual_adds) {
+    enum { L = 2, N = 4, T = 32, C = 32 };
+    int64_t adds_fused, adds_apart;
+    nb_meta_entry fused = gpt_step_counts(true, &adds_fused);
+    nb_meta_entry apart = gpt_step_counts(false, &adds_apart);
+    ck_assert_int_eq(adds_apart - adds_fused, 2 * L);
+    ck_assert_int_eq(apart.launches - fused.launches, 2 * L);
+    ck_assert_msg(apart.bytes - fused.bytes == 2.0 * L * 2 * (2.0 * N * T * C),
+                  "bytes %.0f apart, %.0f fused", apart.bytes, fused.bytes);
+    ck_assert(apart.gemm_flops == fused.gemm_flops);
+    ck_assert_int_eq(apart.calls - fused.calls, 2 * L);
+}
+END_TEST
+
 static Suite *suite(void) {
     const TTest *tests[] = {test_tables, test_matmul, test_batched_matmul, test_linear_epilogues,
+                             test_linear_residual, test_gpt_residual_adds,
                              test_layer_norm, test_softmax, test_cross_entropy,
                              test_cross_entropy_fused, test_adamw, test_embedding_backward, test_adamw_many, test_gpt_shadows,
                              test_attention_path, test_gpt_peak_matches_cpu, test_no_values,

@@ -2,9 +2,10 @@
  * cache, epilogues and their fallback kernels) against the CPU library's
  * matmul entry in f64 (tensor/cpu/backend.c), with cuBLASLt replaced by
  * include/cublasLt.h's stand-in. Each case runs twice: with the stand-in's
- * epilogues (BIAS, GELU_AUX_BIAS, DGELU, BGRADB beside beta = 1), and with
- * the heuristic refusing every epilogue, so that matmul.cu's own
- * epilogue_kernel and bgrad_kernel run. */
+ * epilogues (BIAS, GELU_AUX_BIAS, DGELU, BGRADB beside beta = 1, a
+ * residual C apart from D with beta = 1 and BIAS or none), and with the
+ * heuristic refusing every epilogue and every C apart, so that matmul.cu's
+ * own epilogue_kernel and bgrad_kernel run. */
 #include "check.h"
 #include <cublasLt.h>
 extern "C" {
@@ -46,6 +47,31 @@ static void forward(nb_dtype dt, nb_dtype bias_dt, int64_t l, int64_t m, int64_t
     double tol = tol_of(dt) * 4;
     cmpv(nm + " out", get(out), get(o64), tol, (double)k);
     if (gelu) cmpv(nm + " pre", get(pre), get(p64), tol, (double)k);
+}
+
+/* out (l, m, n) = a (l, m, k) @ w (n, k)^T [+ bias] + r (l, m, n), r read
+ * as C with beta = 1 and out written apart (Note [Residual in the GEMM]
+ * in tensor/ops_matmul.c). */
+static void residual(nb_dtype dt, nb_dtype bias_dt, bool with_bias, int64_t l, int64_t m,
+                     int64_t k, int64_t n, bool refuse) {
+    std::string nm = fmt("residual %s bias %s (%lld,%lld,%lld,%lld) refuse %d", dtn(dt),
+                         with_bias ? dtn(bias_dt) : "none", (long long)l, (long long)m,
+                         (long long)k, (long long)n, refuse);
+    nb_tensor *a64 = mk(NB_F64, {l, m, k}), *w64 = mk(NB_F64, {n, k}), *bias64 = mk(NB_F64, {n});
+    nb_tensor *r64 = mk(NB_F64, {l, m, n});
+    fill(a64, -1, 1), fill(w64, -1, 1), fill(bias64, -1, 1), fill(r64, -4, 4);
+    a64 = as(as(a64, dt), NB_F64), w64 = as(as(w64, dt), NB_F64);
+    bias64 = as(as(bias64, bias_dt), NB_F64), r64 = as(as(r64, dt), NB_F64);
+    nb_tensor *a = as(a64, dt), *w = as(w64, dt), *bias = as(bias64, bias_dt), *r = as(r64, dt);
+    nb_tensor *out = mk(dt, {l, m, n}), *o64 = mk(NB_F64, {l, m, n});
+    emu_cublaslt_refuse_epilogues = refuse;
+    nb__gemm_epilogue e = {}, e64 = {};
+    e.bias = with_bias ? bias : nullptr, e.residual = r;
+    e64.bias = with_bias ? bias64 : nullptr, e64.residual = r64;
+    nb__cuda_gemm(out, a, w, false, true, &e);
+    nb__cpu_backend.matmul(o64, a64, w64, false, true, &e64);
+    cmpv(nm, get(out), get(o64), tol_of(dt) * 4, (double)k + 4);
+    cmpv(nm + " residual untouched", get(r), get(r64), 0, 1);
 }
 
 /* acc (m, n) f32 += op(a)^T-style weight gradient g^T x (a = g (k, m)
@@ -104,6 +130,10 @@ int main() {
                 forward(dt, NB_F32, 2, 4 + r, 16, 32, false, refuse); /* an f32 bias, 16-bit out */
                 forward(dt, NB_F32, 2, 4 + r, 16, 32, true, refuse);
             }
+            residual(dt, dt, true, 1, 8 + r, 16, 24, refuse);
+            residual(dt, dt, false, 3, 5 + r, 12, 16, refuse); /* folded batch, no bias */
+            residual(dt, dt, true, 2, 3 + r, 7, 9, refuse);
+            if (half) residual(dt, NB_F32, true, 2, 4 + r, 16, 32, refuse); /* the GPT's case */
             bias_grad(dt, 24, 40 + r, 16, refuse);
             bias_grad(dt, 7, 33 + r, 5, refuse);
             dgelu(dt, 2, 6 + r, 16, 32, false, refuse);

@@ -93,9 +93,8 @@ static void dgelu(nb_tensor *out, const nb_tensor *pre) {
  * rows, then the GEMM adds the product to it (like addmm; no separate
  * pass). GELU: a pass over the product, from `pre` when it is kept; its
  * gradient (dgelu_pre) a pass over the product too. */
-void nb__cpu_matmul(nb_tensor *out, const nb_tensor *a, const nb_tensor *b, bool ta, bool tb,
-                    const nb__gemm_epilogue *epi) {
-    nb__gemm_epilogue e = epi ? *epi : (nb__gemm_epilogue){0};
+static void product(nb_tensor *out, const nb_tensor *a, const nb_tensor *b, bool ta, bool tb,
+                    nb__gemm_epilogue e) {
     if (e.bgrad) bias_grad(e.bgrad, a, ta);
     if (nb__cpu_is_bf16(out)) {
         NB_CHECK(!e.accumulate, "nb__cpu_matmul: a bf16 output %s is written, never added into",
@@ -116,6 +115,23 @@ void nb__cpu_matmul(nb_tensor *out, const nb_tensor *a, const nb_tensor *b, bool
     nb__cpu_gemm(dst, a, b, ta, tb, accumulate);
     if (e.gelu) nb__cpu_unary(NB_U_GELU_TANH, out, dst, 0);
     if (e.dgelu_pre) dgelu(out, e.dgelu_pre);
+}
+
+/* The residual (Note [Residual in the GEMM] in tensor/ops_matmul.c) is
+ * added after the product and bias by the add's own kernel, so the result
+ * is nb_add(residual, linear) bit for bit. */
+void nb__cpu_matmul(nb_tensor *out, const nb_tensor *a, const nb_tensor *b, bool ta, bool tb,
+                    const nb__gemm_epilogue *epi) {
+    nb__gemm_epilogue e = epi ? *epi : (nb__gemm_epilogue){0};
+    const nb_tensor *r = e.residual;
+    NB_CHECK(!r || (!e.gelu && !e.accumulate && !e.dgelu_pre && !e.bgrad && r->dtype == out->dtype &&
+                    nb_same_shape(r, out) && nb_is_contiguous(r) && r->data != out->data),
+             "nb__cpu_matmul: a residual %s %s for an output %s %s: it is contiguous, of the "
+             "output's shape and dtype, not the output itself, and beside a bias only",
+             nb_dtype_name(r->dtype), nb_shape_str(r), nb_dtype_name(out->dtype), nb_shape_str(out));
+    e.residual = NULL;
+    product(out, a, b, ta, tb, e);
+    if (r) nb__cpu_binary(NB_B_ADD, out, r, out);
 }
 
 void nb__cpu_gelu_tanh_backward(nb_tensor *dx, const nb_tensor *g, const nb_tensor *pre) {

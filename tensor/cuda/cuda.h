@@ -266,9 +266,11 @@ nb__backend_gemm_readable_fn nb__cuda_gemm_readable;
  * shape as out) when pre is not NULL. K = 0 gives zeros (+ bias).
  * accumulate (no bias, no gelu): out += the product (beta = 1). dgelu_pre:
  * out = product * GELU_tanh'(dgelu_pre) (DGELU); bgrad (M) f32 for a 2-D
- * out: op(a)'s rows summed over K (BGRADB), with accumulate or alone
- * (nb__gemm_epilogue in tensor/backend.h). An epilogue cuBLASLt has no
- * algorithm for runs as a kernel after the plain GEMM. */
+ * out: op(a)'s rows summed over K (BGRADB), with accumulate or alone;
+ * residual (out's shape and dtype, contiguous, not out): out = product +
+ * bias + residual, C = residual with beta = 1 (nb__gemm_epilogue in
+ * tensor/backend.h). An epilogue cuBLASLt has no algorithm for runs as a
+ * kernel after the plain GEMM. */
 void nb__cuda_gemm(nb_tensor *out, const nb_tensor *a, const nb_tensor *b, bool trans_a,
                    bool trans_b, const nb__gemm_epilogue *epi);
 

@@ -42,7 +42,15 @@
  * 1, C = D), which is how a weight's gradient is formed in place (Note
  * [Gradients added in place] in autograd/backward.c): no product tensor,
  * no add kernel, no second read of the gradient. Not with an epilogue but
- * BGRADB (which writes the bias gradient and leaves D's beta alone). */
+ * BGRADB (which writes the bias gradient and leaves D's beta alone).
+ *
+ * Residual (Note [Residual in the GEMM] in tensor/ops_matmul.c): D =
+ * op(A) op(B) + bias + C with C the residual (beta = 1, its own layout
+ * descriptor, D a fresh tensor), the BIAS epilogue (or none) beside it,
+ * summed in f32 and rounded once. Where the heuristic has no algorithm for
+ * that, the GEMM runs plain (beta = 0, no epilogue) and epilogue_kernel
+ * adds the bias and the residual to the rounded product: one kernel more,
+ * and a second rounding. */
 #include <pthread.h>
 #include <stdint.h>
 #include <string.h>
@@ -70,10 +78,11 @@ static __device__ __forceinline__ double gelu_tanh_grad(double x) {
 }
 
 /* out (R, N) contiguous. dpre: out *= gelu'(dpre). Else v = out +
- * bias[col] (bias of B: T, or float with a 16-bit T); pre = v; out = gelu(v). */
+ * bias[col] (bias of B: T, or float with a 16-bit T) + resid (R, N, never
+ * with gelu); pre = v; out = gelu(v). */
 template <typename T, typename B>
 static __global__ void epilogue_kernel(T *out, T *pre, const B *bias, const T *dpre,
-                                       int64_t total, int64_t n, bool gelu) {
+                                       const T *resid, int64_t total, int64_t n, bool gelu) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (int64_t)gridDim.x * blockDim.x) {
         auto v = to_math(out[i]);
@@ -82,6 +91,7 @@ static __global__ void epilogue_kernel(T *out, T *pre, const B *bias, const T *d
             continue;
         }
         if (bias) v += (decltype(v))to_math(bias[i % n]);
+        if (resid) v += to_math(resid[i]);
         if (pre) put(&pre[i], v);
         if (gelu) v = gelu_tanh(v);
         put(&out[i], v);
@@ -116,24 +126,28 @@ static __global__ void bgrad_kernel(float *out, const T *a, int64_t m, int64_t k
 /* ----------------------------------------------------------- launchers */
 template <typename T>
 static void epilogue_launch(cudaStream_t st, void *out, void *pre, const void *bias,
-                            bool bias_f32, const void *dpre, int64_t total, int64_t n, bool gelu) {
+                            bool bias_f32, const void *dpre, const void *resid, int64_t total,
+                            int64_t n, bool gelu) {
     int64_t blocks = (total + 255) / 256;
     if (blocks > 65536) blocks = 65536;
     if (bias_f32)
         epilogue_kernel<T, float><<<(unsigned)blocks, 256, 0, st>>>(
-            (T *)out, (T *)pre, (const float *)bias, (const T *)dpre, total, n, gelu);
+            (T *)out, (T *)pre, (const float *)bias, (const T *)dpre, (const T *)resid, total, n,
+            gelu);
     else
         epilogue_kernel<T, T><<<(unsigned)blocks, 256, 0, st>>>(
-            (T *)out, (T *)pre, (const T *)bias, (const T *)dpre, total, n, gelu);
+            (T *)out, (T *)pre, (const T *)bias, (const T *)dpre, (const T *)resid, total, n, gelu);
     NB_CUDA_CHECK_LAUNCH(OP);
 }
 
-/* bias_dt: the bias's dtype (f32, or dt). */
+/* bias_dt: the bias's dtype (f32, or dt). resid: NULL, or out's layout. */
 static void epilogue(cudaStream_t st, nb_dtype dt, void *out, void *pre, const void *bias,
-                     nb_dtype bias_dt, const void *dpre, int64_t total, int64_t n, bool gelu) {
+                     nb_dtype bias_dt, const void *dpre, const void *resid, int64_t total,
+                     int64_t n, bool gelu) {
     if (total == 0) return;
     bool bias_f32 = bias && bias_dt == NB_F32 && dt != NB_F32;
-    BY_FLOAT_DTYPE(OP, dt, epilogue_launch, st, out, pre, bias, bias_f32, dpre, total, n, gelu);
+    BY_FLOAT_DTYPE(OP, dt, epilogue_launch, st, out, pre, bias, bias_f32, dpre, resid, total, n,
+                   gelu);
 }
 
 template <typename T>
@@ -177,14 +191,15 @@ typedef struct gemm_key {
     int64_t lda, ldb, ldd;
     int64_t batch, stride_a, stride_b, stride_d;
     int64_t epilogue, aux_ld, aux_stride, bias_dt;
-    int64_t align_a, align_b, align_d, align_bias, align_aux;
+    int64_t resid; /* C is a residual apart from D (beta = 1) */
+    int64_t align_a, align_b, align_c, align_d, align_bias, align_aux;
 } gemm_key;
 
 typedef struct gemm_plan {
     bool used, ok; /* ok: the heuristic found an algorithm */
     gemm_key key;
     cublasLtMatmulDesc_t desc;
-    cublasLtMatrixLayout_t la, lb, ld;
+    cublasLtMatrixLayout_t la, lb, lc, ld; /* lc: C's, ld itself unless a residual */
     cublasLtMatmulAlgo_t algo;
 } gemm_plan;
 
@@ -219,6 +234,7 @@ static void plan_free(gemm_plan *p) {
     if (!p->used) return;
     cublasLtMatrixLayoutDestroy(p->la);
     cublasLtMatrixLayoutDestroy(p->lb);
+    if (p->lc != p->ld) cublasLtMatrixLayoutDestroy(p->lc);
     cublasLtMatrixLayoutDestroy(p->ld);
     cublasLtMatmulDescDestroy(p->desc);
     p->used = false;
@@ -298,14 +314,16 @@ static void plan_make(gemm_plan *p, const gemm_key *k, const void *bias, void *a
     p->lb = make_layout(cuda_type(din), k->op_b ? k->n : k->k, k->op_b ? k->k : k->n, k->ldb,
                         k->batch, k->stride_b);
     p->ld = make_layout(cuda_type(dout), k->m, k->n, k->ldd, k->batch, k->stride_d);
+    p->lc = k->resid ? make_layout(cuda_type(dout), k->m, k->n, k->ldd, k->batch, k->stride_d)
+                     : p->ld;
 
     uint64_t ws = ws_bytes;
     cublasLtMatmulPreference_t pref;
     LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                   &ws, sizeof ws));
-    uint32_t al[4] = {(uint32_t)k->align_a, (uint32_t)k->align_b, (uint32_t)k->align_d,
-                      (uint32_t)k->align_d};
+    uint32_t al[4] = {(uint32_t)k->align_a, (uint32_t)k->align_b,
+                      (uint32_t)(k->resid ? k->align_c : k->align_d), (uint32_t)k->align_d};
     LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
                                                   &al[0], sizeof al[0]));
     LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
@@ -316,7 +334,7 @@ static void plan_make(gemm_plan *p, const gemm_key *k, const void *bias, void *a
                                                   &al[3], sizeof al[3]));
     cublasLtMatmulHeuristicResult_t res;
     int found = 0;
-    cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(h, p->desc, p->la, p->lb, p->ld, p->ld, pref,
+    cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(h, p->desc, p->la, p->lb, p->lc, p->ld, pref,
                                                       1, &res, &found);
     cublasLtMatmulPreferenceDestroy(pref);
     p->ok = s == CUBLAS_STATUS_SUCCESS && found > 0 && res.state == CUBLAS_STATUS_SUCCESS;
@@ -366,6 +384,7 @@ typedef struct gemm_call {
     bool dgelu;       /* d = product * gelu'(pre) */
     float *bgrad;     /* (our M): cuBLASLt's B summed over k */
     bool accumulate;  /* beta = 1: d += product */
+    const void *resid; /* C apart from d, d's layout (beta = 1): d = product + bias + resid */
 } gemm_call;
 
 /* D = op(A) op(B) (+ epilogue); returns false when the epilogue was not
@@ -393,6 +412,11 @@ static bool gemm_run(const gemm_call *c, bool with_epilogue) {
     k.align_a = align_of(c->a, c->lda * (int64_t)ein, k.stride_a * (int64_t)ein);
     k.align_b = align_of(c->b, c->ldb * (int64_t)ein, k.stride_b * (int64_t)ein);
     k.align_d = align_of(c->d, c->ldd * (int64_t)eout, k.stride_d * (int64_t)eout);
+    const void *resid = with_epilogue ? c->resid : NULL;
+    if (resid) {
+        k.resid = 1;
+        k.align_c = align_of(resid, c->ldd * (int64_t)eout, k.stride_d * (int64_t)eout);
+    }
     const void *bias = NULL;
     void *aux = NULL;
     cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
@@ -432,7 +456,7 @@ static bool gemm_run(const gemm_call *c, bool with_epilogue) {
     k.epilogue = epi;
     gemm_plan *p = plan_get(&k, bias, aux, c->h, c->ws_bytes);
     if (!p->ok) {
-        if (epi != CUBLASLT_EPILOGUE_DEFAULT) return false;
+        if (epi != CUBLASLT_EPILOGUE_DEFAULT || resid) return false;
         pthread_mutex_unlock(&plans_lock); /* Note [Aborts under the plan lock] */
         NB_ABORT("%s: cuBLASLt has no algorithm for %s (%lld x %lld) @ (%lld x %lld) -> %s, "
                  "batch %lld, leading dims %lld, %lld, %lld, pointer alignments %lld, %lld, %lld "
@@ -448,12 +472,14 @@ static bool gemm_run(const gemm_call *c, bool with_epilogue) {
     if (aux)
         LT_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
                                                 &aux, sizeof aux));
-    float one_f = 1.0f, beta_f = c->accumulate ? 1.0f : 0.0f;
-    double one_d = 1.0, beta_d = c->accumulate ? 1.0 : 0.0;
+    bool beta1 = c->accumulate || resid;
+    float one_f = 1.0f, beta_f = beta1 ? 1.0f : 0.0f;
+    double one_d = 1.0, beta_d = beta1 ? 1.0 : 0.0;
     bool f64 = c->dt_in == NB_F64;
     LT_CHECK(cublasLtMatmul(c->h, p->desc, f64 ? (const void *)&one_d : (const void *)&one_f, c->a,
                             p->la, c->b, p->lb, f64 ? (const void *)&beta_d : (const void *)&beta_f,
-                            c->d, p->ld, c->d, p->ld, &p->algo, c->ws, c->ws_bytes, c->st));
+                            resid ? resid : c->d, p->lc, c->d, p->ld, &p->algo, c->ws, c->ws_bytes,
+                            c->st));
     return true;
 }
 
@@ -489,6 +515,14 @@ extern "C" void nb__cuda_gemm(nb_tensor *out, const nb_tensor *a, const nb_tenso
     NB_CHECK(!bias || bias->dtype == dt_out || bias->dtype == NB_F32,
              "%s: a bias %s for an output %s: it is the output's dtype or f32", OP,
              nb_dtype_name(bias->dtype), nb_dtype_name(dt_out));
+    const nb_tensor *r = e.residual;
+    bool r_ok = r && r->ndim == out->ndim && r->dtype == dt_out && nb_is_contiguous(r) &&
+                r->data != out->data;
+    for (int i = 0; r_ok && i < out->ndim; i++) r_ok = r->shape[i] == out->shape[i];
+    NB_CHECK(!r || (r_ok && !gelu && !accumulate && !e.dgelu_pre && !e.bgrad),
+             "%s: a residual %s %s for an output %s %s: it is contiguous, of the output's shape "
+             "and dtype, not the output itself, and beside a bias only", OP,
+             nb_dtype_name(r->dtype), nb_shape_str(r), nb_dtype_name(dt_out), nb_shape_str(out));
     if (batch == 0 || m == 0 || n == 0) {
         if (e.bgrad && m > 0) /* sums over K = 0 or over no column: zeros */
             NB_CUDA_CHECK(OP, cudaMemsetAsync(e.bgrad->data, 0, (size_t)m * sizeof(float), st));
@@ -501,9 +535,9 @@ extern "C" void nb__cuda_gemm(nb_tensor *out, const nb_tensor *a, const nb_tenso
         if (e.bgrad) NB_CUDA_CHECK(OP, cudaMemsetAsync(e.bgrad->data, 0, (size_t)m * sizeof(float), st));
         if (accumulate) return; /* out += 0 */
         NB_CUDA_CHECK(OP, cudaMemsetAsync(out->data, 0, (size_t)(batch * m * n) * eout, st));
-        if (bias || gelu)
-            epilogue(st, dt_out, out->data, pre_data, bias_data, bias_dt, NULL, batch * m * n, n,
-                     gelu);
+        if (bias || gelu || r)
+            epilogue(st, dt_out, out->data, pre_data, bias_data, bias_dt, NULL,
+                     r ? r->data : NULL, batch * m * n, n, gelu);
         return;
     }
     layout la, lb;
@@ -578,6 +612,7 @@ extern "C" void nb__cuda_gemm(nb_tensor *out, const nb_tensor *a, const nb_tenso
             int64_t od = (o * inner + i0) * m * n * (int64_t)eout;
             c.d = (char *)out->data + od;
             c.pre = pre_data ? (char *)pre_data + od : NULL;
+            c.resid = r ? (const char *)r->data + od : NULL;
             if (!gemm_run(&c, true)) {
                 (void)gemm_run(&c, false);
                 /* the kernels need no plan: launched (and checked) outside the lock */
@@ -586,7 +621,7 @@ extern "C" void nb__cuda_gemm(nb_tensor *out, const nb_tensor *a, const nb_tenso
                     bgrad(st, a->dtype, c.bgrad, c.b, m, k, fa ? 1 : la.ld, fa ? la.ld : 1);
                 else
                     epilogue(st, dt_out, c.d, c.dgelu ? NULL : c.pre, bias_data, bias_dt,
-                             c.dgelu ? c.pre : NULL, cnt * c.n * c.m, n, gelu);
+                             c.dgelu ? c.pre : NULL, c.resid, cnt * c.n * c.m, n, gelu);
                 pthread_mutex_lock(&plans_lock);
             }
         }

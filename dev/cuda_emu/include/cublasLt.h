@@ -1,14 +1,16 @@
 /* Stand-in for cuBLASLt (dev/cuda_emu): the part tensor/cuda/matmul.cu
  * calls, computing cublasLtMatmul on the CPU with the documented semantics
- * (column-major; D = alpha op(A) op(B) + beta C per strided batch, then the
+ * (column-major; D = alpha op(A) op(B) + beta C per strided batch, C read
+ * through its own layout and pointer, in place (C = D) or apart; then the
  * epilogue: BIAS adds bias[row of D]; GELU, GELU_AUX (the pre-GELU value
  * written to aux) and their _BIAS forms apply GELU(tanh); DGELU multiplies
  * by GELU_tanh'(aux); BGRADB writes the sums of op(B) over k, one per column
  * of D). Products and sums in f32 (f64 for CUBLAS_COMPUTE_64F), each output
  * rounded once to its type. The heuristic finds an algorithm for every plan
  * unless emu_cublaslt_refuse_epilogues is set, when a plan with an
- * epilogue gets none (matmul.cu then runs its own kernels). Written from
- * cublasLt.h's documentation, not from its implementation. */
+ * epilogue, or with a C layout apart from D's (a residual), gets none
+ * (matmul.cu then runs its own kernels). Written from cublasLt.h's
+ * documentation, not from its implementation. */
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -166,11 +168,12 @@ inline cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPrefere
 }
 inline cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDesc_t d,
                                                      cublasLtMatrixLayout_t, cublasLtMatrixLayout_t,
-                                                     cublasLtMatrixLayout_t, cublasLtMatrixLayout_t,
+                                                     cublasLtMatrixLayout_t lc, cublasLtMatrixLayout_t ld,
                                                      cublasLtMatmulPreference_t, int,
                                                      cublasLtMatmulHeuristicResult_t *r, int *found) {
     memset(r, 0, sizeof *r);
-    *found = emu_cublaslt_refuse_epilogues && d->epilogue != CUBLASLT_EPILOGUE_DEFAULT ? 0 : 1;
+    bool special = d->epilogue != CUBLASLT_EPILOGUE_DEFAULT || lc != ld;
+    *found = emu_cublaslt_refuse_epilogues && special ? 0 : 1;
     r->state = CUBLAS_STATUS_SUCCESS;
     return CUBLAS_STATUS_SUCCESS;
 }
