@@ -18,8 +18,6 @@
 #include "tensor/internal.h"
 #include "testutil.h"
 
-static void setup(void) { nbt_tmpdir_make("nb_ckpt_"); }
-
 /* Files left in nbt_tmpdir (named, so a test can assert that there are none). */
 static int count_files(const char *substr) {
     DIR *d = opendir(nbt_tmpdir);
@@ -30,8 +28,6 @@ static int count_files(const char *substr) {
     closedir(d);
     return n;
 }
-
-static void teardown(void) { nbt_tmpdir_remove(); }
 
 
 
@@ -306,11 +302,7 @@ NBT_CPU_TEST(test_atomic_save) {
                           strstr(nb_last_error(), "Input/output error"),
                       "message: %s", nb_last_error());
         ck_assert_int_ge(f.writes, k == 3 ? 4 : 1);
-        size_t len;
-        unsigned char *after = nbt_slurp(path, &len);
-        ck_assert_uint_eq(len, len1);
-        ck_assert(memcmp(after, before, len) == 0);
-        free(after);
+        nbt_assert_file_holds(path, before, len1);
         ck_assert_int_eq(count_files(".tmp."), 0); /* the partial file is gone */
         nb_checkpoint *ck;
         ck_assert_int_eq(nb_checkpoint_open(path, &ck), NB_OK);
@@ -837,11 +829,7 @@ NBT_CPU_TEST(test_killed_writer_cleaned_by_next_save) {
             ck_assert_int_ge(sb.st_size, 16 << 20);
         }
     closedir(d);
-    size_t len;
-    unsigned char *after = nbt_slurp(path, &len);
-    ck_assert_uint_eq(len, len1);
-    ck_assert(memcmp(after, before, len) == 0);
-    free(after);
+    nbt_assert_file_holds(path, before, len1);
     free(before);
     ck_assert_int_eq(nb_checkpoint_save(path, v1, 1, NULL, 0), NB_OK);
     ck_assert_int_eq(count_files(".tmp."), 0);
@@ -937,22 +925,9 @@ START_TEST(test_nonfinite_refused) {
 END_TEST
 
 int main(void) {
-    Suite *s = suite_create("checkpoint");
-    TCase *tc = tcase_create("core");
-    tcase_add_checked_fixture(tc, setup, teardown);
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, test_layout_and_read_back);
-    tcase_add_test(tc, test_strict_load);
-    tcase_add_test(tc, test_save_argument_errors);
-    tcase_add_test(tc, test_atomic_save);
-    tcase_add_test(tc, test_stale_temps_removed);
-    tcase_add_test(tc, test_killed_writer_cleaned_by_next_save);
-    tcase_add_test(tc, test_corrupt_files);
-    tcase_add_test(tc, test_truncations_and_flips);
-    tcase_add_test(tc, test_resume_is_bit_identical);
-    tcase_add_test(tc, test_training_load_errors);
-    tcase_add_test(tc, test_null_handles);
-    tcase_add_test(tc, test_nonfinite_refused);
-    suite_add_tcase(s, tc);
-    return nbt_run(s);
+    const TTest *tests[] = {test_layout_and_read_back, test_strict_load, test_save_argument_errors, test_atomic_save,
+                             test_stale_temps_removed, test_killed_writer_cleaned_by_next_save, test_corrupt_files,
+                             test_truncations_and_flips, test_resume_is_bit_identical, test_training_load_errors,
+                             test_null_handles, test_nonfinite_refused, NULL};
+    return nbt_run(nbt_suite_in_tmpdir("checkpoint", "core", 120, "nb_ckpt_", tests));
 }

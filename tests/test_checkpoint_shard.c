@@ -12,10 +12,6 @@
 
 #include "testutil.h"
 
-static void setup(void) { nbt_tmpdir_make("nb_shard_"); }
-static void teardown(void) { nbt_tmpdir_remove(); }
-
-
 static void copy_file(const char *from, const char *to) {
     size_t n;
     unsigned char *b = nbt_slurp(from, &n);
@@ -164,12 +160,10 @@ START_TEST(test_shard_consolidate_and_reshard) {
 
     /* consolidated: the plain file, byte for byte */
     ck_assert_msg(nb_checkpoint_consolidate(index, cons) == NB_OK, "%s", nb_last_error());
-    size_t np, nc;
-    unsigned char *bp = nbt_slurp(plain, &np), *bc = nbt_slurp(cons, &nc);
-    ck_assert_uint_eq(np, nc);
-    ck_assert_msg(memcmp(bp, bc, np) == 0, "the consolidated file differs from the plain one");
+    size_t np;
+    unsigned char *bp = nbt_slurp(plain, &np);
+    nbt_assert_file_holds(cons, bp, np); /* the plain file's bytes */
     free(bp);
-    free(bc);
 
     /* resharded: 2 ranks read their halves of every tensor */
     int n;
@@ -303,12 +297,8 @@ START_TEST(test_shard_crash_before_index) {
     char want[9000];
     snprintf(want, sizeof want, "%s: the shard of rank 2 of 3 is missing", nbt_tmp_path("s5.shards/rank2-of-3.safetensors"));
     NBT_EXPECT_STATUS(nb_checkpoint_save_training_index(index, "s5", 3, m.opt, &st, NULL, 0), NB_ERR_NOT_FOUND, want);
-    size_t n1;
-    unsigned char *after = nbt_slurp(index, &n1);
-    ck_assert_uint_eq(n0, n1);
-    ck_assert(memcmp(before, after, n0) == 0);
+    nbt_assert_file_holds(index, before, n0);
     free(before);
-    free(after);
 
     /* the previous checkpoint is in force: step 3's state */
     model f, p;
@@ -362,14 +352,7 @@ NBT_CPU_TEST(test_shard_cover_refused) {
 }
 
 int main(void) {
-    Suite *s = suite_create("checkpoint_shard");
-    TCase *tc = tcase_create("core");
-    tcase_add_checked_fixture(tc, setup, teardown);
-    tcase_set_timeout(tc, 60);
-    tcase_add_test(tc, test_shard_consolidate_and_reshard);
-    tcase_add_test(tc, test_shard_damage_refused);
-    tcase_add_test(tc, test_shard_crash_before_index);
-    tcase_add_test(tc, test_shard_cover_refused);
-    suite_add_tcase(s, tc);
-    return nbt_run(s);
+    const TTest *tests[] = {test_shard_consolidate_and_reshard, test_shard_damage_refused,
+                             test_shard_crash_before_index, test_shard_cover_refused, NULL};
+    return nbt_run(nbt_suite_in_tmpdir("checkpoint_shard", "core", 60, "nb_shard_", tests));
 }

@@ -83,13 +83,29 @@ int nbt_run(Suite *s) {
     return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }
 
-void nbt_suite_add(Suite *s, const char *tcase, double timeout_s, const TTest *const *tests) {
+static TCase *add_tcase(Suite *s, const char *tcase, double timeout_s, const TTest *const *tests) {
     TCase *tc = tcase_create(tcase);
     if (timeout_s > 0)
         tcase_set_timeout(tc, timeout_s);
     for (; *tests; tests++)
         tcase_add_test(tc, *tests);
     suite_add_tcase(s, tc);
+    return tc;
+}
+
+void nbt_suite_add(Suite *s, const char *tcase, double timeout_s, const TTest *const *tests) {
+    add_tcase(s, tcase, timeout_s, tests);
+}
+
+static const char *tmpdir_prefix;
+static void tmpdir_setup(void) { nbt_tmpdir_make(tmpdir_prefix); }
+
+Suite *nbt_suite_in_tmpdir(const char *name, const char *tcase, double timeout_s, const char *prefix,
+                           const TTest *const *tests) {
+    Suite *s = suite_create(name);
+    tmpdir_prefix = prefix;
+    tcase_add_checked_fixture(add_tcase(s, tcase, timeout_s, tests), tmpdir_setup, nbt_tmpdir_remove);
+    return s;
 }
 
 Suite *nbt_suite(const char *name, const char *tcase, double timeout_s, const TTest *const *tests) {
@@ -218,4 +234,12 @@ void nbt_ref_layer_norm(double *y, const double *x, const double *w, const doubl
             y[i * d + j] = v * (w ? w[j] : 1.0) + (b ? b[j] : 0.0);
         }
     }
+}
+
+void nbt_assert_file_holds(const char *path, const unsigned char *want, size_t len) {
+    size_t n;
+    unsigned char *got = nbt_slurp(path, &n);
+    ck_assert_msg(n == len, "%s: %zu bytes, expected %zu", path, n, len);
+    ck_assert_msg(memcmp(got, want, len) == 0, "%s: the bytes differ from the expected ones", path);
+    free(got);
 }

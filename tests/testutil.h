@@ -113,6 +113,10 @@ int nbt_run(Suite *s);
 Suite *nbt_suite(const char *name, const char *tcase, double timeout_s, const TTest *const *tests);
 /* Adds to s a test case `tcase` holding `tests` (ended by NULL), as nbt_suite does. */
 void nbt_suite_add(Suite *s, const char *tcase, double timeout_s, const TTest *const *tests);
+/* nbt_suite whose tests each run with a scratch folder of their own:
+ * nbt_tmpdir_make(prefix) before each, nbt_tmpdir_remove after it. */
+Suite *nbt_suite_in_tmpdir(const char *name, const char *tcase, double timeout_s, const char *prefix,
+                           const TTest *const *tests);
 
 /* For suites that every rank runs under nbrun (or alone, as a world of
  * one): makes the Gloo world group, calls make_suite(world), runs the
@@ -146,6 +150,10 @@ void nbt_remove_tree(const char *dir);
 /* The whole file at `path`, malloc'ed (one byte more, for a NUL), its
  * size in *len; the test fails when it cannot be read. */
 unsigned char *nbt_slurp(const char *path, size_t *len);
+
+/* The file at `path` holds exactly the len bytes at want (bytes nbt_slurp
+ * read earlier, from it or from another file). */
+void nbt_assert_file_holds(const char *path, const unsigned char *want, size_t len);
 
 /* Frees pg after a suite that returned rc; returns rc, or 1 (after
  * printing why) when freeing the group fails. */
