@@ -57,8 +57,9 @@ typedef struct nb__pg_ops {
      * nb_last_error() set; freed too); it may block until one of those.
      * xdrop frees one never tested to the end (its group broke).
      * A backend whose `run` moves w's data in one message may send them in
-     * the exchange's message, reading w's inputs at xpost (so the caller
-     * posts only when no unfinished collective writes them); `run` then
+     * the exchange's message, reading w's inputs at xpost (xcarries says
+     * when; the caller then posts only when no unfinished collective
+     * writes them); `run` then
      * computes from what arrived, with the arithmetic it uses without the
      * exchange, instead of exchanging them again (Gloo: Note [Small
      * collectives in one message] in pg_gloo.c). Every message of a
@@ -66,6 +67,8 @@ typedef struct nb__pg_ops {
      * disagree about w still meet, and what arrived for a w that the
      * caller does not let run is dropped with it. */
     nb_status (*xpost)(nb_pg *pg, nb_work *w, const void *mine, void *all, size_t n, void **x);
+    /* Whether xpost sends w's data (reads its inputs); NULL: never. */
+    bool (*xcarries)(const nb_pg *pg, const nb_work *w);
     int (*xtest)(nb_pg *pg, void *x);
     void (*xdrop)(void *x);
 } nb__pg_ops;

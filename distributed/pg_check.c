@@ -42,9 +42,9 @@
  * waits for its own instead of starting one, so the run pays the header's
  * latency about once (pg->stats.headers_early counts them), and a run of
  * small ones, whose data travel with their headers, about one latency in
- * all (DDP's buffer broadcasts); not from the first one that reads what
- * the running collective or one queued before it writes (its data are not
- * there yet).
+ * all (DDP's buffer broadcasts); not from the first small one that reads
+ * what the running collective or one queued before it writes (its data are
+ * not there yet).
  *
  * Note [Which collectives are checked]
  * A backend that launches from the issuing thread (NCCL) can check only by
@@ -192,9 +192,9 @@ static span writes(const nb__coll *c, int R) {
 
 /* While w's data move, the headers of the collectives queued behind it
  * can travel: posted now (up to EARLY_MAX of them), each waited for when
- * it runs. Not from the first one that reads what w or one queued before
- * it writes (the same tensor all-reduced twice in a row): the backend may
- * read its data with its header (xpost in pg.h), and they are not there
+ * it runs. Not from the first one whose data the backend sends with its
+ * header (xcarries in pg.h) that reads what w or one queued before it
+ * writes (the same tensor all-reduced twice in a row): they are not there
  * yet. */
 #define EARLY_MAX 32
 
@@ -206,10 +206,12 @@ static void post_queued(nb_pg *pg, const nb_work *w) {
     pthread_mutex_lock(&pg->mu);
     for (nb_work *n = w->next; n && k < EARLY_MAX && pg->broken == NB_OK; n = n->next) {
         if (n->state != NB__W_QUEUED || !wanted(pg, &n->coll)) break;
-        span r = reads(&n->coll, pg->size);
-        bool clear = disjoint(r, writes(&w->coll, pg->size));
-        for (int i = 0; i < k && clear; i++) clear = disjoint(r, writes(&go[i]->coll, pg->size));
-        if (!clear) break;
+        if (pg->base->xcarries && pg->base->xcarries(pg, n)) {
+            span r = reads(&n->coll, pg->size);
+            bool clear = disjoint(r, writes(&w->coll, pg->size));
+            for (int i = 0; i < k && clear; i++) clear = disjoint(r, writes(&go[i]->coll, pg->size));
+            if (!clear) break;
+        }
         __atomic_add_fetch(&n->refs, 1, __ATOMIC_ACQ_REL);
         go[k++] = n;
     }

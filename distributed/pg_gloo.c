@@ -261,6 +261,9 @@ static nb_status gloo_agree(nb_pg *pg, int32_t *votes) {
     return nb_work_finish(nb__pg_issue(pg, &c));
 }
 
+/* The check layer's exchange carries (and reads) the data of a small collective. */
+static bool gloo_xcarries(const nb_pg *pg, const nb_work *w) { return is_small(pg, &w->coll); }
+
 /* The check layer's exchange (pg.h), on its own lane: one frame per
  * rank, `mine` and then room for a small collective's data, which w's
  * fill when it is small (Note [Small collectives in one message]). */
@@ -276,7 +279,7 @@ static nb_status gloo_xpost(nb_pg *pg, nb_work *w, const void *mine, void *all, 
     f->buf = malloc((size_t)R * f->stride);
     NB_CHECK(me && f->buf, "nb_pg: out of memory for %d collective headers (%zu bytes each)", R, f->stride);
     memcpy(me, mine, n);
-    if (is_small(pg, &w->coll)) {
+    if (gloo_xcarries(pg, w)) {
         small_fill(pg, &w->coll, me + f->head);
         f->w = w;
     }
@@ -322,6 +325,7 @@ const nb__pg_ops nb__pg_gloo_ops = {
     .work_free = gloo_work_free,
     .agree = gloo_agree,
     .xpost = gloo_xpost,
+    .xcarries = gloo_xcarries,
     .xtest = gloo_xtest,
     .xdrop = gloo_xdrop,
 };

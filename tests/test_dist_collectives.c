@@ -170,8 +170,10 @@ END_TEST
  * rest are queued. An all-reduce (sum) of another tensor, then four of one
  * tensor, issued at once, then waited for: each of the four reads the one
  * before's result, R^3 (R (R + 1) / 2) in all, and only the first of them
- * may go early (while the other tensor's runs); then four of distinct
- * tensors, whose headers go early with their data: each the sum. */
+ * may go early (while the other tensor's runs); the same with a tensor
+ * beyond the limit, whose headers go early (no data ride with them); then
+ * four of distinct tensors, whose headers go early with their data: each
+ * the sum. */
 START_TEST(test_small_collectives_back_to_back) {
     if (R == 1) return;
     enum { K = 4 };
@@ -194,6 +196,19 @@ START_TEST(test_small_collectives_back_to_back) {
     ck_assert_msg(world->stats.headers_early <= early + 1,
                   "rank %d: %llu headers of four all-reduces of one tensor went early", me,
                   (unsigned long long)(world->stats.headers_early - early));
+    /* beyond the one-message limit no data ride with a header: those of one
+     * tensor's all-reduces go early too */
+    nb_tensor *big = nb_full(ctx, NB_F32, NB_SHAPE(5000), (double)(me + 1));
+    early = world->stats.headers_early;
+    if (me == 0) nb__sleep(0.2);
+    for (int k = 0; k < K; k++) w[k] = nb_pg_all_reduce(world, big, NB_REDUCE_SUM);
+    for (int k = 0; k < K; k++) check_ok(nb_work_finish(w[k]));
+    double *bv = host_values(big);
+    for (int i = 0; i < 5000; i++)
+        ck_assert_msg(bv[i] == want, "rank %d: four all-reduces of one large tensor give %g, want %g", me, bv[i], want);
+    free(bv);
+    if (me != 0)
+        ck_assert_msg(world->stats.headers_early > early, "rank %d: no header of four large all-reduces went early", me);
     if (me == 0) nb__sleep(0.2);
     early = world->stats.headers_early;
     for (int k = 0; k < K; k++) {
