@@ -132,20 +132,12 @@ void nb__reduce_into(nb_dtype dtype, nb_reduce_op op, void *acc, const void *x, 
     case NB_F64: FLOAT_OPS(double); break;
     case NB_I32: INT_OPS(int32_t, uint32_t); break;
     case NB_I64: INT_OPS(int64_t, uint64_t); break;
-    case NB_BF16: {
-        uint16_t *a = acc;
-        const uint16_t *b = x;
-        for (size_t i = 0; i < n; i++)
-            a[i] = nb_f32_to_bf16(half_combine(op, nb_bf16_to_f32(a[i]), nb_bf16_to_f32(b[i])));
+    case NB_BF16:
+        NUM_LOOP(uint16_t, nb_f32_to_bf16(half_combine(op, nb_bf16_to_f32(a), nb_bf16_to_f32(b))));
         break;
-    }
-    case NB_F16: {
-        uint16_t *a = acc;
-        const uint16_t *b = x;
-        for (size_t i = 0; i < n; i++)
-            a[i] = nb_f32_to_f16(half_combine(op, nb_f16_to_f32(a[i]), nb_f16_to_f32(b[i])));
+    case NB_F16:
+        NUM_LOOP(uint16_t, nb_f32_to_f16(half_combine(op, nb_f16_to_f32(a), nb_f16_to_f32(b))));
         break;
-    }
     default:
         NB_ABORT("nb__reduce_into: dtype %s cannot be reduced", nb_dtype_name(dtype));
     }
