@@ -120,26 +120,24 @@ if(NABLA_TEST_SOURCES)
       endif()
     endif()
   endforeach()
+  # Suite `exe` again as test `name`, under one more environment setting.
+  macro(nabla_env_variant name exe setting)
+    add_test(NAME ${name} COMMAND ${exe} WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
+    set_tests_properties(${name} PROPERTIES LABELS unit TIMEOUT 300
+      ENVIRONMENT "${NABLA_TEST_ENVIRONMENT};${setting}")
+    list(APPEND NABLA_TESTS ${name})
+  endmacro()
   if(TARGET test_config)
     # OpenBLAS on its generic SSE3 core, as on a CPU it does not know (the one test that
     # sets OPENBLAS_CORETYPE): f32 products and convolutions must still take oneDNN
-    add_test(NAME test_config_prescott COMMAND test_config WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
-    set_tests_properties(test_config_prescott PROPERTIES LABELS unit TIMEOUT 300
-      ENVIRONMENT "${NABLA_TEST_ENVIRONMENT};OPENBLAS_CORETYPE=Prescott")
-    list(APPEND NABLA_TESTS test_config_prescott)
+    nabla_env_variant(test_config_prescott test_config OPENBLAS_CORETYPE=Prescott)
   endif()
   if(TARGET test_dnnl)
     # oneDNN limited to AVX2, as on a CPU without AVX-512: bf16 through the f32 fallbacks
-    add_test(NAME test_dnnl_avx2 COMMAND test_dnnl WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
-    set_tests_properties(test_dnnl_avx2 PROPERTIES LABELS unit TIMEOUT 300
-      ENVIRONMENT "${NABLA_TEST_ENVIRONMENT};ONEDNN_MAX_CPU_ISA=AVX2")
-    list(APPEND NABLA_TESTS test_dnnl_avx2)
+    nabla_env_variant(test_dnnl_avx2 test_dnnl ONEDNN_MAX_CPU_ISA=AVX2)
     # held to AVX-512 core without BF16 (a no-op below it): oneDNN has bf16 kernels there,
     # emulated, and the rule must leave bf16 products to the f32 fallbacks
-    add_test(NAME test_dnnl_avx512 COMMAND test_dnnl WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
-    set_tests_properties(test_dnnl_avx512 PROPERTIES LABELS unit TIMEOUT 300
-      ENVIRONMENT "${NABLA_TEST_ENVIRONMENT};ONEDNN_MAX_CPU_ISA=AVX512_CORE")
-    list(APPEND NABLA_TESTS test_dnnl_avx512)
+    nabla_env_variant(test_dnnl_avx512 test_dnnl ONEDNN_MAX_CPU_ISA=AVX512_CORE)
   endif()
 endif()
 
