@@ -44,7 +44,7 @@ nb__gloo *nb__pg_gloo(const nb_pg *pg) { return impl(pg)->g; }
  * depends on R only), so ranks that disagree on a count cannot make Gloo's
  * event loop meet a message of another size (Note [No exception crosses
  * the shim] in gloo_shim.cpp). The choice depends on the size alone: the
- * collective checks (pg_check.c) neither choose nor carry the data, so
+ * collective checks (pg_check.c) do not choose the arithmetic, so
  * NABLA_DIST_CHECK=auto, full and off compute the same bits
  * (test_dist_collectives test_checks_do_not_choose_the_arithmetic).
  *
@@ -60,9 +60,10 @@ nb__gloo *nb__pg_gloo(const nb_pg *pg) { return impl(pg)->g; }
  * what arrived is dropped unread with the work. When the headers agree,
  * every rank decided alike that the collective is small (the decision
  * depends on what the headers hold), and `run` computes from the frames
- * with finish_from_messages, the arithmetic of its own exchange. The
- * layer posts a collective's frame while the previous one runs only when
- * that one writes none of its inputs (a frame reads them when posted). */
+ * with finish_from_messages, the arithmetic of its own exchange. A small
+ * collective's frame reads its inputs when posted (gloo_xcarries), so the
+ * layer posts it while earlier collectives run only when none of them
+ * writes those inputs. */
 static size_t small_bytes(int R) {
     size_t p = 16384 / (size_t)(R > 1 ? R - 1 : 1);
     return (p > 4096 ? 4096 : p) & ~(size_t)7;
