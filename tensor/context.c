@@ -527,26 +527,37 @@ static bool in_arena(const arena *a, const void *p) {
     return false;
 }
 
+/* A tensor in the messages below: " 'name' f32 (2, 3)", or " f32 (2, 3)"
+ * when it has no name. */
+typedef struct tensor_words {
+    char s[1024];
+} tensor_words;
+
+static tensor_words words_of(const nb_tensor *t) {
+    tensor_words w;
+    snprintf(w.s, sizeof w.s, "%s%s%s %s %s", t->name ? " '" : "", t->name ? t->name : "",
+             t->name ? "'" : "", nb_dtype_name(t->dtype), nb_shape_str(t));
+    return w;
+}
+
 /* Note [Memory given back] in tensor/memory.c: the struct is intact (this
  * step's), its storage's memory was reused. */
 static NB_NORETURN void nb__given_back_abort(const char *op, const nb_tensor *t) {
     if (t->priv->mem->sharded)
         nb_abort(__FILE__, __LINE__,
-                 "%s: parameter%s%s%s %s %s is sharded over the ranks (ZeRO-3, nb_fsdp_new): its "
+                 "%s: parameter%s is sharded over the ranks (ZeRO-3, nb_fsdp_new): its "
                  "values exist only inside its unit's forward and backward; call "
                  "nb_fsdp_gather_full() to have every parameter whole until the next forward "
-                 "(docs/ddp.md, \"ZeRO-3\")", op, t->name ? " '" : "", t->name ? t->name : "",
-                 t->name ? "'" : "", nb_dtype_name(t->dtype), nb_shape_str(t));
+                 "(docs/ddp.md, \"ZeRO-3\")", op, words_of(t).s);
     const nb_tensor *made = t->priv->mem->t;
     const char *by = made->node ? made->node->op : t->node ? t->node->op : NULL;
     nb_abort(__FILE__, __LINE__,
-             "%s: tensor%s%s%s %s %s%s%s was given back to its context during the step (the "
+             "%s: tensor%s%s%s was given back to its context during the step (the "
              "library made it inside a module's forward or a backward, and gives such memory "
              "back once nothing needs it: after the backward that used it, or at once when no "
              "op saved it); to read it afterwards, call nb_keep() on it right after it is made "
              "(before nb_backward), or turn giving back off with nb_ctx_set_give_back(ctx, 0)%s",
-             op, t->name ? " '" : "", t->name ? t->name : "", t->name ? "'" : "",
-             nb_dtype_name(t->dtype), nb_shape_str(t), by ? " made by " : "", by ? by : "",
+             op, words_of(t).s, by ? " made by " : "", by ? by : "",
              strcmp(op, "nb_backward") == 0
                  ? "; an earlier nb_backward walked a graph that used it and gave it back after "
                    "its last use: to backpropagate through that part again, pass retain_graph "
@@ -580,21 +591,19 @@ void nb__stale_abort(const char *op, const nb_tensor *t) {
         bool intact = ctx->freed && ctx->meta_kept && in_arena(&ctx->meta[t->priv->gen & 1], t);
         if (intact)
             nb_abort(__FILE__, __LINE__,
-                     "%s: tensor%s%s%s %s %s belongs to a context that was freed (nb_ctx_free): "
+                     "%s: tensor%s belongs to a context that was freed (nb_ctx_free): "
                      "its memory is gone; %s",
-                     op, t->name ? " '" : "", t->name ? t->name : "", t->name ? "'" : "",
-                     nb_dtype_name(t->dtype), nb_shape_str(t), advice);
+                     op, words_of(t).s, advice);
         nb_abort(__FILE__, __LINE__,
                  "%s: a tensor of a context that was freed (nb_ctx_free) was used: its memory is "
                  "gone%s; %s", op, ctx->freed ? "" : " (another context now uses it)", advice);
     }
     if (ctx->head.gen - t->priv->gen == 1 && in_arena(&ctx->meta[t->priv->gen & 1], t))
         nb_abort(__FILE__, __LINE__,
-                 "%s: tensor%s%s%s %s %s was made before a reset of its context (it belongs "
+                 "%s: tensor%s was made before a reset of its context (it belongs "
                  "to the step before the last nb_ctx_reset, whose memory the current step "
                  "reuses); %s",
-                 op, t->name ? " '" : "", t->name ? t->name : "", t->name ? "'" : "",
-                 nb_dtype_name(t->dtype), nb_shape_str(t), advice);
+                 op, words_of(t).s, advice);
     nb_abort(__FILE__, __LINE__,
              "%s: a tensor made before a reset of its context was used (more than one reset "
              "ago: its name and shape are gone); %s", op, advice);
