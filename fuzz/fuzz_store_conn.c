@@ -173,6 +173,21 @@ static bool rank_held(const harness *h, int i, int rank) {
     return false;
 }
 
+/* Ends the frame begun at f in b, feeds it to slot i, which must stay
+ * open, and reads the answer into reply; its status byte. `what`: the
+ * request, a correct one, in the messages. */
+static uint8_t ask(harness *h, int i, nb__buf *b, size_t f, nb__buf *reply, const char *what) {
+    char msg[64];
+    nb__buf_frame_end(b, f);
+    feed_frame(h, i, b);
+    snprintf(msg, sizeof msg, "a correct %s closed the connection", what);
+    check(h->slots[i].c != NULL, msg);
+    consume(h, i, reply);
+    snprintf(msg, sizeof msg, "no answer to a correct %s", what);
+    check(reply->n >= 4 + 1, msg);
+    return reply->p[4];
+}
+
 /* A correct greeting on a fresh connection in slot i. */
 static void greet(harness *h, int i, int rank) {
     hang_up(h, i);
@@ -189,14 +204,9 @@ static void greet(harness *h, int i, int rank) {
     nb__buf_bytes(&b, RUN_ID, strlen(RUN_ID));
     nb__buf_i64(&b, rank);
     nb__buf_bytes(&b, cnonce, sizeof cnonce);
-    nb__buf_frame_end(&b, f);
-    feed_frame(h, i, &b);
-    check(sl->c != NULL, "a correct HELLO closed the connection");
-    consume(h, i, &reply);
+    uint8_t status = ask(h, i, &b, f, &reply, "HELLO");
     const uint8_t *r = reply.p;
     size_t rn = reply.n;
-    check(rn >= 4 + 1, "no answer to a correct HELLO");
-    uint8_t status = r[4];
     if (h->secret) {
         check(status == NB__R_CHALLENGE && rn == 4 + 1 + 4 + NB__STORE_NONCE_LEN,
               "a store with a secret did not challenge");
@@ -207,14 +217,9 @@ static void greet(harness *h, int i, int rank) {
         f = nb__buf_frame_begin(&b);
         nb__buf_u8(&b, NB__OP_AUTH);
         nb__buf_bytes(&b, mac, sizeof mac);
-        nb__buf_frame_end(&b, f);
-        feed_frame(h, i, &b);
-        check(sl->c != NULL, "a correct AUTH closed the connection at once");
-        consume(h, i, &reply);
+        status = ask(h, i, &b, f, &reply, "AUTH");
         r = reply.p;
         rn = reply.n;
-        check(rn >= 4 + 1, "no answer to a correct AUTH");
-        status = r[4];
         if (status == NB__R_OK) {
             check(rn == 4 + 1 + 4 + NB__STORE_MAC_LEN, "an OK without the store's proof");
             nb__store_mac(SECRET, sizeof SECRET - 1, "nabla store server", cnonce, snonce, RUN_ID, rank,
