@@ -202,21 +202,25 @@ NB__UNARY_FORMULAS(float, f32v, f, tanh_via_exp)
 /* One case per table row; LOOP and FORMULA are defined by the caller. */
 #define UNARY_CASE(E, f, name) case NB_U_##E: LOOP(FORMULA(f)(x, s)); break;
 
+/* o[i] = EXPR of x = a[i] over n elements of type T: contiguous (unit),
+ * else strided by st (bytes). */
+#define UNARY_LOOP(T, EXPR)                                                                  \
+    if (unit) {                                                                              \
+        T *o = (T *)p[0];                                                                    \
+        const T *a = (const T *)p[1];                                                        \
+        for (int64_t i = 0; i < n; i++) { T x = a[i]; o[i] = (EXPR); }                       \
+    } else {                                                                                 \
+        for (int64_t i = 0; i < n; i++) {                                                    \
+            T x = *(const T *)(p[1] + i * st[1]);                                            \
+            *(T *)(p[0] + i * st[0]) = (EXPR);                                               \
+        }                                                                                    \
+    }
+
 NB_CPU_CLONES static void unary_f32(int64_t n, char **p, const int64_t *st, const void *varg) {
     const unary_arg *arg = varg;
     float s = (float)arg->s;
     bool unit = st[0] == 4 && st[1] == 4;
-#define LOOP(EXPR)                                                                           \
-    if (unit) {                                                                              \
-        float *o = (float *)p[0];                                                            \
-        const float *a = (const float *)p[1];                                                \
-        for (int64_t i = 0; i < n; i++) { float x = a[i]; o[i] = (EXPR); }                   \
-    } else {                                                                                 \
-        for (int64_t i = 0; i < n; i++) {                                                    \
-            float x = *(const float *)(p[1] + i * st[1]);                                    \
-            *(float *)(p[0] + i * st[0]) = (EXPR);                                           \
-        }                                                                                    \
-    }
+#define LOOP(EXPR) UNARY_LOOP(float, EXPR)
 #define FORMULA(f) nb__f_##f##_f32v
     switch (arg->op) { NB_UNARY_OPS(UNARY_CASE) }
 #undef FORMULA
@@ -227,17 +231,7 @@ static void unary_f64(int64_t n, char **p, const int64_t *st, const void *varg) 
     const unary_arg *arg = varg;
     double s = arg->s;
     bool unit = st[0] == 8 && st[1] == 8;
-#define LOOP(EXPR)                                                                           \
-    if (unit) {                                                                              \
-        double *o = (double *)p[0];                                                          \
-        const double *a = (const double *)p[1];                                              \
-        for (int64_t i = 0; i < n; i++) { double x = a[i]; o[i] = (EXPR); }                  \
-    } else {                                                                                 \
-        for (int64_t i = 0; i < n; i++) {                                                    \
-            double x = *(const double *)(p[1] + i * st[1]);                                  \
-            *(double *)(p[0] + i * st[0]) = (EXPR);                                          \
-        }                                                                                    \
-    }
+#define LOOP(EXPR) UNARY_LOOP(double, EXPR)
 #define FORMULA(f) nb__f_##f##_f64
     switch (arg->op) { NB_UNARY_OPS(UNARY_CASE) }
 #undef FORMULA
