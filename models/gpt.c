@@ -31,8 +31,8 @@
  * against a PyTorch GPT-2 built from those conventions.
  *
  * Note [Residual stream under a compute dtype]
- * Under a bf16 compute dtype the sum of the two embeddings is cast to bf16
- * once, and the residual stream stays bf16 (as llm.c keeps it): the
+ * Under a bf16 compute dtype the sum of the two embeddings is rounded to
+ * bf16 once, by the op that forms it (nb__embedding_pos), and the residual stream stays bf16 (as llm.c keeps it): the
  * residual adds read and write bf16 with f32 arithmetic, layer norm reads
  * bf16 (its weights f32) and writes bf16 for the next product, so no cast
  * runs between ops. The other way, an f32 stream, needs a cast of each
@@ -52,8 +52,8 @@
 
 #include "nabla/models.h"
 #include "nabla/ops.h"
-#include "nn/internal.h" /* nb__module_forward_residual */
-#include "tensor/internal.h" /* nb__linear_gelu */
+#include "nn/internal.h"     /* nb__module_forward_residual, a module's unit and recompute */
+#include "tensor/internal.h" /* nb__linear_gelu, nb__embedding_pos */
 
 /* ---------------------------------------------------------------- MLP */
 typedef struct gpt_mlp {
@@ -147,6 +147,23 @@ static void gpt_describe(nb_module *m, char *buf, size_t size) {
              g->cfg.n_layer, g->cfg.n_head, (long long)g->cfg.n_embd, g->cfg.dropout);
 }
 
+/* wte[idx] + wpe[:T] (N, T, C), in the compute dtype when the tables are
+ * f32: one op (nb__embedding_pos) when the two tables are read in place,
+ * else (a table a sharding unit gathers in its own forward, or recomputes)
+ * through the modules' forwards, an add and a cast, which give the same
+ * values. */
+static nb_tensor *input_embedding(gpt *g, nb_ctx *ctx, nb_tensor *idx, nb_dtype cd) {
+    nb_tensor *te = nb_module_find(g->wte, "weight"), *pe = nb_module_find(g->wpe, "weight");
+    nb_dtype dt = cd != NB_F32 && te->dtype == NB_F32 ? cd : te->dtype;
+    if (!g->wte->unit && !g->wpe->unit && !g->wte->recompute && !g->wpe->recompute &&
+        te->dtype == pe->dtype)
+        return nb__embedding_pos(ctx, te, pe, idx, dt);
+    nb_tensor *pos = nb_arange(ctx, NB_I64, 0, (double)idx->shape[1], 1); /* (T) */
+    nb_tensor *x = nb_add(ctx, nb_module_forward(g->wte, ctx, idx),      /* (N, T, C) */
+                          nb_module_forward(g->wpe, ctx, pos));          /* (T, C) */
+    return x->dtype == dt ? x : nb_cast(ctx, x, dt);
+}
+
 /* idx (N, T) -> logits (N, T, V) */
 static nb_tensor *gpt_forward(nb_module *m, nb_ctx *ctx, nb_tensor *idx) {
     gpt *g = nb_module_self(m, &gpt_type);
@@ -157,13 +174,10 @@ static nb_tensor *gpt_forward(nb_module *m, nb_ctx *ctx, nb_tensor *idx) {
     NB_CHECK(t >= 1 && t <= g->cfg.block_size,
              "GPT: sequence length %lld must be in [1, block_size %lld]", (long long)t,
              (long long)g->cfg.block_size);
-    nb_tensor *pos = nb_arange(ctx, NB_I64, 0, (double)t, 1);               /* (T) */
-    nb_tensor *x = nb_add(ctx, nb_module_forward(g->wte, ctx, idx),         /* (N, T, C) */
-                          nb_module_forward(g->wpe, ctx, pos));             /* (T, C) */
     /* Under a compute dtype the residual stream is in it: Note [Residual
      * stream under a compute dtype] */
     nb_dtype cd = nb_ctx_compute_dtype(ctx);
-    if (cd != NB_F32 && x->dtype == NB_F32) x = nb_cast(ctx, x, cd);
+    nb_tensor *x = input_embedding(g, ctx, idx, cd); /* (N, T, C) */
     x = nb_module_forward(g->drop, ctx, x);
     for (int i = 0; i < g->cfg.n_layer; i++)
         x = nb_module_forward(nb_module_child_at(g->h, i), ctx, x);

@@ -249,9 +249,26 @@ typedef void nb__backend_dropout_fn(nb_tensor *out, nb_tensor *mask, const nb_te
  * device fault on CUDA. */
 typedef void nb__backend_embedding_fn(nb_tensor *out, const nb_tensor *w, const nb_tensor *idx,
                                       int64_t np);
-/* gw fully written. */
+/* gw (V, C) contiguous; g (P, C) contiguous, of gw's dtype or, for an
+ * f32 gw, bf16 or f16 (read as it is, summed in f32). Row v's sum, of g's
+ * rows p with idx[p] = v in increasing p from 0, is formed first; then
+ * with accumulate it is added into row v (rows no index hits untouched),
+ * else gw is fully written (those rows 0). Deterministic. */
 typedef void nb__backend_embedding_backward_fn(nb_tensor *gw, const nb_tensor *g,
-                                               const nb_tensor *idx, int64_t np);
+                                               const nb_tensor *idx, int64_t np, bool accumulate);
+/* The GPT's input: out (N, T, C) contiguous = wte[idx[n, t]] + wpe[t]
+ * (wte (V, C) and wpe (P >= T, C) of one float dtype, any strides; idx
+ * (N, T) contiguous), added in f32 (f64 for f64) and rounded once to out's
+ * dtype (the weights', or 16-bit for f32 weights). An index out of range
+ * as nb__backend_embedding_fn's. */
+typedef void nb__backend_embedding_pos_fn(nb_tensor *out, const nb_tensor *wte,
+                                          const nb_tensor *wpe, const nb_tensor *idx);
+/* gpos (P >= T, C) contiguous, row t < T: sum over n of g (N, T, C)
+ * contiguous (dtypes as nb__backend_embedding_backward_fn's), in
+ * increasing n from 0, then added (accumulate; rows >= T untouched) or
+ * written (rows >= T 0). Deterministic. */
+typedef void nb__backend_embedding_pos_backward_fn(nb_tensor *gpos, const nb_tensor *g,
+                                                   bool accumulate);
 /* Fused cross-entropy (contract: nb__cuda_cross_entropy_rows). The entry
  * makes lse (N) and count (0-d: the targets not ignored) in ctx, in
  * the dtypes its backward reads; a target out of range is an abort
@@ -411,6 +428,8 @@ typedef void nb__backend_channel_backward_dx_fn(nb_tensor *dx, const nb_tensor *
     X(dropout) \
     X(embedding) \
     X(embedding_backward) \
+    X(embedding_pos) \
+    X(embedding_pos_backward) \
     X(cross_entropy) \
     X(cross_entropy_backward) \
     X(pair_loss) \

@@ -343,6 +343,12 @@ nb_tensor *nb__linear_residual(nb_ctx *ctx, nb_tensor *x, nb_tensor *w, nb_tenso
 /* Tests: false makes nb__linear_residual the add after nb__linear (the
  * path without the fusion), true (the default) fuses again. */
 void nb__linear_residual_fuse(bool on);
+/* The GPT's input: wte[idx] + wpe[:T] for idx (N, T), of dtype dtype (the
+ * tables' dtype, or 16-bit for f32 tables), as one op: one kernel, and a
+ * backward that adds into the tables' gradients in place
+ * (tensor/ops_embedding.c). */
+nb_tensor *nb__embedding_pos(nb_ctx *ctx, nb_tensor *wte, nb_tensor *wpe, nb_tensor *idx,
+                             nb_dtype dtype);
 /* Tests: 1 or 0 makes the matrix products use (or not) the backward's GEMM
  * epilogues whatever the backend says, -1 follows it again (Note [GEMM
  * epilogues in backward] in tensor/ops_matmul.c). */

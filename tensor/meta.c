@@ -662,22 +662,51 @@ static void meta_embedding(nb_tensor *out, const nb_tensor *w, const nb_tensor *
                    .launches = L(out, embedding)});
 }
 
+/* CUDA's sort of the index positions for the backward (the keys kernel,
+ * CUB's radix sort: an upsweep and one pass per 8 bits of V), then the row
+ * kernel: NB__CUDA_LAUNCHES_embedding_backward. */
+static int64_t sort_launches(int64_t v) {
+    int end_bit = 1;
+    while (end_bit < 64 && ((uint64_t)v >> end_bit) != 0) end_bit++;
+    return NB__CUDA_LAUNCHES_embedding_backward + 1 + (end_bit + 7) / 8;
+}
+
+/* Writing: on CUDA every row of gw once, from the rows of g that hit it
+ * (tensor/cuda/embedding.cu; without positions, gw zeroed); on the CPU gw
+ * zeroed, then the rows hit written. Accumulating: the rows hit read and
+ * written. Rows hit are counted as min(P, V): exact when the indices are
+ * distinct, an upper bound otherwise (the meta device sees no index). */
 static void meta_embedding_backward(nb_tensor *gw, const nb_tensor *g, const nb_tensor *idx,
-                                    int64_t np) {
-    int64_t launches = 0;
-    if (on_cuda(gw) && nb_numel(gw)) {
-        int end_bit = 1;
-        while (end_bit < 64 && ((uint64_t)gw->shape[0] >> end_bit) != 0) end_bit++;
-        launches = np ? NB__CUDA_LAUNCHES_embedding_backward + 1 + (end_bit + 7) / 8
-                      : NB__CUDA_LAUNCHES_memset;
-    }
-    /* CUDA: every row of gw written once, from the rows of g that hit it
-     * (tensor/cuda/embedding.cu; without positions, gw zeroed); the CPU:
-     * gw zeroed, then each of the np rows of g added into its row */
+                                    int64_t np, bool accumulate) {
     bool cuda = on_cuda(gw);
-    record(&(call){.name = "embedding_backward", .r = {np ? g : NULL, np ? idx : NULL}, .w = {gw},
-                   .extra_bytes = cuda ? 0 : 2 * (double)tbytes(g), .flops = numel(g),
-                   .launches = launches});
+    int64_t launches = 0, v = gw->shape[0];
+    if (cuda && nb_numel(gw) && (np || !accumulate))
+        launches = np ? sort_launches(v) : NB__CUDA_LAUNCHES_memset;
+    double rows = (double)(np < v ? np : v) * (double)gw->shape[1] * (double)nb_dtype_size(gw->dtype);
+    record(&(call){.name = "embedding_backward", .r = {np ? g : NULL, np ? idx : NULL},
+                   .w = {accumulate ? NULL : gw},
+                   .extra_bytes = accumulate ? 2 * rows : cuda ? 0 : rows,
+                   .flops = numel(g), .launches = launches});
+}
+
+/* Each position's token row gathered, the (T, C) position rows once (a
+ * thread per position and column runs over the batch), the output. */
+static void meta_embedding_pos(nb_tensor *out, const nb_tensor *wte, const nb_tensor *wpe,
+                               const nb_tensor *idx) {
+    double c = (double)wte->shape[1], np = numel(idx);
+    double rows = (np + (double)idx->shape[1]) * c * (double)nb_dtype_size(wte->dtype);
+    (void)wpe;
+    record(&(call){.name = "embedding_pos", .r = {idx}, .w = {out}, .extra_bytes = rows,
+                   .flops = numel(out), .launches = L(out, embedding_pos)});
+}
+
+/* g read once; gpos's first T rows read and written (accumulating) or all
+ * of gpos written. */
+static void meta_embedding_pos_backward(nb_tensor *gpos, const nb_tensor *g, bool accumulate) {
+    double rows = (double)g->shape[1] * (double)gpos->shape[1] * (double)nb_dtype_size(gpos->dtype);
+    record(&(call){.name = "embedding_pos_backward", .r = {g}, .w = {accumulate ? NULL : gpos},
+                   .extra_bytes = accumulate ? 2 * rows : 0, .flops = numel(g),
+                   .launches = L(gpos, embedding_pos_backward)});
 }
 
 /* The tensors each backend's entry keeps for the backward: the CPU's lse in

@@ -2,7 +2,9 @@
  * bf16, f64, one or two normalised dims, odd and large rows, transposed
  * input), embedding (repeated indices, i32 and i64, transposed table,
  * bitwise-deterministic backward equal to the CPU's for f32, out-of-range
- * indices reported at synchronisation), dropout and the random fills
+ * indices reported at synchronisation), the GPT's input (token plus
+ * position rows: f32 and bf16 outputs, its backward adding into gradients
+ * that hold values, bitwise equal to the CPU's), dropout and the random fills
  * (bit-identical to the CPU's for f32). Skipped (77) without CUDA or a GPU.
  *
  * The suite runs without fork (CUDA does not survive one); the
@@ -13,6 +15,7 @@
 #include <string.h>
 
 #include "cuda_parity.h"
+#include "tensor/internal.h"
 #include "testutil.h"
 
 /* ---- helpers ---- */
@@ -363,6 +366,46 @@ START_TEST(test_rand_fills_bitwise) {
 END_TEST
 
 /* Last: the fault stays reported on the device. */
+/* nb__embedding_pos on CUDA and the CPU, from the same tables: the output
+ * (f32, and bf16 from f32 tables) and the tables' gradients, added into
+ * gradients that already hold the same values on both, bit for bit (f32
+ * additions in the same order, one rounding); twice on CUDA, the same. */
+START_TEST(test_embedding_pos_bitwise) {
+    NBT_DEVICE_ONLY("bitwise CUDA against the CPU: trivially true on the CPU");
+    enum { V = 97, C = 130, N = 6, T = 33, P = 40 };
+    int64_t *idx = malloc(sizeof *idx * N * T);
+    for (int64_t p = 0; p < N * T; p++) idx[p] = (p * 2654435761u >> 7) % 29 + (p % 31 == 0 ? 60 : 0);
+    const nb_dtype odt[2] = {NB_F32, NB_BF16};
+    for (int o = 0; o < 2; o++) {
+        nb_tensor *outs[3], *gte[3], *gpe[3];
+        nb_ctx *ctxs[6];
+        for (int run = 0; run < 3; run++) { /* 0: the CPU, 1 and 2: CUDA */
+            nb_ctx *c = ctxs[2 * run] = run ? gpu_ctx() : cpu_ctx(), *k = ctxs[2 * run + 1] = cpu_ctx();
+            if (odt[o] != NB_F32) nb_ctx_set_compute_dtype(c, odt[o]);
+            nb_tensor *te = nb_to(c, nb_rand_normal(k, NB_F32, NB_SHAPE(V, C), 0, 1, &(nb_rng){31, 0}));
+            nb_tensor *pe = nb_to(c, nb_rand_normal(k, NB_F32, NB_SHAPE(P, C), 0, 1, &(nb_rng){32, 0}));
+            nb_tensor *g = nb_to(c, nb_cast(k, nb_rand_normal(k, NB_F32, NB_SHAPE(N, T, C), 0, 1, &(nb_rng){33, 0}), odt[o]));
+            nb_set_requires_grad(te, true);
+            nb_set_requires_grad(pe, true);
+            nb_set_grad(te, nb_to(c, nb_rand_normal(k, NB_F32, NB_SHAPE(V, C), 0, 1, &(nb_rng){34, 0})));
+            nb_set_grad(pe, nb_to(c, nb_rand_normal(k, NB_F32, NB_SHAPE(P, C), 0, 1, &(nb_rng){35, 0})));
+            nb_tensor *out = nb__embedding_pos(c, te, pe, nb_from_host(c, NB_I64, NB_SHAPE(N, T), idx), odt[o]);
+            nb_backward_with(out, g);
+            outs[run] = nb_to(k, out);
+            gte[run] = nb_to(k, te->grad);
+            gpe[run] = nb_to(k, pe->grad);
+        }
+        for (int run = 1; run < 3; run++) {
+            assert_bitwise("token + position, output", outs[run], outs[0]);
+            assert_bitwise("token + position, token table's gradient", gte[run], gte[0]);
+            assert_bitwise("token + position, position table's gradient", gpe[run], gpe[0]);
+        }
+        for (int i = 0; i < 6; i++) nb_ctx_free(ctxs[i]);
+    }
+    free(idx);
+}
+END_TEST
+
 START_TEST(test_embedding_index_out_of_range) {
     NBT_DEVICE_ONLY("a deferred device fault");
     nb_ctx *g = gpu_ctx();
@@ -387,6 +430,7 @@ int main(void) {
     tcase_add_test(tc, test_layer_norm_backward_deterministic_rows);
     tcase_add_test(tc, test_embedding_parity);
     tcase_add_test(tc, test_embedding_backward_bitwise);
+    tcase_add_test(tc, test_embedding_pos_bitwise);
     tcase_add_test(tc, test_dropout_bitwise);
     tcase_add_test(tc, test_rand_fills_bitwise);
     tcase_add_test(tc, test_embedding_index_out_of_range);

@@ -261,7 +261,10 @@ static void gpt_step_peaks(nb_device dev, size_t *step_peak, size_t *model) {
 /* Embedding backward: on CUDA every row of the weight's gradient written
  * once (no zeroing pass): the keys kernel, CUB's radix sort (an upsweep
  * and one pass per 8 bits of V: V = 100 takes 7 bits, one pass), the row
- * kernel; on the CPU gw zeroed and each row of g added into its row. */
+ * kernel; on the CPU the gradient zeroed and the rows hit written, min(P,
+ * V) of them. Into a gradient that holds values (Note [Embedding gradients in
+ * place]): the rows hit read and written, min(P, V) of them, no other
+ * tensor and no add. */
 START_TEST(test_embedding_backward) {
     enum { V = 100, C = 16, B = 4, T = 5 };
     for (int i = 0; i < 2; i++) {
@@ -274,16 +277,61 @@ START_TEST(test_embedding_backward) {
         nb_meta_reset();
         nb_backward_with(y, nb_ones(ctx, NB_F32, NB_SHAPE(B, T, C)));
         double g = 4.0 * B * T * C, gw = 4.0 * V * C, ib = 8.0 * B * T;
-        expect("embedding_backward", 1, g + ib + gw + (cuda ? 0 : 2 * g), B * T * C, 0, cuda ? 4 : 0);
+        expect("embedding_backward", 1, g + ib + gw + (cuda ? 0 : g), B * T * C, 0, cuda ? 4 : 0);
+        nb_tensor *y2 = nb_embedding(ctx, w, idx), *ones = nb_ones(ctx, NB_F32, NB_SHAPE(B, T, C));
+        nb_meta_reset();
+        nb_backward_with(y2, ones);
+        expect("embedding_backward", 1, g + ib + 2 * 4.0 * B * T * C, B * T * C, 0, cuda ? 4 : 0);
+        /* the seed gradient's copy and the backward: no add, no temporary */
+        ck_assert_int_eq(nb_meta_total().calls, 2);
+        ck_assert_int_eq(find("copy").calls, 1);
         nb_ctx_free(ctx);
     }
+}
+END_TEST
+
+/* The GPT's input under bf16 on meta:cuda: one kernel forward (the token
+ * rows gathered, the position rows once, the bf16 output), no cast; in
+ * backward the bf16 gradient read as it is, the token table's sums added
+ * into the gradient its tied output head's GEMM wrote, the position table's
+ * batch sums into its own: written the first step (no gradient yet), added
+ * from the second (zero_grad keeps the buffer). No other entry touches a
+ * (V, C) or (P, C) table's gradient. */
+START_TEST(test_gpt_input) {
+    enum { V = 128, P = 32, L = 2, C = 32, N = 4, T = 32 }; /* small_gpt's */
+    nb_ctx *params, *step;
+    nb_module *gpt = small_gpt(nb_meta(NB_DEVICE_CUDA), NB_BF16, &params, &step);
+    int np = nb_module_named_parameters(gpt, NULL, 0);
+    nb_named_tensor *p = malloc((size_t)np * sizeof *p);
+    nb_module_named_parameters(gpt, p, np);
+    nb_optim_hparams h = NB_ADAMW_DEFAULTS;
+    nb_optim *opt = nb_optim_new(NB_OPTIM_ADAMW, p, np, &h);
+    nb_tensor *x = nb_zeros(params, NB_I64, NB_SHAPE(N, T)), *y = nb_zeros(params, NB_I64, NB_SHAPE(N, T));
+    double nt = N * T, idx = 8.0 * nt, g = 2.0 * nt * C;
+    for (int s = 0; s < 2; s++) {
+        nb_ctx_reset(step);
+        nb_meta_reset();
+        nb_backward(nb_gpt_forward_loss(gpt, step, x, y));
+        expect("embedding_pos", 1, idx + 2.0 * nt * C + 4.0 * (nt + T) * C, nt * C, 0, 1);
+        expect("embedding_backward", 1, g + idx + 2 * 4.0 * (nt < V ? nt : V) * C, nt * C, 0, 2 + 1 + 1);
+        expect("embedding_pos_backward", 1, g + (s ? 2 * 4.0 * T * C : 4.0 * P * C), nt * C, 0, 1);
+        ck_assert_int_eq(find("embedding").calls, 0);
+        ck_assert_int_eq(find("copy.f32>bf16").calls, s ? 0 : 4 * L + 1); /* step 0: the weights' */
+        ck_assert_int_eq(find("copy.bf16>f32").calls, 0);
+        nb_optim_step(opt);
+        nb_optim_zero_grad(opt);
+    }
+    nb_optim_free(opt);
+    free(p);
+    nb_ctx_free(step);
+    nb_ctx_free(params);
 }
 END_TEST
 
 /* Note [Parameter shadows]: under bf16 on meta:cuda, the first step casts
  * each weight and bias at its use; from the second on the products read
  * the shadows the update wrote (2 bytes per parameter element more in the
- * update), and the one cast left is the embeddings' sum (an activation). */
+ * update), and no cast is left (the embeddings' sum is made in bf16). */
 START_TEST(test_gpt_shadows) {
     nb_ctx *params, *step;
     nb_module *gpt = small_gpt(nb_meta(NB_DEVICE_CUDA), NB_BF16, &params, &step);
@@ -307,9 +355,9 @@ START_TEST(test_gpt_shadows) {
         nb_optim_step(opt);
         nb_optim_zero_grad(opt);
     }
-    /* the first step: each block's four weights, the tied lm_head's, and the
-     * activation (biases ride the GEMM in f32, uncast) */
-    ck_assert_msg(casts[0] == 4 * 2 + 2 && casts[1] == 1 && casts[2] == 1, "casts %lld, %lld, %lld",
+    /* the first step: each block's four weights and the tied lm_head's
+     * (biases ride the GEMM in f32, uncast) */
+    ck_assert_msg(casts[0] == 4 * 2 + 1 && casts[1] == 0 && casts[2] == 0, "casts %lld, %lld, %lld",
                   (long long)casts[0], (long long)casts[1], (long long)casts[2]);
     /* the steady update: p, g, m, v, 7 f32 per element, and the shadows
      * of the matrices the products use, 2 bytes each */
@@ -565,7 +613,7 @@ static Suite *suite(void) {
     const TTest *tests[] = {test_tables, test_matmul, test_batched_matmul, test_linear_epilogues,
                              test_linear_residual, test_gpt_residual_adds,
                              test_layer_norm, test_softmax, test_cross_entropy,
-                             test_cross_entropy_fused, test_adamw, test_embedding_backward, test_adamw_many, test_gpt_shadows,
+                             test_cross_entropy_fused, test_adamw, test_embedding_backward, test_gpt_input, test_adamw_many, test_gpt_shadows,
                              test_attention_path, test_gpt_peak_matches_cpu, test_no_values,
                              test_device_names, NULL};
     return nbt_suite("meta", "core", 60, tests);

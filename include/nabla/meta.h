@@ -17,7 +17,10 @@
  * (nb_meta_trace), and:
  * - bytes: each tensor the call reads plus each it writes, whole, with no
  *   cache reuse (a GEMM counts A, B and C, C twice when it accumulates;
- *   memsets and copies count; an embedding counts the rows it gathers);
+ *   memsets and copies count; an embedding counts the rows it gathers,
+ *   and a backward adding into a table's gradient the rows it reads and
+ *   writes, min(positions, rows): exact for distinct indices, an upper
+ *   bound otherwise, as no index is seen);
  * - gemm_flops: 2 m n k per matrix product (attention's causal products
  *   count their lower triangle only);
  * - flops: the other arithmetic, per element: 1 for elementwise ops and

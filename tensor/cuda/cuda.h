@@ -339,9 +339,18 @@ void nb__cuda_layer_norm_backward_rows(nb_tensor *dx, nb_tensor *dw, nb_tensor *
  * i32/i64 of P entries); an index outside [0, V) raises
  * NB__FAULT_EMBEDDING_INDEX (and that row is written as zeros). */
 nb__backend_embedding_fn nb__cuda_embedding;
-/* gw (V, C) contiguous, fully written: row v = sum of g's rows p with
- * idx[p] = v, summed in increasing p (deterministic, bitwise reproducible). */
+/* gw (V, C) contiguous: row v's sum of g's rows p with idx[p] = v, summed
+ * in increasing p from 0 (deterministic, bitwise reproducible), stored
+ * (gw fully written) or, with accumulate, added (rows no index hits
+ * untouched); g of gw's dtype or 16-bit for an f32 gw. */
 nb__backend_embedding_backward_fn nb__cuda_embedding_backward;
+/* out (N, T, C) contiguous = wte[idx[n, t]] + wpe[t] in f32 (f64 for f64),
+ * rounded once (out of the tables' dtype, or 16-bit for f32 tables); an
+ * index outside [0, V) as nb__cuda_embedding's. */
+nb__backend_embedding_pos_fn nb__cuda_embedding_pos;
+/* gpos (P, C) contiguous, row t < T (+)= sum over n of g (N, T, C), in
+ * increasing n from 0; written: rows >= T 0. */
+nb__backend_embedding_pos_backward_fn nb__cuda_embedding_pos_backward;
 
 /* ===================================================== dropout (dropout.cu) */
 /* Note [Random streams] (tensor/random.c): element i of x (contiguous, n

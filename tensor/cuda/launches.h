@@ -80,7 +80,10 @@ enum {
      * written: no memset); plus CUB's DeviceRadixSort::SortPairs: an
      * upsweep and one pass per 8 key bits (tensor/meta.c adds them); no
      * index positions: one cudaMemsetAsync of gw instead */
-    NB__CUDA_LAUNCHES_embedding_backward = 2,
+    NB__CUDA_LAUNCHES_embedding_backward = 2, /* accumulating: the same, rows not hit skipped;
+                                                 no positions: nothing */
+    NB__CUDA_LAUNCHES_embedding_pos = 1,          /* embedding_pos_kernel */
+    NB__CUDA_LAUNCHES_embedding_pos_backward = 1, /* embedding_pos_backward_kernel */
     /* ---- optim.cu, reduce.cu: multi-tensor updates ---- */
     NB__CUDA_OPTIM_TENSORS_PER_LAUNCH = 192, /* adam_kernel / sgd_kernel: MAX_TENSORS */
     NB__CUDA_SUMSQ_TENSORS_PER_LAUNCH = 192, /* sumsq_partial_kernel: SQ_BATCH; then one
