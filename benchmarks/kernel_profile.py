@@ -10,7 +10,16 @@ and mean time and share of the step's kernel time. --meta: the output of
 being the projection for the same step; its `launches=` figure (the issue's
 --machine line) is set against the launches measured.
 
+--events: where there is no ncu, per-entry totals timed with CUDA events
+around the backend's entries, one line each, `entry calls us` (tab or space
+separated, `#` comments), the entries named as the meta device names them
+("matmul", "binary.add", "copy.f32>bf16"); each is set beside the meta
+table's row of that name: calls, projected and measured microseconds, their
+ratio, and `!` where they differ by more than 30% (issue 34's bound), with
+the entries only one side has listed after.
+
     python3 benchmarks/kernel_profile.py --ncu ncu.csv --meta meta.log
+    python3 benchmarks/kernel_profile.py --events events.txt --meta meta.log
 """
 import argparse
 import csv
@@ -49,12 +58,81 @@ def read_ncu(path):
     return kernels
 
 
+def read_events(path):
+    """{entry: [calls, us]} from an events profile."""
+    out = {}
+    with open(path) as f:
+        for line in f:
+            line = line.split("#", 1)[0].strip()
+            if not line:
+                continue
+            parts = line.split()
+            if len(parts) != 3:
+                raise ValueError("%s: not `entry calls us`: %r" % (path, line))
+            e = out.setdefault(parts[0], [0, 0.0])
+            e[0] += int(parts[1])
+            e[1] += float(parts[2])
+    return out
+
+
+def read_meta_table(text):
+    """{entry: (calls, projected us)} from bench_gpt2 --device meta:cuda's per-entry table."""
+    rows, inside = {}, False
+    for line in text.splitlines():
+        if line.startswith("entry "):
+            inside = True
+            continue
+        if not inside:
+            continue
+        parts = line.split()
+        if not parts or parts[0] == "total":
+            break
+        try:
+            rows[parts[0]] = (int(parts[1]), float(parts[6]))
+        except (IndexError, ValueError):
+            break
+    return rows
+
+
+def join_events(events, meta_rows):
+    """The per-entry table of measured against projected times; the count of entries off by more than 30%."""
+    names = sorted(set(events) & set(meta_rows), key=lambda n: -events[n][1])
+    total_m = sum(v[1] for v in events.values())
+    total_p = sum(v[1] for v in meta_rows.values())
+    print("measured (CUDA events around the backend's entries, one step) against projected (meta:cuda):")
+    print("%-28s %7s %7s %12s %12s %7s" % ("entry", "calls", "proj.", "measured us", "proj. us", "ratio"))
+    off = 0
+    for n in names:
+        (c, us), (pc, pus) = events[n], meta_rows[n]
+        ratio = us / pus if pus else float("inf")
+        flag = "" if 1 / 1.3 <= ratio <= 1.3 else " !"
+        off += bool(flag)
+        print("%-28s %7d %7d %12.1f %12.1f %6.2fx%s" % (n, c, pc, us, pus, ratio, flag))
+    for n in sorted(set(events) - set(meta_rows)):
+        print("%-28s %7d %7s %12.1f %12s  (measured only)" % (n, events[n][0], "-", events[n][1], "-"))
+    for n in sorted(set(meta_rows) - set(events)):
+        print("%-28s %7s %7d %12s %12.1f  (projected only)" % (n, "-", meta_rows[n][0], "-", meta_rows[n][1]))
+    print("step: measured %.3f ms, projected %.3f ms (%.2fx); %d of %d entries off by more than 30%%"
+          % (total_m / 1e3, total_p / 1e3, total_m / total_p if total_p else float("inf"), off, len(names)))
+    return off
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ncu")
     ap.add_argument("--meta")
+    ap.add_argument("--events")
     a = ap.parse_args()
     launches = None
+    if a.events:
+        meta = open(a.meta).read() if a.meta else ""
+        try:
+            events = read_events(a.events)
+        except (OSError, ValueError) as e:
+            print("events: %s" % e)
+            return 1
+        join_events(events, read_meta_table(meta))
+        return 0
     if a.ncu:
         try:
             kernels = read_ncu(a.ncu)
@@ -91,4 +169,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -69,6 +69,57 @@ def profile_table():
         print("kernel_profile.py: grouped and totalled")
 
 
+META_TABLE = """entry (one steady step)            calls launches   GB moved      GFLOP  GEMM GFLOP    proj. us  share
+matmul                               147      147     11.845      3.095     6073.62     13192.9  58.4%
+adam                                   1        1      3.485      1.494        0.00      1300.5   5.8%
+binary.add                           149      149      2.340      0.348        0.00      1068.6   4.7%
+embedding                              2        2      0.057      0.000        0.00        21.2   0.1%
+total                                299      299     17.727      4.937     6073.62     15583.2 100.0%
+"""
+
+EVENTS = """# entry calls us (CUDA events, one step)
+matmul 147 14000.0
+adam\t1\t2000.0
+binary.add 149 1000.0
+memset 1 180.0
+"""
+
+
+def events_table():
+    """--events (the fallback without ncu) joined with the meta table by entry; the
+    ratios worked by hand: 14000 / 13192.9 = 1.06, 2000 / 1300.5 = 1.54 (more than
+    30% off), 1000 / 1068.6 = 0.94; the step 17.180 ms against 15.583 ms."""
+    with tempfile.TemporaryDirectory() as d:
+        ev, meta = os.path.join(d, "events.txt"), os.path.join(d, "meta.log")
+        with open(ev, "w") as f:
+            f.write(EVENTS)
+        with open(meta, "w") as f:
+            f.write("bench_gpt2: ...\n" + META_TABLE + "peak 5.29 GiB\n")
+        p = subprocess.run([sys.executable, os.path.join(SOURCE, "benchmarks", "kernel_profile.py"),
+                            "--events", ev, "--meta", meta], capture_output=True, text=True, timeout=60)
+        text = p.stdout + p.stderr
+        if p.returncode != 0:
+            fail("kernel_profile.py --events: exit %d\n%s" % (p.returncode, text))
+        rows = {l.split()[0]: l.split() for l in text.splitlines() if l.split()}
+        want = {"matmul": ["147", "147", "14000.0", "13192.9", "1.06x"],
+                "adam": ["1", "1", "2000.0", "1300.5", "1.54x", "!"],
+                "binary.add": ["149", "149", "1000.0", "1068.6", "0.94x"]}
+        for name, cols in want.items():
+            if rows.get(name, [])[1:] != cols:
+                fail("kernel_profile.py --events: row %s should be %s:\n%s" % (name, cols, text))
+        for w in ["memset", "(measured only)", "(projected only)",
+                  "step: measured 17.180 ms, projected 15.583 ms (1.10x); 1 of 3 entries off by more than 30%"]:
+            if w not in text:
+                fail("kernel_profile.py --events: %r missing:\n%s" % (w, text))
+        with open(ev, "w") as f:
+            f.write("matmul 147\n")
+        p = subprocess.run([sys.executable, os.path.join(SOURCE, "benchmarks", "kernel_profile.py"),
+                            "--events", ev, "--meta", meta], capture_output=True, text=True, timeout=60)
+        if p.returncode == 0 or "not `entry calls us`" not in p.stdout:
+            fail("kernel_profile.py --events: a malformed line must fail, naming it:\n%s" % p.stdout)
+        print("kernel_profile.py --events: joined with the meta table")
+
+
 def attention_on_cpu():
     exe = os.path.join(BIN, "bench_attention")
     if not os.access(exe, os.X_OK):
@@ -85,5 +136,6 @@ def attention_on_cpu():
 if __name__ == "__main__":
     perf_without_gpu()
     profile_table()
+    events_table()
     attention_on_cpu()
     print("ok")
