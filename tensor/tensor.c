@@ -341,7 +341,10 @@ nb_tensor *nb_arange(nb_ctx *ctx, nb_dtype dtype, double start, double stop, dou
     nb_tensor *t = nb__empty(ctx, dtype, 1, &n);
     size_t sz = nb_dtype_size(dtype);
     const nb__backend *be = nb__backend_at(t);
-    if (be->meta) return t; /* no values to write */
+    if (be->meta) { /* no values to write; the upload the device's path makes, counted */
+        if (be->device_memory) be->memcpy_h2d(t->device.index, t->data, NULL, (size_t)n * sz);
+        return t;
+    }
     char *host = be->device_memory ? malloc((size_t)n * sz + 1) : t->data;
     NB_CHECK(host, "nb_arange: out of host memory for %lld elements", (long long)n);
     for (int64_t i = 0; i < n; i++) nb__store(host + i * (int64_t)sz, dtype, start + (double)i * step);
