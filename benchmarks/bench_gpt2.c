@@ -47,6 +47,12 @@
  * (nb_gpt_set_recompute); --no-give-back keeps every tensor of a step
  * until the reset (nb_ctx_set_give_back), as before memory was given back.
  *
+ * --profile-events FILE (--device cuda) times the last timed step entry by
+ * entry with CUDA events (NABLA_CUDA_PROFILE=events, nb_cuda_profile_write:
+ * each backend entry's calls and microseconds, named as the meta device
+ * names them) into FILE, for benchmarks/kernel_profile.py --events; every
+ * step of such a run carries the events' small cost.
+ *
  * Exits 77 with a message when --device cuda but no GPU is visible;
  * --device cpu with small --layers/--width/--seq-len/--vocab checks the
  * program on the CPU. */
@@ -68,13 +74,16 @@ static int usage(const char *prog) {
             "usage: %s [--device cuda|cpu|meta:cuda|meta:cpu] [--gpu N | --gpu h100|h200|a100] "
             "[--bf16] [--tf32] [--layers 12] [--heads 12] [--width 768] [--seq-len 1024] "
             "[--vocab 50304] [--batch 8] [--steps 20] [--warmup 3] [--no-clip] [--recompute] "
-            "[--no-give-back] [--peak-tflops 989] [--progress-after 2] [--trace FILE] [--step-trace FILE] [--machine]\n"
+            "[--no-give-back] [--peak-tflops 989] [--progress-after 2] [--trace FILE] [--step-trace FILE] "
+            "[--profile-events FILE] [--machine]\n"
             "  --gpu: a GPU's index for --device cuda; for meta:cuda, the GPU whose figures the "
             "projection uses (default h100)\n"
             "  --progress-after S: a progress line on stderr after each step longer than S seconds\n"
             "  --trace FILE: with a meta device, one line per counted call (entry, shapes, dtypes, "
             "bytes, FLOPs, launches)\n"
-            "  --step-trace FILE: with a meta device, the projected step as a step trace for nb_scale\n",
+            "  --step-trace FILE: with a meta device, the projected step as a step trace for nb_scale\n"
+            "  --profile-events FILE: on a GPU, the last timed step's calls and time per backend entry "
+            "(CUDA events) into FILE\n",
             prog);
     return 2;
 }
@@ -346,7 +355,7 @@ int main(int argc, char **argv) {
     opts o = {12, 12, 768, 1024, 50304, 8, 20, 3, false, true, false, true};
     double peak = 989, progress_after = 2.0;
     bool tf32 = false, machine = false;
-    const char *gpu_arg = NULL, *trace = NULL, *step_trace = NULL;
+    const char *gpu_arg = NULL, *trace = NULL, *step_trace = NULL, *profile_events = NULL;
     nb_device dev = nb_cuda(0);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -375,6 +384,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--progress-after") && has) progress_after = atof(argv[++i]);
         else if (!strcmp(a, "--trace") && has) trace = argv[++i];
         else if (!strcmp(a, "--step-trace") && has) step_trace = argv[++i];
+        else if (!strcmp(a, "--profile-events") && has) profile_events = argv[++i];
         else return usage(argv[0]);
     }
     if (o.layers < 1 || o.heads < 1 || o.width < 1 || o.width % o.heads || o.seq < 1 || o.vocab < 2 ||
@@ -383,6 +393,13 @@ int main(int argc, char **argv) {
         return 2;
     }
     bool cpu = dev.type == NB_DEVICE_CPU;
+    if (profile_events) {
+        if (dev.type != NB_DEVICE_CUDA) {
+            fprintf(stderr, "bench_gpt2: --profile-events times CUDA entries: --device cuda only\n");
+            return 2;
+        }
+        setenv("NABLA_CUDA_PROFILE", "events", 1); /* read when the CUDA backend loads */
+    }
     nb_cuda_set_allow_tf32(tf32);
     const char *dtype = o.bf16 ? "bf16" : tf32 ? "tf32" : "f32";
     if (dev.type == NB_DEVICE_META) {
@@ -425,10 +442,16 @@ int main(int argc, char **argv) {
     double *t = malloc((size_t)o.steps * sizeof *t), loss = NAN, first_loss = NAN;
     double started = now_s();
     for (int64_t s = 0; s < o.warmup + o.steps; s++) {
+        bool profiled = profile_events && s == o.warmup + o.steps - 1;
+        if (profiled) nb_cuda_profile_reset();
         double t0 = now_s();
         nb_tensor *l = run_step(&r, s, o.clip);
         loss = nb_item(l);
         double dt = now_s() - t0;
+        if (profiled && nb_cuda_profile_write(profile_events) != NB_OK) {
+            fprintf(stderr, "bench_gpt2: --profile-events: %s\n", nb_last_error());
+            return 1;
+        }
         if (s == 0) first_loss = loss;
         if (s >= o.warmup) t[s - o.warmup] = dt;
         if (dt > progress_after) { /* a long step: say where the run is */

@@ -239,6 +239,17 @@ bool nb__cuda_batch_norm_cudnn_ok(const nb_tensor *x, const nb_tensor *running_m
     return loaded("nb__cuda_batch_norm_cudnn_ok")
         ->batch_norm_cudnn_ok(x, running_mean, running_var, training, eps);
 }
+void nb__cuda_profile_reset(void) {
+    const nb__cuda_plugin *p = nb__cuda_plugin_get();
+    if (p) p->profile_reset();
+}
+nb_status nb__cuda_profile_write(const char *path) {
+    const nb__cuda_plugin *p = nb__cuda_plugin_get();
+    if (!p)
+        return nb_set_error(NB_ERR_UNSUPPORTED, "nb_cuda_profile_write: no CUDA backend: %s",
+                            nb__cuda_plugin_error());
+    return p->profile_write(path);
+}
 #endif
 
 /* ---- public ---- */
@@ -253,3 +264,7 @@ void nb_cuda_synchronize(nb_device device) {
              *nb__cuda_plugin_error() ? nb__cuda_plugin_error() : "no such device");
     nb__cuda_sync(device.index);
 }
+
+/* Note [Events profile] in tensor/cuda/profile.cu */
+void nb_cuda_profile_reset(void) { nb__cuda_profile_reset(); }
+nb_status nb_cuda_profile_write(const char *path) { return nb__cuda_profile_write(path); }

@@ -61,7 +61,7 @@ extern "C" {
 /* Raised whenever the table below, or a struct the plugin shares with
  * libnabla (nb_tensor, nb_ctx internals, nb_pg, nb_work, nb__coll),
  * changes its layout or meaning. */
-#define NB__CUDA_PLUGIN_ABI 3
+#define NB__CUDA_PLUGIN_ABI 4
 #define NB__CUDA_PLUGIN_FILE "libnabla_cuda.so"
 #define NB__CUDA_PLUGIN_ENV "NABLA_CUDA_PLUGIN"
 #define NB__CUDA_PLUGIN_INIT "nb__cuda_plugin_init"
@@ -93,6 +93,9 @@ typedef struct nb__cuda_plugin {
     void (*batch_norm_cudnn_calls)(int64_t *forward, int64_t *backward);
     bool (*batch_norm_cudnn_ok)(const nb_tensor *x, const nb_tensor *running_mean,
                                 const nb_tensor *running_var, bool training, double eps);
+    /* The events profile (nb_cuda_profile_reset/write, nabla/cuda.h). */
+    void (*profile_reset)(void);
+    nb_status (*profile_write)(const char *path);
 } nb__cuda_plugin;
 
 /* The backend's one entry point (NB__CUDA_PLUGIN_INIT, tensor/cuda/plugin.c). */

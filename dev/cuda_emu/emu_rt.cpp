@@ -5,6 +5,7 @@
 #include <cublasLt.h>
 
 #include "emu.h"
+#include "tensor/backend.h"
 #include "tensor/cuda/cuda.h"
 
 thread_local dim3 threadIdx, blockIdx;
@@ -83,12 +84,13 @@ bool nb__cuda_tf32(void) { return false; }
 
 /* Scratch from the context comes filled with 0xff bytes (NaN in f32/f64/
  * bf16/f16, -1 in integers) unless zeroing was asked for, so that a kernel
- * reading scratch it never wrote shows up in the results. Linked with
+ * reading scratch it never wrote shows up in the results (not the meta
+ * device's, which is no memory: drv_profile counts on it). Linked with
  * -Wl,--wrap=nb_ctx_alloc. */
 void *__real_nb_ctx_alloc(nb_ctx *c, size_t bytes, int zero);
 void *__wrap_nb_ctx_alloc(nb_ctx *c, size_t bytes, int zero) {
     void *p = __real_nb_ctx_alloc(c, bytes, zero);
-    if (p && !zero) memset(p, 0xff, bytes);
+    if (p && !zero && !nb__backend_of(nb_ctx_device(c))->meta) memset(p, 0xff, bytes);
     return p;
 }
 }

@@ -33,6 +33,20 @@ NB_API void nb_cuda_synchronize(nb_device device);
 NB_API void nb_cuda_set_allow_tf32(bool on);
 NB_API bool nb_cuda_allow_tf32(void);
 
+/* The events profile: with NABLA_CUDA_PROFILE=events in the environment
+ * when the CUDA backend loads, every backend entry (matmul, layer_norm,
+ * binary.add, ...) is timed on the GPU with a pair of CUDA events, and the
+ * calls and microseconds per entry are summed (docs/cuda.md, "Profiling
+ * without ncu"). nb_cuda_profile_reset forgets the sums so far (say, at the
+ * start of the step to profile); nb_cuda_profile_write waits for the
+ * recorded events, writes one line `entry calls us` per entry since the
+ * last reset or write (path NULL: stderr), and starts the sums again. What
+ * is unwritten at exit goes to $NABLA_CUDA_PROFILE_FILE, else stderr.
+ * nb_cuda_profile_write returns NB_ERR_UNSUPPORTED when the profile is off
+ * (or there is no CUDA), NB_ERR_IO when the file cannot be written. */
+NB_API void nb_cuda_profile_reset(void);
+NB_API nb_status nb_cuda_profile_write(const char *path);
+
 #ifdef __cplusplus
 }
 #endif

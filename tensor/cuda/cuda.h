@@ -87,6 +87,19 @@ nb__backend_event_wait_fn nb__cuda_event_wait;
  * then reports a pending deferred fault (aborting with its message). */
 nb__backend_sync_fn nb__cuda_sync;
 
+/* The events profile (Note [Events profile] in profile.cu). The table
+ * libnabla gets: `of` itself, or, with NABLA_CUDA_PROFILE=events, a copy
+ * whose entries are timed with CUDA events (read once; another value
+ * aborts naming it). */
+const nb__backend *nb__cuda_profile_table(const nb__backend *of);
+bool nb__cuda_profile_on(void);
+/* Adds the device's recorded pairs to the totals (nb__cuda_sync, once the
+ * stream is idle). */
+void nb__cuda_profile_resolve(int device);
+/* nb_cuda_profile_reset and nb_cuda_profile_write (nabla/cuda.h). */
+void nb__cuda_profile_reset(void);
+nb_status nb__cuda_profile_write(const char *path);
+
 /* Copies on the compute stream. Host to device returns once the source
  * may be reused (small copies are staged through pinned memory and do not
  * wait for the device: Note [Staged uploads] in runtime.cu); device to host

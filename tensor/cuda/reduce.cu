@@ -458,7 +458,7 @@ void nb__cuda_sum_squares(nb_tensor *out, int n, nb_tensor *const *ts) {
         for (int k = 0; k < b.n; k++) {
             const nb_tensor *t = ts[i0 + k];
             NB_CHECK(nb_dtype_is_float(t->dtype) && nb_is_contiguous(t) &&
-                         t->device.type == NB_DEVICE_CUDA && t->device.index == out->device.index,
+                         nb_device_eq(t->device, out->device),
                      "%s: tensor %d must be a contiguous float tensor on %s, got %s %s on %s", op,
                      i0 + k, nb_device_name(out->device), nb_dtype_name(t->dtype),
                      nb_shape_str(t), nb_device_name(t->device));

@@ -181,6 +181,7 @@ void nb__cuda_sync(int device) {
     dev_state *d = state("nb_cuda_synchronize", device);
     NB_CUDA_CHECK("nb_cuda_synchronize", cudaSetDevice(device));
     NB_CUDA_CHECK("nb_cuda_synchronize", cudaStreamSynchronize(d->compute));
+    if (nb__cuda_profile_on()) nb__cuda_profile_resolve(device);
     check_fault(device);
 }
 
