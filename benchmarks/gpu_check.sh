@@ -36,7 +36,9 @@
 #          scaled_dot_product_attention), bench_gpt2 --bf16 at batch 8 and
 #          the best batch on each attention path there is (peak, and the
 #          device memory in use), a per-kernel profile of one step (ncu
-#          --clock-control none) beside the meta device's projection, then
+#          --clock-control none, where there is ncu) and a per-entry one
+#          (CUDA events, bench_gpt2 --profile-events) beside the meta
+#          device's projection, then
 #          a pack step: at most 8 files under $OUT (summary, tables, one
 #          archive of the logs). Without a GPU it says so and ends at once.
 #          Not in `all`; run it alone, first, with a fresh $OUT.
@@ -415,6 +417,10 @@ phase_perf() {
   case $gpu in *H200*) meta_gpu=h200 ;; *H100*) meta_gpu=h100 ;; *A100*) meta_gpu=a100 ;; *) meta_gpu="" ;; esac
   perf_run "bench_gpt2 --device meta:cuda" 30 "$logs/meta.log" "$bin/bench_gpt2" --device meta:cuda \
     ${meta_gpu:+--gpu $meta_gpu} --bf16 --batch 8 --steps 1 --warmup 0
+  # CUDA events around each backend entry (NABLA_CUDA_PROFILE=events), the third step at
+  # batch 8, joined with the meta table entry by entry: with or without ncu (it is cheap)
+  perf_run "bench_gpt2 --profile-events, batch 8" 90 "$logs/events-run.log" "$bin/bench_gpt2" \
+    --bf16 --batch 8 --steps 2 --warmup 1 --profile-events "$logs/events.txt"
   local ncu
   ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)
   if [ -n "$ncu" ]; then
@@ -424,8 +430,11 @@ phase_perf() {
     python3 benchmarks/kernel_profile.py --ncu "$logs/ncu.csv" --meta "$logs/meta.log" >"$OUT/profile.txt" 2>&1
   else
     python3 benchmarks/kernel_profile.py --meta "$logs/meta.log" >"$OUT/profile.txt" 2>&1
-    note "profile: ncu not found: the meta device's projection only (profile.txt)"
+    note "profile: ncu not found: CUDA events per backend entry beside the projection (profile.txt)"
   fi
+  echo >>"$OUT/profile.txt"
+  python3 benchmarks/kernel_profile.py --events "$logs/events.txt" --meta "$logs/meta.log" >>"$OUT/profile.txt" 2>&1 ||
+    note "profile: no events profile ($(tail -1 "$logs/events-run.log" 2>/dev/null | cut -c1-120))"
   perf_pack
 }
 

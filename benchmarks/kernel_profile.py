@@ -10,10 +10,11 @@ and mean time and share of the step's kernel time. --meta: the output of
 being the projection for the same step; its `launches=` figure (the issue's
 --machine line) is set against the launches measured.
 
---events: where there is no ncu, per-entry totals timed with CUDA events
-around the backend's entries, one line each, `entry calls us` (tab or space
-separated, `#` comments), the entries named as the meta device names them
-("matmul", "binary.add", "copy.f32>bf16"); each is set beside the meta
+--events: per-entry totals timed with CUDA events around the backend's
+entries (the file `bench_gpt2 --profile-events FILE` writes, Note [Events
+profile] in tensor/cuda/profile.cu), one line each, `entry calls us` (tab
+or space separated, `#` comments), the entries named as the meta device
+names them ("matmul", "binary.add", "copy.f32>bf16"); each is set beside the meta
 table's row of that name: calls, projected and measured microseconds, their
 ratio, and `!` where they differ by more than 30% (issue 34's bound), with
 the entries only one side has listed after.

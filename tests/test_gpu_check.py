@@ -77,11 +77,13 @@ embedding                              2        2      0.057      0.000        0
 total                                299      299     17.727      4.937     6073.62     15583.2 100.0%
 """
 
-EVENTS = """# entry calls us (CUDA events, one step)
+EVENTS = """# nabla CUDA events profile (NABLA_CUDA_PROFILE=events), devices 0x1: per backend entry, ...
+# entry calls us
 matmul 147 14000.0
 adam\t1\t2000.0
 binary.add 149 1000.0
 memset 1 180.0
+# total 298 17180.000
 """
 
 
