@@ -76,6 +76,19 @@
  * compute dtype the product of the weight's cast comes out in f32 and
  * would go to the f32 weight (Note [Wide gradients]): the GEMM adds it
  * into that weight's gradient the same way.
+ * A non-leaf's gradient may be added into as well, once it is the
+ * tensor's alone (nb__grad_add_target): made for it (grad_owned, as
+ * nb__accum_grad adds into), or adopted (Note [Adopted gradients]) and
+ * now held by nothing else. The second is read from the storage's
+ * reference count (Note [Memory given back] in tensor/memory.c), which
+ * counts every tensor whose gradient the storage is, until that tensor's
+ * node has run, and every node of the tape reading it: a count of one,
+ * this tensor's own hold, means no backward still to run reads it, e.g.
+ * the residual add's g, handed to both of its inputs, once the other
+ * input's node has run. Without the
+ * records (a context that does not give back) nothing is proven and the
+ * contribution is added by nb__accum_grad. Layer norm does this for x
+ * (Note [Layer norm's gradients added in place] in tensor/ops_norm.c).
  *
  * Note [Flat gradients]
  * The gradients of an optimizer's parameters live in one contiguous buffer
@@ -297,6 +310,19 @@ nb_tensor *nb__leaf_grad_target(nb_tensor *t, nb_dtype dt) {
         !nb_device_eq(g->device, t->device) || !nb_same_shape(g, t))
         return NULL;
     t->priv->bw_seen = true;
+    return g;
+}
+
+nb_tensor *nb__grad_add_target(nb_tensor *t, nb_dtype dt) {
+    if (!t->node) return nb__leaf_grad_target(t, dt);
+    nb_tensor *g = t->grad;
+    if (!t->requires_grad || !g || t->dtype != dt || g->dtype != dt || !nb_is_contiguous(g) ||
+        !nb_device_eq(g->device, t->device) || !nb_same_shape(g, t))
+        return NULL;
+    if (!t->priv->grad_owned) { /* Note [Adopted gradients]: adopted, maybe shared */
+        if (!nb__grad_sole_holder(t)) return NULL;
+        t->priv->grad_owned = true;
+    }
     return g;
 }
 

@@ -197,12 +197,20 @@ typedef bool nb__backend_causal_attention_takes_fn(const nb_tensor *qkv, int h);
 typedef void nb__backend_layer_norm_fn(nb_tensor *y, nb_tensor *mean, nb_tensor *rstd,
                                        const nb_tensor *x, const nb_tensor *w, const nb_tensor *b,
                                        int64_t m, int64_t d, double eps);
-/* dw, db written (not accumulated); ctx holds scratch. */
+/* Which of layer norm backward's outputs are added into (they hold a
+ * gradient already: Note [Layer norm's gradients added in place] in
+ * tensor/ops_norm.c) rather than written. */
+enum { NB__LN_ADD_DX = 1, NB__LN_ADD_DW = 2, NB__LN_ADD_DB = 4 };
+/* dx, dw, db written, or added into where add (NB__LN_ADD_*) says so:
+ * each contribution is rounded to its output's dtype, then added to what
+ * the output holds in that dtype's arithmetic (f32 for bf16 and f16) and
+ * rounded again, the bits a separate add of a written output would give.
+ * ctx holds scratch. */
 typedef void nb__backend_layer_norm_backward_fn(nb_ctx *ctx, nb_tensor *dx, nb_tensor *dw,
                                                 nb_tensor *db, const nb_tensor *g,
                                                 const nb_tensor *x, const nb_tensor *mean,
                                                 const nb_tensor *rstd, const nb_tensor *w,
-                                                int64_t m, int64_t d);
+                                                int64_t m, int64_t d, unsigned add);
 /* The whole batch norm, running statistics included (nb__cuda_batch_norm). */
 typedef void nb__backend_batch_norm_fn(nb_tensor *y, nb_tensor *save_mean, nb_tensor *save_invstd,
                                        const nb_tensor *x, const nb_tensor *weight,

@@ -137,6 +137,11 @@ nb_tensor *nb__cross_entropy_fused(nb_ctx *ctx, nb_tensor *logits, nb_tensor *ta
 void nb__set_grad(nb_tensor *t, nb_tensor *g);
 /* Drops t's hold on its gradient (t->grad stays, to be reported if read). */
 void nb__drop_grad(nb_tensor *t);
+/* Whether t's hold is the only reference to its gradient's storage (no
+ * other tensor's gradient, no node of the tape uses it) and the storage is
+ * the library's. False when the context does not give back: without the
+ * records nothing is known. */
+bool nb__grad_sole_holder(const nb_tensor *t);
 /* ---- the context's side of it (tensor/context.c) ---- */
 bool nb__ctx_gives_back(const nb_ctx *ctx);
 void nb__ctx_give_back(nb_ctx *ctx, void *p, size_t bytes);
@@ -257,6 +262,12 @@ nb_tensor *nb__grad_to_update(nb_ctx *ctx, nb_tensor *t);
  * contribution. NULL otherwise (use nb__accum_grad). Note [Gradients added
  * in place] in autograd/backward.c. */
 nb_tensor *nb__leaf_grad_target(nb_tensor *t, nb_dtype dt);
+/* The same for any t: a leaf's as above; a non-leaf's existing gradient
+ * (contiguous, t's shape, dtype dt = t's, t's device) when it is t's alone,
+ * made for t or handed to t by a backward that already ran and held by no
+ * other tensor (nb__grad_sole_holder); it is t's own from then on. NULL
+ * otherwise (use nb__accum_grad). */
+nb_tensor *nb__grad_add_target(nb_tensor *t, nb_dtype dt);
 /* Note [Flat gradients] in autograd/backward.c: one buffer for the
  * gradients of parameters of one context and dtype, made at the first
  * gradient one of them receives; a slot per parameter. */

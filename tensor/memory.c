@@ -186,6 +186,11 @@ void nb__set_grad(nb_tensor *t, nb_tensor *g) {
     mem_drop(old);
 }
 
+bool nb__grad_sole_holder(const nb_tensor *t) {
+    const nb__mem *m = t->priv->grad_held && t->grad ? t->grad->priv->mem : NULL;
+    return m && m->library && !m->given_back && m->refs == 1;
+}
+
 void nb__drop_grad(nb_tensor *t) {
     if (!t->priv->grad_held) return;
     t->priv->grad_held = false;

@@ -523,7 +523,7 @@ static void meta_layer_norm(nb_tensor *y, nb_tensor *mean, nb_tensor *rstd, cons
 static void meta_layer_norm_backward(nb_ctx *ctx, nb_tensor *dx, nb_tensor *dw, nb_tensor *db,
                                      const nb_tensor *g, const nb_tensor *x, const nb_tensor *mean,
                                      const nb_tensor *rstd, const nb_tensor *w, int64_t m,
-                                     int64_t d) {
+                                     int64_t d, unsigned add) {
     bool cuda = on_cuda(g);
     if (!cuda && (dw || db)) { /* tensor/cpu/backend.c: 2 d f64 sums */
         size_t bytes = 2 * (size_t)d * sizeof(double);
@@ -535,7 +535,11 @@ static void meta_layer_norm_backward(nb_ctx *ctx, nb_tensor *dx, nb_tensor *dw, 
         launches = !(dw || db) ? 1
                    : d <= 8192 ? NB__CUDA_LAUNCHES_layer_norm_backward
                                : NB__CUDA_LAUNCHES_layer_norm_backward_wide;
-    record(&(call){.name = "layer_norm_backward", .r = {g, x, mean, rstd, w}, .w = {dx, dw, db},
+    /* an output added into is read too */
+    record(&(call){.name = "layer_norm_backward",
+                   .r = {g, x, mean, rstd, w, add & NB__LN_ADD_DX ? dx : NULL,
+                         add & NB__LN_ADD_DW ? dw : NULL, add & NB__LN_ADD_DB ? db : NULL},
+                   .w = {dx, dw, db},
                    .flops = 10 * (double)m * (double)d, .launches = launches});
 }
 

@@ -20,19 +20,49 @@ static nb_tensor *contig_or_null(nb_ctx *ctx, nb_tensor *t) { return t ? nb__con
 
 static bool wants_grad(const nb_tensor *t) { return t && t->requires_grad; }
 
-/* ---- layer norm ---- */
+/* ---- layer norm ----
+ * Note [Layer norm's gradients added in place]
+ * Layer norm's backward adds its contributions straight into the
+ * gradients they belong to when autograd says that is safe (Note
+ * [Gradients added in place] in autograd/backward.c): the weight's and
+ * the bias's into the leaves' existing gradients, in the kernel that sums
+ * the rows' partials; x's into the gradient x already holds when that
+ * tensor is x's alone (a leaf's, or one no backward still to run reads:
+ * nb__grad_add_target). In a transformer x is the residual stream, whose
+ * gradient the residual add handed over before this node runs, so the
+ * add that would follow (a pass over three (B, T, C) tensors and a launch
+ * on CUDA) is folded into the write of dx. Otherwise (the first gradient,
+ * a gradient still shared) the contribution is written to a tensor of its
+ * own and nb__accum_grad adds it, as before. The bits are those of the
+ * separate add: the kernel rounds its contribution to the gradient's
+ * dtype, then adds it in that dtype's arithmetic (f32 for bf16 and f16)
+ * and rounds again (tensor/backend.h). */
+
+/* t's gradient to add a (shape of t, dtype dt) contribution into, else a
+ * new tensor to write it to; *add gets bit when it is the former. */
+static nb_tensor *ln_grad_out(nb_ctx *ctx, nb_tensor *t, nb_dtype dt, unsigned bit, unsigned *add) {
+    if (!wants_grad(t)) return NULL;
+    nb_tensor *into = nb__grad_add_target(t, dt);
+    if (into) {
+        *add |= bit;
+        return into;
+    }
+    return nb__empty(ctx, dt, t->ndim, t->shape);
+}
+
 static void layer_norm_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) {
     nb_tensor *x = n->in[0], *w = n->in[1], *b = n->in[2];
     nb_tensor *xc = n->saved[0], *mean = n->saved[1], *rstd = n->saved[2], *wc = n->saved[3];
     int64_t m = n->i[0], d = n->i[1];
     g = nb__contig(ctx, g);
-    nb_tensor *dx = wants_grad(x) ? nb__empty(ctx, x->dtype, x->ndim, x->shape) : NULL;
-    nb_tensor *dw = wants_grad(w) ? nb__empty(ctx, w->dtype, w->ndim, w->shape) : NULL;
-    nb_tensor *db = wants_grad(b) ? nb__empty(ctx, b->dtype, b->ndim, b->shape) : NULL;
-    nb__backend_at(xc)->layer_norm_backward(ctx, dx, dw, db, g, xc, mean, rstd, wc, m, d);
-    if (dx) nb__accum_grad(ctx, x, dx);
-    if (dw) nb__accum_grad(ctx, w, dw);
-    if (db) nb__accum_grad(ctx, b, db);
+    unsigned add = 0;
+    nb_tensor *dx = ln_grad_out(ctx, x, x->dtype, NB__LN_ADD_DX, &add);
+    nb_tensor *dw = ln_grad_out(ctx, w, w ? w->dtype : NB_F32, NB__LN_ADD_DW, &add);
+    nb_tensor *db = ln_grad_out(ctx, b, b ? b->dtype : NB_F32, NB__LN_ADD_DB, &add);
+    nb__backend_at(xc)->layer_norm_backward(ctx, dx, dw, db, g, xc, mean, rstd, wc, m, d, add);
+    if (dx && !(add & NB__LN_ADD_DX)) nb__accum_grad(ctx, x, dx);
+    if (dw && !(add & NB__LN_ADD_DW)) nb__accum_grad(ctx, w, dw);
+    if (db && !(add & NB__LN_ADD_DB)) nb__accum_grad(ctx, b, db);
 }
 
 /* p: x's dtype, or f32 for a half x (the master weights: Note [Compute

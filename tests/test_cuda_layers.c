@@ -74,6 +74,34 @@ static void ln_parity(const char *name, nb_dtype dt, int ndim, const int64_t *sh
     nbt_parity(name, ln_op, &c, n, in, NULL);
 }
 
+/* Note [Layer norm's gradients added in place] (tensor/ops_norm.c): two
+ * residual blocks h + ln(h) W sharing w, b and W, made as a module's
+ * forward makes them: the first block's x is the leaf (its gradient from
+ * the add, then ln's added into it), the second's the library's h (added
+ * into once the product's node has run); the second block's ln writes the
+ * weight's and bias's gradients, the first's adds into them. */
+static nb_tensor *ln_residual_op(nb_ctx *ctx, nb_tensor *const *in, void *user) {
+    (void)user;
+    nb__scope_enter(ctx);
+    nb_tensor *h = in[0];
+    for (int k = 0; k < 2; k++)
+        h = nb_add(ctx, h, nb_matmul(ctx, nb_layer_norm(ctx, h, 1, in[1], in[2], 1e-5), in[3]));
+    nb__scope_exit(ctx, h);
+    return h;
+}
+
+START_TEST(test_layer_norm_residual_parity) {
+    const nb_dtype dts[] = {NB_F32, NB_BF16};
+    for (int k = 0; k < 2; k++) {
+        nbt_input in[4] = {{.dtype = dts[k], .ndim = 2, .shape = {70, 96}, .lo = -2, .hi = 3},
+                           {.dtype = dts[k], .ndim = 1, .shape = {96}, .lo = 0.5, .hi = 1.5},
+                           {.dtype = dts[k], .ndim = 1, .shape = {96}, .lo = -1, .hi = 1},
+                           {.dtype = dts[k], .ndim = 2, .shape = {96, 96}, .lo = -0.2, .hi = 0.2}};
+        nbt_parity("layer_norm residual blocks (70, 96)", ln_residual_op, NULL, 4, in, NULL);
+    }
+}
+END_TEST
+
 START_TEST(test_layer_norm_parity) {
     const ln_case full = {1, true, true}, none = {1, false, false}, w_only = {1, true, false};
     const ln_case b_only = {1, false, true}, two = {2, true, true};
@@ -425,6 +453,7 @@ int main(void) {
     TCase *tc = nbt_tcase_create("core");
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_layer_norm_parity);
+    tcase_add_test(tc, test_layer_norm_residual_parity);
     tcase_add_test(tc, test_layer_norm_backward_deterministic);
     tcase_add_test(tc, test_layer_norm_parity_rows);
     tcase_add_test(tc, test_layer_norm_backward_deterministic_rows);

@@ -86,6 +86,42 @@ START_TEST(test_layer_norm) {
 }
 END_TEST
 
+/* Note [Layer norm's gradients added in place] (tensor/ops_norm.c): in a
+ * residual block made as a module's forward makes it, h = x + ln(x) W, the
+ * second backward adds dx, dw and db into the gradients they belong to,
+ * so the layer norm also reads them (D f32 each for w and b, M D for x),
+ * and no separate add follows; the first finds w and b without gradients
+ * and writes theirs. */
+START_TEST(test_layer_norm_adds) {
+    enum { M = 10, D = 64 };
+    for (int i = 0; i < 2; i++) {
+        bool cuda = kinds[i] == NB_DEVICE_CUDA;
+        nb_ctx *ctx = nb_ctx_new(nb_meta(kinds[i]), 0);
+        nb_tensor *a = nb_empty(ctx, NB_F32, NB_SHAPE(M, D)), *W = nb_empty(ctx, NB_F32, NB_SHAPE(D, D));
+        nb_tensor *w = nb_empty(ctx, NB_F32, NB_SHAPE(D)), *b = nb_empty(ctx, NB_F32, NB_SHAPE(D));
+        nb_tensor *r = nb_empty(ctx, NB_F32, NB_SHAPE(M, D));
+        a->requires_grad = W->requires_grad = w->requires_grad = b->requires_grad = true;
+        double stats = 2.0 * M * (cuda ? 4 : 8);
+        for (int step = 0; step < 2; step++) {
+            nb__scope_enter(ctx);
+            nb_tensor *x = nb_mul_scalar(ctx, a, 2.0);
+            nb_tensor *h = nb_add(ctx, x, nb_matmul(ctx, nb_layer_norm(ctx, x, 1, w, b, 1e-5), W));
+            nb_tensor *loss = nb_sum(ctx, nb_mul(ctx, h, r), 0, NULL, false);
+            nb__scope_exit(ctx, loss);
+            nb_meta_reset();
+            nb_backward(loss);
+            /* g, x, stats, w read; dx, dw, db written; dx (both steps), dw
+             * and db (the second) read */
+            double wb_read = step ? 2.0 * D : 0;
+            expect("layer_norm_backward", 1,
+                   4.0 * (2 * M * D + D + M * D + 2 * D) + stats + 4.0 * (M * D + wb_read),
+                   10.0 * M * D, 0, cuda ? 2 : 0);
+        }
+        nb_ctx_free(ctx);
+    }
+}
+END_TEST
+
 START_TEST(test_softmax) {
     enum { R = 12, C = 100 };
     nb_ctx *ctx = nb_ctx_new(nb_meta(NB_DEVICE_CUDA), 0);
@@ -233,7 +269,9 @@ static nb_module *small_gpt(nb_device dev, nb_dtype cd, nb_ctx **params, nb_ctx 
 }
 
 /* One GPT step, twice (the first makes the gradients and AdamW's state):
- * the step context's peak, the parameters' context and the state. */
+ * the step context's peak, the parameters' context and the state. On a
+ * meta device the counts left are those of the second step's backward
+ * and update. */
 static void gpt_step_peaks(nb_device dev, size_t *step_peak, size_t *model) {
     nb_ctx *params, *step;
     nb_module *gpt = small_gpt(dev, NB_F32, &params, &step);
@@ -245,7 +283,9 @@ static void gpt_step_peaks(nb_device dev, size_t *step_peak, size_t *model) {
     nb_tensor *x = nb_zeros(params, NB_I64, NB_SHAPE(4, 32)), *y = nb_zeros(params, NB_I64, NB_SHAPE(4, 32));
     for (int s = 0; s < 2; s++) {
         nb_ctx_reset(step);
-        nb_backward(nb_gpt_forward_loss(gpt, step, x, y));
+        nb_tensor *loss = nb_gpt_forward_loss(gpt, step, x, y);
+        nb_meta_reset();
+        nb_backward(loss);
         nb_optim_clip_grad_norm(opt, 1.0, 2.0);
         nb_optim_step(opt);
         nb_optim_zero_grad(opt);
@@ -372,6 +412,23 @@ START_TEST(test_gpt_shadows) {
     free(p);
     nb_ctx_free(step);
     nb_ctx_free(params);
+}
+END_TEST
+
+/* A GPT step's layer norms on meta:cuda (Note [Layer norm's gradients
+ * added in place] in tensor/ops_norm.c): from the second step on, every
+ * layer norm adds its weight's and bias's gradients into theirs, and each
+ * block's two add dx into the residual stream's gradient (ln_f's x feeds
+ * nothing else: written); two launches each. */
+START_TEST(test_gpt_layer_norm_backward) {
+    enum { B = 4, T = 32, L = 2, C = 32 }; /* gpt_step_peaks' model and batch */
+    size_t step_peak, model;
+    gpt_step_peaks(nb_meta(NB_DEVICE_CUDA), &step_peak, &model);
+    /* each: g, x, mean, rstd (f32), w read; dx, dw, db written; dw, db read */
+    double md = (double)B * T * C;
+    double one = 4.0 * (2 * md + 2.0 * B * T + C) + 4.0 * (md + 2 * C) + 4.0 * 2 * C;
+    expect("layer_norm_backward", 2 * L + 1, (2 * L + 1) * one + 2 * L * 4.0 * md,
+           (2 * L + 1) * 10.0 * md, 0, 2 * (2 * L + 1));
 }
 END_TEST
 
@@ -611,10 +668,11 @@ END_TEST
 
 static Suite *suite(void) {
     const TTest *tests[] = {test_tables, test_matmul, test_batched_matmul, test_linear_epilogues,
-                             test_linear_residual, test_gpt_residual_adds,
-                             test_layer_norm, test_softmax, test_cross_entropy,
-                             test_cross_entropy_fused, test_adamw, test_embedding_backward, test_gpt_input, test_adamw_many, test_gpt_shadows,
-                             test_attention_path, test_gpt_peak_matches_cpu, test_no_values,
+                             test_linear_residual, test_gpt_residual_adds, test_layer_norm,
+                             test_layer_norm_adds, test_softmax, test_cross_entropy,
+                             test_cross_entropy_fused, test_adamw, test_embedding_backward,
+                             test_gpt_input, test_adamw_many, test_gpt_shadows, test_attention_path,
+                             test_gpt_layer_norm_backward, test_gpt_peak_matches_cpu, test_no_values,
                              test_device_names, NULL};
     return nbt_suite("meta", "core", 60, tests);
 }

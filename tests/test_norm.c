@@ -2,9 +2,16 @@
  * and without affine parameters, several shapes, f32 and f64, training and
  * eval), the running-statistics update against its closed form (unbiased
  * variance), gradchecks for x, weight and bias (non-contiguous x too), and
- * error messages. */
+ * error messages. Layer norm's gradients added in place (Note [Layer
+ * norm's gradients added in place] in tensor/ops_norm.c): gradchecks of
+ * graphs where x's gradient is x's alone (a residual stream) or still
+ * shared with a node yet to run, and the backend's adding entry bit for
+ * bit against a write and a separate add. */
 #include <math.h>
+#include <string.h>
 
+#include "tensor/backend.h"
+#include "tensor/internal.h"
 #include "testutil.h"
 
 #define MAXN 512
@@ -88,6 +95,154 @@ START_TEST(test_layer_norm_gradcheck) {
     ln_case c = {1, true, true, false};
     NBT_GRADCHECK(ln_fn, &c, 3, in);
     nb_ctx_free(ctx);
+}
+END_TEST
+
+/* ---- gradients added in place ----
+ * The graphs run as a module's forward would (nb__scope_enter): their
+ * tensors are the library's, so a gradient no longer shared can be proven
+ * so (a user's tensor keeps its gradient for the user to read, and is never
+ * added into). Inputs: a, a2 (4, 6), w, b (6), W (6, 6), all f64 leaves. */
+enum { LN_RESIDUAL, LN_SHARED_OWN, LN_SHARED_PENDING, LN_DOUBLED, LN_LEAF, LN_TWICE, LN_GRAPHS };
+
+static nb_tensor *ln_(nb_ctx *ctx, nb_tensor *x, nb_tensor *w, nb_tensor *b) {
+    return nb_layer_norm(ctx, x, 1, w, b, 1e-5);
+}
+
+static nb_tensor *ln_graph_body(nb_ctx *ctx, nb_tensor *const *in, int kind) {
+    nb_tensor *a = in[0], *a2 = in[1], *w = in[2], *b = in[3], *W = in[4];
+    nb_tensor *x = nb_mul_scalar(ctx, a, 1.5);
+    switch (kind) {
+    case LN_RESIDUAL: { /* two blocks h + ln(h) W sharing w, b and W: x's g is its alone */
+        nb_tensor *h = nb_add(ctx, x, nb_matmul(ctx, ln_(ctx, x, w, b), W));
+        return nb_add(ctx, h, nb_matmul(ctx, ln_(ctx, h, w, b), W));
+    }
+    case LN_SHARED_OWN: { /* y = ln(x) + x: the add's g is ln's own gradient too */
+        nb_tensor *y = nb_add(ctx, ln_(ctx, x, w, b), x);
+        return nb_add(ctx, ln_(ctx, y, w, b), y);
+    }
+    case LN_SHARED_PENDING: { /* s = p + x hands its g to p, whose node runs after ln's */
+        nb_tensor *p = nb_mul_scalar(ctx, a2, 2.0);
+        nb_tensor *q = ln_(ctx, x, w, b);
+        nb_tensor *s = nb_add(ctx, p, x);
+        return nb_add(ctx, nb_mul(ctx, s, s), nb_matmul(ctx, q, W));
+    }
+    case LN_DOUBLED: { /* z = x + x feeds a residual and ln; x feeds ln too */
+        nb_tensor *z = nb_add(ctx, x, x);
+        nb_tensor *r = nb_add(ctx, z, nb_matmul(ctx, ln_(ctx, z, w, b), W));
+        return nb_add(ctx, r, ln_(ctx, x, w, b));
+    }
+    case LN_LEAF: /* the residual stream is the leaf a itself */
+        return nb_add(ctx, a, nb_matmul(ctx, ln_(ctx, a, w, b), W));
+    default: /* two layer norms of x: the second adds into the first's dx */
+        return nb_add(ctx, nb_matmul(ctx, ln_(ctx, x, w, b), W), ln_(ctx, x, w, NULL));
+    }
+}
+
+static nb_tensor *ln_graph(nb_ctx *ctx, nb_tensor *const *in, void *user) {
+    nb__scope_enter(ctx);
+    nb_tensor *out = ln_graph_body(ctx, in, *(const int *)user);
+    nb__scope_exit(ctx, out);
+    return out;
+}
+
+static void ln_graph_inputs(nb_ctx *ctx, nb_dtype dt, uint64_t seed, nb_tensor **in) {
+    in[0] = nbt_randn_leaf(ctx, dt, NB_SHAPE(4, 6), seed);
+    in[1] = nbt_randn_leaf(ctx, dt, NB_SHAPE(4, 6), seed + 1);
+    in[2] = nbt_randn_leaf(ctx, dt, NB_SHAPE(6), seed + 2);
+    in[3] = nbt_randn_leaf(ctx, dt, NB_SHAPE(6), seed + 3);
+    in[4] = nbt_randn_leaf(ctx, dt, NB_SHAPE(6, 6), seed + 4);
+}
+
+START_TEST(test_layer_norm_grads_in_place_gradcheck) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    for (int kind = 0; kind < LN_GRAPHS; kind++) {
+        nb_tensor *in[5];
+        ln_graph_inputs(ctx, NB_F64, 100 + 10 * (uint64_t)kind, in);
+        NBT_GRADCHECK(ln_graph, &kind, 5, in);
+    }
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+/* Each graph's gradients, twice (the second backward adds into the first's
+ * leaf gradients), in dtype dt, with giving back on (x's gradient added
+ * into where proven safe) and off (nothing proven: always a separate add):
+ * the same bits. */
+static nb_ctx *ln_graph_grads(nb_dtype dt, int kind, bool give_back, nb_tensor **grads) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    nb_ctx_set_give_back(ctx, give_back);
+    nb_tensor *in[5];
+    ln_graph_inputs(ctx, dt, 300 + 10 * (uint64_t)kind, in);
+    for (int step = 0; step < 2; step++) nb_backward(nbt_weighted_sum(ctx, ln_graph(ctx, in, &kind)));
+    for (int k = 0; k < 5; k++) grads[k] = in[k]->grad;
+    return ctx;
+}
+
+START_TEST(test_layer_norm_grads_in_place_bitwise) {
+    const nb_dtype dts[] = {NB_F32, NB_F64};
+    for (int k = 0; k < 2; k++)
+        for (int kind = 0; kind < LN_GRAPHS; kind++) {
+            nb_tensor *on[5], *off[5];
+            nb_ctx *c_on = ln_graph_grads(dts[k], kind, true, on);
+            nb_ctx *c_off = ln_graph_grads(dts[k], kind, false, off);
+            for (int i = 0; i < 5; i++) {
+                ck_assert_msg((on[i] == NULL) == (off[i] == NULL), "graph %d input %d", kind, i);
+                if (!on[i]) continue;
+                size_t bytes = (size_t)nb_numel(on[i]) * nb_dtype_size(on[i]->dtype);
+                ck_assert_msg(!memcmp(on[i]->data, off[i]->data, bytes),
+                              "graph %d %s: input %d's gradient differs with giving back on", kind,
+                              nb_dtype_name(dts[k]), i);
+            }
+            nb_ctx_free(c_on);
+            nb_ctx_free(c_off);
+        }
+}
+END_TEST
+
+/* The backend's entry with dx, dw, db added into against the same entry
+ * writing them and a separate nb_add, bit for bit: f32, f64, bf16 x with
+ * f32 and with bf16 weights. */
+START_TEST(test_layer_norm_backward_adds_bitwise) {
+    enum { M = 37, D = 45 };
+    const struct { nb_dtype x, p; } dts[] = {{NB_F32, NB_F32}, {NB_F64, NB_F64}, {NB_BF16, NB_F32},
+                                             {NB_BF16, NB_BF16}};
+    for (int k = 0; k < 4; k++)
+        for (unsigned add = 1; add < 8; add++) {
+            nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+            nb_dtype dt = dts[k].x, pd = dts[k].p;
+            nb_tensor *x = nbt_randn(ctx, dt, NB_SHAPE(M, D), 60 + k);
+            nb_tensor *g = nbt_randn(ctx, dt, NB_SHAPE(M, D), 70 + k);
+            nb_tensor *w = nbt_randn(ctx, pd, NB_SHAPE(D), 80 + k);
+            nb_tensor *b = nbt_randn(ctx, pd, NB_SHAPE(D), 81 + k);
+            const nb__backend *be = nb__backend_at(x);
+            int64_t m = M;
+            nb_tensor *y = nb_empty(ctx, dt, NB_SHAPE(M, D));
+            nb_tensor *mean = nb_empty(ctx, NB_F64, 1, &m), *rstd = nb_empty(ctx, NB_F64, 1, &m);
+            be->layer_norm(y, mean, rstd, x, w, b, M, D, 1e-5);
+            nb_tensor *put[3] = {nb_empty(ctx, dt, NB_SHAPE(M, D)), nb_empty(ctx, pd, NB_SHAPE(D)),
+                                 nb_empty(ctx, pd, NB_SHAPE(D))};
+            be->layer_norm_backward(ctx, put[0], put[1], put[2], g, x, mean, rstd, w, M, D, 0);
+            nb_tensor *old[3] = {nbt_randn(ctx, dt, NB_SHAPE(M, D), 90 + k),
+                                 nbt_randn(ctx, pd, NB_SHAPE(D), 91 + k),
+                                 nbt_randn(ctx, pd, NB_SHAPE(D), 92 + k)};
+            nb_tensor *acc[3];
+            for (int i = 0; i < 3; i++)
+                acc[i] = add & (1u << i) ? nb_clone(ctx, old[i]) : nb_empty_like(ctx, old[i]);
+            be->layer_norm_backward(ctx, acc[0], acc[1], acc[2], g, x, mean, rstd, w, M, D, add);
+            for (int i = 0; i < 3; i++) {
+                nb_tensor *want = put[i];
+                if (add & (1u << i)) { /* the add nb__accum_grad makes */
+                    want = nb_empty_like(ctx, old[i]);
+                    nb__run_binary(NB_B_ADD, want, old[i], put[i]);
+                }
+                size_t bytes = (size_t)nb_numel(want) * nb_dtype_size(want->dtype);
+                ck_assert_msg(!memcmp(acc[i]->data, want->data, bytes),
+                              "%s x, %s weights, add %u: output %d differs from a write and an add",
+                              nb_dtype_name(dt), nb_dtype_name(pd), add, i);
+            }
+            nb_ctx_free(ctx);
+        }
 }
 END_TEST
 
@@ -344,7 +499,10 @@ START_TEST(test_batch_norm_errors) {
 END_TEST
 
 static Suite *suite(void) {
-    const TTest *tests[] = {test_layer_norm_values, test_layer_norm_gradcheck, test_layer_norm_errors,
+    const TTest *tests[] = {test_layer_norm_values, test_layer_norm_gradcheck,
+                             test_layer_norm_grads_in_place_gradcheck,
+                             test_layer_norm_grads_in_place_bitwise,
+                             test_layer_norm_backward_adds_bitwise, test_layer_norm_errors,
                              test_batch_norm_train_values, test_batch_norm_running_update_f32,
                              test_batch_norm_eval_values, test_batch_norm_gradcheck, test_f32_backward,
                              test_batch_norm_errors, NULL};

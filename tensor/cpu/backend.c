@@ -149,14 +149,15 @@ void nb__cpu_gelu_tanh_backward(nb_tensor *dx, const nb_tensor *g, const nb_tens
 
 void nb__cpu_layer_norm_backward(nb_ctx *ctx, nb_tensor *dx, nb_tensor *dw, nb_tensor *db,
                                  const nb_tensor *g, const nb_tensor *x, const nb_tensor *mean,
-                                 const nb_tensor *rstd, const nb_tensor *w, int64_t m, int64_t d) {
+                                 const nb_tensor *rstd, const nb_tensor *w, int64_t m, int64_t d,
+                                 unsigned add) {
     if (nb__cpu_is_bf16(x)) {
-        nb__cpu_layer_norm_backward_bf16(ctx, dx, dw, db, g, x, mean, rstd, w, m, d);
+        nb__cpu_layer_norm_backward_bf16(ctx, dx, dw, db, g, x, mean, rstd, w, m, d, add);
         return;
     }
     size_t bytes = 2 * (size_t)d * sizeof(double);
     double *ws = (dw || db) ? nb_ctx_alloc(ctx, bytes, 0) : NULL;
-    nb__cpu_layer_norm_backward_ws(dx, dw, db, ws, g, x, mean, rstd, w, m, d);
+    nb__cpu_layer_norm_backward_ws(dx, dw, db, ws, g, x, mean, rstd, w, m, d, add);
     if (ws) nb__ctx_scratch_done(ctx, ws, bytes);
 }
 

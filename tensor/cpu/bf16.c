@@ -61,6 +61,20 @@ static void narrow(twin *w, nb_tensor *t) {
     w->owned = false;
 }
 
+/* t (contiguous) += its twin's values rounded to t's dtype: the f32 sums
+ * rounded once more, the bits of a separate add (add_half in
+ * autograd/backward.c). */
+static void narrow_add(twin *w, nb_tensor *t) {
+    NB_CHECK(nb_is_contiguous(t), "bf16 activations: internal error: adding into a %s view",
+             nb_shape_str(t));
+    uint16_t *p = t->data;
+    const float *v = w->t.data;
+    for (int64_t i = 0, n = nb_numel(t); i < n; i++)
+        p[i] = nb_f32_to_bf16(nb_bf16_to_f32(p[i]) + nb_bf16_to_f32(nb_f32_to_bf16(v[i])));
+    free(w->t.data);
+    w->owned = false;
+}
+
 static void done(twin *w) {
     if (w->owned) free(w->t.data);
     w->owned = false;
@@ -184,13 +198,15 @@ void nb__cpu_layer_norm_bf16(nb_tensor *y, nb_tensor *mean, nb_tensor *rstd, con
 void nb__cpu_layer_norm_backward_bf16(nb_ctx *ctx, nb_tensor *dx, nb_tensor *dw, nb_tensor *db,
                                       const nb_tensor *g, const nb_tensor *x,
                                       const nb_tensor *mean, const nb_tensor *rstd,
-                                      const nb_tensor *w, int64_t m, int64_t d) {
+                                      const nb_tensor *w, int64_t m, int64_t d, unsigned add) {
     twin wd, wg, wx;
     nb_tensor *td = out(&wd, dx);
-    nb__cpu_layer_norm_backward(ctx, td, dw, db, in(&wg, g), in(&wx, x), mean, rstd, w, m, d);
+    nb__cpu_layer_norm_backward(ctx, td, dw, db, in(&wg, g), in(&wx, x), mean, rstd, w, m, d,
+                                add & ~(unsigned)NB__LN_ADD_DX);
     done(&wg);
     done(&wx);
-    narrow(&wd, dx);
+    if (dx && (add & NB__LN_ADD_DX)) narrow_add(&wd, dx);
+    else narrow(&wd, dx);
 }
 
 /* bf16 logits; the loss and the log-sum-exp f32 */

@@ -63,7 +63,7 @@
                                                       const T *x, const double *mean,       \
                                                       const double *rstd, const T *w,       \
                                                       int64_t i0, int64_t i1, int64_t d,    \
-                                                      bool want_wb) {                       \
+                                                      bool want_wb, bool add_dx) {          \
         for (int64_t i = i0; i < i1; i++) {                                                 \
             const T *xr = x + i * d, *gr = g + i * d;                                       \
             double mu = mean[i], r = rstd[i], sa = 0, sb = 0;                               \
@@ -99,7 +99,8 @@
             for (j = 0; j < d; j++) {                                                       \
                 double h = ((double)xr[j] - mu) * r;                                        \
                 double dh = (double)gr[j] * (w ? (double)w[j] : 1.0);                       \
-                dr[j] = (T)(r * (dh - sa - h * sb));                                        \
+                T v = (T)(r * (dh - sa - h * sb));                                          \
+                dr[j] = add_dx ? dr[j] + v : v; /* rounded, then added: as a separate add */ \
             }                                                                               \
         }                                                                                   \
     }
@@ -108,6 +109,20 @@ DEFINE_LAYER_NORM(float)
 DEFINE_LAYER_NORM(double)
 
 static const void *data_or_null(const nb_tensor *t) { return t ? t->data : NULL; }
+
+/* out[k] = v rounded to out's dtype, or (add) out[k] + that, added in the
+ * dtype's arithmetic (f32 for bf16 and f16, as the separate add it
+ * replaces) and rounded again. */
+static void put_sum(nb_tensor *out, int64_t k, double v, bool add) {
+    char *p = (char *)out->data + k * (int64_t)nb_dtype_size(out->dtype);
+    if (add) {
+        double old = nb__load(p, out->dtype);
+        nb__store(p, out->dtype, v);
+        double c = nb__load(p, out->dtype); /* the contribution, rounded */
+        v = out->dtype == NB_F64 ? old + c : (double)((float)old + (float)c);
+    }
+    nb__store(p, out->dtype, v);
+}
 
 /* Layer norm on the pool: rows in pieces. In backward, dw and db are sums
  * over the rows: each piece of rows (a size fixed by m and d) sums into
@@ -121,7 +136,7 @@ typedef struct ln_job {
     const double *cmean, *crstd;
     int64_t m, d, rows;
     double eps;
-    bool f32, want_wb;
+    bool f32, want_wb, add_dx;
 } ln_job;
 
 static void ln_range(void *varg, int64_t lo, int64_t hi) {
@@ -152,16 +167,16 @@ static void ln_backward_piece(void *varg, int64_t c, int tid) {
     for (int64_t k = 0; ws && k < 2 * j->d; k++) ws[k] = 0;
     if (j->f32)
         layer_norm_backward_float(j->y, ws, j->g, j->x, j->cmean, j->crstd, j->w, lo, hi, j->d,
-                                  j->want_wb);
+                                  j->want_wb, j->add_dx);
     else
         layer_norm_backward_double(j->y, ws, j->g, j->x, j->cmean, j->crstd, j->w, lo, hi, j->d,
-                                   j->want_wb);
+                                   j->want_wb, j->add_dx);
 }
 
 void nb__cpu_layer_norm_backward_ws(nb_tensor *dx, nb_tensor *dw, nb_tensor *db, double *ws,
                                     const nb_tensor *g, const nb_tensor *x, const nb_tensor *mean,
                                     const nb_tensor *rstd, const nb_tensor *w, int64_t m,
-                                    int64_t d) {
+                                    int64_t d, unsigned add) {
     bool want_wb = dw || db;
     /* pieces of rows: at least the pool's grain, at most 16 of them */
     int64_t rows = nb__grain(3 * d), cap = (m + 15) / 16;
@@ -169,7 +184,8 @@ void nb__cpu_layer_norm_backward_ws(nb_tensor *dx, nb_tensor *dw, nb_tensor *db,
     int64_t pieces = nb__chunk_count(m, rows);
     ln_job j = {.y = dx ? dx->data : NULL, .x = x->data, .w = data_or_null(w), .g = g->data,
                 .cmean = mean->data, .crstd = rstd->data, .m = m, .d = d, .rows = rows,
-                .f32 = x->dtype == NB_F32, .want_wb = want_wb};
+                .f32 = x->dtype == NB_F32, .want_wb = want_wb,
+                .add_dx = dx && (add & NB__LN_ADD_DX)};
     j.partial = want_wb && pieces > 1 ? malloc((size_t)(pieces * 2 * d) * sizeof(double)) : ws;
     NB_CHECK(!want_wb || j.partial, "nb_layer_norm backward: out of memory for %lld partial sums "
              "of %lld", (long long)pieces, (long long)(2 * d));
@@ -184,10 +200,9 @@ void nb__cpu_layer_norm_backward_ws(nb_tensor *dx, nb_tensor *dw, nb_tensor *db,
     }
     if (want_wb && m == 0)
         for (int64_t k = 0; k < 2 * d; k++) ws[k] = 0;
-    size_t es = nb_dtype_size(x->dtype);
     for (int64_t k = 0; k < d; k++) {
-        if (dw) nb__store((char *)dw->data + k * (int64_t)es, dw->dtype, ws[k]);
-        if (db) nb__store((char *)db->data + k * (int64_t)es, db->dtype, ws[d + k]);
+        if (dw) put_sum(dw, k, ws[k], add & NB__LN_ADD_DW);
+        if (db) put_sum(db, k, ws[d + k], add & NB__LN_ADD_DB);
     }
 }
 

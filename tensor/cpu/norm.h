@@ -15,11 +15,13 @@
 /* y = (x - mean) rstd w + b per row, with the biased variance; writes
  * mean and rstd (M). w, b (D) or NULL. */
 nb__backend_layer_norm_fn nb__cpu_layer_norm;
-/* Any of dx (M, D), dw (D), db (D) may be NULL. ws: 2 D doubles of scratch. */
+/* Any of dx (M, D), dw (D), db (D) may be NULL; each written, or added
+ * into where add (NB__LN_ADD_*) says so (tensor/backend.h: the rounding
+ * of a separate add). ws: 2 D doubles of scratch. */
 void nb__cpu_layer_norm_backward_ws(nb_tensor *dx, nb_tensor *dw, nb_tensor *db, double *ws,
                                     const nb_tensor *g, const nb_tensor *x, const nb_tensor *mean,
                                     const nb_tensor *rstd, const nb_tensor *w, int64_t m,
-                                    int64_t d);
+                                    int64_t d, unsigned add);
 
 /* Per-channel mean and biased variance (C) of x. */
 void nb__cpu_batch_norm_stats(nb_tensor *mean, nb_tensor *var, const nb_tensor *x, int64_t n,

@@ -69,9 +69,10 @@ bool nb__cuda_all_finite(nb_ctx *ctx, int n, nb_tensor *const *ts) {
 
 void nb__cuda_layer_norm_backward(nb_ctx *ctx, nb_tensor *dx, nb_tensor *dw, nb_tensor *db,
                                   const nb_tensor *g, const nb_tensor *x, const nb_tensor *mean,
-                                  const nb_tensor *rstd, const nb_tensor *w, int64_t m, int64_t d) {
+                                  const nb_tensor *rstd, const nb_tensor *w, int64_t m, int64_t d,
+                                  unsigned add) {
     (void)ctx;
-    nb__cuda_layer_norm_backward_rows(dx, dw, db, g, x, mean, rstd, w, m, d);
+    nb__cuda_layer_norm_backward_rows(dx, dw, db, g, x, mean, rstd, w, m, d, add);
 }
 
 /* lse in f32 for 16-bit logits (none when fused); count 0-d f32; nothing

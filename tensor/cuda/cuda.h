@@ -339,13 +339,14 @@ nb__backend_avg_pool2d_backward_fn nb__cuda_avg_pool2d_backward;
 /* ================================================ layer norm (layer_norm.cu)
  * Same contracts as tensor/cpu/norm.h except that mean and rstd are f32
  * (M), or f64 when x is f64 (f32 statistics would cost f64 backward its
- * precision); x, y, g, dx contiguous (M, D); w, b (D) or NULL; dw, db
- * written (not accumulated), deterministically. */
+ * precision); x, y, g, dx contiguous (M, D); w, b (D) or NULL; dx, dw, db
+ * written, or added into where add (NB__LN_ADD_*, tensor/backend.h) says
+ * so, deterministically. */
 nb__backend_layer_norm_fn nb__cuda_layer_norm;
 void nb__cuda_layer_norm_backward_rows(nb_tensor *dx, nb_tensor *dw, nb_tensor *db,
                                        const nb_tensor *g, const nb_tensor *x,
                                        const nb_tensor *mean, const nb_tensor *rstd,
-                                       const nb_tensor *w, int64_t m, int64_t d);
+                                       const nb_tensor *w, int64_t m, int64_t d, unsigned add);
 
 /* ================================================== embedding (embedding.cu) */
 /* out (P, C) contiguous = w[idx[p]] (w (V, C) any strides, idx contiguous

@@ -20,7 +20,9 @@
  *    scratch array (chunks, D); a second kernel adds the chunks of each
  *    column in increasing order.
  * Either way dw and db are made without atomics, in an order that depends
- * only on M and D: bitwise reproducible.
+ * only on M and D: bitwise reproducible. dx, dw and db are written, or added
+ * into (the last kernel adds dw and db, the row kernel dx) with the
+ * rounding of a separate add: add_rounded.
  *
  * Letters: M rows, D elements per row.
  *
@@ -85,6 +87,17 @@
 
 /* ------------------------------------------------------------------ helpers */
 
+static __device__ __forceinline__ float add_rn(float a, float b) { return __fadd_rn(a, b); }
+static __device__ __forceinline__ double add_rn(double a, double b) { return __dadd_rn(a, b); }
+
+/* old + v, v rounded to T first, the sum in T's math type (never merged
+ * into an FMA) and rounded again: the bits of writing v and adding it
+ * separately (Note [Layer norm's gradients added in place] in
+ * tensor/ops_norm.c). */
+template <typename T, typename A> static __device__ __forceinline__ T add_rounded(T old, A v) {
+    return store_as<T>(add_rn(to_math(old), to_math(store_as<T>(v))));
+}
+
 template <typename A> static __device__ __forceinline__ A warp_sum(A v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -131,12 +144,12 @@ static __global__ void layer_norm_kernel(T *__restrict__ y, S *__restrict__ mean
     }
 }
 
-// dx, g, x (M, D); w (D) or NULL
+// dx, g, x (M, D); w (D) or NULL; dx written, or added into (add_dx)
 template <typename T, typename S, typename P>
 static __global__ void layer_norm_dx_kernel(T *__restrict__ dx, const T *__restrict__ g,
                                             const T *__restrict__ x, const S *__restrict__ mean,
                                             const S *__restrict__ rstd, const P *__restrict__ w,
-                                            int64_t m, int64_t d) {
+                                            int64_t m, int64_t d, bool add_dx) {
     typedef math_t<T> A;
     int lane = threadIdx.x & 31;
     for (int64_t row = (int64_t)blockIdx.x * WARPS + (threadIdx.x >> 5); row < m;
@@ -155,7 +168,8 @@ static __global__ void layer_norm_dx_kernel(T *__restrict__ dx, const T *__restr
         for (int64_t j = lane; j < d; j += 32) {
             A h = (to_math(xr[j]) - mu) * r;
             A dh = to_math(gr[j]) * (w ? to_math(w[j]) : (A)1);
-            dr[j] = store_as<T>(r * (dh - sa - h * sb));
+            A v = r * (dh - sa - h * sb);
+            dr[j] = add_dx ? add_rounded(dr[j], v) : store_as<T>(v);
         }
     }
 }
@@ -209,11 +223,12 @@ static __global__ void layer_norm_dwdb_partial_kernel(
     }
 }
 
-// dw, db (D) or NULL = sums of pw, pb (chunks, D) over the chunks, in order
+// dw, db (D) or NULL = sums of pw, pb (chunks, D) over the chunks, in order;
+// added into where add_w, add_b say
 template <typename T, typename P>
 static __global__ void layer_norm_dwdb_final_kernel(
     P *__restrict__ dw, P *__restrict__ db, const math_t<T> *__restrict__ pw,
-    const math_t<T> *__restrict__ pb, int64_t chunks, int64_t d) {
+    const math_t<T> *__restrict__ pb, int64_t chunks, int64_t d, bool add_w, bool add_b) {
     typedef math_t<T> A;
     for (int64_t col = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; col < d;
          col += (int64_t)gridDim.x * blockDim.x) {
@@ -222,8 +237,8 @@ static __global__ void layer_norm_dwdb_final_kernel(
             tw += pw[c * d + col];
             tb += pb[c * d + col];
         }
-        if (dw) dw[col] = store_as<P>(tw);
-        if (db) db[col] = store_as<P>(tb);
+        if (dw) dw[col] = add_w ? add_rounded(dw[col], tw) : store_as<P>(tw);
+        if (db) db[col] = add_b ? add_rounded(db[col], tb) : store_as<P>(tb);
     }
 }
 
@@ -379,7 +394,8 @@ static __global__ void __launch_bounds__(MAX_ROW_THREADS, min_blocks<T, W>())
     }
 }
 
-// dx, g, x (M, D) (dx or NULL); w (D) or NULL; mean, rstd (M);
+// dx, g, x (M, D) (dx or NULL: written, or added into when add_dx); w (D) or
+// NULL; mean, rstd (M);
 // pw, pb (gridDim.x, D) or NULL = per block, the sums over its rows of g xhat and g
 // block (P, rows per block), E values per thread, W elements per access
 template <typename T, typename S, typename P, int E, int W>
@@ -387,7 +403,7 @@ static __global__ void __launch_bounds__(MAX_ROW_THREADS) layer_norm_backward_re
     T *__restrict__ dx, math_t<T> *__restrict__ pw,
     math_t<T> *__restrict__ pb, const T *__restrict__ g,
     const T *__restrict__ x, const S *__restrict__ mean, const S *__restrict__ rstd,
-    const P *__restrict__ w, int64_t m, int d) {
+    const P *__restrict__ w, int64_t m, int d, bool add_dx) {
     typedef math_t<T> A;
     typedef vec<T, W> V;
     const int K = E / W, t = threadIdx.x, p = blockDim.x;
@@ -438,9 +454,12 @@ static __global__ void __launch_bounds__(MAX_ROW_THREADS) layer_norm_backward_re
             int i = (k * p + t) * W;
             if (i >= d) continue;
             V o;
+            if (add_dx) o = *(const V *)(dr + i);
 #pragma unroll
-            for (int j = 0; j < W; j++)
-                o.v[j] = store_as<T>(r * (dh[k * W + j] - sa - h[k * W + j] * sb));
+            for (int j = 0; j < W; j++) {
+                A v = r * (dh[k * W + j] - sa - h[k * W + j] * sb);
+                o.v[j] = add_dx ? add_rounded(o.v[j], v) : store_as<T>(v);
+            }
             *(V *)(dr + i) = o;
         }
     }
@@ -481,14 +500,16 @@ static __global__ void __launch_bounds__(MAX_ROW_THREADS) layer_norm_backward_re
     }
 }
 
-// dw, db (D) or NULL = sums of pw, pb (chunks, D) over the chunks
+// dw, db (D) or NULL = sums of pw, pb (chunks, D) over the chunks; added
+// into where add_w, add_b say
 // block (COL_TILE, SUM_LANES), grid ceil(D / COL_TILE): lane l adds chunks
 // l, l + SUM_LANES, ... in order, then the lanes are added in order
 template <typename T, typename P>
 static __global__ void layer_norm_dwdb_sum_kernel(P *__restrict__ dw, P *__restrict__ db,
                                                   const math_t<T> *__restrict__ pw,
                                                   const math_t<T> *__restrict__ pb,
-                                                  int64_t chunks, int64_t d) {
+                                                  int64_t chunks, int64_t d, bool add_w,
+                                                  bool add_b) {
     typedef math_t<T> A;
     __shared__ A sw[SUM_LANES][COL_TILE + 1], sb[SUM_LANES][COL_TILE + 1];
     int tx = threadIdx.x, ty = threadIdx.y;
@@ -502,8 +523,8 @@ static __global__ void layer_norm_dwdb_sum_kernel(P *__restrict__ dw, P *__restr
         }
     A tw, tb;
     if (sum_over_lanes<SUM_LANES>(sw, sb, aw, ab, &tw, &tb) && col < d) {
-        if (dw) dw[col] = store_as<P>(tw);
-        if (db) db[col] = store_as<P>(tb);
+        if (dw) dw[col] = add_w ? add_rounded(dw[col], tw) : store_as<P>(tw);
+        if (db) db[col] = add_b ? add_rounded(db[col], tb) : store_as<P>(tb);
     }
 }
 
@@ -572,20 +593,21 @@ template <typename T, typename S, typename P, int E>
 static void backward_regs(const regs_cfg &c, unsigned grid, cudaStream_t s, T *dx,
                           math_t<T> *pw, math_t<T> *pb,
                           const T *g, const T *x, const S *mean, const S *rstd, const P *w,
-                          int64_t m, int64_t d) {
+                          int64_t m, int64_t d, bool add_dx) {
     if constexpr (E <= max_values<T>::bwd) {
         if (c.e != E) {
-            backward_regs<T, S, P, E + 8>(c, grid, s, dx, pw, pb, g, x, mean, rstd, w, m, d);
+            backward_regs<T, S, P, E + 8>(c, grid, s, dx, pw, pb, g, x, mean, rstd, w, m, d,
+                                          add_dx);
             return;
         }
         const int wide = (int)(16 / sizeof(T));
         dim3 block((unsigned)c.p, (unsigned)c.rows);
         if (c.w == wide)
             layer_norm_backward_regs_kernel<T, S, P, E, wide>
-                <<<grid, block, 0, s>>>(dx, pw, pb, g, x, mean, rstd, w, m, (int)d);
+                <<<grid, block, 0, s>>>(dx, pw, pb, g, x, mean, rstd, w, m, (int)d, add_dx);
         else
             layer_norm_backward_regs_kernel<T, S, P, E, 1>
-                <<<grid, block, 0, s>>>(dx, pw, pb, g, x, mean, rstd, w, m, (int)d);
+                <<<grid, block, 0, s>>>(dx, pw, pb, g, x, mean, rstd, w, m, (int)d, add_dx);
     }
 }
 
@@ -615,7 +637,7 @@ template <typename T, typename S, typename P>
 static bool launch_backward_regs(cudaStream_t s, nb_tensor *dx, nb_tensor *dw, nb_tensor *db,
                                  const nb_tensor *g, const nb_tensor *x, const nb_tensor *mean,
                                  const nb_tensor *rstd, const nb_tensor *w, int64_t m,
-                                 int64_t d, const char *op) {
+                                 int64_t d, unsigned add, const char *op) {
     if constexpr (!regs_path_for<T, S>()) {
         return false;
     } else {
@@ -636,12 +658,14 @@ static bool launch_backward_regs(cudaStream_t s, nb_tensor *dx, nb_tensor *dw, n
         }
         backward_regs<T, S, P, 8>(c, (unsigned)nb, s, dx ? (T *)dx->data : NULL, pw, pb,
                                   (const T *)g->data, (const T *)x->data, (const S *)mean->data,
-                                  (const S *)rstd->data, (const P *)data_or_null(w), m, d);
+                                  (const S *)rstd->data, (const P *)data_or_null(w), m, d,
+                                  (add & NB__LN_ADD_DX) != 0);
         NB_CUDA_CHECK_LAUNCH(op);
         if (sums) {
             dim3 grid((unsigned)((d + COL_TILE - 1) / COL_TILE)), block(COL_TILE, SUM_LANES);
             layer_norm_dwdb_sum_kernel<T, P><<<grid, block, 0, s>>>(
-                dw ? (P *)dw->data : NULL, db ? (P *)db->data : NULL, pw, pb, nb, d);
+                dw ? (P *)dw->data : NULL, db ? (P *)db->data : NULL, pw, pb, nb, d,
+                (add & NB__LN_ADD_DW) != 0, (add & NB__LN_ADD_DB) != 0);
             NB_CUDA_CHECK_LAUNCH(op);
             nb__ctx_scratch_done((dw ? dw : db)->ctx, pw, 2 * (size_t)nb * (size_t)d * sizeof(A));
         }
@@ -653,14 +677,14 @@ template <typename T, typename S, typename P>
 static void launch_backward(cudaStream_t s, nb_tensor *dx, nb_tensor *dw, nb_tensor *db,
                             const nb_tensor *g, const nb_tensor *x, const nb_tensor *mean,
                             const nb_tensor *rstd, const nb_tensor *w, int64_t m, int64_t d,
-                            const char *op) {
+                            unsigned add, const char *op) {
     typedef math_t<T> A;
-    if (launch_backward_regs<T, S, P>(s, dx, dw, db, g, x, mean, rstd, w, m, d, op)) return;
+    if (launch_backward_regs<T, S, P>(s, dx, dw, db, g, x, mean, rstd, w, m, d, add, op)) return;
     const S *mu = (const S *)mean->data, *r = (const S *)rstd->data;
     if (dx && m > 0) {
         layer_norm_dx_kernel<T, S, P><<<row_grid(m), WARPS * 32, 0, s>>>(
             (T *)dx->data, (const T *)g->data, (const T *)x->data, mu, r,
-            (const P *)data_or_null(w), m, d);
+            (const P *)data_or_null(w), m, d, (add & NB__LN_ADD_DX) != 0);
         NB_CUDA_CHECK_LAUNCH(op);
     }
     if (!dw && !db) return;
@@ -681,7 +705,8 @@ static void launch_backward(cudaStream_t s, nb_tensor *dx, nb_tensor *dw, nb_ten
     }
     int64_t fb = (d + 255) / 256;
     layer_norm_dwdb_final_kernel<T, P><<<(unsigned)(fb < 65536 ? fb : 65536), 256, 0, s>>>(
-        dw ? (P *)dw->data : NULL, db ? (P *)db->data : NULL, pw, pb, chunks, d);
+        dw ? (P *)dw->data : NULL, db ? (P *)db->data : NULL, pw, pb, chunks, d,
+        (add & NB__LN_ADD_DW) != 0, (add & NB__LN_ADD_DB) != 0);
     NB_CUDA_CHECK_LAUNCH(op);
     nb__ctx_scratch_done(ctx, pw, 2 * (size_t)chunks * (size_t)d * sizeof(A));
 }
@@ -735,7 +760,7 @@ void nb__cuda_layer_norm(nb_tensor *y, nb_tensor *mean, nb_tensor *rstd, const n
 void nb__cuda_layer_norm_backward_rows(nb_tensor *dx, nb_tensor *dw, nb_tensor *db,
                                        const nb_tensor *g, const nb_tensor *x,
                                        const nb_tensor *mean, const nb_tensor *rstd,
-                                       const nb_tensor *w, int64_t m, int64_t d) {
+                                       const nb_tensor *w, int64_t m, int64_t d, unsigned add) {
     const char *op = "nb_layer_norm (backward)";
     int dev = x->device.index;
     cudaStream_t s = nb__cuda_enter(op, dev);
@@ -747,16 +772,16 @@ void nb__cuda_layer_norm_backward_rows(nb_tensor *dx, nb_tensor *dw, nb_tensor *
         if constexpr (std::is_same_v<T, double>) {
             if (f64_stats) {
                 launch_backward<double, double, double>(s, dx, dw, db, g, x, mean, rstd, w, m, d,
-                                                        op);
+                                                        add, op);
                 return;
             }
         }
         if constexpr (sizeof(T) == 2) {
             if (f32_params) {
-                launch_backward<T, float, float>(s, dx, dw, db, g, x, mean, rstd, w, m, d, op);
+                launch_backward<T, float, float>(s, dx, dw, db, g, x, mean, rstd, w, m, d, add, op);
                 return;
             }
         }
-        launch_backward<T, float, T>(s, dx, dw, db, g, x, mean, rstd, w, m, d, op);
+        launch_backward<T, float, T>(s, dx, dw, db, g, x, mean, rstd, w, m, d, add, op);
     });
 }
