@@ -75,7 +75,7 @@ static int usage(const char *prog) {
             "[--bf16] [--tf32] [--layers 12] [--heads 12] [--width 768] [--seq-len 1024] "
             "[--vocab 50304] [--batch 8] [--steps 20] [--warmup 3] [--no-clip] [--recompute] "
             "[--no-give-back] [--peak-tflops 989] [--progress-after 2] [--trace FILE] [--step-trace FILE] "
-            "[--profile-events FILE] [--machine]\n"
+            "[--profile-events FILE] [--peak-report ROWS] [--machine]\n"
             "  --gpu: a GPU's index for --device cuda; for meta:cuda, the GPU whose figures the "
             "projection uses (default h100)\n"
             "  --progress-after S: a progress line on stderr after each step longer than S seconds\n"
@@ -83,7 +83,9 @@ static int usage(const char *prog) {
             "bytes, FLOPs, launches)\n"
             "  --step-trace FILE: with a meta device, the projected step as a step trace for nb_scale\n"
             "  --profile-events FILE: on a GPU, the last timed step's calls and time per backend entry "
-            "(CUDA events) into FILE\n",
+            "(CUDA events) into FILE\n"
+            "  --peak-report ROWS: what is live in the step context at its peak, grouped by the op "
+            "that made it, dtype and shape, largest first (nb_ctx_print_peak)\n",
             prog);
     return 2;
 }
@@ -91,6 +93,7 @@ static int usage(const char *prog) {
 typedef struct opts {
     int64_t layers, heads, width, seq, vocab, batch, steps, warmup;
     bool bf16, clip, recompute, give_back;
+    int peak_rows; /* --peak-report: 0 = none */
 } opts;
 
 /* A model, its optimizer and (N, T) batches of tokens on one device. */
@@ -108,6 +111,7 @@ static void run_make(run *r, nb_device dev, const opts *o) {
     r->step = nb_ctx_new(dev, 0);
     if (o->bf16) nb_ctx_set_compute_dtype(r->step, NB_BF16);
     nb_ctx_set_give_back(r->step, o->give_back);
+    if (o->peak_rows) nb_ctx_watch_peak(r->step, true);
     nb_gpt_config cfg = {o->vocab, o->seq, (int)o->layers, (int)o->heads, o->width, 0.0};
     nb_rng rng = nb_rng_make(1337);
     r->model = nb_gpt_new(r->params, NB_F32, &cfg, &rng);
@@ -135,7 +139,8 @@ static void run_make(run *r, nb_device dev, const opts *o) {
     free(buf);
 }
 
-static void run_free(run *r) {
+static void run_free(run *r, const opts *o) {
+    if (o->peak_rows) nb_ctx_print_peak(r->step, stdout, o->peak_rows);
     nb_optim_free(r->opt);
     free(r->p);
     nb_ctx_free(r->step);
@@ -180,7 +185,7 @@ static cost meta_cost(nb_device_type of, const opts *o, const nb_meta_gpu *gpu, 
     (void)run_step(&r, 1, o->clip);
     nb_meta_trace(NULL);
     cost c = {peak_bytes(&r), nb_ctx_peak(r.step), model_bytes(&r), r.n_params, nb_meta_total()};
-    run_free(&r);
+    run_free(&r, o);
     return c;
 }
 
@@ -221,7 +226,7 @@ static int meta_step_trace(nb_device_type of, const opts *o, const nb_meta_gpu *
     nb_status st = nb__scale_trace_write(path, &t);
     nb__scale_trace_free(&t);
     free(ready);
-    run_free(&r);
+    run_free(&r, o);
     if (st != NB_OK) {
         fprintf(stderr, "bench_gpt2: %s\n", nb_last_error());
         return 1;
@@ -352,7 +357,7 @@ static size_t library_baseline(void) {
 }
 
 int main(int argc, char **argv) {
-    opts o = {12, 12, 768, 1024, 50304, 8, 20, 3, false, true, false, true};
+    opts o = {12, 12, 768, 1024, 50304, 8, 20, 3, false, true, false, true, 0};
     double peak = 989, progress_after = 2.0;
     bool tf32 = false, machine = false;
     const char *gpu_arg = NULL, *trace = NULL, *step_trace = NULL, *profile_events = NULL;
@@ -385,6 +390,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--trace") && has) trace = argv[++i];
         else if (!strcmp(a, "--step-trace") && has) step_trace = argv[++i];
         else if (!strcmp(a, "--profile-events") && has) profile_events = argv[++i];
+        else if (!strcmp(a, "--peak-report") && has) o.peak_rows = atoi(argv[++i]);
         else return usage(argv[0]);
     }
     if (o.layers < 1 || o.heads < 1 || o.width < 1 || o.width % o.heads || o.seq < 1 || o.vocab < 2 ||
@@ -497,6 +503,6 @@ int main(int argc, char **argv) {
         printf("%s\n", nb_memory_report(mem, sizeof mem, &floor, r.step, r.params));
     }
     free(t);
-    run_free(&r);
+    run_free(&r, &o);
     return 0;
 }

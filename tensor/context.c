@@ -448,6 +448,7 @@ nb_dtype nb_ctx_compute_dtype(const nb_ctx *ctx) { return ctx->compute_dtype; }
 void nb_ctx_free(nb_ctx *ctx) {
     if (!ctx) return;
     NB_CHECK(!ctx->freed, "nb_ctx_free: the context was already freed");
+    nb_ctx_watch_peak(ctx, false);
     nb__frames_forget(ctx);
     arena_release(&ctx->data);
     if (FRESH_META) {
@@ -617,6 +618,7 @@ size_t nb_ctx_extent(const nb_ctx *ctx) { return ctx->data.extent_peak; }
 
 void *nb_ctx_alloc(nb_ctx *ctx, size_t bytes, int zero) {
     void *p = arena_alloc(&ctx->data, bytes, "tensor data");
+    nb__peak_check(ctx);
     if (zero) {
         ctx->data.be->memset(ctx->data.device, p, 0, bytes);
     }

@@ -92,10 +92,14 @@ typedef struct nb__mem {
     bool scoped;      /* on an open frame's list: that frame decides */
     bool given_back;
     bool sharded;     /* a parameter whose values are sharded over ranks (distributed/fsdp.c) */
+    bool in_backward; /* made inside a backward function (Note [Peak report]) */
     struct nb__mem *next;
+    struct nb__mem *live_prev, *live_next; /* the watched context's live list */
 } nb__mem;
 /* Gives t (made by nb__empty, `bytes` of data) its record when ctx gives back. */
 void nb__mem_new(nb_ctx *ctx, nb_tensor *t, size_t bytes);
+/* Note [Peak report]: copies what is live when ctx, watched, is at its peak. */
+void nb__peak_check(nb_ctx *ctx);
 /* t, saved by node n, was made by the op itself: the library's. */
 void nb__mem_internal(nb_node *n, nb_tensor *t);
 void nb__keep(nb_tensor *t);

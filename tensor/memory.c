@@ -51,6 +51,7 @@
  * after its backward ran (nb__node_release, once); a non-leaf holds one on
  * its gradient's storage (nb__set_grad). A record whose count falls to
  * zero outside any frame is given back if it is the library's. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "tensor/internal.h"
@@ -67,7 +68,121 @@ typedef struct frame {
 static _Thread_local frame frames[MAX_FRAMES];
 static _Thread_local int n_frames;
 
+/* Note [Peak report]
+ * nb_ctx_watch_peak(ctx) keeps the records of ctx's live storages (the
+ * ones nb__empty made while ctx gives back) on a list, from the moment a
+ * record is made until its storage is given back or the context reset;
+ * whenever the context's live total equals its peak after an allocation
+ * (nb_ctx_alloc, then again once nb__empty's record exists), it copies
+ * each one's label (the op of the node that made it, else "backward" or
+ * "forward"), dtype, shape and bytes, so that the last copy is the peak's
+ * last moment. The bytes live then that no record holds are the kernels'
+ * scratch (nb_ctx_alloc without a tensor) and the arena's rounding. A copy
+ * costs O(live tensors), once per allocation that raises the peak; nothing
+ * happens for a context not watched. */
+typedef struct peak_row {
+    const char *op;
+    nb_dtype dtype;
+    int ndim;
+    int64_t shape[NB_MAX_DIMS];
+    size_t bytes;
+    int count;
+} peak_row;
+
+static struct {
+    nb_ctx *ctx;
+    nb__mem *live;
+    peak_row *rows;
+    int n, cap;
+    size_t used;
+} watch;
+
+static void live_unlink(nb__mem *m) {
+    if (!watch.ctx || m->t->ctx != watch.ctx) return;
+    if (m->live_prev) m->live_prev->live_next = m->live_next;
+    else if (watch.live == m) watch.live = m->live_next;
+    if (m->live_next) m->live_next->live_prev = m->live_prev;
+    m->live_prev = m->live_next = NULL;
+}
+
+void nb_ctx_watch_peak(nb_ctx *ctx, bool on) {
+    if (!on) {
+        if (watch.ctx == ctx) watch.ctx = NULL, watch.live = NULL;
+        return;
+    }
+    watch.ctx = ctx, watch.live = NULL, watch.n = 0, watch.used = 0;
+}
+
+void nb__peak_check(nb_ctx *ctx) {
+    if (ctx != watch.ctx || nb_ctx_used(ctx) != nb_ctx_peak(ctx)) return;
+    int n = 0;
+    for (nb__mem *m = watch.live; m; m = m->live_next) n++;
+    if (n > watch.cap) {
+        int cap = n > 2 * watch.cap ? n : 2 * watch.cap;
+        peak_row *r = realloc(watch.rows, (size_t)cap * sizeof *r);
+        NB_CHECK(r, "nb_ctx_watch_peak: out of memory for %d rows", cap);
+        watch.rows = r, watch.cap = cap;
+    }
+    watch.n = 0;
+    for (nb__mem *m = watch.live; m; m = m->live_next) {
+        const nb_tensor *t = m->t;
+        peak_row *r = &watch.rows[watch.n++];
+        r->op = t->node ? t->node->op : m->in_backward ? "backward" : "forward";
+        r->dtype = t->dtype, r->ndim = t->ndim, r->bytes = m->bytes, r->count = 1;
+        memcpy(r->shape, t->shape, sizeof r->shape);
+    }
+    watch.used = nb_ctx_used(ctx);
+}
+
+static int row_key(const void *a, const void *b) {
+    const peak_row *x = a, *y = b;
+    int c = strcmp(x->op, y->op);
+    if (c) return c;
+    if (x->dtype != y->dtype) return x->dtype < y->dtype ? -1 : 1;
+    if (x->ndim != y->ndim) return x->ndim < y->ndim ? -1 : 1;
+    return memcmp(x->shape, y->shape, (size_t)x->ndim * sizeof x->shape[0]);
+}
+
+static int row_bytes(const void *a, const void *b) {
+    const peak_row *x = a, *y = b;
+    return x->bytes != y->bytes ? (x->bytes < y->bytes ? 1 : -1) : row_key(a, b);
+}
+
+void nb_ctx_print_peak(const nb_ctx *ctx, FILE *f, int max_rows) {
+    if (ctx != watch.ctx || !watch.n) {
+        fprintf(f, "peak report: nothing noted (nb_ctx_watch_peak(ctx, true) before the step, "
+                   "on a context that gives back)\n");
+        return;
+    }
+    peak_row *g = malloc((size_t)watch.n * sizeof *g);
+    NB_CHECK(g, "nb_ctx_print_peak: out of memory for %d rows", watch.n);
+    memcpy(g, watch.rows, (size_t)watch.n * sizeof *g);
+    qsort(g, (size_t)watch.n, sizeof *g, row_key);
+    int k = 0;
+    size_t held = 0;
+    for (int i = 0; i < watch.n; i++) {
+        held += g[i].bytes;
+        if (k && !row_key(&g[k - 1], &g[i])) g[k - 1].bytes += g[i].bytes, g[k - 1].count++;
+        else g[k++] = g[i];
+    }
+    qsort(g, (size_t)k, sizeof *g, row_bytes);
+    fprintf(f, "peak report (%s): %.3f GiB live at the peak: %d tensors %.3f GiB, other "
+               "(kernels' scratch, rounding) %.3f GiB\n",
+            nb_device_name(nb_ctx_device(ctx)), watch.used / 1073741824.0, watch.n,
+            held / 1073741824.0, ((double)watch.used - (double)held) / 1073741824.0);
+    fprintf(f, "  %12s %6s  %-5s %-22s %s\n", "MiB", "count", "dtype", "shape", "made by");
+    for (int i = 0; i < k && (max_rows <= 0 || i < max_rows); i++) {
+        nb_tensor shape = {.ndim = g[i].ndim};
+        memcpy(shape.shape, g[i].shape, sizeof shape.shape);
+        fprintf(f, "  %12.2f %6d  %-5s %-22s %s\n", g[i].bytes / 1048576.0, g[i].count,
+                nb_dtype_name(g[i].dtype), nb_shape_str(&shape), g[i].op);
+    }
+    if (max_rows > 0 && k > max_rows) fprintf(f, "  ... %d more groups\n", k - max_rows);
+    free(g);
+}
+
 static void give_back(nb__mem *m) {
+    live_unlink(m);
     m->given_back = true;
     nb__ctx_give_back(m->t->ctx, m->data, m->bytes);
 }
@@ -88,7 +203,14 @@ void nb__mem_new(nb_ctx *ctx, nb_tensor *t, size_t bytes) {
     frame *f = n_frames ? &frames[n_frames - 1] : NULL;
     if (f && f->ctx == ctx) {
         m->library = true;
+        m->in_backward = f->window;
         push(f, m);
+    }
+    if (ctx == watch.ctx) {
+        m->live_next = watch.live;
+        if (watch.live) watch.live->live_prev = m;
+        watch.live = m;
+        nb__peak_check(ctx);
     }
 }
 
@@ -161,6 +283,7 @@ nb_tensor *nb__reuse_for_grad(nb_ctx *ctx, nb_node *n, nb_tensor *t) {
     g->priv->mem = NULL;
     g->requires_grad = false;
     g->node = NULL;
+    live_unlink(m);
     nb__mem_new(ctx, g, bytes); /* the storage's new record: the gradient's */
     m->given_back = true;       /* t is refused from now on; its range goes with g's */
     return g;
@@ -253,6 +376,7 @@ void nb__window_close(void) {
  * context's reset or free forgets it, so that the next step's tensors do
  * not join a list nothing will close. */
 void nb__frames_forget(const nb_ctx *ctx) {
+    if (ctx == watch.ctx) watch.live = NULL; /* a reset: the records go with the step */
     int k = 0;
     for (int i = 0; i < n_frames; i++)
         if (frames[i].ctx != ctx) frames[k++] = frames[i];

@@ -442,6 +442,35 @@ START_TEST(test_gpt_peak_matches_cpu) {
 }
 END_TEST
 
+/* Note [Peak report]: what was live at the peak's last moment, grouped by
+ * maker, dtype and shape: here the user's input and the library's
+ * temporary of the same shape (given back since, still in the report),
+ * and not what was made after the peak. */
+START_TEST(test_peak_report) {
+    nb_ctx *ctx = nb_ctx_new(nb_meta(NB_DEVICE_CPU), 0);
+    nb_ctx_watch_peak(ctx, true);
+    bool prev = nb_set_grad_enabled(false);
+    nb_tensor *a = nb_empty(ctx, NB_F32, NB_SHAPE(1000));
+    nb__scope_enter(ctx);
+    nb_tensor *s = nb_sum_all(ctx, nb_exp(ctx, a));
+    nb__scope_exit(ctx, s); /* the exp's output is given back */
+    nb_tensor *late = nb_empty(ctx, NB_F64, NB_SHAPE(10, 3));
+    ck_assert(nb_ctx_used(ctx) < nb_ctx_peak(ctx));
+    nb_set_grad_enabled(prev);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    nb_ctx_print_peak(ctx, f, 10);
+    fclose(f);
+    ck_assert_msg(strstr(text, "3 tensors") != NULL, "%s", text);
+    ck_assert_msg(strstr(text, "2  f32   (1000,)") != NULL, "%s", text);
+    ck_assert_msg(strstr(text, "(10, 3)") == NULL, "%s", text);
+    ck_assert_ptr_nonnull(late);
+    free(text);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
 START_TEST(test_no_values) {
     nb_ctx *ctx = nb_ctx_new(nb_meta(NB_DEVICE_CUDA), 0);
     nb_tensor *s = nb_sum_all(ctx, nb_ones(ctx, NB_F32, NB_SHAPE(3, 4)));
@@ -672,7 +701,8 @@ static Suite *suite(void) {
                              test_layer_norm_adds, test_softmax, test_cross_entropy,
                              test_cross_entropy_fused, test_adamw, test_embedding_backward,
                              test_gpt_input, test_adamw_many, test_gpt_shadows, test_attention_path,
-                             test_gpt_layer_norm_backward, test_gpt_peak_matches_cpu, test_no_values,
+                             test_gpt_layer_norm_backward, test_gpt_peak_matches_cpu, test_peak_report,
+                             test_no_values,
                              test_device_names, NULL};
     return nbt_suite("meta", "core", 60, tests);
 }

@@ -10,7 +10,9 @@
 #ifndef NABLA_CONTEXT_H
 #define NABLA_CONTEXT_H
 
+#include <stdbool.h>
 #include <stddef.h>
+#include <stdio.h>
 
 #include "nabla/api.h"
 #include "nabla/dtype.h"
@@ -36,6 +38,19 @@ NB_API size_t nb_ctx_reserved(const nb_ctx *ctx); /* bytes held from the system 
 /* Largest extent of the context's blocks ever touched: the peak plus the
  * holes that memory given back left between live tensors. */
 NB_API size_t nb_ctx_extent(const nb_ctx *ctx);
+
+/* Peak report ("what is live at the peak, and does it fit"): from
+ * nb_ctx_watch_peak(ctx, true) on, each time ctx's live total reaches its
+ * peak the library notes every live tensor it made through ctx (while ctx
+ * gives back, the default) with the op whose node made it ("backward" for
+ * one a backward function made), dtype, shape and bytes; nb_ctx_print_peak
+ * writes the last such moment to f, grouped by op, dtype and shape, largest
+ * first (at most max_rows lines, 0: all), with the bytes no tensor holds
+ * (kernels' scratch). One context at a time; it slows allocation while on;
+ * works on every device, the meta device included. Note [Peak report] in
+ * tensor/memory.c. */
+NB_API void nb_ctx_watch_peak(nb_ctx *ctx, bool on);
+NB_API void nb_ctx_print_peak(const nb_ctx *ctx, FILE *f, int max_rows);
 
 /* Whether the library gives back, within a step, the memory of tensors it
  * made for itself once nothing needs them (default on): module-internal
