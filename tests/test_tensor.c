@@ -239,6 +239,63 @@ NBT_CPU_TEST(test_random_streams) {
     ck_assert_double_eq_tol(nb_item(nb_max(ctx, ub, 0, NULL, false)), 1.0, 1e-3);
 }
 
+/* Element i of a normal request from counter `offset`, computed here from
+ * nb_philox4x32 and Box-Muller as Note [Random streams] defines it, in
+ * double: the library's fill is not consulted. */
+static double normal_ref(uint64_t seed, uint64_t offset, int64_t i) {
+    uint32_t r[4];
+    nb_philox4x32(seed, offset + (uint64_t)(i / 2), r);
+    double u1 = ((double)r[0] + 1.0) / 4294967296.0, u2 = (double)r[1] / 4294967296.0;
+    double rad = sqrt(-2.0 * log(u1)), theta = 2.0 * 3.14159265358979323846 * u2;
+    return i % 2 ? rad * sin(theta) : rad * cos(theta);
+}
+
+static void assert_normal_stream(const nb_tensor *t, uint64_t seed, uint64_t offset) {
+    for (int64_t i = 0; i < nb_numel(t); i++) {
+        double got = nb_get(t, (int64_t[]){i}), want = normal_ref(seed, offset, i);
+        ck_assert_msg(fabs(got - want) < 1e-12, "normal element %lld from counter %llu: %.17g, "
+                      "expected %.17g", (long long)i, (unsigned long long)offset, got, want);
+    }
+}
+
+/* nb_rand_normal advances the offset by ceil(n/2) counters: after an even
+ * n the next request continues the same stream (n then m values are one
+ * request of n + m); after an odd n the last counter's sine is left unused
+ * and the next request starts at the following counter. */
+NBT_CPU_TEST(test_random_normal_advance) {
+    const uint64_t seed = 1234, start = 5;
+    nb_rng rng = {seed, start};
+    nb_tensor *a = nb_rand_normal(ctx, NB_F64, NB_SHAPE(6), 0, 1, &rng);
+    ck_assert_uint_eq(rng.offset, start + 3);
+    nb_tensor *b = nb_rand_normal(ctx, NB_F64, NB_SHAPE(5), 0, 1, &rng);
+    ck_assert_uint_eq(rng.offset, start + 3 + 3); /* ceil(5 / 2) */
+    nb_tensor *c = nb_rand_normal(ctx, NB_F64, NB_SHAPE(4), 0, 1, &rng);
+    ck_assert_uint_eq(rng.offset, start + 3 + 3 + 2);
+    assert_normal_stream(a, seed, start);
+    assert_normal_stream(b, seed, start + 3);
+    assert_normal_stream(c, seed, start + 6);
+    /* 6 then 5 values are one request of 11 */
+    nb_rng one = {seed, start};
+    nb_tensor *ab = nb_rand_normal(ctx, NB_F64, NB_SHAPE(11), 0, 1, &one);
+    ck_assert_uint_eq(one.offset, start + 6);
+    for (int64_t i = 0; i < 11; i++)
+        ck_assert_double_eq(nb_get(ab, (int64_t[]){i}),
+                            i < 6 ? nb_get(a, (int64_t[]){i}) : nb_get(b, (int64_t[]){i - 6}));
+    /* after the odd request the next one starts with the following
+     * counter's cosine (element 12 of one long request), not with the
+     * unused sine (element 11) */
+    nb_rng longer = {seed, start};
+    nb_tensor *l = nb_rand_normal(ctx, NB_F64, NB_SHAPE(14), 0, 1, &longer);
+    ck_assert(nb_get(c, (int64_t[]){0}) != nb_get(l, (int64_t[]){11}));
+    ck_assert_double_eq(nb_get(c, (int64_t[]){0}), nb_get(l, (int64_t[]){12}));
+    /* mean and std scale the same stream */
+    nb_rng scaled = {seed, start};
+    nb_tensor *s = nb_rand_normal(ctx, NB_F64, NB_SHAPE(6), 2.0, 3.0, &scaled);
+    for (int64_t i = 0; i < 6; i++)
+        ck_assert_double_eq_tol(nb_get(s, (int64_t[]){i}), 2.0 + 3.0 * normal_ref(seed, start, i),
+                                1e-12);
+}
+
 START_TEST(test_philox_known_answer) {
     /* Published Philox-4x32-10 known-answer vector (Random123 kat_vectors):
      * counter = 0, key = 0 -> 6627e8d5 e169c58d bc57ac4c 9b00dbd8. */
@@ -621,6 +678,7 @@ int main(void) {
     const TTest *tests[] = {test_ctx_reset_and_peak, test_ctx_growth_within_what_is_left, test_creation,
                              test_creation_size_overflow, test_half_conversions, test_casts,
                              test_views_share_storage, test_view_errors, test_random_streams,
+                             test_random_normal_advance,
                              test_philox_known_answer, test_print, test_devices_without_gpu,
                              test_stale_reads_and_writes, test_stale_inputs_every_op,
                              test_stale_older_than_one_step, test_freed_context_tensor, test_null_tensor,
