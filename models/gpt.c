@@ -147,17 +147,31 @@ static void gpt_describe(nb_module *m, char *buf, size_t size) {
              g->cfg.n_layer, g->cfg.n_head, (long long)g->cfg.n_embd, g->cfg.dropout);
 }
 
+typedef struct embedding_pos_args {
+    nb_tensor *te, *pe, *idx;
+    nb_dtype dt;
+} embedding_pos_args;
+
+static nb_tensor *embedding_pos(nb_module *wte, nb_ctx *ctx, void *arg) {
+    (void)wte;
+    const embedding_pos_args *a = arg;
+    return nb__embedding_pos(ctx, a->te, a->pe, a->idx, a->dt);
+}
+
 /* wte[idx] + wpe[:T] (N, T, C), in the compute dtype when the tables are
- * f32: one op (nb__embedding_pos) when the two tables are read in place,
- * else (a table a sharding unit gathers in its own forward, or recomputes)
- * through the modules' forwards, an add and a cast, which give the same
- * values. */
+ * f32: one op (nb__embedding_pos) when nothing acts on either table's
+ * forward, run as wte's forward (Note [Fused module forwards] in
+ * nn/internal.h: a bad token index names transformer.wte, as the unfused
+ * path does; the positions cannot be bad, gpt_forward checks T); else (a
+ * table a sharding unit gathers in its own forward, or recomputes) through
+ * the modules' forwards, an add and a cast, which give the same values. */
 static nb_tensor *input_embedding(gpt *g, nb_ctx *ctx, nb_tensor *idx, nb_dtype cd) {
     nb_tensor *te = nb_module_find(g->wte, "weight"), *pe = nb_module_find(g->wpe, "weight");
     nb_dtype dt = cd != NB_F32 && te->dtype == NB_F32 ? cd : te->dtype;
-    if (!g->wte->unit && !g->wpe->unit && !g->wte->recompute && !g->wpe->recompute &&
+    if (nb__module_forward_plain(g->wte) && nb__module_forward_plain(g->wpe) &&
         te->dtype == pe->dtype)
-        return nb__embedding_pos(ctx, te, pe, idx, dt);
+        return nb__module_forward_fused(g->wte, ctx, embedding_pos,
+                                        &(embedding_pos_args){te, pe, idx, dt});
     nb_tensor *pos = nb_arange(ctx, NB_I64, 0, (double)idx->shape[1], 1); /* (T) */
     nb_tensor *x = nb_add(ctx, nb_module_forward(g->wte, ctx, idx),      /* (N, T, C) */
                           nb_module_forward(g->wpe, ctx, pos));          /* (T, C) */

@@ -72,11 +72,27 @@ void nb__module_set_unit(nb_module *m, const nb__unit_hook *hook);
 /* nb_module_forward without the unit hook. */
 nb_tensor *nb__module_forward_own(nb_module *m, nb_ctx *ctx, nb_tensor *x);
 
+/* Note [Fused module forwards]
+ * A caller may compute a module's forward inside a larger fused op (a
+ * residual add in the branch's last GEMM, the GPT's two embeddings in one
+ * gather) instead of calling nb_module_forward. It must not change what
+ * the module's forward does around the computation, so the fused op runs
+ * through nb__module_forward_fused, as nb_module_forward runs m's own
+ * forward: m's frame on the abort chain (an error inside names m's path,
+ * Note [Module paths in errors] in nn/module.c) and m's memory scope. And
+ * it may run only where nothing else acts on the forward: where
+ * nb__module_forward_plain(m) is false (a sharding unit's hook, or
+ * recomputation while gradients are on) the caller takes the module's
+ * own forward; nb__module_forward_fused refuses such a module. Anything
+ * new that acts on a module's forward joins that one predicate. */
+bool nb__module_forward_plain(const nb_module *m);
+typedef nb_tensor *(*nb__fused_forward_fn)(nb_module *m, nb_ctx *ctx, void *arg);
+nb_tensor *nb__module_forward_fused(nb_module *m, nb_ctx *ctx, nb__fused_forward_fn fn, void *arg);
+
 /* r + m(x) for a residual branch m whose forward fwd(m, ctx, x, r) adds r
  * itself, fused into its last op (Note [Residual in the GEMM] in
- * tensor/ops_matmul.c): fwd runs as nb_module_forward runs m's own forward
- * (its frame on the abort chain, its memory scope). A module run through
- * a unit hook or recomputation, which take x alone, is run by
+ * tensor/ops_matmul.c), through nb__module_forward_fused. A module that is
+ * not plain (a unit hook or recomputation, which take x alone) is run by
  * nb_module_forward and r added after it. */
 typedef nb_tensor *(*nb__residual_forward_fn)(nb_module *m, nb_ctx *ctx, nb_tensor *x,
                                               nb_tensor *r);

@@ -215,18 +215,38 @@ nb_tensor *nb_module_forward(nb_module *m, nb_ctx *ctx, nb_tensor *x) {
     return y;
 }
 
-nb_tensor *nb__module_forward_residual(nb_module *m, nb_ctx *ctx, nb_tensor *x, nb_tensor *r,
-                                       nb__residual_forward_fn fwd) {
-    NB_CHECK(m && x && r, "nb_module_forward: a residual branch's module, input or residual is NULL");
-    if (m->unit || (m->recompute && nb_grad_enabled()))
-        return nb_add(ctx, r, nb_module_forward(m, ctx, x));
+/* Note [Fused module forwards] in nn/internal.h */
+bool nb__module_forward_plain(const nb_module *m) {
+    return !m->unit && !(m->recompute && nb_grad_enabled());
+}
+
+nb_tensor *nb__module_forward_fused(nb_module *m, nb_ctx *ctx, nb__fused_forward_fn fn, void *arg) {
+    NB_CHECK(nb__module_forward_plain(m), "nb__module_forward_fused: the %s's forward is run by a "
+             "sharding unit or recomputed; call nb_module_forward", m->type->name);
     module_frame frame = {{NULL, module_annotate}, m};
     nb__abort_frame_push(&frame.base);
     nb__scope_enter(ctx);
-    nb_tensor *y = fwd(m, ctx, x, r);
+    nb_tensor *y = fn(m, ctx, arg);
     nb__scope_exit(ctx, y);
     nb__abort_frame_pop(&frame.base);
     return y;
+}
+
+typedef struct residual_call {
+    nb__residual_forward_fn fwd;
+    nb_tensor *x, *r;
+} residual_call;
+
+static nb_tensor *residual_run(nb_module *m, nb_ctx *ctx, void *arg) {
+    residual_call *c = arg;
+    return c->fwd(m, ctx, c->x, c->r);
+}
+
+nb_tensor *nb__module_forward_residual(nb_module *m, nb_ctx *ctx, nb_tensor *x, nb_tensor *r,
+                                       nb__residual_forward_fn fwd) {
+    NB_CHECK(m && x && r, "nb_module_forward: a residual branch's module, input or residual is NULL");
+    if (!nb__module_forward_plain(m)) return nb_add(ctx, r, nb_module_forward(m, ctx, x));
+    return nb__module_forward_fused(m, ctx, residual_run, &(residual_call){fwd, x, r});
 }
 
 nb_tensor *nb__module_forward_own(nb_module *m, nb_ctx *ctx, nb_tensor *x) {

@@ -361,6 +361,55 @@ NBT_CPU_TEST(test_gpt_errors) {
                      "nb_gpt_generate: prompt token 12 at position 0 is outside [0, 11)");
 }
 
+/* The GPT's input embedding is one fused op (nb__embedding_pos) unless
+ * something acts on wte's or wpe's forward; both ways a bad token index is
+ * named by the module that owns it, and a unit hook on the token table runs
+ * (the fused path is not taken then) with the same values. */
+typedef struct counting_unit {
+    int calls;
+} counting_unit;
+
+static nb_tensor *counting_forward(nb_module *m, nb_ctx *ctx, nb_tensor *x, void *user) {
+    ((counting_unit *)user)->calls++;
+    return nb__module_forward_own(m, ctx, x);
+}
+
+NBT_CPU_TEST(test_gpt_input_embedding_paths) {
+    nb_module *g = nb_gpt_new(ctx, NB_F32, &tiny, NULL);
+    nb_module_eval(g);
+    nb_tensor *idx = nb_from_host(ctx, NB_I64, NB_SHAPE(2, 3), (int64_t[]){0, 3, 10, 7, 7, 1});
+    nb_tensor *bad = nb_from_host(ctx, NB_I64, NB_SHAPE(1, 2), (int64_t[]){4, 11});
+    const char *want = "transformer.wte (Embedding): nb_embedding: index 11 at position 1 is out "
+                       "of range for 11 rows";
+    /* fused */
+    nb_tensor *fused = nb_gpt_forward(g, ctx, idx);
+    NBT_EXPECT_ABORT(nb_gpt_forward(g, ctx, bad), want);
+    char fused_msg[sizeof nbt_abort_msg];
+    snprintf(fused_msg, sizeof fused_msg, "%s", nbt_abort_msg);
+    /* through wte's module forward, its unit hook run */
+    counting_unit count = {0};
+    nb__unit_hook hook = {counting_forward, &count};
+    nb__module_set_unit(nb_module_child(g, "transformer.wte"), &hook);
+    nb_tensor *unfused = nb_gpt_forward(g, ctx, idx);
+    ck_assert_int_eq(count.calls, 1);
+    nbt_assert_tensors_close(unfused, fused, 0, 0);
+    NBT_EXPECT_ABORT(nb_gpt_forward(g, ctx, bad), want);
+    ck_assert_int_eq(count.calls, 2);
+    ck_assert_str_eq(nbt_abort_msg, fused_msg);
+    /* a hook on the position table alone is run as well */
+    nb__module_set_unit(nb_module_child(g, "transformer.wte"), NULL);
+    nb__module_set_unit(nb_module_child(g, "transformer.wpe"), &hook);
+    nbt_assert_tensors_close(nb_gpt_forward(g, ctx, idx), fused, 0, 0);
+    ck_assert_int_eq(count.calls, 3);
+    nb__module_set_unit(nb_module_child(g, "transformer.wpe"), NULL);
+    /* the fused op refuses a module something acts on */
+    nb__module_set_unit(nb_module_child(g, "transformer.wte"), &hook);
+    NBT_EXPECT_ABORT(nb__module_forward_fused(nb_module_child(g, "transformer.wte"), ctx, NULL, NULL),
+                     "nb__module_forward_fused: the Embedding's forward is run by a sharding unit or "
+                     "recomputed; call nb_module_forward");
+    nb__module_set_unit(nb_module_child(g, "transformer.wte"), NULL);
+}
+
 /* ------------------------------------------------------------- sampling */
 START_TEST(test_sample_argmax_topk) {
     double l[5] = {0.5, 2.0, -1.0, 2.0, 1.9};
@@ -576,7 +625,7 @@ static Suite *suite(void) {
     Suite *s = suite_create("models");
     nbt_suite_add(s, "gpt", 0, (const TTest *[]){test_gpt_names, test_gpt_print, test_gpt_init,
                   test_gpt_values, test_gpt_causal, test_gpt_gradcheck, test_gpt_loss, test_gpt_dropout,
-                  test_gpt_flops, test_gpt_errors, NULL});
+                  test_gpt_flops, test_gpt_errors, test_gpt_input_embedding_paths, NULL});
     nbt_suite_add(s, "sampling", 0, (const TTest *[]){test_sample_argmax_topk, test_sample_frequencies,
                   test_generate, NULL});
     nbt_suite_add(s, "classifiers", 0, (const TTest *[]){test_mlp, test_cnn, test_cnn_sync_bn, NULL});
