@@ -383,11 +383,16 @@ static int64_t gemm_calls(const nb_tensor *out, const nb_tensor *a, const nb_ten
  * it accumulates or is a residual (read once, D apart), D, and the aux
  * matrix (the pre-activation written by GELU_AUX, read by DGELU). FLOPs
  * besides the product: the bias and residual adds, 8 for GELU, 10 for its
- * gradient, one add per summed element of a bias gradient. */
+ * gradient, one add per summed element of a bias gradient. A residual on
+ * the CPU is not in its GEMM: nb__cpu_matmul runs the product and then the
+ * add's own kernel, out = r + out (Note [Residual in the GEMM] in
+ * tensor/ops_matmul.c), so meta:cpu records those two calls. */
 static void meta_matmul(nb_tensor *out, const nb_tensor *a, const nb_tensor *b, bool trans_a,
                         bool trans_b, const nb__gemm_epilogue *epi) {
     (void)trans_b;
     nb__gemm_epilogue e = epi ? *epi : (nb__gemm_epilogue){0};
+    const nb_tensor *cpu_residual = on_cuda(out) ? NULL : e.residual;
+    e.residual = on_cuda(out) ? e.residual : NULL;
     int nbd = out->ndim - 2;
     double mn = numel(out), k = (double)a->shape[a->ndim - (trans_a ? 2 : 1)];
     int64_t launches = 0;
@@ -413,6 +418,7 @@ static void meta_matmul(nb_tensor *out, const nb_tensor *a, const nb_tensor *b, 
                    .flops = (e.bias ? mn : 0) + (e.residual ? mn : 0) + (e.gelu ? 8 * mn : 0) +
                             (e.dgelu_pre ? 10 * mn : 0) + (e.bgrad ? numel(a) : 0),
                    .gemm_flops = 2 * mn * k, .gemm_dtype = a->dtype, .launches = launches});
+    if (cpu_residual) meta_binary(NB_B_ADD, out, cpu_residual, out);
 }
 
 static void meta_gelu_tanh_backward(nb_tensor *dx, const nb_tensor *g, const nb_tensor *pre) {

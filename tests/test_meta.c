@@ -618,8 +618,10 @@ END_TEST
 /* Note [Residual in the GEMM]: r + (x w^T + b) under bf16 (f32 w and b,
  * bf16 x and r) is one GEMM call that reads x, w (its bf16 cast), b (f32)
  * and r (C, once) and writes y (D, apart): one launch on meta:cuda, no
- * add. Its backward makes the calls the separate ops' backward makes (the
- * add's is none: r's gradient is the incoming one). */
+ * add. The CPU's one op is the product and then the add's kernel, so
+ * meta:cpu counts what the separate ops count. Its backward makes the
+ * calls the separate ops' backward makes (the add's is none: r's gradient
+ * is the incoming one). */
 START_TEST(test_linear_residual) {
     enum { R = 64, C = 32, K = 128 };
     for (int i = 0; i < 2; i++) {
@@ -641,13 +643,15 @@ START_TEST(test_linear_residual) {
             nb__linear_residual_fuse(true);
             ck_assert_int_eq(y->dtype, NB_BF16);
             double gemm = 2.0 * R * K + 2.0 * C * K + 4.0 * C + 2.0 * R * C; /* x, w, b; D */
-            if (fuse) {
-                expect("matmul", 1, gemm + 2.0 * R * C, 2.0 * R * C, 2.0 * R * C * K, cuda ? 1 : 0);
+            if (fuse && cuda) {
+                expect("matmul", 1, gemm + 2.0 * R * C, 2.0 * R * C, 2.0 * R * C * K, 1);
                 ck_assert_int_eq(find("binary.add").calls, 0);
-            } else {
+            } else { /* the product, then r and it read and y written by the add */
                 expect("matmul", 1, gemm, 1.0 * R * C, 2.0 * R * C * K, cuda ? 1 : 0);
                 expect("binary.add", 1, 3 * 2.0 * R * C, 1.0 * R * C, 0, cuda ? 1 : 0);
             }
+            ck_assert_int_eq(find("copy.f32>bf16").calls, 1); /* w's cast */
+            ck_assert_int_eq(nb_meta_total().calls, 3 - (fuse && cuda));
             nb_meta_reset();
             nb_backward_with(y, nb_empty(step, NB_BF16, NB_SHAPE(R, C)));
             bw[fuse] = nb_meta_total();
@@ -665,10 +669,11 @@ END_TEST
  * the residual adds in the projections' GEMMs or apart: each of the 2 L
  * adds fused is one launch fewer and 2 (N, T, C) bf16 tensors fewer moved
  * (apart: the product writes one, the add reads two and writes one; fused:
- * C read, D written). Nothing else changes. */
-static nb_meta_entry gpt_step_counts(bool fuse, int64_t *adds) {
+ * C read, D written). Nothing else changes. On meta:cpu the fused op is
+ * the product and the add, as apart: the same counts. */
+static nb_meta_entry gpt_step_counts(nb_device_type kind, bool fuse, int64_t *adds) {
     nb_ctx *params, *step;
-    nb_module *gpt = small_gpt(nb_meta(NB_DEVICE_CUDA), NB_BF16, &params, &step);
+    nb_module *gpt = small_gpt(nb_meta(kind), NB_BF16, &params, &step);
     nb_tensor *x = nb_zeros(params, NB_I64, NB_SHAPE(4, 32)), *y = nb_zeros(params, NB_I64, NB_SHAPE(4, 32));
     nb__linear_residual_fuse(fuse);
     nb_meta_reset();
@@ -683,15 +688,19 @@ static nb_meta_entry gpt_step_counts(bool fuse, int64_t *adds) {
 
 START_TEST(test_gpt_residual_adds) {
     enum { L = 2, N = 4, T = 32, C = 32 };
-    int64_t adds_fused, adds_apart;
-    nb_meta_entry fused = gpt_step_counts(true, &adds_fused);
-    nb_meta_entry apart = gpt_step_counts(false, &adds_apart);
-    ck_assert_int_eq(adds_apart - adds_fused, 2 * L);
-    ck_assert_int_eq(apart.launches - fused.launches, 2 * L);
-    ck_assert_msg(apart.bytes - fused.bytes == 2.0 * L * 2 * (2.0 * N * T * C),
-                  "bytes %.0f apart, %.0f fused", apart.bytes, fused.bytes);
-    ck_assert(apart.gemm_flops == fused.gemm_flops);
-    ck_assert_int_eq(apart.calls - fused.calls, 2 * L);
+    for (int i = 0; i < 2; i++) {
+        bool cuda = kinds[i] == NB_DEVICE_CUDA;
+        int64_t adds_fused, adds_apart;
+        nb_meta_entry fused = gpt_step_counts(kinds[i], true, &adds_fused);
+        nb_meta_entry apart = gpt_step_counts(kinds[i], false, &adds_apart);
+        int64_t fewer = cuda ? 2 * L : 0;
+        ck_assert_int_eq(adds_apart - adds_fused, fewer);
+        ck_assert_int_eq(apart.launches - fused.launches, fewer);
+        ck_assert_msg(apart.bytes - fused.bytes == fewer * 2 * (2.0 * N * T * C),
+                      "bytes %.0f apart, %.0f fused", apart.bytes, fused.bytes);
+        ck_assert(apart.gemm_flops == fused.gemm_flops && apart.flops == fused.flops);
+        ck_assert_int_eq(apart.calls - fused.calls, fewer);
+    }
 }
 END_TEST
 
