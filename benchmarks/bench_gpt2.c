@@ -35,10 +35,11 @@
  * calls' projected microseconds so far), and each parameter's gradient-
  * ready time in backward on that clock.
  * With --machine, one line with peak_bytes= bytes_moved= gemm_flops=
- * launches= params= tokens=. peak_bytes (the step context's peak plus the
- * model's memory: the parameters' context, which holds their gradients,
- * and the optimizer's state) is printed the same way on every device, so a projection and a measurement sit side by
- * side.
+ * launches= params= tokens=. peak_bytes (the largest live total of the
+ * device: the step context, the parameters' context, which holds their
+ * gradients, and the optimizer's state together, nb_device_max_allocated)
+ * is printed the same way on every device, so a projection and a
+ * measurement sit side by side.
  *
  * Memory: the step context's peak and the model context's beside the floor
  * from the model's shape (nb_gpt_memory_floor: parameters, gradients,
@@ -107,6 +108,7 @@ typedef struct run {
 } run;
 
 static void run_make(run *r, nb_device dev, const opts *o) {
+    nb_device_reset_peak(dev); /* this run's own peak (Note [Device totals] in tensor/context.c) */
     r->params = nb_ctx_new(dev, 0);
     r->step = nb_ctx_new(dev, 0);
     if (o->bf16) nb_ctx_set_compute_dtype(r->step, NB_BF16);
@@ -158,13 +160,14 @@ static nb_tensor *run_step(run *r, int64_t s, bool clip) {
     return l;
 }
 
-/* peak_bytes: the step context's peak plus the model's memory (the
- * parameters' context, which holds their gradients, and the optimizer's
- * state). */
+/* The model's memory (the parameters' context, which holds their
+ * gradients, and the optimizer's state), and peak_bytes: the largest total
+ * the device held at once, the step's and the model's memory together (at
+ * most the sum of their peaks). */
 static size_t model_bytes(const run *r) {
     return nb_ctx_peak(r->params) + nb_optim_state_bytes(r->opt);
 }
-static size_t peak_bytes(const run *r) { return nb_ctx_peak(r->step) + model_bytes(r); }
+static size_t peak_bytes(const run *r) { return nb_device_max_allocated(nb_ctx_device(r->params)); }
 
 /* What one steady step costs on the meta device standing for `of`: a first
  * step makes the gradients and the optimizer's state, the second is
@@ -300,8 +303,8 @@ static int meta_main(nb_device dev, const opts *o, const nb_meta_gpu *gpu, bool 
         printf("\n");
     }
     free(e);
-    printf("peak %.2f GiB (peak_bytes %zu: step context %.2f GiB + parameters, gradients and "
-           "optimizer state %.2f GiB)", c.peak / GIB,
+    printf("peak %.2f GiB (peak_bytes %zu, the device's largest total; the step context's own peak "
+           "%.2f GiB, parameters, gradients and optimizer state %.2f GiB)", c.peak / GIB,
            c.peak, (double)c.step_peak / GIB, (double)c.model_peak / GIB);
     if (cuda)
         printf(", %.2f GB: %s on the %s's %.0f GB (with about 1 GB more for the CUDA runtime and "
@@ -498,8 +501,8 @@ int main(int argc, char **argv) {
                (long long)o.steps, (long long)o.warmup, tok_s);
         if (!cpu) printf(", MFU %.1f%% of %g TFLOP/s (6 N tokens/s)", 100 * mfu, peak);
         printf("; loss %.3f -> %.3f (ln V = %.3f)\n", first_loss, loss, log((double)o.vocab));
-        printf("peak_bytes %zu (the step context's peak + parameters, gradients and optimizer "
-               "state)\n", peak_bytes(&r));
+        printf("peak_bytes %zu (the largest total of the step's memory, the parameters, gradients "
+               "and optimizer state together)\n", peak_bytes(&r));
         printf("%s\n", nb_memory_report(mem, sizeof mem, &floor, r.step, r.params));
     }
     free(t);

@@ -139,7 +139,61 @@ typedef struct arena {
     span *free;            /* sorted by address; host memory (malloc) */
     int n_free, cap_free;
     size_t extent, extent_peak; /* bytes below the blocks' bump pointers, and its largest */
+    struct dev_mem *dm;         /* the device's totals (Note [Device totals]); NULL: not counted */
 } arena;
+
+/* Note [Device totals]
+ * Each context's `used` counts its own live bytes; a step's memory and a
+ * model's live in different contexts (activations in the step's, the
+ * parameters, their gradients and the optimizer's state in persistent
+ * ones), so the largest live total of a device is not the sum of its
+ * contexts' peaks when they peak apart (the gradients of a step that gives
+ * memory back can grow while its activations shrink). So the data arenas
+ * of all contexts on one device add into one total for that device, whose
+ * peak is the largest live total of the process on it (PyTorch's
+ * max_memory_allocated): nb_device_allocated, nb_device_max_allocated,
+ * nb_device_reset_peak. Updated with atomics, as contexts of one device
+ * may be used from several threads (a dataloader's workers). Metadata
+ * arenas (tensor structs, on the host) are not counted, as they are not in
+ * nb_ctx_used either. */
+enum { DEV_MEM_TYPES = 3, DEV_MEM_INDICES = 64 };
+struct dev_mem {
+    size_t used, peak;
+};
+static struct dev_mem dev_mem_of[DEV_MEM_TYPES][DEV_MEM_INDICES];
+
+static struct dev_mem *dev_mem_for(nb_device d, const char *who) {
+    NB_CHECK((int)d.type >= 0 && (int)d.type < DEV_MEM_TYPES && d.index >= 0 && d.index < DEV_MEM_INDICES,
+             "%s: device %s is beyond the %d devices of a type whose memory is counted", who,
+             nb_device_name(d), DEV_MEM_INDICES);
+    return &dev_mem_of[d.type][d.index];
+}
+
+static void dev_mem_add(struct dev_mem *m, size_t bytes) {
+    if (!m) return;
+    size_t now = __atomic_add_fetch(&m->used, bytes, __ATOMIC_RELAXED);
+    size_t peak = __atomic_load_n(&m->peak, __ATOMIC_RELAXED);
+    while (now > peak &&
+           !__atomic_compare_exchange_n(&m->peak, &peak, now, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+    }
+}
+
+static void dev_mem_sub(struct dev_mem *m, size_t bytes) {
+    if (m && bytes) __atomic_sub_fetch(&m->used, bytes, __ATOMIC_RELAXED);
+}
+
+size_t nb_device_allocated(nb_device device) {
+    return __atomic_load_n(&dev_mem_for(device, "nb_device_allocated")->used, __ATOMIC_RELAXED);
+}
+
+size_t nb_device_max_allocated(nb_device device) {
+    return __atomic_load_n(&dev_mem_for(device, "nb_device_max_allocated")->peak, __ATOMIC_RELAXED);
+}
+
+void nb_device_reset_peak(nb_device device) {
+    struct dev_mem *m = dev_mem_for(device, "nb_device_reset_peak");
+    __atomic_store_n(&m->peak, __atomic_load_n(&m->used, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
+}
 
 #define META_BYTES (64 * 1024)
 
@@ -223,6 +277,7 @@ static void arena_release(arena *a) {
         free(b);
     }
     free(a->free);
+    dev_mem_sub(a->dm, a->used);
     memset(a, 0, sizeof *a);
     a->be = be;
     a->device = dev;
@@ -279,6 +334,7 @@ static void arena_give_back(arena *a, void *ptr, size_t bytes) {
              bytes, ptr);
     if (host_memory(a)) POISON(p, need);
     a->used -= need;
+    dev_mem_sub(a->dm, need);
     int i = span_find(a, p);
     if (p + need == b->mem + b->used) { /* the top of its block: fold into the bump pointer */
         b->used -= need;
@@ -321,6 +377,7 @@ static void *arena_alloc(arena *a, size_t bytes, const char *what) {
     if (reused) {
         a->used += need;
         if (a->used > a->peak) a->peak = a->used;
+        dev_mem_add(a->dm, need);
         if (host_memory(a)) UNPOISON(reused, bytes);
         return reused;
     }
@@ -351,6 +408,7 @@ static void *arena_alloc(arena *a, size_t bytes, const char *what) {
     b->used += need;
     a->used += need;
     if (a->used > a->peak) a->peak = a->used;
+    dev_mem_add(a->dm, need);
     a->extent += need;
     if (a->extent > a->extent_peak) a->extent_peak = a->extent;
     if (host_memory(a)) UNPOISON(p, bytes);
@@ -363,14 +421,17 @@ static void *arena_alloc(arena *a, size_t bytes, const char *what) {
 static void arena_reset(arena *a, bool fresh) {
     if (a->n_blocks > 1 || fresh) {
         size_t total = a->reserved, peak = a->peak, extent = a->extent_peak;
+        struct dev_mem *dm = a->dm;
         arena_release(a);
         arena_init(a, total, a->be, a->device);
         a->peak = peak;
         a->extent_peak = extent;
+        a->dm = dm;
     } else {
         if (host_memory(a)) POISON(a->first->mem, a->first->used);
         a->first->used = 0;
         a->cur = a->first;
+        dev_mem_sub(a->dm, a->used);
         a->used = 0;
         a->extent = 0;
         a->n_free = 0;
@@ -394,6 +455,7 @@ nb_ctx *nb_ctx_new(nb_device device, size_t initial_bytes) {
         NB_CHECK(device.type == NB_DEVICE_CPU, "nb_ctx_new: unknown device type %d",
                  (int)device.type);
     }
+    struct dev_mem *dm = dev_mem_for(device, "nb_ctx_new"); /* Note [Device totals] */
     /* Note [Freed contexts]: a struct from the registry, its generation going on */
     pthread_mutex_lock(&freed_mu);
     nb_ctx *ctx = freed_list;
@@ -416,6 +478,7 @@ nb_ctx *nb_ctx_new(nb_device device, size_t initial_bytes) {
     ctx->give_back = true;
     arena_init(&ctx->data, initial_bytes ? initial_bytes : NB_DEFAULT_BYTES,
                nb__backend_of(device), device.index);
+    ctx->data.dm = dm;
     for (int i = 0; i < 2; i++) {
         ctx->meta[i] = meta[i];
         if (meta[i].first) arena_reset(&ctx->meta[i], false);

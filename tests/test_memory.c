@@ -46,6 +46,38 @@ START_TEST(test_free_ranges) {
 }
 END_TEST
 
+/* Note [Device totals] in tensor/context.c: the device's peak is that of
+ * its contexts' sum, below the sum of their peaks when they peak apart;
+ * giving back, resets and frees come off the total. On meta:cuda, which no
+ * other test of this binary allocates on. */
+START_TEST(test_device_totals) {
+    nb_device d = nb_meta(NB_DEVICE_CUDA);
+    size_t base = nb_device_allocated(d);
+    nb_device_reset_peak(d);
+    ck_assert_uint_eq(nb_device_max_allocated(d), base);
+    nb_ctx *a = nb_ctx_new(d, 1 << 20), *b = nb_ctx_new(d, 1 << 20);
+    nb_tensor *a1 = nb_empty(a, NB_F32, NB_SHAPE(1024)); /* 4096 bytes */
+    (void)nb_empty(b, NB_F32, NB_SHAPE(2048));           /* 8192: 12288 live */
+    nb__ctx_give_back(a, a1->data, 4096);                /* 8192 */
+    (void)nb_empty(b, NB_F32, NB_SHAPE(512));            /* 10240 */
+    ck_assert_uint_eq(nb_device_allocated(d), base + 10240);
+    ck_assert_uint_eq(nb_device_max_allocated(d), base + 12288);
+    ck_assert_uint_eq(nb_ctx_peak(a) + nb_ctx_peak(b), 4096 + 10240); /* the sum of peaks: more */
+    nb_ctx_reset(b);
+    ck_assert_uint_eq(nb_device_allocated(d), base);
+    (void)nb_empty(a, NB_F32, NB_SHAPE(256)); /* 1024 */
+    ck_assert_uint_eq(nb_device_allocated(d), base + 1024);
+    nb_ctx_free(a);
+    nb_ctx_free(b);
+    ck_assert_uint_eq(nb_device_allocated(d), base);
+    ck_assert_uint_eq(nb_device_max_allocated(d), base + 12288);
+    nb_device_reset_peak(d);
+    ck_assert_uint_eq(nb_device_max_allocated(d), base);
+    /* another device's total is apart */
+    ck_assert_uint_eq(nb_device_allocated(nb_meta(NB_DEVICE_CPU)), 0);
+}
+END_TEST
+
 /* ------------------------------------------------------------ attention */
 /* The fused attention keeps nothing of size (N, H, T, T) from its forward
  * for its backward (Note [Attention without stored probabilities] in
@@ -452,6 +484,6 @@ NBT_CPU_TEST(test_growth_warning) {
 }
 
 NBT_MAIN("memory", "core", 120,
-         test_free_ranges, test_attention_keeps_no_probabilities, test_gpt_bitwise, test_gpt_peak, test_gpt_recompute,
+         test_free_ranges, test_device_totals, test_attention_keeps_no_probabilities, test_gpt_bitwise, test_gpt_peak, test_gpt_recompute,
          test_gpt_forward_loss, test_cnn_peak, test_given_back_read, test_retain_graph,
          test_second_loss_after_give_back, test_growth_warning)

@@ -39,6 +39,19 @@ NB_API size_t nb_ctx_reserved(const nb_ctx *ctx); /* bytes held from the system 
  * holes that memory given back left between live tensors. */
 NB_API size_t nb_ctx_extent(const nb_ctx *ctx);
 
+/* A device's totals over all of its contexts (PyTorch's
+ * torch.cuda.memory_allocated / max_memory_allocated): the bytes handed out
+ * and not given back by every context on `device` together, and the
+ * largest such total since the program started or since
+ * nb_device_reset_peak (which sets it to the total now). A step's
+ * activations and a model's gradients and optimizer state live in
+ * different contexts and may peak at different moments: this is the peak
+ * of their sum, not the sum of their peaks. Any device, the meta devices
+ * included (meta:cuda counts apart from cuda:0). */
+NB_API size_t nb_device_allocated(nb_device device);
+NB_API size_t nb_device_max_allocated(nb_device device);
+NB_API void nb_device_reset_peak(nb_device device);
+
 /* Peak report ("what is live at the peak, and does it fit"): from
  * nb_ctx_watch_peak(ctx, true) on, each time ctx's live total reaches its
  * peak the library notes every live tensor it made through ctx (while ctx
