@@ -123,18 +123,23 @@ static nb_tensor *emb_fn(nb_ctx *ctx, nb_tensor *const *in, void *user) {
     return nb_embedding(ctx, w, e->idx);
 }
 
-START_TEST(test_gradcheck) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
-    int64_t iv[7] = {2, 0, 2, 5, 2, 0, 1};
-    emb_case e1 = {nb_from_host(ctx, NB_I64, NB_SHAPE(7), iv), false};
-    nb_tensor *w1 = nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(6, 4), 40);
-    NBT_GRADCHECK(emb_fn, &e1, 1, &w1);
-    emb_case e2 = {make_indices(ctx, NB_I32, NB_SHAPE(2, 2, 3), 5, 41), true};
-    nb_tensor *w2 = nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(3, 5), 42);
-    NBT_GRADCHECK(emb_fn, &e2, 1, &w2);
-    nb_ctx_free(ctx);
+/* A gradient check of fn at n f64 leaf tables of rows[k] x c values,
+ * seeded seed + k (both ops' checks) */
+static void gradcheck_tables(nb_ctx *ctx, nb_gradcheck_fn fn, void *user, int n,
+                             const int64_t *rows, int64_t c, uint64_t seed) {
+    nb_tensor *in[2];
+    for (int k = 0; k < n; k++) in[k] = nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(rows[k], c), seed + k);
+    NBT_GRADCHECK(fn, user, n, in);
 }
-END_TEST
+
+/* repeated i64 indices into a (6, 4) table; i32 indices of three dims
+ * into a transposed one */
+NBT_CPU_TEST(test_gradcheck) {
+    emb_case plain = {nb_from_host(ctx, NB_I64, NB_SHAPE(7), (int64_t[]){2, 0, 2, 5, 2, 0, 1}), false};
+    gradcheck_tables(ctx, emb_fn, &plain, 1, (int64_t[]){6}, 4, 40);
+    emb_case transposed = {make_indices(ctx, NB_I32, NB_SHAPE(2, 2, 3), 5, 41), true};
+    gradcheck_tables(ctx, emb_fn, &transposed, 1, (int64_t[]){3}, 5, 42);
+}
 
 START_TEST(test_errors) {
     nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
@@ -223,17 +228,12 @@ static nb_tensor *pos_fn(nb_ctx *ctx, nb_tensor *const *in, void *user) {
     return nb_add(ctx, nb_sum_all(ctx, nb_mul(ctx, a, a)), nb_sum_all(ctx, nb_mul(ctx, b, b)));
 }
 
-START_TEST(test_pos_gradcheck) {
-    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+NBT_CPU_TEST(test_pos_gradcheck) {
     for (int tied = 0; tied < 2; tied++) {
         pos_case e = {make_indices(ctx, tied ? NB_I32 : NB_I64, NB_SHAPE(3, 4), 6, 70 + tied), tied};
-        nb_tensor *in[2] = {nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(6, 5), 72),
-                            nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(7, 5), 73)};
-        NBT_GRADCHECK(pos_fn, &e, 2, in);
+        gradcheck_tables(ctx, pos_fn, &e, 2, (int64_t[]){6, 7}, 5, 72);
     }
-    nb_ctx_free(ctx);
 }
-END_TEST
 
 /* The backward's sums added into gradients that hold values (the tied
  * case, and a second backward) equal, bit for bit, the old way's: a

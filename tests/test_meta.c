@@ -565,6 +565,33 @@ START_TEST(test_attention_path) {
 }
 END_TEST
 
+/* The Linear tests' setup: a parameter context holding f32 weights and
+ * biases that require gradients, and a step context under a bf16 compute
+ * dtype, on the same meta device. */
+typedef struct linear_step {
+    nb_ctx *params, *step;
+} linear_step;
+
+static linear_step linear_step_new(nb_device_type kind) {
+    linear_step s = {nb_ctx_new(nb_meta(kind), 0), nb_ctx_new(nb_meta(kind), 0)};
+    nb_ctx_set_compute_dtype(s.step, NB_BF16);
+    return s;
+}
+
+/* A Linear's weight (out, in) and bias (out) in s's parameter context */
+static void linear_params(const linear_step *s, int64_t out, int64_t in, nb_tensor **w,
+                          nb_tensor **b) {
+    *w = nb_empty(s->params, NB_F32, NB_SHAPE(out, in));
+    *b = nb_empty(s->params, NB_F32, NB_SHAPE(out));
+    nb_set_requires_grad(*w, true);
+    nb_set_requires_grad(*b, true);
+}
+
+static void linear_step_free(linear_step *s) {
+    nb_ctx_free(s->step);
+    nb_ctx_free(s->params);
+}
+
 /* An MLP's Linear layers under a bf16 compute dtype (f32 weights and
  * biases): on meta:cuda the biases ride the GEMMs as f32 (no cast), the
  * bias gradients come from the weights' gradient GEMMs (BGRADB) and GELU's
@@ -575,13 +602,12 @@ START_TEST(test_linear_epilogues) {
     enum { R = 64, C = 32, H = 128 };
     for (int i = 0; i < 2; i++) {
         bool cuda = kinds[i] == NB_DEVICE_CUDA;
-        nb_ctx *ctx = nb_ctx_new(nb_meta(kinds[i]), 0);
-        nb_tensor *w1 = nb_empty(ctx, NB_F32, NB_SHAPE(H, C)), *b1 = nb_empty(ctx, NB_F32, NB_SHAPE(H));
-        nb_tensor *w2 = nb_empty(ctx, NB_F32, NB_SHAPE(C, H)), *b2 = nb_empty(ctx, NB_F32, NB_SHAPE(C));
+        linear_step s = linear_step_new(kinds[i]);
+        nb_ctx *step = s.step;
+        nb_tensor *w1, *b1, *w2, *b2;
+        linear_params(&s, H, C, &w1, &b1);
+        linear_params(&s, C, H, &w2, &b2);
         nb_tensor *ps[4] = {w1, b1, w2, b2};
-        for (int k = 0; k < 4; k++) nb_set_requires_grad(ps[k], true);
-        nb_ctx *step = nb_ctx_new(nb_meta(kinds[i]), 0);
-        nb_ctx_set_compute_dtype(step, NB_BF16);
         nb_tensor *x = nb_empty(step, NB_BF16, NB_SHAPE(R, C));
         nb_meta_reset();
         nb_tensor *h = nb__linear_gelu(step, x, w1, b1);
@@ -609,8 +635,7 @@ START_TEST(test_linear_epilogues) {
             ck_assert_int_eq(find("gelu_tanh_backward").calls, 1);
         }
         for (int k = 0; k < 4; k++) ck_assert_int_eq(ps[k]->grad->dtype, NB_F32);
-        nb_ctx_free(step);
-        nb_ctx_free(ctx);
+        linear_step_free(&s);
     }
 }
 END_TEST
@@ -628,11 +653,10 @@ START_TEST(test_linear_residual) {
         bool cuda = kinds[i] == NB_DEVICE_CUDA;
         nb_meta_entry bw[2];
         for (int fuse = 1; fuse >= 0; fuse--) {
-            nb_ctx *ctx = nb_ctx_new(nb_meta(kinds[i]), 0), *step = nb_ctx_new(nb_meta(kinds[i]), 0);
-            nb_tensor *w = nb_empty(ctx, NB_F32, NB_SHAPE(C, K)), *b = nb_empty(ctx, NB_F32, NB_SHAPE(C));
-            nb_set_requires_grad(w, true);
-            nb_set_requires_grad(b, true);
-            nb_ctx_set_compute_dtype(step, NB_BF16);
+            linear_step s = linear_step_new(kinds[i]);
+            nb_ctx *step = s.step;
+            nb_tensor *w, *b;
+            linear_params(&s, C, K, &w, &b);
             nb_tensor *x = nb_empty(step, NB_BF16, NB_SHAPE(R, K));
             nb_tensor *r = nb_empty(step, NB_BF16, NB_SHAPE(R, C));
             nb_set_requires_grad(x, true);
@@ -655,8 +679,7 @@ START_TEST(test_linear_residual) {
             nb_meta_reset();
             nb_backward_with(y, nb_empty(step, NB_BF16, NB_SHAPE(R, C)));
             bw[fuse] = nb_meta_total();
-            nb_ctx_free(step);
-            nb_ctx_free(ctx);
+            linear_step_free(&s);
         }
         ck_assert_int_eq(bw[1].calls, bw[0].calls);
         ck_assert_int_eq(bw[1].launches, bw[0].launches);
