@@ -22,6 +22,10 @@
  *                 4 heads, width 128, batch 16 x 64 tokens
  *   --model gpt6  a larger GPT: vocabulary 79, 6 layers, 4 heads, width 256,
  *                 batch 8 x 128 tokens
+ *   --width W and --layers L give either GPT another width (a multiple of
+ *   its 4 heads) and depth: about 12 L W^2 parameters, for a model whose
+ *   gradients outweigh its compute on a slow link, where PowerSGD is meant
+ *   to help
  *
  *   nbrun --nproc-per-node 1 build/bin/bench_ddp --no-ddp   (the baseline)
  *   nbrun --nproc-per-node 2 build/bin/bench_ddp --model gpt
@@ -116,12 +120,9 @@ static nb_module *build(nb_ctx *ctx, int kind, int width, int layers, nb_rng *rn
     switch (kind) {
     case MLP: return nb_mlp_new(ctx, NB_F32, 30, 2, (int64_t[]){64, 32}, 2, rng);
     case CNN: return nb_cnn_new(ctx, NB_F32, 1, 3, (int64_t[]){16, 32, 64}, 10, rng);
-    case GPT: {
-        nb_gpt_config cfg = {GPT_VOCAB, GPT_T(GPT), 4, 4, 128, 0.0};
-        return nb_gpt_new(ctx, NB_F32, &cfg, rng);
-    }
-    case GPT6: {
-        nb_gpt_config cfg = {GPT_VOCAB, GPT_T(GPT6), 6, 4, 256, 0.0};
+    case GPT:
+    case GPT6: { /* width and layers: the model's own unless --width / --layers were given */
+        nb_gpt_config cfg = {GPT_VOCAB, GPT_T(kind), layers, 4, width, 0.0};
         return nb_gpt_new(ctx, NB_F32, &cfg, rng);
     }
     default: {
@@ -353,7 +354,7 @@ static int plot_scaling(const char *path, const char *svg) {
 }
 
 int main(int argc, char **argv) {
-    int steps = 30, width = 512, layers = 4, header = 1, machine = 0, kind = WIDE;
+    int steps = 30, width = 0, layers = 0, header = 1, machine = 0, kind = WIDE; /* 0: the model's default */
     int64_t batch = 0;
     bool use_ddp = true, bucket_step = false, bf16 = false, zero = false, zero3 = false, kept = false;
     int zero_stage = 1;
@@ -422,6 +423,17 @@ int main(int argc, char **argv) {
         return 2;
     }
     if (text_path && text_load(text_path, &txt)) return 1;
+    if ((width || layers) && kind != WIDE && !IS_GPT(kind)) {
+        fprintf(stderr, "bench_ddp: --width and --layers shape the wide MLP and the GPT models only\n");
+        return 2;
+    }
+    if (!width) width = kind == GPT ? 128 : kind == GPT6 ? 256 : 512;
+    if (!layers) layers = kind == GPT6 ? 6 : 4;
+    if (width < 1 || layers < 1 || (IS_GPT(kind) && width % 4)) {
+        fprintf(stderr, "bench_ddp: --width %d --layers %d: both >= 1, and the GPT's width a multiple of its 4 "
+                        "heads\n", width, layers);
+        return 2;
+    }
     if (!batch) batch = kind == MLP ? 8 : kind == CNN ? 32 : kind == GPT ? 16 : kind == GPT6 ? 8 : 64;
     /* auto: one GPU per rank (cuda:LOCAL_RANK, NCCL) when there are GPUs, else the CPU (Gloo) */
     bool cuda = !strcmp(device_arg, "cuda") || (!strcmp(device_arg, "auto") && nb_cuda_available());

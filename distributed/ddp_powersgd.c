@@ -33,22 +33,43 @@
  * does the same for the last bucket and waits for the Qs. So the Ps and
  * Qs travel while backward goes on, and backward waits only where a
  * bucket's Ps have not arrived by the time the next bucket is complete.
- * The products run over M row by row (one pass over M for each). State is per bucket and
- * starts afresh when the buckets are remade (the one-time rebuild after
- * the first synchronised step among them). Arithmetic is in f64 on the
- * host: CPU gradients of f32 or f64 only, refused otherwise. */
+ * State is per bucket and starts afresh when the buckets are remade (the
+ * one-time rebuild after the first synchronised step among them).
+ *
+ * Note [PowerSGD's arithmetic]
+ * Arithmetic is in the gradients' dtype (CPU gradients of f32 or f64 only,
+ * refused otherwise), as PyTorch's hook computes in the gradients' dtype:
+ * the products through the backend's GEMM (what nb_matmul_t runs:
+ * OpenBLAS or oneDNN) on views of the bucket, writing into the wire
+ * buffers and the flat in place (P = M Q and Q = M^T P are one pass over
+ * M each, M = P Q^T one write of it), the sums and copies through the
+ * backend's elementwise engine (g = flat + error and g -= M one pass
+ * each). They were once loops over an f64 copy of the bucket: at
+ * 12.7 million f32 gradients (bench_ddp's GPT at width 512) those made
+ * backward about 250 ms longer on 2 ranks, more than the wire time the
+ * compression saves on a 1 Gbit/s link (benchmarks/RESULTS.md). The
+ * Gram-Schmidt of each P and Q ((n + m) k elements) runs on an f64 copy,
+ * so that norms and dot products are summed in f64 whatever the dtype.
+ * With error feedback the bucket holds two buffers of its size and dtype,
+ * the error and g (= flat + error); at the end g -= M makes g the next
+ * error in place and the two swap (the old error's memory is the next
+ * g). Without error feedback M is the flat itself. The kept Q (warm
+ * start) is the Q all-reduce's own buffer, which holds the average once
+ * the step is done. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "distributed/ddp_reducer.h"
 #include "nabla/random.h"
+#include "tensor/backend.h"
+#include "tensor/internal.h"
 #include "util/handle.h"
 
 typedef struct mat {
     int64_t off, n, m; /* in the bucket's flat: M is flat[off .. off + n m), row-major */
     int k;
-    int64_t p_off, q_off; /* in the packed Ps and Qs */
+    int64_t p_off, q_off; /* P at wire1[unc_total + p_off], (n, k); Q at wire2[q_off], (m, k) */
 } mat;
 
 typedef struct pbucket {
@@ -56,13 +77,14 @@ typedef struct pbucket {
     mat *mats;
     int64_t *unc_off, *unc_len; /* the uncompressed parameters' elements */
     int64_t numel, unc_total, p_total, q_total;
-    double *g, *p, *err, *q;      /* err: NULL until the first compressed step; q: NULL until a Q is kept */
-    double *row;                  /* scratch: the longest matrix row or uncompressed run */
-    nb_tensor *wire1, *wire2;     /* uncompressed + Ps; Qs (the bucket's dtype), in the buckets' context */
-    bool compressed;              /* the launch in flight is PowerSGD's (else a plain all-reduce) */
+    nb_tensor *g, *err;       /* (numel), the bucket's dtype, with error feedback only: g = flat + err */
+    nb_tensor *wire1, *wire2; /* uncompressed + Ps; Qs (kept between steps: warm start); in the buckets' context */
+    double *gs;               /* Gram-Schmidt's f64 copy: the longest n or m, times k */
+    bool have_q;              /* wire2 holds the last step's averaged Q */
+    bool compressed;          /* the launch in flight is PowerSGD's (else a plain all-reduce) */
     enum { IDLE, P_STAGE, Q_STAGE } stage; /* of a compressed bucket in flight: which all-reduce was started last */
-    nb_work *wp, *wq;             /* the all-reduces of wire1 and wire2 */
-    nb_status st;                 /* wp's, once waited for */
+    nb_work *wp, *wq;                      /* the all-reduces of wire1 and wire2 */
+    nb_status st;                          /* wp's, once waited for */
 } pbucket;
 
 typedef struct psgd_state {
@@ -70,7 +92,7 @@ typedef struct psgd_state {
     int64_t iter; /* synchronised steps begun (a last bucket launched) */
     nb_rng rng;
     nb_reduce_op op; /* the reducer's, for the Q stage started in finish */
-    nb_ctx *host; /* for nb_rand_normal, reset after each use */
+    nb_ctx *host;    /* scratch: views, products and nb_rand_normal's draws, reset after each matrix */
     int nb;
     pbucket *b;
 } psgd_state;
@@ -80,8 +102,7 @@ static void buckets_free(psgd_state *s) {
         pbucket *b = &s->b[i];
         if (b->wp) nb_work_finish(b->wp); /* left by a failed step */
         if (b->wq) nb_work_finish(b->wq);
-        free(b->mats), free(b->unc_off), free(b->unc_len);
-        free(b->g), free(b->row), free(b->p), free(b->err), free(b->q);
+        free(b->mats), free(b->unc_off), free(b->unc_len), free(b->gs);
     }
     free(s->b);
     s->b = NULL;
@@ -100,6 +121,7 @@ static void psgd_buckets_made(nb_ddp *d, void *self) {
         b->mats = nb__ddp_calloc((size_t)bk->n, sizeof *b->mats);
         b->unc_off = nb__ddp_calloc((size_t)bk->n, sizeof *b->unc_off);
         b->unc_len = nb__ddp_calloc((size_t)bk->n, sizeof *b->unc_len);
+        int64_t longest = 1;
         for (int j = 0; j < bk->n; j++) {
             const nb_tensor *t = d->p[bk->params[j]].tensor;
             int64_t numel = nb_numel(t), n = t->ndim > 0 ? t->shape[0] : 1, m = n > 0 ? numel / n : 0;
@@ -109,46 +131,39 @@ static void psgd_buckets_made(nb_ddp *d, void *self) {
             if (t->ndim > 1 && k > 0 && (double)(n + m) * (double)k * s->o.min_compression_rate < (double)n * (double)m) {
                 b->mats[b->n_mat++] = (mat){bk->offsets[j], n, m, (int)k, b->p_total, b->q_total};
                 b->p_total += n * k, b->q_total += m * k;
+                if ((n > m ? n : m) * k > longest) longest = (n > m ? n : m) * k;
             } else {
                 b->unc_off[b->n_unc] = bk->offsets[j], b->unc_len[b->n_unc++] = numel;
                 b->unc_total += numel;
             }
         }
-        b->g = nb__ddp_calloc((size_t)b->numel, sizeof(double));
-        int64_t longest = 1;
-        for (int j = 0; j < b->n_mat; j++) longest = b->mats[j].m > longest ? b->mats[j].m : longest;
-        for (int u = 0; u < b->n_unc; u++) longest = b->unc_len[u] > longest ? b->unc_len[u] : longest;
-        b->row = nb__ddp_calloc((size_t)longest, sizeof(double));
-        b->p = nb__ddp_calloc((size_t)(b->p_total ? b->p_total : 1), sizeof(double));
+        b->gs = nb__ddp_calloc((size_t)longest, sizeof(double));
         int64_t n1 = b->unc_total + b->p_total, n2 = b->q_total;
         b->wire1 = nb_empty(d->ctx, bk->dtype, 1, &n1);
         if (n2) b->wire2 = nb_empty(d->ctx, bk->dtype, 1, &n2);
+        if (s->o.error_feedback) {
+            b->g = nb_empty(d->ctx, bk->dtype, 1, &b->numel);
+            b->err = nb_zeros(d->ctx, bk->dtype, 1, &b->numel);
+        }
     }
 }
 
-/* f32 or f64 host data to and from doubles */
-static void get(double *dst, const nb_tensor *t, int64_t at, int64_t n) {
-    if (t->dtype == NB_F64) memcpy(dst, (const double *)t->data + at, (size_t)n * sizeof(double));
-    else
-        for (int64_t i = 0; i < n; i++) dst[i] = ((const float *)t->data)[at + i];
-}
-static void put(nb_tensor *t, int64_t at, const double *src, int64_t n) {
-    if (t->dtype == NB_F64) memcpy((double *)t->data + at, src, (size_t)n * sizeof(double));
-    else
-        for (int64_t i = 0; i < n; i++) ((float *)t->data)[at + i] = (float)src[i];
+/* Elements [at, at + rows cols) of the contiguous 1-D t as a (rows, cols)
+ * view in ctx; cols 0: a 1-D view of rows elements. */
+static nb_tensor *view(nb_ctx *ctx, nb_tensor *t, int64_t at, int64_t rows, int64_t cols) {
+    int64_t shape[2] = {rows, cols}, st[2] = {cols, 1};
+    char *p = (char *)t->data + at * (int64_t)nb_dtype_size(t->dtype);
+    return cols ? nb__view(ctx, t, 2, shape, st, p) : nb__view(ctx, t, 1, shape, st + 1, p);
 }
 
-/* Elements [at, at + n) of the bucket's result are v: into the flat, and
- * err = g - v there (err NULL: no error feedback). */
-static void settle(nb_tensor *flat, int64_t at, const double *v, const double *g, double *err, int64_t n) {
-    put(flat, at, v, n);
-    if (err)
-        for (int64_t i = 0; i < n; i++) err[at + i] = g[at + i] - v[i];
-}
-
-/* Gram-Schmidt on the k columns of the (rows, k) row-major matrix a. A
- * zero column stays zero. */
-static void orthogonalize(double *a, int64_t rows, int k) {
+/* Gram-Schmidt on the k columns of the (rows, k) row-major matrix at
+ * element `at` of the f32 or f64 host tensor t, in f64 (a: rows k doubles
+ * of scratch). A zero column stays zero. */
+static void orthogonalize(nb_tensor *t, int64_t at, int64_t rows, int k, double *a) {
+    bool f64 = t->dtype == NB_F64;
+    double *pd = (double *)t->data + at;
+    float *pf = (float *)t->data + at;
+    for (int64_t i = 0; i < rows * k; i++) a[i] = f64 ? pd[i] : pf[i];
     for (int c = 0; c < k; c++) {
         double nrm = 0;
         for (int64_t i = 0; i < rows; i++) nrm += a[i * k + c] * a[i * k + c];
@@ -161,78 +176,51 @@ static void orthogonalize(double *a, int64_t rows, int k) {
             for (int64_t i = 0; i < rows; i++) a[i * k + c2] -= dot * a[i * k + c];
         }
     }
-}
-
-/* The products, row by row of the (n, m) row-major M (one pass over M
- * each), P (n, k) and Q (m, k) row-major; the loops are written out for
- * the common ranks so that the compiler keeps a row of P in registers. */
-#define RANK_CASES(k, LOOP)                                                                       \
-    switch (k) {                                                                                  \
-    case 1: LOOP(1); break;                                                                       \
-    case 2: LOOP(2); break;                                                                       \
-    case 4: LOOP(4); break;                                                                       \
-    case 8: LOOP(8); break;                                                                       \
-    default: LOOP(k); break;                                                                      \
+    for (int64_t i = 0; i < rows * k; i++) {
+        if (f64) pd[i] = a[i];
+        else pf[i] = (float)a[i];
     }
-
-/* p = M q */
-static void mul_mq(double *restrict p, const double *restrict M, const double *restrict q, int64_t n, int64_t m,
-                   int k) {
-#define MQ(K)                                                                                     \
-    for (int64_t i = 0; i < n; i++) {                                                             \
-        double acc[K];                                                                            \
-        for (int c = 0; c < (K); c++) acc[c] = 0;                                                 \
-        for (int64_t l = 0; l < m; l++)                                                           \
-            for (int c = 0; c < (K); c++) acc[c] += M[i * m + l] * q[l * (K) + c];                \
-        for (int c = 0; c < (K); c++) p[i * (K) + c] = acc[c];                                    \
-    }
-    RANK_CASES(k, MQ)
-#undef MQ
 }
 
-/* q = M^T p */
-static void mul_mtp(double *restrict q, const double *restrict M, const double *restrict p, int64_t n, int64_t m,
-                    int k) {
-    memset(q, 0, (size_t)(m * k) * sizeof(double));
-#define MTP(K)                                                                                    \
-    for (int64_t i = 0; i < n; i++)                                                               \
-        for (int64_t l = 0; l < m; l++)                                                           \
-            for (int c = 0; c < (K); c++) q[l * (K) + c] += M[i * m + l] * p[i * (K) + c];
-    RANK_CASES(k, MTP)
-#undef MTP
+/* Elements [at, at + rows cols) of out (a contiguous 1-D tensor) =
+ * op(a) @ op(b), (rows, cols), through the backend's GEMM (the one
+ * nb_matmul_t runs) without a copy; returns that view. */
+static nb_tensor *product(nb_ctx *x, nb_tensor *out, int64_t at, int64_t rows, int64_t cols, const nb_tensor *a,
+                          bool trans_a, const nb_tensor *b, bool trans_b) {
+    nb_tensor *o = view(x, out, at, rows, cols);
+    nb__backend_at(o)->matmul(o, a, b, trans_a, trans_b, NULL);
+    return o;
 }
 
-/* row = row i of p q^T */
-static void mul_pqt_row(double *restrict row, const double *restrict p, const double *restrict q, int64_t i,
-                        int64_t m, int k) {
-#define PQT(K)                                                                                    \
-    for (int64_t l = 0; l < m; l++) {                                                             \
-        double acc = 0;                                                                           \
-        for (int c = 0; c < (K); c++) acc += p[i * (K) + c] * q[l * (K) + c];                     \
-        row[l] = acc;                                                                             \
-    }
-    RANK_CASES(k, PQT)
-#undef PQT
+/* g[at, at + rows cols) -= v (the error feedback's g - M). */
+static void subtract(nb_ctx *x, nb_tensor *g, int64_t at, int64_t rows, int64_t cols, const nb_tensor *v) {
+    nb_tensor *gv = view(x, g, at, rows, cols);
+    nb__run_binary(NB_B_SUB, gv, gv, v);
 }
 
-/* P = M Q for each matrix of bucket b, into its wire: the first stage. */
-static void make_p(psgd_state *s, pbucket *b) {
-    bool fresh = !(s->o.warm_start && b->q);
-    if (!b->q) b->q = nb__ddp_calloc((size_t)(b->q_total ? b->q_total : 1), sizeof(double));
+/* The tensor the matrices M are read from: g with error feedback, else the flat. */
+static nb_tensor *source(const nb_ddp *d, const psgd_state *s, int bi) {
+    return s->o.error_feedback ? s->b[bi].g : d->buckets[bi].flat;
+}
+
+/* P = M Q for each matrix of bucket bi, into its wire: the first stage. */
+static void make_p(const nb_ddp *d, psgd_state *s, int bi) {
+    pbucket *b = &s->b[bi];
+    nb_tensor *g = source(d, s, bi);
+    bool fresh = !(s->o.warm_start && b->have_q);
+    nb_ctx *x = s->host;
     for (int j = 0; j < b->n_mat; j++) {
-        const mat *x = &b->mats[j];
-        double *q = b->q + x->q_off;
-        if (fresh) {
-            nb_tensor *r = nb_rand_normal(s->host, NB_F64, NB_SHAPE(x->m, x->k), 0, 1, &s->rng);
-            memcpy(q, r->data, (size_t)(x->m * x->k) * sizeof(double));
-            nb_ctx_reset(s->host);
-        }
-        orthogonalize(q, x->m, x->k);
-        mul_mq(b->p + x->p_off, b->g + x->off, q, x->n, x->m, x->k);
+        const mat *mt = &b->mats[j];
+        nb_tensor *q = view(x, b->wire2, mt->q_off, mt->m, mt->k);
+        if (fresh) nb__run_copy(q, nb_rand_normal(x, NB_F64, NB_SHAPE(mt->m, mt->k), 0, 1, &s->rng));
+        orthogonalize(b->wire2, mt->q_off, mt->m, mt->k, b->gs);
+        product(x, b->wire1, b->unc_total + mt->p_off, mt->n, mt->k, view(x, g, mt->off, mt->n, mt->m), false, q,
+                false);
+        nb_ctx_reset(x);
     }
 }
 
-/* The second stage of bucket b: waits for the all-reduce of the
+/* The second stage of bucket bi: waits for the all-reduce of the
  * uncompressed values and the Ps, orthogonalises each P, Q = M^T P, and
  * starts the all-reduce of the Qs. */
 static void start_q(nb_ddp *d, psgd_state *s, int bi, nb_reduce_op op) {
@@ -241,13 +229,15 @@ static void start_q(nb_ddp *d, psgd_state *s, int bi, nb_reduce_op op) {
     b->stage = Q_STAGE;
     if (!b->n_mat) return; /* nothing compressed: one collective */
     if (b->st == NB_OK) {
-        get(b->p, b->wire1, b->unc_total, b->p_total);
+        nb_tensor *g = source(d, s, bi);
+        nb_ctx *x = s->host;
         for (int j = 0; j < b->n_mat; j++) {
-            const mat *x = &b->mats[j];
-            orthogonalize(b->p + x->p_off, x->n, x->k);
-            mul_mtp(b->q + x->q_off, b->g + x->off, b->p + x->p_off, x->n, x->m, x->k);
+            const mat *mt = &b->mats[j];
+            orthogonalize(b->wire1, b->unc_total + mt->p_off, mt->n, mt->k, b->gs);
+            product(x, b->wire2, mt->q_off, mt->m, mt->k, view(x, g, mt->off, mt->n, mt->m), true,
+                    view(x, b->wire1, b->unc_total + mt->p_off, mt->n, mt->k), false);
+            nb_ctx_reset(x);
         }
-        put(b->wire2, 0, b->q, b->q_total);
     }
     b->wq = nb_pg_all_reduce(d->pg, b->wire2, op); /* after a failure too: a failed group fails it at once */
 }
@@ -272,19 +262,20 @@ static nb_work *psgd_launch(nb_ddp *d, void *self, int bi, nb_reduce_op op, size
     }
     s->op = op;
     if (bi > 0 && s->b[bi - 1].stage == P_STAGE && s->b[bi - 1].n_mat) start_q(d, s, bi - 1, op);
-    get(b->g, bk->flat, 0, b->numel);
-    if (s->o.error_feedback) {
-        if (!b->err) b->err = nb__ddp_calloc((size_t)b->numel, sizeof(double));
-        for (int64_t i = 0; i < b->numel; i++) b->g[i] += b->err[i];
-    }
-    make_p(s, b);
+    if (s->o.error_feedback) nb__run_binary(NB_B_ADD, b->g, bk->flat, b->err);
+    nb_tensor *g = source(d, s, bi);
     int64_t at = 0;
-    for (int u = 0; u < b->n_unc; u++) put(b->wire1, at, b->g + b->unc_off[u], b->unc_len[u]), at += b->unc_len[u];
-    put(b->wire1, at, b->p, b->p_total);
+    for (int u = 0; u < b->n_unc; u++) {
+        nb__run_copy(view(s->host, b->wire1, at, b->unc_len[u], 0), view(s->host, g, b->unc_off[u], b->unc_len[u], 0));
+        at += b->unc_len[u];
+    }
+    nb_ctx_reset(s->host);
+    make_p(d, s, bi);
     *bytes = (size_t)(b->unc_total + b->p_total + b->q_total) * es;
     b->wp = nb_pg_all_reduce(d->pg, b->wire1, op);
     return NULL;
 }
+
 
 static nb_status psgd_finish(nb_ddp *d, void *self, int bi, bool keep, double *started, double *finished) {
     psgd_state *s = self;
@@ -305,25 +296,29 @@ static nb_status psgd_finish(nb_ddp *d, void *self, int bi, bool keep, double *s
     b->stage = IDLE;
     if (!keep || st != NB_OK) return st;
     bucket *bk = &d->buckets[bi];
-    double *err = s->o.error_feedback ? b->err : NULL;
+    nb_tensor *g = s->o.error_feedback ? b->g : NULL;
+    nb_ctx *x = s->host;
     int64_t at = 0;
     for (int u = 0; u < b->n_unc; u++) { /* the averages as they came */
-        get(b->row, b->wire1, at, b->unc_len[u]);
-        settle(bk->flat, b->unc_off[u], b->row, b->g, err, b->unc_len[u]);
+        nb_tensor *v = view(x, b->wire1, at, b->unc_len[u], 0), *f = view(x, bk->flat, b->unc_off[u], b->unc_len[u], 0);
+        nb__run_copy(f, v);
+        if (g) subtract(x, g, b->unc_off[u], b->unc_len[u], 0, f);
         at += b->unc_len[u];
     }
-    if (b->wire2) get(b->q, b->wire2, 0, b->q_total);
-    for (int j = 0; j < b->n_mat; j++) { /* M = P Q^T, row by row */
-        const mat *x = &b->mats[j];
-        for (int64_t i = 0; i < x->n; i++) {
-            mul_pqt_row(b->row, b->p + x->p_off, b->q + x->q_off, i, x->m, x->k);
-            settle(bk->flat, x->off + i * x->m, b->row, b->g, err, x->m);
-        }
+    nb_ctx_reset(x);
+    for (int j = 0; j < b->n_mat; j++) { /* M = P Q^T, straight into the flat */
+        const mat *mt = &b->mats[j];
+        nb_tensor *f = product(x, bk->flat, mt->off, mt->n, mt->m,
+                               view(x, b->wire1, b->unc_total + mt->p_off, mt->n, mt->k), false,
+                               view(x, b->wire2, mt->q_off, mt->m, mt->k), true);
+        if (g) subtract(x, g, mt->off, mt->n, mt->m, f);
+        nb_ctx_reset(x);
     }
-    if (!s->o.warm_start) {
-        free(b->q);
-        b->q = NULL;
+    if (g) { /* g - M is the next error; the old error's memory is the next g */
+        b->g = b->err;
+        b->err = g;
     }
+    b->have_q = s->o.warm_start;
     return NB_OK;
 }
 
