@@ -7,6 +7,10 @@
 - The library exports no other nb_/nb__ symbol, except the internals
   marked NB_PLUGIN_API in the internal headers (the CUDA plugin's short
   list, at most 40), each of which is exported.
+- It exports nothing that is not an nb_ name: no C++ standard library
+  instantiation or typeinfo (std::), which the Gloo shim makes with
+  default visibility whatever -fvisibility says; cmake/nabla.map keeps
+  them local.
 - The public tensor struct shows no private field: its members are the
   public ones listed here and `priv`, the opaque pointer to the library's
   bookkeeping (Note [Tensor bookkeeping] in tensor/internal.h). A new
@@ -83,6 +87,15 @@ def exported(lib):
     return {line.split()[-1] for line in p.stdout.splitlines() if len(line.split()) >= 3}
 
 
+def demangled(names):
+    """The C++ spelling of names (c++filt), or the names where it is missing."""
+    if not shutil.which("c++filt"):
+        return names
+    p = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True)
+    out = p.stdout.splitlines()
+    return out if p.returncode == 0 and len(out) == len(names) else names
+
+
 def tensor_fields():
     text = code_of(open(os.path.join(SOURCE, "include", "nabla", "tensor.h")).read())
     m = re.search(r"struct nb_tensor \{(.*?)\};", text, flags=re.S)
@@ -139,6 +152,10 @@ def main():
     if extra:
         fail("libnabla.so exports %d symbols that no header marks NB_API or NB_PLUGIN_API: %s"
              % (len(extra), ", ".join(extra[:30])))
+    foreign = sorted(s for s in syms if not s.startswith("nb_"))
+    if foreign:
+        fail("libnabla.so exports %d symbols that are not nb_ names (cmake/nabla.map should keep "
+             "them local): %s" % (len(foreign), "; ".join(demangled(foreign[:10]))))
     internal = sorted(s for s in syms if s.startswith("nb__"))
     print("ok: %d NB_API functions exported, %d internals for the CUDA plugin%s"
           % (len(public), len(internal), (": " + ", ".join(internal)) if internal else ""))
