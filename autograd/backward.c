@@ -103,7 +103,31 @@
  * DDP's bucket views, replaces it and the slot stays unused). So
  * nb_optim_zero_grad clears every gradient with one memset over the buffer
  * when each slot holds its parameter's gradient and the optimizer has all
- * of the buffer's parameters. */
+ * of the buffer's parameters..
+ *
+ * Note [Gradients set to none]
+ * nb_optim_zero_grad_to_none (PyTorch's zero_grad(set_to_none=True))
+ * makes each parameter's gradient NULL but keeps its memory as the leaf's
+ * grad_home: its flat slot, a DDP bucket's view (nb_set_grad), or a tensor
+ * of its own. The next backward's first contribution to the leaf goes
+ * there and is WRITTEN, not added: nb__leaf_grad_fresh hands the memory
+ * out, attached as the gradient, to a kernel that writes every element
+ * (a weight's gradient GEMM with beta = 0, a bias's sums by the GEMM's
+ * BGRAD epilogue, layer norm's dw and db, an embedding table's rows with
+ * the rows no index hits written 0), and nb__accum_grad copies a first
+ * contribution into it as it copies one into a new slot. So neither the
+ * zeroing pass over the buffer nor the read of zeros by the first writer
+ * is left. A leaf with a flat slot and no gradient yet (the first
+ * backward) is handed its slot the same way. Whatever reads gradients
+ * reads only ->grad, and a leaf that got no contribution keeps NULL: the
+ * optimizer skips it (no update, no weight decay; PyTorch skips a None
+ * gradient too), the clip's norm and the grad scaler leave it out. A
+ * reader of memory rather than of ->grad must make the NULL gradients
+ * zeros first (nb__grad_zero_fill_none): DDP's bucket collective reads
+ * every slice of a bucket, so the reducer does that for each parameter it
+ * marks ready without a gradient (an unused one), which is the old call's
+ * zero gradient there. nb_set_grad forgets the home (the memory is no
+ * longer the leaf's to write). */
 #include <string.h>
 
 #include "tensor/backend.h"
@@ -198,7 +222,8 @@ void nb__grad_flat_reserve(nb_tensor *const *ts, int n) {
     int nf = 0;
     for (int i = n - 1; i >= 0; i--) {
         nb_tensor *t = ts[i];
-        if (!t || !t->requires_grad || t->node || t->grad || t->priv->grad_slot || nb_numel(t) == 0)
+        if (!t || !t->requires_grad || t->node || t->grad || t->priv->grad_slot || t->priv->grad_home ||
+            nb_numel(t) == 0)
             continue;
         nb__grad_flat *f = NULL;
         for (int k = 0; k < nf && !f; k++)
@@ -231,6 +256,32 @@ static nb_tensor *slot_grad(nb_tensor *t) {
     nb__contig_strides(t->ndim, t->shape, st);
     return nb__view(f->ctx, f->buf, t->ndim, t->shape, st,
                     (char *)f->buf->data + s->offset * (int64_t)nb_dtype_size(f->dtype));
+}
+
+/* Note [Gradients set to none]: where leaf t's first gradient goes, made
+ * its gradient: its home, else its slot, else a tensor of its own. */
+static nb_tensor *first_grad(nb_tensor *t) {
+    nb_tensor *g = t->priv->grad_home;
+    if (!g) g = t->priv->grad_slot ? slot_grad(t) : nb__empty(t->ctx, t->dtype, t->ndim, t->shape);
+    nb__keep(g); /* a leaf's gradient is never given back */
+    return g;
+}
+
+void nb__grad_set_none(nb_tensor *t) {
+    nb_tensor *g = t->grad;
+    if (!g) return; /* none already: the home, if any, stays */
+    bool writable = !t->node && g->dtype == t->dtype && nb_is_contiguous(g) && nb_same_shape(g, t) &&
+                    nb_device_eq(g->device, t->device);
+    t->priv->grad_home = writable ? g : NULL;
+    t->grad = NULL;
+}
+
+void nb__grad_zero_fill_none(nb_tensor *t) {
+    nb_tensor *h = t->priv->grad_home;
+    if (t->grad || !h) return;
+    size_t bytes = (size_t)nb_numel(h) * nb_dtype_size(h->dtype);
+    if (bytes) nb__backend_at(h)->memset(h->device.index, h->data, 0, bytes);
+    t->grad = h;
 }
 
 nb__grad_flat *nb__grad_in_flat(const nb_tensor *t) {
@@ -268,8 +319,7 @@ void nb__accum_grad(nb_ctx *ctx, nb_tensor *t, nb_tensor *g) {
     }
     if (t->node == NULL) {
         if (!t->grad) { /* the first gradient: a copy, not zeros plus an add */
-            t->grad = t->priv->grad_slot ? slot_grad(t) : nb__empty(t->ctx, t->dtype, t->ndim, t->shape);
-            nb__keep(t->grad); /* a leaf's gradient is never given back */
+            t->grad = first_grad(t);
             nb__run_copy(t->grad, g);
         } else {
             nb__run_binary(NB_B_ADD, t->grad, t->grad, g);
@@ -297,7 +347,9 @@ void nb__accum_grad(nb_ctx *ctx, nb_tensor *t, nb_tensor *g) {
     }
 }
 
-nb_tensor *nb__leaf_grad_target(nb_tensor *t, nb_dtype dt) {
+/* t, or the wider leaf t is a cast of (Note [Wide gradients]), whose
+ * gradient takes a contribution of dtype dt as it is; else NULL */
+static nb_tensor *grad_owner(nb_tensor *t, nb_dtype dt) {
     if (t->dtype != dt) { /* Note [Wide gradients]: a cast's input takes dt as it is */
         const nb_node *n = t->node;
         if (!n || n->backward != nb__cast_backward || n->in[0]->dtype != dt ||
@@ -305,6 +357,22 @@ nb_tensor *nb__leaf_grad_target(nb_tensor *t, nb_dtype dt) {
             return NULL;
         t = n->in[0];
     }
+    return t;
+}
+
+nb_tensor *nb__leaf_grad_fresh(nb_tensor *t, nb_dtype dt) {
+    t = grad_owner(t, dt);
+    if (!t || !t->requires_grad || t->node || t->grad || t->dtype != dt ||
+        !(t->priv->grad_home || t->priv->grad_slot))
+        return NULL;
+    t->grad = first_grad(t);
+    t->priv->bw_seen = true;
+    return t->grad;
+}
+
+nb_tensor *nb__leaf_grad_target(nb_tensor *t, nb_dtype dt) {
+    t = grad_owner(t, dt);
+    if (!t) return NULL;
     nb_tensor *g = t->grad;
     if (!t->requires_grad || t->node || !g || g->dtype != t->dtype || !nb_is_contiguous(g) ||
         !nb_device_eq(g->device, t->device) || !nb_same_shape(g, t))
@@ -543,4 +611,5 @@ void nb_set_grad(nb_tensor *t, nb_tensor *grad) {
     if (t->node) nb__set_grad(t, grad);
     else t->grad = grad;
     t->priv->grad_owned = false;
+    t->priv->grad_home = NULL; /* Note [Gradients set to none] */
 }

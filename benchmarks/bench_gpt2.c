@@ -5,7 +5,7 @@
  * (matrix products in bf16 with f32 accumulation; weights, optimizer and
  * everything else f32), as train_gpt --bf16 does.
  *
- * Each step: forward, loss, backward, clip, AdamW step, zero_grad, and the
+ * Each step: forward, loss, backward, clip, AdamW step, zero_grad_to_none, and the
  * loss read back (nb_item, which waits for the device), timed on a
  * monotonic clock; the tokens come from a few random batches made on the
  * device beforehand, so no host copy is timed. Prints the median step
@@ -149,14 +149,16 @@ static void run_free(run *r, const opts *o) {
     nb_ctx_free(r->params);
 }
 
-/* Forward, loss, backward, AdamW with the clip inside, zero_grad; the loss, not read. */
+/* Forward, loss, backward, AdamW with the clip inside, the gradients set to
+ * none (Note [Gradients set to none] in autograd/backward.c: the next
+ * backward writes them); the loss, not read. */
 static nb_tensor *run_step(run *r, int64_t s, bool clip) {
     nb_ctx_reset(r->step);
     nb_tensor *l = nb_gpt_forward_loss(r->model, r->step, r->x[s % N_BATCHES], r->y[s % N_BATCHES]);
     nb_backward(l);
     if (clip) nb_optim_step_clipped(r->opt, r->step, 1.0, 2.0); /* the norm not read */
     else nb_optim_step(r->opt);
-    nb_optim_zero_grad(r->opt);
+    nb_optim_zero_grad_to_none(r->opt);
     return l;
 }
 
@@ -215,7 +217,7 @@ static int meta_step_trace(nb_device_type of, const opts *o, const nb_meta_gpu *
     double b = nb_meta_total().us;
     if (o->clip) nb_optim_step_clipped(r.opt, r.step, 1.0, 2.0);
     else nb_optim_step(r.opt);
-    nb_optim_zero_grad(r.opt);
+    nb_optim_zero_grad_to_none(r.opt);
     double e = nb_meta_total().us;
     for (int i = 0; i < np; i++) ready[i] = (ready[i] - f) * 1e-6;
     char src[256];

@@ -28,9 +28,11 @@
  * With find_unused_parameters, nb_ddp_backward first walks the tape from
  * the loss; parameters the walk does not reach are marked ready before
  * backward starts (their bucket slice is reduced as it is, zeros after
- * zero_grad). Without it, a parameter that never became ready is an error
- * naming it, but the remaining buckets are still launched so that the
- * other ranks' collectives complete instead of hanging.
+ * zero_grad; after nb_optim_zero_grad_to_none the slice of a gradient
+ * still NULL is zeroed then, and the parameter gets that gradient).
+ * Without it, a parameter that never became ready is an error naming it,
+ * but the remaining buckets are still launched so that the other ranks'
+ * collectives complete instead of hanging.
  *
  * Note [DDP on CUDA]
  * The bucket flats are made in a context of the process group's device
@@ -320,6 +322,9 @@ static void launch_ready(nb_ddp *d) {
 void nb__ddp_mark_ready(nb_ddp *d, int i) {
     if (d->ready[i]) return;
     d->ready[i] = true;
+    /* set to none and unused so far (Note [Gradients set to none] in
+     * autograd/backward.c): the bucket's collective reads its slice */
+    nb__grad_zero_fill_none(d->p[i].tensor);
     EACH_HOOK(d, on_ready, i);
     if (!d->synced_once) d->ready_order[d->n_ready] = i;
     d->n_ready++;

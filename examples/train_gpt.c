@@ -836,7 +836,10 @@ int main(int argc, char **argv) {
         TRY(&r, run_dist_clip_step(&r.d, r.opt, r.step_ctx, max_norm, &norm), "optimizer step");
         if (!isfinite(norm)) nb_progress_printf(r.progress, "step %lld: gradient norm %g, step skipped", (long long)r.step + 1, norm);
         TRY(&r, divergence_step(&r.guard, r.step_ctx, r.param_list, nb_optim_param_count(r.opt), r.step + 1, norm), "stopping");
-        nb_optim_zero_grad(r.opt);
+        /* set to none (the next backward writes them, no zeroing pass), where
+         * no ZeRO stage owns the optimizer and handles the gradients itself */
+        if (a->zero_stage) nb_optim_zero_grad(r.opt);
+        else nb_optim_zero_grad_to_none(r.opt);
         r.state_bytes = run_dist_state_bytes(&r.d, r.opt); /* at the end of the step, before a checkpoint gathers */
         TRY(&r, run_dist_sum(&r.d, &loss, 1), "all-reduce");
         loss /= r.d.world_size;

@@ -339,6 +339,7 @@ static void move_tensor(nb_tensor *t, nb_ctx *ctx) {
     t->base = NULL;
     t->ctx = ctx;
     t->grad = NULL;
+    t->priv->grad_home = NULL; /* Note [Gradients set to none]: the old memory is not t's */
 }
 
 nb_status nb_module_to(nb_module *m, nb_ctx *ctx) {

@@ -522,16 +522,14 @@ int nb__optim_param_index(const nb_optim *opt, const nb_tensor *t) {
 /* Note [Flat gradients] in autograd/backward.c: the buffers (made) whose
  * every slot is one of opt's parameters', one memset each (a slot whose
  * parameter holds another gradient, or none, is not read).
- * The memset is kept although the first gradient of a step could be
- * written rather than added (a copy, a GEMM with beta = 0): a zeroed
- * gradient is read by more than the next backward's first writer. A
- * parameter that gets no gradient in the next backward keeps zeros, which
- * Adam's update and weight decay still apply to (leaving it stale, or
- * absent as PyTorch's set_to_none, would change those results); DDP's
- * all-reduce reads every slot of a bucket, used this step or not; and the
- * program may read a gradient (nb_get, a norm) before any backward. Each
- * would need to know the slot's "not yet written" state, which lives
- * nowhere but in the zeros. */
+ * nb_optim_zero_grad keeps PyTorch's set_to_none=False meaning: a
+ * parameter that gets no gradient in the next backward holds zeros, which
+ * Adam's update and weight decay still apply to, and the program may read
+ * a gradient (nb_get, a norm) before any backward. The memset and the
+ * first writer's read of the zeros are what nb_optim_zero_grad_to_none
+ * saves (Note [Gradients set to none] in autograd/backward.c): there the
+ * "not yet written" state is the NULL gradient, which every reader of
+ * gradients already skips. */
 enum { MAX_FLATS = 16 };
 static int whole_flats(nb_optim *opt, nb__grad_flat **flats) {
     int count[MAX_FLATS] = {0}, nf = 0, nw = 0;
@@ -574,6 +572,24 @@ void nb_optim_zero_grad(nb_optim *opt) {
         else
             nb__backend_at(g)->memset(g->device.index, g->data, 0, bytes);
     }
+}
+
+/* Note [Gradients set to none] in autograd/backward.c. An owner that
+ * reads or zeroes gradient memory itself is refused: ZeRO's reduce-scatter
+ * of whole bucket flats and its step over their shards, the per-bucket
+ * step, FSDP's shard gradients (zeroed by nb_fsdp_step). Plain DDP is
+ * served: its reducer zero-fills a NULL gradient before its bucket is
+ * reduced. */
+void nb_optim_zero_grad_to_none(nb_optim *opt) {
+    NB__CHECK_HANDLE("nb_optim_zero_grad_to_none", opt, "optimizer");
+    NB_CHECK(!opt->owner && !opt->lost,
+             "nb_optim_zero_grad_to_none: this optimizer is %s, which reads or zeroes the "
+             "gradients' memory itself (whole bucket flats, shard gradients), where a gradient "
+             "set to none would be read stale; use nb_optim_zero_grad",
+             opt->owner == NB__OPTIM_BUCKET_STEPPED
+                 ? "stepped per bucket by a DDP wrapper (nb_ddp_set_optimizer)"
+                 : "sharded over the ranks (ZeRO, nb_ddp_set_zero; or FSDP, nb_fsdp_set_optimizer)");
+    for (int i = 0; i < opt->n_params; i++) nb__grad_set_none(opt->params[i].param);
 }
 
 /* ---- access ---- */

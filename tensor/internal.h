@@ -39,6 +39,7 @@ typedef struct nb__tensor_priv {
     uint32_t gen;        /* ctx's generation when made: Note [Stale tensors] */
     struct nb__mem *mem; /* its storage's record (shared by views), or NULL */
     struct nb__grad_slot *grad_slot; /* where its first gradient goes: Note [Flat gradients] */
+    nb_tensor *grad_home; /* its gradient's memory while grad is NULL: Note [Gradients set to none] */
     bool seed_one;       /* a root's gradient nb_backward seeded with ones (no host read needed) */
 } nb__tensor_priv;
 
@@ -266,6 +267,21 @@ nb_tensor *nb__grad_to_update(nb_ctx *ctx, nb_tensor *t);
  * contribution. NULL otherwise (use nb__accum_grad). Note [Gradients added
  * in place] in autograd/backward.c. */
 nb_tensor *nb__leaf_grad_target(nb_tensor *t, nb_dtype dt);
+/* The sibling for a leaf with no gradient yet (t, dt resolved as above):
+ * its reserved memory (the gradient's memory before it was set to none,
+ * else its flat slot), now its gradient, counted as this pass's
+ * contribution; the caller must WRITE every element of it (a fresh
+ * gradient holds garbage, not zeros). NULL when the leaf has a gradient
+ * or nothing reserved (then nb__leaf_grad_target or nb__accum_grad).
+ * Note [Gradients set to none] in autograd/backward.c. */
+nb_tensor *nb__leaf_grad_fresh(nb_tensor *t, nb_dtype dt);
+/* Note [Gradients set to none]: t's gradient becomes NULL, its memory
+ * kept for the next first contribution (nb_optim_zero_grad_to_none). */
+void nb__grad_set_none(nb_tensor *t);
+/* A leaf with no gradient but reserved memory gets that memory, zeroed,
+ * as its gradient (a reader of every slot, DDP's bucket collective, is
+ * about to read it); no-op otherwise. */
+void nb__grad_zero_fill_none(nb_tensor *t);
 /* The same for any t: a leaf's as above; a non-leaf's existing gradient
  * (contiguous, t's shape, dtype dt = t's, t's device) when it is t's alone,
  * made for t or handed to t by a backward that already ran and held by no

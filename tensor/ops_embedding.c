@@ -19,8 +19,12 @@
  * [Gradients added in place] in autograd/backward.c), the kernel adds each
  * hit row's sum into it and leaves the other rows alone. The sum of a row
  * is formed from 0 first and then added, which is the value the separate
- * tensor plus the add gave, bit for bit. The first gradient of a leaf (no
- * tensor yet) still goes the old way. The output gradient is read in its
+ * tensor plus the add gave, bit for bit. A leaf with no gradient but
+ * memory reserved for it (a flat slot, or its gradient's memory before it
+ * was set to none: Note [Gradients set to none] in autograd/backward.c)
+ * has the whole table written there, the rows no index hits 0, repeated
+ * indices summed first as always; any other first gradient still goes
+ * through a tensor of its own. The output gradient is read in its
  * own dtype (bf16 under a bf16 compute dtype, summed in f32), not widened
  * by a copy first.
  *
@@ -51,9 +55,10 @@ static nb_tensor *as_readable(nb_ctx *ctx, const nb_tensor *w, nb_tensor *g) {
 static void table_backward(nb_ctx *ctx, nb_tensor *w, nb_tensor *g, nb_tensor *idx) {
     if (!w->requires_grad) return;
     g = as_readable(ctx, w, g);
-    nb_tensor *target = nb__leaf_grad_target(w, w->dtype);
+    nb_tensor *fresh = nb__leaf_grad_fresh(w, w->dtype);
+    nb_tensor *target = fresh ? fresh : nb__leaf_grad_target(w, w->dtype);
     if (target) {
-        nb__backend_at(w)->embedding_backward(target, g, idx, nb_numel(idx), true);
+        nb__backend_at(w)->embedding_backward(target, g, idx, nb_numel(idx), !fresh);
         return;
     }
     nb_tensor *gw = nb__empty(ctx, w->dtype, 2, w->shape);
@@ -102,9 +107,10 @@ static void embedding_pos_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) {
     table_backward(ctx, wte, g, idx);
     if (!wpe->requires_grad) return;
     g = as_readable(ctx, wpe, g);
-    nb_tensor *target = nb__leaf_grad_target(wpe, wpe->dtype);
+    nb_tensor *fresh = nb__leaf_grad_fresh(wpe, wpe->dtype);
+    nb_tensor *target = fresh ? fresh : nb__leaf_grad_target(wpe, wpe->dtype);
     if (target) {
-        nb__backend_at(wpe)->embedding_pos_backward(target, g, true);
+        nb__backend_at(wpe)->embedding_pos_backward(target, g, !fresh);
         return;
     }
     nb_tensor *gw = nb__empty(ctx, wpe->dtype, 2, wpe->shape);

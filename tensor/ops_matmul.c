@@ -243,10 +243,11 @@ static nb_tensor *bias_grad_fuses(const nb_node *node, const nb_tensor *g) {
 static void matmul_bias_backward(nb_ctx *ctx, nb_node *node, nb_tensor *g) {
     nb_tensor *bias = node->in[2];
     nb_tensor *bt = bias_grad_fuses(node, g);
-    if (bt) {
-        nb_tensor *db = nb__empty(ctx, NB_F32, 1, bt->shape);
+    if (bt) { /* a bias with no gradient: its sums written into its memory (Note [Gradients set to none]) */
+        nb_tensor *fresh = nb__leaf_grad_fresh(bt, NB_F32);
+        nb_tensor *db = fresh ? fresh : nb__empty(ctx, NB_F32, 1, bt->shape);
         matmul_backward_ex(ctx, node, g, db);
-        nb__accum_grad(ctx, bt, db);
+        if (!fresh) nb__accum_grad(ctx, bt, db);
         return;
     }
     matmul_backward(ctx, node, g);
@@ -292,14 +293,26 @@ static nb_tensor *gelu_pre_of(const nb_tensor *x) {
 
 /* out += op(x) @ op(y), out contiguous with the product's shape, where
  * the backend's GEMM accumulates (a leaf's gradient: Note [Gradients added
- * in place] in autograd/backward.c); bgrad: NULL, or op(x)'s row sums
- * written there (Note [GEMM epilogues in backward]). */
-static void matmul_add(nb_ctx *ctx, nb_tensor *out, nb_tensor *x, nb_tensor *y, bool tx,
-                       bool ty, nb_tensor *bgrad) {
+ * in place] in autograd/backward.c), or out = op(x) @ op(y) (beta = 0)
+ * when out is a leaf's fresh gradient (Note [Gradients set to none]);
+ * bgrad: NULL, or op(x)'s row sums written there (Note [GEMM epilogues in
+ * backward]). */
+static void matmul_into(nb_ctx *ctx, nb_tensor *out, bool add, nb_tensor *x, nb_tensor *y, bool tx,
+                        bool ty, nb_tensor *bgrad) {
     const nb__backend *be = nb__backend_at(out);
     nb_tensor *cx = be->gemm_readable(x) ? x : nb__contig(ctx, x);
     nb_tensor *cy = be->gemm_readable(y) ? y : nb__contig(ctx, y);
-    be->matmul(out, cx, cy, tx, ty, &(nb__gemm_epilogue){.accumulate = true, .bgrad = bgrad});
+    be->matmul(out, cx, cy, tx, ty, &(nb__gemm_epilogue){.accumulate = add, .bgrad = bgrad});
+}
+
+/* Note [Gradients added in place] and Note [Gradients set to none] in
+ * autograd/backward.c: leaf b's gradient memory for a product of dtype
+ * dt, *add telling whether to add into it (it holds a gradient) or write
+ * it (fresh); NULL when neither */
+static nb_tensor *weight_grad_dest(nb_tensor *b, nb_dtype dt, bool *add) {
+    nb_tensor *fresh = nb__leaf_grad_fresh(b, dt);
+    *add = fresh == NULL;
+    return fresh ? fresh : nb__leaf_grad_target(b, dt);
 }
 
 /* Runs with grad mode off (Note [Tape]), so the ops below record nothing.
@@ -340,11 +353,12 @@ static void matmul_backward_ex(nb_ctx *ctx, nb_node *node, nb_tensor *g, nb_tens
             int64_t k = a->shape[a->ndim - (ta ? 2 : 1)];
             nb_tensor *fa = flat_op(ctx, a, ta, batch * m, k);
             nb_tensor *fg = flat_op(ctx, g, false, batch * m, n);
+            bool add = true;
             nb_tensor *dst =
-                direct && b->ndim == 2 && batch * m <= INT_MAX ? nb__leaf_grad_target(b, pd) : NULL;
+                direct && b->ndim == 2 && batch * m <= INT_MAX ? weight_grad_dest(b, pd, &add) : NULL;
             if (dst) {
-                if (tb) matmul_add(ctx, dst, fg, fa, true, false, bgrad);
-                else matmul_add(ctx, dst, fa, fg, true, false, NULL);
+                if (tb) matmul_into(ctx, dst, add, fg, fa, true, false, bgrad);
+                else matmul_into(ctx, dst, add, fa, fg, true, false, NULL);
                 return;
             }
             if (bgrad) /* tb (bias_grad_fuses): the bias's sums are op(fg^T)'s rows' */
@@ -356,10 +370,11 @@ static void matmul_backward_ex(nb_ctx *ctx, nb_node *node, nb_tensor *g, nb_tens
         } else {
             bool same_batch = b->ndim == g->ndim;
             for (int d = 0; same_batch && d < g->ndim - 2; d++) same_batch = b->shape[d] == g->shape[d];
-            nb_tensor *dst = direct && same_batch ? nb__leaf_grad_target(b, pd) : NULL;
+            bool add = true;
+            nb_tensor *dst = direct && same_batch ? weight_grad_dest(b, pd, &add) : NULL;
             if (dst) {
-                if (tb) matmul_add(ctx, dst, g, a, true, ta, NULL);
-                else matmul_add(ctx, dst, a, g, !ta, false, NULL);
+                if (tb) matmul_into(ctx, dst, add, g, a, true, ta, NULL);
+                else matmul_into(ctx, dst, add, a, g, !ta, false, NULL);
                 return;
             }
             gb = tb ? grad_product(ctx, b, g, a, true, ta) : grad_product(ctx, b, a, g, !ta, false);

@@ -36,12 +36,21 @@ static bool wants_grad(const nb_tensor *t) { return t && t->requires_grad; }
  * own and nb__accum_grad adds it, as before. The bits are those of the
  * separate add: the kernel rounds its contribution to the gradient's
  * dtype, then adds it in that dtype's arithmetic (f32 for bf16 and f16)
- * and rounds again (tensor/backend.h). */
+ * and rounds again (tensor/backend.h). A leaf with no gradient but its
+ * memory reserved (Note [Gradients set to none] in autograd/backward.c)
+ * has its contribution written there: no add, no tensor of its own. */
 
-/* t's gradient to add a (shape of t, dtype dt) contribution into, else a
- * new tensor to write it to; *add gets bit when it is the former. */
-static nb_tensor *ln_grad_out(nb_ctx *ctx, nb_tensor *t, nb_dtype dt, unsigned bit, unsigned *add) {
+/* t's gradient to add a (shape of t, dtype dt) contribution into, else
+ * t's fresh gradient or a new tensor to write it to; *add gets bit when
+ * it is the first, *done when the second (nothing to hand over after). */
+static nb_tensor *ln_grad_out(nb_ctx *ctx, nb_tensor *t, nb_dtype dt, unsigned bit, unsigned *add,
+                              unsigned *done) {
     if (!wants_grad(t)) return NULL;
+    nb_tensor *fresh = nb__leaf_grad_fresh(t, dt);
+    if (fresh) {
+        *done |= bit;
+        return fresh;
+    }
     nb_tensor *into = nb__grad_add_target(t, dt);
     if (into) {
         *add |= bit;
@@ -55,11 +64,12 @@ static void layer_norm_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g) {
     nb_tensor *xc = n->saved[0], *mean = n->saved[1], *rstd = n->saved[2], *wc = n->saved[3];
     int64_t m = n->i[0], d = n->i[1];
     g = nb__contig(ctx, g);
-    unsigned add = 0;
-    nb_tensor *dx = ln_grad_out(ctx, x, x->dtype, NB__LN_ADD_DX, &add);
-    nb_tensor *dw = ln_grad_out(ctx, w, w ? w->dtype : NB_F32, NB__LN_ADD_DW, &add);
-    nb_tensor *db = ln_grad_out(ctx, b, b ? b->dtype : NB_F32, NB__LN_ADD_DB, &add);
+    unsigned add = 0, done = 0;
+    nb_tensor *dx = ln_grad_out(ctx, x, x->dtype, NB__LN_ADD_DX, &add, &done);
+    nb_tensor *dw = ln_grad_out(ctx, w, w ? w->dtype : NB_F32, NB__LN_ADD_DW, &add, &done);
+    nb_tensor *db = ln_grad_out(ctx, b, b ? b->dtype : NB_F32, NB__LN_ADD_DB, &add, &done);
     nb__backend_at(xc)->layer_norm_backward(ctx, dx, dw, db, g, xc, mean, rstd, wc, m, d, add);
+    add |= done;
     if (dx && !(add & NB__LN_ADD_DX)) nb__accum_grad(ctx, x, dx);
     if (dw && !(add & NB__LN_ADD_DW)) nb__accum_grad(ctx, w, dw);
     if (db && !(add & NB__LN_ADD_DB)) nb__accum_grad(ctx, b, db);

@@ -459,12 +459,89 @@ DDP_TEST(test_gradients_are_bucket_views) {
     for (int i = 0; i < 4; i++) ck_assert(p[i].tensor->grad == NULL || p[i].tensor->grad->ctx == pctx);
 }
 
+/* ---- gradients set to none (Note [Gradients set to none] in autograd/backward.c) ---- */
+
+/* Every parameter of a and b has the same values, compared as numbers. */
+static void assert_same_params(nb_module *a, nb_module *b) {
+    nb_named_tensor p[8], q[8];
+    int n = nb_module_named_parameters(a, p, 8);
+    ck_assert_int_eq(nb_module_named_parameters(b, q, 8), n);
+    for (int i = 0; i < n; i++) {
+        int64_t k = nb_numel(p[i].tensor);
+        double *u = malloc(sizeof *u * (size_t)k), *v = malloc(sizeof *v * (size_t)k);
+        nb_to_host(p[i].tensor, u);
+        nb_to_host(q[i].tensor, v);
+        for (int64_t j = 0; j < k; j++)
+            ck_assert_msg(u[j] == v[j], "rank %d: %s[%lld]: %.17g and %.17g", me, p[i].name, (long long)j,
+                          u[j], v[j]);
+        free(u);
+        free(v);
+    }
+}
+
+/* The same DDP training with nb_optim_zero_grad and with
+ * nb_optim_zero_grad_to_none: equal parameters after every step, also
+ * where branch b gets no gradient on the odd ranks (find_unused_parameters:
+ * the reducer zeroes its NULL gradient's bucket slice before the
+ * all-reduce, which is the old call's zeros). Gradients set to none read
+ * NULL until the next backward. Owners that handle the memory themselves
+ * are refused. */
+DDP_TEST(test_grad_set_to_none) {
+    nb_module *m[2];
+    nb_ddp *d[2];
+    nb_optim *o[2];
+    for (int k = 0; k < 2; k++) {
+        m[k] = nb_module_list_new(pctx);
+        nb_rng rng = nb_rng_make(3);
+        nb_module_add(m[k], "a", nb_linear_new(pctx, NB_F64, F_IN, N_CLASSES, true, &rng));
+        nb_module_add(m[k], "b", nb_linear_new(pctx, NB_F64, F_IN, N_CLASSES, true, &rng));
+        nb_ddp_options opts = small_buckets(64, 128);
+        opts.find_unused_parameters = true;
+        d[k] = ddp_wrap(m[k], &opts, 1);
+        o[k] = adamw_for(m[k]);
+    }
+    for (int it = 0; it < 4; it++) {
+        nb_ctx_reset(step);
+        nb_tensor *x, *y;
+        make_batch(step, R * 4, 500 + (uint64_t)it, &x, &y);
+        x = shard(step, x, me * 4, 4);
+        y = shard(step, y, me * 4, 4);
+        bool skip = R > 1 && it % 2 == 1 && me % 2 == 1;
+        for (int k = 0; k < 2; k++) {
+            nb_tensor *logits = nb_module_forward(nb_module_child(m[k], "a"), step, x);
+            if (!skip) logits = nb_add(step, logits, nb_module_forward(nb_module_child(m[k], "b"), step, x));
+            nb_status st = nb_ddp_backward(d[k], nb_cross_entropy(step, logits, y, NULL));
+            ck_assert_msg(st == NB_OK, "%s", nb_last_error());
+            nb_optim_step(o[k]);
+            if (k == 0) nb_optim_zero_grad(o[k]);
+            else nb_optim_zero_grad_to_none(o[k]);
+        }
+        nb_named_tensor p[4];
+        nb_module_named_parameters(m[1], p, 4);
+        for (int i = 0; i < 4; i++) ck_assert_ptr_null(p[i].tensor->grad);
+        assert_same_params(m[0], m[1]);
+    }
+    if (R > 1) {
+        ck_assert_int_eq(nb_ddp_set_zero(d[1], o[1]), NB_OK);
+        NBT_EXPECT_ABORT(nb_optim_zero_grad_to_none(o[1]), "nb_optim_zero_grad_to_none: this optimizer is "
+                         "sharded over the ranks (ZeRO, nb_ddp_set_zero; or FSDP");
+        ck_assert_int_eq(nb_ddp_set_zero(d[1], NULL), NB_OK);
+        ck_assert_int_eq(nb_ddp_set_optimizer(d[1], o[1]), NB_OK);
+        NBT_EXPECT_ABORT(nb_optim_zero_grad_to_none(o[1]), "this optimizer is stepped per bucket");
+        ck_assert_int_eq(nb_ddp_set_optimizer(d[1], NULL), NB_OK);
+    }
+    for (int k = 0; k < 2; k++) {
+        nb_ddp_free(d[k]);
+        nb_optim_free(o[k]);
+    }
+}
+
 static Suite *suite(void) {
     const TTest *tests[] = {test_mlp_equivalence, test_cnn_sync_bn_equivalence, test_sync_bn_unequal_batches,
                              test_no_sync_accumulation, test_unused_parameters, test_bucket_rebuild_agrees,
                              test_overlap_recorded, test_overlap_figures, test_overlap_across_ranks,
                              test_bf16_hook, test_mismatch_named, test_freed_wrapper_named,
-                             test_gradients_are_bucket_views, NULL};
+                             test_gradients_are_bucket_views, test_grad_set_to_none, NULL};
     return nbt_suite("ddp", "ddp", 120, tests);
 }
 

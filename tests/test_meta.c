@@ -727,6 +727,102 @@ START_TEST(test_gpt_residual_adds) {
 }
 END_TEST
 
+/* Note [Gradients set to none] in autograd/backward.c: a weight's
+ * gradient GEMM into a gradient set to none runs with beta = 0 and counts
+ * C once (written), not read and written; the bias's sums go from the
+ * BGRAD epilogue straight into its gradient, no temporary and no add. One
+ * Linear under bf16 on meta:cuda, its third backward after zero_grad and
+ * after zero_grad_to_none, against the second. */
+START_TEST(test_gemm_fresh_gradient) {
+    enum { R = 64, C = 32, H = 48 };
+    nb_ctx *ctx = nb_ctx_new(nb_meta(NB_DEVICE_CUDA), 0), *step = nb_ctx_new(nb_meta(NB_DEVICE_CUDA), 0);
+    nb_ctx_set_compute_dtype(step, NB_BF16);
+    nb_tensor *w = nb_empty(ctx, NB_F32, NB_SHAPE(H, C)), *b = nb_empty(ctx, NB_F32, NB_SHAPE(H));
+    nb_set_requires_grad(w, true);
+    nb_set_requires_grad(b, true);
+    nb_named_tensor p[2] = {{"w", w}, {"b", b}};
+    nb_optim_hparams h = NB_ADAMW_DEFAULTS;
+    nb_optim *opt = nb_optim_new(NB_OPTIM_ADAMW, p, 2, &h);
+    /* g^T x read (bf16), D (f32 dw) written, the bias's sums (f32) written */
+    double gemm = 2.0 * R * H + 2.0 * R * C + 4.0 * H * C + 4.0 * H;
+    for (int s = 0; s < 3; s++) {
+        nb_ctx_reset(step);
+        nb_tensor *y = nb__linear(step, nb_empty(step, NB_BF16, NB_SHAPE(R, C)), w, b);
+        nb_meta_reset();
+        nb_backward_with(y, nb_empty(step, NB_BF16, NB_SHAPE(R, H)));
+        if (s == 1) { /* after zero_grad: C read too, the bias's sums added */
+            expect("matmul", 1, gemm + 4.0 * H * C, 1.0 * R * H, 2.0 * R * H * C, 1);
+            expect("binary.add", 1, 3 * 4.0 * H, 1.0 * H, 0, 1);
+        } else { /* the first backward, and after zero_grad_to_none: written */
+            expect("matmul", 1, gemm, 1.0 * R * H, 2.0 * R * H * C, 1);
+            ck_assert_int_eq(find("binary.add").calls, 0);
+        }
+        ck_assert_int_eq(find("copy").calls, 1); /* the seed's; nothing copied into a gradient */
+        nb_meta_reset();
+        if (s == 0) nb_optim_zero_grad(opt);
+        else nb_optim_zero_grad_to_none(opt);
+        /* one memset over the flat buffer, or nothing */
+        expect("memset", s == 0, s == 0 ? 4.0 * (H * C + H) : 0, 0, 0, s == 0);
+    }
+    nb_optim_free(opt);
+    nb_ctx_free(step);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
+/* A steady GPT step under bf16 on meta:cuda (forward, backward, AdamW,
+ * the gradients cleared), as bench_gpt2 counts it, with zero_grad and
+ * with zero_grad_to_none. What the second saves, by formula: the memset
+ * over the flat buffer (4 bytes per parameter, one launch; small_gpt's
+ * sizes are multiples of 16, so no slot padding); each weight's gradient
+ * GEMM's read of C (4 bytes per element of the 4 L block matrices and the
+ * tied wte/lm_head); the 4 L bias gradients' adds (two (N) f32 read, one
+ * written, one launch each); each layer norm's read of dw and db; and the
+ * position table's gradient written whole instead of its T rows read and
+ * written. Nothing else changes. */
+static nb_meta_entry gpt_step_cleared(bool to_none, double *n_params) {
+    nb_ctx *params, *step;
+    nb_module *gpt = small_gpt(nb_meta(NB_DEVICE_CUDA), NB_BF16, &params, &step);
+    int np = nb_module_named_parameters(gpt, NULL, 0);
+    nb_named_tensor *p = malloc((size_t)np * sizeof *p);
+    nb_module_named_parameters(gpt, p, np);
+    *n_params = 0;
+    for (int i = 0; i < np; i++) *n_params += (double)nb_numel(p[i].tensor);
+    nb_optim_hparams h = NB_ADAMW_DEFAULTS;
+    nb_optim *opt = nb_optim_new(NB_OPTIM_ADAMW, p, np, &h);
+    nb_tensor *x = nb_zeros(params, NB_I64, NB_SHAPE(4, 32)), *y = nb_zeros(params, NB_I64, NB_SHAPE(4, 32));
+    for (int s = 0; s < 2; s++) {
+        nb_ctx_reset(step);
+        nb_meta_reset();
+        nb_backward(nb_gpt_forward_loss(gpt, step, x, y));
+        nb_optim_step(opt);
+        if (to_none) nb_optim_zero_grad_to_none(opt);
+        else nb_optim_zero_grad(opt);
+    }
+    nb_meta_entry total = nb_meta_total();
+    nb_optim_free(opt);
+    free(p);
+    nb_ctx_free(step);
+    nb_ctx_free(params);
+    return total;
+}
+
+START_TEST(test_gpt_step_to_none) {
+    enum { V = 128, P = 32, L = 2, C = 32, T = 32 }; /* small_gpt's, batch (4, 32) */
+    double n_params, n2;
+    nb_meta_entry zeros = gpt_step_cleared(false, &n_params), none = gpt_step_cleared(true, &n2);
+    double matrices = L * (3.0 * C * C + 1.0 * C * C + 4.0 * C * C + 4.0 * C * C) + 1.0 * V * C;
+    double biases = L * (3.0 * C + C + 4.0 * C + C);
+    double saved = 4.0 * n_params + 4.0 * matrices + 3 * 4.0 * biases + (2 * L + 1) * 2 * 4.0 * C +
+                   (2 * 4.0 * T * C - 4.0 * P * C);
+    ck_assert_msg(zeros.bytes - none.bytes == saved, "bytes %.0f with zeros, %.0f set to none: %.0f saved, "
+                  "expected %.0f", zeros.bytes, none.bytes, zeros.bytes - none.bytes, saved);
+    ck_assert_int_eq(zeros.launches - none.launches, 1 + 4 * L);
+    ck_assert_int_eq(zeros.calls - none.calls, 1 + 4 * L);
+    ck_assert(zeros.gemm_flops == none.gemm_flops);
+}
+END_TEST
+
 static Suite *suite(void) {
     const TTest *tests[] = {test_tables, test_matmul, test_batched_matmul, test_linear_epilogues,
                              test_linear_residual, test_gpt_residual_adds, test_layer_norm,
@@ -735,7 +831,7 @@ static Suite *suite(void) {
                              test_gpt_input, test_adamw_many, test_gpt_shadows, test_attention_path,
                              test_gpt_layer_norm_backward, test_gpt_peak_matches_cpu, test_peak_report,
                              test_no_values,
-                             test_device_names, NULL};
+                             test_device_names, test_gemm_fresh_gradient, test_gpt_step_to_none, NULL};
     return nbt_suite("meta", "core", 60, tests);
 }
 

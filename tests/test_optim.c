@@ -1248,6 +1248,344 @@ NBT_CPU_TEST(test_grad_scaler_skip_growth_backoff) {
     nb_optim_free(opt);
 }
 
+/* ---- gradients set to none (Note [Gradients set to none] in autograd/backward.c) ---- */
+
+enum { MAX_TWIN = 40 };
+
+/* t's values as doubles (f32 or f64; malloc'ed) */
+static double *values_of(const nb_tensor *t) {
+    int64_t n = nb_numel(t);
+    double *v = malloc(sizeof *v * (size_t)(n ? n : 1));
+    if (t->dtype == NB_F64) {
+        nb_to_host(t, v);
+    } else {
+        float *f = malloc(sizeof *f * (size_t)(n ? n : 1));
+        nb_to_host(t, f);
+        for (int64_t i = 0; i < n; i++) v[i] = f[i];
+        free(f);
+    }
+    return v;
+}
+
+/* a and b hold the same numbers (compared as numbers: a GEMM writing a
+ * zero may give -0 where adding into zeros gives +0) */
+static void assert_same_values(const char *what, const nb_tensor *a, const nb_tensor *b) {
+    ck_assert_int_eq(nb_numel(a), nb_numel(b));
+    double *u = values_of(a), *v = values_of(b);
+    for (int64_t i = 0; i < nb_numel(a); i++)
+        ck_assert_msg(u[i] == v[i], "%s[%lld]: %.17g and %.17g", what, (long long)i, u[i], v[i]);
+    free(u);
+    free(v);
+}
+
+/* A model with its AdamW and a step context of its own. */
+typedef struct twin {
+    nb_ctx *params, *step;
+    nb_module *m;
+    nb_named_tensor p[MAX_TWIN];
+    int np;
+    nb_optim *opt;
+} twin;
+
+typedef nb_module *(*make_fn)(nb_ctx *ctx);
+typedef nb_tensor *(*loss_fn)(nb_module *m, nb_ctx *step, int it, int micro);
+
+static void twin_new(twin *t, make_fn make, nb_dtype cd, double wd) {
+    t->params = nb_ctx_new(nb_cpu(), 0);
+    t->step = nb_ctx_new(nb_cpu(), 0);
+    nb_ctx_set_compute_dtype(t->step, cd);
+    t->m = make(t->params);
+    t->np = nb_module_named_parameters(t->m, t->p, MAX_TWIN);
+    ck_assert_int_le(t->np, MAX_TWIN);
+    nb_optim_hparams h = NB_ADAMW_DEFAULTS;
+    h.lr = 0.01;
+    h.weight_decay = wd;
+    t->opt = nb_optim_new(NB_OPTIM_ADAMW, t->p, t->np, &h);
+}
+
+static void twin_free(twin *t) {
+    nb_optim_free(t->opt);
+    nb_ctx_free(t->step);
+    nb_ctx_free(t->params);
+}
+
+/* Linear(8, 16), GELU(tanh), Linear(16, 16), Tanh, Linear(16, 4), f32; seed 5 */
+static nb_module *none_mlp(nb_ctx *ctx) {
+    nb_rng rng = nb_rng_make(5);
+    nb_module *c[5] = {nb_linear_new(ctx, NB_F32, 8, 16, true, &rng), nb_gelu_new(ctx, NB_GELU_TANH),
+                       nb_linear_new(ctx, NB_F32, 16, 16, true, &rng), nb_tanh_new(ctx),
+                       nb_linear_new(ctx, NB_F32, 16, 4, true, &rng)};
+    return nb_sequential_new(ctx, 5, c);
+}
+
+static nb_tensor *none_labels(nb_ctx *ctx, int64_t n, int64_t classes, uint64_t seed) {
+    int64_t *lab = malloc(sizeof *lab * (size_t)n);
+    for (int64_t i = 0; i < n; i++) lab[i] = (int64_t)((i * 5 + seed * 3) % (uint64_t)classes);
+    nb_tensor *y = nb_from_host(ctx, NB_I64, NB_SHAPE(n), lab);
+    free(lab);
+    return y;
+}
+
+static nb_tensor *none_mlp_loss(nb_module *m, nb_ctx *step, int it, int micro) {
+    uint64_t seed = 40 + 10 * (uint64_t)it + (uint64_t)micro;
+    nb_tensor *x = nbt_randn(step, NB_F32, 2, (int64_t[]){12, 8}, seed);
+    return nb_cross_entropy(step, nb_module_forward(m, step, x), none_labels(step, 12, 4, seed), NULL);
+}
+
+/* a GPT of 2 layers, vocabulary 64, block 16, width 16, f32; seed 9 */
+static nb_module *none_gpt(nb_ctx *ctx) {
+    nb_gpt_config cfg = {64, 16, 2, 2, 16, 0.0};
+    nb_rng rng = nb_rng_make(9);
+    return nb_gpt_new(ctx, NB_F32, &cfg, &rng);
+}
+
+static nb_tensor *none_gpt_loss(nb_module *m, nb_ctx *step, int it, int micro) {
+    uint64_t seed = 60 + 10 * (uint64_t)it + (uint64_t)micro;
+    int64_t tok[2][64];
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < 64; i++) tok[k][i] = (int64_t)((uint64_t)(i * (7 + k) + 3 * k) * seed % 64);
+    nb_tensor *x = nb_from_host(step, NB_I64, NB_SHAPE(4, 16), tok[0]);
+    nb_tensor *y = nb_from_host(step, NB_I64, NB_SHAPE(4, 16), tok[1]);
+    return nb_gpt_forward_loss(m, step, x, y);
+}
+
+/* Training with nb_optim_zero_grad (a) and nb_optim_zero_grad_to_none (b)
+ * from the same start: after every backward the same gradients, b's in
+ * the memory its gradients had before they were set to none; after every
+ * step b's gradients NULL; the same parameters throughout. Bitwise (as
+ * numbers): the first writer's GEMM with beta = 0 forms the product the
+ * beta = 1 GEMM adds to zeros, layer norm and the embeddings write the
+ * sums they would add to zeros, and x + 0 = x. */
+static void check_to_none_same(make_fn make, loss_fn loss, nb_dtype cd, int steps) {
+    twin a, b;
+    twin_new(&a, make, cd, 0.1);
+    twin_new(&b, make, cd, 0.1);
+    void *mem[MAX_TWIN] = {0};
+    for (int it = 0; it < steps; it++) {
+        twin *t[2] = {&a, &b};
+        for (int k = 0; k < 2; k++) {
+            nb_ctx_reset(t[k]->step);
+            nb_backward(loss(t[k]->m, t[k]->step, it, 0));
+        }
+        for (int i = 0; i < a.np; i++) {
+            ck_assert_ptr_nonnull(b.p[i].tensor->grad);
+            assert_same_values(a.p[i].name, a.p[i].tensor->grad, b.p[i].tensor->grad);
+            if (it == 0) mem[i] = b.p[i].tensor->grad->data;
+            ck_assert_msg(b.p[i].tensor->grad->data == mem[i], "%s: gradient moved", b.p[i].name);
+        }
+        nb_optim_step(a.opt);
+        nb_optim_step(b.opt);
+        nb_optim_zero_grad(a.opt);
+        nb_optim_zero_grad_to_none(b.opt);
+        for (int i = 0; i < b.np; i++) ck_assert_ptr_null(b.p[i].tensor->grad);
+    }
+    for (int i = 0; i < a.np; i++) assert_same_values(a.p[i].name, a.p[i].tensor, b.p[i].tensor);
+    twin_free(&a);
+    twin_free(&b);
+}
+
+START_TEST(test_to_none_same_training) {
+    for (int epi = 0; epi < 2; epi++) { /* the bias's gradient by the GEMM's BGRAD epilogue, or apart */
+        nb__gemm_epilogues_force(epi);
+        check_to_none_same(none_mlp, none_mlp_loss, NB_F32, 4);
+        check_to_none_same(none_gpt, none_gpt_loss, NB_F32, 3);
+        check_to_none_same(none_gpt, none_gpt_loss, NB_BF16, 3);
+        nb__gemm_epilogues_force(-1);
+    }
+}
+END_TEST
+
+/* f64: E (7, 4) gathered by indices with repeats, layer norm (w, b),
+ * Linear (W (3, 4), bias (3)), loss sum(out * r) */
+typedef struct none_small {
+    nb_ctx *ctx;
+    nb_tensor *p[5];
+    nb_tensor *idx, *r;
+} none_small;
+
+/* element i of t in row-major order */
+static void flat_index(const nb_tensor *t, int64_t i, int64_t *at) {
+    for (int d = t->ndim - 1; d >= 0; d--) {
+        at[d] = i % t->shape[d];
+        i /= t->shape[d];
+    }
+}
+static double flat_get(const nb_tensor *t, int64_t i) {
+    int64_t at[NB_MAX_DIMS];
+    flat_index(t, i, at);
+    return nb_get(t, at);
+}
+static void flat_set(nb_tensor *t, int64_t i, double v) {
+    int64_t at[NB_MAX_DIMS];
+    flat_index(t, i, at);
+    nb_set(t, at, v);
+}
+
+static nb_tensor *none_small_loss(none_small *s, nb_ctx *step) {
+    nb_tensor *h = nb_layer_norm(step, nb_embedding(step, s->p[0], s->idx), 1, s->p[1], s->p[2], 1e-5);
+    return nb_sum_all(step, nb_mul(step, nb__linear(step, h, s->p[3], s->p[4]), s->r));
+}
+
+/* After a step and nb_optim_zero_grad_to_none (the memory holding the
+ * last gradients), the next backward's gradients equal float64 central
+ * differences: every first contribution was written over the stale ones. */
+START_TEST(test_to_none_gradcheck) {
+    for (int epi = 0; epi < 2; epi++) {
+        nb__gemm_epilogues_force(epi);
+        none_small s = {.ctx = nb_ctx_new(nb_cpu(), 0)};
+        int64_t shapes[5][2] = {{7, 4}, {4, 0}, {4, 0}, {3, 4}, {3, 0}};
+        nb_named_tensor np[5];
+        const char *names[5] = {"E", "ln.w", "ln.b", "W", "bias"};
+        for (int k = 0; k < 5; k++) {
+            s.p[k] = nbt_randn_leaf(s.ctx, NB_F64, shapes[k][1] ? 2 : 1, shapes[k], 70 + (uint64_t)k);
+            np[k] = (nb_named_tensor){names[k], s.p[k]};
+        }
+        int64_t ix[10] = {0, 1, 1, 3, 0, 6, 6, 2, 0, 1};
+        s.idx = nb_from_host(s.ctx, NB_I64, NB_SHAPE(2, 5), ix);
+        s.r = nbt_randn(s.ctx, NB_F64, 3, (int64_t[]){2, 5, 3}, 80);
+        nb_optim_hparams h = NB_ADAMW_DEFAULTS;
+        h.lr = 0.1;
+        nb_optim *opt = nb_optim_new(NB_OPTIM_ADAMW, np, 5, &h);
+        nb_ctx *step = nb_ctx_new(nb_cpu(), 0);
+        nb_backward(none_small_loss(&s, step));
+        nb_optim_step(opt);
+        nb_optim_zero_grad_to_none(opt);
+        nb_ctx_reset(step);
+        nb_backward(none_small_loss(&s, step));
+        bool prev = nb_set_grad_enabled(false);
+        for (int k = 0; k < 5; k++) {
+            const nb_tensor *g = s.p[k]->grad;
+            ck_assert_ptr_nonnull(g);
+            for (int64_t i = 0; i < nb_numel(s.p[k]); i++) {
+                double x0 = flat_get(s.p[k], i), e = 1e-5;
+                flat_set(s.p[k], i, x0 + e);
+                nb_ctx_reset(step);
+                double up = nb_item(none_small_loss(&s, step));
+                flat_set(s.p[k], i, x0 - e);
+                nb_ctx_reset(step);
+                double down = nb_item(none_small_loss(&s, step));
+                flat_set(s.p[k], i, x0);
+                double fd = (up - down) / (2 * e), an = flat_get(g, i);
+                ck_assert_msg(fabs(an - fd) <= 1e-7 * (1 + fabs(fd)), "epilogues %d: %s[%lld]: %.12g, finite "
+                              "differences %.12g", epi, names[k], (long long)i, an, fd);
+            }
+        }
+        nb_set_grad_enabled(prev);
+        nb__gemm_epilogues_force(-1);
+        nb_optim_free(opt);
+        nb_ctx_free(step);
+        nb_ctx_free(s.ctx);
+    }
+}
+END_TEST
+
+/* Linear a and Linear b (6 -> 3, f32) added; seed 3 */
+static nb_module *none_branches(nb_ctx *ctx) {
+    nb_rng rng = nb_rng_make(3);
+    nb_module *m = nb_module_list_new(ctx);
+    nb_module_add(m, "a", nb_linear_new(ctx, NB_F32, 6, 3, true, &rng));
+    nb_module_add(m, "b", nb_linear_new(ctx, NB_F32, 6, 3, true, &rng));
+    return m;
+}
+
+/* A parameter unused in a step after nb_optim_zero_grad_to_none keeps its
+ * gradient NULL and its value (AdamW with weight decay, which moves it
+ * after nb_optim_zero_grad: the old call's zero gradient), and its step
+ * count; the used ones get the same values both ways. */
+START_TEST(test_to_none_unused_kept) {
+    twin t[2];
+    for (int k = 0; k < 2; k++) twin_new(&t[k], none_branches, NB_F32, 0.1);
+    double *before[4];
+    for (int it = 0; it < 2; it++)
+        for (int k = 0; k < 2; k++) {
+            nb_ctx_reset(t[k].step);
+            nb_tensor *x = nbt_randn(t[k].step, NB_F32, 2, (int64_t[]){5, 6}, 90 + (uint64_t)it);
+            nb_tensor *y = nb_module_forward(nb_module_child(t[k].m, "a"), t[k].step, x);
+            if (it == 0)
+                y = nb_add(t[k].step, y, nb_module_forward(nb_module_child(t[k].m, "b"), t[k].step, x));
+            nb_backward(nbt_weighted_sum(t[k].step, y));
+            if (it == 1 && k == 1) {
+                for (int i = 0; i < t[k].np; i++) {
+                    bool of_b = strncmp(t[k].p[i].name, "b.", 2) == 0;
+                    ck_assert_msg((t[k].p[i].tensor->grad == NULL) == of_b, "%s", t[k].p[i].name);
+                    if (of_b) before[i] = values_of(t[k].p[i].tensor);
+                }
+            }
+            nb_optim_step(t[k].opt);
+            if (k == 0) nb_optim_zero_grad(t[k].opt);
+            else nb_optim_zero_grad_to_none(t[k].opt);
+        }
+    int n_b = 0;
+    for (int i = 0; i < t[1].np; i++) {
+        nb_tensor *p1 = t[1].p[i].tensor, *p0 = t[0].p[i].tensor;
+        if (strncmp(t[1].p[i].name, "b.", 2) != 0) {
+            assert_same_values(t[1].p[i].name, p0, p1);
+            continue;
+        }
+        n_b++;
+        double *now = values_of(p1), *old_way = values_of(p0);
+        bool moved = false;
+        for (int64_t j = 0; j < nb_numel(p1); j++) {
+            ck_assert_msg(now[j] == before[i][j], "%s[%lld] moved", t[1].p[i].name, (long long)j);
+            moved |= old_way[j] != now[j];
+        }
+        ck_assert_msg(moved, "%s: the old call's zero gradient should have moved it", t[1].p[i].name);
+        ck_assert_ptr_null(p1->grad);
+        char key[64];
+        snprintf(key, sizeof key, "optim.state.%s.step", t[1].p[i].name);
+        ck_assert_int_eq(*(const int64_t *)state_named(t[1].opt, key)->data, 1);
+        free(now);
+        free(old_way);
+        free(before[i]);
+    }
+    ck_assert_int_eq(n_b, 2);
+    for (int k = 0; k < 2; k++) twin_free(&t[k]);
+}
+END_TEST
+
+static nb_module *none_mlp64(nb_ctx *ctx) {
+    nb_rng rng = nb_rng_make(6);
+    nb_module *c[3] = {nb_linear_new(ctx, NB_F64, 8, 16, true, &rng), nb_tanh_new(ctx),
+                       nb_linear_new(ctx, NB_F64, 16, 4, true, &rng)};
+    return nb_sequential_new(ctx, 3, c);
+}
+
+static nb_tensor *none_mlp64_loss(nb_module *m, nb_ctx *step, int it, int micro) {
+    uint64_t seed = 140 + 10 * (uint64_t)it + (uint64_t)micro;
+    nb_tensor *x = nbt_randn(step, NB_F64, 2, (int64_t[]){6, 8}, seed);
+    return nb_cross_entropy(step, nb_module_forward(m, step, x), none_labels(step, 6, 4, seed), NULL);
+}
+
+/* Gradient accumulation over two micro-batches after
+ * nb_optim_zero_grad_to_none: the first backward writes, the second adds.
+ * The same numbers as with nb_optim_zero_grad, and, within rounding (the
+ * sums are formed in another order), the gradients of one backward of
+ * both micro-batches' losses added. f64. */
+START_TEST(test_to_none_accumulation) {
+    twin t[3];
+    for (int k = 0; k < 3; k++) twin_new(&t[k], none_mlp64, NB_F32, 0.0);
+    for (int it = 0; it < 3; it++) {
+        for (int k = 0; k < 2; k++) {
+            nb_ctx_reset(t[k].step);
+            nb_backward(none_mlp64_loss(t[k].m, t[k].step, it, 0));
+            nb_backward(none_mlp64_loss(t[k].m, t[k].step, it, 1));
+        }
+        nb_ctx_reset(t[2].step);
+        nb_backward(nb_add(t[2].step, none_mlp64_loss(t[2].m, t[2].step, it, 0),
+                           none_mlp64_loss(t[2].m, t[2].step, it, 1)));
+        for (int i = 0; i < t[0].np; i++) {
+            assert_same_values(t[0].p[i].name, t[0].p[i].tensor->grad, t[1].p[i].tensor->grad);
+            nbt_assert_tensors_close(t[1].p[i].tensor->grad, t[2].p[i].tensor->grad, 1e-14, 1e-12);
+        }
+        for (int k = 0; k < 3; k++) nb_optim_step(t[k].opt);
+        nb_optim_zero_grad(t[0].opt);
+        nb_optim_zero_grad_to_none(t[1].opt);
+        nb_optim_zero_grad(t[2].opt);
+    }
+    for (int k = 0; k < 3; k++) twin_free(&t[k]);
+}
+END_TEST
+
 START_TEST(test_kind_names) {
     ck_assert_str_eq(nb_optim_kind_name(NB_OPTIM_SGD), "sgd");
     ck_assert_str_eq(nb_optim_kind_name(NB_OPTIM_ADAM), "adam");
@@ -1261,6 +1599,7 @@ START_TEST(test_null_handles) {
     NBT_EXPECT_ABORT(nb_optim_step(NULL), "nb_optim_step: the optimizer is NULL: the call that "
                      "should have made it most likely failed and its nb_status was not checked");
     NBT_EXPECT_ABORT(nb_optim_zero_grad(NULL), "nb_optim_zero_grad: the optimizer is NULL");
+    NBT_EXPECT_ABORT(nb_optim_zero_grad_to_none(NULL), "nb_optim_zero_grad_to_none: the optimizer is NULL");
     NBT_EXPECT_ABORT(nb_optim_lr(NULL, 0), "nb_optim_lr: the optimizer is NULL");
     NBT_EXPECT_ABORT(nb_optim_step_count(NULL), "nb_optim_step_count: the optimizer is NULL");
     NBT_EXPECT_ABORT(nb_optim_clip_grad_norm(NULL, 1, 2), "nb_optim_clip_grad_norm: the optimizer");
@@ -1285,6 +1624,8 @@ int main(void) {
                              test_clip_grad_norm_tensor, test_step_clipped, test_param_shadows,
                              test_clip_accumulates_in_double,
                              test_training_decreases_loss, test_grad_scaler_unscaled_equal_plain,
-                             test_grad_scaler_skip_growth_backoff, test_kind_names, test_null_handles, NULL};
+                             test_grad_scaler_skip_growth_backoff, test_to_none_same_training,
+                             test_to_none_gradcheck, test_to_none_unused_kept, test_to_none_accumulation,
+                             test_kind_names, test_null_handles, NULL};
     return nbt_run(nbt_suite("optim", "core", 0, tests));
 }

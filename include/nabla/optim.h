@@ -12,7 +12,9 @@
  * PyTorch skips parameters whose .grad is None. nb_optim_zero_grad() fills
  * gradients with zeros and keeps their buffers (a parameter that once had
  * a gradient is therefore updated by every later step, as in PyTorch with
- * zero_grad(set_to_none=False)). docs/optim.md has the exact update rules. */
+ * zero_grad(set_to_none=False)); nb_optim_zero_grad_to_none() sets them to
+ * NULL, as zero_grad(set_to_none=True). docs/optim.md has the exact update
+ * rules. */
 #ifndef NABLA_OPTIM_H
 #define NABLA_OPTIM_H
 
@@ -93,6 +95,16 @@ NB_API void nb_optim_split_decay(const nb_named_tensor *params, int n, const nb_
 NB_API void nb_optim_step(nb_optim *opt);
 /* Zeroes the gradient of every parameter (buffers are kept). */
 NB_API void nb_optim_zero_grad(nb_optim *opt);
+/* Sets the gradient of every parameter to NULL, as PyTorch's
+ * zero_grad(set_to_none=True); the memory stays reserved, and the next
+ * backward's first contribution to a parameter is written into it rather
+ * than added to zeros (no zeroing pass, no read of zeros). A parameter
+ * that gets no gradient before the next step keeps NULL and is not
+ * updated (no weight decay either). Works with DDP (a parameter unused on
+ * a rank gets zeros there, its bucket being reduced); aborts for an
+ * optimizer stepped per bucket or sharded (ZeRO, FSDP), whose owner
+ * handles the gradients' memory itself. */
+NB_API void nb_optim_zero_grad_to_none(nb_optim *opt);
 
 NB_API nb_optim_kind nb_optim_get_kind(const nb_optim *opt);
 NB_API int nb_optim_group_count(const nb_optim *opt);
