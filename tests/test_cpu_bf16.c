@@ -180,6 +180,12 @@ static void mm_case_run(const mm_case *c) {
     nb_ctx_set_compute_dtype(s16, NB_BF16);
     mm_io f = mm_run(pctx, s32, c, NULL), h = mm_run(pctx, s16, c, NULL);
     ck_assert_int_eq(h.y->dtype, NB_BF16); /* a product writes the compute dtype */
+    nb_tensor *kept_gelu = NULL; /* nb_gelu of the kept pre-activation, before backward */
+    if (c->op == OP_LINEAR_GELU) {
+        bool prev = nb_set_grad_enabled(false);
+        kept_gelu = nb_gelu(s16, h.y->node->saved[0], NB_GELU_TANH);
+        nb_set_grad_enabled(prev);
+    }
     int64_t L = c->L, M = c->M, N = c->N, K = c->K;
     int64_t nl = c->a_batched || c->b_batched ? L : 1;
     nb_tensor *gy = nbt_randn(pctx, NB_F32, h.y->ndim, h.y->shape, 14);
@@ -239,13 +245,20 @@ static void mm_case_run(const mm_case *c) {
             }
     char what[160];
     if (gl) {
-        /* y = gelu(pre) from pre's f32 sum, rounded to bf16 once: the
-         * reference's y, with GELU's f32 error, its slope (< 1.13) times
-         * pre's summation bound, and half a bf16 ulp */
+        /* y = gelu(pre~), pre~ the pre-activation kept (pre's f32 sum
+         * rounded to bf16), rounded to bf16 once: bit for bit nb_gelu of
+         * the kept pre~ (Note [GELU recomputed in backward] in
+         * tensor/ops_matmul.c); against the reference's y, GELU's f32
+         * error, its slope (< 1.13) times pre~'s error (the summation
+         * bound and the rounding to bf16), and half a bf16 ulp */
         ck_assert_int_eq(h.y->dtype, NB_BF16);
         double *y = host(h.y);
+        double *again = host(kept_gelu);
         for (int64_t o = 0; o < pre.n; o++) {
-            double tol = 1.13 * (double)pre.k * F32_EPS * pre.sa[o] * (1 + U) +
+            ck_assert_msg(y[o] == again[o], "%s: y element %lld is %.9g, nb_gelu of the kept "
+                          "pre-activation %.9g", c->name, (long long)o, y[o], again[o]);
+            double sum = (double)pre.k * F32_EPS * pre.sa[o] * (1 + U);
+            double tol = 1.13 * (sum + U * (fabs(pre.s[o]) + sum)) +
                          4 * F32_EPS * (fabs(pre.s[o]) + 1);
             tol += U * (fabs(gelu(pre.s[o])) + tol);
             ck_assert_msg(fabs(y[o] - gelu(pre.s[o])) <= tol,
@@ -253,6 +266,7 @@ static void mm_case_run(const mm_case *c) {
                           y[o], gelu(pre.s[o]));
         }
         free(y);
+        free(again);
     } else {
         snprintf(what, sizeof what, "%s: y vs reference", c->name);
         check_ref(what, h.y, &pre, 0);

@@ -98,11 +98,22 @@ void nb__cpu_binary_bf16(nb__binary_op op, nb_tensor *y, const nb_tensor *a, con
 }
 
 /* bf16 output (and pre-activation): the product, bias and GELU (or
- * GELU's gradient) in f32, each output rounded once. */
+ * GELU's gradient) in f32, each output rounded once. A kept pre-activation
+ * is rounded first and GELU applied to that, by nb_gelu's bf16 kernel: so
+ * y is nb_gelu(pre) bit for bit, the values a backward that makes y again
+ * from pre gets (Note [GELU recomputed in backward] in tensor/ops_matmul.c). */
 void nb__cpu_matmul_bf16_out(nb_tensor *y, const nb_tensor *a, const nb_tensor *b, bool ta,
                              bool tb, const nb_tensor *bias, bool gelu, nb_tensor *pre,
                              const nb_tensor *dgelu_pre) {
     twin wy, wp, wbias, wd;
+    if (gelu && pre && pre->dtype == NB_BF16 && y->dtype == NB_BF16) {
+        nb_tensor *tp = out(&wp, pre);
+        nb__cpu_matmul(tp, a, b, ta, tb, &(nb__gemm_epilogue){.bias = in(&wbias, bias)});
+        done(&wbias);
+        narrow(&wp, pre);
+        nb__cpu_unary(NB_U_GELU_TANH, y, pre, 0);
+        return;
+    }
     nb_tensor *ty = out(&wy, y), *tp = out(&wp, pre);
     nb__cpu_matmul(ty, a, b, ta, tb,
                    &(nb__gemm_epilogue){.bias = in(&wbias, bias), .gelu = gelu, .pre = tp,
