@@ -492,7 +492,7 @@ static void walk(nb_tensor *out, nb_tensor *grad_out, bool retain_graph, bool in
         if (n->reads & NB__READS_OUT) check_graph_tensor(n->out, true);
         for (int i = 0; i < n->n_in; i++) {
             nb_tensor *x = n->in[i];
-            check_graph_tensor(x, n->reads & NB__READS_IN);
+            check_graph_tensor(x, nb__node_reads_in(n, i));
             if (!x || !x->requires_grad) continue;
             if (x->node) {
                 NB_CHECK(x->node->ctx == ctx,

@@ -45,7 +45,8 @@
  * from the model's shape (nb_gpt_memory_floor: parameters, gradients,
  * AdamW state, what backward needs, the logits), and the process's peak
  * RSS on the CPU. --recompute recomputes each block in backward
- * (nb_gpt_set_recompute); --no-give-back keeps every tensor of a step
+ * (nb_gpt_set_recompute), --recompute-gelu each MLP's GELU output
+ * (nb_gpt_set_recompute_gelu); --no-give-back keeps every tensor of a step
  * until the reset (nb_ctx_set_give_back), as before memory was given back.
  *
  * --profile-events FILE (--device cuda) times the last timed step entry by
@@ -75,7 +76,7 @@ static int usage(const char *prog) {
             "usage: %s [--device cuda|cpu|meta:cuda|meta:cpu] [--gpu N | --gpu h100|h200|a100] "
             "[--bf16] [--tf32] [--layers 12] [--heads 12] [--width 768] [--seq-len 1024] "
             "[--vocab 50304] [--batch 8] [--steps 20] [--warmup 3] [--no-clip] [--recompute] "
-            "[--no-give-back] [--peak-tflops 989] [--progress-after 2] [--trace FILE] [--step-trace FILE] "
+            "[--recompute-gelu] [--no-give-back] [--peak-tflops 989] [--progress-after 2] [--trace FILE] [--step-trace FILE] "
             "[--profile-events FILE] [--peak-report ROWS] [--machine]\n"
             "  --gpu: a GPU's index for --device cuda; for meta:cuda, the GPU whose figures the "
             "projection uses (default h100)\n"
@@ -95,6 +96,7 @@ typedef struct opts {
     int64_t layers, heads, width, seq, vocab, batch, steps, warmup;
     bool bf16, clip, recompute, give_back;
     int peak_rows; /* --peak-report: 0 = none */
+    bool recompute_gelu;
 } opts;
 
 /* A model, its optimizer and (N, T) batches of tokens on one device. */
@@ -118,6 +120,7 @@ static void run_make(run *r, nb_device dev, const opts *o) {
     nb_rng rng = nb_rng_make(1337);
     r->model = nb_gpt_new(r->params, NB_F32, &cfg, &rng);
     nb_gpt_set_recompute(r->model, o->recompute);
+    nb_gpt_set_recompute_gelu(r->model, o->recompute_gelu);
     int np = nb_module_named_parameters(r->model, NULL, 0);
     r->p = malloc((size_t)np * sizeof *r->p);
     nb_module_named_parameters(r->model, r->p, np);
@@ -362,7 +365,7 @@ static size_t library_baseline(void) {
 }
 
 int main(int argc, char **argv) {
-    opts o = {12, 12, 768, 1024, 50304, 8, 20, 3, false, true, false, true, 0};
+    opts o = {12, 12, 768, 1024, 50304, 8, 20, 3, false, true, false, true, 0, false};
     double peak = 989, progress_after = 2.0;
     bool tf32 = false, machine = false;
     const char *gpu_arg = NULL, *trace = NULL, *step_trace = NULL, *profile_events = NULL;
@@ -374,6 +377,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--tf32")) tf32 = true;
         else if (!strcmp(a, "--no-clip")) o.clip = false;
         else if (!strcmp(a, "--recompute")) o.recompute = true;
+        else if (!strcmp(a, "--recompute-gelu")) o.recompute_gelu = true;
         else if (!strcmp(a, "--no-give-back")) o.give_back = false;
         else if (!strcmp(a, "--machine")) machine = true;
         else if (!strcmp(a, "--device") && has) {
@@ -487,12 +491,13 @@ int main(int argc, char **argv) {
         if (!cpu) printf("mfu=%.4f peak_tflops=%g ", mfu, peak);
         printf("first_loss=%.4f loss=%.4f peak_bytes=%zu step_ctx_gib=%.3f params_ctx_gib=%.3f "
                "step_extent_gib=%.3f floor_step_gib=%.3f floor_model_gib=%.3f peak_rss_gib=%.3f "
-               "recompute=%d give_back=%d start_rss_gib=%.3f\n",
+               "recompute=%d recompute_gelu=%d give_back=%d start_rss_gib=%.3f\n",
                first_loss, loss, peak_bytes(&r), (double)nb_ctx_peak(r.step) / GIB,
                (double)nb_ctx_peak(r.params) / GIB, (double)nb_ctx_extent(r.step) / GIB,
                (double)(floor.saved + floor.logits) / GIB,
                (double)(floor.params + floor.grads + floor.optim_state) / GIB,
-               (double)nb_peak_rss() / GIB, o.recompute, o.give_back, (double)start_rss / GIB);
+               (double)nb_peak_rss() / GIB, o.recompute, o.recompute_gelu, o.give_back,
+               (double)start_rss / GIB);
     } else {
         printf("bench_gpt2: GPT %lld layers, %lld heads, width %lld, sequence %lld, vocabulary %lld: "
                "%.1fM parameters, on %s, %s, batch %lld\n",

@@ -59,7 +59,7 @@ typedef struct args {
     int64_t seed, sample_len, top_k;
     double temperature;
     const char *prompt, *metrics, *plot, *progress;
-    bool print_device, bf16, synthetic, recompute;
+    bool print_device, bf16, synthetic, recompute, recompute_gelu;
     const char *zero; /* --zero: NULL, "", "1", "2" or "3" */
     int zero_stage;   /* 0 (off), 1, 2 or 3 */
     const char *keep_batch; /* --keep-batch: NULL, "global" or "rank" */
@@ -558,6 +558,7 @@ static int parse_args(run *r, int argc, char **argv) {
         {"dropout", CLI_DOUBLE, &a->dropout, "dropout probability"},
         {"bf16", CLI_BOOL, &a->bf16, "bf16 matrix products and activations (f32 weights and accumulation)"},
         {"recompute", CLI_BOOL, &a->recompute, "keep each block's input only and run the block again in backward (less memory, ~1/3 more compute, same gradients)"},
+        {"recompute-gelu", CLI_BOOL, &a->recompute_gelu, "keep each MLP's pre-activation only and run GELU on it again in backward (one (N, T, 4C) tensor less per layer, one elementwise kernel more)"},
         {"batch-size", CLI_INT, &a->batch_size, "sequences per process per micro-step"},
         {"seq-len", CLI_INT, &a->seq_len, "tokens per sequence (the model's block size)"},
         {"steps", CLI_INT, &a->steps, "optimizer steps (the schedule's length)"},
@@ -628,6 +629,7 @@ static void build_model(run *r) {
     nb_rng init = nb_rng_make((uint64_t)a->seed);
     r->model = nb_gpt_new(r->params, NB_F32, &cfg, &init);
     nb_gpt_set_recompute(r->model, a->recompute);
+    nb_gpt_set_recompute_gelu(r->model, a->recompute_gelu);
     r->dropout_seed = (uint64_t)a->seed * 0x9E3779B97F4A7C15ull + 1 + (uint64_t)r->d.rank;
     *nb_gpt_dropout_rng(r->model) = nb_rng_make(r->dropout_seed);
     r->n_state = nb_module_state(r->model, NULL, 0);

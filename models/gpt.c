@@ -58,16 +58,20 @@
 /* ---------------------------------------------------------------- MLP */
 typedef struct gpt_mlp {
     nb_module *c_fc, *c_proj, *dropout;
-    double p; /* dropout's probability */
+    double p;           /* dropout's probability */
+    bool recompute_gelu; /* nb_gpt_set_recompute_gelu */
 } gpt_mlp;
 
 static nb_tensor *gpt_mlp_forward(nb_module *m, nb_ctx *ctx, nb_tensor *x);
 static const nb_module_type gpt_mlp_type = {"MLP", sizeof(gpt_mlp), gpt_mlp_forward, NULL};
 
 /* x (N, T, C) -> h (N, T, 4C): c_fc and GELU(tanh) as one op (on CUDA in
- * the GEMM's epilogue) */
+ * the GEMM's epilogue); h made again in c_proj's backward from the
+ * pre-activation when recompute_gelu is set (Note [GELU recomputed in
+ * backward] in tensor/ops_matmul.c) */
 static nb_tensor *gpt_mlp_hidden(gpt_mlp *s, nb_ctx *ctx, nb_tensor *x) {
-    return nb__linear_gelu(ctx, x, nb_module_find(s->c_fc, "weight"), nb_module_find(s->c_fc, "bias"));
+    return nb__linear_gelu_ex(ctx, x, nb_module_find(s->c_fc, "weight"),
+                              nb_module_find(s->c_fc, "bias"), s->recompute_gelu);
 }
 
 /* x (N, T, C) -> (N, T, C) */
@@ -227,6 +231,14 @@ nb_tensor *nb_gpt_forward_loss(nb_module *gpt_m, nb_ctx *ctx, nb_tensor *idx, nb
 void nb_gpt_set_recompute(nb_module *m, bool on) {
     gpt *g = nb_module_self(m, &gpt_type);
     for (int i = 0; i < g->cfg.n_layer; i++) nb_module_set_recompute(nb_module_child_at(g->h, i), on);
+}
+
+void nb_gpt_set_recompute_gelu(nb_module *m, bool on) {
+    gpt *g = nb_module_self(m, &gpt_type);
+    for (int i = 0; i < g->cfg.n_layer; i++) {
+        gpt_block *b = nb_module_self(nb_module_child_at(g->h, i), &gpt_block_type);
+        ((gpt_mlp *)nb_module_self(b->mlp, &gpt_mlp_type))->recompute_gelu = on;
+    }
 }
 
 nb_tensor *nb_gpt_loss(nb_ctx *ctx, nb_tensor *logits, nb_tensor *targets) {

@@ -71,6 +71,8 @@ struct nb_node {
     bool walked;           /* a backward without retain_graph went through it */
     uint8_t refs;          /* NB__REFS_*: its references (Note [Memory given back]) */
     uint8_t reads;         /* NB__READS_*: what its backward reads besides saved[] */
+    uint8_t unread_in;     /* bit i: in[i]'s data is not read although reads has
+                            * NB__READS_IN (Note [Inputs recomputed in backward]) */
 };
 
 /* ---- memory given back within a step (tensor/memory.c) ---- */
@@ -82,6 +84,20 @@ enum { NB__REFS_NONE, NB__REFS_HELD, NB__REFS_DROPPED };
 enum { NB__READS_IN = 1, NB__READS_OUT = 2 };
 static inline void nb__node_reads(nb_node *n, unsigned reads) {
     if (n) n->reads = (uint8_t)reads;
+}
+/* Note [Inputs recomputed in backward]
+ * A node may mark an input whose values its backward makes again from a
+ * tensor it saved (node->unread_in, bit i for in[i], i < 8) instead of
+ * reading them: the tape then holds no reference on that input's storage,
+ * so the input is given back as soon as nothing else reads it, and
+ * nb_backward checks only that it is of this step, not that its data is
+ * live. The input stays in[i] for the graph (its gradient goes there); the
+ * backward reads the saved tensor and makes the values in a temporary that
+ * it gives back right after use (nb__give_back_now). The one user: a
+ * product whose input is a GELU output (Note [GELU recomputed in backward]
+ * in tensor/ops_matmul.c). */
+static inline bool nb__node_reads_in(const nb_node *n, int i) {
+    return (n->reads & NB__READS_IN) && !(i < 8 && (n->unread_in >> i & 1));
 }
 /* A storage's record: Note [Memory given back] in tensor/memory.c. */
 typedef struct nb__mem {
@@ -104,8 +120,10 @@ void nb__peak_check(nb_ctx *ctx);
 /* t, saved by node n, was made by the op itself: the library's. */
 void nb__mem_internal(nb_node *n, nb_tensor *t);
 void nb__keep(nb_tensor *t);
-/* Gives t's storage (the user's, made by nb__empty) back now; t is then
- * refused as given back. Nothing where its context does not give back. */
+/* Gives t's storage (made by nb__empty: the user's, or a backward
+ * function's temporary) back now; t is then refused as given back, and
+ * the frame t was made in skips it when it closes. Nothing where its
+ * context does not give back. */
 void nb__give_back_now(nb_tensor *t);
 /* A module's forward: tensors made in ctx between enter and exit are the
  * library's; at exit those nothing uses are given back, and ret (the
@@ -366,6 +384,11 @@ nb_tensor *nb__binary(nb_ctx *ctx, nb__binary_op op, nb_tensor *a, nb_tensor *b)
 nb_tensor *nb__linear(nb_ctx *ctx, nb_tensor *x, nb_tensor *w, nb_tensor *b);
 /* gelu_tanh(nb__linear(x, w, b)) as one op on every device (tensor/ops_matmul.c). */
 nb_tensor *nb__linear_gelu(nb_ctx *ctx, nb_tensor *x, nb_tensor *w, nb_tensor *b);
+/* The same; recompute: a product that reads the output (as its first
+ * operand) keeps the pre-activation instead and makes the output again in
+ * its backward (Note [GELU recomputed in backward] in tensor/ops_matmul.c). */
+nb_tensor *nb__linear_gelu_ex(nb_ctx *ctx, nb_tensor *x, nb_tensor *w, nb_tensor *b,
+                              bool recompute);
 /* r + nb__linear(x, w, b) as one op, the add in the GEMM where r has the
  * product's shape, dtype and device (Note [Residual in the GEMM] in
  * tensor/ops_matmul.c). */

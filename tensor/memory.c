@@ -245,9 +245,8 @@ void nb__mem_internal(nb_node *n, nb_tensor *t) {
 
 static void node_refs(nb_node *n, void (*fn)(nb__mem *)) {
     if (n->reads & NB__READS_OUT) fn(n->out->priv->mem);
-    if (n->reads & NB__READS_IN)
-        for (int i = 0; i < n->n_in; i++)
-            if (n->in[i]) fn(n->in[i]->priv->mem);
+    for (int i = 0; i < n->n_in; i++) /* Note [Inputs recomputed in backward] */
+        if (n->in[i] && nb__node_reads_in(n, i)) fn(n->in[i]->priv->mem);
     for (int k = 0; k < NB_NODE_SAVED; k++)
         if (n->saved[k]) fn(n->saved[k]->priv->mem);
 }
@@ -334,6 +333,7 @@ static void close_frame(frame *f, bool (*survives)(const nb__mem *m, const nb__m
         next = m->next;
         m->next = NULL;
         m->scoped = false;
+        if (m->given_back) continue; /* given back early (nb__give_back_now) */
         if (!survives(m, ret)) give_back(m);
         /* Under a window (a recomputed forward inside a backward function:
          * Note [Recomputation]) only what nothing references waits for the

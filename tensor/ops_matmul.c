@@ -69,7 +69,43 @@
  * epilogues above), and r's gradient is g itself, passed through as
  * nb_add's backward passes it (no copy, no kernel). Where r does not fit
  * (another shape, dtype or device than the product's) it is nb_add(r,
- * nb__linear(x, w, b)), with the add's checks and messages. */
+ * nb__linear(x, w, b)), with the add's checks and messages.
+ *
+ * Note [GELU recomputed in backward]
+ * h = nb__linear_gelu(x, w1, b1) keeps its pre-activation pre for its own
+ * backward; the product that reads h (the MLP's c_proj, h w2^T) keeps h
+ * for its weight's gradient g^T h. Both are (N, T, 4C): at a GPT's peak
+ * every layer holds the two. With recompute set (nb__linear_gelu_ex; the
+ * GPT's nb_gpt_set_recompute_gelu) h's node says that its output may be
+ * made again from pre (i[3]), and a product recorded on h as its first
+ * operand, untransposed, saves pre (saved[1]) and marks h unread (Note
+ * [Inputs recomputed in backward] in tensor/internal.h): the tape holds no
+ * reference on h, which is given back when the forward that made it
+ * returns, as llm.c's recompute does. The forward is unchanged. In the
+ * product's backward, where its second operand needs a gradient, GELU runs
+ * once on pre (nb_gelu(NB_GELU_TANH)'s unary kernel) into a temporary that
+ * the weight's gradient GEMM reads and that is given back right after it;
+ * h's gradient needs only g, w2 and pre (the DGELU epilogue or h's own
+ * backward), never h. Cost per layer: one elementwise kernel (pre read, h
+ * written) in backward; saved: h, for every layer at once. pre lives as
+ * long as before (until h's node has run, after the product's).
+ * The values. The weight's gradient is bitwise the one without
+ * recomputation wherever the recomputed h has the forward's bits, that is
+ * wherever the forward's h is nb_gelu of the pre it kept, element by
+ * element, in the output's dtype: on the CPU, f32 (the same unary kernel
+ * on the same pre) and bf16 (the forward, with the option or without,
+ * rounds pre to bf16 first and applies GELU to that: tensor/cpu/bf16.c),
+ * which tests/test_models.c checks, loss and every gradient. On CUDA the forward's h comes from
+ * cuBLASLt's GELU_AUX epilogue, which applies its own GELU to the f32 sum
+ * before rounding either output: in bf16/f16 the recomputed h is GELU of
+ * the rounded pre, so an element may differ from the forward's by the
+ * rounding of pre times GELU's slope (about one 16-bit ulp); in f32 the
+ * two agree up to the difference of cuBLASLt's GELU and ours (nb_gelu's
+ * formula, tensor/op_table.h), a few f32 ulps at most. Only the weight's
+ * gradient g^T h sees it (h's gradient goes through pre either way), as
+ * the DGELU epilogue already takes GELU's slope at the rounded pre.
+ * Any other consumer of h that reads it keeps it alive, as before (then
+ * nothing is saved, and the recomputation still gives the same values). */
 #include <limits.h>
 
 #include "tensor/backend.h"
@@ -108,6 +144,16 @@ static nb_dtype product_dtype(nb_ctx *ctx, nb_dtype x, bool wide) {
 
 static void linear_gelu_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g);
 static void linear_residual_backward(nb_ctx *ctx, nb_node *n, nb_tensor *g);
+
+/* Note [GELU recomputed in backward]: the pre-activation x is GELU of,
+ * when x is the output of nb__linear_gelu_ex with recompute (i[3]), else
+ * NULL. */
+static nb_tensor *recomputable_from(const nb_tensor *x) {
+    const nb_node *n = x->node;
+    if (!n || n->backward != linear_gelu_backward || !n->i[3] || n->out != x) return NULL;
+    nb_tensor *pre = n->saved[0];
+    return nb_same_shape(pre, x) && pre->dtype == x->dtype ? pre : NULL;
+}
 
 /* pre: NULL, or where to return the pre-activation of a GELU(tanh)
  * applied after the GEMM (on CUDA in its epilogue); the node then
@@ -184,6 +230,11 @@ static nb_tensor *matmul_impl_ex(nb_ctx *ctx, const char *name, nb_tensor *a, nb
             node->saved[0] = *pre;
             nb__mem_internal(node, *pre);
         }
+        nb_tensor *from = ta ? NULL : recomputable_from(a);
+        if (from) { /* Note [GELU recomputed in backward] */
+            node->saved[1] = from;
+            node->unread_in |= 1;
+        }
     }
     return out;
 }
@@ -220,6 +271,7 @@ static nb_tensor *flat_op(nb_ctx *ctx, nb_tensor *x, bool trans, int64_t rows, i
 }
 
 static void matmul_backward_ex(nb_ctx *ctx, nb_node *node, nb_tensor *g, nb_tensor *bgrad);
+static void weight_grad(nb_ctx *ctx, nb_node *node, nb_tensor *a, nb_tensor *g, nb_tensor *bgrad);
 
 static void matmul_backward(nb_ctx *ctx, nb_node *node, nb_tensor *g) {
     matmul_backward_ex(ctx, node, g, NULL);
@@ -340,47 +392,59 @@ static void matmul_backward_ex(nb_ctx *ctx, nb_node *node, nb_tensor *g, nb_tens
         }
     }
     if (b->requires_grad) {
-        nb_tensor *gb;
-        int64_t batch = batch_numel(g);
-        /* Note [Gradients added in place]: a weight (or the weight a cast
-         * to the compute dtype came from) whose gradient exists, in the
-         * products' dtype pd */
-        bool direct = nb__backend_at(g)->gemm_accumulate;
-        nb_dtype pd = cd != NB_F32 && g->dtype != NB_F64 ? NB_F32 : g->dtype;
-        if (direct && cd != NB_F32 && g->dtype == NB_F32) g = nb_cast(ctx, g, cd); /* as a product would */
-        if ((batch > 1 && batch_numel(b) == 1) || bgrad) {
-            int64_t m = g->shape[g->ndim - 2], n = g->shape[g->ndim - 1];
-            int64_t k = a->shape[a->ndim - (ta ? 2 : 1)];
-            nb_tensor *fa = flat_op(ctx, a, ta, batch * m, k);
-            nb_tensor *fg = flat_op(ctx, g, false, batch * m, n);
-            bool add = true;
-            nb_tensor *dst =
-                direct && b->ndim == 2 && batch * m <= INT_MAX ? weight_grad_dest(b, pd, &add) : NULL;
-            if (dst) {
-                if (tb) matmul_into(ctx, dst, add, fg, fa, true, false, bgrad);
-                else matmul_into(ctx, dst, add, fa, fg, true, false, NULL);
-                return;
-            }
-            if (bgrad) /* tb (bias_grad_fuses): the bias's sums are op(fg^T)'s rows' */
-                gb = matmul_impl_ex(ctx, "nb_matmul_t", fg, fa, true, false, NULL, NULL,
-                                    cast_of_f32(b), &(nb__gemm_epilogue){.bgrad = bgrad});
-            else
-                gb = tb ? grad_product(ctx, b, fg, fa, true, false) : grad_product(ctx, b, fa, fg, true, false);
-            gb = nb_reshape(ctx, gb, b->ndim, b->shape);
-        } else {
-            bool same_batch = b->ndim == g->ndim;
-            for (int d = 0; same_batch && d < g->ndim - 2; d++) same_batch = b->shape[d] == g->shape[d];
-            bool add = true;
-            nb_tensor *dst = direct && same_batch ? weight_grad_dest(b, pd, &add) : NULL;
-            if (dst) {
-                if (tb) matmul_into(ctx, dst, add, g, a, true, ta, NULL);
-                else matmul_into(ctx, dst, add, a, g, !ta, false, NULL);
-                return;
-            }
-            gb = tb ? grad_product(ctx, b, g, a, true, ta) : grad_product(ctx, b, a, g, !ta, false);
-        }
-        nb__accum_grad(ctx, b, gb);
+        /* Note [GELU recomputed in backward]: a's values made again */
+        nb_tensor *av = node->unread_in & 1 ? nb__unary(ctx, NB_U_GELU_TANH, node->saved[1], 0) : a;
+        weight_grad(ctx, node, av, g, bgrad);
+        if (av != a) nb__give_back_now(av);
     }
+}
+
+/* b's gradient for matmul_backward_ex, a's values read from a (node's
+ * in[0] itself, or its values made again). */
+static void weight_grad(nb_ctx *ctx, nb_node *node, nb_tensor *a, nb_tensor *g, nb_tensor *bgrad) {
+    nb_tensor *b = node->in[1];
+    bool ta = node->i[0] != 0, tb = node->i[1] != 0;
+    nb_dtype cd = nb_ctx_compute_dtype(ctx);
+    nb_tensor *gb;
+    int64_t batch = batch_numel(g);
+    /* Note [Gradients added in place]: a weight (or the weight a cast
+     * to the compute dtype came from) whose gradient exists, in the
+     * products' dtype pd */
+    bool direct = nb__backend_at(g)->gemm_accumulate;
+    nb_dtype pd = cd != NB_F32 && g->dtype != NB_F64 ? NB_F32 : g->dtype;
+    if (direct && cd != NB_F32 && g->dtype == NB_F32) g = nb_cast(ctx, g, cd); /* as a product would */
+    if ((batch > 1 && batch_numel(b) == 1) || bgrad) {
+        int64_t m = g->shape[g->ndim - 2], n = g->shape[g->ndim - 1];
+        int64_t k = a->shape[a->ndim - (ta ? 2 : 1)];
+        nb_tensor *fa = flat_op(ctx, a, ta, batch * m, k);
+        nb_tensor *fg = flat_op(ctx, g, false, batch * m, n);
+        bool add = true;
+        nb_tensor *dst =
+            direct && b->ndim == 2 && batch * m <= INT_MAX ? weight_grad_dest(b, pd, &add) : NULL;
+        if (dst) {
+            if (tb) matmul_into(ctx, dst, add, fg, fa, true, false, bgrad);
+            else matmul_into(ctx, dst, add, fa, fg, true, false, NULL);
+            return;
+        }
+        if (bgrad) /* tb (bias_grad_fuses): the bias's sums are op(fg^T)'s rows' */
+            gb = matmul_impl_ex(ctx, "nb_matmul_t", fg, fa, true, false, NULL, NULL,
+                                cast_of_f32(b), &(nb__gemm_epilogue){.bgrad = bgrad});
+        else
+            gb = tb ? grad_product(ctx, b, fg, fa, true, false) : grad_product(ctx, b, fa, fg, true, false);
+        gb = nb_reshape(ctx, gb, b->ndim, b->shape);
+    } else {
+        bool same_batch = b->ndim == g->ndim;
+        for (int d = 0; same_batch && d < g->ndim - 2; d++) same_batch = b->shape[d] == g->shape[d];
+        bool add = true;
+        nb_tensor *dst = direct && same_batch ? weight_grad_dest(b, pd, &add) : NULL;
+        if (dst) {
+            if (tb) matmul_into(ctx, dst, add, g, a, true, ta, NULL);
+            else matmul_into(ctx, dst, add, a, g, !ta, false, NULL);
+            return;
+        }
+        gb = tb ? grad_product(ctx, b, g, a, true, ta) : grad_product(ctx, b, a, g, !ta, false);
+    }
+    nb__accum_grad(ctx, b, gb);
 }
 
 /* Whether b (N) can ride x @ w^T's GEMM: the output's dtype (or f32 for
@@ -410,13 +474,20 @@ nb_tensor *nb__linear(nb_ctx *ctx, nb_tensor *x, nb_tensor *w, nb_tensor *b) {
     return nb_add(ctx, nb_matmul_t(ctx, x, w, false, true), b);
 }
 
-nb_tensor *nb__linear_gelu(nb_ctx *ctx, nb_tensor *x, nb_tensor *w, nb_tensor *b) {
+nb_tensor *nb__linear_gelu_ex(nb_ctx *ctx, nb_tensor *x, nb_tensor *w, nb_tensor *b,
+                              bool recompute) {
     b = bias_for(ctx, x, w, b);
     if (bias_fuses(ctx, x, w, b)) {
         nb_tensor *pre = NULL;
-        return matmul_impl_ex(ctx, "nb_linear_gelu", x, w, false, true, b, &pre, false, NULL);
+        nb_tensor *h = matmul_impl_ex(ctx, "nb_linear_gelu", x, w, false, true, b, &pre, false, NULL);
+        if (h->node) h->node->i[3] = recompute; /* Note [GELU recomputed in backward] */
+        return h;
     }
-    return nb_gelu(ctx, nb__linear(ctx, x, w, b), NB_GELU_TANH);
+    return nb_gelu(ctx, nb__linear(ctx, x, w, b), NB_GELU_TANH); /* h kept by its consumers */
+}
+
+nb_tensor *nb__linear_gelu(nb_ctx *ctx, nb_tensor *x, nb_tensor *w, nb_tensor *b) {
+    return nb__linear_gelu_ex(ctx, x, w, b, false);
 }
 
 /* Whether r can be added by x @ w^T's GEMM: the product's shape, dtype

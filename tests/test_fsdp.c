@@ -52,6 +52,7 @@ static void batch(nb_ctx *ctx, int it, nb_tensor **idx, nb_tensor **tgt) {
 }
 
 static bool KEEP; /* keep_gathered for the wrappers fsdp_wrap makes */
+static bool GELU; /* nb_gpt_set_recompute_gelu on the FSDP side (DDP's keeps GELU's output) */
 
 static nb_fsdp *fsdp_wrap(nb_module *m) {
     nb_fsdp *f = NULL;
@@ -120,6 +121,7 @@ static pair pair_new(nb_optim_kind kind, double lr, bool attach) {
               .rstep = nb_ctx_new(nb_cpu(), 0)};
     p.m = tiny_gpt(p.pa);
     p.ref = tiny_gpt(p.pb);
+    nb_gpt_set_recompute_gelu(p.m, GELU);
     p.ddp = ddp_wrap(p.ref, NULL, -1);
     p.ropt = optim_of(p.ref, kind, lr);
     p.opt = optim_of(p.m, kind, lr);
@@ -225,6 +227,19 @@ START_TEST(test_gradients_match_ddp_kept) {
 }
 END_TEST
 
+/* The same with the FSDP side's GELU outputs made again in backward (Note
+ * [GELU recomputed in backward] in tensor/ops_matmul.c), inside each
+ * unit's recomputed forward, and with the units kept gathered. */
+START_TEST(test_gradients_match_ddp_recompute_gelu) {
+    GELU = true;
+    for (int keep = 0; keep < 2; keep++) {
+        KEEP = keep;
+        gradients_match_ddp();
+    }
+    KEEP = GELU = false;
+}
+END_TEST
+
 /* Bytes of block 0's parameters (a unit), from the configuration: two
  * layer norms (2C each), the attention's QKV (3C x C + 3C) and projection
  * (C x C + C), the MLP's (4C x C + 4C, C x 4C + C); f32. */
@@ -304,7 +319,8 @@ END_TEST
 
 static Suite *suite(void) {
     const TTest *tests[] = {test_loss_matches_ddp, test_gradients_match_ddp, test_loss_matches_ddp_kept,
-                             test_gradients_match_ddp_kept, test_memory, test_refusals_and_clip, NULL};
+                             test_gradients_match_ddp_kept, test_gradients_match_ddp_recompute_gelu,
+                             test_memory, test_refusals_and_clip, NULL};
     return nbt_suite("fsdp", "fsdp", 120, tests);
 }
 

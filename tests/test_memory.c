@@ -141,17 +141,21 @@ static void count_hook(nb_tensor *leaf, void *user) {
     ++*(int *)user;
 }
 
+enum { RE_BLOCKS = 1, RE_GELU = 2 }; /* nb_gpt_set_recompute, nb_gpt_set_recompute_gelu */
+
 /* `steps` AdamW steps of a GPT of configuration cfg; the step context gives
- * back or not; the blocks are recomputed or not. Every gradient-ready hook
- * must fire once per parameter and step. */
-static gpt_run gpt_train_ex(const nb_gpt_config *cfg, bool give_back, bool recompute, bool fused,
-                            int steps) {
+ * back or not; the blocks and the GELU outputs are recomputed or not
+ * (recompute: RE_* bits). Every gradient-ready hook must fire once per
+ * parameter and step. */
+static gpt_run gpt_train_ex(const nb_gpt_config *cfg, bool give_back, unsigned recompute,
+                            bool fused, int steps) {
     gpt_run r = {0};
     nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
     nb_ctx_set_give_back(step, give_back);
     nb_rng rng = nb_rng_make(7);
     nb_module *g = nb_gpt_new(pctx, NB_F32, cfg, &rng);
-    nb_gpt_set_recompute(g, recompute);
+    nb_gpt_set_recompute(g, recompute & RE_BLOCKS);
+    nb_gpt_set_recompute_gelu(g, recompute & RE_GELU);
     nb_named_tensor p[64];
     int np = nb_module_named_parameters(g, p, 64), fired = 0;
     for (int i = 0; i < np; i++) nb_add_grad_hook(p[i].tensor, count_hook, &fired);
@@ -237,7 +241,7 @@ START_TEST(test_gpt_recompute) {
     const nb_gpt_config *cfgs[2] = {&small, &drop};
     for (int c = 0; c < 2; c++) {
         gpt_run plain = gpt_train_ex(cfgs[c], true, false, false, 3);
-        gpt_run re = gpt_train_ex(cfgs[c], true, true, false, 3);
+        gpt_run re = gpt_train_ex(cfgs[c], true, RE_BLOCKS, false, 3);
         ck_assert(memcmp(plain.loss, re.loss, sizeof re.loss) == 0);
         ck_assert_msg(memcmp(plain.params, re.params, (size_t)re.n_params * sizeof(float)) == 0,
                       "parameters differ with recomputation (dropout %g)", cfgs[c]->dropout);
@@ -245,6 +249,41 @@ START_TEST(test_gpt_recompute) {
                       re.peak, plain.peak);
         free(plain.params), free(re.params);
     }
+}
+END_TEST
+
+/* Note [GELU recomputed in backward] (tensor/ops_matmul.c): the same
+ * losses and parameters bit for bit after 3 steps, with dropout too and
+ * with the blocks recomputed. The peak: where it is in the output head's
+ * backward (nb_gpt_forward_loss and a vocabulary large beside 4C, as
+ * bench_gpt2's GPT-2), lower by exactly
+ * each layer's GELU output, (N, T, 4C) f32, which the step no longer
+ * keeps; with the blocks recomputed only the recomputed block's GELU
+ * output was live at once, and the peak does not rise. */
+START_TEST(test_gpt_recompute_gelu) {
+    nb_gpt_config big_vocab = small, drop = small;
+    big_vocab.vocab_size = 1024;
+    drop.vocab_size = 1024;
+    drop.dropout = 0.1;
+    const nb_gpt_config *cfgs[2] = {&big_vocab, &drop};
+    size_t h = (size_t)BATCH * SEQ * 4 * small.n_embd * sizeof(float);
+    for (int c = 0; c < 2; c++)
+        for (unsigned blocks = 0; blocks <= RE_BLOCKS; blocks += RE_BLOCKS) {
+            gpt_run plain = gpt_train_ex(cfgs[c], true, blocks, true, 3);
+            gpt_run re = gpt_train_ex(cfgs[c], true, blocks | RE_GELU, true, 3);
+            ck_assert(memcmp(plain.loss, re.loss, sizeof re.loss) == 0);
+            ck_assert_msg(memcmp(plain.params, re.params, (size_t)re.n_params * sizeof(float)) == 0,
+                          "parameters differ with GELU recomputed (dropout %g, blocks %u)",
+                          cfgs[c]->dropout, blocks);
+            if (blocks)
+                ck_assert_msg(re.peak <= plain.peak, "peak %zu, %zu without recomputing GELU",
+                              re.peak, plain.peak);
+            else
+                ck_assert_msg(plain.peak - re.peak == (size_t)small.n_layer * h,
+                              "peak %zu, %zu without recomputing GELU: %zu less, %d x %zu expected",
+                              re.peak, plain.peak, plain.peak - re.peak, small.n_layer, h);
+            free(plain.params), free(re.params);
+        }
 }
 END_TEST
 
@@ -485,5 +524,6 @@ NBT_CPU_TEST(test_growth_warning) {
 
 NBT_MAIN("memory", "core", 120,
          test_free_ranges, test_device_totals, test_attention_keeps_no_probabilities, test_gpt_bitwise, test_gpt_peak, test_gpt_recompute,
+         test_gpt_recompute_gelu,
          test_gpt_forward_loss, test_cnn_peak, test_given_back_read, test_retain_graph,
          test_second_loss_after_give_back, test_growth_warning)

@@ -823,9 +823,53 @@ START_TEST(test_gpt_step_to_none) {
 }
 END_TEST
 
+/* Note [GELU recomputed in backward] (tensor/ops_matmul.c), one GPT step
+ * under bf16 on meta:cuda with each MLP's GELU output made again in
+ * backward or kept: per layer one kernel more (GELU's: the (N, T, 4C) bf16
+ * pre-activation read, the output written), the same GEMMs, and a peak
+ * (in the output head's backward: a vocabulary large beside 4C, as
+ * GPT-2's) lower by the L outputs no longer kept. */
+static void gpt_gelu_counts(bool recompute, nb_meta_entry *total, nb_meta_entry *gelu,
+                            size_t *peak) {
+    nb_gpt_config cfg = {1024, 32, 2, 2, 32, 0.0};
+    nb_ctx *params = nb_ctx_new(nb_meta(NB_DEVICE_CUDA), 0), *step = nb_ctx_new(nb_meta(NB_DEVICE_CUDA), 0);
+    nb_ctx_set_compute_dtype(step, NB_BF16);
+    nb_rng rng = nb_rng_make(7);
+    nb_module *gpt = nb_gpt_new(params, NB_F32, &cfg, &rng);
+    nb_gpt_set_recompute_gelu(gpt, recompute);
+    nb_tensor *x = nb_zeros(params, NB_I64, NB_SHAPE(4, 32)), *y = nb_zeros(params, NB_I64, NB_SHAPE(4, 32));
+    nb_meta_reset();
+    nb_backward(nb_gpt_forward_loss(gpt, step, x, y));
+    *total = nb_meta_total();
+    *gelu = find("unary.gelu");
+    *peak = nb_ctx_peak(step);
+    nb_ctx_free(step);
+    nb_ctx_free(params);
+}
+
+START_TEST(test_gpt_recompute_gelu) {
+    enum { L = 2, N = 4, T = 32, C = 32 };
+    nb_meta_entry t0, t1, g0, g1;
+    size_t p0, p1;
+    gpt_gelu_counts(false, &t0, &g0, &p0);
+    gpt_gelu_counts(true, &t1, &g1, &p1);
+    double h = 2.0 * N * T * 4 * C; /* one GELU output, bf16 */
+    ck_assert_int_eq(g0.calls, 0);
+    expect("unary.gelu", L, L * 2 * h, L * (double)N * T * 4 * C, 0, L);
+    ck_assert_int_eq(t1.calls - t0.calls, L);
+    ck_assert_int_eq(t1.launches - t0.launches, L);
+    ck_assert_msg(t1.bytes - t0.bytes == L * 2 * h, "bytes %.0f recomputing, %.0f keeping", t1.bytes,
+                  t0.bytes);
+    ck_assert(t1.gemm_flops == t0.gemm_flops);
+    ck_assert_msg(p0 - p1 == (size_t)(L * h), "peak %zu recomputing, %zu keeping: %zu less, "
+                  "%.0f expected", p1, p0, p0 - p1, L * h);
+}
+END_TEST
+
 static Suite *suite(void) {
     const TTest *tests[] = {test_tables, test_matmul, test_batched_matmul, test_linear_epilogues,
-                             test_linear_residual, test_gpt_residual_adds, test_layer_norm,
+                             test_linear_residual, test_gpt_residual_adds,
+                             test_gpt_recompute_gelu, test_layer_norm,
                              test_layer_norm_adds, test_softmax, test_cross_entropy,
                              test_cross_entropy_fused, test_adamw, test_embedding_backward,
                              test_gpt_input, test_adamw_many, test_gpt_shadows, test_attention_path,

@@ -272,6 +272,94 @@ NBT_CPU_TEST(test_gpt_gradcheck) {
     NBT_GRADCHECK(gpt_loss_fn, &c, n, inputs);
 }
 
+/* Note [GELU recomputed in backward] (tensor/ops_matmul.c): the same
+ * gradcheck with each MLP's GELU output made again in c_proj's backward
+ * (the recomputing node is checked against f64 central differences). */
+NBT_CPU_TEST(test_gpt_gradcheck_recompute_gelu) {
+    nb_gpt_config cfg = {7, 4, 2, 2, 4, 0.0};
+    nb_module *g = nb_gpt_new(ctx, NB_F64, &cfg, NULL);
+    nb_gpt_set_recompute_gelu(g, true);
+    scramble(g, 0.4, 12);
+    int64_t x[6] = {1, 6, 2, 0, 3, 3}, y[6] = {6, 2, 0, 4, 3, 5};
+    gpt_case c = {g, nb_from_host(ctx, NB_I64, NB_SHAPE(2, 3), x),
+                  nb_from_host(ctx, NB_I64, NB_SHAPE(2, 3), y)};
+    nb_named_tensor p[64];
+    int n = nb_module_named_parameters(g, p, 64);
+    nb_tensor *inputs[64];
+    for (int i = 0; i < n; i++) inputs[i] = p[i].tensor;
+    NBT_GRADCHECK(gpt_loss_fn, &c, n, inputs);
+}
+
+/* One training step of a small GPT (forward, loss, backward) under compute
+ * dtype cd: the loss and every parameter's gradient, raw f32 values in
+ * parameter order. dropout: the model's probability (training mode);
+ * block: nb_gpt_set_recompute; gelu: nb_gpt_set_recompute_gelu. */
+typedef struct gpt_grads {
+    float loss;
+    float *g;
+    int64_t n;
+} gpt_grads;
+
+static gpt_grads gpt_step_grads(nb_dtype cd, double dropout, bool block, bool gelu) {
+    nb_gpt_config cfg = {61, 16, 2, 2, 16, dropout};
+    enum { N = 3, T = 16 };
+    nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
+    nb_ctx_set_compute_dtype(step, cd);
+    nb_rng rng = nb_rng_make(21);
+    nb_module *g = nb_gpt_new(pctx, NB_F32, &cfg, &rng);
+    nb_gpt_set_recompute(g, block);
+    nb_gpt_set_recompute_gelu(g, gelu);
+    int64_t x[N * T], y[N * T];
+    for (int i = 0; i < N * T; i++) x[i] = (i * 7 + 3) % 61, y[i] = (i * 13 + 5) % 61;
+    nb_tensor *loss = nb_gpt_forward_loss(g, step, nb_from_host(step, NB_I64, NB_SHAPE(N, T), x),
+                                          nb_from_host(step, NB_I64, NB_SHAPE(N, T), y));
+    nb_backward(loss);
+    gpt_grads r = {(float)nb_item(loss), NULL, 0};
+    nb_named_tensor p[64];
+    int np = nb_module_named_parameters(g, p, 64);
+    for (int i = 0; i < np; i++) r.n += nb_numel(p[i].tensor);
+    r.g = malloc((size_t)r.n * sizeof(float));
+    int64_t off = 0;
+    for (int i = 0; i < np; i++) {
+        ck_assert_msg(p[i].tensor->grad, "%s has no gradient", p[i].name);
+        ck_assert_int_eq(p[i].tensor->grad->dtype, NB_F32);
+        nb_to_host(p[i].tensor->grad, r.g + off);
+        off += nb_numel(p[i].tensor);
+    }
+    nb_ctx_free(step);
+    nb_ctx_free(pctx);
+    return r;
+}
+
+/* The loss and every gradient bitwise those without recomputing GELU, in
+ * f32 and bf16, with the backward's GEMM epilogues (DGELU through the
+ * kept pre-activation) on or off, with dropout and with the blocks
+ * recomputed too. */
+START_TEST(test_gpt_recompute_gelu_bitwise) {
+    const nb_dtype cds[2] = {NB_F32, NB_BF16};
+    for (int k = 0; k < 2 * 2 * 3; k++) {
+        nb_dtype cd = cds[k % 2];
+        int epi = k / 2 % 2, variant = k / 4; /* 0 plain, 1 dropout, 2 blocks recomputed */
+        double dropout = variant == 1 ? 0.1 : 0.0;
+        bool block = variant == 2;
+        nb__gemm_epilogues_force(epi);
+        gpt_grads plain = gpt_step_grads(cd, dropout, block, false);
+        gpt_grads re = gpt_step_grads(cd, dropout, block, true);
+        nb__gemm_epilogues_force(-1);
+        ck_assert_int_eq(plain.n, re.n);
+        ck_assert_msg(memcmp(&plain.loss, &re.loss, sizeof re.loss) == 0,
+                      "%s, epilogues %d, variant %d: loss %.9g, %.9g without recomputing GELU",
+                      nb_dtype_name(cd), epi, variant, re.loss, plain.loss);
+        for (int64_t i = 0; i < re.n; i++)
+            ck_assert_msg(memcmp(&plain.g[i], &re.g[i], sizeof(float)) == 0,
+                          "%s, epilogues %d, variant %d: gradient element %lld is %.9g, %.9g "
+                          "without recomputing GELU", nb_dtype_name(cd), epi, variant,
+                          (long long)i, re.g[i], plain.g[i]);
+        free(plain.g), free(re.g);
+    }
+}
+END_TEST
+
 NBT_CPU_TEST(test_gpt_loss) {
     nb_tensor *logits = nbt_randn(ctx, NB_F64, NB_SHAPE(2, 3, 5), 1);
     int64_t y[6] = {0, 4, 2, 2, 1, 3};
@@ -624,7 +712,8 @@ NBT_CPU_TEST(test_cnn_sync_bn) {
 static Suite *suite(void) {
     Suite *s = suite_create("models");
     nbt_suite_add(s, "gpt", 0, (const TTest *[]){test_gpt_names, test_gpt_print, test_gpt_init,
-                  test_gpt_values, test_gpt_causal, test_gpt_gradcheck, test_gpt_loss, test_gpt_dropout,
+                  test_gpt_values, test_gpt_causal, test_gpt_gradcheck,
+                  test_gpt_gradcheck_recompute_gelu, test_gpt_recompute_gelu_bitwise, test_gpt_loss, test_gpt_dropout,
                   test_gpt_flops, test_gpt_errors, test_gpt_input_embedding_paths, NULL});
     nbt_suite_add(s, "sampling", 0, (const TTest *[]){test_sample_argmax_topk, test_sample_frequencies,
                   test_generate, NULL});

@@ -76,6 +76,16 @@ NB_API nb_tensor *nb_gpt_forward(nb_module *gpt, nb_ctx *ctx, nb_tensor *idx);
  * its input only and runs again during backward; same gradients, a lower
  * peak, about a third more compute (train_gpt --recompute). */
 NB_API void nb_gpt_set_recompute(nb_module *gpt, bool on);
+/* Recomputation of each MLP's GELU output (default off): the step keeps
+ * the MLP's pre-activation only, and c_proj's backward runs GELU on it
+ * again for its weight's gradient (one elementwise kernel per layer);
+ * (N, T, 4C) less kept per layer. The same loss and gradients where the
+ * forward's GELU output is GELU of the kept pre-activation (the CPU); on
+ * CUDA c_proj's weight gradient may differ in the last bits (Note [GELU
+ * recomputed in backward] in tensor/ops_matmul.c). Composes with
+ * nb_gpt_set_recompute, dropout and FSDP units (train_gpt
+ * --recompute-gelu). */
+NB_API void nb_gpt_set_recompute_gelu(nb_module *gpt, bool on);
 /* Mean next-token cross-entropy: logits (N, T, V) against targets (N, T). */
 NB_API nb_tensor *nb_gpt_loss(nb_ctx *ctx, nb_tensor *logits, nb_tensor *targets);
 /* nb_gpt_loss(nb_gpt_forward(idx), targets) without handing the logits to
