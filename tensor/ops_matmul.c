@@ -95,15 +95,21 @@
  * element, in the output's dtype: on the CPU, f32 (the same unary kernel
  * on the same pre) and bf16 (the forward, with the option or without,
  * rounds pre to bf16 first and applies GELU to that: tensor/cpu/bf16.c),
- * which tests/test_models.c checks, loss and every gradient. On CUDA the forward's h comes from
- * cuBLASLt's GELU_AUX epilogue, which applies its own GELU to the f32 sum
- * before rounding either output: in bf16/f16 the recomputed h is GELU of
- * the rounded pre, so an element may differ from the forward's by the
- * rounding of pre times GELU's slope (about one 16-bit ulp); in f32 the
- * two agree up to the difference of cuBLASLt's GELU and ours (nb_gelu's
- * formula, tensor/op_table.h), a few f32 ulps at most. Only the weight's
- * gradient g^T h sees it (h's gradient goes through pre either way), as
- * the DGELU epilogue already takes GELU's slope at the rounded pre.
+ * which tests/test_models.c checks, loss and every gradient. On CUDA the
+ * forward's h comes from cuBLASLt's GELU_AUX epilogue (or epilogue_kernel
+ * where it has no algorithm), which applies GELU to the f32 sum v and
+ * rounds pre = v and h = gelu(v) each once. In bf16/f16 the recomputed h
+ * is gelu(pre), GELU of the rounded v: it differs from the forward's by at
+ * most GELU's slope (< 1.13) times pre's rounding plus the two outputs'
+ * own roundings, and does so in about a third of the elements, by a unit
+ * in the last place (dev/cuda_emu's drv_matmul checks the bound and counts
+ * them). In f32 and f64 pre is v, and the emulator (epilogue_kernel, and
+ * cuBLASLt's stand-in, both applying nb_gelu's formula of
+ * tensor/op_table.h) gives the same bits; a real cuBLASLt's own GELU may
+ * differ from that formula in the last bits, which no check here reaches.
+ * Only the weight's gradient g^T h sees any of it (h's gradient goes
+ * through pre either way), as the DGELU epilogue already takes GELU's
+ * slope at the rounded pre.
  * Any other consumer of h that reads it keeps it alive, as before (then
  * nothing is saved, and the recomputation still gives the same values). */
 #include <limits.h>

@@ -5,7 +5,9 @@
  * epilogues (BIAS, GELU_AUX_BIAS, DGELU, BGRADB beside beta = 1, a
  * residual C apart from D with beta = 1 and BIAS or none), and with the
  * heuristic refusing every epilogue and every C apart, so that matmul.cu's
- * own epilogue_kernel and bgrad_kernel run. */
+ * own epilogue_kernel and bgrad_kernel run. A GELU forward's output is
+ * also compared with GELU made again from its kept pre-activation by the
+ * elementwise kernel (recomputed). */
 #include "check.h"
 #include <cublasLt.h>
 extern "C" {
@@ -23,6 +25,38 @@ static nb_tensor *operand(nb_dtype dt, const nb_tensor *of, bool trans) {
         for (int64_t j = 0; j < c; j++) w[j * r + i] = v[i * c + j];
     put(s, w);
     return nb_transpose(CTX, s, 0, 1);
+}
+
+/* Note [GELU recomputed in backward] (tensor/ops_matmul.c): the GELU output
+ * made again from the kept pre-activation by the elementwise kernel
+ * (elementwise.cu's GELU_TANH) against the GEMM's (the stand-in's GELU_AUX
+ * epilogue, or epilogue_kernel). f32 and f64: the same bits (both apply
+ * nb_gelu's formula to the same value). bf16 and f16: the GEMM applies it
+ * to the f32 sum v and rounds, the kernel to pre = v rounded; they differ
+ * by at most GELU's slope (< 1.13) times pre's rounding (u |pre|, u the
+ * unit roundoff) plus each output's own rounding (u |out|, u |again|).
+ * The elements that differ are counted and printed. */
+static void recomputed(const std::string &nm, nb_dtype dt, const nb_tensor *out, const nb_tensor *pre) {
+    nb_tensor *again = mk(dt, std::vector<int64_t>(out->shape, out->shape + out->ndim));
+    nb__cuda_unary(NB_U_GELU_TANH, again, pre, 0);
+    std::vector<double> o = get(out), g = get(again), p = get(pre);
+    if (dt == NB_F32 || dt == NB_F64) {
+        cmpv(nm + " GELU of the kept pre-activation", g, o, 0);
+        return;
+    }
+    double u = dt == NB_BF16 ? 0x1p-8 : 0x1p-11;
+    CHECKS++;
+    size_t differ = 0, bad = 0, at = 0;
+    for (size_t i = 0; i < o.size(); i++) {
+        differ += g[i] != o[i];
+        if (!(fabs(g[i] - o[i]) <= 1.13 * u * fabs(p[i]) + u * (fabs(o[i]) + fabs(g[i]))) && !bad++) at = i;
+    }
+    printf("%s: GELU of the kept pre-activation differs from the GEMM's output in %zu of %zu elements\n",
+           nm.c_str(), differ, o.size());
+    if (!bad) return;
+    FAILS++;
+    printf("FAIL %s GELU of the kept pre-activation: element %zu is %.9g, the GEMM's %.9g (pre %.9g), "
+           "%zu elements past the bound\n", nm.c_str(), at, g[at], o[at], p[at], bad);
 }
 
 /* out (l, m, n) = op(a) (l, m, k) @ op(b) (k, n) + bias [gelu, pre]: the
@@ -47,6 +81,7 @@ static void forward(nb_dtype dt, nb_dtype bias_dt, int64_t l, int64_t m, int64_t
     double tol = tol_of(dt) * 4;
     cmpv(nm + " out", get(out), get(o64), tol, (double)k);
     if (gelu) cmpv(nm + " pre", get(pre), get(p64), tol, (double)k);
+    if (gelu) recomputed(nm, dt, out, pre);
 }
 
 /* out (l, m, n) = a (l, m, k) @ w (n, k)^T [+ bias] + r (l, m, n), r read

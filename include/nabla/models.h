@@ -81,8 +81,9 @@ NB_API void nb_gpt_set_recompute(nb_module *gpt, bool on);
  * again for its weight's gradient (one elementwise kernel per layer);
  * (N, T, 4C) less kept per layer. The same loss and gradients where the
  * forward's GELU output is GELU of the kept pre-activation (the CPU); on
- * CUDA c_proj's weight gradient may differ in the last bits (Note [GELU
- * recomputed in backward] in tensor/ops_matmul.c). Composes with
+ * CUDA under bf16 c_proj's weight gradient differs by the rounding of the
+ * pre-activation (Note [GELU recomputed in backward] in
+ * tensor/ops_matmul.c). Composes with
  * nb_gpt_set_recompute, dropout and FSDP units (train_gpt
  * --recompute-gelu). */
 NB_API void nb_gpt_set_recompute_gelu(nb_module *gpt, bool on);
