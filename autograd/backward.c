@@ -103,7 +103,7 @@
  * DDP's bucket views, replaces it and the slot stays unused). So
  * nb_optim_zero_grad clears every gradient with one memset over the buffer
  * when each slot holds its parameter's gradient and the optimizer has all
- * of the buffer's parameters..
+ * of the buffer's parameters.
  *
  * Note [Gradients set to none]
  * nb_optim_zero_grad_to_none (PyTorch's zero_grad(set_to_none=True))
@@ -127,7 +127,24 @@
  * every slice of a bucket, so the reducer does that for each parameter it
  * marks ready without a gradient (an unused one), which is the old call's
  * zero gradient there. nb_set_grad forgets the home (the memory is no
- * longer the leaf's to write). */
+ * longer the leaf's to write).
+ *
+ * Note [Gradient segments]
+ * The buffer is cut into segments of at most NB__GRAD_SEGMENT_BYTES (a slot
+ * larger than that is a segment of its own), each a buffer of the above
+ * kind made at the first gradient one of its slots receives. Backward makes
+ * gradients in the order of the slots, so a step's gradient memory grows
+ * as backward goes, while its activations are given back, instead of all
+ * of it being there at the first gradient: in a GPT the first is the tied
+ * token table's, in the LM head's backward, where the step peaks. A
+ * segment whose every slot has lost its gradient
+ * (nb_optim_zero_grad_to_none) is given back whole, nb__grad_flat_release,
+ * and made again at the next first gradient in it: the buffer's tensor,
+ * its record and each slot's view are made once and point at the new
+ * memory then (so a program that kept a gradient from before sees the new
+ * one, never memory given to another tensor), and the parameters'
+ * context's metadata does not grow step after step. */
+enum { NB__GRAD_SEGMENT_BYTES = 32 << 20 };
 #include <string.h>
 
 #include "tensor/backend.h"
@@ -225,23 +242,51 @@ void nb__grad_flat_reserve(nb_tensor *const *ts, int n) {
         if (!t || !t->requires_grad || t->node || t->grad || t->priv->grad_slot || t->priv->grad_home ||
             nb_numel(t) == 0)
             continue;
-        nb__grad_flat *f = NULL;
-        for (int k = 0; k < nf && !f; k++)
-            if (flats[k]->ctx == t->ctx && flats[k]->dtype == t->dtype) f = flats[k];
-        if (!f) {
-            if (nf == MAX_FLATS) continue; /* gradients of their own, as without a reservation */
-            f = nb__ctx_meta(t->ctx, sizeof *f);
-            *f = (nb__grad_flat){.ctx = t->ctx, .dtype = t->dtype};
-            flats[nf++] = f;
-        }
+        int k = 0;
+        while (k < nf && !(flats[k]->ctx == t->ctx && flats[k]->dtype == t->dtype)) k++;
+        if (k == nf && nf == MAX_FLATS) continue; /* gradients of their own, as without a reservation */
         int64_t align = SLOT_ALIGN / (int64_t)nb_dtype_size(t->dtype);
+        int64_t at = k < nf ? (flats[k]->numel + align - 1) / align * align : 0;
+        /* Note [Gradient segments]: a new segment when this slot would take
+         * the open one past the limit */
+        if (k == nf || (flats[k]->n_slots > 0 &&
+                        (at + nb_numel(t)) * (int64_t)nb_dtype_size(t->dtype) > NB__GRAD_SEGMENT_BYTES)) {
+            nb__grad_flat *f = nb__ctx_meta(t->ctx, sizeof *f);
+            *f = (nb__grad_flat){.ctx = t->ctx, .dtype = t->dtype};
+            flats[k] = f;
+            if (k == nf) nf++;
+            at = 0;
+        }
+        nb__grad_flat *f = flats[k];
         nb__grad_slot *s = nb__ctx_meta(t->ctx, sizeof *s);
-        *s = (nb__grad_slot){.flat = f};
-        s->offset = (f->numel + align - 1) / align * align;
-        f->numel = s->offset + nb_numel(t);
+        *s = (nb__grad_slot){.flat = f, .offset = at, .next = f->slots};
+        f->slots = s;
+        f->numel = at + nb_numel(t);
         f->n_slots++;
         t->priv->grad_slot = s;
     }
+}
+
+static void *slot_data(const nb__grad_flat *f, const nb__grad_slot *s) {
+    return (char *)f->buf->data + s->offset * (int64_t)nb_dtype_size(f->dtype);
+}
+
+/* Note [Gradient segments]: f's memory again, where its tensor, record and
+ * the slots' views made before now point. */
+static void flat_renew(nb__grad_flat *f) {
+    size_t bytes = (size_t)f->numel * nb_dtype_size(f->dtype);
+    void *data = nb_ctx_alloc(f->ctx, bytes, 0);
+    f->buf->data = data;
+    nb__mem_renew(f->buf, data);
+    for (nb__grad_slot *s = f->slots; s; s = s->next)
+        if (s->view) s->view->data = slot_data(f, s);
+    f->released = false;
+}
+
+void nb__grad_flat_release(nb__grad_flat *f) {
+    if (!f->buf || f->released || !f->buf->priv->mem) return; /* no record: not known to be free */
+    nb__give_back_now(f->buf);
+    f->released = true;
 }
 
 /* t's slot, the buffer made at the first gradient of any of its parameters */
@@ -251,17 +296,28 @@ static nb_tensor *slot_grad(nb_tensor *t) {
     if (!f->buf) {
         f->buf = nb__empty(f->ctx, f->dtype, 1, &f->numel);
         nb__keep(f->buf);
+    } else if (f->released) {
+        flat_renew(f);
     }
-    int64_t st[NB_MAX_DIMS];
-    nb__contig_strides(t->ndim, t->shape, st);
-    return nb__view(f->ctx, f->buf, t->ndim, t->shape, st,
-                    (char *)f->buf->data + s->offset * (int64_t)nb_dtype_size(f->dtype));
+    if (!s->view) {
+        int64_t st[NB_MAX_DIMS];
+        nb__contig_strides(t->ndim, t->shape, st);
+        s->view = nb__view(f->ctx, f->buf, t->ndim, t->shape, st, slot_data(f, s));
+    }
+    return s->view;
 }
 
 /* Note [Gradients set to none]: where leaf t's first gradient goes, made
  * its gradient: its home, else its slot, else a tensor of its own. */
+static nb_tensor *home_of(nb_tensor *t) {
+    nb_tensor *h = t->priv->grad_home;
+    const nb__grad_slot *s = t->priv->grad_slot;
+    if (h && s && h == s->view) return slot_grad(t); /* its segment made again if given back */
+    return h;
+}
+
 static nb_tensor *first_grad(nb_tensor *t) {
-    nb_tensor *g = t->priv->grad_home;
+    nb_tensor *g = home_of(t);
     if (!g) g = t->priv->grad_slot ? slot_grad(t) : nb__empty(t->ctx, t->dtype, t->ndim, t->shape);
     nb__keep(g); /* a leaf's gradient is never given back */
     return g;
@@ -277,8 +333,8 @@ void nb__grad_set_none(nb_tensor *t) {
 }
 
 void nb__grad_zero_fill_none(nb_tensor *t) {
-    nb_tensor *h = t->priv->grad_home;
-    if (t->grad || !h) return;
+    if (t->grad || !t->priv->grad_home) return;
+    nb_tensor *h = home_of(t);
     size_t bytes = (size_t)nb_numel(h) * nb_dtype_size(h->dtype);
     if (bytes) nb__backend_at(h)->memset(h->device.index, h->data, 0, bytes);
     t->grad = h;
@@ -286,7 +342,7 @@ void nb__grad_zero_fill_none(nb_tensor *t) {
 
 nb__grad_flat *nb__grad_in_flat(const nb_tensor *t) {
     const nb__grad_slot *s = t->priv->grad_slot;
-    if (!s || !s->flat->buf || !t->grad || !nb_is_contiguous(t->grad)) return NULL;
+    if (!s || !s->flat->buf || s->flat->released || !t->grad || !nb_is_contiguous(t->grad)) return NULL;
     const char *at = (const char *)s->flat->buf->data + s->offset * (int64_t)nb_dtype_size(s->flat->dtype);
     return t->grad->data == at && t->grad->dtype == s->flat->dtype ? s->flat : NULL;
 }

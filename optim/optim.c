@@ -530,29 +530,32 @@ int nb__optim_param_index(const nb_optim *opt, const nb_tensor *t) {
  * saves (Note [Gradients set to none] in autograd/backward.c): there the
  * "not yet written" state is the NULL gradient, which every reader of
  * gradients already skips. */
-enum { MAX_FLATS = 16 };
+/* flats: room for opt->n_params (one segment a parameter at most: Note
+ * [Gradient segments]); a parameter's segment is found among the last
+ * ones seen first, as the parameters come in slot order. */
 static int whole_flats(nb_optim *opt, nb__grad_flat **flats) {
-    int count[MAX_FLATS] = {0}, nf = 0, nw = 0;
+    int *count = calloc((size_t)opt->n_params + 1, sizeof *count);
+    NB_CHECK(count, "nb_optim_zero_grad: out of memory for %d counts", opt->n_params);
+    int nf = 0, nw = 0;
     for (int i = 0; i < opt->n_params; i++) {
         const nb__grad_slot *s = opt->params[i].param->priv->grad_slot;
-        nb__grad_flat *f = s && s->flat->buf ? s->flat : NULL;
+        nb__grad_flat *f = s && s->flat->buf && !s->flat->released ? s->flat : NULL;
         if (!f) continue;
-        int k = 0;
-        while (k < nf && flats[k] != f) k++;
-        if (k == nf) {
-            if (nf == MAX_FLATS) continue;
-            flats[nf++] = f;
-        }
+        int k = nf - 1;
+        while (k >= 0 && flats[k] != f) k--;
+        if (k < 0) flats[k = nf++] = f;
         count[k]++;
     }
     for (int k = 0; k < nf; k++)
         if (count[k] == flats[k]->n_slots) flats[nw++] = flats[k];
+    free(count);
     return nw;
 }
 
 void nb_optim_zero_grad(nb_optim *opt) {
     NB__CHECK_HANDLE("nb_optim_zero_grad", opt, "optimizer");
-    nb__grad_flat *flats[MAX_FLATS];
+    nb__grad_flat **flats = malloc(((size_t)opt->n_params + 1) * sizeof *flats);
+    NB_CHECK(flats, "nb_optim_zero_grad: out of memory for %d buffers", opt->n_params);
     int nw = whole_flats(opt, flats);
     for (int k = 0; k < nw; k++) {
         nb_tensor *b = flats[k]->buf;
@@ -572,6 +575,7 @@ void nb_optim_zero_grad(nb_optim *opt) {
         else
             nb__backend_at(g)->memset(g->device.index, g->data, 0, bytes);
     }
+    free(flats);
 }
 
 /* Note [Gradients set to none] in autograd/backward.c. An owner that
@@ -590,6 +594,13 @@ void nb_optim_zero_grad_to_none(nb_optim *opt) {
                  ? "stepped per bucket by a DDP wrapper (nb_ddp_set_optimizer)"
                  : "sharded over the ranks (ZeRO, nb_ddp_set_zero; or FSDP, nb_fsdp_set_optimizer)");
     for (int i = 0; i < opt->n_params; i++) nb__grad_set_none(opt->params[i].param);
+    /* Note [Gradient segments]: the segments all of whose slots are these
+     * parameters' (none holds a gradient now) are given back */
+    nb__grad_flat **flats = malloc(((size_t)opt->n_params + 1) * sizeof *flats);
+    NB_CHECK(flats, "nb_optim_zero_grad_to_none: out of memory for %d buffers", opt->n_params);
+    int nw = whole_flats(opt, flats);
+    for (int k = 0; k < nw; k++) nb__grad_flat_release(flats[k]);
+    free(flats);
 }
 
 /* ---- access ---- */

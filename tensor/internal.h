@@ -125,6 +125,9 @@ void nb__keep(nb_tensor *t);
  * the frame t was made in skips it when it closes. Nothing where its
  * context does not give back. */
 void nb__give_back_now(nb_tensor *t);
+/* t (made by nb__empty), given back, holds `data` now (new memory of its
+ * context, of its size): its record is live again. */
+void nb__mem_renew(nb_tensor *t, void *data);
 /* A module's forward: tensors made in ctx between enter and exit are the
  * library's; at exit those nothing uses are given back, and ret (the
  * returned tensor) becomes the user's when no other forward is open. */
@@ -315,10 +318,14 @@ typedef struct nb__grad_flat {
     int64_t numel;  /* elements, the slots' alignment included */
     int n_slots;
     nb_tensor *buf; /* NULL until the first gradient */
+    bool released;  /* Note [Gradient segments]: given back, made again at the next gradient */
+    struct nb__grad_slot *slots;
 } nb__grad_flat;
 typedef struct nb__grad_slot {
     nb__grad_flat *flat;
     int64_t offset; /* elements */
+    nb_tensor *view;            /* the parameter's gradient in it, made once */
+    struct nb__grad_slot *next; /* the flat's slots */
     /* Note [Parameter shadows] in tensor/shadow.c: the shadow (NULL until
      * a product casts the parameter), the write epoch it was stamped with
      * and the parameter storage it copies */
@@ -345,6 +352,10 @@ void nb__shadow_stamp(nb_tensor *p);
 void nb__grad_flat_reserve(nb_tensor *const *ts, int n);
 /* The buffer whose slot holds t's gradient, or NULL. */
 nb__grad_flat *nb__grad_in_flat(const nb_tensor *t);
+/* Gives f's memory back (Note [Gradient segments]); the caller knows that
+ * no parameter holds a gradient in it. Nothing where f's context keeps no
+ * records. */
+void nb__grad_flat_release(nb__grad_flat *f);
 /* Calls fn for each leaf requiring grad that a backward from root would
  * reach (a leaf may be reported more than once). */
 void nb__graph_leaves(nb_tensor *root, void (*fn)(nb_tensor *leaf, void *user), void *user);

@@ -234,6 +234,13 @@ void nb__give_back_now(nb_tensor *t) {
     if (m && !m->given_back) give_back(m); /* a frame that closes later keeps it: not the library's */
 }
 
+void nb__mem_renew(nb_tensor *t, void *data) {
+    nb__mem *m = t->priv->mem;
+    if (!m) return;
+    m->data = data;
+    m->given_back = false;
+}
+
 void nb__mem_internal(nb_node *n, nb_tensor *t) {
     nb__mem *m = t ? t->priv->mem : NULL;
     if (!m || m->library) return;

@@ -565,6 +565,47 @@ START_TEST(test_flat_gradients) {
 }
 END_TEST
 
+/* Note [Gradient segments]: slots in segments of at most 32 MiB, each made
+ * at the first gradient one of its slots receives; zero_grad clears each.
+ * Three 12 MiB parameters: the last two of the list (slot order) share a
+ * segment of 24 MiB, the first has one of its own. */
+static double sum_sq(nb_ctx *ctx, nb_tensor *t) { return nb_item(nb_sum_all(ctx, nb_mul(ctx, t, t))); }
+
+START_TEST(test_gradient_segments) {
+    nb_ctx *params = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
+    enum { R = 1024, C = 3072 }; /* 12 MiB of f32 */
+    const size_t mib12 = (size_t)R * C * 4;
+    nb_tensor *p[3];
+    nb_named_tensor np[3];
+    for (int i = 0; i < 3; i++) {
+        p[i] = nb_full(params, NB_F32, NB_SHAPE(R, C), 1.0 + i);
+        nb_set_requires_grad(p[i], true);
+        np[i] = (nb_named_tensor){i == 0 ? "a" : i == 1 ? "b" : "c", p[i]};
+    }
+    nb_optim *opt = nb_optim_new(NB_OPTIM_SGD, np, 3, &(nb_optim_hparams){.lr = 0.1});
+    size_t before = nb_ctx_used(params);
+    /* only c reached: its segment (c and b) is made, a's is not */
+    nb_backward(nb_sum_all(step, nb_mul(step, p[2], p[2])));
+    ck_assert_uint_eq(nb_ctx_used(params) - before, 2 * mib12);
+    ck_assert(p[0]->grad == NULL && p[1]->grad == NULL);
+    ck_assert_double_eq(sum_sq(step, p[2]->grad), 36.0 * R * C); /* d(c^2) = 2c = 6 */
+    nb_ctx_reset(step);
+    /* all three: a's segment made now, b's slot beside c's */
+    nb_backward(nb_sum_all(step, nb_add(step, nb_add(step, p[0], p[1]), p[2])));
+    ck_assert_uint_eq(nb_ctx_used(params) - before, 3 * mib12);
+    ck_assert(p[1]->grad->base == p[2]->grad->base && p[0]->grad->base != p[2]->grad->base);
+    ck_assert_ptr_eq(p[1]->grad->data, (const char *)p[2]->grad->data + mib12);
+    ck_assert_double_eq(sum_sq(step, p[0]->grad), 1.0 * R * C);
+    ck_assert_double_eq(sum_sq(step, p[1]->grad), 1.0 * R * C);
+    ck_assert_double_eq(sum_sq(step, p[2]->grad), 49.0 * R * C); /* 6 + 1 */
+    nb_optim_zero_grad(opt); /* one memset a segment */
+    for (int i = 0; i < 3; i++) ck_assert_double_eq(sum_sq(step, p[i]->grad), 0);
+    nb_optim_free(opt);
+    nb_ctx_free(step);
+    nb_ctx_free(params);
+}
+END_TEST
+
 NBT_CPU_TEST(test_param_groups) {
     nb_tensor *w = nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(2, 3), 1);
     nb_tensor *bias = nbt_randn_leaf(ctx, NB_F64, NB_SHAPE(3), 2);
@@ -1619,7 +1660,7 @@ int main(void) {
                              test_adam_reference, test_amsgrad_reference, test_amsgrad_nan_propagates,
                              test_amsgrad_state, test_amsgrad_checkpoint_resume,
                              test_adam_moment_exact_at_beta1_zero, test_skips_params_without_grad,
-                             test_zero_grad_keeps_buffers, test_flat_gradients, test_param_groups,
+                             test_zero_grad_keeps_buffers, test_flat_gradients, test_gradient_segments, test_param_groups,
                              test_construction_errors, test_state_export, test_schedules, test_clip_grad_norm,
                              test_clip_grad_norm_tensor, test_step_clipped, test_param_shadows,
                              test_clip_accumulates_in_double,
