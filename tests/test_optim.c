@@ -600,7 +600,28 @@ START_TEST(test_gradient_segments) {
     ck_assert_double_eq(sum_sq(step, p[2]->grad), 49.0 * R * C); /* 6 + 1 */
     nb_optim_zero_grad(opt); /* one memset a segment */
     for (int i = 0; i < 3; i++) ck_assert_double_eq(sum_sq(step, p[i]->grad), 0);
+    /* set to none: both segments given back; a gradient kept from before is
+     * refused; the next backward makes a's segment again only, under the
+     * same tensor, with the values written (no stale ones) */
+    nb_tensor *old_a = p[0]->grad, *old_c = p[2]->grad;
+    nb_ctx_reset(step);
+    nb_backward(nb_sum_all(step, nb_add(step, p[0], p[2]))); /* gradients 1 + 0 = 1 in a, 1 in c */
+    nb_optim_zero_grad_to_none(opt);
+    ck_assert_uint_eq(nb_ctx_used(params), before);
+    NBT_EXPECT_ABORT(nb_item(nb_sum_all(step, old_a)), "given back");
+    /* memory given back is taken by the next tensor of the context: the
+     * segment made again is elsewhere, and nothing writes this one */
+    nb_tensor *filler = nb_full(params, NB_F32, NB_SHAPE(R, C), 7.0);
+    nb_ctx_reset(step);
+    nb_backward(nb_sum_all(step, nb_mul(step, p[0], p[0]))); /* 2a = 2 */
+    ck_assert_uint_eq(nb_ctx_used(params) - before, 2 * mib12);
+    ck_assert_double_eq(sum_sq(step, filler), 49.0 * R * C);
+    ck_assert(p[0]->grad == old_a && p[1]->grad == NULL && p[2]->grad == NULL);
+    ck_assert_ptr_eq(p[0]->grad->data, p[0]->grad->base->data); /* a's view on the new memory */
+    ck_assert_double_eq(sum_sq(step, p[0]->grad), 4.0 * R * C);
+    NBT_EXPECT_ABORT(nb_item(nb_sum_all(step, old_c)), "given back");
     nb_optim_free(opt);
+    (void)filler;
     nb_ctx_free(step);
     nb_ctx_free(params);
 }
