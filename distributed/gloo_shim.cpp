@@ -12,10 +12,10 @@
  * reduce_scatter is a ring over Gloo's unbound buffers: R - 1 steps, each
  * sending one chunk to the right neighbour and reducing one from the
  * left; after them rank r holds chunk r summed over all ranks. The
- * exchanges (nb__gloo_exchange_post: the check layer's headers, lane 0,
- * and a small collective's data, lane 1) are one message from each rank
- * to each other, also over unbound buffers. Tags are the collective's
- * sequence number. */
+ * exchanges (nb__gloo_exchange: the check layer's headers, a small
+ * collective's data, the data of an all-reduce of two ranks) run on a
+ * second context of blocking connections (Note [Blocking exchanges]).
+ * Tags are the collective's sequence number. */
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -41,12 +41,6 @@ struct nb__gloo_dev {
     std::shared_ptr<gloo::transport::Device> dev;
 };
 
-/* An exchange in flight (nb__gloo_exchange_post). */
-struct nb__gloo_xchg {
-    std::unique_ptr<gloo::transport::UnboundBuffer> buf;
-    int pending = 0; /* receives (and sends) not yet waited for */
-};
-
 struct nb__gloo {
     std::shared_ptr<gloo::rendezvous::Context> ctx;
     std::chrono::milliseconds timeout{0};
@@ -55,10 +49,13 @@ struct nb__gloo {
 
 namespace {
 
-/* Slot prefixes of nabla's own exchanges; Gloo's collectives use 0x01-0x08. */
+/* Slot prefix of nabla's reduce-scatter; Gloo's collectives use 0x01-0x08. */
 constexpr uint8_t kReduceScatterSlot = 0x31;
-constexpr uint8_t kHeaderSlot = 0x32;
-constexpr uint8_t kSmallSlot = 0x33; /* lane 1: a small collective's data */
+/* The slot of an exchange's buffers on a blocking context (one exchange
+ * at a time per context: the group's worker runs them in order). */
+constexpr int kExchangeSlot = 0x34;
+/* The largest piece of an exchange (Note [Blocking exchanges]). */
+constexpr size_t kPiece = 256 << 10;
 
 /* Gloo's store interface over an nb_store connection, keys under a prefix. */
 class StoreAdapter : public gloo::rendezvous::Store {
@@ -238,8 +235,8 @@ nb_status nb__gloo_dev_new(nb__gloo_dev **out, const char *hostname, const char 
 
 void nb__gloo_dev_free(nb__gloo_dev *dev) { delete dev; }
 
-nb_status nb__gloo_connect(nb__gloo **out, nb__gloo_dev *dev, nb_store *store, const char *prefix,
-                           int rank, int size, double timeout_s, double connect_s) {
+nb_status nb__gloo_connect(nb__gloo **out, nb__gloo_dev *dev, nb_store *store, const char *prefix, int rank, int size,
+                           double timeout_s, double connect_s, bool blocking) {
     *out = nullptr;
     char where[96];
     std::snprintf(where, sizeof where, "nb_pg_init: Gloo could not connect rank %d of %d", rank, size);
@@ -248,11 +245,17 @@ nb_status nb__gloo_connect(nb__gloo **out, nb__gloo_dev *dev, nb_store *store, c
         g->timeout = StoreAdapter::ms(timeout_s);
         g->ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
         /* Gloo waits five times the context's timeout for a pair to connect;
-         * every collective sets its own (g->timeout). */
-        g->ctx->setTimeout(StoreAdapter::ms(std::max(connect_s / 5, 0.001)));  /* 0 ms: none */
+         * every collective sets its own (g->timeout). A blocking
+         * connection's reads and writes time out after the context's
+         * timeout (the socket's), so there it is the collectives'. */
+        double t = blocking ? timeout_s : std::max(connect_s / 5, 0.001);
+        g->ctx->setTimeout(StoreAdapter::ms(t)); /* 0 ms: none */
         /* The addresses of ranks slow to publish them: the same bound. */
-        StoreAdapter adapter(store, prefix, connect_s);
+        StoreAdapter adapter(store, prefix, blocking ? timeout_s : connect_s);
         g->ctx->connectFullMesh(adapter, dev->dev);
+        if (blocking)
+            for (int p = 0; p < size; p++)
+                if (p != rank) g->ctx->getPair(p)->setSync(true, false);
         *out = g.release();
         return NB_OK;
     });
@@ -278,43 +281,87 @@ nb_status nb__gloo_run(nb__gloo *g, const nb__coll *c) {
     return r;
 }
 
-nb_status nb__gloo_exchange_post(nb__gloo *g, const void *mine, void *all, size_t n, uint64_t seq,
-                                 int lane, nb__gloo_xchg **out) {
-    *out = nullptr;
-    nb_status r = guard(NB_ERR_NETWORK, lane ? "Gloo small collective" : "Gloo header exchange", [&] {
+/* Note [Blocking exchanges]
+ * Gloo's TCP transport reads every connection on one event-loop thread
+ * per device. When that thread finds bytes waiting on a connection whose
+ * lock another thread holds (a worker posting its next send or receive),
+ * it returns to epoll_wait, which reports the same bytes at once: it
+ * spins, on a level-triggered descriptor, until it gets the lock. On a
+ * machine of two cores shared by two ranks, that spin took 0.5-5.5 ms of
+ * CPU per step of the bundled MLP (1-2 KB of work each), on the core the
+ * other rank's threads needed to answer, and each step waited for a
+ * scheduler tick (4 ms) or two; 2026-12-02 in benchmarks/RESULTS.md.
+ * So what runs every step goes through a second context whose
+ * connections are switched to Gloo's synchronous mode: the event loop
+ * never sees them, and the group's worker writes its messages and reads
+ * the others' itself, in blocking calls, sleeping in the kernel until
+ * bytes arrive. Every rank runs the same exchanges in the same order (the
+ * worker runs the group's collectives in issue order), so each message
+ * is read into the buffer it was sent for; bound buffers on one slot, one
+ * exchange at a time. A message of more than kPiece bytes goes in pieces:
+ * each rank writes piece k to every other, then reads theirs, so no more
+ * than a piece per direction is ever unread and two ranks cannot block
+ * each other in write(2). A message longer than the buffer posted for it
+ * is an error on the reading rank (Gloo's check, in this thread), not an
+ * exception on the event loop's thread that would end the process. A
+ * dead peer closes its sockets (read returns 0: "Connection closed by
+ * peer"); one that stops answering is named by the waiting thread's
+ * watchdog (pg.c) and, at the latest, its reads time out after the
+ * group's timeout. An exchange whose sizes the headers did not settle
+ * (`sized`: the data of an all-reduce, also unchecked) sends every rank's
+ * size first, so that ranks that disagree fail, every one of them, rather
+ * than one reading another's shorter message as a result. */
+nb_status nb__gloo_exchange(nb__gloo *g, const void *mine, size_t sent, void *all, size_t n, bool own, bool sized) {
+    nb_status r = guard(NB_ERR_NETWORK, "Gloo exchange", [&] {
         const int R = g->ctx->size, me = g->ctx->rank;
         auto *bytes = static_cast<unsigned char *>(all);
-        std::memcpy(bytes + static_cast<size_t>(me) * n, mine, n);
-        auto x = std::make_unique<nb__gloo_xchg>();
-        if (R > 1) {
-            x->buf = g->ctx->createUnboundBuffer(all, n * static_cast<size_t>(R));
-            const uint64_t slot = gloo::Slot::build(lane ? kSmallSlot : kHeaderSlot, static_cast<uint32_t>(seq));
+        if (sent > n) throw gloo::Exception("sends " + std::to_string(sent) + " bytes into " + std::to_string(n));
+        if (own) std::memmove(bytes + static_cast<size_t>(me) * n, mine, sent);
+        if (R == 1 || n == 0) return NB_OK;
+        std::vector<std::unique_ptr<gloo::transport::Buffer>> tx(R), rx(R);
+        void *src = const_cast<void *>(mine);
+        if (sized) { /* every rank's size first: ranks that disagree all fail */
+            std::vector<uint64_t> sizes(static_cast<size_t>(R));
+            uint64_t mine_n = sent;
+            std::vector<std::unique_ptr<gloo::transport::Buffer>> stx(R), srx(R);
             for (int p = 0; p < R; p++)
-                if (p != me) x->buf->recv(p, slot, static_cast<size_t>(p) * n, n);
+                if (p != me) {
+                    auto &pair = g->ctx->getPair(p);
+                    srx[p] = pair->createRecvBuffer(kExchangeSlot, &sizes[static_cast<size_t>(p)], sizeof mine_n);
+                    stx[p] = pair->createSendBuffer(kExchangeSlot, &mine_n, sizeof mine_n);
+                    stx[p]->send(0, sizeof mine_n, 0);
+                    stx[p]->waitSend();
+                }
             for (int p = 0; p < R; p++)
-                if (p != me) x->buf->send(p, slot, static_cast<size_t>(me) * n, n);
-            x->pending = R - 1;
+                if (p != me) srx[p]->waitRecv();
+            for (int p = 0; p < R; p++)
+                if (p != me && sizes[static_cast<size_t>(p)] != mine_n)
+                    throw gloo::Exception("rank " + std::to_string(me) + " sends " + std::to_string(mine_n) +
+                                          " bytes but rank " + std::to_string(p) + " sends " +
+                                          std::to_string(sizes[static_cast<size_t>(p)]));
         }
-        *out = x.release();
+        for (int p = 0; p < R; p++) {
+            if (p == me) continue;
+            auto &pair = g->ctx->getPair(p);
+            rx[p] = pair->createRecvBuffer(kExchangeSlot, bytes + static_cast<size_t>(p) * n, n);
+            tx[p] = pair->createSendBuffer(kExchangeSlot, src, sent > 0 ? sent : 1);
+        }
+        const size_t pieces = sent > kPiece ? (sent + kPiece - 1) / kPiece : 1;
+        for (size_t k = 0; k < pieces; k++) {
+            const size_t off = k * kPiece, len = std::min(kPiece, sent - off);
+            for (int p = 0; p < R; p++)
+                if (p != me) {
+                    tx[p]->send(off, len, off);
+                    tx[p]->waitSend();
+                }
+            for (int p = 0; p < R; p++)
+                if (p != me) rx[p]->waitRecv();
+        }
         return NB_OK;
     });
-    if (r != NB_OK && std::strstr(nb_last_error(), "Timed out")) r = NB_ERR_TIMEOUT;
+    if (r != NB_OK && (std::strstr(nb_last_error(), "Timed out") || std::strstr(nb_last_error(), "timeout")))
+        r = NB_ERR_TIMEOUT;
     return r;
 }
-
-nb_status nb__gloo_exchange_wait(nb__gloo *g, nb__gloo_xchg *x) {
-    nb_status r = guard(NB_ERR_NETWORK, "Gloo header exchange", [&] {
-        for (; x->pending > 0; x->pending--) {
-            if (!x->buf->waitRecv(g->timeout)) throw gloo::IoException("receive aborted");
-            if (!x->buf->waitSend(g->timeout)) throw gloo::IoException("send aborted");
-        }
-        return NB_OK;
-    });
-    if (r != NB_OK && std::strstr(nb_last_error(), "Timed out")) r = NB_ERR_TIMEOUT;
-    delete x; /* pending operations of a failed one are dropped by Gloo */
-    return r;
-}
-
-void nb__gloo_exchange_free(nb__gloo_xchg *x) { delete x; }
 
 } // extern "C"

@@ -14,9 +14,9 @@ nb_status nb__gloo_dev_new(nb__gloo_dev **out, const char *hostname, const char 
     return no_gloo();
 }
 void nb__gloo_dev_free(nb__gloo_dev *dev) { (void)dev; }
-nb_status nb__gloo_connect(nb__gloo **out, nb__gloo_dev *dev, nb_store *store, const char *prefix,
-                           int rank, int size, double timeout_s, double connect_s) {
-    (void)dev, (void)store, (void)prefix, (void)rank, (void)size, (void)timeout_s, (void)connect_s;
+nb_status nb__gloo_connect(nb__gloo **out, nb__gloo_dev *dev, nb_store *store, const char *prefix, int rank, int size,
+                           double timeout_s, double connect_s, bool blocking) {
+    (void)dev, (void)store, (void)prefix, (void)rank, (void)size, (void)timeout_s, (void)connect_s, (void)blocking;
     *out = NULL;
     return no_gloo();
 }
@@ -25,15 +25,8 @@ nb_status nb__gloo_run(nb__gloo *g, const nb__coll *c) {
     (void)g, (void)c;
     return no_gloo();
 }
-nb_status nb__gloo_exchange_post(nb__gloo *g, const void *mine, void *all, size_t n, uint64_t seq,
-                                 int lane, nb__gloo_xchg **out) {
-    (void)g, (void)mine, (void)all, (void)n, (void)seq, (void)lane;
-    *out = NULL;
-    return no_gloo();
-}
-void nb__gloo_exchange_free(nb__gloo_xchg *x) { (void)x; }
-nb_status nb__gloo_exchange_wait(nb__gloo *g, nb__gloo_xchg *x) {
-    (void)g, (void)x;
+nb_status nb__gloo_exchange(nb__gloo *g, const void *mine, size_t sent, void *all, size_t n, bool own, bool sized) {
+    (void)g, (void)mine, (void)sent, (void)all, (void)n, (void)own, (void)sized;
     return no_gloo();
 }
 #else

@@ -383,27 +383,28 @@ void nb__gloo_dev_free(nb__gloo_dev *dev);
  * timeout_s bounds each collective; connect_s the set-up: the wait for
  * the others' addresses in the store (every rank has joined already, so
  * one that does not publish its address failed) and the TCP connections
- * to them (an unreachable address: a wrong interface, a firewall). */
+ * to them (an unreachable address: a wrong interface, a firewall).
+ * `blocking`: a context whose connections the calling thread reads and
+ * writes itself, for nb__gloo_exchange only (Note [Blocking exchanges]
+ * in gloo_shim.cpp); its set-up is bounded by timeout_s, as every read
+ * on it is. */
 nb_status nb__gloo_connect(nb__gloo **out, nb__gloo_dev *dev, nb_store *store, const char *prefix,
-                           int rank, int size, double timeout_s, double connect_s);
+                           int rank, int size, double timeout_s, double connect_s, bool blocking);
 void nb__gloo_free(nb__gloo *g);
 /* Runs one collective to completion (blocking); the error names what the
  * transport said. */
 nb_status nb__gloo_run(nb__gloo *g, const nb__coll *c);
-/* Every rank's `n` bytes to every rank, one message per pair, all at
- * once: `all` (size x n bytes) gets rank r's at r x n; `mine` is this
- * rank's. Tagged with `seq`; `lane` keeps apart exchanges of the same
- * sequence number: 0 the check layer's headers, 1 a small collective's
- * data (pg_gloo.c). Post starts it (*out: the exchange in flight; `all`
- * must live until the wait or the free), wait returns when every rank's
- * has arrived here and this rank's has left for every other, and frees
- * it; free drops one never waited for (its group broke; Gloo ignores
- * what arrives for a buffer that is gone, so `all` may go after it). */
-typedef struct nb__gloo_xchg nb__gloo_xchg;
-void nb__gloo_exchange_free(nb__gloo_xchg *x);
-nb_status nb__gloo_exchange_post(nb__gloo *g, const void *mine, void *all, size_t n, uint64_t seq,
-                                 int lane, nb__gloo_xchg **out);
-nb_status nb__gloo_exchange_wait(nb__gloo *g, nb__gloo_xchg *x);
+/* On a blocking context: this rank's `sent` bytes at `mine` to every
+ * other rank, and every other rank's into `all` (size x n bytes, rank r's
+ * at r x n; a rank may send fewer than n bytes, never more); `own`: also
+ * copies mine into this rank's place. Returns once everything has arrived
+ * and left. Messages over 256 KiB go in pieces, whose number every rank
+ * derives from its own `sent`: exchanges whose sizes differ between
+ * ranks must stay within one piece (Note [Blocking exchanges]); `sized`
+ * first compares every rank's `sent` and fails on all ranks when they
+ * differ. */
+nb_status nb__gloo_exchange(nb__gloo *g, const void *mine, size_t sent, void *all, size_t n, bool own,
+                            bool sized);
 
 /* ------------------------------------------------ NCCL (pg_nccl.c) */
 

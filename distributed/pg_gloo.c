@@ -4,7 +4,11 @@
  * sends headers with, and the backend table entries pg.c calls
  * (nb__pg_gloo_ops). pg.c runs the group's collectives on its worker
  * thread, one after another in issue order (Gloo calls block). The
- * transport itself is the C++ shim, gloo_shim.cpp. */
+ * transport itself is the C++ shim, gloo_shim.cpp: two contexts per
+ * group, one for Gloo's algorithms and one of blocking connections for
+ * the exchanges (Note [Blocking exchanges] there): the headers, the
+ * small collectives and the all-reduce of two ranks, that is everything
+ * a DDP step sends at world size 2. */
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <pthread.h>
@@ -18,8 +22,11 @@
 
 /* pg->impl */
 typedef struct gloo_impl {
-    nb__gloo *g;
-    nb__gloo_dev *dev; /* the world group's: every group's connections use it */
+    nb__gloo *g;          /* Gloo's algorithms */
+    nb__gloo *x;          /* blocking connections: nb__gloo_exchange */
+    nb__gloo_dev *dev;    /* the world group's: every group's connections use it */
+    unsigned char *other; /* the other rank's data in an all-reduce of two ranks */
+    size_t other_n;
 } gloo_impl;
 
 static gloo_impl *impl(const nb_pg *pg) { return pg->impl; }
@@ -30,43 +37,57 @@ nb__gloo *nb__pg_gloo(const nb_pg *pg) { return impl(pg)->g; }
  * Under load the latency of one message is that of a small collective
  * itself (benchmarks/RESULTS.md: 2-8 ms per small all-reduce on a busy
  * 2-core machine), and Gloo's own algorithms take a ring of 2 (R - 1)
- * steps. So a collective whose data fit in P bytes, P = min(4096, 16384 /
- * (R - 1)) rounded down to 8 (at most 16 KB more per rank and collective
- * in any world), sends them in one message from each rank to each other,
- * all in flight at once:
+ * steps. So a collective whose data fit in P bytes, P = min(32768, 65536
+ * / (R - 1)) rounded down to 8, sends them in one message from each rank
+ * to each other, all in flight at once:
  *   all-reduce and all-gather: the rank's elements; broadcast: the root's
- *   (zeros from the others); reduce-scatter: the rank's whole input (R
+ *   (nothing from the others); reduce-scatter: the rank's whole input (R
  *   chunks);
  * and every rank computes the result from what it received: the
  * reduction in rank order (0, 1, ..., R - 1, the same on every rank, so
  * every rank gets the same bits), the root's elements, or the
- * concatenation. Every message has P bytes whatever the collective (P
- * depends on R only), so ranks that disagree on a count cannot make Gloo's
- * event loop meet a message of another size (Note [No exception crosses
- * the shim] in gloo_shim.cpp). The choice depends on the size alone: the
- * collective checks (pg_check.c) do not choose the arithmetic, so
- * NABLA_DIST_CHECK=auto, full and off compute the same bits
- * (test_dist_collectives test_checks_do_not_choose_the_arithmetic).
+ * concatenation. Each rank receives into P bytes per rank whatever the
+ * collective (P depends on R only) and sends only its data, so ranks
+ * that disagree on a count cannot send a message longer than the buffer
+ * it is read into (Note [Blocking exchanges] in gloo_shim.cpp). The
+ * choice depends on the size alone: the collective checks (pg_check.c)
+ * do not choose the arithmetic, so NABLA_DIST_CHECK=auto, full and off
+ * compute the same bits (test_dist_collectives
+ * test_checks_do_not_choose_the_arithmetic). P was 4096 (R = 2) while
+ * every message had P bytes; at 32768 the bundled MLP's gradients (16.5
+ * KB) travel with their header.
  *
  * Under the check layer (pg_check.c) the data travel in the layer's own
  * exchange (gloo_xpost): each of its messages is a frame, the header and
- * then P bytes, which hold a small collective's message as above and
- * zeros for any other. A checked small collective so costs one exchange,
- * as an unchecked one does, and a checked large one exchanges a frame
- * and then runs Gloo's algorithm. Every frame of a group has one size
- * whatever the collective, so ranks that disagree on it (a count of 10
- * against 20, or 8 within P against 2000 beyond it, or a kind) still
- * exchange frames, compare headers and fail with the mismatch message;
- * what arrived is dropped unread with the work. When the headers agree,
- * every rank decided alike that the collective is small (the decision
- * depends on what the headers hold), and `run` computes from the frames
- * with finish_from_messages, the arithmetic of its own exchange. A small
- * collective's frame reads its inputs when posted (gloo_xcarries), so the
- * layer posts it while earlier collectives run only when none of them
- * writes those inputs. */
+ * then a small collective's message as above (nothing for any other),
+ * received into head + P bytes per rank. A checked small collective so
+ * costs one exchange, as an unchecked one does, and a checked large one
+ * exchanges a frame and then its data. Every frame of a group is received
+ * into one size whatever the collective, so ranks that disagree on it (a
+ * count of 10 against 20, or 8 within P against 20000 beyond it, or a
+ * kind) still exchange frames, compare headers and fail with the mismatch
+ * message; what arrived is dropped unread with the work. When the
+ * headers agree, every rank decided alike that the collective is small
+ * (the decision depends on what the headers hold), and `run` computes
+ * from the frames with finish_from_messages, the arithmetic of its own
+ * exchange. The exchange runs when the collective runs (gloo_xtest), in
+ * issue order on every rank, which the blocking connections need; xpost
+ * only prepares the frame, so the layer's early posting of queued
+ * collectives' headers sends nothing early here.
+ *
+ * Note [All-reduce of two ranks]
+ * With two ranks, Gloo's ring sends each rank's data once in two halves
+ * (reduce-scatter, then all-gather), in several rounds of messages
+ * through its event loop. The same bytes go in one blocking exchange
+ * (pieces of 256 KiB, Note [Blocking exchanges]) and both ranks compute
+ * x0 op x1, rank 0 into its own buffer and rank 1 into the copy of rank
+ * 0's data, which it then copies back: the same bits on both ranks and as
+ * the ring computed them (addition commutes; min and max are taken in the
+ * same order everywhere). More ranks keep Gloo's ring, which sends 2 (R -
+ * 1) / R of the data where a direct exchange would send R - 1 times it. */
 static size_t small_bytes(int R) {
-    size_t p = 16384 / (size_t)(R > 1 ? R - 1 : 1);
-    return (p > 4096 ? 4096 : p) & ~(size_t)7;
+    size_t p = 65536 / (size_t)(R > 1 ? R - 1 : 1);
+    return (p > 32768 ? 32768 : p) & ~(size_t)7;
 }
 
 /* The bytes of c's data this rank sends. */
@@ -113,26 +134,28 @@ static bool is_small(const nb_pg *pg, const nb__coll *c) {
     return pg->size > 1 && c->kind != NB__BARRIER && c->count > 0 && data_bytes(c, pg->size) <= small_bytes(pg->size);
 }
 
-/* Note [Small collectives in one message]: this rank's message of c's
- * data into `p` (P bytes, zeroed). */
-static void small_fill(const nb_pg *pg, const nb__coll *c, unsigned char *p) {
-    if (c->kind != NB__BROADCAST || c->root == pg->rank)
-        memcpy(p, c->kind == NB__ALL_REDUCE || c->kind == NB__BROADCAST ? c->out : c->in, data_bytes(c, pg->size));
+/* Note [Small collectives in one message]: where this rank's message of
+ * c's data is, and its size (0: a broadcast's other ranks). */
+static const void *small_msg(const nb_pg *pg, const nb__coll *c, size_t *sent) {
+    bool none = c->kind == NB__BROADCAST && c->root != pg->rank;
+    *sent = none ? 0 : data_bytes(c, pg->size);
+    return c->kind == NB__ALL_REDUCE || c->kind == NB__BROADCAST ? c->out : c->in;
 }
 
-/* The check layer's exchange in frames (gloo_xpost); when its collective
- * is small, it becomes that work's impl once everything has arrived. */
+/* The check layer's exchange in frames (gloo_xpost), run by gloo_xtest;
+ * when its collective is small, it becomes that work's impl once
+ * everything has arrived. */
 typedef struct frames {
-    nb__gloo_xchg *x;   /* in flight; NULL once over */
-    nb_work *w;         /* the collective whose data the frames hold; NULL: none */
-    unsigned char *buf; /* every rank's frame, rank r's at r * stride */
-    void *all;          /* the caller's: every rank's n bytes */
+    nb_work *w;             /* the collective whose data the frames hold; NULL: none */
+    unsigned char *me;      /* this rank's frame: the header, then w's data */
+    unsigned char *buf;     /* every rank's frame, rank r's at r * stride */
+    void *all;              /* the caller's: every rank's n bytes */
     size_t n, head, stride; /* head: n rounded up to 8, where the data start */
 } frames;
 
 static void frames_free(frames *f) {
     if (!f) return;
-    if (f->x) nb__gloo_exchange_free(f->x);
+    free(f->me);
     free(f->buf);
     free(f);
 }
@@ -153,20 +176,43 @@ static nb_status run_small(nb_pg *pg, nb_work *w) {
         finish_from_messages(pg, c, f->buf + f->head, f->stride);
         pg->stats.small_framed++;
     } else {
-        int R = pg->size;
-        size_t P = small_bytes(R);
-        unsigned char *mine = calloc(1, P), *all = malloc((size_t)R * P);
-        NB_CHECK(mine && all, "nb_pg: out of memory for a small collective (%d x %zu bytes)", R, P);
-        small_fill(pg, c, mine);
-        nb__gloo_xchg *x = NULL;
-        st = nb__gloo_exchange_post(impl(pg)->g, mine, all, P, c->seq, 1, &x);
-        free(mine);
-        if (st == NB_OK) st = nb__gloo_exchange_wait(impl(pg)->g, x);
+        size_t P = small_bytes(pg->size), sent;
+        const void *mine = small_msg(pg, c, &sent);
+        unsigned char *all = malloc((size_t)pg->size * P);
+        NB_CHECK(all, "nb_pg: out of memory for a small collective (%d x %zu bytes)", pg->size, P);
+        st = nb__gloo_exchange(impl(pg)->x, mine, sent, all, P, true, false);
         if (st == NB_OK) finish_from_messages(pg, c, all, P);
-        free(all); /* Gloo drops what arrives for a buffer that is gone */
+        free(all);
     }
     if (st == NB_OK) pg->stats.small++;
     return st;
+}
+
+/* Note [All-reduce of two ranks]. */
+static bool is_pair_all_reduce(const nb_pg *pg, const nb__coll *c) {
+    return pg->size == 2 && c->kind == NB__ALL_REDUCE && c->count > 0;
+}
+
+static nb_status run_pair_all_reduce(nb_pg *pg, const nb__coll *c) {
+    gloo_impl *g = impl(pg);
+    size_t n = (size_t)c->count, b = n * nb_dtype_size(c->dtype);
+    if (g->other_n < 2 * b) { /* kept for the group's life: a DDP step reduces the
+                                 same buckets each time */
+        free(g->other);
+        g->other = malloc(2 * b);
+        NB_CHECK(g->other, "nb_pg: out of memory for an all-reduce of %zu bytes", b);
+        g->other_n = 2 * b;
+    }
+    nb_status st = nb__gloo_exchange(g->x, c->out, b, g->other, b, false, true);
+    if (st != NB_OK) return st;
+    if (pg->rank == 0) {
+        nb__reduce_into(c->dtype, c->op, c->out, g->other + b, n);
+    } else {
+        nb__reduce_into(c->dtype, c->op, g->other, c->out, n);
+        memcpy(c->out, g->other, b);
+    }
+    pg->stats.pair++;
+    return NB_OK;
 }
 
 /* Moves w's data (on the group's worker). */
@@ -174,7 +220,9 @@ static nb_status gloo_run(nb_pg *pg, nb_work *w, char *what, size_t len, bool *e
     const nb__coll *c = &w->coll;
     *explained = false;
     if (c->kind != NB__BARRIER && c->count == 0) return NB_OK;
-    nb_status st = is_small(pg, c) ? run_small(pg, w) : nb__gloo_run(impl(pg)->g, c);
+    nb_status st = is_small(pg, c)             ? run_small(pg, w)
+                   : is_pair_all_reduce(pg, c) ? run_pair_all_reduce(pg, c)
+                                               : nb__gloo_run(impl(pg)->g, c);
     if (st == NB_OK) {
         if (c->op == NB_REDUCE_AVG && (c->kind == NB__ALL_REDUCE || c->kind == NB__REDUCE_SCATTER))
             nb__scale_down(c->dtype, c->out, (size_t)c->count, (double)pg->size);
@@ -228,30 +276,42 @@ static nb_status gloo_start(nb_pg *pg, const char *prefix) {
      * bounded by the join limit, not the progress timeout: every member has
      * arrived already (nb__join, or the list check of nb_pg_new_group). */
     double connect_s = root->join_s < pg->timeout_s ? root->join_s : pg->timeout_s;
-    st = nb__gloo_connect(&impl(pg)->g, impl(root)->dev, root->store_main, prefix, pg->rank, pg->size,
-                          pg->timeout_s, connect_s);
+    st = nb__gloo_connect(&impl(pg)->g, impl(root)->dev, root->store_main, prefix, pg->rank, pg->size, pg->timeout_s,
+                          connect_s, false);
+    if (st == NB_OK) { /* Note [Blocking exchanges] in gloo_shim.cpp */
+        char xprefix[96];
+        snprintf(xprefix, sizeof xprefix, "%sx/", prefix);
+        st = nb__gloo_connect(&impl(pg)->x, impl(root)->dev, root->store_main, xprefix, pg->rank, pg->size,
+                              pg->timeout_s, connect_s, true);
+    }
     if (st != NB_OK) {
         char why[NB__MSG_LEN], host[256];
         snprintf(why, sizeof why, "%s", nb_last_error());
         local_address(root->env.master_addr, host, sizeof host);
         const char *iface = getenv("NABLA_SOCKET_IFNAME");
         bool named = iface && *iface;
-        return nb_set_error(st, "%s (within %g s, %s; this rank listens on %s%s%s: every node must reach the "
-                                "others' addresses on ports the kernel picks; NABLA_SOCKET_IFNAME chooses the "
-                                "interface)",
+        return nb_set_error(st,
+                            "%s (within %g s, %s; this rank listens on %s%s%s: "
+                            "every node must reach the "
+                            "others' addresses on ports the kernel picks; "
+                            "NABLA_SOCKET_IFNAME chooses the "
+                            "interface)",
                             why, connect_s, connect_s < pg->timeout_s ? "NABLA_JOIN_TIMEOUT" : "NABLA_PG_TIMEOUT",
                             named ? "interface " : "", named ? iface : host, named ? " (NABLA_SOCKET_IFNAME)" : "");
     }
     return NB_OK;
 }
 
-/* `stuck`: the worker still uses the Gloo context (Note [Stuck worker] in pg.c). */
+/* `stuck`: the worker still uses the Gloo context (Note [Stuck worker] in
+ * pg.c). */
 static void gloo_free(nb_pg *pg, bool stuck) {
     gloo_impl *g = impl(pg);
     if (!g) return;
     if (g->g && !stuck) nb__gloo_free(g->g);
+    if (g->x && !stuck) nb__gloo_free(g->x);
     if (g->dev) nb__gloo_dev_free(g->dev); /* the world group's, freed after every group's context */
     if (!stuck) {
+        free(g->other);
         free(g);
         pg->impl = NULL;
     }
@@ -262,12 +322,14 @@ static nb_status gloo_agree(nb_pg *pg, int32_t *votes) {
     return nb_work_finish(nb__pg_issue(pg, &c));
 }
 
-/* The check layer's exchange carries (and reads) the data of a small collective. */
+/* The check layer's exchange carries (and reads) the data of a small
+ * collective. */
 static bool gloo_xcarries(const nb_pg *pg, const nb_work *w) { return is_small(pg, &w->coll); }
 
-/* The check layer's exchange (pg.h), on its own lane: one frame per
- * rank, `mine` and then room for a small collective's data, which w's
- * fill when it is small (Note [Small collectives in one message]). */
+/* The check layer's exchange (pg.h): one frame per rank, `mine` and then
+ * room for a small collective's data, which w's fill when it is small
+ * (Note [Small collectives in one message]). Prepared here, exchanged by
+ * gloo_xtest. */
 static nb_status gloo_xpost(nb_pg *pg, nb_work *w, const void *mine, void *all, size_t n, void **x) {
     int R = pg->size;
     frames *f = calloc(1, sizeof *f);
@@ -276,30 +338,31 @@ static nb_status gloo_xpost(nb_pg *pg, nb_work *w, const void *mine, void *all, 
     f->n = n;
     f->head = (n + 7) & ~(size_t)7;
     f->stride = f->head + small_bytes(R);
-    unsigned char *me = calloc(1, f->stride);
+    f->me = calloc(1, f->head);
     f->buf = malloc((size_t)R * f->stride);
-    NB_CHECK(me && f->buf, "nb_pg: out of memory for %d collective headers (%zu bytes each)", R, f->stride);
-    memcpy(me, mine, n);
-    if (gloo_xcarries(pg, w)) {
-        small_fill(pg, &w->coll, me + f->head);
-        f->w = w;
-    }
-    nb_status st = nb__gloo_exchange_post(impl(pg)->g, me, f->buf, f->stride, w->coll.seq, 0, &f->x);
-    free(me);
-    if (st != NB_OK) {
-        frames_free(f);
-        f = NULL;
-    }
+    NB_CHECK(f->me && f->buf, "nb_pg: out of memory for %d collective headers (%zu bytes each)", R, f->stride);
+    memcpy(f->me, mine, n);
+    if (gloo_xcarries(pg, w)) f->w = w;
     *x = f;
-    return st;
+    return NB_OK;
 }
 
-/* Blocks until the exchange is over (pg.c's worker runs it); the data of
- * a small collective stay with its work, for `run`. */
+/* Exchanges the frames (on the group's worker, as the collective runs);
+ * the data of a small collective stay with its work, for `run`. */
 static int gloo_xtest(nb_pg *pg, void *x) {
     frames *f = x;
-    nb_status st = nb__gloo_exchange_wait(impl(pg)->g, f->x);
-    f->x = NULL;
+    size_t sent = f->head;
+    nb_status st = NB_OK;
+    if (f->w) { /* the header and the data side by side in this rank's frame */
+        size_t d;
+        const void *data = small_msg(pg, &f->w->coll, &d);
+        unsigned char *me = realloc(f->me, f->head + d);
+        NB_CHECK(me, "nb_pg: out of memory for a collective's frame (%zu bytes)", f->head + d);
+        f->me = me;
+        memcpy(me + f->head, data, d);
+        sent += d;
+    }
+    st = nb__gloo_exchange(impl(pg)->x, f->me, sent, f->buf, f->stride, true, false);
     if (st != NB_OK) {
         frames_free(f);
         return (int)st;

@@ -100,7 +100,7 @@ START_TEST(test_all_reduce) {
 END_TEST
 
 /* Note [Small collectives in one message] (distributed/pg_gloo.c): with
- * more than one rank, a collective whose data fit in min(4096, 16384 /
+ * more than one rank, a collective whose data fit in min(32768, 65536 /
  * (R - 1)) bytes rounded down to 8 goes in one message from each rank to
  * each other (the group counts them), one that does not goes through
  * Gloo's algorithms; both give the closed forms. Sizes on either side of
@@ -116,8 +116,8 @@ static double *host_values(const nb_tensor *t) {
 
 START_TEST(test_small_collectives_in_one_message) {
     if (R == 1) return;
-    size_t p = 16384 / (size_t)(R - 1);
-    p = (p > 4096 ? 4096 : p) / 8 * 8;
+    size_t p = 65536 / (size_t)(R - 1);
+    p = (p > 32768 ? 32768 : p) / 8 * 8;
     const nb__pg_ops *saved = world->ops;
     nb__dist_check saved_mode = world->check;
     nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
@@ -198,13 +198,13 @@ START_TEST(test_small_collectives_back_to_back) {
                   (unsigned long long)(world->stats.headers_early - early));
     /* beyond the one-message limit no data ride with a header: those of one
      * tensor's all-reduces go early too */
-    nb_tensor *big = nb_full(ctx, NB_F32, NB_SHAPE(5000), (double)(me + 1));
+    nb_tensor *big = nb_full(ctx, NB_F32, NB_SHAPE(10000), (double)(me + 1));
     early = world->stats.headers_early;
     if (me == 0) nb__sleep(0.2);
     for (int k = 0; k < K; k++) w[k] = nb_pg_all_reduce(world, big, NB_REDUCE_SUM);
     for (int k = 0; k < K; k++) check_ok(nb_work_finish(w[k]));
     double *bv = host_values(big);
-    for (int i = 0; i < 5000; i++)
+    for (int i = 0; i < 10000; i++)
         ck_assert_msg(bv[i] == want, "rank %d: four all-reduces of one large tensor give %g, want %g", me, bv[i], want);
     free(bv);
     if (me != 0)
@@ -270,8 +270,8 @@ static void rank_order(nb_dtype dt, nb_reduce_op op, int64_t n, void *out) {
 
 START_TEST(test_checks_do_not_choose_the_arithmetic) {
     if (R == 1) return;
-    size_t limit = 16384 / (size_t)(R - 1);
-    limit = (limit > 4096 ? 4096 : limit) / 8 * 8;
+    size_t limit = 65536 / (size_t)(R - 1);
+    limit = (limit > 32768 ? 32768 : limit) / 8 * 8;
     const nb_dtype dts[] = {NB_F32, NB_F64, NB_BF16};
     const nb_reduce_op ops[] = {NB_REDUCE_SUM, NB_REDUCE_AVG, NB_REDUCE_MAX};
     const nb__dist_check modes[] = {NB__CHECK_OFF, NB__CHECK_AUTO, NB__CHECK_FULL};
@@ -279,11 +279,12 @@ START_TEST(test_checks_do_not_choose_the_arithmetic) {
     nb__dist_check saved_mode = world->check;
     nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
     int differ_from_rank_order = 0;
+    uint64_t pairs = 0, pairs_before = world->stats.pair;
     for (int d = 0; d < 3; d++) {
         nb_dtype dt = dts[d];
         size_t es = nb_dtype_size(dt);
         int64_t lim = (int64_t)(limit / es);
-        const int64_t counts[] = {1, 3, lim - 1, lim, lim + 1, 3 * lim + 5, 20000};
+        const int64_t counts[] = {1, 3, lim - 1, lim, lim + 1, 3 * lim + 5, 200000};
         for (int o = 0; o < 3; o++) {
             for (int k = 0; k < 7; k++) {
                 int64_t n = counts[k];
@@ -296,6 +297,7 @@ START_TEST(test_checks_do_not_choose_the_arithmetic) {
                     nb_tensor *t = nb_from_host(ctx, NB_F64, NB_SHAPE(n), v);
                     if (dt != NB_F64) t = nb_cast(ctx, t, dt);
                     check_ok(nb_work_finish(nb_pg_all_reduce(world, t, ops[o])));
+                    pairs += R == 2 && (size_t)n * es > limit;
                     got[m] = malloc((size_t)n * es);
                     memcpy(got[m], t->data, (size_t)n * es);
                     nb_ctx_reset(ctx);
@@ -305,12 +307,12 @@ START_TEST(test_checks_do_not_choose_the_arithmetic) {
                                   "all_reduce(%s, %s, count=%lld): NABLA_DIST_CHECK=off and %s give different bits",
                                   nb__reduce_name(ops[o]), nb_dtype_name(dt), (long long)n,
                                   modes[m] == NB__CHECK_AUTO ? "auto" : "full");
-                if ((size_t)n * es <= limit) {
+                if ((size_t)n * es <= limit || R == 2) { /* R == 2: Note [All-reduce of two ranks] */
                     rank_order(dt, ops[o], n, want);
                     ck_assert_msg(memcmp(got[0], want, (size_t)n * es) == 0,
-                                  "all_reduce(%s, %s, count=%lld) within the one-message limit is not the "
-                                  "reduction in rank order",
-                                  nb__reduce_name(ops[o]), nb_dtype_name(dt), (long long)n);
+                                  "all_reduce(%s, %s, count=%lld) %s is not the reduction in rank order",
+                                  nb__reduce_name(ops[o]), nb_dtype_name(dt), (long long)n,
+                                  (size_t)n * es <= limit ? "within the one-message limit" : "of two ranks");
                 } else if (ops[o] != NB_REDUCE_MAX) {
                     rank_order(dt, ops[o], n, want);
                     differ_from_rank_order += memcmp(got[0], want, (size_t)n * es) != 0;
@@ -323,6 +325,8 @@ START_TEST(test_checks_do_not_choose_the_arithmetic) {
     }
     world->ops = saved;
     world->check = saved_mode;
+    ck_assert_msg(world->stats.pair - pairs_before == pairs, "rank %d: %llu all-reduces of two ranks in one exchange, want %llu",
+                  me, (unsigned long long)(world->stats.pair - pairs_before), (unsigned long long)pairs);
     /* the large ones went through Gloo's own algorithms: some sums came out
      * in another order (with three ranks and more), which the bitwise
      * comparison above then had to match */
@@ -403,7 +407,7 @@ END_TEST
 START_TEST(test_headers_posted_while_data_move) {
     if (R == 1) return;
     enum { K = 8 };
-    int64_t n = 5000; /* 20 KB of f32: beyond any payload */
+    int64_t n = 10000; /* 40 KB of f32: beyond any payload */
     nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
     nb_tensor *t[K];
     nb_work *w[K];

@@ -46,9 +46,9 @@ static const mm_case cases[] = {
     {"mm_root", "nb_pg_broadcast", true, "broadcast(f32, count=8, root=1)", "broadcast(f32, count=8, root=0)", "root"},
     {"mm_zero", "nb_pg_all_reduce", false, "all_reduce(sum, f32, count=0)", "all_reduce(sum, f32, count=8)", "count"},
     /* Note [Small collectives in one message] (distributed/pg_gloo.c): the counts both within the one-message
-     * limit (4096 bytes at 2-5 ranks), whose data travel with the header; then one within, one beyond it */
+     * limit (32768 bytes at 2-3 ranks), whose data travel with the header; then one within, one beyond it */
     {"mm_small", "nb_pg_all_reduce", false, "all_reduce(sum, f32, count=1000)", "all_reduce(sum, f32, count=1024)", "count"},
-    {"mm_limit", "nb_pg_broadcast", false, "broadcast(f32, count=8, root=0)", "broadcast(f32, count=2000, root=0)", "count"},
+    {"mm_limit", "nb_pg_broadcast", false, "broadcast(f32, count=8, root=0)", "broadcast(f32, count=10000, root=0)", "count"},
 };
 
 /* "rank 1" or "ranks 1, 2": the ranks of [lo, hi). */
@@ -140,6 +140,27 @@ static void run_group_case(int R) {
 }
 
 START_TEST(test_mismatch_in_subgroup) { run_group_case(2 + _i); }
+END_TEST
+
+/* Without the header exchange (NABLA_DIST_CHECK=off), two ranks whose
+ * all-reduces beyond the one-message limit differ in count (10000 floats
+ * against 12000) both fail, naming the two sizes (Note [Blocking
+ * exchanges] in distributed/gloo_shim.cpp): rank 0 would otherwise have
+ * read rank 1's longer message as an error and rank 1 rank 0's shorter
+ * one as its result. */
+START_TEST(test_unchecked_pair_sizes) {
+    nbt_proc p;
+    run_scenario(&p, "mm_pair", 2);
+    ck_assert_msg(p.code == 1, "mm_pair: nbrun exited with %d; stdout:\n%s\nstderr:\n%s", p.code, p.out, p.err);
+    EXPECT_IN(p.err, "[rank 0] rank 0: ");
+    EXPECT_IN(p.err, "rank 0 sends 40000 bytes but rank 1 sends 48000");
+    EXPECT_IN(p.err, "[rank 1] rank 1: ");
+    EXPECT_IN(p.err, "rank 1 sends 48000 bytes but rank 0 sends 40000");
+    EXPECT_IN(p.err, "[rank 0] rank 0: buffers untouched");
+    EXPECT_IN(p.err, "[rank 1] rank 1: buffers untouched");
+    ck_assert_msg(strstr(p.out, "completed") == NULL, "mm_pair: a rank completed:\n%s", p.out);
+    nbt_proc_free(&p);
+}
 END_TEST
 
 /* A group of 3 seen from rank 1, which issued `mine` as collective #7. */
@@ -237,6 +258,7 @@ static Suite *suite(void) {
     tcase_add_loop_test(tc, test_mismatch_2_ranks, 8, 10);
     tcase_add_loop_test(tc, test_mismatch_3_ranks, 0, (int)(sizeof cases / sizeof cases[0]));
     tcase_add_loop_test(tc, test_mismatch_in_subgroup, 0, 2);
+    tcase_add_test(tc, test_unchecked_pair_sizes);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -36,7 +36,10 @@
  *            mm_root    broadcast, the last rank names root 1, the others 0
  *            mm_zero    all-reduce, rank 0 of no floats, the others of 8
  *            mm_small   all-reduce, rank 0 of 1000 floats, the others of 1024
- *            mm_limit   broadcast from rank 0 of 8 floats, the others 2000
+ *            mm_limit   broadcast from rank 0 of 8 floats, the others 10000
+ *            mm_pair    NABLA_DIST_CHECK=off, two ranks: all-reduce, rank
+ *                       0 of 10000 floats, rank 1 of 12000 (Note
+ *                       [All-reduce of two ranks] in distributed/pg_gloo.c)
  *            mm_group   on the subgroup of world ranks R-1 and R-2 (in that
  *                       order): all-reduce, R-1 of 5 floats, R-2 of 6; the
  *                       other ranks are not members
@@ -145,8 +148,11 @@ static int mismatch(nb_pg *pg, const char *what) {
         a = filled(NB_F32, rank, first ? 1000 : 1024);
         w = nb_pg_all_reduce(pg, a, NB_REDUCE_SUM);
     } else if (strcmp(what, "mm_limit") == 0) {
-        a = filled(NB_F32, rank, first ? 8 : 2000);
+        a = filled(NB_F32, rank, first ? 8 : 10000);
         w = nb_pg_broadcast(pg, a, 0);
+    } else if (strcmp(what, "mm_pair") == 0) {
+        a = filled(NB_F32, rank, first ? 10000 : 12000);
+        w = nb_pg_all_reduce(pg, a, NB_REDUCE_SUM);
     } else if (strcmp(what, "mm_group") == 0) {
         int members[2] = {R - 1, R - 2};
         nb_status gst = nb_pg_new_group(pg, members, 2, &sub);
@@ -189,6 +195,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     const char *what = argv[1];
+    if (strcmp(what, "mm_pair") == 0) setenv("NABLA_DIST_CHECK", "off", 1); /* no headers: the exchange's own sizes */
     nb_pg *pg;
     nb_pg_options opts = {NB_PG_GLOO, 0};
     nb_status st = nb_pg_init(&pg, &opts);
