@@ -27,7 +27,14 @@
 # (default: --model wide, 4 x 512, batch 64, 30 steps). Needs root (ip netns,
 # tc). Everything it makes is deleted on exit, even on failure or Ctrl-C.
 # tbf's queue is sized for 100 ms at the rate (latency) and its burst for
-# 2 ms (at least 64 KiB); netem (delay, loss) is not needed for this. Every
+# 1 ms (at least 16 KiB); netem (delay, loss) is not needed for this. The
+# burst was 2 ms and at least 64 KiB: tokens saved while a rank computes
+# then let most of a small all-reduce (the CNN's 96 KB) through at the
+# veth's own speed, a link that neither the fitted one nor nb_scale has;
+# once Gloo groups sent their steps on blocking connections (2026-12-02;
+# the CNN's step at world 2 on 100mbit from 46.8 to 8.3 ms) the CNN ran 1.28
+# and 1.66 times faster than projected at world 2 and 4, and 0.91 and 1.08
+# with this burst (benchmarks/RESULTS.md). Every
 # rank computes on one thread (OPENBLAS_NUM_THREADS=1, NABLA_NUM_THREADS=1).
 set -euo pipefail
 bin=${NABLA_BIN:-$(dirname "$0")/../build/bin}
@@ -119,7 +126,7 @@ for rate in $rates; do
       tc -n "${ns[i]}" qdisc del dev "${veth[i]}" root 2>/dev/null || true
     else
       b=$(bits "$rate")
-      burst=$((b / 8 / 500)); [ "$burst" -ge 65536 ] || burst=65536
+      burst=$((b / 8 / 1000)); [ "$burst" -ge 16384 ] || burst=16384
       tc -n "${ns[i]}" qdisc replace dev "${veth[i]}" root tbf rate "$rate" burst "$burst" latency 100ms
     fi
   done
