@@ -258,10 +258,13 @@ static nb_tensor *gpt_loss_fn(nb_ctx *ctx, nb_tensor *const *inputs, void *user)
     return nb_gpt_loss(ctx, nb_gpt_forward(c->g, ctx, c->idx), c->targets);
 }
 
-NBT_CPU_TEST(test_gpt_gradcheck) {
+/* The gradcheck of a small f64 GPT, its parameters scrambled with seed,
+ * optionally with each MLP's GELU output made again in backward. */
+static void gpt_gradcheck(nb_ctx *ctx, bool recompute_gelu, uint64_t seed) {
     nb_gpt_config cfg = {7, 4, 2, 2, 4, 0.0};
     nb_module *g = nb_gpt_new(ctx, NB_F64, &cfg, NULL);
-    scramble(g, 0.4, 11);
+    nb_gpt_set_recompute_gelu(g, recompute_gelu);
+    scramble(g, 0.4, seed);
     int64_t x[6] = {1, 6, 2, 0, 3, 3}, y[6] = {6, 2, 0, 4, 3, 5};
     gpt_case c = {g, nb_from_host(ctx, NB_I64, NB_SHAPE(2, 3), x),
                   nb_from_host(ctx, NB_I64, NB_SHAPE(2, 3), y)};
@@ -272,23 +275,12 @@ NBT_CPU_TEST(test_gpt_gradcheck) {
     NBT_GRADCHECK(gpt_loss_fn, &c, n, inputs);
 }
 
+NBT_CPU_TEST(test_gpt_gradcheck) { gpt_gradcheck(ctx, false, 11); }
+
 /* Note [GELU recomputed in backward] (tensor/ops_matmul.c): the same
  * gradcheck with each MLP's GELU output made again in c_proj's backward
  * (the recomputing node is checked against f64 central differences). */
-NBT_CPU_TEST(test_gpt_gradcheck_recompute_gelu) {
-    nb_gpt_config cfg = {7, 4, 2, 2, 4, 0.0};
-    nb_module *g = nb_gpt_new(ctx, NB_F64, &cfg, NULL);
-    nb_gpt_set_recompute_gelu(g, true);
-    scramble(g, 0.4, 12);
-    int64_t x[6] = {1, 6, 2, 0, 3, 3}, y[6] = {6, 2, 0, 4, 3, 5};
-    gpt_case c = {g, nb_from_host(ctx, NB_I64, NB_SHAPE(2, 3), x),
-                  nb_from_host(ctx, NB_I64, NB_SHAPE(2, 3), y)};
-    nb_named_tensor p[64];
-    int n = nb_module_named_parameters(g, p, 64);
-    nb_tensor *inputs[64];
-    for (int i = 0; i < n; i++) inputs[i] = p[i].tensor;
-    NBT_GRADCHECK(gpt_loss_fn, &c, n, inputs);
-}
+NBT_CPU_TEST(test_gpt_gradcheck_recompute_gelu) { gpt_gradcheck(ctx, true, 12); }
 
 /* One training step of a small GPT (forward, loss, backward) under compute
  * dtype cd: the loss and every parameter's gradient, raw f32 values in
