@@ -39,15 +39,15 @@
  * Note [PowerSGD's arithmetic]
  * Arithmetic is in the gradients' dtype (CPU gradients of f32 or f64 only,
  * refused otherwise), as PyTorch's hook computes in the gradients' dtype:
- * the products through the backend's GEMM (what nb_matmul_t runs:
- * OpenBLAS or oneDNN) on views of the bucket, writing into the wire
+ * the products through the backend's GEMM (what nb_matmul_t runs) on
+ * views of the bucket, writing into the wire
  * buffers and the flat in place (P = M Q and Q = M^T P are one pass over
  * M each, M = P Q^T one write of it), the sums and copies through the
  * backend's elementwise engine (g = flat + error and g -= M one pass
  * each). They were once loops over an f64 copy of the bucket: at
  * 12.7 million f32 gradients (bench_ddp's GPT at width 512) those made
- * backward about 250 ms longer on 2 ranks, more than the wire time the
- * compression saves on a 1 Gbit/s link (benchmarks/RESULTS.md). The
+ * backward about 250 ms longer on 2 ranks, much of the 400 ms that the
+ * compression saves on the wire at 1 Gbit/s (benchmarks/RESULTS.md). The
  * Gram-Schmidt of each P and Q ((n + m) k elements) runs on an f64 copy,
  * so that norms and dot products are summed in f64 whatever the dtype.
  * With error feedback the bucket holds two buffers of its size and dtype,
