@@ -60,6 +60,15 @@ PyTorch variant is one more run in each interleaved round.
     /usr/bin/python3 benchmarks/compare_torch.py --models gpt --bf16-models "" --ddp 2 \
         --ddp-bucket-mb 0.25 --nabla-bucket-step
 
+nabla's side alone (Note [nabla's environment]): --nabla-env VAR=VALUE (repeatable)
+sets a variable for every nabla run and for the --info report printed first,
+e.g. OPENBLAS_CORETYPE=Prescott to measure what a CPU that OpenBLAS does not
+know gets (issue 35's targets); --batch MODEL=N[,...] sets the batch of the
+single-process rows on both sides (bench_ddp --batch; e.g. cnn=64,mlp=64).
+
+    /usr/bin/python3 benchmarks/compare_torch.py --models gpt6,cnn,mlp --batch cnn=64,mlp=64 \
+        --nabla-env OPENBLAS_CORETYPE=Prescott --torch-python PY
+
 The PyTorch side runs under the first of this interpreter and /usr/bin/python3
 (Debian's python3-torch) that has torch; with none, the script exits 0 with a
 message.
@@ -108,6 +117,16 @@ message.
 # that; Inductor's cache makes later runs start faster), and its compile
 # workers are limited to one thread (TORCHINDUCTOR_COMPILE_THREADS=1) so that
 # they do not compete with the timed steps.
+# Note [nabla's environment]
+# --nabla-env exists to force on nabla's side what a user's machine would
+# give it: OpenBLAS reads OPENBLAS_CORETYPE when it loads, so a CPU that it
+# does not know can only be imitated in the environment of a fresh process,
+# and only nabla's (PyTorch from PyPI brings its own libraries; Debian's torch
+# would get the generic core too, which is not the comparison asked for). The
+# variables go into every nabla process this script starts (single-process
+# and DDP rows, and the --info report printed at the top, which shows the
+# core OpenBLAS then runs), never into PyTorch's; a thread variable is
+# refused there, since --threads sets those on both sides.
 import argparse
 import ctypes
 import importlib.util
@@ -389,10 +408,12 @@ def run_child(cmd, env, timeout=600, children=0):
 
 
 def run_nabla(binary, model_name, steps, env, bf16=False, timeout=600):
-    out, most = run_child([binary, "--no-ddp", "--device", "cpu", "--model", model_name, "--machine",
-                           "--steps", str(steps)]
-                          + (["--bf16"] if bf16 else []), env, timeout)
+    cmd = [binary, "--no-ddp", "--device", "cpu", "--model", model_name, "--machine", "--steps", str(steps),
+           "--batch", str(BATCH[model_name])] + (["--bf16"] if bf16 else [])
+    out, most = run_child(cmd, env, timeout)
     f = dict(re.findall(r"(\w+)=(\S+)", out))
+    if int(f["batch"]) != BATCH[model_name]:
+        raise SystemExit(f"compare_torch: {' '.join(cmd)} ran batch {f['batch']}, not {BATCH[model_name]}")
     return {"ms": float(f["ms"]), "fwd": float(f["fwd"]), "bwd": float(f["bwd"]), "opt": float(f["opt"]),
             "params": int(f["params"]), "threads": most}
 
@@ -471,7 +492,7 @@ def run_torch_ddp(python, model_name, steps, world, env, timeout):
 
 def run_torch(python, model_name, steps, intra_op, env, autocast=False, timeout=600, compile=False):
     out, most = run_child([python, os.path.abspath(__file__), "--torch-worker", model_name, "--steps", str(steps),
-                           "--torch-intra-op-worker", str(intra_op)] + (["--torch-autocast"] if autocast else [])
+                           "--batch", f"{model_name}={BATCH[model_name]}", "--torch-intra-op-worker", str(intra_op)] + (["--torch-autocast"] if autocast else [])
                           + (["--torch-compile"] if compile else []),
                           dict(env, TORCHINDUCTOR_COMPILE_THREADS="1") if compile else env, timeout)
     r = json.loads(out.strip().splitlines()[-1])
@@ -565,6 +586,28 @@ def thread_settings(text):
     return out
 
 
+def batch_settings(text):
+    """--batch: MODEL=N[,MODEL=N...], each a model of BATCH and a batch of 1 or more."""
+    out = {}
+    for x in text.split(","):
+        m, _, n = x.strip().partition("=")
+        if m not in BATCH or not n.isdigit() or int(n) < 1:
+            raise argparse.ArgumentTypeError(f"--batch: '{x}' is not MODEL=N with MODEL one of "
+                                             f"{', '.join(BATCH)} and N a batch of 1 or more")
+        out[m] = int(n)
+    return out
+
+
+def env_setting(text):
+    """--nabla-env: VAR=VALUE, not a thread variable (--threads sets those on both sides)."""
+    k, eq, v = text.partition("=")
+    if not eq or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):
+        raise argparse.ArgumentTypeError(f"--nabla-env: '{text}' is not VAR=VALUE")
+    if k in THREAD_VARS:
+        raise argparse.ArgumentTypeError(f"--nabla-env: {k} is a thread variable; --threads sets it on both sides")
+    return k, v
+
+
 def parse_args(argv=None):
     """The command line, with --quick's defaults filled in (steps, repeats, bf16 models, no compile)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -583,6 +626,12 @@ def parse_args(argv=None):
                     help="PyTorch's OMP_NUM_THREADS and set_num_threads in the counted settings, when it should "
                          "differ from the count (e.g. 1 with --threads 2: BLAS on 2 threads, ATen's own kernels on 1)")
     ap.add_argument("--models", default="mlp,cnn,gpt")
+    ap.add_argument("--batch", type=batch_settings, default={}, metavar="MODEL=N[,...]",
+                    help="batch of the single-process rows for these models, on both sides (bench_ddp --batch); "
+                         f"default {','.join(f'{m}={b}' for m, b in BATCH.items())}; not with --ddp")
+    ap.add_argument("--nabla-env", type=env_setting, action="append", default=[], metavar="VAR=VALUE",
+                    help="a variable set for nabla's runs only (repeatable), e.g. OPENBLAS_CORETYPE=Prescott "
+                         "to measure a CPU that OpenBLAS does not know; not a thread variable")
     ap.add_argument("--bf16-models", default=None,
                     help="models with bf16 rows: nabla --bf16 against torch f32 and torch CPU autocast bf16 "
                          "(default cnn,gpt; none with --quick)")
@@ -610,6 +659,9 @@ def parse_args(argv=None):
     ap.add_argument("--torch-ddp-worker", nargs=4, metavar=("RANK", "WORLD", "PORT", "MODEL"),
                     help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    if a.batch and a.ddp:
+        ap.error("--batch sets the single-process rows' batch; the DDP rows keep bench_ddp's per-rank batch")
+    BATCH.update(a.batch)
     if a.steps is None:
         a.steps = 5 if a.quick else 20
     if a.repeats is None:
@@ -675,7 +727,10 @@ def main():
         print(f"  {label}: {p}")
     base = {k: v for k, v in os.environ.items() if k not in THREAD_VARS and k not in ("GOMP_CPU_AFFINITY",
                                                                                         "OMP_PROC_BIND")}
-    info = subprocess.run([binary, "--info"], env=base, capture_output=True, text=True).stdout
+    nabla_env = dict(a.nabla_env)
+    if nabla_env:
+        print("  nabla's runs only: " + " ".join(f"{k}={v}" for k, v in nabla_env.items()))
+    info = subprocess.run([binary, "--info"], env=dict(base, **nabla_env), capture_output=True, text=True).stdout
     print("  nabla --info (default threads):\n" + "".join(f"    {x}\n" for x in info.splitlines()), end="")
     order = ", ".join(["nabla"] + [label for label, _, _ in variants])
     print(f"{a.steps} steps per run (median of each run), {a.repeats} interleaved rounds per model "
@@ -686,6 +741,7 @@ def main():
     bf16_models = [m for m in a.bf16_models.split(",") if m]
     for setting in a.threads:
         env_nabla, env_torch, intra = setting_envs(base, setting, a.torch_intra_op)
+        env_nabla.update(nabla_env)
         print(f"== {setting_name(setting)}")
         if setting is not None:
             print("  nabla env: " + " ".join(f"{k}={env_nabla[k]}" for k in THREAD_VARS))
@@ -780,7 +836,8 @@ def main():
     for m in a.models.split(",") if a.ddp else []:
         ours, theirs = [], []
         for _ in range(a.repeats):
-            ours.append(run_nabla_ddp(nbrun, binary, m, a.steps, a.ddp, env_ddp, a.timeout, extra))
+            ours.append(run_nabla_ddp(nbrun, binary, m, a.steps, a.ddp, dict(env_ddp, **nabla_env), a.timeout,
+                                      extra))
             theirs.append(run_torch_ddp(python, m, a.steps, a.ddp, env_torch_ddp, a.timeout))
             if theirs[-1]["params"] != ours[-1]["params"] or ours[-1]["batch"] != BATCH[m]:
                 print(f"compare_torch: {m} DDP: {ours[-1]['params']} parameters and batch "

@@ -1,5 +1,5 @@
-"""benchmarks/compare_torch.py without torch: the ratio in words, the --quick
-and --threads parsing, the line on torch 1.x against 2.x, and the message and
+"""benchmarks/compare_torch.py without torch: the ratio in words, the --quick,
+--threads, --batch and --nabla-env parsing, the line on torch 1.x against 2.x, and the message and
 exit status when no interpreter has torch."""
 import os
 import subprocess
@@ -40,6 +40,21 @@ def main():
                        capture_output=True, text=True)
     if r.returncode != 2 or "neither 'default' nor a count" not in r.stderr:
         fail(f"--threads two: exit {r.returncode}, {r.stderr!r}")
+
+    # nabla's environment and the batches (Note [nabla's environment])
+    a = ct.parse_args(["--nabla-env", "OPENBLAS_CORETYPE=Prescott", "--nabla-env", "X=a=b"])
+    expect(a.nabla_env, [("OPENBLAS_CORETYPE", "Prescott"), ("X", "a=b")], "--nabla-env twice")
+    a = ct.parse_args(["--batch", "cnn=64,mlp=64"])
+    expect((a.batch, ct.BATCH["cnn"], ct.BATCH["mlp"], ct.BATCH["gpt"]), ({"cnn": 64, "mlp": 64}, 64, 64, 16),
+           "--batch cnn=64,mlp=64")
+    for bad, why in ((["--nabla-env", "OMP_NUM_THREADS=1"], "is a thread variable"),
+                     (["--nabla-env", "Prescott"], "is not VAR=VALUE"),
+                     (["--batch", "cnn=0"], "is not MODEL=N"), (["--batch", "resnet=8"], "is not MODEL=N"),
+                     (["--batch", "cnn=64", "--ddp", "2"], "the DDP rows keep")):
+        r = subprocess.run([sys.executable, os.path.join(SOURCE, "benchmarks", "compare_torch.py"), *bad],
+                           capture_output=True, text=True)
+        if r.returncode != 2 or why not in r.stderr:
+            fail(f"{' '.join(bad)}: exit {r.returncode}, {r.stderr!r}")
 
     line = ct.old_torch_line([("1.13.1", "Prescott"), ("2.15.0", None)])
     if not line or "generic SSE kernels" not in line or "1.13.1" not in line or "2.15.0" not in line:
