@@ -138,6 +138,8 @@ if(NABLA_TEST_SOURCES)
     # held to AVX-512 core without BF16 (a no-op below it): oneDNN has bf16 kernels there,
     # emulated, and the rule must leave bf16 products to the f32 fallbacks
     nabla_env_variant(test_dnnl_avx512 test_dnnl ONEDNN_MAX_CPU_ISA=AVX512_CORE)
+    # OpenBLAS on its generic core: the f32 convolutions' GEMMs on oneDNN's (test_conv_f32_auto)
+    nabla_env_variant(test_dnnl_prescott test_dnnl OPENBLAS_CORETYPE=Prescott)
   endif()
 endif()
 

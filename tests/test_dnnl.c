@@ -593,7 +593,8 @@ static void conv_ref_free(conv_ref *r) {
         free(r->sdb);
 }
 
-static void conv_check(int ci, nb_dtype dt, bool with_bias, nb__dnnl_mode mode) {
+/* Returns the oneDNN executions it saw (primitives and GEMMs). */
+static int64_t conv_check(int ci, nb_dtype dt, bool with_bias, nb__dnnl_mode mode) {
     nb__conv2d_geom g = conv_geom(ci);
     nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
     lcg = 77u + (uint64_t)ci;
@@ -647,6 +648,7 @@ static void conv_check(int ci, nb_dtype dt, bool with_bias, nb__dnnl_mode mode) 
     free(got), free(scratch), free(xv), free(wv), free(bv), free(gv);
     conv_ref_free(&r);
     nb_ctx_free(ctx);
+    return ran;
 }
 
 START_TEST(test_conv_f32_dnnl) {
@@ -665,6 +667,71 @@ START_TEST(test_conv_bf16_dnnl) {
 END_TEST
 
 START_TEST(test_conv_bf16_fallback) { conv_check(_i, NB_BF16, true, NB_DNNL_OFF); }
+END_TEST
+
+/* The default rule for f32 convolutions: im2col, whose GEMMs are oneDNN's
+ * where OpenBLAS runs a generic core (test_dnnl_prescott), OpenBLAS's
+ * elsewhere (depthwise: direct loops, no GEMM); the values within f32's
+ * bound either way. */
+START_TEST(test_conv_f32_auto) {
+    bool generic = nb__blas_generic() && dnnl_get_effective_cpu_isa() >= dnnl_cpu_isa_avx2;
+    nb__conv2d_geom g = conv_geom(_i);
+    bool gemms = !(g.groups > 1 && g.c == g.groups); /* depthwise: direct loops, no GEMM */
+    nb__dnnl_mode prev = nb__dnnl_set_mode(NB_DNNL_AUTO);
+    int64_t made = nb__dnnl_primitives_created();
+    int64_t ran = conv_check(_i, NB_F32, true, NB_DNNL_AUTO);
+    ck_assert_int_eq(nb__dnnl_primitives_created(), made); /* no convolution primitive */
+    ck_assert_msg(generic && gemms ? ran >= 3 : ran == 0,
+                  "conv case %d: %lld oneDNN GEMMs (generic core: %d, GEMMs: %d)", _i, (long long)ran,
+                  (int)generic, (int)gemms);
+    nb__dnnl_set_mode(prev);
+}
+END_TEST
+
+/* nb__dnnl_conv_gemm (forced, so on any CPU) against f64 loops: each
+ * transposition, leading dimensions wider than the matrices, alpha and
+ * beta; columns past n in C left alone. */
+START_TEST(test_conv_gemm) {
+    enum { M = 37, N = 53, K = 70, PAD = 5 };
+    nb__dnnl_mode prev = nb__dnnl_set_mode(NB_DNNL_FORCE);
+    for (int t = 0; t < 4; t++) {
+        bool ta = t & 1, tb = t & 2;
+        int64_t ra = ta ? K : M, ca = ta ? M : K, rb = tb ? N : K, cb = tb ? K : N;
+        int64_t lda = ca + PAD, ldb = cb + PAD, ldc = N + PAD;
+        float *a = malloc(sizeof(float) * (size_t)(ra * lda)), *b = malloc(sizeof(float) * (size_t)(rb * ldb));
+        float *c = malloc(sizeof(float) * (size_t)(M * ldc)), *c0 = malloc(sizeof(float) * (size_t)(M * ldc));
+        lcg = 5u + (uint64_t)t;
+        for (int64_t i = 0; i < ra * lda; i++) a[i] = (float)urand();
+        for (int64_t i = 0; i < rb * ldb; i++) b[i] = (float)urand();
+        for (int64_t i = 0; i < M * ldc; i++) c[i] = c0[i] = (float)urand();
+        int64_t ran = nb__dnnl_executions();
+        ck_assert(nb__dnnl_conv_gemm(ta, tb, M, N, K, 0.5f, a, lda, b, ldb, 2.0f, c, ldc));
+        ck_assert_int_eq(nb__dnnl_executions(), ran + 1);
+        for (int64_t i = 0; i < M; i++)
+            for (int64_t j = 0; j < ldc; j++) {
+                if (j >= N) {
+                    ck_assert_msg(c[i * ldc + j] == c0[i * ldc + j], "t %d: c[%lld][%lld] written", t,
+                                  (long long)i, (long long)j);
+                    continue;
+                }
+                double s = 0, mag = 0;
+                for (int64_t p = 0; p < K; p++) {
+                    double x = ta ? a[p * lda + i] : a[i * lda + p], y = tb ? b[j * ldb + p] : b[p * ldb + j];
+                    s += x * y;
+                    mag += fabs(x * y);
+                }
+                double want = 0.5 * s + 2.0 * c0[i * ldc + j];
+                ck_assert_msg(fabs(c[i * ldc + j] - want) <= 1e-6 * (0.5 * mag + 2.0 * fabs(c0[i * ldc + j])) + 1e-6,
+                              "t %d: c[%lld][%lld] = %.9g, expected %.9g", t, (long long)i, (long long)j,
+                              c[i * ldc + j], want);
+            }
+        free(a), free(b), free(c), free(c0);
+    }
+    nb__dnnl_set_mode(NB_DNNL_OFF);
+    float one = 1, out = 0;
+    ck_assert(!nb__dnnl_conv_gemm(false, false, 1, 1, 1, 1.0f, &one, 1, &one, 1, 0.0f, &out, 1));
+    nb__dnnl_set_mode(prev);
+}
 END_TEST
 
 /* the default rule for bf16 convolutions: as test_matmul_bf16_auto */
@@ -692,6 +759,8 @@ static Suite *dnnl_suite(void) {
     tcase_add_test(tc, test_threads_at_creation);
     tcase_add_loop_test(tc, test_conv_f32_dnnl, 0, ncv);
     tcase_add_loop_test(tc, test_conv_f32_im2col, 0, ncv);
+    tcase_add_loop_test(tc, test_conv_f32_auto, 0, ncv);
+    tcase_add_test(tc, test_conv_gemm);
     tcase_add_loop_test(tc, test_conv_bf16_dnnl, 0, ncv);
     tcase_add_loop_test(tc, test_conv_bf16_fallback, 0, ncv);
     tcase_add_loop_test(tc, test_conv_bf16_auto, 0, ncv);

@@ -1,4 +1,5 @@
-/* CPU 2-D convolution: im2col + GEMM (OpenBLAS), group by group and a few
+/* CPU 2-D convolution: im2col + GEMM (OpenBLAS; oneDNN's GEMM in f32 where
+ * OpenBLAS runs a generic core, Note [oneDNN dispatch]), group by group and a few
  * images per GEMM (Note [Images per GEMM]), so the column buffer holds one
  * group's (K, P) columns of those images side by side. Backward: the input gradient is W_g^T @ grad scattered back by
  * col2im (overlapping windows add up); the weight gradient sums grad @
@@ -93,6 +94,17 @@ enum { PAD_PLANE_MAX = 2048, PAD_BUF = 8192 };
 static int64_t padded_w(const nb__conv2d_geom *g) { return g->w + 2 * g->pw; }
 static int64_t padded_plane(const nb__conv2d_geom *g) { return (g->h + 2 * g->ph) * padded_w(g); }
 static bool use_bordered(const nb__conv2d_geom *g) { return padded_plane(g) <= PAD_PLANE_MAX; }
+
+/* The f32 GEMMs: oneDNN's where Note [oneDNN dispatch] sends them (OpenBLAS
+ * on a generic core), else OpenBLAS's. */
+static void sgemm(CBLAS_ORDER order, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k,
+                  float alpha, const float *a, int lda, const float *b, int ldb, float beta, float *c,
+                  int ldc) {
+    if (order != CblasRowMajor ||
+        !nb__dnnl_conv_gemm(ta == CblasTrans, tb == CblasTrans, m, n, k, alpha, a, lda, b, ldb, beta,
+                            c, ldc))
+        cblas_sgemm(order, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
 
 #define DEFINE_CONV(T, S, GEMM)                                                               \
     /* d[0, n) = s[0, n): the usual small widths as fixed-size copies (a move or two) */      \
@@ -380,7 +392,7 @@ static bool use_bordered(const nb__conv2d_geom *g) { return padded_plane(g) <= P
         }                                                                                     \
     }
 
-DEFINE_CONV(float, f32, cblas_sgemm)
+DEFINE_CONV(float, f32, sgemm)
 DEFINE_CONV(double, f64, cblas_dgemm)
 
 /* ---- bf16 through f32 ---- */

@@ -48,10 +48,15 @@
  *    (on native bf16, as for matmul).
  *  - OpenBLAS on a generic core (Note [BLAS that does not know the CPU]
  *    in tensor/cpu/cpuinfo.h; oneDNN with AVX2 kernels or better): every
- *    f32 product from 2^20 multiply-adds and every f32 convolution go to
- *    oneDNN, at every thread count: the large 2-D products in row blocks
- *    on nabla's pool (Note [oneDNN products on the pool]), the others on
- *    oneDNN's own threads as below (one unless OMP_WAIT_POLICY=passive).
+ *    f32 product from 2^20 multiply-adds goes to oneDNN, at every thread
+ *    count: the large 2-D products in row blocks on nabla's pool (Note
+ *    [oneDNN products on the pool]), the others on oneDNN's own threads
+ *    as below (one unless OMP_WAIT_POLICY=passive); f32 convolutions stay
+ *    im2col, their GEMMs on oneDNN's GEMM (dnnl_sgemm, JIT kernels by
+ *    instruction set, nb__dnnl_conv_gemm) on the same threads: on the
+ *    digits CNN's small images oneDNN's convolution primitive on plain
+ *    NCHW is its gemm-based one, whose own im2col is slow (figures
+ *    below, "Convolutions on the generic core").
  *    Generic SSE3 kernels on N threads are slower than oneDNN on one (a
  *    2-core Xeon with AVX-512 and AMX, 2026-12-01: GPT L6
  *    f32 step 833 ms at 2 threads on the Prescott core, 390 ms on one
@@ -138,6 +143,18 @@
  *     32->64 32x32 fwd / bwd    56.9 52.5 35.7 37.4 / 47.6 35.1 75.6 28.8
  * im2col wins or ties in f32; in bf16 oneDNN beats the fallback (or ties).
  * A blocked layout (nChw16c) would need a reorder per call; not tried.
+ * Convolutions on the generic core (OPENBLAS_CORETYPE=Prescott on the
+ * 2-core Xeon with AVX-512 and AMX, 2026-12-02, bench_dnnl --threads 1
+ * --rounds 3 --ms 20 --only conv, load average 5 rising to 17, GFLOP/s),
+ * im2col with oneDNN's GEMM against oneDNN's convolution (gemm:jit on
+ * these plain layouts), forward / backward: 1->16 8x8 25.7 / 32.2
+ * against 12.1 / 17.0; 16->32 4x4 93.6 / 73.2 against 44.9 / 42.7;
+ * 32->64 2x2 74.9 / 25.5 against 21.7 / 25.7; 32->64 32x32 42.1 / 103.0
+ * against 50.6 / 52.7. The digits CNN's step at batch 64 on one thread
+ * (bench_ddp --no-ddp --model cnn --batch 64): 2.2-2.4 ms with the
+ * primitive, 1.3-1.5 ms with im2col on oneDNN's GEMM (1.44-1.48 with
+ * OpenBLAS's own SkylakeX core). Depthwise convolutions keep their
+ * direct loops (no GEMM) on every core.
  * Forward layer norm / softmax / batch norm (f32, one thread, GB/s of x
  * read + y written, ours / oneDNN's, bench_dnnl --threads 1 --only norm):
  * layer norm (1024, 128) 14.9 / 32.6, (1024, 256) 19.3 / 35.1; softmax
@@ -831,6 +848,23 @@ bool nb__dnnl_conv2d_backward(nb_dtype dt, const nb__conv2d_geom *g, void *dx, v
     return ok;
 }
 
+/* ------------------------------------------------------------ GEMM */
+
+bool nb__dnnl_conv_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                        const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+                        float *c, int64_t ldc) {
+    nb__dnnl_mode mode = nb__dnnl_mode_now();
+    if (mode == NB_DNNL_OFF || (mode == NB_DNNL_AUTO && !generic_blas()) || m == 0 || n == 0 ||
+        k == 0)
+        return false;
+    set_threads(want_threads());
+    check(dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta,
+                     c, ldc),
+          "dnnl_sgemm");
+    atomic_fetch_add(&n_exec, 1);
+    return true;
+}
+
 /* ------------------------------------------------------------ the rule */
 
 /* Note [oneDNN dispatch]: bf16 on native bf16; f32 on one thread from 2^20
@@ -846,12 +880,12 @@ static bool rule_matmul(nb_dtype dt, int64_t batch, int64_t m, int64_t n, int64_
     return has_isa(dnnl_cpu_isa_avx512_core) || (!trans_a && k <= 512);
 }
 
-/* Note [oneDNN dispatch]: bf16 on native bf16; f32 where OpenBLAS runs a
- * generic core, else im2col + OpenBLAS. */
+/* Note [oneDNN dispatch]: bf16 on native bf16; f32 always im2col, whose
+ * GEMMs take oneDNN's where OpenBLAS runs a generic core
+ * (nb__dnnl_conv_gemm). */
 static bool rule_conv(nb_dtype dt, const nb__conv2d_geom *g) {
     (void)g;
-    if (dt == NB_BF16) return nb__dnnl_native_bf16();
-    return generic_blas();
+    return dt == NB_BF16 && nb__dnnl_native_bf16();
 }
 
 /* ------------------------------------------------------------ the report */
@@ -900,7 +934,7 @@ size_t nb__dnnl_describe(char *buf, size_t cap) {
         ADD("f32 conv2d: %s on im2col columns\n", blas);
     } else if (mode == NB_DNNL_FORCE) {
         ADD("f32 matmul: %s wherever it has a kernel, else %s\n", dnnl, blas);
-        ADD("f32 conv2d: %s wherever it has a kernel, else %s on im2col columns\n", dnnl, blas);
+        ADD("f32 conv2d: %s wherever it has a kernel, else onednn sgemm on im2col columns\n", dnnl);
     } else if (generic_blas()) {
         if (dt == 1)
             ADD("f32 matmul: onednn %s (blocks of %d rows, one thread each, on the pool's %d thread%s) "
@@ -909,7 +943,7 @@ size_t nb__dnnl_describe(char *buf, size_t cap) {
                 dnnl, blas);
         else
             ADD("f32 matmul: %s from 2^20 multiply-adds, %s below\n", dnnl, blas);
-        ADD("f32 conv2d: %s\n", dnnl);
+        ADD("f32 conv2d: onednn sgemm %s (%s) on im2col columns\n", dnnl_isa_name(), dth);
     } else if (bt == 1) {
         ADD("f32 matmul: %s from 2^20 multiply-adds%s, %s for the rest\n", dnnl,
             has_isa(dnnl_cpu_isa_avx512_core) ? "" : " with A as stored and K <= 512", blas);

@@ -65,6 +65,15 @@ bool nb__dnnl_conv2d_forward(nb_dtype dt, const nb__conv2d_geom *g, void *out, c
 bool nb__dnnl_conv2d_backward(nb_dtype dt, const nb__conv2d_geom *g, void *dx, void *dw,
                               void *db, const void *gout, const void *x, const void *w);
 
+/* Row-major f32 C (m, n) = alpha op(A) op(B) + beta C, leading dimensions
+ * lda, ldb, ldc, on oneDNN's GEMM (dnnl_sgemm: JIT kernels chosen by
+ * instruction set when it runs), for the GEMMs of the f32 im2col
+ * convolution in tensor/cpu/conv.c where Note [oneDNN dispatch] sends them
+ * there (OpenBLAS on a generic core; every GEMM under NABLA_DNNL=2). */
+bool nb__dnnl_conv_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                        const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+                        float *c, int64_t ldc);
+
 /* Appends to buf (snprintf's way: returns the length the whole text
  * needs) oneDNN's version, instruction set and threads, and one line per
  * kind of product (f32, bf16, f64 matmul; f32, bf16 conv2d) naming the
