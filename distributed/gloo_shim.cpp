@@ -13,8 +13,9 @@
  * sending one chunk to the right neighbour and reducing one from the
  * left; after them rank r holds chunk r summed over all ranks. The
  * exchanges (nb__gloo_exchange: the check layer's headers, a small
- * collective's data, the data of an all-reduce of two ranks) run on a
- * second context of blocking connections (Note [Blocking exchanges]).
+ * collective's data, the data of an all-reduce of two ranks) and the
+ * all-reduces of more ranks (nb__gloo_ring_all_reduce) run on a second
+ * context of blocking connections (Note [Blocking exchanges]).
  * Tags are the collective's sequence number. */
 #include <algorithm>
 #include <chrono>
@@ -359,6 +360,66 @@ nb_status nb__gloo_exchange(nb__gloo *g, const void *mine, size_t sent, void *al
             for (int p = 0; p < R; p++)
                 if (p != me) rx[p]->waitRecv();
         }
+        return NB_OK;
+    });
+    if (r != NB_OK && (std::strstr(nb_last_error(), "Timed out") || std::strstr(nb_last_error(), "timeout")))
+        r = NB_ERR_TIMEOUT;
+    return r;
+}
+
+/* Note [Ring on blocking connections]
+ * An all-reduce of three ranks or more beyond the one-message limit, on
+ * a blocking context (Note [Blocking exchanges]): Gloo's ring done by the
+ * group's worker itself, so that a DDP step at any world size stays off
+ * the event loop. The data are cut into R chunks (chunk i: elements
+ * [i n / R, (i + 1) n / R)); R - 1 steps of reduce-scatter send chunk
+ * (r - s) to the right neighbour and add the left one's chunk (r - s - 1)
+ * into this rank's, after which rank r holds chunk r + 1 summed over all
+ * ranks; R - 1 steps of all-gather then pass the summed chunks round.
+ * Each step goes in pieces of at most kPiece bytes, every rank writing
+ * its piece to the right before reading the left one's, so at most a
+ * piece per connection is ever unread (no two ranks block each other in
+ * write(2)); every step has the same number of pieces on every rank,
+ * those beyond a shorter chunk's end empty. Each chunk is summed in ring order starting from a different
+ * rank, as Gloo's ring does: the same bits on every rank (every rank
+ * copies the one sum made of each chunk), not the rank order's. */
+nb_status nb__gloo_ring_all_reduce(nb__gloo *g, const nb__coll *c) {
+    nb_status r = guard(NB_ERR_NETWORK, "Gloo ring all_reduce", [&] {
+        const int R = g->ctx->size, me = g->ctx->rank;
+        const size_t n = static_cast<size_t>(c->count), es = nb_dtype_size(c->dtype);
+        auto *out = static_cast<unsigned char *>(c->out);
+        if (R == 1 || n == 0) return NB_OK;
+        auto lo = [&](int i) { return static_cast<size_t>(i) * n / static_cast<size_t>(R); };
+        auto mod = [&](int i) { return ((i % R) + R) % R; };
+        size_t most = 0;
+        for (int i = 0; i < R; i++) most = std::max(most, lo(i + 1) - lo(i));
+        g->tmp.resize(std::max(most * es, static_cast<size_t>(1))); /* kept: the next step's are alike */
+        unsigned char *tmp = g->tmp.data();
+        /* every step in the same number of pieces on every rank (a short chunk's last ones empty) */
+        const size_t pieces = std::max((most * es + kPiece - 1) / kPiece, static_cast<size_t>(1));
+        auto &right = g->ctx->getPair(mod(me + 1));
+        auto &left = g->ctx->getPair(mod(me - 1));
+        auto tx = right->createSendBuffer(kExchangeSlot, out, n * es);
+        /* one step: this rank's chunk `send` to the right, the left one's chunk `recv` into `into`
+         * (at the chunk's own offset when `at_chunk`), reduced into out when `reduce` */
+        auto step = [&](gloo::transport::Buffer *rx, int send, int recv, bool reduce) {
+            const size_t s0 = lo(send) * es, s1 = lo(send + 1) * es, r0 = lo(recv) * es, r1 = lo(recv + 1) * es;
+            const size_t sn = s1 - s0, rn = r1 - r0;
+            for (size_t k = 0; k < pieces; k++) {
+                const size_t so = std::min(k * kPiece, sn), sl = std::min(kPiece, sn - so);
+                const size_t ro = std::min(k * kPiece, rn), rl = std::min(kPiece, rn - ro);
+                tx->send(s0 + so, sl, reduce ? so : s0 + so);
+                tx->waitSend();
+                rx->waitRecv();
+                if (reduce && rl) nb__reduce_into(c->dtype, c->op, out + r0 + ro, tmp + ro, rl / es);
+            }
+        };
+        {
+            auto rx = left->createRecvBuffer(kExchangeSlot, tmp, g->tmp.size());
+            for (int s = 0; s < R - 1; s++) step(rx.get(), mod(me - s), mod(me - s - 1), true);
+        }
+        auto rx = left->createRecvBuffer(kExchangeSlot, out, n * es);
+        for (int s = 0; s < R - 1; s++) step(rx.get(), mod(me + 1 - s), mod(me - s), false);
         return NB_OK;
     });
     if (r != NB_OK && (std::strstr(nb_last_error(), "Timed out") || std::strstr(nb_last_error(), "timeout")))

@@ -405,6 +405,9 @@ nb_status nb__gloo_run(nb__gloo *g, const nb__coll *c);
  * differ. */
 nb_status nb__gloo_exchange(nb__gloo *g, const void *mine, size_t sent, void *all, size_t n, bool own,
                             bool sized);
+/* On a blocking context: the all-reduce c as a ring (Note [Ring on
+ * blocking connections] in gloo_shim.cpp), for three ranks and more. */
+nb_status nb__gloo_ring_all_reduce(nb__gloo *g, const nb__coll *c);
 
 /* ------------------------------------------------ NCCL (pg_nccl.c) */
 

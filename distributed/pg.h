@@ -148,6 +148,8 @@ struct nb_pg {
         uint64_t small_framed;  /* of which the data came in the check layer's exchange */
         uint64_t pair;          /* Gloo: all-reduces of two ranks in one exchange
                                    (Note [All-reduce of two ranks] in pg_gloo.c) */
+        uint64_t ring;          /* Gloo: all-reduces of more ranks by the ring on blocking
+                                   connections (Note [Ring on blocking connections]) */
         uint64_t headers_early; /* check layer: header exchanges posted while the
                                    previous collective's data moved */
         uint64_t published;     /* flight recorder: fingerprints sent to the store */

@@ -7,8 +7,9 @@
  * transport itself is the C++ shim, gloo_shim.cpp: two contexts per
  * group, one for Gloo's algorithms and one of blocking connections for
  * the exchanges (Note [Blocking exchanges] there): the headers, the
- * small collectives and the all-reduce of two ranks, that is everything
- * a DDP step sends at world size 2. */
+ * small collectives, the all-reduce of two ranks and the ring all-reduce
+ * of more (Note [Ring on blocking connections]), that is everything a
+ * DDP step sends. */
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <pthread.h>
@@ -83,8 +84,9 @@ nb__gloo *nb__pg_gloo(const nb_pg *pg) { return impl(pg)->g; }
  * x0 op x1, rank 0 into its own buffer and rank 1 into the copy of rank
  * 0's data, which it then copies back: the same bits on both ranks and as
  * the ring computed them (addition commutes; min and max are taken in the
- * same order everywhere). More ranks keep Gloo's ring, which sends 2 (R -
- * 1) / R of the data where a direct exchange would send R - 1 times it. */
+ * same order everywhere). More ranks take a ring (Note [Ring on blocking
+ * connections] in gloo_shim.cpp), which sends 2 (R - 1) / R of the data
+ * where a direct exchange would send R - 1 times it. */
 static size_t small_bytes(int R) {
     size_t p = 65536 / (size_t)(R > 1 ? R - 1 : 1);
     return (p > 32768 ? 32768 : p) & ~(size_t)7;
@@ -215,6 +217,13 @@ static nb_status run_pair_all_reduce(nb_pg *pg, const nb__coll *c) {
     return NB_OK;
 }
 
+/* Note [Ring on blocking connections] in gloo_shim.cpp. */
+static nb_status run_ring_all_reduce(nb_pg *pg, const nb__coll *c) {
+    nb_status st = nb__gloo_ring_all_reduce(impl(pg)->x, c);
+    if (st == NB_OK) pg->stats.ring++;
+    return st;
+}
+
 /* Moves w's data (on the group's worker). */
 static nb_status gloo_run(nb_pg *pg, nb_work *w, char *what, size_t len, bool *explained) {
     const nb__coll *c = &w->coll;
@@ -222,6 +231,7 @@ static nb_status gloo_run(nb_pg *pg, nb_work *w, char *what, size_t len, bool *e
     if (c->kind != NB__BARRIER && c->count == 0) return NB_OK;
     nb_status st = is_small(pg, c)             ? run_small(pg, w)
                    : is_pair_all_reduce(pg, c) ? run_pair_all_reduce(pg, c)
+                   : c->kind == NB__ALL_REDUCE ? run_ring_all_reduce(pg, c)
                                                : nb__gloo_run(impl(pg)->g, c);
     if (st == NB_OK) {
         if (c->op == NB_REDUCE_AVG && (c->kind == NB__ALL_REDUCE || c->kind == NB__REDUCE_SCATTER))

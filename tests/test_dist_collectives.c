@@ -279,7 +279,7 @@ START_TEST(test_checks_do_not_choose_the_arithmetic) {
     nb__dist_check saved_mode = world->check;
     nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
     int differ_from_rank_order = 0;
-    uint64_t pairs = 0, pairs_before = world->stats.pair;
+    uint64_t pairs = 0, pairs_before = world->stats.pair, rings = 0, rings_before = world->stats.ring;
     for (int d = 0; d < 3; d++) {
         nb_dtype dt = dts[d];
         size_t es = nb_dtype_size(dt);
@@ -298,6 +298,7 @@ START_TEST(test_checks_do_not_choose_the_arithmetic) {
                     if (dt != NB_F64) t = nb_cast(ctx, t, dt);
                     check_ok(nb_work_finish(nb_pg_all_reduce(world, t, ops[o])));
                     pairs += R == 2 && (size_t)n * es > limit;
+                    rings += R >= 3 && (size_t)n * es > limit;
                     got[m] = malloc((size_t)n * es);
                     memcpy(got[m], t->data, (size_t)n * es);
                     nb_ctx_reset(ctx);
@@ -327,7 +328,10 @@ START_TEST(test_checks_do_not_choose_the_arithmetic) {
     world->check = saved_mode;
     ck_assert_msg(world->stats.pair - pairs_before == pairs, "rank %d: %llu all-reduces of two ranks in one exchange, want %llu",
                   me, (unsigned long long)(world->stats.pair - pairs_before), (unsigned long long)pairs);
-    /* the large ones went through Gloo's own algorithms: some sums came out
+    ck_assert_msg(world->stats.ring - rings_before == rings,
+                  "rank %d: %llu all-reduces by the ring on blocking connections, want %llu", me,
+                  (unsigned long long)(world->stats.ring - rings_before), (unsigned long long)rings);
+    /* the large ones went round the ring (Note [Ring on blocking connections]): some sums came out
      * in another order (with three ranks and more), which the bitwise
      * comparison above then had to match */
     if (me == 0 && R >= 3) printf("%d large sums differ from the rank order\n", differ_from_rank_order);
