@@ -669,6 +669,56 @@ END_TEST
 START_TEST(test_conv_bf16_fallback) { conv_check(_i, NB_BF16, true, NB_DNNL_OFF); }
 END_TEST
 
+/* bf16 products in row blocks on the pool (Note [oneDNN products on the
+ * pool]; native bf16 only): op(A) = A^T with A (K, M), M = 300 rows (two
+ * blocks of 128 and one of 44), into an f32 C added to its previous
+ * contents, and into a bf16 C (Note [bf16 products stored as bf16] in
+ * tensor/cpu/bf16.c) with a bias; against f64 sums of the same bf16
+ * values (f32 summation's bound, and half a bf16 ulp where stored as
+ * bf16), bitwise the same on 1 and 2 pool threads. */
+START_TEST(test_bf16_blocks) {
+    if (!nb__dnnl_native_bf16()) return;
+    enum { M = 300, K = 160, N = 96 };
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    lcg = 4242u;
+    double *av, *bv, *cv, *biasv;
+    nb_tensor *a = rand_tensor(ctx, NB_BF16, 2, (int64_t[]){K, M}, &av);
+    nb_tensor *b = rand_tensor(ctx, NB_BF16, 2, (int64_t[]){K, N}, &bv);
+    nb_tensor *c0 = rand_tensor(ctx, NB_F32, 2, (int64_t[]){M, N}, &cv);
+    nb_tensor *bias = rand_tensor(ctx, NB_F32, 1, (int64_t[]){N}, &biasv);
+    nb__dnnl_mode prev = nb__dnnl_set_mode(NB_DNNL_AUTO);
+    for (int out_bf16 = 0; out_bf16 < 2; out_bf16++) {
+        double *got[2];
+        for (int t = 1; t <= 2; t++) {
+            nb_set_num_threads(t);
+            nb_tensor *c = out_bf16 ? nb_empty(ctx, NB_BF16, 2, (int64_t[]){M, N}) : nb_clone(ctx, c0);
+            int64_t before = nb__dnnl_executions();
+            ck_assert(nb__dnnl_matmul(c, a, b, true, false, out_bf16 ? bias : NULL, false, !out_bf16));
+            ck_assert_int_eq(nb__dnnl_executions() - before, 3); /* one per block */
+            got[t - 1] = malloc(sizeof(double) * M * N);
+            nb_to_host_f64(c, got[t - 1]);
+        }
+        nb_set_num_threads(0);
+        ck_assert(!memcmp(got[0], got[1], sizeof(double) * M * N));
+        for (int i = 0; i < M; i++)
+            for (int j = 0; j < N; j++) {
+                double ref = out_bf16 ? biasv[j] : cv[i * N + j], mag = fabs(ref);
+                for (int p = 0; p < K; p++) {
+                    ref += av[p * M + i] * bv[p * N + j];
+                    mag += fabs(av[p * M + i] * bv[p * N + j]);
+                }
+                double tol = (K + 1) * 0x1p-24 * mag + (out_bf16 ? 0x1p-8 * fabs(ref) : 0) + 1e-30;
+                ck_assert_msg(fabs(got[0][i * N + j] - ref) <= tol, "bf16 out %d: c[%d][%d] = %.9g, expected %.9g",
+                              out_bf16, i, j, got[0][i * N + j], ref);
+            }
+        free(got[0]), free(got[1]);
+    }
+    nb__dnnl_set_mode(prev);
+    free(av), free(bv), free(cv), free(biasv);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
 /* The default rule for f32 convolutions: im2col, whose GEMMs are oneDNN's
  * where OpenBLAS runs a generic core (test_dnnl_prescott), OpenBLAS's
  * elsewhere (depthwise: direct loops, no GEMM); the values within f32's
@@ -761,6 +811,7 @@ static Suite *dnnl_suite(void) {
     tcase_add_loop_test(tc, test_conv_f32_im2col, 0, ncv);
     tcase_add_loop_test(tc, test_conv_f32_auto, 0, ncv);
     tcase_add_test(tc, test_conv_gemm);
+    tcase_add_test(tc, test_bf16_blocks);
     tcase_add_loop_test(tc, test_conv_bf16_dnnl, 0, ncv);
     tcase_add_loop_test(tc, test_conv_bf16_fallback, 0, ncv);
     tcase_add_loop_test(tc, test_conv_bf16_auto, 0, ncv);

@@ -537,7 +537,7 @@ static void md_init(dnnl_memory_desc_t *md, int nd, const int64_t *dims, const i
     check(dnnl_memory_desc_init_by_strides(md, nd, d, dt, s), "dnnl_memory_desc_init_by_strides");
 }
 
-enum { F_BIAS = 1, F_GELU = 2, F_SUM = 4 };
+enum { F_BIAS = 1, F_GELU = 2, F_SUM = 4, F_OUT_BF16 = 8 };
 
 static entry *matmul_entry(const pkey *k) {
     int slot;
@@ -553,7 +553,7 @@ static entry *matmul_entry(const pkey *k) {
     dnnl_memory_desc_t a, b, c, bias;
     md_init(&a, nd, k->dims[0], k->strides[0], dt);
     md_init(&b, nd, k->dims[1], k->strides[1], dt);
-    md_init(&c, nd, k->dims[2], k->strides[2], dnnl_f32);
+    md_init(&c, nd, k->dims[2], k->strides[2], (k->flags & F_OUT_BF16) ? dnnl_bf16 : dnnl_f32);
     int64_t bd[NB_MAX_DIMS], bs[NB_MAX_DIMS];
     for (int i = 0; i < nd; i++) bd[i] = 1;
     bd[nd - 1] = k->dims[2][nd - 1];
@@ -598,7 +598,17 @@ static bool rule_matmul(nb_dtype dt, int64_t batch, int64_t m, int64_t n, int64_
  * one-thread oneDNN product on its rows of op(A), and the blocks run on
  * nabla's pool, which never waits for a thread the system has not
  * scheduled (docs/threads.md). The blocks depend only on the shape, so
- * the result is the same for any pool size. Every block's primitive
+ * the result is the same for any pool size. bf16 products (native bf16,
+ * on any OpenBLAS core) go in blocks the same way: they ran on one
+ * oneDNN thread at every thread count, and the GPT L6 bf16 step at
+ * default threads (2-core Xeon with AMX, OPENBLAS_CORETYPE=Prescott,
+ * bench_ddp --no-ddp --model gpt6 --bf16 --steps 10, 2026-12-02, load
+ * average 3-17, base and blocks alternated, 3 pairs) took 107-145 ms
+ * whole against 84-90 ms in blocks; on one thread blocks cost 1-3%
+ * (136-137 ms whole, 140-142 in blocks, load average 2): each block
+ * packs B again. Whole and blocked results can differ in the last bits
+ * (a weight gradient's shape did), which is why the blocks do not
+ * depend on the pool's size. Every block's primitive
  * (two shapes at most: whole blocks and the last) is made before any
  * block runs, so a product oneDNN declines is declined whole and the
  * caller's kernel runs on untouched memory (an accumulating product must
@@ -609,7 +619,7 @@ typedef struct block_job {
     const pkey *key;
     entry *whole, *last; /* the primitives of whole blocks and of the last one */
     void *const *ptr;
-    size_t es;
+    size_t es, out_es; /* bytes of an element of A and of C */
     int64_t rows;
 } block_job;
 
@@ -621,7 +631,7 @@ static void matmul_block(void *arg, int64_t blk, int tid) {
     void *ptr[MAX_MD];
     memcpy(ptr, j->ptr, sizeof ptr);
     ptr[0] = (char *)ptr[0] + (size_t)(r0 * j->key->strides[0][0]) * j->es;
-    ptr[2] = (char *)ptr[2] + (size_t)(r0 * j->key->strides[2][0]) * sizeof(float);
+    ptr[2] = (char *)ptr[2] + (size_t)(r0 * j->key->strides[2][0]) * j->out_es;
     execute(e, ptr, 1);
 }
 
@@ -632,7 +642,7 @@ static entry *block_entry(const pkey *whole, int64_t rows) {
     return matmul_entry(&k);
 }
 
-static bool matmul_blocks(const pkey *key, void *const *ptr, size_t es) {
+static bool matmul_blocks(const pkey *key, void *const *ptr, size_t es, size_t out_es) {
     int64_t rows = key->dims[2][0], n_blocks = (rows + BLOCK_ROWS - 1) / BLOCK_ROWS;
     int64_t last_rows = rows - (n_blocks - 1) * BLOCK_ROWS;
     pthread_mutex_lock(&lock);
@@ -642,7 +652,7 @@ static bool matmul_blocks(const pkey *key, void *const *ptr, size_t es) {
     pthread_mutex_unlock(&lock);
     bool ok = whole->prim && last->prim;
     if (ok) {
-        block_job j = {key, whole, last, ptr, es, rows};
+        block_job j = {key, whole, last, ptr, es, out_es, rows};
         nb__parallel_for(n_blocks, matmul_block, &j);
     }
     if (last != whole) release(last);
@@ -653,7 +663,8 @@ static bool matmul_blocks(const pkey *key, void *const *ptr, size_t es) {
 bool nb__dnnl_matmul(nb_tensor *out, const nb_tensor *a, const nb_tensor *b, bool trans_a,
                      bool trans_b, const nb_tensor *bias, bool gelu, bool accumulate) {
     nb__dnnl_mode mode = nb__dnnl_mode_now();
-    if (mode == NB_DNNL_OFF || out->dtype != NB_F32 || a->dtype != b->dtype ||
+    bool out_bf16 = out->dtype == NB_BF16 && a->dtype == NB_BF16 && !accumulate;
+    if (mode == NB_DNNL_OFF || (out->dtype != NB_F32 && !out_bf16) || a->dtype != b->dtype ||
         (a->dtype != NB_F32 && a->dtype != NB_BF16) || (bias && bias->dtype != NB_F32))
         return false;
     int nd = out->ndim, nbd = nd - 2;
@@ -668,7 +679,8 @@ bool nb__dnnl_matmul(nb_tensor *out, const nb_tensor *a, const nb_tensor *b, boo
     key.op = OP_MATMUL;
     key.dt = (int32_t)dnnl_dt(a->dtype);
     key.nthr = want_threads();
-    key.flags = (bias ? F_BIAS : 0) | (gelu ? F_GELU : 0) | (accumulate ? F_SUM : 0);
+    key.flags = (bias ? F_BIAS : 0) | (gelu ? F_GELU : 0) | (accumulate ? F_SUM : 0) |
+                (out_bf16 ? F_OUT_BF16 : 0);
     matrix_layout(a, trans_a, nd, key.dims[0], key.strides[0]);
     matrix_layout(b, trans_b, nd, key.dims[1], key.strides[1]);
     for (int i = 0; i < nd; i++) key.dims[2][i] = out->shape[i];
@@ -685,9 +697,10 @@ bool nb__dnnl_matmul(nb_tensor *out, const nb_tensor *a, const nb_tensor *b, boo
     }
 
     void *ptr[MAX_MD] = {(void *)a->data, (void *)b->data, out->data, bias ? bias->data : NULL};
-    if (key.nd[2] == 2 && a->dtype == NB_F32 && generic_blas() && key.nthr == 1 &&
+    /* Note [oneDNN products on the pool]: f32 on a generic core, and bf16 */
+    if (key.nd[2] == 2 && (a->dtype == NB_BF16 || generic_blas()) && key.nthr == 1 &&
         key.dims[2][0] >= 2 * BLOCK_ROWS && (double)key.dims[2][0] * key.dims[2][1] * k >= 4194304.0)
-        return matmul_blocks(&key, ptr, nb_dtype_size(a->dtype));
+        return matmul_blocks(&key, ptr, nb_dtype_size(a->dtype), nb_dtype_size(out->dtype));
     pthread_mutex_lock(&lock);
     init_engine();
     entry *e = matmul_entry(&key);
@@ -955,7 +968,13 @@ size_t nb__dnnl_describe(char *buf, size_t cap) {
     bool bf = mode == NB_DNNL_FORCE ? nb__dnnl_bf16_kernels()
                                     : mode == NB_DNNL_AUTO && nb__dnnl_native_bf16();
     if (bf) {
-        ADD("bf16 matmul: %s\n", dnnl);
+        if (dt == 1)
+            ADD("bf16 matmul: onednn %s (blocks of %d rows, one thread each, on the pool's %d thread%s) "
+                "from 2^22 multiply-adds and 256 rows, %s below\n",
+                dnnl_isa_name(), BLOCK_ROWS, nb_get_num_threads(), nb_get_num_threads() == 1 ? "" : "s",
+                dnnl);
+        else
+            ADD("bf16 matmul: %s\n", dnnl);
         ADD("bf16 conv2d: %s\n", dnnl);
     } else {
         ADD("bf16 matmul: as f32 matmul, on exact f32 copies (no native bf16 in onednn here)\n");

@@ -54,7 +54,9 @@ int64_t nb__dnnl_executions(void);
 /* out (L, M, N) contiguous f32 = op(a) @ op(b) as nb__cpu_gemm
  * (tensor/cpu/matmul.h), a and b both f32 or both bf16, + bias (N, f32)
  * when not NULL, GELU(tanh) of the whole when gelu, + out's previous
- * contents first when accumulate. */
+ * contents first when accumulate. With a and b bf16, out may be bf16 (not
+ * accumulate): the same f32 sums, bias and GELU, each output rounded once
+ * to nearest even as it is stored. */
 bool nb__dnnl_matmul(nb_tensor *out, const nb_tensor *a, const nb_tensor *b, bool trans_a,
                      bool trans_b, const nb_tensor *bias, bool gelu, bool accumulate);
 
