@@ -36,6 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tensor/cpu/cpu.h"   /* the kernels, for bit-for-bit checks */
 #include "tensor/internal.h" /* nb__linear, nb__linear_gelu */
 #include "testutil.h"
 
@@ -610,6 +611,107 @@ NBT_CPU_TEST(test_casts) {
     }
 }
 
+/* ---- bf16 kernels without f32 twins ---- */
+
+/* A bf16 tensor of random bf16 values. */
+static nb_tensor *rand16(nb_ctx *ctx, int ndim, const int64_t *shape, uint64_t seed) {
+    nb_tensor *r = nbt_randn(ctx, NB_F32, ndim, shape, seed), *h = nb_empty(ctx, NB_BF16, ndim, shape);
+    nb__cpu_copy(h, r);
+    return h;
+}
+
+/* t widened to a contiguous f32 tensor (exact), or rounded back */
+static nb_tensor *as(nb_ctx *ctx, const nb_tensor *t, nb_dtype dt) {
+    nb_tensor *w = nb_empty(ctx, dt, t->ndim, t->shape);
+    nb__cpu_copy(w, t);
+    return w;
+}
+
+static void same_bits(const char *what, const nb_tensor *got, const nb_tensor *want) {
+    ck_assert(got->dtype == NB_BF16 && want->dtype == NB_BF16 && nb_same_shape(got, want));
+    int64_t n = nb_numel(got);
+    uint16_t *a = malloc((size_t)n * 2), *b = malloc((size_t)n * 2);
+    nb_to_host(got, a);
+    nb_to_host(want, b);
+    for (int64_t i = 0; i < n; i++)
+        ck_assert_msg(a[i] == b[i], "%s: element %lld of %lld is %#x, the f32 op rounded %#x",
+                      what, (long long)i, (long long)n, a[i], b[i]);
+    free(a);
+    free(b);
+}
+
+/* Elementwise ops with a bf16 output (Note [bf16 elementwise in blocks] in
+ * tensor/cpu/elementwise.c): bit for bit the f32 kernel on the widened
+ * inputs, rounded once, on sizes that are not multiples of the block nor
+ * of the pool's grain, with large tensors cut for the pool (1 and 2
+ * threads), broadcast and transposed inputs, an f32 operand, and the
+ * output being an input. */
+NBT_CPU_TEST(test_elementwise_without_twins) {
+    const int64_t big[2] = {5, 7001}, small[2] = {3, 7};
+    const nb__unary_op uops[] = {NB_U_GELU_TANH, NB_U_EXP, NB_U_RELU, NB_U_MUL_S, NB_U_TANH};
+    const nb__binary_op bops[] = {NB_B_ADD, NB_B_SUB, NB_B_MUL, NB_B_DIV};
+    char what[128];
+    for (int threads = 1; threads <= 2; threads++) {
+        nb_set_num_threads(threads);
+        for (int z = 0; z < 2; z++) {
+            const int64_t *sh = z ? small : big;
+            nb_tensor *a = rand16(ctx, 2, sh, 11), *b = rand16(ctx, 2, sh, 12);
+            nb_tensor *row = rand16(ctx, 2, (int64_t[]){1, sh[1]}, 13);
+            nb_tensor *col = rand16(ctx, 2, (int64_t[]){sh[0], 1}, 14);
+            nb_tensor *at = nb_transpose(ctx, rand16(ctx, 2, (int64_t[]){sh[1], sh[0]}, 15), 0, 1);
+            nb_tensor *b32 = nbt_randn(ctx, NB_F32, 2, sh, 16);
+            for (size_t u = 0; u < sizeof uops / sizeof uops[0]; u++) {
+                nb_tensor *const ins[2] = {a, at};
+                for (int k = 0; k < 2; k++) {
+                    nb_tensor *y = nb_empty(ctx, NB_BF16, 2, sh), *y32 = nb_empty(ctx, NB_F32, 2, sh);
+                    nb__cpu_unary(uops[u], y, ins[k], 0.375);
+                    nb__cpu_unary(uops[u], y32, as(ctx, ins[k], NB_F32), 0.375);
+                    snprintf(what, sizeof what, "%s on %lldx%lld%s, %d threads",
+                             nb__unary_name(uops[u]), (long long)sh[0], (long long)sh[1],
+                             k ? " transposed" : "", threads);
+                    same_bits(what, y, as(ctx, y32, NB_BF16));
+                }
+            }
+            for (size_t o = 0; o < sizeof bops / sizeof bops[0]; o++) {
+                nb_tensor *const rhs[4] = {b, row, col, b32};
+                const char *const names[4] = {"", " by a row", " by a column", " with f32"};
+                for (int k = 0; k < 4; k++) {
+                    nb_tensor *y = nb_empty(ctx, NB_BF16, 2, sh), *y32 = nb_empty(ctx, NB_F32, 2, sh);
+                    nb__cpu_binary(bops[o], y, at, rhs[k]);
+                    nb__cpu_binary(bops[o], y32, as(ctx, at, NB_F32), rhs[k]->dtype == NB_F32
+                                   ? rhs[k] : as(ctx, rhs[k], NB_F32));
+                    snprintf(what, sizeof what, "%s on %lldx%lld%s, %d threads",
+                             nb__binary_name(bops[o]), (long long)sh[0], (long long)sh[1],
+                             names[k], threads);
+                    same_bits(what, y, as(ctx, y32, NB_BF16));
+                }
+                /* in place: the output is the first, then the second input */
+                for (int k = 0; k < 2; k++) {
+                    nb_tensor *y = as(ctx, a, NB_BF16), *y32 = nb_empty(ctx, NB_F32, 2, sh);
+                    nb_tensor *a32 = as(ctx, a, NB_F32), *b32w = as(ctx, b, NB_F32);
+                    if (k == 0) nb__cpu_binary(bops[o], y, y, b), nb__cpu_binary(bops[o], y32, a32, b32w);
+                    else nb__cpu_binary(bops[o], y, b, y), nb__cpu_binary(bops[o], y32, b32w, a32);
+                    snprintf(what, sizeof what, "%s in place (input %d) on %lldx%lld, %d threads",
+                             nb__binary_name(bops[o]), k, (long long)sh[0], (long long)sh[1],
+                             threads);
+                    same_bits(what, y, as(ctx, y32, NB_BF16));
+                }
+            }
+            /* GELU's gradient: dx = g GELU'(pre), also written over g */
+            for (int k = 0; k < 2; k++) {
+                nb_tensor *dx = k ? as(ctx, b, NB_BF16) : nb_empty(ctx, NB_BF16, 2, sh);
+                nb_tensor *dx32 = nb_empty(ctx, NB_F32, 2, sh);
+                nb__cpu_gelu_tanh_backward(dx, k ? dx : b, a);
+                nb__cpu_gelu_tanh_backward(dx32, as(ctx, b, NB_F32), as(ctx, a, NB_F32));
+                snprintf(what, sizeof what, "GELU's gradient%s on %lldx%lld, %d threads",
+                         k ? " over g" : "", (long long)sh[0], (long long)sh[1], threads);
+                same_bits(what, dx, as(ctx, dx32, NB_BF16));
+            }
+        }
+    }
+    nb_set_num_threads(0);
+}
+
 /* ---- the compute-dtype table (docs/cuda.md) on the CPU ---- */
 
 /* A bf16 leaf holding bf16 values and the f64 leaf of the same values
@@ -827,6 +929,7 @@ static Suite *cpu_bf16_suite(void) {
     tcase_add_test(tc, test_refusals);
     tcase_add_test(tc, test_casts);
     tcase_add_test(tc, test_bf16_views);
+    tcase_add_test(tc, test_elementwise_without_twins);
     tcase_add_loop_test(tc, test_table, 0, T_COUNT);
     tcase_add_test(tc, test_gpt_trains_in_bf16);
     suite_add_tcase(s, tc);

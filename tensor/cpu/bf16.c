@@ -146,6 +146,7 @@ void nb__cpu_matmul_bf16_out(nb_tensor *y, const nb_tensor *a, const nb_tensor *
 }
 
 void nb__cpu_gelu_tanh_backward_bf16(nb_tensor *dx, const nb_tensor *g, const nb_tensor *pre) {
+    if (nb__cpu_gelu_tanh_backward_blocks(dx, g, pre)) return;
     twin wd, wg, wp;
     nb_tensor *td = out(&wd, dx);
     nb__cpu_gelu_tanh_backward(td, in(&wg, g), in(&wp, pre));

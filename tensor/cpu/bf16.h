@@ -69,6 +69,11 @@ nb__backend_max_rows_fn nb__cpu_max_rows_bf16;
 nb__backend_argmax_rows_fn nb__cpu_argmax_rows_bf16;
 nb__backend_var_rows_fn nb__cpu_var_rows_bf16;
 
+/* GELU's gradient on bf16 dx, g and pre without twins, when they are
+ * contiguous (Note [bf16 elementwise in blocks] in
+ * tensor/cpu/elementwise.c); false, having done nothing, otherwise. */
+bool nb__cpu_gelu_tanh_backward_blocks(nb_tensor *dx, const nb_tensor *g, const nb_tensor *pre);
+
 static inline bool nb__cpu_is_bf16(const nb_tensor *t) { return t && t->dtype == NB_BF16; }
 
 #endif

@@ -185,6 +185,93 @@ static void iter_run_on(iter *it, inner_fn fn, const void *arg, bool parallel) {
 
 static void iter_run(iter *it, inner_fn fn, const void *arg) { iter_run_on(it, fn, arg, true); }
 
+/* ---- bf16 in blocks ----
+ * Note [bf16 elementwise in blocks]
+ * A bf16 output of unary, binary and GELU's gradient is computed by the
+ * f32 inner loop on blocks of BLOCK elements: each bf16 input run is
+ * widened into a buffer on the stack (an f32 input is read in place when
+ * its run is contiguous), the f32 loop writes a second buffer, and that is
+ * rounded into the output. Every element is the f32 formula on the bf16
+ * values, rounded once, as with whole-tensor f32 twins (Note [bf16
+ * activations on the CPU] in tensor/cpu/bf16.c), but the data stays in L1
+ * and nothing is allocated. A block reads all its inputs before it writes,
+ * so an output that is one of its inputs (same place, same strides: the
+ * in-place add of a gradient, the residual add) gets what the twins gave;
+ * any other overlap, and an output aliased through a zero stride, take the
+ * twins (blocks_apply). */
+#define BLOCK 512
+
+typedef struct half_arg {
+    inner_fn f32; /* the f32 inner loop, its argument and inputs */
+    const void *arg;
+    int nin;
+    nb_dtype in[MAXOPS - 1];
+} half_arg;
+
+/* n (<= BLOCK) values of dtype dt at p, stride st bytes, as f32: a pointer
+ * into p itself when they are contiguous f32, else into buf. */
+static const float *widen_run(float *buf, const char *p, int64_t st, nb_dtype dt, int64_t n) {
+    if (dt == NB_F32) {
+        if (st == 4) return (const float *)p;
+        for (int64_t i = 0; i < n; i++) buf[i] = *(const float *)(p + i * st);
+        return buf;
+    }
+    if (st == 2) {
+        nb__f32_from_bf16_n(buf, (const uint16_t *)p, n);
+        return buf;
+    }
+    for (int64_t i = 0; i < n; i++) buf[i] = nb__f32_of_bf16(*(const uint16_t *)(p + i * st));
+    return buf;
+}
+
+static void narrow_run(char *p, int64_t st, const float *v, int64_t n) {
+    if (st == 2) {
+        nb__bf16_from_f32_n((uint16_t *)p, v, n);
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) *(uint16_t *)(p + i * st) = nb__bf16_of_f32(v[i]);
+}
+
+/* An inner loop over a bf16 output (p[0]) and bf16 or f32 inputs. */
+static void half_inner(int64_t n, char **p, const int64_t *st, const void *varg) {
+    const half_arg *h = varg;
+    float buf[MAXOPS][BLOCK];
+    const int64_t unit[MAXOPS] = {4, 4, 4, 4};
+    for (int64_t lo = 0; lo < n; lo += BLOCK) {
+        int64_t len = n - lo < BLOCK ? n - lo : BLOCK;
+        char *q[MAXOPS] = {(char *)buf[0]};
+        for (int k = 1; k <= h->nin; k++)
+            q[k] = (char *)widen_run(buf[k], p[k] + lo * st[k], st[k], h->in[k - 1], len);
+        h->f32(len, q, unit, h->arg);
+        narrow_run(p[0] + lo * st[0], st[0], buf[0], len);
+    }
+}
+
+/* whether t and u are the same elements: same place, shape and strides */
+static bool same_layout(const nb_tensor *t, const nb_tensor *u) {
+    if (t->data != u->data || t->ndim != u->ndim) return false;
+    for (int d = 0; d < t->ndim; d++)
+        if (t->shape[d] != u->shape[d] || (t->shape[d] > 1 && t->strides[d] != u->strides[d]))
+            return false;
+    return true;
+}
+
+static bool overlaps(const nb_tensor *t, const nb_tensor *u);
+
+/* Whether the blocks give what the twins give (Note [bf16 elementwise in
+ * blocks]): inputs bf16 or f32, none overlapping the output unless it is
+ * the output, and no output element written twice. */
+static bool blocks_apply(const nb_tensor *out, int nin, const nb_tensor *const *in) {
+    for (int d = 0; d < out->ndim; d++)
+        if (out->shape[d] > 1 && out->strides[d] == 0) return false;
+    for (int k = 0; k < nin; k++) {
+        if (in[k]->dtype != NB_BF16 && in[k]->dtype != NB_F32) return false;
+        if (overlaps(out, in[k]) && !same_layout(out, in[k])) return false;
+    }
+    return true;
+}
+
+
 /* ---- unary ---- */
 typedef struct unary_arg {
     nb__unary_op op;
@@ -239,13 +326,20 @@ static void unary_f64(int64_t n, char **p, const int64_t *st, const void *varg) 
 }
 
 void nb__cpu_unary(nb__unary_op op, nb_tensor *out, const nb_tensor *a, double s) {
+    unary_arg arg = {op, s};
     if (nb__cpu_is_bf16(out)) {
-        nb__cpu_unary_bf16(op, out, a, s);
+        if (!blocks_apply(out, 1, &a)) {
+            nb__cpu_unary_bf16(op, out, a, s);
+            return;
+        }
+        iter it;
+        iter_init(&it, out, 1, &a);
+        half_arg h = {unary_f32, &arg, 1, {a->dtype}};
+        iter_run(&it, half_inner, &h);
         return;
     }
     iter it;
     iter_init(&it, out, 1, &a);
-    unary_arg arg = {op, s};
     if (out->dtype == NB_F32) iter_run(&it, unary_f32, &arg);
     else if (out->dtype == NB_F64) iter_run(&it, unary_f64, &arg);
     else NB_ABORT("%s: dtype %s has no CPU math", nb__unary_name(op), nb_dtype_name(out->dtype));
@@ -273,6 +367,43 @@ void nb__cpu_gelu_tanh_backward_f32(nb_tensor *dx, const nb_tensor *g, const nb_
     gelu_job j = {dx->data, g->data, x->data, nb_numel(x)};
     if (j.n < 2 * GRAIN) gelu_tanh_backward_f32(j.dx, j.g, j.x, j.n);
     else nb__parallel_for(nb__chunk_count(j.n, GRAIN), gelu_backward_chunk, &j);
+}
+
+/* bf16 dx, g and x, contiguous: the f32 loop in blocks (Note [bf16
+ * elementwise in blocks]) */
+typedef struct gelu_half_job {
+    uint16_t *dx;
+    const uint16_t *g, *x;
+    int64_t n;
+} gelu_half_job;
+
+static void gelu_backward_half(uint16_t *dx, const uint16_t *g, const uint16_t *x, int64_t n) {
+    float bd[BLOCK], bg[BLOCK], bx[BLOCK];
+    for (int64_t lo = 0; lo < n; lo += BLOCK) {
+        int64_t len = n - lo < BLOCK ? n - lo : BLOCK;
+        nb__f32_from_bf16_n(bg, g + lo, len);
+        nb__f32_from_bf16_n(bx, x + lo, len);
+        gelu_tanh_backward_f32(bd, bg, bx, len);
+        nb__bf16_from_f32_n(dx + lo, bd, len);
+    }
+}
+
+static void gelu_backward_half_chunk(void *varg, int64_t c, int tid) {
+    (void)tid;
+    const gelu_half_job *j = varg;
+    int64_t lo = c * GRAIN, len = j->n - lo < GRAIN ? j->n - lo : GRAIN;
+    gelu_backward_half(j->dx + lo, j->g + lo, j->x + lo, len);
+}
+
+bool nb__cpu_gelu_tanh_backward_blocks(nb_tensor *dx, const nb_tensor *g, const nb_tensor *x) {
+    const nb_tensor *in[2] = {g, x};
+    if (g->dtype != NB_BF16 || x->dtype != NB_BF16 || !nb_is_contiguous(dx) ||
+        !nb_is_contiguous(g) || !nb_is_contiguous(x) || !blocks_apply(dx, 2, in))
+        return false;
+    gelu_half_job j = {dx->data, g->data, x->data, nb_numel(x)};
+    if (j.n < 2 * GRAIN) gelu_backward_half(j.dx, j.g, j.x, j.n);
+    else nb__parallel_for(nb__chunk_count(j.n, GRAIN), gelu_backward_half_chunk, &j);
+    return true;
 }
 
 /* ---- binary ---- */
@@ -332,11 +463,18 @@ static void binary_i64(int64_t n, char **p, const int64_t *st, const void *varg)
 #undef FORMULA
 
 void nb__cpu_binary(nb__binary_op op, nb_tensor *out, const nb_tensor *a, const nb_tensor *b) {
+    const nb_tensor *in[2] = {a, b};
     if (nb__cpu_is_bf16(out)) {
-        nb__cpu_binary_bf16(op, out, a, b);
+        if (!blocks_apply(out, 2, in)) {
+            nb__cpu_binary_bf16(op, out, a, b);
+            return;
+        }
+        iter it;
+        iter_init(&it, out, 2, in);
+        half_arg h = {binary_f32, &op, 2, {a->dtype, b->dtype}};
+        iter_run(&it, half_inner, &h);
         return;
     }
-    const nb_tensor *in[2] = {a, b};
     iter it;
     iter_init(&it, out, 2, in);
     switch (out->dtype) {
