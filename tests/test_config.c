@@ -245,12 +245,17 @@ START_TEST(test_prescott_fast_path) {
 END_TEST
 
 /* The blocks of Note [oneDNN products on the pool] (generic core only): a
- * weight-gradient-like product, op(A) = A^T with A (K, M), M = 300 rows (two
- * whole blocks of 128 and one of 44), added to C's previous contents, against
- * f64 loops; bitwise the same on 1 and 2 pool threads. */
-START_TEST(test_prescott_blocks) {
-    if (!forced_prescott() || !cpu_avx2_fma()) return;
-    enum { M = 300, K = 160, N = 96 };
+ * weight-gradient-like product, op(A) = A^T with A (K, M), added to C's
+ * previous contents, against f64 loops; bitwise the same on 1 and 2 pool
+ * threads. M = 300: two whole blocks of 128 and one of 44, read in place;
+ * M = 1025 (A's columns a page apart): 8 blocks and one of a single row,
+ * each copied first (Note [Packed blocks of a transposed A]). */
+static const struct {
+    int m, k, n, blocks, packed;
+} block_cases[] = {{300, 160, 96, 3, 0}, {1025, 64, 64, 9, 9}};
+
+static void prescott_blocks_case(int ci) {
+    const int M = block_cases[ci].m, K = block_cases[ci].k, N = block_cases[ci].n;
     nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
     float *ha, *hb, *hc0;
     nb_tensor *a = rand_f32(ctx, 2, (int64_t[]){K, M}, &ha);
@@ -260,9 +265,10 @@ START_TEST(test_prescott_blocks) {
     for (int t = 1; t <= 2; t++) {
         nb_set_num_threads(t);
         nb_tensor *c = nb_from_host(ctx, NB_F32, 2, (int64_t[]){M, N}, hc0);
-        int64_t before = nb__dnnl_executions();
+        int64_t before = nb__dnnl_executions(), packed = nb__dnnl_packed_blocks();
         ck_assert(nb__dnnl_matmul(c, a, b, true, false, NULL, false, true));
-        ck_assert_int_eq(nb__dnnl_executions() - before, 3); /* one per block */
+        ck_assert_int_eq(nb__dnnl_executions() - before, block_cases[ci].blocks); /* one a block */
+        ck_assert_int_eq(nb__dnnl_packed_blocks() - packed, block_cases[ci].packed);
         got[t - 1] = malloc(sizeof(float) * M * N);
         nb_to_host(c, got[t - 1]);
     }
@@ -275,11 +281,16 @@ START_TEST(test_prescott_blocks) {
                 ref += (double)ha[p * M + i] * hb[p * N + j];
                 mag += fabs((double)ha[p * M + i] * hb[p * N + j]);
             }
-            ck_assert_msg(fabs(got[0][i * N + j] - ref) <= 1e-5 * mag + 1e-6, "c[%d][%d] = %g, expected %g",
+            ck_assert_msg(fabs(got[0][i * N + j] - ref) <= 1e-5 * mag + 1e-6, "M %d: c[%d][%d] = %g, expected %g", M,
                           i, j, got[0][i * N + j], ref);
         }
     free(got[0]), free(got[1]), free(ha), free(hb), free(hc0);
     nb_ctx_free(ctx);
+}
+
+START_TEST(test_prescott_blocks) {
+    if (!forced_prescott() || !cpu_avx2_fma()) return;
+    for (int ci = 0; ci < 2; ci++) prescott_blocks_case(ci);
 }
 END_TEST
 

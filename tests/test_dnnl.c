@@ -670,15 +670,21 @@ START_TEST(test_conv_bf16_fallback) { conv_check(_i, NB_BF16, true, NB_DNNL_OFF)
 END_TEST
 
 /* bf16 products in row blocks on the pool (Note [oneDNN products on the
- * pool]; native bf16 only): op(A) = A^T with A (K, M), M = 300 rows (two
- * blocks of 128 and one of 44), into an f32 C added to its previous
- * contents, and into a bf16 C (Note [bf16 products stored as bf16] in
- * tensor/cpu/bf16.c) with a bias; against f64 sums of the same bf16
- * values (f32 summation's bound, and half a bf16 ulp where stored as
- * bf16), bitwise the same on 1 and 2 pool threads. */
+ * pool]; native bf16 only): op(A) = A^T with A (K, M), into an f32 C added
+ * to its previous contents, and into a bf16 C (Note [bf16 products stored
+ * as bf16] in tensor/cpu/bf16.c) with a bias; against f64 sums of the same
+ * bf16 values (f32 summation's bound, and half a bf16 ulp where stored as
+ * bf16), bitwise the same on 1 and 2 pool threads. M = 300: two blocks of
+ * 128 and one of 44, read in place; M = 2049 (A's columns a page apart):
+ * 16 blocks and one of a single row, each copied first (Note [Packed
+ * blocks of a transposed A]). */
+static const struct {
+    int m, k, n, blocks, packed;
+} bf16_block_cases[] = {{300, 160, 96, 3, 0}, {2049, 32, 64, 17, 17}};
+
 START_TEST(test_bf16_blocks) {
     if (!nb__dnnl_native_bf16()) return;
-    enum { M = 300, K = 160, N = 96 };
+    const int M = bf16_block_cases[_i].m, K = bf16_block_cases[_i].k, N = bf16_block_cases[_i].n;
     nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
     lcg = 4242u;
     double *av, *bv, *cv, *biasv;
@@ -692,9 +698,11 @@ START_TEST(test_bf16_blocks) {
         for (int t = 1; t <= 2; t++) {
             nb_set_num_threads(t);
             nb_tensor *c = out_bf16 ? nb_empty(ctx, NB_BF16, 2, (int64_t[]){M, N}) : nb_clone(ctx, c0);
-            int64_t before = nb__dnnl_executions();
+            int64_t before = nb__dnnl_executions(), packed = nb__dnnl_packed_blocks();
             ck_assert(nb__dnnl_matmul(c, a, b, true, false, out_bf16 ? bias : NULL, false, !out_bf16));
-            ck_assert_int_eq(nb__dnnl_executions() - before, 3); /* one per block */
+            /* one execution per block */
+            ck_assert_int_eq(nb__dnnl_executions() - before, bf16_block_cases[_i].blocks);
+            ck_assert_int_eq(nb__dnnl_packed_blocks() - packed, bf16_block_cases[_i].packed);
             got[t - 1] = malloc(sizeof(double) * M * N);
             nb_to_host_f64(c, got[t - 1]);
         }
@@ -811,7 +819,7 @@ static Suite *dnnl_suite(void) {
     tcase_add_loop_test(tc, test_conv_f32_im2col, 0, ncv);
     tcase_add_loop_test(tc, test_conv_f32_auto, 0, ncv);
     tcase_add_test(tc, test_conv_gemm);
-    tcase_add_test(tc, test_bf16_blocks);
+    tcase_add_loop_test(tc, test_bf16_blocks, 0, 2);
     tcase_add_loop_test(tc, test_conv_bf16_dnnl, 0, ncv);
     tcase_add_loop_test(tc, test_conv_bf16_fallback, 0, ncv);
     tcase_add_loop_test(tc, test_conv_bf16_auto, 0, ncv);

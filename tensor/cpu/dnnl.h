@@ -50,6 +50,9 @@ bool nb__dnnl_bf16_kernels(void);
 int64_t nb__dnnl_primitives_created(void);
 int64_t nb__dnnl_cache_hits(void);
 int64_t nb__dnnl_executions(void);
+/* Blocks whose rows of op(A) were copied first (Note [Packed blocks of a
+ * transposed A] in tensor/cpu/dnnl.c), since the process began. */
+int64_t nb__dnnl_packed_blocks(void);
 
 /* out (L, M, N) contiguous f32 = op(a) @ op(b) as nb__cpu_gemm
  * (tensor/cpu/matmul.h), a and b both f32 or both bf16, + bias (N, f32)
