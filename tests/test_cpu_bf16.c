@@ -36,7 +36,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tensor/cpu/cpu.h"   /* the kernels, for bit-for-bit checks */
+#include "tensor/cpu/attention.h" /* the kernels, for bit-for-bit checks */
+#include "tensor/cpu/cpu.h"
+#include "tensor/cpu/sgemm.h"
 #include "tensor/internal.h" /* nb__linear, nb__linear_gelu */
 #include "testutil.h"
 
@@ -712,6 +714,50 @@ NBT_CPU_TEST(test_elementwise_without_twins) {
     nb_set_num_threads(0);
 }
 
+/* Fused causal attention on bf16 qkv (Note [bf16 attention without twins]
+ * in tensor/cpu/attention.c): y, the log-sum-exp and dqkv bit for bit the
+ * f32 kernel's on the widened qkv and gy, rounded once; T and D odd, at 1
+ * and 2 threads, with the causal GEMM and with cblas_sgemm. */
+START_TEST(test_attention_without_twins) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    const int64_t n = 2, t = 37, h = 3, d = 9, c = h * d;
+    const double scale = 0.3;
+    nb_tensor *qkv = rand16(ctx, 3, (int64_t[]){n, t, 3 * c}, 21);
+    nb_tensor *gy = rand16(ctx, 3, (int64_t[]){n, t, c}, 22);
+    nb_tensor *q32 = as(ctx, qkv, NB_F32), *g32 = as(ctx, gy, NB_F32);
+    char what[128];
+    for (int kernel = 0; kernel < 2; kernel++) {
+        int was = nb__sgemm_set_enabled(kernel ? -1 : 0);
+        for (int threads = 1; threads <= 2; threads++) {
+            nb_set_num_threads(threads);
+            nb_tensor *y = nb_empty(ctx, NB_BF16, 3, (int64_t[]){n, t, c});
+            nb_tensor *y32 = nb_empty(ctx, NB_F32, 3, (int64_t[]){n, t, c});
+            nb_tensor *lse = nb_empty(ctx, NB_F32, 3, (int64_t[]){n, h, t});
+            nb_tensor *lse32 = nb_empty(ctx, NB_F32, 3, (int64_t[]){n, h, t});
+            nb__cpu_causal_attention(ctx, y, lse, qkv, (int)h, scale);
+            nb__cpu_causal_attention(ctx, y32, lse32, q32, (int)h, scale);
+            snprintf(what, sizeof what, "attention's y, %s, %d threads",
+                     kernel ? "causal GEMM" : "cblas_sgemm", threads);
+            same_bits(what, y, as(ctx, y32, NB_BF16));
+            float a[n * h * t], b[n * h * t];
+            nb_to_host(lse, a);
+            nb_to_host(lse32, b);
+            ck_assert_msg(memcmp(a, b, sizeof a) == 0, "%s: the log-sum-exp differs", what);
+            nb_tensor *dqkv = nb_empty(ctx, NB_BF16, 3, (int64_t[]){n, t, 3 * c});
+            nb_tensor *d32 = nb_empty(ctx, NB_F32, 3, (int64_t[]){n, t, 3 * c});
+            nb__cpu_causal_attention_backward(ctx, dqkv, qkv, y, lse, gy, (int)h, scale);
+            nb__cpu_causal_attention_backward(ctx, d32, q32, y32, lse32, g32, (int)h, scale);
+            snprintf(what, sizeof what, "attention's dqkv, %s, %d threads",
+                     kernel ? "causal GEMM" : "cblas_sgemm", threads);
+            same_bits(what, dqkv, as(ctx, d32, NB_BF16));
+        }
+        nb__sgemm_set_enabled(was);
+    }
+    nb_set_num_threads(0);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
 /* ---- the compute-dtype table (docs/cuda.md) on the CPU ---- */
 
 /* A bf16 leaf holding bf16 values and the f64 leaf of the same values
@@ -930,6 +976,7 @@ static Suite *cpu_bf16_suite(void) {
     tcase_add_test(tc, test_casts);
     tcase_add_test(tc, test_bf16_views);
     tcase_add_test(tc, test_elementwise_without_twins);
+    tcase_add_test(tc, test_attention_without_twins);
     tcase_add_loop_test(tc, test_table, 0, T_COUNT);
     tcase_add_test(tc, test_gpt_trains_in_bf16);
     suite_add_tcase(s, tc);

@@ -76,38 +76,124 @@ static char *at(const void *base, const dims *s, int64_t w, int64_t b, int64_t c
     return (char *)base + (b * s->t * w + col) * (int64_t)s->es;
 }
 
+/* Note [bf16 attention without twins]
+ * On bf16 qkv (Note [bf16 activations on the CPU] in tensor/cpu/bf16.c) a
+ * pair widens its head's q, k and v (and, in backward, gy) into f32
+ * blocks of its thread's scratch, (T, D) each with leading dimension D,
+ * runs the f32 products and rows on them, and rounds its (T, D) results
+ * into y (dqkv) once. The f32 GEMMs' values do not depend on the leading
+ * dimensions (Note [Causal products] in tensor/cpu/sgemm.h: one chain of
+ * multiply-adds per element, k in order), so this is the f32 kernel on
+ * the widened tensors, rounded at its outputs, bit for bit, without the
+ * whole-tensor f32 copies of qkv, gy, y and dqkv; the head's operands stay
+ * in cache from widening to use. STAGED blocks of (T, D) per thread:
+ * q, k, v, y forward; q, k, v, gy, dq, dk, dv backward. */
+static int staged(nb_dtype dt, int blocks) { return dt == NB_BF16 ? (blocks == 1 ? 4 : 7) : 0; }
+
+/* what a pair computes in: f32 for bf16 qkv */
+static nb_dtype work_dtype(nb_dtype dt) { return dt == NB_BF16 ? NB_F32 : dt; }
+
 typedef struct heads_job {
     nb_tensor *y, *dqkv, *lse;
     const nb_tensor *qkv, *gy;
     int h;
     double scale;
-    char *scratch; /* per thread: `blocks` T x T blocks */
+    char *scratch; /* per thread: `blocks` T x T blocks, then the staged (T, D) blocks */
     int blocks;
 } heads_job;
 
+static size_t thread_scratch(const dims *s, nb_dtype dt, int blocks) {
+    size_t ws = nb_dtype_size(work_dtype(dt));
+    return ((size_t)blocks * (size_t)(s->t * s->t) + (size_t)staged(dt, blocks) * (size_t)(s->t * s->d)) * ws;
+}
+
 static char *scratch_of(const heads_job *j, const dims *s, int tid, int block) {
-    return j->scratch + ((int64_t)tid * j->blocks + block) * s->t * s->t * (int64_t)s->es;
+    nb_dtype dt = j->qkv->dtype;
+    return j->scratch + (size_t)tid * thread_scratch(s, dt, j->blocks) +
+           (size_t)block * (size_t)(s->t * s->t) * nb_dtype_size(work_dtype(dt));
+}
+
+/* staged (T, D) block i of thread tid (bf16 qkv) */
+static float *staged_of(const heads_job *j, const dims *s, int tid, int i) {
+    return (float *)scratch_of(j, s, tid, j->blocks) + i * s->t * s->d;
+}
+
+/* f32 (T, D), leading dimension D = bf16 rows of a head (leading dimension ld) */
+static void widen_head(float *dst, const char *src, const dims *s, int64_t ld) {
+    for (int64_t r = 0; r < s->t; r++)
+        nb__f32_from_bf16_n(dst + r * s->d, (const uint16_t *)src + r * ld, s->d);
+}
+
+static void narrow_head(char *dst, const float *src, const dims *s, int64_t ld) {
+    for (int64_t r = 0; r < s->t; r++)
+        nb__bf16_from_f32_n((uint16_t *)dst + r * ld, src + r * s->d, s->d);
 }
 
 /* p (T, T) = head hh of batch b's causal softmax of scale q k^T, and the
  * rows' log-sum-exp in lse (T) unless NULL: the same products and rows in
- * forward and backward, so the same bits. */
-static void probabilities(const heads_job *j, const dims *s, const char *q, const char *k,
-                          char *p, float *lse) {
-    int64_t w = 3 * s->c;
-    gemm(j->qkv->dtype, NB_TRI_LOWER, false, true, s->t, s->t, s->d, q, w, k, w, p, s->t);
-    nb__cpu_causal_rows(j->qkv->dtype, p, lse, p, 1, s->t, s->t, j->scale);
+ * forward and backward, so the same bits. q and k have leading dimension
+ * ld, in dtype dt. */
+static void probabilities(const heads_job *j, const dims *s, nb_dtype dt, const char *q,
+                          const char *k, int64_t ld, char *p, float *lse) {
+    gemm(dt, NB_TRI_LOWER, false, true, s->t, s->t, s->d, q, ld, k, ld, p, s->t);
+    nb__cpu_causal_rows(dt, p, lse, p, 1, s->t, s->t, j->scale);
+}
+
+static void forward_pair_bf16(const heads_job *j, const dims *s, int64_t pair, int tid) {
+    int64_t w = 3 * s->c, b = pair / j->h, d = s->d;
+    int hh = (int)(pair % j->h);
+    const char *q = at(j->qkv->data, s, w, b, hh * d);
+    int64_t cb = s->c * (int64_t)s->es;
+    float *q32 = staged_of(j, s, tid, 0), *k32 = staged_of(j, s, tid, 1);
+    float *v32 = staged_of(j, s, tid, 2), *y32 = staged_of(j, s, tid, 3);
+    widen_head(q32, q, s, w);
+    widen_head(k32, q + cb, s, w);
+    widen_head(v32, q + 2 * cb, s, w);
+    char *ph = scratch_of(j, s, tid, 0);
+    probabilities(j, s, NB_F32, (const char *)q32, (const char *)k32, d, ph,
+                  (float *)j->lse->data + pair * s->t);
+    gemm(NB_F32, NB_TRI_K_UPTO_ROW, false, false, s->t, d, s->t, ph, s->t, v32, d, y32, d);
+    narrow_head(at(j->y->data, s, s->c, b, hh * d), y32, s, s->c);
+}
+
+static void backward_pair_bf16(const heads_job *j, const dims *s, int64_t pair, int tid) {
+    int64_t w = 3 * s->c, b = pair / j->h, d = s->d, cb = s->c * (int64_t)s->es;
+    int hh = (int)(pair % j->h);
+    char *ph = scratch_of(j, s, tid, 0), *ds = scratch_of(j, s, tid, 1);
+    float *q32 = staged_of(j, s, tid, 0), *k32 = staged_of(j, s, tid, 1);
+    float *v32 = staged_of(j, s, tid, 2), *g32 = staged_of(j, s, tid, 3);
+    float *dq32 = staged_of(j, s, tid, 4), *dk32 = staged_of(j, s, tid, 5);
+    float *dv32 = staged_of(j, s, tid, 6);
+    const char *q = at(j->qkv->data, s, w, b, hh * d);
+    char *dq = at(j->dqkv->data, s, w, b, hh * d);
+    widen_head(q32, q, s, w);
+    widen_head(k32, q + cb, s, w);
+    widen_head(v32, q + 2 * cb, s, w);
+    widen_head(g32, at(j->gy->data, s, s->c, b, hh * d), s, s->c);
+    probabilities(j, s, NB_F32, (const char *)q32, (const char *)k32, d, ph, NULL);
+    gemm(NB_F32, NB_TRI_LOWER, false, true, s->t, s->t, d, g32, d, v32, d, ds, s->t); /* dp */
+    nb__cpu_causal_rows_backward(NB_F32, ds, ph, ds, 1, s->t, s->t, j->scale);
+    gemm(NB_F32, NB_TRI_K_UPTO_ROW, false, false, s->t, d, s->t, ds, s->t, k32, d, dq32, d);
+    gemm(NB_F32, NB_TRI_K_FROM_ROW, true, false, s->t, d, s->t, ds, s->t, q32, d, dk32, d);
+    gemm(NB_F32, NB_TRI_K_FROM_ROW, true, false, s->t, d, s->t, ph, s->t, g32, d, dv32, d);
+    narrow_head(dq, dq32, s, w);
+    narrow_head(dq + cb, dk32, s, w);
+    narrow_head(dq + 2 * cb, dv32, s, w);
 }
 
 static void forward_pair(void *varg, int64_t pair, int tid) {
     const heads_job *j = varg;
     dims s = get_dims(j->qkv, j->h);
+    if (j->qkv->dtype == NB_BF16) {
+        forward_pair_bf16(j, &s, pair, tid);
+        return;
+    }
     int64_t w = 3 * s.c, b = pair / j->h;
     int hh = (int)(pair % j->h);
     const char *q = at(j->qkv->data, &s, w, b, hh * s.d);
     const char *k = q + s.c * (int64_t)s.es, *v = q + 2 * s.c * (int64_t)s.es;
     char *ph = scratch_of(j, &s, tid, 0);
-    probabilities(j, &s, q, k, ph, (float *)j->lse->data + pair * s.t);
+    probabilities(j, &s, j->qkv->dtype, q, k, w, ph, (float *)j->lse->data + pair * s.t);
     gemm(j->qkv->dtype, NB_TRI_K_UPTO_ROW, false, false, s.t, s.d, s.t, ph, s.t, v, w,
          at(j->y->data, &s, s.c, b, hh * s.d), s.c);
 }
@@ -115,6 +201,10 @@ static void forward_pair(void *varg, int64_t pair, int tid) {
 static void backward_pair(void *varg, int64_t pair, int tid) {
     const heads_job *j = varg;
     dims s = get_dims(j->qkv, j->h);
+    if (j->qkv->dtype == NB_BF16) {
+        backward_pair_bf16(j, &s, pair, tid);
+        return;
+    }
     int64_t w = 3 * s.c, cb = s.c * (int64_t)s.es, b = pair / j->h;
     int hh = (int)(pair % j->h);
     nb_dtype dt = j->qkv->dtype;
@@ -122,7 +212,7 @@ static void backward_pair(void *varg, int64_t pair, int tid) {
     const char *q = at(j->qkv->data, &s, w, b, hh * s.d), *k = q + cb, *v = q + 2 * cb;
     char *dq = at(j->dqkv->data, &s, w, b, hh * s.d), *dk = dq + cb, *dv = dq + 2 * cb;
     const char *g = at(j->gy->data, &s, s.c, b, hh * s.d);
-    probabilities(j, &s, q, k, ph, NULL);
+    probabilities(j, &s, dt, q, k, w, ph, NULL);
     gemm(dt, NB_TRI_LOWER, false, true, s.t, s.t, s.d, g, s.c, v, w, ds, s.t); /* dp */
     nb__cpu_causal_rows_backward(dt, ds, ph, ds, 1, s.t, s.t, j->scale);
     gemm(dt, NB_TRI_K_UPTO_ROW, false, false, s.t, s.d, s.t, ds, s.t, k, w, dq, w);
@@ -154,7 +244,16 @@ size_t nb__cpu_attention_scratch_bytes(const nb_tensor *qkv, int h, int blocks) 
     dims s = get_dims(qkv, h);
     int64_t pairs = s.n * h, per = pairs_per_chunk(qkv, h);
     int threads = nb__parallel_threads(nb__chunk_count(pairs, per));
-    return (size_t)threads * (size_t)blocks * (size_t)(s.t * s.t) * s.es;
+    return (size_t)threads * thread_scratch(&s, qkv->dtype, blocks);
+}
+
+/* Whether bf16 attention runs without twins (Note [bf16 attention without
+ * twins]): out (y or dqkv), qkv and gy (when not NULL) all bf16 and
+ * contiguous, as the front end makes them; anything else takes the twins. */
+bool nb__cpu_attention_bf16_direct(const nb_tensor *out, const nb_tensor *qkv,
+                                   const nb_tensor *gy) {
+    return out->dtype == NB_BF16 && qkv->dtype == NB_BF16 && (!gy || gy->dtype == NB_BF16) &&
+           nb_is_contiguous(out) && nb_is_contiguous(qkv) && (!gy || nb_is_contiguous(gy));
 }
 
 /* Runs fn over every (batch, head) pair with `blocks` T x T blocks of
@@ -166,7 +265,7 @@ static void run_pairs(nb_ctx *ctx, nb__task_fn fn, heads_job *j, int blocks) {
     j->blocks = blocks;
     j->scratch = bytes ? nb_ctx_alloc(ctx, bytes, 0) : NULL;
     /* only when the products go through OpenBLAS (f64, or no AVX2 kernel) */
-    bool via_blas = j->qkv->dtype != NB_F32 || !nb__sgemm_kernel_on();
+    bool via_blas = j->qkv->dtype == NB_F64 || !nb__sgemm_kernel_on();
     int blas = via_blas ? openblas_get_num_threads() : 1;
     if (blas != 1) openblas_set_num_threads(1);
     group_job gj = {fn, j, pairs, per};
@@ -177,7 +276,7 @@ static void run_pairs(nb_ctx *ctx, nb__task_fn fn, heads_job *j, int blocks) {
 
 void nb__cpu_causal_attention(nb_ctx *ctx, nb_tensor *y, nb_tensor *lse, const nb_tensor *qkv,
                               int h, double scale) {
-    if (nb__cpu_is_bf16(qkv)) {
+    if (nb__cpu_is_bf16(qkv) && !nb__cpu_attention_bf16_direct(y, qkv, NULL)) {
         nb__cpu_causal_attention_bf16(ctx, y, lse, qkv, h, scale);
         return;
     }
@@ -190,7 +289,7 @@ void nb__cpu_causal_attention(nb_ctx *ctx, nb_tensor *y, nb_tensor *lse, const n
 void nb__cpu_causal_attention_backward(nb_ctx *ctx, nb_tensor *dqkv, const nb_tensor *qkv,
                                        const nb_tensor *y, const nb_tensor *lse,
                                        const nb_tensor *gy, int h, double scale) {
-    if (nb__cpu_is_bf16(qkv)) {
+    if (nb__cpu_is_bf16(qkv) && !nb__cpu_attention_bf16_direct(dqkv, qkv, gy)) {
         nb__cpu_causal_attention_backward_bf16(ctx, dqkv, qkv, y, lse, gy, h, scale);
         return;
     }

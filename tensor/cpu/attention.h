@@ -4,7 +4,9 @@
  * Letters: N batch, T sequence, H heads, D per head, C = H D. qkv (N, T, 3C)
  * holds q, k and v side by side in each row; head h of q is its columns
  * [h D, h D + D), of k the same plus C, of v plus 2C. All tensors are
- * contiguous f32 or f64 of one dtype; T, D and 3C fit an int. */
+ * contiguous f32 or f64 of one dtype, or bf16 with an f32 lse (computed in
+ * f32: Note [bf16 attention without twins] in tensor/cpu/attention.c);
+ * T, D and 3C fit an int. */
 #ifndef NABLA_TENSOR_CPU_ATTENTION_H
 #define NABLA_TENSOR_CPU_ATTENTION_H
 
@@ -27,5 +29,10 @@ nb__backend_causal_attention_backward_fn nb__cpu_causal_attention_backward;
  * per thread (1 forward, 2 backward); the meta device's meta:cpu takes the
  * same. */
 size_t nb__cpu_attention_scratch_bytes(const nb_tensor *qkv, int h, int blocks);
+
+/* Whether bf16 qkv runs without f32 twins: y or dqkv (out), qkv and gy
+ * (NULL in forward) bf16 and contiguous. */
+bool nb__cpu_attention_bf16_direct(const nb_tensor *out, const nb_tensor *qkv,
+                                   const nb_tensor *gy);
 
 #endif
