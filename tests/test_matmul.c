@@ -388,9 +388,10 @@ START_TEST(test_causal_products) {
     static const int64_t sizes[][3] = {{1, 1, 1},   {6, 16, 6},   {7, 17, 7},   {5, 3, 5},
                                        {13, 33, 13}, {64, 32, 64}, {96, 64, 96}, {31, 20, 47},
                                        {47, 20, 31}, {130, 40, 130}, {300, 24, 300}, {40, 600, 40}};
-    int prev = nb__sgemm_set_enabled(1);
-    for (int on = 1; on >= 0; on--) {
-        nb__sgemm_set_enabled(on);
+    int prev = nb__sgemm_set_enabled(1), prev_width = nb__sgemm_set_width(0);
+    for (int on = 2; on >= 0; on--) { /* the widest tile, the AVX2 tile, OpenBLAS */
+        nb__sgemm_set_enabled(on > 0);
+        nb__sgemm_set_width(on == 1 ? 256 : 0);
         uint32_t seed = 1;
         for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++)
             for (int tri = 0; tri < 4; tri++)
@@ -401,15 +402,61 @@ START_TEST(test_causal_products) {
                 }
     }
     nb__sgemm_set_enabled(prev);
+    nb__sgemm_set_width(prev_width == 512 ? 0 : prev_width);
+}
+END_TEST
+
+/* The AVX-512 tile (8 x 16) against the AVX2 tile (6 x 16) on an AVX-512
+ * CPU: the same values, element for element (Note [Causal products]: one
+ * FMA chain a element, k in order, wherever the tiles fall), on the
+ * attention's shapes and ragged ones. */
+START_TEST(test_causal_widths_agree) {
+    if (!nb__sgemm_kernel_on() || nb__sgemm_set_width(0) != 512) return;
+    static const int64_t sizes[][3] = {{128, 64, 128}, {37, 19, 37}, {9, 16, 9}, {130, 40, 130}};
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++)
+        for (int tri = 0; tri < 4; tri++)
+            for (int t = 0; t < 4; t++) {
+                bool ta = t & 1, tb = t & 2;
+                int64_t m = sizes[s][0], k = sizes[s][2], n = tri == NB_TRI_LOWER ? m : sizes[s][1];
+                int64_t lda = (ta ? m : k) + 1, ldb = (tb ? k : n) + 3, ar = ta ? k : m, br = tb ? n : k;
+                float *a = malloc(sizeof(float) * (size_t)(ar * lda)), *b = malloc(sizeof(float) * (size_t)(br * ldb));
+                float *c[2] = {malloc(sizeof(float) * (size_t)(m * n)), malloc(sizeof(float) * (size_t)(m * n))};
+                uint32_t x = (uint32_t)(s * 16 + (size_t)tri * 4 + (size_t)t + 7);
+                for (int64_t i = 0; i < ar * lda; i++) {
+                    x = x * 1664525u + 1013904223u;
+                    a[i] = (float)(int32_t)x * 0x1p-31f;
+                }
+                for (int64_t i = 0; i < br * ldb; i++) {
+                    x = x * 1664525u + 1013904223u;
+                    b[i] = (float)(int32_t)x * 0x1p-31f;
+                }
+                for (int64_t i = 0; i < m; i++)
+                    for (int64_t p = 0; p < k; p++)
+                        if ((tri == NB_TRI_K_UPTO_ROW && p > i) || (tri == NB_TRI_K_FROM_ROW && p < i))
+                            a[ta ? p * lda + i : i * lda + p] = 0.0f;
+                for (int w = 0; w < 2; w++) {
+                    nb__sgemm_set_width(w ? 512 : 256);
+                    nb__sgemm_causal((nb__tri)tri, ta, tb, m, n, k, a, lda, b, ldb, c[w], n);
+                }
+                for (int64_t i = 0; i < m; i++)
+                    for (int64_t j = 0; j < n; j++)
+                        if (tri != NB_TRI_LOWER || j <= i)
+                            ck_assert_msg(c[0][i * n + j] == c[1][i * n + j],
+                                          "tri %d ta %d tb %d (%lld x %lld x %lld): c[%lld][%lld] %a (AVX2) %a (AVX-512)",
+                                          tri, ta, tb, (long long)m, (long long)n, (long long)k, (long long)i,
+                                          (long long)j, c[0][i * n + j], c[1][i * n + j]);
+                free(a), free(b), free(c[0]), free(c[1]);
+            }
+    nb__sgemm_set_width(0);
 }
 END_TEST
 
 /* LOWER leaves the tiles strictly above the diagonal alone (that is what
  * it saves), and the K ranges drop terms: a NaN in op(b)'s row p reaches
  * only the rows of c whose range includes p. */
-START_TEST(test_causal_skips) {
-    if (!nb__sgemm_kernel_on()) return; /* the fallback computes everything */
+static void causal_skips(void) {
     enum { T = 40, D = 8 };
+    const int mr = nb__sgemm_tile_rows(); /* 6, or 8 with AVX-512 */
     float q[T * D], kk[T * D], s[T * T], v[T * D], p[T * T], y[T * D];
     for (int i = 0; i < T * D; i++) q[i] = kk[i] = v[i] = 0.5f;
     for (int i = 0; i < T * T; i++) s[i] = -7.0f;
@@ -417,17 +464,27 @@ START_TEST(test_causal_skips) {
     for (int i = 0; i < T; i++)
         for (int j = 0; j < T; j++) {
             if (j <= i) ck_assert_float_eq(s[i * T + j], 2.0f);
-            if (j >= (i / 6) * 6 + 6 + 16) ck_assert_float_eq(s[i * T + j], -7.0f);
+            if (j >= (i / mr) * mr + mr + 16) ck_assert_float_eq(s[i * T + j], -7.0f);
         }
     for (int i = 0; i < T; i++)
         for (int j = 0; j < T; j++) p[i * T + j] = j <= i ? 1.0f : 0.0f;
     v[30 * D + 3] = NAN; /* row 30 of v */
     nb__sgemm_causal(NB_TRI_K_UPTO_ROW, false, false, T, D, T, p, T, v, D, y, D);
     for (int i = 0; i < T; i++) {
-        bool sees = i / 6 * 6 + 6 > 30; /* row panels that reach k = 30 */
+        bool sees = i / mr * mr + mr > 30; /* row panels that reach k = 30 */
         ck_assert_msg(isnan(y[i * D + 3]) == (i >= 30 || sees), "row %d", i);
         if (i < 30 && !sees) ck_assert_float_eq(y[i * D + 3], 0.5f * (float)(i + 1));
     }
+}
+
+START_TEST(test_causal_skips) {
+    if (!nb__sgemm_kernel_on()) return; /* the fallback computes everything */
+    int widest = nb__sgemm_set_width(0);
+    for (int w = 256; w <= widest; w += 256) {
+        nb__sgemm_set_width(w);
+        causal_skips();
+    }
+    nb__sgemm_set_width(0);
 }
 END_TEST
 
@@ -480,7 +537,7 @@ static Suite *matmul_suite(void) {
     Suite *s = suite_create("matmul");
     nbt_suite_add(s, "forward", 0, (const TTest *[]){test_2d_all_transposes, test_f32_against_f64,
                   test_batched_and_broadcast, test_large_folded, test_noncontiguous, test_zero_size,
-                  test_causal_products, test_causal_skips, test_causal_env, NULL});
+                  test_causal_products, test_causal_widths_agree, test_causal_skips, test_causal_env, NULL});
     nbt_suite_add(s, "backward", 0, (const TTest *[]){test_grad_2d_transposes, test_grad_batched_broadcast,
                   test_grad_noncontiguous, test_grad_shared_weight_values, NULL});
     nbt_suite_add(s, "errors", 0, (const TTest *[]){test_errors, NULL});

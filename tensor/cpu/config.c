@@ -36,8 +36,8 @@ const char *nb_config_string(void) {
     size_t room = len < CAP ? CAP - len : 0;
     len += nb__dnnl_describe(text + (len < CAP ? len : CAP), room);
     if (nb__sgemm_kernel_on())
-        ADD("f32 attention: nabla causal kernel avx2 (heads on the pool's %d thread%s)\n", pool,
-            pool == 1 ? "" : "s");
+        ADD("f32 attention: nabla causal kernel %s (heads on the pool's %d thread%s)\n",
+            nb__sgemm_width() == 512 ? "avx512" : "avx2", pool, pool == 1 ? "" : "s");
     else
         ADD("f32 attention: openblas %s (one thread per head, heads on the pool)\n", core);
     if (nb__blas_generic())

@@ -17,6 +17,7 @@
 #endif
 
 #define MR 6
+#define MR512 8 /* rows of the AVX-512 tile */
 #define NR 16
 
 static atomic_int enabled = -1; /* -1: the environment's, read at the next use */
@@ -46,6 +47,25 @@ int nb__sgemm_set_enabled(int on) {
 }
 
 bool nb__sgemm_kernel_on(void) { return enabled_now() && nb__cpu_avx2_fma(); }
+
+static atomic_int width_set; /* 0: the widest this CPU runs */
+
+static int width_now(void) {
+    int w = atomic_load(&width_set);
+    if (w == 0) w = nb__cpu_avx512f() ? 512 : 256;
+    return w;
+}
+
+int nb__sgemm_set_width(int bits) {
+    NB_CHECK(bits == 0 || bits == 256 || (bits == 512 && nb__cpu_avx512f()),
+             "nb__sgemm_set_width(%d): expected 0, 256 or 512 (512 on a CPU with AVX-512F)", bits);
+    int prev = width_now();
+    atomic_store(&width_set, bits);
+    return prev;
+}
+
+int nb__sgemm_tile_rows(void) { return width_now() == 512 ? MR512 : MR; }
+int nb__sgemm_width(void) { return width_now(); }
 
 static void full_product(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float *a,
                          int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc) {
@@ -168,6 +188,32 @@ NB_AVX2_FMA static void tile(int64_t kc, const float *a, int64_t rs, int64_t ks,
         for (int j = 0; j < cols; j++) c[r * ldc + j] = t[r * NR + j];
 }
 
+/* The same with AVX-512F: an MR512 x 16 tile, one 16-wide register a row
+ * (Note [Causal products]: each element is still one chain of FMAs from
+ * zero, k in order, so the values are the AVX2 tile's). */
+NB_AVX512F static void tile512(int64_t kc, const float *a, int64_t rs, int64_t ks, const float *b,
+                               float *c, int64_t ldc, int rows, int cols) {
+    const float *ar[MR512];
+    __m512 acc[MR512];
+#pragma GCC unroll 8
+    for (int r = 0; r < MR512; r++) {
+        ar[r] = r < rows ? a + r * rs : a;
+        acc[r] = _mm512_setzero_ps();
+    }
+#pragma GCC unroll 4
+    for (int64_t p = 0; p < kc; p++) {
+        __m512 b0 = _mm512_load_ps(b);
+        int64_t o = p * ks;
+#pragma GCC unroll 8
+        for (int r = 0; r < MR512; r++) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(ar[r][o]), b0, acc[r]);
+        b += NR;
+    }
+    __mmask16 mask = (__mmask16)((1u << cols) - 1u);
+#pragma GCC unroll 8
+    for (int r = 0; r < MR512; r++)
+        if (r < rows) _mm512_mask_storeu_ps(c + r * ldc, mask, acc[r]);
+}
+
 /* The k range [lo, hi) that rows [ir, ir + rows) of c sum over. */
 static void k_range(nb__tri tri, int64_t ir, int64_t rows, int64_t k, int64_t *lo, int64_t *hi) {
     *lo = 0;
@@ -180,25 +226,31 @@ static void k_range(nb__tri tri, int64_t ir, int64_t rows, int64_t k, int64_t *l
  * (contiguous: read in place, the rows of v or q are a whole row of qkv
  * apart and a tile's walk down them crossed a page every few steps) and
  * reused by every row panel while it is in L1; op(a) is read in place. */
+typedef void (*tile_fn)(int64_t kc, const float *a, int64_t rs, int64_t ks, const float *b,
+                        float *c, int64_t ldc, int rows, int cols);
+
 static void run(nb__tri tri, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float *a,
                 int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc) {
     int64_t rs = ta ? 1 : lda, ks = ta ? lda : 1;
+    bool wide = width_now() == 512;
+    tile_fn kernel = wide ? tile512 : tile;
+    int64_t mr = wide ? MR512 : MR;
     float *panel = panel_buffer((size_t)(k * NR));
     for (int64_t jr = 0; jr < n; jr += NR) {
         int64_t cols = n - jr < NR ? n - jr : NR;
         pack_b(panel, b, ldb, tb, k, jr, cols);
         /* LOWER: the first row panel reaching column jr */
-        int64_t ir0 = tri == NB_TRI_LOWER ? jr / MR * MR : 0;
-        for (int64_t ir = ir0; ir < m; ir += MR) {
-            int64_t rows = m - ir < MR ? m - ir : MR, lo, hi;
+        int64_t ir0 = tri == NB_TRI_LOWER ? jr / mr * mr : 0;
+        for (int64_t ir = ir0; ir < m; ir += mr) {
+            int64_t rows = m - ir < mr ? m - ir : mr, lo, hi;
             k_range(tri, ir, rows, k, &lo, &hi);
             if (lo >= hi) { /* nothing to sum: zeros */
                 for (int64_t r = 0; r < rows; r++)
                     memset(c + (ir + r) * ldc + jr, 0, (size_t)cols * sizeof(float));
                 continue;
             }
-            tile(hi - lo, a + ir * rs + lo * ks, rs, ks, panel + lo * NR, c + ir * ldc + jr, ldc,
-                 (int)rows, (int)cols);
+            kernel(hi - lo, a + ir * rs + lo * ks, rs, ks, panel + lo * NR, c + ir * ldc + jr, ldc,
+                   (int)rows, (int)cols);
         }
     }
 }

@@ -14,7 +14,8 @@
  * dispatch, operands packed straight into thread-local panels.
  *
  * The kernel: A packed in panels of 6 rows, B in panels of 16 columns, K
- * in blocks of 256, and a 6 x 16 register tile of FMAs (AVX2 and FMA;
+ * in blocks of 256, and a 6 x 16 register tile of FMAs (AVX2 and FMA; an
+ * 8 x 16 tile of 16-wide FMAs with AVX-512F;
  * elsewhere cblas_sgemm computes the full product, whose extra terms are
  * the exact zeros above). Each element of C is one chain of fused
  * multiply-adds, k in order, so the result depends only on the operands:
@@ -51,5 +52,15 @@ void nb__sgemm_causal(nb__tri tri, bool ta, bool tb, int64_t m, int64_t n, int64
  * benchmarks. */
 bool nb__sgemm_kernel_on(void);
 int nb__sgemm_set_enabled(int on);
+
+/* The tile's vector width in bits: 512 (an 8 x 16 tile) where the CPU has
+ * AVX-512F, else 256 (6 x 16); nb__sgemm_set_width(256) holds an AVX-512
+ * CPU to the AVX2 tile, 0 back to the widest (512 on a CPU without
+ * AVX-512F aborts). Returns the previous width. The values are the same
+ * either way (Note [Causal products]); for tests and benchmarks.
+ * nb__sgemm_width: the width in use; nb__sgemm_tile_rows: its tile's rows. */
+int nb__sgemm_set_width(int bits);
+int nb__sgemm_width(void);
+int nb__sgemm_tile_rows(void);
 
 #endif

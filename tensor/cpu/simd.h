@@ -34,9 +34,16 @@
 static inline bool nb__cpu_avx2_fma(void) {
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
+/* and the AVX-512F kernels (marked NB_AVX512F; the causal products' wider
+ * tile), called only when nb__cpu_avx512f() says yes */
+#define NB_AVX512F __attribute__((target("avx512f,avx2,fma")))
+static inline bool nb__cpu_avx512f(void) {
+    return nb__cpu_avx2_fma() && __builtin_cpu_supports("avx512f");
+}
 #else
 #define NB_HAVE_AVX2_FMA_KERNELS 0
 static inline bool nb__cpu_avx2_fma(void) { return false; }
+static inline bool nb__cpu_avx512f(void) { return false; }
 #endif
 
 /* exp(x) for f32 without a libm call, so that loops using it vectorise:
