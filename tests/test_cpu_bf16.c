@@ -758,6 +758,83 @@ START_TEST(test_attention_without_twins) {
 }
 END_TEST
 
+/* Layer norm on bf16 x (Note [bf16 layer norm in row groups] in
+ * tensor/cpu/norm.c): y, the statistics, dx (written, or added: rounded,
+ * added in f32, rounded again) and the f32 weight and bias gradients bit
+ * for bit the f32 kernel's on the widened x and g; D not a divisor of the
+ * group buffer, rows cut for the pool, with and without weight and bias,
+ * dx not asked for, D past the buffer (the twins), 1 and 2 threads. */
+START_TEST(test_layer_norm_without_twins) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    const int64_t cases[][2] = {{203, 300}, {5, 7}, {3, 2049}};
+    char what[128];
+    for (size_t cs = 0; cs < sizeof cases / sizeof cases[0]; cs++) {
+        int64_t m = cases[cs][0], d = cases[cs][1];
+        nb_tensor *x = rand16(ctx, 2, (int64_t[]){m, d}, 31), *g = rand16(ctx, 2, (int64_t[]){m, d}, 32);
+        nb_tensor *old = rand16(ctx, 2, (int64_t[]){m, d}, 33);
+        nb_tensor *x32 = as(ctx, x, NB_F32), *g32 = as(ctx, g, NB_F32);
+        for (int affine = 0; affine < 2; affine++)
+            for (int threads = 1; threads <= 2; threads++)
+                for (unsigned add = 0; add < 8; add += 7) {
+                    nb_set_num_threads(threads);
+                    nb_tensor *w = affine ? nbt_randn(ctx, NB_F32, 1, &d, 34) : NULL;
+                    nb_tensor *b = affine ? nbt_randn(ctx, NB_F32, 1, &d, 35) : NULL;
+                    nb_tensor *y = nb_empty(ctx, NB_BF16, 2, (int64_t[]){m, d});
+                    nb_tensor *y32 = nb_empty(ctx, NB_F32, 2, (int64_t[]){m, d});
+                    nb_tensor *st[4];
+                    for (int k = 0; k < 4; k++) st[k] = nb_empty(ctx, NB_F64, 1, &m);
+                    nb__cpu_layer_norm(y, st[0], st[1], x, w, b, m, d, 1e-5);
+                    nb__cpu_layer_norm(y32, st[2], st[3], x32, w, b, m, d, 1e-5);
+                    snprintf(what, sizeof what, "layer norm %lldx%lld%s, %d threads, add %u",
+                             (long long)m, (long long)d, affine ? " affine" : "", threads, add);
+                    same_bits(what, y, as(ctx, y32, NB_BF16));
+                    for (int k = 0; k < 2; k++) {
+                        double a[m], c[m];
+                        nb_to_host(st[k], a);
+                        nb_to_host(st[k + 2], c);
+                        ck_assert_msg(memcmp(a, c, sizeof a) == 0, "%s: statistics differ", what);
+                    }
+                    /* backward: dx (written or added), dw and db (f32, added into when add) */
+                    for (int want_dx = 0; want_dx < 2; want_dx++) {
+                        nb_tensor *dx = want_dx ? as(ctx, old, NB_BF16) : NULL;
+                        nb_tensor *dx32 = want_dx ? nb_empty(ctx, NB_F32, 2, (int64_t[]){m, d}) : NULL;
+                        nb_tensor *dw = NULL, *db = NULL, *dw32 = NULL, *db32 = NULL;
+                        if (affine) {
+                            dw = nbt_randn(ctx, NB_F32, 1, &d, 36), db = nbt_randn(ctx, NB_F32, 1, &d, 37);
+                            dw32 = nbt_randn(ctx, NB_F32, 1, &d, 36), db32 = nbt_randn(ctx, NB_F32, 1, &d, 37);
+                        }
+                        nb__cpu_layer_norm_backward(ctx, dx, dw, db, g, x, st[0], st[1], w, m, d,
+                                                    affine ? add : add & NB__LN_ADD_DX);
+                        nb__cpu_layer_norm_backward(ctx, dx32, dw32, db32, g32, x32, st[2], st[3], w,
+                                                    m, d, affine ? add & ~(unsigned)NB__LN_ADD_DX : 0);
+                        if (affine) {
+                            float a[d], c[d];
+                            nb_to_host(dw, a);
+                            nb_to_host(dw32, c);
+                            ck_assert_msg(memcmp(a, c, sizeof a) == 0, "%s: dw differs", what);
+                            nb_to_host(db, a);
+                            nb_to_host(db32, c);
+                            ck_assert_msg(memcmp(a, c, sizeof a) == 0, "%s: db differs", what);
+                        }
+                        if (!want_dx) continue;
+                        nb_tensor *want = as(ctx, dx32, NB_BF16);
+                        if (add & NB__LN_ADD_DX) { /* old + the rounded contribution, in f32, rounded */
+                            nb_tensor *sum = nb_empty(ctx, NB_F32, 2, (int64_t[]){m, d});
+                            float *o = as(ctx, old, NB_F32)->data, *cw = as(ctx, want, NB_F32)->data;
+                            for (int64_t i = 0; i < m * d; i++) ((float *)sum->data)[i] = o[i] + cw[i];
+                            want = as(ctx, sum, NB_BF16);
+                        }
+                        snprintf(what, sizeof what, "layer norm's dx %lldx%lld%s, %d threads, add %u",
+                                 (long long)m, (long long)d, affine ? " affine" : "", threads, add);
+                        same_bits(what, dx, want);
+                    }
+                }
+    }
+    nb_set_num_threads(0);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
 /* ---- the compute-dtype table (docs/cuda.md) on the CPU ---- */
 
 /* A bf16 leaf holding bf16 values and the f64 leaf of the same values
@@ -977,6 +1054,7 @@ static Suite *cpu_bf16_suite(void) {
     tcase_add_test(tc, test_bf16_views);
     tcase_add_test(tc, test_elementwise_without_twins);
     tcase_add_test(tc, test_attention_without_twins);
+    tcase_add_test(tc, test_layer_norm_without_twins);
     tcase_add_loop_test(tc, test_table, 0, T_COUNT);
     tcase_add_test(tc, test_gpt_trains_in_bf16);
     suite_add_tcase(s, tc);

@@ -151,7 +151,7 @@ void nb__cpu_layer_norm_backward(nb_ctx *ctx, nb_tensor *dx, nb_tensor *dw, nb_t
                                  const nb_tensor *g, const nb_tensor *x, const nb_tensor *mean,
                                  const nb_tensor *rstd, const nb_tensor *w, int64_t m, int64_t d,
                                  unsigned add) {
-    if (nb__cpu_is_bf16(x)) {
+    if (nb__cpu_is_bf16(x) && !nb__cpu_layer_norm_half_ok(dx, x, g, w, NULL, d)) {
         nb__cpu_layer_norm_backward_bf16(ctx, dx, dw, db, g, x, mean, rstd, w, m, d, add);
         return;
     }

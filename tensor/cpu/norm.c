@@ -108,6 +108,68 @@
 DEFINE_LAYER_NORM(float)
 DEFINE_LAYER_NORM(double)
 
+/* Note [bf16 layer norm in row groups]
+ * With bf16 x, y, g and dx (f32 weight and bias, f64 statistics) the f32
+ * kernels above run on groups of rows widened into stack buffers of
+ * HALF_BUF floats, and the group's f32 results are rounded into y or dx
+ * (or, for an added dx, rounded and then added in f32 and rounded again,
+ * as the separate add it replaces). Each row is the f32 kernel's row on
+ * the same values, and the weight and bias gradients' partial sums take
+ * the rows in the same order, so the bits are those of whole-tensor f32
+ * twins (Note [bf16 activations on the CPU] in tensor/cpu/bf16.c), without
+ * allocating them or passing over them. A row longer than the buffer
+ * takes the twins. */
+#define HALF_BUF 2048
+
+static void layer_norm_half(uint16_t *y, double *mean, double *rstd, const uint16_t *x,
+                            const float *w, const float *b, int64_t i0, int64_t i1, int64_t d,
+                            double eps) {
+    float bx[HALF_BUF], by[HALF_BUF];
+    int64_t rows = HALF_BUF / d;
+    for (int64_t i = i0; i < i1; i += rows) {
+        int64_t r = i1 - i < rows ? i1 - i : rows;
+        nb__f32_from_bf16_n(bx, x + i * d, r * d);
+        layer_norm_float(by, mean + i, rstd + i, bx, w, b, 0, r, d, eps);
+        nb__bf16_from_f32_n(y + i * d, by, r * d);
+    }
+}
+
+static void layer_norm_backward_half(uint16_t *dx, double *ws, const uint16_t *g,
+                                     const uint16_t *x, const double *mean, const double *rstd,
+                                     const float *w, int64_t i0, int64_t i1, int64_t d,
+                                     bool want_wb, bool add_dx) {
+    float bg[HALF_BUF], bx[HALF_BUF], bd[HALF_BUF];
+    int64_t rows = HALF_BUF / d;
+    for (int64_t i = i0; i < i1; i += rows) {
+        int64_t r = i1 - i < rows ? i1 - i : rows, n = r * d;
+        nb__f32_from_bf16_n(bg, g + i * d, n);
+        nb__f32_from_bf16_n(bx, x + i * d, n);
+        layer_norm_backward_float(dx ? bd : NULL, ws, bg, bx, mean + i, rstd + i, w, 0, r, d,
+                                  want_wb, false);
+        if (!dx) continue;
+        uint16_t *o = dx + i * d;
+        if (add_dx)
+            for (int64_t k = 0; k < n; k++)
+                o[k] = nb__bf16_of_f32(nb__f32_of_bf16(o[k]) + nb__f32_of_bf16(nb__bf16_of_f32(bd[k])));
+        else
+            nb__bf16_from_f32_n(o, bd, n);
+    }
+}
+
+static bool f32_or_null(const nb_tensor *t) {
+    return !t || (t->dtype == NB_F32 && nb_is_contiguous(t));
+}
+
+static bool bf16_or_null(const nb_tensor *t) {
+    return !t || (t->dtype == NB_BF16 && nb_is_contiguous(t));
+}
+
+bool nb__cpu_layer_norm_half_ok(const nb_tensor *out, const nb_tensor *x, const nb_tensor *g,
+                                const nb_tensor *w, const nb_tensor *b, int64_t d) {
+    return x->dtype == NB_BF16 && bf16_or_null(x) && bf16_or_null(out) && bf16_or_null(g) &&
+           f32_or_null(w) && f32_or_null(b) && d > 0 && d <= HALF_BUF;
+}
+
 static const void *data_or_null(const nb_tensor *t) { return t ? t->data : NULL; }
 
 /* out[k] = v rounded to out's dtype, or (add) out[k] + that, added in the
@@ -136,12 +198,14 @@ typedef struct ln_job {
     const double *cmean, *crstd;
     int64_t m, d, rows;
     double eps;
-    bool f32, want_wb, add_dx;
+    bool f32, half, want_wb, add_dx;
 } ln_job;
 
 static void ln_range(void *varg, int64_t lo, int64_t hi) {
     const ln_job *j = varg;
-    if (j->f32)
+    if (j->half)
+        layer_norm_half(j->y, j->mean, j->rstd, j->x, j->w, j->b, lo, hi, j->d, j->eps);
+    else if (j->f32)
         layer_norm_float(j->y, j->mean, j->rstd, j->x, j->w, j->b, lo, hi, j->d, j->eps);
     else
         layer_norm_double(j->y, j->mean, j->rstd, j->x, j->w, j->b, lo, hi, j->d, j->eps);
@@ -149,13 +213,13 @@ static void ln_range(void *varg, int64_t lo, int64_t hi) {
 
 void nb__cpu_layer_norm(nb_tensor *y, nb_tensor *mean, nb_tensor *rstd, const nb_tensor *x,
                         const nb_tensor *w, const nb_tensor *b, int64_t m, int64_t d, double eps) {
-    if (nb__cpu_is_bf16(x)) {
+    if (nb__cpu_is_bf16(x) && !nb__cpu_layer_norm_half_ok(y, x, NULL, w, b, d)) {
         nb__cpu_layer_norm_bf16(y, mean, rstd, x, w, b, m, d, eps);
         return;
     }
     ln_job j = {.y = y->data, .mean = mean->data, .rstd = rstd->data, .x = x->data,
                 .w = data_or_null(w), .b = data_or_null(b), .m = m, .d = d, .eps = eps,
-                .f32 = x->dtype == NB_F32};
+                .f32 = x->dtype == NB_F32, .half = x->dtype == NB_BF16};
     nb__parallel_range(m, nb__grain(3 * d), ln_range, &j);
 }
 
@@ -165,7 +229,10 @@ static void ln_backward_piece(void *varg, int64_t c, int tid) {
     int64_t lo = c * j->rows, hi = lo + j->rows < j->m ? lo + j->rows : j->m;
     double *ws = j->want_wb ? j->partial + c * 2 * j->d : NULL;
     for (int64_t k = 0; ws && k < 2 * j->d; k++) ws[k] = 0;
-    if (j->f32)
+    if (j->half)
+        layer_norm_backward_half(j->y, ws, j->g, j->x, j->cmean, j->crstd, j->w, lo, hi, j->d,
+                                 j->want_wb, j->add_dx);
+    else if (j->f32)
         layer_norm_backward_float(j->y, ws, j->g, j->x, j->cmean, j->crstd, j->w, lo, hi, j->d,
                                   j->want_wb, j->add_dx);
     else
@@ -184,7 +251,7 @@ void nb__cpu_layer_norm_backward_ws(nb_tensor *dx, nb_tensor *dw, nb_tensor *db,
     int64_t pieces = nb__chunk_count(m, rows);
     ln_job j = {.y = dx ? dx->data : NULL, .x = x->data, .w = data_or_null(w), .g = g->data,
                 .cmean = mean->data, .crstd = rstd->data, .m = m, .d = d, .rows = rows,
-                .f32 = x->dtype == NB_F32, .want_wb = want_wb,
+                .f32 = x->dtype == NB_F32, .half = x->dtype == NB_BF16, .want_wb = want_wb,
                 .add_dx = dx && (add & NB__LN_ADD_DX)};
     j.partial = want_wb && pieces > 1 ? malloc((size_t)(pieces * 2 * d) * sizeof(double)) : ws;
     NB_CHECK(!want_wb || j.partial, "nb_layer_norm backward: out of memory for %lld partial sums "

@@ -1,7 +1,8 @@
 /* CPU kernels for layer norm and batch norm (tensor/ops_norm.c).
  *
  * Tensors are contiguous; x, y, g, dx, weights and biases share one dtype
- * (f32 or f64); the saved statistics (mean, rstd/invstd) are f64.
+ * (f32 or f64), or layer norm's x, y, g, dx are bf16 beside f32 weights;
+ * the saved statistics (mean, rstd/invstd) are f64.
  * Layer norm sees x as (M, D): M rows normalised over D elements.
  * Batch norm sees x as (N, C, S): statistics per channel over N and S. */
 #ifndef NABLA_TENSOR_CPU_NORM_H
@@ -22,6 +23,13 @@ void nb__cpu_layer_norm_backward_ws(nb_tensor *dx, nb_tensor *dw, nb_tensor *db,
                                     const nb_tensor *g, const nb_tensor *x, const nb_tensor *mean,
                                     const nb_tensor *rstd, const nb_tensor *w, int64_t m,
                                     int64_t d, unsigned add);
+
+/* Whether layer norm on bf16 x runs without f32 twins (Note [bf16 layer
+ * norm in row groups] in tensor/cpu/norm.c): x, out (y or dx) and g bf16
+ * and contiguous (out and g may be NULL), w and b f32 or NULL, D small
+ * enough. Then the two entries above take bf16 x, y, g and dx. */
+bool nb__cpu_layer_norm_half_ok(const nb_tensor *out, const nb_tensor *x, const nb_tensor *g,
+                                const nb_tensor *w, const nb_tensor *b, int64_t d);
 
 /* Per-channel mean and biased variance (C) of x. */
 void nb__cpu_batch_norm_stats(nb_tensor *mean, nb_tensor *var, const nb_tensor *x, int64_t n,
