@@ -268,34 +268,56 @@ static nb_module *small_gpt(nb_device dev, nb_dtype cd, nb_ctx **params, nb_ctx 
     return nb_gpt_new(*params, NB_F32, &cfg, &rng);
 }
 
+/* small_gpt with AdamW over its parameters and a (4, 32) batch of zeros:
+ * what the GPT step tests set up, and gpt_rig_free what they tear down. */
+typedef struct {
+    nb_ctx *params, *step;
+    nb_module *gpt;
+    nb_named_tensor *p;
+    int np;
+    nb_optim *opt;
+    nb_tensor *x, *y;
+} gpt_rig;
+
+static gpt_rig gpt_rig_new(nb_device dev, nb_dtype cd) {
+    gpt_rig r;
+    r.gpt = small_gpt(dev, cd, &r.params, &r.step);
+    r.np = nb_module_named_parameters(r.gpt, NULL, 0);
+    r.p = malloc((size_t)r.np * sizeof *r.p);
+    ck_assert(r.p);
+    nb_module_named_parameters(r.gpt, r.p, r.np);
+    nb_optim_hparams h = NB_ADAMW_DEFAULTS;
+    r.opt = nb_optim_new(NB_OPTIM_ADAMW, r.p, r.np, &h);
+    r.x = nb_zeros(r.params, NB_I64, NB_SHAPE(4, 32));
+    r.y = nb_zeros(r.params, NB_I64, NB_SHAPE(4, 32));
+    return r;
+}
+
+static void gpt_rig_free(gpt_rig *r) {
+    nb_optim_free(r->opt);
+    free(r->p);
+    nb_ctx_free(r->step);
+    nb_ctx_free(r->params);
+}
+
 /* One GPT step, twice (the first makes the gradients and AdamW's state):
  * the step context's peak, the parameters' context and the state. On a
  * meta device the counts left are those of the second step's backward
  * and update. */
 static void gpt_step_peaks(nb_device dev, size_t *step_peak, size_t *model) {
-    nb_ctx *params, *step;
-    nb_module *gpt = small_gpt(dev, NB_F32, &params, &step);
-    int np = nb_module_named_parameters(gpt, NULL, 0);
-    nb_named_tensor *p = malloc((size_t)np * sizeof *p);
-    nb_module_named_parameters(gpt, p, np);
-    nb_optim_hparams h = NB_ADAMW_DEFAULTS;
-    nb_optim *opt = nb_optim_new(NB_OPTIM_ADAMW, p, np, &h);
-    nb_tensor *x = nb_zeros(params, NB_I64, NB_SHAPE(4, 32)), *y = nb_zeros(params, NB_I64, NB_SHAPE(4, 32));
+    gpt_rig r = gpt_rig_new(dev, NB_F32);
     for (int s = 0; s < 2; s++) {
-        nb_ctx_reset(step);
-        nb_tensor *loss = nb_gpt_forward_loss(gpt, step, x, y);
+        nb_ctx_reset(r.step);
+        nb_tensor *loss = nb_gpt_forward_loss(r.gpt, r.step, r.x, r.y);
         nb_meta_reset();
         nb_backward(loss);
-        nb_optim_clip_grad_norm(opt, 1.0, 2.0);
-        nb_optim_step(opt);
-        nb_optim_zero_grad(opt);
+        nb_optim_clip_grad_norm(r.opt, 1.0, 2.0);
+        nb_optim_step(r.opt);
+        nb_optim_zero_grad(r.opt);
     }
-    *step_peak = nb_ctx_peak(step);
-    *model = nb_ctx_peak(params) + nb_optim_state_bytes(opt);
-    nb_optim_free(opt);
-    free(p);
-    nb_ctx_free(step);
-    nb_ctx_free(params);
+    *step_peak = nb_ctx_peak(r.step);
+    *model = nb_ctx_peak(r.params) + nb_optim_state_bytes(r.opt);
+    gpt_rig_free(&r);
 }
 
 /* Embedding backward: on CUDA every row of the weight's gradient written
@@ -338,33 +360,23 @@ END_TEST
  * from the second (zero_grad keeps the buffer). No other entry touches a
  * (V, C) or (P, C) table's gradient. */
 START_TEST(test_gpt_input) {
-    enum { V = 128, P = 32, L = 2, C = 32, N = 4, T = 32 }; /* small_gpt's */
-    nb_ctx *params, *step;
-    nb_module *gpt = small_gpt(nb_meta(NB_DEVICE_CUDA), NB_BF16, &params, &step);
-    int np = nb_module_named_parameters(gpt, NULL, 0);
-    nb_named_tensor *p = malloc((size_t)np * sizeof *p);
-    nb_module_named_parameters(gpt, p, np);
-    nb_optim_hparams h = NB_ADAMW_DEFAULTS;
-    nb_optim *opt = nb_optim_new(NB_OPTIM_ADAMW, p, np, &h);
-    nb_tensor *x = nb_zeros(params, NB_I64, NB_SHAPE(N, T)), *y = nb_zeros(params, NB_I64, NB_SHAPE(N, T));
+    enum { V = 128, P = 32, L = 2, C = 32, N = 4, T = 32 }; /* gpt_rig's */
+    gpt_rig r = gpt_rig_new(nb_meta(NB_DEVICE_CUDA), NB_BF16);
     double nt = N * T, idx = 8.0 * nt, g = 2.0 * nt * C;
     for (int s = 0; s < 2; s++) {
-        nb_ctx_reset(step);
+        nb_ctx_reset(r.step);
         nb_meta_reset();
-        nb_backward(nb_gpt_forward_loss(gpt, step, x, y));
+        nb_backward(nb_gpt_forward_loss(r.gpt, r.step, r.x, r.y));
         expect("embedding_pos", 1, idx + 2.0 * nt * C + 4.0 * (nt + T) * C, nt * C, 0, 1);
         expect("embedding_backward", 1, g + idx + 2 * 4.0 * (nt < V ? nt : V) * C, nt * C, 0, 2 + 1 + 1);
         expect("embedding_pos_backward", 1, g + (s ? 2 * 4.0 * T * C : 4.0 * P * C), nt * C, 0, 1);
         ck_assert_int_eq(find("embedding").calls, 0);
         ck_assert_int_eq(find("copy.f32>bf16").calls, s ? 0 : 4 * L + 1); /* step 0: the weights' */
         ck_assert_int_eq(find("copy.bf16>f32").calls, 0);
-        nb_optim_step(opt);
-        nb_optim_zero_grad(opt);
+        nb_optim_step(r.opt);
+        nb_optim_zero_grad(r.opt);
     }
-    nb_optim_free(opt);
-    free(p);
-    nb_ctx_free(step);
-    nb_ctx_free(params);
+    gpt_rig_free(&r);
 }
 END_TEST
 
@@ -373,27 +385,20 @@ END_TEST
  * the shadows the update wrote (2 bytes per parameter element more in the
  * update), and no cast is left (the embeddings' sum is made in bf16). */
 START_TEST(test_gpt_shadows) {
-    nb_ctx *params, *step;
-    nb_module *gpt = small_gpt(nb_meta(NB_DEVICE_CUDA), NB_BF16, &params, &step);
-    int np = nb_module_named_parameters(gpt, NULL, 0);
-    nb_named_tensor *p = malloc((size_t)np * sizeof *p);
-    nb_module_named_parameters(gpt, p, np);
+    gpt_rig r = gpt_rig_new(nb_meta(NB_DEVICE_CUDA), NB_BF16);
     double elems = 0;
-    for (int i = 0; i < np; i++) elems += (double)nb_numel(p[i].tensor);
-    nb_optim_hparams h = NB_ADAMW_DEFAULTS;
-    nb_optim *opt = nb_optim_new(NB_OPTIM_ADAMW, p, np, &h);
-    nb_tensor *x = nb_zeros(params, NB_I64, NB_SHAPE(4, 32)), *y = nb_zeros(params, NB_I64, NB_SHAPE(4, 32));
+    for (int i = 0; i < r.np; i++) elems += (double)nb_numel(r.p[i].tensor);
     int64_t casts[3];
     for (int s = 0; s < 3; s++) {
-        nb_ctx_reset(step);
+        nb_ctx_reset(r.step);
         nb_meta_reset();
-        nb_backward(nb_gpt_forward_loss(gpt, step, x, y));
+        nb_backward(nb_gpt_forward_loss(r.gpt, r.step, r.x, r.y));
         casts[s] = find("copy.f32>bf16").calls;
         /* the fused classifier: three launches forward, none backward */
         ck_assert_int_eq(find("cross_entropy").launches, 3);
         ck_assert_int_eq(find("cross_entropy_backward").calls, 0);
-        nb_optim_step(opt);
-        nb_optim_zero_grad(opt);
+        nb_optim_step(r.opt);
+        nb_optim_zero_grad(r.opt);
     }
     /* the first step: each block's four weights and the tied lm_head's
      * (biases ride the GEMM in f32, uncast) */
@@ -403,15 +408,12 @@ START_TEST(test_gpt_shadows) {
      * of the matrices the products use, 2 bytes each */
     nb_meta_entry a = find("adam");
     double shadowed = 0;
-    for (int i = 0; i < np; i++)
-        if (p[i].tensor->priv->grad_slot && p[i].tensor->priv->grad_slot->shadow)
-            shadowed += (double)nb_numel(p[i].tensor);
+    for (int i = 0; i < r.np; i++)
+        if (r.p[i].tensor->priv->grad_slot && r.p[i].tensor->priv->grad_slot->shadow)
+            shadowed += (double)nb_numel(r.p[i].tensor);
     ck_assert(shadowed > 0.5 * elems && shadowed < elems);
     ck_assert_msg(a.bytes == 28.0 * elems + 2.0 * shadowed, "adam %.0f bytes", a.bytes);
-    nb_optim_free(opt);
-    free(p);
-    nb_ctx_free(step);
-    nb_ctx_free(params);
+    gpt_rig_free(&r);
 }
 END_TEST
 
@@ -781,29 +783,19 @@ END_TEST
  * position table's gradient written whole instead of its T rows read and
  * written. Nothing else changes. */
 static nb_meta_entry gpt_step_cleared(bool to_none, double *n_params) {
-    nb_ctx *params, *step;
-    nb_module *gpt = small_gpt(nb_meta(NB_DEVICE_CUDA), NB_BF16, &params, &step);
-    int np = nb_module_named_parameters(gpt, NULL, 0);
-    nb_named_tensor *p = malloc((size_t)np * sizeof *p);
-    nb_module_named_parameters(gpt, p, np);
+    gpt_rig r = gpt_rig_new(nb_meta(NB_DEVICE_CUDA), NB_BF16);
     *n_params = 0;
-    for (int i = 0; i < np; i++) *n_params += (double)nb_numel(p[i].tensor);
-    nb_optim_hparams h = NB_ADAMW_DEFAULTS;
-    nb_optim *opt = nb_optim_new(NB_OPTIM_ADAMW, p, np, &h);
-    nb_tensor *x = nb_zeros(params, NB_I64, NB_SHAPE(4, 32)), *y = nb_zeros(params, NB_I64, NB_SHAPE(4, 32));
+    for (int i = 0; i < r.np; i++) *n_params += (double)nb_numel(r.p[i].tensor);
     for (int s = 0; s < 2; s++) {
-        nb_ctx_reset(step);
+        nb_ctx_reset(r.step);
         nb_meta_reset();
-        nb_backward(nb_gpt_forward_loss(gpt, step, x, y));
-        nb_optim_step(opt);
-        if (to_none) nb_optim_zero_grad_to_none(opt);
-        else nb_optim_zero_grad(opt);
+        nb_backward(nb_gpt_forward_loss(r.gpt, r.step, r.x, r.y));
+        nb_optim_step(r.opt);
+        if (to_none) nb_optim_zero_grad_to_none(r.opt);
+        else nb_optim_zero_grad(r.opt);
     }
     nb_meta_entry total = nb_meta_total();
-    nb_optim_free(opt);
-    free(p);
-    nb_ctx_free(step);
-    nb_ctx_free(params);
+    gpt_rig_free(&r);
     return total;
 }
 
