@@ -354,8 +354,10 @@ void nb__accum_grad(nb_ctx *ctx, nb_tensor *t, nb_tensor *g) {
         nb__accum_grad(ctx, wide, nb__sum_to(ctx, g, t->ndim, t->shape));
         return;
     }
-    if (storage_half(g) && !nb_same_shape(g, t)) g = as_f32(ctx, g); /* summed in f32 */
-    g = nb__sum_to(ctx, g, t->ndim, t->shape);
+    if (storage_half(g) && !nb_same_shape(g, t))
+        g = nb__sum_to_f32(ctx, g, t->ndim, t->shape); /* summed in f32 */
+    else
+        g = nb__sum_to(ctx, g, t->ndim, t->shape);
     if (storage_half(t) && t->grad) { /* a second contribution */
         if (t->node == NULL || t->priv->grad_owned) {
             add_half(ctx, t->grad, t->grad, g);

@@ -361,6 +361,10 @@ void nb__grad_flat_release(nb__grad_flat *f);
 void nb__graph_leaves(nb_tensor *root, void (*fn)(nb_tensor *leaf, void *user), void *user);
 /* Sums g down to `shape` (the inverse of broadcasting). */
 nb_tensor *nb__sum_to(nb_ctx *ctx, nb_tensor *g, int ndim, const int64_t *shape);
+/* The same sum in f32 of a bf16 or f16 g, on a device where they are
+ * storage only: the sum of g widened to f32 (Note [Broadcast gradients of
+ * storage halves] in tensor/ops_reduce.c). */
+nb_tensor *nb__sum_to_f32(nb_ctx *ctx, nb_tensor *g, int ndim, const int64_t *shape);
 
 /* ---- elementwise ops: the tables, and who runs them ---- */
 /* The op enums come from the tables in tensor/op_table.h (Note [Op tables]). */

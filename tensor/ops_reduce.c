@@ -211,7 +211,36 @@ nb_tensor *nb_argmax(nb_ctx *ctx, nb_tensor *x, int dim, bool keepdim) {
 
 /* g summed over the dims it was broadcast along, to `shape`: the gradient
  * of a broadcast input (autograd's nb__accum_grad). */
+static nb_tensor *sum_to(nb_ctx *ctx, nb_tensor *g, int ndim, const int64_t *shape,
+                         nb_dtype out_dtype);
+
 nb_tensor *nb__sum_to(nb_ctx *ctx, nb_tensor *g, int ndim, const int64_t *shape) {
+    return sum_to(ctx, g, ndim, shape, g->dtype);
+}
+
+static nb_tensor *as_f32(nb_ctx *ctx, nb_tensor *t) {
+    if (t->dtype == NB_F32) return t;
+    nb_tensor *c = nb__empty(ctx, NB_F32, t->ndim, t->shape);
+    nb__run_copy(c, t);
+    return c;
+}
+
+/* Note [Broadcast gradients of storage halves]
+ * A bf16 gradient summed to a broadcast input's shape (a bias's, on a
+ * device where bf16 is storage only) is summed in f32: the sum of g
+ * widened to f32. Where elementwise kernels visit elements in order, the
+ * aliased add reads g's bf16 values itself into the f32 sums (the CPU's
+ * binary takes bf16 inputs beside an f32 output, widening them as it
+ * reads), the same additions in the same order as on an f32 copy of g,
+ * without making that copy; elsewhere the copy is made first. */
+nb_tensor *nb__sum_to_f32(nb_ctx *ctx, nb_tensor *g, int ndim, const int64_t *shape) {
+    if (!nb__backend_at(g)->ordered_elementwise)
+        return sum_to(ctx, as_f32(ctx, g), ndim, shape, NB_F32);
+    return as_f32(ctx, sum_to(ctx, g, ndim, shape, NB_F32));
+}
+
+static nb_tensor *sum_to(nb_ctx *ctx, nb_tensor *g, int ndim, const int64_t *shape,
+                         nb_dtype out_dtype) {
     if (g->ndim == ndim) {
         bool same = true;
         for (int d = 0; d < ndim; d++) same &= g->shape[d] == shape[d];
@@ -232,7 +261,7 @@ nb_tensor *nb__sum_to(nb_ctx *ctx, nb_tensor *g, int ndim, const int64_t *shape)
             gst[d] = d < pad ? 0 : g->strides[d - pad];
         }
         g = nb__view(ctx, g, ndim, gs, gst, g->data);
-        return nb__sum_to(ctx, g, ndim, shape);
+        return sum_to(ctx, g, ndim, shape, out_dtype);
     }
     if (!nb__backend_at(g)->ordered_elementwise) {
         /* Each output element written by its own thread: the aliasing
@@ -243,7 +272,7 @@ nb_tensor *nb__sum_to(nb_ctx *ctx, nb_tensor *g, int ndim, const int64_t *shape)
         nb_tensor *r = n ? nb_sum(ctx, g, n, axes, true) : g;
         return nb_reshape(ctx, r, ndim, shape);
     }
-    nb_tensor *out = nb_zeros(ctx, g->dtype, ndim, shape);
+    nb_tensor *out = nb_zeros(ctx, out_dtype, ndim, shape);
     /* out seen with g's shape: zero strides on the broadcast dims; the
      * sequential add accumulates every element that maps to one place. */
     int64_t st[NB_MAX_DIMS];

@@ -835,6 +835,45 @@ START_TEST(test_layer_norm_without_twins) {
 }
 END_TEST
 
+/* A bf16 gradient summed to a broadcast input's shape in f32 (Note
+ * [Broadcast gradients of storage halves] in tensor/ops_reduce.c): the
+ * f32 sums read from g itself are bit for bit those of an f32 copy of g
+ * summed, on the pool's pieces (1 and 2 threads), for a bias's shape and
+ * others; and the CPU's binary with an f32 output widens bf16 inputs. */
+START_TEST(test_broadcast_gradient_without_twin) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    const int64_t gs[3] = {4, 37, 1500};
+    const int64_t targets[][3] = {{1500, 0, 0}, {1, 1, 1500}, {4, 1, 1}, {37, 1, 0}, {1, 37, 1500},
+                                  {4, 37, 1500}};
+    const int nds[] = {1, 3, 3, 2, 3, 3};
+    nb_tensor *g = rand16(ctx, 3, gs, 41), *g32 = as(ctx, g, NB_F32);
+    for (int threads = 1; threads <= 2; threads++) {
+        nb_set_num_threads(threads);
+        for (size_t k = 0; k < sizeof nds / sizeof nds[0]; k++) {
+            nb_tensor *got = nb__sum_to_f32(ctx, g, nds[k], targets[k]);
+            nb_tensor *want = nb__sum_to(ctx, g32, nds[k], targets[k]);
+            ck_assert(got->dtype == NB_F32 && nb_same_shape(got, want));
+            int64_t n = nb_numel(want);
+            float *a = malloc((size_t)n * 4), *b = malloc((size_t)n * 4);
+            nb_to_host(got, a);
+            nb_to_host(want, b);
+            ck_assert_msg(memcmp(a, b, (size_t)n * 4) == 0, "sum to target %zu differs, %d threads",
+                          k, threads);
+            free(a);
+            free(b);
+        }
+        /* f32 output, a bf16 and an f32 input */
+        nb_tensor *y = nb_empty(ctx, NB_F32, 3, gs), *y32 = nb_empty(ctx, NB_F32, 3, gs);
+        nb_tensor *f = nbt_randn(ctx, NB_F32, 3, gs, 42);
+        nb__cpu_binary(NB_B_MUL, y, f, g);
+        nb__cpu_binary(NB_B_MUL, y32, f, g32);
+        ck_assert(memcmp(y->data, y32->data, (size_t)nb_numel(y) * 4) == 0);
+    }
+    nb_set_num_threads(0);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
 /* ---- the compute-dtype table (docs/cuda.md) on the CPU ---- */
 
 /* A bf16 leaf holding bf16 values and the f64 leaf of the same values
@@ -1055,6 +1094,7 @@ static Suite *cpu_bf16_suite(void) {
     tcase_add_test(tc, test_elementwise_without_twins);
     tcase_add_test(tc, test_attention_without_twins);
     tcase_add_test(tc, test_layer_norm_without_twins);
+    tcase_add_test(tc, test_broadcast_gradient_without_twin);
     tcase_add_loop_test(tc, test_table, 0, T_COUNT);
     tcase_add_test(tc, test_gpt_trains_in_bf16);
     suite_add_tcase(s, tc);

@@ -247,6 +247,27 @@ static void half_inner(int64_t n, char **p, const int64_t *st, const void *varg)
     }
 }
 
+/* An inner loop over an f32 output (p[0]) and bf16 or f32 inputs: bf16
+ * runs widened into buffers, the output and f32 inputs read and written
+ * in place with their strides, so an output aliased through zero strides
+ * accumulates in visiting order as on f32 inputs (nb__sum_to_f32). */
+static void wide_inner(int64_t n, char **p, const int64_t *st, const void *varg) {
+    const half_arg *h = varg;
+    float buf[MAXOPS][BLOCK];
+    for (int64_t lo = 0; lo < n; lo += BLOCK) {
+        int64_t len = n - lo < BLOCK ? n - lo : BLOCK;
+        char *q[MAXOPS] = {p[0] + lo * st[0]};
+        int64_t qst[MAXOPS] = {st[0]};
+        for (int k = 1; k <= h->nin; k++) {
+            bool half = h->in[k - 1] == NB_BF16;
+            q[k] = half ? (char *)widen_run(buf[k], p[k] + lo * st[k], st[k], NB_BF16, len)
+                        : p[k] + lo * st[k];
+            qst[k] = half ? 4 : st[k];
+        }
+        h->f32(len, q, qst, h->arg);
+    }
+}
+
 /* whether t and u are the same elements: same place, shape and strides */
 static bool same_layout(const nb_tensor *t, const nb_tensor *u) {
     if (t->data != u->data || t->ndim != u->ndim) return false;
@@ -477,6 +498,14 @@ void nb__cpu_binary(nb__binary_op op, nb_tensor *out, const nb_tensor *a, const 
     }
     iter it;
     iter_init(&it, out, 2, in);
+    if (out->dtype == NB_F32 && (nb__cpu_is_bf16(a) || nb__cpu_is_bf16(b))) {
+        NB_CHECK((a->dtype == NB_F32 || a->dtype == NB_BF16) && (b->dtype == NB_F32 || b->dtype == NB_BF16),
+                 "%s: f32 output, inputs %s and %s", nb__binary_name(op), nb_dtype_name(a->dtype),
+                 nb_dtype_name(b->dtype));
+        half_arg h = {binary_f32, &op, 2, {a->dtype, b->dtype}};
+        iter_run(&it, wide_inner, &h);
+        return;
+    }
     switch (out->dtype) {
     case NB_F32: iter_run(&it, binary_f32, &op); break;
     case NB_F64: iter_run(&it, binary_f64, &op); break;
