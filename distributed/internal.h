@@ -21,6 +21,18 @@ double nb__now(void); /* monotonic seconds */
  * 0: a free one), close-on-exec, SO_REUSEADDR. -1 on failure, with the
  * getaddrinfo code in *gai_err or the errno in *sys_err. */
 int nb__tcp_listen(const char *host, int port, int *gai_err, int *sys_err);
+/* cpu_bind.c (Note [CPU binding]): a CPU this process may run on, with
+ * the package and core it belongs to. */
+typedef struct nb__cpu_slot {
+    int cpu, package, core;
+} nb__cpu_slot;
+/* The CPUs local rank `local_rank` of `nlocal` gets out of the n in
+ * `slots` (any order), written to `out` (room for n) in ascending order of
+ * (package, core, CPU); their count, 0 for bad arguments. */
+int nb__cpu_share(const nb__cpu_slot *slots, int n, int nlocal, int local_rank, int *out);
+/* The CPUs of this process's affinity mask, at most `max`, with their
+ * package and core from sysfs (each its own core when unknown); their count. */
+int nb__cpu_usable(nb__cpu_slot *slots, int max);
 NB_PLUGIN_API void nb__sleep(double seconds);
 /* env.c: NABLA_LIVENESS_TIMEOUT or its default: how long a live peer or
  * store may stay silent (Note [Liveness and progress] in heartbeat.c). */

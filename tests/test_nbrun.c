@@ -3,6 +3,8 @@
  * rank's exit code, its stderr printed last, TERM then KILL), Ctrl-C, and
  * children dying with nbrun, restarts (--max-restarts). The ranks are small
  * sh scripts. */
+#define _GNU_SOURCE
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +12,7 @@
 #include <unistd.h>
 
 #include "dist/proc.h"
+#include "distributed/internal.h"
 #include "testutil.h"
 
 static char nbrun_path[4096], scenario_path[4096];
@@ -46,7 +49,7 @@ START_TEST(test_help) {
                            "--master-port P", "[rank R] ", "SIGTERM", "SIGKILL", "NBRUN_GRACE",
                            "PR_SET_PDEATHSIG", "Ctrl-C", "exit status", "LOCAL_WORLD_SIZE", "NABLA_RUN_ID",
                            "--max-restarts N", "NABLA_RESTART_COUNT", "--resume auto", "--nnodes MIN:MAX",
-                           "--rdzv-timeout S"};
+                           "--rdzv-timeout S", "--cpu-bind none|cores|auto", "NABLA_CPU_BIND"};
     for (unsigned i = 0; i < sizeof words / sizeof words[0]; i++) EXPECT_IN(p.out, words[i]);
     nbt_proc_free(&p);
 }
@@ -83,6 +86,9 @@ START_TEST(test_usage_errors) {
     usage_error(NULL, a9, "true", "--nnodes 3:2: MIN is above MAX");
     const char *a10[] = {"--nnodes", "1:2", "--master-addr", "h", "--master-port", "1", "--rdzv-timeout", "0", NULL};
     usage_error(NULL, a10, "true", "--rdzv-timeout expects a number of seconds > 0, got '0'");
+    const char *a11[] = {"--cpu-bind", "sockets", NULL};
+    usage_error(NULL, a11, "true", "--cpu-bind expects none, cores or auto, got 'sockets'");
+    usage_error("NABLA_CPU_BIND=numa", NULL, "true", "NABLA_CPU_BIND expects none, cores or auto, got 'numa'");
 }
 END_TEST
 
@@ -446,13 +452,169 @@ START_TEST(test_wrapped_ranks_die_with_nbrun) {
 }
 END_TEST
 
+/* ---- Note [CPU binding] ---- */
+
+/* "0-2,5" into a set; false when it is not such a list. */
+static bool parse_cpu_list(const char *s, cpu_set_t *set) {
+    CPU_ZERO(set);
+    while (*s && *s != '\n') {
+        char *end;
+        long lo = strtol(s, &end, 10), hi = lo;
+        if (end == s || lo < 0 || lo >= CPU_SETSIZE) return false;
+        s = end;
+        if (*s == '-') {
+            hi = strtol(s + 1, &end, 10);
+            if (end == s + 1 || hi < lo || hi >= CPU_SETSIZE) return false;
+            s = end;
+        }
+        for (long c = lo; c <= hi; c++) CPU_SET((int)c, set);
+        if (*s == ',') s++;
+    }
+    return true;
+}
+
+static void set_of(const int *cpus, int n, cpu_set_t *set) {
+    CPU_ZERO(set);
+    for (int i = 0; i < n; i++) CPU_SET(cpus[i], set);
+}
+
+START_TEST(test_cpu_share_table) {
+    /* {cpu, package, core}; the hardware threads of a core share its id */
+    const nb__cpu_slot two[] = {{0, 0, 0}, {1, 0, 1}};
+    const nb__cpu_slot smt[] = {{0, 0, 0}, {1, 0, 1}, {2, 0, 2}, {3, 0, 3},
+                                {4, 0, 0}, {5, 0, 1}, {6, 0, 2}, {7, 0, 3}}; /* siblings i, i+4 */
+    const nb__cpu_slot six[] = {{0, 0, 0}, {1, 0, 1}, {2, 0, 2}, {3, 0, 3}, {4, 0, 4}, {5, 0, 5}};
+    const nb__cpu_slot holes[] = {{7, 0, 7}, {2, 0, 2}, {5, 0, 5}, {3, 0, 3}}; /* taskset -c 2,3,5,7 */
+    const nb__cpu_slot packages[] = {{3, 1, 1}, {0, 0, 0}, {2, 1, 0}, {1, 0, 1}}; /* core ids repeat */
+    const nb__cpu_slot smt2[] = {{0, 0, 0}, {1, 0, 0}, {2, 0, 1}, {3, 0, 1}}; /* 2 cores x 2 */
+    struct {
+        const nb__cpu_slot *slots;
+        int n, nlocal;
+        const char *want[8]; /* each local rank's CPUs */
+    } cases[] = {
+        {two, 2, 1, {"0-1"}},
+        {two, 2, 2, {"0", "1"}},
+        {two, 2, 3, {"0", "0", "1"}}, /* more ranks than CPUs (asked for): spread evenly */
+        {smt, 8, 2, {"0-1,4-5", "2-3,6-7"}}, /* whole cores, siblings together */
+        {smt, 8, 4, {"0,4", "1,5", "2,6", "3,7"}},
+        {smt, 8, 3, {"0,4", "1,5", "2-3,6-7"}},
+        {smt, 8, 8, {"0", "4", "1", "5", "2", "6", "3", "7"}}, /* fewer cores than ranks */
+        {six, 6, 4, {"0", "1-2", "3", "4-5"}},
+        {holes, 4, 2, {"2-3", "5,7"}}, /* only the inherited mask */
+        {holes, 4, 3, {"2", "3", "5,7"}},
+        {packages, 4, 2, {"0-1", "2-3"}}, /* a package each, not core 0 of both */
+        {smt2, 4, 3, {"0", "1", "2-3"}},
+    };
+    for (unsigned c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        cpu_set_t all, seen;
+        CPU_ZERO(&all);
+        CPU_ZERO(&seen);
+        for (int i = 0; i < cases[c].n; i++) CPU_SET(cases[c].slots[i].cpu, &all);
+        for (int r = 0; r < cases[c].nlocal; r++) {
+            int out[16];
+            int k = nb__cpu_share(cases[c].slots, cases[c].n, cases[c].nlocal, r, out);
+            cpu_set_t got, want, both;
+            set_of(out, k, &got);
+            ck_assert(parse_cpu_list(cases[c].want[r], &want));
+            ck_assert_msg(CPU_EQUAL(&got, &want), "case %u, rank %d of %d: %d CPUs, want %s", c, r,
+                          cases[c].nlocal, k, cases[c].want[r]);
+            ck_assert_int_eq(k, CPU_COUNT(&want)); /* no CPU twice */
+            for (int i = 1; i < k; i++) ck_assert_int_ne(out[i - 1], out[i]);
+            /* with as many CPUs as ranks, the shares are disjoint */
+            CPU_AND(&both, &got, &seen);
+            if (cases[c].nlocal <= cases[c].n) ck_assert_int_eq(CPU_COUNT(&both), 0);
+            CPU_OR(&seen, &seen, &got);
+        }
+        ck_assert_msg(CPU_EQUAL(&seen, &all), "case %u: the shares leave CPUs out", c);
+    }
+    int out[4];
+    ck_assert_int_eq(nb__cpu_share(two, 2, 2, 2, out), 0);
+    ck_assert_int_eq(nb__cpu_share(two, 2, 0, 0, out), 0);
+    ck_assert_int_eq(nb__cpu_share(two, 0, 1, 0, out), 0);
+}
+END_TEST
+
+/* Each rank's mask as its own /proc/PID/status says, and NABLA_CPU_BIND. */
+static void run_masks(const char *bind, int nproc, cpu_set_t *masks, char binds[][8]) {
+    nbt_proc p;
+    char n[16], flag[32];
+    snprintf(n, sizeof n, "%d", nproc);
+    snprintf(flag, sizeof flag, "--cpu-bind=%s", bind ? bind : "auto");
+    const char *a[] = {"--nproc-per-node", n, flag, NULL};
+    run(&p, NULL, a, "echo \"mask $(grep Cpus_allowed_list /proc/$$/status | cut -f2) $NABLA_CPU_BIND\"");
+    nbt_proc_wait_all(&p, 1, 30);
+    ck_assert_msg(p.code == 0, "exit %d: %s", p.code, p.err);
+    for (int r = 0; r < nproc; r++) {
+        char want[32], list[256];
+        snprintf(want, sizeof want, "[rank %d] mask ", r);
+        const char *line = strstr(p.out, want);
+        ck_assert_msg(line != NULL, "no \"%s\" in:\n%s", want, p.out);
+        ck_assert_int_eq(sscanf(line + strlen(want), "%255s %7s", list, binds[r]), 2);
+        ck_assert_msg(parse_cpu_list(list, &masks[r]), "rank %d: mask '%s'", r, list);
+    }
+    nbt_proc_free(&p);
+}
+
+START_TEST(test_cpu_binding) {
+    cpu_set_t mine, masks[4];
+    char binds[4][8];
+    ck_assert_int_eq(sched_getaffinity(0, sizeof mine, &mine), 0);
+    int cpus = CPU_COUNT(&mine);
+    /* auto with as many CPUs as ranks: disjoint shares that cover this
+     * process's mask, each rank told so */
+    int nproc = cpus >= 2 ? 2 : 1;
+    run_masks(NULL, nproc, masks, binds);
+    cpu_set_t seen;
+    CPU_ZERO(&seen);
+    for (int r = 0; r < nproc; r++) {
+        cpu_set_t both, outside;
+        CPU_AND(&both, &masks[r], &seen);
+        ck_assert_int_eq(CPU_COUNT(&both), 0);
+        CPU_XOR(&outside, &masks[r], &mine);
+        CPU_AND(&outside, &outside, &masks[r]);
+        ck_assert_int_eq(CPU_COUNT(&outside), 0);
+        ck_assert_int_ge(CPU_COUNT(&masks[r]), cpus / nproc);
+        CPU_OR(&seen, &seen, &masks[r]);
+        ck_assert_str_eq(binds[r], "cores");
+    }
+    ck_assert(CPU_EQUAL(&seen, &mine));
+    /* none: every rank keeps the whole mask */
+    run_masks("none", nproc, masks, binds);
+    for (int r = 0; r < nproc; r++) {
+        ck_assert(CPU_EQUAL(&masks[r], &mine));
+        ck_assert_str_eq(binds[r], "none");
+    }
+    /* nbrun on one CPU (taskset): auto binds nothing for 2 ranks; cores puts
+     * both on that CPU, never outside it */
+    int last = -1;
+    for (int c = 0; c < CPU_SETSIZE; c++)
+        if (CPU_ISSET(c, &mine)) last = c;
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(last, &one);
+    ck_assert_int_eq(sched_setaffinity(0, sizeof one, &one), 0);
+    run_masks(NULL, 2, masks, binds);
+    for (int r = 0; r < 2; r++) {
+        ck_assert(CPU_EQUAL(&masks[r], &one));
+        ck_assert_str_eq(binds[r], "none");
+    }
+    run_masks("cores", 2, masks, binds);
+    for (int r = 0; r < 2; r++) {
+        ck_assert(CPU_EQUAL(&masks[r], &one));
+        ck_assert_str_eq(binds[r], "cores");
+    }
+    ck_assert_int_eq(sched_setaffinity(0, sizeof mine, &mine), 0);
+}
+END_TEST
+
 static Suite *suite(void) {
     const TTest *tests[] = {test_help, test_usage_errors, test_environment_and_prefixes,
                              test_multinode_environment, test_secret_by_descriptor,
                              test_several_nodes_need_a_secret, test_lines_never_mix,
                              test_first_failure_decides, test_term_then_kill, test_interrupt_stops_all,
                              test_children_die_with_nbrun, test_wrapped_ranks_die_with_nbrun,
-                             test_max_restarts, test_store_socket_on_one_node, NULL};
+                             test_max_restarts, test_store_socket_on_one_node, test_cpu_share_table,
+                             test_cpu_binding, NULL};
     return nbt_suite("nbrun", "launcher", 120, tests);
 }
 

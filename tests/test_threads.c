@@ -27,6 +27,7 @@ static void clear_env(void) {
     unsetenv("NABLA_NUM_THREADS");
     unsetenv("OMP_NUM_THREADS");
     unsetenv("LOCAL_WORLD_SIZE");
+    unsetenv("NABLA_CPU_BIND");
 }
 
 static double *host(const nb_tensor *t) {
@@ -360,6 +361,13 @@ START_TEST(test_size_precedence) {
     setenv("LOCAL_WORLD_SIZE", "2", 1);
     nb_set_num_threads(0);
     ck_assert_int_eq(nb_get_num_threads(), cores() / 2 > 0 ? cores() / 2 : 1);
+    setenv("NABLA_CPU_BIND", "cores", 1); /* bound by nbrun: the mask is the rank's own */
+    nb_set_num_threads(0);
+    ck_assert_int_eq(nb_get_num_threads(), cores());
+    setenv("NABLA_CPU_BIND", "none", 1);
+    nb_set_num_threads(0);
+    ck_assert_int_eq(nb_get_num_threads(), cores() / 2 > 0 ? cores() / 2 : 1);
+    unsetenv("NABLA_CPU_BIND");
     setenv("LOCAL_WORLD_SIZE", "1000", 1); /* more ranks than cores: still one thread */
     nb_set_num_threads(0);
     ck_assert_int_eq(nb_get_num_threads(), 1);

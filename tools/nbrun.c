@@ -43,6 +43,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -90,11 +91,22 @@ static const char *usage_text =
     "  --max-restarts N        after a failure, stop every process and start them all\n"
     "                          again, up to N times (default 0); several nodes need\n"
     "                          --nnodes MIN:MAX\n"
+    "  --cpu-bind none|cores|auto\n"
+    "                          cores: bind each process (all its threads) to its own\n"
+    "                          share of the CPUs nbrun may run on (taskset's mask,\n"
+    "                          never a CPU outside it): whole cores, split evenly in\n"
+    "                          local-rank order; none: leave placement to the\n"
+    "                          scheduler; auto (default, or $NABLA_CPU_BIND): cores\n"
+    "                          when there are at least as many CPUs as processes on\n"
+    "                          this node, else none\n"
     "  -h, --help              this text\n"
     "\n"
     "each process gets:\n"
     "  RANK, WORLD_SIZE        global rank (node-rank * N + local rank) and N * K\n"
     "  LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK (the node rank)\n"
+    "  NABLA_CPU_BIND          cores when nbrun bound the process to its CPUs, else\n"
+    "                          none (nabla's kernels then size their pool from the\n"
+    "                          process's own CPUs)\n"
     "  OMP_NUM_THREADS=1 and OPENBLAS_NUM_THREADS=1 when several ranks share the node\n"
     "  and the variable is not already set (nabla's own kernels follow\n"
     "  OMP_NUM_THREADS too, unless NABLA_NUM_THREADS is set)\n"
@@ -259,6 +271,7 @@ typedef struct options {
     bool elastic;        /* --nnodes MIN:MAX */
     int nnodes_min;      /* MIN (nnodes is MAX) */
     double rdzv_timeout; /* --rdzv-timeout */
+    const char *cpu_bind; /* --cpu-bind: "none", "cores", "auto"; NULL: $NABLA_CPU_BIND */
 } options;
 
 static bool flag_is(const char *arg, const char *name, const char **value) {
@@ -300,7 +313,7 @@ static void parse_nnodes(options *o, const char *v) {
 }
 
 static options parse_options(int argc, char **argv) {
-    options o = {1, 1, 0, 0, 0, NULL, NULL, false, 1, 30.0};
+    options o = {1, 1, 0, 0, 0, NULL, NULL, false, 1, 30.0, NULL};
     const char *nproc = "1";
     bool port_given = false;
     int i = 1;
@@ -316,9 +329,9 @@ static options parse_options(int argc, char **argv) {
         }
         if (a[0] != '-') break;
         const char *names[] = {"nproc-per-node", "nnodes", "node-rank", "master-addr", "master-port",
-                               "max-restarts", "rdzv-timeout"};
+                               "max-restarts", "rdzv-timeout", "cpu-bind"};
         int which = -1;
-        for (int k = 0; k < 7 && which < 0; k++)
+        for (int k = 0; k < 8 && which < 0; k++)
             if (flag_is(a, names[k], &v)) which = k;
         if (which < 0) die_usage("unknown option '%s'", a);
         if (!v) {
@@ -342,6 +355,7 @@ static options parse_options(int argc, char **argv) {
                 die_usage("--rdzv-timeout expects a number of seconds > 0, got '%s'", v);
             break;
         }
+        case 7: o.cpu_bind = v; break;
         }
     }
     if (i >= argc) die_usage("no program to run");
@@ -368,6 +382,14 @@ static options parse_options(int argc, char **argv) {
                   "nbrun agrees on each restart (--nnodes %d:%d keeps the same nodes)", o.nnodes, o.nnodes);
     if (o.nnodes == 1) o.elastic = false; /* one node: nothing to agree on */
     if (!o.addr) o.addr = "127.0.0.1";
+    const char *flag = "--cpu-bind";
+    if (!o.cpu_bind) {
+        o.cpu_bind = getenv("NABLA_CPU_BIND");
+        flag = "NABLA_CPU_BIND";
+        if (!o.cpu_bind || !*o.cpu_bind) o.cpu_bind = "auto";
+    }
+    if (strcmp(o.cpu_bind, "none") != 0 && strcmp(o.cpu_bind, "cores") != 0 && strcmp(o.cpu_bind, "auto") != 0)
+        die_usage("%s expects none, cores or auto, got '%s'", flag, o.cpu_bind);
     return o;
 }
 
@@ -538,6 +560,39 @@ static void open_lifeline(void) {
     lifeline_fd = p[0]; /* p[1] is never written, and closes when nbrun dies */
 }
 
+/* Note [CPU binding] in distributed/cpu_bind.c: each local rank's CPUs,
+ * decided once from nbrun's own mask; NULL when nothing is bound. */
+static cpu_set_t *rank_cpus;
+
+static void plan_cpu_binding(const options *o) {
+    if (strcmp(o->cpu_bind, "none") == 0) return;
+    nb__cpu_slot *slots = malloc(CPU_SETSIZE * sizeof *slots);
+    int *share = malloc(CPU_SETSIZE * sizeof *share);
+    if (!slots || !share) {
+        fprintf(stderr, "nbrun: out of memory\n");
+        exit(1);
+    }
+    int n = nb__cpu_usable(slots, CPU_SETSIZE);
+    if (n == 0 && strcmp(o->cpu_bind, "cores") == 0) {
+        fprintf(stderr, "nbrun: --cpu-bind cores: cannot read the CPUs nbrun may run on: %s\n", strerror(errno));
+        exit(2);
+    }
+    if (n > 0 && (o->nproc <= n || strcmp(o->cpu_bind, "cores") == 0)) {
+        rank_cpus = calloc((size_t)o->nproc, sizeof *rank_cpus);
+        if (!rank_cpus) {
+            fprintf(stderr, "nbrun: out of memory\n");
+            exit(1);
+        }
+        for (int r = 0; r < o->nproc; r++) {
+            int k = nb__cpu_share(slots, n, o->nproc, r, share);
+            CPU_ZERO(&rank_cpus[r]);
+            for (int i = 0; i < k; i++) CPU_SET(share[i], &rank_cpus[r]);
+        }
+    }
+    free(slots);
+    free(share);
+}
+
 static void setenv_int(const char *name, int v) {
     char s[32];
     snprintf(s, sizeof s, "%d", v);
@@ -578,6 +633,14 @@ static void spawn(child *c, const options *o, const char *run_id, int store_fd, 
         setenv("NABLA_RUN_ID", run_id, 1);
         setenv_int("NABLA_RESTART_COUNT", restart);
         setenv("NABLA_LINE_BUFFERED", "1", 0); /* Note [Line-buffered stdout under a launcher] */
+        setenv("NABLA_CPU_BIND", "none", 1);
+        if (rank_cpus) {
+            if (sched_setaffinity(0, sizeof rank_cpus[0], &rank_cpus[c->local_rank]) == 0)
+                setenv("NABLA_CPU_BIND", "cores", 1);
+            else
+                fprintf(stderr, "nbrun: cannot bind local rank %d to its CPUs (it runs unbound): %s\n",
+                        c->local_rank, strerror(errno));
+        }
         /* Note: several ranks on one machine each running a full-width BLAS
          * thread pool oversubscribe the cores; like torchrun, default to one
          * thread per rank unless the user chose. nabla's kernel pool reads
@@ -1185,6 +1248,8 @@ int main(int argc, char **argv) {
     }
     signal(SIGPIPE, SIG_IGN);
     open_lifeline();
+
+    plan_cpu_binding(&o);
 
     double grace = 5.0;
     const char *g = getenv("NBRUN_GRACE");

@@ -11,7 +11,9 @@
  * NABLA_NUM_THREADS; OMP_NUM_THREADS (so that a run pinned to one thread
  * for a comparison is pinned on every side); the cores this process may
  * run on (sched_getaffinity) divided by the ranks sharing the node
- * (LOCAL_WORLD_SIZE, which nbrun and torchrun set), at least 1. A variable
+ * (LOCAL_WORLD_SIZE, which nbrun and torchrun set), at least 1, or not
+ * divided when nbrun bound the process to its own share of the CPUs
+ * (NABLA_CPU_BIND=cores). A variable
  * that is set but is not a whole number from 1 to 1024 aborts with a
  * message naming it and its value. */
 #ifndef NABLA_THREADS_H

@@ -125,6 +125,10 @@ static int size_from_env(void) {
     int cores = available_cores(), local = 1;
     v = getenv("LOCAL_WORLD_SIZE");
     if (v && *v) local = parse_count("LOCAL_WORLD_SIZE", v, "process count");
+    /* bound by nbrun (Note [CPU binding] in distributed/cpu_bind.c), the
+     * mask is this rank's share already */
+    v = getenv("NABLA_CPU_BIND");
+    if (v && strcmp(v, "cores") == 0) local = 1;
     int n = cores / local;
     n = n < 1 ? 1 : n;
     return n > MAX_THREADS ? MAX_THREADS : n;
