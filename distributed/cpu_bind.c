@@ -7,12 +7,15 @@
  * heartbeat, the store's) inherit the mask, so every hand-off between
  * them stays on the rank's CPUs. Measured on 2 vCPUs with two ranks of
  * bench_ddp's MLP (benchmarks/RESULTS.md, "nbrun binds each rank to its
- * CPUs"): unbound, the scheduler put both main threads on one CPU and both
- * workers on the other in about half of the runs, and each of the four
- * hand-offs of a step then woke a thread across CPUs (an inter-processor
- * interrupt, a halted vCPU woken): 0.13-0.15 ms a step against 0.054 when
- * everything happened to share a CPU. Bound, the runs are within 1.2x of
- * one another.
+ * CPUs"): unbound, the scheduler sometimes put both main threads on one
+ * CPU and both workers on the other, and then each hand-off between a
+ * rank's main thread and its worker woke a thread on the other, halted,
+ * vCPU: 0.13-0.15 ms a step against 0.055 when all four threads happened
+ * to share a CPU, runs 2.6-2.8x apart. Bound, a rank's hand-offs stay on
+ * its CPU and runs were 1.2-1.45x apart (1.57x while another program kept
+ * both vCPUs busy). Binding costs where other work shares the machine: a
+ * bound rank cannot move off a CPU that work keeps busy; --cpu-bind none
+ * keeps the scheduler's placement.
  *
  * The share: CPUs are ordered by (package, core, CPU number), so the
  * hardware threads of one core sit together; with at least as many cores
@@ -21,7 +24,7 @@
  * fewer cores than ranks but as many CPUs, the CPU list is cut the same
  * way; with more ranks than CPUs (only when asked for: the default binds
  * nothing then), rank r gets the one CPU r*p/n of the p CPUs, so the ranks
- * spread evenly. Blocks differ in size by one at most. A pure function
+ * spread evenly. Blocks differ in length by one at most. A pure function
  * (nb__cpu_share) so that tests check it by table for masks and topologies
  * this machine does not have. */
 #define _GNU_SOURCE
