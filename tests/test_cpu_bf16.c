@@ -39,6 +39,8 @@
 #include "tensor/cpu/attention.h" /* the kernels, for bit-for-bit checks */
 #include "tensor/cpu/cpu.h"
 #include "tensor/cpu/sgemm.h"
+#include "tensor/cpu/simd.h" /* nb__exp_f32 */
+#include "tensor/op_table.h"
 #include "tensor/internal.h" /* nb__linear, nb__linear_gelu */
 #include "testutil.h"
 
@@ -874,6 +876,38 @@ START_TEST(test_broadcast_gradient_without_twin) {
 }
 END_TEST
 
+/* GELU (tanh) and its gradient, the f32 kernels under every bf16 GELU:
+ * bit for bit the table's f32 formula (tensor/op_table.h, with the tanh
+ * of tensor/cpu/elementwise.c) computed here one element at a time,
+ * whichever vector width the CPU runs them in (Note [GELU in 512-bit
+ * vectors]); n not a multiple of any width, cut for the pool. */
+static inline float ref_tanh(float u) { return 1.0f - 2.0f / (1.0f + nb__exp_f32(2.0f * u)); }
+NB__UNARY_FORMULAS(float, ref, f, ref_tanh)
+
+NBT_CPU_TEST(test_gelu_any_width) {
+    enum { N = 70001 };
+    float *x = malloc(N * sizeof(float)), *g = malloc(N * sizeof(float));
+    for (int i = 0; i < N; i++) x[i] = -12.0f + 24.0f * (float)i / (float)(N - 1);
+    for (int i = 0; i < N; i++) g[i] = 0.5f + (float)(i % 7) * 0.25f;
+    x[3] = 1e-30f, x[4] = -0.0f, x[5] = 100.0f, x[6] = -100.0f;
+    nb_tensor *tx = nb_from_host(ctx, NB_F32, NB_SHAPE(N), x);
+    nb_tensor *tg = nb_from_host(ctx, NB_F32, NB_SHAPE(N), g);
+    nb_tensor *y = nb_empty(ctx, NB_F32, 1, (int64_t[]){N}), *dx = nb_empty(ctx, NB_F32, 1, (int64_t[]){N});
+    nb__cpu_unary(NB_U_GELU_TANH, y, tx, 0);
+    nb__cpu_gelu_tanh_backward(dx, tg, tx);
+    const float *py = y->data, *pd = dx->data;
+    for (int i = 0; i < N; i++) {
+        volatile float want = nb__f_gelu_tanh_ref(x[i], 0); /* one element, not vectorised */
+        volatile float wantd = g[i] * nb__f_gelu_tanh_grad_ref(x[i], 0);
+        ck_assert_msg(memcmp(&py[i], (const void *)&want, 4) == 0,
+                      "GELU(%a) = %a, the formula %a", (double)x[i], (double)py[i], (double)want);
+        ck_assert_msg(memcmp(&pd[i], (const void *)&wantd, 4) == 0, "GELU'(%a) g = %a, the formula %a",
+                      (double)x[i], (double)pd[i], (double)wantd);
+    }
+    free(x);
+    free(g);
+}
+
 /* ---- the compute-dtype table (docs/cuda.md) on the CPU ---- */
 
 /* A bf16 leaf holding bf16 values and the f64 leaf of the same values
@@ -1095,6 +1129,7 @@ static Suite *cpu_bf16_suite(void) {
     tcase_add_test(tc, test_attention_without_twins);
     tcase_add_test(tc, test_layer_norm_without_twins);
     tcase_add_test(tc, test_broadcast_gradient_without_twin);
+    tcase_add_test(tc, test_gelu_any_width);
     tcase_add_loop_test(tc, test_table, 0, T_COUNT);
     tcase_add_test(tc, test_gpt_trains_in_bf16);
     suite_add_tcase(s, tc);
