@@ -879,8 +879,8 @@ END_TEST
 /* GELU (tanh) and its gradient, the f32 kernels under every bf16 GELU:
  * bit for bit the table's f32 formula (tensor/op_table.h, with the tanh
  * of tensor/cpu/elementwise.c) computed here one element at a time,
- * whichever vector width the CPU runs them in (Note [GELU in 512-bit
- * vectors]); n not a multiple of any width, cut for the pool. */
+ * whichever clone the CPU runs (Note [Vector width] in
+ * tensor/cpu/simd.h); n not a multiple of any width, cut for the pool. */
 static inline float ref_tanh(float u) { return 1.0f - 2.0f / (1.0f + nb__exp_f32(2.0f * u)); }
 NB__UNARY_FORMULAS(float, ref, f, ref_tanh)
 

@@ -324,33 +324,10 @@ NB__UNARY_FORMULAS(float, f32v, f, tanh_via_exp)
         }                                                                                    \
     }
 
-/* Note [GELU in 512-bit vectors]
- * GELU (tanh) and its gradient are the hottest elementwise loops of a GPT
- * step (an exp and a division per element, on the MLP's 4C-wide
- * activations). GCC's AVX-512 clone of NB_CPU_CLONES still uses 256-bit
- * vectors (its tuning prefers them), so on a CPU with AVX-512F these two
- * loops also have a body compiled for 512-bit vectors, chosen at run time
- * (nb__cpu_avx512f). The source is the same formula and floating-point
- * contraction is off (Note [Vector width] in tensor/cpu/simd.h), so every
- * width gives the same bits; tests/test_cpu_bf16.c checks them against
- * the formula computed one element at a time. */
-NB_AVX512F_WIDE static void gelu_tanh_512(float *restrict o, const float *restrict a, int64_t n) {
-    for (int64_t i = 0; i < n; i++) o[i] = nb__f_gelu_tanh_f32v(a[i], 0);
-}
-
-NB_AVX512F_WIDE static void gelu_tanh_backward_512(float *dx, const float *g, const float *x,
-                                                   int64_t n) {
-    for (int64_t i = 0; i < n; i++) dx[i] = g[i] * nb__f_gelu_tanh_grad_f32v(x[i], 0);
-}
-
 NB_CPU_CLONES static void unary_f32(int64_t n, char **p, const int64_t *st, const void *varg) {
     const unary_arg *arg = varg;
     float s = (float)arg->s;
     bool unit = st[0] == 4 && st[1] == 4;
-    if (unit && arg->op == NB_U_GELU_TANH && p[0] != p[1] && nb__cpu_avx512f()) {
-        gelu_tanh_512((float *)p[0], (const float *)p[1], n); /* Note [GELU in 512-bit vectors] */
-        return;
-    }
 #define LOOP(EXPR) UNARY_LOOP(float, EXPR)
 #define FORMULA(f) nb__f_##f##_f32v
     switch (arg->op) { NB_UNARY_OPS(UNARY_CASE) }
@@ -389,14 +366,9 @@ void nb__cpu_unary(nb__unary_op op, nb_tensor *out, const nb_tensor *a, double s
     else NB_ABORT("%s: dtype %s has no CPU math", nb__unary_name(op), nb_dtype_name(out->dtype));
 }
 
-NB_CPU_CLONES static void gelu_tanh_backward_clones(float *dx, const float *g, const float *x,
-                                                    int64_t n) {
+NB_CPU_CLONES static void gelu_tanh_backward_f32(float *dx, const float *g, const float *x,
+                                                 int64_t n) {
     for (int64_t i = 0; i < n; i++) dx[i] = g[i] * nb__f_gelu_tanh_grad_f32v(x[i], 0);
-}
-
-static void gelu_tanh_backward_f32(float *dx, const float *g, const float *x, int64_t n) {
-    if (nb__cpu_avx512f()) gelu_tanh_backward_512(dx, g, x, n); /* Note [GELU in 512-bit vectors] */
-    else gelu_tanh_backward_clones(dx, g, x, n);
 }
 
 typedef struct gelu_job {

@@ -41,20 +41,11 @@ static inline bool nb__cpu_avx2_fma(void) {
 /* and the AVX-512F kernels (marked NB_AVX512F; the causal products' wider
  * tile), called only when nb__cpu_avx512f() says yes */
 #define NB_AVX512F __attribute__((target("avx512f,avx2,fma")))
-/* and loops left to the compiler in 512-bit vectors (Note [GELU in 512-bit
- * vectors] in tensor/cpu/elementwise.c): no fma, so that the same C gives
- * the same values as the other clones */
-#ifdef __clang__
-#define NB_AVX512F_WIDE __attribute__((target("avx512f")))
-#else
-#define NB_AVX512F_WIDE __attribute__((target("avx512f,prefer-vector-width=512")))
-#endif
 static inline bool nb__cpu_avx512f(void) {
     return nb__cpu_avx2_fma() && __builtin_cpu_supports("avx512f");
 }
 #else
 #define NB_HAVE_AVX2_FMA_KERNELS 0
-#define NB_AVX512F_WIDE
 static inline bool nb__cpu_avx2_fma(void) { return false; }
 static inline bool nb__cpu_avx512f(void) { return false; }
 #endif
