@@ -95,7 +95,10 @@ message.
 # above: torch.multiprocessing's fork of a process that has imported torch
 # would inherit thread pools sized before the variables were read. One thread
 # per rank on both sides is nbrun's default when ranks share a node (as
-# torchrun's); the ranks' kernel thread counts, Gloo's own threads included,
+# torchrun's); each PyTorch rank is bound to the CPUs nbrun gives nabla's
+# rank of the same number (--ddp-cpu-bind, default nbrun's auto; cpu_shares
+# mirrors Note [CPU binding]), since torchrun binds nothing; the ranks'
+# kernel thread counts, Gloo's own threads included,
 # are read back as for the other rows. Both sides time from forward to
 # zero_grad on rank 0. "hidden" exists for nabla only: bench_ddp averages
 # nb_ddp_last_stats' hidden_fraction over its timed steps (per step: the part
@@ -418,11 +421,11 @@ def run_nabla(binary, model_name, steps, env, bf16=False, timeout=600):
             "params": int(f["params"]), "threads": most}
 
 
-def run_nabla_ddp(nbrun, binary, model_name, steps, world, env, timeout, extra=()):
-    """bench_ddp under nbrun on `world` CPU ranks (with `extra` arguments); rank 0's --machine
-    line. "threads": the most kernel threads of any one rank."""
-    cmd = [nbrun, "--nproc-per-node", str(world), "--master-port", "0", binary, "--model", model_name,
-           "--device", "cpu", "--machine", "--steps", str(steps), *extra]
+def run_nabla_ddp(nbrun, binary, model_name, steps, world, env, timeout, extra=(), cpu_bind="auto"):
+    """bench_ddp under nbrun on `world` CPU ranks (with `extra` arguments, nbrun's --cpu-bind
+    cpu_bind); rank 0's --machine line. "threads": the most kernel threads of any one rank."""
+    cmd = [nbrun, "--nproc-per-node", str(world), "--master-port", "0", "--cpu-bind", cpu_bind, binary,
+           "--model", model_name, "--device", "cpu", "--machine", "--steps", str(steps), *extra]
     out, most = run_child(cmd, env, timeout, children=world)
     line = [x for x in out.splitlines() if x.startswith("[rank 0] ") and "model=" in x]
     if not line:
@@ -443,19 +446,56 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run_torch_ddp(python, model_name, steps, world, env, timeout):
-    """`world` fresh PyTorch processes, one per rank, waited on together: the first to fail, or
-    the timeout, stops them all and the script."""
+def cpu_shares(world, mode):
+    """The CPUs of each of `world` local ranks as nbrun --cpu-bind `mode` gives them (Note [CPU
+    binding] in distributed/cpu_bind.c, mirrored here for PyTorch's ranks): None where it binds
+    nothing. This process's CPUs ordered by (package, core, CPU); with at least as many cores as
+    ranks, rank r gets whole cores [r c / n, (r + 1) c / n); else, with as many CPUs as ranks, the
+    CPU list is cut the same way; with fewer CPUs, "cores" gives rank r the CPU r p / n."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if mode == "none" or (mode == "auto" and len(cpus) < world):
+        return None
+
+    def topo(c, what):
+        try:
+            with open(f"/sys/devices/system/cpu/cpu{c}/topology/{what}") as f:
+                return int(f.read())
+        except (OSError, ValueError):
+            return c if what == "core_id" else 0
+    slots = sorted((topo(c, "physical_package_id"), topo(c, "core_id"), c) for c in cpus)
+    cpus = [c for _, _, c in slots]
+    cores = []
+    for pkg, core, c in slots:
+        if cores and cores[-1][0] == (pkg, core):
+            cores[-1][1].append(c)
+        else:
+            cores.append(((pkg, core), [c]))
+    n = world
+    if len(cores) >= n:
+        return [[c for _, cs in cores[r * len(cores) // n:(r + 1) * len(cores) // n] for c in cs]
+                for r in range(n)]
+    if len(cpus) >= n:
+        return [cpus[r * len(cpus) // n:(r + 1) * len(cpus) // n] for r in range(n)]
+    return [[cpus[r * len(cpus) // n]] for r in range(n)]
+
+
+def run_torch_ddp(python, model_name, steps, world, env, timeout, cpu_bind="auto"):
+    """`world` fresh PyTorch processes, one per rank, each bound as nbrun --cpu-bind cpu_bind
+    binds nabla's (cpu_shares), waited on together: the first to fail, or the timeout, stops them
+    all and the script."""
     import tempfile
     port = free_port()
     env = dict(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world))
     procs, logs = [], []
+    shares = cpu_shares(world, cpu_bind)
     for r in range(world):
         cmd = [python, os.path.abspath(__file__), "--torch-ddp-worker", str(r), str(world), str(port),
                model_name, "--steps", str(steps), "--timeout", str(timeout)]
         logs.append((tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")))
+        share = shares[r] if shares else None
         procs.append(subprocess.Popen(cmd, env=dict(env, RANK=str(r)), stdout=logs[-1][0], stderr=logs[-1][1],
-                                      text=True))
+                                      text=True,
+                                      preexec_fn=(lambda s=share: os.sched_setaffinity(0, s)) if share else None))
     watches = [ThreadWatch(p) for p in procs]
     deadline, why = time.monotonic() + timeout, None
     while why is None and any(p.poll() is None for p in procs):
@@ -638,6 +678,10 @@ def parse_args(argv=None):
     ap.add_argument("--ddp", type=int, default=0, metavar="N",
                     help="also DDP rows for --models: bench_ddp under nbrun on N ranks against PyTorch "
                          "DistributedDataParallel over Gloo in N processes, 1 thread per rank")
+    ap.add_argument("--ddp-cpu-bind", choices=("auto", "cores", "none"), default="auto",
+                    help="DDP rows: CPU binding of the ranks on both sides, as nbrun --cpu-bind (nabla's "
+                         "ranks by nbrun, PyTorch's to the same CPUs by this script; default auto, "
+                         "nbrun's default)")
     ap.add_argument("--ddp-bucket-mb", type=float, default=None, metavar="MB",
                     help="DDP rows: bucket cap on both sides (nabla: bench_ddp --bucket-mb, which also sets "
                          "its first bucket; torch: bucket_cap_mb, its first bucket stays 1 MiB); default: "
@@ -826,6 +870,10 @@ def main():
               + "; pairs interleaved")
         print("  env of every rank, both sides: " + " ".join(f"{k}={env_ddp[k]}" for k in THREAD_VARS)
               + "; torch.set_num_threads(1), set_num_interop_threads(1)")
+        shares = cpu_shares(a.ddp, a.ddp_cpu_bind)
+        print(f"  CPU binding, both sides ({a.ddp_cpu_bind}): "
+              + ("none" if not shares else
+                 "; ".join(f"rank {r} on CPU {','.join(map(str, cs))}" for r, cs in enumerate(shares))))
         print("  hidden: share of nabla's all-reduce time that ran before backward ended "
               "(nb_ddp_last_stats), mean over the timed steps of rank 0")
         print("  all ranks: the same over every rank's timed steps on one clock, without the time a bucket "
@@ -837,8 +885,8 @@ def main():
         ours, theirs = [], []
         for _ in range(a.repeats):
             ours.append(run_nabla_ddp(nbrun, binary, m, a.steps, a.ddp, dict(env_ddp, **nabla_env), a.timeout,
-                                      extra))
-            theirs.append(run_torch_ddp(python, m, a.steps, a.ddp, env_torch_ddp, a.timeout))
+                                      extra, a.ddp_cpu_bind))
+            theirs.append(run_torch_ddp(python, m, a.steps, a.ddp, env_torch_ddp, a.timeout, a.ddp_cpu_bind))
             if theirs[-1]["params"] != ours[-1]["params"] or ours[-1]["batch"] != BATCH[m]:
                 print(f"compare_torch: {m} DDP: {ours[-1]['params']} parameters and batch "
                       f"{ours[-1]['batch']} in nabla's, {theirs[-1]['params']} and {BATCH[m]} in torch's: "
