@@ -126,7 +126,9 @@
  * zeros first (nb__grad_zero_fill_none): DDP's bucket collective reads
  * every slice of a bucket, so the reducer does that for each parameter it
  * marks ready without a gradient (an unused one), which is the old call's
- * zero gradient there. nb_set_grad forgets the home (the memory is no
+ * zero gradient there, and makes it NULL again after the all-reduce when
+ * no rank gave it a gradient (Note [Unused parameters] in
+ * distributed/ddp.c). nb_set_grad forgets the home (the memory is no
  * longer the leaf's to write).
  *
  * Note [Gradient segments]

@@ -29,10 +29,37 @@
  * the loss; parameters the walk does not reach are marked ready before
  * backward starts (their bucket slice is reduced as it is, zeros after
  * zero_grad; after nb_optim_zero_grad_to_none the slice of a gradient
- * still NULL is zeroed then, and the parameter gets that gradient).
+ * still NULL is zeroed then, as the collective reads every slice).
  * Without it, a parameter that never became ready is an error naming it,
  * but the remaining buckets are still launched so that the other ranks'
  * collectives complete instead of hanging.
+ *
+ * A gradient set to none that gets nothing on ANY rank must stay NULL, as
+ * PyTorch's reducer leaves a globally unused parameter's grad untouched
+ * (None stays None): otherwise the averaged zeros it gets would make the
+ * optimizer step it (AdamW's weight decay, the moments' decay). So each
+ * rank records which parameters were marked ready with a NULL gradient
+ * (none_unused: set to none, and nothing came this backward, neither in
+ * it nor in an earlier no_sync backward), and once every bucket is
+ * launched, after the walk's and backward's readies and the missing
+ * ones, issues one more collective: the sum over the ranks of an i32 map,
+ * 1 where the rank holds a gradient (computed, accumulated, or the zeros
+ * nb_optim_zero_grad left) and 0 where it does not (PyTorch's
+ * local_used_map, all-reduced only with find_unused_parameters). Every
+ * rank issues it at the same place in its sequence: after the last
+ * bucket's launch, before any bucket's wait (a joined rank shadows it
+ * with zeros, Note [Join] in ddp_join.c). The end-of-backward loop waits
+ * for it only at the first bucket holding a none_unused parameter, so a
+ * step without one keeps its overlap (the per-bucket step still steps
+ * bucket by bucket), and then gives each none_unused parameter whose sum
+ * is 0 its NULL gradient back (nb__grad_set_none: the bucket view stays
+ * its home, whose zeros nothing reads, since the next backward's first
+ * contribution writes it and an unused parameter's slice is zeroed again
+ * before its collective) before the bucket's grads_final, so a feature
+ * stepping there sees the NULL too. A parameter with a gradient on some
+ * rank gets the average as before (rank r's gradient / world where only
+ * r used it); with nb_optim_zero_grad the gradients are never NULL, the
+ * map is all ones and nothing changes but the collective.
  *
  * Note [DDP on CUDA]
  * The bucket flats are made in a context of the process group's device
@@ -223,7 +250,11 @@ static int param_index(const nb_ddp *d, const nb_tensor *t) {
 
 /* b's flat (padded as the communication hook asks) in a context of its
  * own, with each parameter's ->grad a view of its slice holding the
- * gradient's current value (zeros without one). */
+ * gradient's current value (zeros without one). A gradient set to none
+ * (NULL with a home, Note [Gradients set to none] in autograd/backward.c)
+ * stays none, the view its new home: the bucket rebuild at the end of the
+ * first backward must not give a parameter that no rank used (Note
+ * [Unused parameters]) zeros to step on. */
 static void make_grads(nb_ddp *d, bucket *b) {
     int64_t len = d->comm->flat_numel ? d->comm->flat_numel(d, d->comm_self, b->numel) : b->numel;
     b->gctx = nb_ctx_new(nb_pg_device(d->pg), 0);
@@ -235,8 +266,10 @@ static void make_grads(nb_ddp *d, bucket *b) {
         nb__contig_strides(t->ndim, t->shape, st);
         nb_tensor *view = nb__view(b->gctx, b->flat, t->ndim, t->shape, st,
                                    (char *)b->flat->data + b->offsets[k] * (int64_t)esz);
+        bool none = !t->grad && t->priv->grad_home;
         if (t->grad) nb_copy_(view, t->grad);
         nb_set_grad(t, view);
+        if (none) nb__grad_set_none(t);
     }
 }
 
@@ -323,7 +356,9 @@ void nb__ddp_mark_ready(nb_ddp *d, int i) {
     if (d->ready[i]) return;
     d->ready[i] = true;
     /* set to none and unused so far (Note [Gradients set to none] in
-     * autograd/backward.c): the bucket's collective reads its slice */
+     * autograd/backward.c): the bucket's collective reads its slice; it
+     * goes back to NULL if no rank used it (Note [Unused parameters]) */
+    d->none_unused[i] = d->p[i].tensor->grad == NULL;
     nb__grad_zero_fill_none(d->p[i].tensor);
     EACH_HOOK(d, on_ready, i);
     if (!d->synced_once) d->ready_order[d->n_ready] = i;
@@ -336,6 +371,8 @@ void nb__ddp_reset_ready(nb_ddp *d) {
     d->n_ready = 0;
     d->next_launch = 0;
     memset(d->ready, 0, sizeof(bool) * (size_t)d->n);
+    memset(d->none_unused, 0, sizeof(bool) * (size_t)d->n);
+    d->used_st = NB_OK;
     for (int b = 0; b < d->n_buckets; b++) {
         d->buckets[b].pending = d->buckets[b].n;
         d->buckets[b].work = NULL;
@@ -362,6 +399,47 @@ static nb_status finish_bucket(nb_ddp *d, int b, bool keep, double *started, dou
     return st;
 }
 
+/* ---- the map of used parameters (Note [Unused parameters]) ---- */
+
+void nb__ddp_used_launch(nb_ddp *d, bool trained) {
+    NB_CHECK(!d->used_work, "nb_ddp: rank %d: the map of used parameters is launched twice in one backward",
+             d->rank);
+    d->used_st = NB_OK;
+    if (d->n == 0) return; /* the same on every rank (ddp_verify.c) */
+    if (d->used_ctx)
+        nb_ctx_reset(d->used_ctx);
+    else
+        d->used_ctx = nb_ctx_new(nb_pg_device(d->pg), 0);
+    for (int i = 0; i < d->n; i++) d->used_host[i] = trained && !d->none_unused[i];
+    int64_t n = d->n;
+    d->used_map = nb_from_host(d->used_ctx, NB_I32, 1, &n, d->used_host);
+    d->used_work = nb_pg_all_reduce(d->pg, d->used_map, NB_REDUCE_SUM);
+}
+
+nb_status nb__ddp_used_wait(nb_ddp *d) {
+    if (!d->used_work) return d->used_st;
+    d->used_st = nb_work_finish(d->used_work);
+    d->used_work = NULL;
+    if (d->used_st == NB_OK) nb_to_host(d->used_map, d->used_host);
+    return d->used_st;
+}
+
+/* Bucket bk's parameters that were set to none and got a gradient on no
+ * rank: NULL again (Note [Unused parameters]); waits for the map only
+ * when the bucket holds a parameter without a gradient here. */
+static nb_status unused_back_to_none(nb_ddp *d, const bucket *bk) {
+    bool any = false;
+    for (int k = 0; k < bk->n && !any; k++) any = d->none_unused[bk->params[k]];
+    if (!any) return NB_OK;
+    nb_status st = nb__ddp_used_wait(d);
+    if (st != NB_OK) return st;
+    for (int k = 0; k < bk->n; k++) {
+        int i = bk->params[k];
+        if (d->none_unused[i] && d->used_host[i] == 0) nb__grad_set_none(d->p[i].tensor);
+    }
+    return NB_OK;
+}
+
 nb_status nb__ddp_finish_buckets(nb_ddp *d) {
     nb_status st = NB_OK;
     for (int b = 0; b < d->n_buckets; b++) {
@@ -386,6 +464,8 @@ static void free_arrays(nb_ddp *d) {
     free(d->refs);
     free(d->bucket_of);
     free(d->ready);
+    free(d->none_unused);
+    free(d->used_host);
     free(d->ready_order);
     free(d->all);
     free(d->slot);
@@ -433,6 +513,8 @@ nb_status nb__ddp_reducer_new(nb_ddp **out, nb_module *model, nb_pg *pg, const n
         d->refs = nb__ddp_calloc((size_t)d->n, sizeof(hook_ref));
         d->bucket_of = nb__ddp_calloc((size_t)d->n, sizeof(int));
         d->ready = nb__ddp_calloc((size_t)d->n, sizeof(bool));
+        d->none_unused = nb__ddp_calloc((size_t)d->n, sizeof(bool));
+        d->used_host = nb__ddp_calloc((size_t)d->n, sizeof(int32_t));
         d->ready_order = nb__ddp_calloc((size_t)d->n, sizeof(int));
         int *order = nb__ddp_calloc((size_t)d->n, sizeof(int));
         nb__ddp_initial_order(d->n, order);
@@ -461,6 +543,8 @@ void nb__ddp_reducer_free(nb_ddp *d) {
             nb_work_finish(d->buckets[b].work);
             d->buckets[b].work = NULL;
         }
+    if (d->used_work) nb_work_finish(d->used_work); /* left by a failed step */
+    nb_ctx_free(d->used_ctx);
     if (d->bucketed) {
         for (int i = 0; i < d->n; i++) {
             nb_tensor *t = d->p[i].tensor;
@@ -663,6 +747,8 @@ nb_status nb_ddp_backward(nb_ddp *d, nb_tensor *loss) {
             n_missing++;
             nb__ddp_mark_ready(d, i); /* still reduce, so the other ranks are not left waiting */
         }
+    /* every bucket launched: the map of used parameters, Note [Unused parameters] */
+    if (d->o.find_unused_parameters) nb__ddp_used_launch(d, true);
     bool usable = bw_st == NB_OK && (n_missing == 0 || d->o.find_unused_parameters);
     EACH_HOOK(d, sync_begin, usable);
     nb_status st = NB_OK;
@@ -673,7 +759,15 @@ nb_status nb_ddp_backward(nb_ddp *d, nb_tensor *loss) {
         if (s != NB_OK && st == NB_OK) st = s;
         d->times[b] = (nb_ddp_bucket_time){bk->t_launch, started, finished, bk->bytes};
         if (s == NB_OK && d->divisor > 0) nb_scale_(bk->flat, 1.0 / d->divisor);
+        if (s == NB_OK && d->o.find_unused_parameters) {
+            s = unused_back_to_none(d, bk);
+            if (s != NB_OK && st == NB_OK) st = s;
+        }
         if (st == NB_OK) EACH_HOOK(d, grads_final, bk->params, bk->n);
+    }
+    if (d->o.find_unused_parameters) {
+        nb_status s = nb__ddp_used_wait(d);
+        if (s != NB_OK && st == NB_OK) st = s;
     }
     double done = nb__ddp_now();
     if (bw_st != NB_OK) return nb_set_error(bw_st, "%s", bw_why); /* it came first */

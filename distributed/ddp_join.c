@@ -17,6 +17,10 @@
  *     batch statistics are those of the training ranks' samples alone,
  *     and 0 for the backward sums;
  *   - each gradient bucket (when the step reduces gradients), all zeros;
+ *   - with find_unused_parameters, after the last bucket, the map of used
+ *     parameters, all zeros (Note [Unused parameters] in ddp.c): a
+ *     joined rank holds no gradient, so a parameter no training rank
+ *     used keeps its NULL there;
  *   - the one-time bucket rebuild, when the training ranks do it (their
  *     first synchronised backward), with the order from the root above.
  * The order of SyncBatchNorm all-reduces and bucket launches within a step
@@ -250,6 +254,8 @@ static nb_status shadow_step(nb_ddp *d, join_state *j) {
     }
     if (buckets) /* no record, or parameters the record lacks: in bucket order */
         for (int i = d->n - 1; i >= 0; i--) nb__ddp_mark_ready(d, i);
+    bool used_map = buckets && d->o.find_unused_parameters;
+    if (used_map) nb__ddp_used_launch(d, false); /* this rank used nothing */
     for (int k = 0; k < nw; k++) {
         nb_status s = nb_work_finish(w[k]);
         if (st == NB_OK) st = s;
@@ -258,6 +264,8 @@ static nb_status shadow_step(nb_ddp *d, join_state *j) {
     nb_ctx_free(c);
     if (buckets) {
         nb_status s = nb__ddp_finish_buckets(d);
+        if (st == NB_OK) st = s;
+        s = used_map ? nb__ddp_used_wait(d) : NB_OK;
         if (st == NB_OK) st = s;
         for (int b = 0; b < d->n_buckets; b++)
             nb_fill_(d->buckets[b].flat, 0); /* a joined rank's gradients are zero */

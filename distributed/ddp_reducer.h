@@ -166,6 +166,7 @@ struct nb_ddp {
     hook_ref *refs;       /* registered with the tensors' hooks */
     int *bucket_of;
     bool *ready;
+    bool *none_unused;    /* marked ready with a NULL gradient (Note [Unused parameters]) */
     int n_ready;
     int *ready_order;     /* the first synchronised backward's order */
     int *all;             /* 0..n-1, for grads_final without buckets (malloc'd) */
@@ -181,6 +182,12 @@ struct nb_ddp {
     nb_reduce_op op;
     double divisor;       /* > 0: each bucket divided by it after its collective */
     int root;             /* the rank whose buffers and bucket order the others take */
+    /* the map of used parameters (find_unused_parameters; Note [Unused parameters]) */
+    nb_ctx *used_ctx;     /* its tensor's, on the group's device; reset at each launch */
+    nb_tensor *used_map;  /* i32 (n): 1 where a rank holds a gradient, summed over the ranks */
+    int32_t *used_host;   /* the map on the host (malloc'd, n) */
+    nb_work *used_work;   /* its all-reduce in flight, or NULL */
+    nb_status used_st;    /* the last launch's wait */
     /* the step being measured */
     double fwd_start, bw_start, bw_end;
     nb_ddp_bucket_time *times; /* n_buckets (malloc'd) */
@@ -226,6 +233,13 @@ void nb__ddp_set_reduction(nb_ddp *d, nb_reduce_op op, double divisor, int root)
 void nb__ddp_reset_ready(nb_ddp *d);
 /* Parameter i's gradient is final: launches the buckets that are complete. */
 void nb__ddp_mark_ready(nb_ddp *d, int i);
+/* Starts the all-reduce (sum) of the map of used parameters (Note [Unused
+ * parameters] in ddp.c) once every bucket is launched: 1 where this rank
+ * holds a gradient; all zeros unless `trained` (a joined rank's shadow). */
+void nb__ddp_used_launch(nb_ddp *d, bool trained);
+/* Waits for it (NB_OK at once when it was waited for already, or when
+ * nothing was launched) and brings the sums to d->used_host. */
+nb_status nb__ddp_used_wait(nb_ddp *d);
 /* Waits for every bucket launched and forgets their works; the first
  * failure. */
 nb_status nb__ddp_finish_buckets(nb_ddp *d);

@@ -536,12 +536,116 @@ DDP_TEST(test_grad_set_to_none) {
     }
 }
 
+/* Linear(F_IN, N_CLASSES) children "a", "b", "c" of a list (seeds 3, 4, 5). */
+static nb_module *three_heads(nb_ctx *ctx) {
+    nb_module *root = nb_module_list_new(ctx);
+    const char *names[3] = {"a", "b", "c"};
+    for (int k = 0; k < 3; k++) {
+        nb_rng rng = nb_rng_make(3 + (uint64_t)k);
+        nb_module_add(root, names[k], nb_linear_new(ctx, NB_F64, F_IN, N_CLASSES, true, &rng));
+    }
+    return root;
+}
+
+/* Cross-entropy of child `name` of m on rows [start, start + n) of (x, y). */
+static nb_tensor *head_loss(nb_ctx *step, nb_module *m, const char *name, nb_tensor *x, nb_tensor *y,
+                            int64_t start, int64_t n) {
+    return nb_cross_entropy(step, nb_module_forward(nb_module_child(m, name), step, shard(step, x, start, n)),
+                            shard(step, y, start, n), NULL);
+}
+
+/* Note [Unused parameters] in distributed/ddp.c: head "b" is unused on
+ * every rank, head "c" is used on rank 0 only, head "a" everywhere; AdamW
+ * with weight decay, 3 steps, the gradients cleared before each. With
+ * nb_optim_zero_grad_to_none b's gradients are NULL after every backward
+ * (also after the bucket rebuild that ends the first) and its values stay
+ * bit for bit (PyTorch's DDP leaves a globally unused parameter's None
+ * grad alone); c
+ * gets rank 0's gradient / world on every rank. The reference: one
+ * process, nb_backward of CE(a(X), Y) + CE(c(X0), Y0) / world over the
+ * whole batch X and rank 0's rows X0, the same optimizer. With
+ * nb_optim_zero_grad b holds zeros and decays, p (1 - lr wd) per step
+ * (Adam's update of a zero gradient from zero moments is 0). */
+static void unused_on_every_rank(nb_ctx *pctx, nb_ctx *step, bool to_none, size_t first, size_t cap) {
+    const int64_t B = 4;
+    nb_module *m = three_heads(pctx), *ref = three_heads(pctx), *init = three_heads(pctx);
+    nb_ddp_options o = small_buckets(first, cap);
+    o.find_unused_parameters = true;
+    nb_ddp *ddp = ddp_wrap(m, &o, -1);
+    nb_optim *opt = adamw_for(m), *ropt = adamw_for(ref);
+    const double decay = 1 - 0.01 * NB_ADAMW_DEFAULTS.weight_decay; /* adamw_for's lr */
+    nb_named_tensor p[6], q[6], b0[2];
+    ck_assert_int_eq(nb_module_named_parameters(m, p, 6), 6);
+    nb_module_named_parameters(ref, q, 6);
+    nb_module_named_parameters(nb_module_child(init, "b"), b0, 2);
+    ck_assert_str_eq(p[2].name, "b.weight");
+    ck_assert_str_eq(p[3].name, "b.bias");
+    for (int it = 0; it < 3; it++) {
+        nb_ctx_reset(step);
+        if (to_none) { /* before each step, as PyTorch's loop: the wrapper gave b zeros at first */
+            nb_optim_zero_grad_to_none(opt);
+            nb_optim_zero_grad_to_none(ropt);
+        } else {
+            nb_optim_zero_grad(opt);
+            nb_optim_zero_grad(ropt);
+        }
+        nb_tensor *x, *y;
+        make_batch(step, R * B, 700 + (uint64_t)it, &x, &y);
+        nb_tensor *loss = head_loss(step, m, "a", x, y, me * B, B);
+        if (me == 0) loss = nb_add(step, loss, head_loss(step, m, "c", x, y, 0, B));
+        nb_status st = nb_ddp_backward(ddp, loss);
+        ck_assert_msg(st == NB_OK, "%s", nb_last_error());
+        nb_tensor *rloss = nb_add(step, head_loss(step, ref, "a", x, y, 0, R * B),
+                                  nb_div_scalar(step, head_loss(step, ref, "c", x, y, 0, B), (double)R));
+        nb_backward(rloss);
+        for (int i = 0; i < 6; i++) {
+            bool in_b = strncmp(p[i].name, "b.", 2) == 0;
+            if (in_b && (to_none || R == 1)) { /* at world 1 b never had a gradient */
+                ck_assert_msg(p[i].tensor->grad == NULL, "rank %d, step %d: %s has a gradient", me, it, p[i].name);
+            } else if (in_b) {
+                nbt_assert_tensors_close(p[i].tensor->grad, nb_zeros(step, NB_F64, p[i].tensor->ndim,
+                                                                     p[i].tensor->shape), 0, 0);
+            } else {
+                ck_assert_msg(p[i].tensor->grad != NULL, "rank %d, step %d: %s", me, it, p[i].name);
+                nbt_assert_tensors_close(p[i].tensor->grad, q[i].tensor->grad, 1e-13, 1e-10);
+            }
+        }
+        nb_optim_step(opt);
+        nb_optim_step(ropt);
+        assert_same_on_all_ranks(m);
+        for (int k = 0; k < 2; k++) {
+            nb_tensor *b = p[2 + k].tensor;
+            if (to_none || R == 1) {
+                nbt_assert_tensors_close(b, b0[k].tensor, 0, 0); /* bit for bit */
+            } else {
+                double f = 1;
+                for (int j = 0; j <= it; j++) f *= decay;
+                nbt_assert_tensors_close(b, nb_mul_scalar(step, b0[k].tensor, f), 0, 1e-14);
+            }
+        }
+    }
+    for (int i = 0; i < 6; i++)
+        if (strncmp(p[i].name, "b.", 2) != 0)
+            nbt_assert_tensors_close(p[i].tensor, q[i].tensor, 0, 1e-9);
+    nb_ddp_free(ddp);
+    nb_optim_free(opt);
+    nb_optim_free(ropt);
+}
+
+DDP_TEST(test_unused_on_every_rank) {
+    for (int to_none = 1; to_none >= 0; to_none--) {
+        unused_on_every_rank(pctx, step, to_none, 64, 128); /* b's tensors in buckets of their own or shared */
+        unused_on_every_rank(pctx, step, to_none, 0, 0);    /* one bucket for all six */
+    }
+}
+
 static Suite *suite(void) {
     const TTest *tests[] = {test_mlp_equivalence, test_cnn_sync_bn_equivalence, test_sync_bn_unequal_batches,
                              test_no_sync_accumulation, test_unused_parameters, test_bucket_rebuild_agrees,
                              test_overlap_recorded, test_overlap_figures, test_overlap_across_ranks,
                              test_bf16_hook, test_mismatch_named, test_freed_wrapper_named,
-                             test_gradients_are_bucket_views, test_grad_set_to_none, NULL};
+                             test_gradients_are_bucket_views, test_grad_set_to_none, test_unused_on_every_rank,
+                             NULL};
     return nbt_suite("ddp", "ddp", 120, tests);
 }
 

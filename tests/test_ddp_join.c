@@ -233,11 +233,77 @@ START_TEST(test_join_sync_bn_needs_a_step) {
 }
 END_TEST
 
+/* find_unused_parameters with gradients set to none (Note [Unused
+ * parameters] in distributed/ddp.c): head "b" is used by no rank, and the
+ * odd ranks join after one step, answering the map of used parameters with
+ * zeros. b's gradient stays NULL on the training ranks and its values stay
+ * bit for bit everywhere; head "a" follows the reference rule. */
+START_TEST(test_join_unused_stays_none) {
+    const int64_t B = 4;
+    const int even = 3, odd = 1;
+    nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
+    nb_module *model = nb_module_list_new(pctx), *ref = nb_module_list_new(pctx);
+    for (int k = 0; k < 2; k++) {
+        nb_module *m = k ? ref : model;
+        nb_rng rng = nb_rng_make(3);
+        nb_module_add(m, "a", nb_linear_new(pctx, NB_F64, F_IN, N_CLASSES, true, &rng));
+        nb_module_add(m, "b", nb_linear_new(pctx, NB_F64, F_IN, N_CLASSES, true, &rng));
+    }
+    nb_named_tensor p[4], q[4];
+    nb_module_named_parameters(model, p, 4);
+    nb_module_named_parameters(ref, q, 4);
+    ck_assert_str_eq(p[2].name, "b.weight");
+    nb_tensor *b0[2] = {nb_clone(pctx, p[2].tensor), nb_clone(pctx, p[3].tensor)};
+    nb_ddp_options o = small_buckets(64, 128);
+    o.find_unused_parameters = true;
+    nb_ddp *ddp = ddp_wrap(model, &o, -1);
+    nb_optim *opt = adamw_for(model), *ropt = adamw_for(ref);
+    ck_assert_int_eq(nb_ddp_join_begin(ddp, NULL), NB_OK);
+    int mine = batches_of(me, even, odd), most = most_batches(even, odd);
+    for (int s = 0; s < most; s++) {
+        nb_ctx_reset(step);
+        nb_tensor *x, *y;
+        make_batch(step, R * B, 900 + (uint64_t)s, &x, &y);
+        if (s < mine) {
+            nb_optim_zero_grad_to_none(opt);
+            ck_assert_msg(nb_ddp_pre_forward(ddp) == NB_OK, "%s", nb_last_error());
+            nb_tensor *out = nb_module_forward(nb_module_child(model, "a"), step, shard(step, x, me * B, B));
+            nb_tensor *loss = nb_cross_entropy(step, out, shard(step, y, me * B, B), NULL);
+            ck_assert_msg(nb_ddp_backward(ddp, loss) == NB_OK, "nb_ddp_backward: %s", nb_last_error());
+            ck_assert_ptr_null(p[2].tensor->grad);
+            ck_assert_ptr_null(p[3].tensor->grad);
+            ck_assert_ptr_nonnull(p[0].tensor->grad);
+            nb_optim_step(opt);
+        }
+        nb_optim_zero_grad_to_none(ropt);
+        for (int r = 0; r < R; r++)
+            if (batches_of(r, even, odd) > s) {
+                nb_tensor *lr = nb_cross_entropy(step, nb_module_forward(nb_module_child(ref, "a"), step,
+                                                                         shard(step, x, r * B, B)),
+                                                 shard(step, y, r * B, B), NULL);
+                nb_backward(nb_mul_scalar(step, lr, 1.0 / R));
+            }
+        nb_optim_step(ropt);
+    }
+    ck_assert_msg(nb_ddp_join(ddp) == NB_OK, "nb_ddp_join: %s", nb_last_error());
+    assert_same_on_all_ranks(model);
+    nbt_assert_tensors_close(p[2].tensor, b0[0], 0, 0);
+    nbt_assert_tensors_close(p[3].tensor, b0[1], 0, 0);
+    for (int i = 0; i < 2; i++) nbt_assert_tensors_close(p[i].tensor, q[i].tensor, 0, 1e-9);
+    nb_ddp_free(ddp);
+    nb_optim_free(opt);
+    nb_optim_free(ropt);
+    nb_ctx_free(step);
+    nb_ctx_free(pctx);
+}
+END_TEST
+
 static Suite *suite(void) {
     const TTest *tests[] = {test_join_3_and_5_batches, test_join_divide_by_active_ranks,
                              test_join_rank0_without_batches, test_join_sync_batch_norm,
                              test_join_without_begin, test_join_backward_needs_counted_forward,
-                             test_join_no_sync_disagreement, test_join_sync_bn_needs_a_step, NULL};
+                             test_join_no_sync_disagreement, test_join_sync_bn_needs_a_step,
+                             test_join_unused_stays_none, NULL};
     return nbt_suite("ddp_join", "ddp_join", 60, tests);
 }
 

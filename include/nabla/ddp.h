@@ -36,7 +36,12 @@ typedef struct nb_ddp_options {
     size_t first_bucket_bytes; /* 0: 1 MiB */
     size_t bucket_cap_bytes;   /* 0: 25 MiB */
     /* Parameters that get no gradient in a step are reduced as they are
-     * (zeros after zero_grad). Without it, such a parameter is an error. */
+     * (zeros after zero_grad). A gradient set to none
+     * (nb_optim_zero_grad_to_none) that no rank fills stays NULL, as in
+     * PyTorch; one filled on some rank gets the average (zeros from the
+     * others). Costs a walk of the tape and one small all-reduce (an i32
+     * per parameter) per synchronising backward. Without it, such a
+     * parameter is an error. */
     bool find_unused_parameters;
     /* Rank 0's buffers (BatchNorm running stats) are broadcast before each
      * forward made through nb_ddp_forward / nb_ddp_pre_forward. */

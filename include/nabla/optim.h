@@ -100,8 +100,11 @@ NB_API void nb_optim_zero_grad(nb_optim *opt);
  * backward's first contribution to a parameter is written into it rather
  * than added to zeros (no zeroing pass, no read of zeros). A parameter
  * that gets no gradient before the next step keeps NULL and is not
- * updated (no weight decay either). Works with DDP (a parameter unused on
- * a rank gets zeros there, its bucket being reduced); aborts for an
+ * updated (no weight decay either). Works with DDP (find_unused_parameters):
+ * a parameter unused on some ranks gets zeros there, its bucket being
+ * reduced, so it ends with the average of the ranks that used it; one
+ * unused on every rank keeps NULL, as PyTorch's DDP leaves its grad None
+ * (Note [Unused parameters] in distributed/ddp.c). Aborts for an
  * optimizer stepped per bucket or sharded (ZeRO, FSDP), whose owner
  * handles the gradients' memory itself. */
 NB_API void nb_optim_zero_grad_to_none(nb_optim *opt);
