@@ -39,6 +39,16 @@ NB_CPU_CLONES __attribute__((unused)) static void nb__f32_from_bf16_n(float *res
     for (int64_t i = 0; i < n; i++) dst[i] = nb__f32_of_bf16(src[i]);
 }
 
+/* dst[i] += src[i] as a separate bf16 add would: src rounded to bf16,
+ * added to dst in f32, the sum rounded (an output added into in place:
+ * NB__LN_ADD_DX, tensor/backend.h) */
+NB_CPU_CLONES __attribute__((unused)) static void nb__bf16_add_rounded_n(uint16_t *restrict dst,
+                                                                        const float *restrict src,
+                                                                        int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        dst[i] = nb__bf16_of_f32(nb__f32_of_bf16(dst[i]) + nb__f32_of_bf16(nb__bf16_of_f32(src[i])));
+}
+
 /* ---- bf16 activations (Note [bf16 activations on the CPU] in
  * tensor/cpu/bf16.c): the entries of the compute-dtype table that take
  * bf16 tensors widen them to f32 twins, run their f32 kernel and round

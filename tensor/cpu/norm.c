@@ -147,12 +147,8 @@ static void layer_norm_backward_half(uint16_t *dx, double *ws, const uint16_t *g
         layer_norm_backward_float(dx ? bd : NULL, ws, bg, bx, mean + i, rstd + i, w, 0, r, d,
                                   want_wb, false);
         if (!dx) continue;
-        uint16_t *o = dx + i * d;
-        if (add_dx)
-            for (int64_t k = 0; k < n; k++)
-                o[k] = nb__bf16_of_f32(nb__f32_of_bf16(o[k]) + nb__f32_of_bf16(nb__bf16_of_f32(bd[k])));
-        else
-            nb__bf16_from_f32_n(o, bd, n);
+        if (add_dx) nb__bf16_add_rounded_n(dx + i * d, bd, n);
+        else nb__bf16_from_f32_n(dx + i * d, bd, n);
     }
 }
 
