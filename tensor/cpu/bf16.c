@@ -14,7 +14,15 @@
  * which is what CI checks of the table (tests/test_cpu_bf16.c); it costs
  * two passes more than an f32 op, as the CPU's bf16 products already do
  * (tensor/cpu/matmul.c). The twins are malloc'd and freed within the
- * call. */
+ * call.
+ * The entries a GPT step spends its time in take no twins: they give the
+ * same bits from small f32 blocks that stay in cache (elementwise ops and
+ * GELU's gradient: Note [bf16 elementwise in blocks] in
+ * tensor/cpu/elementwise.c; attention: Note [bf16 attention without
+ * twins] in tensor/cpu/attention.c; layer norm: Note [bf16 layer norm in
+ * row groups] in tensor/cpu/norm.c; a bias's gradient: Note [Broadcast
+ * gradients of storage halves] in tensor/ops_reduce.c). The twins below
+ * remain for the other entries and for the layouts those decline. */
 #include <stdlib.h>
 #include <string.h>
 
