@@ -50,8 +50,12 @@ NB_CPU_CLONES static float row_max_float(const float *x, int64_t k, float scale)
 
 static inline float exp_or_zero(float d) { return d < -87.0f ? 0.0f : nb__exp_f32(d); }
 
-/* sum of exp(scale * x - mx), each also stored in y unless y is NULL */
-NB_CPU_CLONES static double row_expsum_float(float *y, const float *x, int64_t k, float scale,
+/* sum of exp(scale * x - mx), each also stored in y unless y is NULL.
+ * No AVX-512 clone: it took 1700-1735 samples against the AVX2 clone's
+ * 1272-1283 in a GPT L6 bf16 step's profile (bench_ddp --model gpt6 --bf16
+ * --steps 40, 1 thread, perf record, ~28K samples each; 2-core AVX-512
+ * Xeon, 2026-12-02), the attention's causal rows of 1 to 128. */
+NB_CPU_CLONES_AVX2 static double row_expsum_float(float *y, const float *x, int64_t k, float scale,
                                              float mx) {
     double a[NB_LANES] = {0};
     int64_t j = 0;
