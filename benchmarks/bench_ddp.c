@@ -39,9 +39,16 @@
  * --bf16 computes the products in bf16 (the step context's compute dtype,
  * as train_gpt --bf16).
  * --bucket-mb MB sets both the first bucket's size and the cap of the
- * others (nb_ddp_options; default 1 MiB then 25 MiB): with the defaults a
- * model of a few MiB has its second and last bucket launched only when
- * backward reaches the first layers, so little of it can be hidden.
+ * others (nb_ddp_options; default 1 MiB, then a sixteenth of the
+ * gradients' bytes within 256 KiB-25 MiB: Note [Default bucket cap] in
+ * distributed/ddp_buckets.c). Under PyTorch's 25 MiB cap a model of a few
+ * MiB has its second and last bucket launched only when backward reaches
+ * the first layers, so little of it can be hidden.
+ * --first-bucket-mb MB then sets the first bucket's size alone. The
+ * --machine line names the buckets rank 0 ended with: bucket_kb= their
+ * sizes (KiB, in launch order), bucket_launch_ms= and bucket_ms= the
+ * median over the timed steps of each one's launch (against the end of
+ * backward: negative is before it) and running time (start to finish).
  * --zero shards the optimizer's state over the ranks (ZeRO-1,
  * nb_ddp_set_zero): gradients are reduce-scattered, each rank steps its
  * shard and the parameters are all-gathered (nb_ddp_step); mode "zero".
@@ -103,6 +110,7 @@
 #include "nabla/monitor.h"
 #include "nabla/nabla.h"
 #include "bench_time.h"
+#include "distributed/ddp_buckets.h"
 #include "distributed/scale.h"
 
 static double median(double *v, int n) {
@@ -358,7 +366,8 @@ int main(int argc, char **argv) {
     int64_t batch = 0;
     bool use_ddp = true, bucket_step = false, bf16 = false, zero = false, zero3 = false, kept = false;
     int zero_stage = 1;
-    double bucket_mb = 0; /* 0: the wrapper's defaults (first bucket 1 MiB, then 25 MiB) */
+    double bucket_mb = 0; /* 0: the wrapper's defaults (Note [Default bucket cap]) */
+    double first_mb = -1;  /* < 0: as bucket_mb */
     const char *device_arg = "auto", *trace_path = NULL, *project = NULL, *text_path = NULL;
     int powersgd = 0;
     for (int i = 1; i < argc; i++) {
@@ -375,6 +384,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--plot-scaling") && i + 2 < argc) return plot_scaling(argv[i + 1], argv[i + 2]);
         else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--bucket-mb") && i + 1 < argc) bucket_mb = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--first-bucket-mb") && i + 1 < argc) first_mb = atof(argv[++i]);
         else if (!strcmp(argv[i], "--batch") && i + 1 < argc) batch = atoll(argv[++i]);
         else if (!strcmp(argv[i], "--width") && i + 1 < argc) width = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--layers") && i + 1 < argc) layers = atoi(argv[++i]);
@@ -392,7 +402,7 @@ int main(int argc, char **argv) {
             }
         } else {
             fprintf(stderr, "usage: %s [--model wide|mlp|cnn|gpt|gpt6] [--device auto|cpu|cuda] [--no-ddp] "
-                            "[--bucket-step | --zero | --zero2 | --zero3 | --zero3-kept] [--bf16] [--bucket-mb MB] [--steps N] [--batch B] [--width W] [--layers L] [--no-header | --machine] [--powersgd RANK] [--text FILE] [--trace FILE] [--project LINK] [--info]\n"
+                            "[--bucket-step | --zero | --zero2 | --zero3 | --zero3-kept] [--bf16] [--bucket-mb MB] [--first-bucket-mb MB] [--steps N] [--batch B] [--width W] [--layers L] [--no-header | --machine] [--powersgd RANK] [--text FILE] [--trace FILE] [--project LINK] [--info]\n"
                             "       %s --plot-scaling LINES SVG\n", argv[0], argv[0]);
             return 2;
         }
@@ -465,6 +475,7 @@ int main(int argc, char **argv) {
     nb_ddp *ddp = NULL;
     nb_ddp_options dopts = NB_DDP_DEFAULTS;
     dopts.first_bucket_bytes = dopts.bucket_cap_bytes = (size_t)(bucket_mb * 1048576.0);
+    if (first_mb >= 0) dopts.first_bucket_bytes = (size_t)(first_mb * 1048576.0);
     dopts.record_timeline = true; /* for nb_ddp_overlap_across_ranks */
     if (use_ddp && !zero3 && nb_ddp_new(&ddp, model, pg, &dopts) != NB_OK) {
         fprintf(stderr, "bench_ddp: %s\n", nb_last_error());
@@ -524,6 +535,10 @@ int main(int argc, char **argv) {
     int loss_n = 0;
     int measured = 0;
     nb_ddp_overlap ov = {0};
+    enum { MAX_B = 32 }; /* per-bucket figures of the --machine line, for the first MAX_B buckets */
+    double *b_launch = calloc((size_t)steps * MAX_B * 2, sizeof(double)), *b_run = b_launch + steps * MAX_B;
+    size_t b_bytes[MAX_B] = {0};
+    int n_b = 0;
     for (int s = 0; s < steps + 3; s++) { /* 3 warm-up steps */
         if (s == 3 && ddp && nb_ddp_overlap_across_ranks(ddp, &ov) != NB_OK) { /* leaves the warm-up out */
             fprintf(stderr, "bench_ddp: %s\n", nb_last_error());
@@ -574,6 +589,12 @@ int main(int argc, char **argv) {
                 s_bw[measured - 1] = st.backward_s;
                 s_wait[measured - 1] = st.wait_s;
                 s_hidden[measured - 1] = st.hidden_fraction;
+                n_b = st.n_buckets < MAX_B ? st.n_buckets : MAX_B;
+                for (int b = 0; b < n_b; b++) {
+                    b_launch[b * steps + measured - 1] = st.buckets[b].launch;
+                    b_run[b * steps + measured - 1] = st.buckets[b].finish - st.buckets[b].start;
+                    b_bytes[b] = st.buckets[b].bytes;
+                }
             }
             if (fsdp && world > 1) { /* the step's gathers and reduce-scatters: exposed, and the share hidden */
                 nb_fsdp_stats st = nb_fsdp_take_stats(fsdp);
@@ -605,6 +626,14 @@ int main(int argc, char **argv) {
                across ? 1e3 * ov.skew_s : NAN, comm ? 1e3 * bw : NAN,
                comm ? 1e3 * wait : NAN, (long long)n_params, state_bytes, held);
         if (loss_n) printf(" loss=%.5f", loss_sum / loss_n);
+        if (ddp && world > 1 && n_b > 0 && measured > 0) {
+            printf(" bucket_kb=");
+            for (int b = 0; b < n_b; b++) printf("%s%.0f", b ? "/" : "", b_bytes[b] / 1024.0);
+            printf(" bucket_launch_ms=");
+            for (int b = 0; b < n_b; b++) printf("%s%.2f", b ? "/" : "", 1e3 * median(b_launch + b * steps, measured));
+            printf(" bucket_ms=");
+            for (int b = 0; b < n_b; b++) printf("%s%.2f", b ? "/" : "", 1e3 * median(b_run + b * steps, measured));
+        }
         printf("\n");
     } else if (rank == 0) {
         if (header) {
@@ -654,8 +683,10 @@ int main(int argc, char **argv) {
                                   .algo = NB__SCALE_BEST, .first_bucket = dopts.first_bucket_bytes,
                                   .bucket_cap = dopts.bucket_cap_bytes, .powersgd_rank = powersgd,
                                   .powersgd_min_rate = NB_DDP_POWERSGD_DEFAULTS.min_compression_rate};
-            if (!c.first_bucket) c.first_bucket = 1u << 20;
-            if (!c.bucket_cap) c.bucket_cap = 25u << 20;
+            size_t grad_bytes = 0; /* DDP's defaults (Note [Default bucket cap] in distributed/ddp_buckets.c) */
+            for (int i = 0; i < tr.n; i++) grad_bytes += (size_t)tr.p[i].numel * nb_dtype_size(tr.p[i].dtype);
+            if (!c.first_bucket) c.first_bucket = nb__ddp_default_first();
+            if (!c.bucket_cap) c.bucket_cap = nb__ddp_default_cap(grad_bytes);
             if (nb__scale_link_parse(project, &c.inter) != NB_OK) {
                 fprintf(stderr, "bench_ddp: %s\n", nb_last_error());
                 return 1;
@@ -676,6 +707,7 @@ int main(int argc, char **argv) {
     nb_optim_free(opt);
     free(p);
     free(t_step);
+    free(b_launch);
     nb_ctx_free(step);
     nb_ctx_free(pctx);
     free(refs);

@@ -10,7 +10,9 @@
  * (nb_module_named_parameters). Buckets are filled in REVERSE order, since
  * backward makes the last layers' gradients ready first: the first bucket
  * closes past first_bucket_bytes (small, so communication starts early),
- * the others past bucket_cap_bytes; a bucket holds one dtype. Each bucket
+ * the others past bucket_cap_bytes (by default a sixteenth of the
+ * gradients' bytes, within 256 KiB-25 MiB: Note [Default bucket cap] in
+ * ddp_buckets.c); a bucket holds one dtype. Each bucket
  * is one flat tensor, in a context of its own (so that ZeRO-2 can give it
  * back between steps), and each parameter's ->grad is a view of its slice
  * (nb_set_grad), so autograd accumulates straight into communication
@@ -122,9 +124,6 @@
 #include "distributed/internal.h"
 #include "tensor/internal.h"
 #include "util/handle.h"
-
-#define DEFAULT_FIRST_BUCKET (1u << 20)
-#define DEFAULT_BUCKET_CAP (25u << 20)
 
 /* Calls hook point `point` of every attached table that has it, in slot order. */
 #define EACH_HOOK(d, point, ...)                                  \
@@ -289,8 +288,11 @@ void nb__ddp_make_bucket_grads(nb_ddp *d, int bi) {
 /* Fresh buckets in a fresh context from parameter order `order`; the
  * gradients' current values move into the new memory. */
 static void assign_buckets(nb_ddp *d, const int *order) {
-    size_t first = d->o.first_bucket_bytes ? d->o.first_bucket_bytes : DEFAULT_FIRST_BUCKET;
-    size_t cap = d->o.bucket_cap_bytes ? d->o.bucket_cap_bytes : DEFAULT_BUCKET_CAP;
+    size_t first = d->o.first_bucket_bytes ? d->o.first_bucket_bytes : nb__ddp_default_first();
+    size_t cap = d->o.bucket_cap_bytes, grad_bytes = 0;
+    for (int i = 0; !cap && i < d->n; i++)
+        grad_bytes += (size_t)nb_numel(d->p[i].tensor) * nb_dtype_size(d->p[i].tensor->dtype);
+    if (!cap) cap = nb__ddp_default_cap(grad_bytes); /* Note [Default bucket cap] in ddp_buckets.c */
     nb_ctx *old = d->ctx;
     bucket *old_buckets = d->buckets;
     int old_n = d->n_buckets;

@@ -18,6 +18,13 @@
 int nb__ddp_partition(int n, const int *order, const int64_t *numel, const nb_dtype *dtype,
                       size_t first_bytes, size_t cap_bytes, int *starts);
 
+/* The default size of the first bucket, 1 MiB (PyTorch's), and, for a
+ * model whose gradients take grad_bytes, the default cap of the other
+ * buckets (Note [Default bucket cap] in ddp_buckets.c): grad_bytes / 16,
+ * at least 256 KiB and at most 25 MiB (PyTorch's cap). */
+size_t nb__ddp_default_first(void);
+size_t nb__ddp_default_cap(size_t grad_bytes);
+
 /* The first order: reverse registration (backward makes the last layers'
  * gradients ready first). */
 void nb__ddp_initial_order(int n, int *order);

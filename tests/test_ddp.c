@@ -459,6 +459,49 @@ DDP_TEST(test_gradients_are_bucket_views) {
     for (int i = 0; i < 4; i++) ck_assert(p[i].tensor->grad == NULL || p[i].tensor->grad->ctx == pctx);
 }
 
+/* Note [Default bucket cap] in distributed/ddp_buckets.c, in the wrapper:
+ * 40 f64 Linear(128, 128) layers, each a weight of 131072 bytes and a bias
+ * of 1024, 5283840 bytes in all. Worked by hand: the cap is 5283840 / 16 =
+ * 330240 bytes (over the 256 KiB floor). In reverse registration order
+ * (layer l's weight is parameter 2 l, its bias 2 l + 1), the first bucket
+ * closes at 1 MiB: 7 layers and a bias are 925696 bytes, 8 layers 1056768,
+ * so it holds layers 39-32 (16 parameters). Then 2 layers and a bias are
+ * 265216 < 330240 and 3 layers 396288: ten buckets of three layers (31-2),
+ * and the last, layers 1-0, four parameters. 12 buckets; the 256 KiB floor
+ * would make 17 (two layers each), PyTorch's 25 MiB two. */
+START_TEST(test_default_bucket_cap) {
+    if (R == 1) return; /* no buckets at world size 1 */
+    nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0);
+    nb_rng rng = nb_rng_make(3);
+    nb_module *c[40];
+    for (int l = 0; l < 40; l++) c[l] = nb_linear_new(pctx, NB_F64, 128, 128, true, &rng);
+    nb_module *model = nb_sequential_new(pctx, 40, c);
+    nb_ddp *ddp;
+    ck_assert_int_eq(nb_ddp_new(&ddp, model, world, NULL), NB_OK);
+    ck_assert_int_eq(nb_ddp_num_buckets(ddp), 12);
+    int idx[16];
+    ck_assert_int_eq(nb_ddp_bucket_params(ddp, 0, idx, 16), 16);
+    ck_assert_int_eq(idx[0], 79); /* layer 39's bias */
+    ck_assert_int_eq(idx[15], 64); /* layer 32's weight */
+    for (int b = 1; b <= 10; b++) {
+        ck_assert_int_eq(nb_ddp_bucket_params(ddp, b, idx, 16), 6);
+        int top = 31 - 3 * (b - 1); /* the bucket's layers: top, top - 1, top - 2 */
+        ck_assert_int_eq(idx[0], 2 * top + 1);
+        ck_assert_int_eq(idx[5], 2 * (top - 2));
+    }
+    ck_assert_int_eq(nb_ddp_bucket_params(ddp, 11, idx, 16), 4);
+    ck_assert(idx[0] == 3 && idx[3] == 0);
+    nb_ddp_free(ddp);
+    /* an explicit cap is used as given: 25 MiB, two buckets */
+    nb_ddp_options o = NB_DDP_DEFAULTS;
+    o.bucket_cap_bytes = 25u << 20;
+    ck_assert_int_eq(nb_ddp_new(&ddp, model, world, &o), NB_OK);
+    ck_assert_int_eq(nb_ddp_num_buckets(ddp), 2);
+    nb_ddp_free(ddp);
+    nb_ctx_free(pctx);
+}
+END_TEST
+
 /* ---- gradients set to none (Note [Gradients set to none] in autograd/backward.c) ---- */
 
 /* Every parameter of a and b has the same values, compared as numbers. */
@@ -645,7 +688,7 @@ static Suite *suite(void) {
                              test_overlap_recorded, test_overlap_figures, test_overlap_across_ranks,
                              test_bf16_hook, test_mismatch_named, test_freed_wrapper_named,
                              test_gradients_are_bucket_views, test_grad_set_to_none, test_unused_on_every_rank,
-                             NULL};
+                             test_default_bucket_cap, NULL};
     return nbt_suite("ddp", "ddp", 120, tests);
 }
 

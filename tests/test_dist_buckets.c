@@ -1,7 +1,7 @@
 /* DDP's bucket partition and bucket orders (distributed/ddp_buckets.c,
  * Note [Buckets] in ddp.c) on hand-made sizes: the first-bucket rule, the
- * cap, one dtype per bucket, oversized parameters, and the order rebuilt
- * from the order in which gradients became ready. Expected buckets are
+ * cap, one dtype per bucket, oversized parameters, the order rebuilt
+ * from the order in which gradients became ready, and the default cap. Expected buckets are
  * worked out by hand in the comments. */
 #include <stdio.h>
 #include <string.h>
@@ -94,6 +94,20 @@ START_TEST(test_rebuild_from_ready_order) {
 }
 END_TEST
 
+START_TEST(test_default_cap) {
+    /* Note [Default bucket cap]: a sixteenth of the gradients' bytes, within
+     * 256 KiB (262144) and 25 MiB (26214400). */
+    ck_assert_uint_eq(nb__ddp_default_cap(0), 262144);
+    ck_assert_uint_eq(nb__ddp_default_cap(3246592), 262144);       /* bench_ddp's GPT: 202912 raised to the floor */
+    ck_assert_uint_eq(nb__ddp_default_cap(16 * 262144), 262144);   /* 4 MiB: exactly the floor */
+    ck_assert_uint_eq(nb__ddp_default_cap(5283840), 330240);       /* 5283840 / 16 */
+    ck_assert_uint_eq(nb__ddp_default_cap(8u << 20), 524288);      /* 8 MiB: 512 KiB */
+    ck_assert_uint_eq(nb__ddp_default_cap(16 * 26214400), 26214400); /* 400 MiB: exactly PyTorch's cap */
+    ck_assert_uint_eq(nb__ddp_default_cap(497758208), 26214400);   /* GPT-2 small's f32 gradients: 25 MiB */
+    ck_assert_uint_eq(nb__ddp_default_first(), 1048576);
+}
+END_TEST
+
 NBT_MAIN("dist_buckets", "partition", 0,
          test_first_bucket_then_cap, test_small_first_bucket, test_one_dtype_per_bucket, test_oversized_and_empty,
-         test_rebuild_from_ready_order)
+         test_rebuild_from_ready_order, test_default_cap)

@@ -13,7 +13,8 @@
  * measured:FILE (fitted to the table bench_collectives prints, saved in
  * FILE) or ALPHA_US,GB/S. Defaults: --intra nvlink-h100 --inter ib400
  * --per-node 8 --max-world 1024 --mode ddp --algo best, DDP's buckets
- * (first 1 MiB, then 25 MiB; --bucket-mb sets both). The last column
+ * (first 1 MiB, then a sixteenth of the gradients' bytes within 256 KiB-25
+ * MiB; --bucket-mb sets both). The last column
  * names the bucket cap with the shortest projected step at that size.
  * --powersgd RANK projects PowerSGD's steady state (nb_ddp_set_powersgd,
  * min_compression_rate 2 as its default).
@@ -23,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "distributed/ddp_buckets.h"
 #include "distributed/scale.h"
 
 static int usage(void) {
@@ -39,7 +41,7 @@ int main(int argc, char **argv) {
     int max_world = 1024;
     double bucket_mb = 0;
     nb__scale_config c = {.nodes = 1, .per_node = 8, .mode = NB__SCALE_DDP, .algo = NB__SCALE_BEST,
-                          .first_bucket = 1u << 20, .bucket_cap = 25u << 20, .powersgd_min_rate = 2.0};
+                          .first_bucket = nb__ddp_default_first(), .powersgd_min_rate = 2.0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--presets")) {
@@ -78,6 +80,11 @@ int main(int argc, char **argv) {
         nb__scale_trace_read(path, &t) != NB_OK) {
         fprintf(stderr, "%s\n", nb_last_error());
         return 1;
+    }
+    if (!c.bucket_cap) { /* DDP's default (Note [Default bucket cap] in distributed/ddp_buckets.c) */
+        size_t grad_bytes = 0;
+        for (int i = 0; i < t.n; i++) grad_bytes += (size_t)t.p[i].numel * nb_dtype_size(t.p[i].dtype);
+        c.bucket_cap = nb__ddp_default_cap(grad_bytes);
     }
     nb__scale_report(stdout, &t, &c, max_world);
     nb__scale_trace_free(&t);

@@ -34,7 +34,8 @@ typedef enum nb_ddp_comm_hook {
 
 typedef struct nb_ddp_options {
     size_t first_bucket_bytes; /* 0: 1 MiB */
-    size_t bucket_cap_bytes;   /* 0: 25 MiB */
+    size_t bucket_cap_bytes;   /* 0: a sixteenth of the gradients' bytes, at least
+                                  256 KiB and at most 25 MiB (PyTorch's cap) */
     /* Parameters that get no gradient in a step are reduced as they are
      * (zeros after zero_grad). A gradient set to none
      * (nb_optim_zero_grad_to_none) that no rank fills stays NULL, as in
