@@ -100,8 +100,8 @@ message.
 # mirrors Note [CPU binding]), since torchrun binds nothing; the ranks'
 # kernel thread counts, Gloo's own threads included,
 # are read back as for the other rows. Both sides time from forward to
-# zero_grad on rank 0. "hidden" exists for nabla only: bench_ddp averages
-# nb_ddp_last_stats' hidden_fraction over its timed steps (per step: the part
+# zero_grad on rank 0. "hidden" exists for nabla only: bench_ddp takes the
+# median of nb_ddp_last_stats' hidden_fraction over its timed steps (per step: the part
 # of each bucket's all-reduce, from its start to its finish, that lies before
 # the end of backward, over the buckets' summed all-reduce time), and "all
 # ranks" / "peer wait" are its hidden_all / peer_wait_ms, the same over every
@@ -875,7 +875,7 @@ def main():
               + ("none" if not shares else
                  "; ".join(f"rank {r} on CPU {','.join(map(str, cs))}" for r, cs in enumerate(shares))))
         print("  hidden: share of nabla's all-reduce time that ran before backward ended "
-              "(nb_ddp_last_stats), mean over the timed steps of rank 0")
+              "(nb_ddp_last_stats), median over the timed steps of rank 0")
         print("  all ranks: the same over every rank's timed steps on one clock, without the time a bucket "
               "waited for a rank that launched it later (peer wait, ms per rank and step), hidden behind "
               "the last rank's backward (nb_ddp_overlap_across_ranks)")
