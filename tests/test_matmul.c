@@ -388,7 +388,7 @@ START_TEST(test_causal_products) {
     static const int64_t sizes[][3] = {{1, 1, 1},   {6, 16, 6},   {7, 17, 7},   {5, 3, 5},
                                        {13, 33, 13}, {64, 32, 64}, {96, 64, 96}, {31, 20, 47},
                                        {47, 20, 31}, {130, 40, 130}, {300, 24, 300}, {40, 600, 40}};
-    int prev = nb__sgemm_set_enabled(1), prev_width = nb__sgemm_set_width(0);
+    int prev = nb__sgemm_set_enabled(1);
     for (int on = 2; on >= 0; on--) { /* the widest tile, the AVX2 tile, OpenBLAS */
         nb__sgemm_set_enabled(on > 0);
         nb__sgemm_set_width(on == 1 ? 256 : 0);
@@ -402,7 +402,7 @@ START_TEST(test_causal_products) {
                 }
     }
     nb__sgemm_set_enabled(prev);
-    nb__sgemm_set_width(prev_width == 512 ? 0 : prev_width);
+    nb__sgemm_set_width(0); /* back to the widest */
 }
 END_TEST
 
@@ -411,7 +411,8 @@ END_TEST
  * FMA chain a element, k in order, wherever the tiles fall), on the
  * attention's shapes and ragged ones. */
 START_TEST(test_causal_widths_agree) {
-    if (!nb__sgemm_kernel_on() || nb__sgemm_set_width(0) != 512) return;
+    nb__sgemm_set_width(0);
+    if (!nb__sgemm_kernel_on() || nb__sgemm_width() != 512) return;
     static const int64_t sizes[][3] = {{128, 64, 128}, {37, 19, 37}, {9, 16, 9}, {130, 40, 130}};
     for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++)
         for (int tri = 0; tri < 4; tri++)
@@ -479,7 +480,8 @@ static void causal_skips(void) {
 
 START_TEST(test_causal_skips) {
     if (!nb__sgemm_kernel_on()) return; /* the fallback computes everything */
-    int widest = nb__sgemm_set_width(0);
+    nb__sgemm_set_width(0);
+    int widest = nb__sgemm_width();
     for (int w = 256; w <= widest; w += 256) {
         nb__sgemm_set_width(w);
         causal_skips();

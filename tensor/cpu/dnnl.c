@@ -448,14 +448,21 @@ static per_thread *this_thread(void) {
     return t;
 }
 
+/* *buf, a 64-byte aligned buffer of this thread holding *cap bytes, grown
+ * to at least `bytes` (in whole pages); what: for the error. */
+static void *thread_buffer(void **buf, size_t *cap, size_t bytes, const char *what) {
+    if (bytes > *cap) {
+        free(*buf);
+        *cap = (bytes + 4095) / 4096 * 4096;
+        *buf = aligned_alloc(64, *cap);
+        NB_CHECK(*buf, "oneDNN: out of memory for %s (%zu bytes)", what, *cap);
+    }
+    return *buf;
+}
+
 static void execute(const entry *e, void *const *ptr, int nthr) {
     per_thread *t = this_thread();
-    if (e->scratch > t->scratch_bytes) {
-        free(t->scratch);
-        t->scratch_bytes = (e->scratch + 4095) / 4096 * 4096;
-        t->scratch = aligned_alloc(64, t->scratch_bytes);
-        NB_CHECK(t->scratch, "oneDNN: out of memory for a %zu-byte scratchpad", t->scratch_bytes);
-    }
+    thread_buffer(&t->scratch, &t->scratch_bytes, e->scratch, "a scratchpad");
     dnnl_exec_arg_t args[MAX_MD];
     for (int i = 0; i < e->n_md; i++) {
         void *p = e->md_arg[i] == DNNL_ARG_SCRATCHPAD ? t->scratch : ptr[i];
@@ -650,18 +657,6 @@ typedef struct block_job {
  * (memcpy, no transpose), to a dense (K, rows) buffer of its thread and
  * runs on that. The copy is exact, and whether to copy depends only on
  * the shape, so results stay the same for any pool size. */
-static void *pack_buffer(size_t bytes) {
-    per_thread *t = this_thread();
-    if (bytes > t->pack_bytes) {
-        free(t->pack);
-        t->pack_bytes = (bytes + 4095) / 4096 * 4096;
-        t->pack = aligned_alloc(64, t->pack_bytes);
-        NB_CHECK(t->pack, "oneDNN: out of memory packing a product's block (%zu bytes)",
-                 t->pack_bytes);
-    }
-    return t->pack;
-}
-
 static void matmul_block(void *arg, int64_t blk, int tid) {
     (void)tid;
     const block_job *j = arg;
@@ -674,7 +669,9 @@ static void matmul_block(void *arg, int64_t blk, int tid) {
     if (j->pack) {
         int64_t n = e->key.dims[0][0], k = j->key->dims[0][1], ld = j->key->strides[0][1];
         size_t row = (size_t)n * j->es;
-        char *buf = pack_buffer(row * (size_t)k);
+        per_thread *t = this_thread();
+        char *buf =
+            thread_buffer(&t->pack, &t->pack_bytes, row * (size_t)k, "a product's packed block");
         for (int64_t i = 0; i < k; i++)
             memcpy(buf + (size_t)i * row, (const char *)ptr[0] + (size_t)(i * ld) * j->es, row);
         ptr[0] = buf;

@@ -371,33 +371,17 @@ NB_CPU_CLONES static void gelu_tanh_backward_f32(float *dx, const float *g, cons
     for (int64_t i = 0; i < n; i++) dx[i] = g[i] * nb__f_gelu_tanh_grad_f32v(x[i], 0);
 }
 
+/* dx = g * GELU'(x) over n contiguous elements of f32 (half false) or
+ * bf16, in chunks of GRAIN on the pool when there are two or more */
 typedef struct gelu_job {
-    float *dx;
-    const float *g, *x;
+    void *dx;
+    const void *g, *x;
     int64_t n;
+    bool half;
 } gelu_job;
 
-static void gelu_backward_chunk(void *varg, int64_t c, int tid) {
-    (void)tid;
-    const gelu_job *j = varg;
-    int64_t lo = c * GRAIN, len = j->n - lo < GRAIN ? j->n - lo : GRAIN;
-    gelu_tanh_backward_f32(j->dx + lo, j->g + lo, j->x + lo, len);
-}
-
-void nb__cpu_gelu_tanh_backward_f32(nb_tensor *dx, const nb_tensor *g, const nb_tensor *x) {
-    gelu_job j = {dx->data, g->data, x->data, nb_numel(x)};
-    if (j.n < 2 * GRAIN) gelu_tanh_backward_f32(j.dx, j.g, j.x, j.n);
-    else nb__parallel_for(nb__chunk_count(j.n, GRAIN), gelu_backward_chunk, &j);
-}
-
-/* bf16 dx, g and x, contiguous: the f32 loop in blocks (Note [bf16
- * elementwise in blocks]) */
-typedef struct gelu_half_job {
-    uint16_t *dx;
-    const uint16_t *g, *x;
-    int64_t n;
-} gelu_half_job;
-
+/* bf16 dx, g and x: the f32 loop in blocks (Note [bf16 elementwise in
+ * blocks]) */
 static void gelu_backward_half(uint16_t *dx, const uint16_t *g, const uint16_t *x, int64_t n) {
     float bd[BLOCK], bg[BLOCK], bx[BLOCK];
     for (int64_t lo = 0; lo < n; lo += BLOCK) {
@@ -409,11 +393,29 @@ static void gelu_backward_half(uint16_t *dx, const uint16_t *g, const uint16_t *
     }
 }
 
-static void gelu_backward_half_chunk(void *varg, int64_t c, int tid) {
+static void gelu_backward_range(const gelu_job *j, int64_t lo, int64_t len) {
+    if (j->half)
+        gelu_backward_half((uint16_t *)j->dx + lo, (const uint16_t *)j->g + lo,
+                           (const uint16_t *)j->x + lo, len);
+    else
+        gelu_tanh_backward_f32((float *)j->dx + lo, (const float *)j->g + lo,
+                               (const float *)j->x + lo, len);
+}
+
+static void gelu_backward_chunk(void *varg, int64_t c, int tid) {
     (void)tid;
-    const gelu_half_job *j = varg;
+    const gelu_job *j = varg;
     int64_t lo = c * GRAIN, len = j->n - lo < GRAIN ? j->n - lo : GRAIN;
-    gelu_backward_half(j->dx + lo, j->g + lo, j->x + lo, len);
+    gelu_backward_range(j, lo, len);
+}
+
+static void gelu_backward_run(const gelu_job *j) {
+    if (j->n < 2 * GRAIN) gelu_backward_range(j, 0, j->n);
+    else nb__parallel_for(nb__chunk_count(j->n, GRAIN), gelu_backward_chunk, (void *)j);
+}
+
+void nb__cpu_gelu_tanh_backward_f32(nb_tensor *dx, const nb_tensor *g, const nb_tensor *x) {
+    gelu_backward_run(&(gelu_job){dx->data, g->data, x->data, nb_numel(x), false});
 }
 
 bool nb__cpu_gelu_tanh_backward_blocks(nb_tensor *dx, const nb_tensor *g, const nb_tensor *x) {
@@ -421,9 +423,7 @@ bool nb__cpu_gelu_tanh_backward_blocks(nb_tensor *dx, const nb_tensor *g, const 
     if (g->dtype != NB_BF16 || x->dtype != NB_BF16 || !nb_is_contiguous(dx) ||
         !nb_is_contiguous(g) || !nb_is_contiguous(x) || !blocks_apply(dx, 2, in))
         return false;
-    gelu_half_job j = {dx->data, g->data, x->data, nb_numel(x)};
-    if (j.n < 2 * GRAIN) gelu_backward_half(j.dx, j.g, j.x, j.n);
-    else nb__parallel_for(nb__chunk_count(j.n, GRAIN), gelu_backward_half_chunk, &j);
+    gelu_backward_run(&(gelu_job){dx->data, g->data, x->data, nb_numel(x), true});
     return true;
 }
 
