@@ -60,8 +60,13 @@
  * before its collective) before the bucket's grads_final, so a feature
  * stepping there sees the NULL too. A parameter with a gradient on some
  * rank gets the average as before (rank r's gradient / world where only
- * r used it); with nb_optim_zero_grad the gradients are never NULL, the
- * map is all ones and nothing changes but the collective.
+ * r used it). A parameter that never had a gradient is none from the
+ * wrapper on (make_grads), so this holds from the first step, with
+ * nb_optim_zero_grad too (which zeroes gradients and leaves NULL ones
+ * NULL, as PyTorch's zero_grad(set_to_none=False) does): a parameter no
+ * rank ever uses is never stepped, as in one process without DDP. With
+ * nb_optim_zero_grad and gradients that exist, the map is all ones and
+ * nothing changes but the collective.
  *
  * Note [DDP on CUDA]
  * The bucket flats are made in a context of the process group's device
@@ -249,11 +254,12 @@ static int param_index(const nb_ddp *d, const nb_tensor *t) {
 
 /* b's flat (padded as the communication hook asks) in a context of its
  * own, with each parameter's ->grad a view of its slice holding the
- * gradient's current value (zeros without one). A gradient set to none
- * (NULL with a home, Note [Gradients set to none] in autograd/backward.c)
- * stays none, the view its new home: the bucket rebuild at the end of the
- * first backward must not give a parameter that no rank used (Note
- * [Unused parameters]) zeros to step on. */
+ * gradient's current value. A parameter without a gradient (NULL: none
+ * yet, set to none, or given back, Note [Gradients set to none] in
+ * autograd/backward.c) stays without one, the view its new home: neither
+ * the wrapper nor the bucket rebuild at the end of the first backward may
+ * give a parameter that no rank used (Note [Unused parameters]) zeros to
+ * step on, which a process without DDP never has. */
 static void make_grads(nb_ddp *d, bucket *b) {
     int64_t len = d->comm->flat_numel ? d->comm->flat_numel(d, d->comm_self, b->numel) : b->numel;
     b->gctx = nb_ctx_new(nb_pg_device(d->pg), 0);
@@ -265,7 +271,7 @@ static void make_grads(nb_ddp *d, bucket *b) {
         nb__contig_strides(t->ndim, t->shape, st);
         nb_tensor *view = nb__view(b->gctx, b->flat, t->ndim, t->shape, st,
                                    (char *)b->flat->data + b->offsets[k] * (int64_t)esz);
-        bool none = !t->grad && t->priv->grad_home;
+        bool none = !t->grad;
         if (t->grad) nb_copy_(view, t->grad);
         nb_set_grad(t, view);
         if (none) nb__grad_set_none(t);
@@ -551,14 +557,20 @@ void nb__ddp_reducer_free(nb_ddp *d) {
         for (int i = 0; i < d->n; i++) {
             nb_tensor *t = d->p[i].tensor;
             nb_remove_grad_hook(t, grad_ready_hook, &d->refs[i]);
-            nb_tensor *own = d->own_grad[i];
+            /* the memory it had before the wrapper, unless given back since
+             * (Note [Gradient segments] in autograd/backward.c: a segment
+             * none of whose slots holds a gradient is given back by
+             * nb_optim_zero_grad_to_none) */
+            nb_tensor *own = nb__is_live(d->own_grad[i]) ? d->own_grad[i] : NULL;
+            bool none = !t->grad && t->priv->grad_home; /* none, not given back */
             if (t->grad) { /* the gradient's value back in memory of its own */
                 if (!own) own = nb_zeros(t->ctx, t->dtype, t->ndim, t->shape);
                 nb_copy_(own, t->grad);
-            } else if (own) { /* given back by ZeRO-2: consumed */
+            } else if (own && !none) { /* given back by ZeRO-2: consumed */
                 nb_fill_(own, 0);
             }
             nb_set_grad(t, own);
+            if (none) nb__grad_set_none(t); /* still none, its own memory the home */
         }
     }
     for (int b = 0; b < d->n_buckets; b++) nb_ctx_free(d->buckets[b].gctx);

@@ -258,6 +258,12 @@ static inline void nb__check_live(const char *op, const nb_tensor *t) {
         nb__stale_abort(op, t);
 }
 
+/* Whether t may still be used: what nb__check_live checks, as a question. */
+static inline bool nb__is_live(const nb_tensor *t) {
+    return t && !NB__RELEASED(t) && !(t->ctx && (t->priv->gen != nb__ctx_gen(t->ctx) ||
+                                                 (t->priv->mem && t->priv->mem->given_back)));
+}
+
 /* Broadcast shape of a and b into out (returns its ndim); aborts naming op. */
 int nb__broadcast_shape(const char *op, const nb_tensor *a, const nb_tensor *b,
                         int64_t *out_shape);

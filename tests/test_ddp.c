@@ -445,12 +445,30 @@ DDP_TEST(test_gradients_are_bucket_views) {
     ck_assert_int_eq(nb_ddp_new(&ddp, model, world, NULL), NB_OK);
     nb_named_tensor p[4];
     nb_module_named_parameters(model, p, 4);
+    /* no gradient yet: the wrapper gives none (Note [Unused parameters] in
+     * distributed/ddp.c), and the first backward writes them */
+    for (int i = 0; i < 4; i++) ck_assert_msg(p[i].tensor->grad == NULL, "%s", p[i].name);
+    nb_tensor *x, *y;
+    make_batch(step, R * 4, 41, &x, &y);
+    nb_tensor *logits = nb_module_forward(model, step, shard(step, x, me * 4, 4));
+    nb_status st = nb_ddp_backward(ddp, nb_cross_entropy(step, logits, shard(step, y, me * 4, 4), NULL));
+    ck_assert_msg(st == NB_OK, "%s", nb_last_error());
     if (R > 1) {
-        /* all four in one bucket: their gradients are consecutive slices of one buffer */
+        /* all four in one bucket: their gradients are consecutive slices of
+         * one buffer (in the order the first backward made them ready) */
         ck_assert_int_eq(nb_ddp_num_buckets(ddp), 1);
-        for (int i = 0; i < 3; i++)
-            ck_assert_ptr_eq((char *)p[i + 1].tensor->grad->data + nb_numel(p[i + 1].tensor) * 8,
-                             p[i].tensor->grad->data);
+        const char *lo = p[0].tensor->grad->data, *hi = lo;
+        int64_t total = 0;
+        for (int i = 0; i < 4; i++) {
+            const char *at = p[i].tensor->grad->data;
+            lo = at < lo ? at : lo;
+            hi = at + nb_numel(p[i].tensor) * 8 > hi ? at + nb_numel(p[i].tensor) * 8 : hi;
+            total += nb_numel(p[i].tensor) * 8;
+            for (int j = 0; j < i; j++) /* no two overlap */
+                ck_assert(at + nb_numel(p[i].tensor) * 8 <= (const char *)p[j].tensor->grad->data ||
+                          (const char *)p[j].tensor->grad->data + nb_numel(p[j].tensor) * 8 <= at);
+        }
+        ck_assert_int_eq(hi - lo, total); /* no gap between them */
     } else {
         ck_assert_int_eq(nb_ddp_num_buckets(ddp), 0); /* world size 1: nothing */
     }
@@ -579,6 +597,68 @@ DDP_TEST(test_grad_set_to_none) {
     }
 }
 
+/* nb_ddp_free gives each gradient memory of its own again: a gradient
+ * set to none stays none (a None grad is None with or without a wrapper,
+ * never zeros for the optimizer to step on), that memory its home, which
+ * the next backward writes: the same values as after nb_optim_zero_grad.
+ * The memory the gradients had before the wrapper was given back by
+ * nb_optim_zero_grad_to_none (their flat segment held no gradient): a
+ * gradient that holds one at the free (a backward after it) gets new
+ * memory with its value. */
+static nb_tensor *mlp_loss(nb_ctx *step, nb_module *model, uint64_t seed) {
+    nb_tensor *x, *y;
+    make_batch(step, R * 4, seed, &x, &y);
+    nb_tensor *logits = nb_module_forward(model, step, shard(step, x, me * 4, 4));
+    return nb_cross_entropy(step, logits, shard(step, y, me * 4, 4), NULL);
+}
+
+static void free_keeps_none(nb_ctx *pctx, nb_ctx *step, bool backward_after) {
+    nb_module *model = mlp_of(pctx, NB_F64, 8);
+    nb_named_tensor p[4];
+    nb_module_named_parameters(model, p, 4);
+    nb_optim *opt = adamw_for(model);
+    nb_backward(mlp_loss(step, model, 43)); /* gradients of their own before the wrapper */
+    for (int i = 0; i < 4; i++) ck_assert_ptr_nonnull(p[i].tensor->grad);
+    nb_ddp *ddp;
+    ck_assert_int_eq(nb_ddp_new(&ddp, model, world, NULL), NB_OK);
+    nb_ctx_reset(step);
+    nb_optim_zero_grad(opt);
+    ck_assert_int_eq(nb_ddp_backward(ddp, mlp_loss(step, model, 44)), NB_OK);
+    nb_optim_zero_grad_to_none(opt);
+    if (backward_after) {
+        nb_ctx_reset(step);
+        ck_assert_int_eq(nb_ddp_backward(ddp, mlp_loss(step, model, 46)), NB_OK);
+        nb_tensor *kept[4];
+        for (int i = 0; i < 4; i++) kept[i] = nb_clone(pctx, p[i].tensor->grad);
+        nb_ddp_free(ddp);
+        for (int i = 0; i < 4; i++) {
+            ck_assert(p[i].tensor->grad && p[i].tensor->grad->ctx == pctx);
+            nbt_assert_tensors_close(p[i].tensor->grad, kept[i], 0, 0);
+        }
+        nb_optim_free(opt);
+        return;
+    }
+    nb_ddp_free(ddp);
+    for (int i = 0; i < 4; i++) ck_assert_msg(p[i].tensor->grad == NULL, "%s has a gradient", p[i].name);
+    nb_ctx_reset(step);
+    nb_backward(mlp_loss(step, model, 45)); /* written into the home */
+    nb_tensor *g[4];
+    for (int i = 0; i < 4; i++) {
+        ck_assert_ptr_nonnull(p[i].tensor->grad);
+        g[i] = nb_clone(pctx, p[i].tensor->grad);
+    }
+    nb_ctx_reset(step);
+    nb_optim_zero_grad(opt);
+    nb_backward(mlp_loss(step, model, 45)); /* added to zeros */
+    for (int i = 0; i < 4; i++) nbt_assert_tensors_close(p[i].tensor->grad, g[i], 0, 0);
+    nb_optim_free(opt);
+}
+
+DDP_TEST(test_free_keeps_none) {
+    free_keeps_none(pctx, step, false);
+    free_keeps_none(pctx, step, true);
+}
+
 /* Linear(F_IN, N_CLASSES) children "a", "b", "c" of a list (seeds 3, 4, 5). */
 static nb_module *three_heads(nb_ctx *ctx) {
     nb_module *root = nb_module_list_new(ctx);
@@ -599,16 +679,17 @@ static nb_tensor *head_loss(nb_ctx *step, nb_module *m, const char *name, nb_ten
 
 /* Note [Unused parameters] in distributed/ddp.c: head "b" is unused on
  * every rank, head "c" is used on rank 0 only, head "a" everywhere; AdamW
- * with weight decay, 3 steps, the gradients cleared before each. With
- * nb_optim_zero_grad_to_none b's gradients are NULL after every backward
- * (also after the bucket rebuild that ends the first) and its values stay
- * bit for bit (PyTorch's DDP leaves a globally unused parameter's None
- * grad alone); c
- * gets rank 0's gradient / world on every rank. The reference: one
- * process, nb_backward of CE(a(X), Y) + CE(c(X0), Y0) / world over the
- * whole batch X and rank 0's rows X0, the same optimizer. With
- * nb_optim_zero_grad b holds zeros and decays, p (1 - lr wd) per step
- * (Adam's update of a zero gradient from zero moments is 0). */
+ * with weight decay, 3 steps, the gradients cleared before each, by
+ * nb_optim_zero_grad_to_none or by nb_optim_zero_grad. Either way b's
+ * gradients are NULL after every backward (also after the bucket rebuild
+ * that ends the first: b never had a gradient, and the wrapper gives it
+ * none) and its values stay bit for bit, as in one process (PyTorch's DDP
+ * leaves a globally unused parameter's None grad alone, and its
+ * zero_grad leaves a None grad None); had the wrapper given b zeros, AdamW
+ * would decay it, p (1 - lr wd) per step. c gets rank 0's gradient /
+ * world on every rank. The reference: one process, nb_backward of
+ * CE(a(X), Y) + CE(c(X0), Y0) / world over the whole batch X and rank
+ * 0's rows X0, the same optimizer. */
 static void unused_on_every_rank(nb_ctx *pctx, nb_ctx *step, bool to_none, size_t first, size_t cap) {
     const int64_t B = 4;
     nb_module *m = three_heads(pctx), *ref = three_heads(pctx), *init = three_heads(pctx);
@@ -616,7 +697,6 @@ static void unused_on_every_rank(nb_ctx *pctx, nb_ctx *step, bool to_none, size_
     o.find_unused_parameters = true;
     nb_ddp *ddp = ddp_wrap(m, &o, -1);
     nb_optim *opt = adamw_for(m), *ropt = adamw_for(ref);
-    const double decay = 1 - 0.01 * NB_ADAMW_DEFAULTS.weight_decay; /* adamw_for's lr */
     nb_named_tensor p[6], q[6], b0[2];
     ck_assert_int_eq(nb_module_named_parameters(m, p, 6), 6);
     nb_module_named_parameters(ref, q, 6);
@@ -625,7 +705,7 @@ static void unused_on_every_rank(nb_ctx *pctx, nb_ctx *step, bool to_none, size_
     ck_assert_str_eq(p[3].name, "b.bias");
     for (int it = 0; it < 3; it++) {
         nb_ctx_reset(step);
-        if (to_none) { /* before each step, as PyTorch's loop: the wrapper gave b zeros at first */
+        if (to_none) { /* before each step, as PyTorch's loop */
             nb_optim_zero_grad_to_none(opt);
             nb_optim_zero_grad_to_none(ropt);
         } else {
@@ -643,11 +723,8 @@ static void unused_on_every_rank(nb_ctx *pctx, nb_ctx *step, bool to_none, size_
         nb_backward(rloss);
         for (int i = 0; i < 6; i++) {
             bool in_b = strncmp(p[i].name, "b.", 2) == 0;
-            if (in_b && (to_none || R == 1)) { /* at world 1 b never had a gradient */
+            if (in_b) {
                 ck_assert_msg(p[i].tensor->grad == NULL, "rank %d, step %d: %s has a gradient", me, it, p[i].name);
-            } else if (in_b) {
-                nbt_assert_tensors_close(p[i].tensor->grad, nb_zeros(step, NB_F64, p[i].tensor->ndim,
-                                                                     p[i].tensor->shape), 0, 0);
             } else {
                 ck_assert_msg(p[i].tensor->grad != NULL, "rank %d, step %d: %s", me, it, p[i].name);
                 nbt_assert_tensors_close(p[i].tensor->grad, q[i].tensor->grad, 1e-13, 1e-10);
@@ -656,16 +733,8 @@ static void unused_on_every_rank(nb_ctx *pctx, nb_ctx *step, bool to_none, size_
         nb_optim_step(opt);
         nb_optim_step(ropt);
         assert_same_on_all_ranks(m);
-        for (int k = 0; k < 2; k++) {
-            nb_tensor *b = p[2 + k].tensor;
-            if (to_none || R == 1) {
-                nbt_assert_tensors_close(b, b0[k].tensor, 0, 0); /* bit for bit */
-            } else {
-                double f = 1;
-                for (int j = 0; j <= it; j++) f *= decay;
-                nbt_assert_tensors_close(b, nb_mul_scalar(step, b0[k].tensor, f), 0, 1e-14);
-            }
-        }
+        for (int k = 0; k < 2; k++)
+            nbt_assert_tensors_close(p[2 + k].tensor, b0[k].tensor, 0, 0); /* bit for bit */
     }
     for (int i = 0; i < 6; i++)
         if (strncmp(p[i].name, "b.", 2) != 0)
@@ -688,6 +757,7 @@ static Suite *suite(void) {
                              test_overlap_recorded, test_overlap_figures, test_overlap_across_ranks,
                              test_bf16_hook, test_mismatch_named, test_freed_wrapper_named,
                              test_gradients_are_bucket_views, test_grad_set_to_none, test_unused_on_every_rank,
+                             test_free_keeps_none,
                              test_default_bucket_cap, NULL};
     return nbt_suite("ddp", "ddp", 120, tests);
 }

@@ -93,7 +93,9 @@ NB_API void nb_optim_split_decay(const nb_named_tensor *params, int n, const nb_
 
 /* One update of every parameter that has a gradient. */
 NB_API void nb_optim_step(nb_optim *opt);
-/* Zeroes the gradient of every parameter (buffers are kept). */
+/* Zeroes the gradient of every parameter that has one (buffers are kept);
+ * a parameter without one keeps none, as PyTorch's
+ * zero_grad(set_to_none=False). */
 NB_API void nb_optim_zero_grad(nb_optim *opt);
 /* Sets the gradient of every parameter to NULL, as PyTorch's
  * zero_grad(set_to_none=True); the memory stays reserved, and the next
