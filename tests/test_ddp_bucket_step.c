@@ -132,9 +132,70 @@ START_TEST(test_refusals) {
 }
 END_TEST
 
+/* find_unused_parameters (Note [Unused parameters] in distributed/ddp.c):
+ * heads a (used everywhere), b (used nowhere) and c (rank 0 only) of one
+ * list; stepped per bucket and plain, both wrappers with the option, after
+ * nb_optim_zero_grad each step: the same bits, and b, which never has a
+ * gradient, is never stepped (no weight decay), on either side. */
+static nb_module *heads(nb_ctx *ctx) {
+    nb_module *m = nb_module_list_new(ctx);
+    const char *names[3] = {"a", "b", "c"};
+    for (int i = 0; i < 3; i++) {
+        nb_rng rng = nb_rng_make(3 + (uint64_t)i);
+        nb_module_add(m, names[i], nb_linear_new(ctx, NB_F64, F_IN, N_CLASSES, true, &rng));
+    }
+    return m;
+}
+
+static nb_tensor *head_loss(nb_ctx *step, nb_module *m, int it) {
+    nb_tensor *x, *y;
+    make_batch(step, R * 4, 900 + (uint64_t)it, &x, &y);
+    x = shard(step, x, me * 4, 4);
+    y = shard(step, y, me * 4, 4);
+    nb_tensor *logits = nb_module_forward(nb_module_child(m, "a"), step, x);
+    if (me == 0) logits = nb_add(step, logits, nb_module_forward(nb_module_child(m, "c"), step, x));
+    return nb_cross_entropy(step, logits, y, NULL);
+}
+
+START_TEST(test_unused_parameters) {
+    nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
+    nb_module *m = heads(pctx), *ref = heads(pctx), *init = heads(pctx);
+    nb_ddp_options o = small_buckets(64, 128);
+    o.find_unused_parameters = true;
+    nb_ddp *d = ddp_wrap(m, &o, -1), *rd = ddp_wrap(ref, &o, -1);
+    nb_optim *opt = optim_for(m, NB_OPTIM_ADAMW), *ropt = optim_for(ref, NB_OPTIM_ADAMW);
+    if (R > 1) ck_assert_int_eq(nb_ddp_set_optimizer(d, opt), NB_OK);
+    for (int it = 0; it < 3; it++) {
+        nb_ctx_reset(step);
+        nb_optim_zero_grad(opt);
+        nb_optim_zero_grad(ropt);
+        ck_assert_int_eq(nb_ddp_backward(d, head_loss(step, m, it)), NB_OK);
+        if (R == 1) nb_optim_step(opt); /* a world of one has no buckets to step */
+        ck_assert_int_eq(nb_ddp_backward(rd, head_loss(step, ref, it)), NB_OK);
+        nb_optim_step(ropt);
+        assert_same(m, ref, opt, ropt);
+        nb_module *b = nb_module_child(m, "b"), *b0 = nb_module_child(init, "b");
+        nb_named_tensor p[2], q[2];
+        nb_module_named_parameters(b, p, 2);
+        nb_module_named_parameters(b0, q, 2);
+        for (int k = 0; k < 2; k++) {
+            ck_assert_msg(p[k].tensor->grad == NULL, "rank %d, step %d: b.%s has a gradient", me, it, p[k].name);
+            nbt_assert_tensors_close(p[k].tensor, q[k].tensor, 0, 0); /* never stepped */
+        }
+    }
+    if (R > 1) ck_assert_int_eq(nb_ddp_set_optimizer(d, NULL), NB_OK);
+    nb_ddp_free(d);
+    nb_ddp_free(rd);
+    nb_optim_free(opt);
+    nb_optim_free(ropt);
+    nb_ctx_free(step);
+    nb_ctx_free(pctx);
+}
+END_TEST
+
 static Suite *suite(void) {
     const TTest *tests[] = {test_adamw_equivalence, test_sgd_momentum_equivalence, test_no_sync_accumulation,
-                             test_refusals, NULL};
+                             test_refusals, test_unused_parameters, NULL};
     return nbt_suite("ddp_bucket_step", "ddp_bucket_step", 120, tests);
 }
 
