@@ -837,6 +837,81 @@ START_TEST(test_layer_norm_without_twins) {
 }
 END_TEST
 
+/* Cross-entropy on bf16 logits in pieces (Note [bf16 cross-entropy in
+ * pieces] in tensor/cpu/softmax.c): the loss and the log-sum-exp bit for
+ * bit those of the f32 op on f32 copies of the logits, and the gradient
+ * (the fused forward's, written apart or over the logits, and the
+ * backward's, from the log-sum-exp or from a fused gradient, for g = 0.7)
+ * the f32 op's rounded to bf16; rows of 3000 (5 a piece), 20000 (one) and
+ * 24 (all), an ignored row, label smoothing 0 and 0.1, 1 and 2 threads.
+ * Logits that are a strided view take the f32 twins: the same bits. */
+START_TEST(test_cross_entropy_without_twins) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    const int64_t cases[][2] = {{37, 3000}, {5, 20000}, {3, 24}};
+    char what[160];
+    for (size_t cs = 0; cs < sizeof cases / sizeof cases[0]; cs++) {
+        int64_t n = cases[cs][0], c = cases[cs][1];
+        nb_tensor *x = rand16(ctx, 2, (int64_t[]){n, c}, 41), *x32 = as(ctx, x, NB_F32);
+        int64_t *t = malloc(sizeof(int64_t) * (size_t)n);
+        for (int64_t i = 0; i < n; i++) t[i] = i == 1 ? -100 : (i * 7919) % c;
+        nb_tensor *tg = nb_from_host(ctx, NB_I64, 1, &n, t);
+        nb_tensor *g = nb_full(ctx, NB_F32, 0, NULL, 0.7);
+        for (int smooth = 0; smooth < 2; smooth++)
+            for (int threads = 1; threads <= 2; threads++)
+                for (int mode = 0; mode < 4; mode++) { /* plain, fused apart, fused over, strided */
+                    nb_set_num_threads(threads);
+                    double eps = smooth ? 0.1 : 0.0;
+                    snprintf(what, sizeof what, "cross-entropy %lldx%lld, eps %.1f, %d threads, %s",
+                             (long long)n, (long long)c, eps, threads,
+                             (const char *[]){"plain", "fused", "fused over the logits", "strided"}[mode]);
+                    nb_tensor *xin = nb_clone(ctx, x), *xin32 = nb_clone(ctx, x32);
+                    if (mode == 3) /* a strided view of the same values */
+                        xin = nb_transpose(ctx, nb_contiguous(ctx, nb_transpose(ctx, xin, 0, 1)), 0, 1);
+                    nb_tensor *d = NULL, *d32 = NULL;
+                    if (mode == 1) {
+                        d = nb_empty(ctx, NB_BF16, 2, (int64_t[]){n, c});
+                        d32 = nb_empty(ctx, NB_F32, 2, (int64_t[]){n, c});
+                    } else if (mode == 2) {
+                        d = xin, d32 = xin32;
+                    }
+                    nb_tensor *loss = nb_empty(ctx, NB_F32, 0, NULL), *loss32 = nb_empty(ctx, NB_F32, 0, NULL);
+                    nb_tensor *lse, *lse32, *count, *count32;
+                    nb__cpu_cross_entropy(ctx, loss, &lse, &count, d, xin, tg, -100, eps);
+                    nb__cpu_cross_entropy(ctx, loss32, &lse32, &count32, d32, xin32, tg, -100, eps);
+                    float l[2];
+                    nb_to_host(loss, &l[0]);
+                    nb_to_host(loss32, &l[1]);
+                    ck_assert_msg(memcmp(&l[0], &l[1], sizeof(float)) == 0, "%s: loss %.9g, f32 %.9g", what,
+                                  l[0], l[1]);
+                    if (mode == 1 || mode == 2) {
+                        same_bits(what, d, as(ctx, d32, NB_BF16));
+                        continue;
+                    }
+                    ck_assert(lse->dtype == NB_F32);
+                    float *a = malloc(sizeof(float) * (size_t)n), *b = malloc(sizeof(float) * (size_t)n);
+                    nb_to_host(lse, a);
+                    nb_to_host(lse32, b);
+                    ck_assert_msg(memcmp(a, b, sizeof(float) * (size_t)n) == 0, "%s: lse differs", what);
+                    free(a), free(b);
+                    /* the backward from the log-sum-exp, then from a fused gradient (lse NULL) */
+                    nb_tensor *dx = nb_empty(ctx, NB_BF16, 2, (int64_t[]){n, c});
+                    nb_tensor *dx32 = nb_empty(ctx, NB_F32, 2, (int64_t[]){n, c});
+                    nb__cpu_cross_entropy_backward(dx, xin, lse, tg, g, count, -100, eps);
+                    nb__cpu_cross_entropy_backward(dx32, xin32, lse32, tg, g, count32, -100, eps);
+                    same_bits(what, dx, as(ctx, dx32, NB_BF16));
+                    nb_tensor *h = nb_clone(ctx, x), *h32 = as(ctx, h, NB_F32);
+                    nb__cpu_cross_entropy_backward(h, h, NULL, tg, g, count, -100, eps);
+                    nb__cpu_cross_entropy_backward(h32, h32, NULL, tg, g, count32, -100, eps);
+                    same_bits(what, h, as(ctx, h32, NB_BF16));
+                }
+        free(t);
+        nb_ctx_reset(ctx);
+    }
+    nb_set_num_threads(0);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
 /* A bf16 gradient summed to a broadcast input's shape in f32 (Note
  * [Broadcast gradients of storage halves] in tensor/ops_reduce.c): the
  * f32 sums read from g itself are bit for bit those of an f32 copy of g
@@ -1129,6 +1204,7 @@ static Suite *cpu_bf16_suite(void) {
     tcase_add_test(tc, test_attention_without_twins);
     tcase_add_test(tc, test_layer_norm_without_twins);
     tcase_add_test(tc, test_broadcast_gradient_without_twin);
+    tcase_add_test(tc, test_cross_entropy_without_twins);
     tcase_add_test(tc, test_gelu_any_width);
     tcase_add_loop_test(tc, test_table, 0, T_COUNT);
     tcase_add_test(tc, test_gpt_trains_in_bf16);

@@ -190,7 +190,12 @@ void nb__cpu_conv2d_backward(nb_ctx *ctx, nb_dtype dt, const nb__conv2d_geom *g,
 void nb__cpu_cross_entropy(nb_ctx *ctx, nb_tensor *loss, nb_tensor **lse, nb_tensor **count,
                            nb_tensor *dlogits, const nb_tensor *logits, const nb_tensor *targets,
                            int64_t ignore_index, double eps) {
-    if (nb__cpu_is_bf16(logits)) {
+    /* bf16 logits: in pieces (Note [bf16 cross-entropy in pieces] in
+     * tensor/cpu/softmax.c) when they and dlogits are contiguous bf16, else
+     * through f32 twins */
+    bool half = nb__cpu_is_bf16(logits);
+    if (half && !(nb_is_contiguous(logits) &&
+                  (!dlogits || (dlogits->dtype == NB_BF16 && nb_is_contiguous(dlogits))))) {
         nb__cpu_cross_entropy_bf16(ctx, loss, lse, count, dlogits, logits, targets, ignore_index,
                                    eps);
         return;
@@ -206,7 +211,7 @@ void nb__cpu_cross_entropy(nb_ctx *ctx, nb_tensor *loss, nb_tensor **lse, nb_ten
                  (long long)ignore_index, nb_shape_str(logits));
         kept++;
     }
-    *lse = dlogits ? NULL : nb__empty(ctx, logits->dtype, 1, &n);
+    *lse = dlogits ? NULL : nb__empty(ctx, half ? NB_F32 : logits->dtype, 1, &n);
     *count = nb__empty(ctx, NB_F64, 0, NULL);
     *(double *)(*count)->data = (double)kept;
     /* the scale the backward uses for g = 1 */
@@ -219,7 +224,9 @@ void nb__cpu_cross_entropy_backward(nb_tensor *dlogits, const nb_tensor *logits,
                                     const nb_tensor *lse, const nb_tensor *targets,
                                     const nb_tensor *g, const nb_tensor *count,
                                     int64_t ignore_index, double eps) {
-    if (nb__cpu_is_bf16(logits)) {
+    if (nb__cpu_is_bf16(logits) &&
+        !(nb_is_contiguous(logits) && dlogits->dtype == NB_BF16 && nb_is_contiguous(dlogits) &&
+          (!lse || lse->dtype == NB_F32))) {
         nb__cpu_cross_entropy_backward_bf16(dlogits, logits, lse, targets, g, count, ignore_index,
                                             eps);
         return;

@@ -21,8 +21,9 @@
  * tensor/cpu/elementwise.c; attention: Note [bf16 attention without
  * twins] in tensor/cpu/attention.c; layer norm: Note [bf16 layer norm in
  * row groups] in tensor/cpu/norm.c; a bias's gradient: Note [Broadcast
- * gradients of storage halves] in tensor/ops_reduce.c). The twins below
- * remain for the other entries and for the layouts those decline. */
+ * gradients of storage halves] in tensor/ops_reduce.c; cross-entropy:
+ * Note [bf16 cross-entropy in pieces] in tensor/cpu/softmax.c). The twins
+ * below remain for the other entries and for the layouts those decline. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -250,7 +251,8 @@ void nb__cpu_layer_norm_backward_bf16(nb_ctx *ctx, nb_tensor *dx, nb_tensor *dw,
     else narrow(&wd, dx);
 }
 
-/* bf16 logits; the loss and the log-sum-exp f32 */
+/* bf16 logits that are not contiguous (the contiguous ones go in pieces);
+ * the loss and the log-sum-exp f32 */
 void nb__cpu_cross_entropy_bf16(nb_ctx *ctx, nb_tensor *loss, nb_tensor **lse, nb_tensor **count,
                                 nb_tensor *dlogits, const nb_tensor *logits,
                                 const nb_tensor *targets, int64_t ignore_index, double eps) {

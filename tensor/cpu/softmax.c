@@ -356,41 +356,43 @@ int64_t nb__cpu_target_at(const nb_tensor *targets, int64_t i) {
         for (int64_t j = 0; j < c; j++) drow[j] = sc * EXP(row[j] - li) - off;              \
         drow[t] -= on;                                                                      \
     }                                                                                       \
-    /* dx, when not NULL, gets the gradient for the scale `scale` (fused) */                \
+    /* rows [i0, i1): x, lse and dx point at row i0's; dx, when not NULL, gets the         \
+     * gradient for the scale `scale` (fused) */                                            \
     static double cross_entropy_##T(T *lse, T *dx, const T *x, const nb_tensor *targets,    \
                                     int64_t i0, int64_t i1, int64_t c, int64_t ignore,      \
                                     double eps, double scale) {                             \
         T off = (T)(scale * eps / (double)c), on = (T)(scale * (1 - eps)), sc = (T)scale;    \
         double total = 0;                                                                   \
         for (int64_t i = i0; i < i1; i++) {                                                 \
-            const T *row = x + i * c;                                                       \
+            const T *row = x + (i - i0) * c;                                                \
             T mx = row_max_##T(row, c, 1);                                                     \
             double l = (double)mx + log(row_expsum_##T(NULL, row, c, 1, mx)), sx = 0;          \
             if (eps != 0)                                                                   \
                 for (int64_t j = 0; j < c; j++) sx += row[j];                               \
-            if (lse) lse[i] = (T)l;                                                         \
+            if (lse) lse[i - i0] = (T)l;                                                    \
             int64_t t = nb__cpu_target_at(targets, i);                                      \
             if (t != ignore) {                                                              \
                 double nll = l - (double)row[t];                                            \
                 total += eps == 0 ? nll : (1 - eps) * nll + eps * (l - sx / (double)c);     \
             }                                                                               \
-            if (dx) ce_grad_row_##T(dx + i * c, row, (T)l, t, c, ignore, sc, off, on);      \
+            if (dx) ce_grad_row_##T(dx + (i - i0) * c, row, (T)l, t, c, ignore, sc, off, on); \
         }                                                                                   \
         return total;                                                                       \
     }                                                                                       \
-    /* lse NULL: x holds the fused forward's gradient, dx = scale x */                      \
+    /* rows [i0, i1), dx, x and lse pointing at row i0's; lse NULL: x holds the fused        \
+     * forward's gradient, dx = scale x */                                                  \
     static void cross_entropy_backward_##T(T *dx, const T *x, const T *lse,                   \
                                            const nb_tensor *targets, int64_t i0, int64_t i1, \
                                            int64_t c, int64_t ignore, double eps,           \
                                            double scale) {                                  \
         T off = (T)(scale * eps / (double)c), on = (T)(scale * (1 - eps)), sc = (T)scale;    \
         if (!lse) {                                                                         \
-            for (int64_t e = i0 * c; e < i1 * c; e++) dx[e] = sc * x[e];                    \
+            for (int64_t e = 0; e < (i1 - i0) * c; e++) dx[e] = sc * x[e];                  \
             return;                                                                         \
         }                                                                                   \
         for (int64_t i = i0; i < i1; i++)                                                   \
-            ce_grad_row_##T(dx + i * c, x + i * c, lse[i], nb__cpu_target_at(targets, i), c,  \
-                            ignore, sc, off, on);                                           \
+            ce_grad_row_##T(dx + (i - i0) * c, x + (i - i0) * c, lse[i - i0],                    \
+                            nb__cpu_target_at(targets, i), c, ignore, sc, off, on);         \
     }
 
 DEFINE_CROSS_ENTROPY(float, exp_or_zero)
@@ -398,24 +400,60 @@ DEFINE_CROSS_ENTROPY(double, exp)
 
 /* Rows in pieces of a size fixed by C; the loss is the sum of the pieces'
  * sums in piece order (Note [Deterministic parallel kernels] in
- * tensor/cpu/threads.h). */
+ * tensor/cpu/threads.h).
+ *
+ * Note [bf16 cross-entropy in pieces]
+ * bf16 logits (and dlogits), with an f32 log-sum-exp: each piece's rows
+ * are widened into an f32 buffer of the thread running it, the f32 kernel
+ * runs on them (its gradient written over them, as it may be over the
+ * logits), and the gradient's rows are rounded once into dlogits. Each row
+ * is the f32 kernel's row on the same values and the pieces are the f32
+ * op's, so the loss, the log-sum-exp and the gradient are the bits of the
+ * f32 op on f32 twins of the bf16 values, rounded at the output (Note
+ * [bf16 activations on the CPU] in tensor/cpu/bf16.c), without twins:
+ * a GPT-2 vocabulary's logits at batch 8 x 1024 would take two of 1.6 GB
+ * each, beside 0.8 GB of bf16 logits; the buffers hold a piece each
+ * (16384 floats, or one row when longer). */
 typedef struct ce_job {
     void *lse, *dx;
     const nb_tensor *logits, *targets;
     int64_t n, c, grain, ignore;
     double eps, scale, *partial;
+    float *buf; /* bf16: grain * c floats per thread */
 } ce_job;
 
+static bool ce_half(const nb_tensor *logits) { return logits->dtype == NB_BF16; }
+
 static void ce_chunk(void *varg, int64_t piece, int tid) {
-    (void)tid;
     const ce_job *j = varg;
-    int64_t i0 = piece * j->grain, i1 = i0 + j->grain < j->n ? i0 + j->grain : j->n;
-    if (j->logits->dtype == NB_F32)
-        j->partial[piece] = cross_entropy_float(j->lse, j->dx, j->logits->data, j->targets, i0,
-                                                i1, j->c, j->ignore, j->eps, j->scale);
-    else
-        j->partial[piece] = cross_entropy_double(j->lse, j->dx, j->logits->data, j->targets, i0,
-                                                 i1, j->c, j->ignore, j->eps, j->scale);
+    int64_t i0 = piece * j->grain, i1 = i0 + j->grain < j->n ? i0 + j->grain : j->n, c = j->c;
+    float *lse = j->lse ? (float *)j->lse + i0 : NULL;
+    if (ce_half(j->logits)) {
+        float *b = j->buf + (size_t)tid * (size_t)(j->grain * c);
+        nb__f32_from_bf16_n(b, (const uint16_t *)j->logits->data + i0 * c, (i1 - i0) * c);
+        j->partial[piece] = cross_entropy_float(lse, j->dx ? b : NULL, b, j->targets, i0, i1, c,
+                                                j->ignore, j->eps, j->scale);
+        if (j->dx) nb__bf16_from_f32_n((uint16_t *)j->dx + i0 * c, b, (i1 - i0) * c);
+    } else if (j->logits->dtype == NB_F32) {
+        j->partial[piece] = cross_entropy_float(
+            lse, j->dx ? (float *)j->dx + i0 * c : NULL, (const float *)j->logits->data + i0 * c,
+            j->targets, i0, i1, c, j->ignore, j->eps, j->scale);
+    } else {
+        j->partial[piece] = cross_entropy_double(
+            j->lse ? (double *)j->lse + i0 : NULL, j->dx ? (double *)j->dx + i0 * c : NULL,
+            (const double *)j->logits->data + i0 * c, j->targets, i0, i1, c, j->ignore, j->eps,
+            j->scale);
+    }
+}
+
+/* the per-thread buffers of bf16 pieces (NULL otherwise) */
+static float *ce_buffers(const nb_tensor *logits, int64_t pieces, int64_t grain, int64_t c) {
+    if (!ce_half(logits)) return NULL;
+    size_t floats = (size_t)nb__parallel_threads(pieces) * (size_t)(grain * c);
+    float *b = malloc(floats * sizeof(float));
+    NB_CHECK(b, "nb_cross_entropy: out of memory for %zu bytes of row buffers (bf16 logits %s)",
+             floats * sizeof(float), nb_shape_str(logits));
+    return b;
 }
 
 double nb__cpu_cross_entropy_rows(nb_tensor *lse, nb_tensor *dlogits, const nb_tensor *logits,
@@ -427,30 +465,46 @@ double nb__cpu_cross_entropy_rows(nb_tensor *lse, nb_tensor *dlogits, const nb_t
     NB_CHECK(partial, "nb_cross_entropy: out of memory for %lld partial sums", (long long)pieces);
     ce_job j = {.lse = lse ? lse->data : NULL, .dx = dlogits ? dlogits->data : NULL,
                 .logits = logits, .targets = targets, .n = n, .c = c, .grain = grain,
-                .ignore = ignore_index, .eps = eps, .scale = scale, .partial = partial};
+                .ignore = ignore_index, .eps = eps, .scale = scale, .partial = partial,
+                .buf = ce_buffers(logits, pieces, grain, c)};
     nb__parallel_for(pieces, ce_chunk, &j);
+    free(j.buf);
     double total = 0;
     for (int64_t p = 0; p < pieces; p++) total += partial[p];
     if (partial != &one) free(partial);
     return total;
 }
 
-static void ce_backward_range(void *varg, int64_t lo, int64_t hi) {
+static void ce_backward_chunk(void *varg, int64_t piece, int tid) {
     const ce_job *j = varg;
-    if (j->logits->dtype == NB_F32)
-        cross_entropy_backward_float(j->dx, j->logits->data, j->lse, j->targets, lo, hi, j->c,
-                                     j->ignore, j->eps, j->scale);
-    else
-        cross_entropy_backward_double(j->dx, j->logits->data, j->lse, j->targets, lo, hi, j->c,
-                                      j->ignore, j->eps, j->scale);
+    int64_t i0 = piece * j->grain, i1 = i0 + j->grain < j->n ? i0 + j->grain : j->n, c = j->c;
+    if (ce_half(j->logits)) {
+        float *b = j->buf + (size_t)tid * (size_t)(j->grain * c);
+        nb__f32_from_bf16_n(b, (const uint16_t *)j->logits->data + i0 * c, (i1 - i0) * c);
+        cross_entropy_backward_float(b, b, j->lse ? (const float *)j->lse + i0 : NULL, j->targets,
+                                     i0, i1, c, j->ignore, j->eps, j->scale);
+        nb__bf16_from_f32_n((uint16_t *)j->dx + i0 * c, b, (i1 - i0) * c);
+    } else if (j->logits->dtype == NB_F32) {
+        cross_entropy_backward_float((float *)j->dx + i0 * c,
+                                     (const float *)j->logits->data + i0 * c,
+                                     j->lse ? (const float *)j->lse + i0 : NULL, j->targets, i0,
+                                     i1, c, j->ignore, j->eps, j->scale);
+    } else {
+        cross_entropy_backward_double((double *)j->dx + i0 * c,
+                                      (const double *)j->logits->data + i0 * c,
+                                      j->lse ? (const double *)j->lse + i0 : NULL, j->targets,
+                                      i0, i1, c, j->ignore, j->eps, j->scale);
+    }
 }
 
 void nb__cpu_cross_entropy_backward_rows(nb_tensor *dlogits, const nb_tensor *logits,
                                          const nb_tensor *lse, const nb_tensor *targets,
                                          int64_t ignore_index, double eps, double scale) {
-    int64_t n = logits->shape[0], c = logits->shape[1];
+    int64_t n = logits->shape[0], c = logits->shape[1], grain = nb__grain(c);
+    int64_t pieces = nb__chunk_count(n, grain);
     ce_job j = {.lse = lse ? lse->data : NULL, .dx = dlogits->data, .logits = logits,
-                .targets = targets,
-                .n = n, .c = c, .ignore = ignore_index, .eps = eps, .scale = scale};
-    nb__parallel_range(n, nb__grain(c), ce_backward_range, &j);
+                .targets = targets, .n = n, .c = c, .grain = grain, .ignore = ignore_index,
+                .eps = eps, .scale = scale, .buf = ce_buffers(logits, pieces, grain, c)};
+    nb__parallel_for(pieces, ce_backward_chunk, &j);
+    free(j.buf);
 }
