@@ -912,6 +912,53 @@ START_TEST(test_cross_entropy_without_twins) {
 }
 END_TEST
 
+/* Dropout on bf16 in blocks (Note [bf16 dropout in blocks] in
+ * tensor/cpu/dropout.c): out and the mask bit for bit the f32 op's on the
+ * same values, rounded, with and without a mask, over lengths that are not
+ * multiples of the block, the pool's piece or the stream's 4, on 1 and 2
+ * threads; and the f32 op itself the same on 1 and 2 threads. */
+START_TEST(test_dropout_without_twins) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    const int64_t lens[] = {1, 7, 1023, 1025, 16384 * 2 + 5};
+    char what[128];
+    for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+        int64_t n = lens[li];
+        nb_tensor *x = rand16(ctx, 1, &n, 51), *x32 = as(ctx, x, NB_F32);
+        nb_tensor *ref = NULL, *ref_mask = NULL;
+        for (int threads = 1; threads <= 2; threads++)
+            for (int with_mask = 0; with_mask < 2; with_mask++) {
+                nb_set_num_threads(threads);
+                nb_tensor *y = nb_empty(ctx, NB_BF16, 1, &n), *y32 = nb_empty(ctx, NB_F32, 1, &n);
+                nb_tensor *m = with_mask ? nb_empty(ctx, NB_BF16, 1, &n) : NULL;
+                nb_tensor *m32 = with_mask ? nb_empty(ctx, NB_F32, 1, &n) : NULL;
+                nb__cpu_dropout(y, m, x, 0.3, 77, 5);
+                nb__cpu_dropout(y32, m32, x32, 0.3, 77, 5);
+                snprintf(what, sizeof what, "dropout of %lld, %d threads%s", (long long)n, threads,
+                         with_mask ? ", mask" : "");
+                same_bits(what, y, as(ctx, y32, NB_BF16));
+                if (with_mask) same_bits(what, m, as(ctx, m32, NB_BF16));
+                if (!ref) { /* the first f32 run: every other must give its bits */
+                    ref = y32;
+                    continue;
+                }
+                float *a = malloc(sizeof(float) * (size_t)n), *b = malloc(sizeof(float) * (size_t)n);
+                nb_to_host(y32, a);
+                nb_to_host(ref, b);
+                ck_assert_msg(memcmp(a, b, sizeof(float) * (size_t)n) == 0, "%s: f32 differs", what);
+                if (with_mask && ref_mask) {
+                    nb_to_host(m32, a);
+                    nb_to_host(ref_mask, b);
+                    ck_assert_msg(memcmp(a, b, sizeof(float) * (size_t)n) == 0, "%s: mask differs", what);
+                }
+                if (with_mask) ref_mask = m32;
+                free(a), free(b);
+            }
+    }
+    nb_set_num_threads(0);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
 /* A bf16 gradient summed to a broadcast input's shape in f32 (Note
  * [Broadcast gradients of storage halves] in tensor/ops_reduce.c): the
  * f32 sums read from g itself are bit for bit those of an f32 copy of g
@@ -1205,6 +1252,7 @@ static Suite *cpu_bf16_suite(void) {
     tcase_add_test(tc, test_layer_norm_without_twins);
     tcase_add_test(tc, test_broadcast_gradient_without_twin);
     tcase_add_test(tc, test_cross_entropy_without_twins);
+    tcase_add_test(tc, test_dropout_without_twins);
     tcase_add_test(tc, test_gelu_any_width);
     tcase_add_loop_test(tc, test_table, 0, T_COUNT);
     tcase_add_test(tc, test_gpt_trains_in_bf16);

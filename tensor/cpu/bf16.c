@@ -22,7 +22,8 @@
  * twins] in tensor/cpu/attention.c; layer norm: Note [bf16 layer norm in
  * row groups] in tensor/cpu/norm.c; a bias's gradient: Note [Broadcast
  * gradients of storage halves] in tensor/ops_reduce.c; cross-entropy:
- * Note [bf16 cross-entropy in pieces] in tensor/cpu/softmax.c). The twins
+ * Note [bf16 cross-entropy in pieces] in tensor/cpu/softmax.c; dropout:
+ * Note [bf16 dropout in blocks] in tensor/cpu/dropout.c). The twins
  * below remain for the other entries and for the layouts those decline. */
 #include <stdlib.h>
 #include <string.h>
@@ -276,6 +277,7 @@ void nb__cpu_cross_entropy_backward_bf16(nb_tensor *dlogits, const nb_tensor *lo
     narrow(&wd, dlogits);
 }
 
+/* bf16 dropout whose tensors are not all contiguous bf16 (the others go in blocks) */
 void nb__cpu_dropout_bf16(nb_tensor *y, nb_tensor *mask, const nb_tensor *x, double p,
                           uint64_t seed, uint64_t offset) {
     twin wy, wm, wx;
