@@ -959,6 +959,42 @@ START_TEST(test_dropout_without_twins) {
 }
 END_TEST
 
+/* Softmax and log-softmax on bf16 in blocks (Note [bf16 softmax in
+ * blocks] in tensor/cpu/softmax.c), forward and backward: bit for bit the
+ * f32 op's on the same values, rounded; the axis last (rows) or not
+ * (columns in tiles, 70 of them: more than one tile), on 1 and 2 threads. */
+START_TEST(test_softmax_without_twins) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    const int64_t cases[][3] = {{300, 40, 1}, {3, 7, 70}, {1, 20000, 1}};
+    char what[128];
+    for (size_t cs = 0; cs < sizeof cases / sizeof cases[0]; cs++) {
+        int64_t o = cases[cs][0], k = cases[cs][1], in = cases[cs][2], n = o * k * in;
+        nb_tensor *x = rand16(ctx, 1, &n, 61), *g = rand16(ctx, 1, &n, 62);
+        nb_tensor *x32 = as(ctx, x, NB_F32), *g32 = as(ctx, g, NB_F32);
+        for (int take_log = 0; take_log < 2; take_log++)
+            for (int threads = 1; threads <= 2; threads++) {
+                nb_set_num_threads(threads);
+                snprintf(what, sizeof what, "%s (%lld, %lld, %lld), %d threads",
+                         take_log ? "log-softmax" : "softmax", (long long)o, (long long)k, (long long)in,
+                         threads);
+                nb_tensor *y = nb_empty(ctx, NB_BF16, 1, &n), *y32 = nb_empty(ctx, NB_F32, 1, &n);
+                nb__cpu_softmax(y, x, o, k, in, take_log);
+                nb__cpu_softmax(y32, x32, o, k, in, take_log);
+                same_bits(what, y, as(ctx, y32, NB_BF16));
+                /* the backward from the bf16 output, against f32 on its values */
+                nb_tensor *yw = as(ctx, y, NB_F32);
+                nb_tensor *dx = nb_empty(ctx, NB_BF16, 1, &n), *dx32 = nb_empty(ctx, NB_F32, 1, &n);
+                nb__cpu_softmax_backward(dx, y, g, o, k, in, take_log);
+                nb__cpu_softmax_backward(dx32, yw, g32, o, k, in, take_log);
+                same_bits(what, dx, as(ctx, dx32, NB_BF16));
+            }
+        nb_ctx_reset(ctx);
+    }
+    nb_set_num_threads(0);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
 /* A bf16 gradient summed to a broadcast input's shape in f32 (Note
  * [Broadcast gradients of storage halves] in tensor/ops_reduce.c): the
  * f32 sums read from g itself are bit for bit those of an f32 copy of g
@@ -1253,6 +1289,7 @@ static Suite *cpu_bf16_suite(void) {
     tcase_add_test(tc, test_broadcast_gradient_without_twin);
     tcase_add_test(tc, test_cross_entropy_without_twins);
     tcase_add_test(tc, test_dropout_without_twins);
+    tcase_add_test(tc, test_softmax_without_twins);
     tcase_add_test(tc, test_gelu_any_width);
     tcase_add_loop_test(tc, test_table, 0, T_COUNT);
     tcase_add_test(tc, test_gpt_trains_in_bf16);

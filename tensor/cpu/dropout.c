@@ -1,5 +1,6 @@
 /* The CPU backend's dropout (tensor/backend.h; the mask's stream is
- * described in tensor/ops_dropout.c): x, out, mask contiguous f32 or f64. */
+ * described in tensor/ops_dropout.c): x, out, mask contiguous f32 or f64,
+ * or bf16 (in blocks, below; other bf16 layouts through f32 twins). */
 #include "tensor/cpu/bf16.h"
 #include "tensor/cpu/cpu.h"
 

@@ -161,15 +161,46 @@ typedef struct rows_job {
     float *lse; /* causal rows: each row's log-sum-exp, or NULL */
 } rows_job;
 
+/* Note [bf16 softmax in blocks]
+ * bf16 x, y (and g, dx): each (K, I) block of the axis is widened into an
+ * f32 buffer, the f32 kernel runs on it in place, and the block is
+ * rounded once into the output: the bits of the f32 op on f32 twins of
+ * the bf16 values (Note [bf16 activations on the CPU] in
+ * tensor/cpu/bf16.c), with buffers of one block (two in backward) instead
+ * of twins of every tensor. */
+static float *block_buffer(int64_t floats) {
+    float *b = malloc((size_t)floats * sizeof(float));
+    NB_CHECK(b, "nb_softmax: out of memory for a block of %lld floats", (long long)floats);
+    return b;
+}
+
 static void softmax_range(void *varg, int64_t lo, int64_t hi) {
     const rows_job *j = varg;
-    if (j->dt == NB_F32) softmax_float(j->y, j->x, lo, hi, j->k, j->inner, j->take_log);
-    else softmax_double(j->y, j->x, lo, hi, j->k, j->inner, j->take_log);
+    if (j->dt == NB_F32) {
+        softmax_float(j->y, j->x, lo, hi, j->k, j->inner, j->take_log);
+    } else if (j->dt == NB_F64) {
+        softmax_double(j->y, j->x, lo, hi, j->k, j->inner, j->take_log);
+    } else {
+        int64_t len = j->k * j->inner;
+        float *b = block_buffer(len);
+        for (int64_t o = lo; o < hi; o++) {
+            nb__f32_from_bf16_n(b, (const uint16_t *)j->x + o * len, len);
+            softmax_float(b, b, 0, 1, j->k, j->inner, j->take_log);
+            nb__bf16_from_f32_n((uint16_t *)j->y + o * len, b, len);
+        }
+        free(b);
+    }
+}
+
+static bool all_bf16_contiguous(int n, const nb_tensor *const *t) {
+    for (int i = 0; i < n; i++)
+        if (t[i]->dtype != NB_BF16 || !nb_is_contiguous(t[i])) return false;
+    return true;
 }
 
 void nb__cpu_softmax(nb_tensor *y, const nb_tensor *x, int64_t outer, int64_t k, int64_t inner,
                      bool take_log) {
-    if (nb__cpu_is_bf16(x)) {
+    if (nb__cpu_is_bf16(x) && !all_bf16_contiguous(2, (const nb_tensor *[]){x, y})) {
         nb__cpu_softmax_bf16(y, x, outer, k, inner, take_log);
         return;
     }
@@ -210,14 +241,27 @@ DEFINE_SOFTMAX_BACKWARD(double, exp)
 
 static void softmax_backward_range(void *varg, int64_t lo, int64_t hi) {
     const rows_job *j = varg;
-    if (j->dt == NB_F32) softmax_backward_float(j->y, j->x, j->g, lo, hi, j->k, j->inner, j->take_log);
-    else softmax_backward_double(j->y, j->x, j->g, lo, hi, j->k, j->inner, j->take_log);
+    if (j->dt == NB_F32) {
+        softmax_backward_float(j->y, j->x, j->g, lo, hi, j->k, j->inner, j->take_log);
+    } else if (j->dt == NB_F64) {
+        softmax_backward_double(j->y, j->x, j->g, lo, hi, j->k, j->inner, j->take_log);
+    } else { /* Note [bf16 softmax in blocks]; dx written over g's buffer */
+        int64_t len = j->k * j->inner;
+        float *by = block_buffer(2 * len), *bg = by + len;
+        for (int64_t o = lo; o < hi; o++) {
+            nb__f32_from_bf16_n(by, (const uint16_t *)j->x + o * len, len);
+            nb__f32_from_bf16_n(bg, (const uint16_t *)j->g + o * len, len);
+            softmax_backward_float(bg, by, bg, 0, 1, j->k, j->inner, j->take_log);
+            nb__bf16_from_f32_n((uint16_t *)j->y + o * len, bg, len);
+        }
+        free(by);
+    }
 }
 
 /* (rows_job: y is dx, x is y) */
 void nb__cpu_softmax_backward(nb_tensor *dx, const nb_tensor *y, const nb_tensor *g,
                               int64_t outer, int64_t k, int64_t inner, bool take_log) {
-    if (nb__cpu_is_bf16(y)) {
+    if (nb__cpu_is_bf16(y) && !all_bf16_contiguous(3, (const nb_tensor *[]){dx, y, g})) {
         nb__cpu_softmax_backward_bf16(dx, y, g, outer, k, inner, take_log);
         return;
     }
