@@ -995,6 +995,42 @@ START_TEST(test_softmax_without_twins) {
 }
 END_TEST
 
+/* The causal softmax on bf16 row by row (Note [bf16 softmax in blocks] in
+ * tensor/cpu/softmax.c), forward and backward: bit for bit the f32 op's on
+ * the same values, rounded, the masked part NaN in x (never read), on 1
+ * and 2 threads. */
+START_TEST(test_causal_softmax_without_twins) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    const int64_t cases[][3] = {{2, 7, 7}, {1, 130, 130}, {3, 5, 9}};
+    char what[128];
+    for (size_t cs = 0; cs < sizeof cases / sizeof cases[0]; cs++) {
+        int64_t b = cases[cs][0], t = cases[cs][1], sl = cases[cs][2], n = b * t * sl;
+        nb_tensor *x = rand16(ctx, 1, &n, 71), *g = rand16(ctx, 1, &n, 72);
+        uint16_t *xb = x->data;
+        for (int64_t r = 0; r < b * t; r++)
+            for (int64_t j = r % t + 1; j < sl; j++) xb[r * sl + j] = 0x7fc0; /* NaN, masked */
+        nb_tensor *x32 = as(ctx, x, NB_F32), *g32 = as(ctx, g, NB_F32);
+        for (int threads = 1; threads <= 2; threads++) {
+            nb_set_num_threads(threads);
+            snprintf(what, sizeof what, "causal softmax (%lld, %lld, %lld), %d threads", (long long)b,
+                     (long long)t, (long long)sl, threads);
+            nb_tensor *y = nb_empty(ctx, NB_BF16, 1, &n), *y32 = nb_empty(ctx, NB_F32, 1, &n);
+            nb__cpu_softmax_causal(y, x, b, t, sl, 0.5);
+            nb__cpu_softmax_causal(y32, x32, b, t, sl, 0.5);
+            same_bits(what, y, as(ctx, y32, NB_BF16));
+            nb_tensor *yw = as(ctx, y, NB_F32);
+            nb_tensor *dx = nb_empty(ctx, NB_BF16, 1, &n), *dx32 = nb_empty(ctx, NB_F32, 1, &n);
+            nb__cpu_softmax_causal_backward(dx, y, g, b, t, sl, 0.5);
+            nb__cpu_softmax_causal_backward(dx32, yw, g32, b, t, sl, 0.5);
+            same_bits(what, dx, as(ctx, dx32, NB_BF16));
+        }
+        nb_ctx_reset(ctx);
+    }
+    nb_set_num_threads(0);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
 /* A bf16 gradient summed to a broadcast input's shape in f32 (Note
  * [Broadcast gradients of storage halves] in tensor/ops_reduce.c): the
  * f32 sums read from g itself are bit for bit those of an f32 copy of g
@@ -1290,6 +1326,7 @@ static Suite *cpu_bf16_suite(void) {
     tcase_add_test(tc, test_cross_entropy_without_twins);
     tcase_add_test(tc, test_dropout_without_twins);
     tcase_add_test(tc, test_softmax_without_twins);
+    tcase_add_test(tc, test_causal_softmax_without_twins);
     tcase_add_test(tc, test_gelu_any_width);
     tcase_add_loop_test(tc, test_table, 0, T_COUNT);
     tcase_add_test(tc, test_gpt_trains_in_bf16);

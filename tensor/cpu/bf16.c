@@ -22,8 +22,9 @@
  * twins] in tensor/cpu/attention.c; layer norm: Note [bf16 layer norm in
  * row groups] in tensor/cpu/norm.c; a bias's gradient: Note [Broadcast
  * gradients of storage halves] in tensor/ops_reduce.c; cross-entropy:
- * Note [bf16 cross-entropy in pieces] in tensor/cpu/softmax.c; softmax
- * and log-softmax: Note [bf16 softmax in blocks], there too; dropout:
+ * Note [bf16 cross-entropy in pieces] in tensor/cpu/softmax.c; softmax,
+ * log-softmax and the causal softmax: Note [bf16 softmax in blocks], there
+ * too; dropout:
  * Note [bf16 dropout in blocks] in tensor/cpu/dropout.c). The twins
  * below remain for the other entries and for the layouts those decline. */
 #include <stdlib.h>

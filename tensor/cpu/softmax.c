@@ -167,7 +167,8 @@ typedef struct rows_job {
  * rounded once into the output: the bits of the f32 op on f32 twins of
  * the bf16 values (Note [bf16 activations on the CPU] in
  * tensor/cpu/bf16.c), with buffers of one block (two in backward) instead
- * of twins of every tensor. */
+ * of twins of every tensor. The causal softmax does the same a row at a
+ * time. */
 static float *block_buffer(int64_t floats) {
     float *b = malloc((size_t)floats * sizeof(float));
     NB_CHECK(b, "nb_softmax: out of memory for a block of %lld floats", (long long)floats);
@@ -320,10 +321,17 @@ static void causal_row_backward_double(double *dx, const double *y, const double
 static void causal_range(void *varg, int64_t lo, int64_t hi) {
     const rows_job *j = varg;
     int64_t t = j->t, s = j->s;
+    /* bf16: each row widened, its f32 row run in place and rounded (Note
+     * [bf16 softmax in blocks]) */
+    float *b = j->dt == NB_BF16 ? block_buffer(s) : NULL;
     for (int64_t r = lo; r < hi; r++) {
         int64_t i = r % t, l = i + 1 < s ? i + 1 : s;
         double lse;
-        if (j->dt == NB_F32)
+        if (b) {
+            nb__f32_from_bf16_n(b, (const uint16_t *)j->x + r * s, s);
+            lse = causal_row_float(b, b, s, l, (float)j->scale);
+            nb__bf16_from_f32_n((uint16_t *)j->y + r * s, b, s);
+        } else if (j->dt == NB_F32)
             lse = causal_row_float((float *)j->y + r * s, (const float *)j->x + r * s, s, l,
                                    (float)j->scale);
         else
@@ -331,20 +339,28 @@ static void causal_range(void *varg, int64_t lo, int64_t hi) {
                                     j->scale);
         if (j->lse) j->lse[r] = (float)lse;
     }
+    free(b);
 }
 
 static void causal_backward_range(void *varg, int64_t lo, int64_t hi) {
     const rows_job *j = varg; /* y is dx, x is y */
     int64_t t = j->t, s = j->s;
+    float *by = j->dt == NB_BF16 ? block_buffer(2 * s) : NULL, *bg = by ? by + s : NULL;
     for (int64_t r = lo; r < hi; r++) {
         int64_t i = r % t, l = i + 1 < s ? i + 1 : s;
-        if (j->dt == NB_F32)
+        if (by) { /* dx written over g's buffer */
+            nb__f32_from_bf16_n(by, (const uint16_t *)j->x + r * s, s);
+            nb__f32_from_bf16_n(bg, (const uint16_t *)j->g + r * s, s);
+            causal_row_backward_float(bg, by, bg, s, l, (float)j->scale);
+            nb__bf16_from_f32_n((uint16_t *)j->y + r * s, bg, s);
+        } else if (j->dt == NB_F32)
             causal_row_backward_float((float *)j->y + r * s, (const float *)j->x + r * s,
                                       (const float *)j->g + r * s, s, l, (float)j->scale);
         else
             causal_row_backward_double((double *)j->y + r * s, (const double *)j->x + r * s,
                                        (const double *)j->g + r * s, s, l, j->scale);
     }
+    free(by);
 }
 
 /* Row i of each (T, S) block keeps min(i + 1, S) entries; half of S on
@@ -363,7 +379,7 @@ void nb__cpu_causal_rows_backward(nb_dtype dt, void *dx, const void *y, const vo
 
 void nb__cpu_softmax_causal(nb_tensor *y, const nb_tensor *x, int64_t b, int64_t t, int64_t s,
                             double scale) {
-    if (nb__cpu_is_bf16(x)) {
+    if (nb__cpu_is_bf16(x) && !all_bf16_contiguous(2, (const nb_tensor *[]){x, y})) {
         nb__cpu_softmax_causal_bf16(y, x, b, t, s, scale);
         return;
     }
@@ -372,7 +388,7 @@ void nb__cpu_softmax_causal(nb_tensor *y, const nb_tensor *x, int64_t b, int64_t
 
 void nb__cpu_softmax_causal_backward(nb_tensor *dx, const nb_tensor *y, const nb_tensor *g,
                                      int64_t b, int64_t t, int64_t s, double scale) {
-    if (nb__cpu_is_bf16(y)) {
+    if (nb__cpu_is_bf16(y) && !all_bf16_contiguous(3, (const nb_tensor *[]){dx, y, g})) {
         nb__cpu_softmax_causal_backward_bf16(dx, y, g, b, t, s, scale);
         return;
     }
