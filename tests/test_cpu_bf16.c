@@ -1031,6 +1031,56 @@ START_TEST(test_causal_softmax_without_twins) {
 }
 END_TEST
 
+/* Row reductions of bf16 rows read in place (Note [bf16 rows read in
+ * place] in tensor/cpu/reduce.c): sum (scaled), max with its index,
+ * argmax and variance with the mean, into bf16 and f32 outputs, bit for
+ * bit the f32 op's on f32 copies of the rows, rounded; a NaN in a row;
+ * many short rows and one row longer than two of the sums' pieces (its
+ * pieces on the pool), 1 and 2 threads. */
+START_TEST(test_reductions_without_twins) {
+    nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+    const int64_t cases[][2] = {{50, 37}, {1, 70000}};
+    char what[128];
+    for (size_t cs = 0; cs < sizeof cases / sizeof cases[0]; cs++) {
+        int64_t o = cases[cs][0], in = cases[cs][1], n = o * in;
+        nb_tensor *x = rand16(ctx, 1, &n, 81);
+        if (o > 3) ((uint16_t *)x->data)[3 * in + 5] = 0x7fc0; /* a NaN in row 3 */
+        nb_tensor *x32 = as(ctx, x, NB_F32);
+        for (int threads = 1; threads <= 2; threads++)
+            for (int out16 = 0; out16 < 2; out16++) {
+                nb_set_num_threads(threads);
+                nb_dtype odt = out16 ? NB_BF16 : NB_F32;
+                snprintf(what, sizeof what, "reductions (%lld, %lld) into %s, %d threads", (long long)o,
+                         (long long)in, nb_dtype_name(odt), threads);
+                nb_tensor *s = nb_empty(ctx, odt, 1, &o), *s32 = nb_empty(ctx, NB_F32, 1, &o);
+                nb__cpu_sum_rows(s, x, o, in, 0.25);
+                nb__cpu_sum_rows(s32, x32, o, in, 0.25);
+                nb_tensor *m = nb_empty(ctx, odt, 1, &o), *m32 = nb_empty(ctx, NB_F32, 1, &o);
+                nb_tensor *a = nb_empty(ctx, NB_I64, 1, &o), *a32 = nb_empty(ctx, NB_I64, 1, &o);
+                nb__cpu_max_rows(m, a, x, o, in);
+                nb__cpu_max_rows(m32, a32, x32, o, in);
+                nb_tensor *v = nb_empty(ctx, odt, 1, &o), *v32 = nb_empty(ctx, NB_F32, 1, &o);
+                nb_tensor *mu = nb_empty(ctx, odt, 1, &o), *mu32 = nb_empty(ctx, NB_F32, 1, &o);
+                nb__cpu_var_rows(v, mu, x, o, in, (double)(in - 1));
+                nb__cpu_var_rows(v32, mu32, x32, o, in, (double)(in - 1));
+                nb_tensor *got[4] = {s, m, v, mu}, *want[4] = {s32, m32, v32, mu32};
+                for (int k = 0; k < 4; k++) {
+                    nb_tensor *w = as(ctx, want[k], odt);
+                    size_t bytes = (size_t)o * nb_dtype_size(odt);
+                    ck_assert_msg(memcmp(got[k]->data, w->data, bytes) == 0, "%s: output %d differs", what, k);
+                }
+                ck_assert(memcmp(a->data, a32->data, (size_t)o * sizeof(int64_t)) == 0);
+                nb__cpu_argmax_rows(a, x, o, in);
+                nb__cpu_argmax_rows(a32, x32, o, in);
+                ck_assert_msg(memcmp(a->data, a32->data, (size_t)o * sizeof(int64_t)) == 0, "%s: argmax", what);
+            }
+        nb_ctx_reset(ctx);
+    }
+    nb_set_num_threads(0);
+    nb_ctx_free(ctx);
+}
+END_TEST
+
 /* A bf16 gradient summed to a broadcast input's shape in f32 (Note
  * [Broadcast gradients of storage halves] in tensor/ops_reduce.c): the
  * f32 sums read from g itself are bit for bit those of an f32 copy of g
@@ -1327,6 +1377,7 @@ static Suite *cpu_bf16_suite(void) {
     tcase_add_test(tc, test_dropout_without_twins);
     tcase_add_test(tc, test_softmax_without_twins);
     tcase_add_test(tc, test_causal_softmax_without_twins);
+    tcase_add_test(tc, test_reductions_without_twins);
     tcase_add_test(tc, test_gelu_any_width);
     tcase_add_loop_test(tc, test_table, 0, T_COUNT);
     tcase_add_test(tc, test_gpt_trains_in_bf16);

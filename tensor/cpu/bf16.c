@@ -24,8 +24,9 @@
  * gradients of storage halves] in tensor/ops_reduce.c; cross-entropy:
  * Note [bf16 cross-entropy in pieces] in tensor/cpu/softmax.c; softmax,
  * log-softmax and the causal softmax: Note [bf16 softmax in blocks], there
- * too; dropout:
- * Note [bf16 dropout in blocks] in tensor/cpu/dropout.c). The twins
+ * too; dropout: Note [bf16 dropout in blocks] in tensor/cpu/dropout.c;
+ * the reductions over an axis: Note [bf16 rows read in place] in
+ * tensor/cpu/reduce.c). The twins
  * below remain for the other entries and for the layouts those decline. */
 #include <stdlib.h>
 #include <string.h>

@@ -5,7 +5,14 @@
  * run in parallel, and a single long row's pieces do (Note [Deterministic
  * parallel kernels] in tensor/cpu/threads.h: the same bits for any thread
  * count). Contracts: the matching members of nb__backend
- * (tensor/backend.h). */
+ * (tensor/backend.h).
+ *
+ * Note [bf16 rows read in place]
+ * bf16 rows are read where they are, each element widened as it is read,
+ * and the results (f32 or bf16 outputs) stored as the f32 op's rounded:
+ * the same sums in the same order as on f32 twins of the rows, so the
+ * bits of the f32 op on the bf16 values (Note [bf16 activations on the
+ * CPU] in tensor/cpu/bf16.c), without the twins. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +32,15 @@ static double piece_sum(nb_dtype dt, const void *r, int64_t lo, int64_t hi, int 
             for (int64_t i = lo; i < hi; i++) acc += x[i];
         else
             for (int64_t i = lo; i < hi; i++) acc += (x[i] - mu) * (x[i] - mu);
+    } else if (dt == NB_BF16) { /* Note [bf16 rows read in place] */
+        const uint16_t *x = r;
+        if (kind == 0)
+            for (int64_t i = lo; i < hi; i++) acc += nb__f32_of_bf16(x[i]);
+        else
+            for (int64_t i = lo; i < hi; i++) {
+                float v = nb__f32_of_bf16(x[i]);
+                acc += (v - mu) * (v - mu);
+            }
     } else {
         const double *x = r;
         if (kind == 0)
@@ -33,6 +49,14 @@ static double piece_sum(nb_dtype dt, const void *r, int64_t lo, int64_t hi, int 
             for (int64_t i = lo; i < hi; i++) acc += (x[i] - mu) * (x[i] - mu);
     }
     return acc;
+}
+
+/* out[o] = v in the output's dtype: f64, or rounded to f32 (and then to
+ * bf16, as the f32 op's output rounded) */
+static void put(void *out, nb_dtype dt, int64_t o, double v) {
+    if (dt == NB_F64) ((double *)out)[o] = v;
+    else if (dt == NB_F32) ((float *)out)[o] = (float)v;
+    else ((uint16_t *)out)[o] = nb__bf16_of_f32((float)v);
 }
 
 /* the row's sum: its pieces' sums added in order */
@@ -47,7 +71,7 @@ static double row_sum(nb_dtype dt, const void *r, int64_t inner, int kind, doubl
 typedef struct red_job {
     void *out, *aux;
     const void *rows;
-    nb_dtype dt;
+    nb_dtype dt, odt, adt; /* the rows', the output's, aux's (var's means) */
     int64_t inner;
     double scale, mu;
     int kind;
@@ -81,24 +105,31 @@ static double long_row_sum(nb_dtype dt, const void *r, int64_t inner, int kind, 
 static void sum_range(void *varg, int64_t lo, int64_t hi) {
     const red_job *j = varg;
     for (int64_t o = lo; o < hi; o++) {
-        double v = row_sum(j->dt, row_at(j, o), j->inner, 0, 0) * j->scale;
-        if (j->dt == NB_F32) ((float *)j->out)[o] = (float)v;
-        else ((double *)j->out)[o] = v;
+        put(j->out, j->odt, o, row_sum(j->dt, row_at(j, o), j->inner, 0, 0) * j->scale);
     }
+}
+
+/* bf16 rows (contiguous: ops_reduce.c lays them out so) whose outputs are
+ * bf16 or f32, read in place (Note [bf16 rows read in place]) */
+static bool half_in_place(const nb_tensor *rows, int n, const nb_tensor *const *outs) {
+    if (rows->dtype != NB_BF16 || !nb_is_contiguous(rows)) return false;
+    for (int i = 0; i < n; i++)
+        if (outs[i] && ((outs[i]->dtype != NB_BF16 && outs[i]->dtype != NB_F32) ||
+                        !nb_is_contiguous(outs[i])))
+            return false;
+    return true;
 }
 
 void nb__cpu_sum_rows(nb_tensor *out, const nb_tensor *rows, int64_t outer, int64_t inner,
                       double scale) {
-    if (nb__cpu_is_bf16(rows)) {
+    if (nb__cpu_is_bf16(rows) && !half_in_place(rows, 1, (const nb_tensor *[]){out})) {
         nb__cpu_sum_rows_bf16(out, rows, outer, inner, scale);
         return;
     }
-    red_job j = {.out = out->data, .rows = rows->data, .dt = out->dtype, .inner = inner,
-                 .scale = scale};
+    red_job j = {.out = out->data, .rows = rows->data, .dt = rows->dtype, .odt = out->dtype,
+                 .inner = inner, .scale = scale};
     if (outer == 1 && inner > 2 * PIECE) {
-        double v = long_row_sum(j.dt, j.rows, inner, 0, 0) * scale;
-        if (j.dt == NB_F32) *(float *)j.out = (float)v;
-        else *(double *)j.out = v;
+        put(j.out, j.odt, 0, long_row_sum(j.dt, j.rows, inner, 0, 0) * scale);
         return;
     }
     nb__parallel_range(outer, nb__grain(inner), sum_range, &j);
@@ -121,18 +152,34 @@ void nb__cpu_sum_rows(nb_tensor *out, const nb_tensor *rows, int64_t outer, int6
 
 static void max_range(void *varg, int64_t lo, int64_t hi) {
     const red_job *j = varg;
-    if (j->dt == NB_F32) MAX_ROWS(float);
-    else MAX_ROWS(double);
+    if (j->dt == NB_F32) {
+        MAX_ROWS(float);
+    } else if (j->dt == NB_F64) {
+        MAX_ROWS(double);
+    } else { /* Note [bf16 rows read in place]: the maximum's value is exact */
+        int64_t *a = j->aux;
+        for (int64_t o = lo; o < hi; o++) {
+            const uint16_t *r = row_at(j, o);
+            int64_t best = 0;
+            float vb = nb__f32_of_bf16(r[0]);
+            for (int64_t i = 1; i < j->inner; i++) {
+                float v = nb__f32_of_bf16(r[i]);
+                if (v > vb || (isnan(v) && !isnan(vb))) best = i, vb = v;
+            }
+            a[o] = best;
+            put(j->out, j->odt, o, vb);
+        }
+    }
 }
 
 void nb__cpu_max_rows(nb_tensor *out, nb_tensor *arg, const nb_tensor *rows, int64_t outer,
                       int64_t inner) {
-    if (nb__cpu_is_bf16(rows)) {
+    if (nb__cpu_is_bf16(rows) && !half_in_place(rows, 1, (const nb_tensor *[]){out})) {
         nb__cpu_max_rows_bf16(out, arg, rows, outer, inner);
         return;
     }
-    red_job j = {.out = out->data, .aux = arg->data, .rows = rows->data, .dt = out->dtype,
-                 .inner = inner};
+    red_job j = {.out = out->data, .aux = arg->data, .rows = rows->data, .dt = rows->dtype,
+                 .odt = out->dtype, .inner = inner};
     nb__parallel_range(outer, nb__grain(inner), max_range, &j);
 }
 
@@ -150,12 +197,27 @@ void nb__cpu_max_rows(nb_tensor *out, nb_tensor *arg, const nb_tensor *rows, int
 
 static void argmax_range(void *varg, int64_t lo, int64_t hi) {
     const red_job *j = varg;
-    if (j->dt == NB_F32) ARGMAX_ROWS(float);
-    else ARGMAX_ROWS(double);
+    if (j->dt == NB_F32) {
+        ARGMAX_ROWS(float);
+    } else if (j->dt == NB_F64) {
+        ARGMAX_ROWS(double);
+    } else { /* Note [bf16 rows read in place] */
+        int64_t *a = j->aux;
+        for (int64_t o = lo; o < hi; o++) {
+            const uint16_t *r = row_at(j, o);
+            int64_t best = 0;
+            float vb = nb__f32_of_bf16(r[0]);
+            for (int64_t i = 1; i < j->inner && !isnan(vb); i++) {
+                float v = nb__f32_of_bf16(r[i]);
+                if (v > vb || isnan(v)) best = i, vb = v;
+            }
+            a[o] = best;
+        }
+    }
 }
 
 void nb__cpu_argmax_rows(nb_tensor *arg, const nb_tensor *rows, int64_t outer, int64_t inner) {
-    if (nb__cpu_is_bf16(rows)) {
+    if (nb__cpu_is_bf16(rows) && !half_in_place(rows, 0, NULL)) {
         nb__cpu_argmax_rows_bf16(arg, rows, outer, inner);
         return;
     }
@@ -179,13 +241,8 @@ static void var_store(const red_job *j, int64_t o, double s, const void *r, bool
     double mu = s / (double)j->inner;
     double ss = long_row ? long_row_sum(j->dt, r, j->inner, 1, mu) : row_sum(j->dt, r, j->inner, 1, mu);
     double v = j->scale > 0 ? ss / j->scale : NAN;
-    if (j->dt == NB_F32) {
-        ((float *)j->aux)[o] = (float)mu;
-        ((float *)j->out)[o] = (float)v;
-    } else {
-        ((double *)j->aux)[o] = mu;
-        ((double *)j->out)[o] = v;
-    }
+    put(j->aux, j->adt, o, mu);
+    put(j->out, j->odt, o, v);
 }
 
 static void var_range(void *varg, int64_t lo, int64_t hi) {
@@ -199,12 +256,12 @@ static void var_range(void *varg, int64_t lo, int64_t hi) {
 /* (red_job: scale is the denominator, aux the means) */
 void nb__cpu_var_rows(nb_tensor *out, nb_tensor *mean, const nb_tensor *rows, int64_t outer,
                       int64_t inner, double denom) {
-    if (nb__cpu_is_bf16(rows)) {
+    if (nb__cpu_is_bf16(rows) && !half_in_place(rows, 2, (const nb_tensor *[]){out, mean})) {
         nb__cpu_var_rows_bf16(out, mean, rows, outer, inner, denom);
         return;
     }
-    red_job j = {.out = out->data, .aux = mean->data, .rows = rows->data, .dt = out->dtype,
-                 .inner = inner, .scale = denom};
+    red_job j = {.out = out->data, .aux = mean->data, .rows = rows->data, .dt = rows->dtype,
+                 .odt = out->dtype, .adt = mean->dtype, .inner = inner, .scale = denom};
     if (outer == 1 && inner > 2 * PIECE) {
         var_store(&j, 0, long_row_sum(j.dt, j.rows, inner, 0, 0), j.rows, true);
         return;
