@@ -117,29 +117,47 @@ DEFINE_LAYER_NORM(double)
  * the same values, and the weight and bias gradients' partial sums take
  * the rows in the same order, so the bits are those of whole-tensor f32
  * twins (Note [bf16 activations on the CPU] in tensor/cpu/bf16.c), without
- * allocating them or passing over them. A row longer than the buffer
- * takes the twins. */
+ * allocating them or passing over them. A row longer than the buffer goes
+ * alone through buffers of one row on the heap. */
 #define HALF_BUF 2048
+
+/* n buffers of HALF_BUF floats on the stack (stack) or, for a row longer
+ * than that, of d floats on the heap (*heap, to free); the rows a group */
+static int64_t half_buffers(float *stack, float **heap, float **buf, int n, int64_t d) {
+    *heap = NULL;
+    if (d <= HALF_BUF) {
+        for (int k = 0; k < n; k++) buf[k] = stack + k * HALF_BUF;
+        return HALF_BUF / d;
+    }
+    *heap = malloc((size_t)(n * d) * sizeof(float));
+    NB_CHECK(*heap, "nb_layer_norm: out of memory for rows of %lld bf16 values widened",
+             (long long)d);
+    for (int k = 0; k < n; k++) buf[k] = *heap + k * d;
+    return 1;
+}
 
 static void layer_norm_half(uint16_t *y, double *mean, double *rstd, const uint16_t *x,
                             const float *w, const float *b, int64_t i0, int64_t i1, int64_t d,
                             double eps) {
-    float bx[HALF_BUF], by[HALF_BUF];
-    int64_t rows = HALF_BUF / d;
+    float stack[2 * HALF_BUF], *heap, *buf[2];
+    int64_t rows = half_buffers(stack, &heap, buf, 2, d);
+    float *bx = buf[0], *by = buf[1];
     for (int64_t i = i0; i < i1; i += rows) {
         int64_t r = i1 - i < rows ? i1 - i : rows;
         nb__f32_from_bf16_n(bx, x + i * d, r * d);
         layer_norm_float(by, mean + i, rstd + i, bx, w, b, 0, r, d, eps);
         nb__bf16_from_f32_n(y + i * d, by, r * d);
     }
+    free(heap);
 }
 
 static void layer_norm_backward_half(uint16_t *dx, double *ws, const uint16_t *g,
                                      const uint16_t *x, const double *mean, const double *rstd,
                                      const float *w, int64_t i0, int64_t i1, int64_t d,
                                      bool want_wb, bool add_dx) {
-    float bg[HALF_BUF], bx[HALF_BUF], bd[HALF_BUF];
-    int64_t rows = HALF_BUF / d;
+    float stack[3 * HALF_BUF], *heap, *buf[3];
+    int64_t rows = half_buffers(stack, &heap, buf, 3, d);
+    float *bg = buf[0], *bx = buf[1], *bd = buf[2];
     for (int64_t i = i0; i < i1; i += rows) {
         int64_t r = i1 - i < rows ? i1 - i : rows, n = r * d;
         nb__f32_from_bf16_n(bg, g + i * d, n);
@@ -150,6 +168,7 @@ static void layer_norm_backward_half(uint16_t *dx, double *ws, const uint16_t *g
         if (add_dx) nb__bf16_add_rounded_n(dx + i * d, bd, n);
         else nb__bf16_from_f32_n(dx + i * d, bd, n);
     }
+    free(heap);
 }
 
 static bool f32_or_null(const nb_tensor *t) {
@@ -163,7 +182,7 @@ static bool bf16_or_null(const nb_tensor *t) {
 bool nb__cpu_layer_norm_half_ok(const nb_tensor *out, const nb_tensor *x, const nb_tensor *g,
                                 const nb_tensor *w, const nb_tensor *b, int64_t d) {
     return x->dtype == NB_BF16 && bf16_or_null(x) && bf16_or_null(out) && bf16_or_null(g) &&
-           f32_or_null(w) && f32_or_null(b) && d > 0 && d <= HALF_BUF;
+           f32_or_null(w) && f32_or_null(b) && d > 0;
 }
 
 static const void *data_or_null(const nb_tensor *t) { return t ? t->data : NULL; }
