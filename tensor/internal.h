@@ -251,17 +251,14 @@ int __asan_address_is_poisoned(void const volatile *addr);
 #define NB__RELEASED(t) 0
 #endif
 NB_NORETURN void nb__stale_abort(const char *op, const nb_tensor *t);
-static inline void nb__check_live(const char *op, const nb_tensor *t) {
-    if (!t) nb__stale_abort(op, t); /* says NULL */
-    if (NB__RELEASED(t) || (t->ctx && (t->priv->gen != nb__ctx_gen(t->ctx) ||
-                                       (t->priv->mem && t->priv->mem->given_back))))
-        nb__stale_abort(op, t);
-}
-
-/* Whether t may still be used: what nb__check_live checks, as a question. */
+/* Whether t may still be used (not NULL, not released by a reset, not
+ * given back). */
 static inline bool nb__is_live(const nb_tensor *t) {
     return t && !NB__RELEASED(t) && !(t->ctx && (t->priv->gen != nb__ctx_gen(t->ctx) ||
                                                  (t->priv->mem && t->priv->mem->given_back)));
+}
+static inline void nb__check_live(const char *op, const nb_tensor *t) {
+    if (!nb__is_live(t)) nb__stale_abort(op, t); /* says which, NULL included */
 }
 
 /* Broadcast shape of a and b into out (returns its ndim); aborts naming op. */

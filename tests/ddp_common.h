@@ -50,6 +50,17 @@ static inline nb_tensor *loss_of(nb_ctx *step, nb_module *m, int it, int micro, 
 
 /* ---- models ---- */
 
+/* Linear(F_IN, N_CLASSES) children "a", "b", "c" of a list (seeds 3, 4, 5). */
+static inline nb_module *three_heads(nb_ctx *ctx) {
+    nb_module *root = nb_module_list_new(ctx);
+    const char *names[3] = {"a", "b", "c"};
+    for (int k = 0; k < 3; k++) {
+        nb_rng rng = nb_rng_make(3 + (uint64_t)k);
+        nb_module_add(root, names[k], nb_linear_new(ctx, NB_F64, F_IN, N_CLASSES, true, &rng));
+    }
+    return root;
+}
+
 /* Linear(F_IN, hidden), Tanh, Linear(hidden, N_CLASSES); seed 7. */
 static inline nb_module *mlp_of(nb_ctx *ctx, nb_dtype dt, int64_t hidden) {
     nb_rng rng = nb_rng_make(7);

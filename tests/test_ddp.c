@@ -448,10 +448,7 @@ DDP_TEST(test_gradients_are_bucket_views) {
     /* no gradient yet: the wrapper gives none (Note [Unused parameters] in
      * distributed/ddp.c), and the first backward writes them */
     for (int i = 0; i < 4; i++) ck_assert_msg(p[i].tensor->grad == NULL, "%s", p[i].name);
-    nb_tensor *x, *y;
-    make_batch(step, R * 4, 41, &x, &y);
-    nb_tensor *logits = nb_module_forward(model, step, shard(step, x, me * 4, 4));
-    nb_status st = nb_ddp_backward(ddp, nb_cross_entropy(step, logits, shard(step, y, me * 4, 4), NULL));
+    nb_status st = nb_ddp_backward(ddp, loss_of(step, model, 0, 0, false));
     ck_assert_msg(st == NB_OK, "%s", nb_last_error());
     if (R > 1) {
         /* all four in one bucket: their gradients are consecutive slices of
@@ -605,29 +602,22 @@ DDP_TEST(test_grad_set_to_none) {
  * nb_optim_zero_grad_to_none (their flat segment held no gradient): a
  * gradient that holds one at the free (a backward after it) gets new
  * memory with its value. */
-static nb_tensor *mlp_loss(nb_ctx *step, nb_module *model, uint64_t seed) {
-    nb_tensor *x, *y;
-    make_batch(step, R * 4, seed, &x, &y);
-    nb_tensor *logits = nb_module_forward(model, step, shard(step, x, me * 4, 4));
-    return nb_cross_entropy(step, logits, shard(step, y, me * 4, 4), NULL);
-}
-
 static void free_keeps_none(nb_ctx *pctx, nb_ctx *step, bool backward_after) {
     nb_module *model = mlp_of(pctx, NB_F64, 8);
     nb_named_tensor p[4];
     nb_module_named_parameters(model, p, 4);
     nb_optim *opt = adamw_for(model);
-    nb_backward(mlp_loss(step, model, 43)); /* gradients of their own before the wrapper */
+    nb_backward(loss_of(step, model, 0, 0, false)); /* gradients of their own before the wrapper */
     for (int i = 0; i < 4; i++) ck_assert_ptr_nonnull(p[i].tensor->grad);
     nb_ddp *ddp;
     ck_assert_int_eq(nb_ddp_new(&ddp, model, world, NULL), NB_OK);
     nb_ctx_reset(step);
     nb_optim_zero_grad(opt);
-    ck_assert_int_eq(nb_ddp_backward(ddp, mlp_loss(step, model, 44)), NB_OK);
+    ck_assert_int_eq(nb_ddp_backward(ddp, loss_of(step, model, 1, 0, false)), NB_OK);
     nb_optim_zero_grad_to_none(opt);
     if (backward_after) {
         nb_ctx_reset(step);
-        ck_assert_int_eq(nb_ddp_backward(ddp, mlp_loss(step, model, 46)), NB_OK);
+        ck_assert_int_eq(nb_ddp_backward(ddp, loss_of(step, model, 3, 0, false)), NB_OK);
         nb_tensor *kept[4];
         for (int i = 0; i < 4; i++) kept[i] = nb_clone(pctx, p[i].tensor->grad);
         nb_ddp_free(ddp);
@@ -641,7 +631,7 @@ static void free_keeps_none(nb_ctx *pctx, nb_ctx *step, bool backward_after) {
     nb_ddp_free(ddp);
     for (int i = 0; i < 4; i++) ck_assert_msg(p[i].tensor->grad == NULL, "%s has a gradient", p[i].name);
     nb_ctx_reset(step);
-    nb_backward(mlp_loss(step, model, 45)); /* written into the home */
+    nb_backward(loss_of(step, model, 2, 0, false)); /* written into the home */
     nb_tensor *g[4];
     for (int i = 0; i < 4; i++) {
         ck_assert_ptr_nonnull(p[i].tensor->grad);
@@ -649,7 +639,7 @@ static void free_keeps_none(nb_ctx *pctx, nb_ctx *step, bool backward_after) {
     }
     nb_ctx_reset(step);
     nb_optim_zero_grad(opt);
-    nb_backward(mlp_loss(step, model, 45)); /* added to zeros */
+    nb_backward(loss_of(step, model, 2, 0, false)); /* added to zeros */
     for (int i = 0; i < 4; i++) nbt_assert_tensors_close(p[i].tensor->grad, g[i], 0, 0);
     nb_optim_free(opt);
 }
@@ -657,17 +647,6 @@ static void free_keeps_none(nb_ctx *pctx, nb_ctx *step, bool backward_after) {
 DDP_TEST(test_free_keeps_none) {
     free_keeps_none(pctx, step, false);
     free_keeps_none(pctx, step, true);
-}
-
-/* Linear(F_IN, N_CLASSES) children "a", "b", "c" of a list (seeds 3, 4, 5). */
-static nb_module *three_heads(nb_ctx *ctx) {
-    nb_module *root = nb_module_list_new(ctx);
-    const char *names[3] = {"a", "b", "c"};
-    for (int k = 0; k < 3; k++) {
-        nb_rng rng = nb_rng_make(3 + (uint64_t)k);
-        nb_module_add(root, names[k], nb_linear_new(ctx, NB_F64, F_IN, N_CLASSES, true, &rng));
-    }
-    return root;
 }
 
 /* Cross-entropy of child `name` of m on rows [start, start + n) of (x, y). */

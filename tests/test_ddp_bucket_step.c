@@ -137,16 +137,6 @@ END_TEST
  * list; stepped per bucket and plain, both wrappers with the option, after
  * nb_optim_zero_grad each step: the same bits, and b, which never has a
  * gradient, is never stepped (no weight decay), on either side. */
-static nb_module *heads(nb_ctx *ctx) {
-    nb_module *m = nb_module_list_new(ctx);
-    const char *names[3] = {"a", "b", "c"};
-    for (int i = 0; i < 3; i++) {
-        nb_rng rng = nb_rng_make(3 + (uint64_t)i);
-        nb_module_add(m, names[i], nb_linear_new(ctx, NB_F64, F_IN, N_CLASSES, true, &rng));
-    }
-    return m;
-}
-
 static nb_tensor *head_loss(nb_ctx *step, nb_module *m, int it) {
     nb_tensor *x, *y;
     make_batch(step, R * 4, 900 + (uint64_t)it, &x, &y);
@@ -159,7 +149,7 @@ static nb_tensor *head_loss(nb_ctx *step, nb_module *m, int it) {
 
 START_TEST(test_unused_parameters) {
     nb_ctx *pctx = nb_ctx_new(nb_cpu(), 0), *step = nb_ctx_new(nb_cpu(), 0);
-    nb_module *m = heads(pctx), *ref = heads(pctx), *init = heads(pctx);
+    nb_module *m = three_heads(pctx), *ref = three_heads(pctx), *init = three_heads(pctx);
     nb_ddp_options o = small_buckets(64, 128);
     o.find_unused_parameters = true;
     nb_ddp *d = ddp_wrap(m, &o, -1), *rd = ddp_wrap(ref, &o, -1);
