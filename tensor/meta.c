@@ -118,12 +118,19 @@ static double gemm_peak(const nb_meta_gpu *g, nb_dtype dt) {
     return g->f32_flops / 2;
 }
 
+/* t's bytes: its elements along the dims it does not broadcast (stride
+ * 0: the same memory again) */
 static size_t tbytes(const nb_tensor *t) {
-    return t ? (size_t)nb_numel(t) * nb_dtype_size(t->dtype) : 0;
+    if (!t) return 0;
+    size_t n = 1;
+    for (int d = 0; d < t->ndim; d++)
+        if (t->strides[d] != 0 || t->shape[d] == 0) n *= (size_t)t->shape[d];
+    return n * nb_dtype_size(t->dtype);
 }
 
 /* One call: the tensors it reads and writes (NULL ones skipped; bytes
- * counted per tensor, whole), plus extra bytes (memsets, raw buffers). */
+ * counted per tensor, whole, a broadcast view by its own elements: tbytes),
+ * plus extra bytes (memsets, raw buffers). */
 typedef struct call {
     const char *name, *sub;
     const nb_tensor *r[8], *w[4];

@@ -1,6 +1,7 @@
 /* The meta device (nabla/meta.h, tensor/meta.c): each counted op's bytes,
  * FLOPs and launches against formulas written here from the definitions
- * (bytes: every tensor read plus every tensor written, whole; GEMM FLOPs
+ * (bytes: every tensor read plus every tensor written, whole, a broadcast
+ * one by its own elements; GEMM FLOPs
  * 2 m n k; launches from the CUDA kernels), meta:cpu's peak for a GPT step
  * against the real CPU step's, and host reads refused by name. */
 #include <math.h>
@@ -116,6 +117,31 @@ START_TEST(test_layer_norm_adds) {
             expect("layer_norm_backward", 1,
                    4.0 * (2 * M * D + D + M * D + 2 * D) + stats + 4.0 * (M * D + wb_read),
                    10.0 * M * D, 0, cuda ? 2 : 0);
+        }
+        nb_ctx_free(ctx);
+    }
+}
+END_TEST
+
+/* A broadcast operand counts its own elements once (nabla/meta.h): x
+ * (R, C) + b (C) reads R C + C elements and writes R C on both devices;
+ * on the CPU b's gradient, g summed over the rows by an add into b's
+ * memory seen as an (R, C) view with stride 0 along R (nb__sum_to's
+ * aliased add), reads g and b and writes b: R C + 2 C. */
+START_TEST(test_broadcast_bytes) {
+    enum { R = 12, C = 100 };
+    for (int i = 0; i < 2; i++) {
+        nb_ctx *ctx = nb_ctx_new(nb_meta(kinds[i]), 0);
+        nb_tensor *x = nb_empty(ctx, NB_F32, NB_SHAPE(R, C)), *b = nb_zeros(ctx, NB_F32, NB_SHAPE(C));
+        nb_set_requires_grad(b, true);
+        nb_meta_reset();
+        nb_tensor *y = nb_add(ctx, x, b);
+        expect("binary.add", 1, 4.0 * (R * C + C + R * C), R * C, 0, kinds[i] == NB_DEVICE_CUDA ? 1 : 0);
+        if (kinds[i] == NB_DEVICE_CPU) {
+            nb_tensor *g = nb_empty(ctx, NB_F32, NB_SHAPE(R, C));
+            nb_meta_reset();
+            nb_backward_ex(y, &(nb_backward_options){g, false});
+            expect("binary.add", 1, 4.0 * (R * C + 2 * C), R * C, 0, 0);
         }
         nb_ctx_free(ctx);
     }
@@ -862,7 +888,7 @@ static Suite *suite(void) {
     const TTest *tests[] = {test_tables, test_matmul, test_batched_matmul, test_linear_epilogues,
                              test_linear_residual, test_gpt_residual_adds,
                              test_gpt_recompute_gelu, test_layer_norm,
-                             test_layer_norm_adds, test_softmax, test_cross_entropy,
+                             test_layer_norm_adds, test_broadcast_bytes, test_softmax, test_cross_entropy,
                              test_cross_entropy_fused, test_adamw, test_embedding_backward,
                              test_gpt_input, test_adamw_many, test_gpt_shadows, test_attention_path,
                              test_gpt_layer_norm_backward, test_gpt_peak_matches_cpu, test_peak_report,

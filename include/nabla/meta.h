@@ -16,7 +16,10 @@
  * Per call of a backend entry it records the entry, the shapes and dtypes
  * (nb_meta_trace), and:
  * - bytes: each tensor the call reads plus each it writes, whole, with no
- *   cache reuse (a GEMM counts A, B and C, C twice when it accumulates;
+ *   cache reuse (a GEMM counts A, B and C, C twice when it accumulates; a
+ *   broadcast operand, a view with stride 0 along a dim, counts its own
+ *   elements once, as a bias added to every row or a bias's gradient
+ *   summed from them occupies only its own memory;
  *   memsets and copies count; an embedding counts the rows it gathers,
  *   and a backward adding into a table's gradient the rows it reads and
  *   writes, min(positions, rows): exact for distinct indices, an upper
