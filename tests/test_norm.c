@@ -8,6 +8,7 @@
  * shared with a node yet to run, and the backend's adding entry bit for
  * bit against a write and a separate add. */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "tensor/backend.h"
@@ -498,11 +499,68 @@ START_TEST(test_batch_norm_errors) {
 }
 END_TEST
 
+/* bf16 x with bf16 weight and bias (a model held in bf16; the CPU's
+ * kernels widen all three), in a context whose compute dtype is bf16:
+ * y, and x's, w's and b's gradients for an upstream gradient gy, against
+ * f64 formulas on the same bf16 values, within bf16's rounding. D = 40
+ * rows go through the f32 twins; D = 3000, longer than the row groups'
+ * buffers, too. */
+START_TEST(test_layer_norm_bf16_params) {
+    static const int64_t dims[] = {40, 3000};
+    for (int c = 0; c < 2; c++) {
+        const int64_t M = 5, D = dims[c];
+        nb_ctx *ctx = nb_ctx_new(nb_cpu(), 0);
+        nb_ctx_set_compute_dtype(ctx, NB_BF16);
+        nb_tensor *x = nbt_randn_leaf(ctx, NB_BF16, NB_SHAPE(M, D), 11);
+        nb_tensor *w = nbt_randn_leaf(ctx, NB_BF16, NB_SHAPE(D), 12);
+        nb_tensor *b = nbt_randn_leaf(ctx, NB_BF16, NB_SHAPE(D), 13);
+        nb_tensor *gy = nbt_randn(ctx, NB_BF16, NB_SHAPE(M, D), 14);
+        double *xv = malloc(sizeof(double) * (size_t)(M * D)), *gv = malloc(sizeof(double) * (size_t)(M * D));
+        double *wv = malloc(sizeof(double) * (size_t)D), *bv = malloc(sizeof(double) * (size_t)D);
+        double *ey = malloc(sizeof(double) * (size_t)(M * D)), *edx = malloc(sizeof(double) * (size_t)(M * D));
+        double *edw = calloc((size_t)D, sizeof(double)), *edb = calloc((size_t)D, sizeof(double));
+        nb_to_host_f64(x, xv);
+        nb_to_host_f64(w, wv);
+        nb_to_host_f64(b, bv);
+        nb_to_host_f64(gy, gv);
+        nbt_ref_layer_norm(ey, xv, wv, bv, M, D, 1e-5);
+        for (int64_t i = 0; i < M; i++) {
+            const double *xr = xv + i * D, *gr = gv + i * D;
+            double mu = 0, var = 0, sa = 0, sb = 0;
+            for (int64_t j = 0; j < D; j++) mu += xr[j];
+            mu /= (double)D;
+            for (int64_t j = 0; j < D; j++) var += (xr[j] - mu) * (xr[j] - mu);
+            double r = 1.0 / sqrt(var / (double)D + 1e-5);
+            for (int64_t j = 0; j < D; j++) {
+                double h = (xr[j] - mu) * r, dh = gr[j] * wv[j];
+                sa += dh;
+                sb += dh * h;
+                edw[j] += gr[j] * h;
+                edb[j] += gr[j];
+            }
+            for (int64_t j = 0; j < D; j++)
+                edx[i * D + j] = r * (gr[j] * wv[j] - sa / (double)D - (xr[j] - mu) * r * sb / (double)D);
+        }
+        nb_tensor *y = nb_layer_norm(ctx, x, 1, w, b, 1e-5);
+        ck_assert_int_eq(y->dtype, NB_BF16);
+        nbt_assert_close(y, ey, 3e-2, 1e-2);
+        nb_backward_ex(y, &(nb_backward_options){gy, false});
+        ck_assert(x->grad && w->grad && b->grad);
+        nbt_assert_close(x->grad, edx, 3e-2, 2e-2);
+        nbt_assert_close(w->grad, edw, 5e-2, 2e-2);
+        nbt_assert_close(b->grad, edb, 5e-2, 2e-2);
+        free(xv), free(gv), free(wv), free(bv), free(ey), free(edx), free(edw), free(edb);
+        nb_ctx_free(ctx);
+    }
+}
+END_TEST
+
 static Suite *suite(void) {
     const TTest *tests[] = {test_layer_norm_values, test_layer_norm_gradcheck,
                              test_layer_norm_grads_in_place_gradcheck,
                              test_layer_norm_grads_in_place_bitwise,
-                             test_layer_norm_backward_adds_bitwise, test_layer_norm_errors,
+                             test_layer_norm_backward_adds_bitwise, test_layer_norm_bf16_params,
+                             test_layer_norm_errors,
                              test_batch_norm_train_values, test_batch_norm_running_update_f32,
                              test_batch_norm_eval_values, test_batch_norm_gradcheck, test_f32_backward,
                              test_batch_norm_errors, NULL};

@@ -229,28 +229,33 @@ void nb__cpu_causal_attention_backward_bf16(nb_ctx *ctx, nb_tensor *dqkv, const 
     narrow(&wd, dqkv);
 }
 
-/* x, y bf16; w, b, mean, rstd f32 */
+/* x, y bf16; w and b f32 or bf16 (widened too: the f32 kernel reads
+ * floats); mean, rstd f32 or f64 */
 void nb__cpu_layer_norm_bf16(nb_tensor *y, nb_tensor *mean, nb_tensor *rstd, const nb_tensor *x,
                              const nb_tensor *w, const nb_tensor *b, int64_t m, int64_t d,
                              double eps) {
-    twin wy, wx;
+    twin wy, wx, ww, wb;
     nb_tensor *ty = out(&wy, y);
-    nb__cpu_layer_norm(ty, mean, rstd, in(&wx, x), w, b, m, d, eps);
+    nb__cpu_layer_norm(ty, mean, rstd, in(&wx, x), in(&ww, w), in(&wb, b), m, d, eps);
     done(&wx);
+    done(&ww);
+    done(&wb);
     narrow(&wy, y);
 }
 
-/* dx, g, x bf16; dw, db, w f32 */
+/* dx, g, x bf16; w f32 or bf16 (widened), dw and db f32 or bf16 (the
+ * sums rounded to their dtype as they are stored) */
 void nb__cpu_layer_norm_backward_bf16(nb_ctx *ctx, nb_tensor *dx, nb_tensor *dw, nb_tensor *db,
                                       const nb_tensor *g, const nb_tensor *x,
                                       const nb_tensor *mean, const nb_tensor *rstd,
                                       const nb_tensor *w, int64_t m, int64_t d, unsigned add) {
-    twin wd, wg, wx;
+    twin wd, wg, wx, ww;
     nb_tensor *td = out(&wd, dx);
-    nb__cpu_layer_norm_backward(ctx, td, dw, db, in(&wg, g), in(&wx, x), mean, rstd, w, m, d,
-                                add & ~(unsigned)NB__LN_ADD_DX);
+    nb__cpu_layer_norm_backward(ctx, td, dw, db, in(&wg, g), in(&wx, x), mean, rstd, in(&ww, w), m,
+                                d, add & ~(unsigned)NB__LN_ADD_DX);
     done(&wg);
     done(&wx);
+    done(&ww);
     if (dx && (add & NB__LN_ADD_DX)) narrow_add(&wd, dx);
     else narrow(&wd, dx);
 }
