@@ -95,6 +95,26 @@ def read_meta_table(text):
     return rows
 
 
+def meta_launches(text):
+    """The projected launches of a step: the `launches=` of bench_gpt2's --machine line, or
+    the launches column of its per-entry table's total row; None when the text has neither."""
+    m = re.search(r"\blaunches=(\d+)", text)
+    if m:
+        return int(m.group(1))
+    inside = False
+    for line in text.splitlines():
+        if line.startswith("entry "):
+            inside = True
+            continue
+        parts = line.split()
+        if inside and parts and parts[0] == "total":
+            try:
+                return int(parts[2])
+            except (IndexError, ValueError):
+                return None
+    return None
+
+
 def join_events(events, meta_rows):
     """The per-entry table of measured against projected times; the count of entries off by more than 30%."""
     names = sorted(set(events) & set(meta_rows), key=lambda n: -events[n][1])
@@ -156,13 +176,13 @@ def main():
             meta = open(a.meta).read()
         except OSError as e:
             meta = "%s\n" % e
-    if "launches=" in meta or "bytes_moved" in meta:
+    projected = meta_launches(meta)
+    if projected is not None:
         print("projected (bench_gpt2 --device meta:cuda, the same step):")
         sys.stdout.write(meta)
-        m = re.search(r"\blaunches=(\d+)", meta)
-        if m and launches is not None:
-            print("\nlaunches: measured %d, projected %s (%.2fx)" % (launches, m.group(1),
-                                                               launches / max(1, int(m.group(1)))))
+        if launches is not None:
+            print("\nlaunches: measured %d, projected %d (%.2fx)" % (launches, projected,
+                                                               launches / max(1, projected)))
     else:
         print("projected: the meta device gave no table (bench_gpt2 --device meta:cuda is not in "
               "this build, or failed):")

@@ -69,6 +69,38 @@ def profile_table():
         print("kernel_profile.py: grouped and totalled")
 
 
+def profile_beside_meta():
+    """kernel_profile.py --ncu beside the meta device's output as gpu_check.sh's perf phase
+    makes it (bench_gpt2 --device meta:cuda --gpu h100 --bf16 --batch 8 --steps 1
+    --warmup 0, without --machine; a small GPT here): the table is recognised, shown, and its
+    total row's launches set beside the measured ones."""
+    exe = os.path.join(BIN, "bench_gpt2")
+    if not os.access(exe, os.X_OK):
+        fail("%s is not built (benchmarks/bench_gpt2.c)" % exe)
+    m = subprocess.run([exe, "--device", "meta:cuda", "--gpu", "h100", "--bf16", "--batch", "8", "--steps", "1",
+                        "--warmup", "0", "--layers", "2", "--heads", "2", "--width", "64", "--seq-len", "32",
+                        "--vocab", "128"], capture_output=True, text=True, timeout=120 * TIME_SCALE)
+    if m.returncode != 0:
+        fail("bench_gpt2 --device meta:cuda: exit %d\n%s%s" % (m.returncode, m.stdout, m.stderr))
+    total = [l.split() for l in m.stdout.splitlines() if l.startswith("total ")]
+    if len(total) != 1:
+        fail("bench_gpt2 --device meta:cuda printed no total row:\n%s" % m.stdout)
+    want = "launches: measured 3, projected %s (%.2fx)" % (total[0][2], 3 / int(total[0][2]))
+    with tempfile.TemporaryDirectory() as d:
+        csv_path, meta = os.path.join(d, "ncu.csv"), os.path.join(d, "meta.log")
+        with open(csv_path, "w") as f:
+            f.write(NCU_CSV)
+        with open(meta, "w") as f:
+            f.write(m.stdout)
+        p = subprocess.run([sys.executable, os.path.join(SOURCE, "benchmarks", "kernel_profile.py"),
+                            "--ncu", csv_path, "--meta", meta], capture_output=True, text=True, timeout=60)
+        text = p.stdout + p.stderr
+        if p.returncode != 0 or "projected (bench_gpt2 --device meta:cuda" not in text or want not in text:
+            fail("kernel_profile.py beside bench_gpt2 --device meta:cuda's table: exit %d, expected the "
+                 "table and %r:\n%s" % (p.returncode, want, text))
+    print("kernel_profile.py: the meta device's table as the perf phase makes it")
+
+
 META_TABLE = """entry (one steady step)            calls launches   GB moved      GFLOP  GEMM GFLOP    proj. us  share
 matmul                               147      147     11.845      3.095     6073.62     13192.9  58.4%
 adam                                   1        1      3.485      1.494        0.00      1300.5   5.8%
@@ -138,6 +170,7 @@ def attention_on_cpu():
 if __name__ == "__main__":
     perf_without_gpu()
     profile_table()
+    profile_beside_meta()
     events_table()
     attention_on_cpu()
     print("ok")
