@@ -373,7 +373,7 @@ gpt2_row() { # LOG PATH BATCH
   local m
   m=$(grep -m1 '^model=' "$1")
   if [ -z "$m" ]; then echo "$2 batch $3: no result ($(grep -m1 -i 'error\|out of memory\|abort' "$1" | cut -c1-120))"; return 1; fi
-  echo "$2 batch $3: $(echo "$m" | tr ' ' '\n' | grep -E '^(ms|tok_s|mfu|step_ctx_gib|params_ctx_gib)=' | tr '\n' ' ')$(grep -m1 -o 'mem_used_mib=[0-9]*' "$1")"
+  echo "$2 batch $3: $(echo "$m" | tr ' ' '\n' | grep -E '^(ms|tok_s|mfu|peak_bytes|step_ctx_gib|params_ctx_gib)=' | tr '\n' ' ')$(grep -m1 -o 'mem_used_mib=[0-9]*' "$1")"
 }
 
 phase_perf() {
@@ -397,8 +397,9 @@ phase_perf() {
     grep -qE "^$p +fused" "$OUT/attention.txt" && paths="$paths $p"
   done
   {
-    echo "bench_gpt2 --bf16 (GPT-2 small, T=1024, 6 steps after 2): step ms, tokens/s, MFU (6N),"
-    echo "step and model context peaks (GiB), device memory in use (MiB, nvidia-smi's, as cudaMemGetInfo)"
+    echo "bench_gpt2 --bf16 (GPT-2 small, T=1024, 6 steps after 2): step ms, tokens/s, MFU (6N), the"
+    echo "device's largest total (peak_bytes, as the meta device's), step and model context peaks (GiB),"
+    echo "device memory in use (MiB, nvidia-smi's, as cudaMemGetInfo)"
   } >"$OUT/gpt2.txt"
   for p in $paths; do
     best=""
