@@ -89,8 +89,10 @@
  * The memory saved is what lives between backwards (the forward, the step,
  * the data loading); during the backward every bucket's flat exists from
  * its start, so the step's peak is plain DDP's. Making a bucket's flat
- * only when its first gradient arrives would need autograd to ask before
- * it writes a leaf's first gradient; it does not, yet. After the bucket
+ * only when its first gradient arrives is what the optimizer's flat
+ * gradient buffer now does (Note [Gradient segments] in
+ * autograd/backward.c: a segment is made at the first gradient one of its
+ * slots receives); the buckets do not use that yet. After the bucket
  * rebuild (new flats, zeros) they are given back again at once. Each
  * bucket's memory is a context of its own, made and freed per step: on
  * CUDA that is a device allocation and a free (which waits for the
