@@ -91,14 +91,15 @@ message.
 # machine cancels more in a pair than across the whole row).
 # Note [DDP rows]
 # The PyTorch ranks are fresh processes started with their environment (thread
-# variables, MASTER_ADDR, MASTER_PORT) already set, for the reason in the note
-# above: torch.multiprocessing's fork of a process that has imported torch
-# would inherit thread pools sized before the variables were read. One thread
-# per rank on both sides is nbrun's default when ranks share a node (as
-# torchrun's); each PyTorch rank is bound to the CPUs nbrun gives nabla's
-# rank of the same number (--ddp-cpu-bind, default nbrun's auto; cpu_shares
-# mirrors Note [CPU binding]), since torchrun binds nothing; the ranks'
-# kernel thread counts, Gloo's own threads included,
+# variables) already set, for the reason in the note above: torch.multiprocessing's
+# fork of a process that has imported torch would inherit thread pools sized
+# before the variables were read. They are started by nbrun, as nabla's are
+# (nbrun exports torchrun's RANK and WORLD_SIZE; PyTorch's store takes a port
+# of its own), so one rule binds both sides' ranks to CPUs (--ddp-cpu-bind,
+# default nbrun's auto, Note [CPU binding] in distributed/cpu_bind.c), where
+# torchrun binds nothing. One thread per rank on both sides is nbrun's default
+# when ranks share a node (as torchrun's); the ranks' kernel thread counts,
+# Gloo's own threads included,
 # are read back as for the other rows. Both sides time from forward to
 # zero_grad on rank 0. "hidden" exists for nabla only: bench_ddp takes the
 # median of nb_ddp_last_stats' hidden_fraction over its timed steps (per step: the part
@@ -315,9 +316,9 @@ def torch_worker(model_name, steps, intra_op, autocast=False, compile=False):
 
 
 def torch_ddp_worker(rank, world, port, model_name, steps, timeout):
-    """One rank of PyTorch DDP over Gloo, in its own process (started by run_torch_ddp, with
-    MASTER_ADDR, MASTER_PORT and the thread variables in its environment); rank 0 prints one
-    JSON line. The model starts from the same seed on every rank (DDP broadcasts rank 0's
+    """One rank of PyTorch DDP over Gloo, in its own process (started by nbrun for run_torch_ddp,
+    with the thread variables in its environment; PyTorch's store on `port`, not nbrun's); rank 0
+    prints one JSON line. The model starts from the same seed on every rank (DDP broadcasts rank 0's
     anyway); each rank draws its own batch, as bench_ddp's ranks do."""
     import datetime
     torch, F, models = torch_models()
@@ -446,85 +447,17 @@ def free_port():
         return s.getsockname()[1]
 
 
-def cpu_shares(world, mode):
-    """The CPUs of each of `world` local ranks as nbrun --cpu-bind `mode` gives them (Note [CPU
-    binding] in distributed/cpu_bind.c, mirrored here for PyTorch's ranks): None where it binds
-    nothing. This process's CPUs ordered by (package, core, CPU); with at least as many cores as
-    ranks, rank r gets whole cores [r c / n, (r + 1) c / n); else, with as many CPUs as ranks, the
-    CPU list is cut the same way; with fewer CPUs, "cores" gives rank r the CPU r p / n."""
-    cpus = sorted(os.sched_getaffinity(0))
-    if mode == "none" or (mode == "auto" and len(cpus) < world):
-        return None
-
-    def topo(c, what):
-        try:
-            with open(f"/sys/devices/system/cpu/cpu{c}/topology/{what}") as f:
-                return int(f.read())
-        except (OSError, ValueError):
-            return c if what == "core_id" else 0
-    slots = sorted((topo(c, "physical_package_id"), topo(c, "core_id"), c) for c in cpus)
-    cpus = [c for _, _, c in slots]
-    cores = []
-    for pkg, core, c in slots:
-        if cores and cores[-1][0] == (pkg, core):
-            cores[-1][1].append(c)
-        else:
-            cores.append(((pkg, core), [c]))
-    n = world
-    if len(cores) >= n:
-        return [[c for _, cs in cores[r * len(cores) // n:(r + 1) * len(cores) // n] for c in cs]
-                for r in range(n)]
-    if len(cpus) >= n:
-        return [cpus[r * len(cpus) // n:(r + 1) * len(cpus) // n] for r in range(n)]
-    return [[cpus[r * len(cpus) // n]] for r in range(n)]
-
-
-def run_torch_ddp(python, model_name, steps, world, env, timeout, cpu_bind="auto"):
-    """`world` fresh PyTorch processes, one per rank, each bound as nbrun --cpu-bind cpu_bind
-    binds nabla's (cpu_shares), waited on together: the first to fail, or the timeout, stops them
-    all and the script."""
-    import tempfile
-    port = free_port()
-    env = dict(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world))
-    procs, logs = [], []
-    shares = cpu_shares(world, cpu_bind)
-    for r in range(world):
-        cmd = [python, os.path.abspath(__file__), "--torch-ddp-worker", str(r), str(world), str(port),
-               model_name, "--steps", str(steps), "--timeout", str(timeout)]
-        logs.append((tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")))
-        share = shares[r] if shares else None
-        procs.append(subprocess.Popen(cmd, env=dict(env, RANK=str(r)), stdout=logs[-1][0], stderr=logs[-1][1],
-                                      text=True,
-                                      preexec_fn=(lambda s=share: os.sched_setaffinity(0, s)) if share else None))
-    watches = [ThreadWatch(p) for p in procs]
-    deadline, why = time.monotonic() + timeout, None
-    while why is None and any(p.poll() is None for p in procs):
-        bad = [r for r, p in enumerate(procs) if p.poll() not in (None, 0)]
-        if bad:
-            why = f"rank {bad[0]} exited with status {procs[bad[0]].returncode}"
-        elif time.monotonic() > deadline:
-            why = f"not finished in {timeout} s"
-        else:
-            time.sleep(0.05)
-    bad = [r for r, p in enumerate(procs) if p.poll() not in (None, 0)]
-    if why is None and bad:
-        why = f"rank {bad[0]} exited with status {procs[bad[0]].returncode}"
-    for p in procs:
-        stop(p)
-    most = max(w.stop() for w in watches)
-    out = []
-    for r, (o, e) in enumerate(logs):
-        o.seek(0), e.seek(0)
-        out.append(o.read())
-        err = e.read()
-        if why is not None and err:
-            sys.stderr.write("".join(f"[torch rank {r}] {x}\n" for x in err.splitlines()))
-    if why is not None:
-        raise SystemExit(f"compare_torch: PyTorch DDP ({model_name}, {world} processes, "
-                         f"port {port}): {why}; stopped")
-    rows = out[0].strip().splitlines()
+def run_torch_ddp(nbrun, python, model_name, steps, world, env, timeout, cpu_bind="auto"):
+    """`world` PyTorch processes started by nbrun as it starts nabla's ranks (the same
+    --cpu-bind, so both sides' ranks get the same CPUs by one rule, Note [CPU binding] in
+    distributed/cpu_bind.c); rank 0's JSON line. nbrun stops every rank when one fails."""
+    cmd = [nbrun, "--nproc-per-node", str(world), "--master-port", "0", "--cpu-bind", cpu_bind, python,
+           os.path.abspath(__file__), "--torch-ddp-worker", "-", "-", str(free_port()), model_name,
+           "--steps", str(steps), "--timeout", str(timeout)]
+    out, most = run_child(cmd, env, timeout, children=world)
+    rows = [x[len("[rank 0] "):] for x in out.splitlines() if x.startswith("[rank 0] {")]
     if not rows:
-        raise SystemExit(f"compare_torch: PyTorch DDP rank 0 ({model_name}) printed nothing")
+        raise SystemExit(f"compare_torch: PyTorch DDP rank 0 ({model_name}) printed no JSON line:\n{out}")
     r = json.loads(rows[-1])
     r["threads_seen"] = most
     return r
@@ -679,9 +612,8 @@ def parse_args(argv=None):
                     help="also DDP rows for --models: bench_ddp under nbrun on N ranks against PyTorch "
                          "DistributedDataParallel over Gloo in N processes, 1 thread per rank")
     ap.add_argument("--ddp-cpu-bind", choices=("auto", "cores", "none"), default="auto",
-                    help="DDP rows: CPU binding of the ranks on both sides, as nbrun --cpu-bind (nabla's "
-                         "ranks by nbrun, PyTorch's to the same CPUs by this script; default auto, "
-                         "nbrun's default)")
+                    help="DDP rows: nbrun --cpu-bind for the ranks of both sides (nbrun starts PyTorch's "
+                         "too; default auto, nbrun's default)")
     ap.add_argument("--ddp-bucket-mb", type=float, default=None, metavar="MB",
                     help="DDP rows: bucket cap on both sides (nabla: bench_ddp --bucket-mb, which also sets "
                          "its first bucket; torch: bucket_cap_mb, its first bucket stays 1 MiB); default: "
@@ -739,6 +671,9 @@ def main():
         return torch_worker(a.torch_worker, a.steps, a.torch_intra_op_worker, a.torch_autocast, a.torch_compile)
     if a.torch_ddp_worker:
         r, w, port, m = a.torch_ddp_worker
+        # "-": the rank and world size nbrun gives each process (RANK, WORLD_SIZE)
+        r = os.environ["RANK"] if r == "-" else r
+        w = os.environ["WORLD_SIZE"] if w == "-" else w
         return torch_ddp_worker(int(r), int(w), int(port), m, a.steps, a.timeout)
     binary = os.path.join(a.bin, "bench_ddp")
     if not os.access(binary, os.X_OK):
@@ -870,10 +805,8 @@ def main():
               + "; pairs interleaved")
         print("  env of every rank, both sides: " + " ".join(f"{k}={env_ddp[k]}" for k in THREAD_VARS)
               + "; torch.set_num_threads(1), set_num_interop_threads(1)")
-        shares = cpu_shares(a.ddp, a.ddp_cpu_bind)
-        print(f"  CPU binding, both sides ({a.ddp_cpu_bind}): "
-              + ("none" if not shares else
-                 "; ".join(f"rank {r} on CPU {','.join(map(str, cs))}" for r, cs in enumerate(shares))))
+        print(f"  CPU binding, both sides: nbrun --cpu-bind {a.ddp_cpu_bind} (PyTorch's ranks are started by "
+              "nbrun too)")
         print("  hidden: share of nabla's all-reduce time that ran before backward ended "
               "(nb_ddp_last_stats), median over the timed steps of rank 0")
         print("  all ranks: the same over every rank's timed steps on one clock, without the time a bucket "
@@ -886,7 +819,8 @@ def main():
         for _ in range(a.repeats):
             ours.append(run_nabla_ddp(nbrun, binary, m, a.steps, a.ddp, dict(env_ddp, **nabla_env), a.timeout,
                                       extra, a.ddp_cpu_bind))
-            theirs.append(run_torch_ddp(python, m, a.steps, a.ddp, env_torch_ddp, a.timeout, a.ddp_cpu_bind))
+            theirs.append(run_torch_ddp(nbrun, python, m, a.steps, a.ddp, env_torch_ddp, a.timeout,
+                                        a.ddp_cpu_bind))
             if theirs[-1]["params"] != ours[-1]["params"] or ours[-1]["batch"] != BATCH[m]:
                 print(f"compare_torch: {m} DDP: {ours[-1]['params']} parameters and batch "
                       f"{ours[-1]['batch']} in nabla's, {theirs[-1]['params']} and {BATCH[m]} in torch's: "
