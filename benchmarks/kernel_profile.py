@@ -76,17 +76,28 @@ def read_events(path):
     return out
 
 
-def read_meta_table(text):
-    """{entry: (calls, projected us)} from bench_gpt2 --device meta:cuda's per-entry table."""
-    rows, inside = {}, False
+def meta_table_rows(text):
+    """The rows of bench_gpt2 --device meta:cuda's per-entry table, split, its total row last."""
+    inside = False
     for line in text.splitlines():
         if line.startswith("entry "):
             inside = True
             continue
-        if not inside:
-            continue
         parts = line.split()
-        if not parts or parts[0] == "total":
+        if not inside or not parts:
+            if inside:
+                return
+            continue
+        yield parts
+        if parts[0] == "total":
+            return
+
+
+def read_meta_table(text):
+    """{entry: (calls, projected us)} from the per-entry table."""
+    rows = {}
+    for parts in meta_table_rows(text):
+        if parts[0] == "total":
             break
         try:
             rows[parts[0]] = (int(parts[1]), float(parts[6]))
@@ -101,13 +112,8 @@ def meta_launches(text):
     m = re.search(r"\blaunches=(\d+)", text)
     if m:
         return int(m.group(1))
-    inside = False
-    for line in text.splitlines():
-        if line.startswith("entry "):
-            inside = True
-            continue
-        parts = line.split()
-        if inside and parts and parts[0] == "total":
+    for parts in meta_table_rows(text):
+        if parts[0] == "total":
             try:
                 return int(parts[2])
             except (IndexError, ValueError):
